@@ -1,0 +1,2 @@
+//! The library linked into training ranks (placeholder, filled by the heartbeat work).
+pub mod paths;

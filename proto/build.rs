@@ -1,0 +1,25 @@
+//! Generates the warden.v1 code from the .proto files at build time.
+//!
+//! protoc comes from the `protoc-bin-vendored` crate (a registry package), so a
+//! fresh machine builds with cargo alone; `PROTOC` in the environment wins.
+
+use std::path::PathBuf;
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    if std::env::var_os("PROTOC").is_none() {
+        let protoc = protoc_bin_vendored::protoc_bin_path()?;
+        // SAFETY: build scripts are single-threaded; nothing else reads the
+        // environment concurrently.
+        unsafe { std::env::set_var("PROTOC", protoc) };
+    }
+    let include = protoc_bin_vendored::include_path()?;
+    let out_dir = PathBuf::from(std::env::var("OUT_DIR")?);
+    let protos = ["warden/v1/agent.proto"];
+    for p in &protos {
+        println!("cargo:rerun-if-changed={p}");
+    }
+    tonic_prost_build::configure()
+        .file_descriptor_set_path(out_dir.join("warden_descriptor.bin"))
+        .compile_protos(&protos, &[".", &include.to_string_lossy()])?;
+    Ok(())
+}

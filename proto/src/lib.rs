@@ -1,0 +1,15 @@
+//! warden's gRPC API, generated at build time from `proto/warden/v1/*.proto`.
+//!
+//! Nothing but the .proto files and the generated code lives here, so the
+//! agent, the client library and third-party tools share one definition of
+//! the wire format.
+
+#![allow(missing_docs, clippy::all)]
+
+/// Package `warden.v1`: the node agent's API.
+pub mod v1 {
+    tonic::include_proto!("warden.v1");
+
+    /// The encoded file descriptor set, for gRPC server reflection.
+    pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("warden_descriptor");
+}
