@@ -1,1 +1,26 @@
-//! x
+//! warden's node agent (`wardend`) and its CLI (`warden`).
+//!
+//! # Layout
+//! One folder per stage of the flow (see docs/architecture.md):
+//! - [`config`]: the TOML configuration, validated with errors naming the key.
+//! - [`sources`]: readings from the machine turned into component reports.
+//! - [`health`]: the health model (components, statuses, reasons).
+//! - [`events`]: the event bus (ring, live broadcast, logs and counters).
+//! - [`state`]: what the running agent's parts share.
+//! - [`api`]: the gRPC services and the Prometheus endpoint.
+//! - [`daemon`]: start-up, listeners, the work loop, systemd, shutdown.
+//! - [`cli`]: the `warden` command: a client of the API.
+//! - [`telemetry`]: log set-up.
+
+pub mod api;
+pub mod cli;
+pub mod config;
+pub mod daemon;
+pub mod events;
+pub mod health;
+pub mod sources;
+pub mod state;
+pub mod telemetry;
+
+/// The agent's version, as reported by GetAgentInfo and `--version`.
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");

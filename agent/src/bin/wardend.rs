@@ -1,1 +1,88 @@
-fn main() {}
+//! `wardend`: the node agent. Parses arguments, loads the config, sets up
+//! logs and runs [`warden_agent::daemon::run`]; maps failures to exit codes
+//! that systemd and operators can act on (see docs/operations.md).
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::Parser;
+use warden_agent::config::Config;
+
+/// Exit code for a configuration error (sysexits EX_CONFIG); the unit file
+/// lists it in RestartPreventExitStatus so systemd does not loop on it.
+const EXIT_CONFIG: u8 = 78;
+/// Exit code when another agent already serves the socket (EX_TEMPFAIL).
+const EXIT_ALREADY_RUNNING: u8 = 75;
+/// Exit code for any other failure to start or run.
+const EXIT_FAILURE: u8 = 1;
+
+/// warden's node-local resiliency agent.
+#[derive(Debug, Parser)]
+#[command(name = "wardend", version)]
+struct Args {
+    /// Configuration file (TOML). Without it, the embedded defaults are used.
+    #[arg(long, short = 'c', env = "WARDEN_CONFIG")]
+    config: Option<PathBuf>,
+    /// Validate FILE and exit: 0 when it is valid, 78 with the reason if not.
+    #[arg(long, value_name = "FILE", conflicts_with = "config")]
+    check_config: Option<PathBuf>,
+    /// Print the effective configuration (defaults filled in) and exit.
+    #[arg(long)]
+    print_config: bool,
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    if let Some(path) = &args.check_config {
+        return match Config::from_file(path) {
+            Ok(_) => {
+                println!("{}: ok", path.display());
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("wardend: invalid config: {e}");
+                ExitCode::from(EXIT_CONFIG)
+            }
+        };
+    }
+    let (config, source) = match &args.config {
+        Some(path) => match Config::from_file(path) {
+            Ok(c) => (c, path.display().to_string()),
+            Err(e) => {
+                eprintln!("wardend: invalid config: {e}");
+                return ExitCode::from(EXIT_CONFIG);
+            }
+        },
+        None => (Config::default(), "embedded defaults".to_owned()),
+    };
+    if args.print_config {
+        print!("{}", config.to_toml());
+        return ExitCode::SUCCESS;
+    }
+    warden_agent::telemetry::init(&config.log);
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("wardend")
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot start the async runtime");
+            return ExitCode::from(EXIT_FAILURE);
+        }
+    };
+    match runtime.block_on(warden_agent::daemon::run(config, source)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            // One plain line on stderr: journald keeps it, and it reads the
+            // same whatever the log format.
+            eprintln!("wardend: {e}");
+            if e.is_already_running() {
+                ExitCode::from(EXIT_ALREADY_RUNNING)
+            } else {
+                ExitCode::from(EXIT_FAILURE)
+            }
+        }
+    }
+}

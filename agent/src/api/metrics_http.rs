@@ -1,0 +1,98 @@
+//! The Prometheus endpoint: `/metrics` in the text exposition format.
+//!
+//! The recorder is process-global (the `metrics` facade), installed once;
+//! every part of the agent records through the facade and this module only
+//! renders. Build info and uptime are refreshed at scrape time.
+
+use std::sync::{Arc, OnceLock};
+
+use axum::Router;
+use axum::extract::State;
+use axum::routing::get;
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use tokio::net::TcpListener;
+
+use crate::state::AgentState;
+
+static HANDLE: OnceLock<Option<PrometheusHandle>> = OnceLock::new();
+
+/// Installs the global recorder once; None if another one was installed.
+pub fn install() -> Option<PrometheusHandle> {
+    HANDLE
+        .get_or_init(|| match PrometheusBuilder::new().install_recorder() {
+            Ok(h) => {
+                describe();
+                Some(h)
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "metrics recorder not installed; /metrics will be empty");
+                None
+            }
+        })
+        .clone()
+}
+
+fn describe() {
+    use metrics::{Unit, describe_counter, describe_gauge, describe_histogram};
+    describe_gauge!(
+        "warden_build_info",
+        "Always 1; the labels carry the agent's version"
+    );
+    describe_gauge!(
+        "warden_uptime_seconds",
+        Unit::Seconds,
+        "Seconds since the agent started"
+    );
+    describe_counter!("warden_events_total", "Events published, by kind and severity");
+    describe_counter!(
+        "warden_api_requests_total",
+        "gRPC requests handled, by method and status code"
+    );
+    describe_histogram!(
+        "warden_api_request_duration_seconds",
+        Unit::Seconds,
+        "Time to handle a gRPC request (for streams: to open it)"
+    );
+    describe_gauge!(
+        "warden_component_status",
+        "Health of each component: 0 OK, 1 UNKNOWN, 2 DEGRADED, 3 FAILED"
+    );
+}
+
+#[derive(Clone)]
+struct Scrape {
+    handle: PrometheusHandle,
+    state: Arc<AgentState>,
+}
+
+async fn render(State(s): State<Scrape>) -> String {
+    metrics::gauge!("warden_build_info", "version" => crate::VERSION).set(1.0);
+    metrics::gauge!("warden_uptime_seconds").set(s.state.started.elapsed().as_secs_f64());
+    for c in s.state.health.snapshot().components {
+        let level = match c.status {
+            crate::health::Status::Ok => 0.0,
+            crate::health::Status::Unknown => 1.0,
+            crate::health::Status::Degraded => 2.0,
+            crate::health::Status::Failed => 3.0,
+        };
+        metrics::gauge!("warden_component_status", "component" => c.id, "kind" => c.kind)
+            .set(level);
+    }
+    s.handle.run_upkeep();
+    s.handle.render()
+}
+
+/// Serves `/metrics` on `listener` until the agent shuts down.
+pub async fn serve(
+    listener: TcpListener,
+    handle: PrometheusHandle,
+    state: Arc<AgentState>,
+) -> std::io::Result<()> {
+    let stop = state.shutdown.clone();
+    let app = Router::new()
+        .route("/metrics", get(render))
+        .with_state(Scrape { handle, state });
+    axum::serve(listener, app)
+        .with_graceful_shutdown(stop.cancelled_owned())
+        .await
+}

@@ -1,0 +1,12 @@
+//! The API edge: gRPC (warden.v1, grpc.health.v1, reflection) and metrics.
+//!
+//! In: requests. Out: calls on [`crate::state::AgentState`] and the model
+//! types turned into protobuf messages, errors into gRPC statuses, all in
+//! this module. The core knows nothing of tonic or HTTP.
+
+pub mod convert;
+pub mod metrics_http;
+pub mod observe;
+pub mod service;
+
+pub use service::AgentService;

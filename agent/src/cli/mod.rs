@@ -1,0 +1,137 @@
+//! The `warden` command: an operator's client of the agent's API.
+//!
+//! Readable tables by default, `--json` for scripts. When no agent answers,
+//! the error names the socket (or address) that was tried.
+
+pub mod connect;
+pub mod demo;
+pub mod views;
+
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+use clap::{Parser, Subcommand};
+use tokio_stream::StreamExt;
+use warden_proto::v1 as pb;
+
+pub use connect::Target;
+
+/// The warden CLI.
+#[derive(Debug, Parser)]
+#[command(name = "warden", version, about = "Ask the local warden agent about the node and its jobs")]
+pub struct Cli {
+    /// The agent's Unix socket [default: $WARDEN_SOCKET, else the agent's default path]
+    #[arg(long, global = true, conflicts_with = "addr")]
+    pub socket: Option<PathBuf>,
+    /// The agent's TCP address (host:port), when it listens on one.
+    #[arg(long, global = true)]
+    pub addr: Option<String>,
+    /// Machine-readable output (one JSON document; NDJSON for streams).
+    #[arg(long, global = true)]
+    pub json: bool,
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// The agent's version, uptime, host, endpoints and configuration.
+    Info {
+        /// Also print the effective configuration.
+        #[arg(long)]
+        config: bool,
+    },
+    /// The node's health: one row per component with its worst reason.
+    Health,
+    /// Recent events; with --follow, keep streaming new ones.
+    Events {
+        /// Keep the stream open and print events as they happen.
+        #[arg(long, short = 'f')]
+        follow: bool,
+        /// Only events after this id (resume where you left off).
+        #[arg(long)]
+        after: Option<u64>,
+        /// Show at most this many recent events before following.
+        #[arg(long, default_value_t = 50)]
+        limit: u32,
+    },
+    /// Start wardend on its embedded defaults in a scratch directory, show
+    /// its health and info, and follow its events until Ctrl-C.
+    Demo {
+        /// Stop after this long instead of waiting for Ctrl-C ("10s", "1m").
+        #[arg(long, value_parser = humantime::parse_duration)]
+        duration: Option<std::time::Duration>,
+    },
+}
+
+/// Entry point of the `warden` binary.
+pub fn main() -> Result<()> {
+    let cli = Cli::parse();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    runtime.block_on(run(cli))
+}
+
+async fn run(cli: Cli) -> Result<()> {
+    let target = Target::from_args(cli.socket.clone(), cli.addr.clone());
+    match cli.command {
+        Command::Info { config } => {
+            let mut c = target.connect().await?;
+            let info = c
+                .get_agent_info(pb::GetAgentInfoRequest {})
+                .await
+                .with_context(|| format!("GetAgentInfo from {target}"))?
+                .into_inner();
+            views::print_info(&info, cli.json, config);
+        }
+        Command::Health => {
+            let mut c = target.connect().await?;
+            let health = c
+                .get_node_health(pb::GetNodeHealthRequest {})
+                .await
+                .with_context(|| format!("GetNodeHealth from {target}"))?
+                .into_inner();
+            views::print_health(&health, cli.json);
+        }
+        Command::Events {
+            follow,
+            after,
+            limit,
+        } => {
+            let mut c = target.connect().await?;
+            let listed = c
+                .list_events(pb::ListEventsRequest {
+                    after_id: after.unwrap_or(0),
+                    limit,
+                })
+                .await
+                .with_context(|| format!("ListEvents from {target}"))?
+                .into_inner();
+            let mut last = after.unwrap_or(0);
+            for e in &listed.events {
+                views::print_event(e, cli.json);
+                last = last.max(e.id);
+            }
+            if follow {
+                let mut stream = c
+                    .watch_events(pb::WatchEventsRequest {
+                        after_id: Some(last),
+                    })
+                    .await
+                    .with_context(|| format!("WatchEvents from {target}"))?
+                    .into_inner();
+                while let Some(e) = stream.next().await {
+                    let e = e.with_context(|| format!("event stream from {target}"))?;
+                    views::print_event(&e, cli.json);
+                }
+                anyhow::bail!("the agent at {target} closed the event stream (it stopped?)");
+            }
+        }
+        Command::Demo { duration } => demo::run(duration, cli.json).await?,
+    }
+    Ok(())
+}

@@ -1,0 +1,186 @@
+//! How API answers are shown: tables for people, JSON for scripts.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use comfy_table::presets::NOTHING;
+use comfy_table::{Cell, Table};
+use serde_json::{Value, json};
+use warden_proto::v1 as pb;
+
+/// A protobuf timestamp as RFC 3339 (seconds), or "-".
+pub fn time(t: Option<&prost_types::Timestamp>) -> String {
+    t.and_then(|t| {
+        let secs = u64::try_from(t.seconds).ok()?;
+        Some(humantime::format_rfc3339_seconds(UNIX_EPOCH + Duration::from_secs(secs)).to_string())
+    })
+    .unwrap_or_else(|| "-".into())
+}
+
+/// How long ago a timestamp was, rounded for reading ("3m 12s").
+pub fn ago(t: Option<&prost_types::Timestamp>) -> String {
+    let Some(secs) = t.and_then(|t| u64::try_from(t.seconds).ok()) else {
+        return "-".into();
+    };
+    let then = UNIX_EPOCH + Duration::from_secs(secs);
+    let d = SystemTime::now().duration_since(then).unwrap_or_default();
+    humantime::format_duration(Duration::from_secs(d.as_secs())).to_string()
+}
+
+fn status_name(v: i32) -> &'static str {
+    match pb::Status::try_from(v) {
+        Ok(pb::Status::Ok) => "OK",
+        Ok(pb::Status::Degraded) => "DEGRADED",
+        Ok(pb::Status::Failed) => "FAILED",
+        Ok(pb::Status::Unknown) => "UNKNOWN",
+        _ => "UNSPECIFIED",
+    }
+}
+
+fn severity_name(v: i32) -> &'static str {
+    match pb::Severity::try_from(v) {
+        Ok(pb::Severity::Info) => "info",
+        Ok(pb::Severity::Warning) => "warning",
+        Ok(pb::Severity::Error) => "error",
+        Ok(pb::Severity::Critical) => "critical",
+        _ => "unspecified",
+    }
+}
+
+fn table() -> Table {
+    let mut t = Table::new();
+    t.load_preset(NOTHING);
+    t
+}
+
+/// JSON form of AgentInfo.
+pub fn info_json(i: &pb::AgentInfo) -> Value {
+    json!({
+        "version": i.version,
+        "host": i.host,
+        "pid": i.pid,
+        "started_at": time(i.started_at.as_ref()),
+        "uptime_seconds": i.uptime.as_ref().map_or(0, |d| d.seconds),
+        "endpoints": i.endpoints.iter().map(|e| json!({"kind": e.kind, "address": e.address})).collect::<Vec<_>>(),
+        "config_source": i.config_source,
+        "config_toml": i.config_toml,
+    })
+}
+
+/// Prints AgentInfo.
+pub fn print_info(i: &pb::AgentInfo, as_json: bool, with_config: bool) {
+    if as_json {
+        println!("{}", info_json(i));
+        return;
+    }
+    let mut t = table();
+    t.add_row(vec!["version", &i.version]);
+    t.add_row(vec!["host", &i.host]);
+    t.add_row(vec!["pid", &i.pid.to_string()]);
+    let uptime = i.uptime.as_ref().map_or(0, |d| u64::try_from(d.seconds).unwrap_or(0));
+    t.add_row(vec![
+        "uptime".to_owned(),
+        humantime::format_duration(Duration::from_secs(uptime)).to_string(),
+    ]);
+    t.add_row(vec!["started".to_owned(), time(i.started_at.as_ref())]);
+    t.add_row(vec!["config", &i.config_source]);
+    for e in &i.endpoints {
+        t.add_row(vec![&e.kind, &e.address]);
+    }
+    println!("{t}");
+    if with_config {
+        println!("\n{}", i.config_toml);
+    }
+}
+
+/// JSON form of NodeHealth.
+pub fn health_json(h: &pb::NodeHealth) -> Value {
+    json!({
+        "host": h.host,
+        "status": status_name(h.status),
+        "observed_at": time(h.observed_at.as_ref()),
+        "components": h.components.iter().map(|c| json!({
+            "id": c.id,
+            "kind": c.kind,
+            "status": status_name(c.status),
+            "since": time(c.since.as_ref()),
+            "labels": c.labels,
+            "reasons": c.reasons.iter().map(|r| json!({
+                "status": status_name(r.status),
+                "signal": r.signal,
+                "value": r.value,
+                "threshold": r.threshold,
+                "window": r.window,
+                "since": time(r.since.as_ref()),
+                "message": r.message,
+            })).collect::<Vec<_>>(),
+        })).collect::<Vec<_>>(),
+    })
+}
+
+/// Prints NodeHealth: a headline, then one row per component.
+pub fn print_health(h: &pb::NodeHealth, as_json: bool) {
+    if as_json {
+        println!("{}", health_json(h));
+        return;
+    }
+    println!("node {}: {}", h.host, status_name(h.status));
+    let mut t = table();
+    t.set_header(vec!["COMPONENT", "STATUS", "FOR", "REASON"]);
+    for c in &h.components {
+        let reason = c.reasons.first().map_or_else(String::new, |r| {
+            let mut s = r.message.clone();
+            if !r.value.is_empty() {
+                s.push_str(&format!(" [{}={}", r.signal, r.value));
+                if !r.threshold.is_empty() {
+                    s.push_str(&format!(", threshold {}", r.threshold));
+                }
+                s.push(']');
+            }
+            s
+        });
+        t.add_row(vec![
+            Cell::new(&c.id),
+            Cell::new(status_name(c.status)),
+            Cell::new(ago(c.since.as_ref())),
+            Cell::new(reason),
+        ]);
+    }
+    println!("{t}");
+}
+
+/// JSON form of an Event.
+pub fn event_json(e: &pb::Event) -> Value {
+    json!({
+        "id": e.id,
+        "time": time(e.time.as_ref()),
+        "severity": severity_name(e.severity),
+        "kind": e.kind,
+        "subject": e.subject,
+        "message": e.message,
+        "evidence": e.evidence.iter().map(|kv| (kv.key.clone(), Value::String(kv.value.clone()))).collect::<serde_json::Map<_, _>>(),
+    })
+}
+
+/// Prints one event as a line (or one JSON object per line).
+pub fn print_event(e: &pb::Event, as_json: bool) {
+    if as_json {
+        println!("{}", event_json(e));
+        return;
+    }
+    let evidence: Vec<String> = e
+        .evidence
+        .iter()
+        .map(|kv| format!("{}={}", kv.key, kv.value))
+        .collect();
+    println!(
+        "{} {} {:<8} {:<16} {:<14} {}{}{}",
+        e.id,
+        time(e.time.as_ref()),
+        severity_name(e.severity),
+        e.kind,
+        e.subject,
+        e.message,
+        if evidence.is_empty() { "" } else { "  " },
+        evidence.join(" ")
+    );
+}

@@ -1,0 +1,20 @@
+//! Durations in the config are written as people write them: "100ms", "5s", "2m".
+
+use std::time::Duration;
+
+use serde::{Deserialize, Deserializer, Serializer};
+
+/// Writes a duration the way it is read back ("1s 500ms").
+pub fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(&humantime::format_duration(*d).to_string())
+}
+
+/// Reads "100ms", "5s", "1m 30s"; the error says what form is expected.
+pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+    let s = String::deserialize(d)?;
+    humantime::parse_duration(&s).map_err(|e| {
+        serde::de::Error::custom(format!(
+            "invalid duration {s:?} ({e}); write it like \"100ms\", \"5s\" or \"2m\""
+        ))
+    })
+}

@@ -1,0 +1,407 @@
+//! The agent's configuration: one TOML file, every key optional.
+//!
+//! Contract: [`Config::from_toml`] either returns a config whose every value
+//! has been checked, or an error that names the offending key and says why.
+//! Unknown keys are errors (a typo must not silently fall back to a default).
+//! The documented reference for every key is `systemd/wardend.toml`; a test
+//! keeps that file and [`Config::default`] in agreement.
+
+mod duration;
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+/// Why a configuration could not be used. Every variant names the key.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read at all.
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        /// The file we tried.
+        path: PathBuf,
+        /// What the OS said.
+        source: std::io::Error,
+    },
+    /// The file is not valid TOML, or a key is unknown or has the wrong type.
+    #[error("{origin}: key `{key}`: {message}")]
+    Parse {
+        /// Where the TOML came from.
+        origin: String,
+        /// Dotted path of the key, or `(document)` for a syntax error.
+        key: String,
+        /// The parser's own words (with line and column where it gave them).
+        message: String,
+    },
+    /// The key parsed but its value is not acceptable.
+    #[error("{origin}: key `{key}` = {value}: {why}")]
+    Invalid {
+        /// Where the TOML came from.
+        origin: String,
+        /// Dotted path of the key.
+        key: &'static str,
+        /// The value as given.
+        value: String,
+        /// Why it was refused and what is accepted.
+        why: String,
+    },
+}
+
+/// The whole configuration of `wardend`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    /// Identity and the main loop.
+    pub agent: AgentConfig,
+    /// Where the gRPC API listens.
+    pub api: ApiConfig,
+    /// The Prometheus endpoint.
+    pub metrics: MetricsConfig,
+    /// Log output.
+    pub log: LogConfig,
+    /// The event ring behind ListEvents / WatchEvents.
+    pub events: EventsConfig,
+    /// Host health thresholds.
+    pub host: HostConfig,
+}
+
+/// `[agent]`: identity and the work loop.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AgentConfig {
+    /// The name this node reports; empty means the kernel's host name.
+    /// Set it where the scheduler knows nodes by another name.
+    pub host_name: String,
+    /// Period of the work loop that scans heartbeat slots and sources, and
+    /// pings the systemd watchdog. Detection latency is bounded by it.
+    #[serde(with = "duration")]
+    pub tick: Duration,
+    /// Where the agent keeps state that must survive its own restart (hang
+    /// calibration, goodput journals). Empty: `/var/lib/warden` as root, else
+    /// `$XDG_STATE_HOME/warden` or `~/.local/state/warden`.
+    pub state_dir: String,
+    /// How long shutdown waits for in-flight API calls before closing them.
+    #[serde(with = "duration")]
+    pub shutdown_grace: Duration,
+}
+
+impl Default for AgentConfig {
+    fn default() -> Self {
+        Self {
+            host_name: String::new(),
+            tick: Duration::from_millis(100),
+            state_dir: String::new(),
+            shutdown_grace: Duration::from_secs(5),
+        }
+    }
+}
+
+/// `[api]`: the gRPC listeners.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ApiConfig {
+    /// Unix socket path. Empty: `$RUNTIME_DIRECTORY/wardend.sock`, else
+    /// `/run/warden/wardend.sock` as root, else the user's runtime directory.
+    pub socket: String,
+    /// Permission bits of the socket file, octal. 0660 lets the `warden`
+    /// group (and so training jobs run by its members) connect.
+    pub socket_mode: String,
+    /// Optional TCP address (`host:port`) for remote tools; empty: off.
+    /// There is no authentication on it: bind to a trusted interface.
+    pub tcp: String,
+}
+
+impl Default for ApiConfig {
+    fn default() -> Self {
+        Self {
+            socket: String::new(),
+            socket_mode: "0660".into(),
+            tcp: String::new(),
+        }
+    }
+}
+
+/// `[metrics]`: the Prometheus scrape endpoint.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct MetricsConfig {
+    /// `host:port` serving `/metrics` in the Prometheus text format; empty:
+    /// off. Port 0 picks a free port (GetAgentInfo shows which).
+    pub listen: String,
+}
+
+impl Default for MetricsConfig {
+    fn default() -> Self {
+        Self {
+            listen: "127.0.0.1:9464".into(),
+        }
+    }
+}
+
+/// `[log]`: tracing output on stderr (the journal under systemd).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LogConfig {
+    /// `text` for people, `json` for log pipelines.
+    pub format: LogFormat,
+    /// A tracing filter: `info`, `debug`, `warden_agent=debug,info`...
+    /// `RUST_LOG` in the environment overrides it.
+    pub level: String,
+}
+
+impl Default for LogConfig {
+    fn default() -> Self {
+        Self {
+            format: LogFormat::Text,
+            level: "info".into(),
+        }
+    }
+}
+
+/// Log line format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// `[events]`: the in-memory event ring.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct EventsConfig {
+    /// How many recent events are kept for ListEvents and for watchers that
+    /// resume after an id. Older ones are dropped (the ring says so).
+    pub retain: usize,
+}
+
+impl Default for EventsConfig {
+    fn default() -> Self {
+        Self { retain: 4096 }
+    }
+}
+
+/// `[host]`: thresholds for the host's own health.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct HostConfig {
+    /// How often host signals (memory) are read.
+    #[serde(with = "duration")]
+    pub poll_interval: Duration,
+    /// Available memory below this share of the total (percent) is DEGRADED.
+    pub memory_degraded_below_percent: f64,
+    /// Available memory below this share of the total (percent) is FAILED:
+    /// the OOM killer is about to pick a rank.
+    pub memory_failed_below_percent: f64,
+}
+
+impl Default for HostConfig {
+    fn default() -> Self {
+        Self {
+            poll_interval: Duration::from_secs(5),
+            memory_degraded_below_percent: 10.0,
+            memory_failed_below_percent: 3.0,
+        }
+    }
+}
+
+impl Config {
+    /// Reads and validates a config file.
+    pub fn from_file(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        Self::from_toml(&text, &path.display().to_string())
+    }
+
+    /// Parses and validates TOML text; `origin` names it in errors.
+    pub fn from_toml(text: &str, origin: &str) -> Result<Self, ConfigError> {
+        let parse_err = |key: String, message: String| ConfigError::Parse {
+            origin: origin.to_owned(),
+            key,
+            message,
+        };
+        let de = toml::Deserializer::parse(text)
+            .map_err(|e| parse_err("(document)".into(), one_line(&e.to_string())))?;
+        let config: Config = serde_path_to_error::deserialize(de).map_err(|e| {
+            let key = e.path().to_string();
+            parse_err(
+                if key == "." { "(document)".into() } else { key },
+                one_line(&e.into_inner().to_string()),
+            )
+        })?;
+        config.validate(origin)?;
+        Ok(config)
+    }
+
+    /// The effective configuration as TOML, for GetAgentInfo and `--print-config`.
+    pub fn to_toml(&self) -> String {
+        toml::to_string(self).unwrap_or_else(|e| format!("# cannot render config: {e}\n"))
+    }
+
+    /// Checks values that parse but make no sense. Every error names its key.
+    pub fn validate(&self, origin: &str) -> Result<(), ConfigError> {
+        let invalid = |key: &'static str, value: String, why: &str| ConfigError::Invalid {
+            origin: origin.to_owned(),
+            key,
+            value,
+            why: why.to_owned(),
+        };
+        let tick = self.agent.tick;
+        if tick < Duration::from_millis(10) || tick > Duration::from_secs(1) {
+            return Err(invalid(
+                "agent.tick",
+                humantime::format_duration(tick).to_string(),
+                "must be between 10ms and 1s (it bounds hang-detection latency)",
+            ));
+        }
+        if self.agent.shutdown_grace > Duration::from_secs(300) {
+            return Err(invalid(
+                "agent.shutdown_grace",
+                humantime::format_duration(self.agent.shutdown_grace).to_string(),
+                "must be at most 5m",
+            ));
+        }
+        if !self.agent.state_dir.is_empty() && !Path::new(&self.agent.state_dir).is_absolute() {
+            return Err(invalid(
+                "agent.state_dir",
+                format!("{:?}", self.agent.state_dir),
+                "must be an absolute path",
+            ));
+        }
+        if !self.api.socket.is_empty() && !Path::new(&self.api.socket).is_absolute() {
+            return Err(invalid(
+                "api.socket",
+                format!("{:?}", self.api.socket),
+                "must be an absolute path",
+            ));
+        }
+        if self.socket_mode().is_none() {
+            return Err(invalid(
+                "api.socket_mode",
+                format!("{:?}", self.api.socket_mode),
+                "must be octal permission bits such as \"0660\" (at most 0777)",
+            ));
+        }
+        if !self.api.tcp.is_empty() && self.api.tcp.parse::<SocketAddr>().is_err() {
+            return Err(invalid(
+                "api.tcp",
+                format!("{:?}", self.api.tcp),
+                "must be an IP address and port such as \"127.0.0.1:7070\", or empty for off",
+            ));
+        }
+        if !self.metrics.listen.is_empty() && self.metrics.listen.parse::<SocketAddr>().is_err() {
+            return Err(invalid(
+                "metrics.listen",
+                format!("{:?}", self.metrics.listen),
+                "must be an IP address and port such as \"127.0.0.1:9464\", or empty for off",
+            ));
+        }
+        if let Err(e) = tracing_subscriber::EnvFilter::try_new(&self.log.level) {
+            return Err(invalid(
+                "log.level",
+                format!("{:?}", self.log.level),
+                &format!("not a tracing filter ({e}); try \"info\" or \"debug\""),
+            ));
+        }
+        if !(1..=1_000_000).contains(&self.events.retain) {
+            return Err(invalid(
+                "events.retain",
+                self.events.retain.to_string(),
+                "must be between 1 and 1000000",
+            ));
+        }
+        if self.host.poll_interval < Duration::from_millis(100) {
+            return Err(invalid(
+                "host.poll_interval",
+                humantime::format_duration(self.host.poll_interval).to_string(),
+                "must be at least 100ms",
+            ));
+        }
+        for (key, v) in [
+            (
+                "host.memory_degraded_below_percent",
+                self.host.memory_degraded_below_percent,
+            ),
+            (
+                "host.memory_failed_below_percent",
+                self.host.memory_failed_below_percent,
+            ),
+        ] {
+            if !(0.0..=100.0).contains(&v) {
+                return Err(invalid(key, v.to_string(), "must be a percentage, 0 to 100"));
+            }
+        }
+        if self.host.memory_failed_below_percent > self.host.memory_degraded_below_percent {
+            return Err(invalid(
+                "host.memory_failed_below_percent",
+                self.host.memory_failed_below_percent.to_string(),
+                "must not exceed host.memory_degraded_below_percent",
+            ));
+        }
+        Ok(())
+    }
+
+    /// The socket permission bits, parsed from `api.socket_mode`.
+    pub fn socket_mode(&self) -> Option<u32> {
+        let s = self.api.socket_mode.trim_start_matches("0o");
+        u32::from_str_radix(s, 8).ok().filter(|m| *m <= 0o777)
+    }
+
+    /// The socket path to bind: `api.socket`, else the default.
+    pub fn socket_path(&self) -> PathBuf {
+        if self.api.socket.is_empty() {
+            warden_client::paths::default_socket_path()
+        } else {
+            PathBuf::from(&self.api.socket)
+        }
+    }
+
+    /// The directory for state that outlives the agent process.
+    pub fn state_dir(&self) -> PathBuf {
+        if !self.agent.state_dir.is_empty() {
+            return PathBuf::from(&self.agent.state_dir);
+        }
+        // SAFETY: geteuid has no preconditions and cannot fail.
+        if unsafe { libc::geteuid() } == 0 {
+            return PathBuf::from("/var/lib/warden");
+        }
+        if let Some(d) = std::env::var_os("XDG_STATE_HOME").filter(|d| !d.is_empty()) {
+            return PathBuf::from(d).join("warden");
+        }
+        match std::env::var_os("HOME").filter(|d| !d.is_empty()) {
+            Some(home) => PathBuf::from(home).join(".local/state/warden"),
+            None => std::env::temp_dir().join("warden-state"),
+        }
+    }
+
+    /// The host name to report: `agent.host_name`, else the kernel's.
+    pub fn host_name(&self) -> String {
+        if !self.agent.host_name.is_empty() {
+            return self.agent.host_name.clone();
+        }
+        nix::unistd::gethostname()
+            .ok()
+            .and_then(|h| h.into_string().ok())
+            .unwrap_or_else(|| "localhost".into())
+    }
+}
+
+/// TOML parser messages span several lines (a caret under the column); one
+/// line reads better in logs and in systemd's status.
+fn one_line(s: &str) -> String {
+    // Drop the source excerpt and caret lines ("2 | key = 1", "  |   ^^^").
+    s.split('\n')
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.contains('|'))
+        .collect::<Vec<_>>()
+        .join(": ")
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,81 @@
+use super::*;
+
+fn err(text: &str) -> String {
+    Config::from_toml(text, "test.toml").unwrap_err().to_string()
+}
+
+#[test]
+fn empty_file_is_the_defaults() {
+    assert_eq!(Config::from_toml("", "t").unwrap(), Config::default());
+}
+
+#[test]
+fn defaults_round_trip_through_toml() {
+    let text = Config::default().to_toml();
+    assert_eq!(Config::from_toml(&text, "t").unwrap(), Config::default());
+}
+
+#[test]
+fn unknown_key_is_named() {
+    let e = err("[api]\nsockt = \"/x\"\n");
+    assert!(e.contains("sockt"), "{e}");
+    assert!(e.contains("api"), "{e}");
+}
+
+#[test]
+fn unknown_section_is_named() {
+    let e = err("[apii]\n");
+    assert!(e.contains("apii"), "{e}");
+}
+
+#[test]
+fn wrong_type_names_the_dotted_key() {
+    let e = err("[events]\nretain = \"many\"\n");
+    assert!(e.contains("key `events.retain`"), "{e}");
+}
+
+#[test]
+fn bad_duration_names_key_and_form() {
+    let e = err("[agent]\ntick = \"fast\"\n");
+    assert!(e.contains("agent.tick"), "{e}");
+    assert!(e.contains("100ms"), "{e}");
+}
+
+#[test]
+fn out_of_range_values_are_refused_with_the_key() {
+    for (text, key) in [
+        ("[agent]\ntick = \"5s\"\n", "agent.tick"),
+        ("[api]\ntcp = \"localhost\"\n", "api.tcp"),
+        ("[api]\nsocket = \"rel/x.sock\"\n", "api.socket"),
+        ("[api]\nsocket_mode = \"0999\"\n", "api.socket_mode"),
+        ("[metrics]\nlisten = \"nope\"\n", "metrics.listen"),
+        ("[log]\nlevel = \"[[[\"\n", "log.level"),
+        ("[events]\nretain = 0\n", "events.retain"),
+        ("[host]\nmemory_failed_below_percent = 50.0\n", "host.memory_failed_below_percent"),
+        ("[host]\nmemory_degraded_below_percent = 150.0\n", "host.memory_degraded_below_percent"),
+    ] {
+        let e = err(text);
+        assert!(e.contains(key), "{text:?} gave {e}");
+    }
+}
+
+#[test]
+fn log_format_is_checked() {
+    let e = err("[log]\nformat = \"xml\"\n");
+    assert!(e.contains("log.format"), "{e}");
+}
+
+#[test]
+fn syntax_error_is_reported_on_one_line() {
+    let e = err("[api\n");
+    assert!(!e.contains('\n'), "{e}");
+    assert!(e.contains("test.toml"), "{e}");
+}
+
+#[test]
+fn socket_mode_parses_octal() {
+    let mut c = Config::default();
+    assert_eq!(c.socket_mode(), Some(0o660));
+    c.api.socket_mode = "600".into();
+    assert_eq!(c.socket_mode(), Some(0o600));
+}

@@ -1,0 +1,233 @@
+//! Running the agent: claim the socket, bind the listeners, start the work
+//! loop, tell systemd, and shut down cleanly on SIGTERM/SIGINT.
+//!
+//! In: a validated [`Config`]. Out: a serving agent until a signal (or
+//! [`AgentState::shutdown`]) stops it, then the socket file removed and
+//! in-flight calls given `agent.shutdown_grace` to finish. Never: start a
+//! second agent on a socket another one serves.
+
+pub mod instance;
+pub mod notify;
+pub mod work_loop;
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use tokio::net::{TcpListener, UnixListener};
+use tokio::task::JoinSet;
+use tokio_stream::wrappers::{TcpListenerStream, UnixListenerStream};
+use tonic::transport::Server;
+use tonic_health::ServingStatus;
+use warden_proto::v1::agent_server::AgentServer;
+
+use crate::api::{AgentService, metrics_http};
+use crate::config::Config;
+use crate::events::{NewEvent, Severity};
+use crate::state::AgentState;
+
+/// Why the agent could not start or run.
+#[derive(Debug, thiserror::Error)]
+pub enum DaemonError {
+    /// The socket is taken or unusable.
+    #[error(transparent)]
+    Instance(#[from] instance::InstanceError),
+    /// A listener could not be bound.
+    #[error("cannot listen on {what} {addr}: {source}")]
+    Bind {
+        /// Which listener.
+        what: &'static str,
+        /// Its address.
+        addr: String,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// Signal handlers could not be installed.
+    #[error("cannot install signal handlers: {0}")]
+    Signals(std::io::Error),
+    /// The reflection service could not be built from our descriptors.
+    #[error("cannot build the reflection service: {0}")]
+    Reflection(String),
+}
+
+impl DaemonError {
+    /// True when the failure is another agent holding the socket.
+    pub fn is_already_running(&self) -> bool {
+        matches!(
+            self,
+            DaemonError::Instance(instance::InstanceError::AlreadyRunning { .. })
+        )
+    }
+}
+
+/// Runs the agent until SIGTERM/SIGINT or until `state.shutdown` is cancelled.
+pub async fn run(config: Config, config_source: String) -> Result<(), DaemonError> {
+    let socket: PathBuf = config.socket_path();
+    let claim = instance::claim(&socket)?;
+    let state = Arc::new(AgentState::new(config, config_source));
+    let cfg = &state.config;
+
+    let uds = UnixListener::bind(&socket).map_err(|source| DaemonError::Bind {
+        what: "unix socket",
+        addr: socket.display().to_string(),
+        source,
+    })?;
+    let mode = cfg.socket_mode().unwrap_or(0o660);
+    std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(mode)).map_err(
+        |source| DaemonError::Bind {
+            what: "unix socket (chmod)",
+            addr: socket.display().to_string(),
+            source,
+        },
+    )?;
+    state.add_endpoint("unix", socket.display().to_string());
+
+    let tcp = if cfg.api.tcp.is_empty() {
+        None
+    } else {
+        let l = TcpListener::bind(&cfg.api.tcp)
+            .await
+            .map_err(|source| DaemonError::Bind {
+                what: "tcp",
+                addr: cfg.api.tcp.clone(),
+                source,
+            })?;
+        let addr = l.local_addr().map_or(cfg.api.tcp.clone(), |a| a.to_string());
+        state.add_endpoint("tcp", addr);
+        Some(l)
+    };
+
+    let metrics = if cfg.metrics.listen.is_empty() {
+        None
+    } else {
+        let l = TcpListener::bind(&cfg.metrics.listen)
+            .await
+            .map_err(|source| DaemonError::Bind {
+                what: "metrics",
+                addr: cfg.metrics.listen.clone(),
+                source,
+            })?;
+        let addr = l
+            .local_addr()
+            .map_or(cfg.metrics.listen.clone(), |a| a.to_string());
+        state.add_endpoint("metrics", format!("http://{addr}/metrics"));
+        Some(l)
+    };
+    let metrics_handle = metrics_http::install();
+
+    let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .map_err(DaemonError::Signals)?;
+    let mut sigint = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())
+        .map_err(DaemonError::Signals)?;
+
+    let (health_reporter, health_service) = tonic_health::server::health_reporter();
+    health_reporter
+        .set_serving::<AgentServer<AgentService>>()
+        .await;
+    let reflection = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(warden_proto::v1::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1()
+        .map_err(|e| DaemonError::Reflection(e.to_string()))?;
+    let reflection_alpha = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(warden_proto::v1::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1alpha()
+        .map_err(|e| DaemonError::Reflection(e.to_string()))?;
+    let router = Server::builder()
+        .add_service(health_service)
+        .add_service(reflection)
+        .add_service(reflection_alpha)
+        .add_service(AgentServer::new(AgentService::new(state.clone())));
+
+    let mut tasks = JoinSet::new();
+    {
+        let stop = state.shutdown.clone();
+        let router = router.clone();
+        tasks.spawn(async move {
+            if let Err(e) = router
+                .serve_with_incoming_shutdown(UnixListenerStream::new(uds), stop.cancelled())
+                .await
+            {
+                tracing::error!(error = %e, "unix socket server failed");
+            }
+        });
+    }
+    if let Some(l) = tcp {
+        let stop = state.shutdown.clone();
+        tasks.spawn(async move {
+            if let Err(e) = router
+                .serve_with_incoming_shutdown(TcpListenerStream::new(l), stop.cancelled())
+                .await
+            {
+                tracing::error!(error = %e, "tcp server failed");
+            }
+        });
+    }
+    if let (Some(l), Some(handle)) = (metrics, metrics_handle) {
+        let st = state.clone();
+        tasks.spawn(async move {
+            if let Err(e) = metrics_http::serve(l, handle, st).await {
+                tracing::error!(error = %e, "metrics server failed");
+            }
+        });
+    }
+    let watchdog = notify::Watchdog::from_env();
+    let watchdog_period = watchdog.period();
+    tasks.spawn(work_loop::run(state.clone(), watchdog));
+
+    let mut started = NewEvent::new(
+        Severity::Info,
+        "agent.started",
+        "agent",
+        format!("wardend {} serving on {}", crate::VERSION, socket.display()),
+    )
+    .with("pid", std::process::id())
+    .with("config", &state.config_source);
+    for (kind, addr) in state.endpoints() {
+        started = started.with(kind, addr);
+    }
+    if let Some(pid) = &claim.replaced_stale {
+        started = started.with("replaced_stale_socket_of_pid", pid);
+    }
+    if let Some(p) = watchdog_period {
+        started = started.with("watchdog_ping_every", humantime::format_duration(p));
+    }
+    state.events.publish(started);
+    notify::ready(&format!("serving on {}", socket.display()));
+
+    let signal = tokio::select! {
+        _ = sigterm.recv() => "SIGTERM",
+        _ = sigint.recv() => "SIGINT",
+        () = state.shutdown.cancelled() => "shutdown request",
+    };
+    state.events.publish(
+        NewEvent::new(
+            Severity::Info,
+            "agent.stopping",
+            "agent",
+            format!("wardend stopping on {signal}"),
+        )
+        .with("signal", signal),
+    );
+    notify::stopping();
+    health_reporter
+        .set_service_status("", ServingStatus::NotServing)
+        .await;
+    state.shutdown.cancel();
+    let grace = state.config.agent.shutdown_grace;
+    let drained = tokio::time::timeout(grace, async {
+        while tasks.join_next().await.is_some() {}
+    })
+    .await;
+    if drained.is_err() {
+        tracing::warn!(
+            grace = %humantime::format_duration(grace),
+            "in-flight calls did not finish within the shutdown grace; closing them"
+        );
+        tasks.abort_all();
+    }
+    drop(claim);
+    tracing::info!("wardend stopped");
+    Ok(())
+}

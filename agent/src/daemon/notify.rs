@@ -1,0 +1,61 @@
+//! systemd's notify protocol: READY=1, STATUS=, STOPPING=1 and the watchdog.
+//!
+//! All of it is a no-op when `NOTIFY_SOCKET` is unset (not under systemd).
+//! The watchdog is pinged from the work loop, not from a timer of its own,
+//! so an agent whose loop is wedged stops pinging and systemd restarts it.
+
+use std::time::{Duration, Instant};
+
+use sd_notify::NotifyState;
+
+/// Tells systemd the agent is serving.
+pub fn ready(status: &str) {
+    send(&[NotifyState::Ready, NotifyState::Status(status)]);
+}
+
+/// Updates the one-line status `systemctl status` shows.
+pub fn status(status: &str) {
+    send(&[NotifyState::Status(status)]);
+}
+
+/// Tells systemd the agent is shutting down.
+pub fn stopping() {
+    send(&[NotifyState::Stopping, NotifyState::Status("shutting down")]);
+}
+
+fn send(states: &[NotifyState<'_>]) {
+    if let Err(e) = sd_notify::notify(states) {
+        tracing::warn!(error = %e, "cannot notify systemd");
+    }
+}
+
+/// Pings the watchdog at half of `WATCHDOG_USEC`, when one is configured.
+#[derive(Debug)]
+pub struct Watchdog {
+    every: Option<Duration>,
+    last: Option<Instant>,
+}
+
+impl Watchdog {
+    /// Reads `WATCHDOG_USEC` / `WATCHDOG_PID` from the environment.
+    pub fn from_env() -> Self {
+        Self {
+            every: sd_notify::watchdog_enabled().map(|d| d / 2),
+            last: None,
+        }
+    }
+
+    /// The ping period, if the watchdog is on.
+    pub fn period(&self) -> Option<Duration> {
+        self.every
+    }
+
+    /// Called on every loop iteration; pings when half the timeout passed.
+    pub fn tick(&mut self, now: Instant) {
+        let Some(every) = self.every else { return };
+        if self.last.is_none_or(|last| now.duration_since(last) >= every) {
+            send(&[NotifyState::Watchdog]);
+            self.last = Some(now);
+        }
+    }
+}

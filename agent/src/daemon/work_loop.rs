@@ -1,0 +1,65 @@
+//! The work loop: one tick drives the periodic work and the watchdog.
+//!
+//! Every `agent.tick` it reads the sources that are due and pings the systemd
+//! watchdog. Pinging from here (not from a timer of its own) means a loop
+//! that stops turning stops the pings, and systemd restarts the agent.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Instant, SystemTime};
+
+use tokio::time::MissedTickBehavior;
+
+use super::notify::{self, Watchdog};
+use crate::health::{ComponentReport, Status};
+use crate::sources::host_memory;
+use crate::state::AgentState;
+
+/// Runs until the agent shuts down.
+pub async fn run(state: Arc<AgentState>, mut watchdog: Watchdog) {
+    let cfg = &state.config;
+    let mut ticker = tokio::time::interval(cfg.agent.tick);
+    ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    state.apply_report(ComponentReport {
+        id: "agent".into(),
+        kind: "agent".into(),
+        labels: [("version".to_owned(), crate::VERSION.to_owned())].into(),
+        status_override: None,
+        reasons: Vec::new(),
+    });
+    let mut next_host = Instant::now();
+    let mut last_status = None;
+    loop {
+        tokio::select! {
+            () = state.shutdown.cancelled() => return,
+            _ = ticker.tick() => {}
+        }
+        let now = Instant::now();
+        if now >= next_host {
+            let reading = host_memory::read(Path::new("/proc/meminfo"));
+            state.apply_report(host_memory::judge(reading, &cfg.host, SystemTime::now()));
+            next_host = now + cfg.host.poll_interval;
+        }
+        let node = state.health.snapshot();
+        if last_status != Some((node.status, node.version)) {
+            last_status = Some((node.status, node.version));
+            notify::status(&status_line(&node));
+        }
+        watchdog.tick(now);
+    }
+}
+
+/// The one line `systemctl status wardend` shows.
+fn status_line(node: &crate::health::NodeSnapshot) -> String {
+    let bad: Vec<String> = node
+        .components
+        .iter()
+        .filter(|c| c.status != Status::Ok)
+        .map(|c| format!("{} {}", c.id, c.status))
+        .collect();
+    if bad.is_empty() {
+        format!("node OK, {} components", node.components.len())
+    } else {
+        format!("node {}: {}", node.status, bad.join(", "))
+    }
+}

@@ -1,0 +1,327 @@
+//! The health model: every component of the node with a status and the
+//! reasons for it.
+//!
+//! In: sources report a component's current findings ([`ComponentReport`]).
+//! Out: a consistent snapshot for the API ([`HealthModel::snapshot`]), a
+//! version number that watchers wait on, and a [`StatusChange`] for each
+//! component whose status moved, which the caller turns into an event.
+//! Never: I/O, blocking, or knowledge of gRPC. A report replaces the
+//! component's reasons as a whole; the `since` of a reason that persists is
+//! kept, so "since when" survives repeated polls.
+
+use std::collections::BTreeMap;
+use std::sync::{Mutex, PoisonError};
+use std::time::SystemTime;
+
+use tokio::sync::watch;
+
+/// A component's state, ordered by severity: `Ok < Unknown < Degraded < Failed`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Status {
+    /// Working as expected.
+    Ok,
+    /// The agent cannot tell (no library, no answer): not a fault by itself.
+    Unknown,
+    /// Working with reduced capability or showing early signs of failing.
+    Degraded,
+    /// Not usable; work placed on it will fail.
+    Failed,
+}
+
+impl Status {
+    /// Upper-case name as shown by the CLI and logs.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Status::Ok => "OK",
+            Status::Unknown => "UNKNOWN",
+            Status::Degraded => "DEGRADED",
+            Status::Failed => "FAILED",
+        }
+    }
+}
+
+impl std::fmt::Display for Status {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// One finding with its evidence.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Reason {
+    /// The status this finding alone implies.
+    pub status: Status,
+    /// Stable signal name, e.g. `memory.available_percent`.
+    pub signal: String,
+    /// The observed value, formatted with its unit.
+    pub value: String,
+    /// The threshold it was judged against.
+    pub threshold: String,
+    /// The window of a delta or rate; empty for a level.
+    pub window: String,
+    /// When this finding was first seen (kept across polls).
+    pub since: SystemTime,
+    /// A sentence for a person.
+    pub message: String,
+}
+
+/// What a source says about one component at one moment.
+#[derive(Debug, Clone)]
+pub struct ComponentReport {
+    /// Component id: `host/memory`, `gpu0`, `gpu0/nvlink3`...
+    pub id: String,
+    /// Coarse kind for grouping: `host`, `gpu`, `agent`...
+    pub kind: String,
+    /// Identification labels (uuid, pci bus id, mount point).
+    pub labels: BTreeMap<String, String>,
+    /// `Some(Unknown)` when the source cannot read the component at all;
+    /// `None` to derive the status from the reasons (worst, or OK if none).
+    pub status_override: Option<Status>,
+    /// Every current finding; an empty list means nothing is wrong.
+    pub reasons: Vec<Reason>,
+}
+
+/// A component as the model holds it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Component {
+    /// Component id.
+    pub id: String,
+    /// Coarse kind.
+    pub kind: String,
+    /// Identification labels.
+    pub labels: BTreeMap<String, String>,
+    /// Current status.
+    pub status: Status,
+    /// When the component entered its current status.
+    pub since: SystemTime,
+    /// Current findings, worst first.
+    pub reasons: Vec<Reason>,
+}
+
+/// The whole node at one moment.
+#[derive(Debug, Clone)]
+pub struct NodeSnapshot {
+    /// Worst status over all components (OK when there are none).
+    pub status: Status,
+    /// Components ordered by id.
+    pub components: Vec<Component>,
+    /// When the snapshot was taken.
+    pub observed_at: SystemTime,
+    /// Model version at the time (increases on every change).
+    pub version: u64,
+}
+
+/// A component whose status moved; the caller publishes it as an event.
+#[derive(Debug, Clone)]
+pub struct StatusChange {
+    /// Component id.
+    pub id: String,
+    /// Status before (None for a component seen for the first time).
+    pub from: Option<Status>,
+    /// Status now.
+    pub to: Status,
+    /// The worst reason now, if any: the evidence for the change.
+    pub reason: Option<Reason>,
+}
+
+/// Shared, thread-safe health state of the node.
+#[derive(Debug)]
+pub struct HealthModel {
+    components: Mutex<BTreeMap<String, Component>>,
+    /// Bumped on every change; watchers (WatchHealth, systemd STATUS=) wait on it.
+    version: watch::Sender<u64>,
+}
+
+impl Default for HealthModel {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl HealthModel {
+    /// An empty model.
+    pub fn new() -> Self {
+        Self {
+            components: Mutex::new(BTreeMap::new()),
+            version: watch::Sender::new(0),
+        }
+    }
+
+    /// Applies a report; returns the status change if the status moved.
+    pub fn report(&self, mut report: ComponentReport, now: SystemTime) -> Option<StatusChange> {
+        let mut map = self.components.lock().unwrap_or_else(PoisonError::into_inner);
+        let previous = map.get(&report.id);
+        // Keep the first-seen time of findings that persist.
+        if let Some(prev) = previous {
+            for r in &mut report.reasons {
+                if let Some(old) = prev.reasons.iter().find(|o| o.signal == r.signal) {
+                    r.since = old.since;
+                }
+            }
+        }
+        report.reasons.sort_by(|a, b| b.status.cmp(&a.status));
+        let status = report.status_override.unwrap_or_else(|| {
+            report
+                .reasons
+                .iter()
+                .map(|r| r.status)
+                .max()
+                .unwrap_or(Status::Ok)
+        });
+        let from = previous.map(|p| p.status);
+        let since = match previous {
+            Some(p) if p.status == status => p.since,
+            _ => now,
+        };
+        let component = Component {
+            id: report.id.clone(),
+            kind: report.kind,
+            labels: report.labels,
+            status,
+            since,
+            reasons: report.reasons,
+        };
+        if previous == Some(&component) {
+            return None;
+        }
+        let change = (from != Some(status)).then(|| StatusChange {
+            id: component.id.clone(),
+            from,
+            to: status,
+            reason: component.reasons.first().cloned(),
+        });
+        map.insert(report.id, component);
+        drop(map);
+        self.version.send_modify(|v| *v += 1);
+        change
+    }
+
+    /// Removes a component that no longer exists (a GPU that fell off the bus
+    /// is reported FAILED instead; this is for things that were never real).
+    pub fn remove(&self, id: &str) {
+        let removed = self
+            .components
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(id)
+            .is_some();
+        if removed {
+            self.version.send_modify(|v| *v += 1);
+        }
+    }
+
+    /// A consistent copy of the whole node.
+    pub fn snapshot(&self) -> NodeSnapshot {
+        let map = self.components.lock().unwrap_or_else(PoisonError::into_inner);
+        let components: Vec<Component> = map.values().cloned().collect();
+        let version = *self.version.borrow();
+        drop(map);
+        NodeSnapshot {
+            status: components
+                .iter()
+                .map(|c| c.status)
+                .max()
+                .unwrap_or(Status::Ok),
+            components,
+            observed_at: SystemTime::now(),
+            version,
+        }
+    }
+
+    /// A receiver that wakes whenever the model changes.
+    pub fn subscribe(&self) -> watch::Receiver<u64> {
+        self.version.subscribe()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn reason(status: Status, signal: &str, at: SystemTime) -> Reason {
+        Reason {
+            status,
+            signal: signal.into(),
+            value: "1".into(),
+            threshold: "0".into(),
+            window: String::new(),
+            since: at,
+            message: format!("{signal} is off"),
+        }
+    }
+
+    fn report(reasons: Vec<Reason>) -> ComponentReport {
+        ComponentReport {
+            id: "host/memory".into(),
+            kind: "host".into(),
+            labels: BTreeMap::new(),
+            status_override: None,
+            reasons,
+        }
+    }
+
+    #[test]
+    fn first_report_is_a_change_and_status_is_worst_reason() {
+        let m = HealthModel::new();
+        let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(100);
+        let c = m
+            .report(
+                report(vec![
+                    reason(Status::Degraded, "a", t0),
+                    reason(Status::Failed, "b", t0),
+                ]),
+                t0,
+            )
+            .unwrap();
+        assert_eq!(c.from, None);
+        assert_eq!(c.to, Status::Failed);
+        assert_eq!(c.reason.unwrap().signal, "b");
+        assert_eq!(m.snapshot().status, Status::Failed);
+    }
+
+    #[test]
+    fn same_status_is_not_a_change_and_keeps_since() {
+        let m = HealthModel::new();
+        let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(100);
+        let t1 = t0 + Duration::from_secs(5);
+        m.report(report(vec![reason(Status::Degraded, "a", t0)]), t0);
+        assert!(
+            m.report(report(vec![reason(Status::Degraded, "a", t1)]), t1)
+                .is_none()
+        );
+        let snap = m.snapshot();
+        assert_eq!(snap.components[0].since, t0);
+        assert_eq!(snap.components[0].reasons[0].since, t0);
+    }
+
+    #[test]
+    fn clearing_reasons_returns_to_ok() {
+        let m = HealthModel::new();
+        let t0 = SystemTime::UNIX_EPOCH;
+        m.report(report(vec![reason(Status::Failed, "a", t0)]), t0);
+        let c = m.report(report(vec![]), t0).unwrap();
+        assert_eq!((c.from, c.to), (Some(Status::Failed), Status::Ok));
+    }
+
+    #[test]
+    fn unknown_ranks_between_ok_and_degraded() {
+        assert!(Status::Ok < Status::Unknown);
+        assert!(Status::Unknown < Status::Degraded);
+        let m = HealthModel::new();
+        let mut r = report(vec![]);
+        r.status_override = Some(Status::Unknown);
+        m.report(r, SystemTime::UNIX_EPOCH);
+        assert_eq!(m.snapshot().status, Status::Unknown);
+    }
+
+    #[test]
+    fn version_bumps_only_on_change() {
+        let m = HealthModel::new();
+        let t0 = SystemTime::UNIX_EPOCH;
+        m.report(report(vec![]), t0);
+        let v = m.snapshot().version;
+        m.report(report(vec![]), t0);
+        assert_eq!(m.snapshot().version, v);
+    }
+}

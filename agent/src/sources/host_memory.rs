@@ -1,0 +1,179 @@
+//! Host memory pressure from `/proc/meminfo`.
+//!
+//! Low available memory is the leading sign of an OOM kill, which takes a
+//! rank down with a SIGKILL that looks like a crash; reporting it first lets
+//! attribution blame the host, not the job's code.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::SystemTime;
+
+use crate::config::HostConfig;
+use crate::health::{ComponentReport, Reason, Status};
+
+/// The component id this source reports on.
+pub const COMPONENT: &str = "host/memory";
+
+/// Why meminfo could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum MemInfoError {
+    /// The file could not be read.
+    #[error("cannot read {path}: {source}")]
+    Read {
+        /// The file.
+        path: String,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// A field we need is missing or not a number.
+    #[error("{path}: field {field} missing or not a number")]
+    Field {
+        /// The file.
+        path: String,
+        /// The field name.
+        field: &'static str,
+    },
+}
+
+/// Total and available memory, in kiB.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct MemInfo {
+    /// `MemTotal`.
+    pub total_kib: u64,
+    /// `MemAvailable`: what can be allocated without swapping.
+    pub available_kib: u64,
+}
+
+impl MemInfo {
+    /// Available memory as a percentage of the total.
+    pub fn available_percent(&self) -> f64 {
+        if self.total_kib == 0 {
+            return 0.0;
+        }
+        self.available_kib as f64 * 100.0 / self.total_kib as f64
+    }
+}
+
+/// Parses the text of `/proc/meminfo`.
+pub fn parse(text: &str, path: &str) -> Result<MemInfo, MemInfoError> {
+    let field = |name: &'static str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
+            .and_then(|rest| rest.split_whitespace().next()?.parse::<u64>().ok())
+            .ok_or(MemInfoError::Field {
+                path: path.to_owned(),
+                field: name,
+            })
+    };
+    Ok(MemInfo {
+        total_kib: field("MemTotal")?,
+        available_kib: field("MemAvailable")?,
+    })
+}
+
+/// Reads meminfo from `path` (normally `/proc/meminfo`).
+pub fn read(path: &Path) -> Result<MemInfo, MemInfoError> {
+    let shown = path.display().to_string();
+    let text = std::fs::read_to_string(path).map_err(|source| MemInfoError::Read {
+        path: shown.clone(),
+        source,
+    })?;
+    parse(&text, &shown)
+}
+
+/// Judges a reading (or the failure to get one) against the thresholds.
+pub fn judge(
+    reading: Result<MemInfo, MemInfoError>,
+    cfg: &HostConfig,
+    now: SystemTime,
+) -> ComponentReport {
+    let mut report = ComponentReport {
+        id: COMPONENT.into(),
+        kind: "host".into(),
+        labels: BTreeMap::new(),
+        status_override: None,
+        reasons: Vec::new(),
+    };
+    match reading {
+        Err(e) => {
+            report.status_override = Some(Status::Unknown);
+            report.reasons.push(Reason {
+                status: Status::Unknown,
+                signal: "memory.meminfo".into(),
+                value: String::new(),
+                threshold: String::new(),
+                window: String::new(),
+                since: now,
+                message: e.to_string(),
+            });
+        }
+        Ok(m) => {
+            report
+                .labels
+                .insert("total".into(), format!("{} MiB", m.total_kib / 1024));
+            let pct = m.available_percent();
+            let (status, threshold) = if pct < cfg.memory_failed_below_percent {
+                (Status::Failed, cfg.memory_failed_below_percent)
+            } else if pct < cfg.memory_degraded_below_percent {
+                (Status::Degraded, cfg.memory_degraded_below_percent)
+            } else {
+                return report;
+            };
+            report.reasons.push(Reason {
+                status,
+                signal: "memory.available_percent".into(),
+                value: format!("{pct:.1}%"),
+                threshold: format!("< {threshold}%"),
+                window: String::new(),
+                since: now,
+                message: format!(
+                    "only {} MiB of {} MiB available ({pct:.1}%): ranks risk the OOM killer",
+                    m.available_kib / 1024,
+                    m.total_kib / 1024
+                ),
+            });
+        }
+    }
+    report
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SAMPLE: &str = "MemTotal:       16000000 kB\nMemFree:         1000000 kB\nMemAvailable:    1200000 kB\n";
+
+    #[test]
+    fn parses_meminfo() {
+        let m = parse(SAMPLE, "x").unwrap();
+        assert_eq!(m.total_kib, 16_000_000);
+        assert_eq!(m.available_kib, 1_200_000);
+    }
+
+    #[test]
+    fn missing_field_is_named() {
+        let e = parse("MemTotal: 10 kB\n", "x").unwrap_err().to_string();
+        assert!(e.contains("MemAvailable"), "{e}");
+    }
+
+    #[test]
+    fn thresholds() {
+        let cfg = HostConfig::default();
+        let now = SystemTime::now();
+        let at = |avail| MemInfo {
+            total_kib: 1000,
+            available_kib: avail,
+        };
+        assert!(judge(Ok(at(500)), &cfg, now).reasons.is_empty());
+        assert_eq!(
+            judge(Ok(at(50)), &cfg, now).reasons[0].status,
+            Status::Degraded
+        );
+        assert_eq!(
+            judge(Ok(at(10)), &cfg, now).reasons[0].status,
+            Status::Failed
+        );
+        let unreadable = judge(read(Path::new("/nonexistent/meminfo")), &cfg, now);
+        assert_eq!(unreadable.status_override, Some(Status::Unknown));
+    }
+}

@@ -1,0 +1,25 @@
+//! Log set-up: tracing to stderr as text or JSON (journald keeps stderr).
+
+use std::io::IsTerminal;
+
+use tracing_subscriber::EnvFilter;
+
+use crate::config::{LogConfig, LogFormat};
+
+/// Installs the global subscriber. `RUST_LOG` overrides `log.level`.
+pub fn init(cfg: &LogConfig) {
+    let filter = EnvFilter::try_from_default_env()
+        .or_else(|_| EnvFilter::try_new(&cfg.level))
+        .unwrap_or_else(|_| EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal());
+    let result = match cfg.format {
+        LogFormat::Text => builder.try_init(),
+        LogFormat::Json => builder.json().flatten_event(true).try_init(),
+    };
+    if let Err(e) = result {
+        eprintln!("wardend: logging already initialised: {e}");
+    }
+}
