@@ -197,7 +197,16 @@ async fn forward_events(
     let mut live = sub.live;
     loop {
         let received = tokio::select! {
-            () = state.shutdown.cancelled() => return,
+            () = state.shutdown.cancelled() => {
+                // Events published before the shutdown (agent.stopping among
+                // them) still reach the watcher; then the stream ends.
+                while let Ok(e) = live.try_recv() {
+                    if e.id > last && send(&e).await.is_err() {
+                        return;
+                    }
+                }
+                return;
+            }
             () = tx.closed() => return,
             r = live.recv() => r,
         };
