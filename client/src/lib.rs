@@ -1,2 +1,27 @@
-//! The library linked into training ranks (placeholder, filled by the heartbeat work).
+//! The library linked into training ranks to talk to the local warden agent.
+//!
+//! A rank registers with its host's `wardend` over a Unix socket and gets a
+//! heartbeat slot in a shared-memory file; from then on heartbeats, step
+//! boundaries and section open/close are a few atomic stores into that slot:
+//! no syscall, no lock, no allocation. With no agent (or after losing it) the
+//! same calls write into a private slot while a background thread keeps
+//! trying to register, so the agent can never slow down or break training.
+//!
+//! # Layout
+//! - [`slot`]: the shared-memory layout both sides use, the agent's
+//!   [`slot::SlotFile`] (create, claim, snapshot) and the hot-path
+//!   [`slot::SlotWriter`].
+//! - [`client`]: [`Client`], registration, reconnection, section guards.
+//! - [`clock`]: the `CLOCK_MONOTONIC` nanosecond timestamps the slot carries.
+//! - [`ffi`]: the C ABI declared in `include/warden.h`.
+//! - [`paths`]: where the agent's socket is.
+//! - `mapping` (private): the client's one-slot mapping of the agent's file.
+
+pub mod client;
+pub mod clock;
+pub mod ffi;
+mod mapping;
 pub mod paths;
+pub mod slot;
+
+pub use client::{Client, ClientError, ConnectOptions, LinkStatus, SectionGuard, SectionId};

@@ -33,10 +33,10 @@ pub fn default_runtime_dir() -> PathBuf {
     if uid == 0 {
         return PathBuf::from("/run/warden");
     }
-    if let Some(dir) = std::env::var_os("XDG_RUNTIME_DIR") {
-        if !dir.is_empty() {
-            return PathBuf::from(dir).join("warden");
-        }
+    if let Some(dir) = std::env::var_os("XDG_RUNTIME_DIR")
+        && !dir.is_empty()
+    {
+        return PathBuf::from(dir).join("warden");
     }
     PathBuf::from(format!("/tmp/warden-{uid}"))
 }

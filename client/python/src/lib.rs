@@ -1,0 +1,1 @@
+//! Python bindings (module `warden._native`), filled in below.

@@ -1,0 +1,745 @@
+//! The training-side client: registration, the hot path, and staying out of the way.
+//!
+//! A [`Client`] always has a slot to write into: the agent's (connected) or
+//! a private in-process one (disconnected). The hot path loads one
+//! `AtomicPtr` and does a few relaxed stores into whichever it points at, so
+//! agent trouble never costs training anything and never raises.
+//!
+//! A background thread, owning a current-thread tokio runtime, registers
+//! with the agent over its Unix socket (gRPC), maps the slot, copies the
+//! current state (step, open sections, step ring, names) into it and swaps
+//! the pointer. It then checks every `probe_interval` that the agent is still
+//! there: the slot still carries our generation and is claimed, the slot file
+//! at its path is still the inode we mapped, and (every fifth check) a
+//! `GetRanks` call on the open channel succeeds. On any failure it copies
+//! the state back into the private slot, swaps, retires the mapping and
+//! re-registers with backoff (100 ms doubling to 5 s), passing the slot it
+//! had as `previous_slot`.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, mpsc};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use hyper_util::rt::TokioIo;
+use tokio::net::UnixStream;
+use tokio::sync::Notify;
+use tonic::transport::{Channel, Endpoint, Uri};
+use warden_proto::v1::agent_client::AgentClient;
+use warden_proto::v1::{DeregisterRankRequest, GetRanksRequest, RegisterRankRequest};
+
+use crate::clock;
+use crate::mapping::SlotMapping;
+use crate::slot::{
+    FIRST_USER_SECTION, LAYOUT_VERSION, MAX_SECTIONS, SECTION_OTHER, Slot, SlotError, SlotWriter,
+    well_known_id,
+};
+
+/// Errors from building a client's options. Agent trouble is never an error.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// An environment variable holds something that is not a number.
+    #[error("environment variable {var}={value:?} is not a valid {what}")]
+    BadEnv {
+        /// The variable.
+        var: &'static str,
+        /// Its value.
+        value: String,
+        /// What it should be.
+        what: &'static str,
+    },
+    /// The job id is empty.
+    #[error("job id must not be empty")]
+    EmptyJobId,
+    /// The world size is zero or a rank does not fit in it.
+    #[error("rank {rank} is out of range for world size {world_size}")]
+    BadRank {
+        /// The global rank.
+        rank: u32,
+        /// The world size.
+        world_size: u32,
+    },
+    /// The background thread could not be started.
+    #[error("cannot start the client's background thread: {0}")]
+    Thread(std::io::Error),
+}
+
+/// How to reach the agent and who this rank is.
+///
+/// Why a struct apart from the client: defaults come from the launcher's
+/// environment, and C, Python and Rust callers override single fields.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConnectOptions {
+    /// The agent's socket (default: [`crate::paths::client_socket_path`]).
+    pub socket_path: PathBuf,
+    /// Job id (`WARDEN_JOB_ID`, else `TORCHELASTIC_RUN_ID`, else "default").
+    pub job_id: String,
+    /// Global rank (`RANK`, else 0).
+    pub global_rank: u32,
+    /// Rank on this host (`LOCAL_RANK`, else the global rank).
+    pub local_rank: u32,
+    /// Ranks in the job (`WORLD_SIZE`, else global rank + 1).
+    pub world_size: u32,
+    /// How long `connect` waits for the first registration attempt.
+    pub connect_timeout: Duration,
+    /// How often the background thread checks that the agent is still there.
+    pub probe_interval: Duration,
+}
+
+fn env_u32(var: &'static str) -> Result<Option<u32>, ClientError> {
+    match std::env::var(var) {
+        Ok(v) if !v.trim().is_empty() => {
+            v.trim().parse().map(Some).map_err(|_| ClientError::BadEnv {
+                var,
+                value: v,
+                what: "non-negative integer",
+            })
+        }
+        _ => Ok(None),
+    }
+}
+
+impl ConnectOptions {
+    /// Options from the environment the launchers set (torchrun, `warden run`).
+    ///
+    /// A malformed variable is an error so the caller can report it; use
+    /// [`ConnectOptions::from_env_lossy`] to fall back to defaults instead.
+    pub fn from_env() -> Result<ConnectOptions, ClientError> {
+        let job_id = ["WARDEN_JOB_ID", "TORCHELASTIC_RUN_ID"]
+            .iter()
+            .find_map(|v| std::env::var(v).ok().filter(|s| !s.is_empty()))
+            .unwrap_or_else(|| "default".to_owned());
+        let global_rank = env_u32("RANK")?.unwrap_or(0);
+        let local_rank = env_u32("LOCAL_RANK")?.unwrap_or(global_rank);
+        let world_size = env_u32("WORLD_SIZE")?.unwrap_or(global_rank.saturating_add(1));
+        Ok(ConnectOptions {
+            socket_path: crate::paths::client_socket_path(),
+            job_id,
+            global_rank,
+            local_rank,
+            world_size,
+            connect_timeout: Duration::from_secs(1),
+            probe_interval: Duration::from_secs(1),
+        })
+    }
+
+    /// [`ConnectOptions::from_env`], with defaults for malformed variables.
+    pub fn from_env_lossy() -> ConnectOptions {
+        match Self::from_env() {
+            Ok(o) => o,
+            Err(_) => {
+                let mut o = ConnectOptions {
+                    socket_path: crate::paths::client_socket_path(),
+                    job_id: "default".to_owned(),
+                    global_rank: 0,
+                    local_rank: 0,
+                    world_size: 1,
+                    connect_timeout: Duration::from_secs(1),
+                    probe_interval: Duration::from_secs(1),
+                };
+                if let Some(j) = ["WARDEN_JOB_ID", "TORCHELASTIC_RUN_ID"]
+                    .iter()
+                    .find_map(|v| std::env::var(v).ok().filter(|s| !s.is_empty()))
+                {
+                    o.job_id = j;
+                }
+                o
+            }
+        }
+    }
+
+    /// Checks the fields that a caller may have set by hand.
+    pub fn validate(&self) -> Result<(), ClientError> {
+        if self.job_id.is_empty() {
+            return Err(ClientError::EmptyJobId);
+        }
+        if self.world_size == 0 || self.global_rank >= self.world_size {
+            return Err(ClientError::BadRank {
+                rank: self.global_rank,
+                world_size: self.world_size,
+            });
+        }
+        Ok(())
+    }
+}
+
+/// A section id, resolved once from a name, cheap to open and close.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct SectionId(u32);
+
+impl SectionId {
+    /// Wraps a raw id (ids out of range become "other").
+    pub fn from_raw(id: u32) -> SectionId {
+        if (id as usize) < MAX_SECTIONS {
+            SectionId(id)
+        } else {
+            SectionId(SECTION_OTHER)
+        }
+    }
+
+    /// The raw id written into the slot.
+    pub fn get(self) -> u32 {
+        self.0
+    }
+}
+
+/// Process-wide name -> id table, so ids stay stable across slot swaps.
+#[derive(Debug)]
+struct Names {
+    user: [OnceLock<Box<str>>; MAX_SECTIONS],
+    /// Held to assign ids and to write names into a slot (also across swaps).
+    lock: Mutex<()>,
+}
+
+impl Names {
+    fn new() -> Names {
+        Names {
+            user: std::array::from_fn(|_| OnceLock::new()),
+            lock: Mutex::new(()),
+        }
+    }
+
+    /// Lock-free lookup: well-known names, then the user table in order.
+    #[inline]
+    fn lookup(&self, name: &str) -> Option<u32> {
+        if let Some(id) = well_known_id(name) {
+            return Some(id);
+        }
+        for (id, entry) in self
+            .user
+            .iter()
+            .enumerate()
+            .skip(FIRST_USER_SECTION as usize)
+        {
+            match entry.get() {
+                Some(n) if **n == *name => return Some(id as u32),
+                Some(_) => continue,
+                None => return None,
+            }
+        }
+        None
+    }
+
+    fn guard(&self) -> MutexGuard<'_, ()> {
+        match self.lock.lock() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        }
+    }
+
+    fn write_all(&self, slot: &Slot) {
+        for (id, entry) in self.user.iter().enumerate() {
+            if let Some(n) = entry.get() {
+                slot.write_name(id as u32, n);
+            }
+        }
+    }
+}
+
+/// What a client knows about its link to the agent (for status and logs).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LinkStatus {
+    /// Whether the hot path writes into an agent's slot.
+    pub connected: bool,
+    /// The slot index, when connected.
+    pub slot_index: Option<u32>,
+    /// The generation the agent issued, when connected.
+    pub generation: Option<u64>,
+    /// Registrations that succeeded so far.
+    pub registrations: u64,
+    /// The last reason the client was or went disconnected.
+    pub last_error: Option<String>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    /// The slot the hot path writes: `dummy` or a live mapping's slot.
+    current: AtomicPtr<Slot>,
+    /// The private stand-in slot, used while no agent is there.
+    dummy: Box<Slot>,
+    names: Names,
+    connected: AtomicBool,
+    stop: AtomicBool,
+    wake: Notify,
+    opts: ConnectOptions,
+    /// Every mapping ever used: retired ones stay until the client is
+    /// dropped so no pointer the hot path may still hold dangles.
+    mappings: Mutex<Vec<SlotMapping>>,
+    status: Mutex<LinkStatus>,
+}
+
+impl Inner {
+    #[inline(always)]
+    fn writer(&self) -> SlotWriter<'_> {
+        let p = self.current.load(Ordering::Acquire);
+        // SAFETY: `current` only ever holds `dummy` (owned by self) or the
+        // slot of a mapping in `mappings`, which are never unmapped before
+        // self is dropped (retired ones are remapped anonymous, still valid).
+        SlotWriter::new(unsafe { &*p })
+    }
+
+    fn set_status(&self, f: impl FnOnce(&mut LinkStatus)) {
+        let mut g = match self.status.lock() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        };
+        f(&mut g);
+    }
+
+    fn mappings(&self) -> MutexGuard<'_, Vec<SlotMapping>> {
+        match self.mappings.lock() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        }
+    }
+
+    /// Moves the hot path to `to`, carrying state and names over.
+    fn swap_to(&self, to: *mut Slot) {
+        let _names = self.names.guard();
+        let from = self.current.load(Ordering::Acquire);
+        if from == to {
+            return;
+        }
+        // SAFETY: both pointers are `dummy` or live mappings (see `writer`).
+        let (from_ref, to_ref) = unsafe { (&*from, &*to) };
+        to_ref.copy_client_state_from(from_ref);
+        self.names.write_all(to_ref);
+        self.current.store(to, Ordering::Release);
+    }
+
+    fn dummy_ptr(&self) -> *mut Slot {
+        (&*self.dummy as *const Slot).cast_mut()
+    }
+}
+
+/// The handle a training process holds: hot-path calls and lifecycle.
+///
+/// Why it never fails for agent trouble: the agent must never cost goodput,
+/// so with no agent the client writes into a private slot and keeps trying.
+/// Step and section calls must come from one thread at a time (the training
+/// loop); `heartbeat` may be called from any thread.
+#[derive(Debug)]
+pub struct Client {
+    inner: Arc<Inner>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl Client {
+    /// Connects with options from the environment (malformed values fall back to defaults).
+    pub fn connect() -> Client {
+        let opts = ConnectOptions::from_env_lossy();
+        match Self::connect_with(opts.clone()) {
+            Ok(c) => c,
+            // Only a thread spawn failure gets here: stay disconnected for good.
+            Err(e) => Self::offline(opts, Some(e.to_string())),
+        }
+    }
+
+    /// Connects with explicit options; errors only for invalid options.
+    ///
+    /// Waits up to `connect_timeout` for the first registration attempt, so a
+    /// present agent is attached on return; an absent one is retried in the
+    /// background.
+    pub fn connect_with(opts: ConnectOptions) -> Result<Client, ClientError> {
+        opts.validate()?;
+        let _ = clock::now_ns();
+        let client = Self::offline(opts, None);
+        let (tx, rx) = mpsc::sync_channel(1);
+        let inner = client.inner.clone();
+        let handle = std::thread::Builder::new()
+            .name("warden-client".to_owned())
+            .spawn(move || background(inner, tx))
+            .map_err(ClientError::Thread)?;
+        let timeout = client.inner.opts.connect_timeout;
+        if let Ok(mut g) = client.thread.lock() {
+            *g = Some(handle);
+        }
+        let _ = rx.recv_timeout(timeout);
+        Ok(client)
+    }
+
+    /// A client that never connects: the no-agent mode, for tests and fallbacks.
+    pub fn offline(opts: ConnectOptions, reason: Option<String>) -> Client {
+        let dummy = Slot::new_boxed();
+        let ptr = (&*dummy as *const Slot).cast_mut();
+        Client {
+            inner: Arc::new(Inner {
+                current: AtomicPtr::new(ptr),
+                dummy,
+                names: Names::new(),
+                connected: AtomicBool::new(false),
+                stop: AtomicBool::new(false),
+                wake: Notify::new(),
+                opts,
+                mappings: Mutex::new(Vec::new()),
+                status: Mutex::new(LinkStatus {
+                    last_error: reason,
+                    ..LinkStatus::default()
+                }),
+            }),
+            thread: Mutex::new(None),
+        }
+    }
+
+    /// Whether heartbeats currently reach an agent.
+    pub fn is_connected(&self) -> bool {
+        self.inner.connected.load(Ordering::Relaxed)
+    }
+
+    /// The link's state, for logs and diagnostics.
+    pub fn status(&self) -> LinkStatus {
+        match self.inner.status.lock() {
+            Ok(g) => g.clone(),
+            Err(p) => p.into_inner().clone(),
+        }
+    }
+
+    /// The options this client registered with.
+    pub fn options(&self) -> &ConnectOptions {
+        &self.inner.opts
+    }
+
+    /// Says "still alive": one load and one store.
+    #[inline]
+    pub fn heartbeat(&self) {
+        self.inner.writer().heartbeat();
+    }
+
+    /// Marks the start of training step `step` (ends an open step first).
+    #[inline]
+    pub fn step_begin(&self, step: u64) {
+        self.inner.writer().step_begin(step, clock::now_ns());
+    }
+
+    /// Marks the end of the open step, closing sections left open in it.
+    #[inline]
+    pub fn step_end(&self, step: u64) {
+        self.inner.writer().step_end(step, clock::now_ns());
+    }
+
+    /// The id for `name`, interning it on first use (takes a lock once per new name).
+    ///
+    /// Names past the table's capacity all map to "other".
+    pub fn section_id(&self, name: &str) -> SectionId {
+        if let Some(id) = self.inner.names.lookup(name) {
+            return SectionId(id);
+        }
+        let _g = self.inner.names.guard();
+        if let Some(id) = self.inner.names.lookup(name) {
+            return SectionId(id);
+        }
+        let free = self
+            .inner
+            .names
+            .user
+            .iter()
+            .enumerate()
+            .skip(FIRST_USER_SECTION as usize)
+            .find(|(_, e)| e.get().is_none());
+        let Some((id, entry)) = free else {
+            return SectionId(SECTION_OTHER);
+        };
+        let _ = entry.set(name.into());
+        let p = self.inner.current.load(Ordering::Acquire);
+        // SAFETY: see `Inner::writer`; the names lock keeps swaps out meanwhile.
+        unsafe { &*p }.write_name(id as u32, name);
+        SectionId(id as u32)
+    }
+
+    /// Opens the section `name` until the guard drops (no allocation after first use).
+    #[inline]
+    pub fn section(&self, name: &str) -> SectionGuard<'_> {
+        let id = self.section_id(name);
+        self.enter(id)
+    }
+
+    /// Opens section `id` until the guard drops.
+    #[inline]
+    pub fn enter(&self, id: SectionId) -> SectionGuard<'_> {
+        self.section_open(id);
+        SectionGuard { client: self, id }
+    }
+
+    /// Opens section `id` (for C and Python, which close explicitly).
+    #[inline]
+    pub fn section_open(&self, id: SectionId) {
+        self.inner.writer().section_open(id.0, clock::now_ns());
+    }
+
+    /// Closes section `id` and any section opened inside it.
+    #[inline]
+    pub fn section_close(&self, id: SectionId) {
+        self.inner.writer().section_close(id.0, clock::now_ns());
+    }
+
+    /// The control word the agent set (reserved for restart requests; 0 = none).
+    pub fn control(&self) -> u64 {
+        self.inner.writer().control()
+    }
+
+    /// Acknowledges a control value to the agent.
+    pub fn ack(&self, value: u64) {
+        self.inner.writer().ack(value);
+    }
+
+    /// Deregisters from the agent and stops the background thread (idempotent).
+    ///
+    /// Bounded: the deregistration call times out after a second. The client
+    /// stays usable (disconnected) afterwards.
+    pub fn close(&self) {
+        self.inner.stop.store(true, Ordering::Release);
+        self.inner.wake.notify_one();
+        let handle = match self.thread.lock() {
+            Ok(mut g) => g.take(),
+            Err(p) => p.into_inner().take(),
+        };
+        if let Some(h) = handle {
+            let _ = h.join();
+        }
+    }
+}
+
+impl Drop for Client {
+    fn drop(&mut self) {
+        self.close();
+    }
+}
+
+/// An open section; closes it when dropped.
+#[derive(Debug)]
+#[must_use = "the section closes when the guard is dropped"]
+pub struct SectionGuard<'a> {
+    client: &'a Client,
+    id: SectionId,
+}
+
+impl Drop for SectionGuard<'_> {
+    #[inline]
+    fn drop(&mut self) {
+        self.client.section_close(self.id);
+    }
+}
+
+/// A registration the background thread holds.
+struct Link {
+    agent: AgentClient<Channel>,
+    index: u32,
+    generation: u64,
+    slot: *mut Slot,
+}
+
+const BACKOFF_MIN: Duration = Duration::from_millis(100);
+const BACKOFF_MAX: Duration = Duration::from_secs(5);
+const RPC_TIMEOUT: Duration = Duration::from_secs(2);
+
+fn background(inner: Arc<Inner>, first: mpsc::SyncSender<()>) {
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            inner.set_status(|s| s.last_error = Some(format!("tokio runtime: {e}")));
+            let _ = first.try_send(());
+            return;
+        }
+    };
+    rt.block_on(run(inner, first));
+}
+
+async fn sleep_or_stop(inner: &Inner, d: Duration) -> bool {
+    if inner.stop.load(Ordering::Acquire) {
+        return true;
+    }
+    tokio::select! {
+        _ = tokio::time::sleep(d) => {}
+        _ = inner.wake.notified() => {}
+    }
+    inner.stop.load(Ordering::Acquire)
+}
+
+async fn run(inner: Arc<Inner>, first: mpsc::SyncSender<()>) {
+    let mut backoff = BACKOFF_MIN;
+    let mut previous_slot = None;
+    loop {
+        if inner.stop.load(Ordering::Acquire) {
+            return;
+        }
+        match register(&inner, previous_slot).await {
+            Ok(mut link) => {
+                backoff = BACKOFF_MIN;
+                previous_slot = Some(link.index);
+                inner.swap_to(link.slot);
+                inner.connected.store(true, Ordering::Release);
+                inner.set_status(|s| {
+                    s.connected = true;
+                    s.slot_index = Some(link.index);
+                    s.generation = Some(link.generation);
+                    s.registrations += 1;
+                    s.last_error = None;
+                });
+                let _ = first.try_send(());
+                let reason = watch(&inner, &mut link).await;
+                detach(&inner);
+                match reason {
+                    None => {
+                        let _ = tokio::time::timeout(
+                            Duration::from_secs(1),
+                            link.agent.deregister_rank(DeregisterRankRequest {
+                                job_id: inner.opts.job_id.clone(),
+                                global_rank: inner.opts.global_rank,
+                                generation: link.generation,
+                            }),
+                        )
+                        .await;
+                        return;
+                    }
+                    Some(why) => inner.set_status(|s| s.last_error = Some(why)),
+                }
+            }
+            Err(why) => {
+                inner.set_status(|s| s.last_error = Some(why));
+                let _ = first.try_send(());
+                if sleep_or_stop(&inner, backoff).await {
+                    return;
+                }
+                backoff = (backoff * 2).min(BACKOFF_MAX);
+            }
+        }
+    }
+}
+
+/// Back to the private slot; the agent's mapping is retired (kept, made anonymous).
+fn detach(inner: &Inner) {
+    inner.connected.store(false, Ordering::Release);
+    inner.swap_to(inner.dummy_ptr());
+    inner.set_status(|s| {
+        s.connected = false;
+        s.slot_index = None;
+        s.generation = None;
+    });
+    for m in inner.mappings().iter_mut() {
+        m.retire();
+    }
+}
+
+async fn connect_channel(path: PathBuf) -> Result<Channel, tonic::transport::Error> {
+    // The URI is required by tonic but unused: the connector dials the socket.
+    Endpoint::from_static("http://warden.local")
+        .connect_timeout(RPC_TIMEOUT)
+        .timeout(RPC_TIMEOUT)
+        .connect_with_connector(tower::service_fn(move |_: Uri| {
+            let path = path.clone();
+            async move { Ok::<_, std::io::Error>(TokioIo::new(UnixStream::connect(path).await?)) }
+        }))
+        .await
+}
+
+async fn register(inner: &Inner, previous_slot: Option<u32>) -> Result<Link, String> {
+    let opts = &inner.opts;
+    let channel = connect_channel(opts.socket_path.clone())
+        .await
+        .map_err(|e| format!("connect {}: {e}", opts.socket_path.display()))?;
+    let mut agent = AgentClient::new(channel);
+    let resp = agent
+        .register_rank(RegisterRankRequest {
+            job_id: opts.job_id.clone(),
+            global_rank: opts.global_rank,
+            local_rank: opts.local_rank,
+            world_size: opts.world_size,
+            pid: std::process::id(),
+            host: hostname(),
+            slot_layout_version: LAYOUT_VERSION,
+            previous_slot,
+            // Fields added later (stack dumps) keep their "not supported" default.
+            ..Default::default()
+        })
+        .await
+        .map_err(|s| format!("RegisterRank: {}: {}", s.code(), s.message()))?
+        .into_inner();
+    if resp.slot_size as usize != crate::slot::SLOT_SIZE {
+        return Err(format!(
+            "agent slot size {} differs from this client's {}",
+            resp.slot_size,
+            crate::slot::SLOT_SIZE
+        ));
+    }
+    let mapping = SlotMapping::open(std::path::Path::new(&resp.slot_file), resp.slot_index)
+        .map_err(|e: SlotError| e.to_string())?;
+    let slot = mapping.slot();
+    if !slot.is_claimed() || slot.generation() != resp.generation {
+        return Err(format!(
+            "slot {} in {} carries generation {}, the agent said {}",
+            resp.slot_index,
+            resp.slot_file,
+            slot.generation(),
+            resp.generation
+        ));
+    }
+    slot.attach_writer(resp.generation, std::process::id());
+    let ptr = mapping.slot_ptr();
+    inner.mappings().push(mapping);
+    Ok(Link {
+        agent,
+        index: resp.slot_index,
+        generation: resp.generation,
+        slot: ptr,
+    })
+}
+
+/// Returns `None` when asked to stop, `Some(reason)` when the agent is gone.
+async fn watch(inner: &Inner, link: &mut Link) -> Option<String> {
+    let mut tick: u64 = 0;
+    loop {
+        if sleep_or_stop(inner, inner.opts.probe_interval).await {
+            return None;
+        }
+        tick += 1;
+        clock::recalibrate();
+        // SAFETY: link.slot points into a mapping kept in inner.mappings.
+        let slot = unsafe { &*link.slot };
+        if !slot.is_claimed() || slot.generation() != link.generation {
+            return Some(format!(
+                "slot {} was released or handed to generation {}",
+                link.index,
+                slot.generation()
+            ));
+        }
+        let file_id = inner.mappings().last().map(|m| (m.path.clone(), m.file_id));
+        if let Some((path, id)) = file_id {
+            use std::os::unix::fs::MetadataExt;
+            match std::fs::metadata(&path) {
+                Ok(m) if (m.dev(), m.ino()) == id => {}
+                _ => {
+                    return Some(format!(
+                        "slot file {} was replaced or removed",
+                        path.display()
+                    ));
+                }
+            }
+        }
+        if tick.is_multiple_of(5) {
+            let probe = link.agent.get_ranks(GetRanksRequest {
+                job_id: inner.opts.job_id.clone(),
+            });
+            match tokio::time::timeout(RPC_TIMEOUT, probe).await {
+                Ok(Ok(_)) => {}
+                Ok(Err(s)) if s.code() == tonic::Code::Unimplemented => {}
+                Ok(Err(s)) => return Some(format!("GetRanks: {}: {}", s.code(), s.message())),
+                Err(_) => return Some("GetRanks timed out".to_owned()),
+            }
+        }
+    }
+}
+
+fn hostname() -> String {
+    let mut buf = [0u8; 256];
+    // SAFETY: buf is writable for its length; gethostname NUL-terminates on success.
+    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
+    if rc != 0 {
+        return String::new();
+    }
+    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    String::from_utf8_lossy(&buf[..end]).into_owned()
+}

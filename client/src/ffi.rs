@@ -1,0 +1,180 @@
+//! The C ABI (see `include/warden.h`): opaque handle, never fails for agent trouble.
+//!
+//! Why a C ABI: C++ training code and other runtimes link the same client.
+//! Every function accepts a NULL handle as a no-op, so a caller that got
+//! NULL (only on invalid arguments) keeps running. Nothing here can panic:
+//! all inputs are checked and the client never raises.
+
+use std::ffi::{CStr, c_char};
+
+use crate::client::{Client, ConnectOptions, SectionId};
+
+/// Opaque handle handed to C (`warden_client*`).
+#[derive(Debug)]
+pub struct WardenClient {
+    client: Client,
+}
+
+/// Reads an optional C string; `Err` when it is not UTF-8.
+///
+/// # Safety
+/// `p` is NULL or a valid NUL-terminated string.
+unsafe fn opt_str<'a>(p: *const c_char) -> Result<Option<&'a str>, ()> {
+    if p.is_null() {
+        return Ok(None);
+    }
+    // SAFETY: the caller promises a valid NUL-terminated string.
+    let s = unsafe { CStr::from_ptr(p) };
+    s.to_str().map(Some).map_err(|_| ())
+}
+
+/// Connects to the local agent (or starts in retrying mode when it is absent).
+///
+/// `job_id` may be NULL (environment); a negative rank or world size means
+/// "from the environment". Returns NULL only for invalid arguments.
+///
+/// # Safety
+/// `job_id` is NULL or a valid NUL-terminated string.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn warden_connect(
+    job_id: *const c_char,
+    global_rank: i64,
+    local_rank: i64,
+    world_size: i64,
+) -> *mut WardenClient {
+    let mut opts = ConnectOptions::from_env_lossy();
+    // SAFETY: forwarded from our caller's contract.
+    match unsafe { opt_str(job_id) } {
+        Ok(Some(j)) => opts.job_id = j.to_owned(),
+        Ok(None) => {}
+        Err(()) => return std::ptr::null_mut(),
+    }
+    let to_u32 = |v: i64| u32::try_from(v).ok();
+    if global_rank >= 0 {
+        let Some(r) = to_u32(global_rank) else {
+            return std::ptr::null_mut();
+        };
+        opts.global_rank = r;
+    }
+    if local_rank >= 0 {
+        let Some(r) = to_u32(local_rank) else {
+            return std::ptr::null_mut();
+        };
+        opts.local_rank = r;
+    }
+    if world_size >= 0 {
+        let Some(w) = to_u32(world_size) else {
+            return std::ptr::null_mut();
+        };
+        opts.world_size = w;
+    }
+    match Client::connect_with(opts) {
+        Ok(client) => Box::into_raw(Box::new(WardenClient { client })),
+        Err(_) => std::ptr::null_mut(),
+    }
+}
+
+/// Borrows the client behind a handle.
+///
+/// # Safety
+/// `c` is NULL or a live handle from `warden_connect`.
+unsafe fn get<'a>(c: *const WardenClient) -> Option<&'a Client> {
+    // SAFETY: the caller promises NULL or a live handle.
+    unsafe { c.as_ref() }.map(|w| &w.client)
+}
+
+/// 1 when heartbeats reach an agent, 0 otherwise (and for NULL).
+///
+/// # Safety
+/// `c` is NULL or a live handle.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn warden_is_connected(c: *const WardenClient) -> i32 {
+    // SAFETY: forwarded from our caller's contract.
+    i32::from(unsafe { get(c) }.is_some_and(Client::is_connected))
+}
+
+/// Says "still alive". Any thread.
+///
+/// # Safety
+/// `c` is NULL or a live handle.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn warden_heartbeat(c: *const WardenClient) {
+    // SAFETY: forwarded from our caller's contract.
+    if let Some(c) = unsafe { get(c) } {
+        c.heartbeat();
+    }
+}
+
+/// Starts training step `step`.
+///
+/// # Safety
+/// `c` is NULL or a live handle.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn warden_step_begin(c: *const WardenClient, step: u64) {
+    // SAFETY: forwarded from our caller's contract.
+    if let Some(c) = unsafe { get(c) } {
+        c.step_begin(step);
+    }
+}
+
+/// Ends the open step.
+///
+/// # Safety
+/// `c` is NULL or a live handle.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn warden_step_end(c: *const WardenClient, step: u64) {
+    // SAFETY: forwarded from our caller's contract.
+    if let Some(c) = unsafe { get(c) } {
+        c.step_end(step);
+    }
+}
+
+/// The id of section `name` (interned once); -1 for NULL or non-UTF-8 input.
+///
+/// # Safety
+/// `c` is NULL or a live handle; `name` is NULL or a NUL-terminated string.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn warden_section_id(c: *const WardenClient, name: *const c_char) -> i32 {
+    // SAFETY: forwarded from our caller's contract.
+    let (Some(c), Ok(Some(name))) = (unsafe { get(c) }, unsafe { opt_str(name) }) else {
+        return -1;
+    };
+    c.section_id(name).get() as i32
+}
+
+/// Opens section `id` (negative ids are ignored).
+///
+/// # Safety
+/// `c` is NULL or a live handle.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn warden_section_open(c: *const WardenClient, id: i32) {
+    // SAFETY: forwarded from our caller's contract.
+    if let (Some(c), Ok(id)) = (unsafe { get(c) }, u32::try_from(id)) {
+        c.section_open(SectionId::from_raw(id));
+    }
+}
+
+/// Closes section `id` and any section opened inside it.
+///
+/// # Safety
+/// `c` is NULL or a live handle.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn warden_section_close(c: *const WardenClient, id: i32) {
+    // SAFETY: forwarded from our caller's contract.
+    if let (Some(c), Ok(id)) = (unsafe { get(c) }, u32::try_from(id)) {
+        c.section_close(SectionId::from_raw(id));
+    }
+}
+
+/// Deregisters and frees the handle; NULL is a no-op. The handle is invalid afterwards.
+///
+/// # Safety
+/// `c` is NULL or a live handle not used after this call.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn warden_close(c: *mut WardenClient) {
+    if !c.is_null() {
+        // SAFETY: the handle came from Box::into_raw in warden_connect and is
+        // given back exactly once.
+        drop(unsafe { Box::from_raw(c) });
+    }
+}

@@ -1,0 +1,405 @@
+use std::os::unix::fs::FileExt;
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+
+use super::*;
+
+fn tmp() -> tempfile::TempDir {
+    tempfile::tempdir().unwrap()
+}
+
+#[test]
+fn create_then_open_existing() {
+    let dir = tmp();
+    let path = dir.path().join("slots");
+    let f = SlotFile::create(&path, 4).unwrap();
+    assert_eq!(f.slot_count(), 4);
+    assert_eq!(std::fs::metadata(&path).unwrap().len(), file_len(4));
+    let g = SlotFile::open_existing(&path).unwrap();
+    assert_eq!(g.slot_count(), 4);
+    assert!(matches!(
+        g.snapshot(4),
+        Err(SlotError::IndexOutOfRange { index: 4, count: 4 })
+    ));
+    let s = g.snapshot(0).unwrap();
+    assert!(!s.claimed);
+    assert_eq!(s.steps_completed, 0);
+    assert!(s.recent_steps.is_empty());
+}
+
+#[test]
+fn create_replaces_inode_instead_of_truncating() {
+    let dir = tmp();
+    let path = dir.path().join("slots");
+    let _a = SlotFile::create(&path, 2).unwrap();
+    let ino_a = std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(&path).unwrap());
+    let _b = SlotFile::create(&path, 2).unwrap();
+    let ino_b = std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(&path).unwrap());
+    assert_ne!(ino_a, ino_b);
+}
+
+#[test]
+fn rejects_bad_slot_counts() {
+    let dir = tmp();
+    assert!(matches!(
+        SlotFile::create(dir.path().join("a"), 0),
+        Err(SlotError::BadSlotCount(0))
+    ));
+    assert!(matches!(
+        SlotFile::create(dir.path().join("b"), MAX_SLOTS + 1),
+        Err(SlotError::BadSlotCount(_))
+    ));
+}
+
+#[test]
+fn truncated_and_corrupted_files_give_named_errors() {
+    let dir = tmp();
+    let path = dir.path().join("slots");
+    drop(SlotFile::create(&path, 3).unwrap());
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&path)
+        .unwrap();
+
+    // Cut inside the last slot.
+    file.set_len(file_len(3) - 1).unwrap();
+    let err = SlotFile::open_existing(&path).unwrap_err();
+    assert!(matches!(err, SlotError::BadLength { .. }), "{err}");
+    assert!(
+        err.to_string()
+            .contains(&format!("expected {}", file_len(3)))
+    );
+    file.set_len(file_len(3)).unwrap();
+
+    // Shorter than a header, and empty.
+    for len in [0, 10, HEADER_SIZE as u64 - 1] {
+        let p = dir.path().join(format!("short{len}"));
+        std::fs::write(&p, vec![0u8; len as usize]).unwrap();
+        let err = SlotFile::open_existing(&p).unwrap_err();
+        assert!(matches!(err, SlotError::BadLength { .. }), "{err}");
+    }
+
+    // Each header field in turn.
+    let cases: [(u64, &[u8], &str); 5] = [
+        (0, b"NOTWARDN", "magic"),
+        (8, &99u32.to_ne_bytes(), "layout version 99"),
+        (12, &64u32.to_ne_bytes(), "header_size"),
+        (16, &1u32.to_ne_bytes(), "slot_size"),
+        (20, &u32::MAX.to_ne_bytes(), "slot count"),
+    ];
+    for (offset, bytes, needle) in cases {
+        let mut orig = vec![0u8; bytes.len()];
+        file.read_exact_at(&mut orig, offset).unwrap();
+        file.write_all_at(bytes, offset).unwrap();
+        let err = SlotFile::open_existing(&path).unwrap_err();
+        assert!(err.to_string().contains(needle), "{needle}: {err}");
+        file.write_all_at(&orig, offset).unwrap();
+    }
+    // More slots claimed than the file holds.
+    file.write_all_at(&4u32.to_ne_bytes(), 20).unwrap();
+    assert!(matches!(
+        SlotFile::open_existing(&path),
+        Err(SlotError::BadLength { .. })
+    ));
+    file.write_all_at(&3u32.to_ne_bytes(), 20).unwrap();
+    SlotFile::open_existing(&path).unwrap();
+}
+
+#[test]
+fn claim_release_and_generation_echo() {
+    let dir = tmp();
+    let f = SlotFile::create(dir.path().join("s"), 2).unwrap();
+    f.claim(1, 42, 1234).unwrap();
+    let s = f.snapshot(1).unwrap();
+    assert!(s.claimed);
+    assert_eq!((s.generation, s.owner_pid), (42, 1234));
+    assert!(!s.writer_is_owner(), "nobody attached yet");
+    f.slot(1).unwrap().attach_writer(42, 1234);
+    assert!(f.snapshot(1).unwrap().writer_is_owner());
+    f.set_control(1, 7).unwrap();
+    let w = f.writer(1).unwrap();
+    assert_eq!(w.control(), 7);
+    w.ack(7);
+    assert_eq!(f.snapshot(1).unwrap().ack, 7);
+    f.release(1).unwrap();
+    assert!(!f.snapshot(1).unwrap().claimed);
+    assert!(f.claim(2, 1, 1).is_err());
+}
+
+#[test]
+fn steps_and_sections_accumulate_per_step() {
+    let dir = tmp();
+    let f = SlotFile::create(dir.path().join("s"), 1).unwrap();
+    f.claim(0, 1, 1).unwrap();
+    f.slot(0).unwrap().write_name(8, "attention");
+    let w = f.writer(0).unwrap();
+    w.heartbeat();
+    w.step_begin(7, 100);
+    w.section_open(SECTION_FORWARD, 110);
+    w.section_open(8, 120);
+    let s = f.snapshot(0).unwrap();
+    assert!(s.step_open);
+    assert_eq!(s.step, 7);
+    let ids: Vec<u32> = s.open_sections.iter().map(|o| o.id).collect();
+    assert_eq!(ids, [SECTION_STEP, SECTION_FORWARD, 8]);
+    assert_eq!(s.section_name(s.innermost().unwrap().id), "attention");
+    assert_eq!(s.current_step.as_ref().unwrap().start_ns, 100);
+    w.section_close(8, 130);
+    w.section_close(SECTION_FORWARD, 150);
+    w.section_open(SECTION_FORWARD, 160);
+    w.section_close(SECTION_FORWARD, 170);
+    w.section_open(SECTION_BACKWARD, 170);
+    w.step_end(7, 250); // closes backward implicitly
+    let s = f.snapshot(0).unwrap();
+    assert!(!s.step_open && s.current_step.is_none());
+    assert_eq!(s.depth, 0);
+    assert_eq!(s.steps_completed, 1);
+    assert_eq!(s.heartbeats, 3);
+    let rec = &s.recent_steps[0];
+    assert_eq!((rec.step, rec.start_ns, rec.duration_ns), (7, 100, 150));
+    let totals: Vec<(u32, u64)> = rec.sections.iter().map(|t| (t.id, t.total_ns)).collect();
+    assert_eq!(
+        totals,
+        [(SECTION_FORWARD, 50), (SECTION_BACKWARD, 80), (8, 10)]
+    );
+    assert_eq!(s.misuse, 0);
+}
+
+#[test]
+fn sections_outside_steps_and_implicit_step_end() {
+    let dir = tmp();
+    let f = SlotFile::create(dir.path().join("s"), 1).unwrap();
+    let w = f.writer(0).unwrap();
+    w.section_open(SECTION_INIT, 1);
+    w.step_begin(1, 10);
+    w.section_open(SECTION_DATA, 11);
+    w.step_begin(2, 20); // ends step 1, closing "data"
+    let s = f.snapshot(0).unwrap();
+    assert_eq!(s.steps_completed, 1);
+    assert_eq!(s.recent_steps[0].duration_ns, 10);
+    assert_eq!(s.recent_steps[0].sections[0].id, SECTION_DATA);
+    let ids: Vec<u32> = s.open_sections.iter().map(|o| o.id).collect();
+    assert_eq!(ids, [SECTION_INIT, SECTION_STEP]);
+    w.step_end(2, 30);
+    w.section_close(SECTION_INIT, 40);
+    assert_eq!(f.snapshot(0).unwrap().depth, 0);
+}
+
+#[test]
+fn misuse_is_counted_and_never_corrupts_the_stack() {
+    let dir = tmp();
+    let f = SlotFile::create(dir.path().join("s"), 1).unwrap();
+    let w = f.writer(0).unwrap();
+    w.step_end(1, 5); // no step open
+    w.section_close(SECTION_FORWARD, 5); // nothing open
+    w.step_begin(1, 10);
+    w.section_open(SECTION_FORWARD, 11);
+    w.section_close(SECTION_BACKWARD, 12); // not open
+    w.section_close(999, 12); // out of range -> "other", not open
+    w.section_open(SECTION_STEP, 12); // reserved -> "other", counted
+    let s = f.snapshot(0).unwrap();
+    assert_eq!(s.misuse, 5);
+    let ids: Vec<u32> = s.open_sections.iter().map(|o| o.id).collect();
+    assert_eq!(ids, [SECTION_STEP, SECTION_FORWARD, SECTION_OTHER]);
+    // Closing the outer section closes the inner one too.
+    w.section_close(SECTION_FORWARD, 20);
+    assert_eq!(f.snapshot(0).unwrap().depth, 1);
+    w.step_end(1, 30);
+    assert_eq!(f.snapshot(0).unwrap().depth, 0);
+}
+
+#[test]
+fn deep_nesting_is_counted_past_max_depth() {
+    let dir = tmp();
+    let f = SlotFile::create(dir.path().join("s"), 1).unwrap();
+    let w = f.writer(0).unwrap();
+    w.step_begin(1, 0);
+    for i in 0..12 {
+        w.section_open(SECTION_FORWARD, i);
+    }
+    let s = f.snapshot(0).unwrap();
+    assert_eq!(s.depth, 13);
+    assert_eq!(s.open_sections.len(), MAX_DEPTH);
+    for i in 0..12 {
+        w.section_close(SECTION_FORWARD, 100 + i);
+    }
+    assert_eq!(f.snapshot(0).unwrap().depth, 1);
+    w.step_end(1, 200);
+    let s = f.snapshot(0).unwrap();
+    assert_eq!(s.depth, 0);
+    assert_eq!(s.misuse, 0);
+}
+
+#[test]
+fn ring_keeps_the_last_completed_steps() {
+    let dir = tmp();
+    let f = SlotFile::create(dir.path().join("s"), 1).unwrap();
+    let w = f.writer(0).unwrap();
+    for n in 0..100u64 {
+        w.step_begin(n, n * 10);
+        w.step_end(n, n * 10 + 5);
+    }
+    w.step_begin(100, 1000);
+    let s = f.snapshot(0).unwrap();
+    assert_eq!(s.steps_completed, 100);
+    assert_eq!(s.recent_steps.len(), RING_LEN - 1);
+    assert_eq!(
+        s.recent_steps.first().unwrap().step,
+        100 - (RING_LEN as u64 - 1)
+    );
+    assert_eq!(s.recent_steps.last().unwrap().step, 99);
+    assert!(s.recent_steps.iter().all(|r| r.duration_ns == 5));
+    assert_eq!(s.current_step.unwrap().step, 100);
+}
+
+#[test]
+fn names_are_truncated_on_char_boundaries_and_sanitised() {
+    let dir = tmp();
+    let path = dir.path().join("s");
+    let f = SlotFile::create(&path, 1).unwrap();
+    let long = "é".repeat(20); // 40 bytes
+    f.slot(0).unwrap().write_name(9, &long);
+    f.slot(0).unwrap().write_name(3, "not-user"); // well-known ids are fixed
+    let s = f.snapshot(0).unwrap();
+    assert_eq!(s.section_name(9), "é".repeat(16));
+    assert_eq!(s.section_name(3), "backward");
+    assert_eq!(s.section_name(10), "");
+    assert_eq!(s.section_name(1000), "");
+
+    // Invalid UTF-8 and an impossible length, written behind the API's back.
+    let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+    let names = slot_offset(0) + std::mem::offset_of!(Slot, names) as u64;
+    let entry = |id: u64| names + id * (8 + NAME_LEN as u64);
+    file.write_all_at(&[0xff, 0xfe, b'a'], entry(10) + 8)
+        .unwrap();
+    file.write_all_at(&3u32.to_ne_bytes(), entry(10)).unwrap();
+    file.write_all_at(&1000u32.to_ne_bytes(), entry(11))
+        .unwrap();
+    let s = f.snapshot(0).unwrap();
+    assert_eq!(s.section_name(10), "\u{fffd}\u{fffd}a");
+    assert_eq!(s.section_name(11), "");
+}
+
+/// Any bytes at all in a slot: the reader never panics and bounds everything.
+#[test]
+fn random_garbage_never_panics_the_reader() {
+    let dir = tmp();
+    let path = dir.path().join("s");
+    let f = SlotFile::create(&path, 2).unwrap();
+    let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    let mut buf = vec![0u8; SLOT_SIZE];
+    for round in 0..200 {
+        for b in buf.iter_mut() {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            *b = x as u8;
+        }
+        // Keep the seqlock even on most rounds so the full decode runs.
+        if round % 4 != 0 {
+            buf[128..136].copy_from_slice(&0u64.to_ne_bytes());
+        }
+        file.write_all_at(&buf, slot_offset(1)).unwrap();
+        match f.snapshot(1) {
+            Ok(s) => {
+                assert!(s.open_sections.len() <= MAX_DEPTH);
+                assert!(
+                    s.open_sections
+                        .iter()
+                        .all(|o| (o.id as usize) < MAX_SECTIONS)
+                );
+                assert!(s.recent_steps.len() < RING_LEN);
+                assert_eq!(s.section_names.len(), MAX_SECTIONS);
+                for r in &s.recent_steps {
+                    assert!(r.sections.iter().all(|t| (t.id as usize) < MAX_SECTIONS));
+                }
+            }
+            Err(e) => assert!(matches!(e, SlotError::Inconsistent { index: 1, .. })),
+        }
+        // A writer on garbage must not panic either.
+        let w = f.writer(1).unwrap();
+        w.step_begin(1, 1);
+        w.section_open(u32::MAX, 2);
+        w.section_close(u32::MAX, 3);
+        w.section_close(SECTION_FORWARD, 3);
+        w.step_end(1, 4);
+    }
+}
+
+/// A reader racing a busy writer only ever sees complete updates.
+#[test]
+fn concurrent_reader_never_sees_a_torn_snapshot() {
+    let dir = tmp();
+    let f = Arc::new(SlotFile::create(dir.path().join("s"), 1).unwrap());
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer = {
+        let (f, stop) = (f.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let w = f.writer(0).unwrap();
+            let mut n = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                let t = n * 1000;
+                w.step_begin(n, t);
+                w.section_open(SECTION_FORWARD, t + 100);
+                w.section_close(SECTION_FORWARD, t + 300);
+                w.section_open(SECTION_BACKWARD, t + 300);
+                w.section_open(8, t + 350);
+                for _ in 0..50 {
+                    std::hint::spin_loop();
+                }
+                w.section_close(8, t + 400);
+                w.section_close(SECTION_BACKWARD, t + 700);
+                w.step_end(n, t + 900);
+                n += 1;
+                if n.is_multiple_of(64) {
+                    std::thread::yield_now();
+                }
+            }
+            n
+        })
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_millis(1500);
+    let (mut ok, mut busy) = (0u32, 0u32);
+    while std::time::Instant::now() < deadline {
+        let s = match f.snapshot(0) {
+            Ok(s) => s,
+            Err(SlotError::Inconsistent { .. }) => {
+                busy += 1;
+                continue;
+            }
+            Err(e) => panic!("{e}"),
+        };
+        ok += 1;
+        for r in &s.recent_steps {
+            assert_eq!(r.start_ns, r.step * 1000, "{r:?}");
+            assert_eq!(r.duration_ns, 900, "{r:?}");
+            let totals: Vec<(u32, u64)> = r.sections.iter().map(|t| (t.id, t.total_ns)).collect();
+            assert_eq!(
+                totals,
+                [(SECTION_FORWARD, 200), (SECTION_BACKWARD, 400), (8, 50)],
+                "{r:?}"
+            );
+        }
+        for pair in s.recent_steps.windows(2) {
+            assert_eq!(pair[1].step, pair[0].step + 1);
+        }
+        if s.step_open {
+            let cur = s.current_step.as_ref().unwrap();
+            assert_eq!(cur.step, s.step);
+            assert_eq!(s.open_sections[0].id, SECTION_STEP);
+            assert_eq!(s.open_sections[0].entered_ns, s.step * 1000);
+            for o in &s.open_sections[1..] {
+                assert!(o.entered_ns >= s.step * 1000 + 100, "{s:?}");
+            }
+        }
+        if let Some(last) = s.recent_steps.last() {
+            assert_eq!(last.step + 1, s.steps_completed);
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    let steps = writer.join().unwrap();
+    assert!(steps > 100, "writer made {steps} steps");
+    assert!(ok >= 10, "only {ok} consistent snapshots ({busy} busy)");
+}
