@@ -32,8 +32,8 @@ use warden_proto::v1::{DeregisterRankRequest, GetRanksRequest, RegisterRankReque
 use crate::clock;
 use crate::mapping::SlotMapping;
 use crate::slot::{
-    FIRST_USER_SECTION, LAYOUT_VERSION, MAX_SECTIONS, SECTION_OTHER, Slot, SlotError, SlotWriter,
-    well_known_id,
+    FIRST_USER_SECTION, LAYOUT_VERSION, MAX_SECTIONS, SECTION_OTHER, Slot, SlotError, SlotSnapshot,
+    SlotWriter, well_known_id,
 };
 
 /// Errors from building a client's options. Agent trouble is never an error.
@@ -393,6 +393,18 @@ impl Client {
             Ok(g) => g.clone(),
             Err(p) => p.into_inner().clone(),
         }
+    }
+
+    /// A snapshot of the slot the hot path writes now (the agent's or the private one).
+    ///
+    /// Why: lets tests, the Python package and debugging tools see exactly
+    /// what the agent would read, even with no agent.
+    pub fn snapshot(&self) -> Result<SlotSnapshot, SlotError> {
+        let _names = self.inner.names.guard();
+        let p = self.inner.current.load(Ordering::Acquire);
+        let index = self.status().slot_index.unwrap_or(0);
+        // SAFETY: see `Inner::writer`.
+        unsafe { &*p }.snapshot(index)
     }
 
     /// The options this client registered with.

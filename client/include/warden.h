@@ -1,0 +1,84 @@
+/*
+ * warden.h: the C ABI of the warden client (libwarden_client.so / .a).
+ *
+ * A training rank connects once, then reports progress with calls that are
+ * a few atomic stores into shared memory: no syscall, no lock, no
+ * allocation. No call ever fails or blocks because of the agent: with no
+ * agent (or after losing it) the calls write into a private slot while a
+ * background thread keeps re-registering.
+ *
+ * Threading: step and section calls must come from one thread at a time
+ * (the training loop); warden_heartbeat may be called from any thread.
+ * Every function accepts a NULL client as a no-op.
+ *
+ * Hand-written; keep in sync with client/src/ffi.rs.
+ */
+#ifndef WARDEN_H
+#define WARDEN_H
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Version of the shared-memory slot layout this library writes. */
+#define WARDEN_SLOT_LAYOUT_VERSION 1
+
+/* Fixed ids of the well-known sections. */
+#define WARDEN_SECTION_INIT 0
+#define WARDEN_SECTION_STEP 1 /* reserved for warden_step_begin/end */
+#define WARDEN_SECTION_FORWARD 2
+#define WARDEN_SECTION_BACKWARD 3
+#define WARDEN_SECTION_OPTIMIZER 4
+#define WARDEN_SECTION_CHECKPOINT 5
+#define WARDEN_SECTION_DATA 6
+#define WARDEN_SECTION_OTHER 7
+
+/* Opaque client handle. */
+typedef struct WardenClient warden_client;
+
+/*
+ * Registers with the local agent ($WARDEN_SOCKET or the default socket).
+ * job_id: NULL means $WARDEN_JOB_ID, else $TORCHELASTIC_RUN_ID, else "default".
+ * A negative rank or world size means $RANK / $LOCAL_RANK / $WORLD_SIZE.
+ * Waits at most about a second for the agent. Never NULL because the agent
+ * is absent; NULL only for invalid arguments (non-UTF-8 job id, rank not
+ * below world size, zero world size).
+ */
+warden_client *warden_connect(const char *job_id, int64_t global_rank,
+                              int64_t local_rank, int64_t world_size);
+
+/* 1 when heartbeats currently reach an agent, else 0. */
+int32_t warden_is_connected(const warden_client *client);
+
+/* "Still alive". Any thread. */
+void warden_heartbeat(const warden_client *client);
+
+/* Starts step `step` (an open step is ended first). */
+void warden_step_begin(const warden_client *client, uint64_t step);
+
+/* Ends the open step, closing sections left open inside it. */
+void warden_step_end(const warden_client *client, uint64_t step);
+
+/*
+ * The id of section `name`, interned on first use (resolve once, outside
+ * the hot loop). -1 for a NULL client/name or a non-UTF-8 name. Names past
+ * the per-process table (24 user names) map to WARDEN_SECTION_OTHER.
+ */
+int32_t warden_section_id(const warden_client *client, const char *name);
+
+/* Opens section `id` (negative ids are ignored). */
+void warden_section_open(const warden_client *client, int32_t id);
+
+/* Closes section `id` and any section opened inside it. */
+void warden_section_close(const warden_client *client, int32_t id);
+
+/* Deregisters and frees the client. NULL is a no-op. */
+void warden_close(warden_client *client);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* WARDEN_H */

@@ -1,0 +1,334 @@
+//! The client against an in-process stand-in agent on a temp Unix socket:
+//! registration, the slot the agent reads, loss of the agent, and
+//! re-registration carrying the training state over.
+
+// Test helpers outside #[test] functions may unwrap too.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tokio_stream::wrappers::UnixListenerStream;
+use tonic::{Request, Response, Status};
+use warden_client::slot::{SECTION_FORWARD, SECTION_STEP, SlotFile, SlotSnapshot};
+use warden_client::{Client, ConnectOptions};
+use warden_proto::v1 as pb;
+use warden_proto::v1::agent_server::{Agent, AgentServer};
+
+/// Just enough of an agent: hands out slots and records what it was told.
+struct FakeAgent {
+    slots: Arc<SlotFile>,
+    next_generation: AtomicU64,
+    registered: Arc<Mutex<Vec<pb::RegisterRankRequest>>>,
+    deregistered: Arc<Mutex<Vec<pb::DeregisterRankRequest>>>,
+}
+
+type Stream<T> = tokio_stream::Empty<Result<T, Status>>;
+
+#[tonic::async_trait]
+impl Agent for FakeAgent {
+    async fn get_node_health(
+        &self,
+        _: Request<pb::GetNodeHealthRequest>,
+    ) -> Result<Response<pb::NodeHealth>, Status> {
+        Err(Status::unimplemented("fake"))
+    }
+    type WatchHealthStream = Stream<pb::NodeHealth>;
+    async fn watch_health(
+        &self,
+        _: Request<pb::WatchHealthRequest>,
+    ) -> Result<Response<Self::WatchHealthStream>, Status> {
+        Err(Status::unimplemented("fake"))
+    }
+    async fn list_events(
+        &self,
+        _: Request<pb::ListEventsRequest>,
+    ) -> Result<Response<pb::ListEventsResponse>, Status> {
+        Err(Status::unimplemented("fake"))
+    }
+    type WatchEventsStream = Stream<pb::Event>;
+    async fn watch_events(
+        &self,
+        _: Request<pb::WatchEventsRequest>,
+    ) -> Result<Response<Self::WatchEventsStream>, Status> {
+        Err(Status::unimplemented("fake"))
+    }
+    async fn get_agent_info(
+        &self,
+        _: Request<pb::GetAgentInfoRequest>,
+    ) -> Result<Response<pb::AgentInfo>, Status> {
+        Err(Status::unimplemented("fake"))
+    }
+    async fn register_rank(
+        &self,
+        req: Request<pb::RegisterRankRequest>,
+    ) -> Result<Response<pb::RegisterRankResponse>, Status> {
+        let req = req.into_inner();
+        let index = req
+            .previous_slot
+            .filter(|&i| i < self.slots.slot_count())
+            .unwrap_or(0);
+        let generation = self.next_generation.fetch_add(1, Ordering::Relaxed);
+        self.slots
+            .claim(index, generation, req.pid)
+            .map_err(|e| Status::internal(e.to_string()))?;
+        self.registered.lock().unwrap().push(req);
+        Ok(Response::new(pb::RegisterRankResponse {
+            slot_file: self.slots.path().display().to_string(),
+            slot_index: index,
+            slot_size: warden_client::slot::SLOT_SIZE as u32,
+            generation,
+            ..Default::default()
+        }))
+    }
+    async fn deregister_rank(
+        &self,
+        req: Request<pb::DeregisterRankRequest>,
+    ) -> Result<Response<pb::DeregisterRankResponse>, Status> {
+        self.deregistered.lock().unwrap().push(req.into_inner());
+        Ok(Response::new(pb::DeregisterRankResponse {}))
+    }
+    async fn get_ranks(
+        &self,
+        _: Request<pb::GetRanksRequest>,
+    ) -> Result<Response<pb::GetRanksResponse>, Status> {
+        Ok(Response::new(pb::GetRanksResponse::default()))
+    }
+}
+
+/// A running fake agent; stops (and stops answering) when dropped.
+struct Running {
+    slots: Arc<SlotFile>,
+    registered: Arc<Mutex<Vec<pb::RegisterRankRequest>>>,
+    deregistered: Arc<Mutex<Vec<pb::DeregisterRankRequest>>>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Running {
+    fn start(dir: &Path, first_generation: u64) -> Running {
+        let socket = dir.join("wardend.sock");
+        let _ = std::fs::remove_file(&socket);
+        let slots = Arc::new(SlotFile::create(dir.join("slots"), 4).unwrap());
+        let registered = Arc::new(Mutex::new(Vec::new()));
+        let deregistered = Arc::new(Mutex::new(Vec::new()));
+        let agent = FakeAgent {
+            slots: slots.clone(),
+            next_generation: AtomicU64::new(first_generation),
+            registered: registered.clone(),
+            deregistered: deregistered.clone(),
+        };
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+        let thread = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async move {
+                let listener = tokio::net::UnixListener::bind(&socket).unwrap();
+                ready_tx.send(()).unwrap();
+                tonic::transport::Server::builder()
+                    .add_service(AgentServer::new(agent))
+                    .serve_with_incoming_shutdown(UnixListenerStream::new(listener), async {
+                        let _ = stopped.await;
+                    })
+                    .await
+                    .unwrap();
+            });
+        });
+        ready_rx.recv_timeout(Duration::from_secs(10)).unwrap();
+        Running {
+            slots,
+            registered,
+            deregistered,
+            stop: Some(stop),
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        // The server's runtime (and every connection it holds) dies with the thread.
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn options(socket: PathBuf) -> ConnectOptions {
+    ConnectOptions {
+        socket_path: socket,
+        job_id: "job-1".to_owned(),
+        global_rank: 3,
+        local_rank: 1,
+        world_size: 8,
+        connect_timeout: Duration::from_secs(10),
+        probe_interval: Duration::from_millis(50),
+    }
+}
+
+fn eventually(what: &str, mut f: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while !f() {
+        assert!(Instant::now() < deadline, "timed out waiting for: {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn agent_view(agent: &Running, index: u32) -> SlotSnapshot {
+    agent.slots.snapshot(index).unwrap()
+}
+
+#[test]
+fn registers_and_the_agent_reads_the_slot() {
+    let dir = tempfile::tempdir().unwrap();
+    let agent = Running::start(dir.path(), 100);
+    let client = Client::connect_with(options(dir.path().join("wardend.sock"))).unwrap();
+    assert!(client.is_connected(), "{:?}", client.status());
+    {
+        let req = &agent.registered.lock().unwrap()[0];
+        assert_eq!((req.job_id.as_str(), req.global_rank), ("job-1", 3));
+        assert_eq!((req.local_rank, req.world_size), (1, 8));
+        assert_eq!(req.pid, std::process::id());
+        assert_eq!(req.slot_layout_version, warden_client::slot::LAYOUT_VERSION);
+        assert_eq!(req.previous_slot, None);
+    }
+
+    client.heartbeat();
+    client.step_begin(5);
+    let fwd = client.section("forward");
+    let attn = client.section("attention");
+    let s = agent_view(&agent, 0);
+    assert!(s.writer_is_owner());
+    assert_eq!(s.writer_pid, std::process::id());
+    assert_eq!((s.step, s.step_open), (5, true));
+    let open: Vec<&str> = s
+        .open_sections
+        .iter()
+        .map(|o| s.section_name(o.id))
+        .collect();
+    assert_eq!(open, ["step", "forward", "attention"]);
+    drop(attn);
+    drop(fwd);
+    client.step_end(5);
+    let s = agent_view(&agent, 0);
+    assert_eq!(s.steps_completed, 1);
+    assert_eq!(s.recent_steps[0].sections[0].id, SECTION_FORWARD);
+
+    client.close();
+    assert!(!client.is_connected());
+    assert_eq!(agent.deregistered.lock().unwrap()[0].generation, 100);
+    // Still usable after close: writes go to the private slot.
+    client.heartbeat();
+    client.step_begin(6);
+    assert_eq!(agent_view(&agent, 0).step, 5);
+    assert_eq!(client.snapshot().unwrap().step, 6);
+}
+
+#[test]
+fn survives_the_agent_going_away_and_coming_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("wardend.sock");
+    let agent = Running::start(dir.path(), 1);
+    let client = Client::connect_with(options(socket)).unwrap();
+    assert!(client.is_connected(), "{:?}", client.status());
+    client.step_begin(1);
+    let fwd = client.section_id("forward");
+    client.section_open(fwd);
+
+    // The agent dies; its successor will replace the slot file.
+    drop(agent);
+    std::fs::remove_file(dir.path().join("slots")).unwrap();
+    eventually("client notices the agent is gone", || {
+        !client.is_connected()
+    });
+    // Training goes on, unaware.
+    client.section_close(fwd);
+    client.step_end(1);
+    client.step_begin(2);
+    let user = client.section_id("my-phase");
+    client.section_open(user);
+    let local = client.snapshot().unwrap();
+    assert_eq!((local.step, local.steps_completed), (2, 1));
+
+    let agent = Running::start(dir.path(), 1000);
+    eventually("client re-registers", || client.is_connected());
+    let req = agent.registered.lock().unwrap()[0].clone();
+    assert_eq!(req.previous_slot, Some(0));
+    let s = agent_view(&agent, 0);
+    assert!(s.writer_is_owner());
+    assert_eq!(s.generation, 1000);
+    assert_eq!((s.step, s.step_open, s.steps_completed), (2, true, 1));
+    let open: Vec<u32> = s.open_sections.iter().map(|o| o.id).collect();
+    assert_eq!(open, [SECTION_STEP, user.get()]);
+    assert_eq!(s.section_name(user.get()), "my-phase");
+    assert_eq!(s.recent_steps[0].step, 1);
+
+    // Hot-path writes land in the new slot.
+    client.section_close(user);
+    client.step_end(2);
+    assert_eq!(agent_view(&agent, 0).steps_completed, 2);
+    assert_eq!(client.status().registrations, 2);
+}
+
+#[test]
+fn no_agent_means_a_quick_disconnected_client() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut opts = options(dir.path().join("nobody-here.sock"));
+    opts.connect_timeout = Duration::from_secs(5);
+    let t0 = Instant::now();
+    let client = Client::connect_with(opts).unwrap();
+    assert!(t0.elapsed() < Duration::from_secs(2), "{:?}", t0.elapsed());
+    assert!(!client.is_connected());
+    assert!(
+        client
+            .status()
+            .last_error
+            .unwrap()
+            .contains("nobody-here.sock")
+    );
+    client.heartbeat();
+    client.step_begin(1);
+    drop(client.section("forward"));
+    client.step_end(1);
+    assert_eq!(client.snapshot().unwrap().steps_completed, 1);
+    let t0 = Instant::now();
+    client.close();
+    assert!(t0.elapsed() < Duration::from_secs(2));
+}
+
+#[test]
+fn invalid_options_are_the_only_error() {
+    let mut o = options(PathBuf::from("/nonexistent"));
+    o.world_size = 2;
+    assert!(Client::connect_with(o.clone()).is_err());
+    o.world_size = 8;
+    o.job_id.clear();
+    assert!(Client::connect_with(o).is_err());
+}
+
+#[test]
+fn a_dead_agent_is_noticed_even_when_its_slot_file_stays() {
+    let dir = tempfile::tempdir().unwrap();
+    let agent = Running::start(dir.path(), 1);
+    let client = Client::connect_with(options(dir.path().join("wardend.sock"))).unwrap();
+    assert!(client.is_connected());
+    let slots = agent.slots.clone();
+    drop(agent); // the file stays; only the GetRanks probe can tell
+    eventually("client notices the agent is gone", || {
+        !client.is_connected()
+    });
+    client.step_begin(9);
+    assert_eq!(
+        slots.snapshot(0).unwrap().step,
+        0,
+        "no writes into a lost slot"
+    );
+}
