@@ -4,6 +4,8 @@
 //! One folder per stage of the flow (see docs/architecture.md):
 //! - [`config`]: the TOML configuration, validated with errors naming the key.
 //! - [`sources`]: readings from the machine turned into component reports.
+//! - [`ranks`]: registered training ranks, their heartbeat slots, exits.
+//! - [`detect`]: detectors (hang) and their calibration, as pure functions.
 //! - [`health`]: the health model (components, statuses, reasons).
 //! - [`events`]: the event bus (ring, live broadcast, logs and counters).
 //! - [`state`]: what the running agent's parts share.
@@ -16,8 +18,10 @@ pub mod api;
 pub mod cli;
 pub mod config;
 pub mod daemon;
+pub mod detect;
 pub mod events;
 pub mod health;
+pub mod ranks;
 pub mod sources;
 pub mod state;
 pub mod telemetry;

@@ -6,6 +6,7 @@ use std::time::{Instant, SystemTime};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
+use crate::ranks::registry::{ExitInfo, RankKey, RankState, Registry};
 use crate::events::{EventBus, NewEvent, Severity};
 use crate::health::{ComponentReport, HealthModel, Status};
 
@@ -30,14 +31,25 @@ pub struct AgentState {
     endpoints: Mutex<Vec<(String, String)>>,
     /// Cancelled when the agent shuts down; every task and stream watches it.
     pub shutdown: CancellationToken,
+    /// Registered ranks and their slots. Held briefly: a scan, a registration.
+    pub ranks: Mutex<Registry>,
 }
 
 impl AgentState {
-    /// State for an agent about to start.
-    pub fn new(config: Config, config_source: String) -> Self {
+    /// State for an agent about to start; creates the heartbeat slot file.
+    pub fn new(
+        config: Config,
+        config_source: String,
+    ) -> Result<Self, warden_client::slot::SlotError> {
         let host = config.host_name();
         let events = EventBus::new(config.events.retain);
-        Self {
+        let ranks = Registry::new(
+            &config.slot_dir(),
+            &config.state_dir(),
+            config.ranks.max_ranks,
+            config.socket_mode().unwrap_or(0o660),
+        )?;
+        Ok(Self {
             config,
             config_source,
             host,
@@ -47,7 +59,64 @@ impl AgentState {
             events,
             endpoints: Mutex::new(Vec::new()),
             shutdown: CancellationToken::new(),
+            ranks: Mutex::new(ranks),
+        })
+    }
+
+    /// Locks the registry (a poisoned lock is still usable: the registry
+    /// holds no invariant a panic midway could break beyond one entry).
+    pub fn registry(&self) -> std::sync::MutexGuard<'_, Registry> {
+        self.ranks.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Records that a rank's process exited and publishes `rank.exited`.
+    pub fn rank_exited(&self, key: &RankKey, generation: u64, exit: ExitInfo) {
+        let mut reg = self.registry();
+        let Some(entry) = reg.ranks.get_mut(key) else {
+            return;
+        };
+        if entry.generation != generation || entry.state == RankState::Exited {
+            return;
         }
+        let was = entry.state;
+        entry.state = RankState::Exited;
+        entry.exit = Some(exit.clone());
+        let pid = entry.pid;
+        let step = entry.last.as_ref().map_or(0, |s| s.step);
+        let section = entry.section.clone();
+        reg.free_slot_of(key);
+        drop(reg);
+        let (severity, how) = match (exit.code, exit.signal) {
+            (Some(0), _) => (Severity::Info, "exited with code 0".to_owned()),
+            (Some(c), _) => (Severity::Error, format!("exited with code {c}")),
+            (None, Some(sig)) => (
+                Severity::Error,
+                format!(
+                    "was killed by signal {sig} ({})",
+                    nix::sys::signal::Signal::try_from(sig).map_or("unknown", |s| s.as_str())
+                ),
+            ),
+            (None, None) => (Severity::Error, "exited (status unknown)".to_owned()),
+        };
+        metrics::counter!("warden_rank_exits_total", "outcome" => if severity == Severity::Info { "clean" } else { "failed" }).increment(1);
+        let mut ev = NewEvent::new(
+            severity,
+            "rank.exited",
+            key.to_string(),
+            format!("{key} (pid {pid}) {how} at step {step} in '{section}' without deregistering"),
+        )
+        .with("pid", pid)
+        .with("step", step)
+        .with("section", section)
+        .with("state_before", was.as_str())
+        .with("status_source", exit.source);
+        if let Some(c) = exit.code {
+            ev = ev.with("exit_code", c);
+        }
+        if let Some(s) = exit.signal {
+            ev = ev.with("signal", s);
+        }
+        self.events.publish(ev);
     }
 
     /// Records a listening endpoint.

@@ -96,3 +96,45 @@ pub fn event(e: &Event) -> pb::Event {
             .collect(),
     }
 }
+
+/// A registered rank as RankInfo; `now_ns` is CLOCK_MONOTONIC.
+pub fn rank_info(e: &crate::ranks::registry::RankEntry, now_ns: u64) -> pb::RankInfo {
+    let snap = e.last.as_ref();
+    let mut durations: Vec<u64> = snap
+        .map(|s| s.recent_steps.iter().map(|st| st.duration_ns).filter(|d| *d > 0).collect())
+        .unwrap_or_default();
+    durations.sort_unstable();
+    let pct = |p: f64| -> Option<prost_types::Duration> {
+        if durations.is_empty() {
+            return None;
+        }
+        let rank = ((p / 100.0) * durations.len() as f64).ceil() as usize;
+        let i = rank.clamp(1, durations.len()) - 1;
+        durations.get(i).map(|ns| duration(Duration::from_nanos(*ns)))
+    };
+    let in_section = snap
+        .and_then(|s| s.innermost())
+        .map(|o| duration(Duration::from_nanos(now_ns.saturating_sub(o.entered_ns))));
+    pb::RankInfo {
+        job_id: e.key.job.clone(),
+        global_rank: e.key.rank,
+        local_rank: e.local_rank,
+        world_size: e.world_size,
+        pid: e.pid,
+        state: e.state.as_str().to_owned(),
+        step: snap.map_or(0, |s| s.step),
+        section: e.section.clone(),
+        in_section,
+        heartbeat_age: Some(duration(Duration::from_nanos(now_ns.saturating_sub(e.progress_ns)))),
+        step_time_p50: pct(50.0),
+        step_time_p90: pct(90.0),
+        step_time_p99: pct(99.0),
+        exit_code: e.exit.as_ref().and_then(|x| x.code),
+        exit_signal: e.exit.as_ref().and_then(|x| x.signal),
+        slot_index: e.slot,
+        steps_completed: snap.map_or(0, |s| s.steps_completed),
+        hang_threshold: e.threshold.as_ref().map(|t| duration(t.value)),
+        hang_threshold_source: e.threshold.as_ref().map(|t| t.source.clone()).unwrap_or_default(),
+        host: e.host.clone(),
+    }
+}

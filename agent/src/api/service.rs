@@ -12,7 +12,8 @@ use warden_proto::v1::agent_server::Agent;
 
 use super::convert;
 use super::observe::observed;
-use crate::events::Event;
+use crate::events::{Event, NewEvent, Severity};
+use crate::ranks::{self, RankKey, RegisterError, registry::RegisterRequest};
 use crate::state::AgentState;
 
 /// A boxed server stream, as tonic wants it.
@@ -145,34 +146,112 @@ impl Agent for AgentService {
 
     async fn register_rank(
         &self,
-        _req: Request<pb::RegisterRankRequest>,
+        req: Request<pb::RegisterRankRequest>,
     ) -> Result<Response<pb::RegisterRankResponse>, Status> {
         observed("RegisterRank", async {
-            Err(Status::unimplemented(
-                "this wardend does not accept heartbeat registrations yet",
-            ))
+            // The kernel's word on who is calling beats the client's: it is
+            // right across PID namespaces (a sidecar sees the trainer's pids
+            // under its own numbers) and cannot be forged.
+            let peer_pid = req
+                .extensions()
+                .get::<tonic::transport::server::UdsConnectInfo>()
+                .and_then(|i| i.peer_cred)
+                .and_then(|c| c.pid())
+                .and_then(|p| u32::try_from(p).ok());
+            let r = req.into_inner();
+            let request = RegisterRequest {
+                job_id: r.job_id,
+                global_rank: r.global_rank,
+                local_rank: r.local_rank,
+                world_size: r.world_size,
+                pid: peer_pid.unwrap_or(r.pid),
+                host: r.host,
+                layout_version: r.slot_layout_version,
+                stack_dump_signal: r.stack_dump_signal,
+            };
+            let now = warden_client::clock::syscall_now();
+            let result = self.state.registry().register(&request, now);
+            let reg = result.map_err(|e| match e {
+                RegisterError::Invalid(_) => Status::invalid_argument(e.to_string()),
+                RegisterError::LayoutMismatch { .. } => Status::failed_precondition(e.to_string()),
+                RegisterError::Held { .. } => Status::already_exists(e.to_string()),
+                RegisterError::Full(_) => Status::resource_exhausted(e.to_string()),
+                RegisterError::Slot(_) => Status::internal(e.to_string()),
+            })?;
+            let key = RankKey {
+                job: request.job_id.clone(),
+                rank: request.global_rank,
+            };
+            ranks::exit_watch::spawn(self.state.clone(), key.clone(), reg.generation, request.pid);
+            let mut ev = NewEvent::new(
+                Severity::Info,
+                "rank.registered",
+                key.to_string(),
+                format!("{key} registered (pid {}, slot {})", request.pid, reg.slot_index),
+            )
+            .with("pid", request.pid)
+            .with("declared_pid", r.pid)
+            .with("local_rank", request.local_rank)
+            .with("world_size", request.world_size)
+            .with("host", &request.host)
+            .with("slot", reg.slot_index);
+            if let Some(old) = reg.replaced_pid {
+                ev = ev.with("replaced_pid", old);
+            }
+            self.state.events.publish(ev);
+            Ok(Response::new(pb::RegisterRankResponse {
+                slot_file: reg.slot_file.display().to_string(),
+                slot_index: reg.slot_index,
+                slot_size: reg.slot_size,
+                generation: reg.generation,
+                stack_dump_path: reg.stack_dump_path.display().to_string(),
+            }))
         })
         .await
     }
 
     async fn deregister_rank(
         &self,
-        _req: Request<pb::DeregisterRankRequest>,
+        req: Request<pb::DeregisterRankRequest>,
     ) -> Result<Response<pb::DeregisterRankResponse>, Status> {
         observed("DeregisterRank", async {
-            Err(Status::unimplemented(
-                "this wardend does not accept heartbeat registrations yet",
-            ))
+            let r = req.into_inner();
+            let key = RankKey {
+                job: r.job_id,
+                rank: r.global_rank,
+            };
+            if !self.state.registry().deregister(&key, r.generation) {
+                return Err(Status::not_found(format!(
+                    "{key} with generation {} is not registered (already left, or re-registered since)",
+                    r.generation
+                )));
+            }
+            self.state.events.publish(NewEvent::new(
+                Severity::Info,
+                "rank.deregistered",
+                key.to_string(),
+                format!("{key} left cleanly"),
+            ));
+            Ok(Response::new(pb::DeregisterRankResponse {}))
         })
         .await
     }
 
     async fn get_ranks(
         &self,
-        _req: Request<pb::GetRanksRequest>,
+        req: Request<pb::GetRanksRequest>,
     ) -> Result<Response<pb::GetRanksResponse>, Status> {
         observed("GetRanks", async {
-            Ok(Response::new(pb::GetRanksResponse { ranks: Vec::new() }))
+            let job = req.into_inner().job_id;
+            let now = warden_client::clock::syscall_now();
+            let reg = self.state.registry();
+            let ranks = reg
+                .ranks
+                .values()
+                .filter(|e| job.is_empty() || e.key.job == job)
+                .map(|e| convert::rank_info(e, now))
+                .collect();
+            Ok(Response::new(pb::GetRanksResponse { ranks }))
         })
         .await
     }

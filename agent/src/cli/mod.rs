@@ -18,7 +18,11 @@ pub use connect::Target;
 
 /// The warden CLI.
 #[derive(Debug, Parser)]
-#[command(name = "warden", version, about = "Ask the local warden agent about the node and its jobs")]
+#[command(
+    name = "warden",
+    version,
+    about = "Ask the local warden agent about the node and its jobs"
+)]
 pub struct Cli {
     /// The agent's Unix socket [default: $WARDEN_SOCKET, else the agent's default path]
     #[arg(long, global = true, conflicts_with = "addr")]
@@ -56,6 +60,13 @@ pub enum Command {
         /// Show at most this many recent events before following.
         #[arg(long, default_value_t = 50)]
         limit: u32,
+    },
+    /// The training ranks this agent watches: state, step, section, heartbeat
+    /// age, step-time percentiles, and the hang threshold in force.
+    Ranks {
+        /// Only this job.
+        #[arg(long)]
+        job: Option<String>,
     },
     /// Start wardend on its embedded defaults in a scratch directory, show
     /// its health and info, and follow its events until Ctrl-C.
@@ -130,6 +141,17 @@ async fn run(cli: Cli) -> Result<()> {
                 }
                 anyhow::bail!("the agent at {target} closed the event stream (it stopped?)");
             }
+        }
+        Command::Ranks { job } => {
+            let mut c = target.connect().await?;
+            let ranks = c
+                .get_ranks(pb::GetRanksRequest {
+                    job_id: job.unwrap_or_default(),
+                })
+                .await
+                .with_context(|| format!("GetRanks from {target}"))?
+                .into_inner();
+            views::print_ranks(&ranks, cli.json);
         }
         Command::Demo { duration } => demo::run(duration, cli.json).await?,
     }

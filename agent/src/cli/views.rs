@@ -184,3 +184,84 @@ pub fn print_event(e: &pb::Event, as_json: bool) {
         evidence.join(" ")
     );
 }
+
+fn dur(d: Option<&prost_types::Duration>) -> String {
+    d.map_or_else(
+        || "-".into(),
+        |d| {
+            let secs = u64::try_from(d.seconds).unwrap_or(0);
+            let nanos = u32::try_from(d.nanos).unwrap_or(0);
+            crate::detect::hang::fmt(Duration::new(secs, nanos))
+        },
+    )
+}
+
+fn dur_secs(d: Option<&prost_types::Duration>) -> Value {
+    d.map_or(Value::Null, |d| json!(d.seconds as f64 + f64::from(d.nanos) / 1e9))
+}
+
+/// JSON form of GetRanks.
+pub fn ranks_json(r: &pb::GetRanksResponse) -> Value {
+    json!({
+        "ranks": r.ranks.iter().map(|k| json!({
+            "job_id": k.job_id,
+            "global_rank": k.global_rank,
+            "local_rank": k.local_rank,
+            "world_size": k.world_size,
+            "pid": k.pid,
+            "host": k.host,
+            "state": k.state,
+            "step": k.step,
+            "steps_completed": k.steps_completed,
+            "section": k.section,
+            "in_section_seconds": dur_secs(k.in_section.as_ref()),
+            "heartbeat_age_seconds": dur_secs(k.heartbeat_age.as_ref()),
+            "step_time_p50_seconds": dur_secs(k.step_time_p50.as_ref()),
+            "step_time_p90_seconds": dur_secs(k.step_time_p90.as_ref()),
+            "step_time_p99_seconds": dur_secs(k.step_time_p99.as_ref()),
+            "hang_threshold_seconds": dur_secs(k.hang_threshold.as_ref()),
+            "hang_threshold_source": k.hang_threshold_source,
+            "exit_code": k.exit_code,
+            "exit_signal": k.exit_signal,
+            "slot": k.slot_index,
+        })).collect::<Vec<_>>(),
+    })
+}
+
+/// Prints one row per rank.
+pub fn print_ranks(r: &pb::GetRanksResponse, as_json: bool) {
+    if as_json {
+        println!("{}", ranks_json(r));
+        return;
+    }
+    if r.ranks.is_empty() {
+        println!("no ranks registered");
+        return;
+    }
+    let mut t = table();
+    t.set_header(vec![
+        "JOB", "RANK", "PID", "STATE", "STEP", "SECTION", "IN SECTION", "LAST PROGRESS", "STEP p50", "p99",
+        "HANG AFTER",
+    ]);
+    for k in &r.ranks {
+        let state = match (k.exit_code, k.exit_signal) {
+            (Some(c), _) => format!("{} ({c})", k.state),
+            (None, Some(s)) => format!("{} (signal {s})", k.state),
+            _ => k.state.clone(),
+        };
+        t.add_row(vec![
+            k.job_id.clone(),
+            format!("{}/{}", k.global_rank, k.world_size),
+            k.pid.to_string(),
+            state,
+            k.step.to_string(),
+            k.section.clone(),
+            dur(k.in_section.as_ref()),
+            format!("{} ago", dur(k.heartbeat_age.as_ref())),
+            dur(k.step_time_p50.as_ref()),
+            dur(k.step_time_p99.as_ref()),
+            dur(k.hang_threshold.as_ref()),
+        ]);
+    }
+    println!("{t}");
+}

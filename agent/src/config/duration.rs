@@ -18,3 +18,41 @@ pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error
         ))
     })
 }
+
+/// A table of named durations (`[hang.timeouts]`).
+pub mod map {
+    use std::collections::BTreeMap;
+    use std::time::Duration;
+
+    use serde::{Deserialize, Deserializer, Serializer, ser::SerializeMap};
+
+    /// Writes each duration as text.
+    pub fn serialize<S: Serializer>(
+        m: &BTreeMap<String, Duration>,
+        s: S,
+    ) -> Result<S::Ok, S::Error> {
+        let mut out = s.serialize_map(Some(m.len()))?;
+        for (k, v) in m {
+            out.serialize_entry(k, &humantime::format_duration(*v).to_string())?;
+        }
+        out.end()
+    }
+
+    /// Reads a table of `name = "duration"`.
+    pub fn deserialize<'de, D: Deserializer<'de>>(
+        d: D,
+    ) -> Result<BTreeMap<String, Duration>, D::Error> {
+        let raw = BTreeMap::<String, String>::deserialize(d)?;
+        raw.into_iter()
+            .map(|(k, v)| {
+                humantime::parse_duration(&v)
+                    .map(|d| (k.clone(), d))
+                    .map_err(|e| {
+                        serde::de::Error::custom(format!(
+                            "{k}: invalid duration {v:?} ({e}); write it like \"30s\" or \"5m\""
+                        ))
+                    })
+            })
+            .collect()
+    }
+}

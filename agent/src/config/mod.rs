@@ -65,6 +65,10 @@ pub struct Config {
     pub events: EventsConfig,
     /// Host health thresholds.
     pub host: HostConfig,
+    /// Registration of training ranks and their heartbeat slots.
+    pub ranks: RanksConfig,
+    /// Hang detection.
+    pub hang: HangConfig,
 }
 
 /// `[agent]`: identity and the work loop.
@@ -209,6 +213,84 @@ impl Default for HostConfig {
     }
 }
 
+/// `[ranks]`: training ranks and their shared-memory heartbeat slots.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RanksConfig {
+    /// How many ranks this agent can watch at once (each takes one ~20 KiB
+    /// slot in the shared-memory file). A registration past it is refused.
+    pub max_ranks: u32,
+    /// Directory of the slot file and stack dumps. Empty: the socket's
+    /// directory, which is already shared with every client (and with the
+    /// trainer container in a sidecar deployment). Should be on tmpfs.
+    pub slot_dir: String,
+}
+
+impl Default for RanksConfig {
+    fn default() -> Self {
+        Self {
+            max_ranks: 256,
+            slot_dir: String::new(),
+        }
+    }
+}
+
+/// `[hang]`: when a rank with no progress is declared hung.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct HangConfig {
+    /// Derive each section's timeout from the job's observed durations of it.
+    pub calibrate: bool,
+    /// Calibrated timeout = multiplier x the percentile of recent durations.
+    pub multiplier: f64,
+    /// The percentile (0-100) of recent durations the multiplier applies to.
+    pub percentile: f64,
+    /// A calibrated timeout is never shorter than this (GC pauses, hiccups).
+    #[serde(with = "duration")]
+    pub floor: Duration,
+    /// Durations of a section needed before its calibrated timeout applies.
+    pub warmup_samples: usize,
+    /// Durations kept per section and job (and persisted in the state dir).
+    pub history: usize,
+    /// Timeout before the first step (imports, process-group set-up).
+    #[serde(with = "duration")]
+    pub init_timeout: Duration,
+    /// Timeout of a "checkpoint" section until it is calibrated.
+    #[serde(with = "duration")]
+    pub checkpoint_timeout: Duration,
+    /// Timeout of any other section until it is calibrated.
+    #[serde(with = "duration")]
+    pub default_timeout: Duration,
+    /// Fixed timeouts per section name ("init", "idle", "step", "forward",
+    /// "checkpoint", a user section...), overriding calibration.
+    #[serde(with = "duration::map")]
+    pub timeouts: std::collections::BTreeMap<String, Duration>,
+    /// Ask a hung rank for a stack dump of all its threads and attach it.
+    pub stack_dump: bool,
+    /// How long to wait for the stack dump to be written.
+    #[serde(with = "duration")]
+    pub stack_dump_wait: Duration,
+}
+
+impl Default for HangConfig {
+    fn default() -> Self {
+        Self {
+            calibrate: true,
+            multiplier: 3.0,
+            percentile: 99.0,
+            floor: Duration::from_secs(3),
+            warmup_samples: 5,
+            history: 256,
+            init_timeout: Duration::from_secs(15 * 60),
+            checkpoint_timeout: Duration::from_secs(30 * 60),
+            default_timeout: Duration::from_secs(10 * 60),
+            timeouts: std::collections::BTreeMap::new(),
+            stack_dump: true,
+            stack_dump_wait: Duration::from_secs(2),
+        }
+    }
+}
+
 impl Config {
     /// Reads and validates a config file.
     pub fn from_file(path: &Path) -> Result<Self, ConfigError> {
@@ -334,8 +416,92 @@ impl Config {
             ),
         ] {
             if !(0.0..=100.0).contains(&v) {
-                return Err(invalid(key, v.to_string(), "must be a percentage, 0 to 100"));
+                return Err(invalid(
+                    key,
+                    v.to_string(),
+                    "must be a percentage, 0 to 100",
+                ));
             }
+        }
+        if !(1..=warden_client::slot::MAX_SLOTS).contains(&self.ranks.max_ranks) {
+            return Err(invalid(
+                "ranks.max_ranks",
+                self.ranks.max_ranks.to_string(),
+                &format!("must be between 1 and {}", warden_client::slot::MAX_SLOTS),
+            ));
+        }
+        if !self.ranks.slot_dir.is_empty() && !Path::new(&self.ranks.slot_dir).is_absolute() {
+            return Err(invalid(
+                "ranks.slot_dir",
+                format!("{:?}", self.ranks.slot_dir),
+                "must be an absolute path",
+            ));
+        }
+        let h = &self.hang;
+        if !(h.multiplier >= 1.0 && h.multiplier <= 100.0) {
+            return Err(invalid(
+                "hang.multiplier",
+                h.multiplier.to_string(),
+                "must be between 1 and 100",
+            ));
+        }
+        if !(h.percentile > 0.0 && h.percentile <= 100.0) {
+            return Err(invalid(
+                "hang.percentile",
+                h.percentile.to_string(),
+                "must be in (0, 100]",
+            ));
+        }
+        if h.floor < self.agent.tick {
+            return Err(invalid(
+                "hang.floor",
+                humantime::format_duration(h.floor).to_string(),
+                "must be at least agent.tick",
+            ));
+        }
+        if h.warmup_samples == 0 || h.warmup_samples > h.history {
+            return Err(invalid(
+                "hang.warmup_samples",
+                h.warmup_samples.to_string(),
+                "must be at least 1 and at most hang.history",
+            ));
+        }
+        if !(1..=100_000).contains(&h.history) {
+            return Err(invalid(
+                "hang.history",
+                h.history.to_string(),
+                "must be between 1 and 100000",
+            ));
+        }
+        for (key, d) in [
+            ("hang.init_timeout", h.init_timeout),
+            ("hang.checkpoint_timeout", h.checkpoint_timeout),
+            ("hang.default_timeout", h.default_timeout),
+        ] {
+            if d < self.agent.tick {
+                return Err(invalid(
+                    key,
+                    humantime::format_duration(d).to_string(),
+                    "must be at least agent.tick",
+                ));
+            }
+        }
+        for (name, d) in &h.timeouts {
+            if *d < self.agent.tick {
+                return Err(ConfigError::Invalid {
+                    origin: origin.to_owned(),
+                    key: "hang.timeouts",
+                    value: format!("{name} = {}", humantime::format_duration(*d)),
+                    why: "each timeout must be at least agent.tick".into(),
+                });
+            }
+        }
+        if h.stack_dump_wait > Duration::from_secs(60) {
+            return Err(invalid(
+                "hang.stack_dump_wait",
+                humantime::format_duration(h.stack_dump_wait).to_string(),
+                "must be at most 60s",
+            ));
         }
         if self.host.memory_failed_below_percent > self.host.memory_degraded_below_percent {
             return Err(invalid(
@@ -377,6 +543,17 @@ impl Config {
         match std::env::var_os("HOME").filter(|d| !d.is_empty()) {
             Some(home) => PathBuf::from(home).join(".local/state/warden"),
             None => std::env::temp_dir().join("warden-state"),
+        }
+    }
+
+    /// The directory of the slot file and stack dumps.
+    pub fn slot_dir(&self) -> PathBuf {
+        if self.ranks.slot_dir.is_empty() {
+            self.socket_path()
+                .parent()
+                .map_or_else(|| PathBuf::from("/"), Path::to_path_buf)
+        } else {
+            PathBuf::from(&self.ranks.slot_dir)
         }
     }
 

@@ -1,7 +1,9 @@
 use super::*;
 
 fn err(text: &str) -> String {
-    Config::from_toml(text, "test.toml").unwrap_err().to_string()
+    Config::from_toml(text, "test.toml")
+        .unwrap_err()
+        .to_string()
 }
 
 #[test]
@@ -51,8 +53,19 @@ fn out_of_range_values_are_refused_with_the_key() {
         ("[metrics]\nlisten = \"nope\"\n", "metrics.listen"),
         ("[log]\nlevel = \"[[[\"\n", "log.level"),
         ("[events]\nretain = 0\n", "events.retain"),
-        ("[host]\nmemory_failed_below_percent = 50.0\n", "host.memory_failed_below_percent"),
-        ("[host]\nmemory_degraded_below_percent = 150.0\n", "host.memory_degraded_below_percent"),
+        ("[ranks]\nmax_ranks = 0\n", "ranks.max_ranks"),
+        ("[hang]\nmultiplier = 0.5\n", "hang.multiplier"),
+        ("[hang]\nfloor = \"1ms\"\n", "hang.floor"),
+        ("[hang]\nwarmup_samples = 0\n", "hang.warmup_samples"),
+        ("[hang.timeouts]\nstep = \"1ms\"\n", "hang.timeouts"),
+        (
+            "[host]\nmemory_failed_below_percent = 50.0\n",
+            "host.memory_failed_below_percent",
+        ),
+        (
+            "[host]\nmemory_degraded_below_percent = 150.0\n",
+            "host.memory_degraded_below_percent",
+        ),
     ] {
         let e = err(text);
         assert!(e.contains(key), "{text:?} gave {e}");
@@ -78,4 +91,16 @@ fn socket_mode_parses_octal() {
     assert_eq!(c.socket_mode(), Some(0o660));
     c.api.socket_mode = "600".into();
     assert_eq!(c.socket_mode(), Some(0o600));
+}
+
+#[test]
+fn hang_timeouts_table_parses() {
+    let c = Config::from_toml(
+        "[hang.timeouts]\ncheckpoint = \"45m\"\nstep = \"30s\"\n",
+        "t",
+    )
+    .unwrap();
+    assert_eq!(c.hang.timeouts["step"], Duration::from_secs(30));
+    let e = err("[hang.timeouts]\nstep = \"soon\"\n");
+    assert!(e.contains("hang.timeouts"), "{e}");
 }

@@ -45,6 +45,9 @@ pub enum DaemonError {
     /// Signal handlers could not be installed.
     #[error("cannot install signal handlers: {0}")]
     Signals(std::io::Error),
+    /// The heartbeat slot file could not be created.
+    #[error("cannot create the heartbeat slot file: {0}")]
+    Slots(#[from] warden_client::slot::SlotError),
     /// The reflection service could not be built from our descriptors.
     #[error("cannot build the reflection service: {0}")]
     Reflection(String),
@@ -64,7 +67,7 @@ impl DaemonError {
 pub async fn run(config: Config, config_source: String) -> Result<(), DaemonError> {
     let socket: PathBuf = config.socket_path();
     let claim = instance::claim(&socket)?;
-    let state = Arc::new(AgentState::new(config, config_source));
+    let state = Arc::new(AgentState::new(config, config_source)?);
     let cfg = &state.config;
 
     let uds = UnixListener::bind(&socket).map_err(|source| DaemonError::Bind {
@@ -73,13 +76,13 @@ pub async fn run(config: Config, config_source: String) -> Result<(), DaemonErro
         source,
     })?;
     let mode = cfg.socket_mode().unwrap_or(0o660);
-    std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(mode)).map_err(
-        |source| DaemonError::Bind {
+    std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(mode)).map_err(|source| {
+        DaemonError::Bind {
             what: "unix socket (chmod)",
             addr: socket.display().to_string(),
             source,
-        },
-    )?;
+        }
+    })?;
     state.add_endpoint("unix", socket.display().to_string());
 
     let tcp = if cfg.api.tcp.is_empty() {
@@ -92,7 +95,9 @@ pub async fn run(config: Config, config_source: String) -> Result<(), DaemonErro
                 addr: cfg.api.tcp.clone(),
                 source,
             })?;
-        let addr = l.local_addr().map_or(cfg.api.tcp.clone(), |a| a.to_string());
+        let addr = l
+            .local_addr()
+            .map_or(cfg.api.tcp.clone(), |a| a.to_string());
         state.add_endpoint("tcp", addr);
         Some(l)
     };
@@ -216,10 +221,8 @@ pub async fn run(config: Config, config_source: String) -> Result<(), DaemonErro
         .await;
     state.shutdown.cancel();
     let grace = state.config.agent.shutdown_grace;
-    let drained = tokio::time::timeout(grace, async {
-        while tasks.join_next().await.is_some() {}
-    })
-    .await;
+    let drained =
+        tokio::time::timeout(grace, async { while tasks.join_next().await.is_some() {} }).await;
     if drained.is_err() {
         tracing::warn!(
             grace = %humantime::format_duration(grace),
@@ -227,6 +230,7 @@ pub async fn run(config: Config, config_source: String) -> Result<(), DaemonErro
         );
         tasks.abort_all();
     }
+    state.registry().save_calibrations(std::time::Duration::ZERO, true);
     drop(claim);
     tracing::info!("wardend stopped");
     Ok(())

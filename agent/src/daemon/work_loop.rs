@@ -1,6 +1,7 @@
 //! The work loop: one tick drives the periodic work and the watchdog.
 //!
-//! Every `agent.tick` it reads the sources that are due and pings the systemd
+//! Every `agent.tick` it scans the ranks' heartbeat slots (hang detection),
+//! reads the sources that are due and pings the systemd
 //! watchdog. Pinging from here (not from a timer of its own) means a loop
 //! that stops turning stops the pings, and systemd restarts the agent.
 
@@ -12,7 +13,11 @@ use tokio::time::MissedTickBehavior;
 
 use super::notify::{self, Watchdog};
 use crate::health::{ComponentReport, Status};
+use crate::ranks::{evidence, scan};
 use crate::sources::host_memory;
+
+/// How often changed hang calibrations are written to the state directory.
+const CALIBRATION_SAVE_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
 use crate::state::AgentState;
 
 /// Runs until the agent shuts down.
@@ -29,12 +34,29 @@ pub async fn run(state: Arc<AgentState>, mut watchdog: Watchdog) {
     });
     let mut next_host = Instant::now();
     let mut last_status = None;
+    let mut prev_ns = warden_client::clock::syscall_now();
     loop {
         tokio::select! {
             () = state.shutdown.cancelled() => return,
             _ = ticker.tick() => {}
         }
         let now = Instant::now();
+        let now_ns = warden_client::clock::syscall_now();
+        let result = {
+            let mut reg = state.registry();
+            let result = scan::scan(&mut reg, &cfg.hang, now_ns, prev_ns);
+            reg.save_calibrations(CALIBRATION_SAVE_EVERY, false);
+            result
+        };
+        prev_ns = now_ns;
+        metrics::histogram!("warden_scan_seconds").record(now.elapsed().as_secs_f64());
+        metrics::gauge!("warden_ranks_watched").set(result.scanned as f64);
+        for ev in result.events {
+            state.events.publish(ev);
+        }
+        for finding in result.hangs {
+            tokio::spawn(evidence::complete(state.clone(), finding));
+        }
         if now >= next_host {
             let reading = host_memory::read(Path::new("/proc/meminfo"));
             state.apply_report(host_memory::judge(reading, &cfg.host, SystemTime::now()));

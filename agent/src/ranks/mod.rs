@@ -1,0 +1,15 @@
+//! Ranks: the training processes that registered with this agent.
+//!
+//! In: RegisterRank / DeregisterRank calls, the shared-memory slots the ranks
+//! write, process exits (pidfd), procfs. Out: the registry behind GetRanks,
+//! hang verdicts with their evidence, exit events. Never: block a rank (the
+//! agent only reads slots), or trust a slot's contents (every value is
+//! sanitised by `warden_client::slot` and every index bounded).
+
+pub mod evidence;
+pub mod exit_watch;
+pub mod procfs;
+pub mod registry;
+pub mod scan;
+
+pub use registry::{RankKey, Registry, RegisterError};

@@ -1,0 +1,101 @@
+//! What the kernel says about a rank's process: alive, state, CPU time,
+//! threads, wchan, and (while it is a zombie) its exit status.
+
+/// Facts from `/proc/<pid>/stat` and `/proc/<pid>/wchan`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProcFacts {
+    /// One-letter state: R running, S sleeping, D uninterruptible (I/O,
+    /// driver), T stopped, Z zombie...
+    pub state: char,
+    /// User + system CPU time in clock ticks.
+    pub cpu_ticks: u64,
+    /// Number of threads.
+    pub threads: u64,
+    /// The kernel function it sleeps in, if any ("0" or empty when running).
+    pub wchan: String,
+    /// The waitpid-style status, meaningful only for a zombie.
+    pub exit_status: Option<i32>,
+}
+
+impl ProcFacts {
+    /// A person's name for the state letter.
+    pub fn state_name(&self) -> &'static str {
+        match self.state {
+            'R' => "running",
+            'S' => "sleeping",
+            'D' => "uninterruptible sleep (I/O or driver)",
+            'T' | 't' => "stopped",
+            'Z' => "zombie (exited)",
+            'X' => "dead",
+            'I' => "idle",
+            _ => "unknown",
+        }
+    }
+}
+
+/// Parses the text of `/proc/<pid>/stat`. The command name may hold spaces
+/// and parentheses, so fields are counted from the last ')'.
+pub fn parse_stat(text: &str) -> Option<ProcFacts> {
+    let rest = &text[text.rfind(')')? + 1..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // fields[0] is field 3 (state) of proc(5).
+    let field = |n: usize| fields.get(n - 3).copied();
+    let num = |n: usize| field(n).and_then(|f| f.parse::<u64>().ok());
+    Some(ProcFacts {
+        state: field(3)?.chars().next()?,
+        cpu_ticks: num(14)? + num(15)?,
+        threads: num(20)?,
+        wchan: String::new(),
+        exit_status: field(52).and_then(|f| f.parse::<i32>().ok()),
+    })
+}
+
+/// Reads the facts of `pid`; None when the process is gone (or reaped).
+pub fn read(pid: u32) -> Option<ProcFacts> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let mut facts = parse_stat(&text)?;
+    facts.wchan = std::fs::read_to_string(format!("/proc/{pid}/wchan"))
+        .map(|w| w.trim().to_owned())
+        .unwrap_or_default();
+    Some(facts)
+}
+
+/// Whether a process with this pid exists (zombies included).
+pub fn alive(pid: u32) -> bool {
+    std::path::Path::new(&format!("/proc/{pid}")).exists()
+}
+
+/// Splits a waitpid status into (exit code, signal).
+pub fn decode_status(status: i32) -> (Option<i32>, Option<i32>) {
+    let sig = status & 0x7f;
+    if sig == 0 {
+        (Some((status >> 8) & 0xff), None)
+    } else {
+        (None, Some(sig))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_stat_with_odd_comm() {
+        let line = "1234 (py (rank) 0) S 1 1234 1234 0 -1 4194560 100 0 0 0 250 50 0 0 20 0 7 0 100 1000000 100 18446744073709551615 1 1 0 0 0 0 0 0 0 0 0 0 17 3 0 0 0 0 0 0 0 0 0 0 0 0 256";
+        let f = parse_stat(line).unwrap();
+        assert_eq!(f.state, 'S');
+        assert_eq!(f.cpu_ticks, 300);
+        assert_eq!(f.threads, 7);
+        assert_eq!(f.exit_status, Some(256));
+        assert_eq!(decode_status(256), (Some(1), None));
+        assert_eq!(decode_status(9), (None, Some(9)));
+    }
+
+    #[test]
+    fn reads_own_process() {
+        let f = read(std::process::id()).unwrap();
+        assert!(f.threads >= 1);
+        assert!(alive(std::process::id()));
+        assert!(parse_stat("garbage").is_none());
+    }
+}

@@ -1,0 +1,632 @@
+//! The registry of jobs and ranks, and the slot file they write into.
+//!
+//! A rank is identified by (job id, global rank). Registration validates the
+//! request, refuses a rank that a live process already holds, and hands out
+//! a slot with a fresh generation. The agent owns the slot file: it creates
+//! it at start, checks on every scan that nobody truncated or replaced it,
+//! and rebuilds it (asking ranks to re-register) if someone did.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use warden_client::slot::{self, SlotFile, SlotSnapshot};
+
+use crate::detect::calibration::{self, Calibration};
+use crate::detect::hang::Threshold;
+
+/// Identifies a rank across registrations.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct RankKey {
+    /// Job id.
+    pub job: String,
+    /// Global rank.
+    pub rank: u32,
+}
+
+impl std::fmt::Display for RankKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "job/{}/rank/{}", self.job, self.rank)
+    }
+}
+
+/// Why a registration was refused. Each message says what to fix.
+#[derive(Debug, thiserror::Error)]
+pub enum RegisterError {
+    /// A field is missing or out of range.
+    #[error("invalid registration: {0}")]
+    Invalid(String),
+    /// The client writes another slot layout.
+    #[error("client writes slot layout v{client}, this agent reads v{agent}: upgrade the older side")]
+    LayoutMismatch {
+        /// The client's version.
+        client: u32,
+        /// Ours.
+        agent: u32,
+    },
+    /// Another live process holds the rank.
+    #[error("rank {rank} of job {job:?} is held by live pid {holder}; a second process cannot claim it (pid {claimant})")]
+    Held {
+        /// Job id.
+        job: String,
+        /// Global rank.
+        rank: u32,
+        /// The holder.
+        holder: u32,
+        /// The refused claimant.
+        claimant: u32,
+    },
+    /// Every slot is taken.
+    #[error("all {0} rank slots are in use; raise ranks.max_ranks")]
+    Full(u32),
+    /// The slot file is unusable.
+    #[error("slot file: {0}")]
+    Slot(#[from] slot::SlotError),
+}
+
+/// A rank's lifecycle as the agent sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RankState {
+    /// Registered and making progress (or not yet past its threshold).
+    Running,
+    /// No progress past its section's threshold.
+    Hung,
+    /// The process is gone.
+    Exited,
+    /// Its slot was lost (slot file damaged or agent state reset); waiting
+    /// for the client to register again.
+    Lost,
+}
+
+impl RankState {
+    /// Lower-case name for the API.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RankState::Running => "running",
+            RankState::Hung => "hung",
+            RankState::Exited => "exited",
+            RankState::Lost => "lost",
+        }
+    }
+}
+
+/// How a rank's process ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExitInfo {
+    /// Exit code, when it exited.
+    pub code: Option<i32>,
+    /// Signal, when it was killed.
+    pub signal: Option<i32>,
+    /// Where the status came from, or why it is unknown.
+    pub source: String,
+}
+
+/// What the progress check compares from one scan to the next. Any change
+/// is progress: a heartbeat, a step, a section opened or closed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Marker {
+    /// Heartbeat counter.
+    pub heartbeats: u64,
+    /// Step number.
+    pub step: u64,
+    /// Steps completed.
+    pub steps_completed: u64,
+    /// Section depth.
+    pub depth: u32,
+    /// Innermost section id and entry time.
+    pub innermost: Option<(u32, u64)>,
+    /// Whether a step is open.
+    pub step_open: bool,
+}
+
+impl Marker {
+    /// The marker of a snapshot.
+    pub fn of(s: &SlotSnapshot) -> Self {
+        Self {
+            heartbeats: s.heartbeats,
+            step: s.step,
+            steps_completed: s.steps_completed,
+            depth: s.depth,
+            innermost: s.innermost().map(|o| (o.id, o.entered_ns)),
+            step_open: s.step_open,
+        }
+    }
+}
+
+/// One registered rank.
+#[derive(Debug)]
+pub struct RankEntry {
+    /// Job and rank.
+    pub key: RankKey,
+    /// Local rank on this node.
+    pub local_rank: u32,
+    /// World size the rank declared.
+    pub world_size: u32,
+    /// Process id, as the agent sees it (from the socket's peer credentials).
+    pub pid: u32,
+    /// Host the client declared.
+    pub host: String,
+    /// Slot index.
+    pub slot: u32,
+    /// Generation handed out with the slot.
+    pub generation: u64,
+    /// Lifecycle state.
+    pub state: RankState,
+    /// Marker at the last scan.
+    pub marker: Option<Marker>,
+    /// When progress was last seen (CLOCK_MONOTONIC ns).
+    pub progress_ns: u64,
+    /// CPU ticks of the process when progress was last seen.
+    pub progress_cpu: Option<u64>,
+    /// The last consistent snapshot.
+    pub last: Option<SlotSnapshot>,
+    /// Start time of the newest step record fed to calibration.
+    pub ingested_start_ns: u64,
+    /// The section the rank is in, as of the last scan.
+    pub section: String,
+    /// The threshold in force at the last scan.
+    pub threshold: Option<Threshold>,
+    /// How the process ended.
+    pub exit: Option<ExitInfo>,
+    /// Signal for a stack dump (0: none).
+    pub stack_dump_signal: i32,
+    /// Where the dump is written.
+    pub stack_dump_path: PathBuf,
+    /// The last slot read error, reported once until it clears.
+    pub slot_error: Option<String>,
+}
+
+/// Per-job state.
+#[derive(Debug)]
+pub struct JobEntry {
+    /// Section duration history.
+    pub calibration: Calibration,
+    /// Where it is persisted.
+    pub calibration_path: PathBuf,
+    /// When it was last saved.
+    pub saved_at: Instant,
+}
+
+/// What a client needs after registering.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Registration {
+    /// The slot file.
+    pub slot_file: PathBuf,
+    /// Its slot.
+    pub slot_index: u32,
+    /// Slot size in bytes.
+    pub slot_size: u32,
+    /// Generation to echo.
+    pub generation: u64,
+    /// Where to write a stack dump.
+    pub stack_dump_path: PathBuf,
+    /// Whether an earlier holder of the same rank was replaced.
+    pub replaced_pid: Option<u32>,
+}
+
+/// A registration request, with the pid the kernel vouches for.
+#[derive(Debug, Clone)]
+pub struct RegisterRequest {
+    /// Job id.
+    pub job_id: String,
+    /// Global rank.
+    pub global_rank: u32,
+    /// Local rank.
+    pub local_rank: u32,
+    /// World size.
+    pub world_size: u32,
+    /// Pid from SO_PEERCRED when available, else the declared one.
+    pub pid: u32,
+    /// Host the client runs on.
+    pub host: String,
+    /// Slot layout the client writes.
+    pub layout_version: u32,
+    /// Stack dump signal (0: none).
+    pub stack_dump_signal: i32,
+}
+
+/// Jobs, ranks and the slot file.
+#[derive(Debug)]
+pub struct Registry {
+    slots: SlotFile,
+    slot_ino: (u64, u64),
+    free: BTreeSet<u32>,
+    next_generation: u64,
+    /// Ranks by (job, rank).
+    pub ranks: BTreeMap<RankKey, RankEntry>,
+    /// Jobs by id.
+    pub jobs: BTreeMap<String, JobEntry>,
+    stack_dir: PathBuf,
+    state_dir: PathBuf,
+    file_mode: u32,
+}
+
+/// What [`Registry::check_slot_file`] found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SlotFileCheck {
+    /// Intact.
+    Ok,
+    /// Damaged and rebuilt; these ranks must register again.
+    Rebuilt {
+        /// What was wrong.
+        why: String,
+        /// Ranks that lost their slot.
+        lost: Vec<RankKey>,
+    },
+}
+
+fn inode(path: &Path) -> std::io::Result<(u64, u64, u64)> {
+    let m = std::fs::metadata(path)?;
+    Ok((m.dev(), m.ino(), m.len()))
+}
+
+impl Registry {
+    /// Creates the slot file (`<slot_dir>/slots`) for `max_ranks` ranks.
+    pub fn new(
+        slot_dir: &Path,
+        state_dir: &Path,
+        max_ranks: u32,
+        file_mode: u32,
+    ) -> Result<Self, slot::SlotError> {
+        let io = |op| {
+            move |source| slot::SlotError::Io {
+                path: slot_dir.to_owned(),
+                op,
+                source,
+            }
+        };
+        std::fs::create_dir_all(slot_dir).map_err(io("create directory"))?;
+        let stack_dir = slot_dir.join("stacks");
+        std::fs::create_dir_all(&stack_dir).map_err(io("create stacks directory"))?;
+        let path = slot_dir.join("slots");
+        let slots = SlotFile::create_with_mode(&path, max_ranks, file_mode)?;
+        let (dev, ino, _) = inode(&path).map_err(io("stat slot file"))?;
+        Ok(Self {
+            slots,
+            slot_ino: (dev, ino),
+            free: (0..max_ranks).collect(),
+            // Generations differ across agent restarts: start from the clock.
+            next_generation: warden_client::clock::syscall_now().max(1),
+            ranks: BTreeMap::new(),
+            jobs: BTreeMap::new(),
+            stack_dir,
+            state_dir: state_dir.to_owned(),
+            file_mode,
+        })
+    }
+
+    /// Split borrows for the scan: slots read, ranks and jobs updated.
+    pub fn parts(
+        &mut self,
+    ) -> (
+        &SlotFile,
+        &mut BTreeMap<RankKey, RankEntry>,
+        &mut BTreeMap<String, JobEntry>,
+    ) {
+        (&self.slots, &mut self.ranks, &mut self.jobs)
+    }
+
+    /// The slot file path.
+    pub fn slot_path(&self) -> &Path {
+        self.slots.path()
+    }
+
+    /// The slot file (for reading snapshots).
+    pub fn slots(&self) -> &SlotFile {
+        &self.slots
+    }
+
+    /// Registers a rank.
+    pub fn register(&mut self, req: &RegisterRequest, now_ns: u64) -> Result<Registration, RegisterError> {
+        validate(req)?;
+        let key = RankKey {
+            job: req.job_id.clone(),
+            rank: req.global_rank,
+        };
+        let mut replaced_pid = None;
+        if let Some(old) = self.ranks.get(&key) {
+            let old_live = matches!(old.state, RankState::Running | RankState::Hung)
+                && super::procfs::read(old.pid).is_some_and(|f| f.state != 'Z' && f.state != 'X');
+            if old_live && old.pid != req.pid {
+                return Err(RegisterError::Held {
+                    job: key.job.clone(),
+                    rank: key.rank,
+                    holder: old.pid,
+                    claimant: req.pid,
+                });
+            }
+            if old.pid != req.pid {
+                replaced_pid = Some(old.pid);
+            }
+            if let Some(old) = self.ranks.remove(&key) {
+                let _ = self.slots.release(old.slot);
+                self.free.insert(old.slot);
+            }
+        }
+        let index = self
+            .free
+            .pop_first()
+            .ok_or(RegisterError::Full(self.slots.slot_count()))?;
+        let generation = self.next_generation;
+        self.next_generation += 1;
+        if let Err(e) = self.slots.claim(index, generation, req.pid) {
+            self.free.insert(index);
+            return Err(e.into());
+        }
+        let stack_dump_path = self
+            .stack_dir
+            .join(format!("{}-{}.txt", sanitize(&key.job), key.rank));
+        let _ = std::fs::remove_file(&stack_dump_path);
+        if !self.jobs.contains_key(&key.job) {
+            let path = calibration::path_for(&self.state_dir, &key.job);
+            let cal = Calibration::load(&path).unwrap_or_else(|e| {
+                tracing::warn!(error = %e, "starting calibration afresh");
+                Calibration::default()
+            });
+            self.jobs.insert(
+                key.job.clone(),
+                JobEntry {
+                    calibration: cal,
+                    calibration_path: path,
+                    saved_at: Instant::now(),
+                },
+            );
+        }
+        self.ranks.insert(
+            key.clone(),
+            RankEntry {
+                key,
+                local_rank: req.local_rank,
+                world_size: req.world_size,
+                pid: req.pid,
+                host: req.host.clone(),
+                slot: index,
+                generation,
+                state: RankState::Running,
+                marker: None,
+                progress_ns: now_ns,
+                progress_cpu: None,
+                last: None,
+                ingested_start_ns: 0,
+                section: calibration::INIT.into(),
+                threshold: None,
+                exit: None,
+                stack_dump_signal: req.stack_dump_signal,
+                stack_dump_path: stack_dump_path.clone(),
+                slot_error: None,
+            },
+        );
+        Ok(Registration {
+            slot_file: self.slots.path().to_owned(),
+            slot_index: index,
+            slot_size: slot::SLOT_SIZE as u32,
+            generation,
+            stack_dump_path,
+            replaced_pid,
+        })
+    }
+
+    /// Removes a rank that leaves cleanly; false if the generation is stale.
+    pub fn deregister(&mut self, key: &RankKey, generation: u64) -> bool {
+        match self.ranks.get(key) {
+            Some(e) if e.generation == generation => {}
+            _ => return false,
+        }
+        if let Some(e) = self.ranks.remove(key) {
+            let _ = self.slots.release(e.slot);
+            self.free.insert(e.slot);
+            let _ = std::fs::remove_file(&e.stack_dump_path);
+        }
+        true
+    }
+
+    /// Frees the slots of exited ranks (their entries stay for GetRanks).
+    pub fn free_slot_of(&mut self, key: &RankKey) {
+        if let Some(e) = self.ranks.get(key) {
+            if self.slots.release(e.slot).is_ok() {
+                self.free.insert(e.slot);
+            }
+        }
+    }
+
+    /// Checks that the slot file is still the one we created, at full
+    /// length; if not, rebuilds it and marks every live rank lost.
+    ///
+    /// A truncated file would fault (SIGBUS) on the next read of the mapping,
+    /// so this runs before every scan; a truncation racing with the scan
+    /// itself (microseconds) is the one case it cannot rule out.
+    pub fn check_slot_file(&mut self) -> SlotFileCheck {
+        let path = self.slots.path().to_owned();
+        let expected = slot::file_len(self.slots.slot_count());
+        let why = match inode(&path) {
+            Ok((dev, ino, len)) if (dev, ino) == self.slot_ino && len >= expected => {
+                return SlotFileCheck::Ok;
+            }
+            Ok((dev, ino, len)) if (dev, ino) == self.slot_ino => {
+                format!("{} was truncated to {len} bytes (expected {expected})", path.display())
+            }
+            Ok(_) => format!("{} was replaced by another file", path.display()),
+            Err(e) => format!("{} is gone ({e})", path.display()),
+        };
+        let count = self.slots.slot_count();
+        match SlotFile::create_with_mode(&path, count, self.file_mode) {
+            Ok(fresh) => {
+                self.slots = fresh;
+                self.slot_ino = inode(&path).map_or((0, 0), |(d, i, _)| (d, i));
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "cannot rebuild the slot file");
+            }
+        }
+        self.free = (0..count).collect();
+        let mut lost = Vec::new();
+        for e in self.ranks.values_mut() {
+            if matches!(e.state, RankState::Running | RankState::Hung) {
+                e.state = RankState::Lost;
+                lost.push(e.key.clone());
+            }
+        }
+        SlotFileCheck::Rebuilt { why, lost }
+    }
+
+    /// Saves calibrations that changed, at most every `every`.
+    pub fn save_calibrations(&mut self, every: std::time::Duration, force: bool) {
+        for (job, j) in &mut self.jobs {
+            if j.calibration.is_dirty() && (force || j.saved_at.elapsed() >= every) {
+                if let Err(e) = j.calibration.save(&j.calibration_path) {
+                    tracing::warn!(job = %job, error = %e, "cannot save hang calibration");
+                }
+                j.saved_at = Instant::now();
+            }
+        }
+    }
+}
+
+fn sanitize(s: &str) -> String {
+    s.chars()
+        .map(|c| if c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.') { c } else { '_' })
+        .collect()
+}
+
+fn validate(r: &RegisterRequest) -> Result<(), RegisterError> {
+    let bad = |m: String| Err(RegisterError::Invalid(m));
+    if r.job_id.is_empty() || r.job_id.len() > 128 {
+        return bad(format!(
+            "job_id must be 1 to 128 characters (got {} characters)",
+            r.job_id.len()
+        ));
+    }
+    if r.job_id.chars().any(char::is_control) {
+        return bad(format!("job_id {:?} contains control characters", r.job_id));
+    }
+    if r.world_size == 0 {
+        return bad("world_size must be at least 1".into());
+    }
+    if r.global_rank >= r.world_size {
+        return bad(format!(
+            "global_rank {} is not below world_size {}",
+            r.global_rank, r.world_size
+        ));
+    }
+    if r.local_rank >= r.world_size {
+        return bad(format!(
+            "local_rank {} is not below world_size {}",
+            r.local_rank, r.world_size
+        ));
+    }
+    if r.pid == 0 {
+        return bad("pid must be set".into());
+    }
+    if r.host.len() > 255 {
+        return bad("host is longer than 255 bytes".into());
+    }
+    if !(0..=64).contains(&r.stack_dump_signal) {
+        return bad(format!(
+            "stack_dump_signal {} is not a signal number",
+            r.stack_dump_signal
+        ));
+    }
+    if r.layout_version != slot::LAYOUT_VERSION {
+        return Err(RegisterError::LayoutMismatch {
+            client: r.layout_version,
+            agent: slot::LAYOUT_VERSION,
+        });
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn req(job: &str, rank: u32, pid: u32) -> RegisterRequest {
+        RegisterRequest {
+            job_id: job.into(),
+            global_rank: rank,
+            local_rank: rank,
+            world_size: 4,
+            pid,
+            host: "h".into(),
+            layout_version: slot::LAYOUT_VERSION,
+            stack_dump_signal: 0,
+        }
+    }
+
+    fn registry(dir: &Path) -> Registry {
+        Registry::new(&dir.join("run"), &dir.join("state"), 4, 0o600).unwrap()
+    }
+
+    #[test]
+    fn registers_and_refuses_a_live_holder() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut r = registry(dir.path());
+        let me = std::process::id();
+        let a = r.register(&req("j", 0, me), 0).unwrap();
+        assert_eq!(a.slot_index, 0);
+        // Our parent is alive and is not us: the rank is held.
+        let parent = std::os::unix::process::parent_id();
+        let err = r.register(&req("j", 0, parent), 0).unwrap_err().to_string();
+        assert!(err.contains(&format!("live pid {me}")), "{err}");
+        // The same process may register again (it lost its connection).
+        let b = r.register(&req("j", 0, me), 0).unwrap();
+        assert_ne!(a.generation, b.generation);
+    }
+
+    #[test]
+    fn dead_holder_is_replaced() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut r = registry(dir.path());
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let dead = child.id();
+        child.wait().unwrap();
+        r.register(&req("j", 1, dead), 0).unwrap();
+        let again = r.register(&req("j", 1, std::process::id()), 0).unwrap();
+        assert_eq!(again.replaced_pid, Some(dead));
+    }
+
+    #[test]
+    fn invalid_requests_say_why() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut r = registry(dir.path());
+        let mut q = req("", 0, 1);
+        assert!(r.register(&q, 0).unwrap_err().to_string().contains("job_id"));
+        q = req("j", 9, 1);
+        assert!(r.register(&q, 0).unwrap_err().to_string().contains("world_size 4"));
+        q = req("j", 0, 1);
+        q.layout_version = 99;
+        assert!(r.register(&q, 0).unwrap_err().to_string().contains("layout"));
+    }
+
+    #[test]
+    fn full_registry_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut r = registry(dir.path());
+        let me = std::process::id();
+        for rank in 0..4 {
+            r.register(&req("j", rank, me), 0).unwrap();
+        }
+        let mut q = req("k", 0, me);
+        q.world_size = 1;
+        assert!(matches!(r.register(&q, 0), Err(RegisterError::Full(4))));
+    }
+
+    #[test]
+    fn truncated_slot_file_is_rebuilt() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut r = registry(dir.path());
+        r.register(&req("j", 0, std::process::id()), 0).unwrap();
+        assert_eq!(r.check_slot_file(), SlotFileCheck::Ok);
+        let f = std::fs::OpenOptions::new().write(true).open(r.slot_path()).unwrap();
+        f.set_len(10).unwrap();
+        match r.check_slot_file() {
+            SlotFileCheck::Rebuilt { why, lost } => {
+                assert!(why.contains("truncated"), "{why}");
+                assert_eq!(lost.len(), 1);
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(r.check_slot_file(), SlotFileCheck::Ok);
+        assert!(r.slots().snapshot(0).is_ok());
+    }
+}

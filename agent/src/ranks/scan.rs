@@ -1,0 +1,263 @@
+//! One scan of every registered rank's slot, run on each tick.
+//!
+//! Reads each slot (a seqlock snapshot: never blocks the writer), notes
+//! progress, feeds completed steps into the job's calibration, and declares
+//! a rank hung when it made no progress past its section's threshold. The
+//! slow parts of the evidence (procfs sampling, a stack dump) are left to the
+//! caller, off the tick.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use warden_client::slot::SlotSnapshot;
+
+use super::registry::{Marker, RankKey, RankState, Registry, SlotFileCheck};
+use crate::config::HangConfig;
+use crate::detect::calibration::{self, IDLE};
+use crate::detect::hang::{self, PeerPosition, Threshold};
+use crate::events::{NewEvent, Severity};
+
+/// A rank found hung; the caller completes the evidence and publishes it.
+#[derive(Debug, Clone)]
+pub struct HangFinding {
+    /// Which rank.
+    pub key: RankKey,
+    /// Its process.
+    pub pid: u32,
+    /// Its generation (to ignore a finding about a re-registered rank).
+    pub generation: u64,
+    /// Evidence gathered from the slot and the job's other ranks.
+    pub evidence: Vec<(String, String)>,
+    /// The headline.
+    pub message: String,
+    /// Signal and file for a stack dump, when the client supports one.
+    pub stack_dump: Option<(i32, PathBuf)>,
+}
+
+/// What one scan produced.
+#[derive(Debug, Default)]
+pub struct ScanResult {
+    /// Events to publish as they are.
+    pub events: Vec<NewEvent>,
+    /// Hangs whose evidence is still to be completed.
+    pub hangs: Vec<HangFinding>,
+    /// Ranks read.
+    pub scanned: usize,
+}
+
+/// Scans every live rank. `now_ns` and `prev_ns` are this and the previous
+/// scan's CLOCK_MONOTONIC times: a change first seen now happened after
+/// `prev_ns`, so progress is dated no later than the change itself and a
+/// hang is declared at most one tick after its threshold.
+pub fn scan(reg: &mut Registry, cfg: &HangConfig, now_ns: u64, prev_ns: u64) -> ScanResult {
+    let mut out = ScanResult::default();
+    if let SlotFileCheck::Rebuilt { why, lost } = reg.check_slot_file() {
+        let mut ev = NewEvent::new(
+            Severity::Error,
+            "ranks.slot_file_rebuilt",
+            "agent",
+            format!("heartbeat slot file damaged and rebuilt: {why}; {} ranks must register again", lost.len()),
+        )
+        .with("why", why);
+        for k in &lost {
+            ev = ev.with("lost", k);
+        }
+        out.events.push(ev);
+    }
+    let (slots, ranks, jobs) = reg.parts();
+    for entry in ranks.values_mut() {
+        if !matches!(entry.state, RankState::Running | RankState::Hung) {
+            continue;
+        }
+        out.scanned += 1;
+        let snap = match slots.snapshot(entry.slot) {
+            Ok(s) => s,
+            Err(e) => {
+                let msg = e.to_string();
+                if entry.slot_error.as_deref() != Some(msg.as_str()) {
+                    out.events.push(
+                        NewEvent::new(
+                            Severity::Warning,
+                            "rank.slot_unreadable",
+                            entry.key.to_string(),
+                            format!("cannot read the heartbeat slot of {}: {msg}", entry.key),
+                        )
+                        .with("slot", entry.slot)
+                        .with("error", &msg),
+                    );
+                    entry.slot_error = Some(msg);
+                }
+                continue;
+            }
+        };
+        entry.slot_error = None;
+        if snap.generation != entry.generation {
+            continue;
+        }
+        let marker = Marker::of(&snap);
+        if entry.marker != Some(marker) {
+            let client_ts = snap
+                .innermost()
+                .map(|o| o.entered_ns)
+                .into_iter()
+                .chain(snap.current_step.as_ref().map(|s| s.start_ns))
+                .filter(|t| *t > prev_ns && *t <= now_ns)
+                .max();
+            let first = entry.marker.is_none();
+            entry.marker = Some(marker);
+            if !first || snap.writer_is_owner() {
+                entry.progress_ns = client_ts.unwrap_or(prev_ns).max(entry.progress_ns).min(now_ns);
+            }
+            if entry.state == RankState::Hung {
+                entry.state = RankState::Running;
+                out.events.push(
+                    NewEvent::new(
+                        Severity::Info,
+                        "rank.recovered",
+                        entry.key.to_string(),
+                        format!("{} makes progress again (step {})", entry.key, snap.step),
+                    )
+                    .with("step", snap.step)
+                    .with("pid", entry.pid),
+                );
+            }
+        }
+        let Some(job) = jobs.get_mut(&entry.key.job) else {
+            continue;
+        };
+        entry.ingested_start_ns = ingest(&snap, entry.ingested_start_ns, &mut job.calibration, cfg.history);
+        let started = snap.steps_completed > 0 || snap.step_open;
+        let section = hang::current_section(snap.innermost().map(|o| snap.section_name(o.id)), started);
+        entry.threshold = Some(hang::threshold(cfg, section, &mut job.calibration));
+        entry.section = section.to_owned();
+        entry.last = Some(snap);
+    }
+
+    // Verdicts, with each rank's position among its job's local ranks.
+    let positions: Vec<(RankKey, PeerPosition)> = ranks
+        .values()
+        .filter(|e| matches!(e.state, RankState::Running | RankState::Hung))
+        .map(|e| {
+            let stalled = stalled_past(e.progress_ns, now_ns, e.threshold.as_ref());
+            (
+                e.key.clone(),
+                PeerPosition {
+                    rank: e.key.rank,
+                    step: e.last.as_ref().map_or(0, |s| s.step),
+                    section: e.section.clone(),
+                    stalled,
+                },
+            )
+        })
+        .collect();
+    for (key, me) in &positions {
+        if !me.stalled {
+            continue;
+        }
+        let Some(entry) = ranks.get_mut(key) else { continue };
+        if entry.state != RankState::Running {
+            continue;
+        }
+        entry.state = RankState::Hung;
+        let peers: Vec<PeerPosition> = positions
+            .iter()
+            .filter(|(k, _)| k.job == key.job && k != key)
+            .map(|(_, p)| p.clone())
+            .collect();
+        let threshold = entry.threshold.clone().unwrap_or(Threshold {
+            value: Duration::ZERO,
+            source: String::new(),
+        });
+        let stalled_for = Duration::from_nanos(now_ns.saturating_sub(entry.progress_ns));
+        let snap = entry.last.as_ref();
+        let in_section = snap
+            .and_then(|s| s.innermost())
+            .map(|o| Duration::from_nanos(now_ns.saturating_sub(o.entered_ns)));
+        let step = snap.map_or(0, |s| s.step);
+        let mut evidence = vec![
+            ("pid".to_owned(), entry.pid.to_string()),
+            ("local_rank".to_owned(), entry.local_rank.to_string()),
+            ("section".to_owned(), me.section.clone()),
+            ("step".to_owned(), step.to_string()),
+            ("steps_completed".to_owned(), snap.map_or(0, |s| s.steps_completed).to_string()),
+            ("no_progress_for".to_owned(), hang::fmt(stalled_for)),
+            ("threshold".to_owned(), hang::fmt(threshold.value)),
+            ("threshold_source".to_owned(), threshold.source.clone()),
+        ];
+        if let Some(d) = in_section {
+            evidence.push(("in_section_for".to_owned(), hang::fmt(d)));
+        }
+        if let Some(s) = snap {
+            let stack: Vec<&str> = s.open_sections.iter().map(|o| s.section_name(o.id)).collect();
+            evidence.push(("open_sections".to_owned(), stack.join(" > ")));
+        }
+        evidence.push(("pattern".to_owned(), hang::pattern(me, &peers)));
+        if !peers.is_empty() {
+            let list: Vec<String> = peers
+                .iter()
+                .map(|p| {
+                    format!(
+                        "{}@{}/{}{}",
+                        p.rank,
+                        p.step,
+                        p.section,
+                        if p.stalled { "(stalled)" } else { "" }
+                    )
+                })
+                .collect();
+            evidence.push(("local_peers".to_owned(), list.join(", ")));
+        }
+        out.hangs.push(HangFinding {
+            key: key.clone(),
+            pid: entry.pid,
+            generation: entry.generation,
+            message: format!(
+                "{} hung: no progress for {} in '{}' at step {step} (threshold {})",
+                key,
+                hang::fmt(stalled_for),
+                me.section,
+                hang::fmt(threshold.value)
+            ),
+            evidence,
+            stack_dump: (entry.stack_dump_signal > 0)
+                .then(|| (entry.stack_dump_signal, entry.stack_dump_path.clone())),
+        });
+    }
+    out
+}
+
+fn stalled_past(progress_ns: u64, now_ns: u64, threshold: Option<&Threshold>) -> bool {
+    threshold.is_some_and(|t| Duration::from_nanos(now_ns.saturating_sub(progress_ns)) > t.value)
+}
+
+/// Feeds the completed steps newer than `after_start_ns` into calibration;
+/// returns the newest start time fed.
+fn ingest(
+    snap: &SlotSnapshot,
+    after_start_ns: u64,
+    cal: &mut calibration::Calibration,
+    cap: usize,
+) -> u64 {
+    let mut newest = after_start_ns;
+    let mut prev_end: Option<u64> = None;
+    for st in &snap.recent_steps {
+        let end = st.start_ns.saturating_add(st.duration_ns);
+        if st.start_ns > after_start_ns && st.duration_ns > 0 {
+            cal.add("step", st.duration_ns, cap);
+            for sec in &st.sections {
+                let name = snap.section_name(sec.id);
+                if !name.is_empty() && name != "step" {
+                    cal.add(name, sec.total_ns, cap);
+                }
+            }
+            if let Some(pe) = prev_end {
+                if st.start_ns > pe {
+                    cal.add(IDLE, st.start_ns - pe, cap);
+                }
+            }
+            newest = newest.max(st.start_ns);
+        }
+        prev_end = Some(end);
+    }
+    newest
+}
