@@ -1,0 +1,656 @@
+//! The harness for warden's system tests: the real `wardend`, started the
+//! way systemd starts it.
+//!
+//! [`TestAgent::start`] writes a config into a scratch directory (socket
+//! there, metrics on a free port), binds a notify socket, spawns `wardend`
+//! with `NOTIFY_SOCKET` pointing at it and waits for `READY=1`, exactly the
+//! signal systemd waits for. Every wait has a deadline, so an agent that
+//! hangs or dies fails the test with its stderr instead of hanging it. A
+//! dropped agent is SIGKILLed and reaped; the scratch directory goes with it.
+
+// Each test crate uses a different part of the harness; and a harness that
+// cannot do its job panics, which fails the test that asked.
+#![allow(dead_code, clippy::expect_used, clippy::unwrap_used)]
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::os::unix::net::UnixDatagram;
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use tonic::transport::Channel;
+use warden_agent::cli::Target;
+use warden_proto::v1 as pb;
+use warden_proto::v1::agent_client::AgentClient;
+
+/// The agent binary under test.
+pub const WARDEND: &str = env!("CARGO_BIN_EXE_wardend");
+/// The CLI binary under test.
+pub const WARDEN: &str = env!("CARGO_BIN_EXE_warden");
+
+/// How long an agent may take to report READY=1. Generous: the test
+/// machine may be busy compiling; a healthy agent needs milliseconds.
+pub const STARTUP: Duration = Duration::from_secs(15);
+/// How long anything else the tests wait for may take.
+pub const WAIT: Duration = Duration::from_secs(10);
+
+/// Environment that would change how the binaries behave if the test runner
+/// happened to have it set (under systemd, or a developer's shell).
+const SCRUBBED_ENV: &[&str] = &[
+    "NOTIFY_SOCKET",
+    "WATCHDOG_USEC",
+    "WATCHDOG_PID",
+    "WARDEN_CONFIG",
+    "WARDEN_SOCKET",
+    "RUNTIME_DIRECTORY",
+];
+
+/// A scratch directory holding one agent's config and socket; shared by the
+/// agents started on it (a second instance, a restart after a crash).
+#[derive(Debug)]
+pub struct Home {
+    dir: tempfile::TempDir,
+    /// The config file written there.
+    pub config: PathBuf,
+    /// The `api.socket` the config names.
+    pub socket: PathBuf,
+}
+
+impl Home {
+    /// A scratch directory with a config: [`config_toml`] of `extra_toml`.
+    pub fn new(extra_toml: &str) -> Self {
+        let dir = tempfile::Builder::new()
+            .prefix("warden-test-")
+            .tempdir()
+            .expect("create a scratch directory");
+        let socket = dir.path().join("wardend.sock");
+        let config = dir.path().join("wardend.toml");
+        std::fs::write(&config, config_toml(&socket, extra_toml)).expect("write the config");
+        Self {
+            dir,
+            config,
+            socket,
+        }
+    }
+
+    /// The scratch directory.
+    pub fn path(&self) -> &Path {
+        self.dir.path()
+    }
+}
+
+/// The test config: `extra_toml` with `api.socket` and `metrics.listen`
+/// filled in where it does not set them itself. Merged as tables, so the
+/// caller may add keys to `[api]` or `[metrics]` without repeating a table.
+pub fn config_toml(socket: &Path, extra_toml: &str) -> String {
+    let mut doc: toml::Table = extra_toml
+        .parse()
+        .unwrap_or_else(|e| panic!("the test's extra TOML does not parse: {e}\n{extra_toml}"));
+    let mut set_default = |table: &str, key: &str, value: String| {
+        doc.entry(table)
+            .or_insert_with(|| toml::Value::Table(toml::Table::new()))
+            .as_table_mut()
+            .unwrap_or_else(|| panic!("`{table}` in the test's TOML is not a table"))
+            .entry(key)
+            .or_insert(toml::Value::String(value));
+    };
+    set_default("api", "socket", socket.display().to_string());
+    // Port 0: tests run in parallel and must not fight over a fixed port.
+    set_default("metrics", "listen", "127.0.0.1:0".to_owned());
+    toml::to_string(&doc).expect("render the test config")
+}
+
+/// A `wardend` process started by a test.
+#[derive(Debug)]
+pub struct TestAgent {
+    /// Where its config and socket are.
+    pub home: Arc<Home>,
+    child: Child,
+    notify: UnixDatagram,
+    stderr: PathBuf,
+    /// Every notify message received so far, in order.
+    pub notifications: Vec<String>,
+    exited: Option<ExitStatus>,
+}
+
+impl TestAgent {
+    /// Starts an agent with `extra_toml` added to the test config and
+    /// waits for READY=1.
+    pub fn start(extra_toml: &str) -> Self {
+        Self::start_with(extra_toml, &[])
+    }
+
+    /// As [`TestAgent::start`], with extra environment variables.
+    pub fn start_with(extra_toml: &str, env: &[(&str, &str)]) -> Self {
+        let mut agent = Self::spawn(Arc::new(Home::new(extra_toml)), env);
+        agent.wait_ready();
+        agent
+    }
+
+    /// Starts another agent on an existing home (same config, same socket)
+    /// and waits for READY=1.
+    pub fn start_in(home: Arc<Home>) -> Self {
+        let mut agent = Self::spawn(home, &[]);
+        agent.wait_ready();
+        agent
+    }
+
+    /// Spawns `wardend --config <home's config>` without waiting for anything.
+    pub fn spawn(home: Arc<Home>, env: &[(&str, &str)]) -> Self {
+        static SPAWNED: AtomicU32 = AtomicU32::new(0);
+        let n = SPAWNED.fetch_add(1, Ordering::Relaxed);
+        let notify_path = home.path().join(format!("notify-{n}.sock"));
+        let notify = UnixDatagram::bind(&notify_path).expect("bind the notify socket");
+        let stderr = home.path().join(format!("wardend-{n}.stderr"));
+        let mut cmd = Command::new(WARDEND);
+        cmd.arg("--config")
+            .arg(&home.config)
+            .env("NOTIFY_SOCKET", &notify_path)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&stderr).expect("create the stderr file"));
+        for var in SCRUBBED_ENV.iter().filter(|v| **v != "NOTIFY_SOCKET") {
+            cmd.env_remove(var);
+        }
+        cmd.envs(env.iter().copied());
+        let child = cmd.spawn().expect("spawn wardend");
+        Self {
+            home,
+            child,
+            notify,
+            stderr,
+            notifications: Vec::new(),
+            exited: None,
+        }
+    }
+
+    /// The agent's pid.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// The socket it serves.
+    pub fn socket(&self) -> &Path {
+        &self.home.socket
+    }
+
+    /// What the agent wrote on stderr so far.
+    pub fn stderr(&self) -> String {
+        std::fs::read_to_string(&self.stderr).unwrap_or_default()
+    }
+
+    /// Waits for a notify message with a line for which `pred` holds;
+    /// returns that message. Fails the test, with the agent's stderr, when
+    /// none comes within `timeout` or the agent exits first.
+    pub fn wait_notify(
+        &mut self,
+        timeout: Duration,
+        what: &str,
+        pred: impl Fn(&str) -> bool,
+    ) -> String {
+        let deadline = Instant::now() + timeout;
+        loop {
+            match self.recv_notify(deadline) {
+                Some(msg) if msg.lines().any(&pred) => return msg,
+                Some(_) => {}
+                None => {
+                    let exited = self.child.try_wait().ok().flatten();
+                    panic!(
+                        "no notify message with {what} within {timeout:?} (agent {}); received: {:?}\n--- wardend stderr ---\n{}",
+                        exited.map_or("still running".to_owned(), |s| format!("exited: {s}")),
+                        self.notifications,
+                        self.stderr()
+                    );
+                }
+            }
+        }
+    }
+
+    /// The next notify message, or None at the deadline or once the agent
+    /// has exited and nothing more is queued.
+    pub fn recv_notify(&mut self, deadline: Instant) -> Option<String> {
+        let mut buf = [0u8; 4096];
+        loop {
+            let now = Instant::now();
+            if now >= deadline {
+                return None;
+            }
+            // Short slices, so an agent that died is noticed quickly.
+            let slice = (deadline - now).min(Duration::from_millis(50));
+            self.notify
+                .set_read_timeout(Some(slice))
+                .expect("set a read timeout");
+            match self.notify.recv(&mut buf) {
+                Ok(n) => {
+                    let msg = String::from_utf8_lossy(&buf[..n]).into_owned();
+                    self.notifications.push(msg.clone());
+                    return Some(msg);
+                }
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                    ) =>
+                {
+                    if self.has_exited() {
+                        // One last look: it may have sent something before dying.
+                        self.notify.set_nonblocking(true).expect("set non-blocking");
+                        let last = self.notify.recv(&mut buf).ok();
+                        self.notify.set_nonblocking(false).expect("set blocking");
+                        let msg = String::from_utf8_lossy(&buf[..last?]).into_owned();
+                        self.notifications.push(msg.clone());
+                        return Some(msg);
+                    }
+                }
+                Err(e) => panic!("reading the notify socket: {e}"),
+            }
+        }
+    }
+
+    /// Waits for READY=1 (see [`TestAgent::wait_notify`]).
+    pub fn wait_ready(&mut self) {
+        self.wait_notify(STARTUP, "READY=1", |l| l == "READY=1");
+    }
+
+    fn has_exited(&mut self) -> bool {
+        if self.exited.is_none() {
+            self.exited = self.child.try_wait().expect("poll the agent");
+        }
+        self.exited.is_some()
+    }
+
+    /// Sends `signal` to the agent.
+    pub fn signal(&self, signal: Signal) {
+        let pid = i32::try_from(self.pid()).expect("pid fits i32");
+        kill(Pid::from_raw(pid), signal).expect("signal the agent");
+    }
+
+    /// Waits for the agent to exit; fails the test (and kills it) if it
+    /// does not within `timeout`. Polls, since std has no wait with a timeout.
+    /// Blocks the thread: async tests that hold gRPC connections use
+    /// [`TestAgent::exited`] instead.
+    pub fn wait_exit(&mut self, timeout: Duration) -> ExitStatus {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if self.has_exited() {
+                return self.exited.expect("exited");
+            }
+            if Instant::now() >= deadline {
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+                panic!(
+                    "wardend did not exit within {timeout:?}\n--- wardend stderr ---\n{}",
+                    self.stderr()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// [`TestAgent::wait_exit`] for async tests: polls without blocking the
+    /// runtime, which must keep driving the test's own gRPC connections (the
+    /// agent's graceful shutdown waits for their HTTP/2 GOAWAY handshake).
+    pub async fn exited(&mut self, timeout: Duration) -> ExitStatus {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if self.has_exited() {
+                return self.exited.expect("exited");
+            }
+            if Instant::now() >= deadline {
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+                panic!(
+                    "wardend did not exit within {timeout:?}\n--- wardend stderr ---\n{}",
+                    self.stderr()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    /// SIGTERM, then [`TestAgent::wait_exit`].
+    pub fn sigterm_and_wait(&mut self, timeout: Duration) -> ExitStatus {
+        self.signal(Signal::SIGTERM);
+        self.wait_exit(timeout)
+    }
+
+    /// SIGKILL (a crash: nothing is cleaned up), then wait for it to die.
+    pub fn sigkill_and_wait(&mut self) -> ExitStatus {
+        self.signal(Signal::SIGKILL);
+        let status = self.wait_exit(WAIT);
+        assert_eq!(status.signal(), Some(libc::SIGKILL), "{status}");
+        status
+    }
+
+    /// A gRPC channel over the Unix socket.
+    pub async fn channel(&self) -> Channel {
+        Target::Unix(self.socket().to_owned())
+            .channel()
+            .await
+            .unwrap_or_else(|e| panic!("{e:#}\n--- wardend stderr ---\n{}", self.stderr()))
+    }
+
+    /// A warden.v1.Agent client over the Unix socket.
+    pub async fn client(&self) -> AgentClient<Channel> {
+        AgentClient::new(self.channel().await)
+    }
+
+    /// GetAgentInfo.
+    pub async fn info(&self) -> pb::AgentInfo {
+        self.client()
+            .await
+            .get_agent_info(pb::GetAgentInfoRequest {})
+            .await
+            .expect("GetAgentInfo")
+            .into_inner()
+    }
+
+    /// The Prometheus URL the agent reports in GetAgentInfo.
+    pub async fn metrics_url(&self) -> String {
+        endpoint(&self.info().await, "metrics")
+    }
+
+    /// The retained events (ListEvents, all of them).
+    pub async fn events(&self) -> Vec<pb::Event> {
+        self.client()
+            .await
+            .list_events(pb::ListEventsRequest {
+                after_id: 0,
+                limit: 0,
+            })
+            .await
+            .expect("ListEvents")
+            .into_inner()
+            .events
+    }
+}
+
+impl Drop for TestAgent {
+    fn drop(&mut self) {
+        if !self.has_exited() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// The address of the endpoint of `kind` in an AgentInfo.
+pub fn endpoint(info: &pb::AgentInfo, kind: &str) -> String {
+    info.endpoints
+        .iter()
+        .find(|e| e.kind == kind)
+        .map(|e| e.address.clone())
+        .unwrap_or_else(|| panic!("no {kind} endpoint in {:?}", info.endpoints))
+}
+
+/// The value of evidence `key` in an event.
+pub fn evidence<'a>(event: &'a pb::Event, key: &str) -> Option<&'a str> {
+    event
+        .evidence
+        .iter()
+        .find(|kv| kv.key == key)
+        .map(|kv| kv.value.as_str())
+}
+
+/// Polls `check` until it returns `Some`, at most for `timeout`; fails the
+/// test naming `what` otherwise. For state the agent reaches on its own time
+/// (a source's first reading); never a sleep standing in for an event.
+pub async fn eventually<T>(
+    timeout: Duration,
+    what: &str,
+    mut check: impl AsyncFnMut() -> Option<T>,
+) -> T {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(v) = check().await {
+            return v;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {timeout:?} waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Awaits `fut` for at most `timeout`; fails the test naming `what`.
+pub async fn within<F: std::future::IntoFuture>(
+    timeout: Duration,
+    what: &str,
+    fut: F,
+) -> F::Output {
+    tokio::time::timeout(timeout, fut)
+        .await
+        .unwrap_or_else(|_| panic!("timed out after {timeout:?} waiting for {what}"))
+}
+
+/// What a finished command left.
+#[derive(Debug)]
+pub struct Finished {
+    /// Its exit status.
+    pub status: ExitStatus,
+    /// Its stdout.
+    pub stdout: String,
+    /// Its stderr.
+    pub stderr: String,
+}
+
+impl Finished {
+    /// The exit code; fails the test when it was killed by a signal.
+    pub fn code(&self) -> i32 {
+        self.status
+            .code()
+            .unwrap_or_else(|| panic!("killed by a signal: {self:?}"))
+    }
+}
+
+/// Runs `cmd` to completion with a deadline; a command still running at
+/// the deadline is killed and fails the test with what it printed.
+pub fn run(cmd: &mut Command, timeout: Duration) -> Finished {
+    for var in SCRUBBED_ENV {
+        cmd.env_remove(var);
+    }
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("spawn {cmd:?}: {e}"));
+    // Drained by threads so a chatty command cannot block on a full pipe.
+    let drain = |mut r: Box<dyn Read + Send>| {
+        std::thread::spawn(move || {
+            let mut s = String::new();
+            let _ = r.read_to_string(&mut s);
+            s
+        })
+    };
+    let out = drain(Box::new(child.stdout.take().expect("piped stdout")));
+    let err = drain(Box::new(child.stderr.take().expect("piped stderr")));
+    let deadline = Instant::now() + timeout;
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("poll the command") {
+            break status;
+        }
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!(
+                "{cmd:?} still running after {timeout:?}\n--- stdout ---\n{}\n--- stderr ---\n{}",
+                out.join().unwrap_or_default(),
+                err.join().unwrap_or_default()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    Finished {
+        status,
+        stdout: out.join().unwrap_or_default(),
+        stderr: err.join().unwrap_or_default(),
+    }
+}
+
+/// A long-running command whose stdout is read line by line with deadlines.
+#[derive(Debug)]
+pub struct Streaming {
+    child: Child,
+    lines: mpsc::Receiver<String>,
+    /// Every stdout line read so far.
+    pub seen: Vec<String>,
+    stderr: PathBuf,
+}
+
+impl Streaming {
+    /// Spawns `cmd`, its stderr into `stderr_file`.
+    pub fn spawn(cmd: &mut Command, stderr_file: PathBuf) -> Self {
+        for var in SCRUBBED_ENV {
+            cmd.env_remove(var);
+        }
+        let mut child = cmd
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(std::fs::File::create(&stderr_file).expect("create the stderr file"))
+            .spawn()
+            .unwrap_or_else(|e| panic!("spawn {cmd:?}: {e}"));
+        let stdout = child.stdout.take().expect("piped stdout");
+        let (tx, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { return };
+                if tx.send(line).is_err() {
+                    return;
+                }
+            }
+        });
+        Self {
+            child,
+            lines,
+            seen: Vec::new(),
+            stderr: stderr_file,
+        }
+    }
+
+    /// Reads lines until one satisfies `pred`; fails the test at the deadline
+    /// or when stdout closes first.
+    pub fn wait_line(
+        &mut self,
+        timeout: Duration,
+        what: &str,
+        pred: impl Fn(&str) -> bool,
+    ) -> String {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(line) => {
+                    self.seen.push(line.clone());
+                    if pred(&line) {
+                        return line;
+                    }
+                }
+                Err(e) => panic!(
+                    "no stdout line with {what} ({e}); lines: {:?}\n--- stderr ---\n{}",
+                    self.seen,
+                    std::fs::read_to_string(&self.stderr).unwrap_or_default()
+                ),
+            }
+        }
+    }
+
+    /// Waits for the command to exit; kills it and fails the test at the deadline.
+    pub fn wait_exit(&mut self, timeout: Duration) -> ExitStatus {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(status) = self.child.try_wait().expect("poll the command") {
+                return status;
+            }
+            if Instant::now() >= deadline {
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+                panic!(
+                    "command did not exit within {timeout:?}; lines: {:?}",
+                    self.seen
+                );
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// What the command wrote on stderr so far.
+    pub fn stderr(&self) -> String {
+        std::fs::read_to_string(&self.stderr).unwrap_or_default()
+    }
+}
+
+impl Drop for Streaming {
+    fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// `GET url` over a plain HTTP/1.1 connection; returns the body of a 200.
+/// Hand-rolled so the tests need no HTTP client; `Connection: close` lets
+/// the body run to the end of the stream.
+pub fn http_get(url: &str) -> String {
+    let rest = url
+        .strip_prefix("http://")
+        .unwrap_or_else(|| panic!("not an http URL: {url}"));
+    let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+    let path = if path.is_empty() { "/" } else { path };
+    let mut stream = TcpStream::connect(authority).unwrap_or_else(|e| panic!("connect {url}: {e}"));
+    stream
+        .set_read_timeout(Some(WAIT))
+        .expect("set a read timeout");
+    stream
+        .set_write_timeout(Some(WAIT))
+        .expect("set a write timeout");
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: {authority}\r\nAccept: text/plain\r\nConnection: close\r\n\r\n"
+    )
+    .expect("send the request");
+    let mut response = Vec::new();
+    stream
+        .read_to_end(&mut response)
+        .unwrap_or_else(|e| panic!("read the response from {url}: {e}"));
+    let response = String::from_utf8(response).expect("a UTF-8 response");
+    let (head, body) = response
+        .split_once("\r\n\r\n")
+        .unwrap_or_else(|| panic!("no header end in the response: {response:?}"));
+    let status_line = head.lines().next().unwrap_or_default();
+    assert!(
+        status_line.starts_with("HTTP/1.1 200"),
+        "GET {url}: {status_line}\n{body}"
+    );
+    let chunked = head.lines().any(|l| {
+        let l = l.to_ascii_lowercase();
+        l.starts_with("transfer-encoding:") && l.contains("chunked")
+    });
+    if chunked {
+        dechunk(body)
+    } else {
+        body.to_owned()
+    }
+}
+
+fn dechunk(mut body: &str) -> String {
+    let mut out = String::new();
+    loop {
+        let (size, rest) = body.split_once("\r\n").expect("a chunk size line");
+        let size = usize::from_str_radix(size.trim(), 16).expect("a hex chunk size");
+        if size == 0 {
+            return out;
+        }
+        out.push_str(&rest[..size]);
+        body = &rest[size + 2..];
+    }
+}
