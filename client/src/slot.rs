@@ -891,7 +891,10 @@ impl Slot {
     }
 
     /// Marks the slot as written by this process with this generation.
-    pub(crate) fn attach_writer(&self, generation: u64, pid: u32) {
+    ///
+    /// The client calls it right after mapping its slot; public so the agent's
+    /// tests and simulated ranks can stand in for a client.
+    pub fn attach_writer(&self, generation: u64, pid: u32) {
         self.writer_pid.store(pid, Ordering::Relaxed);
         self.writer_generation.store(generation, Ordering::Release);
     }

@@ -1,1 +1,389 @@
-//! Python bindings (module `warden._native`), filled in below.
+//! The native half of the `warden` Python package (module `warden._native`).
+//!
+//! Thin PyO3 wrappers over [`warden_client::Client`]. The hot path is kept
+//! lean for Python: a [`Section`] is resolved to its id once, when it is
+//! created, and its `__enter__`/`__exit__` are implemented here, so a `with`
+//! block costs two native method calls and a few atomic stores. The
+//! module-level functions use a default client created from the environment
+//! on first use. Nothing raises for agent trouble; only invalid arguments do.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
+use pyo3::types::{PyDict, PyList, PyString, PyTuple};
+use warden_client::slot::SlotSnapshot;
+use warden_client::{ConnectOptions, SectionId};
+
+/// A connection to the local warden agent (or a private slot while there is none).
+#[pyclass(frozen, module = "warden._native")]
+#[derive(Debug)]
+pub struct Client {
+    inner: warden_client::Client,
+    /// name -> Section, so `with client.section("forward"):` in a loop
+    /// allocates nothing after the first iteration (bounded, see CACHE_MAX).
+    sections: Py<PyDict>,
+}
+
+/// Most sections cached per client; names past it still work, uncached.
+const CACHE_MAX: usize = 256;
+
+impl Client {
+    fn new(py: Python<'_>, inner: warden_client::Client) -> Client {
+        Client {
+            inner,
+            sections: PyDict::new(py).unbind(),
+        }
+    }
+}
+
+/// A section, resolved to its id once; use with `with` or as a decorator.
+#[pyclass(frozen, module = "warden._native")]
+#[derive(Debug)]
+pub struct Section {
+    client: Py<Client>,
+    id: SectionId,
+    name: String,
+}
+
+/// A training step as a context manager: `step_begin` on enter, `step_end` on exit.
+#[pyclass(frozen, module = "warden._native")]
+#[derive(Debug)]
+pub struct Step {
+    client: Py<Client>,
+    step: u64,
+}
+
+/// The module-level client, created from the environment on first use.
+static DEFAULT: PyOnceLock<Py<Client>> = PyOnceLock::new();
+
+fn default_ref(py: Python<'_>) -> PyResult<&'static Py<Client>> {
+    DEFAULT.get_or_try_init(py, || {
+        let inner = py.detach(warden_client::Client::connect);
+        Py::new(py, Client::new(py, inner))
+    })
+}
+
+fn section_of(client: &Bound<'_, Client>, name: &Bound<'_, PyString>) -> PyResult<Py<Section>> {
+    let py = client.py();
+    let cache = client.get().sections.bind(py);
+    if let Some(hit) = cache.get_item(name)?
+        && let Ok(sec) = hit.cast_into::<Section>()
+    {
+        return Ok(sec.unbind());
+    }
+    let text = name.to_cow()?;
+    let sec = Py::new(
+        py,
+        Section {
+            client: client.clone().unbind(),
+            id: client.get().inner.section_id(&text),
+            name: text.into_owned(),
+        },
+    )?;
+    if cache.len() < CACHE_MAX {
+        cache.set_item(name, &sec)?;
+    }
+    Ok(sec)
+}
+
+#[pymethods]
+impl Client {
+    /// Says "still alive" (any thread).
+    fn heartbeat(&self) {
+        self.inner.heartbeat();
+    }
+
+    /// Starts training step `step` (an open step is ended first).
+    fn step_begin(&self, step: u64) {
+        self.inner.step_begin(step);
+    }
+
+    /// Ends the open step, closing sections left open in it.
+    fn step_end(&self, step: u64) {
+        self.inner.step_end(step);
+    }
+
+    /// A context manager / decorator for section `name` (id resolved now).
+    fn section(slf: &Bound<'_, Self>, name: &Bound<'_, PyString>) -> PyResult<Py<Section>> {
+        section_of(slf, name)
+    }
+
+    /// A context manager for training step `step`.
+    fn step(slf: &Bound<'_, Self>, step: u64) -> Step {
+        Step {
+            client: slf.clone().unbind(),
+            step,
+        }
+    }
+
+    /// The id of section `name`, interned on first use.
+    fn section_id(&self, name: &str) -> u32 {
+        self.inner.section_id(name).get()
+    }
+
+    /// Opens section `id` (explicit form of `with section(...)`).
+    fn section_open(&self, id: u32) {
+        self.inner.section_open(SectionId::from_raw(id));
+    }
+
+    /// Closes section `id` and any section opened inside it.
+    fn section_close(&self, id: u32) {
+        self.inner.section_close(SectionId::from_raw(id));
+    }
+
+    /// Whether heartbeats currently reach an agent.
+    fn is_connected(&self) -> bool {
+        self.inner.is_connected()
+    }
+
+    /// The link's state: connected, slot index, generation, registrations, last error.
+    fn status<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let s = self.inner.status();
+        let d = PyDict::new(py);
+        d.set_item("connected", s.connected)?;
+        d.set_item("slot_index", s.slot_index)?;
+        d.set_item("generation", s.generation)?;
+        d.set_item("registrations", s.registrations)?;
+        d.set_item("last_error", s.last_error)?;
+        Ok(d)
+    }
+
+    /// What the agent would read from this client's slot now, as a dict.
+    fn snapshot<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let s = self
+            .inner
+            .snapshot()
+            .map_err(|e| PyValueError::new_err(e.to_string()))?;
+        snapshot_dict(py, &s)
+    }
+
+    /// Deregisters from the agent; the client stays usable, disconnected.
+    fn close(&self, py: Python<'_>) {
+        py.detach(|| self.inner.close());
+    }
+
+    fn __enter__(slf: Py<Self>) -> Py<Self> {
+        slf
+    }
+
+    #[pyo3(signature = (*_args))]
+    fn __exit__(&self, py: Python<'_>, _args: &Bound<'_, PyTuple>) -> bool {
+        py.detach(|| self.inner.close());
+        false
+    }
+
+    fn __repr__(&self) -> String {
+        let o = self.inner.options();
+        format!(
+            "<warden.Client job={:?} rank={}/{} connected={}>",
+            o.job_id,
+            o.global_rank,
+            o.world_size,
+            if self.inner.is_connected() {
+                "True"
+            } else {
+                "False"
+            }
+        )
+    }
+}
+
+fn snapshot_dict<'py>(py: Python<'py>, s: &SlotSnapshot) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("heartbeats", s.heartbeats)?;
+    d.set_item("step", s.step)?;
+    d.set_item("step_open", s.step_open)?;
+    d.set_item("steps_completed", s.steps_completed)?;
+    d.set_item("depth", s.depth)?;
+    d.set_item("misuse", s.misuse)?;
+    let open = PyList::empty(py);
+    for o in &s.open_sections {
+        open.append((s.section_name(o.id), o.entered_ns))?;
+    }
+    d.set_item("open_sections", open)?;
+    let steps = PyList::empty(py);
+    for r in &s.recent_steps {
+        let rd = PyDict::new(py);
+        rd.set_item("step", r.step)?;
+        rd.set_item("start_ns", r.start_ns)?;
+        rd.set_item("duration_ns", r.duration_ns)?;
+        let secs = PyDict::new(py);
+        for t in &r.sections {
+            secs.set_item(s.section_name(t.id), t.total_ns)?;
+        }
+        rd.set_item("sections", secs)?;
+        steps.append(rd)?;
+    }
+    d.set_item("recent_steps", steps)?;
+    Ok(d)
+}
+
+#[pymethods]
+impl Section {
+    fn __enter__(&self) {
+        self.client.get().inner.section_open(self.id);
+    }
+
+    #[pyo3(signature = (*_args))]
+    fn __exit__(&self, _args: &Bound<'_, PyTuple>) -> bool {
+        self.client.get().inner.section_close(self.id);
+        false
+    }
+
+    /// Decorator form: `@warden.section("forward")` (sync and async functions).
+    fn __call__(slf: &Bound<'_, Self>, func: &Bound<'_, PyAny>) -> PyResult<Py<PyAny>> {
+        let py = slf.py();
+        let decorate = py.import("warden")?.getattr("_decorate")?;
+        Ok(decorate.call1((slf, func))?.unbind())
+    }
+
+    /// The section's id in the slot.
+    #[getter]
+    fn id(&self) -> u32 {
+        self.id.get()
+    }
+
+    /// The section's name.
+    #[getter]
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn __repr__(&self) -> String {
+        format!("<warden.Section {:?} id={}>", self.name, self.id.get())
+    }
+}
+
+#[pymethods]
+impl Step {
+    fn __enter__(&self) {
+        self.client.get().inner.step_begin(self.step);
+    }
+
+    #[pyo3(signature = (*_args))]
+    fn __exit__(&self, _args: &Bound<'_, PyTuple>) -> bool {
+        self.client.get().inner.step_end(self.step);
+        false
+    }
+
+    fn __repr__(&self) -> String {
+        format!("<warden.Step {}>", self.step)
+    }
+}
+
+/// Connects with explicit settings; `None` means "from the environment".
+///
+/// Never raises because the agent is absent (the client retries in the
+/// background); raises `ValueError` only for invalid arguments.
+#[pyfunction]
+#[pyo3(signature = (job_id=None, global_rank=None, local_rank=None, world_size=None, socket_path=None, connect_timeout=None))]
+fn connect(
+    py: Python<'_>,
+    job_id: Option<String>,
+    global_rank: Option<u32>,
+    local_rank: Option<u32>,
+    world_size: Option<u32>,
+    socket_path: Option<PathBuf>,
+    connect_timeout: Option<f64>,
+) -> PyResult<Client> {
+    let mut o = ConnectOptions::from_env_lossy();
+    if let Some(j) = job_id {
+        o.job_id = j;
+    }
+    if let Some(r) = global_rank {
+        o.global_rank = r;
+        if local_rank.is_none() && std::env::var_os("LOCAL_RANK").is_none() {
+            o.local_rank = r;
+        }
+        if world_size.is_none() && std::env::var_os("WORLD_SIZE").is_none() {
+            o.world_size = o.world_size.max(r.saturating_add(1));
+        }
+    }
+    if let Some(r) = local_rank {
+        o.local_rank = r;
+    }
+    if let Some(w) = world_size {
+        o.world_size = w;
+    }
+    if let Some(p) = socket_path {
+        o.socket_path = p;
+    }
+    if let Some(t) = connect_timeout {
+        o.connect_timeout = Duration::try_from_secs_f64(t)
+            .map_err(|_| PyValueError::new_err(format!("connect_timeout={t} is not a duration")))?;
+    }
+    let inner = py
+        .detach(|| warden_client::Client::connect_with(o))
+        .map_err(|e| PyValueError::new_err(e.to_string()))?;
+    Ok(Client::new(py, inner))
+}
+
+/// The module-level client (created from the environment on first use).
+#[pyfunction]
+fn default_client(py: Python<'_>) -> PyResult<Py<Client>> {
+    Ok(default_ref(py)?.clone_ref(py))
+}
+
+/// Says "still alive" on the default client.
+#[pyfunction]
+fn heartbeat(py: Python<'_>) -> PyResult<()> {
+    default_ref(py)?.get().inner.heartbeat();
+    Ok(())
+}
+
+/// Starts step `step` on the default client.
+#[pyfunction]
+fn step_begin(py: Python<'_>, step: u64) -> PyResult<()> {
+    default_ref(py)?.get().inner.step_begin(step);
+    Ok(())
+}
+
+/// Ends the open step on the default client.
+#[pyfunction]
+fn step_end(py: Python<'_>, step: u64) -> PyResult<()> {
+    default_ref(py)?.get().inner.step_end(step);
+    Ok(())
+}
+
+/// A section of the default client: `with warden.section("forward"):` or a decorator.
+#[pyfunction]
+fn section(py: Python<'_>, name: &Bound<'_, PyString>) -> PyResult<Py<Section>> {
+    section_of(default_ref(py)?.bind(py), name)
+}
+
+/// A step context manager on the default client: `with warden.step(n):`.
+#[pyfunction]
+fn step(py: Python<'_>, step: u64) -> PyResult<Step> {
+    Ok(Step {
+        client: default_ref(py)?.clone_ref(py),
+        step,
+    })
+}
+
+/// Whether the default client currently reaches an agent.
+#[pyfunction]
+fn is_connected(py: Python<'_>) -> PyResult<bool> {
+    Ok(default_ref(py)?.get().inner.is_connected())
+}
+
+/// The `warden._native` module.
+#[pymodule]
+#[pyo3(name = "_native")]
+fn warden_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<Client>()?;
+    m.add_class::<Section>()?;
+    m.add_class::<Step>()?;
+    m.add_function(wrap_pyfunction!(connect, m)?)?;
+    m.add_function(wrap_pyfunction!(default_client, m)?)?;
+    m.add_function(wrap_pyfunction!(heartbeat, m)?)?;
+    m.add_function(wrap_pyfunction!(step_begin, m)?)?;
+    m.add_function(wrap_pyfunction!(step_end, m)?)?;
+    m.add_function(wrap_pyfunction!(section, m)?)?;
+    m.add_function(wrap_pyfunction!(step, m)?)?;
+    m.add_function(wrap_pyfunction!(is_connected, m)?)?;
+    m.add("SLOT_LAYOUT_VERSION", warden_client::slot::LAYOUT_VERSION)?;
+    Ok(())
+}

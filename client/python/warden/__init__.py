@@ -1,0 +1,83 @@
+"""Heartbeats, training steps and sections, reported to the local warden agent.
+
+Every call is a few atomic stores into shared memory; nothing here blocks on,
+or raises because of, the agent. With no agent running (or after losing it)
+the calls write into a private slot while a background thread keeps trying
+to register, so it is always safe to leave the instrumentation in.
+
+    import warden
+
+    fwd = warden.section("forward")          # resolve once, reuse
+    for n, batch in enumerate(loader):
+        with warden.step(n):
+            with fwd:
+                loss = model(batch)
+            with warden.section("backward"):
+                loss.backward()
+
+    @warden.section("checkpoint")
+    def save(): ...
+
+The module-level functions use a default client configured from the
+environment (WARDEN_SOCKET, WARDEN_JOB_ID or TORCHELASTIC_RUN_ID, RANK,
+LOCAL_RANK, WORLD_SIZE); ``warden.connect(...)`` makes an explicit one.
+Step and section calls belong to one thread (the training loop);
+``heartbeat`` may be called from any thread.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from typing import Any, Callable, TypeVar
+
+from ._native import (
+    SLOT_LAYOUT_VERSION,
+    Client,
+    Section,
+    Step,
+    connect,
+    default_client,
+    heartbeat,
+    is_connected,
+    section,
+    step,
+    step_begin,
+    step_end,
+)
+
+__all__ = [
+    "SLOT_LAYOUT_VERSION",
+    "Client",
+    "Section",
+    "Step",
+    "connect",
+    "default_client",
+    "heartbeat",
+    "is_connected",
+    "section",
+    "step",
+    "step_begin",
+    "step_end",
+]
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def _decorate(sec: Section, func: _F) -> _F:
+    """Wraps ``func`` so each call runs inside ``sec`` (used by ``Section.__call__``)."""
+    if inspect.iscoroutinefunction(func):
+
+        @functools.wraps(func)
+        async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
+            with sec:
+                return await func(*args, **kwargs)
+
+        return async_wrapper  # type: ignore[return-value]
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        with sec:
+            return func(*args, **kwargs)
+
+    return wrapper  # type: ignore[return-value]
