@@ -6,9 +6,9 @@ use std::time::{Instant, SystemTime};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
-use crate::ranks::registry::{ExitInfo, RankKey, RankState, Registry};
 use crate::events::{EventBus, NewEvent, Severity};
 use crate::health::{ComponentReport, HealthModel, Status};
+use crate::ranks::registry::{ExitInfo, RankKey, RankState, Registry};
 
 /// Shared by the API, the work loop and the sources (behind an `Arc`).
 #[derive(Debug)]

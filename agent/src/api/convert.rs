@@ -101,7 +101,13 @@ pub fn event(e: &Event) -> pb::Event {
 pub fn rank_info(e: &crate::ranks::registry::RankEntry, now_ns: u64) -> pb::RankInfo {
     let snap = e.last.as_ref();
     let mut durations: Vec<u64> = snap
-        .map(|s| s.recent_steps.iter().map(|st| st.duration_ns).filter(|d| *d > 0).collect())
+        .map(|s| {
+            s.recent_steps
+                .iter()
+                .map(|st| st.duration_ns)
+                .filter(|d| *d > 0)
+                .collect()
+        })
         .unwrap_or_default();
     durations.sort_unstable();
     let pct = |p: f64| -> Option<prost_types::Duration> {
@@ -110,7 +116,9 @@ pub fn rank_info(e: &crate::ranks::registry::RankEntry, now_ns: u64) -> pb::Rank
         }
         let rank = ((p / 100.0) * durations.len() as f64).ceil() as usize;
         let i = rank.clamp(1, durations.len()) - 1;
-        durations.get(i).map(|ns| duration(Duration::from_nanos(*ns)))
+        durations
+            .get(i)
+            .map(|ns| duration(Duration::from_nanos(*ns)))
     };
     let in_section = snap
         .and_then(|s| s.innermost())
@@ -125,7 +133,9 @@ pub fn rank_info(e: &crate::ranks::registry::RankEntry, now_ns: u64) -> pb::Rank
         step: snap.map_or(0, |s| s.step),
         section: e.section.clone(),
         in_section,
-        heartbeat_age: Some(duration(Duration::from_nanos(now_ns.saturating_sub(e.progress_ns)))),
+        heartbeat_age: Some(duration(Duration::from_nanos(
+            now_ns.saturating_sub(e.progress_ns),
+        ))),
         step_time_p50: pct(50.0),
         step_time_p90: pct(90.0),
         step_time_p99: pct(99.0),
@@ -134,7 +144,11 @@ pub fn rank_info(e: &crate::ranks::registry::RankEntry, now_ns: u64) -> pb::Rank
         slot_index: e.slot,
         steps_completed: snap.map_or(0, |s| s.steps_completed),
         hang_threshold: e.threshold.as_ref().map(|t| duration(t.value)),
-        hang_threshold_source: e.threshold.as_ref().map(|t| t.source.clone()).unwrap_or_default(),
+        hang_threshold_source: e
+            .threshold
+            .as_ref()
+            .map(|t| t.source.clone())
+            .unwrap_or_default(),
         host: e.host.clone(),
     }
 }

@@ -43,7 +43,10 @@ fn describe() {
         Unit::Seconds,
         "Seconds since the agent started"
     );
-    describe_counter!("warden_events_total", "Events published, by kind and severity");
+    describe_counter!(
+        "warden_events_total",
+        "Events published, by kind and severity"
+    );
     describe_counter!(
         "warden_api_requests_total",
         "gRPC requests handled, by method and status code"

@@ -187,7 +187,10 @@ impl Agent for AgentService {
                 Severity::Info,
                 "rank.registered",
                 key.to_string(),
-                format!("{key} registered (pid {}, slot {})", request.pid, reg.slot_index),
+                format!(
+                    "{key} registered (pid {}, slot {})",
+                    request.pid, reg.slot_index
+                ),
             )
             .with("pid", request.pid)
             .with("declared_pid", r.pid)
@@ -298,7 +301,10 @@ async fn forward_events(
             }
             Ok(_) => {}
             Err(RecvError::Lagged(n)) => {
-                tracing::debug!(skipped = n, "event watcher lagged; catching up from the ring");
+                tracing::debug!(
+                    skipped = n,
+                    "event watcher lagged; catching up from the ring"
+                );
                 let (missed, _) = state.events.list(last, 0);
                 for e in &missed {
                     if send(e).await.is_err() {

@@ -57,7 +57,9 @@ impl Target {
                 endpoint
                     .connect_with_connector(tower::service_fn(move |_: Uri| {
                         let path = path.clone();
-                        async move { Ok::<_, std::io::Error>(TokioIo::new(UnixStream::connect(path).await?)) }
+                        async move {
+                            Ok::<_, std::io::Error>(TokioIo::new(UnixStream::connect(path).await?))
+                        }
                     }))
                     .await
                     .with_context(|| format!("no warden agent answers at {self} ({hint})"))

@@ -39,7 +39,11 @@ pub async fn run(duration: Option<Duration>, as_json: bool) -> Result<()> {
         .with_context(|| format!("cannot bind {}", notify_path.display()))?;
     notify.set_read_timeout(Some(Duration::from_millis(200)))?;
 
-    eprintln!("starting {} (embedded defaults, runtime directory {})", wardend.display(), dir.display());
+    eprintln!(
+        "starting {} (embedded defaults, runtime directory {})",
+        wardend.display(),
+        dir.display()
+    );
     let mut child = tokio::process::Command::new(&wardend)
         .env("RUNTIME_DIRECTORY", &dir)
         .env("NOTIFY_SOCKET", &notify_path)
@@ -57,9 +61,19 @@ pub async fn run(duration: Option<Duration>, as_json: bool) -> Result<()> {
             bail!("wardend did not report READY=1 within 30s");
         }
         match notify.recv(&mut buf) {
-            Ok(n) if String::from_utf8_lossy(&buf[..n]).lines().any(|l| l == "READY=1") => break,
+            Ok(n)
+                if String::from_utf8_lossy(&buf[..n])
+                    .lines()
+                    .any(|l| l == "READY=1") =>
+            {
+                break;
+            }
             Ok(_) => {}
-            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {}
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) => {}
             Err(e) => return Err(e).context("reading the notify socket"),
         }
     }
@@ -67,10 +81,16 @@ pub async fn run(duration: Option<Duration>, as_json: bool) -> Result<()> {
     eprintln!("wardend is ready (READY=1 received); asking it over {target}\n");
     eprintln!("$ warden health");
     let mut c = target.connect().await?;
-    let health = c.get_node_health(pb::GetNodeHealthRequest {}).await?.into_inner();
+    let health = c
+        .get_node_health(pb::GetNodeHealthRequest {})
+        .await?
+        .into_inner();
     views::print_health(&health, as_json);
     eprintln!("\n$ warden info");
-    let info = c.get_agent_info(pb::GetAgentInfoRequest {}).await?.into_inner();
+    let info = c
+        .get_agent_info(pb::GetAgentInfoRequest {})
+        .await?
+        .into_inner();
     views::print_info(&info, as_json, false);
     eprintln!(
         "\n$ warden events --follow   (Ctrl-C to stop; or from another shell: WARDEN_SOCKET={} warden health)",
@@ -99,13 +119,19 @@ pub async fn run(duration: Option<Duration>, as_json: bool) -> Result<()> {
         }
     }
     if let Some(pid) = child.id().and_then(|p| i32::try_from(p).ok()) {
-        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGTERM);
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid),
+            nix::sys::signal::Signal::SIGTERM,
+        );
     }
     let status = tokio::time::timeout(Duration::from_secs(10), child.wait()).await;
-    eprintln!("\nwardend stopped ({})", match status {
-        Ok(Ok(s)) => s.to_string(),
-        _ => "did not stop in 10s; killed".into(),
-    });
+    eprintln!(
+        "\nwardend stopped ({})",
+        match status {
+            Ok(Ok(s)) => s.to_string(),
+            _ => "did not stop in 10s; killed".into(),
+        }
+    );
     drop(scratch);
     Ok(())
 }

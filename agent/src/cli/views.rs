@@ -76,7 +76,10 @@ pub fn print_info(i: &pb::AgentInfo, as_json: bool, with_config: bool) {
     t.add_row(vec!["version", &i.version]);
     t.add_row(vec!["host", &i.host]);
     t.add_row(vec!["pid", &i.pid.to_string()]);
-    let uptime = i.uptime.as_ref().map_or(0, |d| u64::try_from(d.seconds).unwrap_or(0));
+    let uptime = i
+        .uptime
+        .as_ref()
+        .map_or(0, |d| u64::try_from(d.seconds).unwrap_or(0));
     t.add_row(vec![
         "uptime".to_owned(),
         humantime::format_duration(Duration::from_secs(uptime)).to_string(),
@@ -197,7 +200,9 @@ fn dur(d: Option<&prost_types::Duration>) -> String {
 }
 
 fn dur_secs(d: Option<&prost_types::Duration>) -> Value {
-    d.map_or(Value::Null, |d| json!(d.seconds as f64 + f64::from(d.nanos) / 1e9))
+    d.map_or(Value::Null, |d| {
+        json!(d.seconds as f64 + f64::from(d.nanos) / 1e9)
+    })
 }
 
 /// JSON form of GetRanks.
@@ -240,7 +245,16 @@ pub fn print_ranks(r: &pb::GetRanksResponse, as_json: bool) {
     }
     let mut t = table();
     t.set_header(vec![
-        "JOB", "RANK", "PID", "STATE", "STEP", "SECTION", "IN SECTION", "LAST PROGRESS", "STEP p50", "p99",
+        "JOB",
+        "RANK",
+        "PID",
+        "STATE",
+        "STEP",
+        "SECTION",
+        "IN SECTION",
+        "LAST PROGRESS",
+        "STEP p50",
+        "p99",
         "HANG AFTER",
     ]);
     for k in &r.ranks {

@@ -14,7 +14,9 @@ use std::path::{Path, PathBuf};
 #[derive(Debug, thiserror::Error)]
 pub enum InstanceError {
     /// Another agent holds the lock.
-    #[error("another wardend (pid {pid}{name}) already serves {socket}; stop it first or set api.socket to another path")]
+    #[error(
+        "another wardend (pid {pid}{name}) already serves {socket}; stop it first or set api.socket to another path"
+    )]
     AlreadyRunning {
         /// The socket path.
         socket: PathBuf,
@@ -27,7 +29,9 @@ pub enum InstanceError {
     #[error("{0} exists and is not a socket; refusing to replace it")]
     NotASocket(PathBuf),
     /// The socket answers, but nobody holds the lock (another program?).
-    #[error("{0} is accepting connections although no wardend holds its lock; refusing to replace it")]
+    #[error(
+        "{0} is accepting connections although no wardend holds its lock; refusing to replace it"
+    )]
     InUse(PathBuf),
     /// A filesystem call failed.
     #[error("{what} {path}: {source}")]
@@ -94,7 +98,11 @@ pub fn claim(socket: &Path) -> Result<SocketClaim, InstanceError> {
                 .unwrap_or_default();
             return Err(InstanceError::AlreadyRunning {
                 socket: socket.to_owned(),
-                pid: if pid.is_empty() { "unknown".into() } else { pid },
+                pid: if pid.is_empty() {
+                    "unknown".into()
+                } else {
+                    pid
+                },
                 name,
             });
         }

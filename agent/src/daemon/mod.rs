@@ -179,7 +179,6 @@ pub async fn run(config: Config, config_source: String) -> Result<(), DaemonErro
     }
     let watchdog = notify::Watchdog::from_env();
     let watchdog_period = watchdog.period();
-    tasks.spawn(work_loop::run(state.clone(), watchdog));
 
     let mut started = NewEvent::new(
         Severity::Info,
@@ -198,7 +197,10 @@ pub async fn run(config: Config, config_source: String) -> Result<(), DaemonErro
     if let Some(p) = watchdog_period {
         started = started.with("watchdog_ping_every", humantime::format_duration(p));
     }
+    // Published before the work loop starts, so it is the agent's first
+    // event and a watcher resuming after it misses nothing.
     state.events.publish(started);
+    tasks.spawn(work_loop::run(state.clone(), watchdog));
     notify::ready(&format!("serving on {}", socket.display()));
 
     let signal = tokio::select! {
@@ -219,6 +221,9 @@ pub async fn run(config: Config, config_source: String) -> Result<(), DaemonErro
     health_reporter
         .set_service_status("", ServingStatus::NotServing)
         .await;
+    health_reporter
+        .set_not_serving::<AgentServer<AgentService>>()
+        .await;
     state.shutdown.cancel();
     let grace = state.config.agent.shutdown_grace;
     let drained =
@@ -230,7 +235,9 @@ pub async fn run(config: Config, config_source: String) -> Result<(), DaemonErro
         );
         tasks.abort_all();
     }
-    state.registry().save_calibrations(std::time::Duration::ZERO, true);
+    state
+        .registry()
+        .save_calibrations(std::time::Duration::ZERO, true);
     drop(claim);
     tracing::info!("wardend stopped");
     Ok(())

@@ -53,7 +53,10 @@ impl Watchdog {
     /// Called on every loop iteration; pings when half the timeout passed.
     pub fn tick(&mut self, now: Instant) {
         let Some(every) = self.every else { return };
-        if self.last.is_none_or(|last| now.duration_since(last) >= every) {
+        if self
+            .last
+            .is_none_or(|last| now.duration_since(last) >= every)
+        {
             send(&[NotifyState::Watchdog]);
             self.last = Some(now);
         }

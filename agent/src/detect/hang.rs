@@ -23,7 +23,7 @@ pub struct Threshold {
 
 /// The section a rank is considered to be in: its innermost open section,
 /// or `init` before its first step, or `idle` between steps.
-pub fn current_section<'a>(innermost: Option<&'a str>, steps_started: bool) -> &'a str {
+pub fn current_section(innermost: Option<&str>, steps_started: bool) -> &str {
     match innermost {
         Some(name) if !name.is_empty() => name,
         Some(_) => "other",
@@ -41,8 +41,11 @@ pub fn threshold(cfg: &HangConfig, section: &str, cal: &mut Calibration) -> Thre
         };
     }
     let n = cal.count(section);
-    if cfg.calibrate && n >= cfg.warmup_samples {
-        if let Some(p) = cal.percentile(section, cfg.percentile) {
+    if cfg.calibrate
+        && n >= cfg.warmup_samples
+        && let Some(p) = cal.percentile(section, cfg.percentile)
+    {
+        {
             let scaled = Duration::from_nanos(p).mul_f64(cfg.multiplier);
             let value = scaled.max(cfg.floor);
             let pct = cfg.percentile;

@@ -164,10 +164,10 @@ impl EventBus {
             evidence: new.evidence,
         });
         ring.next_id += 1;
-        if ring.events.len() == self.retain {
-            if let Some(old) = ring.events.pop_front() {
-                ring.dropped_up_to = old.id;
-            }
+        if ring.events.len() == self.retain
+            && let Some(old) = ring.events.pop_front()
+        {
+            ring.dropped_up_to = old.id;
         }
         ring.events.push_back(event.clone());
         // Sent under the lock so live order equals id order and a subscriber

@@ -149,7 +149,10 @@ impl HealthModel {
 
     /// Applies a report; returns the status change if the status moved.
     pub fn report(&self, mut report: ComponentReport, now: SystemTime) -> Option<StatusChange> {
-        let mut map = self.components.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut map = self
+            .components
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
         let previous = map.get(&report.id);
         // Keep the first-seen time of findings that persist.
         if let Some(prev) = previous {
@@ -159,7 +162,7 @@ impl HealthModel {
                 }
             }
         }
-        report.reasons.sort_by(|a, b| b.status.cmp(&a.status));
+        report.reasons.sort_by_key(|r| std::cmp::Reverse(r.status));
         let status = report.status_override.unwrap_or_else(|| {
             report
                 .reasons
@@ -212,7 +215,10 @@ impl HealthModel {
 
     /// A consistent copy of the whole node.
     pub fn snapshot(&self) -> NodeSnapshot {
-        let map = self.components.lock().unwrap_or_else(PoisonError::into_inner);
+        let map = self
+            .components
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
         let components: Vec<Component> = map.values().cloned().collect();
         let version = *self.version.borrow();
         drop(map);

@@ -34,38 +34,55 @@ pub async fn complete(state: Arc<AgentState>, finding: HangFinding) {
             tokio::time::sleep(CPU_SAMPLE).await;
             let after = procfs::read(pid);
             ev = ev
-                .with("process_state", format!("{} ({})", before.state, before.state_name()))
+                .with(
+                    "process_state",
+                    format!("{} ({})", before.state, before.state_name()),
+                )
                 .with("threads", before.threads)
-                .with("wchan", if before.wchan.is_empty() || before.wchan == "0" { "-".into() } else { before.wchan.clone() });
+                .with(
+                    "wchan",
+                    if before.wchan.is_empty() || before.wchan == "0" {
+                        "-".into()
+                    } else {
+                        before.wchan.clone()
+                    },
+                );
             if let Some(after) = after {
                 let delta = after.cpu_ticks.saturating_sub(before.cpu_ticks);
                 ev = ev.with(
                     "cpu_advancing",
                     if delta > 0 {
-                        format!("yes (+{delta} ticks in {}ms: spinning or busy)", CPU_SAMPLE.as_millis())
+                        format!(
+                            "yes (+{delta} ticks in {}ms: spinning or busy)",
+                            CPU_SAMPLE.as_millis()
+                        )
                     } else {
-                        format!("no (0 ticks in {}ms: blocked or stopped)", CPU_SAMPLE.as_millis())
+                        format!(
+                            "no (0 ticks in {}ms: blocked or stopped)",
+                            CPU_SAMPLE.as_millis()
+                        )
                     },
                 );
             }
         }
     }
-    if let Some((signal, path)) = &finding.stack_dump {
-        if state.config.hang.stack_dump {
-            match stack_dump(pid, *signal, path, state.config.hang.stack_dump_wait).await {
-                Ok(text) => ev = ev.with("stack", text),
-                Err(why) => ev = ev.with("stack", format!("unavailable: {why}")),
-            }
+    if let Some((signal, path)) = &finding.stack_dump
+        && state.config.hang.stack_dump
+    {
+        match stack_dump(pid, *signal, path, state.config.hang.stack_dump_wait).await {
+            Ok(text) => ev = ev.with("stack", text),
+            Err(why) => ev = ev.with("stack", format!("unavailable: {why}")),
         }
     }
     // The rank may have recovered, exited or re-registered meanwhile.
-    let still_hung = state
-        .registry()
-        .ranks
-        .get(&finding.key)
-        .is_some_and(|e| e.generation == finding.generation && e.state == super::registry::RankState::Hung);
+    let still_hung = state.registry().ranks.get(&finding.key).is_some_and(|e| {
+        e.generation == finding.generation && e.state == super::registry::RankState::Hung
+    });
     if !still_hung {
-        ev = ev.with("note", "the rank recovered, exited or re-registered while evidence was gathered");
+        ev = ev.with(
+            "note",
+            "the rank recovered, exited or re-registered while evidence was gathered",
+        );
     }
     metrics::counter!("warden_rank_hangs_total").increment(1);
     state.events.publish(ev);
@@ -73,7 +90,8 @@ pub async fn complete(state: Arc<AgentState>, finding: HangFinding) {
 
 /// Signals the rank to dump its stacks and reads the file once it settles.
 async fn stack_dump(pid: u32, signal: i32, path: &Path, wait: Duration) -> Result<String, String> {
-    let sig = nix::sys::signal::Signal::try_from(signal).map_err(|e| format!("bad signal {signal}: {e}"))?;
+    let sig = nix::sys::signal::Signal::try_from(signal)
+        .map_err(|e| format!("bad signal {signal}: {e}"))?;
     let before = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
     let pid_t = i32::try_from(pid).map_err(|_| format!("pid {pid} out of range"))?;
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid_t), sig)
@@ -86,7 +104,8 @@ async fn stack_dump(pid: u32, signal: i32, path: &Path, wait: Duration) -> Resul
         let len = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
         if len > before && len == last_len {
             // Unchanged for 100 ms after growing: the dump is complete.
-            if stable_since.get_or_insert_with(Instant::now).elapsed() >= Duration::from_millis(100) {
+            if stable_since.get_or_insert_with(Instant::now).elapsed() >= Duration::from_millis(100)
+            {
                 break;
             }
         } else {

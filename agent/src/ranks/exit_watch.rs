@@ -18,7 +18,8 @@ use crate::state::AgentState;
 
 /// Opens a pidfd for `pid` (Linux 5.3+).
 pub fn pidfd_open(pid: u32) -> std::io::Result<OwnedFd> {
-    let pid = libc::pid_t::try_from(pid).map_err(|_| std::io::Error::from_raw_os_error(libc::ESRCH))?;
+    let pid =
+        libc::pid_t::try_from(pid).map_err(|_| std::io::Error::from_raw_os_error(libc::ESRCH))?;
     // SAFETY: pidfd_open takes a pid and flags and returns a new fd or -1;
     // it touches no memory of ours.
     let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
@@ -35,7 +36,8 @@ pub fn spawn(state: Arc<AgentState>, key: RankKey, generation: u64, pid: u32) {
     let registered = pidfd_open(pid).and_then(|fd| {
         // SAFETY: `fd` is an OwnedFd moved into the AsyncFd: it stays open
         // and refers to the same pidfd until the AsyncFd is dropped.
-        unsafe { AsyncFd::register_with_interest(fd, Interest::READABLE) }.map_err(std::io::Error::from)
+        unsafe { AsyncFd::register_with_interest(fd, Interest::READABLE) }
+            .map_err(std::io::Error::from)
     });
     let fd = match registered {
         Ok(fd) => fd,

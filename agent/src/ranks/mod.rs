@@ -12,4 +12,4 @@ pub mod procfs;
 pub mod registry;
 pub mod scan;
 
-pub use registry::{RankKey, Registry, RegisterError};
+pub use registry::{RankKey, RegisterError, Registry};

@@ -38,7 +38,9 @@ pub enum RegisterError {
     #[error("invalid registration: {0}")]
     Invalid(String),
     /// The client writes another slot layout.
-    #[error("client writes slot layout v{client}, this agent reads v{agent}: upgrade the older side")]
+    #[error(
+        "client writes slot layout v{client}, this agent reads v{agent}: upgrade the older side"
+    )]
     LayoutMismatch {
         /// The client's version.
         client: u32,
@@ -46,7 +48,9 @@ pub enum RegisterError {
         agent: u32,
     },
     /// Another live process holds the rank.
-    #[error("rank {rank} of job {job:?} is held by live pid {holder}; a second process cannot claim it (pid {claimant})")]
+    #[error(
+        "rank {rank} of job {job:?} is held by live pid {holder}; a second process cannot claim it (pid {claimant})"
+    )]
     Held {
         /// Job id.
         job: String,
@@ -318,7 +322,11 @@ impl Registry {
     }
 
     /// Registers a rank.
-    pub fn register(&mut self, req: &RegisterRequest, now_ns: u64) -> Result<Registration, RegisterError> {
+    pub fn register(
+        &mut self,
+        req: &RegisterRequest,
+        now_ns: u64,
+    ) -> Result<Registration, RegisterError> {
         validate(req)?;
         let key = RankKey {
             job: req.job_id.clone(),
@@ -354,9 +362,9 @@ impl Registry {
             self.free.insert(index);
             return Err(e.into());
         }
-        let stack_dump_path = self
-            .stack_dir
-            .join(format!("{}-{}.txt", sanitize(&key.job), key.rank));
+        let stack_dump_path =
+            self.stack_dir
+                .join(format!("{}-{}.txt", sanitize(&key.job), key.rank));
         let _ = std::fs::remove_file(&stack_dump_path);
         if !self.jobs.contains_key(&key.job) {
             let path = calibration::path_for(&self.state_dir, &key.job);
@@ -423,10 +431,10 @@ impl Registry {
 
     /// Frees the slots of exited ranks (their entries stay for GetRanks).
     pub fn free_slot_of(&mut self, key: &RankKey) {
-        if let Some(e) = self.ranks.get(key) {
-            if self.slots.release(e.slot).is_ok() {
-                self.free.insert(e.slot);
-            }
+        if let Some(e) = self.ranks.get(key)
+            && self.slots.release(e.slot).is_ok()
+        {
+            self.free.insert(e.slot);
         }
     }
 
@@ -444,7 +452,10 @@ impl Registry {
                 return SlotFileCheck::Ok;
             }
             Ok((dev, ino, len)) if (dev, ino) == self.slot_ino => {
-                format!("{} was truncated to {len} bytes (expected {expected})", path.display())
+                format!(
+                    "{} was truncated to {len} bytes (expected {expected})",
+                    path.display()
+                )
             }
             Ok(_) => format!("{} was replaced by another file", path.display()),
             Err(e) => format!("{} is gone ({e})", path.display()),
@@ -485,7 +496,13 @@ impl Registry {
 
 fn sanitize(s: &str) -> String {
     s.chars()
-        .map(|c| if c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.') { c } else { '_' })
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.') {
+                c
+            } else {
+                '_'
+            }
+        })
         .collect()
 }
 
@@ -590,12 +607,27 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let mut r = registry(dir.path());
         let mut q = req("", 0, 1);
-        assert!(r.register(&q, 0).unwrap_err().to_string().contains("job_id"));
+        assert!(
+            r.register(&q, 0)
+                .unwrap_err()
+                .to_string()
+                .contains("job_id")
+        );
         q = req("j", 9, 1);
-        assert!(r.register(&q, 0).unwrap_err().to_string().contains("world_size 4"));
+        assert!(
+            r.register(&q, 0)
+                .unwrap_err()
+                .to_string()
+                .contains("world_size 4")
+        );
         q = req("j", 0, 1);
         q.layout_version = 99;
-        assert!(r.register(&q, 0).unwrap_err().to_string().contains("layout"));
+        assert!(
+            r.register(&q, 0)
+                .unwrap_err()
+                .to_string()
+                .contains("layout")
+        );
     }
 
     #[test]
@@ -617,7 +649,10 @@ mod tests {
         let mut r = registry(dir.path());
         r.register(&req("j", 0, std::process::id()), 0).unwrap();
         assert_eq!(r.check_slot_file(), SlotFileCheck::Ok);
-        let f = std::fs::OpenOptions::new().write(true).open(r.slot_path()).unwrap();
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(r.slot_path())
+            .unwrap();
         f.set_len(10).unwrap();
         match r.check_slot_file() {
             SlotFileCheck::Rebuilt { why, lost } => {

@@ -56,7 +56,10 @@ pub fn scan(reg: &mut Registry, cfg: &HangConfig, now_ns: u64, prev_ns: u64) -> 
             Severity::Error,
             "ranks.slot_file_rebuilt",
             "agent",
-            format!("heartbeat slot file damaged and rebuilt: {why}; {} ranks must register again", lost.len()),
+            format!(
+                "heartbeat slot file damaged and rebuilt: {why}; {} ranks must register again",
+                lost.len()
+            ),
         )
         .with("why", why);
         for k in &lost {
@@ -106,7 +109,10 @@ pub fn scan(reg: &mut Registry, cfg: &HangConfig, now_ns: u64, prev_ns: u64) -> 
             let first = entry.marker.is_none();
             entry.marker = Some(marker);
             if !first || snap.writer_is_owner() {
-                entry.progress_ns = client_ts.unwrap_or(prev_ns).max(entry.progress_ns).min(now_ns);
+                entry.progress_ns = client_ts
+                    .unwrap_or(prev_ns)
+                    .max(entry.progress_ns)
+                    .min(now_ns);
             }
             if entry.state == RankState::Hung {
                 entry.state = RankState::Running;
@@ -125,9 +131,15 @@ pub fn scan(reg: &mut Registry, cfg: &HangConfig, now_ns: u64, prev_ns: u64) -> 
         let Some(job) = jobs.get_mut(&entry.key.job) else {
             continue;
         };
-        entry.ingested_start_ns = ingest(&snap, entry.ingested_start_ns, &mut job.calibration, cfg.history);
+        entry.ingested_start_ns = ingest(
+            &snap,
+            entry.ingested_start_ns,
+            &mut job.calibration,
+            cfg.history,
+        );
         let started = snap.steps_completed > 0 || snap.step_open;
-        let section = hang::current_section(snap.innermost().map(|o| snap.section_name(o.id)), started);
+        let section =
+            hang::current_section(snap.innermost().map(|o| snap.section_name(o.id)), started);
         entry.threshold = Some(hang::threshold(cfg, section, &mut job.calibration));
         entry.section = section.to_owned();
         entry.last = Some(snap);
@@ -154,7 +166,9 @@ pub fn scan(reg: &mut Registry, cfg: &HangConfig, now_ns: u64, prev_ns: u64) -> 
         if !me.stalled {
             continue;
         }
-        let Some(entry) = ranks.get_mut(key) else { continue };
+        let Some(entry) = ranks.get_mut(key) else {
+            continue;
+        };
         if entry.state != RankState::Running {
             continue;
         }
@@ -179,7 +193,10 @@ pub fn scan(reg: &mut Registry, cfg: &HangConfig, now_ns: u64, prev_ns: u64) -> 
             ("local_rank".to_owned(), entry.local_rank.to_string()),
             ("section".to_owned(), me.section.clone()),
             ("step".to_owned(), step.to_string()),
-            ("steps_completed".to_owned(), snap.map_or(0, |s| s.steps_completed).to_string()),
+            (
+                "steps_completed".to_owned(),
+                snap.map_or(0, |s| s.steps_completed).to_string(),
+            ),
             ("no_progress_for".to_owned(), hang::fmt(stalled_for)),
             ("threshold".to_owned(), hang::fmt(threshold.value)),
             ("threshold_source".to_owned(), threshold.source.clone()),
@@ -188,7 +205,11 @@ pub fn scan(reg: &mut Registry, cfg: &HangConfig, now_ns: u64, prev_ns: u64) -> 
             evidence.push(("in_section_for".to_owned(), hang::fmt(d)));
         }
         if let Some(s) = snap {
-            let stack: Vec<&str> = s.open_sections.iter().map(|o| s.section_name(o.id)).collect();
+            let stack: Vec<&str> = s
+                .open_sections
+                .iter()
+                .map(|o| s.section_name(o.id))
+                .collect();
             evidence.push(("open_sections".to_owned(), stack.join(" > ")));
         }
         evidence.push(("pattern".to_owned(), hang::pattern(me, &peers)));
@@ -250,10 +271,10 @@ fn ingest(
                     cal.add(name, sec.total_ns, cap);
                 }
             }
-            if let Some(pe) = prev_end {
-                if st.start_ns > pe {
-                    cal.add(IDLE, st.start_ns - pe, cap);
-                }
+            if let Some(pe) = prev_end
+                && st.start_ns > pe
+            {
+                cal.add(IDLE, st.start_ns - pe, cap);
             }
             newest = newest.max(st.start_ns);
         }

@@ -141,7 +141,8 @@ pub fn judge(
 mod tests {
     use super::*;
 
-    const SAMPLE: &str = "MemTotal:       16000000 kB\nMemFree:         1000000 kB\nMemAvailable:    1200000 kB\n";
+    const SAMPLE: &str =
+        "MemTotal:       16000000 kB\nMemFree:         1000000 kB\nMemAvailable:    1200000 kB\n";
 
     #[test]
     fn parses_meminfo() {
