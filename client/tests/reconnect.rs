@@ -332,3 +332,28 @@ fn a_dead_agent_is_noticed_even_when_its_slot_file_stays() {
         "no writes into a lost slot"
     );
 }
+
+#[test]
+fn a_forked_child_never_writes_the_parents_slot() {
+    let dir = tempfile::tempdir().unwrap();
+    let agent = Running::start(dir.path(), 1);
+    let client = Client::connect_with(options(dir.path().join("wardend.sock"))).unwrap();
+    assert!(client.is_connected());
+    client.step_begin(1);
+    // SAFETY: the child only does atomic stores through the client and _exits.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0);
+    if pid == 0 {
+        let ok = !client.is_connected();
+        client.step_begin(666);
+        client.heartbeat();
+        // SAFETY: _exit skips destructors (the parent owns the client).
+        unsafe { libc::_exit(if ok { 0 } else { 1 }) };
+    }
+    let mut status = 0;
+    // SAFETY: waiting for the child we just forked.
+    assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+    assert_eq!(status, 0, "child saw itself connected");
+    assert_eq!(agent_view(&agent, 0).step, 1);
+    assert!(client.is_connected());
+}

@@ -369,6 +369,15 @@ fn is_connected(py: Python<'_>) -> PyResult<bool> {
     Ok(default_ref(py)?.get().inner.is_connected())
 }
 
+/// Deregisters the default client if one was created (registered with `atexit`).
+#[pyfunction]
+fn _close_default(py: Python<'_>) {
+    if let Some(c) = DEFAULT.get(py) {
+        let c = c.clone_ref(py);
+        py.detach(|| c.get().inner.close());
+    }
+}
+
 /// The `warden._native` module.
 #[pymodule]
 #[pyo3(name = "_native")]
@@ -384,6 +393,7 @@ fn warden_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(section, m)?)?;
     m.add_function(wrap_pyfunction!(step, m)?)?;
     m.add_function(wrap_pyfunction!(is_connected, m)?)?;
+    m.add_function(wrap_pyfunction!(_close_default, m)?)?;
     m.add("SLOT_LAYOUT_VERSION", warden_client::slot::LAYOUT_VERSION)?;
     Ok(())
 }

@@ -27,12 +27,14 @@ Step and section calls belong to one thread (the training loop);
 
 from __future__ import annotations
 
+import atexit
 import functools
 import inspect
 from typing import Any, Callable, TypeVar
 
 from ._native import (
     SLOT_LAYOUT_VERSION,
+    _close_default,
     Client,
     Section,
     Step,
@@ -62,6 +64,9 @@ __all__ = [
 ]
 
 _F = TypeVar("_F", bound=Callable[..., Any])
+
+# A clean exit deregisters the default client (a crash is seen by its pid).
+atexit.register(_close_default)
 
 
 def _decorate(sec: Section, func: _F) -> _F:
