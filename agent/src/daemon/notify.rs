@@ -24,8 +24,12 @@ pub fn stopping() {
 }
 
 fn send(states: &[NotifyState<'_>]) {
+    static WARNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
     if let Err(e) = sd_notify::notify(states) {
-        tracing::warn!(error = %e, "cannot notify systemd");
+        // Once: a notify socket that went away would otherwise log every tick.
+        if !WARNED.swap(true, std::sync::atomic::Ordering::Relaxed) {
+            tracing::warn!(error = %e, "cannot notify systemd (further failures are not logged)");
+        }
     }
 }
 

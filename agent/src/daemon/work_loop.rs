@@ -12,6 +12,7 @@ use std::time::{Instant, SystemTime};
 use tokio::time::MissedTickBehavior;
 
 use super::notify::{self, Watchdog};
+use crate::events::{NewEvent, Severity};
 use crate::health::{ComponentReport, Status};
 use crate::ranks::{evidence, scan};
 use crate::sources::host_memory;
@@ -55,7 +56,22 @@ pub async fn run(state: Arc<AgentState>, mut watchdog: Watchdog) {
             state.events.publish(ev);
         }
         for finding in result.hangs {
-            tokio::spawn(evidence::complete(state.clone(), finding));
+            metrics::counter!("warden_rank_hangs_total").increment(1);
+            let mut ev = NewEvent::new(
+                Severity::Error,
+                "rank.hang",
+                finding.key.to_string(),
+                finding.message.clone(),
+            );
+            ev.evidence = finding.evidence.clone();
+            let wants_stack = finding.stack_dump.is_some() && cfg.hang.stack_dump;
+            if wants_stack {
+                ev = ev.with("stack", "requested: follows as a rank.stack event");
+            }
+            let id = state.events.publish(ev).id;
+            if wants_stack {
+                tokio::spawn(evidence::stack_follow_up(state.clone(), finding, id));
+            }
         }
         if now >= next_host {
             let reading = host_memory::read(Path::new("/proc/meminfo"));

@@ -123,17 +123,24 @@ pub fn pattern(me: &PeerPosition, peers: &[PeerPosition]) -> String {
             me.section
         );
     }
-    let moving: Vec<String> = peers
+    let moving: Vec<u64> = peers
         .iter()
         .filter(|p| !p.stalled)
-        .map(|p| format!("{}@{}", p.rank, p.step))
+        .map(|p| p.step)
         .collect();
     if moving.len() == peers.len() {
+        let lo = moving.iter().min().copied().unwrap_or(0);
+        let hi = moving.iter().max().copied().unwrap_or(0);
+        let steps = if lo == hi {
+            format!("step {lo}")
+        } else {
+            format!("steps {lo}..{hi}")
+        };
         return format!(
-            "rank {} is stuck alone; its {} local peers still progress (rank@step: {}): look at this rank",
+            "rank {} is stuck alone at step {}; its {} local peers still progress ({steps}): look at this rank",
             me.rank,
+            me.step,
             peers.len(),
-            moving.join(", ")
         );
     }
     format!(

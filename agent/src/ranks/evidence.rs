@@ -1,91 +1,50 @@
-//! Completing a hang's evidence off the tick: what the process is doing
-//! (state, wchan, threads, whether its CPU time advances) and, when the
-//! client supports it, a stack dump of all its threads.
+//! A hung rank's stack dump, fetched off the tick after the hang event.
+//!
+//! The `rank.hang` event goes out at detection (threshold + at most one
+//! tick); asking the rank for its stacks takes up to `hang.stack_dump_wait`,
+//! so the dump follows as `rank.stack`, naming the hang event it belongs to.
 
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::procfs;
 use super::scan::HangFinding;
 use crate::events::{NewEvent, Severity};
 use crate::state::AgentState;
 
-/// How long CPU time is sampled to tell a spinning rank from a blocked one.
-const CPU_SAMPLE: Duration = Duration::from_millis(250);
 /// The most of a stack dump attached to an event.
 const MAX_STACK_BYTES: usize = 32 * 1024;
 
-/// Gathers the rest of the evidence and publishes `rank.hang`.
-pub async fn complete(state: Arc<AgentState>, finding: HangFinding) {
-    let mut ev = NewEvent::new(
-        Severity::Error,
-        "rank.hang",
-        finding.key.to_string(),
-        finding.message.clone(),
-    );
-    ev.evidence = finding.evidence.clone();
-    let pid = finding.pid;
-    match procfs::read(pid) {
-        None => {
-            ev = ev.with("process", "gone");
-        }
-        Some(before) => {
-            tokio::time::sleep(CPU_SAMPLE).await;
-            let after = procfs::read(pid);
-            ev = ev
-                .with(
-                    "process_state",
-                    format!("{} ({})", before.state, before.state_name()),
-                )
-                .with("threads", before.threads)
-                .with(
-                    "wchan",
-                    if before.wchan.is_empty() || before.wchan == "0" {
-                        "-".into()
-                    } else {
-                        before.wchan.clone()
-                    },
-                );
-            if let Some(after) = after {
-                let delta = after.cpu_ticks.saturating_sub(before.cpu_ticks);
-                ev = ev.with(
-                    "cpu_advancing",
-                    if delta > 0 {
-                        format!(
-                            "yes (+{delta} ticks in {}ms: spinning or busy)",
-                            CPU_SAMPLE.as_millis()
-                        )
-                    } else {
-                        format!(
-                            "no (0 ticks in {}ms: blocked or stopped)",
-                            CPU_SAMPLE.as_millis()
-                        )
-                    },
-                );
-            }
-        }
-    }
-    if let Some((signal, path)) = &finding.stack_dump
-        && state.config.hang.stack_dump
+/// Signals the hung rank for a dump and publishes it as `rank.stack`.
+pub async fn stack_follow_up(state: Arc<AgentState>, finding: HangFinding, hang_event: u64) {
+    let Some((signal, path)) = &finding.stack_dump else {
+        return;
+    };
+    let (severity, message, stack) = match stack_dump(
+        finding.pid,
+        *signal,
+        path,
+        state.config.hang.stack_dump_wait,
+    )
+    .await
     {
-        match stack_dump(pid, *signal, path, state.config.hang.stack_dump_wait).await {
-            Ok(text) => ev = ev.with("stack", text),
-            Err(why) => ev = ev.with("stack", format!("unavailable: {why}")),
-        }
-    }
-    // The rank may have recovered, exited or re-registered meanwhile.
-    let still_hung = state.registry().ranks.get(&finding.key).is_some_and(|e| {
-        e.generation == finding.generation && e.state == super::registry::RankState::Hung
-    });
-    if !still_hung {
-        ev = ev.with(
-            "note",
-            "the rank recovered, exited or re-registered while evidence was gathered",
-        );
-    }
-    metrics::counter!("warden_rank_hangs_total").increment(1);
-    state.events.publish(ev);
+        Ok(text) => (
+            Severity::Info,
+            format!("stack dump of {} (hung)", finding.key),
+            text,
+        ),
+        Err(why) => (
+            Severity::Warning,
+            format!("no stack dump from {}: {why}", finding.key),
+            format!("unavailable: {why}"),
+        ),
+    };
+    state.events.publish(
+        NewEvent::new(severity, "rank.stack", finding.key.to_string(), message)
+            .with("hang_event", hang_event)
+            .with("pid", finding.pid)
+            .with("stack", stack),
+    );
 }
 
 /// Signals the rank to dump its stacks and reads the file once it settles.
@@ -118,11 +77,10 @@ async fn stack_dump(pid: u32, signal: i32, path: &Path, wait: Duration) -> Resul
     let new = &bytes[start..];
     if new.is_empty() {
         return Err(format!(
-            "no dump written to {} within {}ms",
+            "nothing written to {} within {}ms (is the rank stopped, or its client without a dump handler?)",
             path.display(),
             wait.as_millis()
         ));
     }
-    let text = String::from_utf8_lossy(&new[..new.len().min(MAX_STACK_BYTES)]).into_owned();
-    Ok(text)
+    Ok(String::from_utf8_lossy(&new[..new.len().min(MAX_STACK_BYTES)]).into_owned())
 }

@@ -161,8 +161,10 @@ pub struct RankEntry {
     pub marker: Option<Marker>,
     /// When progress was last seen (CLOCK_MONOTONIC ns).
     pub progress_ns: u64,
-    /// CPU ticks of the process when progress was last seen.
-    pub progress_cpu: Option<u64>,
+    /// CPU ticks of the process and when they were read, taken once the
+    /// rank has been stalled for half its threshold: at detection, the
+    /// difference says whether it spins or is blocked, with no wait.
+    pub cpu_mark: Option<(u64, u64)>,
     /// The last consistent snapshot.
     pub last: Option<SlotSnapshot>,
     /// Start time of the newest step record fed to calibration.
@@ -394,7 +396,7 @@ impl Registry {
                 state: RankState::Running,
                 marker: None,
                 progress_ns: now_ns,
-                progress_cpu: None,
+                cpu_mark: None,
                 last: None,
                 ingested_start_ns: 0,
                 section: calibration::INIT.into(),

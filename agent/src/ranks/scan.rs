@@ -11,13 +11,19 @@ use std::time::Duration;
 
 use warden_client::slot::SlotSnapshot;
 
+use super::procfs;
 use super::registry::{Marker, RankKey, RankState, Registry, SlotFileCheck};
 use crate::config::HangConfig;
 use crate::detect::calibration::{self, IDLE};
 use crate::detect::hang::{self, PeerPosition, Threshold};
 use crate::events::{NewEvent, Severity};
 
-/// A rank found hung; the caller completes the evidence and publishes it.
+/// How many of a job's other local ranks are listed by name in a hang's
+/// evidence; the rest are counted.
+const MAX_PEERS_LISTED: usize = 8;
+
+/// A rank found hung, with its evidence; the caller publishes it at once
+/// and asks the rank for a stack dump afterwards.
 #[derive(Debug, Clone)]
 pub struct HangFinding {
     /// Which rank.
@@ -143,6 +149,13 @@ pub fn scan(reg: &mut Registry, cfg: &HangConfig, now_ns: u64, prev_ns: u64) -> 
         entry.threshold = Some(hang::threshold(cfg, section, &mut job.calibration));
         entry.section = section.to_owned();
         entry.last = Some(snap);
+        if entry.cpu_mark.is_none()
+            && let Some(t) = &entry.threshold
+            && Duration::from_nanos(now_ns.saturating_sub(entry.progress_ns)) > t.value / 2
+            && let Some(f) = procfs::read(entry.pid)
+        {
+            entry.cpu_mark = Some((f.cpu_ticks, now_ns));
+        }
     }
 
     // Verdicts, with each rank's position among its job's local ranks.
@@ -214,8 +227,9 @@ pub fn scan(reg: &mut Registry, cfg: &HangConfig, now_ns: u64, prev_ns: u64) -> 
         }
         evidence.push(("pattern".to_owned(), hang::pattern(me, &peers)));
         if !peers.is_empty() {
-            let list: Vec<String> = peers
+            let mut list: Vec<String> = peers
                 .iter()
+                .take(MAX_PEERS_LISTED)
                 .map(|p| {
                     format!(
                         "{}@{}/{}{}",
@@ -226,7 +240,40 @@ pub fn scan(reg: &mut Registry, cfg: &HangConfig, now_ns: u64, prev_ns: u64) -> 
                     )
                 })
                 .collect();
+            if peers.len() > MAX_PEERS_LISTED {
+                list.push(format!("... {} more", peers.len() - MAX_PEERS_LISTED));
+            }
             evidence.push(("local_peers".to_owned(), list.join(", ")));
+        }
+        match procfs::read(entry.pid) {
+            None => evidence.push(("process".to_owned(), "gone".to_owned())),
+            Some(f) => {
+                evidence.push((
+                    "process_state".to_owned(),
+                    format!("{} ({})", f.state, f.state_name()),
+                ));
+                evidence.push(("threads".to_owned(), f.threads.to_string()));
+                let wchan = if f.wchan.is_empty() || f.wchan == "0" {
+                    "-".to_owned()
+                } else {
+                    f.wchan.clone()
+                };
+                evidence.push(("wchan".to_owned(), wchan));
+                if let Some((ticks, at)) = entry.cpu_mark {
+                    let over = hang::fmt(Duration::from_nanos(now_ns.saturating_sub(at)));
+                    let delta = f.cpu_ticks.saturating_sub(ticks);
+                    evidence.push((
+                        "cpu_advancing".to_owned(),
+                        if delta > 0 {
+                            format!(
+                                "yes (+{delta} clock ticks over the last {over}: spinning or busy)"
+                            )
+                        } else {
+                            format!("no (0 clock ticks over the last {over}: blocked or stopped)")
+                        },
+                    ));
+                }
+            }
         }
         out.hangs.push(HangFinding {
             key: key.clone(),
