@@ -12,6 +12,15 @@ step "toolchain"
 cargo --version
 rustup component list --installed 2>/dev/null | grep -qE '^(rustfmt|clippy)' || rustup component add rustfmt clippy
 
+step "python venv (.venv, inside the clone) with the warden package and pytest"
+# The system tests drive real Python ranks through this interpreter
+# (WARDEN_TEST_PYTHON); pip builds the package with maturin from PyPI.
+python3 -m venv .venv
+.venv/bin/pip install --quiet --upgrade pip
+.venv/bin/pip install --quiet pytest
+.venv/bin/pip install --quiet ./client/python
+export WARDEN_TEST_PYTHON="$PWD/.venv/bin/python"
+
 step "cargo fmt --check"
 cargo fmt --all --check
 
@@ -20,5 +29,8 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 
 step "cargo test (unit, integration, system tests with the real binaries)"
 cargo test --workspace --locked
+
+step "python tests (client/python/tests)"
+.venv/bin/python -m pytest -q client/python/tests
 
 step "done in $((SECONDS - started))s"
