@@ -534,6 +534,15 @@ impl SlotFile {
         self.slot(index)?.snapshot(index)
     }
 
+    /// Like [`SlotFile::snapshot`], with at most `max_steps` completed steps.
+    ///
+    /// Why: a tick only needs the steps completed since the last one (and
+    /// the live part: step, stack); reading less keeps the seqlock read
+    /// window short, so a rank updating very often cannot starve the reader.
+    pub fn snapshot_recent(&self, index: u32, max_steps: usize) -> Result<SlotSnapshot, SlotError> {
+        self.slot(index)?.snapshot_recent(index, max_steps)
+    }
+
     /// A writer on slot `index`: for tests and simulated ranks inside the agent.
     pub fn writer(&self, index: u32) -> Result<SlotWriter<'_>, SlotError> {
         Ok(SlotWriter::new(self.slot(index)?))
@@ -607,7 +616,7 @@ pub struct SlotSnapshot {
     pub open_sections: Vec<OpenSection>,
     /// The step in progress, if any (duration 0).
     pub current_step: Option<StepSummary>,
-    /// Completed steps, oldest first, at most `RING_LEN - 1`.
+    /// Completed steps, oldest first, at most `RING_LEN - 1` (or the `max_steps` asked for).
     pub recent_steps: Vec<StepSummary>,
     /// Mismatched closes, step_end without step_begin, and similar misuse.
     pub misuse: u32,
@@ -708,6 +717,11 @@ impl Slot {
 
     /// A consistent, sanitised copy of this slot (see [`SlotFile::snapshot`]).
     pub fn snapshot(&self, index: u32) -> Result<SlotSnapshot, SlotError> {
+        self.snapshot_recent(index, RING_LEN - 1)
+    }
+
+    /// A snapshot with at most `max_steps` completed steps (see [`SlotFile::snapshot_recent`]).
+    pub fn snapshot_recent(&self, index: u32, max_steps: usize) -> Result<SlotSnapshot, SlotError> {
         for attempt in 0..SNAPSHOT_RETRIES {
             if attempt > 16 {
                 std::thread::yield_now();
@@ -717,7 +731,7 @@ impl Slot {
                 std::hint::spin_loop();
                 continue;
             }
-            let raw = self.read_raw();
+            let raw = self.read_raw(max_steps);
             fence(Ordering::Acquire);
             let s2 = self.seq.load(Ordering::Relaxed);
             if s1 == s2 {
@@ -730,7 +744,7 @@ impl Slot {
         })
     }
 
-    fn read_raw(&self) -> RawSlot {
+    fn read_raw(&self, max_steps: usize) -> RawSlot {
         let r = Ordering::Relaxed;
         let mut raw = RawSlot {
             writer_generation: self.writer_generation.load(r),
@@ -740,13 +754,13 @@ impl Slot {
             flags: self.flags.load(r),
             misuse: self.misuse.load(r),
             stack: [(0, 0); MAX_DEPTH],
-            ring: Vec::with_capacity(RING_LEN),
+            ring: Vec::with_capacity(max_steps.min(RING_LEN - 1) + 1),
         };
         for (dst, e) in raw.stack.iter_mut().zip(&self.stack) {
             *dst = (e.id.load(r), e.entered_ns.load(r));
         }
         let completed = raw.steps_completed;
-        let stored = completed.min(RING_LEN as u64 - 1);
+        let stored = completed.min(RING_LEN as u64 - 1).min(max_steps as u64);
         // Oldest completed first, then the in-progress record.
         for k in (0..=stored).rev() {
             let i = (completed.wrapping_sub(k) % RING_LEN as u64) as usize;

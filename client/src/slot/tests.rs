@@ -251,6 +251,11 @@ fn ring_keeps_the_last_completed_steps() {
     assert_eq!(s.recent_steps.last().unwrap().step, 99);
     assert!(s.recent_steps.iter().all(|r| r.duration_ns == 5));
     assert_eq!(s.current_step.unwrap().step, 100);
+    let s = f.snapshot_recent(0, 3).unwrap();
+    let steps: Vec<u64> = s.recent_steps.iter().map(|r| r.step).collect();
+    assert_eq!(steps, [97, 98, 99]);
+    assert_eq!(s.current_step.unwrap().step, 100);
+    assert!(f.snapshot_recent(0, 0).unwrap().recent_steps.is_empty());
 }
 
 #[test]
@@ -401,5 +406,6 @@ fn concurrent_reader_never_sees_a_torn_snapshot() {
     stop.store(true, Ordering::Relaxed);
     let steps = writer.join().unwrap();
     assert!(steps > 100, "writer made {steps} steps");
+    eprintln!("{ok} consistent snapshots, {busy} busy, writer made {steps} steps");
     assert!(ok >= 10, "only {ok} consistent snapshots ({busy} busy)");
 }
