@@ -677,6 +677,9 @@ async fn run(inner: Arc<Inner>, first: mpsc::SyncSender<()>) {
             Err(why) => {
                 inner.set_status(|s| s.last_error = Some(why));
                 let _ = first.try_send(());
+                // Keep the TSC fit fresh while disconnected too: the state
+                // written now is carried into the agent's slot later.
+                clock::recalibrate();
                 if sleep_or_stop(&inner, backoff).await {
                     return;
                 }

@@ -35,7 +35,11 @@
 //! Everything read from the file is untrusted: the reader bounds every index
 //! and sanitises every value, and never panics.
 //!
-//! Timestamps are `CLOCK_MONOTONIC` nanoseconds (see [`crate::clock`]).
+//! Timestamps are `CLOCK_MONOTONIC` nanoseconds (see [`crate::clock`]); the
+//! client's are TSC-derived and may lead the agent's own reading by a few
+//! microseconds, so subtract with saturation. A heartbeat carries no
+//! timestamp (a clock read would triple its cost): the agent notes when it
+//! saw the counter move. Step boundaries also bump the counter.
 
 use std::fs::{File, OpenOptions};
 use std::io;
