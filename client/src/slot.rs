@@ -547,6 +547,49 @@ impl SlotFile {
         self.slot(index)?.snapshot_recent(index, max_steps)
     }
 
+    /// Like [`SlotFile::snapshot_recent`], without the section-name table
+    /// (`section_names` is empty; read names with [`SlotFile::section_name`]).
+    ///
+    /// Why: the agent reads every slot on every tick. Names are written once
+    /// per id, so it caches them and reads one only when it meets a new id,
+    /// instead of copying 32 names per slot per tick.
+    pub fn snapshot_for_scan(
+        &self,
+        index: u32,
+        max_steps: usize,
+    ) -> Result<SlotSnapshot, SlotError> {
+        self.slot(index)?.snapshot_inner(index, max_steps, false)
+    }
+
+    /// The name of section `id` in slot `index` ("" when unset or out of range).
+    pub fn section_name(&self, index: u32, id: u32) -> Result<String, SlotError> {
+        let slot = self.slot(index)?;
+        Ok(match id {
+            i if i < FIRST_USER_SECTION => WELL_KNOWN_SECTIONS
+                .get(i as usize)
+                .map(|s| (*s).to_owned())
+                .unwrap_or_default(),
+            i => slot
+                .names
+                .get(i as usize)
+                .and_then(read_name)
+                .unwrap_or_default(),
+        })
+    }
+
+    /// Two counters that change on every write to slot `index`: the seqlock
+    /// sequence (steps, sections) and the heartbeat count.
+    ///
+    /// Why: a slot whose counters did not move since the last scan needs no
+    /// snapshot at all; the scan only re-judges its stall.
+    pub fn change_counters(&self, index: u32) -> Result<(u64, u64), SlotError> {
+        let slot = self.slot(index)?;
+        Ok((
+            slot.seq.load(Ordering::Acquire),
+            slot.heartbeats.load(Ordering::Acquire),
+        ))
+    }
+
     /// A writer on slot `index`: for tests and simulated ranks inside the agent.
     pub fn writer(&self, index: u32) -> Result<SlotWriter<'_>, SlotError> {
         Ok(SlotWriter::new(self.slot(index)?))
@@ -726,6 +769,15 @@ impl Slot {
 
     /// A snapshot with at most `max_steps` completed steps (see [`SlotFile::snapshot_recent`]).
     pub fn snapshot_recent(&self, index: u32, max_steps: usize) -> Result<SlotSnapshot, SlotError> {
+        self.snapshot_inner(index, max_steps, true)
+    }
+
+    fn snapshot_inner(
+        &self,
+        index: u32,
+        max_steps: usize,
+        names: bool,
+    ) -> Result<SlotSnapshot, SlotError> {
         for attempt in 0..SNAPSHOT_RETRIES {
             if attempt > 16 {
                 std::thread::yield_now();
@@ -739,7 +791,7 @@ impl Slot {
             fence(Ordering::Acquire);
             let s2 = self.seq.load(Ordering::Relaxed);
             if s1 == s2 {
-                return Ok(self.finish_snapshot(index, raw));
+                return Ok(self.finish_snapshot(index, raw, names));
             }
         }
         Err(SlotError::Inconsistent {
@@ -788,7 +840,7 @@ impl Slot {
         raw
     }
 
-    fn finish_snapshot(&self, index: u32, raw: RawSlot) -> SlotSnapshot {
+    fn finish_snapshot(&self, index: u32, raw: RawSlot, names: bool) -> SlotSnapshot {
         let depth = raw.depth;
         let open_sections = raw
             .stack
@@ -844,7 +896,7 @@ impl Slot {
             current_step,
             recent_steps: ring.iter().map(summarise).collect(),
             misuse: raw.misuse,
-            section_names: self.read_names(),
+            section_names: if names { self.read_names() } else { Vec::new() },
         }
     }
 

@@ -181,6 +181,18 @@ pub struct RankEntry {
     pub stack_dump_path: PathBuf,
     /// The last slot read error, reported once until it clears.
     pub slot_error: Option<String>,
+    /// The slot's change counters at the last snapshot: unchanged means no
+    /// write since, and the scan skips the snapshot.
+    pub counters: Option<(u64, u64)>,
+    /// Section names by id, read once per id (names are write-once).
+    pub names: Vec<String>,
+    /// Durations of the rank's recent completed steps, for GetRanks.
+    pub step_times: std::collections::VecDeque<u64>,
+}
+
+impl RankEntry {
+    /// Completed steps kept for percentiles.
+    pub const STEP_TIMES: usize = 64;
 }
 
 /// Per-job state.
@@ -405,6 +417,9 @@ impl Registry {
                 stack_dump_signal: req.stack_dump_signal,
                 stack_dump_path: stack_dump_path.clone(),
                 slot_error: None,
+                counters: None,
+                names: Vec::new(),
+                step_times: std::collections::VecDeque::new(),
             },
         );
         Ok(Registration {

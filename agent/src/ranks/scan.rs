@@ -9,10 +9,13 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use warden_client::slot::SlotSnapshot;
+use warden_client::slot::{RING_LEN, SlotFile, SlotSnapshot};
+
+/// Completed steps a slot's ring holds.
+const RING_STEPS: usize = RING_LEN - 1;
 
 use super::procfs;
-use super::registry::{Marker, RankKey, RankState, Registry, SlotFileCheck};
+use super::registry::{Marker, RankEntry, RankKey, RankState, Registry, SlotFileCheck};
 use crate::config::HangConfig;
 use crate::detect::calibration::{self, IDLE};
 use crate::detect::hang::{self, PeerPosition, Threshold};
@@ -79,76 +82,96 @@ pub fn scan(reg: &mut Registry, cfg: &HangConfig, now_ns: u64, prev_ns: u64) -> 
             continue;
         }
         out.scanned += 1;
-        let snap = match slots.snapshot(entry.slot) {
-            Ok(s) => s,
+        let counters = match slots.change_counters(entry.slot) {
+            Ok(c) => c,
             Err(e) => {
-                let msg = e.to_string();
-                if entry.slot_error.as_deref() != Some(msg.as_str()) {
-                    out.events.push(
-                        NewEvent::new(
-                            Severity::Warning,
-                            "rank.slot_unreadable",
-                            entry.key.to_string(),
-                            format!("cannot read the heartbeat slot of {}: {msg}", entry.key),
-                        )
-                        .with("slot", entry.slot)
-                        .with("error", &msg),
-                    );
-                    entry.slot_error = Some(msg);
-                }
+                note_slot_error(entry, &e.to_string(), &mut out);
                 continue;
             }
         };
-        entry.slot_error = None;
-        if snap.generation != entry.generation {
-            continue;
-        }
-        let marker = Marker::of(&snap);
-        if entry.marker != Some(marker) {
-            let client_ts = snap
-                .innermost()
-                .map(|o| o.entered_ns)
-                .into_iter()
-                .chain(snap.current_step.as_ref().map(|s| s.start_ns))
-                .filter(|t| *t > prev_ns && *t <= now_ns)
-                .max();
-            let first = entry.marker.is_none();
-            entry.marker = Some(marker);
-            if !first || snap.writer_is_owner() {
-                entry.progress_ns = client_ts
-                    .unwrap_or(prev_ns)
-                    .max(entry.progress_ns)
-                    .min(now_ns);
+        if entry.counters != Some(counters) || entry.last.is_none() {
+            // Only the steps completed since the last snapshot are read.
+            let seen = entry.last.as_ref().map_or(0, |s| s.steps_completed);
+            let want = if entry.last.is_none() { RING_STEPS } else { 4 };
+            let mut snap = match slots.snapshot_for_scan(entry.slot, want) {
+                Ok(s) => s,
+                Err(e) => {
+                    note_slot_error(entry, &e.to_string(), &mut out);
+                    continue;
+                }
+            };
+            let new_steps =
+                usize::try_from(snap.steps_completed.saturating_sub(seen)).unwrap_or(RING_STEPS);
+            if new_steps > want && want < RING_STEPS {
+                match slots.snapshot_for_scan(entry.slot, new_steps.min(RING_STEPS)) {
+                    Ok(s) => snap = s,
+                    Err(e) => {
+                        note_slot_error(entry, &e.to_string(), &mut out);
+                        continue;
+                    }
+                }
             }
-            if entry.state == RankState::Hung {
-                entry.state = RankState::Running;
-                out.events.push(
-                    NewEvent::new(
-                        Severity::Info,
-                        "rank.recovered",
-                        entry.key.to_string(),
-                        format!("{} makes progress again (step {})", entry.key, snap.step),
-                    )
-                    .with("step", snap.step)
-                    .with("pid", entry.pid),
+            entry.slot_error = None;
+            if snap.generation != entry.generation {
+                continue;
+            }
+            entry.counters = Some(counters);
+            let marker = Marker::of(&snap);
+            if entry.marker != Some(marker) {
+                let client_ts = snap
+                    .innermost()
+                    .map(|o| o.entered_ns)
+                    .into_iter()
+                    .chain(snap.current_step.as_ref().map(|s| s.start_ns))
+                    .filter(|t| *t > prev_ns && *t <= now_ns)
+                    .max();
+                let first = entry.marker.is_none();
+                entry.marker = Some(marker);
+                if !first || snap.writer_is_owner() {
+                    entry.progress_ns = client_ts
+                        .unwrap_or(prev_ns)
+                        .max(entry.progress_ns)
+                        .min(now_ns);
+                    entry.cpu_mark = None;
+                }
+                if entry.state == RankState::Hung {
+                    entry.state = RankState::Running;
+                    out.events.push(
+                        NewEvent::new(
+                            Severity::Info,
+                            "rank.recovered",
+                            entry.key.to_string(),
+                            format!("{} makes progress again (step {})", entry.key, snap.step),
+                        )
+                        .with("step", snap.step)
+                        .with("pid", entry.pid),
+                    );
+                }
+            }
+            if let Some(job) = jobs.get_mut(&entry.key.job) {
+                entry.ingested_start_ns = ingest(
+                    &snap,
+                    entry.ingested_start_ns,
+                    &mut job.calibration,
+                    cfg.history,
+                    &mut |id| entry_name(&mut entry.names, slots, entry.slot, id),
+                    &mut entry.step_times,
                 );
             }
+            entry.last = Some(snap);
         }
         let Some(job) = jobs.get_mut(&entry.key.job) else {
             continue;
         };
-        entry.ingested_start_ns = ingest(
-            &snap,
-            entry.ingested_start_ns,
-            &mut job.calibration,
-            cfg.history,
-        );
+        let Some(snap) = entry.last.as_ref() else {
+            continue;
+        };
         let started = snap.steps_completed > 0 || snap.step_open;
-        let section =
-            hang::current_section(snap.innermost().map(|o| snap.section_name(o.id)), started);
-        entry.threshold = Some(hang::threshold(cfg, section, &mut job.calibration));
-        entry.section = section.to_owned();
-        entry.last = Some(snap);
+        let innermost = snap.innermost().map(|o| o.id);
+        let name = innermost.map(|id| entry_name(&mut entry.names, slots, entry.slot, id));
+        let section = hang::current_section(name.as_deref(), started).to_owned();
+        entry.threshold = Some(hang::threshold(cfg, &section, &mut job.calibration));
+        entry.section = section;
         if entry.cpu_mark.is_none()
             && let Some(t) = &entry.threshold
             && Duration::from_nanos(now_ns.saturating_sub(entry.progress_ns)) > t.value / 2
@@ -298,13 +321,15 @@ fn stalled_past(progress_ns: u64, now_ns: u64, threshold: Option<&Threshold>) ->
     threshold.is_some_and(|t| Duration::from_nanos(now_ns.saturating_sub(progress_ns)) > t.value)
 }
 
-/// Feeds the completed steps newer than `after_start_ns` into calibration;
-/// returns the newest start time fed.
+/// Feeds the completed steps newer than `after_start_ns` into calibration
+/// and the rank's step times; returns the newest start time fed.
 fn ingest(
     snap: &SlotSnapshot,
     after_start_ns: u64,
     cal: &mut calibration::Calibration,
     cap: usize,
+    name_of: &mut dyn FnMut(u32) -> String,
+    step_times: &mut std::collections::VecDeque<u64>,
 ) -> u64 {
     let mut newest = after_start_ns;
     let mut prev_end: Option<u64> = None;
@@ -312,10 +337,14 @@ fn ingest(
         let end = st.start_ns.saturating_add(st.duration_ns);
         if st.start_ns > after_start_ns && st.duration_ns > 0 {
             cal.add("step", st.duration_ns, cap);
+            if step_times.len() >= RankEntry::STEP_TIMES {
+                step_times.pop_front();
+            }
+            step_times.push_back(st.duration_ns);
             for sec in &st.sections {
-                let name = snap.section_name(sec.id);
+                let name = name_of(sec.id);
                 if !name.is_empty() && name != "step" {
-                    cal.add(name, sec.total_ns, cap);
+                    cal.add(&name, sec.total_ns, cap);
                 }
             }
             if let Some(pe) = prev_end
@@ -328,4 +357,37 @@ fn ingest(
         prev_end = Some(end);
     }
     newest
+}
+
+/// A section name through the rank's cache (names are write-once per id).
+fn entry_name(cache: &mut Vec<String>, slots: &SlotFile, slot: u32, id: u32) -> String {
+    let i = id as usize;
+    if let Some(n) = cache.get(i).filter(|n| !n.is_empty()) {
+        return n.clone();
+    }
+    let name = slots.section_name(slot, id).unwrap_or_default();
+    if i < warden_client::slot::MAX_SECTIONS {
+        if cache.len() <= i {
+            cache.resize(i + 1, String::new());
+        }
+        cache[i] = name.clone();
+    }
+    name
+}
+
+/// Reports a slot read error once, until it clears.
+fn note_slot_error(entry: &mut RankEntry, msg: &str, out: &mut ScanResult) {
+    if entry.slot_error.as_deref() != Some(msg) {
+        out.events.push(
+            NewEvent::new(
+                Severity::Warning,
+                "rank.slot_unreadable",
+                entry.key.to_string(),
+                format!("cannot read the heartbeat slot of {}: {msg}", entry.key),
+            )
+            .with("slot", entry.slot)
+            .with("error", msg),
+        );
+        entry.slot_error = Some(msg.to_owned());
+    }
 }
