@@ -712,11 +712,11 @@ async fn rank_exiting_with_code_1_is_reported() {
     // The fixture did exit with 1 (the agent read it right, not by chance).
     let status = rank.child.wait().expect("reap the rank");
     assert_eq!(status.code(), Some(1), "{status}\n{}", rank.stderr());
-    assert!(
-        rank.seen.iter().any(|l| l == "fault exit code=1 step=10"),
-        "{:?}",
-        rank.seen
-    );
+    // Its stdout is drained by a reader thread: wait for the line rather
+    // than look only at what was consumed so far.
+    rank.wait_line(Duration::from_secs(5), "the fixture's fault line", |l| {
+        l == "fault exit code=1 step=10"
+    });
 }
 
 #[tokio::test]

@@ -82,8 +82,28 @@ impl AgentState {
         entry.state = RankState::Exited;
         entry.exit = Some(exit.clone());
         let pid = entry.pid;
-        let step = entry.last.as_ref().map_or(0, |s| s.step);
-        let section = entry.section.clone();
+        let slot_index = entry.slot;
+        let (mut step, mut section) = (
+            entry.last.as_ref().map_or(0, |s| s.step),
+            entry.section.clone(),
+        );
+        // Where the rank was when it died, read from its slot now (the last
+        // scan may be up to a tick old); only after checking the file, since
+        // ranks dying of a truncated file is one way to get here.
+        reg.check_slot_file();
+        if was != RankState::Lost
+            && let Ok(snap) = reg.slots().snapshot_for_scan(slot_index, 0)
+            && snap.generation == generation
+        {
+            step = snap.step;
+            let started = snap.steps_completed > 0 || snap.step_open;
+            let name = snap.innermost().map(|o| {
+                reg.slots()
+                    .section_name(slot_index, o.id)
+                    .unwrap_or_default()
+            });
+            section = crate::detect::hang::current_section(name.as_deref(), started).to_owned();
+        }
         reg.free_slot_of(key);
         drop(reg);
         let (severity, how) = match (exit.code, exit.signal) {

@@ -85,6 +85,12 @@ pub struct ConnectOptions {
     pub connect_timeout: Duration,
     /// How often the background thread checks that the agent is still there.
     pub probe_interval: Duration,
+    /// The signal on which this process writes a dump of all its threads'
+    /// stacks to [`LinkStatus::stack_dump_path`], so the agent can attach it
+    /// to a hang; 0 when the process has no such handler (plain Rust and C
+    /// clients, unless they set `WARDEN_STACK_DUMP_SIGNAL` and handle it).
+    /// The Python package sets it and installs faulthandler.
+    pub stack_dump_signal: i32,
 }
 
 fn env_u32(var: &'static str) -> Result<Option<u32>, ClientError> {
@@ -113,6 +119,9 @@ impl ConnectOptions {
         let global_rank = env_u32("RANK")?.unwrap_or(0);
         let local_rank = env_u32("LOCAL_RANK")?.unwrap_or(global_rank);
         let world_size = env_u32("WORLD_SIZE")?.unwrap_or(global_rank.saturating_add(1));
+        let stack_dump_signal = env_u32("WARDEN_STACK_DUMP_SIGNAL")?
+            .and_then(|s| i32::try_from(s).ok())
+            .unwrap_or(0);
         Ok(ConnectOptions {
             socket_path: crate::paths::client_socket_path(),
             job_id,
@@ -121,6 +130,7 @@ impl ConnectOptions {
             world_size,
             connect_timeout: Duration::from_secs(1),
             probe_interval: Duration::from_secs(1),
+            stack_dump_signal,
         })
     }
 
@@ -137,6 +147,7 @@ impl ConnectOptions {
                     world_size: 1,
                     connect_timeout: Duration::from_secs(1),
                     probe_interval: Duration::from_secs(1),
+                    stack_dump_signal: 0,
                 };
                 if let Some(j) = ["WARDEN_JOB_ID", "TORCHELASTIC_RUN_ID"]
                     .iter()
@@ -250,6 +261,8 @@ pub struct LinkStatus {
     pub registrations: u64,
     /// The last reason the client was or went disconnected.
     pub last_error: Option<String>,
+    /// Where the agent wants stack dumps written, when connected.
+    pub stack_dump_path: Option<PathBuf>,
 }
 
 #[derive(Debug)]
@@ -603,6 +616,7 @@ struct Link {
     index: u32,
     generation: u64,
     slot: *mut Slot,
+    stack_dump_path: Option<PathBuf>,
 }
 
 const BACKOFF_MIN: Duration = Duration::from_millis(100);
@@ -652,6 +666,7 @@ async fn run(inner: Arc<Inner>, first: mpsc::SyncSender<()>) {
                     s.connected = true;
                     s.slot_index = Some(link.index);
                     s.generation = Some(link.generation);
+                    s.stack_dump_path = link.stack_dump_path.clone();
                     s.registrations += 1;
                     s.last_error = None;
                 });
@@ -697,6 +712,7 @@ fn detach(inner: &Inner) {
         s.connected = false;
         s.slot_index = None;
         s.generation = None;
+        s.stack_dump_path = None;
     });
     for m in inner.mappings().iter_mut() {
         m.retire();
@@ -731,8 +747,7 @@ async fn register(inner: &Inner, previous_slot: Option<u32>) -> Result<Link, Str
             host: hostname(),
             slot_layout_version: LAYOUT_VERSION,
             previous_slot,
-            // Fields added later (stack dumps) keep their "not supported" default.
-            ..Default::default()
+            stack_dump_signal: opts.stack_dump_signal,
         })
         .await
         .map_err(|s| format!("RegisterRank: {}: {}", s.code(), s.message()))?
@@ -764,6 +779,8 @@ async fn register(inner: &Inner, previous_slot: Option<u32>) -> Result<Link, Str
         index: resp.slot_index,
         generation: resp.generation,
         slot: ptr,
+        stack_dump_path: (!resp.stack_dump_path.is_empty())
+            .then(|| PathBuf::from(&resp.stack_dump_path)),
     })
 }
 

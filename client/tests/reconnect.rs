@@ -171,6 +171,7 @@ fn options(socket: PathBuf) -> ConnectOptions {
         world_size: 8,
         connect_timeout: Duration::from_secs(10),
         probe_interval: Duration::from_millis(50),
+        stack_dump_signal: 0,
     }
 }
 

@@ -1,6 +1,7 @@
 //! systemd's notify protocol: READY=1, STATUS=, STOPPING=1 and the watchdog.
 //!
 //! All of it is a no-op when `NOTIFY_SOCKET` is unset (not under systemd).
+//! Sends never block (a full socket buffer drops the message instead).
 //! The watchdog is pinged from the work loop, not from a timer of its own,
 //! so an agent whose loop is wedged stops pinging and systemd restarts it.
 
@@ -25,7 +26,7 @@ pub fn stopping() {
 
 fn send(states: &[NotifyState<'_>]) {
     static WARNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-    if let Err(e) = sd_notify::notify(states) {
+    if let Err(e) = send_nonblocking(states) {
         // Once: a notify socket that went away would otherwise log every tick.
         if !WARNED.swap(true, std::sync::atomic::Ordering::Relaxed) {
             tracing::warn!(error = %e, "cannot notify systemd (further failures are not logged)");
@@ -65,4 +66,27 @@ impl Watchdog {
             self.last = Some(now);
         }
     }
+}
+
+/// Sends one notify datagram without ever blocking: a manager that stopped
+/// reading (a full socket buffer) must not stall the work loop that sends.
+fn send_nonblocking(states: &[NotifyState<'_>]) -> std::io::Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    use std::os::unix::net::UnixDatagram;
+
+    let Some(path) = std::env::var_os("NOTIFY_SOCKET") else {
+        return Ok(());
+    };
+    let msg: String = states.iter().map(|s| format!("{s}\n")).collect();
+    let sock = UnixDatagram::unbound()?;
+    sock.set_nonblocking(true)?;
+    let bytes = path.as_bytes();
+    if let Some(name) = bytes.strip_prefix(b"@") {
+        use std::os::linux::net::SocketAddrExt;
+        let addr = std::os::unix::net::SocketAddr::from_abstract_name(name)?;
+        sock.send_to_addr(msg.as_bytes(), &addr)?;
+    } else {
+        sock.send_to(msg.as_bytes(), &path)?;
+    }
+    Ok(())
 }

@@ -258,6 +258,8 @@ pub struct Registry {
     stack_dir: PathBuf,
     state_dir: PathBuf,
     file_mode: u32,
+    /// Rebuilds of the slot file not yet reported: (why, ranks lost).
+    rebuilds: Vec<(String, Vec<RankKey>)>,
 }
 
 /// What [`Registry::check_slot_file`] found.
@@ -311,6 +313,7 @@ impl Registry {
             stack_dir,
             state_dir: state_dir.to_owned(),
             file_mode,
+            rebuilds: Vec::new(),
         })
     }
 
@@ -342,6 +345,7 @@ impl Registry {
         now_ns: u64,
     ) -> Result<Registration, RegisterError> {
         validate(req)?;
+        self.check_slot_file();
         let key = RankKey {
             job: req.job_id.clone(),
             rank: req.global_rank,
@@ -434,6 +438,7 @@ impl Registry {
 
     /// Removes a rank that leaves cleanly; false if the generation is stale.
     pub fn deregister(&mut self, key: &RankKey, generation: u64) -> bool {
+        self.check_slot_file();
         match self.ranks.get(key) {
             Some(e) if e.generation == generation => {}
             _ => return false,
@@ -448,6 +453,7 @@ impl Registry {
 
     /// Frees the slots of exited ranks (their entries stay for GetRanks).
     pub fn free_slot_of(&mut self, key: &RankKey) {
+        self.check_slot_file();
         if let Some(e) = self.ranks.get(key)
             && self.slots.release(e.slot).is_ok()
         {
@@ -456,17 +462,23 @@ impl Registry {
     }
 
     /// Checks that the slot file is still the one we created, at full
-    /// length; if not, rebuilds it and marks every live rank lost.
+    /// length, with its header intact; if not, rebuilds it, marks every live
+    /// rank lost and records the rebuild for [`Registry::take_rebuilds`].
     ///
-    /// A truncated file would fault (SIGBUS) on the next read of the mapping,
-    /// so this runs before every scan; a truncation racing with the scan
-    /// itself (microseconds) is the one case it cannot rule out.
+    /// Runs before every scan and before every write to the mapping
+    /// (register, deregister, freeing an exited rank's slot): a truncated
+    /// file would fault (SIGBUS) on the next access. A truncation racing
+    /// with the access itself (microseconds) is the one case it cannot rule
+    /// out; ranks writing into a file truncated under them fault the same way.
     pub fn check_slot_file(&mut self) -> SlotFileCheck {
         let path = self.slots.path().to_owned();
         let expected = slot::file_len(self.slots.slot_count());
         let why = match inode(&path) {
             Ok((dev, ino, len)) if (dev, ino) == self.slot_ino && len >= expected => {
-                return SlotFileCheck::Ok;
+                match read_header(&path, len) {
+                    Ok(()) => return SlotFileCheck::Ok,
+                    Err(e) => format!("{} has a damaged header: {e}", path.display()),
+                }
             }
             Ok((dev, ino, len)) if (dev, ino) == self.slot_ino => {
                 format!(
@@ -495,7 +507,13 @@ impl Registry {
                 lost.push(e.key.clone());
             }
         }
+        self.rebuilds.push((why.clone(), lost.clone()));
         SlotFileCheck::Rebuilt { why, lost }
+    }
+
+    /// Rebuilds of the slot file since the last call, to be reported.
+    pub fn take_rebuilds(&mut self) -> Vec<(String, Vec<RankKey>)> {
+        std::mem::take(&mut self.rebuilds)
     }
 
     /// Saves calibrations that changed, at most every `every`.
@@ -509,6 +527,22 @@ impl Registry {
             }
         }
     }
+}
+
+/// Reads and validates the file's header through a plain read (not the
+/// mapping), so a damaged file is caught without touching the mapping.
+fn read_header(path: &Path, len: u64) -> Result<(), slot::SlotError> {
+    use std::io::Read;
+    let io = |source| slot::SlotError::Io {
+        path: path.to_owned(),
+        op: "read header",
+        source,
+    };
+    let mut header = [0u8; slot::HEADER_SIZE];
+    std::fs::File::open(path)
+        .and_then(|mut f| f.read_exact(&mut header))
+        .map_err(io)?;
+    slot::validate_header(path, &header, len).map(|_| ())
 }
 
 fn sanitize(s: &str) -> String {
@@ -661,6 +695,30 @@ mod tests {
     }
 
     #[test]
+    fn overwritten_header_is_rebuilt() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut r = registry(dir.path());
+        r.register(&req("j", 0, std::process::id()), 0).unwrap();
+        let mut bytes = std::fs::read(r.slot_path()).unwrap();
+        bytes[..8].copy_from_slice(b"garbage!");
+        // Same inode, same length: only the header says it is damaged.
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(r.slot_path())
+            .and_then(|mut f| std::io::Write::write_all(&mut f, &bytes[..16]))
+            .unwrap();
+        match r.check_slot_file() {
+            SlotFileCheck::Rebuilt { why, lost } => {
+                assert!(why.contains("header"), "{why}");
+                assert_eq!(lost.len(), 1);
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(r.take_rebuilds().len(), 1);
+        assert_eq!(r.check_slot_file(), SlotFileCheck::Ok);
+    }
+
+    #[test]
     fn truncated_slot_file_is_rebuilt() {
         let dir = tempfile::tempdir().unwrap();
         let mut r = registry(dir.path());
@@ -680,5 +738,32 @@ mod tests {
         }
         assert_eq!(r.check_slot_file(), SlotFileCheck::Ok);
         assert!(r.slots().snapshot(0).is_ok());
+    }
+}
+
+#[cfg(test)]
+mod claim_visible {
+    use super::*;
+
+    #[test]
+    fn a_claim_is_visible_through_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut r =
+            Registry::new(&dir.path().join("run"), &dir.path().join("state"), 4, 0o600).unwrap();
+        let q = RegisterRequest {
+            job_id: "j".into(),
+            global_rank: 0,
+            local_rank: 0,
+            world_size: 1,
+            pid: std::process::id(),
+            host: "h".into(),
+            layout_version: slot::LAYOUT_VERSION,
+            stack_dump_signal: 0,
+        };
+        let reg = r.register(&q, 0).unwrap();
+        let other = SlotFile::open_existing(&reg.slot_file).unwrap();
+        let snap = other.snapshot(reg.slot_index).unwrap();
+        assert!(snap.claimed);
+        assert_eq!(snap.generation, reg.generation);
     }
 }

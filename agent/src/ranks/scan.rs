@@ -15,7 +15,7 @@ use warden_client::slot::{RING_LEN, SlotFile, SlotSnapshot};
 const RING_STEPS: usize = RING_LEN - 1;
 
 use super::procfs;
-use super::registry::{Marker, RankEntry, RankKey, RankState, Registry, SlotFileCheck};
+use super::registry::{Marker, RankEntry, RankKey, RankState, Registry};
 use crate::config::HangConfig;
 use crate::detect::calibration::{self, IDLE};
 use crate::detect::hang::{self, PeerPosition, Threshold};
@@ -60,7 +60,8 @@ pub struct ScanResult {
 /// hang is declared at most one tick after its threshold.
 pub fn scan(reg: &mut Registry, cfg: &HangConfig, now_ns: u64, prev_ns: u64) -> ScanResult {
     let mut out = ScanResult::default();
-    if let SlotFileCheck::Rebuilt { why, lost } = reg.check_slot_file() {
+    reg.check_slot_file();
+    for (why, lost) in reg.take_rebuilds() {
         let mut ev = NewEvent::new(
             Severity::Error,
             "ranks.slot_file_rebuilt",
@@ -111,10 +112,22 @@ pub fn scan(reg: &mut Registry, cfg: &HangConfig, now_ns: u64, prev_ns: u64) -> 
                     }
                 }
             }
-            entry.slot_error = None;
-            if snap.generation != entry.generation {
+            if snap.generation != entry.generation || !snap.claimed {
+                // Our claim is gone from the slot: overwritten. The client
+                // sees the same and registers again; until then the rank is
+                // not judged on a slot that is no longer its own.
+                note_slot_error(
+                    entry,
+                    &format!(
+                        "slot {} no longer carries this rank's claim (generation {}, claimed {}; issued {}): overwritten",
+                        entry.slot, snap.generation, snap.claimed, entry.generation
+                    ),
+                    &mut out,
+                );
+                entry.state = RankState::Lost;
                 continue;
             }
+            entry.slot_error = None;
             entry.counters = Some(counters);
             let marker = Marker::of(&snap);
             if entry.marker != Some(marker) {
@@ -241,10 +254,11 @@ pub fn scan(reg: &mut Registry, cfg: &HangConfig, now_ns: u64, prev_ns: u64) -> 
             evidence.push(("in_section_for".to_owned(), hang::fmt(d)));
         }
         if let Some(s) = snap {
-            let stack: Vec<&str> = s
+            let slot_index = entry.slot;
+            let stack: Vec<String> = s
                 .open_sections
                 .iter()
-                .map(|o| s.section_name(o.id))
+                .map(|o| entry_name(&mut entry.names, slots, slot_index, o.id))
                 .collect();
             evidence.push(("open_sections".to_owned(), stack.join(" > ")));
         }
@@ -283,18 +297,9 @@ pub fn scan(reg: &mut Registry, cfg: &HangConfig, now_ns: u64, prev_ns: u64) -> 
                 };
                 evidence.push(("wchan".to_owned(), wchan));
                 if let Some((ticks, at)) = entry.cpu_mark {
-                    let over = hang::fmt(Duration::from_nanos(now_ns.saturating_sub(at)));
+                    let span = Duration::from_nanos(now_ns.saturating_sub(at));
                     let delta = f.cpu_ticks.saturating_sub(ticks);
-                    evidence.push((
-                        "cpu_advancing".to_owned(),
-                        if delta > 0 {
-                            format!(
-                                "yes (+{delta} clock ticks over the last {over}: spinning or busy)"
-                            )
-                        } else {
-                            format!("no (0 clock ticks over the last {over}: blocked or stopped)")
-                        },
-                    ));
+                    evidence.push(("cpu_advancing".to_owned(), cpu_verdict(delta, span)));
                 }
             }
         }
@@ -357,6 +362,31 @@ fn ingest(
         prev_end = Some(end);
     }
     newest
+}
+
+/// Share of one core a process used, above which a stalled rank is said
+/// to spin (a collective busy-polling) rather than to be blocked. Its own
+/// housekeeping threads (the client's, the interpreter's) stay far below.
+const SPIN_SHARE: f64 = 0.2;
+
+/// Says whether CPU time advanced, and how much, over `span`.
+fn cpu_verdict(delta_ticks: u64, span: Duration) -> String {
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    let secs = span.as_secs_f64().max(1e-3);
+    let share = delta_ticks as f64 / hz / secs;
+    let over = hang::fmt(span);
+    if share >= SPIN_SHARE {
+        format!(
+            "yes ({:.0}% of a core over the last {over}: spinning or busy)",
+            share * 100.0
+        )
+    } else {
+        format!(
+            "no ({:.0}% of a core over the last {over}: blocked or stopped)",
+            share * 100.0
+        )
+    }
 }
 
 /// A section name through the rank's cache (names are write-once per id).

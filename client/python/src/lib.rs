@@ -10,6 +10,8 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use std::sync::atomic::{AtomicI32, Ordering};
+
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
@@ -59,9 +61,30 @@ pub struct Step {
 /// The module-level client, created from the environment on first use.
 static DEFAULT: PyOnceLock<Py<Client>> = PyOnceLock::new();
 
+/// The signal the Python layer handles with faulthandler (0: none); set by
+/// `warden/__init__.py` before any client exists, and sent to the agent at
+/// registration so it can ask a hung rank for its stacks.
+static STACK_DUMP_SIGNAL: AtomicI32 = AtomicI32::new(0);
+
+/// Records the stack-dump signal the package installed a handler for.
+#[pyfunction]
+fn _set_stack_dump_signal(signal: i32) {
+    STACK_DUMP_SIGNAL.store(signal, Ordering::Relaxed);
+}
+
+fn options_from_env() -> ConnectOptions {
+    let mut o = ConnectOptions::from_env_lossy();
+    o.stack_dump_signal = STACK_DUMP_SIGNAL.load(Ordering::Relaxed);
+    o
+}
+
 fn default_ref(py: Python<'_>) -> PyResult<&'static Py<Client>> {
     DEFAULT.get_or_try_init(py, || {
-        let inner = py.detach(warden_client::Client::connect);
+        let opts = options_from_env();
+        let inner = py.detach(|| {
+            warden_client::Client::connect_with(opts.clone())
+                .unwrap_or_else(|e| warden_client::Client::offline(opts, Some(e.to_string())))
+        });
         Py::new(py, Client::new(py, inner))
     })
 }
@@ -148,6 +171,7 @@ impl Client {
         d.set_item("generation", s.generation)?;
         d.set_item("registrations", s.registrations)?;
         d.set_item("last_error", s.last_error)?;
+        d.set_item("stack_dump_path", s.stack_dump_path)?;
         Ok(d)
     }
 
@@ -289,7 +313,7 @@ fn connect(
     socket_path: Option<PathBuf>,
     connect_timeout: Option<f64>,
 ) -> PyResult<Client> {
-    let mut o = ConnectOptions::from_env_lossy();
+    let mut o = options_from_env();
     if let Some(j) = job_id {
         o.job_id = j;
     }
@@ -325,6 +349,12 @@ fn connect(
 #[pyfunction]
 fn default_client(py: Python<'_>) -> PyResult<Py<Client>> {
     Ok(default_ref(py)?.clone_ref(py))
+}
+
+/// The default client if one was created, without creating it.
+#[pyfunction]
+fn _default_client_if_any(py: Python<'_>) -> Option<Py<Client>> {
+    DEFAULT.get(py).map(|c| c.clone_ref(py))
 }
 
 /// Says "still alive" on the default client.
@@ -386,6 +416,8 @@ fn warden_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Section>()?;
     m.add_class::<Step>()?;
     m.add_function(wrap_pyfunction!(connect, m)?)?;
+    m.add_function(wrap_pyfunction!(_set_stack_dump_signal, m)?)?;
+    m.add_function(wrap_pyfunction!(_default_client_if_any, m)?)?;
     m.add_function(wrap_pyfunction!(default_client, m)?)?;
     m.add_function(wrap_pyfunction!(heartbeat, m)?)?;
     m.add_function(wrap_pyfunction!(step_begin, m)?)?;

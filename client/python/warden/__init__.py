@@ -32,14 +32,15 @@ import functools
 import inspect
 from typing import Any, Callable, TypeVar
 
+from ._stackdump import StackDumps as _StackDumps
+
+from . import _native
 from ._native import (
     SLOT_LAYOUT_VERSION,
     _close_default,
     Client,
     Section,
     Step,
-    connect,
-    default_client,
     heartbeat,
     is_connected,
     section,
@@ -67,6 +68,41 @@ _F = TypeVar("_F", bound=Callable[..., Any])
 
 # A clean exit deregisters the default client (a crash is seen by its pid).
 atexit.register(_close_default)
+
+# Before any client registers: the agent may send this signal to a hung
+# rank, so the handler must exist first (see warden/_stackdump.py).
+_stack_dumps = _StackDumps.install()
+_native._set_stack_dump_signal(_stack_dumps.signal)
+
+
+def connect(
+    job_id: str | None = None,
+    global_rank: int | None = None,
+    local_rank: int | None = None,
+    world_size: int | None = None,
+    socket_path: str | None = None,
+    connect_timeout: float | None = None,
+) -> Client:
+    """Connects with explicit settings (``None``: from the environment).
+
+    Never raises because the agent is absent: the client retries in the
+    background. Raises ``ValueError`` only for invalid arguments.
+    """
+    client = _native.connect(
+        job_id=job_id,
+        global_rank=global_rank,
+        local_rank=local_rank,
+        world_size=world_size,
+        socket_path=socket_path,
+        connect_timeout=connect_timeout,
+    )
+    _stack_dumps.track(client)
+    return client
+
+
+def default_client() -> Client:
+    """The module-level client, created from the environment on first use."""
+    return _native.default_client()
 
 
 def _decorate(sec: Section, func: _F) -> _F:
