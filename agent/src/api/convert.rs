@@ -110,15 +110,9 @@ pub fn rank_info(e: &crate::ranks::registry::RankEntry, now_ns: u64) -> pb::Rank
         })
         .unwrap_or_default();
     durations.sort_unstable();
-    let pct = |p: f64| -> Option<prost_types::Duration> {
-        if durations.is_empty() {
-            return None;
-        }
-        let rank = ((p / 100.0) * durations.len() as f64).ceil() as usize;
-        let i = rank.clamp(1, durations.len()) - 1;
-        durations
-            .get(i)
-            .map(|ns| duration(Duration::from_nanos(*ns)))
+    let pct = |p: f64| {
+        crate::detect::calibration::nearest_rank(&durations, p)
+            .map(|ns| duration(Duration::from_nanos(ns)))
     };
     let in_section = snap
         .and_then(|s| s.innermost())

@@ -63,6 +63,26 @@ impl DaemonError {
     }
 }
 
+/// Binds an optional TCP listener (`addr` empty: off); returns it with the
+/// address actually bound (port 0 resolved).
+async fn bind_optional(
+    what: &'static str,
+    addr: &str,
+) -> Result<Option<(TcpListener, String)>, DaemonError> {
+    if addr.is_empty() {
+        return Ok(None);
+    }
+    let l = TcpListener::bind(addr)
+        .await
+        .map_err(|source| DaemonError::Bind {
+            what,
+            addr: addr.to_owned(),
+            source,
+        })?;
+    let bound = l.local_addr().map_or(addr.to_owned(), |a| a.to_string());
+    Ok(Some((l, bound)))
+}
+
 /// Runs the agent until SIGTERM/SIGINT or until `state.shutdown` is cancelled.
 pub async fn run(config: Config, config_source: String) -> Result<(), DaemonError> {
     let socket: PathBuf = config.socket_path();
@@ -85,39 +105,14 @@ pub async fn run(config: Config, config_source: String) -> Result<(), DaemonErro
     })?;
     state.add_endpoint("unix", socket.display().to_string());
 
-    let tcp = if cfg.api.tcp.is_empty() {
-        None
-    } else {
-        let l = TcpListener::bind(&cfg.api.tcp)
-            .await
-            .map_err(|source| DaemonError::Bind {
-                what: "tcp",
-                addr: cfg.api.tcp.clone(),
-                source,
-            })?;
-        let addr = l
-            .local_addr()
-            .map_or(cfg.api.tcp.clone(), |a| a.to_string());
-        state.add_endpoint("tcp", addr);
-        Some(l)
-    };
-
-    let metrics = if cfg.metrics.listen.is_empty() {
-        None
-    } else {
-        let l = TcpListener::bind(&cfg.metrics.listen)
-            .await
-            .map_err(|source| DaemonError::Bind {
-                what: "metrics",
-                addr: cfg.metrics.listen.clone(),
-                source,
-            })?;
-        let addr = l
-            .local_addr()
-            .map_or(cfg.metrics.listen.clone(), |a| a.to_string());
+    let tcp = bind_optional("tcp", &cfg.api.tcp).await?;
+    if let Some((_, addr)) = &tcp {
+        state.add_endpoint("tcp", addr.clone());
+    }
+    let metrics = bind_optional("metrics", &cfg.metrics.listen).await?;
+    if let Some((_, addr)) = &metrics {
         state.add_endpoint("metrics", format!("http://{addr}/metrics"));
-        Some(l)
-    };
+    }
     let metrics_handle = metrics_http::install();
 
     let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
@@ -158,7 +153,7 @@ pub async fn run(config: Config, config_source: String) -> Result<(), DaemonErro
             }
         });
     }
-    if let Some(l) = tcp {
+    if let Some((l, _)) = tcp {
         let stop = state.shutdown.clone();
         tasks.spawn(async move {
             if let Err(e) = router
@@ -169,7 +164,7 @@ pub async fn run(config: Config, config_source: String) -> Result<(), DaemonErro
             }
         });
     }
-    if let (Some(l), Some(handle)) = (metrics, metrics_handle) {
+    if let (Some((l, _)), Some(handle)) = (metrics, metrics_handle) {
         let st = state.clone();
         tasks.spawn(async move {
             if let Err(e) = metrics_http::serve(l, handle, st).await {

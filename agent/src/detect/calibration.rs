@@ -87,8 +87,7 @@ impl Calibration {
             v.sort_unstable();
             v
         });
-        let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
-        sorted.get(rank.clamp(1, sorted.len()) - 1).copied()
+        nearest_rank(sorted, p)
     }
 
     /// Whether samples were added since the last save.
@@ -134,6 +133,16 @@ impl Calibration {
         self.dirty = false;
         Ok(())
     }
+}
+
+/// The `p`th percentile (0-100) of sorted values by the nearest-rank method;
+/// None for no values.
+pub fn nearest_rank(sorted: &[u64], p: f64) -> Option<u64> {
+    if sorted.is_empty() {
+        return None;
+    }
+    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
+    sorted.get(rank.clamp(1, sorted.len()) - 1).copied()
 }
 
 /// The file holding a job's calibration under the agent's state directory.
