@@ -11,7 +11,9 @@
 //! the pointer. It then checks every `probe_interval` that the agent is still
 //! there: the slot still carries our generation and is claimed, the slot file
 //! at its path is still the inode we mapped, and (every fifth check) a
-//! `GetRanks` call on the open channel succeeds. On any failure it copies
+//! `GetNodeHealth` call on the open channel succeeds (the cheapest
+//! call: it does not touch the rank registry, so a node with many ranks
+//! does not pay for their probes). On any failure it copies
 //! the state back into the private slot, swaps, retires the mapping and
 //! re-registers with backoff (100 ms doubling to 5 s), passing the slot it
 //! had as `previous_slot`.
@@ -27,7 +29,7 @@ use tokio::net::UnixStream;
 use tokio::sync::Notify;
 use tonic::transport::{Channel, Endpoint, Uri};
 use warden_proto::v1::agent_client::AgentClient;
-use warden_proto::v1::{DeregisterRankRequest, GetRanksRequest, RegisterRankRequest};
+use warden_proto::v1::{DeregisterRankRequest, GetNodeHealthRequest, RegisterRankRequest};
 
 use crate::clock;
 use crate::mapping::SlotMapping;
@@ -816,14 +818,14 @@ async fn watch(inner: &Inner, link: &mut Link) -> Option<String> {
             }
         }
         if tick.is_multiple_of(5) {
-            let probe = link.agent.get_ranks(GetRanksRequest {
-                job_id: inner.opts.job_id.clone(),
-            });
+            let probe = link.agent.get_node_health(GetNodeHealthRequest {});
             match tokio::time::timeout(RPC_TIMEOUT, probe).await {
                 Ok(Ok(_)) => {}
                 Ok(Err(s)) if s.code() == tonic::Code::Unimplemented => {}
-                Ok(Err(s)) => return Some(format!("GetRanks: {}: {}", s.code(), s.message())),
-                Err(_) => return Some("GetRanks timed out".to_owned()),
+                Ok(Err(s)) => {
+                    return Some(format!("GetNodeHealth: {}: {}", s.code(), s.message()));
+                }
+                Err(_) => return Some("GetNodeHealth timed out".to_owned()),
             }
         }
     }

@@ -17,9 +17,23 @@ fn profile_dir() -> PathBuf {
 fn c_program_runs_without_an_agent() {
     let manifest = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
     let lib_dir = profile_dir();
+    // `cargo test` builds the library as an rlib for the tests; the cdylib
+    // the C program links is built here, in the same profile, so the test
+    // never links a stale or missing one.
+    let mut build = Command::new(env!("CARGO"));
+    build.args(["build", "-p", "warden-client", "--lib"]);
+    if lib_dir.ends_with("release") {
+        build.arg("--release");
+    }
+    let built = build.output().unwrap();
+    assert!(
+        built.status.success(),
+        "cargo build of the cdylib failed:\n{}",
+        String::from_utf8_lossy(&built.stderr)
+    );
     assert!(
         lib_dir.join("libwarden_client.so").exists(),
-        "no libwarden_client.so in {}",
+        "no libwarden_client.so in {} after building it",
         lib_dir.display()
     );
     let scratch = tempfile::tempdir().unwrap();

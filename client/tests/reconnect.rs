@@ -322,7 +322,7 @@ fn a_dead_agent_is_noticed_even_when_its_slot_file_stays() {
     let client = Client::connect_with(options(dir.path().join("wardend.sock"))).unwrap();
     assert!(client.is_connected());
     let slots = agent.slots.clone();
-    drop(agent); // the file stays; only the GetRanks probe can tell
+    drop(agent); // the file stays; only the liveness probe (GetNodeHealth) can tell
     eventually("client notices the agent is gone", || {
         !client.is_connected()
     });
