@@ -982,22 +982,26 @@ async fn slot_file_with_a_damaged_header_is_rebuilt_and_its_ranks_watched_again(
         })
         .await;
     // The ranks re-register into the new file and are watched again: GetRanks
-    // sees their steps move.
-    eventually(
-        WAIT,
-        "both ranks progressing again after the rebuild",
-        async || {
-            let before = get_ranks(&agent, job).await;
-            tokio::time::sleep(Duration::from_millis(300)).await;
-            let after = get_ranks(&agent, job).await;
-            (after.len() == 2
-                && after.iter().all(|r| {
-                    r.state == "running" && r.step > rank_info(&before, r.global_rank).step
-                }))
-            .then_some(())
-        },
-    )
-    .await;
+    // sees their steps move. On failure, say what GetRanks last showed.
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let before = get_ranks(&agent, job).await;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let after = get_ranks(&agent, job).await;
+        if after.len() == 2
+            && after
+                .iter()
+                .all(|r| r.state == "running" && r.step > rank_info(&before, r.global_rank).step)
+        {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "both ranks did not progress again after the rebuild within {WAIT:?}; \
+             last GetRanks: {after:#?}\nevents: {}",
+            events.summary()
+        );
+    }
     // A rank started now can attach.
     let mut late = Rank::spawn(
         &agent,

@@ -674,7 +674,9 @@ async fn run(inner: Arc<Inner>, first: mpsc::SyncSender<()>) {
                 });
                 let _ = first.try_send(());
                 let reason = watch(&inner, &mut link).await;
-                detach(&inner);
+                // SAFETY: link.slot points into a mapping kept in inner.mappings.
+                let ours = unsafe { &*link.slot }.writer_generation() == link.generation;
+                detach(&inner, ours);
                 match reason {
                     None => {
                         let _ = tokio::time::timeout(
@@ -707,9 +709,22 @@ async fn run(inner: Arc<Inner>, first: mpsc::SyncSender<()>) {
 }
 
 /// Back to the private slot; the agent's mapping is retired (kept, made anonymous).
-fn detach(inner: &Inner) {
+///
+/// `trusted`: the slot still carries this client's own echoed generation,
+/// so its contents are what the client wrote and are carried over. A slot
+/// overwritten by someone else is not copied: the private slot starts clean
+/// (the next step_begin fills it again) rather than import garbage.
+fn detach(inner: &Inner, trusted: bool) {
     inner.connected.store(false, Ordering::Release);
-    inner.swap_to(inner.dummy_ptr());
+    if trusted {
+        inner.swap_to(inner.dummy_ptr());
+    } else {
+        // The private slot is idle while the hot path writes the agent's.
+        let _names = inner.names.guard();
+        inner.dummy.reset_client_area();
+        inner.names.write_all(&inner.dummy);
+        inner.current.store(inner.dummy_ptr(), Ordering::Release);
+    }
     inner.set_status(|s| {
         s.connected = false;
         s.slot_index = None;

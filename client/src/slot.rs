@@ -706,7 +706,13 @@ impl Slot {
         unsafe { Box::from_raw(p) }
     }
 
-    fn reset_client_area(&self) {
+    /// The generation the writer echoed at attach (see [`Slot::attach_writer`]).
+    pub fn writer_generation(&self) -> u64 {
+        self.writer_generation.load(Ordering::Acquire)
+    }
+
+    /// Clears everything the client writes (step, stack, ring, counters).
+    pub(crate) fn reset_client_area(&self) {
         let s = self.write_begin();
         self.writer_generation.store(0, Ordering::Relaxed);
         self.heartbeats.store(0, Ordering::Relaxed);

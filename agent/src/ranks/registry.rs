@@ -153,6 +153,10 @@ pub struct RankEntry {
     pub host: String,
     /// Slot index.
     pub slot: u32,
+    /// Whether the entry still holds `slot`. False once the slot was freed
+    /// (the rank exited) or lost (the file was rebuilt): the index may then
+    /// belong to another rank and must never be released through this entry.
+    pub holds_slot: bool,
     /// Generation handed out with the slot.
     pub generation: u64,
     /// Lifecycle state.
@@ -161,6 +165,8 @@ pub struct RankEntry {
     pub marker: Option<Marker>,
     /// When progress was last seen (CLOCK_MONOTONIC ns).
     pub progress_ns: u64,
+    /// When the rank registered (CLOCK_MONOTONIC ns).
+    pub registered_ns: u64,
     /// CPU ticks of the process and when they were read, taken once the
     /// rank has been stalled for half its threshold: at detection, the
     /// difference says whether it spins or is blocked, with no wait.
@@ -366,8 +372,7 @@ impl Registry {
                 replaced_pid = Some(old.pid);
             }
             if let Some(old) = self.ranks.remove(&key) {
-                let _ = self.slots.release(old.slot);
-                self.free.insert(old.slot);
+                self.release_slot_of(&old);
             }
         }
         let index = self
@@ -408,10 +413,12 @@ impl Registry {
                 pid: req.pid,
                 host: req.host.clone(),
                 slot: index,
+                holds_slot: true,
                 generation,
                 state: RankState::Running,
                 marker: None,
                 progress_ns: now_ns,
+                registered_ns: now_ns,
                 cpu_mark: None,
                 last: None,
                 ingested_start_ns: 0,
@@ -444,8 +451,7 @@ impl Registry {
             _ => return false,
         }
         if let Some(e) = self.ranks.remove(key) {
-            let _ = self.slots.release(e.slot);
-            self.free.insert(e.slot);
+            self.release_slot_of(&e);
             let _ = std::fs::remove_file(&e.stack_dump_path);
         }
         true
@@ -454,9 +460,20 @@ impl Registry {
     /// Frees the slots of exited ranks (their entries stay for GetRanks).
     pub fn free_slot_of(&mut self, key: &RankKey) {
         self.check_slot_file();
-        if let Some(e) = self.ranks.get(key)
-            && self.slots.release(e.slot).is_ok()
+        if let Some(e) = self.ranks.get_mut(key)
+            && e.holds_slot
         {
+            e.holds_slot = false;
+            let slot = e.slot;
+            if self.slots.release(slot).is_ok() {
+                self.free.insert(slot);
+            }
+        }
+    }
+
+    /// Returns an entry's slot to the free list, if the entry still holds it.
+    fn release_slot_of(&mut self, e: &RankEntry) {
+        if e.holds_slot && self.slots.release(e.slot).is_ok() {
             self.free.insert(e.slot);
         }
     }
@@ -502,6 +519,8 @@ impl Registry {
         self.free = (0..count).collect();
         let mut lost = Vec::new();
         for e in self.ranks.values_mut() {
+            // Every index now refers to the fresh file: nobody holds one.
+            e.holds_slot = false;
             if matches!(e.state, RankState::Running | RankState::Hung) {
                 e.state = RankState::Lost;
                 lost.push(e.key.clone());
@@ -692,6 +711,53 @@ mod tests {
         let mut q = req("k", 0, me);
         q.world_size = 1;
         assert!(matches!(r.register(&q, 0), Err(RegisterError::Full(4))));
+    }
+
+    #[test]
+    fn a_freed_slot_is_never_released_again_through_its_old_entry() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut r = registry(dir.path());
+        let me = std::process::id();
+        let a = r.register(&req("j", 0, me), 0).unwrap();
+        // Rank 0 exits: its slot is freed and handed to rank 1.
+        let key0 = RankKey {
+            job: "j".into(),
+            rank: 0,
+        };
+        r.ranks.get_mut(&key0).unwrap().state = RankState::Exited;
+        r.free_slot_of(&key0);
+        let b = r.register(&req("j", 1, me), 0).unwrap();
+        assert_eq!(a.slot_index, b.slot_index);
+        // Rank 0 comes back: it must not take (or free) rank 1's slot.
+        let c = r.register(&req("j", 0, me), 0).unwrap();
+        assert_ne!(c.slot_index, b.slot_index);
+        let snap = r.slots().snapshot(b.slot_index).unwrap();
+        assert!(snap.claimed);
+        assert_eq!(snap.generation, b.generation);
+    }
+
+    #[test]
+    fn after_a_rebuild_old_indices_are_not_released() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut r = registry(dir.path());
+        let me = std::process::id();
+        r.register(&req("j", 0, me), 0).unwrap();
+        r.register(&req("j", 1, me), 0).unwrap();
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(r.slot_path())
+            .unwrap()
+            .set_len(10)
+            .unwrap();
+        assert!(matches!(r.check_slot_file(), SlotFileCheck::Rebuilt { .. }));
+        // Rank 1 registers first into the fresh file, then rank 0: rank 0's
+        // stale index must not free rank 1's new slot.
+        let b = r.register(&req("j", 1, me), 0).unwrap();
+        let a = r.register(&req("j", 0, me), 0).unwrap();
+        assert_ne!(a.slot_index, b.slot_index);
+        let snap = r.slots().snapshot(b.slot_index).unwrap();
+        assert!(snap.claimed);
+        assert_eq!(snap.generation, b.generation);
     }
 
     #[test]

@@ -161,10 +161,20 @@ pub fn scan(reg: &mut Registry, cfg: &HangConfig, now_ns: u64, prev_ns: u64) -> 
                     );
                 }
             }
-            if let Some(job) = jobs.get_mut(&entry.key.job) {
+            // Step records feed calibration only from a slot the client
+            // still owns (its echoed generation intact), and only records
+            // that fit between its registration and now: garbage written
+            // over a slot must not teach the agent absurd thresholds.
+            let since = entry
+                .ingested_start_ns
+                .max(entry.registered_ns.saturating_sub(1));
+            if snap.writer_is_owner()
+                && let Some(job) = jobs.get_mut(&entry.key.job)
+            {
                 entry.ingested_start_ns = ingest(
                     &snap,
-                    entry.ingested_start_ns,
+                    since,
+                    now_ns,
                     &mut job.calibration,
                     cfg.history,
                     &mut |id| entry_name(&mut entry.names, slots, entry.slot, id),
@@ -331,6 +341,7 @@ fn stalled_past(progress_ns: u64, now_ns: u64, threshold: Option<&Threshold>) ->
 fn ingest(
     snap: &SlotSnapshot,
     after_start_ns: u64,
+    now_ns: u64,
     cal: &mut calibration::Calibration,
     cap: usize,
     name_of: &mut dyn FnMut(u32) -> String,
@@ -340,7 +351,7 @@ fn ingest(
     let mut prev_end: Option<u64> = None;
     for st in &snap.recent_steps {
         let end = st.start_ns.saturating_add(st.duration_ns);
-        if st.start_ns > after_start_ns && st.duration_ns > 0 {
+        if st.start_ns > after_start_ns && st.duration_ns > 0 && end <= now_ns {
             cal.add("step", st.duration_ns, cap);
             if step_times.len() >= RankEntry::STEP_TIMES {
                 step_times.pop_front();
