@@ -89,6 +89,12 @@ pub struct AgentConfig {
     /// How long shutdown waits for in-flight API calls before closing them.
     #[serde(with = "duration")]
     pub shutdown_grace: Duration,
+    /// A source stuck in one call for longer than this (or twice its poll
+    /// interval, if longer) is stalled: its components read UNKNOWN until
+    /// it answers again. Vendor libraries (NVML, DCGM) can hang on a GPU
+    /// that fell off the bus; the agent must not hang with them.
+    #[serde(with = "duration")]
+    pub source_stall_after: Duration,
 }
 
 impl Default for AgentConfig {
@@ -98,6 +104,7 @@ impl Default for AgentConfig {
             tick: Duration::from_millis(100),
             state_dir: String::new(),
             shutdown_grace: Duration::from_secs(5),
+            source_stall_after: Duration::from_secs(30),
         }
     }
 }
@@ -347,6 +354,13 @@ impl Config {
                 "agent.shutdown_grace",
                 humantime::format_duration(self.agent.shutdown_grace).to_string(),
                 "must be at most 5m",
+            ));
+        }
+        if self.agent.source_stall_after < Duration::from_secs(1) {
+            return Err(invalid(
+                "agent.source_stall_after",
+                humantime::format_duration(self.agent.source_stall_after).to_string(),
+                "must be at least 1s",
             ));
         }
         if !self.agent.state_dir.is_empty() && !Path::new(&self.agent.state_dir).is_absolute() {

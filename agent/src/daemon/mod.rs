@@ -24,6 +24,8 @@ use warden_proto::v1::agent_server::AgentServer;
 use crate::api::{AgentService, metrics_http};
 use crate::config::Config;
 use crate::events::{NewEvent, Severity};
+use crate::sources::host_memory::HostMemory;
+use crate::sources::runner::Sources;
 use crate::state::AgentState;
 
 /// Why the agent could not start or run.
@@ -42,6 +44,9 @@ pub enum DaemonError {
         /// The OS error.
         source: std::io::Error,
     },
+    /// A source's thread could not be started.
+    #[error("cannot start a source thread: {0}")]
+    Threads(std::io::Error),
     /// Signal handlers could not be installed.
     #[error("cannot install signal handlers: {0}")]
     Signals(std::io::Error),
@@ -195,7 +200,14 @@ pub async fn run(config: Config, config_source: String) -> Result<(), DaemonErro
     // Published before the work loop starts, so it is the agent's first
     // event and a watcher resuming after it misses nothing.
     state.events.publish(started);
-    tasks.spawn(work_loop::run(state.clone(), watchdog));
+    let sources = Sources::default();
+    sources
+        .spawn(
+            state.clone(),
+            Box::new(HostMemory::new(state.config.host.clone())),
+        )
+        .map_err(DaemonError::Threads)?;
+    tasks.spawn(work_loop::run(state.clone(), watchdog, sources));
     notify::ready(&format!("serving on {}", socket.display()));
 
     let signal = tokio::select! {

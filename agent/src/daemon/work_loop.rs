@@ -1,13 +1,12 @@
 //! The work loop: one tick drives the periodic work and the watchdog.
 //!
 //! Every `agent.tick` it scans the ranks' heartbeat slots (hang detection),
-//! reads the sources that are due and pings the systemd
+//! marks sources stuck in a call as stalled, and pings the systemd
 //! watchdog. Pinging from here (not from a timer of its own) means a loop
 //! that stops turning stops the pings, and systemd restarts the agent.
 
-use std::path::Path;
 use std::sync::Arc;
-use std::time::{Instant, SystemTime};
+use std::time::Instant;
 
 use tokio::time::MissedTickBehavior;
 
@@ -15,14 +14,14 @@ use super::notify::{self, Watchdog};
 use crate::events::{NewEvent, Severity};
 use crate::health::{ComponentReport, Status};
 use crate::ranks::{evidence, scan};
-use crate::sources::host_memory;
+use crate::sources::runner::Sources;
 
 /// How often changed hang calibrations are written to the state directory.
 const CALIBRATION_SAVE_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
 use crate::state::AgentState;
 
 /// Runs until the agent shuts down.
-pub async fn run(state: Arc<AgentState>, mut watchdog: Watchdog) {
+pub async fn run(state: Arc<AgentState>, mut watchdog: Watchdog, sources: Sources) {
     let cfg = &state.config;
     let mut ticker = tokio::time::interval(cfg.agent.tick);
     ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
@@ -33,7 +32,6 @@ pub async fn run(state: Arc<AgentState>, mut watchdog: Watchdog) {
         status_override: None,
         reasons: Vec::new(),
     });
-    let mut next_host = Instant::now();
     let mut last_status = None;
     let mut prev_ns = warden_client::clock::syscall_now();
     loop {
@@ -73,11 +71,7 @@ pub async fn run(state: Arc<AgentState>, mut watchdog: Watchdog) {
                 tokio::spawn(evidence::stack_follow_up(state.clone(), finding, id));
             }
         }
-        if now >= next_host {
-            let reading = host_memory::read(Path::new("/proc/meminfo"));
-            state.apply_report(host_memory::judge(reading, &cfg.host, SystemTime::now()));
-            next_host = now + cfg.host.poll_interval;
-        }
+        sources.check_stalls(&state, cfg.agent.source_stall_after);
         let node = state.health.snapshot();
         if last_status != Some((node.status, node.version)) {
             last_status = Some((node.status, node.version));

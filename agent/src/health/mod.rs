@@ -9,6 +9,8 @@
 //! component's reasons as a whole; the `since` of a reason that persists is
 //! kept, so "since when" survives repeated polls.
 
+pub mod window;
+
 use std::collections::BTreeMap;
 use std::sync::{Mutex, PoisonError};
 use std::time::SystemTime;

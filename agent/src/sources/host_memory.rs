@@ -5,8 +5,8 @@
 //! attribution blame the host, not the job's code.
 
 use std::collections::BTreeMap;
-use std::path::Path;
-use std::time::SystemTime;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime};
 
 use crate::config::HostConfig;
 use crate::health::{ComponentReport, Reason, Status};
@@ -135,6 +135,40 @@ pub fn judge(
         }
     }
     report
+}
+
+/// The host memory source, run by [`super::runner`].
+#[derive(Debug)]
+pub struct HostMemory {
+    meminfo: PathBuf,
+    cfg: HostConfig,
+}
+
+impl HostMemory {
+    /// Reads `/proc/meminfo` with the `[host]` thresholds.
+    pub fn new(cfg: HostConfig) -> Self {
+        Self {
+            meminfo: PathBuf::from("/proc/meminfo"),
+            cfg,
+        }
+    }
+}
+
+impl super::Source for HostMemory {
+    fn name(&self) -> &'static str {
+        "host"
+    }
+
+    fn interval(&self) -> Duration {
+        self.cfg.poll_interval
+    }
+
+    fn poll(&mut self, now: SystemTime) -> super::Poll {
+        super::Poll {
+            reports: vec![judge(read(&self.meminfo), &self.cfg, now)],
+            events: Vec::new(),
+        }
+    }
 }
 
 #[cfg(test)]

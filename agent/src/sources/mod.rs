@@ -1,8 +1,45 @@
 //! Sources: where readings about the node come from.
 //!
-//! In: the machine (procfs, sysfs, and later NVML, DCGM, the kernel log, the
-//! TPU runtime). Out: [`crate::health::ComponentReport`]s. Never: block the
-//! API or the work loop for long; a source reads, judges against its
-//! thresholds and returns.
+//! In: the machine (procfs, sysfs, the kernel log, and NVML, DCGM, the TPU
+//! runtime where present). Out: [`crate::health::ComponentReport`]s and
+//! events, through [`Source::poll`]. Every source runs on a thread of its own
+//! ([`runner::spawn`]), so a library call that blocks or hangs stalls only
+//! that source: the runner marks its components UNKNOWN with the reason and
+//! the API and the work loop never wait for it. A source judges counters as
+//! deltas over a window ([`crate::health::window`]), never lifetime totals.
 
 pub mod host_memory;
+pub mod runner;
+
+use std::time::{Duration, SystemTime};
+
+use crate::events::NewEvent;
+use crate::health::ComponentReport;
+
+/// What one poll of a source produced.
+#[derive(Debug, Default)]
+pub struct Poll {
+    /// The current state of each component this source covers.
+    pub reports: Vec<ComponentReport>,
+    /// Things that happened (an XID, a link flap) with their evidence.
+    pub events: Vec<NewEvent>,
+}
+
+/// A source of health readings.
+///
+/// Why a trait: the runner, stall detection and the health model are the
+/// same for NVML, DCGM, the kernel log, the host and the simulated twin; a
+/// source only knows how to read and judge its own signals.
+pub trait Source: Send + 'static {
+    /// Short stable name (`host`, `kmsg`, `nvml`...), used in logs and in
+    /// the reason of a stalled source.
+    fn name(&self) -> &'static str;
+
+    /// How often the runner calls [`Source::poll`]. A source that waits for
+    /// events (the kernel log, NVML event sets) may block in `poll` for up
+    /// to this long.
+    fn interval(&self) -> Duration;
+
+    /// Reads and judges the source's signals at `now`.
+    fn poll(&mut self, now: SystemTime) -> Poll;
+}
