@@ -1,7 +1,10 @@
 //! `warden demo`: the README's first command. Starts the real `wardend` on
 //! its embedded defaults with a scratch runtime directory, waits for systemd's
 //! READY=1 on a notify socket of its own (the same signal systemd waits for),
-//! shows health and info, then follows events until Ctrl-C or `--duration`.
+//! shows health and info, starts two toy training ranks (this binary again,
+//! linked with the real client), one of which hangs in "backward", follows
+//! the events until the agent reports the hang, and shows the ranks. With
+//! `--duration` it keeps following until then; Ctrl-C stops it any time.
 
 use std::os::unix::net::UnixDatagram;
 use std::path::PathBuf;
@@ -24,6 +27,7 @@ impl Drop for Scratch {
 /// Runs the demo.
 pub async fn run(duration: Option<Duration>, as_json: bool) -> Result<()> {
     let exe = std::env::current_exe().context("cannot find the warden executable")?;
+    let exe = exe.as_path();
     let wardend = exe.with_file_name("wardend");
     if !wardend.exists() {
         bail!(
@@ -47,6 +51,12 @@ pub async fn run(duration: Option<Duration>, as_json: bool) -> Result<()> {
     let mut child = tokio::process::Command::new(&wardend)
         .env("RUNTIME_DIRECTORY", &dir)
         .env("NOTIFY_SOCKET", &notify_path)
+        // The demo shows the API's view; the agent's own log lines would
+        // interleave with it (RUST_LOG set by the user still wins).
+        .env(
+            "RUST_LOG",
+            std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into()),
+        )
         .kill_on_drop(true)
         .spawn()
         .with_context(|| format!("cannot start {}", wardend.display()))?;
@@ -92,9 +102,30 @@ pub async fn run(duration: Option<Duration>, as_json: bool) -> Result<()> {
         .await?
         .into_inner();
     views::print_info(&info, as_json, false);
+    let socket = target_path(&target);
+    let mut ranks = Vec::new();
+    for rank in 0..2u32 {
+        let mut cmd = tokio::process::Command::new(&exe);
+        cmd.args(["toy-rank", "--step-ms", "60"]);
+        if rank == 1 {
+            cmd.args(["--hang-at", "40"]);
+        }
+        ranks.push(
+            cmd.env(warden_client::paths::SOCKET_ENV, &socket)
+                .env("WARDEN_JOB_ID", "demo")
+                .env("RANK", rank.to_string())
+                .env("LOCAL_RANK", rank.to_string())
+                .env("WORLD_SIZE", "2")
+                .kill_on_drop(true)
+                .spawn()
+                .context("cannot start a toy rank")?,
+        );
+    }
     eprintln!(
-        "\n$ warden events --follow   (Ctrl-C to stop; or from another shell: WARDEN_SOCKET={} warden health)",
-        target_path(&target)
+        "\nstarted 2 toy training ranks of job \"demo\" (60 ms steps); rank 1 will hang in \"backward\" at step 40"
+    );
+    eprintln!(
+        "\n$ warden events --follow   (Ctrl-C to stop; from another shell: WARDEN_SOCKET={socket} warden ranks)"
     );
     let mut stream = c
         .watch_events(pb::WatchEventsRequest { after_id: Some(0) })
@@ -103,21 +134,39 @@ pub async fn run(duration: Option<Duration>, as_json: bool) -> Result<()> {
     let stop = async {
         match duration {
             Some(d) => tokio::time::sleep(d).await,
-            None => {
-                let _ = tokio::signal::ctrl_c().await;
-            }
+            None => tokio::time::sleep(Duration::from_secs(120)).await,
         }
     };
     tokio::pin!(stop);
+    let mut saw_hang = false;
     loop {
         tokio::select! {
             () = &mut stop => break,
+            _ = tokio::signal::ctrl_c() => break,
             e = stream.next() => match e {
-                Some(Ok(e)) => views::print_event(&e, as_json),
+                Some(Ok(e)) => {
+                    views::print_event(&e, as_json);
+                    if e.kind == "rank.hang" {
+                        saw_hang = true;
+                        if duration.is_none() {
+                            break;
+                        }
+                    }
+                }
                 _ => break,
             },
         }
     }
+    eprintln!("\n$ warden ranks");
+    let listed = c
+        .get_ranks(pb::GetRanksRequest::default())
+        .await?
+        .into_inner();
+    views::print_ranks(&listed, as_json);
+    if !saw_hang {
+        eprintln!("\n(no hang was reported before the demo stopped)");
+    }
+    drop(ranks);
     if let Some(pid) = child.id().and_then(|p| i32::try_from(p).ok()) {
         let _ = nix::sys::signal::kill(
             nix::unistd::Pid::from_raw(pid),

@@ -5,6 +5,7 @@
 
 pub mod connect;
 pub mod demo;
+pub mod toy_rank;
 pub mod views;
 
 use std::path::PathBuf;
@@ -68,13 +69,17 @@ pub enum Command {
         #[arg(long)]
         job: Option<String>,
     },
-    /// Start wardend on its embedded defaults in a scratch directory, show
-    /// its health and info, and follow its events until Ctrl-C.
+    /// Start wardend on its embedded defaults in a scratch directory with two
+    /// toy training ranks, one of which hangs: show health, the hang event
+    /// with its evidence, and the ranks.
     Demo {
         /// Stop after this long instead of waiting for Ctrl-C ("10s", "1m").
         #[arg(long, value_parser = humantime::parse_duration)]
         duration: Option<std::time::Duration>,
     },
+    /// A toy training rank (what `warden demo` runs).
+    #[command(hide = true)]
+    ToyRank(toy_rank::ToyRank),
 }
 
 /// Entry point of the `warden` binary.
@@ -154,6 +159,7 @@ async fn run(cli: Cli) -> Result<()> {
             views::print_ranks(&ranks, cli.json);
         }
         Command::Demo { duration } => demo::run(duration, cli.json).await?,
+        Command::ToyRank(opts) => toy_rank::run(&opts),
     }
     Ok(())
 }
