@@ -69,6 +69,8 @@ pub struct Config {
     pub ranks: RanksConfig,
     /// Hang detection.
     pub hang: HangConfig,
+    /// GPU health through NVML.
+    pub nvml: crate::sources::nvml::NvmlConfig,
 }
 
 /// `[agent]`: identity and the work loop.
@@ -524,6 +526,7 @@ impl Config {
                 "must not exceed host.memory_degraded_below_percent",
             ));
         }
+        self.nvml.validate(origin)?;
         Ok(())
     }
 

@@ -207,6 +207,16 @@ pub async fn run(config: Config, config_source: String) -> Result<(), DaemonErro
             Box::new(HostMemory::new(state.config.host.clone())),
         )
         .map_err(DaemonError::Threads)?;
+    if state.config.nvml.enabled {
+        sources
+            .spawn(
+                state.clone(),
+                Box::new(crate::sources::nvml::NvmlSource::new(
+                    state.config.nvml.clone(),
+                )),
+            )
+            .map_err(DaemonError::Threads)?;
+    }
     tasks.spawn(work_loop::run(state.clone(), watchdog, sources));
     notify::ready(&format!("serving on {}", socket.display()));
 

@@ -9,6 +9,7 @@
 //! deltas over a window ([`crate::health::window`]), never lifetime totals.
 
 pub mod host_memory;
+pub mod nvml;
 pub mod runner;
 
 use std::time::{Duration, SystemTime};

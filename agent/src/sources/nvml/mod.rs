@@ -1,0 +1,187 @@
+//! NVML: per-GPU health from NVIDIA's management library.
+//!
+//! In: `libnvidia-ml.so.1` (or `nvml.library`), loaded at run time through
+//! `nvml-wrapper`, so a node without a driver runs the same binary. Out: the
+//! `nvml` component (library loaded, device count against
+//! `nvml.expected_gpus`), one `gpuN` component per GPU (labels uuid, pci,
+//! name) with `gpuN/pcie` and `gpuN/nvlinkL`, and a `gpu.xid` event per XID.
+//! Must never: judge a lifetime counter as a verdict (counters are deltas
+//! over `nvml.window`), or let a hung NVML call hang anything but this
+//! source's own thread (the runner marks it stalled; XIDs wait on a thread
+//! of their own, in `nvmlEventSetWait` with a timeout).
+//!
+//! No library, or a driver too old to have a call: the `nvml` component is
+//! UNKNOWN with the loader's words, or the signal is simply not read.
+
+mod config;
+mod judge;
+mod read;
+mod xid;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::mpsc::Receiver;
+use std::time::{Duration, Instant, SystemTime};
+
+pub use config::NvmlConfig;
+pub use judge::{
+    GpuReading, GpuState, LinkReading, RemappedRows, Xid, judge_count, judge_gpu, xid_status,
+};
+
+use crate::events::{NewEvent, Severity};
+use crate::health::{ComponentReport, Status};
+
+/// The node-level component of this source.
+pub const COMPONENT: &str = "nvml";
+
+/// The NVML source, run by [`super::runner`].
+#[derive(Debug)]
+pub struct NvmlSource {
+    cfg: NvmlConfig,
+    /// The loaded library; `None` until it loads (retried every poll, so a
+    /// driver installed after the agent started is picked up).
+    nvml: Option<Arc<nvml_wrapper::Nvml>>,
+    /// Windows per GPU index, kept across polls.
+    gpus: BTreeMap<u32, GpuState>,
+    /// XIDs from the event thread.
+    xids: Option<Receiver<Xid>>,
+    /// Tells the event thread to end when the source is dropped.
+    stop: xid::Stop,
+    /// Why XIDs are not watched, once (a label on `nvml`).
+    xid_status: String,
+}
+
+impl NvmlSource {
+    /// A source reading NVML as `cfg` says.
+    pub fn new(cfg: NvmlConfig) -> Self {
+        Self {
+            cfg,
+            nvml: None,
+            gpus: BTreeMap::new(),
+            xids: None,
+            stop: xid::Stop::default(),
+            xid_status: String::new(),
+        }
+    }
+
+    /// Loads the library if not loaded yet; the `nvml` component says why not.
+    fn load(&mut self, now: SystemTime) -> Result<Arc<nvml_wrapper::Nvml>, ComponentReport> {
+        if let Some(n) = &self.nvml {
+            return Ok(n.clone());
+        }
+        match nvml_wrapper::Nvml::builder()
+            .lib_path(std::ffi::OsStr::new(&self.cfg.library))
+            .init()
+        {
+            Ok(n) => {
+                let n = Arc::new(n);
+                match xid::spawn(n.clone(), self.stop.clone()) {
+                    Ok(rx) => {
+                        self.xids = Some(rx);
+                        "watched".clone_into(&mut self.xid_status);
+                    }
+                    Err(e) => self.xid_status = format!("not watched: {e}"),
+                }
+                self.nvml = Some(n.clone());
+                Ok(n)
+            }
+            Err(e) => Err(judge::unknown(
+                "nvml.load",
+                format!("cannot use NVML from {:?}: {e}", self.cfg.library),
+                now,
+            )),
+        }
+    }
+}
+
+impl Drop for NvmlSource {
+    fn drop(&mut self) {
+        self.stop.set();
+    }
+}
+
+impl super::Source for NvmlSource {
+    fn name(&self) -> &'static str {
+        "nvml"
+    }
+
+    fn interval(&self) -> Duration {
+        self.cfg.poll_interval
+    }
+
+    fn poll(&mut self, now: SystemTime) -> super::Poll {
+        let mut poll = super::Poll::default();
+        let nvml = match self.load(now) {
+            Ok(n) => n,
+            Err(report) => {
+                poll.reports.push(report);
+                return poll;
+            }
+        };
+        let mono = Instant::now();
+        // XIDs first, so this poll's reports carry them.
+        if let Some(rx) = &self.xids {
+            for x in rx.try_iter() {
+                let status = xid_status(x.xid);
+                let severity = match status {
+                    Status::Failed => Severity::Error,
+                    Status::Degraded => Severity::Warning,
+                    _ => Severity::Info,
+                };
+                poll.events.push(
+                    NewEvent::new(
+                        severity,
+                        "gpu.xid",
+                        format!("gpu{}", x.gpu),
+                        format!("XID {} on gpu{} ({})", x.xid, x.gpu, x.pci),
+                    )
+                    .with("gpu", x.gpu)
+                    .with("xid", x.xid)
+                    .with("pci", &x.pci)
+                    .with("status", status.as_str()),
+                );
+                self.gpus
+                    .entry(x.gpu)
+                    .or_insert_with(|| GpuState::new(&self.cfg))
+                    .note_xid(mono, now, x);
+            }
+        }
+        let count = match nvml.device_count() {
+            Ok(c) => c,
+            Err(e) => {
+                poll.reports.push(judge::unknown(
+                    "nvml.device_count",
+                    format!("NVML cannot count GPUs: {e}"),
+                    now,
+                ));
+                return poll;
+            }
+        };
+        let mut labels = BTreeMap::new();
+        labels.insert("library".into(), self.cfg.library.clone());
+        labels.insert("xid".into(), self.xid_status.clone());
+        poll.reports
+            .push(judge_count(count, &self.cfg, labels, now));
+        for index in 0..count {
+            let reading = read::gpu(&nvml, index);
+            let st = self
+                .gpus
+                .entry(index)
+                .or_insert_with(|| GpuState::new(&self.cfg));
+            poll.reports
+                .extend(judge_gpu(&reading, st, &self.cfg, mono, now));
+        }
+        // A GPU seen before that NVML no longer counts is gone, not healthy.
+        for index in self.gpus.keys().copied().filter(|i| *i >= count) {
+            let gone = GpuReading {
+                index,
+                lost: Some(format!("no longer counted by NVML ({count} GPUs)")),
+                ..GpuReading::default()
+            };
+            let mut st = GpuState::new(&self.cfg);
+            poll.reports
+                .extend(judge_gpu(&gone, &mut st, &self.cfg, mono, now));
+        }
+        poll
+    }
+}

@@ -1,0 +1,185 @@
+//! Reading one GPU through NVML. Every call may fail on its own: NOT_SUPPORTED
+//! (or a symbol an old driver lacks) leaves the signal unread; GPU_IS_LOST or
+//! RESET_REQUIRED from any call marks the GPU lost.
+
+use std::collections::BTreeMap;
+
+use nvml_wrapper::enum_wrappers::device::{
+    EccCounter, MemoryError, RetirementCause, TemperatureSensor,
+};
+use nvml_wrapper::enum_wrappers::nv_link::ErrorCounter;
+use nvml_wrapper::error::{NvmlError, nvml_try};
+use nvml_wrapper::{Device, Nvml};
+
+use super::judge::{GpuReading, LinkReading, RemappedRows};
+
+/// Most NVLinks a GPU has (NVML_NVLINK_MAX_LINKS).
+const MAX_LINKS: u32 = 18;
+
+/// Keeps the value of a call, noting a lost GPU.
+fn keep<T>(r: Result<T, NvmlError>, call: &str, lost: &mut Option<String>) -> Option<T> {
+    match r {
+        Ok(v) => Some(v),
+        Err(e @ (NvmlError::GpuLost | NvmlError::ResetRequired)) => {
+            if lost.is_none() {
+                *lost = Some(format!("{call}: {e}"));
+            }
+            None
+        }
+        Err(_) => None,
+    }
+}
+
+/// Reads everything this source judges from GPU `index`.
+pub fn gpu(nvml: &Nvml, index: u32) -> GpuReading {
+    let mut r = GpuReading {
+        index,
+        ..GpuReading::default()
+    };
+    let lost = &mut r.lost;
+    let dev = match nvml.device_by_index(index) {
+        Ok(d) => d,
+        Err(e) => {
+            *lost = Some(format!("nvmlDeviceGetHandleByIndex: {e}"));
+            return r;
+        }
+    };
+    let mut labels = BTreeMap::new();
+    if let Some(v) = keep(dev.uuid(), "nvmlDeviceGetUUID", lost) {
+        labels.insert("uuid".to_owned(), v);
+    }
+    if let Some(v) = keep(dev.pci_info(), "nvmlDeviceGetPciInfo", lost) {
+        labels.insert("pci".to_owned(), v.bus_id);
+    }
+    if let Some(v) = keep(dev.name(), "nvmlDeviceGetName", lost) {
+        labels.insert("name".to_owned(), v);
+    }
+    r.labels = labels;
+    let ecc = |e, c| dev.total_ecc_errors(e, c);
+    r.ecc_uncorrected_volatile = keep(
+        ecc(MemoryError::Uncorrected, EccCounter::Volatile),
+        "nvmlDeviceGetTotalEccErrors",
+        lost,
+    );
+    r.ecc_corrected_volatile = keep(
+        ecc(MemoryError::Corrected, EccCounter::Volatile),
+        "nvmlDeviceGetTotalEccErrors",
+        lost,
+    );
+    r.ecc_uncorrected_aggregate = keep(
+        ecc(MemoryError::Uncorrected, EccCounter::Aggregate),
+        "nvmlDeviceGetTotalEccErrors",
+        lost,
+    );
+    let sbe = keep(
+        dev.retired_pages(RetirementCause::MultipleSingleBitEccErrors),
+        "nvmlDeviceGetRetiredPages",
+        lost,
+    );
+    let dbe = keep(
+        dev.retired_pages(RetirementCause::DoubleBitEccError),
+        "nvmlDeviceGetRetiredPages",
+        lost,
+    );
+    if sbe.is_some() || dbe.is_some() {
+        let n = sbe.map_or(0, |v| v.len()) + dbe.map_or(0, |v| v.len());
+        r.retired_pages = u64::try_from(n).ok();
+    }
+    r.retired_pending = keep(
+        dev.are_pages_pending_retired(),
+        "nvmlDeviceGetRetiredPagesPendingStatus",
+        lost,
+    );
+    r.remapped = keep(remapped_rows(nvml, &dev), "nvmlDeviceGetRemappedRows", lost);
+    r.pcie_replays = keep(
+        dev.pcie_replay_counter(),
+        "nvmlDeviceGetPcieReplayCounter",
+        lost,
+    )
+    .map(u64::from);
+    let gen_cur = keep(
+        dev.current_pcie_link_gen(),
+        "nvmlDeviceGetCurrPcieLinkGeneration",
+        lost,
+    );
+    let gen_max = keep(
+        dev.max_pcie_link_gen(),
+        "nvmlDeviceGetMaxPcieLinkGeneration",
+        lost,
+    );
+    r.pcie_gen = gen_cur.zip(gen_max);
+    let w_cur = keep(
+        dev.current_pcie_link_width(),
+        "nvmlDeviceGetCurrPcieLinkWidth",
+        lost,
+    );
+    let w_max = keep(
+        dev.max_pcie_link_width(),
+        "nvmlDeviceGetMaxPcieLinkWidth",
+        lost,
+    );
+    r.pcie_width = w_cur.zip(w_max);
+    r.clock_events = keep(
+        dev.current_throttle_reasons().map(|r| r.bits()),
+        "nvmlDeviceGetCurrentClocksThrottleReasons",
+        lost,
+    );
+    r.temperature = keep(
+        dev.temperature(TemperatureSensor::Gpu),
+        "nvmlDeviceGetTemperature",
+        lost,
+    );
+    r.power_mw = keep(dev.power_usage(), "nvmlDeviceGetPowerUsage", lost);
+    for link in 0..MAX_LINKS {
+        let w = dev.link_wrapper_for(link);
+        // The first link NVML refuses ends the list (fewer links, or none).
+        let Some(active) = keep(w.is_active(), "nvmlDeviceGetNvLinkState", lost) else {
+            break;
+        };
+        let counter = |c, lost: &mut Option<String>| {
+            keep(w.error_counter(c), "nvmlDeviceGetNvLinkErrorCounter", lost)
+        };
+        let flit = counter(ErrorCounter::DlCrcFlit, lost);
+        let data = counter(ErrorCounter::DlCrcData, lost);
+        r.links.push(LinkReading {
+            link,
+            active,
+            replay: counter(ErrorCounter::DlReplay, lost),
+            recovery: counter(ErrorCounter::DlRecovery, lost),
+            crc: match (flit, data) {
+                (None, None) => None,
+                (f, d) => Some(f.unwrap_or(0) + d.unwrap_or(0)),
+            },
+        });
+    }
+    r
+}
+
+/// `nvmlDeviceGetRemappedRows`, which nvml-wrapper does not wrap.
+fn remapped_rows(nvml: &Nvml, dev: &Device<'_>) -> Result<RemappedRows, NvmlError> {
+    let sym = nvml
+        .lib()
+        .nvmlDeviceGetRemappedRows
+        .as_ref()
+        .map_err(|e| NvmlError::FailedToLoadSymbol(e.to_string()))?;
+    let (mut corr, mut unc, mut pending, mut failure) = (0u32, 0u32, 0u32, 0u32);
+    // SAFETY: the handle comes from this live `Nvml` (the device borrows it),
+    // and the four out-pointers are valid, distinct `c_uint`s on our stack,
+    // as the NVML signature requires.
+    let ret = unsafe {
+        sym(
+            dev.handle(),
+            &mut corr,
+            &mut unc,
+            &mut pending,
+            &mut failure,
+        )
+    };
+    nvml_try(ret)?;
+    Ok(RemappedRows {
+        corrected: corr,
+        uncorrected: unc,
+        pending: pending != 0,
+        failure: failure != 0,
+    })
+}
