@@ -105,7 +105,7 @@ pub async fn run(duration: Option<Duration>, as_json: bool) -> Result<()> {
     let socket = target_path(&target);
     let mut ranks = Vec::new();
     for rank in 0..2u32 {
-        let mut cmd = tokio::process::Command::new(&exe);
+        let mut cmd = tokio::process::Command::new(exe);
         cmd.args(["toy-rank", "--step-ms", "60"]);
         if rank == 1 {
             cmd.args(["--hang-at", "40"]);
