@@ -21,5 +21,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     tonic_prost_build::configure()
         .file_descriptor_set_path(out_dir.join("warden_descriptor.bin"))
         .compile_protos(&protos, &[".", &include.to_string_lossy()])?;
+    // Foreign protocols warden speaks (libtpu's runtime metrics, NVIDIA's
+    // nvhcd): compiled apart, so they stay out of warden's reflection set.
+    let foreign = [
+        "tpu/tpu_telemetry.proto",
+        "tpu/tpu_metric_service.proto",
+        "nvhcd/nvhcd.proto",
+    ];
+    for p in &foreign {
+        println!("cargo:rerun-if-changed={p}");
+    }
+    tonic_prost_build::configure().compile_protos(&foreign, &[".", &include.to_string_lossy()])?;
     Ok(())
 }

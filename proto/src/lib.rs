@@ -13,3 +13,26 @@ pub mod v1 {
     /// The encoded file descriptor set, for gRPC server reflection.
     pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("warden_descriptor");
 }
+
+/// Package `tpu.monitoring.runtime`: libtpu's runtime metrics service
+/// (`proto/tpu/`), which the TPU source polls.
+pub mod tpu {
+    /// `tpu.monitoring`.
+    pub mod monitoring {
+        /// `tpu.monitoring.runtime`.
+        pub mod runtime {
+            tonic::include_proto!("tpu.monitoring.runtime");
+        }
+    }
+}
+
+/// Package `tpu_telemetry`: per-core state in GetTpuRuntimeStatus answers.
+pub mod tpu_telemetry {
+    tonic::include_proto!("tpu_telemetry");
+}
+
+/// Package `nvhcd`: NVIDIA's node health check protocol, served by wardend
+/// for nvidia-resiliency-ext (`proto/nvhcd/`).
+pub mod nvhcd {
+    tonic::include_proto!("nvhcd");
+}

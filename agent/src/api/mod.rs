@@ -6,6 +6,7 @@
 
 pub mod convert;
 pub mod metrics_http;
+pub mod nvhcd;
 pub mod observe;
 pub mod service;
 

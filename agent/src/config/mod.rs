@@ -6,7 +6,7 @@
 //! The documented reference for every key is `systemd/wardend.toml`; a test
 //! keeps that file and [`Config::default`] in agreement.
 
-mod duration;
+pub(crate) mod duration;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -71,6 +71,10 @@ pub struct Config {
     pub hang: HangConfig,
     /// GPU health through NVML.
     pub nvml: crate::sources::nvml::NvmlConfig,
+    /// TPU chips and libtpu's runtime metrics service.
+    pub tpu: crate::sources::tpu::TpuConfig,
+    /// NVIDIA's node health check protocol, served from the health model.
+    pub nvhcd: crate::api::nvhcd::NvhcdConfig,
 }
 
 /// `[agent]`: identity and the work loop.
@@ -210,6 +214,28 @@ pub struct HostConfig {
     /// Available memory below this share of the total (percent) is FAILED:
     /// the OOM killer is about to pick a rank.
     pub memory_failed_below_percent: f64,
+    /// Root of sysfs, where NICs, InfiniBand ports and TPU chips are found.
+    /// Tests point it at a fake tree.
+    pub sysfs_root: String,
+    /// The checkpoint tier whose free space is watched (`disk/checkpoint`);
+    /// empty: not watched.
+    pub checkpoint_dir: String,
+    /// Free space of `checkpoint_dir` below this share (percent) is DEGRADED.
+    pub checkpoint_degraded_below_percent: f64,
+    /// Free space below this share (percent) is FAILED: the next checkpoint
+    /// may not fit.
+    pub checkpoint_failed_below_percent: f64,
+    /// NICs to watch by name; empty: every physical one not in `net_ignore`.
+    pub net_interfaces: Vec<String>,
+    /// NIC names (a trailing `*` matches a prefix) never watched unless
+    /// listed in `net_interfaces`: loopback and virtual interfaces.
+    pub net_ignore: Vec<String>,
+    /// The window over which link-down counts (carrier drops, IB link_downed)
+    /// are judged.
+    #[serde(with = "duration")]
+    pub link_flap_window: Duration,
+    /// Link-downs within `link_flap_window` that make a link DEGRADED (flapping).
+    pub link_flaps_degraded: u64,
 }
 
 impl Default for HostConfig {
@@ -218,6 +244,17 @@ impl Default for HostConfig {
             poll_interval: Duration::from_secs(5),
             memory_degraded_below_percent: 10.0,
             memory_failed_below_percent: 3.0,
+            sysfs_root: "/sys".into(),
+            checkpoint_dir: "/dev/shm".into(),
+            checkpoint_degraded_below_percent: 10.0,
+            checkpoint_failed_below_percent: 3.0,
+            net_interfaces: Vec::new(),
+            net_ignore: crate::sources::host_net::DEFAULT_IGNORE
+                .iter()
+                .map(|s| (*s).to_owned())
+                .collect(),
+            link_flap_window: Duration::from_secs(300),
+            link_flaps_degraded: 2,
         }
     }
 }
@@ -527,6 +564,16 @@ impl Config {
             ));
         }
         self.nvml.validate(origin)?;
+        for check in [
+            crate::sources::host_disk::validate(&self.host),
+            crate::sources::host_net::validate(&self.host),
+            self.tpu.validate(),
+            self.nvhcd.validate(),
+        ] {
+            if let Err((key, value, why)) = check {
+                return Err(invalid(key, value, &why));
+            }
+        }
         Ok(())
     }
 

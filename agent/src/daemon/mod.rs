@@ -21,11 +21,14 @@ use tonic::transport::Server;
 use tonic_health::ServingStatus;
 use warden_proto::v1::agent_server::AgentServer;
 
-use crate::api::{AgentService, metrics_http};
+use crate::api::{AgentService, metrics_http, nvhcd};
 use crate::config::Config;
 use crate::events::{NewEvent, Severity};
+use crate::sources::host_disk::HostDisk;
 use crate::sources::host_memory::HostMemory;
+use crate::sources::host_net::HostNet;
 use crate::sources::runner::Sources;
+use crate::sources::tpu::Tpu;
 use crate::state::AgentState;
 
 /// Why the agent could not start or run.
@@ -177,6 +180,16 @@ pub async fn run(config: Config, config_source: String) -> Result<(), DaemonErro
             }
         });
     }
+    if !cfg.nvhcd.socket.is_empty() {
+        let path = cfg.nvhcd.socket.clone();
+        let l = nvhcd::bind(&path, mode).map_err(|source| DaemonError::Bind {
+            what: "nvhcd socket",
+            addr: path.clone(),
+            source,
+        })?;
+        state.add_endpoint("nvhcd", path.clone());
+        tasks.spawn(nvhcd::serve(l, path, state.clone()));
+    }
     let watchdog = notify::Watchdog::from_env();
     let watchdog_period = watchdog.period();
 
@@ -207,6 +220,20 @@ pub async fn run(config: Config, config_source: String) -> Result<(), DaemonErro
             Box::new(HostMemory::new(state.config.host.clone())),
         )
         .map_err(DaemonError::Threads)?;
+    let host = &state.config.host;
+    sources
+        .spawn(state.clone(), Box::new(HostNet::new(host.clone())))
+        .map_err(DaemonError::Threads)?;
+    if let Some(disk) = HostDisk::new(host.clone()) {
+        sources
+            .spawn(state.clone(), Box::new(disk))
+            .map_err(DaemonError::Threads)?;
+    }
+    if let Some(tpu) = Tpu::new(state.config.tpu.clone(), host).map_err(DaemonError::Threads)? {
+        sources
+            .spawn(state.clone(), Box::new(tpu))
+            .map_err(DaemonError::Threads)?;
+    }
     if state.config.nvml.enabled {
         sources
             .spawn(

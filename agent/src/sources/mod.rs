@@ -8,9 +8,12 @@
 //! the API and the work loop never wait for it. A source judges counters as
 //! deltas over a window ([`crate::health::window`]), never lifetime totals.
 
+pub mod host_disk;
 pub mod host_memory;
+pub mod host_net;
 pub mod nvml;
 pub mod runner;
+pub mod tpu;
 
 use std::time::{Duration, SystemTime};
 
