@@ -158,7 +158,13 @@ impl AgentState {
     /// Applies a source's report and publishes a `health.changed` event when
     /// a component's status moved. Returns true on a status change.
     pub fn apply_report(&self, report: ComponentReport) -> bool {
-        let Some(change) = self.health.report(report, SystemTime::now()) else {
+        self.apply_report_from("", report)
+    }
+
+    /// Like [`AgentState::apply_report`], for what `source` says (several
+    /// sources may speak about one component; see [`HealthModel`]).
+    pub fn apply_report_from(&self, source: &str, report: ComponentReport) -> bool {
+        let Some(change) = self.health.report_from(source, report, SystemTime::now()) else {
             return false;
         };
         // A component appearing healthy is routine; anything else is news.

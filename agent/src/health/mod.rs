@@ -126,10 +126,29 @@ pub struct StatusChange {
     pub reason: Option<Reason>,
 }
 
+/// What one source last said about one component.
+#[derive(Debug, Clone, PartialEq)]
+struct Finding {
+    status_override: Option<Status>,
+    reasons: Vec<Reason>,
+}
+
+/// A component and, per source, what that source said about it.
+#[derive(Debug, Clone)]
+struct Entry {
+    component: Component,
+    findings: BTreeMap<String, Finding>,
+}
+
 /// Shared, thread-safe health state of the node.
+///
+/// Several sources may speak about one component (the kernel log and the
+/// NIC source about `nic/eth0`, NVML and DCGM about `gpu3`): each source's
+/// findings are kept apart and the component's status and reasons are
+/// derived from all of them, so one source never erases another's verdict.
 #[derive(Debug)]
 pub struct HealthModel {
-    components: Mutex<BTreeMap<String, Component>>,
+    components: Mutex<BTreeMap<String, Entry>>,
     /// Bumped on every change; watchers (WatchHealth, systemd STATUS=) wait on it.
     version: watch::Sender<u64>,
 }
@@ -149,44 +168,77 @@ impl HealthModel {
         }
     }
 
-    /// Applies a report; returns the status change if the status moved.
-    pub fn report(&self, mut report: ComponentReport, now: SystemTime) -> Option<StatusChange> {
+    /// Applies a report from an unnamed source; see [`HealthModel::report_from`].
+    pub fn report(&self, report: ComponentReport, now: SystemTime) -> Option<StatusChange> {
+        self.report_from("", report, now)
+    }
+
+    /// Applies what `source` now says about a component (replacing what it
+    /// said before, leaving other sources' findings alone); returns the
+    /// status change if the component's status moved.
+    pub fn report_from(
+        &self,
+        source: &str,
+        mut report: ComponentReport,
+        now: SystemTime,
+    ) -> Option<StatusChange> {
         let mut map = self
             .components
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
         let previous = map.get(&report.id);
         // Keep the first-seen time of findings that persist.
-        if let Some(prev) = previous {
+        if let Some(old) = previous.and_then(|p| p.findings.get(source)) {
             for r in &mut report.reasons {
-                if let Some(old) = prev.reasons.iter().find(|o| o.signal == r.signal) {
-                    r.since = old.since;
+                if let Some(o) = old.reasons.iter().find(|o| o.signal == r.signal) {
+                    r.since = o.since;
                 }
             }
         }
-        report.reasons.sort_by_key(|r| std::cmp::Reverse(r.status));
-        let status = report.status_override.unwrap_or_else(|| {
-            report
-                .reasons
-                .iter()
-                .map(|r| r.status)
-                .max()
-                .unwrap_or(Status::Ok)
-        });
-        let from = previous.map(|p| p.status);
+        let mut findings = previous.map(|p| p.findings.clone()).unwrap_or_default();
+        findings.insert(
+            source.to_owned(),
+            Finding {
+                status_override: report.status_override,
+                reasons: std::mem::take(&mut report.reasons),
+            },
+        );
+        let status = findings
+            .values()
+            .map(|f| {
+                f.status_override.unwrap_or_else(|| {
+                    f.reasons
+                        .iter()
+                        .map(|r| r.status)
+                        .max()
+                        .unwrap_or(Status::Ok)
+                })
+            })
+            .max()
+            .unwrap_or(Status::Ok);
+        let mut reasons: Vec<Reason> = findings
+            .values()
+            .flat_map(|f| f.reasons.iter().cloned())
+            .collect();
+        reasons.sort_by_key(|r| std::cmp::Reverse(r.status));
+        let mut labels = previous
+            .map(|p| p.component.labels.clone())
+            .unwrap_or_default();
+        labels.extend(report.labels);
+        let from = previous.map(|p| p.component.status);
         let since = match previous {
-            Some(p) if p.status == status => p.since,
+            Some(p) if p.component.status == status => p.component.since,
             _ => now,
         };
         let component = Component {
             id: report.id.clone(),
             kind: report.kind,
-            labels: report.labels,
+            labels,
             status,
             since,
-            reasons: report.reasons,
+            reasons,
         };
-        if previous == Some(&component) {
+        if previous.is_some_and(|p| p.component == component && p.findings == findings) {
             return None;
         }
         let change = (from != Some(status)).then(|| StatusChange {
@@ -195,7 +247,13 @@ impl HealthModel {
             to: status,
             reason: component.reasons.first().cloned(),
         });
-        map.insert(report.id, component);
+        map.insert(
+            report.id,
+            Entry {
+                component,
+                findings,
+            },
+        );
         drop(map);
         self.version.send_modify(|v| *v += 1);
         change
@@ -221,7 +279,7 @@ impl HealthModel {
             .components
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        let components: Vec<Component> = map.values().cloned().collect();
+        let components: Vec<Component> = map.values().map(|e| e.component.clone()).collect();
         let version = *self.version.borrow();
         drop(map);
         NodeSnapshot {
@@ -321,6 +379,36 @@ mod tests {
         r.status_override = Some(Status::Unknown);
         m.report(r, SystemTime::UNIX_EPOCH);
         assert_eq!(m.snapshot().status, Status::Unknown);
+    }
+
+    #[test]
+    fn two_sources_on_one_component_do_not_erase_each_other() {
+        let m = HealthModel::new();
+        let t0 = SystemTime::UNIX_EPOCH;
+        m.report_from(
+            "kmsg",
+            report(vec![reason(Status::Failed, "link_down", t0)]),
+            t0,
+        );
+        // The NIC source sees the link up again: its own finding is clean,
+        // but the kernel log's verdict stands until the kernel log clears it.
+        assert!(m.report_from("host_net", report(vec![]), t0).is_none());
+        assert_eq!(m.snapshot().components[0].status, Status::Failed);
+        let c = m.report_from("kmsg", report(vec![]), t0).unwrap();
+        assert_eq!(c.to, Status::Ok);
+        m.report_from(
+            "host_net",
+            report(vec![reason(Status::Degraded, "flap", t0)]),
+            t0,
+        );
+        m.report_from(
+            "kmsg",
+            report(vec![reason(Status::Failed, "link_down", t0)]),
+            t0,
+        );
+        let snap = m.snapshot();
+        assert_eq!(snap.components[0].reasons.len(), 2);
+        assert_eq!(snap.components[0].reasons[0].signal, "link_down");
     }
 
     #[test]

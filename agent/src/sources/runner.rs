@@ -79,7 +79,7 @@ impl Sources {
                         }
                     }
                     for r in poll.reports {
-                        state.apply_report(r);
+                        state.apply_report_from(name, r);
                     }
                     for e in poll.events {
                         state.events.publish(e);
@@ -127,21 +127,24 @@ impl Sources {
                     .with("limit", format!("{}s", limit.as_secs())),
             );
             for (id, kind) in components {
-                state.apply_report(ComponentReport {
-                    id,
-                    kind,
-                    labels: BTreeMap::new(),
-                    status_override: Some(Status::Unknown),
-                    reasons: vec![Reason {
-                        status: Status::Unknown,
-                        signal: format!("source.{name}.stalled"),
-                        value: format!("{}s", for_.as_secs()),
-                        threshold: format!("{}s", limit.as_secs()),
-                        window: String::new(),
-                        since: SystemTime::now(),
-                        message: message.clone(),
-                    }],
-                });
+                state.apply_report_from(
+                    name,
+                    ComponentReport {
+                        id,
+                        kind,
+                        labels: BTreeMap::new(),
+                        status_override: Some(Status::Unknown),
+                        reasons: vec![Reason {
+                            status: Status::Unknown,
+                            signal: format!("source.{name}.stalled"),
+                            value: format!("{}s", for_.as_secs()),
+                            threshold: format!("{}s", limit.as_secs()),
+                            window: String::new(),
+                            since: SystemTime::now(),
+                            message: message.clone(),
+                        }],
+                    },
+                );
             }
         }
     }
