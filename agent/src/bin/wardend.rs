@@ -29,6 +29,21 @@ struct Args {
     /// Print the effective configuration (defaults filled in) and exit.
     #[arg(long)]
     print_config: bool,
+    /// Play a scenario of simulated GPUs, NVLinks and TPU chips and their
+    /// faults (see examples/scenarios/); a bad scenario exits 78.
+    #[arg(long, value_name = "FILE", env = "WARDEN_SIMULATE")]
+    simulate: Option<PathBuf>,
+    /// Scenario seconds per wall second (overrides the scenario's `speed`).
+    #[arg(long, value_name = "X", env = "WARDEN_SIMULATE_SPEED", requires = "simulate", value_parser = parse_speed)]
+    simulate_speed: Option<f64>,
+}
+
+/// A playback speed: a number in (0, 10000].
+fn parse_speed(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(x) if x > 0.0 && x <= 10_000.0 => Ok(x),
+        _ => Err(format!("{s:?} is not a speed in (0, 10000]")),
+    }
 }
 
 fn main() -> ExitCode {
@@ -59,6 +74,19 @@ fn main() -> ExitCode {
         print!("{}", config.to_toml());
         return ExitCode::SUCCESS;
     }
+    let mut extra: Vec<Box<dyn warden_agent::sources::Source>> = Vec::new();
+    if let Some(path) = &args.simulate {
+        match warden_agent::sources::simulated::Scenario::from_file(path) {
+            Ok(scenario) => extra.push(Box::new(warden_agent::sources::simulated::Simulated::new(
+                scenario,
+                args.simulate_speed,
+            ))),
+            Err(e) => {
+                eprintln!("wardend: invalid scenario: {e}");
+                return ExitCode::from(EXIT_CONFIG);
+            }
+        }
+    }
     warden_agent::telemetry::init(&config.log);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -72,7 +100,7 @@ fn main() -> ExitCode {
             return ExitCode::from(EXIT_FAILURE);
         }
     };
-    match runtime.block_on(warden_agent::daemon::run(config, source)) {
+    match runtime.block_on(warden_agent::daemon::run_with(config, source, extra)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             // One plain line on stderr: journald keeps it, and it reads the

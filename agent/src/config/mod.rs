@@ -75,6 +75,8 @@ pub struct Config {
     pub tpu: crate::sources::tpu::TpuConfig,
     /// NVIDIA's node health check protocol, served from the health model.
     pub nvhcd: crate::api::nvhcd::NvhcdConfig,
+    /// The kernel log source (XIDs, OOM kills, NIC links).
+    pub kmsg: crate::sources::kmsg::KmsgConfig,
 }
 
 /// `[agent]`: identity and the work loop.
@@ -574,6 +576,7 @@ impl Config {
                 return Err(invalid(key, value, &why));
             }
         }
+        self.kmsg.validate(origin)?;
         Ok(())
     }
 

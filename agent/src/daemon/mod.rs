@@ -93,6 +93,16 @@ async fn bind_optional(
 
 /// Runs the agent until SIGTERM/SIGINT or until `state.shutdown` is cancelled.
 pub async fn run(config: Config, config_source: String) -> Result<(), DaemonError> {
+    run_with(config, config_source, Vec::new()).await
+}
+
+/// As [`run`], with `extra` sources started next to the configured ones
+/// (the simulated node of `wardend --simulate`).
+pub async fn run_with(
+    config: Config,
+    config_source: String,
+    extra: Vec<Box<dyn crate::sources::Source>>,
+) -> Result<(), DaemonError> {
     let socket: PathBuf = config.socket_path();
     let claim = instance::claim(&socket)?;
     let state = Arc::new(AgentState::new(config, config_source)?);
@@ -220,6 +230,17 @@ pub async fn run(config: Config, config_source: String) -> Result<(), DaemonErro
             Box::new(HostMemory::new(state.config.host.clone())),
         )
         .map_err(DaemonError::Threads)?;
+    if state.config.kmsg.enabled {
+        let kmsg = crate::sources::kmsg::Kmsg::new(state.config.kmsg.clone());
+        sources
+            .spawn(state.clone(), Box::new(kmsg))
+            .map_err(DaemonError::Threads)?;
+    }
+    for source in extra {
+        sources
+            .spawn(state.clone(), source)
+            .map_err(DaemonError::Threads)?;
+    }
     let host = &state.config.host;
     sources
         .spawn(state.clone(), Box::new(HostNet::new(host.clone())))

@@ -10,9 +10,11 @@
 
 pub mod host_disk;
 pub mod host_memory;
+pub mod kmsg;
 pub mod host_net;
 pub mod nvml;
 pub mod runner;
+pub mod simulated;
 pub mod tpu;
 
 use std::time::{Duration, SystemTime};
