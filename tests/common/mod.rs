@@ -50,6 +50,8 @@ const SCRUBBED_ENV: &[&str] = &[
     "WARDEN_CONFIG",
     "WARDEN_SOCKET",
     "RUNTIME_DIRECTORY",
+    "WARDEN_SIMULATE",
+    "WARDEN_SIMULATE_SPEED",
 ];
 
 /// A scratch directory holding one agent's config and socket; shared by the
@@ -106,10 +108,15 @@ pub fn config_toml(socket: &Path, extra_toml: &str) -> String {
     set_default("metrics", "listen", "127.0.0.1:0".to_owned());
     // The test machines have no GPU: NVML would (rightly) read UNKNOWN and
     // so would the node. Off unless a test brings the stand-in library.
-    if !doc.contains_key("nvml") {
-        let mut nvml = toml::Table::new();
-        nvml.insert("enabled".into(), toml::Value::Boolean(false));
-        doc.insert("nvml".into(), toml::Value::Table(nvml));
+    // Likewise the kernel log: /dev/kmsg is unreadable without privileges
+    // on some machines, which would make the node UNKNOWN. Off unless a
+    // test points it at a file.
+    for source in ["nvml", "kmsg"] {
+        if !doc.contains_key(source) {
+            let mut table = toml::Table::new();
+            table.insert("enabled".into(), toml::Value::Boolean(false));
+            doc.insert(source.into(), toml::Value::Table(table));
+        }
     }
     toml::to_string(&doc).expect("render the test config")
 }

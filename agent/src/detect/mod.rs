@@ -7,3 +7,4 @@
 
 pub mod calibration;
 pub mod hang;
+pub mod xid;

@@ -10,8 +10,8 @@
 
 pub mod host_disk;
 pub mod host_memory;
-pub mod kmsg;
 pub mod host_net;
+pub mod kmsg;
 pub mod nvml;
 pub mod runner;
 pub mod simulated;

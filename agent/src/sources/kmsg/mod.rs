@@ -11,9 +11,9 @@
 //! a line that is not understood is counted and ignored.
 //!
 //! Parsing is pure ([`parse_line`]), so recorded lines under
-//! `tests/fixtures/kmsg/` test it; the XID table ([`xid_verdict`]) is the
-//! one place that says how bad each XID is, and the simulated source uses it
-//! too.
+//! `tests/fixtures/kmsg/` test it; how bad each XID is comes from the one
+//! XID table, [`crate::detect::xid`], which NVML and the simulated source
+//! read too.
 
 use std::collections::BTreeMap;
 use std::fs::File;
@@ -119,17 +119,8 @@ impl KmsgConfig {
 /// The one table of XID severities; anything not listed is DEGRADED, since
 /// an unknown XID is worth a look but not a verdict.
 pub fn xid_verdict(xid: u32) -> (Status, &'static str) {
-    match xid {
-        // Uncorrectable hardware: DCGM always fails on 48/74/79/95/119/120/140.
-        48 | 62 | 64 | 74 | 79 | 95 | 119 | 120 | 136 | 140 | 143 | 158 => {
-            (Status::Failed, "uncorrectable hardware")
-        }
-        // Application errors unless they repeat on one GPU.
-        13 | 31 | 43 | 45 | 68 | 69 => (Status::Degraded, "user error"),
-        8 | 109 => (Status::Degraded, "transient software"),
-        63 | 92 | 94 => (Status::Degraded, "correctable hardware"),
-        _ => (Status::Degraded, "unclassified"),
-    }
+    let rule = crate::detect::xid::rule(xid);
+    (rule.status, rule.class.as_str())
 }
 
 /// Normalises a PCI address to `dddd:bb:dd` (lower case, 4-digit domain,

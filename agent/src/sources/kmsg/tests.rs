@@ -130,8 +130,16 @@ fn xid_table() {
     for x in [48, 62, 64, 74, 79, 95, 119, 120, 140] {
         assert_eq!(xid_verdict(x).0, Status::Failed, "XID {x}");
     }
-    for x in [8, 13, 31, 43, 45, 63, 68, 92, 94, 109, 9999] {
+    for x in [8, 63, 92, 94, 109, 9999] {
         assert_eq!(xid_verdict(x).0, Status::Degraded, "XID {x}");
+    }
+    // Application errors say nothing bad about the GPU on their own.
+    for x in [13, 31, 43, 45, 68] {
+        assert_eq!(
+            xid_verdict(x),
+            (Status::Ok, if x == 45 { "follow_up" } else { "user_error" }),
+            "XID {x}"
+        );
     }
 }
 
@@ -232,7 +240,8 @@ fn reads_from_the_start_when_asked_and_maps_unknown_pci() {
     });
     let p = src.poll(SystemTime::now());
     assert_eq!(p.events.len(), 7);
-    assert_eq!(status(&p, "gpu1"), Some(Status::Degraded), "XID 13 only");
+    // XID 13 alone is the application's: the GPU stays OK, with the reason noted.
+    assert_eq!(status(&p, "gpu1"), Some(Status::Ok), "XID 13 only");
     assert_eq!(status(&p, "gpu-0000:86:00"), Some(Status::Failed), "XID 48");
 }
 

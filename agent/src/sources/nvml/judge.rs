@@ -92,15 +92,9 @@ pub struct Xid {
     pub pci: String,
 }
 
-/// What an XID says about the GPU, from NVIDIA's catalog and DCGM's
-/// verdicts (docs: fault taxonomy): application errors are noted at OK,
-/// uncorrectable hardware errors are FAILED, the rest DEGRADED.
+/// What an XID says about the GPU: the one table in [`crate::detect::xid`].
 pub fn xid_status(xid: u64) -> Status {
-    match xid {
-        13 | 31 | 43 | 45 | 68 => Status::Ok,
-        48 | 62 | 64 | 74 | 79 | 95 | 119 | 120 | 136 | 140 | 143 | 158 => Status::Failed,
-        _ => Status::Degraded,
-    }
+    u32::try_from(xid).map_or(Status::Degraded, |x| crate::detect::xid::rule(x).status)
 }
 
 /// The windows one GPU keeps between polls.
