@@ -198,3 +198,36 @@ async fn a_call_that_blocks_marks_the_source_stalled_not_the_agent() {
     })
     .await;
 }
+
+#[tokio::test]
+async fn recovery_action_node_reboot_fails_the_gpu_and_an_old_driver_says_nothing() {
+    // gpu0 asks for a node reboot, gpu1 for nothing, gpu2's driver predates
+    // the field (NOT_SUPPORTED).
+    let stub = Stub::new("count=3\ngpu0.recovery_action=2\ngpu1.recovery_action=0\n");
+    let agent = stub.start("");
+    let c = component_where(&agent, "gpu0", "gpu0 FAILED on recovery action", |c| {
+        has_reason(c, "gpu.recovery_action")
+    })
+    .await;
+    assert_eq!(status(c.status), pb::Status::Failed);
+    let r = c
+        .reasons
+        .iter()
+        .find(|r| r.signal == "gpu.recovery_action")
+        .expect("the reason");
+    assert_eq!(r.value, "2 (node reboot)");
+    assert!(r.message.contains("node reboot"), "{r:?}");
+    for id in ["gpu1", "gpu2"] {
+        let c = component_where(&agent, id, &format!("{id} OK"), |c| {
+            status(c.status) == pb::Status::Ok
+        })
+        .await;
+        assert!(c.reasons.is_empty(), "{c:?}");
+    }
+    // The driver clears the action: the reason goes.
+    stub.set("count=3\ngpu0.recovery_action=0\n");
+    component_where(&agent, "gpu0", "gpu0 OK again", |c| {
+        status(c.status) == pb::Status::Ok
+    })
+    .await;
+}

@@ -11,6 +11,8 @@
  *   gpuN.remap_corr  gpuN.remap_unc  gpuN.remap_pending  gpuN.remap_failure
  *   gpuN.pcie_replay  gpuN.pcie_gen  gpuN.pcie_width  gpuN.throttle
  *   gpuN.temp  gpuN.power_mw  gpuN.nvlinks  gpuN.nvlinkL.down  gpuN.nvlinkL.replay
+ *   gpuN.recovery_action=A  field NVML_FI_DEV_GET_GPU_RECOVERY_ACTION (230);
+ *                           unset: the field is NOT_SUPPORTED (a pre-r570 driver)
  *   xid.S=N,CODE            XID CODE on GPU N, delivered once, in order of S
  */
 #include <stdio.h>
@@ -218,6 +220,45 @@ nvmlReturn_t nvmlDeviceGetNvLinkErrorCounter(nvmlDevice_t d, unsigned int link, 
     char key[64];
     snprintf(key, sizeof key, "nvlink%u.%s", link, names[counter]);
     *value = (unsigned long long)gpu_get(d->index, key, 0);
+    return OK;
+}
+
+typedef union {
+    double dVal; int siVal; unsigned int uiVal; unsigned long ulVal;
+    unsigned long long ullVal; long long sllVal; unsigned short usVal;
+} nvmlValue_t;
+
+typedef struct {
+    unsigned int fieldId;
+    unsigned int scopeId;
+    long long timestamp;
+    long long latencyUsec;
+    int valueType;
+    nvmlReturn_t nvmlReturn;
+    nvmlValue_t value;
+} nvmlFieldValue_t;
+
+#define FI_RECOVERY_ACTION 230 /* NVML_FI_DEV_GET_GPU_RECOVERY_ACTION */
+#define VALUE_TYPE_UNSIGNED_INT 1
+
+/* Answers the recovery action where scripted; every other field, and an
+ * unscripted recovery action, is NOT_SUPPORTED. */
+nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t d, int count, nvmlFieldValue_t *values) {
+    CHECK(d);
+    if (count < 0 || (count > 0 && !values)) return INVALID_ARG;
+    for (int i = 0; i < count; i++) {
+        nvmlFieldValue_t *v = &values[i];
+        long a = v->fieldId == FI_RECOVERY_ACTION ? gpu_get(d->index, "recovery_action", -1) : -1;
+        v->timestamp = 0;
+        v->latencyUsec = 0;
+        if (a < 0) {
+            v->nvmlReturn = NOT_SUPPORTED;
+            continue;
+        }
+        v->nvmlReturn = OK;
+        v->valueType = VALUE_TYPE_UNSIGNED_INT;
+        v->value.uiVal = (unsigned int)a;
+    }
     return OK;
 }
 

@@ -8,7 +8,10 @@ use nvml_wrapper::enum_wrappers::device::{
     EccCounter, MemoryError, RetirementCause, TemperatureSensor,
 };
 use nvml_wrapper::enum_wrappers::nv_link::ErrorCounter;
+use nvml_wrapper::enums::device::SampleValue;
 use nvml_wrapper::error::{NvmlError, nvml_try};
+use nvml_wrapper::structs::device::FieldId;
+use nvml_wrapper::sys_exports::field_id::NVML_FI_DEV_GET_GPU_RECOVERY_ACTION;
 use nvml_wrapper::{Device, Nvml};
 
 use super::judge::{GpuReading, LinkReading, RemappedRows};
@@ -130,6 +133,7 @@ pub fn gpu(nvml: &Nvml, index: u32) -> GpuReading {
         lost,
     );
     r.power_mw = keep(dev.power_usage(), "nvmlDeviceGetPowerUsage", lost);
+    r.recovery_action = keep(recovery_action(&dev), "nvmlDeviceGetFieldValues", lost);
     for link in 0..MAX_LINKS {
         let w = dev.link_wrapper_for(link);
         // The first link NVML refuses ends the list (fewer links, or none).
@@ -153,6 +157,21 @@ pub fn gpu(nvml: &Nvml, index: u32) -> GpuReading {
         });
     }
     r
+}
+
+/// The driver's recovery action (r570+): field
+/// `NVML_FI_DEV_GET_GPU_RECOVERY_ACTION`, 230 in NVIDIA's `nvml.h` (as in
+/// nvml-wrapper-sys' bindings and pynvml). An older driver answers the field
+/// with NOT_SUPPORTED (or lacks `nvmlDeviceGetFieldValues`): not read.
+fn recovery_action(dev: &Device<'_>) -> Result<u64, NvmlError> {
+    let mut got = dev.field_values_for(&[FieldId(NVML_FI_DEV_GET_GPU_RECOVERY_ACTION)])?;
+    let sample = got.pop().ok_or(NvmlError::NotSupported)??;
+    match sample.value? {
+        SampleValue::U32(v) => Ok(u64::from(v)),
+        SampleValue::U64(v) => Ok(v),
+        SampleValue::I64(v) => u64::try_from(v).map_err(|_| NvmlError::NotSupported),
+        SampleValue::F64(_) => Err(NvmlError::NotSupported),
+    }
 }
 
 /// `nvmlDeviceGetRemappedRows`, which nvml-wrapper does not wrap.
