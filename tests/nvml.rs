@@ -231,3 +231,37 @@ async fn recovery_action_node_reboot_fails_the_gpu_and_an_old_driver_says_nothin
     })
     .await;
 }
+
+#[tokio::test]
+async fn one_gpu_refusing_xid_events_leaves_the_others_watched() {
+    // gpu0 registers first; gpu1 refuses (NOT_SUPPORTED). Freeing the set on
+    // gpu1's refusal would lose gpu0's registration.
+    let stub = Stub::new("count=2\ngpu1.register_error=3\n");
+    let agent = stub.start("");
+    let c = component_where(&agent, "nvml", "nvml says which GPU is unwatched", |c| {
+        c.labels
+            .get("xid")
+            .is_some_and(|x| x.starts_with("watched"))
+    })
+    .await;
+    let xid = &c.labels["xid"];
+    assert!(xid.contains("gpu1") && !xid.contains("gpu0"), "{xid}");
+    // XID 48 on gpu0 arrives; nothing can come from gpu1.
+    stub.set("count=2\ngpu1.register_error=3\nxid.1=0,48\n");
+    let c = component_where(&agent, "gpu0", "gpu0 marked by XID 48", |c| {
+        has_reason(c, "gpu.xid")
+    })
+    .await;
+    assert_eq!(status(c.status), pb::Status::Failed);
+    let events = agent.events().await;
+    let x = events
+        .iter()
+        .find(|e| e.kind == "gpu.xid")
+        .expect("a gpu.xid event");
+    assert_eq!(evidence(x, "gpu"), Some("0"));
+    assert_eq!(evidence(x, "xid"), Some("48"));
+    component_where(&agent, "gpu1", "gpu1 still read, OK", |c| {
+        status(c.status) == pb::Status::Ok
+    })
+    .await;
+}

@@ -13,7 +13,12 @@
  *   gpuN.temp  gpuN.power_mw  gpuN.nvlinks  gpuN.nvlinkL.down  gpuN.nvlinkL.replay
  *   gpuN.recovery_action=A  field NVML_FI_DEV_GET_GPU_RECOVERY_ACTION (230);
  *                           unset: the field is NOT_SUPPORTED (a pre-r570 driver)
- *   xid.S=N,CODE            XID CODE on GPU N, delivered once, in order of S
+ *   gpuN.register_error=E   nvmlDeviceRegisterEvents on GPU N fails with E (3: not supported)
+ *   xid.S=N,CODE            XID CODE on GPU N, delivered once, in order of S, to a
+ *                           set GPU N is registered on (else skipped)
+ *
+ * Event sets behave as NVML's: each holds the GPUs registered on it, a freed
+ * set delivers nothing, and a failed registration leaves the set as it was.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -22,7 +27,7 @@
 
 typedef int nvmlReturn_t;
 typedef struct stub_device { int index; } *nvmlDevice_t;
-typedef struct stub_set { int unused; } *nvmlEventSet_t;
+typedef struct stub_set { int freed; unsigned long long registered; } *nvmlEventSet_t;
 
 typedef struct {
     char busIdLegacy[16];
@@ -44,7 +49,6 @@ enum { OK = 0, INVALID_ARG = 2, NOT_SUPPORTED = 3, INSUFFICIENT_SIZE = 7,
 #define XID_EVENT 0x8ULL /* nvmlEventTypeXidCriticalError */
 
 static struct stub_device devices[MAX_GPUS];
-static struct stub_set the_set;
 static long delivered_xid = -1;
 
 /* The value of `key` in the state file, or `dflt`. */
@@ -263,23 +267,31 @@ nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t d, int count, nvmlFieldValue_
 }
 
 nvmlReturn_t nvmlEventSetCreate(nvmlEventSet_t *set) {
-    *set = &the_set;
+    *set = calloc(1, sizeof **set);
+    return *set ? OK : INVALID_ARG;
+}
+
+/* Marks the set freed (kept allocated, so a late wait reads no freed memory). */
+nvmlReturn_t nvmlEventSetFree(nvmlEventSet_t set) {
+    if (!set) return INVALID_ARG;
+    set->freed = 1;
     return OK;
 }
 
-nvmlReturn_t nvmlEventSetFree(nvmlEventSet_t set) { (void)set; return OK; }
-
 nvmlReturn_t nvmlDeviceRegisterEvents(nvmlDevice_t d, unsigned long long types,
                                       nvmlEventSet_t set) {
-    (void)types; (void)set;
     CHECK(d);
+    if (!set || set->freed || !(types & XID_EVENT)) return INVALID_ARG;
+    long err = gpu_get(d->index, "register_error", 0);
+    if (err) return (nvmlReturn_t)err;
+    set->registered |= 1ULL << d->index;
     return OK;
 }
 
 /* Delivers the next scripted XID (xid.S=N,CODE with S above the last one
  * delivered), else waits out the timeout in short naps. */
 nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *data, unsigned int ms) {
-    (void)set;
+    if (!set || set->freed) return INVALID_ARG;
     for (unsigned int waited = 0;; waited += 20) {
         const char *path = getenv("NVML_STUB_STATE");
         FILE *f = path ? fopen(path, "r") : NULL;
@@ -288,6 +300,7 @@ nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *data, unsi
         while (f && fgets(line, sizeof line, f)) {
             long s, g, c;
             if (sscanf(line, "xid.%ld=%ld,%ld", &s, &g, &c) == 3 && s > delivered_xid &&
+                g >= 0 && g < MAX_GPUS && (set->registered & (1ULL << g)) &&
                 (best < 0 || s < best)) {
                 best = s; gpu = g; code = c;
             }

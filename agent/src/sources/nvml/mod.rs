@@ -76,9 +76,9 @@ impl NvmlSource {
             Ok(n) => {
                 let n = Arc::new(n);
                 match xid::spawn(n.clone(), self.stop.clone()) {
-                    Ok(rx) => {
+                    Ok((rx, watched)) => {
                         self.xids = Some(rx);
-                        "watched".clone_into(&mut self.xid_status);
+                        self.xid_status = watched;
                     }
                     Err(e) => self.xid_status = format!("not watched: {e}"),
                 }

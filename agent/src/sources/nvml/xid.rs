@@ -8,7 +8,7 @@ use std::sync::mpsc::{Receiver, Sender, channel};
 use nvml_wrapper::Nvml;
 use nvml_wrapper::bitmasks::event::EventTypes;
 use nvml_wrapper::enums::event::XidError;
-use nvml_wrapper::error::NvmlError;
+use nvml_wrapper::error::{NvmlError, nvml_try};
 
 use super::judge::Xid;
 
@@ -31,9 +31,10 @@ impl Stop {
 }
 
 /// Registers every GPU for critical XID events and starts the waiting
-/// thread. An error (no GPU supports the events, no event set) says why
+/// thread. Ok: the receiver and what it watches ("watched", or which GPUs
+/// refused). An error (no GPU accepts the events, no event set) says why
 /// XIDs are not watched; GPU health is still read.
-pub fn spawn(nvml: Arc<Nvml>, stop: Stop) -> Result<Receiver<Xid>, String> {
+pub fn spawn(nvml: Arc<Nvml>, stop: Stop) -> Result<(Receiver<Xid>, String), String> {
     let (tx, rx) = channel();
     let (ready_tx, ready_rx) = channel();
     std::thread::Builder::new()
@@ -41,16 +42,22 @@ pub fn spawn(nvml: Arc<Nvml>, stop: Stop) -> Result<Receiver<Xid>, String> {
         .spawn(move || run(&nvml, &stop, &tx, &ready_tx))
         .map_err(|e| format!("cannot start the XID thread: {e}"))?;
     match ready_rx.recv() {
-        Ok(Ok(())) => Ok(rx),
+        Ok(Ok(watched)) => Ok((rx, watched)),
         Ok(Err(e)) => Err(e),
         Err(_) => Err("the XID thread ended at start".into()),
     }
 }
 
-fn run(nvml: &Nvml, stop: &Stop, tx: &Sender<Xid>, ready: &Sender<Result<(), String>>) {
+fn run(nvml: &Nvml, stop: &Stop, tx: &Sender<Xid>, ready: &Sender<Result<String, String>>) {
     let set = match register(nvml) {
-        Ok(set) => {
-            let _ = ready.send(Ok(()));
+        Ok((set, refused)) => {
+            let watched = if refused.is_empty() {
+                "watched".to_owned()
+            } else {
+                tracing::warn!(refused = %refused.join(", "), "some GPUs refuse XID events");
+                format!("watched, except {}", refused.join(", "))
+            };
+            let _ = ready.send(Ok(watched));
             set
         }
         Err(e) => {
@@ -89,31 +96,51 @@ fn run(nvml: &Nvml, stop: &Stop, tx: &Sender<Xid>, ready: &Sender<Result<(), Str
     }
 }
 
-fn register(nvml: &Nvml) -> Result<nvml_wrapper::EventSet<'_>, String> {
-    let mut set = nvml
+/// Registers every GPU it can for critical XIDs on one event set. Through
+/// the raw `nvmlDeviceRegisterEvents`: nvml-wrapper's `register_events`
+/// frees the whole set when one GPU refuses, which would drop the GPUs
+/// registered before it. Returns the set and, per GPU that refused, why.
+fn register(nvml: &Nvml) -> Result<(nvml_wrapper::EventSet<'_>, Vec<String>), String> {
+    let sym = nvml
+        .lib()
+        .nvmlDeviceRegisterEvents
+        .as_ref()
+        .map_err(|e| format!("nvmlDeviceRegisterEvents: {e}"))?;
+    let set = nvml
         .create_event_set()
         .map_err(|e| format!("nvmlEventSetCreate: {e}"))?;
     let count = nvml
         .device_count()
         .map_err(|e| format!("nvmlDeviceGetCount: {e}"))?;
-    let mut registered = 0;
+    let mut refused = Vec::new();
     for i in 0..count {
-        let Ok(dev) = nvml.device_by_index(i) else {
-            continue;
-        };
-        set = match dev.register_events(EventTypes::CRITICAL_XID_ERROR, set) {
-            Ok(s) => {
-                registered += 1;
-                s
+        let dev = match nvml.device_by_index(i) {
+            Ok(d) => d,
+            Err(e) => {
+                refused.push(format!("gpu{i} (nvmlDeviceGetHandleByIndex: {e})"));
+                continue;
             }
-            // The wrapper frees the set on failure: start a new one.
-            Err(_) => nvml
-                .create_event_set()
-                .map_err(|e| format!("nvmlEventSetCreate: {e}"))?,
         };
+        // SAFETY: both handles come from this live `Nvml` (the device and
+        // the set borrow it) and the set is not freed while registering; a
+        // failed registration leaves the set as it was (NVML's contract),
+        // so it stays valid for the GPUs already registered.
+        let ret = unsafe {
+            sym(
+                dev.handle(),
+                EventTypes::CRITICAL_XID_ERROR.bits(),
+                set.handle(),
+            )
+        };
+        if let Err(e) = nvml_try(ret) {
+            refused.push(format!("gpu{i} (nvmlDeviceRegisterEvents: {e})"));
+        }
     }
-    if registered == 0 && count > 0 {
-        return Err("no GPU accepts XID event registration".into());
+    if count > 0 && refused.len() == usize::try_from(count).unwrap_or(usize::MAX) {
+        return Err(format!(
+            "no GPU accepts XID event registration: {}",
+            refused.join(", ")
+        ));
     }
-    Ok(set)
+    Ok((set, refused))
 }
