@@ -265,3 +265,93 @@ async fn one_gpu_refusing_xid_events_leaves_the_others_watched() {
     })
     .await;
 }
+
+/// The reason `signal` on `c`.
+fn reason<'a>(c: &'a pb::Component, signal: &str) -> &'a pb::Reason {
+    c.reasons
+        .iter()
+        .find(|r| r.signal == signal)
+        .unwrap_or_else(|| panic!("no {signal} reason on {c:?}"))
+}
+
+#[tokio::test]
+async fn nvlink_pcie_clocks_remap_and_temperature_end_to_end() {
+    // gpu0: NVLink 1 of 2 down. gpu1: PCIe at gen 3 x8 of gen 5 x16.
+    // gpu2: HW thermal slowdown (0x40, with GPU idle 0x1). gpu3: a row remap
+    // failed. gpu4: 95 C against the default 90 C.
+    let healthy = "count=5\ngpu0.nvlinks=2\n";
+    let stub = Stub::new(healthy);
+    let agent = stub.start("");
+    for id in ["gpu0", "gpu0/nvlink1", "gpu1/pcie", "gpu2", "gpu3", "gpu4"] {
+        component_where(&agent, id, &format!("{id} OK"), |c| {
+            status(c.status) == pb::Status::Ok
+        })
+        .await;
+    }
+    stub.set(
+        "count=5\ngpu0.nvlinks=2\ngpu0.nvlink1.down=1\ngpu1.pcie_gen=3\ngpu1.pcie_width=8\n\
+         gpu2.throttle=65\ngpu3.remap_corr=1\ngpu3.remap_failure=1\ngpu4.temp=95\n",
+    );
+
+    let c = component_where(&agent, "gpu0/nvlink1", "NVLink 1 down", |c| {
+        has_reason(c, "nvlink.state")
+    })
+    .await;
+    assert_eq!(status(c.status), pb::Status::Failed);
+    assert_eq!(reason(&c, "nvlink.state").value, "down");
+    component_where(&agent, "gpu0/nvlink0", "NVLink 0 still OK", |c| {
+        status(c.status) == pb::Status::Ok
+    })
+    .await;
+
+    let c = component_where(&agent, "gpu1/pcie", "PCIe below max", |c| {
+        has_reason(c, "pcie.link_gen") && has_reason(c, "pcie.link_width")
+    })
+    .await;
+    assert_eq!(status(c.status), pb::Status::Degraded);
+    let (g, w) = (reason(&c, "pcie.link_gen"), reason(&c, "pcie.link_width"));
+    assert_eq!((g.value.as_str(), g.threshold.as_str()), ("3", "= 5 (max)"));
+    assert_eq!(
+        (w.value.as_str(), w.threshold.as_str()),
+        ("8", "= 16 (max)")
+    );
+    assert_eq!(c.labels["width"], "8 of 16");
+
+    // Debounced: DEGRADED once the reason has been seen on two polls in a row.
+    let c = component_where(&agent, "gpu2", "HW thermal held", |c| {
+        has_reason(c, "clocks.event_reasons")
+    })
+    .await;
+    assert_eq!(status(c.status), pb::Status::Degraded);
+    let r = reason(&c, "clocks.event_reasons");
+    assert_eq!(r.value, "0x40", "only the protective bits: {r:?}");
+    assert!(r.message.contains("HW thermal"), "{r:?}");
+
+    let c = component_where(&agent, "gpu3", "row remap failure", |c| {
+        has_reason(c, "rows.remap_failure")
+    })
+    .await;
+    assert_eq!(status(c.status), pb::Status::Failed);
+    assert_eq!(c.labels["remapped_rows"], "1 corrected, 0 uncorrected");
+
+    let c = component_where(&agent, "gpu4", "over temperature", |c| {
+        has_reason(c, "temperature")
+    })
+    .await;
+    assert_eq!(status(c.status), pb::Status::Degraded);
+    let r = reason(&c, "temperature");
+    assert_eq!(
+        (r.value.as_str(), r.threshold.as_str()),
+        ("95 C", ">= 90 C")
+    );
+
+    // All back to healthy: every verdict clears (the clock events after
+    // their debounce).
+    stub.set(healthy);
+    for id in ["gpu0/nvlink1", "gpu1/pcie", "gpu2", "gpu3", "gpu4"] {
+        component_where(&agent, id, &format!("{id} OK again"), |c| {
+            status(c.status) == pb::Status::Ok
+        })
+        .await;
+    }
+}
