@@ -8,7 +8,7 @@ mod common;
 
 use std::collections::HashSet;
 
-use common::{TestAgent, WAIT, endpoint, eventually, evidence, http_get, within};
+use common::{TestAgent, WAIT, endpoint, eventually, evidence, http_get, sample, within};
 use tokio_stream::StreamExt;
 use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_check_response::ServingStatus;
@@ -327,31 +327,6 @@ async fn tcp_endpoint_serves_the_api() {
         .expect("GetNodeHealth over TCP")
         .into_inner();
     assert_eq!(h.host, "tcp-node");
-}
-
-/// The number in a sample, whatever its declared type.
-fn number(v: &prometheus_parse::Value) -> f64 {
-    match v {
-        prometheus_parse::Value::Counter(x)
-        | prometheus_parse::Value::Gauge(x)
-        | prometheus_parse::Value::Untyped(x) => *x,
-        other => panic!("not a plain number: {other:?}"),
-    }
-}
-
-/// The sample of `metric` whose labels include every pair in `labels`.
-fn sample(scrape: &prometheus_parse::Scrape, metric: &str, labels: &[(&str, &str)]) -> f64 {
-    let found: Vec<f64> = scrape
-        .samples
-        .iter()
-        .filter(|s| s.metric == metric && labels.iter().all(|(k, v)| s.labels.get(k) == Some(*v)))
-        .map(|s| number(&s.value))
-        .collect();
-    match found.as_slice() {
-        [one] => *one,
-        [] => panic!("no {metric}{labels:?} in the scrape"),
-        many => panic!("{} samples of {metric}{labels:?}: {many:?}", many.len()),
-    }
 }
 
 #[tokio::test]

@@ -9,7 +9,7 @@ mod common;
 use std::io::Write;
 use std::path::Path;
 
-use common::{TestAgent, WAIT, eventually, evidence};
+use common::{TestAgent, WAIT, eventually, evidence, sample, scrape};
 use warden_proto::v1 as pb;
 
 fn agent_on(log: &Path) -> TestAgent {
@@ -85,6 +85,16 @@ async fn xid_79_fails_the_mapped_gpu_and_oom_is_published() {
     })
     .await;
     assert_eq!(gpu.reasons[0].signal, "kmsg.xid.79", "{gpu:?}");
+    let (m, body) = scrape(&agent).await;
+    assert_eq!(
+        sample(
+            &m,
+            "warden_gpu_xids_total",
+            &[("gpu", "gpu1"), ("xid", "79"), ("source", "kmsg")]
+        ),
+        1.0,
+        "{body}"
+    );
     assert!(
         component(&agent, "gpu0").await.is_none(),
         "the old line was replayed"

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use common::{TestAgent, WAIT, eventually, evidence};
+use common::{TestAgent, WAIT, eventually, evidence, sample, scrape};
 use warden_proto::v1 as pb;
 
 /// Builds the stub into `dir` as `libnvidia-ml.so.1`.
@@ -354,4 +354,84 @@ async fn nvlink_pcie_clocks_remap_and_temperature_end_to_end() {
         })
         .await;
     }
+}
+
+#[tokio::test]
+async fn per_gpu_metrics_on_the_scrape() {
+    let stub = Stub::new(
+        "count=2\ngpu0.temp=77\ngpu0.ecc_corr=12\ngpu0.throttle=64\ngpu0.nvlinks=1\n\
+         gpu0.nvlink0.replay=3\ngpu1.power_mw=250500\nxid.1=0,79\nxid.2=0,79\nxid.3=1,13\n",
+    );
+    let agent = stub.start("");
+    // Both XIDs on gpu0 and the one on gpu1 have reached the poll (counted
+    // before the poll reports), and the gauges are set.
+    component_where(&agent, "gpu0", "gpu0 with two XIDs", |c| {
+        c.reasons.iter().filter(|r| r.signal == "gpu.xid").count() == 2
+    })
+    .await;
+    component_where(&agent, "gpu1", "gpu1 with XID 13", |c| {
+        has_reason(c, "gpu.xid")
+    })
+    .await;
+    let (m, body) = scrape(&agent).await;
+    let uuid0 = "GPU-00000000-0000-0000-0000-000000000000";
+    let gpu0 = [("gpu", "gpu0"), ("uuid", uuid0)];
+    assert_eq!(
+        sample(&m, "warden_gpu_temperature_celsius", &gpu0),
+        77.0,
+        "{body}"
+    );
+    assert_eq!(
+        sample(
+            &m,
+            "warden_gpu_xids_total",
+            &[("gpu", "gpu0"), ("xid", "79"), ("source", "nvml")]
+        ),
+        2.0,
+        "{body}"
+    );
+    assert_eq!(
+        sample(
+            &m,
+            "warden_gpu_xids_total",
+            &[("gpu", "gpu1"), ("xid", "13")]
+        ),
+        1.0,
+        "{body}"
+    );
+    assert_eq!(
+        sample(
+            &m,
+            "warden_gpu_ecc_errors",
+            &[
+                ("gpu", "gpu0"),
+                ("kind", "corrected"),
+                ("scope", "volatile")
+            ]
+        ),
+        12.0,
+        "{body}"
+    );
+    assert_eq!(
+        sample(&m, "warden_gpu_clock_event_reasons", &gpu0),
+        64.0,
+        "{body}"
+    );
+    assert_eq!(
+        sample(
+            &m,
+            "warden_gpu_nvlink_errors",
+            &[("gpu", "gpu0"), ("link", "0"), ("counter", "replay")]
+        ),
+        3.0,
+        "{body}"
+    );
+    assert!(
+        (sample(&m, "warden_gpu_power_watts", &[("gpu", "gpu1")]) - 250.5).abs() < 1e-9,
+        "{body}"
+    );
+    assert!(
+        body.contains("# HELP warden_gpu_temperature_celsius"),
+        "{body}"
+    );
 }

@@ -668,3 +668,40 @@ fn dechunk(mut body: &str) -> String {
         body = &rest[size + 2..];
     }
 }
+
+/// The number in a sample, whatever its declared type.
+pub fn number(v: &prometheus_parse::Value) -> f64 {
+    match v {
+        prometheus_parse::Value::Counter(x)
+        | prometheus_parse::Value::Gauge(x)
+        | prometheus_parse::Value::Untyped(x) => *x,
+        other => panic!("not a plain number: {other:?}"),
+    }
+}
+
+/// The sample of `metric` whose labels include every pair in `labels`.
+pub fn sample(scrape: &prometheus_parse::Scrape, metric: &str, labels: &[(&str, &str)]) -> f64 {
+    let found: Vec<f64> = scrape
+        .samples
+        .iter()
+        .filter(|s| s.metric == metric && labels.iter().all(|(k, v)| s.labels.get(k) == Some(*v)))
+        .map(|s| number(&s.value))
+        .collect();
+    match found.as_slice() {
+        [one] => *one,
+        [] => panic!("no {metric}{labels:?} in the scrape"),
+        many => panic!("{} samples of {metric}{labels:?}: {many:?}", many.len()),
+    }
+}
+
+/// Scrapes the agent's `/metrics` and parses it; the raw text comes along
+/// for assertion messages.
+pub async fn scrape(agent: &TestAgent) -> (prometheus_parse::Scrape, String) {
+    let url = agent.metrics_url().await;
+    let body = tokio::task::spawn_blocking(move || http_get(&url))
+        .await
+        .expect("the scrape");
+    let parsed = prometheus_parse::Scrape::parse(body.lines().map(|l| Ok(l.to_owned())))
+        .unwrap_or_else(|e| panic!("not Prometheus text ({e}):\n{body}"));
+    (parsed, body)
+}

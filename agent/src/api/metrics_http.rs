@@ -60,6 +60,27 @@ fn describe() {
         "warden_component_status",
         "Health of each component: 0 OK, 1 UNKNOWN, 2 DEGRADED, 3 FAILED"
     );
+    describe_gauge!(
+        "warden_gpu_ecc_errors",
+        "ECC errors NVML counts on a GPU since driver load (kind corrected or uncorrected)"
+    );
+    describe_counter!(
+        "warden_gpu_xids_total",
+        "XIDs seen on a GPU, by XID and by the source that saw it (nvml, kmsg)"
+    );
+    describe_gauge!(
+        "warden_gpu_nvlink_errors",
+        "NVLink error counters NVML keeps, per link (counter replay, recovery, crc)"
+    );
+    describe_gauge!(
+        "warden_gpu_clock_event_reasons",
+        "Clock event (throttle) reasons bitmask, as NVML reports it"
+    );
+    describe_gauge!(
+        "warden_gpu_temperature_celsius",
+        "GPU temperature in degrees Celsius"
+    );
+    describe_gauge!("warden_gpu_power_watts", "GPU power draw in watts");
 }
 
 #[derive(Clone)]

@@ -4,7 +4,8 @@
 //! of a file or FIFO named in `[kmsg] path` (dmesg-style `[  12.3] message`
 //! and plain messages work too), followed like `tail -f`. Out: one event per
 //! recognised line (`kmsg.xid`, `kmsg.oom_kill`, `kmsg.link_down`,
-//! `kmsg.link_up`) with its evidence, and reasons on `gpuN` (an XID, held for
+//! `kmsg.link_up`) with its evidence (an XID also counts in
+//! `warden_gpu_xids_total{source="kmsg"}`), and reasons on `gpuN` (an XID, held for
 //! `[kmsg] xid_hold`), `nic/NAME` (while the link is down) and `host/oom`
 //! (held for `[kmsg] oom_hold`). Never: stop the agent. A log that cannot be
 //! opened makes the `kmsg` component UNKNOWN with the reason and is retried;
@@ -512,6 +513,7 @@ impl Kmsg {
             } => {
                 let component = self.gpu_component(&pci);
                 let (status, class) = xid_verdict(xid);
+                crate::sources::nvml::count_xid(&component, u64::from(xid), "kmsg");
                 let held = self.xids.entry(component.clone()).or_default();
                 let h = held.entry(xid).or_insert_with(|| HeldXid {
                     first: now,

@@ -4,7 +4,8 @@
 //! `nvml-wrapper`, so a node without a driver runs the same binary. Out: the
 //! `nvml` component (library loaded, device count against
 //! `nvml.expected_gpus`), one `gpuN` component per GPU (labels uuid, pci,
-//! name) with `gpuN/pcie` and `gpuN/nvlinkL`, and a `gpu.xid` event per XID.
+//! name) with `gpuN/pcie` and `gpuN/nvlinkL`, a `gpu.xid` event per XID, and
+//! the per-GPU `warden_gpu_*` metrics (`prom`).
 //! Must never: judge a lifetime counter as a verdict (counters are deltas
 //! over `nvml.window`), or let a hung NVML call hang anything but this
 //! source's own thread (the runner marks it stalled; XIDs wait on a thread
@@ -15,6 +16,7 @@
 
 mod config;
 mod judge;
+mod prom;
 mod read;
 mod xid;
 
@@ -27,6 +29,7 @@ pub use config::NvmlConfig;
 pub use judge::{
     GpuReading, GpuState, LinkReading, RemappedRows, Xid, judge_count, judge_gpu, xid_status,
 };
+pub use prom::count_xid;
 
 use crate::events::{NewEvent, Severity};
 use crate::health::{ComponentReport, Status};
@@ -123,6 +126,7 @@ impl super::Source for NvmlSource {
         if let Some(rx) = &self.xids {
             for x in rx.try_iter() {
                 let status = xid_status(x.xid);
+                count_xid(&format!("gpu{}", x.gpu), x.xid, "nvml");
                 let severity = match status {
                     Status::Failed => Severity::Error,
                     Status::Degraded => Severity::Warning,
@@ -164,6 +168,7 @@ impl super::Source for NvmlSource {
             .push(judge_count(count, &self.cfg, labels, now));
         for index in 0..count {
             let reading = read::gpu(&nvml, index);
+            prom::record(&reading);
             let st = self
                 .gpus
                 .entry(index)
