@@ -51,19 +51,38 @@ enum { OK = 0, INVALID_ARG = 2, NOT_SUPPORTED = 3, INSUFFICIENT_SIZE = 7,
 static struct stub_device devices[MAX_GPUS];
 static long delivered_xid = -1;
 
+/* The state file's text. Read on every call, so a test's rewrite takes
+ * effect at once; with NVML_STUB_CACHE set (benchmarks, whose state never
+ * changes) it is read once, so a measurement shows the agent's cost rather
+ * than the stub's file reads. */
+static char cache[65536];
+static int cached = 0;
+
+static const char *state_text(void) {
+    if (cached) return cache;
+    const char *path = getenv("NVML_STUB_STATE");
+    if (!path) return NULL;
+    FILE *f = fopen(path, "r");
+    if (!f) return NULL;
+    size_t n = fread(cache, 1, sizeof cache - 1, f);
+    fclose(f);
+    cache[n] = 0;
+    if (getenv("NVML_STUB_CACHE")) cached = 1;
+    return cache;
+}
+
 /* The value of `key` in the state file, or `dflt`. */
 static long get(const char *key, long dflt) {
-    const char *path = getenv("NVML_STUB_STATE");
-    if (!path) return dflt;
-    FILE *f = fopen(path, "r");
-    if (!f) return dflt;
-    char line[256];
+    const char *text = state_text();
+    if (!text) return dflt;
     size_t n = strlen(key);
     long v = dflt;
-    while (fgets(line, sizeof line, f)) {
+    for (const char *line = text; *line;) {
         if (strncmp(line, key, n) == 0 && line[n] == '=') v = strtol(line + n + 1, NULL, 10);
+        const char *next = strchr(line, '\n');
+        if (!next) break;
+        line = next + 1;
     }
-    fclose(f);
     return v;
 }
 
