@@ -139,3 +139,54 @@ async fn an_unreadable_log_is_unknown_and_the_agent_runs_on() {
     );
     assert!(component(&agent, "agent").await.is_some());
 }
+
+#[tokio::test]
+async fn watch_health_streams_the_change_a_kernel_log_line_causes() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("kern.log");
+    std::fs::write(&log, "").unwrap();
+    let agent = agent_on(&log);
+    let mut stream = agent
+        .client()
+        .await
+        .watch_health(pb::WatchHealthRequest {})
+        .await
+        .expect("WatchHealth")
+        .into_inner();
+    // The first message is the whole node as it is now: no GPU failed.
+    let first = tokio::time::timeout(WAIT, stream.message())
+        .await
+        .expect("first WatchHealth message in time")
+        .expect("stream")
+        .expect("a message");
+    assert!(
+        first
+            .components
+            .iter()
+            .all(|c| status(c) != pb::Status::Failed),
+        "{first:#?}"
+    );
+    append(
+        &log,
+        "NVRM: Xid (PCI:0000:3b:00): 79, pid=42, name=python, GPU has fallen off the bus.\n",
+    );
+    // Then an update arrives when gpu1 fails, without asking again.
+    let changed = tokio::time::timeout(WAIT, async {
+        loop {
+            let h = stream.message().await.expect("stream").expect("a message");
+            if h.components
+                .iter()
+                .any(|c| c.id == "gpu1" && status(c) == pb::Status::Failed)
+            {
+                return h;
+            }
+        }
+    })
+    .await
+    .expect("a WatchHealth update with gpu1 FAILED in time");
+    assert_eq!(
+        pb::Status::try_from(changed.status).unwrap(),
+        pb::Status::Failed,
+        "the node is as bad as its worst component"
+    );
+}
