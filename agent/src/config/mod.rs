@@ -351,19 +351,10 @@ impl Config {
 
     /// Parses and validates TOML text; `origin` names it in errors.
     pub fn from_toml(text: &str, origin: &str) -> Result<Self, ConfigError> {
-        let parse_err = |key: String, message: String| ConfigError::Parse {
+        let config: Config = parse_toml(text).map_err(|(key, message)| ConfigError::Parse {
             origin: origin.to_owned(),
             key,
             message,
-        };
-        let de = toml::Deserializer::parse(text)
-            .map_err(|e| parse_err("(document)".into(), one_line(&e.to_string())))?;
-        let config: Config = serde_path_to_error::deserialize(de).map_err(|e| {
-            let key = e.path().to_string();
-            parse_err(
-                if key == "." { "(document)".into() } else { key },
-                one_line(&e.into_inner().to_string()),
-            )
         })?;
         config.validate(origin)?;
         Ok(config)
@@ -634,6 +625,23 @@ impl Config {
             .and_then(|h| h.into_string().ok())
             .unwrap_or_else(|| "localhost".into())
     }
+}
+
+/// Parses TOML into `T` (config, scenario files). On failure: the dotted
+/// path of the offending key (`(document)` for a syntax error) and the
+/// parser's message on one line.
+pub(crate) fn parse_toml<T: serde::de::DeserializeOwned>(
+    text: &str,
+) -> Result<T, (String, String)> {
+    let de = toml::Deserializer::parse(text)
+        .map_err(|e| ("(document)".to_owned(), one_line(&e.to_string())))?;
+    serde_path_to_error::deserialize(de).map_err(|e| {
+        let key = e.path().to_string();
+        (
+            if key == "." { "(document)".into() } else { key },
+            one_line(&e.into_inner().to_string()),
+        )
+    })
 }
 
 /// TOML parser messages span several lines (a caret under the column); one

@@ -17,14 +17,14 @@ pub struct NvmlConfig {
     /// way (`ld.so`) or an absolute path.
     pub library: String,
     /// How often every GPU is read.
-    #[serde(with = "duration")]
+    #[serde(with = "crate::config::duration")]
     pub poll_interval: Duration,
     /// GPUs this node must have; fewer is a node-level FAILED reason (a GPU
     /// that fell off the bus may vanish from the count). 0: do not check.
     pub expected_gpus: u32,
     /// The window over which counters (ECC, PCIe replays, NVLink errors) are
     /// judged as increases, never as lifetime totals.
-    #[serde(with = "duration")]
+    #[serde(with = "crate::config::duration")]
     pub window: Duration,
     /// Corrected (single-bit) volatile ECC errors within `window` at or above
     /// which a GPU is DEGRADED. Any uncorrected error in the window is FAILED.
@@ -40,7 +40,7 @@ pub struct NvmlConfig {
     /// GPU temperature (Celsius) at or above which a GPU is DEGRADED. 0: off.
     pub temperature_degraded_celsius: u32,
     /// How long an XID keeps its reason on the GPU after it arrived.
-    #[serde(with = "duration")]
+    #[serde(with = "crate::config::duration")]
     pub xid_window: Duration,
 }
 
@@ -115,26 +115,5 @@ impl NvmlConfig {
             ));
         }
         Ok(())
-    }
-}
-
-/// Durations written as people write them ("5s", "1m"), as elsewhere in
-/// the config (the config module keeps its own helper private).
-mod duration {
-    use std::time::Duration;
-
-    use serde::{Deserialize, Deserializer, Serializer};
-
-    pub fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(&humantime::format_duration(*d).to_string())
-    }
-
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
-        let s = String::deserialize(d)?;
-        humantime::parse_duration(&s).map_err(|e| {
-            serde::de::Error::custom(format!(
-                "invalid duration {s:?} ({e}); write it like \"100ms\", \"5s\" or \"2m\""
-            ))
-        })
     }
 }

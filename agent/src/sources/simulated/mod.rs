@@ -193,20 +193,12 @@ impl Scenario {
 
     /// Parses and checks scenario text; `origin` names it in errors.
     pub fn from_toml(text: &str, origin: &str) -> Result<Self, ScenarioError> {
-        let parse_err = |key: String, message: String| ScenarioError::Parse {
-            origin: origin.to_owned(),
-            key,
-            message: message.replace('\n', " "),
-        };
-        let de = toml::Deserializer::parse(text)
-            .map_err(|e| parse_err("(document)".into(), e.to_string()))?;
-        let s: Scenario = serde_path_to_error::deserialize(de).map_err(|e| {
-            let key = e.path().to_string();
-            parse_err(
-                if key == "." { "(document)".into() } else { key },
-                e.into_inner().to_string(),
-            )
-        })?;
+        let s: Scenario =
+            crate::config::parse_toml(text).map_err(|(key, message)| ScenarioError::Parse {
+                origin: origin.to_owned(),
+                key,
+                message,
+            })?;
         s.validate(origin)?;
         Ok(s)
     }
