@@ -28,17 +28,6 @@ fn nic(root: &Path, name: &str, physical: bool, operstate: &str, carrier: u8) {
     }
 }
 
-async fn component(agent: &TestAgent, id: &str) -> Option<pb::Component> {
-    let health = agent
-        .client()
-        .await
-        .get_node_health(pb::GetNodeHealthRequest {})
-        .await
-        .expect("GetNodeHealth")
-        .into_inner();
-    health.components.into_iter().find(|c| c.id == id)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nics_ib_ports_and_checkpoint_space() {
     let sys = tempfile::tempdir().unwrap();
@@ -60,19 +49,13 @@ async fn nics_ib_ports_and_checkpoint_space() {
     ));
 
     let status = |c: &pb::Component| pb::Status::try_from(c.status).unwrap();
-    let eth0 = eventually(WAIT, "nic/eth0", async || {
-        component(&agent, "nic/eth0").await
-    })
-    .await;
+    let eth0 = eventually(WAIT, "nic/eth0", async || agent.component("nic/eth0").await).await;
     assert_eq!(status(&eth0), pb::Status::Ok, "{eth0:?}");
-    let eth1 = eventually(WAIT, "nic/eth1", async || {
-        component(&agent, "nic/eth1").await
-    })
-    .await;
+    let eth1 = eventually(WAIT, "nic/eth1", async || agent.component("nic/eth1").await).await;
     assert_eq!(status(&eth1), pb::Status::Failed, "{eth1:?}");
     assert_eq!(eth1.reasons[0].signal, "nic.link_state");
     let ib = eventually(WAIT, "ib port", async || {
-        component(&agent, "ib/mlx5_0/1").await
+        agent.component("ib/mlx5_0/1").await
     })
     .await;
     assert_eq!(
@@ -81,10 +64,10 @@ async fn nics_ib_ports_and_checkpoint_space() {
         "a lifetime total is no verdict: {ib:?}"
     );
     assert_eq!(ib.labels["rate"], "400 Gb/sec (4X NDR)");
-    assert!(component(&agent, "nic/veth1234").await.is_none(), "virtual");
-    assert!(component(&agent, "nic/lo").await.is_none(), "loopback");
+    assert!(agent.component("nic/veth1234").await.is_none(), "virtual");
+    assert!(agent.component("nic/lo").await.is_none(), "loopback");
     let disk = eventually(WAIT, "disk/checkpoint", async || {
-        component(&agent, "disk/checkpoint").await
+        agent.component("disk/checkpoint").await
     })
     .await;
     assert_eq!(disk.labels["path"], ckpt.path().display().to_string());
@@ -95,7 +78,8 @@ async fn nics_ib_ports_and_checkpoint_space() {
     tokio::time::sleep(Duration::from_millis(300)).await;
     write(&port.join("counters/link_downed"), "43\n");
     let ib = eventually(WAIT, "ib port DEGRADED", async || {
-        component(&agent, "ib/mlx5_0/1")
+        agent
+            .component("ib/mlx5_0/1")
             .await
             .filter(|c| status(c) == pb::Status::Degraded)
     })
@@ -115,7 +99,8 @@ async fn nics_ib_ports_and_checkpoint_space() {
     // And down now: FAILED.
     write(&port.join("state"), "1: DOWN\n");
     eventually(WAIT, "ib port FAILED", async || {
-        component(&agent, "ib/mlx5_0/1")
+        agent
+            .component("ib/mlx5_0/1")
             .await
             .filter(|c| status(c) == pb::Status::Failed)
     })

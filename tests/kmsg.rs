@@ -25,17 +25,6 @@ fn append(log: &Path, text: &str) {
     f.write_all(text.as_bytes()).unwrap();
 }
 
-async fn component(agent: &TestAgent, id: &str) -> Option<pb::Component> {
-    let h = agent
-        .client()
-        .await
-        .get_node_health(pb::GetNodeHealthRequest {})
-        .await
-        .expect("GetNodeHealth")
-        .into_inner();
-    h.components.into_iter().find(|c| c.id == id)
-}
-
 async fn event_of(agent: &TestAgent, kind: &str) -> pb::Event {
     eventually(WAIT, kind, async || {
         agent.events().await.into_iter().find(|e| e.kind == kind)
@@ -59,7 +48,8 @@ async fn xid_79_fails_the_mapped_gpu_and_oom_is_published() {
     .unwrap();
     let agent = agent_on(&log);
     eventually(WAIT, "kmsg component OK", async || {
-        component(&agent, "kmsg")
+        agent
+            .component("kmsg")
             .await
             .filter(|c| status(c) == pb::Status::Ok)
     })
@@ -79,7 +69,8 @@ async fn xid_79_fails_the_mapped_gpu_and_oom_is_published() {
     assert_eq!(evidence(&xid, "xid"), Some("79"));
     assert_eq!(evidence(&xid, "pid"), Some("1234"));
     let gpu = eventually(WAIT, "gpu1 FAILED", async || {
-        component(&agent, "gpu1")
+        agent
+            .component("gpu1")
             .await
             .filter(|c| status(c) == pb::Status::Failed)
     })
@@ -96,7 +87,7 @@ async fn xid_79_fails_the_mapped_gpu_and_oom_is_published() {
         "{body}"
     );
     assert!(
-        component(&agent, "gpu0").await.is_none(),
+        agent.component("gpu0").await.is_none(),
         "the old line was replayed"
     );
 
@@ -126,7 +117,8 @@ async fn xid_79_fails_the_mapped_gpu_and_oom_is_published() {
 async fn an_unreadable_log_is_unknown_and_the_agent_runs_on() {
     let agent = TestAgent::start("[kmsg]\npath = \"/nonexistent/warden-test/kmsg\"\n");
     let c = eventually(WAIT, "kmsg UNKNOWN", async || {
-        component(&agent, "kmsg")
+        agent
+            .component("kmsg")
             .await
             .filter(|c| status(c) == pb::Status::Unknown)
     })
@@ -137,7 +129,7 @@ async fn an_unreadable_log_is_unknown_and_the_agent_runs_on() {
             .contains("/nonexistent/warden-test/kmsg"),
         "{c:?}"
     );
-    assert!(component(&agent, "agent").await.is_some());
+    assert!(agent.component("agent").await.is_some());
 }
 
 #[tokio::test]

@@ -114,17 +114,6 @@ fn chip(root: &Path, addr: &str, group: u32) {
     .unwrap();
 }
 
-async fn components(agent: &TestAgent) -> Vec<pb::Component> {
-    agent
-        .client()
-        .await
-        .get_node_health(pb::GetNodeHealthRequest {})
-        .await
-        .expect("GetNodeHealth")
-        .into_inner()
-        .components
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chips_hbm_and_core_errors() {
     let sys = tempfile::tempdir().unwrap();
@@ -151,8 +140,10 @@ async fn chips_hbm_and_core_errors() {
 
     let status = |c: &pb::Component| pb::Status::try_from(c.status).unwrap();
     let chips = eventually(WAIT, "two TPU chips with HBM labels", async || {
-        let c: Vec<_> = components(&agent)
+        let c: Vec<_> = agent
+            .health()
             .await
+            .components
             .into_iter()
             .filter(|c| c.kind == "tpu")
             .collect();
@@ -176,8 +167,10 @@ async fn chips_hbm_and_core_errors() {
     // A core error: its chip FAILED with the message, and an event.
     *fake.core_error.lock().unwrap() = Some("TensorCore halted: HBM uncorrectable".into());
     let tpu1 = eventually(WAIT, "tpu1 FAILED", async || {
-        components(&agent)
+        agent
+            .health()
             .await
+            .components
             .into_iter()
             .find(|c| c.id == "tpu1" && status(c) == pb::Status::Failed)
     })
@@ -199,16 +192,13 @@ async fn chips_hbm_and_core_errors() {
         common::evidence(&event, "error_message"),
         Some("TensorCore halted: HBM uncorrectable")
     );
-    let tpu0 = components(&agent)
-        .await
-        .into_iter()
-        .find(|c| c.id == "tpu0");
+    let tpu0 = agent.component("tpu0").await;
     assert_eq!(tpu0.map(|c| status(&c)), Some(pb::Status::Ok));
 
     // The workload goes away: no service is not a failure.
     server.abort();
     let tpu1 = eventually(WAIT, "tpu1 OK, runtime not serving", async || {
-        components(&agent).await.into_iter().find(|c| {
+        agent.health().await.components.into_iter().find(|c| {
             c.id == "tpu1"
                 && status(c) == pb::Status::Ok
                 && c.labels["runtime"].starts_with("not serving")

@@ -297,15 +297,20 @@ impl TestAgent {
                 return self.exited.expect("exited");
             }
             if Instant::now() >= deadline {
-                let _ = self.child.kill();
-                let _ = self.child.wait();
-                panic!(
-                    "wardend did not exit within {timeout:?}\n--- wardend stderr ---\n{}",
-                    self.stderr()
-                );
+                self.give_up_waiting(timeout);
             }
             std::thread::sleep(Duration::from_millis(10));
         }
+    }
+
+    /// Kills an agent that did not exit in time and fails the test with its stderr.
+    fn give_up_waiting(&mut self, timeout: Duration) -> ! {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        panic!(
+            "wardend did not exit within {timeout:?}\n--- wardend stderr ---\n{}",
+            self.stderr()
+        );
     }
 
     /// [`TestAgent::wait_exit`] for async tests: polls without blocking the
@@ -318,12 +323,7 @@ impl TestAgent {
                 return self.exited.expect("exited");
             }
             if Instant::now() >= deadline {
-                let _ = self.child.kill();
-                let _ = self.child.wait();
-                panic!(
-                    "wardend did not exit within {timeout:?}\n--- wardend stderr ---\n{}",
-                    self.stderr()
-                );
+                self.give_up_waiting(timeout);
             }
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
@@ -364,6 +364,25 @@ impl TestAgent {
             .await
             .expect("GetAgentInfo")
             .into_inner()
+    }
+
+    /// GetNodeHealth.
+    pub async fn health(&self) -> pb::NodeHealth {
+        self.client()
+            .await
+            .get_node_health(pb::GetNodeHealthRequest {})
+            .await
+            .expect("GetNodeHealth")
+            .into_inner()
+    }
+
+    /// One component of GetNodeHealth, if the agent reports it.
+    pub async fn component(&self, id: &str) -> Option<pb::Component> {
+        self.health()
+            .await
+            .components
+            .into_iter()
+            .find(|c| c.id == id)
     }
 
     /// The Prometheus URL the agent reports in GetAgentInfo.
