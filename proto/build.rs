@@ -14,7 +14,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     let include = protoc_bin_vendored::include_path()?;
     let out_dir = PathBuf::from(std::env::var("OUT_DIR")?);
-    let protos = ["warden/v1/agent.proto"];
+    let protos = ["warden/v1/agent.proto", "warden/v1/peer.proto"];
     for p in &protos {
         println!("cargo:rerun-if-changed={p}");
     }

@@ -849,6 +849,7 @@ async fn registrations_that_cannot_be_honoured_are_refused_naming_why() {
         slot_layout_version: layout,
         previous_slot: None,
         stack_dump_signal: 0,
+        devices: Vec::new(),
     };
     let layout = warden_client::slot::LAYOUT_VERSION;
     let refused = async |req: pb::RegisterRankRequest| -> tonic::Status {
@@ -888,6 +889,22 @@ async fn registrations_that_cannot_be_honoured_are_refused_naming_why() {
             request("other", 0, 1, layout + 1),
             tonic::Code::FailedPrecondition,
             "layout",
+        ),
+        (
+            pb::RegisterRankRequest {
+                devices: vec!["gpu0\n".into()],
+                ..request("other", 0, 1, layout)
+            },
+            tonic::Code::InvalidArgument,
+            "device name",
+        ),
+        (
+            pb::RegisterRankRequest {
+                devices: (0..17).map(|i| format!("gpu{i}")).collect(),
+                ..request("other", 0, 1, layout)
+            },
+            tonic::Code::InvalidArgument,
+            "devices",
         ),
     ];
     for (req, code, field) in cases {

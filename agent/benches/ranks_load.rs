@@ -113,6 +113,7 @@ async fn register(c: &mut Client, job: &str, n: u32) -> (PathBuf, Vec<(u32, u64)
                 slot_layout_version: slot::LAYOUT_VERSION,
                 previous_slot: None,
                 stack_dump_signal: 0,
+                devices: Vec::new(),
             })
             .await
             .unwrap()

@@ -6,6 +6,8 @@
 //! - [`sources`]: readings from the machine turned into component reports.
 //! - [`ranks`]: registered training ranks, their heartbeat slots, exits.
 //! - [`detect`]: detectors (hang) and their calibration, as pure functions.
+//! - [`attribute`]: incidents turned into diagnoses (fault class, evidence).
+//! - [`policy`]: diagnoses turned into remediation decisions (budgets, hook).
 //! - [`health`]: the health model (components, statuses, reasons).
 //! - [`events`]: the event bus (ring, live broadcast, logs and counters).
 //! - [`state`]: what the running agent's parts share.
@@ -15,12 +17,14 @@
 //! - [`telemetry`]: log set-up.
 
 pub mod api;
+pub mod attribute;
 pub mod cli;
 pub mod config;
 pub mod daemon;
 pub mod detect;
 pub mod events;
 pub mod health;
+pub mod policy;
 pub mod ranks;
 pub mod sources;
 pub mod state;

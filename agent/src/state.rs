@@ -5,6 +5,7 @@ use std::time::{Instant, SystemTime};
 
 use tokio_util::sync::CancellationToken;
 
+use crate::attribute::store::IncidentStore;
 use crate::config::Config;
 use crate::events::{EventBus, NewEvent, Severity};
 use crate::health::{ComponentReport, HealthModel, Status};
@@ -33,6 +34,9 @@ pub struct AgentState {
     pub shutdown: CancellationToken,
     /// Registered ranks and their slots. Held briefly: a scan, a registration.
     pub ranks: Mutex<Registry>,
+    /// Diagnosed incidents and the node's cordon (written by the
+    /// attribution task, read by the API).
+    pub incidents: Mutex<IncidentStore>,
 }
 
 impl AgentState {
@@ -49,7 +53,19 @@ impl AgentState {
             config.ranks.max_ranks,
             config.socket_mode().unwrap_or(0o660),
         )?;
+        let condition_file = if config.policy.condition_file.is_empty() {
+            config.state_dir().join("node-condition.json")
+        } else {
+            std::path::PathBuf::from(&config.policy.condition_file)
+        };
+        // The registry just created the state directory.
+        let incidents = IncidentStore::load(
+            &config.state_dir(),
+            condition_file,
+            config.attribution.retain,
+        );
         Ok(Self {
+            incidents: Mutex::new(incidents),
             config,
             config_source,
             host,
@@ -137,6 +153,13 @@ impl AgentState {
             ev = ev.with("signal", s);
         }
         self.events.publish(ev);
+    }
+
+    /// Locks the incident store (poison-tolerant, like the registry).
+    pub fn incident_store(&self) -> std::sync::MutexGuard<'_, IncidentStore> {
+        self.incidents
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Records a listening endpoint.

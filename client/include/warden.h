@@ -8,7 +8,8 @@
  * background thread keeps re-registering.
  *
  * Threading: step and section calls must come from one thread at a time
- * (the training loop); warden_heartbeat may be called from any thread.
+ * (the training loop); warden_heartbeat and warden_report_exception may be
+ * called from any thread.
  * Every function accepts a NULL client as a no-op.
  *
  * Hand-written; keep in sync with client/src/ffi.rs.
@@ -73,6 +74,29 @@ void warden_section_open(const warden_client *client, int32_t id);
 
 /* Closes section `id` and any section opened inside it. */
 void warden_section_close(const warden_client *client, int32_t id);
+
+/*
+ * Reports an exception to the agent, which publishes it as a
+ * `rank.exception` event and diagnoses the exit that may follow with it
+ * (call it from a std::terminate handler, or where an exception is caught
+ * at the top of the training loop).
+ *
+ * type: the exception's type ("std::bad_alloc", "c10::OutOfMemoryError");
+ *   required, not empty. message, traceback: may be NULL. Bytes that are not
+ *   UTF-8 are replaced. Long tracebacks keep their last 16 KiB.
+ * step: the training step; negative: the step last begun on this client.
+ * uncaught: non-zero when the process is about to exit because of it; the
+ *   client then does not deregister at warden_close, so the agent sees the
+ *   exit (code or signal) as the crash it is.
+ *
+ * Returns 0 when the agent accepted the report, -1 otherwise (NULL client
+ * or type, no agent, an error or no answer). Bounded: at most about a
+ * second, and at once when no agent is registered with: a dying process
+ * never hangs on it. Any thread.
+ */
+int32_t warden_report_exception(const warden_client *client, const char *type,
+                                const char *message, const char *traceback,
+                                int64_t step, int32_t uncaught);
 
 /* Deregisters and frees the client. NULL is a no-op. */
 void warden_close(warden_client *client);

@@ -33,6 +33,7 @@ use warden_proto::v1::{DeregisterRankRequest, GetNodeHealthRequest, RegisterRank
 
 use crate::clock;
 use crate::mapping::SlotMapping;
+use crate::report::{self, ExceptionReport, ReportError};
 use crate::slot::{
     FIRST_USER_SECTION, LAYOUT_VERSION, MAX_SECTIONS, SECTION_OTHER, Slot, SlotError, SlotSnapshot,
     SlotWriter, well_known_id,
@@ -65,7 +66,26 @@ pub enum ClientError {
     /// The background thread could not be started.
     #[error("cannot start the client's background thread: {0}")]
     Thread(std::io::Error),
+    /// A device name the agent would refuse (so the rank could never register).
+    #[error("device name {name:?} {why}")]
+    BadDevice {
+        /// The name.
+        name: String,
+        /// What is wrong with it.
+        why: &'static str,
+    },
+    /// More devices than the agent accepts for one rank.
+    #[error("{count} devices named; at most {MAX_DEVICES}")]
+    TooManyDevices {
+        /// How many were named.
+        count: usize,
+    },
 }
+
+/// Most devices one rank may name; the agent refuses a registration with more.
+pub const MAX_DEVICES: usize = 16;
+/// Longest device name, in bytes; the agent refuses longer ones.
+pub const MAX_DEVICE_NAME: usize = 128;
 
 /// How to reach the agent and who this rank is.
 ///
@@ -93,6 +113,100 @@ pub struct ConnectOptions {
     /// clients, unless they set `WARDEN_STACK_DUMP_SIGNAL` and handle it).
     /// The Python package sets it and installs faulthandler.
     pub stack_dump_signal: i32,
+    /// The accelerators this rank drives ("gpu5", "GPU-8f3c...", "MIG-..."),
+    /// sent at registration so the agent ties a GPU fault to the ranks it
+    /// hurts and a rank's crash to its GPU. Empty: the agent assumes
+    /// `gpu<local_rank>`, the torchrun convention. From the environment:
+    /// see [`devices_from_env`].
+    pub devices: Vec<String>,
+    /// The most [`Client::report_exception`] may take, connect and answer
+    /// included (default 1 s): a dying process must never hang on it.
+    pub exception_report_timeout: Duration,
+}
+
+/// The default of [`ConnectOptions::exception_report_timeout`].
+pub const EXCEPTION_REPORT_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// The devices a rank drives, from its environment (a pure function of the
+/// variables, so a table of cases tests it).
+///
+/// - `WARDEN_DEVICES` (`warden_devices`), comma-separated, wins and is used
+///   as given: the launcher or the user knows best (a rank driving several
+///   GPUs, a UUID, a PCI bus id).
+/// - Else `CUDA_VISIBLE_DEVICES` (`cuda_visible`) when set and not empty.
+///   With several entries the rank drives the one at its `local_rank`: the
+///   launcher gave every rank the node's list and each rank selects its own
+///   device by local rank (`torch.cuda.set_device(local_rank)`), so entry
+///   `local_rank` is the physical device behind it. With one entry, the
+///   launcher pinned the rank to that device. A number `N` names the GPU
+///   the agent calls `gpuN` (NVML's index; CUDA's numbering agrees under
+///   `CUDA_DEVICE_ORDER=PCI_BUS_ID`, and on nodes of identical GPUs); a UUID
+///   (`GPU-...`, `MIG-...`) is kept as is, for the agent to match against
+///   NVML's UUIDs, since it names the device whatever the order. A negative
+///   entry (`-1`: "no GPU") or a local rank past the list's end names
+///   nothing.
+/// - Else nothing: the agent assumes `gpu<local_rank>`, which is right for
+///   torchrun's one-process-per-GPU default without `CUDA_VISIBLE_DEVICES`.
+///
+/// Names the agent would refuse (empty, control characters, longer than
+/// [`MAX_DEVICE_NAME`]) are dropped and at most [`MAX_DEVICES`] kept, so a
+/// malformed variable costs the device attribution, never the registration.
+pub fn devices_from_env(
+    warden_devices: Option<&str>,
+    cuda_visible: Option<&str>,
+    local_rank: u32,
+) -> Vec<String> {
+    let names: Vec<String> = if let Some(list) = warden_devices.filter(|v| !v.trim().is_empty()) {
+        list.split(',').map(|d| d.trim().to_owned()).collect()
+    } else if let Some(list) = cuda_visible.filter(|v| !v.trim().is_empty()) {
+        let entries: Vec<&str> = list.split(',').map(str::trim).collect();
+        let mine = match entries.as_slice() {
+            [one] => Some(*one),
+            many => usize::try_from(local_rank)
+                .ok()
+                .and_then(|i| many.get(i).copied()),
+        };
+        match mine {
+            Some(e) if !e.is_empty() && e.bytes().all(|b| b.is_ascii_digit()) => {
+                // Leading zeros ("01") name the same GPU as "1".
+                let n = e.trim_start_matches('0');
+                vec![format!("gpu{}", if n.is_empty() { "0" } else { n })]
+            }
+            Some(e) if e.starts_with('-') => Vec::new(),
+            Some(e) => vec![e.to_owned()],
+            None => Vec::new(),
+        }
+    } else {
+        Vec::new()
+    };
+    names
+        .into_iter()
+        .filter(|d| device_name_problem(d).is_none())
+        .take(MAX_DEVICES)
+        .collect()
+}
+
+/// Why the agent would refuse `name` as a device name, if it would.
+fn device_name_problem(name: &str) -> Option<&'static str> {
+    if name.is_empty() {
+        Some("is empty")
+    } else if name.len() > MAX_DEVICE_NAME {
+        Some("is longer than 128 bytes")
+    } else if name.chars().any(char::is_control) {
+        Some("holds control characters")
+    } else {
+        None
+    }
+}
+
+/// [`devices_from_env`] of this process's environment.
+fn env_devices(local_rank: u32) -> Vec<String> {
+    let var = |v: &str| std::env::var(v).ok();
+    devices_from_env(
+        var("WARDEN_DEVICES").as_deref(),
+        var("CUDA_VISIBLE_DEVICES").as_deref(),
+        local_rank,
+    )
 }
 
 fn env_u32(var: &'static str) -> Result<Option<u32>, ClientError> {
@@ -133,6 +247,8 @@ impl ConnectOptions {
             connect_timeout: Duration::from_secs(1),
             probe_interval: Duration::from_secs(1),
             stack_dump_signal,
+            devices: env_devices(local_rank),
+            exception_report_timeout: EXCEPTION_REPORT_TIMEOUT,
         })
     }
 
@@ -150,7 +266,17 @@ impl ConnectOptions {
                     connect_timeout: Duration::from_secs(1),
                     probe_interval: Duration::from_secs(1),
                     stack_dump_signal: 0,
+                    devices: Vec::new(),
+                    exception_report_timeout: EXCEPTION_REPORT_TIMEOUT,
                 };
+                // The local rank as far as it parses (else the global rank,
+                // else 0, as from_env would have it).
+                let local = env_u32("LOCAL_RANK")
+                    .ok()
+                    .flatten()
+                    .or_else(|| env_u32("RANK").ok().flatten())
+                    .unwrap_or(0);
+                o.devices = env_devices(local);
                 if let Some(j) = ["WARDEN_JOB_ID", "TORCHELASTIC_RUN_ID"]
                     .iter()
                     .find_map(|v| std::env::var(v).ok().filter(|s| !s.is_empty()))
@@ -171,6 +297,21 @@ impl ConnectOptions {
             return Err(ClientError::BadRank {
                 rank: self.global_rank,
                 world_size: self.world_size,
+            });
+        }
+        if self.devices.len() > MAX_DEVICES {
+            return Err(ClientError::TooManyDevices {
+                count: self.devices.len(),
+            });
+        }
+        if let Some((name, why)) = self
+            .devices
+            .iter()
+            .find_map(|d| device_name_problem(d).map(|why| (d, why)))
+        {
+            return Err(ClientError::BadDevice {
+                name: name.clone(),
+                why,
             });
         }
         Ok(())
@@ -276,6 +417,13 @@ struct Inner {
     names: Names,
     connected: AtomicBool,
     stop: AtomicBool,
+    /// Set by a report of an uncaught exception: the process is about to
+    /// exit because of it. Closing then leaves the registration in place,
+    /// so the agent sees the exit (code, signal, with the exception before
+    /// it) instead of a clean deregistration that would hide the crash
+    /// (Python runs its atexit handlers, which close the client, after the
+    /// excepthook).
+    exiting: AtomicBool,
     wake: Notify,
     opts: ConnectOptions,
     /// Every mapping ever used: retired ones stay until the client is
@@ -386,6 +534,7 @@ impl Client {
                 names: Names::new(),
                 connected: AtomicBool::new(false),
                 stop: AtomicBool::new(false),
+                exiting: AtomicBool::new(false),
                 wake: Notify::new(),
                 opts,
                 mappings: Mutex::new(Vec::new()),
@@ -511,10 +660,64 @@ impl Client {
         self.inner.writer().ack(value);
     }
 
+    /// Reports an exception to the agent (`ReportException`), as this
+    /// registration (job, rank, generation, pid); the agent publishes it as
+    /// a `rank.exception` event and diagnoses the exit that may follow
+    /// with it.
+    ///
+    /// Bounded: returns within `exception_report_timeout` (1 s by default)
+    /// whatever the agent does, and at once when the client holds no
+    /// registration (no agent, not yet, or a forked child). Never panics.
+    /// `report.step` defaults to the step the client's slot holds.
+    ///
+    /// With `report.uncaught` the process is taken to be about to exit:
+    /// [`Client::close`] (and drop) then no longer deregister, so the agent
+    /// sees the exit itself, as a crash with its exit code.
+    pub fn report_exception(&self, report: &ExceptionReport) -> Result<(), ReportError> {
+        if report.uncaught {
+            self.inner.exiting.store(true, Ordering::Release);
+        }
+        if report.exception_type.is_empty() {
+            return Err(ReportError::EmptyType);
+        }
+        // The atomic first, and no blocking lock after it: in a forked child
+        // (never connected) a lock may be held by a thread that is not there.
+        if !self.is_connected() {
+            return Err(ReportError::NotRegistered(self.not_registered_reason()));
+        }
+        let status = self.status();
+        let Some(generation) = status.generation.filter(|_| status.connected) else {
+            return Err(ReportError::NotRegistered(self.not_registered_reason()));
+        };
+        let step = report
+            .step
+            .unwrap_or_else(|| self.current_step().unwrap_or(0));
+        let opts = &self.inner.opts;
+        let req = report::request(report, &opts.job_id, opts.global_rank, generation, step);
+        report::send(opts.socket_path.clone(), req, opts.exception_report_timeout)
+    }
+
+    /// Why the client is not registered (the last error, if the status is
+    /// free to read without waiting).
+    fn not_registered_reason(&self) -> String {
+        match self.inner.status.try_lock() {
+            Ok(s) => s.last_error.clone(),
+            Err(_) => None,
+        }
+        .unwrap_or_else(|| "not connected".to_owned())
+    }
+
+    /// The step the slot holds (open, or the last one), when a step was ever begun.
+    fn current_step(&self) -> Option<u64> {
+        let s = self.snapshot().ok()?;
+        (s.step_open || s.steps_completed > 0 || s.step != 0).then_some(s.step)
+    }
+
     /// Deregisters from the agent and stops the background thread (idempotent).
     ///
     /// Bounded: the deregistration call times out after a second. The client
-    /// stays usable (disconnected) afterwards.
+    /// stays usable (disconnected) afterwards. After a report of an uncaught
+    /// exception it does not deregister (see [`Client::report_exception`]).
     pub fn close(&self) {
         self.inner.stop.store(true, Ordering::Release);
         self.inner.wake.notify_one();
@@ -678,6 +881,8 @@ async fn run(inner: Arc<Inner>, first: mpsc::SyncSender<()>) {
                 let ours = unsafe { &*link.slot }.writer_generation() == link.generation;
                 detach(&inner, ours);
                 match reason {
+                    // Dying of an uncaught exception: the agent is to see the exit.
+                    None if inner.exiting.load(Ordering::Acquire) => return,
                     None => {
                         let _ = tokio::time::timeout(
                             Duration::from_secs(1),
@@ -736,7 +941,7 @@ fn detach(inner: &Inner, trusted: bool) {
     }
 }
 
-async fn connect_channel(path: PathBuf) -> Result<Channel, tonic::transport::Error> {
+pub(crate) async fn connect_channel(path: PathBuf) -> Result<Channel, tonic::transport::Error> {
     // The URI is required by tonic but unused: the connector dials the socket.
     Endpoint::from_static("http://warden.local")
         .connect_timeout(RPC_TIMEOUT)
@@ -765,6 +970,7 @@ async fn register(inner: &Inner, previous_slot: Option<u32>) -> Result<Link, Str
             slot_layout_version: LAYOUT_VERSION,
             previous_slot,
             stack_dump_signal: opts.stack_dump_signal,
+            devices: opts.devices.clone(),
         })
         .await
         .map_err(|s| format!("RegisterRank: {}: {}", s.code(), s.message()))?
@@ -855,4 +1061,105 @@ fn hostname() -> String {
     }
     let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
     String::from_utf8_lossy(&buf[..end]).into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn devices_from_the_environment() {
+        // WARDEN_DEVICES, CUDA_VISIBLE_DEVICES, local rank -> devices
+        type Case = (
+            Option<&'static str>,
+            Option<&'static str>,
+            u32,
+            &'static [&'static str],
+        );
+        let cases: &[Case] = &[
+            (None, None, 3, &[]),
+            (Some(""), Some(""), 0, &[]),
+            // WARDEN_DEVICES wins, used as given (trimmed, empty entries dropped).
+            (Some("GPU-abc"), Some("4,5"), 1, &["GPU-abc"]),
+            (Some("gpu0, gpu1,"), None, 0, &["gpu0", "gpu1"]),
+            (Some("7"), None, 0, &["7"]),
+            // A list: the entry at the local rank.
+            (None, Some("4,5"), 1, &["gpu5"]),
+            (None, Some("4,5"), 0, &["gpu4"]),
+            (None, Some("4, 5"), 1, &["gpu5"]),
+            (None, Some("0,1"), 3, &[]),
+            // One entry: that one, whatever the local rank.
+            (None, Some("6"), 3, &["gpu6"]),
+            (None, Some("06"), 0, &["gpu6"]),
+            (None, Some("0"), 0, &["gpu0"]),
+            (None, Some("GPU-8f3c1a"), 2, &["GPU-8f3c1a"]),
+            (None, Some("MIG-1,MIG-2"), 1, &["MIG-2"]),
+            // "No GPU".
+            (None, Some("-1"), 0, &[]),
+            (None, Some("NoDevFiles"), 0, &["NoDevFiles"]),
+        ];
+        for (warden, cuda, local, want) in cases {
+            assert_eq!(
+                devices_from_env(*warden, *cuda, *local),
+                *want,
+                "WARDEN_DEVICES={warden:?} CUDA_VISIBLE_DEVICES={cuda:?} LOCAL_RANK={local}"
+            );
+        }
+    }
+
+    #[test]
+    fn device_names_the_agent_would_refuse_never_reach_it() {
+        let long = "x".repeat(MAX_DEVICE_NAME + 1);
+        let many = (0..40)
+            .map(|i| format!("gpu{i}"))
+            .collect::<Vec<_>>()
+            .join(",");
+        assert_eq!(
+            devices_from_env(Some(&format!("a\u{7},{long},b")), None, 0),
+            ["b"]
+        );
+        assert_eq!(devices_from_env(Some(&many), None, 0).len(), MAX_DEVICES);
+
+        let mut o = ConnectOptions::from_env_lossy();
+        o.job_id = "j".into();
+        o.global_rank = 0;
+        o.world_size = 1;
+        o.devices = vec!["gpu0".into()];
+        assert!(o.validate().is_ok());
+        o.devices = vec![String::new()];
+        assert!(matches!(o.validate(), Err(ClientError::BadDevice { .. })));
+        o.devices = vec!["g".into(); MAX_DEVICES + 1];
+        assert!(matches!(
+            o.validate(),
+            Err(ClientError::TooManyDevices { count: 17 })
+        ));
+    }
+
+    #[test]
+    fn a_client_without_an_agent_reports_nothing_and_returns_at_once() {
+        let mut o = ConnectOptions::from_env_lossy();
+        o.socket_path = PathBuf::from("/nonexistent/warden/wardend.sock");
+        o.job_id = "j".into();
+        o.global_rank = 0;
+        o.world_size = 1;
+        let client = Client::offline(o, Some("no agent here".into()));
+        let t0 = std::time::Instant::now();
+        let r = client.report_exception(&ExceptionReport {
+            exception_type: "RuntimeError".into(),
+            message: "boom".into(),
+            uncaught: false,
+            ..ExceptionReport::default()
+        });
+        assert!(
+            matches!(&r, Err(ReportError::NotRegistered(why)) if why == "no agent here"),
+            "{r:?}"
+        );
+        assert!(
+            t0.elapsed() < Duration::from_millis(100),
+            "{:?}",
+            t0.elapsed()
+        );
+        let r = client.report_exception(&ExceptionReport::default());
+        assert!(matches!(r, Err(ReportError::EmptyType)), "{r:?}");
+    }
 }

@@ -8,6 +8,7 @@
 use std::ffi::{CStr, c_char};
 
 use crate::client::{Client, ConnectOptions, SectionId};
+use crate::report::ExceptionReport;
 
 /// Opaque handle handed to C (`warden_client*`).
 #[derive(Debug)]
@@ -163,6 +164,63 @@ pub unsafe extern "C" fn warden_section_close(c: *const WardenClient, id: i32) {
     // SAFETY: forwarded from our caller's contract.
     if let (Some(c), Ok(id)) = (unsafe { get(c) }, u32::try_from(id)) {
         c.section_close(SectionId::from_raw(id));
+    }
+}
+
+/// Reads a C string that may be NULL or hold bytes that are not UTF-8 (a
+/// message quoting a path): NULL is "", bad bytes become U+FFFD.
+///
+/// # Safety
+/// `p` is NULL or a valid NUL-terminated string.
+unsafe fn lossy_str(p: *const c_char) -> String {
+    if p.is_null() {
+        return String::new();
+    }
+    // SAFETY: the caller promises a valid NUL-terminated string.
+    unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
+}
+
+/// Reports an exception to the agent (see [`Client::report_exception`]):
+/// 0 when the agent accepted it, -1 otherwise (NULL client or type, empty
+/// type, no agent, the agent's error, the deadline). Bounded: about a second
+/// at most (`exception_report_timeout`), at once without an agent.
+///
+/// `message` and `traceback` may be NULL (""); a negative `step` means the
+/// step the client's slot holds; `uncaught` non-zero: the process is about
+/// to exit of it (the client then leaves its registration for the agent to
+/// see the exit, instead of deregistering at `warden_close`).
+///
+/// # Safety
+/// `c` is NULL or a live handle; the strings are NULL or NUL-terminated.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn warden_report_exception(
+    c: *const WardenClient,
+    exception_type: *const c_char,
+    message: *const c_char,
+    traceback: *const c_char,
+    step: i64,
+    uncaught: i32,
+) -> i32 {
+    // SAFETY: forwarded from our caller's contract.
+    let Some(client) = (unsafe { get(c) }) else {
+        return -1;
+    };
+    if exception_type.is_null() {
+        return -1;
+    }
+    // SAFETY: forwarded from our caller's contract (each string).
+    let report = unsafe {
+        ExceptionReport {
+            exception_type: lossy_str(exception_type),
+            message: lossy_str(message),
+            traceback: lossy_str(traceback),
+            step: u64::try_from(step).ok(),
+            uncaught: uncaught != 0,
+        }
+    };
+    match client.report_exception(&report) {
+        Ok(()) => 0,
+        Err(_) => -1,
     }
 }
 

@@ -11,7 +11,10 @@
 //! - [`slot`]: the shared-memory layout both sides use, the agent's
 //!   [`slot::SlotFile`] (create, claim, snapshot) and the hot-path
 //!   [`slot::SlotWriter`].
-//! - [`client`]: [`Client`], registration, reconnection, section guards.
+//! - [`client`]: [`Client`], registration, reconnection, section guards,
+//!   and [`ConnectOptions`] with its environment defaults (devices included).
+//! - [`report`]: [`ExceptionReport`], sent by [`Client::report_exception`]
+//!   within a bounded time (a dying process must never hang on it).
 //! - [`clock`]: the `CLOCK_MONOTONIC` nanosecond timestamps the slot carries.
 //! - [`ffi`]: the C ABI declared in `include/warden.h`.
 //! - [`paths`]: where the agent's socket is.
@@ -22,6 +25,10 @@ pub mod clock;
 pub mod ffi;
 mod mapping;
 pub mod paths;
+pub mod report;
 pub mod slot;
 
-pub use client::{Client, ClientError, ConnectOptions, LinkStatus, SectionGuard, SectionId};
+pub use client::{
+    Client, ClientError, ConnectOptions, LinkStatus, SectionGuard, SectionId, devices_from_env,
+};
+pub use report::{ExceptionReport, ReportError};

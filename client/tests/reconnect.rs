@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use tokio_stream::wrappers::UnixListenerStream;
 use tonic::{Request, Response, Status};
 use warden_client::slot::{SECTION_FORWARD, SECTION_STEP, SlotFile, SlotSnapshot};
-use warden_client::{Client, ConnectOptions};
+use warden_client::{Client, ConnectOptions, ExceptionReport, ReportError};
 use warden_proto::v1 as pb;
 use warden_proto::v1::agent_server::{Agent, AgentServer};
 
@@ -23,6 +23,9 @@ struct FakeAgent {
     next_generation: AtomicU64,
     registered: Arc<Mutex<Vec<pb::RegisterRankRequest>>>,
     deregistered: Arc<Mutex<Vec<pb::DeregisterRankRequest>>>,
+    exceptions: Arc<Mutex<Vec<pb::ReportExceptionRequest>>>,
+    /// How long ReportException takes to answer (an agent that stalls).
+    report_delay: Duration,
 }
 
 type Stream<T> = tokio_stream::Empty<Result<T, Status>>;
@@ -96,6 +99,32 @@ impl Agent for FakeAgent {
     ) -> Result<Response<pb::GetRanksResponse>, Status> {
         Ok(Response::new(pb::GetRanksResponse::default()))
     }
+    async fn report_exception(
+        &self,
+        req: Request<pb::ReportExceptionRequest>,
+    ) -> Result<Response<pb::ReportExceptionResponse>, Status> {
+        tokio::time::sleep(self.report_delay).await;
+        self.exceptions.lock().unwrap().push(req.into_inner());
+        Ok(Response::new(pb::ReportExceptionResponse {}))
+    }
+    async fn get_incidents(
+        &self,
+        _: Request<pb::GetIncidentsRequest>,
+    ) -> Result<Response<pb::GetIncidentsResponse>, Status> {
+        Err(Status::unimplemented("fake"))
+    }
+    async fn uncordon(
+        &self,
+        _: Request<pb::UncordonRequest>,
+    ) -> Result<Response<pb::UncordonResponse>, Status> {
+        Err(Status::unimplemented("fake"))
+    }
+    async fn get_stragglers(
+        &self,
+        _: Request<pb::GetStragglersRequest>,
+    ) -> Result<Response<pb::GetStragglersResponse>, Status> {
+        Err(Status::unimplemented("fake"))
+    }
 }
 
 /// A running fake agent; stops (and stops answering) when dropped.
@@ -103,22 +132,30 @@ struct Running {
     slots: Arc<SlotFile>,
     registered: Arc<Mutex<Vec<pb::RegisterRankRequest>>>,
     deregistered: Arc<Mutex<Vec<pb::DeregisterRankRequest>>>,
+    exceptions: Arc<Mutex<Vec<pb::ReportExceptionRequest>>>,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
 impl Running {
     fn start(dir: &Path, first_generation: u64) -> Running {
+        Self::start_with_report_delay(dir, first_generation, Duration::ZERO)
+    }
+
+    fn start_with_report_delay(dir: &Path, first_generation: u64, delay: Duration) -> Running {
         let socket = dir.join("wardend.sock");
         let _ = std::fs::remove_file(&socket);
         let slots = Arc::new(SlotFile::create(dir.join("slots"), 4).unwrap());
         let registered = Arc::new(Mutex::new(Vec::new()));
         let deregistered = Arc::new(Mutex::new(Vec::new()));
+        let exceptions = Arc::new(Mutex::new(Vec::new()));
         let agent = FakeAgent {
             slots: slots.clone(),
             next_generation: AtomicU64::new(first_generation),
             registered: registered.clone(),
             deregistered: deregistered.clone(),
+            exceptions: exceptions.clone(),
+            report_delay: delay,
         };
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let (ready_tx, ready_rx) = std::sync::mpsc::channel();
@@ -144,6 +181,7 @@ impl Running {
             slots,
             registered,
             deregistered,
+            exceptions,
             stop: Some(stop),
             thread: Some(thread),
         }
@@ -172,6 +210,8 @@ fn options(socket: PathBuf) -> ConnectOptions {
         connect_timeout: Duration::from_secs(10),
         probe_interval: Duration::from_millis(50),
         stack_dump_signal: 0,
+        devices: vec!["gpu5".to_owned()],
+        exception_report_timeout: Duration::from_secs(1),
     }
 }
 
@@ -200,6 +240,7 @@ fn registers_and_the_agent_reads_the_slot() {
         assert_eq!(req.pid, std::process::id());
         assert_eq!(req.slot_layout_version, warden_client::slot::LAYOUT_VERSION);
         assert_eq!(req.previous_slot, None);
+        assert_eq!(req.devices, ["gpu5"]);
     }
 
     client.heartbeat();
@@ -357,4 +398,99 @@ fn a_forked_child_never_writes_the_parents_slot() {
     assert_eq!(status, 0, "child saw itself connected");
     assert_eq!(agent_view(&agent, 0).step, 1);
     assert!(client.is_connected());
+}
+
+fn oom(uncaught: bool) -> ExceptionReport {
+    ExceptionReport {
+        exception_type: "RuntimeError".to_owned(),
+        message: "CUDA out of memory. Tried to allocate 2.00 GiB".to_owned(),
+        traceback: "Traceback (most recent call last):\n  File \"train.py\", line 3, in forward\n"
+            .to_owned(),
+        step: None,
+        uncaught,
+    }
+}
+
+#[test]
+fn an_exception_is_reported_as_this_registration_at_the_current_step() {
+    let dir = tempfile::tempdir().unwrap();
+    let agent = Running::start(dir.path(), 40);
+    let client = Client::connect_with(options(dir.path().join("wardend.sock"))).unwrap();
+    assert!(client.is_connected(), "{:?}", client.status());
+    client.step_begin(3);
+    client.report_exception(&oom(false)).unwrap();
+    client.step_end(3);
+    client
+        .report_exception(&ExceptionReport {
+            step: Some(11),
+            ..oom(false)
+        })
+        .unwrap();
+    {
+        let got = agent.exceptions.lock().unwrap();
+        assert_eq!(got.len(), 2, "{got:?}");
+        let r = &got[0];
+        assert_eq!((r.job_id.as_str(), r.global_rank), ("job-1", 3));
+        assert_eq!((r.generation, r.pid), (40, std::process::id()));
+        assert_eq!((r.step, r.uncaught), (3, false));
+        assert_eq!(r.exception_type, "RuntimeError");
+        assert_eq!(r.message, "CUDA out of memory. Tried to allocate 2.00 GiB");
+        assert!(r.traceback.contains("in forward"), "{}", r.traceback);
+        assert_eq!(got[1].step, 11);
+    }
+    // A caught exception changes nothing about a clean close.
+    client.close();
+    assert_eq!(agent.deregistered.lock().unwrap().len(), 1);
+}
+
+#[test]
+fn after_an_uncaught_exception_close_leaves_the_exit_to_the_agent() {
+    let dir = tempfile::tempdir().unwrap();
+    let agent = Running::start(dir.path(), 1);
+    let client = Client::connect_with(options(dir.path().join("wardend.sock"))).unwrap();
+    assert!(client.is_connected(), "{:?}", client.status());
+    client.report_exception(&oom(true)).unwrap();
+    assert!(agent.exceptions.lock().unwrap()[0].uncaught);
+    let t0 = Instant::now();
+    drop(client);
+    assert!(t0.elapsed() < Duration::from_secs(2), "{:?}", t0.elapsed());
+    assert!(
+        agent.deregistered.lock().unwrap().is_empty(),
+        "a dying rank must not deregister: the agent is to see its exit"
+    );
+}
+
+#[test]
+fn a_stalled_agent_costs_a_report_its_deadline_and_no_more() {
+    let dir = tempfile::tempdir().unwrap();
+    let agent = Running::start_with_report_delay(dir.path(), 1, Duration::from_secs(30));
+    let mut opts = options(dir.path().join("wardend.sock"));
+    opts.exception_report_timeout = Duration::from_millis(300);
+    let client = Client::connect_with(opts).unwrap();
+    assert!(client.is_connected(), "{:?}", client.status());
+    let t0 = Instant::now();
+    let r = client.report_exception(&oom(true));
+    let took = t0.elapsed();
+    assert!(matches!(r, Err(ReportError::TimedOut(_))), "{r:?}");
+    assert!(took >= Duration::from_millis(250), "{took:?}");
+    assert!(took < Duration::from_secs(2), "{took:?}");
+    assert!(agent.exceptions.lock().unwrap().is_empty());
+}
+
+#[test]
+fn without_an_agent_a_report_returns_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let client = Client::connect_with(options(dir.path().join("nobody-here.sock"))).unwrap();
+    assert!(!client.is_connected());
+    let t0 = Instant::now();
+    let r = client.report_exception(&oom(true));
+    assert!(
+        matches!(&r, Err(ReportError::NotRegistered(why)) if why.contains("nobody-here.sock")),
+        "{r:?}"
+    );
+    assert!(
+        t0.elapsed() < Duration::from_millis(100),
+        "{:?}",
+        t0.elapsed()
+    );
 }

@@ -50,6 +50,7 @@ const SCRUBBED_ENV: &[&str] = &[
     "WARDEN_CONFIG",
     "WARDEN_SOCKET",
     "RUNTIME_DIRECTORY",
+    "STATE_DIRECTORY",
     "WARDEN_SIMULATE",
     "WARDEN_SIMULATE_SPEED",
 ];
@@ -104,6 +105,15 @@ pub fn config_toml(socket: &Path, extra_toml: &str) -> String {
             .or_insert(toml::Value::String(value));
     };
     set_default("api", "socket", socket.display().to_string());
+    // Each agent its own state (calibrations, incidents, the cordon): tests
+    // run in parallel, often as root, whose default is /var/lib/warden.
+    if let Some(home) = socket.parent() {
+        set_default(
+            "agent",
+            "state_dir",
+            home.join("state").display().to_string(),
+        );
+    }
     // Port 0: tests run in parallel and must not fight over a fixed port.
     set_default("metrics", "listen", "127.0.0.1:0".to_owned());
     // The test machines have no GPU: NVML would (rightly) read UNKNOWN and

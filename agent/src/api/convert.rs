@@ -146,3 +146,80 @@ pub fn rank_info(e: &crate::ranks::registry::RankEntry, now_ns: u64) -> pb::Rank
         host: e.host.clone(),
     }
 }
+
+/// A fault class to its wire enum.
+pub fn fault_class(c: crate::attribute::FaultClass) -> pb::FaultClass {
+    use crate::attribute::FaultClass as F;
+    match c {
+        F::UserError => pb::FaultClass::UserError,
+        F::TransientSoftware => pb::FaultClass::TransientSoftware,
+        F::CorrectableHardware => pb::FaultClass::CorrectableHardware,
+        F::UncorrectableHardware => pb::FaultClass::UncorrectableHardware,
+        F::Infrastructure => pb::FaultClass::Infrastructure,
+        F::Unknown => pb::FaultClass::Unknown,
+    }
+}
+
+/// An action to its wire enum.
+pub fn action(a: crate::policy::Action) -> pb::Action {
+    use crate::policy::Action as A;
+    match a {
+        A::Continue => pb::Action::Continue,
+        A::Stop => pb::Action::Stop,
+        A::RestartInProcess => pb::Action::RestartInProcess,
+        A::RestartInJob => pb::Action::RestartInJob,
+        A::Cordon => pb::Action::Cordon,
+        A::ScaleDown => pb::Action::ScaleDown,
+    }
+}
+
+/// A decision to its message.
+pub fn decision(d: &crate::policy::Decision) -> pb::Decision {
+    pb::Decision {
+        action: action(d.action) as i32,
+        reason: d.reason.clone(),
+        decided_by: d.decided_by.clone(),
+        attempt: d.attempt,
+        budget: d.budget,
+        backoff: Some(duration(d.backoff)),
+        exit_code: d.exit_code,
+        decided_at: Some(timestamp(d.decided_at)),
+    }
+}
+
+/// An incident record to its message.
+pub fn incident(r: &crate::attribute::IncidentRecord) -> pb::Incident {
+    let d = &r.diagnosis;
+    pb::Incident {
+        id: r.id.clone(),
+        opened_at: Some(timestamp(r.opened_at)),
+        updated_at: Some(timestamp(r.updated_at)),
+        kind: r.kind.as_str().to_owned(),
+        host: r.host.clone(),
+        job_id: r.job.clone(),
+        ranks: r.ranks.clone(),
+        devices: r.devices.clone(),
+        diagnosis: Some(pb::Diagnosis {
+            fault_class: fault_class(d.class) as i32,
+            confidence: d.confidence,
+            summary: d.summary.clone(),
+            rule: d.rule.clone(),
+            evidence: d
+                .evidence
+                .iter()
+                .map(|e| pb::Evidence {
+                    at: Some(timestamp(e.at)),
+                    source: e.source.clone(),
+                    signal: e.signal.clone(),
+                    subject: e.subject.clone(),
+                    value: e.value.clone(),
+                    points_to: e.points_to.map_or(pb::FaultClass::Unspecified, fault_class) as i32,
+                    note: e.note.clone(),
+                    event_id: e.event_id,
+                })
+                .collect(),
+        }),
+        decision: r.decision.as_ref().map(decision),
+        superseded: r.superseded.iter().map(decision).collect(),
+    }
+}

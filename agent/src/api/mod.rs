@@ -9,5 +9,6 @@ pub mod metrics_http;
 pub mod nvhcd;
 pub mod observe;
 pub mod service;
+pub mod stragglers;
 
 pub use service::AgentService;

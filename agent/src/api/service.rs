@@ -168,6 +168,7 @@ impl Agent for AgentService {
                 host: r.host,
                 layout_version: r.slot_layout_version,
                 stack_dump_signal: r.stack_dump_signal,
+                devices: r.devices.clone(),
             };
             let now = warden_client::clock::syscall_now();
             let result = self.state.registry().register(&request, now);
@@ -198,6 +199,15 @@ impl Agent for AgentService {
             .with("world_size", request.world_size)
             .with("host", &request.host)
             .with("slot", reg.slot_index);
+            if request.devices.is_empty() {
+                ev = ev
+                    .with("devices", format!("gpu{}", request.local_rank))
+                    .with("devices_from", "local_rank (the client named none)");
+            } else {
+                ev = ev
+                    .with("devices", request.devices.join(","))
+                    .with("devices_from", "client");
+            }
             if let Some(old) = reg.replaced_pid {
                 ev = ev.with("replaced_pid", old);
             }
@@ -258,6 +268,128 @@ impl Agent for AgentService {
         })
         .await
     }
+
+    async fn report_exception(
+        &self,
+        req: Request<pb::ReportExceptionRequest>,
+    ) -> Result<Response<pb::ReportExceptionResponse>, Status> {
+        observed("ReportException", async {
+            let r = req.into_inner();
+            if r.job_id.is_empty() {
+                return Err(Status::invalid_argument("job_id must be set"));
+            }
+            if r.exception_type.is_empty() {
+                return Err(Status::invalid_argument("exception_type must be set"));
+            }
+            let key = RankKey {
+                job: r.job_id.clone(),
+                rank: r.global_rank,
+            };
+            // Bounded: a traceback of a deep recursion is megabytes; the
+            // innermost frames (its end) say what failed.
+            let message = clip_head(&r.message, MAX_EXCEPTION_MESSAGE);
+            let traceback = clip_tail(&r.traceback, MAX_TRACEBACK);
+            let ev = NewEvent::new(
+                if r.uncaught {
+                    Severity::Error
+                } else {
+                    Severity::Warning
+                },
+                "rank.exception",
+                key.to_string(),
+                format!(
+                    "{key} {} {}: {}",
+                    if r.uncaught { "dies of" } else { "reports" },
+                    r.exception_type,
+                    message.lines().next().unwrap_or("")
+                ),
+            )
+            .with("exception_type", &r.exception_type)
+            .with("message", message)
+            .with("step", r.step)
+            .with("pid", r.pid)
+            .with("generation", r.generation)
+            .with("uncaught", r.uncaught)
+            .with("traceback", traceback);
+            self.state.events.publish(ev);
+            Ok(Response::new(pb::ReportExceptionResponse {}))
+        })
+        .await
+    }
+
+    async fn get_incidents(
+        &self,
+        req: Request<pb::GetIncidentsRequest>,
+    ) -> Result<Response<pb::GetIncidentsResponse>, Status> {
+        observed("GetIncidents", async {
+            let r = req.into_inner();
+            let store = self.state.incident_store();
+            let incidents = store
+                .list(&r.job_id, r.limit as usize)
+                .iter()
+                .map(convert::incident)
+                .collect();
+            Ok(Response::new(pb::GetIncidentsResponse {
+                incidents,
+                cordoned: store.cordon().is_some(),
+            }))
+        })
+        .await
+    }
+
+    async fn uncordon(
+        &self,
+        req: Request<pb::UncordonRequest>,
+    ) -> Result<Response<pb::UncordonResponse>, Status> {
+        observed("Uncordon", async {
+            let reason = clip_head(&req.into_inner().reason, 512);
+            let was_cordoned = crate::attribute::task::uncordon(&self.state, &reason);
+            Ok(Response::new(pb::UncordonResponse { was_cordoned }))
+        })
+        .await
+    }
+
+    async fn get_stragglers(
+        &self,
+        req: Request<pb::GetStragglersRequest>,
+    ) -> Result<Response<pb::GetStragglersResponse>, Status> {
+        observed("GetStragglers", async {
+            Ok(Response::new(super::stragglers::get_stragglers(
+                &self.state,
+                req.into_inner(),
+            )))
+        })
+        .await
+    }
+}
+
+/// Longest exception message kept (its start).
+const MAX_EXCEPTION_MESSAGE: usize = 4096;
+/// Longest traceback kept (its end: the innermost frames).
+const MAX_TRACEBACK: usize = 16 * 1024;
+
+/// The first `max` bytes of `s`, cut at a character boundary.
+fn clip_head(s: &str, max: usize) -> String {
+    if s.len() <= max {
+        return s.to_owned();
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}... [{} bytes cut]", &s[..end], s.len() - end)
+}
+
+/// The last `max` bytes of `s`, cut at a character boundary.
+fn clip_tail(s: &str, max: usize) -> String {
+    if s.len() <= max {
+        return s.to_owned();
+    }
+    let mut start = s.len() - max;
+    while !s.is_char_boundary(start) {
+        start += 1;
+    }
+    format!("[{start} bytes cut] ...{}", &s[start..])
 }
 
 /// Sends the backlog, then live events, until the watcher leaves or the

@@ -50,6 +50,7 @@ pub async fn run(duration: Option<Duration>, as_json: bool) -> Result<()> {
     );
     let mut child = tokio::process::Command::new(&wardend)
         .env("RUNTIME_DIRECTORY", &dir)
+        .env("STATE_DIRECTORY", dir.join("state"))
         .env("NOTIFY_SOCKET", &notify_path)
         // The demo shows the API's view; the agent's own log lines would
         // interleave with it (RUST_LOG set by the user still wins).

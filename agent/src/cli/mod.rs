@@ -5,6 +5,9 @@
 
 pub mod connect;
 pub mod demo;
+pub mod incidents;
+pub mod plugin;
+pub mod stragglers;
 pub mod toy_rank;
 pub mod views;
 
@@ -49,7 +52,14 @@ pub enum Command {
         config: bool,
     },
     /// The node's health: one row per component with its worst reason.
-    Health,
+    Health {
+        /// Act as a node-problem-detector custom plugin: one line of at
+        /// most 80 bytes on stdout, nothing on stderr, exit 0 healthy (OK,
+        /// UNKNOWN, DEGRADED), 1 problem (FAILED or cordoned), 2 the agent
+        /// could not be asked (within 4 s).
+        #[arg(long)]
+        plugin: bool,
+    },
     /// Recent events; with --follow, keep streaming new ones.
     Events {
         /// Keep the stream open and print events as they happen.
@@ -68,6 +78,37 @@ pub enum Command {
         /// Only this job.
         #[arg(long)]
         job: Option<String>,
+    },
+    /// Incidents (crash, hang, hardware, straggler): each with its fault
+    /// class, confidence, the decision taken and the chain of evidence.
+    Incidents {
+        /// Only this job.
+        #[arg(long)]
+        job: Option<String>,
+        /// At most this many, the newest (0: all the agent retains).
+        #[arg(long, default_value_t = 20)]
+        limit: u32,
+        /// Every piece of evidence (with event ids), the rule that decided,
+        /// and superseded decisions.
+        #[arg(long, short = 'v', visible_alias = "verbose")]
+        evidence: bool,
+    },
+    /// Lift the cordon a decision put on this node (after repair).
+    Uncordon {
+        /// Why (kept in the agent's event, with who ran the command).
+        #[arg(long)]
+        reason: Option<String>,
+    },
+    /// Straggler scores of the ranks this agent watches and, through its
+    /// peers, of the rest of their jobs: the slowest compute section of each
+    /// rank against the job's median, and why a flagged rank is slow.
+    Stragglers {
+        /// Only this job.
+        #[arg(long)]
+        job: Option<String>,
+        /// Only flagged ranks.
+        #[arg(long)]
+        flagged: bool,
     },
     /// Start wardend on its embedded defaults in a scratch directory with two
     /// toy training ranks, one of which hangs: show health, the hang event
@@ -104,7 +145,11 @@ async fn run(cli: Cli) -> Result<()> {
                 .into_inner();
             views::print_info(&info, cli.json, config);
         }
-        Command::Health => {
+        Command::Health { plugin: true } => {
+            // NPD reads the exit status: 0 healthy, 1 problem, 2 unknown.
+            std::process::exit(plugin::run(&target).await.into());
+        }
+        Command::Health { plugin: false } => {
             let mut c = target.connect().await?;
             let health = c
                 .get_node_health(pb::GetNodeHealthRequest {})
@@ -157,6 +202,45 @@ async fn run(cli: Cli) -> Result<()> {
                 .with_context(|| format!("GetRanks from {target}"))?
                 .into_inner();
             views::print_ranks(&ranks, cli.json);
+        }
+        Command::Incidents {
+            job,
+            limit,
+            evidence,
+        } => {
+            let mut c = target.connect().await?;
+            let incidents = c
+                .get_incidents(pb::GetIncidentsRequest {
+                    job_id: job.clone().unwrap_or_default(),
+                    limit,
+                })
+                .await
+                .with_context(|| format!("GetIncidents from {target}"))?
+                .into_inner();
+            incidents::print_incidents(&incidents, job.as_deref(), cli.json, evidence);
+        }
+        Command::Uncordon { reason } => {
+            let mut c = target.connect().await?;
+            let answer = c
+                .uncordon(pb::UncordonRequest {
+                    reason: incidents::uncordon_reason(reason.as_deref()),
+                })
+                .await
+                .with_context(|| format!("Uncordon at {target}"))?
+                .into_inner();
+            incidents::print_uncordon(&answer, cli.json);
+        }
+        Command::Stragglers { job, flagged } => {
+            let mut c = target.connect().await?;
+            let r = c
+                .get_stragglers(pb::GetStragglersRequest {
+                    job_id: job.unwrap_or_default(),
+                    flagged_only: flagged,
+                })
+                .await
+                .with_context(|| format!("GetStragglers from {target}"))?
+                .into_inner();
+            stragglers::print_stragglers(&r, cli.json);
         }
         Command::Demo { duration } => demo::run(duration, cli.json).await?,
         Command::ToyRank(opts) => toy_rank::run(&opts),

@@ -25,17 +25,37 @@ pub struct ToyRank {
     /// The step at which to exit with --exit-code.
     #[arg(long)]
     pub exit_step: Option<u64>,
+    /// Make one section slower by this factor (1.3: 30% slower), as a
+    /// straggler's would be.
+    #[arg(long, default_value_t = 1.0)]
+    pub slow_factor: f64,
+    /// The section --slow-factor applies to ("forward", "backward",
+    /// "optimizer").
+    #[arg(long, default_value = "forward")]
+    pub slow_section: String,
 }
 
 /// Runs the loop; rank, world size and job come from the environment.
 pub fn run(opts: &ToyRank) {
     let client = Client::connect();
     let third = Duration::from_millis(opts.step_ms / 3);
+    let factor = if opts.slow_factor.is_finite() && opts.slow_factor > 0.0 {
+        opts.slow_factor
+    } else {
+        1.0
+    };
+    let of = |section: &str| {
+        if section == opts.slow_section {
+            third.mul_f64(factor)
+        } else {
+            third
+        }
+    };
     for step in 0..opts.steps {
         client.step_begin(step);
         {
             let _f = client.section("forward");
-            std::thread::sleep(third);
+            std::thread::sleep(of("forward"));
         }
         {
             let _b = client.section("backward");
@@ -44,11 +64,11 @@ pub fn run(opts: &ToyRank) {
                     std::thread::sleep(Duration::from_secs(3600));
                 }
             }
-            std::thread::sleep(third);
+            std::thread::sleep(of("backward"));
         }
         {
             let _o = client.section("optimizer");
-            std::thread::sleep(third);
+            std::thread::sleep(of("optimizer"));
         }
         client.step_end(step);
         if let (Some(code), Some(at)) = (opts.exit_code, opts.exit_step)

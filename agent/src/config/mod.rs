@@ -77,6 +77,13 @@ pub struct Config {
     pub nvhcd: crate::api::nvhcd::NvhcdConfig,
     /// The kernel log source (XIDs, OOM kills, NIC links).
     pub kmsg: crate::sources::kmsg::KmsgConfig,
+    /// Straggler detection: slow ranks found from their compute sections,
+    /// compared job-wide with peer agents, and explained.
+    pub straggler: crate::detect::straggler::StragglerConfig,
+    /// How signals are joined into incidents and diagnosed.
+    pub attribution: crate::attribute::AttributionConfig,
+    /// Remediation per fault class, budgets, backoff and the user's hook.
+    pub policy: crate::policy::PolicyConfig,
 }
 
 /// `[agent]`: identity and the work loop.
@@ -568,6 +575,9 @@ impl Config {
             }
         }
         self.kmsg.validate(origin)?;
+        self.straggler.validate(origin)?;
+        self.attribution.validate(origin)?;
+        self.policy.validate(origin)?;
         Ok(())
     }
 
@@ -590,6 +600,18 @@ impl Config {
     pub fn state_dir(&self) -> PathBuf {
         if !self.agent.state_dir.is_empty() {
             return PathBuf::from(&self.agent.state_dir);
+        }
+        // systemd's StateDirectory= (and `warden demo`'s scratch directory).
+        if let Some(d) = std::env::var_os("STATE_DIRECTORY").filter(|d| !d.is_empty()) {
+            let first = d
+                .to_string_lossy()
+                .split(':')
+                .next()
+                .unwrap_or("")
+                .to_owned();
+            if !first.is_empty() {
+                return PathBuf::from(first);
+            }
         }
         // SAFETY: geteuid has no preconditions and cannot fail.
         if unsafe { libc::geteuid() } == 0 {

@@ -106,6 +106,9 @@ pub async fn run_with(
     let socket: PathBuf = config.socket_path();
     let claim = instance::claim(&socket)?;
     let state = Arc::new(AgentState::new(config, config_source)?);
+    // Subscribed before anything publishes, so attribution sees every
+    // registration and signal.
+    let attribution = crate::attribute::task::start(state.clone());
     let cfg = &state.config;
 
     let uds = UnixListener::bind(&socket).map_err(|source| DaemonError::Bind {
@@ -156,9 +159,13 @@ pub async fn run_with(
         .add_service(health_service)
         .add_service(reflection)
         .add_service(reflection_alpha)
-        .add_service(AgentServer::new(AgentService::new(state.clone())));
+        .add_service(AgentServer::new(AgentService::new(state.clone())))
+        .add_service(warden_proto::v1::peer_server::PeerServer::new(
+            crate::api::stragglers::PeerService::new(state.clone()),
+        ));
 
     let mut tasks = JoinSet::new();
+    tasks.spawn(attribution);
     {
         let stop = state.shutdown.clone();
         let router = router.clone();

@@ -71,6 +71,9 @@ pub async fn run(state: Arc<AgentState>, mut watchdog: Watchdog, sources: Source
                 tokio::spawn(evidence::stack_follow_up(state.clone(), finding, id));
             }
         }
+        // Straggler scores from the steps the scan just read (outside the
+        // registry lock but for a short copy).
+        crate::detect::straggler::tick(&state, now);
         sources.check_stalls(&state, cfg.agent.source_stall_after);
         let node = state.health.snapshot();
         if last_status != Some((node.status, node.version)) {

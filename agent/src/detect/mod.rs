@@ -7,4 +7,5 @@
 
 pub mod calibration;
 pub mod hang;
+pub mod straggler;
 pub mod xid;

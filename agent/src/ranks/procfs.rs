@@ -65,6 +65,46 @@ pub fn alive(pid: u32) -> bool {
     std::path::Path::new(&format!("/proc/{pid}")).exists()
 }
 
+/// The scheduler's accounting of a process's main thread
+/// (`/proc/<pid>/schedstat`): how long it ran, and how long it was
+/// runnable but waited for a CPU. The straggler detector reads the wait's
+/// growth to tell host CPU contention.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SchedStat {
+    /// Time on a CPU, nanoseconds.
+    pub on_cpu_ns: u64,
+    /// Time runnable but waiting for a CPU (run_delay), nanoseconds.
+    pub run_delay_ns: u64,
+    /// Times it was scheduled.
+    pub timeslices: u64,
+}
+
+/// Parses the text of `/proc/<pid>/schedstat` ("on_cpu run_delay slices").
+pub fn parse_schedstat(text: &str) -> Option<SchedStat> {
+    let mut f = text.split_whitespace().map(|v| v.parse::<u64>().ok());
+    Some(SchedStat {
+        on_cpu_ns: f.next()??,
+        run_delay_ns: f.next()??,
+        timeslices: f.next()??,
+    })
+}
+
+/// Reads the main thread's schedstat; None when the process is gone or the
+/// kernel keeps no schedstats.
+pub fn schedstat(pid: u32) -> Option<SchedStat> {
+    parse_schedstat(&std::fs::read_to_string(format!("/proc/{pid}/schedstat")).ok()?)
+}
+
+/// The host's 1-minute load average (`/proc/loadavg`).
+pub fn loadavg() -> Option<f64> {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
 /// Splits a waitpid status into (exit code, signal).
 pub fn decode_status(status: i32) -> (Option<i32>, Option<i32>) {
     let sig = status & 0x7f;
@@ -89,6 +129,24 @@ mod tests {
         assert_eq!(f.exit_status, Some(256));
         assert_eq!(decode_status(256), (Some(1), None));
         assert_eq!(decode_status(9), (None, Some(9)));
+    }
+
+    #[test]
+    fn parses_schedstat_and_reads_our_own() {
+        let s = parse_schedstat("123456 7890 42\n").unwrap();
+        assert_eq!(
+            s,
+            SchedStat {
+                on_cpu_ns: 123456,
+                run_delay_ns: 7890,
+                timeslices: 42
+            }
+        );
+        assert!(parse_schedstat("1 2").is_none());
+        if let Some(own) = schedstat(std::process::id()) {
+            assert!(own.on_cpu_ns > 0);
+        }
+        assert!(loadavg().is_some_and(|l| l >= 0.0));
     }
 
     #[test]

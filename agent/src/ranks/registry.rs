@@ -183,6 +183,8 @@ pub struct RankEntry {
     pub exit: Option<ExitInfo>,
     /// Signal for a stack dump (0: none).
     pub stack_dump_signal: i32,
+    /// The accelerators the rank declared (empty: not declared).
+    pub devices: Vec<String>,
     /// Where the dump is written.
     pub stack_dump_path: PathBuf,
     /// The last slot read error, reported once until it clears.
@@ -194,6 +196,9 @@ pub struct RankEntry {
     pub names: Vec<String>,
     /// Durations of the rank's recent completed steps, for GetRanks.
     pub step_times: std::collections::VecDeque<u64>,
+    /// The rank's recent steps with their section durations, fed by the
+    /// scan for the straggler detector (bounded: 64 steps, 8 sections).
+    pub straggler: crate::detect::straggler::RankSamples,
 }
 
 impl RankEntry {
@@ -248,7 +253,13 @@ pub struct RegisterRequest {
     pub layout_version: u32,
     /// Stack dump signal (0: none).
     pub stack_dump_signal: i32,
+    /// The accelerators the rank drives, as the client names them; empty:
+    /// unknown (attribution then assumes `gpu<local_rank>`).
+    pub devices: Vec<String>,
 }
+
+/// Most devices one rank may declare (a rank drives one GPU, a few at most).
+pub const MAX_DEVICES: usize = 16;
 
 /// Jobs, ranks and the slot file.
 #[derive(Debug)]
@@ -426,11 +437,13 @@ impl Registry {
                 threshold: None,
                 exit: None,
                 stack_dump_signal: req.stack_dump_signal,
+                devices: req.devices.clone(),
                 stack_dump_path: stack_dump_path.clone(),
                 slot_error: None,
                 counters: None,
                 names: Vec::new(),
                 step_times: std::collections::VecDeque::new(),
+                straggler: crate::detect::straggler::RankSamples::default(),
             },
         );
         Ok(Registration {
@@ -614,6 +627,21 @@ fn validate(r: &RegisterRequest) -> Result<(), RegisterError> {
             r.stack_dump_signal
         ));
     }
+    if r.devices.len() > MAX_DEVICES {
+        return bad(format!(
+            "{} devices named; at most {MAX_DEVICES}",
+            r.devices.len()
+        ));
+    }
+    if let Some(d) = r
+        .devices
+        .iter()
+        .find(|d| d.is_empty() || d.len() > 128 || d.chars().any(|c| c.is_control()))
+    {
+        return bad(format!(
+            "device name {d:?} is empty, longer than 128 bytes or holds control characters"
+        ));
+    }
     if r.layout_version != slot::LAYOUT_VERSION {
         return Err(RegisterError::LayoutMismatch {
             client: r.layout_version,
@@ -637,6 +665,7 @@ mod tests {
             host: "h".into(),
             layout_version: slot::LAYOUT_VERSION,
             stack_dump_signal: 0,
+            devices: Vec::new(),
         }
     }
 
@@ -825,6 +854,7 @@ mod claim_visible {
             host: "h".into(),
             layout_version: slot::LAYOUT_VERSION,
             stack_dump_signal: 0,
+            devices: Vec::new(),
         };
         let reg = r.register(&q, 0).unwrap();
         let other = SlotFile::open_existing(&reg.slot_file).unwrap();

@@ -19,6 +19,7 @@ use super::registry::{Marker, RankEntry, RankKey, RankState, Registry};
 use crate::config::HangConfig;
 use crate::detect::calibration::{self, IDLE};
 use crate::detect::hang::{self, PeerPosition, Threshold};
+use crate::detect::straggler::RankSamples;
 use crate::events::{NewEvent, Severity};
 
 /// How many of a job's other local ranks are listed by name in a hang's
@@ -179,6 +180,7 @@ pub fn scan(reg: &mut Registry, cfg: &HangConfig, now_ns: u64, prev_ns: u64) -> 
                     cfg.history,
                     &mut |id| entry_name(&mut entry.names, slots, entry.slot, id),
                     &mut entry.step_times,
+                    &mut entry.straggler,
                 );
             }
             entry.last = Some(snap);
@@ -336,8 +338,10 @@ fn stalled_past(progress_ns: u64, now_ns: u64, threshold: Option<&Threshold>) ->
     threshold.is_some_and(|t| Duration::from_nanos(now_ns.saturating_sub(progress_ns)) > t.value)
 }
 
-/// Feeds the completed steps newer than `after_start_ns` into calibration
-/// and the rank's step times; returns the newest start time fed.
+/// Feeds the completed steps newer than `after_start_ns` into calibration,
+/// the rank's step times and its per-section samples (the straggler
+/// detector's input); returns the newest start time fed.
+#[allow(clippy::too_many_arguments)]
 fn ingest(
     snap: &SlotSnapshot,
     after_start_ns: u64,
@@ -346,9 +350,11 @@ fn ingest(
     cap: usize,
     name_of: &mut dyn FnMut(u32) -> String,
     step_times: &mut std::collections::VecDeque<u64>,
+    samples: &mut RankSamples,
 ) -> u64 {
     let mut newest = after_start_ns;
     let mut prev_end: Option<u64> = None;
+    let mut sections: Vec<(String, u64)> = Vec::new();
     for st in &snap.recent_steps {
         let end = st.start_ns.saturating_add(st.duration_ns);
         if st.start_ns > after_start_ns && st.duration_ns > 0 && end <= now_ns {
@@ -357,12 +363,18 @@ fn ingest(
                 step_times.pop_front();
             }
             step_times.push_back(st.duration_ns);
+            sections.clear();
             for sec in &st.sections {
                 let name = name_of(sec.id);
                 if !name.is_empty() && name != "step" {
                     cal.add(&name, sec.total_ns, cap);
+                    sections.push((name, sec.total_ns));
                 }
             }
+            samples.push_step(
+                st.duration_ns,
+                sections.iter().map(|(n, ns)| (n.as_str(), *ns)),
+            );
             if let Some(pe) = prev_end
                 && st.start_ns > pe
             {

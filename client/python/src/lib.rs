@@ -6,21 +6,30 @@
 //! block costs two native method calls and a few atomic stores. The
 //! module-level functions use a default client created from the environment
 //! on first use. Nothing raises for agent trouble; only invalid arguments do.
+//!
+//! Exception reports ([`Client::report_exception`]) format the exception in
+//! Python (`warden/_excepthook.py`, which also installs the chained
+//! `sys.excepthook` and `threading.excepthook` when a client is created)
+//! and send it here with the GIL released, within the client's bounded
+//! deadline.
 
 use std::path::PathBuf;
 use std::time::Duration;
 
 use std::sync::atomic::{AtomicI32, Ordering};
 
-use pyo3::exceptions::PyValueError;
+use pyo3::exceptions::{PyBaseException, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyDict, PyList, PyString, PyTuple};
 use warden_client::slot::SlotSnapshot;
-use warden_client::{ConnectOptions, SectionId};
+use warden_client::{ConnectOptions, ExceptionReport, SectionId};
 
 /// A connection to the local warden agent (or a private slot while there is none).
-#[pyclass(frozen, module = "warden._native")]
+///
+/// Weak-referenceable: the excepthook follows explicit clients without
+/// keeping them alive.
+#[pyclass(frozen, weakref, module = "warden._native")]
 #[derive(Debug)]
 pub struct Client {
     inner: warden_client::Client,
@@ -79,14 +88,27 @@ fn options_from_env() -> ConnectOptions {
 }
 
 fn default_ref(py: Python<'_>) -> PyResult<&'static Py<Client>> {
-    DEFAULT.get_or_try_init(py, || {
+    if let Some(c) = DEFAULT.get(py) {
+        return Ok(c);
+    }
+    let c = DEFAULT.get_or_try_init(py, || {
         let opts = options_from_env();
         let inner = py.detach(|| {
             warden_client::Client::connect_with(opts.clone())
                 .unwrap_or_else(|e| warden_client::Client::offline(opts, Some(e.to_string())))
         });
         Py::new(py, Client::new(py, inner))
-    })
+    })?;
+    install_excepthooks(py);
+    Ok(c)
+}
+
+/// `warden._excepthook.install()`: idempotent, honours `WARDEN_EXCEPTHOOK=0`.
+/// A failure costs the automatic reports, never the client.
+fn install_excepthooks(py: Python<'_>) {
+    let _ = py
+        .import("warden._excepthook")
+        .and_then(|m| m.call_method0("install"));
 }
 
 fn section_of(client: &Bound<'_, Client>, name: &Bound<'_, PyString>) -> PyResult<Py<Section>> {
@@ -182,6 +204,53 @@ impl Client {
             .snapshot()
             .map_err(|e| PyValueError::new_err(e.to_string()))?;
         snapshot_dict(py, &s)
+    }
+
+    /// Reports `exc` to the agent as this rank's (a `rank.exception` event);
+    /// True when the agent accepted it.
+    ///
+    /// Never raises for agent trouble and takes at most about a second (at
+    /// once without an agent); the GIL is released meanwhile. `step`
+    /// defaults to the step the client last began. `uncaught=True` says the
+    /// process is about to exit of it: the client then leaves the exit for
+    /// the agent to see instead of deregistering at close.
+    #[pyo3(signature = (exc, *, uncaught=false, step=None))]
+    fn report_exception(
+        &self,
+        py: Python<'_>,
+        exc: &Bound<'_, PyAny>,
+        uncaught: bool,
+        step: Option<u64>,
+    ) -> PyResult<bool> {
+        if !exc.is_instance_of::<PyBaseException>() {
+            return Err(PyTypeError::new_err(format!(
+                "report_exception() takes an exception, not {}",
+                exc.get_type().name()?
+            )));
+        }
+        let report = if self.inner.is_connected() {
+            let (exception_type, message, traceback): (String, String, String) = py
+                .import("warden._excepthook")?
+                .call_method1("describe", (exc,))?
+                .extract()?;
+            ExceptionReport {
+                exception_type,
+                message,
+                traceback,
+                step,
+                uncaught,
+            }
+        } else {
+            // No registration: the report goes nowhere, so the traceback
+            // is not formatted (milliseconds for a deep one); the call still
+            // records `uncaught` for close.
+            ExceptionReport {
+                exception_type: "(not described: not registered)".to_owned(),
+                uncaught,
+                ..ExceptionReport::default()
+            }
+        };
+        Ok(py.detach(|| self.inner.report_exception(&report)).is_ok())
     }
 
     /// Deregisters from the agent; the client stays usable, disconnected.
@@ -303,7 +372,8 @@ impl Step {
 /// Never raises because the agent is absent (the client retries in the
 /// background); raises `ValueError` only for invalid arguments.
 #[pyfunction]
-#[pyo3(signature = (job_id=None, global_rank=None, local_rank=None, world_size=None, socket_path=None, connect_timeout=None))]
+#[allow(clippy::too_many_arguments)]
+#[pyo3(signature = (job_id=None, global_rank=None, local_rank=None, world_size=None, socket_path=None, connect_timeout=None, devices=None, exception_report_timeout=None))]
 fn connect(
     py: Python<'_>,
     job_id: Option<String>,
@@ -312,6 +382,8 @@ fn connect(
     world_size: Option<u32>,
     socket_path: Option<PathBuf>,
     connect_timeout: Option<f64>,
+    devices: Option<Vec<String>>,
+    exception_report_timeout: Option<f64>,
 ) -> PyResult<Client> {
     let mut o = options_from_env();
     if let Some(j) = job_id {
@@ -338,6 +410,21 @@ fn connect(
     if let Some(t) = connect_timeout {
         o.connect_timeout = Duration::try_from_secs_f64(t)
             .map_err(|_| PyValueError::new_err(format!("connect_timeout={t} is not a duration")))?;
+    }
+    if let Some(d) = devices {
+        o.devices = d;
+    } else if local_rank.is_some() || global_rank.is_some() {
+        // The environment's device for the local rank given here.
+        o.devices = warden_client::devices_from_env(
+            std::env::var("WARDEN_DEVICES").ok().as_deref(),
+            std::env::var("CUDA_VISIBLE_DEVICES").ok().as_deref(),
+            o.local_rank,
+        );
+    }
+    if let Some(t) = exception_report_timeout {
+        o.exception_report_timeout = Duration::try_from_secs_f64(t).map_err(|_| {
+            PyValueError::new_err(format!("exception_report_timeout={t} is not a duration"))
+        })?;
     }
     let inner = py
         .detach(|| warden_client::Client::connect_with(o))

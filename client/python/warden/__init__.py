@@ -23,6 +23,12 @@ environment (WARDEN_SOCKET, WARDEN_JOB_ID or TORCHELASTIC_RUN_ID, RANK,
 LOCAL_RANK, WORLD_SIZE); ``warden.connect(...)`` makes an explicit one.
 Step and section calls belong to one thread (the training loop);
 ``heartbeat`` may be called from any thread.
+
+Exceptions: once a client exists, an uncaught exception is reported to the
+agent before the traceback is printed (a chained ``sys.excepthook`` and
+``threading.excepthook``; ``WARDEN_EXCEPTHOOK=0`` turns them off), and
+``warden.report_exception(exc)`` reports one by hand. Either takes at most
+about a second, and returns at once with no agent.
 """
 
 from __future__ import annotations
@@ -34,7 +40,7 @@ from typing import Any, Callable, TypeVar
 
 from ._stackdump import StackDumps as _StackDumps
 
-from . import _native
+from . import _excepthook, _native
 from ._native import (
     SLOT_LAYOUT_VERSION,
     _close_default,
@@ -58,6 +64,7 @@ __all__ = [
     "default_client",
     "heartbeat",
     "is_connected",
+    "report_exception",
     "section",
     "step",
     "step_begin",
@@ -82,8 +89,14 @@ def connect(
     world_size: int | None = None,
     socket_path: str | None = None,
     connect_timeout: float | None = None,
+    devices: list[str] | None = None,
+    exception_report_timeout: float | None = None,
 ) -> Client:
     """Connects with explicit settings (``None``: from the environment).
+
+    ``devices`` names the accelerators the rank drives (default:
+    ``WARDEN_DEVICES``, else this rank's entry of ``CUDA_VISIBLE_DEVICES``;
+    see docs/client.md). Installs the exception hooks (once).
 
     Never raises because the agent is absent: the client retries in the
     background. Raises ``ValueError`` only for invalid arguments.
@@ -95,9 +108,30 @@ def connect(
         world_size=world_size,
         socket_path=socket_path,
         connect_timeout=connect_timeout,
+        devices=devices,
+        exception_report_timeout=exception_report_timeout,
     )
     _stack_dumps.track(client)
+    _excepthook.track(client)
+    _excepthook.install()
     return client
+
+
+def report_exception(exc: BaseException, *, uncaught: bool = False) -> bool:
+    """Reports ``exc`` to the agent (a ``rank.exception`` event); True if it took it.
+
+    Goes through the clients that exist (the default one is created if none
+    does). The type is ``module.QualName`` (``RuntimeError`` for builtins),
+    the message ``str(exc)``, the traceback its last 16 KiB. Never raises
+    for agent trouble; at most about a second, at once with no agent.
+    ``uncaught=True``: the process is about to exit of it (the client then
+    leaves the exit for the agent to see instead of deregistering).
+    """
+    if not isinstance(exc, BaseException):
+        raise TypeError(f"report_exception() takes an exception, not {type(exc).__name__}")
+    if not _excepthook.clients():
+        _native.default_client()
+    return _excepthook.report(exc, uncaught=uncaught)
 
 
 def default_client() -> Client:

@@ -31,6 +31,7 @@ int main(void) {
     warden_step_end(NULL, 1);
     CHECK(warden_section_id(NULL, "forward") == -1);
     CHECK(warden_is_connected(NULL) == 0);
+    CHECK(warden_report_exception(NULL, "RuntimeError", "m", "tb", 1, 1) == -1);
     warden_close(NULL);
 
     /* Invalid arguments are the only way to get NULL. */
@@ -63,6 +64,14 @@ int main(void) {
         warden_section_close(c, WARDEN_SECTION_BACKWARD);
         warden_step_end(c, step);
     }
+    /* No agent: an exception report fails at once, whatever its arguments. */
+    t0 = now_s();
+    CHECK(warden_report_exception(c, "std::bad_alloc", "out of memory", NULL, -1, 0) == -1);
+    CHECK(warden_report_exception(c, NULL, "m", "tb", 3, 0) == -1);
+    CHECK(warden_report_exception(c, "", NULL, NULL, 3, 0) == -1);
+    CHECK(warden_report_exception(c, "\xff\xfe", "\xff", "\xfe", 3, 0) == -1);
+    CHECK(now_s() - t0 < 0.5);
+
     /* Misuse is tolerated. */
     warden_section_close(c, 12345);
     warden_section_open(c, -3);

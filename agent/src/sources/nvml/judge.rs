@@ -213,6 +213,18 @@ pub fn judge_gpu(
                 now,
                 format!("{d} corrected ECC errors in {win}: memory degrading"),
             ));
+        } else if d > 0 {
+            // Under the threshold: kept as an OK finding, so attribution
+            // can show it was weighed and found too small to matter.
+            gpu.reasons.push(reason(
+                Status::Ok,
+                "ecc.corrected_volatile",
+                d,
+                format!(">= {}", cfg.corrected_ecc_per_window),
+                &win,
+                now,
+                format!("{d} corrected ECC errors in {win}: under the threshold"),
+            ));
         }
     }
     if let Some(v) = r.ecc_uncorrected_aggregate {

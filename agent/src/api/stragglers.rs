@@ -1,0 +1,341 @@
+//! The straggler detector at the edge: GetStragglers, the `warden.v1.Peer`
+//! service that takes peers' summaries, and the task that sends ours.
+//!
+//! Why here: the detector (`detect::straggler`) knows nothing of tonic; this
+//! module turns its scores and summaries into protobuf and back, bad input
+//! into gRPC statuses, and owns the network calls to peers. A peer that is
+//! down is logged once (and once more when it is back), retried every
+//! `straggler.exchange_interval`, and never holds up anything else: each
+//! call is bounded by `straggler.peer_timeout` and runs off the work loop.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use tokio::task::JoinSet;
+use tokio::time::MissedTickBehavior;
+use tonic::transport::{Channel, Endpoint};
+use tonic::{Request, Response, Status};
+use warden_proto::v1 as pb;
+use warden_proto::v1::peer_client::PeerClient;
+use warden_proto::v1::peer_server::Peer;
+
+use super::convert;
+use super::observe::observed;
+use crate::detect::straggler::score::SectionMedian;
+use crate::detect::straggler::{self, Batch, Score, Stragglers, Summary, exchange};
+use crate::state::AgentState;
+
+/// Answers GetStragglers from the agent's straggler scores: its own ranks'
+/// and its peers', job-wide.
+pub fn get_stragglers(state: &AgentState, req: pb::GetStragglersRequest) -> pb::GetStragglersResponse {
+    let Some(det) = Stragglers::of(state) else {
+        return pb::GetStragglersResponse {
+            ranks: Vec::new(),
+            hosts: vec![state.host.clone()],
+        };
+    };
+    let (scores, hosts) = det.scores(&req.job_id, req.flagged_only, Instant::now());
+    pb::GetStragglersResponse {
+        ranks: scores.iter().map(score_pb).collect(),
+        hosts,
+    }
+}
+
+fn opt_time(t: Option<SystemTime>) -> Option<prost_types::Timestamp> {
+    t.map(convert::timestamp)
+}
+
+fn from_time(t: Option<&prost_types::Timestamp>) -> Option<SystemTime> {
+    let t = t?;
+    let secs = u64::try_from(t.seconds).ok()?;
+    let nanos = u32::try_from(t.nanos).ok().filter(|n| *n < 1_000_000_000)?;
+    UNIX_EPOCH.checked_add(Duration::new(secs, nanos))
+}
+
+/// A score as the API shows it.
+pub fn score_pb(s: &Score) -> pb::StragglerScore {
+    pb::StragglerScore {
+        job_id: s.job.clone(),
+        global_rank: s.rank,
+        host: s.host.clone(),
+        section: s.section.clone(),
+        relative: s.relative,
+        individual: s.individual,
+        flagged: s.flagged,
+        consecutive: s.consecutive,
+        flagged_since: opt_time(s.flagged_since),
+        explanation: s.explanation.clone(),
+        samples: s.samples,
+        robust_z: s.robust_z,
+        cause_class: s.cause_class.clone(),
+        devices: s.devices.clone(),
+        rank_median_ns: s.rank_median_ns,
+        job_median_ns: s.job_median_ns,
+        ranks_compared: s.ranks_compared,
+        scored_at: opt_time(s.scored_at),
+    }
+}
+
+fn score_from_pb(p: &pb::StragglerScore) -> Score {
+    Score {
+        job: p.job_id.clone(),
+        rank: p.global_rank,
+        host: p.host.clone(),
+        section: p.section.clone(),
+        relative: p.relative,
+        individual: p.individual,
+        robust_z: p.robust_z,
+        flagged: p.flagged,
+        consecutive: p.consecutive,
+        flagged_since: from_time(p.flagged_since.as_ref()),
+        explanation: p.explanation.clone(),
+        cause_class: p.cause_class.clone(),
+        samples: p.samples,
+        devices: p.devices.clone(),
+        rank_median_ns: p.rank_median_ns,
+        job_median_ns: p.job_median_ns,
+        ranks_compared: p.ranks_compared,
+        scored_at: from_time(p.scored_at.as_ref()),
+    }
+}
+
+/// A batch of summaries on the wire.
+pub fn batch_pb(b: &Batch) -> pb::StragglerSummaries {
+    pb::StragglerSummaries {
+        host: b.host.clone(),
+        ranks: b
+            .ranks
+            .iter()
+            .map(|r| pb::RankSummary {
+                job_id: r.job.clone(),
+                global_rank: r.rank,
+                sections: r
+                    .sections
+                    .iter()
+                    .map(|s| pb::SectionMedian {
+                        section: s.section.clone(),
+                        median_ns: s.median_ns,
+                        samples: s.samples,
+                    })
+                    .collect(),
+                window_seq: r.window_seq,
+                score: r.score.as_ref().map(score_pb),
+            })
+            .collect(),
+    }
+}
+
+/// A batch received from a peer, checked; the error names the field.
+pub fn batch_from_pb(p: pb::StragglerSummaries) -> Result<Batch, String> {
+    if p.ranks.len() > exchange::MAX_BATCH_RANKS {
+        return Err(format!(
+            "{} ranks in one batch; at most {}",
+            p.ranks.len(),
+            exchange::MAX_BATCH_RANKS
+        ));
+    }
+    let batch = Batch {
+        host: p.host,
+        ranks: p
+            .ranks
+            .into_iter()
+            .map(|r| Summary {
+                job: r.job_id,
+                rank: r.global_rank,
+                sections: r
+                    .sections
+                    .into_iter()
+                    .map(|s| SectionMedian {
+                        section: s.section,
+                        median_ns: s.median_ns,
+                        samples: s.samples,
+                    })
+                    .collect(),
+                window_seq: r.window_seq,
+                score: r.score.as_ref().map(score_from_pb),
+            })
+            .collect(),
+    };
+    exchange::validate(&batch)?;
+    Ok(batch)
+}
+
+/// `warden.v1.Peer`: takes a peer's summaries, answers with ours.
+#[derive(Debug, Clone)]
+pub struct PeerService {
+    state: Arc<AgentState>,
+}
+
+impl PeerService {
+    /// A service answering from `state`'s straggler detector.
+    pub fn new(state: Arc<AgentState>) -> Self {
+        Self { state }
+    }
+}
+
+#[tonic::async_trait]
+impl Peer for PeerService {
+    async fn exchange_straggler_summaries(
+        &self,
+        req: Request<pb::StragglerSummaries>,
+    ) -> Result<Response<pb::StragglerSummaries>, Status> {
+        observed("ExchangeStragglerSummaries", async {
+            if !self.state.config.straggler.enabled {
+                return Err(Status::failed_precondition(format!(
+                    "straggler detection is off on {} (straggler.enabled = false)",
+                    self.state.host
+                )));
+            }
+            let batch = batch_from_pb(req.into_inner())
+                .map_err(|e| Status::invalid_argument(format!("straggler summaries: {e}")))?;
+            if batch.host == self.state.host {
+                return Err(Status::failed_precondition(format!(
+                    "the summaries come from host {:?}, this agent's own name: give each agent \
+                     its own agent.host_name, and do not list an agent among its own peers",
+                    batch.host
+                )));
+            }
+            let det = straggler::attach(&self.state);
+            det.merge_remote(batch, Instant::now());
+            Ok(Response::new(batch_pb(&det.outbox())))
+        })
+        .await
+    }
+}
+
+/// One configured peer and what was last said about it in the log.
+#[derive(Debug)]
+struct PeerLink {
+    addr: String,
+    client: Option<PeerClient<Channel>>,
+    /// The last failure logged, until a call succeeds again.
+    down: Option<String>,
+}
+
+/// Starts the task that exchanges summaries with `straggler.peers` every
+/// `straggler.exchange_interval`, until the agent shuts down.
+pub fn spawn_exchange(state: Arc<AgentState>, det: Arc<Stragglers>) {
+    tokio::spawn(exchange_loop(state, det));
+}
+
+async fn exchange_loop(state: Arc<AgentState>, det: Arc<Stragglers>) {
+    let cfg = det.config().clone();
+    let mut peers: Vec<PeerLink> = cfg
+        .peers
+        .iter()
+        .map(|addr| PeerLink {
+            addr: addr.clone(),
+            client: Endpoint::from_shared(format!("http://{addr}"))
+                .map(|e| {
+                    PeerClient::new(
+                        e.connect_timeout(cfg.peer_timeout)
+                            .timeout(cfg.peer_timeout)
+                            .connect_lazy(),
+                    )
+                })
+                .map_err(|e| tracing::warn!(peer = %addr, error = %e, "unusable straggler peer address"))
+                .ok(),
+            down: None,
+        })
+        .collect();
+    let mut ticker = tokio::time::interval(cfg.exchange_interval);
+    ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            () = state.shutdown.cancelled() => return,
+            _ = ticker.tick() => {}
+        }
+        let batch = batch_pb(&det.outbox());
+        let mut calls = JoinSet::new();
+        for (i, p) in peers.iter().enumerate() {
+            let Some(mut client) = p.client.clone() else {
+                continue;
+            };
+            let batch = batch.clone();
+            let limit = cfg.peer_timeout;
+            calls.spawn(async move {
+                let r = tokio::time::timeout(limit, client.exchange_straggler_summaries(batch)).await;
+                let r = match r {
+                    Err(_) => Err(format!("no answer within {}", humantime::format_duration(limit))),
+                    Ok(Err(s)) => Err(format!("{}: {}", s.code(), s.message())),
+                    Ok(Ok(resp)) => batch_from_pb(resp.into_inner()).map_err(|e| format!("bad answer: {e}")),
+                };
+                (i, r)
+            });
+        }
+        let stop = state.shutdown.clone();
+        loop {
+            let joined = tokio::select! {
+                () = stop.cancelled() => return,
+                j = calls.join_next() => j,
+            };
+            let Some(joined) = joined else { break };
+            let Ok((i, result)) = joined else { continue };
+            let Some(p) = peers.get_mut(i) else { continue };
+            match result {
+                Ok(b) => {
+                    metrics::counter!("warden_straggler_exchanges_total", "result" => "ok")
+                        .increment(1);
+                    if p.down.take().is_some() {
+                        tracing::info!(peer = %p.addr, host = %b.host, "straggler peer answers again");
+                    }
+                    if b.host == det.host() {
+                        continue;
+                    }
+                    det.merge_remote(b, Instant::now());
+                }
+                Err(e) => {
+                    metrics::counter!("warden_straggler_exchanges_total", "result" => "error")
+                        .increment(1);
+                    if p.down.is_none() {
+                        tracing::warn!(
+                            peer = %p.addr,
+                            error = %e,
+                            "straggler peer unreachable; retrying every {} (logged once)",
+                            humantime::format_duration(cfg.exchange_interval)
+                        );
+                    } else {
+                        tracing::debug!(peer = %p.addr, error = %e, "straggler peer still unreachable");
+                    }
+                    p.down = Some(e);
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn summaries_survive_the_wire_and_bad_ones_are_refused() {
+        let b = Batch {
+            host: "h".into(),
+            ranks: vec![Summary {
+                job: "j".into(),
+                rank: 3,
+                sections: vec![SectionMedian {
+                    section: "forward".into(),
+                    median_ns: 1e7,
+                    samples: 12,
+                }],
+                window_seq: 4,
+                score: Some(Score {
+                    job: "j".into(),
+                    rank: 3,
+                    host: "h".into(),
+                    section: "forward".into(),
+                    relative: 1.2,
+                    flagged: true,
+                    flagged_since: Some(UNIX_EPOCH + Duration::from_secs(1_700_000_000)),
+                    ..Score::default()
+                }),
+            }],
+        };
+        assert_eq!(batch_from_pb(batch_pb(&b)).unwrap(), b);
+        let mut bad = batch_pb(&b);
+        bad.ranks[0].job_id.clear();
+        assert!(batch_from_pb(bad).unwrap_err().contains("ranks[0].job_id"));
+    }
+}

@@ -1,0 +1,112 @@
+//! What attribution produces: a diagnosis with its chain of evidence, and
+//! the incident record that carries it and the decision.
+
+use std::time::SystemTime;
+
+use serde::{Deserialize, Serialize};
+
+use super::FaultClass;
+use crate::policy::Decision;
+
+/// One link in the chain of evidence.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Evidence {
+    /// When the signal was seen.
+    pub at: SystemTime,
+    /// Where it came from: "rank", "nvml", "kmsg", "health", "history"...
+    pub source: String,
+    /// Stable signal name: "exit.signal", "exception", "xid"...
+    pub signal: String,
+    /// What it is about: "gpu3", "job/j1/rank/2".
+    pub subject: String,
+    /// The observed value.
+    pub value: String,
+    /// The class it points to on its own (None: context, not a verdict).
+    pub points_to: Option<FaultClass>,
+    /// How strongly, 0..1.
+    pub weight: f64,
+    /// What the rule made of it.
+    pub note: String,
+    /// The event it was read from (0: derived).
+    pub event_id: u64,
+}
+
+/// An incident's diagnosis.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Diagnosis {
+    /// Whose fault.
+    pub class: FaultClass,
+    /// 0..1.
+    pub confidence: f64,
+    /// One sentence for a person.
+    pub summary: String,
+    /// The rule that decided (docs/fault-taxonomy.md lists them).
+    pub rule: String,
+    /// The evidence, the deciding items first.
+    pub evidence: Vec<Evidence>,
+}
+
+/// What kind of trigger opened an incident.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum IncidentKind {
+    /// A rank's process exited with a failure.
+    Crash,
+    /// A rank made no progress past its threshold.
+    Hang,
+    /// A device or the host failed, with or without a rank on it.
+    Hardware,
+    /// A rank is persistently slower than its peers.
+    Straggler,
+}
+
+impl IncidentKind {
+    /// Snake-case name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            IncidentKind::Crash => "crash",
+            IncidentKind::Hang => "hang",
+            IncidentKind::Hardware => "hardware",
+            IncidentKind::Straggler => "straggler",
+        }
+    }
+
+    /// True when the job cannot go on without a remediation.
+    pub fn job_down(self) -> bool {
+        matches!(self, IncidentKind::Crash | IncidentKind::Hang)
+    }
+}
+
+/// An incident as stored, served and persisted.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct IncidentRecord {
+    /// "inc-" and the id of the event that opened it.
+    pub id: String,
+    /// When it opened.
+    pub opened_at: SystemTime,
+    /// When its diagnosis or decision last changed.
+    pub updated_at: SystemTime,
+    /// The strongest kind among its triggers (a crash outranks a hardware
+    /// event: the job is down).
+    pub kind: IncidentKind,
+    /// This node.
+    pub host: String,
+    /// The job (empty for a device with no rank on it).
+    pub job: String,
+    /// Ranks involved.
+    pub ranks: Vec<u32>,
+    /// Devices involved.
+    pub devices: Vec<String>,
+    /// The diagnosis.
+    pub diagnosis: Diagnosis,
+    /// The decision in force.
+    pub decision: Option<Decision>,
+    /// Earlier decisions, when later evidence changed the diagnosis.
+    pub superseded: Vec<Decision>,
+    /// The failure's signature, for the repeat rule ("exception:RuntimeError:...").
+    pub signature: String,
+    /// The step the failure happened at, when known.
+    pub step: Option<u64>,
+    /// The failed rank's exit status, when it exited with one.
+    pub exit_code: Option<i32>,
+}

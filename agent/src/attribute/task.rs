@@ -1,0 +1,374 @@
+//! The attribution task: the agent's events in, decisions out.
+//!
+//! Subscribes to the event bus before anything else publishes, feeds every
+//! event to the [`Engine`], and when an incident is due: resolves device
+//! names through the health model, asks the policy (and the user's hook),
+//! records the decision, publishes `incident.diagnosed` and
+//! `incident.decided`, appends the journal, and for a cordon marks the node
+//! (health component `node/cordon`, the condition file, `node.cordoned`).
+//! Runs on its own task: a slow hook delays other decisions by at most its
+//! timeout, never a scan or an API call.
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use tokio::sync::broadcast::error::RecvError;
+
+use super::engine::{CurrentReason, DeviceMap, Diagnosed, Engine};
+use super::store::Cordon;
+use super::{FaultClass, IncidentRecord};
+use crate::events::{Event, NewEvent, Severity, Subscription};
+use crate::health::{ComponentReport, Reason, Status};
+use crate::policy::{self, Action, Context, Decision, hook};
+use crate::state::AgentState;
+
+/// Subscribes now (call before the agent starts publishing) and returns
+/// the task to spawn.
+pub fn start(state: Arc<AgentState>) -> impl std::future::Future<Output = ()> + Send + 'static {
+    let sub = state.events.subscribe(None);
+    let history = state.incident_store().all();
+    let engine = Engine::new(
+        state.config.attribution.clone(),
+        state.host.clone(),
+        history,
+    );
+    // A cordon from before a restart is shown again.
+    if let Some(c) = state.incident_store().cordon().cloned() {
+        report_cordon(&state, Some(&c));
+    }
+    run(state, sub, engine)
+}
+
+async fn run(state: Arc<AgentState>, sub: Subscription, mut engine: Engine) {
+    let mut last_id = 0u64;
+    for e in &sub.backlog {
+        engine.observe(e);
+        last_id = e.id;
+    }
+    let mut live = sub.live;
+    loop {
+        let wait = engine.next_due().map(|d| {
+            d.duration_since(SystemTime::now())
+                .unwrap_or(Duration::ZERO)
+        });
+        tokio::select! {
+            () = state.shutdown.cancelled() => return,
+            r = live.recv() => match r {
+                Ok(e) => {
+                    if e.id > last_id {
+                        last_id = e.id;
+                        engine.observe(&e);
+                    }
+                }
+                Err(RecvError::Lagged(n)) => {
+                    // Catch up from the ring; what it no longer holds is lost
+                    // to attribution, and said so.
+                    let (missed, dropped_up_to) = state.events.list(last_id, 0);
+                    if dropped_up_to > last_id {
+                        tracing::warn!(lagged = n, "attribution fell behind the event bus; some events were not seen");
+                    }
+                    for e in missed {
+                        last_id = e.id;
+                        engine.observe(&e);
+                    }
+                }
+                Err(RecvError::Closed) => return,
+            },
+            () = sleep(wait) => {}
+        }
+        let now = SystemTime::now();
+        if engine.next_due().is_some_and(|d| d <= now) {
+            let devices = device_map(&state);
+            for d in engine.take_due(now, &devices) {
+                handle(&state, &mut engine, d).await;
+            }
+        }
+    }
+}
+
+async fn sleep(wait: Option<Duration>) {
+    match wait {
+        Some(d) => tokio::time::sleep(d).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Device aliases (uuid, PCI bus id) and current findings, from the health
+/// model.
+fn device_map(state: &AgentState) -> DeviceMap {
+    let mut map = DeviceMap::default();
+    for c in state.health.snapshot().components {
+        let labels = ["uuid", "pci"]
+            .iter()
+            .filter_map(|k| c.labels.get(*k).cloned())
+            .collect::<Vec<_>>();
+        map.add(&c.id, labels);
+        for r in &c.reasons {
+            {
+                map.add_reason(
+                    &c.id,
+                    CurrentReason {
+                        signal: r.signal.clone(),
+                        status: r.status.as_str().to_owned(),
+                        value: r.value.clone(),
+                        since: r.since,
+                    },
+                );
+            }
+        }
+    }
+    map
+}
+
+async fn handle(state: &Arc<AgentState>, engine: &mut Engine, d: Diagnosed) {
+    if !d.needs_decision {
+        // New evidence, same verdict: the record is updated quietly.
+        state.incident_store().upsert(d.record, true);
+        return;
+    }
+    let record = d.record;
+    let history = engine.past_decisions(&record.job, &record.id);
+    let ctx = Context {
+        job_down: record.kind.job_down(),
+        exit_code: record.exit_code,
+        history: &history,
+        now: SystemTime::now(),
+    };
+    let mut decision = policy::decide(&state.config.policy, &record.diagnosis, &ctx);
+    if state.config.policy.hook.is_enabled() {
+        ask_hook(state, &record, &mut decision).await;
+    }
+    let Some(record) = engine.decided(&record.id, decision) else {
+        return;
+    };
+    publish(state, &record);
+    state.incident_store().upsert(record.clone(), true);
+    if record
+        .decision
+        .as_ref()
+        .is_some_and(|d| d.action == Action::Cordon)
+    {
+        cordon(state, &record);
+    }
+}
+
+/// Lets the user's hook override `decision`; a failing hook leaves it as it
+/// is and says why.
+async fn ask_hook(state: &AgentState, record: &IncidentRecord, decision: &mut Decision) {
+    let input = serde_json::json!({
+        "host": state.host,
+        "incident": record,
+        "proposed": decision,
+    });
+    match hook::ask(&state.config.policy.hook, &input).await {
+        Ok(answer) => match answer.action {
+            Some(a) => {
+                decision.action = a;
+                decision.reason = if answer.reason.is_empty() {
+                    format!("the policy hook chose {a} (proposed: {})", decision.reason)
+                } else {
+                    format!("the policy hook chose {a}: {}", answer.reason)
+                };
+                decision.decided_by = "hook".into();
+                decision.exit_code = policy::exit_code_for(
+                    a,
+                    record.diagnosis.class,
+                    decision.attempt > decision.budget,
+                    record.exit_code,
+                );
+                if !a.is_restart() {
+                    decision.backoff = Duration::ZERO;
+                }
+            }
+            None => decision.decided_by = "policy (the hook agreed)".into(),
+        },
+        Err(e) => {
+            metrics::counter!("warden_policy_hook_failures_total").increment(1);
+            decision.decided_by = format!("policy (hook failed: {e})");
+            state.events.publish(
+                NewEvent::new(
+                    Severity::Warning,
+                    "policy.hook_failed",
+                    record.id.clone(),
+                    format!("policy hook gave no usable answer for {}: {e}; warden's own decision stands", record.id),
+                )
+                .with("error", e.to_string())
+                .with("command", state.config.policy.hook.command.join(" ")),
+            );
+        }
+    }
+}
+
+fn publish(state: &AgentState, r: &IncidentRecord) {
+    let diag = &r.diagnosis;
+    let Some(dec) = &r.decision else {
+        return;
+    };
+    metrics::counter!("warden_incidents_total", "class" => diag.class.as_str(), "kind" => r.kind.as_str())
+        .increment(1);
+    metrics::counter!("warden_decisions_total", "action" => dec.action.as_str()).increment(1);
+    let severity = match (diag.class, dec.action) {
+        (_, Action::Cordon | Action::Stop | Action::ScaleDown) => Severity::Critical,
+        (FaultClass::UncorrectableHardware, _) => Severity::Critical,
+        (_, Action::Continue) => Severity::Warning,
+        _ => Severity::Error,
+    };
+    let mut ev = NewEvent::new(
+        severity,
+        "incident.diagnosed",
+        r.id.clone(),
+        format!(
+            "{}: {} ({:.0}%): {}",
+            r.id,
+            diag.class,
+            diag.confidence * 100.0,
+            diag.summary
+        ),
+    )
+    .with("kind", r.kind.as_str())
+    .with("class", diag.class)
+    .with("confidence", format!("{:.2}", diag.confidence))
+    .with("rule", &diag.rule)
+    .with("job", &r.job)
+    .with(
+        "ranks",
+        r.ranks
+            .iter()
+            .map(u32::to_string)
+            .collect::<Vec<_>>()
+            .join(","),
+    )
+    .with("devices", r.devices.join(","))
+    .with("revision", r.superseded.len() + 1);
+    for (i, e) in diag.evidence.iter().enumerate().take(12) {
+        ev = ev.with(
+            format!("evidence.{}", i + 1),
+            format!(
+                "{} {} {}={} -> {} ({})",
+                e.source,
+                e.subject,
+                e.signal,
+                e.value,
+                e.points_to.map_or("context", FaultClass::as_str),
+                e.note
+            ),
+        );
+    }
+    state.events.publish(ev);
+    state.events.publish(
+        NewEvent::new(
+            severity,
+            "incident.decided",
+            r.id.clone(),
+            format!("{}: {} ({})", r.id, dec.action, dec.reason),
+        )
+        .with("action", dec.action)
+        .with("reason", &dec.reason)
+        .with("decided_by", &dec.decided_by)
+        .with("attempt", dec.attempt)
+        .with("budget", dec.budget)
+        .with("backoff", humantime::format_duration(dec.backoff))
+        .with("exit_code", dec.exit_code)
+        .with("class", diag.class)
+        .with("job", &r.job),
+    );
+}
+
+fn cordon(state: &AgentState, r: &IncidentRecord) {
+    let c = Cordon {
+        since: SystemTime::now(),
+        incident: r.id.clone(),
+        class: r.diagnosis.class.as_str().to_owned(),
+        summary: r.diagnosis.summary.clone(),
+    };
+    if !state.incident_store().set_cordon(c.clone()) {
+        return;
+    }
+    report_cordon(state, Some(&c));
+    state.events.publish(
+        NewEvent::new(
+            Severity::Critical,
+            "node.cordoned",
+            "node/cordon",
+            format!("node cordoned by {}: {}", r.id, r.diagnosis.summary),
+        )
+        .with("incident", &r.id)
+        .with("class", r.diagnosis.class),
+    );
+}
+
+/// Lifts the cordon (the Uncordon RPC); returns whether there was one.
+pub fn uncordon(state: &AgentState, reason: &str) -> bool {
+    let Some(was) = state.incident_store().clear_cordon() else {
+        return false;
+    };
+    report_cordon(state, None);
+    state.events.publish(
+        NewEvent::new(
+            Severity::Info,
+            "node.uncordoned",
+            "node/cordon",
+            format!(
+                "cordon lifted ({}); it was set by {}",
+                if reason.is_empty() {
+                    "no reason given"
+                } else {
+                    reason
+                },
+                was.incident
+            ),
+        )
+        .with("incident", was.incident)
+        .with("reason", reason),
+    );
+    true
+}
+
+/// Shows the cordon as a health component, so `warden health`, GetNodeHealth
+/// and `warden health --plugin` report it like any other failure.
+fn report_cordon(state: &AgentState, c: Option<&Cordon>) {
+    let reasons = c
+        .map(|c| Reason {
+            status: Status::Failed,
+            signal: "policy.cordon".into(),
+            value: c.class.clone(),
+            threshold: String::new(),
+            window: String::new(),
+            since: c.since,
+            message: format!(
+                "cordoned by {}: {} (lift with `warden uncordon` after repair)",
+                if c.incident.is_empty() {
+                    "an earlier decision"
+                } else {
+                    &c.incident
+                },
+                c.summary
+            ),
+        })
+        .into_iter()
+        .collect();
+    state.apply_report_from(
+        "policy",
+        ComponentReport {
+            id: "node/cordon".into(),
+            kind: "node".into(),
+            labels: Default::default(),
+            status_override: None,
+            reasons,
+        },
+    );
+}
+
+/// Diagnosis events the CLI and tests read, by kind.
+pub const EVENT_KINDS: &[&str] = &[
+    "incident.diagnosed",
+    "incident.decided",
+    "policy.hook_failed",
+    "node.cordoned",
+    "node.uncordoned",
+];
+
+/// True for the events this task publishes (so replays can skip them).
+pub fn is_own(e: &Event) -> bool {
+    EVENT_KINDS.contains(&e.kind)
+}

@@ -1,0 +1,258 @@
+//! The detector end to end: the benchmark's two criteria on a seeded
+//! simulated job (smaller than the bench, so it runs in seconds in debug
+//! builds), and the driver against a real registry and event bus.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use super::sim::{Jitter, SimJob};
+use super::*;
+use crate::config::Config;
+use crate::health::{ComponentReport, Reason, Status};
+use crate::ranks::registry::RegisterRequest;
+
+#[test]
+fn no_rank_is_flagged_under_three_percent_jitter() {
+    let cfg = StragglerConfig::default();
+    for (model, seed) in [(Jitter::PerSection, 1), (Jitter::PerStep, 2)] {
+        let mut job = SimJob::new(&cfg, 1024, 0.03, model, seed);
+        let changes = job.run(2_000);
+        assert!(
+            changes.is_empty(),
+            "{model:?}: {} flag changes, first {:?} ({} rank-windows over)",
+            changes.len(),
+            changes.first(),
+            job.over_windows
+        );
+    }
+}
+
+#[test]
+fn a_rank_ten_percent_slower_is_flagged_within_twenty_steps() {
+    let cfg = StragglerConfig::default();
+    let mut job = SimJob::new(&cfg, 1024, 0.03, Jitter::PerSection, 7);
+    assert!(job.run(40).is_empty());
+    // Onsets at every phase of the scoring stride, on different ranks.
+    for (i, rank) in [17u32, 300, 511, 780, 1023].into_iter().enumerate() {
+        for _ in 0..=i {
+            job.run_step();
+        }
+        job.slow[rank as usize] = 1.10;
+        let took = job.steps_to_flag(rank, 100);
+        assert!(
+            took.is_some_and(|s| s <= 20),
+            "rank {rank} (onset at step {}): flagged after {took:?} steps",
+            job.step
+        );
+        job.slow[rank as usize] = 1.0;
+    }
+}
+
+#[test]
+fn a_rank_slow_from_its_first_step_is_flagged_by_step_twenty() {
+    let cfg = StragglerConfig::default();
+    let mut job = SimJob::new(&cfg, 1024, 0.03, Jitter::PerSection, 11);
+    job.slow[42] = 1.10;
+    let took = job.steps_to_flag(42, 100);
+    assert!(took.is_some_and(|s| s <= 20), "{took:?}");
+}
+
+// ------------------------------------------------------------------ driver
+
+fn agent(edit: impl FnOnce(&mut Config)) -> (tempfile::TempDir, Arc<AgentState>) {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = Config::default();
+    cfg.api.socket = dir.path().join("w.sock").display().to_string();
+    cfg.agent.state_dir = dir.path().join("state").display().to_string();
+    cfg.agent.host_name = "host-a".into();
+    edit(&mut cfg);
+    let state = Arc::new(AgentState::new(cfg, "test".into()).unwrap());
+    (dir, state)
+}
+
+fn register(state: &AgentState, job: &str, rank: u32) {
+    state
+        .registry()
+        .register(
+            &RegisterRequest {
+                job_id: job.into(),
+                global_rank: rank,
+                local_rank: rank,
+                world_size: 64,
+                pid: std::process::id(),
+                host: "host-a".into(),
+                layout_version: warden_client::slot::LAYOUT_VERSION,
+                stack_dump_signal: 0,
+                devices: Vec::new(),
+            },
+            0,
+        )
+        .unwrap();
+}
+
+/// Pushes `steps` steps into each rank: forward 10 ms x its factor.
+fn feed(state: &AgentState, job: &str, factors: &[f64], steps: usize) {
+    let mut reg = state.registry();
+    for (rank, f) in factors.iter().enumerate() {
+        let key = RankKey {
+            job: job.into(),
+            rank: rank as u32,
+        };
+        let e = reg.ranks.get_mut(&key).unwrap();
+        for i in 0..steps {
+            // A little deterministic spread, as real timers have.
+            let fwd = (10e6 * f * (1.0 + 0.002 * (i % 3) as f64)) as u64;
+            e.straggler
+                .push_step(fwd + 8_000_000, [("forward", fwd), ("allreduce", 5_000_000)]);
+        }
+    }
+}
+
+fn kinds(state: &AgentState, kind: &str) -> Vec<Arc<crate::events::Event>> {
+    state
+        .events
+        .list(0, 0)
+        .0
+        .into_iter()
+        .filter(|e| e.kind == kind)
+        .collect()
+}
+
+#[test]
+fn the_driver_flags_explains_and_clears() {
+    let (_dir, state) = agent(|_| {});
+    for r in 0..4 {
+        register(&state, "j", r);
+    }
+    state.apply_report(ComponentReport {
+        id: "gpu2".into(),
+        kind: "gpu".into(),
+        labels: [("temperature".to_owned(), "92 C".to_owned())].into(),
+        status_override: None,
+        reasons: vec![Reason {
+            status: Status::Degraded,
+            signal: "clocks.event_reasons".into(),
+            value: "0x40".into(),
+            threshold: String::new(),
+            window: String::new(),
+            since: SystemTime::now(),
+            message: "clocks held down".into(),
+        }],
+    });
+    let factors = [1.0, 1.0, 1.3, 1.0];
+    let now = Instant::now();
+    // min_steps (10) first, then windows every 5 steps: flagged on the
+    // second window over.
+    feed(&state, "j", &factors, 10);
+    tick(&state, now);
+    assert!(kinds(&state, "rank.straggler").is_empty());
+    feed(&state, "j", &factors, 5);
+    tick(&state, now);
+    let flagged = kinds(&state, "rank.straggler");
+    assert_eq!(flagged.len(), 1);
+    let ev = &flagged[0];
+    assert_eq!(ev.subject, "job/j/rank/2");
+    let get = |k: &str| {
+        ev.evidence
+            .iter()
+            .find(|(key, _)| key == k)
+            .map(|(_, v)| v.clone())
+            .unwrap_or_default()
+    };
+    assert_eq!(get("section"), "forward");
+    assert_eq!(get("relative"), "1.30");
+    assert_eq!(get("devices"), "gpu2");
+    assert_eq!(get("cause_class"), "correctable_hardware");
+    assert_eq!(get("gpu_temperature"), "gpu2 92 C");
+    assert!(
+        get("explanation").starts_with(
+            "rank 2 is 30% slower in forward; gpu2 reports HW thermal slowdown (clocks.event_reasons)"
+        ),
+        "{}",
+        get("explanation")
+    );
+    for k in ["individual", "samples", "job_median", "rank_median"] {
+        assert!(!get(k).is_empty(), "{k}");
+    }
+    let det = Stragglers::of(&state).unwrap();
+    let (scores, hosts) = det.scores("", true, now);
+    assert_eq!(hosts, ["host-a"]);
+    assert_eq!(scores.len(), 1);
+    assert_eq!((scores[0].rank, scores[0].flagged), (2, true));
+    assert!(scores[0].flagged_since.is_some());
+
+    // Back to normal: cleared after three windows under.
+    let fast = [1.0; 4];
+    for _ in 0..3 {
+        feed(&state, "j", &fast, 10);
+        tick(&state, now);
+    }
+    let cleared = kinds(&state, "rank.straggler_cleared");
+    assert_eq!(cleared.len(), 1, "{cleared:?}");
+    assert!(det.scores("j", true, now).0.is_empty());
+}
+
+#[test]
+fn peers_summaries_make_the_comparison_job_wide() {
+    let (_dir, state) = agent(|_| {});
+    register(&state, "j", 0);
+    register(&state, "j", 1);
+    let now = Instant::now();
+    // Two local ranks, one slower from the start: too few to compare.
+    for _ in 0..6 {
+        feed(&state, "j", &[1.0, 1.3], 5);
+        tick(&state, now);
+    }
+    assert!(kinds(&state, "rank.straggler").is_empty());
+    // Two more ranks on host-b, as fast as rank 0: rank 1 stands out.
+    let det = Stragglers::of(&state).unwrap();
+    let remote = |rank| Summary {
+        job: "j".into(),
+        rank,
+        sections: vec![score::SectionMedian {
+            section: "forward".into(),
+            median_ns: 10e6,
+            samples: 40,
+        }],
+        window_seq: 9,
+        score: None,
+    };
+    det.merge_remote(
+        Batch {
+            host: "host-b".into(),
+            ranks: vec![remote(2), remote(3)],
+        },
+        now,
+    );
+    for _ in 0..2 {
+        feed(&state, "j", &[1.0, 1.3], 5);
+        tick(&state, now);
+    }
+    let flagged = kinds(&state, "rank.straggler");
+    assert_eq!(flagged.len(), 1);
+    assert_eq!(flagged[0].subject, "job/j/rank/1");
+    let (scores, hosts) = det.scores("j", false, now);
+    assert_eq!(hosts, ["host-a", "host-b"]);
+    let by_host: Vec<(u32, &str)> = scores.iter().map(|s| (s.rank, s.host.as_str())).collect();
+    assert_eq!(
+        by_host,
+        [(0, "host-a"), (1, "host-a"), (2, "host-b"), (3, "host-b")]
+    );
+    assert_eq!(scores[1].ranks_compared, 4);
+    // Our summaries carry our verdict for the peers.
+    let out = det.outbox();
+    assert_eq!(out.host, "host-a");
+    assert!(out.ranks[1].score.as_ref().is_some_and(|s| s.flagged));
+    // A peer that goes quiet is forgotten after summary_ttl.
+    let later = now + state.config.straggler.summary_ttl + Duration::from_secs(1);
+    assert_eq!(det.scores("j", false, later).1, ["host-a"]);
+}
+
+#[test]
+fn off_means_nothing_is_scored() {
+    let (_dir, state) = agent(|c| c.straggler.enabled = false);
+    register(&state, "j", 0);
+    feed(&state, "j", &[1.0], 20);
+    tick(&state, Instant::now());
+    assert!(Stragglers::of(&state).is_none());
+}

@@ -1,0 +1,970 @@
+//! The user's policy hook: an executable that may override a decision.
+//!
+//! Sites have knowledge warden lacks (a spare pool, a maintenance window, a
+//! flaky rack), so `[policy.hook]` names a program that is shown each
+//! diagnosis and may answer another action.
+//!
+//! Protocol, kept small so a ten-line shell or Python script can speak it:
+//! - the hook is started with `command` as its argv and `WARDEN_HOOK=1` added
+//!   to the agent's environment, in a process group of its own;
+//! - it reads one JSON document (the diagnosis and the proposed decision,
+//!   followed by a newline) on stdin, then EOF;
+//! - it writes one JSON object on stdout, `{"action": "<name>", "reason":
+//!   "..."}`, and exits 0. `{"action": "default"}`, `{}` or a missing or null
+//!   `action` keep the proposed decision. Unknown fields are ignored;
+//! - stderr is for its own diagnostics: a bounded tail is kept for the logs
+//!   and for the error when the hook fails.
+//!
+//! Contract: [`ask`] always returns within the configured timeout (plus a
+//! bounded grace to reap what it killed), never panics, and never leaves the
+//! hook or the processes it started running after a failure: on timeout, on
+//! an oversized answer or when the call itself is dropped, the hook's whole
+//! process group is killed with SIGKILL. Every failure is a [`HookError`]
+//! saying what went wrong; the caller then keeps the proposed decision.
+//! A hook that exits 0 may leave a detached helper behind (a notifier with its
+//! output redirected); it is not waited for. One that keeps the hook's stdout
+//! or stderr open, though, holds the answer back until the timeout.
+
+use std::io;
+use std::path::PathBuf;
+use std::process::{ExitStatus, Stdio};
+use std::time::Duration;
+
+use nix::sys::signal::{Signal, killpg};
+use nix::unistd::{AccessFlags, Pid, access};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+use tokio::process::{Child, ChildStdin, Command};
+use tokio::time::Instant;
+
+use super::Action;
+
+/// Most bytes read from the hook's stdout: an answer is one small object, so
+/// anything larger is a broken hook, and memory in the agent stays bounded.
+pub const MAX_STDOUT: usize = 64 * 1024;
+/// How much of the answer is kept as evidence in [`HookAnswer::raw`].
+pub const RAW_KEEP: usize = 4 * 1024;
+/// How much of the end of stderr is kept for logs and errors.
+pub const STDERR_KEEP: usize = 1024;
+/// How much of a bad answer is quoted in [`HookError::BadJson`].
+const BAD_STDOUT_KEEP: usize = 1024;
+/// How long to wait for a killed hook to be reaped. A process stuck in the
+/// kernel (uninterruptible sleep in a GPU driver, say) cannot die until the
+/// kernel lets it; the agent must not wait for that, and tokio reaps such a
+/// child in the background once it does die (`kill_on_drop`).
+const REAP_GRACE: Duration = Duration::from_millis(500);
+/// Bounds on `policy.hook.timeout`: shorter cannot even start a process
+/// reliably, longer holds a remediation back for too long.
+const MIN_TIMEOUT: Duration = Duration::from_millis(10);
+const MAX_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// `[policy.hook]`: the user's executable that may override decisions.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct HookConfig {
+    /// The hook's argv: the executable (an absolute path, or a name looked
+    /// up in `PATH`) and its arguments, e.g. `["/etc/warden/hook.py",
+    /// "--site", "a"]`. Empty: no hook, warden's own decisions stand.
+    pub command: Vec<String>,
+    /// How long the hook may take to answer, from start to exit. Past it the
+    /// hook's whole process group is killed and the proposed decision is
+    /// kept. Between 10ms and 60s.
+    #[serde(with = "crate::config::duration")]
+    pub timeout: Duration,
+}
+
+impl Default for HookConfig {
+    fn default() -> Self {
+        Self {
+            command: Vec::new(),
+            timeout: Duration::from_secs(2),
+        }
+    }
+}
+
+impl HookConfig {
+    /// True when a hook is configured: callers skip [`ask`] otherwise.
+    pub fn is_enabled(&self) -> bool {
+        !self.command.is_empty()
+    }
+
+    /// Checks the keys at start-up, so that a typo in the hook's path is
+    /// reported once, naming the key, rather than as a failure at every
+    /// incident. The error names the key, the value and what is accepted.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.timeout < MIN_TIMEOUT || self.timeout > MAX_TIMEOUT {
+            return Err(format!(
+                "policy.hook.timeout = \"{}\": must be between 10ms and 60s",
+                humantime::format_duration(self.timeout)
+            ));
+        }
+        let Some(program) = self.command.first() else {
+            return Ok(());
+        };
+        let key = "policy.hook.command[0]";
+        if program.is_empty() {
+            return Err(format!(
+                "{key} = \"\": must name the hook's executable \
+                 (or leave policy.hook.command empty for no hook)"
+            ));
+        }
+        let path = if program.contains('/') {
+            PathBuf::from(program)
+        } else {
+            search_path(program).ok_or_else(|| {
+                format!(
+                    "{key} = {program:?}: not found in PATH; \
+                     give the hook's absolute path"
+                )
+            })?
+        };
+        let meta = std::fs::metadata(&path).map_err(|e| {
+            if e.kind() == io::ErrorKind::NotFound {
+                format!("{key} = {program:?}: {} does not exist", path.display())
+            } else {
+                format!("{key} = {program:?}: cannot read {}: {e}", path.display())
+            }
+        })?;
+        if !meta.is_file() {
+            return Err(format!(
+                "{key} = {program:?}: {} is not a regular file",
+                path.display()
+            ));
+        }
+        if access(&path, AccessFlags::X_OK).is_err() {
+            return Err(format!(
+                "{key} = {program:?}: {} is not executable; `chmod +x` it, or run \
+                 it through its interpreter: command = [\"python3\", {:?}]",
+                path.display(),
+                path.display().to_string()
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// `program` looked up in `PATH` the way `execvp` does: the first
+/// executable regular file of that name.
+fn search_path(program: &str) -> Option<PathBuf> {
+    let dirs = std::env::var_os("PATH")?;
+    std::env::split_paths(&dirs)
+        .map(|dir| dir.join(program))
+        .find(|p| p.is_file() && access(p.as_path(), AccessFlags::X_OK).is_ok())
+}
+
+/// What the hook answered, with what is needed to record it as evidence.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HookAnswer {
+    /// The action the hook chose; `None` keeps the proposed decision
+    /// (`{"action": "default"}`, `{}`).
+    pub action: Option<Action>,
+    /// The hook's explanation, as given; may be empty. Shown with the
+    /// decision so people see why the hook overrode warden.
+    pub reason: String,
+    /// The hook's stdout, clipped to [`RAW_KEEP`] bytes: what it really said,
+    /// for the incident's evidence.
+    pub raw: String,
+    /// The end of the hook's stderr (at most [`STDERR_KEEP`] bytes), for the
+    /// logs: a working hook may still have warnings worth seeing.
+    pub stderr: String,
+    /// From start to exit: a hook that gets slow shows up before it times
+    /// out.
+    pub took: Duration,
+}
+
+/// Why the hook gave no usable answer. Each message says what was wrong;
+/// the caller keeps the proposed decision and records the error.
+#[derive(Debug, thiserror::Error)]
+pub enum HookError {
+    /// [`ask`] was called with an empty `policy.hook.command`.
+    #[error("no policy hook is configured (policy.hook.command is empty)")]
+    NotConfigured,
+    /// The executable could not be started (missing, not executable, bad
+    /// interpreter line...).
+    #[error("cannot start policy hook {command:?}: {source}")]
+    Spawn {
+        /// `command[0]`, as configured.
+        command: String,
+        /// What the OS said.
+        source: io::Error,
+    },
+    /// No answer in time; the hook's process group was killed.
+    #[error(
+        "policy hook did not answer within {}: {}; its process group was killed{}",
+        humantime::format_duration(*after),
+        if *exited {
+            "it exited, but a process it started kept its stdout or stderr open \
+             (redirect the output of background commands)"
+        } else {
+            "it was still running"
+        },
+        stderr_suffix(stderr)
+    )]
+    Timeout {
+        /// The configured timeout.
+        after: Duration,
+        /// Whether the hook itself had exited (a background process held its
+        /// output open) or was still running.
+        exited: bool,
+        /// The end of what it wrote on stderr by then.
+        stderr: String,
+    },
+    /// The hook exited non-zero or was killed by a signal: its answer, if
+    /// any, does not count.
+    #[error("policy hook failed ({status}){}", stderr_suffix(stderr))]
+    Exit {
+        /// Exit code or signal.
+        status: ExitStatus,
+        /// The end of its stderr (at most [`STDERR_KEEP`] bytes).
+        stderr: String,
+    },
+    /// Stdout was not one JSON object.
+    #[error(
+        "policy hook's answer is not one JSON object like \
+         {{\"action\": \"cordon\", \"reason\": \"...\"}}: {error}; stdout was {stdout:?}"
+    )]
+    BadJson {
+        /// What was wrong with it.
+        error: String,
+        /// The start of its stdout.
+        stdout: String,
+    },
+    /// The object's `action` is not an action warden knows.
+    #[error("policy hook answered an unusable action: {why}")]
+    BadAction {
+        /// What was wrong, with the valid names.
+        why: String,
+    },
+    /// More than [`MAX_STDOUT`] bytes on stdout; the hook was killed.
+    #[error(
+        "policy hook wrote more than {limit} bytes on stdout and was killed; \
+         the answer must be one small JSON object"
+    )]
+    TooLarge {
+        /// The limit that was passed.
+        limit: usize,
+    },
+    /// Reading from or writing to the hook failed (other than the hook
+    /// closing its stdin early, which is allowed).
+    #[error("I/O error talking to the policy hook: {0}")]
+    Io(#[from] io::Error),
+}
+
+/// `; stderr: "..."` when there is something on stderr.
+fn stderr_suffix(stderr: &str) -> String {
+    if stderr.is_empty() {
+        String::new()
+    } else {
+        format!("; stderr: {stderr:?}")
+    }
+}
+
+/// Asks the hook configured in `cfg` about `input` (the diagnosis and the
+/// proposed decision) and returns its answer, or why there is none.
+///
+/// Runs the hook to completion within `cfg.timeout`; see the module
+/// documentation for the protocol and the guarantees. Dropping the returned
+/// future kills the hook's process group.
+pub async fn ask(cfg: &HookConfig, input: &Value) -> Result<HookAnswer, HookError> {
+    let Some((program, args)) = cfg.command.split_first() else {
+        return Err(HookError::NotConfigured);
+    };
+    let mut payload = serde_json::to_vec(input).map_err(io::Error::other)?;
+    payload.push(b'\n');
+
+    let started = Instant::now();
+    let mut child = Command::new(program)
+        .args(args)
+        .env("WARDEN_HOOK", "1")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        // Its own group, so that killing the group reaches the processes a
+        // script starts (a `sleep`, a `curl`), not only the script.
+        .process_group(0)
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(|source| HookError::Spawn {
+            command: program.clone(),
+            source,
+        })?;
+    // Declared after `child`, so dropped before it: if this future is
+    // cancelled the group dies, then tokio reaps the child.
+    let mut group = ProcessGroup::of(&child);
+    let (Some(stdin), Some(stdout), Some(stderr)) =
+        (child.stdin.take(), child.stdout.take(), child.stderr.take())
+    else {
+        return Err(io::Error::other("the hook's stdin, stdout or stderr was not piped").into());
+    };
+
+    let mut out = Vec::new();
+    let mut err = Tail::default();
+    let mut exited = false;
+    // Feeding stdin, draining stdout and stderr, and waiting for the exit all
+    // at once: a hook that answers before (or without) reading its input, or
+    // that fills its stderr pipe, must not deadlock against us.
+    let talk = async {
+        tokio::try_join!(
+            feed(stdin, &payload),
+            read_capped(stdout, &mut out, MAX_STDOUT),
+            read_tail(stderr, &mut err, STDERR_KEEP),
+            async {
+                let status = child.wait().await?;
+                exited = true;
+                Ok::<_, HookError>(status)
+            },
+        )
+    };
+    let outcome = tokio::time::timeout(cfg.timeout, talk).await;
+    let took = started.elapsed();
+    let status = match outcome {
+        Ok(Ok(((), (), (), status))) => status,
+        Ok(Err(e)) => {
+            group.kill();
+            reap(&mut child).await;
+            return Err(e);
+        }
+        Err(_elapsed) => {
+            group.kill();
+            reap(&mut child).await;
+            return Err(HookError::Timeout {
+                after: cfg.timeout,
+                exited,
+                stderr: tail_text(&err, STDERR_KEEP),
+            });
+        }
+    };
+    // The hook exited and closed its output: whatever is left in its group
+    // was detached on purpose and is not ours to kill.
+    group.release();
+
+    let stderr = tail_text(&err, STDERR_KEEP);
+    if !status.success() {
+        return Err(HookError::Exit { status, stderr });
+    }
+    let (action, reason) = parse_answer(&out)?;
+    Ok(HookAnswer {
+        action,
+        reason,
+        raw: head_text(&out, RAW_KEEP),
+        stderr,
+        took,
+    })
+}
+
+/// The hook's process group, killed on drop unless released.
+#[derive(Debug)]
+struct ProcessGroup {
+    /// The group id (the hook's pid, as it leads its group); `None` once
+    /// killed or released. The id cannot be reused while the hook is
+    /// unreaped or anything is left in its group.
+    pgid: Option<Pid>,
+}
+
+impl ProcessGroup {
+    fn of(child: &Child) -> Self {
+        let pgid = child
+            .id()
+            .and_then(|id| i32::try_from(id).ok())
+            .map(Pid::from_raw);
+        Self { pgid }
+    }
+
+    /// SIGKILL to every process in the group. ESRCH (all gone already) is
+    /// fine, and nothing else can be done about another error.
+    fn kill(&mut self) {
+        if let Some(pgid) = self.pgid.take() {
+            let _ = killpg(pgid, Signal::SIGKILL);
+        }
+    }
+
+    /// Leaves the group alone from now on.
+    fn release(&mut self) {
+        self.pgid = None;
+    }
+}
+
+impl Drop for ProcessGroup {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Waits a little for a killed hook, so that it does not linger as a zombie;
+/// see [`REAP_GRACE`] for why only a little.
+async fn reap(child: &mut Child) {
+    let _ = tokio::time::timeout(REAP_GRACE, child.wait()).await;
+}
+
+/// Writes the input and closes stdin. A hook that exits or closes its stdin
+/// without reading it all is allowed to (EPIPE is not an error).
+async fn feed(mut stdin: ChildStdin, payload: &[u8]) -> Result<(), HookError> {
+    match stdin.write_all(payload).await {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == io::ErrorKind::BrokenPipe => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+    // `stdin` is dropped here: the hook sees EOF.
+}
+
+/// Reads `r` to EOF into `buf`, failing with [`HookError::TooLarge`] as soon
+/// as more than `cap` bytes came (and reading no further).
+async fn read_capped<R: AsyncRead + Unpin>(
+    mut r: R,
+    buf: &mut Vec<u8>,
+    cap: usize,
+) -> Result<(), HookError> {
+    let mut chunk = [0u8; 8192];
+    loop {
+        let n = r.read(&mut chunk).await?;
+        if n == 0 {
+            return Ok(());
+        }
+        buf.extend_from_slice(&chunk[..n]);
+        if buf.len() > cap {
+            return Err(HookError::TooLarge { limit: cap });
+        }
+    }
+}
+
+/// The end of a stream: what is left once older bytes were dropped.
+#[derive(Debug, Default)]
+struct Tail {
+    /// The last bytes read (between `keep` and `2 * keep` once cut).
+    bytes: Vec<u8>,
+    /// Whether older bytes were dropped, so the text is marked as cut even
+    /// when what is left happens to fit.
+    cut: bool,
+}
+
+/// Reads `r` to EOF, keeping only about the last `keep` bytes in `tail`: the
+/// pipe must be drained (or a chatty hook blocks), but memory stays bounded.
+async fn read_tail<R: AsyncRead + Unpin>(
+    mut r: R,
+    tail: &mut Tail,
+    keep: usize,
+) -> Result<(), HookError> {
+    let mut chunk = [0u8; 8192];
+    loop {
+        let n = r.read(&mut chunk).await?;
+        if n == 0 {
+            return Ok(());
+        }
+        tail.bytes.extend_from_slice(&chunk[..n]);
+        if tail.bytes.len() > 2 * keep {
+            tail.bytes.drain(..tail.bytes.len() - keep);
+            tail.cut = true;
+        }
+    }
+}
+
+/// The start of `bytes` as text, at most `max` bytes, cut on a character
+/// boundary and marked with `…` when cut.
+fn head_text(bytes: &[u8], max: usize) -> String {
+    let text = String::from_utf8_lossy(bytes);
+    if text.len() <= max {
+        return text.into_owned();
+    }
+    let mut end = max.saturating_sub('…'.len_utf8());
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &text[..end])
+}
+
+/// The end of `tail` as text, at most `max` bytes, trailing blank space
+/// removed, cut on a character boundary and marked with `…` when anything
+/// was left out.
+fn tail_text(tail: &Tail, max: usize) -> String {
+    let mut bytes = tail.bytes.as_slice();
+    if tail.cut {
+        // Dropping bytes may have split a character: skip its remains.
+        while let Some((first, rest)) = bytes.split_first()
+            && first & 0b1100_0000 == 0b1000_0000
+        {
+            bytes = rest;
+        }
+    }
+    let text = String::from_utf8_lossy(bytes);
+    let text = text.trim_end();
+    if text.len() <= max && !tail.cut {
+        return text.to_owned();
+    }
+    let mut start = text
+        .len()
+        .saturating_sub(max.saturating_sub('…'.len_utf8()));
+    while !text.is_char_boundary(start) {
+        start += 1;
+    }
+    format!("…{}", &text[start..])
+}
+
+/// Reads the answer: one JSON object with an optional string `action`
+/// (`"default"` or absent: `None`) and an optional string `reason`.
+fn parse_answer(stdout: &[u8]) -> Result<(Option<Action>, String), HookError> {
+    let bad = |error: String| HookError::BadJson {
+        error,
+        stdout: head_text(stdout, BAD_STDOUT_KEEP),
+    };
+    if stdout.iter().all(u8::is_ascii_whitespace) {
+        return Err(bad("the hook wrote nothing on stdout".into()));
+    }
+    // Through `Value` first: serde would also fill a struct from an array.
+    let value: Value = serde_json::from_slice(stdout).map_err(|e| bad(e.to_string()))?;
+    let Value::Object(map) = value else {
+        return Err(bad(format!("expected a JSON object, got {value}")));
+    };
+    let action = match map.get("action") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(s)) if s == "default" => None,
+        Some(Value::String(s)) => {
+            Some(s.parse::<Action>().map_err(|why| HookError::BadAction {
+                why: format!("{why} (or \"default\" to keep the proposed decision)"),
+            })?)
+        }
+        Some(other) => {
+            return Err(HookError::BadAction {
+                why: format!("\"action\" must be a string, got {other}"),
+            });
+        }
+    };
+    let reason = match map.get("reason") {
+        None | Some(Value::Null) => String::new(),
+        Some(Value::String(s)) => s.clone(),
+        Some(other) => return Err(bad(format!("\"reason\" must be a string, got {other}"))),
+    };
+    Ok((action, reason))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::PermissionsExt;
+    use std::path::Path;
+
+    use serde_json::json;
+
+    use super::*;
+
+    /// A fixture hook under tests/fixtures/hooks/, named after what it shows.
+    fn fixture(name: &str) -> String {
+        format!(
+            "{}/../tests/fixtures/hooks/{name}",
+            env!("CARGO_MANIFEST_DIR")
+        )
+    }
+
+    fn hook(argv: &[&str], timeout: Duration) -> HookConfig {
+        HookConfig {
+            command: argv.iter().map(|s| s.to_string()).collect(),
+            timeout,
+        }
+    }
+
+    /// A hook run through `sh -c`, for one-line behaviours.
+    fn sh(script: &str) -> HookConfig {
+        hook(&["/bin/sh", "-c", script], Duration::from_secs(10))
+    }
+
+    fn input() -> Value {
+        json!({"class": "gpu_xid", "proposed": "restart_in_job", "node": "n1"})
+    }
+
+    /// True once `pid` is gone or dead (a zombie waiting for its reaper).
+    fn dead(pid: i32) -> bool {
+        match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+            Err(_) => true,
+            // "pid (comm) S ...": the state follows the last ')'.
+            Ok(stat) => stat
+                .rsplit_once(')')
+                .is_some_and(|(_, rest)| rest.trim_start().starts_with(['Z', 'X'])),
+        }
+    }
+
+    /// Polls until `pid` is dead, with a deadline.
+    async fn assert_dies(pid: i32) {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !dead(pid) {
+            assert!(Instant::now() < deadline, "process {pid} is still alive");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    fn read_pid(path: &Path) -> i32 {
+        let text = std::fs::read_to_string(path)
+            .unwrap_or_else(|e| panic!("the hook did not write {}: {e}", path.display()));
+        text.trim().parse().unwrap()
+    }
+
+    #[tokio::test]
+    async fn answer_with_action_and_reason() {
+        let cfg = hook(&[&fixture("answers_cordon.sh")], Duration::from_secs(10));
+        cfg.validate().unwrap();
+        let a = ask(&cfg, &input()).await.unwrap();
+        assert_eq!(a.action, Some(Action::Cordon));
+        assert_eq!(a.reason, "xid 79 on gpu 3: spare available");
+        assert!(a.raw.contains("\"cordon\""), "{}", a.raw);
+        assert_eq!(a.stderr, "checking the spare pool");
+        assert!(a.took < Duration::from_secs(10));
+    }
+
+    #[tokio::test]
+    async fn default_keeps_the_proposed_decision() {
+        let a = ask(&sh(r#"echo '{"action": "default"}'"#), &input())
+            .await
+            .unwrap();
+        assert_eq!(a.action, None);
+        assert_eq!(a.reason, "");
+        let a = ask(&sh("echo '{}'"), &input()).await.unwrap();
+        assert_eq!(a.action, None);
+        let a = ask(
+            &sh(r#"echo '{"action": null, "reason": "no opinion"}'"#),
+            &input(),
+        )
+        .await
+        .unwrap();
+        assert_eq!((a.action, a.reason.as_str()), (None, "no opinion"));
+    }
+
+    #[tokio::test]
+    async fn hook_reads_its_input_and_environment() {
+        let cfg = hook(&[&fixture("echoes_input.py")], Duration::from_secs(10));
+        let a = ask(&cfg, &input()).await.unwrap();
+        // The action comes from the input's `proposed`: stdin was delivered.
+        assert_eq!(a.action, Some(Action::RestartInJob));
+        assert_eq!(a.reason, "saw class gpu_xid on n1; WARDEN_HOOK=1");
+    }
+
+    #[tokio::test]
+    async fn arguments_are_passed() {
+        let cfg = hook(
+            &[
+                "/bin/sh",
+                "-c",
+                r#"printf '{"action": "%s", "reason": "%s"}' "$1" "$2""#,
+                "sh",
+                "stop",
+                "two words",
+            ],
+            Duration::from_secs(10),
+        );
+        let a = ask(&cfg, &input()).await.unwrap();
+        assert_eq!(
+            (a.action, a.reason.as_str()),
+            (Some(Action::Stop), "two words")
+        );
+    }
+
+    #[tokio::test]
+    async fn sleeping_hook_times_out_and_is_killed() {
+        let dir = tempfile::tempdir().unwrap();
+        let pid_file = dir.path().join("pid");
+        let cfg = hook(
+            &[&fixture("sleeps.sh"), pid_file.to_str().unwrap()],
+            Duration::from_millis(200),
+        );
+        let started = Instant::now();
+        let e = ask(&cfg, &input()).await.unwrap_err();
+        let took = started.elapsed();
+        assert!(
+            matches!(e, HookError::Timeout { exited: false, .. }),
+            "{e:?}"
+        );
+        assert!(took < Duration::from_secs(1), "took {took:?}");
+        assert!(e.to_string().contains("within 200ms"), "{e}");
+        assert_dies(read_pid(&pid_file)).await;
+    }
+
+    #[tokio::test]
+    async fn timeout_kills_grandchildren() {
+        let dir = tempfile::tempdir().unwrap();
+        let pid_file = dir.path().join("pid");
+        let cfg = hook(
+            &[&fixture("spawns_grandchild.sh"), pid_file.to_str().unwrap()],
+            Duration::from_millis(200),
+        );
+        let started = Instant::now();
+        let e = ask(&cfg, &input()).await.unwrap_err();
+        let took = started.elapsed();
+        assert!(matches!(e, HookError::Timeout { .. }), "{e:?}");
+        assert!(took < Duration::from_secs(1), "took {took:?}");
+        // The background `sleep 30`, not our child, died with the group.
+        assert_dies(read_pid(&pid_file)).await;
+    }
+
+    #[tokio::test]
+    async fn background_process_holding_stdout_is_named_on_timeout() {
+        let dir = tempfile::tempdir().unwrap();
+        let pid_file = dir.path().join("pid");
+        let mut cfg = sh(r#"sleep 30 & echo $! > "$0"; echo '{}'; echo bye >&2"#);
+        cfg.command.push(pid_file.to_str().unwrap().to_owned());
+        cfg.timeout = Duration::from_millis(300);
+        let e = ask(&cfg, &input()).await.unwrap_err();
+        assert!(
+            matches!(e, HookError::Timeout { exited: true, .. }),
+            "{e:?}"
+        );
+        let text = e.to_string();
+        assert!(text.contains("kept its stdout or stderr open"), "{text}");
+        assert!(text.contains("bye"), "{text}");
+        assert_dies(read_pid(&pid_file)).await;
+    }
+
+    #[tokio::test]
+    async fn detached_helper_does_not_hold_the_answer() {
+        // Output redirected: the answer counts as soon as the hook exits.
+        let cfg = sh(r#"true >/dev/null 2>&1 & echo '{"action": "continue"}'"#);
+        let a = ask(&cfg, &input()).await.unwrap();
+        assert_eq!(a.action, Some(Action::Continue));
+    }
+
+    #[tokio::test]
+    async fn bad_json_is_reported_with_the_output() {
+        let cfg = hook(&[&fixture("answers_prose.sh")], Duration::from_secs(10));
+        let e = ask(&cfg, &input()).await.unwrap_err();
+        assert!(matches!(e, HookError::BadJson { .. }), "{e:?}");
+        assert!(e.to_string().contains("please cordon"), "{e}");
+
+        for (script, says) in [
+            ("true", "wrote nothing"),
+            (r#"echo '["stop"]'"#, "expected a JSON object"),
+            (
+                r#"echo '{"action": "stop"} {"action": "stop"}'"#,
+                "trailing",
+            ),
+            (
+                r#"echo '{"action": "stop", "reason": 7}'"#,
+                "\"reason\" must be a string",
+            ),
+        ] {
+            let e = ask(&sh(script), &input()).await.unwrap_err();
+            assert!(matches!(e, HookError::BadJson { .. }), "{script}: {e:?}");
+            assert!(e.to_string().contains(says), "{script}: {e}");
+        }
+    }
+
+    #[tokio::test]
+    async fn unknown_action_lists_the_valid_names() {
+        let cfg = hook(
+            &[&fixture("answers_unknown_action.sh")],
+            Duration::from_secs(10),
+        );
+        let e = ask(&cfg, &input()).await.unwrap_err();
+        assert!(matches!(e, HookError::BadAction { .. }), "{e:?}");
+        let text = e.to_string();
+        assert!(text.contains("\"reboot\""), "{text}");
+        for a in Action::ALL {
+            assert!(text.contains(a.as_str()), "{text}");
+        }
+        assert!(text.contains("default"), "{text}");
+
+        let e = ask(&sh(r#"echo '{"action": 3}'"#), &input())
+            .await
+            .unwrap_err();
+        assert!(matches!(e, HookError::BadAction { .. }), "{e:?}");
+    }
+
+    #[tokio::test]
+    async fn extra_fields_are_ignored() {
+        let cfg = sh(r#"echo '{"action": "scale_down", "confidence": 0.9, "ticket": {"id": 1}}'"#);
+        let a = ask(&cfg, &input()).await.unwrap();
+        assert_eq!(a.action, Some(Action::ScaleDown));
+    }
+
+    #[tokio::test]
+    async fn non_zero_exit_carries_stderr() {
+        let cfg = hook(&[&fixture("fails_with_stderr.sh")], Duration::from_secs(10));
+        let e = ask(&cfg, &input()).await.unwrap_err();
+        let HookError::Exit { status, stderr } = &e else {
+            panic!("{e:?}");
+        };
+        assert_eq!(status.code(), Some(3));
+        assert!(
+            stderr.ends_with("cannot reach the scheduler at 10.0.0.1"),
+            "{stderr}"
+        );
+        // The answer it printed before failing does not count, and the
+        // message shows the stderr tail.
+        let text = e.to_string();
+        assert!(text.contains("exit status: 3"), "{text}");
+        assert!(text.contains("cannot reach the scheduler"), "{text}");
+    }
+
+    #[tokio::test]
+    async fn stderr_is_clipped_to_its_tail() {
+        let cfg = sh("yes 'warning: something' | head -c 100000 >&2; \
+             echo 'the last line' >&2; exit 1");
+        let e = ask(&cfg, &input()).await.unwrap_err();
+        let HookError::Exit { stderr, .. } = &e else {
+            panic!("{e:?}");
+        };
+        assert!(stderr.len() <= STDERR_KEEP, "{}", stderr.len());
+        assert!(stderr.starts_with('…'), "{stderr}");
+        assert!(stderr.ends_with("the last line"), "{stderr}");
+    }
+
+    #[tokio::test]
+    async fn killed_by_signal_is_an_exit_error() {
+        let e = ask(&sh("kill -9 $$"), &input()).await.unwrap_err();
+        let HookError::Exit { status, .. } = &e else {
+            panic!("{e:?}");
+        };
+        assert_eq!(status.code(), None);
+        assert!(e.to_string().contains("SIGKILL"), "{e}");
+    }
+
+    #[tokio::test]
+    async fn missing_command_is_a_spawn_error() {
+        let cfg = hook(&["/nonexistent/warden-hook"], Duration::from_secs(1));
+        let v = cfg.validate().unwrap_err();
+        assert!(v.contains("policy.hook.command[0]"), "{v}");
+        assert!(v.contains("does not exist"), "{v}");
+        let e = ask(&cfg, &input()).await.unwrap_err();
+        let HookError::Spawn { source, .. } = &e else {
+            panic!("{e:?}");
+        };
+        assert_eq!(source.kind(), io::ErrorKind::NotFound);
+        assert!(e.to_string().contains("/nonexistent/warden-hook"), "{e}");
+
+        let cfg = hook(&["warden-no-such-hook"], Duration::from_secs(1));
+        let v = cfg.validate().unwrap_err();
+        assert!(v.contains("not found in PATH"), "{v}");
+    }
+
+    #[tokio::test]
+    async fn not_executable_is_a_spawn_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("hook.sh");
+        std::fs::write(&path, "#!/bin/sh\necho '{}'\n").unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let cfg = hook(&[path.to_str().unwrap()], Duration::from_secs(1));
+        let v = cfg.validate().unwrap_err();
+        assert!(v.contains("policy.hook.command[0]"), "{v}");
+        assert!(v.contains("is not executable"), "{v}");
+        let e = ask(&cfg, &input()).await.unwrap_err();
+        let HookError::Spawn { source, .. } = &e else {
+            panic!("{e:?}");
+        };
+        assert_eq!(source.kind(), io::ErrorKind::PermissionDenied);
+
+        let cfg = hook(&[dir.path().to_str().unwrap()], Duration::from_secs(1));
+        let v = cfg.validate().unwrap_err();
+        assert!(v.contains("is not a regular file"), "{v}");
+    }
+
+    #[tokio::test]
+    async fn hook_that_never_reads_stdin_still_answers() {
+        // Far more than a pipe holds: writing it all before reading stdout
+        // would deadlock against a hook that does not read.
+        let big = json!({"class": "gpu_xid", "log": "x".repeat(1 << 20)});
+        let cfg = hook(&[&fixture("ignores_stdin.sh")], Duration::from_secs(10));
+        let a = ask(&cfg, &big).await.unwrap();
+        assert_eq!(a.action, Some(Action::Continue));
+        assert_eq!(a.reason, "answered without reading");
+    }
+
+    #[tokio::test]
+    async fn chatty_stderr_before_reading_does_not_deadlock() {
+        // The hook fills its stderr pipe before it reads stdin, while warden
+        // has more input than a pipe holds: only draining stderr while
+        // writing stdin lets both go on.
+        let big = json!({"log": "x".repeat(1 << 20)});
+        let cfg = sh(
+            "head -c 300000 /dev/zero | tr '\\0' w >&2; cat >/dev/null; \
+             echo '{\"action\": \"stop\"}'",
+        );
+        let a = ask(&cfg, &big).await.unwrap();
+        assert_eq!(a.action, Some(Action::Stop));
+        assert!(
+            a.stderr.starts_with('…') && a.stderr.ends_with('w'),
+            "{}",
+            a.stderr
+        );
+    }
+
+    #[tokio::test]
+    async fn huge_stdout_is_too_large_and_killed() {
+        let dir = tempfile::tempdir().unwrap();
+        let pid_file = dir.path().join("pid");
+        let cfg = hook(
+            &[&fixture("floods_stdout.sh"), pid_file.to_str().unwrap()],
+            Duration::from_secs(30),
+        );
+        let started = Instant::now();
+        let e = ask(&cfg, &input()).await.unwrap_err();
+        assert!(
+            matches!(e, HookError::TooLarge { limit: MAX_STDOUT }),
+            "{e:?}"
+        );
+        // Stopped at the limit, not at the timeout.
+        assert!(started.elapsed() < Duration::from_secs(5));
+        assert_dies(read_pid(&pid_file)).await;
+    }
+
+    #[tokio::test]
+    async fn empty_command_is_not_configured() {
+        let cfg = HookConfig::default();
+        assert!(!cfg.is_enabled());
+        cfg.validate().unwrap();
+        let e = ask(&cfg, &input()).await.unwrap_err();
+        assert!(matches!(e, HookError::NotConfigured), "{e:?}");
+    }
+
+    #[test]
+    fn config_from_toml() {
+        let cfg: HookConfig =
+            toml::from_str("command = [\"/bin/true\", \"-x\"]\ntimeout = \"500ms\"\n").unwrap();
+        assert_eq!(cfg.command, ["/bin/true", "-x"]);
+        assert_eq!(cfg.timeout, Duration::from_millis(500));
+        cfg.validate().unwrap();
+
+        let cfg: HookConfig = toml::from_str("").unwrap();
+        assert_eq!(cfg, HookConfig::default());
+        assert_eq!(cfg.timeout, Duration::from_secs(2));
+
+        let e = toml::from_str::<HookConfig>("comand = []\n").unwrap_err();
+        assert!(e.to_string().contains("comand"), "{e}");
+
+        let text = toml::to_string(&HookConfig::default()).unwrap();
+        assert_eq!(
+            toml::from_str::<HookConfig>(&text).unwrap(),
+            HookConfig::default()
+        );
+    }
+
+    #[test]
+    fn timeout_bounds_name_the_key() {
+        for t in [Duration::from_millis(5), Duration::from_secs(61)] {
+            let cfg = HookConfig {
+                timeout: t,
+                ..HookConfig::default()
+            };
+            let e = cfg.validate().unwrap_err();
+            assert!(e.contains("policy.hook.timeout"), "{e}");
+            assert!(e.contains("between 10ms and 60s"), "{e}");
+        }
+        let cfg = hook(&["sh"], Duration::from_secs(60));
+        cfg.validate().unwrap();
+    }
+
+    #[test]
+    fn clipping_keeps_characters_whole() {
+        let s = "é".repeat(10);
+        let head = head_text(s.as_bytes(), 8);
+        assert!(head.len() <= 8 && head.ends_with('…'), "{head}");
+        let whole = Tail {
+            bytes: s.clone().into_bytes(),
+            cut: false,
+        };
+        let tail = tail_text(&whole, 8);
+        assert!(tail.len() <= 8 && tail.starts_with('…'), "{tail}");
+        assert_eq!(tail_text(&whole, 100), s);
+        // Cut in the middle of a character: marked, and no U+FFFD.
+        let cut = Tail {
+            bytes: s.as_bytes()[1..].to_vec(),
+            cut: true,
+        };
+        assert_eq!(tail_text(&cut, 100), format!("…{}", "é".repeat(9)));
+        assert_eq!(head_text(b"short", 8), "short");
+    }
+}

@@ -1,0 +1,549 @@
+//! System tests of exception reports and device naming, with the real
+//! `wardend`, real Python ranks (tests/fixtures/raise.py, through the
+//! `warden` package's excepthook) and the Rust client's API.
+//!
+//! A rank that dies of an uncaught exception must show up twice, in this
+//! order: `rank.exception` (what killed it: type, message, step, traceback,
+//! sent by the excepthook before Python prints the traceback) and
+//! `rank.exited` (exit code 1, seen by the agent from the zombie: the test
+//! process never reaps a rank before the agent has reported it). It must
+//! not deregister: the atexit handler that runs after the excepthook would
+//! otherwise tell the agent it left cleanly.
+//!
+//! The Python interpreter is `$WARDEN_TEST_PYTHON` (tests/run-all.sh sets
+//! it), else the repository's `.venv/bin/python`; it must `import warden`.
+
+// Helpers outside #[test] functions panic on purpose: that is a failed test.
+#![allow(clippy::expect_used, clippy::unwrap_used)]
+
+mod common;
+
+use std::fs::File;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{OnceLock, mpsc};
+use std::time::{Duration, Instant};
+
+use common::{TestAgent, WAIT, evidence, run, within};
+use tokio_stream::StreamExt;
+use warden_client::{Client, ConnectOptions, ExceptionReport, ReportError};
+use warden_proto::v1 as pb;
+
+// ------------------------------------------------------------------ harness
+
+fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("the agent crate sits in the workspace")
+        .to_owned()
+}
+
+/// The interpreter that runs the ranks, checked once: it imports `warden`
+/// and the package has exception reports (a stale install has not).
+fn python() -> &'static Path {
+    static PYTHON: OnceLock<PathBuf> = OnceLock::new();
+    PYTHON.get_or_init(|| {
+        let py = std::env::var_os("WARDEN_TEST_PYTHON")
+            .filter(|p| !p.is_empty())
+            .map_or_else(|| repo_root().join(".venv/bin/python"), PathBuf::from);
+        let fix = "run `bash tests/run-all.sh`, or in the repository root \
+                   `python3 -m venv .venv && .venv/bin/pip install ./client/python` \
+                   (or point WARDEN_TEST_PYTHON at an interpreter that has the warden package)";
+        assert!(
+            py.exists(),
+            "no Python interpreter for the exception tests at {}: {fix}",
+            py.display()
+        );
+        let out = run(
+            Command::new(&py).args([
+                "-c",
+                "import warden, warden._excepthook; print(warden.report_exception.__name__)",
+            ]),
+            Duration::from_secs(30),
+        );
+        assert!(
+            out.status.success(),
+            "{} cannot import a warden package with exception reports (stale? reinstall it): \
+             {fix}\n--- stderr ---\n{}",
+            py.display(),
+            out.stderr
+        );
+        py
+    })
+}
+
+/// A short agent tick, state in a scratch directory.
+fn start_agent() -> (tempfile::TempDir, TestAgent) {
+    let state = tempfile::Builder::new()
+        .prefix("warden-state-")
+        .tempdir()
+        .expect("create a state directory");
+    let agent = TestAgent::start(&format!(
+        "[agent]\ntick = \"50ms\"\nstate_dir = \"{}\"\n\
+         [host]\nmemory_degraded_below_percent = 0.0\nmemory_failed_below_percent = 0.0\n",
+        state.path().display()
+    ));
+    (state, agent)
+}
+
+fn subject(job: &str, rank: u32) -> String {
+    format!("job/{job}/rank/{rank}")
+}
+
+/// A rank: `tests/fixtures/raise.py` with `args` and `env`. Never reaped
+/// before the test says so (the agent reads the exit status from the
+/// zombie); killed and reaped when dropped.
+struct Rank {
+    child: Child,
+    lines: mpsc::Receiver<String>,
+    seen: Vec<String>,
+    stderr: PathBuf,
+}
+
+impl Rank {
+    fn spawn(
+        agent: &TestAgent,
+        job: &str,
+        (rank, local, world): (u32, u32, u32),
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> Rank {
+        static SPAWNED: AtomicU32 = AtomicU32::new(0);
+        let n = SPAWNED.fetch_add(1, Ordering::Relaxed);
+        let stderr = agent.home.path().join(format!("raise-{n}.stderr"));
+        let mut cmd = Command::new(python());
+        cmd.arg(repo_root().join("tests/fixtures/raise.py"))
+            .args(args)
+            .env("WARDEN_SOCKET", agent.socket())
+            .env("WARDEN_JOB_ID", job)
+            .env("RANK", rank.to_string())
+            .env("LOCAL_RANK", local.to_string())
+            .env("WORLD_SIZE", world.to_string())
+            .env("PYTHONUNBUFFERED", "1")
+            .env("PYTHONDONTWRITEBYTECODE", "1")
+            .env_remove("TORCHELASTIC_RUN_ID")
+            .env_remove("NOTIFY_SOCKET")
+            .env_remove("WARDEN_EXCEPTHOOK")
+            .env_remove("WARDEN_DEVICES")
+            .env_remove("CUDA_VISIBLE_DEVICES")
+            .envs(env.iter().copied())
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(File::create(&stderr).expect("create the rank's stderr file"));
+        let mut child = cmd.spawn().unwrap_or_else(|e| panic!("spawn {cmd:?}: {e}"));
+        let stdout = child.stdout.take().expect("piped stdout");
+        let (tx, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { return };
+                if tx.send(line).is_err() {
+                    return;
+                }
+            }
+        });
+        Rank {
+            child,
+            lines,
+            seen: Vec::new(),
+            stderr,
+        }
+    }
+
+    fn stderr(&self) -> String {
+        std::fs::read_to_string(&self.stderr).unwrap_or_default()
+    }
+
+    /// Reads stdout lines until one satisfies `pred`; fails the test at the
+    /// deadline or when stdout closes first.
+    fn wait_line(&mut self, what: &str, pred: impl Fn(&str) -> bool) -> String {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(line) => {
+                    self.seen.push(line.clone());
+                    if pred(&line) {
+                        return line;
+                    }
+                }
+                Err(e) => panic!(
+                    "no stdout line with {what} ({e}); lines: {:?}\n--- rank stderr ---\n{}",
+                    self.seen,
+                    self.stderr()
+                ),
+            }
+        }
+    }
+
+    /// Waits for the exit (after the agent has seen it); kills at the deadline.
+    fn reap(&mut self) -> std::process::ExitStatus {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            if let Some(status) = self.child.try_wait().expect("poll the rank") {
+                return status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the rank did not exit within {WAIT:?}; lines: {:?}\n--- stderr ---\n{}",
+                self.seen,
+                self.stderr()
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+impl Drop for Rank {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn describe(e: &pb::Event) -> String {
+    let ev: Vec<String> = e
+        .evidence
+        .iter()
+        .map(|kv| format!("{}={:?}", kv.key, kv.value))
+        .collect();
+    format!(
+        "#{} {} {}: {} [{}]",
+        e.id,
+        e.kind,
+        e.subject,
+        e.message,
+        ev.join(", ")
+    )
+}
+
+/// A WatchEvents stream from the first retained event, and what it delivered.
+struct Events {
+    stream: tonic::Streaming<pb::Event>,
+    seen: Vec<pb::Event>,
+}
+
+impl Events {
+    async fn all(agent: &TestAgent) -> Events {
+        let stream = within(WAIT, "WatchEvents", async {
+            agent
+                .client()
+                .await
+                .watch_events(pb::WatchEventsRequest { after_id: Some(0) })
+                .await
+        })
+        .await
+        .expect("WatchEvents")
+        .into_inner();
+        Events {
+            stream,
+            seen: Vec::new(),
+        }
+    }
+
+    /// The next event for which `pred` holds; fails the test, listing the
+    /// events seen and the agent's stderr, when none comes within WAIT.
+    async fn expect(
+        &mut self,
+        agent: &TestAgent,
+        what: &str,
+        pred: impl Fn(&pb::Event) -> bool,
+    ) -> pb::Event {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let why = match tokio::time::timeout(left, self.stream.next()).await {
+                Ok(Some(Ok(e))) => {
+                    self.seen.push(e.clone());
+                    if pred(&e) {
+                        return e;
+                    }
+                    continue;
+                }
+                Ok(Some(Err(status))) => format!("the stream failed: {status}"),
+                Ok(None) => "the stream ended".to_owned(),
+                Err(_) => format!("none within {WAIT:?}"),
+            };
+            panic!(
+                "waiting for {what}: {why}; events seen:\n{}\n--- wardend stderr ---\n{}",
+                self.summary(),
+                agent.stderr()
+            );
+        }
+    }
+
+    fn count(&self, kind: &str, subject: &str) -> usize {
+        self.seen
+            .iter()
+            .filter(|e| e.kind == kind && e.subject == subject)
+            .count()
+    }
+
+    fn summary(&self) -> String {
+        self.seen
+            .iter()
+            .map(describe)
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+}
+
+// -------------------------------------------------------------------- tests
+
+#[tokio::test]
+async fn uncaught_exception_is_reported_then_the_exit_it_causes() {
+    let (_state, agent) = start_agent();
+    let job = "oom";
+    let me = subject(job, 0);
+    let mut events = Events::all(&agent).await;
+    let mut rank = Rank::spawn(
+        &agent,
+        job,
+        (0, 0, 1),
+        &["--steps", "10", "--raise-step", "3"],
+        &[],
+    );
+    rank.wait_line("registered", |l| l.starts_with("registered "));
+
+    let exc = events
+        .expect(&agent, "rank.exception", |e| {
+            e.kind == "rank.exception" && e.subject == me
+        })
+        .await;
+    let d = describe(&exc);
+    assert_eq!(
+        evidence(&exc, "exception_type"),
+        Some("RuntimeError"),
+        "{d}"
+    );
+    assert_eq!(
+        evidence(&exc, "message"),
+        Some("CUDA out of memory. Tried to allocate 2.00 GiB"),
+        "{d}"
+    );
+    assert_eq!(evidence(&exc, "uncaught"), Some("true"), "{d}");
+    assert_eq!(evidence(&exc, "step"), Some("3"), "{d}");
+    assert_eq!(
+        evidence(&exc, "pid"),
+        Some(rank.child.id().to_string().as_str()),
+        "{d}"
+    );
+    let tb = evidence(&exc, "traceback").unwrap_or_default();
+    assert!(
+        tb.contains("in allocate_activations") && tb.contains("Traceback (most recent call last)"),
+        "the traceback names the raising function: {tb}"
+    );
+    assert_eq!(exc.severity, pb::Severity::Error as i32, "{d}");
+
+    // Then the exit, seen from the zombie: code 1, not a clean deregistration.
+    let exited = events
+        .expect(&agent, "rank.exited after rank.exception", |e| {
+            e.kind == "rank.exited" && e.subject == me
+        })
+        .await;
+    assert_eq!(
+        evidence(&exited, "exit_code"),
+        Some("1"),
+        "{}",
+        describe(&exited)
+    );
+    assert!(exited.id > exc.id, "{}", events.summary());
+    assert_eq!(
+        events.count("rank.deregistered", &me),
+        0,
+        "a rank dying of an exception must not deregister:\n{}",
+        events.summary()
+    );
+
+    let status = rank.reap();
+    assert_eq!(status.code(), Some(1), "{status}\n{}", rank.stderr());
+    // The previous hook (Python's own) still printed the traceback.
+    let stderr = rank.stderr();
+    assert!(
+        stderr.contains("RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB")
+            && stderr.contains("allocate_activations"),
+        "{stderr}"
+    );
+    // Its stdout is drained by a reader thread: wait for the line rather
+    // than look only at what was consumed so far.
+    rank.wait_line("the fixture's raising line", |l| l == "raising step=3");
+}
+
+/// Starts a rank with `env` that registers, runs one step and exits
+/// cleanly; returns its `rank.registered` event.
+async fn registered_with(agent: &TestAgent, job: &str, env: &[(&str, &str)]) -> pb::Event {
+    let me = subject(job, 1);
+    let mut events = Events::all(agent).await;
+    let mut rank = Rank::spawn(
+        agent,
+        job,
+        (1, 1, 2),
+        &["--steps", "1", "--raise-step", "-1"],
+        env,
+    );
+    rank.wait_line("registered", |l| l.starts_with("registered "));
+    let ev = events
+        .expect(agent, "rank.registered", |e| {
+            e.kind == "rank.registered" && e.subject == me
+        })
+        .await;
+    rank.wait_line("done", |l| l.starts_with("done "));
+    let status = rank.reap();
+    assert!(status.success(), "{status}\n{}", rank.stderr());
+    ev
+}
+
+#[tokio::test]
+async fn devices_come_from_the_environment() {
+    let (_state, agent) = start_agent();
+
+    // The launcher gave the node's list; local rank 1 drives its entry 1.
+    let ev = registered_with(
+        &agent,
+        "cvd",
+        &[("CUDA_VISIBLE_DEVICES", "4,5"), ("LOCAL_RANK", "1")],
+    )
+    .await;
+    assert_eq!(evidence(&ev, "devices"), Some("gpu5"), "{}", describe(&ev));
+    assert_eq!(
+        evidence(&ev, "devices_from"),
+        Some("client"),
+        "{}",
+        describe(&ev)
+    );
+
+    // WARDEN_DEVICES wins, used as given.
+    let ev = registered_with(
+        &agent,
+        "explicit",
+        &[
+            ("WARDEN_DEVICES", "GPU-abc"),
+            ("CUDA_VISIBLE_DEVICES", "4,5"),
+        ],
+    )
+    .await;
+    assert_eq!(
+        evidence(&ev, "devices"),
+        Some("GPU-abc"),
+        "{}",
+        describe(&ev)
+    );
+
+    // Neither: the client names nothing, the agent assumes gpu<local_rank>.
+    let ev = registered_with(&agent, "none", &[]).await;
+    assert_eq!(evidence(&ev, "devices"), Some("gpu1"), "{}", describe(&ev));
+    assert_ne!(
+        evidence(&ev, "devices_from"),
+        Some("client"),
+        "{}",
+        describe(&ev)
+    );
+}
+
+#[tokio::test]
+async fn rust_client_reports_an_exception_and_stays_bounded_when_the_agent_dies() {
+    let (_state, mut agent) = start_agent();
+    let job = "rust";
+    let me = subject(job, 2);
+    let mut events = Events::all(&agent).await;
+    let opts = ConnectOptions {
+        socket_path: agent.socket().to_owned(),
+        job_id: job.to_owned(),
+        global_rank: 2,
+        local_rank: 2,
+        world_size: 4,
+        connect_timeout: WAIT,
+        probe_interval: Duration::from_secs(1),
+        stack_dump_signal: 0,
+        devices: vec!["gpu2".to_owned()],
+        exception_report_timeout: Duration::from_secs(1),
+    };
+    let client = tokio::task::spawn_blocking(move || Client::connect_with(opts))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(client.is_connected(), "{:?}", client.status());
+    let generation = client.status().generation.unwrap();
+    client.step_begin(7);
+
+    let client = std::sync::Arc::new(client);
+    let report = |c: std::sync::Arc<Client>, r: ExceptionReport| async move {
+        let t0 = Instant::now();
+        let result = tokio::task::spawn_blocking(move || c.report_exception(&r))
+            .await
+            .unwrap();
+        (result, t0.elapsed())
+    };
+    let (result, took) = report(
+        client.clone(),
+        ExceptionReport {
+            exception_type: "std::bad_alloc".to_owned(),
+            message: "out of host memory".to_owned(),
+            traceback: "#0 main at train.cc:12".to_owned(),
+            step: None,
+            uncaught: false,
+        },
+    )
+    .await;
+    result.unwrap();
+    assert!(took < Duration::from_secs(1), "{took:?}");
+
+    let exc = events
+        .expect(&agent, "rank.exception", |e| {
+            e.kind == "rank.exception" && e.subject == me
+        })
+        .await;
+    let d = describe(&exc);
+    assert_eq!(
+        evidence(&exc, "exception_type"),
+        Some("std::bad_alloc"),
+        "{d}"
+    );
+    assert_eq!(evidence(&exc, "message"), Some("out of host memory"), "{d}");
+    assert_eq!(
+        evidence(&exc, "traceback"),
+        Some("#0 main at train.cc:12"),
+        "{d}"
+    );
+    assert_eq!(evidence(&exc, "step"), Some("7"), "{d}");
+    assert_eq!(evidence(&exc, "uncaught"), Some("false"), "{d}");
+    assert_eq!(
+        evidence(&exc, "generation"),
+        Some(generation.to_string().as_str()),
+        "{d}"
+    );
+    assert_eq!(
+        evidence(&exc, "pid"),
+        Some(std::process::id().to_string().as_str()),
+        "{d}"
+    );
+    assert_eq!(exc.severity, pb::Severity::Warning as i32, "{d}");
+
+    // The agent dies (SIGKILL: its socket file stays, nobody listens). The
+    // client may still think itself registered; the report fails, quickly.
+    drop(events);
+    agent.sigkill_and_wait();
+    let (result, took) = report(
+        client.clone(),
+        ExceptionReport {
+            exception_type: "RuntimeError".to_owned(),
+            uncaught: true,
+            ..ExceptionReport::default()
+        },
+    )
+    .await;
+    assert!(
+        matches!(
+            result,
+            Err(ReportError::Connect { .. } | ReportError::NotRegistered(_))
+        ),
+        "{result:?}"
+    );
+    assert!(took < Duration::from_millis(1500), "{took:?}");
+    let t0 = Instant::now();
+    tokio::task::spawn_blocking(move || drop(client))
+        .await
+        .unwrap();
+    assert!(t0.elapsed() < Duration::from_secs(3), "{:?}", t0.elapsed());
+}
