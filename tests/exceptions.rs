@@ -20,59 +20,18 @@ mod common;
 
 use std::fs::File;
 use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{OnceLock, mpsc};
+use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use common::{TestAgent, WAIT, evidence, run, within};
+use common::{TestAgent, WAIT, evidence, python, repo_root, within};
 use tokio_stream::StreamExt;
 use warden_client::{Client, ConnectOptions, ExceptionReport, ReportError};
 use warden_proto::v1 as pb;
 
 // ------------------------------------------------------------------ harness
-
-fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("the agent crate sits in the workspace")
-        .to_owned()
-}
-
-/// The interpreter that runs the ranks, checked once: it imports `warden`
-/// and the package has exception reports (a stale install has not).
-fn python() -> &'static Path {
-    static PYTHON: OnceLock<PathBuf> = OnceLock::new();
-    PYTHON.get_or_init(|| {
-        let py = std::env::var_os("WARDEN_TEST_PYTHON")
-            .filter(|p| !p.is_empty())
-            .map_or_else(|| repo_root().join(".venv/bin/python"), PathBuf::from);
-        let fix = "run `bash tests/run-all.sh`, or in the repository root \
-                   `python3 -m venv .venv && .venv/bin/pip install ./client/python` \
-                   (or point WARDEN_TEST_PYTHON at an interpreter that has the warden package)";
-        assert!(
-            py.exists(),
-            "no Python interpreter for the exception tests at {}: {fix}",
-            py.display()
-        );
-        let out = run(
-            Command::new(&py).args([
-                "-c",
-                "import warden, warden._excepthook; print(warden.report_exception.__name__)",
-            ]),
-            Duration::from_secs(30),
-        );
-        assert!(
-            out.status.success(),
-            "{} cannot import a warden package with exception reports (stale? reinstall it): \
-             {fix}\n--- stderr ---\n{}",
-            py.display(),
-            out.stderr
-        );
-        py
-    })
-}
 
 /// A short agent tick, state in a scratch directory.
 fn start_agent() -> (tempfile::TempDir, TestAgent) {
@@ -354,6 +313,51 @@ async fn uncaught_exception_is_reported_then_the_exit_it_causes() {
         0,
         "a rank dying of an exception must not deregister:\n{}",
         events.summary()
+    );
+
+    // Attribution joins the two: the user's error, no restart, the rank's
+    // own exit code for the scheduler, the exception as the evidence.
+    let decided = events
+        .expect(&agent, "incident.decided", |e| e.kind == "incident.decided")
+        .await;
+    assert_eq!(
+        evidence(&decided, "class"),
+        Some("user_error"),
+        "{}",
+        describe(&decided)
+    );
+    assert_eq!(
+        evidence(&decided, "action"),
+        Some("stop"),
+        "{}",
+        describe(&decided)
+    );
+    assert_eq!(
+        evidence(&decided, "exit_code"),
+        Some("1"),
+        "{}",
+        describe(&decided)
+    );
+    let incidents = agent
+        .client()
+        .await
+        .get_incidents(pb::GetIncidentsRequest::default())
+        .await
+        .unwrap()
+        .into_inner()
+        .incidents;
+    let inc = incidents
+        .iter()
+        .find(|i| i.id == decided.subject)
+        .expect("the incident");
+    let diag = inc.diagnosis.as_ref().unwrap();
+    assert_eq!(inc.kind, "crash");
+    assert_eq!(diag.rule, "exception.cuda_oom", "{diag:?}");
+    assert!(
+        diag.evidence
+            .iter()
+            .any(|e| e.signal == "exception" && e.value.contains("CUDA out of memory")),
+        "{diag:?}"
     );
 
     let status = rank.reap();

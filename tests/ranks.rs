@@ -23,10 +23,12 @@ use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{OnceLock, mpsc};
+use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use common::{TestAgent, WAIT, WARDEN, eventually, evidence, http_get, run, within};
+use common::{
+    TestAgent, WAIT, WARDEN, eventually, evidence, http_get, python, repo_root, run, within,
+};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use serde_json::Value;
@@ -34,54 +36,6 @@ use tokio_stream::StreamExt;
 use warden_proto::v1 as pb;
 
 // ------------------------------------------------------------------ harness
-
-fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("the agent crate sits in the workspace")
-        .to_owned()
-}
-
-/// The interpreter that runs the ranks, checked once: it imports `warden`,
-/// and the package writes the slot layout this agent reads.
-fn python() -> &'static Path {
-    static PYTHON: OnceLock<PathBuf> = OnceLock::new();
-    PYTHON.get_or_init(|| {
-        let py = std::env::var_os("WARDEN_TEST_PYTHON")
-            .filter(|p| !p.is_empty())
-            .map_or_else(|| repo_root().join(".venv/bin/python"), PathBuf::from);
-        let fix = "run `bash tests/run-all.sh`, or in the repository root \
-                   `python3 -m venv .venv && .venv/bin/pip install ./client/python` \
-                   (or point WARDEN_TEST_PYTHON at an interpreter that has the warden package)";
-        assert!(
-            py.exists(),
-            "no Python interpreter for the rank tests at {}: {fix}",
-            py.display()
-        );
-        let out = run(
-            Command::new(&py).args(["-c", "import warden; print(warden.SLOT_LAYOUT_VERSION)"]),
-            Duration::from_secs(30),
-        );
-        assert!(
-            out.status.success(),
-            "{} cannot import the warden package: {fix}\n--- stderr ---\n{}",
-            py.display(),
-            out.stderr
-        );
-        let layout: u32 = out.stdout.trim().parse().unwrap_or_else(|e| {
-            panic!("warden.SLOT_LAYOUT_VERSION is {:?}: {e}", out.stdout.trim())
-        });
-        assert_eq!(
-            layout,
-            warden_client::slot::LAYOUT_VERSION,
-            "the warden package of {} writes slot layout v{layout}, this agent reads v{}: \
-             it is stale; reinstall it: `.venv/bin/pip install ./client/python`",
-            py.display(),
-            warden_client::slot::LAYOUT_VERSION
-        );
-        py
-    })
-}
 
 /// The agent's config for these tests: fast ticks, thresholds of about a
 /// second once calibrated, state in `state`; `extra` goes after the `[hang]`
@@ -539,6 +493,43 @@ async fn stopped_rank_is_hung_alone_then_recovers() {
     assert_eq!(rank_info(&info, 0).state, "hung", "{info:#?}");
     assert_eq!(rank_info(&info, 1).state, "running", "{info:#?}");
 
+    // Attribution: a rank hung alone is a transient fault of that rank;
+    // the first remedy keeps the process (in-process restart).
+    let diagnosed = events
+        .expect(&agent, WAIT, "incident.diagnosed for the hang", |e| {
+            e.kind == "incident.diagnosed"
+        })
+        .await;
+    assert_eq!(
+        evidence(&diagnosed, "ranks"),
+        Some("0"),
+        "{}",
+        describe(&diagnosed)
+    );
+    assert_eq!(
+        evidence(&diagnosed, "rule"),
+        Some("hang.alone"),
+        "{}",
+        describe(&diagnosed)
+    );
+
+    let decided = events
+        .expect(&agent, WAIT, "incident.decided for the hang", |e| {
+            e.kind == "incident.decided"
+        })
+        .await;
+    assert_eq!(
+        evidence(&decided, "class"),
+        Some("transient_software"),
+        "{}",
+        describe(&decided)
+    );
+    assert_eq!(
+        evidence(&decided, "action"),
+        Some("restart_in_process"),
+        "{}",
+        describe(&decided)
+    );
     ranks[0].signal(Signal::SIGCONT);
     let recovered = events
         .expect(&agent, WAIT, "rank.recovered after SIGCONT", |e| {

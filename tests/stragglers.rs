@@ -1,1 +1,337 @@
-//! placeholder
+//! System tests of straggler detection: the real `wardend`, and real toy
+//! training ranks (`warden toy-rank`, linked with the real client) whose
+//! `forward` section is made slower on one rank.
+//!
+//! 1. One host, four ranks, rank 2 30% slower in `forward`, its GPU (a
+//!    simulated node: gpu2 held down by thermal slowdown) explaining it:
+//!    `rank.straggler` names the rank, the section, the GPU and the cause
+//!    class; `warden stragglers --json` shows it flagged and the others not;
+//!    the metrics count it.
+//! 2. Two agents on 127.0.0.2 and 127.0.0.3 (api.tcp) as two hosts of one
+//!    job, each other's peers, two ranks each: the slow rank on host B is
+//!    flagged by B (and only by B), and both agents' GetStragglers show the
+//!    whole job with both hosts. Bad peer requests get clear errors.
+//!
+//! Steps are 30 ms (10 ms per section), windows 10 steps every 5: a rank is
+//! flagged about half a second after it has 10 steps. Every wait has a
+//! deadline; the waits are for events and answers, never sleeps.
+
+// Helpers outside #[test] functions panic on purpose: that is a failed test.
+#![allow(clippy::expect_used, clippy::unwrap_used)]
+
+mod common;
+
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use common::{TestAgent, WARDEN, eventually, evidence, run, sample, scrape, within};
+use serde_json::Value;
+use tokio_stream::StreamExt;
+use warden_proto::v1 as pb;
+use warden_proto::v1::peer_client::PeerClient;
+
+/// Generous: the test machine may be compiling in parallel.
+const DETECT: Duration = Duration::from_secs(30);
+
+/// A toy rank (`warden toy-rank`), killed and reaped when dropped.
+struct ToyRank(Child);
+
+impl ToyRank {
+    fn spawn(socket: &Path, job: &str, rank: u32, local: u32, world: u32, slow: f64) -> Self {
+        let child = Command::new(WARDEN)
+            .args(["toy-rank", "--steps", "1000000", "--step-ms", "30"])
+            .args(["--slow-section", "forward", "--slow-factor", &slow.to_string()])
+            .env("WARDEN_SOCKET", socket)
+            .env("WARDEN_JOB_ID", job)
+            .env("RANK", rank.to_string())
+            .env("LOCAL_RANK", local.to_string())
+            .env("WORLD_SIZE", world.to_string())
+            .env_remove("TORCHELASTIC_RUN_ID")
+            .env_remove("NOTIFY_SOCKET")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn warden toy-rank");
+        Self(child)
+    }
+}
+
+impl Drop for ToyRank {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Thresholds for a loaded test machine: the slow rank is 30% slower, so a
+/// 15% minimum effect leaves room for scheduling noise on the others.
+const STRAGGLER_TOML: &str = "[straggler]\nrelative_threshold = 1.15\n";
+
+/// The agent's common settings: fast ticks, host memory never low.
+fn base(host: &str) -> String {
+    format!(
+        "[agent]\ntick = \"50ms\"\nhost_name = \"{host}\"\n\
+         [host]\nmemory_degraded_below_percent = 0.0\nmemory_failed_below_percent = 0.0\n"
+    )
+}
+
+/// Waits on `agent`'s event stream for an event of `kind` about `subject`.
+async fn await_event(agent: &TestAgent, kind: &str, subject: &str) -> pb::Event {
+    let mut stream = agent
+        .client()
+        .await
+        .watch_events(pb::WatchEventsRequest { after_id: Some(0) })
+        .await
+        .expect("WatchEvents")
+        .into_inner();
+    within(DETECT, &format!("{kind} for {subject}"), async {
+        while let Some(e) = stream.next().await {
+            let e = e.expect("an event");
+            if e.kind == kind && e.subject == subject {
+                return e;
+            }
+        }
+        panic!(
+            "the event stream ended before {kind} for {subject}\n--- wardend stderr ---\n{}",
+            agent.stderr()
+        );
+    })
+    .await
+}
+
+/// `warden --socket <agent> stragglers --json ARGS...`, parsed.
+fn stragglers_cli(agent: &TestAgent, args: &[&str]) -> Value {
+    let out = run(
+        Command::new(WARDEN)
+            .arg("--socket")
+            .arg(agent.socket())
+            .args(["--json", "stragglers"])
+            .args(args),
+        common::WAIT,
+    );
+    assert_eq!(out.code(), 0, "{out:?}");
+    serde_json::from_str(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", out.stdout))
+}
+
+fn flagged_ranks(v: &Value) -> Vec<u64> {
+    v["ranks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["flagged"] == Value::Bool(true))
+        .map(|r| r["global_rank"].as_u64().unwrap())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_rank_on_one_host_is_flagged_and_explained() {
+    let dir = tempfile::tempdir().unwrap();
+    let scenario = dir.path().join("gpu2-thermal.toml");
+    std::fs::write(
+        &scenario,
+        "description = \"gpu2 held down by thermal slowdown\"\n\
+         [[gpu]]\ncount = 4\n\
+         [[fault]]\nat = \"0s\"\nkind = \"thermal\"\ngpu = 2\n",
+    )
+    .unwrap();
+    let agent = TestAgent::start_with(
+        &format!("{}{STRAGGLER_TOML}", base("host-a")),
+        &[("WARDEN_SIMULATE", scenario.to_str().unwrap())],
+    );
+    eventually(DETECT, "gpu2 DEGRADED by the simulated thermal slowdown", async || {
+        agent
+            .component("gpu2")
+            .await
+            .filter(|c| c.status == pb::Status::Degraded as i32)
+    })
+    .await;
+
+    let _ranks: Vec<ToyRank> = (0..4)
+        .map(|r| ToyRank::spawn(agent.socket(), "j1", r, r, 4, if r == 2 { 1.3 } else { 1.0 }))
+        .collect();
+    let ev = await_event(&agent, "rank.straggler", "job/j1/rank/2").await;
+    assert_eq!(evidence(&ev, "section"), Some("forward"), "{ev:?}");
+    assert_eq!(evidence(&ev, "devices"), Some("gpu2"), "{ev:?}");
+    assert_eq!(evidence(&ev, "cause_class"), Some("correctable_hardware"), "{ev:?}");
+    assert_eq!(evidence(&ev, "host"), Some("host-a"), "{ev:?}");
+    let relative: f64 = evidence(&ev, "relative").unwrap().parse().unwrap();
+    assert!((1.15..1.6).contains(&relative), "{ev:?}");
+    let explanation = evidence(&ev, "explanation").unwrap();
+    assert!(
+        explanation.starts_with("rank 2 is ")
+            && explanation.contains("slower in forward; gpu2 reports HW thermal slowdown"),
+        "{explanation}"
+    );
+    for key in ["individual", "samples", "job_median", "rank_median"] {
+        assert!(evidence(&ev, key).is_some_and(|v| !v.is_empty()), "{key}: {ev:?}");
+    }
+
+    // The CLI: every rank scored, rank 2 alone flagged, with the reason.
+    let v = eventually(DETECT, "all four ranks scored", async || {
+        let v = stragglers_cli(&agent, &[]);
+        (v["ranks"].as_array().unwrap().len() == 4).then_some(v)
+    })
+    .await;
+    assert_eq!(v["hosts"], serde_json::json!(["host-a"]));
+    assert_eq!(flagged_ranks(&v), [2], "{v:#}");
+    let two = v["ranks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["global_rank"] == 2)
+        .unwrap();
+    assert_eq!(two["section"], "forward");
+    assert_eq!(two["cause_class"], "correctable_hardware");
+    assert_eq!(two["host"], "host-a");
+    let only = stragglers_cli(&agent, &["--flagged", "--job", "j1"]);
+    assert_eq!(only["ranks"].as_array().unwrap().len(), 1, "{only:#}");
+
+    // Metrics: one flagged rank in the job, one flag raised.
+    let (scrape, text) = scrape(&agent).await;
+    assert_eq!(
+        sample(&scrape, "warden_stragglers_flagged", &[("job", "j1")]),
+        1.0,
+        "{text}"
+    );
+    assert!(sample(&scrape, "warden_straggler_flags_total", &[]) >= 1.0, "{text}");
+    let rel = sample(
+        &scrape,
+        "warden_straggler_relative",
+        &[("job", "j1"), ("rank", "2"), ("section", "forward")],
+    );
+    assert!(rel > 1.15, "{text}");
+
+    // No other rank was ever flagged.
+    let others: Vec<String> = agent
+        .events()
+        .await
+        .into_iter()
+        .filter(|e| e.kind == "rank.straggler" && e.subject != "job/j1/rank/2")
+        .map(|e| format!("{e:?}"))
+        .collect();
+    assert!(others.is_empty(), "{others:#?}");
+}
+
+/// A free TCP port on `ip` (bound, read and released: the agents bind it a
+/// moment later, and each other's configs must name it beforehand).
+fn free_port(ip: &str) -> u16 {
+    std::net::TcpListener::bind((ip, 0))
+        .unwrap_or_else(|e| panic!("bind {ip}:0: {e}"))
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_hosts_compare_their_ranks_job_wide() {
+    let (a_addr, b_addr) = (
+        format!("127.0.0.2:{}", free_port("127.0.0.2")),
+        format!("127.0.0.3:{}", free_port("127.0.0.3")),
+    );
+    let config = |host: &str, tcp: &str, peer: &str| {
+        format!(
+            "{}[api]\ntcp = \"{tcp}\"\n{STRAGGLER_TOML}peers = [\"{peer}\"]\n\
+             exchange_interval = \"200ms\"\nsummary_ttl = \"5s\"\n",
+            base(host)
+        )
+    };
+    let a = TestAgent::start(&config("host-a", &a_addr, &b_addr));
+    let b = TestAgent::start(&config("host-b", &b_addr, &a_addr));
+    let _ranks = [
+        ToyRank::spawn(a.socket(), "j2", 0, 0, 4, 1.0),
+        ToyRank::spawn(a.socket(), "j2", 1, 1, 4, 1.0),
+        ToyRank::spawn(b.socket(), "j2", 2, 0, 4, 1.0),
+        ToyRank::spawn(b.socket(), "j2", 3, 1, 4, 1.3),
+    ];
+
+    // B owns rank 3; alone it has two ranks, too few to compare: the flag
+    // needs A's summaries.
+    let ev = await_event(&b, "rank.straggler", "job/j2/rank/3").await;
+    assert_eq!(evidence(&ev, "section"), Some("forward"), "{ev:?}");
+    assert_eq!(evidence(&ev, "host"), Some("host-b"), "{ev:?}");
+    assert_eq!(evidence(&ev, "ranks_compared"), Some("4"), "{ev:?}");
+    assert_eq!(evidence(&ev, "devices"), Some("gpu1"), "{ev:?}");
+    assert_eq!(evidence(&ev, "cause_class"), Some("unknown"), "{ev:?}");
+
+    // Both agents show the whole job: four ranks, both hosts, rank 3
+    // flagged by host-b.
+    for (agent, me, other) in [(&b, "host-b", "host-a"), (&a, "host-a", "host-b")] {
+        let resp = eventually(DETECT, &format!("the job-wide picture on {me}"), async || {
+            let r = agent
+                .client()
+                .await
+                .get_stragglers(pb::GetStragglersRequest {
+                    job_id: "j2".into(),
+                    flagged_only: false,
+                })
+                .await
+                .expect("GetStragglers")
+                .into_inner();
+            let three_flagged = r.ranks.iter().any(|s| s.global_rank == 3 && s.flagged);
+            (r.ranks.len() == 4 && three_flagged).then_some(r)
+        })
+        .await;
+        assert_eq!(resp.hosts, [me, other], "{resp:?}");
+        let hosts: Vec<(u32, &str, bool)> = resp
+            .ranks
+            .iter()
+            .map(|s| (s.global_rank, s.host.as_str(), s.flagged))
+            .collect();
+        assert_eq!(
+            hosts,
+            [
+                (0, "host-a", false),
+                (1, "host-a", false),
+                (2, "host-b", false),
+                (3, "host-b", true)
+            ],
+            "on {me}: {resp:?}"
+        );
+    }
+    // Only the owner flags: A published no rank.straggler.
+    assert!(
+        !a.events().await.iter().any(|e| e.kind == "rank.straggler"),
+        "host-a flagged a rank it does not own"
+    );
+
+    // Bad peer requests are refused with the field or the reason named.
+    let mut peer = PeerClient::new(a.channel().await);
+    let err = peer
+        .exchange_straggler_summaries(pb::StragglerSummaries {
+            host: String::new(),
+            ranks: Vec::new(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err:?}");
+    assert!(err.message().contains("host"), "{err:?}");
+    let err = peer
+        .exchange_straggler_summaries(pb::StragglerSummaries {
+            host: "host-a".into(),
+            ranks: Vec::new(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::FailedPrecondition, "{err:?}");
+    let err = peer
+        .exchange_straggler_summaries(pb::StragglerSummaries {
+            host: "host-c".into(),
+            ranks: vec![pb::RankSummary {
+                job_id: "j2".into(),
+                global_rank: 9,
+                sections: vec![pb::SectionMedian {
+                    section: "forward".into(),
+                    median_ns: -1.0,
+                    samples: 10,
+                }],
+                window_seq: 1,
+                score: None,
+            }],
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err:?}");
+    assert!(err.message().contains("ranks[0].sections[0].median_ns"), "{err:?}");
+}

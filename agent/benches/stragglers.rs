@@ -223,7 +223,7 @@ fn timing(cfg: &StragglerConfig) {
     println!("| scorer | time |");
     println!("|---|---|");
     println!(
-        "| warden (select_nth on stack buffers, scratch reused) | {:.0} us |",
+        "| warden: window medians on the stack, job median and MAD by selection, scratch reused | {:.0} us |",
         ours.as_secs_f64() * 1e6
     );
     println!(

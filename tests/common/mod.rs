@@ -734,3 +734,46 @@ pub async fn scrape(agent: &TestAgent) -> (prometheus_parse::Scrape, String) {
         .unwrap_or_else(|e| panic!("not Prometheus text ({e}):\n{body}"));
     (parsed, body)
 }
+
+/// The repository root (the agent crate sits in the workspace).
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("the agent crate sits in the workspace")
+        .to_owned()
+}
+
+/// The interpreter that runs Python ranks, checked once: it imports the
+/// `warden` package, and one recent enough to have exception reports (a
+/// stale install has not). `$WARDEN_TEST_PYTHON` (tests/run-all.sh sets
+/// it), else the repository's `.venv/bin/python`.
+pub fn python() -> &'static Path {
+    static PYTHON: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    PYTHON.get_or_init(|| {
+        let py = std::env::var_os("WARDEN_TEST_PYTHON")
+            .filter(|p| !p.is_empty())
+            .map_or_else(|| repo_root().join(".venv/bin/python"), PathBuf::from);
+        let fix = "run `bash tests/run-all.sh`, or in the repository root \
+                   `python3 -m venv .venv && .venv/bin/pip install ./client/python` \
+                   (or point WARDEN_TEST_PYTHON at an interpreter that has the warden package)";
+        assert!(
+            py.exists(),
+            "no Python interpreter for the rank tests at {}: {fix}",
+            py.display()
+        );
+        let out = run(
+            Command::new(&py).args([
+                "-c",
+                "import warden, warden._excepthook; print(warden.SLOT_LAYOUT_VERSION)",
+            ]),
+            Duration::from_secs(30),
+        );
+        assert!(
+            out.status.success(),
+            "{} cannot import a current warden package (stale? reinstall it): {fix}\n--- stderr ---\n{}",
+            py.display(),
+            out.stderr
+        );
+        py
+    })
+}

@@ -1195,7 +1195,16 @@ fn conclude(mut ev: Vec<Evidence>, what: &[String]) -> Diagnosis {
         .find(|e| e.points_to == Some(class))
         .map(|e| {
             let note = e.note.split(" [").next().unwrap_or(&e.note);
-            format!("{} {} ({note})", e.subject, e.value)
+            // A rank's own words (its exception, its hang pattern) need no
+            // label; a device signal does.
+            if matches!(
+                e.signal.as_str(),
+                "exception" | "hang.pattern" | "straggler"
+            ) {
+                format!("{} ({note})", e.value)
+            } else {
+                format!("{} {}={} ({note})", e.subject, e.signal, e.value)
+            }
         })
         .unwrap_or_else(|| "no signal points anywhere".into());
     // Class and confidence are fields of their own; the summary says what

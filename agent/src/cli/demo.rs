@@ -149,9 +149,10 @@ pub async fn run(duration: Option<Duration>, as_json: bool) -> Result<()> {
                     views::print_event(&e, as_json);
                     if e.kind == "rank.hang" {
                         saw_hang = true;
-                        if duration.is_none() {
-                            break;
-                        }
+                    }
+                    // The hang's diagnosis and decision close the story.
+                    if saw_hang && e.kind == "incident.decided" && duration.is_none() {
+                        break;
                     }
                 }
                 _ => break,
@@ -164,6 +165,12 @@ pub async fn run(duration: Option<Duration>, as_json: bool) -> Result<()> {
         .await?
         .into_inner();
     views::print_ranks(&listed, as_json);
+    eprintln!("\n$ warden incidents");
+    let incidents = c
+        .get_incidents(pb::GetIncidentsRequest::default())
+        .await?
+        .into_inner();
+    super::incidents::print_incidents(&incidents, None, as_json, false);
     if !saw_hang {
         eprintln!("\n(no hang was reported before the demo stopped)");
     }

@@ -33,6 +33,9 @@ pub struct RankSamples {
     /// Steps pushed since registration (never decreases): the detector
     /// compares it with what it last scored to see new steps.
     pushed: u64,
+    /// Per tracked section, how many kept steps ran it (kept up to date on
+    /// push, so a window need not count the whole ring).
+    present: [u32; TRACKED_SECTIONS],
 }
 
 impl RankSamples {
@@ -50,8 +53,15 @@ impl RankSamples {
         if self.rows.capacity() == 0 {
             self.rows.reserve_exact(MAX_WINDOW);
         }
-        if self.rows.len() >= MAX_WINDOW {
-            self.rows.pop_front();
+        if self.rows.len() >= MAX_WINDOW
+            && let Some(old) = self.rows.pop_front()
+        {
+            for (p, v) in self.present.iter_mut().zip(old.ns) {
+                *p -= u32::from(v > 0);
+            }
+        }
+        for (p, v) in self.present.iter_mut().zip(row.ns) {
+            *p += u32::from(v > 0);
         }
         self.rows.push_back(row);
         self.pushed += 1;
@@ -79,6 +89,11 @@ impl RankSamples {
         &self.rows
     }
 
+    /// How many kept steps ran tracked section `i`.
+    pub fn steps_with(&self, i: usize) -> u32 {
+        self.present.get(i).copied().unwrap_or(0)
+    }
+
     /// Steps pushed so far.
     pub fn pushed(&self) -> u64 {
         self.pushed
@@ -101,6 +116,12 @@ mod tests {
         let last = s.rows().back().unwrap();
         assert_eq!(last.step_ns, 199);
         assert_eq!(last.ns[0], 110, "a section run twice in a step adds up");
+        assert_eq!(s.steps_with(0), 64);
+        assert_eq!(s.steps_with(1), 64);
+        for _ in 0..10 {
+            s.push_step(5, [("backward", 1)]);
+        }
+        assert_eq!((s.steps_with(0), s.steps_with(1)), (54, 64));
         let many: Vec<String> = (0..20).map(|i| format!("s{i}")).collect();
         s.push_step(1, many.iter().map(|n| (n.as_str(), 1)));
         assert_eq!(s.names().len(), TRACKED_SECTIONS);

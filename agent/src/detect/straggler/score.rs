@@ -181,19 +181,42 @@ pub fn median_u64(v: &mut [u64]) -> Option<f64> {
     Some((lo + hi) / 2.0)
 }
 
-/// [`median_u64`] for a window's few values: an insertion sort on the
-/// stack beats a selection's partitioning below a few dozen values.
+/// [`median_u64`] for a window's few values (reorders `v` above 16): up to
+/// 16 values, counting each one's rank beats sorting, whose branches a
+/// noisy window mispredicts.
 pub fn median_small(v: &mut [u64]) -> Option<f64> {
     let n = v.len();
     if n == 0 {
         return None;
     }
-    v.sort_unstable();
-    let hi = v[n / 2] as f64;
+    if n > 16 {
+        v.sort_unstable();
+        let hi = v[n / 2] as f64;
+        return Some(if n % 2 == 1 {
+            hi
+        } else {
+            (v[n / 2 - 1] as f64 + hi) / 2.0
+        });
+    }
+    // Each value's rank by counting, without a branch a random window
+    // would mispredict (ties broken by position, so ranks are distinct).
+    let (mut lo, mut hi) = (0u64, 0u64);
+    for (i, &x) in v.iter().enumerate() {
+        let mut rank = 0;
+        for (j, &y) in v.iter().enumerate() {
+            rank += usize::from(y < x) + usize::from(y == x && j < i);
+        }
+        if rank == n / 2 {
+            hi = x;
+        }
+        if n % 2 == 0 && rank + 1 == n / 2 {
+            lo = x;
+        }
+    }
     Some(if n % 2 == 1 {
-        hi
+        hi as f64
     } else {
-        (v[n / 2 - 1] as f64 + hi) / 2.0
+        (lo as f64 + hi as f64) / 2.0
     })
 }
 
@@ -241,37 +264,31 @@ pub fn window_medians(
     let kinds = kinds.update(names, classifier);
     // Entries are rewritten in place, so a warm `out` keeps its strings.
     let mut used = 0;
-    // One pass over the ring, newest first, for every compute section.
-    let mut bufs = [[0u64; MAX_WINDOW]; TRACKED_SECTIONS];
-    let mut taken = [0usize; TRACKED_SECTIONS];
-    let mut have = [0u32; TRACKED_SECTIONS];
-    let compute: [bool; TRACKED_SECTIONS] =
-        std::array::from_fn(|i| kinds.get(i) == Some(&SectionKind::Compute));
-    if compute.iter().any(|c| *c) {
+    let mut buf = [0u64; MAX_WINDOW];
+    for (i, name) in names.iter().enumerate().take(TRACKED_SECTIONS) {
+        if kinds.get(i) != Some(&SectionKind::Compute) {
+            continue;
+        }
+        // Newest first, only as far back as the window reaches.
+        let mut n = 0;
         for row in rows.iter().rev() {
-            for i in 0..kinds.len() {
-                let v = row.ns[i];
-                if !compute[i] || v == 0 {
-                    continue;
-                }
-                have[i] += 1;
-                if taken[i] < window {
-                    bufs[i][taken[i]] = v;
-                    taken[i] += 1;
+            let v = row.ns[i];
+            if v > 0 {
+                buf[n] = v;
+                n += 1;
+                if n == window {
+                    break;
                 }
             }
         }
-    }
-    for (i, name) in names.iter().enumerate().take(TRACKED_SECTIONS) {
-        if let Some(m) = median_small(&mut bufs[i][..taken[i]]) {
-            put_median(out, &mut used, name, m, have[i]);
+        if let Some(m) = median_small(&mut buf[..n]) {
+            put_median(out, &mut used, name, m, samples.steps_with(i));
         }
     }
     if used > 0 {
         out.truncate(used);
         return;
     }
-    let mut buf = [0u64; MAX_WINDOW];
     let mut n = 0;
     for row in rows.iter().rev().take(window) {
         let wait: u64 = row
