@@ -2,6 +2,7 @@
 //!
 //! # Layout
 //! One folder per stage of the flow (see docs/architecture.md):
+//! - [`act`]: decisions carried out: in-process restarts, the launcher.
 //! - [`config`]: the TOML configuration, validated with errors naming the key.
 //! - [`sources`]: readings from the machine turned into component reports.
 //! - [`ranks`]: registered training ranks, their heartbeat slots, exits.
@@ -16,6 +17,7 @@
 //! - [`cli`]: the `warden` command: a client of the API.
 //! - [`telemetry`]: log set-up.
 
+pub mod act;
 pub mod api;
 pub mod attribute;
 pub mod cli;

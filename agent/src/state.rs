@@ -37,6 +37,14 @@ pub struct AgentState {
     /// Diagnosed incidents and the node's cordon (written by the
     /// attribution task, read by the API).
     pub incidents: Mutex<IncidentStore>,
+    /// Every decided incident as it is decided (and again when a later
+    /// decision supersedes it): what WatchIncidents streams to launchers.
+    pub incident_feed: tokio::sync::broadcast::Sender<crate::attribute::IncidentRecord>,
+    /// Later decisions about an incident, taken outside the attribution
+    /// task (an in-process restart nobody acknowledged): the task records
+    /// and publishes them.
+    pub escalations: tokio::sync::mpsc::UnboundedSender<crate::attribute::Escalation>,
+    escalations_rx: Mutex<Option<tokio::sync::mpsc::UnboundedReceiver<crate::attribute::Escalation>>>,
 }
 
 impl AgentState {
@@ -64,8 +72,12 @@ impl AgentState {
             condition_file,
             config.attribution.retain,
         );
+        let (escalations, escalations_rx) = tokio::sync::mpsc::unbounded_channel();
         Ok(Self {
             incidents: Mutex::new(incidents),
+            incident_feed: tokio::sync::broadcast::channel(256).0,
+            escalations,
+            escalations_rx: Mutex::new(Some(escalations_rx)),
             config,
             config_source,
             host,
@@ -153,6 +165,17 @@ impl AgentState {
             ev = ev.with("signal", s);
         }
         self.events.publish(ev);
+    }
+
+    /// The receiving end of [`AgentState::escalations`], once (the
+    /// attribution task takes it).
+    pub fn take_escalations(
+        &self,
+    ) -> Option<tokio::sync::mpsc::UnboundedReceiver<crate::attribute::Escalation>> {
+        self.escalations_rx
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
     }
 
     /// Locks the incident store (poison-tolerant, like the registry).

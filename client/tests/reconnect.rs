@@ -125,6 +125,38 @@ impl Agent for FakeAgent {
     ) -> Result<Response<pb::GetStragglersResponse>, Status> {
         Err(Status::unimplemented("fake"))
     }
+    type WatchIncidentsStream = tokio_stream::Empty<Result<pb::Incident, Status>>;
+    async fn watch_incidents(
+        &self,
+        _: Request<pb::WatchIncidentsRequest>,
+    ) -> Result<Response<Self::WatchIncidentsStream>, Status> {
+        Err(Status::unimplemented("fake"))
+    }
+    async fn stop_ranks(
+        &self,
+        _: Request<pb::StopRanksRequest>,
+    ) -> Result<Response<pb::StopRanksResponse>, Status> {
+        Err(Status::unimplemented("fake"))
+    }
+    async fn request_restart(
+        &self,
+        _: Request<pb::RequestRestartRequest>,
+    ) -> Result<Response<pb::RequestRestartResponse>, Status> {
+        Err(Status::unimplemented("fake"))
+    }
+    type ControlStream = tokio_stream::Empty<Result<pb::ControlMessage, Status>>;
+    async fn control(
+        &self,
+        _: Request<pb::ControlRequest>,
+    ) -> Result<Response<Self::ControlStream>, Status> {
+        Err(Status::unimplemented("fake"))
+    }
+    async fn ack_control(
+        &self,
+        _: Request<pb::AckControlRequest>,
+    ) -> Result<Response<pb::AckControlResponse>, Status> {
+        Err(Status::unimplemented("fake"))
+    }
 }
 
 /// A running fake agent; stops (and stops answering) when dropped.

@@ -4,7 +4,9 @@
 //! types turned into protobuf messages, errors into gRPC statuses, all in
 //! this module. The core knows nothing of tonic or HTTP.
 
+pub mod control;
 pub mod convert;
+pub mod launcher_api;
 pub mod metrics_http;
 pub mod nvhcd;
 pub mod observe;

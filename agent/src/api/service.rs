@@ -349,6 +349,70 @@ impl Agent for AgentService {
         .await
     }
 
+    type WatchIncidentsStream = BoxStream<pb::Incident>;
+
+    async fn watch_incidents(
+        &self,
+        req: Request<pb::WatchIncidentsRequest>,
+    ) -> Result<Response<Self::WatchIncidentsStream>, Status> {
+        observed("WatchIncidents", async {
+            super::launcher_api::watch_incidents(&self.state, req.into_inner())
+                .await
+                .map(Response::new)
+        })
+        .await
+    }
+
+    async fn stop_ranks(
+        &self,
+        req: Request<pb::StopRanksRequest>,
+    ) -> Result<Response<pb::StopRanksResponse>, Status> {
+        observed("StopRanks", async {
+            super::launcher_api::stop_ranks(&self.state, req.into_inner())
+                .await
+                .map(Response::new)
+        })
+        .await
+    }
+
+    async fn request_restart(
+        &self,
+        req: Request<pb::RequestRestartRequest>,
+    ) -> Result<Response<pb::RequestRestartResponse>, Status> {
+        observed("RequestRestart", async {
+            super::control::request_restart(&self.state, req.into_inner())
+                .await
+                .map(Response::new)
+        })
+        .await
+    }
+
+    type ControlStream = BoxStream<pb::ControlMessage>;
+
+    async fn control(
+        &self,
+        req: Request<pb::ControlRequest>,
+    ) -> Result<Response<Self::ControlStream>, Status> {
+        observed("Control", async {
+            super::control::control(&self.state, req.into_inner())
+                .await
+                .map(Response::new)
+        })
+        .await
+    }
+
+    async fn ack_control(
+        &self,
+        req: Request<pb::AckControlRequest>,
+    ) -> Result<Response<pb::AckControlResponse>, Status> {
+        observed("AckControl", async {
+            super::control::ack_control(&self.state, req.into_inner())
+                .await
+                .map(Response::new)
+        })
+        .await
+    }
+
     async fn get_stragglers(
         &self,
         req: Request<pb::GetStragglersRequest>,

@@ -613,13 +613,31 @@ impl Engine {
         id: &str,
         decision: crate::policy::Decision,
     ) -> Option<IncidentRecord> {
-        let open = self.open.iter_mut().find(|o| o.record.id == id)?;
-        if let Some(old) = open.record.decision.take() {
-            open.record.superseded.push(old);
+        if let Some(open) = self.open.iter_mut().find(|o| o.record.id == id) {
+            if let Some(old) = open.record.decision.take() {
+                open.record.superseded.push(old);
+            }
+            open.record.decision = Some(decision);
+            open.decided_on = Some((open.record.diagnosis.class, open.record.kind));
+            return Some(open.record.clone());
         }
-        open.record.decision = Some(decision);
-        open.decided_on = Some((open.record.diagnosis.class, open.record.kind));
-        Some(open.record.clone())
+        // A later decision about a closed incident (an escalation after an
+        // unanswered in-process restart): recorded, so budgets count it.
+        let rec = self.closed.iter_mut().find(|r| r.id == id)?;
+        if let Some(old) = rec.decision.take() {
+            rec.superseded.push(old);
+        }
+        rec.decision = Some(decision);
+        Some(rec.clone())
+    }
+
+    /// The record of an incident, open or closed.
+    pub fn record(&self, id: &str) -> Option<&IncidentRecord> {
+        self.open
+            .iter()
+            .map(|o| &o.record)
+            .chain(self.closed.iter())
+            .find(|r| r.id == id)
     }
 
     /// Decisions already taken for `job` ("" for the node), for budgets.

@@ -14,5 +14,18 @@ pub mod task;
 pub use config::AttributionConfig;
 pub use diagnosis::{Diagnosis, Evidence, IncidentKind, IncidentRecord};
 
+/// A later decision about an incident, taken outside the attribution task
+/// (an in-process restart nobody acknowledged in time, so the launcher must
+/// restart the job): sent through [`crate::state::AgentState::escalations`].
+#[derive(Debug, Clone)]
+pub struct Escalation {
+    /// The incident.
+    pub incident: String,
+    /// The new action.
+    pub action: crate::policy::Action,
+    /// Why, for a person.
+    pub reason: String,
+}
+
 #[cfg(test)]
 mod scenarios;

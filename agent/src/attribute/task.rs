@@ -16,7 +16,7 @@ use tokio::sync::broadcast::error::RecvError;
 
 use super::engine::{CurrentReason, DeviceMap, Diagnosed, Engine};
 use super::store::Cordon;
-use super::{FaultClass, IncidentRecord};
+use super::{Escalation, FaultClass, IncidentRecord};
 use crate::events::{Event, NewEvent, Severity, Subscription};
 use crate::health::{ComponentReport, Reason, Status};
 use crate::policy::{self, Action, Context, Decision, hook};
@@ -40,6 +40,7 @@ pub fn start(state: Arc<AgentState>) -> impl std::future::Future<Output = ()> + 
 }
 
 async fn run(state: Arc<AgentState>, sub: Subscription, mut engine: Engine) {
+    let mut escalations = state.take_escalations();
     let mut last_id = 0u64;
     for e in &sub.backlog {
         engine.observe(e);
@@ -75,6 +76,7 @@ async fn run(state: Arc<AgentState>, sub: Subscription, mut engine: Engine) {
                 Err(RecvError::Closed) => return,
             },
             () = sleep(wait) => {}
+            Some(e) = recv_escalation(&mut escalations) => escalate(&state, &mut engine, e),
         }
         let now = SystemTime::now();
         if engine.next_due().is_some_and(|d| d <= now) {
@@ -84,6 +86,38 @@ async fn run(state: Arc<AgentState>, sub: Subscription, mut engine: Engine) {
             }
         }
     }
+}
+
+async fn recv_escalation(
+    rx: &mut Option<tokio::sync::mpsc::UnboundedReceiver<Escalation>>,
+) -> Option<Escalation> {
+    match rx {
+        Some(rx) => rx.recv().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Records a decision taken outside the task, superseding the one in force.
+fn escalate(state: &Arc<AgentState>, engine: &mut Engine, e: Escalation) {
+    let Some(rec) = engine.record(&e.incident).cloned() else {
+        tracing::warn!(incident = %e.incident, "escalation for an incident attribution does not know");
+        return;
+    };
+    let previous = rec.decision.clone();
+    let decision = Decision {
+        action: e.action,
+        reason: e.reason,
+        decided_by: "escalation".into(),
+        attempt: previous.as_ref().map_or(1, |d| d.attempt),
+        budget: previous.as_ref().map_or(0, |d| d.budget),
+        backoff: Duration::ZERO,
+        exit_code: policy::exit_code_for(e.action, rec.diagnosis.class, false, rec.exit_code),
+        decided_at: SystemTime::now(),
+    };
+    let Some(record) = engine.decided(&e.incident, decision) else {
+        return;
+    };
+    carry_out(state, record);
 }
 
 async fn sleep(wait: Option<Duration>) {
@@ -141,14 +175,23 @@ async fn handle(state: &Arc<AgentState>, engine: &mut Engine, d: Diagnosed) {
     let Some(record) = engine.decided(&record.id, decision) else {
         return;
     };
+    carry_out(state, record);
+}
+
+/// Publishes a decided incident, records it, tells the launchers, and does
+/// what the agent itself does about it.
+fn carry_out(state: &Arc<AgentState>, record: IncidentRecord) {
     publish(state, &record);
     state.incident_store().upsert(record.clone(), true);
-    if record
-        .decision
-        .as_ref()
-        .is_some_and(|d| d.action == Action::Cordon)
-    {
-        cordon(state, &record);
+    // Launchers following the job (WatchIncidents) act on it; no receiver
+    // is no error.
+    let _ = state.incident_feed.send(record.clone());
+    match record.decision.as_ref().map(|d| d.action) {
+        Some(Action::Cordon) => cordon(state, &record),
+        // The agent carries this one out itself: it owns the ranks' slots
+        // and control streams, whatever launched them.
+        Some(Action::RestartInProcess) => crate::act::in_process::start(state, &record),
+        _ => {}
     }
 }
 

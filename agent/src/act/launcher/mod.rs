@@ -1,0 +1,1 @@
+//! The launcher `warden run` (being written).
