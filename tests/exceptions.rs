@@ -26,8 +26,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use common::{TestAgent, WAIT, evidence, python, repo_root, within};
-use tokio_stream::StreamExt;
+use common::{Events, TestAgent, WAIT, describe, evidence, python, repo_root};
 use warden_client::{Client, ConnectOptions, ExceptionReport, ReportError};
 use warden_proto::v1 as pb;
 
@@ -161,93 +160,6 @@ impl Drop for Rank {
     }
 }
 
-fn describe(e: &pb::Event) -> String {
-    let ev: Vec<String> = e
-        .evidence
-        .iter()
-        .map(|kv| format!("{}={:?}", kv.key, kv.value))
-        .collect();
-    format!(
-        "#{} {} {}: {} [{}]",
-        e.id,
-        e.kind,
-        e.subject,
-        e.message,
-        ev.join(", ")
-    )
-}
-
-/// A WatchEvents stream from the first retained event, and what it delivered.
-struct Events {
-    stream: tonic::Streaming<pb::Event>,
-    seen: Vec<pb::Event>,
-}
-
-impl Events {
-    async fn all(agent: &TestAgent) -> Events {
-        let stream = within(WAIT, "WatchEvents", async {
-            agent
-                .client()
-                .await
-                .watch_events(pb::WatchEventsRequest { after_id: Some(0) })
-                .await
-        })
-        .await
-        .expect("WatchEvents")
-        .into_inner();
-        Events {
-            stream,
-            seen: Vec::new(),
-        }
-    }
-
-    /// The next event for which `pred` holds; fails the test, listing the
-    /// events seen and the agent's stderr, when none comes within WAIT.
-    async fn expect(
-        &mut self,
-        agent: &TestAgent,
-        what: &str,
-        pred: impl Fn(&pb::Event) -> bool,
-    ) -> pb::Event {
-        let deadline = Instant::now() + WAIT;
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            let why = match tokio::time::timeout(left, self.stream.next()).await {
-                Ok(Some(Ok(e))) => {
-                    self.seen.push(e.clone());
-                    if pred(&e) {
-                        return e;
-                    }
-                    continue;
-                }
-                Ok(Some(Err(status))) => format!("the stream failed: {status}"),
-                Ok(None) => "the stream ended".to_owned(),
-                Err(_) => format!("none within {WAIT:?}"),
-            };
-            panic!(
-                "waiting for {what}: {why}; events seen:\n{}\n--- wardend stderr ---\n{}",
-                self.summary(),
-                agent.stderr()
-            );
-        }
-    }
-
-    fn count(&self, kind: &str, subject: &str) -> usize {
-        self.seen
-            .iter()
-            .filter(|e| e.kind == kind && e.subject == subject)
-            .count()
-    }
-
-    fn summary(&self) -> String {
-        self.seen
-            .iter()
-            .map(describe)
-            .collect::<Vec<_>>()
-            .join("\n")
-    }
-}
-
 // -------------------------------------------------------------------- tests
 
 #[tokio::test]
@@ -266,7 +178,7 @@ async fn uncaught_exception_is_reported_then_the_exit_it_causes() {
     rank.wait_line("registered", |l| l.starts_with("registered "));
 
     let exc = events
-        .expect(&agent, "rank.exception", |e| {
+        .expect(&agent, WAIT, "rank.exception", |e| {
             e.kind == "rank.exception" && e.subject == me
         })
         .await;
@@ -297,7 +209,7 @@ async fn uncaught_exception_is_reported_then_the_exit_it_causes() {
 
     // Then the exit, seen from the zombie: code 1, not a clean deregistration.
     let exited = events
-        .expect(&agent, "rank.exited after rank.exception", |e| {
+        .expect(&agent, WAIT, "rank.exited after rank.exception", |e| {
             e.kind == "rank.exited" && e.subject == me
         })
         .await;
@@ -318,7 +230,9 @@ async fn uncaught_exception_is_reported_then_the_exit_it_causes() {
     // Attribution joins the two: the user's error, no restart, the rank's
     // own exit code for the scheduler, the exception as the evidence.
     let decided = events
-        .expect(&agent, "incident.decided", |e| e.kind == "incident.decided")
+        .expect(&agent, WAIT, "incident.decided", |e| {
+            e.kind == "incident.decided"
+        })
         .await;
     assert_eq!(
         evidence(&decided, "class"),
@@ -388,7 +302,7 @@ async fn registered_with(agent: &TestAgent, job: &str, env: &[(&str, &str)]) -> 
     );
     rank.wait_line("registered", |l| l.starts_with("registered "));
     let ev = events
-        .expect(agent, "rank.registered", |e| {
+        .expect(agent, WAIT, "rank.registered", |e| {
             e.kind == "rank.registered" && e.subject == me
         })
         .await;
@@ -494,7 +408,7 @@ async fn rust_client_reports_an_exception_and_stays_bounded_when_the_agent_dies(
     assert!(took < Duration::from_secs(1), "{took:?}");
 
     let exc = events
-        .expect(&agent, "rank.exception", |e| {
+        .expect(&agent, WAIT, "rank.exception", |e| {
             e.kind == "rank.exception" && e.subject == me
         })
         .await;

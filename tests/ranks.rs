@@ -27,12 +27,12 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use common::{
-    TestAgent, WAIT, WARDEN, eventually, evidence, http_get, python, repo_root, run, within,
+    Events, TestAgent, WAIT, WARDEN, describe, eventually, evidence, http_get, proc_state, python,
+    repo_root, run, within,
 };
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use serde_json::Value;
-use tokio_stream::StreamExt;
 use warden_proto::v1 as pb;
 
 // ------------------------------------------------------------------ harness
@@ -183,12 +183,6 @@ fn spawn_ranks(agent: &TestAgent, job: &str, count: u32, args: &[&str]) -> Vec<R
     ranks
 }
 
-/// The process state letter of `pid` from /proc (without reaping it).
-fn proc_state(pid: u32) -> Option<char> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    stat.rsplit_once(')')?.1.trim_start().chars().next()
-}
-
 /// Parses a duration as the agent formats evidence: "1.234s", "250ms".
 fn parse_evidence_duration(s: &str) -> Duration {
     if let Some(ms) = s.strip_suffix("ms") {
@@ -207,106 +201,6 @@ fn to_std(d: Option<&prost_types::Duration>) -> Option<Duration> {
             u32::try_from(d.nanos).expect("non-negative nanos"),
         )
     })
-}
-
-fn describe(e: &pb::Event) -> String {
-    let ev: Vec<String> = e
-        .evidence
-        .iter()
-        .map(|kv| format!("{}={:?}", kv.key, kv.value))
-        .collect();
-    format!(
-        "#{} {} {}: {} [{}]",
-        e.id,
-        e.kind,
-        e.subject,
-        e.message,
-        ev.join(", ")
-    )
-}
-
-/// A WatchEvents stream and what it delivered so far.
-struct Events {
-    stream: tonic::Streaming<pb::Event>,
-    seen: Vec<pb::Event>,
-}
-
-impl Events {
-    /// Events from now on.
-    async fn live(agent: &TestAgent) -> Events {
-        Self::watch(agent, None).await
-    }
-
-    /// Every retained event, then live ones.
-    async fn all(agent: &TestAgent) -> Events {
-        Self::watch(agent, Some(0)).await
-    }
-
-    async fn watch(agent: &TestAgent, after_id: Option<u64>) -> Events {
-        let stream = within(WAIT, "WatchEvents", async {
-            agent
-                .client()
-                .await
-                .watch_events(pb::WatchEventsRequest { after_id })
-                .await
-        })
-        .await
-        .expect("WatchEvents")
-        .into_inner();
-        Events {
-            stream,
-            seen: Vec::new(),
-        }
-    }
-
-    /// The next event for which `pred` holds; fails the test, listing the
-    /// events seen and the agent's stderr, when none comes within `timeout`.
-    async fn expect(
-        &mut self,
-        agent: &TestAgent,
-        timeout: Duration,
-        what: &str,
-        pred: impl Fn(&pb::Event) -> bool,
-    ) -> pb::Event {
-        let deadline = Instant::now() + timeout;
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            let why = match tokio::time::timeout(left, self.stream.next()).await {
-                Ok(Some(Ok(e))) => {
-                    self.seen.push(e.clone());
-                    if pred(&e) {
-                        return e;
-                    }
-                    continue;
-                }
-                Ok(Some(Err(status))) => format!("the stream failed: {status}"),
-                Ok(None) => "the stream ended".to_owned(),
-                Err(_) => format!("none within {timeout:?}"),
-            };
-            panic!(
-                "waiting for {what}: {why} (wardend process state: {:?}); events seen:\n{}\n--- wardend stderr ---\n{}",
-                proc_state(agent.pid()),
-                self.summary(),
-                agent.stderr()
-            );
-        }
-    }
-
-    /// How many events of `kind` about `subject` ("" for any) were seen.
-    fn count(&self, kind: &str, subject: &str) -> usize {
-        self.seen
-            .iter()
-            .filter(|e| e.kind == kind && (subject.is_empty() || e.subject == subject))
-            .count()
-    }
-
-    fn summary(&self) -> String {
-        self.seen
-            .iter()
-            .map(describe)
-            .collect::<Vec<_>>()
-            .join("\n")
-    }
 }
 
 /// GetRanks for `job`.

@@ -12,6 +12,7 @@
 // cannot do its job panics, which fails the test that asked.
 #![allow(dead_code, clippy::expect_used, clippy::unwrap_used)]
 
+
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::os::unix::net::UnixDatagram;
@@ -25,6 +26,7 @@ use std::time::{Duration, Instant};
 
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
+use tokio_stream::StreamExt;
 use tonic::transport::Channel;
 use warden_agent::cli::Target;
 use warden_proto::v1 as pb;
@@ -776,4 +778,112 @@ pub fn python() -> &'static Path {
         );
         py
     })
+}
+
+/// One event on one line: id, kind, subject, message and evidence.
+pub fn describe(e: &pb::Event) -> String {
+    let ev: Vec<String> = e
+        .evidence
+        .iter()
+        .map(|kv| format!("{}={:?}", kv.key, kv.value))
+        .collect();
+    format!(
+        "#{} {} {}: {} [{}]",
+        e.id,
+        e.kind,
+        e.subject,
+        e.message,
+        ev.join(", ")
+    )
+}
+
+/// A WatchEvents stream and what it delivered so far.
+pub struct Events {
+    stream: tonic::Streaming<pb::Event>,
+    /// Every event delivered so far, in order.
+    pub seen: Vec<pb::Event>,
+}
+
+impl Events {
+    /// Events from now on.
+    pub async fn live(agent: &TestAgent) -> Events {
+        Self::watch(agent, None).await
+    }
+
+    /// Every retained event, then live ones.
+    pub async fn all(agent: &TestAgent) -> Events {
+        Self::watch(agent, Some(0)).await
+    }
+
+    async fn watch(agent: &TestAgent, after_id: Option<u64>) -> Events {
+        let stream = within(WAIT, "WatchEvents", async {
+            agent
+                .client()
+                .await
+                .watch_events(pb::WatchEventsRequest { after_id })
+                .await
+        })
+        .await
+        .expect("WatchEvents")
+        .into_inner();
+        Events {
+            stream,
+            seen: Vec::new(),
+        }
+    }
+
+    /// The next event for which `pred` holds; fails the test, listing the
+    /// events seen and the agent's stderr, when none comes within `timeout`.
+    pub async fn expect(
+        &mut self,
+        agent: &TestAgent,
+        timeout: Duration,
+        what: &str,
+        pred: impl Fn(&pb::Event) -> bool,
+    ) -> pb::Event {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let why = match tokio::time::timeout(left, self.stream.next()).await {
+                Ok(Some(Ok(e))) => {
+                    self.seen.push(e.clone());
+                    if pred(&e) {
+                        return e;
+                    }
+                    continue;
+                }
+                Ok(Some(Err(status))) => format!("the stream failed: {status}"),
+                Ok(None) => "the stream ended".to_owned(),
+                Err(_) => format!("none within {timeout:?}"),
+            };
+            panic!(
+                "waiting for {what}: {why} (wardend process state: {:?}); events seen:\n{}\n--- wardend stderr ---\n{}",
+                proc_state(agent.pid()),
+                self.summary(),
+                agent.stderr()
+            );
+        }
+    }
+
+    /// How many events of `kind` about `subject` ("" for any) were seen.
+    pub fn count(&self, kind: &str, subject: &str) -> usize {
+        self.seen
+            .iter()
+            .filter(|e| e.kind == kind && (subject.is_empty() || e.subject == subject))
+            .count()
+    }
+
+    pub fn summary(&self) -> String {
+        self.seen
+            .iter()
+            .map(describe)
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+}
+
+/// The process state letter of `pid` from /proc (without reaping it).
+pub fn proc_state(pid: u32) -> Option<char> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit_once(')')?.1.trim_start().chars().next()
 }

@@ -670,8 +670,16 @@ impl Engine {
         // registration event already says so in its `devices`.
         names.dedup();
         self.open[i].record.devices = names;
-        // A device failing takes in the ranks that drive it.
-        let devs: BTreeSet<String> = self.open[i].record.devices.iter().cloned().collect();
+        // A device failing takes in the ranks that drive it (a rank's own
+        // crash or hang does not take in its neighbours on a shared GPU).
+        let devs: BTreeSet<String> = self.open[i]
+            .triggers
+            .iter()
+            .filter_map(|t| match t {
+                Trigger::Hardware { component, .. } => Some(devices.resolve(component)),
+                _ => None,
+            })
+            .collect();
         let on_device: Vec<RankKey> = self
             .ranks
             .iter()
