@@ -41,7 +41,12 @@ impl ToyRank {
     fn spawn(socket: &Path, job: &str, rank: u32, local: u32, world: u32, slow: f64) -> Self {
         let child = Command::new(WARDEN)
             .args(["toy-rank", "--steps", "1000000", "--step-ms", "30"])
-            .args(["--slow-section", "forward", "--slow-factor", &slow.to_string()])
+            .args([
+                "--slow-section",
+                "forward",
+                "--slow-factor",
+                &slow.to_string(),
+            ])
             .env("WARDEN_SOCKET", socket)
             .env("WARDEN_JOB_ID", job)
             .env("RANK", rank.to_string())
@@ -140,21 +145,38 @@ async fn a_slow_rank_on_one_host_is_flagged_and_explained() {
         &format!("{}{STRAGGLER_TOML}", base("host-a")),
         &[("WARDEN_SIMULATE", scenario.to_str().unwrap())],
     );
-    eventually(DETECT, "gpu2 DEGRADED by the simulated thermal slowdown", async || {
-        agent
-            .component("gpu2")
-            .await
-            .filter(|c| c.status == pb::Status::Degraded as i32)
-    })
+    eventually(
+        DETECT,
+        "gpu2 DEGRADED by the simulated thermal slowdown",
+        async || {
+            agent
+                .component("gpu2")
+                .await
+                .filter(|c| c.status == pb::Status::Degraded as i32)
+        },
+    )
     .await;
 
     let _ranks: Vec<ToyRank> = (0..4)
-        .map(|r| ToyRank::spawn(agent.socket(), "j1", r, r, 4, if r == 2 { 1.3 } else { 1.0 }))
+        .map(|r| {
+            ToyRank::spawn(
+                agent.socket(),
+                "j1",
+                r,
+                r,
+                4,
+                if r == 2 { 1.3 } else { 1.0 },
+            )
+        })
         .collect();
     let ev = await_event(&agent, "rank.straggler", "job/j1/rank/2").await;
     assert_eq!(evidence(&ev, "section"), Some("forward"), "{ev:?}");
     assert_eq!(evidence(&ev, "devices"), Some("gpu2"), "{ev:?}");
-    assert_eq!(evidence(&ev, "cause_class"), Some("correctable_hardware"), "{ev:?}");
+    assert_eq!(
+        evidence(&ev, "cause_class"),
+        Some("correctable_hardware"),
+        "{ev:?}"
+    );
     assert_eq!(evidence(&ev, "host"), Some("host-a"), "{ev:?}");
     let relative: f64 = evidence(&ev, "relative").unwrap().parse().unwrap();
     assert!((1.15..1.6).contains(&relative), "{ev:?}");
@@ -165,7 +187,10 @@ async fn a_slow_rank_on_one_host_is_flagged_and_explained() {
         "{explanation}"
     );
     for key in ["individual", "samples", "job_median", "rank_median"] {
-        assert!(evidence(&ev, key).is_some_and(|v| !v.is_empty()), "{key}: {ev:?}");
+        assert!(
+            evidence(&ev, key).is_some_and(|v| !v.is_empty()),
+            "{key}: {ev:?}"
+        );
     }
 
     // The CLI: every rank scored, rank 2 alone flagged, with the reason.
@@ -195,7 +220,10 @@ async fn a_slow_rank_on_one_host_is_flagged_and_explained() {
         1.0,
         "{text}"
     );
-    assert!(sample(&scrape, "warden_straggler_flags_total", &[]) >= 1.0, "{text}");
+    assert!(
+        sample(&scrape, "warden_straggler_flags_total", &[]) >= 1.0,
+        "{text}"
+    );
     let rel = sample(
         &scrape,
         "warden_straggler_relative",
@@ -258,20 +286,24 @@ async fn two_hosts_compare_their_ranks_job_wide() {
     // Both agents show the whole job: four ranks, both hosts, rank 3
     // flagged by host-b.
     for (agent, me, other) in [(&b, "host-b", "host-a"), (&a, "host-a", "host-b")] {
-        let resp = eventually(DETECT, &format!("the job-wide picture on {me}"), async || {
-            let r = agent
-                .client()
-                .await
-                .get_stragglers(pb::GetStragglersRequest {
-                    job_id: "j2".into(),
-                    flagged_only: false,
-                })
-                .await
-                .expect("GetStragglers")
-                .into_inner();
-            let three_flagged = r.ranks.iter().any(|s| s.global_rank == 3 && s.flagged);
-            (r.ranks.len() == 4 && three_flagged).then_some(r)
-        })
+        let resp = eventually(
+            DETECT,
+            &format!("the job-wide picture on {me}"),
+            async || {
+                let r = agent
+                    .client()
+                    .await
+                    .get_stragglers(pb::GetStragglersRequest {
+                        job_id: "j2".into(),
+                        flagged_only: false,
+                    })
+                    .await
+                    .expect("GetStragglers")
+                    .into_inner();
+                let three_flagged = r.ranks.iter().any(|s| s.global_rank == 3 && s.flagged);
+                (r.ranks.len() == 4 && three_flagged).then_some(r)
+            },
+        )
         .await;
         assert_eq!(resp.hosts, [me, other], "{resp:?}");
         let hosts: Vec<(u32, &str, bool)> = resp
@@ -333,5 +365,8 @@ async fn two_hosts_compare_their_ranks_job_wide() {
         .await
         .unwrap_err();
     assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err:?}");
-    assert!(err.message().contains("ranks[0].sections[0].median_ns"), "{err:?}");
+    assert!(
+        err.message().contains("ranks[0].sections[0].median_ns"),
+        "{err:?}"
+    );
 }

@@ -22,6 +22,7 @@ use std::time::{Duration, SystemTime};
 
 use warden_agent::config::HostConfig;
 use warden_agent::sources::Source;
+use warden_agent::sources::dcgm::{DcgmConfig, DcgmSource};
 use warden_agent::sources::host_memory::HostMemory;
 use warden_agent::sources::nvml::{NvmlConfig, NvmlSource};
 use warden_agent::sources::simulated::{Scenario, Simulated};
@@ -57,6 +58,13 @@ fn measure(source: &mut dyn Source, n: usize) -> (Duration, Duration, usize) {
         .collect();
     samples.sort();
     (samples[n / 2], samples[n * 99 / 100], reports)
+}
+
+/// CPU time of process `pid`'s main thread so far, in nanoseconds
+/// (schedstat: finer than the 10 ms ticks of /proc/PID/stat).
+fn proc_cpu(pid: u32) -> Duration {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/schedstat")).unwrap();
+    Duration::from_nanos(s.split_whitespace().next().unwrap().parse().unwrap())
 }
 
 fn us(d: Duration) -> String {
@@ -160,6 +168,52 @@ fn main() {
     let mut host = HostMemory::new(HostConfig::default());
     let (host_med, host_p99, _) = measure(&mut host, n);
 
+    // DCGM: the stand-in libdcgm with 8 GPUs and one incident, loaded by
+    // the real helper process (wardend --dcgm-helper); CPU counted on both
+    // sides of the pipe.
+    let dcgm_lib = dir.path().join("libdcgm.so.4");
+    let out = Command::new("cc")
+        .args(["-shared", "-fPIC", "-O2", "-o"])
+        .arg(&dcgm_lib)
+        .arg(repo().join("tests/dcgm_stub/dcgm_stub.c"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let dcgm_state = dir.path().join("dcgm.state");
+    std::fs::write(
+        &dcgm_state,
+        "gpus 0 1 2 3 4 5 6 7\nconnect ok\nversion 5\ncheck ok\nincident 1 3 0x80 10 10 Clocks throttled for thermal reasons on GPU 3\n",
+    )
+    .unwrap();
+    // SAFETY: still single-threaded (the sources above poll on this thread).
+    unsafe {
+        std::env::set_var("DCGM_STUB_STATE", &dcgm_state);
+        std::env::set_var(
+            warden_agent::sources::dcgm::HELPER_ENV,
+            env!("CARGO_BIN_EXE_wardend"),
+        );
+    }
+    let mut dcgm = DcgmSource::new(
+        DcgmConfig {
+            library: dcgm_lib.display().to_string(),
+            ..DcgmConfig::default()
+        },
+        true,
+    );
+    let (dcgm_med, dcgm_p99, dcgm_reports) = measure(&mut dcgm, n.min(200));
+    let helper = dcgm.helper_pid().unwrap();
+    let before = proc_cpu(helper);
+    let t0 = thread_cpu();
+    for _ in 0..n.min(200) {
+        dcgm.poll(SystemTime::now());
+    }
+    let agent_side = (thread_cpu() - t0) / n.min(200) as u32;
+    let helper_side = (proc_cpu(helper) - before) / n.min(200) as u32;
+
     let settle = Duration::from_secs(if quick { 1 } else { 3 });
     let idle = wardend_rss(dir.path(), &[], settle);
     let sim8 = wardend_rss(
@@ -191,6 +245,16 @@ fn main() {
         "| host memory (/proc/meminfo) | 1 | {} | {} |",
         us(host_med),
         us(host_p99)
+    );
+    println!(
+        "| DCGM, 8 GPUs through the stand-in libdcgm: agent side (request, answer, judging) | {dcgm_reports} | {} | {} |",
+        us(dcgm_med),
+        us(dcgm_p99)
+    );
+    println!(
+        "| DCGM, mean per poll: agent side + helper process (the library call, the 1 MiB response parsed) | {dcgm_reports} | {} + {} | |",
+        us(agent_side),
+        us(helper_side)
     );
     println!();
     println!("## wardend resident memory");

@@ -12,7 +12,7 @@
 //!    merely copying the inputs out (what the agent does under the lock).
 //!
 //! `cargo bench -p warden-agent --bench stragglers` (release); add
-//! `-- flags`, `-- detect` or `-- timing` to run one part.
+//! `-- flags`, `-- margin`, `-- detect` or `-- timing` to run one part.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
@@ -93,7 +93,10 @@ fn time_median(runs: usize, mut f: impl FnMut()) -> Duration {
 }
 
 fn main() {
-    let args: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with('-')).collect();
+    let args: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with('-'))
+        .collect();
     let part = |name: &str| args.is_empty() || args.iter().any(|a| a == name);
     let cfg = StragglerConfig::default();
     println!(
@@ -110,6 +113,9 @@ fn main() {
     if part("flags") {
         false_flags(&cfg);
     }
+    if part("margin") {
+        margin(&cfg);
+    }
     if part("detect") {
         detection(&cfg);
     }
@@ -119,8 +125,13 @@ fn main() {
 }
 
 fn false_flags(cfg: &StragglerConfig) {
-    println!("\n1. {RANKS} ranks, {}% jitter, {STEPS} steps, no slow rank", JITTER * 100.0);
-    println!("| jitter model | flags | rank-windows over the thresholds | of rank-windows | wall |");
+    println!(
+        "\n1. {RANKS} ranks, {}% jitter, {STEPS} steps, no slow rank",
+        JITTER * 100.0
+    );
+    println!(
+        "| jitter model | flags | rank-windows over the thresholds | of rank-windows | wall |"
+    );
     println!("|---|---|---|---|---|");
     for (model, seed) in [(Jitter::PerSection, 101), (Jitter::PerStep, 202)] {
         let start = Instant::now();
@@ -134,11 +145,30 @@ fn false_flags(cfg: &StragglerConfig) {
             start.elapsed().as_secs_f64()
         );
     }
+}
 
+/// How much noisier than 3% a job may be before the defaults flag anyone.
+fn margin(cfg: &StragglerConfig) {
+    println!("\nmargin: the same {RANKS} ranks and {STEPS} steps (per-section jitter), noisier");
+    println!("| jitter | flags | rank-windows over the thresholds |");
+    println!("|---|---|---|");
+    for (jitter, seed) in [(0.04, 601), (0.05, 602), (0.06, 603)] {
+        let mut job = SimJob::new(cfg, RANKS, jitter, Jitter::PerSection, seed);
+        let changes = job.run(STEPS);
+        println!(
+            "| {}% | {} | {} |",
+            jitter * 100.0,
+            changes.iter().filter(|c| c.flagged).count(),
+            job.over_windows
+        );
+    }
 }
 
 fn detection(cfg: &StragglerConfig) {
-    println!("\n2. a rank 10% slower ({RANKS} ranks, {}% jitter)", JITTER * 100.0);
+    println!(
+        "\n2. a rank 10% slower ({RANKS} ranks, {}% jitter)",
+        JITTER * 100.0
+    );
     println!("| onset | trials | steps to flag: min | median | max | missed (100 steps) |");
     println!("|---|---|---|---|---|---|");
     let mut rng = Rng::new(7);
@@ -193,7 +223,6 @@ fn detection(cfg: &StragglerConfig) {
         found.iter().max().unwrap_or(&0),
         took.len() - found.len()
     );
-
 }
 
 fn timing(cfg: &StragglerConfig) {
@@ -234,5 +263,9 @@ fn timing(cfg: &StragglerConfig) {
         "| floor: copying each rank's last window of step records | {:.0} us |",
         copy.as_secs_f64() * 1e6
     );
-    assert_eq!(naive_over, vec![3], "the naive scorer agrees: rank 3 is over");
+    assert_eq!(
+        naive_over,
+        vec![3],
+        "the naive scorer agrees: rank 3 is over"
+    );
 }

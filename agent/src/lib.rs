@@ -4,6 +4,7 @@
 //! One folder per stage of the flow (see docs/architecture.md):
 //! - [`act`]: decisions carried out: in-process restarts, the launcher.
 //! - [`config`]: the TOML configuration, validated with errors naming the key.
+//! - [`coord`]: coordination across hosts through etcd: membership, epochs, rounds.
 //! - [`sources`]: readings from the machine turned into component reports.
 //! - [`ranks`]: registered training ranks, their heartbeat slots, exits.
 //! - [`detect`]: detectors (hang) and their calibration, as pure functions.
@@ -22,6 +23,7 @@ pub mod api;
 pub mod attribute;
 pub mod cli;
 pub mod config;
+pub mod coord;
 pub mod daemon;
 pub mod detect;
 pub mod events;

@@ -44,7 +44,12 @@ pub struct AgentState {
     /// task (an in-process restart nobody acknowledged): the task records
     /// and publishes them.
     pub escalations: tokio::sync::mpsc::UnboundedSender<crate::attribute::Escalation>,
-    escalations_rx: Mutex<Option<tokio::sync::mpsc::UnboundedReceiver<crate::attribute::Escalation>>>,
+    escalations_rx:
+        Mutex<Option<tokio::sync::mpsc::UnboundedReceiver<crate::attribute::Escalation>>>,
+    /// In-process restarts: the request in flight per job, restart counts,
+    /// and what each rank's `Control` stream delivers (its own lock, never
+    /// held together with the registry's).
+    pub restarts: crate::act::in_process::Restarts,
 }
 
 impl AgentState {
@@ -78,6 +83,7 @@ impl AgentState {
             incident_feed: tokio::sync::broadcast::channel(256).0,
             escalations,
             escalations_rx: Mutex::new(Some(escalations_rx)),
+            restarts: crate::act::in_process::Restarts::new(),
             config,
             config_source,
             host,
@@ -107,6 +113,8 @@ impl AgentState {
             return;
         }
         let was = entry.state;
+        // A rank its launcher is stopping (StopRanks) exits on purpose.
+        let stop_reason = entry.stop_reason.clone();
         entry.state = RankState::Exited;
         entry.exit = Some(exit.clone());
         let pid = entry.pid;
@@ -135,6 +143,16 @@ impl AgentState {
         reg.free_slot_of(key);
         drop(reg);
         let (severity, how) = match (exit.code, exit.signal) {
+            // Stopped on purpose: Info, which attribution does not take as
+            // a failure (engine::observe opens incidents from Error up).
+            (code, signal) if was == RankState::Stopping => (
+                Severity::Info,
+                match (code, signal) {
+                    (Some(c), _) => format!("was stopped by its launcher (exit code {c})"),
+                    (None, Some(sig)) => format!("was stopped by its launcher (signal {sig})"),
+                    (None, None) => "was stopped by its launcher".to_owned(),
+                },
+            ),
             (Some(0), _) => (Severity::Info, "exited with code 0".to_owned()),
             (Some(c), _) => (Severity::Error, format!("exited with code {c}")),
             (None, Some(sig)) => (
@@ -163,6 +181,9 @@ impl AgentState {
         }
         if let Some(s) = exit.signal {
             ev = ev.with("signal", s);
+        }
+        if let Some(reason) = stop_reason.filter(|_| was == RankState::Stopping) {
+            ev = ev.with("stopped_by", format!("launcher: {reason}"));
         }
         self.events.publish(ev);
     }

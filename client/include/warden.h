@@ -98,6 +98,32 @@ int32_t warden_report_exception(const warden_client *client, const char *type,
                                 const char *message, const char *traceback,
                                 int64_t step, int32_t uncaught);
 
+/*
+ * In-process restarts. The agent may ask the ranks of a job to restart in
+ * process (a rank hung alone, `warden restart`): the training loop stops
+ * its attempt, restores from its local checkpoint and runs again, keeping
+ * its process, CUDA context and imports. A C or C++ loop polls between
+ * steps:
+ *
+ *     uint64_t seq; uint32_t count;
+ *     if (warden_restart_pending(c, &seq, &count)) {
+ *         restore_from_checkpoint();
+ *         warden_ack_restart(c, seq);
+ *         ... run again with restart count `count` ...
+ *     }
+ *
+ * warden_restart_pending: 1 when a request waits for an acknowledgement
+ * (seq and restart_count written, each when not NULL), else 0 (and for a
+ * NULL client). One mutex, no syscall.
+ * warden_ack_restart: 0 when seq was the pending request, -1 otherwise.
+ * Never waits on the agent. A request not acknowledged within the agent's
+ * restart.in_process_timeout (30 s by default) becomes a restart of the
+ * job's processes by the launcher.
+ */
+int32_t warden_restart_pending(const warden_client *client, uint64_t *seq,
+                               uint32_t *restart_count);
+int32_t warden_ack_restart(const warden_client *client, uint64_t seq);
+
 /* Deregisters and frees the client. NULL is a no-op. */
 void warden_close(warden_client *client);
 

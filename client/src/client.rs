@@ -17,6 +17,13 @@
 //! the state back into the private slot, swaps, retires the mapping and
 //! re-registers with backoff (100 ms doubling to 5 s), passing the slot it
 //! had as `previous_slot`.
+//!
+//! While registered, the same thread also follows in-process restart
+//! requests (see [`crate::restart`]): it opens the rank's `Control` stream
+//! (again after each registration, and after a broken stream), reads the
+//! slot's control word every [`restart::SLOT_POLL`], runs the callbacks
+//! registered with [`Client::on_restart`] once per new request, and sends
+//! the `AckControl` calls that [`Client::ack_restart`] queues.
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
@@ -29,14 +36,18 @@ use tokio::net::UnixStream;
 use tokio::sync::Notify;
 use tonic::transport::{Channel, Endpoint, Uri};
 use warden_proto::v1::agent_client::AgentClient;
-use warden_proto::v1::{DeregisterRankRequest, GetNodeHealthRequest, RegisterRankRequest};
+use warden_proto::v1::{
+    AckControlRequest, ControlMessage, ControlRequest, DeregisterRankRequest,
+    GetNodeHealthRequest, RegisterRankRequest,
+};
 
 use crate::clock;
 use crate::mapping::SlotMapping;
 use crate::report::{self, ExceptionReport, ReportError};
+use crate::restart::{self, RestartCallback, RestartRequest, RestartState, RestartVia};
 use crate::slot::{
-    FIRST_USER_SECTION, LAYOUT_VERSION, MAX_SECTIONS, SECTION_OTHER, Slot, SlotError, SlotSnapshot,
-    SlotWriter, well_known_id,
+    ControlWord, FIRST_USER_SECTION, LAYOUT_VERSION, MAX_SECTIONS, SECTION_OTHER, Slot, SlotError,
+    SlotSnapshot, SlotWriter, well_known_id,
 };
 
 /// Errors from building a client's options. Agent trouble is never an error.
@@ -430,6 +441,9 @@ struct Inner {
     /// dropped so no pointer the hot path may still hold dangles.
     mappings: Mutex<Vec<SlotMapping>>,
     status: Mutex<LinkStatus>,
+    /// In-process restart requests: the pending one, the callbacks, the
+    /// acknowledgements still to send.
+    restart: RestartState,
 }
 
 impl Inner {
@@ -542,6 +556,7 @@ impl Client {
                     last_error: reason,
                     ..LinkStatus::default()
                 }),
+                restart: RestartState::default(),
             }),
             thread: Mutex::new(None),
         }
@@ -650,14 +665,67 @@ impl Client {
         self.inner.writer().section_close(id.0, clock::now_ns());
     }
 
-    /// The control word the agent set (reserved for restart requests; 0 = none).
+    /// The raw control word the agent set in the slot (0 = none; decode
+    /// with [`ControlWord::decode`]). Prefer [`Client::restart_pending`].
     pub fn control(&self) -> u64 {
         self.inner.writer().control()
     }
 
-    /// Acknowledges a control value to the agent.
+    /// Stores `value` into the slot's ack word as is. Prefer
+    /// [`Client::ack_restart`], which also tells the agent over gRPC.
     pub fn ack(&self, value: u64) {
         self.inner.writer().ack(value);
+    }
+
+    /// Runs `f` for every new in-process restart request from the agent
+    /// (and at once, on this thread, for one already pending).
+    ///
+    /// Why a callback: the request arrives on the client's background
+    /// thread (the `Control` stream or the slot's control word, whichever
+    /// is first), and only the program knows how to stop its training loop
+    /// (the Python package raises `warden.RestartRequested` in it). `f`
+    /// runs on that background thread and must return quickly. The request
+    /// stays pending until [`Client::ack_restart`]; an agent that gets no
+    /// acknowledgement within its `restart.in_process_timeout` restarts the
+    /// job's processes instead.
+    pub fn on_restart(&self, f: impl Fn(&RestartRequest) + Send + Sync + 'static) {
+        let cb: RestartCallback = Arc::new(f);
+        if let Some(pending) = self.inner.restart.add_callback(cb.clone()) {
+            cb(&pending);
+        }
+    }
+
+    /// The restart request waiting for an acknowledgement, if any.
+    pub fn restart_pending(&self) -> Option<RestartRequest> {
+        self.inner.restart.pending()
+    }
+
+    /// Acknowledges restart request `seq`: the training function is being
+    /// run again. Stores `seq` into the slot's ack word at once and queues
+    /// the `AckControl` call for the background thread (the caller never
+    /// waits on the agent). False when `seq` is not the pending request.
+    pub fn ack_restart(&self, seq: u64) -> bool {
+        ack_restart(&self.inner, seq)
+    }
+
+    /// A handle that acknowledges restarts for this client without keeping
+    /// it alive (for callbacks, which the client itself holds).
+    pub fn restart_acker(&self) -> RestartAcker {
+        RestartAcker {
+            inner: Arc::downgrade(&self.inner),
+        }
+    }
+
+    /// Makes `req` pending as if the agent had sent it, and runs the
+    /// callbacks; false when its sequence number was seen already.
+    ///
+    /// Why: tests and restart drills exercise the whole in-process path
+    /// (the Python package's raise, `warden.run`'s retry) with no agent.
+    /// Acknowledging an injected request writes the slot's ack word like
+    /// any other (an agent ignores an ack it did not ask for).
+    pub fn inject_restart(&self, mut req: RestartRequest) -> bool {
+        req.via = RestartVia::Injected;
+        offer_restart(&self.inner, req)
     }
 
     /// Reports an exception to the agent (`ReportException`), as this
@@ -798,6 +866,45 @@ mod fork {
             }
         }
     }
+}
+
+/// Acknowledges restart requests for a client it does not keep alive
+/// (see [`Client::restart_acker`]).
+#[derive(Debug, Clone)]
+pub struct RestartAcker {
+    inner: std::sync::Weak<Inner>,
+}
+
+impl RestartAcker {
+    /// [`Client::ack_restart`] on the client, if it still exists.
+    pub fn ack(&self, seq: u64) -> bool {
+        self.inner.upgrade().is_some_and(|inner| ack_restart(&inner, seq))
+    }
+
+    /// [`Client::restart_pending`] on the client, if it still exists.
+    pub fn pending(&self) -> Option<RestartRequest> {
+        self.inner.upgrade().and_then(|inner| inner.restart.pending())
+    }
+}
+
+fn ack_restart(inner: &Inner, seq: u64) -> bool {
+    if !inner.restart.ack(seq) {
+        return false;
+    }
+    // The slot first: the agent reads it even when the call cannot be made.
+    inner.writer().ack(seq);
+    true
+}
+
+/// Hands a request to the restart state and runs the callbacks if it is new.
+fn offer_restart(inner: &Inner, req: RestartRequest) -> bool {
+    let Some((req, callbacks)) = inner.restart.offer(req) else {
+        return false;
+    };
+    for cb in &callbacks {
+        cb(&req);
+    }
+    true
 }
 
 /// An open section; closes it when dropped.
@@ -1007,49 +1114,214 @@ async fn register(inner: &Inner, previous_slot: Option<u32>) -> Result<Link, Str
     })
 }
 
+/// How long a broken `Control` stream waits before it is opened again.
+const CONTROL_RETRY: Duration = Duration::from_secs(1);
+
+/// The rank's `Control` stream on the current link.
+struct ControlLink {
+    stream: Option<tonic::Streaming<ControlMessage>>,
+    /// When to open it (again); `None`: never, the agent does not serve it.
+    reopen_at: Option<tokio::time::Instant>,
+}
+
+impl ControlLink {
+    /// The next message, or never when the stream is not open.
+    async fn next(&mut self) -> Result<Option<ControlMessage>, tonic::Status> {
+        match self.stream.as_mut() {
+            Some(s) => s.message().await,
+            None => std::future::pending().await,
+        }
+    }
+
+    /// When to open the stream (again), if it is closed and should be.
+    fn reopen_at(&self) -> Option<tokio::time::Instant> {
+        self.reopen_at.filter(|_| self.stream.is_none())
+    }
+
+    /// Opens the stream; on failure schedules the next try, or none when
+    /// the agent does not serve `Control` (an older agent: the slot's
+    /// control word still brings requests).
+    async fn open(&mut self, inner: &Inner, link: &Link) {
+        let mut agent = link.agent.clone();
+        let call = agent.control(ControlRequest {
+            job_id: inner.opts.job_id.clone(),
+            global_rank: inner.opts.global_rank,
+            generation: link.generation,
+        });
+        match tokio::time::timeout(RPC_TIMEOUT, call).await {
+            Ok(Ok(resp)) => {
+                self.stream = Some(resp.into_inner());
+                self.reopen_at = None;
+            }
+            Ok(Err(s)) if s.code() == tonic::Code::Unimplemented => {
+                self.stream = None;
+                self.reopen_at = None;
+            }
+            _ => self.retry_later(),
+        }
+    }
+
+    fn retry_later(&mut self) {
+        self.stream = None;
+        self.reopen_at = Some(tokio::time::Instant::now() + CONTROL_RETRY);
+    }
+}
+
+/// Sleeps until `at`; forever when `None`.
+async fn sleep_until_some(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// A restart request from a `Control` stream message (other kinds: none).
+fn request_from_message(m: ControlMessage) -> Option<RestartRequest> {
+    (m.kind == warden_proto::v1::control_message::Kind::Restart as i32).then_some(RestartRequest {
+        seq: m.seq,
+        restart_count: m.restart_count,
+        incident_id: m.incident_id,
+        reason: m.reason,
+        via: RestartVia::Stream,
+    })
+}
+
+/// A restart request from the slot's control word, if it holds one.
+fn request_from_slot(link: &Link) -> Option<RestartRequest> {
+    // SAFETY: link.slot points into a mapping kept in inner.mappings.
+    let word = SlotWriter::new(unsafe { &*link.slot }).control();
+    ControlWord::decode(word).map(|w| RestartRequest {
+        seq: u64::from(w.seq),
+        restart_count: w.restart_count,
+        incident_id: String::new(),
+        reason: String::new(),
+        via: RestartVia::Slot,
+    })
+}
+
+/// Sends the queued acknowledgements as this registration (bounded; a
+/// failed call is not retried: the slot's ack word already says it).
+async fn send_acks(inner: &Inner, link: &Link) {
+    for seq in inner.restart.take_acks() {
+        let mut agent = link.agent.clone();
+        let call = agent.ack_control(AckControlRequest {
+            job_id: inner.opts.job_id.clone(),
+            global_rank: inner.opts.global_rank,
+            generation: link.generation,
+            seq,
+        });
+        let _ = tokio::time::timeout(RPC_TIMEOUT, call).await;
+    }
+}
+
 /// Returns `None` when asked to stop, `Some(reason)` when the agent is gone.
+///
+/// Meanwhile follows restart requests: the `Control` stream, the slot's
+/// control word every [`restart::SLOT_POLL`], and the acknowledgements to send.
 async fn watch(inner: &Inner, link: &mut Link) -> Option<String> {
     let mut tick: u64 = 0;
+    let mut next_probe = tokio::time::Instant::now() + inner.opts.probe_interval;
+    let mut poll = tokio::time::interval(restart::SLOT_POLL);
+    poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // Acknowledgements queued under an earlier registration are moot: the
+    // agent counts a rank that registered again as handled.
+    let _ = inner.restart.take_acks();
+    let mut control = ControlLink {
+        stream: None,
+        reopen_at: None,
+    };
+    // The request in the slot and when it was first seen there; the last
+    // one handed over (the word stays set after the acknowledgement).
+    let mut slot_seen: Option<(u64, tokio::time::Instant)> = None;
+    let mut slot_taken = 0u64;
+    control.open(inner, link).await;
     loop {
-        if sleep_or_stop(inner, inner.opts.probe_interval).await {
+        if inner.stop.load(Ordering::Acquire) {
             return None;
         }
-        tick += 1;
-        clock::recalibrate();
-        // SAFETY: link.slot points into a mapping kept in inner.mappings.
-        let slot = unsafe { &*link.slot };
-        if !slot.is_claimed() || slot.generation() != link.generation {
-            return Some(format!(
-                "slot {} was released or handed to generation {}",
-                link.index,
-                slot.generation()
-            ));
-        }
-        let file_id = inner.mappings().last().map(|m| (m.path.clone(), m.file_id));
-        if let Some((path, id)) = file_id {
-            use std::os::unix::fs::MetadataExt;
-            match std::fs::metadata(&path) {
-                Ok(m) if (m.dev(), m.ino()) == id => {}
-                _ => {
-                    return Some(format!(
-                        "slot file {} was replaced or removed",
-                        path.display()
-                    ));
+        let reopen_at = control.reopen_at();
+        tokio::select! {
+            () = tokio::time::sleep_until(next_probe) => {
+                next_probe = tokio::time::Instant::now() + inner.opts.probe_interval;
+                tick += 1;
+                if let Some(why) = probe(inner, link, tick).await {
+                    return Some(why);
                 }
             }
-        }
-        if tick.is_multiple_of(5) {
-            let probe = link.agent.get_node_health(GetNodeHealthRequest {});
-            match tokio::time::timeout(RPC_TIMEOUT, probe).await {
-                Ok(Ok(_)) => {}
-                Ok(Err(s)) if s.code() == tonic::Code::Unimplemented => {}
-                Ok(Err(s)) => {
-                    return Some(format!("GetNodeHealth: {}: {}", s.code(), s.message()));
+            () = inner.wake.notified() => {}
+            _ = poll.tick() => {
+                if let Some(req) = request_from_slot(link).filter(|r| r.seq != slot_taken) {
+                    // With the stream open, its copy (which carries the
+                    // reason) normally lands within a millisecond: the slot's
+                    // is taken once it has waited SLOT_GRACE, or at once
+                    // without a stream.
+                    let now = tokio::time::Instant::now();
+                    let since = match slot_seen {
+                        Some((seq, at)) if seq == req.seq => at,
+                        _ => {
+                            slot_seen = Some((req.seq, now));
+                            now
+                        }
+                    };
+                    if control.stream.is_none() || now - since >= restart::SLOT_GRACE {
+                        slot_taken = req.seq;
+                        offer_restart(inner, req);
+                    }
                 }
-                Err(_) => return Some("GetNodeHealth timed out".to_owned()),
+            }
+            msg = control.next() => match msg {
+                Ok(Some(m)) => {
+                    if let Some(req) = request_from_message(m) {
+                        offer_restart(inner, req);
+                    }
+                }
+                // Ended (agent stopping, stale registration) or broken.
+                Ok(None) | Err(_) => control.retry_later(),
+            },
+            () = sleep_until_some(reopen_at) => control.open(inner, link).await,
+            () = inner.restart.ack_wake.notified() => send_acks(inner, link).await,
+        }
+    }
+}
+
+/// One check that the agent is still there (see the module comment);
+/// `Some(reason)` when it is not.
+async fn probe(inner: &Inner, link: &mut Link, tick: u64) -> Option<String> {
+    clock::recalibrate();
+    // SAFETY: link.slot points into a mapping kept in inner.mappings.
+    let slot = unsafe { &*link.slot };
+    if !slot.is_claimed() || slot.generation() != link.generation {
+        return Some(format!(
+            "slot {} was released or handed to generation {}",
+            link.index,
+            slot.generation()
+        ));
+    }
+    let file_id = inner.mappings().last().map(|m| (m.path.clone(), m.file_id));
+    if let Some((path, id)) = file_id {
+        use std::os::unix::fs::MetadataExt;
+        match std::fs::metadata(&path) {
+            Ok(m) if (m.dev(), m.ino()) == id => {}
+            _ => {
+                return Some(format!(
+                    "slot file {} was replaced or removed",
+                    path.display()
+                ));
             }
         }
     }
+    if tick.is_multiple_of(5) {
+        let probe = link.agent.get_node_health(GetNodeHealthRequest {});
+        match tokio::time::timeout(RPC_TIMEOUT, probe).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(s)) if s.code() == tonic::Code::Unimplemented => {}
+            Ok(Err(s)) => {
+                return Some(format!("GetNodeHealth: {}: {}", s.code(), s.message()));
+            }
+            Err(_) => return Some("GetNodeHealth timed out".to_owned()),
+        }
+    }
+    None
 }
 
 fn hostname() -> String {

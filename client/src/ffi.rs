@@ -224,6 +224,55 @@ pub unsafe extern "C" fn warden_report_exception(
     }
 }
 
+/// Whether an in-process restart request waits for an acknowledgement: 1
+/// (and `*seq`, `*restart_count` set, each when not NULL), else 0 (and for
+/// a NULL client).
+///
+/// Why polled: a C or C++ training loop checks it between steps (one
+/// mutex, no syscall), stops the attempt, restores from its checkpoint,
+/// calls [`warden_ack_restart`] and runs again.
+///
+/// # Safety
+/// `c` is NULL or a live handle; `seq` and `restart_count` are NULL or
+/// valid for writes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn warden_restart_pending(
+    c: *const WardenClient,
+    seq: *mut u64,
+    restart_count: *mut u32,
+) -> i32 {
+    // SAFETY: forwarded from our caller's contract.
+    let Some(req) = (unsafe { get(c) }).and_then(Client::restart_pending) else {
+        return 0;
+    };
+    // SAFETY: the caller promises NULL or pointers valid for writes.
+    unsafe {
+        if let Some(s) = seq.as_mut() {
+            *s = req.seq;
+        }
+        if let Some(n) = restart_count.as_mut() {
+            *n = req.restart_count;
+        }
+    }
+    1
+}
+
+/// Acknowledges restart request `seq` (the training function is running
+/// again): 0 when it was the pending request, -1 otherwise (NULL client,
+/// already acknowledged, superseded by a newer request). Never waits on
+/// the agent.
+///
+/// # Safety
+/// `c` is NULL or a live handle.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn warden_ack_restart(c: *const WardenClient, seq: u64) -> i32 {
+    // SAFETY: forwarded from our caller's contract.
+    match unsafe { get(c) } {
+        Some(client) if client.ack_restart(seq) => 0,
+        _ => -1,
+    }
+}
+
 /// Deregisters and frees the handle; NULL is a no-op. The handle is invalid afterwards.
 ///
 /// # Safety

@@ -15,6 +15,9 @@
 //!   and [`ConnectOptions`] with its environment defaults (devices included).
 //! - [`report`]: [`ExceptionReport`], sent by [`Client::report_exception`]
 //!   within a bounded time (a dying process must never hang on it).
+//! - [`restart`]: in-process restart requests from the agent
+//!   ([`RestartRequest`]), followed by [`Client::on_restart`] and
+//!   acknowledged with [`Client::ack_restart`].
 //! - [`clock`]: the `CLOCK_MONOTONIC` nanosecond timestamps the slot carries.
 //! - [`ffi`]: the C ABI declared in `include/warden.h`.
 //! - [`paths`]: where the agent's socket is.
@@ -26,9 +29,12 @@ pub mod ffi;
 mod mapping;
 pub mod paths;
 pub mod report;
+pub mod restart;
 pub mod slot;
 
 pub use client::{
-    Client, ClientError, ConnectOptions, LinkStatus, SectionGuard, SectionId, devices_from_env,
+    Client, ClientError, ConnectOptions, LinkStatus, RestartAcker, SectionGuard, SectionId,
+    devices_from_env,
 };
 pub use report::{ExceptionReport, ReportError};
+pub use restart::{RestartRequest, RestartVia};

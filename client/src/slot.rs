@@ -35,6 +35,12 @@
 //! Everything read from the file is untrusted: the reader bounds every index
 //! and sanitises every value, and never panics.
 //!
+//! The control word (agent -> client) and the ack word (client -> agent)
+//! carry in-process restart requests; see [`ControlWord`] for the encoding.
+//! The agent also pushes each request on the rank's `Control` stream: the
+//! slot is the path that works when the stream is down, and the cheap one
+//! the client's background thread polls every few milliseconds.
+//!
 //! Timestamps are `CLOCK_MONOTONIC` nanoseconds (see [`crate::clock`]); the
 //! client's are TSC-derived and may lead the agent's own reading by a few
 //! microseconds, so subtract with saturation. A heartbeat carries no
@@ -229,6 +235,8 @@ pub struct Slot {
     owner_pid: AtomicU32,
     generation: AtomicU64,
     claimed_ns: AtomicU64,
+    /// Agent -> client: the latest request ([`ControlWord::encode`]; 0 =
+    /// none). Written by the agent only; cleared at claim.
     control: AtomicU64,
     _agent_pad: [AtomicU64; 12],
     // ---- the client's hot line
@@ -237,6 +245,9 @@ pub struct Slot {
     heartbeats: AtomicU64,
     step: AtomicU64,
     steps_completed: AtomicU64,
+    /// Client -> agent: the `seq` of the last request the rank acknowledged
+    /// (see [`ControlWord`]). Carried across slot swaps like the rest of
+    /// the client's line.
     ack: AtomicU64,
     writer_pid: AtomicU32,
     depth: AtomicU32,
@@ -262,6 +273,72 @@ const _: () = assert!(std::mem::offset_of!(Slot, stack) == 256);
 const _: () = assert!(SLOT_SIZE.is_multiple_of(128) && HEADER_SIZE.is_multiple_of(128));
 const _: () = assert!(MAX_SECTIONS <= 32, "section_mask is a u32");
 const _: () = assert!(WELL_KNOWN_SECTIONS.len() == FIRST_USER_SECTION as usize);
+
+/// Kind of a [`ControlWord`]: restart in process (Python: raise
+/// `warden.RestartRequested` in the training loop and run the training
+/// function again).
+pub const CONTROL_RESTART: u8 = 1;
+
+/// Largest restart count a control word carries (24 bits); higher counts
+/// read as this value (the `Control` stream carries the full count).
+pub const CONTROL_MAX_RESTART_COUNT: u32 = (1 << 24) - 1;
+
+/// The slot's control word, decoded.
+///
+/// Encoding of the 64-bit word (little end first):
+///
+/// | bits | field |
+/// |---|---|
+/// | 0..8 | `kind` ([`CONTROL_RESTART`]; 0: no request) |
+/// | 8..32 | `restart_count` (24 bits, saturating at [`CONTROL_MAX_RESTART_COUNT`]) |
+/// | 32..64 | `seq` (32 bits, never 0 for a request) |
+///
+/// Why one word: a single atomic store publishes a whole request, so a
+/// reader never sees a kind from one request and a sequence number from
+/// another. The client acknowledges by storing `seq` into the slot's ack
+/// word; the agent waits for `ack == seq`. Sequence numbers are issued by
+/// the agent from a clock-derived start (like generations), so an ack
+/// carried over from a previous agent's slot never matches a new request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ControlWord {
+    /// What is asked ([`CONTROL_RESTART`]).
+    pub kind: u8,
+    /// The request's sequence number (what an ack carries).
+    pub seq: u32,
+    /// The restart count the next attempt runs with (1 for the first restart).
+    pub restart_count: u32,
+}
+
+impl ControlWord {
+    /// A restart request.
+    pub fn restart(seq: u32, restart_count: u32) -> Self {
+        Self {
+            kind: CONTROL_RESTART,
+            seq,
+            restart_count,
+        }
+    }
+
+    /// The 64-bit word stored in the slot.
+    pub fn encode(self) -> u64 {
+        u64::from(self.kind)
+            | u64::from(self.restart_count.min(CONTROL_MAX_RESTART_COUNT)) << 8
+            | u64::from(self.seq) << 32
+    }
+
+    /// The request a word holds; `None` for 0 (nothing asked), an unknown
+    /// kind, or a zero sequence number (the word is untrusted).
+    pub fn decode(word: u64) -> Option<Self> {
+        let kind = (word & 0xff) as u8;
+        let restart_count = ((word >> 8) & u64::from(CONTROL_MAX_RESTART_COUNT)) as u32;
+        let seq = (word >> 32) as u32;
+        (kind == CONTROL_RESTART && seq != 0).then_some(Self {
+            kind,
+            seq,
+            restart_count,
+        })
+    }
+}
 
 /// Byte offset of slot `index` in the file.
 pub const fn slot_offset(index: u32) -> u64 {
@@ -527,10 +604,25 @@ impl SlotFile {
         Ok(())
     }
 
-    /// Sets the agent-to-client control word of slot `index` (reserved: restart requests).
+    /// Sets the agent-to-client control word of slot `index` (a
+    /// [`ControlWord::encode`]d restart request).
     pub fn set_control(&self, index: u32, value: u64) -> Result<(), SlotError> {
         self.slot(index)?.control.store(value, Ordering::Release);
         Ok(())
+    }
+
+    /// The client's ack word of slot `index` (the `seq` it acknowledged) and
+    /// the generation its writer echoed: one cheap read, no seqlock.
+    ///
+    /// Why apart from [`SlotFile::snapshot`]: the agent waiting for
+    /// acknowledgements polls every few milliseconds and needs two words,
+    /// not the whole slot.
+    pub fn ack_word(&self, index: u32) -> Result<(u64, u64), SlotError> {
+        let slot = self.slot(index)?;
+        Ok((
+            slot.ack.load(Ordering::Acquire),
+            slot.writer_generation.load(Ordering::Acquire),
+        ))
     }
 
     /// A consistent copy of slot `index` (seqlock read, bounded retries).
@@ -1153,12 +1245,12 @@ impl<'a> SlotWriter<'a> {
         s.write_end(seq);
     }
 
-    /// The control word the agent set (reserved for restart requests).
+    /// The control word the agent set (decode with [`ControlWord::decode`]).
     pub fn control(self) -> u64 {
         self.slot.control.load(Ordering::Acquire)
     }
 
-    /// Acknowledges a control value.
+    /// Acknowledges a request: stores its `seq` into the ack word.
     pub fn ack(self, value: u64) {
         self.slot.ack.store(value, Ordering::Release);
     }

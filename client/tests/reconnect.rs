@@ -1,6 +1,8 @@
 //! The client against an in-process stand-in agent on a temp Unix socket:
 //! registration, the slot the agent reads, loss of the agent, and
-//! re-registration carrying the training state over.
+//! re-registration carrying the training state over, and in-process
+//! restart requests (the `Control` stream, the slot's control word, the
+//! acknowledgement).
 
 // Test helpers outside #[test] functions may unwrap too.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -12,8 +14,8 @@ use std::time::{Duration, Instant};
 
 use tokio_stream::wrappers::UnixListenerStream;
 use tonic::{Request, Response, Status};
-use warden_client::slot::{SECTION_FORWARD, SECTION_STEP, SlotFile, SlotSnapshot};
-use warden_client::{Client, ConnectOptions, ExceptionReport, ReportError};
+use warden_client::slot::{ControlWord, SECTION_FORWARD, SECTION_STEP, SlotFile, SlotSnapshot};
+use warden_client::{Client, ConnectOptions, ExceptionReport, ReportError, RestartVia};
 use warden_proto::v1 as pb;
 use warden_proto::v1::agent_server::{Agent, AgentServer};
 
@@ -26,6 +28,10 @@ struct FakeAgent {
     exceptions: Arc<Mutex<Vec<pb::ReportExceptionRequest>>>,
     /// How long ReportException takes to answer (an agent that stalls).
     report_delay: Duration,
+    /// What the Control streams push.
+    control: tokio::sync::broadcast::Sender<pb::ControlMessage>,
+    control_opened: Arc<Mutex<Vec<pb::ControlRequest>>>,
+    acks: Arc<Mutex<Vec<pb::AckControlRequest>>>,
 }
 
 type Stream<T> = tokio_stream::Empty<Result<T, Status>>;
@@ -144,18 +150,31 @@ impl Agent for FakeAgent {
     ) -> Result<Response<pb::RequestRestartResponse>, Status> {
         Err(Status::unimplemented("fake"))
     }
-    type ControlStream = tokio_stream::Empty<Result<pb::ControlMessage, Status>>;
+    async fn run_health_gate(
+        &self,
+        _: Request<pb::RunHealthGateRequest>,
+    ) -> Result<Response<pb::HealthGateResult>, Status> {
+        Err(Status::unimplemented("fake"))
+    }
+    type ControlStream = std::pin::Pin<
+        Box<dyn tokio_stream::Stream<Item = Result<pb::ControlMessage, Status>> + Send>,
+    >;
     async fn control(
         &self,
-        _: Request<pb::ControlRequest>,
+        req: Request<pb::ControlRequest>,
     ) -> Result<Response<Self::ControlStream>, Status> {
-        Err(Status::unimplemented("fake"))
+        use tokio_stream::StreamExt;
+        let rx = self.control.subscribe();
+        self.control_opened.lock().unwrap().push(req.into_inner());
+        let stream = tokio_stream::wrappers::BroadcastStream::new(rx).filter_map(|m| m.ok().map(Ok));
+        Ok(Response::new(Box::pin(stream)))
     }
     async fn ack_control(
         &self,
-        _: Request<pb::AckControlRequest>,
+        req: Request<pb::AckControlRequest>,
     ) -> Result<Response<pb::AckControlResponse>, Status> {
-        Err(Status::unimplemented("fake"))
+        self.acks.lock().unwrap().push(req.into_inner());
+        Ok(Response::new(pb::AckControlResponse {}))
     }
 }
 
@@ -165,6 +184,9 @@ struct Running {
     registered: Arc<Mutex<Vec<pb::RegisterRankRequest>>>,
     deregistered: Arc<Mutex<Vec<pb::DeregisterRankRequest>>>,
     exceptions: Arc<Mutex<Vec<pb::ReportExceptionRequest>>>,
+    control: tokio::sync::broadcast::Sender<pb::ControlMessage>,
+    control_opened: Arc<Mutex<Vec<pb::ControlRequest>>>,
+    acks: Arc<Mutex<Vec<pb::AckControlRequest>>>,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
@@ -181,6 +203,9 @@ impl Running {
         let registered = Arc::new(Mutex::new(Vec::new()));
         let deregistered = Arc::new(Mutex::new(Vec::new()));
         let exceptions = Arc::new(Mutex::new(Vec::new()));
+        let control = tokio::sync::broadcast::channel(16).0;
+        let control_opened = Arc::new(Mutex::new(Vec::new()));
+        let acks = Arc::new(Mutex::new(Vec::new()));
         let agent = FakeAgent {
             slots: slots.clone(),
             next_generation: AtomicU64::new(first_generation),
@@ -188,6 +213,9 @@ impl Running {
             deregistered: deregistered.clone(),
             exceptions: exceptions.clone(),
             report_delay: delay,
+            control: control.clone(),
+            control_opened: control_opened.clone(),
+            acks: acks.clone(),
         };
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let (ready_tx, ready_rx) = std::sync::mpsc::channel();
@@ -214,6 +242,9 @@ impl Running {
             registered,
             deregistered,
             exceptions,
+            control,
+            control_opened,
+            acks,
             stop: Some(stop),
             thread: Some(thread),
         }
@@ -525,4 +556,96 @@ fn without_an_agent_a_report_returns_at_once() {
         "{:?}",
         t0.elapsed()
     );
+}
+
+fn restart_message(seq: u64, count: u32, reason: &str) -> pb::ControlMessage {
+    pb::ControlMessage {
+        kind: pb::control_message::Kind::Restart as i32,
+        seq,
+        restart_count: count,
+        incident_id: "inc-1".into(),
+        reason: reason.into(),
+    }
+}
+
+#[test]
+fn a_restart_request_on_the_stream_reaches_the_callback_and_the_ack_goes_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let agent = Running::start(dir.path(), 500);
+    let client = Client::connect_with(options(dir.path().join("wardend.sock"))).unwrap();
+    assert!(client.is_connected());
+    let (tx, rx) = std::sync::mpsc::channel();
+    let tx = Mutex::new(tx);
+    client.on_restart(move |r| {
+        let _ = tx.lock().unwrap().send(r.clone());
+    });
+    eventually("the Control stream opened", || {
+        !agent.control_opened.lock().unwrap().is_empty()
+    });
+    let opened = agent.control_opened.lock().unwrap()[0].clone();
+    assert_eq!(
+        (opened.job_id.as_str(), opened.global_rank, opened.generation),
+        ("job-1", 3, 500)
+    );
+
+    let sent = Instant::now();
+    agent.control.send(restart_message(77, 1, "rank 0 hung")).unwrap();
+    let got = rx.recv_timeout(Duration::from_secs(5)).unwrap();
+    assert!(sent.elapsed() < Duration::from_secs(1), "{:?}", sent.elapsed());
+    assert_eq!(
+        (got.seq, got.restart_count, got.reason.as_str(), got.incident_id.as_str()),
+        (77, 1, "rank 0 hung", "inc-1")
+    );
+    assert_eq!(got.via, RestartVia::Stream);
+    assert_eq!(client.restart_pending().map(|r| r.seq), Some(77));
+    // The same request again (the slot, a replay): not new.
+    agent.control.send(restart_message(77, 1, "rank 0 hung")).unwrap();
+    assert!(rx.recv_timeout(Duration::from_millis(200)).is_err());
+
+    assert!(!client.ack_restart(76));
+    assert!(client.ack_restart(77));
+    assert!(client.restart_pending().is_none());
+    let index = client.status().slot_index.unwrap();
+    assert_eq!(agent.slots.ack_word(index).unwrap(), (77, 500));
+    eventually("AckControl reached the agent", || {
+        !agent.acks.lock().unwrap().is_empty()
+    });
+    let ack = agent.acks.lock().unwrap()[0].clone();
+    assert_eq!(
+        (ack.job_id.as_str(), ack.global_rank, ack.generation, ack.seq),
+        ("job-1", 3, 500, 77)
+    );
+}
+
+#[test]
+fn a_restart_request_in_the_slot_alone_is_seen_within_milliseconds() {
+    let dir = tempfile::tempdir().unwrap();
+    let agent = Running::start(dir.path(), 900);
+    let client = Client::connect_with(options(dir.path().join("wardend.sock"))).unwrap();
+    assert!(client.is_connected());
+    let (tx, rx) = std::sync::mpsc::channel();
+    let tx = Mutex::new(tx);
+    client.on_restart(move |r| {
+        let _ = tx.lock().unwrap().send((r.clone(), Instant::now()));
+    });
+    let index = client.status().slot_index.unwrap();
+    let sent = Instant::now();
+    agent
+        .slots
+        .set_control(index, ControlWord::restart(12, 2).encode())
+        .unwrap();
+    let (got, at) = rx.recv_timeout(Duration::from_secs(5)).unwrap();
+    assert!(at - sent < Duration::from_millis(200), "{:?}", at - sent);
+    assert_eq!((got.seq, got.restart_count, got.via), (12, 2, RestartVia::Slot));
+    // The stream's copy fills in the reason without a second callback.
+    eventually("the Control stream opened", || {
+        !agent.control_opened.lock().unwrap().is_empty()
+    });
+    agent.control.send(restart_message(12, 2, "asked by hand")).unwrap();
+    eventually("the reason from the stream", || {
+        client.restart_pending().is_some_and(|r| r.reason == "asked by hand")
+    });
+    assert!(rx.try_recv().is_err());
+    assert!(client.ack_restart(12));
+    assert_eq!(agent.slots.ack_word(index).unwrap().0, 12);
 }

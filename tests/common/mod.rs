@@ -12,6 +12,8 @@
 // cannot do its job panics, which fails the test that asked.
 #![allow(dead_code, clippy::expect_used, clippy::unwrap_used)]
 
+/// A real etcd per test, for the multi-host coordination tests.
+pub mod etcd;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
@@ -122,8 +124,8 @@ pub fn config_toml(socket: &Path, extra_toml: &str) -> String {
     // so would the node. Off unless a test brings the stand-in library.
     // Likewise the kernel log: /dev/kmsg is unreadable without privileges
     // on some machines, which would make the node UNKNOWN. Off unless a
-    // test points it at a file.
-    for source in ["nvml", "kmsg"] {
+    // test points it at a file. DCGM likewise (no host engine here).
+    for source in ["nvml", "kmsg", "dcgm"] {
         if !doc.contains_key(source) {
             let mut table = toml::Table::new();
             table.insert("enabled".into(), toml::Value::Boolean(false));

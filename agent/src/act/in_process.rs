@@ -1,9 +1,756 @@
-//! In-process restarts (being written).
+//! In-process restarts: the ranks of a job keep their processes (interpreter,
+//! imports, CUDA context) and run their training function again from the
+//! local checkpoint.
+//!
+//! In: a `restart_in_process` decision ([`start`], from the attribution
+//! task) or a `RequestRestart` call ([`request`]). Out, for every live local
+//! rank of the job: the request in its slot's control word
+//! ([`ControlWord`]) and on its `Control` stream ([`subscribe`]), the event
+//! `restart.requested`, and a waiter that reports `restart.acknowledged`
+//! once every rank acknowledged (`AckControl`, [`ack`], or the slot's ack
+//! word, whichever comes first), or `restart.in_process_timeout` after
+//! `restart.in_process_timeout`, escalating the incident to
+//! `restart_in_job` through [`AgentState::escalations`] so the launcher
+//! restarts the processes. A rank that exits or registers again meanwhile
+//! counts as handled: its launcher restarts it.
+//!
+//! Never: block the caller (the waiter is a task of its own, and every lock
+//! is held for a few map operations), hold the registry and the restart
+//! state at once, or ask a rank that is not alive.
 
-use std::sync::Arc;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use crate::attribute::IncidentRecord;
+use tokio::sync::{Notify, watch};
+use warden_client::slot::ControlWord;
+
+use crate::attribute::{Escalation, IncidentRecord};
+use crate::events::{NewEvent, Severity};
+use crate::policy::Action;
+use crate::ranks::registry::RankState;
+use crate::ranks::RankKey;
 use crate::state::AgentState;
 
-/// Asks every local rank of the incident's job to restart in process.
-pub fn start(_state: &Arc<AgentState>, _record: &IncidentRecord) {}
+/// How often the waiter reads the ranks' ack words from their slots (an
+/// `AckControl` call wakes it at once).
+const ACK_POLL: Duration = Duration::from_millis(5);
+
+/// A request to restart a job's ranks in process.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RestartRequest {
+    /// The job.
+    pub job: String,
+    /// Its sequence number: what the ranks acknowledge.
+    pub seq: u64,
+    /// The restart count the ranks' next attempt runs with (1 for the
+    /// job's first restart on this agent).
+    pub restart_count: u32,
+    /// The incident that asked for it ("" when asked by hand or by another
+    /// host).
+    pub incident: String,
+    /// Why, for a person.
+    pub reason: String,
+}
+
+/// What one rank's `Control` stream carries: the request and the
+/// registration (generation) it is addressed to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RankRequest {
+    /// The generation the rank held when asked.
+    pub generation: u64,
+    /// The request.
+    pub request: RestartRequest,
+}
+
+/// What a request asked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Asked {
+    /// The ranks asked (the job's live local ranks), ascending.
+    pub ranks: Vec<u32>,
+    /// The request's sequence number.
+    pub seq: u64,
+    /// The restart count the ranks run with.
+    pub restart_count: u32,
+    /// True when the job already had a request in flight, which this one
+    /// joined (no new sequence number, nobody asked twice).
+    pub joined: bool,
+}
+
+/// Why a restart could not be asked.
+#[derive(Debug, thiserror::Error)]
+pub enum RestartError {
+    /// The request named no job.
+    #[error("job_id must be set")]
+    EmptyJob,
+    /// Nothing to restart here.
+    #[error("job {job:?} has no live rank on this agent")]
+    NoLiveRanks {
+        /// The job.
+        job: String,
+    },
+}
+
+/// Why a rank's `Control` stream or acknowledgement was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum ControlError {
+    /// The rank never registered here (or left).
+    #[error("{key} is not registered with this agent")]
+    UnknownRank {
+        /// The rank.
+        key: RankKey,
+    },
+    /// The caller speaks for an older registration of the rank.
+    #[error(
+        "{key} is registered with generation {current}, not {given} (a stale registration: register again)"
+    )]
+    StaleGeneration {
+        /// The rank.
+        key: RankKey,
+        /// The generation in force.
+        current: u64,
+        /// The one the caller gave.
+        given: u64,
+    },
+    /// The rank's process is gone or its slot was lost.
+    #[error("{key} is {state}, not running")]
+    NotLive {
+        /// The rank.
+        key: RankKey,
+        /// Its state.
+        state: &'static str,
+    },
+}
+
+/// How a rank's part of a request ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Outcome {
+    /// It acknowledged, this long after the request, by this path.
+    Acked { after: Duration, via: &'static str },
+    /// It exited, was lost or registered again: its launcher restarts it.
+    Gone { why: &'static str },
+}
+
+#[derive(Debug)]
+struct RankWait {
+    generation: u64,
+    slot: u32,
+    outcome: Option<Outcome>,
+}
+
+#[derive(Debug)]
+struct Pending {
+    request: RestartRequest,
+    asked_at: Instant,
+    ranks: BTreeMap<u32, RankWait>,
+    wake: Arc<Notify>,
+}
+
+#[derive(Debug, Default)]
+struct JobRestarts {
+    /// Requests made for the job since this agent started.
+    restart_count: u32,
+    /// The request in flight, until every rank answered or the deadline.
+    pending: Option<Pending>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    /// The last sequence number issued (32 bits: it must fit the slot's
+    /// control word).
+    last_seq: u32,
+    jobs: HashMap<String, JobRestarts>,
+    /// Per rank, the request its `Control` stream delivers (the latest;
+    /// `None` once the rank acknowledged or the request ended).
+    streams: HashMap<RankKey, watch::Sender<Option<Arc<RankRequest>>>>,
+}
+
+/// The agent's in-process restarts: sequence numbers, restart counts, the
+/// request in flight per job and the ranks' control streams.
+///
+/// Why here and not in the registry: the registry is locked by every scan;
+/// restarts are rare and their waiter polls, so they get their own lock
+/// (never held together with the registry's).
+#[derive(Debug)]
+pub struct Restarts {
+    inner: Mutex<Inner>,
+}
+
+impl Default for Restarts {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Restarts {
+    /// Empty; sequence numbers start from the clock (seconds since the
+    /// epoch, 32 bits), so an acknowledgement a rank carried over from a
+    /// previous agent's slot never matches a new request.
+    pub fn new() -> Self {
+        let start = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_secs() as u32)
+            .unwrap_or(1);
+        Self {
+            inner: Mutex::new(Inner {
+                last_seq: start,
+                jobs: HashMap::new(),
+                streams: HashMap::new(),
+            }),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The request a rank's stream delivers now, if any (for tests and views).
+    pub fn current_for(&self, key: &RankKey) -> Option<Arc<RankRequest>> {
+        self.lock()
+            .streams
+            .get(key)
+            .and_then(|tx| tx.borrow().clone())
+    }
+}
+
+/// Carries out a `restart_in_process` decision: asks every live local rank
+/// of the incident's job. With none alive there is nothing to restart in
+/// process: the incident is escalated to `restart_in_job` at once.
+pub fn start(state: &Arc<AgentState>, record: &IncidentRecord) {
+    let reason = record.decision.as_ref().map_or_else(
+        || format!("incident {}", record.id),
+        |d| format!("{}: {}", record.id, d.reason),
+    );
+    match request(state, &record.job, &reason, &record.id) {
+        Ok(_) => {}
+        Err(e) => {
+            tracing::warn!(incident = %record.id, error = %e, "no in-process restart; escalating to restart_in_job");
+            let _ = state.escalations.send(Escalation {
+                incident: record.id.clone(),
+                action: Action::RestartInJob,
+                reason: format!("in-process restart impossible: {e}"),
+            });
+        }
+    }
+}
+
+/// Asks every live local rank of `job` to restart in process; `incident`
+/// is "" when asked by hand. A job whose previous request is still in
+/// flight joins it (see [`Asked::joined`]).
+pub fn request(
+    state: &Arc<AgentState>,
+    job: &str,
+    reason: &str,
+    incident: &str,
+) -> Result<Asked, RestartError> {
+    if job.is_empty() {
+        return Err(RestartError::EmptyJob);
+    }
+    // The live ranks, from the registry (its lock only).
+    let live: Vec<(u32, u64, u32)> = {
+        let reg = state.registry();
+        reg.ranks
+            .values()
+            .filter(|e| {
+                e.key.job == job
+                    && e.holds_slot
+                    && matches!(e.state, RankState::Running | RankState::Hung)
+            })
+            .map(|e| (e.key.rank, e.generation, e.slot))
+            .collect()
+    };
+    if live.is_empty() {
+        return Err(RestartError::NoLiveRanks {
+            job: job.to_owned(),
+        });
+    }
+    let restarts = &state.restarts;
+    let mut g = restarts.lock();
+    if let Some(p) = g.jobs.get(job).and_then(|j| j.pending.as_ref()) {
+        return Ok(Asked {
+            ranks: p.ranks.keys().copied().collect(),
+            seq: p.request.seq,
+            restart_count: p.request.restart_count,
+            joined: true,
+        });
+    }
+    g.last_seq = match g.last_seq.wrapping_add(1) {
+        0 => 1,
+        s => s,
+    };
+    let seq = g.last_seq;
+    let entry = g.jobs.entry(job.to_owned()).or_default();
+    entry.restart_count = entry.restart_count.saturating_add(1);
+    let req = RestartRequest {
+        job: job.to_owned(),
+        seq: u64::from(seq),
+        restart_count: entry.restart_count,
+        incident: incident.to_owned(),
+        reason: reason.to_owned(),
+    };
+    let wake = Arc::new(Notify::new());
+    entry.pending = Some(Pending {
+        request: req.clone(),
+        asked_at: Instant::now(),
+        ranks: live
+            .iter()
+            .map(|&(rank, generation, slot)| {
+                (
+                    rank,
+                    RankWait {
+                        generation,
+                        slot,
+                        outcome: None,
+                    },
+                )
+            })
+            .collect(),
+        wake: wake.clone(),
+    });
+    for &(rank, generation, _) in &live {
+        let key = RankKey {
+            job: job.to_owned(),
+            rank,
+        };
+        let msg = Some(Arc::new(RankRequest {
+            generation,
+            request: req.clone(),
+        }));
+        g.streams
+            .entry(key)
+            .or_insert_with(|| watch::channel(None).0)
+            .send_replace(msg);
+    }
+    drop(g);
+    // The slots, after the streams are armed (the registry's lock alone).
+    let word = ControlWord::restart(seq, req.restart_count).encode();
+    {
+        let mut reg = state.registry();
+        reg.check_slot_file();
+        for &(rank, generation, slot) in &live {
+            let key = RankKey {
+                job: job.to_owned(),
+                rank,
+            };
+            // Only a slot the rank still holds with this generation: after a
+            // rebuild or re-registration the index may be another rank's.
+            let ours = reg
+                .ranks
+                .get(&key)
+                .is_some_and(|e| e.holds_slot && e.generation == generation && e.slot == slot);
+            if ours && let Err(e) = reg.slots().set_control(slot, word) {
+                tracing::warn!(rank = %key, error = %e, "cannot set the restart request in the slot");
+            }
+        }
+    }
+    let ranks: Vec<u32> = live.iter().map(|&(r, _, _)| r).collect();
+    let timeout = state.config.restart.in_process_timeout;
+    state.events.publish(
+        NewEvent::new(
+            Severity::Warning,
+            "restart.requested",
+            format!("job/{job}"),
+            format!(
+                "job {job}: ranks {} asked to restart in process (restart {}, seq {}): {reason}",
+                join(&ranks),
+                req.restart_count,
+                req.seq
+            ),
+        )
+        .with("seq", req.seq)
+        .with("restart_count", req.restart_count)
+        .with("ranks", join(&ranks))
+        .with("incident", incident)
+        .with("reason", reason)
+        .with("timeout", humantime::format_duration(timeout)),
+    );
+    tokio::spawn(wait(state.clone(), req.clone(), wake, timeout));
+    Ok(Asked {
+        ranks,
+        seq: req.seq,
+        restart_count: req.restart_count,
+        joined: false,
+    })
+}
+
+/// Checks that `key` is registered with `generation` and alive.
+fn check_rank(state: &AgentState, key: &RankKey, generation: u64) -> Result<(), ControlError> {
+    let reg = state.registry();
+    let Some(e) = reg.ranks.get(key) else {
+        return Err(ControlError::UnknownRank { key: key.clone() });
+    };
+    if e.generation != generation {
+        return Err(ControlError::StaleGeneration {
+            key: key.clone(),
+            current: e.generation,
+            given: generation,
+        });
+    }
+    if !matches!(e.state, RankState::Running | RankState::Hung) {
+        return Err(ControlError::NotLive {
+            key: key.clone(),
+            state: e.state.as_str(),
+        });
+    }
+    Ok(())
+}
+
+/// The requests for a rank's `Control` stream: the receiver holds the
+/// pending one at once (a client whose stream broke gets it again), then
+/// each new one. Only for the registration in force.
+pub fn subscribe(
+    state: &AgentState,
+    key: &RankKey,
+    generation: u64,
+) -> Result<watch::Receiver<Option<Arc<RankRequest>>>, ControlError> {
+    check_rank(state, key, generation)?;
+    let mut g = state.restarts.lock();
+    // Streams of ranks that left, with nobody listening, go.
+    g.streams
+        .retain(|k, tx| k == key || tx.receiver_count() > 0 || tx.borrow().is_some());
+    let tx = g
+        .streams
+        .entry(key.clone())
+        .or_insert_with(|| watch::channel(None).0);
+    Ok(tx.subscribe())
+}
+
+/// Records a rank's acknowledgement of request `seq` (the `AckControl`
+/// call). True when it answered a request in flight; an acknowledgement of
+/// an older or unknown request is accepted and ignored.
+pub fn ack(
+    state: &AgentState,
+    key: &RankKey,
+    generation: u64,
+    seq: u64,
+) -> Result<bool, ControlError> {
+    check_rank(state, key, generation)?;
+    let mut g = state.restarts.lock();
+    let Some(p) = g
+        .jobs
+        .get_mut(&key.job)
+        .and_then(|j| j.pending.as_mut())
+        .filter(|p| p.request.seq == seq)
+    else {
+        return Ok(false);
+    };
+    let after = p.asked_at.elapsed();
+    let Some(w) = p
+        .ranks
+        .get_mut(&key.rank)
+        .filter(|w| w.generation == generation && w.outcome.is_none())
+    else {
+        return Ok(false);
+    };
+    w.outcome = Some(Outcome::Acked { after, via: "rpc" });
+    p.wake.notify_one();
+    clear_stream(&mut g, key, seq);
+    Ok(true)
+}
+
+/// Stops delivering request `seq` on a rank's stream (it answered, or the
+/// request ended), without waking the stream.
+fn clear_stream(g: &mut Inner, key: &RankKey, seq: u64) {
+    if let Some(tx) = g.streams.get(key) {
+        tx.send_if_modified(|v| {
+            if v.as_ref().is_some_and(|r| r.request.seq == seq) {
+                *v = None;
+            }
+            false
+        });
+    }
+}
+
+/// What one look at the ranks found.
+enum Progress {
+    /// The job has another request in flight, or none: this waiter is done.
+    Superseded,
+    /// Some ranks have not answered yet.
+    Waiting,
+    /// Every rank answered.
+    Done(BTreeMap<u32, Outcome>),
+}
+
+/// Reads the ranks' registry entries and ack words, records what changed,
+/// and says where the request stands.
+fn look(state: &AgentState, job: &str, seq: u64) -> Progress {
+    let waiting: Vec<(u32, u64, u32)> = {
+        let g = state.restarts.lock();
+        match g
+            .jobs
+            .get(job)
+            .and_then(|j| j.pending.as_ref())
+            .filter(|p| p.request.seq == seq)
+        {
+            Some(p) => p
+                .ranks
+                .iter()
+                .filter(|(_, w)| w.outcome.is_none())
+                .map(|(&r, w)| (r, w.generation, w.slot))
+                .collect(),
+            None => return Progress::Superseded,
+        }
+    };
+    // The registry's view, without the restart lock.
+    let mut seen: Vec<(u32, Outcome)> = Vec::new();
+    if !waiting.is_empty() {
+        let mut reg = state.registry();
+        reg.check_slot_file();
+        for (rank, generation, slot) in waiting {
+            let key = RankKey {
+                job: job.to_owned(),
+                rank,
+            };
+            let gone = match reg.ranks.get(&key) {
+                None => Some("left"),
+                Some(e) if e.generation != generation => Some("registered again"),
+                Some(e) if e.state == RankState::Exited => Some("exited"),
+                Some(e) if e.state == RankState::Stopping => Some("stopped by its launcher"),
+                Some(e) if e.state == RankState::Lost || !e.holds_slot => Some("lost its slot"),
+                Some(_) => None,
+            };
+            if let Some(why) = gone {
+                seen.push((rank, Outcome::Gone { why }));
+            } else if let Ok((acked, writer)) = reg.slots().ack_word(slot)
+                && acked == seq
+                && writer == generation
+            {
+                // Dated when seen: at most ACK_POLL late.
+                seen.push((
+                    rank,
+                    Outcome::Acked {
+                        after: Duration::ZERO,
+                        via: "slot",
+                    },
+                ));
+            }
+        }
+    }
+    let mut g = state.restarts.lock();
+    let Some(p) = g
+        .jobs
+        .get_mut(job)
+        .and_then(|j| j.pending.as_mut())
+        .filter(|p| p.request.seq == seq)
+    else {
+        return Progress::Superseded;
+    };
+    let elapsed = p.asked_at.elapsed();
+    let mut answered = Vec::new();
+    for (rank, outcome) in seen {
+        if let Some(w) = p.ranks.get_mut(&rank).filter(|w| w.outcome.is_none()) {
+            w.outcome = Some(match outcome {
+                Outcome::Acked { via, .. } => Outcome::Acked {
+                    after: elapsed,
+                    via,
+                },
+                gone => gone,
+            });
+            answered.push(rank);
+        }
+    }
+    let done = p.ranks.values().all(|w| w.outcome.is_some());
+    let outcomes: BTreeMap<u32, Outcome> = if done {
+        p.ranks
+            .iter()
+            .filter_map(|(&r, w)| w.outcome.map(|o| (r, o)))
+            .collect()
+    } else {
+        BTreeMap::new()
+    };
+    for rank in answered {
+        clear_stream(
+            &mut g,
+            &RankKey {
+                job: job.to_owned(),
+                rank,
+            },
+            seq,
+        );
+    }
+    if done {
+        finish(&mut g, job, seq);
+        Progress::Done(outcomes)
+    } else {
+        Progress::Waiting
+    }
+}
+
+/// Ends request `seq` of `job`: no longer in flight, off every stream.
+fn finish(g: &mut Inner, job: &str, seq: u64) {
+    let Some(p) = g
+        .jobs
+        .get_mut(job)
+        .and_then(|j| j.pending.take_if(|p| p.request.seq == seq))
+    else {
+        return;
+    };
+    for &rank in p.ranks.keys() {
+        clear_stream(
+            g,
+            &RankKey {
+                job: job.to_owned(),
+                rank,
+            },
+            seq,
+        );
+    }
+}
+
+/// Waits for every rank's answer to `req`, then reports; at the deadline
+/// reports the silent ranks and escalates the incident.
+async fn wait(state: Arc<AgentState>, req: RestartRequest, wake: Arc<Notify>, timeout: Duration) {
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        match look(&state, &req.job, req.seq) {
+            Progress::Superseded => return,
+            Progress::Done(outcomes) => {
+                acknowledged(&state, &req, &outcomes);
+                return;
+            }
+            Progress::Waiting => {}
+        }
+        tokio::select! {
+            () = state.shutdown.cancelled() => return,
+            () = wake.notified() => {}
+            () = tokio::time::sleep(ACK_POLL) => {}
+            () = tokio::time::sleep_until(deadline) => {
+                // One last look: an answer may have come with the deadline.
+                match look(&state, &req.job, req.seq) {
+                    Progress::Superseded => {}
+                    Progress::Done(outcomes) => acknowledged(&state, &req, &outcomes),
+                    Progress::Waiting => timed_out(&state, &req, timeout),
+                }
+                return;
+            }
+        }
+    }
+}
+
+fn acknowledged(state: &AgentState, req: &RestartRequest, outcomes: &BTreeMap<u32, Outcome>) {
+    let acked: Vec<(u32, Duration, &str)> = outcomes
+        .iter()
+        .filter_map(|(&r, o)| match *o {
+            Outcome::Acked { after, via } => Some((r, after, via)),
+            Outcome::Gone { .. } => None,
+        })
+        .collect();
+    let gone: Vec<String> = outcomes
+        .iter()
+        .filter_map(|(&r, o)| match *o {
+            Outcome::Gone { why } => Some(format!("{r} ({why})")),
+            Outcome::Acked { .. } => None,
+        })
+        .collect();
+    let slowest = acked.iter().map(|a| a.1).max().unwrap_or_default();
+    metrics::counter!("warden_in_process_restarts_total", "outcome" => "acknowledged").increment(1);
+    let mut ev = NewEvent::new(
+        Severity::Info,
+        "restart.acknowledged",
+        format!("job/{}", req.job),
+        format!(
+            "job {}: restart {} (seq {}) acknowledged by ranks {} within {}{}",
+            req.job,
+            req.restart_count,
+            req.seq,
+            join(&acked.iter().map(|a| a.0).collect::<Vec<_>>()),
+            ms(slowest),
+            if gone.is_empty() {
+                String::new()
+            } else {
+                format!("; handled by their launcher: {}", gone.join(", "))
+            }
+        ),
+    )
+    .with("seq", req.seq)
+    .with("restart_count", req.restart_count)
+    .with("incident", &req.incident)
+    .with("acknowledged", join(&acked.iter().map(|a| a.0).collect::<Vec<_>>()))
+    .with("gone", gone.join(", "))
+    .with("slowest", ms(slowest));
+    for (rank, after, via) in &acked {
+        ev = ev.with(format!("latency.rank.{rank}"), format!("{} ({via})", ms(*after)));
+    }
+    state.events.publish(ev);
+}
+
+fn timed_out(state: &Arc<AgentState>, req: &RestartRequest, timeout: Duration) {
+    let (silent, acked) = {
+        let mut g = state.restarts.lock();
+        let Some(p) = g
+            .jobs
+            .get(&req.job)
+            .and_then(|j| j.pending.as_ref())
+            .filter(|p| p.request.seq == req.seq)
+        else {
+            return;
+        };
+        let silent: Vec<u32> = p
+            .ranks
+            .iter()
+            .filter(|(_, w)| w.outcome.is_none())
+            .map(|(&r, _)| r)
+            .collect();
+        let acked: Vec<u32> = p
+            .ranks
+            .iter()
+            .filter(|(_, w)| matches!(w.outcome, Some(Outcome::Acked { .. })))
+            .map(|(&r, _)| r)
+            .collect();
+        finish(&mut g, &req.job, req.seq);
+        (silent, acked)
+    };
+    metrics::counter!("warden_in_process_restarts_total", "outcome" => "timeout").increment(1);
+    let escalate = !req.incident.is_empty();
+    let reason = format!(
+        "ranks {} did not acknowledge the in-process restart (seq {}) within {}",
+        join(&silent),
+        req.seq,
+        humantime::format_duration(timeout)
+    );
+    state.events.publish(
+        NewEvent::new(
+            Severity::Error,
+            "restart.in_process_timeout",
+            format!("job/{}", req.job),
+            format!(
+                "job {}: {reason}; {}",
+                req.job,
+                if escalate {
+                    format!("{} escalated to restart_in_job", req.incident)
+                } else {
+                    "no incident to escalate (asked by hand)".to_owned()
+                }
+            ),
+        )
+        .with("seq", req.seq)
+        .with("restart_count", req.restart_count)
+        .with("incident", &req.incident)
+        .with("unacknowledged", join(&silent))
+        .with("acknowledged", join(&acked))
+        .with("timeout", humantime::format_duration(timeout))
+        .with(
+            "escalated_to",
+            if escalate { "restart_in_job" } else { "" },
+        ),
+    );
+    if escalate {
+        let _ = state.escalations.send(Escalation {
+            incident: req.incident.clone(),
+            action: Action::RestartInJob,
+            reason,
+        });
+    }
+}
+
+fn join(ranks: &[u32]) -> String {
+    ranks
+        .iter()
+        .map(u32::to_string)
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.1}ms", d.as_secs_f64() * 1000.0)
+}

@@ -1,33 +1,129 @@
-//! RequestRestart, Control and AckControl: in-process restarts (being written).
+//! RequestRestart, Control and AckControl: in-process restarts at the API
+//! edge. The work is [`crate::act::in_process`]'s; this module turns its
+//! requests and errors into protobuf messages and gRPC statuses.
 
 use std::sync::Arc;
 
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
 use tonic::Status;
 use warden_proto::v1 as pb;
 
 use super::service::BoxStream;
+use crate::act::in_process::{self, ControlError, RankRequest, RestartError};
+use crate::ranks::RankKey;
 use crate::state::AgentState;
 
-/// RequestRestart.
+/// Longest reason kept from a request (its start).
+const MAX_REASON: usize = 1024;
+
+fn status_of_restart(e: RestartError) -> Status {
+    match e {
+        RestartError::EmptyJob => Status::invalid_argument(e.to_string()),
+        RestartError::NoLiveRanks { .. } => Status::not_found(e.to_string()),
+    }
+}
+
+fn status_of_control(e: ControlError) -> Status {
+    match e {
+        ControlError::UnknownRank { .. } => Status::not_found(e.to_string()),
+        ControlError::StaleGeneration { .. } | ControlError::NotLive { .. } => {
+            Status::failed_precondition(e.to_string())
+        }
+    }
+}
+
+/// RequestRestart: asks every live local rank of the job to restart in
+/// process, as a `restart_in_process` decision does. `NOT_FOUND` when the
+/// job has no live rank here.
 pub async fn request_restart(
-    _state: &Arc<AgentState>,
-    _req: pb::RequestRestartRequest,
+    state: &Arc<AgentState>,
+    req: pb::RequestRestartRequest,
 ) -> Result<pb::RequestRestartResponse, Status> {
-    Err(Status::unimplemented("RequestRestart: being written"))
+    let mut reason = req.reason;
+    if reason.is_empty() {
+        reason = "asked through RequestRestart".to_owned();
+    }
+    let reason = clip(&reason, MAX_REASON);
+    let asked = in_process::request(state, &req.job_id, &reason, &req.incident_id)
+        .map_err(status_of_restart)?;
+    Ok(pb::RequestRestartResponse {
+        ranks: asked.ranks,
+        seq: asked.seq,
+        restart_count: asked.restart_count,
+    })
 }
 
-/// Control.
+/// The message a rank's stream sends for a request.
+fn message(r: &RankRequest) -> pb::ControlMessage {
+    pb::ControlMessage {
+        kind: pb::control_message::Kind::Restart as i32,
+        seq: r.request.seq,
+        restart_count: r.request.restart_count,
+        incident_id: r.request.incident.clone(),
+        reason: r.request.reason.clone(),
+    }
+}
+
+/// Control: a rank's stream of restart requests, the pending one first.
+/// Ends when the agent stops, the client leaves, or the rank registers
+/// again (a request for a newer generation). `FAILED_PRECONDITION` for a
+/// stale generation, `NOT_FOUND` for a rank that is not registered.
 pub async fn control(
-    _state: &Arc<AgentState>,
-    _req: pb::ControlRequest,
+    state: &Arc<AgentState>,
+    req: pb::ControlRequest,
 ) -> Result<BoxStream<pb::ControlMessage>, Status> {
-    Err(Status::unimplemented("Control: being written"))
+    let key = RankKey {
+        job: req.job_id,
+        rank: req.global_rank,
+    };
+    let generation = req.generation;
+    let mut rx = in_process::subscribe(state, &key, generation).map_err(status_of_control)?;
+    let (tx, out) = mpsc::channel(4);
+    let state = state.clone();
+    tokio::spawn(async move {
+        let mut current = rx.borrow_and_update().clone();
+        loop {
+            if let Some(r) = current.take() {
+                if r.generation != generation {
+                    // Addressed to a later registration: this stream is stale.
+                    return;
+                }
+                if tx.send(Ok(message(&r))).await.is_err() {
+                    return;
+                }
+            }
+            tokio::select! {
+                () = state.shutdown.cancelled() => return,
+                () = tx.closed() => return,
+                changed = rx.changed() => {
+                    if changed.is_err() {
+                        return;
+                    }
+                    current = rx.borrow_and_update().clone();
+                }
+            }
+        }
+    });
+    Ok(Box::pin(ReceiverStream::new(out)))
 }
 
-/// AckControl.
+/// AckControl: the rank raised `RestartRequested` and runs its training
+/// function again. An acknowledgement of a request no longer in flight is
+/// accepted and ignored; a stale generation is `FAILED_PRECONDITION`.
 pub async fn ack_control(
-    _state: &Arc<AgentState>,
-    _req: pb::AckControlRequest,
+    state: &Arc<AgentState>,
+    req: pb::AckControlRequest,
 ) -> Result<pb::AckControlResponse, Status> {
-    Err(Status::unimplemented("AckControl: being written"))
+    let key = RankKey {
+        job: req.job_id,
+        rank: req.global_rank,
+    };
+    in_process::ack(state, &key, req.generation, req.seq).map_err(status_of_control)?;
+    Ok(pb::AckControlResponse {})
+}
+
+/// The first `max` bytes of `s`, cut at a character boundary.
+fn clip(s: &str, max: usize) -> String {
+    warden_client::slot::truncate_utf8(s, max).to_owned()
 }

@@ -1,25 +1,178 @@
-//! WatchIncidents and StopRanks: what `warden run` needs from the agent (being written).
+//! WatchIncidents and StopRanks: what a launcher (`warden run`, or another
+//! one speaking the API) needs from the agent to act on its decisions.
+//!
+//! WatchIncidents streams every decided incident of a job as it is decided,
+//! and again when a later decision supersedes it (the attribution task sends
+//! each on [`AgentState::incident_feed`]). StopRanks marks ranks as being
+//! stopped on purpose, so their exits are recorded (`rank.exited`, Info,
+//! `stopped_by`) instead of opening incidents.
 
 use std::sync::Arc;
 
+use tokio::sync::broadcast::error::RecvError;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
 use tonic::Status;
 use warden_proto::v1 as pb;
 
+use super::convert;
 use super::service::BoxStream;
+use crate::attribute::IncidentRecord;
+use crate::events::{NewEvent, Severity};
 use crate::state::AgentState;
 
-/// WatchIncidents.
+/// Longest reason kept from a StopRanks request.
+const MAX_REASON: usize = 256;
+
+/// WatchIncidents: the job's decided incidents (all jobs' when `job_id` is
+/// empty), the retained ones first when `replay` is set, then each new or
+/// superseding decision as it is taken, until the watcher leaves or the
+/// agent stops.
+///
+/// The feed is subscribed before the store is read, so nothing decided in
+/// between is missed; a record may then come twice (launchers key decisions
+/// by incident id and revision). A watcher too slow for the feed is resent
+/// the job's retained records instead of losing decisions.
 pub async fn watch_incidents(
-    _state: &Arc<AgentState>,
-    _req: pb::WatchIncidentsRequest,
+    state: &Arc<AgentState>,
+    req: pb::WatchIncidentsRequest,
 ) -> Result<BoxStream<pb::Incident>, Status> {
-    Err(Status::unimplemented("WatchIncidents: being written"))
+    if req.job_id.len() > 128 || req.job_id.chars().any(char::is_control) {
+        return Err(Status::invalid_argument(format!(
+            "job_id {:?} is longer than 128 characters or holds control characters",
+            req.job_id
+        )));
+    }
+    let mut feed = state.incident_feed.subscribe();
+    let (tx, rx) = mpsc::channel(64);
+    let state = state.clone();
+    let job = req.job_id;
+    tokio::spawn(async move {
+        if req.replay && !send_retained(&state, &job, &tx).await {
+            return;
+        }
+        loop {
+            let record = tokio::select! {
+                () = state.shutdown.cancelled() => return,
+                () = tx.closed() => return,
+                r = feed.recv() => r,
+            };
+            match record {
+                Ok(r) => {
+                    if (job.is_empty() || r.job == job) && !send(&tx, &r).await {
+                        return;
+                    }
+                }
+                Err(RecvError::Lagged(n)) => {
+                    tracing::warn!(
+                        lagged = n,
+                        job = %job,
+                        "an incident watcher fell behind; resending the job's retained incidents"
+                    );
+                    if !send_retained(&state, &job, &tx).await {
+                        return;
+                    }
+                }
+                Err(RecvError::Closed) => return,
+            }
+        }
+    });
+    Ok(Box::pin(ReceiverStream::new(rx)))
 }
 
-/// StopRanks.
+/// Sends the retained decided incidents of `job`; false once the watcher left.
+async fn send_retained(
+    state: &AgentState,
+    job: &str,
+    tx: &mpsc::Sender<Result<pb::Incident, Status>>,
+) -> bool {
+    let retained = state.incident_store().list(job, 0);
+    for r in retained.iter().filter(|r| r.decision.is_some()) {
+        if !send(tx, r).await {
+            return false;
+        }
+    }
+    true
+}
+
+async fn send(tx: &mpsc::Sender<Result<pb::Incident, Status>>, r: &IncidentRecord) -> bool {
+    tx.send(Ok(convert::incident(r))).await.is_ok()
+}
+
+/// StopRanks: marks the job's live ranks (only `ranks`, when given) as
+/// being stopped by their launcher, so the scan no longer judges them and
+/// their exits are `rank.exited` at Info with `stopped_by`, not incidents.
+/// Publishes `ranks.stopping` naming them and the reason.
 pub async fn stop_ranks(
-    _state: &Arc<AgentState>,
-    _req: pb::StopRanksRequest,
+    state: &Arc<AgentState>,
+    req: pb::StopRanksRequest,
 ) -> Result<pb::StopRanksResponse, Status> {
-    Err(Status::unimplemented("StopRanks: being written"))
+    if req.job_id.is_empty() {
+        return Err(Status::invalid_argument(
+            "job_id is required: StopRanks marks the ranks of one job",
+        ));
+    }
+    let reason = clip(&req.reason);
+    let reason = if reason.is_empty() {
+        "no reason given".to_owned()
+    } else {
+        reason
+    };
+    let mut ranks = state
+        .registry()
+        .mark_stopping(&req.job_id, &req.ranks, &reason);
+    ranks.sort_unstable();
+    if !ranks.is_empty() {
+        state.events.publish(
+            NewEvent::new(
+                Severity::Info,
+                "ranks.stopping",
+                format!("job/{}", req.job_id),
+                format!(
+                    "launcher stops ranks {} of job {}: {reason}",
+                    list(&ranks),
+                    req.job_id
+                ),
+            )
+            .with("job", &req.job_id)
+            .with("ranks", list(&ranks))
+            .with("reason", &reason),
+        );
+    }
+    Ok(pb::StopRanksResponse { ranks })
+}
+
+fn list(ranks: &[u32]) -> String {
+    ranks
+        .iter()
+        .map(u32::to_string)
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// The first [`MAX_REASON`] bytes of `s`, at a character boundary, with
+/// control characters replaced.
+fn clip(s: &str) -> String {
+    let mut out = String::new();
+    for c in s.chars() {
+        if out.len() + c.len_utf8() > MAX_REASON {
+            break;
+        }
+        out.push(if c.is_control() { ' ' } else { c });
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn clip_keeps_short_reasons_and_cuts_long_ones() {
+        assert_eq!(clip("restart 1"), "restart 1");
+        assert_eq!(clip("a\nb"), "a b");
+        let long = "é".repeat(300);
+        let c = clip(&long);
+        assert!(c.len() <= MAX_REASON && c.is_char_boundary(c.len()));
+    }
 }

@@ -6,6 +6,7 @@
 
 pub mod control;
 pub mod convert;
+pub mod gate;
 pub mod launcher_api;
 pub mod metrics_http;
 pub mod nvhcd;

@@ -413,6 +413,18 @@ impl Agent for AgentService {
         .await
     }
 
+    async fn run_health_gate(
+        &self,
+        req: Request<pb::RunHealthGateRequest>,
+    ) -> Result<Response<pb::HealthGateResult>, Status> {
+        observed("RunHealthGate", async {
+            Ok(Response::new(
+                super::gate::run(&self.state, req.into_inner()).await,
+            ))
+        })
+        .await
+    }
+
     async fn get_stragglers(
         &self,
         req: Request<pb::GetStragglersRequest>,

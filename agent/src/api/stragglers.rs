@@ -27,7 +27,10 @@ use crate::state::AgentState;
 
 /// Answers GetStragglers from the agent's straggler scores: its own ranks'
 /// and its peers', job-wide.
-pub fn get_stragglers(state: &AgentState, req: pb::GetStragglersRequest) -> pb::GetStragglersResponse {
+pub fn get_stragglers(
+    state: &AgentState,
+    req: pb::GetStragglersRequest,
+) -> pb::GetStragglersResponse {
     let Some(det) = Stragglers::of(state) else {
         return pb::GetStragglersResponse {
             ranks: Vec::new(),
@@ -197,7 +200,7 @@ impl Peer for PeerService {
             }
             let det = straggler::attach(&self.state);
             det.merge_remote(batch, Instant::now());
-            Ok(Response::new(batch_pb(&det.outbox())))
+            Ok(Response::new(batch_pb(&det.outbox(Instant::now()))))
         })
         .await
     }
@@ -233,7 +236,9 @@ async fn exchange_loop(state: Arc<AgentState>, det: Arc<Stragglers>) {
                             .connect_lazy(),
                     )
                 })
-                .map_err(|e| tracing::warn!(peer = %addr, error = %e, "unusable straggler peer address"))
+                .map_err(
+                    |e| tracing::warn!(peer = %addr, error = %e, "unusable straggler peer address"),
+                )
                 .ok(),
             down: None,
         })
@@ -245,7 +250,7 @@ async fn exchange_loop(state: Arc<AgentState>, det: Arc<Stragglers>) {
             () = state.shutdown.cancelled() => return,
             _ = ticker.tick() => {}
         }
-        let batch = batch_pb(&det.outbox());
+        let batch = batch_pb(&det.outbox(Instant::now()));
         let mut calls = JoinSet::new();
         for (i, p) in peers.iter().enumerate() {
             let Some(mut client) = p.client.clone() else {
@@ -254,11 +259,17 @@ async fn exchange_loop(state: Arc<AgentState>, det: Arc<Stragglers>) {
             let batch = batch.clone();
             let limit = cfg.peer_timeout;
             calls.spawn(async move {
-                let r = tokio::time::timeout(limit, client.exchange_straggler_summaries(batch)).await;
+                let r =
+                    tokio::time::timeout(limit, client.exchange_straggler_summaries(batch)).await;
                 let r = match r {
-                    Err(_) => Err(format!("no answer within {}", humantime::format_duration(limit))),
+                    Err(_) => Err(format!(
+                        "no answer within {}",
+                        humantime::format_duration(limit)
+                    )),
                     Ok(Err(s)) => Err(format!("{}: {}", s.code(), s.message())),
-                    Ok(Ok(resp)) => batch_from_pb(resp.into_inner()).map_err(|e| format!("bad answer: {e}")),
+                    Ok(Ok(resp)) => {
+                        batch_from_pb(resp.into_inner()).map_err(|e| format!("bad answer: {e}"))
+                    }
                 };
                 (i, r)
             });

@@ -336,6 +336,7 @@ impl Engine {
                 }
             }
             "gpu.xid" | "kmsg.xid" => self.observe_xid(ev),
+            "gate.failed" => self.observe_gate(ev),
             "health.changed" => self.observe_health(ev),
             "kmsg.oom_kill" => {
                 self.push_observation(Observation {
@@ -458,6 +459,39 @@ impl Engine {
         }
     }
 
+    /// A failed pre-restart health gate: the node should not take the
+    /// restart; the incident belongs to the job that was restarting.
+    fn observe_gate(&mut self, ev: &Event) {
+        let severity = get(ev, "severity").unwrap_or("");
+        self.push_observation(Observation {
+            at: ev.time,
+            event_id: ev.id,
+            source: "gate".into(),
+            component: ev.subject.clone(),
+            signal: format!("gate.{}", get(ev, "test").unwrap_or("failed")),
+            value: get(ev, "message").unwrap_or("").to_owned(),
+            pid: None,
+            xid: None,
+            class: Some(FaultClass::UncorrectableHardware),
+            weight: if severity == "isolate" { 0.9 } else { 0.8 },
+            note: format!(
+                "the pre-restart health gate ({}) failed: do not restart on this node [gate.failed]",
+                get(ev, "ran").unwrap_or("?")
+            ),
+        });
+        let t = Trigger::Hardware {
+            component: ev.subject.clone(),
+            at: ev.time,
+        };
+        self.trigger(t, ev);
+        if let Some(job) = get(ev, "job").filter(|j| !j.is_empty())
+            && let Some(o) = self.open.last_mut()
+            && o.record.job.is_empty()
+        {
+            o.record.job = job.to_owned();
+        }
+    }
+
     fn push_observation(&mut self, o: Observation) {
         if self.observations.len() >= MAX_OBSERVATIONS {
             self.observations.pop_front();
@@ -483,11 +517,23 @@ impl Engine {
         };
         let job = t.key().map(|k| k.job.clone());
         let window = self.cfg.correlate_window;
+        // A crash or hang after the job was restarted in job is a failure of
+        // the new workers: a new incident (so it gets its own decision, and
+        // the same failure at the same step reads as the code's).
+        let after_restart = |o: &Open| {
+            matches!(t, Trigger::Crash { .. } | Trigger::Hang { .. })
+                && o.record
+                    .decision
+                    .as_ref()
+                    .is_some_and(|d| d.action == crate::policy::Action::RestartInJob)
+        };
         let joined = self.open.iter_mut().find(|o| {
-            ev.time
-                .duration_since(o.record.opened_at)
-                .unwrap_or_default()
-                <= window
+            !after_restart(o)
+                && ev
+                    .time
+                    .duration_since(o.record.opened_at)
+                    .unwrap_or_default()
+                    <= window
                 && (job
                     .as_ref()
                     .is_some_and(|j| !j.is_empty() && *j == o.record.job)
@@ -1163,7 +1209,11 @@ fn conclude(mut ev: Vec<Evidence>, what: &[String]) -> Diagnosis {
     // The driver's recovery action is the driver's own verdict: it wins.
     let override_item = ev
         .iter()
-        .filter(|e| e.signal == "gpu.recovery_action" && e.points_to.is_some())
+        .filter(|e| {
+            (e.signal == "gpu.recovery_action"
+                || crate::sources::dcgm::reasons::is_recovery_action(&e.signal))
+                && e.points_to.is_some()
+        })
         .max_by(|a, b| a.weight.total_cmp(&b.weight))
         .cloned();
     let (class, confidence, rule) = if let Some(o) = override_item {

@@ -428,6 +428,10 @@ pub const SIGNALS: &[SignalRule] = &[
 
 /// The rule for a health signal; signals not listed say little.
 pub fn signal_rule(signal: &str) -> Option<&'static SignalRule> {
+    // DCGM's failure reasons are their own table, next to the source.
+    if signal.starts_with("dcgm.") {
+        return crate::sources::dcgm::reasons::rule_for_signal(signal);
+    }
     SIGNALS.iter().find(|r| r.signal == signal).or_else(|| {
         SIGNALS.iter().find(|r| {
             // "pcie.link_gen" under "pcie.link"; "ib.link_state" under ".link_state".

@@ -47,6 +47,15 @@ fn parse_speed(s: &str) -> Result<f64, String> {
 }
 
 fn main() -> ExitCode {
+    // The DCGM helper: the library runs in this child process, never in the
+    // agent (see warden_agent::sources::dcgm::helper).
+    if std::env::args_os()
+        .nth(1)
+        .is_some_and(|a| a == "--dcgm-helper")
+    {
+        let code = warden_agent::sources::dcgm::helper::main();
+        return ExitCode::from(u8::try_from(code).unwrap_or(1));
+    }
     let args = Args::parse();
     if let Some(path) = &args.check_config {
         return match Config::from_file(path) {

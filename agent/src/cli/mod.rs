@@ -93,6 +93,18 @@ pub enum Command {
         #[arg(long, short = 'v', visible_alias = "verbose")]
         evidence: bool,
     },
+    /// Run the pre-restart health gate now: `dcgmi diag -r LEVEL` where
+    /// dcgmi is installed, else the fast NVML check. Exit 0 passed, 1 failed
+    /// (the failure is also an incident that takes the node out).
+    Diag {
+        /// dcgmi diag level: 1 quick, 2 medium (~2 min), 3 long (~15 min),
+        /// 4 extended [default: the agent's dcgm.gate_level].
+        #[arg(long, short = 'r')]
+        level: Option<u32>,
+        /// The job about to restart here, for the incident a failure opens.
+        #[arg(long)]
+        job: Option<String>,
+    },
     /// Lift the cordon a decision put on this node (after repair).
     Uncordon {
         /// Why (kept in the agent's event, with who ran the command).
@@ -121,6 +133,11 @@ pub enum Command {
     /// A toy training rank (what `warden demo` runs).
     #[command(hide = true)]
     ToyRank(toy_rank::ToyRank),
+    /// Launch a training job on this node (torchrun's flags): workers with
+    /// PyTorch's environment, per-rank logs, in-job restarts on the agent's
+    /// decisions, and an exit status that tells the scheduler what happened.
+    /// Uses the local wardend, or embeds one when none runs.
+    Run(Box<crate::act::launcher::RunArgs>),
 }
 
 /// Entry point of the `warden` binary.
@@ -219,6 +236,21 @@ async fn run(cli: Cli) -> Result<()> {
                 .into_inner();
             incidents::print_incidents(&incidents, job.as_deref(), cli.json, evidence);
         }
+        Command::Diag { level, job } => {
+            let mut c = target.connect().await?;
+            let r = c
+                .run_health_gate(pb::RunHealthGateRequest {
+                    level: level.unwrap_or(0),
+                    job_id: job.unwrap_or_default(),
+                })
+                .await
+                .with_context(|| format!("RunHealthGate at {target}"))?
+                .into_inner();
+            views::print_gate(&r, cli.json);
+            if !r.passed {
+                std::process::exit(1);
+            }
+        }
         Command::Uncordon { reason } => {
             let mut c = target.connect().await?;
             let answer = c
@@ -244,6 +276,7 @@ async fn run(cli: Cli) -> Result<()> {
         }
         Command::Demo { duration } => demo::run(duration, cli.json).await?,
         Command::ToyRank(opts) => toy_rank::run(&opts),
+        Command::Run(args) => std::process::exit(crate::act::launcher::run(*args, &target).await),
     }
     Ok(())
 }

@@ -279,3 +279,50 @@ pub fn print_ranks(r: &pb::GetRanksResponse, as_json: bool) {
     }
     println!("{t}");
 }
+
+/// The health gate's verdict: one line, then each failure.
+pub fn print_gate(r: &pb::HealthGateResult, json: bool) {
+    let took = r
+        .duration
+        .as_ref()
+        .map(|d| {
+            std::time::Duration::new(
+                u64::try_from(d.seconds).unwrap_or(0),
+                u32::try_from(d.nanos).unwrap_or(0),
+            )
+        })
+        .unwrap_or_default();
+    if json {
+        let v = serde_json::json!({
+            "passed": r.passed,
+            "ran": r.ran,
+            "duration_seconds": took.as_secs_f64(),
+            "note": r.note,
+            "failures": r.failures.iter().map(|f| serde_json::json!({
+                "test": f.test, "entity": f.entity, "status": f.status,
+                "message": f.message, "severity": f.severity,
+            })).collect::<Vec<_>>(),
+        });
+        println!("{v}");
+        return;
+    }
+    println!(
+        "health gate {} ({}, {})",
+        if r.passed { "PASSED" } else { "FAILED" },
+        r.ran,
+        humantime::format_duration(std::time::Duration::from_millis(
+            u64::try_from(took.as_millis()).unwrap_or(u64::MAX)
+        ))
+    );
+    if !r.note.is_empty() {
+        println!("  note: {}", r.note);
+    }
+    for f in &r.failures {
+        let sev = if f.severity.is_empty() {
+            String::new()
+        } else {
+            format!(" [{}]", f.severity)
+        };
+        println!("  {} {} {}{sev}: {}", f.entity, f.test, f.status, f.message);
+    }
+}

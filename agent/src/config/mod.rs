@@ -77,6 +77,8 @@ pub struct Config {
     pub nvhcd: crate::api::nvhcd::NvhcdConfig,
     /// The kernel log source (XIDs, OOM kills, NIC links).
     pub kmsg: crate::sources::kmsg::KmsgConfig,
+    /// DCGM's health watches, and its diagnostics as the pre-restart gate.
+    pub dcgm: crate::sources::dcgm::DcgmConfig,
     /// Straggler detection: slow ranks found from their compute sections,
     /// compared job-wide with peer agents, and explained.
     pub straggler: crate::detect::straggler::StragglerConfig,
@@ -84,6 +86,8 @@ pub struct Config {
     pub attribution: crate::attribute::AttributionConfig,
     /// Remediation per fault class, budgets, backoff and the user's hook.
     pub policy: crate::policy::PolicyConfig,
+    /// Restarts the agent carries out itself (in process).
+    pub restart: crate::act::config::RestartConfig,
 }
 
 /// `[agent]`: identity and the work loop.
@@ -575,9 +579,11 @@ impl Config {
             }
         }
         self.kmsg.validate(origin)?;
+        self.dcgm.validate(origin)?;
         self.straggler.validate(origin)?;
         self.attribution.validate(origin)?;
         self.policy.validate(origin)?;
+        self.restart.validate(origin)?;
         Ok(())
     }
 

@@ -103,9 +103,36 @@ pub async fn run_with(
     config_source: String,
     extra: Vec<Box<dyn crate::sources::Source>>,
 ) -> Result<(), DaemonError> {
+    serve(config, config_source, extra, None).await
+}
+
+/// Runs the agent inside another program until `shutdown` is cancelled:
+/// `warden run` on a host where no wardend serves. Apart from [`run_with`]
+/// because the host program owns the process's signals: the launcher
+/// forwards SIGINT/SIGTERM to its workers, stops them, and only then stops
+/// the agent, which must still be serving (StopRanks) meanwhile; so no
+/// signal handler is installed here.
+pub async fn run_embedded(
+    config: Config,
+    config_source: String,
+    shutdown: tokio_util::sync::CancellationToken,
+) -> Result<(), DaemonError> {
+    serve(config, config_source, Vec::new(), Some(shutdown)).await
+}
+
+async fn serve(
+    config: Config,
+    config_source: String,
+    extra: Vec<Box<dyn crate::sources::Source>>,
+    embedded: Option<tokio_util::sync::CancellationToken>,
+) -> Result<(), DaemonError> {
     let socket: PathBuf = config.socket_path();
     let claim = instance::claim(&socket)?;
-    let state = Arc::new(AgentState::new(config, config_source)?);
+    let mut state = AgentState::new(config, config_source)?;
+    if let Some(host) = &embedded {
+        state.shutdown = host.child_token();
+    }
+    let state = Arc::new(state);
     // Subscribed before anything publishes, so attribution sees every
     // registration and signal.
     let attribution = crate::attribute::task::start(state.clone());
@@ -136,10 +163,15 @@ pub async fn run_with(
     }
     let metrics_handle = metrics_http::install();
 
-    let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        .map_err(DaemonError::Signals)?;
-    let mut sigint = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())
-        .map_err(DaemonError::Signals)?;
+    let mut signals = match embedded {
+        Some(_) => None,
+        None => Some((
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+                .map_err(DaemonError::Signals)?,
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())
+                .map_err(DaemonError::Signals)?,
+        )),
+    };
 
     let (health_reporter, health_service) = tonic_health::server::health_reporter();
     health_reporter
@@ -272,13 +304,30 @@ pub async fn run_with(
             )
             .map_err(DaemonError::Threads)?;
     }
+    if state.config.dcgm.enabled {
+        sources
+            .spawn(
+                state.clone(),
+                Box::new(crate::sources::dcgm::DcgmSource::new(
+                    state.config.dcgm.clone(),
+                    state.config.nvml.enabled,
+                )),
+            )
+            .map_err(DaemonError::Threads)?;
+    }
     tasks.spawn(work_loop::run(state.clone(), watchdog, sources));
     notify::ready(&format!("serving on {}", socket.display()));
 
-    let signal = tokio::select! {
-        _ = sigterm.recv() => "SIGTERM",
-        _ = sigint.recv() => "SIGINT",
-        () = state.shutdown.cancelled() => "shutdown request",
+    let signal = match &mut signals {
+        Some((sigterm, sigint)) => tokio::select! {
+            _ = sigterm.recv() => "SIGTERM",
+            _ = sigint.recv() => "SIGINT",
+            () = state.shutdown.cancelled() => "shutdown request",
+        },
+        None => {
+            state.shutdown.cancelled().await;
+            "shutdown request"
+        }
     };
     state.events.publish(
         NewEvent::new(

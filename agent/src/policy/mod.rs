@@ -462,8 +462,10 @@ mod tests {
             e.contains("policy.unknown.on_failure") && e.contains("continue"),
             "{e}"
         );
-        let mut cfg = PolicyConfig::default();
-        cfg.backoff_initial = Duration::from_secs(600);
+        let cfg = PolicyConfig {
+            backoff_initial: Duration::from_secs(600),
+            ..PolicyConfig::default()
+        };
         assert!(
             cfg.validate("t.toml")
                 .unwrap_err()

@@ -81,6 +81,10 @@ pub enum RankState {
     /// Its slot was lost (slot file damaged or agent state reset); waiting
     /// for the client to register again.
     Lost,
+    /// Its launcher is stopping it on purpose (StopRanks: a restart, the end
+    /// of the job): its exit is recorded, not an incident, and the scan no
+    /// longer judges its progress (it is being killed, not hung).
+    Stopping,
 }
 
 impl RankState {
@@ -91,6 +95,7 @@ impl RankState {
             RankState::Hung => "hung",
             RankState::Exited => "exited",
             RankState::Lost => "lost",
+            RankState::Stopping => "stopping",
         }
     }
 }
@@ -181,6 +186,9 @@ pub struct RankEntry {
     pub threshold: Option<Threshold>,
     /// How the process ended.
     pub exit: Option<ExitInfo>,
+    /// Why the launcher is stopping the rank (StopRanks), once it is
+    /// [`RankState::Stopping`]: carried into its `rank.exited` event.
+    pub stop_reason: Option<String>,
     /// Signal for a stack dump (0: none).
     pub stack_dump_signal: i32,
     /// The accelerators the rank declared (empty: not declared).
@@ -436,6 +444,7 @@ impl Registry {
                 section: calibration::INIT.into(),
                 threshold: None,
                 exit: None,
+                stop_reason: None,
                 stack_dump_signal: req.stack_dump_signal,
                 devices: req.devices.clone(),
                 stack_dump_path: stack_dump_path.clone(),
@@ -468,6 +477,27 @@ impl Registry {
             let _ = std::fs::remove_file(&e.stack_dump_path);
         }
         true
+    }
+
+    /// Marks the live ranks of `job` (only `ranks`, when not empty) as being
+    /// stopped by their launcher for `reason`; returns the ranks marked.
+    /// Ranks already exited are left as they are: their exit was reported.
+    pub fn mark_stopping(&mut self, job: &str, ranks: &[u32], reason: &str) -> Vec<u32> {
+        let mut marked = Vec::new();
+        for e in self.ranks.values_mut() {
+            if e.key.job != job || (!ranks.is_empty() && !ranks.contains(&e.key.rank)) {
+                continue;
+            }
+            if matches!(
+                e.state,
+                RankState::Running | RankState::Hung | RankState::Lost | RankState::Stopping
+            ) {
+                e.state = RankState::Stopping;
+                e.stop_reason = Some(reason.to_owned());
+                marked.push(e.key.rank);
+            }
+        }
+        marked
     }
 
     /// Frees the slots of exited ranks (their entries stay for GetRanks).

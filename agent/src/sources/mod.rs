@@ -8,6 +8,7 @@
 //! the API and the work loop never wait for it. A source judges counters as
 //! deltas over a window ([`crate::health::window`]), never lifetime totals.
 
+pub mod dcgm;
 pub mod host_disk;
 pub mod host_memory;
 pub mod host_net;

@@ -12,6 +12,12 @@
 //! `sys.excepthook` and `threading.excepthook` when a client is created)
 //! and send it here with the GIL released, within the client's bounded
 //! deadline.
+//!
+//! In-process restarts ([`restart`]): every client created here hands the
+//! agent's restart requests to the module-wide restart state, which raises
+//! `warden.RestartRequested` in the thread running `warden.run`.
+
+mod restart;
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -43,6 +49,9 @@ const CACHE_MAX: usize = 256;
 
 impl Client {
     fn new(py: Python<'_>, inner: warden_client::Client) -> Client {
+        // The acker holds the client weakly: the callback lives in it.
+        let acker = inner.restart_acker();
+        inner.on_restart(move |req| restart::deliver(req.clone(), Some(acker.clone())));
         Client {
             inner,
             sections: PyDict::new(py).unbind(),
@@ -251,6 +260,43 @@ impl Client {
             }
         };
         Ok(py.detach(|| self.inner.report_exception(&report)).is_ok())
+    }
+
+    /// Makes a restart request pending as if the agent had sent it (for
+    /// tests and restart drills without an agent): `warden.run` raises
+    /// `RestartRequested` in its training function. False when `seq` was
+    /// seen already.
+    #[pyo3(signature = (seq, restart_count=1, reason=String::new(), incident_id=String::new()))]
+    fn inject_restart(
+        &self,
+        seq: u64,
+        restart_count: u32,
+        reason: String,
+        incident_id: String,
+    ) -> PyResult<bool> {
+        if seq == 0 {
+            return Err(PyValueError::new_err("seq must not be 0"));
+        }
+        Ok(self.inner.inject_restart(warden_client::RestartRequest {
+            seq,
+            restart_count,
+            incident_id,
+            reason,
+            via: warden_client::RestartVia::Injected,
+        }))
+    }
+
+    /// The restart request waiting for an acknowledgement, as a dict, or None.
+    fn restart_pending<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyDict>>> {
+        let Some(r) = self.inner.restart_pending() else {
+            return Ok(None);
+        };
+        let d = PyDict::new(py);
+        d.set_item("seq", r.seq)?;
+        d.set_item("restart_count", r.restart_count)?;
+        d.set_item("reason", r.reason)?;
+        d.set_item("incident_id", r.incident_id)?;
+        Ok(Some(d))
     }
 
     /// Deregisters from the agent; the client stays usable, disconnected.
@@ -513,6 +559,14 @@ fn warden_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(step, m)?)?;
     m.add_function(wrap_pyfunction!(is_connected, m)?)?;
     m.add_function(wrap_pyfunction!(_close_default, m)?)?;
+    m.add_function(wrap_pyfunction!(restart::_restart_set_exception, m)?)?;
+    m.add_function(wrap_pyfunction!(restart::_restart_set_signal, m)?)?;
+    m.add_function(wrap_pyfunction!(restart::_restart_pending, m)?)?;
+    m.add_function(wrap_pyfunction!(restart::_restart_raised, m)?)?;
+    m.add_function(wrap_pyfunction!(restart::_restart_should_raise, m)?)?;
+    m.add_function(wrap_pyfunction!(restart::_restart_ack, m)?)?;
+    m.add_function(wrap_pyfunction!(restart::_restart_call, m)?)?;
+    m.add_function(wrap_pyfunction!(restart::_restart_deliveries, m)?)?;
     m.add("SLOT_LAYOUT_VERSION", warden_client::slot::LAYOUT_VERSION)?;
     Ok(())
 }

@@ -29,6 +29,21 @@ agent before the traceback is printed (a chained ``sys.excepthook`` and
 ``threading.excepthook``; ``WARDEN_EXCEPTHOOK=0`` turns them off), and
 ``warden.report_exception(exc)`` reports one by hand. Either takes at most
 about a second, and returns at once with no agent.
+
+In-process restarts: run the training function under ``warden.run`` (or
+decorate it with ``@warden.restartable``). When the agent asks the job to
+restart in process, ``warden.RestartRequested`` is raised in it, even in a
+blocking call; ``warden.run`` acknowledges and calls it again, and it
+restores from its local checkpoint when ``warden.restart_count()`` is not 0:
+
+    @warden.restartable
+    def train():
+        start = restore_local_checkpoint() if warden.restart_count() else 0
+        for n in range(start, steps):
+            with warden.step(n):
+                ...
+
+    train()
 """
 
 from __future__ import annotations
@@ -40,7 +55,8 @@ from typing import Any, Callable, TypeVar
 
 from ._stackdump import StackDumps as _StackDumps
 
-from . import _excepthook, _native
+from . import _excepthook, _native, _restart
+from ._restart import RestartRequested, restart_count, restartable, run
 from ._native import (
     SLOT_LAYOUT_VERSION,
     _close_default,
@@ -58,13 +74,18 @@ from ._native import (
 __all__ = [
     "SLOT_LAYOUT_VERSION",
     "Client",
+    "RestartRequested",
     "Section",
     "Step",
     "connect",
     "default_client",
     "heartbeat",
+    "inject_restart",
     "is_connected",
     "report_exception",
+    "restart_count",
+    "restartable",
+    "run",
     "section",
     "step",
     "step_begin",
@@ -137,6 +158,19 @@ def report_exception(exc: BaseException, *, uncaught: bool = False) -> bool:
 def default_client() -> Client:
     """The module-level client, created from the environment on first use."""
     return _native.default_client()
+
+
+def inject_restart(
+    seq: int, restart_count: int = 1, reason: str = "", incident_id: str = ""
+) -> bool:
+    """Makes a restart request pending on the default client, as if the agent
+    had sent it: a restart drill, or a test of the restart path without an
+    agent. ``warden.run`` raises ``RestartRequested`` in its training
+    function and runs it again. False when ``seq`` was seen already.
+    """
+    return _native.default_client().inject_restart(
+        seq, restart_count=restart_count, reason=reason, incident_id=incident_id
+    )
 
 
 def _decorate(sec: Section, func: _F) -> _F:

@@ -409,3 +409,43 @@ fn concurrent_reader_never_sees_a_torn_snapshot() {
     eprintln!("{ok} consistent snapshots, {busy} busy, writer made {steps} steps");
     assert!(ok >= 10, "only {ok} consistent snapshots ({busy} busy)");
 }
+
+#[test]
+fn control_word_round_trips_and_rejects_garbage() {
+    let w = ControlWord::restart(0xdead_beef, 3);
+    let word = w.encode();
+    assert_eq!(word, (0xdead_beef_u64 << 32) | (3 << 8) | 1);
+    assert_eq!(ControlWord::decode(word), Some(w));
+    // Nothing asked, an unknown kind, a zero sequence number: no request.
+    assert_eq!(ControlWord::decode(0), None);
+    assert_eq!(ControlWord::decode((5 << 32) | 2), None);
+    assert_eq!(ControlWord::decode(1), None);
+    // The count saturates at 24 bits instead of bleeding into the seq.
+    let big = ControlWord::restart(7, u32::MAX).encode();
+    let back = ControlWord::decode(big).unwrap();
+    assert_eq!((back.seq, back.restart_count), (7, CONTROL_MAX_RESTART_COUNT));
+}
+
+#[test]
+fn the_ack_word_is_read_alone_and_survives_a_swap() {
+    let dir = tmp();
+    let f = SlotFile::create(dir.path().join("s"), 2).unwrap();
+    f.claim(0, 9, 1).unwrap();
+    f.slot(0).unwrap().attach_writer(9, 1);
+    f.set_control(0, ControlWord::restart(41, 1).encode()).unwrap();
+    let w = f.writer(0).unwrap();
+    assert_eq!(
+        ControlWord::decode(w.control()),
+        Some(ControlWord::restart(41, 1))
+    );
+    w.ack(41);
+    assert_eq!(f.ack_word(0).unwrap(), (41, 9));
+    // A client moving to another slot carries its ack along.
+    f.claim(1, 10, 1).unwrap();
+    f.slot(1).unwrap().copy_client_state_from(f.slot(0).unwrap());
+    assert_eq!(f.ack_word(1).unwrap().0, 41);
+    // A fresh claim clears the control word.
+    f.claim(0, 11, 1).unwrap();
+    assert_eq!(f.snapshot(0).unwrap().control, 0);
+    assert!(f.ack_word(5).is_err());
+}

@@ -72,6 +72,16 @@ int main(void) {
     CHECK(warden_report_exception(c, "\xff\xfe", "\xff", "\xfe", 3, 0) == -1);
     CHECK(now_s() - t0 < 0.5);
 
+    /* No agent: no restart request, and nothing to acknowledge. */
+    uint64_t seq = 99;
+    uint32_t count = 99;
+    CHECK(warden_restart_pending(c, &seq, &count) == 0);
+    CHECK(seq == 99 && count == 99);
+    CHECK(warden_restart_pending(c, NULL, NULL) == 0);
+    CHECK(warden_ack_restart(c, 1) == -1);
+    CHECK(warden_restart_pending(NULL, &seq, &count) == 0);
+    CHECK(warden_ack_restart(NULL, 1) == -1);
+
     /* Misuse is tolerated. */
     warden_section_close(c, 12345);
     warden_section_open(c, -3);

@@ -1,1 +1,221 @@
-//! The launcher `warden run` (being written).
+//! `warden run`: the launcher that owns a job's worker processes on this
+//! node, in place of torchrun.
+//!
+//! In: torchrun's command line ([`args::RunArgs`]) and the training
+//! command. Out: the workers, each in a process group of its own with the
+//! environment PyTorch expects ([`env`]), their output prefixed on the
+//! console and kept per rank and attempt ([`output`]), in-job restarts on
+//! the agent's decisions ([`supervise`]) behind a pre-restart gate
+//! ([`gate`]), and an exit status a scheduler can act on ([`exit`]).
+//!
+//! The agent: the host's wardend when one answers (default socket or
+//! `$WARDEN_SOCKET`), else one embedded in this process on a private socket
+//! ([`agent`]): one host needs nothing else installed. Across hosts the
+//! [`coord::Coordinator`] seam takes the job-wide part.
+//!
+//! Never: reap a worker before the agent read its status (it reads the
+//! zombie); act on a `restart_in_process` decision (the agent carries it
+//! out through the ranks' clients); leave a process of the job behind
+//! (workers are session leaders, the launcher a child subreaper, and the
+//! stop sweeps every process of their sessions); loop on a failure the
+//! agent calls a user error.
+
+pub mod agent;
+pub mod args;
+pub mod coord;
+pub mod env;
+pub mod exit;
+pub mod gate;
+pub mod output;
+pub mod spawn;
+pub mod supervise;
+
+use std::path::PathBuf;
+
+pub use args::RunArgs;
+
+use crate::cli::Target;
+
+/// Why `warden run` could not run the job (before or around the workers).
+#[derive(Debug, thiserror::Error)]
+pub enum LauncherError {
+    /// The arguments cannot be followed.
+    #[error(transparent)]
+    Args(#[from] args::ArgsError),
+    /// No agent to work with.
+    #[error(transparent)]
+    Agent(#[from] agent::AgentError),
+    /// The log directory cannot be made.
+    #[error("cannot create the log directory {dir}: {source}")]
+    LogDir {
+        /// The directory.
+        dir: String,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// Signal handlers could not be installed.
+    #[error("cannot install signal handlers: {0}")]
+    Signals(std::io::Error),
+}
+
+impl LauncherError {
+    /// The launcher's exit status for this error.
+    pub fn exit_code(&self) -> i32 {
+        match self {
+            LauncherError::Args(_) => exit::EXIT_USAGE,
+            _ => exit::EXIT_LAUNCHER_ERROR,
+        }
+    }
+}
+
+/// Runs `warden run`: returns the launcher's exit status (see [`exit`]).
+/// `target` is where a wardend would answer (the CLI's `--socket`, else
+/// `$WARDEN_SOCKET`, else the default path).
+pub async fn run(args: RunArgs, target: &Target) -> i32 {
+    let (console, thread) = output::Console::start(args.quiet);
+    let code = match run_job(args, target, &console).await {
+        Ok(code) => code,
+        Err(e) => {
+            console.say(format!("error: {e}"));
+            e.exit_code()
+        }
+    };
+    drop(console);
+    thread.join();
+    code
+}
+
+async fn run_job(
+    args: RunArgs,
+    target: &Target,
+    console: &output::Console,
+) -> Result<i32, LauncherError> {
+    args.validate()?;
+    // The agent's own logs only when asked for (RUST_LOG): the console
+    // belongs to the workers and the launcher's story.
+    if std::env::var_os("RUST_LOG").is_some() {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_writer(std::io::stderr)
+            .try_init();
+    }
+    // Before anything starts: a signal from now on is forwarded, not fatal.
+    let mut signals = supervise::Signals::install().map_err(LauncherError::Signals)?;
+    if let Err(e) = spawn::become_subreaper() {
+        console.say(format!(
+            "cannot become a child subreaper ({e}): orphans of the workers go to init and are found by their session only"
+        ));
+    }
+    let job_id = job_id(args.job_id.as_deref());
+    args::valid_job_id(&job_id)?;
+    let log_root = args
+        .log_dir
+        .clone()
+        .unwrap_or_else(default_log_dir)
+        .join(sanitize(&job_id));
+    std::fs::create_dir_all(&log_root).map_err(|source| LauncherError::LogDir {
+        dir: log_root.display().to_string(),
+        source,
+    })?;
+    let link = agent::AgentLink::open(
+        args.agent,
+        target,
+        args.agent_config.as_deref(),
+        &log_root.join("agent-state"),
+    )
+    .await?;
+    console.say(link.describe());
+    let fallback_budget = args
+        .max_restarts
+        .unwrap_or(link.config.policy.unknown.budget);
+    let (master_addr, master_port) = args.endpoint()?;
+    console.say(format!(
+        "job {job_id}: {} worker{} on node {} of {}: {}; restarts: {}",
+        args.nproc_per_node,
+        if args.nproc_per_node == 1 { "" } else { "s" },
+        args.node_rank,
+        args.nnodes.max,
+        args.argv().join(" "),
+        match args.max_restarts {
+            Some(k) => format!("at most {k} (--max-restarts)"),
+            None => format!(
+                "the agent's policy budgets decide ({} for failures it cannot diagnose)",
+                fallback_budget
+            ),
+        }
+    ));
+    let job = supervise::Job {
+        id: job_id,
+        argv: args.argv(),
+        cwd: std::env::current_dir().unwrap_or_else(|_| PathBuf::from("/")),
+        log_root,
+        nproc_per_node: args.nproc_per_node,
+        nnodes: args.nnodes.max,
+        node_rank: args.node_rank,
+        role: args.role.clone(),
+        master_addr,
+        master_port,
+        max_restarts: args.max_restarts,
+        fallback_budget,
+        stop_grace: args.stop_grace,
+        decision_timeout: args.decision_timeout,
+        gpu_release_timeout: args.gpu_release_timeout,
+    };
+    let summary = supervise::run(job, &link, coord::LocalOnly, console.clone(), &mut signals).await;
+    console.raw(summary.render());
+    if let Some(path) = &args.summary_json {
+        let written = serde_json::to_vec_pretty(&summary)
+            .map_err(std::io::Error::other)
+            .and_then(|json| std::fs::write(path, json));
+        if let Err(e) = written {
+            console.say(format!("cannot write {}: {e}", path.display()));
+        }
+    }
+    link.close().await;
+    Ok(summary.exit_code)
+}
+
+/// `--rdzv-id`, else `$WARDEN_JOB_ID`, else `<host>-<pid>`.
+fn job_id(given: Option<&str>) -> String {
+    if let Some(id) = given {
+        return id.to_owned();
+    }
+    if let Ok(id) = std::env::var("WARDEN_JOB_ID")
+        && !id.is_empty()
+    {
+        return id;
+    }
+    let host = nix::unistd::gethostname()
+        .ok()
+        .and_then(|h| h.into_string().ok())
+        .unwrap_or_else(|| "localhost".into());
+    format!("{host}-{}", std::process::id())
+}
+
+/// `$XDG_STATE_HOME/warden/runs`, else `~/.local/state/warden/runs`, else
+/// `/tmp/warden-<uid>/runs`.
+fn default_log_dir() -> PathBuf {
+    if let Some(d) = std::env::var_os("XDG_STATE_HOME").filter(|d| !d.is_empty()) {
+        return PathBuf::from(d).join("warden/runs");
+    }
+    if let Some(h) = std::env::var_os("HOME").filter(|d| !d.is_empty()) {
+        return PathBuf::from(h).join(".local/state/warden/runs");
+    }
+    PathBuf::from(format!(
+        "/tmp/warden-{}/runs",
+        nix::unistd::geteuid().as_raw()
+    ))
+}
+
+/// A job id as a directory name.
+fn sanitize(s: &str) -> String {
+    s.chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.') {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect()
+}

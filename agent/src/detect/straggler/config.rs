@@ -300,7 +300,8 @@ mod tests {
 
     #[test]
     fn bad_values_name_their_key() {
-        let cases: [(&str, fn(&mut StragglerConfig)); 8] = [
+        type Case = (&'static str, fn(&mut StragglerConfig));
+        let cases: [Case; 8] = [
             ("straggler.window_steps", |c| c.window_steps = 1),
             ("straggler.stride_steps", |c| c.stride_steps = 11),
             ("straggler.min_steps", |c| c.min_steps = 5),
@@ -312,7 +313,9 @@ mod tests {
             ("straggler.summary_ttl", |c| {
                 c.summary_ttl = Duration::from_millis(100)
             }),
-            ("straggler.wait_sections", |c| c.wait_sections = vec![String::new()]),
+            ("straggler.wait_sections", |c| {
+                c.wait_sections = vec![String::new()]
+            }),
         ];
         for (key, set) in cases {
             let mut c = StragglerConfig::default();

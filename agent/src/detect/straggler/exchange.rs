@@ -20,6 +20,10 @@ use super::score::SectionMedian;
 pub const MAX_BATCH_RANKS: usize = 65_536;
 /// Most sections one rank's summary may carry.
 pub const MAX_SUMMARY_SECTIONS: usize = 32;
+/// Most hosts whose summaries are kept; past it, the one heard from
+/// longest ago is dropped (the API has no authentication: memory must stay
+/// bounded whoever calls).
+pub const MAX_HOSTS: usize = 1024;
 /// Longest explanation accepted from a peer.
 pub const MAX_EXPLANATION: usize = 4096;
 
@@ -183,6 +187,16 @@ pub struct RemoteStore {
 impl RemoteStore {
     /// Takes a host's batch; it replaces what that host said before.
     pub fn merge(&mut self, batch: Batch, now: Instant) {
+        if !self.hosts.contains_key(&batch.host)
+            && self.hosts.len() >= MAX_HOSTS
+            && let Some(oldest) = self
+                .hosts
+                .iter()
+                .min_by_key(|(_, h)| h.received)
+                .map(|(k, _)| k.clone())
+        {
+            self.hosts.remove(&oldest);
+        }
         self.hosts.insert(
             batch.host,
             HostEntry {
@@ -251,13 +265,21 @@ mod tests {
         assert!(validate(&b).unwrap_err().contains("appears twice"));
         let mut b = ok.clone();
         b.ranks[1].sections[0].median_ns = f64::NAN;
-        assert!(validate(&b).unwrap_err().contains("ranks[1].sections[0].median_ns"));
+        assert!(
+            validate(&b)
+                .unwrap_err()
+                .contains("ranks[1].sections[0].median_ns")
+        );
         let mut b = ok;
         b.ranks[0].score = Some(Score {
             relative: f64::INFINITY,
             ..Score::default()
         });
-        assert!(validate(&b).unwrap_err().contains("ranks[0].score.relative"));
+        assert!(
+            validate(&b)
+                .unwrap_err()
+                .contains("ranks[0].score.relative")
+        );
     }
 
     #[test]
@@ -291,5 +313,19 @@ mod tests {
         assert_eq!(s.ranks().len(), 1, "a's new batch replaces its old one");
         s.expire(t0 + Duration::from_secs(11), Duration::from_secs(10));
         assert_eq!(s.hosts().collect::<Vec<_>>(), ["a"]);
+        for i in 0..MAX_HOSTS + 5 {
+            s.merge(
+                Batch {
+                    host: format!("h{i}"),
+                    ranks: vec![],
+                },
+                t0 + Duration::from_secs(20 + i as u64),
+            );
+        }
+        assert_eq!(s.hosts().count(), MAX_HOSTS);
+        assert!(
+            !s.hosts().any(|h| h == "a" || h == "h0"),
+            "the oldest go first"
+        );
     }
 }

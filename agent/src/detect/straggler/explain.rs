@@ -73,7 +73,11 @@ const SLOWING_SIGNALS: [&str; 6] = [
 /// bus id through the GPU components' `uuid` / `pci` labels. Nothing
 /// declared: `gpu<local_rank>` (torchrun's convention). A device no
 /// component knows is kept as declared.
-pub fn resolve_devices(declared: &[String], local_rank: u32, components: &[Component]) -> Vec<String> {
+pub fn resolve_devices(
+    declared: &[String],
+    local_rank: u32,
+    components: &[Component],
+) -> Vec<String> {
     if declared.is_empty() {
         return vec![format!("gpu{local_rank}")];
     }
@@ -294,9 +298,17 @@ mod tests {
             gpu(
                 "gpu3/pcie",
                 &[],
-                &[("pcie.link_width", "8", "PCIe link width 8 below its maximum 16")],
+                &[(
+                    "pcie.link_width",
+                    "8",
+                    "PCIe link width 8 below its maximum 16",
+                )],
             ),
-            gpu("gpu4", &[("uuid", "GPU-def")], &[("gpu.xid", "13", "XID 13")]),
+            gpu(
+                "gpu4",
+                &[("uuid", "GPU-def")],
+                &[("gpu.xid", "13", "XID 13")],
+            ),
         ]
     }
 
@@ -335,7 +347,10 @@ mod tests {
             "rank 19 is 12% slower in forward; gpu3 reports HW thermal slowdown (clocks.event_reasons); \
              gpu3/pcie reports PCIe link width 8 below its maximum 16 (pcie.link_width)"
         );
-        assert!(e.facts.contains(&("gpu_temperature".into(), "gpu3 91 C".into())));
+        assert!(
+            e.facts
+                .contains(&("gpu_temperature".into(), "gpu3 91 C".into()))
+        );
     }
 
     #[test]
@@ -346,9 +361,14 @@ mod tests {
             cores: 16,
         };
         let e = explain(2, "backward", 1.3, &["gpu4".into()], &node(), &cpu, 0.1);
-        assert_eq!(e.cause_class, CauseClass::Infrastructure, "an XID 13 slows nothing");
+        assert_eq!(
+            e.cause_class,
+            CauseClass::Infrastructure,
+            "an XID 13 slows nothing"
+        );
         assert!(
-            e.sentence.ends_with("waited for a CPU 25% of the time (load 40.0 on 16 cores)"),
+            e.sentence
+                .ends_with("waited for a CPU 25% of the time (load 40.0 on 16 cores)"),
             "{}",
             e.sentence
         );
@@ -358,7 +378,11 @@ mod tests {
         };
         let e = explain(2, "backward", 1.3, &["gpu4".into()], &node(), &calm, 0.1);
         assert_eq!(e.cause_class, CauseClass::Unknown);
-        assert!(e.sentence.contains("no GPU reason on gpu4"), "{}", e.sentence);
+        assert!(
+            e.sentence.contains("no GPU reason on gpu4"),
+            "{}",
+            e.sentence
+        );
     }
 
     #[test]
@@ -366,9 +390,21 @@ mod tests {
         let c = vec![gpu(
             "gpu1",
             &[],
-            &[("clocks.thermal", "HW thermal slowdown (0x40)", "clocks held down")],
+            &[(
+                "clocks.thermal",
+                "HW thermal slowdown (0x40)",
+                "clocks held down",
+            )],
         )];
-        let e = explain(1, "forward", 1.3, &["gpu1".into()], &c, &CpuFacts::default(), 0.1);
+        let e = explain(
+            1,
+            "forward",
+            1.3,
+            &["gpu1".into()],
+            &c,
+            &CpuFacts::default(),
+            0.1,
+        );
         assert!(
             e.sentence
                 .ends_with("gpu1 reports HW thermal slowdown (0x40) (clocks.thermal)"),

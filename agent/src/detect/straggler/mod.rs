@@ -78,6 +78,12 @@ struct Local {
     medians: Vec<SectionMedian>,
     /// A window was taken this tick and waits to be judged.
     fresh: bool,
+    /// When its latest window was taken, and the usual time between its
+    /// windows (a moving average): a rank that stops stepping (stopped,
+    /// hung, stuck in a checkpoint) must not hold its old medians up as the
+    /// job's for the others to be compared with.
+    last_window_at: Option<Instant>,
+    window_every: Option<Duration>,
     kinds: score::SectionKinds,
     track: RankTrack,
     score: Option<Score>,
@@ -86,6 +92,35 @@ struct Local {
     cpu_sample: Option<(u64, Instant)>,
     /// Share of wall time waiting for a CPU since the previous window.
     cpu_wait: Option<f64>,
+}
+
+impl Local {
+    /// Usual intervals between windows after which a rank's medians leave
+    /// the comparison: one missed window is enough (the others' next
+    /// windows would otherwise be judged against its past).
+    const STALE_AFTER_WINDOWS: f64 = 1.5;
+
+    /// Whether its latest window is too old to stand for it now.
+    fn stale(&self, now: Instant) -> bool {
+        match (self.last_window_at, self.window_every) {
+            (Some(at), Some(every)) => {
+                now.saturating_duration_since(at) > every.mul_f64(Self::STALE_AFTER_WINDOWS)
+            }
+            _ => false,
+        }
+    }
+
+    /// Notes a window taken at `now`.
+    fn note_window(&mut self, now: Instant) {
+        if let Some(prev) = self.last_window_at {
+            let dt = now.saturating_duration_since(prev);
+            self.window_every = Some(match self.window_every {
+                None => dt,
+                Some(e) => e.mul_f64(0.75) + dt.mul_f64(0.25),
+            });
+        }
+        self.last_window_at = Some(now);
+    }
 }
 
 /// The detectors of the agents in this process, by the agent's state.
@@ -218,7 +253,11 @@ impl Stragglers {
         }
 
         // Ranks that stopped running leave; a flag they held is lifted.
-        let gone: Vec<RankKey> = local.keys().filter(|k| !live.contains(*k)).cloned().collect();
+        let gone: Vec<RankKey> = local
+            .keys()
+            .filter(|k| !live.contains(*k))
+            .cloned()
+            .collect();
         for key in gone {
             if let Some(l) = local.remove(&key)
                 && l.track.hysteresis.flagged
@@ -266,6 +305,7 @@ impl Stragglers {
                 &mut l.medians,
             );
             l.fresh = true;
+            l.note_window(now);
             let sample = procfs::schedstat(c.pid).map(|s| (s.run_delay_ns, now));
             l.cpu_wait = match (l.cpu_sample, sample) {
                 (Some((d0, t0)), Some((d1, t1))) if t1 > t0 => {
@@ -288,6 +328,9 @@ impl Stragglers {
             let mut ranks: Vec<JobRank> = Vec::new();
             let mut own: Vec<(RankKey, usize)> = Vec::new();
             for (key, l) in local.range(job_range(&job)) {
+                if !l.fresh && l.stale(now) {
+                    continue;
+                }
                 let mut r = JobRank::new(key.rank);
                 for m in &l.medians {
                     if let Some(i) = add(&mut names, &m.section) {
@@ -348,9 +391,16 @@ impl Stragglers {
                 if transition == Transition::Flagged {
                     l.flagged_since = Some(scored_at);
                 }
-                let section = rs.section.and_then(|s| names.get(s)).cloned().unwrap_or_else(|| {
-                    l.medians.first().map(|m| m.section.clone()).unwrap_or_default()
-                });
+                let section = rs
+                    .section
+                    .and_then(|s| names.get(s))
+                    .cloned()
+                    .unwrap_or_else(|| {
+                        l.medians
+                            .first()
+                            .map(|m| m.section.clone())
+                            .unwrap_or_default()
+                    });
                 let components = health.get_or_insert_with(|| state.health.snapshot());
                 let devices = explain::resolve_devices(
                     &l.declared_devices,
@@ -362,8 +412,16 @@ impl Stragglers {
                     rank: key.rank,
                     host: self.host.clone(),
                     section: section.clone(),
-                    relative: if rs.section.is_some() { rs.verdict.relative } else { 0.0 },
-                    individual: if rs.section.is_some() { rs.verdict.individual } else { 0.0 },
+                    relative: if rs.section.is_some() {
+                        rs.verdict.relative
+                    } else {
+                        0.0
+                    },
+                    individual: if rs.section.is_some() {
+                        rs.verdict.individual
+                    } else {
+                        0.0
+                    },
                     robust_z: rs.verdict.z,
                     flagged,
                     consecutive: l.track.hysteresis.run,
@@ -382,7 +440,13 @@ impl Stragglers {
                     scored_at: Some(scored_at),
                 };
                 let mut facts = Vec::new();
-                if flagged || transition == Transition::Cleared {
+                if flagged && !rs.verdict.over {
+                    // Clearing down: keep the reason it was flagged for.
+                    if let Some(prev) = &l.score {
+                        sc.explanation.clone_from(&prev.explanation);
+                        sc.cause_class.clone_from(&prev.cause_class);
+                    }
+                } else if flagged {
                     let (load, cores) = *host_cpu.get_or_insert_with(|| {
                         (
                             procfs::loadavg(),
@@ -415,10 +479,8 @@ impl Stragglers {
                             facts: Vec::new(),
                         }
                     };
-                    if flagged {
-                        sc.explanation = e.sentence;
-                        sc.cause_class = e.cause_class.as_str().to_owned();
-                    }
+                    sc.explanation = e.sentence;
+                    sc.cause_class = e.cause_class.as_str().to_owned();
                     facts = e.facts;
                 }
                 match transition {
@@ -500,9 +562,18 @@ impl Stragglers {
         .with("section", &sc.section)
         .with("relative", format!("{:.2}", sc.relative))
         .with("individual", format!("{:.2}", sc.individual))
-        .with("why", format!("{} consecutive windows under the thresholds", self.cfg.clear_after));
+        .with(
+            "why",
+            format!(
+                "{} consecutive windows under the thresholds",
+                self.cfg.clear_after
+            ),
+        );
         if let Some(d) = since.and_then(|s| now.duration_since(s).ok()) {
-            ev = ev.with("flagged_for", humantime::format_duration(Duration::from_secs(d.as_secs())));
+            ev = ev.with(
+                "flagged_for",
+                humantime::format_duration(Duration::from_secs(d.as_secs())),
+            );
         }
         ev
     }
@@ -512,15 +583,16 @@ impl Stragglers {
         self.lock().remote.merge(batch, now);
     }
 
-    /// This agent's summaries of its own ranks, for peers.
-    pub fn outbox(&self) -> Batch {
+    /// This agent's summaries of its own ranks, for peers, as of `now`
+    /// (a rank that stopped stepping is left out).
+    pub fn outbox(&self, now: Instant) -> Batch {
         let inner = self.lock();
         Batch {
             host: self.host.clone(),
             ranks: inner
                 .local
                 .iter()
-                .filter(|(_, l)| !l.medians.is_empty())
+                .filter(|(_, l)| !l.medians.is_empty() && !l.stale(now))
                 .map(|(k, l)| Summary {
                     job: k.job.clone(),
                     rank: k.rank,
@@ -544,7 +616,11 @@ impl Stragglers {
                 job: k.job.clone(),
                 rank: k.rank,
                 host: self.host.clone(),
-                section: l.medians.first().map(|m| m.section.clone()).unwrap_or_default(),
+                section: l
+                    .medians
+                    .first()
+                    .map(|m| m.section.clone())
+                    .unwrap_or_default(),
                 samples: l.medians.first().map_or(0, |m| m.samples),
                 ..Score::default()
             });
@@ -558,7 +634,11 @@ impl Stragglers {
             let mut sc = s.score.clone().unwrap_or_else(|| Score {
                 job: s.job.clone(),
                 rank: s.rank,
-                section: s.sections.first().map(|m| m.section.clone()).unwrap_or_default(),
+                section: s
+                    .sections
+                    .first()
+                    .map(|m| m.section.clone())
+                    .unwrap_or_default(),
                 samples: s.sections.first().map_or(0, |m| m.samples),
                 ..Score::default()
             });

@@ -40,7 +40,11 @@ pub struct RankSamples {
 
 impl RankSamples {
     /// Records one completed step; `sections` are (name, total ns) pairs.
-    pub fn push_step<'a>(&mut self, step_ns: u64, sections: impl IntoIterator<Item = (&'a str, u64)>) {
+    pub fn push_step<'a>(
+        &mut self,
+        step_ns: u64,
+        sections: impl IntoIterator<Item = (&'a str, u64)>,
+    ) {
         let mut row = StepRow {
             step_ns,
             ..StepRow::default()
@@ -108,7 +112,10 @@ mod tests {
     fn keeps_the_last_steps_and_the_first_names() {
         let mut s = RankSamples::default();
         for i in 0..100u64 {
-            s.push_step(100 + i, [("forward", 10 + i), ("backward", 20), ("forward", 1)]);
+            s.push_step(
+                100 + i,
+                [("forward", 10 + i), ("backward", 20), ("forward", 1)],
+            );
         }
         assert_eq!(s.pushed(), 100);
         assert_eq!(s.rows().len(), MAX_WINDOW);

@@ -115,8 +115,8 @@ impl SectionKinds {
             // Another rank's names (a fresh registration): start over.
             self.known = 0;
         }
-        for i in self.known..n {
-            self.kinds[i] = classifier.kind(&names[i]);
+        for (k, name) in self.kinds.iter_mut().zip(names).take(n).skip(self.known) {
+            *k = classifier.kind(name);
         }
         self.known = n;
         &self.kinds[..n]
@@ -201,15 +201,18 @@ pub fn median_small(v: &mut [u64]) -> Option<f64> {
     // Each value's rank by counting, without a branch a random window
     // would mispredict (ties broken by position, so ranks are distinct).
     let (mut lo, mut hi) = (0u64, 0u64);
-    for (i, &x) in v.iter().enumerate() {
+    #[allow(clippy::needless_range_loop)] // plain indices: cheap in debug builds too
+    for i in 0..n {
+        let x = v[i];
         let mut rank = 0;
-        for (j, &y) in v.iter().enumerate() {
+        for j in 0..n {
+            let y = v[j];
             rank += usize::from(y < x) + usize::from(y == x && j < i);
         }
         if rank == n / 2 {
             hi = x;
         }
-        if n % 2 == 0 && rank + 1 == n / 2 {
+        if n.is_multiple_of(2) && rank + 1 == n / 2 {
             lo = x;
         }
     }
@@ -305,15 +308,35 @@ pub fn window_medians(
         }
     }
     if let Some(m) = median_small(&mut buf[..n]) {
-        let have = rows.iter().filter(|r| r.step_ns > 0).count().min(MAX_WINDOW);
-        let name = if names.is_empty() { STEP } else { STEP_MINUS_WAIT };
-        put_median(out, &mut used, name, m, u32::try_from(have).unwrap_or(u32::MAX));
+        let have = rows
+            .iter()
+            .filter(|r| r.step_ns > 0)
+            .count()
+            .min(MAX_WINDOW);
+        let name = if names.is_empty() {
+            STEP
+        } else {
+            STEP_MINUS_WAIT
+        };
+        put_median(
+            out,
+            &mut used,
+            name,
+            m,
+            u32::try_from(have).unwrap_or(u32::MAX),
+        );
     }
     out.truncate(used);
 }
 
 /// Writes entry `*used` of `out` (reusing its string), then advances.
-fn put_median(out: &mut Vec<SectionMedian>, used: &mut usize, name: &str, median_ns: f64, samples: u32) {
+fn put_median(
+    out: &mut Vec<SectionMedian>,
+    used: &mut usize,
+    name: &str,
+    median_ns: f64,
+    samples: u32,
+) {
     match out.get_mut(*used) {
         Some(e) => {
             if e.section != name {
@@ -622,9 +645,10 @@ impl Scorer {
                 v.over = false;
             }
             out.relative[s] = v.relative;
-            let key = (v.over, v.relative);
-            if key.0 > best_key.0 || (key.0 == best_key.0 && key.1 > best_key.1) {
-                best_key = key;
+            let better =
+                (v.over && !best_key.0) || (v.over == best_key.0 && v.relative > best_key.1);
+            if better {
+                best_key = (v.over, v.relative);
                 out.section = Some(s);
                 out.verdict = v;
                 out.rank_median_ns = m;
@@ -747,7 +771,9 @@ mod tests {
     #[test]
     fn hysteresis_flags_after_n_and_clears_after_m() {
         let mut h = Hysteresis::default();
-        let seq = [true, false, true, true, true, false, true, false, false, false];
+        let seq = [
+            true, false, true, true, true, false, true, false, false, false,
+        ];
         let got: Vec<Transition> = seq.iter().map(|o| h.update(*o, 2, 3)).collect();
         use Transition::{Cleared as C, Flagged as F, None as N};
         assert_eq!(got, [N, N, N, F, N, N, N, N, N, C]);

@@ -21,11 +21,7 @@ use super::score::{
 };
 
 /// Compute sections and their base durations (ns): 100 ms of compute.
-pub const SECTIONS: [(&str, f64); 3] = [
-    ("forward", 40e6),
-    ("backward", 50e6),
-    ("optimizer", 10e6),
-];
+pub const SECTIONS: [(&str, f64); 3] = [("forward", 40e6), ("backward", 50e6), ("optimizer", 10e6)];
 
 /// How jitter is drawn.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -182,7 +178,7 @@ impl SimJob {
 
     /// Whether a window is due (every `stride_steps` steps).
     pub fn due(&self) -> bool {
-        self.step > 0 && self.step % self.stride == 0
+        self.step > 0 && self.step.is_multiple_of(self.stride)
     }
 
     /// Scores one window of every rank; returns the flag changes.
@@ -207,7 +203,8 @@ impl SimJob {
             }
             self.job.push(jr);
         }
-        self.scorer.prepare(&self.params, self.names.len(), &self.job);
+        self.scorer
+            .prepare(&self.params, self.names.len(), &self.job);
         for (r, jr) in self.job.iter().enumerate() {
             let t = &mut self.tracks[r];
             let s = self.scorer.judge_rank(&self.params, &self.names, jr, t);
@@ -217,10 +214,11 @@ impl SimJob {
             if s.verdict.over {
                 self.over_windows += 1;
             }
-            match t
-                .hysteresis
-                .update(s.verdict.over, self.params.flag_after, self.params.clear_after)
-            {
+            match t.hysteresis.update(
+                s.verdict.over,
+                self.params.flag_after,
+                self.params.clear_after,
+            ) {
                 Transition::Flagged => changes.push(FlagChange {
                     rank: jr.rank,
                     flagged: true,

@@ -11,20 +11,28 @@ use crate::config::Config;
 use crate::health::{ComponentReport, Reason, Status};
 use crate::ranks::registry::RegisterRequest;
 
-#[test]
-fn no_rank_is_flagged_under_three_percent_jitter() {
+/// 1,024 ranks for 2,000 steps with 3% jitter drawn by `model`: no flag.
+fn no_flags(model: Jitter, seed: u64) {
     let cfg = StragglerConfig::default();
-    for (model, seed) in [(Jitter::PerSection, 1), (Jitter::PerStep, 2)] {
-        let mut job = SimJob::new(&cfg, 1024, 0.03, model, seed);
-        let changes = job.run(2_000);
-        assert!(
-            changes.is_empty(),
-            "{model:?}: {} flag changes, first {:?} ({} rank-windows over)",
-            changes.len(),
-            changes.first(),
-            job.over_windows
-        );
-    }
+    let mut job = SimJob::new(&cfg, 1024, 0.03, model, seed);
+    let changes = job.run(2_000);
+    assert!(
+        changes.is_empty(),
+        "{model:?}: {} flag changes, first {:?} ({} rank-windows over)",
+        changes.len(),
+        changes.first(),
+        job.over_windows
+    );
+}
+
+#[test]
+fn no_rank_is_flagged_under_three_percent_jitter_per_section() {
+    no_flags(Jitter::PerSection, 1);
+}
+
+#[test]
+fn no_rank_is_flagged_under_three_percent_step_jitter() {
+    no_flags(Jitter::PerStep, 2);
 }
 
 #[test]
@@ -102,8 +110,10 @@ fn feed(state: &AgentState, job: &str, factors: &[f64], steps: usize) {
         for i in 0..steps {
             // A little deterministic spread, as real timers have.
             let fwd = (10e6 * f * (1.0 + 0.002 * (i % 3) as f64)) as u64;
-            e.straggler
-                .push_step(fwd + 8_000_000, [("forward", fwd), ("allreduce", 5_000_000)]);
+            e.straggler.push_step(
+                fwd + 8_000_000,
+                [("forward", fwd), ("allreduce", 5_000_000)],
+            );
         }
     }
 }
@@ -183,7 +193,17 @@ fn the_driver_flags_explains_and_clears() {
 
     // Back to normal: cleared after three windows under.
     let fast = [1.0; 4];
-    for _ in 0..3 {
+    feed(&state, "j", &fast, 10);
+    tick(&state, now);
+    let (scores, _) = det.scores("j", true, now);
+    assert!(
+        scores[0]
+            .explanation
+            .starts_with("rank 2 is 30% slower in forward"),
+        "while clearing down, the reason it was flagged for stays: {}",
+        scores[0].explanation
+    );
+    for _ in 0..2 {
         feed(&state, "j", &fast, 10);
         tick(&state, now);
     }
@@ -240,12 +260,64 @@ fn peers_summaries_make_the_comparison_job_wide() {
     );
     assert_eq!(scores[1].ranks_compared, 4);
     // Our summaries carry our verdict for the peers.
-    let out = det.outbox();
+    let out = det.outbox(now);
     assert_eq!(out.host, "host-a");
     assert!(out.ranks[1].score.as_ref().is_some_and(|s| s.flagged));
     // A peer that goes quiet is forgotten after summary_ttl.
     let later = now + state.config.straggler.summary_ttl + Duration::from_secs(1);
     assert_eq!(det.scores("j", false, later).1, ["host-a"]);
+}
+
+#[test]
+fn a_rank_that_stops_stepping_leaves_the_comparison() {
+    let (_dir, state) = agent(|_| {});
+    register(&state, "j", 0);
+    register(&state, "j", 1);
+    let t0 = Instant::now();
+    let at = |i: u64| t0 + Duration::from_millis(100 * i);
+    // min_steps first, then both ranks alike for a few windows.
+    feed(&state, "j", &[1.0, 1.0], 5);
+    for i in 0..6 {
+        feed(&state, "j", &[1.0, 1.0], 5);
+        tick(&state, at(i));
+    }
+    // Rank 0 stops (stopped, hung, in a long checkpoint); rank 1 goes on,
+    // 15% slower than before, as the whole job would once rank 0 is back.
+    // Against rank 0's old medians it would look 7% slower than the job
+    // and 15% slower than its best: two windows of that would flag it.
+    let one = RankKey {
+        job: "j".into(),
+        rank: 1,
+    };
+    for i in 6..12 {
+        {
+            let mut reg = state.registry();
+            let e = reg.ranks.get_mut(&one).unwrap();
+            for _ in 0..10 {
+                e.straggler.push_step(
+                    19_500_000,
+                    [("forward", 11_500_000), ("allreduce", 5_000_000)],
+                );
+            }
+        }
+        tick(&state, at(i));
+    }
+    assert!(
+        kinds(&state, "rank.straggler").is_empty(),
+        "{:?}",
+        kinds(&state, "rank.straggler")
+    );
+    let det = Stragglers::of(&state).unwrap();
+    let (scores, _) = det.scores("j", false, at(12));
+    let one = scores.iter().find(|s| s.rank == 1).unwrap();
+    assert_eq!(
+        one.ranks_compared, 1,
+        "rank 0's old window no longer counts"
+    );
+    assert!(
+        det.outbox(at(12)).ranks.iter().all(|r| r.rank != 0),
+        "nor is it sent to peers"
+    );
 }
 
 #[test]

@@ -1,0 +1,129 @@
+//! The job's key layout in etcd, in one place.
+//!
+//! ```text
+//! <prefix>/<job>/members/<host>       member record (JSON), under the host's lease
+//! <prefix>/<job>/epoch                the current epoch, decimal; absent = 0
+//! <prefix>/<job>/rounds/<epoch:020>   the round of that epoch (JSON), written in the
+//!                                     same txn that advances `epoch`; the last
+//!                                     KEEP_ROUNDS are kept
+//! <prefix>/<job>/departures/<host>    why a host left (JSON), written with its leave
+//! <prefix>/<job>/ends/<epoch:020>     the job finished or failed at that epoch (JSON);
+//!                                     the first host to say so writes it
+//! ```
+//!
+//! Epochs are zero-padded so that rounds sort by epoch and old ones can be
+//! deleted with one range.
+
+/// How many round records are kept behind the current one.
+pub const KEEP_ROUNDS: u64 = 16;
+
+/// The keys of one job.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Keys {
+    base: String,
+}
+
+/// What a key under the job's prefix is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KeyKind<'a> {
+    /// `members/<host>`.
+    Member(&'a str),
+    /// `epoch`.
+    Epoch,
+    /// `rounds/<epoch>`.
+    Round(u64),
+    /// `departures/<host>`.
+    Departure(&'a str),
+    /// `ends/<epoch>`.
+    End(u64),
+    /// Anything else (a newer version's key): ignored.
+    Other,
+}
+
+impl Keys {
+    /// The keys of `job` under `prefix` (validated: starts with '/', no
+    /// trailing '/', job is one segment).
+    pub fn new(prefix: &str, job: &str) -> Self {
+        Self {
+            base: format!("{prefix}/{job}/"),
+        }
+    }
+
+    /// `<prefix>/<job>/`: every key of the job, for the one watch.
+    pub fn base(&self) -> &str {
+        &self.base
+    }
+
+    /// A host's member key.
+    pub fn member(&self, host: &str) -> String {
+        format!("{}members/{host}", self.base)
+    }
+
+    /// The prefix of all member keys.
+    pub fn members(&self) -> String {
+        format!("{}members/", self.base)
+    }
+
+    /// The epoch key.
+    pub fn epoch(&self) -> String {
+        format!("{}epoch", self.base)
+    }
+
+    /// The round record of `epoch`.
+    pub fn round(&self, epoch: u64) -> String {
+        format!("{}rounds/{epoch:020}", self.base)
+    }
+
+    /// Where a host's reason for leaving goes.
+    pub fn departure(&self, host: &str) -> String {
+        format!("{}departures/{host}", self.base)
+    }
+
+    /// The job's end marker at `epoch`.
+    pub fn end(&self, epoch: u64) -> String {
+        format!("{}ends/{epoch:020}", self.base)
+    }
+
+    /// What `key` is; `None` when it is not under this job.
+    pub fn classify<'a>(&self, key: &'a str) -> Option<KeyKind<'a>> {
+        let rest = key.strip_prefix(self.base.as_str())?;
+        Some(if let Some(host) = rest.strip_prefix("members/") {
+            KeyKind::Member(host)
+        } else if rest == "epoch" {
+            KeyKind::Epoch
+        } else if let Some(epoch) = rest.strip_prefix("rounds/") {
+            epoch.parse().map_or(KeyKind::Other, KeyKind::Round)
+        } else if let Some(host) = rest.strip_prefix("departures/") {
+            KeyKind::Departure(host)
+        } else if let Some(epoch) = rest.strip_prefix("ends/") {
+            epoch.parse().map_or(KeyKind::Other, KeyKind::End)
+        } else {
+            KeyKind::Other
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_round_trip_through_classify() {
+        let k = Keys::new("/warden/jobs", "j1");
+        assert_eq!(k.member("h-a"), "/warden/jobs/j1/members/h-a");
+        assert_eq!(k.round(7), "/warden/jobs/j1/rounds/00000000000000000007");
+        assert_eq!(k.classify(&k.member("h-a")), Some(KeyKind::Member("h-a")));
+        assert_eq!(k.classify(&k.epoch()), Some(KeyKind::Epoch));
+        assert_eq!(k.classify(&k.round(7)), Some(KeyKind::Round(7)));
+        assert_eq!(
+            k.classify(&k.departure("h-b")),
+            Some(KeyKind::Departure("h-b"))
+        );
+        assert_eq!(k.classify(&k.end(3)), Some(KeyKind::End(3)));
+        assert_eq!(k.classify("/warden/jobs/j1/future"), Some(KeyKind::Other));
+        // Another job whose name starts with this one's is not this job.
+        assert_eq!(k.classify("/warden/jobs/j10/epoch"), None);
+        // Rounds sort by epoch as strings.
+        assert!(k.round(9) < k.round(10));
+    }
+}

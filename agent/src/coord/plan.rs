@@ -1,0 +1,535 @@
+//! The decisions of coordination, as pure functions of etcd's state: when a
+//! new round is due ([`trigger`]) and who is in it ([`assign`]).
+//!
+//! No I/O here: the session reads etcd into a [`Member`] list and the
+//! current [`RoundRecord`], asks these functions, and writes the answer in
+//! one txn. Every host asks the same functions of the same state, so they
+//! agree on what should happen; the txn's compare on the epoch makes sure
+//! only one of them writes it, and everybody reads that record.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+/// What a launcher registers under `members/<host>`, under its lease.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MemberRecord {
+    /// The host id.
+    pub host: String,
+    /// Where the other hosts reach its workers (MASTER_ADDR at rank 0).
+    pub addr: String,
+    /// Worker processes it runs.
+    pub nproc_per_node: u32,
+    /// Taken into a round after every regular host.
+    pub spare: bool,
+    /// Its limits, to warn when the hosts of a job disagree.
+    pub min_nodes: u32,
+    /// See `min_nodes`.
+    pub max_nodes: u32,
+    /// The launcher's pid, for whoever reads etcd by hand.
+    pub pid: u32,
+    /// When it joined (Unix ms), ditto.
+    pub joined_at_ms: u64,
+}
+
+/// A live member: its record and what etcd says about its key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Member {
+    /// The record.
+    pub record: MemberRecord,
+    /// The lease the key is under: a host that rejoins comes back with
+    /// another lease, so a round naming the old one has lost it.
+    pub lease: i64,
+    /// The key's create revision: join order, the same for every reader.
+    pub join_revision: i64,
+}
+
+/// A member of a round, in node-rank order in [`RoundRecord::members`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RoundMember {
+    /// The host id.
+    pub host: String,
+    /// Its address.
+    pub addr: String,
+    /// Its workers.
+    pub nproc_per_node: u32,
+    /// The lease it had when the round formed.
+    pub lease: i64,
+}
+
+/// The round of one epoch, as stored at `rounds/<epoch>`: every launcher
+/// reads this record rather than computing its own, so all agree.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RoundRecord {
+    /// The epoch.
+    pub epoch: u64,
+    /// The hosts that run workers, in node-rank order; empty when waiting.
+    pub members: Vec<RoundMember>,
+    /// Live hosts not in the round (spares, or beyond `max_nodes`).
+    pub standby: Vec<String>,
+    /// Too few hosts: nobody runs workers until a later round.
+    pub waiting: bool,
+    /// `members.len()`.
+    pub nnodes: u32,
+    /// The sum of the members' workers.
+    pub world_size: u32,
+    /// Node rank 0's address; empty when waiting.
+    pub master_addr: String,
+    /// `base_port + epoch % port_span`.
+    pub master_port: u16,
+    /// The limits it was formed under.
+    pub min_nodes: u32,
+    /// See `min_nodes`.
+    pub max_nodes: u32,
+    /// Why this round: "formed", "restart requested by ...", "host-c lost", ...
+    pub reason: String,
+    /// The host that wrote it.
+    pub decided_by: String,
+    /// When (Unix ms).
+    pub decided_at_ms: u64,
+}
+
+/// The job's size limits and port rule: the inputs of a round besides
+/// etcd's state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Fewest hosts.
+    pub min_nodes: u32,
+    /// Most hosts.
+    pub max_nodes: u32,
+    /// Rendezvous port of epoch 0.
+    pub base_port: u16,
+    /// Ports cycled through.
+    pub port_span: u16,
+}
+
+/// How soon a new round is due.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Trigger {
+    /// Nothing to do.
+    None,
+    /// Now: a member is gone (its workers are broken anyway), or the round
+    /// can reach `max_nodes`.
+    Now(String),
+    /// After the last call, to let more hosts arrive first.
+    AfterLastCall(String),
+}
+
+/// Who would be in the next round.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Assignment {
+    /// In node-rank order.
+    pub members: Vec<Member>,
+    /// Live hosts left out.
+    pub standby: Vec<String>,
+}
+
+/// Whether `member` is the host the round member names (same lease).
+fn same(rm: &RoundMember, m: &Member) -> bool {
+    rm.host == m.record.host && rm.lease == m.lease
+}
+
+/// Live members not in `round`, in the order they are taken: regular hosts
+/// before spares, each by join revision.
+fn candidates<'a>(round: Option<&RoundRecord>, live: &'a [Member]) -> Vec<&'a Member> {
+    let mut c: Vec<&Member> = live
+        .iter()
+        .filter(|m| round.is_none_or(|r| !r.members.iter().any(|rm| same(rm, m))))
+        .collect();
+    c.sort_by_key(|m| (m.record.spare, m.join_revision, m.record.host.clone()));
+    c
+}
+
+/// The round after `prev`, given the live members.
+///
+/// Members of `prev` that are still live keep their place; a lost member's
+/// node rank goes to the first candidate (hot-swap), or, with none, the
+/// survivors close ranks (scale down); then candidates fill up to
+/// `max_nodes` (scale up). Fewer than `min_nodes` makes a waiting round.
+pub fn assign(prev: Option<&RoundRecord>, live: &[Member], limits: Limits) -> Assignment {
+    let mut queue = candidates(prev, live).into_iter();
+    let max = usize::try_from(limits.max_nodes).unwrap_or(usize::MAX);
+    let min = usize::try_from(limits.min_nodes).unwrap_or(usize::MAX);
+    let mut members: Vec<Member> = Vec::new();
+    if let Some(prev) = prev {
+        for rm in &prev.members {
+            match live.iter().find(|m| same(rm, m)) {
+                Some(m) => members.push(m.clone()),
+                None => {
+                    if let Some(c) = queue.next() {
+                        members.push(c.clone());
+                    }
+                }
+            }
+        }
+    }
+    let mut standby: Vec<String> = Vec::new();
+    // A lower max_nodes than the previous round's: the last ranks go.
+    while members.len() > max {
+        if let Some(m) = members.pop() {
+            standby.insert(0, m.record.host);
+        }
+    }
+    while members.len() < max {
+        match queue.next() {
+            Some(c) => members.push(c.clone()),
+            None => break,
+        }
+    }
+    standby.extend(queue.map(|m| m.record.host.clone()));
+    if members.len() < min {
+        standby = live.iter().map(|m| m.record.host.clone()).collect();
+        standby.sort();
+        members.clear();
+    }
+    Assignment { members, standby }
+}
+
+/// Whether a new round is due after `round` (the current one, `None`
+/// before the first), given the live members and the hosts that said why
+/// they left (`departures`, host -> reason). `ended`: the job finished or
+/// failed at this round, so members that leave are not replaced.
+pub fn trigger(
+    round: Option<&RoundRecord>,
+    live: &[Member],
+    departures: &BTreeMap<String, String>,
+    ended: bool,
+    limits: Limits,
+) -> Trigger {
+    let max = usize::try_from(limits.max_nodes).unwrap_or(usize::MAX);
+    let min = usize::try_from(limits.min_nodes).unwrap_or(usize::MAX);
+    let running = round.filter(|r| !r.waiting);
+    let Some(round) = running else {
+        // Before the first round, or waiting for hosts.
+        let hosts = live.len();
+        return if hosts >= max {
+            Trigger::Now(format!("{hosts} host(s) present (max {max})"))
+        } else if hosts >= min {
+            Trigger::AfterLastCall(format!("{hosts} host(s) present (min {min}, max {max})"))
+        } else {
+            Trigger::None
+        };
+    };
+    let lost: Vec<&RoundMember> = round
+        .members
+        .iter()
+        .filter(|rm| !live.iter().any(|m| same(rm, m)))
+        .collect();
+    if !lost.is_empty() {
+        if ended && lost.len() < round.members.len() {
+            // The job is over; the others are finishing too.
+            return Trigger::None;
+        }
+        let why: Vec<String> = lost
+            .iter()
+            .map(|rm| match departures.get(&rm.host) {
+                Some(reason) => format!("{} left ({reason})", rm.host),
+                None if live.iter().any(|m| m.record.host == rm.host) => {
+                    format!("{} rejoined", rm.host)
+                }
+                None => format!("{} lost", rm.host),
+            })
+            .collect();
+        return Trigger::Now(why.join(", "));
+    }
+    if ended {
+        return Trigger::None;
+    }
+    let new = candidates(Some(round), live);
+    if round.members.len() < max && !new.is_empty() {
+        let names: Vec<&str> = new.iter().map(|m| m.record.host.as_str()).collect();
+        let why = format!("scale up: {} joined", names.join(", "));
+        return if round.members.len() + new.len() >= max {
+            Trigger::Now(why)
+        } else {
+            Trigger::AfterLastCall(why)
+        };
+    }
+    Trigger::None
+}
+
+/// The record of round `epoch` for an assignment.
+pub fn record(
+    epoch: u64,
+    assignment: Assignment,
+    limits: Limits,
+    reason: String,
+    decided_by: String,
+    decided_at_ms: u64,
+) -> RoundRecord {
+    let members: Vec<RoundMember> = assignment
+        .members
+        .into_iter()
+        .map(|m| RoundMember {
+            host: m.record.host,
+            addr: m.record.addr,
+            nproc_per_node: m.record.nproc_per_node,
+            lease: m.lease,
+        })
+        .collect();
+    let span = u64::from(limits.port_span.max(1));
+    let offset = u16::try_from(epoch % span).unwrap_or(0);
+    RoundRecord {
+        epoch,
+        waiting: members.is_empty(),
+        nnodes: u32::try_from(members.len()).unwrap_or(u32::MAX),
+        world_size: members.iter().map(|m| m.nproc_per_node).sum(),
+        master_addr: members.first().map(|m| m.addr.clone()).unwrap_or_default(),
+        master_port: limits.base_port.saturating_add(offset),
+        members,
+        standby: assignment.standby,
+        min_nodes: limits.min_nodes,
+        max_nodes: limits.max_nodes,
+        reason,
+        decided_by,
+        decided_at_ms,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const LIMITS: Limits = Limits {
+        min_nodes: 2,
+        max_nodes: 3,
+        base_port: 29500,
+        port_span: 1000,
+    };
+
+    fn m(host: &str, lease: i64, rev: i64, spare: bool) -> Member {
+        Member {
+            record: MemberRecord {
+                host: host.into(),
+                addr: format!("addr-{host}"),
+                nproc_per_node: 2,
+                spare,
+                min_nodes: 2,
+                max_nodes: 3,
+                pid: 1,
+                joined_at_ms: 0,
+            },
+            lease,
+            join_revision: rev,
+        }
+    }
+
+    fn round_of(epoch: u64, live: &[Member], limits: Limits) -> RoundRecord {
+        record(
+            epoch,
+            assign(None, live, limits),
+            limits,
+            "t".into(),
+            "t".into(),
+            0,
+        )
+    }
+
+    fn hosts(r: &RoundRecord) -> Vec<&str> {
+        r.members.iter().map(|m| m.host.as_str()).collect()
+    }
+
+    fn none() -> BTreeMap<String, String> {
+        BTreeMap::new()
+    }
+
+    #[test]
+    fn first_round_waits_for_min_then_last_call_then_max() {
+        let a = m("a", 1, 10, false);
+        let b = m("b", 2, 11, false);
+        let c = m("c", 3, 12, false);
+        assert_eq!(
+            trigger(None, std::slice::from_ref(&a), &none(), false, LIMITS),
+            Trigger::None
+        );
+        assert!(matches!(
+            trigger(None, &[a.clone(), b.clone()], &none(), false, LIMITS),
+            Trigger::AfterLastCall(_)
+        ));
+        assert!(matches!(
+            trigger(
+                None,
+                &[a.clone(), b.clone(), c.clone()],
+                &none(),
+                false,
+                LIMITS
+            ),
+            Trigger::Now(_)
+        ));
+        // Join order decides ranks, not the order etcd listed them in.
+        let r = round_of(1, &[c, b, a], LIMITS);
+        assert_eq!(hosts(&r), ["a", "b", "c"]);
+        assert_eq!(
+            (r.nnodes, r.world_size, r.master_addr.as_str()),
+            (3, 6, "addr-a")
+        );
+        assert_eq!(r.master_port, 29501);
+        assert!(!r.waiting);
+    }
+
+    #[test]
+    fn lost_member_scales_down_and_returning_host_scales_up() {
+        let (a, b, c) = (
+            m("a", 1, 10, false),
+            m("b", 2, 11, false),
+            m("c", 3, 12, false),
+        );
+        let r1 = round_of(1, &[a.clone(), b.clone(), c.clone()], LIMITS);
+        let live = [a.clone(), c.clone()];
+        assert_eq!(
+            trigger(Some(&r1), &live, &none(), false, LIMITS),
+            Trigger::Now("b lost".into())
+        );
+        let r2 = record(
+            2,
+            assign(Some(&r1), &live, LIMITS),
+            LIMITS,
+            "".into(),
+            "".into(),
+            0,
+        );
+        assert_eq!(hosts(&r2), ["a", "c"]);
+        assert_eq!(r2.world_size, 4);
+        // b comes back with a new lease: it fills the round to max at once.
+        let b2 = m("b", 4, 20, false);
+        let live = [a, c, b2];
+        assert_eq!(
+            trigger(Some(&r2), &live, &none(), false, LIMITS),
+            Trigger::Now("scale up: b joined".into())
+        );
+        let r3 = record(
+            3,
+            assign(Some(&r2), &live, LIMITS),
+            LIMITS,
+            "".into(),
+            "".into(),
+            0,
+        );
+        assert_eq!(hosts(&r3), ["a", "c", "b"]);
+        assert_eq!(
+            trigger(Some(&r3), &live, &none(), false, LIMITS),
+            Trigger::None
+        );
+    }
+
+    #[test]
+    fn spare_takes_the_lost_members_rank() {
+        let limits = Limits {
+            min_nodes: 2,
+            max_nodes: 2,
+            ..LIMITS
+        };
+        // The spare joined first, but regular hosts go first.
+        let s = m("s", 9, 5, true);
+        let (a, b) = (m("a", 1, 10, false), m("b", 2, 11, false));
+        let r1 = round_of(1, &[s.clone(), a.clone(), b.clone()], limits);
+        assert_eq!(hosts(&r1), ["a", "b"]);
+        assert_eq!(r1.standby, ["s"]);
+        let live = [s.clone(), b.clone()];
+        let mut departures = BTreeMap::new();
+        departures.insert("a".to_owned(), "cordoned: xid 79".to_owned());
+        assert_eq!(
+            trigger(Some(&r1), &live, &departures, false, limits),
+            Trigger::Now("a left (cordoned: xid 79)".into())
+        );
+        let r2 = record(
+            2,
+            assign(Some(&r1), &live, limits),
+            limits,
+            "".into(),
+            "".into(),
+            0,
+        );
+        // s takes a's rank 0; b keeps rank 1.
+        assert_eq!(hosts(&r2), ["s", "b"]);
+        assert_eq!(r2.master_addr, "addr-s");
+        assert!(r2.standby.is_empty());
+    }
+
+    #[test]
+    fn below_min_waits_and_forms_again_when_hosts_return() {
+        let (a, b) = (m("a", 1, 10, false), m("b", 2, 11, false));
+        let r1 = round_of(1, &[a.clone(), b.clone()], LIMITS);
+        let live = [a.clone()];
+        assert!(matches!(
+            trigger(Some(&r1), &live, &none(), false, LIMITS),
+            Trigger::Now(_)
+        ));
+        let r2 = record(
+            2,
+            assign(Some(&r1), &live, LIMITS),
+            LIMITS,
+            "".into(),
+            "".into(),
+            0,
+        );
+        assert!(r2.waiting);
+        assert_eq!(
+            (r2.nnodes, r2.world_size, r2.master_addr.as_str()),
+            (0, 0, "")
+        );
+        assert_eq!(r2.standby, ["a"]);
+        // Waiting with too few: nothing; one more host: the last call.
+        assert_eq!(
+            trigger(Some(&r2), &live, &none(), false, LIMITS),
+            Trigger::None
+        );
+        let b2 = m("b", 3, 20, false);
+        assert!(matches!(
+            trigger(Some(&r2), &[a, b2], &none(), false, LIMITS),
+            Trigger::AfterLastCall(_)
+        ));
+    }
+
+    #[test]
+    fn rejoin_with_a_new_lease_is_a_lost_member() {
+        let (a, b) = (m("a", 1, 10, false), m("b", 2, 11, false));
+        let r1 = round_of(1, &[a.clone(), b.clone()], LIMITS);
+        let b2 = m("b", 7, 30, false);
+        assert_eq!(
+            trigger(Some(&r1), &[a.clone(), b2.clone()], &none(), false, LIMITS),
+            Trigger::Now("b rejoined".into())
+        );
+        let r2 = record(
+            2,
+            assign(Some(&r1), &[a, b2], LIMITS),
+            LIMITS,
+            "".into(),
+            "".into(),
+            0,
+        );
+        assert_eq!(hosts(&r2), ["a", "b"]);
+        assert_eq!(r2.members[1].lease, 7);
+    }
+
+    #[test]
+    fn an_ended_job_is_not_restarted_by_its_members_leaving() {
+        let (a, b) = (m("a", 1, 10, false), m("b", 2, 11, false));
+        let r1 = round_of(1, &[a.clone(), b.clone()], LIMITS);
+        let mut departures = BTreeMap::new();
+        departures.insert("a".to_owned(), "finished".to_owned());
+        assert_eq!(
+            trigger(Some(&r1), &[b], &departures, true, LIMITS),
+            Trigger::None
+        );
+        // Once every member is gone, the job id can be used again.
+        assert!(matches!(
+            trigger(
+                Some(&r1),
+                &[m("x", 5, 40, false)],
+                &departures,
+                true,
+                LIMITS
+            ),
+            Trigger::Now(_)
+        ));
+    }
+
+    #[test]
+    fn ports_cycle_with_the_epoch() {
+        let live = [m("a", 1, 10, false), m("b", 2, 11, false)];
+        assert_eq!(round_of(0, &live, LIMITS).master_port, 29500);
+        assert_eq!(round_of(999, &live, LIMITS).master_port, 30499);
+        assert_eq!(round_of(1000, &live, LIMITS).master_port, 29500);
+    }
+}

@@ -1,0 +1,748 @@
+//! The etcd side of a coordinator: the lease kept alive, the job's keys
+//! read and watched into a [`View`], rounds written in one txn.
+//!
+//! Two tasks per coordinator: the lease keeper (a keep-alive every third of
+//! the TTL; a whole TTL without an answer, or an answer of TTL 0, is the
+//! lease lost) and the driver (one watch on the job's prefix; after each
+//! batch of events it asks [`plan::trigger`] whether a round is due and, if
+//! so, tries to write it). Both stop on the coordinator's cancellation
+//! token. Every request has a deadline.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use etcd_client::{
+    Client, Compare, CompareOp, DeleteOptions, EventType, GetOptions, KeyValue, PutOptions, Txn,
+    TxnOp, TxnOpResponse, WatchOptions,
+};
+use serde::{Deserialize, Serialize};
+use tokio::sync::watch;
+use tokio::time::{Instant, sleep, sleep_until, timeout};
+use tokio_util::sync::CancellationToken;
+
+use super::keys::{KEEP_ROUNDS, KeyKind, Keys};
+use super::plan::{self, Limits, Member, MemberRecord, RoundRecord, Trigger};
+use super::{CoordConfig, CoordError, CoordState, Round};
+
+/// How a job ended, as stored at `end`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Outcome {
+    /// The training completed.
+    Finished,
+    /// A host stopped the whole job (a user error: no restart can fix it).
+    Failed,
+}
+
+/// The job's end marker at one epoch: written by the first host that leaves with
+/// [`super::Leave::Finished`] or [`super::Leave::Failed`], so the others do
+/// not restart the job around the hosts that leave after it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobEnd {
+    /// The epoch it ended at.
+    pub epoch: u64,
+    /// The host that said so.
+    pub by: String,
+    /// Finished or failed.
+    pub outcome: Outcome,
+    /// Its words.
+    pub reason: String,
+    /// For a failure, the exit status every launcher exits with.
+    #[serde(default)]
+    pub exit_code: Option<i32>,
+}
+
+/// What a host left behind at `departures/<host>`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct Departure {
+    pub(crate) reason: String,
+    pub(crate) epoch: u64,
+    pub(crate) at_ms: u64,
+}
+
+/// The job's state as read from etcd: every key under the job's prefix.
+#[derive(Debug, Default, Clone)]
+pub(crate) struct View {
+    /// The revision this view is at.
+    pub(crate) revision: i64,
+    pub(crate) members: BTreeMap<String, Member>,
+    pub(crate) epoch: u64,
+    pub(crate) rounds: BTreeMap<u64, RoundRecord>,
+    pub(crate) departures: BTreeMap<String, String>,
+    pub(crate) ends: BTreeMap<u64, JobEnd>,
+}
+
+impl View {
+    fn current(&self) -> Option<&RoundRecord> {
+        self.rounds.get(&self.epoch)
+    }
+
+    fn live(&self) -> Vec<Member> {
+        self.members.values().cloned().collect()
+    }
+
+    /// The end marker of the current epoch, while a member of its round is
+    /// still live: once they are all gone, the job id is free for a new run
+    /// (whose hosts come with new leases).
+    fn ended(&self) -> Option<&JobEnd> {
+        let round = self.current()?;
+        let end = self.ends.get(&self.epoch)?;
+        round
+            .members
+            .iter()
+            .any(|rm| {
+                self.members
+                    .get(&rm.host)
+                    .is_some_and(|m| m.lease == rm.lease)
+            })
+            .then_some(end)
+    }
+}
+
+/// What came of an attempt to advance the epoch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Advance {
+    /// This host wrote the round of this epoch.
+    Advanced(u64),
+    /// The view was already past the expected epoch: this one.
+    Stale(u64),
+    /// Another host advanced it first (the txn's compare failed).
+    LostRace,
+}
+
+/// What the coordinator's tasks and calls share.
+pub(crate) struct Inner {
+    pub(crate) cfg: CoordConfig,
+    pub(crate) keys: Keys,
+    pub(crate) limits: Limits,
+    /// The endpoints, comma-separated, for errors.
+    pub(crate) endpoints: String,
+    pub(crate) client: Client,
+    pub(crate) lease: i64,
+    pub(crate) view: Mutex<View>,
+    pub(crate) state: watch::Sender<CoordState>,
+    pub(crate) stop: CancellationToken,
+}
+
+impl std::fmt::Debug for Inner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Inner")
+            .field("job", &self.cfg.job)
+            .field("host", &self.cfg.host)
+            .field("endpoints", &self.endpoints)
+            .field("lease", &format_args!("{:x}", self.lease))
+            .finish_non_exhaustive()
+    }
+}
+
+/// Milliseconds since the Unix epoch, for records people read.
+pub(crate) fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+        .unwrap_or(0)
+}
+
+/// `key`'s bytes as text, for logs and errors.
+fn key_text(kv: &KeyValue) -> String {
+    String::from_utf8_lossy(kv.key()).into_owned()
+}
+
+impl Inner {
+    /// Runs one etcd request under the request deadline, naming the
+    /// request and key in its error.
+    pub(crate) async fn call<T>(
+        &self,
+        op: &'static str,
+        key: &str,
+        fut: impl Future<Output = Result<T, etcd_client::Error>>,
+    ) -> Result<T, CoordError> {
+        match timeout(self.cfg.request_timeout, fut).await {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(e)) => Err(CoordError::Etcd {
+                endpoints: self.endpoints.clone(),
+                op,
+                key: key.to_owned(),
+                source: Arc::new(e),
+            }),
+            Err(_) => Err(CoordError::Timeout {
+                endpoints: self.endpoints.clone(),
+                op,
+                key: key.to_owned(),
+                after: self.cfg.request_timeout,
+            }),
+        }
+    }
+
+    fn lock_view(&self) -> std::sync::MutexGuard<'_, View> {
+        self.view.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Reads every key of the job into a fresh view.
+    pub(crate) async fn load(&self) -> Result<View, CoordError> {
+        let mut client = self.client.clone();
+        let base = self.keys.base();
+        let resp = self
+            .call(
+                "get",
+                base,
+                client.get(base, Some(GetOptions::new().with_prefix())),
+            )
+            .await?;
+        let mut view = View {
+            revision: resp.header().map_or(0, |h| h.revision()),
+            ..View::default()
+        };
+        for kv in resp.kvs() {
+            self.apply_put(&mut view, kv);
+        }
+        Ok(view)
+    }
+
+    /// A key written: into the view. A value this version cannot read is
+    /// logged and skipped, never fatal: it may be a newer version's.
+    fn apply_put(&self, view: &mut View, kv: &KeyValue) {
+        let key = key_text(kv);
+        let Some(kind) = self.keys.classify(&key) else {
+            return;
+        };
+        let parsed: Result<(), String> = match kind {
+            KeyKind::Member(host) => serde_json::from_slice::<MemberRecord>(kv.value())
+                .map_err(|e| e.to_string())
+                .map(|record| {
+                    view.members.insert(
+                        host.to_owned(),
+                        Member {
+                            record,
+                            lease: kv.lease(),
+                            join_revision: kv.create_revision(),
+                        },
+                    );
+                }),
+            KeyKind::Epoch => std::str::from_utf8(kv.value())
+                .map_err(|e| e.to_string())
+                .and_then(|s| s.trim().parse::<u64>().map_err(|e| e.to_string()))
+                .map(|e| view.epoch = e),
+            KeyKind::Round(epoch) => serde_json::from_slice::<RoundRecord>(kv.value())
+                .map_err(|e| e.to_string())
+                .map(|r| {
+                    view.rounds.insert(epoch, r);
+                }),
+            KeyKind::Departure(host) => serde_json::from_slice::<Departure>(kv.value())
+                .map_err(|e| e.to_string())
+                .map(|d| {
+                    view.departures.insert(host.to_owned(), d.reason);
+                }),
+            KeyKind::End(epoch) => serde_json::from_slice::<JobEnd>(kv.value())
+                .map_err(|e| e.to_string())
+                .map(|e| {
+                    view.ends.insert(epoch, e);
+                }),
+            KeyKind::Other => Ok(()),
+        };
+        if let Err(problem) = parsed {
+            tracing::warn!(
+                job = %self.cfg.job,
+                %key,
+                %problem,
+                "coord: unreadable value in etcd, ignored"
+            );
+        }
+    }
+
+    /// A key deleted (or expired with its lease): out of the view.
+    fn apply_delete(&self, view: &mut View, key: &str) {
+        match self.keys.classify(key) {
+            Some(KeyKind::Member(host)) => {
+                view.members.remove(host);
+            }
+            Some(KeyKind::Epoch) => view.epoch = 0,
+            Some(KeyKind::Round(epoch)) => {
+                view.rounds.remove(&epoch);
+            }
+            Some(KeyKind::Departure(host)) => {
+                view.departures.remove(host);
+            }
+            Some(KeyKind::End(epoch)) => {
+                view.ends.remove(&epoch);
+            }
+            Some(KeyKind::Other) | None => {}
+        }
+    }
+
+    /// Replaces the view and publishes it.
+    pub(crate) fn set_view(&self, view: View) {
+        *self.lock_view() = view;
+        self.publish();
+    }
+
+    /// Publishes the view to everyone waiting on the coordinator; logs a
+    /// new round once.
+    pub(crate) fn publish(&self) {
+        let (round, live, ended) = {
+            let view = self.lock_view();
+            (
+                view.current().map(|r| {
+                    let mut round =
+                        Round::from_record(&self.cfg.job, r, &self.cfg.host, self.lease);
+                    // Who is on standby now, not when the round formed: a
+                    // spare that joins a full round makes no new one.
+                    round.standby = view
+                        .members
+                        .keys()
+                        .filter(|h| !round.members.contains(h))
+                        .cloned()
+                        .collect();
+                    round
+                }),
+                view.members.keys().cloned().collect::<Vec<_>>(),
+                view.ended().cloned(),
+            )
+        };
+        self.state.send_modify(|s| {
+            if let Some(r) = &round
+                && s.round.as_ref().is_none_or(|old| old.epoch != r.epoch)
+            {
+                tracing::info!(
+                    job = %self.cfg.job,
+                    host = %self.cfg.host,
+                    epoch = r.epoch,
+                    node_rank = ?r.node_rank,
+                    nnodes = r.nnodes,
+                    world_size = r.world_size,
+                    master = %format_args!("{}:{}", r.master_addr, r.master_port),
+                    waiting = r.waiting,
+                    members = %r.members.join(","),
+                    reason = %r.reason,
+                    decided_by = %r.decided_by,
+                    "coord: new round"
+                );
+            }
+            s.round = round;
+            s.live = live;
+            s.ended = ended;
+        });
+    }
+
+    /// Marks the coordinator failed (the lease is lost): every waiter gets
+    /// the error; the tasks stop.
+    pub(crate) fn fail(&self, err: CoordError) {
+        tracing::error!(job = %self.cfg.job, host = %self.cfg.host, error = %err, "coord: failed");
+        self.state.send_modify(|s| {
+            if s.failed.is_none() {
+                s.failed = Some(err);
+            }
+        });
+        self.stop.cancel();
+    }
+
+    /// Tries to advance the epoch from `expected` to `expected + 1`, with
+    /// the round [`plan::assign`] makes of this host's view, in one txn whose
+    /// compare on the epoch key lets exactly one host win.
+    pub(crate) async fn advance(
+        &self,
+        expected: u64,
+        reason: String,
+    ) -> Result<Advance, CoordError> {
+        let next = expected + 1;
+        let record = {
+            let view = self.lock_view();
+            if view.epoch != expected {
+                return Ok(Advance::Stale(view.epoch));
+            }
+            let live = view.live();
+            plan::record(
+                next,
+                plan::assign(view.current(), &live, self.limits),
+                self.limits,
+                reason,
+                self.cfg.host.clone(),
+                now_ms(),
+            )
+        };
+        let round_key = self.keys.round(next);
+        let json = serde_json::to_string(&record).map_err(|e| CoordError::Corrupt {
+            key: round_key.clone(),
+            problem: format!("cannot encode the round: {e}"),
+        })?;
+        let epoch_key = self.keys.epoch();
+        let compare = if expected == 0 {
+            Compare::version(epoch_key.as_str(), CompareOp::Equal, 0)
+        } else {
+            Compare::value(epoch_key.as_str(), CompareOp::Equal, expected.to_string())
+        };
+        let mut ops = vec![
+            TxnOp::put(epoch_key.as_str(), next.to_string(), None),
+            TxnOp::put(round_key.as_str(), json, None),
+        ];
+        if next > KEEP_ROUNDS {
+            let oldest = next - KEEP_ROUNDS;
+            ops.push(TxnOp::delete(
+                self.keys.round(0),
+                Some(DeleteOptions::new().with_range(self.keys.round(oldest))),
+            ));
+            ops.push(TxnOp::delete(
+                self.keys.end(0),
+                Some(DeleteOptions::new().with_range(self.keys.end(oldest))),
+            ));
+        }
+        let txn = Txn::new().when([compare]).and_then(ops);
+        let mut client = self.client.clone();
+        let resp = self
+            .call("txn (advance epoch)", &epoch_key, client.txn(txn))
+            .await?;
+        if resp.succeeded() {
+            tracing::debug!(job = %self.cfg.job, host = %self.cfg.host, epoch = next, reason = %record.reason, "coord: advanced the epoch");
+            Ok(Advance::Advanced(next))
+        } else {
+            Ok(Advance::LostRace)
+        }
+    }
+
+    /// The epoch as etcd has it now.
+    pub(crate) async fn read_epoch(&self) -> Result<u64, CoordError> {
+        let key = self.keys.epoch();
+        let mut client = self.client.clone();
+        let resp = self
+            .call("get", &key, client.get(key.as_str(), None))
+            .await?;
+        match resp.kvs().first() {
+            None => Ok(0),
+            Some(kv) => std::str::from_utf8(kv.value())
+                .ok()
+                .and_then(|s| s.trim().parse().ok())
+                .ok_or_else(|| CoordError::Corrupt {
+                    key: key.clone(),
+                    problem: format!("not an epoch: {:?}", String::from_utf8_lossy(kv.value())),
+                }),
+        }
+    }
+
+    /// Registers this host under its lease, unless a live launcher holds
+    /// the host id: then waits for its key to go, up to `join_timeout`.
+    pub(crate) async fn register(&self) -> Result<(), CoordError> {
+        let key = self.keys.member(&self.cfg.host);
+        let record = MemberRecord {
+            host: self.cfg.host.clone(),
+            addr: self.cfg.addr.clone(),
+            nproc_per_node: self.cfg.nproc_per_node,
+            spare: self.cfg.spare,
+            min_nodes: self.cfg.min_nodes,
+            max_nodes: self.cfg.max_nodes,
+            pid: std::process::id(),
+            joined_at_ms: now_ms(),
+        };
+        let json = serde_json::to_string(&record).map_err(|e| CoordError::Corrupt {
+            key: key.clone(),
+            problem: format!("cannot encode the member record: {e}"),
+        })?;
+        let started = Instant::now();
+        let mut told = false;
+        loop {
+            let txn = Txn::new()
+                .when([Compare::create_revision(key.as_str(), CompareOp::Equal, 0)])
+                .and_then([
+                    TxnOp::put(
+                        key.as_str(),
+                        json.as_str(),
+                        Some(PutOptions::new().with_lease(self.lease)),
+                    ),
+                    TxnOp::delete(self.keys.departure(&self.cfg.host), None),
+                ])
+                .or_else([TxnOp::get(key.as_str(), None)]);
+            let mut client = self.client.clone();
+            let resp = self
+                .call("txn (register member)", &key, client.txn(txn))
+                .await?;
+            if resp.succeeded() {
+                return Ok(());
+            }
+            let holder = resp.op_responses().into_iter().find_map(|r| match r {
+                TxnOpResponse::Get(g) => g.kvs().first().map(|kv| {
+                    let addr = serde_json::from_slice::<MemberRecord>(kv.value())
+                        .map_or_else(|_| "?".to_owned(), |m| m.addr);
+                    (addr, kv.lease())
+                }),
+                _ => None,
+            });
+            let waited = started.elapsed();
+            if let Some((holder_addr, holder_lease)) = holder
+                && waited >= self.cfg.join_timeout
+            {
+                return Err(CoordError::HostTaken {
+                    host: self.cfg.host.clone(),
+                    key,
+                    holder_addr,
+                    holder_lease,
+                    waited,
+                });
+            }
+            if !told {
+                told = true;
+                tracing::info!(job = %self.cfg.job, host = %self.cfg.host, %key, "coord: host id still held (a previous launcher's lease?); waiting");
+            }
+            tokio::select! {
+                () = self.stop.cancelled() => return Err(self.stopped_error()),
+                () = sleep(Duration::from_millis(250)) => {}
+            }
+        }
+    }
+
+    /// The error to give once the tasks have stopped: the failure if there
+    /// was one.
+    pub(crate) fn stopped_error(&self) -> CoordError {
+        self.state
+            .borrow()
+            .failed
+            .clone()
+            .unwrap_or_else(|| CoordError::Stopped {
+                host: self.cfg.host.clone(),
+            })
+    }
+}
+
+/// Keeps the lease alive until stopped; declares it lost when etcd says it
+/// expired or when no keep-alive was answered for a whole TTL (counted from
+/// when the last answered one was sent, so this host gives up no later than
+/// etcd does).
+pub(crate) async fn keep_lease(inner: Arc<Inner>, granted_at: Instant) {
+    let ttl = inner.cfg.lease_ttl;
+    let interval = ttl / 3;
+    let retry = interval.min(Duration::from_millis(200));
+    let mut expires = granted_at + ttl;
+    let lease = inner.lease;
+    let lost = |reason: String| CoordError::LeaseLost {
+        host: inner.cfg.host.clone(),
+        lease,
+        reason,
+    };
+    loop {
+        let mut client = inner.client.clone();
+        let sent = Instant::now();
+        let opened = tokio::select! {
+            () = inner.stop.cancelled() => return,
+            () = sleep_until(expires) => {
+                inner.fail(lost(format!("no keep-alive answered for {ttl:?} (etcd at {})", inner.endpoints)));
+                return;
+            }
+            r = client.lease_keep_alive(lease) => r,
+        };
+        let (mut keeper, mut stream) = match opened {
+            Ok(pair) => {
+                // Opening sends one keep-alive and checks its answer.
+                expires = sent + ttl;
+                pair
+            }
+            Err(etcd_client::Error::LeaseKeepAliveError(msg)) if msg.contains("not found") => {
+                inner.fail(lost("etcd says it expired (lease not found)".into()));
+                return;
+            }
+            Err(e) => {
+                tracing::warn!(host = %inner.cfg.host, error = %e, "coord: lease keep-alive stream failed; retrying");
+                tokio::select! {
+                    () = inner.stop.cancelled() => return,
+                    () = sleep(retry) => {}
+                }
+                continue;
+            }
+        };
+        loop {
+            tokio::select! {
+                () = inner.stop.cancelled() => return,
+                () = sleep(interval) => {}
+            }
+            let sent = Instant::now();
+            let answer = tokio::select! {
+                () = inner.stop.cancelled() => return,
+                () = sleep_until(expires) => {
+                    inner.fail(lost(format!("no keep-alive answered for {ttl:?} (etcd at {})", inner.endpoints)));
+                    return;
+                }
+                r = async {
+                    keeper.keep_alive().await?;
+                    stream.message().await
+                } => r,
+            };
+            match answer {
+                Ok(Some(resp)) if resp.ttl() > 0 => {
+                    let granted = u64::try_from(resp.ttl()).unwrap_or(0);
+                    expires = sent + Duration::from_secs(granted);
+                }
+                Ok(Some(_)) => {
+                    inner.fail(lost(
+                        "etcd says it expired (keep-alive answered TTL 0)".into(),
+                    ));
+                    return;
+                }
+                Ok(None) | Err(_) => {
+                    tracing::warn!(host = %inner.cfg.host, "coord: lease keep-alive stream ended; reopening");
+                    break;
+                }
+            }
+        }
+    }
+}
+
+/// The driver: watches the job's keys from `revision + 1`, keeps the view
+/// and the published state current, and writes the rounds that
+/// [`plan::trigger`] says are due (at once, or after the last call).
+pub(crate) async fn drive(inner: Arc<Inner>, mut revision: i64) {
+    let mut driver = Driver::default();
+    loop {
+        let mut client = inner.client.clone();
+        let options = WatchOptions::new()
+            .with_prefix()
+            .with_start_revision(revision + 1);
+        let base = inner.keys.base().to_owned();
+        let watched = tokio::select! {
+            () = inner.stop.cancelled() => return,
+            r = inner.call("watch", &base, client.watch(base.as_str(), Some(options))) => r,
+        };
+        let mut stream = match watched {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(host = %inner.cfg.host, error = %e, "coord: cannot watch; retrying");
+                tokio::select! {
+                    () = inner.stop.cancelled() => return,
+                    () = sleep(Duration::from_millis(200)) => {}
+                }
+                continue;
+            }
+        };
+        // Evaluate once on (re)start: the view may already call for a round.
+        driver.evaluate(&inner).await;
+        loop {
+            let wake = driver.wake;
+            let message = tokio::select! {
+                () = inner.stop.cancelled() => return,
+                () = sleep_until(wake.unwrap_or_else(Instant::now)), if wake.is_some() => None,
+                m = stream.message() => Some(m),
+            };
+            match message {
+                None => {}
+                Some(Ok(Some(resp))) => {
+                    if resp.canceled() || resp.compact_revision() > 0 {
+                        // History compacted past us: read everything again.
+                        tracing::warn!(host = %inner.cfg.host, compact_revision = resp.compact_revision(), reason = %resp.cancel_reason(), "coord: watch cancelled; reloading");
+                        match inner.load().await {
+                            Ok(view) => {
+                                revision = view.revision;
+                                inner.set_view(view);
+                            }
+                            Err(e) => {
+                                tracing::warn!(host = %inner.cfg.host, error = %e, "coord: reload failed")
+                            }
+                        }
+                        break;
+                    }
+                    if !resp.events().is_empty() {
+                        {
+                            let mut view = inner.lock_view();
+                            for event in resp.events() {
+                                let Some(kv) = event.kv() else { continue };
+                                revision = revision.max(kv.mod_revision());
+                                match event.event_type() {
+                                    EventType::Put => inner.apply_put(&mut view, kv),
+                                    EventType::Delete => {
+                                        inner.apply_delete(&mut view, &key_text(kv))
+                                    }
+                                }
+                            }
+                            view.revision = revision;
+                            let epoch = view.epoch;
+                            view.rounds.retain(|e, _| *e >= epoch);
+                        }
+                        inner.publish();
+                    }
+                }
+                Some(Ok(None)) | Some(Err(_)) => {
+                    tracing::warn!(host = %inner.cfg.host, "coord: watch ended; re-watching");
+                    tokio::select! {
+                        () = inner.stop.cancelled() => return,
+                        () = sleep(Duration::from_millis(100)) => {}
+                    }
+                    break;
+                }
+            }
+            driver.evaluate(&inner).await;
+        }
+    }
+}
+
+/// The driver's timers.
+#[derive(Debug, Default)]
+struct Driver {
+    /// A round that may wait for the last call: since when, at which epoch.
+    pending: Option<(u64, Instant)>,
+    /// The last attempt to advance: from which epoch, and until when not to
+    /// try again from it (the watch brings the result first).
+    attempt: Option<(u64, Instant)>,
+    /// When to evaluate again without an event.
+    wake: Option<Instant>,
+}
+
+impl Driver {
+    /// Asks the plan whether a round is due and writes it if so.
+    async fn evaluate(&mut self, inner: &Inner) {
+        let now = Instant::now();
+        self.wake = None;
+        let (trigger, epoch) = {
+            let view = inner.lock_view();
+            let live = view.live();
+            (
+                plan::trigger(
+                    view.current(),
+                    &live,
+                    &view.departures,
+                    view.ended().is_some(),
+                    inner.limits,
+                ),
+                view.epoch,
+            )
+        };
+        let reason = match trigger {
+            Trigger::None => {
+                self.pending = None;
+                return;
+            }
+            Trigger::Now(reason) => reason,
+            Trigger::AfterLastCall(reason) => {
+                let since = match self.pending {
+                    Some((e, t)) if e == epoch => t,
+                    _ => {
+                        self.pending = Some((epoch, now));
+                        now
+                    }
+                };
+                let due = since + inner.cfg.last_call;
+                if now < due {
+                    self.wake = Some(due);
+                    return;
+                }
+                reason
+            }
+        };
+        if let Some((e, until)) = self.attempt
+            && e == epoch
+            && now < until
+        {
+            self.wake = Some(until);
+            return;
+        }
+        let backoff = match inner.advance(epoch, reason).await {
+            Ok(_) => {
+                self.pending = None;
+                inner.cfg.request_timeout
+            }
+            Err(e) => {
+                tracing::warn!(host = %inner.cfg.host, error = %e, "coord: could not advance the epoch; retrying");
+                Duration::from_millis(250)
+            }
+        };
+        let until = Instant::now() + backoff;
+        self.attempt = Some((epoch, until));
+        self.wake = Some(until);
+    }
+}

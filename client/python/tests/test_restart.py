@@ -1,0 +1,252 @@
+"""In-process restarts without an agent: requests injected as the agent's would be.
+
+``warden.inject_restart`` goes through the same path as a request from the
+agent (the Rust client's callback, the resender thread, the signal and the
+asynchronous exception, the native catch in ``warden.run``), only the source
+differs. Every test leaves nothing pending.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import signal
+import threading
+import time
+from typing import Any, Callable
+
+import pytest
+
+import warden
+from warden import _native, _restart
+
+_seqs = itertools.count(1000)
+
+
+def next_seq() -> int:
+    return next(_seqs)
+
+
+def inject_later(delay: float, seq: int, count: int = 1, reason: str = "test") -> list[float]:
+    """Injects a request after ``delay`` seconds; returns [when it was injected]."""
+    at: list[float] = []
+
+    def fire() -> None:
+        at.append(time.monotonic())
+        warden.inject_restart(seq, restart_count=count, reason=reason, incident_id="inc-test")
+
+    threading.Timer(delay, fire).start()
+    return at
+
+
+@pytest.fixture(autouse=True)
+def nothing_pending() -> Any:
+    yield
+    assert _native._restart_pending() is None, "a test left a restart request pending"
+
+
+def test_without_a_request_run_is_a_plain_call() -> None:
+    def train(a: int, b: int = 0) -> tuple[int, int, int]:
+        return a, b, warden.restart_count()
+
+    base = warden.restart_count()
+    assert warden.run(train, 1, b=2) == (1, 2, base)
+
+
+def test_a_blocking_sleep_in_the_main_thread_is_interrupted_at_once() -> None:
+    assert threading.current_thread() is threading.main_thread()
+    seq = next_seq()
+    seen: list[Any] = []
+    injected: list[list[float]] = []
+
+    def train() -> int:
+        if not seen:
+            seen.append(("start", warden.restart_count()))
+            injected.append(inject_later(0.1, seq, count=1, reason="rank 1 hung"))
+            time.sleep(30)
+            raise AssertionError("the sleep was not interrupted")
+        return warden.restart_count()
+
+    def hook(exc: warden.RestartRequested) -> None:
+        seen.append((exc.seq, exc.restart_count, exc.reason, exc.incident_id, time.monotonic()))
+
+    t0 = time.monotonic()
+    count = warden.run(train, on_restart=hook)
+    assert time.monotonic() - t0 < 5
+    assert seen[1][:4] == (seq, 1, "rank 1 hung", "inc-test")
+    latency = seen[1][4] - injected[0][0]
+    assert latency < 0.5, f"{latency * 1000:.1f} ms from the request to the hook"
+    assert count == max(1, seen[0][1] + 1)
+    signals, _ = _native._restart_deliveries()
+    assert signals >= 1, "the blocking call was interrupted by the signal"
+
+
+def test_a_busy_loop_in_another_thread_gets_the_asynchronous_exception() -> None:
+    seq = next_seq()
+    out: list[Any] = []
+
+    def train() -> str:
+        if not out:
+            out.append("first")
+            inject_later(0.05, seq)
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                sum(range(100))
+            return "never interrupted"
+        return "second"
+
+    th = threading.Thread(target=lambda: out.append(warden.run(train)))
+    th.start()
+    th.join(10)
+    assert not th.is_alive()
+    assert out == ["first", "second"]
+
+
+def test_except_exception_does_not_swallow_it_and_a_swallowed_one_comes_back() -> None:
+    seq = next_seq()
+    caught: list[str] = []
+
+    def train() -> int:
+        if caught:
+            return len(caught)
+        inject_later(0.05, seq)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                try:
+                    time.sleep(0.01)
+                except Exception:  # noqa: BLE001 - user code that catches too much
+                    caught.append("Exception")
+            except BaseException as e:  # noqa: BLE001 - and code that swallows everything
+                assert isinstance(e, warden.RestartRequested)
+                caught.append("BaseException")
+                if caught.count("BaseException") == 3:
+                    raise
+        return -1
+
+    t0 = time.monotonic()
+    assert warden.run(train) == 3
+    assert caught == ["BaseException"] * 3
+    # Resent about every 100 ms until warden.run caught it.
+    assert 0.15 < time.monotonic() - t0 < 5
+
+
+def test_outside_run_nothing_is_raised_and_run_starts_with_the_restart() -> None:
+    seq = next_seq()
+    before = warden.restart_count()
+    assert warden.inject_restart(seq, restart_count=before + 5, reason="while importing")
+    time.sleep(0.3)  # nothing raises here: no warden.run
+    assert _native._restart_pending() == {
+        "seq": seq,
+        "restart_count": before + 5,
+        "reason": "while importing",
+        "incident_id": "",
+    }
+    assert warden.default_client().restart_pending()["seq"] == seq  # type: ignore[index]
+    calls: list[int] = []
+    assert warden.run(lambda: calls.append(warden.restart_count()) or "ok") == "ok"
+    # The function was not started twice: the pending request is acknowledged
+    # at once and the first attempt runs with its count.
+    assert calls == [before + 5]
+    assert warden.default_client().restart_pending() is None
+    assert not warden.inject_restart(seq), "a request is new only once"
+
+
+def test_max_restarts_lets_the_exception_out() -> None:
+    seq = next_seq()
+
+    def train() -> None:
+        inject_later(0.02, seq)
+        time.sleep(30)
+
+    with pytest.raises(warden.RestartRequested) as info:
+        warden.run(train, max_restarts=0)
+    assert info.value.seq == seq
+    # Not acknowledged, but never raised again either.
+    assert _native._restart_pending() is not None
+    assert _native._restart_ack() is not None
+
+
+def test_other_exceptions_and_results_pass_through() -> None:
+    def boom() -> None:
+        raise KeyError("x")
+
+    with pytest.raises(KeyError):
+        warden.run(boom)
+    assert warden.run(lambda *a, **k: (a, k), 1, 2, z=3) == ((1, 2), {"z": 3})
+
+
+def test_the_decorator_keeps_the_signature_and_restarts() -> None:
+    seq = next_seq()
+    hooks: list[int] = []
+
+    @warden.restartable(max_restarts=2, on_restart=lambda e: hooks.append(e.seq))
+    def train(x: int, *, y: int) -> int:
+        """Doc."""
+        if not hooks:
+            inject_later(0.02, seq)
+            time.sleep(30)
+        return x + y
+
+    assert train.__name__ == "train" and train.__doc__ == "Doc."
+    assert train(1, y=2) == 3
+    assert hooks == [seq]
+
+    @warden.restartable
+    def plain() -> str:
+        return "plain"
+
+    assert plain() == "plain"
+
+
+def test_a_request_after_run_returned_is_not_raised_in_the_code_that_follows() -> None:
+    seq = next_seq()
+    assert warden.run(lambda: "done") == "done"
+    inject_later(0.02, seq)
+    deadline = time.monotonic() + 0.3
+    while time.monotonic() < deadline:  # the main thread, busy, outside warden.run
+        sum(range(100))
+    time.sleep(0.1)  # blocking, with the restart signal's handler installed
+    assert _native._restart_ack() is not None
+
+
+def test_the_exception_describes_itself() -> None:
+    e = warden.RestartRequested(seq=4, restart_count=2, reason="why", incident_id="inc-1")
+    assert (e.seq, e.restart_count, e.reason, e.incident_id) == (4, 2, "why", "inc-1")
+    assert "restart 2" in str(e) and "why" in str(e)
+    assert isinstance(e, BaseException) and not isinstance(e, Exception)
+    plain = warden.RestartRequested("custom")
+    assert str(plain) == "custom" and plain.seq == 0
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        (None, int(signal.SIGUSR1)),
+        ("", int(signal.SIGUSR1)),
+        ("off", 0),
+        ("0", 0),
+        ("SIGUSR2", int(signal.SIGUSR2)),
+        ("usr1", int(signal.SIGUSR1)),
+        ("12", 12),
+        ("nonsense", 0),
+        ("999", 0),
+    ],
+)
+def test_the_restart_signal_from_the_environment(
+    monkeypatch: pytest.MonkeyPatch, value: str | None, expected: int
+) -> None:
+    if value is None:
+        monkeypatch.delenv("WARDEN_RESTART_SIGNAL", raising=False)
+    else:
+        monkeypatch.setenv("WARDEN_RESTART_SIGNAL", value)
+    assert _restart._wanted_signal() == expected
+
+
+def test_the_handler_stays_installed_and_raises_only_when_due() -> None:
+    warden.run(lambda: None)
+    handler: Callable[..., Any] = signal.getsignal(signal.SIGUSR1)  # type: ignore[assignment]
+    assert handler is _restart._on_signal
+    # A stray signal with nothing due is harmless.
+    os.kill(os.getpid(), signal.SIGUSR1)
+    time.sleep(0.05)

@@ -1,0 +1,254 @@
+"""In-process restarts: ``warden.run``, ``@warden.restartable`` and ``RestartRequested``.
+
+When the agent decides that a job is to restart in process (a rank hung
+alone, ``warden restart``), every rank of the job gets the request. Under
+``warden.run(train_fn)`` the training thread then raises
+``RestartRequested`` wherever it is, even inside a long ``time.sleep``, a
+socket or a lock wait (a signal interrupts them); ``warden.run`` catches
+it, acknowledges it to the agent, and calls ``train_fn`` again, which
+restores from its local checkpoint. The process keeps its interpreter, its
+imports and its CUDA context.
+
+Outside ``warden.run`` nothing is raised: the request stays pending, and the
+agent restarts the job's processes after its ``restart.in_process_timeout``.
+So does a rank stuck in native code that never returns to the interpreter
+(a NCCL collective waiting on a dead peer): no signal interrupts it.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import signal
+import sys
+import threading
+from typing import Any, Callable, Optional, TypeVar
+
+from . import _native
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+_R = TypeVar("_R")
+
+#: The restart count of the attempt running now (0: the first).
+_count = 0
+#: The signal whose handler raises, once installed (None: not tried yet).
+_signal: Optional[int] = None
+_signal_lock = threading.Lock()
+
+
+class RestartRequested(BaseException):
+    """The agent asked this rank to restart its training function in process.
+
+    A ``BaseException``, like ``KeyboardInterrupt``: ``except Exception`` in
+    training code does not swallow it. Code that catches ``BaseException``
+    and carries on gets it again about every 100 ms, until ``warden.run``
+    catches it.
+
+    Attributes: ``restart_count`` (the count the next attempt runs with, 1 for
+    the job's first restart), ``seq`` (the request's sequence number, what the
+    acknowledgement carries), ``reason`` and ``incident_id`` (empty when the
+    restart was asked by hand).
+    """
+
+    seq: int
+    restart_count: int
+    reason: str
+    incident_id: str
+
+    def __init__(
+        self,
+        *args: Any,
+        seq: Optional[int] = None,
+        restart_count: Optional[int] = None,
+        reason: Optional[str] = None,
+        incident_id: Optional[str] = None,
+    ) -> None:
+        info: dict[str, Any] = {}
+        if seq is None and restart_count is None and not args:
+            # Raised for the pending request (by the signal handler, the
+            # asynchronous-exception mechanism or warden.run): describe it,
+            # and tell the resender that the raise happened.
+            info = _native._restart_pending() or {}
+            _native._restart_raised()
+        self.seq = int(seq if seq is not None else info.get("seq", 0))
+        self.restart_count = int(
+            restart_count if restart_count is not None else info.get("restart_count", 0)
+        )
+        self.reason = str(reason if reason is not None else info.get("reason", ""))
+        self.incident_id = str(
+            incident_id if incident_id is not None else info.get("incident_id", "")
+        )
+        if not args:
+            why = f": {self.reason}" if self.reason else ""
+            args = (
+                f"the warden agent asked for an in-process restart "
+                f"(restart {self.restart_count}, seq {self.seq}){why}",
+            )
+        super().__init__(*args)
+
+
+def restart_count() -> int:
+    """The restart count of the attempt running under ``warden.run`` (0: the first).
+
+    A training function restores from its local checkpoint when it is not 0.
+    It only grows within a process: the agent's count for the job, or one
+    more than the last, whichever is higher.
+    """
+    return _count
+
+
+def _wanted_signal() -> int:
+    raw = os.environ.get("WARDEN_RESTART_SIGNAL")
+    if raw is None or raw.strip() == "":
+        return int(signal.SIGUSR1)
+    raw = raw.strip()
+    if raw.lower() in ("0", "off", "none", "no", "false"):
+        return 0
+    try:
+        sig = int(raw)
+    except ValueError:
+        name = raw.upper()
+        if not name.startswith("SIG"):
+            name = "SIG" + name
+        found = getattr(signal.Signals, name, None)
+        if found is None:
+            print(
+                f"warden: WARDEN_RESTART_SIGNAL={raw!r} is not a signal; "
+                "restarts interrupt no blocking call",
+                file=sys.stderr,
+            )
+            return 0
+        sig = int(found)
+    return sig if 0 < sig < signal.NSIG else 0
+
+
+def _on_signal(signum: int, frame: Any) -> None:
+    """The restart signal's handler: raises in the training thread, once due."""
+    if _native._restart_should_raise():
+        raise RestartRequested()
+
+
+def _install_signal() -> None:
+    """Installs the restart signal's handler (once, from the main thread).
+
+    Kept for the life of the process: a signal the resender already sent
+    must never meet the default action (which ends the process). A signal
+    the program already handles, or the stack-dump signal, is not taken:
+    restarts then come through the asynchronous exception alone, which
+    does not interrupt a blocking call.
+    """
+    global _signal
+    if _signal is not None or threading.current_thread() is not threading.main_thread():
+        return
+    with _signal_lock:
+        if _signal is not None:
+            return
+        sig = _wanted_signal()
+        stack = os.environ.get("WARDEN_STACK_DUMP_SIGNAL")
+        stack_sig = int(signal.SIGUSR2)
+        if stack is not None:
+            try:
+                stack_sig = int(stack)
+            except ValueError:
+                stack_sig = -1
+        if sig == stack_sig:
+            print(
+                f"warden: the restart signal {sig} is the stack-dump signal; "
+                "restarts interrupt no blocking call",
+                file=sys.stderr,
+            )
+            sig = 0
+        if sig:
+            try:
+                if signal.getsignal(sig) not in (signal.SIG_DFL, None):
+                    sig = 0
+                else:
+                    signal.signal(sig, _on_signal)
+            except (OSError, ValueError, RuntimeError) as e:
+                print(f"warden: no restart signal {sig}: {e}", file=sys.stderr)
+                sig = 0
+        main = threading.main_thread().ident or 0
+        _native._restart_set_signal(sig, main if sig else 0)
+        _signal = sig
+
+
+def run(
+    train_fn: Callable[..., _R],
+    *args: Any,
+    max_restarts: Optional[int] = None,
+    on_restart: Optional[Callable[[RestartRequested], Any]] = None,
+    **kwargs: Any,
+) -> _R:
+    """Runs ``train_fn(*args, **kwargs)``, again after each in-process restart.
+
+    When the agent asks for a restart, ``train_fn`` raises
+    ``RestartRequested`` wherever it is; ``run`` acknowledges it, calls
+    ``on_restart(exc)`` if given (tear down the process group, free memory),
+    and calls ``train_fn`` again, which reads ``warden.restart_count()`` and
+    restores from its local checkpoint. Returns what ``train_fn`` returns.
+
+    ``max_restarts``: past that many restarts in this call, the exception
+    propagates (the process ends; its launcher restarts it). ``max_restarts``
+    and ``on_restart`` are ``run``'s own keywords; every other argument goes
+    to ``train_fn``. Run it from the training thread (the main thread, for a
+    blocking call to be interruptible).
+    """
+    global _count
+    _install_signal()
+    from . import _excepthook
+
+    if not _excepthook.clients():
+        # Requests come through a client: make sure one is registered.
+        _native.default_client()
+    done_restarts = 0
+    call_args = args
+    call_kwargs = kwargs
+    while True:
+        done, value = _native._restart_call(train_fn, call_args, call_kwargs)
+        if done:
+            return value  # type: ignore[no-any-return]
+        exc: RestartRequested = value
+        while True:
+            if max_restarts is not None and done_restarts >= max_restarts:
+                raise exc
+            info = _native._restart_ack()
+            done_restarts += 1
+            if info and info["seq"] == exc.seq:
+                # What the stream said since the raise (the slot is terse).
+                exc.reason = exc.reason or info["reason"]
+                exc.incident_id = exc.incident_id or info["incident_id"]
+            agent_count = int(info["restart_count"]) if info else 0
+            _count = max(agent_count, _count + 1)
+            if on_restart is None:
+                break
+            # A newer request during the hook restarts again, acknowledged.
+            done, value = _native._restart_call(on_restart, (exc,), None)
+            if done:
+                break
+            exc = value
+
+
+def restartable(
+    fn: Optional[_F] = None,
+    *,
+    max_restarts: Optional[int] = None,
+    on_restart: Optional[Callable[[RestartRequested], Any]] = None,
+) -> Any:
+    """Decorator form of ``run``: ``@warden.restartable`` or
+    ``@warden.restartable(max_restarts=3, on_restart=hook)``.
+
+    Each call of the decorated function runs under ``warden.run``, with the
+    same arguments and return value.
+    """
+
+    def wrap(f: _F) -> _F:
+        @functools.wraps(f)
+        def wrapper(*a: Any, **k: Any) -> Any:
+            return run(f, *a, max_restarts=max_restarts, on_restart=on_restart, **k)
+
+        return wrapper  # type: ignore[return-value]
+
+    return wrap(fn) if fn is not None else wrap
+
+
+_native._restart_set_exception(RestartRequested)

@@ -1,0 +1,373 @@
+//! The DCGM source against a stand-in libdcgm (tests/dcgm_stub), built here
+//! with `cc`, loaded by the agent's DCGM helper process exactly as it would
+//! load NVIDIA's, and scripted through the file named by `DCGM_STUB_STATE`;
+//! and the pre-restart health gate against a stand-in `dcgmi` printing
+//! recorded `dcgmi diag -j` output in DCGM 4's shape.
+
+#![allow(clippy::expect_used, clippy::unwrap_used)]
+
+mod common;
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use common::{TestAgent, WAIT, WARDEN, eventually, run};
+use warden_proto::v1 as pb;
+
+/// The stub library, its script, and a stand-in dcgmi.
+struct Stub {
+    dir: tempfile::TempDir,
+    lib: PathBuf,
+    state: PathBuf,
+}
+
+impl Stub {
+    fn new(state: &str) -> Self {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/dcgm_stub/dcgm_stub.c");
+        let lib = dir.path().join("libdcgm.so.4");
+        let out = Command::new("cc")
+            .args(["-shared", "-fPIC", "-O1", "-o"])
+            .arg(&lib)
+            .arg(&src)
+            .output()
+            .expect("run cc");
+        assert!(
+            out.status.success(),
+            "cc failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let state_path = dir.path().join("state");
+        std::fs::write(&state_path, state).unwrap();
+        Self {
+            dir,
+            lib,
+            state: state_path,
+        }
+    }
+
+    /// Rewrites the script atomically (the stub re-reads it on every call).
+    fn set(&self, state: &str) {
+        let tmp = self.state.with_extension("tmp");
+        std::fs::write(&tmp, state).unwrap();
+        std::fs::rename(&tmp, &self.state).unwrap();
+    }
+
+    /// A stand-in dcgmi that prints `stdout` and exits with `code` (after
+    /// `sleep_s` seconds).
+    fn dcgmi(&self, stdout: &str, code: i32, sleep_s: u32) -> PathBuf {
+        let out = self.dir.path().join("dcgmi.out");
+        std::fs::write(&out, stdout).unwrap();
+        let path = self.dir.path().join("dcgmi");
+        std::fs::write(
+            &path,
+            format!(
+                "#!/bin/sh\n[ \"$*\" = \"diag -r 1 -j\" ] || {{ echo \"unexpected args: $*\" >&2; exit 2; }}\nsleep {sleep_s}\ncat {}\nexit {code}\n",
+                out.display()
+            ),
+        )
+        .unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+        path
+    }
+
+    fn start(&self, extra: &str) -> TestAgent {
+        let toml = format!(
+            "[dcgm]\nenabled = true\nlibrary = {:?}\npoll_interval = \"1s\"\ncall_timeout = \"1s\"\n{extra}",
+            self.lib.display().to_string()
+        );
+        TestAgent::start_with(&toml, &[("DCGM_STUB_STATE", self.state.to_str().unwrap())])
+    }
+}
+
+fn status(c: &pb::Component) -> pb::Status {
+    pb::Status::try_from(c.status).unwrap_or(pb::Status::Unspecified)
+}
+
+async fn component_where(
+    agent: &TestAgent,
+    id: &str,
+    what: &str,
+    check: impl Fn(&pb::Component) -> bool,
+) -> pb::Component {
+    eventually(WAIT, what, async || {
+        agent.component(id).await.filter(|c| check(c))
+    })
+    .await
+}
+
+fn reason_text(c: &pb::Component) -> String {
+    c.reasons
+        .iter()
+        .map(|r| format!("{} {}: {}", r.signal, r.value, r.message))
+        .collect::<Vec<_>>()
+        .join(" | ")
+}
+
+const HEALTHY: &str = "gpus 0 1\nconnect ok\nversion 5\ncheck ok\n";
+
+#[tokio::test]
+async fn incidents_become_findings_with_their_class_and_clear() {
+    let stub = Stub::new(HEALTHY);
+    let agent = stub.start("");
+    let d = component_where(&agent, "dcgm", "dcgm OK", |c| status(c) == pb::Status::Ok).await;
+    assert_eq!(d.labels["health_response"], "v5", "{d:?}");
+    assert_eq!(d.labels["gpus"], "2");
+    assert!(d.labels["library"].ends_with("libdcgm.so.4"), "{d:?}");
+
+    // A double-bit ECC error on GPU 1 (FAIL) and thermal slowdown on GPU 0 (WARN).
+    stub.set(&format!(
+        "{HEALTHY}incident 1 1 0x10 20 4 Volatile DBE detected on GPU 1\nincident 1 0 0x80 10 10 Clocks throttled for thermal reasons on GPU 0\n"
+    ));
+    let g1 = component_where(&agent, "gpu1", "gpu1 FAILED", |c| {
+        status(c) == pb::Status::Failed
+    })
+    .await;
+    assert!(
+        g1.reasons
+            .iter()
+            .any(|r| r.signal == "dcgm.volatile_dbe_detected" && r.threshold == "system mem"),
+        "{}",
+        reason_text(&g1)
+    );
+    component_where(&agent, "gpu0", "gpu0 DEGRADED", |c| {
+        status(c) == pb::Status::Degraded
+    })
+    .await;
+
+    // Attribution: the DBE is uncorrectable hardware on gpu1, and the node is cordoned.
+    let inc = eventually(WAIT, "an incident on gpu1", async || {
+        agent
+            .client()
+            .await
+            .get_incidents(pb::GetIncidentsRequest::default())
+            .await
+            .unwrap()
+            .into_inner()
+            .incidents
+            .into_iter()
+            .find(|i| i.devices.contains(&"gpu1".to_owned()) && i.decision.is_some())
+    })
+    .await;
+    let diag = inc.diagnosis.as_ref().unwrap();
+    assert_eq!(
+        diag.fault_class,
+        pb::FaultClass::UncorrectableHardware as i32,
+        "{diag:?}"
+    );
+    assert!(
+        diag.evidence
+            .iter()
+            .any(|e| e.signal == "dcgm.volatile_dbe_detected"),
+        "{diag:?}"
+    );
+    assert_eq!(
+        inc.decision.as_ref().unwrap().action,
+        pb::Action::Cordon as i32
+    );
+    let events = agent.events().await;
+    assert!(
+        events
+            .iter()
+            .any(|e| e.kind == "dcgm.incident" && e.subject == "gpu1"),
+        "a dcgm.incident event"
+    );
+
+    // The WARN goes away: gpu0 clears at the next check.
+    stub.set(&format!(
+        "{HEALTHY}incident 1 1 0x10 20 4 Volatile DBE detected on GPU 1\n"
+    ));
+    component_where(&agent, "gpu0", "gpu0 OK again", |c| {
+        status(c) == pb::Status::Ok
+    })
+    .await;
+    let text = common::http_get(&agent.metrics_url().await);
+    assert!(
+        text.contains("warden_dcgm_incidents_total{") && text.contains("reason=\"4\""),
+        "metrics: {}",
+        text.lines()
+            .filter(|l| l.contains("dcgm"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+}
+
+#[tokio::test]
+async fn an_all_system_xid_79_fails_the_gpu() {
+    let stub = Stub::new(&format!(
+        "{HEALTHY}incident 1 0 0xffffffff 20 120 GPU 0 has fallen off the bus (XID 79)\n"
+    ));
+    let agent = stub.start("");
+    let g0 = component_where(&agent, "gpu0", "gpu0 FAILED", |c| {
+        status(c) == pb::Status::Failed
+    })
+    .await;
+    assert!(
+        g0.reasons
+            .iter()
+            .any(|r| r.signal == "dcgm.fallen_off_bus" && r.threshold == "system all"),
+        "{}",
+        reason_text(&g0)
+    );
+}
+
+#[tokio::test]
+async fn unsupported_version_and_absent_host_engine_leave_dcgm_unknown() {
+    let stub = Stub::new("gpus 0\nconnect ok\nversion none\ncheck ok\n");
+    let agent = stub.start("");
+    let d = component_where(&agent, "dcgm", "dcgm UNKNOWN (version)", |c| {
+        status(c) == pb::Status::Unknown && reason_text(c).contains("unsupported DCGM version")
+    })
+    .await;
+    assert!(
+        reason_text(&d).contains("NVML"),
+        "says what covers the GPUs: {}",
+        reason_text(&d)
+    );
+
+    stub.set("gpus 0\nconnect refuse\nversion 5\n");
+    let agent2 = stub.start("address = \"127.0.0.1:1\"\n");
+    let d = component_where(&agent2, "dcgm", "dcgm UNKNOWN (no host engine)", |c| {
+        status(c) == pb::Status::Unknown
+            && reason_text(c).contains("cannot connect to nv-hostengine at 127.0.0.1:1")
+    })
+    .await;
+    assert!(!reason_text(&d).is_empty());
+    drop(agent);
+}
+
+#[tokio::test]
+async fn a_blocking_or_crashing_library_does_not_take_the_agent_down() {
+    let stub = Stub::new(HEALTHY);
+    let agent = stub.start("");
+    component_where(&agent, "dcgm", "dcgm OK", |c| status(c) == pb::Status::Ok).await;
+
+    stub.set("gpus 0 1\nconnect ok\nversion 5\ncheck block\n");
+    let d = component_where(&agent, "dcgm", "dcgm UNKNOWN (blocked)", |c| {
+        status(c) == pb::Status::Unknown && reason_text(c).contains("did not return within")
+    })
+    .await;
+    assert!(
+        reason_text(&d).contains("dcgmHealthCheck"),
+        "{}",
+        reason_text(&d)
+    );
+    // The API answers at once meanwhile.
+    let t = Instant::now();
+    agent.health().await;
+    assert!(
+        t.elapsed() < Duration::from_secs(1),
+        "GetNodeHealth took {:?}",
+        t.elapsed()
+    );
+
+    stub.set("gpus 0 1\nconnect ok\nversion 5\ncheck crash\n");
+    component_where(&agent, "dcgm", "dcgm UNKNOWN (crashed)", |c| {
+        status(c) == pb::Status::Unknown && reason_text(c).contains("died")
+    })
+    .await;
+    assert!(
+        common::proc_state(agent.pid()).is_some_and(|s| s != 'Z'),
+        "the agent is still up"
+    );
+
+    // Back to normal: a new helper opens DCGM again.
+    stub.set(HEALTHY);
+    component_where(&agent, "dcgm", "dcgm OK again", |c| {
+        status(c) == pb::Status::Ok
+    })
+    .await;
+}
+
+const DIAG_PASS: &str = r#"{"DCGM Diagnostic": {"version": "4.2.3", "test_categories": [
+ {"category": "Deployment", "tests": [{"name": "software", "results": [
+  {"entity_group": "GPU", "entity_group_id": 1, "entity_id": 0, "status": "Pass"}],
+  "test_summary": {"status": "Pass"}}]}]}}"#;
+const DIAG_FAIL: &str = r#"{"DCGM Diagnostic": {"version": "4.2.3", "test_categories": [
+ {"category": "Hardware", "tests": [{"name": "memory", "results": [
+  {"entity_group": "GPU", "entity_group_id": 1, "entity_id": 1, "status": "Fail",
+   "warnings": [{"warning": "Memory test found 3 uncorrectable errors on GPU 1", "error_id": 4,
+                 "error_category": 2, "error_severity": "isolate"}]}],
+  "test_summary": {"status": "Fail"}}]}]}}"#;
+const DIAG_RUNTIME: &str = r#"{"DCGM Diagnostic": {"version": "4.2.3", "runtime_error": "Unable to connect to the host engine"}}"#;
+
+fn diag(agent: &TestAgent) -> (i32, serde_json::Value) {
+    let out = run(
+        Command::new(WARDEN)
+            .arg("--socket")
+            .arg(agent.socket())
+            .args(["diag", "--job", "jobx", "--json"]),
+        Duration::from_secs(20),
+    );
+    let v: serde_json::Value = serde_json::from_str(out.stdout.trim())
+        .unwrap_or_else(|e| panic!("{e}: {}\n{}", out.stdout, out.stderr));
+    (out.code(), v)
+}
+
+#[tokio::test]
+async fn the_gate_passes_refuses_and_fails_safe() {
+    let stub = Stub::new(HEALTHY);
+    // Pass.
+    let dcgmi = stub.dcgmi(DIAG_PASS, 0, 0);
+    let agent = stub.start(&format!(
+        "dcgmi = {:?}\ngate_timeout = \"2s\"\n",
+        dcgmi.display().to_string()
+    ));
+    let (code, v) = diag(&agent);
+    assert_eq!(code, 0, "{v}");
+    assert_eq!(v["passed"], true);
+    assert_eq!(v["ran"], "dcgmi diag -r 1");
+
+    // A failed memory test with an isolate severity (exit 205): refused,
+    // with the evidence, and an incident takes the node out.
+    stub.dcgmi(DIAG_FAIL, 205, 0);
+    let (code, v) = diag(&agent);
+    assert_eq!(code, 1, "{v}");
+    assert_eq!(v["passed"], false);
+    assert_eq!(v["failures"][0]["entity"], "gpu1");
+    assert_eq!(v["failures"][0]["test"], "memory");
+    assert_eq!(v["failures"][0]["severity"], "isolate");
+    let inc = eventually(WAIT, "the gate's incident", async || {
+        agent
+            .client()
+            .await
+            .get_incidents(pb::GetIncidentsRequest::default())
+            .await
+            .unwrap()
+            .into_inner()
+            .incidents
+            .into_iter()
+            .find(|i| i.job_id == "jobx" && i.decision.is_some())
+    })
+    .await;
+    assert_eq!(
+        inc.decision.as_ref().unwrap().action,
+        pb::Action::Cordon as i32,
+        "{inc:?}"
+    );
+    assert!(
+        inc.diagnosis
+            .as_ref()
+            .unwrap()
+            .evidence
+            .iter()
+            .any(|e| e.signal == "gate.memory" && e.source == "gate"),
+        "{inc:?}"
+    );
+
+    // No verdict from dcgmi (a runtime error, garbage, a timeout): the NVML
+    // check decides, and says why.
+    for (out, code, sleep, why) in [
+        (DIAG_RUNTIME, 226, 0, "runtime error"),
+        ("Segmentation fault", 139, 0, "not JSON"),
+        (DIAG_PASS, 0, 10, "did not finish"),
+    ] {
+        stub.dcgmi(out, code, sleep);
+        let (exit, v) = diag(&agent);
+        assert_eq!(v["ran"], "nvml check", "{why}: {v}");
+        assert!(v["note"].as_str().unwrap().contains(why), "{why}: {v}");
+        assert_eq!(exit, 0, "no NVML finding: the node passes ({why}): {v}");
+    }
+}

@@ -1,0 +1,587 @@
+//! System tests of in-process restarts, with the real `wardend` and real
+//! Python ranks (tests/fixtures/restartable.py) running their training
+//! function under `warden.run`.
+//!
+//! 1. Two ranks of one job; rank 1 hangs in a long `time.sleep`. The agent
+//!    finds the hang, decides `restart_in_process` (a lone hang is a
+//!    transient fault), and asks both ranks: each raises `RestartRequested`
+//!    (the sleeping one interrupted by the restart signal), acknowledges,
+//!    and runs its training function again from its local checkpoint with
+//!    restart count 1, in the same process, to the end.
+//! 2. A rank that is not under `warden.run` never acknowledges: after
+//!    `restart.in_process_timeout` the agent reports it and the decision
+//!    becomes `restart_in_job`, superseding the in-process one.
+//! 3. `RequestRestart`, `Control` and `AckControl` at the API: a restart by
+//!    hand, and the refusals (unknown job, stale generation).
+//!
+//! The Python interpreter is `$WARDEN_TEST_PYTHON` (tests/run-all.sh sets it),
+//! else the repository's `.venv/bin/python`; it must `import warden`.
+
+// Helpers outside #[test] functions panic on purpose: that is a failed test.
+#![allow(clippy::expect_used, clippy::unwrap_used)]
+
+mod common;
+
+use std::fs::File;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use common::{Events, TestAgent, WAIT, describe, evidence, python, repo_root, within};
+use tokio_stream::StreamExt;
+use warden_proto::v1 as pb;
+
+// ------------------------------------------------------------------ harness
+
+/// Fast ticks and hang thresholds of about a second once calibrated (as in
+/// tests/ranks.rs); `extra` adds tables.
+fn start_agent(extra: &str) -> (tempfile::TempDir, TestAgent) {
+    let state = tempfile::Builder::new()
+        .prefix("warden-state-")
+        .tempdir()
+        .expect("create a state directory");
+    let agent = TestAgent::start(&format!(
+        "[agent]\ntick = \"50ms\"\nstate_dir = \"{}\"\n\
+         [host]\nmemory_degraded_below_percent = 0.0\nmemory_failed_below_percent = 0.0\n\
+         [hang]\nfloor = \"1s\"\nwarmup_samples = 5\n{extra}",
+        state.path().display()
+    ));
+    (state, agent)
+}
+
+/// A rank's process, its stdout read line by line with deadlines. Killed
+/// and reaped when dropped.
+struct Rank {
+    child: Child,
+    lines: mpsc::Receiver<String>,
+    seen: Vec<String>,
+    stderr: PathBuf,
+}
+
+impl Rank {
+    fn stderr(&self) -> String {
+        std::fs::read_to_string(&self.stderr).unwrap_or_default()
+    }
+
+    /// Reads lines until one satisfies `pred`; fails the test at the
+    /// deadline or when stdout closes first.
+    fn wait_line(&mut self, timeout: Duration, what: &str, pred: impl Fn(&str) -> bool) -> String {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(line) => {
+                    self.seen.push(line.clone());
+                    if pred(&line) {
+                        return line;
+                    }
+                }
+                Err(e) => panic!(
+                    "no stdout line with {what} ({e}); lines: {:?}\n--- rank stderr ---\n{}",
+                    self.seen,
+                    self.stderr()
+                ),
+            }
+        }
+    }
+
+    /// Waits for the exit; kills and fails the test at the deadline.
+    fn wait_exit(&mut self, timeout: Duration) -> ExitStatus {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(status) = self.child.try_wait().expect("poll the rank") {
+                return status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the rank did not exit within {timeout:?}; lines: {:?}\n--- stderr ---\n{}",
+                self.seen,
+                self.stderr()
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+impl Drop for Rank {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A rank running tests/fixtures/restartable.py with `args`, its
+/// checkpoints in `ckpt`.
+fn spawn_rank(
+    agent: &TestAgent,
+    job: &str,
+    (rank, world): (u32, u32),
+    ckpt: &Path,
+    args: &[&str],
+) -> Rank {
+    static SPAWNED: AtomicU32 = AtomicU32::new(0);
+    let n = SPAWNED.fetch_add(1, Ordering::Relaxed);
+    let stderr = agent.home.path().join(format!("restartable-{n}.stderr"));
+    let mut cmd = Command::new(python());
+    cmd.arg(repo_root().join("tests/fixtures/restartable.py"))
+        .arg("--checkpoint-dir")
+        .arg(ckpt)
+        .args(args)
+        .env("WARDEN_SOCKET", agent.socket())
+        .env("WARDEN_JOB_ID", job)
+        .env("RANK", rank.to_string())
+        .env("LOCAL_RANK", rank.to_string())
+        .env("WORLD_SIZE", world.to_string())
+        .env("PYTHONUNBUFFERED", "1")
+        .env("PYTHONDONTWRITEBYTECODE", "1")
+        .env_remove("TORCHELASTIC_RUN_ID")
+        .env_remove("WARDEN_RESTART_SIGNAL")
+        .env_remove("WARDEN_STACK_DUMP_SIGNAL")
+        .env_remove("CUDA_VISIBLE_DEVICES")
+        .env_remove("WARDEN_DEVICES")
+        .env_remove("NOTIFY_SOCKET")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(File::create(&stderr).expect("create the rank's stderr file"));
+    let mut child = cmd.spawn().unwrap_or_else(|e| panic!("spawn {cmd:?}: {e}"));
+    let stdout = child.stdout.take().expect("piped stdout");
+    let (tx, lines) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines() {
+            let Ok(line) = line else { return };
+            if tx.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    Rank {
+        child,
+        lines,
+        seen: Vec::new(),
+        stderr,
+    }
+}
+
+/// `key=value` from a line of the fixture's output.
+fn field<'a>(line: &'a str, key: &str) -> &'a str {
+    line.split_whitespace()
+        .find_map(|w| w.strip_prefix(key).and_then(|v| v.strip_prefix('=')))
+        .unwrap_or_else(|| panic!("no {key}= in {line:?}"))
+}
+
+/// Waits for the registration line; returns the pid and generation.
+fn registered(rank: &mut Rank) -> (u32, u64) {
+    let line = rank.wait_line(WAIT, "registered", |l| l.starts_with("registered "));
+    (
+        field(&line, "pid").parse().unwrap(),
+        field(&line, "generation").parse().unwrap(),
+    )
+}
+
+// -------------------------------------------------------------------- tests
+
+#[tokio::test]
+async fn a_hung_rank_and_its_peer_restart_in_process_and_finish() {
+    let (_state, agent) = start_agent("");
+    let ckpt = tempfile::tempdir().unwrap();
+    let job = "ipr";
+    let mut events = Events::all(&agent).await;
+    let steps = ["--steps", "200", "--step-ms", "20"];
+    let mut r0 = spawn_rank(&agent, job, (0, 2), ckpt.path(), &steps);
+    let mut r1 = spawn_rank(
+        &agent,
+        job,
+        (1, 2),
+        ckpt.path(),
+        &[&steps[..], &["--fault-step", "25"]].concat(),
+    );
+    let (pid0, _) = registered(&mut r0);
+    let (pid1, _) = registered(&mut r1);
+    r1.wait_line(WAIT, "the fault", |l| l.starts_with("fault sleep step=25"));
+
+    let decided = events
+        .expect(&agent, WAIT, "the hang's decision", |e| {
+            e.kind == "incident.decided"
+        })
+        .await;
+    assert_eq!(
+        evidence(&decided, "action"),
+        Some("restart_in_process"),
+        "{}",
+        describe(&decided)
+    );
+    let requested = events
+        .expect(&agent, WAIT, "restart.requested", |e| {
+            e.kind == "restart.requested"
+        })
+        .await;
+    let d = describe(&requested);
+    assert_eq!(requested.subject, format!("job/{job}"), "{d}");
+    assert_eq!(evidence(&requested, "ranks"), Some("0,1"), "{d}");
+    assert_eq!(evidence(&requested, "restart_count"), Some("1"), "{d}");
+    assert_eq!(
+        evidence(&requested, "incident"),
+        Some(decided.subject.as_str()),
+        "{d}"
+    );
+    let seq = evidence(&requested, "seq").unwrap().to_owned();
+
+    let acked = events
+        .expect(&agent, WAIT, "restart.acknowledged", |e| {
+            e.kind == "restart.acknowledged"
+        })
+        .await;
+    let d = describe(&acked);
+    eprintln!("{d}");
+    assert_eq!(evidence(&acked, "seq"), Some(seq.as_str()), "{d}");
+    assert_eq!(evidence(&acked, "acknowledged"), Some("0,1"), "{d}");
+    assert_eq!(evidence(&acked, "gone"), Some(""), "{d}");
+    for rank in ["0", "1"] {
+        let latency = evidence(&acked, &format!("latency.rank.{rank}"))
+            .unwrap_or_else(|| panic!("no latency for rank {rank}: {d}"));
+        let ms: f64 = latency.split("ms").next().unwrap().parse().unwrap();
+        assert!(ms < 2000.0, "rank {rank} took {latency} to acknowledge: {d}");
+    }
+    assert!(
+        acked.id > requested.id,
+        "requested before acknowledged:\n{}",
+        events.summary()
+    );
+
+    // Each rank: the exception in the same process, then the training
+    // function again with restart count 1, from its checkpoint, to the end.
+    for (rank, pid, name) in [(&mut r0, pid0, "rank 0"), (&mut r1, pid1, "rank 1 (hung)")] {
+        let line = rank.wait_line(WAIT, "the restart", |l| {
+            l.starts_with("restart requested ")
+        });
+        assert_eq!(field(&line, "seq"), seq, "{name}: {line}");
+        assert_eq!(field(&line, "restart_count"), "1", "{name}: {line}");
+        assert_eq!(field(&line, "pid"), pid.to_string(), "{name}: in process");
+        let line = rank.wait_line(WAIT, "the second attempt", |l| {
+            l.starts_with("attempt restart_count=1 ")
+        });
+        assert_eq!(field(&line, "pid"), pid.to_string(), "{name}: same process");
+        let start: u64 = field(&line, "start").parse().unwrap();
+        assert!(start > 0, "{name} resumes from its checkpoint: {line}");
+        if name.starts_with("rank 1") {
+            assert_eq!(start, 25, "{name} resumes at the step it hung in: {line}");
+        }
+        let line = rank.wait_line(WAIT, "the end", |l| l.starts_with("done "));
+        assert_eq!(field(&line, "restart_count"), "1", "{name}: {line}");
+        assert_eq!(field(&line, "pid"), pid.to_string(), "{name}: {line}");
+        let status = rank.wait_exit(WAIT);
+        assert!(
+            status.success(),
+            "{name} exits 0: {status:?}\n{}",
+            rank.stderr()
+        );
+    }
+    assert!(
+        events.count("restart.in_process_timeout", "") == 0,
+        "{}",
+        events.summary()
+    );
+    // The hung rank made progress again.
+    events
+        .expect(&agent, WAIT, "rank.recovered", |e| {
+            e.kind == "rank.recovered" && e.subject == format!("job/{job}/rank/1")
+        })
+        .await;
+}
+
+#[tokio::test]
+async fn a_rank_that_never_acknowledges_is_escalated_to_restart_in_job() {
+    let (_state, agent) = start_agent("[restart]\nin_process_timeout = \"2s\"\n");
+    let ckpt = tempfile::tempdir().unwrap();
+    let job = "stubborn";
+    let mut events = Events::all(&agent).await;
+    let mut r0 = spawn_rank(
+        &agent,
+        job,
+        (0, 1),
+        ckpt.path(),
+        &["--mode", "plain", "--steps", "100", "--fault-step", "15"],
+    );
+    registered(&mut r0);
+    r0.wait_line(WAIT, "the fault", |l| l.starts_with("fault sleep"));
+
+    let requested = events
+        .expect(&agent, WAIT, "restart.requested", |e| {
+            e.kind == "restart.requested"
+        })
+        .await;
+    let incident = evidence(&requested, "incident").unwrap().to_owned();
+    assert!(incident.starts_with("inc-"), "{}", describe(&requested));
+    let timeout = events
+        .expect(&agent, WAIT, "restart.in_process_timeout", |e| {
+            e.kind == "restart.in_process_timeout"
+        })
+        .await;
+    let d = describe(&timeout);
+    assert_eq!(evidence(&timeout, "unacknowledged"), Some("0"), "{d}");
+    assert_eq!(evidence(&timeout, "escalated_to"), Some("restart_in_job"), "{d}");
+    assert_eq!(evidence(&timeout, "incident"), Some(incident.as_str()), "{d}");
+    assert_eq!(
+        timeout.severity,
+        pb::Severity::Error as i32,
+        "{d}"
+    );
+    let escalated = events
+        .expect(&agent, WAIT, "the superseding decision", |e| {
+            e.kind == "incident.decided"
+                && e.subject == incident
+                && evidence(e, "action") == Some("restart_in_job")
+        })
+        .await;
+    assert_eq!(
+        evidence(&escalated, "decided_by"),
+        Some("escalation"),
+        "{}",
+        describe(&escalated)
+    );
+    assert_eq!(events.count("restart.acknowledged", ""), 0, "{}", events.summary());
+
+    let incidents = agent
+        .client()
+        .await
+        .get_incidents(pb::GetIncidentsRequest {
+            job_id: job.to_owned(),
+            limit: 0,
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .incidents;
+    let inc = incidents
+        .iter()
+        .find(|i| i.id == incident)
+        .unwrap_or_else(|| panic!("{incident} in {incidents:#?}"));
+    let decision = inc.decision.as_ref().unwrap();
+    assert_eq!(decision.action, pb::Action::RestartInJob as i32, "{inc:#?}");
+    assert!(
+        decision.reason.contains("did not acknowledge"),
+        "{inc:#?}"
+    );
+    assert_eq!(
+        inc.superseded
+            .iter()
+            .map(|d| d.action)
+            .collect::<Vec<_>>(),
+        vec![pb::Action::RestartInProcess as i32],
+        "{inc:#?}"
+    );
+    // Nothing was raised in the plain rank: it still sleeps where it hung.
+    assert!(
+        !r0.seen.iter().any(|l| l.starts_with("restart requested")),
+        "{:?}",
+        r0.seen
+    );
+}
+
+#[tokio::test]
+async fn restarts_by_hand_and_the_control_api() {
+    let (_state, agent) = start_agent("");
+    let ckpt = tempfile::tempdir().unwrap();
+    let job = "by-hand";
+    let mut client = agent.client().await;
+
+    // Nothing to restart: NOT_FOUND; no job: INVALID_ARGUMENT.
+    let err = client
+        .request_restart(pb::RequestRestartRequest {
+            job_id: "nobody".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::NotFound, "{err}");
+    let err = client
+        .request_restart(pb::RequestRestartRequest::default())
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err}");
+
+    let mut events = Events::all(&agent).await;
+    // Rank 0: Python under warden.run. Rank 1: this test, speaking the
+    // protocol by hand (registered with the test's own pid).
+    let mut r0 = spawn_rank(&agent, job, (0, 2), ckpt.path(), &["--steps", "400"]);
+    let (pid, _) = registered(&mut r0);
+    let me = client
+        .register_rank(pb::RegisterRankRequest {
+            job_id: job.into(),
+            global_rank: 1,
+            local_rank: 1,
+            world_size: 2,
+            pid: std::process::id(),
+            host: "test".into(),
+            slot_layout_version: warden_client::slot::LAYOUT_VERSION,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    r0.wait_line(WAIT, "a step", |l| l.starts_with("step 10 "));
+
+    // A stale generation is refused on both control calls; an unknown rank too.
+    let stale = me.generation + 1000;
+    let err = client
+        .control(pb::ControlRequest {
+            job_id: job.into(),
+            global_rank: 1,
+            generation: stale,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::FailedPrecondition, "{err}");
+    let err = client
+        .ack_control(pb::AckControlRequest {
+            job_id: job.into(),
+            global_rank: 1,
+            generation: stale,
+            seq: 1,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::FailedPrecondition, "{err}");
+    let err = client
+        .control(pb::ControlRequest {
+            job_id: job.into(),
+            global_rank: 5,
+            generation: me.generation,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::NotFound, "{err}");
+
+    let mut stream = client
+        .control(pb::ControlRequest {
+            job_id: job.into(),
+            global_rank: 1,
+            generation: me.generation,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let asked = client
+        .request_restart(pb::RequestRestartRequest {
+            job_id: job.into(),
+            reason: "drill".into(),
+            incident_id: String::new(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(asked.ranks, vec![0, 1]);
+    assert_eq!(asked.restart_count, 1);
+    let msg = within(WAIT, "the stream's message", stream.next())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(msg.kind, pb::control_message::Kind::Restart as i32);
+    assert_eq!((msg.seq, msg.restart_count), (asked.seq, 1));
+    assert_eq!(msg.reason, "drill");
+    assert!(msg.incident_id.is_empty());
+    // The slot carries the same request.
+    let word = warden_client::slot::SlotFile::open_existing(&me.slot_file)
+        .unwrap()
+        .snapshot(me.slot_index)
+        .unwrap()
+        .control;
+    assert_eq!(
+        warden_client::slot::ControlWord::decode(word),
+        Some(warden_client::slot::ControlWord::restart(
+            u32::try_from(asked.seq).unwrap(),
+            1
+        ))
+    );
+    // Asked again while in flight: the same request, nobody asked twice.
+    let joined = client
+        .request_restart(pb::RequestRestartRequest {
+            job_id: job.into(),
+            reason: "impatient".into(),
+            incident_id: String::new(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!((joined.seq, joined.restart_count), (asked.seq, 1));
+
+    let line = r0.wait_line(WAIT, "the restart", |l| l.starts_with("restart requested "));
+    assert_eq!(field(&line, "seq"), asked.seq.to_string());
+    assert_eq!(field(&line, "reason"), "'drill'", "{line}");
+    let line = r0.wait_line(WAIT, "the second attempt", |l| {
+        l.starts_with("attempt restart_count=1 ")
+    });
+    assert_eq!(field(&line, "pid"), pid.to_string());
+    // Rank 1 acknowledges by hand; then the request is done.
+    client
+        .ack_control(pb::AckControlRequest {
+            job_id: job.into(),
+            global_rank: 1,
+            generation: me.generation,
+            seq: asked.seq,
+        })
+        .await
+        .unwrap();
+    let acked = events
+        .expect(&agent, WAIT, "restart.acknowledged", |e| {
+            e.kind == "restart.acknowledged"
+        })
+        .await;
+    let d = describe(&acked);
+    assert_eq!(evidence(&acked, "seq"), Some(asked.seq.to_string().as_str()), "{d}");
+    assert_eq!(evidence(&acked, "acknowledged"), Some("0,1"), "{d}");
+    assert_eq!(evidence(&acked, "incident"), Some(""), "{d}");
+    assert!(
+        evidence(&acked, "latency.rank.1").is_some_and(|l| l.ends_with("(rpc)")),
+        "{d}"
+    );
+    assert_eq!(events.count("restart.requested", ""), 1, "{}", events.summary());
+    // A late acknowledgement is accepted and ignored.
+    client
+        .ack_control(pb::AckControlRequest {
+            job_id: job.into(),
+            global_rank: 1,
+            generation: me.generation,
+            seq: asked.seq,
+        })
+        .await
+        .unwrap();
+
+    // A second request: restart count 2, a new sequence number; rank 1
+    // leaves meanwhile, which counts as handled.
+    let again = client
+        .request_restart(pb::RequestRestartRequest {
+            job_id: job.into(),
+            reason: "again".into(),
+            incident_id: String::new(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(again.restart_count, 2);
+    assert_ne!(again.seq, asked.seq);
+    client
+        .deregister_rank(pb::DeregisterRankRequest {
+            job_id: job.into(),
+            global_rank: 1,
+            generation: me.generation,
+        })
+        .await
+        .unwrap();
+    r0.wait_line(WAIT, "the third attempt", |l| {
+        l.starts_with("attempt restart_count=2 ")
+    });
+    let acked = events
+        .expect(&agent, WAIT, "the second restart.acknowledged", |e| {
+            e.kind == "restart.acknowledged"
+        })
+        .await;
+    let d = describe(&acked);
+    assert_eq!(evidence(&acked, "acknowledged"), Some("0"), "{d}");
+    assert_eq!(evidence(&acked, "gone"), Some("1 (left)"), "{d}");
+    let status = r0.wait_exit(Duration::from_secs(30));
+    assert!(status.success(), "{status:?}\n{}", r0.stderr());
+}

@@ -1,0 +1,692 @@
+//! System tests of `warden run` with real processes: the real `warden`
+//! binary launching the toy training job `examples/train.py` as real Python
+//! workers (the `warden` package, no torch), with faults injected: a crash
+//! comes back through an in-job restart, a hang through the agent's
+//! in-process restart, a user exception stops the job with its code and
+//! diagnosis, orphans and signals leave nothing behind, and a wardend that
+//! runs is used instead of an embedded agent.
+//!
+//! Each launcher gets its own scratch directory for logs, checkpoints and
+//! (through the log directory) its embedded agent's state; `--socket` points
+//! at a path where no agent answers, so the launcher embeds one on a private
+//! socket even on a machine that runs a wardend.
+
+#![allow(clippy::expect_used, clippy::unwrap_used)]
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use common::{Finished, TestAgent, WARDEN, eventually, python, repo_root, run};
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use serde_json::Value;
+use warden_proto::v1 as pb;
+
+/// A whole launcher run may take this long (Python start-up on a busy
+/// machine, a restart, the agent's settle time).
+const RUN: Duration = Duration::from_secs(90);
+
+/// The embedded agent's config: fast ticks and hang thresholds of about a
+/// second once calibrated; no kernel log or NVML (the test machines have
+/// neither reliably).
+const AGENT_TOML: &str = "[agent]\ntick = \"50ms\"\n\
+    [host]\nmemory_degraded_below_percent = 0.0\nmemory_failed_below_percent = 0.0\n\
+    [hang]\nfloor = \"1s\"\nwarmup_samples = 5\n\
+    [kmsg]\nenabled = false\n[nvml]\nenabled = false\n";
+
+/// A scratch directory for one launcher: logs, checkpoints, agent config.
+struct Scratch {
+    dir: tempfile::TempDir,
+}
+
+impl Scratch {
+    fn new() -> Self {
+        let dir = tempfile::Builder::new()
+            .prefix("warden-run-")
+            .tempdir()
+            .expect("create a scratch directory");
+        std::fs::write(dir.path().join("agent.toml"), AGENT_TOML).expect("write the agent config");
+        Self { dir }
+    }
+
+    fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    fn logs(&self) -> PathBuf {
+        self.path().join("logs")
+    }
+
+    /// `warden --socket <none> run --nproc-per-node N <opts> -- python
+    /// examples/train.py --ckpt-dir <scratch>/ckpt <train>`.
+    fn command(&self, job: &str, nproc: u32, opts: &[&str], train: &[&str]) -> Command {
+        let mut cmd = Command::new(WARDEN);
+        cmd.arg("--socket")
+            .arg(self.path().join("no-agent-here.sock"))
+            .arg("run")
+            .args(["--nproc-per-node", &nproc.to_string()])
+            .args(["--rdzv-id", job])
+            .arg("--log-dir")
+            .arg(self.logs())
+            .arg("--agent-config")
+            .arg(self.path().join("agent.toml"))
+            .arg("--summary-json")
+            .arg(self.path().join("summary.json"))
+            .args(opts)
+            .arg("--")
+            .arg(python())
+            .arg(repo_root().join("examples/train.py"))
+            .arg("--ckpt-dir")
+            .arg(self.path().join("ckpt"))
+            .args(train)
+            .current_dir(self.path());
+        cmd
+    }
+
+    fn summary(&self) -> Value {
+        let text = std::fs::read_to_string(self.path().join("summary.json"))
+            .expect("the launcher wrote its summary");
+        serde_json::from_str(&text).expect("the summary is JSON")
+    }
+}
+
+/// A launcher running in the background: its stdout read line by line with
+/// deadlines, its stderr in a file; killed and reaped when dropped.
+struct Launched {
+    child: Child,
+    lines: mpsc::Receiver<String>,
+    seen: Vec<String>,
+    stderr: PathBuf,
+}
+
+impl Launched {
+    fn spawn(cmd: &mut Command, stderr: PathBuf) -> Self {
+        for var in [
+            "WARDEN_SOCKET",
+            "RUNTIME_DIRECTORY",
+            "STATE_DIRECTORY",
+            "NOTIFY_SOCKET",
+        ] {
+            cmd.env_remove(var);
+        }
+        let mut child = cmd
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(std::fs::File::create(&stderr).expect("create the stderr file"))
+            .spawn()
+            .expect("spawn warden run");
+        let out = child.stdout.take().expect("piped stdout");
+        let (tx, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(out).lines() {
+                let Ok(line) = line else { return };
+                if tx.send(line).is_err() {
+                    return;
+                }
+            }
+        });
+        Self {
+            child,
+            lines,
+            seen: Vec::new(),
+            stderr,
+        }
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    fn stderr(&self) -> String {
+        std::fs::read_to_string(&self.stderr).unwrap_or_default()
+    }
+
+    fn wait_line(&mut self, what: &str, pred: impl Fn(&str) -> bool) -> String {
+        let deadline = Instant::now() + RUN;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(line) => {
+                    self.seen.push(line.clone());
+                    if pred(&line) {
+                        return line;
+                    }
+                }
+                Err(e) => panic!(
+                    "no stdout line with {what} ({e}); lines: {:?}\n--- stderr ---\n{}",
+                    self.seen,
+                    self.stderr()
+                ),
+            }
+        }
+    }
+
+    fn wait_exit(&mut self) -> ExitStatus {
+        let deadline = Instant::now() + RUN;
+        loop {
+            if let Some(status) = self.child.try_wait().expect("poll the launcher") {
+                return status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the launcher did not exit within {RUN:?}\n--- stderr ---\n{}",
+                self.stderr()
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    fn signal(&self, sig: Signal) {
+        kill(Pid::from_raw(i32::try_from(self.pid()).unwrap()), sig).unwrap();
+    }
+}
+
+impl Drop for Launched {
+    fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+fn show(f: &Finished) -> String {
+    format!(
+        "status {:?}\n--- stdout ---\n{}\n--- stderr ---\n{}",
+        f.status, f.stdout, f.stderr
+    )
+}
+
+/// Values of `key=` in the worker lines `[rank R] <prefix> ... key=V`.
+fn values(out: &str, prefix: &str, key: &str) -> Vec<String> {
+    out.lines()
+        .filter_map(|l| l.split_once("] ").map(|(_, rest)| rest))
+        .filter(|rest| rest.starts_with(prefix))
+        .filter_map(|rest| {
+            rest.split_whitespace()
+                .find_map(|w| w.strip_prefix(&format!("{key}=")))
+                .map(str::to_owned)
+        })
+        .collect()
+}
+
+fn alive(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| {
+            s.rsplit_once(')')
+                .and_then(|(_, r)| r.split_whitespace().next().map(str::to_owned))
+        })
+        .is_some_and(|state| state != "Z" && state != "X")
+}
+
+/// Pids of live processes whose environment names `launcher` as theirs.
+fn marked(launcher: u32) -> Vec<i32> {
+    let want = format!("WARDEN_LAUNCHER_PID={launcher}");
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/environ"))
+                .is_ok_and(|env| env.split(|b| *b == 0).any(|kv| kv == want.as_bytes()))
+        })
+        .filter(|pid| alive(*pid))
+        .collect()
+}
+
+#[test]
+fn clean_run_sets_the_torch_environment_and_keeps_per_rank_logs() {
+    let s = Scratch::new();
+    let out = run(
+        &mut s.command(
+            "t-clean",
+            2,
+            &[],
+            &["--steps", "6", "--step-ms", "10", "--print-env"],
+        ),
+        RUN,
+    );
+    assert_eq!(out.code(), 0, "{}", show(&out));
+    assert!(
+        out.stderr.contains("running the agent embedded"),
+        "{}",
+        show(&out)
+    );
+    // Every worker line on the console carries its rank.
+    for rank in 0..2 {
+        assert!(
+            out.stdout
+                .lines()
+                .any(|l| l.starts_with(&format!("[rank {rank}] done steps=6"))),
+            "{}",
+            show(&out)
+        );
+    }
+    assert!(
+        out.stdout.lines().all(|l| l.starts_with("[rank ")),
+        "{}",
+        show(&out)
+    );
+    let envs: Vec<Value> = out
+        .stdout
+        .lines()
+        .filter_map(|l| l.split_once("] env ").map(|(_, j)| j))
+        .map(|j| serde_json::from_str(j).unwrap())
+        .collect();
+    assert_eq!(envs.len(), 2, "{}", show(&out));
+    for e in &envs {
+        let rank = e["RANK"].as_str().unwrap();
+        assert_eq!(e["LOCAL_RANK"], rank);
+        assert_eq!(e["ROLE_RANK"], rank);
+        assert_eq!(e["WORLD_SIZE"], "2");
+        assert_eq!(e["LOCAL_WORLD_SIZE"], "2");
+        assert_eq!(e["ROLE_WORLD_SIZE"], "2");
+        assert_eq!(e["GROUP_RANK"], "0");
+        assert_eq!(e["ROLE_NAME"], "default");
+        assert_eq!(e["MASTER_ADDR"], "127.0.0.1");
+        assert!(e["MASTER_PORT"].as_str().unwrap().parse::<u16>().unwrap() > 0);
+        assert_eq!(e["TORCHELASTIC_RESTART_COUNT"], "0");
+        assert_eq!(e["WARDEN_RESTART_COUNT"], "0");
+        assert_eq!(e["TORCHELASTIC_RUN_ID"], "t-clean");
+        assert_eq!(e["WARDEN_JOB_ID"], "t-clean");
+        assert_eq!(e["TORCHELASTIC_USE_AGENT_STORE"], "False");
+        assert_eq!(e["OMP_NUM_THREADS"], "1");
+        assert_eq!(e["PYTHONUNBUFFERED"], "1");
+        assert!(
+            e["WARDEN_SOCKET"]
+                .as_str()
+                .unwrap()
+                .ends_with("wardend.sock")
+        );
+    }
+    let attempt = s.logs().join("t-clean/attempt_0");
+    for rank in 0..2 {
+        let log = std::fs::read_to_string(attempt.join(format!("rank_{rank}.stdout.log")))
+            .expect("the rank's stdout log");
+        assert!(log.contains("done steps=6"), "{log}");
+        assert!(
+            !log.contains("[rank"),
+            "log files hold the raw lines: {log}"
+        );
+        assert!(attempt.join(format!("rank_{rank}.stderr.log")).exists());
+    }
+    assert!(!s.logs().join("t-clean/attempt_1").exists());
+    let summary = s.summary();
+    assert_eq!(summary["exit_code"], 0);
+    assert_eq!(summary["attempts"].as_array().unwrap().len(), 1);
+}
+
+#[test]
+fn a_crash_comes_back_through_an_in_job_restart_from_the_checkpoint() {
+    let s = Scratch::new();
+    let out = run(
+        &mut s.command(
+            "t-crash",
+            2,
+            &[],
+            &[
+                "--steps",
+                "12",
+                "--step-ms",
+                "10",
+                "--crash-at-step",
+                "5",
+                "--crash-rank",
+                "1",
+            ],
+        ),
+        RUN,
+    );
+    assert_eq!(out.code(), 0, "{}", show(&out));
+    assert!(
+        out.stdout.contains("[rank 1] crash: os._exit(3) at step 5"),
+        "{}",
+        show(&out)
+    );
+    // Attempt 1 ran with the next restart count and resumed from the
+    // checkpoint saved at step 5.
+    assert!(
+        out.stdout
+            .contains("[rank 1] resumed from checkpoint at step 5"),
+        "{}",
+        show(&out)
+    );
+    assert!(
+        values(&out.stdout, "ready", "restart").contains(&"1".to_owned()),
+        "{}",
+        show(&out)
+    );
+    assert!(
+        out.stdout.contains("[rank 1] done steps=12"),
+        "{}",
+        show(&out)
+    );
+    assert!(
+        s.logs()
+            .join("t-crash/attempt_1/rank_1.stdout.log")
+            .exists()
+    );
+    // The summary names the diagnosis and the decision.
+    assert!(out.stderr.contains("diagnosis: inc-"), "{}", show(&out));
+    assert!(
+        out.stderr.contains("decision: restart_in_job"),
+        "{}",
+        show(&out)
+    );
+    let summary = s.summary();
+    let attempts = summary["attempts"].as_array().unwrap();
+    assert_eq!(attempts.len(), 2, "{summary:#}");
+    let inc = &attempts[0]["incident"];
+    assert_eq!(inc["kind"], "crash", "{summary:#}");
+    assert_eq!(inc["action"], "restart_in_job", "{summary:#}");
+    assert_eq!(inc["decided_by"], "policy", "{summary:#}");
+    assert!(
+        inc["summary"].as_str().unwrap().contains("code 3"),
+        "{summary:#}"
+    );
+    assert!(attempts[0]["restart"]["registered_ms"].as_f64().is_some());
+}
+
+#[test]
+fn a_repeating_user_exception_stops_the_job_with_its_code_and_diagnosis() {
+    let s = Scratch::new();
+    let out = run(
+        &mut s.command(
+            "t-user",
+            2,
+            &[],
+            &[
+                "--steps",
+                "200",
+                "--step-ms",
+                "10",
+                "--raise-at-step",
+                "3",
+                "--raise-rank",
+                "0",
+            ],
+        ),
+        RUN,
+    );
+    // Python's own status for an uncaught exception: the scheduler sees it.
+    assert_eq!(out.code(), 1, "{}", show(&out));
+    assert!(out.stderr.contains("user_error"), "{}", show(&out));
+    assert!(out.stderr.contains("ValueError"), "{}", show(&out));
+    assert!(out.stderr.contains("decision: stop"), "{}", show(&out));
+    // No loop: one attempt, and the other worker was stopped.
+    assert!(
+        !s.logs().join("t-user/attempt_1").exists(),
+        "{}",
+        show(&out)
+    );
+    let summary = s.summary();
+    let attempts = summary["attempts"].as_array().unwrap();
+    assert_eq!(attempts.len(), 1, "{summary:#}");
+    assert_eq!(attempts[0]["incident"]["class"], "user_error");
+    assert!(
+        !out.stdout.contains("[rank 1] done"),
+        "rank 1 was stopped: {}",
+        show(&out)
+    );
+}
+
+#[test]
+fn a_crash_that_repeats_at_the_same_step_stops_after_one_restart() {
+    let s = Scratch::new();
+    let out = run(
+        &mut s.command(
+            "t-repeat",
+            2,
+            &[],
+            &[
+                "--steps",
+                "200",
+                "--step-ms",
+                "10",
+                "--crash-at-step",
+                "5",
+                "--crash-rank",
+                "1",
+                "--crash-code",
+                "7",
+                "--crash-every-attempt",
+            ],
+        ),
+        RUN,
+    );
+    // The second crash is a new incident of the restarted workers; the same
+    // failure at the same step is the code's: stop with the rank's status.
+    assert_eq!(out.code(), 7, "{}", show(&out));
+    assert!(out.stderr.contains("repeat_at_step"), "{}", show(&out));
+    let summary = s.summary();
+    let attempts = summary["attempts"].as_array().unwrap();
+    assert_eq!(attempts.len(), 2, "{summary:#}");
+    assert_eq!(attempts[0]["incident"]["action"], "restart_in_job");
+    assert_eq!(attempts[1]["incident"]["class"], "user_error");
+    assert_eq!(attempts[1]["incident"]["action"], "stop");
+    assert!(!s.logs().join("t-repeat/attempt_2").exists());
+}
+
+#[test]
+fn orphans_that_ignore_sigterm_are_killed_and_reaped() {
+    let s = Scratch::new();
+    let mut cmd = s.command(
+        "t-orphans",
+        2,
+        &["--stop-grace", "500ms"],
+        &[
+            "--steps",
+            "12",
+            "--step-ms",
+            "10",
+            "--crash-at-step",
+            "5",
+            "--crash-rank",
+            "1",
+            "--orphan",
+        ],
+    );
+    let mut launcher = Launched::spawn(&mut cmd, s.path().join("launcher.stderr"));
+    let pid = launcher.pid();
+    let mut orphans = Vec::new();
+    while orphans.len() < 2 {
+        let line = launcher.wait_line("an orphan's pid", |l| l.contains("] orphan pid="));
+        orphans.push(values(&line, "orphan", "pid")[0].parse::<i32>().unwrap());
+    }
+    let status = launcher.wait_exit();
+    assert_eq!(status.code(), Some(0), "{}", launcher.stderr());
+    assert!(
+        launcher.stderr().contains("2 orphaned processes"),
+        "{}",
+        launcher.stderr()
+    );
+    for o in orphans {
+        assert!(!alive(o), "orphan {o} outlived the restart");
+    }
+    assert_eq!(
+        marked(pid),
+        Vec::<i32>::new(),
+        "processes of the job are left"
+    );
+}
+
+#[test]
+fn sigterm_to_the_launcher_stops_the_workers_and_exits_143() {
+    let s = Scratch::new();
+    let mut cmd = s.command(
+        "t-sigterm",
+        2,
+        &[],
+        &["--steps", "100000", "--step-ms", "10"],
+    );
+    let mut launcher = Launched::spawn(&mut cmd, s.path().join("launcher.stderr"));
+    let pid = launcher.pid();
+    let mut workers = Vec::new();
+    while workers.len() < 2 {
+        let line = launcher.wait_line("a worker ready", |l| l.contains("] ready pid="));
+        workers.push(values(&line, "ready", "pid")[0].parse::<i32>().unwrap());
+    }
+    launcher.wait_line("a step", |l| l.contains("] step 5 "));
+    launcher.signal(Signal::SIGTERM);
+    let status = launcher.wait_exit();
+    assert_eq!(status.code(), Some(143), "{}", launcher.stderr());
+    assert!(
+        launcher.stderr().contains("got SIGTERM"),
+        "{}",
+        launcher.stderr()
+    );
+    for w in workers {
+        assert!(!alive(w), "worker {w} outlived the launcher");
+    }
+    assert_eq!(marked(pid), Vec::<i32>::new());
+}
+
+#[tokio::test]
+async fn a_running_wardend_is_used_instead_of_an_embedded_agent() {
+    let agent = TestAgent::start(AGENT_TOML);
+    let s = Scratch::new();
+    let mut cmd = Command::new(WARDEN);
+    cmd.arg("--socket")
+        .arg(agent.socket())
+        .arg("run")
+        .args(["--nproc-per-node", "2", "--rdzv-id", "t-local"])
+        .arg("--log-dir")
+        .arg(s.logs())
+        .arg("--")
+        .arg(python())
+        .arg(repo_root().join("examples/train.py"))
+        .arg("--ckpt-dir")
+        .arg(s.path().join("ckpt"))
+        .args(["--steps", "100000", "--step-ms", "10"]);
+    let mut launcher = Launched::spawn(&mut cmd, s.path().join("launcher.stderr"));
+    for _ in 0..2 {
+        launcher.wait_line("a worker ready", |l| l.contains("] ready pid="));
+    }
+    let mut client = agent.client().await;
+    let ranks = eventually(
+        Duration::from_secs(20),
+        "the job's ranks in GetRanks",
+        async || {
+            let r = client
+                .get_ranks(pb::GetRanksRequest {
+                    job_id: "t-local".into(),
+                })
+                .await
+                .ok()?
+                .into_inner();
+            (r.ranks.len() == 2).then_some(r)
+        },
+    )
+    .await;
+    assert!(
+        ranks.ranks.iter().all(|r| r.state == "running"),
+        "{ranks:?}"
+    );
+    assert!(
+        launcher.stderr().contains("using the local wardend"),
+        "{}",
+        launcher.stderr()
+    );
+    assert!(
+        !launcher.stderr().contains("embedded"),
+        "{}",
+        launcher.stderr()
+    );
+    // Stopping the job on purpose is no incident for the agent.
+    launcher.signal(Signal::SIGINT);
+    let started = Instant::now();
+    let status = launcher.wait_exit();
+    assert_eq!(status.code(), Some(130), "{}", launcher.stderr());
+    assert!(started.elapsed() < Duration::from_secs(10));
+    let exited = eventually(
+        Duration::from_secs(10),
+        "both rank.exited events",
+        async || {
+            let events = agent.events().await;
+            let ex: Vec<pb::Event> = events
+                .into_iter()
+                .filter(|e| e.kind == "rank.exited" && e.subject.starts_with("job/t-local/"))
+                .collect();
+            (ex.len() == 2).then_some(ex)
+        },
+    )
+    .await;
+    for e in &exited {
+        assert_eq!(e.severity, pb::Severity::Info as i32, "{e:?}");
+        assert!(
+            common::evidence(e, "stopped_by").is_some_and(|v| v.starts_with("launcher: ")),
+            "{e:?}"
+        );
+    }
+    let incidents = agent
+        .client()
+        .await
+        .get_incidents(pb::GetIncidentsRequest {
+            job_id: "t-local".into(),
+            limit: 0,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(incidents.incidents.is_empty(), "{incidents:?}");
+}
+
+#[test]
+fn a_hang_comes_back_through_the_agents_in_process_restart() {
+    let s = Scratch::new();
+    let out = run(
+        &mut s.command(
+            "t-hang",
+            2,
+            &[],
+            &[
+                "--steps",
+                "30",
+                "--step-ms",
+                "20",
+                "--hang-at-step",
+                "10",
+                "--hang-rank",
+                "1",
+            ],
+        ),
+        RUN,
+    );
+    assert_eq!(out.code(), 0, "{}", show(&out));
+    assert!(out.stdout.contains("[rank 1] hang:"), "{}", show(&out));
+    assert!(
+        out.stderr.contains("decision: restart_in_process"),
+        "{}",
+        show(&out)
+    );
+    // The same processes resumed: no second attempt, no respawn.
+    assert!(
+        !s.logs().join("t-hang/attempt_1").exists(),
+        "{}",
+        show(&out)
+    );
+    assert!(
+        out.stdout
+            .contains("[rank 1] resumed from checkpoint at step 10"),
+        "{}",
+        show(&out)
+    );
+    assert!(
+        out.stdout.contains("[rank 1] done steps=30"),
+        "{}",
+        show(&out)
+    );
+    let rank1: Vec<String> = out
+        .stdout
+        .lines()
+        .filter(|l| l.starts_with("[rank 1] ready"))
+        .flat_map(|l| values(l, "ready", "pid"))
+        .collect();
+    assert_eq!(rank1.len(), 2, "{}", show(&out));
+    assert_eq!(rank1[0], rank1[1], "the same process: {}", show(&out));
+}
