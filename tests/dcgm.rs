@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{TestAgent, WAIT, WARDEN, eventually, run};
+use common::{TestAgent, WAIT, WARDEN, eventually, python, repo_root, run};
 use warden_proto::v1 as pb;
 
 /// The stub library, its script, and a stand-in dcgmi.
@@ -370,4 +370,59 @@ async fn the_gate_passes_refuses_and_fails_safe() {
         assert!(v["note"].as_str().unwrap().contains(why), "{why}: {v}");
         assert_eq!(exit, 0, "no NVML finding: the node passes ({why}): {v}");
     }
+}
+
+/// `warden run` asks the gate before an in-job restart: a failed dcgmi
+/// diag refuses the restart on this node and the job exits 86 (node fault).
+#[test]
+fn a_failing_gate_refuses_the_in_job_restart() {
+    let stub = Stub::new(HEALTHY);
+    let dcgmi = stub.dcgmi(DIAG_FAIL, 205, 0);
+    let dir = stub.dir.path();
+    let agent_toml = dir.join("agent.toml");
+    std::fs::write(
+        &agent_toml,
+        format!(
+            "[agent]\ntick = \"50ms\"\n[kmsg]\nenabled = false\n[nvml]\nenabled = false\n\
+             [dcgm]\nenabled = false\ndcgmi = {:?}\ngate_timeout = \"10s\"\n",
+            dcgmi.display().to_string()
+        ),
+    )
+    .unwrap();
+    let mut cmd = Command::new(WARDEN);
+    cmd.arg("--socket")
+        .arg(dir.join("no-agent-here.sock"))
+        .args([
+            "run",
+            "--nproc-per-node",
+            "2",
+            "--rdzv-id",
+            "gatejob",
+            "--agent",
+            "embedded",
+        ])
+        .arg("--log-dir")
+        .arg(dir.join("logs"))
+        .arg("--agent-config")
+        .arg(&agent_toml)
+        .arg("--")
+        .arg(python())
+        .arg(repo_root().join("examples/train.py"))
+        .arg("--ckpt-dir")
+        .arg(dir.join("ckpt"))
+        .args(["--steps", "30", "--step-ms", "20", "--crash-at-step", "4"])
+        .current_dir(dir);
+    let out = run(&mut cmd, Duration::from_secs(90));
+    assert_eq!(
+        out.code(),
+        86,
+        "a node fault\n--- stdout ---\n{}\n--- stderr ---\n{}",
+        out.stdout,
+        out.stderr
+    );
+    let all = format!("{}{}", out.stdout, out.stderr);
+    assert!(
+        all.contains("health gate refused") && all.contains("memory on gpu1"),
+        "{all}"
+    );
 }

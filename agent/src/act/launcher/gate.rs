@@ -8,11 +8,15 @@
 //! processes. Without NVML there is nothing to ask: the wait is skipped and
 //! the launcher says so once.
 //!
-//! Health gate: the agent's GetNodeHealth. A cordoned node (`node/cordon`
-//! FAILED) or a FAILED GPU refuses the restart on this node (exit 86: run
-//! the job elsewhere); anything else lets it go on. No answer from the
-//! agent lets it go on too, said so: the gate must not turn an agent
-//! outage into a job outage.
+//! Health gate, in two steps. First the agent's GetNodeHealth: a cordoned
+//! node (`node/cordon` FAILED) or a FAILED GPU refuses the restart on this
+//! node (exit 86: run the job elsewhere). Then the agent's RunHealthGate:
+//! `dcgmi diag` where DCGM is installed, else the fast NVML check (device
+//! count, GPU lost, recovery action, pending remaps and retirements,
+//! NVLinks); a failure there refuses too, and the agent has already opened
+//! the incident that takes the node out. No answer from the agent lets it
+//! go on, said so: the gate must not turn an agent outage into a job
+//! outage.
 
 use std::time::{Duration, Instant};
 
@@ -22,6 +26,9 @@ use warden_proto::v1::agent_client::AgentClient;
 
 /// How long the health gate waits for the agent.
 const HEALTH_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long the diagnostic step may take, the agent's own `dcgm.gate_timeout`
+/// included (a level-1 `dcgmi diag` takes seconds; deeper levels minutes).
+const DIAG_TIMEOUT: Duration = Duration::from_secs(5 * 60);
 /// How often the GPUs are asked again.
 const GPU_POLL: Duration = Duration::from_millis(50);
 
@@ -93,21 +100,61 @@ pub enum Gate {
     Refused(String),
 }
 
-/// Asks the agent whether the node may run the workers again.
-pub async fn health_gate(client: &mut AgentClient<Channel>) -> Gate {
+/// Asks the agent whether the node may run the workers of `job` again.
+pub async fn health_gate(client: &mut AgentClient<Channel>, job: &str) -> Gate {
     let asked = tokio::time::timeout(
         HEALTH_TIMEOUT,
         client.get_node_health(pb::GetNodeHealthRequest {}),
     )
     .await;
     match asked {
-        Ok(Ok(h)) => judge(&h.into_inner()),
+        Ok(Ok(h)) => match judge(&h.into_inner()) {
+            Gate::Pass => diagnose(client, job).await,
+            other => other,
+        },
         Ok(Err(e)) => Gate::Unchecked(format!("GetNodeHealth failed: {}", e.message())),
         Err(_) => Gate::Unchecked(format!(
             "the agent did not answer GetNodeHealth within {}",
             humantime::format_duration(HEALTH_TIMEOUT)
         )),
     }
+}
+
+/// The agent's diagnostic gate (RunHealthGate).
+async fn diagnose(client: &mut AgentClient<Channel>, job: &str) -> Gate {
+    let asked = tokio::time::timeout(
+        DIAG_TIMEOUT,
+        client.run_health_gate(pb::RunHealthGateRequest {
+            level: 0,
+            job_id: job.to_owned(),
+        }),
+    )
+    .await;
+    match asked {
+        Ok(Ok(r)) => judge_diag(&r.into_inner()),
+        Ok(Err(e)) => Gate::Unchecked(format!("RunHealthGate failed: {}", e.message())),
+        Err(_) => Gate::Unchecked(format!(
+            "the agent's diagnostic gate did not answer within {}",
+            humantime::format_duration(DIAG_TIMEOUT)
+        )),
+    }
+}
+
+/// The diagnostic gate's verdict as the launcher's.
+pub fn judge_diag(r: &pb::HealthGateResult) -> Gate {
+    if r.passed {
+        return Gate::Pass;
+    }
+    let why: Vec<String> = r
+        .failures
+        .iter()
+        .map(|f| format!("{} {} on {}: {}", r.ran, f.test, f.entity, f.message))
+        .collect();
+    Gate::Refused(if why.is_empty() {
+        format!("{} failed", r.ran)
+    } else {
+        why.join("; ")
+    })
 }
 
 /// The gate as a pure function of the node's health: a cordon or a FAILED
@@ -170,6 +217,33 @@ mod tests {
         h.components
             .push(comp("node/cordon", "node", pb::Status::Failed));
         assert!(matches!(judge(&h), Gate::Refused(w) if w.contains("node/cordon")));
+    }
+
+    #[test]
+    fn a_failed_diagnostic_refuses_naming_the_test() {
+        let r = pb::HealthGateResult {
+            passed: false,
+            ran: "dcgmi diag -r 1".into(),
+            failures: vec![pb::GateFailure {
+                test: "memory".into(),
+                entity: "gpu1".into(),
+                status: "Fail".into(),
+                message: "3 uncorrectable errors".into(),
+                severity: "isolate".into(),
+            }],
+            ..Default::default()
+        };
+        assert_eq!(
+            judge_diag(&r),
+            Gate::Refused("dcgmi diag -r 1 memory on gpu1: 3 uncorrectable errors".into())
+        );
+        assert_eq!(
+            judge_diag(&pb::HealthGateResult {
+                passed: true,
+                ..Default::default()
+            }),
+            Gate::Pass
+        );
     }
 
     #[tokio::test]

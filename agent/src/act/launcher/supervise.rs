@@ -941,7 +941,7 @@ impl<C: Coordinator> Sup<'_, C> {
                 humantime::format_duration(self.job.gpu_release_timeout)
             )),
         }
-        match gate::health_gate(&mut self.client).await {
+        match gate::health_gate(&mut self.client, &self.job.id).await {
             Gate::Pass => {}
             Gate::Unchecked(why) => self.say(format!("health gate not checked: {why}")),
             Gate::Refused(why) => {
