@@ -175,6 +175,20 @@ async fn incidents_become_findings_with_their_class_and_clear() {
         "a dcgm.incident event"
     );
 
+    // An NVSwitch's fatal error lands on its own component.
+    stub.set(&format!(
+        "{HEALTHY}incident 1 1 0x10 20 4 Volatile DBE detected on GPU 1\nincident 3 2 0x800 20 15 NVSwitch 2 fatal error (SXid 20034)\n"
+    ));
+    let sw = component_where(&agent, "nvswitch2", "nvswitch2 FAILED", |c| {
+        status(c) == pb::Status::Failed
+    })
+    .await;
+    assert!(
+        reason_text(&sw).contains("dcgm.nvswitch_fatal_error"),
+        "{}",
+        reason_text(&sw)
+    );
+
     // The WARN goes away: gpu0 clears at the next check.
     stub.set(&format!(
         "{HEALTHY}incident 1 1 0x10 20 4 Volatile DBE detected on GPU 1\n"
@@ -226,6 +240,26 @@ async fn unsupported_version_and_absent_host_engine_leave_dcgm_unknown() {
         "says what covers the GPUs: {}",
         reason_text(&d)
     );
+
+    // No library at all.
+    let agent3 = TestAgent::start(
+        "[dcgm]\nenabled = true\nlibrary = \"/nonexistent/libdcgm.so.4\"\npoll_interval = \"1s\"\n",
+    );
+    component_where(&agent3, "dcgm", "dcgm UNKNOWN (no library)", |c| {
+        status(c) == pb::Status::Unknown && reason_text(c).contains("no DCGM library")
+    })
+    .await;
+    drop(agent3);
+
+    // Embedded mode needs no host engine.
+    stub.set("gpus 0\nconnect refuse\nversion 5\ncheck ok\n");
+    let embedded = stub.start("mode = \"embedded\"\n");
+    let d = component_where(&embedded, "dcgm", "dcgm OK (embedded)", |c| {
+        status(c) == pb::Status::Ok
+    })
+    .await;
+    assert_eq!(d.labels["mode"], "embedded");
+    drop(embedded);
 
     stub.set("gpus 0\nconnect refuse\nversion 5\n");
     let agent2 = stub.start("address = \"127.0.0.1:1\"\n");

@@ -9,6 +9,8 @@
  *   version 5|4|none         the health response version accepted (4: DCGM 3.x)
  *   check ok|block|crash     dcgmHealthCheck answers, never returns, or crashes
  *   incident GROUP ID SYSTEM HEALTH CODE MESSAGE...
+ *                            (entity group 3, NVSwitch, is reported to the
+ *                            all-NVSwitches group; the others to all-GPUs)
  *
  * Not NVIDIA's code: written from the published headers' layout.
  */
@@ -107,7 +109,8 @@ int dcgmHealthSet(uintptr_t handle, uintptr_t group, unsigned int systems) {
 
 int dcgmHealthCheck(uintptr_t handle, uintptr_t group, void *response) {
     char v[128];
-    (void)handle; (void)group;
+    (void)handle;
+    int switches = group == 0x7ffffffe;
     const char *text = script();
     const char *c = line_value(text, "check", v, sizeof v);
     if (c && strcmp(c, "block") == 0) for (;;) pause();
@@ -122,7 +125,7 @@ int dcgmHealthCheck(uintptr_t handle, uintptr_t group, void *response) {
     hdr[1] = 0;
     hdr[2] = 0;
     /* Like DCGM: the first check after the watches are set reports nothing. */
-    if (checks++ == 0) return 0;
+    if (!switches && checks++ == 0) return 0;
     const char *p = text;
     while (p && *p) {
         const char *end = strchr(p, '\n');
@@ -131,7 +134,8 @@ int dcgmHealthCheck(uintptr_t handle, uintptr_t group, void *response) {
             unsigned int group, id, health, code;
             long long system;
             int used = 0;
-            if (sscanf(p + 9, "%u %u %lli %u %u %n", &group, &id, &system, &health, &code, &used) >= 5) {
+            if (sscanf(p + 9, "%u %u %lli %u %u %n", &group, &id, &system, &health, &code, &used) >= 5
+                && (group == 3) == switches) {
                 memset(i, 0, sizeof *i);
                 i->system = (unsigned int)system;
                 i->health = health;

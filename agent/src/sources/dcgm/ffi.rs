@@ -12,6 +12,8 @@ type Handle = usize;
 
 /// `DCGM_GROUP_ALL_GPUS`: needs no creation.
 const GROUP_ALL_GPUS: usize = 0x7fff_ffff;
+/// `DCGM_GROUP_ALL_NVSWITCHES`: likewise.
+const GROUP_ALL_NVSWITCHES: usize = 0x7fff_fffe;
 /// `DCGM_ST_VER_MISMATCH`.
 const ST_VER_MISMATCH: c_int = -12;
 /// `DCGM_MAX_NUM_DEVICES`.
@@ -79,6 +81,9 @@ pub struct Dcgm {
     response_version: u32,
     /// The library that was loaded.
     pub library: String,
+    /// True when the NVSwitch group took the health watches (a node with
+    /// NVSwitches); its incidents are checked too.
+    pub nvswitches: bool,
 }
 
 impl std::fmt::Debug for Dcgm {
@@ -151,6 +156,7 @@ impl Dcgm {
             embedded: p.embedded,
             response_version: 5,
             library,
+            nvswitches: false,
         };
         if rc != 0 {
             return Err(format!("dcgmInit: {}", me.error_string(rc)));
@@ -195,6 +201,10 @@ impl Dcgm {
         if rc != 0 {
             return Err(format!("dcgmHealthSet: {}", me.error_string(rc)));
         }
+        // NVSwitches, where there are any: a node without them refuses the
+        // group, which is no error.
+        // SAFETY: plain integers.
+        me.nvswitches = unsafe { set(me.handle, GROUP_ALL_NVSWITCHES, p.systems) } == 0;
         Ok(me)
     }
 
@@ -239,6 +249,16 @@ impl Dcgm {
     /// incidents. Falls back from the v5 response (DCGM 4) to v4 (DCGM 3)
     /// on a version mismatch; neither: an error naming both.
     pub fn check(&mut self) -> Result<(u32, Vec<Incident>), String> {
+        let (mut overall, mut incidents) = self.check_group(GROUP_ALL_GPUS)?;
+        if self.nvswitches {
+            let (o, more) = self.check_group(GROUP_ALL_NVSWITCHES)?;
+            overall = overall.max(o);
+            incidents.extend(more);
+        }
+        Ok((overall, incidents))
+    }
+
+    fn check_group(&mut self, group: usize) -> Result<(u32, Vec<Incident>), String> {
         let f: FnHealthCheck = sym(&self.lib, b"dcgmHealthCheck\0")?;
         let mut tried = Vec::new();
         for v in [
@@ -253,7 +273,7 @@ impl Dcgm {
             buf[0] = version(bytes, v);
             // SAFETY: a zeroed buffer of exactly the versioned struct's size,
             // 4-byte aligned, with its version word set.
-            let rc = unsafe { f(self.handle, GROUP_ALL_GPUS, buf.as_mut_ptr().cast()) };
+            let rc = unsafe { f(self.handle, group, buf.as_mut_ptr().cast()) };
             if rc == ST_VER_MISMATCH {
                 tried.push(format!("v{v} ({:#x})", version(bytes, v)));
                 continue;
