@@ -21,6 +21,9 @@ if [ ! -x .venv/bin/python ] || ! .venv/bin/python -c "import warden" 2>/dev/nul
     touch "$stamp"
 fi
 
+# etcd-client's build needs protoc and the protobuf well-known types.
+bash tests/system-deps.sh build
+
 echo "==> cargo build --release" >&2
 cargo build --release --quiet
 

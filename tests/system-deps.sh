@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# System packages warden needs on a fresh Debian machine, installed with
+# apt-get when missing (as root, or through sudo); nothing is done when all
+# is present. Used by examples/demo.sh (build) and tests/run-all.sh (build
+# and test).
+#   build: protoc and the protobuf well-known types, which etcd-client's
+#          build script needs (protobuf-compiler, libprotobuf-dev), unless
+#          PROTOC points at a protoc that has them.
+#   test:  Debian's etcd-server, the real etcd that tests/coord.rs and
+#          tests/multihost.rs start on free ports (tests/common/etcd.rs); its
+#          system service is kept from starting. WARDEN_TEST_ETCD may name an
+#          etcd binary instead.
+set -euo pipefail
+want_build=0 want_test=0
+for a in "$@"; do
+  case $a in
+    build) want_build=1 ;;
+    test) want_test=1 ;;
+    *) echo "system-deps.sh: unknown group $a (expected build, test)" >&2; exit 2 ;;
+  esac
+done
+need=()
+if ((want_test)); then
+  command -v etcd >/dev/null || [[ -n ${WARDEN_TEST_ETCD:-} ]] || need+=(etcd-server)
+fi
+if ((want_build)) && [[ -z ${PROTOC:-} ]]; then
+  if ! command -v protoc >/dev/null; then
+    need+=(protobuf-compiler libprotobuf-dev)
+  else
+    probe=$(mktemp -d)
+    echo 'syntax = "proto3"; import "google/protobuf/descriptor.proto";' >"$probe/probe.proto"
+    protoc -I"$probe" -o /dev/null "$probe/probe.proto" 2>/dev/null || need+=(libprotobuf-dev)
+    rm -rf "$probe"
+  fi
+fi
+if ((${#need[@]})); then
+  sudo=()
+  [[ $(id -u) -eq 0 ]] || sudo=(sudo)
+  if ! command -v apt-get >/dev/null || { ((${#sudo[@]})) && ! command -v sudo >/dev/null; }; then
+    echo "system-deps.sh: missing ${need[*]} (Debian package names) and cannot apt-get install them here;" >&2
+    echo "install them, or set WARDEN_TEST_ETCD (an etcd 3.4+ binary) and PROTOC (a protoc with its include dir)" >&2
+    exit 1
+  fi
+  # Keep the package from starting its etcd service (policy-rc.d 101: action
+  # forbidden); put back whatever policy was there.
+  policy=/usr/sbin/policy-rc.d
+  own_policy=0
+  if [[ ! -e $policy ]]; then
+    printf '#!/bin/sh\nexit 101\n' | "${sudo[@]}" tee "$policy" >/dev/null && "${sudo[@]}" chmod 0755 "$policy" && own_policy=1
+  fi
+  rc=0
+  "${sudo[@]}" apt-get update -qq || rc=$?
+  ((rc)) || "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" || rc=$?
+  ((own_policy)) && "${sudo[@]}" rm -f "$policy"
+  ((rc == 0)) || { echo "system-deps.sh: apt-get install ${need[*]} failed ($rc)" >&2; exit "$rc"; }
+  if [[ -d /run/systemd/system ]]; then
+    "${sudo[@]}" systemctl disable --now etcd.service >/dev/null 2>&1 || true
+  fi
+fi
