@@ -243,7 +243,10 @@ async fn a_hung_rank_and_its_peer_restart_in_process_and_finish() {
         let latency = evidence(&acked, &format!("latency.rank.{rank}"))
             .unwrap_or_else(|| panic!("no latency for rank {rank}: {d}"));
         let ms: f64 = latency.split("ms").next().unwrap().parse().unwrap();
-        assert!(ms < 2000.0, "rank {rank} took {latency} to acknowledge: {d}");
+        assert!(
+            ms < 2000.0,
+            "rank {rank} took {latency} to acknowledge: {d}"
+        );
     }
     assert!(
         acked.id > requested.id,
@@ -254,9 +257,7 @@ async fn a_hung_rank_and_its_peer_restart_in_process_and_finish() {
     // Each rank: the exception in the same process, then the training
     // function again with restart count 1, from its checkpoint, to the end.
     for (rank, pid, name) in [(&mut r0, pid0, "rank 0"), (&mut r1, pid1, "rank 1 (hung)")] {
-        let line = rank.wait_line(WAIT, "the restart", |l| {
-            l.starts_with("restart requested ")
-        });
+        let line = rank.wait_line(WAIT, "the restart", |l| l.starts_with("restart requested "));
         assert_eq!(field(&line, "seq"), seq, "{name}: {line}");
         assert_eq!(field(&line, "restart_count"), "1", "{name}: {line}");
         assert_eq!(field(&line, "pid"), pid.to_string(), "{name}: in process");
@@ -322,13 +323,17 @@ async fn a_rank_that_never_acknowledges_is_escalated_to_restart_in_job() {
         .await;
     let d = describe(&timeout);
     assert_eq!(evidence(&timeout, "unacknowledged"), Some("0"), "{d}");
-    assert_eq!(evidence(&timeout, "escalated_to"), Some("restart_in_job"), "{d}");
-    assert_eq!(evidence(&timeout, "incident"), Some(incident.as_str()), "{d}");
     assert_eq!(
-        timeout.severity,
-        pb::Severity::Error as i32,
+        evidence(&timeout, "escalated_to"),
+        Some("restart_in_job"),
         "{d}"
     );
+    assert_eq!(
+        evidence(&timeout, "incident"),
+        Some(incident.as_str()),
+        "{d}"
+    );
+    assert_eq!(timeout.severity, pb::Severity::Error as i32, "{d}");
     let escalated = events
         .expect(&agent, WAIT, "the superseding decision", |e| {
             e.kind == "incident.decided"
@@ -342,7 +347,12 @@ async fn a_rank_that_never_acknowledges_is_escalated_to_restart_in_job() {
         "{}",
         describe(&escalated)
     );
-    assert_eq!(events.count("restart.acknowledged", ""), 0, "{}", events.summary());
+    assert_eq!(
+        events.count("restart.acknowledged", ""),
+        0,
+        "{}",
+        events.summary()
+    );
 
     let incidents = agent
         .client()
@@ -361,15 +371,9 @@ async fn a_rank_that_never_acknowledges_is_escalated_to_restart_in_job() {
         .unwrap_or_else(|| panic!("{incident} in {incidents:#?}"));
     let decision = inc.decision.as_ref().unwrap();
     assert_eq!(decision.action, pb::Action::RestartInJob as i32, "{inc:#?}");
-    assert!(
-        decision.reason.contains("did not acknowledge"),
-        "{inc:#?}"
-    );
+    assert!(decision.reason.contains("did not acknowledge"), "{inc:#?}");
     assert_eq!(
-        inc.superseded
-            .iter()
-            .map(|d| d.action)
-            .collect::<Vec<_>>(),
+        inc.superseded.iter().map(|d| d.action).collect::<Vec<_>>(),
         vec![pb::Action::RestartInProcess as i32],
         "{inc:#?}"
     );
@@ -531,14 +535,23 @@ async fn restarts_by_hand_and_the_control_api() {
         })
         .await;
     let d = describe(&acked);
-    assert_eq!(evidence(&acked, "seq"), Some(asked.seq.to_string().as_str()), "{d}");
+    assert_eq!(
+        evidence(&acked, "seq"),
+        Some(asked.seq.to_string().as_str()),
+        "{d}"
+    );
     assert_eq!(evidence(&acked, "acknowledged"), Some("0,1"), "{d}");
     assert_eq!(evidence(&acked, "incident"), Some(""), "{d}");
     assert!(
         evidence(&acked, "latency.rank.1").is_some_and(|l| l.ends_with("(rpc)")),
         "{d}"
     );
-    assert_eq!(events.count("restart.requested", ""), 1, "{}", events.summary());
+    assert_eq!(
+        events.count("restart.requested", ""),
+        1,
+        "{}",
+        events.summary()
+    );
     // A late acknowledgement is accepted and ignored.
     client
         .ack_control(pb::AckControlRequest {

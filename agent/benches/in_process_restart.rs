@@ -123,9 +123,16 @@ struct Rank {
 }
 
 impl Rank {
-    fn spawn(socket: &Path, job: &str, rank: u32, world: u32, mode: &str, env: &[(&str, &str)]) -> Rank {
-        let script = Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../client/python/bench/restart_rank.py");
+    fn spawn(
+        socket: &Path,
+        job: &str,
+        rank: u32,
+        world: u32,
+        mode: &str,
+        env: &[(&str, &str)],
+    ) -> Rank {
+        let script =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../client/python/bench/restart_rank.py");
         let mut child = Command::new(python())
             .arg(script)
             .args(["--mode", mode])
@@ -206,7 +213,13 @@ fn row(what: &str, mut ms: Vec<f64>) {
 
 /// `ITERATIONS` restarts by `RequestRestart` of a job of `ranks` ranks in
 /// `mode`; the latency of each rank's raise, in ms.
-async fn restarts(agent: &Agent, job: &str, ranks: u32, mode: &str, env: &[(&str, &str)]) -> Vec<f64> {
+async fn restarts(
+    agent: &Agent,
+    job: &str,
+    ranks: u32,
+    mode: &str,
+    env: &[(&str, &str)],
+) -> Vec<f64> {
     let mut client = connect(&agent.socket()).await;
     let mut procs: Vec<Rank> = (0..ranks)
         .map(|r| Rank::spawn(&agent.socket(), job, r, ranks, mode, env))
@@ -245,11 +258,18 @@ async fn restarts(agent: &Agent, job: &str, ranks: u32, mode: &str, env: &[(&str
                 .expect("restart.acknowledged in time")
                 .unwrap()
                 .unwrap();
-            let seq = e.evidence.iter().find(|kv| kv.key == "seq").map(|kv| kv.value.clone());
+            let seq = e
+                .evidence
+                .iter()
+                .find(|kv| kv.key == "seq")
+                .map(|kv| kv.value.clone());
             if e.kind == "restart.acknowledged" && seq == Some(asked.seq.to_string()) {
                 break;
             }
-            assert_ne!(e.kind, "restart.in_process_timeout", "a rank did not acknowledge");
+            assert_ne!(
+                e.kind, "restart.in_process_timeout",
+                "a rank did not acknowledge"
+            );
         }
     }
     out
@@ -305,11 +325,25 @@ fn main() {
     ));
     let signal = signal_baseline();
     let grpc = rt.block_on(grpc_baseline(&agent));
-    println!("| decision -> RestartRequested raised in Python | samples | min ms | median ms | p90 ms | max ms |");
+    println!(
+        "| decision -> RestartRequested raised in Python | samples | min ms | median ms | p90 ms | max ms |"
+    );
     println!("|---|---|---|---|---|---|");
     row("2 ranks blocked in `time.sleep` (restart signal)", sleep);
-    row("2 ranks spinning in Python (signal, async exception as fallback)", busy);
-    row("1 rank spinning, `WARDEN_RESTART_SIGNAL=off` (async exception alone)", async_only);
-    row("**baseline**: `kill(SIGUSR1)` -> a plain Python handler's raise in `time.sleep`", signal);
-    row("**baseline**: one unary gRPC call to wardend (`GetNodeHealth`), round trip", grpc);
+    row(
+        "2 ranks spinning in Python (signal, async exception as fallback)",
+        busy,
+    );
+    row(
+        "1 rank spinning, `WARDEN_RESTART_SIGNAL=off` (async exception alone)",
+        async_only,
+    );
+    row(
+        "**baseline**: `kill(SIGUSR1)` -> a plain Python handler's raise in `time.sleep`",
+        signal,
+    );
+    row(
+        "**baseline**: one unary gRPC call to wardend (`GetNodeHealth`), round trip",
+        grpc,
+    );
 }

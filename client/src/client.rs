@@ -37,8 +37,8 @@ use tokio::sync::Notify;
 use tonic::transport::{Channel, Endpoint, Uri};
 use warden_proto::v1::agent_client::AgentClient;
 use warden_proto::v1::{
-    AckControlRequest, ControlMessage, ControlRequest, DeregisterRankRequest,
-    GetNodeHealthRequest, RegisterRankRequest,
+    AckControlRequest, ControlMessage, ControlRequest, DeregisterRankRequest, GetNodeHealthRequest,
+    RegisterRankRequest,
 };
 
 use crate::clock;
@@ -878,12 +878,16 @@ pub struct RestartAcker {
 impl RestartAcker {
     /// [`Client::ack_restart`] on the client, if it still exists.
     pub fn ack(&self, seq: u64) -> bool {
-        self.inner.upgrade().is_some_and(|inner| ack_restart(&inner, seq))
+        self.inner
+            .upgrade()
+            .is_some_and(|inner| ack_restart(&inner, seq))
     }
 
     /// [`Client::restart_pending`] on the client, if it still exists.
     pub fn pending(&self) -> Option<RestartRequest> {
-        self.inner.upgrade().and_then(|inner| inner.restart.pending())
+        self.inner
+            .upgrade()
+            .and_then(|inner| inner.restart.pending())
     }
 }
 

@@ -111,7 +111,10 @@ impl RestartState {
     /// the callbacks to run when it is new; `None` when it was seen before
     /// (a request first seen in the slot gets its reason and incident from
     /// the stream's copy, quietly).
-    pub(crate) fn offer(&self, req: RestartRequest) -> Option<(RestartRequest, Vec<RestartCallback>)> {
+    pub(crate) fn offer(
+        &self,
+        req: RestartRequest,
+    ) -> Option<(RestartRequest, Vec<RestartCallback>)> {
         if req.seq == 0 {
             return None;
         }
@@ -203,10 +206,19 @@ mod tests {
         }
         assert_eq!(calls.load(Ordering::Relaxed), 1);
         // The stream's copy of the same request: not new, fills in the reason.
-        assert!(s.offer(req(7, 1, "rank 1 hung", RestartVia::Stream)).is_none());
+        assert!(
+            s.offer(req(7, 1, "rank 1 hung", RestartVia::Stream))
+                .is_none()
+        );
         let p = s.pending().unwrap();
-        assert_eq!((p.seq, p.reason.as_str(), p.via), (7, "rank 1 hung", RestartVia::Slot));
-        assert!(s.offer(req(0, 1, "", RestartVia::Slot)).is_none(), "0 is no request");
+        assert_eq!(
+            (p.seq, p.reason.as_str(), p.via),
+            (7, "rank 1 hung", RestartVia::Slot)
+        );
+        assert!(
+            s.offer(req(0, 1, "", RestartVia::Slot)).is_none(),
+            "0 is no request"
+        );
     }
 
     #[test]

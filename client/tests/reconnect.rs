@@ -166,7 +166,8 @@ impl Agent for FakeAgent {
         use tokio_stream::StreamExt;
         let rx = self.control.subscribe();
         self.control_opened.lock().unwrap().push(req.into_inner());
-        let stream = tokio_stream::wrappers::BroadcastStream::new(rx).filter_map(|m| m.ok().map(Ok));
+        let stream =
+            tokio_stream::wrappers::BroadcastStream::new(rx).filter_map(|m| m.ok().map(Ok));
         Ok(Response::new(Box::pin(stream)))
     }
     async fn ack_control(
@@ -584,22 +585,41 @@ fn a_restart_request_on_the_stream_reaches_the_callback_and_the_ack_goes_back() 
     });
     let opened = agent.control_opened.lock().unwrap()[0].clone();
     assert_eq!(
-        (opened.job_id.as_str(), opened.global_rank, opened.generation),
+        (
+            opened.job_id.as_str(),
+            opened.global_rank,
+            opened.generation
+        ),
         ("job-1", 3, 500)
     );
 
     let sent = Instant::now();
-    agent.control.send(restart_message(77, 1, "rank 0 hung")).unwrap();
+    agent
+        .control
+        .send(restart_message(77, 1, "rank 0 hung"))
+        .unwrap();
     let got = rx.recv_timeout(Duration::from_secs(5)).unwrap();
-    assert!(sent.elapsed() < Duration::from_secs(1), "{:?}", sent.elapsed());
+    assert!(
+        sent.elapsed() < Duration::from_secs(1),
+        "{:?}",
+        sent.elapsed()
+    );
     assert_eq!(
-        (got.seq, got.restart_count, got.reason.as_str(), got.incident_id.as_str()),
+        (
+            got.seq,
+            got.restart_count,
+            got.reason.as_str(),
+            got.incident_id.as_str()
+        ),
         (77, 1, "rank 0 hung", "inc-1")
     );
     assert_eq!(got.via, RestartVia::Stream);
     assert_eq!(client.restart_pending().map(|r| r.seq), Some(77));
     // The same request again (the slot, a replay): not new.
-    agent.control.send(restart_message(77, 1, "rank 0 hung")).unwrap();
+    agent
+        .control
+        .send(restart_message(77, 1, "rank 0 hung"))
+        .unwrap();
     assert!(rx.recv_timeout(Duration::from_millis(200)).is_err());
 
     assert!(!client.ack_restart(76));
@@ -612,7 +632,12 @@ fn a_restart_request_on_the_stream_reaches_the_callback_and_the_ack_goes_back() 
     });
     let ack = agent.acks.lock().unwrap()[0].clone();
     assert_eq!(
-        (ack.job_id.as_str(), ack.global_rank, ack.generation, ack.seq),
+        (
+            ack.job_id.as_str(),
+            ack.global_rank,
+            ack.generation,
+            ack.seq
+        ),
         ("job-1", 3, 500, 77)
     );
 }
@@ -636,14 +661,22 @@ fn a_restart_request_in_the_slot_alone_is_seen_within_milliseconds() {
         .unwrap();
     let (got, at) = rx.recv_timeout(Duration::from_secs(5)).unwrap();
     assert!(at - sent < Duration::from_millis(200), "{:?}", at - sent);
-    assert_eq!((got.seq, got.restart_count, got.via), (12, 2, RestartVia::Slot));
+    assert_eq!(
+        (got.seq, got.restart_count, got.via),
+        (12, 2, RestartVia::Slot)
+    );
     // The stream's copy fills in the reason without a second callback.
     eventually("the Control stream opened", || {
         !agent.control_opened.lock().unwrap().is_empty()
     });
-    agent.control.send(restart_message(12, 2, "asked by hand")).unwrap();
+    agent
+        .control
+        .send(restart_message(12, 2, "asked by hand"))
+        .unwrap();
     eventually("the reason from the stream", || {
-        client.restart_pending().is_some_and(|r| r.reason == "asked by hand")
+        client
+            .restart_pending()
+            .is_some_and(|r| r.reason == "asked by hand")
     });
     assert!(rx.try_recv().is_err());
     assert!(client.ack_restart(12));

@@ -28,8 +28,8 @@ use warden_client::slot::ControlWord;
 use crate::attribute::{Escalation, IncidentRecord};
 use crate::events::{NewEvent, Severity};
 use crate::policy::Action;
-use crate::ranks::registry::RankState;
 use crate::ranks::RankKey;
+use crate::ranks::registry::RankState;
 use crate::state::AgentState;
 
 /// How often the waiter reads the ranks' ack words from their slots (an
@@ -202,14 +202,6 @@ impl Restarts {
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
         self.inner.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// The request a rank's stream delivers now, if any (for tests and views).
-    pub fn current_for(&self, key: &RankKey) -> Option<Arc<RankRequest>> {
-        self.lock()
-            .streams
-            .get(key)
-            .and_then(|tx| tx.borrow().clone())
     }
 }
 
@@ -665,11 +657,17 @@ fn acknowledged(state: &AgentState, req: &RestartRequest, outcomes: &BTreeMap<u3
     .with("seq", req.seq)
     .with("restart_count", req.restart_count)
     .with("incident", &req.incident)
-    .with("acknowledged", join(&acked.iter().map(|a| a.0).collect::<Vec<_>>()))
+    .with(
+        "acknowledged",
+        join(&acked.iter().map(|a| a.0).collect::<Vec<_>>()),
+    )
     .with("gone", gone.join(", "))
     .with("slowest", ms(slowest));
     for (rank, after, via) in &acked {
-        ev = ev.with(format!("latency.rank.{rank}"), format!("{} ({via})", ms(*after)));
+        ev = ev.with(
+            format!("latency.rank.{rank}"),
+            format!("{} ({via})", ms(*after)),
+        );
     }
     state.events.publish(ev);
 }
@@ -729,10 +727,7 @@ fn timed_out(state: &Arc<AgentState>, req: &RestartRequest, timeout: Duration) {
         .with("unacknowledged", join(&silent))
         .with("acknowledged", join(&acked))
         .with("timeout", humantime::format_duration(timeout))
-        .with(
-            "escalated_to",
-            if escalate { "restart_in_job" } else { "" },
-        ),
+        .with("escalated_to", if escalate { "restart_in_job" } else { "" }),
     );
     if escalate {
         let _ = state.escalations.send(Escalation {
@@ -753,4 +748,188 @@ fn join(ranks: &[u32]) -> String {
 
 fn ms(d: Duration) -> String {
     format!("{:.1}ms", d.as_secs_f64() * 1000.0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+    use crate::ranks::registry::{RegisterRequest, Registration};
+
+    fn agent(timeout: Duration) -> (tempfile::TempDir, Arc<AgentState>) {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cfg = Config::default();
+        cfg.api.socket = dir.path().join("w.sock").display().to_string();
+        cfg.agent.state_dir = dir.path().join("state").display().to_string();
+        cfg.restart.in_process_timeout = timeout;
+        let state = Arc::new(AgentState::new(cfg, "test".into()).unwrap());
+        (dir, state)
+    }
+
+    fn register(state: &AgentState, job: &str, rank: u32) -> Registration {
+        let reg = state
+            .registry()
+            .register(
+                &RegisterRequest {
+                    job_id: job.into(),
+                    global_rank: rank,
+                    local_rank: rank,
+                    world_size: 4,
+                    pid: std::process::id(),
+                    host: "h".into(),
+                    layout_version: warden_client::slot::LAYOUT_VERSION,
+                    stack_dump_signal: 0,
+                    devices: Vec::new(),
+                },
+                0,
+            )
+            .unwrap();
+        // The client echoes its generation once it maps the slot.
+        state
+            .registry()
+            .slots()
+            .slot(reg.slot_index)
+            .unwrap()
+            .attach_writer(reg.generation, std::process::id());
+        reg
+    }
+
+    fn key(job: &str, rank: u32) -> RankKey {
+        RankKey {
+            job: job.into(),
+            rank,
+        }
+    }
+
+    async fn event(state: &AgentState, kind: &str) -> Arc<crate::events::Event> {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        loop {
+            let (events, _) = state.events.list(0, 0);
+            if let Some(e) = events.into_iter().find(|e| e.kind == kind) {
+                return e;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "no {kind} event: {:?}",
+                state.events.list(0, 0).0
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    fn evidence<'a>(e: &'a crate::events::Event, k: &str) -> &'a str {
+        e.evidence
+            .iter()
+            .find(|(key, _)| key == k)
+            .map_or("", |(_, v)| v.as_str())
+    }
+
+    #[tokio::test]
+    async fn every_rank_is_asked_through_slot_and_stream_and_both_acks_count() {
+        let (_dir, state) = agent(Duration::from_secs(30));
+        let r0 = register(&state, "j", 0);
+        let r1 = register(&state, "j", 1);
+        register(&state, "other", 0);
+        let mut rx1 = subscribe(&state, &key("j", 1), r1.generation).unwrap();
+        assert!(rx1.borrow_and_update().is_none());
+
+        let asked = request(&state, "j", "drill", "").unwrap();
+        assert_eq!((asked.ranks.clone(), asked.restart_count), (vec![0, 1], 1));
+        assert!(!asked.joined);
+        // The slot holds the request, for ranks of the job only.
+        let word = |slot| state.registry().slots().snapshot(slot).unwrap().control;
+        let want = ControlWord::restart(asked.seq as u32, 1);
+        assert_eq!(ControlWord::decode(word(r0.slot_index)), Some(want));
+        assert_eq!(ControlWord::decode(word(r1.slot_index)), Some(want));
+        // The stream too, addressed to the registration in force.
+        rx1.changed().await.unwrap();
+        let msg = rx1.borrow_and_update().clone().unwrap();
+        assert_eq!(
+            (msg.generation, msg.request.seq),
+            (r1.generation, asked.seq)
+        );
+        assert_eq!(msg.request.reason, "drill");
+        // Asked again while in flight: joined, nobody asked twice.
+        let again = request(&state, "j", "again", "").unwrap();
+        assert!(again.joined);
+        assert_eq!(again.seq, asked.seq);
+
+        // Rank 1 by AckControl (a stale generation is refused), rank 0 by
+        // its slot's ack word.
+        assert!(matches!(
+            ack(&state, &key("j", 1), r1.generation + 1, asked.seq),
+            Err(ControlError::StaleGeneration { .. })
+        ));
+        assert!(!ack(&state, &key("j", 1), r1.generation, asked.seq + 7).unwrap());
+        assert!(ack(&state, &key("j", 1), r1.generation, asked.seq).unwrap());
+        assert!(rx1.borrow().is_none(), "off the stream once acknowledged");
+        state
+            .registry()
+            .slots()
+            .writer(r0.slot_index)
+            .unwrap()
+            .ack(asked.seq);
+        let done = event(&state, "restart.acknowledged").await;
+        assert_eq!(evidence(&done, "acknowledged"), "0,1");
+        assert!(
+            evidence(&done, "latency.rank.0").ends_with("(slot)"),
+            "{done:?}"
+        );
+        assert!(
+            evidence(&done, "latency.rank.1").ends_with("(rpc)"),
+            "{done:?}"
+        );
+
+        // The next request is new: count 2, another sequence number.
+        let next = request(&state, "j", "", "").unwrap();
+        assert_eq!(next.restart_count, 2);
+        assert_ne!(next.seq, asked.seq);
+    }
+
+    #[tokio::test]
+    async fn silence_escalates_the_incident_and_a_rank_that_leaves_is_handled() {
+        let (_dir, state) = agent(Duration::from_millis(200));
+        let mut escalations = state.take_escalations().unwrap();
+        let r0 = register(&state, "j", 0);
+        let r1 = register(&state, "j", 1);
+        let asked = request(&state, "j", "hang", "inc-7").unwrap();
+        // Rank 1 leaves: handled by its launcher. Rank 0 stays silent.
+        assert!(state.registry().deregister(&key("j", 1), r1.generation));
+        let timeout = event(&state, "restart.in_process_timeout").await;
+        assert_eq!(evidence(&timeout, "unacknowledged"), "0");
+        assert_eq!(evidence(&timeout, "escalated_to"), "restart_in_job");
+        let e = escalations.recv().await.unwrap();
+        assert_eq!(
+            (e.incident.as_str(), e.action),
+            ("inc-7", Action::RestartInJob)
+        );
+        assert!(e.reason.contains("did not acknowledge"), "{}", e.reason);
+        // Over: a late acknowledgement is accepted and ignored.
+        assert!(!ack(&state, &key("j", 0), r0.generation, asked.seq).unwrap());
+        assert!(
+            state
+                .events
+                .list(0, 0)
+                .0
+                .iter()
+                .all(|e| e.kind != "restart.acknowledged")
+        );
+    }
+
+    #[tokio::test]
+    async fn nothing_to_restart_is_said() {
+        let (_dir, state) = agent(Duration::from_secs(1));
+        assert!(matches!(
+            request(&state, "nobody", "", ""),
+            Err(RestartError::NoLiveRanks { .. })
+        ));
+        assert!(matches!(
+            request(&state, "", "", ""),
+            Err(RestartError::EmptyJob)
+        ));
+        assert!(matches!(
+            subscribe(&state, &key("nobody", 0), 1),
+            Err(ControlError::UnknownRank { .. })
+        ));
+    }
 }

@@ -285,15 +285,17 @@ pub fn _restart_should_raise() -> bool {
         .is_some_and(|(t, _)| t.ident == current_ident())
 }
 
-/// Acknowledges the pending request (the training function runs again)
-/// and returns it as a dict; None when none is pending.
+/// Acknowledges the pending request, once a guarded call caught it (the
+/// training function runs again), and returns it as a dict; None when no
+/// caught request is pending (a newer one that arrived since stays pending:
+/// the next guarded call takes it at once).
 #[pyfunction]
 pub fn _restart_ack(py: Python<'_>) -> PyResult<Option<Bound<'_, PyDict>>> {
     let mut g = state();
-    let Some(p) = g.pending.take() else {
+    let caught = g.caught_seq;
+    let Some(p) = g.pending.take_if(|p| p.request.seq == caught) else {
         return Ok(None);
     };
-    g.caught_seq = p.request.seq;
     drop(g);
     changed().notify_all();
     let request = freshest(&p);
@@ -396,9 +398,11 @@ pub fn _restart_call<'py>(
                 clear_async(py, ident);
             }
             if e.is_instance(py, &cls) {
+                // Only the target thread's catch is the catch of the request
+                // (another thread's RestartRequested was raised by hand).
                 let mut g = state();
-                if let Some(p) = g.pending.as_ref() {
-                    g.caught_seq = p.request.seq;
+                if let Some(seq) = g.pending.as_ref().map(|p| p.request.seq).filter(|_| target) {
+                    g.caught_seq = seq;
                 }
                 drop(g);
                 changed().notify_all();

@@ -423,7 +423,10 @@ fn control_word_round_trips_and_rejects_garbage() {
     // The count saturates at 24 bits instead of bleeding into the seq.
     let big = ControlWord::restart(7, u32::MAX).encode();
     let back = ControlWord::decode(big).unwrap();
-    assert_eq!((back.seq, back.restart_count), (7, CONTROL_MAX_RESTART_COUNT));
+    assert_eq!(
+        (back.seq, back.restart_count),
+        (7, CONTROL_MAX_RESTART_COUNT)
+    );
 }
 
 #[test]
@@ -432,7 +435,8 @@ fn the_ack_word_is_read_alone_and_survives_a_swap() {
     let f = SlotFile::create(dir.path().join("s"), 2).unwrap();
     f.claim(0, 9, 1).unwrap();
     f.slot(0).unwrap().attach_writer(9, 1);
-    f.set_control(0, ControlWord::restart(41, 1).encode()).unwrap();
+    f.set_control(0, ControlWord::restart(41, 1).encode())
+        .unwrap();
     let w = f.writer(0).unwrap();
     assert_eq!(
         ControlWord::decode(w.control()),
@@ -442,7 +446,9 @@ fn the_ack_word_is_read_alone_and_survives_a_swap() {
     assert_eq!(f.ack_word(0).unwrap(), (41, 9));
     // A client moving to another slot carries its ack along.
     f.claim(1, 10, 1).unwrap();
-    f.slot(1).unwrap().copy_client_state_from(f.slot(0).unwrap());
+    f.slot(1)
+        .unwrap()
+        .copy_client_state_from(f.slot(0).unwrap());
     assert_eq!(f.ack_word(1).unwrap().0, 41);
     // A fresh claim clears the control word.
     f.claim(0, 11, 1).unwrap();
