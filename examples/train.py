@@ -26,6 +26,10 @@ Faults to inject (all off by default):
       must still clean up.
 
 Lines on stdout (the launcher prefixes them with the rank):
+  world rank=R world_size=W group_rank=G nnodes=N epoch=E master=A:P
+                                               (once, at start: the world this
+                                               attempt was given; epoch: the
+                                               job-wide round across hosts, - on one)
   ready pid=P restart=C start_step=S t=T       (T: time.time())
   env {...}                                    (with --print-env)
   step N loss L                                (every --report-every steps)
@@ -75,6 +79,8 @@ ENV_SHOWN = (
     "WARDEN_SOCKET",
     "WARDEN_JOB_ID",
     "WARDEN_RESTART_COUNT",
+    "WARDEN_ROUND_EPOCH",
+    "GROUP_WORLD_SIZE",
 )
 
 
@@ -152,6 +158,13 @@ def main() -> int:
     )
     os.makedirs(ckpt_dir, exist_ok=True)
     ckpt = os.path.join(ckpt_dir, f"rank_{RANK}.json")
+    say(
+        f"world rank={RANK} world_size={WORLD_SIZE}"
+        f" group_rank={os.environ.get('GROUP_RANK', '0')}"
+        f" nnodes={os.environ.get('GROUP_WORLD_SIZE', '1')}"
+        f" epoch={os.environ.get('WARDEN_ROUND_EPOCH', '-')}"
+        f" master={os.environ.get('MASTER_ADDR', '-')}:{os.environ.get('MASTER_PORT', '-')}"
+    )
     if a.print_env:
         say("env " + json.dumps({k: os.environ.get(k) for k in ENV_SHOWN}, sort_keys=True))
     if a.orphan and RANK == 0 and RESTART == 0:

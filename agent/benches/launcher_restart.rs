@@ -11,6 +11,13 @@
 //!   `torchrun` is found: `$TORCHRUN`, else on `$PATH`. Its Python runs the
 //!   script without the warden package (it imports it only if installed).
 //!
+//! And the same restart across hosts: two `warden run` launchers on this
+//! machine acting as two hosts of one job (`--rdzv-backend etcd`, a real
+//! etcd from tests/common/etcd.rs, 2 workers each: the same 4 ranks), the
+//! worker dying on one host: from its death until the other host's
+//! launcher holds the new round, and until every worker on both hosts is
+//! respawned and ready. Skipped, said so, when no `etcd` is found.
+//!
 //! Times come from the workers' own clocks (`crash ... t=` just before
 //! `os._exit`, `ready ... t=` once a respawned worker restored its
 //! checkpoint and is about to train) and from the launcher's summary
@@ -23,6 +30,10 @@
 
 // A benchmark program: failing loudly on set-up errors is what it should do.
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+
+#[allow(dead_code)]
+#[path = "../../tests/common/etcd.rs"]
+mod etcd;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -160,6 +171,131 @@ fn warden_run(i: u32) -> WardenRun {
         gate: f("gate_ms"),
         spawned: f("spawn_ms") + detect,
         registered: f("registered_ms") + detect,
+        ready: (max(&ready) - crash) * 1000.0,
+    }
+}
+
+/// One restart across two hosts; times in ms from the worker's death.
+#[derive(Debug, Default)]
+struct TwoHostRun {
+    /// The failing host's launcher sees it.
+    detect: f64,
+    /// Its agent's decision.
+    decision: f64,
+    /// The other host's launcher holds the new round.
+    other_round: f64,
+    /// The failing host's new workers started.
+    spawned_here: f64,
+    /// The other host's new workers started.
+    spawned_there: f64,
+    /// Every new worker on both hosts ready.
+    ready: f64,
+}
+
+fn etcd_found() -> bool {
+    std::env::var_os("WARDEN_TEST_ETCD").is_some()
+        || std::env::var_os("PATH")
+            .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join("etcd").is_file()))
+}
+
+/// Two `warden run` launchers as two hosts of one job (2 workers each),
+/// global rank 1 dying at step CRASH_STEP of the first round.
+fn two_host_run(etcd: &etcd::EtcdServer, i: u32) -> TwoHostRun {
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = dir.path().join("ckpt");
+    let job = format!("bench-mh-{}-{i}", std::process::id());
+    let hosts = [("host-a", "127.0.0.2"), ("host-b", "127.0.0.3")];
+    let children: Vec<_> = hosts
+        .iter()
+        .map(|(host, addr)| {
+            let home = dir.path().join(host);
+            std::fs::create_dir_all(&home).unwrap();
+            Command::new(env!("CARGO_BIN_EXE_warden"))
+                .arg("--socket")
+                .arg(home.join("no-agent.sock"))
+                .args(["run", "--quiet", "--nproc-per-node", "2", "--nnodes", "2"])
+                .args(["--rdzv-backend", "etcd", "--rdzv-endpoint", &etcd.endpoint])
+                .args([
+                    "--rdzv-id",
+                    &job,
+                    "--host-id",
+                    host,
+                    "--advertise-addr",
+                    addr,
+                ])
+                .arg("--log-dir")
+                .arg(home.join("logs"))
+                .arg("--summary-json")
+                .arg(home.join("summary.json"))
+                .arg("--")
+                .arg(python())
+                .arg(repo().join("examples/train.py"))
+                .args(train_args(&ckpt))
+                // Long enough that the host without the crash is still
+                // training when the restart comes (the toy's ranks share
+                // no collective to hold it back).
+                .args(["--steps", "60"])
+                .env_remove("WARDEN_SOCKET")
+                .env_remove("WARDEN_JOB_ID")
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    for c in children {
+        let out = c.wait_with_output().unwrap();
+        assert!(
+            out.status.success(),
+            "warden run (etcd) failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let read = |host: &str, attempt: u32, rank: u32| {
+        std::fs::read_to_string(
+            dir.path()
+                .join(host)
+                .join("logs")
+                .join(&job)
+                .join(format!("attempt_{attempt}/rank_{rank}.stdout.log")),
+        )
+        .unwrap_or_default()
+    };
+    // Global rank 1 is on node rank 0: whichever host joined first.
+    let here = hosts
+        .iter()
+        .map(|(h, _)| *h)
+        .find(|h| !read(h, 0, 1).is_empty())
+        .unwrap();
+    let there = hosts.iter().map(|(h, _)| *h).find(|h| *h != here).unwrap();
+    let crash = times(&read(here, 0, 1), "crash:", "")[0];
+    let ready: Vec<f64> = (0..NPROC)
+        .flat_map(|r| {
+            [here, there]
+                .into_iter()
+                .flat_map(move |h| times(&read(h, 1, r), "ready", "restart=1"))
+        })
+        .collect();
+    assert_eq!(ready.len(), NPROC as usize, "every rank came back once");
+    let summary = |h: &str| -> serde_json::Value {
+        serde_json::from_str(
+            &std::fs::read_to_string(dir.path().join(h).join("summary.json")).unwrap(),
+        )
+        .unwrap()
+    };
+    let (a, b) = (summary(here), summary(there));
+    let ra = &a["attempts"][0]["restart"];
+    let rb = &b["attempts"][0]["restart"];
+    let f = |r: &serde_json::Value, k: &str| r[k].as_f64().unwrap_or(f64::NAN);
+    let detect = (f(ra, "failure_seen_unix_s") - crash) * 1000.0;
+    let other_round = (f(rb, "failure_seen_unix_s") - crash) * 1000.0;
+    TwoHostRun {
+        detect,
+        decision: detect + f(ra, "decision_ms"),
+        other_round,
+        spawned_here: detect + f(ra, "spawn_ms"),
+        spawned_there: other_round + f(rb, "spawn_ms"),
         ready: (max(&ready) - crash) * 1000.0,
     }
 }
@@ -312,13 +448,18 @@ fn main() {
     let mut w = Vec::new();
     let mut bare = Vec::new();
     let mut tr = Vec::new();
+    let mut mh = Vec::new();
     let torch = torchrun();
     let agent = Wardend::start();
+    let etcd = etcd_found().then(etcd::EtcdServer::start);
     for i in 0..runs {
         w.push(warden_run(i));
         bare.push(bare_spawn(&agent));
         if let Some(t) = &torch {
             tr.push(torchrun_run(t));
+        }
+        if let Some(e) = &etcd {
+            mh.push(two_host_run(e, i));
         }
     }
     let col = |f: fn(&WardenRun) -> f64| median(w.iter().map(f).collect());
@@ -369,6 +510,54 @@ fn main() {
         col(|r| r.spawned),
         ready - bare_ms
     );
+    let mcol = |f: fn(&TwoHostRun) -> f64| median(mh.iter().map(f).collect());
+    if mh.is_empty() {
+        println!("\ntwo hosts through etcd: not run (no etcd; set WARDEN_TEST_ETCD)");
+    } else {
+        println!(
+            "\ntwo hosts through etcd (2 + 2 workers, one job; ms from the worker's death, medians of {runs} run(s))\n"
+        );
+        println!("| what | one host, 4 workers | two hosts, 2 + 2 workers |");
+        println!("|---|---|---|");
+        println!(
+            "| death -> the failing host's launcher sees it | {:.1} | {:.1} |",
+            col(|r| r.detect),
+            mcol(|r| r.detect)
+        );
+        println!(
+            "| -> the agent's decision (settle 200 ms) | {:.0} | {:.0} |",
+            col(|r| r.detect + r.decision),
+            mcol(|r| r.decision)
+        );
+        println!(
+            "| -> the other host's launcher holds the new round (etcd) | | {:.0} |",
+            mcol(|r| r.other_round)
+        );
+        println!(
+            "| -> new workers started on the failing host | {:.0} | {:.0} |",
+            col(|r| r.spawned),
+            mcol(|r| r.spawned_here)
+        );
+        println!(
+            "| -> new workers started on the other host | | {:.0} |",
+            mcol(|r| r.spawned_there)
+        );
+        println!(
+            "| -> **every new worker ready** | {:.0} | {:.0} |",
+            ready,
+            mcol(|r| r.ready)
+        );
+        println!(
+            "\nthe round across hosts on top of the local restart (every worker ready, two hosts less one): {:.0} ms",
+            mcol(|r| r.ready) - ready
+        );
+    }
+    for (i, r) in mh.iter().enumerate() {
+        println!(
+            "two hosts, run {i}: detect {:.1} decision {:.0} other host's round {:.0} spawned here {:.0} there {:.0} ready {:.0}",
+            r.detect, r.decision, r.other_round, r.spawned_here, r.spawned_there, r.ready
+        );
+    }
     for (i, r) in w.iter().enumerate() {
         println!(
             "run {i}: warden detect {:.1} decision {:.0} stop {:.0} gate {:.0} spawned {:.0} registered {:.0} ready {:.0}; bare {:.0}{}",

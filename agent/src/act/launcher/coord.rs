@@ -1,25 +1,41 @@
 //! The seam between the launcher and the job's other hosts.
 //!
-//! On one host every decision is local: [`LocalOnly`]. Across hosts a
-//! coordinator (etcd, in `crate::coord`) makes the nodes agree on each
-//! attempt (restart count, rank 0's address), tells the others when this node
-//! restarts or stops, and brings their directives here. The supervisor only
-//! talks to this trait, so plugging in multi-host touches nothing else.
+//! On one host every decision is local: [`LocalOnly`]. Across hosts the
+//! etcd coordinator ([`super::etcd::EtcdCoordinator`], on `crate::coord`)
+//! makes the nodes agree on each attempt (who runs workers, at which node
+//! rank, with which world size and rendezvous address), tells the others
+//! when this node restarts or stops, and brings their rounds here. The
+//! supervisor only talks to this trait.
 
 use std::future::Future;
 
 /// What one attempt runs with, agreed by the job's nodes.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AttemptPlan {
-    /// In-job restarts so far (TORCHELASTIC_RESTART_COUNT).
+    /// The launcher's attempt number on this host (TORCHELASTIC_RESTART_COUNT):
+    /// 0 for its first workers, + 1 for every respawn.
     pub restart_count: u32,
     /// Rank 0's address.
     pub master_addr: String,
     /// Rank 0's store port.
     pub master_port: u16,
+    /// This node's rank (GROUP_RANK); `None`: no place in the round (a
+    /// standby spare), no workers to start.
+    pub node_rank: Option<u32>,
+    /// Nodes in the attempt (GROUP_WORLD_SIZE).
+    pub nnodes: u32,
+    /// Workers in the attempt across all nodes (WORLD_SIZE).
+    pub world_size: u32,
+    /// The global rank of this node's local rank 0.
+    pub rank_offset: u32,
+    /// The job-wide round the attempt belongs to (WARDEN_ROUND_EPOCH);
+    /// `None` on one host.
+    pub epoch: Option<u64>,
+    /// The round in words (why it was made, its hosts), for the console.
+    pub round: Option<String>,
 }
 
-/// What a node asks of the whole job.
+/// What this node tells the whole job.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Directive {
     /// Every node stops its workers and starts the next attempt.
@@ -27,13 +43,40 @@ pub enum Directive {
         /// Why (the incident and its diagnosis).
         reason: String,
     },
-    /// Every node stops its workers and exits with `exit_code`.
+    /// This node's launcher ends with `exit_code` (0: the job's work here
+    /// is done).
     Stop {
         /// The exit status for the scheduler.
         exit_code: i32,
         /// Why.
         reason: String,
+        /// The job failed for good (a user error, a spent budget): the
+        /// others stop too, with the same status. False when this node goes
+        /// alone (a signal, a node fault, another node's stop): the others
+        /// go on without it.
+        job_failed: bool,
     },
+}
+
+/// What the other nodes bring to this one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Remote {
+    /// The job moved to a new round (a restart another node asked for, a
+    /// host lost, cordoned or back, a spare taken in): stop the workers and
+    /// rendezvous again.
+    NewRound {
+        /// Why the round was made, and by which host.
+        reason: String,
+    },
+    /// Stop the workers and exit with `exit_code`.
+    Stop {
+        /// The exit status (a failed job's own, 86 when this node is out).
+        exit_code: i32,
+        /// Why.
+        reason: String,
+    },
+    /// Nothing to do; worth a line on the console.
+    Note(String),
 }
 
 /// What this node's launcher does about a fault of its own node (a cordon,
@@ -44,10 +87,25 @@ pub enum NodeFault {
     Exit(i32),
 }
 
-/// Why the job's nodes could not agree.
-#[derive(Debug, thiserror::Error)]
-#[error("coordination: {0}")]
-pub struct CoordError(pub String);
+/// Why the job's nodes could not agree, and the status to exit with.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("coordination: {message}")]
+pub struct CoordError {
+    /// What went wrong.
+    pub message: String,
+    /// The launcher's exit status (1 when nothing better applies).
+    pub exit_code: i32,
+}
+
+impl CoordError {
+    /// An error with the launcher-error status (1).
+    pub fn new(message: impl Into<String>) -> Self {
+        Self {
+            message: message.into(),
+            exit_code: super::exit::EXIT_LAUNCHER_ERROR,
+        }
+    }
+}
 
 /// How a launcher coordinates with the launchers of the job's other nodes.
 pub trait Coordinator: Send {
@@ -55,7 +113,8 @@ pub trait Coordinator: Send {
     fn name(&self) -> &'static str;
 
     /// Agrees on the next attempt with the other nodes (a barrier across
-    /// hosts); `proposed` is this node's plan.
+    /// hosts); `proposed` is this node's plan (its restart count is kept).
+    /// Called for the first attempt and after the workers were stopped.
     fn rendezvous(
         &mut self,
         proposed: AttemptPlan,
@@ -64,9 +123,9 @@ pub trait Coordinator: Send {
     /// Tells the other nodes what this node decided.
     fn publish(&mut self, d: &Directive) -> impl Future<Output = Result<(), CoordError>> + Send;
 
-    /// The next directive another node published; pending forever when
-    /// there is none to come.
-    fn next_remote(&mut self) -> impl Future<Output = Directive> + Send;
+    /// The next thing the other nodes bring; pending forever when there is
+    /// none to come. Cancel-safe: the supervisor drops it for other events.
+    fn next_remote(&mut self) -> impl Future<Output = Remote> + Send;
 
     /// What a fault of this node means for its launcher.
     fn node_fault(&mut self, reason: &str) -> impl Future<Output = NodeFault> + Send;
@@ -90,7 +149,7 @@ impl Coordinator for LocalOnly {
         Ok(())
     }
 
-    async fn next_remote(&mut self) -> Directive {
+    async fn next_remote(&mut self) -> Remote {
         std::future::pending().await
     }
 

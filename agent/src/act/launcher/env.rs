@@ -15,6 +15,13 @@ pub struct WorkerEnv {
     pub nnodes: u32,
     /// This node's rank.
     pub node_rank: u32,
+    /// The global rank of this node's local rank 0 (the workers of the
+    /// nodes before it).
+    pub rank_offset: u32,
+    /// Workers in the job across all nodes.
+    pub world_size: u32,
+    /// The job-wide round (WARDEN_ROUND_EPOCH), across hosts.
+    pub epoch: Option<u64>,
     /// The worker role (ROLE_NAME).
     pub role: String,
     /// Rank 0's address.
@@ -41,7 +48,7 @@ pub const MARKER: &str = "WARDEN_LAUNCHER_PID";
 impl WorkerEnv {
     /// The global rank of local worker `local_rank`.
     pub fn global_rank(&self, local_rank: u32) -> u32 {
-        self.node_rank * self.nproc_per_node + local_rank
+        self.rank_offset + local_rank
     }
 
     /// Variables to set for local worker `local_rank`; `inherited` looks
@@ -51,7 +58,7 @@ impl WorkerEnv {
         local_rank: u32,
         inherited: impl Fn(&str) -> Option<String>,
     ) -> Vec<(String, String)> {
-        let world = self.nnodes * self.nproc_per_node;
+        let world = self.world_size;
         let rank = self.global_rank(local_rank);
         let mut v: Vec<(String, String)> = vec![
             ("RANK".into(), rank.to_string()),
@@ -93,6 +100,9 @@ impl WorkerEnv {
             ),
             (MARKER.into(), self.launcher_pid.to_string()),
         ];
+        if let Some(e) = self.epoch {
+            v.push(("WARDEN_ROUND_EPOCH".into(), e.to_string()));
+        }
         // Defaults torchrun sets, kept when the user set them.
         let mut default = |k: &str, val: &str| {
             if inherited(k).is_none() {
@@ -126,6 +136,9 @@ mod tests {
             nproc_per_node: 4,
             nnodes: 2,
             node_rank: 1,
+            rank_offset: 4,
+            world_size: 8,
+            epoch: None,
             role: "default".into(),
             master_addr: "10.0.0.1".into(),
             master_port: 29500,
@@ -186,5 +199,25 @@ mod tests {
         let mut one = env();
         one.nproc_per_node = 1;
         assert_eq!(get(&one.for_rank(0, |_| None), "OMP_NUM_THREADS"), None);
+        assert_eq!(get(&one.for_rank(0, |_| None), "WARDEN_ROUND_EPOCH"), None);
+    }
+
+    #[test]
+    fn a_round_across_hosts_sets_offset_world_and_epoch() {
+        // Node 1 of a round whose node 0 runs 2 workers: uneven hosts.
+        let mut e = env();
+        e.nproc_per_node = 4;
+        e.rank_offset = 2;
+        e.world_size = 6;
+        e.epoch = Some(7);
+        let v = e.for_rank(3, |_| None);
+        for (k, want) in [
+            ("RANK", "5"),
+            ("WORLD_SIZE", "6"),
+            ("GROUP_RANK", "1"),
+            ("WARDEN_ROUND_EPOCH", "7"),
+        ] {
+            assert_eq!(get(&v, k), Some(want), "{k}");
+        }
     }
 }

@@ -6,7 +6,7 @@
 //! |---|---|
 //! | 0 | every worker exited 0 |
 //! | the worker's own | the agent diagnosed a user error and stopped the job (the scheduler shows the real failure) |
-//! | 86 | this node is at fault (cordon, scale-down, refused health gate): requeue elsewhere, drain the node |
+//! | 86 | this node is at fault (cordon, scale-down, refused health gate), or out of a multi-host job (its etcd lease lost): requeue elsewhere, drain the node |
 //! | 87 | a restart budget is spent (the policy's, or `--max-restarts`): the job keeps failing |
 //! | 1 | the launcher failed (could not start the workers or the agent), or a stop decision with no better status |
 //! | 2 | bad command line |
@@ -56,6 +56,14 @@ pub struct AttemptRecord {
     pub workers: u32,
     /// Rank 0's store port.
     pub master_port: u16,
+    /// The job-wide round it ran in (across hosts; `None` on one host).
+    pub epoch: Option<u64>,
+    /// This node's rank in it.
+    pub node_rank: u32,
+    /// Nodes in it.
+    pub nnodes: u32,
+    /// Workers in it across all nodes (WORLD_SIZE).
+    pub world_size: u32,
     /// How long it ran.
     pub duration_s: f64,
     /// How it ended.
@@ -141,16 +149,31 @@ impl Summary {
             self.agent
         );
         for a in &self.attempts {
+            let round = a.epoch.map_or(String::new(), |e| {
+                format!(
+                    " (round {e}: node {} of {}, world size {})",
+                    a.node_rank, a.nnodes, a.world_size
+                )
+            });
             let _ = writeln!(
                 s,
-                "[warden] attempt {}: {} worker{}, {:.1}s: {}",
+                "[warden] attempt {}: {} worker{}{round}, {:.1}s: {}",
                 a.attempt,
                 a.workers,
                 if a.workers == 1 { "" } else { "s" },
                 a.duration_s,
                 a.ended
             );
-            if let Some(i) = &a.incident {
+            if let Some(i) = &a.incident
+                && i.class.is_empty()
+            {
+                // No diagnosis here: a round another host caused.
+                let _ = writeln!(
+                    s,
+                    "[warden]   {} by {}: {}",
+                    i.action, i.decided_by, i.reason
+                );
+            } else if let Some(i) = &a.incident {
                 let who = if i.id.is_empty() {
                     String::new()
                 } else {
@@ -231,6 +254,10 @@ mod tests {
                 AttemptRecord {
                     attempt: 1,
                     workers: 2,
+                    epoch: Some(4),
+                    node_rank: 1,
+                    nnodes: 2,
+                    world_size: 4,
                     ended: "every worker exited 0".into(),
                     ..Default::default()
                 },
@@ -247,6 +274,10 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("all registered 400 ms"), "{text}");
+        assert!(
+            text.contains("attempt 1: 2 workers (round 4: node 1 of 2, world size 4)"),
+            "{text}"
+        );
         assert_eq!(signalled(15), 143);
     }
 }

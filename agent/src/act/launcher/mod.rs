@@ -11,7 +11,9 @@
 //! The agent: the host's wardend when one answers (default socket or
 //! `$WARDEN_SOCKET`), else one embedded in this process on a private socket
 //! ([`agent`]): one host needs nothing else installed. Across hosts the
-//! [`coord::Coordinator`] seam takes the job-wide part.
+//! [`coord::Coordinator`] seam takes the job-wide part: with
+//! `--rdzv-backend etcd` the launchers agree on every round through etcd
+//! ([`etcd`], on `crate::coord`).
 //!
 //! Never: reap a worker before the agent read its status (it reads the
 //! zombie); act on a `restart_in_process` decision (the agent carries it
@@ -24,6 +26,7 @@ pub mod agent;
 pub mod args;
 pub mod coord;
 pub mod env;
+pub mod etcd;
 pub mod exit;
 pub mod gate;
 pub mod output;
@@ -56,6 +59,9 @@ pub enum LauncherError {
     /// Signal handlers could not be installed.
     #[error("cannot install signal handlers: {0}")]
     Signals(std::io::Error),
+    /// The job could not be joined in etcd.
+    #[error("cannot join the job in etcd: {0}")]
+    Join(crate::coord::CoordError),
 }
 
 impl LauncherError {
@@ -106,8 +112,19 @@ async fn run_job(
             "cannot become a child subreaper ({e}): orphans of the workers go to init and are found by their session only"
         ));
     }
+    let etcd = args.is_etcd();
+    // Across hosts the id must be the same everywhere: no `<host>-<pid>`.
+    let env_job = std::env::var("WARDEN_JOB_ID")
+        .ok()
+        .filter(|j| !j.is_empty());
+    if etcd && args.job_id.is_none() && env_job.is_none() {
+        return Err(args::ArgsError::NoJobId.into());
+    }
     let job_id = job_id(args.job_id.as_deref());
     args::valid_job_id(&job_id)?;
+    if etcd && !args::valid_key_segment(&job_id) {
+        return Err(args::ArgsError::EtcdJobId(job_id).into());
+    }
     let log_root = args
         .log_dir
         .clone()
@@ -128,13 +145,25 @@ async fn run_job(
     let fallback_budget = args
         .max_restarts
         .unwrap_or(link.config.policy.unknown.budget);
-    let (master_addr, master_port) = args.endpoint()?;
+    let (master_addr, master_port) = if etcd {
+        (String::new(), args.master_port)
+    } else {
+        args.endpoint()?
+    };
+    let place = if etcd {
+        format!(
+            "on this host, node rank from the job's rounds (--nnodes {}:{}, etcd at {})",
+            args.nnodes.min,
+            args.nnodes.max,
+            args.etcd_endpoints().join(",")
+        )
+    } else {
+        format!("on node {} of {}", args.node_rank(), args.nnodes.max)
+    };
     console.say(format!(
-        "job {job_id}: {} worker{} on node {} of {}: {}; restarts: {}",
+        "job {job_id}: {} worker{} {place}: {}; restarts: {}",
         args.nproc_per_node,
         if args.nproc_per_node == 1 { "" } else { "s" },
-        args.node_rank,
-        args.nnodes.max,
         args.argv().join(" "),
         match args.max_restarts {
             Some(k) => format!("at most {k} (--max-restarts)"),
@@ -151,7 +180,7 @@ async fn run_job(
         log_root,
         nproc_per_node: args.nproc_per_node,
         nnodes: args.nnodes.max,
-        node_rank: args.node_rank,
+        node_rank: args.node_rank(),
         role: args.role.clone(),
         master_addr,
         master_port,
@@ -161,7 +190,46 @@ async fn run_job(
         decision_timeout: args.decision_timeout,
         gpu_release_timeout: args.gpu_release_timeout,
     };
-    let summary = supervise::run(job, &link, coord::LocalOnly, console.clone(), &mut signals).await;
+    let summary = if etcd {
+        if !args.rdzv_conf.ignored.is_empty() {
+            console.say(format!(
+                "--rdzv-conf: ignored (not used by warden): {}",
+                args.rdzv_conf.ignored.join(", ")
+            ));
+        }
+        if args.node_rank.is_some() {
+            console
+                .say("--node-rank is ignored with --rdzv-backend etcd: the job's rounds assign it");
+        }
+        let cfg = etcd::config(&args, &job.id);
+        console.say(format!(
+            "joining job {} in etcd at {} as host {} (address {}{}, lease TTL {})",
+            job.id,
+            cfg.endpoints.join(","),
+            cfg.host,
+            cfg.addr,
+            if cfg.spare { ", a standby spare" } else { "" },
+            humantime::format_duration(cfg.lease_ttl)
+        ));
+        let joined = tokio::select! {
+            j = etcd::EtcdCoordinator::join(cfg, args.rdzv_conf.join_timeout()) => j,
+            sig = signals.recv() => {
+                link.close().await;
+                return Ok(exit::signalled(sig));
+            }
+        };
+        let coordinator = match joined {
+            Ok(c) => c,
+            Err(e) => {
+                link.close().await;
+                return Err(LauncherError::Join(e));
+            }
+        };
+        console.say(coordinator.describe());
+        supervise::run(job, &link, coordinator, console.clone(), &mut signals).await
+    } else {
+        supervise::run(job, &link, coord::LocalOnly, console.clone(), &mut signals).await
+    };
     console.raw(summary.render());
     if let Some(path) = &args.summary_json {
         let written = serde_json::to_vec_pretty(&summary)

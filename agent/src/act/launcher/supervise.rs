@@ -17,7 +17,8 @@
 //! - `stop`: stop the workers, print the diagnosis, exit with the
 //!   decision's status (a user error: the rank's own code).
 //! - `cordon`, `scale_down`: this node is at fault: the coordinator says
-//!   what that means (one host: stop and exit 86).
+//!   what that means (one host: stop and exit 86; across hosts: leave the
+//!   job, then exit 86).
 //! - `restart_in_process`: the agent's to carry out (through the ranks'
 //!   clients); the launcher keeps its hands off the live workers. A
 //!   superseding `restart_in_job` (the agent's escalation when the ranks do
@@ -27,6 +28,16 @@
 //! - `continue`: nothing.
 //! - SIGINT/SIGTERM/SIGHUP: forwarded to the workers' process groups, a
 //!   graceful stop, exit 128+N; a second one kills at once.
+//!
+//! Across hosts (the coordinator's part): every attempt is planned by a
+//! rendezvous (the job's round: node rank or none, world size, rank 0's
+//! address); a local restart is published first, so every host restarts
+//! in the same round; a round another host caused (a restart, a host lost,
+//! cordoned or back, a spare taken in) stops the local workers as a
+//! restart does (StopRanks first) and starts them on the new round, without
+//! counting against `--max-restarts`; a host with no place in the round
+//! (a standby spare) runs no workers until a round gives it one; the job's
+//! end is published (the others stop with a failed job's status).
 
 use std::collections::HashSet;
 use std::path::PathBuf;
@@ -39,7 +50,7 @@ use tokio_util::sync::CancellationToken;
 use warden_proto::v1 as pb;
 
 use super::agent::{self, AgentLink, Seen};
-use super::coord::{AttemptPlan, Coordinator, Directive, NodeFault};
+use super::coord::{AttemptPlan, Coordinator, Directive, LocalOnly, NodeFault, Remote};
 use super::env::WorkerEnv;
 use super::exit::{
     self, AttemptRecord, EXIT_BUDGET_SPENT, EXIT_LAUNCHER_ERROR, IncidentBrief, RestartTiming,
@@ -138,7 +149,8 @@ struct Worker {
 
 #[derive(Debug)]
 struct ExitNote {
-    attempt: u32,
+    /// The attempt's generation ([`Attempt::generation`]).
+    generation: u64,
     rank: u32,
     pid: i32,
     exit: Option<Exit>,
@@ -158,6 +170,13 @@ struct Pending {
 #[derive(Debug)]
 struct Attempt {
     n: u32,
+    /// Counts every start, a standby one included: exits of an earlier
+    /// attempt are told apart by it.
+    generation: u64,
+    /// No place in the job's round here: no workers.
+    standby: bool,
+    /// Its record is in the history already (stopped for a restart).
+    recorded: bool,
     started: Instant,
     started_wall: SystemTime,
     workers: Vec<Worker>,
@@ -175,6 +194,9 @@ struct Cause {
     backoff: Duration,
     /// Decided by the launcher alone (counts against the fallback budget).
     fallback: bool,
+    /// A round another host caused: not published again, not counted
+    /// against `--max-restarts`.
+    remote: bool,
     /// When the failure was seen (or the decision came, for a hang).
     since: Instant,
     since_wall: SystemTime,
@@ -202,7 +224,15 @@ enum Ev {
     Seen,
     SeenClosed,
     Signal(i32),
-    Remote(Directive),
+    Remote(Remote),
+}
+
+/// Why no attempt could be agreed.
+enum Halt {
+    /// The coordinator gave up (its message and exit status).
+    Coord(super::coord::CoordError),
+    /// A signal came while waiting.
+    Signal(i32),
 }
 
 /// Runs the job to its end; returns the summary (its `exit_code` is the
@@ -238,6 +268,9 @@ pub async fn run<C: Coordinator>(
         acted_on: HashSet::new(),
         attempt: Attempt {
             n: 0,
+            generation: 0,
+            standby: true,
+            recorded: false,
             started: now,
             started_wall: SystemTime::now(),
             workers: Vec::new(),
@@ -247,6 +280,9 @@ pub async fn run<C: Coordinator>(
         history: Vec::new(),
         pending: None,
         restarts: 0,
+        local_restarts: 0,
+        attempts_started: 0,
+        leaves_alone: false,
         fallback_used: 0,
         started: now,
         started_wall: SystemTime::now(),
@@ -281,13 +317,21 @@ struct Sup<'a, C> {
     attempt: Attempt,
     history: Vec<AttemptRecord>,
     pending: Option<Pending>,
+    /// Respawns of the workers (any cause).
     restarts: u32,
+    /// Restarts this launcher decided (what `--max-restarts` counts).
+    local_restarts: u32,
+    /// Attempts that started workers: the next one's number.
+    attempts_started: u32,
+    /// The job ends here for this node alone (a signal, a node fault,
+    /// another node's stop): the other nodes are not stopped with it.
+    leaves_alone: bool,
     fallback_used: u32,
     started: Instant,
     started_wall: SystemTime,
-    /// After a restart: when the failure was seen, until every new worker
-    /// registered.
-    awaiting_registration: Option<Instant>,
+    /// After a restart: when the failure (or the new round) was seen, and
+    /// which, until every new worker registered.
+    awaiting_registration: Option<(Instant, &'static str)>,
     /// A failure the agent answered with `continue`: the job's status at
     /// the end.
     failed_unrestarted: Option<Exit>,
@@ -297,19 +341,9 @@ struct Sup<'a, C> {
 
 impl<C: Coordinator> Sup<'_, C> {
     async fn run(&mut self) -> Summary {
-        let plan = self.plan(0);
-        let plan = match self.coord.rendezvous(plan).await {
+        let plan = match self.agree(self.plan(0)).await {
             Ok(p) => p,
-            Err(e) => {
-                return self
-                    .finish(
-                        EXIT_LAUNCHER_ERROR,
-                        e.to_string(),
-                        "not started".into(),
-                        None,
-                    )
-                    .await;
-            }
+            Err(h) => return self.halted(h, "not started").await,
         };
         if let Err(e) = self.start_attempt(&plan) {
             return self
@@ -341,26 +375,38 @@ impl<C: Coordinator> Sup<'_, C> {
                 }
                 Ev::Signal(sig) => self.on_signal(sig).await,
                 Ev::Remote(d) => match d {
-                    Directive::RestartInJob { reason } => Flow::Restart(Box::new(Cause {
-                        brief: IncidentBrief {
-                            action: "restart_in_job".into(),
-                            reason: reason.clone(),
-                            decided_by: format!("another node ({})", self.coord.name()),
-                            ..Default::default()
-                        },
-                        incident: None,
-                        backoff: Duration::ZERO,
-                        fallback: false,
-                        since: Instant::now(),
-                        since_wall: SystemTime::now(),
-                        decided: Instant::now(),
-                    })),
-                    Directive::Stop { exit_code, reason } => Flow::Finish {
-                        code: exit_code,
-                        outcome: format!("stopped by another node: {reason}"),
-                        ended: format!("stopped by another node: {reason}"),
-                        incident: None,
-                    },
+                    Remote::NewRound { reason } => {
+                        self.say(format!("new round across hosts: {reason}"));
+                        Flow::Restart(Box::new(Cause {
+                            brief: IncidentBrief {
+                                action: "new_round".into(),
+                                reason,
+                                decided_by: format!("the job's hosts ({})", self.coord.name()),
+                                ..Default::default()
+                            },
+                            incident: None,
+                            backoff: Duration::ZERO,
+                            fallback: false,
+                            remote: true,
+                            since: Instant::now(),
+                            since_wall: SystemTime::now(),
+                            decided: Instant::now(),
+                        }))
+                    }
+                    Remote::Stop { exit_code, reason } => {
+                        self.leaves_alone = true;
+                        self.say(format!("stopping: {reason}"));
+                        Flow::Finish {
+                            code: exit_code,
+                            outcome: format!("stopped across hosts: {reason}"),
+                            ended: format!("stopped across hosts: {reason}"),
+                            incident: None,
+                        }
+                    }
+                    Remote::Note(text) => {
+                        self.say(text);
+                        Flow::Go
+                    }
                 },
             };
             match flow {
@@ -399,7 +445,8 @@ impl<C: Coordinator> Sup<'_, C> {
         self.console.say(msg);
     }
 
-    /// This node's plan for attempt `restart_count`.
+    /// This node's plan for attempt `restart_count`, as one host sees it
+    /// (the coordinator's rendezvous may replace all but the count).
     fn plan(&self, restart_count: u32) -> AttemptPlan {
         let master_port = self.job.master_port.unwrap_or_else(|| {
             if self.job.nnodes > 1 {
@@ -412,19 +459,94 @@ impl<C: Coordinator> Sup<'_, C> {
             restart_count,
             master_addr: self.job.master_addr.clone(),
             master_port,
+            node_rank: Some(self.job.node_rank),
+            nnodes: self.job.nnodes,
+            world_size: self.job.nnodes.saturating_mul(self.job.nproc_per_node),
+            rank_offset: self.job.node_rank.saturating_mul(self.job.nproc_per_node),
+            epoch: None,
+            round: None,
+        }
+    }
+
+    /// The coordinator's rendezvous, given up on a signal.
+    async fn agree(&mut self, proposed: AttemptPlan) -> Result<AttemptPlan, Halt> {
+        tokio::select! {
+            r = self.coord.rendezvous(proposed) => r.map_err(Halt::Coord),
+            sig = self.signals.recv() => Err(Halt::Signal(sig)),
+        }
+    }
+
+    /// Ends the run after a failed rendezvous.
+    async fn halted(&mut self, h: Halt, ended: &str) -> Summary {
+        match h {
+            Halt::Coord(e) => {
+                self.say(format!(
+                    "the hosts could not agree on the next attempt: {e}"
+                ));
+                if e.exit_code == exit::EXIT_NODE_FAULT || e.exit_code == exit::EXIT_SUCCESS {
+                    self.leaves_alone = true;
+                }
+                let outcome = if e.exit_code == exit::EXIT_SUCCESS {
+                    format!("done: {}", e.message)
+                } else {
+                    format!("failed: {e}")
+                };
+                self.finish(e.exit_code, outcome, ended.to_owned(), None)
+                    .await
+            }
+            Halt::Signal(sig) => {
+                self.leaves_alone = true;
+                let name = Signal::try_from(sig).map_or("a signal", |s| s.as_str());
+                self.say(format!(
+                    "got {name} while waiting for the job's round: stopping"
+                ));
+                self.finish(
+                    exit::signalled(sig),
+                    format!("stopped on {name}"),
+                    format!("stopped on {name} waiting for the job's round"),
+                    None,
+                )
+                .await
+            }
         }
     }
 
     fn start_attempt(&mut self, plan: &AttemptPlan) -> Result<(), String> {
         let n = plan.restart_count;
+        let generation = self.attempt.generation + 1;
+        if let Some(round) = &plan.round {
+            self.say(round);
+        }
+        let Some(node_rank) = plan.node_rank else {
+            self.attempt = Attempt {
+                n,
+                generation,
+                standby: true,
+                recorded: false,
+                started: Instant::now(),
+                started_wall: SystemTime::now(),
+                workers: Vec::new(),
+                record: AttemptRecord {
+                    attempt: n,
+                    epoch: plan.epoch,
+                    ..Default::default()
+                },
+                all_registered: false,
+            };
+            self.say("no place in this round: no workers on this host until a round gives it one");
+            return Ok(());
+        };
         let dir = self.job.log_root.join(format!("attempt_{n}"));
         std::fs::create_dir_all(&dir)
             .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
         let wenv = WorkerEnv {
             job_id: self.job.id.clone(),
             nproc_per_node: self.job.nproc_per_node,
-            nnodes: self.job.nnodes,
-            node_rank: self.job.node_rank,
+            nnodes: plan.nnodes,
+            node_rank,
+            rank_offset: plan.rank_offset,
+            world_size: plan.world_size,
+            epoch: plan.epoch,
             role: self.job.role.clone(),
             master_addr: plan.master_addr.clone(),
             master_port: plan.master_port,
@@ -436,6 +558,9 @@ impl<C: Coordinator> Sup<'_, C> {
         };
         self.attempt = Attempt {
             n,
+            generation,
+            standby: false,
+            recorded: false,
             started: Instant::now(),
             started_wall: SystemTime::now(),
             workers: Vec::new(),
@@ -443,10 +568,15 @@ impl<C: Coordinator> Sup<'_, C> {
                 attempt: n,
                 workers: self.job.nproc_per_node,
                 master_port: plan.master_port,
+                epoch: plan.epoch,
+                node_rank,
+                nnodes: plan.nnodes,
+                world_size: plan.world_size,
                 ..Default::default()
             },
             all_registered: false,
         };
+        self.attempts_started = self.attempts_started.max(n + 1);
         for local in 0..self.job.nproc_per_node {
             let rank = wenv.global_rank(local);
             let env = wenv.for_rank(local, |k| std::env::var(k).ok());
@@ -485,7 +615,7 @@ impl<C: Coordinator> Sup<'_, C> {
             tokio::spawn(async move {
                 let exit = spawn::exited(pid, &pidfd).await;
                 let _ = tx.send(ExitNote {
-                    attempt: n,
+                    generation,
                     rank,
                     pid,
                     exit,
@@ -535,13 +665,13 @@ impl<C: Coordinator> Sup<'_, C> {
         }
         self.attempt.all_registered = true;
         match self.awaiting_registration.take() {
-            Some(since) => {
+            Some((since, what)) => {
                 let ms = ms(since.elapsed());
                 if let Some(r) = self.history.last_mut().and_then(|a| a.restart.as_mut()) {
                     r.registered_ms = Some(ms);
                 }
                 self.say(format!(
-                    "attempt {}: all {} workers registered with the agent, {:.2}s after the failure",
+                    "attempt {}: all {} workers registered with the agent, {:.2}s after {what}",
                     self.attempt.n,
                     self.attempt.workers.len(),
                     ms / 1000.0
@@ -557,7 +687,7 @@ impl<C: Coordinator> Sup<'_, C> {
     }
 
     fn on_exit(&mut self, n: ExitNote) -> Flow {
-        if n.attempt != self.attempt.n {
+        if n.generation != self.attempt.generation {
             return Flow::Go;
         }
         if let Some(w) = self.attempt.workers.iter_mut().find(|w| w.pid == n.pid) {
@@ -685,6 +815,7 @@ impl<C: Coordinator> Sup<'_, C> {
                         .and_then(|d| Duration::try_from(d).ok())
                         .unwrap_or_default(),
                     fallback: false,
+                    remote: false,
                     since,
                     since_wall,
                     decided: Instant::now(),
@@ -706,6 +837,7 @@ impl<C: Coordinator> Sup<'_, C> {
             }
             pb::Action::Cordon | pb::Action::ScaleDown => {
                 self.acted_on.insert(inc.id.clone());
+                self.leaves_alone = true;
                 let NodeFault::Exit(code) = self.coord.node_fault(&brief.summary).await;
                 Flow::Finish {
                     code,
@@ -739,6 +871,7 @@ impl<C: Coordinator> Sup<'_, C> {
                         incident: Some(inc.id.clone()),
                         backoff: Duration::ZERO,
                         fallback: false,
+                        remote: false,
                         since: p.seen,
                         since_wall: p.seen_wall,
                         decided: Instant::now(),
@@ -847,6 +980,7 @@ impl<C: Coordinator> Sup<'_, C> {
             incident: None,
             backoff: Duration::ZERO,
             fallback: true,
+            remote: false,
             since: p.seen,
             since_wall: p.seen_wall,
             decided: Instant::now(),
@@ -860,6 +994,7 @@ impl<C: Coordinator> Sup<'_, C> {
             humantime::format_duration(self.job.stop_grace)
         ));
         let first = Signal::try_from(sig).unwrap_or(Signal::SIGTERM);
+        self.leaves_alone = true;
         self.stop_ranks(&format!("the launcher got {name}")).await;
         self.stop_workers(first).await;
         Flow::Finish {
@@ -870,10 +1005,12 @@ impl<C: Coordinator> Sup<'_, C> {
         }
     }
 
-    /// The in-job restart. Returns the summary when the job ends instead.
+    /// The in-job restart (or a new round another host caused). Returns
+    /// the summary when the job ends instead.
     async fn restart(&mut self, cause: Cause) -> Option<Summary> {
-        if let Some(k) = self.job.max_restarts
-            && self.restarts >= k
+        if !cause.remote
+            && let Some(k) = self.job.max_restarts
+            && self.local_restarts >= k
         {
             self.say(format!("--max-restarts {k} reached: not restarting again"));
             return Some(
@@ -896,40 +1033,77 @@ impl<C: Coordinator> Sup<'_, C> {
             self.acted_on.insert(id.clone());
         }
         self.pending = None;
-        let next = self.attempt.n + 1;
-        let reason = format!(
-            "restart {next}: {}",
-            if cause.brief.summary.is_empty() {
-                cause.brief.reason.clone()
+        let had_workers = !self.attempt.standby;
+        let next = self.attempts_started;
+        let reason = if cause.remote {
+            format!("new round: {}", cause.brief.reason)
+        } else {
+            format!(
+                "restart {next}: {}",
+                if cause.brief.summary.is_empty() {
+                    cause.brief.reason.clone()
+                } else {
+                    cause.brief.summary.clone()
+                }
+            )
+        };
+        if !cause.remote {
+            self.local_restarts += 1;
+            // First, so that the other hosts stop their workers meanwhile.
+            let what = if cause.brief.summary.is_empty() {
+                &cause.brief.reason
             } else {
-                cause.brief.summary.clone()
+                &cause.brief.summary
+            };
+            let told = format!(
+                "{}{}: {}",
+                cause.brief.id,
+                if cause.brief.id.is_empty() {
+                    cause.brief.class.clone()
+                } else {
+                    format!(" ({})", cause.brief.class)
+                },
+                clip(what, 160)
+            );
+            if let Err(e) = self
+                .coord
+                .publish(&Directive::RestartInJob { reason: told })
+                .await
+            {
+                self.say(format!("could not tell the other nodes: {e}"));
             }
-        );
-        if let Err(e) = self
-            .coord
-            .publish(&Directive::RestartInJob {
-                reason: reason.clone(),
-            })
-            .await
-        {
-            self.say(format!("could not tell the other nodes: {e}"));
         }
-        self.say(format!(
-            "restarting in job (restart {next}{}): stopping the workers",
-            self.job
-                .max_restarts
-                .map_or(String::new(), |k| format!(" of at most {k}"))
-        ));
-        self.stop_ranks(&reason).await;
-        let stopped = self.stop_workers(Signal::SIGTERM).await;
+        if had_workers {
+            if cause.remote {
+                self.say("stopping the workers for the new round");
+            } else {
+                self.say(format!(
+                    "restarting in job (restart {}{}): stopping the workers",
+                    self.local_restarts,
+                    self.job
+                        .max_restarts
+                        .map_or(String::new(), |k| format!(" of at most {k}"))
+                ));
+            }
+        }
+        let stopped = if had_workers {
+            self.stop_ranks(&reason).await;
+            self.stop_workers(Signal::SIGTERM).await
+        } else {
+            Vec::new()
+        };
         let t_stop = Instant::now();
-        match gate::gpu_release(
-            stopped,
-            self.job.gpu_release_timeout,
-            self.nvml_library.clone(),
-        )
-        .await
-        {
+        let release = if stopped.is_empty() {
+            GpuRelease::Released(Duration::ZERO)
+        } else {
+            gate::gpu_release(
+                stopped,
+                self.job.gpu_release_timeout,
+                self.nvml_library.clone(),
+            )
+            .await
+        };
+        match release {
             GpuRelease::Released(_) => {}
             GpuRelease::NoNvml(why) => {
                 if self.restarts == 0 {
@@ -946,6 +1120,7 @@ impl<C: Coordinator> Sup<'_, C> {
             Gate::Unchecked(why) => self.say(format!("health gate not checked: {why}")),
             Gate::Refused(why) => {
                 self.say(format!("pre-restart health gate refused: {why}"));
+                self.leaves_alone = true;
                 let NodeFault::Exit(code) = self.coord.node_fault(&why).await;
                 let mut b = cause.brief;
                 b.reason = format!("{}; the health gate refused: {why}", b.reason);
@@ -972,6 +1147,7 @@ impl<C: Coordinator> Sup<'_, C> {
                 () = tokio::time::sleep(cause.backoff) => {}
                 sig = self.signals.recv() => {
                     let name = Signal::try_from(sig).map_or("a signal", |s| s.as_str());
+                    self.leaves_alone = true;
                     return Some(self.finish(exit::signalled(sig), format!("stopped on {name}"), format!("stopped on {name} during the backoff"), Some(cause.brief)).await);
                 }
             }
@@ -979,40 +1155,41 @@ impl<C: Coordinator> Sup<'_, C> {
         let t_backoff = Instant::now();
         // Close the stopped attempt's record; its zombies are reaped in the
         // background (they hold their pids until then, so no group signalled
-        // above can have been reused).
+        // above can have been reused). A standby wait leaves no record.
         self.reapers.push(self.reap_attempt());
-        let mut record = std::mem::take(&mut self.attempt.record);
-        record.duration_s = self.attempt.started.elapsed().as_secs_f64();
-        record.ended = match record.failures.first() {
-            Some((rank, status)) => format!("rank {rank} failed ({status}); restarted in job"),
-            None => "restarted in job".into(),
-        };
-        record.incident = Some(cause.brief);
-        record.restart = Some(RestartTiming {
-            failure_seen_unix_s: unix_s(cause.since_wall),
-            decision_ms: ms(cause.decided.duration_since(cause.since)),
-            stop_ms: ms(t_stop.duration_since(cause.decided)),
-            gate_ms: ms(t_gate.duration_since(t_stop)),
-            backoff_ms: ms(t_backoff.duration_since(t_gate)),
-            spawn_ms: 0.0,
-            registered_ms: None,
-        });
-        self.history.push(record);
-        let plan = match self.coord.rendezvous(self.plan(next)).await {
+        if had_workers {
+            let mut record = std::mem::take(&mut self.attempt.record);
+            record.duration_s = self.attempt.started.elapsed().as_secs_f64();
+            record.ended = match (record.failures.first(), cause.remote) {
+                (Some((rank, status)), false) => {
+                    format!("rank {rank} failed ({status}); restarted in job")
+                }
+                (Some((rank, status)), true) => {
+                    format!("rank {rank} failed ({status}); stopped for a new round")
+                }
+                (None, false) => "restarted in job".into(),
+                (None, true) => "stopped for a new round".into(),
+            };
+            record.incident = Some(cause.brief);
+            record.restart = Some(RestartTiming {
+                failure_seen_unix_s: unix_s(cause.since_wall),
+                decision_ms: ms(cause.decided.duration_since(cause.since)),
+                stop_ms: ms(t_stop.duration_since(cause.decided)),
+                gate_ms: ms(t_gate.duration_since(t_stop)),
+                backoff_ms: ms(t_backoff.duration_since(t_gate)),
+                spawn_ms: 0.0,
+                registered_ms: None,
+            });
+            self.history.push(record);
+            self.attempt.recorded = true;
+        }
+        if self.coord.name() != LocalOnly.name() {
+            self.say("waiting for the job's next round");
+        }
+        let plan = match self.agree(self.plan(next)).await {
             Ok(p) => p,
-            Err(e) => {
-                return Some(
-                    self.finish(
-                        EXIT_LAUNCHER_ERROR,
-                        format!("the nodes could not agree on the next attempt: {e}"),
-                        "not started".into(),
-                        None,
-                    )
-                    .await,
-                );
-            }
+            Err(h) => return Some(self.halted(h, "not started").await),
         };
-        self.restarts += 1;
         if let Err(e) = self.start_attempt(&plan) {
             return Some(
                 self.finish(
@@ -1024,13 +1201,28 @@ impl<C: Coordinator> Sup<'_, C> {
                 .await,
             );
         }
-        if let Some(r) = self.history.last_mut().and_then(|a| a.restart.as_mut()) {
-            r.spawn_ms = ms(cause.since.elapsed());
+        if self.attempt.standby {
+            return None;
         }
-        self.awaiting_registration = Some(cause.since);
+        if had_workers {
+            self.restarts += 1;
+            if let Some(r) = self.history.last_mut().and_then(|a| a.restart.as_mut()) {
+                r.spawn_ms = ms(cause.since.elapsed());
+            }
+            self.awaiting_registration = Some((
+                cause.since,
+                if cause.remote {
+                    "the new round"
+                } else {
+                    "the failure"
+                },
+            ));
+        }
         self.say(format!(
-            "attempt {next}: workers started {:.2}s after the failure",
-            cause.since.elapsed().as_secs_f64()
+            "attempt {}: workers started {:.2}s after the {}",
+            plan.restart_count,
+            cause.since.elapsed().as_secs_f64(),
+            if cause.remote { "new round" } else { "failure" }
         ));
         None
     }
@@ -1184,6 +1376,16 @@ impl<C: Coordinator> Sup<'_, C> {
         ended: String,
         incident: Option<IncidentBrief>,
     ) -> Summary {
+        // The other hosts first: they stop (a failed job) or go on without
+        // this one while its workers stop.
+        let stop = Directive::Stop {
+            exit_code: code,
+            reason: outcome.clone(),
+            job_failed: code != exit::EXIT_SUCCESS && !self.leaves_alone,
+        };
+        if let Err(e) = self.coord.publish(&stop).await {
+            self.say(format!("could not tell the other nodes: {e}"));
+        }
         let any_alive = self
             .attempt
             .workers
@@ -1213,7 +1415,7 @@ impl<C: Coordinator> Sup<'_, C> {
             }
         })
         .await;
-        if !self.attempt.workers.is_empty() || self.history.is_empty() {
+        if !self.attempt.recorded && (!self.attempt.workers.is_empty() || self.history.is_empty()) {
             let mut record = std::mem::take(&mut self.attempt.record);
             record.duration_s = self.attempt.started.elapsed().as_secs_f64();
             record.ended = match record.failures.first() {
@@ -1264,6 +1466,14 @@ fn procfs_state(pid: i32) -> Option<char> {
         .ok()
         .and_then(|t| spawn::parse_stat(&t))
         .map(|p| p.state)
+}
+
+/// `s` cut to at most `max` characters, marked when cut.
+fn clip(s: &str, max: usize) -> String {
+    match s.char_indices().nth(max) {
+        Some((i, _)) => format!("{}...", &s[..i]),
+        None => s.to_owned(),
+    }
 }
 
 fn ms(d: Duration) -> f64 {

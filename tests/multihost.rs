@@ -1,0 +1,742 @@
+//! Multi-host jobs through a real etcd: two or three real `warden run`
+//! launchers on this machine act as the job's hosts (host ids host-a, -b,
+//! -c, -s; advertised addresses 127.0.0.2 and up), each with its own
+//! embedded agent, scratch directory (logs, agent state, summary) and
+//! `examples/train.py` workers (no torch, no GPU). The hosts share one
+//! checkpoint directory, as hosts share a file system.
+//!
+//! What is shown:
+//! - a worker killed on one host: that host's agent decides a restart in
+//!   job, and every host restarts exactly once, in the same new round;
+//! - a host's launcher killed (SIGKILL; its workers die with it, their
+//!   parent-death signal): after the lease TTL the others run a round
+//!   without it (scale down: WORLD_SIZE smaller); the launcher started
+//!   again: a round with every host (scale up: the full WORLD_SIZE);
+//! - a user error (a Python exception) on one host: its agent stops the
+//!   job, and every host stops with the rank's exit status;
+//! - a GPU of one host fails (XID 79 from the NVML stand-in its embedded
+//!   agent loads through `--agent-config`): its agent cordons the node,
+//!   the launcher leaves the job and exits 86, and a standby spare
+//!   (`--spare`) takes its node rank with the same WORLD_SIZE (hot-swap).
+//!
+//! The tests run one at a time (a lock): each runs up to seven Python
+//! workers, three launchers and etcd, and the test machine has 2 cores.
+//! Every wait has a deadline; progress is awaited on the launchers' and
+//! workers' own output lines, never on sleeps.
+
+#![allow(clippy::expect_used, clippy::unwrap_used)]
+
+mod common;
+
+use std::io::{BufRead, BufReader, Read};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Mutex, MutexGuard, mpsc};
+use std::time::{Duration, Instant};
+
+use common::etcd::EtcdServer;
+use common::{WARDEN, eventually, python, repo_root, within};
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use serde_json::Value;
+use warden_agent::cli::Target;
+use warden_proto::v1 as pb;
+
+/// Any one wait: a launcher's start, a round, a restart, the job's end on
+/// a busy machine.
+const WAIT: Duration = Duration::from_secs(90);
+/// The membership lease of every launcher.
+const TTL: &str = "1s";
+
+/// The embedded agents: fast ticks, no kernel log, NVML or DCGM.
+const AGENT_TOML: &str = "[agent]\ntick = \"50ms\"\n\
+    [host]\nmemory_degraded_below_percent = 0.0\nmemory_failed_below_percent = 0.0\n\
+    [hang]\nfloor = \"1s\"\nwarmup_samples = 5\n\
+    [kmsg]\nenabled = false\n[nvml]\nenabled = false\n[dcgm]\nenabled = false\n";
+
+/// One test at a time.
+fn serial() -> MutexGuard<'static, ()> {
+    static LOCK: Mutex<()> = Mutex::new(());
+    LOCK.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// A host's scratch directory: its logs, its agent's config and state, its
+/// summary. Outlives a launcher that is killed and started again.
+struct Scratch {
+    dir: tempfile::TempDir,
+    host: &'static str,
+    addr: &'static str,
+}
+
+/// What a launcher runs.
+struct Spec<'a> {
+    job: &'a str,
+    nproc: u32,
+    nnodes: &'a str,
+    ckpt: &'a Path,
+    steps: u32,
+    step_ms: u32,
+    extra: &'a [&'a str],
+    env: &'a [(&'a str, &'a str)],
+    /// More arguments of train.py (faults to inject).
+    train: &'a [&'a str],
+}
+
+impl Scratch {
+    fn new(host: &'static str, addr: &'static str, agent_toml: &str) -> Self {
+        let dir = tempfile::Builder::new()
+            .prefix("warden-mh-")
+            .tempdir()
+            .expect("create a scratch directory");
+        std::fs::write(dir.path().join("agent.toml"), agent_toml).expect("write the agent config");
+        Self { dir, host, addr }
+    }
+
+    fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// `warden run --rdzv-backend etcd ...` as this host, in the background.
+    fn launch(&self, etcd: &EtcdServer, s: &Spec) -> Launched {
+        let mut cmd = Command::new(WARDEN);
+        cmd.arg("--socket")
+            .arg(self.path().join("no-agent-here.sock"))
+            .arg("run")
+            .args(["--nproc-per-node", &s.nproc.to_string()])
+            .args(["--nnodes", s.nnodes])
+            .args(["--rdzv-backend", "etcd"])
+            .args(["--rdzv-endpoint", &etcd.endpoint])
+            .args(["--rdzv-id", s.job])
+            .args(["--rdzv-conf", "join_timeout=60,last_call_timeout=3"])
+            .args(["--host-id", self.host])
+            .args(["--advertise-addr", self.addr])
+            .args(["--rdzv-lease-ttl", TTL])
+            .arg("--log-dir")
+            .arg(self.path().join("logs"))
+            .arg("--agent-config")
+            .arg(self.path().join("agent.toml"))
+            .arg("--summary-json")
+            .arg(self.path().join("summary.json"))
+            .args(s.extra)
+            .arg("--")
+            .arg(python())
+            .arg(repo_root().join("examples/train.py"))
+            .arg("--ckpt-dir")
+            .arg(s.ckpt)
+            .args(["--steps", &s.steps.to_string()])
+            .args(["--step-ms", &s.step_ms.to_string()])
+            .args(["--report-every", "0"])
+            .args(s.train)
+            .current_dir(self.path());
+        for (k, v) in s.env {
+            cmd.env(k, v);
+        }
+        Launched::spawn(self.host, &mut cmd, self.path().join("output.log"))
+    }
+
+    fn summary(&self) -> Value {
+        let path = self.path().join("summary.json");
+        let text = std::fs::read_to_string(&path)
+            .unwrap_or_else(|e| panic!("{}: no summary at {}: {e}", self.host, path.display()));
+        serde_json::from_str(&text).expect("the summary is JSON")
+    }
+}
+
+/// A running launcher: its stdout (worker lines) and stderr (`[warden]`
+/// lines) read line by line into one channel with deadlines, and copied to
+/// a file for the failure messages; killed and reaped when dropped.
+struct Launched {
+    host: &'static str,
+    child: Child,
+    lines: mpsc::Receiver<String>,
+    seen: Vec<String>,
+}
+
+impl Launched {
+    fn spawn(host: &'static str, cmd: &mut Command, copy: PathBuf) -> Self {
+        for var in [
+            "WARDEN_SOCKET",
+            "WARDEN_JOB_ID",
+            "RUNTIME_DIRECTORY",
+            "STATE_DIRECTORY",
+            "NOTIFY_SOCKET",
+        ] {
+            cmd.env_remove(var);
+        }
+        let mut child = cmd
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn warden run");
+        let (tx, lines) = mpsc::channel();
+        let file = std::sync::Arc::new(Mutex::new(
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(copy)
+                .expect("open the output copy"),
+        ));
+        let pipe = |r: Box<dyn Read + Send>| {
+            let tx = tx.clone();
+            let file = std::sync::Arc::clone(&file);
+            std::thread::spawn(move || {
+                for line in BufReader::new(r).lines() {
+                    let Ok(line) = line else { return };
+                    if let Ok(mut f) = file.lock() {
+                        use std::io::Write;
+                        let _ = writeln!(f, "{line}");
+                    }
+                    if tx.send(line).is_err() {
+                        return;
+                    }
+                }
+            });
+        };
+        pipe(Box::new(child.stdout.take().expect("piped stdout")));
+        pipe(Box::new(child.stderr.take().expect("piped stderr")));
+        Self {
+            host,
+            child,
+            lines,
+            seen: Vec::new(),
+        }
+    }
+
+    fn pid(&self) -> i32 {
+        i32::try_from(self.child.id()).unwrap()
+    }
+
+    fn context(&self) -> String {
+        let from = self.seen.len().saturating_sub(80);
+        format!(
+            "--- {} (last {} lines) ---\n{}",
+            self.host,
+            self.seen.len() - from,
+            self.seen[from..].join("\n")
+        )
+    }
+
+    /// The next line (from now on) that satisfies `pred`.
+    fn wait_line(&mut self, what: &str, pred: impl Fn(&str) -> bool) -> String {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(line) => {
+                    self.seen.push(line.clone());
+                    if pred(&line) {
+                        return line;
+                    }
+                }
+                Err(e) => panic!(
+                    "{}: no line with {what} within {WAIT:?} ({e})\n{}",
+                    self.host,
+                    self.context()
+                ),
+            }
+        }
+    }
+
+    /// A line already read that satisfies `pred`.
+    fn seen_line(&self, pred: impl Fn(&str) -> bool) -> Option<&str> {
+        self.seen.iter().map(String::as_str).find(|l| pred(l))
+    }
+
+    /// Reads the rest of the output and the exit code.
+    fn wait_exit(&mut self) -> i32 {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            while let Ok(line) = self.lines.try_recv() {
+                self.seen.push(line);
+            }
+            if let Some(status) = self.child.try_wait().expect("poll the launcher") {
+                // The pipes close with the process; take what is left.
+                while let Ok(line) = self.lines.recv_timeout(Duration::from_secs(2)) {
+                    self.seen.push(line);
+                }
+                return status.code().unwrap_or_else(|| {
+                    panic!(
+                        "{}: killed by a signal: {status}\n{}",
+                        self.host,
+                        self.context()
+                    )
+                });
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{}: the launcher did not exit within {WAIT:?}\n{}",
+                self.host,
+                self.context()
+            );
+            // Poll the exit; lines are drained above meanwhile.
+            if let Ok(line) = self.lines.recv_timeout(Duration::from_millis(20)) {
+                self.seen.push(line);
+            }
+        }
+    }
+
+    fn sigkill(&mut self) {
+        let _ = kill(Pid::from_raw(self.pid()), Signal::SIGKILL);
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Launched {
+    fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// The value of `key=` in a `[rank R] world ...` line.
+fn field<'a>(line: &'a str, key: &str) -> Option<&'a str> {
+    line.split_whitespace()
+        .find_map(|w| w.strip_prefix(key)?.strip_prefix('='))
+}
+
+/// A worker's `world ...` line (train.py prints it at start).
+fn is_world(line: &str) -> bool {
+    line.starts_with("[rank ") && line.contains("] world rank=")
+}
+
+/// The first `world` line of `h`'s workers, read already or awaited.
+fn first_world(h: &mut Launched) -> String {
+    match h.seen_line(is_world) {
+        Some(l) => l.to_owned(),
+        None => h.wait_line("a worker's world", is_world),
+    }
+}
+
+fn epoch_of(line: &str) -> u64 {
+    field(line, "epoch")
+        .and_then(|e| e.parse().ok())
+        .unwrap_or_else(|| panic!("no epoch in {line:?}"))
+}
+
+/// The pids in `[warden] attempt N: started K workers (pids P Q; ...`.
+fn pids_of(line: &str) -> Vec<i32> {
+    line.split_once("(pids ")
+        .and_then(|(_, rest)| rest.split_once(';'))
+        .map(|(pids, _)| {
+            pids.split_whitespace()
+                .filter_map(|p| p.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn alive(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| {
+            s.rsplit_once(')')
+                .and_then(|(_, r)| r.split_whitespace().next().map(str::to_owned))
+        })
+        .is_some_and(|state| state != "Z" && state != "X")
+}
+
+fn attempts(summary: &Value) -> Vec<Value> {
+    summary["attempts"].as_array().cloned().unwrap_or_default()
+}
+
+fn shared_ckpt() -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix("warden-mh-ckpt-")
+        .tempdir()
+        .expect("create the shared checkpoint directory")
+}
+
+#[test]
+fn a_worker_killed_on_one_host_restarts_every_host_once_in_one_round() {
+    let _one = serial();
+    let etcd = EtcdServer::start();
+    let ckpt = shared_ckpt();
+    let spec = Spec {
+        job: "mh-restart",
+        nproc: 2,
+        nnodes: "2",
+        ckpt: ckpt.path(),
+        steps: 160,
+        step_ms: 50,
+        extra: &[],
+        env: &[],
+        train: &[],
+    };
+    let sa = Scratch::new("host-a", "127.0.0.2", AGENT_TOML);
+    let sb = Scratch::new("host-b", "127.0.0.3", AGENT_TOML);
+    let mut a = sa.launch(&etcd, &spec);
+    let mut b = sb.launch(&etcd, &spec);
+    for h in [&mut a, &mut b] {
+        h.wait_line("the first attempt's workers registered", |l| {
+            l.contains("attempt 0: all 2 workers registered")
+        });
+    }
+    let first = a
+        .seen_line(|l| l.contains("attempt 0: started 2 workers"))
+        .map(pids_of)
+        .unwrap_or_default();
+    assert_eq!(first.len(), 2, "{}", a.context());
+    let e0 = epoch_of(&first_world(&mut a));
+    assert_eq!(epoch_of(&first_world(&mut b)), e0, "one first round");
+    kill(Pid::from_raw(first[1]), Signal::SIGKILL).expect("kill one of host-a's workers");
+
+    // Every host restarts, on the same new round.
+    let mut epochs = Vec::new();
+    for h in [&mut a, &mut b] {
+        h.wait_line("the second attempt started", |l| {
+            l.contains("attempt 1: started 2 workers")
+        });
+        let world = h.wait_line("a worker of the second attempt", |l| {
+            is_world(l) && epoch_of(l) > e0
+        });
+        epochs.push(epoch_of(&world));
+    }
+    assert_eq!(epochs[0], e0 + 1, "the next round");
+    assert_eq!(epochs[0], epochs[1], "one round for both hosts");
+    assert!(
+        a.seen_line(|l| l.contains("decision: restart_in_job"))
+            .is_some(),
+        "host-a's agent decided the restart\n{}",
+        a.context()
+    );
+    assert!(
+        b.seen_line(
+            |l| l.contains("new round across hosts") && l.contains("restart requested by host-a")
+        )
+        .is_some(),
+        "host-b restarted on host-a's request\n{}",
+        b.context()
+    );
+    assert_eq!(a.wait_exit(), 0, "{}", a.context());
+    assert_eq!(b.wait_exit(), 0, "{}", b.context());
+
+    // Exactly one new attempt each, on one round after the first.
+    for (s, h) in [(&sa, &a), (&sb, &b)] {
+        let at = attempts(&s.summary());
+        assert_eq!(at.len(), 2, "{}: {at:?}\n{}", s.host, h.context());
+        let (e0, e1) = (at[0]["epoch"].as_u64(), at[1]["epoch"].as_u64());
+        assert_eq!(e1, Some(epochs[0]), "{}: {at:?}", s.host);
+        assert_eq!(
+            e0.map(|e| e + 1),
+            e1,
+            "{}: one round, not more: {at:?}",
+            s.host
+        );
+        assert_eq!(at[1]["world_size"], 4);
+        assert!(
+            h.seen_line(|l| l.contains("attempt 2:")).is_none(),
+            "{}: a second restart\n{}",
+            s.host,
+            h.context()
+        );
+    }
+    let ended = |s: &Scratch| {
+        attempts(&s.summary())[0]["ended"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned()
+    };
+    assert!(ended(&sa).contains("restarted in job"), "{}", ended(&sa));
+    assert_eq!(ended(&sb), "stopped for a new round");
+}
+
+#[test]
+fn a_dead_launcher_scales_the_job_down_and_its_return_scales_it_up() {
+    let _one = serial();
+    let etcd = EtcdServer::start();
+    let ckpt = shared_ckpt();
+    let spec = Spec {
+        job: "mh-elastic",
+        nproc: 1,
+        nnodes: "2:3",
+        ckpt: ckpt.path(),
+        steps: 400,
+        step_ms: 40,
+        extra: &[],
+        env: &[],
+        train: &[],
+    };
+    let sa = Scratch::new("host-a", "127.0.0.2", AGENT_TOML);
+    let sb = Scratch::new("host-b", "127.0.0.3", AGENT_TOML);
+    let sc = Scratch::new("host-c", "127.0.0.4", AGENT_TOML);
+    let mut a = sa.launch(&etcd, &spec);
+    let mut b = sb.launch(&etcd, &spec);
+    let mut c = sc.launch(&etcd, &spec);
+    // All three in one round (the first may have had two: then a scale-up).
+    let full = |l: &str| is_world(l) && field(l, "world_size") == Some("3");
+    let mut e_full = 0;
+    for h in [&mut a, &mut b, &mut c] {
+        e_full = e_full.max(epoch_of(&h.wait_line("a worker in a round of 3", full)));
+    }
+    let c_worker = c
+        .seen
+        .iter()
+        .rev()
+        .find(|l| l.contains(": started 1 worker (pids "))
+        .and_then(|l| pids_of(l).first().copied())
+        .expect("host-c's worker pid");
+
+    // host-c's launcher dies; its worker goes with it.
+    let killed = Instant::now();
+    c.sigkill();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(eventually(
+        Duration::from_secs(10),
+        "host-c's worker to die with its launcher",
+        async || (!alive(c_worker)).then_some(()),
+    ));
+    let smaller = |l: &str| {
+        is_world(l) && field(l, "world_size") == Some("2") && field(l, "nnodes") == Some("2")
+    };
+    let mut e_down = 0;
+    for h in [&mut a, &mut b] {
+        let line = h.wait_line("a worker in the scaled-down round", smaller);
+        e_down = e_down.max(epoch_of(&line));
+        assert!(epoch_of(&line) > e_full, "{line}");
+        assert!(
+            h.seen_line(|l| l.contains("host-c lost")).is_some(),
+            "{}",
+            h.context()
+        );
+    }
+    let took = killed.elapsed();
+    println!(
+        "scale down: both hosts run the smaller round {took:?} after the launcher died (lease TTL {TTL})"
+    );
+    assert!(took < Duration::from_secs(30), "scale down took {took:?}");
+
+    // host-c comes back: every host in a round of 3 again.
+    let mut c = sc.launch(&etcd, &spec);
+    let mut e_up = Vec::new();
+    for h in [&mut a, &mut b, &mut c] {
+        let line = h.wait_line("a worker in the scaled-up round", |l| {
+            full(l) && epoch_of(l) > e_down
+        });
+        e_up.push(epoch_of(&line));
+    }
+    assert!(e_up.iter().all(|e| *e == e_up[0]), "one round: {e_up:?}");
+    for h in [&mut a, &mut b, &mut c] {
+        assert_eq!(h.wait_exit(), 0, "{}", h.context());
+    }
+    for s in [&sa, &sb] {
+        let at = attempts(&s.summary());
+        let sizes: Vec<u64> = at.iter().filter_map(|a| a["world_size"].as_u64()).collect();
+        assert!(
+            sizes.ends_with(&[3, 2, 3]),
+            "{}: world sizes {sizes:?}: {at:?}",
+            s.host
+        );
+        assert_eq!(at.last().unwrap()["epoch"].as_u64(), Some(e_up[0]));
+    }
+    let at = attempts(&sc.summary());
+    assert_eq!(at.last().unwrap()["world_size"], 3, "{at:?}");
+}
+
+/// Builds the NVML stand-in (tests/nvml_stub) into `dir`.
+fn build_nvml_stub(dir: &Path) -> PathBuf {
+    let src = repo_root().join("tests/nvml_stub/nvml_stub.c");
+    let lib = dir.join("libnvidia-ml.so.1");
+    let out = Command::new("cc")
+        .args(["-shared", "-fPIC", "-O1", "-o"])
+        .arg(&lib)
+        .arg(&src)
+        .output()
+        .expect("run cc");
+    assert!(
+        out.status.success(),
+        "cc failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    lib
+}
+
+/// The embedded agent's socket, from the launcher's first line.
+fn agent_socket(h: &mut Launched) -> PathBuf {
+    let line = h.wait_line("the embedded agent's socket", |l| {
+        l.contains("running the agent embedded")
+    });
+    line.split_once("(socket ")
+        .and_then(|(_, r)| r.split_once(", state"))
+        .map(|(s, _)| PathBuf::from(s))
+        .unwrap_or_else(|| panic!("no socket in {line:?}"))
+}
+
+#[test]
+fn a_spare_takes_the_place_of_a_host_whose_gpu_fails() {
+    let _one = serial();
+    let etcd = EtcdServer::start();
+    let ckpt = shared_ckpt();
+    // host-b's agent watches two GPUs through the NVML stand-in; its local
+    // rank 1 drives gpu1.
+    let sb_dir = tempfile::tempdir().expect("a directory for the stub");
+    let lib = build_nvml_stub(sb_dir.path());
+    let state = sb_dir.path().join("nvml-state");
+    std::fs::write(&state, "count=2\n").unwrap();
+    let nvml_toml = AGENT_TOML.replace(
+        "[nvml]\nenabled = false\n",
+        &format!(
+            "[nvml]\nlibrary = {:?}\npoll_interval = \"200ms\"\n",
+            lib.display().to_string()
+        ),
+    );
+    let state_env = state.display().to_string();
+    let b_env = [("NVML_STUB_STATE", state_env.as_str())];
+    let spec = |extra: &'static [&'static str], env| Spec {
+        job: "mh-spare",
+        nproc: 2,
+        nnodes: "2",
+        ckpt: ckpt.path(),
+        steps: 200,
+        step_ms: 50,
+        extra,
+        env,
+        train: &[],
+    };
+    let sa = Scratch::new("host-a", "127.0.0.2", AGENT_TOML);
+    let sb = Scratch::new("host-b", "127.0.0.3", &nvml_toml);
+    let ss = Scratch::new("host-s", "127.0.0.4", AGENT_TOML);
+    let mut a = sa.launch(&etcd, &spec(&[], &[]));
+    let mut b = sb.launch(&etcd, &spec(&[], &b_env));
+    let socket = agent_socket(&mut b);
+    for h in [&mut a, &mut b] {
+        h.wait_line("the first attempt's workers registered", |l| {
+            l.contains("attempt 0: all 2 workers registered")
+        });
+    }
+    let e1 = epoch_of(&first_world(&mut a));
+    // The spare joins a full round: no place, no workers.
+    let mut s = ss.launch(&etcd, &spec(&["--spare"], &[]));
+    s.wait_line("the spare on standby", |l| {
+        l.contains("no place in this round")
+    });
+    // host-b's agent sees both GPUs (its XID event set is registered).
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let mut client = within(
+            Duration::from_secs(10),
+            "a connection to host-b's agent",
+            Target::Unix(socket.clone()).connect(),
+        )
+        .await
+        .expect("connect to host-b's embedded agent");
+        eventually(WAIT, "gpu0 and gpu1 OK on host-b", async || {
+            let h = client
+                .get_node_health(pb::GetNodeHealthRequest {})
+                .await
+                .ok()?
+                .into_inner();
+            let ok = |id: &str| {
+                h.components
+                    .iter()
+                    .any(|c| c.id == id && c.status == pb::Status::Ok as i32)
+            };
+            (ok("gpu0") && ok("gpu1")).then_some(())
+        })
+        .await;
+    });
+
+    // gpu1 falls off the bus.
+    let tmp = state.with_extension("tmp");
+    std::fs::write(&tmp, "count=2\nxid.1=1,79\n").unwrap();
+    std::fs::rename(&tmp, &state).unwrap();
+    assert_eq!(b.wait_exit(), 86, "{}", b.context());
+    assert!(
+        b.seen_line(|l| l.contains("decision: cordon")).is_some(),
+        "{}",
+        b.context()
+    );
+
+    // The spare takes host-b's node rank; the world size stays.
+    let sw = s.wait_line("the spare's workers", is_world);
+    assert_eq!(field(&sw, "group_rank"), Some("1"), "{sw}");
+    assert_eq!(field(&sw, "world_size"), Some("4"), "{sw}");
+    assert_eq!(epoch_of(&sw), e1 + 1, "{sw}");
+    let aw = a.wait_line("host-a's workers on the new round", |l| {
+        is_world(l) && epoch_of(l) > e1
+    });
+    assert_eq!(epoch_of(&aw), e1 + 1, "{aw}");
+    assert_eq!(field(&aw, "world_size"), Some("4"), "{aw}");
+    assert_eq!(field(&aw, "group_rank"), Some("0"), "{aw}");
+    assert!(
+        a.seen_line(|l| l.contains("host-b left (cordoned"))
+            .is_some(),
+        "{}",
+        a.context()
+    );
+    assert_eq!(a.wait_exit(), 0, "{}", a.context());
+    assert_eq!(s.wait_exit(), 0, "{}", s.context());
+
+    assert_eq!(sb.summary()["exit_code"], 86);
+    let at = attempts(&ss.summary());
+    assert_eq!(at.len(), 1, "the spare ran once: {at:?}");
+    assert_eq!(
+        (
+            at[0]["epoch"].as_u64(),
+            at[0]["node_rank"].as_u64(),
+            at[0]["world_size"].as_u64()
+        ),
+        (Some(e1 + 1), Some(1), Some(4)),
+        "{at:?}"
+    );
+}
+
+#[test]
+fn a_user_error_on_one_host_stops_every_host_with_its_exit_code() {
+    let _one = serial();
+    let etcd = EtcdServer::start();
+    let ckpt = shared_ckpt();
+    // Global rank 0 (node rank 0, whichever host that is) raises a
+    // ValueError at step 10, on every attempt: no restart can fix it.
+    let spec = Spec {
+        job: "mh-user",
+        nproc: 1,
+        nnodes: "2",
+        ckpt: ckpt.path(),
+        steps: 400,
+        step_ms: 50,
+        extra: &[],
+        env: &[],
+        train: &["--raise-at-step", "10", "--raise-rank", "0"],
+    };
+    let sa = Scratch::new("host-a", "127.0.0.2", AGENT_TOML);
+    let sb = Scratch::new("host-b", "127.0.0.3", AGENT_TOML);
+    let mut a = sa.launch(&etcd, &spec);
+    let mut b = sb.launch(&etcd, &spec);
+    let (ca, cb) = (a.wait_exit(), b.wait_exit());
+    assert_eq!((ca, cb), (1, 1), "{}\n{}", a.context(), b.context());
+    let (failed, other) = if a.seen_line(|l| l.contains("decision: stop")).is_some() {
+        (&a, &b)
+    } else {
+        (&b, &a)
+    };
+    assert!(
+        failed.seen_line(|l| l.contains("ValueError")).is_some(),
+        "{}",
+        failed.context()
+    );
+    let stopped = format!("ended: Failed by host {}", failed.host);
+    assert!(
+        other
+            .seen_line(|l| l.contains("stopping: job mh-user") && l.contains(&stopped))
+            .is_some(),
+        "{} stopped with {}'s status\n{}",
+        other.host,
+        failed.host,
+        other.context()
+    );
+    for s in [&sa, &sb] {
+        let summary = s.summary();
+        assert_eq!(summary["exit_code"], 1, "{summary:#}");
+        assert_eq!(attempts(&summary).len(), 1, "no restart: {summary:#}");
+    }
+}
