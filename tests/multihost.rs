@@ -610,7 +610,14 @@ fn a_spare_takes_the_place_of_a_host_whose_gpu_fails() {
             l.contains("attempt 0: all 2 workers registered")
         });
     }
-    let e1 = epoch_of(&first_world(&mut a));
+    let a_world = first_world(&mut a);
+    let e1 = epoch_of(&a_world);
+    // Node ranks follow the join order: either host may be node 0.
+    let a_rank = field(&a_world, "group_rank").unwrap().to_owned();
+    let b_rank = field(&first_world(&mut b), "group_rank")
+        .unwrap()
+        .to_owned();
+    assert_ne!(a_rank, b_rank);
     // The spare joins a full round: no place, no workers.
     let mut s = ss.launch(&etcd, &spec(&["--spare"], &[]));
     s.wait_line("the spare on standby", |l| {
@@ -658,7 +665,11 @@ fn a_spare_takes_the_place_of_a_host_whose_gpu_fails() {
 
     // The spare takes host-b's node rank; the world size stays.
     let sw = s.wait_line("the spare's workers", is_world);
-    assert_eq!(field(&sw, "group_rank"), Some("1"), "{sw}");
+    assert_eq!(
+        field(&sw, "group_rank"),
+        Some(b_rank.as_str()),
+        "host-b's: {sw}"
+    );
     assert_eq!(field(&sw, "world_size"), Some("4"), "{sw}");
     assert_eq!(epoch_of(&sw), e1 + 1, "{sw}");
     let aw = a.wait_line("host-a's workers on the new round", |l| {
@@ -666,7 +677,7 @@ fn a_spare_takes_the_place_of_a_host_whose_gpu_fails() {
     });
     assert_eq!(epoch_of(&aw), e1 + 1, "{aw}");
     assert_eq!(field(&aw, "world_size"), Some("4"), "{aw}");
-    assert_eq!(field(&aw, "group_rank"), Some("0"), "{aw}");
+    assert_eq!(field(&aw, "group_rank"), Some(a_rank.as_str()), "{aw}");
     assert!(
         a.seen_line(|l| l.contains("host-b left (cordoned"))
             .is_some(),
@@ -685,7 +696,7 @@ fn a_spare_takes_the_place_of_a_host_whose_gpu_fails() {
             at[0]["node_rank"].as_u64(),
             at[0]["world_size"].as_u64()
         ),
-        (Some(e1 + 1), Some(1), Some(4)),
+        (Some(e1 + 1), b_rank.parse().ok(), Some(4)),
         "{at:?}"
     );
 }

@@ -24,9 +24,9 @@ pub enum AgentMode {
 #[derive(Debug, Clone, Args)]
 #[command(
     after_help = "Exit status: 0 all workers succeeded; a worker's own code when the agent \
-                  diagnosed a user error; 86 this node is at fault (cordon, scale-down, refused \
-                  health gate); 87 restart budget or --max-restarts spent; 1 launcher error; \
-                  2 bad arguments; 128+N the launcher got signal N (130 SIGINT, 143 SIGTERM). \
+                  diagnosed a user error (across hosts: on every host); 86 this node is at fault \
+                  (cordon, scale-down, refused health gate, its etcd lease lost); 87 restart \
+                  budget or --max-restarts spent; 1 launcher error; 2 bad arguments; 128+N the launcher got signal N (130 SIGINT, 143 SIGTERM). \
                   See docs/operations.md."
 )]
 pub struct RunArgs {

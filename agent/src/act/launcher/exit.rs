@@ -204,8 +204,18 @@ impl Summary {
                     .map_or("-".to_owned(), |v| format!("{:.0} ms", v));
                 let _ = writeln!(
                     s,
-                    "[warden]   restart: decision {:.0} ms, stop {:.0} ms, gate {:.0} ms, backoff {:.0} ms, spawned {:.0} ms, all registered {reg} (from the failure)",
-                    r.decision_ms, r.stop_ms, r.gate_ms, r.backoff_ms, r.spawn_ms
+                    "[warden]   restart: decision {:.0} ms, stop {:.0} ms, gate {:.0} ms, backoff {:.0} ms, spawned {:.0} ms, all registered {reg} (from the {})",
+                    r.decision_ms,
+                    r.stop_ms,
+                    r.gate_ms,
+                    r.backoff_ms,
+                    r.spawn_ms,
+                    // A round another host caused has no diagnosis here.
+                    if a.incident.as_ref().is_some_and(|i| i.class.is_empty()) {
+                        "new round"
+                    } else {
+                        "failure"
+                    }
                 );
             }
         }
