@@ -18,15 +18,11 @@
 
 mod common;
 
-use std::fs::File;
-use std::io::{BufRead, BufReader};
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use common::{Events, TestAgent, WAIT, describe, evidence, python, repo_root};
+use common::{
+    Events, Streaming, TestAgent, WAIT, describe, evidence, python_rank, spawn_python_rank,
+};
 use warden_client::{Client, ConnectOptions, ExceptionReport, ReportError};
 use warden_proto::v1 as pb;
 
@@ -50,114 +46,19 @@ fn subject(job: &str, rank: u32) -> String {
     format!("job/{job}/rank/{rank}")
 }
 
-/// A rank: `tests/fixtures/raise.py` with `args` and `env`. Never reaped
-/// before the test says so (the agent reads the exit status from the
-/// zombie); killed and reaped when dropped.
-struct Rank {
-    child: Child,
-    lines: mpsc::Receiver<String>,
-    seen: Vec<String>,
-    stderr: PathBuf,
-}
-
-impl Rank {
-    fn spawn(
-        agent: &TestAgent,
-        job: &str,
-        (rank, local, world): (u32, u32, u32),
-        args: &[&str],
-        env: &[(&str, &str)],
-    ) -> Rank {
-        static SPAWNED: AtomicU32 = AtomicU32::new(0);
-        let n = SPAWNED.fetch_add(1, Ordering::Relaxed);
-        let stderr = agent.home.path().join(format!("raise-{n}.stderr"));
-        let mut cmd = Command::new(python());
-        cmd.arg(repo_root().join("tests/fixtures/raise.py"))
-            .args(args)
-            .env("WARDEN_SOCKET", agent.socket())
-            .env("WARDEN_JOB_ID", job)
-            .env("RANK", rank.to_string())
-            .env("LOCAL_RANK", local.to_string())
-            .env("WORLD_SIZE", world.to_string())
-            .env("PYTHONUNBUFFERED", "1")
-            .env("PYTHONDONTWRITEBYTECODE", "1")
-            .env_remove("TORCHELASTIC_RUN_ID")
-            .env_remove("NOTIFY_SOCKET")
-            .env_remove("WARDEN_EXCEPTHOOK")
-            .env_remove("WARDEN_DEVICES")
-            .env_remove("CUDA_VISIBLE_DEVICES")
-            .envs(env.iter().copied())
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(File::create(&stderr).expect("create the rank's stderr file"));
-        let mut child = cmd.spawn().unwrap_or_else(|e| panic!("spawn {cmd:?}: {e}"));
-        let stdout = child.stdout.take().expect("piped stdout");
-        let (tx, lines) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines() {
-                let Ok(line) = line else { return };
-                if tx.send(line).is_err() {
-                    return;
-                }
-            }
-        });
-        Rank {
-            child,
-            lines,
-            seen: Vec::new(),
-            stderr,
-        }
-    }
-
-    fn stderr(&self) -> String {
-        std::fs::read_to_string(&self.stderr).unwrap_or_default()
-    }
-
-    /// Reads stdout lines until one satisfies `pred`; fails the test at the
-    /// deadline or when stdout closes first.
-    fn wait_line(&mut self, what: &str, pred: impl Fn(&str) -> bool) -> String {
-        let deadline = Instant::now() + WAIT;
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match self.lines.recv_timeout(left) {
-                Ok(line) => {
-                    self.seen.push(line.clone());
-                    if pred(&line) {
-                        return line;
-                    }
-                }
-                Err(e) => panic!(
-                    "no stdout line with {what} ({e}); lines: {:?}\n--- rank stderr ---\n{}",
-                    self.seen,
-                    self.stderr()
-                ),
-            }
-        }
-    }
-
-    /// Waits for the exit (after the agent has seen it); kills at the deadline.
-    fn reap(&mut self) -> std::process::ExitStatus {
-        let deadline = Instant::now() + WAIT;
-        loop {
-            if let Some(status) = self.child.try_wait().expect("poll the rank") {
-                return status;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "the rank did not exit within {WAIT:?}; lines: {:?}\n--- stderr ---\n{}",
-                self.seen,
-                self.stderr()
-            );
-            std::thread::sleep(Duration::from_millis(10));
-        }
-    }
-}
-
-impl Drop for Rank {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// A rank: `tests/fixtures/raise.py` with `args` and `env`, registered as
+/// `rank` (local rank `local`) of `world` in `job`.
+fn spawn_rank(
+    agent: &TestAgent,
+    job: &str,
+    (rank, local, world): (u32, u32, u32),
+    args: &[&str],
+    env: &[(&str, &str)],
+) -> Streaming {
+    let mut cmd = python_rank(agent, "tests/fixtures/raise.py", job, (rank, world), args);
+    cmd.env("LOCAL_RANK", local.to_string())
+        .envs(env.iter().copied());
+    spawn_python_rank(agent, job, rank, &mut cmd)
 }
 
 // -------------------------------------------------------------------- tests
@@ -168,14 +69,14 @@ async fn uncaught_exception_is_reported_then_the_exit_it_causes() {
     let job = "oom";
     let me = subject(job, 0);
     let mut events = Events::all(&agent).await;
-    let mut rank = Rank::spawn(
+    let mut rank = spawn_rank(
         &agent,
         job,
         (0, 0, 1),
         &["--steps", "10", "--raise-step", "3"],
         &[],
     );
-    rank.wait_line("registered", |l| l.starts_with("registered "));
+    rank.wait_line(WAIT, "registered", |l| l.starts_with("registered "));
 
     let exc = events
         .expect(&agent, WAIT, "rank.exception", |e| {
@@ -274,7 +175,7 @@ async fn uncaught_exception_is_reported_then_the_exit_it_causes() {
         "{diag:?}"
     );
 
-    let status = rank.reap();
+    let status = rank.wait_exit(WAIT);
     assert_eq!(status.code(), Some(1), "{status}\n{}", rank.stderr());
     // The previous hook (Python's own) still printed the traceback.
     let stderr = rank.stderr();
@@ -285,7 +186,9 @@ async fn uncaught_exception_is_reported_then_the_exit_it_causes() {
     );
     // Its stdout is drained by a reader thread: wait for the line rather
     // than look only at what was consumed so far.
-    rank.wait_line("the fixture's raising line", |l| l == "raising step=3");
+    rank.wait_line(WAIT, "the fixture's raising line", |l| {
+        l == "raising step=3"
+    });
 }
 
 /// Starts a rank with `env` that registers, runs one step and exits
@@ -293,21 +196,21 @@ async fn uncaught_exception_is_reported_then_the_exit_it_causes() {
 async fn registered_with(agent: &TestAgent, job: &str, env: &[(&str, &str)]) -> pb::Event {
     let me = subject(job, 1);
     let mut events = Events::all(agent).await;
-    let mut rank = Rank::spawn(
+    let mut rank = spawn_rank(
         agent,
         job,
         (1, 1, 2),
         &["--steps", "1", "--raise-step", "-1"],
         env,
     );
-    rank.wait_line("registered", |l| l.starts_with("registered "));
+    rank.wait_line(WAIT, "registered", |l| l.starts_with("registered "));
     let ev = events
         .expect(agent, WAIT, "rank.registered", |e| {
             e.kind == "rank.registered" && e.subject == me
         })
         .await;
-    rank.wait_line("done", |l| l.starts_with("done "));
-    let status = rank.reap();
+    rank.wait_line(WAIT, "done", |l| l.starts_with("done "));
+    let status = rank.wait_exit(WAIT);
     assert!(status.success(), "{status}\n{}", rank.stderr());
     ev
 }

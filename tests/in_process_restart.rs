@@ -22,15 +22,12 @@
 
 mod common;
 
-use std::fs::File;
-use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::mpsc;
-use std::time::{Duration, Instant};
+use std::path::Path;
+use std::time::Duration;
 
-use common::{Events, TestAgent, WAIT, describe, evidence, python, repo_root, within};
+use common::{
+    Events, Streaming, TestAgent, WAIT, describe, evidence, python_rank, spawn_python_rank, within,
+};
 use tokio_stream::StreamExt;
 use warden_proto::v1 as pb;
 
@@ -52,67 +49,6 @@ fn start_agent(extra: &str) -> (tempfile::TempDir, TestAgent) {
     (state, agent)
 }
 
-/// A rank's process, its stdout read line by line with deadlines. Killed
-/// and reaped when dropped.
-struct Rank {
-    child: Child,
-    lines: mpsc::Receiver<String>,
-    seen: Vec<String>,
-    stderr: PathBuf,
-}
-
-impl Rank {
-    fn stderr(&self) -> String {
-        std::fs::read_to_string(&self.stderr).unwrap_or_default()
-    }
-
-    /// Reads lines until one satisfies `pred`; fails the test at the
-    /// deadline or when stdout closes first.
-    fn wait_line(&mut self, timeout: Duration, what: &str, pred: impl Fn(&str) -> bool) -> String {
-        let deadline = Instant::now() + timeout;
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match self.lines.recv_timeout(left) {
-                Ok(line) => {
-                    self.seen.push(line.clone());
-                    if pred(&line) {
-                        return line;
-                    }
-                }
-                Err(e) => panic!(
-                    "no stdout line with {what} ({e}); lines: {:?}\n--- rank stderr ---\n{}",
-                    self.seen,
-                    self.stderr()
-                ),
-            }
-        }
-    }
-
-    /// Waits for the exit; kills and fails the test at the deadline.
-    fn wait_exit(&mut self, timeout: Duration) -> ExitStatus {
-        let deadline = Instant::now() + timeout;
-        loop {
-            if let Some(status) = self.child.try_wait().expect("poll the rank") {
-                return status;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "the rank did not exit within {timeout:?}; lines: {:?}\n--- stderr ---\n{}",
-                self.seen,
-                self.stderr()
-            );
-            std::thread::sleep(Duration::from_millis(10));
-        }
-    }
-}
-
-impl Drop for Rank {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 /// A rank running tests/fixtures/restartable.py with `args`, its
 /// checkpoints in `ckpt`.
 fn spawn_rank(
@@ -121,48 +57,20 @@ fn spawn_rank(
     (rank, world): (u32, u32),
     ckpt: &Path,
     args: &[&str],
-) -> Rank {
-    static SPAWNED: AtomicU32 = AtomicU32::new(0);
-    let n = SPAWNED.fetch_add(1, Ordering::Relaxed);
-    let stderr = agent.home.path().join(format!("restartable-{n}.stderr"));
-    let mut cmd = Command::new(python());
-    cmd.arg(repo_root().join("tests/fixtures/restartable.py"))
-        .arg("--checkpoint-dir")
-        .arg(ckpt)
-        .args(args)
-        .env("WARDEN_SOCKET", agent.socket())
-        .env("WARDEN_JOB_ID", job)
-        .env("RANK", rank.to_string())
-        .env("LOCAL_RANK", rank.to_string())
-        .env("WORLD_SIZE", world.to_string())
-        .env("PYTHONUNBUFFERED", "1")
-        .env("PYTHONDONTWRITEBYTECODE", "1")
-        .env_remove("TORCHELASTIC_RUN_ID")
-        .env_remove("WARDEN_RESTART_SIGNAL")
-        .env_remove("WARDEN_STACK_DUMP_SIGNAL")
-        .env_remove("CUDA_VISIBLE_DEVICES")
-        .env_remove("WARDEN_DEVICES")
-        .env_remove("NOTIFY_SOCKET")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(File::create(&stderr).expect("create the rank's stderr file"));
-    let mut child = cmd.spawn().unwrap_or_else(|e| panic!("spawn {cmd:?}: {e}"));
-    let stdout = child.stdout.take().expect("piped stdout");
-    let (tx, lines) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines() {
-            let Ok(line) = line else { return };
-            if tx.send(line).is_err() {
-                return;
-            }
-        }
-    });
-    Rank {
-        child,
-        lines,
-        seen: Vec::new(),
-        stderr,
-    }
+) -> Streaming {
+    let ckpt = ckpt.display().to_string();
+    let args: Vec<&str> = ["--checkpoint-dir", ckpt.as_str()]
+        .into_iter()
+        .chain(args.iter().copied())
+        .collect();
+    let mut cmd = python_rank(
+        agent,
+        "tests/fixtures/restartable.py",
+        job,
+        (rank, world),
+        &args,
+    );
+    spawn_python_rank(agent, job, rank, &mut cmd)
 }
 
 /// `key=value` from a line of the fixture's output.
@@ -173,7 +81,7 @@ fn field<'a>(line: &'a str, key: &str) -> &'a str {
 }
 
 /// Waits for the registration line; returns the pid and generation.
-fn registered(rank: &mut Rank) -> (u32, u64) {
+fn registered(rank: &mut Streaming) -> (u32, u64) {
     let line = rank.wait_line(WAIT, "registered", |l| l.starts_with("registered "));
     (
         field(&line, "pid").parse().unwrap(),

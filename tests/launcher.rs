@@ -15,15 +15,12 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::mpsc;
+use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{Finished, TestAgent, WARDEN, eventually, python, repo_root, run};
-use nix::sys::signal::{Signal, kill};
-use nix::unistd::Pid;
+use common::{Finished, Streaming, TestAgent, WARDEN, eventually, python, repo_root, run};
+use nix::sys::signal::Signal;
 use serde_json::Value;
 use warden_proto::v1 as pb;
 
@@ -97,103 +94,7 @@ impl Scratch {
 
 /// A launcher running in the background: its stdout read line by line with
 /// deadlines, its stderr in a file; killed and reaped when dropped.
-struct Launched {
-    child: Child,
-    lines: mpsc::Receiver<String>,
-    seen: Vec<String>,
-    stderr: PathBuf,
-}
-
-impl Launched {
-    fn spawn(cmd: &mut Command, stderr: PathBuf) -> Self {
-        for var in [
-            "WARDEN_SOCKET",
-            "RUNTIME_DIRECTORY",
-            "STATE_DIRECTORY",
-            "NOTIFY_SOCKET",
-        ] {
-            cmd.env_remove(var);
-        }
-        let mut child = cmd
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(std::fs::File::create(&stderr).expect("create the stderr file"))
-            .spawn()
-            .expect("spawn warden run");
-        let out = child.stdout.take().expect("piped stdout");
-        let (tx, lines) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(out).lines() {
-                let Ok(line) = line else { return };
-                if tx.send(line).is_err() {
-                    return;
-                }
-            }
-        });
-        Self {
-            child,
-            lines,
-            seen: Vec::new(),
-            stderr,
-        }
-    }
-
-    fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
-    fn stderr(&self) -> String {
-        std::fs::read_to_string(&self.stderr).unwrap_or_default()
-    }
-
-    fn wait_line(&mut self, what: &str, pred: impl Fn(&str) -> bool) -> String {
-        let deadline = Instant::now() + RUN;
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match self.lines.recv_timeout(left) {
-                Ok(line) => {
-                    self.seen.push(line.clone());
-                    if pred(&line) {
-                        return line;
-                    }
-                }
-                Err(e) => panic!(
-                    "no stdout line with {what} ({e}); lines: {:?}\n--- stderr ---\n{}",
-                    self.seen,
-                    self.stderr()
-                ),
-            }
-        }
-    }
-
-    fn wait_exit(&mut self) -> ExitStatus {
-        let deadline = Instant::now() + RUN;
-        loop {
-            if let Some(status) = self.child.try_wait().expect("poll the launcher") {
-                return status;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "the launcher did not exit within {RUN:?}\n--- stderr ---\n{}",
-                self.stderr()
-            );
-            std::thread::sleep(Duration::from_millis(10));
-        }
-    }
-
-    fn signal(&self, sig: Signal) {
-        kill(Pid::from_raw(i32::try_from(self.pid()).unwrap()), sig).unwrap();
-    }
-}
-
-impl Drop for Launched {
-    fn drop(&mut self) {
-        if matches!(self.child.try_wait(), Ok(None)) {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-    }
-}
+type Launched = Streaming;
 
 fn show(f: &Finished) -> String {
     format!(
@@ -495,10 +396,10 @@ fn orphans_that_ignore_sigterm_are_killed_and_reaped() {
     let pid = launcher.pid();
     let mut orphans = Vec::new();
     while orphans.len() < 2 {
-        let line = launcher.wait_line("an orphan's pid", |l| l.contains("] orphan pid="));
+        let line = launcher.wait_line(RUN, "an orphan's pid", |l| l.contains("] orphan pid="));
         orphans.push(values(&line, "orphan", "pid")[0].parse::<i32>().unwrap());
     }
-    let status = launcher.wait_exit();
+    let status = launcher.wait_exit(RUN);
     assert_eq!(status.code(), Some(0), "{}", launcher.stderr());
     assert!(
         launcher.stderr().contains("2 orphaned processes"),
@@ -528,12 +429,12 @@ fn sigterm_to_the_launcher_stops_the_workers_and_exits_143() {
     let pid = launcher.pid();
     let mut workers = Vec::new();
     while workers.len() < 2 {
-        let line = launcher.wait_line("a worker ready", |l| l.contains("] ready pid="));
+        let line = launcher.wait_line(RUN, "a worker ready", |l| l.contains("] ready pid="));
         workers.push(values(&line, "ready", "pid")[0].parse::<i32>().unwrap());
     }
-    launcher.wait_line("a step", |l| l.contains("] step 5 "));
+    launcher.wait_line(RUN, "a step", |l| l.contains("] step 5 "));
     launcher.signal(Signal::SIGTERM);
-    let status = launcher.wait_exit();
+    let status = launcher.wait_exit(RUN);
     assert_eq!(status.code(), Some(143), "{}", launcher.stderr());
     assert!(
         launcher.stderr().contains("got SIGTERM"),
@@ -565,7 +466,7 @@ async fn a_running_wardend_is_used_instead_of_an_embedded_agent() {
         .args(["--steps", "100000", "--step-ms", "10"]);
     let mut launcher = Launched::spawn(&mut cmd, s.path().join("launcher.stderr"));
     for _ in 0..2 {
-        launcher.wait_line("a worker ready", |l| l.contains("] ready pid="));
+        launcher.wait_line(RUN, "a worker ready", |l| l.contains("] ready pid="));
     }
     let mut client = agent.client().await;
     let ranks = eventually(
@@ -600,7 +501,7 @@ async fn a_running_wardend_is_used_instead_of_an_embedded_agent() {
     // Stopping the job on purpose is no incident for the agent.
     launcher.signal(Signal::SIGINT);
     let started = Instant::now();
-    let status = launcher.wait_exit();
+    let status = launcher.wait_exit(RUN);
     assert_eq!(status.code(), Some(130), "{}", launcher.stderr());
     assert!(started.elapsed() < Duration::from_secs(10));
     let exited = eventually(

@@ -18,20 +18,17 @@
 mod common;
 
 use std::fs::{File, OpenOptions};
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::mpsc;
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::{
-    Events, TestAgent, WAIT, WARDEN, describe, eventually, evidence, http_get, proc_state, python,
-    repo_root, run, within,
+    Events, Streaming, TestAgent, WAIT, WARDEN, describe, eventually, evidence, http_get,
+    proc_state, python_rank, run, spawn_python_rank, within,
 };
-use nix::sys::signal::{Signal, kill};
-use nix::unistd::Pid;
+use nix::sys::signal::Signal;
 use serde_json::Value;
 use warden_proto::v1 as pb;
 
@@ -64,121 +61,34 @@ fn subject(job: &str, rank: u32) -> String {
 }
 
 /// A rank: `tests/fixtures/rank.py` with `args`, registered as `rank` of
-/// `world` in `job`. Its stdout is read line by line with deadlines. Never
-/// reaped before the test says so (the agent reads exit statuses from the
-/// zombie); killed and reaped when dropped.
-struct Rank {
-    child: Child,
-    label: String,
-    lines: mpsc::Receiver<String>,
-    seen: Vec<String>,
-    stderr: PathBuf,
+/// `world` in `job` (see [`Streaming`]: never reaped before the test says
+/// so, since the agent reads exit statuses from the zombie).
+type Rank = Streaming;
+
+fn spawn_rank(agent: &TestAgent, job: &str, rank: u32, world: u32, args: &[&str]) -> Rank {
+    let mut cmd = python_rank(agent, "tests/fixtures/rank.py", job, (rank, world), args);
+    spawn_python_rank(agent, job, rank, &mut cmd)
 }
 
-impl Rank {
-    fn spawn(agent: &TestAgent, job: &str, rank: u32, world: u32, args: &[&str]) -> Rank {
-        static SPAWNED: AtomicU32 = AtomicU32::new(0);
-        let n = SPAWNED.fetch_add(1, Ordering::Relaxed);
-        let stderr = agent.home.path().join(format!("rank-{n}.stderr"));
-        let mut cmd = Command::new(python());
-        cmd.arg(repo_root().join("tests/fixtures/rank.py"))
-            .args(args)
-            .env("WARDEN_SOCKET", agent.socket())
-            .env("WARDEN_JOB_ID", job)
-            .env("RANK", rank.to_string())
-            .env("LOCAL_RANK", rank.to_string())
-            .env("WORLD_SIZE", world.to_string())
-            .env("PYTHONUNBUFFERED", "1")
-            .env("PYTHONDONTWRITEBYTECODE", "1")
-            .env_remove("TORCHELASTIC_RUN_ID")
-            .env_remove("NOTIFY_SOCKET")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(File::create(&stderr).expect("create the rank's stderr file"));
-        let mut child = cmd.spawn().unwrap_or_else(|e| panic!("spawn {cmd:?}: {e}"));
-        let stdout = child.stdout.take().expect("piped stdout");
-        let (tx, lines) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines() {
-                let Ok(line) = line else { return };
-                if tx.send(line).is_err() {
-                    return;
-                }
-            }
-        });
-        let label = format!("{} (pid {})", subject(job, rank), child.id());
-        Rank {
-            child,
-            label,
-            lines,
-            seen: Vec::new(),
-            stderr,
-        }
-    }
-
-    fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
-    fn stderr(&self) -> String {
-        std::fs::read_to_string(&self.stderr).unwrap_or_default()
-    }
-
-    /// Reads stdout lines until one satisfies `pred`; fails the test at the
-    /// deadline or when stdout closes first (the rank died).
-    fn wait_line(&mut self, timeout: Duration, what: &str, pred: impl Fn(&str) -> bool) -> String {
-        let deadline = Instant::now() + timeout;
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match self.lines.recv_timeout(left) {
-                Ok(line) => {
-                    self.seen.push(line.clone());
-                    if pred(&line) {
-                        return line;
-                    }
-                }
-                Err(e) => panic!(
-                    "{}: no stdout line with {what} within {timeout:?} ({e}); lines: {:?}\n--- rank stderr ---\n{}",
-                    self.label,
-                    self.seen,
-                    self.stderr()
-                ),
-            }
-        }
-    }
-
-    /// Waits for the rank's "registered" line; checks it is this process.
-    fn wait_registered(&mut self) {
-        let line = self.wait_line(WAIT, "registered", |l| l.starts_with("registered "));
-        let pid = format!("pid={}", self.pid());
-        assert!(
-            line.split_whitespace().any(|w| w == pid),
-            "{}: {line}",
-            self.label
-        );
-    }
-
-    fn signal(&self, signal: Signal) {
-        let pid = i32::try_from(self.pid()).expect("pid fits i32");
-        kill(Pid::from_raw(pid), signal).expect("signal the rank");
-    }
-}
-
-impl Drop for Rank {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// Waits for the rank's "registered" line; checks it is this process.
+fn wait_registered(rank: &mut Rank) {
+    let line = rank.wait_line(WAIT, "registered", |l| l.starts_with("registered "));
+    let pid = format!("pid={}", rank.pid());
+    assert!(
+        line.split_whitespace().any(|w| w == pid),
+        "{}: {line}",
+        rank.label
+    );
 }
 
 /// Spawns `count` ranks of `job` with the same arguments and waits until
 /// each has registered.
 fn spawn_ranks(agent: &TestAgent, job: &str, count: u32, args: &[&str]) -> Vec<Rank> {
     let mut ranks: Vec<Rank> = (0..count)
-        .map(|r| Rank::spawn(agent, job, r, count, args))
+        .map(|r| spawn_rank(agent, job, r, count, args))
         .collect();
     for r in &mut ranks {
-        r.wait_registered();
+        wait_registered(r);
     }
     ranks
 }
@@ -443,7 +353,7 @@ async fn configured_section_timeout_applies_and_names_the_stack() {
     let (_state, agent) = start_agent("[hang.timeouts]\nslow = \"2s\"\n");
     let job = "slow";
     let mut events = Events::all(&agent).await;
-    let mut rank = Rank::spawn(
+    let mut rank = spawn_rank(
         &agent,
         job,
         0,
@@ -461,7 +371,7 @@ async fn configured_section_timeout_applies_and_names_the_stack() {
         ]
         .concat(),
     );
-    rank.wait_registered();
+    wait_registered(&mut rank);
     rank.wait_line(WAIT, "the fault", |l| l.starts_with("fault sleep"));
     let entered = Instant::now();
     let me = subject(job, 0);
@@ -538,7 +448,7 @@ async fn rank_exiting_with_code_1_is_reported() {
     let (_state, agent) = start_agent("");
     let job = "crash";
     let mut events = Events::all(&agent).await;
-    let mut rank = Rank::spawn(
+    let mut rank = spawn_rank(
         &agent,
         job,
         0,
@@ -549,7 +459,7 @@ async fn rank_exiting_with_code_1_is_reported() {
         ]
         .concat(),
     );
-    rank.wait_registered();
+    wait_registered(&mut rank);
     let me = subject(job, 0);
     // Not reaped until the agent has read the status from the zombie.
     let exited = events
@@ -604,14 +514,14 @@ async fn rank_killed_by_sigkill_is_reported_with_the_signal() {
     let (_state, agent) = start_agent("");
     let job = "killed";
     let mut events = Events::all(&agent).await;
-    let mut rank = Rank::spawn(
+    let mut rank = spawn_rank(
         &agent,
         job,
         0,
         1,
         &[FAST, &["--report-every", "5"]].concat(),
     );
-    rank.wait_registered();
+    wait_registered(&mut rank);
     rank.wait_line(WAIT, "step 5", |l| l == "step 5");
     rank.signal(Signal::SIGKILL);
     let me = subject(job, 0);
@@ -649,7 +559,7 @@ async fn jittery_steps_raise_no_false_hang() {
     let mut ranks: Vec<Rank> = (0..4)
         .map(|r| {
             let seed = r.to_string();
-            Rank::spawn(
+            spawn_rank(
                 &agent,
                 job,
                 r,
@@ -670,7 +580,7 @@ async fn jittery_steps_raise_no_false_hang() {
         })
         .collect();
     for r in &mut ranks {
-        r.wait_registered();
+        wait_registered(r);
     }
     let soak_started = Instant::now();
     // Calibrated (thresholds of about a second, not the 10 min default),
@@ -722,8 +632,8 @@ async fn jittery_steps_raise_no_false_hang() {
 async fn registrations_that_cannot_be_honoured_are_refused_naming_why() {
     let (_state, agent) = start_agent("");
     let job = "held";
-    let mut holder = Rank::spawn(&agent, job, 0, 2, FAST);
-    holder.wait_registered();
+    let mut holder = spawn_rank(&agent, job, 0, 2, FAST);
+    wait_registered(&mut holder);
     let request = |job: &str, rank: u32, world: u32, layout: u32| pb::RegisterRankRequest {
         job_id: job.to_owned(),
         global_rank: rank,
@@ -905,14 +815,14 @@ async fn slot_file_with_a_damaged_header_is_rebuilt_and_its_ranks_watched_again(
         );
     }
     // A rank started now can attach.
-    let mut late = Rank::spawn(
+    let mut late = spawn_rank(
         &agent,
         "header-late",
         0,
         1,
         &[FAST, &["--register-timeout", "5"]].concat(),
     );
-    late.wait_registered();
+    wait_registered(&mut late);
     // The ranks never stopped stepping: any hang would be false.
     let all = within(WAIT, "ListEvents", agent.events()).await;
     let hangs: Vec<String> = all
@@ -1019,8 +929,8 @@ async fn calibration_survives_an_agent_restart() {
 
     let agent = TestAgent::start_in(agent.home.clone());
     // Slow steps: it is seen in its first sections long before 5 complete.
-    let mut second = Rank::spawn(&agent, job, 0, 1, &["--step-ms", "1200"]);
-    second.wait_registered();
+    let mut second = spawn_rank(&agent, job, 0, 1, &["--step-ms", "1200"]);
+    wait_registered(&mut second);
     let info = eventually(WAIT, "the new rank in its first step", async || {
         let ranks = get_ranks(&agent, job).await;
         ranks

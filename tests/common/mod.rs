@@ -59,6 +59,21 @@ const SCRUBBED_ENV: &[&str] = &[
     "WARDEN_SIMULATE_SPEED",
 ];
 
+/// Removes the agent-selecting variables a test run inherited from its
+/// environment, keeping those the test set on `cmd` itself.
+pub fn scrub(cmd: &mut Command) {
+    let set: Vec<std::ffi::OsString> = cmd
+        .get_envs()
+        .filter(|(_, v)| v.is_some())
+        .map(|(k, _)| k.to_owned())
+        .collect();
+    for var in SCRUBBED_ENV {
+        if !set.iter().any(|k| k == var) {
+            cmd.env_remove(var);
+        }
+    }
+}
+
 /// A scratch directory holding one agent's config and socket; shared by the
 /// agents started on it (a second instance, a restart after a crash).
 #[derive(Debug)]
@@ -184,10 +199,8 @@ impl TestAgent {
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&stderr).expect("create the stderr file"));
-        for var in SCRUBBED_ENV.iter().filter(|v| **v != "NOTIFY_SOCKET") {
-            cmd.env_remove(var);
-        }
         cmd.envs(env.iter().copied());
+        scrub(&mut cmd);
         let child = cmd.spawn().expect("spawn wardend");
         Self {
             home,
@@ -501,9 +514,7 @@ impl Finished {
 /// Runs `cmd` to completion with a deadline; a command still running at
 /// the deadline is killed and fails the test with what it printed.
 pub fn run(cmd: &mut Command, timeout: Duration) -> Finished {
-    for var in SCRUBBED_ENV {
-        cmd.env_remove(var);
-    }
+    scrub(cmd);
     let mut child = cmd
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -544,21 +555,24 @@ pub fn run(cmd: &mut Command, timeout: Duration) -> Finished {
 }
 
 /// A long-running command whose stdout is read line by line with deadlines.
+/// Never reaped before the test waits for it (the agent reads exit statuses
+/// from the zombie); killed and reaped when dropped.
 #[derive(Debug)]
 pub struct Streaming {
-    child: Child,
+    /// The process.
+    pub child: Child,
     lines: mpsc::Receiver<String>,
     /// Every stdout line read so far.
     pub seen: Vec<String>,
     stderr: PathBuf,
+    /// Names the process in failure messages ("job/j/rank/1 (pid 42)").
+    pub label: String,
 }
 
 impl Streaming {
     /// Spawns `cmd`, its stderr into `stderr_file`.
     pub fn spawn(cmd: &mut Command, stderr_file: PathBuf) -> Self {
-        for var in SCRUBBED_ENV {
-            cmd.env_remove(var);
-        }
+        scrub(cmd);
         let mut child = cmd
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -575,12 +589,25 @@ impl Streaming {
                 }
             }
         });
+        let label = format!("pid {}", child.id());
         Self {
             child,
             lines,
             seen: Vec::new(),
             stderr: stderr_file,
+            label,
         }
+    }
+
+    /// The process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Sends `signal` to the process.
+    pub fn signal(&self, signal: Signal) {
+        let pid = i32::try_from(self.pid()).expect("pid fits i32");
+        kill(Pid::from_raw(pid), signal).expect("signal the process");
     }
 
     /// Reads lines until one satisfies `pred`; fails the test at the deadline
@@ -602,9 +629,10 @@ impl Streaming {
                     }
                 }
                 Err(e) => panic!(
-                    "no stdout line with {what} ({e}); lines: {:?}\n--- stderr ---\n{}",
+                    "{}: no stdout line with {what} within {timeout:?} ({e}); lines: {:?}\n--- stderr ---\n{}",
+                    self.label,
                     self.seen,
-                    std::fs::read_to_string(&self.stderr).unwrap_or_default()
+                    self.stderr()
                 ),
             }
         }
@@ -621,8 +649,10 @@ impl Streaming {
                 let _ = self.child.kill();
                 let _ = self.child.wait();
                 panic!(
-                    "command did not exit within {timeout:?}; lines: {:?}",
-                    self.seen
+                    "{} did not exit within {timeout:?}; lines: {:?}\n--- stderr ---\n{}",
+                    self.label,
+                    self.seen,
+                    self.stderr()
                 );
             }
             std::thread::sleep(Duration::from_millis(10));
@@ -888,4 +918,49 @@ impl Events {
 pub fn proc_state(pid: u32) -> Option<char> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     stat.rsplit_once(')')?.1.trim_start().chars().next()
+}
+
+/// A Python rank: `script` (under the repository root) with `args` run by
+/// the test interpreter, registered with `agent` as `rank` of `world` in
+/// `job` through the `warden` package's environment. Inherited variables
+/// that would change how the client behaves are removed.
+pub fn python_rank(
+    agent: &TestAgent,
+    script: &str,
+    job: &str,
+    (rank, world): (u32, u32),
+    args: &[&str],
+) -> Command {
+    let mut cmd = Command::new(python());
+    cmd.arg(repo_root().join(script))
+        .args(args)
+        .env("WARDEN_SOCKET", agent.socket())
+        .env("WARDEN_JOB_ID", job)
+        .env("RANK", rank.to_string())
+        .env("LOCAL_RANK", rank.to_string())
+        .env("WORLD_SIZE", world.to_string())
+        .env("PYTHONUNBUFFERED", "1")
+        .env("PYTHONDONTWRITEBYTECODE", "1");
+    for var in [
+        "TORCHELASTIC_RUN_ID",
+        "WARDEN_RESTART_SIGNAL",
+        "WARDEN_STACK_DUMP_SIGNAL",
+        "WARDEN_EXCEPTHOOK",
+        "CUDA_VISIBLE_DEVICES",
+        "WARDEN_DEVICES",
+    ] {
+        cmd.env_remove(var);
+    }
+    cmd
+}
+
+/// Spawns a [`python_rank`] command with its stderr in the agent's home,
+/// labelled with its rank for failure messages.
+pub fn spawn_python_rank(agent: &TestAgent, job: &str, rank: u32, cmd: &mut Command) -> Streaming {
+    static SPAWNED: AtomicU32 = AtomicU32::new(0);
+    let n = SPAWNED.fetch_add(1, Ordering::Relaxed);
+    let stderr = agent.home.path().join(format!("rank-{n}.stderr"));
+    let mut s = Streaming::spawn(cmd, stderr);
+    s.label = format!("job/{job}/rank/{rank} (pid {})", s.pid());
+    s
 }
