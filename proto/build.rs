@@ -14,11 +14,18 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     let include = protoc_bin_vendored::include_path()?;
     let out_dir = PathBuf::from(std::env::var("OUT_DIR")?);
-    let protos = ["warden/v1/agent.proto", "warden/v1/peer.proto"];
+    let protos = [
+        "warden/v1/agent.proto",
+        "warden/v1/peer.proto",
+        "warden/v1/checkpoint.proto",
+    ];
     for p in &protos {
         println!("cargo:rerun-if-changed={p}");
     }
+    // Shard chunks as `bytes::Bytes`: decoding slices the received buffer
+    // instead of copying each chunk into a Vec.
     tonic_prost_build::configure()
+        .bytes(".warden.v1.ShardChunk.data")
         .file_descriptor_set_path(out_dir.join("warden_descriptor.bin"))
         .compile_protos(&protos, &[".", &include.to_string_lossy()])?;
     // Foreign protocols warden speaks (libtpu's runtime metrics, NVIDIA's

@@ -10,6 +10,7 @@
 //! - [`detect`]: detectors (hang) and their calibration, as pure functions.
 //! - [`attribute`]: incidents turned into diagnoses (fault class, evidence).
 //! - [`policy`]: diagnoses turned into remediation decisions (budgets, hook).
+//! - [`ckpt`]: checkpoint tiers: local, peer replicas, durable store, restore.
 //! - [`health`]: the health model (components, statuses, reasons).
 //! - [`events`]: the event bus (ring, live broadcast, logs and counters).
 //! - [`state`]: what the running agent's parts share.
@@ -21,6 +22,7 @@
 pub mod act;
 pub mod api;
 pub mod attribute;
+pub mod ckpt;
 pub mod cli;
 pub mod config;
 pub mod coord;

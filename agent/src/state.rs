@@ -50,6 +50,9 @@ pub struct AgentState {
     /// and what each rank's `Control` stream delivers (its own lock, never
     /// held together with the registry's).
     pub restarts: crate::act::in_process::Restarts,
+    /// The checkpoint tiers, or why there are none (off, or the tier's
+    /// directory could not be made): the checkpoint calls answer with it.
+    pub checkpoints: Result<std::sync::Arc<crate::ckpt::Checkpoints>, String>,
 }
 
 impl AgentState {
@@ -84,6 +87,13 @@ impl AgentState {
             escalations,
             escalations_rx: Mutex::new(Some(escalations_rx)),
             restarts: crate::act::in_process::Restarts::new(),
+            checkpoints: if config.checkpoint.enabled {
+                crate::ckpt::Checkpoints::open(&config.checkpoint, &host, &config.api.tcp)
+                    .map(std::sync::Arc::new)
+                    .inspect_err(|e| tracing::error!(error = %e, "checkpoint tier unavailable"))
+            } else {
+                Err("off (checkpoint.enabled = false)".to_owned())
+            },
             config,
             config_source,
             host,

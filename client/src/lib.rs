@@ -23,6 +23,7 @@
 //! - [`paths`]: where the agent's socket is.
 //! - `mapping` (private): the client's one-slot mapping of the agent's file.
 
+pub mod checkpoint;
 pub mod client;
 pub mod clock;
 pub mod ffi;
@@ -32,6 +33,7 @@ pub mod report;
 pub mod restart;
 pub mod slot;
 
+pub use checkpoint::{CheckpointError, Checkpointer, Restored, Saved, Staged};
 pub use client::{
     Client, ClientError, ConnectOptions, LinkStatus, RestartAcker, SectionGuard, SectionId,
     devices_from_env,

@@ -132,6 +132,8 @@ pub fn config_toml(socket: &Path, extra_toml: &str) -> String {
             "state_dir",
             home.join("state").display().to_string(),
         );
+        // Likewise the checkpoint tier (the default is /dev/shm, shared).
+        set_default("checkpoint", "dir", home.join("ckpt").display().to_string());
     }
     // Port 0: tests run in parallel and must not fight over a fixed port.
     set_default("metrics", "listen", "127.0.0.1:0".to_owned());

@@ -437,6 +437,54 @@ impl Agent for AgentService {
         })
         .await
     }
+
+    async fn begin_shard(
+        &self,
+        req: Request<pb::BeginShardRequest>,
+    ) -> Result<Response<pb::BeginShardResponse>, Status> {
+        observed("BeginShard", async {
+            super::ckpt::begin_shard(&self.state, req.into_inner())
+                .await
+                .map(Response::new)
+        })
+        .await
+    }
+
+    async fn commit_shard(
+        &self,
+        req: Request<pb::CommitShardRequest>,
+    ) -> Result<Response<pb::CommitShardResponse>, Status> {
+        observed("CommitShard", async {
+            super::ckpt::commit_shard(&self.state, req.into_inner())
+                .await
+                .map(Response::new)
+        })
+        .await
+    }
+
+    async fn restore(
+        &self,
+        req: Request<pb::RestoreRequest>,
+    ) -> Result<Response<pb::RestoreResponse>, Status> {
+        observed("Restore", async {
+            super::ckpt::restore(&self.state, req.into_inner())
+                .await
+                .map(Response::new)
+        })
+        .await
+    }
+
+    async fn list_checkpoints(
+        &self,
+        req: Request<pb::ListCheckpointsRequest>,
+    ) -> Result<Response<pb::ListCheckpointsResponse>, Status> {
+        observed("ListCheckpoints", async {
+            super::ckpt::list_checkpoints(&self.state, req.into_inner())
+                .await
+                .map(Response::new)
+        })
+        .await
+    }
 }
 
 /// Longest exception message kept (its start).

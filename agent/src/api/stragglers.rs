@@ -204,6 +204,44 @@ impl Peer for PeerService {
         })
         .await
     }
+
+    async fn push_shard(
+        &self,
+        req: Request<tonic::Streaming<pb::ShardChunk>>,
+    ) -> Result<Response<pb::PushShardResponse>, Status> {
+        observed("PushShard", async {
+            super::ckpt::push_shard(&self.state, req.into_inner())
+                .await
+                .map(Response::new)
+        })
+        .await
+    }
+
+    type FetchShardStream = tokio_stream::wrappers::ReceiverStream<Result<pb::ShardChunk, Status>>;
+
+    async fn fetch_shard(
+        &self,
+        req: Request<pb::FetchShardRequest>,
+    ) -> Result<Response<Self::FetchShardStream>, Status> {
+        observed("FetchShard", async {
+            super::ckpt::fetch_shard(&self.state, req.into_inner())
+                .await
+                .map(Response::new)
+        })
+        .await
+    }
+
+    async fn list_shards(
+        &self,
+        req: Request<pb::ListShardsRequest>,
+    ) -> Result<Response<pb::ListShardsResponse>, Status> {
+        observed("ListShards", async {
+            super::ckpt::list_shards(&self.state, req.into_inner())
+                .await
+                .map(Response::new)
+        })
+        .await
+    }
 }
 
 /// One configured peer and what was last said about it in the log.

@@ -3,6 +3,7 @@
 //! Readable tables by default, `--json` for scripts. When no agent answers,
 //! the error names the socket (or address) that was tried.
 
+pub mod ckpt;
 pub mod connect;
 pub mod demo;
 pub mod incidents;
@@ -121,6 +122,12 @@ pub enum Command {
         /// Only flagged ranks.
         #[arg(long)]
         flagged: bool,
+    },
+    /// Checkpoints in the agent's tier, its peers' and the durable store.
+    Ckpt {
+        /// What to do.
+        #[command(subcommand)]
+        cmd: CkptCommand,
     },
     /// Start wardend on its embedded defaults in a scratch directory with two
     /// toy training ranks, one of which hangs: show health, the hang event
@@ -274,9 +281,34 @@ async fn run(cli: Cli) -> Result<()> {
                 .into_inner();
             stragglers::print_stragglers(&r, cli.json);
         }
+        Command::Ckpt {
+            cmd: CkptCommand::Ls { job },
+        } => {
+            let mut c = target.connect().await?;
+            let r = c
+                .list_checkpoints(pb::ListCheckpointsRequest {
+                    job_id: job.unwrap_or_default(),
+                })
+                .await
+                .with_context(|| format!("ListCheckpoints from {target}"))?
+                .into_inner();
+            ckpt::print_list(&r, cli.json);
+        }
         Command::Demo { duration } => demo::run(duration, cli.json).await?,
         Command::ToyRank(opts) => toy_rank::run(&opts),
         Command::Run(args) => std::process::exit(crate::act::launcher::run(*args, &target).await),
     }
     Ok(())
+}
+
+/// `warden ckpt` subcommands.
+#[derive(Debug, clap::Subcommand)]
+pub enum CkptCommand {
+    /// Steps, whether each is complete for every rank, and where each
+    /// shard's copies live (local tier, peers, durable store).
+    Ls {
+        /// Only this job.
+        #[arg(long)]
+        job: Option<String>,
+    },
 }

@@ -88,6 +88,8 @@ pub struct Config {
     pub policy: crate::policy::PolicyConfig,
     /// Restarts the agent carries out itself (in process).
     pub restart: crate::act::config::RestartConfig,
+    /// `[checkpoint]`: the local tier, peers, durable store.
+    pub checkpoint: crate::ckpt::CheckpointConfig,
 }
 
 /// `[agent]`: identity and the work loop.
@@ -584,6 +586,7 @@ impl Config {
         self.attribution.validate(origin)?;
         self.policy.validate(origin)?;
         self.restart.validate(origin)?;
+        self.checkpoint.validate(origin)?;
         Ok(())
     }
 

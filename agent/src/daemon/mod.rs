@@ -188,16 +188,27 @@ async fn serve(
         .build_v1alpha()
         .map_err(|e| DaemonError::Reflection(e.to_string()))?;
     let router = Server::builder()
+        // Checkpoint shards stream through here: windows that keep a fast
+        // link busy (small defaults cap a stream well below loopback speed).
+        .initial_stream_window_size(crate::ckpt::peers::STREAM_WINDOW)
+        .initial_connection_window_size(crate::ckpt::peers::CONN_WINDOW)
         .add_service(health_service)
         .add_service(reflection)
         .add_service(reflection_alpha)
         .add_service(AgentServer::new(AgentService::new(state.clone())))
-        .add_service(warden_proto::v1::peer_server::PeerServer::new(
-            crate::api::stragglers::PeerService::new(state.clone()),
-        ));
+        .add_service(
+            warden_proto::v1::peer_server::PeerServer::new(
+                crate::api::stragglers::PeerService::new(state.clone()),
+            )
+            .max_decoding_message_size(crate::ckpt::peers::MAX_MESSAGE)
+            .max_encoding_message_size(crate::ckpt::peers::MAX_MESSAGE),
+        );
 
     let mut tasks = JoinSet::new();
     tasks.spawn(attribution);
+    if let Ok(ck) = &state.checkpoints {
+        tasks.spawn(crate::ckpt::replicate::run(state.clone(), ck.clone()));
+    }
     {
         let stop = state.shutdown.clone();
         let router = router.clone();

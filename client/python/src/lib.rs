@@ -17,6 +17,7 @@
 //! agent's restart requests to the module-wide restart state, which raises
 //! `warden.RestartRequested` in the thread running `warden.run`.
 
+mod checkpoint;
 mod restart;
 
 use std::path::PathBuf;
@@ -90,7 +91,7 @@ fn _set_stack_dump_signal(signal: i32) {
     STACK_DUMP_SIGNAL.store(signal, Ordering::Relaxed);
 }
 
-fn options_from_env() -> ConnectOptions {
+pub(crate) fn options_from_env() -> ConnectOptions {
     let mut o = ConnectOptions::from_env_lossy();
     o.stack_dump_signal = STACK_DUMP_SIGNAL.load(Ordering::Relaxed);
     o
@@ -567,6 +568,7 @@ fn warden_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(restart::_restart_ack, m)?)?;
     m.add_function(wrap_pyfunction!(restart::_restart_call, m)?)?;
     m.add_function(wrap_pyfunction!(restart::_restart_deliveries, m)?)?;
+    checkpoint::register(m)?;
     m.add("SLOT_LAYOUT_VERSION", warden_client::slot::LAYOUT_VERSION)?;
     Ok(())
 }

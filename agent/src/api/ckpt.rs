@@ -1,0 +1,279 @@
+//! The checkpoint calls at the edge: BeginShard, CommitShard, Restore and
+//! ListCheckpoints on warden.v1.Agent; PushShard, FetchShard and ListShards
+//! on warden.v1.Peer.
+//!
+//! In: requests, checked here (the error names the field). Out: calls on
+//! [`crate::ckpt`], its errors turned into gRPC statuses: a bad name is
+//! INVALID_ARGUMENT, a full tier RESOURCE_EXHAUSTED, a step nobody holds
+//! NOT_FOUND, a copy that fails its checksum DATA_LOSS.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tonic::{Status, Streaming};
+use warden_proto::v1 as pb;
+
+use crate::ckpt::layout::{ShardKey, check_job_id};
+use crate::ckpt::restore::{self, RestoreError};
+use crate::ckpt::tier::TierError;
+use crate::ckpt::{Checkpoints, peers, subject};
+use crate::events::{NewEvent, Severity};
+use crate::state::AgentState;
+
+/// The checkpoint tier, or UNAVAILABLE saying why there is none.
+pub fn tier(state: &AgentState) -> Result<Arc<Checkpoints>, Status> {
+    state
+        .checkpoints
+        .clone()
+        .map_err(|why| Status::unavailable(format!("checkpoint tier on {}: {why}", state.host)))
+}
+
+fn status(e: TierError) -> Status {
+    match e {
+        TierError::BadJobId(_) | TierError::Invalid(_) => Status::invalid_argument(e.to_string()),
+        TierError::Full { .. } => Status::resource_exhausted(e.to_string()),
+        TierError::Io { .. } => Status::internal(e.to_string()),
+    }
+}
+
+fn key(job_id: &str, step: u64, rank: u32) -> Result<ShardKey, Status> {
+    check_job_id(job_id).map_err(|e| Status::invalid_argument(e.to_string()))?;
+    Ok(ShardKey {
+        job_id: job_id.to_owned(),
+        step,
+        rank,
+    })
+}
+
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, TierError> + Send + 'static,
+) -> Result<T, Status> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| Status::internal(format!("checkpoint task: {e}")))?
+        .map_err(status)
+}
+
+/// BeginShard: room made, staging file named.
+pub async fn begin_shard(
+    state: &Arc<AgentState>,
+    req: pb::BeginShardRequest,
+) -> Result<pb::BeginShardResponse, Status> {
+    let ck = tier(state)?;
+    let k = key(&req.job_id, req.step, req.rank)?;
+    let size = req.size_bytes;
+    let (path, token) = blocking(move || ck.tier.begin(&k, size)).await?;
+    Ok(pb::BeginShardResponse {
+        staging_path: path.display().to_string(),
+        token,
+    })
+}
+
+/// CommitShard: the staged file renamed into place at once; checksum,
+/// manifest, replication and upload follow off the rank's time.
+pub async fn commit_shard(
+    state: &Arc<AgentState>,
+    req: pb::CommitShardRequest,
+) -> Result<pb::CommitShardResponse, Status> {
+    let ck = tier(state)?;
+    let k = key(&req.job_id, req.step, req.rank)?;
+    if req.world_size == 0 || req.rank >= req.world_size {
+        return Err(Status::invalid_argument(format!(
+            "world_size {} must be above rank {}",
+            req.world_size, req.rank
+        )));
+    }
+    let staged = ck.tier.staged(&k, &req.token).map_err(status)?;
+    let (ck2, k2, size) = (ck.clone(), k.clone(), req.size_bytes);
+    let placed = blocking(move || ck2.tier.place(&k2, &staged, size));
+    let path = placed.await;
+    ck.tier.release(&req.token);
+    let path = path?;
+    let sealing = ck.seal_guard();
+    let st = state.clone();
+    let world = req.world_size;
+    let stall_ms = req.stall_ns as f64 / 1e6;
+    tokio::spawn(async move {
+        let _sealing = sealing;
+        let (ck2, k2) = (ck.clone(), k.clone());
+        let sealed = tokio::task::spawn_blocking(move || {
+            let host = ck2.host.clone();
+            ck2.tier.seal(&k2, world, &host)
+        })
+        .await;
+        match sealed {
+            Ok(Ok(m)) => {
+                metrics::counter!("warden_ckpt_saved_bytes_total").increment(m.size_bytes);
+                metrics::histogram!("warden_ckpt_save_stall_seconds").record(stall_ms / 1e3);
+                st.events.publish(
+                    NewEvent::new(
+                        Severity::Info,
+                        "ckpt.saved",
+                        subject(&k),
+                        format!(
+                            "{k} saved ({} bytes, {stall_ms:.2} ms of the step)",
+                            m.size_bytes
+                        ),
+                    )
+                    .with("job_id", &k.job_id)
+                    .with("rank", k.rank)
+                    .with("step", k.step)
+                    .with("stall_ms", format!("{stall_ms:.3}"))
+                    .with("bytes", m.size_bytes)
+                    .with("xxh3", &m.xxh3),
+                );
+                ck.committed(m);
+            }
+            Ok(Err(e)) => commit_failed(&st, &k, &e.to_string()),
+            Err(e) => commit_failed(&st, &k, &e.to_string()),
+        }
+    });
+    Ok(pb::CommitShardResponse {
+        path: path.display().to_string(),
+    })
+}
+
+fn commit_failed(state: &AgentState, k: &ShardKey, why: &str) {
+    tracing::error!(shard = %k, error = why, "checkpoint shard not committed");
+    state.events.publish(
+        NewEvent::new(
+            Severity::Error,
+            "ckpt.commit_failed",
+            subject(k),
+            format!("{k} was not committed: {why}"),
+        )
+        .with("job_id", &k.job_id)
+        .with("rank", k.rank)
+        .with("step", k.step),
+    );
+}
+
+/// Restore: the nearest valid copy of the rank's shard, in the local tier.
+pub async fn restore(
+    state: &Arc<AgentState>,
+    req: pb::RestoreRequest,
+) -> Result<pb::RestoreResponse, Status> {
+    let ck = tier(state)?;
+    check_job_id(&req.job_id).map_err(|e| Status::invalid_argument(e.to_string()))?;
+    let started = Instant::now();
+    // Saves that this agent is still sealing count: wait for them briefly.
+    ck.sealing.settled(Duration::from_secs(30)).await;
+    match restore::restore(state, &ck, &req.job_id, req.rank, req.step).await {
+        Ok(None) => Ok(pb::RestoreResponse::default()),
+        Ok(Some(r)) => Ok(pb::RestoreResponse {
+            found: true,
+            step: r.step,
+            path: r.path.display().to_string(),
+            size_bytes: r.manifest.size_bytes,
+            xxh3: r.manifest.hash().unwrap_or(0),
+            tier: r.holder.tier().to_owned(),
+            source: r.source,
+            skipped: r.skipped,
+            duration: prost_types::Duration::try_from(started.elapsed()).ok(),
+        }),
+        Err(e @ RestoreError::NoSuchStep { .. }) => Err(Status::not_found(e.to_string())),
+        Err(e @ RestoreError::NoValidCopy { .. }) => Err(Status::data_loss(e.to_string())),
+    }
+}
+
+/// ListCheckpoints: steps and where each shard's copies are.
+pub async fn list_checkpoints(
+    state: &Arc<AgentState>,
+    req: pb::ListCheckpointsRequest,
+) -> Result<pb::ListCheckpointsResponse, Status> {
+    let ck = tier(state)?;
+    if !req.job_id.is_empty() {
+        check_job_id(&req.job_id).map_err(|e| Status::invalid_argument(e.to_string()))?;
+    }
+    ck.sealing.settled(Duration::from_secs(5)).await;
+    let view = restore::gather(&ck, &req.job_id).await;
+    Ok(restore::listing(&ck, &view))
+}
+
+/// PushShard: a peer's replica, checked before it is committed.
+pub async fn push_shard(
+    state: &Arc<AgentState>,
+    mut stream: Streaming<pb::ShardChunk>,
+) -> Result<pb::PushShardResponse, Status> {
+    let ck = tier(state)?;
+    let first = stream
+        .message()
+        .await?
+        .ok_or_else(|| Status::invalid_argument("PushShard: empty stream"))?;
+    let info = first
+        .info
+        .ok_or_else(|| Status::invalid_argument("PushShard: the first chunk has no info"))?;
+    let m = peers::manifest_of(&info).map_err(Status::invalid_argument)?;
+    let k = m.key();
+    let (ck2, k2, size) = (ck.clone(), k.clone(), m.size_bytes);
+    let staged = blocking(move || ck2.tier.begin_incoming(&k2, size)).await?;
+    peers::receive(&mut stream, first.data, &m, &staged)
+        .await
+        .map_err(|e| {
+            if e.starts_with("corrupt") {
+                Status::data_loss(e)
+            } else {
+                Status::aborted(e)
+            }
+        })?;
+    let (ck2, m2) = (ck.clone(), m.clone());
+    blocking(move || ck2.tier.install(&staged, &m2)).await?;
+    let (ck2, job) = (ck.clone(), k.job_id.clone());
+    let _ = tokio::task::spawn_blocking(move || ck2.tier.prune(&job)).await;
+    state.events.publish(
+        NewEvent::new(
+            Severity::Info,
+            "ckpt.replica_stored",
+            subject(&k),
+            format!("{k} replica from {} stored", m.origin),
+        )
+        .with("job_id", &k.job_id)
+        .with("rank", k.rank)
+        .with("step", k.step)
+        .with("origin", &m.origin)
+        .with("bytes", m.size_bytes),
+    );
+    Ok(pb::PushShardResponse {
+        host: state.host.clone(),
+        stored: true,
+    })
+}
+
+/// FetchShard: a committed shard streamed back.
+pub async fn fetch_shard(
+    state: &Arc<AgentState>,
+    req: pb::FetchShardRequest,
+) -> Result<tokio_stream::wrappers::ReceiverStream<Result<pb::ShardChunk, Status>>, Status> {
+    let ck = tier(state)?;
+    let k = key(&req.job_id, req.step, req.rank)?;
+    let (ck2, k2) = (ck.clone(), k.clone());
+    let m = tokio::task::spawn_blocking(move || ck2.tier.get(&k2))
+        .await
+        .map_err(|e| Status::internal(e.to_string()))?
+        .ok_or_else(|| Status::not_found(format!("{k} is not held by {}", state.host)))?;
+    let path = ck.tier.layout().data(&k);
+    Ok(peers::chunk_stream(m, path, ck.cfg.chunk_bytes, 0))
+}
+
+/// ListShards: what this agent holds.
+pub async fn list_shards(
+    state: &Arc<AgentState>,
+    req: pb::ListShardsRequest,
+) -> Result<pb::ListShardsResponse, Status> {
+    let ck = tier(state)?;
+    if !req.job_id.is_empty() {
+        check_job_id(&req.job_id).map_err(|e| Status::invalid_argument(e.to_string()))?;
+    }
+    let ck2 = ck.clone();
+    let job = req.job_id.clone();
+    let shards = tokio::task::spawn_blocking(move || {
+        ck2.tier
+            .list(if job.is_empty() { None } else { Some(&job) })
+    })
+    .await
+    .map_err(|e| Status::internal(e.to_string()))?;
+    Ok(pb::ListShardsResponse {
+        host: state.host.clone(),
+        shards: shards.iter().map(peers::info).collect(),
+    })
+}

@@ -1,0 +1,245 @@
+//! `[checkpoint]`: the local tier, its peers and the durable store.
+//!
+//! The defaults give a working local tier on tmpfs with no peers and no
+//! durable store: a single host restores from its own memory, and nothing
+//! leaves the machine until the operator names where copies go.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::config::{ConfigError, duration};
+
+/// `[checkpoint]`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CheckpointConfig {
+    /// Off: the checkpoint calls answer UNAVAILABLE and nothing is written.
+    pub enabled: bool,
+    /// The local tier: tmpfs (the default, restores at memory speed) or an
+    /// NVMe mount. Laid out as `<dir>/<job>/step-<n>/rank-<r>.bin` with a
+    /// manifest beside each shard; `<dir>/.staging` holds writes in flight.
+    pub dir: String,
+    /// Complete steps kept per job and saving host; older ones are pruned
+    /// once a newer step is complete (never the newest complete one).
+    pub keep_steps: usize,
+    /// Bytes the tier may hold in all (0: bounded by free space only).
+    pub max_bytes: u64,
+    /// This host's failure domain (a rack, a power feed, a switch): a
+    /// replica never goes to a peer of the same domain. Empty: the host name
+    /// (every host its own domain).
+    pub domain: String,
+    /// Copies of each shard kept on peers of other domains.
+    pub replicas: usize,
+    /// Peer agents holding replicas and answering restores.
+    pub peers: Vec<PeerConfig>,
+    /// Replication and fetch chunk size, bytes.
+    pub chunk_bytes: usize,
+    /// Cap on replication to peers, bytes per second over all peers (0:
+    /// none), so copies do not starve the job's own traffic.
+    pub replication_bytes_per_sec: u64,
+    /// Bound on connecting to a peer and on listing its shards.
+    #[serde(with = "duration")]
+    pub peer_timeout: Duration,
+    /// How often shards not yet on their peers (a peer was down, the agent
+    /// restarted mid-copy) are sent again.
+    #[serde(with = "duration")]
+    pub retry_interval: Duration,
+    /// The durable tier.
+    pub durable: DurableConfig,
+}
+
+/// One peer agent: `[[checkpoint.peers]]`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PeerConfig {
+    /// `host:port` of its `api.tcp` listener.
+    pub addr: String,
+    /// Its failure domain; empty: a domain of its own.
+    #[serde(default)]
+    pub domain: String,
+}
+
+/// `[checkpoint.durable]`: object storage through the object_store crate.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DurableConfig {
+    /// `file:///path`, `s3://bucket/prefix`, `gs://bucket/prefix`. Empty:
+    /// no durable tier. Credentials come from the usual environment
+    /// variables (AWS_ACCESS_KEY_ID, GOOGLE_SERVICE_ACCOUNT...).
+    pub url: String,
+    /// Upload a complete step when its number is a multiple of this (0:
+    /// by time only).
+    pub every_steps: u64,
+    /// Upload a complete step when this long has passed since the last
+    /// upload of the job (0: by step count only).
+    #[serde(with = "duration")]
+    pub every: Duration,
+}
+
+impl Default for CheckpointConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            dir: "/dev/shm/warden-ckpt".into(),
+            keep_steps: 2,
+            max_bytes: 0,
+            domain: String::new(),
+            replicas: 1,
+            peers: Vec::new(),
+            chunk_bytes: 1 << 20,
+            replication_bytes_per_sec: 0,
+            peer_timeout: Duration::from_secs(2),
+            retry_interval: Duration::from_secs(2),
+            durable: DurableConfig::default(),
+        }
+    }
+}
+
+impl Default for DurableConfig {
+    fn default() -> Self {
+        Self {
+            url: String::new(),
+            every_steps: 0,
+            every: Duration::from_secs(600),
+        }
+    }
+}
+
+fn invalid(origin: &str, key: &'static str, value: String, why: &str) -> ConfigError {
+    ConfigError::Invalid {
+        origin: origin.to_owned(),
+        key,
+        value,
+        why: why.to_owned(),
+    }
+}
+
+impl CheckpointConfig {
+    /// Checks values that parse but make no sense; the error names the key.
+    pub fn validate(&self, origin: &str) -> Result<(), ConfigError> {
+        if !self.enabled {
+            return Ok(());
+        }
+        if self.dir.is_empty() || !std::path::Path::new(&self.dir).is_absolute() {
+            return Err(invalid(
+                origin,
+                "checkpoint.dir",
+                format!("{:?}", self.dir),
+                "must be an absolute path",
+            ));
+        }
+        if self.keep_steps == 0 || self.keep_steps > 1000 {
+            return Err(invalid(
+                origin,
+                "checkpoint.keep_steps",
+                self.keep_steps.to_string(),
+                "must be between 1 and 1000",
+            ));
+        }
+        if self.replicas > 16 {
+            return Err(invalid(
+                origin,
+                "checkpoint.replicas",
+                self.replicas.to_string(),
+                "must be at most 16",
+            ));
+        }
+        if !(4096..=(16 << 20)).contains(&self.chunk_bytes) {
+            return Err(invalid(
+                origin,
+                "checkpoint.chunk_bytes",
+                self.chunk_bytes.to_string(),
+                "must be between 4096 and 16777216",
+            ));
+        }
+        if self.peer_timeout < Duration::from_millis(10)
+            || self.peer_timeout > Duration::from_secs(300)
+        {
+            return Err(invalid(
+                origin,
+                "checkpoint.peer_timeout",
+                humantime::format_duration(self.peer_timeout).to_string(),
+                "must be between 10ms and 5m",
+            ));
+        }
+        if self.retry_interval < Duration::from_millis(50) {
+            return Err(invalid(
+                origin,
+                "checkpoint.retry_interval",
+                humantime::format_duration(self.retry_interval).to_string(),
+                "must be at least 50ms",
+            ));
+        }
+        for p in &self.peers {
+            if !super::peers::valid_addr(&p.addr) {
+                return Err(invalid(
+                    origin,
+                    "checkpoint.peers.addr",
+                    format!("{:?}", p.addr),
+                    "must be host:port (the peer's api.tcp)",
+                ));
+            }
+        }
+        if !self.durable.url.is_empty() {
+            if let Err(e) = super::durable::parse(&self.durable.url) {
+                return Err(invalid(
+                    origin,
+                    "checkpoint.durable.url",
+                    format!("{:?}", self.durable.url),
+                    &e.to_string(),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_valid_and_bad_values_are_named() {
+        assert!(CheckpointConfig::default().validate("t").is_ok());
+        let bad = [
+            CheckpointConfig {
+                dir: "relative/dir".into(),
+                ..Default::default()
+            },
+            CheckpointConfig {
+                keep_steps: 0,
+                ..Default::default()
+            },
+            CheckpointConfig {
+                chunk_bytes: 10,
+                ..Default::default()
+            },
+            CheckpointConfig {
+                peers: vec![PeerConfig {
+                    addr: "no-port".into(),
+                    domain: String::new(),
+                }],
+                ..Default::default()
+            },
+            CheckpointConfig {
+                durable: DurableConfig {
+                    url: "ftp://x/y".into(),
+                    ..Default::default()
+                },
+                ..Default::default()
+            },
+        ];
+        let keys = [
+            "checkpoint.dir",
+            "checkpoint.keep_steps",
+            "checkpoint.chunk_bytes",
+            "checkpoint.peers.addr",
+            "checkpoint.durable.url",
+        ];
+        for (cfg, key) in bad.iter().zip(keys) {
+            let err = cfg.validate("t").expect_err(key).to_string();
+            assert!(err.contains(key), "{err}");
+        }
+    }
+}

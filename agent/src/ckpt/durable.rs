@@ -1,0 +1,169 @@
+//! The durable tier: complete steps in object storage (object_store crate).
+//!
+//! `file://` (tests, an NFS mount), `s3://`, `gs://`. A shard is uploaded
+//! as its bytes and then its manifest, so, as in the local tier, a shard is
+//! there exactly when its manifest is. Downloads are checked against the
+//! manifest before they are used.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use object_store::ObjectStore;
+use object_store::path::Path as ObjPath;
+use tokio::io::AsyncWriteExt;
+use xxhash_rust::xxh3::Xxh3;
+
+use super::layout::{self, ShardKey};
+use super::manifest::{self, Manifest};
+
+/// Opens the store a URL names; credentials from the environment.
+pub fn parse(url: &str) -> Result<(Arc<dyn ObjectStore>, ObjPath), String> {
+    let u = url::Url::parse(url).map_err(|e| format!("not a URL: {e}"))?;
+    match u.scheme() {
+        "file" | "s3" | "s3a" | "gs" => {}
+        other => {
+            return Err(format!(
+                "scheme {other:?} is not supported: use file://, s3:// or gs://"
+            ));
+        }
+    }
+    let env = std::env::vars().map(|(k, v)| (k.to_ascii_lowercase(), v));
+    let (store, prefix) = object_store::parse_url_opts(&u, env).map_err(|e| e.to_string())?;
+    Ok((Arc::from(store), prefix))
+}
+
+/// The configured durable store.
+#[derive(Debug)]
+pub struct Durable {
+    store: Arc<dyn ObjectStore>,
+    prefix: ObjPath,
+    url: String,
+}
+
+impl Durable {
+    /// Opens `url`.
+    pub fn open(url: &str) -> Result<Self, String> {
+        let (store, prefix) = parse(url)?;
+        Ok(Self {
+            store,
+            prefix,
+            url: url.to_owned(),
+        })
+    }
+
+    /// The URL, for listings and logs.
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    fn path(&self, rel: &str) -> ObjPath {
+        let p = self.prefix.as_ref();
+        if p.is_empty() {
+            ObjPath::from(rel)
+        } else {
+            ObjPath::from(format!("{p}/{rel}"))
+        }
+    }
+
+    /// Uploads a shard's bytes, then its manifest.
+    pub async fn upload(&self, m: &Manifest, data: &Path) -> Result<(), String> {
+        let key = m.key();
+        let dest = self.path(&layout::durable_key(&key, false));
+        let mut src = tokio::fs::File::open(data)
+            .await
+            .map_err(|e| format!("{}: {e}", data.display()))?;
+        let mut w = object_store::buffered::BufWriter::new(self.store.clone(), dest.clone());
+        tokio::io::copy(&mut src, &mut w)
+            .await
+            .map_err(|e| format!("uploading {key} to {}: {e}", self.url))?;
+        w.shutdown()
+            .await
+            .map_err(|e| format!("uploading {key} to {}: {e}", self.url))?;
+        let body = serde_json::to_vec_pretty(m).map_err(|e| e.to_string())?;
+        self.store
+            .put(&self.path(&layout::durable_key(&key, true)), body.into())
+            .await
+            .map_err(|e| format!("uploading the manifest of {key} to {}: {e}", self.url))?;
+        Ok(())
+    }
+
+    /// Every shard of `job` whose manifest is in the store.
+    pub async fn list(&self, job: &str) -> Result<Vec<Manifest>, String> {
+        use tokio_stream::StreamExt;
+        let prefix = self.path(job);
+        let mut listing = self.store.list(Some(&prefix));
+        let mut out = Vec::new();
+        while let Some(meta) = listing.next().await {
+            let meta = meta.map_err(|e| format!("listing {}: {e}", self.url))?;
+            if meta.location.extension() != Some("json") {
+                continue;
+            }
+            let bytes = match self.store.get(&meta.location).await {
+                Ok(g) => g.bytes().await,
+                Err(e) => Err(e),
+            };
+            match bytes
+                .map_err(|e| e.to_string())
+                .and_then(|b| Manifest::parse(&b))
+            {
+                Ok(m) if m.job_id == job => out.push(m),
+                Ok(_) => {}
+                Err(e) => tracing::warn!(object = %meta.location, error = %e,
+                    "durable checkpoint manifest left out"),
+            }
+        }
+        out.sort_by(|a, b| a.key().cmp(&b.key()));
+        Ok(out)
+    }
+
+    /// Downloads a shard into `dest`, checked against `m`.
+    pub async fn fetch(&self, m: &Manifest, dest: &Path) -> Result<(), String> {
+        let r = self.fetch_inner(m, dest).await;
+        if r.is_err() {
+            let _ = tokio::fs::remove_file(dest).await;
+        }
+        r
+    }
+
+    async fn fetch_inner(&self, m: &Manifest, dest: &Path) -> Result<(), String> {
+        use tokio_stream::StreamExt;
+        let key: ShardKey = m.key();
+        let got = self
+            .store
+            .get(&self.path(&layout::durable_key(&key, false)))
+            .await
+            .map_err(|e| format!("{key} from {}: {e}", self.url))?;
+        let mut stream = got.into_stream();
+        let mut f = tokio::fs::File::create(dest)
+            .await
+            .map_err(|e| format!("{}: {e}", dest.display()))?;
+        let mut h = Xxh3::new();
+        let mut size = 0u64;
+        while let Some(chunk) = stream.next().await {
+            let chunk = chunk.map_err(|e| format!("{key} from {}: {e}", self.url))?;
+            size += chunk.len() as u64;
+            h.update(&chunk);
+            f.write_all(&chunk)
+                .await
+                .map_err(|e| format!("{}: {e}", dest.display()))?;
+        }
+        f.flush()
+            .await
+            .map_err(|e| format!("{}: {e}", dest.display()))?;
+        if size != m.size_bytes {
+            return Err(format!(
+                "corrupt: {key} from {}: {size} bytes, the manifest says {}",
+                self.url, m.size_bytes
+            ));
+        }
+        if manifest::hex(h.digest()) != m.xxh3 {
+            return Err(format!(
+                "corrupt: {key} from {}: xxh3 {}, the manifest says {}",
+                self.url,
+                manifest::hex(h.digest()),
+                m.xxh3
+            ));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,201 @@
+//! Checkpoint tiers: a local tier on tmpfs or NVMe, replicas on peer
+//! agents in other failure domains, and an optional durable store.
+//!
+//! In: ranks' saves (BeginShard, then their own write, then CommitShard),
+//! replicas pushed by peers, restore and listing requests. Out: committed
+//! shards, replicas sent, uploads, events (`ckpt.saved`, `ckpt.replicated`,
+//! `ckpt.uploaded`, `ckpt.restored`, `ckpt.corrupt`, ...).
+//!
+//! Contract: a rank's save costs it one write into the tier plus two local
+//! calls; hashing, replication and upload happen here afterwards, never on
+//! the rank's time. A shard is listed, replicated, uploaded or restored only
+//! once its manifest says it is whole; every copy is checked against its
+//! checksum before use.
+
+pub mod config;
+pub mod durable;
+pub mod layout;
+pub mod manifest;
+pub mod peers;
+pub mod placement;
+pub mod replicate;
+pub mod restore;
+pub mod retention;
+pub mod tier;
+
+use std::sync::{Arc, Mutex};
+
+use tokio::sync::mpsc;
+use tonic::transport::Channel;
+use warden_proto::v1::peer_client::PeerClient;
+
+pub use config::CheckpointConfig;
+use layout::ShardKey;
+use manifest::Manifest;
+use tier::LocalTier;
+
+/// One configured peer agent.
+#[derive(Debug, Clone)]
+pub struct Peer {
+    /// Its address and failure domain.
+    pub member: placement::Member,
+    /// A lazily connected client.
+    pub client: PeerClient<Channel>,
+}
+
+/// Everything the checkpoint calls and tasks share.
+#[derive(Debug)]
+pub struct Checkpoints {
+    /// `[checkpoint]`.
+    pub cfg: CheckpointConfig,
+    /// This host's name (manifests' origin).
+    pub host: String,
+    /// The local tier.
+    pub tier: LocalTier,
+    /// Every configured peer (restores ask them all).
+    pub peers: Vec<Peer>,
+    /// Indexes into `peers` of those that hold this host's replicas.
+    pub targets: Vec<usize>,
+    /// The durable store, when configured.
+    pub durable: Option<durable::Durable>,
+    /// Commits being sealed.
+    pub sealing: Sealing,
+    work: mpsc::UnboundedSender<Manifest>,
+    work_rx: Mutex<Option<mpsc::UnboundedReceiver<Manifest>>>,
+}
+
+impl Checkpoints {
+    /// Opens the tier and the store; the error says which and why.
+    pub fn open(cfg: &CheckpointConfig, host: &str, my_addr: &str) -> Result<Self, String> {
+        let tier = LocalTier::open(
+            std::path::Path::new(&cfg.dir),
+            host,
+            cfg.keep_steps,
+            cfg.max_bytes,
+        )
+        .map_err(|e| format!("checkpoint.dir: {e}"))?;
+        let mut peers = Vec::new();
+        for p in &cfg.peers {
+            peers.push(Peer {
+                member: placement::Member {
+                    addr: p.addr.clone(),
+                    domain: if p.domain.is_empty() {
+                        p.addr.clone()
+                    } else {
+                        p.domain.clone()
+                    },
+                },
+                client: peers::client(&p.addr, cfg.peer_timeout)?,
+            });
+        }
+        let addr = if my_addr.is_empty() { host } else { my_addr };
+        let me = placement::Member {
+            addr: addr.to_owned(),
+            domain: if cfg.domain.is_empty() {
+                addr.to_owned()
+            } else {
+                cfg.domain.clone()
+            },
+        };
+        let members: Vec<placement::Member> = peers.iter().map(|p| p.member.clone()).collect();
+        let targets = placement::targets(&me, &members, cfg.replicas);
+        if cfg.replicas > 0 && !cfg.peers.is_empty() && targets.len() < cfg.replicas {
+            tracing::warn!(
+                wanted = cfg.replicas,
+                placed = targets.len(),
+                "too few checkpoint peers outside this host's failure domain for checkpoint.replicas"
+            );
+        }
+        let durable = if cfg.durable.url.is_empty() {
+            None
+        } else {
+            Some(
+                durable::Durable::open(&cfg.durable.url)
+                    .map_err(|e| format!("checkpoint.durable.url: {e}"))?,
+            )
+        };
+        let (work, work_rx) = mpsc::unbounded_channel();
+        Ok(Self {
+            cfg: cfg.clone(),
+            host: host.to_owned(),
+            tier,
+            peers,
+            targets,
+            durable,
+            sealing: Sealing::default(),
+            work,
+            work_rx: Mutex::new(Some(work_rx)),
+        })
+    }
+
+    /// Hands a newly committed own shard to the replication and upload task.
+    pub fn committed(&self, m: Manifest) {
+        let _ = self.work.send(m);
+    }
+
+    /// The queue of committed shards, taken once by the task.
+    pub fn take_work(&self) -> Option<mpsc::UnboundedReceiver<Manifest>> {
+        self.work_rx
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+    }
+
+    /// The peer at `addr`, if configured.
+    pub fn peer(&self, addr: &str) -> Option<&Peer> {
+        self.peers.iter().find(|p| p.member.addr == addr)
+    }
+}
+
+/// `job/J/rank/R`, the subject of a shard's events.
+pub fn subject(k: &ShardKey) -> String {
+    format!("job/{}/rank/{}", k.job_id, k.rank)
+}
+
+/// Counts commits still being sealed (hashed, manifest written), so a
+/// restore or listing right after a save sees it.
+#[derive(Debug, Default)]
+pub struct Sealing {
+    n: std::sync::atomic::AtomicUsize,
+    done: tokio::sync::Notify,
+}
+
+/// Held while one commit is sealed.
+#[derive(Debug)]
+pub struct SealGuard(Arc<Checkpoints>);
+
+impl Drop for SealGuard {
+    fn drop(&mut self) {
+        self.0
+            .sealing
+            .n
+            .fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+        self.0.sealing.done.notify_waiters();
+    }
+}
+
+impl Sealing {
+    /// Waits until no commit is being sealed, at most `limit`.
+    pub async fn settled(&self, limit: std::time::Duration) {
+        let deadline = tokio::time::Instant::now() + limit;
+        loop {
+            let notified = self.done.notified();
+            if self.n.load(std::sync::atomic::Ordering::Acquire) == 0 {
+                return;
+            }
+            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                return;
+            }
+        }
+    }
+}
+
+impl Checkpoints {
+    /// Marks one commit as being sealed until the guard drops.
+    pub fn seal_guard(self: &Arc<Self>) -> SealGuard {
+        self.sealing
+            .n
+            .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        SealGuard(self.clone())
+    }
+}

@@ -1,0 +1,309 @@
+//! The task behind every commit: replicas to peers, uploads to the durable
+//! store, retention.
+//!
+//! In: own shards as they are committed, and a timer. Out: pushes to the
+//! placement targets, uploads, pruned steps, events.
+//!
+//! Replication is reconciled, not queued: every `retry_interval` the task
+//! asks each target what it holds and sends what is missing, so a peer
+//! that was down, or an agent restarted mid-copy, catches up without a
+//! journal of pending work. A commit triggers the same push at once.
+
+use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::time::MissedTickBehavior;
+use warden_proto::v1 as pb;
+
+use super::layout::ShardKey;
+use super::manifest::Manifest;
+use super::{Checkpoints, subject};
+use crate::events::{NewEvent, Severity};
+use crate::state::AgentState;
+
+/// Runs until shutdown.
+pub async fn run(state: Arc<AgentState>, ck: Arc<Checkpoints>) {
+    let Some(mut work) = ck.take_work() else {
+        return;
+    };
+    let mut sent: HashSet<(usize, ShardKey, String)> = HashSet::new();
+    let mut last_upload: BTreeMap<String, Instant> = BTreeMap::new();
+    let mut uploaded: BTreeSet<(String, u64)> = BTreeSet::new();
+    let mut tick = tokio::time::interval(ck.cfg.retry_interval);
+    tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    loop {
+        let fresh: Vec<Manifest> = tokio::select! {
+            () = state.shutdown.cancelled() => return,
+            m = work.recv() => match m {
+                Some(m) => {
+                    let mut v = vec![m];
+                    while let Ok(m) = work.try_recv() { v.push(m); }
+                    v
+                }
+                None => return,
+            },
+            _ = tick.tick() => Vec::new(),
+        };
+        let jobs: BTreeSet<String> = fresh.iter().map(|m| m.job_id.clone()).collect();
+        for t in ck.targets.clone() {
+            push_missing(&state, &ck, t, &fresh, &mut sent).await;
+        }
+        if ck.durable.is_some() {
+            upload_due(&state, &ck, &mut last_upload, &mut uploaded).await;
+        }
+        for job in jobs {
+            let ck2 = ck.clone();
+            let gone = tokio::task::spawn_blocking(move || ck2.tier.prune(&job))
+                .await
+                .unwrap_or_default();
+            for k in gone {
+                sent.retain(|(_, s, _)| *s != k);
+                state.events.publish(
+                    NewEvent::new(
+                        Severity::Info,
+                        "ckpt.pruned",
+                        subject(&k),
+                        format!("{k} pruned (checkpoint.keep_steps)"),
+                    )
+                    .with("job_id", &k.job_id)
+                    .with("rank", k.rank)
+                    .with("step", k.step),
+                );
+            }
+        }
+    }
+}
+
+/// Sends target `t` the own shards it lacks: the fresh ones at once; on a
+/// timer tick (no fresh ones) every own shard, after asking what it holds.
+async fn push_missing(
+    state: &Arc<AgentState>,
+    ck: &Arc<Checkpoints>,
+    t: usize,
+    fresh: &[Manifest],
+    sent: &mut HashSet<(usize, ShardKey, String)>,
+) {
+    let Some(peer) = ck.peers.get(t).cloned() else {
+        return;
+    };
+    let todo: Vec<Manifest> = if fresh.is_empty() {
+        let ck2 = ck.clone();
+        let own: Vec<Manifest> = tokio::task::spawn_blocking(move || {
+            let host = ck2.host.clone();
+            ck2.tier
+                .list(None)
+                .into_iter()
+                .filter(|m| m.origin == host)
+                .collect()
+        })
+        .await
+        .unwrap_or_default();
+        let own: Vec<Manifest> = own
+            .into_iter()
+            .filter(|m| !sent.contains(&(t, m.key(), m.xxh3.clone())))
+            .collect();
+        if own.is_empty() {
+            return;
+        }
+        let mut c = peer.client.clone();
+        let held = match tokio::time::timeout(
+            ck.cfg.peer_timeout,
+            c.list_shards(pb::ListShardsRequest::default()),
+        )
+        .await
+        {
+            Ok(Ok(r)) => r.into_inner(),
+            _ => return,
+        };
+        let held: HashSet<(ShardKey, u64)> = held
+            .shards
+            .iter()
+            .map(|i| {
+                (
+                    ShardKey {
+                        job_id: i.job_id.clone(),
+                        step: i.step,
+                        rank: i.rank,
+                    },
+                    i.xxh3,
+                )
+            })
+            .collect();
+        own.into_iter()
+            .filter(|m| {
+                let there = held.contains(&(m.key(), m.hash().unwrap_or(0)));
+                if there {
+                    sent.insert((t, m.key(), m.xxh3.clone()));
+                }
+                !there
+            })
+            .collect()
+    } else {
+        fresh.to_vec()
+    };
+    for m in todo {
+        let key = m.key();
+        let path = ck.tier.layout().data(&key);
+        let started = Instant::now();
+        let mut c = peer.client.clone();
+        let stream = super::peers::chunk_stream(
+            m.clone(),
+            path,
+            ck.cfg.chunk_bytes,
+            ck.cfg.replication_bytes_per_sec,
+        );
+        // A read error ends the stream early: the receiver sees too few
+        // bytes and refuses the replica.
+        let stream = tokio_stream::StreamExt::map_while(stream, Result::ok);
+        match c.push_shard(stream).await {
+            Ok(r) => {
+                let secs = started.elapsed().as_secs_f64();
+                sent.insert((t, key.clone(), m.xxh3.clone()));
+                metrics::counter!("warden_ckpt_replicated_bytes_total").increment(m.size_bytes);
+                state.events.publish(
+                    NewEvent::new(
+                        Severity::Info,
+                        "ckpt.replicated",
+                        subject(&key),
+                        format!(
+                            "{key} copied to {} ({}) in {:.1} ms",
+                            r.get_ref().host,
+                            peer.member.addr,
+                            secs * 1e3
+                        ),
+                    )
+                    .with("job_id", &key.job_id)
+                    .with("rank", key.rank)
+                    .with("step", key.step)
+                    .with("peer", &peer.member.addr)
+                    .with("bytes", m.size_bytes)
+                    .with("ms", format!("{:.3}", secs * 1e3)),
+                );
+            }
+            Err(s) => {
+                metrics::counter!("warden_ckpt_replication_failures_total").increment(1);
+                tracing::warn!(shard = %key, peer = %peer.member.addr, error = %s.message(),
+                    "checkpoint replication failed; retried every checkpoint.retry_interval");
+                state.events.publish(
+                    NewEvent::new(
+                        Severity::Warning,
+                        "ckpt.replication_failed",
+                        subject(&key),
+                        format!("{key} not copied to {}: {}", peer.member.addr, s.message()),
+                    )
+                    .with("job_id", &key.job_id)
+                    .with("rank", key.rank)
+                    .with("step", key.step)
+                    .with("peer", &peer.member.addr),
+                );
+                // The peer is likely down: leave the rest to the next tick.
+                return;
+            }
+        }
+    }
+}
+
+/// Uploads own complete steps that are due: a multiple of `every_steps`,
+/// or `every` after the job's last upload.
+async fn upload_due(
+    state: &Arc<AgentState>,
+    ck: &Arc<Checkpoints>,
+    last: &mut BTreeMap<String, Instant>,
+    done: &mut BTreeSet<(String, u64)>,
+) {
+    let Some(store) = ck.durable.as_ref() else {
+        return;
+    };
+    let ck2 = ck.clone();
+    let own: Vec<Manifest> = tokio::task::spawn_blocking(move || {
+        let host = ck2.host.clone();
+        ck2.tier
+            .list(None)
+            .into_iter()
+            .filter(|m| m.origin == host)
+            .collect()
+    })
+    .await
+    .unwrap_or_default();
+    // Complete own steps per job, newest first (all own ranks present).
+    let mut by_job: BTreeMap<&str, BTreeMap<u64, Vec<&Manifest>>> = BTreeMap::new();
+    for m in &own {
+        by_job
+            .entry(m.job_id.as_str())
+            .or_default()
+            .entry(m.step)
+            .or_default()
+            .push(m);
+    }
+    let every = &ck.cfg.durable;
+    for (job, steps) in by_job {
+        let ranks: BTreeSet<u32> = steps.values().flatten().map(|m| m.rank).collect();
+        let Some((&step, shards)) = steps
+            .iter()
+            .rev()
+            .find(|(_, v)| v.iter().map(|m| m.rank).collect::<BTreeSet<_>>() == ranks)
+        else {
+            continue;
+        };
+        if done.contains(&(job.to_owned(), step)) {
+            continue;
+        }
+        let by_step = every.every_steps > 0 && step % every.every_steps == 0;
+        let by_time = every.every > Duration::ZERO
+            && last.get(job).is_none_or(|t| t.elapsed() >= every.every);
+        if !by_step && !by_time {
+            continue;
+        }
+        let started = Instant::now();
+        let mut bytes = 0u64;
+        let mut failed = None;
+        for m in shards {
+            let path = ck.tier.layout().data(&m.key());
+            match store.upload(m, &path).await {
+                Ok(()) => bytes += m.size_bytes,
+                Err(e) => {
+                    failed = Some(e);
+                    break;
+                }
+            }
+        }
+        match failed {
+            None => {
+                done.insert((job.to_owned(), step));
+                last.insert(job.to_owned(), Instant::now());
+                metrics::counter!("warden_ckpt_uploaded_bytes_total").increment(bytes);
+                state.events.publish(
+                    NewEvent::new(
+                        Severity::Info,
+                        "ckpt.uploaded",
+                        format!("job/{job}"),
+                        format!(
+                            "job {job} step {step}: {} shards uploaded to {} in {:.1} ms",
+                            shards.len(),
+                            store.url(),
+                            started.elapsed().as_secs_f64() * 1e3
+                        ),
+                    )
+                    .with("job_id", job)
+                    .with("step", step)
+                    .with("bytes", bytes)
+                    .with("url", store.url()),
+                );
+            }
+            Some(e) => {
+                tracing::warn!(job, step, error = %e, "checkpoint upload failed; retried");
+                state.events.publish(
+                    NewEvent::new(
+                        Severity::Warning,
+                        "ckpt.upload_failed",
+                        format!("job/{job}"),
+                        format!("job {job} step {step} not uploaded: {e}"),
+                    )
+                    .with("job_id", job)
+                    .with("step", step),
+                );
+            }
+        }
+    }
+}

@@ -1,0 +1,476 @@
+//! Restore and listing: every copy of a job's shards, wherever it lives,
+//! and the nearest valid one fetched into the local tier.
+//!
+//! In: a job (and rank). Out: the newest step complete for every rank across
+//! this agent, its peers and the durable store, and the rank's shard in the
+//! local tier, checked against its checksum. A copy that fails its check is
+//! reported (`ckpt.corrupt`) and the next one is tried: local, then peers,
+//! then the durable store.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+
+use warden_proto::v1 as pb;
+
+use super::layout::ShardKey;
+use super::manifest::{self, Manifest};
+use super::{Checkpoints, subject};
+use crate::events::{NewEvent, Severity};
+use crate::state::AgentState;
+
+/// Where a copy lives.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Holder {
+    /// This agent's tier.
+    Local,
+    /// A peer agent: its address and host name.
+    Peer {
+        /// `host:port`.
+        addr: String,
+        /// Its agent.host_name.
+        host: String,
+    },
+    /// The durable store.
+    Durable,
+}
+
+impl Holder {
+    /// "local", "peer", "durable".
+    pub fn tier(&self) -> &'static str {
+        match self {
+            Holder::Local => "local",
+            Holder::Peer { .. } => "peer",
+            Holder::Durable => "durable",
+        }
+    }
+}
+
+/// One copy of one shard.
+#[derive(Debug, Clone)]
+pub struct Copy {
+    /// Where.
+    pub holder: Holder,
+    /// What its holder says of it.
+    pub manifest: Manifest,
+}
+
+/// Every known copy of a job's shards: step -> rank -> copies, nearest
+/// first.
+#[derive(Debug, Default)]
+pub struct View {
+    /// The copies.
+    pub steps: BTreeMap<(String, u64), BTreeMap<u32, Vec<Copy>>>,
+    /// Holders that could not be asked, with why.
+    pub unreachable: Vec<String>,
+}
+
+impl View {
+    fn add(&mut self, holder: Holder, m: Manifest) {
+        self.steps
+            .entry((m.job_id.clone(), m.step))
+            .or_default()
+            .entry(m.rank)
+            .or_default()
+            .push(Copy {
+                holder,
+                manifest: m,
+            });
+    }
+
+    /// The world size of a step: what its shards say (the largest, should
+    /// they disagree).
+    pub fn world_size(ranks: &BTreeMap<u32, Vec<Copy>>) -> u32 {
+        ranks
+            .values()
+            .flatten()
+            .map(|c| c.manifest.world_size)
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// Every rank below the world size has a copy.
+    pub fn complete(ranks: &BTreeMap<u32, Vec<Copy>>) -> bool {
+        let w = Self::world_size(ranks);
+        w > 0 && (0..w).all(|r| ranks.get(&r).is_some_and(|c| !c.is_empty()))
+    }
+
+    /// The newest complete step of `job`.
+    pub fn newest_complete(&self, job: &str) -> Option<u64> {
+        self.steps
+            .iter()
+            .rev()
+            .filter(|((j, _), _)| j == job)
+            .find(|(_, ranks)| Self::complete(ranks))
+            .map(|((_, s), _)| *s)
+    }
+}
+
+/// Asks the local tier, every peer and the durable store about `job`
+/// (every job when empty; the durable store only for a named job).
+pub async fn gather(ck: &Arc<Checkpoints>, job: &str) -> View {
+    let mut view = View::default();
+    let ck2 = ck.clone();
+    let j = job.to_owned();
+    let local = tokio::task::spawn_blocking(move || {
+        ck2.tier.list(if j.is_empty() { None } else { Some(&j) })
+    })
+    .await
+    .unwrap_or_default();
+    for m in local {
+        view.add(Holder::Local, m);
+    }
+    let asks = ck.peers.iter().map(|p| {
+        let mut c = p.client.clone();
+        let addr = p.member.addr.clone();
+        let limit = ck.cfg.peer_timeout;
+        let req = pb::ListShardsRequest {
+            job_id: job.to_owned(),
+        };
+        async move {
+            let r = tokio::time::timeout(limit, c.list_shards(req)).await;
+            (addr, r)
+        }
+    });
+    for (addr, r) in futures_join(asks).await {
+        match r {
+            Ok(Ok(resp)) => {
+                let resp = resp.into_inner();
+                for i in &resp.shards {
+                    match super::peers::manifest_of(i) {
+                        Ok(m) => view.add(
+                            Holder::Peer {
+                                addr: addr.clone(),
+                                host: resp.host.clone(),
+                            },
+                            m,
+                        ),
+                        Err(e) => view.unreachable.push(format!("{addr}: {e}")),
+                    }
+                }
+            }
+            Ok(Err(s)) => view
+                .unreachable
+                .push(format!("peer {addr}: {}", s.message())),
+            Err(_) => view.unreachable.push(format!(
+                "peer {addr}: no answer within checkpoint.peer_timeout"
+            )),
+        }
+    }
+    if let (Some(d), false) = (&ck.durable, job.is_empty()) {
+        match d.list(job).await {
+            Ok(ms) => {
+                for m in ms {
+                    view.add(Holder::Durable, m);
+                }
+            }
+            Err(e) => view.unreachable.push(format!("durable {}: {e}", d.url())),
+        }
+    }
+    view
+}
+
+/// Runs futures concurrently and collects their outputs in order.
+async fn futures_join<F: std::future::Future>(fs: impl Iterator<Item = F>) -> Vec<F::Output>
+where
+    F: Send + 'static,
+    F::Output: Send + 'static,
+{
+    let handles: Vec<_> = fs.map(tokio::spawn).collect();
+    let mut out = Vec::with_capacity(handles.len());
+    for h in handles {
+        if let Ok(v) = h.await {
+            out.push(v);
+        }
+    }
+    out
+}
+
+/// What a restore found.
+#[derive(Debug)]
+pub struct Restored {
+    /// The step.
+    pub step: u64,
+    /// The shard in the local tier.
+    pub path: PathBuf,
+    /// Its manifest.
+    pub manifest: Manifest,
+    /// Where it came from.
+    pub holder: Holder,
+    /// The holder, for a person.
+    pub source: String,
+    /// Copies passed over, with why.
+    pub skipped: Vec<String>,
+}
+
+/// Why a restore gave no shard.
+#[derive(Debug, thiserror::Error)]
+pub enum RestoreError {
+    /// The step asked for is not complete anywhere.
+    #[error("job {job} has no complete step {step} (ranks with no copy: {missing:?})")]
+    NoSuchStep {
+        /// The job.
+        job: String,
+        /// The step.
+        step: u64,
+        /// Ranks without a copy.
+        missing: Vec<u32>,
+    },
+    /// Every copy of the rank's shard failed.
+    #[error("job {job} step {step} rank {rank}: no valid copy: {}", tried.join("; "))]
+    NoValidCopy {
+        /// The job.
+        job: String,
+        /// The step.
+        step: u64,
+        /// The rank.
+        rank: u32,
+        /// What was tried.
+        tried: Vec<String>,
+    },
+}
+
+/// Restores `rank`'s shard of `step` (0: newest complete). `Ok(None)`: no
+/// complete step exists anywhere.
+pub async fn restore(
+    state: &Arc<AgentState>,
+    ck: &Arc<Checkpoints>,
+    job: &str,
+    rank: u32,
+    step: u64,
+) -> Result<Option<Restored>, RestoreError> {
+    let started = Instant::now();
+    let view = gather(ck, job).await;
+    let step = if step == 0 {
+        match view.newest_complete(job) {
+            Some(s) => s,
+            None => return Ok(None),
+        }
+    } else {
+        step
+    };
+    let Some(ranks) = view
+        .steps
+        .get(&(job.to_owned(), step))
+        .filter(|r| View::complete(r))
+    else {
+        let ranks = view.steps.get(&(job.to_owned(), step));
+        let w = ranks.map(View::world_size).unwrap_or(0);
+        let missing = (0..w.max(rank + 1))
+            .filter(|r| ranks.is_none_or(|m| !m.contains_key(r)))
+            .collect();
+        return Err(RestoreError::NoSuchStep {
+            job: job.to_owned(),
+            step,
+            missing,
+        });
+    };
+    let key = ShardKey {
+        job_id: job.to_owned(),
+        step,
+        rank,
+    };
+    let mut copies = ranks.get(&rank).cloned().unwrap_or_default();
+    copies.sort_by_key(|c| match c.holder {
+        Holder::Local => 0,
+        Holder::Peer { .. } => 1,
+        Holder::Durable => 2,
+    });
+    let mut skipped = Vec::new();
+    for c in copies {
+        let source = match &c.holder {
+            Holder::Local => ck.host.clone(),
+            Holder::Peer { addr, host } => format!("{host} ({addr})"),
+            Holder::Durable => ck
+                .durable
+                .as_ref()
+                .map(|d| d.url().to_owned())
+                .unwrap_or_default(),
+        };
+        match fetch(ck, &key, &c).await {
+            Ok(path) => {
+                let ms = started.elapsed().as_secs_f64() * 1e3;
+                metrics::counter!("warden_ckpt_restores_total", "tier" => c.holder.tier())
+                    .increment(1);
+                state.events.publish(
+                    NewEvent::new(
+                        Severity::Info,
+                        "ckpt.restored",
+                        subject(&key),
+                        format!(
+                            "{key} restored from the {} tier ({source}) in {ms:.1} ms",
+                            c.holder.tier()
+                        ),
+                    )
+                    .with("job_id", job)
+                    .with("rank", rank)
+                    .with("step", step)
+                    .with("duration_ms", format!("{ms:.3}"))
+                    .with("tier", c.holder.tier())
+                    .with("source", &source)
+                    .with("bytes", c.manifest.size_bytes),
+                );
+                return Ok(Some(Restored {
+                    step,
+                    path,
+                    manifest: c.manifest,
+                    holder: c.holder,
+                    source,
+                    skipped,
+                }));
+            }
+            Err(e) => {
+                let why = format!("{} copy at {source}: {e}", c.holder.tier());
+                if e.starts_with("corrupt") {
+                    metrics::counter!("warden_ckpt_corrupt_total", "tier" => c.holder.tier())
+                        .increment(1);
+                    state.events.publish(
+                        NewEvent::new(
+                            Severity::Warning,
+                            "ckpt.corrupt",
+                            subject(&key),
+                            format!("{key}: {why}; trying the next copy"),
+                        )
+                        .with("job_id", job)
+                        .with("rank", rank)
+                        .with("step", step)
+                        .with("tier", c.holder.tier())
+                        .with("source", &source),
+                    );
+                }
+                skipped.push(why);
+            }
+        }
+    }
+    Err(RestoreError::NoValidCopy {
+        job: job.to_owned(),
+        step,
+        rank,
+        tried: skipped,
+    })
+}
+
+/// Brings one copy into the local tier, checked; the error says why not.
+async fn fetch(ck: &Arc<Checkpoints>, key: &ShardKey, c: &Copy) -> Result<PathBuf, String> {
+    match &c.holder {
+        Holder::Local => {
+            let ck2 = ck.clone();
+            let m = c.manifest.clone();
+            tokio::task::spawn_blocking(move || {
+                let path = ck2.tier.layout().data(&m.key());
+                match manifest::verify(&path, &m) {
+                    Ok(()) => Ok(path),
+                    Err(e) => {
+                        // A bad local copy is removed, so a good one can
+                        // take its place.
+                        ck2.tier.remove(&m.key());
+                        Err(e)
+                    }
+                }
+            })
+            .await
+            .map_err(|e| e.to_string())?
+        }
+        Holder::Peer { addr, .. } => {
+            let peer = ck
+                .peer(addr)
+                .ok_or_else(|| format!("{addr} is no longer a configured peer"))?;
+            let mut client = peer.client.clone();
+            let mut stream = client
+                .fetch_shard(super::peers::fetch_request(key))
+                .await
+                .map_err(|s| s.message().to_owned())?
+                .into_inner();
+            let first = stream
+                .message()
+                .await
+                .map_err(|s| s.message().to_owned())?
+                .ok_or("the peer sent nothing")?;
+            let info = first
+                .info
+                .ok_or("the peer's first chunk has no shard info")?;
+            let told = super::peers::manifest_of(&info)?;
+            // What the peer sends must be what it listed.
+            if told.xxh3 != c.manifest.xxh3 || told.size_bytes != c.manifest.size_bytes {
+                return Err(format!(
+                    "the peer now describes it as {} bytes xxh3 {}, not as listed",
+                    told.size_bytes, told.xxh3
+                ));
+            }
+            let ck2 = ck.clone();
+            let (k2, size) = (key.clone(), c.manifest.size_bytes);
+            let staged = tokio::task::spawn_blocking(move || ck2.tier.begin_incoming(&k2, size))
+                .await
+                .map_err(|e| e.to_string())?
+                .map_err(|e| e.to_string())?;
+            super::peers::receive(&mut stream, first.data, &c.manifest, &staged).await?;
+            install(ck, staged, c.manifest.clone()).await
+        }
+        Holder::Durable => {
+            let d = ck.durable.as_ref().ok_or("no durable store configured")?;
+            let ck2 = ck.clone();
+            let (k2, size) = (key.clone(), c.manifest.size_bytes);
+            let staged = tokio::task::spawn_blocking(move || ck2.tier.begin_incoming(&k2, size))
+                .await
+                .map_err(|e| e.to_string())?
+                .map_err(|e| e.to_string())?;
+            d.fetch(&c.manifest, &staged).await?;
+            install(ck, staged, c.manifest.clone()).await
+        }
+    }
+}
+
+async fn install(ck: &Arc<Checkpoints>, staged: PathBuf, m: Manifest) -> Result<PathBuf, String> {
+    let ck2 = ck.clone();
+    tokio::task::spawn_blocking(move || ck2.tier.install(&staged, &m))
+        .await
+        .map_err(|e| e.to_string())?
+        .map_err(|e| e.to_string())
+}
+
+/// The ListCheckpoints answer from a view.
+pub fn listing(ck: &Checkpoints, view: &View) -> pb::ListCheckpointsResponse {
+    let mut steps: Vec<pb::CheckpointStep> = view
+        .steps
+        .iter()
+        .map(|((job, step), ranks)| pb::CheckpointStep {
+            job_id: job.clone(),
+            step: *step,
+            world_size: View::world_size(ranks),
+            complete: View::complete(ranks),
+            shards: ranks
+                .iter()
+                .map(|(rank, copies)| pb::ShardLocations {
+                    rank: *rank,
+                    size_bytes: copies.first().map(|c| c.manifest.size_bytes).unwrap_or(0),
+                    xxh3: copies
+                        .first()
+                        .and_then(|c| c.manifest.hash().ok())
+                        .unwrap_or(0),
+                    copies: copies
+                        .iter()
+                        .map(|c| pb::ShardCopy {
+                            tier: c.holder.tier().to_owned(),
+                            holder: match &c.holder {
+                                Holder::Local => ck.host.clone(),
+                                Holder::Peer { host, .. } => host.clone(),
+                                Holder::Durable => ck
+                                    .durable
+                                    .as_ref()
+                                    .map(|d| d.url().to_owned())
+                                    .unwrap_or_default(),
+                            },
+                        })
+                        .collect(),
+                })
+                .collect(),
+        })
+        .collect();
+    // Newest first within each job.
+    steps.sort_by(|a, b| a.job_id.cmp(&b.job_id).then(b.step.cmp(&a.step)));
+    pb::ListCheckpointsResponse {
+        steps,
+        unreachable: view.unreachable.clone(),
+    }
+}

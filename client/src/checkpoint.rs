@@ -1,0 +1,333 @@
+//! Saving and restoring a rank's checkpoint shard through the local agent's
+//! checkpoint tier.
+//!
+//! In: the shard's bytes (or a function that writes the file in place, such
+//! as `torch.save`). Out: the shard committed in the agent's local tier, and
+//! later the newest complete step's shard, from the nearest valid copy.
+//!
+//! Contract: a save holds the caller for one write into the tier (tmpfs or
+//! NVMe, on this host) and two local calls; checksums, replication to peers
+//! and upload to the durable store happen in the agent afterwards. Unlike
+//! heartbeats, saving needs the agent: without one, a save fails with an
+//! error saying so, and the caller decides whether to go on.
+//!
+//! Calls block the calling thread. From inside a tokio runtime they run on
+//! a scoped helper thread, so they never panic there.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use tonic::transport::Channel;
+use warden_proto::v1 as pb;
+use warden_proto::v1::agent_client::AgentClient;
+
+use crate::client::ConnectOptions;
+
+/// Why a checkpoint call failed.
+#[derive(Debug, thiserror::Error)]
+pub enum CheckpointError {
+    /// The agent's socket could not be reached.
+    #[error("checkpoint: no agent at {path}: {error}")]
+    Connect {
+        /// The socket.
+        path: PathBuf,
+        /// What went wrong.
+        error: String,
+    },
+    /// The agent refused (a full tier is `ResourceExhausted`, no such step
+    /// `NotFound`, no valid copy `DataLoss`).
+    #[error("checkpoint: {call} refused ({code:?}): {message}")]
+    Rejected {
+        /// The call.
+        call: &'static str,
+        /// gRPC code.
+        code: tonic::Code,
+        /// The agent's words.
+        message: String,
+    },
+    /// Writing or reading the shard file failed (a full tmpfs is
+    /// `StorageFull`); a half-written staging file is removed.
+    #[error("checkpoint: {what} {path}: {source}")]
+    Io {
+        /// What was being done.
+        what: &'static str,
+        /// The file.
+        path: PathBuf,
+        /// The error.
+        source: std::io::Error,
+    },
+    /// The client's runtime could not start.
+    #[error("checkpoint: tokio runtime: {0}")]
+    Runtime(std::io::Error),
+}
+
+impl CheckpointError {
+    /// True when the tier had no room, even after pruning old steps.
+    pub fn is_full(&self) -> bool {
+        match self {
+            CheckpointError::Rejected { code, .. } => *code == tonic::Code::ResourceExhausted,
+            CheckpointError::Io { source, .. } => {
+                source.kind() == std::io::ErrorKind::StorageFull
+                    || source.raw_os_error() == Some(libc::ENOSPC)
+                    || source.raw_os_error() == Some(libc::EDQUOT)
+            }
+            _ => false,
+        }
+    }
+}
+
+/// A committed save.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Saved {
+    /// The step.
+    pub step: u64,
+    /// The shard in the local tier.
+    pub path: PathBuf,
+    /// Bytes.
+    pub size_bytes: u64,
+    /// How long the caller was held.
+    pub stall: Duration,
+}
+
+/// A staging file named by the agent, to be written and committed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Staged {
+    /// Where to write the shard.
+    pub path: PathBuf,
+    /// Hands it back in [`Checkpointer::commit`].
+    pub token: String,
+}
+
+/// A restored shard: already in the local tier and checked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Restored {
+    /// The step restored.
+    pub step: u64,
+    /// The shard's file in the local tier.
+    pub path: PathBuf,
+    /// Bytes.
+    pub size_bytes: u64,
+    /// "local", "peer" or "durable".
+    pub tier: String,
+    /// The agent or store it came from.
+    pub source: String,
+    /// Copies passed over, with why.
+    pub skipped: Vec<String>,
+}
+
+impl Restored {
+    /// The shard's bytes.
+    pub fn read(&self) -> Result<Vec<u8>, CheckpointError> {
+        std::fs::read(&self.path).map_err(|source| CheckpointError::Io {
+            what: "reading",
+            path: self.path.clone(),
+            source,
+        })
+    }
+}
+
+/// A rank's handle on the checkpoint tier.
+#[derive(Debug)]
+pub struct Checkpointer {
+    opts: ConnectOptions,
+    rt: tokio::runtime::Runtime,
+    client: std::sync::Mutex<Option<AgentClient<Channel>>>,
+}
+
+impl Checkpointer {
+    /// A checkpointer for the rank `opts` describe (job, rank, world size,
+    /// socket). Connects on first use.
+    pub fn new(opts: ConnectOptions) -> Result<Self, CheckpointError> {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(CheckpointError::Runtime)?;
+        Ok(Self {
+            opts,
+            rt,
+            client: std::sync::Mutex::new(None),
+        })
+    }
+
+    /// The options in force.
+    pub fn options(&self) -> &ConnectOptions {
+        &self.opts
+    }
+
+    fn run<T: Send>(&self, f: impl std::future::Future<Output = T> + Send) -> T {
+        if tokio::runtime::Handle::try_current().is_ok() {
+            std::thread::scope(|s| {
+                s.spawn(|| self.rt.block_on(f))
+                    .join()
+                    .unwrap_or_else(|p| std::panic::resume_unwind(p))
+            })
+        } else {
+            self.rt.block_on(f)
+        }
+    }
+
+    fn agent(&self) -> Result<AgentClient<Channel>, CheckpointError> {
+        let mut guard = self.client.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(c) = guard.as_ref() {
+            return Ok(c.clone());
+        }
+        let path = self.opts.socket_path.clone();
+        let timeout = self.opts.connect_timeout.max(Duration::from_secs(1));
+        let channel = self
+            .run(async {
+                tokio::time::timeout(timeout, crate::client::connect_channel(path.clone())).await
+            })
+            .map_err(|_| CheckpointError::Connect {
+                path: path.clone(),
+                error: format!("no answer within {timeout:?}"),
+            })?
+            .map_err(|e| CheckpointError::Connect {
+                path: path.clone(),
+                error: e.to_string(),
+            })?;
+        let c = AgentClient::new(channel);
+        *guard = Some(c.clone());
+        Ok(c)
+    }
+
+    fn rejected(&self, call: &'static str, s: tonic::Status) -> CheckpointError {
+        if matches!(s.code(), tonic::Code::Unavailable | tonic::Code::Unknown) {
+            // The connection may be gone (agent restarted): reconnect next time.
+            *self.client.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        }
+        CheckpointError::Rejected {
+            call,
+            code: s.code(),
+            message: s.message().to_owned(),
+        }
+    }
+
+    /// Saves `data` as this rank's shard of `step`.
+    pub fn save(&self, step: u64, data: &[u8]) -> Result<Saved, CheckpointError> {
+        self.save_with(step, data.len() as u64, |f| f.write_all(data))
+    }
+
+    /// Saves a shard that `write` writes into the given file (opened for
+    /// writing, in the tier's staging directory); `size_hint` is the room to
+    /// make (the real size is what gets written).
+    pub fn save_with(
+        &self,
+        step: u64,
+        size_hint: u64,
+        write: impl FnOnce(&mut std::fs::File) -> std::io::Result<()>,
+    ) -> Result<Saved, CheckpointError> {
+        self.save_in_place(step, size_hint, |path| {
+            let mut f = std::fs::File::create(path)?;
+            write(&mut f)
+        })
+    }
+
+    /// Saves a shard written by `write` at the path it is given (a file in
+    /// the tier's staging directory): for writers that want a path, such as
+    /// `torch.save`.
+    pub fn save_in_place(
+        &self,
+        step: u64,
+        size_hint: u64,
+        write: impl FnOnce(&Path) -> std::io::Result<()>,
+    ) -> Result<Saved, CheckpointError> {
+        let started = Instant::now();
+        let staged = self.begin(step, size_hint)?;
+        let written =
+            write(&staged.path).and_then(|()| std::fs::metadata(&staged.path).map(|m| m.len()));
+        let size = match written {
+            Ok(n) => n,
+            Err(source) => {
+                let _ = std::fs::remove_file(&staged.path);
+                return Err(CheckpointError::Io {
+                    what: "writing the shard to",
+                    path: staged.path,
+                    source,
+                });
+            }
+        };
+        let path = self.commit(step, &staged, size, started.elapsed())?;
+        Ok(Saved {
+            step,
+            path,
+            size_bytes: size,
+            stall: started.elapsed(),
+        })
+    }
+
+    /// First half of a save, for callers that write the file themselves
+    /// (the Python package writes from its own buffer): room is made for
+    /// `size_hint` bytes and a staging file is named.
+    pub fn begin(&self, step: u64, size_hint: u64) -> Result<Staged, CheckpointError> {
+        let mut agent = self.agent()?;
+        let begin = self
+            .run(agent.begin_shard(pb::BeginShardRequest {
+                job_id: self.opts.job_id.clone(),
+                rank: self.opts.global_rank,
+                step,
+                size_bytes: size_hint,
+            }))
+            .map_err(|s| self.rejected("BeginShard", s))?
+            .into_inner();
+        Ok(Staged {
+            path: PathBuf::from(begin.staging_path),
+            token: begin.token,
+        })
+    }
+
+    /// Second half: the written staging file (`size` bytes) committed; `stall`
+    /// is how long the save held the training step. On refusal the staging
+    /// file is removed.
+    pub fn commit(
+        &self,
+        step: u64,
+        staged: &Staged,
+        size: u64,
+        stall: Duration,
+    ) -> Result<PathBuf, CheckpointError> {
+        let mut agent = self.agent()?;
+        let done = self
+            .run(agent.commit_shard(pb::CommitShardRequest {
+                job_id: self.opts.job_id.clone(),
+                rank: self.opts.global_rank,
+                step,
+                token: staged.token.clone(),
+                size_bytes: size,
+                world_size: self.opts.world_size,
+                stall_ns: u64::try_from(stall.as_nanos()).unwrap_or(u64::MAX),
+            }))
+            .map_err(|s| {
+                let _ = std::fs::remove_file(&staged.path);
+                self.rejected("CommitShard", s)
+            })?
+            .into_inner();
+        Ok(PathBuf::from(done.path))
+    }
+
+    /// This rank's shard of the newest step complete for every rank of the
+    /// job (`step` 0), or of `step`; `None` when no step is complete
+    /// anywhere (a fresh start).
+    pub fn restore(&self, step: u64) -> Result<Option<Restored>, CheckpointError> {
+        let mut agent = self.agent()?;
+        let r = self
+            .run(agent.restore(pb::RestoreRequest {
+                job_id: self.opts.job_id.clone(),
+                rank: self.opts.global_rank,
+                step,
+            }))
+            .map_err(|s| self.rejected("Restore", s))?
+            .into_inner();
+        if !r.found {
+            return Ok(None);
+        }
+        Ok(Some(Restored {
+            step: r.step,
+            path: PathBuf::from(r.path),
+            size_bytes: r.size_bytes,
+            tier: r.tier,
+            source: r.source,
+            skipped: r.skipped,
+        }))
+    }
+}
