@@ -25,7 +25,7 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use common::{TestAgent, WARDEN, eventually, evidence, run, sample, scrape, within};
+use common::{TestAgent, WARDEN, eventually, evidence, free_port, run, sample, scrape, within};
 use serde_json::Value;
 use tokio_stream::StreamExt;
 use warden_proto::v1 as pb;
@@ -240,16 +240,6 @@ async fn a_slow_rank_on_one_host_is_flagged_and_explained() {
         .map(|e| format!("{e:?}"))
         .collect();
     assert!(others.is_empty(), "{others:#?}");
-}
-
-/// A free TCP port on `ip` (bound, read and released: the agents bind it a
-/// moment later, and each other's configs must name it beforehand).
-fn free_port(ip: &str) -> u16 {
-    std::net::TcpListener::bind((ip, 0))
-        .unwrap_or_else(|e| panic!("bind {ip}:0: {e}"))
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

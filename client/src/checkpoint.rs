@@ -90,6 +90,14 @@ pub struct Saved {
     pub stall: Duration,
 }
 
+impl Drop for Checkpointer {
+    fn drop(&mut self) {
+        if let Some(rt) = self.rt.take() {
+            rt.shutdown_background();
+        }
+    }
+}
+
 /// A staging file named by the agent, to be written and committed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Staged {
@@ -131,7 +139,9 @@ impl Restored {
 #[derive(Debug)]
 pub struct Checkpointer {
     opts: ConnectOptions,
-    rt: tokio::runtime::Runtime,
+    /// Always Some until drop, which shuts it down without blocking (a
+    /// checkpointer may be dropped inside someone else's runtime).
+    rt: Option<tokio::runtime::Runtime>,
     client: std::sync::Mutex<Option<AgentClient<Channel>>>,
 }
 
@@ -145,7 +155,7 @@ impl Checkpointer {
             .map_err(CheckpointError::Runtime)?;
         Ok(Self {
             opts,
-            rt,
+            rt: Some(rt),
             client: std::sync::Mutex::new(None),
         })
     }
@@ -156,14 +166,17 @@ impl Checkpointer {
     }
 
     fn run<T: Send>(&self, f: impl std::future::Future<Output = T> + Send) -> T {
+        let Some(rt) = self.rt.as_ref() else {
+            unreachable!("the runtime is only taken by drop")
+        };
         if tokio::runtime::Handle::try_current().is_ok() {
             std::thread::scope(|s| {
-                s.spawn(|| self.rt.block_on(f))
+                s.spawn(|| rt.block_on(f))
                     .join()
                     .unwrap_or_else(|p| std::panic::resume_unwind(p))
             })
         } else {
-            self.rt.block_on(f)
+            rt.block_on(f)
         }
     }
 

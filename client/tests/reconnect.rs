@@ -131,6 +131,30 @@ impl Agent for FakeAgent {
     ) -> Result<Response<pb::GetStragglersResponse>, Status> {
         Err(Status::unimplemented("fake"))
     }
+    async fn begin_shard(
+        &self,
+        _: Request<pb::BeginShardRequest>,
+    ) -> Result<Response<pb::BeginShardResponse>, Status> {
+        Err(Status::unimplemented("fake"))
+    }
+    async fn commit_shard(
+        &self,
+        _: Request<pb::CommitShardRequest>,
+    ) -> Result<Response<pb::CommitShardResponse>, Status> {
+        Err(Status::unimplemented("fake"))
+    }
+    async fn restore(
+        &self,
+        _: Request<pb::RestoreRequest>,
+    ) -> Result<Response<pb::RestoreResponse>, Status> {
+        Err(Status::unimplemented("fake"))
+    }
+    async fn list_checkpoints(
+        &self,
+        _: Request<pb::ListCheckpointsRequest>,
+    ) -> Result<Response<pb::ListCheckpointsResponse>, Status> {
+        Err(Status::unimplemented("fake"))
+    }
     type WatchIncidentsStream = tokio_stream::Empty<Result<pb::Incident, Status>>;
     async fn watch_incidents(
         &self,

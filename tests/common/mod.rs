@@ -482,6 +482,16 @@ pub async fn eventually<T>(
     }
 }
 
+/// A free TCP port on `ip` (bound, read and released: agents bind it a
+/// moment later, and each other's configs must name it beforehand).
+pub fn free_port(ip: &str) -> u16 {
+    std::net::TcpListener::bind((ip, 0))
+        .unwrap_or_else(|e| panic!("bind {ip}:0: {e}"))
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
 /// Awaits `fut` for at most `timeout`; fails the test naming `what`.
 pub async fn within<F: std::future::IntoFuture>(
     timeout: Duration,

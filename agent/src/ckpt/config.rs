@@ -181,15 +181,15 @@ impl CheckpointConfig {
                 ));
             }
         }
-        if !self.durable.url.is_empty() {
-            if let Err(e) = super::durable::parse(&self.durable.url) {
-                return Err(invalid(
-                    origin,
-                    "checkpoint.durable.url",
-                    format!("{:?}", self.durable.url),
-                    &e.to_string(),
-                ));
-            }
+        if !self.durable.url.is_empty()
+            && let Err(e) = super::durable::parse(&self.durable.url)
+        {
+            return Err(invalid(
+                origin,
+                "checkpoint.durable.url",
+                format!("{:?}", self.durable.url),
+                &e,
+            ));
         }
         Ok(())
     }

@@ -112,7 +112,7 @@ impl Durable {
                     "durable checkpoint manifest left out"),
             }
         }
-        out.sort_by(|a, b| a.key().cmp(&b.key()));
+        out.sort_by_key(Manifest::key);
         Ok(out)
     }
 

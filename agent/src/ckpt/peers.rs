@@ -149,16 +149,16 @@ pub fn chunk_stream(
         loop {
             let n = usize::try_from(left.min(chunk as u64)).unwrap_or(chunk);
             let mut buf = bytes::BytesMut::zeroed(n);
-            if n > 0 {
-                if let Err(e) = f.read_exact(&mut buf).await {
-                    let _ = tx
-                        .send(Err(tonic::Status::data_loss(format!(
-                            "{}: {e}",
-                            path.display()
-                        ))))
-                        .await;
-                    return;
-                }
+            if n > 0
+                && let Err(e) = f.read_exact(&mut buf).await
+            {
+                let _ = tx
+                    .send(Err(tonic::Status::data_loss(format!(
+                        "{}: {e}",
+                        path.display()
+                    ))))
+                    .await;
+                return;
             }
             left -= n as u64;
             pacer.take(n as u64).await;

@@ -172,9 +172,9 @@ pub async fn gather(ck: &Arc<Checkpoints>, job: &str) -> View {
 }
 
 /// Runs futures concurrently and collects their outputs in order.
-async fn futures_join<F: std::future::Future>(fs: impl Iterator<Item = F>) -> Vec<F::Output>
+async fn futures_join<F>(fs: impl Iterator<Item = F>) -> Vec<F::Output>
 where
-    F: Send + 'static,
+    F: std::future::Future + Send + 'static,
     F::Output: Send + 'static,
 {
     let handles: Vec<_> = fs.map(tokio::spawn).collect();

@@ -283,7 +283,7 @@ impl LocalTier {
                 }
             }
         }
-        out.sort_by(|a, b| a.key().cmp(&b.key()));
+        out.sort_by_key(Manifest::key);
         out
     }
 

@@ -1,0 +1,281 @@
+//! Checkpoint tiers against their baselines, in one run, on tmpfs:
+//!
+//! 1. Save stall: `Checkpointer::save` of a shard (BeginShard, the write
+//!    into the tier, CommitShard) against a plain memcpy of the same bytes
+//!    into freshly allocated memory (what a rank pays to snapshot its state
+//!    to host memory), and against a memcpy into memory already touched.
+//!    Target: save at most 1.2x the fresh memcpy.
+//! 2. Replication: a committed shard pushed from agent A (127.0.0.2) to
+//!    agent B (127.0.0.3) over warden.v1.Peer (chunked gRPC, checksum on
+//!    arrival, written to B's tier), timed by A from the start of the push
+//!    to B's answer; against a raw TCP copy of the same file between the
+//!    same addresses (read, send, write to tmpfs, no checksum). Target: at
+//!    least 80% of raw TCP.
+//! 3. Restore from a peer: A's tier wiped, `Checkpointer::restore` (peers
+//!    listed, the shard fetched from B, checked, committed) against the
+//!    same raw TCP copy.
+//!
+//! Run: `cargo bench -p warden-agent --bench checkpoint_tiers` (release).
+//! `WARDEN_BENCH_SIZES_MIB=64,256,1024` picks the shard sizes. Prints a
+//! markdown table for docs/benchmarks.md.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+
+use std::io::{Read, Write};
+use std::os::unix::net::UnixDatagram;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use tokio_stream::StreamExt;
+use warden_client::{Checkpointer, ConnectOptions};
+use warden_proto::v1 as pb;
+
+const REPS: usize = 5;
+
+struct Agent {
+    child: Child,
+    dir: tempfile::TempDir,
+}
+
+impl Agent {
+    fn socket(&self) -> PathBuf {
+        self.dir.path().join("wardend.sock")
+    }
+    fn tier(&self) -> PathBuf {
+        self.dir.path().join("ckpt")
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn free_port(ip: &str) -> u16 {
+    std::net::TcpListener::bind((ip, 0))
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn start_agent(name: &str, tcp: &str, peer: Option<&str>) -> Agent {
+    let dir = tempfile::Builder::new()
+        .prefix("warden-bench-")
+        .tempdir_in("/dev/shm")
+        .unwrap();
+    let peers = peer
+        .map(|p| format!("[[checkpoint.peers]]\naddr = \"{p}\"\n"))
+        .unwrap_or_default();
+    let cfg = dir.path().join("wardend.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[api]\nsocket = \"{}\"\ntcp = \"{tcp}\"\n[metrics]\nlisten = \"\"\n\
+             [agent]\nhost_name = \"{name}\"\nstate_dir = \"{}\"\n[log]\nlevel = \"off\"\n\
+             [nvml]\nenabled = false\n[kmsg]\nenabled = false\n[dcgm]\nenabled = false\n\
+             [checkpoint]\ndir = \"{}\"\nkeep_steps = 1\nretry_interval = \"1h\"\n{peers}",
+            dir.path().join("wardend.sock").display(),
+            dir.path().join("state").display(),
+            dir.path().join("ckpt").display(),
+        ),
+    )
+    .unwrap();
+    let notify = dir.path().join("notify");
+    let sock = UnixDatagram::bind(&notify).unwrap();
+    sock.set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    let child = Command::new(env!("CARGO_BIN_EXE_wardend"))
+        .arg("--config")
+        .arg(&cfg)
+        .env("NOTIFY_SOCKET", &notify)
+        .env_remove("WARDEN_SOCKET")
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let mut buf = [0u8; 512];
+    loop {
+        let n = sock.recv(&mut buf).expect("wardend did not get ready");
+        if String::from_utf8_lossy(&buf[..n]).contains("READY=1") {
+            break;
+        }
+    }
+    Agent { child, dir }
+}
+
+fn checkpointer(agent: &Agent, job: &str) -> Checkpointer {
+    let mut o = ConnectOptions::from_env_lossy();
+    o.socket_path = agent.socket();
+    o.job_id = job.into();
+    o.global_rank = 0;
+    o.local_rank = 0;
+    o.world_size = 1;
+    Checkpointer::new(o).unwrap()
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// Raw TCP copy of `src` from `from` to a listener on `to`, written to
+/// `dest`: seconds.
+fn raw_tcp_copy(src: &Path, dest: &Path, to_ip: &str, from_ip: &str) -> f64 {
+    let listener = std::net::TcpListener::bind((to_ip, 0)).unwrap();
+    let addr = listener.local_addr().unwrap();
+    let dest = dest.to_owned();
+    let receiver = std::thread::spawn(move || {
+        let (mut s, _) = listener.accept().unwrap();
+        let mut f = std::fs::File::create(&dest).unwrap();
+        let mut buf = vec![0u8; 1 << 20];
+        loop {
+            let n = s.read(&mut buf).unwrap();
+            if n == 0 {
+                break;
+            }
+            f.write_all(&buf[..n]).unwrap();
+        }
+    });
+    let started = Instant::now();
+    let _ = from_ip; // loopback: the kernel picks the source address
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    let mut f = std::fs::File::open(src).unwrap();
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = f.read(&mut buf).unwrap();
+        if n == 0 {
+            break;
+        }
+        s.write_all(&buf[..n]).unwrap();
+    }
+    drop(s);
+    receiver.join().unwrap();
+    started.elapsed().as_secs_f64()
+}
+
+fn main() {
+    let sizes: Vec<usize> = std::env::var("WARDEN_BENCH_SIZES_MIB")
+        .unwrap_or_else(|_| "64,256,1024".into())
+        .split(',')
+        .map(|s| s.trim().parse::<usize>().unwrap() << 20)
+        .collect();
+    let (a_addr, b_addr) = (
+        format!("127.0.0.2:{}", free_port("127.0.0.2")),
+        format!("127.0.0.3:{}", free_port("127.0.0.3")),
+    );
+    let a = start_agent("bench-a", &a_addr, Some(&b_addr));
+    let b = start_agent("bench-b", &b_addr, Some(&a_addr));
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let mut events = rt.block_on(async {
+        let ch = tonic::transport::Endpoint::from_shared(format!("http://{a_addr}"))
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
+        pb::agent_client::AgentClient::new(ch)
+            .watch_events(pb::WatchEventsRequest { after_id: None })
+            .await
+            .unwrap()
+            .into_inner()
+    });
+    let scratch = tempfile::tempdir_in("/dev/shm").unwrap();
+
+    println!(
+        "| shard | memcpy (fresh) | memcpy (warm) | save | save / fresh memcpy | replicate | raw TCP | replicate / TCP | restore from peer | restore / TCP |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|---|");
+    let mut step = 0u64;
+    for &size in &sizes {
+        let data: Vec<u8> = (0..size)
+            .map(|i| (i as u64).wrapping_mul(2_654_435_761) as u8)
+            .collect();
+        let mut warm = vec![0u8; size];
+        let (mut fresh_t, mut warm_t, mut save_t, mut repl_t, mut tcp_t, mut restore_t) =
+            (vec![], vec![], vec![], vec![], vec![], vec![]);
+        let ck = checkpointer(&a, "bench");
+        for _ in 0..REPS {
+            let t = Instant::now();
+            let mut v: Vec<u8> = Vec::with_capacity(size);
+            v.extend_from_slice(&data);
+            fresh_t.push(t.elapsed().as_secs_f64());
+            std::hint::black_box(&v);
+            drop(v);
+            let t = Instant::now();
+            warm.copy_from_slice(&data);
+            warm_t.push(t.elapsed().as_secs_f64());
+            std::hint::black_box(&warm);
+
+            step += 1;
+            let t = Instant::now();
+            ck.save(step, &data).unwrap();
+            save_t.push(t.elapsed().as_secs_f64());
+            // The push A made of it, timed by A.
+            let ms: f64 = rt.block_on(async {
+                loop {
+                    let e = tokio::time::timeout(Duration::from_secs(120), events.next())
+                        .await
+                        .expect("no ckpt.replicated within 120 s")
+                        .unwrap()
+                        .unwrap();
+                    let ev = |k: &str| {
+                        e.evidence
+                            .iter()
+                            .find(|x| x.key == k)
+                            .map(|x| x.value.clone())
+                    };
+                    if e.kind == "ckpt.replicated" && ev("step") == Some(step.to_string()) {
+                        return ev("ms").unwrap().parse().unwrap();
+                    }
+                }
+            });
+            repl_t.push(ms / 1e3);
+            let shard = a
+                .tier()
+                .join(format!("bench/step-{step:020}/rank-000000.bin"));
+            tcp_t.push(raw_tcp_copy(
+                &shard,
+                &scratch.path().join("copy"),
+                "127.0.0.3",
+                "127.0.0.2",
+            ));
+            std::fs::remove_file(scratch.path().join("copy")).unwrap();
+            // Restore from the peer: A's tier wiped first.
+            std::fs::remove_dir_all(a.tier().join("bench")).unwrap();
+            let t = Instant::now();
+            let r = ck.restore(0).unwrap().unwrap();
+            restore_t.push(t.elapsed().as_secs_f64());
+            assert_eq!((r.step, r.tier.as_str()), (step, "peer"));
+        }
+        let _ = &b;
+        let mib = size as f64 / (1 << 20) as f64;
+        let gbs = |s: f64| size as f64 / s / 1e9;
+        let (f, w, s, r, t, re) = (
+            median(fresh_t),
+            median(warm_t),
+            median(save_t),
+            median(repl_t),
+            median(tcp_t),
+            median(restore_t),
+        );
+        println!(
+            "| {mib:.0} MiB | {:.1} ms ({:.1} GB/s) | {:.1} ms | {:.1} ms ({:.1} GB/s) | {:.2}x | {:.0} ms ({:.2} GB/s) | {:.0} ms ({:.2} GB/s) | {:.0}% | {:.0} ms ({:.2} GB/s) | {:.0}% |",
+            f * 1e3,
+            gbs(f),
+            w * 1e3,
+            s * 1e3,
+            gbs(s),
+            s / f,
+            r * 1e3,
+            gbs(r),
+            t * 1e3,
+            gbs(t),
+            100.0 * t / r,
+            re * 1e3,
+            gbs(re),
+            100.0 * t / re,
+        );
+    }
+}

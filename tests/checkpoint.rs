@@ -1,0 +1,456 @@
+//! Checkpoint tiers, end to end: real agents on 127.0.0.2-4 acting as three
+//! hosts of one job, each other's checkpoint peers, with the real client
+//! library saving and restoring over each agent's Unix socket.
+//!
+//! 1. Saved on all hosts, replicated; one host's tier wiped: its ranks
+//!    restore from a peer.
+//! 2. A local shard corrupted: detected by its checksum, fetched elsewhere.
+//! 3. Local and peer copies lost: restored from the durable store.
+//! 4. Eight ranks saving at once on one agent; retention keeps the newest
+//!    steps.
+//! 5. An agent killed mid-replication: the partial copy is never listed,
+//!    and the agent, restarted, sends it again.
+//! 6. A tier over its quota: old steps pruned first, then a clear error,
+//!    and the newest complete step is still restorable.
+//! 7. A real Python rank saving and restoring through warden.checkpoint.
+
+#![allow(clippy::expect_used, clippy::unwrap_used)]
+
+mod common;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use common::{Events, TestAgent, eventually, evidence, free_port};
+use warden_client::{Checkpointer, ConnectOptions};
+use warden_proto::v1 as pb;
+
+const IPS: [&str; 3] = ["127.0.0.2", "127.0.0.3", "127.0.0.4"];
+
+/// Three agents, h0..h2, in racks rack0..rack2, each the others' peer.
+/// `extra` goes into `[checkpoint]`; `tail` after the peer tables.
+fn three_hosts(extra: &str, tail: &str) -> Vec<TestAgent> {
+    let addrs: Vec<String> = IPS
+        .iter()
+        .map(|ip| format!("{ip}:{}", free_port(ip)))
+        .collect();
+    (0..3)
+        .map(|i| TestAgent::start(&host_toml(i, &addrs, extra, tail)))
+        .collect()
+}
+
+fn host_toml(i: usize, addrs: &[String], extra: &str, tail: &str) -> String {
+    let mut t = format!(
+        "[agent]\nhost_name = \"h{i}\"\n[api]\ntcp = \"{}\"\n\
+         [checkpoint]\ndomain = \"rack{i}\"\nretry_interval = \"200ms\"\n{extra}\n",
+        addrs[i]
+    );
+    for (j, a) in addrs.iter().enumerate() {
+        if j != i {
+            t += &format!("[[checkpoint.peers]]\naddr = \"{a}\"\ndomain = \"rack{j}\"\n");
+        }
+    }
+    t + tail
+}
+
+/// The real client library as rank `rank` of `world` in `job`.
+fn rank(agent: &TestAgent, job: &str, rank: u32, world: u32) -> Checkpointer {
+    let mut o = ConnectOptions::from_env_lossy();
+    o.socket_path = agent.socket().to_path_buf();
+    o.job_id = job.to_owned();
+    o.global_rank = rank;
+    o.local_rank = rank;
+    o.world_size = world;
+    Checkpointer::new(o).expect("checkpointer")
+}
+
+/// Recognisable bytes for one shard.
+fn shard_bytes(step: u64, rank: u32, len: usize) -> Vec<u8> {
+    let seed = step.wrapping_mul(1_000_003) ^ u64::from(rank).wrapping_mul(7919);
+    (0..len)
+        .map(|i| (seed.wrapping_add(i as u64).wrapping_mul(2_654_435_761) >> 13) as u8)
+        .collect()
+}
+
+async fn list(agent: &TestAgent, job: &str) -> pb::ListCheckpointsResponse {
+    agent
+        .client()
+        .await
+        .list_checkpoints(pb::ListCheckpointsRequest {
+            job_id: job.to_owned(),
+        })
+        .await
+        .expect("ListCheckpoints")
+        .into_inner()
+}
+
+/// Waits until `step` of `job`, seen from `agent`, has every shard in at
+/// least `copies` places, and returns that view.
+async fn until_copies(
+    agent: &TestAgent,
+    job: &str,
+    step: u64,
+    copies: usize,
+) -> pb::CheckpointStep {
+    eventually(
+        Duration::from_secs(30),
+        &format!("{job} step {step} with {copies} copies of every shard"),
+        async || {
+            let l = list(agent, job).await;
+            l.steps
+                .into_iter()
+                .find(|s| s.step == step && s.complete)
+                .filter(|s| s.shards.iter().all(|sh| sh.copies.len() >= copies))
+        },
+    )
+    .await
+}
+
+fn ckpt_dir(agent: &TestAgent) -> PathBuf {
+    agent.home.path().join("ckpt")
+}
+
+fn wipe_job(agent: &TestAgent, job: &str) {
+    let dir = ckpt_dir(agent).join(job);
+    std::fs::remove_dir_all(&dir).unwrap_or_else(|e| panic!("wipe {}: {e}", dir.display()));
+}
+
+/// Saves steps on all three hosts: ranks 2h and 2h+1 on host h.
+fn save_everywhere(hosts: &[TestAgent], job: &str, steps: &[u64], len: usize) {
+    std::thread::scope(|s| {
+        for (h, agent) in hosts.iter().enumerate() {
+            for r in [2 * h as u32, 2 * h as u32 + 1] {
+                s.spawn(move || {
+                    let ck = rank(agent, job, r, 6);
+                    for &step in steps {
+                        ck.save(step, &shard_bytes(step, r, len))
+                            .unwrap_or_else(|e| panic!("rank {r} step {step}: {e}"));
+                    }
+                });
+            }
+        }
+    });
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wiped_host_restores_from_a_peer() {
+    let hosts = three_hosts("", "");
+    save_everywhere(&hosts, "job", &[10, 20], 1 << 20);
+    // Each shard on its own host and one peer in another rack.
+    let step = until_copies(&hosts[0], "job", 20, 2).await;
+    assert_eq!(step.world_size, 6);
+    for sh in &step.shards {
+        let holders: Vec<&str> = sh.copies.iter().map(|c| c.holder.as_str()).collect();
+        let owner = format!("h{}", sh.rank / 2);
+        assert!(
+            holders.contains(&owner.as_str()),
+            "rank {}: {holders:?}",
+            sh.rank
+        );
+        assert!(
+            holders.iter().any(|h| *h != owner),
+            "rank {}: {holders:?}",
+            sh.rank
+        );
+    }
+
+    wipe_job(&hosts[0], "job");
+    for r in [0, 1] {
+        let got = rank(&hosts[0], "job", r, 6)
+            .restore(0)
+            .expect("restore")
+            .expect("a complete step exists");
+        assert_eq!(got.step, 20);
+        assert_eq!(got.tier, "peer", "rank {r}: {got:?}");
+        assert_eq!(got.read().expect("read"), shard_bytes(20, r, 1 << 20));
+    }
+    // The restored shards are local again.
+    let got = rank(&hosts[0], "job", 0, 6)
+        .restore(20)
+        .expect("restore")
+        .expect("step 20");
+    assert_eq!(got.tier, "local");
+
+    // The CLI shows the step and its copies.
+    let out = common::run(
+        std::process::Command::new(common::WARDEN)
+            .args(["--socket"])
+            .arg(hosts[1].socket())
+            .args(["ckpt", "ls", "--job", "job"]),
+        Duration::from_secs(20),
+    );
+    assert_eq!(out.code(), 0, "{}", out.stderr);
+    assert!(
+        out.stdout.contains("20") && out.stdout.contains("6/6"),
+        "{}",
+        out.stdout
+    );
+    assert!(
+        out.stdout.contains("peer:h0") || out.stdout.contains("local:h1"),
+        "{}",
+        out.stdout
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_corrupt_shard_is_detected_and_fetched_elsewhere() {
+    let hosts = three_hosts("", "");
+    let mut events = Events::live(&hosts[1]).await;
+    save_everywhere(&hosts, "cj", &[5], 256 << 10);
+    until_copies(&hosts[1], "cj", 5, 2).await;
+
+    // Flip one byte of host 1's own copy of rank 2.
+    let shard = ckpt_dir(&hosts[1]).join("cj/step-00000000000000000005/rank-000002.bin");
+    let mut bytes = std::fs::read(&shard).expect("read shard");
+    bytes[1000] ^= 0xff;
+    std::fs::write(&shard, &bytes).expect("corrupt shard");
+
+    let got = rank(&hosts[1], "cj", 2, 6)
+        .restore(0)
+        .expect("restore")
+        .expect("step 5");
+    assert_eq!(got.tier, "peer", "{got:?}");
+    assert_eq!(got.read().expect("read"), shard_bytes(5, 2, 256 << 10));
+    assert!(
+        got.skipped
+            .iter()
+            .any(|s| s.contains("local") && s.contains("xxh3")),
+        "{:?}",
+        got.skipped
+    );
+    let e = events
+        .expect(&hosts[1], Duration::from_secs(10), "ckpt.corrupt", |e| {
+            e.kind == "ckpt.corrupt"
+        })
+        .await;
+    assert_eq!(evidence(&e, "tier"), Some("local"));
+    assert_eq!(evidence(&e, "rank"), Some("2"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lost_local_and_peer_copies_come_back_from_durable_storage() {
+    let store = tempfile::tempdir().expect("store dir");
+    let durable = format!(
+        "[checkpoint.durable]\nurl = \"file://{}\"\nevery_steps = 10\n",
+        store.path().display()
+    );
+    let hosts = three_hosts("", &durable);
+    let mut live: Vec<Events> = Vec::new();
+    for h in &hosts {
+        live.push(Events::live(h).await);
+    }
+    save_everywhere(&hosts, "dj", &[10], 512 << 10);
+    for (h, ev) in hosts.iter().zip(live.iter_mut()) {
+        ev.expect(
+            h,
+            Duration::from_secs(30),
+            "ckpt.uploaded of step 10",
+            |e| e.kind == "ckpt.uploaded" && evidence(e, "step") == Some("10"),
+        )
+        .await;
+    }
+    until_copies(&hosts[0], "dj", 10, 3).await;
+    for h in &hosts {
+        wipe_job(h, "dj");
+    }
+    for r in 0..6 {
+        let h = &hosts[r as usize / 2];
+        let got = rank(h, "dj", r, 6)
+            .restore(0)
+            .expect("restore")
+            .expect("step 10 in the durable store");
+        assert_eq!((got.step, got.tier.as_str()), (10, "durable"), "{got:?}");
+        assert_eq!(got.read().expect("read"), shard_bytes(10, r, 512 << 10));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn eight_ranks_save_at_once_and_retention_keeps_the_newest_steps() {
+    let agent = TestAgent::start("[checkpoint]\nkeep_steps = 2\n");
+    let mut events = Events::live(&agent).await;
+    std::thread::scope(|s| {
+        for r in 0..8u32 {
+            let agent = &agent;
+            s.spawn(move || {
+                let ck = rank(agent, "eight", r, 8);
+                for step in 1..=3 {
+                    ck.save(step, &shard_bytes(step, r, 2 << 20))
+                        .unwrap_or_else(|e| panic!("rank {r} step {step}: {e}"));
+                }
+            });
+        }
+    });
+    // Step 1 is pruned once step 3 is complete (keep_steps = 2).
+    let mut pruned = 0;
+    while pruned < 8 {
+        events
+            .expect(
+                &agent,
+                Duration::from_secs(20),
+                "ckpt.pruned of step 1",
+                |e| e.kind == "ckpt.pruned" && evidence(e, "step") == Some("1"),
+            )
+            .await;
+        pruned += 1;
+    }
+    let l = list(&agent, "eight").await;
+    let steps: Vec<(u64, bool)> = l.steps.iter().map(|s| (s.step, s.complete)).collect();
+    assert_eq!(steps, vec![(3, true), (2, true)]);
+    for r in 0..8 {
+        let got = rank(&agent, "eight", r, 8)
+            .restore(0)
+            .expect("restore")
+            .expect("step 3");
+        assert_eq!(got.step, 3);
+        assert_eq!(
+            got.read().expect("read"),
+            shard_bytes(3, r, 2 << 20),
+            "rank {r}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_killed_mid_replication_sends_again_and_nothing_half_copied_is_listed() {
+    // Host 0 replicates at 2 MB/s: an 8 MiB shard takes about 4 s.
+    let addrs: Vec<String> = IPS[..2]
+        .iter()
+        .map(|ip| format!("{ip}:{}", free_port(ip)))
+        .collect();
+    let slow = "replication_bytes_per_sec = 2000000\nreplicas = 1\n";
+    let mut a = TestAgent::start(&host_toml(0, &addrs, slow, ""));
+    let b = TestAgent::start(&host_toml(1, &addrs, "", ""));
+    rank(&a, "kj", 0, 1)
+        .save(7, &shard_bytes(7, 0, 8 << 20))
+        .expect("save");
+    // The copy is under way: bytes are arriving in b's staging directory.
+    let staging = ckpt_dir(&b).join(".staging");
+    eventually(
+        Duration::from_secs(20),
+        "a replica arriving at b",
+        async || {
+            std::fs::read_dir(&staging)
+                .ok()?
+                .flatten()
+                .find(|e| e.metadata().is_ok_and(|m| m.len() > 0))
+        },
+    )
+    .await;
+    a.sigkill_and_wait();
+    // b never lists what did not arrive whole, and its staging file goes.
+    eventually(
+        Duration::from_secs(20),
+        "b dropping the partial copy",
+        async || {
+            std::fs::read_dir(&staging)
+                .ok()?
+                .next()
+                .is_none()
+                .then_some(())
+        },
+    )
+    .await;
+    assert!(
+        list_shards(&b).await.is_empty(),
+        "b lists a partial replica"
+    );
+    let view = list(&b, "kj").await;
+    assert!(view.steps.iter().all(|s| !s.complete), "{view:?}");
+
+    // Restarted on the same tier, a sends the shard again.
+    let a = TestAgent::start_in(a.home.clone());
+    let got = eventually(Duration::from_secs(40), "the replica at b", async || {
+        let s = list_shards(&b).await;
+        (!s.is_empty()).then_some(s)
+    })
+    .await;
+    assert_eq!(got[0].step, 7);
+    assert_eq!(got[0].size_bytes, 8 << 20);
+    assert_eq!(got[0].xxh3, xxhash_of(&shard_bytes(7, 0, 8 << 20)));
+    drop(a);
+}
+
+async fn list_shards(agent: &TestAgent) -> Vec<pb::ShardInfo> {
+    warden_proto::v1::peer_client::PeerClient::new(agent.channel().await)
+        .list_shards(pb::ListShardsRequest::default())
+        .await
+        .expect("ListShards")
+        .into_inner()
+        .shards
+}
+
+fn xxhash_of(b: &[u8]) -> u64 {
+    xxhash_rust::xxh3::xxh3_64(b)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_quota_old_steps_go_first_then_a_clear_error() {
+    let agent = TestAgent::start("[checkpoint]\nkeep_steps = 10\nmax_bytes = 10485760\n");
+    let ck = rank(&agent, "qj", 0, 1);
+    for step in 1..=3 {
+        ck.save(step, &shard_bytes(step, 0, 4 << 20)).expect("save");
+    }
+    // 12 MiB would exceed 10 MiB: step 1 was pruned to make room for step 3.
+    let steps: Vec<u64> = list(&agent, "qj")
+        .await
+        .steps
+        .iter()
+        .map(|s| s.step)
+        .collect();
+    assert_eq!(steps, vec![3, 2]);
+
+    let err = ck
+        .save(4, &shard_bytes(4, 0, 20 << 20))
+        .expect_err("20 MiB cannot fit in 10");
+    assert!(err.is_full(), "{err}");
+    let msg = err.to_string();
+    assert!(
+        msg.contains("max_bytes") && msg.contains("20971520"),
+        "{msg}"
+    );
+    // Pruned what it could, kept the newest complete step, and step 4 is
+    // nowhere.
+    let steps: Vec<u64> = list(&agent, "qj")
+        .await
+        .steps
+        .iter()
+        .map(|s| s.step)
+        .collect();
+    assert_eq!(steps, vec![3]);
+    let got = ck.restore(0).expect("restore").expect("step 3");
+    assert_eq!(got.read().expect("read"), shard_bytes(3, 0, 4 << 20));
+    let staging = ckpt_dir(&agent).join(".staging");
+    assert_eq!(std::fs::read_dir(&staging).expect("staging").count(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_python_rank_saves_and_restores_through_warden_checkpoint() {
+    let agent = TestAgent::start("");
+    let script = r#"
+import sys, warden.checkpoint as ckpt
+assert ckpt.restore() is None, "fresh start"
+data = bytes(range(256)) * 4096
+ckpt.save(3, data)
+ckpt.save(4, bytearray(data[::-1]))
+r = ckpt.restore()
+assert r.step == 4 and r.tier == "local", r
+assert r.read() == data[::-1]
+assert ckpt.restore(3).read() == data
+try:
+    ckpt.restore(99)
+except ckpt.CheckpointError as e:
+    assert "99" in str(e), e
+else:
+    raise SystemExit("step 99 should not exist")
+print("ok", ckpt.identity())
+"#;
+    let path = agent.home.path().join("rank.py");
+    std::fs::write(&path, script).expect("write the script");
+    let script = path.display().to_string();
+    let out = common::run(
+        &mut common::python_rank(&agent, &script, "pyj", (0, 1), &[]),
+        Duration::from_secs(60),
+    );
+    assert_eq!(out.code(), 0, "{}\n{}", out.stdout, out.stderr);
+    assert!(out.stdout.contains("ok ('pyj', 0, 1)"), "{}", out.stdout);
+}
