@@ -389,7 +389,7 @@ impl Scenario {
                 "must be at least 1",
             ));
         }
-        if self.gpus % self.gpus_per_node != 0 {
+        if !self.gpus.is_multiple_of(self.gpus_per_node) {
             return Err(invalid(
                 "gpus_per_node",
                 self.gpus_per_node,
@@ -399,7 +399,7 @@ impl Scenario {
         positive("node_mtbf_hours", self.node_mtbf_hours)?;
         positive("days", self.days)?;
         positive("repair_hours", self.repair_hours)?;
-        if self.replica_nodes == 0 || self.nodes() % self.replica_nodes != 0 {
+        if self.replica_nodes == 0 || !self.nodes().is_multiple_of(self.replica_nodes) {
             return Err(invalid(
                 "replica_nodes",
                 self.replica_nodes,

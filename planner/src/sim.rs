@@ -235,8 +235,8 @@ impl Model {
                 Strategy::Baseline => &c.baseline,
             };
             let sum = |p: &[f64; 3]| p.iter().sum::<f64>();
-            downtime +=
-                share * ((1.0 - c.hang_fraction) * sum(&parts[0]) + c.hang_fraction * sum(&parts[1]));
+            downtime += share
+                * ((1.0 - c.hang_fraction) * sum(&parts[0]) + c.hang_fraction * sum(&parts[1]));
             if c.recovery != Recovery::Planned {
                 unplanned += share;
             }
@@ -430,14 +430,24 @@ mod tests {
     #[test]
     fn a_failure_loses_training_since_the_last_save() {
         // Fails 50 s into the second period: 50 s lost; down 1+2+3 s.
-        let b = evaluate(&[incident(160.0, [1.0, 2.0, 3.0], false)], 1000.0, 100.0, 10.0);
+        let b = evaluate(
+            &[incident(160.0, [1.0, 2.0, 3.0], false)],
+            1000.0,
+            100.0,
+            10.0,
+        );
         assert!((b.lost * 1000.0 - 50.0).abs() < 1e-9, "{b:?}");
         assert!((b.detection * 1000.0 - 1.0).abs() < 1e-9);
         assert!((b.restart * 1000.0 - 2.0).abs() < 1e-9);
         assert!((b.restore * 1000.0 - 3.0).abs() < 1e-9);
         assert!((b.total() - 1.0).abs() < 1e-12, "{b:?}");
         // A planned restart at the same moment saves first: nothing lost.
-        let p = evaluate(&[incident(160.0, [0.0, 2.0, 3.0], true)], 1000.0, 100.0, 10.0);
+        let p = evaluate(
+            &[incident(160.0, [0.0, 2.0, 3.0], true)],
+            1000.0,
+            100.0,
+            10.0,
+        );
         assert_eq!(p.lost, 0.0);
         assert!((p.total() - 1.0).abs() < 1e-12);
     }
@@ -469,9 +479,22 @@ mod tests {
         s.classes.retain(|c| c.recovery == Recovery::ReplaceNode);
         let m = Model::new(&s);
         let mut out = Vec::new();
-        timeline(&m, Strategy::Warden { spares: 0 }, &mut Rng::for_rep(3, 0), &mut out);
+        timeline(
+            &m,
+            Strategy::Warden { spares: 0 },
+            &mut Rng::for_rep(3, 0),
+            &mut out,
+        );
         assert!(out.iter().any(|i| i.capacity_after < 1.0), "no scale-down");
-        timeline(&m, Strategy::Warden { spares: 64 }, &mut Rng::for_rep(3, 0), &mut out);
-        assert!(out.iter().all(|i| i.capacity_after == 1.0), "spares ran out");
+        timeline(
+            &m,
+            Strategy::Warden { spares: 64 },
+            &mut Rng::for_rep(3, 0),
+            &mut out,
+        );
+        assert!(
+            out.iter().all(|i| i.capacity_after == 1.0),
+            "spares ran out"
+        );
     }
 }

@@ -273,7 +273,9 @@ pub fn plan(scenario: &Scenario, ledger: Option<LedgerFigures>) -> Result<Plan, 
     let lo = sw
         .interval_min_s
         .unwrap_or(young_w.min(young_b).max(1.0) / 5.0);
-    let hi = sw.interval_max_s.unwrap_or(young_w.max(young_b).max(1.0) * 5.0);
+    let hi = sw
+        .interval_max_s
+        .unwrap_or(young_w.max(young_b).max(1.0) * 5.0);
     if hi <= lo {
         return Err(ScenarioError::Invalid {
             key: "sweep.interval_max_s".into(),
@@ -285,7 +287,8 @@ pub fn plan(scenario: &Scenario, ledger: Option<LedgerFigures>) -> Result<Plan, 
     let seed = sw.seed;
 
     // Pass 1: both curves, every repetition with its own history.
-    let per_rep: Vec<(Vec<Breakdown>, Vec<Breakdown>)> = par_reps(sw.reps, |rep| {
+    // Per repetition: [warden, baseline] x interval.
+    let per_rep: Vec<[Vec<Breakdown>; 2]> = par_reps(sw.reps, |rep| {
         let mut incidents: Vec<Incident> = Vec::new();
         let mut curve = |strategy: Strategy, save: f64| {
             let mut rng = Rng::for_rep(seed, rep as u64);
@@ -294,12 +297,9 @@ pub fn plan(scenario: &Scenario, ledger: Option<LedgerFigures>) -> Result<Plan, 
                 .map(|&tau| sim::evaluate(&incidents, horizon, tau, save))
                 .collect::<Vec<_>>()
         };
-        (curve(warden, save_w), curve(baseline, save_b))
+        [curve(warden, save_w), curve(baseline, save_b)]
     });
-    let series = |name: &str, pick: &dyn Fn(&(Vec<Breakdown>, Vec<Breakdown>)) -> &Vec<Breakdown>,
-                  save: f64,
-                  rec: f64,
-                  young: f64| {
+    let series = |name: &str, which: usize, save: f64, rec: f64, young: f64| {
         let mut values = vec![0.0; per_rep.len()];
         let mut points = Vec::with_capacity(grid.len());
         let mut means = Vec::with_capacity(grid.len());
@@ -308,7 +308,7 @@ pub fn plan(scenario: &Scenario, ledger: Option<LedgerFigures>) -> Result<Plan, 
         for (i, &tau) in grid.iter().enumerate() {
             let mut mean = Breakdown::default();
             for (v, r) in values.iter_mut().zip(&per_rep) {
-                let b = &pick(r)[i];
+                let b = &r[which][i];
                 *v = b.productive;
                 mean.add_scaled(b, w);
             }
@@ -333,8 +333,8 @@ pub fn plan(scenario: &Scenario, ledger: Option<LedgerFigures>) -> Result<Plan, 
             ),
         }
     };
-    let warden_series = series("warden", &|r| &r.0, save_w, rec_w, young_w);
-    let baseline_series = series("scheduler requeue", &|r| &r.1, save_b, rec_b, young_b);
+    let warden_series = series("warden", 0, save_w, rec_w, young_w);
+    let baseline_series = series("scheduler requeue", 1, save_b, rec_b, young_b);
 
     // Pass 2: spares at warden's optimum.
     let tau = warden_series.optimum.interval_s;
@@ -345,7 +345,12 @@ pub fn plan(scenario: &Scenario, ledger: Option<LedgerFigures>) -> Result<Plan, 
             .iter()
             .map(|&spares| {
                 let mut rng = Rng::for_rep(seed, rep as u64);
-                sim::timeline(&model, Strategy::Warden { spares }, &mut rng, &mut incidents);
+                sim::timeline(
+                    &model,
+                    Strategy::Warden { spares },
+                    &mut rng,
+                    &mut incidents,
+                );
                 sim::evaluate(&incidents, horizon, tau, save_w).productive
             })
             .collect()

@@ -2,6 +2,8 @@
 //! assumptions hold: exponential failures, one class that always loses the
 //! progress since the last save, a fixed save cost.
 
+#![allow(clippy::unwrap_used)]
+
 use warden_planner::scenario::{FaultClass, Recovery, Scenario, SweepConfig};
 use warden_planner::young_daly;
 
@@ -47,9 +49,15 @@ fn simulated_optimum_is_within_5_percent_of_young_daly() {
             plan.warden.optimum.grid_interval_s,
             off * 100.0
         );
-        assert!(off < 0.05, "seed {seed}: optimum {got} s vs Young {young} s");
+        assert!(
+            off < 0.05,
+            "seed {seed}: optimum {got} s vs Young {young} s"
+        );
         // Daly's higher-order interval is the sharper reference here.
         let off_daly = (got - daly).abs() / daly;
-        assert!(off_daly < 0.02, "seed {seed}: optimum {got} s vs Daly {daly} s");
+        assert!(
+            off_daly < 0.02,
+            "seed {seed}: optimum {got} s vs Daly {daly} s"
+        );
     }
 }
