@@ -6,6 +6,7 @@
 //! the most explicit, last. The plan prints as a table, or as JSON with the
 //! global `--json`; `--svg` writes the plot.
 
+use std::io::Write;
 use std::path::PathBuf;
 
 use anyhow::{Context, Result};
@@ -183,23 +184,25 @@ pub fn run(args: &PlanArgs, json: bool) -> Result<()> {
         std::fs::write(path, warden_planner::svg::render(&plan))
             .with_context(|| format!("cannot write the plot to {}", path.display()))?;
     }
+    // Written, not println!: a closed pipe (`| head`) is an error, not a panic.
+    let mut text = String::new();
     if json {
         let mut doc = warden_planner::report::json(&plan);
         if let (Some(path), Some(obj)) = (&args.svg, doc.as_object_mut()) {
             obj.insert("svg".into(), path.display().to_string().into());
         }
-        println!("{doc}");
+        text = format!("{doc}\n");
     } else {
-        print!("{}", warden_planner::report::table(&plan));
+        text.push_str(&warden_planner::report::table(&plan));
         if let Some(path) = &args.svg {
-            println!("\nplot: {}", path.display());
+            text.push_str(&format!("\nplot: {}\n", path.display()));
         }
         let planned = scenario
             .classes
             .iter()
             .any(|c| c.recovery == Recovery::Planned);
-        println!(
-            "\n(simulated in {:.2} s; {} interruptions per repetition{})",
+        text.push_str(&format!(
+            "\n(simulated in {:.2} s; {} interruptions per repetition{})\n",
             took.as_secs_f64(),
             plan.interruptions_expected.round(),
             if planned {
@@ -207,7 +210,11 @@ pub fn run(args: &PlanArgs, json: bool) -> Result<()> {
             } else {
                 ""
             }
-        );
+        ));
     }
+    let mut out = std::io::stdout().lock();
+    out.write_all(text.as_bytes())
+        .and_then(|()| out.flush())
+        .context("cannot write the plan to stdout")?;
     Ok(())
 }
