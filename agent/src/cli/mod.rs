@@ -6,6 +6,7 @@
 pub mod ckpt;
 pub mod connect;
 pub mod demo;
+pub mod goodput_plan;
 pub mod incidents;
 pub mod plugin;
 pub mod stragglers;
@@ -145,6 +146,9 @@ pub enum Command {
     /// decisions, and an exit status that tells the scheduler what happened.
     /// Uses the local wardend, or embeds one when none runs.
     Run(Box<crate::act::launcher::RunArgs>),
+    /// Goodput: `warden goodput plan` simulates a job's failures and
+    /// recoveries to pick a checkpoint interval and a spares count.
+    Goodput(goodput_plan::GoodputArgs),
 }
 
 /// Entry point of the `warden` binary.
@@ -297,6 +301,10 @@ async fn run(cli: Cli) -> Result<()> {
         Command::Demo { duration } => demo::run(duration, cli.json).await?,
         Command::ToyRank(opts) => toy_rank::run(&opts),
         Command::Run(args) => std::process::exit(crate::act::launcher::run(*args, &target).await),
+        Command::Goodput(args) => match args.plan {
+            Some(goodput_plan::GoodputCmd::Plan(plan)) => goodput_plan::run(&plan, cli.json)?,
+            None => anyhow::bail!("warden goodput: name a subcommand (plan)"),
+        },
     }
     Ok(())
 }

@@ -1,0 +1,208 @@
+//! The plan for people (a table) and for scripts (JSON).
+
+use std::fmt::Write;
+
+use serde_json::Value;
+
+use crate::sweep::{Plan, Series};
+
+/// Formats a count with thousands separators.
+fn thousands(n: u64) -> String {
+    let digits = n.to_string();
+    let mut out = String::new();
+    for (i, ch) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(ch);
+    }
+    out
+}
+
+/// Seconds in the unit that reads best.
+fn duration(s: f64) -> String {
+    if s < 1.0 {
+        format!("{:.0} ms", s * 1000.0)
+    } else if s < 120.0 {
+        format!("{s:.1} s")
+    } else if s < 7200.0 {
+        format!("{:.1} min", s / 60.0)
+    } else {
+        format!("{:.2} h", s / 3600.0)
+    }
+}
+
+fn pct(x: f64) -> String {
+    format!("{:.2}%", x * 100.0)
+}
+
+/// The plan as a readable report.
+pub fn table(plan: &Plan) -> String {
+    let s = &plan.scenario;
+    let mut out = String::new();
+    // Writing to a String cannot fail.
+    let _ = writeln!(
+        out,
+        "goodput plan: {} GPUs ({} nodes x {}), {} days, {} repetitions, seed {}",
+        thousands(s.gpus),
+        thousands(plan.nodes),
+        s.gpus_per_node,
+        s.days,
+        s.sweep.reps,
+        s.sweep.seed
+    );
+    let total: f64 = s.classes.iter().map(|c| c.share).sum();
+    let classes: Vec<String> = s
+        .classes
+        .iter()
+        .map(|c| format!("{} {:.0}%", c.name, c.share / total * 100.0))
+        .collect();
+    let _ = writeln!(
+        out,
+        "failures: node MTBF {:.0} h -> one interruption every {} ({:.0} expected); {}",
+        s.node_mtbf_hours,
+        duration(plan.job_mtbf_s),
+        plan.interruptions_expected,
+        classes.join(", ")
+    );
+    let _ = writeln!(
+        out,
+        "checkpoint: {:.0} GiB; restore per node from local {}, from a peer {}; whole from durable {}",
+        s.checkpoint.size_gib,
+        duration(plan.restore_local_s),
+        duration(plan.restore_peer_s),
+        duration(plan.restore_durable_s)
+    );
+    if let Some(l) = &plan.ledger {
+        let applied: Vec<String> = l.applied.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        let _ = writeln!(
+            out,
+            "from the ledger: {} (over {} restarts, {} saves)",
+            if applied.is_empty() {
+                "nothing".to_owned()
+            } else {
+                applied.join(", ")
+            },
+            l.restarts.map_or("?".into(), |n| n.to_string()),
+            l.saves.map_or("?".into(), |n| n.to_string())
+        );
+    }
+    let _ = writeln!(out);
+    let (w, b) = (&plan.warden, &plan.baseline);
+    let row = |out: &mut String, label: &str, f: &dyn Fn(&Series) -> String| {
+        let _ = writeln!(out, "{label:<34}{:>20}{:>22}", f(w), f(b));
+    };
+    let _ = writeln!(
+        out,
+        "{:<34}{:>20}{:>22}",
+        "",
+        if s.spares > 0 {
+            format!("warden ({} spares)", s.spares)
+        } else {
+            "warden".to_owned()
+        },
+        "scheduler requeue"
+    );
+    row(&mut out, "best checkpoint interval", &|x| {
+        duration(x.optimum.interval_s)
+    });
+    row(&mut out, "  Young / Daly interval", &|x| {
+        format!(
+            "{} / {}",
+            duration(x.young_interval_s),
+            duration(x.daly_interval_s)
+        )
+    });
+    row(&mut out, "goodput at best (mean)", &|x| {
+        pct(x.optimum.goodput.mean)
+    });
+    row(&mut out, "  p5 - p95", &|x| {
+        format!(
+            "{} - {}",
+            pct(x.optimum.goodput.p5),
+            pct(x.optimum.goodput.p95)
+        )
+    });
+    row(&mut out, "  closed form at Young's interval", &|x| {
+        pct(x.closed_form_goodput)
+    });
+    row(&mut out, "save stall", &|x| duration(x.save_stall_s));
+    row(&mut out, "mean downtime per interruption", &|x| {
+        duration(x.mean_recovery_s)
+    });
+    let _ = writeln!(out, "where the time went (at best):");
+    row(&mut out, "  productive", &|x| {
+        pct(x.optimum.breakdown.productive)
+    });
+    row(&mut out, "  checkpoint save stall", &|x| {
+        pct(x.optimum.breakdown.save)
+    });
+    row(&mut out, "  lost progress (redone)", &|x| {
+        pct(x.optimum.breakdown.lost)
+    });
+    row(&mut out, "  detection", &|x| {
+        pct(x.optimum.breakdown.detection)
+    });
+    row(&mut out, "  restart, start-up, requeue", &|x| {
+        pct(x.optimum.breakdown.restart)
+    });
+    row(&mut out, "  restore", &|x| pct(x.optimum.breakdown.restore));
+    row(&mut out, "  scaled down", &|x| {
+        pct(x.optimum.breakdown.scaled_down)
+    });
+    let gain = w.optimum.goodput.mean - b.optimum.goodput.mean;
+    #[allow(clippy::cast_precision_loss)]
+    let gpu_hours = s.gpus as f64 * s.days * 24.0;
+    let _ = writeln!(
+        out,
+        "\nwarden over the baseline: {:+.2} points of goodput = {:.0} GPU-hours over the run",
+        gain * 100.0,
+        gain * gpu_hours
+    );
+    if let Some(first) = plan.spares.first() {
+        let _ = writeln!(
+            out,
+            "\nspares (warden at {}; without a free spare a node fault scales the job down until repair):",
+            duration(first.goodput.interval_s)
+        );
+        let _ = writeln!(
+            out,
+            "{:>8}{:>12}{:>22}{:>16}{:>16}",
+            "spares", "goodput", "p5 - p95", "gained GPU-h", "spare GPU-h"
+        );
+        for r in &plan.spares {
+            let _ = writeln!(
+                out,
+                "{:>8}{:>12}{:>22}{:>16.0}{:>16.0}",
+                r.spares,
+                pct(r.goodput.mean),
+                format!("{} - {}", pct(r.goodput.p5), pct(r.goodput.p95)),
+                r.gained_gpu_hours,
+                r.spare_gpu_hours
+            );
+        }
+    }
+    out
+}
+
+/// The plan as one JSON document (every input, both curves, the optima,
+/// the breakdowns and the spares table).
+pub fn json(plan: &Plan) -> Value {
+    // The plan is plain numbers and strings: serialising cannot fail, but a
+    // non-finite number would become null rather than an error.
+    serde_json::to_value(plan).unwrap_or(Value::Null)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn formats() {
+        assert_eq!(thousands(16_384), "16,384");
+        assert_eq!(thousands(100), "100");
+        assert_eq!(thousands(1_000_000), "1,000,000");
+        assert_eq!(duration(0.203), "203 ms");
+        assert_eq!(duration(600.0), "10.0 min");
+    }
+}

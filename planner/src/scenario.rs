@@ -1,0 +1,624 @@
+//! The planner's inputs: the job, its failure rate and fault classes, the
+//! checkpoint, warden's and the baseline's recovery times; their validation
+//! and the named presets.
+//!
+//! Every default is a figure with a source (docs/goodput.md, "Planner
+//! inputs", lists them): warden's own times come from docs/benchmarks.md and
+//! the agent's configuration defaults; the rest are stated assumptions that a
+//! finished job's ledger (`--from-ledger`) or the user replaces.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// A scenario the planner cannot simulate, with the key and value at fault.
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum ScenarioError {
+    /// One input is out of its range.
+    #[error("{key} = {value}: {why}")]
+    Invalid {
+        /// The input's name, as in the scenario JSON (dotted).
+        key: String,
+        /// The value given.
+        value: String,
+        /// What it must be.
+        why: String,
+    },
+    /// `--preset` named no preset.
+    #[error("unknown preset {0:?} (known: llama3)")]
+    UnknownPreset(String),
+    /// A ledger file that does not follow the agreed shape.
+    #[error("ledger file: {0}")]
+    Ledger(String),
+}
+
+fn invalid(key: &str, value: impl std::fmt::Display, why: &str) -> ScenarioError {
+    ScenarioError::Invalid {
+        key: key.to_owned(),
+        value: value.to_string(),
+        why: why.to_owned(),
+    }
+}
+
+/// How warden recovers from a fault of a class (the scheduler-requeue
+/// baseline requeues the whole job for every class).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Recovery {
+    /// The processes live on: `RestartRequested` is raised in the training
+    /// loop, state comes back from the local tier (warden's first answer to
+    /// transient software faults).
+    InProcess,
+    /// `warden run` kills and respawns the workers on the same nodes; state
+    /// from the local tier (warden's answer to infrastructure faults).
+    InJob,
+    /// The node must go: hot-swap to a free spare, else scale the job down by
+    /// one data-parallel replica until the node comes back from repair; the
+    /// lost shard comes from a peer's replica.
+    ReplaceNode,
+    /// Announced in advance (firmware, configuration): a checkpoint is saved
+    /// first, so no progress is lost; then an in-job restart.
+    Planned,
+}
+
+/// One class of interruption: its share of all interruptions and how it
+/// shows and is answered.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FaultClass {
+    /// A name for reports ("gpu", "network", ...).
+    pub name: String,
+    /// Relative weight among the classes (counts or fractions; normalised).
+    pub share: f64,
+    /// The fraction of this class's faults that hang the job (found by a
+    /// timeout) rather than crash it (found at once).
+    pub hang_fraction: f64,
+    /// What warden does about it.
+    pub recovery: Recovery,
+}
+
+/// The checkpoint: what a save stalls and where a restore reads from.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Checkpoint {
+    /// Seconds a save blocks training (the copy out of GPU memory; the write
+    /// to the local tier and the replication run behind it).
+    pub save_stall_s: f64,
+    /// The whole checkpoint (all ranks), GiB.
+    pub size_gib: f64,
+    /// Read throughput of a node's local tier (tmpfs or NVMe), GiB/s.
+    pub local_gibps: f64,
+    /// Throughput of a node's shard from a peer's replica over the network, GiB/s.
+    pub peer_gibps: f64,
+    /// Aggregate read throughput of durable storage for the whole job, GiB/s.
+    pub durable_gibps: f64,
+}
+
+impl Default for Checkpoint {
+    fn default() -> Self {
+        Self {
+            save_stall_s: 10.0,
+            size_gib: 1024.0,
+            local_gibps: 5.0,
+            peer_gibps: 10.0,
+            durable_gibps: 20.0,
+        }
+    }
+}
+
+/// The job's own times, which both warden and the baseline pay.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Job {
+    /// Seconds per training step (warden's hang threshold is calibrated from it).
+    pub step_s: f64,
+    /// Seconds from new worker processes to the first step: imports,
+    /// process-group set-up (not the restore).
+    pub startup_s: f64,
+}
+
+impl Default for Job {
+    fn default() -> Self {
+        Self {
+            step_s: 5.0,
+            startup_s: 60.0,
+        }
+    }
+}
+
+/// warden's recovery times. Defaults: docs/benchmarks.md and the agent's
+/// configuration defaults (agent/src/config, agent/src/policy).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct WardenTimes {
+    /// A crashed worker's death to the agent's decision (pidfd, 200 ms
+    /// settle window): 203 ms in "In-job restart under `warden run`".
+    pub crash_detection_s: f64,
+    /// `[hang] floor`: a calibrated hang threshold is never shorter (3 s).
+    pub hang_floor_s: f64,
+    /// `[hang] multiplier` x the p99 step time is the calibrated threshold (3).
+    pub hang_multiplier: f64,
+    /// `[agent] tick`: the scan period added to any threshold (100 ms).
+    pub tick_s: f64,
+    /// Decision to `RestartRequested` raised in the training loop: 0.61 ms
+    /// median in "In-process restart latency".
+    pub in_process_s: f64,
+    /// Decision to all new workers ready under `warden run`: 301 ms from the
+    /// death minus the 203 ms to the decision.
+    pub in_job_restart_s: f64,
+    /// The restart round across hosts through etcd: 3 ms on top of the local
+    /// restart ("Multi-host restart round through etcd").
+    pub round_s: f64,
+    /// Measured mean detection (ledger `detection_s`): replaces the crash and
+    /// hang model above when set.
+    pub detection_s: Option<f64>,
+    /// Measured mean restart downtime (ledger `restart_downtime_s`, incident
+    /// to first step, restore excluded): replaces `in_job_restart_s` +
+    /// `job.startup_s` for warden's in-job restarts when set.
+    pub restart_downtime_s: Option<f64>,
+    /// Measured mean restore (ledger `restore_s`): replaces the local tier's
+    /// modelled restore time when set.
+    pub restore_s: Option<f64>,
+}
+
+impl Default for WardenTimes {
+    fn default() -> Self {
+        Self {
+            crash_detection_s: 0.203,
+            hang_floor_s: 3.0,
+            hang_multiplier: 3.0,
+            tick_s: 0.1,
+            in_process_s: 0.000_61,
+            in_job_restart_s: 0.098,
+            round_s: 0.003,
+            detection_s: None,
+            restart_downtime_s: None,
+            restore_s: None,
+        }
+    }
+}
+
+/// What users have today: the job exits and the scheduler requeues it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Baseline {
+    /// A crash to the whole job torn down (torchrun's monitor sees the dead
+    /// worker, the scheduler kills the other nodes' steps).
+    pub crash_detection_s: f64,
+    /// A hang to the job torn down: PyTorch's NCCL watchdog, whose default
+    /// process-group timeout is 10 minutes.
+    pub hang_detection_s: f64,
+    /// The job back in the queue to running on nodes again.
+    pub requeue_s: f64,
+    /// The baseline's save stall when it differs from warden's (a
+    /// synchronous save to durable storage); unset: the same.
+    pub save_stall_s: Option<f64>,
+}
+
+impl Default for Baseline {
+    fn default() -> Self {
+        Self {
+            crash_detection_s: 10.0,
+            hang_detection_s: 600.0,
+            requeue_s: 300.0,
+            save_stall_s: None,
+        }
+    }
+}
+
+/// The sweep over checkpoint intervals.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SweepConfig {
+    /// Shortest interval (seconds of training between saves); unset: a fifth
+    /// of the Young/Daly interval.
+    pub interval_min_s: Option<f64>,
+    /// Longest interval; unset: five times the Young/Daly interval.
+    pub interval_max_s: Option<f64>,
+    /// Intervals tried, log-spaced between the two.
+    pub points: usize,
+    /// Repetitions of each point (independent random failure histories).
+    pub reps: usize,
+    /// The seed of the whole run: the same seed gives the same report.
+    pub seed: u64,
+}
+
+impl Default for SweepConfig {
+    fn default() -> Self {
+        Self {
+            interval_min_s: None,
+            interval_max_s: None,
+            points: 41,
+            reps: 1000,
+            seed: 1,
+        }
+    }
+}
+
+/// Everything the planner simulates.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Scenario {
+    /// Accelerators in the job.
+    pub gpus: u64,
+    /// Accelerators per node (a node is what fails and what is swapped).
+    pub gpus_per_node: u64,
+    /// Mean time between interruptions caused by one node, hours; the job's
+    /// rate is the node count times the node's.
+    pub node_mtbf_hours: f64,
+    /// Length of the simulated run, days.
+    pub days: f64,
+    /// The classes of interruption and their shares.
+    pub classes: Vec<FaultClass>,
+    /// Save stall, checkpoint size and tier throughputs.
+    pub checkpoint: Checkpoint,
+    /// Step time and start-up.
+    pub job: Job,
+    /// warden's recovery times.
+    pub warden: WardenTimes,
+    /// The scheduler-requeue baseline's times.
+    pub baseline: Baseline,
+    /// Hot spare nodes held beside the job.
+    pub spares: u32,
+    /// Hours before a node taken out comes back (to the spare pool, or to
+    /// the scaled-down job).
+    pub repair_hours: f64,
+    /// Nodes of one data-parallel replica: scaling down removes a whole one.
+    pub replica_nodes: u64,
+    /// The interval sweep and the repetitions.
+    pub sweep: SweepConfig,
+}
+
+/// Llama 3 (Meta, "The Llama 3 Herd of Models", 2024, section 3.3.4 and its
+/// table of root causes): 466 interruptions in 54 days on 16,384 H100s in
+/// 8-GPU servers, 47 planned and 419 unexpected.
+pub const LLAMA3_INTERRUPTIONS: f64 = 466.0;
+/// Days of the Llama 3 pre-training snapshot.
+pub const LLAMA3_DAYS: f64 = 54.0;
+/// GPUs of the Llama 3 405B run.
+pub const LLAMA3_GPUS: u64 = 16_384;
+
+/// The Llama 3 interruptions grouped by how warden answers them (the counts
+/// are the paper's; which recovery and hang fraction each group gets is ours,
+/// documented in docs/goodput.md).
+pub fn llama3_classes() -> Vec<FaultClass> {
+    let class = |name: &str, share: f64, hang_fraction: f64, recovery| FaultClass {
+        name: name.to_owned(),
+        share,
+        hang_fraction,
+        recovery,
+    };
+    vec![
+        // Faulty GPU 148, HBM3 72, SRAM 19, GPU system processor 17, silent
+        // data corruption 6, thermal interface and sensor 6.
+        class("gpu", 268.0, 0.1, Recovery::ReplaceNode),
+        // Unplanned host maintenance 32, NIC 7, SSD 3, power supply 3,
+        // chassis 2, IO expansion board 2, CPU 2, system memory 2.
+        class("host", 53.0, 0.2, Recovery::ReplaceNode),
+        // Network switch or cable 35: collectives wait on a dead link until
+        // the watchdog's timeout.
+        class("network", 35.0, 1.0, Recovery::InJob),
+        // Software bug 54, NCCL watchdog timeout 7, dependency 2: the
+        // watchdog timeouts (7 of 63) are the hangs.
+        class("software", 63.0, 7.0 / 63.0, Recovery::InProcess),
+        // Planned: automated maintenance, firmware, configuration updates.
+        class("planned", 47.0, 0.0, Recovery::Planned),
+    ]
+}
+
+impl Default for Scenario {
+    /// The Llama 3 cluster's size and failure rate over 30 days.
+    fn default() -> Self {
+        let nodes = LLAMA3_GPUS / 8;
+        #[allow(clippy::cast_precision_loss)]
+        let node_mtbf_hours = LLAMA3_DAYS * 24.0 * nodes as f64 / LLAMA3_INTERRUPTIONS;
+        Self {
+            gpus: LLAMA3_GPUS,
+            gpus_per_node: 8,
+            node_mtbf_hours,
+            days: 30.0,
+            classes: llama3_classes(),
+            checkpoint: Checkpoint::default(),
+            job: Job::default(),
+            warden: WardenTimes::default(),
+            baseline: Baseline::default(),
+            spares: 0,
+            repair_hours: 24.0,
+            replica_nodes: 1,
+            sweep: SweepConfig::default(),
+        }
+    }
+}
+
+/// Figures taken from a finished job's ledger, kept for the report.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct LedgerFigures {
+    /// Which scenario keys the ledger set, with their values.
+    pub applied: Vec<(String, f64)>,
+    /// Restarts the ledger's means were measured over.
+    pub restarts: Option<u64>,
+    /// Saves the save-stall mean was measured over.
+    pub saves: Option<u64>,
+}
+
+impl Scenario {
+    /// A named preset: `llama3` is the Llama 3 405B run itself (its GPUs,
+    /// its rate, its fault split, its 54 days).
+    pub fn preset(name: &str) -> Result<Self, ScenarioError> {
+        match name {
+            "llama3" => Ok(Self {
+                days: LLAMA3_DAYS,
+                ..Self::default()
+            }),
+            other => Err(ScenarioError::UnknownPreset(other.to_owned())),
+        }
+    }
+
+    /// Nodes in the job.
+    pub fn nodes(&self) -> u64 {
+        self.gpus / self.gpus_per_node.max(1)
+    }
+
+    /// Seconds simulated.
+    pub fn horizon_s(&self) -> f64 {
+        self.days * 86_400.0
+    }
+
+    /// The job's mean time between interruptions at full size, seconds.
+    pub fn job_mtbf_s(&self) -> f64 {
+        #[allow(clippy::cast_precision_loss)]
+        let nodes = self.nodes() as f64;
+        self.node_mtbf_hours * 3600.0 / nodes
+    }
+
+    /// The baseline's save stall.
+    pub fn baseline_save_stall_s(&self) -> f64 {
+        self.baseline
+            .save_stall_s
+            .unwrap_or(self.checkpoint.save_stall_s)
+    }
+
+    /// Refuses a scenario that cannot be simulated, naming the input.
+    pub fn validate(&self) -> Result<(), ScenarioError> {
+        if self.gpus == 0 {
+            return Err(invalid("gpus", self.gpus, "must be at least 1"));
+        }
+        if self.gpus_per_node == 0 {
+            return Err(invalid(
+                "gpus_per_node",
+                self.gpus_per_node,
+                "must be at least 1",
+            ));
+        }
+        if !self.gpus.is_multiple_of(self.gpus_per_node) {
+            return Err(invalid(
+                "gpus_per_node",
+                self.gpus_per_node,
+                &format!("must divide gpus ({}) into whole nodes", self.gpus),
+            ));
+        }
+        positive("node_mtbf_hours", self.node_mtbf_hours)?;
+        positive("days", self.days)?;
+        positive("repair_hours", self.repair_hours)?;
+        if self.replica_nodes == 0 || !self.nodes().is_multiple_of(self.replica_nodes) {
+            return Err(invalid(
+                "replica_nodes",
+                self.replica_nodes,
+                &format!("must be at least 1 and divide the {} nodes", self.nodes()),
+            ));
+        }
+        if self.classes.is_empty() {
+            return Err(invalid("classes", "[]", "must name at least one class"));
+        }
+        for (i, c) in self.classes.iter().enumerate() {
+            non_negative(&format!("classes[{i}].share"), c.share)?;
+            let h = c.hang_fraction;
+            if !(0.0..=1.0).contains(&h) {
+                return Err(invalid(
+                    &format!("classes[{i}].hang_fraction"),
+                    h,
+                    "must be between 0 and 1",
+                ));
+            }
+        }
+        if self.classes.iter().map(|c| c.share).sum::<f64>() <= 0.0 {
+            return Err(invalid(
+                "classes",
+                "shares summing to 0",
+                "at least one class needs a share above 0",
+            ));
+        }
+        let c = &self.checkpoint;
+        non_negative("checkpoint.save_stall_s", c.save_stall_s)?;
+        non_negative("checkpoint.size_gib", c.size_gib)?;
+        positive("checkpoint.local_gibps", c.local_gibps)?;
+        positive("checkpoint.peer_gibps", c.peer_gibps)?;
+        positive("checkpoint.durable_gibps", c.durable_gibps)?;
+        positive("job.step_s", self.job.step_s)?;
+        non_negative("job.startup_s", self.job.startup_s)?;
+        let w = &self.warden;
+        for (key, v) in [
+            ("warden.crash_detection_s", w.crash_detection_s),
+            ("warden.hang_floor_s", w.hang_floor_s),
+            ("warden.hang_multiplier", w.hang_multiplier),
+            ("warden.tick_s", w.tick_s),
+            ("warden.in_process_s", w.in_process_s),
+            ("warden.in_job_restart_s", w.in_job_restart_s),
+            ("warden.round_s", w.round_s),
+        ] {
+            non_negative(key, v)?;
+        }
+        for (key, v) in [
+            ("warden.detection_s", w.detection_s),
+            ("warden.restart_downtime_s", w.restart_downtime_s),
+            ("warden.restore_s", w.restore_s),
+            ("baseline.save_stall_s", self.baseline.save_stall_s),
+        ] {
+            if let Some(v) = v {
+                non_negative(key, v)?;
+            }
+        }
+        let b = &self.baseline;
+        non_negative("baseline.crash_detection_s", b.crash_detection_s)?;
+        non_negative("baseline.hang_detection_s", b.hang_detection_s)?;
+        non_negative("baseline.requeue_s", b.requeue_s)?;
+        let s = &self.sweep;
+        if s.points < 3 {
+            return Err(invalid("sweep.points", s.points, "must be at least 3"));
+        }
+        if s.reps == 0 {
+            return Err(invalid("sweep.reps", s.reps, "must be at least 1"));
+        }
+        if let Some(v) = s.interval_min_s {
+            positive("sweep.interval_min_s", v)?;
+        }
+        if let Some(v) = s.interval_max_s {
+            positive("sweep.interval_max_s", v)?;
+        }
+        if let (Some(lo), Some(hi)) = (s.interval_min_s, s.interval_max_s)
+            && hi <= lo
+        {
+            return Err(invalid(
+                "sweep.interval_max_s",
+                hi,
+                &format!("must be above sweep.interval_min_s ({lo})"),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Takes a finished job's measured means from its ledger JSON: the
+    /// object under `"recovery"` (docs/goodput.md, "Planner inputs"). Absent
+    /// figures keep their defaults; other keys of the file are ignored.
+    pub fn apply_ledger(&mut self, ledger: &Value) -> Result<LedgerFigures, ScenarioError> {
+        let recovery = ledger
+            .get("recovery")
+            .ok_or_else(|| ScenarioError::Ledger("no \"recovery\" object".into()))?;
+        let recovery = recovery.as_object().ok_or_else(|| {
+            ScenarioError::Ledger(format!("\"recovery\" is {recovery}, not an object"))
+        })?;
+        let number = |key: &str| -> Result<Option<f64>, ScenarioError> {
+            match recovery.get(key) {
+                None | Some(Value::Null) => Ok(None),
+                Some(v) => match v.as_f64() {
+                    Some(x) if x.is_finite() && x >= 0.0 => Ok(Some(x)),
+                    _ => Err(ScenarioError::Ledger(format!(
+                        "recovery.{key} = {v}: must be a number of seconds, 0 or more"
+                    ))),
+                },
+            }
+        };
+        let count = |key: &str| -> Result<Option<u64>, ScenarioError> {
+            match recovery.get(key) {
+                None | Some(Value::Null) => Ok(None),
+                Some(v) => v.as_u64().map(Some).ok_or_else(|| {
+                    ScenarioError::Ledger(format!(
+                        "recovery.{key} = {v}: must be a whole number, 0 or more"
+                    ))
+                }),
+            }
+        };
+        let mut figures = LedgerFigures {
+            restarts: count("restarts")?,
+            saves: count("saves")?,
+            ..LedgerFigures::default()
+        };
+        let mut take = |key: &str, target: &str, slot: &mut f64| -> Result<(), ScenarioError> {
+            if let Some(v) = number(key)? {
+                *slot = v;
+                figures.applied.push((target.to_owned(), v));
+            }
+            Ok(())
+        };
+        take("step_s", "job.step_s", &mut self.job.step_s)?;
+        take("startup_s", "job.startup_s", &mut self.job.startup_s)?;
+        take(
+            "save_stall_s",
+            "checkpoint.save_stall_s",
+            &mut self.checkpoint.save_stall_s,
+        )?;
+        for (key, target, slot) in [
+            (
+                "detection_s",
+                "warden.detection_s",
+                &mut self.warden.detection_s,
+            ),
+            (
+                "restart_downtime_s",
+                "warden.restart_downtime_s",
+                &mut self.warden.restart_downtime_s,
+            ),
+            ("restore_s", "warden.restore_s", &mut self.warden.restore_s),
+        ] {
+            if let Some(v) = number(key)? {
+                *slot = Some(v);
+                figures.applied.push((target.to_owned(), v));
+            }
+        }
+        Ok(figures)
+    }
+}
+
+fn positive(key: &str, v: f64) -> Result<(), ScenarioError> {
+    if v.is_finite() && v > 0.0 {
+        Ok(())
+    } else {
+        Err(invalid(key, v, "must be a finite number above 0"))
+    }
+}
+
+fn non_negative(key: &str, v: f64) -> Result<(), ScenarioError> {
+    if v.is_finite() && v >= 0.0 {
+        Ok(())
+    } else {
+        Err(invalid(key, v, "must be a finite number, 0 or more"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn llama3_preset_has_the_papers_rate_and_counts() {
+        let s = Scenario::preset("llama3").unwrap();
+        s.validate().unwrap();
+        let total: f64 = s.classes.iter().map(|c| c.share).sum();
+        assert!((total - LLAMA3_INTERRUPTIONS).abs() < 1e-9);
+        let expected = s.horizon_s() / s.job_mtbf_s();
+        assert!((expected - 466.0).abs() < 1e-6, "{expected}");
+        let planned: f64 = s
+            .classes
+            .iter()
+            .filter(|c| c.recovery == Recovery::Planned)
+            .map(|c| c.share)
+            .sum();
+        assert!((planned - 47.0).abs() < 1e-9);
+        assert_eq!(
+            Scenario::preset("gpt4"),
+            Err(ScenarioError::UnknownPreset("gpt4".into()))
+        );
+    }
+
+    #[test]
+    fn ledger_figures_replace_defaults_and_bad_ones_are_named() {
+        let mut s = Scenario::default();
+        let f = s
+            .apply_ledger(&json!({
+                "job": "x",
+                "recovery": {"startup_s": 42.0, "restore_s": 1.5, "restarts": 3}
+            }))
+            .unwrap();
+        assert_eq!(s.job.startup_s, 42.0);
+        assert_eq!(s.warden.restore_s, Some(1.5));
+        assert_eq!(s.job.step_s, Job::default().step_s);
+        assert_eq!(f.restarts, Some(3));
+        assert_eq!(f.applied.len(), 2);
+        let e = s
+            .apply_ledger(&json!({"recovery": {"detection_s": -1}}))
+            .unwrap_err();
+        assert!(e.to_string().contains("recovery.detection_s"), "{e}");
+        let e = s.apply_ledger(&json!({"parts": {}})).unwrap_err();
+        assert!(e.to_string().contains("no \"recovery\""), "{e}");
+    }
+}

@@ -1,0 +1,500 @@
+//! The discrete-event simulation of one run of the job.
+//!
+//! Two passes, so that a sweep over checkpoint intervals is cheap and every
+//! interval sees the same failures (common random numbers: the differences
+//! between intervals are not drowned in the noise between histories):
+//!
+//! 1. [`timeline`] draws one failure history: interruptions arrive as a
+//!    Poisson process whose rate is the running node count over the node's
+//!    MTBF (memoryless, so the next arrival is redrawn whenever the node
+//!    count changes); each gets a class, crash or hang, and the recovery the
+//!    strategy takes (in-process, in-job, hot-swap to a spare, scale-down,
+//!    or the scheduler's requeue), with its detection, restart and restore
+//!    times. Nodes taken out come back after the repair time, to the spare
+//!    pool or to the scaled-down job (a planned restart).
+//! 2. [`evaluate`] walks that history for one checkpoint interval, jumping
+//!    from incident to incident: the time between two is split arithmetically
+//!    into training and save stalls; a failure loses the training since the
+//!    last completed save. Nothing is simulated step by step.
+//!
+//! Failures also strike during a recovery (the nodes are held): the
+//! recovery starts over. The run is cut at the horizon; training not yet
+//! saved at the end counts as done.
+
+use std::collections::VecDeque;
+
+use serde::Serialize;
+
+use crate::rng::Rng;
+use crate::scenario::{Recovery, Scenario};
+
+/// Which recovery machinery the simulated job has.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Strategy {
+    /// warden with this many hot spare nodes.
+    Warden {
+        /// Spare nodes held beside the job.
+        spares: u32,
+    },
+    /// The job exits and the scheduler requeues it, restoring from durable
+    /// storage, for every interruption.
+    Baseline,
+}
+
+/// One interruption (or planned restart) in a failure history.
+#[derive(Debug, Clone, Copy)]
+pub struct Incident {
+    /// Seconds from the start of the run.
+    pub t: f64,
+    /// Seconds of detection, restart (with start-up and requeue) and restore.
+    pub parts: [f64; 3],
+    /// A checkpoint is saved before it (planned), so nothing is lost.
+    pub planned: bool,
+    /// Share of the job's nodes training after it (below 1 when scaled down).
+    pub capacity_after: f64,
+}
+
+/// Where the job's accelerator time went, as fractions of the whole run.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct Breakdown {
+    /// Training that was kept.
+    pub productive: f64,
+    /// Save stalls.
+    pub save: f64,
+    /// Training redone after a restore (lost progress).
+    pub lost: f64,
+    /// From the fault to the decision to recover.
+    pub detection: f64,
+    /// Restart, start-up and, for the baseline, the requeue.
+    pub restart: f64,
+    /// Reading the checkpoint back.
+    pub restore: f64,
+    /// Nodes of the job idle while it runs scaled down.
+    pub scaled_down: f64,
+}
+
+impl Breakdown {
+    /// Adds `other` times `w` (for means over repetitions).
+    pub fn add_scaled(&mut self, other: &Self, w: f64) {
+        self.productive += other.productive * w;
+        self.save += other.save * w;
+        self.lost += other.lost * w;
+        self.detection += other.detection * w;
+        self.restart += other.restart * w;
+        self.restore += other.restore * w;
+        self.scaled_down += other.scaled_down * w;
+    }
+
+    /// The sum of all parts (1 for a whole run).
+    pub fn total(&self) -> f64 {
+        self.productive
+            + self.save
+            + self.lost
+            + self.detection
+            + self.restart
+            + self.restore
+            + self.scaled_down
+    }
+}
+
+/// Per-class recovery times, worked out once per scenario.
+#[derive(Debug, Clone)]
+pub struct Model {
+    horizon: f64,
+    node_mtbf_s: f64,
+    nodes: u64,
+    replica_nodes: u64,
+    repair_s: f64,
+    /// Cumulative class shares, normalised, for drawing a class.
+    cumulative: Vec<f64>,
+    classes: Vec<ClassModel>,
+    /// A scale-up when a node returns (warden only).
+    scale_up: [f64; 3],
+    /// The save stall of each strategy.
+    save_warden: f64,
+    save_baseline: f64,
+}
+
+#[derive(Debug, Clone)]
+struct ClassModel {
+    hang_fraction: f64,
+    recovery: Recovery,
+    /// warden: [crash, hang] x [detection, restart, restore].
+    warden: [[f64; 3]; 2],
+    /// warden, the node replaced by a spare or the job scaled down.
+    warden_node: [[f64; 3]; 2],
+    /// The baseline: [crash, hang] x parts.
+    baseline: [[f64; 3]; 2],
+}
+
+/// The modelled restore times of one node's shard (local, peer) and of the
+/// whole checkpoint from durable storage, seconds.
+pub fn restore_times(s: &Scenario) -> (f64, f64, f64) {
+    #[allow(clippy::cast_precision_loss)]
+    let nodes = s.nodes() as f64;
+    let c = &s.checkpoint;
+    let shard = c.size_gib / nodes;
+    let local = s.warden.restore_s.unwrap_or(shard / c.local_gibps);
+    (local, shard / c.peer_gibps, c.size_gib / c.durable_gibps)
+}
+
+impl Model {
+    /// Works out every class's recovery for both strategies.
+    pub fn new(s: &Scenario) -> Self {
+        let (local, peer, durable) = restore_times(s);
+        let w = &s.warden;
+        let hang_detect = (w.hang_multiplier * s.job.step_s).max(w.hang_floor_s) + w.tick_s;
+        let detect = |hang: bool| match w.detection_s {
+            Some(d) => d,
+            None if hang => hang_detect,
+            None => w.crash_detection_s,
+        };
+        let in_job = w
+            .restart_downtime_s
+            .unwrap_or(w.in_job_restart_s + s.job.startup_s);
+        let b = &s.baseline;
+        let requeue = b.requeue_s + s.job.startup_s;
+        let total: f64 = s.classes.iter().map(|c| c.share).sum();
+        let mut acc = 0.0;
+        let cumulative = s
+            .classes
+            .iter()
+            .map(|c| {
+                acc += c.share / total;
+                acc
+            })
+            .collect();
+        let classes = s
+            .classes
+            .iter()
+            .map(|c| {
+                let per = |f: &dyn Fn(bool) -> [f64; 3]| [f(false), f(true)];
+                let planned = c.recovery == Recovery::Planned;
+                ClassModel {
+                    hang_fraction: c.hang_fraction,
+                    recovery: c.recovery,
+                    warden: per(&|hang| {
+                        let d = if planned { 0.0 } else { detect(hang) };
+                        match c.recovery {
+                            Recovery::InProcess => [d, w.in_process_s, local],
+                            Recovery::InJob | Recovery::Planned => [d, in_job, local],
+                            Recovery::ReplaceNode => [d, in_job + w.round_s, peer],
+                        }
+                    }),
+                    warden_node: per(&|hang| [detect(hang), in_job + w.round_s, peer]),
+                    baseline: per(&|hang| {
+                        let d = match (planned, hang) {
+                            (true, _) => 0.0,
+                            (false, true) => b.hang_detection_s,
+                            (false, false) => b.crash_detection_s,
+                        };
+                        [d, requeue, durable]
+                    }),
+                }
+            })
+            .collect();
+        Self {
+            horizon: s.horizon_s(),
+            node_mtbf_s: s.node_mtbf_hours * 3600.0,
+            nodes: s.nodes(),
+            replica_nodes: s.replica_nodes,
+            repair_s: s.repair_hours * 3600.0,
+            cumulative,
+            classes,
+            scale_up: [0.0, in_job + w.round_s, peer],
+            save_warden: s.checkpoint.save_stall_s,
+            save_baseline: s.baseline_save_stall_s(),
+        }
+    }
+
+    /// Seconds simulated.
+    pub fn horizon(&self) -> f64 {
+        self.horizon
+    }
+
+    /// The save stall `strategy` pays.
+    pub fn save_stall(&self, strategy: Strategy) -> f64 {
+        match strategy {
+            Strategy::Warden { .. } => self.save_warden,
+            Strategy::Baseline => self.save_baseline,
+        }
+    }
+
+    /// Mean recovery downtime per interruption (detection + restart +
+    /// restore, weighted by class share and hang fraction) and the share of
+    /// interruptions that lose progress, for the closed form.
+    pub fn mean_recovery(&self, strategy: Strategy) -> (f64, f64) {
+        let mut downtime = 0.0;
+        let mut unplanned = 0.0;
+        let mut prev = 0.0;
+        for (c, &cum) in self.classes.iter().zip(&self.cumulative) {
+            let share = cum - prev;
+            prev = cum;
+            let parts = match strategy {
+                Strategy::Warden { .. } => &c.warden,
+                Strategy::Baseline => &c.baseline,
+            };
+            let sum = |p: &[f64; 3]| p.iter().sum::<f64>();
+            downtime += share
+                * ((1.0 - c.hang_fraction) * sum(&parts[0]) + c.hang_fraction * sum(&parts[1]));
+            if c.recovery != Recovery::Planned {
+                unplanned += share;
+            }
+        }
+        (downtime, unplanned)
+    }
+
+    /// The job's mean time between interruptions at full size, seconds.
+    pub fn job_mtbf(&self) -> f64 {
+        #[allow(clippy::cast_precision_loss)]
+        let nodes = self.nodes as f64;
+        self.node_mtbf_s / nodes
+    }
+}
+
+/// Draws one failure history for `strategy` into `out` (cleared first).
+pub fn timeline(model: &Model, strategy: Strategy, rng: &mut Rng, out: &mut Vec<Incident>) {
+    out.clear();
+    let spares_held = match strategy {
+        Strategy::Warden { spares } => spares,
+        Strategy::Baseline => 0,
+    };
+    let nodes = model.nodes;
+    #[allow(clippy::cast_precision_loss)]
+    let capacity = |active: u64| active as f64 / nodes as f64;
+    let mut t = 0.0;
+    let mut active = nodes;
+    let mut spares_free = spares_held;
+    // Nodes out for repair, by return time (a fixed repair time keeps it FIFO).
+    let mut repairs: VecDeque<f64> = VecDeque::new();
+    loop {
+        #[allow(clippy::cast_precision_loss)]
+        let next_fail = t + rng.exponential(model.node_mtbf_s / active as f64);
+        if let Some(&back) = repairs.front()
+            && back <= next_fail
+        {
+            if back >= model.horizon {
+                break;
+            }
+            t = back;
+            repairs.pop_front();
+            if active < nodes {
+                active += model.replica_nodes;
+                out.push(Incident {
+                    t,
+                    parts: model.scale_up,
+                    planned: true,
+                    capacity_after: capacity(active),
+                });
+            } else {
+                spares_free += 1;
+            }
+            // The arrival drawn above is dropped: the process is memoryless
+            // and its rate may have changed.
+            continue;
+        }
+        if next_fail >= model.horizon {
+            break;
+        }
+        t = next_fail;
+        let u = rng.uniform();
+        let k = model
+            .cumulative
+            .iter()
+            .position(|&c| u < c)
+            .unwrap_or(model.classes.len() - 1);
+        let class = &model.classes[k];
+        let hang = usize::from(rng.uniform() < class.hang_fraction);
+        let planned = class.recovery == Recovery::Planned;
+        let parts = match strategy {
+            Strategy::Baseline => class.baseline[hang],
+            Strategy::Warden { .. } if class.recovery == Recovery::ReplaceNode => {
+                repairs.push_back(t + model.repair_s);
+                if spares_free > 0 {
+                    spares_free -= 1;
+                    class.warden_node[hang]
+                } else if active > model.replica_nodes {
+                    active -= model.replica_nodes;
+                    class.warden_node[hang]
+                } else {
+                    // One replica left: nothing to scale down to; the job
+                    // waits for the node to come back.
+                    let mut p = class.warden_node[hang];
+                    p[1] += model.repair_s;
+                    repairs.pop_back();
+                    p
+                }
+            }
+            Strategy::Warden { .. } => class.warden[hang],
+        };
+        out.push(Incident {
+            t,
+            parts,
+            planned,
+            capacity_after: capacity(active),
+        });
+    }
+}
+
+/// Walks a history for one checkpoint interval (seconds of training between
+/// saves) and a save stall: where the run's time went.
+pub fn evaluate(incidents: &[Incident], horizon: f64, interval: f64, save: f64) -> Breakdown {
+    let period = interval + save;
+    let mut acc = Breakdown::default();
+    let run = |acc: &mut Breakdown, d: f64, capacity: f64, loses: bool| {
+        let full = (d / period).floor();
+        let rem = d - full * period;
+        let work = full * interval + rem.min(interval);
+        let saving = full * save + (rem - interval).max(0.0);
+        let lost = if loses { rem.min(interval) } else { 0.0 };
+        acc.productive += (work - lost) * capacity;
+        acc.lost += lost * capacity;
+        acc.save += saving * capacity;
+        acc.scaled_down += d * (1.0 - capacity);
+    };
+    // Charges a recovery's parts in order, cut after `elapsed` seconds.
+    let charge = |acc: &mut Breakdown, parts: &[f64; 4], elapsed: f64| {
+        let mut left = elapsed;
+        let slots = [
+            &mut acc.save,
+            &mut acc.detection,
+            &mut acc.restart,
+            &mut acc.restore,
+        ];
+        for (slot, &p) in slots.into_iter().zip(parts) {
+            let take = p.min(left);
+            *slot += take;
+            left -= take;
+        }
+    };
+    let mut up_at = 0.0;
+    let mut capacity = 1.0;
+    // The recovery under way: its start and [pre-save, detection, restart, restore].
+    let mut pending: Option<(f64, [f64; 4])> = None;
+    for inc in incidents {
+        if inc.t >= up_at {
+            if let Some((_, parts)) = pending.take() {
+                charge(&mut acc, &parts, f64::INFINITY);
+            }
+            run(&mut acc, inc.t - up_at, capacity, !inc.planned);
+        } else if let Some((start, parts)) = pending.take() {
+            // A failure during the recovery: it starts over.
+            charge(&mut acc, &parts, inc.t - start);
+        }
+        let pre_save = if inc.planned && inc.t >= up_at {
+            save
+        } else {
+            0.0
+        };
+        let parts = [pre_save, inc.parts[0], inc.parts[1], inc.parts[2]];
+        up_at = inc.t + parts.iter().sum::<f64>();
+        pending = Some((inc.t, parts));
+        capacity = inc.capacity_after;
+    }
+    if horizon >= up_at {
+        if let Some((_, parts)) = pending.take() {
+            charge(&mut acc, &parts, f64::INFINITY);
+        }
+        run(&mut acc, horizon - up_at, capacity, false);
+    } else if let Some((start, parts)) = pending.take() {
+        charge(&mut acc, &parts, horizon - start);
+    }
+    let scale = 1.0 / horizon;
+    let mut out = Breakdown::default();
+    out.add_scaled(&acc, scale);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn incident(t: f64, parts: [f64; 3], planned: bool) -> Incident {
+        Incident {
+            t,
+            parts,
+            planned,
+            capacity_after: 1.0,
+        }
+    }
+
+    #[test]
+    fn no_failures_pays_only_saves() {
+        let b = evaluate(&[], 1100.0, 100.0, 10.0);
+        // 10 periods of 110 s: 1000 s of training, 100 s of saves.
+        assert!((b.productive - 1000.0 / 1100.0).abs() < 1e-12, "{b:?}");
+        assert!((b.save - 100.0 / 1100.0).abs() < 1e-12, "{b:?}");
+        assert!((b.total() - 1.0).abs() < 1e-12);
+    }
+
+    #[test]
+    fn a_failure_loses_training_since_the_last_save() {
+        // Fails 50 s into the second period: 50 s lost; down 1+2+3 s.
+        let b = evaluate(
+            &[incident(160.0, [1.0, 2.0, 3.0], false)],
+            1000.0,
+            100.0,
+            10.0,
+        );
+        assert!((b.lost * 1000.0 - 50.0).abs() < 1e-9, "{b:?}");
+        assert!((b.detection * 1000.0 - 1.0).abs() < 1e-9);
+        assert!((b.restart * 1000.0 - 2.0).abs() < 1e-9);
+        assert!((b.restore * 1000.0 - 3.0).abs() < 1e-9);
+        assert!((b.total() - 1.0).abs() < 1e-12, "{b:?}");
+        // A planned restart at the same moment saves first: nothing lost.
+        let p = evaluate(
+            &[incident(160.0, [0.0, 2.0, 3.0], true)],
+            1000.0,
+            100.0,
+            10.0,
+        );
+        assert_eq!(p.lost, 0.0);
+        assert!((p.total() - 1.0).abs() < 1e-12);
+    }
+
+    #[test]
+    fn a_failure_during_recovery_restarts_it_and_parts_still_sum() {
+        let incs = [
+            incident(50.0, [10.0, 10.0, 10.0], false),
+            incident(65.0, [10.0, 10.0, 10.0], false),
+        ];
+        let b = evaluate(&incs, 200.0, 100.0, 10.0);
+        // First recovery cut after 15 s (10 detection + 5 restart), second whole.
+        assert!((b.detection * 200.0 - 20.0).abs() < 1e-9, "{b:?}");
+        assert!((b.restart * 200.0 - 15.0).abs() < 1e-9, "{b:?}");
+        assert!((b.lost * 200.0 - 50.0).abs() < 1e-9, "{b:?}");
+        assert!((b.total() - 1.0).abs() < 1e-12, "{b:?}");
+    }
+
+    #[test]
+    fn spares_turn_scale_down_into_hot_swap() {
+        let mut s = Scenario {
+            gpus: 64,
+            gpus_per_node: 8,
+            node_mtbf_hours: 100.0,
+            days: 10.0,
+            repair_hours: 48.0,
+            ..Scenario::default()
+        };
+        s.classes.retain(|c| c.recovery == Recovery::ReplaceNode);
+        let m = Model::new(&s);
+        let mut out = Vec::new();
+        timeline(
+            &m,
+            Strategy::Warden { spares: 0 },
+            &mut Rng::for_rep(3, 0),
+            &mut out,
+        );
+        assert!(out.iter().any(|i| i.capacity_after < 1.0), "no scale-down");
+        timeline(
+            &m,
+            Strategy::Warden { spares: 64 },
+            &mut Rng::for_rep(3, 0),
+            &mut out,
+        );
+        assert!(
+            out.iter().all(|i| i.capacity_after == 1.0),
+            "spares ran out"
+        );
+    }
+}
