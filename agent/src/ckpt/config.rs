@@ -87,7 +87,7 @@ impl Default for CheckpointConfig {
             domain: String::new(),
             replicas: 1,
             peers: Vec::new(),
-            chunk_bytes: 1 << 20,
+            chunk_bytes: 4 << 20,
             replication_bytes_per_sec: 0,
             peer_timeout: Duration::from_secs(2),
             retry_interval: Duration::from_secs(2),

@@ -192,6 +192,7 @@ async fn serve(
         // link busy (small defaults cap a stream well below loopback speed).
         .initial_stream_window_size(crate::ckpt::peers::STREAM_WINDOW)
         .initial_connection_window_size(crate::ckpt::peers::CONN_WINDOW)
+        .max_frame_size(crate::ckpt::peers::FRAME)
         .add_service(health_service)
         .add_service(reflection)
         .add_service(reflection_alpha)
