@@ -50,6 +50,9 @@ pub struct AgentState {
     /// and what each rank's `Control` stream delivers (its own lock, never
     /// held together with the registry's).
     pub restarts: crate::act::in_process::Restarts,
+    /// The goodput ledger and its journal (fed by the work loop's scan and
+    /// the goodput task; read by GetGoodput).
+    pub goodput: crate::goodput::Goodput,
 }
 
 impl AgentState {
@@ -78,7 +81,9 @@ impl AgentState {
             config.attribution.retain,
         );
         let (escalations, escalations_rx) = tokio::sync::mpsc::unbounded_channel();
+        let goodput = crate::goodput::Goodput::open(&config.state_dir());
         Ok(Self {
+            goodput,
             incidents: Mutex::new(incidents),
             incident_feed: tokio::sync::broadcast::channel(256).0,
             escalations,

@@ -136,6 +136,7 @@ async fn serve(
     // Subscribed before anything publishes, so attribution sees every
     // registration and signal.
     let attribution = crate::attribute::task::start(state.clone());
+    let goodput = crate::goodput::task::start(state.clone());
     let cfg = &state.config;
 
     let uds = UnixListener::bind(&socket).map_err(|source| DaemonError::Bind {
@@ -198,6 +199,7 @@ async fn serve(
 
     let mut tasks = JoinSet::new();
     tasks.spawn(attribution);
+    tasks.spawn(goodput);
     {
         let stop = state.shutdown.clone();
         let router = router.clone();
