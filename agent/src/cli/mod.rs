@@ -5,6 +5,7 @@
 
 pub mod connect;
 pub mod demo;
+pub mod goodput;
 pub mod incidents;
 pub mod plugin;
 pub mod stragglers;
@@ -122,6 +123,11 @@ pub enum Command {
         #[arg(long)]
         flagged: bool,
     },
+    /// Where each job's accelerator time went: productive step time and
+    /// badput by cause (start-up, checkpoint save and restore, detection,
+    /// restart, lost progress, stragglers, data wait, idle), with
+    /// percentages and the top causes.
+    Goodput(goodput::GoodputArgs),
     /// Start wardend on its embedded defaults in a scratch directory with two
     /// toy training ranks, one of which hangs: show health, the hang event
     /// with its evidence, and the ranks.
@@ -274,6 +280,10 @@ async fn run(cli: Cli) -> Result<()> {
                 .into_inner();
             stragglers::print_stragglers(&r, cli.json);
         }
+        Command::Goodput(args) => match &args.cmd {
+            None => goodput::run(&target, &args, cli.json).await?,
+            Some(cmd) => match *cmd {},
+        },
         Command::Demo { duration } => demo::run(duration, cli.json).await?,
         Command::ToyRank(opts) => toy_rank::run(&opts),
         Command::Run(args) => std::process::exit(crate::act::launcher::run(*args, &target).await),
