@@ -591,16 +591,20 @@ impl Ledger {
     }
 
     /// The job is over at `at_ns` (its launcher said so): every rank still
-    /// open is closed; nothing accrues after.
+    /// open is closed; nothing accrues after. A rank that finished before
+    /// the others held its accelerator until the job ended: that time is
+    /// idle, so a closed job accounts wall time x ranks.
     pub fn close(&mut self, job: &str, at_ns: u64) {
         let Some(j) = self.jobs.get_mut(job) else {
             return;
         };
         for (rank, r) in &mut j.ranks {
-            if r.phase != Phase::Ended {
+            if r.phase == Phase::Ended {
+                r.advance(at_ns, Cause::Idle);
+            } else {
                 end_rank(r, at_ns);
-                j.dirty.insert(*rank);
             }
+            j.dirty.insert(*rank);
         }
     }
 

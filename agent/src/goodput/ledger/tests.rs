@@ -244,3 +244,20 @@ fn report_counts_open_downtime_until_now() {
     assert_eq!(rep.parts.total(), rep.wall_ns);
     assert!(rep.open);
 }
+
+#[test]
+fn closing_a_job_holds_early_finishers_until_the_end() {
+    let mut l = Ledger::default();
+    l.registered("j", 0, 10, 0, 0);
+    l.registered("j", 1, 11, 0, 0);
+    l.step("j", 0, step(10, 0, 0, 100));
+    l.step("j", 1, step(11, 0, 0, 300));
+    l.exited("j", 0, 10, ExitKind::Clean, 100 * MS);
+    l.exited("j", 1, 11, ExitKind::Clean, 300 * MS);
+    assert_eq!(l.report("j", 0).unwrap().parts.total(), 400 * MS as i64);
+    l.close("j", 300 * MS);
+    assert_sums(&l, "j");
+    let rep = l.report("j", 0).unwrap();
+    assert_eq!(rep.parts.total(), 2 * rep.wall_ns);
+    assert_eq!(ms(&l, "j", Cause::Idle), 200);
+}
