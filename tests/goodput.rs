@@ -35,9 +35,7 @@ async fn goodput(agent: &TestAgent) -> Option<pb::JobGoodput> {
     agent
         .client()
         .await
-        .get_goodput(pb::GetGoodputRequest {
-            job_id: JOB.into(),
-        })
+        .get_goodput(pb::GetGoodputRequest { job_id: JOB.into() })
         .await
         .ok()?
         .into_inner()
@@ -98,7 +96,14 @@ async fn the_ledger_adds_up_counts_redone_steps_and_survives_a_kill_9_of_the_age
     cmd.arg("--socket")
         .arg(agent.socket())
         .arg("run")
-        .args(["--agent", "local", "--nproc-per-node", "2", "--rdzv-id", JOB])
+        .args([
+            "--agent",
+            "local",
+            "--nproc-per-node",
+            "2",
+            "--rdzv-id",
+            JOB,
+        ])
         .arg("--log-dir")
         .arg(&logs)
         .arg("--")
@@ -111,7 +116,14 @@ async fn the_ledger_adds_up_counts_redone_steps_and_survives_a_kill_9_of_the_age
         // Attempt 0: rank 1 crashes after step 18 (restored from step 10).
         .args(["--crash-at-step", "18", "--crash-rank", "1"])
         // Attempt 1: rank 1 hangs in step 38 (restored from step 30).
-        .args(["--hang-at-step", "38", "--hang-rank", "1", "--hang-restart", "1"]);
+        .args([
+            "--hang-at-step",
+            "38",
+            "--hang-rank",
+            "1",
+            "--hang-restart",
+            "1",
+        ]);
     let mut launcher = Streaming::spawn(&mut cmd, scratch.path().join("launcher.stderr"));
     launcher.wait_line(RUN, "rank 1's crash", |l| l.contains("] crash: os._exit"));
     for _ in 0..2 {
@@ -152,9 +164,7 @@ async fn the_ledger_adds_up_counts_redone_steps_and_survives_a_kill_9_of_the_age
     eventually(
         Duration::from_secs(10),
         "the journal to take the restart",
-        async || {
-            (std::fs::metadata(&journal).map_or(0, |m| m.len()) > len_then).then_some(())
-        },
+        async || (std::fs::metadata(&journal).map_or(0, |m| m.len()) > len_then).then_some(()),
     )
     .await;
 
@@ -191,7 +201,10 @@ async fn the_ledger_adds_up_counts_redone_steps_and_survives_a_kill_9_of_the_age
     let text = std::fs::read_to_string(logs.join(JOB).join("goodput.json"))
         .unwrap_or_else(|e| panic!("goodput.json: {e}\n{}", launcher.stderr()));
     let g: Value = serde_json::from_str(&text).unwrap();
-    let f = |v: &Value| v.as_f64().unwrap_or_else(|| panic!("not a number: {v} in {g:#}"));
+    let f = |v: &Value| {
+        v.as_f64()
+            .unwrap_or_else(|| panic!("not a number: {v} in {g:#}"))
+    };
     let parts = g["parts"].as_object().unwrap();
     let sum: f64 = parts.values().map(|p| f(&p["accelerator_s"])).sum();
     let ranks = g["ranks"].as_u64().unwrap();
@@ -233,10 +246,7 @@ async fn the_ledger_adds_up_counts_redone_steps_and_survives_a_kill_9_of_the_age
     }
     // The hang's detection wait is at least its threshold (1.5 s) on the
     // hung rank.
-    assert!(
-        f(&parts["detection_wait"]["accelerator_s"]) >= 1.5,
-        "{g:#}"
-    );
+    assert!(f(&parts["detection_wait"]["accelerator_s"]) >= 1.5, "{g:#}");
 
     // `warden goodput --json` says the same as the file.
     let out = common::run(

@@ -36,8 +36,13 @@ struct Setup {
 
 fn setup(ranks: u32) -> Setup {
     let dir = tempfile::tempdir().unwrap();
-    let mut reg =
-        Registry::new(&dir.path().join("run"), &dir.path().join("state"), ranks, 0o600).unwrap();
+    let mut reg = Registry::new(
+        &dir.path().join("run"),
+        &dir.path().join("state"),
+        ranks,
+        0o600,
+    )
+    .unwrap();
     let goodput = Goodput::open(&dir.path().join("state"));
     let me = std::process::id();
     let mut slots = Vec::new();

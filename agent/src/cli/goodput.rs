@@ -75,7 +75,7 @@ pub fn job_json(j: &pb::JobGoodput) -> Value {
             json!({ "accelerator_s": p.accelerator_seconds, "fraction": p.fraction }),
         );
     }
-    let rec = j.recovery.clone().unwrap_or_default();
+    let rec = j.recovery.unwrap_or_default();
     json!({
         "job_id": j.job_id,
         "wall_s": j.wall_seconds,

@@ -45,7 +45,7 @@ enum Record {
     Rank {
         job: String,
         rank: u32,
-        ledger: RankLedger,
+        ledger: Box<RankLedger>,
     },
     /// The job's own flags.
     Job {
@@ -130,7 +130,7 @@ impl Journal {
                         &Record::Rank {
                             job: job.clone(),
                             rank: *rank,
-                            ledger: r.clone(),
+                            ledger: Box::new(r.clone()),
                         },
                     );
                 }
@@ -190,7 +190,7 @@ impl Journal {
                 &Record::Rank {
                     job: job.to_owned(),
                     rank: *rank,
-                    ledger: r.clone(),
+                    ledger: Box::new(r.clone()),
                 },
             );
         }
@@ -223,8 +223,12 @@ fn line(buf: &mut Vec<u8>, r: &Record) {
 
 fn apply(ledger: &mut Ledger, r: Record) {
     match r {
-        Record::Rank { job, rank, ledger: l } => {
-            ledger.jobs.entry(job).or_default().ranks.insert(rank, l);
+        Record::Rank {
+            job,
+            rank,
+            ledger: l,
+        } => {
+            ledger.jobs.entry(job).or_default().ranks.insert(rank, *l);
         }
         Record::Job {
             job,
@@ -294,7 +298,8 @@ mod tests {
         let path = j.path_of("a/b");
         // A torn line at the end, as a kill -9 during a write leaves it.
         let mut f = OpenOptions::new().append(true).open(&path).unwrap();
-        f.write_all(b"{\"record\":\"rank\",\"job\":\"a/b\",\"ra").unwrap();
+        f.write_all(b"{\"record\":\"rank\",\"job\":\"a/b\",\"ra")
+            .unwrap();
         drop(f);
         let (_, back, warnings) = Journal::open(dir.path()).unwrap();
         assert_eq!(journaled(&back), journaled(&l));

@@ -499,10 +499,7 @@ impl Ledger {
             return;
         }
         let data = i64::try_from(s.data_ns).unwrap_or(i64::MAX).min(dur);
-        let data_wait = r
-            .data_base
-            .median()
-            .map_or(0, |b| (data - b).clamp(0, dur));
+        let data_wait = r.data_base.median().map_or(0, |b| (data - b).clamp(0, dur));
         if s.data_ns > 0 {
             r.data_base.push(data);
         }

@@ -62,7 +62,10 @@ impl Goodput {
                     tracing::warn!("goodput journal: {w}");
                 }
                 if !l.jobs.is_empty() {
-                    tracing::info!(jobs = l.jobs.len(), "goodput ledger replayed from its journal");
+                    tracing::info!(
+                        jobs = l.jobs.len(),
+                        "goodput ledger replayed from its journal"
+                    );
                 }
                 (Some(j), l)
             }
@@ -170,8 +173,8 @@ pub fn process_start_ns(pid: u32) -> Option<u64> {
     if unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut boot) } != 0 {
         return None;
     }
-    let boot_now = u64::try_from(boot.tv_sec).ok()? * 1_000_000_000
-        + u64::try_from(boot.tv_nsec).ok()?;
+    let boot_now =
+        u64::try_from(boot.tv_sec).ok()? * 1_000_000_000 + u64::try_from(boot.tv_nsec).ok()?;
     let mono = mono_now();
     Some(boot_ns.saturating_sub(boot_now.saturating_sub(mono)))
 }
@@ -182,6 +185,9 @@ mod tests {
     fn our_own_start_is_in_the_past() {
         let start = super::process_start_ns(std::process::id()).unwrap();
         let now = super::mono_now();
-        assert!(start <= now && now - start < 3_600_000_000_000, "{start} {now}");
+        assert!(
+            start <= now && now - start < 3_600_000_000_000,
+            "{start} {now}"
+        );
     }
 }
