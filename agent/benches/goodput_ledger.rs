@@ -7,7 +7,9 @@
 //! the baseline), `ledger` is what the work loop adds for goodput
 //! accounting: handing the scan's new steps to the ledger
 //! (`Goodput::observe_scan`, under the ledger's lock). The client's writes
-//! are done in the untimed set-up.
+//! are done in the untimed set-up. `*_no_step`: the ranks only heartbeat
+//! (steps longer than the tick, the common case), so the scan reads every
+//! slot and the ledger gets nothing to do.
 //!
 //! `cargo bench -p warden-agent --bench goodput_ledger`
 
@@ -104,6 +106,17 @@ impl Setup {
         (t0 + 10_000_000, t0)
     }
 
+    /// Every rank only heartbeats (a step longer than the tick is under
+    /// way): the common scan when steps take seconds.
+    fn write_heartbeats(&self) -> (u64, u64) {
+        let t0 = self.now.get();
+        for i in &self.slots {
+            self.file.writer(*i).unwrap().heartbeat();
+        }
+        self.now.set(t0 + 10_000_000);
+        (t0 + 10_000_000, t0)
+    }
+
     fn scan(&mut self, now: u64, prev: u64) -> ScanFeed {
         scan::scan(&mut self.reg, &self.cfg, now, prev).goodput
     }
@@ -131,6 +144,23 @@ fn bench(c: &mut Criterion) {
             b.iter_batched(
                 || {
                     let (now, prev) = s.borrow().write_steps();
+                    (s.borrow_mut().scan(now, prev), now)
+                },
+                |(feed, now)| s.borrow().goodput.observe_scan(black_box(&feed), now),
+                BatchSize::PerIteration,
+            );
+        });
+        g.bench_function(BenchmarkId::new("scan_no_step", ranks), |b| {
+            b.iter_batched(
+                || s.borrow().write_heartbeats(),
+                |(now, prev)| black_box(s.borrow_mut().scan(now, prev)),
+                BatchSize::PerIteration,
+            );
+        });
+        g.bench_function(BenchmarkId::new("ledger_no_step", ranks), |b| {
+            b.iter_batched(
+                || {
+                    let (now, prev) = s.borrow().write_heartbeats();
                     (s.borrow_mut().scan(now, prev), now)
                 },
                 |(feed, now)| s.borrow().goodput.observe_scan(black_box(&feed), now),

@@ -217,29 +217,39 @@ pub struct RankLedger {
 }
 
 /// A small window of recent durations and their median.
+///
+/// The median is recomputed every [`Baseline::EVERY`] pushes, on a copy on
+/// the stack: a baseline moves slowly, and the ledger runs on every scan,
+/// so it must cost next to nothing per step (no allocation).
 #[derive(Debug, Clone, Default, PartialEq)]
 struct Baseline {
-    recent: VecDeque<i64>,
+    ring: [i64; Baseline::LEN],
+    len: usize,
+    next: usize,
+    pushes: u32,
+    median: Option<i64>,
 }
 
 impl Baseline {
     const LEN: usize = 31;
     const MIN: usize = 5;
+    const EVERY: u32 = 8;
 
     fn median(&self) -> Option<i64> {
-        if self.recent.len() < Self::MIN {
-            return None;
-        }
-        let mut v: Vec<i64> = self.recent.iter().copied().collect();
-        let mid = v.len() / 2;
-        Some(*v.select_nth_unstable(mid).1)
+        self.median
     }
 
     fn push(&mut self, ns: i64) {
-        if self.recent.len() == Self::LEN {
-            self.recent.pop_front();
+        self.ring[self.next] = ns;
+        self.next = (self.next + 1) % Self::LEN;
+        self.len = (self.len + 1).min(Self::LEN);
+        self.pushes = self.pushes.wrapping_add(1);
+        if self.len >= Self::MIN && (self.median.is_none() || self.pushes % Self::EVERY == 0) {
+            let mut v = self.ring;
+            let w = &mut v[..self.len];
+            let mid = w.len() / 2;
+            self.median = Some(*w.select_nth_unstable(mid).1);
         }
-        self.recent.push_back(ns);
     }
 }
 
