@@ -16,7 +16,7 @@
 //! agent restarts). No I/O here: [`super::task`] feeds it, [`super::journal`]
 //! keeps it.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
@@ -244,7 +244,9 @@ impl Baseline {
         self.next = (self.next + 1) % Self::LEN;
         self.len = (self.len + 1).min(Self::LEN);
         self.pushes = self.pushes.wrapping_add(1);
-        if self.len >= Self::MIN && (self.median.is_none() || self.pushes % Self::EVERY == 0) {
+        if self.len >= Self::MIN
+            && (self.median.is_none() || self.pushes.is_multiple_of(Self::EVERY))
+        {
             let mut v = self.ring;
             let w = &mut v[..self.len];
             let mid = w.len() / 2;
