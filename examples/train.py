@@ -15,11 +15,13 @@ Faults to inject (all off by default):
   --raise-at-step N [--raise-rank R]
       rank R raises ValueError in its model code at step N, on every attempt:
       a bug in the user's code, which no restart fixes.
-  --hang-at-step N [--hang-rank R]
-      rank R stops making progress inside "backward" at step N, first
-      attempt only: a hang, for the agent's hang detection and in-process
-      restarts (the training function runs under `warden.run` when the
-      package has it, so an in-process restart resumes from the checkpoint).
+  --hang-at-step N [--hang-rank R] [--hang-restart K]
+      rank R stops making progress inside "backward" at step N, on the
+      attempt with TORCHELASTIC_RESTART_COUNT K (default 0) before any
+      in-process restart: a hang, for the agent's hang detection and
+      in-process restarts (the training function runs under `warden.run`
+      when the package has it, so an in-process restart resumes from the
+      checkpoint). K > 0 puts a hang after a crash in one job.
   --orphan
       rank 0 starts, on the first attempt, two grandchildren that ignore
       SIGTERM (one of them in a session of its own): what the launcher's stop
@@ -146,6 +148,7 @@ def main() -> int:
     p.add_argument("--hang-at-step", type=int, default=-1)
     p.add_argument("--hang-rank", type=int, default=1)
     p.add_argument("--hang-s", type=float, default=3600.0)
+    p.add_argument("--hang-restart", type=int, default=0)
     p.add_argument("--orphan", action="store_true")
     p.add_argument("--print-env", action="store_true")
     a = p.parse_args()
@@ -193,11 +196,20 @@ def main() -> int:
                     loss = model(w, n, a)
                 with section("backward"):
                     time.sleep(half)
-                    if n == a.hang_at_step and RANK == a.hang_rank and first_attempt():
+                    if (
+                        n == a.hang_at_step
+                        and RANK == a.hang_rank
+                        and RESTART == a.hang_restart
+                        and in_process_restarts() == 0
+                    ):
                         say(f"hang: no progress from step {n} on")
                         time.sleep(a.hang_s)
                     target = 3.0 + 0.01 * ((n * 7 + RANK) % 5)
                     w -= a.lr * 2.0 * (w - target)
+            # Reported as soon as the step is complete (before the crash and
+            # the save), so the lines name every step the agent saw done.
+            if a.report_every and n % a.report_every == 0:
+                say(f"step {n} loss {loss:.4f}")
             if (
                 n == a.crash_at_step
                 and RANK == a.crash_rank
@@ -207,8 +219,6 @@ def main() -> int:
                 os._exit(a.crash_code)
             if (n + 1) % a.ckpt_every == 0:
                 save(n + 1, w)
-            if a.report_every and n % a.report_every == 0:
-                say(f"step {n} loss {loss:.4f}")
         return w
 
     if warden is not None and hasattr(warden, "run"):

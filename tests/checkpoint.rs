@@ -427,10 +427,15 @@ async fn over_quota_old_steps_go_first_then_a_clear_error() {
 async fn a_python_rank_saves_and_restores_through_warden_checkpoint() {
     let agent = TestAgent::start("");
     let script = r#"
-import sys, warden.checkpoint as ckpt
+import sys, time, warden, warden.checkpoint as ckpt
+warden.default_client()
 assert ckpt.restore() is None, "fresh start"
 data = bytes(range(256)) * 4096
-ckpt.save(3, data)
+for n in range(6):
+    with warden.step(n):
+        time.sleep(0.02)
+    if n == 3:
+        ckpt.save(3, data)
 ckpt.save(4, bytearray(data[::-1]))
 r = ckpt.restore()
 assert r.step == 4 and r.tier == "local", r
@@ -453,4 +458,29 @@ print("ok", ckpt.identity())
     );
     assert_eq!(out.code(), 0, "{}\n{}", out.stdout, out.stderr);
     assert!(out.stdout.contains("ok ('pyj', 0, 1)"), "{}", out.stdout);
+    // The goodput ledger counted the saves' stalls and the restores.
+    let job = eventually(Duration::from_secs(10), "the ledger of pyj", async || {
+        let r = agent
+            .client()
+            .await
+            .get_goodput(pb::GetGoodputRequest {
+                job_id: "pyj".into(),
+            })
+            .await
+            .ok()?
+            .into_inner();
+        r.jobs
+            .into_iter()
+            .find(|j| j.recovery.as_ref().is_some_and(|r| r.saves >= 2))
+    })
+    .await;
+    let rec = job.recovery.expect("recovery");
+    assert!(rec.save_stall_s.is_some_and(|s| s > 0.0), "{rec:?}");
+    let part = |cause: &str| {
+        job.parts
+            .iter()
+            .find(|p| p.cause == cause)
+            .map_or(0.0, |p| p.accelerator_seconds)
+    };
+    assert!(part("checkpoint_save") > 0.0, "{:?}", job.parts);
 }

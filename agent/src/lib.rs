@@ -9,6 +9,7 @@
 //! - [`ranks`]: registered training ranks, their heartbeat slots, exits.
 //! - [`detect`]: detectors (hang) and their calibration, as pure functions.
 //! - [`attribute`]: incidents turned into diagnoses (fault class, evidence).
+//! - [`goodput`]: the goodput ledger: each job's time split by cause, its journal.
 //! - [`policy`]: diagnoses turned into remediation decisions (budgets, hook).
 //! - [`ckpt`]: checkpoint tiers: local, peer replicas, durable store, restore.
 //! - [`health`]: the health model (components, statuses, reasons).
@@ -29,6 +30,7 @@ pub mod coord;
 pub mod daemon;
 pub mod detect;
 pub mod events;
+pub mod goodput;
 pub mod health;
 pub mod policy;
 pub mod ranks;

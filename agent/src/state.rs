@@ -11,6 +11,10 @@ use crate::events::{EventBus, NewEvent, Severity};
 use crate::health::{ComponentReport, HealthModel, Status};
 use crate::ranks::registry::{ExitInfo, RankKey, RankState, Registry};
 
+/// Completed steps read from an exiting rank's slot for the goodput ledger
+/// (those since the last scan: a tick's worth at most, in practice).
+const LAST_STEPS: usize = 8;
+
 /// Shared by the API, the work loop and the sources (behind an `Arc`).
 #[derive(Debug)]
 pub struct AgentState {
@@ -53,6 +57,9 @@ pub struct AgentState {
     /// The checkpoint tiers, or why there are none (off, or the tier's
     /// directory could not be made): the checkpoint calls answer with it.
     pub checkpoints: Result<std::sync::Arc<crate::ckpt::Checkpoints>, String>,
+    /// The goodput ledger and its journal (fed by the work loop's scan and
+    /// the goodput task; read by GetGoodput).
+    pub goodput: crate::goodput::Goodput,
 }
 
 impl AgentState {
@@ -81,7 +88,9 @@ impl AgentState {
             config.attribution.retain,
         );
         let (escalations, escalations_rx) = tokio::sync::mpsc::unbounded_channel();
+        let goodput = crate::goodput::Goodput::open(&config.state_dir());
         Ok(Self {
+            goodput,
             incidents: Mutex::new(incidents),
             incident_feed: tokio::sync::broadcast::channel(256).0,
             escalations,
@@ -128,6 +137,7 @@ impl AgentState {
         entry.state = RankState::Exited;
         entry.exit = Some(exit.clone());
         let pid = entry.pid;
+        let ingested = entry.ingested_start_ns;
         let slot_index = entry.slot;
         let (mut step, mut section) = (
             entry.last.as_ref().map_or(0, |s| s.step),
@@ -137,10 +147,32 @@ impl AgentState {
         // scan may be up to a tick old); only after checking the file, since
         // ranks dying of a truncated file is one way to get here.
         reg.check_slot_file();
+        let mut last_steps = Vec::new();
         if was != RankState::Lost
-            && let Ok(snap) = reg.slots().snapshot_for_scan(slot_index, 0)
+            && let Ok(snap) = reg.slots().snapshot_for_scan(slot_index, LAST_STEPS)
             && snap.generation == generation
         {
+            // Steps completed since the last scan: the ledger needs them
+            // (they set the high-water mark redone steps are judged by).
+            if snap.writer_is_owner() {
+                last_steps = snap
+                    .recent_steps
+                    .iter()
+                    .filter(|s| s.start_ns > ingested && s.duration_ns > 0)
+                    .map(|s| crate::goodput::StepObs {
+                        pid,
+                        step: s.step,
+                        start_ns: s.start_ns,
+                        duration_ns: s.duration_ns,
+                        data_ns: s
+                            .sections
+                            .iter()
+                            .filter(|x| x.id == warden_client::slot::SECTION_DATA)
+                            .map(|x| x.total_ns)
+                            .sum(),
+                    })
+                    .collect();
+            }
             step = snap.step;
             let started = snap.steps_completed > 0 || snap.step_open;
             let name = snap.innermost().map(|o| {
@@ -152,6 +184,12 @@ impl AgentState {
         }
         reg.free_slot_of(key);
         drop(reg);
+        if !last_steps.is_empty() {
+            let mut l = self.goodput.ledger();
+            for s in last_steps {
+                l.step(&key.job, key.rank, s);
+            }
+        }
         let (severity, how) = match (exit.code, exit.signal) {
             // Stopped on purpose: Info, which attribution does not take as
             // a failure (engine::observe opens incidents from Error up).

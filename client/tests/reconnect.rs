@@ -155,6 +155,18 @@ impl Agent for FakeAgent {
     ) -> Result<Response<pb::ListCheckpointsResponse>, Status> {
         Err(Status::unimplemented("fake"))
     }
+    async fn get_goodput(
+        &self,
+        _: Request<pb::GetGoodputRequest>,
+    ) -> Result<Response<pb::GetGoodputResponse>, Status> {
+        Err(Status::unimplemented("fake"))
+    }
+    async fn close_goodput(
+        &self,
+        _: Request<pb::CloseGoodputRequest>,
+    ) -> Result<Response<pb::GetGoodputResponse>, Status> {
+        Err(Status::unimplemented("fake"))
+    }
     type WatchIncidentsStream = tokio_stream::Empty<Result<pb::Incident, Status>>;
     async fn watch_incidents(
         &self,

@@ -8,6 +8,7 @@ pub mod ckpt;
 pub mod control;
 pub mod convert;
 pub mod gate;
+pub mod goodput;
 pub mod launcher_api;
 pub mod metrics_http;
 pub mod nvhcd;

@@ -485,6 +485,26 @@ impl Agent for AgentService {
         })
         .await
     }
+
+    async fn get_goodput(
+        &self,
+        req: Request<pb::GetGoodputRequest>,
+    ) -> Result<Response<pb::GetGoodputResponse>, Status> {
+        observed("GetGoodput", async {
+            super::goodput::get_goodput(&self.state, &req.into_inner()).map(Response::new)
+        })
+        .await
+    }
+
+    async fn close_goodput(
+        &self,
+        req: Request<pb::CloseGoodputRequest>,
+    ) -> Result<Response<pb::GetGoodputResponse>, Status> {
+        observed("CloseGoodput", async {
+            super::goodput::close_goodput(&self.state, &req.into_inner()).map(Response::new)
+        })
+        .await
+    }
 }
 
 /// Longest exception message kept (its start).

@@ -10,27 +10,9 @@ use std::io::Write;
 use std::path::PathBuf;
 
 use anyhow::{Context, Result};
-use clap::{Args, Subcommand};
+use clap::Args;
 use warden_planner::Scenario;
 use warden_planner::scenario::Recovery;
-
-/// `warden goodput`: its subcommands (the ledger view goes beside `plan`).
-#[derive(Debug, Args)]
-pub struct GoodputArgs {
-    /// What to do.
-    #[command(subcommand)]
-    pub plan: Option<GoodputCmd>,
-}
-
-/// Subcommands of `warden goodput`.
-#[derive(Debug, Subcommand)]
-pub enum GoodputCmd {
-    /// Before a run: the goodput to expect, the checkpoint interval that
-    /// maximises it and what hot spares are worth, from a seeded simulation
-    /// of failures and recoveries, warden beside the scheduler-requeue
-    /// baseline. See docs/goodput.md.
-    Plan(Box<PlanArgs>),
-}
 
 /// `warden goodput plan`'s flags; unset ones keep the scenario's value.
 #[derive(Debug, Args)]

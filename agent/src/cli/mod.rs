@@ -6,6 +6,7 @@
 pub mod ckpt;
 pub mod connect;
 pub mod demo;
+pub mod goodput;
 pub mod goodput_plan;
 pub mod incidents;
 pub mod plugin;
@@ -130,6 +131,13 @@ pub enum Command {
         #[command(subcommand)]
         cmd: CkptCommand,
     },
+    /// Where each job's accelerator time went: productive step time and
+    /// badput by cause (start-up, checkpoint save and restore, detection,
+    /// restart, lost progress, stragglers, data wait, idle), with
+    /// percentages and the top causes; `warden goodput plan` simulates a
+    /// job's failures and recoveries to pick a checkpoint interval and a
+    /// spares count.
+    Goodput(goodput::GoodputArgs),
     /// Start wardend on its embedded defaults in a scratch directory with two
     /// toy training ranks, one of which hangs: show health, the hang event
     /// with its evidence, and the ranks.
@@ -146,9 +154,6 @@ pub enum Command {
     /// decisions, and an exit status that tells the scheduler what happened.
     /// Uses the local wardend, or embeds one when none runs.
     Run(Box<crate::act::launcher::RunArgs>),
-    /// Goodput: `warden goodput plan` simulates a job's failures and
-    /// recoveries to pick a checkpoint interval and a spares count.
-    Goodput(goodput_plan::GoodputArgs),
 }
 
 /// Entry point of the `warden` binary.
@@ -298,13 +303,13 @@ async fn run(cli: Cli) -> Result<()> {
                 .into_inner();
             ckpt::print_list(&r, cli.json);
         }
+        Command::Goodput(args) => match &args.cmd {
+            None => goodput::run(&target, &args, cli.json).await?,
+            Some(goodput::GoodputCmd::Plan(plan)) => goodput_plan::run(plan, cli.json)?,
+        },
         Command::Demo { duration } => demo::run(duration, cli.json).await?,
         Command::ToyRank(opts) => toy_rank::run(&opts),
         Command::Run(args) => std::process::exit(crate::act::launcher::run(*args, &target).await),
-        Command::Goodput(args) => match args.plan {
-            Some(goodput_plan::GoodputCmd::Plan(plan)) => goodput_plan::run(&plan, cli.json)?,
-            None => anyhow::bail!("warden goodput: name a subcommand (plan)"),
-        },
     }
     Ok(())
 }

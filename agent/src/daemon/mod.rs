@@ -136,6 +136,7 @@ async fn serve(
     // Subscribed before anything publishes, so attribution sees every
     // registration and signal.
     let attribution = crate::attribute::task::start(state.clone());
+    let goodput = crate::goodput::task::start(state.clone());
     let cfg = &state.config;
 
     let uds = UnixListener::bind(&socket).map_err(|source| DaemonError::Bind {
@@ -210,6 +211,7 @@ async fn serve(
     if let Ok(ck) = &state.checkpoints {
         tasks.spawn(crate::ckpt::replicate::run(state.clone(), ck.clone()));
     }
+    tasks.spawn(goodput);
     {
         let stop = state.shutdown.clone();
         let router = router.clone();

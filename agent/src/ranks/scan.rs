@@ -53,6 +53,8 @@ pub struct ScanResult {
     pub hangs: Vec<HangFinding>,
     /// Ranks read.
     pub scanned: usize,
+    /// Completed steps and pre-step sections for the goodput ledger.
+    pub goodput: crate::goodput::ScanFeed,
 }
 
 /// Scans every live rank. `now_ns` and `prev_ns` are this and the previous
@@ -141,6 +143,13 @@ pub fn scan(reg: &mut Registry, cfg: &HangConfig, now_ns: u64, prev_ns: u64) -> 
                     .max();
                 let first = entry.marker.is_none();
                 entry.marker = Some(marker);
+                if snap.steps_completed == 0 && !snap.step_open {
+                    let init = snap
+                        .innermost()
+                        .filter(|o| o.id == warden_client::slot::SECTION_INIT)
+                        .map(|o| o.entered_ns);
+                    out.goodput.init.push((entry.key.clone(), init));
+                }
                 if !first || snap.writer_is_owner() {
                     entry.progress_ns = client_ts
                         .unwrap_or(prev_ns)
@@ -181,6 +190,8 @@ pub fn scan(reg: &mut Registry, cfg: &HangConfig, now_ns: u64, prev_ns: u64) -> 
                     &mut |id| entry_name(&mut entry.names, slots, entry.slot, id),
                     &mut entry.step_times,
                     &mut entry.straggler,
+                    &mut |s| out.goodput.steps.push((entry.key.clone(), s)),
+                    entry.pid,
                 );
             }
             entry.last = Some(snap);
@@ -351,6 +362,8 @@ fn ingest(
     name_of: &mut dyn FnMut(u32) -> String,
     step_times: &mut std::collections::VecDeque<u64>,
     samples: &mut RankSamples,
+    ledger: &mut dyn FnMut(crate::goodput::StepObs),
+    pid: u32,
 ) -> u64 {
     let mut newest = after_start_ns;
     let mut prev_end: Option<u64> = None;
@@ -375,6 +388,18 @@ fn ingest(
                 st.duration_ns,
                 sections.iter().map(|(n, ns)| (n.as_str(), *ns)),
             );
+            ledger(crate::goodput::StepObs {
+                pid,
+                step: st.step,
+                start_ns: st.start_ns,
+                duration_ns: st.duration_ns,
+                data_ns: st
+                    .sections
+                    .iter()
+                    .filter(|s| s.id == warden_client::slot::SECTION_DATA)
+                    .map(|s| s.total_ns)
+                    .sum(),
+            });
             if let Some(pe) = prev_end
                 && st.start_ns > pe
             {

@@ -231,6 +231,7 @@ async fn run_job(
         supervise::run(job, &link, coord::LocalOnly, console.clone(), &mut signals).await
     };
     console.raw(summary.render());
+    goodput(&link, &summary, console).await;
     if let Some(path) = &args.summary_json {
         let written = serde_json::to_vec_pretty(&summary)
             .map_err(std::io::Error::other)
@@ -241,6 +242,45 @@ async fn run_job(
     }
     link.close().await;
     Ok(summary.exit_code)
+}
+
+/// The file, next to the per-rank logs, that holds the job's goodput
+/// breakdown when it ends (`warden goodput --json`'s form of one job).
+pub const GOODPUT_FILE: &str = "goodput.json";
+
+/// Closes the job's goodput ledger at the agent, prints the breakdown and
+/// writes it as JSON next to the per-rank logs. An agent that cannot answer
+/// costs the job nothing: the launcher says so and goes on.
+async fn goodput(link: &agent::AgentLink, summary: &exit::Summary, console: &output::Console) {
+    let mut client = link.client.clone();
+    let req = warden_proto::v1::CloseGoodputRequest {
+        job_id: summary.job.clone(),
+    };
+    let answer =
+        tokio::time::timeout(std::time::Duration::from_secs(5), client.close_goodput(req)).await;
+    let job = match answer {
+        Ok(Ok(r)) => r.into_inner().jobs.into_iter().next(),
+        Ok(Err(e)) => {
+            console.say(format!("no goodput breakdown: {}", e.message()));
+            return;
+        }
+        Err(_) => {
+            console.say("no goodput breakdown: the agent did not answer CloseGoodput within 5 s");
+            return;
+        }
+    };
+    let Some(job) = job else {
+        return;
+    };
+    console.raw(crate::cli::goodput::render(&job));
+    let path = std::path::Path::new(&summary.log_dir).join(GOODPUT_FILE);
+    let written = serde_json::to_vec_pretty(&crate::cli::goodput::job_json(&job))
+        .map_err(std::io::Error::other)
+        .and_then(|json| std::fs::write(&path, json));
+    match written {
+        Ok(()) => console.say(format!("goodput breakdown written to {}", path.display())),
+        Err(e) => console.say(format!("cannot write {}: {e}", path.display())),
+    }
 }
 
 /// `--rdzv-id`, else `$WARDEN_JOB_ID`, else `<host>-<pid>`.

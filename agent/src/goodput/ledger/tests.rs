@@ -1,0 +1,263 @@
+use super::*;
+
+const MS: u64 = 1_000_000;
+
+fn step(pid: u32, n: u64, start_ms: u64, dur_ms: u64) -> StepObs {
+    StepObs {
+        pid,
+        step: n,
+        start_ns: start_ms * MS,
+        duration_ns: dur_ms * MS,
+        data_ns: 0,
+    }
+}
+
+/// Parts add up to each rank's span: the invariant.
+fn assert_sums(l: &Ledger, job: &str) {
+    for (rank, r) in &l.jobs[job].ranks {
+        assert_eq!(
+            r.parts.total(),
+            ns_between(r.start_ns, r.cursor_ns),
+            "rank {rank}: parts {:?} do not add up to its span",
+            r.parts
+        );
+        assert!(
+            r.parts.0.iter().all(|p| *p >= 0),
+            "rank {rank}: a negative part {:?}",
+            r.parts
+        );
+    }
+}
+
+fn ms(l: &Ledger, job: &str, c: Cause) -> i64 {
+    l.report(job, 0).map_or(0, |r| r.parts.get(c)) / 1_000_000
+}
+
+#[test]
+fn startup_steps_gaps_and_end_add_up() {
+    let mut l = Ledger::default();
+    l.registered("j", 0, 10, 0, 300 * MS);
+    l.init_section("j", 0, Some(400 * MS), 450 * MS);
+    l.init_section("j", 0, None, 600 * MS);
+    for n in 0..10 {
+        l.step("j", 0, step(10, n, 1000 + n * 110, 100));
+    }
+    l.exited("j", 0, 10, ExitKind::Clean, 3000 * MS);
+    assert_sums(&l, "j");
+    assert_eq!(ms(&l, "j", Cause::StartupImport), 300);
+    assert_eq!(ms(&l, "j", Cause::StartupInit), 200);
+    assert_eq!(ms(&l, "j", Cause::Startup), 500);
+    assert_eq!(ms(&l, "j", Cause::Productive), 1000);
+    // 9 gaps of 10 ms, then 1000 + 1090 -> 3000.
+    assert_eq!(ms(&l, "j", Cause::Idle), 90 + 910);
+    let rep = l.report("j", 0).unwrap();
+    assert_eq!(rep.wall_ns, 3000 * MS as i64);
+    assert!(!rep.open);
+    assert_eq!(rep.occ.startups, (1, 1000 * MS as i64));
+}
+
+#[test]
+fn a_step_read_twice_is_counted_once() {
+    let mut l = Ledger::default();
+    l.registered("j", 0, 10, 0, 0);
+    l.step("j", 0, step(10, 0, 100, 100));
+    l.step("j", 0, step(10, 0, 100, 100));
+    l.step("j", 0, step(10, 1, 150, 100)); // overlaps: only its tail counts
+    assert_sums(&l, "j");
+    assert_eq!(ms(&l, "j", Cause::Productive), 150);
+}
+
+#[test]
+fn crash_restart_and_redone_steps_are_lost_progress() {
+    let mut l = Ledger::default();
+    for rank in 0..2 {
+        l.registered("j", rank, 10 + rank, 0, 100 * MS);
+    }
+    // Steps 0..=9 of 100 ms each, from t = 1000 ms.
+    for n in 0..10 {
+        for rank in 0..2 {
+            l.step("j", rank, step(10 + rank, n, 1000 + n * 100, 100));
+        }
+    }
+    // Rank 1 crashes at 2050 ms, halfway through step 10.
+    l.exited("j", 1, 11, ExitKind::Failed, 2050 * MS);
+    // Rank 0 is stopped for the restart afterwards: already disrupted.
+    l.exited("j", 0, 10, ExitKind::StoppedForRestart, 2100 * MS);
+    // New processes; restored from step 5 at 3000 ms: steps 5..=9 redone.
+    for rank in 0..2 {
+        l.registered("j", rank, 20 + rank, 2500 * MS, 2600 * MS);
+        l.restored("j", rank, 200 * MS as i64);
+        for n in 5..15 {
+            l.step("j", rank, step(20 + rank, n, 3000 + (n - 5) * 100, 100));
+        }
+    }
+    l.close("j", 4000 * MS);
+    assert_sums(&l, "j");
+    // Two ranks: each 50 ms of detection wait, 5 redone steps of 100 ms.
+    assert_eq!(ms(&l, "j", Cause::DetectionWait), 2 * 50);
+    assert_eq!(ms(&l, "j", Cause::LostProgress), 2 * 500);
+    assert_eq!(ms(&l, "j", Cause::CheckpointRestore), 2 * 200);
+    // 2050 -> 3000 less the restore.
+    assert_eq!(ms(&l, "j", Cause::RestartDowntime), 2 * (950 - 200));
+    assert_eq!(ms(&l, "j", Cause::Productive), 2 * (1000 + 500));
+    let rep = l.report("j", 0).unwrap();
+    assert_eq!(rep.restarts, 1);
+    assert_eq!(rep.occ.restarts, (2, 2 * 750 * MS as i64));
+    assert_eq!(rep.occ.detections, (2, 2 * 50 * MS as i64));
+    assert_eq!(rep.parts.total(), 2 * 4000 * MS as i64);
+}
+
+#[test]
+fn old_attempt_steps_after_the_incident_are_downtime() {
+    let mut l = Ledger::default();
+    l.registered("j", 0, 10, 0, 0);
+    l.registered("j", 1, 11, 0, 0);
+    l.step("j", 0, step(10, 0, 0, 100));
+    l.step("j", 1, step(11, 0, 0, 100));
+    // Rank 1 hangs; declared at 1000 ms. Rank 0 keeps stepping a while.
+    l.step("j", 0, step(10, 1, 100, 100));
+    l.incident("j", 1000 * MS);
+    l.step("j", 0, step(10, 2, 1000, 100));
+    assert_sums(&l, "j");
+    assert_eq!(ms(&l, "j", Cause::DetectionWait), 800 + 900);
+    // Not a restart: the same process, no resume.
+    assert!(matches!(
+        l.jobs["j"].ranks[&0].phase,
+        Phase::Disrupted { .. }
+    ));
+    assert_eq!(ms(&l, "j", Cause::RestartDowntime), 100);
+}
+
+#[test]
+fn in_process_restart_resumes_the_same_process() {
+    let mut l = Ledger::default();
+    l.registered("j", 0, 10, 0, 0);
+    for n in 0..5 {
+        l.step("j", 0, step(10, n, n * 100, 100));
+    }
+    l.incident("j", 900 * MS);
+    l.resumed("j", 1000 * MS);
+    l.step("j", 0, step(10, 3, 1200, 100));
+    l.step("j", 0, step(10, 5, 1300, 100));
+    assert_sums(&l, "j");
+    assert_eq!(ms(&l, "j", Cause::RestartDowntime), 300);
+    assert_eq!(ms(&l, "j", Cause::LostProgress), 100);
+    assert_eq!(ms(&l, "j", Cause::Productive), 600);
+}
+
+#[test]
+fn save_stall_comes_out_of_idle_then_productive_and_never_below_zero() {
+    let mut l = Ledger::default();
+    l.registered("j", 0, 10, 0, 0);
+    l.step("j", 0, step(10, 0, 0, 100));
+    l.step("j", 0, step(10, 1, 150, 100)); // 50 ms idle
+    l.saved("j", 0, 80 * MS as i64);
+    assert_sums(&l, "j");
+    assert_eq!(ms(&l, "j", Cause::CheckpointSave), 80);
+    assert_eq!(ms(&l, "j", Cause::Idle), 0);
+    assert_eq!(ms(&l, "j", Cause::Productive), 170);
+    // A stall larger than everything: the rest waits for later time.
+    l.saved("j", 0, 1000 * MS as i64);
+    assert_sums(&l, "j");
+    assert_eq!(ms(&l, "j", Cause::Productive), 0);
+    l.step("j", 0, step(10, 2, 250, 100));
+    assert_sums(&l, "j");
+    assert_eq!(ms(&l, "j", Cause::CheckpointSave), 350);
+    assert_eq!(l.jobs["j"].ranks[&0].save_debt_ns, 730 * MS as i64);
+    let rep = l.report("j", 0).unwrap();
+    assert_eq!(rep.saves, 2);
+}
+
+#[test]
+fn data_wait_and_straggler_drag_are_above_baselines() {
+    let mut l = Ledger::default();
+    l.registered("j", 0, 10, 0, 0);
+    let mut t = 0;
+    for n in 0..10 {
+        l.step(
+            "j",
+            0,
+            StepObs {
+                pid: 10,
+                step: n,
+                start_ns: t * MS,
+                duration_ns: 100 * MS,
+                data_ns: 20 * MS,
+            },
+        );
+        t += 100;
+    }
+    // A slow data step: 60 ms of data, 40 above baseline.
+    l.step(
+        "j",
+        0,
+        StepObs {
+            pid: 10,
+            step: 10,
+            start_ns: t * MS,
+            duration_ns: 140 * MS,
+            data_ns: 60 * MS,
+        },
+    );
+    t += 140;
+    assert_eq!(ms(&l, "j", Cause::DataWait), 40);
+    // A straggler in the job: a 150 ms step is 50 ms of drag.
+    l.straggler("j", 3, true);
+    l.step(
+        "j",
+        0,
+        StepObs {
+            pid: 10,
+            step: 11,
+            start_ns: t * MS,
+            duration_ns: 150 * MS,
+            data_ns: 20 * MS,
+        },
+    );
+    l.straggler("j", 3, false);
+    assert_sums(&l, "j");
+    assert_eq!(ms(&l, "j", Cause::StragglerDrag), 50);
+    assert_eq!(ms(&l, "j", Cause::Productive), 1000 + 100 + 100);
+}
+
+#[test]
+fn a_reconnect_of_the_same_process_changes_nothing() {
+    let mut l = Ledger::default();
+    l.registered("j", 0, 10, 0, 0);
+    l.step("j", 0, step(10, 0, 0, 100));
+    let before = l.clone();
+    l.registered("j", 0, 10, 0, 500 * MS);
+    assert_eq!(l, before);
+    l.step("j", 0, step(10, 1, 600, 100));
+    assert_sums(&l, "j");
+    assert_eq!(ms(&l, "j", Cause::Idle), 500);
+}
+
+#[test]
+fn report_counts_open_downtime_until_now() {
+    let mut l = Ledger::default();
+    l.registered("j", 0, 10, 0, 0);
+    l.step("j", 0, step(10, 0, 0, 100));
+    l.incident("j", 200 * MS);
+    let rep = l.report("j", 1000 * MS).unwrap();
+    assert_eq!(rep.parts.get(Cause::RestartDowntime), 800 * MS as i64);
+    assert_eq!(rep.parts.total(), rep.wall_ns);
+    assert!(rep.open);
+}
+
+#[test]
+fn closing_a_job_holds_early_finishers_until_the_end() {
+    let mut l = Ledger::default();
+    l.registered("j", 0, 10, 0, 0);
+    l.registered("j", 1, 11, 0, 0);
+    l.step("j", 0, step(10, 0, 0, 100));
+    l.step("j", 1, step(11, 0, 0, 300));
+    l.exited("j", 0, 10, ExitKind::Clean, 100 * MS);
+    l.exited("j", 1, 11, ExitKind::Clean, 300 * MS);
+    assert_eq!(l.report("j", 0).unwrap().parts.total(), 400 * MS as i64);
+    l.close("j", 300 * MS);
+    assert_sums(&l, "j");
+    let rep = l.report("j", 0).unwrap();
+    assert_eq!(rep.parts.total(), 2 * rep.wall_ns);
+    assert_eq!(ms(&l, "j", Cause::Idle), 200);
+}
