@@ -27,6 +27,6 @@ bash tests/system-deps.sh build
 echo "==> cargo build --release" >&2
 cargo build --release --quiet
 
-echo "==> warden run --nproc-per-node 4 -- .venv/bin/python examples/train.py --crash-at-step 20 --crash-rank 2" >&2
+echo "==> warden run --nproc-per-node 4 -- .venv/bin/python examples/train.py --ckpt warden --crash-at-step 20 --crash-rank 2" >&2
 exec ./target/release/warden run --nproc-per-node 4 -- \
-    .venv/bin/python examples/train.py --steps 40 --step-ms 50 --crash-at-step 20 --crash-rank 2 "$@"
+    .venv/bin/python examples/train.py --steps 40 --step-ms 50 --ckpt warden --crash-at-step 20 --crash-rank 2 "$@"

@@ -5,7 +5,8 @@ Each rank fits one number by gradient descent, one step every --step-ms,
 inside warden's step and sections ("forward", "backward", "checkpoint") when
 the `warden` package is installed (pip install ./client/python; without it
 the job runs unwatched). It saves a checkpoint per rank every --ckpt-every
-steps (a JSON file, written atomically) and resumes from it when restarted.
+steps (a JSON file, written atomically; with --ckpt warden, a shard in the
+agent's checkpoint tier) and resumes from it when restarted.
 
 Faults to inject (all off by default):
   --crash-at-step N [--crash-rank R] [--crash-code C]
@@ -138,6 +139,13 @@ def main() -> int:
     p.add_argument("--lr", type=float, default=0.1)
     p.add_argument("--ckpt-dir", default=None, help="default: $TMPDIR/warden-train-<job id>")
     p.add_argument("--ckpt-every", type=int, default=5)
+    p.add_argument(
+        "--ckpt",
+        choices=["file", "warden"],
+        default="file",
+        help="file: a JSON file per rank in --ckpt-dir; warden: the agent's checkpoint tier"
+        " (warden.checkpoint: replicated to peers, restored from the nearest copy)",
+    )
     p.add_argument("--report-every", type=int, default=5)
     p.add_argument("--crash-at-step", type=int, default=-1)
     p.add_argument("--crash-rank", type=int, default=1)
@@ -174,6 +182,12 @@ def main() -> int:
         start_orphans()
 
     def save(next_step: int, w: float) -> None:
+        if a.ckpt == "warden":
+            import warden.checkpoint as tier
+
+            with section("checkpoint"):
+                tier.save(next_step, json.dumps({"step": next_step, "w": w}).encode())
+            return
         with section("checkpoint"):
             tmp = ckpt + ".tmp"
             with open(tmp, "w") as f:
@@ -182,7 +196,15 @@ def main() -> int:
 
     def train() -> float:
         start, w = 0, 0.0
-        if os.path.exists(ckpt):
+        if a.ckpt == "warden":
+            import warden.checkpoint as tier
+
+            r = tier.restore()
+            if r is not None:
+                saved = json.loads(r.read())
+                start, w = int(saved["step"]), float(saved["w"])
+                say(f"resumed from checkpoint at step {start} (tier {r.tier}, from {r.source})")
+        elif os.path.exists(ckpt):
             with open(ckpt) as f:
                 saved = json.load(f)
             start, w = int(saved["step"]), float(saved["w"])

@@ -40,13 +40,13 @@ fn component<'a>(h: &'a pb::NodeHealth, id: &str) -> Option<&'a pb::Component> {
 /// GetNodeHealth until host/memory has been read once.
 async fn health_with_memory(agent: &TestAgent) -> pb::NodeHealth {
     let mut client = agent.client().await;
-    eventually(WAIT, "host/memory in GetNodeHealth", async || {
+    eventually(WAIT, "agent and host/memory in GetNodeHealth", async || {
         let h = client
             .get_node_health(pb::GetNodeHealthRequest {})
             .await
             .expect("GetNodeHealth")
             .into_inner();
-        component(&h, "host/memory").is_some().then_some(h)
+        (component(&h, "host/memory").is_some() && component(&h, "agent").is_some()).then_some(h)
     })
     .await
 }
