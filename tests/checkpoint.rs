@@ -338,18 +338,24 @@ async fn an_agent_killed_mid_replication_sends_again_and_nothing_half_copied_is_
     .await;
     a.sigkill_and_wait();
     // b never lists what did not arrive whole, and its staging file goes.
-    eventually(
-        Duration::from_secs(20),
-        "b dropping the partial copy",
-        async || {
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while std::fs::read_dir(&staging)
+        .expect("staging")
+        .next()
+        .is_some()
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "b kept a partial copy: {:?}\n--- b's stderr ---\n{}",
             std::fs::read_dir(&staging)
-                .ok()?
-                .next()
-                .is_none()
-                .then_some(())
-        },
-    )
-    .await;
+                .expect("staging")
+                .flatten()
+                .map(|e| (e.file_name(), e.metadata().map(|m| m.len()).ok()))
+                .collect::<Vec<_>>(),
+            b.stderr()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     assert!(
         list_shards(&b).await.is_empty(),
         "b lists a partial replica"

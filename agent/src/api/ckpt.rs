@@ -207,6 +207,7 @@ pub async fn push_shard(
     let k = m.key();
     let (ck2, k2, size) = (ck.clone(), k.clone(), m.size_bytes);
     let staged = blocking(move || ck2.tier.begin_incoming(&k2, size)).await?;
+    let guard = crate::ckpt::tier::StagedGuard::new(staged.clone());
     peers::receive(&mut stream, first.data, &m, &staged)
         .await
         .map_err(|e| {
@@ -218,6 +219,7 @@ pub async fn push_shard(
         })?;
     let (ck2, m2) = (ck.clone(), m.clone());
     blocking(move || ck2.tier.install(&staged, &m2)).await?;
+    guard.keep();
     let (ck2, job) = (ck.clone(), k.job_id.clone());
     let _ = tokio::task::spawn_blocking(move || ck2.tier.prune(&job)).await;
     state.events.publish(

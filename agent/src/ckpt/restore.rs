@@ -404,8 +404,13 @@ async fn fetch(ck: &Arc<Checkpoints>, key: &ShardKey, c: &Copy) -> Result<PathBu
                 .await
                 .map_err(|e| e.to_string())?
                 .map_err(|e| e.to_string())?;
+            let guard = super::tier::StagedGuard::new(staged.clone());
             super::peers::receive(&mut stream, first.data, &c.manifest, &staged).await?;
-            install(ck, staged, c.manifest.clone()).await
+            let done = install(ck, staged, c.manifest.clone()).await;
+            if done.is_ok() {
+                guard.keep();
+            }
+            done
         }
         Holder::Durable => {
             let d = ck.durable.as_ref().ok_or("no durable store configured")?;
@@ -415,8 +420,13 @@ async fn fetch(ck: &Arc<Checkpoints>, key: &ShardKey, c: &Copy) -> Result<PathBu
                 .await
                 .map_err(|e| e.to_string())?
                 .map_err(|e| e.to_string())?;
+            let guard = super::tier::StagedGuard::new(staged.clone());
             d.fetch(&c.manifest, &staged).await?;
-            install(ck, staged, c.manifest.clone()).await
+            let done = install(ck, staged, c.manifest.clone()).await;
+            if done.is_ok() {
+                guard.keep();
+            }
+            done
         }
     }
 }

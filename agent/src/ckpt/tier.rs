@@ -67,6 +67,32 @@ fn io(what: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> TierErr
     move |source| TierError::Io { what, path, source }
 }
 
+/// Removes a staging file when dropped, unless [`StagedGuard::keep`] was
+/// called: a gRPC handler is dropped mid-await when its peer's connection
+/// goes, and its half-received file must not outlive it.
+#[derive(Debug)]
+pub struct StagedGuard(Option<PathBuf>);
+
+impl StagedGuard {
+    /// Guards `path`.
+    pub fn new(path: PathBuf) -> Self {
+        Self(Some(path))
+    }
+
+    /// The file is committed (renamed away): nothing to remove.
+    pub fn keep(mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for StagedGuard {
+    fn drop(&mut self) {
+        if let Some(p) = self.0.take() {
+            let _ = std::fs::remove_file(p);
+        }
+    }
+}
+
 /// One host's local tier.
 #[derive(Debug)]
 pub struct LocalTier {
