@@ -118,6 +118,7 @@ impl AgentState {
         entry.state = RankState::Exited;
         entry.exit = Some(exit.clone());
         let pid = entry.pid;
+        let declared_pid = entry.declared_pid;
         let slot_index = entry.slot;
         let (mut step, mut section) = (
             entry.last.as_ref().map_or(0, |s| s.step),
@@ -172,6 +173,7 @@ impl AgentState {
             format!("{key} (pid {pid}) {how} at step {step} in '{section}' without deregistering"),
         )
         .with("pid", pid)
+        .with("declared_pid", declared_pid)
         .with("step", step)
         .with("section", section)
         .with("state_before", was.as_str())
