@@ -100,7 +100,14 @@ pack() {
     -C "$root" -cf "$work/$(basename "$root").tar" .
   # The warden user owns its directories (a tar can set that without root).
   tar --numeric-owner --owner=65532 --group=65532 -C "$root" -rf "$work/$(basename "$root").tar" ./run/warden ./var/lib/warden
+  local old
+  old=$(docker image inspect --format '{{.Id}}' "$name" 2>/dev/null || true)
   docker import "${args[@]}" "$work/$(basename "$root").tar" "$name" >/dev/null
+  # The image this tag named before, now untagged: gone, unless a container
+  # still uses it.
+  if [[ -n $old && $old != "$(docker image inspect --format '{{.Id}}' "$name")" ]]; then
+    docker rmi "$old" >/dev/null 2>&1 || true
+  fi
 }
 
 common_changes=(

@@ -890,6 +890,28 @@ mod tests {
         assert_eq!(r.check_slot_file(), SlotFileCheck::Ok);
         assert!(r.slots().snapshot(0).is_ok());
     }
+    #[test]
+    fn a_rank_outside_the_agents_pid_namespace_registers_unseen() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut r =
+            Registry::new(&dir.path().join("run"), &dir.path().join("state"), 4, 0o600).unwrap();
+        // SO_PEERCRED gives 0 for a process the agent's namespace cannot see.
+        let mut q = req("j", 0, 0);
+        q.declared_pid = 7;
+        r.register(&q, 0).unwrap();
+        r.register(&req("j", 1, std::process::id()), 0).unwrap();
+        assert_eq!(r.pid_visibility(), (1, 2));
+        let e = &r.ranks[&RankKey {
+            job: "j".into(),
+            rank: 0,
+        }];
+        assert_eq!((e.pid, e.declared_pid), (0, 7));
+        // The client must still say who it is.
+        q.declared_pid = 0;
+        q.global_rank = 2;
+        let err = r.register(&q, 0).unwrap_err().to_string();
+        assert!(err.contains("pid must be set"), "{err}");
+    }
 }
 
 #[cfg(test)]
@@ -919,28 +941,5 @@ mod claim_visible {
         let snap = other.snapshot(reg.slot_index).unwrap();
         assert!(snap.claimed);
         assert_eq!(snap.generation, reg.generation);
-    }
-
-    #[test]
-    fn a_rank_outside_the_agents_pid_namespace_registers_unseen() {
-        let dir = tempfile::tempdir().unwrap();
-        let mut r =
-            Registry::new(&dir.path().join("run"), &dir.path().join("state"), 4, 0o600).unwrap();
-        // SO_PEERCRED gives 0 for a process the agent's namespace cannot see.
-        let mut q = req("j", 0, 0);
-        q.declared_pid = 7;
-        r.register(&q, 0).unwrap();
-        r.register(&req("j", 1, std::process::id()), 0).unwrap();
-        assert_eq!(r.pid_visibility(), (1, 2));
-        let e = &r.ranks[&RankKey {
-            job: "j".into(),
-            rank: 0,
-        }];
-        assert_eq!((e.pid, e.declared_pid), (0, 7));
-        // The client must still say who it is.
-        q.declared_pid = 0;
-        q.global_rank = 2;
-        let err = r.register(&q, 0).unwrap_err().to_string();
-        assert!(err.contains("pid must be set"), "{err}");
     }
 }
