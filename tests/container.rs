@@ -143,7 +143,13 @@ impl Pod {
     /// A memory-backed volume owned by the images' user, as an emptyDir
     /// with `medium: Memory` and `fsGroup: 65532`.
     fn volume(&mut self, what: &str) -> String {
+        self.volume_owned(what, "uid=65532,gid=65532,mode=0770")
+    }
+
+    /// A memory-backed volume with the owner and mode `o` (tmpfs options).
+    fn volume_owned(&mut self, what: &str, o: &str) -> String {
         let name = self.name(what);
+        let options = format!("o=size=64m,{o}");
         docker_ok(&[
             "volume",
             "create",
@@ -154,7 +160,7 @@ impl Pod {
             "--opt",
             "device=tmpfs",
             "--opt",
-            "o=size=64m,uid=65532,gid=65532,mode=0770",
+            &options,
             &name,
         ]);
         self.volumes.push(name.clone());
@@ -801,16 +807,56 @@ fn a_sidecar_outside_the_trainers_pid_namespace_reports_what_it_cannot_see() {
 #[test]
 fn a_node_agent_in_the_hosts_pid_namespace_sees_a_pods_ranks() {
     let mut pod = Pod::new("node");
-    let socket = pod.volume("sock");
+    // The host's socket directory as the kubelet creates a hostPath
+    // (root's, 0755); the trainer connects through the socket's group.
+    let socket = pod.volume_owned("sock", "uid=0,gid=0,mode=0755");
     let ckpt = pod.volume("ckpt");
     let config = pod.config(SIDECAR_TOML);
-    // As the DaemonSet runs it (hostPID: true); the trainer in a pod of its
-    // own (its own PID namespace), sharing the socket directory.
-    let agent = pod.agent(
-        "wardend",
-        &["--network", "none", "--pid", "host"],
-        &socket,
-        &config,
+    // As the DaemonSet runs it: the host's PID namespace, its user and
+    // group, its capabilities (read from the manifest: every other one
+    // dropped), a read-only root, its state on a root-owned directory, and
+    // the host's /dev/kmsg mounted into an unprivileged container. The
+    // trainer in a pod of its own (its own PID namespace), sharing the
+    // socket directory.
+    let ds = object("daemonset.yaml", "DaemonSet", "wardend");
+    let sc = &container(&ds["spec"]["template"]["spec"], "wardend")["securityContext"];
+    assert_eq!(sc["capabilities"]["drop"], serde_json::json!(["ALL"]));
+    let user = format!("{}:{}", sc["runAsUser"], sc["runAsGroup"]);
+    let mut ns: Vec<String> = [
+        "--network",
+        "none",
+        "--pid",
+        "host",
+        "--user",
+        &user,
+        "--cap-drop",
+        "ALL",
+        "--read-only",
+        "--tmpfs",
+        "/var/lib/warden:mode=0750",
+        "--tmpfs",
+        "/tmp",
+        "-v",
+        "/dev/kmsg:/dev/kmsg:ro",
+    ]
+    .map(str::to_owned)
+    .to_vec();
+    for cap in sc["capabilities"]["add"].as_array().unwrap() {
+        ns.extend(["--cap-add".to_owned(), cap.as_str().unwrap().to_owned()]);
+    }
+    let ns: Vec<&str> = ns.iter().map(String::as_str).collect();
+    let agent = pod.agent("wardend", &ns, &socket, &config);
+    // The device cgroup keeps an unprivileged container from the kernel
+    // log, as the DaemonSet's comments say: reported, not fatal.
+    let health = warden_json(&agent, &["health"]);
+    let kmsg = component(&health, "kmsg").unwrap();
+    assert_eq!(kmsg["status"], "UNKNOWN", "{kmsg}");
+    assert!(
+        kmsg["reasons"][0]["message"]
+            .as_str()
+            .unwrap()
+            .contains("Operation not permitted"),
+        "{kmsg}"
     );
     let mut t = trainer(
         &mut pod,
