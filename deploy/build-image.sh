@@ -23,20 +23,22 @@
 # Prints the image sizes. Needs docker (an engine running), ldd, tar, strip, and
 # busybox-static (/bin/busybox; tests/system-deps.sh container installs it).
 set -euo pipefail
-cd "$(dirname "$0")/.."
 
-bin_dir=target/release tag=warden:dev trainer= python= save=
+# Paths given are the caller's; the script then works from the repository root.
+bin_dir= tag=warden:dev trainer= python= save=
 while (($#)); do
   case $1 in
-    --bin-dir) bin_dir=$2; shift 2 ;;
+    --bin-dir) bin_dir=$(realpath -m "$2"); shift 2 ;;
     --tag) tag=$2; shift 2 ;;
     --trainer) trainer=$2; shift 2 ;;
-    --python) python=$2; shift 2 ;;
-    --save) save=$2; shift 2 ;;
+    --python) if [[ $2 == */* ]]; then python=$(realpath -s -m "$2"); else python=$(command -v "$2"); fi; shift 2 ;;
+    --save) save=$(realpath -m "$2"); shift 2 ;;
     -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
     *) echo "build-image.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
+cd "$(dirname "$0")/.."
+[[ -n $bin_dir ]] || bin_dir=target/release
 if [[ -n $trainer && -z $python ]]; then
   echo "build-image.sh: --trainer needs --python (an interpreter with the warden package installed)" >&2
   exit 2

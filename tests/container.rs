@@ -51,6 +51,17 @@ const SIDECAR_TOML: &str = "[agent]\ntick = \"50ms\"\n\
     [host]\nmemory_degraded_below_percent = 0.0\nmemory_failed_below_percent = 0.0\n\
     [hang]\nfloor = \"1s\"\nwarmup_samples = 5\n";
 
+/// The sidecar's securityContext in deploy/kubernetes/training-job.yaml,
+/// as docker options: every capability dropped, a read-only root, its
+/// state in a volume of its own (the emptyDir `state`).
+const SIDECAR_SECURITY: &[&str] = &[
+    "--cap-drop",
+    "ALL",
+    "--read-only",
+    "--tmpfs",
+    "/var/lib/warden:uid=65532,gid=65532,mode=0750",
+];
+
 /// The images under test, built once per test run from the binaries cargo
 /// built for it: (runtime, trainer).
 fn images() -> &'static (String, String) {
@@ -330,7 +341,8 @@ fn trainer(
     let ckpt_mount = format!("{ckpt}:/ckpt");
     let ckpt_dir = format!("/ckpt/{job}");
     let mut cmd = Command::new("docker");
-    cmd.args(["run", "--name", &name])
+    // The trainer's securityContext in training-job.yaml: no capabilities.
+    cmd.args(["run", "--name", &name, "--cap-drop", "ALL"])
         .args(ns)
         .args(["-v", &socket_mount, "-v", &ckpt_mount, &images().1])
         .args([
@@ -559,7 +571,8 @@ fn a_sidecar_sees_the_trainers_heartbeats_and_recovers_a_hang() {
     let socket = pod.volume("sock");
     let ckpt = pod.volume("ckpt");
     let config = pod.config(SIDECAR_TOML);
-    let agent = pod.agent("wardend", &ns, &socket, &config);
+    let sidecar: Vec<&str> = ns.iter().chain(SIDECAR_SECURITY).copied().collect();
+    let agent = pod.agent("wardend", &sidecar, &socket, &config);
 
     let mut t = trainer(
         &mut pod,
@@ -663,7 +676,8 @@ fn the_sidecar_killed_mid_job_training_goes_on_and_ranks_register_again() {
     let socket = pod.volume("sock");
     let ckpt = pod.volume("ckpt");
     let config = pod.config(SIDECAR_TOML);
-    let agent = pod.agent("wardend", &ns, &socket, &config);
+    let sidecar: Vec<&str> = ns.iter().chain(SIDECAR_SECURITY).copied().collect();
+    let agent = pod.agent("wardend", &sidecar, &socket, &config);
 
     let mut t = trainer(
         &mut pod,
@@ -750,7 +764,12 @@ fn a_sidecar_outside_the_trainers_pid_namespace_reports_what_it_cannot_see() {
     let ckpt = pod.volume("ckpt");
     let config = pod.config(SIDECAR_TOML);
     // The sidecar shares the network and the volumes, not the PIDs.
-    let agent = pod.agent("wardend", &[&net], &socket, &config);
+    let sidecar: Vec<&str> = [net.as_str()]
+        .iter()
+        .chain(SIDECAR_SECURITY)
+        .copied()
+        .collect();
+    let agent = pod.agent("wardend", &sidecar, &socket, &config);
     let pid = format!("--pid=container:{pause}");
     let mut t = trainer(
         &mut pod,

@@ -120,6 +120,18 @@ fn the_training_job_runs_wardend_as_a_native_sidecar_sharing_pids_and_volumes() 
     let sidecar = container(pod, "wardend");
     assert_eq!(sidecar["restartPolicy"], "Always");
     let trainer = container(pod, "trainer");
+    // What tests/container.rs runs them with (SIDECAR_SECURITY, the
+    // trainer's --cap-drop ALL).
+    assert_eq!(sidecar["securityContext"]["readOnlyRootFilesystem"], true);
+    for c in [sidecar, trainer] {
+        assert_eq!(
+            c["securityContext"]["capabilities"]["drop"],
+            serde_json::json!(["ALL"]),
+            "{}",
+            c["name"]
+        );
+    }
+    assert_eq!(pod["securityContext"]["runAsUser"], 65532);
     let command: Vec<&str> = trainer["command"]
         .as_array()
         .unwrap()

@@ -1,6 +1,7 @@
 //! The work loop: one tick drives the periodic work and the watchdog.
 //!
 //! Every `agent.tick` it scans the ranks' heartbeat slots (hang detection),
+//! reports ranks whose processes it cannot see (`ranks/pid_visibility`),
 //! marks sources stuck in a call as stalled, and pings the systemd
 //! watchdog. Pinging from here (not from a timer of its own) means a loop
 //! that stops turning stops the pings, and systemd restarts the agent.
