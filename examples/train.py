@@ -186,7 +186,12 @@ def main() -> int:
             import warden.checkpoint as tier
 
             with section("checkpoint"):
-                tier.save(next_step, json.dumps({"step": next_step, "w": w}).encode())
+                try:
+                    tier.save(next_step, json.dumps({"step": next_step, "w": w}).encode())
+                except tier.CheckpointError as e:
+                    # No agent (restarting), or no room: this step is not
+                    # saved, and nothing says it is; training goes on.
+                    say(f"checkpoint at step {next_step} not saved: {e}")
             return
         with section("checkpoint"):
             tmp = ckpt + ".tmp"

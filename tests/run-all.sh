@@ -12,17 +12,21 @@ step "toolchain"
 cargo --version
 rustup component list --installed 2>/dev/null | grep -qE '^(rustfmt|clippy)' || rustup component add rustfmt clippy
 
-step "system packages: protoc (etcd-client's build), etcd (multi-host tests)"
-bash tests/system-deps.sh build test
+step "system packages: protoc (etcd-client's build), etcd (multi-host tests), a container engine (packaging tests)"
+bash tests/system-deps.sh build test container
+docker version --format 'docker engine {{.Server.Version}}' 2>/dev/null || true
 etcd --version 2>/dev/null | head -1 || true
 protoc --version 2>/dev/null || true
 
-step "python venv (.venv, inside the clone) with the warden package and pytest"
+step "python venv (.venv, inside the clone) with the warden package, pytest, kubernetes-validate"
 # The system tests drive real Python ranks through this interpreter
 # (WARDEN_TEST_PYTHON); pip builds the package with maturin from PyPI.
+# kubernetes-validate checks deploy/kubernetes against the Kubernetes
+# schemas (tests/deploy.rs); tests/container.rs builds the trainer image
+# from this interpreter and its warden package.
 python3 -m venv .venv
 .venv/bin/pip install --quiet --upgrade pip
-.venv/bin/pip install --quiet pytest
+.venv/bin/pip install --quiet pytest kubernetes-validate
 .venv/bin/pip install --quiet ./client/python
 export WARDEN_TEST_PYTHON="$PWD/.venv/bin/python"
 

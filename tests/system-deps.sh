@@ -1,27 +1,41 @@
 #!/usr/bin/env bash
 # System packages warden needs on a fresh Debian machine, installed with
 # apt-get when missing (as root, or through sudo); nothing is done when all
-# is present. Used by examples/demo.sh (build) and tests/run-all.sh (build
-# and test).
+# is present. Used by examples/demo.sh (build) and tests/run-all.sh (build,
+# test and container).
 #   build: protoc and the protobuf well-known types, which etcd-client's
 #          build script needs (protobuf-compiler, libprotobuf-dev), unless
 #          PROTOC points at a protoc that has them.
 #   test:  Debian's etcd-server, the real etcd that tests/coord.rs and
 #          tests/multihost.rs start on free ports (tests/common/etcd.rs); its
 #          system service is kept from starting. WARDEN_TEST_ETCD may name an
-#          etcd binary instead.
+#          etcd binary instead. systemd-analyze (tests/deploy.rs verifies
+#          the unit file).
+#   container: a container engine for tests/container.rs and
+#          deploy/build-image.sh: Debian's docker.io when no docker engine
+#          answers, started here (dockerd in the background, its log in
+#          /var/log/warden-dockerd.log) when none runs; busybox-static (the
+#          images' only tool, for the DaemonSet's init container).
 set -euo pipefail
-want_build=0 want_test=0
+want_build=0 want_test=0 want_container=0
 for a in "$@"; do
   case $a in
     build) want_build=1 ;;
     test) want_test=1 ;;
-    *) echo "system-deps.sh: unknown group $a (expected build, test)" >&2; exit 2 ;;
+    container) want_container=1 ;;
+    *) echo "system-deps.sh: unknown group $a (expected build, test, container)" >&2; exit 2 ;;
   esac
 done
 need=()
+if ((want_container)); then
+  [[ -x /bin/busybox ]] && ! ldd /bin/busybox >/dev/null 2>&1 || need+=(busybox-static)
+  if ! docker info >/dev/null 2>&1 && ! command -v dockerd >/dev/null; then
+    need+=(docker.io)
+  fi
+fi
 if ((want_test)); then
   command -v etcd >/dev/null || [[ -n ${WARDEN_TEST_ETCD:-} ]] || need+=(etcd-server)
+  command -v systemd-analyze >/dev/null || need+=(systemd)
 fi
 if ((want_build)) && [[ -z ${PROTOC:-} ]]; then
   if ! command -v protoc >/dev/null; then
@@ -55,5 +69,24 @@ if ((${#need[@]})); then
   ((rc == 0)) || { echo "system-deps.sh: apt-get install ${need[*]} failed ($rc)" >&2; exit "$rc"; }
   if [[ -d /run/systemd/system ]]; then
     "${sudo[@]}" systemctl disable --now etcd.service >/dev/null 2>&1 || true
+  fi
+fi
+if ((want_container)) && ! docker info >/dev/null 2>&1; then
+  sudo=()
+  [[ $(id -u) -eq 0 ]] || sudo=(sudo)
+  if [[ -d /run/systemd/system ]] && "${sudo[@]}" systemctl start docker 2>/dev/null; then
+    echo "system-deps.sh: started docker.service" >&2
+  else
+    echo "system-deps.sh: starting dockerd (log: /var/log/warden-dockerd.log)" >&2
+    "${sudo[@]}" sh -c 'setsid dockerd >/var/log/warden-dockerd.log 2>&1 </dev/null &'
+  fi
+  for _ in $(seq 120); do
+    docker info >/dev/null 2>&1 && break
+    sleep 0.5
+  done
+  if ! docker info >/dev/null 2>&1; then
+    echo "system-deps.sh: dockerd did not answer within 60s; its log:" >&2
+    tail -20 /var/log/warden-dockerd.log >&2 || true
+    exit 1
   fi
 fi

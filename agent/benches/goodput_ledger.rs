@@ -61,6 +61,7 @@ fn setup(ranks: u32) -> Setup {
                     layout_version: slot::LAYOUT_VERSION,
                     stack_dump_signal: 0,
                     devices: Vec::new(),
+                    declared_pid: me,
                 },
                 1,
             )

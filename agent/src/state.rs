@@ -138,6 +138,7 @@ impl AgentState {
         entry.exit = Some(exit.clone());
         let pid = entry.pid;
         let ingested = entry.ingested_start_ns;
+        let declared_pid = entry.declared_pid;
         let slot_index = entry.slot;
         let (mut step, mut section) = (
             entry.last.as_ref().map_or(0, |s| s.step),
@@ -220,6 +221,7 @@ impl AgentState {
             format!("{key} (pid {pid}) {how} at step {step} in '{section}' without deregistering"),
         )
         .with("pid", pid)
+        .with("declared_pid", declared_pid)
         .with("step", step)
         .with("section", section)
         .with("state_before", was.as_str())

@@ -14,6 +14,8 @@
 
 /// A real etcd per test, for the multi-host coordination tests.
 pub mod etcd;
+/// The deployment files (deploy/kubernetes) as data, for the packaging tests.
+pub mod manifests;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;

@@ -776,6 +776,7 @@ mod tests {
                     local_rank: rank,
                     world_size: 4,
                     pid: std::process::id(),
+                    declared_pid: std::process::id(),
                     host: "h".into(),
                     layout_version: warden_client::slot::LAYOUT_VERSION,
                     stack_dump_signal: 0,

@@ -150,8 +150,12 @@ impl Agent for AgentService {
     ) -> Result<Response<pb::RegisterRankResponse>, Status> {
         observed("RegisterRank", async {
             // The kernel's word on who is calling beats the client's: it is
-            // right across PID namespaces (a sidecar sees the trainer's pids
-            // under its own numbers) and cannot be forged.
+            // right across PID namespaces (a node agent with the host's PID
+            // namespace sees a pod's ranks under its own numbers) and cannot
+            // be forged. It is 0 for a caller outside the agent's namespace
+            // (a sidecar without a shared process namespace): registered all
+            // the same, watched through its slot only, and reported as
+            // component ranks/pid_visibility.
             let peer_pid = req
                 .extensions()
                 .get::<tonic::transport::server::UdsConnectInfo>()
@@ -165,6 +169,7 @@ impl Agent for AgentService {
                 local_rank: r.local_rank,
                 world_size: r.world_size,
                 pid: peer_pid.unwrap_or(r.pid),
+                declared_pid: r.pid,
                 host: r.host,
                 layout_version: r.slot_layout_version,
                 stack_dump_signal: r.stack_dump_signal,
@@ -183,15 +188,27 @@ impl Agent for AgentService {
                 job: request.job_id.clone(),
                 rank: request.global_rank,
             };
-            ranks::exit_watch::spawn(self.state.clone(), key.clone(), reg.generation, request.pid);
+            if request.pid != 0 {
+                ranks::exit_watch::spawn(
+                    self.state.clone(),
+                    key.clone(),
+                    reg.generation,
+                    request.pid,
+                );
+            }
+            let who = if request.pid == 0 {
+                format!(
+                    "pid {} in a PID namespace the agent cannot see: its exit and process state are not watched",
+                    r.pid
+                )
+            } else {
+                format!("pid {}", request.pid)
+            };
             let mut ev = NewEvent::new(
                 Severity::Info,
                 "rank.registered",
                 key.to_string(),
-                format!(
-                    "{key} registered (pid {}, slot {})",
-                    request.pid, reg.slot_index
-                ),
+                format!("{key} registered ({who}, slot {})", reg.slot_index),
             )
             .with("pid", request.pid)
             .with("declared_pid", r.pid)

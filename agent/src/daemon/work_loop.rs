@@ -1,6 +1,7 @@
 //! The work loop: one tick drives the periodic work and the watchdog.
 //!
 //! Every `agent.tick` it scans the ranks' heartbeat slots (hang detection),
+//! reports ranks whose processes it cannot see (`ranks/pid_visibility`),
 //! marks sources stuck in a call as stalled, and pings the systemd
 //! watchdog. Pinging from here (not from a timer of its own) means a loop
 //! that stops turning stops the pings, and systemd restarts the agent.
@@ -33,6 +34,7 @@ pub async fn run(state: Arc<AgentState>, mut watchdog: Watchdog, sources: Source
         reasons: Vec::new(),
     });
     let mut last_status = None;
+    let mut pids_hidden = 0;
     let mut prev_ns = warden_client::clock::syscall_now();
     loop {
         tokio::select! {
@@ -49,6 +51,7 @@ pub async fn run(state: Arc<AgentState>, mut watchdog: Watchdog, sources: Source
         };
         prev_ns = now_ns;
         state.goodput.observe_scan(&result.goodput, now_ns);
+        report_pid_visibility(&state, &mut pids_hidden);
         metrics::histogram!("warden_scan_seconds").record(now.elapsed().as_secs_f64());
         metrics::gauge!("warden_ranks_watched").set(result.scanned as f64);
         for ev in result.events {
@@ -84,6 +87,45 @@ pub async fn run(state: Arc<AgentState>, mut watchdog: Watchdog, sources: Source
         watchdog.tick(now);
     }
 }
+
+/// Component `ranks/pid_visibility`: UNKNOWN while ranks registered from
+/// outside the agent's PID namespace (SO_PEERCRED gave no pid), whose exits,
+/// process state and stack dumps the agent cannot see; OK once they are
+/// gone; absent until the first such rank (a host agent or a sidecar that
+/// shares the process namespace never shows it). `shown` is the count last
+/// reported.
+fn report_pid_visibility(state: &AgentState, shown: &mut usize) {
+    let (hidden, live) = state.registry().pid_visibility();
+    if hidden == *shown {
+        return;
+    }
+    *shown = hidden;
+    let reasons = if hidden == 0 {
+        Vec::new()
+    } else {
+        vec![crate::health::Reason {
+            status: Status::Unknown,
+            signal: "ranks.pid_visible".into(),
+            value: format!("{hidden} of {live} ranks"),
+            threshold: "all ranks".into(),
+            window: String::new(),
+            since: std::time::SystemTime::now(),
+            message: format!(
+                "{hidden} of {live} ranks run in a PID namespace the agent cannot see: their exits, process state and stack dumps are not watched, hangs only through heartbeats; share the process namespace (shareProcessNamespace, docker --pid container:NAME) or run the agent with the host's (hostPID)"
+            ),
+        }]
+    };
+    state.apply_report(ComponentReport {
+        id: PID_VISIBILITY.into(),
+        kind: "ranks".into(),
+        labels: Default::default(),
+        status_override: (hidden > 0).then_some(Status::Unknown),
+        reasons,
+    });
+}
+
+/// The component that says whether the agent sees the ranks' processes.
+const PID_VISIBILITY: &str = "ranks/pid_visibility";
 
 /// The one line `systemctl status wardend` shows.
 fn status_line(node: &crate::health::NodeSnapshot) -> String {

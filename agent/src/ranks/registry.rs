@@ -152,8 +152,15 @@ pub struct RankEntry {
     pub local_rank: u32,
     /// World size the rank declared.
     pub world_size: u32,
-    /// Process id, as the agent sees it (from the socket's peer credentials).
+    /// Process id, as the agent sees it (from the socket's peer credentials);
+    /// 0 when the process is outside the agent's PID namespace (a sidecar
+    /// without a shared process namespace): then no exit watch, no process
+    /// evidence and no signals, only the heartbeat slot.
     pub pid: u32,
+    /// The pid the client declared: its own number in its own PID namespace,
+    /// which is also its launcher's (events carry it so a launcher in another
+    /// namespace recognises its workers).
+    pub declared_pid: u32,
     /// Host the client declared.
     pub host: String,
     /// Slot index.
@@ -253,8 +260,12 @@ pub struct RegisterRequest {
     pub local_rank: u32,
     /// World size.
     pub world_size: u32,
-    /// Pid from SO_PEERCRED when available, else the declared one.
+    /// Pid from SO_PEERCRED when available, else the declared one; 0 when
+    /// the kernel says the caller is not visible in the agent's PID
+    /// namespace.
     pub pid: u32,
+    /// The pid the client declared (its own getpid()); never 0.
+    pub declared_pid: u32,
     /// Host the client runs on.
     pub host: String,
     /// Slot layout the client writes.
@@ -430,6 +441,7 @@ impl Registry {
                 local_rank: req.local_rank,
                 world_size: req.world_size,
                 pid: req.pid,
+                declared_pid: req.declared_pid,
                 host: req.host.clone(),
                 slot: index,
                 holds_slot: true,
@@ -462,6 +474,19 @@ impl Registry {
             generation,
             stack_dump_path,
             replaced_pid,
+        })
+    }
+
+    /// Ranks running or hung, and how many of them registered from outside
+    /// the agent's PID namespace (pid 0): what the agent cannot watch as
+    /// processes (component `ranks/pid_visibility`).
+    pub fn pid_visibility(&self) -> (usize, usize) {
+        let live = self
+            .ranks
+            .values()
+            .filter(|e| matches!(e.state, RankState::Running | RankState::Hung));
+        live.fold((0, 0), |(hidden, all), e| {
+            (hidden + usize::from(e.pid == 0), all + 1)
         })
     }
 
@@ -645,7 +670,7 @@ fn validate(r: &RegisterRequest) -> Result<(), RegisterError> {
             r.local_rank, r.world_size
         ));
     }
-    if r.pid == 0 {
+    if r.declared_pid == 0 {
         return bad("pid must be set".into());
     }
     if r.host.len() > 255 {
@@ -692,6 +717,7 @@ mod tests {
             local_rank: rank,
             world_size: 4,
             pid,
+            declared_pid: pid,
             host: "h".into(),
             layout_version: slot::LAYOUT_VERSION,
             stack_dump_signal: 0,
@@ -864,6 +890,28 @@ mod tests {
         assert_eq!(r.check_slot_file(), SlotFileCheck::Ok);
         assert!(r.slots().snapshot(0).is_ok());
     }
+    #[test]
+    fn a_rank_outside_the_agents_pid_namespace_registers_unseen() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut r =
+            Registry::new(&dir.path().join("run"), &dir.path().join("state"), 4, 0o600).unwrap();
+        // SO_PEERCRED gives 0 for a process the agent's namespace cannot see.
+        let mut q = req("j", 0, 0);
+        q.declared_pid = 7;
+        r.register(&q, 0).unwrap();
+        r.register(&req("j", 1, std::process::id()), 0).unwrap();
+        assert_eq!(r.pid_visibility(), (1, 2));
+        let e = &r.ranks[&RankKey {
+            job: "j".into(),
+            rank: 0,
+        }];
+        assert_eq!((e.pid, e.declared_pid), (0, 7));
+        // The client must still say who it is.
+        q.declared_pid = 0;
+        q.global_rank = 2;
+        let err = r.register(&q, 0).unwrap_err().to_string();
+        assert!(err.contains("pid must be set"), "{err}");
+    }
 }
 
 #[cfg(test)]
@@ -881,12 +929,14 @@ mod claim_visible {
             local_rank: 0,
             world_size: 1,
             pid: std::process::id(),
+            declared_pid: std::process::id(),
             host: "h".into(),
             layout_version: slot::LAYOUT_VERSION,
             stack_dump_signal: 0,
             devices: Vec::new(),
         };
         let reg = r.register(&q, 0).unwrap();
+        assert_eq!(r.pid_visibility(), (0, 1));
         let other = SlotFile::open_existing(&reg.slot_file).unwrap();
         let snap = other.snapshot(reg.slot_index).unwrap();
         assert!(snap.claimed);

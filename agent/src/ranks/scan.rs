@@ -211,6 +211,7 @@ pub fn scan(reg: &mut Registry, cfg: &HangConfig, now_ns: u64, prev_ns: u64) -> 
         if entry.cpu_mark.is_none()
             && let Some(t) = &entry.threshold
             && Duration::from_nanos(now_ns.saturating_sub(entry.progress_ns)) > t.value / 2
+            && entry.pid != 0
             && let Some(f) = procfs::read(entry.pid)
         {
             entry.cpu_mark = Some((f.cpu_ticks, now_ns));
@@ -305,7 +306,11 @@ pub fn scan(reg: &mut Registry, cfg: &HangConfig, now_ns: u64, prev_ns: u64) -> 
             }
             evidence.push(("local_peers".to_owned(), list.join(", ")));
         }
-        match procfs::read(entry.pid) {
+        match procfs::read(entry.pid).filter(|_| entry.pid != 0) {
+            None if entry.pid == 0 => evidence.push((
+                "process".to_owned(),
+                "not visible: outside the agent's PID namespace".to_owned(),
+            )),
             None => evidence.push(("process".to_owned(), "gone".to_owned())),
             Some(f) => {
                 evidence.push((
@@ -338,7 +343,9 @@ pub fn scan(reg: &mut Registry, cfg: &HangConfig, now_ns: u64, prev_ns: u64) -> 
                 hang::fmt(threshold.value)
             ),
             evidence,
-            stack_dump: (entry.stack_dump_signal > 0)
+            // Never with pid 0: kill(0, sig) would signal the agent's own
+            // process group.
+            stack_dump: (entry.stack_dump_signal > 0 && entry.pid != 0)
                 .then(|| (entry.stack_dump_signal, entry.stack_dump_path.clone())),
         });
     }

@@ -343,11 +343,18 @@ pub async fn watch_ranks(
                     else {
                         continue;
                     };
-                    let pid = e
-                        .evidence
-                        .iter()
-                        .find(|kv| kv.key == "pid")
-                        .and_then(|kv| kv.value.parse::<u32>().ok());
+                    // The worker's own pid (declared_pid: its number in this
+                    // launcher's PID namespace) over the agent's (pid: the
+                    // number in the agent's namespace, which differs under a
+                    // node agent with the host's PID namespace).
+                    let number = |key: &str| {
+                        e.evidence
+                            .iter()
+                            .find(|kv| kv.key == key)
+                            .and_then(|kv| kv.value.parse::<u32>().ok())
+                            .filter(|p| *p != 0)
+                    };
+                    let pid = number("declared_pid").or_else(|| number("pid"));
                     if e.kind == "rank.deregistered" {
                         // No pid in it: the rank's newest registration's.
                         tx.send_modify(|s| {

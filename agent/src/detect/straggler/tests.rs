@@ -88,6 +88,7 @@ fn register(state: &AgentState, job: &str, rank: u32) {
                 local_rank: rank,
                 world_size: 64,
                 pid: std::process::id(),
+                declared_pid: std::process::id(),
                 host: "host-a".into(),
                 layout_version: warden_client::slot::LAYOUT_VERSION,
                 stack_dump_signal: 0,
