@@ -560,6 +560,39 @@ fn the_image_serves_health_through_a_socket_volume_to_other_containers() {
     assert!(out.stdout.len() <= 81, "{}", out.stdout);
 }
 
+/// The sidecar of training-job.yaml, its checkpoint tier in the volume
+/// the trainer shares (`checkpoint.dir = "/ckpt/tier"`).
+fn sidecar_with_tier(pod: &mut Pod, ns: &[&str], socket: &str, ckpt: &str) -> String {
+    let config = pod.config(SIDECAR_TOML);
+    let ckpt_mount = format!("{ckpt}:/ckpt");
+    let sidecar: Vec<&str> = ns
+        .iter()
+        .chain(SIDECAR_SECURITY)
+        .copied()
+        .chain(["-v", ckpt_mount.as_str()])
+        .collect();
+    pod.agent("wardend", &sidecar, socket, &config)
+}
+
+/// `warden ckpt ls --job` in the sidecar: (step, complete, shards) newest
+/// first, and the JSON for messages.
+fn ckpt_steps(agent: &str, job: &str) -> (Vec<(u64, bool, usize)>, Value) {
+    let ls = warden_json(agent, &["ckpt", "ls", "--job", job]);
+    let steps = ls["steps"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{ls}"))
+        .iter()
+        .map(|s| {
+            (
+                s["step"].as_u64().unwrap_or(0),
+                s["complete"].as_bool().unwrap_or(false),
+                s["shards"].as_array().map_or(0, Vec::len),
+            )
+        })
+        .collect();
+    (steps, ls)
+}
+
 #[test]
 fn a_sidecar_sees_the_trainers_heartbeats_and_recovers_a_hang() {
     let mut pod = Pod::new("hang");
@@ -571,16 +604,7 @@ fn a_sidecar_sees_the_trainers_heartbeats_and_recovers_a_hang() {
     let ns: Vec<&str> = ns.iter().map(String::as_str).collect();
     let socket = pod.volume("sock");
     let ckpt = pod.volume("ckpt");
-    let config = pod.config(SIDECAR_TOML);
-    // The checkpoint tier in the volume the trainer shares.
-    let ckpt_mount = format!("{ckpt}:/ckpt");
-    let sidecar: Vec<&str> = ns
-        .iter()
-        .chain(SIDECAR_SECURITY)
-        .copied()
-        .chain(["-v", ckpt_mount.as_str()])
-        .collect();
-    let agent = pod.agent("wardend", &sidecar, &socket, &config);
+    let agent = sidecar_with_tier(&mut pod, &ns, &socket, &ckpt);
 
     let mut t = trainer(
         &mut pod,
@@ -673,19 +697,7 @@ fn a_sidecar_sees_the_trainers_heartbeats_and_recovers_a_hang() {
         out.contains("[rank 1] resumed from checkpoint at step 30 (tier local"),
         "{all}"
     );
-    let ls = warden_json(&agent, &["ckpt", "ls", "--job", "j-hang"]);
-    let steps: Vec<(u64, bool, usize)> = ls["steps"]
-        .as_array()
-        .unwrap_or_else(|| panic!("{ls}"))
-        .iter()
-        .map(|s| {
-            (
-                s["step"].as_u64().unwrap_or(0),
-                s["complete"].as_bool().unwrap_or(false),
-                s["shards"].as_array().map_or(0, Vec::len),
-            )
-        })
-        .collect();
+    let (steps, ls) = ckpt_steps(&agent, "j-hang");
     assert_eq!(steps.first(), Some(&(80, true, 2)), "{ls}");
     assert!(steps.iter().all(|&(_, c, n)| c && n == 2), "{ls}");
     assert_eq!(steps.len(), 16, "steps 5..=80: {ls}");
@@ -702,15 +714,7 @@ fn the_sidecar_killed_mid_job_training_goes_on_and_ranks_register_again() {
     let ns: Vec<&str> = ns.iter().map(String::as_str).collect();
     let socket = pod.volume("sock");
     let ckpt = pod.volume("ckpt");
-    let config = pod.config(SIDECAR_TOML);
-    let ckpt_mount = format!("{ckpt}:/ckpt");
-    let sidecar: Vec<&str> = ns
-        .iter()
-        .chain(SIDECAR_SECURITY)
-        .copied()
-        .chain(["-v", ckpt_mount.as_str()])
-        .collect();
-    let agent = pod.agent("wardend", &sidecar, &socket, &config);
+    let agent = sidecar_with_tier(&mut pod, &ns, &socket, &ckpt);
 
     let mut t = trainer(
         &mut pod,
@@ -805,19 +809,7 @@ fn the_sidecar_killed_mid_job_training_goes_on_and_ranks_register_again() {
                 .ok()
         })
         .collect();
-    let ls = warden_json(&agent, &["ckpt", "ls", "--job", "j-kill"]);
-    let listed: Vec<(u64, bool, usize)> = ls["steps"]
-        .as_array()
-        .unwrap_or_else(|| panic!("{ls}"))
-        .iter()
-        .map(|s| {
-            (
-                s["step"].as_u64().unwrap_or(0),
-                s["complete"].as_bool().unwrap_or(false),
-                s["shards"].as_array().map_or(0, Vec::len),
-            )
-        })
-        .collect();
+    let (listed, ls) = ckpt_steps(&agent, "j-kill");
     assert_eq!(listed.first(), Some(&(400, true, 2)), "{ls}");
     // Complete exactly when both ranks' shards are there.
     assert!(listed.iter().all(|&(_, c, n)| c == (n == 2)), "{ls}");
