@@ -16,7 +16,7 @@ use warden_proto::v1 as pb;
 use crate::ckpt::layout::{ShardKey, check_job_id};
 use crate::ckpt::restore::{self, RestoreError};
 use crate::ckpt::tier::TierError;
-use crate::ckpt::{Checkpoints, peers, subject};
+use crate::ckpt::{Checkpoints, IncomingError, peers, subject};
 use crate::events::{NewEvent, Severity};
 use crate::state::AgentState;
 
@@ -36,8 +36,13 @@ fn status(e: TierError) -> Status {
     }
 }
 
+/// A job id that can name a directory, else INVALID_ARGUMENT saying why.
+fn job(job_id: &str) -> Result<(), Status> {
+    check_job_id(job_id).map_err(|e| Status::invalid_argument(e.to_string()))
+}
+
 fn key(job_id: &str, step: u64, rank: u32) -> Result<ShardKey, Status> {
-    check_job_id(job_id).map_err(|e| Status::invalid_argument(e.to_string()))?;
+    job(job_id)?;
     Ok(ShardKey {
         job_id: job_id.to_owned(),
         step,
@@ -85,10 +90,9 @@ pub async fn commit_shard(
     }
     let staged = ck.tier.staged(&k, &req.token).map_err(status)?;
     let (ck2, k2, size) = (ck.clone(), k.clone(), req.size_bytes);
-    let placed = blocking(move || ck2.tier.place(&k2, &staged, size));
-    let path = placed.await;
+    let placed = blocking(move || ck2.tier.place(&k2, &staged, size)).await;
     ck.tier.release(&req.token);
-    let path = path?;
+    let path = placed?;
     let sealing = ck.seal_guard();
     let st = state.clone();
     let world = req.world_size;
@@ -154,7 +158,7 @@ pub async fn restore(
     req: pb::RestoreRequest,
 ) -> Result<pb::RestoreResponse, Status> {
     let ck = tier(state)?;
-    check_job_id(&req.job_id).map_err(|e| Status::invalid_argument(e.to_string()))?;
+    job(&req.job_id)?;
     let started = Instant::now();
     // Saves that this agent is still sealing count: wait for them briefly.
     ck.sealing.settled(Duration::from_secs(30)).await;
@@ -183,7 +187,7 @@ pub async fn list_checkpoints(
 ) -> Result<pb::ListCheckpointsResponse, Status> {
     let ck = tier(state)?;
     if !req.job_id.is_empty() {
-        check_job_id(&req.job_id).map_err(|e| Status::invalid_argument(e.to_string()))?;
+        job(&req.job_id)?;
     }
     ck.sealing.settled(Duration::from_secs(5)).await;
     let view = restore::gather(&ck, &req.job_id).await;
@@ -205,21 +209,17 @@ pub async fn push_shard(
         .ok_or_else(|| Status::invalid_argument("PushShard: the first chunk has no info"))?;
     let m = peers::manifest_of(&info).map_err(Status::invalid_argument)?;
     let k = m.key();
-    let (ck2, k2, size) = (ck.clone(), k.clone(), m.size_bytes);
-    let staged = blocking(move || ck2.tier.begin_incoming(&k2, size)).await?;
-    let guard = crate::ckpt::tier::StagedGuard::new(staged.clone());
-    peers::receive(&mut stream, first.data, &m, &staged)
-        .await
-        .map_err(|e| {
-            if e.starts_with("corrupt") {
-                Status::data_loss(e)
-            } else {
-                Status::aborted(e)
-            }
-        })?;
-    let (ck2, m2) = (ck.clone(), m.clone());
-    blocking(move || ck2.tier.install(&staged, &m2)).await?;
-    guard.keep();
+    let (stream, want) = (&mut stream, &m);
+    ck.bring_in(&m, |staged| async move {
+        peers::receive(stream, first.data, want, &staged).await
+    })
+    .await
+    .map_err(|e| match e {
+        IncomingError::Tier(e) => status(e),
+        IncomingError::Fill(e) if e.starts_with("corrupt") => Status::data_loss(e),
+        IncomingError::Fill(e) => Status::aborted(e),
+        IncomingError::Task(e) => Status::internal(e),
+    })?;
     let (ck2, job) = (ck.clone(), k.job_id.clone());
     let _ = tokio::task::spawn_blocking(move || ck2.tier.prune(&job)).await;
     state.events.publish(
@@ -264,7 +264,7 @@ pub async fn list_shards(
 ) -> Result<pb::ListShardsResponse, Status> {
     let ck = tier(state)?;
     if !req.job_id.is_empty() {
-        check_job_id(&req.job_id).map_err(|e| Status::invalid_argument(e.to_string()))?;
+        job(&req.job_id)?;
     }
     let ck2 = ck.clone();
     let job = req.job_id.clone();

@@ -172,7 +172,7 @@ impl CheckpointConfig {
             ));
         }
         for p in &self.peers {
-            if !super::peers::valid_addr(&p.addr) {
+            if !crate::config::valid_peer_addr(&p.addr) {
                 return Err(invalid(
                     origin,
                     "checkpoint.peers.addr",

@@ -147,6 +147,51 @@ impl Checkpoints {
     }
 }
 
+/// Why a copy from elsewhere did not become a committed shard here.
+#[derive(Debug, thiserror::Error)]
+pub enum IncomingError {
+    /// No room, or the filesystem said no.
+    #[error(transparent)]
+    Tier(#[from] tier::TierError),
+    /// Filling the staging file failed: the source's words (a message
+    /// starting "corrupt" when the bytes did not match the manifest).
+    #[error("{0}")]
+    Fill(String),
+    /// A blocking task died.
+    #[error("checkpoint task: {0}")]
+    Task(String),
+}
+
+impl Checkpoints {
+    /// Brings a copy described by `m` (a peer's replica, a restore from a
+    /// peer or the durable store) into the local tier: room made, `fill`
+    /// writes and checks the staging file, the file committed under `m`.
+    /// Whatever fails, and if the caller is dropped half way (a gRPC
+    /// handler whose peer went), no staging file is left behind.
+    pub async fn bring_in<F>(
+        self: &Arc<Self>,
+        m: &Manifest,
+        fill: impl FnOnce(std::path::PathBuf) -> F,
+    ) -> Result<std::path::PathBuf, IncomingError>
+    where
+        F: std::future::Future<Output = Result<(), String>>,
+    {
+        let task = |e: tokio::task::JoinError| IncomingError::Task(e.to_string());
+        let (ck, key, size) = (self.clone(), m.key(), m.size_bytes);
+        let staged = tokio::task::spawn_blocking(move || ck.tier.begin_incoming(&key, size))
+            .await
+            .map_err(task)??;
+        let guard = tier::StagedGuard::new(staged.clone());
+        fill(staged.clone()).await.map_err(IncomingError::Fill)?;
+        let (ck, m) = (self.clone(), m.clone());
+        let path = tokio::task::spawn_blocking(move || ck.tier.install(&staged, &m))
+            .await
+            .map_err(task)??;
+        guard.keep();
+        Ok(path)
+    }
+}
+
 /// `job/J/rank/R`, the subject of a shard's events.
 pub fn subject(k: &ShardKey) -> String {
     format!("job/{}/rank/{}", k.job_id, k.rank)

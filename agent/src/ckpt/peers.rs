@@ -24,23 +24,6 @@ pub const STREAM_WINDOW: u32 = 32 << 20;
 /// HTTP/2 connection window.
 pub const CONN_WINDOW: u32 = 64 << 20;
 
-/// `host:port` (or `ip:port`).
-pub fn valid_addr(p: &str) -> bool {
-    if p.parse::<std::net::SocketAddr>().is_ok() {
-        return true;
-    }
-    match p.rsplit_once(':') {
-        Some((host, port)) => {
-            !host.is_empty()
-                && host
-                    .chars()
-                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '.' | '_'))
-                && port.parse::<u16>().is_ok_and(|p| p > 0)
-        }
-        None => false,
-    }
-}
-
 /// A lazily connected client for one peer.
 pub fn client(addr: &str, timeout: Duration) -> Result<PeerClient<Channel>, String> {
     let ep = Endpoint::from_shared(format!("http://{addr}"))
@@ -278,15 +261,6 @@ pub fn fetch_request(k: &ShardKey) -> pb::FetchShardRequest {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn addresses() {
-        assert!(valid_addr("127.0.0.2:7411"));
-        assert!(valid_addr("node-3.rack:7411"));
-        assert!(!valid_addr("node"));
-        assert!(!valid_addr("node:0"));
-        assert!(!valid_addr("http://x:1"));
-    }
 
     #[tokio::test]
     async fn the_pacer_keeps_to_its_rate() {

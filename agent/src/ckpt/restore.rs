@@ -398,45 +398,22 @@ async fn fetch(ck: &Arc<Checkpoints>, key: &ShardKey, c: &Copy) -> Result<PathBu
                     told.size_bytes, told.xxh3
                 ));
             }
-            let ck2 = ck.clone();
-            let (k2, size) = (key.clone(), c.manifest.size_bytes);
-            let staged = tokio::task::spawn_blocking(move || ck2.tier.begin_incoming(&k2, size))
-                .await
-                .map_err(|e| e.to_string())?
-                .map_err(|e| e.to_string())?;
-            let guard = super::tier::StagedGuard::new(staged.clone());
-            super::peers::receive(&mut stream, first.data, &c.manifest, &staged).await?;
-            let done = install(ck, staged, c.manifest.clone()).await;
-            if done.is_ok() {
-                guard.keep();
-            }
-            done
+            let stream = &mut stream;
+            ck.bring_in(&c.manifest, |staged| async move {
+                super::peers::receive(stream, first.data, &c.manifest, &staged).await
+            })
+            .await
+            .map_err(|e| e.to_string())
         }
         Holder::Durable => {
             let d = ck.durable.as_ref().ok_or("no durable store configured")?;
-            let ck2 = ck.clone();
-            let (k2, size) = (key.clone(), c.manifest.size_bytes);
-            let staged = tokio::task::spawn_blocking(move || ck2.tier.begin_incoming(&k2, size))
-                .await
-                .map_err(|e| e.to_string())?
-                .map_err(|e| e.to_string())?;
-            let guard = super::tier::StagedGuard::new(staged.clone());
-            d.fetch(&c.manifest, &staged).await?;
-            let done = install(ck, staged, c.manifest.clone()).await;
-            if done.is_ok() {
-                guard.keep();
-            }
-            done
+            ck.bring_in(&c.manifest, |staged| async move {
+                d.fetch(&c.manifest, &staged).await
+            })
+            .await
+            .map_err(|e| e.to_string())
         }
     }
-}
-
-async fn install(ck: &Arc<Checkpoints>, staged: PathBuf, m: Manifest) -> Result<PathBuf, String> {
-    let ck2 = ck.clone();
-    tokio::task::spawn_blocking(move || ck2.tier.install(&staged, &m))
-        .await
-        .map_err(|e| e.to_string())?
-        .map_err(|e| e.to_string())
 }
 
 /// The ListCheckpoints answer from a view.

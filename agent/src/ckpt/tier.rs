@@ -149,31 +149,37 @@ impl LocalTier {
     /// Names a staging file for a shard about to be written, after making
     /// room for `size` bytes.
     pub fn begin(&self, key: &ShardKey, size: u64) -> Result<(PathBuf, String), TierError> {
+        let token = self.token(key)?;
+        let _g = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+        self.make_room(size)?;
+        let mut r = self.reserved.lock().unwrap_or_else(|p| p.into_inner());
+        r.retain(|_, (_, at)| at.elapsed() < RESERVATION_TTL);
+        r.insert(token.clone(), (size, Instant::now()));
+        Ok((self.layout.staging().join(&token), token))
+    }
+
+    /// A staging file for bytes arriving from elsewhere (a peer's replica,
+    /// a restore), room made first. Not reserved: the agent writes it
+    /// itself, at once.
+    pub fn begin_incoming(&self, key: &ShardKey, size: u64) -> Result<PathBuf, TierError> {
+        let token = self.token(key)?;
+        let _g = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+        self.make_room(size)?;
+        Ok(self.layout.staging().join(token))
+    }
+
+    /// A staging file name unique to this agent, prefixed with the shard it
+    /// belongs to (what [`LocalTier::staged`] checks).
+    fn token(&self, key: &ShardKey) -> Result<String, TierError> {
         layout::check_job_id(&key.job_id)?;
-        let token = format!(
+        Ok(format!(
             "{}.{}.{}.{}-{}",
             key.job_id,
             key.step,
             key.rank,
             std::process::id(),
             self.nonce.fetch_add(1, Ordering::Relaxed)
-        );
-        {
-            let _g = self.lock.lock().unwrap_or_else(|p| p.into_inner());
-            self.make_room(size)?;
-            let mut r = self.reserved.lock().unwrap_or_else(|p| p.into_inner());
-            r.retain(|_, (_, at)| at.elapsed() < RESERVATION_TTL);
-            r.insert(token.clone(), (size, Instant::now()));
-        }
-        Ok((self.layout.staging().join(&token), token))
-    }
-
-    /// A staging file for bytes arriving from elsewhere (a peer's replica,
-    /// a restore), room made first.
-    pub fn begin_incoming(&self, key: &ShardKey, size: u64) -> Result<PathBuf, TierError> {
-        let (path, token) = self.begin(key, size)?;
-        self.release(&token);
-        Ok(path)
+        ))
     }
 
     /// Forgets a reservation (commit done, or the writer gave up).
@@ -363,17 +369,15 @@ impl LocalTier {
         gone
     }
 
-    fn used_bytes(&self) -> u64 {
-        let committed: u64 = self.list(None).iter().map(|m| m.size_bytes).sum();
-        let reserved: u64 = self
-            .reserved
+    /// Bytes promised to saves in flight (reservations not yet expired).
+    fn reserved_bytes(&self) -> u64 {
+        self.reserved
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .values()
             .filter(|(_, at)| at.elapsed() < RESERVATION_TTL)
             .map(|(n, _)| *n)
-            .sum();
-        committed + reserved
+            .sum()
     }
 
     fn free_bytes(&self) -> Result<u64, TierError> {
@@ -388,13 +392,7 @@ impl LocalTier {
 
     /// What keeps `need` more bytes from fitting, if anything.
     fn shortfall(&self, need: u64) -> Result<Option<String>, TierError> {
-        let reserved: u64 = self
-            .reserved
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .values()
-            .map(|(n, _)| *n)
-            .sum();
+        let reserved = self.reserved_bytes();
         let free = self.free_bytes()?.saturating_sub(reserved);
         if need > free {
             return Ok(Some(format!(
@@ -402,7 +400,8 @@ impl LocalTier {
             )));
         }
         if self.max_bytes > 0 {
-            let used = self.used_bytes();
+            let committed: u64 = self.list(None).iter().map(|m| m.size_bytes).sum();
+            let used = committed + reserved;
             if used + need > self.max_bytes {
                 return Ok(Some(format!(
                     "checkpoint.max_bytes is {} and {used} are in use",

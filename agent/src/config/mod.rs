@@ -677,6 +677,25 @@ pub(crate) fn parse_toml<T: serde::de::DeserializeOwned>(
 
 /// TOML parser messages span several lines (a caret under the column); one
 /// line reads better in logs and in systemd's status.
+/// A peer agent's address as `[straggler] peers` and `[[checkpoint.peers]]`
+/// take it: `host:port` with a port, an IP address or a name resolved at
+/// connect (no scheme: the agents speak plain gRPC to each other).
+pub fn valid_peer_addr(p: &str) -> bool {
+    if p.parse::<std::net::SocketAddr>().is_ok() {
+        return true;
+    }
+    match p.rsplit_once(':') {
+        Some((host, port)) => {
+            !host.is_empty()
+                && host
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '.' | '_'))
+                && port.parse::<u16>().is_ok_and(|p| p > 0)
+        }
+        None => false,
+    }
+}
+
 fn one_line(s: &str) -> String {
     // Drop the source excerpt and caret lines ("2 | key = 1", "  |   ^^^").
     s.split('\n')

@@ -235,7 +235,11 @@ impl StragglerConfig {
                 "must be above 0 and at most 1",
             );
         }
-        if let Some(bad) = self.peers.iter().find(|p| !valid_peer(p)) {
+        if let Some(bad) = self
+            .peers
+            .iter()
+            .find(|p| !crate::config::valid_peer_addr(p))
+        {
             return invalid(
                 "straggler.peers",
                 format!("{bad:?}"),
@@ -269,23 +273,6 @@ impl StragglerConfig {
             );
         }
         Ok(())
-    }
-}
-
-/// `host:port` with a port: an IP address, or a name resolved at connect.
-fn valid_peer(p: &str) -> bool {
-    if p.parse::<std::net::SocketAddr>().is_ok() {
-        return true;
-    }
-    match p.rsplit_once(':') {
-        Some((host, port)) => {
-            !host.is_empty()
-                && host
-                    .chars()
-                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '.' | '_'))
-                && port.parse::<u16>().is_ok_and(|p| p > 0)
-        }
-        None => false,
     }
 }
 
@@ -327,11 +314,15 @@ mod tests {
 
     #[test]
     fn peers_take_names_and_addresses() {
+        use crate::config::valid_peer_addr as valid_peer;
         assert!(valid_peer("127.0.0.2:7070"));
         assert!(valid_peer("[::1]:7070"));
         assert!(valid_peer("node-7.cluster:7070"));
+        assert!(valid_peer("node-3.rack:7411"));
         assert!(!valid_peer("node-7"));
         assert!(!valid_peer("node 7:70"));
         assert!(!valid_peer(":70"));
+        assert!(!valid_peer("node:0"));
+        assert!(!valid_peer("http://x:1"));
     }
 }
