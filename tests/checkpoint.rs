@@ -92,18 +92,25 @@ async fn until_copies(
     step: u64,
     copies: usize,
 ) -> pb::CheckpointStep {
-    eventually(
-        Duration::from_secs(30),
-        &format!("{job} step {step} with {copies} copies of every shard"),
-        async || {
-            let l = list(agent, job).await;
-            l.steps
-                .into_iter()
-                .find(|s| s.step == step && s.complete)
-                .filter(|s| s.shards.iter().all(|sh| sh.copies.len() >= copies))
-        },
-    )
-    .await
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let l = list(agent, job).await;
+        if let Some(s) = l
+            .steps
+            .iter()
+            .find(|s| s.step == step && s.complete)
+            .filter(|s| s.shards.iter().all(|sh| sh.copies.len() >= copies))
+        {
+            return s.clone();
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "timed out waiting for {job} step {step} with {copies} copies of every shard; \
+             the last listing: {l:#?}\n--- agent stderr ---\n{}",
+            agent.stderr()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 fn ckpt_dir(agent: &TestAgent) -> PathBuf {

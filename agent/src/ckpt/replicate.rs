@@ -28,8 +28,7 @@ pub async fn run(state: Arc<AgentState>, ck: Arc<Checkpoints>) {
         return;
     };
     let mut sent: HashSet<(usize, ShardKey, String)> = HashSet::new();
-    let mut last_upload: BTreeMap<String, Instant> = BTreeMap::new();
-    let mut uploaded: BTreeSet<(String, u64)> = BTreeSet::new();
+    let mut uploads = Uploads::default();
     let mut tick = tokio::time::interval(ck.cfg.retry_interval);
     tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
     loop {
@@ -50,7 +49,7 @@ pub async fn run(state: Arc<AgentState>, ck: Arc<Checkpoints>) {
             push_missing(&state, &ck, t, &fresh, &mut sent).await;
         }
         if ck.durable.is_some() {
-            upload_due(&state, &ck, &mut last_upload, &mut uploaded).await;
+            upload_due(&state, &ck, &mut uploads).await;
         }
         for job in jobs {
             let ck2 = ck.clone();
@@ -75,6 +74,21 @@ pub async fn run(state: Arc<AgentState>, ck: Arc<Checkpoints>) {
     }
 }
 
+/// The shards this host's ranks saved (not peers' replicas), read off the
+/// tier on a blocking thread.
+async fn own_shards(ck: &Arc<Checkpoints>) -> Vec<Manifest> {
+    let ck = ck.clone();
+    tokio::task::spawn_blocking(move || {
+        ck.tier
+            .list(None)
+            .into_iter()
+            .filter(|m| m.origin == ck.host)
+            .collect()
+    })
+    .await
+    .unwrap_or_default()
+}
+
 /// Sends target `t` the own shards it lacks: the fresh ones at once; on a
 /// timer tick (no fresh ones) every own shard, after asking what it holds.
 async fn push_missing(
@@ -88,18 +102,8 @@ async fn push_missing(
         return;
     };
     let todo: Vec<Manifest> = if fresh.is_empty() {
-        let ck2 = ck.clone();
-        let own: Vec<Manifest> = tokio::task::spawn_blocking(move || {
-            let host = ck2.host.clone();
-            ck2.tier
-                .list(None)
-                .into_iter()
-                .filter(|m| m.origin == host)
-                .collect()
-        })
-        .await
-        .unwrap_or_default();
-        let own: Vec<Manifest> = own
+        let own: Vec<Manifest> = own_shards(ck)
+            .await
             .into_iter()
             .filter(|m| !sent.contains(&(t, m.key(), m.xxh3.clone())))
             .collect();
@@ -204,64 +208,69 @@ async fn push_missing(
     }
 }
 
-/// Uploads own complete steps that are due: a multiple of `every_steps`,
-/// or `every` after the job's last upload.
-async fn upload_due(
-    state: &Arc<AgentState>,
-    ck: &Arc<Checkpoints>,
-    last: &mut BTreeMap<String, Instant>,
-    done: &mut BTreeSet<(String, u64)>,
-) {
+/// What the durable uploads have done so far.
+#[derive(Debug, Default)]
+struct Uploads {
+    /// When each job last had a step made due by time.
+    last: BTreeMap<String, Instant>,
+    /// Steps chosen for upload (by number or by time).
+    due: BTreeSet<(String, u64)>,
+    /// Shards uploaded, with the checksum they had.
+    done: HashSet<(ShardKey, String)>,
+}
+
+/// Uploads the own shards of due steps: a step is due when its number is a
+/// multiple of `every_steps`, or when it is a job's newest step `every`
+/// after the last one made due by time. Shards are uploaded one by one as
+/// they are committed, so a rank that commits after its host's others
+/// still gets its shard uploaded.
+async fn upload_due(state: &Arc<AgentState>, ck: &Arc<Checkpoints>, up: &mut Uploads) {
     let Some(store) = ck.durable.as_ref() else {
         return;
     };
-    let ck2 = ck.clone();
-    let own: Vec<Manifest> = tokio::task::spawn_blocking(move || {
-        let host = ck2.host.clone();
-        ck2.tier
-            .list(None)
-            .into_iter()
-            .filter(|m| m.origin == host)
-            .collect()
-    })
-    .await
-    .unwrap_or_default();
-    // Complete own steps per job, newest first (all own ranks present).
-    let mut by_job: BTreeMap<&str, BTreeMap<u64, Vec<&Manifest>>> = BTreeMap::new();
-    for m in &own {
-        by_job
-            .entry(m.job_id.as_str())
-            .or_default()
-            .entry(m.step)
-            .or_default()
-            .push(m);
-    }
+    let own = own_shards(ck).await;
     let every = &ck.cfg.durable;
-    for (job, steps) in by_job {
-        let ranks: BTreeSet<u32> = steps.values().flatten().map(|m| m.rank).collect();
-        let Some((&step, shards)) = steps
-            .iter()
-            .rev()
-            .find(|(_, v)| v.iter().map(|m| m.rank).collect::<BTreeSet<_>>() == ranks)
-        else {
-            continue;
-        };
-        if done.contains(&(job.to_owned(), step)) {
-            continue;
+    let mut newest: BTreeMap<&str, u64> = BTreeMap::new();
+    for m in &own {
+        let n = newest.entry(m.job_id.as_str()).or_default();
+        *n = (*n).max(m.step);
+        if every.every_steps > 0 && m.step % every.every_steps == 0 {
+            up.due.insert((m.job_id.clone(), m.step));
         }
-        let by_step = every.every_steps > 0 && step % every.every_steps == 0;
-        let by_time = every.every > Duration::ZERO
-            && last.get(job).is_none_or(|t| t.elapsed() >= every.every);
-        if !by_step && !by_time {
-            continue;
+    }
+    if every.every > Duration::ZERO {
+        for (job, step) in newest {
+            if up.last.get(job).is_none_or(|t| t.elapsed() >= every.every) {
+                up.due.insert((job.to_owned(), step));
+                up.last.insert(job.to_owned(), Instant::now());
+            }
         }
+    }
+    // Forget what retention removed.
+    let present: HashSet<ShardKey> = own.iter().map(Manifest::key).collect();
+    up.done.retain(|(k, _)| present.contains(k));
+    up.due
+        .retain(|(j, s)| own.iter().any(|m| m.job_id == *j && m.step == *s));
+
+    let mut todo: BTreeMap<(&str, u64), Vec<&Manifest>> = BTreeMap::new();
+    for m in &own {
+        if up.due.contains(&(m.job_id.clone(), m.step))
+            && !up.done.contains(&(m.key(), m.xxh3.clone()))
+        {
+            todo.entry((m.job_id.as_str(), m.step)).or_default().push(m);
+        }
+    }
+    for ((job, step), shards) in todo {
         let started = Instant::now();
         let mut bytes = 0u64;
         let mut failed = None;
-        for m in shards {
+        for m in &shards {
             let path = ck.tier.layout().data(&m.key());
             match store.upload(m, &path).await {
-                Ok(()) => bytes += m.size_bytes,
+                Ok(()) => {
+                    bytes += m.size_bytes;
+                    up.done.insert((m.key(), m.xxh3.clone()));
+                }
                 Err(e) => {
                     failed = Some(e);
                     break;
@@ -270,8 +279,6 @@ async fn upload_due(
         }
         match failed {
             None => {
-                done.insert((job.to_owned(), step));
-                last.insert(job.to_owned(), Instant::now());
                 metrics::counter!("warden_ckpt_uploaded_bytes_total").increment(bytes);
                 state.events.publish(
                     NewEvent::new(
