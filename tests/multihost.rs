@@ -3,7 +3,8 @@
 //! -c, -s; advertised addresses 127.0.0.2 and up), each with its own
 //! embedded agent, scratch directory (logs, agent state, summary) and
 //! `examples/train.py` workers (no torch, no GPU). The hosts share one
-//! checkpoint directory, as hosts share a file system.
+//! checkpoint directory, as hosts share a file system, except in the spare
+//! test, where each saves into its own agent's tier (`--ckpt warden`).
 //!
 //! What is shown:
 //! - a worker killed on one host: that host's agent decides a restart in
@@ -17,7 +18,10 @@
 //! - a GPU of one host fails (XID 79 from the NVML stand-in its embedded
 //!   agent loads through `--agent-config`): its agent cordons the node,
 //!   the launcher leaves the job and exits 86, and a standby spare
-//!   (`--spare`) takes its node rank with the same WORLD_SIZE (hot-swap).
+//!   (`--spare`) takes its node rank with the same WORLD_SIZE (hot-swap);
+//!   its workers resume from the failed host's checkpoint shards, which
+//!   the other host's agent holds as replicas: no `[[checkpoint.peers]]`
+//!   anywhere, the agents learn each other from the launchers' rounds.
 //!
 //! The tests run one at a time (a lock): each runs up to seven Python
 //! workers, three launchers and etcd, and the test machine has 2 cores.
@@ -84,12 +88,25 @@ struct Spec<'a> {
 }
 
 impl Scratch {
+    /// The host's embedded agent is named after the host, and gets its own
+    /// checkpoint tier in the scratch directory and a TCP listener on the
+    /// host's address (port chosen by the kernel), where the job's other
+    /// agents reach its tier.
     fn new(host: &'static str, addr: &'static str, agent_toml: &str) -> Self {
         let dir = tempfile::Builder::new()
             .prefix("warden-mh-")
             .tempdir()
             .expect("create a scratch directory");
-        std::fs::write(dir.path().join("agent.toml"), agent_toml).expect("write the agent config");
+        let toml = format!(
+            "{}[api]\ntcp = \"{addr}:0\"\n[checkpoint]\ndir = {:?}\n",
+            agent_toml.replacen(
+                "[agent]\n",
+                &format!("[agent]\nhost_name = \"{host}\"\n"),
+                1
+            ),
+            dir.path().join("tier").display().to_string()
+        );
+        std::fs::write(dir.path().join("agent.toml"), toml).expect("write the agent config");
         Self { dir, host, addr }
     }
 
@@ -597,7 +614,9 @@ fn a_spare_takes_the_place_of_a_host_whose_gpu_fails() {
         step_ms: 50,
         extra,
         env,
-        train: &[],
+        // Each host saves into its own agent's tier; the agents learn
+        // their peers from the launchers' etcd rounds.
+        train: &["--ckpt", "warden"],
     };
     let sa = Scratch::new("host-a", "127.0.0.2", AGENT_TOML);
     let sb = Scratch::new("host-b", "127.0.0.3", &nvml_toml);
@@ -605,6 +624,7 @@ fn a_spare_takes_the_place_of_a_host_whose_gpu_fails() {
     let mut a = sa.launch(&etcd, &spec(&[], &[]));
     let mut b = sb.launch(&etcd, &spec(&[], &b_env));
     let socket = agent_socket(&mut b);
+    let a_socket = agent_socket(&mut a);
     for h in [&mut a, &mut b] {
         h.wait_line("the first attempt's workers registered", |l| {
             l.contains("attempt 0: all 2 workers registered")
@@ -650,6 +670,40 @@ fn a_spare_takes_the_place_of_a_host_whose_gpu_fails() {
             (ok("gpu0") && ok("gpu1")).then_some(())
         })
         .await;
+
+        // host-b's shards reach host-a's tier (the agents learnt each
+        // other from the round): a step complete with a copy of every
+        // rank on host-a.
+        let mut client_a = within(
+            Duration::from_secs(10),
+            "a connection to host-a's agent",
+            Target::Unix(a_socket.clone()).connect(),
+        )
+        .await
+        .expect("connect to host-a's embedded agent");
+        eventually(WAIT, "a step with all 4 shards on host-a", async || {
+            let l = client_a
+                .list_checkpoints(pb::ListCheckpointsRequest {
+                    job_id: "mh-spare".into(),
+                })
+                .await
+                .ok()?
+                .into_inner();
+            l.steps
+                .iter()
+                .find(|s| {
+                    s.complete
+                        && s.world_size == 4
+                        && s.shards.len() == 4
+                        && s.shards.iter().all(|sh| {
+                            sh.copies
+                                .iter()
+                                .any(|c| c.tier == "local" && c.holder == "host-a")
+                        })
+                })
+                .map(|s| s.step)
+        })
+        .await;
     });
 
     // gpu1 falls off the bus.
@@ -672,6 +726,22 @@ fn a_spare_takes_the_place_of_a_host_whose_gpu_fails() {
     );
     assert_eq!(field(&sw, "world_size"), Some("4"), "{sw}");
     assert_eq!(epoch_of(&sw), e1 + 1, "{sw}");
+    // ... and resumes host-b's shards from host-a's copies: the only peer
+    // it has is the one the round named.
+    let resumed = s.wait_line("the spare's workers resuming", |l| {
+        l.contains("resumed from checkpoint at step")
+    });
+    assert!(
+        resumed.contains("tier peer") && resumed.contains("host-a"),
+        "{resumed}\n{}",
+        s.context()
+    );
+    assert!(
+        s.seen_line(|l| l.contains("checkpoint peers of this round: host-a"))
+            .is_some(),
+        "{}",
+        s.context()
+    );
     let aw = a.wait_line("host-a's workers on the new round", |l| {
         is_world(l) && epoch_of(l) > e1
     });

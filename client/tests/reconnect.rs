@@ -155,6 +155,12 @@ impl Agent for FakeAgent {
     ) -> Result<Response<pb::ListCheckpointsResponse>, Status> {
         Err(Status::unimplemented("fake"))
     }
+    async fn set_checkpoint_peers(
+        &self,
+        _: Request<pb::SetCheckpointPeersRequest>,
+    ) -> Result<Response<pb::SetCheckpointPeersResponse>, Status> {
+        Err(Status::unimplemented("fake"))
+    }
     async fn get_goodput(
         &self,
         _: Request<pb::GetGoodputRequest>,

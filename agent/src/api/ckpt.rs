@@ -14,6 +14,7 @@ use tonic::{Status, Streaming};
 use warden_proto::v1 as pb;
 
 use crate::ckpt::layout::{ShardKey, check_job_id};
+use crate::ckpt::peerset::PeerSpec;
 use crate::ckpt::restore::{self, RestoreError};
 use crate::ckpt::tier::TierError;
 use crate::ckpt::{Checkpoints, IncomingError, peers, subject};
@@ -192,6 +193,31 @@ pub async fn list_checkpoints(
     ck.sealing.settled(Duration::from_secs(5)).await;
     let view = restore::gather(&ck, &req.job_id).await;
     Ok(restore::listing(&ck, &view))
+}
+
+/// SetCheckpointPeers: a launcher's view of the job's other agents.
+pub async fn set_checkpoint_peers(
+    state: &Arc<AgentState>,
+    req: pb::SetCheckpointPeersRequest,
+) -> Result<pb::SetCheckpointPeersResponse, Status> {
+    let ck = tier(state)?;
+    job(&req.job_id)?;
+    let specs: Vec<PeerSpec> = req
+        .peers
+        .into_iter()
+        .map(|p| PeerSpec {
+            addr: p.addr,
+            domain: p.domain,
+            host: p.host,
+        })
+        .collect();
+    let targets = ck
+        .peers
+        .set_job(&req.job_id, &specs)
+        .map_err(|e| Status::invalid_argument(format!("SetCheckpointPeers: {e}")))?;
+    tracing::info!(job = %req.job_id, peers = specs.len(), targets = ?targets,
+        "checkpoint peers of the job set by its launcher");
+    Ok(pb::SetCheckpointPeersResponse { targets })
 }
 
 /// PushShard: a peer's replica, checked before it is committed.

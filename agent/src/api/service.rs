@@ -503,6 +503,18 @@ impl Agent for AgentService {
         .await
     }
 
+    async fn set_checkpoint_peers(
+        &self,
+        req: Request<pb::SetCheckpointPeersRequest>,
+    ) -> Result<Response<pb::SetCheckpointPeersResponse>, Status> {
+        observed("SetCheckpointPeers", async {
+            super::ckpt::set_checkpoint_peers(&self.state, req.into_inner())
+                .await
+                .map(Response::new)
+        })
+        .await
+    }
+
     async fn get_goodput(
         &self,
         req: Request<pb::GetGoodputRequest>,

@@ -17,6 +17,7 @@ pub mod durable;
 pub mod layout;
 pub mod manifest;
 pub mod peers;
+pub mod peerset;
 pub mod placement;
 pub mod replicate;
 pub mod restore;
@@ -52,10 +53,10 @@ pub struct Checkpoints {
     pub host: String,
     /// The local tier.
     pub tier: LocalTier,
-    /// Every configured peer (restores ask them all).
-    pub peers: Vec<Peer>,
-    /// Indexes into `peers` of those that hold this host's replicas.
-    pub targets: Vec<usize>,
+    /// The peer agents, configured and handed over per job (restores ask
+    /// every one that matters to the job; replicas go to the placement's
+    /// targets among them).
+    pub peers: peerset::PeerSet,
     /// The durable store, when configured.
     pub durable: Option<durable::Durable>,
     /// Commits being sealed.
@@ -97,12 +98,11 @@ impl Checkpoints {
                 cfg.domain.clone()
             },
         };
-        let members: Vec<placement::Member> = peers.iter().map(|p| p.member.clone()).collect();
-        let targets = placement::targets(&me, &members, cfg.replicas);
-        if cfg.replicas > 0 && !cfg.peers.is_empty() && targets.len() < cfg.replicas {
+        let peers = peerset::PeerSet::new(me, cfg.replicas, cfg.peer_timeout, peers);
+        if cfg.replicas > 0 && !cfg.peers.is_empty() && peers.targets("").len() < cfg.replicas {
             tracing::warn!(
                 wanted = cfg.replicas,
-                placed = targets.len(),
+                placed = peers.targets("").len(),
                 "too few checkpoint peers outside this host's failure domain for checkpoint.replicas"
             );
         }
@@ -120,7 +120,6 @@ impl Checkpoints {
             host: host.to_owned(),
             tier,
             peers,
-            targets,
             durable,
             sealing: Sealing::default(),
             work,
@@ -141,9 +140,9 @@ impl Checkpoints {
             .take()
     }
 
-    /// The peer at `addr`, if configured.
-    pub fn peer(&self, addr: &str) -> Option<&Peer> {
-        self.peers.iter().find(|p| p.member.addr == addr)
+    /// The peer at `addr`, configured or handed over for a job.
+    pub fn peer(&self, addr: &str) -> Option<Peer> {
+        self.peers.find(addr)
     }
 }
 

@@ -18,7 +18,7 @@ use warden_proto::v1 as pb;
 
 use super::layout::ShardKey;
 use super::manifest::Manifest;
-use super::{Checkpoints, subject};
+use super::{Checkpoints, Peer, subject};
 use crate::events::{NewEvent, Severity};
 use crate::state::AgentState;
 
@@ -27,7 +27,8 @@ pub async fn run(state: Arc<AgentState>, ck: Arc<Checkpoints>) {
     let Some(mut work) = ck.take_work() else {
         return;
     };
-    let mut sent: HashSet<(usize, ShardKey, String)> = HashSet::new();
+    // (peer address, shard, checksum) known to be on that peer.
+    let mut sent: HashSet<(String, ShardKey, String)> = HashSet::new();
     let mut uploads = Uploads::default();
     let mut tick = tokio::time::interval(ck.cfg.retry_interval);
     tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
@@ -45,8 +46,20 @@ pub async fn run(state: Arc<AgentState>, ck: Arc<Checkpoints>) {
             _ = tick.tick() => Vec::new(),
         };
         let jobs: BTreeSet<String> = fresh.iter().map(|m| m.job_id.clone()).collect();
-        for t in ck.targets.clone() {
-            push_missing(&state, &ck, t, &fresh, &mut sent).await;
+        if fresh.is_empty() {
+            // Reconcile: every own shard, job by job, against what each of
+            // the job's targets says it holds.
+            for (job, own) in by_job(own_shards(&ck).await) {
+                for peer in ck.peers.targets(&job) {
+                    reconcile(&state, &ck, &peer, &job, own.clone(), &mut sent).await;
+                }
+            }
+        } else {
+            for (job, ms) in by_job(fresh) {
+                for peer in ck.peers.targets(&job) {
+                    send(&state, &ck, &peer, &ms, &mut sent).await;
+                }
+            }
         }
         if ck.durable.is_some() {
             upload_due(&state, &ck, &mut uploads).await;
@@ -89,65 +102,83 @@ async fn own_shards(ck: &Arc<Checkpoints>) -> Vec<Manifest> {
     .unwrap_or_default()
 }
 
-/// Sends target `t` the own shards it lacks: the fresh ones at once; on a
-/// timer tick (no fresh ones) every own shard, after asking what it holds.
-async fn push_missing(
+/// Manifests grouped by job.
+fn by_job(ms: Vec<Manifest>) -> BTreeMap<String, Vec<Manifest>> {
+    let mut out: BTreeMap<String, Vec<Manifest>> = BTreeMap::new();
+    for m in ms {
+        out.entry(m.job_id.clone()).or_default().push(m);
+    }
+    out
+}
+
+/// Sends `peer` the own shards of `job` it lacks, after asking what it
+/// holds (those it already has are remembered as sent).
+async fn reconcile(
     state: &Arc<AgentState>,
     ck: &Arc<Checkpoints>,
-    t: usize,
-    fresh: &[Manifest],
-    sent: &mut HashSet<(usize, ShardKey, String)>,
+    peer: &Peer,
+    job: &str,
+    own: Vec<Manifest>,
+    sent: &mut HashSet<(String, ShardKey, String)>,
 ) {
-    let Some(peer) = ck.peers.get(t).cloned() else {
+    let addr = &peer.member.addr;
+    let own: Vec<Manifest> = own
+        .into_iter()
+        .filter(|m| !sent.contains(&(addr.clone(), m.key(), m.xxh3.clone())))
+        .collect();
+    if own.is_empty() {
         return;
+    }
+    let mut c = peer.client.clone();
+    let req = pb::ListShardsRequest {
+        job_id: job.to_owned(),
     };
-    let todo: Vec<Manifest> = if fresh.is_empty() {
-        let own: Vec<Manifest> = own_shards(ck)
-            .await
-            .into_iter()
-            .filter(|m| !sent.contains(&(t, m.key(), m.xxh3.clone())))
-            .collect();
-        if own.is_empty() {
-            return;
-        }
-        let mut c = peer.client.clone();
-        let held = match tokio::time::timeout(
-            ck.cfg.peer_timeout,
-            c.list_shards(pb::ListShardsRequest::default()),
-        )
-        .await
-        {
-            Ok(Ok(r)) => r.into_inner(),
-            _ => return,
-        };
-        let held: HashSet<(ShardKey, u64)> = held
-            .shards
-            .iter()
-            .map(|i| {
-                (
-                    ShardKey {
-                        job_id: i.job_id.clone(),
-                        step: i.step,
-                        rank: i.rank,
-                    },
-                    i.xxh3,
-                )
-            })
-            .collect();
-        own.into_iter()
-            .filter(|m| {
-                let there = held.contains(&(m.key(), m.hash().unwrap_or(0)));
-                if there {
-                    sent.insert((t, m.key(), m.xxh3.clone()));
-                }
-                !there
-            })
-            .collect()
-    } else {
-        fresh.to_vec()
+    let held = match tokio::time::timeout(ck.cfg.peer_timeout, c.list_shards(req)).await {
+        Ok(Ok(r)) => r.into_inner(),
+        _ => return,
     };
+    let held: HashSet<(ShardKey, u64)> = held
+        .shards
+        .iter()
+        .map(|i| {
+            (
+                ShardKey {
+                    job_id: i.job_id.clone(),
+                    step: i.step,
+                    rank: i.rank,
+                },
+                i.xxh3,
+            )
+        })
+        .collect();
+    let todo: Vec<Manifest> = own
+        .into_iter()
+        .filter(|m| {
+            let there = held.contains(&(m.key(), m.hash().unwrap_or(0)));
+            if there {
+                sent.insert((addr.clone(), m.key(), m.xxh3.clone()));
+            }
+            !there
+        })
+        .collect();
+    send(state, ck, peer, &todo, sent).await;
+}
+
+/// Pushes `todo` to `peer` one shard at a time; stops at the first failure
+/// (the peer is likely down: the next reconcile tries again).
+async fn send(
+    state: &Arc<AgentState>,
+    ck: &Arc<Checkpoints>,
+    peer: &Peer,
+    todo: &[Manifest],
+    sent: &mut HashSet<(String, ShardKey, String)>,
+) {
+    let addr = &peer.member.addr;
     for m in todo {
         let key = m.key();
+        if sent.contains(&(addr.clone(), key.clone(), m.xxh3.clone())) {
+            continue;
+        }
         let path = ck.tier.layout().data(&key);
         let started = Instant::now();
         let mut c = peer.client.clone();
@@ -163,7 +194,7 @@ async fn push_missing(
         match c.push_shard(stream).await {
             Ok(r) => {
                 let secs = started.elapsed().as_secs_f64();
-                sent.insert((t, key.clone(), m.xxh3.clone()));
+                sent.insert((addr.clone(), key.clone(), m.xxh3.clone()));
                 metrics::counter!("warden_ckpt_replicated_bytes_total").increment(m.size_bytes);
                 state.events.publish(
                     NewEvent::new(

@@ -121,7 +121,7 @@ pub async fn gather(ck: &Arc<Checkpoints>, job: &str) -> View {
     for m in local {
         view.add(Holder::Local, m);
     }
-    let asks = ck.peers.iter().map(|p| {
+    let asks = ck.peers.of_job(job).into_iter().map(|p| {
         let mut c = p.client.clone();
         let addr = p.member.addr.clone();
         let limit = ck.cfg.peer_timeout;
@@ -375,7 +375,7 @@ async fn fetch(ck: &Arc<Checkpoints>, key: &ShardKey, c: &Copy) -> Result<PathBu
         Holder::Peer { addr, .. } => {
             let peer = ck
                 .peer(addr)
-                .ok_or_else(|| format!("{addr} is no longer a configured peer"))?;
+                .ok_or_else(|| format!("{addr} is no longer a peer of this agent"))?;
             let mut client = peer.client.clone();
             let mut stream = client
                 .fetch_shard(super::peers::fetch_request(key))

@@ -71,6 +71,10 @@ pub struct CoordConfig {
     /// How long `join` waits for a host id still held by a previous
     /// launcher's lease (a launcher restarted on the same host) to free up.
     pub join_timeout: Duration,
+    /// This host's agent as a checkpoint peer, published in its member
+    /// record so the job's other agents replicate to it; `None`: it takes
+    /// no replicas.
+    pub ckpt_peer: Option<super::plan::CkptPeer>,
 }
 
 impl CoordConfig {
@@ -98,6 +102,7 @@ impl CoordConfig {
             port_span: DEFAULT_PORT_SPAN,
             request_timeout: Duration::from_secs(2),
             join_timeout: Duration::from_secs(15),
+            ckpt_peer: None,
         }
     }
 
@@ -144,6 +149,11 @@ impl CoordConfig {
         }
         if self.addr.trim().is_empty() {
             return bad("addr", self.addr.clone(), "must not be empty");
+        }
+        if let Some(p) = &self.ckpt_peer
+            && !crate::config::valid_peer_addr(&p.addr)
+        {
+            return bad("ckpt_peer.addr", p.addr.clone(), "must be host:port");
         }
         if self.nproc_per_node == 0 {
             return bad("nproc_per_node", "0".into(), "must be at least 1");

@@ -46,7 +46,7 @@ use tokio_util::sync::CancellationToken;
 
 pub use config::CoordConfig;
 pub use error::CoordError;
-pub use plan::{Limits, RoundRecord};
+pub use plan::{CkptPeer, Limits, RoundRecord};
 pub use round::Round;
 pub use session::{JobEnd, Outcome};
 

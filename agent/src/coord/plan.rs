@@ -30,6 +30,22 @@ pub struct MemberRecord {
     pub pid: u32,
     /// When it joined (Unix ms), ditto.
     pub joined_at_ms: u64,
+    /// Where its agent takes checkpoint replicas; absent when that agent
+    /// has no checkpoint tier or no TCP listener (or the launcher is older).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ckpt_peer: Option<CkptPeer>,
+}
+
+/// A host's agent as a checkpoint peer: the job's other hosts replicate to
+/// it and restore from it (`SetCheckpointPeers`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CkptPeer {
+    /// `host:port` of the agent's `api.tcp` listener, as the other hosts
+    /// reach it.
+    pub addr: String,
+    /// Its `checkpoint.domain`; empty: a domain of its own.
+    #[serde(default)]
+    pub domain: String,
 }
 
 /// A live member: its record and what etcd says about its key.
@@ -55,6 +71,9 @@ pub struct RoundMember {
     pub nproc_per_node: u32,
     /// The lease it had when the round formed.
     pub lease: i64,
+    /// Its agent as a checkpoint peer, copied from its member record.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ckpt_peer: Option<CkptPeer>,
 }
 
 /// The round of one epoch, as stored at `rounds/<epoch>`: every launcher
@@ -265,6 +284,7 @@ pub fn record(
             addr: m.record.addr,
             nproc_per_node: m.record.nproc_per_node,
             lease: m.lease,
+            ckpt_peer: m.record.ckpt_peer,
         })
         .collect();
     let span = u64::from(limits.port_span.max(1));
@@ -290,6 +310,25 @@ pub fn record(
 mod tests {
     use super::*;
 
+    #[test]
+    fn a_member_record_without_a_checkpoint_peer_still_reads() {
+        // What a launcher of the previous version wrote.
+        let old = r#"{"host":"h","addr":"10.0.0.1","nproc_per_node":8,"spare":false,
+            "min_nodes":1,"max_nodes":2,"pid":7,"joined_at_ms":1}"#;
+        let r: MemberRecord = serde_json::from_str(old).unwrap();
+        assert_eq!(r.ckpt_peer, None);
+        let with = MemberRecord {
+            ckpt_peer: Some(CkptPeer {
+                addr: "10.0.0.1:7000".into(),
+                domain: "rack1".into(),
+            }),
+            ..r
+        };
+        let back: MemberRecord =
+            serde_json::from_str(&serde_json::to_string(&with).unwrap()).unwrap();
+        assert_eq!(back, with);
+    }
+
     const LIMITS: Limits = Limits {
         min_nodes: 2,
         max_nodes: 3,
@@ -308,6 +347,7 @@ mod tests {
                 max_nodes: 3,
                 pid: 1,
                 joined_at_ms: 0,
+                ckpt_peer: None,
             },
             lease,
             join_revision: rev,

@@ -1,6 +1,6 @@
 //! A round as one host sees it: the stored record plus this host's place.
 
-use super::plan::RoundRecord;
+use super::plan::{CkptPeer, RoundRecord};
 
 /// The job's round at one epoch, from this host's side: what its launcher
 /// needs to start (or not start) its workers.
@@ -28,6 +28,9 @@ pub struct Round {
     pub master_port: u16,
     /// The members' host ids in node-rank order.
     pub members: Vec<String>,
+    /// The members' agents that take checkpoint replicas, with their host
+    /// ids, in node-rank order (this host's own included).
+    pub ckpt_peers: Vec<(String, CkptPeer)>,
     /// Live hosts not in the round (spares, hosts beyond `max_nodes`), as
     /// this host sees them now.
     pub standby: Vec<String>,
@@ -65,6 +68,11 @@ impl Round {
             master_addr: record.master_addr.clone(),
             master_port: record.master_port,
             members: record.members.iter().map(|m| m.host.clone()).collect(),
+            ckpt_peers: record
+                .members
+                .iter()
+                .filter_map(|m| Some((m.host.clone(), m.ckpt_peer.clone()?)))
+                .collect(),
             standby: record.standby.clone(),
             waiting: record.waiting,
             reason: record.reason.clone(),
@@ -120,6 +128,7 @@ mod tests {
             addr: format!("10.0.0.{lease}"),
             nproc_per_node: n,
             lease,
+            ckpt_peer: None,
         };
         RoundRecord {
             epoch: 3,

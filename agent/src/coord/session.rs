@@ -433,6 +433,7 @@ impl Inner {
             max_nodes: self.cfg.max_nodes,
             pid: std::process::id(),
             joined_at_ms: now_ms(),
+            ckpt_peer: self.cfg.ckpt_peer.clone(),
         };
         let json = serde_json::to_string(&record).map_err(|e| CoordError::Corrupt {
             key: key.clone(),

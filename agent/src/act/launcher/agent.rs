@@ -74,6 +74,10 @@ pub struct AgentLink {
     pub config: Config,
     /// Local or embedded.
     pub kind: Kind,
+    /// Where the agent's TCP listener actually is (`api.tcp`, its port
+    /// resolved); empty when it has none. The job's other hosts reach its
+    /// checkpoint tier there.
+    pub tcp: String,
 }
 
 /// Which agent it is.
@@ -118,10 +122,12 @@ impl AgentLink {
             if let Some((client, info)) = probe(&socket).await {
                 let config =
                     Config::from_toml(&info.config_toml, "the local wardend").unwrap_or_default();
+                let tcp = tcp_endpoint(&info, &config);
                 return Ok(Self {
                     socket,
                     client,
                     config,
+                    tcp,
                     kind: Kind::Local {
                         pid: info.pid,
                         version: info.version,
@@ -179,6 +185,80 @@ impl AgentLink {
             let _ = std::fs::remove_dir_all(&e.runtime_dir);
         }
     }
+}
+
+/// How often the job's checkpoint peers are handed to the agent again
+/// while they stay the same: an agent restarted mid-job has them back
+/// within this.
+const PEERS_AGAIN: Duration = Duration::from_secs(10);
+
+/// A round's checkpoint peers: host id and agent.
+pub type CkptPeers = Vec<(String, crate::coord::CkptPeer)>;
+
+/// Hands the job's checkpoint peers to the agent (`SetCheckpointPeers`),
+/// waiting at most two seconds. Called before a round's workers start, so
+/// their first restore already asks the round's other agents; an agent
+/// that does not take them is logged and costs the job nothing.
+pub async fn set_peers(
+    client: &AgentClient<Channel>,
+    job: &str,
+    peers: &CkptPeers,
+) -> Result<Vec<String>, String> {
+    let req = pb::SetCheckpointPeersRequest {
+        job_id: job.to_owned(),
+        peers: peers
+            .iter()
+            .map(|(host, p)| pb::CheckpointPeer {
+                addr: p.addr.clone(),
+                domain: p.domain.clone(),
+                host: host.clone(),
+            })
+            .collect(),
+    };
+    let mut c = client.clone();
+    match tokio::time::timeout(PROBE * 2, c.set_checkpoint_peers(req)).await {
+        Ok(Ok(r)) => Ok(r.into_inner().targets),
+        Ok(Err(e)) => Err(e.message().to_owned()),
+        Err(_) => Err(format!("no answer within {:?}", PROBE * 2)),
+    }
+}
+
+/// Hands the current round's checkpoint peers to the agent again every
+/// [`PEERS_AGAIN`] (and at once when a hand-over failed): an agent
+/// restarted mid-job forgets them. The launcher's rendezvous hands each new
+/// round's over itself ([`set_peers`]) and updates `peers`.
+pub fn keep_peers(
+    client: AgentClient<Channel>,
+    job: String,
+    mut peers: watch::Receiver<CkptPeers>,
+    stop: CancellationToken,
+) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                () = stop.cancelled() => return,
+                r = peers.changed() => if r.is_err() { return },
+                () = tokio::time::sleep(PEERS_AGAIN) => {
+                    let now = peers.borrow().clone();
+                    if !now.is_empty()
+                        && let Err(e) = set_peers(&client, &job, &now).await
+                    {
+                        tracing::debug!(job, error = %e,
+                            "launcher: the agent did not take the job's checkpoint peers; asking again");
+                    }
+                }
+            }
+        }
+    })
+}
+
+/// The agent's TCP listener as it reports it (port resolved), else as
+/// configured; empty when it has none.
+fn tcp_endpoint(info: &pb::AgentInfo, config: &Config) -> String {
+    info.endpoints
+        .iter()
+        .find(|e| e.kind == "tcp")
+        .map_or_else(|| config.api.tcp.clone(), |e| e.address.clone())
 }
 
 async fn probe(socket: &Path) -> Option<(AgentClient<Channel>, pb::AgentInfo)> {
@@ -252,10 +332,12 @@ async fn embed(agent_config: Option<&Path>, state_dir: &Path) -> Result<AgentLin
     ));
     let deadline = Instant::now() + EMBED_START;
     loop {
-        if let Some((client, _)) = probe(&socket).await {
+        if let Some((client, info)) = probe(&socket).await {
+            let tcp = tcp_endpoint(&info, &config);
             return Ok(AgentLink {
                 socket,
                 client,
+                tcp,
                 kind: Kind::Embedded(Embedded {
                     token,
                     task,

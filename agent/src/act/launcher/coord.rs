@@ -33,6 +33,10 @@ pub struct AttemptPlan {
     pub epoch: Option<u64>,
     /// The round in words (why it was made, its hosts), for the console.
     pub round: Option<String>,
+    /// The round's other hosts whose agents take checkpoint replicas (host
+    /// id, agent): handed to this host's agent (`SetCheckpointPeers`).
+    /// Empty on one host.
+    pub ckpt_peers: Vec<(String, crate::coord::CkptPeer)>,
 }
 
 /// What this node tells the whole job.

@@ -87,6 +87,52 @@ pub fn config(args: &RunArgs, job: &str) -> etcd::CoordConfig {
     c
 }
 
+/// This host's agent as a checkpoint peer of the job's other hosts, or why
+/// it cannot be one. The agent's TCP listener (`tcp`) is where they reach
+/// its tier; an unspecified IP (`0.0.0.0`, `[::]`) is replaced by the
+/// address this host advertises in the job. A listener on loopback while
+/// the job's address is not cannot be reached from elsewhere.
+pub fn ckpt_peer(
+    checkpoint: &crate::ckpt::CheckpointConfig,
+    tcp: &str,
+    advertise: &str,
+) -> Result<etcd::CkptPeer, String> {
+    if !checkpoint.enabled {
+        return Err("the agent's checkpoint tier is off".to_owned());
+    }
+    if tcp.is_empty() {
+        return Err(
+            "the agent has no TCP listener (api.tcp), where the other hosts' agents would reach its tier"
+                .to_owned(),
+        );
+    }
+    let Ok(sock) = tcp.parse::<std::net::SocketAddr>() else {
+        // A host name: the other hosts resolve it themselves.
+        return Ok(etcd::CkptPeer {
+            addr: tcp.to_owned(),
+            domain: checkpoint.domain.clone(),
+        });
+    };
+    let adv: Option<IpAddr> = advertise.parse().ok();
+    let addr = if sock.ip().is_unspecified() {
+        match adv {
+            Some(IpAddr::V6(ip)) => format!("[{ip}]:{}", sock.port()),
+            Some(IpAddr::V4(ip)) => format!("{ip}:{}", sock.port()),
+            None => format!("{advertise}:{}", sock.port()),
+        }
+    } else if sock.ip().is_loopback() && !adv.is_some_and(|a| a.is_loopback()) {
+        return Err(format!(
+            "the agent's TCP listener {tcp} is on loopback, which the job's other hosts cannot reach (this host's address in the job: {advertise})"
+        ));
+    } else {
+        tcp.to_owned()
+    };
+    Ok(etcd::CkptPeer {
+        addr,
+        domain: checkpoint.domain.clone(),
+    })
+}
+
 /// The kernel's host name (the default host id).
 pub fn host_name() -> String {
     nix::unistd::gethostname()
@@ -229,6 +275,12 @@ fn plan_of(round: &etcd::Round, restart_count: u32, host: &str, spare: bool) -> 
             round.master_addr,
             round.master_port,
         )),
+        ckpt_peers: round
+            .ckpt_peers
+            .iter()
+            .filter(|(h, _)| h != host)
+            .cloned()
+            .collect(),
     }
 }
 
@@ -355,5 +407,51 @@ impl Coordinator for EtcdCoordinator {
             tracing::warn!(error = %e, "launcher: leaving the job after a node fault failed");
         }
         NodeFault::Exit(EXIT_NODE_FAULT)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ckpt::CheckpointConfig;
+
+    fn tier(domain: &str) -> CheckpointConfig {
+        CheckpointConfig {
+            domain: domain.into(),
+            ..CheckpointConfig::default()
+        }
+    }
+
+    #[test]
+    fn the_agent_is_published_where_the_other_hosts_reach_it() {
+        let p = ckpt_peer(&tier("rack7"), "0.0.0.0:7000", "10.1.2.3").unwrap();
+        assert_eq!(
+            (p.addr.as_str(), p.domain.as_str()),
+            ("10.1.2.3:7000", "rack7")
+        );
+        let p = ckpt_peer(&tier(""), "[::]:7000", "fd00::5").unwrap();
+        assert_eq!(p.addr, "[fd00::5]:7000");
+        // A host-local test: loopback everywhere is fine.
+        let p = ckpt_peer(&tier(""), "127.0.0.2:7000", "127.0.0.2").unwrap();
+        assert_eq!(p.addr, "127.0.0.2:7000");
+        assert_eq!(
+            ckpt_peer(&tier(""), "node7.example:7000", "10.1.2.3")
+                .unwrap()
+                .addr,
+            "node7.example:7000"
+        );
+    }
+
+    #[test]
+    fn an_agent_nobody_can_reach_is_not_published() {
+        let e = ckpt_peer(&tier(""), "127.0.0.1:7000", "10.1.2.3").unwrap_err();
+        assert!(e.contains("loopback"), "{e}");
+        let e = ckpt_peer(&tier(""), "", "10.1.2.3").unwrap_err();
+        assert!(e.contains("api.tcp"), "{e}");
+        let off = CheckpointConfig {
+            enabled: false,
+            ..CheckpointConfig::default()
+        };
+        assert!(ckpt_peer(&off, "0.0.0.0:7000", "10.1.2.3").is_err());
     }
 }

@@ -201,7 +201,20 @@ async fn run_job(
             console
                 .say("--node-rank is ignored with --rdzv-backend etcd: the job's rounds assign it");
         }
-        let cfg = etcd::config(&args, &job.id);
+        let mut cfg = etcd::config(&args, &job.id);
+        match etcd::ckpt_peer(&link.config.checkpoint, &link.tcp, &cfg.addr) {
+            Ok(p) => {
+                console.say(format!(
+                    "checkpoint replicas: the job's other hosts send theirs to this host's agent at {}{}",
+                    p.addr,
+                    if p.domain.is_empty() { String::new() } else { format!(" (domain {})", p.domain) }
+                ));
+                cfg.ckpt_peer = Some(p);
+            }
+            Err(why) => console.say(format!(
+                "checkpoint replicas: this host's agent takes none from the job's other hosts: {why}"
+            )),
+        }
         console.say(format!(
             "joining job {} in etcd at {} as host {} (address {}{}, lease TTL {})",
             job.id,

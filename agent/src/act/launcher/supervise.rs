@@ -248,6 +248,8 @@ pub async fn run<C: Coordinator>(
     let seen = agent::watch_ranks(link.client.clone(), job.id.clone(), stop.clone()).await;
     let decisions = agent::watch_decisions(link.client.clone(), job.id.clone(), stop.clone());
     let (exits_tx, exits_rx) = mpsc::unbounded_channel();
+    let (peers_tx, peers_rx) = watch::channel(Vec::new());
+    agent::keep_peers(link.client.clone(), job.id.clone(), peers_rx, stop.clone());
     let now = Instant::now();
     let mut sup = Sup {
         agent_line: link.label(),
@@ -264,6 +266,7 @@ pub async fn run<C: Coordinator>(
         decisions_open: true,
         exits_tx,
         exits_rx,
+        peers_tx,
         handled: HashSet::new(),
         acted_on: HashSet::new(),
         attempt: Attempt {
@@ -310,6 +313,9 @@ struct Sup<'a, C> {
     decisions_open: bool,
     exits_tx: mpsc::UnboundedSender<ExitNote>,
     exits_rx: mpsc::UnboundedReceiver<ExitNote>,
+    /// The current round's checkpoint peers, handed to the agent again
+    /// now and then ([`agent::keep_peers`]).
+    peers_tx: watch::Sender<agent::CkptPeers>,
     /// Decisions already seen: (incident, revision).
     handled: HashSet<(String, usize)>,
     /// Incidents already answered with an in-job restart or a stop.
@@ -465,15 +471,40 @@ impl<C: Coordinator> Sup<'_, C> {
             rank_offset: self.job.node_rank.saturating_mul(self.job.nproc_per_node),
             epoch: None,
             round: None,
+            ckpt_peers: Vec::new(),
         }
     }
 
     /// The coordinator's rendezvous, given up on a signal.
     async fn agree(&mut self, proposed: AttemptPlan) -> Result<AttemptPlan, Halt> {
-        tokio::select! {
+        let agreed = tokio::select! {
             r = self.coord.rendezvous(proposed) => r.map_err(Halt::Coord),
             sig = self.signals.recv() => Err(Halt::Signal(sig)),
+        };
+        if let Ok(plan) = &agreed
+            && *self.peers_tx.borrow() != plan.ckpt_peers
+        {
+            // Before the round's workers start: their first restore asks
+            // the round's other agents.
+            let names: Vec<String> = plan
+                .ckpt_peers
+                .iter()
+                .map(|(h, p)| format!("{h} ({})", p.addr))
+                .collect();
+            match agent::set_peers(&self.client, &self.job.id, &plan.ckpt_peers).await {
+                Ok(targets) if !names.is_empty() => self.say(format!(
+                    "checkpoint peers of this round: {}; this host's replicas go to {}",
+                    names.join(", "),
+                    if targets.is_empty() { "none (no peer outside this host's failure domain)".to_owned() } else { targets.join(", ") }
+                )),
+                Ok(_) => {}
+                Err(e) => self.say(format!(
+                    "the agent did not take this round's checkpoint peers ({e}); asked again every 10 s"
+                )),
+            }
+            self.peers_tx.send_replace(plan.ckpt_peers.clone());
         }
+        agreed
     }
 
     /// Ends the run after a failed rendezvous.

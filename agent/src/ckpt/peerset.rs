@@ -1,0 +1,265 @@
+//! The peer agents a host's checkpoints travel to: the ones in
+//! `[[checkpoint.peers]]`, plus, per job, the ones a multi-host job's
+//! launcher hands over from its etcd rounds (`SetCheckpointPeers`).
+//!
+//! Static peers suit a fixed fleet (VMs, a DaemonSet); a job scheduled onto
+//! whatever hosts were free only learns its neighbours when its launchers
+//! meet in etcd, and the set changes when a host is lost or a spare steps
+//! in. Both kinds are one ring per job: placement runs over the union, so a
+//! replica still never lands in this host's failure domain.
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use super::placement::{self, Member};
+use super::{Peer, peers};
+
+/// A peer as a launcher describes it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PeerSpec {
+    /// `host:port` of its agent's `api.tcp` listener.
+    pub addr: String,
+    /// Its failure domain; empty: a domain of its own.
+    pub domain: String,
+    /// Its host id in the job, for messages.
+    pub host: String,
+}
+
+/// Why a launcher's peer list was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum PeerSetError {
+    /// An address that is not `host:port`.
+    #[error("peer {index} ({host:?}): address {addr:?} is not host:port")]
+    BadAddr {
+        /// Its place in the list.
+        index: usize,
+        /// Its host id.
+        host: String,
+        /// The address given.
+        addr: String,
+    },
+    /// A client could not be built for it.
+    #[error("peer {addr}: {message}")]
+    Client {
+        /// The address.
+        addr: String,
+        /// Why.
+        message: String,
+    },
+}
+
+/// Every peer this host knows, static and per job.
+#[derive(Debug)]
+pub struct PeerSet {
+    me: Member,
+    replicas: usize,
+    timeout: Duration,
+    configured: Vec<Peer>,
+    jobs: Mutex<BTreeMap<String, Vec<Peer>>>,
+}
+
+impl PeerSet {
+    /// The set with only the configured peers; `me` is this agent on the
+    /// ring (its address and domain).
+    pub fn new(me: Member, replicas: usize, timeout: Duration, configured: Vec<Peer>) -> Self {
+        Self {
+            me,
+            replicas,
+            timeout,
+            configured,
+            jobs: Mutex::new(BTreeMap::new()),
+        }
+    }
+
+    /// This agent on the ring.
+    pub fn me(&self) -> &Member {
+        &self.me
+    }
+
+    fn jobs(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Vec<Peer>>> {
+        self.jobs.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The peers that matter to `job`: the configured ones, then the job's
+    /// own (one entry per address). For `""`, every peer of every job (a
+    /// listing of everything).
+    pub fn of_job(&self, job: &str) -> Vec<Peer> {
+        let mut out = self.configured.clone();
+        let jobs = self.jobs();
+        let extra: Vec<&Peer> = if job.is_empty() {
+            jobs.values().flatten().collect()
+        } else {
+            jobs.get(job).into_iter().flatten().collect()
+        };
+        for p in extra {
+            if !out.iter().any(|o| o.member.addr == p.member.addr) {
+                out.push(p.clone());
+            }
+        }
+        out
+    }
+
+    /// The peers that hold this host's replicas of `job`'s shards: the ring
+    /// placement over [`PeerSet::of_job`].
+    pub fn targets(&self, job: &str) -> Vec<Peer> {
+        let all = self.of_job(job);
+        let members: Vec<Member> = all.iter().map(|p| p.member.clone()).collect();
+        placement::targets(&self.me, &members, self.replicas)
+            .into_iter()
+            .filter_map(|i| all.get(i).cloned())
+            .collect()
+    }
+
+    /// The peer at `addr`, configured or handed over for any job.
+    pub fn find(&self, addr: &str) -> Option<Peer> {
+        self.of_job("").into_iter().find(|p| p.member.addr == addr)
+    }
+
+    /// Replaces `job`'s handed-over peers with `specs` (this agent's own
+    /// address left out); an empty list forgets the job. Returns the
+    /// addresses that will now hold this host's replicas of the job.
+    /// Nothing changes when one entry is bad.
+    pub fn set_job(&self, job: &str, specs: &[PeerSpec]) -> Result<Vec<String>, PeerSetError> {
+        let mut fresh: Vec<Peer> = Vec::new();
+        {
+            let jobs = self.jobs();
+            let known: Vec<&Peer> = jobs.values().flatten().collect();
+            for (index, s) in specs.iter().enumerate() {
+                if !crate::config::valid_peer_addr(&s.addr) {
+                    return Err(PeerSetError::BadAddr {
+                        index,
+                        host: s.host.clone(),
+                        addr: s.addr.clone(),
+                    });
+                }
+                if s.addr == self.me.addr || fresh.iter().any(|p| p.member.addr == s.addr) {
+                    continue;
+                }
+                let member = Member {
+                    addr: s.addr.clone(),
+                    domain: if s.domain.is_empty() {
+                        s.addr.clone()
+                    } else {
+                        s.domain.clone()
+                    },
+                };
+                // Keep the connection of a peer already known.
+                let client = match known.iter().find(|p| p.member.addr == s.addr) {
+                    Some(p) => p.client.clone(),
+                    None => peers::client(&s.addr, self.timeout).map_err(|message| {
+                        PeerSetError::Client {
+                            addr: s.addr.clone(),
+                            message,
+                        }
+                    })?,
+                };
+                fresh.push(Peer { member, client });
+            }
+        }
+        {
+            let mut jobs = self.jobs();
+            if fresh.is_empty() {
+                jobs.remove(job);
+            } else {
+                jobs.insert(job.to_owned(), fresh);
+            }
+        }
+        let targets: Vec<String> = self
+            .targets(job)
+            .into_iter()
+            .map(|p| p.member.addr)
+            .collect();
+        if self.replicas > 0 && targets.len() < self.replicas && !self.of_job(job).is_empty() {
+            tracing::warn!(
+                job,
+                wanted = self.replicas,
+                placed = targets.len(),
+                "too few checkpoint peers outside this host's failure domain for checkpoint.replicas"
+            );
+        }
+        Ok(targets)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(addr: &str, domain: &str) -> PeerSpec {
+        PeerSpec {
+            addr: addr.into(),
+            domain: domain.into(),
+            host: addr.into(),
+        }
+    }
+
+    fn set(configured: &[(&str, &str)]) -> PeerSet {
+        let configured = configured
+            .iter()
+            .map(|(a, d)| Peer {
+                member: Member {
+                    addr: (*a).into(),
+                    domain: (*d).into(),
+                },
+                client: peers::client(a, Duration::from_secs(1)).unwrap(),
+            })
+            .collect();
+        PeerSet::new(
+            Member {
+                addr: "127.0.0.2:7000".into(),
+                domain: "rack2".into(),
+            },
+            1,
+            Duration::from_secs(1),
+            configured,
+        )
+    }
+
+    fn addrs(v: Vec<Peer>) -> Vec<String> {
+        v.into_iter().map(|p| p.member.addr).collect()
+    }
+
+    #[tokio::test]
+    async fn job_peers_join_the_ring_of_their_job_only() {
+        let s = set(&[("127.0.0.9:7000", "rack2")]);
+        // The configured peer shares this host's domain: no target yet.
+        assert!(s.targets("j1").is_empty());
+        let t = s
+            .set_job(
+                "j1",
+                &[
+                    spec("127.0.0.2:7000", "rack2"), // this agent: left out
+                    spec("127.0.0.3:7000", "rack3"),
+                    spec("127.0.0.4:7000", "rack4"),
+                ],
+            )
+            .unwrap();
+        assert_eq!(t, vec!["127.0.0.3:7000"]);
+        assert_eq!(
+            addrs(s.of_job("j1")),
+            vec!["127.0.0.9:7000", "127.0.0.3:7000", "127.0.0.4:7000"]
+        );
+        // Another job sees only the configured peer.
+        assert_eq!(addrs(s.of_job("j2")), vec!["127.0.0.9:7000"]);
+        assert!(s.find("127.0.0.4:7000").is_some());
+        // A new round replaces the list; an empty one forgets the job.
+        s.set_job("j1", &[spec("127.0.0.4:7000", "rack4")]).unwrap();
+        assert_eq!(addrs(s.targets("j1")), vec!["127.0.0.4:7000"]);
+        s.set_job("j1", &[]).unwrap();
+        assert!(s.targets("j1").is_empty());
+        assert!(s.find("127.0.0.4:7000").is_none());
+    }
+
+    #[tokio::test]
+    async fn a_bad_address_is_named_and_changes_nothing() {
+        let s = set(&[]);
+        s.set_job("j1", &[spec("127.0.0.3:7000", "r3")]).unwrap();
+        let e = s
+            .set_job("j1", &[spec("127.0.0.4:7000", "r4"), spec("nope", "r5")])
+            .unwrap_err();
+        assert!(e.to_string().contains("peer 1"), "{e}");
+        assert!(e.to_string().contains("\"nope\""), "{e}");
+        assert_eq!(addrs(s.targets("j1")), vec!["127.0.0.3:7000"]);
+    }
+}
