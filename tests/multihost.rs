@@ -459,6 +459,68 @@ fn a_worker_killed_on_one_host_restarts_every_host_once_in_one_round() {
     };
     assert!(ended(&sa).contains("restarted in job"), "{}", ended(&sa));
     assert_eq!(ended(&sb), "stopped for a new round");
+
+    // Goodput job-wide: each launcher kept its host's breakdown in etcd;
+    // the sum has every rank of both hosts, adds up, and is the sum of the
+    // two hosts' own goodput.json.
+    let out = Command::new(WARDEN)
+        .args(["--json", "goodput", "--etcd", &etcd.endpoint])
+        .args(["--job", "mh-restart"])
+        .output()
+        .expect("run warden goodput --etcd");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    let job = &v["job"];
+    assert_eq!(job["ranks"], 4, "{v}");
+    assert_eq!(job["hosts"], serde_json::json!(["host-a", "host-b"]), "{v}");
+    assert_eq!(job["open"], false, "both hosts' final reports: {v}");
+    let total = job["accelerator_s"].as_f64().unwrap();
+    let parts: f64 = job["parts"]
+        .as_object()
+        .unwrap()
+        .values()
+        .map(|p| p["accelerator_s"].as_f64().unwrap())
+        .sum();
+    assert!((parts - total).abs() < 1e-6 * total, "{parts} vs {total}");
+    assert!(
+        job["parts"]["restart_downtime"]["accelerator_s"]
+            .as_f64()
+            .unwrap()
+            > 0.0,
+        "the restart shows: {v}"
+    );
+    let own = |s: &Scratch, file: &str| -> Option<Value> {
+        let dir = PathBuf::from(s.summary()["log_dir"].as_str().unwrap());
+        let text = std::fs::read_to_string(dir.join(file)).ok()?;
+        Some(serde_json::from_str(&text).unwrap())
+    };
+    let hosts_sum: f64 = [&sa, &sb]
+        .iter()
+        .map(|s| {
+            own(s, "goodput.json").expect("each host's goodput.json")["accelerator_s"]
+                .as_f64()
+                .unwrap()
+        })
+        .sum();
+    assert!(
+        (hosts_sum - total).abs() < 1e-6 * total,
+        "{hosts_sum} vs {total}"
+    );
+    // The launcher that ended last printed and wrote the whole job.
+    let last = [&sa, &sb]
+        .iter()
+        .filter_map(|s| own(s, "goodput-job.json"))
+        .max_by_key(|j| j["hosts"].as_array().map_or(0, Vec::len))
+        .expect("a goodput-job.json");
+    assert_eq!(last["ranks"], 4, "{last}");
+    assert!(
+        (last["accelerator_s"].as_f64().unwrap() - total).abs() < 1e-6 * total,
+        "{last}"
+    );
 }
 
 #[test]

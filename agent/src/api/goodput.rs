@@ -102,5 +102,6 @@ pub fn job_goodput(r: &JobReport) -> pb::JobGoodput {
             saves: r.saves,
         }),
         open: r.open,
+        hosts: Vec::new(),
     }
 }

@@ -15,6 +15,14 @@ pub struct GoodputArgs {
     /// Only this job.
     #[arg(long)]
     pub job: Option<String>,
+    /// Sum a multi-host job's breakdown over its hosts from etcd (the
+    /// reports its launchers keep there) instead of asking this host's
+    /// agent; needs --job. Endpoints comma-separated, as --rdzv-endpoint.
+    #[arg(long, value_name = "ENDPOINTS", requires = "job")]
+    pub etcd: Option<String>,
+    /// The jobs' key prefix in etcd (as the launchers were given).
+    #[arg(long, default_value = crate::coord::config::DEFAULT_PREFIX)]
+    pub etcd_prefix: String,
     /// A subcommand instead of the report.
     #[command(subcommand)]
     pub cmd: Option<GoodputCmd>,
@@ -32,6 +40,9 @@ pub enum GoodputCmd {
 
 /// Runs `warden goodput` (the report).
 pub async fn run(target: &Target, args: &GoodputArgs, as_json: bool) -> Result<()> {
+    if let (Some(endpoints), Some(job)) = (&args.etcd, &args.job) {
+        return job_wide(endpoints, &args.etcd_prefix, job, as_json).await;
+    }
     let mut c = target.connect().await?;
     let r = c
         .get_goodput(pb::GetGoodputRequest {
@@ -56,6 +67,56 @@ pub async fn run(target: &Target, args: &GoodputArgs, as_json: bool) -> Result<(
         }
         print!("{}", render(j));
     }
+    Ok(())
+}
+
+/// `warden goodput --etcd E --job J`: every host's report of the job from
+/// etcd, each host's goodput on a line, then their sum as one table.
+async fn job_wide(endpoints: &str, prefix: &str, job: &str, as_json: bool) -> Result<()> {
+    let endpoints: Vec<String> = endpoints
+        .split(',')
+        .map(str::trim)
+        .filter(|e| !e.is_empty())
+        .map(str::to_owned)
+        .collect();
+    let reports = crate::coord::reports::Reports::connect(
+        &endpoints,
+        prefix,
+        job,
+        std::time::Duration::from_secs(5),
+    )
+    .await?;
+    let found = reports.read().await?;
+    for b in &found.bad {
+        eprintln!("skipped {b}");
+    }
+    let Some(sum) = crate::goodput::job_wide::merge(&found.reports) else {
+        anyhow::bail!(
+            "no goodput reports for job {job} in etcd at {} under {prefix}/{job}/goodput/ (a launcher copies its host's every 10 s once the job runs)",
+            endpoints.join(",")
+        );
+    };
+    if as_json {
+        let hosts: Map<String, Value> = found
+            .reports
+            .iter()
+            .map(|(h, r)| (h.clone(), job_json(r)))
+            .collect();
+        println!("{}", json!({ "job": job_json(&sum), "hosts": hosts }));
+        return Ok(());
+    }
+    for (h, r) in &found.reports {
+        println!(
+            "{h}: goodput {:.1}% of {:.1} accelerator-s ({} rank{}){}",
+            r.goodput * 100.0,
+            r.accelerator_seconds,
+            r.ranks,
+            if r.ranks == 1 { "" } else { "s" },
+            if r.open { ", running" } else { "" }
+        );
+    }
+    println!();
+    print!("{}", render(&sum));
     Ok(())
 }
 
@@ -89,6 +150,7 @@ pub fn job_json(j: &pb::JobGoodput) -> Value {
         "accelerator_s": j.accelerator_seconds,
         "goodput": j.goodput,
         "open": j.open,
+        "hosts": j.hosts,
         "parts": parts,
         "top_causes": top_causes(j).iter().take(3).map(|p| p.cause.clone()).collect::<Vec<_>>(),
         "recovery": {
@@ -107,12 +169,17 @@ pub fn job_json(j: &pb::JobGoodput) -> Value {
 /// One job as a table with percentages and its top causes.
 pub fn render(j: &pb::JobGoodput) -> String {
     let mut out = format!(
-        "job {}: goodput {:.1}% of {:.1} accelerator-s ({} rank{} x {:.1} s wall){}\n",
+        "job {}: goodput {:.1}% of {:.1} accelerator-s ({} rank{}{} x {:.1} s wall){}\n",
         j.job_id,
         j.goodput * 100.0,
         j.accelerator_seconds,
         j.ranks,
         if j.ranks == 1 { "" } else { "s" },
+        match j.hosts.len() {
+            0 => String::new(),
+            1 => " on 1 host".to_owned(),
+            n => format!(" on {n} hosts"),
+        },
         j.wall_seconds,
         if j.open { ", running" } else { "" }
     );

@@ -9,6 +9,9 @@
 //! <prefix>/<job>/departures/<host>    why a host left (JSON), written with its leave
 //! <prefix>/<job>/ends/<epoch:020>     the job finished or failed at that epoch (JSON);
 //!                                     the first host to say so writes it
+//! <prefix>/<job>/goodput/<host>       the host's goodput breakdown of the job (a
+//!                                     protobuf-encoded warden.v1.JobGoodput), updated
+//!                                     while it runs and final when it ends; no lease
 //! ```
 //!
 //! Epochs are zero-padded so that rounds sort by epoch and old ones can be
@@ -82,6 +85,16 @@ impl Keys {
     /// The job's end marker at `epoch`.
     pub fn end(&self, epoch: u64) -> String {
         format!("{}ends/{epoch:020}", self.base)
+    }
+
+    /// Where a host's goodput report of the job goes.
+    pub fn goodput(&self, host: &str) -> String {
+        format!("{}goodput/{host}", self.base)
+    }
+
+    /// The prefix of all the job's goodput reports.
+    pub fn goodputs(&self) -> String {
+        format!("{}goodput/", self.base)
     }
 
     /// What `key` is; `None` when it is not under this job.

@@ -33,6 +33,7 @@ pub mod config;
 pub mod error;
 pub mod keys;
 pub mod plan;
+pub mod reports;
 pub mod round;
 mod session;
 

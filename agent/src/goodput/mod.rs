@@ -16,6 +16,7 @@
 //! by the task, off the tick), or count an interval twice (the ledger's
 //! cursor per rank; see [`ledger`]).
 
+pub mod job_wide;
 pub mod journal;
 pub mod ledger;
 pub mod task;

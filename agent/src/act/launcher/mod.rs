@@ -29,6 +29,7 @@ pub mod env;
 pub mod etcd;
 pub mod exit;
 pub mod gate;
+pub mod job_goodput;
 pub mod output;
 pub mod spawn;
 pub mod supervise;
@@ -190,6 +191,8 @@ async fn run_job(
         decision_timeout: args.decision_timeout,
         gpu_release_timeout: args.gpu_release_timeout,
     };
+    let mut job_wide = None;
+    let publishing = tokio_util::sync::CancellationToken::new();
     let summary = if etcd {
         if !args.rdzv_conf.ignored.is_empty() {
             console.say(format!(
@@ -202,6 +205,12 @@ async fn run_job(
                 .say("--node-rank is ignored with --rdzv-backend etcd: the job's rounds assign it");
         }
         let mut cfg = etcd::config(&args, &job.id);
+        job_wide = Some(job_goodput::JobWide {
+            endpoints: cfg.endpoints.clone(),
+            prefix: cfg.prefix.clone(),
+            job: job.id.clone(),
+            host: cfg.host.clone(),
+        });
         match etcd::ckpt_peer(&link.config.checkpoint, &link.tcp, &cfg.addr) {
             Ok(p) => {
                 console.say(format!(
@@ -239,12 +248,25 @@ async fn run_job(
             }
         };
         console.say(coordinator.describe());
+        if let Some(jw) = &job_wide {
+            job_goodput::keep_published(jw.clone(), link.client.clone(), publishing.clone());
+        }
         supervise::run(job, &link, coordinator, console.clone(), &mut signals).await
     } else {
         supervise::run(job, &link, coord::LocalOnly, console.clone(), &mut signals).await
     };
+    publishing.cancel();
     console.raw(summary.render());
-    goodput(&link, &summary, console).await;
+    let mine = goodput(&link, &summary, console).await;
+    if let Some(jw) = &job_wide {
+        job_goodput::finish(
+            jw,
+            mine.as_ref(),
+            std::path::Path::new(&summary.log_dir),
+            console,
+        )
+        .await;
+    }
     if let Some(path) = &args.summary_json {
         let written = serde_json::to_vec_pretty(&summary)
             .map_err(std::io::Error::other)
@@ -262,9 +284,13 @@ async fn run_job(
 pub const GOODPUT_FILE: &str = "goodput.json";
 
 /// Closes the job's goodput ledger at the agent, prints the breakdown and
-/// writes it as JSON next to the per-rank logs. An agent that cannot answer
-/// costs the job nothing: the launcher says so and goes on.
-async fn goodput(link: &agent::AgentLink, summary: &exit::Summary, console: &output::Console) {
+/// writes it as JSON next to the per-rank logs; returns it. An agent that
+/// cannot answer costs the job nothing: the launcher says so and goes on.
+async fn goodput(
+    link: &agent::AgentLink,
+    summary: &exit::Summary,
+    console: &output::Console,
+) -> Option<warden_proto::v1::JobGoodput> {
     let mut client = link.client.clone();
     let req = warden_proto::v1::CloseGoodputRequest {
         job_id: summary.job.clone(),
@@ -275,16 +301,14 @@ async fn goodput(link: &agent::AgentLink, summary: &exit::Summary, console: &out
         Ok(Ok(r)) => r.into_inner().jobs.into_iter().next(),
         Ok(Err(e)) => {
             console.say(format!("no goodput breakdown: {}", e.message()));
-            return;
+            return None;
         }
         Err(_) => {
             console.say("no goodput breakdown: the agent did not answer CloseGoodput within 5 s");
-            return;
+            return None;
         }
     };
-    let Some(job) = job else {
-        return;
-    };
+    let job = job?;
     console.raw(crate::cli::goodput::render(&job));
     let path = std::path::Path::new(&summary.log_dir).join(GOODPUT_FILE);
     let written = serde_json::to_vec_pretty(&crate::cli::goodput::job_json(&job))
@@ -294,6 +318,7 @@ async fn goodput(link: &agent::AgentLink, summary: &exit::Summary, console: &out
         Ok(()) => console.say(format!("goodput breakdown written to {}", path.display())),
         Err(e) => console.say(format!("cannot write {}: {e}", path.display())),
     }
+    Some(job)
 }
 
 /// `--rdzv-id`, else `$WARDEN_JOB_ID`, else `<host>-<pid>`.

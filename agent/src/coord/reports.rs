@@ -1,0 +1,151 @@
+//! The job's per-host goodput reports in etcd (`<prefix>/<job>/goodput/<host>`).
+//!
+//! Each agent accounts only its own ranks; the job's launchers meet in etcd
+//! anyway, so each keeps its host's report there (while the job runs and
+//! when it ends), and anyone with the endpoints sums them
+//! (`crate::goodput::job_wide`): the last launcher to finish prints the
+//! whole job, and `warden goodput --etcd` shows it live. The keys have no
+//! lease: a host that died or was cordoned still counts in the job's time.
+//!
+//! Never: block a launcher on etcd past `timeout`, or take a report that
+//! does not decode for a host's numbers (it is named and skipped).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use etcd_client::{Client, ConnectOptions, GetOptions};
+use prost::Message;
+use warden_proto::v1 as pb;
+
+use super::CoordError;
+use super::keys::Keys;
+
+/// A client for reading and writing reports, every request bounded by
+/// `timeout`.
+#[derive(Clone)]
+pub struct Reports {
+    client: Client,
+    keys: Keys,
+    endpoints: String,
+    timeout: Duration,
+}
+
+impl std::fmt::Debug for Reports {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Reports")
+            .field("keys", &self.keys)
+            .field("endpoints", &self.endpoints)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What a read found: the hosts' reports, and the keys that could not be
+/// read as one (with why).
+#[derive(Debug, Default)]
+pub struct Found {
+    /// Host id and its report, sorted by host.
+    pub reports: Vec<(String, pb::JobGoodput)>,
+    /// `key: problem` for each value that did not decode.
+    pub bad: Vec<String>,
+}
+
+impl Reports {
+    /// Connects to etcd at `endpoints` for the job `job` under `prefix`.
+    pub async fn connect(
+        endpoints: &[String],
+        prefix: &str,
+        job: &str,
+        timeout: Duration,
+    ) -> Result<Self, CoordError> {
+        let joined = endpoints.join(",");
+        let options = ConnectOptions::new()
+            .with_connect_timeout(timeout)
+            .with_timeout(timeout);
+        let client =
+            match tokio::time::timeout(timeout, Client::connect(endpoints, Some(options))).await {
+                Ok(Ok(c)) => c,
+                Ok(Err(e)) => {
+                    return Err(CoordError::Connect {
+                        endpoints: joined,
+                        source: Arc::new(e),
+                    });
+                }
+                Err(_) => {
+                    return Err(CoordError::Timeout {
+                        endpoints: joined,
+                        op: "connect",
+                        key: String::new(),
+                        after: timeout,
+                    });
+                }
+            };
+        Ok(Self {
+            client,
+            keys: Keys::new(prefix, job),
+            endpoints: joined,
+            timeout,
+        })
+    }
+
+    async fn call<T>(
+        &self,
+        op: &'static str,
+        key: &str,
+        fut: impl Future<Output = Result<T, etcd_client::Error>>,
+    ) -> Result<T, CoordError> {
+        match tokio::time::timeout(self.timeout, fut).await {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(e)) => Err(CoordError::Etcd {
+                endpoints: self.endpoints.clone(),
+                op,
+                key: key.to_owned(),
+                source: Arc::new(e),
+            }),
+            Err(_) => Err(CoordError::Timeout {
+                endpoints: self.endpoints.clone(),
+                op,
+                key: key.to_owned(),
+                after: self.timeout,
+            }),
+        }
+    }
+
+    /// Stores `host`'s report (replacing its previous one).
+    pub async fn publish(&self, host: &str, report: &pb::JobGoodput) -> Result<(), CoordError> {
+        let key = self.keys.goodput(host);
+        let mut c = self.client.clone();
+        self.call(
+            "put",
+            &key,
+            c.put(key.as_str(), report.encode_to_vec(), None),
+        )
+        .await
+        .map(|_| ())
+    }
+
+    /// Every host's report of the job.
+    pub async fn read(&self) -> Result<Found, CoordError> {
+        let prefix = self.keys.goodputs();
+        let mut c = self.client.clone();
+        let resp = self
+            .call(
+                "get",
+                &prefix,
+                c.get(prefix.as_str(), Some(GetOptions::new().with_prefix())),
+            )
+            .await?;
+        let mut found = Found::default();
+        for kv in resp.kvs() {
+            let key = String::from_utf8_lossy(kv.key()).into_owned();
+            let Some(host) = key.strip_prefix(prefix.as_str()).map(str::to_owned) else {
+                continue;
+            };
+            match pb::JobGoodput::decode(kv.value()) {
+                Ok(r) => found.reports.push((host, r)),
+                Err(e) => found.bad.push(format!("{key}: not a JobGoodput: {e}")),
+            }
+        }
+        found.reports.sort_by(|a, b| a.0.cmp(&b.0));
+        Ok(found)
+    }
+}
