@@ -29,6 +29,7 @@
 //! (any new epoch) stop the workers and wait for the next round -> on a
 //! cordon or the end [`Coordinator::leave`].
 
+mod bounded;
 pub mod config;
 pub mod error;
 pub mod keys;
@@ -40,7 +41,7 @@ mod session;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use etcd_client::{Client, Compare, CompareOp, ConnectOptions, TxnOp};
+use etcd_client::{Compare, CompareOp, ConnectOptions, TxnOp};
 use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -141,28 +142,7 @@ impl Coordinator {
             .with_connect_timeout(cfg.request_timeout)
             .with_timeout(cfg.request_timeout)
             .with_keep_alive(cfg.lease_ttl / 3, cfg.request_timeout);
-        let client = match tokio::time::timeout(
-            cfg.request_timeout,
-            Client::connect(&cfg.endpoints, Some(options)),
-        )
-        .await
-        {
-            Ok(Ok(c)) => c,
-            Ok(Err(e)) => {
-                return Err(CoordError::Connect {
-                    endpoints,
-                    source: Arc::new(e),
-                });
-            }
-            Err(_) => {
-                return Err(CoordError::Timeout {
-                    endpoints,
-                    op: "connect",
-                    key: String::new(),
-                    after: cfg.request_timeout,
-                });
-            }
-        };
+        let client = bounded::connect(&cfg.endpoints, options, cfg.request_timeout).await?;
         let keys = Keys::new(&cfg.prefix, &cfg.job);
         let member_key = keys.member(&cfg.host);
         let granted_at = Instant::now();

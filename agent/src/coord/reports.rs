@@ -10,7 +10,6 @@
 //! Never: block a launcher on etcd past `timeout`, or take a report that
 //! does not decode for a host's numbers (it is named and skipped).
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use etcd_client::{Client, ConnectOptions, GetOptions};
@@ -57,32 +56,14 @@ impl Reports {
         job: &str,
         timeout: Duration,
     ) -> Result<Self, CoordError> {
-        let joined = endpoints.join(",");
         let options = ConnectOptions::new()
             .with_connect_timeout(timeout)
             .with_timeout(timeout);
-        let client =
-            match tokio::time::timeout(timeout, Client::connect(endpoints, Some(options))).await {
-                Ok(Ok(c)) => c,
-                Ok(Err(e)) => {
-                    return Err(CoordError::Connect {
-                        endpoints: joined,
-                        source: Arc::new(e),
-                    });
-                }
-                Err(_) => {
-                    return Err(CoordError::Timeout {
-                        endpoints: joined,
-                        op: "connect",
-                        key: String::new(),
-                        after: timeout,
-                    });
-                }
-            };
+        let client = super::bounded::connect(endpoints, options, timeout).await?;
         Ok(Self {
             client,
             keys: Keys::new(prefix, job),
-            endpoints: joined,
+            endpoints: endpoints.join(","),
             timeout,
         })
     }
@@ -93,21 +74,7 @@ impl Reports {
         key: &str,
         fut: impl Future<Output = Result<T, etcd_client::Error>>,
     ) -> Result<T, CoordError> {
-        match tokio::time::timeout(self.timeout, fut).await {
-            Ok(Ok(v)) => Ok(v),
-            Ok(Err(e)) => Err(CoordError::Etcd {
-                endpoints: self.endpoints.clone(),
-                op,
-                key: key.to_owned(),
-                source: Arc::new(e),
-            }),
-            Err(_) => Err(CoordError::Timeout {
-                endpoints: self.endpoints.clone(),
-                op,
-                key: key.to_owned(),
-                after: self.timeout,
-            }),
-        }
+        super::bounded::call(&self.endpoints, self.timeout, op, key, fut).await
     }
 
     /// Stores `host`'s report (replacing its previous one).

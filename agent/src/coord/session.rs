@@ -19,7 +19,7 @@ use etcd_client::{
 };
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
-use tokio::time::{Instant, sleep, sleep_until, timeout};
+use tokio::time::{Instant, sleep, sleep_until};
 use tokio_util::sync::CancellationToken;
 
 use super::keys::{KEEP_ROUNDS, KeyKind, Keys};
@@ -159,21 +159,7 @@ impl Inner {
         key: &str,
         fut: impl Future<Output = Result<T, etcd_client::Error>>,
     ) -> Result<T, CoordError> {
-        match timeout(self.cfg.request_timeout, fut).await {
-            Ok(Ok(v)) => Ok(v),
-            Ok(Err(e)) => Err(CoordError::Etcd {
-                endpoints: self.endpoints.clone(),
-                op,
-                key: key.to_owned(),
-                source: Arc::new(e),
-            }),
-            Err(_) => Err(CoordError::Timeout {
-                endpoints: self.endpoints.clone(),
-                op,
-                key: key.to_owned(),
-                after: self.cfg.request_timeout,
-            }),
-        }
+        super::bounded::call(&self.endpoints, self.cfg.request_timeout, op, key, fut).await
     }
 
     fn lock_view(&self) -> std::sync::MutexGuard<'_, View> {
