@@ -2,14 +2,18 @@
 //! (docs/benchmarks.md, "Goodput ledger").
 //!
 //! Every iteration: each of N ranks completed one step (forward, backward,
-//! data sections) since the last tick. Measured apart, on the same slots:
-//! `scan` is the agent's per-tick scan of every slot (`ranks::scan::scan`,
-//! the baseline), `ledger` is what the work loop adds for goodput
-//! accounting: handing the scan's new steps to the ledger
-//! (`Goodput::observe_scan`, under the ledger's lock). The client's writes
-//! are done in the untimed set-up. `*_no_step`: the ranks only heartbeat
-//! (steps longer than the tick, the common case), so the scan reads every
-//! slot and the ledger gets nothing to do.
+//! data sections) since the last tick. Measured apart, on the same slots in
+//! the same run: `scan` is the agent's per-tick scan of every slot
+//! (`ranks::scan::scan`, the baseline; it builds the ledger's feed as it
+//! reads the records), `ledger` is what the work loop adds on the tick for
+//! goodput accounting: handing that feed over (`Goodput::observe_scan`,
+//! which appends it to the pending buffer). `fold` is the accounting itself,
+//! off the tick: the goodput task (or a reader) taking the ledger and
+//! folding one tick's feed into it (`Goodput::ledger`); still CPU, reported
+//! apart. The client's writes are done in the untimed set-up, and so is the
+//! fold of the previous iteration's feed in `ledger` (the task's job).
+//! `*_no_step`: the ranks only heartbeat (steps longer than the tick, the
+//! common case), so the scan reads every slot and the ledger gets nothing.
 //!
 //! `cargo bench -p warden-agent --bench goodput_ledger`
 
@@ -131,7 +135,8 @@ fn bench(c: &mut Criterion) {
         for _ in 0..40 {
             let (now, prev) = s.write_steps();
             let feed = s.scan(now, prev);
-            s.goodput.observe_scan(&feed, now);
+            s.goodput.observe_scan(feed, now);
+            drop(s.goodput.ledger());
         }
         let s = std::cell::RefCell::new(s);
         g.bench_function(BenchmarkId::new("scan", ranks), |b| {
@@ -144,13 +149,26 @@ fn bench(c: &mut Criterion) {
         g.bench_function(BenchmarkId::new("ledger", ranks), |b| {
             b.iter_batched(
                 || {
+                    drop(s.borrow().goodput.ledger());
                     let (now, prev) = s.borrow().write_steps();
                     (s.borrow_mut().scan(now, prev), now)
                 },
-                |(feed, now)| s.borrow().goodput.observe_scan(black_box(&feed), now),
+                |(feed, now)| s.borrow().goodput.observe_scan(black_box(feed), now),
                 BatchSize::PerIteration,
             );
         });
+        g.bench_function(BenchmarkId::new("fold", ranks), |b| {
+            b.iter_batched(
+                || {
+                    let (now, prev) = s.borrow().write_steps();
+                    let feed = s.borrow_mut().scan(now, prev);
+                    s.borrow().goodput.observe_scan(feed, now);
+                },
+                |()| drop(black_box(s.borrow().goodput.ledger())),
+                BatchSize::PerIteration,
+            );
+        });
+        assert_eq!(s.borrow().goodput.pending(), 0);
         g.bench_function(BenchmarkId::new("scan_no_step", ranks), |b| {
             b.iter_batched(
                 || s.borrow().write_heartbeats(),
@@ -164,7 +182,7 @@ fn bench(c: &mut Criterion) {
                     let (now, prev) = s.borrow().write_heartbeats();
                     (s.borrow_mut().scan(now, prev), now)
                 },
-                |(feed, now)| s.borrow().goodput.observe_scan(black_box(&feed), now),
+                |(feed, now)| s.borrow().goodput.observe_scan(black_box(feed), now),
                 BatchSize::PerIteration,
             );
         });

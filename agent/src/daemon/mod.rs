@@ -370,6 +370,10 @@ async fn serve(
         );
         tasks.abort_all();
     }
+    // The work loop's last scans may have handed steps to the ledger after
+    // the goodput task's own last flush: fold and journal them now that
+    // nothing else runs.
+    state.goodput.flush();
     state
         .registry()
         .save_calibrations(std::time::Duration::ZERO, true);

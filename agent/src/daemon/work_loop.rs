@@ -50,7 +50,7 @@ pub async fn run(state: Arc<AgentState>, mut watchdog: Watchdog, sources: Source
             result
         };
         prev_ns = now_ns;
-        state.goodput.observe_scan(&result.goodput, now_ns);
+        state.goodput.observe_scan(result.goodput, now_ns);
         report_pid_visibility(&state, &mut pids_hidden);
         metrics::histogram!("warden_scan_seconds").record(now.elapsed().as_secs_f64());
         metrics::gauge!("warden_ranks_watched").set(result.scanned as f64);

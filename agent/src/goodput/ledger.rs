@@ -365,6 +365,88 @@ pub struct JobLedger {
     pub dirty: std::collections::BTreeSet<u32>,
 }
 
+impl JobLedger {
+    /// A completed step of `rank` (the work of [`Ledger::step`], for a
+    /// caller that already holds the job: a fold of the scan's records
+    /// looks each job up once per run of its ranks, not once per record).
+    pub fn step(&mut self, rank: u32, s: StepObs) {
+        let straggling = !self.stragglers.is_empty();
+        let resumed = self.resumed_ns;
+        let Some(r) = self.ranks.get_mut(&rank) else {
+            return;
+        };
+        let end = s.start_ns.saturating_add(s.duration_ns);
+        if end <= r.cursor_ns || r.phase == Phase::Ended {
+            return; // already accounted (a ring read again after a restart)
+        }
+        self.dirty.insert(rank);
+        let start = s.start_ns.max(r.cursor_ns);
+        let dur = ns_between(start, end);
+        let redone = r.high_water.is_some_and(|hw| s.step <= hw);
+        r.high_water = Some(r.high_water.map_or(s.step, |hw| hw.max(s.step)));
+        match r.phase {
+            Phase::Starting => {
+                if let Some(open) = r.init_open_ns.take() {
+                    r.init_ns += ns_between(open, start);
+                }
+                let ns = r.advance(start, Cause::Startup);
+                let import = r.parts.get(Cause::StartupImport);
+                r.occ.startups.0 += 1;
+                r.occ.startups.1 += ns + import;
+                r.settle_startup_carves();
+                r.phase = Phase::Running;
+            }
+            Phase::Disrupted { at_ns, pid } => {
+                let restarted = (pid != 0 && r.pid != pid) || resumed.is_some_and(|t| t >= at_ns);
+                if !restarted || start < at_ns {
+                    // A step of the old attempt finishing after the
+                    // incident: the job is down, the step will be redone.
+                    r.advance(end, Cause::RestartDowntime);
+                    return;
+                }
+                let restore_before = r.parts.get(Cause::CheckpointRestore);
+                r.advance(start, Cause::RestartDowntime);
+                r.pay_restore_debt();
+                let carved = r.parts.get(Cause::CheckpointRestore) - restore_before;
+                r.occ.restarts.0 += 1;
+                r.occ.restarts.1 += (ns_between(at_ns, start) - carved).max(0);
+                r.phase = Phase::Running;
+            }
+            Phase::Running => {
+                r.advance(start, Cause::Idle);
+            }
+            Phase::Ended => return,
+        }
+        // The step itself.
+        if redone {
+            r.advance(end, Cause::LostProgress);
+            return;
+        }
+        let data = i64::try_from(s.data_ns).unwrap_or(i64::MAX).min(dur);
+        let data_wait = r.data_base.median().map_or(0, |b| (data - b).clamp(0, dur));
+        if s.data_ns > 0 {
+            r.data_base.push(data);
+        }
+        let drag = if straggling {
+            r.step_base
+                .median()
+                .map_or(0, |b| (dur - data_wait - b).clamp(0, dur - data_wait))
+        } else {
+            r.step_base.push(dur);
+            0
+        };
+        let from = r.cursor_ns;
+        r.parts.add(Cause::DataWait, data_wait);
+        r.parts.add(Cause::StragglerDrag, drag);
+        r.parts.add(Cause::Productive, dur - data_wait - drag);
+        r.cursor_ns = end;
+        debug_assert_eq!(ns_between(from, end), dur);
+        r.occ.steps.0 += 1;
+        r.occ.steps.1 += dur;
+        r.pay_save_debt();
+    }
+}
+
 /// How a rank's process ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ExitKind {
@@ -455,85 +537,10 @@ impl Ledger {
 
     /// A completed step of a rank.
     pub fn step(&mut self, job: &str, rank: u32, s: StepObs) {
-        let Some(j) = self.jobs.get_mut(job) else {
-            return;
-        };
-        let straggling = !j.stragglers.is_empty();
-        let resumed = j.resumed_ns;
-        let Some(r) = j.ranks.get_mut(&rank) else {
-            return;
-        };
-        let end = s.start_ns.saturating_add(s.duration_ns);
-        if end <= r.cursor_ns || r.phase == Phase::Ended {
-            return; // already accounted (a ring read again after a restart)
+        if let Some(j) = self.jobs.get_mut(job) {
+            j.step(rank, s);
         }
-        j.dirty.insert(rank);
-        let start = s.start_ns.max(r.cursor_ns);
-        let dur = ns_between(start, end);
-        let redone = r.high_water.is_some_and(|hw| s.step <= hw);
-        r.high_water = Some(r.high_water.map_or(s.step, |hw| hw.max(s.step)));
-        match r.phase {
-            Phase::Starting => {
-                if let Some(open) = r.init_open_ns.take() {
-                    r.init_ns += ns_between(open, start);
-                }
-                let ns = r.advance(start, Cause::Startup);
-                let import = r.parts.get(Cause::StartupImport);
-                r.occ.startups.0 += 1;
-                r.occ.startups.1 += ns + import;
-                r.settle_startup_carves();
-                r.phase = Phase::Running;
-            }
-            Phase::Disrupted { at_ns, pid } => {
-                let restarted = (pid != 0 && r.pid != pid) || resumed.is_some_and(|t| t >= at_ns);
-                if !restarted || start < at_ns {
-                    // A step of the old attempt finishing after the
-                    // incident: the job is down, the step will be redone.
-                    r.advance(end, Cause::RestartDowntime);
-                    return;
-                }
-                let restore_before = r.parts.get(Cause::CheckpointRestore);
-                r.advance(start, Cause::RestartDowntime);
-                r.pay_restore_debt();
-                let carved = r.parts.get(Cause::CheckpointRestore) - restore_before;
-                r.occ.restarts.0 += 1;
-                r.occ.restarts.1 += (ns_between(at_ns, start) - carved).max(0);
-                r.phase = Phase::Running;
-            }
-            Phase::Running => {
-                r.advance(start, Cause::Idle);
-            }
-            Phase::Ended => return,
-        }
-        // The step itself.
-        if redone {
-            r.advance(end, Cause::LostProgress);
-            return;
-        }
-        let data = i64::try_from(s.data_ns).unwrap_or(i64::MAX).min(dur);
-        let data_wait = r.data_base.median().map_or(0, |b| (data - b).clamp(0, dur));
-        if s.data_ns > 0 {
-            r.data_base.push(data);
-        }
-        let drag = if straggling {
-            r.step_base
-                .median()
-                .map_or(0, |b| (dur - data_wait - b).clamp(0, dur - data_wait))
-        } else {
-            r.step_base.push(dur);
-            0
-        };
-        let from = r.cursor_ns;
-        r.parts.add(Cause::DataWait, data_wait);
-        r.parts.add(Cause::StragglerDrag, drag);
-        r.parts.add(Cause::Productive, dur - data_wait - drag);
-        r.cursor_ns = end;
-        debug_assert_eq!(ns_between(from, end), dur);
-        r.occ.steps.0 += 1;
-        r.occ.steps.1 += dur;
-        r.pay_save_debt();
     }
-
     /// An incident in `job` at `at_ns` (a hang declared, a rank crashed):
     /// every rank's time since its last step is detection wait, and from
     /// now on restart downtime.

@@ -3,8 +3,12 @@
 //!
 //! Events come with a wall-clock time; the ledger runs on CLOCK_MONOTONIC,
 //! so each is converted by its age ([`super::mono_of`]). The scan's steps
-//! reach the ledger directly from the work loop ([`super::Goodput::observe_scan`]);
-//! this task never touches the registry.
+//! come from the work loop ([`super::Goodput::observe_scan`]) into a buffer
+//! that every taking of the ledger folds in first: this task's, before each
+//! event (so a step the scan read before an incident is accounted before
+//! it, as when the tick applied steps itself) and at each flush, so the
+//! ledger never lags the scan by more than [`FLUSH_EVERY`]. This task never
+//! touches the registry.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

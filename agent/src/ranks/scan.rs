@@ -148,7 +148,7 @@ pub fn scan(reg: &mut Registry, cfg: &HangConfig, now_ns: u64, prev_ns: u64) -> 
                         .innermost()
                         .filter(|o| o.id == warden_client::slot::SECTION_INIT)
                         .map(|o| o.entered_ns);
-                    out.goodput.init.push((entry.key.clone(), init));
+                    out.goodput.push_init(&entry.key.job, entry.key.rank, init);
                 }
                 if !first || snap.writer_is_owner() {
                     entry.progress_ns = client_ts
@@ -190,7 +190,7 @@ pub fn scan(reg: &mut Registry, cfg: &HangConfig, now_ns: u64, prev_ns: u64) -> 
                     &mut |id| entry_name(&mut entry.names, slots, entry.slot, id),
                     &mut entry.step_times,
                     &mut entry.straggler,
-                    &mut |s| out.goodput.steps.push((entry.key.clone(), s)),
+                    &mut |s| out.goodput.push_step(&entry.key.job, entry.key.rank, s),
                     entry.pid,
                 );
             }
