@@ -22,6 +22,7 @@ pub mod replicate;
 pub mod restore;
 pub mod retention;
 pub mod tier;
+pub mod wire;
 
 use std::sync::{Arc, Mutex};
 
@@ -39,8 +40,10 @@ use tier::LocalTier;
 pub struct Peer {
     /// Its address and failure domain.
     pub member: placement::Member,
-    /// A lazily connected client.
+    /// A lazily connected client (listings).
     pub client: PeerClient<Channel>,
+    /// Its channel, for shard transfers ([`wire`]).
+    pub channel: Channel,
 }
 
 /// Everything the checkpoint calls and tasks share.
@@ -76,6 +79,7 @@ impl Checkpoints {
         .map_err(|e| format!("checkpoint.dir: {e}"))?;
         let mut peers = Vec::new();
         for p in &cfg.peers {
+            let channel = peers::channel(&p.addr, cfg.peer_timeout)?;
             peers.push(Peer {
                 member: placement::Member {
                     addr: p.addr.clone(),
@@ -85,7 +89,8 @@ impl Checkpoints {
                         p.domain.clone()
                     },
                 },
-                client: peers::client(&p.addr, cfg.peer_timeout)?,
+                client: peers::client(channel.clone()),
+                channel,
             });
         }
         let addr = if my_addr.is_empty() { host } else { my_addr };

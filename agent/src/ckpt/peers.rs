@@ -16,6 +16,7 @@ use xxhash_rust::xxh3::Xxh3;
 
 use super::layout::ShardKey;
 use super::manifest::{self, Manifest};
+use super::wire::ChunkSource;
 
 /// gRPC message ceiling for shard chunks (chunk_bytes is at most 16 MiB).
 pub const MAX_MESSAGE: usize = 32 << 20;
@@ -24,8 +25,8 @@ pub const STREAM_WINDOW: u32 = 32 << 20;
 /// HTTP/2 connection window.
 pub const CONN_WINDOW: u32 = 64 << 20;
 
-/// A lazily connected client for one peer.
-pub fn client(addr: &str, timeout: Duration) -> Result<PeerClient<Channel>, String> {
+/// A lazily connected channel to one peer.
+pub fn channel(addr: &str, timeout: Duration) -> Result<Channel, String> {
     let ep = Endpoint::from_shared(format!("http://{addr}"))
         .map_err(|e| format!("peer address {addr:?}: {e}"))?
         .connect_timeout(timeout)
@@ -33,9 +34,15 @@ pub fn client(addr: &str, timeout: Duration) -> Result<PeerClient<Channel>, Stri
         .initial_stream_window_size(STREAM_WINDOW)
         .initial_connection_window_size(CONN_WINDOW)
         .max_frame_size(FRAME);
-    Ok(PeerClient::new(ep.connect_lazy())
+    Ok(ep.connect_lazy())
+}
+
+/// A client for the peer behind `channel` (the calls other than the
+/// shard transfers, which go through [`super::wire`]).
+pub fn client(channel: Channel) -> PeerClient<Channel> {
+    PeerClient::new(channel)
         .max_decoding_message_size(MAX_MESSAGE)
-        .max_encoding_message_size(MAX_MESSAGE))
+        .max_encoding_message_size(MAX_MESSAGE)
 }
 
 /// A shard as the wire describes it.
@@ -169,8 +176,8 @@ pub fn chunk_stream(
 /// names what differed. Hashing and writing run on a blocking thread,
 /// overlapped with receiving.
 pub async fn receive(
-    stream: &mut tonic::Streaming<pb::ShardChunk>,
-    first_data: bytes::Bytes,
+    stream: &mut impl ChunkSource,
+    first_data: Vec<bytes::Bytes>,
     want: &Manifest,
     dest: &Path,
 ) -> Result<(), String> {
@@ -182,22 +189,24 @@ pub async fn receive(
 }
 
 async fn receive_inner(
-    stream: &mut tonic::Streaming<pb::ShardChunk>,
-    first_data: bytes::Bytes,
+    stream: &mut impl ChunkSource,
+    first_data: Vec<bytes::Bytes>,
     want: &Manifest,
     dest: &Path,
 ) -> Result<(), String> {
-    let (tx, mut rx) = tokio::sync::mpsc::channel::<bytes::Bytes>(8);
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<Vec<bytes::Bytes>>(8);
     let path = dest.to_owned();
     let writer = tokio::task::spawn_blocking(move || -> Result<(u64, u64), String> {
         let mut f = std::fs::File::create(&path).map_err(|e| format!("{}: {e}", path.display()))?;
         let mut h = Xxh3::new();
         let mut size = 0u64;
-        while let Some(data) = rx.blocking_recv() {
-            size += data.len() as u64;
-            h.update(&data);
-            std::io::Write::write_all(&mut f, &data)
-                .map_err(|e| format!("{}: {e}", path.display()))?;
+        while let Some(parts) = rx.blocking_recv() {
+            for data in parts {
+                size += data.len() as u64;
+                h.update(&data);
+                std::io::Write::write_all(&mut f, &data)
+                    .map_err(|e| format!("{}: {e}", path.display()))?;
+            }
         }
         Ok((size, h.digest()))
     });
@@ -205,7 +214,7 @@ async fn receive_inner(
     let mut data = first_data;
     let mut broke = None;
     loop {
-        received += data.len() as u64;
+        received += data.iter().map(|b| b.len() as u64).sum::<u64>();
         if received > want.size_bytes {
             broke = Some(format!(
                 "corrupt: {}: more than the {} bytes announced",
@@ -217,7 +226,7 @@ async fn receive_inner(
         if tx.send(data).await.is_err() {
             break; // the writer failed: its error is below
         }
-        match stream.message().await {
+        match stream.next_chunk().await {
             Ok(Some(c)) => data = c.data,
             Ok(None) => break,
             Err(s) => {
