@@ -139,9 +139,10 @@ pub fn chunk_stream(
         let mut pacer = Pacer::new(rate);
         let mut first = Some(info(&m));
         let mut left = m.size_bytes;
+        let pool = std::sync::Arc::new(Pool::default());
         loop {
             let n = left.min(chunk as u64);
-            let mut buf = Vec::with_capacity(usize::try_from(n).unwrap_or(chunk));
+            let mut buf = pool.take(chunk);
             match std::io::Read::take(&mut f, n).read_to_end(&mut buf) {
                 Ok(got) if got as u64 == n => {}
                 Ok(got) => {
@@ -161,7 +162,10 @@ pub fn chunk_stream(
             }
             let msg = pb::ShardChunk {
                 info: first.take(),
-                data: bytes::Bytes::from(buf),
+                data: bytes::Bytes::from_owner(Pooled {
+                    buf,
+                    pool: pool.clone(),
+                }),
             };
             if tx.blocking_send(Ok(msg)).is_err() || left == 0 {
                 return;
@@ -169,6 +173,53 @@ pub fn chunk_stream(
         }
     });
     tokio_stream::wrappers::ReceiverStream::new(rx)
+}
+
+/// Read buffers of one transfer, handed back once HTTP/2 has sent them:
+/// a fresh multi-megabyte buffer per chunk cost a page fault per 4 KiB
+/// (and the allocator returned each to the kernel when it was freed).
+#[derive(Debug, Default)]
+struct Pool(std::sync::Mutex<Vec<Vec<u8>>>);
+
+/// At most this many idle buffers are kept (a few chunks are in the
+/// channel, the rest in the HTTP/2 window).
+const POOL_MAX: usize = 16;
+
+impl Pool {
+    /// An empty buffer of at least `cap` bytes.
+    fn take(&self, cap: usize) -> Vec<u8> {
+        let mut idle = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        match idle.pop() {
+            Some(mut b) => {
+                b.clear();
+                b.reserve(cap);
+                b
+            }
+            None => Vec::with_capacity(cap),
+        }
+    }
+}
+
+/// A chunk's buffer, back to its pool when the last `Bytes` of it goes.
+#[derive(Debug)]
+struct Pooled {
+    buf: Vec<u8>,
+    pool: std::sync::Arc<Pool>,
+}
+
+impl AsRef<[u8]> for Pooled {
+    fn as_ref(&self) -> &[u8] {
+        &self.buf
+    }
+}
+
+impl Drop for Pooled {
+    fn drop(&mut self) {
+        let mut idle = self.pool.0.lock().unwrap_or_else(|p| p.into_inner());
+        if idle.len() < POOL_MAX {
+            idle.push(std::mem::take(&mut self.buf));
+        }
+    }
 }
 
 /// Receives a shard's chunks into `dest`, checking them against `want`
