@@ -10,13 +10,14 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tonic::{Status, Streaming};
+use tonic::Status;
 use warden_proto::v1 as pb;
 
 use crate::ckpt::layout::{ShardKey, check_job_id};
 use crate::ckpt::peerset::PeerSpec;
 use crate::ckpt::restore::{self, RestoreError};
 use crate::ckpt::tier::TierError;
+use crate::ckpt::wire::{self, ChunkSource};
 use crate::ckpt::{Checkpoints, IncomingError, peers, subject};
 use crate::events::{NewEvent, Severity};
 use crate::state::AgentState;
@@ -223,11 +224,11 @@ pub async fn set_checkpoint_peers(
 /// PushShard: a peer's replica, checked before it is committed.
 pub async fn push_shard(
     state: &Arc<AgentState>,
-    mut stream: Streaming<pb::ShardChunk>,
+    mut stream: impl ChunkSource + Send,
 ) -> Result<pb::PushShardResponse, Status> {
     let ck = tier(state)?;
     let first = stream
-        .message()
+        .next_chunk()
         .await?
         .ok_or_else(|| Status::invalid_argument("PushShard: empty stream"))?;
     let info = first
@@ -304,4 +305,87 @@ pub async fn list_shards(
         host: state.host.clone(),
         shards: shards.iter().map(peers::info).collect(),
     })
+}
+
+/// `warden.v1.Peer` as served: PushShard and FetchShard framed by
+/// [`crate::ckpt::wire`] (the shard's bytes never copied between the
+/// socket's buffers and the file), every other call by tonic's generated
+/// server. Same methods, same messages on the wire.
+#[derive(Debug, Clone)]
+pub struct PeerRoutes {
+    grpc: pb::peer_server::PeerServer<super::stragglers::PeerService>,
+    state: Arc<AgentState>,
+}
+
+impl PeerRoutes {
+    /// The service for `state`.
+    pub fn new(state: Arc<AgentState>) -> Self {
+        Self {
+            grpc: pb::peer_server::PeerServer::new(super::stragglers::PeerService::new(
+                state.clone(),
+            ))
+            .max_decoding_message_size(peers::MAX_MESSAGE)
+            .max_encoding_message_size(peers::MAX_MESSAGE),
+            state,
+        }
+    }
+}
+
+impl tonic::server::NamedService for PeerRoutes {
+    const NAME: &'static str = "warden.v1.Peer";
+}
+
+type HttpResponse = http::Response<tonic::body::Body>;
+
+impl tower::Service<http::Request<tonic::body::Body>> for PeerRoutes {
+    type Response = HttpResponse;
+    type Error = std::convert::Infallible;
+    type Future = std::pin::Pin<
+        Box<dyn std::future::Future<Output = Result<HttpResponse, Self::Error>> + Send>,
+    >;
+
+    fn poll_ready(
+        &mut self,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: http::Request<tonic::body::Body>) -> Self::Future {
+        let state = self.state.clone();
+        match req.uri().path() {
+            wire::PUSH_PATH => Box::pin(async move {
+                let body = wire::Reader::new(req.into_body(), peers::MAX_MESSAGE);
+                let r = super::observe::observed("PushShard", push_shard(&state, body))
+                    .await
+                    .and_then(|a| wire::Answer::ok(&a));
+                Ok(match r {
+                    Ok(a) => wire::response(tonic::body::Body::new(a)),
+                    Err(s) => s.into_http(),
+                })
+            }),
+            wire::FETCH_PATH => Box::pin(async move {
+                let r = super::observe::observed("FetchShard", async {
+                    let mut body = wire::Reader::new(req.into_body(), peers::MAX_MESSAGE);
+                    let ask = body
+                        .decode::<pb::FetchShardRequest>()
+                        .await?
+                        .ok_or_else(|| Status::invalid_argument("FetchShard: no request"))?;
+                    fetch_shard(&state, ask).await
+                })
+                .await;
+                Ok(match r {
+                    Ok(chunks) => wire::response(tonic::body::Body::new(wire::ChunkBody::new(
+                        chunks,
+                        wire::Ending::Trailers,
+                    ))),
+                    Err(s) => s.into_http(),
+                })
+            }),
+            _ => {
+                let mut grpc = self.grpc.clone();
+                Box::pin(async move { grpc.call(req).await })
+            }
+        }
+    }
 }

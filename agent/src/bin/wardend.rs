@@ -46,6 +46,26 @@ fn parse_speed(s: &str) -> Result<f64, String> {
     }
 }
 
+/// Lets glibc's malloc keep multi-megabyte buffers for reuse: checkpoint
+/// transfers allocate and free a few MiB per chunk (HTTP/2 receive buffers,
+/// read buffers), and by default glibc maps each one afresh or hands freed
+/// memory back to the kernel, so every chunk page-faulted its memory in
+/// again (4x fewer page faults with this, measured on the checkpoint_tiers
+/// bench). At most 128 MiB of freed memory stays with an arena before it
+/// is returned. `GLIBC_TUNABLES` still overrides both.
+fn keep_large_buffers() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    if std::env::var_os("GLIBC_TUNABLES").is_none() {
+        // SAFETY: mallopt only changes allocator parameters; it is called
+        // before any other thread exists, and bad values are refused (it
+        // returns 0), never undefined behaviour.
+        unsafe {
+            libc::mallopt(libc::M_MMAP_THRESHOLD, 32 << 20);
+            libc::mallopt(libc::M_TRIM_THRESHOLD, 128 << 20);
+        }
+    }
+}
+
 fn main() -> ExitCode {
     // The DCGM helper: the library runs in this child process, never in the
     // agent (see warden_agent::sources::dcgm::helper).
@@ -56,6 +76,7 @@ fn main() -> ExitCode {
         let code = warden_agent::sources::dcgm::helper::main();
         return ExitCode::from(u8::try_from(code).unwrap_or(1));
     }
+    keep_large_buffers();
     let args = Args::parse();
     if let Some(path) = &args.check_config {
         return match Config::from_file(path) {

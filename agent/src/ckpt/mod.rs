@@ -23,6 +23,7 @@ pub mod replicate;
 pub mod restore;
 pub mod retention;
 pub mod tier;
+pub mod wire;
 
 use std::sync::{Arc, Mutex};
 
@@ -40,8 +41,34 @@ use tier::LocalTier;
 pub struct Peer {
     /// Its address and failure domain.
     pub member: placement::Member,
-    /// A lazily connected client.
+    /// A lazily connected client (listings).
     pub client: PeerClient<Channel>,
+    /// Its channel, for shard transfers ([`wire`]).
+    pub channel: Channel,
+}
+
+impl Peer {
+    /// The peer agent at `addr` in failure domain `domain` (empty: a domain
+    /// of its own), connected lazily with `timeout` to connect.
+    pub fn new(addr: &str, domain: &str, timeout: std::time::Duration) -> Result<Self, String> {
+        Ok(Self::on(addr, domain, peers::channel(addr, timeout)?))
+    }
+
+    /// The same over a channel already open to it.
+    pub fn on(addr: &str, domain: &str, channel: Channel) -> Self {
+        Self {
+            member: placement::Member {
+                addr: addr.to_owned(),
+                domain: if domain.is_empty() {
+                    addr.to_owned()
+                } else {
+                    domain.to_owned()
+                },
+            },
+            client: peers::client(channel.clone()),
+            channel,
+        }
+    }
 }
 
 /// Everything the checkpoint calls and tasks share.
@@ -77,17 +104,7 @@ impl Checkpoints {
         .map_err(|e| format!("checkpoint.dir: {e}"))?;
         let mut peers = Vec::new();
         for p in &cfg.peers {
-            peers.push(Peer {
-                member: placement::Member {
-                    addr: p.addr.clone(),
-                    domain: if p.domain.is_empty() {
-                        p.addr.clone()
-                    } else {
-                        p.domain.clone()
-                    },
-                },
-                client: peers::client(&p.addr, cfg.peer_timeout)?,
-            });
+            peers.push(Peer::new(&p.addr, &p.domain, cfg.peer_timeout)?);
         }
         let addr = if my_addr.is_empty() { host } else { my_addr };
         let me = placement::Member {

@@ -16,6 +16,7 @@ use xxhash_rust::xxh3::Xxh3;
 
 use super::layout::ShardKey;
 use super::manifest::{self, Manifest};
+use super::wire::ChunkSource;
 
 /// gRPC message ceiling for shard chunks (chunk_bytes is at most 16 MiB).
 pub const MAX_MESSAGE: usize = 32 << 20;
@@ -24,8 +25,8 @@ pub const STREAM_WINDOW: u32 = 32 << 20;
 /// HTTP/2 connection window.
 pub const CONN_WINDOW: u32 = 64 << 20;
 
-/// A lazily connected client for one peer.
-pub fn client(addr: &str, timeout: Duration) -> Result<PeerClient<Channel>, String> {
+/// A lazily connected channel to one peer.
+pub fn channel(addr: &str, timeout: Duration) -> Result<Channel, String> {
     let ep = Endpoint::from_shared(format!("http://{addr}"))
         .map_err(|e| format!("peer address {addr:?}: {e}"))?
         .connect_timeout(timeout)
@@ -33,9 +34,15 @@ pub fn client(addr: &str, timeout: Duration) -> Result<PeerClient<Channel>, Stri
         .initial_stream_window_size(STREAM_WINDOW)
         .initial_connection_window_size(CONN_WINDOW)
         .max_frame_size(FRAME);
-    Ok(PeerClient::new(ep.connect_lazy())
+    Ok(ep.connect_lazy())
+}
+
+/// A client for the peer behind `channel` (the calls other than the
+/// shard transfers, which go through [`super::wire`]).
+pub fn client(channel: Channel) -> PeerClient<Channel> {
+    PeerClient::new(channel)
         .max_decoding_message_size(MAX_MESSAGE)
-        .max_encoding_message_size(MAX_MESSAGE))
+        .max_encoding_message_size(MAX_MESSAGE)
 }
 
 /// A shard as the wire describes it.
@@ -132,9 +139,10 @@ pub fn chunk_stream(
         let mut pacer = Pacer::new(rate);
         let mut first = Some(info(&m));
         let mut left = m.size_bytes;
+        let pool = std::sync::Arc::new(Pool::default());
         loop {
             let n = left.min(chunk as u64);
-            let mut buf = Vec::with_capacity(usize::try_from(n).unwrap_or(chunk));
+            let mut buf = pool.take(chunk);
             match std::io::Read::take(&mut f, n).read_to_end(&mut buf) {
                 Ok(got) if got as u64 == n => {}
                 Ok(got) => {
@@ -154,7 +162,10 @@ pub fn chunk_stream(
             }
             let msg = pb::ShardChunk {
                 info: first.take(),
-                data: bytes::Bytes::from(buf),
+                data: bytes::Bytes::from_owner(Pooled {
+                    buf,
+                    pool: pool.clone(),
+                }),
             };
             if tx.blocking_send(Ok(msg)).is_err() || left == 0 {
                 return;
@@ -164,13 +175,60 @@ pub fn chunk_stream(
     tokio_stream::wrappers::ReceiverStream::new(rx)
 }
 
+/// Read buffers of one transfer, handed back once HTTP/2 has sent them:
+/// a fresh multi-megabyte buffer per chunk cost a page fault per 4 KiB
+/// (and the allocator returned each to the kernel when it was freed).
+#[derive(Debug, Default)]
+struct Pool(std::sync::Mutex<Vec<Vec<u8>>>);
+
+/// At most this many idle buffers are kept (a few chunks are in the
+/// channel, the rest in the HTTP/2 window).
+const POOL_MAX: usize = 16;
+
+impl Pool {
+    /// An empty buffer of at least `cap` bytes.
+    fn take(&self, cap: usize) -> Vec<u8> {
+        let mut idle = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        match idle.pop() {
+            Some(mut b) => {
+                b.clear();
+                b.reserve(cap);
+                b
+            }
+            None => Vec::with_capacity(cap),
+        }
+    }
+}
+
+/// A chunk's buffer, back to its pool when the last `Bytes` of it goes.
+#[derive(Debug)]
+struct Pooled {
+    buf: Vec<u8>,
+    pool: std::sync::Arc<Pool>,
+}
+
+impl AsRef<[u8]> for Pooled {
+    fn as_ref(&self) -> &[u8] {
+        &self.buf
+    }
+}
+
+impl Drop for Pooled {
+    fn drop(&mut self) {
+        let mut idle = self.pool.0.lock().unwrap_or_else(|p| p.into_inner());
+        if idle.len() < POOL_MAX {
+            idle.push(std::mem::take(&mut self.buf));
+        }
+    }
+}
+
 /// Receives a shard's chunks into `dest`, checking them against `want`
 /// (size and xxh3). On any mismatch the file is removed and the error
 /// names what differed. Hashing and writing run on a blocking thread,
 /// overlapped with receiving.
 pub async fn receive(
-    stream: &mut tonic::Streaming<pb::ShardChunk>,
-    first_data: bytes::Bytes,
+    stream: &mut impl ChunkSource,
+    first_data: Vec<bytes::Bytes>,
     want: &Manifest,
     dest: &Path,
 ) -> Result<(), String> {
@@ -182,22 +240,24 @@ pub async fn receive(
 }
 
 async fn receive_inner(
-    stream: &mut tonic::Streaming<pb::ShardChunk>,
-    first_data: bytes::Bytes,
+    stream: &mut impl ChunkSource,
+    first_data: Vec<bytes::Bytes>,
     want: &Manifest,
     dest: &Path,
 ) -> Result<(), String> {
-    let (tx, mut rx) = tokio::sync::mpsc::channel::<bytes::Bytes>(8);
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<Vec<bytes::Bytes>>(8);
     let path = dest.to_owned();
     let writer = tokio::task::spawn_blocking(move || -> Result<(u64, u64), String> {
         let mut f = std::fs::File::create(&path).map_err(|e| format!("{}: {e}", path.display()))?;
         let mut h = Xxh3::new();
         let mut size = 0u64;
-        while let Some(data) = rx.blocking_recv() {
-            size += data.len() as u64;
-            h.update(&data);
-            std::io::Write::write_all(&mut f, &data)
-                .map_err(|e| format!("{}: {e}", path.display()))?;
+        while let Some(parts) = rx.blocking_recv() {
+            for data in parts {
+                size += data.len() as u64;
+                h.update(&data);
+                std::io::Write::write_all(&mut f, &data)
+                    .map_err(|e| format!("{}: {e}", path.display()))?;
+            }
         }
         Ok((size, h.digest()))
     });
@@ -205,7 +265,7 @@ async fn receive_inner(
     let mut data = first_data;
     let mut broke = None;
     loop {
-        received += data.len() as u64;
+        received += data.iter().map(|b| b.len() as u64).sum::<u64>();
         if received > want.size_bytes {
             broke = Some(format!(
                 "corrupt: {}: more than the {} bytes announced",
@@ -217,7 +277,7 @@ async fn receive_inner(
         if tx.send(data).await.is_err() {
             break; // the writer failed: its error is below
         }
-        match stream.message().await {
+        match stream.next_chunk().await {
             Ok(Some(c)) => data = c.data,
             Ok(None) => break,
             Err(s) => {

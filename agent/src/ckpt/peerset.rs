@@ -12,8 +12,8 @@ use std::collections::BTreeMap;
 use std::sync::Mutex;
 use std::time::Duration;
 
+use super::Peer;
 use super::placement::{self, Member};
-use super::{Peer, peers};
 
 /// A peer as a launcher describes it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -136,25 +136,17 @@ impl PeerSet {
                 if s.addr == self.me.addr || fresh.iter().any(|p| p.member.addr == s.addr) {
                     continue;
                 }
-                let member = Member {
-                    addr: s.addr.clone(),
-                    domain: if s.domain.is_empty() {
-                        s.addr.clone()
-                    } else {
-                        s.domain.clone()
-                    },
-                };
                 // Keep the connection of a peer already known.
-                let client = match known.iter().find(|p| p.member.addr == s.addr) {
-                    Some(p) => p.client.clone(),
-                    None => peers::client(&s.addr, self.timeout).map_err(|message| {
+                let peer = match known.iter().find(|p| p.member.addr == s.addr) {
+                    Some(p) => Peer::on(&s.addr, &s.domain, p.channel.clone()),
+                    None => Peer::new(&s.addr, &s.domain, self.timeout).map_err(|message| {
                         PeerSetError::Client {
                             addr: s.addr.clone(),
                             message,
                         }
                     })?,
                 };
-                fresh.push(Peer { member, client });
+                fresh.push(peer);
             }
         }
         {
@@ -197,13 +189,7 @@ mod tests {
     fn set(configured: &[(&str, &str)]) -> PeerSet {
         let configured = configured
             .iter()
-            .map(|(a, d)| Peer {
-                member: Member {
-                    addr: (*a).into(),
-                    domain: (*d).into(),
-                },
-                client: peers::client(a, Duration::from_secs(1)).unwrap(),
-            })
+            .map(|(a, d)| Peer::new(a, d, Duration::from_secs(1)).unwrap())
             .collect();
         PeerSet::new(
             Member {

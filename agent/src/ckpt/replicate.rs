@@ -181,17 +181,14 @@ async fn send(
         }
         let path = ck.tier.layout().data(&key);
         let started = Instant::now();
-        let mut c = peer.client.clone();
         let stream = super::peers::chunk_stream(
             m.clone(),
             path,
             ck.cfg.chunk_bytes,
             ck.cfg.replication_bytes_per_sec,
         );
-        // A read error ends the stream early: the receiver sees too few
-        // bytes and refuses the replica.
-        let stream = tokio_stream::StreamExt::map_while(stream, Result::ok);
-        match c.push_shard(stream).await {
+        // A read error resets the stream: the receiver refuses the replica.
+        match super::wire::push(peer.channel.clone(), stream, super::peers::MAX_MESSAGE).await {
             Ok(r) => {
                 let secs = started.elapsed().as_secs_f64();
                 sent.insert((addr.clone(), key.clone(), m.xxh3.clone()));
@@ -203,7 +200,7 @@ async fn send(
                         subject(&key),
                         format!(
                             "{key} copied to {} ({}) in {:.1} ms",
-                            r.get_ref().host,
+                            r.host,
                             peer.member.addr,
                             secs * 1e3
                         ),

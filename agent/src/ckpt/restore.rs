@@ -16,6 +16,7 @@ use warden_proto::v1 as pb;
 
 use super::layout::ShardKey;
 use super::manifest::{self, Manifest};
+use super::wire::ChunkSource;
 use super::{Checkpoints, subject};
 use crate::events::{NewEvent, Severity};
 use crate::state::AgentState;
@@ -376,14 +377,15 @@ async fn fetch(ck: &Arc<Checkpoints>, key: &ShardKey, c: &Copy) -> Result<PathBu
             let peer = ck
                 .peer(addr)
                 .ok_or_else(|| format!("{addr} is no longer a peer of this agent"))?;
-            let mut client = peer.client.clone();
-            let mut stream = client
-                .fetch_shard(super::peers::fetch_request(key))
-                .await
-                .map_err(|s| s.message().to_owned())?
-                .into_inner();
+            let mut stream = super::wire::fetch(
+                peer.channel.clone(),
+                &super::peers::fetch_request(key),
+                super::peers::MAX_MESSAGE,
+            )
+            .await
+            .map_err(|s| s.message().to_owned())?;
             let first = stream
-                .message()
+                .next_chunk()
                 .await
                 .map_err(|s| s.message().to_owned())?
                 .ok_or("the peer sent nothing")?;

@@ -198,13 +198,7 @@ async fn serve(
         .add_service(reflection)
         .add_service(reflection_alpha)
         .add_service(AgentServer::new(AgentService::new(state.clone())))
-        .add_service(
-            warden_proto::v1::peer_server::PeerServer::new(
-                crate::api::stragglers::PeerService::new(state.clone()),
-            )
-            .max_decoding_message_size(crate::ckpt::peers::MAX_MESSAGE)
-            .max_encoding_message_size(crate::ckpt::peers::MAX_MESSAGE),
-        );
+        .add_service(crate::api::ckpt::PeerRoutes::new(state.clone()));
 
     let mut tasks = JoinSet::new();
     tasks.spawn(attribution);
