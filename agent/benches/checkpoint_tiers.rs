@@ -156,6 +156,18 @@ fn raw_tcp_copy(src: &Path, dest: &Path, to_ip: &str, from_ip: &str) -> f64 {
     started.elapsed().as_secs_f64()
 }
 
+/// Waits until `step` is gone from both agents' tiers (retention done).
+fn settled(agents: &[&Agent], step: u64) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    for a in agents {
+        let dir = a.tier().join(format!("bench/step-{step:020}"));
+        while dir.exists() {
+            assert!(Instant::now() < deadline, "{} not pruned", dir.display());
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+}
+
 fn main() {
     let sizes: Vec<usize> = std::env::var("WARDEN_BENCH_SIZES_MIB")
         .unwrap_or_else(|_| "64,256,1024".into())
@@ -232,6 +244,12 @@ fn main() {
                 }
             });
             repl_t.push(ms / 1e3);
+            // Retention (keep_steps = 1) deletes the step before on both
+            // agents after the push: a GiB of tmpfs freed on the same two
+            // cores. Let it finish so the raw copy is not slowed by it.
+            if step > 1 {
+                settled(&[&a, &b], step - 1);
+            }
             let shard = a
                 .tier()
                 .join(format!("bench/step-{step:020}/rank-000000.bin"));

@@ -247,8 +247,30 @@ pub async fn push_shard(
         IncomingError::Fill(e) => Status::aborted(e),
         IncomingError::Task(e) => Status::internal(e),
     })?;
-    let (ck2, job) = (ck.clone(), k.job_id.clone());
-    let _ = tokio::task::spawn_blocking(move || ck2.tier.prune(&job)).await;
+    // Retention after the answer: the pusher's time ends with the commit,
+    // not with deleting the step this replica replaces (a GiB of tmpfs
+    // freed is tens of ms). Retention removes only listed shards older
+    // than the newest complete steps, so it can run beside later pushes.
+    let (st, job) = (state.clone(), k.job_id.clone());
+    tokio::spawn(async move {
+        let ck2 = ck.clone();
+        let gone = tokio::task::spawn_blocking(move || ck2.tier.prune(&job))
+            .await
+            .unwrap_or_default();
+        for k in gone {
+            st.events.publish(
+                NewEvent::new(
+                    Severity::Info,
+                    "ckpt.pruned",
+                    subject(&k),
+                    format!("{k} replica pruned (checkpoint.keep_steps)"),
+                )
+                .with("job_id", &k.job_id)
+                .with("rank", k.rank)
+                .with("step", k.step),
+            );
+        }
+    });
     state.events.publish(
         NewEvent::new(
             Severity::Info,

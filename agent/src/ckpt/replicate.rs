@@ -33,7 +33,7 @@ pub async fn run(state: Arc<AgentState>, ck: Arc<Checkpoints>) {
     let mut tick = tokio::time::interval(ck.cfg.retry_interval);
     tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
     loop {
-        let fresh: Vec<Manifest> = tokio::select! {
+        let mut fresh: Vec<Manifest> = tokio::select! {
             () = state.shutdown.cancelled() => return,
             m = work.recv() => match m {
                 Some(m) => {
@@ -46,7 +46,15 @@ pub async fn run(state: Arc<AgentState>, ck: Arc<Checkpoints>) {
             _ = tick.tick() => Vec::new(),
         };
         let jobs: BTreeSet<String> = fresh.iter().map(|m| m.job_id.clone()).collect();
-        if fresh.is_empty() {
+        let pushed = !fresh.is_empty();
+        // Retention before the push when there is no durable store (whose
+        // uploads of due steps come first): the steps these commits make
+        // old are not pushed, and their room (a GiB of tmpfs per shard) is
+        // given back before the new shards are sent rather than after.
+        if ck.durable.is_none() {
+            prune(&state, &ck, &jobs, &mut sent, &mut fresh).await;
+        }
+        if !pushed {
             // Reconcile: every own shard, job by job, against what each of
             // the job's targets says it holds.
             for (job, own) in by_job(own_shards(&ck).await) {
@@ -55,7 +63,7 @@ pub async fn run(state: Arc<AgentState>, ck: Arc<Checkpoints>) {
                 }
             }
         } else {
-            for (job, ms) in by_job(fresh) {
+            for (job, ms) in by_job(std::mem::take(&mut fresh)) {
                 for peer in ck.peers.targets(&job) {
                     send(&state, &ck, &peer, &ms, &mut sent).await;
                 }
@@ -63,26 +71,39 @@ pub async fn run(state: Arc<AgentState>, ck: Arc<Checkpoints>) {
         }
         if ck.durable.is_some() {
             upload_due(&state, &ck, &mut uploads).await;
+            prune(&state, &ck, &jobs, &mut sent, &mut fresh).await;
         }
-        for job in jobs {
-            let ck2 = ck.clone();
-            let gone = tokio::task::spawn_blocking(move || ck2.tier.prune(&job))
-                .await
-                .unwrap_or_default();
-            for k in gone {
-                sent.retain(|(_, s, _)| *s != k);
-                state.events.publish(
-                    NewEvent::new(
-                        Severity::Info,
-                        "ckpt.pruned",
-                        subject(&k),
-                        format!("{k} pruned (checkpoint.keep_steps)"),
-                    )
-                    .with("job_id", &k.job_id)
-                    .with("rank", k.rank)
-                    .with("step", k.step),
-                );
-            }
+    }
+}
+
+/// Applies retention to `jobs`; what it removed is forgotten as sent and
+/// dropped from `fresh`.
+async fn prune(
+    state: &Arc<AgentState>,
+    ck: &Arc<Checkpoints>,
+    jobs: &BTreeSet<String>,
+    sent: &mut HashSet<(String, ShardKey, String)>,
+    fresh: &mut Vec<Manifest>,
+) {
+    for job in jobs {
+        let (ck2, job) = (ck.clone(), job.clone());
+        let gone = tokio::task::spawn_blocking(move || ck2.tier.prune(&job))
+            .await
+            .unwrap_or_default();
+        for k in gone {
+            sent.retain(|(_, s, _)| *s != k);
+            fresh.retain(|m| m.key() != k);
+            state.events.publish(
+                NewEvent::new(
+                    Severity::Info,
+                    "ckpt.pruned",
+                    subject(&k),
+                    format!("{k} pruned (checkpoint.keep_steps)"),
+                )
+                .with("job_id", &k.job_id)
+                .with("rank", k.rank)
+                .with("step", k.step),
+            );
         }
     }
 }
