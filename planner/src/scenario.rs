@@ -98,8 +98,12 @@ impl Default for Checkpoint {
         Self {
             save_stall_s: 10.0,
             size_gib: 1024.0,
-            local_gibps: 5.0,
-            peer_gibps: 10.0,
+            // Measured (docs/benchmarks.md, checkpoint tiers, 1 GiB shard):
+            // a restore with the copy in the local tmpfs tier, 138 ms
+            // (7.8 GB/s); from a peer's replica, 287 ms (3.7 GB/s) over
+            // loopback on two cores, both agents on one machine.
+            local_gibps: 7.2,
+            peer_gibps: 3.5,
             durable_gibps: 20.0,
         }
     }
