@@ -274,25 +274,8 @@ where
     }
 
     /// The next `n` queued bytes, as the buffers they are in.
-    fn take(&mut self, mut n: usize) -> Vec<Bytes> {
-        let mut out = Vec::new();
-        while n > 0 {
-            let Some(front) = self.queued.front_mut() else {
-                break;
-            };
-            if front.len() <= n {
-                n -= front.len();
-                self.len -= front.len();
-                if let Some(b) = self.queued.pop_front() {
-                    out.push(b);
-                }
-            } else {
-                out.push(front.split_to(n));
-                self.len -= n;
-                n = 0;
-            }
-        }
-        out
+    fn take(&mut self, n: usize) -> Vec<Bytes> {
+        split_front(&mut self.queued, &mut self.len, n)
     }
 
     /// The next message's bytes; None when the body ended between
@@ -379,25 +362,8 @@ impl Segments {
     }
 
     /// The next `n` bytes without copying them.
-    fn split(&mut self, mut n: usize) -> Vec<Bytes> {
-        let mut out = Vec::new();
-        while n > 0 {
-            let Some(front) = self.parts.front_mut() else {
-                break;
-            };
-            if front.len() <= n {
-                n -= front.len();
-                self.len -= front.len();
-                if let Some(b) = self.parts.pop_front() {
-                    out.push(b);
-                }
-            } else {
-                out.push(front.split_to(n));
-                self.len -= n;
-                n = 0;
-            }
-        }
-        out
+    fn split(&mut self, n: usize) -> Vec<Bytes> {
+        split_front(&mut self.parts, &mut self.len, n)
     }
 }
 
@@ -597,6 +563,29 @@ pub fn response(body: tonic::body::Body) -> http::Response<tonic::body::Body> {
         http::HeaderValue::from_static("application/grpc"),
     );
     r
+}
+
+/// The first `n` bytes of `parts` (whose total is `len`), as the buffers
+/// they are in: whole buffers moved, the last one split, nothing copied.
+fn split_front(parts: &mut VecDeque<Bytes>, len: &mut usize, mut n: usize) -> Vec<Bytes> {
+    let mut out = Vec::new();
+    while n > 0 {
+        let Some(front) = parts.front_mut() else {
+            break;
+        };
+        if front.len() <= n {
+            n -= front.len();
+            *len -= front.len();
+            if let Some(b) = parts.pop_front() {
+                out.push(b);
+            }
+        } else {
+            out.push(front.split_to(n));
+            *len -= n;
+            n = 0;
+        }
+    }
+    out
 }
 
 #[cfg(test)]
