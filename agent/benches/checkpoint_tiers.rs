@@ -21,37 +21,22 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
+mod common;
+
 use std::io::{Read, Write};
-use std::os::unix::net::UnixDatagram;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use common::Agent;
 use tokio_stream::StreamExt;
 use warden_client::{Checkpointer, ConnectOptions};
 use warden_proto::v1 as pb;
 
 const REPS: usize = 5;
 
-struct Agent {
-    child: Child,
-    dir: tempfile::TempDir,
-}
-
-impl Agent {
-    fn socket(&self) -> PathBuf {
-        self.dir.path().join("wardend.sock")
-    }
-    fn tier(&self) -> PathBuf {
-        self.dir.path().join("ckpt")
-    }
-}
-
-impl Drop for Agent {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// The tier of an agent the bench started.
+fn tier(agent: &Agent) -> PathBuf {
+    agent.dir.path().join("ckpt")
 }
 
 fn free_port(ip: &str) -> u16 {
@@ -70,40 +55,18 @@ fn start_agent(name: &str, tcp: &str, peer: Option<&str>) -> Agent {
     let peers = peer
         .map(|p| format!("[[checkpoint.peers]]\naddr = \"{p}\"\n"))
         .unwrap_or_default();
-    let cfg = dir.path().join("wardend.toml");
-    std::fs::write(
-        &cfg,
+    let ckpt = dir.path().join("ckpt");
+    Agent::start(dir, |socket, state| {
         format!(
             "[api]\nsocket = \"{}\"\ntcp = \"{tcp}\"\n[metrics]\nlisten = \"\"\n\
              [agent]\nhost_name = \"{name}\"\nstate_dir = \"{}\"\n[log]\nlevel = \"off\"\n\
              [nvml]\nenabled = false\n[kmsg]\nenabled = false\n[dcgm]\nenabled = false\n\
              [checkpoint]\ndir = \"{}\"\nkeep_steps = 1\nretry_interval = \"1h\"\n{peers}",
-            dir.path().join("wardend.sock").display(),
-            dir.path().join("state").display(),
-            dir.path().join("ckpt").display(),
-        ),
-    )
-    .unwrap();
-    let notify = dir.path().join("notify");
-    let sock = UnixDatagram::bind(&notify).unwrap();
-    sock.set_read_timeout(Some(Duration::from_secs(20)))
-        .unwrap();
-    let child = Command::new(env!("CARGO_BIN_EXE_wardend"))
-        .arg("--config")
-        .arg(&cfg)
-        .env("NOTIFY_SOCKET", &notify)
-        .env_remove("WARDEN_SOCKET")
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap();
-    let mut buf = [0u8; 512];
-    loop {
-        let n = sock.recv(&mut buf).expect("wardend did not get ready");
-        if String::from_utf8_lossy(&buf[..n]).contains("READY=1") {
-            break;
-        }
-    }
-    Agent { child, dir }
+            socket.display(),
+            state.display(),
+            ckpt.display(),
+        )
+    })
 }
 
 fn checkpointer(agent: &Agent, job: &str) -> Checkpointer {
@@ -160,7 +123,7 @@ fn raw_tcp_copy(src: &Path, dest: &Path, to_ip: &str, from_ip: &str) -> f64 {
 fn settled(agents: &[&Agent], step: u64) {
     let deadline = Instant::now() + Duration::from_secs(30);
     for a in agents {
-        let dir = a.tier().join(format!("bench/step-{step:020}"));
+        let dir = tier(a).join(format!("bench/step-{step:020}"));
         while dir.exists() {
             assert!(Instant::now() < deadline, "{} not pruned", dir.display());
             std::thread::sleep(Duration::from_millis(1));
@@ -251,9 +214,7 @@ fn main() {
             if step > 1 {
                 settled(&[&a, &b], step - 1);
             }
-            let shard = a
-                .tier()
-                .join(format!("bench/step-{step:020}/rank-000000.bin"));
+            let shard = tier(&a).join(format!("bench/step-{step:020}/rank-000000.bin"));
             tcp_t.push(raw_tcp_copy(
                 &shard,
                 &scratch.path().join("copy"),
@@ -262,7 +223,7 @@ fn main() {
             ));
             std::fs::remove_file(scratch.path().join("copy")).unwrap();
             // Restore from the peer: A's tier wiped first.
-            std::fs::remove_dir_all(a.tier().join("bench")).unwrap();
+            std::fs::remove_dir_all(tier(&a).join("bench")).unwrap();
             let t = Instant::now();
             let r = ck.restore(0).unwrap().unwrap();
             restore_t.push(t.elapsed().as_secs_f64());

@@ -21,90 +21,31 @@
 // A benchmark program: failing loudly on set-up errors is what it should do.
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
+mod common;
+
 use std::io::{BufRead, BufReader};
-use std::os::unix::net::UnixDatagram;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use hyper_util::rt::TokioIo;
-use tokio::net::UnixStream as TokioUnixStream;
+use common::{Agent, connect};
 use tokio_stream::StreamExt;
-use tonic::transport::{Channel, Endpoint, Uri};
 use warden_client::clock::syscall_now;
 use warden_proto::v1 as pb;
-use warden_proto::v1::agent_client::AgentClient;
 
 const ITERATIONS: usize = 30;
 const WAIT: Duration = Duration::from_secs(10);
 
-struct Agent {
-    child: Child,
-    dir: tempfile::TempDir,
-}
-
-impl Agent {
-    fn socket(&self) -> PathBuf {
-        self.dir.path().join("wardend.sock")
-    }
-}
-
-impl Drop for Agent {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 fn start_agent() -> Agent {
-    let dir = tempfile::tempdir().unwrap();
-    let cfg = dir.path().join("wardend.toml");
-    std::fs::write(
-        &cfg,
+    Agent::start(tempfile::tempdir().unwrap(), |socket, state| {
         format!(
             "[api]\nsocket = \"{}\"\n[metrics]\nlisten = \"\"\n[agent]\nstate_dir = \"{}\"\n\
              [log]\nlevel = \"off\"\n[nvml]\nenabled = false\n[kmsg]\nenabled = false\n",
-            dir.path().join("wardend.sock").display(),
-            dir.path().join("state").display()
-        ),
-    )
-    .unwrap();
-    let notify = dir.path().join("notify");
-    let sock = UnixDatagram::bind(&notify).unwrap();
-    sock.set_read_timeout(Some(Duration::from_secs(20)))
-        .unwrap();
-    let child = Command::new(env!("CARGO_BIN_EXE_wardend"))
-        .arg("--config")
-        .arg(&cfg)
-        .env("NOTIFY_SOCKET", &notify)
-        .env_remove("WARDEN_SOCKET")
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap();
-    let mut buf = [0u8; 512];
-    loop {
-        let n = sock.recv(&mut buf).expect("wardend did not get ready");
-        if String::from_utf8_lossy(&buf[..n]).contains("READY=1") {
-            break;
-        }
-    }
-    Agent { child, dir }
-}
-
-async fn connect(path: &Path) -> AgentClient<Channel> {
-    let path = path.to_owned();
-    let ch =
-        Endpoint::from_static("http://wardend.local")
-            .connect_with_connector(tower::service_fn(move |_: Uri| {
-                let path = path.clone();
-                async move {
-                    Ok::<_, std::io::Error>(TokioIo::new(TokioUnixStream::connect(path).await?))
-                }
-            }))
-            .await
-            .unwrap();
-    AgentClient::new(ch)
+            socket.display(),
+            state.display()
+        )
+    })
 }
 
 fn python() -> PathBuf {

@@ -12,18 +12,19 @@
 // A benchmark program: failing loudly on set-up errors is what it should do.
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
+mod common;
+
 use std::io::{Read, Write};
-use std::os::unix::net::{UnixDatagram, UnixListener, UnixStream};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use hyper_util::rt::TokioIo;
-use tokio::net::UnixStream as TokioUnixStream;
+use common::{Agent, connect};
 use tokio_stream::StreamExt;
-use tonic::transport::{Channel, Endpoint, Uri};
+use tonic::transport::Channel;
 use warden_client::clock;
 use warden_client::slot::{self, SlotFile};
 use warden_proto::v1 as pb;
@@ -31,70 +32,14 @@ use warden_proto::v1::agent_client::AgentClient;
 
 type Client = AgentClient<Channel>;
 
-struct Agent {
-    child: Child,
-    dir: tempfile::TempDir,
-}
-
-impl Agent {
-    fn socket(&self) -> PathBuf {
-        self.dir.path().join("wardend.sock")
-    }
-}
-
-impl Drop for Agent {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 fn start_agent(extra: &str) -> Agent {
-    let dir = tempfile::tempdir().unwrap();
-    let cfg = dir.path().join("wardend.toml");
-    std::fs::write(
-        &cfg,
+    Agent::start(tempfile::tempdir().unwrap(), |socket, state| {
         format!(
             "[api]\nsocket = \"{}\"\n[metrics]\nlisten = \"\"\n[agent]\nstate_dir = \"{}\"\n[log]\nlevel = \"warn\"\n{extra}",
-            dir.path().join("wardend.sock").display(),
-            dir.path().join("state").display()
-        ),
-    )
-    .unwrap();
-    let notify = dir.path().join("notify");
-    let sock = UnixDatagram::bind(&notify).unwrap();
-    sock.set_read_timeout(Some(Duration::from_secs(20)))
-        .unwrap();
-    let child = Command::new(env!("CARGO_BIN_EXE_wardend"))
-        .arg("--config")
-        .arg(&cfg)
-        .env("NOTIFY_SOCKET", &notify)
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap();
-    let mut buf = [0u8; 512];
-    loop {
-        let n = sock.recv(&mut buf).expect("wardend did not get ready");
-        if String::from_utf8_lossy(&buf[..n]).contains("READY=1") {
-            break;
-        }
-    }
-    Agent { child, dir }
-}
-
-async fn connect(path: &Path) -> Client {
-    let path = path.to_owned();
-    let ch =
-        Endpoint::from_static("http://wardend.local")
-            .connect_with_connector(tower::service_fn(move |_: Uri| {
-                let path = path.clone();
-                async move {
-                    Ok::<_, std::io::Error>(TokioIo::new(TokioUnixStream::connect(path).await?))
-                }
-            }))
-            .await
-            .unwrap();
-    AgentClient::new(ch)
+            socket.display(),
+            state.display()
+        )
+    })
 }
 
 /// Registers `n` ranks of job `job` (all in this process) and returns the slot indices.
@@ -346,7 +291,7 @@ async fn agent_cpu(ranks: u32, hz: u64, secs: u64) -> (f64, f64, u64) {
     let stop = Arc::new(AtomicBool::new(false));
     let writer = drive(file, slots, hz, stop.clone());
     tokio::time::sleep(Duration::from_secs(1)).await;
-    let pid = agent.child.id();
+    let pid = agent.pid();
     let (a0, s0) = (cpu_ticks(pid), self_cpu_ticks());
     tokio::time::sleep(Duration::from_secs(secs)).await;
     let (a1, s1) = (cpu_ticks(pid), self_cpu_ticks());

@@ -1,0 +1,85 @@
+//! What the benches that start the real `wardend` share: the agent in a
+//! scratch directory, started the way systemd starts it (READY=1 on a
+//! notify socket), killed when dropped; and a client over its socket.
+
+#![allow(dead_code)]
+
+use std::os::unix::net::UnixDatagram;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use hyper_util::rt::TokioIo;
+use tokio::net::UnixStream as TokioUnixStream;
+use tonic::transport::{Channel, Endpoint, Uri};
+use warden_proto::v1::agent_client::AgentClient;
+
+/// A running `wardend` and its scratch directory.
+pub struct Agent {
+    child: Child,
+    /// Its scratch directory: config, socket (`wardend.sock`), state.
+    pub dir: tempfile::TempDir,
+}
+
+impl Agent {
+    /// Starts `wardend` in `dir` with `config(socket, state_dir)` as its
+    /// config and waits for READY=1.
+    pub fn start(dir: tempfile::TempDir, config: impl FnOnce(&Path, &Path) -> String) -> Self {
+        let cfg = dir.path().join("wardend.toml");
+        let text = config(&dir.path().join("wardend.sock"), &dir.path().join("state"));
+        std::fs::write(&cfg, text).unwrap();
+        let notify = dir.path().join("notify");
+        let sock = UnixDatagram::bind(&notify).unwrap();
+        sock.set_read_timeout(Some(Duration::from_secs(20)))
+            .unwrap();
+        let child = Command::new(env!("CARGO_BIN_EXE_wardend"))
+            .arg("--config")
+            .arg(&cfg)
+            .env("NOTIFY_SOCKET", &notify)
+            .env_remove("WARDEN_SOCKET")
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap();
+        let mut buf = [0u8; 512];
+        loop {
+            let n = sock.recv(&mut buf).expect("wardend did not get ready");
+            if String::from_utf8_lossy(&buf[..n]).contains("READY=1") {
+                break;
+            }
+        }
+        Self { child, dir }
+    }
+
+    /// Its Unix socket.
+    pub fn socket(&self) -> PathBuf {
+        self.dir.path().join("wardend.sock")
+    }
+
+    /// Its pid.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A gRPC client over the Unix socket at `path`.
+pub async fn connect(path: &Path) -> AgentClient<Channel> {
+    let path = path.to_owned();
+    let ch =
+        Endpoint::from_static("http://wardend.local")
+            .connect_with_connector(tower::service_fn(move |_: Uri| {
+                let path = path.clone();
+                async move {
+                    Ok::<_, std::io::Error>(TokioIo::new(TokioUnixStream::connect(path).await?))
+                }
+            }))
+            .await
+            .unwrap();
+    AgentClient::new(ch)
+}
