@@ -130,13 +130,10 @@ pub async fn finish(
             format!("; still running, as last reported: {}", running.join(", "))
         }
     ));
-    console.raw(crate::cli::goodput::render(&job));
-    let path = log_dir.join(JOB_GOODPUT_FILE);
-    let written = serde_json::to_vec_pretty(&crate::cli::goodput::job_json(&job))
-        .map_err(std::io::Error::other)
-        .and_then(|json| std::fs::write(&path, json));
-    match written {
-        Ok(()) => console.say(format!("job-wide goodput written to {}", path.display())),
-        Err(e) => console.say(format!("cannot write {}: {e}", path.display())),
-    }
+    super::show_goodput(
+        &job,
+        &log_dir.join(JOB_GOODPUT_FILE),
+        "job-wide goodput",
+        console,
+    );
 }

@@ -309,16 +309,27 @@ async fn goodput(
         }
     };
     let job = job?;
-    console.raw(crate::cli::goodput::render(&job));
     let path = std::path::Path::new(&summary.log_dir).join(GOODPUT_FILE);
-    let written = serde_json::to_vec_pretty(&crate::cli::goodput::job_json(&job))
+    show_goodput(&job, &path, "goodput breakdown", console);
+    Some(job)
+}
+
+/// Prints a job's goodput breakdown as a table and writes it as JSON to
+/// `path` (`what` names it in the line that says where).
+fn show_goodput(
+    job: &warden_proto::v1::JobGoodput,
+    path: &std::path::Path,
+    what: &str,
+    console: &output::Console,
+) {
+    console.raw(crate::cli::goodput::render(job));
+    let written = serde_json::to_vec_pretty(&crate::cli::goodput::job_json(job))
         .map_err(std::io::Error::other)
-        .and_then(|json| std::fs::write(&path, json));
+        .and_then(|json| std::fs::write(path, json));
     match written {
-        Ok(()) => console.say(format!("goodput breakdown written to {}", path.display())),
+        Ok(()) => console.say(format!("{what} written to {}", path.display())),
         Err(e) => console.say(format!("cannot write {}: {e}", path.display())),
     }
-    Some(job)
 }
 
 /// `--rdzv-id`, else `$WARDEN_JOB_ID`, else `<host>-<pid>`.
