@@ -16,8 +16,9 @@
 //!    same raw TCP copy.
 //!
 //! Run: `cargo bench -p warden-agent --bench checkpoint_tiers` (release).
-//! `WARDEN_BENCH_SIZES_MIB=64,256,1024` picks the shard sizes. Prints a
-//! markdown table for docs/benchmarks.md.
+//! `WARDEN_BENCH_SIZES_MIB=64,256,1024` picks the shard sizes and
+//! `WARDEN_BENCH_REPS` the repetitions per size (default 5; medians).
+//! Prints a markdown table for docs/benchmarks.md.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
@@ -32,6 +33,7 @@ use tokio_stream::StreamExt;
 use warden_client::{Checkpointer, ConnectOptions};
 use warden_proto::v1 as pb;
 
+/// Repetitions per size unless `WARDEN_BENCH_REPS` says otherwise.
 const REPS: usize = 5;
 
 /// The tier of an agent the bench started.
@@ -137,6 +139,9 @@ fn main() {
         .split(',')
         .map(|s| s.trim().parse::<usize>().unwrap() << 20)
         .collect();
+    let reps: usize = std::env::var("WARDEN_BENCH_REPS")
+        .map(|r| r.parse().expect("WARDEN_BENCH_REPS: a number"))
+        .unwrap_or(REPS);
     let (a_addr, b_addr) = (
         format!("127.0.0.2:{}", free_port("127.0.0.2")),
         format!("127.0.0.3:{}", free_port("127.0.0.3")),
@@ -172,7 +177,7 @@ fn main() {
             (vec![], vec![], vec![], vec![], vec![], vec![]);
         let mut local_t = vec![];
         let ck = checkpointer(&a, "bench");
-        for _ in 0..REPS {
+        for _ in 0..reps {
             let t = Instant::now();
             let mut v: Vec<u8> = Vec::with_capacity(size);
             v.extend_from_slice(&data);

@@ -224,8 +224,11 @@ impl Drop for Pooled {
 
 /// Receives a shard's chunks into `dest`, checking them against `want`
 /// (size and xxh3). On any mismatch the file is removed and the error
-/// names what differed. Hashing and writing run on a blocking thread,
-/// overlapped with receiving.
+/// names what differed. Writing and hashing run on two blocking threads
+/// fed the same buffers (reference-counted, not copied), overlapped with
+/// receiving: on a host with cores to spare the checksum costs no time on
+/// the transfer's path, where one thread doing both made it the slowest
+/// stage of the pipeline.
 pub async fn receive(
     stream: &mut impl ChunkSource,
     first_data: Vec<bytes::Bytes>,
@@ -246,20 +249,28 @@ async fn receive_inner(
     dest: &Path,
 ) -> Result<(), String> {
     let (tx, mut rx) = tokio::sync::mpsc::channel::<Vec<bytes::Bytes>>(8);
+    let (hash_tx, mut hash_rx) = tokio::sync::mpsc::channel::<Vec<bytes::Bytes>>(8);
     let path = dest.to_owned();
-    let writer = tokio::task::spawn_blocking(move || -> Result<(u64, u64), String> {
+    let writer = tokio::task::spawn_blocking(move || -> Result<u64, String> {
         let mut f = std::fs::File::create(&path).map_err(|e| format!("{}: {e}", path.display()))?;
-        let mut h = Xxh3::new();
         let mut size = 0u64;
         while let Some(parts) = rx.blocking_recv() {
             for data in parts {
                 size += data.len() as u64;
-                h.update(&data);
                 std::io::Write::write_all(&mut f, &data)
                     .map_err(|e| format!("{}: {e}", path.display()))?;
             }
         }
-        Ok((size, h.digest()))
+        Ok(size)
+    });
+    let hasher = tokio::task::spawn_blocking(move || {
+        let mut h = Xxh3::new();
+        while let Some(parts) = hash_rx.blocking_recv() {
+            for data in parts {
+                h.update(&data);
+            }
+        }
+        h.digest()
     });
     let mut received = 0u64;
     let mut data = first_data;
@@ -274,7 +285,7 @@ async fn receive_inner(
             ));
             break;
         }
-        if tx.send(data).await.is_err() {
+        if hash_tx.send(data.clone()).await.is_err() || tx.send(data).await.is_err() {
             break; // the writer failed: its error is below
         }
         match stream.next_chunk().await {
@@ -287,7 +298,9 @@ async fn receive_inner(
         }
     }
     drop(tx);
-    let (size, got) = writer.await.map_err(|e| e.to_string())??;
+    drop(hash_tx);
+    let size = writer.await.map_err(|e| e.to_string())??;
+    let got = hasher.await.map_err(|e| e.to_string())?;
     if let Some(why) = broke {
         return Err(why);
     }
