@@ -105,6 +105,14 @@ async fn gpus_ok_then_ecc_xid_lost_and_count() {
         assert!(c.labels["uuid"].starts_with("GPU-"), "{c:?}");
         assert!(c.labels.contains_key("pci"), "{c:?}");
         assert_eq!(c.labels["name"], "Stub GPU");
+        // The stub, like a pre-r570 driver, answers the recovery-action
+        // field NOT_SUPPORTED: the GPU says it is judged without it.
+        assert!(
+            c.labels
+                .get("unread")
+                .is_some_and(|u| u.contains("nvmlDeviceGetFieldValues")),
+            "{c:?}"
+        );
     }
     component_where(&agent, "nvml", "nvml OK with 2 GPUs", |c| {
         status(c.status) == pb::Status::Ok && c.labels.get("gpus").map(String::as_str) == Some("2")

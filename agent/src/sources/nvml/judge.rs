@@ -79,6 +79,10 @@ pub struct GpuReading {
     pub recovery_action: Option<u64>,
     /// NVLinks.
     pub links: Vec<LinkReading>,
+    /// NVML calls that answered NOT_SUPPORTED (or another error short of a
+    /// lost GPU): what this GPU is judged without, shown as its `unread`
+    /// label.
+    pub unread: Vec<String>,
 }
 
 /// An XID delivered by the event thread.
@@ -229,6 +233,9 @@ pub fn judge_gpu(
     }
     if let Some(v) = r.ecc_uncorrected_aggregate {
         labels.insert("ecc_uncorrected_aggregate".into(), v.to_string());
+    }
+    if !r.unread.is_empty() {
+        labels.insert("unread".into(), r.unread.join(", "));
     }
     if let Some(n) = r.retired_pages {
         labels.insert("retired_pages".into(), n.to_string());

@@ -1,8 +1,10 @@
 //! Reading one GPU through NVML. Every call may fail on its own: NOT_SUPPORTED
-//! (or a symbol an old driver lacks) leaves the signal unread; GPU_IS_LOST or
-//! RESET_REQUIRED from any call marks the GPU lost.
+//! (or a symbol an old driver lacks) leaves the signal unread, and the call
+//! is named in the GPU's `unread` label so an operator sees what this GPU's
+//! health is judged without; GPU_IS_LOST or RESET_REQUIRED from any call
+//! marks the GPU lost.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use nvml_wrapper::enum_wrappers::device::{
     EccCounter, MemoryError, RetirementCause, TemperatureSensor,
@@ -19,17 +21,30 @@ use super::judge::{GpuReading, LinkReading, RemappedRows};
 /// Most NVLinks a GPU has (NVML_NVLINK_MAX_LINKS).
 const MAX_LINKS: u32 = 18;
 
-/// Keeps the value of a call, noting a lost GPU.
-fn keep<T>(r: Result<T, NvmlError>, call: &str, lost: &mut Option<String>) -> Option<T> {
+/// What the calls of one reading said besides their values.
+#[derive(Debug, Default)]
+struct Calls {
+    /// The first call that found the GPU lost, and what it said.
+    lost: Option<String>,
+    /// Calls that answered with another error (NOT_SUPPORTED, a symbol the
+    /// driver lacks, no permission): their signals are not read.
+    unread: BTreeSet<&'static str>,
+}
+
+/// Keeps the value of a call, noting a lost GPU or an unread signal.
+fn keep<T>(r: Result<T, NvmlError>, call: &'static str, calls: &mut Calls) -> Option<T> {
     match r {
         Ok(v) => Some(v),
         Err(e @ (NvmlError::GpuLost | NvmlError::ResetRequired)) => {
-            if lost.is_none() {
-                *lost = Some(format!("{call}: {e}"));
+            if calls.lost.is_none() {
+                calls.lost = Some(format!("{call}: {e}"));
             }
             None
         }
-        Err(_) => None,
+        Err(_) => {
+            calls.unread.insert(call);
+            None
+        }
     }
 }
 
@@ -39,22 +54,22 @@ pub fn gpu(nvml: &Nvml, index: u32) -> GpuReading {
         index,
         ..GpuReading::default()
     };
-    let lost = &mut r.lost;
     let dev = match nvml.device_by_index(index) {
         Ok(d) => d,
         Err(e) => {
-            *lost = Some(format!("nvmlDeviceGetHandleByIndex: {e}"));
+            r.lost = Some(format!("nvmlDeviceGetHandleByIndex: {e}"));
             return r;
         }
     };
+    let calls = &mut Calls::default();
     let mut labels = BTreeMap::new();
-    if let Some(v) = keep(dev.uuid(), "nvmlDeviceGetUUID", lost) {
+    if let Some(v) = keep(dev.uuid(), "nvmlDeviceGetUUID", calls) {
         labels.insert("uuid".to_owned(), v);
     }
-    if let Some(v) = keep(dev.pci_info(), "nvmlDeviceGetPciInfo", lost) {
+    if let Some(v) = keep(dev.pci_info(), "nvmlDeviceGetPciInfo", calls) {
         labels.insert("pci".to_owned(), v.bus_id);
     }
-    if let Some(v) = keep(dev.name(), "nvmlDeviceGetName", lost) {
+    if let Some(v) = keep(dev.name(), "nvmlDeviceGetName", calls) {
         labels.insert("name".to_owned(), v);
     }
     r.labels = labels;
@@ -62,27 +77,27 @@ pub fn gpu(nvml: &Nvml, index: u32) -> GpuReading {
     r.ecc_uncorrected_volatile = keep(
         ecc(MemoryError::Uncorrected, EccCounter::Volatile),
         "nvmlDeviceGetTotalEccErrors",
-        lost,
+        calls,
     );
     r.ecc_corrected_volatile = keep(
         ecc(MemoryError::Corrected, EccCounter::Volatile),
         "nvmlDeviceGetTotalEccErrors",
-        lost,
+        calls,
     );
     r.ecc_uncorrected_aggregate = keep(
         ecc(MemoryError::Uncorrected, EccCounter::Aggregate),
         "nvmlDeviceGetTotalEccErrors",
-        lost,
+        calls,
     );
     let sbe = keep(
         dev.retired_pages(RetirementCause::MultipleSingleBitEccErrors),
         "nvmlDeviceGetRetiredPages",
-        lost,
+        calls,
     );
     let dbe = keep(
         dev.retired_pages(RetirementCause::DoubleBitEccError),
         "nvmlDeviceGetRetiredPages",
-        lost,
+        calls,
     );
     if sbe.is_some() || dbe.is_some() {
         let n = sbe.map_or(0, |v| v.len()) + dbe.map_or(0, |v| v.len());
@@ -91,71 +106,87 @@ pub fn gpu(nvml: &Nvml, index: u32) -> GpuReading {
     r.retired_pending = keep(
         dev.are_pages_pending_retired(),
         "nvmlDeviceGetRetiredPagesPendingStatus",
-        lost,
+        calls,
     );
-    r.remapped = keep(remapped_rows(nvml, &dev), "nvmlDeviceGetRemappedRows", lost);
+    r.remapped = keep(
+        remapped_rows(nvml, &dev),
+        "nvmlDeviceGetRemappedRows",
+        calls,
+    );
     r.pcie_replays = keep(
         dev.pcie_replay_counter(),
         "nvmlDeviceGetPcieReplayCounter",
-        lost,
+        calls,
     )
     .map(u64::from);
     let gen_cur = keep(
         dev.current_pcie_link_gen(),
         "nvmlDeviceGetCurrPcieLinkGeneration",
-        lost,
+        calls,
     );
     let gen_max = keep(
         dev.max_pcie_link_gen(),
         "nvmlDeviceGetMaxPcieLinkGeneration",
-        lost,
+        calls,
     );
     r.pcie_gen = gen_cur.zip(gen_max);
     let w_cur = keep(
         dev.current_pcie_link_width(),
         "nvmlDeviceGetCurrPcieLinkWidth",
-        lost,
+        calls,
     );
     let w_max = keep(
         dev.max_pcie_link_width(),
         "nvmlDeviceGetMaxPcieLinkWidth",
-        lost,
+        calls,
     );
     r.pcie_width = w_cur.zip(w_max);
     r.clock_events = keep(
         dev.current_throttle_reasons().map(|r| r.bits()),
         "nvmlDeviceGetCurrentClocksThrottleReasons",
-        lost,
+        calls,
     );
     r.temperature = keep(
         dev.temperature(TemperatureSensor::Gpu),
         "nvmlDeviceGetTemperature",
-        lost,
+        calls,
     );
-    r.power_mw = keep(dev.power_usage(), "nvmlDeviceGetPowerUsage", lost);
-    r.recovery_action = keep(recovery_action(&dev), "nvmlDeviceGetFieldValues", lost);
+    r.power_mw = keep(dev.power_usage(), "nvmlDeviceGetPowerUsage", calls);
+    r.recovery_action = keep(recovery_action(&dev), "nvmlDeviceGetFieldValues", calls);
     for link in 0..MAX_LINKS {
         let w = dev.link_wrapper_for(link);
-        // The first link NVML refuses ends the list (fewer links, or none).
-        let Some(active) = keep(w.is_active(), "nvmlDeviceGetNvLinkState", lost) else {
-            break;
+        // The first link NVML refuses ends the list (fewer links, or none):
+        // unread only when it is the first.
+        let active = match w.is_active() {
+            Ok(a) => a,
+            Err(e) => {
+                if link == 0 || matches!(e, NvmlError::GpuLost | NvmlError::ResetRequired) {
+                    keep(Err::<(), _>(e), "nvmlDeviceGetNvLinkState", calls);
+                }
+                break;
+            }
         };
-        let counter = |c, lost: &mut Option<String>| {
-            keep(w.error_counter(c), "nvmlDeviceGetNvLinkErrorCounter", lost)
+        let counter = |c, calls: &mut Calls| {
+            keep(w.error_counter(c), "nvmlDeviceGetNvLinkErrorCounter", calls)
         };
-        let flit = counter(ErrorCounter::DlCrcFlit, lost);
-        let data = counter(ErrorCounter::DlCrcData, lost);
+        let flit = counter(ErrorCounter::DlCrcFlit, calls);
+        let data = counter(ErrorCounter::DlCrcData, calls);
         r.links.push(LinkReading {
             link,
             active,
-            replay: counter(ErrorCounter::DlReplay, lost),
-            recovery: counter(ErrorCounter::DlRecovery, lost),
+            replay: counter(ErrorCounter::DlReplay, calls),
+            recovery: counter(ErrorCounter::DlRecovery, calls),
             crc: match (flit, data) {
                 (None, None) => None,
                 (f, d) => Some(f.unwrap_or(0) + d.unwrap_or(0)),
             },
         });
     }
+    r.lost = calls.lost.take();
+    r.unread = std::mem::take(&mut calls.unread)
+        .into_iter()
+        .map(str::to_owned)
+        .collect();
     r
 }
 
