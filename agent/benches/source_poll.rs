@@ -9,6 +9,10 @@
 //! 2. The resident memory of the real `wardend` at idle (embedded defaults
 //!    but for the socket), and while simulating an 8-GPU node.
 //!
+//! 3. On a machine with a GPU, `WARDEN_BENCH_NVML=libnvidia-ml.so.1` adds
+//!    the same poll through the real driver (every GPU it has), in the same
+//!    run as the stand-in, and the resident memory of wardend reading it.
+//!
 //! Run: `cargo bench -p warden-agent --bench source_poll` (release build).
 //! Prints markdown for docs/benchmarks.md.
 
@@ -161,6 +165,16 @@ fn main() {
         ..NvmlConfig::default()
     });
     let (nvml_med, nvml_p99, nvml_reports) = measure(&mut nvml, n);
+    // The real driver, when asked for: as many GPUs as it has (the
+    // `expected_gpus` check is not what is timed).
+    let real = std::env::var("WARDEN_BENCH_NVML").ok().map(|library| {
+        let mut src = NvmlSource::new(NvmlConfig {
+            library: library.clone(),
+            ..NvmlConfig::default()
+        });
+        let (med, p99, reports) = measure(&mut src, n);
+        (library, med, p99, reports)
+    });
     let scenario =
         Scenario::from_file(&repo().join("examples/scenarios/healthy-8gpu.toml")).unwrap();
     let mut sim = Simulated::new(scenario, None);
@@ -236,6 +250,13 @@ fn main() {
         us(nvml_med),
         us(nvml_p99)
     );
+    if let Some((library, med, p99, reports)) = &real {
+        println!(
+            "| NVML through the real driver ({library}), every GPU it has | {reports} | {} | {} |",
+            us(*med),
+            us(*p99)
+        );
+    }
     println!(
         "| simulated source, 8 GPUs (healthy-8gpu.toml) | {sim_reports} | {} | {} |",
         us(sim_med),
@@ -260,8 +281,14 @@ fn main() {
     println!("## wardend resident memory");
     println!("| agent | RSS |");
     println!("|---|---|");
+    // NVML is on by default: where the driver is, the idle agent reads it.
+    let nvml_state = if real.is_some() {
+        "NVML reading the real driver"
+    } else {
+        "NVML absent"
+    };
     println!(
-        "| idle, defaults (NVML absent, kmsg, host, TPU sources running) | {:.1} MiB |",
+        "| idle, defaults ({nvml_state}, kmsg, host, TPU sources running) | {:.1} MiB |",
         idle as f64 / 1024.0
     );
     println!(
