@@ -207,6 +207,16 @@ impl Pod {
         )
     }
 
+    /// The `docker run` arguments that put a container in the pod's network
+    /// and PID namespaces (the pause container, started here).
+    fn shared_namespaces(&mut self) -> [String; 2] {
+        let pause = self.pause();
+        [
+            format!("--network=container:{pause}"),
+            format!("--pid=container:{pause}"),
+        ]
+    }
+
     /// The agent's config in a directory mounted read-only at /etc/warden.
     fn config(&self, toml: &str) -> String {
         let dir = self.scratch.path().join("etc");
@@ -596,11 +606,7 @@ fn ckpt_steps(agent: &str, job: &str) -> (Vec<(u64, bool, usize)>, Value) {
 #[test]
 fn a_sidecar_sees_the_trainers_heartbeats_and_recovers_a_hang() {
     let mut pod = Pod::new("hang");
-    let pause = pod.pause();
-    let ns = [
-        format!("--network=container:{pause}"),
-        format!("--pid=container:{pause}"),
-    ];
+    let ns = pod.shared_namespaces();
     let ns: Vec<&str> = ns.iter().map(String::as_str).collect();
     let socket = pod.volume("sock");
     let ckpt = pod.volume("ckpt");
@@ -706,11 +712,7 @@ fn a_sidecar_sees_the_trainers_heartbeats_and_recovers_a_hang() {
 #[test]
 fn the_sidecar_killed_mid_job_training_goes_on_and_ranks_register_again() {
     let mut pod = Pod::new("kill");
-    let pause = pod.pause();
-    let ns = [
-        format!("--network=container:{pause}"),
-        format!("--pid=container:{pause}"),
-    ];
+    let ns = pod.shared_namespaces();
     let ns: Vec<&str> = ns.iter().map(String::as_str).collect();
     let socket = pod.volume("sock");
     let ckpt = pod.volume("ckpt");
