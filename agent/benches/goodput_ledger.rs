@@ -66,6 +66,8 @@ fn setup(ranks: u32) -> Setup {
                     stack_dump_signal: 0,
                     devices: Vec::new(),
                     declared_pid: me,
+                    process: None,
+                    caller_pid: None,
                 },
                 1,
             )

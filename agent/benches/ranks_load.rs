@@ -130,7 +130,7 @@ fn drive(
 }
 
 async fn detection_latency() -> Vec<(f64, f64)> {
-    let agent = start_agent("[hang.timeouts]\nforward = \"1s\"\n");
+    let agent = start_agent("[hang.timeouts]\nforward = \"1s\"\n[ranks]\nmax_per_process = 64\n");
     let mut c = connect(&agent.socket()).await;
     let (file, slots) = register(&mut c, "latency", 64).await;
     let sf = SlotFile::open_existing(&file).unwrap();
@@ -285,7 +285,7 @@ fn run_socket_monitor(path: &str) {
 }
 
 async fn agent_cpu(ranks: u32, hz: u64, secs: u64) -> (f64, f64, u64) {
-    let agent = start_agent("[ranks]\nmax_ranks = 1100\n");
+    let agent = start_agent("[ranks]\nmax_ranks = 1100\nmax_per_process = 1100\n");
     let mut c = connect(&agent.socket()).await;
     let (file, slots) = register(&mut c, "cpu", ranks).await;
     let stop = Arc::new(AtomicBool::new(false));

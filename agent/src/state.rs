@@ -60,6 +60,9 @@ pub struct AgentState {
     /// The goodput ledger and its journal (fed by the work loop's scan and
     /// the goodput task; read by GetGoodput).
     pub goodput: crate::goodput::Goodput,
+    /// Who may call what on the Unix socket, and who owns each job
+    /// (docs/security.md).
+    pub authz: crate::api::authz::Authz,
 }
 
 impl AgentState {
@@ -89,8 +92,16 @@ impl AgentState {
         );
         let (escalations, escalations_rx) = tokio::sync::mpsc::unbounded_channel();
         let goodput = crate::goodput::Goodput::open(&config.state_dir());
+        let authz = crate::api::authz::Authz::new(
+            nix::unistd::geteuid().as_raw(),
+            config.admin_gid(),
+            config.state_dir().join("job-owners.json"),
+        );
+        let mut ranks = ranks;
+        ranks.max_per_process = config.ranks.max_per_process;
         Ok(Self {
             goodput,
+            authz,
             incidents: Mutex::new(incidents),
             incident_feed: tokio::sync::broadcast::channel(256).0,
             escalations,

@@ -781,6 +781,8 @@ mod tests {
                     layout_version: warden_client::slot::LAYOUT_VERSION,
                     stack_dump_signal: 0,
                     devices: Vec::new(),
+                    process: None,
+                    caller_pid: None,
                 },
                 0,
             )

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use tonic::Status;
 use warden_proto::v1 as pb;
 
-use crate::ckpt::layout::{ShardKey, check_job_id};
+use crate::ckpt::layout::{ShardKey, check_job_id, check_step};
 use crate::ckpt::peerset::PeerSpec;
 use crate::ckpt::restore::{self, RestoreError};
 use crate::ckpt::tier::TierError;
@@ -45,6 +45,7 @@ fn job(job_id: &str) -> Result<(), Status> {
 
 fn key(job_id: &str, step: u64, rank: u32) -> Result<ShardKey, Status> {
     job(job_id)?;
+    check_step(step).map_err(|e| Status::invalid_argument(e.to_string()))?;
     Ok(ShardKey {
         job_id: job_id.to_owned(),
         step,
@@ -69,6 +70,12 @@ pub async fn begin_shard(
     let ck = tier(state)?;
     let k = key(&req.job_id, req.step, req.rank)?;
     let size = req.size_bytes;
+    if ck.cfg.max_bytes > 0 && size > ck.cfg.max_bytes {
+        return Err(Status::invalid_argument(format!(
+            "{k}: a shard of {size} bytes is larger than the whole tier (checkpoint.max_bytes = {})",
+            ck.cfg.max_bytes
+        )));
+    }
     let (path, token) = blocking(move || ck.tier.begin(&k, size)).await?;
     Ok(pb::BeginShardResponse {
         staging_path: path.display().to_string(),
@@ -88,6 +95,13 @@ pub async fn commit_shard(
         return Err(Status::invalid_argument(format!(
             "world_size {} must be above rank {}",
             req.world_size, req.rank
+        )));
+    }
+    let max_world = state.config.ranks.max_world_size;
+    if req.world_size > max_world {
+        return Err(Status::invalid_argument(format!(
+            "world_size {} is above ranks.max_world_size {max_world}",
+            req.world_size
         )));
     }
     let staged = ck.tier.staged(&k, &req.token).map_err(status)?;
@@ -161,6 +175,7 @@ pub async fn restore(
 ) -> Result<pb::RestoreResponse, Status> {
     let ck = tier(state)?;
     job(&req.job_id)?;
+    check_step(req.step).map_err(|e| Status::invalid_argument(e.to_string()))?;
     let started = Instant::now();
     // Saves that this agent is still sealing count: wait for them briefly.
     ck.sealing.settled(Duration::from_secs(30)).await;
@@ -375,6 +390,19 @@ impl tower::Service<http::Request<tonic::body::Body>> for PeerRoutes {
 
     fn call(&mut self, req: http::Request<tonic::body::Body>) -> Self::Future {
         let state = self.state.clone();
+        // On the Unix socket the Peer service is for admins only: it moves
+        // any job's shards, and a local rank saves and restores its own
+        // through the Agent calls.
+        if let Some(peer) = req.extensions().get::<super::caller::LocalPeer>()
+            && !state.authz.is_admin(peer)
+        {
+            let call = req.uri().path().rsplit('/').next().unwrap_or("").to_owned();
+            let refusal = Status::permission_denied(format!(
+                "{call} refused for {peer}: the warden.v1.Peer service on the Unix socket is for admins only (rule: {})",
+                super::authz::Rule::Admin.describe()
+            ));
+            return Box::pin(async move { Ok(refusal.into_http()) });
+        }
         match req.uri().path() {
             wire::PUSH_PATH => Box::pin(async move {
                 let body = wire::Reader::new(req.into_body(), peers::MAX_MESSAGE);

@@ -4,6 +4,8 @@
 //! types turned into protobuf messages, errors into gRPC statuses, all in
 //! this module. The core knows nothing of tonic or HTTP.
 
+pub mod authz;
+pub mod caller;
 pub mod ckpt;
 pub mod control;
 pub mod convert;

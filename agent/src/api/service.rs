@@ -10,6 +10,7 @@ use tonic::{Request, Response, Status};
 use warden_proto::v1 as pb;
 use warden_proto::v1::agent_server::Agent;
 
+use super::caller::{self, LocalPeer};
 use super::convert;
 use super::observe::observed;
 use crate::events::{Event, NewEvent, Severity};
@@ -30,15 +31,29 @@ impl AgentService {
     pub fn new(state: Arc<AgentState>) -> Self {
         Self { state }
     }
+
+    /// The Unix-socket caller of `req`, allowed to make `call` about `job`
+    /// (empty: no job) under [`super::authz`]'s rules; else
+    /// PERMISSION_DENIED naming the rule.
+    fn guard<T>(&self, req: &Request<T>, call: &str, job: &str) -> Result<LocalPeer, Status> {
+        let peer = caller::local_peer(req.extensions(), call)?;
+        if let Err(e) = self.state.authz.check(peer, call, job) {
+            metrics::counter!("warden_api_refused_total", "call" => call.to_owned()).increment(1);
+            tracing::warn!(call, caller = %peer, job, reason = e.message(), "call refused");
+            return Err(e);
+        }
+        Ok(peer.clone())
+    }
 }
 
 #[tonic::async_trait]
 impl Agent for AgentService {
     async fn get_node_health(
         &self,
-        _req: Request<pb::GetNodeHealthRequest>,
+        req: Request<pb::GetNodeHealthRequest>,
     ) -> Result<Response<pb::NodeHealth>, Status> {
         observed("GetNodeHealth", async {
+            self.guard(&req, "GetNodeHealth", "")?;
             let snap = self.state.health.snapshot();
             Ok(Response::new(convert::node_health(&self.state.host, &snap)))
         })
@@ -49,9 +64,10 @@ impl Agent for AgentService {
 
     async fn watch_health(
         &self,
-        _req: Request<pb::WatchHealthRequest>,
+        req: Request<pb::WatchHealthRequest>,
     ) -> Result<Response<Self::WatchHealthStream>, Status> {
         observed("WatchHealth", async {
+            self.guard(&req, "WatchHealth", "")?;
             let state = self.state.clone();
             let (tx, rx) = mpsc::channel(16);
             let mut changes = state.health.subscribe();
@@ -85,6 +101,7 @@ impl Agent for AgentService {
         req: Request<pb::ListEventsRequest>,
     ) -> Result<Response<pb::ListEventsResponse>, Status> {
         observed("ListEvents", async {
+            self.guard(&req, "ListEvents", "")?;
             let req = req.into_inner();
             let limit = usize::try_from(req.limit).unwrap_or(usize::MAX);
             let (events, dropped) = self.state.events.list(req.after_id, limit);
@@ -103,6 +120,7 @@ impl Agent for AgentService {
         req: Request<pb::WatchEventsRequest>,
     ) -> Result<Response<Self::WatchEventsStream>, Status> {
         observed("WatchEvents", async {
+            self.guard(&req, "WatchEvents", "")?;
             let after = req.into_inner().after_id;
             let sub = self.state.events.subscribe(after);
             if sub.missed {
@@ -122,9 +140,10 @@ impl Agent for AgentService {
 
     async fn get_agent_info(
         &self,
-        _req: Request<pb::GetAgentInfoRequest>,
+        req: Request<pb::GetAgentInfoRequest>,
     ) -> Result<Response<pb::AgentInfo>, Status> {
         observed("GetAgentInfo", async {
+            self.guard(&req, "GetAgentInfo", "")?;
             let s = &self.state;
             Ok(Response::new(pb::AgentInfo {
                 version: crate::VERSION.to_owned(),
@@ -149,31 +168,56 @@ impl Agent for AgentService {
         req: Request<pb::RegisterRankRequest>,
     ) -> Result<Response<pb::RegisterRankResponse>, Status> {
         observed("RegisterRank", async {
-            // The kernel's word on who is calling beats the client's: it is
-            // right across PID namespaces (a node agent with the host's PID
-            // namespace sees a pod's ranks under its own numbers) and cannot
-            // be forged. It is 0 for a caller outside the agent's namespace
-            // (a sidecar without a shared process namespace): registered all
-            // the same, watched through its slot only, and reported as
-            // component ranks/pid_visibility.
-            let peer_pid = req
-                .extensions()
-                .get::<tonic::transport::server::UdsConnectInfo>()
-                .and_then(|i| i.peer_cred)
-                .and_then(|c| c.pid())
-                .and_then(|p| u32::try_from(p).ok());
+            let peer = self.guard(&req, "RegisterRank", &req.get_ref().job_id)?;
             let r = req.into_inner();
+            if r.pid == 0 {
+                return Err(Status::invalid_argument(
+                    "invalid registration: pid must be set",
+                ));
+            }
+            let max_world = self.state.config.ranks.max_world_size;
+            if r.world_size > max_world {
+                return Err(Status::invalid_argument(format!(
+                    "invalid registration: world_size {} is above ranks.max_world_size {max_world}",
+                    r.world_size
+                )));
+            }
+            // The kernel's word on who is calling, never the client's: the
+            // declared pid must be the caller itself or its descendant (a
+            // launcher registering its workers) under the caller's uid, and
+            // is held by a pidfd from here on, so the exit watch and any
+            // signal reach that process and no other. It is right across
+            // PID namespaces (a node agent with the host's PID namespace
+            // sees a pod's ranks under its own numbers). A caller the agent
+            // cannot see (a sidecar without a shared process namespace) is
+            // registered all the same with pid 0: watched through its slot
+            // only, never signalled, and reported as component
+            // ranks/pid_visibility.
+            let process = match peer.pid {
+                Some(caller) => Some(
+                    crate::ranks::process::RankProcess::verify(r.pid, caller, peer.uid).map_err(
+                        |e| {
+                            Status::permission_denied(format!(
+                                "RegisterRank refused for {peer}: {e} (rule: a rank registers only its own process, or a launcher its descendants, running as the caller's uid)"
+                            ))
+                        },
+                    )?,
+                ),
+                None => None,
+            };
             let request = RegisterRequest {
                 job_id: r.job_id,
                 global_rank: r.global_rank,
                 local_rank: r.local_rank,
                 world_size: r.world_size,
-                pid: peer_pid.unwrap_or(r.pid),
+                pid: process.as_ref().map_or(0, |p| p.pid),
                 declared_pid: r.pid,
                 host: r.host,
                 layout_version: r.slot_layout_version,
                 stack_dump_signal: r.stack_dump_signal,
                 devices: r.devices.clone(),
+                process: process.clone(),
+                caller_pid: peer.pid,
             };
             let now = warden_client::clock::syscall_now();
             let result = self.state.registry().register(&request, now);
@@ -182,19 +226,15 @@ impl Agent for AgentService {
                 RegisterError::LayoutMismatch { .. } => Status::failed_precondition(e.to_string()),
                 RegisterError::Held { .. } => Status::already_exists(e.to_string()),
                 RegisterError::Full(_) => Status::resource_exhausted(e.to_string()),
+                RegisterError::PerProcess { .. } => Status::resource_exhausted(e.to_string()),
                 RegisterError::Slot(_) => Status::internal(e.to_string()),
             })?;
             let key = RankKey {
                 job: request.job_id.clone(),
                 rank: request.global_rank,
             };
-            if request.pid != 0 {
-                ranks::exit_watch::spawn(
-                    self.state.clone(),
-                    key.clone(),
-                    reg.generation,
-                    request.pid,
-                );
+            if let Some(p) = &process {
+                ranks::exit_watch::spawn(self.state.clone(), key.clone(), reg.generation, p);
             }
             let who = if request.pid == 0 {
                 format!(
@@ -245,6 +285,7 @@ impl Agent for AgentService {
         req: Request<pb::DeregisterRankRequest>,
     ) -> Result<Response<pb::DeregisterRankResponse>, Status> {
         observed("DeregisterRank", async {
+            self.guard(&req, "DeregisterRank", &req.get_ref().job_id)?;
             let r = req.into_inner();
             let key = RankKey {
                 job: r.job_id,
@@ -272,6 +313,7 @@ impl Agent for AgentService {
         req: Request<pb::GetRanksRequest>,
     ) -> Result<Response<pb::GetRanksResponse>, Status> {
         observed("GetRanks", async {
+            self.guard(&req, "GetRanks", "")?;
             let job = req.into_inner().job_id;
             let now = warden_client::clock::syscall_now();
             let reg = self.state.registry();
@@ -291,6 +333,7 @@ impl Agent for AgentService {
         req: Request<pb::ReportExceptionRequest>,
     ) -> Result<Response<pb::ReportExceptionResponse>, Status> {
         observed("ReportException", async {
+            self.guard(&req, "ReportException", &req.get_ref().job_id)?;
             let r = req.into_inner();
             if r.job_id.is_empty() {
                 return Err(Status::invalid_argument("job_id must be set"));
@@ -339,6 +382,7 @@ impl Agent for AgentService {
         req: Request<pb::GetIncidentsRequest>,
     ) -> Result<Response<pb::GetIncidentsResponse>, Status> {
         observed("GetIncidents", async {
+            self.guard(&req, "GetIncidents", "")?;
             let r = req.into_inner();
             let store = self.state.incident_store();
             let incidents = store
@@ -359,6 +403,7 @@ impl Agent for AgentService {
         req: Request<pb::UncordonRequest>,
     ) -> Result<Response<pb::UncordonResponse>, Status> {
         observed("Uncordon", async {
+            self.guard(&req, "Uncordon", "")?;
             let reason = clip_head(&req.into_inner().reason, 512);
             let was_cordoned = crate::attribute::task::uncordon(&self.state, &reason);
             Ok(Response::new(pb::UncordonResponse { was_cordoned }))
@@ -373,6 +418,7 @@ impl Agent for AgentService {
         req: Request<pb::WatchIncidentsRequest>,
     ) -> Result<Response<Self::WatchIncidentsStream>, Status> {
         observed("WatchIncidents", async {
+            self.guard(&req, "WatchIncidents", "")?;
             super::launcher_api::watch_incidents(&self.state, req.into_inner())
                 .await
                 .map(Response::new)
@@ -385,6 +431,7 @@ impl Agent for AgentService {
         req: Request<pb::StopRanksRequest>,
     ) -> Result<Response<pb::StopRanksResponse>, Status> {
         observed("StopRanks", async {
+            self.guard(&req, "StopRanks", &req.get_ref().job_id)?;
             super::launcher_api::stop_ranks(&self.state, req.into_inner())
                 .await
                 .map(Response::new)
@@ -397,6 +444,7 @@ impl Agent for AgentService {
         req: Request<pb::RequestRestartRequest>,
     ) -> Result<Response<pb::RequestRestartResponse>, Status> {
         observed("RequestRestart", async {
+            self.guard(&req, "RequestRestart", &req.get_ref().job_id)?;
             super::control::request_restart(&self.state, req.into_inner())
                 .await
                 .map(Response::new)
@@ -411,6 +459,7 @@ impl Agent for AgentService {
         req: Request<pb::ControlRequest>,
     ) -> Result<Response<Self::ControlStream>, Status> {
         observed("Control", async {
+            self.guard(&req, "Control", &req.get_ref().job_id)?;
             super::control::control(&self.state, req.into_inner())
                 .await
                 .map(Response::new)
@@ -423,6 +472,7 @@ impl Agent for AgentService {
         req: Request<pb::AckControlRequest>,
     ) -> Result<Response<pb::AckControlResponse>, Status> {
         observed("AckControl", async {
+            self.guard(&req, "AckControl", &req.get_ref().job_id)?;
             super::control::ack_control(&self.state, req.into_inner())
                 .await
                 .map(Response::new)
@@ -435,6 +485,7 @@ impl Agent for AgentService {
         req: Request<pb::RunHealthGateRequest>,
     ) -> Result<Response<pb::HealthGateResult>, Status> {
         observed("RunHealthGate", async {
+            self.guard(&req, "RunHealthGate", "")?;
             Ok(Response::new(
                 super::gate::run(&self.state, req.into_inner()).await,
             ))
@@ -447,6 +498,7 @@ impl Agent for AgentService {
         req: Request<pb::GetStragglersRequest>,
     ) -> Result<Response<pb::GetStragglersResponse>, Status> {
         observed("GetStragglers", async {
+            self.guard(&req, "GetStragglers", "")?;
             Ok(Response::new(super::stragglers::get_stragglers(
                 &self.state,
                 req.into_inner(),
@@ -460,6 +512,7 @@ impl Agent for AgentService {
         req: Request<pb::BeginShardRequest>,
     ) -> Result<Response<pb::BeginShardResponse>, Status> {
         observed("BeginShard", async {
+            self.guard(&req, "BeginShard", &req.get_ref().job_id)?;
             super::ckpt::begin_shard(&self.state, req.into_inner())
                 .await
                 .map(Response::new)
@@ -472,6 +525,7 @@ impl Agent for AgentService {
         req: Request<pb::CommitShardRequest>,
     ) -> Result<Response<pb::CommitShardResponse>, Status> {
         observed("CommitShard", async {
+            self.guard(&req, "CommitShard", &req.get_ref().job_id)?;
             super::ckpt::commit_shard(&self.state, req.into_inner())
                 .await
                 .map(Response::new)
@@ -484,6 +538,7 @@ impl Agent for AgentService {
         req: Request<pb::RestoreRequest>,
     ) -> Result<Response<pb::RestoreResponse>, Status> {
         observed("Restore", async {
+            self.guard(&req, "Restore", &req.get_ref().job_id)?;
             super::ckpt::restore(&self.state, req.into_inner())
                 .await
                 .map(Response::new)
@@ -496,6 +551,7 @@ impl Agent for AgentService {
         req: Request<pb::ListCheckpointsRequest>,
     ) -> Result<Response<pb::ListCheckpointsResponse>, Status> {
         observed("ListCheckpoints", async {
+            self.guard(&req, "ListCheckpoints", "")?;
             super::ckpt::list_checkpoints(&self.state, req.into_inner())
                 .await
                 .map(Response::new)
@@ -508,6 +564,7 @@ impl Agent for AgentService {
         req: Request<pb::SetCheckpointPeersRequest>,
     ) -> Result<Response<pb::SetCheckpointPeersResponse>, Status> {
         observed("SetCheckpointPeers", async {
+            self.guard(&req, "SetCheckpointPeers", &req.get_ref().job_id)?;
             super::ckpt::set_checkpoint_peers(&self.state, req.into_inner())
                 .await
                 .map(Response::new)
@@ -520,6 +577,7 @@ impl Agent for AgentService {
         req: Request<pb::GetGoodputRequest>,
     ) -> Result<Response<pb::GetGoodputResponse>, Status> {
         observed("GetGoodput", async {
+            self.guard(&req, "GetGoodput", "")?;
             super::goodput::get_goodput(&self.state, &req.into_inner()).map(Response::new)
         })
         .await
@@ -530,7 +588,12 @@ impl Agent for AgentService {
         req: Request<pb::CloseGoodputRequest>,
     ) -> Result<Response<pb::GetGoodputResponse>, Status> {
         observed("CloseGoodput", async {
-            super::goodput::close_goodput(&self.state, &req.into_inner()).map(Response::new)
+            self.guard(&req, "CloseGoodput", &req.get_ref().job_id)?;
+            let req = req.into_inner();
+            let closed = super::goodput::close_goodput(&self.state, &req)?;
+            // The job is over: its owner's claim goes with it.
+            self.state.authz.release(&req.job_id);
+            Ok(Response::new(closed))
         })
         .await
     }

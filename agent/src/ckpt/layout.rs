@@ -47,6 +47,29 @@ pub fn check_job_id(job: &str) -> Result<(), BadJobId> {
     }
 }
 
+/// The highest step a shard may be saved at: 2^53 - 1, the largest integer
+/// every JSON reader of a manifest (Python's, JavaScript's) reads exactly.
+pub const MAX_STEP: u64 = (1 << 53) - 1;
+
+/// Why a step was refused.
+#[derive(Debug, thiserror::Error)]
+#[error("step {0} is above the highest a checkpoint may be saved at ({MAX_STEP})")]
+pub struct BadStep(pub u64);
+
+/// Checks a step before it names a directory and a manifest field.
+pub fn check_step(step: u64) -> Result<(), BadStep> {
+    if step > MAX_STEP {
+        return Err(BadStep(step));
+    }
+    Ok(())
+}
+
+/// The first `max` bytes of `s` at a character boundary: a caller's string
+/// quoted in an error without quoting all of it.
+pub fn clip(s: &str, max: usize) -> &str {
+    warden_client::slot::truncate_utf8(s, max)
+}
+
 /// The tier's directory names.
 #[derive(Debug, Clone)]
 pub struct Layout {

@@ -67,6 +67,20 @@ pub fn manifest_of(i: &pb::ShardInfo) -> Result<Manifest, String> {
             i.rank, i.world_size
         ));
     }
+    if i.world_size > crate::config::MAX_WORLD_SIZE {
+        return Err(format!(
+            "shard info: world_size {} is above the most any agent takes ({})",
+            i.world_size,
+            crate::config::MAX_WORLD_SIZE
+        ));
+    }
+    super::layout::check_step(i.step).map_err(|e| format!("shard info: {e}"))?;
+    if i.origin.len() > 255 || i.origin.chars().any(char::is_control) {
+        return Err(format!(
+            "shard info: origin {:?} is longer than 255 bytes or holds control characters",
+            super::layout::clip(&i.origin, 64)
+        ));
+    }
     Ok(Manifest {
         job_id: i.job_id.clone(),
         step: i.step,

@@ -19,6 +19,9 @@ use super::manifest::{self, Manifest};
 use super::wire::ChunkSource;
 use super::{Checkpoints, subject};
 use crate::events::{NewEvent, Severity};
+
+/// The most ranks a NoSuchStep error names (the first ones missing).
+const MAX_MISSING_LISTED: usize = 64;
 use crate::state::AgentState;
 
 /// Where a copy lives.
@@ -209,7 +212,9 @@ pub struct Restored {
 #[derive(Debug, thiserror::Error)]
 pub enum RestoreError {
     /// The step asked for is not complete anywhere.
-    #[error("job {job} has no complete step {step} (ranks with no copy: {missing:?})")]
+    #[error(
+        "job {job} has no complete step {step} (ranks with no copy, the first {MAX_MISSING_LISTED} at most: {missing:?})"
+    )]
     NoSuchStep {
         /// The job.
         job: String,
@@ -258,8 +263,11 @@ pub async fn restore(
     else {
         let ranks = view.steps.get(&(job.to_owned(), step));
         let w = ranks.map(View::world_size).unwrap_or(0);
-        let missing = (0..w.max(rank + 1))
+        // Bounded whatever the world size says: the first ranks missing
+        // are what a person reads.
+        let missing = (0..w.max(rank.saturating_add(1)))
             .filter(|r| ranks.is_none_or(|m| !m.contains_key(r)))
+            .take(MAX_MISSING_LISTED)
             .collect();
         return Err(RestoreError::NoSuchStep {
             job: job.to_owned(),

@@ -143,6 +143,10 @@ pub struct ApiConfig {
     /// Optional TCP address (`host:port`) for remote tools; empty: off.
     /// There is no authentication on it: bind to a trusted interface.
     pub tcp: String,
+    /// A group (name or numeric gid) whose members are admins of the agent
+    /// beside root and the agent's own user: they may call Uncordon and act
+    /// on any job (docs/security.md). Empty: root and the agent's user only.
+    pub admin_group: String,
 }
 
 impl Default for ApiConfig {
@@ -151,6 +155,7 @@ impl Default for ApiConfig {
             socket: String::new(),
             socket_mode: "0660".into(),
             tcp: String::new(),
+            admin_group: String::new(),
         }
     }
 }
@@ -285,6 +290,14 @@ pub struct RanksConfig {
     /// directory, which is already shared with every client (and with the
     /// trainer container in a sidecar deployment). Should be on tmpfs.
     pub slot_dir: String,
+    /// Ranks one process may hold registered at once (a training process
+    /// is one rank; a launcher registering its workers, a few): so no
+    /// single caller can take every slot.
+    pub max_per_process: u32,
+    /// The largest world size a rank, a saved shard or a peer's replica may
+    /// declare. Bounds what the agent sizes by it (a step's completeness,
+    /// the ranks a restore reports missing).
+    pub max_world_size: u32,
 }
 
 impl Default for RanksConfig {
@@ -292,6 +305,8 @@ impl Default for RanksConfig {
         Self {
             max_ranks: 256,
             slot_dir: String::new(),
+            max_per_process: 8,
+            max_world_size: 1 << 20,
         }
     }
 }
@@ -489,6 +504,27 @@ impl Config {
                 &format!("must be between 1 and {}", warden_client::slot::MAX_SLOTS),
             ));
         }
+        if self.ranks.max_per_process == 0 || self.ranks.max_per_process > self.ranks.max_ranks {
+            return Err(invalid(
+                "ranks.max_per_process",
+                self.ranks.max_per_process.to_string(),
+                "must be between 1 and ranks.max_ranks",
+            ));
+        }
+        if !(1..=MAX_WORLD_SIZE).contains(&self.ranks.max_world_size) {
+            return Err(invalid(
+                "ranks.max_world_size",
+                self.ranks.max_world_size.to_string(),
+                &format!("must be between 1 and {MAX_WORLD_SIZE}"),
+            ));
+        }
+        if !self.api.admin_group.is_empty() && self.admin_gid().is_none() {
+            return Err(invalid(
+                "api.admin_group",
+                format!("{:?}", self.api.admin_group),
+                "names no group on this host (give a group name or a numeric gid)",
+            ));
+        }
         if !self.ranks.slot_dir.is_empty() && !Path::new(&self.ranks.slot_dir).is_absolute() {
             return Err(invalid(
                 "ranks.slot_dir",
@@ -588,6 +624,12 @@ impl Config {
         self.restart.validate(origin)?;
         self.checkpoint.validate(origin)?;
         Ok(())
+    }
+
+    /// The gid of `api.admin_group`: a number as it is, a name looked up in
+    /// the host's group database. None when unset or unknown.
+    pub fn admin_gid(&self) -> Option<u32> {
+        group_id(&self.api.admin_group)
     }
 
     /// The socket permission bits, parsed from `api.socket_mode`.
@@ -707,3 +749,21 @@ fn one_line(s: &str) -> String {
 
 #[cfg(test)]
 mod tests;
+
+/// The most `ranks.max_world_size` may say: 2^24 ranks, far past any job
+/// run today, and still a bounded allocation per step.
+pub const MAX_WORLD_SIZE: u32 = 1 << 24;
+
+/// A group given by name or number, as its gid; None when empty or unknown.
+pub fn group_id(group: &str) -> Option<u32> {
+    if group.is_empty() {
+        return None;
+    }
+    if let Ok(gid) = group.parse::<u32>() {
+        return Some(gid);
+    }
+    nix::unistd::Group::from_name(group)
+        .ok()
+        .flatten()
+        .map(|g| g.gid.as_raw())
+}

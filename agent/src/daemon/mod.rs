@@ -91,6 +91,19 @@ async fn bind_optional(
     Ok(Some((l, bound)))
 }
 
+/// The Unix socket's connections, each with the kernel's word on who is at
+/// the other end (SO_PEERCRED, SO_PEERGROUPS), which every call is
+/// authorized on. A connection whose peer cannot be read is dropped.
+fn local_connections(
+    uds: UnixListener,
+) -> impl tokio_stream::Stream<Item = std::io::Result<crate::api::caller::LocalConn>> {
+    use tokio_stream::StreamExt;
+    UnixListenerStream::new(uds).map(|conn| {
+        conn.and_then(crate::api::caller::LocalConn::accept)
+            .inspect_err(|e| tracing::warn!(error = %e, "unix socket connection dropped: its peer credentials cannot be read"))
+    })
+}
+
 /// Runs the agent until SIGTERM/SIGINT or until `state.shutdown` is cancelled.
 pub async fn run(config: Config, config_source: String) -> Result<(), DaemonError> {
     run_with(config, config_source, Vec::new()).await
@@ -211,7 +224,7 @@ async fn serve(
         let router = router.clone();
         tasks.spawn(async move {
             if let Err(e) = router
-                .serve_with_incoming_shutdown(UnixListenerStream::new(uds), stop.cancelled())
+                .serve_with_incoming_shutdown(local_connections(uds), stop.cancelled())
                 .await
             {
                 tracing::error!(error = %e, "unix socket server failed");

@@ -8,6 +8,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use super::process::RankProcess;
 use super::scan::HangFinding;
 use crate::events::{NewEvent, Severity};
 use crate::state::AgentState;
@@ -17,28 +18,22 @@ const MAX_STACK_BYTES: usize = 32 * 1024;
 
 /// Signals the hung rank for a dump and publishes it as `rank.stack`.
 pub async fn stack_follow_up(state: Arc<AgentState>, finding: HangFinding, hang_event: u64) {
-    let Some((signal, path)) = &finding.stack_dump else {
+    let Some((signal, path, process)) = &finding.stack_dump else {
         return;
     };
-    let (severity, message, stack) = match stack_dump(
-        finding.pid,
-        *signal,
-        path,
-        state.config.hang.stack_dump_wait,
-    )
-    .await
-    {
-        Ok(text) => (
-            Severity::Info,
-            format!("stack dump of {} (hung)", finding.key),
-            text,
-        ),
-        Err(why) => (
-            Severity::Warning,
-            format!("no stack dump from {}: {why}", finding.key),
-            format!("unavailable: {why}"),
-        ),
-    };
+    let (severity, message, stack) =
+        match stack_dump(process, *signal, path, state.config.hang.stack_dump_wait).await {
+            Ok(text) => (
+                Severity::Info,
+                format!("stack dump of {} (hung)", finding.key),
+                text,
+            ),
+            Err(why) => (
+                Severity::Warning,
+                format!("no stack dump from {}: {why}", finding.key),
+                format!("unavailable: {why}"),
+            ),
+        };
     state.events.publish(
         NewEvent::new(severity, "rank.stack", finding.key.to_string(), message)
             .with("hang_event", hang_event)
@@ -47,13 +42,20 @@ pub async fn stack_follow_up(state: Arc<AgentState>, finding: HangFinding, hang_
     );
 }
 
-/// Signals the rank to dump its stacks and reads the file once it settles.
-async fn stack_dump(pid: u32, signal: i32, path: &Path, wait: Duration) -> Result<String, String> {
+/// Signals the rank, through the pidfd it was verified and held by, to
+/// dump its stacks, and reads the file once it settles.
+async fn stack_dump(
+    process: &RankProcess,
+    signal: i32,
+    path: &Path,
+    wait: Duration,
+) -> Result<String, String> {
     let sig = nix::sys::signal::Signal::try_from(signal)
         .map_err(|e| format!("bad signal {signal}: {e}"))?;
     let before = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
-    let pid_t = i32::try_from(pid).map_err(|_| format!("pid {pid} out of range"))?;
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid_t), sig)
+    let pid = process.pid;
+    process
+        .signal(signal)
         .map_err(|e| format!("cannot send {sig} to pid {pid}: {e}"))?;
     let deadline = Instant::now() + wait;
     let mut last_len = before;

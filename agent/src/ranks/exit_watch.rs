@@ -12,6 +12,7 @@ use std::sync::Arc;
 use tokio::io::Interest;
 use tokio::io::unix::AsyncFd;
 
+use super::process::RankProcess;
 use super::procfs;
 use super::registry::{ExitInfo, RankKey};
 use crate::state::AgentState;
@@ -31,9 +32,11 @@ pub fn pidfd_open(pid: u32) -> std::io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
-/// Watches `pid` and reports its exit to the agent state.
-pub fn spawn(state: Arc<AgentState>, key: RankKey, generation: u64, pid: u32) {
-    let registered = pidfd_open(pid).and_then(|fd| {
+/// Watches the rank's held process and reports its exit to the agent
+/// state (through a duplicate of its pidfd: never a pid looked up again).
+pub fn spawn(state: Arc<AgentState>, key: RankKey, generation: u64, process: &RankProcess) {
+    let pid = process.pid;
+    let registered = process.fd.try_clone().and_then(|fd| {
         // SAFETY: `fd` is an OwnedFd moved into the AsyncFd: it stays open
         // and refers to the same pidfd until the AsyncFd is dropped.
         unsafe { AsyncFd::register_with_interest(fd, Interest::READABLE) }

@@ -8,6 +8,7 @@
 
 pub mod evidence;
 pub mod exit_watch;
+pub mod process;
 pub mod procfs;
 pub mod registry;
 pub mod scan;

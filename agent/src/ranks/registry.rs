@@ -64,6 +64,18 @@ pub enum RegisterError {
     /// Every slot is taken.
     #[error("all {0} rank slots are in use; raise ranks.max_ranks")]
     Full(u32),
+    /// The calling process holds as many ranks as one process may.
+    #[error(
+        "pid {pid} already holds {held} registered ranks, the most one process may (ranks.max_per_process = {max})"
+    )]
+    PerProcess {
+        /// The caller.
+        pid: u32,
+        /// Ranks it holds.
+        held: u32,
+        /// The bound.
+        max: u32,
+    },
     /// The slot file is unusable.
     #[error("slot file: {0}")]
     Slot(#[from] slot::SlotError),
@@ -204,6 +216,13 @@ pub struct RankEntry {
     pub stack_dump_path: PathBuf,
     /// The last slot read error, reported once until it clears.
     pub slot_error: Option<String>,
+    /// The process, verified as the caller's and held by a pidfd; None
+    /// when the caller's pid is not visible to the agent (then nothing is
+    /// ever signalled, and the exit is seen by the scan only).
+    pub process: Option<super::process::RankProcess>,
+    /// The pid of the process that registered the rank (itself, or its
+    /// launcher): what `ranks.max_per_process` counts by.
+    pub registered_by: Option<u32>,
     /// The slot's change counters at the last snapshot: unchanged means no
     /// write since, and the scan skips the snapshot.
     pub counters: Option<(u64, u64)>,
@@ -275,6 +294,10 @@ pub struct RegisterRequest {
     /// The accelerators the rank drives, as the client names them; empty:
     /// unknown (attribution then assumes `gpu<local_rank>`).
     pub devices: Vec<String>,
+    /// The rank's process, verified and held (see [`RankEntry::process`]).
+    pub process: Option<super::process::RankProcess>,
+    /// The caller's pid (SO_PEERCRED), when visible.
+    pub caller_pid: Option<u32>,
 }
 
 /// Most devices one rank may declare (a rank drives one GPU, a few at most).
@@ -296,6 +319,8 @@ pub struct Registry {
     file_mode: u32,
     /// Rebuilds of the slot file not yet reported: (why, ranks lost).
     rebuilds: Vec<(String, Vec<RankKey>)>,
+    /// `ranks.max_per_process`: live ranks one caller may hold.
+    pub max_per_process: u32,
 }
 
 /// What [`Registry::check_slot_file`] found.
@@ -350,6 +375,7 @@ impl Registry {
             state_dir: state_dir.to_owned(),
             file_mode,
             rebuilds: Vec::new(),
+            max_per_process: u32::MAX,
         })
     }
 
@@ -403,6 +429,24 @@ impl Registry {
             }
             if let Some(old) = self.ranks.remove(&key) {
                 self.release_slot_of(&old);
+            }
+        }
+        if let Some(caller) = req.caller_pid {
+            let held = self
+                .ranks
+                .values()
+                .filter(|e| {
+                    e.registered_by == Some(caller)
+                        && matches!(e.state, RankState::Running | RankState::Hung)
+                })
+                .count();
+            let held = u32::try_from(held).unwrap_or(u32::MAX);
+            if held >= self.max_per_process {
+                return Err(RegisterError::PerProcess {
+                    pid: caller,
+                    held,
+                    max: self.max_per_process,
+                });
             }
         }
         let index = self
@@ -461,6 +505,8 @@ impl Registry {
                 devices: req.devices.clone(),
                 stack_dump_path: stack_dump_path.clone(),
                 slot_error: None,
+                process: req.process.clone(),
+                registered_by: req.caller_pid,
                 counters: None,
                 names: Vec::new(),
                 step_times: std::collections::VecDeque::new(),
@@ -676,9 +722,12 @@ fn validate(r: &RegisterRequest) -> Result<(), RegisterError> {
     if r.host.len() > 255 {
         return bad("host is longer than 255 bytes".into());
     }
-    if !(0..=64).contains(&r.stack_dump_signal) {
+    if !(0..=64).contains(&r.stack_dump_signal)
+        || r.stack_dump_signal == libc::SIGKILL
+        || r.stack_dump_signal == libc::SIGSTOP
+    {
         return bad(format!(
-            "stack_dump_signal {} is not a signal number",
+            "stack_dump_signal {} is not a signal a rank can dump its stacks on",
             r.stack_dump_signal
         ));
     }
@@ -722,6 +771,8 @@ mod tests {
             layout_version: slot::LAYOUT_VERSION,
             stack_dump_signal: 0,
             devices: Vec::new(),
+            process: None,
+            caller_pid: None,
         }
     }
 
@@ -934,6 +985,8 @@ mod claim_visible {
             layout_version: slot::LAYOUT_VERSION,
             stack_dump_signal: 0,
             devices: Vec::new(),
+            process: None,
+            caller_pid: None,
         };
         let reg = r.register(&q, 0).unwrap();
         assert_eq!(r.pid_visibility(), (0, 1));

@@ -40,8 +40,9 @@ pub struct HangFinding {
     pub evidence: Vec<(String, String)>,
     /// The headline.
     pub message: String,
-    /// Signal and file for a stack dump, when the client supports one.
-    pub stack_dump: Option<(i32, PathBuf)>,
+    /// Signal, file and the held process for a stack dump, when the client
+    /// supports one and its process was verified at registration.
+    pub stack_dump: Option<(i32, PathBuf, super::process::RankProcess)>,
 }
 
 /// What one scan produced.
@@ -345,8 +346,17 @@ pub fn scan(reg: &mut Registry, cfg: &HangConfig, now_ns: u64, prev_ns: u64) -> 
             evidence,
             // Never with pid 0: kill(0, sig) would signal the agent's own
             // process group.
-            stack_dump: (entry.stack_dump_signal > 0 && entry.pid != 0)
-                .then(|| (entry.stack_dump_signal, entry.stack_dump_path.clone())),
+            stack_dump: entry
+                .process
+                .as_ref()
+                .filter(|_| entry.stack_dump_signal > 0)
+                .map(|p| {
+                    (
+                        entry.stack_dump_signal,
+                        entry.stack_dump_path.clone(),
+                        p.clone(),
+                    )
+                }),
         });
     }
     out

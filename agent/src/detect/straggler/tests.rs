@@ -93,6 +93,8 @@ fn register(state: &AgentState, job: &str, rank: u32) {
                 layout_version: warden_client::slot::LAYOUT_VERSION,
                 stack_dump_signal: 0,
                 devices: Vec::new(),
+                process: None,
+                caller_pid: None,
             },
             0,
         )

@@ -1,0 +1,398 @@
+//! Who may do what on the Unix socket: the rules of docs/security.md.
+//!
+//! In: the kernel's word on the caller ([`LocalPeer`]) and the call. Out:
+//! allowed, or PERMISSION_DENIED naming the rule that refused. Never: trust
+//! anything the caller says about itself; never decide on a request that
+//! did not come over the Unix socket.
+//!
+//! Three kinds of caller:
+//! - **admins**: root, the agent's own uid (the launcher's embedded agent
+//!   runs as its user), and members of `api.admin_group`. They may do
+//!   everything, Uncordon included.
+//! - **a job's owner**: the uid that first used the job on this agent (its
+//!   launcher, or its first rank to register). Ranks save, restore and report
+//!   only for jobs their uid owns; a launcher stops, restarts, hands peers to
+//!   and closes only its own jobs. The uid is the principal because the
+//!   kernel makes it one: a user can already signal, trace and read the
+//!   memory of its own processes, so telling two of its jobs apart would
+//!   protect nothing.
+//! - **everyone who can open the socket** (its mode and group): the read
+//!   calls.
+//!
+//! Owners are persisted in the state directory, so an agent restart does not
+//! let a stranger claim a running job (and be handed its checkpoint
+//! replicas). A claim lapses when its launcher closes the job, or after
+//! [`OWNER_IDLE`] without use.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Mutex;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+use tonic::Status;
+
+use super::caller::LocalPeer;
+
+/// A claim on a job unused for this long is forgotten (at the next claim).
+pub const OWNER_IDLE: Duration = Duration::from_secs(7 * 24 * 3600);
+/// Jobs one non-admin uid may own at once on this agent: a bound on what a
+/// caller can make the agent remember.
+pub const MAX_JOBS_PER_UID: usize = 256;
+/// The longest job id the agent takes anywhere.
+pub const MAX_JOB_ID: usize = 128;
+/// Jobs the agent remembers owners of.
+pub const MAX_JOBS: usize = 4096;
+
+/// The rule a call falls under.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Rule {
+    /// Anyone who can open the socket.
+    Read,
+    /// Admins only.
+    Admin,
+    /// The job's owner, or an admin.
+    JobOwner,
+    /// An admin, or the owner of a job known here (a launcher's
+    /// pre-restart health gate).
+    AdminOrAnyOwner,
+}
+
+impl Rule {
+    /// How the rule reads in a refusal.
+    pub fn describe(self) -> &'static str {
+        match self {
+            Rule::Read => "any caller that can open the socket",
+            Rule::Admin => "admins only: root, the agent's uid, or a member of api.admin_group",
+            Rule::JobOwner => {
+                "the job's owner (the uid that first used the job on this agent) or an admin"
+            }
+            Rule::AdminOrAnyOwner => {
+                "an admin, or the owner of a job on this agent (a launcher gating its own restart)"
+            }
+        }
+    }
+}
+
+/// What a call needs, by method name: the table docs/security.md prints.
+pub fn rule_of(method: &str) -> Rule {
+    match method {
+        "GetNodeHealth" | "WatchHealth" | "ListEvents" | "WatchEvents" | "GetAgentInfo"
+        | "GetRanks" | "GetIncidents" | "WatchIncidents" | "GetStragglers" | "ListCheckpoints"
+        | "GetGoodput" => Rule::Read,
+        "RegisterRank" | "DeregisterRank" | "ReportException" | "Control" | "AckControl"
+        | "BeginShard" | "CommitShard" | "Restore" | "StopRanks" | "RequestRestart"
+        | "SetCheckpointPeers" | "CloseGoodput" => Rule::JobOwner,
+        "RunHealthGate" => Rule::AdminOrAnyOwner,
+        // Uncordon, and anything not listed (a new call is admin-only until
+        // someone decides otherwise).
+        _ => Rule::Admin,
+    }
+}
+
+/// One job's owner.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+struct Owner {
+    uid: u32,
+    /// Unix seconds of the last call that used the claim.
+    used: u64,
+}
+
+/// The agent's authorization state: who admins are, and who owns each job.
+#[derive(Debug)]
+pub struct Authz {
+    agent_uid: u32,
+    admin_gid: Option<u32>,
+    owners: Mutex<BTreeMap<String, Owner>>,
+    path: PathBuf,
+}
+
+fn now_unix() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+impl Authz {
+    /// The rules for an agent running as `agent_uid`, with `admin_gid` (from
+    /// `api.admin_group`), keeping owners in `path` (loaded now; a file that
+    /// does not parse is set aside with a warning: owners are then claimed
+    /// afresh).
+    pub fn new(agent_uid: u32, admin_gid: Option<u32>, path: PathBuf) -> Self {
+        let owners = match std::fs::read(&path) {
+            Ok(bytes) => serde_json::from_slice(&bytes).unwrap_or_else(|e| {
+                tracing::warn!(path = %path.display(), error = %e,
+                    "job owners file does not parse; owners will be claimed afresh");
+                BTreeMap::new()
+            }),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => BTreeMap::new(),
+            Err(e) => {
+                tracing::warn!(path = %path.display(), error = %e,
+                    "cannot read the job owners file; owners will be claimed afresh");
+                BTreeMap::new()
+            }
+        };
+        Self {
+            agent_uid,
+            admin_gid,
+            owners: Mutex::new(owners),
+            path,
+        }
+    }
+
+    /// Root, the agent's own uid, or a member of the admin group.
+    pub fn is_admin(&self, p: &LocalPeer) -> bool {
+        p.uid == 0 || p.uid == self.agent_uid || self.admin_gid.is_some_and(|g| p.in_group(g))
+    }
+
+    /// The owner of `job`, if claimed.
+    pub fn owner(&self, job: &str) -> Option<u32> {
+        self.lock().get(job).map(|o| o.uid)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Owner>> {
+        self.owners.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Checks `call` (under [`rule_of`]) for `peer`; `job` is the job the
+    /// call is about, for [`Rule::JobOwner`]: claimed for the caller when
+    /// nobody owns it yet (an empty job is left to the call to refuse).
+    pub fn check(&self, peer: &LocalPeer, call: &str, job: &str) -> Result<(), Status> {
+        let rule = rule_of(call);
+        let admin = self.is_admin(peer);
+        let deny = |why: String| {
+            Err(Status::permission_denied(format!(
+                "{call} refused for {peer}: {why} (rule: {})",
+                rule.describe()
+            )))
+        };
+        match rule {
+            Rule::Read => Ok(()),
+            Rule::Admin if admin => Ok(()),
+            Rule::Admin => deny("the caller is not an admin".into()),
+            Rule::AdminOrAnyOwner if admin => Ok(()),
+            Rule::AdminOrAnyOwner => {
+                if self.lock().values().any(|o| o.uid == peer.uid) {
+                    Ok(())
+                } else {
+                    deny("the caller is not an admin and owns no job here".into())
+                }
+            }
+            Rule::JobOwner if job.is_empty() => Ok(()),
+            Rule::JobOwner if job.len() > MAX_JOB_ID || job.chars().any(char::is_control) => {
+                Err(Status::invalid_argument(format!(
+                    "{call}: job_id must be at most {MAX_JOB_ID} bytes without control characters"
+                )))
+            }
+            Rule::JobOwner => match self.claim(job, peer.uid, admin) {
+                Ok(()) => Ok(()),
+                Err(Refusal::Owned(uid)) if admin => {
+                    tracing::debug!(job, owner = uid, caller = %peer, call, "admin acts on a job it does not own");
+                    Ok(())
+                }
+                Err(Refusal::Owned(uid)) => deny(format!("job {job:?} belongs to uid {uid}")),
+                Err(Refusal::TooMany(n)) => Err(Status::resource_exhausted(format!(
+                    "{call} refused for {peer}: it already owns {n} jobs on this agent, the most one uid may (jobs are released when their launcher closes them)"
+                ))),
+            },
+        }
+    }
+
+    /// Claims `job` for `uid` when nobody owns it (or refreshes the claim).
+    fn claim(&self, job: &str, uid: u32, admin: bool) -> Result<(), Refusal> {
+        let now = now_unix();
+        let mut owners = self.lock();
+        if let Some(o) = owners.get_mut(job) {
+            if o.uid != uid {
+                return Err(Refusal::Owned(o.uid));
+            }
+            o.used = now;
+            return Ok(());
+        }
+        let idle = OWNER_IDLE.as_secs();
+        owners.retain(|_, o| now.saturating_sub(o.used) < idle);
+        let mine = owners.values().filter(|o| o.uid == uid).count();
+        if !admin && mine >= MAX_JOBS_PER_UID {
+            return Err(Refusal::TooMany(mine));
+        }
+        if owners.len() >= MAX_JOBS {
+            // The least recently used claim of anyone goes first.
+            if let Some(oldest) = owners
+                .iter()
+                .min_by_key(|(_, o)| o.used)
+                .map(|(j, _)| j.clone())
+            {
+                owners.remove(&oldest);
+            }
+        }
+        owners.insert(job.to_owned(), Owner { uid, used: now });
+        self.save(&owners);
+        Ok(())
+    }
+
+    /// Forgets the owner of `job` (its launcher closed it).
+    pub fn release(&self, job: &str) {
+        let mut owners = self.lock();
+        if owners.remove(job).is_some() {
+            self.save(&owners);
+        }
+    }
+
+    /// Writes the owners (a temporary file renamed over the old one); a
+    /// failure is logged: claims then hold until the agent restarts.
+    fn save(&self, owners: &BTreeMap<String, Owner>) {
+        let result = (|| -> std::io::Result<()> {
+            let body = serde_json::to_vec(owners).map_err(std::io::Error::other)?;
+            write_private(&self.path, &body)
+        })();
+        if let Err(e) = result {
+            tracing::warn!(path = %self.path.display(), error = %e,
+                "cannot persist job owners; claims hold until the agent restarts");
+        }
+    }
+}
+
+/// Writes `body` to `path` through a fresh temporary file beside it
+/// (created exclusively, never through a symlink, mode 0600), synced, then
+/// renamed over `path`.
+fn write_private(path: &std::path::Path, body: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let dir = path
+        .parent()
+        .ok_or_else(|| std::io::Error::other("the owners file has no directory"))?;
+    std::fs::create_dir_all(dir)?;
+    let mut nonce = [0u8; 8];
+    getrandom::fill(&mut nonce).map_err(std::io::Error::other)?;
+    let tmp = dir.join(format!(
+        ".job-owners.{:016x}.tmp",
+        u64::from_le_bytes(nonce)
+    ));
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(&tmp)?;
+    let written = f.write_all(body).and_then(|()| f.sync_all());
+    if let Err(e) = written.and_then(|()| std::fs::rename(&tmp, path)) {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(e);
+    }
+    Ok(())
+}
+
+/// Why a claim was refused.
+#[derive(Debug)]
+enum Refusal {
+    /// Another uid owns the job.
+    Owned(u32),
+    /// The uid owns too many jobs already.
+    TooMany(usize),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn peer(uid: u32, gid: u32, groups: &[u32]) -> LocalPeer {
+        LocalPeer {
+            uid,
+            gid,
+            pid: Some(4242),
+            groups: groups.to_vec(),
+        }
+    }
+
+    fn authz(dir: &tempfile::TempDir) -> Authz {
+        Authz::new(990, Some(77), dir.path().join("owners.json"))
+    }
+
+    #[test]
+    fn the_table_covers_every_agent_call() {
+        // Every method of warden.v1.Agent has a rule, and only Uncordon is
+        // admin-only among them.
+        use prost::Message;
+        let set =
+            prost_types::FileDescriptorSet::decode(warden_proto::v1::FILE_DESCRIPTOR_SET).unwrap();
+        let agent = set
+            .file
+            .iter()
+            .flat_map(|f| &f.service)
+            .find(|s| s.name() == "Agent")
+            .expect("warden.v1.Agent in the descriptors");
+        let methods: Vec<&str> = agent.method.iter().map(|m| m.name()).collect();
+        assert!(methods.len() > 20, "{methods:?}");
+        let admin_only: Vec<&str> = methods
+            .into_iter()
+            .filter(|m| rule_of(m) == Rule::Admin)
+            .collect();
+        assert_eq!(admin_only, vec!["Uncordon"]);
+    }
+
+    #[test]
+    fn admins_are_root_the_agent_and_the_admin_group() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = authz(&dir);
+        assert!(a.is_admin(&peer(0, 0, &[])));
+        assert!(a.is_admin(&peer(990, 1, &[])));
+        assert!(a.is_admin(&peer(1000, 77, &[])));
+        assert!(a.is_admin(&peer(1000, 1000, &[5, 77])));
+        assert!(!a.is_admin(&peer(1000, 1000, &[5])));
+        let e = a.check(&peer(1000, 1000, &[]), "Uncordon", "").unwrap_err();
+        assert_eq!(e.code(), tonic::Code::PermissionDenied);
+        assert!(e.message().contains("admins only"), "{}", e.message());
+        assert!(a.check(&peer(1000, 77, &[]), "Uncordon", "").is_ok());
+    }
+
+    #[test]
+    fn the_first_user_of_a_job_owns_it_and_strangers_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = authz(&dir);
+        let alice = peer(1001, 1001, &[]);
+        let mallory = peer(1002, 1002, &[]);
+        a.check(&alice, "SetCheckpointPeers", "job-a").unwrap();
+        a.check(&alice, "BeginShard", "job-a").unwrap();
+        let e = a.check(&mallory, "Restore", "job-a").unwrap_err();
+        assert_eq!(e.code(), tonic::Code::PermissionDenied);
+        assert!(
+            e.message().contains("belongs to uid 1001"),
+            "{}",
+            e.message()
+        );
+        assert!(e.message().contains("job's owner"), "{}", e.message());
+        // Reads are open; an admin acts on any job without taking it over.
+        a.check(&mallory, "GetRanks", "job-a").unwrap();
+        a.check(&peer(0, 0, &[]), "StopRanks", "job-a").unwrap();
+        assert_eq!(a.owner("job-a"), Some(1001));
+        // The health gate: an owner of some job, or an admin.
+        a.check(&alice, "RunHealthGate", "").unwrap();
+        assert!(a.check(&mallory, "RunHealthGate", "").is_err());
+    }
+
+    #[test]
+    fn owners_survive_a_restart_and_are_released_on_close() {
+        let dir = tempfile::tempdir().unwrap();
+        authz(&dir)
+            .check(&peer(1001, 1, &[]), "RegisterRank", "j")
+            .unwrap();
+        let again = authz(&dir);
+        assert_eq!(again.owner("j"), Some(1001));
+        assert!(again.check(&peer(1002, 1, &[]), "Restore", "j").is_err());
+        again.release("j");
+        assert_eq!(authz(&dir).owner("j"), None);
+    }
+
+    #[test]
+    fn one_uid_cannot_claim_without_bound() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = authz(&dir);
+        let p = peer(1001, 1, &[]);
+        for i in 0..MAX_JOBS_PER_UID {
+            a.check(&p, "BeginShard", &format!("j{i}")).unwrap();
+        }
+        let e = a.check(&p, "BeginShard", "one-more").unwrap_err();
+        assert_eq!(e.code(), tonic::Code::ResourceExhausted);
+    }
+}
