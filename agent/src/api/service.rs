@@ -460,7 +460,8 @@ impl Agent for AgentService {
         req: Request<pb::BeginShardRequest>,
     ) -> Result<Response<pb::BeginShardResponse>, Status> {
         observed("BeginShard", async {
-            super::ckpt::begin_shard(&self.state, req.into_inner())
+            let owner = peer_owner(&req);
+            super::ckpt::begin_shard(&self.state, req.into_inner(), owner)
                 .await
                 .map(Response::new)
         })
@@ -484,7 +485,8 @@ impl Agent for AgentService {
         req: Request<pb::RestoreRequest>,
     ) -> Result<Response<pb::RestoreResponse>, Status> {
         observed("Restore", async {
-            super::ckpt::restore(&self.state, req.into_inner())
+            let owner = peer_owner(&req);
+            super::ckpt::restore(&self.state, req.into_inner(), owner)
                 .await
                 .map(Response::new)
         })
@@ -621,4 +623,17 @@ async fn forward_events(
             Err(RecvError::Closed) => return,
         }
     }
+}
+
+/// The calling process's uid and gid from the Unix socket's peer
+/// credentials (SO_PEERCRED): whom a staging file or a restored shard is
+/// handed to. None over TCP: the file stays the agent's.
+fn peer_owner<T>(req: &Request<T>) -> Option<crate::ckpt::tier::Owner> {
+    req.extensions()
+        .get::<tonic::transport::server::UdsConnectInfo>()
+        .and_then(|i| i.peer_cred)
+        .map(|c| crate::ckpt::tier::Owner {
+            uid: c.uid(),
+            gid: c.gid(),
+        })
 }
