@@ -19,6 +19,7 @@
 //! - [`daemon`]: start-up, listeners, the work loop, systemd, shutdown.
 //! - [`cli`]: the `warden` command: a client of the API.
 //! - [`telemetry`]: log set-up.
+//! - [`fsafe`]: files in the agent's own trees, opened without following symlinks.
 
 pub mod act;
 pub mod api;
@@ -30,6 +31,7 @@ pub mod coord;
 pub mod daemon;
 pub mod detect;
 pub mod events;
+pub mod fsafe;
 pub mod goodput;
 pub mod health;
 pub mod policy;

@@ -16,6 +16,8 @@
 pub mod etcd;
 /// The deployment files (deploy/kubernetes) as data, for the packaging tests.
 pub mod manifests;
+/// Real unprivileged users, and attack code run as them (security tests).
+pub mod users;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
@@ -104,6 +106,29 @@ impl Home {
         }
     }
 
+    /// As [`Home::new`], open to the unprivileged test users
+    /// ([`users`]): the directory is traversable (0711: they reach the
+    /// socket and the files the agent hands them, and list nothing), and
+    /// `api.socket_group` is their socket group unless `extra_toml` sets
+    /// it. Creates the users (the test must be root).
+    pub fn shared(extra_toml: &str) -> Self {
+        use std::os::unix::fs::PermissionsExt;
+        users::users();
+        let mut doc: toml::Table = extra_toml
+            .parse()
+            .unwrap_or_else(|e| panic!("the test's extra TOML does not parse: {e}\n{extra_toml}"));
+        doc.entry("api")
+            .or_insert_with(|| toml::Value::Table(toml::Table::new()))
+            .as_table_mut()
+            .expect("`api` in the test's TOML is a table")
+            .entry("socket_group")
+            .or_insert(toml::Value::String(users::SOCK_GROUP.to_owned()));
+        let home = Self::new(&toml::to_string(&doc).expect("render the extra TOML"));
+        std::fs::set_permissions(home.path(), std::fs::Permissions::from_mode(0o711))
+            .expect("open the scratch directory to the test users");
+        home
+    }
+
     /// The scratch directory.
     pub fn path(&self) -> &Path {
         self.dir.path()
@@ -177,6 +202,14 @@ impl TestAgent {
     /// As [`TestAgent::start`], with extra environment variables.
     pub fn start_with(extra_toml: &str, env: &[(&str, &str)]) -> Self {
         let mut agent = Self::spawn(Arc::new(Home::new(extra_toml)), env);
+        agent.wait_ready();
+        agent
+    }
+
+    /// As [`TestAgent::start`] in a [`Home::shared`]: the unprivileged
+    /// test users reach it (the socket group's members connect).
+    pub fn start_shared(extra_toml: &str) -> Self {
+        let mut agent = Self::spawn(Arc::new(Home::shared(extra_toml)), &[]);
         agent.wait_ready();
         agent
     }

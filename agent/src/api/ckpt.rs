@@ -16,7 +16,7 @@ use warden_proto::v1 as pb;
 use crate::ckpt::layout::{ShardKey, check_job_id, check_step};
 use crate::ckpt::peerset::PeerSpec;
 use crate::ckpt::restore::{self, RestoreError};
-use crate::ckpt::tier::TierError;
+use crate::ckpt::tier::{Owner, TierError};
 use crate::ckpt::wire::{self, ChunkSource};
 use crate::ckpt::{Checkpoints, IncomingError, peers, subject};
 use crate::events::{NewEvent, Severity};
@@ -34,7 +34,12 @@ fn status(e: TierError) -> Status {
     match e {
         TierError::BadJobId(_) | TierError::Invalid(_) => Status::invalid_argument(e.to_string()),
         TierError::Full { .. } => Status::resource_exhausted(e.to_string()),
-        TierError::Io { .. } => Status::internal(e.to_string()),
+        TierError::Fs(ref f) if f.is_not_found() => Status::not_found(e.to_string()),
+        TierError::Fs(crate::fsafe::FsError::Io { .. }) | TierError::Io { .. } => {
+            Status::internal(e.to_string())
+        }
+        // A symlink, another owner, a FIFO...: refused, saying which path.
+        TierError::Fs(_) => Status::permission_denied(e.to_string()),
     }
 }
 
@@ -62,10 +67,12 @@ async fn blocking<T: Send + 'static>(
         .map_err(status)
 }
 
-/// BeginShard: room made, staging file named.
+/// BeginShard: room made, staging file created by the agent and handed to
+/// `owner`, the calling rank (its socket's peer credentials).
 pub async fn begin_shard(
     state: &Arc<AgentState>,
     req: pb::BeginShardRequest,
+    owner: Option<Owner>,
 ) -> Result<pb::BeginShardResponse, Status> {
     let ck = tier(state)?;
     let k = key(&req.job_id, req.step, req.rank)?;
@@ -76,7 +83,7 @@ pub async fn begin_shard(
             ck.cfg.max_bytes
         )));
     }
-    let (path, token) = blocking(move || ck.tier.begin(&k, size)).await?;
+    let (path, token) = blocking(move || ck.tier.begin(&k, size, owner)).await?;
     Ok(pb::BeginShardResponse {
         staging_path: path.display().to_string(),
         token,
@@ -104,11 +111,8 @@ pub async fn commit_shard(
             req.world_size
         )));
     }
-    let staged = ck.tier.staged(&k, &req.token).map_err(status)?;
-    let (ck2, k2, size) = (ck.clone(), k.clone(), req.size_bytes);
-    let placed = blocking(move || ck2.tier.place(&k2, &staged, size)).await;
-    ck.tier.release(&req.token);
-    let path = placed?;
+    let (ck2, k2, size, token) = (ck.clone(), k.clone(), req.size_bytes, req.token);
+    let (path, file) = blocking(move || ck2.tier.place(&k2, &token, size)).await?;
     let sealing = ck.seal_guard();
     let st = state.clone();
     let world = req.world_size;
@@ -118,7 +122,7 @@ pub async fn commit_shard(
         let (ck2, k2) = (ck.clone(), k.clone());
         let sealed = tokio::task::spawn_blocking(move || {
             let host = ck2.host.clone();
-            ck2.tier.seal(&k2, world, &host)
+            ck2.tier.seal(&k2, file, world, &host)
         })
         .await;
         match sealed {
@@ -168,10 +172,12 @@ fn commit_failed(state: &AgentState, k: &ShardKey, why: &str) {
     );
 }
 
-/// Restore: the nearest valid copy of the rank's shard, in the local tier.
+/// Restore: the nearest valid copy of the rank's shard, in the local tier,
+/// handed to `owner` (the calling rank) so that it can open the path.
 pub async fn restore(
     state: &Arc<AgentState>,
     req: pb::RestoreRequest,
+    owner: Option<Owner>,
 ) -> Result<pb::RestoreResponse, Status> {
     let ck = tier(state)?;
     job(&req.job_id)?;
@@ -181,17 +187,23 @@ pub async fn restore(
     ck.sealing.settled(Duration::from_secs(30)).await;
     match restore::restore(state, &ck, &req.job_id, req.rank, req.step).await {
         Ok(None) => Ok(pb::RestoreResponse::default()),
-        Ok(Some(r)) => Ok(pb::RestoreResponse {
-            found: true,
-            step: r.step,
-            path: r.path.display().to_string(),
-            size_bytes: r.manifest.size_bytes,
-            xxh3: r.manifest.hash().unwrap_or(0),
-            tier: r.holder.tier().to_owned(),
-            source: r.source,
-            skipped: r.skipped,
-            duration: prost_types::Duration::try_from(started.elapsed()).ok(),
-        }),
+        Ok(Some(r)) => {
+            if let Some(o) = owner {
+                let (ck2, k2) = (ck.clone(), r.manifest.key());
+                blocking(move || ck2.tier.hand_over(&k2, o)).await?;
+            }
+            Ok(pb::RestoreResponse {
+                found: true,
+                step: r.step,
+                path: r.path.display().to_string(),
+                size_bytes: r.manifest.size_bytes,
+                xxh3: r.manifest.hash().unwrap_or(0),
+                tier: r.holder.tier().to_owned(),
+                source: r.source,
+                skipped: r.skipped,
+                duration: prost_types::Duration::try_from(started.elapsed()).ok(),
+            })
+        }
         Err(e @ RestoreError::NoSuchStep { .. }) => Err(Status::not_found(e.to_string())),
         Err(e @ RestoreError::NoValidCopy { .. }) => Err(Status::data_loss(e.to_string())),
     }
@@ -252,8 +264,8 @@ pub async fn push_shard(
     let m = peers::manifest_of(&info).map_err(Status::invalid_argument)?;
     let k = m.key();
     let (stream, want) = (&mut stream, &m);
-    ck.bring_in(&m, |staged| async move {
-        peers::receive(stream, first.data, want, &staged).await
+    ck.bring_in(&m, |staged, path| async move {
+        peers::receive(stream, first.data, want, staged, path).await
     })
     .await
     .map_err(|e| match e {
@@ -313,12 +325,17 @@ pub async fn fetch_shard(
     let ck = tier(state)?;
     let k = key(&req.job_id, req.step, req.rank)?;
     let (ck2, k2) = (ck.clone(), k.clone());
-    let m = tokio::task::spawn_blocking(move || ck2.tier.get(&k2))
+    let host = state.host.clone();
+    let (file, m) = blocking(move || ck2.tier.open_data(&k2))
         .await
-        .map_err(|e| Status::internal(e.to_string()))?
-        .ok_or_else(|| Status::not_found(format!("{k} is not held by {}", state.host)))?;
+        .map_err(|s| match s.code() {
+            tonic::Code::InvalidArgument | tonic::Code::NotFound => {
+                Status::not_found(format!("{k} is not held by {host}"))
+            }
+            _ => s,
+        })?;
     let path = ck.tier.layout().data(&k);
-    Ok(peers::chunk_stream(m, path, ck.cfg.chunk_bytes, 0))
+    Ok(peers::chunk_stream(m, file, path, ck.cfg.chunk_bytes, 0))
 }
 
 /// ListShards: what this agent holds.

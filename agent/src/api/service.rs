@@ -13,6 +13,7 @@ use warden_proto::v1::agent_server::Agent;
 use super::caller::{self, LocalPeer};
 use super::convert;
 use super::observe::observed;
+use crate::ckpt::tier::Owner;
 use crate::events::{Event, NewEvent, Severity};
 use crate::ranks::{self, RankKey, RegisterError, registry::RegisterRequest};
 use crate::state::AgentState;
@@ -512,8 +513,12 @@ impl Agent for AgentService {
         req: Request<pb::BeginShardRequest>,
     ) -> Result<Response<pb::BeginShardResponse>, Status> {
         observed("BeginShard", async {
-            self.guard(&req, "BeginShard", &req.get_ref().job_id)?;
-            super::ckpt::begin_shard(&self.state, req.into_inner())
+            let peer = self.guard(&req, "BeginShard", &req.get_ref().job_id)?;
+            let owner = Some(Owner {
+                uid: peer.uid,
+                gid: peer.gid,
+            });
+            super::ckpt::begin_shard(&self.state, req.into_inner(), owner)
                 .await
                 .map(Response::new)
         })
@@ -538,8 +543,12 @@ impl Agent for AgentService {
         req: Request<pb::RestoreRequest>,
     ) -> Result<Response<pb::RestoreResponse>, Status> {
         observed("Restore", async {
-            self.guard(&req, "Restore", &req.get_ref().job_id)?;
-            super::ckpt::restore(&self.state, req.into_inner())
+            let peer = self.guard(&req, "Restore", &req.get_ref().job_id)?;
+            let owner = Some(Owner {
+                uid: peer.uid,
+                gid: peer.gid,
+            });
+            super::ckpt::restore(&self.state, req.into_inner(), owner)
                 .await
                 .map(Response::new)
         })

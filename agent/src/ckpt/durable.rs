@@ -65,13 +65,12 @@ impl Durable {
         }
     }
 
-    /// Uploads a shard's bytes, then its manifest.
-    pub async fn upload(&self, m: &Manifest, data: &Path) -> Result<(), String> {
+    /// Uploads a shard's bytes (`data`, opened by the tier), then its
+    /// manifest.
+    pub async fn upload(&self, m: &Manifest, data: std::fs::File) -> Result<(), String> {
         let key = m.key();
         let dest = self.path(&layout::durable_key(&key, false));
-        let mut src = tokio::fs::File::open(data)
-            .await
-            .map_err(|e| format!("{}: {e}", data.display()))?;
+        let mut src = tokio::fs::File::from_std(data);
         let mut w = object_store::buffered::BufWriter::new(self.store.clone(), dest.clone());
         tokio::io::copy(&mut src, &mut w)
             .await
@@ -116,16 +115,15 @@ impl Durable {
         Ok(out)
     }
 
-    /// Downloads a shard into `dest`, checked against `m`.
-    pub async fn fetch(&self, m: &Manifest, dest: &Path) -> Result<(), String> {
-        let r = self.fetch_inner(m, dest).await;
-        if r.is_err() {
-            let _ = tokio::fs::remove_file(dest).await;
-        }
-        r
-    }
-
-    async fn fetch_inner(&self, m: &Manifest, dest: &Path) -> Result<(), String> {
+    /// Downloads a shard into `dest` (a staging file the tier created, at
+    /// `path`), checked against `m`; on failure the caller removes it.
+    pub async fn fetch(
+        &self,
+        m: &Manifest,
+        dest: std::fs::File,
+        path: &Path,
+    ) -> Result<(), String> {
+        let (file, dest) = (dest, path);
         use tokio_stream::StreamExt;
         let key: ShardKey = m.key();
         let got = self
@@ -134,9 +132,7 @@ impl Durable {
             .await
             .map_err(|e| format!("{key} from {}: {e}", self.url))?;
         let mut stream = got.into_stream();
-        let mut f = tokio::fs::File::create(dest)
-            .await
-            .map_err(|e| format!("{}: {e}", dest.display()))?;
+        let mut f = tokio::fs::File::from_std(file);
         let mut h = Xxh3::new();
         let mut size = 0u64;
         while let Some(chunk) = stream.next().await {

@@ -105,14 +105,24 @@ impl Layout {
     /// A shard's bytes.
     pub fn data(&self, key: &ShardKey) -> PathBuf {
         self.step_dir(&key.job_id, key.step)
-            .join(format!("rank-{:06}.bin", key.rank))
+            .join(data_name(key.rank))
     }
 
     /// A shard's manifest: its presence is what makes the shard committed.
     pub fn manifest(&self, key: &ShardKey) -> PathBuf {
         self.step_dir(&key.job_id, key.step)
-            .join(format!("rank-{:06}.json", key.rank))
+            .join(manifest_name(key.rank))
     }
+}
+
+/// The file name of a rank's bytes in its step directory.
+pub fn data_name(rank: u32) -> String {
+    format!("rank-{rank:06}.bin")
+}
+
+/// The file name of a rank's manifest in its step directory.
+pub fn manifest_name(rank: u32) -> String {
+    format!("rank-{rank:06}.json")
 }
 
 /// `step-00000000000000000042`.

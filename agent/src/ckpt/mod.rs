@@ -181,26 +181,29 @@ pub enum IncomingError {
 impl Checkpoints {
     /// Brings a copy described by `m` (a peer's replica, a restore from a
     /// peer or the durable store) into the local tier: room made, `fill`
-    /// writes and checks the staging file, the file committed under `m`.
+    /// writes and checks the staging file (created by the agent under a
+    /// random name, given open, with its path for messages), the file
+    /// committed under `m`.
     /// Whatever fails, and if the caller is dropped half way (a gRPC
     /// handler whose peer went), no staging file is left behind.
     pub async fn bring_in<F>(
         self: &Arc<Self>,
         m: &Manifest,
-        fill: impl FnOnce(std::path::PathBuf) -> F,
+        fill: impl FnOnce(std::fs::File, std::path::PathBuf) -> F,
     ) -> Result<std::path::PathBuf, IncomingError>
     where
         F: std::future::Future<Output = Result<(), String>>,
     {
         let task = |e: tokio::task::JoinError| IncomingError::Task(e.to_string());
         let (ck, key, size) = (self.clone(), m.key(), m.size_bytes);
-        let staged = tokio::task::spawn_blocking(move || ck.tier.begin_incoming(&key, size))
+        let (file, token) = tokio::task::spawn_blocking(move || ck.tier.begin_incoming(&key, size))
             .await
             .map_err(task)??;
-        let guard = tier::StagedGuard::new(staged.clone());
-        fill(staged.clone()).await.map_err(IncomingError::Fill)?;
+        let guard = tier::StagedGuard::new(&self.tier, token.clone());
+        let path = self.tier.layout().staging().join(&token);
+        fill(file, path).await.map_err(IncomingError::Fill)?;
         let (ck, m) = (self.clone(), m.clone());
-        let path = tokio::task::spawn_blocking(move || ck.tier.install(&staged, &m))
+        let path = tokio::task::spawn_blocking(move || ck.tier.install(&token, &m))
             .await
             .map_err(task)??;
         guard.keep();

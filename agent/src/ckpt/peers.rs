@@ -5,7 +5,7 @@
 //! and a token bucket when `checkpoint.replication_bytes_per_sec` caps it.
 //! The receiving side checks size and xxh3 before anything is committed.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use std::io::Read;
@@ -131,11 +131,13 @@ impl Pacer {
 /// KiB cut the per-frame work of a multi-megabyte chunk.
 pub const FRAME: u32 = 1 << 20;
 
-/// Streams the chunks of a local shard file: `info` on the first. The file
+/// Streams the chunks of a local shard file, opened by the tier (never
+/// through a symlink): `info` on the first. The file
 /// is read on a blocking thread (no zero-fill, no per-chunk task hop), a
 /// few chunks ahead of the network.
 pub fn chunk_stream(
     m: Manifest,
+    file: std::fs::File,
     path: PathBuf,
     chunk: usize,
     rate: u64,
@@ -146,10 +148,7 @@ pub fn chunk_stream(
         let fail = |s: tonic::Status| {
             let _ = tx.blocking_send(Err(s));
         };
-        let mut f = match std::fs::File::open(&path) {
-            Ok(f) => f,
-            Err(e) => return fail(tonic::Status::not_found(format!("{}: {e}", path.display()))),
-        };
+        let mut f = file;
         let mut pacer = Pacer::new(rate);
         let mut first = Some(info(&m));
         let mut left = m.size_bytes;
@@ -236,9 +235,9 @@ impl Drop for Pooled {
     }
 }
 
-/// Receives a shard's chunks into `dest`, checking them against `want`
-/// (size and xxh3). On any mismatch the file is removed and the error
-/// names what differed. Writing and hashing run on two blocking threads
+/// Receives a shard's chunks into `dest` (a staging file the tier created,
+/// at `path`), checking them against `want` (size and xxh3). On any
+/// mismatch the error names what differed (the caller removes the file). Writing and hashing run on two blocking threads
 /// fed the same buffers (reference-counted, not copied), overlapped with
 /// receiving: on a host with cores to spare the checksum costs no time on
 /// the transfer's path, where one thread doing both made it the slowest
@@ -247,26 +246,24 @@ pub async fn receive(
     stream: &mut impl ChunkSource,
     first_data: Vec<bytes::Bytes>,
     want: &Manifest,
-    dest: &Path,
+    dest: std::fs::File,
+    path: PathBuf,
 ) -> Result<(), String> {
-    let result = receive_inner(stream, first_data, want, dest).await;
-    if result.is_err() {
-        let _ = tokio::fs::remove_file(dest).await;
-    }
-    result
+    // On failure the caller's guard removes the staging file.
+    receive_inner(stream, first_data, want, dest, path).await
 }
 
 async fn receive_inner(
     stream: &mut impl ChunkSource,
     first_data: Vec<bytes::Bytes>,
     want: &Manifest,
-    dest: &Path,
+    dest: std::fs::File,
+    path: PathBuf,
 ) -> Result<(), String> {
     let (tx, mut rx) = tokio::sync::mpsc::channel::<Vec<bytes::Bytes>>(8);
     let (hash_tx, mut hash_rx) = tokio::sync::mpsc::channel::<Vec<bytes::Bytes>>(8);
-    let path = dest.to_owned();
     let writer = tokio::task::spawn_blocking(move || -> Result<u64, String> {
-        let mut f = std::fs::File::create(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let mut f = dest;
         let mut size = 0u64;
         while let Some(parts) = rx.blocking_recv() {
             for data in parts {

@@ -201,9 +201,22 @@ async fn send(
             continue;
         }
         let path = ck.tier.layout().data(&key);
+        let (ck2, k2) = (ck.clone(), key.clone());
+        let file = match tokio::task::spawn_blocking(move || ck2.tier.open_data(&k2)).await {
+            Ok(Ok((f, _))) => f,
+            Ok(Err(e)) => {
+                tracing::warn!(shard = %key, error = %e, "checkpoint shard not replicated");
+                continue;
+            }
+            Err(e) => {
+                tracing::warn!(shard = %key, error = %e, "checkpoint shard not replicated");
+                continue;
+            }
+        };
         let started = Instant::now();
         let stream = super::peers::chunk_stream(
             m.clone(),
+            file,
             path,
             ck.cfg.chunk_bytes,
             ck.cfg.replication_bytes_per_sec,
@@ -314,8 +327,16 @@ async fn upload_due(state: &Arc<AgentState>, ck: &Arc<Checkpoints>, up: &mut Upl
         let mut bytes = 0u64;
         let mut failed = None;
         for m in &shards {
-            let path = ck.tier.layout().data(&m.key());
-            match store.upload(m, &path).await {
+            let (ck2, k2) = (ck.clone(), m.key());
+            let opened = tokio::task::spawn_blocking(move || ck2.tier.open_data(&k2))
+                .await
+                .map_err(|e| e.to_string())
+                .and_then(|r| r.map_err(|e| e.to_string()));
+            let up_one = match opened {
+                Ok((f, _)) => store.upload(m, f).await,
+                Err(e) => Err(e),
+            };
+            match up_one {
                 Ok(()) => {
                     bytes += m.size_bytes;
                     up.done.insert((m.key(), m.xxh3.clone()));

@@ -368,7 +368,12 @@ async fn fetch(ck: &Arc<Checkpoints>, key: &ShardKey, c: &Copy) -> Result<PathBu
             let m = c.manifest.clone();
             tokio::task::spawn_blocking(move || {
                 let path = ck2.tier.layout().data(&m.key());
-                match manifest::verify(&path, &m) {
+                let checked = ck2
+                    .tier
+                    .open_data(&m.key())
+                    .map_err(|e| e.to_string())
+                    .and_then(|(mut f, _)| manifest::verify(&mut f, &path, &m));
+                match checked {
                     Ok(()) => Ok(path),
                     Err(e) => {
                         // A bad local copy is removed, so a good one can
@@ -409,16 +414,16 @@ async fn fetch(ck: &Arc<Checkpoints>, key: &ShardKey, c: &Copy) -> Result<PathBu
                 ));
             }
             let stream = &mut stream;
-            ck.bring_in(&c.manifest, |staged| async move {
-                super::peers::receive(stream, first.data, &c.manifest, &staged).await
+            ck.bring_in(&c.manifest, |staged, path| async move {
+                super::peers::receive(stream, first.data, &c.manifest, staged, path).await
             })
             .await
             .map_err(|e| e.to_string())
         }
         Holder::Durable => {
             let d = ck.durable.as_ref().ok_or("no durable store configured")?;
-            ck.bring_in(&c.manifest, |staged| async move {
-                d.fetch(&c.manifest, &staged).await
+            ck.bring_in(&c.manifest, |staged, path| async move {
+                d.fetch(&c.manifest, staged, &path).await
             })
             .await
             .map_err(|e| e.to_string())

@@ -11,20 +11,27 @@
 //! numbers that did not add up.
 
 use std::collections::HashMap;
-use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::fs::File;
+use std::io::{Seek, SeekFrom};
+use std::path::PathBuf;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use super::layout::{self, Layout, ShardKey};
 use super::manifest::{self, Manifest};
 use super::retention;
+pub use crate::fsafe::Owner;
+use crate::fsafe::{self, Dir, FsError};
 
-/// A reservation nobody committed is forgotten after this long.
+/// A reservation nobody committed is forgotten (its file removed) after this long.
 const RESERVATION_TTL: Duration = Duration::from_secs(600);
 /// Staging files older than this at start belong to writers long gone.
 const STALE_STAGING: Duration = Duration::from_secs(600);
+/// The tier's directories: the agent writes, anyone may traverse (a rank
+/// opens the file it was handed by name), nobody else lists or creates.
+const DIR_MODE: u32 = 0o711;
+/// Shard files: their owner's alone.
+const FILE_MODE: u32 = 0o600;
 
 /// Why a tier operation failed.
 #[derive(Debug, thiserror::Error)]
@@ -50,7 +57,11 @@ pub enum TierError {
         /// Bytes pruning gave back.
         freed: u64,
     },
-    /// The filesystem said no.
+    /// A file or directory refused (a symlink, another owner, a FIFO...),
+    /// or the filesystem said no.
+    #[error(transparent)]
+    Fs(#[from] FsError),
+    /// Reading or writing an open file failed.
     #[error("{what} {path}: {source}")]
     Io {
         /// What was being done.
@@ -62,7 +73,7 @@ pub enum TierError {
     },
 }
 
-fn io(what: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> TierError {
+fn io(what: &'static str, path: &std::path::Path) -> impl FnOnce(std::io::Error) -> TierError {
     let path = path.display().to_string();
     move |source| TierError::Io { what, path, source }
 }
@@ -71,73 +82,88 @@ fn io(what: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> TierErr
 /// called: a gRPC handler is dropped mid-await when its peer's connection
 /// goes, and its half-received file must not outlive it.
 #[derive(Debug)]
-pub struct StagedGuard(Option<PathBuf>);
+pub struct StagedGuard<'a>(&'a LocalTier, Option<String>);
 
-impl StagedGuard {
-    /// Guards `path`.
-    pub fn new(path: PathBuf) -> Self {
-        Self(Some(path))
+impl<'a> StagedGuard<'a> {
+    /// Guards the staging file `token` of `tier`.
+    pub fn new(tier: &'a LocalTier, token: String) -> Self {
+        Self(tier, Some(token))
     }
 
     /// The file is committed (renamed away): nothing to remove.
     pub fn keep(mut self) {
-        self.0 = None;
+        self.1 = None;
     }
 }
 
-impl Drop for StagedGuard {
+impl Drop for StagedGuard<'_> {
     fn drop(&mut self) {
-        if let Some(p) = self.0.take() {
-            let _ = std::fs::remove_file(p);
+        if let Some(t) = self.1.take() {
+            self.0.discard(&t);
         }
     }
+}
+
+/// A save in flight: what BeginShard promised, to whom.
+#[derive(Debug)]
+struct Reservation {
+    key: ShardKey,
+    size: u64,
+    owner: Option<Owner>,
+    at: Instant,
 }
 
 /// One host's local tier.
 #[derive(Debug)]
 pub struct LocalTier {
     layout: Layout,
+    /// The tier's root, held open: every path below is reached from it.
+    root: Dir,
+    /// `.staging`, the agent's alone (mode 0711): files in flight, each
+    /// created by the agent under a random name.
+    staging: Dir,
     host: String,
     keep: usize,
     max_bytes: u64,
-    /// Staging token -> (bytes promised, when).
-    reserved: Mutex<HashMap<String, (u64, Instant)>>,
+    /// Staging token (the random file name) -> the save it belongs to.
+    reserved: Mutex<HashMap<String, Reservation>>,
     /// Serialises commits, pruning and making room.
     lock: Mutex<()>,
-    nonce: AtomicU64,
 }
 
 impl LocalTier {
-    /// Opens (creating) the tier at `dir`; stale staging files are removed.
-    pub fn open(dir: &Path, host: &str, keep: usize, max_bytes: u64) -> Result<Self, TierError> {
+    /// Opens (creating) the tier at `dir`, the agent's own (mode 0711);
+    /// stale staging files are removed. A root or `.staging` owned by
+    /// someone else, or a symlink, is refused with the path.
+    pub fn open(
+        dir: &std::path::Path,
+        host: &str,
+        keep: usize,
+        max_bytes: u64,
+    ) -> Result<Self, TierError> {
         let layout = Layout::new(dir);
-        let staging = layout.staging();
-        std::fs::create_dir_all(&staging).map_err(io("creating", &staging))?;
-        // Ranks may run as another user of the agent's group: they write
-        // into staging, the agent renames.
-        use std::os::unix::fs::PermissionsExt;
-        let _ = std::fs::set_permissions(&staging, std::fs::Permissions::from_mode(0o770));
-        if let Ok(rd) = std::fs::read_dir(&staging) {
-            for e in rd.flatten() {
-                let stale = e
-                    .metadata()
-                    .and_then(|m| m.modified())
-                    .ok()
-                    .and_then(|t| t.elapsed().ok())
-                    .is_none_or(|age| age > STALE_STAGING);
-                if stale {
-                    let _ = std::fs::remove_file(e.path());
-                }
+        let root = Dir::ensure(dir, DIR_MODE)?;
+        let staging = root.sub(".staging", DIR_MODE, true)?;
+        for name in staging.names()? {
+            let stale = staging.stat(&name).map_or(true, |st| {
+                let reg = st.st_mode & libc::S_IFMT == libc::S_IFREG;
+                let mtime =
+                    UNIX_EPOCH + Duration::from_secs(u64::try_from(st.st_mtime).unwrap_or(0));
+                !reg || mtime.elapsed().map_or(true, |age| age > STALE_STAGING)
+            });
+            if stale {
+                let _ = staging.remove(&name);
             }
         }
         Ok(Self {
             layout,
+            root,
+            staging,
             host: host.to_owned(),
             keep,
             max_bytes,
             reserved: Mutex::new(HashMap::new()),
             lock: Mutex::new(()),
-            nonce: AtomicU64::new(0),
         })
     }
 
@@ -146,98 +172,162 @@ impl LocalTier {
         &self.layout
     }
 
-    /// Names a staging file for a shard about to be written, after making
-    /// room for `size` bytes.
-    pub fn begin(&self, key: &ShardKey, size: u64) -> Result<(PathBuf, String), TierError> {
-        let token = self.token(key)?;
-        let _g = self.lock.lock().unwrap_or_else(|p| p.into_inner());
-        self.make_room(size)?;
-        let mut r = self.reserved.lock().unwrap_or_else(|p| p.into_inner());
-        r.retain(|_, (_, at)| at.elapsed() < RESERVATION_TTL);
-        r.insert(token.clone(), (size, Instant::now()));
-        Ok((self.layout.staging().join(&token), token))
-    }
-
-    /// A staging file for bytes arriving from elsewhere (a peer's replica,
-    /// a restore), room made first. Not reserved: the agent writes it
-    /// itself, at once.
-    pub fn begin_incoming(&self, key: &ShardKey, size: u64) -> Result<PathBuf, TierError> {
-        let token = self.token(key)?;
-        let _g = self.lock.lock().unwrap_or_else(|p| p.into_inner());
-        self.make_room(size)?;
-        Ok(self.layout.staging().join(token))
-    }
-
-    /// A staging file name unique to this agent, prefixed with the shard it
-    /// belongs to (what [`LocalTier::staged`] checks).
-    fn token(&self, key: &ShardKey) -> Result<String, TierError> {
+    /// Creates the staging file of a shard about to be written, after
+    /// making room for `size` bytes: a new file (never one already there)
+    /// under a random name in the agent's staging directory, handed to
+    /// `owner` (the calling rank's ids; None: the agent's). Returns its
+    /// path, which the rank opens and writes, and its name, the token the
+    /// commit presents.
+    pub fn begin(
+        &self,
+        key: &ShardKey,
+        size: u64,
+        owner: Option<Owner>,
+    ) -> Result<(PathBuf, String), TierError> {
         layout::check_job_id(&key.job_id)?;
-        Ok(format!(
-            "{}.{}.{}.{}-{}",
-            key.job_id,
-            key.step,
-            key.rank,
-            std::process::id(),
-            self.nonce.fetch_add(1, Ordering::Relaxed)
-        ))
-    }
-
-    /// Forgets a reservation (commit done, or the writer gave up).
-    pub fn release(&self, token: &str) {
+        let _g = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+        self.expire();
+        self.make_room(size)?;
+        let (f, token) = self.staging.create_random("", FILE_MODE)?;
+        let path = self.staging.path().join(&token);
+        let foreign =
+            owner.filter(|o| o.uid != fsafe::me() || o.gid != nix::unistd::getegid().as_raw());
+        if let Some(Err(e)) = foreign.map(|o| fsafe::give(&f, &path, o)) {
+            self.discard(&token);
+            return Err(e.into());
+        }
         self.reserved
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .remove(token);
+            .insert(
+                token.clone(),
+                Reservation {
+                    key: key.clone(),
+                    size,
+                    owner,
+                    at: Instant::now(),
+                },
+            );
+        Ok((path, token))
     }
 
-    /// The staging file of `token`, checked to belong to `key`.
-    pub fn staged(&self, key: &ShardKey, token: &str) -> Result<PathBuf, TierError> {
-        let prefix = format!("{}.{}.{}.", key.job_id, key.step, key.rank);
-        if !token.starts_with(&prefix) || token.contains('/') || token.contains("..") {
-            return Err(TierError::Invalid(format!(
-                "token {token:?} was not given by BeginShard for {key}"
-            )));
+    /// Forgets reservations past their time, removing their files.
+    fn expire(&self) {
+        let gone: Vec<String> = {
+            let mut r = self.reserved.lock().unwrap_or_else(|p| p.into_inner());
+            let old: Vec<String> = r
+                .iter()
+                .filter(|(_, v)| v.at.elapsed() >= RESERVATION_TTL)
+                .map(|(k, _)| k.clone())
+                .collect();
+            for k in &old {
+                r.remove(k);
+            }
+            old
+        };
+        for t in gone {
+            self.discard(&t);
         }
-        Ok(self.layout.staging().join(token))
     }
 
-    /// Moves a rank's staged bytes into place. The shard is not committed
-    /// until [`LocalTier::seal`] writes its manifest.
-    pub fn place(&self, key: &ShardKey, staged: &Path, size: u64) -> Result<PathBuf, TierError> {
+    /// A staging file for bytes arriving from elsewhere (a peer's replica,
+    /// a restore), room made first: created by the agent, for the agent.
+    pub fn begin_incoming(&self, key: &ShardKey, size: u64) -> Result<(File, String), TierError> {
         layout::check_job_id(&key.job_id)?;
-        let meta = std::fs::metadata(staged).map_err(io("reading the staged shard", staged))?;
-        if meta.len() != size {
+        let _g = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+        self.make_room(size)?;
+        Ok(self.staging.create_random("", FILE_MODE)?)
+    }
+
+    /// Removes a staging file (a save abandoned, a transfer that failed).
+    pub fn discard(&self, token: &str) {
+        let _ = self.staging.remove(token);
+    }
+
+    /// Moves a rank's staged bytes into place: `token` must be one that
+    /// [`LocalTier::begin`] gave for `key`; the file under it must be a
+    /// regular file with one link, owned by the rank it was handed to, of
+    /// `size` bytes. Returns the shard's path and the open file (hashed by
+    /// [`LocalTier::seal`] through it). On any refusal the staged file is
+    /// removed. The shard is not committed until its manifest is written.
+    pub fn place(
+        &self,
+        key: &ShardKey,
+        token: &str,
+        size: u64,
+    ) -> Result<(PathBuf, File), TierError> {
+        layout::check_job_id(&key.job_id)?;
+        let res = {
+            let mut r = self.reserved.lock().unwrap_or_else(|p| p.into_inner());
+            match r.get(token) {
+                Some(v) if v.key == *key => r.remove(token),
+                _ => None,
+            }
+        };
+        let Some(res) = res else {
             return Err(TierError::Invalid(format!(
-                "{key}: the staged file {} holds {} bytes, the commit says {size}",
-                staged.display(),
-                meta.len()
+                "token {token:?} was not given by BeginShard for {key} (or it expired)"
+            )));
+        };
+        let want = res.owner.map_or_else(fsafe::me, |o| o.uid);
+        let r = self.take_staged(key, token, size, want);
+        if r.is_err() {
+            self.discard(token);
+        }
+        r
+    }
+
+    fn take_staged(
+        &self,
+        key: &ShardKey,
+        token: &str,
+        size: u64,
+        uid: u32,
+    ) -> Result<(PathBuf, File), TierError> {
+        let staged = self.staging.path().join(token);
+        let (f, st) = self.staging.open_file(token)?;
+        fsafe::check_owned_single(&st, &staged, uid)?;
+        let len = u64::try_from(st.st_size).unwrap_or(0);
+        if len != size {
+            return Err(TierError::Invalid(format!(
+                "{key}: the staged file {} holds {len} bytes, the commit says {size}",
+                staged.display()
             )));
         }
         let _g = self.lock.lock().unwrap_or_else(|p| p.into_inner());
-        let dir = self.layout.step_dir(&key.job_id, key.step);
-        std::fs::create_dir_all(&dir).map_err(io("creating", &dir))?;
+        let dir = self.step_dir(key, true)?;
         // A shard saved again: its old manifest goes first, so the old
         // checksum never describes the new bytes.
-        let m = self.layout.manifest(key);
-        match std::fs::remove_file(&m) {
+        match dir.remove(&layout::manifest_name(key.rank)) {
             Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(io("removing", &m)(e)),
+            Err(e) if e.is_not_found() => {}
+            Err(e) => return Err(e.into()),
         }
-        let data = self.layout.data(key);
-        std::fs::rename(staged, &data).map_err(io("committing", &data))?;
-        Ok(data)
+        self.staging
+            .rename(token, &dir, &layout::data_name(key.rank))?;
+        Ok((self.layout.data(key), f))
     }
 
-    /// Hashes a placed shard and writes its manifest: the commit point.
+    /// The step directory of `key`, created (mode 0711) when `create`.
+    fn step_dir(&self, key: &ShardKey, create: bool) -> Result<Dir, TierError> {
+        layout::check_job_id(&key.job_id)?;
+        let job = self.root.sub(&key.job_id, DIR_MODE, create)?;
+        Ok(job.sub(&layout::step_name(key.step), DIR_MODE, create)?)
+    }
+
+    /// Hashes a placed shard through its open file and writes its
+    /// manifest: the commit point.
     pub fn seal(
         &self,
         key: &ShardKey,
+        mut file: File,
         world_size: u32,
         origin: &str,
     ) -> Result<Manifest, TierError> {
         let data = self.layout.data(key);
-        let (size, hash) = manifest::hash_file(&data).map_err(io("hashing", &data))?;
+        file.seek(SeekFrom::Start(0))
+            .map_err(io("hashing", &data))?;
+        let (size, hash) = manifest::hash_reader(&mut file).map_err(io("hashing", &data))?;
         let m = Manifest {
             job_id: key.job_id.clone(),
             step: key.step,
@@ -255,60 +345,97 @@ impl LocalTier {
         Ok(m)
     }
 
-    /// Installs bytes already verified against `m` (a replica, a restored
-    /// copy) and commits them under `m`.
-    pub fn install(&self, staged: &Path, m: &Manifest) -> Result<PathBuf, TierError> {
+    /// Installs bytes the agent itself staged under `token` and verified
+    /// against `m` (a replica, a restored copy), and commits them under `m`.
+    pub fn install(&self, token: &str, m: &Manifest) -> Result<PathBuf, TierError> {
         let key = m.key();
-        let data = self.place(&key, staged, m.size_bytes)?;
+        let (data, _) = self.take_staged(&key, token, m.size_bytes, fsafe::me())?;
         self.write_manifest(m)?;
         Ok(data)
     }
 
     fn write_manifest(&self, m: &Manifest) -> Result<(), TierError> {
-        let path = self.layout.manifest(&m.key());
-        let tmp = path.with_extension("json.tmp");
+        let key = m.key();
         let body = serde_json::to_vec_pretty(m)
-            .map_err(|e| TierError::Invalid(format!("manifest of {}: {e}", m.key())))?;
-        let mut f = std::fs::File::create(&tmp).map_err(io("writing", &tmp))?;
-        f.write_all(&body).map_err(io("writing", &tmp))?;
-        drop(f);
-        std::fs::rename(&tmp, &path).map_err(io("committing", &path))?;
+            .map_err(|e| TierError::Invalid(format!("manifest of {key}: {e}")))?;
+        let dir = self.step_dir(&key, true)?;
+        dir.write_atomic(&layout::manifest_name(key.rank), &body, FILE_MODE)?;
+        Ok(())
+    }
+
+    /// The committed shard `key` opened for reading (never through a
+    /// symlink), with its manifest; refused when the bytes are not what
+    /// the manifest says in size.
+    pub fn open_data(&self, key: &ShardKey) -> Result<(File, Manifest), TierError> {
+        let dir = self.step_dir(key, false)?;
+        let m = self.read_manifest(&dir, key).map_err(TierError::Invalid)?;
+        let (f, _) = dir.open_file(&layout::data_name(key.rank))?;
+        Ok((f, m))
+    }
+
+    /// Hands the committed shard `key` to `owner` (a restoring rank): the
+    /// rank opens the path Restore answers. Through the open file, never
+    /// the path.
+    pub fn hand_over(&self, key: &ShardKey, owner: Owner) -> Result<(), TierError> {
+        let dir = self.step_dir(key, false)?;
+        let path = self.layout.data(key);
+        let (f, st) = dir.open_file(&layout::data_name(key.rank))?;
+        if st.st_uid != owner.uid || st.st_gid != owner.gid {
+            fsafe::give(&f, &path, owner)?;
+        }
         Ok(())
     }
 
     /// Every committed shard of `job` (all jobs when None). A manifest that
-    /// does not parse, or whose bytes are missing or of another size, is
-    /// left out with a warning: it is not a usable copy.
+    /// does not parse, or whose bytes are missing or of another size, or a
+    /// symlink anywhere in the tree, is left out with a warning: it is not
+    /// a usable copy.
     pub fn list(&self, job: Option<&str>) -> Vec<Manifest> {
         let mut out = Vec::new();
         let jobs: Vec<String> = match job {
             Some(j) => vec![j.to_owned()],
-            None => std::fs::read_dir(self.layout.root())
-                .map(|rd| {
-                    rd.flatten()
-                        .filter_map(|e| e.file_name().into_string().ok())
-                        .filter(|n| layout::check_job_id(n).is_ok())
-                        .collect()
-                })
-                .unwrap_or_default(),
+            None => self
+                .root
+                .names()
+                .unwrap_or_default()
+                .into_iter()
+                .filter(|n| layout::check_job_id(n).is_ok())
+                .collect(),
+        };
+        let warn = |e: &FsError| {
+            if !e.is_not_found() {
+                tracing::warn!(error = %e, "checkpoint directory left out");
+            }
         };
         for j in jobs {
-            let Ok(steps) = std::fs::read_dir(self.layout.job_dir(&j)) else {
-                continue;
+            let jd = match self.root.sub(&j, DIR_MODE, false) {
+                Ok(d) => d,
+                Err(e) => {
+                    warn(&e);
+                    continue;
+                }
             };
-            for s in steps.flatten() {
-                let Some(step) = s.file_name().to_str().and_then(layout::parse_step) else {
+            for s in jd.names().unwrap_or_default() {
+                let Some(step) = layout::parse_step(&s) else {
                     continue;
                 };
-                let Ok(files) = std::fs::read_dir(s.path()) else {
-                    continue;
+                let sd = match jd.sub(&s, DIR_MODE, false) {
+                    Ok(d) => d,
+                    Err(e) => {
+                        warn(&e);
+                        continue;
+                    }
                 };
-                for f in files.flatten() {
-                    let Some(rank) = f.file_name().to_str().and_then(layout::parse_manifest_rank)
-                    else {
+                for f in sd.names().unwrap_or_default() {
+                    let Some(rank) = layout::parse_manifest_rank(&f) else {
                         continue;
                     };
-                    match self.read_manifest(&j, step, rank) {
+                    let key = ShardKey {
+                        job_id: j.clone(),
+                        step,
+                        rank,
+                    };
+                    match self.read_manifest(&sd, &key) {
                         Ok(m) => out.push(m),
                         Err(e) => tracing::warn!(error = %e, "checkpoint shard left out"),
                     }
@@ -319,22 +446,31 @@ impl LocalTier {
         out
     }
 
-    fn read_manifest(&self, job: &str, step: u64, rank: u32) -> Result<Manifest, String> {
-        let key = ShardKey {
-            job_id: job.to_owned(),
-            step,
-            rank,
-        };
-        let path = self.layout.manifest(&key);
-        let bytes = std::fs::read(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+    fn read_manifest(&self, dir: &Dir, key: &ShardKey) -> Result<Manifest, String> {
+        use std::io::Read;
+        let path = self.layout.manifest(key);
+        let (f, _) = dir
+            .open_file(&layout::manifest_name(key.rank))
+            .map_err(|e| e.to_string())?;
+        let mut bytes = Vec::new();
+        f.take(1 << 20)
+            .read_to_end(&mut bytes)
+            .map_err(|e| format!("{}: {e}", path.display()))?;
         let m = Manifest::parse(&bytes).map_err(|e| format!("{}: {e}", path.display()))?;
-        if m.key() != key {
+        if m.key() != *key {
             return Err(format!("{} describes {}", path.display(), m.key()));
         }
-        let data = self.layout.data(&key);
-        let len = std::fs::metadata(&data)
-            .map_err(|e| format!("{}: {e}", data.display()))?
-            .len();
+        let data = self.layout.data(key);
+        let st = dir
+            .stat(&layout::data_name(key.rank))
+            .map_err(|e| e.to_string())?;
+        if st.st_mode & libc::S_IFMT != libc::S_IFREG {
+            return Err(format!(
+                "{} is not a regular file (refused)",
+                data.display()
+            ));
+        }
+        let len = u64::try_from(st.st_size).unwrap_or(0);
         if len != m.size_bytes {
             return Err(format!(
                 "{} is {len} bytes, its manifest says {}",
@@ -347,16 +483,23 @@ impl LocalTier {
 
     /// The manifest of one shard, when committed here.
     pub fn get(&self, key: &ShardKey) -> Option<Manifest> {
-        self.read_manifest(&key.job_id, key.step, key.rank).ok()
+        let dir = self.step_dir(key, false).ok()?;
+        self.read_manifest(&dir, key).ok()
     }
 
     /// Removes a shard (manifest first, so it stops being listed at once).
+    /// Names are removed, never followed.
     pub fn remove(&self, key: &ShardKey) {
-        let _ = std::fs::remove_file(self.layout.manifest(key));
-        let _ = std::fs::remove_file(self.layout.data(key));
-        let dir = self.layout.step_dir(&key.job_id, key.step);
+        let Ok(dir) = self.step_dir(key, false) else {
+            return;
+        };
+        let _ = dir.remove(&layout::manifest_name(key.rank));
+        let _ = dir.remove(&layout::data_name(key.rank));
+        drop(dir);
         // Only succeeds once the step directory is empty.
-        let _ = std::fs::remove_dir(&dir);
+        if let Ok(job) = self.root.sub(&key.job_id, DIR_MODE, false) {
+            let _ = job.remove_dir(&layout::step_name(key.step));
+        }
     }
 
     /// Applies retention to `job`; returns the shards removed.
@@ -375,19 +518,13 @@ impl LocalTier {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .values()
-            .filter(|(_, at)| at.elapsed() < RESERVATION_TTL)
-            .map(|(n, _)| *n)
+            .filter(|r| r.at.elapsed() < RESERVATION_TTL)
+            .map(|r| r.size)
             .sum()
     }
 
     fn free_bytes(&self) -> Result<u64, TierError> {
-        let st = nix::sys::statvfs::statvfs(self.layout.root()).map_err(|e| TierError::Io {
-            what: "statvfs",
-            path: self.layout.root().display().to_string(),
-            source: std::io::Error::from(e),
-        })?;
-        #[allow(clippy::unnecessary_cast)]
-        Ok(st.blocks_available() as u64 * st.fragment_size() as u64)
+        Ok(self.root.free_bytes()?)
     }
 
     /// What keeps `need` more bytes from fitting, if anything.

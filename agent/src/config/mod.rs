@@ -140,6 +140,11 @@ pub struct ApiConfig {
     /// Permission bits of the socket file, octal. 0660 lets the `warden`
     /// group (and so training jobs run by its members) connect.
     pub socket_mode: String,
+    /// The group the socket file is handed to after binding (a group name
+    /// or a numeric gid): with `socket_mode` 0660, its members (training
+    /// users, the CLI) may connect and nobody else. Empty: the agent's own
+    /// group (systemd's `Group=`).
+    pub socket_group: String,
     /// Optional TCP address (`host:port`) for remote tools; empty: off.
     /// There is no authentication on it: bind to a trusted interface.
     pub tcp: String,
@@ -154,6 +159,7 @@ impl Default for ApiConfig {
         Self {
             socket: String::new(),
             socket_mode: "0660".into(),
+            socket_group: String::new(),
             tcp: String::new(),
             admin_group: String::new(),
         }
@@ -444,6 +450,13 @@ impl Config {
                 "must be octal permission bits such as \"0660\" (at most 0777)",
             ));
         }
+        if let Err(why) = self.socket_gid() {
+            return Err(invalid(
+                "api.socket_group",
+                format!("{:?}", self.api.socket_group),
+                &why,
+            ));
+        }
         if !self.api.tcp.is_empty() && self.api.tcp.parse::<SocketAddr>().is_err() {
             return Err(invalid(
                 "api.tcp",
@@ -636,6 +649,26 @@ impl Config {
     pub fn socket_mode(&self) -> Option<u32> {
         let s = self.api.socket_mode.trim_start_matches("0o");
         u32::from_str_radix(s, 8).ok().filter(|m| *m <= 0o777)
+    }
+
+    /// The gid of `api.socket_group` (None: empty, keep the agent's), or
+    /// why it names no group of this host. A number is taken as a gid
+    /// as it is (containers often run without a group database).
+    pub fn socket_gid(&self) -> Result<Option<u32>, String> {
+        let g = self.api.socket_group.trim();
+        if g.is_empty() {
+            return Ok(None);
+        }
+        if let Ok(gid) = g.parse::<u32>() {
+            return Ok(Some(gid));
+        }
+        match nix::unistd::Group::from_name(g) {
+            Ok(Some(group)) => Ok(Some(group.gid.as_raw())),
+            Ok(None) => Err(format!(
+                "no group named {g:?} on this host (create it with groupadd, or give a numeric gid)"
+            )),
+            Err(e) => Err(format!("looking up group {g:?}: {e}")),
+        }
     }
 
     /// The socket path to bind: `api.socket`, else the default.

@@ -165,6 +165,15 @@ async fn serve(
             source,
         }
     })?;
+    if let Ok(Some(gid)) = cfg.socket_gid() {
+        nix::unistd::chown(&socket, None, Some(nix::unistd::Gid::from_raw(gid))).map_err(|e| {
+            DaemonError::Bind {
+                what: "unix socket (chown to api.socket_group)",
+                addr: socket.display().to_string(),
+                source: std::io::Error::from(e),
+            }
+        })?;
+    }
     state.add_endpoint("unix", socket.display().to_string());
 
     let tcp = bind_optional("tcp", &cfg.api.tcp).await?;

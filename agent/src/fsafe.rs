@@ -1,0 +1,498 @@
+//! Files in the agent's own trees, opened so that nobody else can redirect
+//! them: the checkpoint tier (and, step by step, the state and slot dirs).
+//!
+//! In: a directory the agent owns ([`Dir::ensure`]) and single names under
+//! it. Out: descriptors of directories and regular files reached one
+//! component at a time with `O_NOFOLLOW` relative to a directory
+//! descriptor (the effect of `openat2`'s `RESOLVE_BENEATH |
+//! RESOLVE_NO_SYMLINKS`, on every kernel), random names from the kernel's
+//! generator, renames and removals relative to directory descriptors.
+//! Never: follows a symlink, takes a name with `/` or `..`, opens something
+//! that is not a regular file or a directory, or keeps using a directory
+//! that someone other than the agent owns or may write. Every refusal
+//! names the path and why.
+
+use std::fs::File;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::path::{Path, PathBuf};
+
+use nix::errno::Errno;
+use nix::fcntl::{OFlag, openat, renameat};
+use nix::sys::stat::{FileStat, Mode, SFlag, fchmod, fstat, mkdirat};
+use nix::unistd::{Gid, Uid, UnlinkatFlags, fchown, unlinkat};
+
+/// Why a file or directory of the agent's tree was refused or failed.
+#[derive(Debug, thiserror::Error)]
+pub enum FsError {
+    /// A symlink where the agent expects its own file or directory.
+    #[error("{0} is a symlink; the agent never follows one in its own tree (refused)")]
+    Symlink(String),
+    /// Something else than the kind expected (a FIFO, a device, a dir...).
+    #[error("{path} is not a {want} (refused)")]
+    Kind {
+        /// The path.
+        path: String,
+        /// "regular file" or "directory".
+        want: &'static str,
+    },
+    /// Owned by someone other than expected.
+    #[error("{path} is owned by uid {uid}, not by uid {want} (refused)")]
+    Owner {
+        /// The path.
+        path: String,
+        /// Its owner.
+        uid: u32,
+        /// Who should own it.
+        want: u32,
+    },
+    /// A directory someone other than the agent may write.
+    #[error(
+        "{path} has mode {mode:04o}: group or others may write it; the agent's directories must be writable by the agent alone (refused)"
+    )]
+    Writable {
+        /// The path.
+        path: String,
+        /// Its permission bits.
+        mode: u32,
+    },
+    /// A file with more than one name: it may be reached from elsewhere.
+    #[error("{path} has {links} hard links; the agent takes only files with one (refused)")]
+    Links {
+        /// The path.
+        path: String,
+        /// Its link count.
+        links: u64,
+    },
+    /// A name that is not one plain component.
+    #[error("{0:?} is not a plain file name (refused)")]
+    BadName(String),
+    /// The system said no.
+    #[error("{what} {path}: {source}")]
+    Io {
+        /// What was being done.
+        what: &'static str,
+        /// On what.
+        path: String,
+        /// The error.
+        source: std::io::Error,
+    },
+}
+
+impl FsError {
+    /// True when the file or directory was simply not there.
+    pub fn is_not_found(&self) -> bool {
+        matches!(self, FsError::Io { source, .. } if source.kind() == std::io::ErrorKind::NotFound)
+    }
+}
+
+fn io_err(what: &'static str, path: &Path, e: impl Into<std::io::Error>) -> FsError {
+    FsError::Io {
+        what,
+        path: path.display().to_string(),
+        source: e.into(),
+    }
+}
+
+/// The error of an open with `O_NOFOLLOW`: ELOOP means a symlink.
+fn open_err(what: &'static str, path: &Path, e: Errno) -> FsError {
+    match e {
+        Errno::ELOOP => FsError::Symlink(path.display().to_string()),
+        Errno::ENOTDIR => FsError::Kind {
+            path: path.display().to_string(),
+            want: "directory",
+        },
+        e => io_err(what, path, e),
+    }
+}
+
+/// `name` as one component: no `/`, not `.` or `..`, not empty.
+fn check_name(name: &str) -> Result<(), FsError> {
+    if name.is_empty() || name == "." || name == ".." || name.contains('/') || name.contains('\0') {
+        return Err(FsError::BadName(name.to_owned()));
+    }
+    Ok(())
+}
+
+/// A name nobody can predict: `prefix` and 128 bits from the kernel's
+/// random generator (getrandom(2)), in hex.
+pub fn random_name(prefix: &str) -> Result<String, FsError> {
+    let mut buf = [0u8; 16];
+    let mut filled = 0;
+    while filled < buf.len() {
+        let rest = buf.get_mut(filled..).unwrap_or_default();
+        // SAFETY: `rest` is a live, writable buffer of `rest.len()` bytes
+        // for the whole call; getrandom writes at most that many.
+        let n = unsafe { libc::getrandom(rest.as_mut_ptr().cast(), rest.len(), 0) };
+        if n < 0 {
+            let e = std::io::Error::last_os_error();
+            if e.kind() == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(io_err("getrandom for", Path::new(prefix), e));
+        }
+        filled += usize::try_from(n).unwrap_or(0);
+    }
+    let hex: String = buf.iter().map(|b| format!("{b:02x}")).collect();
+    Ok(format!("{prefix}{hex}"))
+}
+
+/// The ids a file is handed to (a rank's, from its socket's peer
+/// credentials); None where used: keep the agent's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Owner {
+    /// User id.
+    pub uid: u32,
+    /// Group id.
+    pub gid: u32,
+}
+
+/// The agent's effective uid: who owns its trees.
+pub fn me() -> u32 {
+    Uid::effective().as_raw()
+}
+
+/// An open directory of the agent's tree, with the path it stands for
+/// (for messages only: every operation goes through the descriptor).
+#[derive(Debug)]
+pub struct Dir {
+    fd: OwnedFd,
+    path: PathBuf,
+}
+
+const DIR_FLAGS: OFlag = OFlag::O_RDONLY
+    .union(OFlag::O_DIRECTORY)
+    .union(OFlag::O_NOFOLLOW)
+    .union(OFlag::O_CLOEXEC);
+
+impl Dir {
+    /// Creates `path` (parents as needed, the last with `mode`) and opens
+    /// it. The last component must not be a symlink and must be the
+    /// agent's; group/other write bits are taken off (it is the agent's)
+    /// and the mode set to `mode`. The parents are the operator's choice
+    /// (config), followed as the system resolves them.
+    pub fn ensure(path: &Path, mode: u32) -> Result<Self, FsError> {
+        if let Some(parent) = path.parent() {
+            std::fs::create_dir_all(parent).map_err(|e| io_err("creating", parent, e))?;
+        }
+        match nix::unistd::mkdir(path, Mode::from_bits_truncate(mode)) {
+            Ok(()) | Err(Errno::EEXIST) => {}
+            Err(e) => return Err(io_err("creating", path, e)),
+        }
+        let fd = nix::fcntl::open(path, DIR_FLAGS, Mode::empty()).map_err(|e| {
+            match std::fs::symlink_metadata(path) {
+                Ok(m) if m.file_type().is_symlink() => FsError::Symlink(path.display().to_string()),
+                _ => open_err("opening", path, e),
+            }
+        })?;
+        let d = Self {
+            fd,
+            path: path.to_owned(),
+        };
+        d.own(mode)?;
+        Ok(d)
+    }
+
+    /// Checks the directory is the agent's and sets its mode to `mode`.
+    fn own(&self, mode: u32) -> Result<(), FsError> {
+        let st = fstat(&self.fd).map_err(|e| io_err("inspecting", &self.path, e))?;
+        kind(&st, &self.path, SFlag::S_IFDIR, "directory")?;
+        if st.st_uid != me() {
+            return Err(FsError::Owner {
+                path: self.path.display().to_string(),
+                uid: st.st_uid,
+                want: me(),
+            });
+        }
+        if st.st_mode & 0o7777 != mode {
+            fchmod(&self.fd, Mode::from_bits_truncate(mode))
+                .map_err(|e| io_err("setting the mode of", &self.path, e))?;
+        }
+        Ok(())
+    }
+
+    /// The path it stands for.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn join(&self, name: &str) -> PathBuf {
+        self.path.join(name)
+    }
+
+    /// The subdirectory `name`, created with `mode` when `create`; must be
+    /// the agent's and not writable by anyone else.
+    pub fn sub(&self, name: &str, mode: u32, create: bool) -> Result<Dir, FsError> {
+        check_name(name)?;
+        let path = self.join(name);
+        if create {
+            match mkdirat(&self.fd, name, Mode::from_bits_truncate(mode)) {
+                Ok(()) | Err(Errno::EEXIST) => {}
+                Err(e) => return Err(io_err("creating", &path, e)),
+            }
+        }
+        let fd = openat(&self.fd, name, DIR_FLAGS, Mode::empty()).map_err(|e| {
+            // O_DIRECTORY on a symlink says ENOTDIR: say what it is.
+            match self.stat(name) {
+                Ok(st) if st.st_mode & libc::S_IFMT == libc::S_IFLNK => {
+                    FsError::Symlink(path.display().to_string())
+                }
+                _ => open_err("opening", &path, e),
+            }
+        })?;
+        let st = fstat(&fd).map_err(|e| io_err("inspecting", &path, e))?;
+        kind(&st, &path, SFlag::S_IFDIR, "directory")?;
+        if st.st_uid != me() {
+            return Err(FsError::Owner {
+                path: path.display().to_string(),
+                uid: st.st_uid,
+                want: me(),
+            });
+        }
+        if st.st_mode & 0o022 != 0 {
+            // The agent's own, left open by an older version or by hand:
+            // closed again (what is inside is checked file by file).
+            fchmod(&fd, Mode::from_bits_truncate(mode)).map_err(|_| FsError::Writable {
+                path: path.display().to_string(),
+                mode: st.st_mode & 0o7777,
+            })?;
+            tracing::warn!(path = %path.display(), was = format!("{:04o}", st.st_mode & 0o7777),
+                now = format!("{mode:04o}"), "directory of the agent's tree was writable by others; mode fixed");
+        }
+        Ok(Dir { fd, path })
+    }
+
+    /// Opens the regular file `name` for reading, never through a symlink
+    /// (nor a FIFO: opened non-blocking, then checked).
+    pub fn open_file(&self, name: &str) -> Result<(File, FileStat), FsError> {
+        self.open_with(name, OFlag::O_RDONLY)
+    }
+
+    /// Opens the regular file `name` for reading and writing.
+    pub fn open_rw(&self, name: &str) -> Result<(File, FileStat), FsError> {
+        self.open_with(name, OFlag::O_RDWR)
+    }
+
+    fn open_with(&self, name: &str, access: OFlag) -> Result<(File, FileStat), FsError> {
+        check_name(name)?;
+        let path = self.join(name);
+        let fd = openat(
+            &self.fd,
+            name,
+            access | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC | OFlag::O_NONBLOCK | OFlag::O_NOCTTY,
+            Mode::empty(),
+        )
+        .map_err(|e| open_err("opening", &path, e))?;
+        let st = fstat(&fd).map_err(|e| io_err("inspecting", &path, e))?;
+        kind(&st, &path, SFlag::S_IFREG, "regular file")?;
+        let f = File::from(fd);
+        clear_nonblock(&f, &path)?;
+        Ok((f, st))
+    }
+
+    /// Creates the new file `name` (`O_CREAT | O_EXCL | O_NOFOLLOW`, so
+    /// nothing already there, link or not, is ever opened) with `mode`.
+    pub fn create_new(&self, name: &str, mode: u32) -> Result<File, FsError> {
+        check_name(name)?;
+        let path = self.join(name);
+        let fd = openat(
+            &self.fd,
+            name,
+            OFlag::O_RDWR | OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+            Mode::from_bits_truncate(mode),
+        )
+        .map_err(|e| open_err("creating", &path, e))?;
+        Ok(File::from(fd))
+    }
+
+    /// A new file with a random name (see [`random_name`]) and `mode`.
+    pub fn create_random(&self, prefix: &str, mode: u32) -> Result<(File, String), FsError> {
+        loop {
+            let name = random_name(prefix)?;
+            match self.create_new(&name, mode) {
+                Err(FsError::Io { source, .. })
+                    if source.kind() == std::io::ErrorKind::AlreadyExists =>
+                {
+                    continue;
+                }
+                r => return r.map(|f| (f, name)),
+            }
+        }
+    }
+
+    /// Writes `bytes` to `name` atomically: a random new file, then a
+    /// rename over `name`.
+    pub fn write_atomic(&self, name: &str, bytes: &[u8], mode: u32) -> Result<(), FsError> {
+        check_name(name)?;
+        let (mut f, tmp) = self.create_random(".tmp-", mode)?;
+        let written = std::io::Write::write_all(&mut f, bytes)
+            .map_err(|e| io_err("writing", &self.join(&tmp), e));
+        drop(f);
+        if let Err(e) = written.and_then(|()| self.rename(&tmp, self, name)) {
+            let _ = self.remove(&tmp);
+            return Err(e);
+        }
+        Ok(())
+    }
+
+    /// Renames `name` here to `to_name` in `to` (renameat: neither side
+    /// resolves a symlink; one that sits at `to_name` is replaced, not
+    /// followed).
+    pub fn rename(&self, name: &str, to: &Dir, to_name: &str) -> Result<(), FsError> {
+        check_name(name)?;
+        check_name(to_name)?;
+        renameat(&self.fd, name, &to.fd, to_name)
+            .map_err(|e| io_err("renaming into", &to.join(to_name), e))
+    }
+
+    /// Removes the file `name` (a link itself, never what it points to).
+    pub fn remove(&self, name: &str) -> Result<(), FsError> {
+        check_name(name)?;
+        unlinkat(&self.fd, name, UnlinkatFlags::NoRemoveDir)
+            .map_err(|e| io_err("removing", &self.join(name), e))
+    }
+
+    /// Removes the empty subdirectory `name`.
+    pub fn remove_dir(&self, name: &str) -> Result<(), FsError> {
+        check_name(name)?;
+        unlinkat(&self.fd, name, UnlinkatFlags::RemoveDir)
+            .map_err(|e| io_err("removing", &self.join(name), e))
+    }
+
+    /// The status of `name` itself (a link is described, not followed).
+    pub fn stat(&self, name: &str) -> Result<FileStat, FsError> {
+        check_name(name)?;
+        nix::sys::stat::fstatat(&self.fd, name, nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW)
+            .map_err(|e| io_err("inspecting", &self.join(name), e))
+    }
+
+    /// The names in the directory (read through its descriptor).
+    pub fn names(&self) -> Result<Vec<String>, FsError> {
+        let dup = self
+            .fd
+            .try_clone()
+            .map_err(|e| io_err("listing", &self.path, e))?;
+        let fdpath = PathBuf::from(format!("/proc/self/fd/{}", dup.as_raw_fd()));
+        let rd = std::fs::read_dir(&fdpath).map_err(|e| io_err("listing", &self.path, e))?;
+        let names = rd
+            .flatten()
+            .filter_map(|e| e.file_name().into_string().ok())
+            .collect();
+        drop(dup);
+        Ok(names)
+    }
+
+    /// The filesystem's free bytes.
+    pub fn free_bytes(&self) -> Result<u64, FsError> {
+        let st =
+            nix::sys::statvfs::fstatvfs(&self.fd).map_err(|e| io_err("statvfs", &self.path, e))?;
+        #[allow(clippy::unnecessary_cast)]
+        Ok(st.blocks_available() as u64 * st.fragment_size() as u64)
+    }
+}
+
+impl AsFd for Dir {
+    fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+}
+
+fn kind(st: &FileStat, path: &Path, want: SFlag, what: &'static str) -> Result<(), FsError> {
+    if SFlag::from_bits_truncate(st.st_mode & SFlag::S_IFMT.bits()) == want {
+        Ok(())
+    } else if st.st_mode & SFlag::S_IFMT.bits() == SFlag::S_IFLNK.bits() {
+        Err(FsError::Symlink(path.display().to_string()))
+    } else {
+        Err(FsError::Kind {
+            path: path.display().to_string(),
+            want: what,
+        })
+    }
+}
+
+fn clear_nonblock(f: &File, path: &Path) -> Result<(), FsError> {
+    let flags = nix::fcntl::fcntl(f, nix::fcntl::FcntlArg::F_GETFL)
+        .map_err(|e| io_err("inspecting", path, e))?;
+    let flags = OFlag::from_bits_truncate(flags) & !OFlag::O_NONBLOCK;
+    nix::fcntl::fcntl(f, nix::fcntl::FcntlArg::F_SETFL(flags))
+        .map_err(|e| io_err("inspecting", path, e))?;
+    Ok(())
+}
+
+/// Checks an open file: owned by `uid`, with exactly one link.
+pub fn check_owned_single(st: &FileStat, path: &Path, uid: u32) -> Result<(), FsError> {
+    if st.st_uid != uid {
+        return Err(FsError::Owner {
+            path: path.display().to_string(),
+            uid: st.st_uid,
+            want: uid,
+        });
+    }
+    #[allow(clippy::unnecessary_cast)]
+    let links = st.st_nlink as u64;
+    if links != 1 {
+        return Err(FsError::Links {
+            path: path.display().to_string(),
+            links,
+        });
+    }
+    Ok(())
+}
+
+/// Hands an open file to `owner` (fchown: the descriptor, never a path).
+pub fn give(f: &File, path: &Path, owner: Owner) -> Result<(), FsError> {
+    fchown(
+        f,
+        Some(Uid::from_raw(owner.uid)),
+        Some(Gid::from_raw(owner.gid)),
+    )
+    .map_err(|e| io_err("handing over", path, e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn symlinks_and_odd_names_are_refused_by_name() {
+        let t = tempfile::tempdir().expect("tempdir");
+        let d = Dir::ensure(&t.path().join("tree"), 0o711).expect("ensure");
+        std::fs::write(t.path().join("secret"), b"x").expect("write");
+        std::os::unix::fs::symlink(t.path().join("secret"), d.path().join("link"))
+            .expect("symlink");
+        let e = d.open_file("link").expect_err("a symlink").to_string();
+        assert!(e.contains("symlink") && e.contains("link"), "{e}");
+        std::os::unix::fs::symlink(t.path(), d.path().join("dirlink")).expect("symlink");
+        let e = d
+            .sub("dirlink", 0o711, true)
+            .expect_err("a symlink")
+            .to_string();
+        assert!(e.contains("symlink"), "{e}");
+        assert!(d.open_file("../secret").is_err());
+        let (f, name) = d.create_random("x.", 0o600).expect("create");
+        drop(f);
+        assert_eq!(name.len(), 2 + 32);
+        assert!(d.create_new(&name, 0o600).is_err(), "O_EXCL");
+        d.write_atomic("m.json", b"{}", 0o600).expect("write");
+        let mut names = d.names().expect("names");
+        names.sort();
+        assert!(names.contains(&"m.json".to_owned()), "{names:?}");
+    }
+
+    #[test]
+    fn a_directory_of_someone_else_is_refused_and_an_open_one_of_ours_closed() {
+        use std::os::unix::fs::{MetadataExt, PermissionsExt};
+        let t = tempfile::tempdir().expect("tempdir");
+        let d = Dir::ensure(&t.path().join("tree"), 0o711).expect("ensure");
+        let sub = d.path().join("open");
+        std::fs::create_dir(&sub).expect("mkdir");
+        std::fs::set_permissions(&sub, std::fs::Permissions::from_mode(0o777)).expect("chmod");
+        d.sub("open", 0o711, false).expect("ours: fixed");
+        let mode = std::fs::metadata(&sub).expect("stat").mode() & 0o777;
+        assert_eq!(mode, 0o711);
+        if me() == 0 {
+            std::os::unix::fs::chown(&sub, Some(65534), None).expect("chown");
+            let e = d.sub("open", 0o711, false).expect_err("theirs").to_string();
+            assert!(e.contains("uid 65534") && e.contains("open"), "{e}");
+        }
+    }
+}

@@ -1,0 +1,21 @@
+//! Security tests: each attack of issue 18 replayed as a real unprivileged
+//! user against a real wardend, and shown refused with nothing changed.
+//!
+//! In: root (the tests create the users of [`common::users`]). Out: one
+//! module per surface. Never: runs attack code as root — an attack runs in
+//! a copy of this binary re-executed as the user, through `attacker` below.
+
+#[path = "../common/mod.rs"]
+mod common;
+
+mod files;
+
+/// Every attack a test may run as another user: `("area.what", fn)`.
+const ATTACKS: &[(&str, common::users::Attack)] = &[("socket.info", files::attack_info)];
+
+/// Does nothing in a normal run; in a process started by
+/// [`common::users::run_as`], runs the attack it names.
+#[test]
+fn attacker() {
+    common::users::dispatch(ATTACKS);
+}
