@@ -55,8 +55,9 @@ pub struct RunArgs {
     pub master_port: Option<u16>,
     /// torchrun's rendezvous endpoint. Static rendezvous: `HOST[:PORT]`,
     /// taken as the master address and port. With --rdzv-backend etcd: the
-    /// etcd client endpoints, `HOST[:PORT]` or `http://HOST:PORT`,
-    /// comma-separated (port 2379 when left out).
+    /// etcd client endpoints, `HOST[:PORT]`, `http://HOST:PORT`, or with
+    /// --etcd-cacert `https://HOST:PORT`, comma-separated (port 2379 when
+    /// left out).
     #[arg(long = "rdzv-endpoint", alias = "rdzv_endpoint")]
     pub rdzv_endpoint: Option<String>,
     /// torchrun's rendezvous backend: `static` or `c10d` (both mean a
@@ -91,6 +92,9 @@ pub struct RunArgs {
     /// out of the job, and the others restart without it.
     #[arg(long = "rdzv-lease-ttl", default_value = "5s", value_parser = humantime::parse_duration)]
     pub rdzv_lease_ttl: Duration,
+    /// With --rdzv-backend etcd: TLS and authentication to etcd.
+    #[command(flatten)]
+    pub etcd: crate::cli::etcd_flags::EtcdFlags,
     /// In-job restarts allowed before giving up with 87 (torchrun's
     /// meaning). Default: the agent's policy budgets decide.
     #[arg(long = "max-restarts", alias = "max_restarts")]
@@ -355,6 +359,12 @@ impl RunArgs {
                 (self.spare, "--spare"),
                 (self.host_id.is_some(), "--host-id"),
                 (self.advertise_addr.is_some(), "--advertise-addr"),
+                (self.etcd.etcd_cacert.is_some(), "--etcd-cacert"),
+                (self.etcd.etcd_user.is_some(), "--etcd-user"),
+                (
+                    self.etcd.etcd_password_file.is_some(),
+                    "--etcd-password-file",
+                ),
             ] {
                 if given {
                     return Err(ArgsError::NeedsEtcd(flag.to_owned()));
