@@ -78,12 +78,28 @@ fn cause(e: &etcd_client::Error, said: &str, attempt: Attempt<'_>) -> Option<Str
             ));
         }
     }
-    const TLS_WORDS: [&str; 7] = [
+    let closed = lower.contains("frame")
+        || lower.contains("protocol error")
+        || lower.contains("connection reset")
+        || lower.contains("connection closed")
+        || lower.contains("broken pipe");
+    // The server's alert about the client's certificate, when the client
+    // reads it before the hang-up (not one about the server's).
+    let alerted = lower.contains("received fatal alert");
+    if (closed || alerted) && attempt.tls {
+        // TLS 1.3: the server judges the client's certificate after the
+        // client thinks the handshake done, and alerts or just hangs up.
+        return Some(if attempt.client_cert {
+            "etcd ended the TLS handshake: it refused this client's certificate (is it signed by the CA etcd trusts, its --trusted-ca-file? --etcd-cert, --etcd-key)".to_owned()
+        } else {
+            "etcd ended the TLS handshake: it wants a client certificate (--client-cert-auth): give --etcd-cert and --etcd-key".to_owned()
+        });
+    }
+    const TLS_WORDS: [&str; 6] = [
         "certificate",
         "tls",
         "handshake",
         "unknownissuer",
-        "alert",
         "badsignature",
         "notvalidforname",
     ];
@@ -93,26 +109,7 @@ fn cause(e: &etcd_client::Error, said: &str, attempt: Attempt<'_>) -> Option<Str
     if lower.contains("connection refused") {
         return Some("nothing listens at the endpoint".to_owned());
     }
-    let closed = lower.contains("frame")
-        || lower.contains("protocol error")
-        || lower.contains("connection reset")
-        || lower.contains("connection closed")
-        || lower.contains("broken pipe");
-    if closed && attempt.tls {
-        // TLS 1.3: the server judges the client's certificate after the
-        // client thinks the handshake done, and just hangs up.
-        return Some(if attempt.client_cert {
-            "etcd hung up right after the TLS handshake: it refused this client's certificate (is it signed by the CA etcd trusts, --trusted-ca-file? --etcd-cert, --etcd-key)".to_owned()
-        } else {
-            "etcd hung up right after the TLS handshake: it wants a client certificate (--client-cert-auth): give --etcd-cert and --etcd-key".to_owned()
-        });
-    }
-    if lower.contains("frame")
-        || lower.contains("protocol error")
-        || lower.contains("connection reset")
-        || lower.contains("connection closed")
-        || lower.contains("broken pipe")
-    {
+    if closed {
         return Some("etcd closed the connection: if it serves TLS, give its CA (--etcd-cacert) and https:// endpoints".to_owned());
     }
     None
@@ -139,4 +136,71 @@ pub(crate) fn chain(e: &etcd_client::Error) -> String {
         next = s.source();
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn status(code: tonic::Code, msg: &str) -> etcd_client::Error {
+        etcd_client::Error::GRpcStatus(tonic::Status::new(code, msg))
+    }
+
+    #[test]
+    fn etcds_answers_are_named() {
+        let a = Attempt {
+            user: Some("warden"),
+            tls: true,
+            client_cert: true,
+            prefix: "/warden/jobs/j/",
+        };
+        let none = Attempt { user: None, ..a };
+        let cases = [
+            (
+                status(
+                    tonic::Code::InvalidArgument,
+                    "etcdserver: authentication failed, invalid user ID or password",
+                ),
+                a,
+                "etcd refused user warden: wrong user name or password",
+            ),
+            (
+                status(
+                    tonic::Code::PermissionDenied,
+                    "etcdserver: permission denied",
+                ),
+                a,
+                "may not read or write /warden/jobs/j/",
+            ),
+            (
+                status(
+                    tonic::Code::PermissionDenied,
+                    "etcdserver: permission denied",
+                ),
+                none,
+                "give --etcd-user",
+            ),
+            (
+                status(
+                    tonic::Code::InvalidArgument,
+                    "etcdserver: user name is empty",
+                ),
+                none,
+                "authentication on and no user",
+            ),
+            (
+                status(
+                    tonic::Code::FailedPrecondition,
+                    "etcdserver: authentication is not enabled",
+                ),
+                a,
+                "authentication off",
+            ),
+        ];
+        for (e, attempt, want) in cases {
+            let got = explain(&e, attempt);
+            assert!(got.contains(want), "{got}");
+            assert!(got.contains("etcdserver:"), "etcd's own words kept: {got}");
+        }
+    }
 }
