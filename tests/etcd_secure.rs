@@ -15,7 +15,8 @@
 //!   role, and a plain `http://` endpoint to the TLS port are each refused
 //!   with a message that names the cause (and never the password);
 //! - `warden run` with a wrong password exits non-zero before it starts a
-//!   worker.
+//!   worker, and `warden goodput --etcd` with one is refused by name;
+//!   a missing password file is named with its flag (exit 2).
 
 #![allow(clippy::expect_used, clippy::unwrap_used)]
 
@@ -401,6 +402,26 @@ fn warden_run_over_tls_and_auth_and_refused_with_a_wrong_password() {
     let json: serde_json::Value = serde_json::from_str(&text).expect("goodput JSON");
     let hosts = json["hosts"].as_object().expect("hosts");
     assert!(hosts.contains_key("host-a"), "{json}");
+
+    // The same with a wrong password: refused, named, non-zero.
+    let refused = std::process::Command::new(common::WARDEN)
+        .args(["goodput", "--job", "job-run-tls"])
+        .args(["--etcd", &etcd.server.endpoint])
+        .arg("--etcd-cacert")
+        .arg(&etcd.pki.ca)
+        .arg("--etcd-cert")
+        .arg(&etcd.pki.client_cert)
+        .arg("--etcd-key")
+        .arg(&etcd.pki.client_key)
+        .args(["--etcd-user", USER])
+        .arg("--etcd-password-file")
+        .arg(&etcd.pki.wrong_password_file)
+        .env_remove("WARDEN_ETCD_PASSWORD")
+        .output()
+        .expect("run warden goodput");
+    let said = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success(), "{said}");
+    assert!(said.contains("wrong user name or password"), "{said}");
 
     let dw = tempfile::tempdir().expect("scratch w");
     let w = launch(
