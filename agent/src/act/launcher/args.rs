@@ -358,13 +358,9 @@ impl RunArgs {
             for (given, flag) in [
                 (self.spare, "--spare"),
                 (self.host_id.is_some(), "--host-id"),
+                // Not the --etcd-* flags: they may come from WARDEN_ETCD_*
+                // variables set for every job, single-node ones included.
                 (self.advertise_addr.is_some(), "--advertise-addr"),
-                (self.etcd.etcd_cacert.is_some(), "--etcd-cacert"),
-                (self.etcd.etcd_user.is_some(), "--etcd-user"),
-                (
-                    self.etcd.etcd_password_file.is_some(),
-                    "--etcd-password-file",
-                ),
             ] {
                 if given {
                     return Err(ArgsError::NeedsEtcd(flag.to_owned()));
