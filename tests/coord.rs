@@ -374,7 +374,8 @@ async fn an_unreachable_etcd_is_named_in_the_error() {
         .expect_err("nothing to join");
     let text = err.to_string();
     assert!(text.contains(&format!("127.0.0.1:{port}")), "{text}");
-    assert!(text.contains("lease grant"), "{text}");
+    // The first read of the job's keys finds it, before any lease.
+    assert!(text.contains("nothing listens"), "{text}");
     assert!(
         started.elapsed() < Duration::from_secs(3),
         "{:?}",

@@ -7,6 +7,12 @@
 //! heartbeat and a 100 ms election timeout so that it elects itself at
 //! once and grants 1 s leases (etcd's shortest lease is 1.5 election
 //! timeouts). A server that will not start fails the test with its log.
+//!
+//! [`EtcdServer::start_secure`] runs the same server with TLS on its client
+//! port (`--client-cert-auth`: a client must show a certificate of the
+//! test's CA) and authentication on, with certificates the test makes
+//! ([`Pki`], rcgen) and users set up through etcd's own auth API
+//! ([`SecureEtcd`]). Its health is read on a plain-HTTP metrics port.
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -26,7 +32,7 @@ pub struct EtcdServer {
     child: Option<Child>,
     dir: tempfile::TempDir,
     log: PathBuf,
-    /// The client URL, `http://127.0.0.1:PORT`.
+    /// The client URL, `http://127.0.0.1:PORT` (`https://` for a secure one).
     pub endpoint: String,
 }
 
@@ -57,9 +63,13 @@ impl EtcdServer {
     /// Starts etcd and waits until it is healthy. Retries with fresh ports
     /// when another process took one between choosing and binding it.
     pub fn start() -> Self {
+        Self::start_with(None)
+    }
+
+    fn start_with(tls: Option<&Pki>) -> Self {
         let mut last_log = String::new();
         for _ in 0..3 {
-            match Self::try_start() {
+            match Self::try_start(tls) {
                 Ok(server) => return server,
                 Err(log) if log.contains("address already in use") => last_log = log,
                 Err(log) => panic!("etcd did not start:\n{log}"),
@@ -68,14 +78,17 @@ impl EtcdServer {
         panic!("etcd did not start (ports taken three times):\n{last_log}");
     }
 
-    fn try_start() -> Result<Self, String> {
+    fn try_start(tls: Option<&Pki>) -> Result<Self, String> {
         let dir = tempfile::Builder::new()
             .prefix("warden-etcd-")
             .tempdir()
             .expect("create a scratch directory for etcd");
         let (client, peer) = (free_port(), free_port());
-        let client_url = format!("http://127.0.0.1:{client}");
+        let scheme = if tls.is_some() { "https" } else { "http" };
+        let client_url = format!("{scheme}://127.0.0.1:{client}");
         let peer_url = format!("http://127.0.0.1:{peer}");
+        // With TLS on the client port, health is read on a plain metrics port.
+        let health_port = if tls.is_some() { free_port() } else { client };
         let log = dir.path().join("etcd.log");
         let log_file = std::fs::File::create(&log).expect("create etcd's log file");
         let mut cmd = Command::new(etcd_binary());
@@ -96,8 +109,17 @@ impl EtcdServer {
             .arg("--heartbeat-interval=10")
             .arg("--election-timeout=100")
             .arg("--logger=zap")
-            .arg("--log-level=warn")
-            .stdin(Stdio::null())
+            .arg("--log-level=warn");
+        if let Some(pki) = tls {
+            cmd.arg("--client-cert-auth")
+                .arg(format!("--trusted-ca-file={}", pki.ca.display()))
+                .arg(format!("--cert-file={}", pki.server_cert.display()))
+                .arg(format!("--key-file={}", pki.server_key.display()))
+                .arg(format!(
+                    "--listen-metrics-urls=http://127.0.0.1:{health_port}"
+                ));
+        }
+        cmd.stdin(Stdio::null())
             .stdout(log_file.try_clone().expect("clone etcd's log file"))
             .stderr(log_file);
         let child = cmd.spawn().unwrap_or_else(|e| panic!("spawn etcd: {e}"));
@@ -109,7 +131,7 @@ impl EtcdServer {
         };
         let deadline = Instant::now() + ETCD_STARTUP;
         loop {
-            if server.healthy(client) {
+            if server.healthy(health_port) {
                 return Ok(server);
             }
             if let Some(child) = server.child.as_mut()
@@ -174,4 +196,213 @@ impl Drop for EtcdServer {
     fn drop(&mut self) {
         self.kill();
     }
+}
+
+/// The etcd user the launchers log in as in the secure tests: its role may
+/// read and write the jobs' prefix and nothing else.
+pub const USER: &str = "warden";
+/// [`USER`]'s password.
+pub const PASSWORD: &str = "warden-test-password";
+/// The role [`USER`] holds.
+pub const ROLE: &str = "warden-jobs";
+/// What [`ROLE`] grants readwrite on: the default job prefix and a slash.
+pub const JOBS_PREFIX: &str = "/warden/jobs/";
+/// A user etcd knows, with a password but no role: it may touch no key.
+pub const OUTSIDER: &str = "outsider";
+/// [`OUTSIDER`]'s password.
+pub const OUTSIDER_PASSWORD: &str = "outsider-test-password";
+/// The root user's password (only the harness uses it, to set auth up).
+const ROOT_PASSWORD: &str = "root-test-password";
+
+/// Certificates for a secure etcd, made by rcgen in a scratch directory:
+/// the cluster CA, etcd's server certificate (127.0.0.1 and localhost),
+/// a client certificate of the CA, and a client certificate of another CA
+/// that etcd must refuse. The client certificates' common names are no
+/// etcd user (etcd takes a certificate's CN as the user when a request
+/// carries no token), so a certificate alone grants nothing here.
+#[derive(Debug)]
+pub struct Pki {
+    dir: tempfile::TempDir,
+    /// The cluster CA's certificate (PEM).
+    pub ca: PathBuf,
+    /// etcd's server certificate.
+    pub server_cert: PathBuf,
+    /// Its key.
+    pub server_key: PathBuf,
+    /// A client certificate of the cluster CA.
+    pub client_cert: PathBuf,
+    /// Its key.
+    pub client_key: PathBuf,
+    /// A client certificate of another CA.
+    pub stranger_cert: PathBuf,
+    /// Its key.
+    pub stranger_key: PathBuf,
+    /// The other CA's certificate.
+    pub stranger_ca: PathBuf,
+    /// A file holding [`PASSWORD`] and a newline, mode 0600.
+    pub password_file: PathBuf,
+    /// A file holding [`OUTSIDER_PASSWORD`].
+    pub outsider_password_file: PathBuf,
+    /// A file holding a password no user has.
+    pub wrong_password_file: PathBuf,
+}
+
+/// A CA: its certificate and what signs with it.
+fn new_ca(name: &str) -> (rcgen::Certificate, rcgen::Issuer<'static, rcgen::KeyPair>) {
+    use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair, KeyUsagePurpose};
+    let mut params = CertificateParams::new(Vec::<String>::new()).expect("CA params");
+    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    params.distinguished_name.push(DnType::CommonName, name);
+    params.key_usages = vec![
+        KeyUsagePurpose::DigitalSignature,
+        KeyUsagePurpose::KeyCertSign,
+        KeyUsagePurpose::CrlSign,
+    ];
+    let key = KeyPair::generate().expect("CA key");
+    let cert = params.self_signed(&key).expect("self-sign the CA");
+    (cert, rcgen::Issuer::new(params, key))
+}
+
+/// A leaf certificate and its key (PEM), signed by `issuer`.
+fn new_leaf(
+    issuer: &rcgen::Issuer<'static, rcgen::KeyPair>,
+    cn: &str,
+    names: &[&str],
+    server: bool,
+) -> (String, String) {
+    use rcgen::{CertificateParams, DnType, ExtendedKeyUsagePurpose, KeyPair, SanType};
+    let mut params = CertificateParams::new(Vec::<String>::new()).expect("leaf params");
+    params.distinguished_name.push(DnType::CommonName, cn);
+    for n in names {
+        params.subject_alt_names.push(match n.parse() {
+            Ok(ip) => SanType::IpAddress(ip),
+            Err(_) => SanType::DnsName((*n).try_into().expect("a DNS name")),
+        });
+    }
+    params.use_authority_key_identifier_extension = true;
+    params.extended_key_usages = if server {
+        vec![
+            ExtendedKeyUsagePurpose::ServerAuth,
+            ExtendedKeyUsagePurpose::ClientAuth,
+        ]
+    } else {
+        vec![ExtendedKeyUsagePurpose::ClientAuth]
+    };
+    let key = KeyPair::generate().expect("leaf key");
+    let cert = params.signed_by(&key, issuer).expect("sign the leaf");
+    (cert.pem(), key.serialize_pem())
+}
+
+impl Pki {
+    /// Makes the certificates and password files.
+    pub fn new() -> Self {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::Builder::new()
+            .prefix("warden-pki-")
+            .tempdir()
+            .expect("create a scratch directory for certificates");
+        let write = |name: &str, text: &str| {
+            let path = dir.path().join(name);
+            std::fs::write(&path, text).expect("write a PEM file");
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))
+                .expect("chmod a PEM file");
+            path
+        };
+        let (ca_cert, ca) = new_ca("warden test cluster CA");
+        let (other_cert, other) = new_ca("some other CA");
+        let (server_cert, server_key) = new_leaf(&ca, "etcd", &["127.0.0.1", "localhost"], true);
+        let (client_cert, client_key) = new_leaf(&ca, "warden-client", &[], false);
+        let (stranger_cert, stranger_key) = new_leaf(&other, "warden-client", &[], false);
+        Self {
+            ca: write("ca.pem", &ca_cert.pem()),
+            server_cert: write("server.pem", &server_cert),
+            server_key: write("server-key.pem", &server_key),
+            client_cert: write("client.pem", &client_cert),
+            client_key: write("client-key.pem", &client_key),
+            stranger_cert: write("stranger.pem", &stranger_cert),
+            stranger_key: write("stranger-key.pem", &stranger_key),
+            stranger_ca: write("stranger-ca.pem", &other_cert.pem()),
+            password_file: write("warden.password", &format!("{PASSWORD}\n")),
+            outsider_password_file: write("outsider.password", &format!("{OUTSIDER_PASSWORD}\n")),
+            wrong_password_file: write("wrong.password", "not-the-password\n"),
+            dir,
+        }
+    }
+
+    /// The scratch directory holding the files.
+    pub fn path(&self) -> &std::path::Path {
+        self.dir.path()
+    }
+}
+
+impl Default for Pki {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// An etcd with TLS, client-certificate authentication and user
+/// authentication on: [`USER`] with [`ROLE`] (readwrite on
+/// [`JOBS_PREFIX`]), [`OUTSIDER`] with no role, and root.
+#[derive(Debug)]
+pub struct SecureEtcd {
+    /// The server; its `endpoint` is `https://127.0.0.1:PORT`.
+    pub server: EtcdServer,
+    /// The certificates and password files.
+    pub pki: Pki,
+}
+
+impl EtcdServer {
+    /// Starts an etcd with TLS and authentication on (see [`SecureEtcd`]).
+    pub fn start_secure() -> SecureEtcd {
+        let pki = Pki::new();
+        let server = Self::start_with(Some(&pki));
+        let endpoint = server.endpoint.clone();
+        let files = (
+            std::fs::read(&pki.ca).expect("read the CA"),
+            std::fs::read(&pki.client_cert).expect("read the client certificate"),
+            std::fs::read(&pki.client_key).expect("read the client key"),
+        );
+        // Its own thread and runtime: callable from sync and async tests.
+        let setup = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("a runtime for the auth set-up");
+            rt.block_on(enable_auth(&endpoint, files))
+        })
+        .join()
+        .expect("the auth set-up thread");
+        if let Err(e) = setup {
+            panic!("cannot set up etcd's users: {e}\n{}", server.log());
+        }
+        SecureEtcd { server, pki }
+    }
+}
+
+/// Users, the role and `auth enable`, through etcd's auth API as root would
+/// with etcdctl.
+async fn enable_auth(
+    endpoint: &str,
+    (ca, cert, key): (Vec<u8>, Vec<u8>, Vec<u8>),
+) -> Result<(), etcd_client::Error> {
+    use etcd_client::{Certificate, Client, ConnectOptions, Identity, Permission, TlsOptions};
+    let tls = TlsOptions::new()
+        .ca_certificate(Certificate::from_pem(ca))
+        .identity(Identity::from_pem(cert, key));
+    let options = ConnectOptions::new()
+        .with_tls(tls)
+        .with_connect_timeout(ETCD_STARTUP)
+        .with_timeout(ETCD_STARTUP);
+    let mut c = Client::connect([endpoint], Some(options)).await?;
+    c.user_add("root", ROOT_PASSWORD, None).await?;
+    c.user_grant_role("root", "root").await?;
+    c.role_add(ROLE).await?;
+    c.role_grant_permission(ROLE, Permission::read_write(JOBS_PREFIX).with_prefix())
+        .await?;
+    c.user_add(USER, PASSWORD, None).await?;
+    c.user_grant_role(USER, ROLE).await?;
+    c.user_add(OUTSIDER, OUTSIDER_PASSWORD, None).await?;
+    c.auth_enable().await?;
+    Ok(())
 }

@@ -23,6 +23,9 @@ pub struct GoodputArgs {
     /// The jobs' key prefix in etcd (as the launchers were given).
     #[arg(long, default_value = crate::coord::config::DEFAULT_PREFIX)]
     pub etcd_prefix: String,
+    /// TLS and authentication to etcd, as `warden run`'s.
+    #[command(flatten)]
+    pub etcd_access: super::etcd_flags::EtcdFlags,
     /// A subcommand instead of the report.
     #[command(subcommand)]
     pub cmd: Option<GoodputCmd>,
@@ -41,7 +44,7 @@ pub enum GoodputCmd {
 /// Runs `warden goodput` (the report).
 pub async fn run(target: &Target, args: &GoodputArgs, as_json: bool) -> Result<()> {
     if let (Some(endpoints), Some(job)) = (&args.etcd, &args.job) {
-        return job_wide(endpoints, &args.etcd_prefix, job, as_json).await;
+        return job_wide(endpoints, args, job, as_json).await;
     }
     let mut c = target.connect().await?;
     let r = c
@@ -72,15 +75,19 @@ pub async fn run(target: &Target, args: &GoodputArgs, as_json: bool) -> Result<(
 
 /// `warden goodput --etcd E --job J`: every host's report of the job from
 /// etcd, each host's goodput on a line, then their sum as one table.
-async fn job_wide(endpoints: &str, prefix: &str, job: &str, as_json: bool) -> Result<()> {
+async fn job_wide(endpoints: &str, args: &GoodputArgs, job: &str, as_json: bool) -> Result<()> {
+    let prefix = args.etcd_prefix.as_str();
     let endpoints: Vec<String> = endpoints
         .split(',')
         .map(str::trim)
         .filter(|e| !e.is_empty())
         .map(str::to_owned)
         .collect();
+    args.etcd_access.check_endpoints("--etcd", &endpoints)?;
+    let access = args.etcd_access.access()?;
     let reports = crate::coord::reports::Reports::connect(
         &endpoints,
+        &access,
         prefix,
         job,
         std::time::Duration::from_secs(5),

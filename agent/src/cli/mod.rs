@@ -6,6 +6,7 @@
 pub mod ckpt;
 pub mod connect;
 pub mod demo;
+pub mod etcd_flags;
 pub mod goodput;
 pub mod goodput_plan;
 pub mod incidents;

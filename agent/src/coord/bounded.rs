@@ -1,34 +1,11 @@
 //! etcd requests under a deadline, their errors naming the endpoints, the
-//! request and the key: the one way `coord` talks to etcd.
+//! request and the key: the one way `coord` talks to etcd once connected
+//! (connecting is `super::connect`).
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use etcd_client::{Client, ConnectOptions};
-
 use super::CoordError;
-
-/// Connects to `endpoints` within `limit`.
-pub(crate) async fn connect(
-    endpoints: &[String],
-    options: ConnectOptions,
-    limit: Duration,
-) -> Result<Client, CoordError> {
-    call(
-        &endpoints.join(","),
-        limit,
-        "connect",
-        "",
-        Client::connect(endpoints, Some(options)),
-    )
-    .await
-    .map_err(|e| match e {
-        CoordError::Etcd {
-            endpoints, source, ..
-        } => CoordError::Connect { endpoints, source },
-        other => other,
-    })
-}
 
 /// Runs one etcd request `op` about `key` within `limit`.
 pub(crate) async fn call<T>(

@@ -24,9 +24,12 @@ pub const DEFAULT_PORT_SPAN: u16 = 1000;
 /// logged at join).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CoordConfig {
-    /// etcd client endpoints, `host:port` or `http://host:port`. TLS
-    /// (`https://`) is not supported yet: the crate is built without it.
+    /// etcd client endpoints: `host:port`, `http://host:port`, or with
+    /// `access.tls` `https://host:port` (a bare `host:port` is then TLS too).
     pub endpoints: Vec<String>,
+    /// TLS to etcd and the etcd user: without them anyone who reaches etcd
+    /// can read and forge the job's rounds (docs/security-etcd.md).
+    pub access: super::access::EtcdAccess,
     /// The key prefix under which jobs live; the job's keys are
     /// `<prefix>/<job>/...`. Lets several clusters share one etcd.
     pub prefix: String,
@@ -88,6 +91,7 @@ impl CoordConfig {
     ) -> Self {
         Self {
             endpoints,
+            access: super::access::EtcdAccess::default(),
             prefix: DEFAULT_PREFIX.to_owned(),
             job: job.into(),
             host: host.into(),
@@ -120,15 +124,21 @@ impl CoordConfig {
             return bad("endpoints", "[]".into(), "at least one etcd endpoint");
         }
         for e in &self.endpoints {
-            if e.starts_with("https://") {
-                return bad(
-                    "endpoints",
-                    e.clone(),
-                    "TLS endpoints are not supported yet; use a plain http:// endpoint",
-                );
-            }
             if e.trim().is_empty() {
                 return bad("endpoints", e.clone(), "an endpoint is empty");
+            }
+        }
+        super::connect::check_endpoints(&self.endpoints, &self.access)?;
+        if let Some(c) = &self.access.auth {
+            if c.user.is_empty() {
+                return bad("access.auth.user", String::new(), "must not be empty");
+            }
+            if c.password.expose().is_empty() {
+                return bad(
+                    "access.auth.password",
+                    "<redacted>".into(),
+                    "must not be empty",
+                );
             }
         }
         if !self.prefix.starts_with('/') || self.prefix.ends_with('/') {
@@ -225,6 +235,17 @@ mod tests {
         assert!(ok().validate().is_ok());
     }
 
+    #[test]
+    fn https_is_valid_with_a_ca() {
+        let mut c = ok();
+        c.endpoints = vec!["https://etcd:2379".into(), "etcd-2:2379".into()];
+        c.access.tls = Some(crate::coord::TlsFiles {
+            ca: "/etc/etcd/ca.pem".into(),
+            identity: None,
+        });
+        assert!(c.validate().is_ok(), "{:?}", c.validate());
+    }
+
     type Change = Box<dyn Fn(&mut CoordConfig)>;
 
     #[test]
@@ -234,6 +255,25 @@ mod tests {
             (
                 "endpoints",
                 Box::new(|c| c.endpoints = vec!["https://etcd:2379".into()]),
+            ),
+            (
+                "endpoints",
+                Box::new(|c| {
+                    c.endpoints = vec!["http://etcd:2379".into()];
+                    c.access.tls = Some(crate::coord::TlsFiles {
+                        ca: "/etc/etcd/ca.pem".into(),
+                        identity: None,
+                    });
+                }),
+            ),
+            (
+                "access.auth.user",
+                Box::new(|c| {
+                    c.access.auth = Some(crate::coord::Credentials {
+                        user: String::new(),
+                        password: crate::coord::Password::new("x"),
+                    });
+                }),
             ),
             ("prefix", Box::new(|c| c.prefix = "warden".into())),
             ("prefix", Box::new(|c| c.prefix = "/warden/".into())),

@@ -20,15 +20,22 @@ pub enum CoordError {
         /// What is wrong with it.
         problem: String,
     },
-    /// The etcd client could not be set up.
-    #[error("etcd at {endpoints}: cannot connect: {source}")]
+    /// A new connection failed: the TLS handshake, the login or the first
+    /// read of the job's keys (`super::connect`).
+    #[error("etcd at {endpoints}: cannot connect: {problem}")]
     Connect {
         /// The endpoints tried, comma-separated.
         endpoints: String,
-        /// What the client said.
+        /// The cause in an operator's words, then what the client said
+        /// (`super::diagnose`).
+        problem: String,
+        /// The client's error.
         #[source]
         source: Arc<etcd_client::Error>,
     },
+    /// A TLS file cannot be used.
+    #[error(transparent)]
+    Access(#[from] super::access::AccessError),
     /// An etcd request failed.
     #[error("etcd at {endpoints}: {op} {key}: {source}")]
     Etcd {

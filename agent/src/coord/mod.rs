@@ -29,8 +29,11 @@
 //! (any new epoch) stop the workers and wait for the next round -> on a
 //! cordon or the end [`Coordinator::leave`].
 
+pub mod access;
 mod bounded;
 pub mod config;
+mod connect;
+mod diagnose;
 pub mod error;
 pub mod keys;
 pub mod plan;
@@ -41,11 +44,12 @@ mod session;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use etcd_client::{Compare, CompareOp, ConnectOptions, TxnOp};
+use etcd_client::{Compare, CompareOp, TxnOp};
 use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+pub use access::{ClientIdentity, Credentials, EtcdAccess, Password, TlsFiles};
 pub use config::CoordConfig;
 pub use error::CoordError;
 pub use plan::{CkptPeer, Limits, RoundRecord};
@@ -138,12 +142,15 @@ impl Coordinator {
     pub async fn join(cfg: CoordConfig) -> Result<Self, CoordError> {
         cfg.validate()?;
         let endpoints = cfg.endpoints.join(",");
-        let options = ConnectOptions::new()
-            .with_connect_timeout(cfg.request_timeout)
-            .with_timeout(cfg.request_timeout)
-            .with_keep_alive(cfg.lease_ttl / 3, cfg.request_timeout);
-        let client = bounded::connect(&cfg.endpoints, options, cfg.request_timeout).await?;
         let keys = Keys::new(&cfg.prefix, &cfg.job);
+        let client = connect::connect(connect::Dial {
+            endpoints: &cfg.endpoints,
+            access: &cfg.access,
+            timeout: cfg.request_timeout,
+            keep_alive: Some(cfg.lease_ttl / 3),
+            probe: keys.base(),
+        })
+        .await?;
         let member_key = keys.member(&cfg.host);
         let granted_at = Instant::now();
         let lease = {

@@ -12,11 +12,12 @@
 
 use std::time::Duration;
 
-use etcd_client::{Client, ConnectOptions, GetOptions};
+use etcd_client::{Client, GetOptions};
 use prost::Message;
 use warden_proto::v1 as pb;
 
 use super::CoordError;
+use super::access::EtcdAccess;
 use super::keys::Keys;
 
 /// A client for reading and writing reports, every request bounded by
@@ -49,20 +50,28 @@ pub struct Found {
 }
 
 impl Reports {
-    /// Connects to etcd at `endpoints` for the job `job` under `prefix`.
+    /// Connects to etcd at `endpoints`, with `access`'s TLS and user, for
+    /// the job `job` under `prefix`; fails when the user may not read the
+    /// job's reports.
     pub async fn connect(
         endpoints: &[String],
+        access: &EtcdAccess,
         prefix: &str,
         job: &str,
         timeout: Duration,
     ) -> Result<Self, CoordError> {
-        let options = ConnectOptions::new()
-            .with_connect_timeout(timeout)
-            .with_timeout(timeout);
-        let client = super::bounded::connect(endpoints, options, timeout).await?;
+        let keys = Keys::new(prefix, job);
+        let client = super::connect::connect(super::connect::Dial {
+            endpoints,
+            access,
+            timeout,
+            keep_alive: None,
+            probe: &keys.goodputs(),
+        })
+        .await?;
         Ok(Self {
             client,
-            keys: Keys::new(prefix, job),
+            keys,
             endpoints: endpoints.join(","),
             timeout,
         })

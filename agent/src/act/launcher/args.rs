@@ -55,8 +55,9 @@ pub struct RunArgs {
     pub master_port: Option<u16>,
     /// torchrun's rendezvous endpoint. Static rendezvous: `HOST[:PORT]`,
     /// taken as the master address and port. With --rdzv-backend etcd: the
-    /// etcd client endpoints, `HOST[:PORT]` or `http://HOST:PORT`,
-    /// comma-separated (port 2379 when left out).
+    /// etcd client endpoints, `HOST[:PORT]`, `http://HOST:PORT`, or with
+    /// --etcd-cacert `https://HOST:PORT`, comma-separated (port 2379 when
+    /// left out).
     #[arg(long = "rdzv-endpoint", alias = "rdzv_endpoint")]
     pub rdzv_endpoint: Option<String>,
     /// torchrun's rendezvous backend: `static` or `c10d` (both mean a
@@ -91,6 +92,9 @@ pub struct RunArgs {
     /// out of the job, and the others restart without it.
     #[arg(long = "rdzv-lease-ttl", default_value = "5s", value_parser = humantime::parse_duration)]
     pub rdzv_lease_ttl: Duration,
+    /// With --rdzv-backend etcd: TLS and authentication to etcd.
+    #[command(flatten)]
+    pub etcd: crate::cli::etcd_flags::EtcdFlags,
     /// In-job restarts allowed before giving up with 87 (torchrun's
     /// meaning). Default: the agent's policy budgets decide.
     #[arg(long = "max-restarts", alias = "max_restarts")]
@@ -354,6 +358,8 @@ impl RunArgs {
             for (given, flag) in [
                 (self.spare, "--spare"),
                 (self.host_id.is_some(), "--host-id"),
+                // Not the --etcd-* flags: they may come from WARDEN_ETCD_*
+                // variables set for every job, single-node ones included.
                 (self.advertise_addr.is_some(), "--advertise-addr"),
             ] {
                 if given {

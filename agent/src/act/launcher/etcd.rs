@@ -61,8 +61,10 @@ pub struct EtcdCoordinator {
     unsent: Option<String>,
 }
 
-/// The etcd coordinator's config from `warden run`'s flags, for job `job`.
-pub fn config(args: &RunArgs, job: &str) -> etcd::CoordConfig {
+/// The etcd coordinator's config from `warden run`'s flags, for job `job`,
+/// reaching etcd with `access` (TLS, user: `args.etcd.access()`, read once
+/// before anything starts).
+pub fn config(args: &RunArgs, job: &str, access: etcd::EtcdAccess) -> etcd::CoordConfig {
     let endpoints = args.etcd_endpoints();
     let host = args.host_id.clone().unwrap_or_else(host_name);
     let addr = args
@@ -70,6 +72,7 @@ pub fn config(args: &RunArgs, job: &str) -> etcd::CoordConfig {
         .clone()
         .unwrap_or_else(|| advertise_addr(&endpoints));
     let mut c = etcd::CoordConfig::new(endpoints, job, host, addr);
+    c.access = access;
     c.nproc_per_node = args.nproc_per_node;
     c.min_nodes = args.nnodes.min;
     c.max_nodes = args.nnodes.max;

@@ -35,6 +35,8 @@ pub const JOB_GOODPUT_FILE: &str = "goodput-job.json";
 pub struct JobWide {
     /// etcd endpoints.
     pub endpoints: Vec<String>,
+    /// TLS and the user for etcd, as the coordinator's.
+    pub access: crate::coord::EtcdAccess,
     /// The key prefix of jobs.
     pub prefix: String,
     /// The job id.
@@ -45,7 +47,14 @@ pub struct JobWide {
 
 impl JobWide {
     async fn reports(&self) -> Result<Reports, crate::coord::CoordError> {
-        Reports::connect(&self.endpoints, &self.prefix, &self.job, TIMEOUT).await
+        Reports::connect(
+            &self.endpoints,
+            &self.access,
+            &self.prefix,
+            &self.job,
+            TIMEOUT,
+        )
+        .await
     }
 }
 

@@ -63,13 +63,16 @@ pub enum LauncherError {
     /// The job could not be joined in etcd.
     #[error("cannot join the job in etcd: {0}")]
     Join(crate::coord::CoordError),
+    /// The etcd TLS or authentication flags cannot be followed.
+    #[error(transparent)]
+    EtcdAccess(#[from] crate::cli::etcd_flags::EtcdFlagsError),
 }
 
 impl LauncherError {
     /// The launcher's exit status for this error.
     pub fn exit_code(&self) -> i32 {
         match self {
-            LauncherError::Args(_) => exit::EXIT_USAGE,
+            LauncherError::Args(_) | LauncherError::EtcdAccess(_) => exit::EXIT_USAGE,
             _ => exit::EXIT_LAUNCHER_ERROR,
         }
     }
@@ -126,6 +129,21 @@ async fn run_job(
     if etcd && !args::valid_key_segment(&job_id) {
         return Err(args::ArgsError::EtcdJobId(job_id).into());
     }
+    // The etcd files and password before anything starts: a bad one stops
+    // the launcher here, named, with no agent or worker started.
+    let etcd_access = if etcd {
+        args.etcd
+            .check_endpoints("--rdzv-endpoint", &args.etcd_endpoints())?;
+        let access = args.etcd.access()?;
+        if access.tls.is_none() && access.auth.is_some() {
+            console.say(
+                "warning: the etcd password goes over plain HTTP (no --etcd-cacert): anyone on the path can read it",
+            );
+        }
+        access
+    } else {
+        crate::coord::EtcdAccess::default()
+    };
     let log_root = args
         .log_dir
         .clone()
@@ -204,9 +222,10 @@ async fn run_job(
             console
                 .say("--node-rank is ignored with --rdzv-backend etcd: the job's rounds assign it");
         }
-        let mut cfg = etcd::config(&args, &job.id);
+        let mut cfg = etcd::config(&args, &job.id, etcd_access.clone());
         job_wide = Some(job_goodput::JobWide {
             endpoints: cfg.endpoints.clone(),
+            access: etcd_access,
             prefix: cfg.prefix.clone(),
             job: job.id.clone(),
             host: cfg.host.clone(),
@@ -225,9 +244,10 @@ async fn run_job(
             )),
         }
         console.say(format!(
-            "joining job {} in etcd at {} as host {} (address {}{}, lease TTL {})",
+            "joining job {} in etcd at {} ({}) as host {} (address {}{}, lease TTL {})",
             job.id,
             cfg.endpoints.join(","),
+            cfg.access.describe(),
             cfg.host,
             cfg.addr,
             if cfg.spare { ", a standby spare" } else { "" },

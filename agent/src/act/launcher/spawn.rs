@@ -122,6 +122,8 @@ pub fn spawn(argv: &[String], env: &[(String, String)], cwd: &Path) -> Result<Sp
     let (program, rest) = argv.split_first().ok_or(SpawnError::Empty)?;
     let mut cmd = Command::new(program);
     cmd.args(rest)
+        // The launcher's etcd password is not the workers' business.
+        .env_remove(crate::cli::etcd_flags::PASSWORD_ENV)
         .envs(env.iter().map(|(k, v)| (k, v)))
         .current_dir(cwd)
         .stdin(Stdio::null())

@@ -1,0 +1,132 @@
+//! The one way warden connects to etcd: the client's options (deadlines,
+//! keep-alive, TLS, user and password) are built here and nowhere else,
+//! and every new connection is proved by one read before it is handed out.
+//!
+//! In: a [`Dial`]: the endpoints, the [`EtcdAccess`] (TLS files, user),
+//! the request deadline, the HTTP/2 keep-alive, and the key prefix the
+//! caller is about to use.
+//! Out: a connected `etcd_client::Client` that has completed the TLS
+//! handshake, logged in, and read the prefix; or a [`CoordError`] that says
+//! which of those failed in words an operator can act on
+//! ([`super::diagnose`]): the endpoint and the TLS problem, the user whose
+//! password etcd refused, the prefix a user may not read.
+//! Never: wait on etcd without a deadline; put the password in an error,
+//! a log line or a Debug string; fall back to plain HTTP when TLS fails.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use etcd_client::{Certificate, Client, ConnectOptions, GetOptions, Identity, TlsOptions};
+
+use super::CoordError;
+use super::access::{EtcdAccess, endpoint_scheme_problem};
+use super::diagnose;
+
+/// What to connect to and how.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Dial<'a> {
+    /// The etcd endpoints.
+    pub endpoints: &'a [String],
+    /// TLS and the user.
+    pub access: &'a EtcdAccess,
+    /// The deadline of the connection and of every request.
+    pub timeout: Duration,
+    /// HTTP/2 keep-alive interval (its timeout is `timeout`), for a client
+    /// that must notice a dead connection before its lease runs out.
+    pub keep_alive: Option<Duration>,
+    /// The key prefix the caller uses: the first read, which proves the
+    /// TLS handshake, the login and the user's permission at once.
+    pub probe: &'a str,
+}
+
+/// Checks each endpoint's scheme against the TLS setting; the error names
+/// the field `endpoints`.
+pub(crate) fn check_endpoints(endpoints: &[String], access: &EtcdAccess) -> Result<(), CoordError> {
+    for e in endpoints {
+        if let Some(problem) = endpoint_scheme_problem(e, access.tls.is_some()) {
+            return Err(CoordError::Config {
+                field: "endpoints",
+                value: e.clone(),
+                problem: problem.to_owned(),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// The client's options: deadlines, keep-alive, TLS from the files (read
+/// now), the user and password, and a new token when etcd forgot the old
+/// one (an etcd restart drops its simple tokens).
+pub(crate) fn options(
+    access: &EtcdAccess,
+    timeout: Duration,
+    keep_alive: Option<Duration>,
+) -> Result<ConnectOptions, CoordError> {
+    let mut options = ConnectOptions::new()
+        .with_connect_timeout(timeout)
+        .with_timeout(timeout);
+    if let Some(interval) = keep_alive {
+        options = options.with_keep_alive(interval, timeout);
+    }
+    if let Some(tls) = &access.tls {
+        let material = tls.read()?;
+        let mut config = TlsOptions::new().ca_certificate(Certificate::from_pem(material.ca));
+        if let Some((cert, key)) = material.identity {
+            config = config.identity(Identity::from_pem(cert, key));
+        }
+        options = options.with_tls(config);
+    }
+    if let Some(c) = &access.auth {
+        options = options
+            .with_user(c.user.clone(), c.password.expose().to_owned())
+            .with_auto_token_refresh(true);
+    }
+    Ok(options)
+}
+
+/// Connects and reads `dial.probe` (a count, no values), all within the
+/// deadline; see the module's contract.
+pub(crate) async fn connect(dial: Dial<'_>) -> Result<Client, CoordError> {
+    check_endpoints(dial.endpoints, dial.access)?;
+    let options = options(dial.access, dial.timeout, dial.keep_alive)?;
+    let joined = dial.endpoints.join(",");
+    let attempt = diagnose::Attempt {
+        user: dial.access.auth.as_ref().map(|c| c.user.as_str()),
+        tls: dial.access.tls.is_some(),
+        client_cert: dial
+            .access
+            .tls
+            .as_ref()
+            .is_some_and(|t| t.identity.is_some()),
+        prefix: dial.probe,
+    };
+    let failed = |source: etcd_client::Error| CoordError::Connect {
+        endpoints: joined.clone(),
+        problem: diagnose::explain(&source, attempt),
+        source: Arc::new(source),
+    };
+    let timed_out = |op: &'static str| CoordError::Timeout {
+        endpoints: joined.clone(),
+        op,
+        key: dial.probe.to_owned(),
+        after: dial.timeout,
+    };
+    // With a user, connecting logs in (a request); without, it is lazy.
+    let mut client =
+        match tokio::time::timeout(dial.timeout, Client::connect(dial.endpoints, Some(options)))
+            .await
+        {
+            Ok(Ok(c)) => c,
+            Ok(Err(e)) => return Err(failed(e)),
+            Err(_) => return Err(timed_out("connect")),
+        };
+    let probe = client.get(
+        dial.probe,
+        Some(GetOptions::new().with_prefix().with_count_only()),
+    );
+    match tokio::time::timeout(dial.timeout, probe).await {
+        Ok(Ok(_)) => Ok(client),
+        Ok(Err(e)) => Err(failed(e)),
+        Err(_) => Err(timed_out("get (first read)")),
+    }
+}
