@@ -77,12 +77,6 @@ pub async fn begin_shard(
     let ck = tier(state)?;
     let k = key(&req.job_id, req.step, req.rank)?;
     let size = req.size_bytes;
-    if ck.cfg.max_bytes > 0 && size > ck.cfg.max_bytes {
-        return Err(Status::invalid_argument(format!(
-            "{k}: a shard of {size} bytes is larger than the whole tier (checkpoint.max_bytes = {})",
-            ck.cfg.max_bytes
-        )));
-    }
     let (path, token) = blocking(move || ck.tier.begin(&k, size, owner)).await?;
     Ok(pb::BeginShardResponse {
         staging_path: path.display().to_string(),
