@@ -8,10 +8,14 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod authz;
 mod files;
 
 /// Every attack a test may run as another user: `("area.what", fn)`.
-const ATTACKS: &[(&str, common::users::Attack)] = &[("socket.info", files::attack_info)];
+const ATTACKS: &[(&str, common::users::Attack)] = &[
+    ("socket.info", files::attack_info),
+    ("authz.everything", authz::attack_everything),
+];
 
 /// Does nothing in a normal run; in a process started by
 /// [`common::users::run_as`], runs the attack it names.
