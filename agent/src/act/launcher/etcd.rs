@@ -111,6 +111,7 @@ pub fn ckpt_peer(
         return Ok(etcd::CkptPeer {
             addr: tcp.to_owned(),
             domain: checkpoint.domain.clone(),
+            identity: String::new(),
         });
     };
     let adv: Option<IpAddr> = advertise.parse().ok();
@@ -130,6 +131,7 @@ pub fn ckpt_peer(
     Ok(etcd::CkptPeer {
         addr,
         domain: checkpoint.domain.clone(),
+        identity: String::new(),
     })
 }
 
