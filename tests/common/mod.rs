@@ -16,6 +16,7 @@
 pub mod etcd;
 /// The deployment files (deploy/kubernetes) as data, for the packaging tests.
 pub mod manifests;
+pub mod pki;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
