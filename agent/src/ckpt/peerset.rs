@@ -300,6 +300,33 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_push_is_placed_here_only_when_the_origins_ring_says_so() {
+        // This host is 127.0.0.2 (rack2); the job's peers: h3 and h4.
+        let s = set(&[]);
+        let named = |addr: &str, domain: &str, name: &str| PeerSpec {
+            identity: name.into(),
+            ..spec(addr, domain)
+        };
+        s.set_job(
+            "j",
+            &[
+                named("127.0.0.3:7000", "rack3", "h3"),
+                named("127.0.0.4:7000", "rack4", "h4"),
+            ],
+        )
+        .unwrap();
+        assert_eq!(s.names_of_job("j"), vec!["h3", "h4"]);
+        assert!(s.names_of_job("other").is_empty());
+        // h3's ring (one replica): the next address after it is .4, so
+        // its replicas go to h4, not here; h4's wrap around to .2 (here).
+        assert_eq!(s.placed_here("j", "h3"), Some(false));
+        assert_eq!(s.placed_here("j", "h4"), Some(true));
+        assert_eq!(s.placed_here("j", "h9"), None);
+        assert_eq!(s.placed_here("j", ""), None);
+        assert!(s.knows("h3") && !s.knows("h9") && !s.knows(""));
+    }
+
+    #[tokio::test]
     async fn a_bad_address_is_named_and_changes_nothing() {
         let s = set(&[]);
         s.set_job("j1", &[spec("127.0.0.3:7000", "r3")]).unwrap();

@@ -261,3 +261,58 @@ impl PeerTls {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
+
+    /// A CA and a node certificate for `name`, written into `dir`; the
+    /// second key is another key, for the mismatch case.
+    fn files(dir: &Path, name: &str) -> (TlsFiles, String) {
+        let ca_key = KeyPair::generate().unwrap();
+        let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
+        ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        let ca_cert = ca.self_signed(&ca_key).unwrap();
+        let issuer = Issuer::new(ca, ca_key);
+        let key = KeyPair::generate().unwrap();
+        let cert = CertificateParams::new(vec![name.to_owned()])
+            .unwrap()
+            .signed_by(&key, &issuer)
+            .unwrap();
+        let f = TlsFiles {
+            ca: dir.join("ca.crt"),
+            cert: dir.join("node.crt"),
+            key: dir.join("node.key"),
+        };
+        std::fs::write(&f.ca, ca_cert.pem()).unwrap();
+        std::fs::write(&f.cert, cert.pem()).unwrap();
+        std::fs::write(&f.key, key.serialize_pem()).unwrap();
+        (f, KeyPair::generate().unwrap().serialize_pem())
+    }
+
+    #[test]
+    fn a_good_set_loads_and_each_bad_one_names_its_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let (f, other_key) = files(dir.path(), "h1");
+        assert_eq!(Material::load(&f, "h1").unwrap().identity, "h1");
+        let e = Material::load(&f, "h2").unwrap_err().to_string();
+        assert!(e.contains("api.tls_cert") && e.contains("\"h2\""), "{e}");
+
+        let r = reload::Reloader::open(f.clone(), "h1").unwrap();
+        assert!(matches!(r.check(), reload::Reload::Unchanged));
+        // A key that does not match: refused, the old set stays.
+        std::fs::write(&f.key, other_key).unwrap();
+        match r.check() {
+            reload::Reload::Refused(e) => assert!(e.to_string().contains("api.tls_key"), "{e}"),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(r.current().identity, "h1");
+        // Reported once, not on every poll.
+        assert!(matches!(r.check(), reload::Reload::Unchanged));
+
+        std::fs::write(&f.cert, "garbage").unwrap();
+        let e = Material::load(&f, "h1").unwrap_err().to_string();
+        assert!(e.contains("api.tls_cert"), "{e}");
+    }
+}
