@@ -41,13 +41,16 @@ fn three_hosts(extra: &str, tail: &str) -> Vec<TestAgent> {
 
 fn host_toml(i: usize, addrs: &[String], extra: &str, tail: &str) -> String {
     let mut t = format!(
-        "[agent]\nhost_name = \"h{i}\"\n[api]\ntcp = \"{}\"\n\
+        "[agent]\nhost_name = \"h{i}\"\n[api]\ntcp = \"{}\"\n{}\
          [checkpoint]\ndomain = \"rack{i}\"\nretry_interval = \"200ms\"\n{extra}\n",
-        addrs[i]
+        addrs[i],
+        common::pki::api_keys(&format!("h{i}"))
     );
     for (j, a) in addrs.iter().enumerate() {
         if j != i {
-            t += &format!("[[checkpoint.peers]]\naddr = \"{a}\"\ndomain = \"rack{j}\"\n");
+            t += &format!(
+                "[[checkpoint.peers]]\naddr = \"{a}\"\ndomain = \"rack{j}\"\nname = \"h{j}\"\n"
+            );
         }
     }
     t + tail

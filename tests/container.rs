@@ -395,7 +395,7 @@ fn the_image_serves_health_through_a_socket_volume_to_other_containers() {
     assert_eq!(user.trim(), r#"65532:65532 ["/usr/local/bin/wardend"]"#);
 
     let socket = pod.volume("sock");
-    let config = pod.config("[api]\ntcp = \"127.0.0.1:7070\"\n");
+    let config = pod.config("");
     let agent = pod.agent("agent", &["--network", "none"], &socket, &config);
 
     // warden health from another container that shares only the volume.
@@ -474,19 +474,15 @@ fn the_image_serves_health_through_a_socket_volume_to_other_containers() {
         status,
         tonic_health::pb::health_check_response::ServingStatus::Serving as i32
     );
-    // The probe port, from a container in the agent's network namespace (as
-    // the kubelet reaches a pod): api.tcp serves the same API.
-    let netns = format!("container:{agent}");
+    // The DaemonSet's probes, as the kubelet runs them: warden inside the
+    // agent's container, over the Unix socket (api.tcp serves only peer
+    // agents, behind mutual TLS).
     let out = docker(&[
-        "run",
-        "--rm",
-        "--network",
-        &netns,
-        "--entrypoint",
-        "warden",
-        &image,
-        "--addr",
-        "127.0.0.1:7070",
+        "exec",
+        &agent,
+        "/usr/local/bin/warden",
+        "--socket",
+        "/run/warden/wardend.sock",
         "info",
     ]);
     assert!(out.status.success(), "{}{}", out.stdout, out.stderr);

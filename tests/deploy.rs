@@ -82,12 +82,23 @@ fn the_manifests_pass_the_kubernetes_schemas() {
 }
 
 #[test]
-fn the_daemonset_probes_grpc_health_on_the_port_the_agent_listens_on() {
+fn the_daemonset_probes_the_agent_on_its_unix_socket() {
     let ds = object("daemonset.yaml", "DaemonSet", "wardend");
     let pod = &ds["spec"]["template"]["spec"];
     let agent = container(pod, "wardend");
+    // api.tcp serves only peer agents behind mutual TLS: the probes ask
+    // the agent over the socket the ConfigMap names.
     for probe in ["livenessProbe", "readinessProbe"] {
-        assert_eq!(agent[probe]["grpc"]["port"], 7070, "{probe}: {agent}");
+        assert_eq!(
+            agent[probe]["exec"]["command"],
+            serde_json::json!([
+                "/usr/local/bin/warden",
+                "--socket",
+                "/run/warden/wardend.sock",
+                "info"
+            ]),
+            "{probe}: {agent}"
+        );
     }
     let config = object("daemonset.yaml", "ConfigMap", "wardend");
     let toml: toml::Table = config["data"]["wardend.toml"]
@@ -95,7 +106,11 @@ fn the_daemonset_probes_grpc_health_on_the_port_the_agent_listens_on() {
         .unwrap()
         .parse()
         .unwrap();
-    assert_eq!(toml["api"]["tcp"].as_str(), Some("0.0.0.0:7070"));
+    assert_eq!(
+        toml["api"]["socket"].as_str(),
+        Some("/run/warden/wardend.sock")
+    );
+    assert!(toml["api"].get("tcp").is_none(), "{toml:?}");
     assert_eq!(
         ds["spec"]["template"]["metadata"]["annotations"]["prometheus.io/port"],
         "9464"

@@ -98,12 +98,13 @@ impl Scratch {
             .tempdir()
             .expect("create a scratch directory");
         let toml = format!(
-            "{}[api]\ntcp = \"{addr}:0\"\n[checkpoint]\ndir = {:?}\n",
+            "{}[api]\ntcp = \"{addr}:0\"\n{}[checkpoint]\ndir = {:?}\n",
             agent_toml.replacen(
                 "[agent]\n",
                 &format!("[agent]\nhost_name = \"{host}\"\n"),
                 1
             ),
+            common::pki::api_keys(host),
             dir.path().join("tier").display().to_string()
         );
         std::fs::write(dir.path().join("agent.toml"), toml).expect("write the agent config");

@@ -7,7 +7,8 @@
 //!    `rank.straggler` names the rank, the section, the GPU and the cause
 //!    class; `warden stragglers --json` shows it flagged and the others not;
 //!    the metrics count it.
-//! 2. Two agents on 127.0.0.2 and 127.0.0.3 (api.tcp) as two hosts of one
+//! 2. Two agents on 127.0.0.2 and 127.0.0.3 (api.tcp, mutual TLS with a
+//!    test-made cluster CA) as two hosts of one
 //!    job, each other's peers, two ranks each: the slow rank on host B is
 //!    flagged by B (and only by B), and both agents' GetStragglers show the
 //!    whole job with both hosts. Bad peer requests get clear errors.
@@ -250,9 +251,10 @@ async fn two_hosts_compare_their_ranks_job_wide() {
     );
     let config = |host: &str, tcp: &str, peer: &str| {
         format!(
-            "{}[api]\ntcp = \"{tcp}\"\n{STRAGGLER_TOML}peers = [\"{peer}\"]\n\
+            "{}[api]\ntcp = \"{tcp}\"\n{}{STRAGGLER_TOML}peers = [\"{peer}\"]\n\
              exchange_interval = \"200ms\"\nsummary_ttl = \"5s\"\n",
-            base(host)
+            base(host),
+            common::pki::api_keys(host)
         )
     };
     let a = TestAgent::start(&config("host-a", &a_addr, &b_addr));

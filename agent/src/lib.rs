@@ -16,6 +16,8 @@
 //! - [`events`]: the event bus (ring, live broadcast, logs and counters).
 //! - [`state`]: what the running agent's parts share.
 //! - [`api`]: the gRPC services and the Prometheus endpoint.
+//! - [`tls`]: mutual TLS between agents: the cluster CA, reloads, the
+//!   `api.tcp` accept path and the one connector every peer dialer uses.
 //! - [`daemon`]: start-up, listeners, the work loop, systemd, shutdown.
 //! - [`cli`]: the `warden` command: a client of the API.
 //! - [`telemetry`]: log set-up.
@@ -39,6 +41,7 @@ pub mod ranks;
 pub mod sources;
 pub mod state;
 pub mod telemetry;
+pub mod tls;
 
 /// The agent's version, as reported by GetAgentInfo and `--version`.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");

@@ -63,13 +63,30 @@ pub struct AgentState {
     /// Who may call what on the Unix socket, and who owns each job
     /// (docs/security.md).
     pub authz: crate::api::authz::Authz,
+    /// How peer agents are served and dialed over TCP: mutual TLS with the
+    /// cluster CA (the files watched for rotation), or `api.insecure`.
+    pub peer_tls: crate::tls::PeerTls,
+    /// Identities proved by the straggler exchange's own dials (peers
+    /// configured by address): summaries are taken from them.
+    pub straggler_peers_seen: std::sync::Arc<crate::tls::connect::SeenNames>,
 }
 
 impl AgentState {
-    /// State for an agent about to start; creates the heartbeat slot file.
+    /// State for an agent whose peers are dialed in plain TCP (unit tests
+    /// and tools that never reach a peer); creates the heartbeat slot file.
     pub fn new(
         config: Config,
         config_source: String,
+    ) -> Result<Self, warden_client::slot::SlotError> {
+        Self::with_peer_tls(config, config_source, crate::tls::PeerTls::Insecure)
+    }
+
+    /// State for an agent about to start, with its TCP peers served and
+    /// dialed through `peer_tls`; creates the heartbeat slot file.
+    pub fn with_peer_tls(
+        config: Config,
+        config_source: String,
+        peer_tls: crate::tls::PeerTls,
     ) -> Result<Self, warden_client::slot::SlotError> {
         let host = config.host_name();
         let events = EventBus::new(config.events.retain);
@@ -108,12 +125,19 @@ impl AgentState {
             escalations_rx: Mutex::new(Some(escalations_rx)),
             restarts: crate::act::in_process::Restarts::new(),
             checkpoints: if config.checkpoint.enabled {
-                crate::ckpt::Checkpoints::open(&config.checkpoint, &host, &config.api.tcp)
-                    .map(std::sync::Arc::new)
-                    .inspect_err(|e| tracing::error!(error = %e, "checkpoint tier unavailable"))
+                crate::ckpt::Checkpoints::open(
+                    &config.checkpoint,
+                    &host,
+                    &config.api.tcp,
+                    &peer_tls,
+                )
+                .map(std::sync::Arc::new)
+                .inspect_err(|e| tracing::error!(error = %e, "checkpoint tier unavailable"))
             } else {
                 Err("off (checkpoint.enabled = false)".to_owned())
             },
+            peer_tls,
+            straggler_peers_seen: std::sync::Arc::default(),
             config,
             config_source,
             host,

@@ -18,6 +18,8 @@ pub mod etcd;
 pub mod manifests;
 /// Real unprivileged users, and attack code run as them (security tests).
 pub mod users;
+/// A cluster CA and node certificates made by the test (mutual TLS tests).
+pub mod pki;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;

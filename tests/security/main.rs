@@ -5,11 +5,14 @@
 //! module per surface. Never: runs attack code as root — an attack runs in
 //! a copy of this binary re-executed as the user, through `attacker` below.
 
+#![allow(clippy::expect_used, clippy::unwrap_used)]
+
 #[path = "../common/mod.rs"]
 mod common;
 
 mod authz;
 mod files;
+mod tls;
 
 /// Every attack a test may run as another user: `("area.what", fn)`.
 const ATTACKS: &[(&str, common::users::Attack)] = &[

@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 use tonic::Status;
 use warden_proto::v1 as pb;
 
+use super::peer_auth::{self, Caller};
 use crate::ckpt::layout::{ShardKey, check_job_id, check_step};
 use crate::ckpt::peerset::PeerSpec;
 use crate::ckpt::restore::{self, RestoreError};
@@ -231,6 +232,7 @@ pub async fn set_checkpoint_peers(
             addr: p.addr,
             domain: p.domain,
             host: p.host,
+            identity: p.identity,
         })
         .collect();
     let targets = ck
@@ -245,6 +247,7 @@ pub async fn set_checkpoint_peers(
 /// PushShard: a peer's replica, checked before it is committed.
 pub async fn push_shard(
     state: &Arc<AgentState>,
+    caller: &Caller,
     mut stream: impl ChunkSource + Send,
 ) -> Result<pb::PushShardResponse, Status> {
     let ck = tier(state)?;
@@ -257,6 +260,17 @@ pub async fn push_shard(
         .ok_or_else(|| Status::invalid_argument("PushShard: the first chunk has no info"))?;
     let m = peers::manifest_of(&info).map_err(Status::invalid_argument)?;
     let k = m.key();
+    // Checked on the first chunk, before anything touches the tier.
+    peer_auth::job_member(caller, &k.job_id, &ck.peers.names_of_job(&k.job_id))?;
+    peer_auth::push(
+        caller,
+        &peer_auth::PushFacts {
+            job: &k.job_id,
+            origin: &m.origin,
+            this_host: &ck.host,
+            placed_here: ck.peers.placed_here(&k.job_id, &m.origin),
+        },
+    )?;
     let (stream, want) = (&mut stream, &m);
     ck.bring_in(&m, |staged, path| async move {
         peers::receive(stream, first.data, want, staged, path).await
@@ -314,10 +328,12 @@ pub async fn push_shard(
 /// FetchShard: a committed shard streamed back.
 pub async fn fetch_shard(
     state: &Arc<AgentState>,
+    caller: &Caller,
     req: pb::FetchShardRequest,
 ) -> Result<tokio_stream::wrappers::ReceiverStream<Result<pb::ShardChunk, Status>>, Status> {
     let ck = tier(state)?;
     let k = key(&req.job_id, req.step, req.rank)?;
+    peer_auth::job_member(caller, &k.job_id, &ck.peers.names_of_job(&k.job_id))?;
     let (ck2, k2) = (ck.clone(), k.clone());
     let host = state.host.clone();
     let (file, m) = blocking(move || ck2.tier.open_data(&k2))
@@ -335,11 +351,13 @@ pub async fn fetch_shard(
 /// ListShards: what this agent holds.
 pub async fn list_shards(
     state: &Arc<AgentState>,
+    caller: &Caller,
     req: pb::ListShardsRequest,
 ) -> Result<pb::ListShardsResponse, Status> {
     let ck = tier(state)?;
     if !req.job_id.is_empty() {
         job(&req.job_id)?;
+        peer_auth::job_member(caller, &req.job_id, &ck.peers.names_of_job(&req.job_id))?;
     }
     let ck2 = ck.clone();
     let job = req.job_id.clone();
@@ -349,9 +367,14 @@ pub async fn list_shards(
     })
     .await
     .map_err(|e| Status::internal(e.to_string()))?;
+    // A listing of everything shows a peer only the jobs it is a member of.
+    let shards = shards.iter().filter(|m| match caller.identity() {
+        None => true,
+        Some(id) => ck.peers.names_of_job(&m.job_id).iter().any(|n| n == id),
+    });
     Ok(pb::ListShardsResponse {
         host: state.host.clone(),
-        shards: shards.iter().map(peers::info).collect(),
+        shards: shards.map(peers::info).collect(),
     })
 }
 
@@ -414,10 +437,11 @@ impl tower::Service<http::Request<tonic::body::Body>> for PeerRoutes {
             ));
             return Box::pin(async move { Ok(refusal.into_http()) });
         }
+        let caller = Caller::of(req.extensions().get::<crate::tls::accept::PeerInfo>());
         match req.uri().path() {
             wire::PUSH_PATH => Box::pin(async move {
                 let body = wire::Reader::new(req.into_body(), peers::MAX_MESSAGE);
-                let r = super::observe::observed("PushShard", push_shard(&state, body))
+                let r = super::observe::observed("PushShard", push_shard(&state, &caller, body))
                     .await
                     .and_then(|a| wire::Answer::ok(&a));
                 Ok(match r {
@@ -432,7 +456,7 @@ impl tower::Service<http::Request<tonic::body::Body>> for PeerRoutes {
                         .decode::<pb::FetchShardRequest>()
                         .await?
                         .ok_or_else(|| Status::invalid_argument("FetchShard: no request"))?;
-                    fetch_shard(&state, ask).await
+                    fetch_shard(&state, &caller, ask).await
                 })
                 .await;
                 Ok(match r {

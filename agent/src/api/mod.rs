@@ -15,6 +15,7 @@ pub mod launcher_api;
 pub mod metrics_http;
 pub mod nvhcd;
 pub mod observe;
+pub mod peer_auth;
 pub mod service;
 pub mod stragglers;
 

@@ -21,9 +21,12 @@ use warden_proto::v1::peer_server::Peer;
 
 use super::convert;
 use super::observe::observed;
+use super::peer_auth::Caller;
 use crate::detect::straggler::score::SectionMedian;
 use crate::detect::straggler::{self, Batch, Score, Stragglers, Summary, exchange};
 use crate::state::AgentState;
+use crate::tls::accept::PeerInfo;
+use crate::tls::connect::PeerConnector;
 
 /// Answers GetStragglers from the agent's straggler scores: its own ranks'
 /// and its peers', job-wide.
@@ -189,6 +192,7 @@ impl Peer for PeerService {
                     self.state.host
                 )));
             }
+            let caller = Caller::of(req.extensions().get::<PeerInfo>());
             let batch = batch_from_pb(req.into_inner())
                 .map_err(|e| Status::invalid_argument(format!("straggler summaries: {e}")))?;
             if batch.host == self.state.host {
@@ -198,6 +202,15 @@ impl Peer for PeerService {
                     batch.host
                 )));
             }
+            let known = caller.identity().is_some_and(|id| {
+                self.state.straggler_peers_seen.contains(id)
+                    || self
+                        .state
+                        .checkpoints
+                        .as_ref()
+                        .is_ok_and(|ck| ck.peers.knows(id))
+            });
+            super::peer_auth::straggler(&caller, &batch.host, known)?;
             let det = straggler::attach(&self.state);
             det.merge_remote(batch, Instant::now());
             Ok(Response::new(batch_pb(&det.outbox(Instant::now()))))
@@ -210,7 +223,8 @@ impl Peer for PeerService {
         req: Request<tonic::Streaming<pb::ShardChunk>>,
     ) -> Result<Response<pb::PushShardResponse>, Status> {
         observed("PushShard", async {
-            super::ckpt::push_shard(&self.state, req.into_inner())
+            let caller = Caller::of(req.extensions().get::<PeerInfo>());
+            super::ckpt::push_shard(&self.state, &caller, req.into_inner())
                 .await
                 .map(Response::new)
         })
@@ -224,7 +238,8 @@ impl Peer for PeerService {
         req: Request<pb::FetchShardRequest>,
     ) -> Result<Response<Self::FetchShardStream>, Status> {
         observed("FetchShard", async {
-            super::ckpt::fetch_shard(&self.state, req.into_inner())
+            let caller = Caller::of(req.extensions().get::<PeerInfo>());
+            super::ckpt::fetch_shard(&self.state, &caller, req.into_inner())
                 .await
                 .map(Response::new)
         })
@@ -236,7 +251,8 @@ impl Peer for PeerService {
         req: Request<pb::ListShardsRequest>,
     ) -> Result<Response<pb::ListShardsResponse>, Status> {
         observed("ListShards", async {
-            super::ckpt::list_shards(&self.state, req.into_inner())
+            let caller = Caller::of(req.extensions().get::<PeerInfo>());
+            super::ckpt::list_shards(&self.state, &caller, req.into_inner())
                 .await
                 .map(Response::new)
         })
@@ -266,12 +282,18 @@ async fn exchange_loop(state: Arc<AgentState>, det: Arc<Stragglers>) {
         .iter()
         .map(|addr| PeerLink {
             addr: addr.clone(),
+            // Dialed by address: the peer's certificate must be of the
+            // cluster CA, and the name it proves is remembered so that
+            // its own exchanges are taken (`peer_auth`).
             client: Endpoint::from_shared(format!("http://{addr}"))
                 .map(|e| {
                     PeerClient::new(
                         e.connect_timeout(cfg.peer_timeout)
                             .timeout(cfg.peer_timeout)
-                            .connect_lazy(),
+                            .connect_with_connector_lazy(
+                                PeerConnector::new(state.peer_tls.clone(), "")
+                                    .recording(state.straggler_peers_seen.clone()),
+                            ),
                     )
                 })
                 .map_err(

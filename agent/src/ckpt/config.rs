@@ -58,6 +58,11 @@ pub struct PeerConfig {
     /// Its failure domain; empty: a domain of its own.
     #[serde(default)]
     pub domain: String,
+    /// Its identity: the agent's `agent.host_name`, which its certificate
+    /// carries. Required with `api.tls_*`: the peer's certificate must
+    /// name it, and only then may it push and fetch this host's shards.
+    #[serde(default)]
+    pub name: String,
 }
 
 /// `[checkpoint.durable]`: object storage through the object_store crate.
@@ -219,6 +224,7 @@ mod tests {
                 peers: vec![PeerConfig {
                     addr: "no-port".into(),
                     domain: String::new(),
+                    name: String::new(),
                 }],
                 ..Default::default()
             },

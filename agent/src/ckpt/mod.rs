@@ -36,11 +36,15 @@ use layout::ShardKey;
 use manifest::Manifest;
 use tier::LocalTier;
 
-/// One configured peer agent.
+/// One peer agent: configured, or handed over by a job's launcher.
 #[derive(Debug, Clone)]
 pub struct Peer {
     /// Its address and failure domain.
     pub member: placement::Member,
+    /// Its identity (the name its certificate carries, its
+    /// `agent.host_name`); empty when unknown (`api.insecure`, an older
+    /// launcher): such a peer is dialed but never authorized for a job.
+    pub name: String,
     /// A lazily connected client (listings).
     pub client: PeerClient<Channel>,
     /// Its channel, for shard transfers ([`wire`]).
@@ -49,13 +53,26 @@ pub struct Peer {
 
 impl Peer {
     /// The peer agent at `addr` in failure domain `domain` (empty: a domain
-    /// of its own), connected lazily with `timeout` to connect.
-    pub fn new(addr: &str, domain: &str, timeout: std::time::Duration) -> Result<Self, String> {
-        Ok(Self::on(addr, domain, peers::channel(addr, timeout)?))
+    /// of its own) whose certificate carries `name`, connected lazily with
+    /// `timeout` to connect, through `tls`.
+    pub fn new(
+        addr: &str,
+        domain: &str,
+        name: &str,
+        timeout: std::time::Duration,
+        tls: &crate::tls::PeerTls,
+    ) -> Result<Self, String> {
+        let connector = crate::tls::connect::PeerConnector::new(tls.clone(), name);
+        Ok(Self::on(
+            addr,
+            domain,
+            name,
+            peers::channel(addr, timeout, connector)?,
+        ))
     }
 
     /// The same over a channel already open to it.
-    pub fn on(addr: &str, domain: &str, channel: Channel) -> Self {
+    pub fn on(addr: &str, domain: &str, name: &str, channel: Channel) -> Self {
         Self {
             member: placement::Member {
                 addr: addr.to_owned(),
@@ -65,6 +82,7 @@ impl Peer {
                     domain.to_owned()
                 },
             },
+            name: name.to_owned(),
             client: peers::client(channel.clone()),
             channel,
         }
@@ -94,7 +112,12 @@ pub struct Checkpoints {
 
 impl Checkpoints {
     /// Opens the tier and the store; the error says which and why.
-    pub fn open(cfg: &CheckpointConfig, host: &str, my_addr: &str) -> Result<Self, String> {
+    pub fn open(
+        cfg: &CheckpointConfig,
+        host: &str,
+        my_addr: &str,
+        tls: &crate::tls::PeerTls,
+    ) -> Result<Self, String> {
         let tier = LocalTier::open(
             std::path::Path::new(&cfg.dir),
             host,
@@ -104,7 +127,13 @@ impl Checkpoints {
         .map_err(|e| format!("checkpoint.dir: {e}"))?;
         let mut peers = Vec::new();
         for p in &cfg.peers {
-            peers.push(Peer::new(&p.addr, &p.domain, cfg.peer_timeout)?);
+            peers.push(Peer::new(
+                &p.addr,
+                &p.domain,
+                &p.name,
+                cfg.peer_timeout,
+                tls,
+            )?);
         }
         let addr = if my_addr.is_empty() { host } else { my_addr };
         let me = placement::Member {
@@ -115,7 +144,7 @@ impl Checkpoints {
                 cfg.domain.clone()
             },
         };
-        let peers = peerset::PeerSet::new(me, cfg.replicas, cfg.peer_timeout, peers);
+        let peers = peerset::PeerSet::new(me, cfg.replicas, cfg.peer_timeout, tls.clone(), peers);
         if cfg.replicas > 0 && !cfg.peers.is_empty() && peers.targets("").len() < cfg.replicas {
             tracing::warn!(
                 wanted = cfg.replicas,

@@ -25,8 +25,13 @@ pub const STREAM_WINDOW: u32 = 32 << 20;
 /// HTTP/2 connection window.
 pub const CONN_WINDOW: u32 = 64 << 20;
 
-/// A lazily connected channel to one peer.
-pub fn channel(addr: &str, timeout: Duration) -> Result<Channel, String> {
+/// A lazily connected channel to one peer, dialed through `connector`
+/// (mutual TLS unless `api.insecure`).
+pub fn channel(
+    addr: &str,
+    timeout: Duration,
+    connector: crate::tls::connect::PeerConnector,
+) -> Result<Channel, String> {
     let ep = Endpoint::from_shared(format!("http://{addr}"))
         .map_err(|e| format!("peer address {addr:?}: {e}"))?
         .connect_timeout(timeout)
@@ -34,7 +39,7 @@ pub fn channel(addr: &str, timeout: Duration) -> Result<Channel, String> {
         .initial_stream_window_size(STREAM_WINDOW)
         .initial_connection_window_size(CONN_WINDOW)
         .max_frame_size(FRAME);
-    Ok(ep.connect_lazy())
+    Ok(ep.connect_with_connector_lazy(connector))
 }
 
 /// A client for the peer behind `channel` (the calls other than the

@@ -24,6 +24,9 @@ pub struct PeerSpec {
     pub domain: String,
     /// Its host id in the job, for messages.
     pub host: String,
+    /// Its agent's identity (the name its certificate carries); empty
+    /// when the launcher did not say (an older one, `api.insecure`).
+    pub identity: String,
 }
 
 /// Why a launcher's peer list was refused.
@@ -55,6 +58,7 @@ pub struct PeerSet {
     me: Member,
     replicas: usize,
     timeout: Duration,
+    tls: crate::tls::PeerTls,
     configured: Vec<Peer>,
     jobs: Mutex<BTreeMap<String, Vec<Peer>>>,
 }
@@ -62,11 +66,18 @@ pub struct PeerSet {
 impl PeerSet {
     /// The set with only the configured peers; `me` is this agent on the
     /// ring (its address and domain).
-    pub fn new(me: Member, replicas: usize, timeout: Duration, configured: Vec<Peer>) -> Self {
+    pub fn new(
+        me: Member,
+        replicas: usize,
+        timeout: Duration,
+        tls: crate::tls::PeerTls,
+        configured: Vec<Peer>,
+    ) -> Self {
         Self {
             me,
             replicas,
             timeout,
+            tls,
             configured,
             jobs: Mutex::new(BTreeMap::new()),
         }
@@ -111,6 +122,43 @@ impl PeerSet {
             .collect()
     }
 
+    /// The identities of `job`'s peers (configured or handed over) that
+    /// have one: who may push, fetch and list the job's shards here.
+    pub fn names_of_job(&self, job: &str) -> Vec<String> {
+        self.of_job(job)
+            .into_iter()
+            .map(|p| p.name)
+            .filter(|n| !n.is_empty())
+            .collect()
+    }
+
+    /// Whether `name` is a peer of any job, or configured.
+    pub fn knows(&self, name: &str) -> bool {
+        !name.is_empty() && self.of_job("").iter().any(|p| p.name == name)
+    }
+
+    /// Whether `job`'s placement sends the shards of the peer named
+    /// `origin` to this host: the ring seen from the origin (the job's
+    /// peers here, less the origin, plus this host) with this host's
+    /// `checkpoint.replicas`. None when the origin is not one of the job's
+    /// peers. Every host of a job is handed the same peer list by the
+    /// launchers' round (and a static fleet configures each host's peers
+    /// alike), so this is the origin's own choice of targets.
+    pub fn placed_here(&self, job: &str, origin: &str) -> Option<bool> {
+        let all = self.of_job(job);
+        let o = all
+            .iter()
+            .find(|p| !origin.is_empty() && p.name == origin)?;
+        let mut ring: Vec<Member> = all
+            .iter()
+            .filter(|p| p.member.addr != o.member.addr)
+            .map(|p| p.member.clone())
+            .collect();
+        ring.push(self.me.clone());
+        let mine = ring.len() - 1;
+        Some(placement::targets(&o.member, &ring, self.replicas).contains(&mine))
+    }
+
     /// The peer at `addr`, configured or handed over for any job.
     pub fn find(&self, addr: &str) -> Option<Peer> {
         self.of_job("").into_iter().find(|p| p.member.addr == addr)
@@ -136,15 +184,18 @@ impl PeerSet {
                 if s.addr == self.me.addr || fresh.iter().any(|p| p.member.addr == s.addr) {
                     continue;
                 }
-                // Keep the connection of a peer already known.
-                let peer = match known.iter().find(|p| p.member.addr == s.addr) {
-                    Some(p) => Peer::on(&s.addr, &s.domain, p.channel.clone()),
-                    None => Peer::new(&s.addr, &s.domain, self.timeout).map_err(|message| {
-                        PeerSetError::Client {
+                // Keep the connection of a peer already known under the
+                // same identity (a new name needs a dial that checks it).
+                let peer = match known
+                    .iter()
+                    .find(|p| p.member.addr == s.addr && p.name == s.identity)
+                {
+                    Some(p) => Peer::on(&s.addr, &s.domain, &s.identity, p.channel.clone()),
+                    None => Peer::new(&s.addr, &s.domain, &s.identity, self.timeout, &self.tls)
+                        .map_err(|message| PeerSetError::Client {
                             addr: s.addr.clone(),
                             message,
-                        }
-                    })?,
+                        })?,
                 };
                 fresh.push(peer);
             }
@@ -183,13 +234,23 @@ mod tests {
             addr: addr.into(),
             domain: domain.into(),
             host: addr.into(),
+            identity: String::new(),
         }
     }
 
     fn set(configured: &[(&str, &str)]) -> PeerSet {
         let configured = configured
             .iter()
-            .map(|(a, d)| Peer::new(a, d, Duration::from_secs(1)).unwrap())
+            .map(|(a, d)| {
+                Peer::new(
+                    a,
+                    d,
+                    "",
+                    Duration::from_secs(1),
+                    &crate::tls::PeerTls::Insecure,
+                )
+                .unwrap()
+            })
             .collect();
         PeerSet::new(
             Member {
@@ -198,6 +259,7 @@ mod tests {
             },
             1,
             Duration::from_secs(1),
+            crate::tls::PeerTls::Insecure,
             configured,
         )
     }
@@ -235,6 +297,33 @@ mod tests {
         s.set_job("j1", &[]).unwrap();
         assert!(s.targets("j1").is_empty());
         assert!(s.find("127.0.0.4:7000").is_none());
+    }
+
+    #[tokio::test]
+    async fn a_push_is_placed_here_only_when_the_origins_ring_says_so() {
+        // This host is 127.0.0.2 (rack2); the job's peers: h3 and h4.
+        let s = set(&[]);
+        let named = |addr: &str, domain: &str, name: &str| PeerSpec {
+            identity: name.into(),
+            ..spec(addr, domain)
+        };
+        s.set_job(
+            "j",
+            &[
+                named("127.0.0.3:7000", "rack3", "h3"),
+                named("127.0.0.4:7000", "rack4", "h4"),
+            ],
+        )
+        .unwrap();
+        assert_eq!(s.names_of_job("j"), vec!["h3", "h4"]);
+        assert!(s.names_of_job("other").is_empty());
+        // h3's ring (one replica): the next address after it is .4, so
+        // its replicas go to h4, not here; h4's wrap around to .2 (here).
+        assert_eq!(s.placed_here("j", "h3"), Some(false));
+        assert_eq!(s.placed_here("j", "h4"), Some(true));
+        assert_eq!(s.placed_here("j", "h9"), None);
+        assert_eq!(s.placed_here("j", ""), None);
+        assert!(s.knows("h3") && !s.knows("h9") && !s.knows(""));
     }
 
     #[tokio::test]

@@ -1,4 +1,5 @@
-//! Reaching the agent: its Unix socket by default, TCP when asked.
+//! Reaching the agent: its Unix socket. The read and control API is local
+//! only; `api.tcp` serves peer agents, and `--addr` says so.
 
 use std::fmt;
 use std::path::PathBuf;
@@ -39,13 +40,16 @@ impl Target {
 
     /// A channel to the agent; the error names what was tried.
     pub async fn channel(&self) -> Result<Channel> {
-        let hint = "is wardend running? point at it with --socket, --addr or WARDEN_SOCKET";
+        let hint = "is wardend running? point at it with --socket or WARDEN_SOCKET";
         match self {
-            Target::Tcp(addr) => Endpoint::from_shared(format!("http://{addr}"))
-                .with_context(|| format!("invalid address {addr:?}"))?
-                .connect()
-                .await
-                .with_context(|| format!("no warden agent answers at {self} ({hint})")),
+            // api.tcp serves only the peer agents (warden.v1.Peer, behind
+            // mutual TLS): the CLI's API is local, on the Unix socket;
+            // remote reads go through the Prometheus endpoint.
+            Target::Tcp(addr) => anyhow::bail!(
+                "--addr {addr}: the agent's TCP port serves only its peer agents (mutual TLS); \
+                 run warden on the node, against its Unix socket (--socket or WARDEN_SOCKET), \
+                 or read the node remotely from its Prometheus metrics"
+            ),
             Target::Unix(path) => {
                 // The URI is required by the API but unused: the connector dials the socket.
                 let path = path.clone();

@@ -35,8 +35,9 @@ pub struct Cli {
     /// The agent's Unix socket [default: $WARDEN_SOCKET, else the agent's default path]
     #[arg(long, global = true, conflicts_with = "addr")]
     pub socket: Option<PathBuf>,
-    /// The agent's TCP address (host:port), when it listens on one.
-    #[arg(long, global = true)]
+    /// Refused: the agent's TCP port serves only its peer agents (mutual
+    /// TLS). Kept so that old scripts get a message saying what to use.
+    #[arg(long, global = true, hide = true)]
     pub addr: Option<String>,
     /// Machine-readable output (one JSON document; NDJSON for streams).
     #[arg(long, global = true)]

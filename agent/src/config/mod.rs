@@ -145,13 +145,47 @@ pub struct ApiConfig {
     /// users, the CLI) may connect and nobody else. Empty: the agent's own
     /// group (systemd's `Group=`).
     pub socket_group: String,
-    /// Optional TCP address (`host:port`) for remote tools; empty: off.
-    /// There is no authentication on it: bind to a trusted interface.
+    /// Optional TCP address (`host:port`) where peer agents reach this one
+    /// (checkpoint replicas and restores, the straggler exchange); empty:
+    /// off. Only `warden.v1.Peer` is served there, and only to peers
+    /// presenting a certificate of the cluster CA (`tls_ca`); the rest of
+    /// the API is on the Unix socket only.
     pub tcp: String,
+    /// The cluster CA certificate(s), PEM: a peer's certificate must chain
+    /// to it, on `api.tcp` and when this agent dials a peer. Re-read when
+    /// the file changes.
+    pub tls_ca: String,
+    /// This node's certificate chain, PEM, signed by the cluster CA; its
+    /// first DNS subject alternative name must be this agent's host name
+    /// (`agent.host_name`), which is its identity to peers. Re-read when
+    /// the file changes (rotation needs no restart).
+    pub tls_cert: String,
+    /// This node's private key, PEM (PKCS#8, PKCS#1 or SEC1), readable by
+    /// the agent only. Re-read when the file changes.
+    pub tls_key: String,
+    /// Serve `api.tcp` and dial peers in plain TCP, with no authentication:
+    /// anyone who reaches the port may push, fetch and list checkpoint
+    /// shards. For a trusted test network only; the agent warns at start
+    /// and `warden health` reports the node DEGRADED while it is on.
+    pub insecure: bool,
     /// A group (name or numeric gid) whose members are admins of the agent
     /// beside root and the agent's own user: they may call Uncordon and act
     /// on any job (docs/security.md). Empty: root and the agent's user only.
     pub admin_group: String,
+}
+
+impl ApiConfig {
+    /// The TLS files, when all three are set.
+    pub fn tls_files(&self) -> Option<crate::tls::TlsFiles> {
+        if self.tls_ca.is_empty() || self.tls_cert.is_empty() || self.tls_key.is_empty() {
+            return None;
+        }
+        Some(crate::tls::TlsFiles {
+            ca: PathBuf::from(&self.tls_ca),
+            cert: PathBuf::from(&self.tls_cert),
+            key: PathBuf::from(&self.tls_key),
+        })
+    }
 }
 
 impl Default for ApiConfig {
@@ -162,6 +196,10 @@ impl Default for ApiConfig {
             socket_group: String::new(),
             tcp: String::new(),
             admin_group: String::new(),
+            tls_ca: String::new(),
+            tls_cert: String::new(),
+            tls_key: String::new(),
+            insecure: false,
         }
     }
 }
@@ -399,6 +437,69 @@ impl Config {
         toml::to_string(self).unwrap_or_else(|e| format!("# cannot render config: {e}\n"))
     }
 
+    /// The TCP keys together: TLS files all or none, absolute; TCP (or
+    /// peers to dial) only with TLS or an explicit `api.insecure = true`.
+    fn validate_tls(
+        &self,
+        invalid: &dyn Fn(&'static str, String, &str) -> ConfigError,
+    ) -> Result<(), ConfigError> {
+        let api = &self.api;
+        let keys = [
+            ("api.tls_ca", &api.tls_ca),
+            ("api.tls_cert", &api.tls_cert),
+            ("api.tls_key", &api.tls_key),
+        ];
+        for (key, v) in keys {
+            if !v.is_empty() && !Path::new(v).is_absolute() {
+                return Err(invalid(key, format!("{v:?}"), "must be an absolute path"));
+            }
+        }
+        let set = keys.iter().filter(|(_, v)| !v.is_empty()).count();
+        if set > 0
+            && set < keys.len()
+            && let Some((key, _)) = keys.iter().find(|(_, v)| v.is_empty())
+        {
+            return Err(invalid(
+                key,
+                "\"\"".to_owned(),
+                "api.tls_ca, api.tls_cert and api.tls_key go together: set all three",
+            ));
+        }
+        let tls = set == keys.len();
+        if tls && api.insecure {
+            return Err(invalid(
+                "api.insecure",
+                "true".to_owned(),
+                "TLS files are set too: remove api.insecure to use them, or the \
+                 api.tls_* keys to run without authentication",
+            ));
+        }
+        if tls || api.insecure {
+            if tls && let Some(p) = self.checkpoint.peers.iter().find(|p| p.name.is_empty()) {
+                return Err(invalid(
+                    "checkpoint.peers.name",
+                    format!("\"\" (peer {})", p.addr),
+                    "with api.tls_* set, each configured peer needs the name its \
+                     certificate carries (its agent.host_name)",
+                ));
+            }
+            return Ok(());
+        }
+        let fix = "peer agents are served and dialed over TCP only with mutual TLS: set \
+                   api.tls_ca, api.tls_cert and api.tls_key (docs/operations.md), or \
+                   api.insecure = true on a trusted test network";
+        if !api.tcp.is_empty() {
+            return Err(invalid("api.tcp", format!("{:?}", api.tcp), fix));
+        }
+        if let Some(p) = self.checkpoint.peers.first() {
+            return Err(invalid("checkpoint.peers", format!("{:?}", p.addr), fix));
+        }
+        if let Some(p) = self.straggler.peers.first() {
+            return Err(invalid("straggler.peers", format!("{p:?}"), fix));
+        }
+        Ok(())
+    }
+
     /// Checks values that parse but make no sense. Every error names its key.
     pub fn validate(&self, origin: &str) -> Result<(), ConfigError> {
         let invalid = |key: &'static str, value: String, why: &str| ConfigError::Invalid {
@@ -464,6 +565,7 @@ impl Config {
                 "must be an IP address and port such as \"127.0.0.1:7070\", or empty for off",
             ));
         }
+        self.validate_tls(&invalid)?;
         if !self.metrics.listen.is_empty() && self.metrics.listen.parse::<SocketAddr>().is_err() {
             return Err(invalid(
                 "metrics.listen",

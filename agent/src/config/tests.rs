@@ -108,3 +108,53 @@ fn hang_timeouts_table_parses() {
     let e = err("[hang.timeouts]\nstep = \"soon\"\n");
     assert!(e.contains("hang.timeouts"), "{e}");
 }
+
+#[test]
+fn tcp_and_peers_need_tls_or_an_explicit_insecure() {
+    const TLS: &str = "tls_ca = \"/t/ca.crt\"\ntls_cert = \"/t/n.crt\"\ntls_key = \"/t/n.key\"\n";
+    for (text, key, says) in [
+        (
+            "[api]\ntcp = \"127.0.0.1:7070\"\n",
+            "api.tcp",
+            "api.insecure = true",
+        ),
+        (
+            "[checkpoint]\n[[checkpoint.peers]]\naddr = \"10.0.0.2:7070\"\n",
+            "checkpoint.peers",
+            "api.tls_ca",
+        ),
+        (
+            "[straggler]\npeers = [\"10.0.0.2:7070\"]\n",
+            "straggler.peers",
+            "api.tls_ca",
+        ),
+        (
+            "[api]\ntls_ca = \"/t/ca.crt\"\n",
+            "api.tls_cert",
+            "all three",
+        ),
+        ("[api]\ntls_ca = \"ca.crt\"\n", "api.tls_ca", "absolute"),
+        (
+            &format!("[api]\n{TLS}insecure = true\n"),
+            "api.insecure",
+            "TLS files are set",
+        ),
+        (
+            &format!("[api]\n{TLS}[[checkpoint.peers]]\naddr = \"10.0.0.2:7070\"\n"),
+            "checkpoint.peers.name",
+            "certificate",
+        ),
+    ] {
+        let e = err(text);
+        assert!(e.contains(key), "{key}: {e}");
+        assert!(e.contains(says), "{key}: {e}");
+    }
+    for ok in [
+        "[api]\ntcp = \"127.0.0.1:7070\"\ninsecure = true\n".to_owned(),
+        format!(
+            "[api]\ntcp = \"127.0.0.1:7070\"\n{TLS}[[checkpoint.peers]]\naddr = \"10.0.0.2:7070\"\nname = \"n2\"\n"
+        ),
+    ] {
+        assert!(Config::from_toml(&ok, "t").is_ok(), "{ok}");
+    }
+}

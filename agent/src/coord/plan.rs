@@ -46,6 +46,12 @@ pub struct CkptPeer {
     /// Its `checkpoint.domain`; empty: a domain of its own.
     #[serde(default)]
     pub domain: String,
+    /// The TLS identity of its agent (the first DNS name of the agent's
+    /// certificate, its `agent.host_name`): the other agents dial it
+    /// expecting that name and authorize its pushes and fetches under it.
+    /// Empty: none (`api.insecure`, or a launcher of an older version).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub identity: String,
 }
 
 /// A live member: its record and what etcd says about its key.
@@ -321,6 +327,7 @@ mod tests {
             ckpt_peer: Some(CkptPeer {
                 addr: "10.0.0.1:7000".into(),
                 domain: "rack1".into(),
+                identity: "h".into(),
             }),
             ..r
         };

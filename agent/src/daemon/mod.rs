@@ -8,6 +8,7 @@
 
 pub mod instance;
 pub mod notify;
+pub mod peer_listener;
 pub mod work_loop;
 
 use std::os::unix::fs::PermissionsExt;
@@ -16,7 +17,7 @@ use std::sync::Arc;
 
 use tokio::net::{TcpListener, UnixListener};
 use tokio::task::JoinSet;
-use tokio_stream::wrappers::{TcpListenerStream, UnixListenerStream};
+use tokio_stream::wrappers::UnixListenerStream;
 use tonic::transport::Server;
 use tonic_health::ServingStatus;
 use warden_proto::v1::agent_server::AgentServer;
@@ -59,6 +60,9 @@ pub enum DaemonError {
     /// The reflection service could not be built from our descriptors.
     #[error("cannot build the reflection service: {0}")]
     Reflection(String),
+    /// The TLS files named by `api.tls_*` do not load.
+    #[error("cannot use the TLS files: {0}")]
+    Tls(#[from] crate::tls::TlsError),
 }
 
 impl DaemonError {
@@ -141,7 +145,8 @@ async fn serve(
 ) -> Result<(), DaemonError> {
     let socket: PathBuf = config.socket_path();
     let claim = instance::claim(&socket)?;
-    let mut state = AgentState::new(config, config_source)?;
+    let peer_tls = peer_listener::peer_tls(&config)?;
+    let mut state = AgentState::with_peer_tls(config, config_source, peer_tls)?;
     if let Some(host) = &embedded {
         state.shutdown = host.child_token();
     }
@@ -230,7 +235,6 @@ async fn serve(
     tasks.spawn(goodput);
     {
         let stop = state.shutdown.clone();
-        let router = router.clone();
         tasks.spawn(async move {
             if let Err(e) = router
                 .serve_with_incoming_shutdown(local_connections(uds), stop.cancelled())
@@ -240,16 +244,10 @@ async fn serve(
             }
         });
     }
+    // TCP serves the peer agents only (warden.v1.Peer), behind mutual TLS:
+    // the rest of the API is local, on the Unix socket.
     if let Some((l, _)) = tcp {
-        let stop = state.shutdown.clone();
-        tasks.spawn(async move {
-            if let Err(e) = router
-                .serve_with_incoming_shutdown(TcpListenerStream::new(l), stop.cancelled())
-                .await
-            {
-                tracing::error!(error = %e, "tcp server failed");
-            }
-        });
+        tasks.spawn(peer_listener::serve(state.clone(), l));
     }
     if let (Some((l, _)), Some(handle)) = (metrics, metrics_handle) {
         let st = state.clone();
@@ -292,6 +290,11 @@ async fn serve(
     // Published before the work loop starts, so it is the agent's first
     // event and a watcher resuming after it misses nothing.
     state.events.publish(started);
+    if let Some(watch) = peer_listener::start(&state) {
+        tasks.spawn(async move {
+            let _ = watch.await;
+        });
+    }
     let sources = Sources::default();
     sources
         .spawn(

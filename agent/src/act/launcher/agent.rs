@@ -212,6 +212,7 @@ pub async fn set_peers(
                 addr: p.addr.clone(),
                 domain: p.domain.clone(),
                 host: host.clone(),
+                identity: p.identity.clone(),
             })
             .collect(),
     };

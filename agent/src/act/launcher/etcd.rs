@@ -114,6 +114,7 @@ pub fn ckpt_peer(
         return Ok(etcd::CkptPeer {
             addr: tcp.to_owned(),
             domain: checkpoint.domain.clone(),
+            identity: String::new(),
         });
     };
     let adv: Option<IpAddr> = advertise.parse().ok();
@@ -133,6 +134,7 @@ pub fn ckpt_peer(
     Ok(etcd::CkptPeer {
         addr,
         domain: checkpoint.domain.clone(),
+        identity: String::new(),
     })
 }
 

@@ -231,7 +231,13 @@ async fn run_job(
             host: cfg.host.clone(),
         });
         match etcd::ckpt_peer(&link.config.checkpoint, &link.tcp, &cfg.addr) {
-            Ok(p) => {
+            Ok(mut p) => {
+                // The agent's TLS identity is its host name (its node
+                // certificate must carry it first), so the other hosts'
+                // agents can bind this address to that certificate.
+                if link.config.api.tls_files().is_some() {
+                    p.identity = link.config.host_name();
+                }
                 console.say(format!(
                     "checkpoint replicas: the job's other hosts send theirs to this host's agent at {}{}",
                     p.addr,

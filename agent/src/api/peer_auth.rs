@@ -1,0 +1,259 @@
+//! Who may do what on `warden.v1.Peer`: the rules applied to a peer agent
+//! authenticated by its certificate on `api.tcp`.
+//!
+//! In: the caller as the accept path recorded it ([`PeerInfo`] in the
+//! request's extensions) and what the request names (a job, a shard's
+//! origin, a summary's host), with this host's view of each job's peers.
+//! Out: nothing, or PERMISSION_DENIED whose message names the rule. The
+//! rules are pure functions of that data, tested by the table below.
+//! Never: authorize an identity it cannot name. With `api.insecure` the
+//! caller is unknown and today's behaviour holds (the agent says so at
+//! start and in `warden health`); over the Unix socket the caller is
+//! local and the socket's own authorization applies.
+
+use tonic::Status;
+
+use crate::tls::accept::PeerInfo;
+
+/// The caller of a Peer method.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Caller {
+    /// Over the Unix socket (no [`PeerInfo`]): a local process.
+    Local,
+    /// Over `api.tcp` with `api.insecure = true`: nobody knows who.
+    Unauthenticated,
+    /// Over `api.tcp` with mutual TLS: the identity its certificate proves.
+    Peer(String),
+}
+
+impl Caller {
+    /// The caller of a request with these extensions.
+    pub fn of(info: Option<&PeerInfo>) -> Self {
+        match info {
+            None => Caller::Local,
+            Some(PeerInfo { identity: None, .. }) => Caller::Unauthenticated,
+            Some(PeerInfo {
+                identity: Some(id), ..
+            }) => Caller::Peer(id.clone()),
+        }
+    }
+
+    /// The authenticated identity, when there is one to check.
+    pub fn identity(&self) -> Option<&str> {
+        match self {
+            Caller::Peer(id) => Some(id),
+            Caller::Local | Caller::Unauthenticated => None,
+        }
+    }
+}
+
+fn denied(rule: &str, why: String) -> Status {
+    Status::permission_denied(format!("refused by rule {rule}: {why}"))
+}
+
+/// Rule `job-member`: a peer reads (fetch, list) or writes (push) shards
+/// of `job` only when it is one of the job's peers on this host: handed
+/// over by the job's launcher (SetCheckpointPeers) or configured in
+/// `[[checkpoint.peers]]` with its `name`.
+pub fn job_member(caller: &Caller, job: &str, members: &[String]) -> Result<(), Status> {
+    let Some(id) = caller.identity() else {
+        return Ok(());
+    };
+    if members.iter().any(|m| m == id) {
+        return Ok(());
+    }
+    Err(denied(
+        "job-member",
+        format!("peer {id:?} is not a checkpoint peer of job {job:?} on this host"),
+    ))
+}
+
+/// What a push is checked against, besides job membership.
+#[derive(Debug)]
+pub struct PushFacts<'a> {
+    /// The job of the shard.
+    pub job: &'a str,
+    /// The origin its manifest names.
+    pub origin: &'a str,
+    /// This host's name.
+    pub this_host: &'a str,
+    /// Whether the job's placement, computed from the origin's place on
+    /// the ring, names this host as a target of the origin's shards
+    /// (None: the origin is not on the job's ring at all).
+    pub placed_here: Option<bool>,
+}
+
+/// Rules for PushShard: `origin-is-pusher` (a peer pushes only its own
+/// shards, so nobody forges another host's steps), `origin-not-this-host`
+/// (a replica naming this host as origin would let retention delete this
+/// host's own steps), and `placement` (this host is where the job's ring
+/// sends that origin's replicas).
+pub fn push(caller: &Caller, f: &PushFacts<'_>) -> Result<(), Status> {
+    let Some(id) = caller.identity() else {
+        return Ok(());
+    };
+    if f.origin == f.this_host {
+        return Err(denied(
+            "origin-not-this-host",
+            format!(
+                "the shard names this host ({:?}) as its origin; a replica comes from another host",
+                f.this_host
+            ),
+        ));
+    }
+    if f.origin != id {
+        return Err(denied(
+            "origin-is-pusher",
+            format!(
+                "peer {id:?} pushed a shard whose origin is {:?}; a peer pushes only its own shards",
+                f.origin
+            ),
+        ));
+    }
+    match f.placed_here {
+        Some(true) => Ok(()),
+        Some(false) => Err(denied(
+            "placement",
+            format!(
+                "job {:?}'s placement does not send {id:?}'s replicas to this host",
+                f.job
+            ),
+        )),
+        None => Err(denied(
+            "placement",
+            format!("{id:?} is not on job {:?}'s ring on this host", f.job),
+        )),
+    }
+}
+
+/// Rules for ExchangeStragglerSummaries: `summaries-from-caller` (a peer
+/// speaks only for its own host) and `straggler-peer` (it is a peer this
+/// agent knows: one of its `straggler.peers`, whose name this agent's own
+/// dial proved, or a checkpoint peer of any job).
+pub fn straggler(caller: &Caller, batch_host: &str, known: bool) -> Result<(), Status> {
+    let Some(id) = caller.identity() else {
+        return Ok(());
+    };
+    if batch_host != id {
+        return Err(denied(
+            "summaries-from-caller",
+            format!("peer {id:?} sent summaries for host {batch_host:?}"),
+        ));
+    }
+    if !known {
+        return Err(denied(
+            "straggler-peer",
+            format!(
+                "peer {id:?} is neither a straggler peer this agent dialed nor a checkpoint peer"
+            ),
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn peer(id: &str) -> Caller {
+        Caller::Peer(id.into())
+    }
+
+    fn facts<'a>(origin: &'a str, placed: Option<bool>) -> PushFacts<'a> {
+        PushFacts {
+            job: "j",
+            origin,
+            this_host: "h0",
+            placed_here: placed,
+        }
+    }
+
+    fn rule(r: Result<(), Status>) -> String {
+        match r {
+            Ok(()) => "ok".into(),
+            Err(s) => {
+                assert_eq!(s.code(), tonic::Code::PermissionDenied, "{s:?}");
+                s.message()
+                    .strip_prefix("refused by rule ")
+                    .and_then(|m| m.split(':').next())
+                    .unwrap_or("?")
+                    .to_owned()
+            }
+        }
+    }
+
+    #[test]
+    fn each_rule_refuses_by_name_and_unknown_callers_keep_todays_behaviour() {
+        let members = ["h1".to_owned(), "h2".to_owned()];
+        let cases: Vec<(&str, Result<(), Status>, &str)> = vec![
+            ("member", job_member(&peer("h1"), "j", &members), "ok"),
+            (
+                "not a member",
+                job_member(&peer("h9"), "j", &members),
+                "job-member",
+            ),
+            ("local", job_member(&Caller::Local, "j", &[]), "ok"),
+            (
+                "insecure",
+                job_member(&Caller::Unauthenticated, "j", &[]),
+                "ok",
+            ),
+            (
+                "own shard",
+                push(&peer("h1"), &facts("h1", Some(true))),
+                "ok",
+            ),
+            (
+                "another's shard",
+                push(&peer("h1"), &facts("h2", Some(true))),
+                "origin-is-pusher",
+            ),
+            (
+                "this host as origin",
+                push(&peer("h1"), &facts("h0", Some(true))),
+                "origin-not-this-host",
+            ),
+            (
+                "not placed here",
+                push(&peer("h1"), &facts("h1", Some(false))),
+                "placement",
+            ),
+            (
+                "off the ring",
+                push(&peer("h1"), &facts("h1", None)),
+                "placement",
+            ),
+            (
+                "insecure push",
+                push(&Caller::Unauthenticated, &facts("h0", None)),
+                "ok",
+            ),
+            ("own summaries", straggler(&peer("h1"), "h1", true), "ok"),
+            (
+                "someone else's summaries",
+                straggler(&peer("h1"), "h2", true),
+                "summaries-from-caller",
+            ),
+            (
+                "unknown peer",
+                straggler(&peer("h1"), "h1", false),
+                "straggler-peer",
+            ),
+        ];
+        for (name, got, want) in cases {
+            assert_eq!(rule(got), want, "{name}");
+        }
+    }
+
+    #[test]
+    fn the_caller_comes_from_the_connection() {
+        assert_eq!(Caller::of(None), Caller::Local);
+        let mut info = PeerInfo {
+            remote: None,
+            identity: None,
+        };
+        assert_eq!(Caller::of(Some(&info)), Caller::Unauthenticated);
+        info.identity = Some("h1".into());
+        assert_eq!(Caller::of(Some(&info)), peer("h1"));
+    }
+}

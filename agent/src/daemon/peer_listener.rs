@@ -1,0 +1,145 @@
+//! The `api.tcp` listener's set-up: the node's TLS set loaded, the peer
+//! service served on TCP behind the mutual-TLS accept path, rotations
+//! watched, and the loud warning when the port runs without
+//! authentication.
+//!
+//! In: the validated config and the bound listener. Out: a task serving
+//! `warden.v1.Peer` (and nothing else) on TCP until shutdown; events
+//! `tls.reloaded`, `tls.reload_failed` and `api.insecure`; the health
+//! component `agent/api.tcp` (DEGRADED with `api.insecure = true`).
+//! Never: serve warden.v1.Agent, reflection or health on TCP, nor start
+//! with TLS files that do not load.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use tokio::net::TcpListener;
+use tonic::transport::Server;
+
+use crate::config::Config;
+use crate::events::{NewEvent, Severity};
+use crate::health::{ComponentReport, Reason, Status};
+use crate::state::AgentState;
+use crate::tls::reload::{self, Reload, Reloader};
+use crate::tls::{PeerTls, TlsError, accept};
+
+/// The component that shows how the TCP port is protected.
+pub const COMPONENT: &str = "agent/api.tcp";
+
+/// The peer TLS mode the config asks for, its files loaded (an error here
+/// stops the agent: it names the key and the file).
+pub fn peer_tls(config: &Config) -> Result<PeerTls, TlsError> {
+    match config.api.tls_files() {
+        Some(files) => Ok(PeerTls::Mutual(Arc::new(Reloader::open(
+            files,
+            &config.host_name(),
+        )?))),
+        None => Ok(PeerTls::Insecure),
+    }
+}
+
+/// Serves `warden.v1.Peer` on `listener` through the accept path of
+/// `state.peer_tls` until the agent shuts down.
+pub async fn serve(state: Arc<AgentState>, listener: TcpListener) {
+    let stop = state.shutdown.clone();
+    let incoming = accept::incoming(listener, state.peer_tls.clone(), stop.clone());
+    let router = Server::builder()
+        // Checkpoint shards stream through here: windows that keep a fast
+        // link busy (small defaults cap a stream well below link speed).
+        .initial_stream_window_size(crate::ckpt::peers::STREAM_WINDOW)
+        .initial_connection_window_size(crate::ckpt::peers::CONN_WINDOW)
+        .max_frame_size(crate::ckpt::peers::FRAME)
+        .add_service(crate::api::ckpt::PeerRoutes::new(state.clone()));
+    if let Err(e) = router
+        .serve_with_incoming_shutdown(incoming, stop.cancelled())
+        .await
+    {
+        tracing::error!(error = %e, "tcp server failed");
+    }
+}
+
+/// Starts watching the TLS files (mutual TLS), or warns loudly that the
+/// port and the agent's dials are unauthenticated (`api.insecure`).
+pub fn start(state: &Arc<AgentState>) -> Option<tokio::task::JoinHandle<()>> {
+    match &state.peer_tls {
+        PeerTls::Mutual(r) => {
+            let st = state.clone();
+            Some(tokio::spawn(reload::watch(
+                r.clone(),
+                state.shutdown.clone(),
+                move |outcome| reported(&st, outcome),
+            )))
+        }
+        PeerTls::Insecure => {
+            if state.config.api.insecure {
+                warn_insecure(state);
+            }
+            None
+        }
+    }
+}
+
+fn reported(state: &AgentState, outcome: Reload) {
+    match outcome {
+        Reload::Unchanged => {}
+        Reload::Loaded(identity) => {
+            tracing::info!(%identity, "api.tls_*: new TLS files in force for new connections");
+            state.events.publish(
+                NewEvent::new(
+                    Severity::Info,
+                    "tls.reloaded",
+                    "agent",
+                    format!("TLS files reloaded; this node is {identity} to its peers"),
+                )
+                .with("identity", identity),
+            );
+        }
+        Reload::Refused(e) => {
+            tracing::error!(error = %e, "api.tls_*: the changed TLS files do not load; the previous ones stay in force");
+            state.events.publish(
+                NewEvent::new(
+                    Severity::Error,
+                    "tls.reload_failed",
+                    "agent",
+                    format!("changed TLS files refused, previous ones kept: {e}"),
+                )
+                .with("error", e),
+            );
+        }
+    }
+}
+
+/// What the warning says, in the log, the event and `warden health`.
+const INSECURE: &str = "api.insecure = true: the TCP port and the agent's dials to its peers are \
+     plain TCP with no authentication; anyone who reaches the port can push, fetch and list \
+     checkpoint shards and send straggler summaries, and the peers' identities are unknown, so \
+     no per-job authorization is applied";
+
+fn warn_insecure(state: &AgentState) {
+    tracing::warn!(tcp = %state.config.api.tcp, "{INSECURE}");
+    state.events.publish(
+        NewEvent::new(Severity::Warning, "api.insecure", "agent", INSECURE)
+            .with("tcp", &state.config.api.tcp),
+    );
+    let now = SystemTime::now();
+    state.health.report_from(
+        "api",
+        ComponentReport {
+            id: COMPONENT.into(),
+            kind: "agent".into(),
+            labels: BTreeMap::from([("address".to_owned(), state.config.api.tcp.clone())]),
+            status_override: None,
+            reasons: vec![Reason {
+                status: Status::Degraded,
+                signal: "api.tcp.authentication".into(),
+                value: "none".into(),
+                threshold: "mutual TLS (api.tls_ca, api.tls_cert, api.tls_key)".into(),
+                window: String::new(),
+                since: now,
+                message: INSECURE.into(),
+            }],
+        },
+        now,
+    );
+}

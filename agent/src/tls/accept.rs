@@ -1,0 +1,219 @@
+//! The `api.tcp` accept path: each connection's TLS handshake in its own
+//! task, bounded in time and in number, and the peer's identity attached
+//! to the connection so every request on it carries it.
+//!
+//! In: a bound TCP listener and the [`PeerTls`] mode. Out: a stream of
+//! [`PeerConn`]s for tonic's `serve_with_incoming`; tonic copies each
+//! connection's [`PeerInfo`] into the extensions of its requests, where
+//! the Peer service's authorization reads it. Never: let a slow or
+//! silent client hold up the accept loop (a handshake that takes longer
+//! than [`HANDSHAKE`] is dropped), nor hand over a connection whose
+//! client presented no certificate of the cluster CA.
+
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{Semaphore, mpsc};
+use tokio_util::sync::CancellationToken;
+
+use super::PeerTls;
+
+/// Longest a client may take to complete its handshake.
+pub const HANDSHAKE: Duration = Duration::from_secs(10);
+/// Handshakes in progress at once; more connections wait to be accepted
+/// (the kernel's backlog holds them), so a flood costs bounded memory.
+pub const MAX_HANDSHAKES: usize = 256;
+
+/// Who is at the other end of a TCP connection, as the accept path
+/// established it. Absent from a request's extensions: the request came
+/// over the Unix socket.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PeerInfo {
+    /// The client's address.
+    pub remote: Option<SocketAddr>,
+    /// The identity its certificate carries (first DNS name); None when
+    /// the listener runs with `api.insecure = true` and nothing is known.
+    pub identity: Option<String>,
+}
+
+/// A connection accepted on `api.tcp`: TLS or (insecure) plain.
+#[derive(Debug)]
+pub struct PeerConn {
+    io: Io,
+    info: PeerInfo,
+}
+
+#[derive(Debug)]
+enum Io {
+    Tls(Box<tokio_rustls::server::TlsStream<TcpStream>>),
+    Plain(TcpStream),
+}
+
+impl tonic::transport::server::Connected for PeerConn {
+    type ConnectInfo = PeerInfo;
+
+    fn connect_info(&self) -> PeerInfo {
+        self.info.clone()
+    }
+}
+
+impl AsyncRead for PeerConn {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        match &mut self.get_mut().io {
+            Io::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
+            Io::Plain(s) => Pin::new(s).poll_read(cx, buf),
+        }
+    }
+}
+
+impl AsyncWrite for PeerConn {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        match &mut self.get_mut().io {
+            Io::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
+            Io::Plain(s) => Pin::new(s).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        match &mut self.get_mut().io {
+            Io::Tls(s) => Pin::new(s.as_mut()).poll_write_vectored(cx, bufs),
+            Io::Plain(s) => Pin::new(s).poll_write_vectored(cx, bufs),
+        }
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        match &self.io {
+            Io::Tls(s) => s.is_write_vectored(),
+            Io::Plain(s) => s.is_write_vectored(),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        match &mut self.get_mut().io {
+            Io::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
+            Io::Plain(s) => Pin::new(s).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        match &mut self.get_mut().io {
+            Io::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
+            Io::Plain(s) => Pin::new(s).poll_shutdown(cx),
+        }
+    }
+}
+
+/// Accepts on `listener` until `stop`, handshaking each connection in
+/// its own task; the connections that pass come out of the returned
+/// stream.
+pub fn incoming(
+    listener: TcpListener,
+    tls: PeerTls,
+    stop: CancellationToken,
+) -> tokio_stream::wrappers::ReceiverStream<Result<PeerConn, std::io::Error>> {
+    let (tx, rx) = mpsc::channel(64);
+    tokio::spawn(accept_loop(listener, tls, stop, tx));
+    tokio_stream::wrappers::ReceiverStream::new(rx)
+}
+
+async fn accept_loop(
+    listener: TcpListener,
+    tls: PeerTls,
+    stop: CancellationToken,
+    tx: mpsc::Sender<Result<PeerConn, std::io::Error>>,
+) {
+    let permits = Arc::new(Semaphore::new(MAX_HANDSHAKES));
+    loop {
+        let permit = tokio::select! {
+            () = stop.cancelled() => return,
+            p = permits.clone().acquire_owned() => match p {
+                Ok(p) => p,
+                Err(_) => return,
+            },
+        };
+        let accepted = tokio::select! {
+            () = stop.cancelled() => return,
+            a = listener.accept() => a,
+        };
+        let (tcp, remote) = match accepted {
+            Ok(a) => a,
+            Err(e) => {
+                // EMFILE and the like: pause rather than spin.
+                tracing::warn!(error = %e, "api.tcp: accept failed");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let _ = tcp.set_nodelay(true);
+        let (tls, tx) = (tls.clone(), tx.clone());
+        tokio::spawn(async move {
+            let _permit = permit;
+            let conn = match tls {
+                PeerTls::Insecure => PeerConn {
+                    io: Io::Plain(tcp),
+                    info: PeerInfo {
+                        remote: Some(remote),
+                        identity: None,
+                    },
+                },
+                PeerTls::Mutual(r) => {
+                    let acceptor = tokio_rustls::TlsAcceptor::from(r.current().server.clone());
+                    match tokio::time::timeout(HANDSHAKE, acceptor.accept(tcp)).await {
+                        Err(_) => {
+                            refused(remote, "no handshake within 10s");
+                            return;
+                        }
+                        Ok(Err(e)) => {
+                            refused(remote, &e.to_string());
+                            return;
+                        }
+                        Ok(Ok(s)) => {
+                            let identity = s
+                                .get_ref()
+                                .1
+                                .peer_certificates()
+                                .and_then(|c| c.first())
+                                .and_then(super::identity_of);
+                            let Some(identity) = identity else {
+                                refused(remote, "the client certificate names no DNS identity");
+                                return;
+                            };
+                            PeerConn {
+                                io: Io::Tls(Box::new(s)),
+                                info: PeerInfo {
+                                    remote: Some(remote),
+                                    identity: Some(identity),
+                                },
+                            }
+                        }
+                    }
+                }
+            };
+            let _ = tx.send(Ok(conn)).await;
+        });
+    }
+}
+
+/// A refused handshake: counted, and logged at debug (a port scanner
+/// must not fill the journal).
+fn refused(remote: SocketAddr, why: &str) {
+    metrics::counter!("warden_tls_handshakes_refused_total").increment(1);
+    tracing::debug!(%remote, why, "api.tcp: TLS handshake refused");
+}
