@@ -51,7 +51,9 @@ pub async fn stack_follow_up(state: Arc<AgentState>, finding: HangFinding, hang_
 async fn stack_dump(pid: u32, signal: i32, path: &Path, wait: Duration) -> Result<String, String> {
     let sig = nix::sys::signal::Signal::try_from(signal)
         .map_err(|e| format!("bad signal {signal}: {e}"))?;
-    let before = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
+    let before = std::fs::symlink_metadata(path)
+        .map(|m| m.len())
+        .unwrap_or(0);
     let pid_t = i32::try_from(pid).map_err(|_| format!("pid {pid} out of range"))?;
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid_t), sig)
         .map_err(|e| format!("cannot send {sig} to pid {pid}: {e}"))?;
@@ -60,7 +62,9 @@ async fn stack_dump(pid: u32, signal: i32, path: &Path, wait: Duration) -> Resul
     let mut stable_since: Option<Instant> = None;
     while Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(25)).await;
-        let len = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
+        let len = std::fs::symlink_metadata(path)
+            .map(|m| m.len())
+            .unwrap_or(0);
         if len > before && len == last_len {
             // Unchanged for 100 ms after growing: the dump is complete.
             if stable_since.get_or_insert_with(Instant::now).elapsed() >= Duration::from_millis(100)
@@ -72,7 +76,14 @@ async fn stack_dump(pid: u32, signal: i32, path: &Path, wait: Duration) -> Resul
         }
         last_len = len;
     }
-    let bytes = std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    // The rank writes this file: never followed if it became a symlink,
+    // never read if it is not a plain file of one link (crate::fsafe).
+    let (f, _) =
+        crate::fsafe::open_leaf(path).map_err(|e| format!("cannot read stack dump: {e}"))?;
+    let mut bytes = Vec::new();
+    let limit = before.saturating_add(MAX_STACK_BYTES as u64);
+    std::io::Read::read_to_end(&mut std::io::Read::take(f, limit), &mut bytes)
+        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
     let start = usize::try_from(before).unwrap_or(0).min(bytes.len());
     let new = &bytes[start..];
     if new.is_empty() {
