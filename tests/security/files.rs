@@ -416,3 +416,26 @@ async fn a_rank_of_another_user_saves_and_restores() {
     assert_eq!(out.str("restored"), "the member's weights", "{out:?}");
     assert_eq!(out.result["step"], json!(3));
 }
+
+/// A state dir that is a symlink (to a directory of someone else's
+/// choosing) is refused at start, with the key and the path.
+#[test]
+fn a_state_dir_that_is_a_symlink_is_refused_at_start() {
+    let home = std::sync::Arc::new(crate::common::Home::new(""));
+    let elsewhere = home.path().join("elsewhere");
+    std::fs::create_dir(&elsewhere).expect("mkdir");
+    std::os::unix::fs::symlink(&elsewhere, home.path().join("state")).expect("plant");
+    let mut agent = TestAgent::spawn(home, &[]);
+    let status = agent.wait_exit(WAIT);
+    assert!(!status.success(), "{status}");
+    let err = agent.stderr();
+    assert!(
+        err.contains("agent.state_dir") && err.contains("symlink") && err.contains("state"),
+        "{err}"
+    );
+    assert_eq!(
+        std::fs::read_dir(&elsewhere).expect("ls").count(),
+        0,
+        "nothing written through the link"
+    );
+}

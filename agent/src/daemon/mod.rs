@@ -56,6 +56,10 @@ pub enum DaemonError {
     /// The heartbeat slot file could not be created.
     #[error("cannot create the heartbeat slot file: {0}")]
     Slots(#[from] warden_client::slot::SlotError),
+    /// The state directory is not the agent's alone (a symlink, another
+    /// owner's), or could not be made.
+    #[error("agent.state_dir: {0}")]
+    StateDir(#[from] crate::fsafe::FsError),
     /// The reflection service could not be built from our descriptors.
     #[error("cannot build the reflection service: {0}")]
     Reflection(String),
@@ -128,6 +132,10 @@ async fn serve(
 ) -> Result<(), DaemonError> {
     let socket: PathBuf = config.socket_path();
     let claim = instance::claim(&socket)?;
+    // The state dir (journals, incidents, calibrations, the node condition)
+    // is the agent's: created 0750, refused when a symlink or another
+    // user's, closed again when someone else could write it.
+    crate::fsafe::Dir::ensure(&config.state_dir(), 0o750)?;
     let mut state = AgentState::new(config, config_source)?;
     if let Some(host) = &embedded {
         state.shutdown = host.child_token();
