@@ -418,6 +418,36 @@ fn clear_nonblock(f: &File, path: &Path) -> Result<(), FsError> {
     Ok(())
 }
 
+/// Opens `path` for reading where only its last component may be
+/// someone else's doing (a rank's file in a directory ranks write, such as
+/// `<slot_dir>/stacks/`): never through a symlink there, only a regular
+/// file with one link (a hard link to a file of someone else is refused).
+pub fn open_leaf(path: &Path) -> Result<(File, FileStat), FsError> {
+    let fd = nix::fcntl::open(
+        path,
+        OFlag::O_RDONLY
+            | OFlag::O_NOFOLLOW
+            | OFlag::O_CLOEXEC
+            | OFlag::O_NONBLOCK
+            | OFlag::O_NOCTTY,
+        Mode::empty(),
+    )
+    .map_err(|e| open_err("opening", path, e))?;
+    let st = fstat(&fd).map_err(|e| io_err("inspecting", path, e))?;
+    kind(&st, path, SFlag::S_IFREG, "regular file")?;
+    #[allow(clippy::unnecessary_cast)]
+    let links = st.st_nlink as u64;
+    if links != 1 {
+        return Err(FsError::Links {
+            path: path.display().to_string(),
+            links,
+        });
+    }
+    let f = File::from(fd);
+    clear_nonblock(&f, path)?;
+    Ok((f, st))
+}
+
 /// Checks an open file: owned by `uid`, with exactly one link.
 pub fn check_owned_single(st: &FileStat, path: &Path, uid: u32) -> Result<(), FsError> {
     if st.st_uid != uid {
@@ -476,6 +506,25 @@ mod tests {
         let mut names = d.names().expect("names");
         names.sort();
         assert!(names.contains(&"m.json".to_owned()), "{names:?}");
+    }
+
+    #[test]
+    fn a_leaf_that_is_a_link_is_refused() {
+        let t = tempfile::tempdir().expect("tempdir");
+        let secret = t.path().join("secret");
+        std::fs::write(&secret, b"x").expect("write");
+        let soft = t.path().join("soft");
+        std::os::unix::fs::symlink(&secret, &soft).expect("symlink");
+        let e = open_leaf(&soft).expect_err("symlink").to_string();
+        assert!(e.contains("symlink") && e.contains("soft"), "{e}");
+        let hard = t.path().join("hard");
+        std::fs::hard_link(&secret, &hard).expect("link");
+        let e = open_leaf(&hard).expect_err("two links").to_string();
+        assert!(e.contains("2 hard links"), "{e}");
+        let fifo = t.path().join("fifo");
+        nix::unistd::mkfifo(&fifo, Mode::from_bits_truncate(0o600)).expect("mkfifo");
+        let e = open_leaf(&fifo).expect_err("fifo").to_string();
+        assert!(e.contains("not a regular file"), "{e}");
     }
 
     #[test]

@@ -16,10 +16,10 @@
 pub mod etcd;
 /// The deployment files (deploy/kubernetes) as data, for the packaging tests.
 pub mod manifests;
-/// Real unprivileged users, and attack code run as them (security tests).
-pub mod users;
 /// A cluster CA and node certificates made by the test (mutual TLS tests).
 pub mod pki;
+/// Real unprivileged users, and attack code run as them (security tests).
+pub mod users;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;

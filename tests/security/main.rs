@@ -5,6 +5,7 @@
 //! module per surface. Never: runs attack code as root — an attack runs in
 //! a copy of this binary re-executed as the user, through `attacker` below.
 
+// A test that cannot do its job panics, which fails it.
 #![allow(clippy::expect_used, clippy::unwrap_used)]
 
 #[path = "../common/mod.rs"]
@@ -18,6 +19,9 @@ mod tls;
 const ATTACKS: &[(&str, common::users::Attack)] = &[
     ("socket.info", files::attack_info),
     ("authz.everything", authz::attack_everything),
+    ("files.read_via_staging", files::attack_read_via_staging),
+    ("files.plant_staging", files::attack_plant_staging),
+    ("files.save_restore", files::attack_save_restore),
 ];
 
 /// Does nothing in a normal run; in a process started by

@@ -190,9 +190,11 @@ impl LocalTier {
         self.make_room(size)?;
         let (f, token) = self.staging.create_random("", FILE_MODE)?;
         let path = self.staging.path().join(&token);
-        let foreign =
-            owner.filter(|o| o.uid != fsafe::me() || o.gid != nix::unistd::getegid().as_raw());
-        if let Some(Err(e)) = foreign.map(|o| fsafe::give(&f, &path, o)) {
+        // Handed over only to another user than the agent's, and never to
+        // root (who may write it anyway; an agent running as a plain user
+        // could not chown to root).
+        let owner = owner.filter(|o| o.uid != 0 && o.uid != fsafe::me());
+        if let Some(Err(e)) = owner.map(|o| fsafe::give(&f, &path, o)) {
             self.discard(&token);
             return Err(e.into());
         }
@@ -380,7 +382,8 @@ impl LocalTier {
         let dir = self.step_dir(key, false)?;
         let path = self.layout.data(key);
         let (f, st) = dir.open_file(&layout::data_name(key.rank))?;
-        if st.st_uid != owner.uid || st.st_gid != owner.gid {
+        // Root reads anything; a file already the rank's stays as it is.
+        if owner.uid != 0 && st.st_uid != owner.uid {
             fsafe::give(&f, &path, owner)?;
         }
         Ok(())

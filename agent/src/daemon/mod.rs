@@ -57,6 +57,10 @@ pub enum DaemonError {
     /// The heartbeat slot file could not be created.
     #[error("cannot create the heartbeat slot file: {0}")]
     Slots(#[from] warden_client::slot::SlotError),
+    /// The state directory is not the agent's alone (a symlink, another
+    /// owner's), or could not be made.
+    #[error("agent.state_dir: {0}")]
+    StateDir(#[from] crate::fsafe::FsError),
     /// The reflection service could not be built from our descriptors.
     #[error("cannot build the reflection service: {0}")]
     Reflection(String),
@@ -145,6 +149,10 @@ async fn serve(
 ) -> Result<(), DaemonError> {
     let socket: PathBuf = config.socket_path();
     let claim = instance::claim(&socket)?;
+    // The state dir (journals, incidents, calibrations, the node condition)
+    // is the agent's: created 0750, refused when a symlink or another
+    // user's, closed again when someone else could write it.
+    crate::fsafe::Dir::ensure(&config.state_dir(), 0o750)?;
     let peer_tls = peer_listener::peer_tls(&config)?;
     let mut state = AgentState::with_peer_tls(config, config_source, peer_tls)?;
     if let Some(host) = &embedded {

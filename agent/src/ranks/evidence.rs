@@ -52,7 +52,9 @@ async fn stack_dump(
 ) -> Result<String, String> {
     let sig = nix::sys::signal::Signal::try_from(signal)
         .map_err(|e| format!("bad signal {signal}: {e}"))?;
-    let before = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
+    let before = std::fs::symlink_metadata(path)
+        .map(|m| m.len())
+        .unwrap_or(0);
     let pid = process.pid;
     process
         .signal(signal)
@@ -62,7 +64,9 @@ async fn stack_dump(
     let mut stable_since: Option<Instant> = None;
     while Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(25)).await;
-        let len = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
+        let len = std::fs::symlink_metadata(path)
+            .map(|m| m.len())
+            .unwrap_or(0);
         if len > before && len == last_len {
             // Unchanged for 100 ms after growing: the dump is complete.
             if stable_since.get_or_insert_with(Instant::now).elapsed() >= Duration::from_millis(100)
@@ -74,7 +78,14 @@ async fn stack_dump(
         }
         last_len = len;
     }
-    let bytes = std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    // The rank writes this file: never followed if it became a symlink,
+    // never read if it is not a plain file of one link (crate::fsafe).
+    let (f, _) =
+        crate::fsafe::open_leaf(path).map_err(|e| format!("cannot read stack dump: {e}"))?;
+    let mut bytes = Vec::new();
+    let limit = before.saturating_add(MAX_STACK_BYTES as u64);
+    std::io::Read::read_to_end(&mut std::io::Read::take(f, limit), &mut bytes)
+        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
     let start = usize::try_from(before).unwrap_or(0).min(bytes.len());
     let new = &bytes[start..];
     if new.is_empty() {
