@@ -144,7 +144,6 @@ pub fn attack_everything(args: &Value) -> Value {
             call_result(
                 c.close_goodput(pb::CloseGoodputRequest {
                     job_id: job.clone(),
-                    ..Default::default()
                 })
                 .await,
                 |_| json!({}),
