@@ -2,7 +2,7 @@
 # Hardware validation on a machine with NVIDIA GPUs (docs/hardware-validation.md).
 #
 # Starts the real wardend on its defaults (NVML on, the real driver) plus a
-# socket, TCP and metrics in a scratch directory under /dev/shm, and records:
+# socket and metrics in a scratch directory under /dev/shm, and records:
 #   1. the machine: nvidia-smi, the driver, whether DCGM is installed;
 #   2. what the agent reads: `warden health` (table and JSON), `warden info`,
 #      the NVML metrics, `warden diag` (the pre-restart health gate);
@@ -44,7 +44,6 @@ cat >"$dir/wardend.toml" <<EOF
 state_dir = "$dir/state"
 [api]
 socket = "$dir/w.sock"
-tcp = "127.0.0.1:0"
 [metrics]
 listen = "127.0.0.1:19464"
 [nvml]

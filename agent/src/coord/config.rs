@@ -28,7 +28,7 @@ pub struct CoordConfig {
     /// `access.tls` `https://host:port` (a bare `host:port` is then TLS too).
     pub endpoints: Vec<String>,
     /// TLS to etcd and the etcd user: without them anyone who reaches etcd
-    /// can read and forge the job's rounds (docs/security-etcd.md).
+    /// can read and forge the job's rounds (docs/security.md).
     pub access: super::access::EtcdAccess,
     /// The key prefix under which jobs live; the job's keys are
     /// `<prefix>/<job>/...`. Lets several clusters share one etcd.
