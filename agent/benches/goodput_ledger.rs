@@ -68,6 +68,7 @@ fn setup(ranks: u32) -> Setup {
                     declared_pid: me,
                     process: None,
                     caller_pid: None,
+                    owner: None,
                 },
                 1,
             )

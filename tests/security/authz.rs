@@ -480,3 +480,61 @@ async fn a_socket_group_member_cannot_reach_what_is_not_its_own() {
     let _ = sleeper.kill();
     let _ = sleeper.wait();
 }
+
+/// A rank of this user registers itself and writes to the stack-dump file
+/// the agent made for it; the path it was given, and whether it could.
+pub fn attack_stack_file(args: &Value) -> Value {
+    block_on(async {
+        let mut c = AgentClient::new(channel(args).await);
+        let r = c
+            .register_rank(register("own-job", 0, 1, std::process::id(), libc::SIGUSR2))
+            .await;
+        call_result(r, |r| {
+            let path = r.into_inner().stack_dump_path;
+            let wrote = std::fs::OpenOptions::new()
+                .append(true)
+                .open(&path)
+                .and_then(|mut f| {
+                    std::io::Write::write_all(&mut f, b"Thread 0x1 (most recent call first):\n")
+                });
+            json!({"path": path, "wrote": wrote.is_ok()})
+        })
+    })
+}
+
+/// The stack-dump file is the agent's making: a random name in its own
+/// directory (0711), handed to the rank's uid, which can write it; nobody
+/// could have planted a link at its name beforehand.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_ranks_stack_dump_file_is_made_for_it() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let agent = TestAgent::start_shared("");
+    let u = users::users();
+    let args = json!({"socket": agent.socket()});
+    let out = within(WAIT * 6, "the rank process", async move {
+        tokio::task::spawn_blocking(move || users::run_as(&u.member, "authz.stack_file", &args))
+            .await
+            .expect("run the rank")
+    })
+    .await
+    .result;
+    assert_eq!(out["ok"], json!(true), "{out}");
+    assert_eq!(
+        out["wrote"],
+        json!(true),
+        "the rank could not write its dump file: {out}"
+    );
+    let path = std::path::PathBuf::from(out["path"].as_str().unwrap());
+    let name = path.file_name().unwrap().to_string_lossy().into_owned();
+    assert!(
+        name.starts_with("own-job-0.") && name.len() > "own-job-0.".len() + 16,
+        "{name}: not a random name"
+    );
+    let file = std::fs::symlink_metadata(&path).unwrap();
+    assert_eq!(file.uid(), u.member.uid, "handed to the rank's uid");
+    assert_eq!(file.mode() & 0o777, 0o600);
+    assert!(file.len() > 0, "the rank's write landed");
+    let dir = std::fs::symlink_metadata(path.parent().unwrap()).unwrap();
+    assert_eq!(dir.uid(), 0, "the stacks directory is the agent's");
+    assert_eq!(dir.permissions().mode() & 0o777, 0o711);
+}

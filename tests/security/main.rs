@@ -19,6 +19,7 @@ mod tls;
 const ATTACKS: &[(&str, common::users::Attack)] = &[
     ("socket.info", files::attack_info),
     ("authz.everything", authz::attack_everything),
+    ("authz.stack_file", authz::attack_stack_file),
     ("files.read_via_staging", files::attack_read_via_staging),
     ("files.plant_staging", files::attack_plant_staging),
     ("files.save_restore", files::attack_save_restore),

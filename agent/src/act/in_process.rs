@@ -783,6 +783,7 @@ mod tests {
                     devices: Vec::new(),
                     process: None,
                     caller_pid: None,
+                    owner: None,
                 },
                 0,
             )

@@ -219,6 +219,10 @@ impl Agent for AgentService {
                 devices: r.devices.clone(),
                 process: process.clone(),
                 caller_pid: peer.pid,
+                owner: Some(Owner {
+                    uid: peer.uid,
+                    gid: peer.gid,
+                }),
             };
             let now = warden_client::clock::syscall_now();
             let result = self.state.registry().register(&request, now);

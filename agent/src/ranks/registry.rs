@@ -298,6 +298,9 @@ pub struct RegisterRequest {
     pub process: Option<super::process::RankProcess>,
     /// The caller's pid (SO_PEERCRED), when visible.
     pub caller_pid: Option<u32>,
+    /// The caller's uid and gid (SO_PEERCRED): who the stack-dump file is
+    /// handed to. None: the agent keeps it.
+    pub owner: Option<crate::fsafe::Owner>,
 }
 
 /// Most devices one rank may declare (a rank drives one GPU, a few at most).
@@ -314,7 +317,8 @@ pub struct Registry {
     pub ranks: BTreeMap<RankKey, RankEntry>,
     /// Jobs by id.
     pub jobs: BTreeMap<String, JobEntry>,
-    stack_dir: PathBuf,
+    /// `<slot_dir>/stacks`: each rank's stack-dump file, made by the agent.
+    stacks: crate::fsafe::Dir,
     state_dir: PathBuf,
     file_mode: u32,
     /// Rebuilds of the slot file not yet reported: (why, ranks lost).
@@ -358,8 +362,16 @@ impl Registry {
             }
         };
         std::fs::create_dir_all(slot_dir).map_err(io("create directory"))?;
+        // The agent's own directory (0711): ranks reach the dump file the
+        // agent made for them by name, and can neither list, create,
+        // rename nor plant anything in it.
         let stack_dir = slot_dir.join("stacks");
-        std::fs::create_dir_all(&stack_dir).map_err(io("create stacks directory"))?;
+        let stacks =
+            crate::fsafe::Dir::ensure(&stack_dir, 0o711).map_err(|e| slot::SlotError::Io {
+                path: stack_dir.clone(),
+                op: "create stacks directory",
+                source: std::io::Error::other(e.to_string()),
+            })?;
         let path = slot_dir.join("slots");
         let slots = SlotFile::create_with_mode(&path, max_ranks, file_mode)?;
         let (dev, ino, _) = inode(&path).map_err(io("stat slot file"))?;
@@ -371,7 +383,7 @@ impl Registry {
             next_generation: warden_client::clock::syscall_now().max(1),
             ranks: BTreeMap::new(),
             jobs: BTreeMap::new(),
-            stack_dir,
+            stacks,
             state_dir: state_dir.to_owned(),
             file_mode,
             rebuilds: Vec::new(),
@@ -429,6 +441,7 @@ impl Registry {
             }
             if let Some(old) = self.ranks.remove(&key) {
                 self.release_slot_of(&old);
+                let _ = std::fs::remove_file(&old.stack_dump_path);
             }
         }
         if let Some(caller) = req.caller_pid {
@@ -459,10 +472,14 @@ impl Registry {
             self.free.insert(index);
             return Err(e.into());
         }
-        let stack_dump_path =
-            self.stack_dir
-                .join(format!("{}-{}.txt", sanitize(&key.job), key.rank));
-        let _ = std::fs::remove_file(&stack_dump_path);
+        let stack_dump_path = match self.stack_file(&key, req.owner) {
+            Ok(p) => p,
+            Err(e) => {
+                let _ = self.slots.release(index);
+                self.free.insert(index);
+                return Err(e);
+            }
+        };
         if !self.jobs.contains_key(&key.job) {
             let path = calibration::path_for(&self.state_dir, &key.job);
             let cal = Calibration::load(&path).unwrap_or_else(|e| {
@@ -521,6 +538,35 @@ impl Registry {
             stack_dump_path,
             replaced_pid,
         })
+    }
+
+    /// Makes the rank's stack-dump file: a random name nobody can plant a
+    /// link at beforehand, created exclusively (0600) in the agent's own
+    /// directory and handed to the rank's uid, which appends to it.
+    fn stack_file(
+        &self,
+        key: &RankKey,
+        owner: Option<crate::fsafe::Owner>,
+    ) -> Result<PathBuf, RegisterError> {
+        let prefix = format!("{}-{}.", sanitize(&key.job), key.rank);
+        let (file, name) = self.stacks.create_random(&prefix, 0o600).map_err(|e| {
+            RegisterError::Slot(slot::SlotError::Io {
+                path: self.stacks.path().to_owned(),
+                op: "create the stack dump file",
+                source: std::io::Error::other(e.to_string()),
+            })
+        })?;
+        let path = self.stacks.path().join(name);
+        // Root writes it anyway; the agent's own user owns it already. An
+        // agent without CAP_CHOWN (a sidecar run as a user) cannot hand it
+        // over: the rank then cannot write dumps, which its hang evidence
+        // will say; the registration stands.
+        if let Some(o) = owner.filter(|o| o.uid != crate::fsafe::me() && o.uid != 0)
+            && let Err(e) = crate::fsafe::give(&file, &path, o)
+        {
+            tracing::warn!(rank = %key, error = %e, "the stack dump file stays the agent's: the rank cannot write dumps into it");
+        }
+        Ok(path)
     }
 
     /// Ranks running or hung, and how many of them registered from outside
@@ -773,6 +819,7 @@ mod tests {
             devices: Vec::new(),
             process: None,
             caller_pid: None,
+            owner: None,
         }
     }
 
@@ -987,6 +1034,7 @@ mod claim_visible {
             devices: Vec::new(),
             process: None,
             caller_pid: None,
+            owner: None,
         };
         let reg = r.register(&q, 0).unwrap();
         assert_eq!(r.pid_visibility(), (0, 1));

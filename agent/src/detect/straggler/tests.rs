@@ -95,6 +95,7 @@ fn register(state: &AgentState, job: &str, rank: u32) {
                 devices: Vec::new(),
                 process: None,
                 caller_pid: None,
+                owner: None,
             },
             0,
         )
