@@ -116,6 +116,7 @@ impl AgentState {
         );
         let mut ranks = ranks;
         ranks.max_per_process = config.ranks.max_per_process;
+        ranks.set_slot_group(config.socket_gid().ok().flatten());
         Ok(Self {
             goodput,
             authz,

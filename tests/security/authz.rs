@@ -490,14 +490,20 @@ pub fn attack_stack_file(args: &Value) -> Value {
             .register_rank(register("own-job", 0, 1, std::process::id(), libc::SIGUSR2))
             .await;
         call_result(r, |r| {
-            let path = r.into_inner().stack_dump_path;
+            let r = r.into_inner();
+            let slots = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(&r.slot_file)
+                .is_ok();
+            let path = r.stack_dump_path;
             let wrote = std::fs::OpenOptions::new()
                 .append(true)
                 .open(&path)
                 .and_then(|mut f| {
                     std::io::Write::write_all(&mut f, b"Thread 0x1 (most recent call first):\n")
                 });
-            json!({"path": path, "wrote": wrote.is_ok()})
+            json!({"path": path, "wrote": wrote.is_ok(), "slots_open": slots})
         })
     })
 }

@@ -325,6 +325,9 @@ pub struct Registry {
     rebuilds: Vec<(String, Vec<RankKey>)>,
     /// `ranks.max_per_process`: live ranks one caller may hold.
     pub max_per_process: u32,
+    /// `api.socket_group`: the slot file's group, so the ranks that may
+    /// connect may also map their slots (mode as the socket's).
+    slot_gid: Option<u32>,
 }
 
 /// What [`Registry::check_slot_file`] found.
@@ -388,6 +391,7 @@ impl Registry {
             file_mode,
             rebuilds: Vec::new(),
             max_per_process: u32::MAX,
+            slot_gid: None,
         })
     }
 
@@ -540,6 +544,28 @@ impl Registry {
         })
     }
 
+    /// Hands the slot file to `gid` (`api.socket_group`), now and after
+    /// every rebuild.
+    pub fn set_slot_group(&mut self, gid: Option<u32>) {
+        self.slot_gid = gid;
+        self.apply_slot_group();
+    }
+
+    fn apply_slot_group(&self) {
+        let Some(gid) = self.slot_gid else {
+            return;
+        };
+        // The slot file was just made by the agent in its own directory.
+        if let Err(e) = nix::unistd::chown(
+            self.slots.path(),
+            None,
+            Some(nix::unistd::Gid::from_raw(gid)),
+        ) {
+            tracing::warn!(path = %self.slots.path().display(), gid, error = %e,
+                "cannot hand the slot file to api.socket_group: its members cannot map their slots");
+        }
+    }
+
     /// Makes the rank's stack-dump file: a random name nobody can plant a
     /// link at beforehand, created exclusively (0600) in the agent's own
     /// directory and handed to the rank's uid, which appends to it.
@@ -671,6 +697,7 @@ impl Registry {
             Ok(fresh) => {
                 self.slots = fresh;
                 self.slot_ino = inode(&path).map_or((0, 0), |(d, i, _)| (d, i));
+                self.apply_slot_group();
             }
             Err(e) => {
                 tracing::error!(error = %e, "cannot rebuild the slot file");
