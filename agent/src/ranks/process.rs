@@ -61,7 +61,18 @@ impl RankProcess {
     /// The checks run after the pidfd is open, so the process they saw is
     /// the one held: a pid recycled before the open fails them, and one
     /// recycled after cannot be reached through the pidfd.
+    ///
+    /// A caller in another PID namespace (a pod's rank, seen by a node agent
+    /// in the host's) declares its own pid as its namespace numbers it: that
+    /// is the caller itself when it is the innermost pid of the caller's
+    /// `NSpid:` line, and the process held is then the caller, under the
+    /// number the agent sees.
     pub fn verify(declared: u32, caller_pid: u32, caller_uid: u32) -> Result<Self, ProcessError> {
+        let declared = if declared != caller_pid && innermost_pid(caller_pid) == Some(declared) {
+            caller_pid
+        } else {
+            declared
+        };
         let fd = pidfd_open(declared).map_err(|e| ProcessError::Gone {
             pid: declared,
             why: e.to_string(),
@@ -143,6 +154,14 @@ pub fn descends_from(pid: u32, ancestor: u32) -> bool {
         }
     }
     false
+}
+
+/// The pid of `pid` in its own (innermost) PID namespace: the last number
+/// of `NSpid:` in its status.
+pub fn innermost_pid(pid: u32) -> Option<u32> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = text.lines().find(|l| l.starts_with("NSpid:"))?;
+    line.split_whitespace().last()?.parse().ok()
 }
 
 /// The effective uid of `pid` (the second number of `Uid:` in its status).
