@@ -1,5 +1,7 @@
 //! Files in the agent's own trees, opened so that nobody else can redirect
-//! them: the checkpoint tier (and, step by step, the state and slot dirs).
+//! them: the checkpoint tier and the state dir (goodput journals,
+//! incidents, the cordon, the node condition, calibrations, job owners);
+//! the slot dir's stack dumps are read with [`open_leaf`].
 //!
 //! In: a directory the agent owns ([`Dir::ensure`]) and single names under
 //! it. Out: descriptors of directories and regular files reached one
@@ -150,6 +152,10 @@ pub struct Owner {
 pub fn me() -> u32 {
     Uid::effective().as_raw()
 }
+
+/// The mode of `agent.state_dir`: checked at start (daemon) and by each
+/// module that keeps files there when it opens it.
+pub const STATE_DIR_MODE: u32 = 0o750;
 
 /// An open directory of the agent's tree, with the path it stands for
 /// (for messages only: every operation goes through the descriptor).
@@ -322,9 +328,39 @@ impl Dir {
     /// Writes `bytes` to `name` atomically: a random new file, then a
     /// rename over `name`.
     pub fn write_atomic(&self, name: &str, bytes: &[u8], mode: u32) -> Result<(), FsError> {
+        self.write_then_rename(name, bytes, mode, false)
+    }
+
+    /// Replaces the regular file `name` (or creates it) with `bytes`,
+    /// atomically and durably: a random new file (see [`random_name`]),
+    /// written, synced, then renamed over `name`. Unlike
+    /// [`Dir::write_atomic`], anything at `name` that is not a regular
+    /// file (a symlink, a FIFO, a directory) is refused, not replaced, so a
+    /// planted link is reported rather than silently undone; the rename
+    /// itself never follows one either.
+    pub fn replace(&self, name: &str, bytes: &[u8], mode: u32) -> Result<(), FsError> {
+        check_name(name)?;
+        match self.stat(name) {
+            Ok(st) => kind(&st, &self.join(name), SFlag::S_IFREG, "regular file")?,
+            Err(e) if e.is_not_found() => {}
+            Err(e) => return Err(e),
+        }
+        self.write_then_rename(name, bytes, mode, true)
+    }
+
+    /// A random new file with `bytes` (synced when `sync`), renamed over
+    /// `name`; the new file is removed when anything fails.
+    fn write_then_rename(
+        &self,
+        name: &str,
+        bytes: &[u8],
+        mode: u32,
+        sync: bool,
+    ) -> Result<(), FsError> {
         check_name(name)?;
         let (mut f, tmp) = self.create_random(".tmp-", mode)?;
         let written = std::io::Write::write_all(&mut f, bytes)
+            .and_then(|()| if sync { f.sync_all() } else { Ok(()) })
             .map_err(|e| io_err("writing", &self.join(&tmp), e));
         drop(f);
         if let Err(e) = written.and_then(|()| self.rename(&tmp, self, name)) {
@@ -332,6 +368,56 @@ impl Dir {
             return Err(e);
         }
         Ok(())
+    }
+
+    /// Opens the regular file `name` for appending, created with `mode`
+    /// when absent (`O_APPEND | O_CREAT | O_NOFOLLOW`: a symlink at `name`,
+    /// dangling or not, is refused, never created through). Only a file
+    /// with one link is written: a hard link to a file elsewhere is
+    /// refused. Returns the file and its status (its size: where the
+    /// appends start).
+    pub fn open_append(&self, name: &str, mode: u32) -> Result<(File, FileStat), FsError> {
+        check_name(name)?;
+        let path = self.join(name);
+        let fd = openat(
+            &self.fd,
+            name,
+            OFlag::O_WRONLY
+                | OFlag::O_APPEND
+                | OFlag::O_CREAT
+                | OFlag::O_NOFOLLOW
+                | OFlag::O_CLOEXEC
+                | OFlag::O_NONBLOCK
+                | OFlag::O_NOCTTY,
+            Mode::from_bits_truncate(mode),
+        )
+        .map_err(|e| open_err("opening", &path, e))?;
+        let st = fstat(&fd).map_err(|e| io_err("inspecting", &path, e))?;
+        kind(&st, &path, SFlag::S_IFREG, "regular file")?;
+        #[allow(clippy::unnecessary_cast)]
+        let links = st.st_nlink as u64;
+        if links != 1 {
+            return Err(FsError::Links {
+                path: path.display().to_string(),
+                links,
+            });
+        }
+        let f = File::from(fd);
+        clear_nonblock(&f, &path)?;
+        Ok((f, st))
+    }
+
+    /// The whole content of the regular file `name` (opened as
+    /// [`Dir::open_file`] does: never through a symlink). A missing file
+    /// is an error for which [`FsError::is_not_found`] holds.
+    pub fn read(&self, name: &str) -> Result<Vec<u8>, FsError> {
+        let (mut f, st) = self.open_file(name)?;
+        // The size is a hint only (the file may grow while read).
+        let hint = usize::try_from(st.st_size).unwrap_or(0).min(1 << 20);
+        let mut buf = Vec::with_capacity(hint);
+        std::io::Read::read_to_end(&mut f, &mut buf)
+            .map_err(|e| io_err("reading", &self.join(name), e))?;
+        Ok(buf)
     }
 
     /// Renames `name` here to `to_name` in `to` (renameat: neither side
@@ -388,6 +474,22 @@ impl Dir {
         #[allow(clippy::unnecessary_cast)]
         Ok(st.blocks_available() as u64 * st.fragment_size() as u64)
     }
+}
+
+/// The agent's directory holding the file `path` (created, checked and set
+/// to `mode` as [`Dir::ensure`] does) and the file's name in it: for a file
+/// of the state dir whose path a caller hands over whole.
+pub fn parent_of(path: &Path, mode: u32) -> Result<(Dir, String), FsError> {
+    let name = path
+        .file_name()
+        .and_then(|n| n.to_str())
+        .ok_or_else(|| FsError::BadName(path.display().to_string()))?;
+    check_name(name)?;
+    let parent = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    Ok((Dir::ensure(parent, mode)?, name.to_owned()))
 }
 
 impl AsFd for Dir {
@@ -448,6 +550,35 @@ pub fn open_leaf(path: &Path) -> Result<(File, FileStat), FsError> {
     Ok((f, st))
 }
 
+/// Writes `bytes` to `path`, a file the operator placed outside the
+/// agent's trees (such as `policy.condition_file`), as [`Dir::replace`]
+/// does: its directory (created when missing) is resolved as the system
+/// resolves it, the operator's choice; the file's own name is never
+/// followed: a symlink there is refused, the content goes to a random new
+/// name beside it, synced, renamed over the file.
+pub fn write_leaf(path: &Path, bytes: &[u8], mode: u32) -> Result<(), FsError> {
+    let name = path
+        .file_name()
+        .and_then(|n| n.to_str())
+        .ok_or_else(|| FsError::BadName(path.display().to_string()))?;
+    let parent = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    std::fs::create_dir_all(parent).map_err(|e| io_err("creating", parent, e))?;
+    let fd = nix::fcntl::open(
+        parent,
+        OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|e| open_err("opening", parent, e))?;
+    let dir = Dir {
+        fd,
+        path: parent.to_owned(),
+    };
+    dir.replace(name, bytes, mode)
+}
+
 /// Checks an open file: owned by `uid`, with exactly one link.
 pub fn check_owned_single(st: &FileStat, path: &Path, uid: u32) -> Result<(), FsError> {
     if st.st_uid != uid {
@@ -506,6 +637,72 @@ mod tests {
         let mut names = d.names().expect("names");
         names.sort();
         assert!(names.contains(&"m.json".to_owned()), "{names:?}");
+    }
+
+    #[test]
+    fn state_files_are_appended_read_and_replaced_never_through_a_link() {
+        let t = tempfile::tempdir().expect("tempdir");
+        let d = Dir::ensure(&t.path().join("state"), STATE_DIR_MODE).expect("ensure");
+        let secret = t.path().join("secret");
+        std::fs::write(&secret, b"precious").expect("write");
+        for name in ["j.jsonl", "c.json"] {
+            std::os::unix::fs::symlink(&secret, d.path().join(name)).expect("symlink");
+        }
+        std::os::unix::fs::symlink(t.path().join("nowhere"), d.path().join("dangling"))
+            .expect("symlink");
+        let named = |e: FsError, name: &str| {
+            let e = e.to_string();
+            let path = d.path().join(name).display().to_string();
+            assert!(e.contains("symlink") && e.contains(&path), "{e}");
+        };
+        named(
+            d.open_append("j.jsonl", 0o644).expect_err("link"),
+            "j.jsonl",
+        );
+        named(
+            d.open_append("dangling", 0o644).expect_err("link"),
+            "dangling",
+        );
+        named(d.read("j.jsonl").expect_err("link"), "j.jsonl");
+        named(
+            d.replace("c.json", b"{}", 0o644).expect_err("link"),
+            "c.json",
+        );
+        named(
+            write_leaf(&d.path().join("c.json"), b"{}", 0o644).expect_err("link"),
+            "c.json",
+        );
+        assert_eq!(std::fs::read(&secret).expect("read"), b"precious");
+        assert!(!t.path().join("nowhere").exists());
+        std::fs::hard_link(&secret, d.path().join("hard")).expect("link");
+        let e = d.open_append("hard", 0o644).expect_err("two links");
+        assert!(e.to_string().contains("2 hard links"), "{e}");
+        // Ordinary use.
+        let (mut f, st) = d.open_append("new.jsonl", 0o644).expect("create");
+        assert_eq!(st.st_size, 0);
+        std::io::Write::write_all(&mut f, b"a\n").expect("append");
+        drop(f);
+        let (mut f, st) = d.open_append("new.jsonl", 0o644).expect("reopen");
+        assert_eq!(st.st_size, 2);
+        std::io::Write::write_all(&mut f, b"b\n").expect("append");
+        assert_eq!(d.read("new.jsonl").expect("read"), b"a\nb\n");
+        d.replace("new.jsonl", b"c\n", 0o644).expect("replace");
+        assert_eq!(d.read("new.jsonl").expect("read"), b"c\n");
+        assert!(d.read("missing").expect_err("missing").is_not_found());
+        write_leaf(&t.path().join("npd/cond.json"), b"{}", 0o644).expect("elsewhere");
+        assert_eq!(
+            std::fs::read(t.path().join("npd/cond.json")).expect("read"),
+            b"{}"
+        );
+        let (dir, name) = parent_of(&d.path().join("o.json"), STATE_DIR_MODE).expect("parent");
+        assert_eq!((dir.path(), name.as_str()), (d.path(), "o.json"));
+        let left: Vec<String> = d
+            .names()
+            .expect("names")
+            .into_iter()
+            .filter(|n| n.starts_with(".tmp-"))
+            .collect();
+        assert!(left.is_empty(), "temporary files left: {left:?}");
     }
 
     #[test]

@@ -22,7 +22,11 @@
 //! Owners are persisted in the state directory, so an agent restart does not
 //! let a stranger claim a running job (and be handed its checkpoint
 //! replicas). A claim lapses when its launcher closes the job, or after
-//! [`OWNER_IDLE`] without use.
+//! [`OWNER_IDLE`] without use. The file (mode 0600) is reached through
+//! [`crate::fsafe`]: read with `O_NOFOLLOW` relative to the state
+//! directory's descriptor, replaced through a random new name renamed over
+//! it; a symlink at its name is refused (logged), never read nor written
+//! through, and owners are then claimed afresh and held in memory.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -33,6 +37,10 @@ use serde::{Deserialize, Serialize};
 use tonic::Status;
 
 use super::caller::LocalPeer;
+use crate::fsafe::{self, Dir, FsError};
+
+/// Mode of the job owners file.
+const OWNERS_MODE: u32 = 0o600;
 
 /// A claim on a job unused for this long is forgotten (at the next claim).
 pub const OWNER_IDLE: Duration = Duration::from_secs(7 * 24 * 3600);
@@ -104,6 +112,10 @@ pub struct Authz {
     agent_uid: u32,
     admin_gid: Option<u32>,
     owners: Mutex<BTreeMap<String, Owner>>,
+    /// The owners file's directory (opened once) and its name there; None:
+    /// the directory was refused, owners are held in memory only.
+    file: Option<(Dir, String)>,
+    /// The owners file (for messages).
     path: PathBuf,
 }
 
@@ -117,18 +129,30 @@ fn now_unix() -> u64 {
 impl Authz {
     /// The rules for an agent running as `agent_uid`, with `admin_gid` (from
     /// `api.admin_group`), keeping owners in `path` (loaded now; a file that
-    /// does not parse is set aside with a warning: owners are then claimed
-    /// afresh).
+    /// does not parse, or is refused as a symlink, is set aside with a
+    /// warning: owners are then claimed afresh). `path`'s directory is the
+    /// agent's (the state dir: created as needed, a symlink or another
+    /// user's refused, and then owners are held in memory only).
     pub fn new(agent_uid: u32, admin_gid: Option<u32>, path: PathBuf) -> Self {
-        let owners = match std::fs::read(&path) {
-            Ok(bytes) => serde_json::from_slice(&bytes).unwrap_or_else(|e| {
+        let file = match fsafe::parent_of(&path, fsafe::STATE_DIR_MODE) {
+            Ok(f) => Some(f),
+            Err(e) => {
+                tracing::warn!(error = %e,
+                    "job owners' directory refused or unusable; owners are held in memory only");
+                None
+            }
+        };
+        let read = file.as_ref().map(|(dir, name)| dir.read(name));
+        let owners = match read {
+            None => BTreeMap::new(),
+            Some(Ok(bytes)) => serde_json::from_slice(&bytes).unwrap_or_else(|e| {
                 tracing::warn!(path = %path.display(), error = %e,
                     "job owners file does not parse; owners will be claimed afresh");
                 BTreeMap::new()
             }),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => BTreeMap::new(),
-            Err(e) => {
-                tracing::warn!(path = %path.display(), error = %e,
+            Some(Err(e)) if e.is_not_found() => BTreeMap::new(),
+            Some(Err(e)) => {
+                tracing::warn!(error = %e,
                     "cannot read the job owners file; owners will be claimed afresh");
                 BTreeMap::new()
             }
@@ -137,6 +161,7 @@ impl Authz {
             agent_uid,
             admin_gid,
             owners: Mutex::new(owners),
+            file,
             path,
         }
     }
@@ -239,48 +264,33 @@ impl Authz {
         }
     }
 
-    /// Writes the owners (a temporary file renamed over the old one); a
-    /// failure is logged: claims then hold until the agent restarts.
+    /// Writes the owners; a failure is logged: claims then hold until the
+    /// agent restarts.
     fn save(&self, owners: &BTreeMap<String, Owner>) {
-        let result = (|| -> std::io::Result<()> {
-            let body = serde_json::to_vec(owners).map_err(std::io::Error::other)?;
-            write_private(&self.path, &body)
-        })();
-        if let Err(e) = result {
-            tracing::warn!(path = %self.path.display(), error = %e,
+        if let Err(e) = self.write_owners(owners) {
+            tracing::warn!(error = %e,
                 "cannot persist job owners; claims hold until the agent restarts");
         }
     }
-}
 
-/// Writes `body` to `path` through a fresh temporary file beside it
-/// (created exclusively, never through a symlink, mode 0600), synced, then
-/// renamed over `path`.
-fn write_private(path: &std::path::Path, body: &[u8]) -> std::io::Result<()> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    let dir = path
-        .parent()
-        .ok_or_else(|| std::io::Error::other("the owners file has no directory"))?;
-    std::fs::create_dir_all(dir)?;
-    let mut nonce = [0u8; 8];
-    getrandom::fill(&mut nonce).map_err(std::io::Error::other)?;
-    let tmp = dir.join(format!(
-        ".job-owners.{:016x}.tmp",
-        u64::from_le_bytes(nonce)
-    ));
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-        .open(&tmp)?;
-    let written = f.write_all(body).and_then(|()| f.sync_all());
-    if let Err(e) = written.and_then(|()| std::fs::rename(&tmp, path)) {
-        let _ = std::fs::remove_file(&tmp);
-        return Err(e);
+    /// Replaces the owners file (mode 0600) with `owners`: a new file under
+    /// a random name, synced, renamed over it ([`Dir::replace`]); a symlink
+    /// at its name is refused.
+    fn write_owners(&self, owners: &BTreeMap<String, Owner>) -> Result<(), FsError> {
+        let Some((dir, name)) = &self.file else {
+            return Err(FsError::Io {
+                what: "writing",
+                path: self.path.display().to_string(),
+                source: std::io::Error::other("its directory was refused or unusable"),
+            });
+        };
+        let body = serde_json::to_vec(owners).map_err(|e| FsError::Io {
+            what: "encoding",
+            path: self.path.display().to_string(),
+            source: std::io::Error::other(e),
+        })?;
+        dir.replace(name, &body, OWNERS_MODE)
     }
-    Ok(())
 }
 
 /// Why a claim was refused.
@@ -382,6 +392,45 @@ mod tests {
         assert!(again.check(&peer(1002, 1, &[]), "Restore", "j").is_err());
         again.release("j");
         assert_eq!(authz(&dir).owner("j"), None);
+    }
+
+    #[test]
+    fn an_owners_file_that_is_a_symlink_is_neither_read_nor_written_through() {
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("target.json");
+        let theirs = format!(r#"{{"j":{{"uid":1001,"used":{}}}}}"#, now_unix());
+        std::fs::write(&target, &theirs).unwrap();
+        let path = dir.path().join("owners.json");
+        std::os::unix::fs::symlink(&target, &path).unwrap();
+        let a = authz(&dir);
+        assert_eq!(a.owner("j"), None, "the link was not read");
+        // The claim holds in memory; writing it is refused, naming the file.
+        a.check(&peer(1002, 1, &[]), "RegisterRank", "j").unwrap();
+        assert_eq!(a.owner("j"), Some(1002));
+        let e = a.write_owners(&a.lock()).unwrap_err().to_string();
+        assert!(
+            e.contains("symlink") && e.contains(&path.display().to_string()),
+            "{e}"
+        );
+        assert_eq!(std::fs::read_to_string(&target).unwrap(), theirs);
+        assert!(path.is_symlink());
+    }
+
+    #[test]
+    fn the_owners_file_is_private() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        authz(&dir)
+            .check(&peer(1001, 1, &[]), "RegisterRank", "j")
+            .unwrap();
+        let meta = std::fs::symlink_metadata(dir.path().join("owners.json")).unwrap();
+        assert!(meta.is_file());
+        assert_eq!(meta.permissions().mode() & 0o777, 0o600);
+        let names: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names.len(), 1, "no temporary file left: {names:?}");
     }
 
     #[test]

@@ -7,6 +7,16 @@
 //! decision, appended and compacted to the newest `retain`; `cordon.json`
 //! while a decision has the node cordoned; the condition file (by default
 //! `node-condition.json`), always present, written atomically.
+//!
+//! Every one is reached through [`crate::fsafe`]: the state directory is
+//! opened once as the agent's own; files in it are opened relative to it
+//! with `O_NOFOLLOW` and replaced through a random new name renamed over
+//! them. A condition file configured outside the state directory is written
+//! the same way in its directory as the system resolves it
+//! ([`fsafe::write_leaf`]). A file that is a symlink (or not a regular
+//! file) is refused with a warning naming it, never read nor written
+//! through; the store goes on in memory. A `cordon.json` there that cannot
+//! be read (refused, or damaged as before) keeps the node cordoned.
 
 use std::collections::VecDeque;
 use std::io::Write;
@@ -16,6 +26,14 @@ use std::time::SystemTime;
 use serde::{Deserialize, Serialize};
 
 use super::diagnosis::IncidentRecord;
+use crate::fsafe::{self, Dir, FsError};
+
+/// The incident journal's name in the state directory.
+const JOURNAL: &str = "incidents.jsonl";
+/// The cordon's name in the state directory.
+const CORDON: &str = "cordon.json";
+/// Mode of the store's files (the condition file is read by cluster tools).
+const FILE_MODE: u32 = 0o644;
 
 /// Why a cordon is in force.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -30,16 +48,27 @@ pub struct Cordon {
     pub summary: String,
 }
 
+/// Where the node condition is written.
+#[derive(Debug)]
+enum ConditionFile {
+    /// This name in the state directory (the default).
+    InState(String),
+    /// A path the operator chose outside the state directory
+    /// ([`fsafe::write_leaf`]).
+    Elsewhere(PathBuf),
+}
+
 /// The incidents of this agent and the node's cordon.
 #[derive(Debug)]
 pub struct IncidentStore {
     records: VecDeque<IncidentRecord>,
     retain: usize,
-    journal: Option<PathBuf>,
+    /// The state directory, opened once; None: the journal and the cordon
+    /// are kept in memory only.
+    dir: Option<Dir>,
     journal_lines: usize,
     cordon: Option<Cordon>,
-    cordon_file: Option<PathBuf>,
-    condition_file: Option<PathBuf>,
+    condition: Option<ConditionFile>,
 }
 
 impl IncidentStore {
@@ -48,59 +77,62 @@ impl IncidentStore {
         Self {
             records: VecDeque::new(),
             retain: retain.max(1),
-            journal: None,
+            dir: None,
             journal_lines: 0,
             cordon: None,
-            cordon_file: None,
-            condition_file: None,
+            condition: None,
         }
     }
 
-    /// Loads the journal and the cordon from `state_dir`. A damaged line is
-    /// skipped with a warning (the rest is kept): a torn last write must
-    /// not cost the whole history.
+    /// Loads the journal and the cordon from `state_dir` (the agent's own
+    /// directory: created as needed; a symlink or another user's is
+    /// refused, and the store then keeps them in memory only). A damaged
+    /// line is skipped with a warning (the rest is kept): a torn last write
+    /// must not cost the whole history. A journal that is refused (a
+    /// symlink) is not read, with a warning naming it.
     pub fn load(state_dir: &Path, condition_file: PathBuf, retain: usize) -> Self {
         let mut store = Self::in_memory(retain);
-        if let Err(e) = std::fs::create_dir_all(state_dir) {
-            tracing::warn!(dir = %state_dir.display(), error = %e, "cannot create the state directory; incidents are kept in memory only");
-        }
-        let journal = state_dir.join("incidents.jsonl");
-        if let Ok(text) = std::fs::read_to_string(&journal) {
-            for (n, line) in text.lines().enumerate() {
-                if line.trim().is_empty() {
-                    continue;
+        let dir = match Dir::ensure(state_dir, fsafe::STATE_DIR_MODE) {
+            Ok(d) => Some(d),
+            Err(e) => {
+                tracing::warn!(error = %e, "state directory refused or unusable; incidents and the cordon are kept in memory only");
+                None
+            }
+        };
+        if let Some(dir) = &dir {
+            let journal = dir.path().join(JOURNAL);
+            match dir.read(JOURNAL) {
+                Ok(text) => {
+                    let text = String::from_utf8_lossy(&text);
+                    for (n, line) in text.lines().enumerate() {
+                        if line.trim().is_empty() {
+                            continue;
+                        }
+                        store.journal_lines += 1;
+                        match serde_json::from_str::<IncidentRecord>(line) {
+                            Ok(r) => store.upsert_mem(r),
+                            Err(e) => tracing::warn!(
+                                file = %journal.display(), line = n + 1, error = %e,
+                                "skipping a damaged incident record"
+                            ),
+                        }
+                    }
                 }
-                store.journal_lines += 1;
-                match serde_json::from_str::<IncidentRecord>(line) {
-                    Ok(r) => store.upsert_mem(r),
-                    Err(e) => tracing::warn!(
-                        file = %journal.display(), line = n + 1, error = %e,
-                        "skipping a damaged incident record"
-                    ),
+                Err(e) if e.is_not_found() => {}
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot read the incident journal; the history starts empty");
                 }
             }
+            store.cordon = load_cordon(dir);
         }
-        let cordon_file = state_dir.join("cordon.json");
-        if let Ok(text) = std::fs::read_to_string(&cordon_file) {
-            match serde_json::from_str::<Cordon>(&text) {
-                Ok(c) => store.cordon = Some(c),
-                Err(e) => tracing::warn!(
-                    file = %cordon_file.display(), error = %e,
-                    "cordon file unreadable; the node stays cordoned until `warden uncordon`"
-                ),
-            }
-            if store.cordon.is_none() {
-                store.cordon = Some(Cordon {
-                    since: SystemTime::now(),
-                    incident: String::new(),
-                    class: "unknown".into(),
-                    summary: format!("{} exists but cannot be read", cordon_file.display()),
-                });
-            }
-        }
-        store.journal = Some(journal);
-        store.cordon_file = Some(cordon_file);
-        store.condition_file = Some(condition_file);
+        store.dir = dir;
+        // In the state directory: through its descriptor (or not at all
+        // when it was refused), never by path.
+        let in_state = condition_file.parent() == Some(state_dir);
+        store.condition = Some(match condition_file.file_name().and_then(|n| n.to_str()) {
+            Some(name) if in_state => ConditionFile::InState(name.to_owned()),
+            _ => ConditionFile::Elsewhere(condition_file),
+        });
         store.write_condition();
         store
     }
@@ -145,9 +177,9 @@ impl IncidentStore {
     }
 
     fn append(&mut self, r: &IncidentRecord) {
-        let Some(path) = self.journal.clone() else {
+        if self.dir.is_none() {
             return;
-        };
+        }
         let line = match serde_json::to_string(r) {
             Ok(l) => l,
             Err(e) => {
@@ -155,23 +187,36 @@ impl IncidentStore {
                 return;
             }
         };
-        let written = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&path)
-            .and_then(|mut f| writeln!(f, "{line}"));
-        if let Err(e) = written {
-            tracing::warn!(file = %path.display(), error = %e, "cannot append to the incident journal");
+        if let Err(e) = self.append_line(&line) {
+            tracing::warn!(error = %e, "cannot append to the incident journal");
             return;
         }
         self.journal_lines += 1;
         // Updates append; once the file holds twice what is kept, rewrite it.
         if self.journal_lines > 2 * self.retain.max(64) {
-            self.compact(&path);
+            self.compact();
         }
     }
 
-    fn compact(&mut self, path: &Path) {
+    /// Appends `line` and a newline to the journal (one write), never
+    /// through a symlink.
+    fn append_line(&self, line: &str) -> Result<(), FsError> {
+        let Some(dir) = &self.dir else {
+            return Ok(());
+        };
+        let (mut f, _) = dir.open_append(JOURNAL, FILE_MODE)?;
+        f.write_all(format!("{line}\n").as_bytes())
+            .map_err(|source| FsError::Io {
+                what: "appending to",
+                path: dir.path().join(JOURNAL).display().to_string(),
+                source,
+            })
+    }
+
+    fn compact(&mut self) {
+        let Some(dir) = &self.dir else {
+            return;
+        };
         let mut text = String::new();
         for r in &self.records {
             if let Ok(l) = serde_json::to_string(r) {
@@ -179,10 +224,10 @@ impl IncidentStore {
                 text.push('\n');
             }
         }
-        match write_atomic(path, text.as_bytes()) {
+        match dir.replace(JOURNAL, text.as_bytes(), FILE_MODE) {
             Ok(()) => self.journal_lines = self.records.len(),
             Err(e) => {
-                tracing::warn!(file = %path.display(), error = %e, "cannot compact the incident journal")
+                tracing::warn!(error = %e, "cannot compact the incident journal")
             }
         }
     }
@@ -198,12 +243,16 @@ impl IncidentStore {
         if self.cordon.is_some() {
             return false;
         }
-        if let Some(p) = &self.cordon_file {
-            let written = serde_json::to_vec_pretty(&c)
-                .map_err(std::io::Error::other)
-                .and_then(|b| write_atomic(p, &b));
-            if let Err(e) = written {
-                tracing::warn!(file = %p.display(), error = %e, "cannot persist the cordon; it holds until the agent restarts");
+        if let Some(dir) = &self.dir {
+            match serde_json::to_vec_pretty(&c) {
+                Ok(b) => {
+                    if let Err(e) = dir.replace(CORDON, &b, FILE_MODE) {
+                        tracing::warn!(error = %e, "cannot persist the cordon; it holds until the agent restarts");
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot encode the cordon; it holds until the agent restarts");
+                }
             }
         }
         self.cordon = Some(c);
@@ -211,24 +260,33 @@ impl IncidentStore {
         true
     }
 
-    /// Lifts the cordon; returns what it was.
+    /// Lifts the cordon; returns what it was. The cordon file is removed
+    /// (a link there is removed itself, never what it points to).
     pub fn clear_cordon(&mut self) -> Option<Cordon> {
         let was = self.cordon.take();
-        if let Some(p) = &self.cordon_file
-            && let Err(e) = std::fs::remove_file(p)
-            && e.kind() != std::io::ErrorKind::NotFound
+        if let Some(dir) = &self.dir
+            && let Err(e) = dir.remove(CORDON)
+            && !e.is_not_found()
         {
-            tracing::warn!(file = %p.display(), error = %e, "cannot remove the cordon file");
+            tracing::warn!(error = %e, "cannot remove the cordon file");
         }
         self.write_condition();
         was
     }
 
     /// Writes the node condition (Kubernetes NodeCondition fields) for
-    /// node-problem-detector-style tools and scripts.
+    /// node-problem-detector-style tools and scripts; a failure (a symlink
+    /// at its name: refused) is logged.
     fn write_condition(&self) {
-        let Some(path) = &self.condition_file else {
-            return;
+        if let Err(e) = self.try_write_condition() {
+            tracing::warn!(error = %e, "cannot write the node condition file");
+        }
+    }
+
+    /// [`IncidentStore::write_condition`], with its error.
+    fn try_write_condition(&self) -> Result<(), FsError> {
+        let Some(cond) = &self.condition else {
+            return Ok(());
         };
         let rfc = |t: SystemTime| humantime::format_rfc3339_seconds(t).to_string();
         let doc = match &self.cordon {
@@ -253,16 +311,42 @@ impl IncidentStore {
             Ok(b) => b,
             Err(e) => {
                 tracing::warn!(error = %e, "cannot encode the node condition");
-                return;
+                return Ok(());
             }
         };
-        if let Some(dir) = path.parent() {
-            let _ = std::fs::create_dir_all(dir);
-        }
-        if let Err(e) = write_atomic(path, &bytes) {
-            tracing::warn!(file = %path.display(), error = %e, "cannot write the node condition file");
+        match (cond, &self.dir) {
+            (ConditionFile::InState(name), Some(dir)) => dir.replace(name, &bytes, FILE_MODE),
+            (ConditionFile::InState(name), None) => Err(FsError::Io {
+                what: "writing",
+                path: name.clone(),
+                source: std::io::Error::other("the state directory was refused or unusable"),
+            }),
+            (ConditionFile::Elsewhere(path), _) => fsafe::write_leaf(path, &bytes, FILE_MODE),
         }
     }
+}
+
+/// The cordon kept in `dir`, if any. One that is there but cannot be read
+/// (damaged, refused as a symlink or not a regular file) keeps the node
+/// cordoned until `warden uncordon`, with a warning naming it.
+fn load_cordon(dir: &Dir) -> Option<Cordon> {
+    let path = dir.path().join(CORDON);
+    let why = match dir.read(CORDON) {
+        Ok(text) => match serde_json::from_slice::<Cordon>(&text) {
+            Ok(c) => return Some(c),
+            Err(e) => e.to_string(),
+        },
+        Err(e) if e.is_not_found() => return None,
+        Err(e) => e.to_string(),
+    };
+    tracing::warn!(file = %path.display(), error = %why,
+        "cordon file unreadable; the node stays cordoned until `warden uncordon`");
+    Some(Cordon {
+        since: SystemTime::now(),
+        incident: String::new(),
+        class: "unknown".into(),
+        summary: format!("{} exists but cannot be read", path.display()),
+    })
 }
 
 /// "uncorrectable_hardware" -> "UncorrectableHardware" (a condition reason
@@ -277,18 +361,6 @@ fn reason_word(class: &str) -> String {
                 .unwrap_or_default()
         })
         .collect()
-}
-
-/// Writes `bytes` to `path` through a temporary file and a rename, so a
-/// reader never sees half a file.
-pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    let tmp = path.with_extension(format!("tmp.{}", std::process::id()));
-    {
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(bytes)?;
-        f.sync_all()?;
-    }
-    std::fs::rename(&tmp, path)
 }
 
 #[cfg(test)]
@@ -373,5 +445,69 @@ mod tests {
         assert_eq!(read()["status"], "False");
         let s3 = IncidentStore::load(dir.path(), cond, 10);
         assert!(s3.cordon().is_none());
+    }
+
+    #[test]
+    fn symlinks_at_the_store_files_are_refused_and_never_written_through() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = dir.path().join("state");
+        std::fs::create_dir_all(&state).unwrap();
+        let target = dir.path().join("target");
+        let precious = serde_json::to_vec(&rec("theirs", "x")).unwrap();
+        std::fs::write(&target, &precious).unwrap();
+        let link = |p: &Path| std::os::unix::fs::symlink(&target, p).unwrap();
+        let named = |e: FsError, p: &Path| {
+            let e = e.to_string();
+            assert!(
+                e.contains("symlink") && e.contains(&p.display().to_string()),
+                "{e}"
+            );
+        };
+        let journal = state.join(JOURNAL);
+        let cond = state.join("node-condition.json");
+        link(&journal);
+        link(&cond);
+
+        let mut s = IncidentStore::load(&state, cond.clone(), 10);
+        assert!(s.all().is_empty(), "the linked journal was not read");
+        named(s.append_line("{}").unwrap_err(), &journal);
+        named(s.try_write_condition().unwrap_err(), &cond);
+        // The store goes on in memory; the cordon file, a plain one, is kept.
+        s.upsert(rec("inc-1", "a"), true);
+        assert_eq!(s.all().len(), 1);
+        s.compact();
+        assert!(s.set_cordon(Cordon {
+            since: SystemTime::now(),
+            incident: "inc-1".into(),
+            class: "unknown".into(),
+            summary: "s".into(),
+        }));
+        assert!(state.join(CORDON).is_file());
+
+        // A cordon file that is a link keeps the node cordoned (it cannot
+        // be read), and uncordoning removes the link, not its target.
+        let cordon = state.join(CORDON);
+        std::fs::remove_file(&cordon).unwrap();
+        link(&cordon);
+        let mut s2 = IncidentStore::load(&state, cond.clone(), 10);
+        let c = s2.cordon().expect("still cordoned").clone();
+        assert_eq!(c.class, "unknown");
+        assert!(c.summary.contains(&cordon.display().to_string()), "{c:?}");
+        assert!(s2.clear_cordon().is_some());
+        assert!(std::fs::symlink_metadata(&cordon).is_err(), "link removed");
+
+        // A condition file configured elsewhere: its last name not followed.
+        let elsewhere = dir.path().join("npd").join("cond.json");
+        std::fs::create_dir_all(elsewhere.parent().unwrap()).unwrap();
+        link(&elsewhere);
+        let s3 = IncidentStore::load(&state, elsewhere.clone(), 10);
+        named(s3.try_write_condition().unwrap_err(), &elsewhere);
+
+        assert_eq!(
+            std::fs::read(&target).unwrap(),
+            precious,
+            "target unchanged"
+        );
+        assert!(journal.is_symlink() && cond.is_symlink() && elsewhere.is_symlink());
     }
 }

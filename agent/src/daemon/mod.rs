@@ -152,7 +152,7 @@ async fn serve(
     // The state dir (journals, incidents, calibrations, the node condition)
     // is the agent's: created 0750, refused when a symlink or another
     // user's, closed again when someone else could write it.
-    crate::fsafe::Dir::ensure(&config.state_dir(), 0o750)?;
+    crate::fsafe::Dir::ensure(&config.state_dir(), crate::fsafe::STATE_DIR_MODE)?;
     let peer_tls = peer_listener::peer_tls(&config)?;
     let mut state = AgentState::with_peer_tls(config, config_source, peer_tls)?;
     if let Some(host) = &embedded {

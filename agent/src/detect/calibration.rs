@@ -4,11 +4,24 @@
 //! hung within seconds instead of after a fixed ten minutes. The history is
 //! per job (all ranks of the job feed it) and persisted in the agent's state
 //! directory, so a restarted training run is calibrated from its first step.
+//!
+//! Files: `<state_dir>/calibration/<job>.json`, reached through
+//! [`crate::fsafe`]: the directory is the agent's own (a symlink or another
+//! user's is refused), the file is read with `O_NOFOLLOW` relative to it and
+//! replaced through a random new name renamed over it. A file that is a
+//! symlink is refused (an error naming it), never read nor written through.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
+
+use crate::fsafe::{self, FsError};
+
+/// Mode of `<state_dir>/calibration/`.
+const DIR_MODE: u32 = 0o750;
+/// Mode of a calibration file.
+const FILE_MODE: u32 = 0o644;
 
 /// Name used for time outside any section before the first step.
 pub const INIT: &str = "init";
@@ -18,14 +31,11 @@ pub const IDLE: &str = "idle";
 /// Why calibration could not be loaded or saved.
 #[derive(Debug, thiserror::Error)]
 pub enum CalibrationError {
-    /// Reading or writing the file failed.
-    #[error("calibration file {path}: {source}")]
-    Io {
-        /// The file.
-        path: PathBuf,
-        /// The OS error.
-        source: std::io::Error,
-    },
+    /// The file or its directory was refused (a symlink, not a regular
+    /// file, not the agent's) or could not be read or written; the error
+    /// names it.
+    #[error("calibration file: {0}")]
+    Fs(#[from] FsError),
     /// The file is not what we wrote.
     #[error("calibration file {path} is not valid: {message}")]
     Parse {
@@ -95,41 +105,35 @@ impl Calibration {
         self.dirty
     }
 
-    /// Loads a job's history; a missing file is an empty history.
+    /// Loads a job's history from `path` (as [`path_for`] makes it); a
+    /// missing file is an empty history. The file's directory is the
+    /// agent's (created as needed, see [`fsafe::parent_of`]); the file is
+    /// opened without following a symlink.
     pub fn load(path: &Path) -> Result<Self, CalibrationError> {
-        let text = match std::fs::read_to_string(path) {
+        let (dir, name) = fsafe::parent_of(path, DIR_MODE)?;
+        let text = match dir.read(&name) {
             Ok(t) => t,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Self::default()),
-            Err(source) => {
-                return Err(CalibrationError::Io {
-                    path: path.to_owned(),
-                    source,
-                });
-            }
+            Err(e) if e.is_not_found() => return Ok(Self::default()),
+            Err(e) => return Err(e.into()),
         };
-        serde_json::from_str(&text).map_err(|e| CalibrationError::Parse {
+        serde_json::from_slice(&text).map_err(|e| CalibrationError::Parse {
             path: path.to_owned(),
             message: e.to_string(),
         })
     }
 
-    /// Writes the history atomically (temp file, then rename).
+    /// Writes the history to `path` atomically: a new file under a random
+    /// name beside it, synced, renamed over it; a symlink (or anything not a
+    /// regular file) at `path` is refused and left as it is. Stays dirty
+    /// when it fails.
     pub fn save(&mut self, path: &Path) -> Result<(), CalibrationError> {
-        let io = |source| CalibrationError::Io {
-            path: path.to_owned(),
-            source,
-        };
-        if let Some(dir) = path.parent() {
-            std::fs::create_dir_all(dir).map_err(io)?;
-        }
+        let (dir, name) = fsafe::parent_of(path, DIR_MODE)?;
         self.version = 1;
-        let text = serde_json::to_string(self).map_err(|e| CalibrationError::Parse {
+        let text = serde_json::to_vec(self).map_err(|e| CalibrationError::Parse {
             path: path.to_owned(),
             message: e.to_string(),
         })?;
-        let tmp = path.with_extension("json.tmp");
-        std::fs::write(&tmp, text).map_err(io)?;
-        std::fs::rename(&tmp, path).map_err(io)?;
+        dir.replace(&name, &text, FILE_MODE)?;
         self.dirty = false;
         Ok(())
     }
@@ -205,5 +209,33 @@ mod tests {
         );
         std::fs::write(&path, "garbage").unwrap();
         assert!(Calibration::load(&path).is_err());
+    }
+
+    #[test]
+    fn a_calibration_file_that_is_a_symlink_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = dir.path().join("state");
+        let path = path_for(&state, "j");
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        let mut theirs = Calibration::default();
+        theirs.add("forward", 7, 10);
+        let target = dir.path().join("target.json");
+        std::fs::write(&target, serde_json::to_vec(&theirs).unwrap()).unwrap();
+        std::os::unix::fs::symlink(&target, &path).unwrap();
+        let before = std::fs::read(&target).unwrap();
+        let named = |e: CalibrationError| {
+            let e = e.to_string();
+            assert!(
+                e.contains("symlink") && e.contains(&path.display().to_string()),
+                "{e}"
+            );
+        };
+        named(Calibration::load(&path).unwrap_err());
+        let mut c = Calibration::default();
+        c.add("forward", 42, 10);
+        named(c.save(&path).unwrap_err());
+        assert!(c.is_dirty(), "not saved");
+        assert_eq!(std::fs::read(&target).unwrap(), before, "target unchanged");
+        assert!(path.is_symlink());
     }
 }

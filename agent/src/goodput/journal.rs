@@ -8,33 +8,53 @@
 //! single `write` of the line and its newline, so an agent killed midway
 //! leaves at most one torn line at the end: it is skipped with a warning
 //! and the rank's previous line stands. A journal past [`COMPACT_AT`] bytes
-//! is rewritten with only the latest lines (a new file renamed over it).
+//! is rewritten with only the latest lines (a new file under a random name,
+//! synced, renamed over it).
+//!
+//! Files are reached through [`crate::fsafe`]: the state dir and
+//! `goodput/` are the agent's own directories, each journal is opened
+//! relative to `goodput/`'s descriptor with `O_NOFOLLOW`. A journal that is
+//! a symlink (or not a regular file) is never read nor written through:
+//! replay skips it with a warning naming it, and its job's lines are
+//! refused with an error naming it (reported once, until a write of that
+//! job succeeds again) while every other job's journal goes on.
 
 use std::collections::BTreeMap;
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
 use super::ledger::{JobLedger, Ledger, RankLedger};
+use crate::fsafe::{self, Dir, FsError};
 
 /// Size past which a job's journal is compacted.
 pub const COMPACT_AT: u64 = 4 << 20;
 
+/// Mode of `<state_dir>/goodput/`.
+const DIR_MODE: u32 = 0o750;
+/// Mode of a journal.
+const FILE_MODE: u32 = 0o644;
+
 /// Why the journal could not be read or written.
 #[derive(Debug, thiserror::Error)]
 pub enum JournalError {
-    /// A file operation failed.
+    /// A write to an open journal failed.
     #[error("goodput journal {path}: cannot {op}: {source}")]
     Io {
-        /// The file or directory.
+        /// The file.
         path: PathBuf,
         /// What was being done.
         op: &'static str,
         /// The OS error.
         source: std::io::Error,
     },
+    /// A file or directory was refused (a symlink, not a regular file, not
+    /// the agent's) or could not be opened, created or replaced; the error
+    /// names it.
+    #[error("goodput journal: {0}")]
+    Fs(#[from] FsError),
 }
 
 /// One line of a journal.
@@ -58,32 +78,40 @@ enum Record {
 /// The journals of every job.
 #[derive(Debug)]
 pub struct Journal {
-    dir: PathBuf,
+    /// `<state_dir>/goodput`, opened once.
+    dir: Dir,
     /// Open files by job, with their size.
     files: BTreeMap<String, (File, u64)>,
+    /// Jobs whose last write failed, with the error already reported.
+    failing: BTreeMap<String, String>,
 }
 
 impl Journal {
-    /// Opens `<state_dir>/goodput` and replays every journal in it. Lines
-    /// that cannot be read (a torn last line) are skipped; each comes back
-    /// as a warning naming the file and line.
+    /// Opens `<state_dir>/goodput` (both the agent's, created as needed;
+    /// a symlink or a directory of someone else is refused) and replays
+    /// every journal in it. Lines that cannot be read (a torn last line)
+    /// are skipped, and so is a journal that is refused (a symlink, not a
+    /// regular file) or cannot be read; each comes back as a warning naming
+    /// the file (and line).
     pub fn open(state_dir: &Path) -> Result<(Journal, Ledger, Vec<String>), JournalError> {
-        let dir = state_dir.join("goodput");
-        let io = |op: &'static str, path: &Path| {
-            let path = path.to_owned();
-            move |source| JournalError::Io { path, op, source }
-        };
-        std::fs::create_dir_all(&dir).map_err(io("create directory", &dir))?;
+        let dir = Dir::ensure(state_dir, fsafe::STATE_DIR_MODE)?.sub("goodput", DIR_MODE, true)?;
         let mut ledger = Ledger::default();
         let mut warnings = Vec::new();
-        let mut entries: Vec<PathBuf> = std::fs::read_dir(&dir)
-            .map_err(io("list directory", &dir))?
-            .filter_map(|e| e.ok().map(|e| e.path()))
-            .filter(|p| p.extension().is_some_and(|x| x == "jsonl"))
+        let mut entries: Vec<String> = dir
+            .names()?
+            .into_iter()
+            .filter(|n| Path::new(n).extension().is_some_and(|x| x == "jsonl"))
             .collect();
         entries.sort();
-        for path in entries {
-            let text = std::fs::read(&path).map_err(io("read", &path))?;
+        for name in entries {
+            let path = dir.path().join(&name);
+            let text = match dir.read(&name) {
+                Ok(t) => t,
+                Err(e) => {
+                    warnings.push(format!("{e}: skipped; its jobs' accounts start afresh"));
+                    continue;
+                }
+            };
             let text = String::from_utf8_lossy(&text);
             let lines: Vec<&str> = text.split('\n').collect();
             for (i, line) in lines.iter().enumerate() {
@@ -109,14 +137,20 @@ impl Journal {
             Journal {
                 dir,
                 files: BTreeMap::new(),
+                failing: BTreeMap::new(),
             },
             ledger,
             warnings,
         ))
     }
 
-    /// Appends the state of every rank changed since the last flush.
-    pub fn flush(&mut self, ledger: &mut Ledger) -> Result<(), JournalError> {
+    /// Appends the state of every rank changed since the last flush. A job
+    /// whose journal cannot be written (refused, or a failed write) does not
+    /// stop the others; its error comes back once, and again only when it
+    /// changes or after a write of that job succeeded.
+    pub fn flush(&mut self, ledger: &mut Ledger) -> Result<(), Vec<JournalError>> {
+        let mut errors = Vec::new();
+        self.failing.retain(|job, _| ledger.jobs.contains_key(job));
         for (job, j) in &mut ledger.jobs {
             if j.dirty.is_empty() {
                 continue;
@@ -136,32 +170,43 @@ impl Journal {
                 }
             }
             j.dirty.clear();
-            let size = self.append(job, &buf)?;
-            if size > COMPACT_AT {
-                self.compact(job, j)?;
+            let written = self.append(job, &buf).and_then(|size| {
+                if size > COMPACT_AT {
+                    self.compact(job, j)
+                } else {
+                    Ok(())
+                }
+            });
+            match written {
+                Ok(()) => {
+                    self.failing.remove(job);
+                }
+                Err(e) => {
+                    let said = e.to_string();
+                    if self.failing.get(job) != Some(&said) {
+                        self.failing.insert(job.clone(), said);
+                        errors.push(e);
+                    }
+                }
             }
         }
-        Ok(())
+        if errors.is_empty() {
+            Ok(())
+        } else {
+            Err(errors)
+        }
     }
 
     /// The journal file of `job`.
     pub fn path_of(&self, job: &str) -> PathBuf {
-        self.dir.join(format!("{}.jsonl", file_name(job)))
+        self.dir.path().join(journal_name(job))
     }
 
     fn append(&mut self, job: &str, buf: &[u8]) -> Result<u64, JournalError> {
         let path = self.path_of(job);
         if !self.files.contains_key(job) {
-            let f = OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(&path)
-                .map_err(|source| JournalError::Io {
-                    path: path.clone(),
-                    op: "open for appending",
-                    source,
-                })?;
-            let len = f.metadata().map(|m| m.len()).unwrap_or(0);
+            let (f, st) = self.dir.open_append(&journal_name(job), FILE_MODE)?;
+            let len = u64::try_from(st.st_size).unwrap_or(0);
             self.files.insert(job.to_owned(), (f, len));
         }
         let Some((f, len)) = self.files.get_mut(job) else {
@@ -180,8 +225,6 @@ impl Journal {
 
     /// Rewrites `job`'s journal with its current state only.
     fn compact(&mut self, job: &str, j: &JobLedger) -> Result<(), JournalError> {
-        let path = self.path_of(job);
-        let tmp = path.with_extension("jsonl.tmp");
         let mut buf = Vec::new();
         line(&mut buf, &job_record(job, j));
         for (rank, r) in &j.ranks {
@@ -194,15 +237,15 @@ impl Journal {
                 },
             );
         }
-        let io = |op: &'static str, p: &Path| {
-            let path = p.to_owned();
-            move |source| JournalError::Io { path, op, source }
-        };
-        std::fs::write(&tmp, &buf).map_err(io("write compacted copy", &tmp))?;
-        std::fs::rename(&tmp, &path).map_err(io("replace with compacted copy", &path))?;
+        self.dir.replace(&journal_name(job), &buf, FILE_MODE)?;
         self.files.remove(job);
         Ok(())
     }
+}
+
+/// The name of `job`'s journal in `goodput/`.
+fn journal_name(job: &str) -> String {
+    format!("{}.jsonl", file_name(job))
 }
 
 fn job_record(job: &str, j: &JobLedger) -> Record {
@@ -297,7 +340,10 @@ mod tests {
         j.flush(&mut l).unwrap();
         let path = j.path_of("a/b");
         // A torn line at the end, as a kill -9 during a write leaves it.
-        let mut f = OpenOptions::new().append(true).open(&path).unwrap();
+        let mut f = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&path)
+            .unwrap();
         f.write_all(b"{\"record\":\"rank\",\"job\":\"a/b\",\"ra")
             .unwrap();
         drop(f);
@@ -323,5 +369,45 @@ mod tests {
         assert_eq!(journaled(&back), journaled(&l));
         let lines = std::fs::read_to_string(j.path_of("a/b")).unwrap();
         assert_eq!(lines.lines().count(), 4);
+    }
+
+    #[test]
+    fn a_journal_that_is_a_symlink_is_neither_read_nor_written_through() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = dir.path().join("state");
+        let target = dir.path().join("elsewhere.jsonl");
+        // Lines the agent would replay, were it to follow the link.
+        let mut l = sample();
+        let mut lines = Vec::new();
+        line(&mut lines, &job_record("a/b", &l.jobs["a/b"]));
+        std::fs::write(&target, &lines).unwrap();
+        std::fs::create_dir_all(state.join("goodput")).unwrap();
+        let link = state.join("goodput").join("a_b.jsonl");
+        std::os::unix::fs::symlink(&target, &link).unwrap();
+        let named = |e: &str| {
+            assert!(
+                e.contains("symlink") && e.contains(&link.display().to_string()),
+                "{e}"
+            );
+        };
+
+        let (mut j, back, warnings) = Journal::open(&state).unwrap();
+        assert!(back.jobs.is_empty(), "the link was not read");
+        assert_eq!(warnings.len(), 1, "{warnings:?}");
+        named(&warnings[0]);
+        assert_eq!(j.path_of("a/b"), link);
+        // Another job's journal is written all the same.
+        l.registered("c", 0, 11, 0, 1_000);
+        let errors = j.flush(&mut l).unwrap_err();
+        assert_eq!(errors.len(), 1, "{errors:?}");
+        named(&errors[0].to_string());
+        assert!(j.path_of("c").is_file());
+        // Reported once; compaction is refused too.
+        l.jobs.get_mut("a/b").unwrap().dirty.insert(0);
+        j.flush(&mut l).unwrap();
+        let job = l.jobs["a/b"].clone();
+        named(&j.compact("a/b", &job).unwrap_err().to_string());
+        assert_eq!(std::fs::read(&target).unwrap(), lines, "target unchanged");
+        assert!(link.is_symlink());
     }
 }

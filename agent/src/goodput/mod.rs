@@ -253,8 +253,10 @@ impl Goodput {
         // The ledger is cloned out only for the changed jobs' lines; the
         // lock is held for the serialisation, which is short.
         let mut l = self.ledger();
-        if let Err(e) = journal.flush(&mut l) {
-            tracing::warn!("goodput journal: {e}");
+        if let Err(errors) = journal.flush(&mut l) {
+            for e in errors {
+                tracing::warn!("{e}");
+            }
         }
     }
 
