@@ -731,11 +731,17 @@ async fn registrations_that_cannot_be_honoured_are_refused_naming_why() {
     );
 }
 
-/// Where the agent keeps the slot file: `slots` in the socket's directory.
+/// Where the agent keeps the slot file: `slots.<random>` in the socket's
+/// directory (the only one there).
 fn slot_file(agent: &TestAgent) -> PathBuf {
-    let path = agent.home.path().join("slots");
-    assert!(path.exists(), "no slot file at {}", path.display());
-    path
+    let found: Vec<PathBuf> = std::fs::read_dir(agent.home.path())
+        .expect("the agent's home")
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with("slots."))
+        .map(|e| e.path())
+        .collect();
+    assert_eq!(found.len(), 1, "one slot file in the home: {found:?}");
+    found.into_iter().next().expect("one")
 }
 
 /// Overwrites every byte of `path` with random ones, in place: same inode,

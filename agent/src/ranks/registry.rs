@@ -350,7 +350,8 @@ fn inode(path: &Path) -> std::io::Result<(u64, u64, u64)> {
 }
 
 impl Registry {
-    /// Creates the slot file (`<slot_dir>/slots`) for `max_ranks` ranks.
+    /// Creates the slot file (`<slot_dir>/slots.<random>`) for `max_ranks`
+    /// ranks.
     pub fn new(
         slot_dir: &Path,
         state_dir: &Path,
@@ -375,7 +376,15 @@ impl Registry {
                 op: "create stacks directory",
                 source: std::io::Error::other(e.to_string()),
             })?;
-        let path = slot_dir.join("slots");
+        // A fresh, unpredictable name each start (ranks are told it when
+        // they register); the files of earlier agents go.
+        remove_old_slot_files(slot_dir);
+        let name = crate::fsafe::random_name("slots.").map_err(|e| slot::SlotError::Io {
+            path: slot_dir.to_owned(),
+            op: "name the slot file",
+            source: std::io::Error::other(e.to_string()),
+        })?;
+        let path = slot_dir.join(name);
         let slots = SlotFile::create_with_mode(&path, max_ranks, file_mode)?;
         let (dev, ino, _) = inode(&path).map_err(io("stat slot file"))?;
         Ok(Self {
@@ -761,6 +770,22 @@ fn sanitize(s: &str) -> String {
             }
         })
         .collect()
+}
+
+/// Removes the slot files earlier agents left in `dir` (`slots`, `slots.*`):
+/// unlinked, never followed. Their ranks were told to register again when
+/// that agent went.
+fn remove_old_slot_files(dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name();
+        let name = name.to_string_lossy();
+        if name == "slots" || name.starts_with("slots.") {
+            let _ = std::fs::remove_file(e.path());
+        }
+    }
 }
 
 fn validate(r: &RegisterRequest) -> Result<(), RegisterError> {
