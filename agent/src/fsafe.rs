@@ -392,19 +392,7 @@ impl Dir {
             Mode::from_bits_truncate(mode),
         )
         .map_err(|e| open_err("opening", &path, e))?;
-        let st = fstat(&fd).map_err(|e| io_err("inspecting", &path, e))?;
-        kind(&st, &path, SFlag::S_IFREG, "regular file")?;
-        #[allow(clippy::unnecessary_cast)]
-        let links = st.st_nlink as u64;
-        if links != 1 {
-            return Err(FsError::Links {
-                path: path.display().to_string(),
-                links,
-            });
-        }
-        let f = File::from(fd);
-        clear_nonblock(&f, &path)?;
-        Ok((f, st))
+        single_regular(fd, &path)
     }
 
     /// The whole content of the regular file `name` (opened as
@@ -535,19 +523,7 @@ pub fn open_leaf(path: &Path) -> Result<(File, FileStat), FsError> {
         Mode::empty(),
     )
     .map_err(|e| open_err("opening", path, e))?;
-    let st = fstat(&fd).map_err(|e| io_err("inspecting", path, e))?;
-    kind(&st, path, SFlag::S_IFREG, "regular file")?;
-    #[allow(clippy::unnecessary_cast)]
-    let links = st.st_nlink as u64;
-    if links != 1 {
-        return Err(FsError::Links {
-            path: path.display().to_string(),
-            links,
-        });
-    }
-    let f = File::from(fd);
-    clear_nonblock(&f, path)?;
-    Ok((f, st))
+    single_regular(fd, path)
 }
 
 /// Writes `bytes` to `path`, a file the operator placed outside the
@@ -597,6 +573,24 @@ pub fn check_owned_single(st: &FileStat, path: &Path, uid: u32) -> Result<(), Fs
         });
     }
     Ok(())
+}
+
+/// An opened descriptor as a regular file of one link (no hard link from
+/// elsewhere in or out of the tree), blocking again for reads.
+fn single_regular(fd: OwnedFd, path: &Path) -> Result<(File, FileStat), FsError> {
+    let st = fstat(&fd).map_err(|e| io_err("inspecting", path, e))?;
+    kind(&st, path, SFlag::S_IFREG, "regular file")?;
+    #[allow(clippy::unnecessary_cast)]
+    let links = st.st_nlink as u64;
+    if links != 1 {
+        return Err(FsError::Links {
+            path: path.display().to_string(),
+            links,
+        });
+    }
+    let f = File::from(fd);
+    clear_nonblock(&f, path)?;
+    Ok((f, st))
 }
 
 /// Hands an open file to `owner` (fchown: the descriptor, never a path).
