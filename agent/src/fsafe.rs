@@ -564,6 +564,12 @@ pub fn check_owned_single(st: &FileStat, path: &Path, uid: u32) -> Result<(), Fs
             want: uid,
         });
     }
+    one_link(st, path)
+}
+
+/// Refuses a file whose link count is not one: a hard link from elsewhere
+/// in or out of the tree would let a writer reach a file the agent serves.
+fn one_link(st: &FileStat, path: &Path) -> Result<(), FsError> {
     #[allow(clippy::unnecessary_cast)]
     let links = st.st_nlink as u64;
     if links != 1 {
@@ -580,14 +586,7 @@ pub fn check_owned_single(st: &FileStat, path: &Path, uid: u32) -> Result<(), Fs
 fn single_regular(fd: OwnedFd, path: &Path) -> Result<(File, FileStat), FsError> {
     let st = fstat(&fd).map_err(|e| io_err("inspecting", path, e))?;
     kind(&st, path, SFlag::S_IFREG, "regular file")?;
-    #[allow(clippy::unnecessary_cast)]
-    let links = st.st_nlink as u64;
-    if links != 1 {
-        return Err(FsError::Links {
-            path: path.display().to_string(),
-            links,
-        });
-    }
+    one_link(&st, path)?;
     let f = File::from(fd);
     clear_nonblock(&f, path)?;
     Ok((f, st))

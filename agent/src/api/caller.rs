@@ -51,6 +51,15 @@ impl LocalPeer {
         })
     }
 
+    /// The peer's uid and gid as the owner of a file the agent hands it
+    /// (a staging file, a restored shard, its stack-dump file).
+    pub fn owner(&self) -> crate::fsafe::Owner {
+        crate::fsafe::Owner {
+            uid: self.uid,
+            gid: self.gid,
+        }
+    }
+
     /// Whether the peer is in group `gid`, as its primary or a
     /// supplementary group.
     pub fn in_group(&self, gid: u32) -> bool {

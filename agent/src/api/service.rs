@@ -13,7 +13,6 @@ use warden_proto::v1::agent_server::Agent;
 use super::caller::{self, LocalPeer};
 use super::convert;
 use super::observe::observed;
-use crate::ckpt::tier::Owner;
 use crate::events::{Event, NewEvent, Severity};
 use crate::ranks::{self, RankKey, RegisterError, registry::RegisterRequest};
 use crate::state::AgentState;
@@ -219,10 +218,7 @@ impl Agent for AgentService {
                 devices: r.devices.clone(),
                 process: process.clone(),
                 caller_pid: peer.pid,
-                owner: Some(Owner {
-                    uid: peer.uid,
-                    gid: peer.gid,
-                }),
+                owner: Some(peer.owner()),
             };
             let now = warden_client::clock::syscall_now();
             let result = self.state.registry().register(&request, now);
@@ -518,10 +514,7 @@ impl Agent for AgentService {
     ) -> Result<Response<pb::BeginShardResponse>, Status> {
         observed("BeginShard", async {
             let peer = self.guard(&req, "BeginShard", &req.get_ref().job_id)?;
-            let owner = Some(Owner {
-                uid: peer.uid,
-                gid: peer.gid,
-            });
+            let owner = Some(peer.owner());
             super::ckpt::begin_shard(&self.state, req.into_inner(), owner)
                 .await
                 .map(Response::new)
@@ -548,10 +541,7 @@ impl Agent for AgentService {
     ) -> Result<Response<pb::RestoreResponse>, Status> {
         observed("Restore", async {
             let peer = self.guard(&req, "Restore", &req.get_ref().job_id)?;
-            let owner = Some(Owner {
-                uid: peer.uid,
-                gid: peer.gid,
-            });
+            let owner = Some(peer.owner());
             super::ckpt::restore(&self.state, req.into_inner(), owner)
                 .await
                 .map(Response::new)

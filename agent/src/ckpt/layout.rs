@@ -64,12 +64,6 @@ pub fn check_step(step: u64) -> Result<(), BadStep> {
     Ok(())
 }
 
-/// The first `max` bytes of `s` at a character boundary: a caller's string
-/// quoted in an error without quoting all of it.
-pub fn clip(s: &str, max: usize) -> &str {
-    warden_client::slot::truncate_utf8(s, max)
-}
-
 /// The tier's directory names.
 #[derive(Debug, Clone)]
 pub struct Layout {

@@ -135,11 +135,10 @@ fn send(fd: &OwnedFd, signal: i32) -> std::io::Result<()> {
     Ok(())
 }
 
-/// The parent of `pid` (field 4 of /proc/PID/stat).
+/// The parent of `pid`, from its /proc/PID/stat.
 fn parent_of(pid: u32) -> Option<u32> {
     let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let rest = &text[text.rfind(')')? + 1..];
-    rest.split_whitespace().nth(1)?.parse().ok()
+    super::procfs::parse_stat(&text).map(|f| f.ppid)
 }
 
 /// Whether `ancestor` is a (grand)parent of `pid`. The walk is bounded:

@@ -7,6 +7,9 @@ pub struct ProcFacts {
     /// One-letter state: R running, S sleeping, D uninterruptible (I/O,
     /// driver), T stopped, Z zombie...
     pub state: char,
+    /// The parent's pid (whose descendant a rank registered by its
+    /// launcher must be).
+    pub ppid: u32,
     /// User + system CPU time in clock ticks.
     pub cpu_ticks: u64,
     /// Number of threads.
@@ -43,6 +46,7 @@ pub fn parse_stat(text: &str) -> Option<ProcFacts> {
     let num = |n: usize| field(n).and_then(|f| f.parse::<u64>().ok());
     Some(ProcFacts {
         state: field(3)?.chars().next()?,
+        ppid: field(4)?.parse().ok()?,
         cpu_ticks: num(14)? + num(15)?,
         threads: num(20)?,
         wchan: String::new(),

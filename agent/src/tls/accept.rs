@@ -48,11 +48,8 @@ pub struct PeerConn {
     info: PeerInfo,
 }
 
-#[derive(Debug)]
-enum Io {
-    Tls(Box<tokio_rustls::server::TlsStream<TcpStream>>),
-    Plain(TcpStream),
-}
+/// Mutual TLS (left), or plain TCP with `api.insecure = true` (right).
+type Io = tokio_util::either::Either<Box<tokio_rustls::server::TlsStream<TcpStream>>, TcpStream>;
 
 impl tonic::transport::server::Connected for PeerConn {
     type ConnectInfo = PeerInfo;
@@ -68,10 +65,7 @@ impl AsyncRead for PeerConn {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<std::io::Result<()>> {
-        match &mut self.get_mut().io {
-            Io::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
-            Io::Plain(s) => Pin::new(s).poll_read(cx, buf),
-        }
+        Pin::new(&mut self.get_mut().io).poll_read(cx, buf)
     }
 }
 
@@ -81,10 +75,7 @@ impl AsyncWrite for PeerConn {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<std::io::Result<usize>> {
-        match &mut self.get_mut().io {
-            Io::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
-            Io::Plain(s) => Pin::new(s).poll_write(cx, buf),
-        }
+        Pin::new(&mut self.get_mut().io).poll_write(cx, buf)
     }
 
     fn poll_write_vectored(
@@ -92,31 +83,19 @@ impl AsyncWrite for PeerConn {
         cx: &mut Context<'_>,
         bufs: &[std::io::IoSlice<'_>],
     ) -> Poll<std::io::Result<usize>> {
-        match &mut self.get_mut().io {
-            Io::Tls(s) => Pin::new(s.as_mut()).poll_write_vectored(cx, bufs),
-            Io::Plain(s) => Pin::new(s).poll_write_vectored(cx, bufs),
-        }
+        Pin::new(&mut self.get_mut().io).poll_write_vectored(cx, bufs)
     }
 
     fn is_write_vectored(&self) -> bool {
-        match &self.io {
-            Io::Tls(s) => s.is_write_vectored(),
-            Io::Plain(s) => s.is_write_vectored(),
-        }
+        self.io.is_write_vectored()
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        match &mut self.get_mut().io {
-            Io::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
-            Io::Plain(s) => Pin::new(s).poll_flush(cx),
-        }
+        Pin::new(&mut self.get_mut().io).poll_flush(cx)
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        match &mut self.get_mut().io {
-            Io::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
-            Io::Plain(s) => Pin::new(s).poll_shutdown(cx),
-        }
+        Pin::new(&mut self.get_mut().io).poll_shutdown(cx)
     }
 }
 
@@ -167,7 +146,7 @@ async fn accept_loop(
             let _permit = permit;
             let conn = match tls {
                 PeerTls::Insecure => PeerConn {
-                    io: Io::Plain(tcp),
+                    io: Io::Right(tcp),
                     info: PeerInfo {
                         remote: Some(remote),
                         identity: None,
@@ -196,7 +175,7 @@ async fn accept_loop(
                                 return;
                             };
                             PeerConn {
-                                io: Io::Tls(Box::new(s)),
+                                io: Io::Left(Box::new(s)),
                                 info: PeerInfo {
                                     remote: Some(remote),
                                     identity: Some(identity),

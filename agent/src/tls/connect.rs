@@ -19,7 +19,6 @@ use std::task::{Context, Poll};
 
 use hyper_util::rt::TokioIo;
 use rustls::pki_types::ServerName;
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 
 use super::PeerTls;
@@ -73,14 +72,11 @@ impl PeerConnector {
     }
 }
 
-/// A dialed connection: TLS, or plain with `api.insecure = true`.
-#[derive(Debug)]
-pub enum ClientIo {
-    /// Mutual TLS.
-    Tls(Box<tokio_rustls::client::TlsStream<TcpStream>>),
-    /// Plain TCP.
-    Plain(TcpStream),
-}
+/// A dialed connection: mutual TLS (left), or plain TCP with
+/// `api.insecure = true` (right); tokio-util's `Either` forwards reads and
+/// writes to whichever it is.
+pub type ClientIo =
+    tokio_util::either::Either<Box<tokio_rustls::client::TlsStream<TcpStream>>, TcpStream>;
 
 /// Why a peer could not be dialed.
 #[derive(Debug, thiserror::Error)]
@@ -135,7 +131,9 @@ impl tower::Service<http::Uri> for PeerConnector {
                 .map_err(io)?;
             let _ = tcp.set_nodelay(true);
             let r = match &this.tls {
-                PeerTls::Insecure => return Ok(TokioIo::new(ClientIo::Plain(tcp))),
+                PeerTls::Insecure => {
+                    return Ok(TokioIo::new(tokio_util::either::Either::Right(tcp)));
+                }
                 PeerTls::Mutual(r) => r.current(),
             };
             let (config, server_name) = match &this.name {
@@ -168,65 +166,7 @@ impl tower::Service<http::Uri> for PeerConnector {
             {
                 seen.add(id);
             }
-            Ok(TokioIo::new(ClientIo::Tls(Box::new(s))))
+            Ok(TokioIo::new(tokio_util::either::Either::Left(Box::new(s))))
         })
-    }
-}
-
-impl AsyncRead for ClientIo {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<std::io::Result<()>> {
-        match self.get_mut() {
-            ClientIo::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
-            ClientIo::Plain(s) => Pin::new(s).poll_read(cx, buf),
-        }
-    }
-}
-
-impl AsyncWrite for ClientIo {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<std::io::Result<usize>> {
-        match self.get_mut() {
-            ClientIo::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
-            ClientIo::Plain(s) => Pin::new(s).poll_write(cx, buf),
-        }
-    }
-
-    fn poll_write_vectored(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[std::io::IoSlice<'_>],
-    ) -> Poll<std::io::Result<usize>> {
-        match self.get_mut() {
-            ClientIo::Tls(s) => Pin::new(s.as_mut()).poll_write_vectored(cx, bufs),
-            ClientIo::Plain(s) => Pin::new(s).poll_write_vectored(cx, bufs),
-        }
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        match self {
-            ClientIo::Tls(s) => s.is_write_vectored(),
-            ClientIo::Plain(s) => s.is_write_vectored(),
-        }
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        match self.get_mut() {
-            ClientIo::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
-            ClientIo::Plain(s) => Pin::new(s).poll_flush(cx),
-        }
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        match self.get_mut() {
-            ClientIo::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
-            ClientIo::Plain(s) => Pin::new(s).poll_shutdown(cx),
-        }
     }
 }
