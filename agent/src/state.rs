@@ -111,7 +111,7 @@ impl AgentState {
         let goodput = crate::goodput::Goodput::open(&config.state_dir());
         let authz = crate::api::authz::Authz::new(
             nix::unistd::geteuid().as_raw(),
-            config.admin_gid(),
+            config.admin_gid().ok().flatten(),
             config.state_dir().join("job-owners.json"),
         );
         let mut ranks = ranks;

@@ -633,11 +633,11 @@ impl Config {
                 &format!("must be between 1 and {MAX_WORLD_SIZE}"),
             ));
         }
-        if !self.api.admin_group.is_empty() && self.admin_gid().is_none() {
+        if let Err(why) = self.admin_gid() {
             return Err(invalid(
                 "api.admin_group",
                 format!("{:?}", self.api.admin_group),
-                "names no group on this host (give a group name or a numeric gid)",
+                &why,
             ));
         }
         if !self.ranks.slot_dir.is_empty() && !Path::new(&self.ranks.slot_dir).is_absolute() {
@@ -741,10 +741,10 @@ impl Config {
         Ok(())
     }
 
-    /// The gid of `api.admin_group`: a number as it is, a name looked up in
-    /// the host's group database. None when unset or unknown.
-    pub fn admin_gid(&self) -> Option<u32> {
-        group_id(&self.api.admin_group)
+    /// The gid of `api.admin_group` (None: empty, no admin group), or why
+    /// it names no group of this host.
+    pub fn admin_gid(&self) -> Result<Option<u32>, String> {
+        group_gid(&self.api.admin_group)
     }
 
     /// The socket permission bits, parsed from `api.socket_mode`.
@@ -757,20 +757,7 @@ impl Config {
     /// why it names no group of this host. A number is taken as a gid
     /// as it is (containers often run without a group database).
     pub fn socket_gid(&self) -> Result<Option<u32>, String> {
-        let g = self.api.socket_group.trim();
-        if g.is_empty() {
-            return Ok(None);
-        }
-        if let Ok(gid) = g.parse::<u32>() {
-            return Ok(Some(gid));
-        }
-        match nix::unistd::Group::from_name(g) {
-            Ok(Some(group)) => Ok(Some(group.gid.as_raw())),
-            Ok(None) => Err(format!(
-                "no group named {g:?} on this host (create it with groupadd, or give a numeric gid)"
-            )),
-            Err(e) => Err(format!("looking up group {g:?}: {e}")),
-        }
+        group_gid(&self.api.socket_group)
     }
 
     /// The socket path to bind: `api.socket`, else the default.
@@ -889,16 +876,23 @@ mod tests;
 /// run today, and still a bounded allocation per step.
 pub const MAX_WORLD_SIZE: u32 = 1 << 24;
 
-/// A group given by name or number, as its gid; None when empty or unknown.
-pub fn group_id(group: &str) -> Option<u32> {
-    if group.is_empty() {
-        return None;
+/// A group given by name or number (`api.socket_group`,
+/// `api.admin_group`) as its gid; None when empty; or why it names no
+/// group of this host. A number is taken as a gid as it is (containers
+/// often run without a group database).
+fn group_gid(group: &str) -> Result<Option<u32>, String> {
+    let g = group.trim();
+    if g.is_empty() {
+        return Ok(None);
     }
-    if let Ok(gid) = group.parse::<u32>() {
-        return Some(gid);
+    if let Ok(gid) = g.parse::<u32>() {
+        return Ok(Some(gid));
     }
-    nix::unistd::Group::from_name(group)
-        .ok()
-        .flatten()
-        .map(|g| g.gid.as_raw())
+    match nix::unistd::Group::from_name(g) {
+        Ok(Some(group)) => Ok(Some(group.gid.as_raw())),
+        Ok(None) => Err(format!(
+            "no group named {g:?} on this host (create it with groupadd, or give a numeric gid)"
+        )),
+        Err(e) => Err(format!("looking up group {g:?}: {e}")),
+    }
 }

@@ -54,6 +54,12 @@ fn out_of_range_values_are_refused_with_the_key() {
             "[api]\nsocket_group = \"no-such-group-warden\"\n",
             "api.socket_group",
         ),
+        (
+            "[api]\nadmin_group = \"no-such-group-warden\"\n",
+            "api.admin_group",
+        ),
+        ("[ranks]\nmax_per_process = 0\n", "ranks.max_per_process"),
+        ("[ranks]\nmax_world_size = 0\n", "ranks.max_world_size"),
         ("[metrics]\nlisten = \"nope\"\n", "metrics.listen"),
         ("[log]\nlevel = \"[[[\"\n", "log.level"),
         ("[events]\nretain = 0\n", "events.retain"),
