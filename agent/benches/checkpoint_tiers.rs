@@ -23,6 +23,10 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
 mod common;
+/// The tests' cluster CA: the agents replicate over mutual TLS, as deployed.
+#[allow(dead_code)]
+#[path = "../../tests/common/pki.rs"]
+mod pki;
 
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
@@ -49,18 +53,21 @@ fn free_port(ip: &str) -> u16 {
         .port()
 }
 
-fn start_agent(name: &str, tcp: &str, peer: Option<&str>) -> Agent {
+/// An agent `name` on `tcp`, replicating to `peer` (its name and address)
+/// over mutual TLS with certificates of the tests' cluster CA.
+fn start_agent(name: &str, tcp: &str, peer: Option<(&str, &str)>) -> Agent {
     let dir = tempfile::Builder::new()
         .prefix("warden-bench-")
         .tempdir_in("/dev/shm")
         .unwrap();
     let peers = peer
-        .map(|p| format!("[[checkpoint.peers]]\naddr = \"{p}\"\n"))
+        .map(|(n, a)| format!("[[checkpoint.peers]]\naddr = \"{a}\"\nname = \"{n}\"\n"))
         .unwrap_or_default();
     let ckpt = dir.path().join("ckpt");
+    let tls = pki::cluster().node(name).api_keys();
     Agent::start(dir, |socket, state| {
         format!(
-            "[api]\nsocket = \"{}\"\ntcp = \"{tcp}\"\n[metrics]\nlisten = \"\"\n\
+            "[api]\nsocket = \"{}\"\ntcp = \"{tcp}\"\n{tls}[metrics]\nlisten = \"\"\n\
              [agent]\nhost_name = \"{name}\"\nstate_dir = \"{}\"\n[log]\nlevel = \"off\"\n\
              [nvml]\nenabled = false\n[kmsg]\nenabled = false\n[dcgm]\nenabled = false\n\
              [checkpoint]\ndir = \"{}\"\nkeep_steps = 1\nretry_interval = \"1h\"\n{peers}",
@@ -146,8 +153,8 @@ fn main() {
         format!("127.0.0.2:{}", free_port("127.0.0.2")),
         format!("127.0.0.3:{}", free_port("127.0.0.3")),
     );
-    let a = start_agent("bench-a", &a_addr, Some(&b_addr));
-    let b = start_agent("bench-b", &b_addr, Some(&a_addr));
+    let a = start_agent("bench-a", &a_addr, Some(("bench-b", &b_addr)));
+    let b = start_agent("bench-b", &b_addr, Some(("bench-a", &a_addr)));
     let rt = tokio::runtime::Runtime::new().unwrap();
     let mut events = rt.block_on(async {
         let ch = tonic::transport::Endpoint::from_shared(format!("http://{a_addr}"))
