@@ -157,12 +157,9 @@ fn main() {
     let b = start_agent("bench-b", &b_addr, Some(("bench-a", &a_addr)));
     let rt = tokio::runtime::Runtime::new().unwrap();
     let mut events = rt.block_on(async {
-        let ch = tonic::transport::Endpoint::from_shared(format!("http://{a_addr}"))
-            .unwrap()
-            .connect()
+        // The event stream is the local API: the Unix socket.
+        common::connect(&a.socket())
             .await
-            .unwrap();
-        pb::agent_client::AgentClient::new(ch)
             .watch_events(pb::WatchEventsRequest { after_id: None })
             .await
             .unwrap()
