@@ -36,6 +36,8 @@ pub mod daemon;
 pub mod detect;
 pub mod events;
 pub mod fsafe;
+#[cfg(test)]
+mod fuzz;
 pub mod goodput;
 pub mod health;
 pub mod named_file;
