@@ -49,12 +49,16 @@ fn config() -> Config {
 /// [`CASE_DEADLINE`] fails as a hang (its thread is left behind), a panic
 /// is passed on as it was.
 pub(crate) fn bounded(name: &str, target: fn(&[u8]), input: Vec<u8>) {
+    bounded_within(name, target, input, CASE_DEADLINE);
+}
+
+fn bounded_within(name: &str, target: fn(&[u8]), input: Vec<u8>, deadline: Duration) {
     let (tx, rx) = std::sync::mpsc::channel();
     let handle = std::thread::spawn(move || {
         target(&input);
         let _ = tx.send(());
     });
-    match rx.recv_timeout(CASE_DEADLINE) {
+    match rx.recv_timeout(deadline) {
         Ok(()) => {}
         Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
             if let Err(p) = handle.join() {
@@ -62,7 +66,7 @@ pub(crate) fn bounded(name: &str, target: fn(&[u8]), input: Vec<u8>) {
             }
         }
         Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
-            panic!("{name}: the case ran past {CASE_DEADLINE:?} (a hang)")
+            panic!("{name}: the case ran past {deadline:?} (a hang)")
         }
     }
 }
@@ -169,4 +173,24 @@ fn seeds_pass() {
             bounded(name, target(name), s);
         }
     }
+}
+
+/// The harness itself: a panicking target fails the case with its own
+/// message, a hanging one fails as a hang instead of blocking the run.
+#[test]
+fn the_harness_reports_panics_and_hangs() {
+    fn panics(_: &[u8]) {
+        panic!("boom");
+    }
+    fn hangs(_: &[u8]) {
+        std::thread::sleep(Duration::from_secs(3600));
+    }
+    let p = std::panic::catch_unwind(|| bounded("panics", panics, Vec::new())).unwrap_err();
+    assert_eq!(p.downcast_ref::<&str>(), Some(&"boom"));
+    let p = std::panic::catch_unwind(|| {
+        bounded_within("hangs", hangs, Vec::new(), Duration::from_millis(50))
+    })
+    .unwrap_err();
+    let m = p.downcast_ref::<String>().cloned().unwrap_or_default();
+    assert!(m.contains("hangs: the case ran past 50ms (a hang)"), "{m}");
 }

@@ -74,6 +74,25 @@ pub(crate) fn slot_header(bytes: &[u8]) {
     if let Err(e) = validate_header(path, &header, len) {
         assert_says_something("slot header", &e.to_string());
     }
+    // The same header in a real file, as the agent (and a client) opens
+    // it: shorter or longer than it claims (sparse: no bytes written).
+    use std::os::unix::fs::FileExt;
+    use warden_client::slot::{SlotFile, file_len};
+    let t = tempfile::tempdir().expect("temp dir");
+    let file = t.path().join("slots");
+    let f = std::fs::File::create(&file).expect("create");
+    f.write_all_at(&header, 0).expect("write");
+    f.set_len(len.clamp(HEADER_SIZE as u64, file_len(16))).expect("set_len");
+    match SlotFile::open_existing(&file) {
+        Err(e) => assert_says_something("slot file", &e.to_string()),
+        Ok(slots) => {
+            let n = slots.slot_count();
+            assert!(n > 0 && file_len(n) <= f.metadata().expect("stat").len());
+            for i in [0, n - 1, n] {
+                let _ = slots.snapshot(i);
+            }
+        }
+    }
 }
 
 /// A slot's record (what a rank writes: seqlock, step ring, section stack,
