@@ -15,8 +15,11 @@ use bytes::Bytes;
 use http_body::{Body, Frame};
 use prost::Message;
 
+/// A target: one input in, a panic when a property breaks.
+pub(crate) type Target = fn(&[u8]);
+
 /// Every target, by the name its corpus directory has.
-pub(crate) const TARGETS: &[(&str, fn(&[u8]))] = &[
+pub(crate) const TARGETS: &[(&str, Target)] = &[
     ("config", config),
     ("slot_header", slot_header),
     ("slot_record", slot_record),
@@ -82,7 +85,8 @@ pub(crate) fn slot_header(bytes: &[u8]) {
     let file = t.path().join("slots");
     let f = std::fs::File::create(&file).expect("create");
     f.write_all_at(&header, 0).expect("write");
-    f.set_len(len.clamp(HEADER_SIZE as u64, file_len(16))).expect("set_len");
+    f.set_len(len.clamp(HEADER_SIZE as u64, file_len(16)))
+        .expect("set_len");
     match SlotFile::open_existing(&file) {
         Err(e) => assert_says_something("slot file", &e.to_string()),
         Ok(slots) => {
