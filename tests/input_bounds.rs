@@ -1,7 +1,8 @@
 //! System tests of the real binaries against inputs that used to hang or
 //! crash them (issue 22, "Crashes"):
 //! - a config, scenario or planner file that is a device, a FIFO or huge
-//!   is refused at once with an error naming the path and what it is;
+//!   is refused at once with an error naming the path and what it is, and
+//!   so is a TLS CA file that is a FIFO or a device;
 //! - every printing `warden` subcommand, and `wardend --print-config`,
 //!   whose stdout reader has gone (`warden ckpt ls | head`) ends quietly
 //!   with status 0 instead of panicking on the broken pipe.
@@ -16,7 +17,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{Finished, TestAgent, WAIT, WARDEN, WARDEND, run, scrub};
+use common::{Finished, TestAgent, WAIT, WARDEN, WARDEND, config_toml, run, scrub};
 
 /// sysexits EX_CONFIG: the unit's RestartPreventExitStatus.
 const EXIT_CONFIG: i32 = 78;
@@ -99,6 +100,47 @@ fn config_and_scenario_flags_refuse_a_fifo_and_dev_zero() {
         Path::new("/dev/zero"),
         "character device",
     );
+}
+
+#[test]
+fn a_tls_ca_that_is_a_fifo_or_a_device_stops_the_start_at_once() {
+    let t = tempfile::tempdir().unwrap();
+    let fifo = fifo(t.path());
+    for (key, bad, why) in [
+        ("tls_ca", fifo.clone(), "is a FIFO"),
+        (
+            "tls_ca",
+            PathBuf::from("/dev/zero"),
+            "is a character device",
+        ),
+    ] {
+        // The CA is read first; the other two paths are never reached.
+        let mut api = toml::Table::new();
+        api.insert("tcp".into(), "127.0.0.1:0".into());
+        for k in ["tls_ca", "tls_cert", "tls_key"] {
+            let p = if k == key {
+                bad.clone()
+            } else {
+                t.path().join(format!("{k}.pem"))
+            };
+            api.insert(k.into(), p.display().to_string().into());
+        }
+        let mut extra = toml::Table::new();
+        extra.insert("api".into(), api.into());
+        let cfg = t.path().join(format!("{key}.toml"));
+        std::fs::write(
+            &cfg,
+            config_toml(&t.path().join("w.sock"), &extra.to_string()),
+        )
+        .unwrap();
+        let out = wardend(&["--config".as_ref(), cfg.as_os_str()]);
+        assert_ne!(out.code(), 0, "{out:?}");
+        assert!(
+            out.stderr.contains(&format!("api.{key}")),
+            "the error must name the key: {out:?}"
+        );
+        assert_refused(&out, out.code(), &bad, why);
+    }
 }
 
 #[test]
