@@ -197,3 +197,147 @@ pub fn authorize(
         ))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fsafe::Owner;
+    use crate::ranks::registry::{RegisterRequest, Registry};
+
+    fn peer(uid: u32, pid: Option<u32>) -> LocalPeer {
+        LocalPeer {
+            uid,
+            gid: uid,
+            pid,
+            groups: Vec::new(),
+        }
+    }
+
+    /// A registration of rank `rank` (pid `pid`, registered by `caller`,
+    /// uid 1000); its generation.
+    fn register(reg: &mut Registry, rank: u32, pid: u32, caller: Option<u32>) -> u64 {
+        let r = RegisterRequest {
+            job_id: "j".into(),
+            global_rank: rank,
+            local_rank: rank,
+            world_size: 4,
+            pid,
+            declared_pid: pid.max(1),
+            host: "h".into(),
+            layout_version: warden_client::slot::LAYOUT_VERSION,
+            stack_dump_signal: 0,
+            devices: Vec::new(),
+            process: None,
+            caller_pid: caller,
+            owner: Some(Owner {
+                uid: 1000,
+                gid: 1000,
+            }),
+        };
+        reg.register(&r, 0).unwrap().generation
+    }
+
+    fn decide(reg: &Registry, generation: u64, p: &LocalPeer) -> Result<u32, String> {
+        let entry = reg.ranks.values().find(|e| e.generation == generation);
+        authorize(generation, entry, p)
+    }
+
+    #[test]
+    fn only_the_registered_process_gets_its_slot() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut reg = Registry::new(&dir.path().join("run"), &dir.path().join("state"), 4).unwrap();
+        let me = std::process::id();
+        // A rank registered by itself, one by its launcher, one unseen.
+        let own = register(&mut reg, 0, me, Some(me));
+        let launched = register(&mut reg, 1, me, Some(1));
+        let unseen = register(&mut reg, 2, 0, None);
+        let cases: [(&str, u64, LocalPeer, bool, &str); 9] = [
+            ("the rank itself", own, peer(1000, Some(me)), true, ""),
+            (
+                "another pid, same uid",
+                own,
+                peer(1000, Some(me + 1)),
+                false,
+                "pid",
+            ),
+            (
+                "the rank's pid, another uid",
+                own,
+                peer(1001, Some(me)),
+                false,
+                "uid 1000",
+            ),
+            (
+                "an unseen pid for a seen rank",
+                own,
+                peer(1000, None),
+                false,
+                "pid",
+            ),
+            (
+                "the launcher that registered it",
+                launched,
+                peer(1000, Some(1)),
+                true,
+                "",
+            ),
+            (
+                "an unseen rank, unseen caller, same uid",
+                unseen,
+                peer(1000, None),
+                true,
+                "",
+            ),
+            (
+                "an unseen rank, a seen caller",
+                unseen,
+                peer(1000, Some(me)),
+                false,
+                "pid",
+            ),
+            (
+                "an unseen rank, another uid",
+                unseen,
+                peer(1001, None),
+                false,
+                "uid",
+            ),
+            (
+                "a generation nobody holds",
+                own + 100,
+                peer(1000, Some(me)),
+                false,
+                "register again",
+            ),
+        ];
+        for (what, generation, p, ok, needle) in cases {
+            match decide(&reg, generation, &p) {
+                Ok(_) => assert!(ok, "{what}: granted"),
+                Err(why) => {
+                    assert!(!ok, "{what}: refused: {why}");
+                    assert!(why.contains(needle), "{what}: {why}");
+                }
+            }
+        }
+        // A rank that left holds no slot: nobody gets it any more.
+        let key = reg
+            .ranks
+            .values()
+            .find(|e| e.generation == own)
+            .unwrap()
+            .key
+            .clone();
+        assert!(reg.deregister(&key, own));
+        let why = decide(&reg, own, &peer(1000, Some(me))).unwrap_err();
+        assert!(why.contains("register again"), "{why}");
+    }
+
+    #[test]
+    fn requests_are_checked_for_their_protocol() {
+        let mut b = warden_client::slot_socket::encode_request(42);
+        assert_eq!(decode_request(&b), Ok(42));
+        b[0] = b'X';
+        let why = decode_request(&b).unwrap_err();
+        assert!(why.contains("WSLTREQ1"), "{why}");
+    }
+}
