@@ -399,7 +399,7 @@ async fn restarts_by_hand_and_the_control_api() {
     // (This process registered itself, so the slot socket hands it the
     // memory, as it does a rank.)
     let fd = warden_client::slot_socket::fetch(
-        &warden_client::slot_socket::socket_path(&agent.socket()),
+        &warden_client::slot_socket::socket_path(agent.socket()),
         me.generation,
         Duration::from_secs(10),
     )

@@ -526,6 +526,9 @@ impl SlotTable {
     /// agent can tell the current owner from a stale writer.
     pub fn claim(&self, index: u32, generation: u64, pid: u32) -> Result<(), SlotError> {
         let slot = self.slot(index)?;
+        if let Some(m) = self.memory(index) {
+            m.stamp_header();
+        }
         slot.reset_client_area();
         slot.owner_pid.store(pid, Ordering::Relaxed);
         slot.claimed_ns

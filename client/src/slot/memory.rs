@@ -117,7 +117,17 @@ impl SlotMemory {
         // shrinking and growing, so the mapping stays backed for its life.
         let map = unsafe { MmapMut::map_mut(&file) }.map_err(io_err("mmap"))?;
         let this = SlotMemory { fd, map };
-        let h = this.header();
+        this.stamp_header();
+        Ok(this)
+    }
+
+    /// Writes the header (again).
+    ///
+    /// Why again at each claim: every holder of the memory can write into
+    /// it, header included; the next rank handed this slot must find a
+    /// header it accepts, whatever an earlier holder left there.
+    pub(super) fn stamp_header(&self) {
+        let h = self.header();
         h.layout_version.store(LAYOUT_VERSION, Ordering::Relaxed);
         h.header_size.store(HEADER_SIZE as u32, Ordering::Relaxed);
         h.slot_size.store(SLOT_SIZE as u32, Ordering::Relaxed);
@@ -126,7 +136,6 @@ impl SlotMemory {
             .store(crate::clock::now_ns(), Ordering::Relaxed);
         // Magic last: a reader that sees it sees a complete header.
         h.magic.store(MAGIC, Ordering::Release);
-        Ok(this)
     }
 
     /// Maps a slot memory received as `fd` (for tools and tests that act

@@ -104,6 +104,15 @@ fn received_memory_is_checked_before_it_is_mapped() {
     }
     let fd = f.memory(0).unwrap().fd().try_clone_to_owned().unwrap();
     SlotMemory::open(fd).unwrap();
+
+    // A holder wrecks the header; the next claim of the slot restores it,
+    // so the next rank handed it can map it.
+    file.write_all_at(b"NOTWARDN", 0).unwrap();
+    let fd = f.memory(0).unwrap().fd().try_clone_to_owned().unwrap();
+    assert!(SlotMemory::open(fd).is_err());
+    f.claim(0, 6, 1).unwrap();
+    let fd = f.memory(0).unwrap().fd().try_clone_to_owned().unwrap();
+    assert_eq!(SlotMemory::open(fd).unwrap().slot().generation(), 6);
 }
 
 #[test]
