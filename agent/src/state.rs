@@ -73,7 +73,7 @@ pub struct AgentState {
 
 impl AgentState {
     /// State for an agent whose peers are dialed in plain TCP (unit tests
-    /// and tools that never reach a peer); creates the heartbeat slot file.
+    /// and tools that never reach a peer); sets up the heartbeat slots.
     pub fn new(
         config: Config,
         config_source: String,
@@ -82,7 +82,7 @@ impl AgentState {
     }
 
     /// State for an agent about to start, with its TCP peers served and
-    /// dialed through `peer_tls`; creates the heartbeat slot file.
+    /// dialed through `peer_tls`; sets up the heartbeat slots.
     pub fn with_peer_tls(
         config: Config,
         config_source: String,

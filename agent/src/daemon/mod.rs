@@ -54,8 +54,8 @@ pub enum DaemonError {
     /// Signal handlers could not be installed.
     #[error("cannot install signal handlers: {0}")]
     Signals(std::io::Error),
-    /// The heartbeat slot file could not be created.
-    #[error("cannot create the heartbeat slot file: {0}")]
+    /// The heartbeat slots (or the stack-dump directory) could not be set up.
+    #[error("cannot set up the heartbeat slots: {0}")]
     Slots(#[from] warden_client::slot::SlotError),
     /// The state directory is not the agent's alone (a symlink, another
     /// owner's), or could not be made.

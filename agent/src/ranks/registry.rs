@@ -1,10 +1,11 @@
-//! The registry of jobs and ranks, and the slot file they write into.
+//! The registry of jobs and ranks, and the slots they write into.
 //!
 //! A rank is identified by (job id, global rank). Registration validates the
-//! request, refuses a rank that a live process already holds, and hands out
-//! a slot with a fresh generation. The agent owns the slot file: it creates
-//! it at start, checks on every scan that nobody truncated or replaced it,
-//! and rebuilds it (asking ranks to re-register) if someone did.
+//! request, refuses a rank that a live process already holds, and claims a
+//! slot with a fresh generation. Each slot is its own sealed memfd
+//! ([`SlotTable`]): nobody can truncate or replace it, so there is nothing to
+//! check or rebuild; the rank receives it over the slot socket
+//! (`api::slot_socket`), which asks this registry who holds which generation.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -75,8 +76,8 @@ pub enum RegisterError {
         /// The bound.
         max: u32,
     },
-    /// The slot file is unusable.
-    #[error("slot file: {0}")]
+    /// The slot's memory could not be made.
+    #[error("slot memory: {0}")]
     Slot(#[from] slot::SlotError),
 }
 
