@@ -111,49 +111,49 @@ const STATE_CLAIMED: u32 = 1;
 const FLAG_STEP_OPEN: u32 = 1;
 const SNAPSHOT_RETRIES: u32 = 256;
 
-/// Errors from creating, opening or reading a slot file.
+/// Errors from making, receiving or reading slot memory.
 #[derive(Debug, thiserror::Error)]
 pub enum SlotError {
-    /// An I/O call on the file failed.
-    #[error("slot file {path}: {op}: {source}")]
+    /// A system call on the memory failed.
+    #[error("slot memory {path}: {op}: {source}")]
     Io {
-        /// The file.
+        /// The memory (`memfd:warden-slot`; it has no path).
         path: PathBuf,
         /// What we were doing.
         op: &'static str,
         /// The OS error.
         source: io::Error,
     },
-    /// The file is shorter than its header says it should be.
-    #[error("slot file {path} is {len} bytes, expected {expected}")]
+    /// The memory is shorter than its header says it should be.
+    #[error("slot memory {path} is {len} bytes, expected {expected}")]
     BadLength {
-        /// The file.
+        /// The memory (`memfd:warden-slot`; it has no path).
         path: PathBuf,
         /// Its actual length.
         len: u64,
         /// What the header implies.
         expected: u64,
     },
-    /// The file does not start with [`MAGIC`].
-    #[error("slot file {path} has magic {found:#018x}, expected {MAGIC:#018x}")]
+    /// The memory does not start with [`MAGIC`].
+    #[error("slot memory {path} has magic {found:#018x}, expected {MAGIC:#018x}")]
     BadMagic {
-        /// The file.
+        /// The memory (`memfd:warden-slot`; it has no path).
         path: PathBuf,
         /// What it starts with.
         found: u64,
     },
-    /// The file was written with another layout version.
-    #[error("slot file {path} has layout version {found}, this build speaks {LAYOUT_VERSION}")]
+    /// The memory was written with another layout version.
+    #[error("slot memory {path} has layout version {found}, this build speaks {LAYOUT_VERSION}")]
     BadVersion {
-        /// The file.
+        /// The memory (`memfd:warden-slot`; it has no path).
         path: PathBuf,
         /// Its version.
         found: u32,
     },
     /// A header field disagrees with this build's layout.
-    #[error("slot file {path}: header field {field} is {found}, expected {expected}")]
+    #[error("slot memory {path}: header field {field} is {found}, expected {expected}")]
     BadHeader {
-        /// The file.
+        /// The memory (`memfd:warden-slot`; it has no path).
         path: PathBuf,
         /// Which field.
         field: &'static str,
@@ -165,12 +165,12 @@ pub enum SlotError {
     /// A slot count of zero or above [`MAX_SLOTS`] was asked for or found.
     #[error("slot count {0} is out of range 1..={MAX_SLOTS}")]
     BadSlotCount(u64),
-    /// A slot index past the end of the file.
-    #[error("slot index {index} is out of range (the file has {count} slots)")]
+    /// A slot index past the end of the table.
+    #[error("slot index {index} is out of range (the table has {count} slots)")]
     IndexOutOfRange {
         /// The index asked for.
         index: u32,
-        /// Slots in the file.
+        /// Slots in the table.
         count: u32,
     },
     /// Slot memory received without the seals that fix its size.
