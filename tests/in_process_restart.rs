@@ -396,8 +396,17 @@ async fn restarts_by_hand_and_the_control_api() {
     assert_eq!(msg.reason, "drill");
     assert!(msg.incident_id.is_empty());
     // The slot carries the same request.
-    let word = warden_client::slot::SlotFile::open_existing(&me.slot_file)
+    // (This process registered itself, so the slot socket hands it the
+    // memory, as it does a rank.)
+    let fd = warden_client::slot_socket::fetch(
+        &warden_client::slot_socket::socket_path(agent.socket()),
+        me.generation,
+        Duration::from_secs(10),
+    )
+    .unwrap();
+    let word = warden_client::slot::SlotMemory::open(fd)
         .unwrap()
+        .slot()
         .snapshot(me.slot_index)
         .unwrap()
         .control;

@@ -27,13 +27,13 @@ use warden_agent::config::HangConfig;
 use warden_agent::goodput::{Goodput, ScanFeed};
 use warden_agent::ranks::registry::{RegisterRequest, Registry};
 use warden_agent::ranks::scan;
-use warden_client::slot::{self, SlotFile};
+use warden_client::slot::{self, SlotMemory};
 
 struct Setup {
     _dir: tempfile::TempDir,
     reg: Registry,
-    file: SlotFile,
-    slots: Vec<u32>,
+    /// Each rank's slot memory, as the rank maps it.
+    file: Vec<SlotMemory>,
     goodput: Goodput,
     cfg: HangConfig,
     step: Cell<u64>,
@@ -42,13 +42,7 @@ struct Setup {
 
 fn setup(ranks: u32) -> Setup {
     let dir = tempfile::tempdir().unwrap();
-    let mut reg = Registry::new(
-        &dir.path().join("run"),
-        &dir.path().join("state"),
-        ranks,
-        0o600,
-    )
-    .unwrap();
+    let mut reg = Registry::new(&dir.path().join("run"), &dir.path().join("state"), ranks).unwrap();
     let goodput = Goodput::open(&dir.path().join("state"));
     let me = std::process::id();
     let mut slots = Vec::new();
@@ -76,15 +70,19 @@ fn setup(ranks: u32) -> Setup {
         goodput.ledger().registered("bench", rank, me, 0, 1);
         slots.push((r.slot_index, r.generation));
     }
-    let file = SlotFile::open_existing(reg.slot_path()).unwrap();
-    for (i, g) in &slots {
-        file.slot(*i).unwrap().attach_writer(*g, me);
-    }
+    let file: Vec<SlotMemory> = slots
+        .iter()
+        .map(|(i, g)| {
+            let fd = reg.slots().memory(*i).unwrap().fd().try_clone_to_owned();
+            let m = SlotMemory::open(fd.unwrap()).unwrap();
+            m.slot().attach_writer(*g, me);
+            m
+        })
+        .collect();
     Setup {
         _dir: dir,
         reg,
         file,
-        slots: slots.into_iter().map(|(i, _)| i).collect(),
         goodput,
         cfg: HangConfig::default(),
         step: Cell::new(0),
@@ -98,8 +96,8 @@ impl Setup {
     fn write_steps(&self) -> (u64, u64) {
         let n = self.step.get();
         let t0 = self.now.get();
-        for i in &self.slots {
-            let w = self.file.writer(*i).unwrap();
+        for m in &self.file {
+            let w = m.writer();
             w.step_begin(n, t0);
             w.section_open(slot::SECTION_DATA, t0);
             w.section_close(slot::SECTION_DATA, t0 + 1_000_000);
@@ -118,8 +116,8 @@ impl Setup {
     /// way): the common scan when steps take seconds.
     fn write_heartbeats(&self) -> (u64, u64) {
         let t0 = self.now.get();
-        for i in &self.slots {
-            self.file.writer(*i).unwrap().heartbeat();
+        for m in &self.file {
+            m.writer().heartbeat();
         }
         self.now.set(t0 + 10_000_000);
         (t0 + 10_000_000, t0)

@@ -16,7 +16,7 @@ mod common;
 
 use std::io::{Read, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
-use std::path::PathBuf;
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -26,7 +26,7 @@ use common::{Agent, connect};
 use tokio_stream::StreamExt;
 use tonic::transport::Channel;
 use warden_client::clock;
-use warden_client::slot::{self, SlotFile};
+use warden_client::slot::{self, SlotMemory};
 use warden_proto::v1 as pb;
 use warden_proto::v1::agent_client::AgentClient;
 
@@ -42,10 +42,12 @@ fn start_agent(extra: &str) -> Agent {
     })
 }
 
-/// Registers `n` ranks of job `job` (all in this process) and returns the slot indices.
-async fn register(c: &mut Client, job: &str, n: u32) -> (PathBuf, Vec<(u32, u64)>) {
+/// Registers `n` ranks of job `job` (all in this process) and returns each
+/// one's slot memory, received over the slot socket as a rank receives it,
+/// with its generation.
+async fn register(c: &mut Client, socket: &Path, job: &str, n: u32) -> Vec<(SlotMemory, u64)> {
     let mut out = Vec::new();
-    let mut file = PathBuf::new();
+    let slot_socket = warden_client::slot_socket::socket_path(socket);
     for rank in 0..n {
         let r = c
             .register_rank(pb::RegisterRankRequest {
@@ -63,10 +65,12 @@ async fn register(c: &mut Client, job: &str, n: u32) -> (PathBuf, Vec<(u32, u64)
             .await
             .unwrap()
             .into_inner();
-        file = PathBuf::from(r.slot_file);
-        out.push((r.slot_index, r.generation));
+        let fd =
+            warden_client::slot_socket::fetch(&slot_socket, r.generation, Duration::from_secs(10))
+                .unwrap();
+        out.push((SlotMemory::open(fd).unwrap(), r.generation));
     }
-    (file, out)
+    out
 }
 
 fn cpu_ticks(pid: u32) -> u64 {
@@ -88,18 +92,16 @@ fn ticks_per_sec() -> f64 {
 /// Writes heartbeats into every slot at `hz` until `stop`; every 10th
 /// heartbeat also closes a step with sections, as a training loop would.
 fn drive(
-    file: PathBuf,
-    slots: Vec<(u32, u64)>,
+    slots: Vec<(SlotMemory, u64)>,
     hz: u64,
     stop: Arc<AtomicBool>,
 ) -> std::thread::JoinHandle<u64> {
     std::thread::spawn(move || {
-        let sf = SlotFile::open_existing(&file).unwrap();
         let writers: Vec<_> = slots
             .iter()
-            .map(|(i, g)| {
-                sf.slot(*i).unwrap().attach_writer(*g, std::process::id());
-                sf.writer(*i).unwrap()
+            .map(|(m, g)| {
+                m.slot().attach_writer(*g, std::process::id());
+                m.writer()
             })
             .collect();
         let period = Duration::from_nanos(1_000_000_000 / hz);
@@ -132,8 +134,7 @@ fn drive(
 async fn detection_latency() -> Vec<(f64, f64)> {
     let agent = start_agent("[hang.timeouts]\nforward = \"1s\"\n[ranks]\nmax_per_process = 64\n");
     let mut c = connect(&agent.socket()).await;
-    let (file, slots) = register(&mut c, "latency", 64).await;
-    let sf = SlotFile::open_existing(&file).unwrap();
+    let slots = register(&mut c, &agent.socket(), "latency", 64).await;
     let mut events = c
         .watch_events(pb::WatchEventsRequest { after_id: None })
         .await
@@ -141,9 +142,9 @@ async fn detection_latency() -> Vec<(f64, f64)> {
         .into_inner();
     let writers: Vec<_> = slots
         .iter()
-        .map(|(i, g)| {
-            sf.slot(*i).unwrap().attach_writer(*g, std::process::id());
-            sf.writer(*i).unwrap()
+        .map(|(m, g)| {
+            m.slot().attach_writer(*g, std::process::id());
+            m.writer()
         })
         .collect();
     let mut results = Vec::new();
@@ -287,9 +288,9 @@ fn run_socket_monitor(path: &str) {
 async fn agent_cpu(ranks: u32, hz: u64, secs: u64) -> (f64, f64, u64) {
     let agent = start_agent("[ranks]\nmax_ranks = 1100\nmax_per_process = 1100\n");
     let mut c = connect(&agent.socket()).await;
-    let (file, slots) = register(&mut c, "cpu", ranks).await;
+    let slots = register(&mut c, &agent.socket(), "cpu", ranks).await;
     let stop = Arc::new(AtomicBool::new(false));
-    let writer = drive(file, slots, hz, stop.clone());
+    let writer = drive(slots, hz, stop.clone());
     tokio::time::sleep(Duration::from_secs(1)).await;
     let pid = agent.pid();
     let (a0, s0) = (cpu_ticks(pid), self_cpu_ticks());
@@ -305,7 +306,25 @@ async fn agent_cpu(ranks: u32, hz: u64, secs: u64) -> (f64, f64, u64) {
     )
 }
 
+/// Raises this process's soft descriptor limit to its hard one (the agent
+/// started from here inherits it): 1,024 ranks are 1,024 slot memories,
+/// each a descriptor in the agent and one here.
+fn raise_nofile() {
+    let mut l = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit/setrlimit write/read only the struct we pass.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut l) == 0 {
+            l.rlim_cur = l.rlim_max;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &l);
+        }
+    }
+}
+
 fn main() {
+    raise_nofile();
     let args: Vec<String> = std::env::args().collect();
     if let Some(i) = args.iter().position(|a| a == "--socket-monitor") {
         run_socket_monitor(&args[i + 1]);

@@ -73,7 +73,7 @@ pub struct AgentState {
 
 impl AgentState {
     /// State for an agent whose peers are dialed in plain TCP (unit tests
-    /// and tools that never reach a peer); creates the heartbeat slot file.
+    /// and tools that never reach a peer); sets up the heartbeat slots.
     pub fn new(
         config: Config,
         config_source: String,
@@ -82,7 +82,7 @@ impl AgentState {
     }
 
     /// State for an agent about to start, with its TCP peers served and
-    /// dialed through `peer_tls`; creates the heartbeat slot file.
+    /// dialed through `peer_tls`; sets up the heartbeat slots.
     pub fn with_peer_tls(
         config: Config,
         config_source: String,
@@ -94,7 +94,6 @@ impl AgentState {
             &config.slot_dir(),
             &config.state_dir(),
             config.ranks.max_ranks,
-            config.socket_mode().unwrap_or(0o660),
         )?;
         let condition_file = if config.policy.condition_file.is_empty() {
             config.state_dir().join("node-condition.json")
@@ -116,7 +115,6 @@ impl AgentState {
         );
         let mut ranks = ranks;
         ranks.max_per_process = config.ranks.max_per_process;
-        ranks.set_slot_group(config.socket_gid().ok().flatten());
         Ok(Self {
             goodput,
             authz,
@@ -181,9 +179,7 @@ impl AgentState {
             entry.section.clone(),
         );
         // Where the rank was when it died, read from its slot now (the last
-        // scan may be up to a tick old); only after checking the file, since
-        // ranks dying of a truncated file is one way to get here.
-        reg.check_slot_file();
+        // scan may be up to a tick old).
         let mut last_steps = Vec::new();
         if was != RankState::Lost
             && let Ok(snap) = reg.slots().snapshot_for_scan(slot_index, LAST_STEPS)

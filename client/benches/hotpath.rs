@@ -7,6 +7,11 @@
 //! the clock, and the baseline: one length-prefixed message over a Unix
 //! stream socket per heartbeat, drained by a reader thread.
 //!
+//! Issue 22 moved the agent's slot from a shared tmpfs file to a sealed
+//! memfd per rank; `slot/heartbeat+step (sealed memfd)` writes into the
+//! memory as the agent now hands it out, `slot/heartbeat+step (tmpfs file)`
+//! into a MAP_SHARED file on /dev/shm as before, in the same run.
+//!
 //! `cargo bench -p warden-client --bench hotpath`
 
 // Benchmark setup may unwrap: a failure there is a broken machine.
@@ -18,7 +23,7 @@ use std::os::unix::net::UnixStream;
 use std::time::Duration;
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use warden_client::slot::{SECTION_FORWARD, Slot, SlotWriter};
+use warden_client::slot::{SECTION_FORWARD, Slot, SlotTable, SlotWriter};
 use warden_client::{Client, ConnectOptions, clock};
 
 fn offline_client() -> Client {
@@ -69,6 +74,40 @@ fn hotpath(c: &mut Criterion) {
             w.section_close(SECTION_FORWARD, black_box(t + 5));
         })
     });
+    // The agent's slot memory before and after issue 22, same stores.
+    let table = SlotTable::new(1).unwrap();
+    table.claim(0, 1, std::process::id()).unwrap();
+    let sealed = table.writer(0).unwrap();
+    let shm = tempfile::tempfile_in("/dev/shm")
+        .or_else(|_| tempfile::tempfile())
+        .unwrap();
+    shm.set_len(warden_client::slot::file_len(1)).unwrap();
+    // SAFETY: a private temporary file nobody else can open or resize,
+    // sized above, mapped for the bench's lifetime.
+    let map = unsafe { memmap2::MmapMut::map_mut(&shm) }.unwrap();
+    // SAFETY: the offset of slot 0 is inside the map and 128-aligned from a
+    // page-aligned base; Slot is all atomics, valid for any bytes.
+    let file_slot = unsafe {
+        &*(map
+            .as_ptr()
+            .add(warden_client::slot::slot_offset(0) as usize)
+            .cast::<Slot>())
+    };
+    let in_file = SlotWriter::new(file_slot);
+    for (name, w) in [
+        ("slot/heartbeat+step (sealed memfd)", &sealed),
+        ("slot/heartbeat+step (tmpfs file)", &in_file),
+    ] {
+        let mut t = 0u64;
+        g.bench_function(name, |b| {
+            b.iter(|| {
+                t += 10;
+                w.heartbeat();
+                w.step_begin(black_box(t), black_box(t));
+                w.step_end(black_box(t), black_box(t + 5));
+            })
+        });
+    }
     g.bench_function("clock/now_ns", |b| b.iter(clock::now_ns));
     g.bench_function("clock/clock_gettime", |b| b.iter(clock::syscall_now));
 

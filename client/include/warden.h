@@ -23,8 +23,9 @@
 extern "C" {
 #endif
 
-/* Version of the shared-memory slot layout this library writes. */
-#define WARDEN_SLOT_LAYOUT_VERSION 1
+/* Version of the shared-memory slot layout this library writes (2: the slot
+   is a sealed memfd received over the slot socket, no file). */
+#define WARDEN_SLOT_LAYOUT_VERSION 2
 
 /* Fixed ids of the well-known sections. */
 #define WARDEN_SECTION_INIT 0

@@ -6,11 +6,11 @@
 //! agent trouble never costs training anything and never raises.
 //!
 //! A background thread, owning a current-thread tokio runtime, registers
-//! with the agent over its Unix socket (gRPC), maps the slot, copies the
+//! with the agent over its Unix socket (gRPC), receives its slot's sealed
+//! memory over the slot socket beside it ([`crate::slot_socket`]), maps it, copies the
 //! current state (step, open sections, step ring, names) into it and swaps
 //! the pointer. It then checks every `probe_interval` that the agent is still
-//! there: the slot still carries our generation and is claimed, the slot file
-//! at its path is still the inode we mapped, and (every fifth check) a
+//! there: the slot still carries our generation and is claimed, and (every fifth check) a
 //! `GetNodeHealth` call on the open channel succeeds (the cheapest
 //! call: it does not touch the rank registry, so a node with many ranks
 //! does not pay for their probes). On any failure it copies
@@ -1093,14 +1093,24 @@ async fn register(inner: &Inner, previous_slot: Option<u32>) -> Result<Link, Str
             crate::slot::SLOT_SIZE
         ));
     }
-    let mapping = SlotMapping::open(std::path::Path::new(&resp.slot_file), resp.slot_index)
-        .map_err(|e: SlotError| e.to_string())?;
+    // The slot memory comes over the slot socket beside the API socket:
+    // the agent hands it only to this process (SO_PEERCRED), sealed so no
+    // one can truncate it under us. If this fails the rank trains on in
+    // its private slot and registers again after the backoff.
+    let slot_socket = crate::slot_socket::socket_path(&opts.socket_path);
+    let generation = resp.generation;
+    let fd = tokio::task::spawn_blocking(move || {
+        crate::slot_socket::fetch(&slot_socket, generation, RPC_TIMEOUT)
+    })
+    .await
+    .map_err(|e| format!("slot socket: {e}"))?
+    .map_err(|e| e.to_string())?;
+    let mapping = SlotMapping::from_fd(fd).map_err(|e: SlotError| e.to_string())?;
     let slot = mapping.slot();
     if !slot.is_claimed() || slot.generation() != resp.generation {
         return Err(format!(
-            "slot {} in {} carries generation {}, the agent said {}",
+            "slot {} carries generation {}, the agent said {}",
             resp.slot_index,
-            resp.slot_file,
             slot.generation(),
             resp.generation
         ));
@@ -1248,7 +1258,7 @@ async fn watch(inner: &Inner, link: &mut Link) -> Option<String> {
             () = tokio::time::sleep_until(next_probe) => {
                 next_probe = tokio::time::Instant::now() + inner.opts.probe_interval;
                 tick += 1;
-                if let Some(why) = probe(inner, link, tick).await {
+                if let Some(why) = probe(link, tick).await {
                     return Some(why);
                 }
             }
@@ -1290,7 +1300,7 @@ async fn watch(inner: &Inner, link: &mut Link) -> Option<String> {
 
 /// One check that the agent is still there (see the module comment);
 /// `Some(reason)` when it is not.
-async fn probe(inner: &Inner, link: &mut Link, tick: u64) -> Option<String> {
+async fn probe(link: &mut Link, tick: u64) -> Option<String> {
     clock::recalibrate();
     // SAFETY: link.slot points into a mapping kept in inner.mappings.
     let slot = unsafe { &*link.slot };
@@ -1300,19 +1310,6 @@ async fn probe(inner: &Inner, link: &mut Link, tick: u64) -> Option<String> {
             link.index,
             slot.generation()
         ));
-    }
-    let file_id = inner.mappings().last().map(|m| (m.path.clone(), m.file_id));
-    if let Some((path, id)) = file_id {
-        use std::os::unix::fs::MetadataExt;
-        match std::fs::metadata(&path) {
-            Ok(m) if (m.dev(), m.ino()) == id => {}
-            _ => {
-                return Some(format!(
-                    "slot file {} was replaced or removed",
-                    path.display()
-                ));
-            }
-        }
     }
     if tick.is_multiple_of(5) {
         let probe = link.agent.get_node_health(GetNodeHealthRequest {});

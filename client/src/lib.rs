@@ -1,7 +1,8 @@
 //! The library linked into training ranks to talk to the local warden agent.
 //!
 //! A rank registers with its host's `wardend` over a Unix socket and gets a
-//! heartbeat slot in a shared-memory file; from then on heartbeats, step
+//! heartbeat slot in shared memory (a sealed memfd the agent hands to it
+//! alone); from then on heartbeats, step
 //! boundaries and section open/close are a few atomic stores into that slot:
 //! no syscall, no lock, no allocation. With no agent (or after losing it) the
 //! same calls write into a private slot while a background thread keeps
@@ -9,8 +10,10 @@
 //!
 //! # Layout
 //! - [`slot`]: the shared-memory layout both sides use, the agent's
-//!   [`slot::SlotFile`] (create, claim, snapshot) and the hot-path
-//!   [`slot::SlotWriter`].
+//!   [`slot::SlotTable`] (claim, snapshot), each slot's sealed
+//!   [`slot::SlotMemory`], and the hot-path [`slot::SlotWriter`].
+//! - [`slot_socket`]: how a registered rank receives its slot memory
+//!   (SCM_RIGHTS on `<socket>.fd`).
 //! - [`client`]: [`Client`], registration, reconnection, section guards,
 //!   and [`ConnectOptions`] with its environment defaults (devices included).
 //! - [`report`]: [`ExceptionReport`], sent by [`Client::report_exception`]
@@ -21,7 +24,7 @@
 //! - [`clock`]: the `CLOCK_MONOTONIC` nanosecond timestamps the slot carries.
 //! - [`ffi`]: the C ABI declared in `include/warden.h`.
 //! - [`paths`]: where the agent's socket is.
-//! - `mapping` (private): the client's one-slot mapping of the agent's file.
+//! - `mapping` (private): the client's mapping of its received slot memory.
 
 pub mod checkpoint;
 pub mod client;
@@ -32,6 +35,7 @@ pub mod paths;
 pub mod report;
 pub mod restart;
 pub mod slot;
+pub mod slot_socket;
 
 pub use checkpoint::{CheckpointError, Checkpointer, Restored, Saved, Staged};
 pub use client::{

@@ -1,29 +1,25 @@
-//! The client's mapping of its one slot in the agent's slot file.
+//! The client's mapping of its one slot memory, received from the agent.
 //!
-//! Why not [`crate::slot::SlotFile`]: a rank needs only its own slot, and a
-//! mapping it gives up must stay harmless to write for as long as a training
-//! thread may still hold the old pointer (a store racing the swap). So the
-//! client maps just the pages around its slot, and on retirement replaces
-//! them in place with anonymous memory (`MAP_FIXED`): late stores land in
-//! private memory, the agent's file is no longer referenced, and the address
-//! range stays valid until the client itself is dropped.
+//! Why not [`crate::slot::SlotMemory`]: a mapping the client gives up must
+//! stay harmless to write for as long as a training thread may still hold
+//! the old pointer (a store racing the swap). So on retirement the client
+//! replaces the pages in place with anonymous memory (`MAP_FIXED`): late
+//! stores land in private memory, the agent's memory is no longer
+//! referenced, and the address range stays valid until the client itself is
+//! dropped. The memory is mapped only after [`crate::slot::check_received`]
+//! found it sealed against shrinking, so no store can ever fault.
 
-use std::fs::OpenOptions;
-use std::os::unix::fs::MetadataExt;
-use std::path::{Path, PathBuf};
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::ptr::NonNull;
 
-use crate::slot::{SLOT_SIZE, Slot, SlotError, read_header, slot_offset};
+use crate::slot::{Slot, SlotError, check_received, memory_len, slot_offset};
 
-/// One slot of an agent's file, mapped read-write.
+/// One slot memory, mapped read-write.
 #[derive(Debug)]
 pub(crate) struct SlotMapping {
     base: NonNull<libc::c_void>,
     len: usize,
     slot: NonNull<Slot>,
-    /// Device and inode of the file mapped, to notice the agent replacing it.
-    pub(crate) file_id: (u64, u64),
-    pub(crate) path: PathBuf,
     retired: bool,
 }
 
@@ -33,68 +29,48 @@ unsafe impl Send for SlotMapping {}
 // SAFETY: as above, shared access goes through atomics only.
 unsafe impl Sync for SlotMapping {}
 
-fn page_size() -> usize {
-    // SAFETY: sysconf has no preconditions.
-    let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-    if p > 0 { p as usize } else { 4096 }
-}
-
 impl SlotMapping {
-    /// Opens `path`, validates its header, and maps slot `index`.
-    pub(crate) fn open(path: &Path, index: u32) -> Result<SlotMapping, SlotError> {
-        let io_err = |op| {
-            move |source| SlotError::Io {
-                path: path.to_owned(),
-                op,
-                source,
-            }
+    /// Checks the received `fd` (sealed, a one-slot header of this
+    /// layout) and maps its slot. The descriptor is closed on return: the
+    /// mapping holds the memory.
+    pub(crate) fn from_fd(fd: OwnedFd) -> Result<SlotMapping, SlotError> {
+        check_received(&fd)?;
+        let io_err = |source| SlotError::Io {
+            path: std::path::PathBuf::from("memfd:warden-slot"),
+            op: "mmap",
+            source,
         };
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(path)
-            .map_err(io_err("open"))?;
-        let (count, _) = read_header(path, &file)?;
-        if index >= count {
-            return Err(SlotError::IndexOutOfRange { index, count });
-        }
-        let meta = file.metadata().map_err(io_err("fstat"))?;
-        let page = page_size() as u64;
-        let start = slot_offset(index);
-        let map_start = start - start % page;
-        let map_end = (start + SLOT_SIZE as u64).div_ceil(page) * page;
-        let len = (map_end - map_start) as usize;
-        // SAFETY: a fresh shared mapping of a range the header check proved
-        // lies inside the file (the last page may extend past EOF only within
-        // the final page, which the kernel zero-fills and we never touch
-        // beyond the slot); fd is valid for the call.
+        let len = usize::try_from(memory_len())
+            .map_err(|_| io_err(std::io::Error::other("slot memory too large")))?;
+        // SAFETY: a fresh shared mapping of the whole memory, whose length
+        // the header check proved and whose seals (checked above) keep it
+        // so for every holder; fd is valid for the call.
         let base = unsafe {
             libc::mmap(
                 std::ptr::null_mut(),
                 len,
                 libc::PROT_READ | libc::PROT_WRITE,
                 libc::MAP_SHARED,
-                std::os::fd::AsRawFd::as_raw_fd(&file),
-                map_start as libc::off_t,
+                fd.as_raw_fd(),
+                0,
             )
         };
         if base == libc::MAP_FAILED {
-            return Err(io_err("mmap")(std::io::Error::last_os_error()));
+            return Err(io_err(std::io::Error::last_os_error()));
         }
         let Some(base) = NonNull::new(base) else {
-            return Err(io_err("mmap")(std::io::Error::other("null mapping")));
+            return Err(io_err(std::io::Error::other("null mapping")));
         };
-        // SAFETY: start - map_start < page <= len, so the slot starts inside the mapping.
-        let slot_ptr = unsafe { base.as_ptr().cast::<u8>().add((start - map_start) as usize) };
+        // SAFETY: slot_offset(0) + SLOT_SIZE == memory_len() == len, so the
+        // slot lies inside the mapping.
+        let slot_ptr = unsafe { base.as_ptr().cast::<u8>().add(slot_offset(0) as usize) };
         let Some(slot) = NonNull::new(slot_ptr.cast::<Slot>()) else {
-            return Err(io_err("mmap")(std::io::Error::other("null slot")));
+            return Err(io_err(std::io::Error::other("null slot")));
         };
         Ok(SlotMapping {
             base,
             len,
             slot,
-            file_id: (meta.dev(), meta.ino()),
-            path: path.to_owned(),
             retired: false,
         })
     }

@@ -1,10 +1,13 @@
 //! The shared-memory heartbeat slot: the one layout both sides agree on.
 //!
-//! The agent owns a file on tmpfs made of a [`FileHeader`] (128 bytes) and
-//! `N` fixed-size [`Slot`]s. It hands slot `i` to a rank ([`SlotFile::claim`]),
-//! the rank maps that slot read-write and writes only into it through a
-//! [`SlotWriter`]; the agent reads every slot on its tick with
-//! [`SlotFile::snapshot`].
+//! The agent owns one sealed memfd per slot ([`SlotMemory`]: a
+//! [`FileHeader`] of 128 bytes and one fixed-size [`Slot`]), kept in its
+//! [`SlotTable`]. It claims slot `i` for a rank ([`SlotTable::claim`]) and
+//! hands that slot's descriptor to the rank's process alone over the slot
+//! socket ([`crate::slot_socket`]); the rank maps it read-write and writes
+//! into it through a [`SlotWriter`]; the agent reads every slot on its tick
+//! with [`SlotTable::snapshot`]. No file exists that anyone could open,
+//! truncate or replace.
 //!
 //! Why shared memory: a heartbeat, a section open/close or a step boundary
 //! must cost the training loop a few nanoseconds, with no syscall, lock or
@@ -47,18 +50,17 @@
 //! timestamp (a clock read would triple its cost): the agent notes when it
 //! saw the counter move. Step boundaries also bump the counter.
 
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io;
-use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering, fence};
 
-use memmap2::MmapMut;
-
 /// Identifies a warden slot file ("WARDNSLT" in little-endian bytes).
 pub const MAGIC: u64 = u64::from_le_bytes(*b"WARDNSLT");
-/// Bumped on any change to the layout; sent in `RegisterRankRequest`.
-pub const LAYOUT_VERSION: u32 = 1;
+/// Bumped on any change to the layout or to how a slot reaches a rank; sent
+/// in `RegisterRankRequest` (2: a sealed memfd over the slot socket, no file).
+pub const LAYOUT_VERSION: u32 = 2;
 /// Size of the file header; slots start right after it.
 pub const HEADER_SIZE: usize = 128;
 /// Deepest section nesting that is recorded (deeper sections are counted, not timed).
@@ -109,49 +111,49 @@ const STATE_CLAIMED: u32 = 1;
 const FLAG_STEP_OPEN: u32 = 1;
 const SNAPSHOT_RETRIES: u32 = 256;
 
-/// Errors from creating, opening or reading a slot file.
+/// Errors from making, receiving or reading slot memory.
 #[derive(Debug, thiserror::Error)]
 pub enum SlotError {
-    /// An I/O call on the file failed.
-    #[error("slot file {path}: {op}: {source}")]
+    /// A system call on the memory failed.
+    #[error("slot memory {path}: {op}: {source}")]
     Io {
-        /// The file.
+        /// The memory (`memfd:warden-slot`; it has no path).
         path: PathBuf,
         /// What we were doing.
         op: &'static str,
         /// The OS error.
         source: io::Error,
     },
-    /// The file is shorter than its header says it should be.
-    #[error("slot file {path} is {len} bytes, expected {expected}")]
+    /// The memory is shorter than its header says it should be.
+    #[error("slot memory {path} is {len} bytes, expected {expected}")]
     BadLength {
-        /// The file.
+        /// The memory (`memfd:warden-slot`; it has no path).
         path: PathBuf,
         /// Its actual length.
         len: u64,
         /// What the header implies.
         expected: u64,
     },
-    /// The file does not start with [`MAGIC`].
-    #[error("slot file {path} has magic {found:#018x}, expected {MAGIC:#018x}")]
+    /// The memory does not start with [`MAGIC`].
+    #[error("slot memory {path} has magic {found:#018x}, expected {MAGIC:#018x}")]
     BadMagic {
-        /// The file.
+        /// The memory (`memfd:warden-slot`; it has no path).
         path: PathBuf,
         /// What it starts with.
         found: u64,
     },
-    /// The file was written with another layout version.
-    #[error("slot file {path} has layout version {found}, this build speaks {LAYOUT_VERSION}")]
+    /// The memory was written with another layout version.
+    #[error("slot memory {path} has layout version {found}, this build speaks {LAYOUT_VERSION}")]
     BadVersion {
-        /// The file.
+        /// The memory (`memfd:warden-slot`; it has no path).
         path: PathBuf,
         /// Its version.
         found: u32,
     },
     /// A header field disagrees with this build's layout.
-    #[error("slot file {path}: header field {field} is {found}, expected {expected}")]
+    #[error("slot memory {path}: header field {field} is {found}, expected {expected}")]
     BadHeader {
-        /// The file.
+        /// The memory (`memfd:warden-slot`; it has no path).
         path: PathBuf,
         /// Which field.
         field: &'static str,
@@ -163,13 +165,21 @@ pub enum SlotError {
     /// A slot count of zero or above [`MAX_SLOTS`] was asked for or found.
     #[error("slot count {0} is out of range 1..={MAX_SLOTS}")]
     BadSlotCount(u64),
-    /// A slot index past the end of the file.
-    #[error("slot index {index} is out of range (the file has {count} slots)")]
+    /// A slot index past the end of the table.
+    #[error("slot index {index} is out of range (the table has {count} slots)")]
     IndexOutOfRange {
         /// The index asked for.
         index: u32,
-        /// Slots in the file.
+        /// Slots in the table.
         count: u32,
+    },
+    /// Slot memory received without the seals that fix its size.
+    #[error(
+        "slot memory is not sealed against shrinking and growing (seals {found:#x}): refusing to map it, a holder could truncate it under us"
+    )]
+    NotSealed {
+        /// The seals found (F_GET_SEALS).
+        found: i32,
     },
     /// The writer kept the seqlock busy through every retry.
     #[error(
@@ -183,7 +193,7 @@ pub enum SlotError {
     },
 }
 
-/// The file header. Written once by [`SlotFile::create`].
+/// The header of a slot memory. Written once by [`SlotMemory::create`].
 #[repr(C, align(128))]
 #[derive(Debug)]
 pub struct FileHeader {
@@ -226,7 +236,7 @@ struct StepRecord {
 }
 
 /// One rank's slot. Opaque: written through [`SlotWriter`], read through
-/// [`SlotFile::snapshot`] or [`Slot::snapshot`].
+/// [`SlotTable::snapshot`] or [`Slot::snapshot`].
 #[repr(C, align(128))]
 #[derive(Debug)]
 pub struct Slot {
@@ -360,7 +370,7 @@ pub fn well_known_id(name: &str) -> Option<u32> {
 
 /// Validates a header read from `path` (a file of `len` bytes); returns the slot count.
 ///
-/// Shared by [`SlotFile::open_existing`] and the client's one-slot mapping, so
+/// Shared by [`SlotTable::open_existing`] and the client's one-slot mapping, so
 /// both refuse the same files with the same messages.
 pub fn validate_header(
     path: &Path,
@@ -443,141 +453,71 @@ pub(crate) fn read_header(path: &Path, file: &File) -> Result<(u32, u64), SlotEr
     Ok((count, len))
 }
 
-/// The agent's handle on a whole slot file.
+/// The agent's slots: one sealed memory per slot index, made when the
+/// index is first used (its first claim) and kept for the agent's life.
 ///
-/// Why the agent maps it rather than reading it: a snapshot is then a few
-/// hundred loads from memory, with no syscall per rank per tick.
+/// Why one memory per slot and not one shared file: a rank receives only
+/// its own slot's descriptor, so it can neither scribble on another rank's
+/// slot nor (the memory being sealed, see [`SlotMemory`]) change anyone's
+/// size; nobody else can open it at all. Why kept across claims: a rank the
+/// agent let go still maps the memory and must see its release there
+/// (state free, generation changed) to detach. The cost of keeping it: a
+/// rank that held an index earlier and did not detach still maps it, and
+/// what it writes there is read as the next holder's (the generation the
+/// writer echoes tells the two apart, as before).
+/// Why the agent maps each one: a snapshot is then a few hundred loads
+/// from memory, with no syscall per rank per tick.
 #[derive(Debug)]
-pub struct SlotFile {
-    map: MmapMut,
-    count: u32,
-    path: PathBuf,
+pub struct SlotTable {
+    slots: Vec<std::sync::OnceLock<SlotMemory>>,
 }
 
-impl SlotFile {
-    /// Creates a fresh slot file of `slots` empty slots, mode 0o666 minus umask.
-    ///
-    /// Always a new inode: an existing file at `path` is unlinked first, never
-    /// truncated, because clients of a previous agent may still map it and
-    /// truncating a mapped file would kill them with SIGBUS.
-    pub fn create(path: impl AsRef<Path>, slots: u32) -> Result<SlotFile, SlotError> {
-        Self::create_with_mode(path, slots, 0o666)
-    }
-
-    /// [`SlotFile::create`] with an explicit file mode (ranks need read-write access).
-    pub fn create_with_mode(
-        path: impl AsRef<Path>,
-        slots: u32,
-        mode: u32,
-    ) -> Result<SlotFile, SlotError> {
-        let path = path.as_ref();
+impl SlotTable {
+    /// A table of `slots` slot indexes; no memory is made before a claim,
+    /// so an agent sized for many ranks holds descriptors only for the
+    /// indexes it ever handed out.
+    pub fn new(slots: u32) -> Result<SlotTable, SlotError> {
         if slots == 0 || slots > MAX_SLOTS {
             return Err(SlotError::BadSlotCount(slots.into()));
         }
-        let io_err = |op| {
-            move |source| SlotError::Io {
-                path: path.to_owned(),
-                op,
-                source,
-            }
-        };
-        match std::fs::remove_file(path) {
-            Ok(()) => {}
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-            Err(e) => return Err(io_err("unlink old file")(e)),
-        }
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create_new(true)
-            .mode(mode)
-            .open(path)
-            .map_err(io_err("create"))?;
-        file.set_len(file_len(slots)).map_err(io_err("ftruncate"))?;
-        // SAFETY: we just created this file and sized it; nobody else truncates it
-        // (the agent owns it and replaces it by unlinking, see above).
-        let map = unsafe { MmapMut::map_mut(&file) }.map_err(io_err("mmap"))?;
-        let this = SlotFile {
-            map,
-            count: slots,
-            path: path.to_owned(),
-        };
-        let h = this.header();
-        h.layout_version.store(LAYOUT_VERSION, Ordering::Relaxed);
-        h.header_size.store(HEADER_SIZE as u32, Ordering::Relaxed);
-        h.slot_size.store(SLOT_SIZE as u32, Ordering::Relaxed);
-        h.slot_count.store(slots, Ordering::Relaxed);
-        h.created_ns
-            .store(crate::clock::now_ns(), Ordering::Relaxed);
-        // Magic last: a reader that sees it sees a complete header.
-        h.magic.store(MAGIC, Ordering::Release);
-        Ok(this)
-    }
-
-    /// Maps an existing slot file after validating its header against its length.
-    ///
-    /// Why: an agent restarting reattaches to the file its ranks still write,
-    /// and tools inspect it; a truncated or foreign file gives a clear error.
-    pub fn open_existing(path: impl AsRef<Path>) -> Result<SlotFile, SlotError> {
-        let path = path.as_ref();
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(path)
-            .map_err(|source| SlotError::Io {
-                path: path.to_owned(),
-                op: "open",
-                source,
-            })?;
-        let (count, _) = read_header(path, &file)?;
-        // SAFETY: the header says the file holds `count` slots and its length
-        // covers them (checked above); we map exactly that much.
-        let map = unsafe {
-            memmap2::MmapOptions::new()
-                .len(file_len(count) as usize)
-                .map_mut(&file)
-        }
-        .map_err(|source| SlotError::Io {
-            path: path.to_owned(),
-            op: "mmap",
-            source,
-        })?;
-        Ok(SlotFile {
-            map,
-            count,
-            path: path.to_owned(),
+        Ok(SlotTable {
+            slots: (0..slots).map(|_| std::sync::OnceLock::new()).collect(),
         })
     }
 
-    /// Number of slots in the file.
+    /// Number of slot indexes.
     pub fn slot_count(&self) -> u32 {
-        self.count
+        u32::try_from(self.slots.len()).unwrap_or(u32::MAX)
     }
 
-    /// Where the file lives (what `RegisterRankResponse.slot_file` carries).
-    pub fn path(&self) -> &Path {
-        &self.path
+    /// The memory of slot `index`, once it was ever claimed: its
+    /// descriptor is what the slot socket hands to the rank holding it.
+    pub fn memory(&self, index: u32) -> Option<&SlotMemory> {
+        self.slots.get(index as usize).and_then(|m| m.get())
     }
 
-    fn header(&self) -> &FileHeader {
-        // SAFETY: the map is page-aligned and at least HEADER_SIZE long
-        // (checked at create/open); FileHeader is all atomics, valid for any bytes.
-        unsafe { &*(self.map.as_ptr() as *const FileHeader) }
-    }
-
-    /// The slot at `index`, bounds-checked.
+    /// The slot at `index`, bounds-checked; its memory is made on first
+    /// use (a free, zeroed slot), which can fail like any memfd_create.
     pub fn slot(&self, index: u32) -> Result<&Slot, SlotError> {
-        if index >= self.count {
-            return Err(SlotError::IndexOutOfRange {
+        let cell = self
+            .slots
+            .get(index as usize)
+            .ok_or(SlotError::IndexOutOfRange {
                 index,
-                count: self.count,
-            });
+                count: self.slot_count(),
+            })?;
+        if let Some(m) = cell.get() {
+            return Ok(m.slot());
         }
-        // SAFETY: index < count and the map covers file_len(count) bytes, so
-        // the slot lies inside it; offsets are multiples of 128 from a
-        // page-aligned base, satisfying Slot's alignment; Slot is all atomics,
-        // valid for any bit pattern and safe to share across processes.
-        Ok(unsafe { &*(self.map.as_ptr().add(slot_offset(index) as usize) as *const Slot) })
+        // A failed set only means another thread made it first; either way
+        // the cell now holds the one memory every later call sees.
+        let _ = cell.set(SlotMemory::create()?);
+        cell.get()
+            .map(SlotMemory::slot)
+            .ok_or(SlotError::IndexOutOfRange {
+                index,
+                count: self.slot_count(),
+            })
     }
 
     /// Resets slot `index` for a new owner and stamps its generation.
@@ -586,6 +526,9 @@ impl SlotFile {
     /// agent can tell the current owner from a stale writer.
     pub fn claim(&self, index: u32, generation: u64, pid: u32) -> Result<(), SlotError> {
         let slot = self.slot(index)?;
+        if let Some(m) = self.memory(index) {
+            m.stamp_header();
+        }
         slot.reset_client_area();
         slot.owner_pid.store(pid, Ordering::Relaxed);
         slot.claimed_ns
@@ -614,7 +557,7 @@ impl SlotFile {
     /// The client's ack word of slot `index` (the `seq` it acknowledged) and
     /// the generation its writer echoed: one cheap read, no seqlock.
     ///
-    /// Why apart from [`SlotFile::snapshot`]: the agent waiting for
+    /// Why apart from [`SlotTable::snapshot`]: the agent waiting for
     /// acknowledgements polls every few milliseconds and needs two words,
     /// not the whole slot.
     pub fn ack_word(&self, index: u32) -> Result<(u64, u64), SlotError> {
@@ -630,7 +573,7 @@ impl SlotFile {
         self.slot(index)?.snapshot(index)
     }
 
-    /// Like [`SlotFile::snapshot`], with at most `max_steps` completed steps.
+    /// Like [`SlotTable::snapshot`], with at most `max_steps` completed steps.
     ///
     /// Why: a tick only needs the steps completed since the last one (and
     /// the live part: step, stack); reading less keeps the seqlock read
@@ -639,8 +582,8 @@ impl SlotFile {
         self.slot(index)?.snapshot_recent(index, max_steps)
     }
 
-    /// Like [`SlotFile::snapshot_recent`], without the section-name table
-    /// (`section_names` is empty; read names with [`SlotFile::section_name`]).
+    /// Like [`SlotTable::snapshot_recent`], without the section-name table
+    /// (`section_names` is empty; read names with [`SlotTable::section_name`]).
     ///
     /// Why: the agent reads every slot on every tick. Names are written once
     /// per id, so it caches them and reads one only when it meets a new id,
@@ -860,12 +803,12 @@ impl Slot {
         self.seq.store(odd.wrapping_add(1), Ordering::Release);
     }
 
-    /// A consistent, sanitised copy of this slot (see [`SlotFile::snapshot`]).
+    /// A consistent, sanitised copy of this slot (see [`SlotTable::snapshot`]).
     pub fn snapshot(&self, index: u32) -> Result<SlotSnapshot, SlotError> {
         self.snapshot_recent(index, RING_LEN - 1)
     }
 
-    /// A snapshot with at most `max_steps` completed steps (see [`SlotFile::snapshot_recent`]).
+    /// A snapshot with at most `max_steps` completed steps (see [`SlotTable::snapshot_recent`]).
     pub fn snapshot_recent(&self, index: u32, max_steps: usize) -> Result<SlotSnapshot, SlotError> {
         self.snapshot_inner(index, max_steps, true)
     }
@@ -1342,6 +1285,9 @@ impl<'a> SlotWriter<'a> {
             .store(head.wrapping_add(1), Ordering::Relaxed);
     }
 }
+
+mod memory;
+pub use memory::{MEMFD_NAME, SEALS, SlotMemory, check_received, check_sealed, memory_len};
 
 #[cfg(test)]
 mod tests;

@@ -14,14 +14,14 @@ use std::time::{Duration, Instant};
 
 use tokio_stream::wrappers::UnixListenerStream;
 use tonic::{Request, Response, Status};
-use warden_client::slot::{ControlWord, SECTION_FORWARD, SECTION_STEP, SlotFile, SlotSnapshot};
+use warden_client::slot::{ControlWord, SECTION_FORWARD, SECTION_STEP, SlotSnapshot, SlotTable};
 use warden_client::{Client, ConnectOptions, ExceptionReport, ReportError, RestartVia};
 use warden_proto::v1 as pb;
 use warden_proto::v1::agent_server::{Agent, AgentServer};
 
 /// Just enough of an agent: hands out slots and records what it was told.
 struct FakeAgent {
-    slots: Arc<SlotFile>,
+    slots: Arc<SlotTable>,
     next_generation: AtomicU64,
     registered: Arc<Mutex<Vec<pb::RegisterRankRequest>>>,
     deregistered: Arc<Mutex<Vec<pb::DeregisterRankRequest>>>,
@@ -85,7 +85,6 @@ impl Agent for FakeAgent {
             .map_err(|e| Status::internal(e.to_string()))?;
         self.registered.lock().unwrap().push(req);
         Ok(Response::new(pb::RegisterRankResponse {
-            slot_file: self.slots.path().display().to_string(),
             slot_index: index,
             slot_size: warden_client::slot::SLOT_SIZE as u32,
             generation,
@@ -223,7 +222,7 @@ impl Agent for FakeAgent {
 
 /// A running fake agent; stops (and stops answering) when dropped.
 struct Running {
-    slots: Arc<SlotFile>,
+    slots: Arc<SlotTable>,
     registered: Arc<Mutex<Vec<pb::RegisterRankRequest>>>,
     deregistered: Arc<Mutex<Vec<pb::DeregisterRankRequest>>>,
     exceptions: Arc<Mutex<Vec<pb::ReportExceptionRequest>>>,
@@ -242,7 +241,10 @@ impl Running {
     fn start_with_report_delay(dir: &Path, first_generation: u64, delay: Duration) -> Running {
         let socket = dir.join("wardend.sock");
         let _ = std::fs::remove_file(&socket);
-        let slots = Arc::new(SlotFile::create(dir.join("slots"), 4).unwrap());
+        let slots = Arc::new(SlotTable::new(4).unwrap());
+        let slot_socket = warden_client::slot_socket::socket_path(&socket);
+        let _ = std::fs::remove_file(&slot_socket);
+        let handoff = slots.clone();
         let registered = Arc::new(Mutex::new(Vec::new()));
         let deregistered = Arc::new(Mutex::new(Vec::new()));
         let exceptions = Arc::new(Mutex::new(Vec::new()));
@@ -269,6 +271,26 @@ impl Running {
                 .unwrap();
             rt.block_on(async move {
                 let listener = tokio::net::UnixListener::bind(&socket).unwrap();
+                let fds = std::os::unix::net::UnixListener::bind(&slot_socket).unwrap();
+                // The slot socket, as the agent serves it, minus the peer
+                // check: the memory of the slot carrying the generation asked for.
+                std::thread::spawn(move || {
+                    for conn in fds.incoming() {
+                        let Ok(mut conn) = conn else { return };
+                        let mut req = [0u8; warden_client::slot_socket::REQUEST_LEN];
+                        if std::io::Read::read_exact(&mut conn, &mut req).is_err() {
+                            continue;
+                        }
+                        let g = warden_client::slot_socket::decode_request(&req).unwrap();
+                        let index = (0..handoff.slot_count())
+                            .find(|&i| handoff.snapshot(i).unwrap().generation == g);
+                        let fd = index.and_then(|i| handoff.memory(i)).map(|m| m.fd());
+                        let _ = warden_client::slot_socket::send_reply(
+                            std::os::fd::AsRawFd::as_raw_fd(&conn),
+                            fd.ok_or("no such generation"),
+                        );
+                    }
+                });
                 ready_tx.send(()).unwrap();
                 tonic::transport::Server::builder()
                     .add_service(AgentServer::new(agent))
@@ -391,9 +413,8 @@ fn survives_the_agent_going_away_and_coming_back() {
     let fwd = client.section_id("forward");
     client.section_open(fwd);
 
-    // The agent dies; its successor will replace the slot file.
+    // The agent dies; its successor hands out fresh slot memory.
     drop(agent);
-    std::fs::remove_file(dir.path().join("slots")).unwrap();
     eventually("client notices the agent is gone", || {
         !client.is_connected()
     });
@@ -463,13 +484,13 @@ fn invalid_options_are_the_only_error() {
 }
 
 #[test]
-fn a_dead_agent_is_noticed_even_when_its_slot_file_stays() {
+fn a_dead_agent_is_noticed_even_when_its_slot_memory_stays() {
     let dir = tempfile::tempdir().unwrap();
     let agent = Running::start(dir.path(), 1);
     let client = Client::connect_with(options(dir.path().join("wardend.sock"))).unwrap();
     assert!(client.is_connected());
     let slots = agent.slots.clone();
-    drop(agent); // the file stays; only the liveness probe (GetNodeHealth) can tell
+    drop(agent); // the memory stays; only the liveness probe (GetNodeHealth) can tell
     eventually("client notices the agent is gone", || {
         !client.is_connected()
     });

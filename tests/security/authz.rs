@@ -491,11 +491,6 @@ pub fn attack_stack_file(args: &Value) -> Value {
             .await;
         call_result(r, |r| {
             let r = r.into_inner();
-            let slots = std::fs::OpenOptions::new()
-                .read(true)
-                .write(true)
-                .open(&r.slot_file)
-                .is_ok();
             let path = r.stack_dump_path;
             let wrote = std::fs::OpenOptions::new()
                 .append(true)
@@ -503,7 +498,7 @@ pub fn attack_stack_file(args: &Value) -> Value {
                 .and_then(|mut f| {
                     std::io::Write::write_all(&mut f, b"Thread 0x1 (most recent call first):\n")
                 });
-            json!({"path": path, "wrote": wrote.is_ok(), "slots_open": slots})
+            json!({"path": path, "wrote": wrote.is_ok()})
         })
     })
 }

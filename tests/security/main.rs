@@ -13,6 +13,7 @@ mod common;
 
 mod authz;
 mod files;
+mod slots;
 mod tls;
 
 /// Every attack a test may run as another user: `("area.what", fn)`.
@@ -23,6 +24,7 @@ const ATTACKS: &[(&str, common::users::Attack)] = &[
     ("files.read_via_staging", files::attack_read_via_staging),
     ("files.plant_staging", files::attack_plant_staging),
     ("files.save_restore", files::attack_save_restore),
+    ("slots.steal", slots::attack_slots),
 ];
 
 /// Does nothing in a normal run; in a process started by

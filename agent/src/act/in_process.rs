@@ -317,8 +317,7 @@ pub fn request(
     // The slots, after the streams are armed (the registry's lock alone).
     let word = ControlWord::restart(seq, req.restart_count).encode();
     {
-        let mut reg = state.registry();
-        reg.check_slot_file();
+        let reg = state.registry();
         for &(rank, generation, slot) in &live {
             let key = RankKey {
                 job: job.to_owned(),
@@ -486,8 +485,7 @@ fn look(state: &AgentState, job: &str, seq: u64) -> Progress {
     // The registry's view, without the restart lock.
     let mut seen: Vec<(u32, Outcome)> = Vec::new();
     if !waiting.is_empty() {
-        let mut reg = state.registry();
-        reg.check_slot_file();
+        let reg = state.registry();
         for (rank, generation, slot) in waiting {
             let key = RankKey {
                 job: job.to_owned(),

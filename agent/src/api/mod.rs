@@ -1,4 +1,5 @@
-//! The API edge: gRPC (warden.v1, grpc.health.v1, reflection) and metrics.
+//! The API edge: gRPC (warden.v1, grpc.health.v1, reflection), metrics, and
+//! the slot socket that hands ranks their slot memory.
 //!
 //! In: requests. Out: calls on [`crate::state::AgentState`] and the model
 //! types turned into protobuf messages, errors into gRPC statuses, all in
@@ -17,6 +18,7 @@ pub mod nvhcd;
 pub mod observe;
 pub mod peer_auth;
 pub mod service;
+pub mod slot_socket;
 pub mod stragglers;
 
 pub use service::AgentService;

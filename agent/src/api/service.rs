@@ -271,7 +271,6 @@ impl Agent for AgentService {
             }
             self.state.events.publish(ev);
             Ok(Response::new(pb::RegisterRankResponse {
-                slot_file: reg.slot_file.display().to_string(),
                 slot_index: reg.slot_index,
                 slot_size: reg.slot_size,
                 generation: reg.generation,

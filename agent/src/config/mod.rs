@@ -328,9 +328,10 @@ impl Default for HostConfig {
 #[serde(deny_unknown_fields, default)]
 pub struct RanksConfig {
     /// How many ranks this agent can watch at once (each takes one ~20 KiB
-    /// slot in the shared-memory file). A registration past it is refused.
+    /// slot of shared memory, a sealed memfd and one descriptor in the agent).
+    /// A registration past it is refused.
     pub max_ranks: u32,
-    /// Directory of the slot file and stack dumps. Empty: the socket's
+    /// Directory of the stack dumps (slots are sealed memfds, not files). Empty: the socket's
     /// directory, which is already shared with every client (and with the
     /// trainer container in a sidecar deployment). Should be on tmpfs.
     pub slot_dir: String,
@@ -801,7 +802,7 @@ impl Config {
         }
     }
 
-    /// The directory of the slot file and stack dumps.
+    /// The directory of the stack dumps.
     pub fn slot_dir(&self) -> PathBuf {
         if self.ranks.slot_dir.is_empty() {
             self.socket_path()

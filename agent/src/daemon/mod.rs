@@ -54,8 +54,8 @@ pub enum DaemonError {
     /// Signal handlers could not be installed.
     #[error("cannot install signal handlers: {0}")]
     Signals(std::io::Error),
-    /// The heartbeat slot file could not be created.
-    #[error("cannot create the heartbeat slot file: {0}")]
+    /// The heartbeat slots (or the stack-dump directory) could not be set up.
+    #[error("cannot set up the heartbeat slots: {0}")]
     Slots(#[from] warden_client::slot::SlotError),
     /// The state directory is not the agent's alone (a symlink, another
     /// owner's), or could not be made.
@@ -188,6 +188,18 @@ async fn serve(
         })?;
     }
     state.add_endpoint("unix", socket.display().to_string());
+    // Beside it, the slot socket: each registered rank receives its sealed
+    // slot memory there (SCM_RIGHTS), with the API socket's mode and group.
+    let slot_path = warden_client::slot_socket::socket_path(&socket);
+    let slot_listener =
+        crate::api::slot_socket::bind(&slot_path, mode, cfg.socket_gid().ok().flatten()).map_err(
+            |source| DaemonError::Bind {
+                what: "slot socket",
+                addr: slot_path.display().to_string(),
+                source,
+            },
+        )?;
+    state.add_endpoint("slots", slot_path.display().to_string());
 
     let tcp = bind_optional("tcp", &cfg.api.tcp).await?;
     if let Some((_, addr)) = &tcp {
@@ -241,6 +253,11 @@ async fn serve(
         tasks.spawn(crate::ckpt::replicate::run(state.clone(), ck.clone()));
     }
     tasks.spawn(goodput);
+    tasks.spawn(crate::api::slot_socket::serve(
+        slot_listener,
+        slot_path.clone(),
+        state.clone(),
+    ));
     {
         let stop = state.shutdown.clone();
         tasks.spawn(async move {

@@ -1,17 +1,17 @@
-//! The registry of jobs and ranks, and the slot file they write into.
+//! The registry of jobs and ranks, and the slots they write into.
 //!
 //! A rank is identified by (job id, global rank). Registration validates the
-//! request, refuses a rank that a live process already holds, and hands out
-//! a slot with a fresh generation. The agent owns the slot file: it creates
-//! it at start, checks on every scan that nobody truncated or replaced it,
-//! and rebuilds it (asking ranks to re-register) if someone did.
+//! request, refuses a rank that a live process already holds, and claims a
+//! slot with a fresh generation. Each slot is its own sealed memfd
+//! ([`SlotTable`]): nobody can truncate or replace it, so there is nothing to
+//! check or rebuild; the rank receives it over the slot socket
+//! (`api::slot_socket`), which asks this registry who holds which generation.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use warden_client::slot::{self, SlotFile, SlotSnapshot};
+use warden_client::slot::{self, SlotSnapshot, SlotTable};
 
 use crate::detect::calibration::{self, Calibration};
 use crate::detect::hang::Threshold;
@@ -76,8 +76,8 @@ pub enum RegisterError {
         /// The bound.
         max: u32,
     },
-    /// The slot file is unusable.
-    #[error("slot file: {0}")]
+    /// The slot's memory could not be made.
+    #[error("slot memory: {0}")]
     Slot(#[from] slot::SlotError),
 }
 
@@ -90,7 +90,7 @@ pub enum RankState {
     Hung,
     /// The process is gone.
     Exited,
-    /// Its slot was lost (slot file damaged or agent state reset); waiting
+    /// Its slot was lost (agent state reset); waiting
     /// for the client to register again.
     Lost,
     /// Its launcher is stopping it on purpose (StopRanks: a restart, the end
@@ -223,6 +223,9 @@ pub struct RankEntry {
     /// The pid of the process that registered the rank (itself, or its
     /// launcher): what `ranks.max_per_process` counts by.
     pub registered_by: Option<u32>,
+    /// The registering caller's uid and gid (SO_PEERCRED): the slot socket
+    /// hands this rank's memory only to a process running as them.
+    pub owner: Option<crate::fsafe::Owner>,
     /// The slot's change counters at the last snapshot: unchanged means no
     /// write since, and the scan skips the snapshot.
     pub counters: Option<(u64, u64)>,
@@ -254,8 +257,6 @@ pub struct JobEntry {
 /// What a client needs after registering.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Registration {
-    /// The slot file.
-    pub slot_file: PathBuf,
     /// Its slot.
     pub slot_index: u32,
     /// Slot size in bytes.
@@ -306,11 +307,10 @@ pub struct RegisterRequest {
 /// Most devices one rank may declare (a rank drives one GPU, a few at most).
 pub const MAX_DEVICES: usize = 16;
 
-/// Jobs, ranks and the slot file.
+/// Jobs, ranks and their slots.
 #[derive(Debug)]
 pub struct Registry {
-    slots: SlotFile,
-    slot_ino: (u64, u64),
+    slots: SlotTable,
     free: BTreeSet<u32>,
     next_generation: u64,
     /// Ranks by (job, rank).
@@ -320,44 +320,14 @@ pub struct Registry {
     /// `<slot_dir>/stacks`: each rank's stack-dump file, made by the agent.
     stacks: crate::fsafe::Dir,
     state_dir: PathBuf,
-    file_mode: u32,
-    /// Rebuilds of the slot file not yet reported: (why, ranks lost).
-    rebuilds: Vec<(String, Vec<RankKey>)>,
     /// `ranks.max_per_process`: live ranks one caller may hold.
     pub max_per_process: u32,
-    /// `api.socket_group`: the slot file's group, so the ranks that may
-    /// connect may also map their slots (mode as the socket's).
-    slot_gid: Option<u32>,
-}
-
-/// What [`Registry::check_slot_file`] found.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum SlotFileCheck {
-    /// Intact.
-    Ok,
-    /// Damaged and rebuilt; these ranks must register again.
-    Rebuilt {
-        /// What was wrong.
-        why: String,
-        /// Ranks that lost their slot.
-        lost: Vec<RankKey>,
-    },
-}
-
-fn inode(path: &Path) -> std::io::Result<(u64, u64, u64)> {
-    let m = std::fs::metadata(path)?;
-    Ok((m.dev(), m.ino(), m.len()))
 }
 
 impl Registry {
-    /// Creates the slot file (`<slot_dir>/slots.<random>`) for `max_ranks`
-    /// ranks.
-    pub fn new(
-        slot_dir: &Path,
-        state_dir: &Path,
-        max_ranks: u32,
-        file_mode: u32,
-    ) -> Result<Self, slot::SlotError> {
+    /// A registry of `max_ranks` slots (their memory is made as ranks
+    /// claim them) and the stack-dump directory `<slot_dir>/stacks`.
+    pub fn new(slot_dir: &Path, state_dir: &Path, max_ranks: u32) -> Result<Self, slot::SlotError> {
         let io = |op| {
             move |source| slot::SlotError::Io {
                 path: slot_dir.to_owned(),
@@ -376,20 +346,12 @@ impl Registry {
                 op: "create stacks directory",
                 source: std::io::Error::other(e.to_string()),
             })?;
-        // A fresh, unpredictable name each start (ranks are told it when
-        // they register); the files of earlier agents go.
+        // Slot files of earlier agents (before slots were sealed memfds)
+        // go: nothing maps them any more once their ranks re-register.
         remove_old_slot_files(slot_dir);
-        let name = crate::fsafe::random_name("slots.").map_err(|e| slot::SlotError::Io {
-            path: slot_dir.to_owned(),
-            op: "name the slot file",
-            source: std::io::Error::other(e.to_string()),
-        })?;
-        let path = slot_dir.join(name);
-        let slots = SlotFile::create_with_mode(&path, max_ranks, file_mode)?;
-        let (dev, ino, _) = inode(&path).map_err(io("stat slot file"))?;
+        let slots = SlotTable::new(max_ranks)?;
         Ok(Self {
             slots,
-            slot_ino: (dev, ino),
             free: (0..max_ranks).collect(),
             // Generations differ across agent restarts: start from the clock.
             next_generation: warden_client::clock::syscall_now().max(1),
@@ -397,10 +359,7 @@ impl Registry {
             jobs: BTreeMap::new(),
             stacks,
             state_dir: state_dir.to_owned(),
-            file_mode,
-            rebuilds: Vec::new(),
             max_per_process: u32::MAX,
-            slot_gid: None,
         })
     }
 
@@ -408,20 +367,15 @@ impl Registry {
     pub fn parts(
         &mut self,
     ) -> (
-        &SlotFile,
+        &SlotTable,
         &mut BTreeMap<RankKey, RankEntry>,
         &mut BTreeMap<String, JobEntry>,
     ) {
         (&self.slots, &mut self.ranks, &mut self.jobs)
     }
 
-    /// The slot file path.
-    pub fn slot_path(&self) -> &Path {
-        self.slots.path()
-    }
-
-    /// The slot file (for reading snapshots).
-    pub fn slots(&self) -> &SlotFile {
+    /// The slots (for reading snapshots).
+    pub fn slots(&self) -> &SlotTable {
         &self.slots
     }
 
@@ -432,7 +386,6 @@ impl Registry {
         now_ns: u64,
     ) -> Result<Registration, RegisterError> {
         validate(req)?;
-        self.check_slot_file();
         let key = RankKey {
             job: req.job_id.clone(),
             rank: req.global_rank,
@@ -537,6 +490,7 @@ impl Registry {
                 slot_error: None,
                 process: req.process.clone(),
                 registered_by: req.caller_pid,
+                owner: req.owner,
                 counters: None,
                 names: Vec::new(),
                 step_times: std::collections::VecDeque::new(),
@@ -544,35 +498,12 @@ impl Registry {
             },
         );
         Ok(Registration {
-            slot_file: self.slots.path().to_owned(),
             slot_index: index,
             slot_size: slot::SLOT_SIZE as u32,
             generation,
             stack_dump_path,
             replaced_pid,
         })
-    }
-
-    /// Hands the slot file to `gid` (`api.socket_group`), now and after
-    /// every rebuild.
-    pub fn set_slot_group(&mut self, gid: Option<u32>) {
-        self.slot_gid = gid;
-        self.apply_slot_group();
-    }
-
-    fn apply_slot_group(&self) {
-        let Some(gid) = self.slot_gid else {
-            return;
-        };
-        // The slot file was just made by the agent in its own directory.
-        if let Err(e) = nix::unistd::chown(
-            self.slots.path(),
-            None,
-            Some(nix::unistd::Gid::from_raw(gid)),
-        ) {
-            tracing::warn!(path = %self.slots.path().display(), gid, error = %e,
-                "cannot hand the slot file to api.socket_group: its members cannot map their slots");
-        }
     }
 
     /// Makes the rank's stack-dump file: a random name nobody can plant a
@@ -619,7 +550,6 @@ impl Registry {
 
     /// Removes a rank that leaves cleanly; false if the generation is stale.
     pub fn deregister(&mut self, key: &RankKey, generation: u64) -> bool {
-        self.check_slot_file();
         match self.ranks.get(key) {
             Some(e) if e.generation == generation => {}
             _ => return false,
@@ -654,7 +584,6 @@ impl Registry {
 
     /// Frees the slots of exited ranks (their entries stay for GetRanks).
     pub fn free_slot_of(&mut self, key: &RankKey) {
-        self.check_slot_file();
         if let Some(e) = self.ranks.get_mut(key)
             && e.holds_slot
         {
@@ -673,64 +602,6 @@ impl Registry {
         }
     }
 
-    /// Checks that the slot file is still the one we created, at full
-    /// length, with its header intact; if not, rebuilds it, marks every live
-    /// rank lost and records the rebuild for [`Registry::take_rebuilds`].
-    ///
-    /// Runs before every scan and before every write to the mapping
-    /// (register, deregister, freeing an exited rank's slot): a truncated
-    /// file would fault (SIGBUS) on the next access. A truncation racing
-    /// with the access itself (microseconds) is the one case it cannot rule
-    /// out; ranks writing into a file truncated under them fault the same way.
-    pub fn check_slot_file(&mut self) -> SlotFileCheck {
-        let path = self.slots.path().to_owned();
-        let expected = slot::file_len(self.slots.slot_count());
-        let why = match inode(&path) {
-            Ok((dev, ino, len)) if (dev, ino) == self.slot_ino && len >= expected => {
-                match read_header(&path, len) {
-                    Ok(()) => return SlotFileCheck::Ok,
-                    Err(e) => format!("{} has a damaged header: {e}", path.display()),
-                }
-            }
-            Ok((dev, ino, len)) if (dev, ino) == self.slot_ino => {
-                format!(
-                    "{} was truncated to {len} bytes (expected {expected})",
-                    path.display()
-                )
-            }
-            Ok(_) => format!("{} was replaced by another file", path.display()),
-            Err(e) => format!("{} is gone ({e})", path.display()),
-        };
-        let count = self.slots.slot_count();
-        match SlotFile::create_with_mode(&path, count, self.file_mode) {
-            Ok(fresh) => {
-                self.slots = fresh;
-                self.slot_ino = inode(&path).map_or((0, 0), |(d, i, _)| (d, i));
-                self.apply_slot_group();
-            }
-            Err(e) => {
-                tracing::error!(error = %e, "cannot rebuild the slot file");
-            }
-        }
-        self.free = (0..count).collect();
-        let mut lost = Vec::new();
-        for e in self.ranks.values_mut() {
-            // Every index now refers to the fresh file: nobody holds one.
-            e.holds_slot = false;
-            if matches!(e.state, RankState::Running | RankState::Hung) {
-                e.state = RankState::Lost;
-                lost.push(e.key.clone());
-            }
-        }
-        self.rebuilds.push((why.clone(), lost.clone()));
-        SlotFileCheck::Rebuilt { why, lost }
-    }
-
-    /// Rebuilds of the slot file since the last call, to be reported.
-    pub fn take_rebuilds(&mut self) -> Vec<(String, Vec<RankKey>)> {
-        std::mem::take(&mut self.rebuilds)
-    }
-
     /// Saves calibrations that changed, at most every `every`.
     pub fn save_calibrations(&mut self, every: std::time::Duration, force: bool) {
         for (job, j) in &mut self.jobs {
@@ -742,22 +613,6 @@ impl Registry {
             }
         }
     }
-}
-
-/// Reads and validates the file's header through a plain read (not the
-/// mapping), so a damaged file is caught without touching the mapping.
-fn read_header(path: &Path, len: u64) -> Result<(), slot::SlotError> {
-    use std::io::Read;
-    let io = |source| slot::SlotError::Io {
-        path: path.to_owned(),
-        op: "read header",
-        source,
-    };
-    let mut header = [0u8; slot::HEADER_SIZE];
-    std::fs::File::open(path)
-        .and_then(|mut f| f.read_exact(&mut header))
-        .map_err(io)?;
-    slot::validate_header(path, &header, len).map(|_| ())
 }
 
 fn sanitize(s: &str) -> String {
@@ -772,9 +627,9 @@ fn sanitize(s: &str) -> String {
         .collect()
 }
 
-/// Removes the slot files earlier agents left in `dir` (`slots`, `slots.*`):
-/// unlinked, never followed. Their ranks were told to register again when
-/// that agent went.
+/// Removes the slot files agents before the sealed memfds left in `dir`
+/// (`slots`, `slots.*`): unlinked, never followed. Their ranks register
+/// again with this agent and receive memory instead.
 fn remove_old_slot_files(dir: &Path) {
     let Ok(entries) = std::fs::read_dir(dir) else {
         return;
@@ -876,7 +731,7 @@ mod tests {
     }
 
     fn registry(dir: &Path) -> Registry {
-        Registry::new(&dir.join("run"), &dir.join("state"), 4, 0o600).unwrap()
+        Registry::new(&dir.join("run"), &dir.join("state"), 4).unwrap()
     }
 
     #[test]
@@ -972,79 +827,48 @@ mod tests {
     }
 
     #[test]
-    fn after_a_rebuild_old_indices_are_not_released() {
+    fn each_slot_is_its_own_sealed_memory() {
         let dir = tempfile::tempdir().unwrap();
         let mut r = registry(dir.path());
         let me = std::process::id();
-        r.register(&req("j", 0, me), 0).unwrap();
-        r.register(&req("j", 1, me), 0).unwrap();
-        std::fs::OpenOptions::new()
-            .write(true)
-            .open(r.slot_path())
-            .unwrap()
-            .set_len(10)
-            .unwrap();
-        assert!(matches!(r.check_slot_file(), SlotFileCheck::Rebuilt { .. }));
-        // Rank 1 registers first into the fresh file, then rank 0: rank 0's
-        // stale index must not free rank 1's new slot.
-        let b = r.register(&req("j", 1, me), 0).unwrap();
         let a = r.register(&req("j", 0, me), 0).unwrap();
-        assert_ne!(a.slot_index, b.slot_index);
-        let snap = r.slots().snapshot(b.slot_index).unwrap();
-        assert!(snap.claimed);
-        assert_eq!(snap.generation, b.generation);
+        let b = r.register(&req("j", 1, me), 0).unwrap();
+        let ma = r.slots().memory(a.slot_index).unwrap();
+        let mb = r.slots().memory(b.slot_index).unwrap();
+        // Two memories: holding one gives no way into the other.
+        let ino = |fd| nix::sys::stat::fstat(fd).unwrap().st_ino;
+        assert_ne!(ino(ma.fd()), ino(mb.fd()));
+        // Sealed: nobody, the agent included, can change its size.
+        let f = std::fs::File::from(ma.fd().try_clone_to_owned().unwrap());
+        let err = f.set_len(10).unwrap_err();
+        assert_eq!(err.raw_os_error(), Some(libc::EPERM), "{err}");
+        let err = f.set_len(1 << 20).unwrap_err();
+        assert_eq!(err.raw_os_error(), Some(libc::EPERM), "{err}");
+        assert!(r.slots().snapshot(a.slot_index).unwrap().claimed);
+        // No slot file was made in the slot dir.
+        let names: Vec<_> = std::fs::read_dir(dir.path().join("run"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(names, vec!["stacks".to_owned()]);
     }
 
     #[test]
-    fn overwritten_header_is_rebuilt() {
+    fn slot_files_of_earlier_agents_are_removed() {
         let dir = tempfile::tempdir().unwrap();
-        let mut r = registry(dir.path());
-        r.register(&req("j", 0, std::process::id()), 0).unwrap();
-        let mut bytes = std::fs::read(r.slot_path()).unwrap();
-        bytes[..8].copy_from_slice(b"garbage!");
-        // Same inode, same length: only the header says it is damaged.
-        std::fs::OpenOptions::new()
-            .write(true)
-            .open(r.slot_path())
-            .and_then(|mut f| std::io::Write::write_all(&mut f, &bytes[..16]))
-            .unwrap();
-        match r.check_slot_file() {
-            SlotFileCheck::Rebuilt { why, lost } => {
-                assert!(why.contains("header"), "{why}");
-                assert_eq!(lost.len(), 1);
-            }
-            other => panic!("{other:?}"),
-        }
-        assert_eq!(r.take_rebuilds().len(), 1);
-        assert_eq!(r.check_slot_file(), SlotFileCheck::Ok);
+        let run = dir.path().join("run");
+        std::fs::create_dir_all(&run).unwrap();
+        std::fs::write(run.join("slots.abc"), b"old").unwrap();
+        std::fs::write(run.join("slots"), b"older").unwrap();
+        let _r = registry(dir.path());
+        assert!(!run.join("slots.abc").exists());
+        assert!(!run.join("slots").exists());
     }
 
-    #[test]
-    fn truncated_slot_file_is_rebuilt() {
-        let dir = tempfile::tempdir().unwrap();
-        let mut r = registry(dir.path());
-        r.register(&req("j", 0, std::process::id()), 0).unwrap();
-        assert_eq!(r.check_slot_file(), SlotFileCheck::Ok);
-        let f = std::fs::OpenOptions::new()
-            .write(true)
-            .open(r.slot_path())
-            .unwrap();
-        f.set_len(10).unwrap();
-        match r.check_slot_file() {
-            SlotFileCheck::Rebuilt { why, lost } => {
-                assert!(why.contains("truncated"), "{why}");
-                assert_eq!(lost.len(), 1);
-            }
-            other => panic!("{other:?}"),
-        }
-        assert_eq!(r.check_slot_file(), SlotFileCheck::Ok);
-        assert!(r.slots().snapshot(0).is_ok());
-    }
     #[test]
     fn a_rank_outside_the_agents_pid_namespace_registers_unseen() {
         let dir = tempfile::tempdir().unwrap();
-        let mut r =
-            Registry::new(&dir.path().join("run"), &dir.path().join("state"), 4, 0o600).unwrap();
+        let mut r = Registry::new(&dir.path().join("run"), &dir.path().join("state"), 4).unwrap();
         // SO_PEERCRED gives 0 for a process the agent's namespace cannot see.
         let mut q = req("j", 0, 0);
         q.declared_pid = 7;
@@ -1069,10 +893,9 @@ mod claim_visible {
     use super::*;
 
     #[test]
-    fn a_claim_is_visible_through_the_file() {
+    fn a_claim_is_visible_through_the_memory_a_rank_receives() {
         let dir = tempfile::tempdir().unwrap();
-        let mut r =
-            Registry::new(&dir.path().join("run"), &dir.path().join("state"), 4, 0o600).unwrap();
+        let mut r = Registry::new(&dir.path().join("run"), &dir.path().join("state"), 4).unwrap();
         let q = RegisterRequest {
             job_id: "j".into(),
             global_rank: 0,
@@ -1090,8 +913,15 @@ mod claim_visible {
         };
         let reg = r.register(&q, 0).unwrap();
         assert_eq!(r.pid_visibility(), (0, 1));
-        let other = SlotFile::open_existing(&reg.slot_file).unwrap();
-        let snap = other.snapshot(reg.slot_index).unwrap();
+        let fd = r
+            .slots()
+            .memory(reg.slot_index)
+            .unwrap()
+            .fd()
+            .try_clone_to_owned()
+            .unwrap();
+        let other = slot::SlotMemory::open(fd).unwrap();
+        let snap = other.slot().snapshot(reg.slot_index).unwrap();
         assert!(snap.claimed);
         assert_eq!(snap.generation, reg.generation);
     }

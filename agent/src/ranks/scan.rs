@@ -9,7 +9,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use warden_client::slot::{RING_LEN, SlotFile, SlotSnapshot};
+use warden_client::slot::{RING_LEN, SlotSnapshot, SlotTable};
 
 /// Completed steps a slot's ring holds.
 const RING_STEPS: usize = RING_LEN - 1;
@@ -64,23 +64,6 @@ pub struct ScanResult {
 /// hang is declared at most one tick after its threshold.
 pub fn scan(reg: &mut Registry, cfg: &HangConfig, now_ns: u64, prev_ns: u64) -> ScanResult {
     let mut out = ScanResult::default();
-    reg.check_slot_file();
-    for (why, lost) in reg.take_rebuilds() {
-        let mut ev = NewEvent::new(
-            Severity::Error,
-            "ranks.slot_file_rebuilt",
-            "agent",
-            format!(
-                "heartbeat slot file damaged and rebuilt: {why}; {} ranks must register again",
-                lost.len()
-            ),
-        )
-        .with("why", why);
-        for k in &lost {
-            ev = ev.with("lost", k);
-        }
-        out.events.push(ev);
-    }
     let (slots, ranks, jobs) = reg.parts();
     for entry in ranks.values_mut() {
         if !matches!(entry.state, RankState::Running | RankState::Hung) {
@@ -455,7 +438,7 @@ fn cpu_verdict(delta_ticks: u64, span: Duration) -> String {
 }
 
 /// A section name through the rank's cache (names are write-once per id).
-fn entry_name(cache: &mut Vec<String>, slots: &SlotFile, slot: u32, id: u32) -> String {
+fn entry_name(cache: &mut Vec<String>, slots: &SlotTable, slot: u32, id: u32) -> String {
     let i = id as usize;
     if let Some(n) = cache.get(i).filter(|n| !n.is_empty()) {
         return n.clone();

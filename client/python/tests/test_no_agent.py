@@ -130,7 +130,7 @@ def test_client_as_context_manager() -> None:
 
 
 def test_types_are_exported() -> None:
-    assert warden.SLOT_LAYOUT_VERSION == 1
+    assert warden.SLOT_LAYOUT_VERSION == 2
     assert isinstance(warden.section("forward"), warden.Section)
     assert isinstance(warden.step(1), warden.Step)
     assert "connected=False" in repr(fresh())

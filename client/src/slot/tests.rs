@@ -8,108 +8,125 @@ fn tmp() -> tempfile::TempDir {
     tempfile::tempdir().unwrap()
 }
 
+/// A write handle on slot `index`'s memory (made if need be), for tests
+/// that put bytes there behind the API's back, as a rogue rank could.
+fn memfile(f: &SlotTable, index: u32) -> std::fs::File {
+    f.slot(index).unwrap();
+    std::fs::File::from(f.memory(index).unwrap().fd().try_clone_to_owned().unwrap())
+}
+
 #[test]
-fn create_then_open_existing() {
-    let dir = tmp();
-    let path = dir.path().join("slots");
-    let f = SlotFile::create(&path, 4).unwrap();
+fn a_table_makes_memory_per_slot_on_first_use() {
+    let f = SlotTable::new(4).unwrap();
     assert_eq!(f.slot_count(), 4);
-    assert_eq!(std::fs::metadata(&path).unwrap().len(), file_len(4));
-    let g = SlotFile::open_existing(&path).unwrap();
-    assert_eq!(g.slot_count(), 4);
+    assert!(f.memory(0).is_none());
     assert!(matches!(
-        g.snapshot(4),
+        f.snapshot(4),
         Err(SlotError::IndexOutOfRange { index: 4, count: 4 })
     ));
-    let s = g.snapshot(0).unwrap();
+    let s = f.snapshot(0).unwrap();
     assert!(!s.claimed);
     assert_eq!(s.steps_completed, 0);
     assert!(s.recent_steps.is_empty());
+    assert!(f.memory(0).is_some());
+    assert!(f.memory(1).is_none());
 }
 
 #[test]
-fn create_replaces_inode_instead_of_truncating() {
-    let dir = tmp();
-    let path = dir.path().join("slots");
-    let _a = SlotFile::create(&path, 2).unwrap();
-    let ino_a = std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(&path).unwrap());
-    let _b = SlotFile::create(&path, 2).unwrap();
-    let ino_b = std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(&path).unwrap());
-    assert_ne!(ino_a, ino_b);
-}
-
-#[test]
-fn rejects_bad_slot_counts() {
-    let dir = tmp();
-    assert!(matches!(
-        SlotFile::create(dir.path().join("a"), 0),
-        Err(SlotError::BadSlotCount(0))
-    ));
-    assert!(matches!(
-        SlotFile::create(dir.path().join("b"), MAX_SLOTS + 1),
-        Err(SlotError::BadSlotCount(_))
-    ));
-}
-
-#[test]
-fn truncated_and_corrupted_files_give_named_errors() {
-    let dir = tmp();
-    let path = dir.path().join("slots");
-    drop(SlotFile::create(&path, 3).unwrap());
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(&path)
-        .unwrap();
-
-    // Cut inside the last slot.
-    file.set_len(file_len(3) - 1).unwrap();
-    let err = SlotFile::open_existing(&path).unwrap_err();
-    assert!(matches!(err, SlotError::BadLength { .. }), "{err}");
-    assert!(
-        err.to_string()
-            .contains(&format!("expected {}", file_len(3)))
-    );
-    file.set_len(file_len(3)).unwrap();
-
-    // Shorter than a header, and empty.
-    for len in [0, 10, HEADER_SIZE as u64 - 1] {
-        let p = dir.path().join(format!("short{len}"));
-        std::fs::write(&p, vec![0u8; len as usize]).unwrap();
-        let err = SlotFile::open_existing(&p).unwrap_err();
-        assert!(matches!(err, SlotError::BadLength { .. }), "{err}");
+fn slot_memory_is_sealed_against_any_size_change() {
+    let f = SlotTable::new(1).unwrap();
+    f.claim(0, 5, 1).unwrap();
+    let file = memfile(&f, 0);
+    assert_eq!(file.metadata().unwrap().len(), memory_len());
+    for len in [0, 10, memory_len() - 1, memory_len() + 4096] {
+        let err = file.set_len(len).unwrap_err();
+        assert_eq!(
+            err.raw_os_error(),
+            Some(libc::EPERM),
+            "set_len({len}): {err}"
+        );
     }
+    // The seals themselves cannot be undone or added to.
+    let err = nix::fcntl::fcntl(
+        &file,
+        nix::fcntl::FcntlArg::F_ADD_SEALS(nix::fcntl::SealFlag::F_SEAL_WRITE),
+    )
+    .unwrap_err();
+    assert_eq!(err, nix::errno::Errno::EPERM);
+    assert!(f.snapshot(0).unwrap().claimed);
+}
 
-    // Each header field in turn.
+#[test]
+fn received_memory_is_checked_before_it_is_mapped() {
+    let f = SlotTable::new(1).unwrap();
+    f.claim(0, 5, 1).unwrap();
+    let fd = f.memory(0).unwrap().fd().try_clone_to_owned().unwrap();
+    let m = SlotMemory::open(fd).unwrap();
+    assert_eq!(m.slot().generation(), 5);
+
+    // Unsealed memory (anyone holding it could truncate it): refused.
+    let raw = nix::sys::memfd::memfd_create(
+        "unsealed",
+        nix::sys::memfd::MFdFlags::MFD_CLOEXEC | nix::sys::memfd::MFdFlags::MFD_ALLOW_SEALING,
+    )
+    .unwrap();
+    std::fs::File::from(raw.try_clone().unwrap())
+        .set_len(memory_len())
+        .unwrap();
+    let err = SlotMemory::open(raw).unwrap_err();
+    assert!(matches!(err, SlotError::NotSealed { .. }), "{err}");
+    assert!(err.to_string().contains("not sealed"), "{err}");
+
+    // A plain file is not sealable at all.
+    let dir = tmp();
+    let p = dir.path().join("plain");
+    std::fs::write(&p, vec![0u8; memory_len() as usize]).unwrap();
+    let plain: std::os::fd::OwnedFd = std::fs::File::open(&p).unwrap().into();
+    assert!(SlotMemory::open(plain).is_err());
+
+    // Each header field in turn, written by a holder of the memory.
+    let file = memfile(&f, 0);
     let cases: [(u64, &[u8], &str); 5] = [
         (0, b"NOTWARDN", "magic"),
         (8, &99u32.to_ne_bytes(), "layout version 99"),
         (12, &64u32.to_ne_bytes(), "header_size"),
         (16, &1u32.to_ne_bytes(), "slot_size"),
-        (20, &u32::MAX.to_ne_bytes(), "slot count"),
+        (20, &2u32.to_ne_bytes(), "slot"),
     ];
     for (offset, bytes, needle) in cases {
         let mut orig = vec![0u8; bytes.len()];
         file.read_exact_at(&mut orig, offset).unwrap();
         file.write_all_at(bytes, offset).unwrap();
-        let err = SlotFile::open_existing(&path).unwrap_err();
+        let fd = f.memory(0).unwrap().fd().try_clone_to_owned().unwrap();
+        let err = SlotMemory::open(fd).unwrap_err();
         assert!(err.to_string().contains(needle), "{needle}: {err}");
         file.write_all_at(&orig, offset).unwrap();
     }
-    // More slots claimed than the file holds.
-    file.write_all_at(&4u32.to_ne_bytes(), 20).unwrap();
+    let fd = f.memory(0).unwrap().fd().try_clone_to_owned().unwrap();
+    SlotMemory::open(fd).unwrap();
+
+    // A holder wrecks the header; the next claim of the slot restores it,
+    // so the next rank handed it can map it.
+    file.write_all_at(b"NOTWARDN", 0).unwrap();
+    let fd = f.memory(0).unwrap().fd().try_clone_to_owned().unwrap();
+    assert!(SlotMemory::open(fd).is_err());
+    f.claim(0, 6, 1).unwrap();
+    let fd = f.memory(0).unwrap().fd().try_clone_to_owned().unwrap();
+    assert_eq!(SlotMemory::open(fd).unwrap().slot().generation(), 6);
+}
+
+#[test]
+fn rejects_bad_slot_counts() {
+    assert!(matches!(SlotTable::new(0), Err(SlotError::BadSlotCount(0))));
     assert!(matches!(
-        SlotFile::open_existing(&path),
-        Err(SlotError::BadLength { .. })
+        SlotTable::new(MAX_SLOTS + 1),
+        Err(SlotError::BadSlotCount(_))
     ));
-    file.write_all_at(&3u32.to_ne_bytes(), 20).unwrap();
-    SlotFile::open_existing(&path).unwrap();
 }
 
 #[test]
 fn claim_release_and_generation_echo() {
-    let dir = tmp();
-    let f = SlotFile::create(dir.path().join("s"), 2).unwrap();
+    let f = SlotTable::new(2).unwrap();
     f.claim(1, 42, 1234).unwrap();
     let s = f.snapshot(1).unwrap();
     assert!(s.claimed);
@@ -129,8 +146,7 @@ fn claim_release_and_generation_echo() {
 
 #[test]
 fn steps_and_sections_accumulate_per_step() {
-    let dir = tmp();
-    let f = SlotFile::create(dir.path().join("s"), 1).unwrap();
+    let f = SlotTable::new(1).unwrap();
     f.claim(0, 1, 1).unwrap();
     f.slot(0).unwrap().write_name(8, "attention");
     let w = f.writer(0).unwrap();
@@ -168,8 +184,7 @@ fn steps_and_sections_accumulate_per_step() {
 
 #[test]
 fn sections_outside_steps_and_implicit_step_end() {
-    let dir = tmp();
-    let f = SlotFile::create(dir.path().join("s"), 1).unwrap();
+    let f = SlotTable::new(1).unwrap();
     let w = f.writer(0).unwrap();
     w.section_open(SECTION_INIT, 1);
     w.step_begin(1, 10);
@@ -188,8 +203,7 @@ fn sections_outside_steps_and_implicit_step_end() {
 
 #[test]
 fn misuse_is_counted_and_never_corrupts_the_stack() {
-    let dir = tmp();
-    let f = SlotFile::create(dir.path().join("s"), 1).unwrap();
+    let f = SlotTable::new(1).unwrap();
     let w = f.writer(0).unwrap();
     w.step_end(1, 5); // no step open
     w.section_close(SECTION_FORWARD, 5); // nothing open
@@ -211,8 +225,7 @@ fn misuse_is_counted_and_never_corrupts_the_stack() {
 
 #[test]
 fn deep_nesting_is_counted_past_max_depth() {
-    let dir = tmp();
-    let f = SlotFile::create(dir.path().join("s"), 1).unwrap();
+    let f = SlotTable::new(1).unwrap();
     let w = f.writer(0).unwrap();
     w.step_begin(1, 0);
     for i in 0..12 {
@@ -233,8 +246,7 @@ fn deep_nesting_is_counted_past_max_depth() {
 
 #[test]
 fn ring_keeps_the_last_completed_steps() {
-    let dir = tmp();
-    let f = SlotFile::create(dir.path().join("s"), 1).unwrap();
+    let f = SlotTable::new(1).unwrap();
     let w = f.writer(0).unwrap();
     for n in 0..100u64 {
         w.step_begin(n, n * 10);
@@ -260,9 +272,7 @@ fn ring_keeps_the_last_completed_steps() {
 
 #[test]
 fn names_are_truncated_on_char_boundaries_and_sanitised() {
-    let dir = tmp();
-    let path = dir.path().join("s");
-    let f = SlotFile::create(&path, 1).unwrap();
+    let f = SlotTable::new(1).unwrap();
     let long = "é".repeat(20); // 40 bytes
     f.slot(0).unwrap().write_name(9, &long);
     f.slot(0).unwrap().write_name(3, "not-user"); // well-known ids are fixed
@@ -273,7 +283,7 @@ fn names_are_truncated_on_char_boundaries_and_sanitised() {
     assert_eq!(s.section_name(1000), "");
 
     // Invalid UTF-8 and an impossible length, written behind the API's back.
-    let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+    let file = memfile(&f, 0);
     let names = slot_offset(0) + std::mem::offset_of!(Slot, names) as u64;
     let entry = |id: u64| names + id * (8 + NAME_LEN as u64);
     file.write_all_at(&[0xff, 0xfe, b'a'], entry(10) + 8)
@@ -289,10 +299,8 @@ fn names_are_truncated_on_char_boundaries_and_sanitised() {
 /// Any bytes at all in a slot: the reader never panics and bounds everything.
 #[test]
 fn random_garbage_never_panics_the_reader() {
-    let dir = tmp();
-    let path = dir.path().join("s");
-    let f = SlotFile::create(&path, 2).unwrap();
-    let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+    let f = SlotTable::new(2).unwrap();
+    let file = memfile(&f, 1);
     let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
     let mut buf = vec![0u8; SLOT_SIZE];
     for round in 0..200 {
@@ -306,7 +314,7 @@ fn random_garbage_never_panics_the_reader() {
         if round % 4 != 0 {
             buf[128..136].copy_from_slice(&0u64.to_ne_bytes());
         }
-        file.write_all_at(&buf, slot_offset(1)).unwrap();
+        file.write_all_at(&buf, slot_offset(0)).unwrap();
         match f.snapshot(1) {
             Ok(s) => {
                 assert!(s.open_sections.len() <= MAX_DEPTH);
@@ -336,8 +344,7 @@ fn random_garbage_never_panics_the_reader() {
 /// A reader racing a busy writer only ever sees complete updates.
 #[test]
 fn concurrent_reader_never_sees_a_torn_snapshot() {
-    let dir = tmp();
-    let f = Arc::new(SlotFile::create(dir.path().join("s"), 1).unwrap());
+    let f = Arc::new(SlotTable::new(1).unwrap());
     let stop = Arc::new(AtomicBool::new(false));
     let writer = {
         let (f, stop) = (f.clone(), stop.clone());
@@ -431,8 +438,7 @@ fn control_word_round_trips_and_rejects_garbage() {
 
 #[test]
 fn the_ack_word_is_read_alone_and_survives_a_swap() {
-    let dir = tmp();
-    let f = SlotFile::create(dir.path().join("s"), 2).unwrap();
+    let f = SlotTable::new(2).unwrap();
     f.claim(0, 9, 1).unwrap();
     f.slot(0).unwrap().attach_writer(9, 1);
     f.set_control(0, ControlWord::restart(41, 1).encode())
