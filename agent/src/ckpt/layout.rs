@@ -119,6 +119,23 @@ pub fn manifest_name(rank: u32) -> String {
     format!("rank-{rank:06}.json")
 }
 
+/// The file name of the marker a scrub leaves beside a rank's shard whose
+/// bytes no longer match its manifest: the copy is kept for inspection but
+/// never listed, replicated or restored; it holds the reason.
+pub fn bad_name(rank: u32) -> String {
+    format!("rank-{rank:06}.bad")
+}
+
+/// The rank and kind ("bin", "json", "bad") of a shard file name
+/// `rank-000003.<kind>`.
+pub fn parse_shard_file(name: &str) -> Option<(u32, &str)> {
+    let (rank, kind) = name.strip_prefix("rank-")?.split_once('.')?;
+    if rank.len() != 6 {
+        return None;
+    }
+    Some((rank.parse().ok()?, kind))
+}
+
 /// `step-00000000000000000042`.
 pub fn step_name(step: u64) -> String {
     format!("step-{step:020}")
@@ -169,6 +186,10 @@ mod tests {
         assert!(step_name(9) < step_name(10));
         assert_eq!(parse_manifest_rank("rank-000007.json"), Some(7));
         assert_eq!(parse_manifest_rank("rank-000007.bin"), None);
+        assert_eq!(parse_shard_file(&bad_name(7)), Some((7, "bad")));
+        assert_eq!(parse_shard_file(&data_name(3)), Some((3, "bin")));
+        assert_eq!(parse_shard_file("rank-7.bin"), None);
+        assert_eq!(parse_shard_file(".tmp-abc"), None);
         let k = ShardKey {
             job_id: "j".into(),
             step: 3,
