@@ -25,12 +25,25 @@ impl std::fmt::Display for ShardKey {
     }
 }
 
-/// Why a name was refused.
+/// Why a name was refused. The name is quoted clipped (its first 64
+/// bytes and its length): a caller's megabyte of name must not come back
+/// as a megabyte of error message, which no gRPC client reads as a header.
 #[derive(Debug, thiserror::Error)]
 #[error(
-    "job_id {0:?} can't name a checkpoint directory: use 1-128 of A-Z a-z 0-9 . _ - not starting with '.'"
+    "job_id {} can't name a checkpoint directory: use 1-128 of A-Z a-z 0-9 . _ - not starting with '.'",
+    quoted(.0)
 )]
 pub struct BadJobId(pub String);
+
+/// `"name"`, or `"first 64 bytes"... (N bytes)` when longer.
+fn quoted(name: &str) -> String {
+    let head = warden_client::slot::truncate_utf8(name, 64);
+    if head.len() == name.len() {
+        format!("{name:?}")
+    } else {
+        format!("{head:?}... ({} bytes)", name.len())
+    }
+}
 
 /// Checks a job id before it becomes a directory name.
 pub fn check_job_id(job: &str) -> Result<(), BadJobId> {
@@ -178,6 +191,11 @@ mod tests {
             let err = check_job_id(bad).expect_err(bad).to_string();
             assert!(err.contains("job_id"), "{err}");
         }
+        // A huge name comes back clipped, with its length.
+        let err = check_job_id(&"y".repeat(1 << 20))
+            .expect_err("huge")
+            .to_string();
+        assert!(err.len() < 300 && err.contains("(1048576 bytes)"), "{err}");
     }
 
     #[test]

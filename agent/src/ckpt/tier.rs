@@ -396,8 +396,11 @@ impl LocalTier {
             }
         };
         let Some(res) = res else {
+            // Quoted clipped: the token is the caller's, of any length.
+            let shown = warden_client::slot::truncate_utf8(token, 64);
             return Err(TierError::Invalid(format!(
-                "token {token:?} was not given by BeginShard for {key} (or it expired)"
+                "token {shown:?} ({} bytes) was not given by BeginShard for {key} (or it expired)",
+                token.len()
             )));
         };
         let want = res.owner.map_or_else(fsafe::me, |o| o.uid);
