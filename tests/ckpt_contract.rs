@@ -182,8 +182,15 @@ async fn the_first_save_after_an_agent_restart_succeeds_and_one_while_it_is_down
     let home = agent.home.clone();
     let ck = rank(&agent, "rc", 0, 1);
     ck.save(1, &shard_bytes(1, 0, 8192)).expect("save 1");
+    // Restarted between two saves: the Checkpointer's connection is dead
+    // and nothing told it so. The next save is the first after the
+    // restart, and succeeds.
     agent.sigkill_and_wait();
+    agent = TestAgent::start_in(home.clone());
+    ck.save(2, &shard_bytes(2, 0, 8192))
+        .unwrap_or_else(|e| panic!("the first save after a restart: {e}\n{}", agent.stderr()));
 
+    agent.sigkill_and_wait();
     let t = Instant::now();
     let err = ck
         .save(2, &shard_bytes(2, 0, 8192))
@@ -249,6 +256,12 @@ for line in sys.stdin:
             .expect("the rank answers")
     };
     assert_eq!(ask(1), "ok 1");
+    // Restarted between two saves: the next save succeeds.
+    agent.sigkill_and_wait();
+    agent = TestAgent::start_in(home.clone());
+    let after = ask(2);
+    assert_eq!(after, "ok 2", "the first save after a restart\n{}", agent.stderr());
+    // Down: the save fails with an error; back: the next one succeeds.
     agent.sigkill_and_wait();
     let down = ask(2);
     assert!(down.starts_with("err "), "{down}");
