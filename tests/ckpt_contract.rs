@@ -260,7 +260,12 @@ for line in sys.stdin:
     agent.sigkill_and_wait();
     agent = TestAgent::start_in(home.clone());
     let after = ask(2);
-    assert_eq!(after, "ok 2", "the first save after a restart\n{}", agent.stderr());
+    assert_eq!(
+        after,
+        "ok 2",
+        "the first save after a restart\n{}",
+        agent.stderr()
+    );
     // Down: the save fails with an error; back: the next one succeeds.
     agent.sigkill_and_wait();
     let down = ask(2);
@@ -488,9 +493,21 @@ async fn hostile_sizes_are_refused_and_the_agent_stays_up() {
     );
     assert_eq!(k, tonic::Code::InvalidArgument, "{m}");
     assert!(m.len() < 1024 && m.contains("100000 bytes"), "{m}");
-    // Room for 2^64-1 bytes: refused for room, with the numbers.
+    // BeginShard at the largest rank: refused before any room is made.
+    let (k, m) = code(
+        c.begin_shard(pb::BeginShardRequest {
+            rank: u32::MAX,
+            ..begin("hj", 16)
+        })
+        .await,
+    );
+    assert_eq!(k, tonic::Code::InvalidArgument, "{m}");
+    assert!(m.contains("rank"), "{m}");
+    // Room for 2^64-1 bytes: refused for room, with the numbers, and
+    // nothing pruned for a shard that could never fit.
     let (k, m) = code(c.begin_shard(begin("hj", u64::MAX)).await);
     assert_eq!(k, tonic::Code::ResourceExhausted, "{m}");
+    assert!(m.contains("nothing was pruned"), "{m}");
     // Still up, and the real save path still works.
     let r = c
         .restore(pb::RestoreRequest {

@@ -477,6 +477,15 @@ impl Dir {
         #[allow(clippy::unnecessary_cast)]
         Ok(st.blocks_available() as u64 * st.fragment_size() as u64)
     }
+
+    /// The filesystem's size in bytes: the most any one file in it can
+    /// ever hold, whatever is pruned to make room.
+    pub fn total_bytes(&self) -> Result<u64, FsError> {
+        let st =
+            nix::sys::statvfs::fstatvfs(&self.fd).map_err(|e| io_err("statvfs", &self.path, e))?;
+        #[allow(clippy::unnecessary_cast)]
+        Ok((st.blocks() as u64).saturating_mul(st.fragment_size() as u64))
+    }
 }
 
 /// The agent's directory holding the file `path` (created, checked and set

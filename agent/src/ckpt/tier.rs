@@ -262,13 +262,20 @@ impl LocalTier {
             let Some((rank, kind)) = layout::parse_shard_file(name) else {
                 continue;
             };
+            if has(&layout::bad_name(rank)) {
+                // Marked corrupt by a scrub: kept as it is for inspection
+                // (listed as corrupt, never used) until retention removes
+                // its step. Its manifest no longer reads as usable, which
+                // must not make it look half-written here.
+                continue;
+            }
             let key = ShardKey {
                 job_id: job.to_owned(),
                 step,
                 rank,
             };
             match kind {
-                "bin" if !has(&layout::manifest_name(rank)) && !has(&layout::bad_name(rank)) => {
+                "bin" if !has(&layout::manifest_name(rank)) => {
                     gone(
                         name,
                         Some(key),
@@ -314,6 +321,7 @@ impl LocalTier {
         owner: Option<Owner>,
     ) -> Result<(PathBuf, String), TierError> {
         layout::check_job_id(&key.job_id)?;
+        self.check_size(size)?;
         let _g = self.lock.lock().unwrap_or_else(|p| p.into_inner());
         self.expire();
         self.make_room(size)?;
@@ -365,9 +373,37 @@ impl LocalTier {
     /// a restore), room made first: created by the agent, for the agent.
     pub fn begin_incoming(&self, key: &ShardKey, size: u64) -> Result<(File, String), TierError> {
         layout::check_job_id(&key.job_id)?;
+        self.check_size(size)?;
         let _g = self.lock.lock().unwrap_or_else(|p| p.into_inner());
         self.make_room(size)?;
         Ok(self.staging.create_random("", FILE_MODE)?)
+    }
+
+    /// Refuses a shard that could never fit (above `checkpoint.max_bytes`,
+    /// or above the whole filesystem) before anything is pruned for it: a
+    /// caller's mistaken or hostile size must not cost the tier its older
+    /// steps on the way to a refusal. Still [`TierError::Full`]
+    /// (RESOURCE_EXHAUSTED), which clients already read as "no room".
+    fn check_size(&self, size: u64) -> Result<(), TierError> {
+        let never = |detail: String| TierError::Full {
+            dir: self.layout.root().display().to_string(),
+            need: size,
+            detail,
+            freed: 0,
+        };
+        if self.max_bytes > 0 && size > self.max_bytes {
+            return Err(never(format!(
+                "it is larger than checkpoint.max_bytes ({}), so nothing was pruned for it",
+                self.max_bytes
+            )));
+        }
+        let total = self.root.total_bytes()?;
+        if size > total {
+            return Err(never(format!(
+                "it is larger than the whole filesystem ({total} bytes), so nothing was pruned for it"
+            )));
+        }
+        Ok(())
     }
 
     /// Removes a staging file (a save abandoned, a transfer that failed).
@@ -816,5 +852,73 @@ impl LocalTier {
     /// The host name written into manifests of shards saved here.
     pub fn host(&self) -> &str {
         &self.host
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::MetadataExt;
+
+    use super::*;
+
+    fn key(step: u64) -> ShardKey {
+        ShardKey {
+            job_id: "j".into(),
+            step,
+            rank: 0,
+        }
+    }
+
+    /// Saves `bytes` as `key` the way a rank does: begin, write, place, seal.
+    fn save(tier: &LocalTier, key: &ShardKey, bytes: &[u8]) -> Manifest {
+        let size = bytes.len() as u64;
+        let (path, token) = tier.begin(key, size, None).expect("begin");
+        std::fs::write(&path, bytes).expect("write");
+        let (_, f) = tier.place(key, &token, size).expect("place");
+        tier.seal(key, f, 1, "h").expect("seal")
+    }
+
+    #[test]
+    fn a_shard_marked_corrupt_is_kept_as_it_is_across_a_restart() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let tier = LocalTier::open(dir.path(), "h", 4, 0).expect("open");
+        let m = save(&tier, &key(1), b"shard bytes");
+        let data = tier.layout().data(&key(1));
+        let ino = std::fs::metadata(&data).expect("stat").ino();
+        assert!(
+            tier.mark_bad(&key(1), &m, ino, "xxh3 differs")
+                .expect("mark")
+        );
+        drop(tier);
+
+        let tier = LocalTier::open(dir.path(), "h", 4, 0).expect("reopen");
+        assert!(tier.take_recovered().is_empty(), "nothing half-written");
+        assert!(data.is_file() && tier.layout().manifest(&key(1)).is_file());
+        assert_eq!(tier.list_bad(Some("j")).len(), 1);
+        assert!(tier.list(Some("j")).is_empty());
+    }
+
+    #[test]
+    fn a_shard_larger_than_the_quota_is_refused_before_anything_is_pruned() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let tier = LocalTier::open(dir.path(), "h", 1, 64).expect("open");
+        save(&tier, &key(1), &[1u8; 30]);
+        save(&tier, &key(2), &[2u8; 30]);
+        let e = tier.begin(&key(3), 65, None).expect_err("above max_bytes");
+        assert!(
+            matches!(e, TierError::Full { freed: 0, .. }),
+            "{e}: RESOURCE_EXHAUSTED, nothing freed"
+        );
+        assert!(e.to_string().contains("nothing was pruned"), "{e}");
+        let other = tempfile::tempdir().expect("tempdir");
+        let unbounded = LocalTier::open(other.path(), "h", 1, 0).expect("open");
+        let e = unbounded
+            .begin(&key(3), u64::MAX, None)
+            .expect_err("above the disk");
+        assert!(e.to_string().contains("whole filesystem"), "{e}");
+        // Step 1 is older than the newest complete step and would have
+        // been the first pruned: still there.
+        let steps: Vec<u64> = tier.list(Some("j")).iter().map(|m| m.step).collect();
+        assert_eq!(steps, vec![1, 2]);
     }
 }
