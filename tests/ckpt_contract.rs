@@ -76,7 +76,10 @@ async fn a_save_answered_committed_survives_a_kill_9_right_after_the_answer() {
     let home = agent.home.clone();
     for round in 1..=5u64 {
         let ck = rank(&agent, "kc", 0, 1);
-        let data = shard_bytes(round, 0, 1 << 20);
+        // 4 MiB: hashing it takes long enough (milliseconds in a debug
+        // build) that an agent answering before its seal, as before issue
+        // 22, loses the race with the check below every time.
+        let data = shard_bytes(round, 0, 4 << 20);
         ck.save(round, &data)
             .unwrap_or_else(|e| panic!("round {round}: {e}"));
         // The answer came after the manifest was written: it is there now,

@@ -101,6 +101,14 @@ impl Drop for Checkpointer {
     }
 }
 
+/// The most one checkpoint call may take. CommitShard hashes and syncs
+/// the shard before it answers (a GiB on NVMe: about a second), and a
+/// Restore may fetch a shard from a peer or the durable store; the 2 s
+/// bound of the heartbeat client's calls would fail saves that did commit.
+/// An agent that is down is still found at once (connecting is bounded
+/// apart).
+const CALL_TIMEOUT: Duration = Duration::from_secs(120);
+
 /// A staging file named by the agent, to be written and committed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Staged {
@@ -192,7 +200,11 @@ impl Checkpointer {
         let timeout = self.opts.connect_timeout.max(Duration::from_secs(1));
         let channel = self
             .run(async {
-                tokio::time::timeout(timeout, crate::client::connect_channel(path.clone())).await
+                tokio::time::timeout(
+                    timeout,
+                    crate::client::connect_channel_with(path.clone(), CALL_TIMEOUT),
+                )
+                .await
             })
             .map_err(|_| CheckpointError::Connect {
                 path: path.clone(),
