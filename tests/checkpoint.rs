@@ -10,8 +10,9 @@
 //!    steps.
 //! 5. An agent killed mid-replication: the partial copy is never listed,
 //!    and the agent, restarted, sends it again.
-//! 6. A tier over its quota: old steps pruned first, then a clear error,
-//!    and the newest complete step is still restorable.
+//! 6. A tier over its quota: old steps pruned to make room; a shard larger
+//!    than the whole quota refused at once with a clear error, nothing
+//!    pruned for it; the newest complete step is still restorable.
 //! 7. A real Python rank saving and restoring through warden.checkpoint.
 
 #![allow(clippy::expect_used, clippy::unwrap_used)]
@@ -424,15 +425,17 @@ async fn over_quota_old_steps_go_first_then_a_clear_error() {
         msg.contains("max_bytes") && msg.contains("20971520"),
         "{msg}"
     );
-    // Pruned what it could, kept the newest complete step, and step 4 is
+    // A shard larger than the whole quota can never fit: refused before
+    // anything is pruned for it, so step 2 is still there, and step 4 is
     // nowhere.
+    assert!(msg.contains("nothing was pruned"), "{msg}");
     let steps: Vec<u64> = list(&agent, "qj")
         .await
         .steps
         .iter()
         .map(|s| s.step)
         .collect();
-    assert_eq!(steps, vec![3]);
+    assert_eq!(steps, vec![3, 2]);
     let got = ck.restore(0).expect("restore").expect("step 3");
     assert_eq!(got.read().expect("read"), shard_bytes(3, 0, 4 << 20));
     let staging = ckpt_dir(&agent).join(".staging");

@@ -325,15 +325,20 @@ impl Dir {
         }
     }
 
-    /// Writes `bytes` to `name` atomically: a random new file, then a
-    /// rename over `name`.
+    /// Writes `bytes` to `name` atomically but not durably: a random new
+    /// file, then a rename over `name`, neither synced. A crash of the
+    /// agent leaves the old or the new content; a crash of the machine may
+    /// leave neither. For what must survive a power cut (a checkpoint
+    /// manifest), use [`Dir::replace`], which syncs the file and this
+    /// directory.
     pub fn write_atomic(&self, name: &str, bytes: &[u8], mode: u32) -> Result<(), FsError> {
         self.write_then_rename(name, bytes, mode, false)
     }
 
     /// Replaces the regular file `name` (or creates it) with `bytes`,
     /// atomically and durably: a random new file (see [`random_name`]),
-    /// written, synced, then renamed over `name`. Unlike
+    /// written, synced, renamed over `name`, and this directory synced so
+    /// that the rename itself survives a power cut. Unlike
     /// [`Dir::write_atomic`], anything at `name` that is not a regular
     /// file (a symlink, a FIFO, a directory) is refused, not replaced, so a
     /// planted link is reported rather than silently undone; the rename
@@ -367,7 +372,17 @@ impl Dir {
             let _ = self.remove(&tmp);
             return Err(e);
         }
+        if sync {
+            self.sync()?;
+        }
         Ok(())
+    }
+
+    /// Syncs the directory itself (fsync of its descriptor): the names
+    /// created, renamed or removed in it so far survive a power cut. On
+    /// tmpfs it costs nothing and changes nothing.
+    pub fn sync(&self) -> Result<(), FsError> {
+        nix::unistd::fsync(&self.fd).map_err(|e| io_err("syncing", &self.path, e))
     }
 
     /// Opens the regular file `name` for appending, created with `mode`
@@ -461,6 +476,15 @@ impl Dir {
             nix::sys::statvfs::fstatvfs(&self.fd).map_err(|e| io_err("statvfs", &self.path, e))?;
         #[allow(clippy::unnecessary_cast)]
         Ok(st.blocks_available() as u64 * st.fragment_size() as u64)
+    }
+
+    /// The filesystem's size in bytes: the most any one file in it can
+    /// ever hold, whatever is pruned to make room.
+    pub fn total_bytes(&self) -> Result<u64, FsError> {
+        let st =
+            nix::sys::statvfs::fstatvfs(&self.fd).map_err(|e| io_err("statvfs", &self.path, e))?;
+        #[allow(clippy::unnecessary_cast)]
+        Ok((st.blocks() as u64).saturating_mul(st.fragment_size() as u64))
     }
 }
 

@@ -6,10 +6,13 @@
 //! later the newest complete step's shard, from the nearest valid copy.
 //!
 //! Contract: a save holds the caller for one write into the tier (tmpfs or
-//! NVMe, on this host) and two local calls; checksums, replication to peers
+//! NVMe, on this host) and two local calls; the commit answers once the
+//! agent has checksummed the shard and written its manifest durably, so a
+//! save that returns Ok survives the agent's death. Replication to peers
 //! and upload to the durable store happen in the agent afterwards. Unlike
-//! heartbeats, saving needs the agent: without one, a save fails with an
-//! error saying so, and the caller decides whether to go on.
+//! heartbeats, saving needs the agent: without one, a save fails at once
+//! with an error saying so, and the caller decides whether to go on. After
+//! the agent restarted, the next save dials it again before it answers.
 //!
 //! Calls block the calling thread. From inside a tokio runtime they run on
 //! a scoped helper thread, so they never panic there.
@@ -97,6 +100,14 @@ impl Drop for Checkpointer {
         }
     }
 }
+
+/// The most one checkpoint call may take. CommitShard hashes and syncs
+/// the shard before it answers (a GiB on NVMe: about a second), and a
+/// Restore may fetch a shard from a peer or the durable store; the 2 s
+/// bound of the heartbeat client's calls would fail saves that did commit.
+/// An agent that is down is still found at once (connecting is bounded
+/// apart).
+const CALL_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// A staging file named by the agent, to be written and committed.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -189,7 +200,11 @@ impl Checkpointer {
         let timeout = self.opts.connect_timeout.max(Duration::from_secs(1));
         let channel = self
             .run(async {
-                tokio::time::timeout(timeout, crate::client::connect_channel(path.clone())).await
+                tokio::time::timeout(
+                    timeout,
+                    crate::client::connect_channel_with(path.clone(), CALL_TIMEOUT),
+                )
+                .await
             })
             .map_err(|_| CheckpointError::Connect {
                 path: path.clone(),
@@ -204,10 +219,47 @@ impl Checkpointer {
         Ok(c)
     }
 
+    /// Forgets the connection, so the next call dials the socket again.
+    fn forget(&self) {
+        *self.client.lock().unwrap_or_else(|p| p.into_inner()) = None;
+    }
+
+    /// Runs `call` on the agent; when it fails as a dead connection does
+    /// (the agent restarted since the last call: UNAVAILABLE, or UNKNOWN
+    /// from a transport cut mid-call), dials the socket again, once, and
+    /// retries. Bounded: one reconnect within `connect_timeout`; while the
+    /// agent is down the reconnect itself fails at once (no socket, or
+    /// nobody listening) with [`CheckpointError::Connect`]. Only for calls
+    /// that are safe to repeat (BeginShard: a duplicate reservation expires
+    /// unused; Restore).
+    fn call_reconnecting<T, F, Fut>(
+        &self,
+        name: &'static str,
+        call: F,
+    ) -> Result<T, CheckpointError>
+    where
+        F: Fn(AgentClient<Channel>) -> Fut,
+        Fut: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>> + Send,
+        T: Send,
+    {
+        let first = self.run(call(self.agent()?));
+        let answer = match first {
+            Err(s) if matches!(s.code(), tonic::Code::Unavailable | tonic::Code::Unknown) => {
+                self.forget();
+                self.run(call(self.agent()?))
+            }
+            r => r,
+        };
+        answer
+            .map(tonic::Response::into_inner)
+            .map_err(|s| self.rejected(name, s))
+    }
+
     fn rejected(&self, call: &'static str, s: tonic::Status) -> CheckpointError {
         if matches!(s.code(), tonic::Code::Unavailable | tonic::Code::Unknown) {
-            // The connection may be gone (agent restarted): reconnect next time.
-            *self.client.lock().unwrap_or_else(|p| p.into_inner()) = None;
+            // The connection may be gone (agent restarted): the next call
+            // dials again.
+            self.forget();
         }
         CheckpointError::Rejected {
             call,
@@ -273,16 +325,16 @@ impl Checkpointer {
     /// (the Python package writes from its own buffer): room is made for
     /// `size_hint` bytes and a staging file is named.
     pub fn begin(&self, step: u64, size_hint: u64) -> Result<Staged, CheckpointError> {
-        let mut agent = self.agent()?;
-        let begin = self
-            .run(agent.begin_shard(pb::BeginShardRequest {
-                job_id: self.opts.job_id.clone(),
-                rank: self.opts.global_rank,
-                step,
-                size_bytes: size_hint,
-            }))
-            .map_err(|s| self.rejected("BeginShard", s))?
-            .into_inner();
+        let req = pb::BeginShardRequest {
+            job_id: self.opts.job_id.clone(),
+            rank: self.opts.global_rank,
+            step,
+            size_bytes: size_hint,
+        };
+        let begin = self.call_reconnecting("BeginShard", |mut agent| {
+            let req = req.clone();
+            async move { agent.begin_shard(req).await }
+        })?;
         Ok(Staged {
             path: PathBuf::from(begin.staging_path),
             token: begin.token,
@@ -322,15 +374,15 @@ impl Checkpointer {
     /// job (`step` 0), or of `step`; `None` when no step is complete
     /// anywhere (a fresh start).
     pub fn restore(&self, step: u64) -> Result<Option<Restored>, CheckpointError> {
-        let mut agent = self.agent()?;
-        let r = self
-            .run(agent.restore(pb::RestoreRequest {
-                job_id: self.opts.job_id.clone(),
-                rank: self.opts.global_rank,
-                step,
-            }))
-            .map_err(|s| self.rejected("Restore", s))?
-            .into_inner();
+        let req = pb::RestoreRequest {
+            job_id: self.opts.job_id.clone(),
+            rank: self.opts.global_rank,
+            step,
+        };
+        let r = self.call_reconnecting("Restore", |mut agent| {
+            let req = req.clone();
+            async move { agent.restore(req).await }
+        })?;
         if !r.found {
             return Ok(None);
         }

@@ -1053,10 +1053,20 @@ fn detach(inner: &Inner, trusted: bool) {
 }
 
 pub(crate) async fn connect_channel(path: PathBuf) -> Result<Channel, tonic::transport::Error> {
+    connect_channel_with(path, RPC_TIMEOUT).await
+}
+
+/// A channel to the agent's socket whose calls may each take `timeout`
+/// (connecting is bounded by [`RPC_TIMEOUT`] all the same: an agent that
+/// is down is found at once).
+pub(crate) async fn connect_channel_with(
+    path: PathBuf,
+    timeout: Duration,
+) -> Result<Channel, tonic::transport::Error> {
     // The URI is required by tonic but unused: the connector dials the socket.
     Endpoint::from_static("http://warden.local")
         .connect_timeout(RPC_TIMEOUT)
-        .timeout(RPC_TIMEOUT)
+        .timeout(timeout)
         .connect_with_connector(tower::service_fn(move |_: Uri| {
             let path = path.clone();
             async move { Ok::<_, std::io::Error>(TokioIo::new(UnixStream::connect(path).await?)) }

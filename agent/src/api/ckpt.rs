@@ -77,6 +77,13 @@ pub async fn begin_shard(
 ) -> Result<pb::BeginShardResponse, Status> {
     let ck = tier(state)?;
     let k = key(&req.job_id, req.step, req.rank)?;
+    let max_world = state.config.ranks.max_world_size;
+    if req.rank >= max_world {
+        return Err(Status::invalid_argument(format!(
+            "rank {} is not below ranks.max_world_size {max_world}",
+            req.rank
+        )));
+    }
     let size = req.size_bytes;
     let (path, token) = blocking(move || ck.tier.begin(&k, size, owner)).await?;
     Ok(pb::BeginShardResponse {
@@ -85,8 +92,10 @@ pub async fn begin_shard(
     })
 }
 
-/// CommitShard: the staged file renamed into place at once; checksum,
-/// manifest, replication and upload follow off the rank's time.
+/// CommitShard: the staged file renamed into place, hashed, synced and its
+/// manifest written durably before the answer: "committed" means the shard
+/// survives the agent's death (and, on disk, a power cut). Replication and
+/// upload follow off the rank's time.
 pub async fn commit_shard(
     state: &Arc<AgentState>,
     req: pb::CommitShardRequest,
@@ -106,47 +115,54 @@ pub async fn commit_shard(
             req.world_size
         )));
     }
-    let (ck2, k2, size, token) = (ck.clone(), k.clone(), req.size_bytes, req.token);
-    let (path, file) = blocking(move || ck2.tier.place(&k2, &token, size)).await?;
-    let sealing = ck.seal_guard();
-    let st = state.clone();
-    let world = req.world_size;
+    // The commit runs to its end in a task of its own: a rank whose
+    // connection drops mid-seal must not leave a shard committed on disk
+    // but never announced (`ckpt.saved`) nor handed to replication and
+    // upload. The answer waits for it all the same.
+    let (st, token, size, world) = (state.clone(), req.token, req.size_bytes, req.world_size);
     let stall_ms = req.stall_ns as f64 / 1e6;
-    tokio::spawn(async move {
-        let _sealing = sealing;
+    let task = tokio::spawn(async move {
+        // Restores and listings wait for commits in flight.
+        let _sealing = ck.seal_guard();
         let (ck2, k2) = (ck.clone(), k.clone());
-        let sealed = tokio::task::spawn_blocking(move || {
+        let sealed = blocking(move || {
+            let (path, file) = ck2.tier.place(&k2, &token, size)?;
             let host = ck2.host.clone();
-            ck2.tier.seal(&k2, file, world, &host)
+            ck2.tier.seal(&k2, file, world, &host).map(|m| (path, m))
         })
         .await;
-        match sealed {
-            Ok(Ok(m)) => {
-                metrics::counter!("warden_ckpt_saved_bytes_total").increment(m.size_bytes);
-                metrics::histogram!("warden_ckpt_save_stall_seconds").record(stall_ms / 1e3);
-                st.events.publish(
-                    NewEvent::new(
-                        Severity::Info,
-                        "ckpt.saved",
-                        subject(&k),
-                        format!(
-                            "{k} saved ({} bytes, {stall_ms:.2} ms of the step)",
-                            m.size_bytes
-                        ),
-                    )
-                    .with("job_id", &k.job_id)
-                    .with("rank", k.rank)
-                    .with("step", k.step)
-                    .with("stall_ms", format!("{stall_ms:.3}"))
-                    .with("bytes", m.size_bytes)
-                    .with("xxh3", &m.xxh3),
-                );
-                ck.committed(m);
+        let (path, m) = match sealed {
+            Ok(v) => v,
+            Err(s) => {
+                commit_failed(&st, &k, s.message());
+                return Err(s);
             }
-            Ok(Err(e)) => commit_failed(&st, &k, &e.to_string()),
-            Err(e) => commit_failed(&st, &k, &e.to_string()),
-        }
+        };
+        metrics::counter!("warden_ckpt_saved_bytes_total").increment(m.size_bytes);
+        metrics::histogram!("warden_ckpt_save_stall_seconds").record(stall_ms / 1e3);
+        st.events.publish(
+            NewEvent::new(
+                Severity::Info,
+                "ckpt.saved",
+                subject(&k),
+                format!(
+                    "{k} saved ({} bytes, {stall_ms:.2} ms of the step)",
+                    m.size_bytes
+                ),
+            )
+            .with("job_id", &k.job_id)
+            .with("rank", k.rank)
+            .with("step", k.step)
+            .with("stall_ms", format!("{stall_ms:.3}"))
+            .with("bytes", m.size_bytes)
+            .with("xxh3", &m.xxh3),
+        );
+        ck.committed(m);
+        Ok(path)
     });
+    let path = task
+        .await
+        .map_err(|e| Status::internal(format!("checkpoint commit task: {e}")))??;
     Ok(pb::CommitShardResponse {
         path: path.display().to_string(),
     })
@@ -177,6 +193,13 @@ pub async fn restore(
     let ck = tier(state)?;
     job(&req.job_id)?;
     check_step(req.step).map_err(|e| Status::invalid_argument(e.to_string()))?;
+    let max_world = state.config.ranks.max_world_size;
+    if req.rank >= max_world {
+        return Err(Status::invalid_argument(format!(
+            "rank {} is not below ranks.max_world_size {max_world}",
+            req.rank
+        )));
+    }
     let started = Instant::now();
     // Saves that this agent is still sealing count: wait for them briefly.
     ck.sealing.settled(Duration::from_secs(30)).await;

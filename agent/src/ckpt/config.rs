@@ -45,6 +45,16 @@ pub struct CheckpointConfig {
     /// restarted mid-copy) are sent again.
     #[serde(with = "duration")]
     pub retry_interval: Duration,
+    /// Background scrub: committed shards in the local tier are read back
+    /// and checked against their manifests at most this many bytes per
+    /// second (0: no scrub). A copy whose bytes changed is marked corrupt
+    /// (`warden ckpt ls` shows it, restores go to the next copy) and a
+    /// `ckpt.corrupt` event is published. The default, 64 MiB/s, re-reads
+    /// a 100 GiB tier in under half an hour for a few percent of one core.
+    pub scrub_bytes_per_sec: u64,
+    /// Pause between two scrub passes over the whole tier.
+    #[serde(with = "duration")]
+    pub scrub_interval: Duration,
     /// The durable tier.
     pub durable: DurableConfig,
 }
@@ -96,6 +106,8 @@ impl Default for CheckpointConfig {
             replication_bytes_per_sec: 0,
             peer_timeout: Duration::from_secs(2),
             retry_interval: Duration::from_secs(2),
+            scrub_bytes_per_sec: 64 << 20,
+            scrub_interval: Duration::from_secs(600),
             durable: DurableConfig::default(),
         }
     }
@@ -166,6 +178,22 @@ impl CheckpointConfig {
                 "checkpoint.peer_timeout",
                 humantime::format_duration(self.peer_timeout).to_string(),
                 "must be between 10ms and 5m",
+            ));
+        }
+        if self.scrub_bytes_per_sec > 0 && self.scrub_bytes_per_sec < 4096 {
+            return Err(invalid(
+                origin,
+                "checkpoint.scrub_bytes_per_sec",
+                self.scrub_bytes_per_sec.to_string(),
+                "must be 0 (off) or at least 4096",
+            ));
+        }
+        if self.scrub_interval < Duration::from_millis(50) {
+            return Err(invalid(
+                origin,
+                "checkpoint.scrub_interval",
+                humantime::format_duration(self.scrub_interval).to_string(),
+                "must be at least 50ms",
             ));
         }
         if self.retry_interval < Duration::from_millis(50) {

@@ -25,12 +25,25 @@ impl std::fmt::Display for ShardKey {
     }
 }
 
-/// Why a name was refused.
+/// Why a name was refused. The name is quoted clipped (its first 64
+/// bytes and its length): a caller's megabyte of name must not come back
+/// as a megabyte of error message, which no gRPC client reads as a header.
 #[derive(Debug, thiserror::Error)]
 #[error(
-    "job_id {0:?} can't name a checkpoint directory: use 1-128 of A-Z a-z 0-9 . _ - not starting with '.'"
+    "job_id {} can't name a checkpoint directory: use 1-128 of A-Z a-z 0-9 . _ - not starting with '.'",
+    quoted(.0)
 )]
 pub struct BadJobId(pub String);
+
+/// `"name"`, or `"first 64 bytes"... (N bytes)` when longer.
+fn quoted(name: &str) -> String {
+    let head = warden_client::slot::truncate_utf8(name, 64);
+    if head.len() == name.len() {
+        format!("{name:?}")
+    } else {
+        format!("{head:?}... ({} bytes)", name.len())
+    }
+}
 
 /// Checks a job id before it becomes a directory name.
 pub fn check_job_id(job: &str) -> Result<(), BadJobId> {
@@ -119,6 +132,23 @@ pub fn manifest_name(rank: u32) -> String {
     format!("rank-{rank:06}.json")
 }
 
+/// The file name of the marker a scrub leaves beside a rank's shard whose
+/// bytes no longer match its manifest: the copy is kept for inspection but
+/// never listed, replicated or restored; it holds the reason.
+pub fn bad_name(rank: u32) -> String {
+    format!("rank-{rank:06}.bad")
+}
+
+/// The rank and kind ("bin", "json", "bad") of a shard file name
+/// `rank-000003.<kind>`.
+pub fn parse_shard_file(name: &str) -> Option<(u32, &str)> {
+    let (rank, kind) = name.strip_prefix("rank-")?.split_once('.')?;
+    if rank.len() != 6 {
+        return None;
+    }
+    Some((rank.parse().ok()?, kind))
+}
+
 /// `step-00000000000000000042`.
 pub fn step_name(step: u64) -> String {
     format!("step-{step:020}")
@@ -161,6 +191,11 @@ mod tests {
             let err = check_job_id(bad).expect_err(bad).to_string();
             assert!(err.contains("job_id"), "{err}");
         }
+        // A huge name comes back clipped, with its length.
+        let err = check_job_id(&"y".repeat(1 << 20))
+            .expect_err("huge")
+            .to_string();
+        assert!(err.len() < 300 && err.contains("(1048576 bytes)"), "{err}");
     }
 
     #[test]
@@ -169,6 +204,10 @@ mod tests {
         assert!(step_name(9) < step_name(10));
         assert_eq!(parse_manifest_rank("rank-000007.json"), Some(7));
         assert_eq!(parse_manifest_rank("rank-000007.bin"), None);
+        assert_eq!(parse_shard_file(&bad_name(7)), Some((7, "bad")));
+        assert_eq!(parse_shard_file(&data_name(3)), Some((3, "bin")));
+        assert_eq!(parse_shard_file("rank-7.bin"), None);
+        assert_eq!(parse_shard_file(".tmp-abc"), None);
         let k = ShardKey {
             job_id: "j".into(),
             step: 3,

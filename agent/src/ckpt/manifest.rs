@@ -67,6 +67,15 @@ impl Manifest {
                 m.rank, m.world_size
             ));
         }
+        // A manifest from elsewhere (the durable store) sizes loops over
+        // ranks: bounded like every request.
+        if m.world_size > crate::config::MAX_WORLD_SIZE {
+            return Err(format!(
+                "world_size {} is above the most any agent takes ({})",
+                m.world_size,
+                crate::config::MAX_WORLD_SIZE
+            ));
+        }
         Ok(m)
     }
 }

@@ -22,6 +22,7 @@ pub mod placement;
 pub mod replicate;
 pub mod restore;
 pub mod retention;
+pub mod scrub;
 pub mod tier;
 pub mod wire;
 
@@ -237,6 +238,33 @@ impl Checkpoints {
             .map_err(task)??;
         guard.keep();
         Ok(path)
+    }
+}
+
+/// Logs and publishes (`ckpt.recovered`) what the tier removed at start:
+/// half-written steps a crash left behind.
+pub fn report_recovered(state: &crate::state::AgentState, ck: &Checkpoints) {
+    use crate::events::{NewEvent, Severity};
+    for r in ck.tier.take_recovered() {
+        let path = r.path.display().to_string();
+        tracing::warn!(path = %path, why = %r.why, "checkpoint tier: half-written file removed at start");
+        metrics::counter!("warden_ckpt_recovered_removed_total").increment(1);
+        let subj = r.key.as_ref().map_or_else(|| "ckpt".to_owned(), subject);
+        let mut e = NewEvent::new(
+            Severity::Warning,
+            "ckpt.recovered",
+            subj,
+            format!("removed at start: {path}: {}", r.why),
+        )
+        .with("path", &path)
+        .with("why", &r.why);
+        if let Some(k) = &r.key {
+            e = e
+                .with("job_id", &k.job_id)
+                .with("rank", k.rank)
+                .with("step", k.step);
+        }
+        state.events.publish(e);
     }
 }
 

@@ -68,6 +68,9 @@ pub struct View {
     pub steps: BTreeMap<(String, u64), BTreeMap<u32, Vec<Copy>>>,
     /// Holders that could not be asked, with why.
     pub unreachable: Vec<String>,
+    /// Local copies a scrub marked corrupt: (job, step) -> rank -> why.
+    /// Shown by listings; never counted or restored.
+    pub corrupt: BTreeMap<(String, u64), BTreeMap<u32, String>>,
 }
 
 impl View {
@@ -124,6 +127,19 @@ pub async fn gather(ck: &Arc<Checkpoints>, job: &str) -> View {
     .unwrap_or_default();
     for m in local {
         view.add(Holder::Local, m);
+    }
+    let (ck2, j) = (ck.clone(), job.to_owned());
+    let bad = tokio::task::spawn_blocking(move || {
+        ck2.tier
+            .list_bad(if j.is_empty() { None } else { Some(&j) })
+    })
+    .await
+    .unwrap_or_default();
+    for (k, why) in bad {
+        view.corrupt
+            .entry((k.job_id, k.step))
+            .or_default()
+            .insert(k.rank, why);
     }
     let asks = ck.peers.of_job(job).into_iter().map(|p| {
         let mut c = p.client.clone();
@@ -431,42 +447,69 @@ async fn fetch(ck: &Arc<Checkpoints>, key: &ShardKey, c: &Copy) -> Result<PathBu
     }
 }
 
-/// The ListCheckpoints answer from a view.
+/// The ListCheckpoints answer from a view: every step with a copy, good
+/// or marked corrupt.
 pub fn listing(ck: &Checkpoints, view: &View) -> pb::ListCheckpointsResponse {
-    let mut steps: Vec<pb::CheckpointStep> = view
-        .steps
-        .iter()
-        .map(|((job, step), ranks)| pb::CheckpointStep {
-            job_id: job.clone(),
-            step: *step,
-            world_size: View::world_size(ranks),
-            complete: View::complete(ranks),
-            shards: ranks
-                .iter()
-                .map(|(rank, copies)| pb::ShardLocations {
-                    rank: *rank,
-                    size_bytes: copies.first().map(|c| c.manifest.size_bytes).unwrap_or(0),
-                    xxh3: copies
-                        .first()
-                        .and_then(|c| c.manifest.hash().ok())
-                        .unwrap_or(0),
-                    copies: copies
-                        .iter()
-                        .map(|c| pb::ShardCopy {
-                            tier: c.holder.tier().to_owned(),
-                            holder: match &c.holder {
-                                Holder::Local => ck.host.clone(),
-                                Holder::Peer { host, .. } => host.clone(),
-                                Holder::Durable => ck
-                                    .durable
-                                    .as_ref()
-                                    .map(|d| d.url().to_owned())
-                                    .unwrap_or_default(),
-                            },
-                        })
-                        .collect(),
-                })
-                .collect(),
+    let none = BTreeMap::new();
+    let none_bad = BTreeMap::new();
+    let keys: std::collections::BTreeSet<&(String, u64)> =
+        view.steps.keys().chain(view.corrupt.keys()).collect();
+    let mut steps: Vec<pb::CheckpointStep> = keys
+        .into_iter()
+        .map(|key| {
+            let (job, step) = key;
+            let ranks = view.steps.get(key).unwrap_or(&none);
+            let bad = view.corrupt.get(key).unwrap_or(&none_bad);
+            let all: std::collections::BTreeSet<u32> =
+                ranks.keys().chain(bad.keys()).copied().collect();
+            pb::CheckpointStep {
+                job_id: job.clone(),
+                step: *step,
+                world_size: View::world_size(ranks),
+                complete: View::complete(ranks),
+                shards: all
+                    .into_iter()
+                    .map(|rank| {
+                        let copies = ranks.get(&rank).map(Vec::as_slice).unwrap_or_default();
+                        let mut out: Vec<pb::ShardCopy> = copies
+                            .iter()
+                            .map(|c| pb::ShardCopy {
+                                tier: c.holder.tier().to_owned(),
+                                holder: match &c.holder {
+                                    Holder::Local => ck.host.clone(),
+                                    Holder::Peer { host, .. } => host.clone(),
+                                    Holder::Durable => ck
+                                        .durable
+                                        .as_ref()
+                                        .map(|d| d.url().to_owned())
+                                        .unwrap_or_default(),
+                                },
+                                corrupt: String::new(),
+                            })
+                            .collect();
+                        if let Some(why) = bad.get(&rank) {
+                            out.push(pb::ShardCopy {
+                                tier: Holder::Local.tier().to_owned(),
+                                holder: ck.host.clone(),
+                                corrupt: if why.is_empty() {
+                                    "marked corrupt".to_owned()
+                                } else {
+                                    why.clone()
+                                },
+                            });
+                        }
+                        pb::ShardLocations {
+                            rank,
+                            size_bytes: copies.first().map(|c| c.manifest.size_bytes).unwrap_or(0),
+                            xxh3: copies
+                                .first()
+                                .and_then(|c| c.manifest.hash().ok())
+                                .unwrap_or(0),
+                            copies: out,
+                        }
+                    })
+                    .collect(),
+            }
         })
         .collect();
     // Newest first within each job.

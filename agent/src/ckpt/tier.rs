@@ -5,10 +5,20 @@
 //! blocking and short; callers on the runtime go through `spawn_blocking`.
 //!
 //! Contract: a shard is listed only once its manifest exists, and the
-//! manifest is written only after the bytes were renamed into place and
-//! hashed, so no listing ever shows a shard that is not whole. A save that
-//! does not fit fails at begin, after old steps were pruned, with the
-//! numbers that did not add up.
+//! manifest is written only after the bytes were renamed into place,
+//! hashed and synced, so no listing ever shows a shard that is not whole.
+//! [`LocalTier::seal`] returns only once the data file, the manifest and
+//! the directories that name them are synced: a commit answered after it
+//! survives the agent's death and, on disk, a power cut. A save that does
+//! not fit fails at begin, after old steps were pruned, with the numbers
+//! that did not add up. A shard a scrub found corrupt carries a `.bad`
+//! marker and is never listed, replicated or restored again.
+//!
+//! At open, whatever a crash left half-written is removed and reported
+//! ([`LocalTier::take_recovered`]): data without a manifest (its commit
+//! was never answered), a manifest whose data is missing or of another
+//! size, temporary files of an atomic write, staging files (their
+//! reservations died with the agent).
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -104,6 +114,17 @@ impl Drop for StagedGuard<'_> {
     }
 }
 
+/// One thing a crash left half-written, removed when the tier opened.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Recovered {
+    /// The path removed.
+    pub path: PathBuf,
+    /// The shard it belonged to, when it names one.
+    pub key: Option<ShardKey>,
+    /// Why it could not be kept.
+    pub why: String,
+}
+
 /// A save in flight: what BeginShard promised, to whom.
 #[derive(Debug)]
 struct Reservation {
@@ -129,12 +150,16 @@ pub struct LocalTier {
     reserved: Mutex<HashMap<String, Reservation>>,
     /// Serialises commits, pruning and making room.
     lock: Mutex<()>,
+    /// What the last start removed, until taken (and reported) once.
+    recovered: Mutex<Vec<Recovered>>,
 }
 
 impl LocalTier {
-    /// Opens (creating) the tier at `dir`, the agent's own (mode 0711);
-    /// stale staging files are removed. A root or `.staging` owned by
-    /// someone else, or a symlink, is refused with the path.
+    /// Opens (creating) the tier at `dir`, the agent's own (mode 0711),
+    /// and removes what a crash left half-written (see the module's
+    /// contract; [`LocalTier::take_recovered`] says what). A root or
+    /// `.staging` owned by someone else, or a symlink, is refused with the
+    /// path.
     pub fn open(
         dir: &std::path::Path,
         host: &str,
@@ -144,18 +169,30 @@ impl LocalTier {
         let layout = Layout::new(dir);
         let root = Dir::ensure(dir, DIR_MODE)?;
         let staging = root.sub(".staging", DIR_MODE, true)?;
+        let mut recovered = Vec::new();
+        // Every staging file belongs to a reservation of an agent that is
+        // gone: no commit can name it any more.
         for name in staging.names()? {
-            let stale = staging.stat(&name).map_or(true, |st| {
-                let reg = st.st_mode & libc::S_IFMT == libc::S_IFREG;
+            let age = staging.stat(&name).ok().and_then(|st| {
                 let mtime =
                     UNIX_EPOCH + Duration::from_secs(u64::try_from(st.st_mtime).unwrap_or(0));
-                !reg || mtime.elapsed().map_or(true, |age| age > STALE_STAGING)
+                mtime.elapsed().ok()
             });
-            if stale {
-                let _ = staging.remove(&name);
+            if staging.remove(&name).is_ok() {
+                recovered.push(Recovered {
+                    path: staging.path().join(&name),
+                    key: None,
+                    why: format!(
+                        "staging file of a save never committed{}",
+                        match age {
+                            Some(a) if a > STALE_STAGING => " (older than 10 minutes)",
+                            _ => " (its reservation died with the previous agent)",
+                        }
+                    ),
+                });
             }
         }
-        Ok(Self {
+        let tier = Self {
             layout,
             root,
             staging,
@@ -164,7 +201,106 @@ impl LocalTier {
             max_bytes,
             reserved: Mutex::new(HashMap::new()),
             lock: Mutex::new(()),
-        })
+            recovered: Mutex::new(Vec::new()),
+        };
+        tier.recover(&mut recovered);
+        *tier.recovered.lock().unwrap_or_else(|p| p.into_inner()) = recovered;
+        Ok(tier)
+    }
+
+    /// What the tier removed when it opened, once (the caller logs and
+    /// publishes it).
+    pub fn take_recovered(&self) -> Vec<Recovered> {
+        std::mem::take(&mut *self.recovered.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    /// Walks every step directory and removes what is not a committed
+    /// shard: see the module's contract. A directory it cannot read is
+    /// left alone (listing leaves it out too).
+    fn recover(&self, out: &mut Vec<Recovered>) {
+        let jobs = self.root.names().unwrap_or_default();
+        for j in jobs.into_iter().filter(|n| layout::check_job_id(n).is_ok()) {
+            let Ok(jd) = self.root.sub(&j, DIR_MODE, false) else {
+                continue;
+            };
+            for s in jd.names().unwrap_or_default() {
+                if let Some(step) = layout::parse_step(&s)
+                    && let Ok(sd) = jd.sub(&s, DIR_MODE, false)
+                {
+                    self.recover_step(&j, step, &sd, out);
+                    drop(sd);
+                    // Only succeeds once nothing is left in it.
+                    let _ = jd.remove_dir(&s);
+                } else if s.starts_with(".tmp-") && jd.remove(&s).is_ok() {
+                    out.push(Recovered {
+                        path: jd.path().join(&s),
+                        key: None,
+                        why: "temporary file of an interrupted write".into(),
+                    });
+                }
+            }
+        }
+    }
+
+    fn recover_step(&self, job: &str, step: u64, sd: &Dir, out: &mut Vec<Recovered>) {
+        let names = sd.names().unwrap_or_default();
+        let has = |n: &str| names.iter().any(|x| x == n);
+        let mut gone = |name: &str, key: Option<ShardKey>, why: String| {
+            if sd.remove(name).is_ok() {
+                out.push(Recovered {
+                    path: sd.path().join(name),
+                    key,
+                    why,
+                });
+            }
+        };
+        for name in &names {
+            if name.starts_with(".tmp-") {
+                gone(name, None, "temporary file of an interrupted write".into());
+                continue;
+            }
+            let Some((rank, kind)) = layout::parse_shard_file(name) else {
+                continue;
+            };
+            if has(&layout::bad_name(rank)) {
+                // Marked corrupt by a scrub: kept as it is for inspection
+                // (listed as corrupt, never used) until retention removes
+                // its step. Its manifest no longer reads as usable, which
+                // must not make it look half-written here.
+                continue;
+            }
+            let key = ShardKey {
+                job_id: job.to_owned(),
+                step,
+                rank,
+            };
+            match kind {
+                "bin" if !has(&layout::manifest_name(rank)) => {
+                    gone(
+                        name,
+                        Some(key),
+                        "data without a manifest: its commit was never answered".into(),
+                    );
+                }
+                "json" => {
+                    if let Err(why) = self.read_manifest(sd, &key) {
+                        gone(
+                            name,
+                            Some(key.clone()),
+                            format!("manifest of no usable shard: {why}"),
+                        );
+                        if has(&layout::data_name(rank)) {
+                            gone(
+                                &layout::data_name(rank),
+                                Some(key),
+                                "data whose manifest does not describe it".into(),
+                            );
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
     }
 
     /// The directory names.
@@ -185,6 +321,7 @@ impl LocalTier {
         owner: Option<Owner>,
     ) -> Result<(PathBuf, String), TierError> {
         layout::check_job_id(&key.job_id)?;
+        self.check_size(size)?;
         let _g = self.lock.lock().unwrap_or_else(|p| p.into_inner());
         self.expire();
         self.make_room(size)?;
@@ -236,9 +373,37 @@ impl LocalTier {
     /// a restore), room made first: created by the agent, for the agent.
     pub fn begin_incoming(&self, key: &ShardKey, size: u64) -> Result<(File, String), TierError> {
         layout::check_job_id(&key.job_id)?;
+        self.check_size(size)?;
         let _g = self.lock.lock().unwrap_or_else(|p| p.into_inner());
         self.make_room(size)?;
         Ok(self.staging.create_random("", FILE_MODE)?)
+    }
+
+    /// Refuses a shard that could never fit (above `checkpoint.max_bytes`,
+    /// or above the whole filesystem) before anything is pruned for it: a
+    /// caller's mistaken or hostile size must not cost the tier its older
+    /// steps on the way to a refusal. Still [`TierError::Full`]
+    /// (RESOURCE_EXHAUSTED), which clients already read as "no room".
+    fn check_size(&self, size: u64) -> Result<(), TierError> {
+        let never = |detail: String| TierError::Full {
+            dir: self.layout.root().display().to_string(),
+            need: size,
+            detail,
+            freed: 0,
+        };
+        if self.max_bytes > 0 && size > self.max_bytes {
+            return Err(never(format!(
+                "it is larger than checkpoint.max_bytes ({}), so nothing was pruned for it",
+                self.max_bytes
+            )));
+        }
+        let total = self.root.total_bytes()?;
+        if size > total {
+            return Err(never(format!(
+                "it is larger than the whole filesystem ({total} bytes), so nothing was pruned for it"
+            )));
+        }
+        Ok(())
     }
 
     /// Removes a staging file (a save abandoned, a transfer that failed).
@@ -267,8 +432,11 @@ impl LocalTier {
             }
         };
         let Some(res) = res else {
+            // Quoted clipped: the token is the caller's, of any length.
+            let shown = warden_client::slot::truncate_utf8(token, 64);
             return Err(TierError::Invalid(format!(
-                "token {token:?} was not given by BeginShard for {key} (or it expired)"
+                "token {shown:?} ({} bytes) was not given by BeginShard for {key} (or it expired)",
+                token.len()
             )));
         };
         let want = res.owner.map_or_else(fsafe::me, |o| o.uid);
@@ -300,10 +468,13 @@ impl LocalTier {
         let dir = self.step_dir(key, true)?;
         // A shard saved again: its old manifest goes first, so the old
         // checksum never describes the new bytes.
-        match dir.remove(&layout::manifest_name(key.rank)) {
-            Ok(()) => {}
-            Err(e) if e.is_not_found() => {}
-            Err(e) => return Err(e.into()),
+        // So does a scrub's mark of the old copy: the new bytes are not it.
+        for name in [layout::manifest_name(key.rank), layout::bad_name(key.rank)] {
+            match dir.remove(&name) {
+                Ok(()) => {}
+                Err(e) if e.is_not_found() => {}
+                Err(e) => return Err(e.into()),
+            }
         }
         self.staging
             .rename(token, &dir, &layout::data_name(key.rank))?;
@@ -317,8 +488,9 @@ impl LocalTier {
         Ok(job.sub(&layout::step_name(key.step), DIR_MODE, create)?)
     }
 
-    /// Hashes a placed shard through its open file and writes its
-    /// manifest: the commit point.
+    /// Hashes a placed shard through its open file, syncs it and writes
+    /// its manifest durably: the commit point. Returns once all of it is
+    /// on stable storage (where the tier is on disk).
     pub fn seal(
         &self,
         key: &ShardKey,
@@ -330,6 +502,7 @@ impl LocalTier {
         file.seek(SeekFrom::Start(0))
             .map_err(io("hashing", &data))?;
         let (size, hash) = manifest::hash_reader(&mut file).map_err(io("hashing", &data))?;
+        file.sync_all().map_err(io("syncing", &data))?;
         let m = Manifest {
             job_id: key.job_id.clone(),
             step: key.step,
@@ -351,7 +524,8 @@ impl LocalTier {
     /// against `m` (a replica, a restored copy), and commits them under `m`.
     pub fn install(&self, token: &str, m: &Manifest) -> Result<PathBuf, TierError> {
         let key = m.key();
-        let (data, _) = self.take_staged(&key, token, m.size_bytes, fsafe::me())?;
+        let (data, f) = self.take_staged(&key, token, m.size_bytes, fsafe::me())?;
+        f.sync_all().map_err(io("syncing", &data))?;
         self.write_manifest(m)?;
         Ok(data)
     }
@@ -361,8 +535,81 @@ impl LocalTier {
         let body = serde_json::to_vec_pretty(m)
             .map_err(|e| TierError::Invalid(format!("manifest of {key}: {e}")))?;
         let dir = self.step_dir(&key, true)?;
-        dir.write_atomic(&layout::manifest_name(key.rank), &body, FILE_MODE)?;
+        // Written, synced, renamed, and the step directory synced: both
+        // the manifest's name and the data's rename into it are durable.
+        dir.replace(&layout::manifest_name(key.rank), &body, FILE_MODE)?;
+        // The step and job directories may be new: their names too.
+        self.root.sub(&key.job_id, DIR_MODE, false)?.sync()?;
+        self.root.sync()?;
         Ok(())
+    }
+
+    /// Marks the committed shard `key` corrupt (a scrub found `why`), if it
+    /// is still the copy `m` in the file `ino`: a shard saved again in the
+    /// meantime is not the copy that was read. The marker, written
+    /// durably, takes it out of listings, replication and restores; the
+    /// bytes stay for inspection until retention removes the step. Returns
+    /// whether it marked it.
+    pub fn mark_bad(
+        &self,
+        key: &ShardKey,
+        m: &Manifest,
+        ino: u64,
+        why: &str,
+    ) -> Result<bool, TierError> {
+        let _g = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+        let dir = self.step_dir(key, false)?;
+        let still = self.read_manifest(&dir, key).is_ok_and(|now| now == *m)
+            && dir
+                .stat(&layout::data_name(key.rank))
+                .is_ok_and(|st| st.st_ino == ino);
+        if !still {
+            return Ok(false);
+        }
+        dir.replace(&layout::bad_name(key.rank), why.as_bytes(), FILE_MODE)?;
+        Ok(true)
+    }
+
+    /// Shards of `job` (all jobs when None) marked corrupt by a scrub,
+    /// with the reason: shown by listings, never used.
+    pub fn list_bad(&self, job: Option<&str>) -> Vec<(ShardKey, String)> {
+        let mut out = Vec::new();
+        let jobs: Vec<String> = match job {
+            Some(j) => vec![j.to_owned()],
+            None => self.root.names().unwrap_or_default(),
+        };
+        for j in jobs.into_iter().filter(|n| layout::check_job_id(n).is_ok()) {
+            let Ok(jd) = self.root.sub(&j, DIR_MODE, false) else {
+                continue;
+            };
+            for s in jd.names().unwrap_or_default() {
+                let Some(step) = layout::parse_step(&s) else {
+                    continue;
+                };
+                let Ok(sd) = jd.sub(&s, DIR_MODE, false) else {
+                    continue;
+                };
+                for f in sd.names().unwrap_or_default() {
+                    if let Some((rank, "bad")) = layout::parse_shard_file(&f) {
+                        use std::io::Read;
+                        let mut why = String::new();
+                        if let Ok((file, _)) = sd.open_file(&f) {
+                            let _ = file.take(4096).read_to_string(&mut why);
+                        }
+                        out.push((
+                            ShardKey {
+                                job_id: j.clone(),
+                                step,
+                                rank,
+                            },
+                            why,
+                        ));
+                    }
+                }
+            }
+        }
+        out.sort();
+        out
     }
 
     /// The committed shard `key` opened for reading (never through a
@@ -429,10 +676,15 @@ impl LocalTier {
                         continue;
                     }
                 };
-                for f in sd.names().unwrap_or_default() {
-                    let Some(rank) = layout::parse_manifest_rank(&f) else {
+                let names = sd.names().unwrap_or_default();
+                for f in &names {
+                    let Some(rank) = layout::parse_manifest_rank(f) else {
                         continue;
                     };
+                    if names.contains(&layout::bad_name(rank)) {
+                        // Found corrupt by a scrub: listed apart (list_bad).
+                        continue;
+                    }
                     let key = ShardKey {
                         job_id: j.clone(),
                         step,
@@ -460,6 +712,12 @@ impl LocalTier {
             .read_to_end(&mut bytes)
             .map_err(|e| format!("{}: {e}", path.display()))?;
         let m = Manifest::parse(&bytes).map_err(|e| format!("{}: {e}", path.display()))?;
+        if dir.stat(&layout::bad_name(key.rank)).is_ok() {
+            return Err(format!(
+                "{} is marked corrupt by a scrub",
+                self.layout.data(key).display()
+            ));
+        }
         if m.key() != *key {
             return Err(format!("{} describes {}", path.display(), m.key()));
         }
@@ -498,6 +756,7 @@ impl LocalTier {
         };
         let _ = dir.remove(&layout::manifest_name(key.rank));
         let _ = dir.remove(&layout::data_name(key.rank));
+        let _ = dir.remove(&layout::bad_name(key.rank));
         drop(dir);
         // Only succeeds once the step directory is empty.
         if let Ok(job) = self.root.sub(&key.job_id, DIR_MODE, false) {
@@ -511,6 +770,14 @@ impl LocalTier {
         let gone = retention::expired(&self.list(Some(job)), self.keep);
         for k in &gone {
             self.remove(k);
+        }
+        // Copies marked corrupt go with their step, and with any step older
+        // than the oldest kept (they never count toward completeness).
+        let oldest_kept = self.list(Some(job)).iter().map(|m| m.step).min();
+        for (k, _) in self.list_bad(Some(job)) {
+            if gone.iter().any(|g| g.step == k.step) || oldest_kept.is_some_and(|s| k.step < s) {
+                self.remove(&k);
+            }
         }
         gone
     }
@@ -585,5 +852,73 @@ impl LocalTier {
     /// The host name written into manifests of shards saved here.
     pub fn host(&self) -> &str {
         &self.host
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::MetadataExt;
+
+    use super::*;
+
+    fn key(step: u64) -> ShardKey {
+        ShardKey {
+            job_id: "j".into(),
+            step,
+            rank: 0,
+        }
+    }
+
+    /// Saves `bytes` as `key` the way a rank does: begin, write, place, seal.
+    fn save(tier: &LocalTier, key: &ShardKey, bytes: &[u8]) -> Manifest {
+        let size = bytes.len() as u64;
+        let (path, token) = tier.begin(key, size, None).expect("begin");
+        std::fs::write(&path, bytes).expect("write");
+        let (_, f) = tier.place(key, &token, size).expect("place");
+        tier.seal(key, f, 1, "h").expect("seal")
+    }
+
+    #[test]
+    fn a_shard_marked_corrupt_is_kept_as_it_is_across_a_restart() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let tier = LocalTier::open(dir.path(), "h", 4, 0).expect("open");
+        let m = save(&tier, &key(1), b"shard bytes");
+        let data = tier.layout().data(&key(1));
+        let ino = std::fs::metadata(&data).expect("stat").ino();
+        assert!(
+            tier.mark_bad(&key(1), &m, ino, "xxh3 differs")
+                .expect("mark")
+        );
+        drop(tier);
+
+        let tier = LocalTier::open(dir.path(), "h", 4, 0).expect("reopen");
+        assert!(tier.take_recovered().is_empty(), "nothing half-written");
+        assert!(data.is_file() && tier.layout().manifest(&key(1)).is_file());
+        assert_eq!(tier.list_bad(Some("j")).len(), 1);
+        assert!(tier.list(Some("j")).is_empty());
+    }
+
+    #[test]
+    fn a_shard_larger_than_the_quota_is_refused_before_anything_is_pruned() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let tier = LocalTier::open(dir.path(), "h", 1, 64).expect("open");
+        save(&tier, &key(1), &[1u8; 30]);
+        save(&tier, &key(2), &[2u8; 30]);
+        let e = tier.begin(&key(3), 65, None).expect_err("above max_bytes");
+        assert!(
+            matches!(e, TierError::Full { freed: 0, .. }),
+            "{e}: RESOURCE_EXHAUSTED, nothing freed"
+        );
+        assert!(e.to_string().contains("nothing was pruned"), "{e}");
+        let other = tempfile::tempdir().expect("tempdir");
+        let unbounded = LocalTier::open(other.path(), "h", 1, 0).expect("open");
+        let e = unbounded
+            .begin(&key(3), u64::MAX, None)
+            .expect_err("above the disk");
+        assert!(e.to_string().contains("whole filesystem"), "{e}");
+        // Step 1 is older than the newest complete step and would have
+        // been the first pruned: still there.
+        let steps: Vec<u64> = tier.list(Some("j")).iter().map(|m| m.step).collect();
+        assert_eq!(steps, vec![1, 2]);
     }
 }

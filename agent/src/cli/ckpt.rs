@@ -16,7 +16,7 @@ pub fn list_json(r: &pb::ListCheckpointsResponse) -> Value {
                 "size_bytes": sh.size_bytes,
                 "xxh3": format!("{:016x}", sh.xxh3),
                 "copies": sh.copies.iter().map(|c| json!({
-                    "tier": c.tier, "holder": c.holder,
+                    "tier": c.tier, "holder": c.holder, "corrupt": c.corrupt,
                 })).collect::<Vec<_>>(),
             })).collect::<Vec<_>>(),
         })).collect::<Vec<_>>(),
@@ -59,7 +59,13 @@ pub fn print_list(r: &pb::ListCheckpointsResponse, as_json: bool) -> std::io::Re
                 let copies: Vec<String> = sh
                     .copies
                     .iter()
-                    .map(|c| format!("{}:{}", c.tier, c.holder))
+                    .map(|c| {
+                        if c.corrupt.is_empty() {
+                            format!("{}:{}", c.tier, c.holder)
+                        } else {
+                            format!("{}:{}(CORRUPT)", c.tier, c.holder)
+                        }
+                    })
                     .collect();
                 let first = i == 0;
                 t.add_row(vec![

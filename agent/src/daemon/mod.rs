@@ -250,7 +250,9 @@ async fn serve(
     let mut tasks = JoinSet::new();
     tasks.spawn(attribution);
     if let Ok(ck) = &state.checkpoints {
+        crate::ckpt::report_recovered(&state, ck);
         tasks.spawn(crate::ckpt::replicate::run(state.clone(), ck.clone()));
+        tasks.spawn(crate::ckpt::scrub::run(state.clone(), ck.clone()));
     }
     tasks.spawn(goodput);
     tasks.spawn(crate::api::slot_socket::serve(
