@@ -325,7 +325,7 @@ impl AgentState {
             return true;
         }
         let severity = match change.to {
-            Status::Ok | Status::Unknown => Severity::Info,
+            Status::Absent | Status::Ok | Status::Unknown => Severity::Info,
             Status::Degraded => Severity::Warning,
             Status::Failed => Severity::Error,
         };
