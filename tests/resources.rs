@@ -4,6 +4,11 @@
 //! - Goodput journals: 1,000 jobs registered, deregistered and closed
 //!   through the API leave the agent's descriptor count flat (issue 22: one
 //!   descriptor stayed open per job id until `nofile` ran out).
+//! - Streams: WatchEvents up to `api.max_streams_per_uid` open, the next
+//!   refused with RESOURCE_EXHAUSTED naming the key; closed, their places
+//!   come back and the agent answers as before.
+//! - Ranks per process: one process cannot take more than
+//!   `ranks.max_per_process` of the `max_ranks` slots.
 
 #![allow(clippy::expect_used, clippy::unwrap_used)]
 
@@ -158,4 +163,154 @@ async fn a_thousand_jobs_leave_the_descriptor_count_flat() {
     .expect("GetGoodput")
     .into_inner();
     assert_eq!(all.jobs.len(), 1_010, "every job is accounted");
+}
+
+fn open_streams(scrape: &str) -> Option<f64> {
+    scrape
+        .lines()
+        .find(|l| l.starts_with("warden_api_streams_open "))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
+#[tokio::test]
+async fn watch_streams_are_capped_per_uid_and_come_back_when_closed() {
+    const CAP: usize = 8;
+    let agent = TestAgent::start(&format!(
+        "[api]\nmax_streams_per_uid = {CAP}\nmax_streams = 16\n"
+    ));
+    let client = agent.client().await;
+    let mut open = Vec::new();
+    for i in 0..CAP {
+        let mut c = client.clone();
+        let s = within(
+            WAIT,
+            "WatchEvents",
+            c.watch_events(pb::WatchEventsRequest { after_id: None }),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("stream {i} refused below the cap: {e:?}"));
+        open.push(s.into_inner());
+    }
+    // Through another connection all the same: the cap is the uid's.
+    let mut other = agent.client().await;
+    let refused = within(
+        WAIT,
+        "WatchEvents",
+        other.watch_events(pb::WatchEventsRequest { after_id: None }),
+    )
+    .await
+    .expect_err("the stream past the cap was accepted");
+    assert_eq!(
+        refused.code(),
+        tonic::Code::ResourceExhausted,
+        "{refused:?}"
+    );
+    assert!(
+        refused.message().contains("api.max_streams_per_uid = 8"),
+        "names the cap: {refused:?}"
+    );
+    // WatchHealth counts against the same cap.
+    let refused = within(
+        WAIT,
+        "WatchHealth",
+        other.watch_health(pb::WatchHealthRequest {}),
+    )
+    .await
+    .expect_err("WatchHealth past the cap was accepted");
+    assert_eq!(
+        refused.code(),
+        tonic::Code::ResourceExhausted,
+        "{refused:?}"
+    );
+    let (_, text) = common::scrape(&agent).await;
+    assert_eq!(open_streams(&text), Some(CAP as f64), "{text}");
+
+    drop(open);
+    // The agent sees each stream go (its client reset it) and frees its
+    // place: the gauge is back to zero and a new stream opens.
+    eventually(WAIT, "the streams' places freed", || async {
+        let (_, text) = common::scrape(&agent).await;
+        (open_streams(&text) == Some(0.0)).then_some(())
+    })
+    .await;
+    let mut again = Vec::new();
+    for _ in 0..CAP {
+        let mut c = client.clone();
+        let s = within(
+            WAIT,
+            "WatchEvents",
+            c.watch_events(pb::WatchEventsRequest { after_id: None }),
+        )
+        .await
+        .expect("a stream after the others closed");
+        again.push(s.into_inner());
+    }
+    // The agent is fine: it answers, and a stream delivers.
+    let h = within(WAIT, "GetNodeHealth", agent.health()).await;
+    assert!(!h.host.is_empty());
+    one_job(&agent, "after-streams").await;
+    let ev = within(WAIT, "an event on an open stream", async {
+        loop {
+            match again[0].message().await {
+                Ok(Some(e)) if e.subject.contains("after-streams") => return e,
+                Ok(Some(_)) => {}
+                other => panic!("stream ended: {other:?}"),
+            }
+        }
+    })
+    .await;
+    assert!(ev.kind.starts_with("rank."), "{ev:?}");
+}
+
+#[tokio::test]
+async fn one_process_cannot_take_every_rank_slot() {
+    let agent = TestAgent::start("[ranks]\nmax_ranks = 8\nmax_per_process = 3\n");
+    let mut c = agent.client().await;
+    let mut held = Vec::new();
+    for rank in 0..3 {
+        let req = pb::RegisterRankRequest {
+            global_rank: rank,
+            local_rank: rank,
+            world_size: 8,
+            ..register("hog")
+        };
+        let r = within(WAIT, "RegisterRank", c.register_rank(req))
+            .await
+            .unwrap_or_else(|s| panic!("rank {rank} refused below the cap: {s:?}"))
+            .into_inner();
+        held.push(r.generation);
+    }
+    let fourth = pb::RegisterRankRequest {
+        global_rank: 3,
+        local_rank: 3,
+        world_size: 8,
+        ..register("hog")
+    };
+    let s = within(WAIT, "RegisterRank", c.register_rank(fourth.clone()))
+        .await
+        .expect_err("a fourth rank of one process was accepted");
+    assert_eq!(s.code(), tonic::Code::ResourceExhausted, "{s:?}");
+    assert!(
+        s.message().contains("ranks.max_per_process = 3")
+            && s.message().contains(&format!("pid {}", std::process::id())),
+        "{s:?}"
+    );
+    // Another job of the same process is refused too: the cap is per process.
+    let s = within(WAIT, "RegisterRank", c.register_rank(register("hog-2")))
+        .await
+        .expect_err("another job's rank of the same process was accepted");
+    assert_eq!(s.code(), tonic::Code::ResourceExhausted, "{s:?}");
+    // One deregistered, the fourth fits.
+    let dereg = pb::DeregisterRankRequest {
+        job_id: "hog".into(),
+        global_rank: 0,
+        generation: held[0],
+    };
+    within(WAIT, "DeregisterRank", c.deregister_rank(dereg))
+        .await
+        .expect("DeregisterRank");
+    within(WAIT, "RegisterRank", c.register_rank(fourth))
+        .await
+        .expect("the fourth rank after one left");
 }
