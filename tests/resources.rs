@@ -7,6 +7,8 @@
 //! - Streams: WatchEvents up to `api.max_streams_per_uid` open, the next
 //!   refused with RESOURCE_EXHAUSTED naming the key; closed, their places
 //!   come back and the agent answers as before.
+//! - Rank processes: 200 real processes registered and killed leave no
+//!   pidfd behind (each exited rank's entry held one).
 //! - Ranks per process: one process cannot take more than
 //!   `ranks.max_per_process` of the `max_ranks` slots.
 
@@ -313,4 +315,69 @@ async fn one_process_cannot_take_every_rank_slot() {
     within(WAIT, "RegisterRank", c.register_rank(fourth))
         .await
         .expect("the fourth rank after one left");
+}
+
+#[tokio::test]
+async fn exited_rank_processes_leave_no_descriptor_behind() {
+    let agent = TestAgent::start("");
+    let pid = agent.pid();
+    let mut c = agent.client().await;
+    let mut events = within(
+        WAIT,
+        "WatchEvents",
+        c.watch_events(pb::WatchEventsRequest { after_id: None }),
+    )
+    .await
+    .expect("WatchEvents")
+    .into_inner();
+    let mut cycle = async |i: usize| {
+        // A real process, this test's child, registered as its launcher
+        // registers a worker; then it dies.
+        let mut child = std::process::Command::new("sleep")
+            .arg("600")
+            .spawn()
+            .expect("spawn sleep");
+        let job = format!("exit-{i}");
+        let req = pb::RegisterRankRequest {
+            pid: child.id(),
+            ..register(&job)
+        };
+        within(WAIT, "RegisterRank", c.register_rank(req))
+            .await
+            .unwrap_or_else(|s| panic!("RegisterRank {job}: {s:?}"));
+        child.kill().expect("kill sleep");
+        child.wait().expect("reap sleep");
+        let want = format!("job/{job}/rank/0");
+        within(WAIT, "rank.exited", async {
+            loop {
+                match events.message().await {
+                    Ok(Some(e)) if e.kind == "rank.exited" && e.subject == want => return,
+                    Ok(Some(_)) => {}
+                    other => panic!("event stream ended: {other:?}"),
+                }
+            }
+        })
+        .await;
+    };
+    for i in 0..5 {
+        cycle(i).await;
+    }
+    let base = fds(pid);
+    for i in 5..205 {
+        cycle(i).await;
+    }
+    let settled = eventually(
+        WAIT,
+        "the descriptor count back near its baseline",
+        || async {
+            let now = fds(pid);
+            (now <= base + 4).then_some(now)
+        },
+    )
+    .await;
+    assert!(
+        settled <= base + 4,
+        "{settled} vs {base}: {:?}",
+        fd_kinds(pid)
+    );
 }
