@@ -460,3 +460,124 @@ fn a_failing_gate_refuses_the_in_job_restart() {
         "{all}"
     );
 }
+
+/// Builds the stand-in NVML into `dir` (as tests/nvml.rs does).
+fn nvml_stub(dir: &Path) -> PathBuf {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/nvml_stub/nvml_stub.c");
+    let lib = dir.join("libnvidia-ml.so.1");
+    let out = Command::new("cc")
+        .args(["-shared", "-fPIC", "-O1", "-o"])
+        .arg(&lib)
+        .arg(&src)
+        .output()
+        .expect("run cc");
+    assert!(
+        out.status.success(),
+        "cc failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    lib
+}
+
+/// A GPU host with NVML and no DCGM installed: `dcgm` is ABSENT (in the
+/// API, `warden health` and the metrics) and the node is OK. The same host
+/// with DCGM configured but its host engine unreachable is not OK: there
+/// DCGM should be, and is not.
+#[tokio::test]
+async fn dcgm_absent_by_design_leaves_the_node_ok_and_configured_but_unreachable_does_not() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let nvml = nvml_stub(dir.path());
+    let nvml_state = dir.path().join("nvml-state");
+    std::fs::write(&nvml_state, "count=1\n").unwrap();
+    let nvml_env = [("NVML_STUB_STATE", nvml_state.to_str().unwrap())];
+    // Default DCGM settings: the library is looked for under its default
+    // names, which this host does not have.
+    let toml = format!(
+        "[nvml]\nlibrary = {:?}\npoll_interval = \"200ms\"\n[dcgm]\nenabled = true\npoll_interval = \"1s\"\n",
+        nvml.display().to_string()
+    );
+    let agent = TestAgent::start_with(&toml, &nvml_env);
+    let d = component_where(&agent, "dcgm", "dcgm ABSENT", |c| {
+        status(c) == pb::Status::Absent
+    })
+    .await;
+    assert!(
+        reason_text(&d).contains("no DCGM library") && reason_text(&d).contains("NVML alone"),
+        "{}",
+        reason_text(&d)
+    );
+    component_where(&agent, "gpu0", "gpu0 OK", |c| status(c) == pb::Status::Ok).await;
+    let node = eventually(WAIT, "the node OK", async || {
+        let h = agent.health().await;
+        (pb::Status::try_from(h.status) == Ok(pb::Status::Ok)).then_some(h)
+    })
+    .await;
+    assert!(node.components.iter().any(|c| c.id == "dcgm"), "{node:#?}");
+    let shown = run(
+        Command::new(WARDEN)
+            .arg("--socket")
+            .arg(agent.socket())
+            .arg("health"),
+        Duration::from_secs(20),
+    );
+    assert_eq!(shown.code(), 0, "{shown:?}");
+    assert!(shown.stdout.contains(": OK"), "{}", shown.stdout);
+    let dcgm_row = shown
+        .stdout
+        .lines()
+        .find(|l| l.contains("dcgm"))
+        .unwrap_or_else(|| panic!("no dcgm row: {}", shown.stdout));
+    assert!(dcgm_row.contains("ABSENT"), "{dcgm_row}");
+    let (scrape, text) = common::scrape(&agent).await;
+    assert_eq!(
+        common::sample(&scrape, "warden_component_status", &[("component", "dcgm")]),
+        -1.0,
+        "{text}"
+    );
+    drop(agent);
+
+    // DCGM configured (its library named) but the host engine unreachable.
+    let stub = Stub::new("gpus 0\nconnect refuse\nversion 5\n");
+    let toml = format!(
+        "[nvml]\nlibrary = {:?}\npoll_interval = \"200ms\"\n[dcgm]\nenabled = true\nlibrary = {:?}\naddress = \"127.0.0.1:1\"\npoll_interval = \"1s\"\ncall_timeout = \"1s\"\n",
+        nvml.display().to_string(),
+        stub.lib.display().to_string()
+    );
+    let agent = TestAgent::start_with(
+        &toml,
+        &[
+            nvml_env[0],
+            ("DCGM_STUB_STATE", stub.state.to_str().unwrap()),
+        ],
+    );
+    component_where(&agent, "dcgm", "dcgm UNKNOWN (unreachable)", |c| {
+        status(c) == pb::Status::Unknown
+    })
+    .await;
+    let h = agent.health().await;
+    assert_eq!(
+        pb::Status::try_from(h.status),
+        Ok(pb::Status::Unknown),
+        "the node is not OK: {h:#?}"
+    );
+}
+
+/// A TPU or CPU host: neither NVML nor DCGM is installed and no NVIDIA
+/// device exists, so both read ABSENT and the node is OK (before, both were
+/// UNKNOWN and so was the node).
+#[tokio::test]
+async fn a_host_without_nvidia_libraries_is_ok_with_nvml_and_dcgm_absent() {
+    if Path::new("/dev/nvidiactl").exists() {
+        eprintln!("skipped: this host has an NVIDIA device");
+        return;
+    }
+    let agent = TestAgent::start("[nvml]\nenabled = true\n[dcgm]\nenabled = true\n");
+    for id in ["nvml", "dcgm"] {
+        component_where(&agent, id, &format!("{id} ABSENT"), |c| {
+            status(c) == pb::Status::Absent
+        })
+        .await;
+    }
+    let h = agent.health().await;
+    assert_eq!(pb::Status::try_from(h.status), Ok(pb::Status::Ok), "{h:#?}");
+}

@@ -170,6 +170,11 @@ impl AgentState {
         let stop_reason = entry.stop_reason.clone();
         entry.state = RankState::Exited;
         entry.exit = Some(exit.clone());
+        // The process is gone: its pidfd can reach nothing any more, and an
+        // exited entry stays listed (GetRanks) after it, so holding the
+        // descriptor kept one open per exited rank (issue 22: 1,000
+        // register/exit cycles left 1,000 pidfds open).
+        entry.process = None;
         let pid = entry.pid;
         let ingested = entry.ingested_start_ns;
         let declared_pid = entry.declared_pid;
@@ -321,7 +326,7 @@ impl AgentState {
             return true;
         }
         let severity = match change.to {
-            Status::Ok | Status::Unknown => Severity::Info,
+            Status::Absent | Status::Ok | Status::Unknown => Severity::Info,
             Status::Degraded => Severity::Warning,
             Status::Failed => Severity::Error,
         };

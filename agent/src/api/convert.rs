@@ -27,6 +27,7 @@ pub fn duration(d: Duration) -> prost_types::Duration {
 /// Status to its wire enum.
 pub fn status(s: Status) -> pb::Status {
     match s {
+        Status::Absent => pb::Status::Absent,
         Status::Ok => pb::Status::Ok,
         Status::Unknown => pb::Status::Unknown,
         Status::Degraded => pb::Status::Degraded,

@@ -94,6 +94,7 @@ async fn render(State(s): State<Scrape>) -> String {
     metrics::gauge!("warden_uptime_seconds").set(s.state.started.elapsed().as_secs_f64());
     for c in s.state.health.snapshot().components {
         let level = match c.status {
+            crate::health::Status::Absent => -1.0,
             crate::health::Status::Ok => 0.0,
             crate::health::Status::Unknown => 1.0,
             crate::health::Status::Degraded => 2.0,

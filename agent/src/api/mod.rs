@@ -20,5 +20,6 @@ pub mod peer_auth;
 pub mod service;
 pub mod slot_socket;
 pub mod stragglers;
+pub mod streams;
 
 pub use service::AgentService;

@@ -13,6 +13,7 @@ use warden_proto::v1::agent_server::Agent;
 use super::caller::{self, LocalPeer};
 use super::convert;
 use super::observe::observed;
+use super::streams::{StreamGate, StreamPermit};
 use crate::events::{Event, NewEvent, Severity};
 use crate::ranks::{self, RankKey, RegisterError, registry::RegisterRequest};
 use crate::state::AgentState;
@@ -24,12 +25,34 @@ pub type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 's
 #[derive(Debug, Clone)]
 pub struct AgentService {
     state: Arc<AgentState>,
+    /// The caps on open server streams (`api.max_streams_per_uid`,
+    /// `api.max_streams`), shared by every connection.
+    streams: Arc<StreamGate>,
 }
 
 impl AgentService {
     /// A service answering from `state`.
     pub fn new(state: Arc<AgentState>) -> Self {
-        Self { state }
+        let streams = StreamGate::new(
+            state.config.api.max_streams_per_uid,
+            state.config.api.max_streams,
+        );
+        Self { state, streams }
+    }
+
+    /// Opens a server stream for `peer` past the stream caps: `stream`
+    /// holds its place until the client drops it.
+    fn held<T: Send + 'static>(
+        &self,
+        call: &str,
+        peer: &LocalPeer,
+        stream: BoxStream<T>,
+    ) -> Result<BoxStream<T>, Status> {
+        let permit = self.streams.open(call, peer.uid)?;
+        Ok(Box::pin(Held {
+            inner: stream,
+            _permit: permit,
+        }))
     }
 
     /// The Unix-socket caller of `req`, allowed to make `call` about `job`
@@ -67,7 +90,8 @@ impl Agent for AgentService {
         req: Request<pb::WatchHealthRequest>,
     ) -> Result<Response<Self::WatchHealthStream>, Status> {
         observed("WatchHealth", async {
-            self.guard(&req, "WatchHealth", "")?;
+            let peer = self.guard(&req, "WatchHealth", "")?;
+            let permit = self.streams.open("WatchHealth", peer.uid)?;
             let state = self.state.clone();
             let (tx, rx) = mpsc::channel(16);
             let mut changes = state.health.subscribe();
@@ -89,9 +113,10 @@ impl Agent for AgentService {
                     }
                 }
             });
-            Ok(Response::new(
-                Box::pin(ReceiverStream::new(rx)) as Self::WatchHealthStream
-            ))
+            Ok(Response::new(Box::pin(Held {
+                inner: Box::pin(ReceiverStream::new(rx)),
+                _permit: permit,
+            }) as Self::WatchHealthStream))
         })
         .await
     }
@@ -120,7 +145,8 @@ impl Agent for AgentService {
         req: Request<pb::WatchEventsRequest>,
     ) -> Result<Response<Self::WatchEventsStream>, Status> {
         observed("WatchEvents", async {
-            self.guard(&req, "WatchEvents", "")?;
+            let peer = self.guard(&req, "WatchEvents", "")?;
+            let permit = self.streams.open("WatchEvents", peer.uid)?;
             let after = req.into_inner().after_id;
             let sub = self.state.events.subscribe(after);
             if sub.missed {
@@ -131,9 +157,10 @@ impl Agent for AgentService {
             }
             let (tx, rx) = mpsc::channel(64);
             tokio::spawn(forward_events(self.state.clone(), sub, tx));
-            Ok(Response::new(
-                Box::pin(ReceiverStream::new(rx)) as Self::WatchEventsStream
-            ))
+            Ok(Response::new(Box::pin(Held {
+                inner: Box::pin(ReceiverStream::new(rx)),
+                _permit: permit,
+            }) as Self::WatchEventsStream))
         })
         .await
     }
@@ -418,9 +445,10 @@ impl Agent for AgentService {
         req: Request<pb::WatchIncidentsRequest>,
     ) -> Result<Response<Self::WatchIncidentsStream>, Status> {
         observed("WatchIncidents", async {
-            self.guard(&req, "WatchIncidents", "")?;
-            super::launcher_api::watch_incidents(&self.state, req.into_inner())
-                .await
+            let peer = self.guard(&req, "WatchIncidents", "")?;
+            let stream =
+                super::launcher_api::watch_incidents(&self.state, req.into_inner()).await?;
+            self.held("WatchIncidents", &peer, stream)
                 .map(Response::new)
         })
         .await
@@ -685,5 +713,23 @@ async fn forward_events(
             }
             Err(RecvError::Closed) => return,
         }
+    }
+}
+
+/// A server stream with its place under the stream caps: the place is
+/// freed when the stream is dropped (the client cancelled or went away).
+struct Held<T> {
+    inner: BoxStream<T>,
+    _permit: StreamPermit,
+}
+
+impl<T> Stream for Held<T> {
+    type Item = Result<T, Status>;
+
+    fn poll_next(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Self::Item>> {
+        self.inner.as_mut().poll_next(cx)
     }
 }

@@ -176,7 +176,7 @@ pub fn judge(h: &pb::NodeHealth) -> Report {
             .unwrap_or_else(|| Report::new(Verdict::Problem, "FAILED", "", "")),
         pb::Status::Degraded => worst(h, pb::Status::Degraded, "DEGRADED", Verdict::Healthy)
             .unwrap_or_else(|| Report::new(Verdict::Healthy, "DEGRADED", "", "")),
-        pb::Status::Ok | pb::Status::Unknown => {
+        pb::Status::Ok | pb::Status::Unknown | pb::Status::Absent => {
             let count = |s: pb::Status| {
                 h.components
                     .iter()

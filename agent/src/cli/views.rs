@@ -32,6 +32,7 @@ fn status_name(v: i32) -> &'static str {
         Ok(pb::Status::Degraded) => "DEGRADED",
         Ok(pb::Status::Failed) => "FAILED",
         Ok(pb::Status::Unknown) => "UNKNOWN",
+        Ok(pb::Status::Absent) => "ABSENT",
         _ => "UNSPECIFIED",
     }
 }

@@ -172,6 +172,12 @@ pub struct ApiConfig {
     /// beside root and the agent's own user: they may call Uncordon and act
     /// on any job (docs/security.md). Empty: root and the agent's user only.
     pub admin_group: String,
+    /// Streams (WatchEvents, WatchHealth, WatchIncidents) one uid may hold
+    /// open at once; the next is refused with RESOURCE_EXHAUSTED naming
+    /// this key. Each open stream holds a task, a buffer and HTTP/2 state.
+    pub max_streams_per_uid: u32,
+    /// Streams open at once over all callers (same refusal).
+    pub max_streams: u32,
 }
 
 impl ApiConfig {
@@ -200,6 +206,8 @@ impl Default for ApiConfig {
             tls_cert: String::new(),
             tls_key: String::new(),
             insecure: false,
+            max_streams_per_uid: 64,
+            max_streams: 512,
         }
     }
 }
@@ -622,6 +630,21 @@ impl Config {
                 &format!("must be between 1 and {}", warden_client::slot::MAX_SLOTS),
             ));
         }
+        if !(1..=MAX_STREAMS).contains(&self.api.max_streams) {
+            return Err(invalid(
+                "api.max_streams",
+                self.api.max_streams.to_string(),
+                &format!("must be between 1 and {MAX_STREAMS}"),
+            ));
+        }
+        if self.api.max_streams_per_uid == 0 || self.api.max_streams_per_uid > self.api.max_streams
+        {
+            return Err(invalid(
+                "api.max_streams_per_uid",
+                self.api.max_streams_per_uid.to_string(),
+                "must be between 1 and api.max_streams",
+            ));
+        }
         if self.ranks.max_per_process == 0 || self.ranks.max_per_process > self.ranks.max_ranks {
             return Err(invalid(
                 "ranks.max_per_process",
@@ -899,3 +922,7 @@ fn group_gid(group: &str) -> Result<Option<u32>, String> {
         Err(e) => Err(format!("looking up group {g:?}: {e}")),
     }
 }
+
+/// The most `api.max_streams` may say: each stream holds a task and a
+/// bounded buffer, so even this many stays within tens of MiB.
+pub const MAX_STREAMS: u32 = 16_384;

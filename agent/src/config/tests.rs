@@ -59,6 +59,12 @@ fn out_of_range_values_are_refused_with_the_key() {
             "api.admin_group",
         ),
         ("[ranks]\nmax_per_process = 0\n", "ranks.max_per_process"),
+        ("[api]\nmax_streams = 0\n", "api.max_streams"),
+        ("[api]\nmax_streams = 100000\n", "api.max_streams"),
+        (
+            "[api]\nmax_streams_per_uid = 600\n",
+            "api.max_streams_per_uid",
+        ),
         ("[ranks]\nmax_world_size = 0\n", "ranks.max_world_size"),
         ("[metrics]\nlisten = \"nope\"\n", "metrics.listen"),
         ("[log]\nlevel = \"[[[\"\n", "log.level"),

@@ -18,6 +18,21 @@
 //! replay skips it with a warning naming it, and its job's lines are
 //! refused with an error naming it (reported once, until a write of that
 //! job succeeds again) while every other job's journal goes on.
+//!
+//! Descriptors are bounded: a job's journal is closed as soon as a flush
+//! finds every rank of the job ended (its ranks exited, or CloseGoodput
+//! closed it), when it was not written for [`IDLE_FLUSHES`] flushes, and
+//! the least recently written one is closed when [`MAX_OPEN`] are open; the
+//! next write of that job opens it again. So an agent that has seen any
+//! number of jobs holds at most [`MAX_OPEN`] journal descriptors.
+//!
+//! Each job has a file of its own: the name is the id with every byte
+//! outside `[A-Za-z0-9_.-]` percent-encoded (an injective mapping, so
+//! `a/b` and `a_b` no longer share `a_b.jsonl`, and compacting one cannot
+//! drop the other's lines); an id whose name would pass [`MAX_NAME`] bytes
+//! keeps a prefix and a 64-bit hash of the whole id. Journals written under
+//! an older naming are replayed first and then rewritten under their jobs'
+//! names and removed.
 
 use std::collections::BTreeMap;
 use std::fs::File;
@@ -31,6 +46,20 @@ use crate::fsafe::{self, Dir, FsError};
 
 /// Size past which a job's journal is compacted.
 pub const COMPACT_AT: u64 = 4 << 20;
+
+/// Most journals kept open at once: past it the least recently written
+/// one is closed (reopened on its next write). A job's journal is written
+/// at most once a flush, so reopening costs one `openat` per job and flush
+/// at worst, where holding every job's descriptor ran the agent out of them
+/// (issue 22: about 240 jobs exhausted `nofile=256`).
+pub const MAX_OPEN: usize = 32;
+
+/// Flushes without a write after which a job's journal is closed.
+pub const IDLE_FLUSHES: u64 = 10;
+
+/// Longest journal name (without `.jsonl`) before it is shortened to a
+/// prefix and a hash; well under `NAME_MAX` (255).
+pub const MAX_NAME: usize = 200;
 
 /// Mode of `<state_dir>/goodput/`.
 const DIR_MODE: u32 = 0o750;
@@ -75,13 +104,26 @@ enum Record {
     },
 }
 
+/// A job's journal while it is open.
+#[derive(Debug)]
+struct OpenJournal {
+    /// Opened for append.
+    file: File,
+    /// Its size, to know when to compact.
+    len: u64,
+    /// The flush that last wrote it (for the idle close and the LRU).
+    last_flush: u64,
+}
+
 /// The journals of every job.
 #[derive(Debug)]
 pub struct Journal {
     /// `<state_dir>/goodput`, opened once.
     dir: Dir,
-    /// Open files by job, with their size.
-    files: BTreeMap<String, (File, u64)>,
+    /// Open files by job (at most [`MAX_OPEN`]).
+    files: BTreeMap<String, OpenJournal>,
+    /// Flushes so far: the clock of `last_flush`.
+    flushes: u64,
     /// Jobs whose last write failed, with the error already reported.
     failing: BTreeMap<String, String>,
 }
@@ -103,6 +145,23 @@ impl Journal {
             .filter(|n| Path::new(n).extension().is_some_and(|x| x == "jsonl"))
             .collect();
         entries.sort();
+        // Files whose jobs are written elsewhere now (an older naming) are
+        // replayed first, so the current journal of a job has the last say.
+        let mut legacy: Vec<String> = Vec::new();
+        let mut jobs_of: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        for name in &entries {
+            let Ok(text) = dir.read(name) else { continue };
+            let jobs: std::collections::BTreeSet<String> = String::from_utf8_lossy(&text)
+                .split('\n')
+                .filter_map(|l| serde_json::from_str::<Record>(l).ok())
+                .map(|r| r.job().to_owned())
+                .collect();
+            if jobs.iter().any(|j| journal_name(j) != *name) {
+                legacy.push(name.clone());
+            }
+            jobs_of.insert(name.clone(), jobs.into_iter().collect());
+        }
+        entries.sort_by_key(|n| !legacy.contains(n));
         for name in entries {
             let path = dir.path().join(&name);
             let text = match dir.read(&name) {
@@ -133,23 +192,57 @@ impl Journal {
                 }
             }
         }
-        Ok((
-            Journal {
-                dir,
-                files: BTreeMap::new(),
-                failing: BTreeMap::new(),
-            },
-            ledger,
-            warnings,
-        ))
+        let mut journal = Journal {
+            dir,
+            files: BTreeMap::new(),
+            flushes: 0,
+            failing: BTreeMap::new(),
+        };
+        for name in legacy {
+            let jobs = jobs_of.remove(&name).unwrap_or_default();
+            if let Err(e) = journal.migrate(&name, &jobs, &ledger) {
+                warnings.push(format!(
+                    "{e}: the older journal {name} stays and is replayed before the current ones"
+                ));
+            }
+        }
+        Ok((journal, ledger, warnings))
+    }
+
+    /// Rewrites the jobs of `name`, a journal of an older naming, each into
+    /// its own journal, then removes `name`.
+    fn migrate(
+        &mut self,
+        name: &str,
+        jobs: &[String],
+        ledger: &Ledger,
+    ) -> Result<(), JournalError> {
+        for job in jobs {
+            if let Some(j) = ledger.jobs.get(job) {
+                self.compact(job, j)?;
+            }
+        }
+        if jobs.iter().all(|j| journal_name(j) != name) {
+            self.dir.remove(name)?;
+        }
+        Ok(())
+    }
+
+    /// Journals open now (for tests and the benchmark).
+    pub fn open_files(&self) -> usize {
+        self.files.len()
     }
 
     /// Appends the state of every rank changed since the last flush. A job
     /// whose journal cannot be written (refused, or a failed write) does not
     /// stop the others; its error comes back once, and again only when it
     /// changes or after a write of that job succeeded.
+    ///
+    /// Then closes the journals of jobs whose ranks have all ended and of
+    /// jobs not written for [`IDLE_FLUSHES`] flushes.
     pub fn flush(&mut self, ledger: &mut Ledger) -> Result<(), Vec<JournalError>> {
         let mut errors = Vec::new();
+        self.flushes += 1;
         self.failing.retain(|job, _| ledger.jobs.contains_key(job));
         for (job, j) in &mut ledger.jobs {
             if j.dirty.is_empty() {
@@ -190,6 +283,11 @@ impl Journal {
                 }
             }
         }
+        let now = self.flushes;
+        self.files.retain(|job, f| {
+            now.saturating_sub(f.last_flush) < IDLE_FLUSHES
+                && ledger.jobs.get(job).is_some_and(|j| !j.all_ended())
+        });
         if errors.is_empty() {
             Ok(())
         } else {
@@ -205,22 +303,40 @@ impl Journal {
     fn append(&mut self, job: &str, buf: &[u8]) -> Result<u64, JournalError> {
         let path = self.path_of(job);
         if !self.files.contains_key(job) {
-            let (f, st) = self.dir.open_append(&journal_name(job), FILE_MODE)?;
+            if self.files.len() >= MAX_OPEN {
+                let oldest = self
+                    .files
+                    .iter()
+                    .min_by_key(|(_, f)| f.last_flush)
+                    .map(|(j, _)| j.clone());
+                if let Some(oldest) = oldest {
+                    self.files.remove(&oldest);
+                }
+            }
+            let (file, st) = self.dir.open_append(&journal_name(job), FILE_MODE)?;
             let len = u64::try_from(st.st_size).unwrap_or(0);
-            self.files.insert(job.to_owned(), (f, len));
+            self.files.insert(
+                job.to_owned(),
+                OpenJournal {
+                    file,
+                    len,
+                    last_flush: self.flushes,
+                },
+            );
         }
-        let Some((f, len)) = self.files.get_mut(job) else {
+        let Some(f) = self.files.get_mut(job) else {
             return Ok(0);
         };
+        f.last_flush = self.flushes;
         // Lines end with '\n'; one write per flush of a job keeps a torn
         // write to the tail.
-        f.write_all(buf).map_err(|source| JournalError::Io {
+        f.file.write_all(buf).map_err(|source| JournalError::Io {
             path,
             op: "append",
             source,
         })?;
-        *len += buf.len() as u64;
-        Ok(*len)
+        f.len += buf.len() as u64;
+        Ok(f.len)
     }
 
     /// Rewrites `job`'s journal with its current state only.
@@ -246,6 +362,15 @@ impl Journal {
 /// The name of `job`'s journal in `goodput/`.
 fn journal_name(job: &str) -> String {
     format!("{}.jsonl", file_name(job))
+}
+
+impl Record {
+    /// The job the line belongs to.
+    fn job(&self) -> &str {
+        match self {
+            Record::Rank { job, .. } | Record::Job { job, .. } => job,
+        }
+    }
 }
 
 fn job_record(job: &str, j: &JobLedger) -> Record {
@@ -285,20 +410,35 @@ fn apply(ledger: &mut Ledger, r: Record) {
     }
 }
 
-/// A job id as a file name (several ids may share a file: every line names
-/// its job).
+/// A job id as a file name, one per id: bytes outside `[A-Za-z0-9_.-]`
+/// (and a leading `.`) become `%XX`, so two ids never share a name; a name
+/// longer than [`MAX_NAME`] keeps its first bytes and `~` with the FNV-1a
+/// hash of the whole id (`~` is never produced by the encoding, so a
+/// shortened name cannot meet a plain one).
 fn file_name(job: &str) -> String {
-    job.chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.') {
-                c
-            } else {
-                '_'
-            }
-        })
-        .collect::<String>()
-        .trim_start_matches('.')
-        .to_owned()
+    use std::fmt::Write as _;
+    let mut out = String::with_capacity(job.len());
+    for (i, b) in job.bytes().enumerate() {
+        if b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || (b == b'.' && i > 0) {
+            out.push(char::from(b));
+        } else {
+            let _ = write!(out, "%{b:02X}");
+        }
+    }
+    if out.len() > MAX_NAME {
+        out.truncate(MAX_NAME - 17);
+        let _ = write!(out, "~{:016x}", fnv1a(job.as_bytes()));
+    }
+    out
+}
+
+/// FNV-1a, 64 bits: a hash that is the same in every build (std's
+/// `DefaultHasher` may change between Rust releases, and a journal's name
+/// must not).
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3)
+    })
 }
 
 #[cfg(test)]
@@ -382,7 +522,7 @@ mod tests {
         line(&mut lines, &job_record("a/b", &l.jobs["a/b"]));
         std::fs::write(&target, &lines).unwrap();
         std::fs::create_dir_all(state.join("goodput")).unwrap();
-        let link = state.join("goodput").join("a_b.jsonl");
+        let link = state.join("goodput").join("a%2Fb.jsonl");
         std::os::unix::fs::symlink(&target, &link).unwrap();
         let named = |e: &str| {
             assert!(
@@ -409,5 +549,115 @@ mod tests {
         named(&j.compact("a/b", &job).unwrap_err().to_string());
         assert_eq!(std::fs::read(&target).unwrap(), lines, "target unchanged");
         assert!(link.is_symlink());
+    }
+
+    #[test]
+    fn names_are_one_per_id_and_bounded() {
+        let ids = ["a/b", "a_b", "a%2Fb", ".hidden", "%2Ehidden", "x.y", "é"];
+        let names: std::collections::BTreeSet<String> =
+            ids.iter().map(|i| journal_name(i)).collect();
+        assert_eq!(names.len(), ids.len(), "{names:?}");
+        assert_eq!(journal_name("job-1.a_b"), "job-1.a_b.jsonl");
+        assert!(!journal_name(".x").starts_with('.'));
+        let long_a = "/".repeat(128);
+        let long_b = format!("{}x", "/".repeat(127));
+        let (a, b) = (journal_name(&long_a), journal_name(&long_b));
+        assert_ne!(a, b);
+        assert!(
+            a.len() <= MAX_NAME + 6 && b.len() <= MAX_NAME + 6,
+            "{a} {b}"
+        );
+    }
+
+    #[test]
+    fn two_ids_of_one_old_name_keep_their_lines_through_compaction() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut j, _, _) = Journal::open(dir.path()).unwrap();
+        let mut l = sample();
+        l.registered("a_b", 0, 11, 0, 1_000);
+        j.flush(&mut l).unwrap();
+        let other = l.jobs["a_b"].clone();
+        j.compact("a_b", &other).unwrap();
+        let (_, back, warnings) = Journal::open(dir.path()).unwrap();
+        assert!(warnings.is_empty(), "{warnings:?}");
+        assert!(back.jobs.contains_key("a/b") && back.jobs.contains_key("a_b"));
+    }
+
+    #[test]
+    fn descriptors_are_closed_when_jobs_end_idle_or_crowd() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut j, _, _) = Journal::open(dir.path()).unwrap();
+        let mut l = Ledger::default();
+        // Ended jobs: closed by the flush that wrote their last lines.
+        for i in 0..100 {
+            let job = format!("done-{i}");
+            l.registered(&job, 0, 10, 0, 1_000);
+            l.exited(&job, 0, 10, ExitKind::Clean, 2_000);
+            j.flush(&mut l).unwrap();
+            assert_eq!(j.open_files(), 0, "{job}");
+        }
+        // Running jobs: at most MAX_OPEN open, the oldest closed first.
+        for i in 0..(MAX_OPEN + 8) {
+            l.registered(&format!("run-{i}"), 0, 10, 0, 1_000);
+            j.flush(&mut l).unwrap();
+            assert!(j.open_files() <= MAX_OPEN);
+        }
+        assert!(
+            !j.files.contains_key("run-0")
+                && j.files.contains_key(&format!("run-{}", MAX_OPEN + 7))
+        );
+        // Idle: nothing written for IDLE_FLUSHES flushes.
+        for _ in 0..IDLE_FLUSHES {
+            j.flush(&mut l).unwrap();
+        }
+        assert_eq!(j.open_files(), 0);
+        // Reopened on demand: the next lines land in the same file.
+        l.step(
+            "run-0",
+            0,
+            StepObs {
+                pid: 10,
+                step: 0,
+                start_ns: 2_000,
+                duration_ns: 5_000,
+                data_ns: 0,
+            },
+        );
+        j.flush(&mut l).unwrap();
+        assert_eq!(j.open_files(), 1);
+        let (_, back, _) = Journal::open(dir.path()).unwrap();
+        assert_eq!(back.jobs.len(), 100 + MAX_OPEN + 8);
+        // What is journaled (baselines are relearned, not kept).
+        let kept = |l: &Ledger| serde_json::to_value(&l.jobs["run-0"].ranks).unwrap();
+        assert_eq!(kept(&back), kept(&l));
+    }
+
+    #[test]
+    fn a_journal_of_the_older_naming_is_replayed_then_moved() {
+        let dir = tempfile::tempdir().unwrap();
+        let l = sample();
+        let goodput = dir.path().join("goodput");
+        std::fs::create_dir_all(&goodput).unwrap();
+        let mut lines = Vec::new();
+        line(&mut lines, &job_record("a/b", &l.jobs["a/b"]));
+        for (rank, r) in &l.jobs["a/b"].ranks {
+            line(
+                &mut lines,
+                &Record::Rank {
+                    job: "a/b".into(),
+                    rank: *rank,
+                    ledger: Box::new(r.clone()),
+                },
+            );
+        }
+        // Written by an agent that named it "a_b".
+        std::fs::write(goodput.join("a_b.jsonl"), &lines).unwrap();
+        let (j, back, warnings) = Journal::open(dir.path()).unwrap();
+        assert!(warnings.is_empty(), "{warnings:?}");
+        assert_eq!(journaled(&back), journaled(&l));
+        assert!(!goodput.join("a_b.jsonl").exists());
+        assert!(j.path_of("a/b").is_file());
+        let (_, again, _) = Journal::open(dir.path()).unwrap();
+        assert_eq!(journaled(&again), journaled(&l));
     }
 }

@@ -366,6 +366,12 @@ pub struct JobLedger {
 }
 
 impl JobLedger {
+    /// True when no rank of the job can accrue time any more (every one
+    /// ended, or none registered): its journal can be closed.
+    pub fn all_ended(&self) -> bool {
+        self.ranks.values().all(|r| r.phase == Phase::Ended)
+    }
+
     /// A completed step of `rank` (the work of [`Ledger::step`], for a
     /// caller that already holds the job: a fold of the scan's records
     /// looks each job up once per run of its ranks, not once per record).

@@ -17,9 +17,17 @@ use std::time::SystemTime;
 
 use tokio::sync::watch;
 
-/// A component's state, ordered by severity: `Ok < Unknown < Degraded < Failed`.
+/// A component's state, ordered by severity:
+/// `Absent < Ok < Unknown < Degraded < Failed`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Status {
+    /// An integration that is not on this host by design (its library is
+    /// not installed and the config does not ask for it: DCGM on a host
+    /// with NVML alone, NVML on a TPU host). Shown so an operator sees it,
+    /// but it never lowers the node's status: the node rolls it up as OK.
+    /// A source that should be there and is not (configured, or its
+    /// hardware present) is `Unknown` instead.
+    Absent,
     /// Working as expected.
     Ok,
     /// The agent cannot tell (no library, no answer): not a fault by itself.
@@ -34,6 +42,7 @@ impl Status {
     /// Upper-case name as shown by the CLI and logs.
     pub fn as_str(self) -> &'static str {
         match self {
+            Status::Absent => "ABSENT",
             Status::Ok => "OK",
             Status::Unknown => "UNKNOWN",
             Status::Degraded => "DEGRADED",
@@ -103,7 +112,8 @@ pub struct Component {
 /// The whole node at one moment.
 #[derive(Debug, Clone)]
 pub struct NodeSnapshot {
-    /// Worst status over all components (OK when there are none).
+    /// Worst status over all components (OK when there are none; an
+    /// `Absent` component counts as OK).
     pub status: Status,
     /// Components ordered by id.
     pub components: Vec<Component>,
@@ -285,7 +295,7 @@ impl HealthModel {
         NodeSnapshot {
             status: components
                 .iter()
-                .map(|c| c.status)
+                .map(|c| c.status.max(Status::Ok))
                 .max()
                 .unwrap_or(Status::Ok),
             components,
@@ -372,6 +382,7 @@ mod tests {
 
     #[test]
     fn unknown_ranks_between_ok_and_degraded() {
+        assert!(Status::Absent < Status::Ok);
         assert!(Status::Ok < Status::Unknown);
         assert!(Status::Unknown < Status::Degraded);
         let m = HealthModel::new();
@@ -419,5 +430,24 @@ mod tests {
         let v = m.snapshot().version;
         m.report(report(vec![]), t0);
         assert_eq!(m.snapshot().version, v);
+    }
+
+    #[test]
+    fn an_absent_integration_does_not_lower_the_node() {
+        let m = HealthModel::new();
+        let now = SystemTime::now();
+        let mut dcgm = report(vec![reason(Status::Absent, "dcgm.available", now)]);
+        dcgm.id = "dcgm".into();
+        dcgm.status_override = Some(Status::Absent);
+        m.report_from("dcgm", dcgm.clone(), now);
+        let snap = m.snapshot();
+        assert_eq!(snap.status, Status::Ok);
+        assert_eq!(snap.components[0].status, Status::Absent);
+        m.report(report(Vec::new()), now);
+        assert_eq!(m.snapshot().status, Status::Ok);
+        // The same source failing where it should be there still counts.
+        dcgm.status_override = Some(Status::Unknown);
+        m.report_from("dcgm", dcgm, now);
+        assert_eq!(m.snapshot().status, Status::Unknown);
     }
 }

@@ -49,9 +49,13 @@ pub fn spawn(state: Arc<AgentState>, key: RankKey, generation: u64, process: &Ra
             return;
         }
     };
+    let released = process.released.clone();
     tokio::spawn(async move {
         tokio::select! {
             () = state.shutdown.cancelled() => return,
+            // Deregistered (or replaced) while the process lives on: the
+            // registration is gone, and with it the watch and its pidfd.
+            () = released.cancelled() => return,
             r = fd.readable() => { let _ = r; }
         }
         state.rank_exited(&key, generation, exit_info(pid));

@@ -53,6 +53,14 @@ pub struct RankProcess {
     pub pid: u32,
     /// The pidfd: the exit watch and every signal go through it.
     pub fd: Arc<OwnedFd>,
+    /// Cancelled when the last copy of this registration's process is
+    /// dropped (the rank deregistered or was replaced while its process
+    /// lives on): the exit watch then ends and closes its pidfd, which
+    /// would otherwise stay open, with its task, until the process exits
+    /// (issue 22: one descriptor per registration of a long-lived process).
+    pub released: tokio_util::sync::CancellationToken,
+    /// Cancels `released` when the last copy goes.
+    _release_on_drop: Arc<tokio_util::sync::DropGuard>,
 }
 
 impl RankProcess {
@@ -102,9 +110,12 @@ impl RankProcess {
             pid: declared,
             why: e.to_string(),
         })?;
+        let released = tokio_util::sync::CancellationToken::new();
         Ok(Self {
             pid: declared,
             fd: Arc::new(fd),
+            _release_on_drop: Arc::new(released.clone().drop_guard()),
+            released,
         })
     }
 

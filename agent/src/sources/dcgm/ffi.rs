@@ -96,6 +96,9 @@ impl std::fmt::Debug for Dcgm {
     }
 }
 
+/// How [`Dcgm::load`]'s error begins when no candidate library loads.
+pub const NO_LIBRARY: &str = "no DCGM library";
+
 /// How to reach DCGM.
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct OpenParams {
@@ -126,6 +129,13 @@ impl Dcgm {
     /// Loads the library, initialises it and connects (or starts embedded),
     /// then sets the health watches.
     pub fn open(p: &OpenParams) -> Result<Self, String> {
+        let (lib, library) = Self::load(p)?;
+        Self::open_loaded(lib, library, p)
+    }
+
+    /// Loads the library only: its error, where `p.library` is empty, means
+    /// DCGM is not installed (absent by design, not a failure).
+    pub fn load(p: &OpenParams) -> Result<(libloading::Library, String), String> {
         let candidates: Vec<String> = if p.library.is_empty() {
             vec!["libdcgm.so.4".into(), "libdcgm.so.3".into()]
         } else {
@@ -144,9 +154,16 @@ impl Dcgm {
                 Err(e) => errors.push(format!("{c}: {e}")),
             }
         }
-        let Some((lib, library)) = loaded else {
-            return Err(format!("no DCGM library: {}", errors.join("; ")));
-        };
+        loaded.ok_or_else(|| format!("{NO_LIBRARY}: {}", errors.join("; ")))
+    }
+
+    /// Initialises a loaded library, connects (or starts embedded) and sets
+    /// the health watches.
+    pub fn open_loaded(
+        lib: libloading::Library,
+        library: String,
+        p: &OpenParams,
+    ) -> Result<Self, String> {
         let init: FnVoid = sym(&lib, b"dcgmInit\0")?;
         // SAFETY: dcgmInit takes no arguments.
         let rc = unsafe { init() };

@@ -9,7 +9,7 @@ use std::io::{BufRead, Write};
 
 use serde::{Deserialize, Serialize};
 
-use super::ffi::{Dcgm, Incident, OpenParams};
+use super::ffi::{Dcgm, Incident, NO_LIBRARY, OpenParams};
 
 /// What the agent asks.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -43,6 +43,12 @@ pub enum Response {
         /// Health response version that worked.
         response_version: u32,
     },
+    /// DCGM is not installed and the config does not name a library:
+    /// absent by design.
+    Absent {
+        /// The loader's words.
+        message: String,
+    },
     /// A call failed; DCGM's words.
     Error {
         /// What failed.
@@ -65,7 +71,8 @@ pub fn main() -> i32 {
             },
             Ok(Request::Open(p)) => {
                 dcgm = None;
-                match Dcgm::open(&p).and_then(|d| {
+                match Dcgm::load(&p).and_then(|(lib, name)| {
+                    let d = Dcgm::open_loaded(lib, name, &p)?;
                     let gpus = d.gpus()?;
                     Ok((d, gpus))
                 }) {
@@ -77,6 +84,11 @@ pub fn main() -> i32 {
                         };
                         dcgm = Some(d);
                         r
+                    }
+                    // No library under the default names, and none named
+                    // in the config: DCGM is not installed here.
+                    Err(message) if p.library.is_empty() && message.starts_with(NO_LIBRARY) => {
+                        Response::Absent { message }
                     }
                     Err(message) => Response::Error { message },
                 }

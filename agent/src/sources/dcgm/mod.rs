@@ -9,9 +9,12 @@
 //! new incident, `warden_dcgm_incidents_total{system,result,reason}`.
 //! Must never: load DCGM into the agent's own process (the library runs in
 //! `wardend --dcgm-helper`, see [`helper`]), wait on a DCGM call past
-//! `dcgm.call_timeout`, or fail the agent when DCGM is absent (the `dcgm`
-//! component is UNKNOWN with the reason, and says whether NVML still
-//! covers the GPUs).
+//! `dcgm.call_timeout`, or fail the agent when DCGM is absent. Where no
+//! library loads under the default names and `dcgm.library` is empty, DCGM
+//! is absent by design: the `dcgm` component is ABSENT (it does not lower
+//! the node). A library that is named but does not load, or one that loads
+//! and cannot reach its host engine, is UNKNOWN with the reason. Either says
+//! whether NVML still covers the GPUs.
 
 pub mod config;
 pub mod diag;
@@ -196,6 +199,22 @@ impl DcgmSource {
         }
     }
 
+    /// DCGM is not installed and the config names no library: ABSENT, so
+    /// a GPU host with NVML alone (or a TPU host) reads OK, not UNKNOWN.
+    fn absent(&self, why: String, now: SystemTime) -> ComponentReport {
+        let mut r = self.unknown(why, now);
+        r.status_override = Some(Status::Absent);
+        for reason in &mut r.reasons {
+            reason.status = Status::Absent;
+            reason.message = reason.message.replacen(
+                "DCGM unavailable",
+                "DCGM not installed (absent by design)",
+                1,
+            );
+        }
+        r
+    }
+
     /// DCGM stopped answering: the helper is gone; its GPU findings are
     /// unknown until it answers again.
     fn lost(&mut self, why: String, now: SystemTime, poll: &mut Poll) {
@@ -254,6 +273,13 @@ impl DcgmSource {
                 // The helper stays: the next poll tries to open again.
                 self.helper = Some(helper);
                 poll.reports.push(self.unknown(message, now));
+                false
+            }
+            Ok(Response::Absent { message }) => {
+                // Not installed: looked for again at the next poll (an
+                // install then shows up without a restart).
+                self.helper = Some(helper);
+                poll.reports.push(self.absent(message, now));
                 false
             }
             Ok(other) => {

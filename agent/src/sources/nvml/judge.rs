@@ -516,6 +516,16 @@ pub fn unknown(signal: &str, message: String, now: SystemTime) -> ComponentRepor
     c
 }
 
+/// The `nvml` component where NVML is absent by design (not installed,
+/// no NVIDIA device): ABSENT, which does not lower the node.
+pub fn absent(signal: &str, message: String, now: SystemTime) -> ComponentReport {
+    let mut c = report(super::COMPONENT.into(), BTreeMap::new());
+    c.status_override = Some(Status::Absent);
+    c.reasons
+        .push(reason(Status::Absent, signal, "", "", "", now, message));
+    c
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -67,6 +67,17 @@ impl NvmlSource {
         }
     }
 
+    /// True when NVML is not there by design: the library under its default
+    /// name is not found at all, and the host has no NVIDIA device node (a
+    /// TPU or CPU host). A library named in the config, one that loads and
+    /// fails, or a host with `/dev/nvidiactl` reads UNKNOWN instead: there
+    /// NVML should be there.
+    fn absent_by_design(&self, e: &nvml_wrapper::error::NvmlError) -> bool {
+        matches!(e, nvml_wrapper::error::NvmlError::LibloadingError(_))
+            && self.cfg.library == config::NvmlConfig::default().library
+            && !std::path::Path::new("/dev/nvidiactl").exists()
+    }
+
     /// Loads the library if not loaded yet; the `nvml` component says why not.
     fn load(&mut self, now: SystemTime) -> Result<Arc<nvml_wrapper::Nvml>, ComponentReport> {
         if let Some(n) = &self.nvml {
@@ -88,6 +99,14 @@ impl NvmlSource {
                 self.nvml = Some(n.clone());
                 Ok(n)
             }
+            Err(e) if self.absent_by_design(&e) => Err(judge::absent(
+                "nvml.load",
+                format!(
+                    "NVML not installed (absent by design: no {:?} and no NVIDIA device node): {e}",
+                    self.cfg.library
+                ),
+                now,
+            )),
             Err(e) => Err(judge::unknown(
                 "nvml.load",
                 format!("cannot use NVML from {:?}: {e}", self.cfg.library),
