@@ -18,5 +18,6 @@ pub mod observe;
 pub mod peer_auth;
 pub mod service;
 pub mod stragglers;
+pub mod uds_authority;
 
 pub use service::AgentService;
