@@ -488,9 +488,13 @@ mod tests {
         out.to_vec()
     }
 
+    /// A frame read back: HEADERS' flags (or the frame type), stream,
+    /// decoded fields (or the payload).
+    type ReadFrame = (u8, u32, Vec<(Vec<u8>, Vec<u8>)>);
+
     /// Parses `bytes` (after the preface) into frames and decodes each
     /// header block with a fresh decoder, as h2 would.
-    fn read_back(bytes: &[u8]) -> Vec<(u8, u32, Vec<(Vec<u8>, Vec<u8>)>)> {
+    fn read_back(bytes: &[u8]) -> Vec<ReadFrame> {
         let mut dec = loona_hpack::Decoder::new();
         let mut rest = &bytes[PREFACE_LEN..];
         let mut out = Vec::new();
@@ -719,7 +723,7 @@ mod tests {
                 input.push(x as u8);
             }
             // Often a header frame of a plausible length.
-            if x % 2 == 0 && input.len() > PREFACE_LEN + 9 {
+            if x.is_multiple_of(2) && input.len() > PREFACE_LEN + 9 {
                 let len = input.len() - PREFACE_LEN - 9;
                 input[PREFACE_LEN] = 0;
                 input[PREFACE_LEN + 1] = (len >> 8) as u8;
