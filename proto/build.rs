@@ -30,9 +30,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .compile_protos(&protos, &[".", &include.to_string_lossy()])?;
     // Foreign protocols warden speaks (libtpu's runtime metrics, NVIDIA's
     // nvhcd): compiled apart, so they stay out of warden's reflection set.
+    // Both are upstream's files as published (tpu_info/proto/ at tpu-info's
+    // path, so its import is unedited; nvhcd/ as in nvidia-resiliency-ext):
+    // the provenance is in each file's header and docs/dependencies.md.
     let foreign = [
-        "tpu/tpu_telemetry.proto",
-        "tpu/tpu_metric_service.proto",
+        "tpu_info/proto/tpu_telemetry.proto",
+        "tpu_info/proto/tpu_metric_service.proto",
         "nvhcd/nvhcd.proto",
     ];
     for p in &foreign {

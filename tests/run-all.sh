@@ -18,7 +18,7 @@ docker version --format 'docker engine {{.Server.Version}}' 2>/dev/null || true
 etcd --version 2>/dev/null | head -1 || true
 protoc --version 2>/dev/null || true
 
-step "python venv (.venv, inside the clone) with the warden package, pytest, kubernetes-validate"
+step "python venv (.venv, inside the clone) with the warden package, pytest, kubernetes-validate, stock gRPC clients"
 # The system tests drive real Python ranks through this interpreter
 # (WARDEN_TEST_PYTHON); pip builds the package with maturin from PyPI.
 # kubernetes-validate checks deploy/kubernetes against the Kubernetes
@@ -28,6 +28,9 @@ python3 -m venv .venv
 .venv/bin/pip install --quiet --upgrade pip
 .venv/bin/pip install --quiet pytest kubernetes-validate
 .venv/bin/pip install --quiet ./client/python
+# The stock gRPC clients tests/interop.rs drives over the Unix sockets
+# (grpcio, grpclib, grpcurl), pinned.
+.venv/bin/pip install --quiet -r tests/interop/requirements.txt
 export WARDEN_TEST_PYTHON="$PWD/.venv/bin/python"
 
 step "cargo fmt --check"

@@ -15,7 +15,8 @@ pub mod v1 {
 }
 
 /// Package `tpu.monitoring.runtime`: libtpu's runtime metrics service
-/// (`proto/tpu/`), which the TPU source polls.
+/// (`proto/tpu_info/proto/`, transcribed from tpu-info), which the TPU
+/// source polls.
 pub mod tpu {
     /// `tpu.monitoring`.
     pub mod monitoring {

@@ -17,6 +17,8 @@ use tokio::net::UnixStream;
 use tonic::Status;
 use tonic::transport::server::Connected;
 
+use crate::api::uds_authority::AuthorityFilter;
+
 /// The process at the other end of a Unix-socket connection, as the kernel
 /// reported it when the connection was accepted: what authorization and
 /// rank registration are decided on.
@@ -112,19 +114,27 @@ fn peer_groups(stream: &UnixStream) -> io::Result<Vec<u32>> {
     }
 }
 
-/// A Unix-socket connection with the peer it was accepted from.
+/// A Unix-socket connection with the peer it was accepted from. What the
+/// client sends goes through [`AuthorityFilter`], so stock gRPC clients
+/// that name the socket path as `:authority` are served (see
+/// [`crate::api::uds_authority`]).
 #[derive(Debug)]
 pub struct LocalConn {
-    io: UnixStream,
+    io: AuthorityFilter<UnixStream>,
     peer: LocalPeer,
 }
 
 impl LocalConn {
     /// Wraps an accepted connection; fails when the kernel will not say
-    /// who is at the other end (the connection is then dropped).
+    /// who is at the other end (the connection is then dropped). The
+    /// credentials are read from the socket itself, before any byte of it
+    /// is read, and stay with the connection whatever the filter does.
     pub fn accept(io: UnixStream) -> io::Result<Self> {
         let peer = LocalPeer::of(&io)?;
-        Ok(Self { io, peer })
+        Ok(Self {
+            io: AuthorityFilter::new(io),
+            peer,
+        })
     }
 }
 

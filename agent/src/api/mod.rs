@@ -21,5 +21,6 @@ pub mod service;
 pub mod slot_socket;
 pub mod stragglers;
 pub mod streams;
+pub mod uds_authority;
 
 pub use service::AgentService;

@@ -133,7 +133,9 @@ pub fn bind(path: &str, mode: u32) -> std::io::Result<tokio::net::UnixListener> 
 }
 
 /// Serves `nvhcd.HealthCheckService` on `listener` until shutdown, then
-/// removes the socket file at `path`.
+/// removes the socket file at `path`. Each connection goes through
+/// [`crate::api::uds_authority::AuthorityFilter`], so grpcio's default
+/// `:authority` (the percent-encoded socket path) is served.
 pub async fn serve(listener: tokio::net::UnixListener, path: String, state: Arc<AgentState>) {
     let stop = state.shutdown.clone();
     let svc = warden_proto::nvhcd::health_check_service_server::HealthCheckServiceServer::new(
@@ -142,7 +144,12 @@ pub async fn serve(listener: tokio::net::UnixListener, path: String, state: Arc<
     let result = tonic::transport::Server::builder()
         .add_service(svc)
         .serve_with_incoming_shutdown(
-            tokio_stream::wrappers::UnixListenerStream::new(listener),
+            // NVRx's grpcio client names the socket path as `:authority`:
+            // see crate::api::uds_authority.
+            tokio_stream::StreamExt::map(
+                tokio_stream::wrappers::UnixListenerStream::new(listener),
+                |conn| conn.map(crate::api::uds_authority::AuthorityFilter::new),
+            ),
             stop.cancelled(),
         )
         .await;

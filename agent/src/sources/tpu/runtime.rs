@@ -27,6 +27,25 @@ pub struct CoreError {
     pub message: String,
 }
 
+/// The cores of a GetTpuRuntimeStatus answer that carry an error message,
+/// by core. Pure.
+pub fn core_errors(status: pb::GetTpuRuntimeStatusResponse) -> Vec<CoreError> {
+    let mut errors: Vec<CoreError> = status
+        .core_states
+        .into_iter()
+        .filter_map(|(core, s)| {
+            let message = s.error_message.filter(|m| !m.trim().is_empty())?;
+            Some(CoreError {
+                core,
+                chip: s.core_id.and_then(|c| c.chip_id),
+                message,
+            })
+        })
+        .collect();
+    errors.sort_by_key(|e| e.core);
+    errors
+}
+
 /// What one runtime (one port) said.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct RuntimeReading {
@@ -52,7 +71,9 @@ pub fn device_of(m: &pb::Metric) -> Option<i64> {
         Attr::IntAttr(i) => Some(*i),
         Attr::StringAttr(s) => s.trim().parse().ok(),
         Attr::DoubleAttr(d) => Some(d.round() as i64),
-        Attr::BoolAttr(_) => None,
+        // Upstream's schema also has list, key-value and bytes values: none
+        // names one device.
+        Attr::BoolAttr(_) | Attr::ArrayAttr(_) | Attr::KvlistAttr(_) | Attr::BytesAttr(_) => None,
     }
 }
 
@@ -123,20 +144,111 @@ pub async fn query(port: u16, timeout: Duration) -> Result<RuntimeReading, Strin
     {
         Ok(resp) => {
             reading.status_served = true;
-            for (core, s) in resp.into_inner().core_states {
-                if let Some(message) = s.error_message.filter(|m| !m.trim().is_empty()) {
-                    reading.core_errors.push(CoreError {
-                        core,
-                        chip: s.core_id.map(|c| c.chip_id),
-                        message,
-                    });
-                }
-            }
-            reading.core_errors.sort_by_key(|e| e.core);
+            reading.core_errors = core_errors(resp.into_inner());
         }
         // Older libtpu: UNIMPLEMENTED is normal, not a fault.
         Err(s) if s.code() == tonic::Code::Unimplemented => {}
         Err(s) => return Err(format!("port {port}: GetTpuRuntimeStatus: {s}")),
     }
     Ok(reading)
+}
+
+#[cfg(test)]
+mod tests {
+    use prost::Message;
+
+    use super::*;
+
+    /// Protobuf wire helpers, written out by hand so the bytes do not come
+    /// from the schema under test.
+    fn varint(out: &mut Vec<u8>, mut v: u64) {
+        while v >= 0x80 {
+            out.push((v as u8) | 0x80);
+            v >>= 7;
+        }
+        out.push(v as u8);
+    }
+    fn field_varint(out: &mut Vec<u8>, field: u64, v: u64) {
+        varint(out, field << 3);
+        varint(out, v);
+    }
+    fn field_bytes(out: &mut Vec<u8>, field: u64, b: &[u8]) {
+        varint(out, (field << 3) | 2);
+        varint(out, b.len() as u64);
+        out.extend_from_slice(b);
+    }
+
+    /// A GetTpuRuntimeStatusResponse as libtpu encodes it with upstream
+    /// tpu-info's schema: four cores, `core_on_chip` a TpuCoreOnChipProto
+    /// message (field 3, length-delimited), core 2 halted.
+    fn upstream_bytes() -> Vec<u8> {
+        let mut resp = Vec::new();
+        field_bytes(&mut resp, 1, b"t1v-host-0");
+        for core in 0..4u64 {
+            let mut on_chip = Vec::new();
+            field_varint(&mut on_chip, 1, 1); // TPU_CORE_TYPE_TENSOR_CORE
+            field_varint(&mut on_chip, 2, 0);
+            let mut id = Vec::new();
+            field_varint(&mut id, 1, core);
+            field_varint(&mut id, 2, core);
+            field_bytes(&mut id, 3, &on_chip);
+            let mut state = Vec::new();
+            field_bytes(&mut state, 1, &id);
+            field_varint(&mut state, 3, 0);
+            field_bytes(&mut state, 4, &[0xab; 32]);
+            field_varint(&mut state, 5, 9);
+            if core == 2 {
+                field_bytes(&mut state, 7, b"core 2 halted");
+            }
+            let mut entry = Vec::new();
+            field_varint(&mut entry, 1, core);
+            field_bytes(&mut entry, 2, &state);
+            field_bytes(&mut resp, 2, &entry);
+        }
+        resp
+    }
+
+    #[test]
+    fn a_status_filling_core_on_chip_decodes_and_shows_the_halted_core() {
+        let status = pb::GetTpuRuntimeStatusResponse::decode(&upstream_bytes()[..])
+            .expect("upstream's encoding decodes");
+        assert_eq!(status.core_states.len(), 4);
+        let on_chip = status.core_states[&1]
+            .core_id
+            .as_ref()
+            .and_then(|c| c.core_on_chip.as_ref())
+            .and_then(|c| c.index);
+        assert_eq!(on_chip, Some(0));
+        assert_eq!(
+            core_errors(status),
+            vec![CoreError {
+                core: 2,
+                chip: Some(2),
+                message: "core 2 halted".into(),
+            }]
+        );
+    }
+
+    /// The schema warden had before (issue 22): `core_on_chip` an int32.
+    /// The same bytes do not decode with it, which dropped the whole answer.
+    #[derive(Clone, PartialEq, prost::Message)]
+    struct OldIdentifier {
+        #[prost(int32, tag = "3")]
+        core_on_chip: i32,
+    }
+    #[derive(Clone, PartialEq, prost::Message)]
+    struct OldState {
+        #[prost(message, optional, tag = "1")]
+        core_id: Option<OldIdentifier>,
+    }
+    #[derive(Clone, PartialEq, prost::Message)]
+    struct OldResponse {
+        #[prost(map = "int32, message", tag = "2")]
+        core_states: std::collections::HashMap<i32, OldState>,
+    }
+
+    #[test]
+    fn the_old_int32_schema_could_not_decode_it() {
+        assert!(OldResponse::decode(&upstream_bytes()[..]).is_err());
+    }
 }
