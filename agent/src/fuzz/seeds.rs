@@ -28,24 +28,31 @@ pub(crate) fn config_tables() -> Vec<toml::Table> {
         .collect()
 }
 
-/// A slot file of 4 slots, as the agent creates it: header and length.
+/// The bytes of a slot memory (its header and its one slot), read
+/// through a duplicate of its descriptor.
+fn memory_bytes(m: &warden_client::slot::SlotMemory) -> Vec<u8> {
+    use std::os::unix::fs::FileExt;
+    use warden_client::slot::memory_len;
+    let f = std::fs::File::from(m.fd().try_clone_to_owned().expect("dup"));
+    let mut bytes = vec![0u8; usize::try_from(memory_len()).expect("length")];
+    f.read_exact_at(&mut bytes, 0)
+        .expect("read the slot memory");
+    bytes
+}
+
+/// A slot memory's header as the agent stamps it, and its length.
 pub(crate) fn slot_header() -> Vec<Vec<u8>> {
-    use warden_client::slot::{HEADER_SIZE, SlotFile, file_len};
-    let t = tempfile::tempdir().expect("temp dir");
-    let path = t.path().join("slots");
-    SlotFile::create(&path, 4).expect("create");
-    let bytes = std::fs::read(&path).expect("read");
-    let mut seed = bytes[..HEADER_SIZE].to_vec();
-    seed.extend_from_slice(&file_len(4).to_le_bytes());
+    use warden_client::slot::{HEADER_SIZE, SlotMemory, memory_len};
+    let m = SlotMemory::create().expect("create a slot memory");
+    let mut seed = memory_bytes(&m)[..HEADER_SIZE].to_vec();
+    seed.extend_from_slice(&memory_len().to_le_bytes());
     vec![seed]
 }
 
 /// A claimed slot a rank has written steps and sections into.
 pub(crate) fn slot_record() -> Vec<Vec<u8>> {
-    use warden_client::slot::{SLOT_SIZE, SlotFile, slot_offset};
-    let t = tempfile::tempdir().expect("temp dir");
-    let path = t.path().join("slots");
-    let slots = SlotFile::create(&path, 1).expect("create");
+    use warden_client::slot::{SLOT_SIZE, SlotTable, slot_offset};
+    let slots = SlotTable::new(1).expect("a slot table");
     slots.claim(0, 7, 1234).expect("claim");
     let w = slots.writer(0).expect("writer");
     for step in 0..70u64 {
@@ -57,7 +64,7 @@ pub(crate) fn slot_record() -> Vec<Vec<u8>> {
         w.step_end(step, step * 1000 + 900);
         w.heartbeat();
     }
-    let bytes = std::fs::read(&path).expect("read");
+    let bytes = memory_bytes(slots.memory(0).expect("claimed, so made"));
     let at = usize::try_from(slot_offset(0)).expect("offset");
     vec![bytes[at..at + SLOT_SIZE].to_vec()]
 }

@@ -77,24 +77,20 @@ pub(crate) fn slot_header(bytes: &[u8]) {
     if let Err(e) = validate_header(path, &header, len) {
         assert_says_something("slot header", &e.to_string());
     }
-    // The same header in a real file, as the agent (and a client) opens
-    // it: shorter or longer than it claims (sparse: no bytes written).
+    // The same header in a real slot memory (sealed: its length is fixed),
+    // mapped as a rank maps what the slot socket hands it.
     use std::os::unix::fs::FileExt;
-    use warden_client::slot::{SlotFile, file_len};
-    let t = tempfile::tempdir().expect("temp dir");
-    let file = t.path().join("slots");
-    let f = std::fs::File::create(&file).expect("create");
-    f.write_all_at(&header, 0).expect("write");
-    f.set_len(len.clamp(HEADER_SIZE as u64, file_len(16)))
-        .expect("set_len");
-    match SlotFile::open_existing(&file) {
-        Err(e) => assert_says_something("slot file", &e.to_string()),
-        Ok(slots) => {
-            let n = slots.slot_count();
-            assert!(n > 0 && file_len(n) <= f.metadata().expect("stat").len());
-            for i in [0, n - 1, n] {
-                let _ = slots.snapshot(i);
-            }
+    use warden_client::slot::SlotMemory;
+    let m = SlotMemory::create().expect("create a slot memory");
+    let fd = m.fd().try_clone_to_owned().expect("dup");
+    std::fs::File::from(fd.try_clone().expect("dup"))
+        .write_all_at(&header, 0)
+        .expect("write the header");
+    match SlotMemory::open(fd) {
+        Err(e) => assert_says_something("slot memory", &e.to_string()),
+        Ok(mapped) => {
+            let _ = mapped.writer();
+            let _ = mapped.slot();
         }
     }
 }
@@ -104,14 +100,18 @@ pub(crate) fn slot_header(bytes: &[u8]) {
 /// agent's scan makes answers or errs, bounded.
 pub(crate) fn slot_record(bytes: &[u8]) {
     use std::os::unix::fs::FileExt;
-    use warden_client::slot::{SLOT_SIZE, SlotFile, slot_offset};
-    let t = tempfile::tempdir().expect("temp dir");
-    let path = t.path().join("slots");
-    let slots = SlotFile::create(&path, 2).expect("create the slot file");
-    let f = std::fs::OpenOptions::new()
-        .write(true)
-        .open(&path)
-        .expect("open");
+    use warden_client::slot::{SLOT_SIZE, SlotTable, slot_offset};
+    let slots = SlotTable::new(2).expect("a slot table");
+    slots.claim(0, 7, 1234).expect("claim slot 0");
+    slots.claim(1, 8, 1235).expect("claim slot 1");
+    let f = std::fs::File::from(
+        slots
+            .memory(1)
+            .expect("claimed, so made")
+            .fd()
+            .try_clone_to_owned()
+            .expect("dup"),
+    );
     // Slot 1 gets the input (repeated to fill it, so the ring and the
     // names see it too); slot 0 stays a clean neighbour.
     let fill: Vec<u8> = if bytes.is_empty() {
@@ -119,7 +119,7 @@ pub(crate) fn slot_record(bytes: &[u8]) {
     } else {
         bytes.iter().copied().cycle().take(SLOT_SIZE).collect()
     };
-    f.write_all_at(&fill, slot_offset(1))
+    f.write_all_at(&fill, slot_offset(0))
         .expect("write the slot");
     for (what, r) in [
         ("snapshot", slots.snapshot(1).map(|_| ())),
