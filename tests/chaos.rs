@@ -347,9 +347,17 @@ fn a_four_rank_job_steps_and_saves_through_repeated_agent_kills() {
                 let got = ck
                     .restore(save.step)
                     .unwrap_or_else(|e| {
-                        panic!("rank {r}: step {} is listed complete but does not restore: {e}", save.step)
+                        panic!(
+                            "rank {r}: step {} is listed complete but does not restore: {e}",
+                            save.step
+                        )
                     })
-                    .unwrap_or_else(|| panic!("rank {r}: step {} listed complete, restore found none", save.step));
+                    .unwrap_or_else(|| {
+                        panic!(
+                            "rank {r}: step {} listed complete, restore found none",
+                            save.step
+                        )
+                    });
                 assert_eq!(got.step, save.step);
                 let bytes = got.read().expect("read the restored shard");
                 assert_eq!(
@@ -357,7 +365,11 @@ fn a_four_rank_job_steps_and_saves_through_repeated_agent_kills() {
                     save.sha256,
                     "rank {r}: step {} (listed complete; the save {}) restored other bytes than were saved",
                     save.step,
-                    if save.committed { "was committed" } else { "had failed" }
+                    if save.committed {
+                        "was committed"
+                    } else {
+                        "had failed"
+                    }
                 );
                 restored += 1;
             } else if save.committed {
@@ -365,7 +377,10 @@ fn a_four_rank_job_steps_and_saves_through_repeated_agent_kills() {
                 // restore offers it; the committed shard must still be whole.
                 let path = save.path.as_deref().expect("a committed save's path");
                 let bytes = std::fs::read(path).unwrap_or_else(|e| {
-                    panic!("rank {r}: step {} was committed, and its shard {path} is gone: {e}", save.step)
+                    panic!(
+                        "rank {r}: step {} was committed, and its shard {path} is gone: {e}",
+                        save.step
+                    )
                 });
                 assert_eq!(
                     sha256_hex(&bytes),

@@ -15,7 +15,9 @@
 //! stop with the same status) for a job that failed for good, `Cordoned`
 //! for 86, `Stopped` when this host goes alone (a signal, the others'
 //! stop); `next_remote` is `next_round`; `node_fault` is `leave(Cordoned)`
-//! and exit 86; a lost lease is a stop with 86.
+//! and exit 86; a lost lease is a stop with 86, but only once it could not
+//! be regained: a lease that lapsed (etcd out, this host stalled) is kept or
+//! re-granted by the coordinator, same place in the round, workers running.
 //!
 //! Never: start workers for a round this host has no place in, or ask for
 //! a restart after the job ended elsewhere.
@@ -87,6 +89,11 @@ pub fn config(args: &RunArgs, job: &str, access: etcd::EtcdAccess) -> etcd::Coor
     // A launcher restarted on the same host waits for its predecessor's
     // lease to run out.
     c.join_timeout = args.rdzv_lease_ttl + Duration::from_secs(10);
+    // A member whose lease lapsed gets one more TTL to re-register before
+    // the others re-form the round without it; this host keeps trying to
+    // regain its own for a minute (or ten TTLs) with its workers running.
+    c.rejoin_grace = args.rdzv_lease_ttl;
+    c.rejoin_timeout = (args.rdzv_lease_ttl * 10).max(Duration::from_secs(60));
     c
 }
 
@@ -204,7 +211,9 @@ impl EtcdCoordinator {
     /// A library error as the launcher's: its exit status.
     fn halt(&mut self, e: etcd::CoordError) -> CoordError {
         let exit_code = match &e {
-            etcd::CoordError::LeaseLost { .. } => {
+            // Out of the job: the membership was not regained in time, or
+            // another launcher took this host id meanwhile.
+            etcd::CoordError::LeaseLost { .. } | etcd::CoordError::HostTaken { .. } => {
                 self.lost = true;
                 EXIT_NODE_FAULT
             }
