@@ -77,6 +77,10 @@ pub struct CoordState {
     /// How many times this launcher regained its membership under a new
     /// lease after etcd expired the old one (its workers kept running).
     pub rejoins: u32,
+    /// Set while the membership lease has lapsed by this host's clock (no
+    /// keep-alive answered for a TTL, or etcd expired it) and is not yet
+    /// kept or regained: what since, and why.
+    pub lease_lapsed: Option<String>,
 }
 
 /// Why a launcher leaves the job.

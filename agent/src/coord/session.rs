@@ -604,7 +604,10 @@ impl Inner {
             new_lease = %format_args!("{lease:x}"),
             "coord: rejoined the job under a new lease (the old one expired in etcd); workers kept running"
         );
-        self.state.send_modify(|s| s.rejoins += 1);
+        self.state.send_modify(|s| {
+            s.rejoins += 1;
+            s.lease_lapsed = None;
+        });
         self.publish();
         Ok(lease)
     }
@@ -674,6 +677,15 @@ pub(crate) async fn keep_lease(inner: Arc<Inner>, granted_at: Instant) {
                 "coord: membership lease lapsed (no keep-alive answered for a TTL, or etcd expired it); \
                  workers keep running; keeping or regaining it"
             );
+            let why = if expired_in_etcd {
+                "etcd expired it".to_owned()
+            } else {
+                format!(
+                    "no keep-alive answered for {ttl:?} by etcd at {}",
+                    inner.endpoints
+                )
+            };
+            inner.state.send_modify(|s| s.lease_lapsed = Some(why));
         }
         if let Some(since) = doubt
             && now.duration_since(since) >= inner.cfg.rejoin_timeout
@@ -747,6 +759,7 @@ async fn keep_alive_stream(
                 in_doubt = ?since.elapsed(),
                 "coord: membership lease kept: etcd answered again and still has it"
             );
+            inner.state.send_modify(|s| s.lease_lapsed = None);
         }
     };
     let sent = Instant::now();

@@ -61,6 +61,9 @@ pub struct EtcdCoordinator {
     /// A restart this host asked for that etcd did not take yet: the
     /// rendezvous asks again (else nobody would make its round).
     unsent: Option<String>,
+    /// The membership's lease state last told on the console: lapsed or
+    /// not, and the rejoins so far.
+    told_lease: (bool, u32),
 }
 
 /// The etcd coordinator's config from `warden run`'s flags, for job `job`,
@@ -197,6 +200,7 @@ impl EtcdCoordinator {
             ended_elsewhere: false,
             lost: false,
             unsent: None,
+            told_lease: (false, 0),
         })
     }
 
@@ -392,7 +396,43 @@ impl Coordinator for EtcdCoordinator {
         let Some(c) = &self.coord else {
             return std::future::pending().await;
         };
-        match c.next_round(self.epoch).await {
+        let mut states = c.rounds();
+        let told = self.told_lease;
+        let lease_news = async {
+            loop {
+                {
+                    let s = states.borrow_and_update();
+                    let now = (s.lease_lapsed.is_some(), s.rejoins);
+                    if now != told {
+                        return (now, s.lease_lapsed.clone());
+                    }
+                }
+                if states.changed().await.is_err() {
+                    return std::future::pending().await;
+                }
+            }
+        };
+        let next = tokio::select! {
+            r = c.next_round(self.epoch) => r,
+            ((lapsed, rejoins), why) = lease_news => {
+                self.told_lease = (lapsed, rejoins);
+                return Remote::Note(if lapsed {
+                    format!(
+                        "etcd: this host's membership lease lapsed ({}); the workers keep running while it is kept or regained",
+                        why.unwrap_or_default()
+                    )
+                } else if rejoins > told.1 {
+                    format!(
+                        "etcd: rejoined the job under a new lease {:x} (the old one expired); same place in round {}, workers untouched",
+                        c.lease_id(),
+                        self.epoch
+                    )
+                } else {
+                    "etcd: answered again and still holds this host's lease; nothing lost".to_owned()
+                });
+            }
+        };
+        match next {
             Ok(r) => Remote::NewRound {
                 reason: format!("round {}: {} (by {})", r.epoch, r.reason, r.decided_by),
             },
