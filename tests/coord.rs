@@ -293,7 +293,7 @@ async fn pair(etcd: &EtcdServer, job: &str) -> (Coordinator, Coordinator, Round)
 async fn next_is_the_only_new_round(a: &Coordinator, b: &Coordinator, epoch: u64) {
     let e = within(WAIT, "restart request", b.request_restart(epoch, "probe"))
         .await
-        .expect("the restart request");
+        .unwrap_or_else(|e| panic!("the restart request: {e}"));
     assert_eq!(e, epoch + 1, "a round came between (epoch {epoch} -> {e})");
     let (ra, rb) = (round(a, epoch).await, round(b, epoch).await);
     for r in [&ra, &rb] {
@@ -312,7 +312,7 @@ async fn etcd_client(etcd: &EtcdServer) -> etcd_client::Client {
         etcd_client::Client::connect(etcd.endpoints(), None),
     )
     .await
-    .expect("connect to etcd")
+    .unwrap_or_else(|e| panic!("connect to etcd: {e}"))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
