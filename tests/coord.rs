@@ -1,6 +1,6 @@
 //! Multi-host coordination through a real etcd: three coordinators in one
 //! process act as three hosts' launchers (host-a/b/c, advertising
-//! 127.0.0.1/2/3), each test with its own etcd server.
+//! 127.0.0.2/3/4: each host its own loopback address), each test with its own etcd server.
 //!
 //! What is shown: one round for all at start; one round per failure when
 //! two hosts report it at once; a host whose launcher dies is out after one
@@ -62,9 +62,9 @@ async fn three(etcd: &EtcdServer, job: &str) -> [Coordinator; 3] {
         c.last_call = Duration::from_secs(3);
         c
     };
-    let a = join(mk("host-a", "127.0.0.1")).await;
-    let b = join(mk("host-b", "127.0.0.2")).await;
-    let c = join(mk("host-c", "127.0.0.3")).await;
+    let a = join(mk("host-a", "127.0.0.2")).await;
+    let b = join(mk("host-b", "127.0.0.3")).await;
+    let c = join(mk("host-c", "127.0.0.4")).await;
     [a, b, c]
 }
 
@@ -87,7 +87,7 @@ async fn three_hosts_form_one_round() {
         assert_eq!((r.nnodes, r.world_size), (3, 6));
         assert_eq!(
             (r.master_addr.as_str(), r.master_port),
-            ("127.0.0.1", 29501)
+            ("127.0.0.2", 29501)
         );
         assert!(r.runs_workers());
     }
@@ -184,7 +184,7 @@ async fn a_dead_host_scales_the_job_down_and_its_return_scales_it_up() {
     println!("scale down seen {took:?} after the launcher died (lease TTL {TTL:?})");
 
     // It comes back (a new launcher, a new lease): the round grows at once.
-    let c = join(cfg(&etcd, "job-elastic", "host-c", "127.0.0.3", 2, 3)).await;
+    let c = join(cfg(&etcd, "job-elastic", "host-c", "127.0.0.4", 2, 3)).await;
     let rounds = [round(&a, 2).await, round(&b, 2).await, round(&c, 2).await];
     for r in &rounds {
         assert_eq!(r.epoch, 3);
@@ -202,9 +202,9 @@ async fn a_dead_host_scales_the_job_down_and_its_return_scales_it_up() {
 async fn a_spare_takes_a_cordoned_hosts_rank() {
     let etcd = EtcdServer::start();
     let job = "job-spare";
-    let a = join(cfg(&etcd, job, "host-a", "127.0.0.1", 2, 2)).await;
-    let b = join(cfg(&etcd, job, "host-b", "127.0.0.2", 2, 2)).await;
-    let mut spare = cfg(&etcd, job, "host-s", "127.0.0.3", 2, 2);
+    let a = join(cfg(&etcd, job, "host-a", "127.0.0.2", 2, 2)).await;
+    let b = join(cfg(&etcd, job, "host-b", "127.0.0.3", 2, 2)).await;
+    let mut spare = cfg(&etcd, job, "host-s", "127.0.0.4", 2, 2);
     spare.spare = true;
     let s = join(spare).await;
     let (ra, rb, rs) = (round(&a, 0).await, round(&b, 0).await, round(&s, 0).await);
@@ -239,7 +239,7 @@ async fn a_spare_takes_a_cordoned_hosts_rank() {
 async fn too_few_hosts_wait_with_a_clear_error() {
     let etcd = EtcdServer::start();
     let job = "job-min";
-    let a = join(cfg(&etcd, job, "host-a", "127.0.0.1", 2, 3)).await;
+    let a = join(cfg(&etcd, job, "host-a", "127.0.0.2", 2, 3)).await;
     match a.wait_for_round(0, Duration::from_secs(1)).await {
         Err(CoordError::NotEnoughNodes {
             live: 1,
@@ -248,7 +248,7 @@ async fn too_few_hosts_wait_with_a_clear_error() {
         }) => {}
         other => panic!("expected NotEnoughNodes, got {other:?}"),
     }
-    let b = join(cfg(&etcd, job, "host-b", "127.0.0.2", 2, 3)).await;
+    let b = join(cfg(&etcd, job, "host-b", "127.0.0.3", 2, 3)).await;
     // Two of three: the round forms after the last call.
     let r1 = round(&a, 0).await;
     assert_eq!(r1.members, ["host-a", "host-b"]);
@@ -273,7 +273,7 @@ async fn too_few_hosts_wait_with_a_clear_error() {
         "unclear error: {text}"
     );
     // host-b back: the job runs again.
-    let b = join(cfg(&etcd, job, "host-b", "127.0.0.2", 2, 3)).await;
+    let b = join(cfg(&etcd, job, "host-b", "127.0.0.3", 2, 3)).await;
     let r = round(&a, waiting.epoch).await;
     assert_eq!(r.members, ["host-a", "host-b"]);
     assert_eq!(round(&b, waiting.epoch).await.node_rank, Some(1));
@@ -281,8 +281,8 @@ async fn too_few_hosts_wait_with_a_clear_error() {
 
 /// Two hosts in one running round (min = max = 2).
 async fn pair(etcd: &EtcdServer, job: &str) -> (Coordinator, Coordinator, Round) {
-    let a = join(cfg(etcd, job, "host-a", "127.0.0.1", 2, 2)).await;
-    let b = join(cfg(etcd, job, "host-b", "127.0.0.2", 2, 2)).await;
+    let a = join(cfg(etcd, job, "host-a", "127.0.0.2", 2, 2)).await;
+    let b = join(cfg(etcd, job, "host-b", "127.0.0.3", 2, 2)).await;
     let r = round(&a, 0).await;
     assert_eq!(round(&b, 0).await.epoch, r.epoch);
     (a, b, r)
@@ -428,10 +428,10 @@ async fn a_host_id_taken_while_the_lease_was_gone_ends_the_membership() {
 async fn a_host_id_held_by_a_live_launcher_is_refused() {
     let etcd = EtcdServer::start();
     let job = "job-dup";
-    let _a = join(cfg(&etcd, job, "host-a", "127.0.0.1", 1, 2)).await;
+    let _a = join(cfg(&etcd, job, "host-a", "127.0.0.2", 1, 2)).await;
     let started = Instant::now();
     match Coordinator::join(cfg(&etcd, job, "host-a", "127.0.0.9", 1, 2)).await {
-        Err(CoordError::HostTaken { holder_addr, .. }) => assert_eq!(holder_addr, "127.0.0.1"),
+        Err(CoordError::HostTaken { holder_addr, .. }) => assert_eq!(holder_addr, "127.0.0.2"),
         other => panic!("expected HostTaken, got {other:?}"),
     }
     assert!(started.elapsed() < Duration::from_secs(5));
@@ -446,8 +446,8 @@ async fn a_finished_host_does_not_restart_the_others() {
         c.last_call = Duration::from_secs(3);
         c
     };
-    let a = join(mk("host-a", "127.0.0.1")).await;
-    let b = join(mk("host-b", "127.0.0.2")).await;
+    let a = join(mk("host-a", "127.0.0.2")).await;
+    let b = join(mk("host-b", "127.0.0.3")).await;
     let r = round(&b, 0).await;
     assert_eq!(r.nnodes, 2);
     assert_eq!(round(&a, 0).await.epoch, r.epoch);
@@ -471,8 +471,8 @@ async fn a_finished_host_does_not_restart_the_others() {
         .expect("host-b leaves");
 
     // The same job id run again: the old end marker does not end it.
-    let a = join(mk("host-a", "127.0.0.1")).await;
-    let b = join(mk("host-b", "127.0.0.2")).await;
+    let a = join(mk("host-a", "127.0.0.2")).await;
+    let b = join(mk("host-b", "127.0.0.3")).await;
     // (host-a alone may get a round first, min being 1.)
     let mut again = round(&a, r.epoch).await;
     while again.nnodes < 2 {
@@ -524,8 +524,8 @@ async fn a_failed_job_stops_every_host_with_its_exit_code() {
         c.last_call = Duration::from_secs(3);
         c
     };
-    let a = join(mk("host-a", "127.0.0.1")).await;
-    let b = join(mk("host-b", "127.0.0.2")).await;
+    let a = join(mk("host-a", "127.0.0.2")).await;
+    let b = join(mk("host-b", "127.0.0.3")).await;
     let r = round(&b, 0).await;
     assert_eq!(round(&a, 0).await.epoch, r.epoch);
     let failed = Leave::Failed {
