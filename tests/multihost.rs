@@ -24,7 +24,8 @@
 //!   anywhere, the agents learn each other from the launchers' rounds.
 //!
 //! - etcd killed (SIGKILL) and started again on its data after two lease
-//!   TTLs: every host's workers keep stepping through the outage, no host
+//!   TTLs, then one host's lease expired in etcd: every host's workers keep
+//!   stepping through both, the host rejoins under a new lease, no host
 //!   leaves, no round is made, and the job finishes with exit 0 everywhere.
 //!
 //! The tests run one at a time (a lock): each runs up to seven Python
@@ -927,7 +928,7 @@ fn step_line(line: &str) -> Option<(u32, u64)> {
 }
 
 #[test]
-fn etcd_killed_and_restarted_under_a_running_job_loses_no_host() {
+fn etcd_killed_and_a_lease_expired_under_a_running_job_lose_no_host() {
     let _one = serial();
     let mut etcd = EtcdServer::start();
     let ckpt = shared_ckpt();
@@ -936,7 +937,7 @@ fn etcd_killed_and_restarted_under_a_running_job_loses_no_host() {
         nproc: 2,
         nnodes: "2",
         ckpt: ckpt.path(),
-        steps: 500,
+        steps: 600,
         step_ms: 50,
         extra: &[],
         env: &[],
@@ -986,6 +987,53 @@ fn etcd_killed_and_restarted_under_a_running_job_loses_no_host() {
             "rank {rank} did not keep stepping during the {back:?} outage: {seen:?}"
         );
     }
+
+    // Then etcd expires host-a's lease (as when the host stalls past its
+    // TTL; here revoked from outside, so the moment is the test's): host-a
+    // rejoins under a new lease, same round, its workers untouched.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let revoked = rt.block_on(async {
+        let mut c = etcd_client::Client::connect(etcd.endpoints(), None)
+            .await
+            .expect("connect to etcd");
+        let key = format!("/warden/jobs/{}/members/host-a", spec.job);
+        let got = c
+            .get(key.as_str(), None)
+            .await
+            .expect("host-a's member key");
+        let lease = got.kvs().first().expect("host-a is a member").lease();
+        c.lease_revoke(lease).await.expect("revoke host-a's lease");
+        lease
+    });
+    let rejoined = a.wait_line("host-a rejoined under a new lease", |l| {
+        l.contains("rejoined the job under a new lease")
+    });
+    assert!(
+        !rejoined.contains(&format!("{revoked:x} ")),
+        "the same lease? {rejoined}"
+    );
+    for h in [&mut a, &mut b] {
+        let mut after: std::collections::BTreeMap<u32, u64> = Default::default();
+        let deadline = Instant::now() + WAIT;
+        while after.len() < 2 {
+            assert!(Instant::now() < deadline, "{}", h.context());
+            for line in h.read_for(Duration::from_millis(100)) {
+                if let Some((rank, step)) = step_line(&line) {
+                    after.insert(rank, step);
+                }
+            }
+        }
+        for (rank, step) in &after {
+            assert!(
+                *step > steps[rank].last().copied().unwrap_or(0),
+                "rank {rank} stepped backwards after the rejoin (a restart?): {step}"
+            );
+        }
+    }
+
     // The job finishes everywhere, on its first attempt: no host left,
     // no round was made, no worker was stopped.
     assert_eq!(a.wait_exit(), 0, "{}", a.context());
@@ -1010,6 +1058,7 @@ fn etcd_killed_and_restarted_under_a_running_job_loses_no_host() {
         );
     }
     println!(
-        "etcd outage of {back:?} (lease TTL {TTL}): 4 ranks stepped through it, job finished on its first attempt"
+        "etcd outage of {back:?}, then host-a's lease {revoked:x} expired and rejoined (lease TTL {TTL}): \
+         4 ranks stepped through both, job finished on its first attempt"
     );
 }
