@@ -519,6 +519,10 @@ impl Inner {
     /// a real conflict: another launcher holds the host id, or the job
     /// ended; an etcd error is worth another try.
     async fn rejoin(&self) -> Result<i64, RejoinError> {
+        if self.stop.is_cancelled() {
+            // Leaving: nothing to regain (the caller's wait sees the stop).
+            return Err(RejoinError::Retry(self.stopped_error()));
+        }
         let key = self.keys.member(&self.cfg.host);
         let ended = {
             let view = self.lock_view();
@@ -702,6 +706,16 @@ pub(crate) async fn keep_lease(inner: Arc<Inner>, granted_at: Instant) {
         }
         if expired_in_etcd {
             match inner.rejoin().await {
+                // Left (or dropped) while rejoining: the new lease must not
+                // keep a member key of a launcher that is gone.
+                Ok(lease) if inner.stop.is_cancelled() => {
+                    let mut client = inner.client.clone();
+                    let key = format!("lease {lease:x}");
+                    let _ = inner
+                        .call("lease revoke", &key, client.lease_revoke(lease))
+                        .await;
+                    return;
+                }
                 Ok(_) => {
                     expired_in_etcd = false;
                     doubt = None;
