@@ -9,6 +9,8 @@
 //! The kills come at seeded random points (the seed is printed; set
 //! `WARDEN_CHAOS_SEED` to replay one) and the next kill waits until every rank
 //! has stepped since the last, so the job is killed under, never around.
+//! About one kill in five is followed by a second one inside the next
+//! agent's start-up, before READY=1 (counted apart: "+N in start-up").
 //!
 //! What must hold (issue 22, "Chaos in CI"):
 //! - every rank's step advances through every kill, and no step is held by
@@ -244,6 +246,7 @@ fn a_four_rank_job_steps_and_saves_through_repeated_agent_kills() {
 
     let started = Instant::now();
     let mut down = Duration::ZERO;
+    let mut in_startup = 0u32;
     for kill in 0..kills {
         // Every rank has stepped since the last kill: the next one lands
         // under a running job.
@@ -262,10 +265,17 @@ fn a_four_rank_job_steps_and_saves_through_repeated_agent_kills() {
             std::thread::sleep(Duration::from_millis(10));
         }
         // A random point: right after a restart (its recovery), inside a
-        // save, between saves.
+        // save, between saves; one kill in five lands in the next agent's
+        // start-up, before it is ready.
         std::thread::sleep(Duration::from_millis(rng.below(MAX_KILL_DELAY_MS)));
         let t = Instant::now();
         agent.sigkill_and_wait();
+        if rng.below(5) == 0 {
+            let mut starting = TestAgent::spawn(Arc::clone(&home), &[]);
+            std::thread::sleep(Duration::from_millis(rng.below(30)));
+            starting.sigkill_and_wait();
+            in_startup += 1;
+        }
         agent = TestAgent::start_in(Arc::clone(&home));
         down += t.elapsed();
     }
@@ -398,7 +408,7 @@ fn a_four_rank_job_steps_and_saves_through_repeated_agent_kills() {
     );
     let steps: Vec<usize> = records.iter().map(|r| r.steps.len()).collect();
     println!(
-        "chaos summary: seed={seed} kills={kills} chaos_s={:.1} agent_down_s={:.1} steps={steps:?} \
+        "chaos summary: seed={seed} kills={kills} (+{in_startup} in start-up) chaos_s={:.1} agent_down_s={:.1} steps={steps:?} \
          max_held_ms={} saves={attempted} committed={committed} failed={} \
          complete_steps={} restored_exact={restored} committed_incomplete_whole={in_tier} failures={failures:?}",
         chaos.as_secs_f64(),
