@@ -22,6 +22,8 @@
 //! - [`cli`]: the `warden` command: a client of the API.
 //! - [`telemetry`]: log set-up.
 //! - [`fsafe`]: files in the agent's own trees, opened without following symlinks.
+//! - [`named_file`]: files an operator names (config, CA, scenario): regular
+//!   files only, with a size cap and a deadline.
 
 pub mod act;
 pub mod api;
@@ -34,8 +36,11 @@ pub mod daemon;
 pub mod detect;
 pub mod events;
 pub mod fsafe;
+#[cfg(test)]
+mod fuzz;
 pub mod goodput;
 pub mod health;
+pub mod named_file;
 pub mod policy;
 pub mod ranks;
 pub mod sources;

@@ -12,6 +12,8 @@ fn main() -> std::process::ExitCode {
     }
     match warden_agent::cli::main() {
         Ok(()) => std::process::ExitCode::SUCCESS,
+        // `warden ckpt ls | head`: the reader has what it wanted.
+        Err(e) if warden_agent::cli::is_broken_pipe(&e) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("warden: {e:#}");
             std::process::ExitCode::FAILURE

@@ -2,6 +2,7 @@
 //! logs and runs [`warden_agent::daemon::run`]; maps failures to exit codes
 //! that systemd and operators can act on (see docs/operations.md).
 
+use std::io::Write as _;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -81,7 +82,9 @@ fn main() -> ExitCode {
     if let Some(path) = &args.check_config {
         return match Config::from_file(path) {
             Ok(_) => {
-                println!("{}: ok", path.display());
+                // Written, not println!: `wardend --check-config f | head -0`
+                // must not panic on the closed pipe; the verdict is the status.
+                let _ = writeln!(std::io::stdout().lock(), "{}: ok", path.display());
                 ExitCode::SUCCESS
             }
             Err(e) => {
@@ -101,8 +104,17 @@ fn main() -> ExitCode {
         None => (Config::default(), "embedded defaults".to_owned()),
     };
     if args.print_config {
-        print!("{}", config.to_toml());
-        return ExitCode::SUCCESS;
+        return match std::io::stdout()
+            .lock()
+            .write_all(config.to_toml().as_bytes())
+        {
+            // `wardend --print-config | head`: the reader has what it wanted.
+            Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {
+                eprintln!("wardend: cannot write the config: {e}");
+                ExitCode::from(EXIT_FAILURE)
+            }
+            _ => ExitCode::SUCCESS,
+        };
     }
     let mut extra: Vec<Box<dyn warden_agent::sources::Source>> = Vec::new();
     if let Some(path) = &args.simulate {

@@ -40,13 +40,13 @@ fn bytes(n: u64) -> String {
 }
 
 /// Prints ListCheckpointsResponse: one row per step, then per shard.
-pub fn print_list(r: &pb::ListCheckpointsResponse, as_json: bool) {
+pub fn print_list(r: &pb::ListCheckpointsResponse, as_json: bool) -> std::io::Result<()> {
     if as_json {
-        println!("{}", list_json(r));
-        return;
+        outln!("{}", list_json(r))?;
+        return Ok(());
     }
     if r.steps.is_empty() {
-        println!("no checkpoints");
+        outln!("no checkpoints")?;
     } else {
         let mut t = comfy_table::Table::new();
         t.load_preset(comfy_table::presets::NOTHING);
@@ -89,9 +89,10 @@ pub fn print_list(r: &pb::ListCheckpointsResponse, as_json: bool) {
                 ]);
             }
         }
-        println!("{t}");
+        outln!("{t}")?;
     }
     for u in &r.unreachable {
-        println!("not asked: {u}");
+        outln!("not asked: {u}")?;
     }
+    Ok(())
 }

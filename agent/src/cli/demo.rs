@@ -96,13 +96,13 @@ pub async fn run(duration: Option<Duration>, as_json: bool) -> Result<()> {
         .get_node_health(pb::GetNodeHealthRequest {})
         .await?
         .into_inner();
-    views::print_health(&health, as_json);
+    views::print_health(&health, as_json)?;
     eprintln!("\n$ warden info");
     let info = c
         .get_agent_info(pb::GetAgentInfoRequest {})
         .await?
         .into_inner();
-    views::print_info(&info, as_json, false);
+    views::print_info(&info, as_json, false)?;
     let socket = target_path(&target);
     let mut ranks = Vec::new();
     for rank in 0..2u32 {
@@ -146,7 +146,7 @@ pub async fn run(duration: Option<Duration>, as_json: bool) -> Result<()> {
             _ = tokio::signal::ctrl_c() => break,
             e = stream.next() => match e {
                 Some(Ok(e)) => {
-                    views::print_event(&e, as_json);
+                    views::print_event(&e, as_json)?;
                     if e.kind == "rank.hang" {
                         saw_hang = true;
                     }
@@ -164,13 +164,13 @@ pub async fn run(duration: Option<Duration>, as_json: bool) -> Result<()> {
         .get_ranks(pb::GetRanksRequest::default())
         .await?
         .into_inner();
-    views::print_ranks(&listed, as_json);
+    views::print_ranks(&listed, as_json)?;
     eprintln!("\n$ warden incidents");
     let incidents = c
         .get_incidents(pb::GetIncidentsRequest::default())
         .await?
         .into_inner();
-    super::incidents::print_incidents(&incidents, None, as_json, false);
+    super::incidents::print_incidents(&incidents, None, as_json, false)?;
     if !saw_hang {
         eprintln!("\n(no hang was reported before the demo stopped)");
     }

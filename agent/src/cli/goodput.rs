@@ -55,20 +55,20 @@ pub async fn run(target: &Target, args: &GoodputArgs, as_json: bool) -> Result<(
         .with_context(|| format!("GetGoodput from {target}"))?
         .into_inner();
     if as_json {
-        println!(
+        outln!(
             "{}",
             json!({ "jobs": r.jobs.iter().map(job_json).collect::<Vec<_>>() })
-        );
+        )?;
         return Ok(());
     }
     if r.jobs.is_empty() {
-        println!("no jobs accounted yet");
+        outln!("no jobs accounted yet")?;
     }
     for (i, j) in r.jobs.iter().enumerate() {
         if i > 0 {
-            println!();
+            outln!()?;
         }
-        print!("{}", render(j));
+        out!("{}", render(j))?;
     }
     Ok(())
 }
@@ -109,21 +109,21 @@ async fn job_wide(endpoints: &str, args: &GoodputArgs, job: &str, as_json: bool)
             .iter()
             .map(|(h, r)| (h.clone(), job_json(r)))
             .collect();
-        println!("{}", json!({ "job": job_json(&sum), "hosts": hosts }));
+        outln!("{}", json!({ "job": job_json(&sum), "hosts": hosts }))?;
         return Ok(());
     }
     for (h, r) in &found.reports {
-        println!(
+        outln!(
             "{h}: goodput {:.1}% of {:.1} accelerator-s ({} rank{}){}",
             r.goodput * 100.0,
             r.accelerator_seconds,
             r.ranks,
             if r.ranks == 1 { "" } else { "s" },
             if r.open { ", running" } else { "" }
-        );
+        )?;
     }
-    println!();
-    print!("{}", render(&sum));
+    outln!()?;
+    out!("{}", render(&sum))?;
     Ok(())
 }
 

@@ -91,7 +91,7 @@ pub fn scenario(
     let mut s = match (&args.preset, &args.scenario) {
         (Some(name), _) => Scenario::preset(name)?,
         (None, Some(path)) => {
-            let text = std::fs::read_to_string(path)
+            let text = crate::named_file::read_to_string(path, crate::named_file::CONFIG_CAP)
                 .with_context(|| format!("cannot read the scenario {}", path.display()))?;
             serde_json::from_str(&text).with_context(|| format!("scenario {}", path.display()))?
         }
@@ -99,7 +99,7 @@ pub fn scenario(
     };
     let ledger = match &args.from_ledger {
         Some(path) => {
-            let text = std::fs::read_to_string(path)
+            let text = crate::named_file::read_to_string(path, crate::named_file::CONFIG_CAP)
                 .with_context(|| format!("cannot read the ledger {}", path.display()))?;
             let value: serde_json::Value = serde_json::from_str(&text)
                 .with_context(|| format!("ledger {} is not JSON", path.display()))?;

@@ -384,12 +384,13 @@ pub fn print_incidents(
     job: Option<&str>,
     as_json: bool,
     verbose: bool,
-) {
+) -> std::io::Result<()> {
     if as_json {
-        println!("{}", incidents_json(r));
+        outln!("{}", incidents_json(r))?;
     } else {
-        print!("{}", render_incidents(r, job, verbose));
+        out!("{}", render_incidents(r, job, verbose))?;
     }
+    Ok(())
 }
 
 /// Who is running the CLI, for the record the agent keeps of an uncordon:
@@ -419,14 +420,15 @@ pub fn uncordon_reason(reason: Option<&str>) -> String {
 
 /// Prints the answer to Uncordon: "cordon lifted" or "node was not
 /// cordoned"; `{"was_cordoned": bool}` with `--json`.
-pub fn print_uncordon(r: &pb::UncordonResponse, as_json: bool) {
+pub fn print_uncordon(r: &pb::UncordonResponse, as_json: bool) -> std::io::Result<()> {
     if as_json {
-        println!("{}", json!({ "was_cordoned": r.was_cordoned }));
+        outln!("{}", json!({ "was_cordoned": r.was_cordoned }))?;
     } else if r.was_cordoned {
-        println!("cordon lifted");
+        outln!("cordon lifted")?;
     } else {
-        println!("node was not cordoned");
+        outln!("node was not cordoned")?;
     }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -2,6 +2,27 @@
 //!
 //! Readable tables by default, `--json` for scripts. When no agent answers,
 //! the error names the socket (or address) that was tried.
+//!
+//! Output goes through [`outln!`] and [`out!`], never `println!`: a reader
+//! that closes the pipe early (`warden ckpt ls | head`) makes the write
+//! fail with `BrokenPipe`, which `main` turns into a quiet exit
+//! ([`is_broken_pipe`]) where `println!` would panic.
+
+/// `println!` that returns the write's `io::Result` instead of panicking.
+macro_rules! outln {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        writeln!(std::io::stdout().lock(), $($arg)*)
+    }};
+}
+
+/// `print!` that returns the write's `io::Result` instead of panicking.
+macro_rules! out {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        write!(std::io::stdout().lock(), $($arg)*)
+    }};
+}
 
 pub mod ckpt;
 pub mod connect;
@@ -23,6 +44,16 @@ use tokio_stream::StreamExt;
 use warden_proto::v1 as pb;
 
 pub use connect::Target;
+
+/// Whether `e` is, anywhere in its chain, a write to a pipe whose reader
+/// has gone (`warden ... | head`): the reader chose to stop, so the command
+/// ends quietly and successfully, as `grep` or `ripgrep` do.
+pub fn is_broken_pipe(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        c.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+    })
+}
 
 /// The warden CLI.
 #[derive(Debug, Parser)]
@@ -178,7 +209,7 @@ async fn run(cli: Cli) -> Result<()> {
                 .await
                 .with_context(|| format!("GetAgentInfo from {target}"))?
                 .into_inner();
-            views::print_info(&info, cli.json, config);
+            views::print_info(&info, cli.json, config)?;
         }
         Command::Health { plugin: true } => {
             // NPD reads the exit status: 0 healthy, 1 problem, 2 unknown.
@@ -191,7 +222,7 @@ async fn run(cli: Cli) -> Result<()> {
                 .await
                 .with_context(|| format!("GetNodeHealth from {target}"))?
                 .into_inner();
-            views::print_health(&health, cli.json);
+            views::print_health(&health, cli.json)?;
         }
         Command::Events {
             follow,
@@ -209,7 +240,7 @@ async fn run(cli: Cli) -> Result<()> {
                 .into_inner();
             let mut last = after.unwrap_or(0);
             for e in &listed.events {
-                views::print_event(e, cli.json);
+                views::print_event(e, cli.json)?;
                 last = last.max(e.id);
             }
             if follow {
@@ -222,7 +253,7 @@ async fn run(cli: Cli) -> Result<()> {
                     .into_inner();
                 while let Some(e) = stream.next().await {
                     let e = e.with_context(|| format!("event stream from {target}"))?;
-                    views::print_event(&e, cli.json);
+                    views::print_event(&e, cli.json)?;
                 }
                 anyhow::bail!("the agent at {target} closed the event stream (it stopped?)");
             }
@@ -236,7 +267,7 @@ async fn run(cli: Cli) -> Result<()> {
                 .await
                 .with_context(|| format!("GetRanks from {target}"))?
                 .into_inner();
-            views::print_ranks(&ranks, cli.json);
+            views::print_ranks(&ranks, cli.json)?;
         }
         Command::Incidents {
             job,
@@ -252,7 +283,7 @@ async fn run(cli: Cli) -> Result<()> {
                 .await
                 .with_context(|| format!("GetIncidents from {target}"))?
                 .into_inner();
-            incidents::print_incidents(&incidents, job.as_deref(), cli.json, evidence);
+            incidents::print_incidents(&incidents, job.as_deref(), cli.json, evidence)?;
         }
         Command::Diag { level, job } => {
             let mut c = target.connect().await?;
@@ -264,7 +295,7 @@ async fn run(cli: Cli) -> Result<()> {
                 .await
                 .with_context(|| format!("RunHealthGate at {target}"))?
                 .into_inner();
-            views::print_gate(&r, cli.json);
+            views::print_gate(&r, cli.json)?;
             if !r.passed {
                 std::process::exit(1);
             }
@@ -278,7 +309,7 @@ async fn run(cli: Cli) -> Result<()> {
                 .await
                 .with_context(|| format!("Uncordon at {target}"))?
                 .into_inner();
-            incidents::print_uncordon(&answer, cli.json);
+            incidents::print_uncordon(&answer, cli.json)?;
         }
         Command::Stragglers { job, flagged } => {
             let mut c = target.connect().await?;
@@ -290,7 +321,7 @@ async fn run(cli: Cli) -> Result<()> {
                 .await
                 .with_context(|| format!("GetStragglers from {target}"))?
                 .into_inner();
-            stragglers::print_stragglers(&r, cli.json);
+            stragglers::print_stragglers(&r, cli.json)?;
         }
         Command::Ckpt {
             cmd: CkptCommand::Ls { job },
@@ -303,7 +334,7 @@ async fn run(cli: Cli) -> Result<()> {
                 .await
                 .with_context(|| format!("ListCheckpoints from {target}"))?
                 .into_inner();
-            ckpt::print_list(&r, cli.json);
+            ckpt::print_list(&r, cli.json)?;
         }
         Command::Goodput(args) => match &args.cmd {
             None => goodput::run(&target, &args, cli.json).await?,

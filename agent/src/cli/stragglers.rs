@@ -42,15 +42,15 @@ fn ratio(v: f64) -> String {
 }
 
 /// Prints GetStragglersResponse.
-pub fn print_stragglers(r: &pb::GetStragglersResponse, as_json: bool) {
+pub fn print_stragglers(r: &pb::GetStragglersResponse, as_json: bool) -> std::io::Result<()> {
     if as_json {
-        println!("{}", stragglers_json(r));
-        return;
+        outln!("{}", stragglers_json(r))?;
+        return Ok(());
     }
-    println!("hosts: {}", r.hosts.join(", "));
+    outln!("hosts: {}", r.hosts.join(", "))?;
     if r.ranks.is_empty() {
-        println!("no ranks scored");
-        return;
+        outln!("no ranks scored")?;
+        return Ok(());
     }
     let mut t = comfy_table::Table::new();
     t.load_preset(comfy_table::presets::NOTHING);
@@ -94,5 +94,6 @@ pub fn print_stragglers(r: &pb::GetStragglersResponse, as_json: bool) {
             why,
         ]);
     }
-    println!("{t}");
+    outln!("{t}")?;
+    Ok(())
 }

@@ -67,10 +67,10 @@ pub fn info_json(i: &pb::AgentInfo) -> Value {
 }
 
 /// Prints AgentInfo.
-pub fn print_info(i: &pb::AgentInfo, as_json: bool, with_config: bool) {
+pub fn print_info(i: &pb::AgentInfo, as_json: bool, with_config: bool) -> std::io::Result<()> {
     if as_json {
-        println!("{}", info_json(i));
-        return;
+        outln!("{}", info_json(i))?;
+        return Ok(());
     }
     let mut t = table();
     t.add_row(vec!["version", &i.version]);
@@ -89,10 +89,11 @@ pub fn print_info(i: &pb::AgentInfo, as_json: bool, with_config: bool) {
     for e in &i.endpoints {
         t.add_row(vec![&e.kind, &e.address]);
     }
-    println!("{t}");
+    outln!("{t}")?;
     if with_config {
-        println!("\n{}", i.config_toml);
+        outln!("\n{}", i.config_toml)?;
     }
+    Ok(())
 }
 
 /// JSON form of NodeHealth.
@@ -121,12 +122,12 @@ pub fn health_json(h: &pb::NodeHealth) -> Value {
 }
 
 /// Prints NodeHealth: a headline, then one row per component.
-pub fn print_health(h: &pb::NodeHealth, as_json: bool) {
+pub fn print_health(h: &pb::NodeHealth, as_json: bool) -> std::io::Result<()> {
     if as_json {
-        println!("{}", health_json(h));
-        return;
+        outln!("{}", health_json(h))?;
+        return Ok(());
     }
-    println!("node {}: {}", h.host, status_name(h.status));
+    outln!("node {}: {}", h.host, status_name(h.status))?;
     let mut t = table();
     t.set_header(vec!["COMPONENT", "STATUS", "FOR", "REASON"]);
     for c in &h.components {
@@ -148,7 +149,8 @@ pub fn print_health(h: &pb::NodeHealth, as_json: bool) {
             Cell::new(reason),
         ]);
     }
-    println!("{t}");
+    outln!("{t}")?;
+    Ok(())
 }
 
 /// JSON form of an Event.
@@ -165,17 +167,17 @@ pub fn event_json(e: &pb::Event) -> Value {
 }
 
 /// Prints one event as a line (or one JSON object per line).
-pub fn print_event(e: &pb::Event, as_json: bool) {
+pub fn print_event(e: &pb::Event, as_json: bool) -> std::io::Result<()> {
     if as_json {
-        println!("{}", event_json(e));
-        return;
+        outln!("{}", event_json(e))?;
+        return Ok(());
     }
     let evidence: Vec<String> = e
         .evidence
         .iter()
         .map(|kv| format!("{}={}", kv.key, kv.value))
         .collect();
-    println!(
+    outln!(
         "{} {} {:<8} {:<16} {:<14} {}{}{}",
         e.id,
         time(e.time.as_ref()),
@@ -185,7 +187,8 @@ pub fn print_event(e: &pb::Event, as_json: bool) {
         e.message,
         if evidence.is_empty() { "" } else { "  " },
         evidence.join(" ")
-    );
+    )?;
+    Ok(())
 }
 
 fn dur(d: Option<&prost_types::Duration>) -> String {
@@ -234,14 +237,14 @@ pub fn ranks_json(r: &pb::GetRanksResponse) -> Value {
 }
 
 /// Prints one row per rank.
-pub fn print_ranks(r: &pb::GetRanksResponse, as_json: bool) {
+pub fn print_ranks(r: &pb::GetRanksResponse, as_json: bool) -> std::io::Result<()> {
     if as_json {
-        println!("{}", ranks_json(r));
-        return;
+        outln!("{}", ranks_json(r))?;
+        return Ok(());
     }
     if r.ranks.is_empty() {
-        println!("no ranks registered");
-        return;
+        outln!("no ranks registered")?;
+        return Ok(());
     }
     let mut t = table();
     t.set_header(vec![
@@ -277,11 +280,12 @@ pub fn print_ranks(r: &pb::GetRanksResponse, as_json: bool) {
             dur(k.hang_threshold.as_ref()),
         ]);
     }
-    println!("{t}");
+    outln!("{t}")?;
+    Ok(())
 }
 
 /// The health gate's verdict: one line, then each failure.
-pub fn print_gate(r: &pb::HealthGateResult, json: bool) {
+pub fn print_gate(r: &pb::HealthGateResult, json: bool) -> std::io::Result<()> {
     let took = r
         .duration
         .as_ref()
@@ -303,19 +307,19 @@ pub fn print_gate(r: &pb::HealthGateResult, json: bool) {
                 "message": f.message, "severity": f.severity,
             })).collect::<Vec<_>>(),
         });
-        println!("{v}");
-        return;
+        outln!("{v}")?;
+        return Ok(());
     }
-    println!(
+    outln!(
         "health gate {} ({}, {})",
         if r.passed { "PASSED" } else { "FAILED" },
         r.ran,
         humantime::format_duration(std::time::Duration::from_millis(
             u64::try_from(took.as_millis()).unwrap_or(u64::MAX)
         ))
-    );
+    )?;
     if !r.note.is_empty() {
-        println!("  note: {}", r.note);
+        outln!("  note: {}", r.note)?;
     }
     for f in &r.failures {
         let sev = if f.severity.is_empty() {
@@ -323,6 +327,7 @@ pub fn print_gate(r: &pb::HealthGateResult, json: bool) {
         } else {
             format!(" [{}]", f.severity)
         };
-        println!("  {} {} {}{sev}: {}", f.entity, f.test, f.status, f.message);
+        outln!("  {} {} {}{sev}: {}", f.entity, f.test, f.status, f.message)?;
     }
+    Ok(())
 }

@@ -414,10 +414,12 @@ impl Default for HangConfig {
 impl Config {
     /// Reads and validates a config file.
     pub fn from_file(path: &Path) -> Result<Self, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
-            path: path.to_owned(),
-            source,
-        })?;
+        let text = crate::named_file::read_to_string(path, crate::named_file::CONFIG_CAP).map_err(
+            |source| ConfigError::Read {
+                path: path.to_owned(),
+                source,
+            },
+        )?;
         Self::from_toml(&text, &path.display().to_string())
     }
 

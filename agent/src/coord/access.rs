@@ -83,10 +83,12 @@ impl Password {
     /// A file other users may read is used, with a warning.
     pub fn from_file(path: &Path) -> Result<Self, AccessError> {
         use std::os::unix::fs::PermissionsExt;
-        let bytes = std::fs::read(path).map_err(|e| AccessError::Read {
-            role: FileRole::Password,
-            path: path.to_owned(),
-            source: Arc::new(e),
+        let bytes = crate::named_file::read(path, crate::named_file::CONFIG_CAP).map_err(|e| {
+            AccessError::Read {
+                role: FileRole::Password,
+                path: path.to_owned(),
+                source: Arc::new(e),
+            }
         })?;
         let content = |problem: &str| AccessError::Content {
             role: FileRole::Password,
@@ -263,7 +265,7 @@ pub fn endpoint_scheme_problem(endpoint: &str, tls: bool) -> Option<&'static str
 }
 
 fn read_file(role: FileRole, path: &Path) -> Result<Vec<u8>, AccessError> {
-    std::fs::read(path).map_err(|e| AccessError::Read {
+    crate::named_file::read(path, crate::named_file::CONFIG_CAP).map_err(|e| AccessError::Read {
         role,
         path: path.to_owned(),
         source: Arc::new(e),

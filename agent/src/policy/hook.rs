@@ -502,7 +502,7 @@ fn tail_text(tail: &Tail, max: usize) -> String {
 
 /// Reads the answer: one JSON object with an optional string `action`
 /// (`"default"` or absent: `None`) and an optional string `reason`.
-fn parse_answer(stdout: &[u8]) -> Result<(Option<Action>, String), HookError> {
+pub(crate) fn parse_answer(stdout: &[u8]) -> Result<(Option<Action>, String), HookError> {
     let bad = |error: String| HookError::BadJson {
         error,
         stdout: head_text(stdout, BAD_STDOUT_KEEP),

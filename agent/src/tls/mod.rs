@@ -96,8 +96,9 @@ fn file_err(key: &'static str, path: &Path, why: impl ToString) -> TlsError {
 }
 
 fn certs(key: &'static str, path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
-    let certs = CertificateDer::pem_file_iter(path)
-        .map_err(|e| file_err(key, path, e))?
+    let pem = crate::named_file::read(path, crate::named_file::CONFIG_CAP)
+        .map_err(|e| file_err(key, path, e))?;
+    let certs = CertificateDer::pem_slice_iter(&pem)
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| file_err(key, path, e))?;
     if certs.is_empty() {
@@ -119,8 +120,12 @@ impl Material {
     pub fn load(files: &TlsFiles, host: &str) -> Result<Self, TlsError> {
         let ca = certs("api.tls_ca", &files.ca)?;
         let chain = certs("api.tls_cert", &files.cert)?;
-        let key = PrivateKeyDer::from_pem_file(&files.key)
-            .map_err(|e| file_err("api.tls_key", &files.key, e))?;
+        let key = crate::named_file::read(&files.key, crate::named_file::CONFIG_CAP)
+            .map_err(|e| file_err("api.tls_key", &files.key, e))
+            .and_then(|pem| {
+                PrivateKeyDer::from_pem_slice(&pem)
+                    .map_err(|e| file_err("api.tls_key", &files.key, e))
+            })?;
         let mut roots = RootCertStore::empty();
         for c in ca {
             roots

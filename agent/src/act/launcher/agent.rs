@@ -373,7 +373,7 @@ async fn embed(agent_config: Option<&Path>, state_dir: &Path) -> Result<AgentLin
 /// embedded agent listens beyond its private socket unless asked: two
 /// launchers on one host must not fight over the default metrics port.
 fn names_metrics_listen(path: &Path) -> bool {
-    std::fs::read_to_string(path)
+    crate::named_file::read_to_string(path, crate::named_file::CONFIG_CAP)
         .ok()
         .and_then(|t| t.parse::<toml::Table>().ok())
         .and_then(|t| t.get("metrics")?.as_table()?.get("listen").cloned())

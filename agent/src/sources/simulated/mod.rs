@@ -184,10 +184,12 @@ const ECC_WINDOW: Duration = Duration::from_secs(60);
 impl Scenario {
     /// Reads and checks a scenario file.
     pub fn from_file(path: &Path) -> Result<Self, ScenarioError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ScenarioError::Read {
-            path: path.display().to_string(),
-            source,
-        })?;
+        let text = crate::named_file::read_to_string(path, crate::named_file::CONFIG_CAP).map_err(
+            |source| ScenarioError::Read {
+                path: path.display().to_string(),
+                source,
+            },
+        )?;
         Self::from_toml(&text, &path.display().to_string())
     }
 
