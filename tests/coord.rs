@@ -1,13 +1,16 @@
 //! Multi-host coordination through a real etcd: three coordinators in one
 //! process act as three hosts' launchers (host-a/b/c, advertising
-//! 127.0.0.1/2/3), each test with its own etcd server.
+//! 127.0.0.2/3/4: each host its own loopback address), each test with its own etcd server.
 //!
 //! What is shown: one round for all at start; one round per failure when
 //! two hosts report it at once; a host whose launcher dies is out after one
 //! lease TTL (scale down) and back when it returns (scale up); a spare takes
 //! a cordoned member's node rank (hot-swap); too few hosts is a waiting
-//! round and a clear error; losing etcd is this host's lease lost; a job
-//! that finishes or fails on one host is not restarted around it.
+//! round and a clear error; etcd killed and restarted for longer than a
+//! lease TTL changes nothing (no round, no host out); a lease that etcd
+//! expired is regained under a new lease, same round; only another launcher
+//! on the host id ends a membership; a job that finishes or fails on one
+//! host is not restarted around it.
 
 mod common;
 
@@ -18,9 +21,11 @@ use common::within;
 use warden_agent::coord::{CoordConfig, CoordError, Coordinator, Leave, Outcome, Round};
 
 /// Every wait in these tests; rounds come in milliseconds, lease expiry in
-/// about a TTL (1 s) plus etcd's 500 ms expiry sweep.
-const WAIT: Duration = Duration::from_secs(15);
-const TTL: Duration = Duration::from_secs(1);
+/// about a TTL plus etcd's 500 ms expiry sweep, plus the rejoin grace.
+const WAIT: Duration = Duration::from_secs(30);
+/// The lease TTL: 2 s, so a keep-alive every 0.67 s has the margin of a
+/// loaded 2-core machine (a lapse is survived anyway, but costs a rejoin).
+const TTL: Duration = Duration::from_secs(2);
 
 fn cfg(etcd: &EtcdServer, job: &str, host: &str, addr: &str, min: u32, max: u32) -> CoordConfig {
     let mut c = CoordConfig::new(etcd.endpoints(), job, host, addr);
@@ -30,6 +35,8 @@ fn cfg(etcd: &EtcdServer, job: &str, host: &str, addr: &str, min: u32, max: u32)
     c.lease_ttl = TTL;
     c.last_call = Duration::from_millis(300);
     c.join_timeout = Duration::from_secs(1);
+    c.rejoin_grace = TTL;
+    c.rejoin_timeout = Duration::from_secs(30);
     c
 }
 
@@ -55,9 +62,9 @@ async fn three(etcd: &EtcdServer, job: &str) -> [Coordinator; 3] {
         c.last_call = Duration::from_secs(3);
         c
     };
-    let a = join(mk("host-a", "127.0.0.1")).await;
-    let b = join(mk("host-b", "127.0.0.2")).await;
-    let c = join(mk("host-c", "127.0.0.3")).await;
+    let a = join(mk("host-a", "127.0.0.2")).await;
+    let b = join(mk("host-b", "127.0.0.3")).await;
+    let c = join(mk("host-c", "127.0.0.4")).await;
     [a, b, c]
 }
 
@@ -80,7 +87,7 @@ async fn three_hosts_form_one_round() {
         assert_eq!((r.nnodes, r.world_size), (3, 6));
         assert_eq!(
             (r.master_addr.as_str(), r.master_port),
-            ("127.0.0.1", 29501)
+            ("127.0.0.2", 29501)
         );
         assert!(r.runs_workers());
     }
@@ -171,13 +178,13 @@ async fn a_dead_host_scales_the_job_down_and_its_return_scales_it_up() {
     }
     assert_eq!(ranks(&[&ra, &rb]), [Some(0), Some(1)]);
     assert!(
-        took < TTL + Duration::from_secs(3),
-        "scale down took {took:?}"
+        took < TTL + TTL + Duration::from_secs(3),
+        "scale down took {took:?} (lease TTL and rejoin grace {TTL:?} each)"
     );
     println!("scale down seen {took:?} after the launcher died (lease TTL {TTL:?})");
 
     // It comes back (a new launcher, a new lease): the round grows at once.
-    let c = join(cfg(&etcd, "job-elastic", "host-c", "127.0.0.3", 2, 3)).await;
+    let c = join(cfg(&etcd, "job-elastic", "host-c", "127.0.0.4", 2, 3)).await;
     let rounds = [round(&a, 2).await, round(&b, 2).await, round(&c, 2).await];
     for r in &rounds {
         assert_eq!(r.epoch, 3);
@@ -195,9 +202,9 @@ async fn a_dead_host_scales_the_job_down_and_its_return_scales_it_up() {
 async fn a_spare_takes_a_cordoned_hosts_rank() {
     let etcd = EtcdServer::start();
     let job = "job-spare";
-    let a = join(cfg(&etcd, job, "host-a", "127.0.0.1", 2, 2)).await;
-    let b = join(cfg(&etcd, job, "host-b", "127.0.0.2", 2, 2)).await;
-    let mut spare = cfg(&etcd, job, "host-s", "127.0.0.3", 2, 2);
+    let a = join(cfg(&etcd, job, "host-a", "127.0.0.2", 2, 2)).await;
+    let b = join(cfg(&etcd, job, "host-b", "127.0.0.3", 2, 2)).await;
+    let mut spare = cfg(&etcd, job, "host-s", "127.0.0.4", 2, 2);
     spare.spare = true;
     let s = join(spare).await;
     let (ra, rb, rs) = (round(&a, 0).await, round(&b, 0).await, round(&s, 0).await);
@@ -232,7 +239,7 @@ async fn a_spare_takes_a_cordoned_hosts_rank() {
 async fn too_few_hosts_wait_with_a_clear_error() {
     let etcd = EtcdServer::start();
     let job = "job-min";
-    let a = join(cfg(&etcd, job, "host-a", "127.0.0.1", 2, 3)).await;
+    let a = join(cfg(&etcd, job, "host-a", "127.0.0.2", 2, 3)).await;
     match a.wait_for_round(0, Duration::from_secs(1)).await {
         Err(CoordError::NotEnoughNodes {
             live: 1,
@@ -241,7 +248,7 @@ async fn too_few_hosts_wait_with_a_clear_error() {
         }) => {}
         other => panic!("expected NotEnoughNodes, got {other:?}"),
     }
-    let b = join(cfg(&etcd, job, "host-b", "127.0.0.2", 2, 3)).await;
+    let b = join(cfg(&etcd, job, "host-b", "127.0.0.3", 2, 3)).await;
     // Two of three: the round forms after the last call.
     let r1 = round(&a, 0).await;
     assert_eq!(r1.members, ["host-a", "host-b"]);
@@ -266,40 +273,165 @@ async fn too_few_hosts_wait_with_a_clear_error() {
         "unclear error: {text}"
     );
     // host-b back: the job runs again.
-    let b = join(cfg(&etcd, job, "host-b", "127.0.0.2", 2, 3)).await;
+    let b = join(cfg(&etcd, job, "host-b", "127.0.0.3", 2, 3)).await;
     let r = round(&a, waiting.epoch).await;
     assert_eq!(r.members, ["host-a", "host-b"]);
     assert_eq!(round(&b, waiting.epoch).await.node_rank, Some(1));
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn losing_etcd_is_losing_the_lease() {
-    let mut etcd = EtcdServer::start();
-    let job = "job-outage";
-    let a = join(cfg(&etcd, job, "host-a", "127.0.0.1", 1, 1)).await;
+/// Two hosts in one running round (min = max = 2).
+async fn pair(etcd: &EtcdServer, job: &str) -> (Coordinator, Coordinator, Round) {
+    let a = join(cfg(etcd, job, "host-a", "127.0.0.2", 2, 2)).await;
+    let b = join(cfg(etcd, job, "host-b", "127.0.0.3", 2, 2)).await;
     let r = round(&a, 0).await;
-    let gone = Instant::now();
-    etcd.kill();
-    match within(WAIT, "the lease lost", a.next_round(r.epoch)).await {
-        Err(CoordError::LeaseLost { host, .. }) => assert_eq!(host, "host-a"),
-        other => panic!("expected LeaseLost, got {other:?}"),
+    assert_eq!(round(&b, 0).await.epoch, r.epoch);
+    (a, b, r)
+}
+
+/// A restart request from `who` after `epoch` makes exactly round
+/// `epoch + 1`, with both hosts in their places: no round came between.
+async fn next_is_the_only_new_round(a: &Coordinator, b: &Coordinator, epoch: u64) {
+    let e = within(WAIT, "restart request", b.request_restart(epoch, "probe"))
+        .await
+        .unwrap_or_else(|e| panic!("the restart request: {e}"));
+    assert_eq!(e, epoch + 1, "a round came between (epoch {epoch} -> {e})");
+    let (ra, rb) = (round(a, epoch).await, round(b, epoch).await);
+    for r in [&ra, &rb] {
+        assert_eq!(r.epoch, epoch + 1);
+        assert_eq!(r.members, ["host-a", "host-b"]);
+        assert_eq!(r.reason, "restart requested by host-b: probe");
     }
-    let took = gone.elapsed();
+    assert_eq!(ranks(&[&ra, &rb]), [Some(0), Some(1)]);
+}
+
+/// An etcd client of the test's own, acting from outside the launchers.
+async fn etcd_client(etcd: &EtcdServer) -> etcd_client::Client {
+    within(
+        WAIT,
+        "connect to etcd",
+        etcd_client::Client::connect(etcd.endpoints(), None),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("connect to etcd: {e}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_etcd_outage_longer_than_the_lease_is_ridden_out() {
+    let mut etcd = EtcdServer::start();
+    let (a, b, r) = pair(&etcd, "job-outage").await;
+    let mut rounds = a.rounds();
+    etcd.kill();
+    // Down for two TTLs and more: by its own clock each host's lease
+    // lapsed; neither gives up, neither sees a round.
+    let outage = 2 * TTL + Duration::from_secs(1);
+    let changed = tokio::time::timeout(outage, async {
+        loop {
+            if rounds.changed().await.is_err() {
+                return;
+            }
+            let s = rounds.borrow_and_update().clone();
+            if s.failed.is_some() || s.round.as_ref().map(|x| x.epoch) != Some(r.epoch) {
+                return;
+            }
+        }
+    })
+    .await;
     assert!(
-        took <= TTL + Duration::from_secs(1),
-        "noticed after {took:?}"
+        changed.is_err(),
+        "host-a's state changed during the outage: {:?}",
+        a.state()
     );
-    assert!(a.request_restart(r.epoch, "x").await.is_err());
+    for h in [&a, &b] {
+        let s = h.state();
+        assert!(s.failed.is_none(), "{} gave up: {:?}", h.host(), s.failed);
+    }
+    etcd.restart();
+    // etcd comes back with the leases it had on disk: the same two hosts,
+    // the same round, and the next round is the next epoch.
+    next_is_the_only_new_round(&a, &b, r.epoch).await;
+    for h in [&a, &b] {
+        assert!(h.state().failed.is_none());
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_etcd_expired_is_regained_in_the_same_round() {
+    let etcd = EtcdServer::start();
+    let (a, b, r) = pair(&etcd, "job-rejoin").await;
+    let old = a.lease_id();
+    // etcd expires host-a's lease (as under a stall longer than the TTL):
+    // its member key goes with it.
+    let mut client = etcd_client(&etcd).await;
+    client
+        .lease_revoke(old)
+        .await
+        .expect("revoke host-a's lease");
+    let new = common::eventually(WAIT, "host-a rejoined", async || {
+        let s = a.state();
+        assert!(s.failed.is_none(), "host-a gave up: {:?}", s.failed);
+        (s.rejoins == 1).then(|| a.lease_id())
+    })
+    .await;
+    assert_ne!(new, old, "a new lease");
+    // host-b sees host-a again, and its round still counts it in.
+    common::eventually(WAIT, "host-b sees host-a again", async || {
+        (b.state().live == ["host-a", "host-b"]).then_some(())
+    })
+    .await;
+    assert_eq!(
+        a.state().round.map(|x| (x.epoch, x.node_rank)),
+        Some((r.epoch, Some(0)))
+    );
+    next_is_the_only_new_round(&a, &b, r.epoch).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_id_taken_while_the_lease_was_gone_ends_the_membership() {
+    let etcd = EtcdServer::start();
+    let job = "job-taken";
+    let (a, _b, r) = pair(&etcd, job).await;
+    let mut client = etcd_client(&etcd).await;
+    // Another launcher takes host-a's id between the expiry and the rejoin.
+    let theirs = client.lease_grant(60, None).await.expect("grant").id();
+    client
+        .lease_revoke(a.lease_id())
+        .await
+        .expect("revoke host-a's lease");
+    let record = serde_json::json!({
+        "host": "host-a", "addr": "127.0.0.9", "nproc_per_node": 2, "spare": false,
+        "min_nodes": 2, "max_nodes": 2, "pid": 1, "joined_at_ms": 0, "incarnation": 7,
+    });
+    client
+        .put(
+            format!("/warden/jobs/{job}/members/host-a"),
+            record.to_string(),
+            Some(etcd_client::PutOptions::new().with_lease(theirs)),
+        )
+        .await
+        .expect("the other launcher's member key");
+    // The others may first make a round of the newcomer; either way this
+    // launcher is out, naming who holds its id, and gets no place.
+    let failed = common::eventually(WAIT, "host-a out of the job", async || a.state().failed).await;
+    match failed {
+        CoordError::HostTaken {
+            host, holder_addr, ..
+        } => assert_eq!(
+            (host.as_str(), holder_addr.as_str()),
+            ("host-a", "127.0.0.9")
+        ),
+        other => panic!("expected HostTaken, got {other:?}"),
+    }
+    assert!(a.next_round(r.epoch).await.is_err());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_host_id_held_by_a_live_launcher_is_refused() {
     let etcd = EtcdServer::start();
     let job = "job-dup";
-    let _a = join(cfg(&etcd, job, "host-a", "127.0.0.1", 1, 2)).await;
+    let _a = join(cfg(&etcd, job, "host-a", "127.0.0.2", 1, 2)).await;
     let started = Instant::now();
     match Coordinator::join(cfg(&etcd, job, "host-a", "127.0.0.9", 1, 2)).await {
-        Err(CoordError::HostTaken { holder_addr, .. }) => assert_eq!(holder_addr, "127.0.0.1"),
+        Err(CoordError::HostTaken { holder_addr, .. }) => assert_eq!(holder_addr, "127.0.0.2"),
         other => panic!("expected HostTaken, got {other:?}"),
     }
     assert!(started.elapsed() < Duration::from_secs(5));
@@ -314,8 +446,8 @@ async fn a_finished_host_does_not_restart_the_others() {
         c.last_call = Duration::from_secs(3);
         c
     };
-    let a = join(mk("host-a", "127.0.0.1")).await;
-    let b = join(mk("host-b", "127.0.0.2")).await;
+    let a = join(mk("host-a", "127.0.0.2")).await;
+    let b = join(mk("host-b", "127.0.0.3")).await;
     let r = round(&b, 0).await;
     assert_eq!(r.nnodes, 2);
     assert_eq!(round(&a, 0).await.epoch, r.epoch);
@@ -339,8 +471,8 @@ async fn a_finished_host_does_not_restart_the_others() {
         .expect("host-b leaves");
 
     // The same job id run again: the old end marker does not end it.
-    let a = join(mk("host-a", "127.0.0.1")).await;
-    let b = join(mk("host-b", "127.0.0.2")).await;
+    let a = join(mk("host-a", "127.0.0.2")).await;
+    let b = join(mk("host-b", "127.0.0.3")).await;
     // (host-a alone may get a round first, min being 1.)
     let mut again = round(&a, r.epoch).await;
     while again.nnodes < 2 {
@@ -392,8 +524,8 @@ async fn a_failed_job_stops_every_host_with_its_exit_code() {
         c.last_call = Duration::from_secs(3);
         c
     };
-    let a = join(mk("host-a", "127.0.0.1")).await;
-    let b = join(mk("host-b", "127.0.0.2")).await;
+    let a = join(mk("host-a", "127.0.0.2")).await;
+    let b = join(mk("host-b", "127.0.0.3")).await;
     let r = round(&b, 0).await;
     assert_eq!(round(&a, 0).await.epoch, r.epoch);
     let failed = Leave::Failed {

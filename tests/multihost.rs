@@ -23,6 +23,11 @@
 //!   the other host's agent holds as replicas: no `[[checkpoint.peers]]`
 //!   anywhere, the agents learn each other from the launchers' rounds.
 //!
+//! - etcd killed (SIGKILL) and started again on its data after two lease
+//!   TTLs, then one host's lease expired in etcd: every host's workers keep
+//!   stepping through both, the host rejoins under a new lease, no host
+//!   leaves, no round is made, and the job finishes with exit 0 everywhere.
+//!
 //! The tests run one at a time (a lock): each runs up to seven Python
 //! workers, three launchers and etcd, and the test machine has 2 cores.
 //! Every wait has a deadline; progress is awaited on the launchers' and
@@ -49,8 +54,13 @@ use warden_proto::v1 as pb;
 /// Any one wait: a launcher's start, a round, a restart, the job's end on
 /// a busy machine.
 const WAIT: Duration = Duration::from_secs(90);
-/// The membership lease of every launcher.
-const TTL: &str = "1s";
+/// The membership lease of every launcher: 3 s, so the keep-alive every
+/// second has the margin of a loaded 2-core machine (the issue-22 failure:
+/// a 1 s lease lapsed under load). A lapse is survived anyway (the lease
+/// is kept or regained), but costs a rejoin.
+const TTL: &str = "3s";
+/// [`TTL`] as a duration.
+const TTL_S: Duration = Duration::from_secs(3);
 
 /// The embedded agents: fast ticks, no kernel log, NVML or DCGM.
 const AGENT_TOML: &str = "[agent]\ntick = \"50ms\"\n\
@@ -250,6 +260,30 @@ impl Launched {
                 }
                 Err(e) => panic!(
                     "{}: no line with {what} within {WAIT:?} ({e})\n{}",
+                    self.host,
+                    self.context()
+                ),
+            }
+        }
+    }
+
+    /// Every line that comes within `d`.
+    fn read_for(&mut self, d: Duration) -> Vec<String> {
+        let deadline = Instant::now() + d;
+        let mut got = Vec::new();
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return got;
+            }
+            match self.lines.recv_timeout(left) {
+                Ok(line) => {
+                    self.seen.push(line.clone());
+                    got.push(line);
+                }
+                Err(mpsc::RecvTimeoutError::Timeout) => return got,
+                Err(mpsc::RecvTimeoutError::Disconnected) => panic!(
+                    "{}: the launcher's output ended during the wait\n{}",
                     self.host,
                     self.context()
                 ),
@@ -883,4 +917,148 @@ fn a_user_error_on_one_host_stops_every_host_with_its_exit_code() {
         assert_eq!(summary["exit_code"], 1, "{summary:#}");
         assert_eq!(attempts(&summary).len(), 1, "no restart: {summary:#}");
     }
+}
+
+/// `(rank, step)` of a worker's `[rank R] step N loss L` line.
+fn step_line(line: &str) -> Option<(u32, u64)> {
+    let rest = line.strip_prefix("[rank ")?;
+    let (rank, rest) = rest.split_once("] step ")?;
+    let (step, _) = rest.split_once(' ')?;
+    Some((rank.parse().ok()?, step.parse().ok()?))
+}
+
+#[test]
+fn etcd_killed_and_a_lease_expired_under_a_running_job_lose_no_host() {
+    let _one = serial();
+    let mut etcd = EtcdServer::start();
+    let ckpt = shared_ckpt();
+    let spec = Spec {
+        job: "mh-etcd-outage",
+        nproc: 2,
+        nnodes: "2",
+        ckpt: ckpt.path(),
+        steps: 600,
+        step_ms: 50,
+        extra: &[],
+        env: &[],
+        train: &["--report-every", "5"],
+    };
+    let sa = Scratch::new("host-a", "127.0.0.2", AGENT_TOML);
+    let sb = Scratch::new("host-b", "127.0.0.3", AGENT_TOML);
+    let mut a = sa.launch(&etcd, &spec);
+    let mut b = sb.launch(&etcd, &spec);
+    for h in [&mut a, &mut b] {
+        h.wait_line("the first attempt's workers registered", |l| {
+            l.contains("attempt 0: all 2 workers registered")
+        });
+    }
+    let e0 = epoch_of(&first_world(&mut a));
+    assert_eq!(epoch_of(&first_world(&mut b)), e0, "one first round");
+
+    // etcd gone for two lease TTLs and more: by their own clocks both
+    // hosts' leases lapse.
+    etcd.kill();
+    let outage = 2 * TTL_S + Duration::from_secs(2);
+    let killed = Instant::now();
+    let mut steps: std::collections::BTreeMap<u32, Vec<u64>> = Default::default();
+    while killed.elapsed() < outage {
+        for h in [&mut a, &mut b] {
+            for line in h.read_for(Duration::from_millis(100)) {
+                if let Some((rank, step)) = step_line(&line) {
+                    steps.entry(rank).or_default().push(step);
+                }
+            }
+        }
+    }
+    etcd.restart();
+    let back = killed.elapsed();
+
+    // Every rank of both hosts stepped on through the outage.
+    assert_eq!(
+        steps.keys().copied().collect::<Vec<_>>(),
+        [0, 1, 2, 3],
+        "a rank reported no step during the outage: {steps:?}\n{}\n{}",
+        a.context(),
+        b.context()
+    );
+    for (rank, seen) in &steps {
+        assert!(
+            seen.len() >= 3 && seen.windows(2).all(|w| w[1] > w[0]),
+            "rank {rank} did not keep stepping during the {back:?} outage: {seen:?}"
+        );
+    }
+
+    // Then etcd expires host-a's lease (as when the host stalls past its
+    // TTL; here revoked from outside, so the moment is the test's): host-a
+    // rejoins under a new lease, same round, its workers untouched.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let revoked = rt.block_on(async {
+        let mut c = etcd_client::Client::connect(etcd.endpoints(), None)
+            .await
+            .expect("connect to etcd");
+        let key = format!("/warden/jobs/{}/members/host-a", spec.job);
+        let got = c
+            .get(key.as_str(), None)
+            .await
+            .expect("host-a's member key");
+        let lease = got.kvs().first().expect("host-a is a member").lease();
+        c.lease_revoke(lease).await.expect("revoke host-a's lease");
+        lease
+    });
+    let rejoined = a.wait_line("host-a rejoined under a new lease", |l| {
+        l.contains("rejoined the job under a new lease")
+    });
+    assert!(
+        !rejoined.contains(&format!("{revoked:x} ")),
+        "the same lease? {rejoined}"
+    );
+    for h in [&mut a, &mut b] {
+        let mut after: std::collections::BTreeMap<u32, u64> = Default::default();
+        let deadline = Instant::now() + WAIT;
+        while after.len() < 2 {
+            assert!(Instant::now() < deadline, "{}", h.context());
+            for line in h.read_for(Duration::from_millis(100)) {
+                if let Some((rank, step)) = step_line(&line) {
+                    after.insert(rank, step);
+                }
+            }
+        }
+        for (rank, step) in &after {
+            assert!(
+                *step > steps[rank].last().copied().unwrap_or(0),
+                "rank {rank} stepped backwards after the rejoin (a restart?): {step}"
+            );
+        }
+    }
+
+    // The job finishes everywhere, on its first attempt: no host left,
+    // no round was made, no worker was stopped.
+    assert_eq!(a.wait_exit(), 0, "{}", a.context());
+    assert_eq!(b.wait_exit(), 0, "{}", b.context());
+    for (s, h) in [(&sa, &a), (&sb, &b)] {
+        let at = attempts(&s.summary());
+        assert_eq!(at.len(), 1, "{}: {at:?}\n{}", s.host, h.context());
+        assert_eq!(at[0]["epoch"].as_u64(), Some(e0), "{}: {at:?}", s.host);
+        assert!(
+            h.seen_line(|l| l.contains("membership lease lapsed"))
+                .is_some(),
+            "{}: the lapse was not told on the console\n{}",
+            s.host,
+            h.context()
+        );
+        assert!(
+            h.seen_line(|l| l.contains("new round across hosts"))
+                .is_none(),
+            "{}: a round during the outage\n{}",
+            s.host,
+            h.context()
+        );
+    }
+    println!(
+        "etcd outage of {back:?}, then host-a's lease {revoked:x} expired and rejoined (lease TTL {TTL}): \
+         4 ranks stepped through both, job finished on its first attempt"
+    );
 }

@@ -34,6 +34,11 @@ pub struct EtcdServer {
     log: PathBuf,
     /// The client URL, `http://127.0.0.1:PORT` (`https://` for a secure one).
     pub endpoint: String,
+    /// The arguments it was started with, to start it again on the same
+    /// ports and data directory ([`EtcdServer::restart`]).
+    args: Vec<String>,
+    /// Where `GET /health` answers.
+    health_port: u16,
 }
 
 /// The etcd binary: `$WARDEN_TEST_ETCD`, else `etcd` on PATH.
@@ -91,6 +96,50 @@ impl EtcdServer {
         let health_port = if tls.is_some() { free_port() } else { client };
         let log = dir.path().join("etcd.log");
         let log_file = std::fs::File::create(&log).expect("create etcd's log file");
+        let mut args = vec![
+            "--name=warden-test".to_owned(),
+            format!("--data-dir={}", dir.path().join("data").display()),
+            format!("--listen-client-urls={client_url}"),
+            format!("--advertise-client-urls={client_url}"),
+            format!("--listen-peer-urls={peer_url}"),
+            format!("--initial-advertise-peer-urls={peer_url}"),
+            format!("--initial-cluster=warden-test={peer_url}"),
+            "--initial-cluster-state=new".to_owned(),
+            "--heartbeat-interval=10".to_owned(),
+            "--election-timeout=100".to_owned(),
+            "--logger=zap".to_owned(),
+            "--log-level=warn".to_owned(),
+        ];
+        if let Some(pki) = tls {
+            args.extend([
+                "--client-cert-auth".to_owned(),
+                format!("--trusted-ca-file={}", pki.ca.display()),
+                format!("--cert-file={}", pki.server_cert.display()),
+                format!("--key-file={}", pki.server_key.display()),
+                format!("--listen-metrics-urls=http://127.0.0.1:{health_port}"),
+            ]);
+        }
+        drop(log_file);
+        let mut server = Self {
+            child: None,
+            dir,
+            log,
+            endpoint: client_url,
+            args,
+            health_port,
+        };
+        server.spawn();
+        server.wait_healthy()?;
+        Ok(server)
+    }
+
+    /// Spawns etcd with the saved arguments, its output appended to the log.
+    fn spawn(&mut self) {
+        let log_file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .expect("open etcd's log file");
         let mut cmd = Command::new(etcd_binary());
         // An ETCD_* variable in the runner's environment would override a flag.
         for (name, _) in std::env::vars_os() {
@@ -98,41 +147,32 @@ impl EtcdServer {
                 cmd.env_remove(name);
             }
         }
-        cmd.arg("--name=warden-test")
-            .arg(format!("--data-dir={}", dir.path().join("data").display()))
-            .arg(format!("--listen-client-urls={client_url}"))
-            .arg(format!("--advertise-client-urls={client_url}"))
-            .arg(format!("--listen-peer-urls={peer_url}"))
-            .arg(format!("--initial-advertise-peer-urls={peer_url}"))
-            .arg(format!("--initial-cluster=warden-test={peer_url}"))
-            .arg("--initial-cluster-state=new")
-            .arg("--heartbeat-interval=10")
-            .arg("--election-timeout=100")
-            .arg("--logger=zap")
-            .arg("--log-level=warn");
-        if let Some(pki) = tls {
-            cmd.arg("--client-cert-auth")
-                .arg(format!("--trusted-ca-file={}", pki.ca.display()))
-                .arg(format!("--cert-file={}", pki.server_cert.display()))
-                .arg(format!("--key-file={}", pki.server_key.display()))
-                .arg(format!(
-                    "--listen-metrics-urls=http://127.0.0.1:{health_port}"
-                ));
-        }
-        cmd.stdin(Stdio::null())
+        cmd.args(&self.args)
+            .stdin(Stdio::null())
             .stdout(log_file.try_clone().expect("clone etcd's log file"))
             .stderr(log_file);
-        let child = cmd.spawn().unwrap_or_else(|e| panic!("spawn etcd: {e}"));
-        let mut server = Self {
-            child: Some(child),
-            dir,
-            log,
-            endpoint: client_url,
-        };
+        self.child = Some(cmd.spawn().unwrap_or_else(|e| panic!("spawn etcd: {e}")));
+    }
+
+    /// Starts a killed etcd again on the same ports and data directory (its
+    /// keys and leases as it left them on disk) and waits until it is
+    /// healthy.
+    pub fn restart(&mut self) {
+        assert!(self.child.is_none(), "etcd is still running: kill it first");
+        self.spawn();
+        if let Err(log) = self.wait_healthy() {
+            panic!("etcd did not start again:\n{log}");
+        }
+    }
+
+    /// Waits for `GET /health`; on exit or timeout, the log.
+    fn wait_healthy(&mut self) -> Result<(), String> {
+        let server = self;
+        let health_port = server.health_port;
         let deadline = Instant::now() + ETCD_STARTUP;
         loop {
             if server.healthy(health_port) {
-                return Ok(server);
+                return Ok(());
             }
             if let Some(child) = server.child.as_mut()
                 && let Ok(Some(status)) = child.try_wait()

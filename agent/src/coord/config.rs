@@ -78,6 +78,17 @@ pub struct CoordConfig {
     /// record so the job's other agents replicate to it; `None`: it takes
     /// no replicas.
     pub ckpt_peer: Option<super::plan::CkptPeer>,
+    /// How long the other hosts wait for a member whose lease expired
+    /// without a word (etcd out, the host stalled) to re-register before
+    /// they re-form the round without it. A member that left, or a new
+    /// launcher on its host id, is replaced at once. The launcher uses its
+    /// lease TTL.
+    pub rejoin_grace: Duration,
+    /// How long this launcher keeps trying to keep or regain its membership
+    /// after its lease lapsed (no keep-alive answered for a TTL, or etcd
+    /// says it expired) before it gives up with [`CoordError::LeaseLost`].
+    /// Its workers keep running meanwhile.
+    pub rejoin_timeout: Duration,
 }
 
 impl CoordConfig {
@@ -107,6 +118,8 @@ impl CoordConfig {
             request_timeout: Duration::from_secs(2),
             join_timeout: Duration::from_secs(15),
             ckpt_peer: None,
+            rejoin_grace: Duration::from_secs(5),
+            rejoin_timeout: Duration::from_secs(60),
         }
     }
 
@@ -183,6 +196,13 @@ impl CoordConfig {
                 "lease_ttl",
                 format!("{:?}", self.lease_ttl),
                 "must be whole seconds, at least 1s (etcd leases are in seconds)",
+            );
+        }
+        if self.rejoin_timeout < self.lease_ttl {
+            return bad(
+                "rejoin_timeout",
+                format!("{:?}", self.rejoin_timeout),
+                &format!("must be at least lease_ttl ({:?})", self.lease_ttl),
             );
         }
         if self.port_span == 0 {

@@ -41,6 +41,8 @@ pub mod reports;
 pub mod round;
 mod session;
 
+use std::hash::{BuildHasher, Hasher};
+use std::sync::atomic::AtomicI64;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -72,6 +74,13 @@ pub struct CoordState {
     /// Set once the coordinator is out of the job (its lease lost); from
     /// then on every call returns this error.
     pub failed: Option<CoordError>,
+    /// How many times this launcher regained its membership under a new
+    /// lease after etcd expired the old one (its workers kept running).
+    pub rejoins: u32,
+    /// Set while the membership lease has lapsed by this host's clock (no
+    /// keep-alive answered for a TTL, or etcd expired it) and is not yet
+    /// kept or regained: what since, and why.
+    pub lease_lapsed: Option<String>,
 }
 
 /// Why a launcher leaves the job.
@@ -185,7 +194,8 @@ impl Coordinator {
             limits,
             endpoints,
             client,
-            lease,
+            lease: AtomicI64::new(lease),
+            incarnation: incarnation(),
             view: Mutex::new(session::View::default()),
             state,
             stop: CancellationToken::new(),
@@ -242,7 +252,7 @@ impl Coordinator {
 
     /// This host's membership lease, as etcd names it.
     pub fn lease_id(&self) -> i64 {
-        self.inner.lease
+        self.inner.lease()
     }
 
     /// What the coordinator knows now.
@@ -404,7 +414,7 @@ impl Coordinator {
             .when([Compare::lease(
                 member.as_str(),
                 CompareOp::Equal,
-                inner.lease,
+                inner.lease(),
             )])
             .and_then(ops);
         let mut client = inner.client.clone();
@@ -421,14 +431,29 @@ impl Coordinator {
     async fn revoke(&self) {
         let inner = &self.inner;
         let mut client = inner.client.clone();
-        let key = format!("lease {:x}", inner.lease);
+        let lease = inner.lease();
+        let key = format!("lease {lease:x}");
         if let Err(e) = inner
-            .call("lease revoke", &key, client.lease_revoke(inner.lease))
+            .call("lease revoke", &key, client.lease_revoke(lease))
             .await
         {
             tracing::warn!(host = %inner.cfg.host, error = %e, "coord: could not revoke the lease; it expires on its own");
         }
     }
+}
+
+/// A launcher's incarnation: random, never 0 (0 is "an older launcher").
+/// The std hasher's random keys are enough: it only has to differ from any
+/// other launcher's on the same host id.
+fn incarnation() -> u64 {
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u32(std::process::id());
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos()),
+    );
+    h.finish().max(1)
 }
 
 #[cfg(test)]

@@ -34,6 +34,17 @@ pub struct MemberRecord {
     /// has no checkpoint tier or no TCP listener (or the launcher is older).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ckpt_peer: Option<CkptPeer>,
+    /// This launcher process's membership, drawn at random when it joins
+    /// and kept when it re-registers under a new lease after its lease
+    /// lapsed (an etcd outage, a stall): the rounds know it by this, so a
+    /// rejoin is the same member and nobody restarts. 0: a launcher of an
+    /// older version, known by its lease alone.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub incarnation: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// A host's agent as a checkpoint peer: the job's other hosts replicate to
@@ -80,6 +91,22 @@ pub struct RoundMember {
     /// Its agent as a checkpoint peer, copied from its member record.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ckpt_peer: Option<CkptPeer>,
+    /// Its launcher's incarnation ([`MemberRecord::incarnation`]) when the
+    /// round formed; 0 from an older launcher.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub incarnation: u64,
+}
+
+impl RoundMember {
+    /// Whether the launcher `host`, holding `lease` in incarnation
+    /// `incarnation`, is this member: the same lease, or the same launcher
+    /// process re-registered under a new lease (a lapsed lease rejoined).
+    /// Another launcher on the same host id (restarted: a new incarnation)
+    /// is not: its workers are new.
+    pub fn is(&self, host: &str, lease: i64, incarnation: u64) -> bool {
+        self.host == host
+            && (self.lease == lease || (self.incarnation != 0 && self.incarnation == incarnation))
+    }
 }
 
 /// The round of one epoch, as stored at `rounds/<epoch>`: every launcher
@@ -138,6 +165,12 @@ pub enum Trigger {
     Now(String),
     /// After the last call, to let more hosts arrive first.
     AfterLastCall(String),
+    /// After the rejoin grace: every missing member vanished with its
+    /// lease (no departure written, no other launcher on its host id), as
+    /// when etcd was out or the host stalled longer than a TTL. Its
+    /// launcher re-registers under a new lease within the grace and is the
+    /// same member again; only if it does not is the round re-formed.
+    AfterRejoinGrace(String),
 }
 
 /// Who would be in the next round.
@@ -149,9 +182,10 @@ pub struct Assignment {
     pub standby: Vec<String>,
 }
 
-/// Whether `member` is the host the round member names (same lease).
+/// Whether `member` is the host the round member names (same lease, or the
+/// same launcher rejoined under a new one).
 fn same(rm: &RoundMember, m: &Member) -> bool {
-    rm.host == m.record.host && rm.lease == m.lease
+    rm.is(&m.record.host, m.lease, m.record.incarnation)
 }
 
 /// Live members not in `round`, in the order they are taken: regular hosts
@@ -245,17 +279,29 @@ pub fn trigger(
             // The job is over; the others are finishing too.
             return Trigger::None;
         }
+        let mut vanished_only = true;
         let why: Vec<String> = lost
             .iter()
             .map(|rm| match departures.get(&rm.host) {
-                Some(reason) => format!("{} left ({reason})", rm.host),
+                Some(reason) => {
+                    vanished_only = false;
+                    format!("{} left ({reason})", rm.host)
+                }
                 None if live.iter().any(|m| m.record.host == rm.host) => {
+                    vanished_only = false;
                     format!("{} rejoined", rm.host)
                 }
                 None => format!("{} lost", rm.host),
             })
             .collect();
-        return Trigger::Now(why.join(", "));
+        let why = why.join(", ");
+        // A member gone without a word may be rejoining (its lease lapsed);
+        // one that said why, or a new launcher on its host id, is gone.
+        return if vanished_only && lost.iter().all(|rm| rm.incarnation != 0) {
+            Trigger::AfterRejoinGrace(why)
+        } else {
+            Trigger::Now(why)
+        };
     }
     if ended {
         return Trigger::None;
@@ -291,6 +337,7 @@ pub fn record(
             nproc_per_node: m.record.nproc_per_node,
             lease: m.lease,
             ckpt_peer: m.record.ckpt_peer,
+            incarnation: m.record.incarnation,
         })
         .collect();
     let span = u64::from(limits.port_span.max(1));
@@ -355,6 +402,7 @@ mod tests {
                 pid: 1,
                 joined_at_ms: 0,
                 ckpt_peer: None,
+                incarnation: 100 + u64::try_from(rev).unwrap(),
             },
             lease,
             join_revision: rev,
@@ -425,7 +473,7 @@ mod tests {
         let live = [a.clone(), c.clone()];
         assert_eq!(
             trigger(Some(&r1), &live, &none(), false, LIMITS),
-            Trigger::Now("b lost".into())
+            Trigger::AfterRejoinGrace("b lost".into())
         );
         let r2 = record(
             2,
@@ -498,9 +546,10 @@ mod tests {
         let (a, b) = (m("a", 1, 10, false), m("b", 2, 11, false));
         let r1 = round_of(1, &[a.clone(), b.clone()], LIMITS);
         let live = [a.clone()];
+        // b vanished without a word: after the rejoin grace.
         assert!(matches!(
             trigger(Some(&r1), &live, &none(), false, LIMITS),
-            Trigger::Now(_)
+            Trigger::AfterRejoinGrace(_)
         ));
         let r2 = record(
             2,
@@ -547,6 +596,44 @@ mod tests {
         );
         assert_eq!(hosts(&r2), ["a", "b"]);
         assert_eq!(r2.members[1].lease, 7);
+    }
+
+    #[test]
+    fn the_same_launcher_rejoined_under_a_new_lease_keeps_its_place() {
+        let (a, b) = (m("a", 1, 10, false), m("b", 2, 11, false));
+        let r1 = round_of(1, &[a.clone(), b.clone()], LIMITS);
+        // b's lease lapsed and expired: gone without a word, for now.
+        assert_eq!(
+            trigger(Some(&r1), std::slice::from_ref(&a), &none(), false, LIMITS),
+            Trigger::AfterRejoinGrace("b lost".into())
+        );
+        // The same launcher (same incarnation) re-registers under lease 9:
+        // the round still has it, nothing to do.
+        let mut b2 = m("b", 9, 40, false);
+        b2.record.incarnation = b.record.incarnation;
+        assert_eq!(
+            trigger(Some(&r1), &[a.clone(), b2.clone()], &none(), false, LIMITS),
+            Trigger::None
+        );
+        assert_eq!(
+            hosts(&record(
+                2,
+                assign(Some(&r1), &[a.clone(), b2], LIMITS),
+                LIMITS,
+                "".into(),
+                "".into(),
+                0
+            )),
+            ["a", "b"]
+        );
+        // A member of an older launcher (no incarnation) cannot rejoin:
+        // lost at once, as before.
+        let mut old = r1.clone();
+        old.members[1].incarnation = 0;
+        assert_eq!(
+            trigger(Some(&old), &[a], &none(), false, LIMITS),
+            Trigger::Now("b lost".into())
+        );
     }
 
     #[test]

@@ -43,14 +43,21 @@ pub struct Round {
 }
 
 impl Round {
-    /// `record` as seen by the host `host` holding lease `lease`.
-    pub(crate) fn from_record(job: &str, record: &RoundRecord, host: &str, lease: i64) -> Self {
+    /// `record` as seen by the host `host` holding lease `lease` in
+    /// launcher incarnation `incarnation`.
+    pub(crate) fn from_record(
+        job: &str,
+        record: &RoundRecord,
+        host: &str,
+        lease: i64,
+        incarnation: u64,
+    ) -> Self {
         let mut node_rank = None;
         let mut rank_offset = 0u32;
         let mut local_world_size = 0u32;
         let mut before = 0u32;
         for (i, m) in record.members.iter().enumerate() {
-            if m.host == host && m.lease == lease {
+            if m.is(host, lease, incarnation) {
                 node_rank = u32::try_from(i).ok();
                 rank_offset = before;
                 local_world_size = m.nproc_per_node;
@@ -129,6 +136,7 @@ mod tests {
             nproc_per_node: n,
             lease,
             ckpt_peer: None,
+            incarnation: u64::try_from(lease).unwrap_or(0) * 100,
         };
         RoundRecord {
             epoch: 3,
@@ -149,7 +157,7 @@ mod tests {
 
     #[test]
     fn ranks_follow_the_members_before_this_host() {
-        let r = Round::from_record("j", &rec(), "c", 3);
+        let r = Round::from_record("j", &rec(), "c", 3, 300);
         assert_eq!(
             (r.node_rank, r.rank_offset, r.local_world_size),
             (Some(2), 6, 4)
@@ -165,11 +173,15 @@ mod tests {
 
     #[test]
     fn a_spare_or_an_old_lease_has_no_place() {
-        assert_eq!(Round::from_record("j", &rec(), "s", 9).node_rank, None);
-        // Same host id, another lease: an earlier incarnation's place.
-        let r = Round::from_record("j", &rec(), "b", 42);
+        assert_eq!(Round::from_record("j", &rec(), "s", 9, 900).node_rank, None);
+        // Same host id, another lease, another launcher: an earlier
+        // incarnation's place.
+        let r = Round::from_record("j", &rec(), "b", 42, 4200);
         assert_eq!(r.node_rank, None);
         assert!(!r.runs_workers());
         assert!(r.worker_env(0).is_none());
+        // The same launcher rejoined under a new lease keeps its place.
+        let r = Round::from_record("j", &rec(), "b", 42, 200);
+        assert_eq!(r.node_rank, Some(1));
     }
 }

@@ -10,6 +10,7 @@
 
 use std::collections::BTreeMap;
 use std::future::Future;
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -95,7 +96,7 @@ impl View {
             .any(|rm| {
                 self.members
                     .get(&rm.host)
-                    .is_some_and(|m| m.lease == rm.lease)
+                    .is_some_and(|m| rm.is(&m.record.host, m.lease, m.record.incarnation))
             })
             .then_some(end)
     }
@@ -120,7 +121,11 @@ pub(crate) struct Inner {
     /// The endpoints, comma-separated, for errors.
     pub(crate) endpoints: String,
     pub(crate) client: Client,
-    pub(crate) lease: i64,
+    /// The membership lease now: replaced when a lapsed lease is rejoined.
+    pub(crate) lease: AtomicI64,
+    /// This launcher's incarnation ([`MemberRecord::incarnation`]): drawn
+    /// at join, kept across rejoins.
+    pub(crate) incarnation: u64,
     pub(crate) view: Mutex<View>,
     pub(crate) state: watch::Sender<CoordState>,
     pub(crate) stop: CancellationToken,
@@ -132,7 +137,7 @@ impl std::fmt::Debug for Inner {
             .field("job", &self.cfg.job)
             .field("host", &self.cfg.host)
             .field("endpoints", &self.endpoints)
-            .field("lease", &format_args!("{:x}", self.lease))
+            .field("lease", &format_args!("{:x}", self.lease()))
             .finish_non_exhaustive()
     }
 }
@@ -160,6 +165,11 @@ impl Inner {
         fut: impl Future<Output = Result<T, etcd_client::Error>>,
     ) -> Result<T, CoordError> {
         super::bounded::call(&self.endpoints, self.cfg.request_timeout, op, key, fut).await
+    }
+
+    /// The membership lease now.
+    pub(crate) fn lease(&self) -> i64 {
+        self.lease.load(Ordering::Acquire)
     }
 
     fn lock_view(&self) -> std::sync::MutexGuard<'_, View> {
@@ -271,8 +281,13 @@ impl Inner {
             let view = self.lock_view();
             (
                 view.current().map(|r| {
-                    let mut round =
-                        Round::from_record(&self.cfg.job, r, &self.cfg.host, self.lease);
+                    let mut round = Round::from_record(
+                        &self.cfg.job,
+                        r,
+                        &self.cfg.host,
+                        self.lease(),
+                        self.incarnation,
+                    );
                     // Who is on standby now, not when the round formed: a
                     // spare that joins a full round makes no new one.
                     round.standby = view
@@ -410,21 +425,8 @@ impl Inner {
     /// the host id: then waits for its key to go, up to `join_timeout`.
     pub(crate) async fn register(&self) -> Result<(), CoordError> {
         let key = self.keys.member(&self.cfg.host);
-        let record = MemberRecord {
-            host: self.cfg.host.clone(),
-            addr: self.cfg.addr.clone(),
-            nproc_per_node: self.cfg.nproc_per_node,
-            spare: self.cfg.spare,
-            min_nodes: self.cfg.min_nodes,
-            max_nodes: self.cfg.max_nodes,
-            pid: std::process::id(),
-            joined_at_ms: now_ms(),
-            ckpt_peer: self.cfg.ckpt_peer.clone(),
-        };
-        let json = serde_json::to_string(&record).map_err(|e| CoordError::Corrupt {
-            key: key.clone(),
-            problem: format!("cannot encode the member record: {e}"),
-        })?;
+        let json = self.member_json(&key)?;
+        let lease = self.lease();
         let started = Instant::now();
         let mut told = false;
         loop {
@@ -434,7 +436,7 @@ impl Inner {
                     TxnOp::put(
                         key.as_str(),
                         json.as_str(),
-                        Some(PutOptions::new().with_lease(self.lease)),
+                        Some(PutOptions::new().with_lease(lease)),
                     ),
                     TxnOp::delete(self.keys.departure(&self.cfg.host), None),
                 ])
@@ -477,6 +479,143 @@ impl Inner {
         }
     }
 
+    /// This launcher's member record, encoded.
+    fn member_json(&self, key: &str) -> Result<String, CoordError> {
+        let record = MemberRecord {
+            host: self.cfg.host.clone(),
+            addr: self.cfg.addr.clone(),
+            nproc_per_node: self.cfg.nproc_per_node,
+            spare: self.cfg.spare,
+            min_nodes: self.cfg.min_nodes,
+            max_nodes: self.cfg.max_nodes,
+            pid: std::process::id(),
+            joined_at_ms: now_ms(),
+            ckpt_peer: self.cfg.ckpt_peer.clone(),
+            incarnation: self.incarnation,
+        };
+        serde_json::to_string(&record).map_err(|e| CoordError::Corrupt {
+            key: key.to_owned(),
+            problem: format!("cannot encode the member record: {e}"),
+        })
+    }
+
+    /// Grants a lease of the configured TTL.
+    pub(crate) async fn grant(&self) -> Result<i64, CoordError> {
+        let mut client = self.client.clone();
+        let key = self.keys.member(&self.cfg.host);
+        self.call(
+            "lease grant",
+            &key,
+            client.lease_grant(self.cfg.ttl_secs(), None),
+        )
+        .await
+        .map(|r| r.id())
+    }
+
+    /// Regains membership after etcd expired this launcher's lease: a new
+    /// lease, and the member key written again under it with the same
+    /// incarnation, so the current round still counts this host in and
+    /// its workers go on. Fails for good ([`RejoinError::Final`]) only on
+    /// a real conflict: another launcher holds the host id, or the job
+    /// ended; an etcd error is worth another try.
+    async fn rejoin(&self) -> Result<i64, RejoinError> {
+        if self.stop.is_cancelled() {
+            // Leaving: nothing to regain (the caller's wait sees the stop).
+            return Err(RejoinError::Retry(self.stopped_error()));
+        }
+        let key = self.keys.member(&self.cfg.host);
+        let ended = {
+            let view = self.lock_view();
+            view.ends.get(&view.epoch).cloned()
+        };
+        if let Some(end) = ended {
+            return Err(RejoinError::Final(CoordError::Ended {
+                job: self.cfg.job.clone(),
+                by: end.by,
+                outcome: end.outcome,
+                reason: end.reason,
+                exit_code: end.exit_code,
+            }));
+        }
+        let lease = self.grant().await.map_err(RejoinError::Retry)?;
+        let json = self.member_json(&key).map_err(RejoinError::Final)?;
+        let put = || {
+            TxnOp::put(
+                key.as_str(),
+                json.as_str(),
+                Some(PutOptions::new().with_lease(lease)),
+            )
+        };
+        let txn = Txn::new()
+            .when([Compare::create_revision(key.as_str(), CompareOp::Equal, 0)])
+            .and_then([put()])
+            .or_else([TxnOp::get(key.as_str(), None)]);
+        let mut client = self.client.clone();
+        let resp = self
+            .call("txn (re-register member)", &key, client.txn(txn))
+            .await
+            .map_err(RejoinError::Retry)?;
+        if !resp.succeeded() {
+            let holder = resp.op_responses().into_iter().find_map(|r| match r {
+                TxnOpResponse::Get(g) => g.kvs().first().map(|kv| {
+                    let record = serde_json::from_slice::<MemberRecord>(kv.value()).ok();
+                    (record, kv.lease(), kv.mod_revision())
+                }),
+                _ => None,
+            });
+            match holder {
+                // An earlier attempt of ours got through (its answer was
+                // lost): write it again under this lease, if unchanged.
+                Some((Some(r), _, rev)) if r.incarnation == self.incarnation => {
+                    let txn = Txn::new()
+                        .when([Compare::mod_revision(key.as_str(), CompareOp::Equal, rev)])
+                        .and_then([put()]);
+                    let ok = self
+                        .call("txn (re-register member)", &key, client.txn(txn))
+                        .await
+                        .map_err(RejoinError::Retry)?
+                        .succeeded();
+                    if !ok {
+                        return Err(RejoinError::Retry(CoordError::Corrupt {
+                            key: key.clone(),
+                            problem: "the member key changed while rejoining".into(),
+                        }));
+                    }
+                }
+                Some((record, holder_lease, _)) => {
+                    return Err(RejoinError::Final(CoordError::HostTaken {
+                        host: self.cfg.host.clone(),
+                        key: key.clone(),
+                        holder_addr: record.map_or_else(|| "?".to_owned(), |r| r.addr),
+                        holder_lease,
+                        waited: Duration::ZERO,
+                    }));
+                }
+                // Gone between the compare and the get: try again.
+                None => {
+                    return Err(RejoinError::Retry(CoordError::Corrupt {
+                        key: key.clone(),
+                        problem: "the member key vanished while rejoining".into(),
+                    }));
+                }
+            }
+        }
+        let old = self.lease.swap(lease, Ordering::AcqRel);
+        tracing::warn!(
+            job = %self.cfg.job,
+            host = %self.cfg.host,
+            old_lease = %format_args!("{old:x}"),
+            new_lease = %format_args!("{lease:x}"),
+            "coord: rejoined the job under a new lease (the old one expired in etcd); workers kept running"
+        );
+        self.state.send_modify(|s| {
+            s.rejoins += 1;
+            s.lease_lapsed = None;
+        });
+        self.publish();
+        Ok(lease)
+    }
+
     /// The error to give once the tasks have stopped: the failure if there
     /// was one.
     pub(crate) fn stopped_error(&self) -> CoordError {
@@ -490,83 +629,199 @@ impl Inner {
     }
 }
 
-/// Keeps the lease alive until stopped; declares it lost when etcd says it
-/// expired or when no keep-alive was answered for a whole TTL (counted from
-/// when the last answered one was sent, so this host gives up no later than
-/// etcd does).
+/// Why a rejoin attempt failed.
+enum RejoinError {
+    /// etcd did not answer or refused for now: try again.
+    Retry(CoordError),
+    /// A real conflict: out of the job.
+    Final(CoordError),
+}
+
+/// What came of one keep-alive stream.
+enum Stream {
+    /// Stopped (the coordinator left or dropped).
+    Stopped,
+    /// etcd says the lease expired.
+    Expired(&'static str),
+    /// The stream failed or no answer came before the lease's end by this
+    /// host's clock: open another.
+    Broken,
+}
+
+/// Keeps the membership alive until stopped.
+///
+/// A keep-alive every third of the TTL. When none is answered for a whole
+/// TTL (counted from when the last answered one was sent, so this host
+/// never believes in its lease longer than etcd does) the lease has lapsed
+/// by this host's clock: that is logged, the workers keep running, and the
+/// keeper keeps trying. etcd back with the lease alive (an etcd restarted on
+/// its data keeps its leases): nothing happened. etcd says the lease expired:
+/// [`Inner::rejoin`] grants a new lease and re-registers, same incarnation,
+/// same place in the round. Only after `rejoin_timeout` without regaining
+/// the membership, or on a real conflict (another launcher took the host
+/// id, the job ended), is the coordinator failed with the lease lost.
 pub(crate) async fn keep_lease(inner: Arc<Inner>, granted_at: Instant) {
     let ttl = inner.cfg.lease_ttl;
-    let interval = ttl / 3;
-    let retry = interval.min(Duration::from_millis(200));
+    let retry = (ttl / 3).min(Duration::from_millis(200));
     let mut expires = granted_at + ttl;
-    let lease = inner.lease;
-    let lost = |reason: String| CoordError::LeaseLost {
-        host: inner.cfg.host.clone(),
-        lease,
-        reason,
-    };
+    // Since when the membership is in doubt (the lease lapsed by our clock,
+    // or etcd said it expired), and whether that was said in the log.
+    let mut doubt: Option<Instant> = None;
+    let mut expired_in_etcd = false;
     loop {
-        let mut client = inner.client.clone();
-        let sent = Instant::now();
-        let opened = tokio::select! {
-            () = inner.stop.cancelled() => return,
-            () = sleep_until(expires) => {
-                inner.fail(lost(format!("no keep-alive answered for {ttl:?} (etcd at {})", inner.endpoints)));
-                return;
+        let now = Instant::now();
+        if doubt.is_none() && (now >= expires || expired_in_etcd) {
+            doubt = Some(now);
+            tracing::warn!(
+                job = %inner.cfg.job,
+                host = %inner.cfg.host,
+                lease = %format_args!("{:x}", inner.lease()),
+                endpoints = %inner.endpoints,
+                rejoin_timeout = ?inner.cfg.rejoin_timeout,
+                "coord: membership lease lapsed (no keep-alive answered for a TTL, or etcd expired it); \
+                 workers keep running; keeping or regaining it"
+            );
+            let why = if expired_in_etcd {
+                "etcd expired it".to_owned()
+            } else {
+                format!(
+                    "no keep-alive answered for {ttl:?} by etcd at {}",
+                    inner.endpoints
+                )
+            };
+            inner.state.send_modify(|s| s.lease_lapsed = Some(why));
+        }
+        if let Some(since) = doubt
+            && now.duration_since(since) >= inner.cfg.rejoin_timeout
+        {
+            inner.fail(CoordError::LeaseLost {
+                host: inner.cfg.host.clone(),
+                lease: inner.lease(),
+                reason: format!(
+                    "not regained within {:?} (etcd at {})",
+                    inner.cfg.rejoin_timeout, inner.endpoints
+                ),
+            });
+            return;
+        }
+        if expired_in_etcd {
+            match inner.rejoin().await {
+                // Left (or dropped) while rejoining: the new lease must not
+                // keep a member key of a launcher that is gone.
+                Ok(lease) if inner.stop.is_cancelled() => {
+                    let mut client = inner.client.clone();
+                    let key = format!("lease {lease:x}");
+                    let _ = inner
+                        .call("lease revoke", &key, client.lease_revoke(lease))
+                        .await;
+                    return;
+                }
+                Ok(_) => {
+                    expired_in_etcd = false;
+                    doubt = None;
+                    expires = Instant::now() + ttl;
+                }
+                Err(RejoinError::Final(e)) => {
+                    inner.fail(e);
+                    return;
+                }
+                Err(RejoinError::Retry(e)) => {
+                    tracing::warn!(host = %inner.cfg.host, error = %e, "coord: rejoin attempt failed; retrying");
+                    tokio::select! {
+                        () = inner.stop.cancelled() => return,
+                        () = sleep(retry) => {}
+                    }
+                }
             }
-            r = client.lease_keep_alive(lease) => r,
-        };
-        let (mut keeper, mut stream) = match opened {
-            Ok(pair) => {
-                // Opening sends one keep-alive and checks its answer.
-                expires = sent + ttl;
-                pair
+            continue;
+        }
+        match keep_alive_stream(&inner, &mut expires, &mut doubt).await {
+            Stream::Stopped => return,
+            Stream::Expired(how) => {
+                tracing::warn!(host = %inner.cfg.host, lease = %format_args!("{:x}", inner.lease()), "coord: etcd says the lease expired ({how}); rejoining");
+                expired_in_etcd = true;
             }
-            Err(etcd_client::Error::LeaseKeepAliveError(msg)) if msg.contains("not found") => {
-                inner.fail(lost("etcd says it expired (lease not found)".into()));
-                return;
-            }
-            Err(e) => {
-                tracing::warn!(host = %inner.cfg.host, error = %e, "coord: lease keep-alive stream failed; retrying");
+            Stream::Broken => {
                 tokio::select! {
                     () = inner.stop.cancelled() => return,
                     () = sleep(retry) => {}
                 }
-                continue;
             }
+        }
+    }
+}
+
+/// One keep-alive stream on the current lease, until it breaks: each
+/// answered keep-alive moves `expires`, and the first one after a doubt
+/// clears it (logged).
+async fn keep_alive_stream(
+    inner: &Inner,
+    expires: &mut Instant,
+    doubt: &mut Option<Instant>,
+) -> Stream {
+    let ttl = inner.cfg.lease_ttl;
+    let interval = ttl / 3;
+    let lease = inner.lease();
+    let mut client = inner.client.clone();
+    let mut renewed = |expires: &mut Instant, sent: Instant, granted: Duration| {
+        *expires = sent + granted;
+        if let Some(since) = doubt.take() {
+            tracing::warn!(
+                job = %inner.cfg.job,
+                host = %inner.cfg.host,
+                lease = %format_args!("{lease:x}"),
+                in_doubt = ?since.elapsed(),
+                "coord: membership lease kept: etcd answered again and still has it"
+            );
+            inner.state.send_modify(|s| s.lease_lapsed = None);
+        }
+    };
+    let sent = Instant::now();
+    let opened = tokio::select! {
+        () = inner.stop.cancelled() => return Stream::Stopped,
+        r = tokio::time::timeout(inner.cfg.request_timeout, client.lease_keep_alive(lease)) => r,
+    };
+    let (mut keeper, mut stream) = match opened {
+        // Opening sends one keep-alive and checks its answer.
+        Ok(Ok(pair)) => {
+            renewed(expires, sent, ttl);
+            pair
+        }
+        Ok(Err(etcd_client::Error::LeaseKeepAliveError(msg))) if msg.contains("not found") => {
+            return Stream::Expired("lease not found");
+        }
+        Ok(Err(e)) => {
+            tracing::debug!(host = %inner.cfg.host, error = %e, "coord: lease keep-alive stream failed; retrying");
+            return Stream::Broken;
+        }
+        Err(_) => return Stream::Broken,
+    };
+    loop {
+        tokio::select! {
+            () = inner.stop.cancelled() => return Stream::Stopped,
+            () = sleep(interval) => {}
+        }
+        let sent = Instant::now();
+        // Bounded by the lease's end by our clock, but never shorter than a
+        // request: a doubt is decided by the caller, not here.
+        let until = (*expires).max(sent + inner.cfg.request_timeout);
+        let answer = tokio::select! {
+            () = inner.stop.cancelled() => return Stream::Stopped,
+            () = sleep_until(until) => return Stream::Broken,
+            r = async {
+                keeper.keep_alive().await?;
+                stream.message().await
+            } => r,
         };
-        loop {
-            tokio::select! {
-                () = inner.stop.cancelled() => return,
-                () = sleep(interval) => {}
+        match answer {
+            Ok(Some(resp)) if resp.ttl() > 0 => {
+                let granted = u64::try_from(resp.ttl()).unwrap_or(0);
+                renewed(expires, sent, Duration::from_secs(granted));
             }
-            let sent = Instant::now();
-            let answer = tokio::select! {
-                () = inner.stop.cancelled() => return,
-                () = sleep_until(expires) => {
-                    inner.fail(lost(format!("no keep-alive answered for {ttl:?} (etcd at {})", inner.endpoints)));
-                    return;
-                }
-                r = async {
-                    keeper.keep_alive().await?;
-                    stream.message().await
-                } => r,
-            };
-            match answer {
-                Ok(Some(resp)) if resp.ttl() > 0 => {
-                    let granted = u64::try_from(resp.ttl()).unwrap_or(0);
-                    expires = sent + Duration::from_secs(granted);
-                }
-                Ok(Some(_)) => {
-                    inner.fail(lost(
-                        "etcd says it expired (keep-alive answered TTL 0)".into(),
-                    ));
-                    return;
-                }
-                Ok(None) | Err(_) => {
-                    tracing::warn!(host = %inner.cfg.host, "coord: lease keep-alive stream ended; reopening");
-                    break;
-                }
+            Ok(Some(_)) => return Stream::Expired("keep-alive answered TTL 0"),
+            Ok(None) | Err(_) => {
+                tracing::debug!(host = %inner.cfg.host, "coord: lease keep-alive stream ended; reopening");
+                return Stream::Broken;
             }
         }
     }
@@ -689,28 +944,29 @@ impl Driver {
                 view.epoch,
             )
         };
-        let reason = match trigger {
+        let (reason, wait) = match trigger {
             Trigger::None => {
                 self.pending = None;
                 return;
             }
-            Trigger::Now(reason) => reason,
-            Trigger::AfterLastCall(reason) => {
-                let since = match self.pending {
-                    Some((e, t)) if e == epoch => t,
-                    _ => {
-                        self.pending = Some((epoch, now));
-                        now
-                    }
-                };
-                let due = since + inner.cfg.last_call;
-                if now < due {
-                    self.wake = Some(due);
-                    return;
-                }
-                reason
-            }
+            Trigger::Now(reason) => (reason, None),
+            Trigger::AfterLastCall(reason) => (reason, Some(inner.cfg.last_call)),
+            Trigger::AfterRejoinGrace(reason) => (reason, Some(inner.cfg.rejoin_grace)),
         };
+        if let Some(wait) = wait {
+            let since = match self.pending {
+                Some((e, t)) if e == epoch => t,
+                _ => {
+                    self.pending = Some((epoch, now));
+                    now
+                }
+            };
+            let due = since + wait;
+            if now < due {
+                self.wake = Some(due);
+                return;
+            }
+        }
         if let Some((e, until)) = self.attempt
             && e == epoch
             && now < until

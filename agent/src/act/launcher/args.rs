@@ -88,8 +88,11 @@ pub struct RunArgs {
     #[arg(long)]
     pub spare: bool,
     /// With --rdzv-backend etcd: the TTL of this host's membership lease
-    /// (whole seconds): a launcher that dies or loses etcd for this long is
-    /// out of the job, and the others restart without it.
+    /// (whole seconds): a launcher that dies for this long (plus one more
+    /// TTL of grace) is out of the job, and the others restart without it.
+    /// One that only lost etcd, or stalled, keeps its workers running and
+    /// regains its membership (a new lease if etcd expired the old one) for
+    /// up to 10 TTLs or a minute before it leaves with 86.
     #[arg(long = "rdzv-lease-ttl", default_value = "5s", value_parser = humantime::parse_duration)]
     pub rdzv_lease_ttl: Duration,
     /// With --rdzv-backend etcd: TLS and authentication to etcd.

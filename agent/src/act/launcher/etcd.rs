@@ -15,7 +15,9 @@
 //! stop with the same status) for a job that failed for good, `Cordoned`
 //! for 86, `Stopped` when this host goes alone (a signal, the others'
 //! stop); `next_remote` is `next_round`; `node_fault` is `leave(Cordoned)`
-//! and exit 86; a lost lease is a stop with 86.
+//! and exit 86; a lost lease is a stop with 86, but only once it could not
+//! be regained: a lease that lapsed (etcd out, this host stalled) is kept or
+//! re-granted by the coordinator, same place in the round, workers running.
 //!
 //! Never: start workers for a round this host has no place in, or ask for
 //! a restart after the job ended elsewhere.
@@ -59,6 +61,9 @@ pub struct EtcdCoordinator {
     /// A restart this host asked for that etcd did not take yet: the
     /// rendezvous asks again (else nobody would make its round).
     unsent: Option<String>,
+    /// The membership's lease state last told on the console: lapsed or
+    /// not, and the rejoins so far.
+    told_lease: (bool, u32),
 }
 
 /// The etcd coordinator's config from `warden run`'s flags, for job `job`,
@@ -87,6 +92,11 @@ pub fn config(args: &RunArgs, job: &str, access: etcd::EtcdAccess) -> etcd::Coor
     // A launcher restarted on the same host waits for its predecessor's
     // lease to run out.
     c.join_timeout = args.rdzv_lease_ttl + Duration::from_secs(10);
+    // A member whose lease lapsed gets one more TTL to re-register before
+    // the others re-form the round without it; this host keeps trying to
+    // regain its own for a minute (or ten TTLs) with its workers running.
+    c.rejoin_grace = args.rdzv_lease_ttl;
+    c.rejoin_timeout = (args.rdzv_lease_ttl * 10).max(Duration::from_secs(60));
     c
 }
 
@@ -190,6 +200,7 @@ impl EtcdCoordinator {
             ended_elsewhere: false,
             lost: false,
             unsent: None,
+            told_lease: (false, 0),
         })
     }
 
@@ -204,7 +215,9 @@ impl EtcdCoordinator {
     /// A library error as the launcher's: its exit status.
     fn halt(&mut self, e: etcd::CoordError) -> CoordError {
         let exit_code = match &e {
-            etcd::CoordError::LeaseLost { .. } => {
+            // Out of the job: the membership was not regained in time, or
+            // another launcher took this host id meanwhile.
+            etcd::CoordError::LeaseLost { .. } | etcd::CoordError::HostTaken { .. } => {
                 self.lost = true;
                 EXIT_NODE_FAULT
             }
@@ -383,7 +396,43 @@ impl Coordinator for EtcdCoordinator {
         let Some(c) = &self.coord else {
             return std::future::pending().await;
         };
-        match c.next_round(self.epoch).await {
+        let mut states = c.rounds();
+        let told = self.told_lease;
+        let lease_news = async {
+            loop {
+                {
+                    let s = states.borrow_and_update();
+                    let now = (s.lease_lapsed.is_some(), s.rejoins);
+                    if now != told {
+                        return (now, s.lease_lapsed.clone());
+                    }
+                }
+                if states.changed().await.is_err() {
+                    return std::future::pending().await;
+                }
+            }
+        };
+        let next = tokio::select! {
+            r = c.next_round(self.epoch) => r,
+            ((lapsed, rejoins), why) = lease_news => {
+                self.told_lease = (lapsed, rejoins);
+                return Remote::Note(if lapsed {
+                    format!(
+                        "etcd: this host's membership lease lapsed ({}); the workers keep running while it is kept or regained",
+                        why.unwrap_or_default()
+                    )
+                } else if rejoins > told.1 {
+                    format!(
+                        "etcd: rejoined the job under a new lease {:x} (the old one expired); same place in round {}, workers untouched",
+                        c.lease_id(),
+                        self.epoch
+                    )
+                } else {
+                    "etcd: answered again and still holds this host's lease; nothing lost".to_owned()
+                });
+            }
+        };
+        match next {
             Ok(r) => Remote::NewRound {
                 reason: format!("round {}: {} (by {})", r.epoch, r.reason, r.decided_by),
             },
