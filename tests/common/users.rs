@@ -196,23 +196,62 @@ fn ensure_user(name: &str, extra_group: Option<&str>) -> Ident {
 /// A copy of this test binary that any user can execute: the build tree
 /// (the repository, at an unknown path) may be unreadable to them.
 fn exe_copy() -> &'static Path {
-    static COPY: OnceLock<(tempfile::TempDir, PathBuf)> = OnceLock::new();
-    &COPY
-        .get_or_init(|| {
-            let dir = tempfile::Builder::new()
-                .prefix("warden-attacker-")
-                .tempdir()
-                .expect("a directory for the attacker binary");
-            std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755))
-                .expect("chmod the attacker directory");
-            let exe = std::env::current_exe().expect("this test binary");
-            let copy = dir.path().join("attacker");
-            std::fs::copy(&exe, &copy).expect("copy the test binary");
-            std::fs::set_permissions(&copy, std::fs::Permissions::from_mode(0o755))
-                .expect("chmod the attacker binary");
-            (dir, copy)
-        })
-        .1
+    static COPY: OnceLock<PathBuf> = OnceLock::new();
+    COPY.get_or_init(|| {
+        sweep_stale_copies();
+        // The pid in the name lets a later run remove a copy this process
+        // could not (a test binary killed before its exit handlers ran).
+        let dir = tempfile::Builder::new()
+            .prefix(&format!("{COPY_PREFIX}{}-", std::process::id()))
+            .tempdir()
+            .expect("a directory for the attacker binary")
+            .keep();
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755))
+            .expect("chmod the attacker directory");
+        let exe = std::env::current_exe().expect("this test binary");
+        let copy = dir.join("attacker");
+        std::fs::copy(&exe, &copy).expect("copy the test binary");
+        std::fs::set_permissions(&copy, std::fs::Permissions::from_mode(0o755))
+            .expect("chmod the attacker binary");
+        // A static is never dropped, so a TempDir held in one would leave a
+        // copy of the test binary (tens of MiB) in /tmp on every run: remove
+        // it when the test binary exits.
+        extern "C" fn remove_copy() {
+            if let Some(copy) = COPY.get()
+                && let Some(dir) = copy.parent()
+            {
+                let _ = std::fs::remove_dir_all(dir);
+            }
+        }
+        // SAFETY: registers a plain `extern "C" fn()` with the C library; it
+        // runs once at exit and touches only the filesystem.
+        unsafe { libc::atexit(remove_copy) };
+        copy
+    })
+}
+
+/// Where the attacker copies live: `<tmp>/warden-attacker-<pid>-<random>`.
+const COPY_PREFIX: &str = "warden-attacker-";
+
+/// Removes the copies of test binaries whose process is gone.
+fn sweep_stale_copies() {
+    let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(pid) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix(COPY_PREFIX))
+            .and_then(|rest| rest.split('-').next())
+            .and_then(|pid| pid.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if !Path::new(&format!("/proc/{pid}")).exists() {
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
+    }
 }
 
 /// What an attack process left.
