@@ -67,6 +67,7 @@ use super::exit::{IncidentBrief, Summary};
 use super::gate::{self, Gate, GpuRelease};
 use super::machine::{
     Action, Command, Decision, Finish, GateVerdict, Input, JobState, Limits, Listen, Now, Started,
+    WorkerExit,
 };
 use super::output::{self, Console, Stream};
 use super::spawn::{self, Exit};
@@ -312,13 +313,13 @@ impl<C: Coordinator> Sup<'_, C> {
             Ev::Exit(n) => {
                 let registered = u32::try_from(n.pid)
                     .is_ok_and(|p| self.seen.borrow().registered.contains_key(&p));
-                Some(Input::WorkerExit {
+                Some(Input::WorkerExit(WorkerExit {
                     generation: n.generation,
                     rank: n.rank,
                     pid: n.pid,
                     exit: n.exit,
                     registered,
-                })
+                }))
             }
             Ev::Decision(inc) => decision_of(&inc).map(|d| Input::Decision(Box::new(d))),
             Ev::DecisionsClosed => {

@@ -127,6 +127,21 @@ pub enum GateVerdict {
     Refused(String),
 }
 
+/// A worker's exit, as the launcher saw it.
+#[derive(Debug, Clone)]
+pub struct WorkerExit {
+    /// The attempt it belonged to ([`Command::Start`]'s generation).
+    pub generation: u64,
+    /// Its global rank.
+    pub rank: u32,
+    /// Its pid.
+    pub pid: i32,
+    /// Its status, when the launcher could read it.
+    pub exit: Option<Exit>,
+    /// The agent had registered it (it can diagnose the failure).
+    pub registered: bool,
+}
+
 /// The workers of an attempt that started (or began to).
 #[derive(Debug, Clone)]
 pub struct Started {
@@ -147,19 +162,8 @@ pub struct Started {
 pub enum Input {
     /// The run begins.
     Begin,
-    /// A worker exited (its status, when the launcher could read it).
-    WorkerExit {
-        /// The attempt it belonged to ([`Command::Start`]'s generation).
-        generation: u64,
-        /// Its global rank.
-        rank: u32,
-        /// Its pid.
-        pid: i32,
-        /// Its status.
-        exit: Option<Exit>,
-        /// The agent had registered it (it can diagnose the failure).
-        registered: bool,
-    },
+    /// A worker exited.
+    WorkerExit(WorkerExit),
     /// Every worker of the current attempt registered with the agent.
     AllRegistered,
     /// The agent decided about an incident of the job.
@@ -613,13 +617,7 @@ impl JobState {
 
     fn running(&mut self, input: Input, now: Now, out: &mut Vec<Command>) {
         match input {
-            Input::WorkerExit {
-                generation,
-                rank,
-                pid,
-                exit,
-                registered,
-            } => self.on_exit(generation, rank, pid, exit, registered, now, out),
+            Input::WorkerExit(e) => self.on_exit(e, now, out),
             Input::AllRegistered => self.on_registered(now, out),
             Input::Decision(d) => self.on_decision(*d, now, out),
             Input::Deadline => self.on_no_decision(now, out),
@@ -813,17 +811,14 @@ impl JobState {
         }
     }
 
-    #[allow(clippy::too_many_arguments)]
-    fn on_exit(
-        &mut self,
-        generation: u64,
-        rank: u32,
-        pid: i32,
-        exit: Option<Exit>,
-        registered: bool,
-        now: Now,
-        out: &mut Vec<Command>,
-    ) {
+    fn on_exit(&mut self, e: WorkerExit, now: Now, out: &mut Vec<Command>) {
+        let WorkerExit {
+            generation,
+            rank,
+            pid,
+            exit,
+            registered,
+        } = e;
         if generation != self.attempt.generation {
             return;
         }

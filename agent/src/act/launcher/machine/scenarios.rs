@@ -8,6 +8,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use super::{
     Action, Command, Decision, GateVerdict, Input, JobState, Limits, Listen, Now, SIGTERM, Started,
+    WorkerExit,
 };
 use crate::act::launcher::coord::{AttemptPlan, Directive, Remote};
 use crate::act::launcher::exit::IncidentBrief;
@@ -103,13 +104,13 @@ fn started(p: AttemptPlan, base: i32, t: u64) -> Input {
 }
 
 fn exit(generation: u64, rank: u32, pid: i32, code: i32) -> Input {
-    Input::WorkerExit {
+    Input::WorkerExit(WorkerExit {
         generation,
         rank,
         pid,
         exit: Some(Exit::Code(code)),
         registered: true,
-    }
+    })
 }
 
 /// A decision about incident `id` opened at `opened` ms.
@@ -416,13 +417,13 @@ fn scenarios() -> Vec<Scenario> {
                 vec![
                     (
                         7000,
-                        Input::WorkerExit {
+                        Input::WorkerExit(WorkerExit {
                             generation: 2,
                             rank: 1,
                             pid: 201,
                             exit: Some(Exit::Signal(9)),
                             registered: false,
-                        },
+                        }),
                         &[],
                     ),
                     // Unregistered: 300 ms, not the decision timeout.
