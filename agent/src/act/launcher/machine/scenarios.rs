@@ -444,7 +444,6 @@ fn scenarios() -> Vec<Scenario> {
                     "it had not registered with the agent",
                     "before registering with the agent, which has nothing to diagnose",
                 ],
-                ..End::default()
             },
         },
         Scenario {
