@@ -5,8 +5,10 @@
 //! command. Out: the workers, each in a process group of its own with the
 //! environment PyTorch expects ([`env`]), their output prefixed on the
 //! console and kept per rank and attempt ([`output`]), in-job restarts on
-//! the agent's decisions ([`supervise`]) behind a pre-restart gate
-//! ([`gate`]), and an exit status a scheduler can act on ([`exit`]).
+//! the agent's decisions behind a pre-restart gate ([`gate`]), and an exit
+//! status a scheduler can act on ([`exit`]). What to do about each exit,
+//! decision, deadline, signal and round is decided by a pure state machine
+//! ([`machine`]); [`supervise`] is its executor.
 //!
 //! The agent: the host's wardend when one answers (default socket or
 //! `$WARDEN_SOCKET`), else one embedded in this process on a private socket
@@ -30,6 +32,7 @@ pub mod etcd;
 pub mod exit;
 pub mod gate;
 pub mod job_goodput;
+pub mod machine;
 pub mod output;
 pub mod spawn;
 pub mod supervise;

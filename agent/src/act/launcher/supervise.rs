@@ -1,5 +1,16 @@
-//! The supervision loop: start the attempt's workers, watch them and the
-//! agent's decisions about the job, and act.
+//! The supervision loop's executor: start the attempt's workers, watch them
+//! and the agent's decisions about the job, and carry out what the
+//! launcher's state machine ([`super::machine`]) decides.
+//!
+//! In: the job, the agent link, the coordinator, the console, the signals.
+//! Out: the machine's inputs (worker exits read from pidfds, decisions
+//! decoded from WatchIncidents, registrations from WatchEvents, deadlines,
+//! signals, the other hosts' rounds, and the answers to its commands), and
+//! its commands carried out (spawning, StopRanks and the stop sweep, the
+//! GPU release and health gate, etcd, printing); the summary. Never: decide
+//! (what to do about any input is the machine's).
+//!
+//! What the machine decides, in short:
 //!
 //! - Every worker exits 0: the job succeeded (0).
 //! - A worker fails: the launcher knows its status at once (pidfd, then
@@ -39,7 +50,7 @@
 //! (a standby spare) runs no workers until a round gives it one; the job's
 //! end is published (the others stop with a failed job's status).
 
-use std::collections::HashSet;
+use std::collections::{HashSet, VecDeque};
 use std::path::PathBuf;
 use std::time::{Duration, Instant, SystemTime};
 
@@ -52,11 +63,12 @@ use warden_proto::v1 as pb;
 use super::agent::{self, AgentLink, Seen};
 use super::coord::{AttemptPlan, Coordinator, Directive, LocalOnly, NodeFault, Remote};
 use super::env::WorkerEnv;
-use super::exit::{
-    self, AttemptRecord, EXIT_BUDGET_SPENT, EXIT_LAUNCHER_ERROR, IncidentBrief, RestartTiming,
-    Summary,
-};
+use super::exit::{IncidentBrief, Summary};
 use super::gate::{self, Gate, GpuRelease};
+use super::machine::{
+    Action, Command, Decision, Finish, GateVerdict, Input, JobState, Limits, Listen, Now, Started,
+    WorkerExit,
+};
 use super::output::{self, Console, Stream};
 use super::spawn::{self, Exit};
 
@@ -65,9 +77,6 @@ use super::spawn::{self, Exit};
 const REAP_WAIT: Duration = Duration::from_secs(1);
 /// How long a worker's output may keep flowing after the job ended.
 const OUTPUT_DRAIN: Duration = Duration::from_secs(2);
-/// A failed worker the agent never registered: how long to wait for its
-/// registration event to turn up before deciding without the agent.
-const UNREGISTERED_WAIT: Duration = Duration::from_millis(300);
 /// How long StopRanks may take before the launcher stops the workers anyway.
 const STOP_RANKS_TIMEOUT: Duration = Duration::from_secs(1);
 /// Processes that survive SIGKILL this long (uninterruptible sleep) are
@@ -143,77 +152,16 @@ impl Signals {
 struct Worker {
     rank: u32,
     pid: i32,
-    exit: Option<Option<Exit>>,
     pumps: Vec<JoinHandle<()>>,
 }
 
 #[derive(Debug)]
 struct ExitNote {
-    /// The attempt's generation ([`Attempt::generation`]).
+    /// The attempt's generation ([`Command::Start`]'s).
     generation: u64,
     rank: u32,
     pid: i32,
     exit: Option<Exit>,
-}
-
-/// A failed worker waiting for the agent's decision.
-#[derive(Debug, Clone)]
-struct Pending {
-    seen: Instant,
-    seen_wall: SystemTime,
-    rank: u32,
-    exit: Option<Exit>,
-    deadline: Instant,
-    registered: bool,
-}
-
-#[derive(Debug)]
-struct Attempt {
-    n: u32,
-    /// Counts every start, a standby one included: exits of an earlier
-    /// attempt are told apart by it.
-    generation: u64,
-    /// No place in the job's round here: no workers.
-    standby: bool,
-    /// Its record is in the history already (stopped for a restart).
-    recorded: bool,
-    started: Instant,
-    started_wall: SystemTime,
-    workers: Vec<Worker>,
-    record: AttemptRecord,
-    all_registered: bool,
-}
-
-/// Why a restart happens.
-#[derive(Debug)]
-struct Cause {
-    /// What the summary shows.
-    brief: IncidentBrief,
-    /// The incident, when the agent decided.
-    incident: Option<String>,
-    backoff: Duration,
-    /// Decided by the launcher alone (counts against the fallback budget).
-    fallback: bool,
-    /// A round another host caused: not published again, not counted
-    /// against `--max-restarts`.
-    remote: bool,
-    /// When the failure was seen (or the decision came, for a hang).
-    since: Instant,
-    since_wall: SystemTime,
-    decided: Instant,
-}
-
-// One value per event, moved once: its size costs nothing worth a box.
-#[allow(clippy::large_enum_variant)]
-enum Flow {
-    Go,
-    Restart(Box<Cause>),
-    Finish {
-        code: i32,
-        outcome: String,
-        ended: String,
-        incident: Option<IncidentBrief>,
-    },
 }
 
 enum Ev {
@@ -227,12 +175,16 @@ enum Ev {
     Remote(Remote),
 }
 
-/// Why no attempt could be agreed.
-enum Halt {
-    /// The coordinator gave up (its message and exit status).
-    Coord(super::coord::CoordError),
-    /// A signal came while waiting.
-    Signal(i32),
+/// What carrying out one command led to.
+// One value per command, moved once: its size costs nothing worth a box.
+#[allow(clippy::large_enum_variant)]
+enum Done {
+    /// Nothing to tell the machine.
+    Nothing,
+    /// The command's answer, the machine's next input.
+    Answer(Input),
+    /// The job ended.
+    Finished(Summary),
 }
 
 /// Runs the job to its end; returns the summary (its `exit_code` is the
@@ -250,7 +202,16 @@ pub async fn run<C: Coordinator>(
     let (exits_tx, exits_rx) = mpsc::unbounded_channel();
     let (peers_tx, peers_rx) = watch::channel(Vec::new());
     agent::keep_peers(link.client.clone(), job.id.clone(), peers_rx, stop.clone());
-    let now = Instant::now();
+    let now = Now::read();
+    let limits = Limits {
+        max_restarts: job.max_restarts,
+        fallback_budget: job.fallback_budget,
+        decision_timeout: job.decision_timeout,
+        stop_grace: job.stop_grace,
+        nproc_per_node: job.nproc_per_node,
+        coordinator: coord.name().to_owned(),
+        across_hosts: coord.name() != LocalOnly.name(),
+    };
     let mut sup = Sup {
         agent_line: link.label(),
         socket: link.socket.clone(),
@@ -267,30 +228,9 @@ pub async fn run<C: Coordinator>(
         exits_tx,
         exits_rx,
         peers_tx,
-        handled: HashSet::new(),
-        acted_on: HashSet::new(),
-        attempt: Attempt {
-            n: 0,
-            generation: 0,
-            standby: true,
-            recorded: false,
-            started: now,
-            started_wall: SystemTime::now(),
-            workers: Vec::new(),
-            record: AttemptRecord::default(),
-            all_registered: false,
-        },
-        history: Vec::new(),
-        pending: None,
-        restarts: 0,
-        local_restarts: 0,
-        attempts_started: 0,
-        leaves_alone: false,
-        fallback_used: 0,
-        started: now,
-        started_wall: SystemTime::now(),
-        awaiting_registration: None,
-        failed_unrestarted: None,
+        state: JobState::new(limits, now),
+        workers: Vec::new(),
+        started: now.at,
         reapers: Vec::new(),
     };
     let summary = sup.run().await;
@@ -298,6 +238,8 @@ pub async fn run<C: Coordinator>(
     summary
 }
 
+/// The executor: carries out the machine's commands and turns what happens
+/// (exits, the agent's streams, signals, the other hosts) into its inputs.
 struct Sup<'a, C> {
     agent_line: String,
     socket: PathBuf,
@@ -316,125 +258,47 @@ struct Sup<'a, C> {
     /// The current round's checkpoint peers, handed to the agent again
     /// now and then ([`agent::keep_peers`]).
     peers_tx: watch::Sender<agent::CkptPeers>,
-    /// Decisions already seen: (incident, revision).
-    handled: HashSet<(String, usize)>,
-    /// Incidents already answered with an in-job restart or a stop.
-    acted_on: HashSet<String>,
-    attempt: Attempt,
-    history: Vec<AttemptRecord>,
-    pending: Option<Pending>,
-    /// Respawns of the workers (any cause).
-    restarts: u32,
-    /// Restarts this launcher decided (what `--max-restarts` counts).
-    local_restarts: u32,
-    /// Attempts that started workers: the next one's number.
-    attempts_started: u32,
-    /// The job ends here for this node alone (a signal, a node fault,
-    /// another node's stop): the other nodes are not stopped with it.
-    leaves_alone: bool,
-    fallback_used: u32,
+    /// The decisions ([`machine`]).
+    state: JobState,
+    /// The current attempt's processes.
+    workers: Vec<Worker>,
     started: Instant,
-    started_wall: SystemTime,
-    /// After a restart: when the failure (or the new round) was seen, and
-    /// which, until every new worker registered.
-    awaiting_registration: Option<(Instant, &'static str)>,
-    /// A failure the agent answered with `continue`: the job's status at
-    /// the end.
-    failed_unrestarted: Option<Exit>,
     /// Background reaping of stopped attempts' zombies.
     reapers: Vec<JoinHandle<()>>,
 }
 
 impl<C: Coordinator> Sup<'_, C> {
     async fn run(&mut self) -> Summary {
-        let plan = match self.agree(self.plan(0)).await {
-            Ok(p) => p,
-            Err(h) => return self.halted(h, "not started").await,
-        };
-        if let Err(e) = self.start_attempt(&plan) {
-            return self
-                .finish(
-                    EXIT_LAUNCHER_ERROR,
-                    format!("could not start the workers: {e}"),
-                    format!("not started: {e}"),
-                    None,
-                )
-                .await;
-        }
+        let mut queue = VecDeque::from([Input::Begin]);
         loop {
-            let ev = self.next_event().await;
-            let flow = match ev {
-                Ev::Exit(n) => self.on_exit(n),
-                Ev::Decision(inc) => self.on_decision(&inc).await,
-                Ev::DecisionsClosed => {
-                    self.decisions_open = false;
-                    Flow::Go
-                }
-                Ev::Deadline => self.on_no_decision(),
-                Ev::Seen => {
-                    self.check_registered();
-                    Flow::Go
-                }
-                Ev::SeenClosed => {
-                    self.seen_open = false;
-                    Flow::Go
-                }
-                Ev::Signal(sig) => self.on_signal(sig).await,
-                Ev::Remote(d) => match d {
-                    Remote::NewRound { reason } => {
-                        self.say(format!("new round across hosts: {reason}"));
-                        Flow::Restart(Box::new(Cause {
-                            brief: IncidentBrief {
-                                action: "new_round".into(),
-                                reason,
-                                decided_by: format!("the job's hosts ({})", self.coord.name()),
-                                ..Default::default()
-                            },
-                            incident: None,
-                            backoff: Duration::ZERO,
-                            fallback: false,
-                            remote: true,
-                            since: Instant::now(),
-                            since_wall: SystemTime::now(),
-                            decided: Instant::now(),
-                        }))
-                    }
-                    Remote::Stop { exit_code, reason } => {
-                        self.leaves_alone = true;
-                        self.say(format!("stopping: {reason}"));
-                        Flow::Finish {
-                            code: exit_code,
-                            outcome: format!("stopped across hosts: {reason}"),
-                            ended: format!("stopped across hosts: {reason}"),
-                            incident: None,
-                        }
-                    }
-                    Remote::Note(text) => {
-                        self.say(text);
-                        Flow::Go
-                    }
+            let input = match queue.pop_front() {
+                Some(i) => i,
+                None => match self.next_input().await {
+                    Some(i) => i,
+                    None => continue,
                 },
             };
-            match flow {
-                Flow::Go => {}
-                Flow::Restart(cause) => {
-                    if let Some(done) = self.restart(*cause).await {
-                        return done;
-                    }
+            for command in self.state.step(input, Now::read()) {
+                match self.execute(command).await {
+                    Done::Nothing => {}
+                    Done::Answer(i) => queue.push_back(i),
+                    Done::Finished(summary) => return summary,
                 }
-                Flow::Finish {
-                    code,
-                    outcome,
-                    ended,
-                    incident,
-                } => return self.finish(code, outcome, ended, incident).await,
             }
         }
     }
 
-    async fn next_event(&mut self) -> Ev {
-        let deadline = self.pending.as_ref().map(|p| p.deadline);
-        tokio::select! {
+    /// The next input from the world, as far as the machine listens; None
+    /// for what only changes the executor (a stream closed).
+    async fn next_input(&mut self) -> Option<Input> {
+        let deadline = self.state.deadline();
+        if self.state.listen() != Listen::Everything {
+            return tokio::select! {
+                () = sleep_until(deadline) => Some(Input::Deadline),
+                sig = self.signals.recv() => Some(Input::Signal(sig)),
+            };
+        }
+        let ev = tokio::select! {
             Some(n) = self.exits_rx.recv() => Ev::Exit(n),
             d = self.decisions.recv(), if self.decisions_open => match d {
                 Some(i) => Ev::Decision(Box::new(i)),
@@ -444,7 +308,87 @@ impl<C: Coordinator> Sup<'_, C> {
             r = self.seen.changed(), if self.seen_open => if r.is_ok() { Ev::Seen } else { Ev::SeenClosed },
             sig = self.signals.recv() => Ev::Signal(sig),
             d = self.coord.next_remote() => Ev::Remote(d),
+        };
+        match ev {
+            Ev::Exit(n) => {
+                let registered = u32::try_from(n.pid)
+                    .is_ok_and(|p| self.seen.borrow().registered.contains_key(&p));
+                Some(Input::WorkerExit(WorkerExit {
+                    generation: n.generation,
+                    rank: n.rank,
+                    pid: n.pid,
+                    exit: n.exit,
+                    registered,
+                }))
+            }
+            Ev::Decision(inc) => decision_of(&inc).map(|d| Input::Decision(Box::new(d))),
+            Ev::DecisionsClosed => {
+                self.decisions_open = false;
+                None
+            }
+            Ev::Deadline => Some(Input::Deadline),
+            Ev::Seen => {
+                let pids = self.state.unregistered_attempt()?;
+                let seen = self.seen.borrow();
+                pids.iter()
+                    .all(|&p| u32::try_from(p).is_ok_and(|p| seen.registered.contains_key(&p)))
+                    .then_some(Input::AllRegistered)
+            }
+            Ev::SeenClosed => {
+                self.seen_open = false;
+                None
+            }
+            Ev::Signal(sig) => Some(Input::Signal(sig)),
+            Ev::Remote(d) => Some(Input::Round(d)),
         }
+    }
+
+    /// Carries out one command.
+    async fn execute(&mut self, command: Command) -> Done {
+        match command {
+            Command::Say(text) => self.say(text),
+            Command::Publish(d) => {
+                if let Err(e) = self.coord.publish(&d).await {
+                    self.say(format!("could not tell the other nodes: {e}"));
+                }
+            }
+            Command::Stop { reason, signal } => {
+                self.stop_ranks(&reason).await;
+                let first = Signal::try_from(signal).unwrap_or(Signal::SIGTERM);
+                let pids = self.stop_workers(first).await;
+                return Done::Answer(Input::Stopped { pids });
+            }
+            // Only ever asked for from within a stop ([`Self::stop_workers`]).
+            Command::Kill { .. } => {}
+            Command::Gate { pids, say_no_nvml } => {
+                return Done::Answer(Input::Gated(self.gate(pids, say_no_nvml).await));
+            }
+            Command::LeaveJob { why } => {
+                let NodeFault::Exit(exit_code) = self.coord.node_fault(&why).await;
+                return Done::Answer(Input::NodeFault { exit_code });
+            }
+            Command::Reap => {
+                let reaper = self.reap_attempt();
+                self.reapers.push(reaper);
+            }
+            Command::Rendezvous { restart_count } => {
+                let proposed = self.plan(restart_count);
+                return Done::Answer(match self.agree(proposed).await {
+                    Ok(plan) => Input::Agreed(plan),
+                    Err(Halt::Coord(e)) => Input::NoRound {
+                        exit_code: e.exit_code,
+                        error: e.to_string(),
+                        message: e.message,
+                    },
+                    Err(Halt::Signal(sig)) => Input::Signal(sig),
+                });
+            }
+            Command::Start { plan, generation } => {
+                return Done::Answer(self.start_attempt(plan, generation));
+            }
+            Command::Finish(f) => return Done::Finished(self.finish(f).await),
+        }
+        Done::Nothing
     }
 
     fn say(&self, msg: impl AsRef<str>) {
@@ -507,69 +451,30 @@ impl<C: Coordinator> Sup<'_, C> {
         agreed
     }
 
-    /// Ends the run after a failed rendezvous.
-    async fn halted(&mut self, h: Halt, ended: &str) -> Summary {
-        match h {
-            Halt::Coord(e) => {
-                self.say(format!(
-                    "the hosts could not agree on the next attempt: {e}"
-                ));
-                if e.exit_code == exit::EXIT_NODE_FAULT || e.exit_code == exit::EXIT_SUCCESS {
-                    self.leaves_alone = true;
-                }
-                let outcome = if e.exit_code == exit::EXIT_SUCCESS {
-                    format!("done: {}", e.message)
-                } else {
-                    format!("failed: {e}")
-                };
-                self.finish(e.exit_code, outcome, ended.to_owned(), None)
-                    .await
-            }
-            Halt::Signal(sig) => {
-                self.leaves_alone = true;
-                let name = Signal::try_from(sig).map_or("a signal", |s| s.as_str());
-                self.say(format!(
-                    "got {name} while waiting for the job's round: stopping"
-                ));
-                self.finish(
-                    exit::signalled(sig),
-                    format!("stopped on {name}"),
-                    format!("stopped on {name} waiting for the job's round"),
-                    None,
-                )
-                .await
-            }
-        }
-    }
-
-    fn start_attempt(&mut self, plan: &AttemptPlan) -> Result<(), String> {
+    /// Starts the plan's workers (none for a standby attempt); answers what
+    /// started.
+    fn start_attempt(&mut self, plan: AttemptPlan, generation: u64) -> Input {
         let n = plan.restart_count;
-        let generation = self.attempt.generation + 1;
         if let Some(round) = &plan.round {
             self.say(round);
         }
+        let at = Instant::now();
+        let wall = SystemTime::now();
         let Some(node_rank) = plan.node_rank else {
-            self.attempt = Attempt {
-                n,
-                generation,
-                standby: true,
-                recorded: false,
-                started: Instant::now(),
-                started_wall: SystemTime::now(),
-                workers: Vec::new(),
-                record: AttemptRecord {
-                    attempt: n,
-                    epoch: plan.epoch,
-                    ..Default::default()
-                },
-                all_registered: false,
-            };
+            self.workers = Vec::new();
             self.say("no place in this round: no workers on this host until a round gives it one");
-            return Ok(());
+            return Input::Started(Box::new(Started {
+                plan,
+                workers: Vec::new(),
+                at,
+                wall,
+                error: None,
+            }));
         };
         let dir = self.job.log_root.join(format!("attempt_{n}"));
-        std::fs::create_dir_all(&dir)
-            .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+        if let Err(e) = std::fs::create_dir_all(&dir) {
+            return Input::StartFailed(format!("cannot create {}: {e}", dir.display()));
+        }
         let wenv = WorkerEnv {
             job_id: self.job.id.clone(),
             nproc_per_node: self.job.nproc_per_node,
@@ -587,37 +492,19 @@ impl<C: Coordinator> Sup<'_, C> {
             attempt_dir: dir.clone(),
             launcher_pid: std::process::id(),
         };
-        self.attempt = Attempt {
-            n,
-            generation,
-            standby: false,
-            recorded: false,
-            started: Instant::now(),
-            started_wall: SystemTime::now(),
-            workers: Vec::new(),
-            record: AttemptRecord {
-                attempt: n,
-                workers: self.job.nproc_per_node,
-                master_port: plan.master_port,
-                epoch: plan.epoch,
-                node_rank,
-                nnodes: plan.nnodes,
-                world_size: plan.world_size,
-                ..Default::default()
-            },
-            all_registered: false,
-        };
-        self.attempts_started = self.attempts_started.max(n + 1);
+        self.workers = Vec::new();
+        let mut error = None;
         for local in 0..self.job.nproc_per_node {
             let rank = wenv.global_rank(local);
             let env = wenv.for_rank(local, |k| std::env::var(k).ok());
             let mut s = match spawn::spawn(&self.job.argv, &env, &self.job.cwd) {
                 Ok(s) => s,
                 Err(e) => {
-                    for w in &self.attempt.workers {
+                    for w in &self.workers {
                         spawn::signal_group(w.pid, Signal::SIGKILL);
                     }
-                    return Err(e.to_string());
+                    error = Some(e.to_string());
+                    break;
                 }
             };
             let mut pumps = Vec::new();
@@ -652,483 +539,39 @@ impl<C: Coordinator> Sup<'_, C> {
                     exit,
                 });
             });
-            self.attempt.workers.push(Worker {
-                rank,
-                pid,
-                exit: None,
-                pumps,
-            });
+            self.workers.push(Worker { rank, pid, pumps });
         }
-        let pids: Vec<String> = self
-            .attempt
-            .workers
-            .iter()
-            .map(|w| w.pid.to_string())
-            .collect();
-        self.say(format!(
-            "attempt {n}: started {} worker{} (pids {}; MASTER_PORT {}; logs {})",
-            self.job.nproc_per_node,
-            if self.job.nproc_per_node == 1 {
-                ""
-            } else {
-                "s"
-            },
-            pids.join(" "),
-            plan.master_port,
-            dir.display()
-        ));
-        Ok(())
-    }
-
-    fn check_registered(&mut self) {
-        if self.attempt.all_registered || self.attempt.workers.is_empty() {
-            return;
-        }
-        let all = {
-            let seen = self.seen.borrow();
-            self.attempt
-                .workers
-                .iter()
-                .all(|w| u32::try_from(w.pid).is_ok_and(|p| seen.registered.contains_key(&p)))
-        };
-        if !all {
-            return;
-        }
-        self.attempt.all_registered = true;
-        match self.awaiting_registration.take() {
-            Some((since, what)) => {
-                let ms = ms(since.elapsed());
-                if let Some(r) = self.history.last_mut().and_then(|a| a.restart.as_mut()) {
-                    r.registered_ms = Some(ms);
-                }
-                self.say(format!(
-                    "attempt {}: all {} workers registered with the agent, {:.2}s after {what}",
-                    self.attempt.n,
-                    self.attempt.workers.len(),
-                    ms / 1000.0
-                ));
-            }
-            None => self.say(format!(
-                "attempt {}: all {} workers registered with the agent ({:.2}s after start)",
-                self.attempt.n,
-                self.attempt.workers.len(),
-                self.attempt.started.elapsed().as_secs_f64()
-            )),
-        }
-    }
-
-    fn on_exit(&mut self, n: ExitNote) -> Flow {
-        if n.generation != self.attempt.generation {
-            return Flow::Go;
-        }
-        if let Some(w) = self.attempt.workers.iter_mut().find(|w| w.pid == n.pid) {
-            w.exit = Some(n.exit);
-        }
-        let ok = n.exit.is_some_and(Exit::success);
-        if !ok {
-            let status = n
-                .exit
-                .map_or("status unknown".to_owned(), |e| e.to_string());
-            self.attempt.record.failures.push((n.rank, status.clone()));
-            if self.pending.is_none() {
-                let registered = u32::try_from(n.pid)
-                    .is_ok_and(|p| self.seen.borrow().registered.contains_key(&p));
-                let wait = if registered {
-                    self.job.decision_timeout
+        if error.is_none() {
+            let pids: Vec<String> = self.workers.iter().map(|w| w.pid.to_string()).collect();
+            self.say(format!(
+                "attempt {n}: started {} worker{} (pids {}; MASTER_PORT {}; logs {})",
+                self.job.nproc_per_node,
+                if self.job.nproc_per_node == 1 {
+                    ""
                 } else {
-                    UNREGISTERED_WAIT.min(self.job.decision_timeout)
-                };
-                self.say(format!(
-                    "rank {} (pid {}) failed: {status}; {}",
-                    n.rank,
-                    n.pid,
-                    if registered {
-                        "waiting for the agent's diagnosis"
-                    } else {
-                        "it had not registered with the agent"
-                    }
-                ));
-                self.pending = Some(Pending {
-                    seen: Instant::now(),
-                    seen_wall: SystemTime::now(),
-                    rank: n.rank,
-                    exit: n.exit,
-                    deadline: Instant::now() + wait,
-                    registered,
-                });
-            } else {
-                self.say(format!(
-                    "rank {} (pid {}) failed too: {status}",
-                    n.rank, n.pid
-                ));
-            }
-            return Flow::Go;
-        }
-        let all_done = self.attempt.workers.iter().all(|w| w.exit.is_some());
-        if !all_done || self.pending.is_some() {
-            return Flow::Go;
-        }
-        match self.failed_unrestarted {
-            Some(e) => Flow::Finish {
-                code: e.shell_code().max(1),
-                outcome: "failed (a failure the agent let stand)".into(),
-                ended: "the other workers finished".into(),
-                incident: None,
-            },
-            None => Flow::Finish {
-                code: exit::EXIT_SUCCESS,
-                outcome: if self.restarts == 0 {
-                    "succeeded".into()
-                } else {
-                    format!(
-                        "succeeded after {} in-job restart{}",
-                        self.restarts,
-                        if self.restarts == 1 { "" } else { "s" }
-                    )
+                    "s"
                 },
-                ended: "every worker exited 0".into(),
-                incident: None,
-            },
-        }
-    }
-
-    async fn on_decision(&mut self, inc: &pb::Incident) -> Flow {
-        let Some(dec) = inc.decision.as_ref() else {
-            return Flow::Go;
-        };
-        if !self.handled.insert((inc.id.clone(), inc.superseded.len())) {
-            return Flow::Go;
-        }
-        let opened = inc
-            .opened_at
-            .as_ref()
-            .and_then(|t| SystemTime::try_from(*t).ok())
-            .unwrap_or(SystemTime::UNIX_EPOCH);
-        // The job's history from before this launcher (same job id, a
-        // journal kept across runs) is not for us to act on.
-        if opened + Duration::from_secs(1) < self.started_wall {
-            return Flow::Go;
-        }
-        let brief = brief_of(inc);
-        let action = pb::Action::try_from(dec.action).unwrap_or(pb::Action::Unspecified);
-        // About an attempt already stopped (its incident opened before the
-        // current attempt started): a restart it asks for has been done.
-        let stale = opened + Duration::from_millis(50) < self.attempt.started_wall;
-        self.print_decision(&brief, stale);
-        if self.acted_on.contains(&inc.id) && action != pb::Action::Stop {
-            return Flow::Go;
-        }
-        if !stale && matches!(action, pb::Action::RestartInProcess | pb::Action::Continue) {
-            self.attempt.record.other_decisions.push(format!(
-                "{} ({}) {} {:.0}%: {} by {}",
-                brief.id,
-                brief.kind,
-                brief.class,
-                brief.confidence * 100.0,
-                brief.action,
-                brief.decided_by
+                pids.join(" "),
+                plan.master_port,
+                dir.display()
             ));
         }
-        match action {
-            pb::Action::RestartInJob if stale => Flow::Go,
-            pb::Action::RestartInJob => {
-                let (since, since_wall) = self
-                    .pending
-                    .as_ref()
-                    .map_or((Instant::now(), SystemTime::now()), |p| {
-                        (p.seen, p.seen_wall)
-                    });
-                Flow::Restart(Box::new(Cause {
-                    brief,
-                    incident: Some(inc.id.clone()),
-                    backoff: dec
-                        .backoff
-                        .and_then(|d| Duration::try_from(d).ok())
-                        .unwrap_or_default(),
-                    fallback: false,
-                    remote: false,
-                    since,
-                    since_wall,
-                    decided: Instant::now(),
-                }))
-            }
-            pb::Action::Stop => {
-                self.acted_on.insert(inc.id.clone());
-                let code = if dec.exit_code == 0 {
-                    EXIT_LAUNCHER_ERROR
-                } else {
-                    dec.exit_code
-                };
-                Flow::Finish {
-                    code,
-                    outcome: format!("stopped on the agent's diagnosis: {}", brief.class),
-                    ended: format!("stopped on {}'s decision", inc.id),
-                    incident: Some(brief),
-                }
-            }
-            pb::Action::Cordon | pb::Action::ScaleDown => {
-                self.acted_on.insert(inc.id.clone());
-                self.leaves_alone = true;
-                let NodeFault::Exit(code) = self.coord.node_fault(&brief.summary).await;
-                Flow::Finish {
-                    code,
-                    outcome: format!(
-                        "this node is at fault ({}): {}; run the job elsewhere",
-                        brief.action, brief.summary
-                    ),
-                    ended: format!("{} on {}'s decision", brief.action, inc.id),
-                    incident: Some(brief),
-                }
-            }
-            pb::Action::RestartInProcess if stale => Flow::Go,
-            pb::Action::RestartInProcess => match self.pending.take() {
-                // The agent restarts the live ranks in process and counts an
-                // exited one as its launcher's to restart: a process that is
-                // gone cannot come back in process, so the job restarts.
-                Some(p) => {
-                    let mut b = brief;
-                    b.action = "restart_in_job".into();
-                    b.decided_by = format!("launcher, on {}'s restart_in_process", b.decided_by);
-                    b.reason = format!(
-                        "rank {}'s process is gone ({}): an in-process restart cannot bring it back; {}",
-                        p.rank,
-                        p.exit
-                            .map_or("status unknown".to_owned(), |e| e.to_string()),
-                        b.reason
-                    );
-                    self.say(format!("{}: restarting in job", b.reason));
-                    Flow::Restart(Box::new(Cause {
-                        brief: b,
-                        incident: Some(inc.id.clone()),
-                        backoff: Duration::ZERO,
-                        fallback: false,
-                        remote: false,
-                        since: p.seen,
-                        since_wall: p.seen_wall,
-                        decided: Instant::now(),
-                    }))
-                }
-                None => {
-                    self.say("the agent restarts the ranks in process; the launcher leaves the workers running");
-                    Flow::Go
-                }
-            },
-            pb::Action::Continue => {
-                if let Some(p) = self.pending.take() {
-                    self.failed_unrestarted = p.exit.or(Some(Exit::Code(1)));
-                }
-                Flow::Go
-            }
-            pb::Action::Unspecified => Flow::Go,
-        }
-    }
-
-    fn print_decision(&self, b: &IncidentBrief, stale: bool) {
-        let mut text = format!(
-            "agent: {} ({}): {} {:.0}%: {}",
-            b.id,
-            b.kind,
-            b.class,
-            b.confidence * 100.0,
-            b.summary
-        );
-        for e in b.evidence.iter().take(3) {
-            text.push_str(&format!("\n  evidence: {e}"));
-        }
-        text.push_str(&format!(
-            "\n  decision: {} by {} ({}/{}): {}{}",
-            b.action,
-            b.decided_by,
-            b.attempt,
-            b.budget,
-            b.reason,
-            if stale {
-                " [about an earlier attempt: already handled]"
-            } else {
-                ""
-            }
-        ));
-        self.say(text);
-    }
-
-    fn on_no_decision(&mut self) -> Flow {
-        let Some(p) = self.pending.take() else {
-            return Flow::Go;
-        };
-        let status = p
-            .exit
-            .map_or("status unknown".to_owned(), |e| e.to_string());
-        let wait = p.seen.elapsed();
-        let why = if p.registered {
-            format!(
-                "no decision from the agent within {:.1}s for rank {}'s failure ({status}): class unknown",
-                wait.as_secs_f64(),
-                p.rank
-            )
-        } else {
-            format!(
-                "rank {} failed ({status}) before registering with the agent, which has nothing to diagnose: class unknown",
-                p.rank
-            )
-        };
-        let brief = IncidentBrief {
-            kind: "crash".into(),
-            class: "unknown".into(),
-            summary: format!("rank {} failed: {status}", p.rank),
-            action: "restart_in_job".into(),
-            reason: why.clone(),
-            decided_by: "launcher".into(),
-            attempt: self.fallback_used + 1,
-            budget: self.job.fallback_budget,
-            ..Default::default()
-        };
-        self.say(why);
-        if self.fallback_used >= self.job.fallback_budget {
-            let mut b = brief;
-            b.action = "stop".into();
-            return Flow::Finish {
-                code: EXIT_BUDGET_SPENT,
-                outcome: format!(
-                    "failed: {} restart{} decided without the agent spent ({})",
-                    self.job.fallback_budget,
-                    if self.job.fallback_budget == 1 {
-                        ""
-                    } else {
-                        "s"
-                    },
-                    if self.job.max_restarts.is_some() {
-                        "--max-restarts"
-                    } else {
-                        "the policy's unknown budget"
-                    }
-                ),
-                ended: format!("rank {} failed: {status}", p.rank),
-                incident: Some(b),
-            };
-        }
-        Flow::Restart(Box::new(Cause {
-            brief,
-            incident: None,
-            backoff: Duration::ZERO,
-            fallback: true,
-            remote: false,
-            since: p.seen,
-            since_wall: p.seen_wall,
-            decided: Instant::now(),
+        Input::Started(Box::new(Started {
+            workers: self.workers.iter().map(|w| (w.rank, w.pid)).collect(),
+            plan,
+            at,
+            wall,
+            error,
         }))
     }
 
-    async fn on_signal(&mut self, sig: i32) -> Flow {
-        let name = Signal::try_from(sig).map_or("a signal", |s| s.as_str());
-        self.say(format!(
-            "got {name}: forwarding it to the workers and stopping them (grace {}; send it again to kill at once)",
-            humantime::format_duration(self.job.stop_grace)
-        ));
-        let first = Signal::try_from(sig).unwrap_or(Signal::SIGTERM);
-        self.leaves_alone = true;
-        self.stop_ranks(&format!("the launcher got {name}")).await;
-        self.stop_workers(first).await;
-        Flow::Finish {
-            code: exit::signalled(sig),
-            outcome: format!("stopped on {name}"),
-            ended: format!("stopped on {name}"),
-            incident: None,
-        }
-    }
-
-    /// The in-job restart (or a new round another host caused). Returns
-    /// the summary when the job ends instead.
-    async fn restart(&mut self, cause: Cause) -> Option<Summary> {
-        if !cause.remote
-            && let Some(k) = self.job.max_restarts
-            && self.local_restarts >= k
-        {
-            self.say(format!("--max-restarts {k} reached: not restarting again"));
-            return Some(
-                self.finish(
-                    EXIT_BUDGET_SPENT,
-                    format!("failed: --max-restarts {k} spent"),
-                    format!(
-                        "{}: restart refused (--max-restarts {k})",
-                        cause.brief.summary
-                    ),
-                    Some(cause.brief),
-                )
-                .await,
-            );
-        }
-        if cause.fallback {
-            self.fallback_used += 1;
-        }
-        if let Some(id) = &cause.incident {
-            self.acted_on.insert(id.clone());
-        }
-        self.pending = None;
-        let had_workers = !self.attempt.standby;
-        let next = self.attempts_started;
-        let reason = if cause.remote {
-            format!("new round: {}", cause.brief.reason)
-        } else {
-            format!(
-                "restart {next}: {}",
-                if cause.brief.summary.is_empty() {
-                    cause.brief.reason.clone()
-                } else {
-                    cause.brief.summary.clone()
-                }
-            )
-        };
-        if !cause.remote {
-            self.local_restarts += 1;
-            // First, so that the other hosts stop their workers meanwhile.
-            let what = if cause.brief.summary.is_empty() {
-                &cause.brief.reason
-            } else {
-                &cause.brief.summary
-            };
-            let told = format!(
-                "{}{}: {}",
-                cause.brief.id,
-                if cause.brief.id.is_empty() {
-                    cause.brief.class.clone()
-                } else {
-                    format!(" ({})", cause.brief.class)
-                },
-                clip(what, 160)
-            );
-            if let Err(e) = self
-                .coord
-                .publish(&Directive::RestartInJob { reason: told })
-                .await
-            {
-                self.say(format!("could not tell the other nodes: {e}"));
-            }
-        }
-        if had_workers {
-            if cause.remote {
-                self.say("stopping the workers for the new round");
-            } else {
-                self.say(format!(
-                    "restarting in job (restart {}{}): stopping the workers",
-                    self.local_restarts,
-                    self.job
-                        .max_restarts
-                        .map_or(String::new(), |k| format!(" of at most {k}"))
-                ));
-            }
-        }
-        let stopped = if had_workers {
-            self.stop_ranks(&reason).await;
-            self.stop_workers(Signal::SIGTERM).await
-        } else {
-            Vec::new()
-        };
-        let t_stop = Instant::now();
-        let release = if stopped.is_empty() {
+    /// The GPU release wait for the stopped `pids`, then the health gate.
+    async fn gate(&mut self, pids: Vec<u32>, say_no_nvml: bool) -> GateVerdict {
+        let release = if pids.is_empty() {
             GpuRelease::Released(Duration::ZERO)
         } else {
             gate::gpu_release(
-                stopped,
+                pids,
                 self.job.gpu_release_timeout,
                 self.nvml_library.clone(),
             )
@@ -1137,7 +580,7 @@ impl<C: Coordinator> Sup<'_, C> {
         match release {
             GpuRelease::Released(_) => {}
             GpuRelease::NoNvml(why) => {
-                if self.restarts == 0 {
+                if say_no_nvml {
                     self.say(format!("GPU release wait skipped: {why}"));
                 }
             }
@@ -1147,115 +590,10 @@ impl<C: Coordinator> Sup<'_, C> {
             )),
         }
         match gate::health_gate(&mut self.client, &self.job.id).await {
-            Gate::Pass => {}
-            Gate::Unchecked(why) => self.say(format!("health gate not checked: {why}")),
-            Gate::Refused(why) => {
-                self.say(format!("pre-restart health gate refused: {why}"));
-                self.leaves_alone = true;
-                let NodeFault::Exit(code) = self.coord.node_fault(&why).await;
-                let mut b = cause.brief;
-                b.reason = format!("{}; the health gate refused: {why}", b.reason);
-                return Some(
-                    self.finish(
-                        code,
-                        format!(
-                            "this node is at fault (health gate: {why}); run the job elsewhere"
-                        ),
-                        "restart refused by the health gate".into(),
-                        Some(b),
-                    )
-                    .await,
-                );
-            }
+            Gate::Pass => GateVerdict::Pass,
+            Gate::Unchecked(why) => GateVerdict::Unchecked(why),
+            Gate::Refused(why) => GateVerdict::Refused(why),
         }
-        let t_gate = Instant::now();
-        if !cause.backoff.is_zero() {
-            self.say(format!(
-                "backing off {} before the restart (policy)",
-                humantime::format_duration(cause.backoff)
-            ));
-            tokio::select! {
-                () = tokio::time::sleep(cause.backoff) => {}
-                sig = self.signals.recv() => {
-                    let name = Signal::try_from(sig).map_or("a signal", |s| s.as_str());
-                    self.leaves_alone = true;
-                    return Some(self.finish(exit::signalled(sig), format!("stopped on {name}"), format!("stopped on {name} during the backoff"), Some(cause.brief)).await);
-                }
-            }
-        }
-        let t_backoff = Instant::now();
-        // Close the stopped attempt's record; its zombies are reaped in the
-        // background (they hold their pids until then, so no group signalled
-        // above can have been reused). A standby wait leaves no record.
-        self.reapers.push(self.reap_attempt());
-        if had_workers {
-            let mut record = std::mem::take(&mut self.attempt.record);
-            record.duration_s = self.attempt.started.elapsed().as_secs_f64();
-            record.ended = match (record.failures.first(), cause.remote) {
-                (Some((rank, status)), false) => {
-                    format!("rank {rank} failed ({status}); restarted in job")
-                }
-                (Some((rank, status)), true) => {
-                    format!("rank {rank} failed ({status}); stopped for a new round")
-                }
-                (None, false) => "restarted in job".into(),
-                (None, true) => "stopped for a new round".into(),
-            };
-            record.incident = Some(cause.brief);
-            record.restart = Some(RestartTiming {
-                failure_seen_unix_s: unix_s(cause.since_wall),
-                decision_ms: ms(cause.decided.duration_since(cause.since)),
-                stop_ms: ms(t_stop.duration_since(cause.decided)),
-                gate_ms: ms(t_gate.duration_since(t_stop)),
-                backoff_ms: ms(t_backoff.duration_since(t_gate)),
-                spawn_ms: 0.0,
-                registered_ms: None,
-            });
-            self.history.push(record);
-            self.attempt.recorded = true;
-        }
-        if self.coord.name() != LocalOnly.name() {
-            self.say("waiting for the job's next round");
-        }
-        let plan = match self.agree(self.plan(next)).await {
-            Ok(p) => p,
-            Err(h) => return Some(self.halted(h, "not started").await),
-        };
-        if let Err(e) = self.start_attempt(&plan) {
-            return Some(
-                self.finish(
-                    EXIT_LAUNCHER_ERROR,
-                    format!("could not start the workers: {e}"),
-                    format!("not started: {e}"),
-                    None,
-                )
-                .await,
-            );
-        }
-        if self.attempt.standby {
-            return None;
-        }
-        if had_workers {
-            self.restarts += 1;
-            if let Some(r) = self.history.last_mut().and_then(|a| a.restart.as_mut()) {
-                r.spawn_ms = ms(cause.since.elapsed());
-            }
-            self.awaiting_registration = Some((
-                cause.since,
-                if cause.remote {
-                    "the new round"
-                } else {
-                    "the failure"
-                },
-            ));
-        }
-        self.say(format!(
-            "attempt {}: workers started {:.2}s after the {}",
-            plan.restart_count,
-            cause.since.elapsed().as_secs_f64(),
-            if cause.remote { "new round" } else { "failure" }
-        ));
-        None
     }
 
     /// Tells the agent the job's ranks are being stopped on purpose.
@@ -1263,7 +601,7 @@ impl<C: Coordinator> Sup<'_, C> {
         let req = pb::StopRanksRequest {
             job_id: self.job.id.clone(),
             reason: reason.to_owned(),
-            ranks: self.attempt.workers.iter().map(|w| w.rank).collect(),
+            ranks: self.workers.iter().map(|w| w.rank).collect(),
         };
         match tokio::time::timeout(STOP_RANKS_TIMEOUT, self.client.stop_ranks(req)).await {
             Ok(Ok(_)) => {}
@@ -1281,7 +619,7 @@ impl<C: Coordinator> Sup<'_, C> {
     /// once on a second signal), until none is alive; reaps the orphans.
     /// Returns every pid of the job seen (for the GPU release wait).
     async fn stop_workers(&mut self, first: Signal) -> Vec<u32> {
-        let sessions: HashSet<i32> = self.attempt.workers.iter().map(|w| w.pid).collect();
+        let sessions: HashSet<i32> = self.workers.iter().map(|w| w.pid).collect();
         let me = nix::unistd::getpid().as_raw();
         let mut all: HashSet<i32> = sessions.clone();
         if sessions.is_empty() {
@@ -1340,7 +678,13 @@ impl<C: Coordinator> Sup<'_, C> {
             tokio::select! {
                 () = tokio::time::sleep(poll) => {}
                 sig = self.signals.recv() => {
-                    if kill_end.is_none() {
+                    // The machine's answer to a signal during a stop.
+                    let kill = self
+                        .state
+                        .step(Input::Signal(sig), Now::read())
+                        .into_iter()
+                        .any(|c| matches!(c, Command::Kill { .. }));
+                    if kill && kill_end.is_none() {
                         let name = Signal::try_from(sig).map_or("a signal", |s| s.as_str());
                         self.say(format!("got {name} again: SIGKILL"));
                         self.kill_all(&sessions, &alive);
@@ -1382,7 +726,7 @@ impl<C: Coordinator> Sup<'_, C> {
     /// reads their status from the zombie), at most [`REAP_WAIT`], on a task
     /// of its own: never on the restart's path.
     fn reap_attempt(&self) -> JoinHandle<()> {
-        let pids: Vec<i32> = self.attempt.workers.iter().map(|w| w.pid).collect();
+        let pids: Vec<i32> = self.workers.iter().map(|w| w.pid).collect();
         let mut seen = self.seen.clone();
         tokio::spawn(async move {
             let reported = |s: &Seen| {
@@ -1400,30 +744,25 @@ impl<C: Coordinator> Sup<'_, C> {
         })
     }
 
-    async fn finish(
-        &mut self,
-        code: i32,
-        outcome: String,
-        ended: String,
-        incident: Option<IncidentBrief>,
-    ) -> Summary {
+    /// The job's end: the other hosts first, then what is left of the
+    /// workers, their zombies and output; the summary.
+    async fn finish(&mut self, f: Finish) -> Summary {
         // The other hosts first: they stop (a failed job) or go on without
         // this one while its workers stop.
         let stop = Directive::Stop {
-            exit_code: code,
-            reason: outcome.clone(),
-            job_failed: code != exit::EXIT_SUCCESS && !self.leaves_alone,
+            exit_code: f.code,
+            reason: f.outcome.clone(),
+            job_failed: f.job_failed,
         };
         if let Err(e) = self.coord.publish(&stop).await {
             self.say(format!("could not tell the other nodes: {e}"));
         }
         let any_alive = self
-            .attempt
             .workers
             .iter()
             .any(|w| procfs_state(w.pid).is_some_and(|s| s != 'Z'));
         if any_alive {
-            self.stop_ranks(&format!("job ending: {outcome}")).await;
+            self.stop_ranks(&format!("job ending: {}", f.outcome)).await;
             self.stop_workers(Signal::SIGTERM).await;
         }
         self.reapers.push(self.reap_attempt());
@@ -1435,7 +774,6 @@ impl<C: Coordinator> Sup<'_, C> {
         })
         .await;
         let pumps: Vec<JoinHandle<()>> = self
-            .attempt
             .workers
             .iter_mut()
             .flat_map(|w| std::mem::take(&mut w.pumps))
@@ -1446,18 +784,7 @@ impl<C: Coordinator> Sup<'_, C> {
             }
         })
         .await;
-        if !self.attempt.recorded && (!self.attempt.workers.is_empty() || self.history.is_empty()) {
-            let mut record = std::mem::take(&mut self.attempt.record);
-            record.duration_s = self.attempt.started.elapsed().as_secs_f64();
-            record.ended = match record.failures.first() {
-                Some((rank, status)) if !ended.contains("stopped on SIG") => {
-                    format!("rank {rank} failed ({status}); {ended}")
-                }
-                _ => ended,
-            };
-            record.incident = incident;
-            self.history.push(record);
-        }
+        let attempts = self.state.records(Now::read());
         if self.console.dropped() > 0 {
             self.say(format!(
                 "{} worker lines did not fit the console (they are in the log files)",
@@ -1467,11 +794,11 @@ impl<C: Coordinator> Sup<'_, C> {
         Summary {
             job: self.job.id.clone(),
             agent: self.agent_line.clone(),
-            outcome,
-            exit_code: code,
+            outcome: f.outcome,
+            exit_code: f.code,
             elapsed_s: self.started.elapsed().as_secs_f64(),
             log_dir: self.job.log_root.display().to_string(),
-            attempts: std::mem::take(&mut self.history),
+            attempts,
         }
     }
 }
@@ -1499,29 +826,52 @@ fn procfs_state(pid: i32) -> Option<char> {
         .map(|p| p.state)
 }
 
-/// `s` cut to at most `max` characters, marked when cut.
-fn clip(s: &str, max: usize) -> String {
-    match s.char_indices().nth(max) {
-        Some((i, _)) => format!("{}...", &s[..i]),
-        None => s.to_owned(),
-    }
-}
-
-fn ms(d: Duration) -> f64 {
-    d.as_secs_f64() * 1000.0
-}
-
-fn unix_s(t: SystemTime) -> f64 {
-    t.duration_since(SystemTime::UNIX_EPOCH)
-        .map_or(0.0, |d| d.as_secs_f64())
-}
-
 /// A lower-case name from a proto enum's name (`FAULT_CLASS_USER_ERROR` ->
 /// `user_error`).
 fn enum_name(full: &str, prefix: &str) -> String {
     full.strip_prefix(prefix)
         .unwrap_or(full)
         .to_ascii_lowercase()
+}
+
+/// Why no attempt could be agreed.
+enum Halt {
+    /// The coordinator gave up (its message and exit status).
+    Coord(super::coord::CoordError),
+    /// A signal came while waiting.
+    Signal(i32),
+}
+
+/// The machine's view of one decision of the incident feed; None for an
+/// incident with no decision.
+fn decision_of(inc: &pb::Incident) -> Option<Decision> {
+    let dec = inc.decision.as_ref()?;
+    let opened = inc
+        .opened_at
+        .as_ref()
+        .and_then(|t| SystemTime::try_from(*t).ok())
+        .unwrap_or(SystemTime::UNIX_EPOCH);
+    let action = match pb::Action::try_from(dec.action).unwrap_or(pb::Action::Unspecified) {
+        pb::Action::Unspecified => Action::Unspecified,
+        pb::Action::Continue => Action::Continue,
+        pb::Action::RestartInProcess => Action::RestartInProcess,
+        pb::Action::RestartInJob => Action::RestartInJob,
+        pb::Action::Stop => Action::Stop,
+        pb::Action::Cordon => Action::Cordon,
+        pb::Action::ScaleDown => Action::ScaleDown,
+    };
+    Some(Decision {
+        id: inc.id.clone(),
+        revision: inc.superseded.len(),
+        opened,
+        action,
+        exit_code: dec.exit_code,
+        backoff: dec
+            .backoff
+            .and_then(|d| Duration::try_from(d).ok())
+            .unwrap_or_default(),
+        brief: brief_of(inc),
+    })
 }
 
 /// The summary's view of an incident: class, confidence, summary, the
