@@ -423,10 +423,16 @@ fn the_image_serves_health_through_a_socket_volume_to_other_containers() {
         "OK",
         "{health}"
     );
-    // What a container without /dev/kmsg or NVML cannot see, said as such.
-    for (id, why) in [("kmsg", "/dev/kmsg"), ("nvml", "libnvidia-ml")] {
+    // What a container without /dev/kmsg or NVML cannot see, said as such:
+    // the kernel log should be there (UNKNOWN: faults go unseen); NVML on a
+    // host with no NVIDIA device node is absent by design (issue 22), which
+    // leaves the node OK.
+    for (id, why, status) in [
+        ("kmsg", "/dev/kmsg", "UNKNOWN"),
+        ("nvml", "libnvidia-ml", "ABSENT"),
+    ] {
         let c = component(&health, id).unwrap_or_else(|| panic!("no {id} in {health}"));
-        assert_eq!(c["status"], "UNKNOWN", "{c}");
+        assert_eq!(c["status"], status, "{c}");
         assert!(
             c["reasons"][0]["message"].as_str().unwrap().contains(why),
             "{c}"
@@ -759,7 +765,18 @@ fn the_sidecar_killed_mid_job_training_goes_on_and_ranks_register_again() {
     wait_serving(&agent);
     let after = eventually("both ranks registered with the restarted sidecar", |last| {
         let r = ranks(&agent, "j-kill");
-        *last = format!("{r:?}");
+        let logs = docker(&["logs", "--tail", "400", &agent]);
+        let logs: Vec<&str> = logs
+            .stdout
+            .lines()
+            .chain(logs.stderr.lines())
+            .filter(|l| !l.contains("ckpt.saved"))
+            .collect();
+        *last = format!(
+            "{r:?}\nthe sidecar's log (saves left out):\n{}\nthe trainer's last lines:\n{}",
+            logs[logs.len().saturating_sub(40)..].join("\n"),
+            t.seen[t.seen.len().saturating_sub(15)..].join("\n")
+        );
         (r.len() == 2 && r.iter().all(|(_, _, steps)| *steps >= 1)).then_some(r)
     });
     for ((rank, pid, _), (rank2, pid2, _)) in before.iter().zip(&after) {

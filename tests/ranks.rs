@@ -962,3 +962,47 @@ async fn cli_lists_running_ranks_with_step_and_section() {
         );
     }
 }
+
+/// An agent killed -9 and started again (as systemd restarts it) has an
+/// empty registry, while the ranks keep their slots' sealed memory and a
+/// channel that dials the new agent by itself: nothing on the hot path
+/// fails. They must still notice and register again, the same processes,
+/// with their steps going on, or the new agent watches nobody.
+#[tokio::test]
+async fn ranks_register_again_with_an_agent_restarted_after_kill_9() {
+    let (_state, mut agent) = start_agent("");
+    let job = "reborn";
+    let ranks = spawn_ranks(&agent, job, 2, FAST);
+    let pids: Vec<u32> = ranks.iter().map(Streaming::pid).collect();
+    let before = eventually(WAIT, "both ranks stepping", async || {
+        let r = get_ranks(&agent, job).await;
+        (r.len() == 2 && r.iter().all(|i| i.steps_completed >= 3)).then_some(r)
+    })
+    .await;
+
+    agent.sigkill_and_wait();
+    let agent = TestAgent::start_in(agent.home.clone());
+    let after = eventually(
+        WAIT,
+        "both ranks registered with the new agent",
+        async || {
+            let r = get_ranks(&agent, job).await;
+            (r.len() == 2
+                && r.iter()
+                    .all(|i| i.state == "running" && i.steps_completed >= 1))
+            .then_some(r)
+        },
+    )
+    .await;
+    let mut got: Vec<u32> = after.iter().map(|i| i.pid).collect();
+    got.sort_unstable();
+    let mut want = pids.clone();
+    want.sort_unstable();
+    assert_eq!(got, want, "the same processes: {before:#?} {after:#?}");
+    // Their steps went on from where they were (the client carries its
+    // state into the new slot), not from zero.
+    for (b, a) in before.iter().zip(&after) {
+        assert!(a.step >= b.step, "step went back: {b:#?} {a:#?}");
+    }
+    drop(ranks);
+}

@@ -13,7 +13,11 @@
 //! there: the slot still carries our generation and is claimed, and (every fifth check) a
 //! `GetNodeHealth` call on the open channel succeeds (the cheapest
 //! call: it does not touch the rank registry, so a node with many ranks
-//! does not pay for their probes). On any failure it copies
+//! does not pay for their probes). That call cannot tell an agent that was
+//! restarted (the channel dials the new one by itself, and the slot's sealed
+//! memory outlives the agent that made it): the `Control` stream does. It
+//! breaks when the agent goes, is opened again every second, and a new
+//! agent answers `NOT_FOUND` for a registration it never made. On any failure it copies
 //! the state back into the private slot, swaps, retires the mapping and
 //! re-registers with backoff (100 ms doubling to 5 s), passing the slot it
 //! had as `previous_slot`.
@@ -1165,7 +1169,13 @@ impl ControlLink {
     /// Opens the stream; on failure schedules the next try, or none when
     /// the agent does not serve `Control` (an older agent: the slot's
     /// control word still brings requests).
-    async fn open(&mut self, inner: &Inner, link: &Link) {
+    ///
+    /// `Some(reason)` when the agent does not know this registration: it was
+    /// restarted (its registry starts empty) while the channel, which dials
+    /// again by itself, hid that from every other call. The slot's memory
+    /// outlives the agent that made it, so nothing else tells the client:
+    /// it must register again.
+    async fn open(&mut self, inner: &Inner, link: &Link) -> Option<String> {
         let mut agent = link.agent.clone();
         let call = agent.control(ControlRequest {
             job_id: inner.opts.job_id.clone(),
@@ -1181,8 +1191,16 @@ impl ControlLink {
                 self.stream = None;
                 self.reopen_at = None;
             }
+            Ok(Err(s)) if s.code() == tonic::Code::NotFound => {
+                self.retry_later();
+                return Some(format!(
+                    "the agent no longer knows this registration (restarted?): {}",
+                    s.message()
+                ));
+            }
             _ => self.retry_later(),
         }
+        None
     }
 
     fn retry_later(&mut self) {
@@ -1258,7 +1276,9 @@ async fn watch(inner: &Inner, link: &mut Link) -> Option<String> {
     // one handed over (the word stays set after the acknowledgement).
     let mut slot_seen: Option<(u64, tokio::time::Instant)> = None;
     let mut slot_taken = 0u64;
-    control.open(inner, link).await;
+    if let Some(why) = control.open(inner, link).await {
+        return Some(why);
+    }
     loop {
         if inner.stop.load(Ordering::Acquire) {
             return None;
@@ -1302,7 +1322,11 @@ async fn watch(inner: &Inner, link: &mut Link) -> Option<String> {
                 // Ended (agent stopping, stale registration) or broken.
                 Ok(None) | Err(_) => control.retry_later(),
             },
-            () = sleep_until_some(reopen_at) => control.open(inner, link).await,
+            () = sleep_until_some(reopen_at) => {
+                if let Some(why) = control.open(inner, link).await {
+                    return Some(why);
+                }
+            }
             () = inner.restart.ack_wake.notified() => send_acks(inner, link).await,
         }
     }
