@@ -561,6 +561,7 @@ fn warden_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(is_connected, m)?)?;
     m.add_function(wrap_pyfunction!(_close_default, m)?)?;
     m.add_function(wrap_pyfunction!(restart::_restart_set_exception, m)?)?;
+    m.add_function(wrap_pyfunction!(restart::_restart_set_abort, m)?)?;
     m.add_function(wrap_pyfunction!(restart::_restart_set_signal, m)?)?;
     m.add_function(wrap_pyfunction!(restart::_restart_pending, m)?)?;
     m.add_function(wrap_pyfunction!(restart::_restart_raised, m)?)?;

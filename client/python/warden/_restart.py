@@ -9,6 +9,11 @@ it, acknowledges it to the agent, and calls ``train_fn`` again, which
 restores from its local checkpoint. The process keeps its interpreter, its
 imports and its CUDA context.
 
+Before the first delivery of a request, the rank's torch process groups
+are aborted from the resender's thread (``warden._torch``), so a training
+thread blocked in a collective returns and takes the exception; ``run``
+destroys them before the next attempt, which makes new ones.
+
 Outside ``warden.run`` nothing is raised: the request stays pending, and the
 agent restarts the job's processes after its ``restart.in_process_timeout``.
 So does a rank stuck in native code that never returns to the interpreter
@@ -22,9 +27,10 @@ import os
 import signal
 import sys
 import threading
+import time
 from typing import Any, Callable, Optional, TypeVar
 
-from . import _native
+from . import _native, _torch
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 _R = TypeVar("_R")
@@ -204,7 +210,19 @@ def run(
     call_args = args
     call_kwargs = kwargs
     while True:
-        done, value = _native._restart_call(train_fn, call_args, call_kwargs)
+        try:
+            done, value = _native._restart_call(train_fn, call_args, call_kwargs)
+        except Exception:
+            # A collective that an abort ended raises its own error (gloo:
+            # "Connection reset by peer") before the restart's signal
+            # handler can run: with a request pending, that error is the
+            # restart's, not the program's.
+            if not _wait_pending(_PEER_GRACE_S):
+                raise
+            took, value = _native._restart_call(_nothing, (), None)
+            if took:
+                raise
+            done = False
         if done:
             return value  # type: ignore[no-any-return]
         exc: RestartRequested = value
@@ -219,6 +237,9 @@ def run(
                 exc.incident_id = exc.incident_id or info["incident_id"]
             agent_count = int(info["restart_count"]) if info else 0
             _count = max(agent_count, _count + 1)
+            # The groups the request aborted: gone, so the next attempt
+            # makes new ones (init_process_group on a new store).
+            _torch.destroy_after_abort()
             if on_restart is None:
                 break
             # A newer request during the hook restarts again, acknowledged.
@@ -226,6 +247,25 @@ def run(
             if done:
                 break
             exc = value
+
+
+#: How long an exception waits for a restart request that may be on its
+#: way (a peer's abort reached this rank's collective first).
+_PEER_GRACE_S = 1.0
+
+
+def _wait_pending(timeout: float) -> bool:
+    """Whether a restart request is pending, waiting up to ``timeout`` seconds for one."""
+    deadline = time.monotonic() + timeout
+    while _native._restart_pending() is None:
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.005)
+    return True
+
+
+def _nothing() -> None:
+    """A guarded call that only takes the pending request (it is due at once)."""
 
 
 def restartable(
@@ -252,3 +292,4 @@ def restartable(
 
 
 _native._restart_set_exception(RestartRequested)
+_native._restart_set_abort(_torch.abort_process_groups)
