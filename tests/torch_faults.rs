@@ -206,9 +206,9 @@ async fn a_rank_hung_in_python_two_ranks_restart_in_process_with_identical_weigh
     }
 }
 
-// Fails today: rank 0 never starts a second attempt within 90 s (its
-// stdout stops after `attempt restart_count=0`); not yet investigated.
-#[ignore = "4 ranks: rank 0 never restarts (under investigation, see the torch-faults report)"]
+// Four ranks: the hung rank's neighbours see their collective fail; rank 3,
+// whose neighbours are 0 and 2, returns only once their old groups are
+// destroyed and their sockets close (gloo's abort does not wake it).
 #[tokio::test]
 async fn a_rank_hung_in_python_four_ranks_restart_in_process_with_identical_weights() {
     if torch_available() {

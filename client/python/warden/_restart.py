@@ -28,6 +28,7 @@ import signal
 import sys
 import threading
 import time
+import traceback
 from typing import Any, Callable, Optional, TypeVar
 
 from . import _native, _torch
@@ -210,22 +211,33 @@ def run(
     call_args = args
     call_kwargs = kwargs
     while True:
+        failure: Optional[Exception] = None
         try:
             done, value = _native._restart_call(train_fn, call_args, call_kwargs)
-        except Exception:
+        except Exception as e:
             # A collective that an abort ended raises its own error (gloo:
             # "Connection reset by peer") before the restart's signal
             # handler can run: with a request pending, that error is the
             # restart's, not the program's.
             if not _wait_pending(_PEER_GRACE_S):
                 raise
+            failure = e
+        if failure is not None:
+            # Taken outside the handler, so the restart does not chain the
+            # error (whose frames hold the old process group) as context.
             took, value = _native._restart_call(_nothing, (), None)
             if took:
-                raise
+                raise failure
+            _release_frames(failure)
+            failure = None
             done = False
         if done:
             return value  # type: ignore[no-any-return]
         exc: RestartRequested = value
+        # The frames the restart interrupted hold the attempt's objects (its
+        # process group among them): a gloo group lives, its sockets open and
+        # its peers waiting on them, until the last reference goes.
+        _release_frames(exc)
         while True:
             if max_restarts is not None and done_restarts >= max_restarts:
                 raise exc
@@ -262,6 +274,25 @@ def _wait_pending(timeout: float) -> bool:
             return False
         time.sleep(0.005)
     return True
+
+
+def _release_frames(exc: BaseException) -> None:
+    """Drops the locals of the finished frames in ``exc``'s traceback and its chain.
+
+    Why: a gloo process group closes its sockets only when destroyed, and a
+    peer blocked in a collective with this rank (one the abort cannot wake)
+    returns only then. The exception keeps its traceback (still printable),
+    without the objects of the attempt it ended.
+    """
+    seen: set = set()
+    cur: Optional[BaseException] = exc
+    while cur is not None and id(cur) not in seen:
+        seen.add(id(cur))
+        try:
+            traceback.clear_frames(cur.__traceback__)
+        except Exception:
+            pass
+        cur = cur.__cause__ or cur.__context__
 
 
 def _nothing() -> None:

@@ -18,7 +18,8 @@ bookkeeping). On gloo, torch 2.15's abort does not wake a collective waiting
 on a peer that is alive but silent (a rank frozen with SIGSTOP); such a peer
 returns once the silent rank's sockets close (it restarts, or the launcher
 replaces it). A peer hung in Python is no such case: its own request aborts
-and destroys its groups, which closes its sockets.
+and destroys its groups, which closes its sockets, as long as nothing else
+holds the group (``warden.run`` clears the interrupted frames for that).
 """
 
 from __future__ import annotations
