@@ -9,7 +9,11 @@
 //!    the request aborts their groups and the hung rank's destroyed group
 //!    closes their collective), training goes on from the newest common
 //!    checkpoint, and the weights are identical on every rank at the end.
-//! 2. A ValueError in one rank (a user error) still ends that rank with
+//! 2. One rank raises an NCCL-timeout RuntimeError mid-step while its peer
+//!    waits in all_reduce: `warden.run` reports it and waits for the
+//!    agent's decision; the class is transient, so the job restarts in
+//!    process as in 1 (same pids, identical weights).
+//! 3. A ValueError in one rank (a user error) still ends that rank with
 //!    its exit code.
 //!
 //! Needs torch in `$WARDEN_TEST_PYTHON` (tests/torch-venv.sh installs it).
@@ -143,10 +147,14 @@ fn start_job(job: &str, world: u32, fault: &str) -> Job {
     }
 }
 
-async fn hung_rank_restarts_in_process(job: &str, world: u32) {
-    let mut j = start_job(job, world, "hang");
+/// Rank 1 of `world` meets `fault` ("hang" or "transient"); every rank is
+/// back in its process on a new group and ends with identical weights.
+async fn restarts_in_process(job: &str, world: u32, fault: &str) {
+    let mut j = start_job(job, world, fault);
     let mut events = Events::all(&j.agent).await;
-    let fault = j.ranks[1].wait_line(SLOW, "the fault", |l| l.starts_with("fault hang "));
+    let kind = fault;
+    let fault_line = format!("fault {kind} ");
+    let fault = j.ranks[1].wait_line(SLOW, "the fault", |l| l.starts_with(&fault_line));
     let fault_t: f64 = field(&fault, "t").parse().unwrap();
     let requested = events
         .expect(&j.agent, SLOW, "restart.requested", |e| {
@@ -154,6 +162,13 @@ async fn hung_rank_restarts_in_process(job: &str, world: u32) {
         })
         .await;
     let d = describe(&requested);
+    if kind == "transient" {
+        // The decision names the rule that classified the exception.
+        assert!(
+            evidence(&requested, "reason").is_some_and(|r| r.contains("exception.nccl_timeout")),
+            "{d}"
+        );
+    }
     let all: Vec<String> = (0..world).map(|r| r.to_string()).collect();
     assert_eq!(
         evidence(&requested, "ranks"),
@@ -189,7 +204,7 @@ async fn hung_rank_restarts_in_process(job: &str, world: u32) {
     );
     let slowest = back.iter().copied().fold(0.0, f64::max);
     eprintln!(
-        "{world} ranks, rank 1 hung in Python: fault -> every rank stepping again in {slowest:.3} s (per rank {back:?})"
+        "{world} ranks, rank 1 {fault_line}: fault -> every rank stepping again in {slowest:.3} s (per rank {back:?})"
     );
     assert_eq!(
         events.count("restart.in_process_timeout", ""),
@@ -202,7 +217,7 @@ async fn hung_rank_restarts_in_process(job: &str, world: u32) {
 #[tokio::test]
 async fn a_rank_hung_in_python_two_ranks_restart_in_process_with_identical_weights() {
     if torch_available() {
-        hung_rank_restarts_in_process("torch-hang-2", 2).await;
+        restarts_in_process("torch-hang-2", 2, "hang").await;
     }
 }
 
@@ -212,7 +227,17 @@ async fn a_rank_hung_in_python_two_ranks_restart_in_process_with_identical_weigh
 #[tokio::test]
 async fn a_rank_hung_in_python_four_ranks_restart_in_process_with_identical_weights() {
     if torch_available() {
-        hung_rank_restarts_in_process("torch-hang-4", 4).await;
+        restarts_in_process("torch-hang-4", 4, "hang").await;
+    }
+}
+
+// Rank 1 raises an NCCL-timeout RuntimeError mid-step while rank 0 waits in
+// all_reduce: warden.run reports it and waits; the agent classifies it as
+// transient and restarts the job in process.
+#[tokio::test]
+async fn a_transient_exception_restarts_every_rank_in_process_with_identical_weights() {
+    if torch_available() {
+        restarts_in_process("torch-transient", 2, "transient").await;
     }
 }
 

@@ -82,6 +82,9 @@ class Client:
     def report_exception(
         self, exc: BaseException, *, uncaught: bool = False, step: Optional[int] = None
     ) -> bool: ...
+    def _report_for_decision(
+        self, exc: BaseException, *, step: Optional[int] = None
+    ) -> Optional[dict[str, Any]]: ...
     def inject_restart(
         self, seq: int, restart_count: int = 1, reason: str = "", incident_id: str = ""
     ) -> bool: ...

@@ -14,6 +14,12 @@ are aborted from the resender's thread (``warden._torch``), so a training
 thread blocked in a collective returns and takes the exception; ``run``
 destroys them before the next attempt, which makes new ones.
 
+An exception from the training function is reported to the agent, and
+the rank waits (bounded) for its decision instead of dying: a transient
+class (a collective timeout) restarts every rank of the job in process,
+this one included; anything else (a ValueError) propagates and ends the
+rank with its exit code.
+
 Outside ``warden.run`` nothing is raised: the request stays pending, and the
 agent restarts the job's processes after its ``restart.in_process_timeout``.
 So does a rank stuck in native code that never returns to the interpreter
@@ -215,14 +221,10 @@ def run(
         try:
             done, value = _native._restart_call(train_fn, call_args, call_kwargs)
         except Exception as e:
-            # A collective that an abort ended raises its own error (gloo:
-            # "Connection reset by peer") before the restart's signal
-            # handler can run: with a request pending, that error is the
-            # restart's, not the program's.
-            if not _wait_pending(_PEER_GRACE_S):
-                raise
             failure = e
         if failure is not None:
+            if not _restarts_for(failure):
+                raise failure
             # Taken outside the handler, so the restart does not chain the
             # error (whose frames hold the old process group) as context.
             took, value = _native._restart_call(_nothing, (), None)
@@ -264,6 +266,41 @@ def run(
 #: How long an exception waits for a restart request that may be on its
 #: way (a peer's abort reached this rank's collective first).
 _PEER_GRACE_S = 1.0
+
+#: How long a rank waits for the request the agent said it made (armed
+#: before the answer: it arrives in milliseconds, unless the stream broke).
+_DECIDED_WAIT_S = 5.0
+
+
+def _restarts_for(exc: Exception) -> bool:
+    """Whether ``exc``, raised by the training function, ends in an in-process restart.
+
+    Yes when a request is pending already: a collective that a peer's
+    restart ended raises its own error (gloo: "Connection reset by peer")
+    before the restart's signal handler can run, so that error is the
+    restart's, not the program's. Else the rank reports it and waits for
+    the agent's decision (bounded): a transient class (a collective timeout)
+    restarts every rank of the job in process, this one included; anything
+    else (a ValueError, no agent) ends the rank with the exception, after
+    a short grace for a request already on its way.
+    """
+    if _native._restart_pending() is not None:
+        return True
+    decision: Optional[dict[str, Any]] = None
+    try:
+        decision = _native.default_client()._report_for_decision(exc)
+    except Exception as e:  # never let the report hide the program's error
+        print(f"warden: reporting {type(e).__name__}: {e}", file=sys.stderr)
+    if decision and decision.get("restart_in_process"):
+        if _wait_pending(_DECIDED_WAIT_S):
+            return True
+        print(
+            f"warden: the agent restarts the job in process (seq {decision.get('seq')}), "
+            f"but no request came within {_DECIDED_WAIT_S} s",
+            file=sys.stderr,
+        )
+        return False
+    return _wait_pending(_PEER_GRACE_S)
 
 
 def _wait_pending(timeout: float) -> bool:
