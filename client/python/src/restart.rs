@@ -245,10 +245,10 @@ fn resender() {
 /// raised: the restart goes on either way.
 fn run_abort_hook(seq: u64) {
     Python::attach(|py| {
-        if let Some(hook) = ABORT.get(py) {
-            if let Err(e) = hook.bind(py).call1((seq,)) {
-                e.print(py);
-            }
+        if let Some(hook) = ABORT.get(py)
+            && let Err(e) = hook.bind(py).call1((seq,))
+        {
+            e.print(py);
         }
     });
 }
