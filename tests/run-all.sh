@@ -33,6 +33,14 @@ python3 -m venv .venv
 .venv/bin/pip install --quiet -r tests/interop/requirements.txt
 export WARDEN_TEST_PYTHON="$PWD/.venv/bin/python"
 
+step "real torch (CPU use, gloo) in .venv for tests/torch_faults.rs, when it is missing"
+# PyPI's torch with only the CUDA libraries it loads at import (no triton):
+# tests/torch/requirements.txt, docs/dependencies.md. About 100 s and 4.3 GB
+# on a fresh machine; nothing when already there.
+bash tests/torch-venv.sh .venv/bin/python
+# The torch tests fail instead of skipping when torch is missing.
+export WARDEN_REQUIRE_TORCH=1
+
 step "cargo fmt --check"
 cargo fmt --all --check
 

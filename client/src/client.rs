@@ -47,7 +47,7 @@ use warden_proto::v1::{
 
 use crate::clock;
 use crate::mapping::SlotMapping;
-use crate::report::{self, ExceptionReport, ReportError};
+use crate::report::{self, ExceptionDecision, ExceptionReport, ReportError};
 use crate::restart::{self, RestartCallback, RestartRequest, RestartState, RestartVia};
 use crate::slot::{
     ControlWord, FIRST_USER_SECTION, LAYOUT_VERSION, MAX_SECTIONS, SECTION_OTHER, Slot, SlotError,
@@ -746,6 +746,26 @@ impl Client {
     /// [`Client::close`] (and drop) then no longer deregister, so the agent
     /// sees the exit itself, as a crash with its exit code.
     pub fn report_exception(&self, report: &ExceptionReport) -> Result<(), ReportError> {
+        self.send_report(report, false).map(|_| ())
+    }
+
+    /// Reports an exception the rank caught and waits on (`warden.run`):
+    /// the agent classifies it and answers whether the job restarts in
+    /// process (a transient class: the request is on its way to every rank,
+    /// this one included) or the exception ends the rank. Bounded as
+    /// [`Client::report_exception`]; `report.uncaught` must be false.
+    pub fn report_exception_for_decision(
+        &self,
+        report: &ExceptionReport,
+    ) -> Result<ExceptionDecision, ReportError> {
+        self.send_report(report, true).map(ExceptionDecision::from)
+    }
+
+    fn send_report(
+        &self,
+        report: &ExceptionReport,
+        awaits_decision: bool,
+    ) -> Result<warden_proto::v1::ReportExceptionResponse, ReportError> {
         if report.uncaught {
             self.inner.exiting.store(true, Ordering::Release);
         }
@@ -765,7 +785,8 @@ impl Client {
             .step
             .unwrap_or_else(|| self.current_step().unwrap_or(0));
         let opts = &self.inner.opts;
-        let req = report::request(report, &opts.job_id, opts.global_rank, generation, step);
+        let mut req = report::request(report, &opts.job_id, opts.global_rank, generation, step);
+        req.awaits_decision = awaits_decision && !report.uncaught;
         report::send(opts.socket_path.clone(), req, opts.exception_report_timeout)
     }
 

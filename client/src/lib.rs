@@ -42,5 +42,5 @@ pub use client::{
     Client, ClientError, ConnectOptions, LinkStatus, RestartAcker, SectionGuard, SectionId,
     devices_from_env,
 };
-pub use report::{ExceptionReport, ReportError};
+pub use report::{ExceptionDecision, ExceptionReport, ReportError};
 pub use restart::{RestartRequest, RestartVia};

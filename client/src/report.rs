@@ -24,8 +24,8 @@ use std::path::PathBuf;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use warden_proto::v1::ReportExceptionRequest;
 use warden_proto::v1::agent_client::AgentClient;
+use warden_proto::v1::{Action, ReportExceptionRequest, ReportExceptionResponse};
 
 use crate::slot::truncate_utf8;
 
@@ -47,6 +47,33 @@ pub struct ExceptionReport {
     /// it. The client then leaves its registration in place when it is
     /// closed (see [`crate::Client::report_exception`]).
     pub uncaught: bool,
+}
+
+/// The agent's answer to a report that awaits its decision
+/// ([`crate::Client::report_exception_for_decision`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ExceptionDecision {
+    /// True: the exception is transient and every live rank of the job on
+    /// this host was asked to restart in process (request [`Self::seq`]),
+    /// this one included; false: the exception ends the rank.
+    pub restart_in_process: bool,
+    /// The in-process restart request's sequence number (0 without one).
+    pub seq: u64,
+    /// The exception rule that classified it ("" when none matched).
+    pub rule: String,
+    /// Why, for a person.
+    pub reason: String,
+}
+
+impl From<ReportExceptionResponse> for ExceptionDecision {
+    fn from(r: ReportExceptionResponse) -> Self {
+        Self {
+            restart_in_process: r.action == Action::RestartInProcess as i32,
+            seq: r.seq,
+            rule: r.rule,
+            reason: r.reason,
+        }
+    }
 }
 
 /// Why a report did not reach the agent. Never raised into training code by
@@ -129,6 +156,7 @@ pub(crate) fn request(
         traceback: tail_utf8(&report.traceback, MAX_TRACEBACK).to_owned(),
         step,
         uncaught: report.uncaught,
+        awaits_decision: false,
     }
 }
 
@@ -138,7 +166,7 @@ pub(crate) fn send(
     socket: PathBuf,
     req: ReportExceptionRequest,
     deadline: Duration,
-) -> Result<(), ReportError> {
+) -> Result<ReportExceptionResponse, ReportError> {
     let started = Instant::now();
     let (tx, rx) = mpsc::sync_channel(1);
     std::thread::Builder::new()
@@ -159,7 +187,7 @@ fn send_on_this_thread(
     socket: PathBuf,
     req: ReportExceptionRequest,
     deadline: Duration,
-) -> Result<(), ReportError> {
+) -> Result<ReportExceptionResponse, ReportError> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -172,14 +200,14 @@ fn send_on_this_thread(
                     path: socket,
                     error: e.to_string(),
                 })?;
-            AgentClient::new(channel)
+            let answer = AgentClient::new(channel)
                 .report_exception(req)
                 .await
                 .map_err(|s| ReportError::Rejected {
                     code: s.code(),
                     message: s.message().to_owned(),
                 })?;
-            Ok(())
+            Ok(answer.into_inner())
         };
         tokio::time::timeout(deadline, call)
             .await

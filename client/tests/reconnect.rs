@@ -110,7 +110,7 @@ impl Agent for FakeAgent {
     ) -> Result<Response<pb::ReportExceptionResponse>, Status> {
         tokio::time::sleep(self.report_delay).await;
         self.exceptions.lock().unwrap().push(req.into_inner());
-        Ok(Response::new(pb::ReportExceptionResponse {}))
+        Ok(Response::new(pb::ReportExceptionResponse::default()))
     }
     async fn get_incidents(
         &self,

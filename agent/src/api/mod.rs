@@ -10,6 +10,7 @@ pub mod caller;
 pub mod ckpt;
 pub mod control;
 pub mod convert;
+pub mod exception_decision;
 pub mod gate;
 pub mod goodput;
 pub mod launcher_api;

@@ -397,9 +397,16 @@ impl Agent for AgentService {
             .with("pid", r.pid)
             .with("generation", r.generation)
             .with("uncaught", r.uncaught)
-            .with("traceback", traceback);
+            .with("traceback", traceback)
+            .with("awaits_decision", r.awaits_decision);
             self.state.events.publish(ev);
-            Ok(Response::new(pb::ReportExceptionResponse {}))
+            // After the event: the decision's restart.requested follows it.
+            let answer = if r.awaits_decision && !r.uncaught {
+                super::exception_decision::decide(&self.state, &key, &r.exception_type, &r.message)
+            } else {
+                pb::ReportExceptionResponse::default()
+            };
+            Ok(Response::new(answer))
         })
         .await
     }

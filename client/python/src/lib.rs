@@ -263,6 +263,43 @@ impl Client {
         Ok(py.detach(|| self.inner.report_exception(&report)).is_ok())
     }
 
+    /// Reports an exception that `warden.run` caught and waits on; returns
+    /// the agent's decision as a dict (`restart_in_process`, `seq`, `rule`,
+    /// `reason`), or None when the report did not reach the agent (no
+    /// registration, no answer within about a second). The GIL is released
+    /// meanwhile.
+    #[pyo3(signature = (exc, *, step=None))]
+    fn _report_for_decision<'py>(
+        &self,
+        py: Python<'py>,
+        exc: &Bound<'py, PyAny>,
+        step: Option<u64>,
+    ) -> PyResult<Option<Bound<'py, PyDict>>> {
+        if !self.inner.is_connected() {
+            return Ok(None);
+        }
+        let (exception_type, message, traceback): (String, String, String) = py
+            .import("warden._excepthook")?
+            .call_method1("describe", (exc,))?
+            .extract()?;
+        let report = ExceptionReport {
+            exception_type,
+            message,
+            traceback,
+            step,
+            uncaught: false,
+        };
+        let Ok(d) = py.detach(|| self.inner.report_exception_for_decision(&report)) else {
+            return Ok(None);
+        };
+        let out = PyDict::new(py);
+        out.set_item("restart_in_process", d.restart_in_process)?;
+        out.set_item("seq", d.seq)?;
+        out.set_item("rule", d.rule)?;
+        out.set_item("reason", d.reason)?;
+        Ok(Some(out))
+    }
+
     /// Makes a restart request pending as if the agent had sent it (for
     /// tests and restart drills without an agent): `warden.run` raises
     /// `RestartRequested` in its training function. False when `seq` was
@@ -561,6 +598,7 @@ fn warden_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(is_connected, m)?)?;
     m.add_function(wrap_pyfunction!(_close_default, m)?)?;
     m.add_function(wrap_pyfunction!(restart::_restart_set_exception, m)?)?;
+    m.add_function(wrap_pyfunction!(restart::_restart_set_abort, m)?)?;
     m.add_function(wrap_pyfunction!(restart::_restart_set_signal, m)?)?;
     m.add_function(wrap_pyfunction!(restart::_restart_pending, m)?)?;
     m.add_function(wrap_pyfunction!(restart::_restart_raised, m)?)?;

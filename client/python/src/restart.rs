@@ -44,6 +44,11 @@ const SIGNAL_GRACE: Duration = Duration::from_millis(20);
 /// `warden.RestartRequested` (defined in Python, registered at import).
 static EXCEPTION: PyOnceLock<Py<PyType>> = PyOnceLock::new();
 
+/// Called with the request's seq before its first delivery: aborts the
+/// rank's process groups (`warden._torch.abort_process_groups`), so a
+/// training thread blocked in a collective returns to the interpreter.
+static ABORT: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+
 #[derive(Debug)]
 struct Pending {
     request: RestartRequest,
@@ -75,6 +80,8 @@ struct State {
     signal: i32,
     signal_thread: u64,
     resender: bool,
+    /// The last request whose abort hook ran (0: none).
+    aborted_seq: u64,
     /// Deliveries made, for tests and diagnostics.
     signals_sent: u64,
     async_sent: u64,
@@ -171,6 +178,17 @@ fn resender() {
             }
             g = changed().wait(g).unwrap_or_else(PoisonError::into_inner);
         };
+        if g.aborted_seq != seq {
+            // Before the first delivery: abort the process groups, so a
+            // thread blocked in a collective comes back to take it.
+            g.aborted_seq = seq;
+            drop(g);
+            run_abort_hook(seq);
+            g = state();
+            if g.due().map(|(_, s)| s) != Some(seq) {
+                continue;
+            }
+        }
         let raised_before = g.pending.as_ref().and_then(|p| p.raised_at);
         if let Some(p) = g.pending.as_mut() {
             p.sent_at = Some(Instant::now());
@@ -220,6 +238,27 @@ fn resender() {
             }
         });
     }
+}
+
+/// Runs the abort hook, if one is registered, with the GIL (a thread
+/// blocked in a collective has released it). Its errors are printed, never
+/// raised: the restart goes on either way.
+fn run_abort_hook(seq: u64) {
+    Python::attach(|py| {
+        if let Some(hook) = ABORT.get(py)
+            && let Err(e) = hook.bind(py).call1((seq,))
+        {
+            e.print(py);
+        }
+    });
+}
+
+/// Registers the hook that aborts the process groups before a request is
+/// delivered (at import).
+#[pyfunction]
+pub fn _restart_set_abort(py: Python<'_>, hook: Bound<'_, PyAny>) -> PyResult<()> {
+    let _ = ABORT.set(py, hook.unbind());
+    Ok(())
 }
 
 /// Registers `warden.RestartRequested` (at import).

@@ -57,6 +57,7 @@ from ._stackdump import StackDumps as _StackDumps
 
 from . import _excepthook, _native, _restart
 from ._restart import RestartRequested, restart_count, restartable, run
+from ._torch import register_process_group
 from ._native import (
     SLOT_LAYOUT_VERSION,
     _close_default,
@@ -84,6 +85,7 @@ __all__ = [
     "is_connected",
     "report_exception",
     "restart_count",
+    "register_process_group",
     "restartable",
     "run",
     "section",

@@ -9,6 +9,17 @@ it, acknowledges it to the agent, and calls ``train_fn`` again, which
 restores from its local checkpoint. The process keeps its interpreter, its
 imports and its CUDA context.
 
+Before the first delivery of a request, the rank's torch process groups
+are aborted from the resender's thread (``warden._torch``), so a training
+thread blocked in a collective returns and takes the exception; ``run``
+destroys them before the next attempt, which makes new ones.
+
+An exception from the training function is reported to the agent, and
+the rank waits (bounded) for its decision instead of dying: a transient
+class (a collective timeout) restarts every rank of the job in process,
+this one included; anything else (a ValueError) propagates and ends the
+rank with its exit code.
+
 Outside ``warden.run`` nothing is raised: the request stays pending, and the
 agent restarts the job's processes after its ``restart.in_process_timeout``.
 So does a rank stuck in native code that never returns to the interpreter
@@ -22,9 +33,11 @@ import os
 import signal
 import sys
 import threading
+import time
+import traceback
 from typing import Any, Callable, Optional, TypeVar
 
-from . import _native
+from . import _native, _torch
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 _R = TypeVar("_R")
@@ -204,10 +217,29 @@ def run(
     call_args = args
     call_kwargs = kwargs
     while True:
-        done, value = _native._restart_call(train_fn, call_args, call_kwargs)
+        failure: Optional[Exception] = None
+        try:
+            done, value = _native._restart_call(train_fn, call_args, call_kwargs)
+        except Exception as e:
+            failure = e
+        if failure is not None:
+            if not _restarts_for(failure):
+                raise failure
+            # Taken outside the handler, so the restart does not chain the
+            # error (whose frames hold the old process group) as context.
+            took, value = _native._restart_call(_nothing, (), None)
+            if took:
+                raise failure
+            _release_frames(failure)
+            failure = None
+            done = False
         if done:
             return value  # type: ignore[no-any-return]
         exc: RestartRequested = value
+        # The frames the restart interrupted hold the attempt's objects (its
+        # process group among them): a gloo group lives, its sockets open and
+        # its peers waiting on them, until the last reference goes.
+        _release_frames(exc)
         while True:
             if max_restarts is not None and done_restarts >= max_restarts:
                 raise exc
@@ -219,6 +251,9 @@ def run(
                 exc.incident_id = exc.incident_id or info["incident_id"]
             agent_count = int(info["restart_count"]) if info else 0
             _count = max(agent_count, _count + 1)
+            # The groups the request aborted: gone, so the next attempt
+            # makes new ones (init_process_group on a new store).
+            _torch.destroy_after_abort()
             if on_restart is None:
                 break
             # A newer request during the hook restarts again, acknowledged.
@@ -226,6 +261,79 @@ def run(
             if done:
                 break
             exc = value
+
+
+#: How long an exception waits for a restart request that may be on its
+#: way (a peer's abort reached this rank's collective first).
+_PEER_GRACE_S = 1.0
+
+#: How long a rank waits for the request the agent said it made (armed
+#: before the answer: it arrives in milliseconds, unless the stream broke).
+_DECIDED_WAIT_S = 5.0
+
+
+def _restarts_for(exc: Exception) -> bool:
+    """Whether ``exc``, raised by the training function, ends in an in-process restart.
+
+    Yes when a request is pending already: a collective that a peer's
+    restart ended raises its own error (gloo: "Connection reset by peer")
+    before the restart's signal handler can run, so that error is the
+    restart's, not the program's. Else the rank reports it and waits for
+    the agent's decision (bounded): a transient class (a collective timeout)
+    restarts every rank of the job in process, this one included; anything
+    else (a ValueError, no agent) ends the rank with the exception, after
+    a short grace for a request already on its way.
+    """
+    if _native._restart_pending() is not None:
+        return True
+    decision: Optional[dict[str, Any]] = None
+    try:
+        decision = _native.default_client()._report_for_decision(exc)
+    except Exception as e:  # never let the report hide the program's error
+        print(f"warden: reporting {type(e).__name__}: {e}", file=sys.stderr)
+    if decision and decision.get("restart_in_process"):
+        if _wait_pending(_DECIDED_WAIT_S):
+            return True
+        print(
+            f"warden: the agent restarts the job in process (seq {decision.get('seq')}), "
+            f"but no request came within {_DECIDED_WAIT_S} s",
+            file=sys.stderr,
+        )
+        return False
+    return _wait_pending(_PEER_GRACE_S)
+
+
+def _wait_pending(timeout: float) -> bool:
+    """Whether a restart request is pending, waiting up to ``timeout`` seconds for one."""
+    deadline = time.monotonic() + timeout
+    while _native._restart_pending() is None:
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.005)
+    return True
+
+
+def _release_frames(exc: BaseException) -> None:
+    """Drops the locals of the finished frames in ``exc``'s traceback and its chain.
+
+    Why: a gloo process group closes its sockets only when destroyed, and a
+    peer blocked in a collective with this rank (one the abort cannot wake)
+    returns only then. The exception keeps its traceback (still printable),
+    without the objects of the attempt it ended.
+    """
+    seen: set = set()
+    cur: Optional[BaseException] = exc
+    while cur is not None and id(cur) not in seen:
+        seen.add(id(cur))
+        try:
+            traceback.clear_frames(cur.__traceback__)
+        except Exception:
+            pass
+        cur = cur.__cause__ or cur.__context__
+
+
+def _nothing() -> None:
+    """A guarded call that only takes the pending request (it is due at once)."""
 
 
 def restartable(
@@ -252,3 +360,4 @@ def restartable(
 
 
 _native._restart_set_exception(RestartRequested)
+_native._restart_set_abort(_torch.abort_process_groups)

@@ -1,0 +1,66 @@
+//! The agent's answer to an exception that a rank reports and waits on
+//! (`ReportException` with `awaits_decision`: `warden.run` caught it from
+//! the training function and holds the rank until it knows what to do).
+//!
+//! In: the reporting rank and its exception's type and message. Out: a
+//! transient class (attribution's exception rules, [`rules::exception_rule`])
+//! asks every live local rank of the job to restart in process
+//! ([`in_process::request`], the reporting rank included) and answers
+//! `RESTART_IN_PROCESS` with the request's seq; anything else answers
+//! `STOP`: the rank re-raises and exits, and attribution diagnoses that
+//! exit as a crash with this exception, as for any uncaught one. So one
+//! exception leads to one decision: a restart in process (the
+//! `restart.requested` event, naming the rule) or the crash's incident.
+//!
+//! Never: open an incident of its own (the restart is asked as by hand:
+//! no incident to escalate if the ranks do not acknowledge), or block (the
+//! request is armed and its waiter runs on a task of its own).
+
+use std::sync::Arc;
+
+use warden_proto::v1 as pb;
+
+use crate::act::in_process;
+use crate::attribute::FaultClass;
+use crate::attribute::rules;
+use crate::ranks::RankKey;
+use crate::state::AgentState;
+
+/// Decides what a rank that waits on its exception does next (see the module).
+pub fn decide(
+    state: &Arc<AgentState>,
+    key: &RankKey,
+    exception_type: &str,
+    message: &str,
+) -> pb::ReportExceptionResponse {
+    let rule = rules::exception_rule(exception_type, message);
+    let name = rule.map_or("", |r| r.name);
+    let stop = |reason: String| pb::ReportExceptionResponse {
+        action: pb::Action::Stop as i32,
+        seq: 0,
+        rule: name.to_owned(),
+        reason,
+    };
+    let Some(rule) = rule.filter(|r| r.class == FaultClass::TransientSoftware) else {
+        return stop(match rule {
+            Some(r) => format!(
+                "{exception_type} is {} ({}: {}): a restart would not clear it",
+                r.class, r.name, r.note
+            ),
+            None => format!("{exception_type} matches no transient exception rule"),
+        });
+    };
+    let reason = format!(
+        "{key} reported {exception_type} ({}: {})",
+        rule.name, rule.note
+    );
+    match in_process::request(state, &key.job, &reason, "") {
+        Ok(asked) => pb::ReportExceptionResponse {
+            action: pb::Action::RestartInProcess as i32,
+            seq: asked.seq,
+            rule: rule.name.to_owned(),
+            reason,
+        },
+        Err(e) => stop(format!("{reason}; no in-process restart: {e}")),
+    }
+}

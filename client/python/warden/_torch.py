@@ -1,0 +1,130 @@
+"""Out of a stuck collective: the rank's torch process groups, aborted before a restart.
+
+In: a restart request (the resender calls ``abort_process_groups(seq)`` on a
+thread of its own, before the request's first delivery), or an exception
+that ``warden.run`` is about to retry. Out: every process group of the rank
+aborted (``ProcessGroup.abort()``: NCCL's ``ncclCommAbort``, so a thread
+blocked in a collective returns with an error and takes ``RestartRequested``
+at once), then, in the training thread, destroyed (``destroy_after_abort``),
+so the next attempt can call ``init_process_group`` again on a new store.
+Never: imports torch (a program that did not import ``torch.distributed``
+has no group to abort), or raises (a failed abort is printed; the restart
+goes on).
+
+Which groups: the default one and every group made through
+``torch.distributed`` (its ``_world.pg_map``), and those registered with
+``warden.register_process_group`` (a group made outside torch.distributed's
+bookkeeping). On gloo, torch 2.15's abort does not wake a collective waiting
+on a peer that is alive but silent (a rank frozen with SIGSTOP); such a peer
+returns once the silent rank's sockets close (it restarts, or the launcher
+replaces it). A peer hung in Python is no such case: its own request aborts
+and destroys its groups, which closes its sockets, as long as nothing else
+holds the group (``warden.run`` clears the interrupted frames for that).
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import traceback
+import weakref
+from typing import Any, List
+
+_lock = threading.Lock()
+#: Groups registered by hand (weakly: a group the program dropped is gone).
+_registered: "weakref.WeakSet[Any]" = weakref.WeakSet()
+#: Groups aborted since the last ``destroy_after_abort`` (strong refs: they
+#: must live until destroyed in the training thread).
+_aborted: List[Any] = []
+
+
+def register_process_group(group: Any) -> None:
+    """Registers a torch process group for aborting on an in-process restart.
+
+    Groups made with ``torch.distributed.init_process_group`` and
+    ``new_group`` are found without this; register one made another way (a
+    backend constructed by hand, a torchft group).
+    """
+    with _lock:
+        _registered.add(group)
+
+
+def _distributed() -> Any:
+    """``torch.distributed`` if the program imported it, else None."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is None:
+        return None
+    try:
+        if not dist.is_available():
+            return None
+    except Exception:
+        return None
+    return dist
+
+
+def process_groups() -> List[Any]:
+    """The rank's process groups: torch.distributed's (default first), then registered ones."""
+    found: List[Any] = []
+    dist = _distributed()
+    if dist is not None:
+        try:
+            c10d = dist.distributed_c10d
+            default = c10d.GroupMember.WORLD
+            if default is not None:
+                found.append(default)
+            for pg in list(c10d._world.pg_map.keys()):
+                if all(pg is not f for f in found):
+                    found.append(pg)
+        except Exception:
+            traceback.print_exc()
+    with _lock:
+        for pg in list(_registered):
+            if all(pg is not f for f in found):
+                found.append(pg)
+    return found
+
+
+def abort_process_groups(seq: int = 0) -> int:
+    """Aborts every process group of the rank; returns how many were aborted.
+
+    Safe from any thread: it only calls ``abort()`` on each group (no change
+    to torch.distributed's bookkeeping, which belongs to the training thread).
+    """
+    groups = process_groups()
+    done = 0
+    for pg in groups:
+        try:
+            pg.abort()
+            done += 1
+        except Exception as e:  # a backend without abort, one already gone
+            print(f"warden: aborting process group {pg!r} failed: {e}", file=sys.stderr)
+        with _lock:
+            if all(pg is not a for a in _aborted):
+                _aborted.append(pg)
+    return done
+
+
+def destroy_after_abort() -> None:
+    """In the training thread, after a restart was caught: forgets the aborted groups.
+
+    The default group (and with it every group torch.distributed made) is
+    destroyed, so ``init_process_group`` can run again; a registered group
+    is only dropped (its owner rebuilds it).
+    """
+    with _lock:
+        aborted = list(_aborted)
+        _aborted.clear()
+    dist = _distributed()
+    if dist is None:
+        return
+    try:
+        if dist.is_initialized():
+            try:
+                dist.destroy_process_group()
+            except Exception:
+                # An aborted group may refuse an orderly shutdown: drop
+                # torch.distributed's state without one.
+                dist.distributed_c10d._abort_process_group()
+    except Exception as e:
+        print(f"warden: destroying the aborted process groups failed: {e}", file=sys.stderr)
+    del aborted
