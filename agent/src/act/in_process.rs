@@ -18,7 +18,7 @@
 //! is held for a few map operations), hold the registry and the restart
 //! state at once, or ask a rank that is not alive.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -150,6 +150,9 @@ struct Pending {
 struct JobRestarts {
     /// Requests made for the job since this agent started.
     restart_count: u32,
+    /// When each restart a rank's own exception asked for was admitted
+    /// (those within the transient class's budget window).
+    exception_restarts: VecDeque<Instant>,
     /// The request in flight, until every rank answered or the deadline.
     pending: Option<Pending>,
 }
@@ -404,6 +407,39 @@ pub fn subscribe(
         .entry(key.clone())
         .or_insert_with(|| watch::channel(None).0);
     Ok(tx.subscribe())
+}
+
+/// Whether a rank's transient exception may restart its job in process
+/// once more: at most `budget` such restarts within `window` per job (the
+/// policy's `transient_software` budget), so an exception that comes back on every
+/// attempt ends in the crash's own diagnosis and policy rather than in
+/// restarts forever. A request already in flight for the job is joined and
+/// not counted again. `Ok(attempt)` (1-based), or `Err(spent)`.
+pub fn admit_exception_restart(
+    restarts: &Restarts,
+    job: &str,
+    budget: u32,
+    window: Duration,
+    now: Instant,
+) -> Result<u32, u32> {
+    let mut g = restarts.lock();
+    let entry = g.jobs.entry(job.to_owned()).or_default();
+    while entry
+        .exception_restarts
+        .front()
+        .is_some_and(|&at| now.saturating_duration_since(at) > window)
+    {
+        entry.exception_restarts.pop_front();
+    }
+    let spent = u32::try_from(entry.exception_restarts.len()).unwrap_or(u32::MAX);
+    if entry.pending.is_some() {
+        return Ok(spent.max(1));
+    }
+    if spent >= budget {
+        return Err(spent);
+    }
+    entry.exception_restarts.push_back(now);
+    Ok(spent + 1)
 }
 
 /// Records a rank's acknowledgement of request `seq` (the `AckControl`
@@ -753,6 +789,23 @@ mod tests {
     use super::*;
     use crate::config::Config;
     use crate::ranks::registry::{RegisterRequest, Registration};
+
+    #[test]
+    fn exception_restarts_are_bounded_per_job_and_window() {
+        let r = Restarts::new();
+        let t0 = Instant::now();
+        let w = Duration::from_secs(60);
+        assert_eq!(admit_exception_restart(&r, "a", 2, w, t0), Ok(1));
+        assert_eq!(admit_exception_restart(&r, "a", 2, w, t0), Ok(2));
+        // Spent for job a, not for job b.
+        assert_eq!(admit_exception_restart(&r, "a", 2, w, t0), Err(2));
+        assert_eq!(admit_exception_restart(&r, "b", 2, w, t0), Ok(1));
+        // Out of the window, the oldest no longer counts.
+        let later = t0 + w + Duration::from_secs(1);
+        assert_eq!(admit_exception_restart(&r, "a", 2, w, later), Ok(1));
+        // A budget of 0 admits none.
+        assert_eq!(admit_exception_restart(&r, "c", 0, w, t0), Err(0));
+    }
 
     fn agent(timeout: Duration) -> (tempfile::TempDir, Arc<AgentState>) {
         let dir = tempfile::tempdir().unwrap();

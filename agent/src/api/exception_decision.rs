@@ -12,6 +12,11 @@
 //! exception leads to one decision: a restart in process (the
 //! `restart.requested` event, naming the rule) or the crash's incident.
 //!
+//! Bounded: at most the policy's `transient_software` budget of such restarts per
+//! job within its window ([`in_process::admit_exception_restart`]); past
+//! it the answer is `STOP`, and the crash goes through attribution and the
+//! policy like any other.
+//!
 //! Never: open an incident of its own (the restart is asked as by hand:
 //! no incident to escalate if the ranks do not acknowledge), or block (the
 //! request is armed and its waiter runs on a task of its own).
@@ -50,9 +55,31 @@ pub fn decide(
             None => format!("{exception_type} matches no transient exception rule"),
         });
     };
+    let budget = state.config.policy.for_class(FaultClass::TransientSoftware);
+    let attempt = match in_process::admit_exception_restart(
+        &state.restarts,
+        &key.job,
+        budget.budget,
+        budget.window,
+        std::time::Instant::now(),
+    ) {
+        Ok(attempt) => attempt,
+        Err(spent) => {
+            return stop(format!(
+                "{key} reported {exception_type} ({}): the in-process restarts it may ask for \
+                 are spent ({spent} of {} in {}: policy.transient_software.budget)",
+                rule.name,
+                budget.budget,
+                humantime::format_duration(budget.window)
+            ));
+        }
+    };
     let reason = format!(
-        "{key} reported {exception_type} ({}: {})",
-        rule.name, rule.note
+        "{key} reported {exception_type} ({}: {}), in-process restart {attempt} of {} in {}",
+        rule.name,
+        rule.note,
+        budget.budget,
+        humantime::format_duration(budget.window)
     );
     match in_process::request(state, &key.job, &reason, "") {
         Ok(asked) => pb::ReportExceptionResponse {
