@@ -7,13 +7,10 @@ use tokio_util::sync::CancellationToken;
 
 use crate::attribute::store::IncidentStore;
 use crate::config::Config;
-use crate::events::{EventBus, NewEvent, Severity};
+use crate::events::{EventBus, Severity};
 use crate::health::{ComponentReport, HealthModel, Status};
-use crate::ranks::registry::{ExitInfo, RankKey, RankState, Registry};
-
-/// Completed steps read from an exiting rank's slot for the goodput ledger
-/// (those since the last scan: a tick's worth at most, in practice).
-const LAST_STEPS: usize = 8;
+use crate::ranks::registry::{ExitInfo, RankKey, Registry};
+use crate::signal::{HealthChanged, Signal};
 
 /// Shared by the API, the work loop and the sources (behind an `Arc`).
 #[derive(Debug)]
@@ -156,123 +153,23 @@ impl AgentState {
         self.ranks.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Records that a rank's process exited and publishes `rank.exited`.
+    /// Records that a rank's process exited (ranks::exited), books the
+    /// steps it completed since the last scan in the goodput ledger, and
+    /// publishes `rank.exited`.
     pub fn rank_exited(&self, key: &RankKey, generation: u64, exit: ExitInfo) {
-        let mut reg = self.registry();
-        let Some(entry) = reg.ranks.get_mut(key) else {
+        let Some(out) = crate::ranks::exited::record(&mut self.registry(), key, generation, exit)
+        else {
             return;
         };
-        if entry.generation != generation || entry.state == RankState::Exited {
-            return;
-        }
-        let was = entry.state;
-        // A rank its launcher is stopping (StopRanks) exits on purpose.
-        let stop_reason = entry.stop_reason.clone();
-        entry.state = RankState::Exited;
-        entry.exit = Some(exit.clone());
-        // The process is gone: its pidfd can reach nothing any more, and an
-        // exited entry stays listed (GetRanks) after it, so holding the
-        // descriptor kept one open per exited rank (issue 22: 1,000
-        // register/exit cycles left 1,000 pidfds open).
-        entry.process = None;
-        let pid = entry.pid;
-        let ingested = entry.ingested_start_ns;
-        let declared_pid = entry.declared_pid;
-        let slot_index = entry.slot;
-        let (mut step, mut section) = (
-            entry.last.as_ref().map_or(0, |s| s.step),
-            entry.section.clone(),
-        );
-        // Where the rank was when it died, read from its slot now (the last
-        // scan may be up to a tick old).
-        let mut last_steps = Vec::new();
-        if was != RankState::Lost
-            && let Ok(snap) = reg.slots().snapshot_for_scan(slot_index, LAST_STEPS)
-            && snap.generation == generation
-        {
-            // Steps completed since the last scan: the ledger needs them
-            // (they set the high-water mark redone steps are judged by).
-            if snap.writer_is_owner() {
-                last_steps = snap
-                    .recent_steps
-                    .iter()
-                    .filter(|s| s.start_ns > ingested && s.duration_ns > 0)
-                    .map(|s| crate::goodput::StepObs {
-                        pid,
-                        step: s.step,
-                        start_ns: s.start_ns,
-                        duration_ns: s.duration_ns,
-                        data_ns: s
-                            .sections
-                            .iter()
-                            .filter(|x| x.id == warden_client::slot::SECTION_DATA)
-                            .map(|x| x.total_ns)
-                            .sum(),
-                    })
-                    .collect();
-            }
-            step = snap.step;
-            let started = snap.steps_completed > 0 || snap.step_open;
-            let name = snap.innermost().map(|o| {
-                reg.slots()
-                    .section_name(slot_index, o.id)
-                    .unwrap_or_default()
-            });
-            section = crate::detect::hang::current_section(name.as_deref(), started).to_owned();
-        }
-        reg.free_slot_of(key);
-        drop(reg);
-        if !last_steps.is_empty() {
+        if !out.last_steps.is_empty() {
             let mut l = self.goodput.ledger();
-            for s in last_steps {
+            for s in out.last_steps {
                 l.step(&key.job, key.rank, s);
             }
         }
-        let (severity, how) = match (exit.code, exit.signal) {
-            // Stopped on purpose: Info, which attribution does not take as
-            // a failure (engine::observe opens incidents from Error up).
-            (code, signal) if was == RankState::Stopping => (
-                Severity::Info,
-                match (code, signal) {
-                    (Some(c), _) => format!("was stopped by its launcher (exit code {c})"),
-                    (None, Some(sig)) => format!("was stopped by its launcher (signal {sig})"),
-                    (None, None) => "was stopped by its launcher".to_owned(),
-                },
-            ),
-            (Some(0), _) => (Severity::Info, "exited with code 0".to_owned()),
-            (Some(c), _) => (Severity::Error, format!("exited with code {c}")),
-            (None, Some(sig)) => (
-                Severity::Error,
-                format!(
-                    "was killed by signal {sig} ({})",
-                    nix::sys::signal::Signal::try_from(sig).map_or("unknown", |s| s.as_str())
-                ),
-            ),
-            (None, None) => (Severity::Error, "exited (status unknown)".to_owned()),
-        };
-        metrics::counter!("warden_rank_exits_total", "outcome" => if severity == Severity::Info { "clean" } else { "failed" }).increment(1);
-        let mut ev = NewEvent::new(
-            severity,
-            "rank.exited",
-            key.to_string(),
-            format!("{key} (pid {pid}) {how} at step {step} in '{section}' without deregistering"),
-        )
-        .with("pid", pid)
-        .with("declared_pid", declared_pid)
-        .with("step", step)
-        .with("section", section)
-        .with("state_before", was.as_str())
-        .with("status_source", exit.source);
-        if let Some(c) = exit.code {
-            ev = ev.with("exit_code", c);
-        }
-        if let Some(s) = exit.signal {
-            ev = ev.with("signal", s);
-        }
-        if let Some(reason) = stop_reason.filter(|_| was == RankState::Stopping) {
-            ev = ev.with("stopped_by", format!("launcher: {reason}"));
-        }
-        self.events.publish(ev);
+        let clean = out.signal.severity() == Severity::Info;
+        metrics::counter!("warden_rank_exits_total", "outcome" => if clean { "clean" } else { "failed" }).increment(1);
+        self.events.publish(Signal::RankExited(out.signal));
     }
 
     /// The receiving end of [`AgentState::escalations`], once (the
@@ -325,33 +222,12 @@ impl AgentState {
         if change.from.is_none() && change.to == Status::Ok {
             return true;
         }
-        let severity = match change.to {
-            Status::Absent | Status::Ok | Status::Unknown => Severity::Info,
-            Status::Degraded => Severity::Warning,
-            Status::Failed => Severity::Error,
-        };
-        let from = change.from.map_or("NEW", |s| s.as_str());
-        let mut event = NewEvent::new(
-            severity,
-            "health.changed",
-            change.id.clone(),
-            match &change.reason {
-                Some(r) => format!("{} {from} -> {}: {}", change.id, change.to, r.message),
-                None => format!("{} {from} -> {}", change.id, change.to),
-            },
-        )
-        .with("from", from)
-        .with("to", change.to);
-        if let Some(r) = change.reason {
-            event = event
-                .with("signal", r.signal)
-                .with("value", r.value)
-                .with("threshold", r.threshold);
-            if !r.window.is_empty() {
-                event = event.with("window", r.window);
-            }
-        }
-        self.events.publish(event);
+        self.events.publish(Signal::HealthChanged(HealthChanged {
+            component: change.id,
+            from: change.from,
+            to: change.to,
+            reason: change.reason,
+        }));
         true
     }
 }

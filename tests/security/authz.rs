@@ -96,6 +96,7 @@ pub fn attack_everything(args: &Value) -> Value {
             call_result(
                 c.uncordon(pb::UncordonRequest {
                     reason: "attacker".into(),
+                    ..Default::default()
                 })
                 .await,
                 |_| json!({}),
@@ -108,6 +109,7 @@ pub fn attack_everything(args: &Value) -> Value {
                     job_id: job.clone(),
                     ranks: Vec::new(),
                     reason: "attacker".into(),
+                    ..Default::default()
                 })
                 .await,
                 |_| json!({}),
@@ -119,7 +121,7 @@ pub fn attack_everything(args: &Value) -> Value {
                 c.request_restart(pb::RequestRestartRequest {
                     job_id: job.clone(),
                     reason: "attacker".into(),
-                    ..Default::default()
+                    ..Default::default()..Default::default()
                 })
                 .await,
                 |_| json!({}),

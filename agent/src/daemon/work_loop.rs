@@ -12,9 +12,9 @@ use std::time::Instant;
 use tokio::time::MissedTickBehavior;
 
 use super::notify::{self, Watchdog};
-use crate::events::{NewEvent, Severity};
 use crate::health::{ComponentReport, Status};
 use crate::ranks::{evidence, scan};
+use crate::signal::{RankHang, Report, Signal};
 use crate::sources::runner::Sources;
 
 /// How often changed hang calibrations are written to the state directory.
@@ -59,18 +59,17 @@ pub async fn run(state: Arc<AgentState>, mut watchdog: Watchdog, sources: Source
         }
         for finding in result.hangs {
             metrics::counter!("warden_rank_hangs_total").increment(1);
-            let mut ev = NewEvent::new(
-                Severity::Error,
-                "rank.hang",
-                finding.key.to_string(),
-                finding.message.clone(),
-            );
-            ev.evidence = finding.evidence.clone();
             let wants_stack = finding.stack_dump.is_some() && cfg.hang.stack_dump;
-            if wants_stack {
-                ev = ev.with("stack", "requested: follows as a rank.stack event");
-            }
-            let id = state.events.publish(ev).id;
+            let hang = Signal::RankHang(RankHang {
+                key: finding.key.clone(),
+                facts: finding.facts.clone(),
+                report: Report {
+                    message: finding.message.clone(),
+                    evidence: finding.evidence.clone(),
+                },
+                stack_requested: wants_stack,
+            });
+            let id = state.events.publish(hang).id;
             if wants_stack {
                 tokio::spawn(evidence::stack_follow_up(state.clone(), finding, id));
             }

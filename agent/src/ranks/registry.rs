@@ -207,7 +207,7 @@ pub struct RankEntry {
     pub exit: Option<ExitInfo>,
     /// Why the launcher is stopping the rank (StopRanks), once it is
     /// [`RankState::Stopping`]: carried into its `rank.exited` event.
-    pub stop_reason: Option<String>,
+    pub stop_reason: Option<crate::signal::StopReason>,
     /// Signal for a stack dump (0: none).
     pub stack_dump_signal: i32,
     /// The accelerators the rank declared (empty: not declared).
@@ -564,7 +564,12 @@ impl Registry {
     /// Marks the live ranks of `job` (only `ranks`, when not empty) as being
     /// stopped by their launcher for `reason`; returns the ranks marked.
     /// Ranks already exited are left as they are: their exit was reported.
-    pub fn mark_stopping(&mut self, job: &str, ranks: &[u32], reason: &str) -> Vec<u32> {
+    pub fn mark_stopping(
+        &mut self,
+        job: &str,
+        ranks: &[u32],
+        reason: &crate::signal::StopReason,
+    ) -> Vec<u32> {
         let mut marked = Vec::new();
         for e in self.ranks.values_mut() {
             if e.key.job != job || (!ranks.is_empty() && !ranks.contains(&e.key.rank)) {
@@ -575,7 +580,7 @@ impl Registry {
                 RankState::Running | RankState::Hung | RankState::Lost | RankState::Stopping
             ) {
                 e.state = RankState::Stopping;
-                e.stop_reason = Some(reason.to_owned());
+                e.stop_reason = Some(reason.clone());
                 marked.push(e.key.rank);
             }
         }

@@ -1026,7 +1026,11 @@ impl<C: Coordinator> Sup<'_, C> {
         ));
         let first = Signal::try_from(sig).unwrap_or(Signal::SIGTERM);
         self.leaves_alone = true;
-        self.stop_ranks(&format!("the launcher got {name}")).await;
+        self.stop_ranks(
+            pb::StopKind::LauncherSignalled,
+            &format!("the launcher got {name}"),
+        )
+        .await;
         self.stop_workers(first).await;
         Flow::Finish {
             code: exit::signalled(sig),
@@ -1118,7 +1122,7 @@ impl<C: Coordinator> Sup<'_, C> {
             }
         }
         let stopped = if had_workers {
-            self.stop_ranks(&reason).await;
+            self.stop_ranks(pb::StopKind::Restart, &reason).await;
             self.stop_workers(Signal::SIGTERM).await
         } else {
             Vec::new()
@@ -1259,10 +1263,11 @@ impl<C: Coordinator> Sup<'_, C> {
     }
 
     /// Tells the agent the job's ranks are being stopped on purpose.
-    async fn stop_ranks(&mut self, reason: &str) {
+    async fn stop_ranks(&mut self, kind: pb::StopKind, reason: &str) {
         let req = pb::StopRanksRequest {
             job_id: self.job.id.clone(),
             reason: reason.to_owned(),
+            kind: kind.into(),
             ranks: self.attempt.workers.iter().map(|w| w.rank).collect(),
         };
         match tokio::time::timeout(STOP_RANKS_TIMEOUT, self.client.stop_ranks(req)).await {
@@ -1423,7 +1428,8 @@ impl<C: Coordinator> Sup<'_, C> {
             .iter()
             .any(|w| procfs_state(w.pid).is_some_and(|s| s != 'Z'));
         if any_alive {
-            self.stop_ranks(&format!("job ending: {outcome}")).await;
+            self.stop_ranks(pb::StopKind::JobEnding, &format!("job ending: {outcome}"))
+                .await;
             self.stop_workers(Signal::SIGTERM).await;
         }
         self.reapers.push(self.reap_attempt());

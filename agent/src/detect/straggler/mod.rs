@@ -38,9 +38,10 @@ use self::explain::CpuFacts;
 use self::score::{
     Classifier, JobRank, MAX_SECTIONS, Params, RankTrack, Scorer, SectionMedian, Transition,
 };
-use crate::events::{NewEvent, Severity};
+use crate::attribute::FaultClass;
 use crate::ranks::procfs;
 use crate::ranks::registry::{RankKey, RankState};
+use crate::signal::{Report, Signal, Straggler};
 use crate::state::AgentState;
 
 /// The detector of one agent: its config, what it knows of its own ranks,
@@ -214,7 +215,7 @@ impl Stragglers {
     }
 
     /// One tick: returns the events to publish.
-    fn run(&self, state: &AgentState, now: Instant) -> Vec<NewEvent> {
+    fn run(&self, state: &AgentState, now: Instant) -> Vec<Signal> {
         let mut events = Vec::new();
         let mut inner = self.lock();
         let Inner {
@@ -263,16 +264,12 @@ impl Stragglers {
                 && l.track.hysteresis.flagged
             {
                 let section = l.score.as_ref().map_or("", |s| s.section.as_str());
-                events.push(
-                    NewEvent::new(
-                        Severity::Info,
-                        "rank.straggler_cleared",
-                        key.to_string(),
-                        format!("{key} is no longer scored: it stopped running"),
-                    )
-                    .with("section", section)
-                    .with("why", "the rank stopped running"),
-                );
+                events.push(Signal::RankStragglerCleared {
+                    report: Report::new(format!("{key} is no longer scored: it stopped running"))
+                        .with("section", section)
+                        .with("why", "the rank stopped running"),
+                    key,
+                });
             }
         }
 
@@ -508,13 +505,8 @@ impl Stragglers {
         events
     }
 
-    fn flagged_event(&self, key: &RankKey, sc: &Score, facts: Vec<(String, String)>) -> NewEvent {
-        let mut ev = NewEvent::new(
-            Severity::Warning,
-            "rank.straggler",
-            key.to_string(),
-            format!("{key} is a straggler: {}", sc.explanation),
-        )
+    fn flagged_event(&self, key: &RankKey, sc: &Score, facts: Vec<(String, String)>) -> Signal {
+        let mut report = Report::new(format!("{key} is a straggler: {}", sc.explanation))
         .with("section", &sc.section)
         .with("relative", format!("{:.2}", sc.relative))
         .with("individual", format!("{:.2}", sc.individual))
@@ -539,8 +531,20 @@ impl Stragglers {
                 self.cfg.window_steps
             ),
         );
-        ev.evidence.extend(facts);
-        ev
+        report.evidence.extend(facts);
+        Signal::RankStraggler(Straggler {
+            key: key.clone(),
+            section: sc.section.clone(),
+            relative: format!("{:.2}", sc.relative),
+            explanation: sc.explanation.clone(),
+            cause: match sc.cause_class.as_str() {
+                "correctable_hardware" => FaultClass::CorrectableHardware,
+                "uncorrectable_hardware" => FaultClass::UncorrectableHardware,
+                "infrastructure" => FaultClass::Infrastructure,
+                _ => FaultClass::Unknown,
+            },
+            report,
+        })
     }
 
     fn cleared_event(
@@ -549,16 +553,11 @@ impl Stragglers {
         sc: &Score,
         since: Option<SystemTime>,
         now: SystemTime,
-    ) -> NewEvent {
-        let mut ev = NewEvent::new(
-            Severity::Info,
-            "rank.straggler_cleared",
-            key.to_string(),
-            format!(
-                "{key} no longer straggles: {:.2} x the job's median in {}",
-                sc.relative, sc.section
-            ),
-        )
+    ) -> Signal {
+        let mut ev = Report::new(format!(
+            "{key} no longer straggles: {:.2} x the job's median in {}",
+            sc.relative, sc.section
+        ))
         .with("section", &sc.section)
         .with("relative", format!("{:.2}", sc.relative))
         .with("individual", format!("{:.2}", sc.individual))
@@ -575,7 +574,10 @@ impl Stragglers {
                 humantime::format_duration(Duration::from_secs(d.as_secs())),
             );
         }
-        ev
+        Signal::RankStragglerCleared {
+            key: key.clone(),
+            report: ev,
+        }
     }
 
     /// Takes a peer's batch (already validated).
