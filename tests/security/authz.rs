@@ -96,7 +96,6 @@ pub fn attack_everything(args: &Value) -> Value {
             call_result(
                 c.uncordon(pb::UncordonRequest {
                     reason: "attacker".into(),
-                    ..Default::default()
                 })
                 .await,
                 |_| json!({}),
@@ -121,7 +120,7 @@ pub fn attack_everything(args: &Value) -> Value {
                 c.request_restart(pb::RequestRestartRequest {
                     job_id: job.clone(),
                     reason: "attacker".into(),
-                    ..Default::default()..Default::default()
+                    ..Default::default()
                 })
                 .await,
                 |_| json!({}),

@@ -167,20 +167,6 @@ fn clip(s: &str) -> String {
     out
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn clip_keeps_short_reasons_and_cuts_long_ones() {
-        assert_eq!(clip("restart 1"), "restart 1");
-        assert_eq!(clip("a\nb"), "a b");
-        let long = "é".repeat(300);
-        let c = clip(&long);
-        assert!(c.len() <= MAX_REASON && c.is_char_boundary(c.len()));
-    }
-}
-
 /// The stop kind a StopRanks request names; for a launcher from before the
 /// field (unspecified), the one its free text implies, read once here at
 /// the API's edge: "job ending..." ends the job, anything else is a
@@ -193,5 +179,19 @@ fn stop_kind(kind: pb::StopKind, why: &str) -> crate::signal::StopKind {
         pb::StopKind::LauncherSignalled => StopKind::LauncherSignalled,
         pb::StopKind::Unspecified if why.contains("job ending") => StopKind::JobEnding,
         pb::StopKind::Unspecified => StopKind::Restart,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn clip_keeps_short_reasons_and_cuts_long_ones() {
+        assert_eq!(clip("restart 1"), "restart 1");
+        assert_eq!(clip("a\nb"), "a b");
+        let long = "é".repeat(300);
+        let c = clip(&long);
+        assert!(c.len() <= MAX_REASON && c.is_char_boundary(c.len()));
     }
 }
