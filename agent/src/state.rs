@@ -1,16 +1,15 @@
 //! The state every part of the running agent shares.
 
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Instant, SystemTime};
 
 use tokio_util::sync::CancellationToken;
 
 use crate::attribute::store::IncidentStore;
 use crate::config::Config;
-use crate::events::{EventBus, Severity};
-use crate::health::{ComponentReport, HealthModel, Status};
-use crate::ranks::registry::{ExitInfo, RankKey, Registry};
-use crate::signal::{HealthChanged, Signal};
+use crate::events::EventBus;
+use crate::health::{ComponentReport, HealthModel};
+use crate::ranks::registry::{Registry, SharedRegistry};
 
 /// Shared by the API, the work loop and the sources (behind an `Arc`).
 #[derive(Debug)]
@@ -25,16 +24,16 @@ pub struct AgentState {
     pub started_at: SystemTime,
     /// Monotonic start, for uptime.
     pub started: Instant,
-    /// Node health.
-    pub health: HealthModel,
-    /// Event bus.
-    pub events: EventBus,
+    /// Node health (a handle: the sources and the detectors hold clones).
+    pub health: Arc<HealthModel>,
+    /// Event bus (a handle: every stage that publishes holds a clone).
+    pub events: Arc<EventBus>,
     /// Where the agent listens, filled in as listeners bind: (kind, address).
     endpoints: Mutex<Vec<(String, String)>>,
     /// Cancelled when the agent shuts down; every task and stream watches it.
     pub shutdown: CancellationToken,
     /// Registered ranks and their slots. Held briefly: a scan, a registration.
-    pub ranks: Mutex<Registry>,
+    pub ranks: SharedRegistry,
     /// Diagnosed incidents and the node's cordon (written by the
     /// attribution task, read by the API).
     pub incidents: Mutex<IncidentStore>,
@@ -56,7 +55,7 @@ pub struct AgentState {
     pub checkpoints: Result<std::sync::Arc<crate::ckpt::Checkpoints>, String>,
     /// The goodput ledger and its journal (fed by the work loop's scan and
     /// the goodput task; read by GetGoodput).
-    pub goodput: crate::goodput::Goodput,
+    pub goodput: Arc<crate::goodput::Goodput>,
     /// Who may call what on the Unix socket, and who owns each job
     /// (docs/security.md).
     pub authz: crate::api::authz::Authz,
@@ -66,6 +65,10 @@ pub struct AgentState {
     /// Identities proved by the straggler exchange's own dials (peers
     /// configured by address): summaries are taken from them.
     pub straggler_peers_seen: std::sync::Arc<crate::tls::connect::SeenNames>,
+    /// The straggler detector, made on first use (the work loop's first
+    /// tick with `straggler.enabled`, or a peer's first summaries): the
+    /// work loop runs it, GetStragglers and the Peer service read it.
+    stragglers: std::sync::OnceLock<Arc<crate::detect::straggler::Stragglers>>,
 }
 
 impl AgentState {
@@ -104,7 +107,7 @@ impl AgentState {
             config.attribution.retain,
         );
         let (escalations, escalations_rx) = tokio::sync::mpsc::unbounded_channel();
-        let goodput = crate::goodput::Goodput::open(&config.state_dir());
+        let goodput = Arc::new(crate::goodput::Goodput::open(&config.state_dir()));
         let authz = crate::api::authz::Authz::new(
             nix::unistd::geteuid().as_raw(),
             config.admin_gid().ok().flatten(),
@@ -134,42 +137,34 @@ impl AgentState {
             },
             peer_tls,
             straggler_peers_seen: std::sync::Arc::default(),
+            stragglers: std::sync::OnceLock::new(),
             config,
             config_source,
             host,
             started_at: SystemTime::now(),
             started: Instant::now(),
-            health: HealthModel::new(),
-            events,
+            health: Arc::new(HealthModel::new()),
+            events: Arc::new(events),
             endpoints: Mutex::new(Vec::new()),
             shutdown: CancellationToken::new(),
-            ranks: Mutex::new(ranks),
+            ranks: SharedRegistry::new(ranks),
         })
     }
 
     /// Locks the registry (a poisoned lock is still usable: the registry
     /// holds no invariant a panic midway could break beyond one entry).
     pub fn registry(&self) -> std::sync::MutexGuard<'_, Registry> {
-        self.ranks.lock().unwrap_or_else(PoisonError::into_inner)
+        self.ranks.lock()
     }
 
-    /// Records that a rank's process exited (ranks::exited), books the
-    /// steps it completed since the last scan in the goodput ledger, and
-    /// publishes `rank.exited`.
-    pub fn rank_exited(&self, key: &RankKey, generation: u64, exit: ExitInfo) {
-        let Some(out) = crate::ranks::exited::record(&mut self.registry(), key, generation, exit)
-        else {
-            return;
-        };
-        if !out.last_steps.is_empty() {
-            let mut l = self.goodput.ledger();
-            for s in out.last_steps {
-                l.step(&key.job, key.rank, s);
-            }
+    /// The handles a rank's exit watch holds (ranks::exit_watch).
+    pub fn exit_handles(&self) -> crate::ranks::exit_watch::Handles {
+        crate::ranks::exit_watch::Handles {
+            registry: self.ranks.clone(),
+            goodput: self.goodput.clone(),
+            events: self.events.clone(),
+            shutdown: self.shutdown.clone(),
         }
-        let clean = out.signal.severity() == Severity::Info;
-        metrics::counter!("warden_rank_exits_total", "outcome" => if clean { "clean" } else { "failed" }).increment(1);
-        self.events.publish(Signal::RankExited(out.signal));
     }
 
     /// The receiving end of [`AgentState::escalations`], once (the
@@ -206,28 +201,42 @@ impl AgentState {
             .clone()
     }
 
+    /// The straggler detector, made now if it was not yet.
+    pub fn stragglers(&self) -> Arc<crate::detect::straggler::Stragglers> {
+        self.stragglers
+            .get_or_init(|| {
+                Arc::new(crate::detect::straggler::Stragglers::new(
+                    self.config.straggler.clone(),
+                    self.host.clone(),
+                ))
+            })
+            .clone()
+    }
+
+    /// The straggler detector if one was made (nothing scored, no peer
+    /// heard from: GetStragglers answers with this host alone).
+    pub fn stragglers_if_made(&self) -> Option<Arc<crate::detect::straggler::Stragglers>> {
+        self.stragglers.get().cloned()
+    }
+
+    /// The health model and the bus as one handle, for a stage that
+    /// reports health (the sources, the attribution task, the peer listener).
+    pub fn health_reporter(&self) -> crate::health::reporter::Reporter {
+        crate::health::reporter::Reporter {
+            model: self.health.clone(),
+            events: self.events.clone(),
+        }
+    }
+
     /// Applies a source's report and publishes a `health.changed` event when
     /// a component's status moved. Returns true on a status change.
     pub fn apply_report(&self, report: ComponentReport) -> bool {
-        self.apply_report_from("", report)
+        self.health_reporter().apply(report)
     }
 
     /// Like [`AgentState::apply_report`], for what `source` says (several
     /// sources may speak about one component; see [`HealthModel`]).
     pub fn apply_report_from(&self, source: &str, report: ComponentReport) -> bool {
-        let Some(change) = self.health.report_from(source, report, SystemTime::now()) else {
-            return false;
-        };
-        // A component appearing healthy is routine; anything else is news.
-        if change.from.is_none() && change.to == Status::Ok {
-            return true;
-        }
-        self.events.publish(Signal::HealthChanged(HealthChanged {
-            component: change.id,
-            from: change.from,
-            to: change.to,
-            reason: change.reason,
-        }));
-        true
+        self.health_reporter().apply_from(source, report)
     }
 }

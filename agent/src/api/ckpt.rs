@@ -197,7 +197,7 @@ pub async fn restore(
     let started = Instant::now();
     // Saves that this agent is still sealing count: wait for them briefly.
     ck.sealing.settled(Duration::from_secs(30)).await;
-    match restore::restore(state, &ck, &req.job_id, req.rank, req.step).await {
+    match restore::restore(&state.events, &ck, &req.job_id, req.rank, req.step).await {
         Ok(None) => Ok(pb::RestoreResponse::default()),
         Ok(Some(r)) => {
             if let Some(o) = owner {

@@ -263,7 +263,7 @@ impl Agent for AgentService {
                 rank: request.global_rank,
             };
             if let Some(p) = &process {
-                ranks::exit_watch::spawn(self.state.clone(), key.clone(), reg.generation, p);
+                ranks::exit_watch::spawn(self.state.exit_handles(), key.clone(), reg.generation, p);
             }
             self.state
                 .events

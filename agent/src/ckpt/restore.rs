@@ -23,7 +23,7 @@ use crate::signal::{CkptRestored, Signal};
 
 /// The most ranks a NoSuchStep error names (the first ones missing).
 const MAX_MISSING_LISTED: usize = 64;
-use crate::state::AgentState;
+use crate::events::EventBus;
 
 /// Where a copy lives.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -257,7 +257,7 @@ pub enum RestoreError {
 /// Restores `rank`'s shard of `step` (0: newest complete). `Ok(None)`: no
 /// complete step exists anywhere.
 pub async fn restore(
-    state: &Arc<AgentState>,
+    events: &EventBus,
     ck: &Arc<Checkpoints>,
     job: &str,
     rank: u32,
@@ -319,7 +319,7 @@ pub async fn restore(
                 let ms = started.elapsed().as_secs_f64() * 1e3;
                 metrics::counter!("warden_ckpt_restores_total", "tier" => c.holder.tier())
                     .increment(1);
-                state.events.publish(Signal::CkptRestored(CkptRestored {
+                events.publish(Signal::CkptRestored(CkptRestored {
                     subject: subject(&key),
                     shard: key.to_string(),
                     job: job.to_string(),
@@ -344,7 +344,7 @@ pub async fn restore(
                 if e.starts_with("corrupt") {
                     metrics::counter!("warden_ckpt_corrupt_total", "tier" => c.holder.tier())
                         .increment(1);
-                    state.events.publish(
+                    events.publish(
                         NewEvent::new(
                             Severity::Warning,
                             "ckpt.corrupt",

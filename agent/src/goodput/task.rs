@@ -18,30 +18,36 @@ use tokio::sync::broadcast::error::RecvError;
 
 use super::ledger::{Cause, ExitKind, Ledger, Occurrences};
 use super::{mono_of, process_start_ns};
+use crate::events::EventBus;
 use crate::events::{Event, Severity};
+use crate::goodput::Goodput;
 use crate::signal::{Signal, StopKind, StopReason};
-use crate::state::AgentState;
+use tokio_util::sync::CancellationToken;
 
 /// How often the journal is written and the gauges set.
 pub const FLUSH_EVERY: Duration = Duration::from_secs(1);
 
 /// Subscribes now (before the caller lets anything publish) and returns
 /// the task to run; it ends when the agent shuts down, after a last flush.
-pub fn start(state: Arc<AgentState>) -> impl std::future::Future<Output = ()> + Send + 'static {
-    let mut sub = state.events.subscribe(None);
+pub fn start(
+    events: &EventBus,
+    goodput: Arc<Goodput>,
+    shutdown: CancellationToken,
+) -> impl std::future::Future<Output = ()> + Send + 'static {
+    let mut sub = events.subscribe(None);
     async move {
         let mut tick = tokio::time::interval(FLUSH_EVERY);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut seen: BTreeMap<String, Occurrences> = BTreeMap::new();
         loop {
             tokio::select! {
-                () = state.shutdown.cancelled() => break,
+                () = shutdown.cancelled() => break,
                 _ = tick.tick() => {
-                    state.goodput.flush();
-                    set_metrics(&state, &mut seen);
+                    goodput.flush();
+                    set_metrics(&goodput, &mut seen);
                 }
                 ev = sub.live.recv() => match ev {
-                    Ok(ev) => apply(&mut state.goodput.ledger(), &ev),
+                    Ok(ev) => apply(&mut goodput.ledger(), &ev),
                     Err(RecvError::Lagged(n)) => {
                         tracing::warn!(missed = n, "goodput ledger missed events: the bus outran it");
                     }
@@ -49,7 +55,7 @@ pub fn start(state: Arc<AgentState>) -> impl std::future::Future<Output = ()> + 
                 },
             }
         }
-        state.goodput.flush();
+        goodput.flush();
     }
 }
 
@@ -107,8 +113,8 @@ fn ms_to_ns(shown: &str) -> Option<i64> {
     Some((ms * 1e6) as i64)
 }
 
-fn set_metrics(state: &AgentState, seen: &mut BTreeMap<String, Occurrences>) {
-    for rep in state.goodput.reports(None) {
+fn set_metrics(goodput: &Goodput, seen: &mut BTreeMap<String, Occurrences>) {
+    for rep in goodput.reports(None) {
         for c in Cause::ALL {
             metrics::gauge!("warden_goodput_seconds", "job" => rep.job.clone(), "cause" => c.as_str())
                 .set(rep.parts.get(c) as f64 / 1e9);

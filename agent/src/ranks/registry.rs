@@ -9,6 +9,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Instant;
 
 use warden_client::slot::{self, SlotSnapshot, SlotTable};
@@ -79,6 +80,24 @@ pub enum RegisterError {
     /// The slot's memory could not be made.
     #[error("slot memory: {0}")]
     Slot(#[from] slot::SlotError),
+}
+
+/// The registry as a handle: the API, the scan, the detectors and the exit
+/// watches each hold a clone and lock it briefly (a scan, a registration).
+#[derive(Debug, Clone)]
+pub struct SharedRegistry(Arc<Mutex<Registry>>);
+
+impl SharedRegistry {
+    /// Shares `registry`.
+    pub fn new(registry: Registry) -> Self {
+        Self(Arc::new(Mutex::new(registry)))
+    }
+
+    /// Locks the registry (a poisoned lock is still usable: the registry
+    /// holds no invariant a panic midway could break beyond one entry).
+    pub fn lock(&self) -> MutexGuard<'_, Registry> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
 }
 
 /// A rank's lifecycle as the agent sees it.
