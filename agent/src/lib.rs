@@ -14,6 +14,7 @@
 //! - [`ckpt`]: checkpoint tiers: local, peer replicas, durable store, restore.
 //! - [`health`]: the health model (components, statuses, reasons).
 //! - [`events`]: the event bus (ring, live broadcast, logs and counters).
+//! - [`signal`]: the typed signals the bus carries, rendered once as events.
 //! - [`state`]: what the running agent's parts share.
 //! - [`api`]: the gRPC services and the Prometheus endpoint.
 //! - [`tls`]: mutual TLS between agents: the cluster CA, reloads, the
@@ -43,6 +44,7 @@ pub mod health;
 pub mod named_file;
 pub mod policy;
 pub mod ranks;
+pub mod signal;
 pub mod sources;
 pub mod state;
 pub mod telemetry;

@@ -1,19 +1,15 @@
 //! The state every part of the running agent shares.
 
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Instant, SystemTime};
 
 use tokio_util::sync::CancellationToken;
 
 use crate::attribute::store::IncidentStore;
 use crate::config::Config;
-use crate::events::{EventBus, NewEvent, Severity};
-use crate::health::{ComponentReport, HealthModel, Status};
-use crate::ranks::registry::{ExitInfo, RankKey, RankState, Registry};
-
-/// Completed steps read from an exiting rank's slot for the goodput ledger
-/// (those since the last scan: a tick's worth at most, in practice).
-const LAST_STEPS: usize = 8;
+use crate::events::EventBus;
+use crate::health::{ComponentReport, HealthModel};
+use crate::ranks::registry::{Registry, SharedRegistry};
 
 /// Shared by the API, the work loop and the sources (behind an `Arc`).
 #[derive(Debug)]
@@ -28,16 +24,16 @@ pub struct AgentState {
     pub started_at: SystemTime,
     /// Monotonic start, for uptime.
     pub started: Instant,
-    /// Node health.
-    pub health: HealthModel,
-    /// Event bus.
-    pub events: EventBus,
+    /// Node health (a handle: the sources and the detectors hold clones).
+    pub health: Arc<HealthModel>,
+    /// Event bus (a handle: every stage that publishes holds a clone).
+    pub events: Arc<EventBus>,
     /// Where the agent listens, filled in as listeners bind: (kind, address).
     endpoints: Mutex<Vec<(String, String)>>,
     /// Cancelled when the agent shuts down; every task and stream watches it.
     pub shutdown: CancellationToken,
     /// Registered ranks and their slots. Held briefly: a scan, a registration.
-    pub ranks: Mutex<Registry>,
+    pub ranks: SharedRegistry,
     /// Diagnosed incidents and the node's cordon (written by the
     /// attribution task, read by the API).
     pub incidents: Mutex<IncidentStore>,
@@ -59,7 +55,7 @@ pub struct AgentState {
     pub checkpoints: Result<std::sync::Arc<crate::ckpt::Checkpoints>, String>,
     /// The goodput ledger and its journal (fed by the work loop's scan and
     /// the goodput task; read by GetGoodput).
-    pub goodput: crate::goodput::Goodput,
+    pub goodput: Arc<crate::goodput::Goodput>,
     /// Who may call what on the Unix socket, and who owns each job
     /// (docs/security.md).
     pub authz: crate::api::authz::Authz,
@@ -69,6 +65,10 @@ pub struct AgentState {
     /// Identities proved by the straggler exchange's own dials (peers
     /// configured by address): summaries are taken from them.
     pub straggler_peers_seen: std::sync::Arc<crate::tls::connect::SeenNames>,
+    /// The straggler detector, made on first use (the work loop's first
+    /// tick with `straggler.enabled`, or a peer's first summaries): the
+    /// work loop runs it, GetStragglers and the Peer service read it.
+    stragglers: std::sync::OnceLock<Arc<crate::detect::straggler::Stragglers>>,
 }
 
 impl AgentState {
@@ -107,7 +107,7 @@ impl AgentState {
             config.attribution.retain,
         );
         let (escalations, escalations_rx) = tokio::sync::mpsc::unbounded_channel();
-        let goodput = crate::goodput::Goodput::open(&config.state_dir());
+        let goodput = Arc::new(crate::goodput::Goodput::open(&config.state_dir()));
         let authz = crate::api::authz::Authz::new(
             nix::unistd::geteuid().as_raw(),
             config.admin_gid().ok().flatten(),
@@ -137,142 +137,34 @@ impl AgentState {
             },
             peer_tls,
             straggler_peers_seen: std::sync::Arc::default(),
+            stragglers: std::sync::OnceLock::new(),
             config,
             config_source,
             host,
             started_at: SystemTime::now(),
             started: Instant::now(),
-            health: HealthModel::new(),
-            events,
+            health: Arc::new(HealthModel::new()),
+            events: Arc::new(events),
             endpoints: Mutex::new(Vec::new()),
             shutdown: CancellationToken::new(),
-            ranks: Mutex::new(ranks),
+            ranks: SharedRegistry::new(ranks),
         })
     }
 
     /// Locks the registry (a poisoned lock is still usable: the registry
     /// holds no invariant a panic midway could break beyond one entry).
     pub fn registry(&self) -> std::sync::MutexGuard<'_, Registry> {
-        self.ranks.lock().unwrap_or_else(PoisonError::into_inner)
+        self.ranks.lock()
     }
 
-    /// Records that a rank's process exited and publishes `rank.exited`.
-    pub fn rank_exited(&self, key: &RankKey, generation: u64, exit: ExitInfo) {
-        let mut reg = self.registry();
-        let Some(entry) = reg.ranks.get_mut(key) else {
-            return;
-        };
-        if entry.generation != generation || entry.state == RankState::Exited {
-            return;
+    /// The handles a rank's exit watch holds (ranks::exit_watch).
+    pub fn exit_handles(&self) -> crate::ranks::exit_watch::Handles {
+        crate::ranks::exit_watch::Handles {
+            registry: self.ranks.clone(),
+            goodput: self.goodput.clone(),
+            events: self.events.clone(),
+            shutdown: self.shutdown.clone(),
         }
-        let was = entry.state;
-        // A rank its launcher is stopping (StopRanks) exits on purpose.
-        let stop_reason = entry.stop_reason.clone();
-        entry.state = RankState::Exited;
-        entry.exit = Some(exit.clone());
-        // The process is gone: its pidfd can reach nothing any more, and an
-        // exited entry stays listed (GetRanks) after it, so holding the
-        // descriptor kept one open per exited rank (issue 22: 1,000
-        // register/exit cycles left 1,000 pidfds open).
-        entry.process = None;
-        let pid = entry.pid;
-        let ingested = entry.ingested_start_ns;
-        let declared_pid = entry.declared_pid;
-        let slot_index = entry.slot;
-        let (mut step, mut section) = (
-            entry.last.as_ref().map_or(0, |s| s.step),
-            entry.section.clone(),
-        );
-        // Where the rank was when it died, read from its slot now (the last
-        // scan may be up to a tick old).
-        let mut last_steps = Vec::new();
-        if was != RankState::Lost
-            && let Ok(snap) = reg.slots().snapshot_for_scan(slot_index, LAST_STEPS)
-            && snap.generation == generation
-        {
-            // Steps completed since the last scan: the ledger needs them
-            // (they set the high-water mark redone steps are judged by).
-            if snap.writer_is_owner() {
-                last_steps = snap
-                    .recent_steps
-                    .iter()
-                    .filter(|s| s.start_ns > ingested && s.duration_ns > 0)
-                    .map(|s| crate::goodput::StepObs {
-                        pid,
-                        step: s.step,
-                        start_ns: s.start_ns,
-                        duration_ns: s.duration_ns,
-                        data_ns: s
-                            .sections
-                            .iter()
-                            .filter(|x| x.id == warden_client::slot::SECTION_DATA)
-                            .map(|x| x.total_ns)
-                            .sum(),
-                    })
-                    .collect();
-            }
-            step = snap.step;
-            let started = snap.steps_completed > 0 || snap.step_open;
-            let name = snap.innermost().map(|o| {
-                reg.slots()
-                    .section_name(slot_index, o.id)
-                    .unwrap_or_default()
-            });
-            section = crate::detect::hang::current_section(name.as_deref(), started).to_owned();
-        }
-        reg.free_slot_of(key);
-        drop(reg);
-        if !last_steps.is_empty() {
-            let mut l = self.goodput.ledger();
-            for s in last_steps {
-                l.step(&key.job, key.rank, s);
-            }
-        }
-        let (severity, how) = match (exit.code, exit.signal) {
-            // Stopped on purpose: Info, which attribution does not take as
-            // a failure (engine::observe opens incidents from Error up).
-            (code, signal) if was == RankState::Stopping => (
-                Severity::Info,
-                match (code, signal) {
-                    (Some(c), _) => format!("was stopped by its launcher (exit code {c})"),
-                    (None, Some(sig)) => format!("was stopped by its launcher (signal {sig})"),
-                    (None, None) => "was stopped by its launcher".to_owned(),
-                },
-            ),
-            (Some(0), _) => (Severity::Info, "exited with code 0".to_owned()),
-            (Some(c), _) => (Severity::Error, format!("exited with code {c}")),
-            (None, Some(sig)) => (
-                Severity::Error,
-                format!(
-                    "was killed by signal {sig} ({})",
-                    nix::sys::signal::Signal::try_from(sig).map_or("unknown", |s| s.as_str())
-                ),
-            ),
-            (None, None) => (Severity::Error, "exited (status unknown)".to_owned()),
-        };
-        metrics::counter!("warden_rank_exits_total", "outcome" => if severity == Severity::Info { "clean" } else { "failed" }).increment(1);
-        let mut ev = NewEvent::new(
-            severity,
-            "rank.exited",
-            key.to_string(),
-            format!("{key} (pid {pid}) {how} at step {step} in '{section}' without deregistering"),
-        )
-        .with("pid", pid)
-        .with("declared_pid", declared_pid)
-        .with("step", step)
-        .with("section", section)
-        .with("state_before", was.as_str())
-        .with("status_source", exit.source);
-        if let Some(c) = exit.code {
-            ev = ev.with("exit_code", c);
-        }
-        if let Some(s) = exit.signal {
-            ev = ev.with("signal", s);
-        }
-        if let Some(reason) = stop_reason.filter(|_| was == RankState::Stopping) {
-            ev = ev.with("stopped_by", format!("launcher: {reason}"));
-        }
-        self.events.publish(ev);
     }
 
     /// The receiving end of [`AgentState::escalations`], once (the
@@ -309,49 +201,42 @@ impl AgentState {
             .clone()
     }
 
+    /// The straggler detector, made now if it was not yet.
+    pub fn stragglers(&self) -> Arc<crate::detect::straggler::Stragglers> {
+        self.stragglers
+            .get_or_init(|| {
+                Arc::new(crate::detect::straggler::Stragglers::new(
+                    self.config.straggler.clone(),
+                    self.host.clone(),
+                ))
+            })
+            .clone()
+    }
+
+    /// The straggler detector if one was made (nothing scored, no peer
+    /// heard from: GetStragglers answers with this host alone).
+    pub fn stragglers_if_made(&self) -> Option<Arc<crate::detect::straggler::Stragglers>> {
+        self.stragglers.get().cloned()
+    }
+
+    /// The health model and the bus as one handle, for a stage that
+    /// reports health (the sources, the attribution task, the peer listener).
+    pub fn health_reporter(&self) -> crate::health::reporter::Reporter {
+        crate::health::reporter::Reporter {
+            model: self.health.clone(),
+            events: self.events.clone(),
+        }
+    }
+
     /// Applies a source's report and publishes a `health.changed` event when
     /// a component's status moved. Returns true on a status change.
     pub fn apply_report(&self, report: ComponentReport) -> bool {
-        self.apply_report_from("", report)
+        self.health_reporter().apply(report)
     }
 
     /// Like [`AgentState::apply_report`], for what `source` says (several
     /// sources may speak about one component; see [`HealthModel`]).
     pub fn apply_report_from(&self, source: &str, report: ComponentReport) -> bool {
-        let Some(change) = self.health.report_from(source, report, SystemTime::now()) else {
-            return false;
-        };
-        // A component appearing healthy is routine; anything else is news.
-        if change.from.is_none() && change.to == Status::Ok {
-            return true;
-        }
-        let severity = match change.to {
-            Status::Absent | Status::Ok | Status::Unknown => Severity::Info,
-            Status::Degraded => Severity::Warning,
-            Status::Failed => Severity::Error,
-        };
-        let from = change.from.map_or("NEW", |s| s.as_str());
-        let mut event = NewEvent::new(
-            severity,
-            "health.changed",
-            change.id.clone(),
-            match &change.reason {
-                Some(r) => format!("{} {from} -> {}: {}", change.id, change.to, r.message),
-                None => format!("{} {from} -> {}", change.id, change.to),
-            },
-        )
-        .with("from", from)
-        .with("to", change.to);
-        if let Some(r) = change.reason {
-            event = event
-                .with("signal", r.signal)
-                .with("value", r.value)
-                .with("threshold", r.threshold);
-            if !r.window.is_empty() {
-                event = event.with("window", r.window);
-            }
-        }
-        self.events.publish(event);
-        true
+        self.health_reporter().apply_from(source, report)
     }
 }

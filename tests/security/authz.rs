@@ -108,6 +108,7 @@ pub fn attack_everything(args: &Value) -> Value {
                     job_id: job.clone(),
                     ranks: Vec::new(),
                     reason: "attacker".into(),
+                    ..Default::default()
                 })
                 .await,
                 |_| json!({}),

@@ -30,6 +30,7 @@ use crate::events::{NewEvent, Severity};
 use crate::policy::Action;
 use crate::ranks::RankKey;
 use crate::ranks::registry::RankState;
+use crate::signal::{RestartRequested, Signal};
 use crate::state::AgentState;
 
 /// How often the waiter reads the ranks' ack words from their slots (an
@@ -339,25 +340,17 @@ pub fn request(
     }
     let ranks: Vec<u32> = live.iter().map(|&(r, _, _)| r).collect();
     let timeout = state.config.restart.in_process_timeout;
-    state.events.publish(
-        NewEvent::new(
-            Severity::Warning,
-            "restart.requested",
-            format!("job/{job}"),
-            format!(
-                "job {job}: ranks {} asked to restart in process (restart {}, seq {}): {reason}",
-                join(&ranks),
-                req.restart_count,
-                req.seq
-            ),
-        )
-        .with("seq", req.seq)
-        .with("restart_count", req.restart_count)
-        .with("ranks", join(&ranks))
-        .with("incident", incident)
-        .with("reason", reason)
-        .with("timeout", humantime::format_duration(timeout)),
-    );
+    state
+        .events
+        .publish(Signal::RestartRequested(RestartRequested {
+            job: job.to_owned(),
+            seq: req.seq,
+            restart_count: req.restart_count,
+            ranks: ranks.clone(),
+            incident: incident.to_owned(),
+            reason: reason.to_owned(),
+            timeout,
+        }));
     tokio::spawn(wait(state.clone(), req.clone(), wake, timeout));
     Ok(Asked {
         ranks,

@@ -21,6 +21,7 @@ use crate::ckpt::tier::{Owner, TierError};
 use crate::ckpt::wire::{self, ChunkSource};
 use crate::ckpt::{Checkpoints, IncomingError, peers, subject};
 use crate::events::{NewEvent, Severity};
+use crate::signal::{CkptSaved, Signal};
 use crate::state::AgentState;
 
 /// The checkpoint tier, or UNAVAILABLE saying why there is none.
@@ -140,23 +141,16 @@ pub async fn commit_shard(
         };
         metrics::counter!("warden_ckpt_saved_bytes_total").increment(m.size_bytes);
         metrics::histogram!("warden_ckpt_save_stall_seconds").record(stall_ms / 1e3);
-        st.events.publish(
-            NewEvent::new(
-                Severity::Info,
-                "ckpt.saved",
-                subject(&k),
-                format!(
-                    "{k} saved ({} bytes, {stall_ms:.2} ms of the step)",
-                    m.size_bytes
-                ),
-            )
-            .with("job_id", &k.job_id)
-            .with("rank", k.rank)
-            .with("step", k.step)
-            .with("stall_ms", format!("{stall_ms:.3}"))
-            .with("bytes", m.size_bytes)
-            .with("xxh3", &m.xxh3),
-        );
+        st.events.publish(Signal::CkptSaved(CkptSaved {
+            subject: subject(&k),
+            shard: k.to_string(),
+            job: k.job_id.clone(),
+            rank: k.rank,
+            step: k.step,
+            stall_ms,
+            bytes: m.size_bytes,
+            xxh3: m.xxh3.clone(),
+        }));
         ck.committed(m);
         Ok(path)
     });
@@ -203,7 +197,7 @@ pub async fn restore(
     let started = Instant::now();
     // Saves that this agent is still sealing count: wait for them briefly.
     ck.sealing.settled(Duration::from_secs(30)).await;
-    match restore::restore(state, &ck, &req.job_id, req.rank, req.step).await {
+    match restore::restore(&state.events, &ck, &req.job_id, req.rank, req.step).await {
         Ok(None) => Ok(pb::RestoreResponse::default()),
         Ok(Some(r)) => {
             if let Some(o) = owner {

@@ -7,6 +7,7 @@ use warden_proto::v1 as pb;
 
 use super::convert;
 use crate::events::{NewEvent, Severity};
+use crate::signal::{GateFailed, GateFailure, Signal};
 use crate::sources::dcgm::diag::{self, DiagError, GateOutcome};
 use crate::state::AgentState;
 
@@ -77,31 +78,20 @@ fn publish(state: &AgentState, job: &str, o: &GateOutcome) {
         );
         return;
     }
-    let first = o.failures.first();
-    let mut ev = NewEvent::new(
-        Severity::Critical,
-        "gate.failed",
-        first.map_or("node", |f| f.entity.as_str()),
-        format!(
-            "health gate failed ({}): {}",
-            o.ran,
-            o.failures
-                .iter()
-                .map(|f| format!("{} on {}: {}", f.test, f.entity, f.message))
-                .collect::<Vec<_>>()
-                .join("; ")
-        ),
-    )
-    .with("ran", &o.ran)
-    .with("duration", took)
-    .with("job", job)
-    .with("note", &o.note);
-    if let Some(f) = first {
-        ev = ev
-            .with("test", &f.test)
-            .with("entity", &f.entity)
-            .with("message", &f.message)
-            .with("severity", &f.severity);
-    }
-    state.events.publish(ev);
+    state.events.publish(Signal::GateFailed(GateFailed {
+        ran: o.ran.clone(),
+        duration: took.to_string(),
+        job: job.to_string(),
+        note: o.note.clone(),
+        failures: o
+            .failures
+            .iter()
+            .map(|f| GateFailure {
+                test: f.test.clone(),
+                entity: f.entity.clone(),
+                message: f.message.clone(),
+                severity: f.severity.clone(),
+            })
+            .collect(),
+    }));
 }

@@ -118,9 +118,13 @@ pub async fn stop_ranks(
     } else {
         reason
     };
+    let stop = crate::signal::StopReason {
+        kind: stop_kind(req.kind(), &reason),
+        why: reason.clone(),
+    };
     let mut ranks = state
         .registry()
-        .mark_stopping(&req.job_id, &req.ranks, &reason);
+        .mark_stopping(&req.job_id, &req.ranks, &stop);
     ranks.sort_unstable();
     if !ranks.is_empty() {
         state.events.publish(
@@ -161,6 +165,21 @@ fn clip(s: &str) -> String {
         out.push(if c.is_control() { ' ' } else { c });
     }
     out
+}
+
+/// The stop kind a StopRanks request names; for a launcher from before the
+/// field (unspecified), the one its free text implies, read once here at
+/// the API's edge: "job ending..." ends the job, anything else is a
+/// restart (what the goodput ledger took every other stop for before).
+fn stop_kind(kind: pb::StopKind, why: &str) -> crate::signal::StopKind {
+    use crate::signal::StopKind;
+    match kind {
+        pb::StopKind::Restart => StopKind::Restart,
+        pb::StopKind::JobEnding => StopKind::JobEnding,
+        pb::StopKind::LauncherSignalled => StopKind::LauncherSignalled,
+        pb::StopKind::Unspecified if why.contains("job ending") => StopKind::JobEnding,
+        pb::StopKind::Unspecified => StopKind::Restart,
+    }
 }
 
 #[cfg(test)]

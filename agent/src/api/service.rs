@@ -14,8 +14,9 @@ use super::caller::{self, LocalPeer};
 use super::convert;
 use super::observe::observed;
 use super::streams::{StreamGate, StreamPermit};
-use crate::events::{Event, NewEvent, Severity};
+use crate::events::Event;
 use crate::ranks::{self, RankKey, RegisterError, registry::RegisterRequest};
+use crate::signal::{RankException, RankRegistered, Signal};
 use crate::state::AgentState;
 
 /// A boxed server stream, as tonic wants it.
@@ -262,41 +263,21 @@ impl Agent for AgentService {
                 rank: request.global_rank,
             };
             if let Some(p) = &process {
-                ranks::exit_watch::spawn(self.state.clone(), key.clone(), reg.generation, p);
+                ranks::exit_watch::spawn(self.state.exit_handles(), key.clone(), reg.generation, p);
             }
-            let who = if request.pid == 0 {
-                format!(
-                    "pid {} in a PID namespace the agent cannot see: its exit and process state are not watched",
-                    r.pid
-                )
-            } else {
-                format!("pid {}", request.pid)
-            };
-            let mut ev = NewEvent::new(
-                Severity::Info,
-                "rank.registered",
-                key.to_string(),
-                format!("{key} registered ({who}, slot {})", reg.slot_index),
-            )
-            .with("pid", request.pid)
-            .with("declared_pid", r.pid)
-            .with("local_rank", request.local_rank)
-            .with("world_size", request.world_size)
-            .with("host", &request.host)
-            .with("slot", reg.slot_index);
-            if request.devices.is_empty() {
-                ev = ev
-                    .with("devices", format!("gpu{}", request.local_rank))
-                    .with("devices_from", "local_rank (the client named none)");
-            } else {
-                ev = ev
-                    .with("devices", request.devices.join(","))
-                    .with("devices_from", "client");
-            }
-            if let Some(old) = reg.replaced_pid {
-                ev = ev.with("replaced_pid", old);
-            }
-            self.state.events.publish(ev);
+            self.state
+                .events
+                .publish(Signal::RankRegistered(RankRegistered {
+                    key,
+                    pid: request.pid,
+                    declared_pid: r.pid,
+                    local_rank: request.local_rank,
+                    world_size: request.world_size,
+                    host: request.host,
+                    slot: reg.slot_index,
+                    declared_devices: request.devices,
+                    replaced_pid: reg.replaced_pid,
+                }));
             Ok(Response::new(pb::RegisterRankResponse {
                 slot_index: reg.slot_index,
                 slot_size: reg.slot_size,
@@ -324,12 +305,9 @@ impl Agent for AgentService {
                     r.generation
                 )));
             }
-            self.state.events.publish(NewEvent::new(
-                Severity::Info,
-                "rank.deregistered",
-                key.to_string(),
-                format!("{key} left cleanly"),
-            ));
+            self.state
+                .events
+                .publish(Signal::RankDeregistered { key });
             Ok(Response::new(pb::DeregisterRankResponse {}))
         })
         .await
@@ -376,32 +354,22 @@ impl Agent for AgentService {
             // innermost frames (its end) say what failed.
             let message = clip_head(&r.message, MAX_EXCEPTION_MESSAGE);
             let traceback = clip_tail(&r.traceback, MAX_TRACEBACK);
-            let ev = NewEvent::new(
-                if r.uncaught {
-                    Severity::Error
-                } else {
-                    Severity::Warning
-                },
-                "rank.exception",
-                key.to_string(),
-                format!(
-                    "{key} {} {}: {}",
-                    if r.uncaught { "dies of" } else { "reports" },
-                    r.exception_type,
-                    message.lines().next().unwrap_or("")
-                ),
-            )
-            .with("exception_type", &r.exception_type)
-            .with("message", message)
-            .with("step", r.step)
-            .with("pid", r.pid)
-            .with("generation", r.generation)
-            .with("uncaught", r.uncaught)
-            .with("traceback", traceback)
-            .with("awaits_decision", r.awaits_decision);
-            self.state.events.publish(ev);
+            let awaits_decision = r.awaits_decision && !r.uncaught;
+            self.state
+                .events
+                .publish(Signal::RankException(RankException {
+                    key: key.clone(),
+                    exception_type: r.exception_type.clone(),
+                    message,
+                    step: r.step,
+                    pid: r.pid,
+                    generation: r.generation,
+                    uncaught: r.uncaught,
+                    traceback,
+                    awaits_decision: r.awaits_decision,
+                }));
             // After the event: the decision's restart.requested follows it.
-            let answer = if r.awaits_decision && !r.uncaught {
+            let answer = if awaits_decision {
                 super::exception_decision::decide(&self.state, &key, &r.exception_type, &r.message)
             } else {
                 pb::ReportExceptionResponse::default()

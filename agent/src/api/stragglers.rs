@@ -23,7 +23,7 @@ use super::convert;
 use super::observe::observed;
 use super::peer_auth::Caller;
 use crate::detect::straggler::score::SectionMedian;
-use crate::detect::straggler::{self, Batch, Score, Stragglers, Summary, exchange};
+use crate::detect::straggler::{Batch, Score, Stragglers, Summary, exchange};
 use crate::state::AgentState;
 use crate::tls::accept::PeerInfo;
 use crate::tls::connect::PeerConnector;
@@ -34,7 +34,7 @@ pub fn get_stragglers(
     state: &AgentState,
     req: pb::GetStragglersRequest,
 ) -> pb::GetStragglersResponse {
-    let Some(det) = Stragglers::of(state) else {
+    let Some(det) = state.stragglers_if_made() else {
         return pb::GetStragglersResponse {
             ranks: Vec::new(),
             hosts: vec![state.host.clone()],
@@ -211,7 +211,7 @@ impl Peer for PeerService {
                         .is_ok_and(|ck| ck.peers.knows(id))
             });
             super::peer_auth::straggler(&caller, &batch.host, known)?;
-            let det = straggler::attach(&self.state);
+            let det = self.state.stragglers();
             det.merge_remote(batch, Instant::now());
             Ok(Response::new(batch_pb(&det.outbox(Instant::now()))))
         })

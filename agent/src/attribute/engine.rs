@@ -17,8 +17,10 @@ use super::config::AttributionConfig;
 use super::diagnosis::{Diagnosis, Evidence, IncidentKind, IncidentRecord};
 use super::rules;
 use crate::events::{Event, Severity};
+use crate::health::Status;
 use crate::policy::PastDecision;
 use crate::ranks::RankKey;
+use crate::signal::{GateFailed, HealthChanged, Signal, Xid, XidSource};
 
 /// Hardware observations kept (a bound on memory whatever the event rate).
 const MAX_OBSERVATIONS: usize = 4096;
@@ -202,27 +204,6 @@ pub struct Engine {
     closed: VecDeque<IncidentRecord>,
 }
 
-fn get<'a>(ev: &'a Event, key: &str) -> Option<&'a str> {
-    ev.evidence
-        .iter()
-        .find(|(k, _)| k == key)
-        .map(|(_, v)| v.as_str())
-}
-
-fn get_num<T: std::str::FromStr>(ev: &Event, key: &str) -> Option<T> {
-    get(ev, key).and_then(|v| v.parse().ok())
-}
-
-/// Parses the `job/J/rank/R` subject of a rank event.
-pub fn parse_rank_subject(subject: &str) -> Option<RankKey> {
-    let rest = subject.strip_prefix("job/")?;
-    let (job, rank) = rest.rsplit_once("/rank/")?;
-    Some(RankKey {
-        job: job.to_owned(),
-        rank: rank.parse().ok()?,
-    })
-}
-
 /// 1 - product of (1 - w): agreeing independent signals make a surer verdict.
 fn combine(weights: impl Iterator<Item = f64>) -> f64 {
     let miss: f64 = weights.map(|w| 1.0 - w.clamp(0.0, 1.0)).product();
@@ -250,103 +231,87 @@ impl Engine {
 
     /// Reads one event: remembers what later diagnoses need, and opens or
     /// extends an incident for a crash, hang, straggler or hardware failure.
+    /// Reads the event's typed signal, never its rendered strings.
     pub fn observe(&mut self, ev: &Event) {
-        match ev.kind {
-            "rank.registered" => {
-                if let Some(key) = parse_rank_subject(&ev.subject) {
-                    let devices = get(ev, "devices")
-                        .map(|d| {
-                            d.split(',')
-                                .filter(|s| !s.is_empty())
-                                .map(str::to_owned)
-                                .collect()
-                        })
-                        .unwrap_or_default();
-                    self.ranks.insert(
-                        key,
-                        RankMeta {
-                            pid: get_num(ev, "pid").unwrap_or(0),
-                            devices,
-                        },
-                    );
-                }
+        match &ev.signal {
+            Signal::RankRegistered(r) => {
+                let devices = r
+                    .devices()
+                    .iter()
+                    .flat_map(|d| d.split(','))
+                    .filter(|s| !s.is_empty())
+                    .map(str::to_owned)
+                    .collect();
+                self.ranks.insert(
+                    r.key.clone(),
+                    RankMeta {
+                        pid: r.pid,
+                        devices,
+                    },
+                );
             }
-            "rank.exception" => {
-                if let Some(key) = parse_rank_subject(&ev.subject) {
-                    self.exceptions.insert(
-                        key,
-                        ExceptionSeen {
-                            at: ev.time,
-                            event_id: ev.id,
-                            exception_type: get(ev, "exception_type").unwrap_or("").to_owned(),
-                            message: get(ev, "message").unwrap_or("").to_owned(),
-                            step: get_num(ev, "step"),
-                        },
-                    );
-                }
-            }
-            "rank.exited" if ev.severity >= Severity::Error => {
-                if let Some(key) = parse_rank_subject(&ev.subject) {
-                    let t = Trigger::Crash {
-                        key,
+            Signal::RankException(r) => {
+                self.exceptions.insert(
+                    r.key.clone(),
+                    ExceptionSeen {
                         at: ev.time,
                         event_id: ev.id,
-                        code: get_num(ev, "exit_code"),
-                        signal: get_num(ev, "signal"),
-                        step: get_num(ev, "step"),
-                        section: get(ev, "section").unwrap_or("").to_owned(),
-                        pid: get_num(ev, "pid"),
-                    };
-                    self.trigger(t, ev);
-                }
+                        exception_type: r.exception_type.clone(),
+                        message: r.message.clone(),
+                        step: Some(r.step),
+                    },
+                );
             }
-            "rank.hang" => {
-                if let Some(key) = parse_rank_subject(&ev.subject) {
-                    let t = Trigger::Hang {
-                        key,
-                        at: ev.time,
-                        event_id: ev.id,
-                        step: get_num(ev, "step"),
-                        section: get(ev, "section").unwrap_or("").to_owned(),
-                        pattern: get(ev, "pattern").unwrap_or("").to_owned(),
-                        process_state: get(ev, "process_state").unwrap_or("").to_owned(),
-                        wchan: get(ev, "wchan").unwrap_or("").to_owned(),
-                    };
-                    self.trigger(t, ev);
-                }
+            Signal::RankExited(r) if r.severity() >= Severity::Error => {
+                let t = Trigger::Crash {
+                    key: r.key.clone(),
+                    at: ev.time,
+                    event_id: ev.id,
+                    code: r.exit.code,
+                    signal: r.exit.signal,
+                    step: Some(r.step),
+                    section: r.section.clone(),
+                    pid: Some(r.pid),
+                };
+                self.trigger(t, ev);
             }
-            "rank.straggler" => {
-                if let Some(key) = parse_rank_subject(&ev.subject) {
-                    let cause = match get(ev, "cause_class") {
-                        Some("correctable_hardware") => FaultClass::CorrectableHardware,
-                        Some("uncorrectable_hardware") => FaultClass::UncorrectableHardware,
-                        Some("infrastructure") => FaultClass::Infrastructure,
-                        _ => FaultClass::Unknown,
-                    };
-                    let t = Trigger::Straggler {
-                        key,
-                        at: ev.time,
-                        event_id: ev.id,
-                        section: get(ev, "section").unwrap_or("").to_owned(),
-                        relative: get(ev, "relative").unwrap_or("").to_owned(),
-                        explanation: get(ev, "explanation").unwrap_or("").to_owned(),
-                        cause,
-                    };
-                    self.trigger(t, ev);
-                }
+            Signal::RankHang(h) => {
+                let t = Trigger::Hang {
+                    key: h.key.clone(),
+                    at: ev.time,
+                    event_id: ev.id,
+                    step: Some(h.facts.step),
+                    section: h.facts.section.clone(),
+                    pattern: h.facts.pattern.clone(),
+                    process_state: h.facts.process_state.clone(),
+                    wchan: h.facts.wchan.clone(),
+                };
+                self.trigger(t, ev);
             }
-            "gpu.xid" | "kmsg.xid" => self.observe_xid(ev),
-            "gate.failed" => self.observe_gate(ev),
-            "health.changed" => self.observe_health(ev),
-            "kmsg.oom_kill" => {
+            Signal::RankStraggler(s) => {
+                let t = Trigger::Straggler {
+                    key: s.key.clone(),
+                    at: ev.time,
+                    event_id: ev.id,
+                    section: s.section.clone(),
+                    relative: s.relative.clone(),
+                    explanation: s.explanation.clone(),
+                    cause: s.cause,
+                };
+                self.trigger(t, ev);
+            }
+            Signal::Xid(x) => self.observe_xid(ev, x),
+            Signal::GateFailed(g) => self.observe_gate(ev, g),
+            Signal::HealthChanged(h) => self.observe_health(ev, h),
+            Signal::OomKill(o) => {
                 self.push_observation(Observation {
                     at: ev.time,
                     event_id: ev.id,
                     source: "kmsg".into(),
-                    component: ev.subject.clone(),
+                    component: o.component.clone(),
                     signal: "kmsg.oom_kill".into(),
-                    value: get(ev, "process").unwrap_or("").to_owned(),
-                    pid: get_num(ev, "pid"),
+                    value: o.process.clone(),
+                    pid: Some(o.pid),
                     xid: None,
                     class: None,
                     weight: 0.0,
@@ -357,17 +322,20 @@ impl Engine {
         }
     }
 
-    fn observe_xid(&mut self, ev: &Event) {
-        let Some(code) = get_num::<u32>(ev, "xid") else {
+    fn observe_xid(&mut self, ev: &Event, x: &Xid) {
+        let Ok(code) = u32::try_from(x.xid) else {
             return;
         };
-        let source = if ev.kind == "gpu.xid" { "nvml" } else { "kmsg" };
-        let pid = get_num(ev, "pid");
+        let source = match x.source {
+            XidSource::Nvml => "nvml",
+            XidSource::Kmsg => "kmsg",
+        };
+        let pid = x.pid;
         // NVML and the kernel log report the same XID: one observation,
         // both sources named.
         if let Some(o) = self.observations.iter_mut().rev().find(|o| {
             o.xid == Some(code)
-                && o.component == ev.subject
+                && o.component == x.component
                 && o.source != source
                 && ev.time.duration_since(o.at).unwrap_or_default() <= XID_DEDUP
         }) {
@@ -387,7 +355,7 @@ impl Engine {
             at: ev.time,
             event_id: ev.id,
             source: source.into(),
-            component: ev.subject.clone(),
+            component: x.component.clone(),
             signal: "xid".into(),
             value: code.to_string(),
             pid,
@@ -398,25 +366,26 @@ impl Engine {
         });
     }
 
-    fn observe_health(&mut self, ev: &Event) {
-        let to = get(ev, "to").unwrap_or("");
-        let signal = get(ev, "signal").unwrap_or("");
-        if to != "FAILED" && to != "DEGRADED" {
+    fn observe_health(&mut self, ev: &Event, h: &HealthChanged) {
+        let failed = h.to == Status::Failed;
+        if !failed && h.to != Status::Degraded {
             return;
         }
-        let device = ev.subject.starts_with("gpu")
-            || ev.subject.starts_with("nic/")
-            || ev.subject.starts_with("tpu")
-            || ev.subject.starts_with("nvswitch");
+        let signal = h.signal();
+        let component = &h.component;
+        let device = component.starts_with("gpu")
+            || component.starts_with("nic/")
+            || component.starts_with("tpu")
+            || component.starts_with("nvswitch");
         let hardware_trigger = |class: FaultClass| {
-            device && (to == "FAILED" || class.is_hardware() || class == FaultClass::Infrastructure)
+            device && (failed || class.is_hardware() || class == FaultClass::Infrastructure)
         };
         // An XID's own event (with its pid and sources) is the evidence;
         // the health change it caused only opens the incident.
         if signal == "gpu.xid" || signal == "kmsg.xid" || signal == "xid" {
             if device {
                 let t = Trigger::Hardware {
-                    component: ev.subject.clone(),
+                    component: component.clone(),
                     at: ev.time,
                 };
                 self.trigger(t, ev);
@@ -426,33 +395,29 @@ impl Engine {
         let Some(rule) = rules::signal_rule(signal) else {
             return;
         };
-        let class = if to == "FAILED" {
-            rule.failed
-        } else {
-            rule.degraded
-        };
+        let class = if failed { rule.failed } else { rule.degraded };
+        let (value, threshold) = h
+            .reason
+            .as_ref()
+            .map_or(("", "-"), |r| (r.value.as_str(), r.threshold.as_str()));
         self.push_observation(Observation {
             at: ev.time,
             event_id: ev.id,
             source: "health".into(),
-            component: ev.subject.clone(),
+            component: component.clone(),
             signal: signal.to_owned(),
-            value: get(ev, "value").unwrap_or("").to_owned(),
+            value: value.to_owned(),
             pid: None,
             xid: None,
             class: Some(class),
             weight: rule.weight,
-            note: format!(
-                "{} ({to}; threshold {})",
-                rule.note,
-                get(ev, "threshold").unwrap_or("-")
-            ),
+            note: format!("{} ({}; threshold {threshold})", rule.note, h.to),
         });
         // A device failing is an incident of its own; so is a degradation
         // that points at hardware or the infrastructure.
         if hardware_trigger(class) {
             let t = Trigger::Hardware {
-                component: ev.subject.clone(),
+                component: component.clone(),
                 at: ev.time,
             };
             self.trigger(t, ev);
@@ -461,34 +426,36 @@ impl Engine {
 
     /// A failed pre-restart health gate: the node should not take the
     /// restart; the incident belongs to the job that was restarting.
-    fn observe_gate(&mut self, ev: &Event) {
-        let severity = get(ev, "severity").unwrap_or("");
+    fn observe_gate(&mut self, ev: &Event, g: &GateFailed) {
+        let first = g.failures.first();
+        let component = first.map_or("node", |f| f.entity.as_str()).to_owned();
+        let severity = first.map_or("", |f| f.severity.as_str());
         self.push_observation(Observation {
             at: ev.time,
             event_id: ev.id,
             source: "gate".into(),
-            component: ev.subject.clone(),
-            signal: format!("gate.{}", get(ev, "test").unwrap_or("failed")),
-            value: get(ev, "message").unwrap_or("").to_owned(),
+            component: component.clone(),
+            signal: format!("gate.{}", first.map_or("failed", |f| f.test.as_str())),
+            value: first.map_or("", |f| f.message.as_str()).to_owned(),
             pid: None,
             xid: None,
             class: Some(FaultClass::UncorrectableHardware),
             weight: if severity == "isolate" { 0.9 } else { 0.8 },
             note: format!(
                 "the pre-restart health gate ({}) failed: do not restart on this node [gate.failed]",
-                get(ev, "ran").unwrap_or("?")
+                g.ran
             ),
         });
         let t = Trigger::Hardware {
-            component: ev.subject.clone(),
+            component,
             at: ev.time,
         };
         self.trigger(t, ev);
-        if let Some(job) = get(ev, "job").filter(|j| !j.is_empty())
+        if !g.job.is_empty()
             && let Some(o) = self.open.last_mut()
             && o.record.job.is_empty()
         {
-            o.record.job = job.to_owned();
+            o.record.job = g.job.clone();
         }
     }
 

@@ -164,25 +164,25 @@ fn replay(s: &Scenario) -> Vec<IncidentRecord> {
     for (i, r) in s.events.iter().enumerate() {
         let at = t0 + Duration::from_millis(r.t);
         decide_due(&mut engine, at, &mut out);
-        let ev = Event {
-            id: 1000 + i as u64,
-            time: at,
-            severity: severity(r.severity.as_deref(), &r.kind),
-            kind: kind_static(&r.kind),
-            subject: r.subject.clone(),
-            message: String::new(),
-            evidence: r
-                .evidence
-                .iter()
-                .map(|(k, v)| {
-                    let v = match v {
-                        toml::Value::String(s) => s.clone(),
-                        other => other.to_string(),
-                    };
-                    (k.clone(), v)
-                })
-                .collect(),
-        };
+        let evidence = r
+            .evidence
+            .iter()
+            .map(|(k, v)| {
+                let v = match v {
+                    toml::Value::String(s) => s.clone(),
+                    other => other.to_string(),
+                };
+                (k.clone(), v)
+            })
+            .collect();
+        let signal = crate::signal::replay::signal_of(
+            kind_static(&r.kind),
+            &r.subject,
+            severity(r.severity.as_deref(), &r.kind),
+            &evidence,
+        )
+        .unwrap_or_else(|| panic!("{}: event {i} ({}) does not replay", s.name, r.kind));
+        let ev = Event::new(1000 + i as u64, at, signal);
         engine.observe(&ev);
     }
     let end = t0 + Duration::from_millis(s.events.last().map_or(0, |e| e.t)) + settle;

@@ -243,7 +243,7 @@ impl Checkpoints {
 
 /// Logs and publishes (`ckpt.recovered`) what the tier removed at start:
 /// half-written steps a crash left behind.
-pub fn report_recovered(state: &crate::state::AgentState, ck: &Checkpoints) {
+pub fn report_recovered(events: &crate::events::EventBus, ck: &Checkpoints) {
     use crate::events::{NewEvent, Severity};
     for r in ck.tier.take_recovered() {
         let path = r.path.display().to_string();
@@ -264,7 +264,7 @@ pub fn report_recovered(state: &crate::state::AgentState, ck: &Checkpoints) {
                 .with("rank", k.rank)
                 .with("step", k.step);
         }
-        state.events.publish(e);
+        events.publish(e);
     }
 }
 

@@ -14,16 +14,17 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio::time::MissedTickBehavior;
+use tokio_util::sync::CancellationToken;
 use warden_proto::v1 as pb;
 
 use super::layout::ShardKey;
 use super::manifest::Manifest;
 use super::{Checkpoints, Peer, subject};
+use crate::events::EventBus;
 use crate::events::{NewEvent, Severity};
-use crate::state::AgentState;
 
 /// Runs until shutdown.
-pub async fn run(state: Arc<AgentState>, ck: Arc<Checkpoints>) {
+pub async fn run(events: Arc<EventBus>, shutdown: CancellationToken, ck: Arc<Checkpoints>) {
     let Some(mut work) = ck.take_work() else {
         return;
     };
@@ -34,7 +35,7 @@ pub async fn run(state: Arc<AgentState>, ck: Arc<Checkpoints>) {
     tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
     loop {
         let mut fresh: Vec<Manifest> = tokio::select! {
-            () = state.shutdown.cancelled() => return,
+            () = shutdown.cancelled() => return,
             m = work.recv() => match m {
                 Some(m) => {
                     let mut v = vec![m];
@@ -52,26 +53,26 @@ pub async fn run(state: Arc<AgentState>, ck: Arc<Checkpoints>) {
         // old are not pushed, and their room (a GiB of tmpfs per shard) is
         // given back before the new shards are sent rather than after.
         if ck.durable.is_none() {
-            prune(&state, &ck, &jobs, &mut sent, &mut fresh).await;
+            prune(&events, &ck, &jobs, &mut sent, &mut fresh).await;
         }
         if !pushed {
             // Reconcile: every own shard, job by job, against what each of
             // the job's targets says it holds.
             for (job, own) in by_job(own_shards(&ck).await) {
                 for peer in ck.peers.targets(&job) {
-                    reconcile(&state, &ck, &peer, &job, own.clone(), &mut sent).await;
+                    reconcile(&events, &ck, &peer, &job, own.clone(), &mut sent).await;
                 }
             }
         } else {
             for (job, ms) in by_job(std::mem::take(&mut fresh)) {
                 for peer in ck.peers.targets(&job) {
-                    send(&state, &ck, &peer, &ms, &mut sent).await;
+                    send(&events, &ck, &peer, &ms, &mut sent).await;
                 }
             }
         }
         if ck.durable.is_some() {
-            upload_due(&state, &ck, &mut uploads).await;
-            prune(&state, &ck, &jobs, &mut sent, &mut fresh).await;
+            upload_due(&events, &ck, &mut uploads).await;
+            prune(&events, &ck, &jobs, &mut sent, &mut fresh).await;
         }
     }
 }
@@ -79,7 +80,7 @@ pub async fn run(state: Arc<AgentState>, ck: Arc<Checkpoints>) {
 /// Applies retention to `jobs`; what it removed is forgotten as sent and
 /// dropped from `fresh`.
 async fn prune(
-    state: &Arc<AgentState>,
+    events: &EventBus,
     ck: &Arc<Checkpoints>,
     jobs: &BTreeSet<String>,
     sent: &mut HashSet<(String, ShardKey, String)>,
@@ -93,7 +94,7 @@ async fn prune(
         for k in gone {
             sent.retain(|(_, s, _)| *s != k);
             fresh.retain(|m| m.key() != k);
-            state.events.publish(
+            events.publish(
                 NewEvent::new(
                     Severity::Info,
                     "ckpt.pruned",
@@ -135,7 +136,7 @@ fn by_job(ms: Vec<Manifest>) -> BTreeMap<String, Vec<Manifest>> {
 /// Sends `peer` the own shards of `job` it lacks, after asking what it
 /// holds (those it already has are remembered as sent).
 async fn reconcile(
-    state: &Arc<AgentState>,
+    events: &EventBus,
     ck: &Arc<Checkpoints>,
     peer: &Peer,
     job: &str,
@@ -182,13 +183,13 @@ async fn reconcile(
             !there
         })
         .collect();
-    send(state, ck, peer, &todo, sent).await;
+    send(events, ck, peer, &todo, sent).await;
 }
 
 /// Pushes `todo` to `peer` one shard at a time; stops at the first failure
 /// (the peer is likely down: the next reconcile tries again).
 async fn send(
-    state: &Arc<AgentState>,
+    events: &EventBus,
     ck: &Arc<Checkpoints>,
     peer: &Peer,
     todo: &[Manifest],
@@ -227,7 +228,7 @@ async fn send(
                 let secs = started.elapsed().as_secs_f64();
                 sent.insert((addr.clone(), key.clone(), m.xxh3.clone()));
                 metrics::counter!("warden_ckpt_replicated_bytes_total").increment(m.size_bytes);
-                state.events.publish(
+                events.publish(
                     NewEvent::new(
                         Severity::Info,
                         "ckpt.replicated",
@@ -251,7 +252,7 @@ async fn send(
                 metrics::counter!("warden_ckpt_replication_failures_total").increment(1);
                 tracing::warn!(shard = %key, peer = %peer.member.addr, error = %s.message(),
                     "checkpoint replication failed; retried every checkpoint.retry_interval");
-                state.events.publish(
+                events.publish(
                     NewEvent::new(
                         Severity::Warning,
                         "ckpt.replication_failed",
@@ -286,7 +287,7 @@ struct Uploads {
 /// after the last one made due by time. Shards are uploaded one by one as
 /// they are committed, so a rank that commits after its host's others
 /// still gets its shard uploaded.
-async fn upload_due(state: &Arc<AgentState>, ck: &Arc<Checkpoints>, up: &mut Uploads) {
+async fn upload_due(events: &EventBus, ck: &Arc<Checkpoints>, up: &mut Uploads) {
     let Some(store) = ck.durable.as_ref() else {
         return;
     };
@@ -350,7 +351,7 @@ async fn upload_due(state: &Arc<AgentState>, ck: &Arc<Checkpoints>, up: &mut Upl
         match failed {
             None => {
                 metrics::counter!("warden_ckpt_uploaded_bytes_total").increment(bytes);
-                state.events.publish(
+                events.publish(
                     NewEvent::new(
                         Severity::Info,
                         "ckpt.uploaded",
@@ -370,7 +371,7 @@ async fn upload_due(state: &Arc<AgentState>, ck: &Arc<Checkpoints>, up: &mut Upl
             }
             Some(e) => {
                 tracing::warn!(job, step, error = %e, "checkpoint upload failed; retried");
-                state.events.publish(
+                events.publish(
                     NewEvent::new(
                         Severity::Warning,
                         "ckpt.upload_failed",

@@ -19,10 +19,11 @@ use super::manifest::{self, Manifest};
 use super::wire::ChunkSource;
 use super::{Checkpoints, subject};
 use crate::events::{NewEvent, Severity};
+use crate::signal::{CkptRestored, Signal};
 
 /// The most ranks a NoSuchStep error names (the first ones missing).
 const MAX_MISSING_LISTED: usize = 64;
-use crate::state::AgentState;
+use crate::events::EventBus;
 
 /// Where a copy lives.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -256,7 +257,7 @@ pub enum RestoreError {
 /// Restores `rank`'s shard of `step` (0: newest complete). `Ok(None)`: no
 /// complete step exists anywhere.
 pub async fn restore(
-    state: &Arc<AgentState>,
+    events: &EventBus,
     ck: &Arc<Checkpoints>,
     job: &str,
     rank: u32,
@@ -318,24 +319,17 @@ pub async fn restore(
                 let ms = started.elapsed().as_secs_f64() * 1e3;
                 metrics::counter!("warden_ckpt_restores_total", "tier" => c.holder.tier())
                     .increment(1);
-                state.events.publish(
-                    NewEvent::new(
-                        Severity::Info,
-                        "ckpt.restored",
-                        subject(&key),
-                        format!(
-                            "{key} restored from the {} tier ({source}) in {ms:.1} ms",
-                            c.holder.tier()
-                        ),
-                    )
-                    .with("job_id", job)
-                    .with("rank", rank)
-                    .with("step", step)
-                    .with("duration_ms", format!("{ms:.3}"))
-                    .with("tier", c.holder.tier())
-                    .with("source", &source)
-                    .with("bytes", c.manifest.size_bytes),
-                );
+                events.publish(Signal::CkptRestored(CkptRestored {
+                    subject: subject(&key),
+                    shard: key.to_string(),
+                    job: job.to_string(),
+                    rank,
+                    step,
+                    duration_ms: ms,
+                    tier: c.holder.tier().to_string(),
+                    source: source.clone(),
+                    bytes: c.manifest.size_bytes,
+                }));
                 return Ok(Some(Restored {
                     step,
                     path,
@@ -350,7 +344,7 @@ pub async fn restore(
                 if e.starts_with("corrupt") {
                     metrics::counter!("warden_ckpt_corrupt_total", "tier" => c.holder.tier())
                         .increment(1);
-                    state.events.publish(
+                    events.publish(
                         NewEvent::new(
                             Severity::Warning,
                             "ckpt.corrupt",

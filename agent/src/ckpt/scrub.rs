@@ -19,20 +19,20 @@ use tokio_util::sync::CancellationToken;
 use super::layout::ShardKey;
 use super::manifest::{self, Manifest};
 use super::{Checkpoints, subject};
+use crate::events::EventBus;
 use crate::events::{NewEvent, Severity};
-use crate::state::AgentState;
 
 /// Bytes read between two checks of the rate.
 const BLOCK: usize = 1 << 20;
 
 /// Runs passes over the tier until shutdown; returns at once when the
 /// scrub is off.
-pub async fn run(state: Arc<AgentState>, ck: Arc<Checkpoints>) {
+pub async fn run(events: Arc<EventBus>, shutdown: CancellationToken, ck: Arc<Checkpoints>) {
     let rate = ck.cfg.scrub_bytes_per_sec;
     if rate == 0 {
         return;
     }
-    let stop = state.shutdown.clone();
+    let stop = shutdown;
     loop {
         let ck2 = ck.clone();
         let stop2 = stop.clone();
@@ -40,7 +40,7 @@ pub async fn run(state: Arc<AgentState>, ck: Arc<Checkpoints>) {
             .await
             .unwrap_or_default();
         for (k, why) in found {
-            report(&state, &k, &why);
+            report(&events, &k, &why);
         }
         tokio::select! {
             () = stop.cancelled() => return,
@@ -162,11 +162,11 @@ impl Pace {
     }
 }
 
-fn report(state: &AgentState, k: &ShardKey, why: &str) {
+fn report(events: &EventBus, k: &ShardKey, why: &str) {
     tracing::warn!(shard = %k, error = why, "checkpoint scrub found a corrupt shard; marked, restores use another copy");
     metrics::counter!("warden_ckpt_scrub_corrupt_total").increment(1);
     metrics::counter!("warden_ckpt_corrupt_total", "tier" => "local").increment(1);
-    state.events.publish(
+    events.publish(
         NewEvent::new(
             Severity::Warning,
             "ckpt.corrupt",

@@ -162,7 +162,8 @@ async fn serve(
     // Subscribed before anything publishes, so attribution sees every
     // registration and signal.
     let attribution = crate::attribute::task::start(state.clone());
-    let goodput = crate::goodput::task::start(state.clone());
+    let goodput =
+        crate::goodput::task::start(&state.events, state.goodput.clone(), state.shutdown.clone());
     let cfg = &state.config;
 
     let uds = UnixListener::bind(&socket).map_err(|source| DaemonError::Bind {
@@ -250,9 +251,17 @@ async fn serve(
     let mut tasks = JoinSet::new();
     tasks.spawn(attribution);
     if let Ok(ck) = &state.checkpoints {
-        crate::ckpt::report_recovered(&state, ck);
-        tasks.spawn(crate::ckpt::replicate::run(state.clone(), ck.clone()));
-        tasks.spawn(crate::ckpt::scrub::run(state.clone(), ck.clone()));
+        crate::ckpt::report_recovered(&state.events, ck);
+        tasks.spawn(crate::ckpt::replicate::run(
+            state.events.clone(),
+            state.shutdown.clone(),
+            ck.clone(),
+        ));
+        tasks.spawn(crate::ckpt::scrub::run(
+            state.events.clone(),
+            state.shutdown.clone(),
+            ck.clone(),
+        ));
     }
     tasks.spawn(goodput);
     tasks.spawn(crate::api::slot_socket::serve(
@@ -325,39 +334,57 @@ async fn serve(
     let sources = Sources::default();
     sources
         .spawn(
-            state.clone(),
+            state.health_reporter(),
+            state.shutdown.clone(),
             Box::new(HostMemory::new(state.config.host.clone())),
         )
         .map_err(DaemonError::Threads)?;
     if state.config.kmsg.enabled {
         let kmsg = crate::sources::kmsg::Kmsg::new(state.config.kmsg.clone());
         sources
-            .spawn(state.clone(), Box::new(kmsg))
+            .spawn(
+                state.health_reporter(),
+                state.shutdown.clone(),
+                Box::new(kmsg),
+            )
             .map_err(DaemonError::Threads)?;
     }
     for source in extra {
         sources
-            .spawn(state.clone(), source)
+            .spawn(state.health_reporter(), state.shutdown.clone(), source)
             .map_err(DaemonError::Threads)?;
     }
     let host = &state.config.host;
     sources
-        .spawn(state.clone(), Box::new(HostNet::new(host.clone())))
+        .spawn(
+            state.health_reporter(),
+            state.shutdown.clone(),
+            Box::new(HostNet::new(host.clone())),
+        )
         .map_err(DaemonError::Threads)?;
     if let Some(disk) = HostDisk::new(host.clone()) {
         sources
-            .spawn(state.clone(), Box::new(disk))
+            .spawn(
+                state.health_reporter(),
+                state.shutdown.clone(),
+                Box::new(disk),
+            )
             .map_err(DaemonError::Threads)?;
     }
     if let Some(tpu) = Tpu::new(state.config.tpu.clone(), host).map_err(DaemonError::Threads)? {
         sources
-            .spawn(state.clone(), Box::new(tpu))
+            .spawn(
+                state.health_reporter(),
+                state.shutdown.clone(),
+                Box::new(tpu),
+            )
             .map_err(DaemonError::Threads)?;
     }
     if state.config.nvml.enabled {
         sources
             .spawn(
-                state.clone(),
+                state.health_reporter(),
+                state.shutdown.clone(),
                 Box::new(crate::sources::nvml::NvmlSource::new(
                     state.config.nvml.clone(),
                 )),
@@ -367,7 +394,8 @@ async fn serve(
     if state.config.dcgm.enabled {
         sources
             .spawn(
-                state.clone(),
+                state.health_reporter(),
+                state.shutdown.clone(),
                 Box::new(crate::sources::dcgm::DcgmSource::new(
                     state.config.dcgm.clone(),
                     state.config.nvml.enabled,

@@ -12,9 +12,9 @@ use std::time::Instant;
 use tokio::time::MissedTickBehavior;
 
 use super::notify::{self, Watchdog};
-use crate::events::{NewEvent, Severity};
 use crate::health::{ComponentReport, Status};
 use crate::ranks::{evidence, scan};
+use crate::signal::{RankHang, Report, Signal};
 use crate::sources::runner::Sources;
 
 /// How often changed hang calibrations are written to the state directory.
@@ -59,32 +59,53 @@ pub async fn run(state: Arc<AgentState>, mut watchdog: Watchdog, sources: Source
         }
         for finding in result.hangs {
             metrics::counter!("warden_rank_hangs_total").increment(1);
-            let mut ev = NewEvent::new(
-                Severity::Error,
-                "rank.hang",
-                finding.key.to_string(),
-                finding.message.clone(),
-            );
-            ev.evidence = finding.evidence.clone();
             let wants_stack = finding.stack_dump.is_some() && cfg.hang.stack_dump;
+            let hang = Signal::RankHang(RankHang {
+                key: finding.key.clone(),
+                facts: finding.facts.clone(),
+                report: Report {
+                    message: finding.message.clone(),
+                    evidence: finding.evidence.clone(),
+                },
+                stack_requested: wants_stack,
+            });
+            let id = state.events.publish(hang).id;
             if wants_stack {
-                ev = ev.with("stack", "requested: follows as a rank.stack event");
-            }
-            let id = state.events.publish(ev).id;
-            if wants_stack {
-                tokio::spawn(evidence::stack_follow_up(state.clone(), finding, id));
+                tokio::spawn(evidence::stack_follow_up(
+                    state.events.clone(),
+                    cfg.hang.stack_dump_wait,
+                    finding,
+                    id,
+                ));
             }
         }
         // Straggler scores from the steps the scan just read (outside the
         // registry lock but for a short copy).
-        crate::detect::straggler::tick(&state, now);
-        sources.check_stalls(&state, cfg.agent.source_stall_after);
+        run_stragglers(&state, now);
+        sources.check_stalls(&state.health_reporter(), cfg.agent.source_stall_after);
         let node = state.health.snapshot();
         if last_status != Some((node.status, node.version)) {
             last_status = Some((node.status, node.version));
             notify::status(&status_line(&node));
         }
         watchdog.tick(now);
+    }
+}
+
+/// Runs the straggler detector for one tick when it is on: starts the peer
+/// exchange the first time when peers are configured, and publishes the
+/// flag changes.
+pub(crate) fn run_stragglers(state: &Arc<AgentState>, now: Instant) {
+    let cfg = &state.config.straggler;
+    if !cfg.enabled {
+        return;
+    }
+    let det = state.stragglers();
+    if !cfg.peers.is_empty() && det.claim_exchange() {
+        crate::api::stragglers::spawn_exchange(state.clone(), det.clone());
+    }
+    for signal in det.tick(&state.ranks, &state.health, now) {
+        state.events.publish(signal);
     }
 }
 
@@ -139,5 +160,25 @@ fn status_line(node: &crate::health::NodeSnapshot) -> String {
         format!("node OK, {} components", node.components.len())
     } else {
         format!("node {}: {}", node.status, bad.join(", "))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+
+    /// `straggler.enabled = false`: the tick makes no detector, so nothing
+    /// is scored (moved here from detect/straggler with the driver's gate).
+    #[test]
+    fn off_means_nothing_is_scored() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cfg = Config::default();
+        cfg.api.socket = dir.path().join("w.sock").display().to_string();
+        cfg.agent.state_dir = dir.path().join("state").display().to_string();
+        cfg.straggler.enabled = false;
+        let state = Arc::new(AgentState::new(cfg, "test".into()).unwrap());
+        run_stragglers(&state, Instant::now());
+        assert!(state.stragglers_if_made().is_none());
     }
 }

@@ -1,6 +1,9 @@
 //! The event bus: every decision and observation worth telling someone.
 //!
-//! In: [`NewEvent`]s from any part of the agent. Out: a bounded ring for
+//! In: [`Signal`]s from any part of the agent (a [`NewEvent`] is a
+//! [`Signal::Notice`]), rendered once by [`Signal::render`]. Out: a
+//! bounded ring of [`Event`]s, each with its typed signal beside its
+//! rendering (consumers match on the signal, watchers read the rest), for
 //! ListEvents and for watchers that resume after an id, a broadcast for live
 //! watchers, one tracing line and one counter increment per event (so logs
 //! and metrics never disagree). Never blocks: a slow watcher loses its place
@@ -11,6 +14,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use tokio::sync::broadcast;
+
+pub use crate::signal::Signal;
 
 /// How bad an event is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -38,7 +43,7 @@ impl Severity {
 }
 
 /// An event as a producer describes it; the bus adds id and time.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NewEvent {
     /// How bad.
     pub severity: Severity,
@@ -93,6 +98,28 @@ pub struct Event {
     pub message: String,
     /// Evidence.
     pub evidence: Vec<(String, String)>,
+    /// What the producer said, typed: the parts of the agent that act on
+    /// events (attribution, goodput) read this, never the strings above,
+    /// which [`Signal::render`] made from it.
+    pub signal: Signal,
+}
+
+impl Event {
+    /// An event stamped with `id` and `time`, its wire fields rendered
+    /// from `signal` (the bus's one way to make one; replays use it too).
+    pub fn new(id: u64, time: SystemTime, signal: Signal) -> Self {
+        let new = signal.render();
+        Self {
+            id,
+            time,
+            severity: new.severity,
+            kind: new.kind,
+            subject: new.subject,
+            message: new.message,
+            evidence: new.evidence,
+            signal,
+        }
+    }
 }
 
 struct Ring {
@@ -151,18 +178,12 @@ impl EventBus {
         }
     }
 
-    /// Publishes an event: logs it, counts it, keeps it, sends it live.
-    pub fn publish(&self, new: NewEvent) -> Arc<Event> {
+    /// Publishes a signal: renders it, logs it, counts it, keeps it,
+    /// sends it live.
+    pub fn publish(&self, signal: impl Into<Signal>) -> Arc<Event> {
+        let signal = signal.into();
         let mut ring = self.ring.lock().unwrap_or_else(PoisonError::into_inner);
-        let event = Arc::new(Event {
-            id: ring.next_id,
-            time: SystemTime::now(),
-            severity: new.severity,
-            kind: new.kind,
-            subject: new.subject,
-            message: new.message,
-            evidence: new.evidence,
-        });
+        let event = Arc::new(Event::new(ring.next_id, SystemTime::now(), signal));
         ring.next_id += 1;
         if ring.events.len() == self.retain
             && let Some(old) = ring.events.pop_front()

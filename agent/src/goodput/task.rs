@@ -18,29 +18,36 @@ use tokio::sync::broadcast::error::RecvError;
 
 use super::ledger::{Cause, ExitKind, Ledger, Occurrences};
 use super::{mono_of, process_start_ns};
+use crate::events::EventBus;
 use crate::events::{Event, Severity};
-use crate::state::AgentState;
+use crate::goodput::Goodput;
+use crate::signal::{Signal, StopKind, StopReason};
+use tokio_util::sync::CancellationToken;
 
 /// How often the journal is written and the gauges set.
 pub const FLUSH_EVERY: Duration = Duration::from_secs(1);
 
 /// Subscribes now (before the caller lets anything publish) and returns
 /// the task to run; it ends when the agent shuts down, after a last flush.
-pub fn start(state: Arc<AgentState>) -> impl std::future::Future<Output = ()> + Send + 'static {
-    let mut sub = state.events.subscribe(None);
+pub fn start(
+    events: &EventBus,
+    goodput: Arc<Goodput>,
+    shutdown: CancellationToken,
+) -> impl std::future::Future<Output = ()> + Send + 'static {
+    let mut sub = events.subscribe(None);
     async move {
         let mut tick = tokio::time::interval(FLUSH_EVERY);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut seen: BTreeMap<String, Occurrences> = BTreeMap::new();
         loop {
             tokio::select! {
-                () = state.shutdown.cancelled() => break,
+                () = shutdown.cancelled() => break,
                 _ = tick.tick() => {
-                    state.goodput.flush();
-                    set_metrics(&state, &mut seen);
+                    goodput.flush();
+                    set_metrics(&goodput, &mut seen);
                 }
                 ev = sub.live.recv() => match ev {
-                    Ok(ev) => apply(&mut state.goodput.ledger(), &ev),
+                    Ok(ev) => apply(&mut goodput.ledger(), &ev),
                     Err(RecvError::Lagged(n)) => {
                         tracing::warn!(missed = n, "goodput ledger missed events: the bus outran it");
                     }
@@ -48,111 +55,66 @@ pub fn start(state: Arc<AgentState>) -> impl std::future::Future<Output = ()> + 
                 },
             }
         }
-        state.goodput.flush();
+        goodput.flush();
     }
 }
 
-/// `job/J/rank/R` into (J, R).
-fn rank_subject(subject: &str) -> Option<(&str, u32)> {
-    let rest = subject.strip_prefix("job/")?;
-    let (job, rank) = rest.rsplit_once("/rank/")?;
-    Some((job, rank.parse().ok()?))
-}
-
-fn evidence<'a>(ev: &'a Event, key: &str) -> Option<&'a str> {
-    ev.evidence
-        .iter()
-        .find(|(k, _)| k == key)
-        .map(|(_, v)| v.as_str())
-}
-
 /// Applies one event to the ledger (pure but for reading a registering
-/// process's start time from /proc).
+/// process's start time from /proc). Reads the event's typed signal.
 pub fn apply(l: &mut Ledger, ev: &Event) {
     let at = mono_of(ev.time);
-    match ev.kind {
-        "rank.registered" => {
-            let (Some((job, rank)), Some(pid)) = (
-                rank_subject(&ev.subject),
-                evidence(ev, "pid").and_then(|p| p.parse::<u32>().ok()),
-            ) else {
-                return;
-            };
-            let launch = process_start_ns(pid).unwrap_or(at);
-            l.registered(job, rank, pid, launch, at);
+    match &ev.signal {
+        Signal::RankRegistered(r) => {
+            let launch = process_start_ns(r.pid).unwrap_or(at);
+            l.registered(&r.key.job, r.key.rank, r.pid, launch, at);
         }
-        "rank.exited" => {
-            let Some((job, rank)) = rank_subject(&ev.subject) else {
-                return;
-            };
-            let pid = evidence(ev, "pid")
-                .and_then(|p| p.parse().ok())
-                .unwrap_or(0);
-            let kind = match evidence(ev, "stopped_by") {
-                Some(why) if why.contains("job ending") => ExitKind::JobEnding,
+        Signal::RankExited(r) => {
+            let kind = match &r.stopped_by {
+                Some(StopReason {
+                    kind: StopKind::JobEnding,
+                    ..
+                }) => ExitKind::JobEnding,
+                // A launcher that got a signal was booked as stopping for a
+                // restart before the kind was typed; kept so.
                 Some(_) => ExitKind::StoppedForRestart,
-                None if ev.severity == Severity::Info => ExitKind::Clean,
+                None if r.severity() == Severity::Info => ExitKind::Clean,
                 None => ExitKind::Failed,
             };
-            l.exited(job, rank, pid, kind, at);
+            l.exited(&r.key.job, r.key.rank, r.pid, kind, at);
         }
-        "rank.deregistered" => {
-            if let Some((job, rank)) = rank_subject(&ev.subject) {
-                l.exited(job, rank, 0, ExitKind::Clean, at);
+        Signal::RankDeregistered { key } => l.exited(&key.job, key.rank, 0, ExitKind::Clean, at),
+        Signal::RankHang(h) => l.incident(&h.key.job, at),
+        Signal::RankRecovered { key, .. } => l.resumed(&key.job, at),
+        Signal::RestartRequested(r) => l.resumed(&r.job, at),
+        Signal::RankStraggler(s) => l.straggler(&s.key.job, s.key.rank, true),
+        Signal::RankStragglerCleared { key, .. } => l.straggler(&key.job, key.rank, false),
+        Signal::CkptSaved(c) => {
+            if let Some(ns) = ms_to_ns(&format!("{:.3}", c.stall_ms)) {
+                l.saved(&c.job, c.rank, ns);
             }
         }
-        "rank.hang" => {
-            if let Some((job, _)) = rank_subject(&ev.subject) {
-                l.incident(job, at);
-            }
-        }
-        "rank.recovered" => {
-            if let Some((job, _)) = rank_subject(&ev.subject) {
-                l.resumed(job, at);
-            }
-        }
-        "restart.requested" => {
-            if let Some(job) = ev.subject.strip_prefix("job/") {
-                l.resumed(job, at);
-            }
-        }
-        "rank.straggler" | "rank.straggler_cleared" => {
-            if let Some((job, rank)) = rank_subject(&ev.subject) {
-                l.straggler(job, rank, ev.kind == "rank.straggler");
-            }
-        }
-        "ckpt.saved" | "ckpt.restored" => {
-            let (Some(job), Some(rank)) = (
-                evidence(ev, "job_id"),
-                evidence(ev, "rank").and_then(|r| r.parse::<u32>().ok()),
-            ) else {
-                return;
-            };
-            let key = if ev.kind == "ckpt.saved" {
-                "stall_ms"
-            } else {
-                "duration_ms"
-            };
-            let Some(ms) = evidence(ev, key).and_then(|v| v.parse::<f64>().ok()) else {
-                return;
-            };
-            if !ms.is_finite() || ms < 0.0 {
-                return;
-            }
-            #[allow(clippy::cast_possible_truncation)]
-            let ns = (ms * 1e6) as i64;
-            if ev.kind == "ckpt.saved" {
-                l.saved(job, rank, ns);
-            } else {
-                l.restored(job, rank, ns);
+        Signal::CkptRestored(c) => {
+            if let Some(ns) = ms_to_ns(&format!("{:.3}", c.duration_ms)) {
+                l.restored(&c.job, c.rank, ns);
             }
         }
         _ => {}
     }
 }
 
-fn set_metrics(state: &AgentState, seen: &mut BTreeMap<String, Occurrences>) {
-    for rep in state.goodput.reports(None) {
+/// Milliseconds as the event shows them (three decimals) into
+/// nanoseconds; None for what is not a finite, non-negative number.
+fn ms_to_ns(shown: &str) -> Option<i64> {
+    let ms = shown.parse::<f64>().ok()?;
+    if !ms.is_finite() || ms < 0.0 {
+        return None;
+    }
+    #[allow(clippy::cast_possible_truncation)]
+    Some((ms * 1e6) as i64)
+}
+
+fn set_metrics(goodput: &Goodput, seen: &mut BTreeMap<String, Occurrences>) {
+    for rep in goodput.reports(None) {
         for c in Cause::ALL {
             metrics::gauge!("warden_goodput_seconds", "job" => rep.job.clone(), "cause" => c.as_str())
                 .set(rep.parts.get(c) as f64 / 1e9);
@@ -180,10 +142,10 @@ mod tests {
     use super::*;
 
     #[test]
-    fn subjects_are_parsed() {
-        assert_eq!(rank_subject("job/a/rank/3"), Some(("a", 3)));
-        assert_eq!(rank_subject("job/a/rank/b/rank/3"), Some(("a/rank/b", 3)));
-        assert_eq!(rank_subject("job/a"), None);
-        assert_eq!(rank_subject("agent"), None);
+    fn milliseconds_as_shown() {
+        assert_eq!(ms_to_ns("1.500"), Some(1_500_000));
+        assert_eq!(ms_to_ns("-1.000"), None);
+        assert_eq!(ms_to_ns("NaN"), None);
+        assert_eq!(ms_to_ns("inf"), None);
     }
 }

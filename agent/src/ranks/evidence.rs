@@ -10,31 +10,35 @@ use std::time::{Duration, Instant};
 
 use super::process::RankProcess;
 use super::scan::HangFinding;
+use crate::events::EventBus;
 use crate::events::{NewEvent, Severity};
-use crate::state::AgentState;
 
 /// The most of a stack dump attached to an event.
 const MAX_STACK_BYTES: usize = 32 * 1024;
 
 /// Signals the hung rank for a dump and publishes it as `rank.stack`.
-pub async fn stack_follow_up(state: Arc<AgentState>, finding: HangFinding, hang_event: u64) {
+pub async fn stack_follow_up(
+    events: Arc<EventBus>,
+    wait: std::time::Duration,
+    finding: HangFinding,
+    hang_event: u64,
+) {
     let Some((signal, path, process)) = &finding.stack_dump else {
         return;
     };
-    let (severity, message, stack) =
-        match stack_dump(process, *signal, path, state.config.hang.stack_dump_wait).await {
-            Ok(text) => (
-                Severity::Info,
-                format!("stack dump of {} (hung)", finding.key),
-                text,
-            ),
-            Err(why) => (
-                Severity::Warning,
-                format!("no stack dump from {}: {why}", finding.key),
-                format!("unavailable: {why}"),
-            ),
-        };
-    state.events.publish(
+    let (severity, message, stack) = match stack_dump(process, *signal, path, wait).await {
+        Ok(text) => (
+            Severity::Info,
+            format!("stack dump of {} (hung)", finding.key),
+            text,
+        ),
+        Err(why) => (
+            Severity::Warning,
+            format!("no stack dump from {}: {why}", finding.key),
+            format!("unavailable: {why}"),
+        ),
+    };
+    events.publish(
         NewEvent::new(severity, "rank.stack", finding.key.to_string(), message)
             .with("hang_event", hang_event)
             .with("pid", finding.pid)

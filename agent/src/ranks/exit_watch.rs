@@ -5,17 +5,40 @@
 //! it is read from `/proc/<pid>/stat` while the process is a zombie, which is
 //! the moment the pidfd turns readable. If its parent reaps it first, the
 //! status is reported as unknown, with that reason.
+//!
+//! In: the rank's pidfd and the handles of [`Handles`]. Out: the exit
+//! recorded in the registry ([`super::exited::record`]), whose typed outcome
+//! this watch acts on: the last steps booked in the goodput ledger,
+//! `rank.exited` published, `warden_rank_exits_total` counted. Never: hold
+//! the agent's whole state, or look a pid up again.
 
 use std::os::fd::{FromRawFd, OwnedFd};
 use std::sync::Arc;
 
 use tokio::io::Interest;
 use tokio::io::unix::AsyncFd;
+use tokio_util::sync::CancellationToken;
 
+use super::exited;
 use super::process::RankProcess;
 use super::procfs;
-use super::registry::{ExitInfo, RankKey};
-use crate::state::AgentState;
+use super::registry::{ExitInfo, RankKey, SharedRegistry};
+use crate::events::{EventBus, Severity};
+use crate::goodput::Goodput;
+use crate::signal::Signal;
+
+/// What an exit watch needs of the agent, and nothing more.
+#[derive(Debug, Clone)]
+pub struct Handles {
+    /// Where the exit is recorded.
+    pub registry: SharedRegistry,
+    /// Where the steps the rank completed since the last scan are booked.
+    pub goodput: Arc<Goodput>,
+    /// Where `rank.exited` is published.
+    pub events: Arc<EventBus>,
+    /// Cancelled when the agent shuts down: the watch ends with it.
+    pub shutdown: CancellationToken,
+}
 
 /// Opens a pidfd for `pid` (Linux 5.3+).
 pub fn pidfd_open(pid: u32) -> std::io::Result<OwnedFd> {
@@ -32,9 +55,9 @@ pub fn pidfd_open(pid: u32) -> std::io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
-/// Watches the rank's held process and reports its exit to the agent
-/// state (through a duplicate of its pidfd: never a pid looked up again).
-pub fn spawn(state: Arc<AgentState>, key: RankKey, generation: u64, process: &RankProcess) {
+/// Watches the rank's held process and reports its exit ([`on_exit`])
+/// (through a duplicate of its pidfd: never a pid looked up again).
+pub fn spawn(handles: Handles, key: RankKey, generation: u64, process: &RankProcess) {
     let pid = process.pid;
     let registered = process.fd.try_clone().and_then(|fd| {
         // SAFETY: `fd` is an OwnedFd moved into the AsyncFd: it stays open
@@ -52,14 +75,33 @@ pub fn spawn(state: Arc<AgentState>, key: RankKey, generation: u64, process: &Ra
     let released = process.released.clone();
     tokio::spawn(async move {
         tokio::select! {
-            () = state.shutdown.cancelled() => return,
+            () = handles.shutdown.cancelled() => return,
             // Deregistered (or replaced) while the process lives on: the
             // registration is gone, and with it the watch and its pidfd.
             () = released.cancelled() => return,
             r = fd.readable() => { let _ = r; }
         }
-        state.rank_exited(&key, generation, exit_info(pid));
+        on_exit(&handles, &key, generation, exit_info(pid));
     });
+}
+
+/// Records that a rank's process exited ([`exited::record`]) and acts on
+/// the outcome: books the steps it completed since the last scan in the
+/// goodput ledger and publishes `rank.exited`. A stale exit (another
+/// generation, already reported) does nothing.
+pub fn on_exit(handles: &Handles, key: &RankKey, generation: u64, exit: ExitInfo) {
+    let Some(out) = exited::record(&mut handles.registry.lock(), key, generation, exit) else {
+        return;
+    };
+    if !out.last_steps.is_empty() {
+        let mut l = handles.goodput.ledger();
+        for s in out.last_steps {
+            l.step(&key.job, key.rank, s);
+        }
+    }
+    let clean = out.signal.severity() == Severity::Info;
+    metrics::counter!("warden_rank_exits_total", "outcome" => if clean { "clean" } else { "failed" }).increment(1);
+    handles.events.publish(Signal::RankExited(out.signal));
 }
 
 /// The exit status of `pid`, read while it is a zombie.

@@ -2,12 +2,14 @@
 //!
 //! In: RegisterRank / DeregisterRank calls, the shared-memory slots the ranks
 //! write, process exits (pidfd), procfs. Out: the registry behind GetRanks,
-//! hang verdicts with their evidence, exit events. Never: block a rank (the
+//! hang verdicts with their evidence, exit outcomes (exited.rs) the caller
+//! publishes. Never: block a rank (the
 //! agent only reads slots), or trust a slot's contents (every value is
 //! sanitised by `warden_client::slot` and every index bounded).
 
 pub mod evidence;
 pub mod exit_watch;
+pub mod exited;
 pub mod process;
 pub mod procfs;
 pub mod registry;

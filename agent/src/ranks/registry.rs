@@ -9,6 +9,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Instant;
 
 use warden_client::slot::{self, SlotSnapshot, SlotTable};
@@ -79,6 +80,24 @@ pub enum RegisterError {
     /// The slot's memory could not be made.
     #[error("slot memory: {0}")]
     Slot(#[from] slot::SlotError),
+}
+
+/// The registry as a handle: the API, the scan, the detectors and the exit
+/// watches each hold a clone and lock it briefly (a scan, a registration).
+#[derive(Debug, Clone)]
+pub struct SharedRegistry(Arc<Mutex<Registry>>);
+
+impl SharedRegistry {
+    /// Shares `registry`.
+    pub fn new(registry: Registry) -> Self {
+        Self(Arc::new(Mutex::new(registry)))
+    }
+
+    /// Locks the registry (a poisoned lock is still usable: the registry
+    /// holds no invariant a panic midway could break beyond one entry).
+    pub fn lock(&self) -> MutexGuard<'_, Registry> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
 }
 
 /// A rank's lifecycle as the agent sees it.
@@ -207,7 +226,7 @@ pub struct RankEntry {
     pub exit: Option<ExitInfo>,
     /// Why the launcher is stopping the rank (StopRanks), once it is
     /// [`RankState::Stopping`]: carried into its `rank.exited` event.
-    pub stop_reason: Option<String>,
+    pub stop_reason: Option<crate::signal::StopReason>,
     /// Signal for a stack dump (0: none).
     pub stack_dump_signal: i32,
     /// The accelerators the rank declared (empty: not declared).
@@ -564,7 +583,12 @@ impl Registry {
     /// Marks the live ranks of `job` (only `ranks`, when not empty) as being
     /// stopped by their launcher for `reason`; returns the ranks marked.
     /// Ranks already exited are left as they are: their exit was reported.
-    pub fn mark_stopping(&mut self, job: &str, ranks: &[u32], reason: &str) -> Vec<u32> {
+    pub fn mark_stopping(
+        &mut self,
+        job: &str,
+        ranks: &[u32],
+        reason: &crate::signal::StopReason,
+    ) -> Vec<u32> {
         let mut marked = Vec::new();
         for e in self.ranks.values_mut() {
             if e.key.job != job || (!ranks.is_empty() && !ranks.contains(&e.key.rank)) {
@@ -575,7 +599,7 @@ impl Registry {
                 RankState::Running | RankState::Hung | RankState::Lost | RankState::Stopping
             ) {
                 e.state = RankState::Stopping;
-                e.stop_reason = Some(reason.to_owned());
+                e.stop_reason = Some(reason.clone());
                 marked.push(e.key.rank);
             }
         }

@@ -21,6 +21,7 @@ use crate::detect::calibration::{self, IDLE};
 use crate::detect::hang::{self, PeerPosition, Threshold};
 use crate::detect::straggler::RankSamples;
 use crate::events::{NewEvent, Severity};
+use crate::signal::Signal;
 
 /// How many of a job's other local ranks are listed by name in a hang's
 /// evidence; the rest are counted.
@@ -38,6 +39,8 @@ pub struct HangFinding {
     pub generation: u64,
     /// Evidence gathered from the slot and the job's other ranks.
     pub evidence: Vec<(String, String)>,
+    /// What attribution reads of it (also in the evidence, for a person).
+    pub facts: crate::signal::HangFacts,
     /// The headline.
     pub message: String,
     /// Signal, file and the held process for a stack dump, when the client
@@ -48,8 +51,8 @@ pub struct HangFinding {
 /// What one scan produced.
 #[derive(Debug, Default)]
 pub struct ScanResult {
-    /// Events to publish as they are.
-    pub events: Vec<NewEvent>,
+    /// Signals to publish as they are.
+    pub events: Vec<Signal>,
     /// Hangs whose evidence is still to be completed.
     pub hangs: Vec<HangFinding>,
     /// Ranks read.
@@ -143,16 +146,11 @@ pub fn scan(reg: &mut Registry, cfg: &HangConfig, now_ns: u64, prev_ns: u64) -> 
                 }
                 if entry.state == RankState::Hung {
                     entry.state = RankState::Running;
-                    out.events.push(
-                        NewEvent::new(
-                            Severity::Info,
-                            "rank.recovered",
-                            entry.key.to_string(),
-                            format!("{} makes progress again (step {})", entry.key, snap.step),
-                        )
-                        .with("step", snap.step)
-                        .with("pid", entry.pid),
-                    );
+                    out.events.push(Signal::RankRecovered {
+                        key: entry.key.clone(),
+                        step: snap.step,
+                        pid: entry.pid,
+                    });
                 }
             }
             // Step records feed calibration only from a slot the client
@@ -270,7 +268,14 @@ pub fn scan(reg: &mut Registry, cfg: &HangConfig, now_ns: u64, prev_ns: u64) -> 
                 .collect();
             evidence.push(("open_sections".to_owned(), stack.join(" > ")));
         }
-        evidence.push(("pattern".to_owned(), hang::pattern(me, &peers)));
+        let mut facts = crate::signal::HangFacts {
+            step,
+            section: me.section.clone(),
+            pattern: hang::pattern(me, &peers),
+            process_state: String::new(),
+            wchan: String::new(),
+        };
+        evidence.push(("pattern".to_owned(), facts.pattern.clone()));
         if !peers.is_empty() {
             let mut list: Vec<String> = peers
                 .iter()
@@ -297,16 +302,15 @@ pub fn scan(reg: &mut Registry, cfg: &HangConfig, now_ns: u64, prev_ns: u64) -> 
             )),
             None => evidence.push(("process".to_owned(), "gone".to_owned())),
             Some(f) => {
-                evidence.push((
-                    "process_state".to_owned(),
-                    format!("{} ({})", f.state, f.state_name()),
-                ));
+                facts.process_state = format!("{} ({})", f.state, f.state_name());
+                evidence.push(("process_state".to_owned(), facts.process_state.clone()));
                 evidence.push(("threads".to_owned(), f.threads.to_string()));
                 let wchan = if f.wchan.is_empty() || f.wchan == "0" {
                     "-".to_owned()
                 } else {
                     f.wchan.clone()
                 };
+                facts.wchan.clone_from(&wchan);
                 evidence.push(("wchan".to_owned(), wchan));
                 if let Some((ticks, at)) = entry.cpu_mark {
                     let span = Duration::from_nanos(now_ns.saturating_sub(at));
@@ -327,6 +331,7 @@ pub fn scan(reg: &mut Registry, cfg: &HangConfig, now_ns: u64, prev_ns: u64) -> 
                 hang::fmt(threshold.value)
             ),
             evidence,
+            facts,
             // Never with pid 0: kill(0, sig) would signal the agent's own
             // process group.
             stack_dump: entry
@@ -464,7 +469,8 @@ fn note_slot_error(entry: &mut RankEntry, msg: &str, out: &mut ScanResult) {
                 format!("cannot read the heartbeat slot of {}: {msg}", entry.key),
             )
             .with("slot", entry.slot)
-            .with("error", msg),
+            .with("error", msg)
+            .into(),
         );
         entry.slot_error = Some(msg.to_owned());
     }

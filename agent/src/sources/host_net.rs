@@ -287,7 +287,8 @@ impl HostNet {
                             )
                             .with("downs", delta)
                             .with("window", &shown_window)
-                            .with("threshold", self.cfg.link_flaps_degraded),
+                            .with("threshold", self.cfg.link_flaps_degraded)
+                            .into(),
                         );
                     }
                     report.reasons.push(Reason {
@@ -382,7 +383,7 @@ mod tests {
         let p = src.poll_at(now, t0 + Duration::from_secs(60));
         assert_eq!(p.reports[0].reasons[0].status, Status::Degraded);
         assert_eq!(p.events.len(), 1);
-        assert_eq!(p.events[0].kind, "net.link_flap");
+        assert_eq!(p.events[0].kind(), "net.link_flap");
         let p = src.poll_at(now, t0 + Duration::from_secs(90));
         assert!(p.events.is_empty(), "told once per episode");
         let p = src.poll_at(now, t0 + Duration::from_secs(600));

@@ -20,8 +20,8 @@ pub mod tpu;
 
 use std::time::{Duration, SystemTime};
 
-use crate::events::NewEvent;
 use crate::health::ComponentReport;
+use crate::signal::Signal;
 
 /// What one poll of a source produced.
 #[derive(Debug, Default)]
@@ -29,7 +29,7 @@ pub struct Poll {
     /// The current state of each component this source covers.
     pub reports: Vec<ComponentReport>,
     /// Things that happened (an XID, a link flap) with their evidence.
-    pub events: Vec<NewEvent>,
+    pub events: Vec<Signal>,
 }
 
 /// A source of health readings.

@@ -13,8 +13,9 @@ use std::time::{Duration, Instant, SystemTime};
 
 use super::Source;
 use crate::events::{NewEvent, Severity};
+use crate::health::reporter::Reporter;
 use crate::health::{ComponentReport, Reason, Status};
-use crate::state::AgentState;
+use tokio_util::sync::CancellationToken;
 
 /// What the runner knows about one source.
 #[derive(Debug)]
@@ -38,7 +39,8 @@ impl Sources {
     /// Starts `source` on a thread of its own.
     pub fn spawn(
         &self,
-        state: Arc<AgentState>,
+        health: Reporter,
+        shutdown: CancellationToken,
         mut source: Box<dyn Source>,
     ) -> std::io::Result<()> {
         let name = source.name();
@@ -57,7 +59,7 @@ impl Sources {
             .name(format!("source-{name}"))
             .spawn(move || {
                 let mut next = Instant::now();
-                while !state.shutdown.is_cancelled() {
+                while !shutdown.is_cancelled() {
                     set_polling(&tracked, name, Some(Instant::now()));
                     let poll = source.poll(SystemTime::now());
                     {
@@ -69,7 +71,7 @@ impl Sources {
                             }
                             if t.stalled {
                                 t.stalled = false;
-                                state.events.publish(NewEvent::new(
+                                health.events.publish(NewEvent::new(
                                     Severity::Info,
                                     "source.recovered",
                                     name,
@@ -79,10 +81,10 @@ impl Sources {
                         }
                     }
                     for r in poll.reports {
-                        state.apply_report_from(name, r);
+                        health.apply_from(name, r);
                     }
                     for e in poll.events {
-                        state.events.publish(e);
+                        health.events.publish(e);
                     }
                     next += interval;
                     let now = Instant::now();
@@ -90,7 +92,7 @@ impl Sources {
                         next = now;
                     }
                     // Sleep in short steps so shutdown is prompt.
-                    while Instant::now() < next && !state.shutdown.is_cancelled() {
+                    while Instant::now() < next && !shutdown.is_cancelled() {
                         std::thread::sleep((next - Instant::now()).min(Duration::from_millis(100)));
                     }
                 }
@@ -100,7 +102,7 @@ impl Sources {
 
     /// Marks the components of sources stuck in a poll for longer than
     /// `max(stall_after, 2 x interval)` UNKNOWN; called on every tick.
-    pub fn check_stalls(&self, state: &AgentState, stall_after: Duration) {
+    pub fn check_stalls(&self, health: &Reporter, stall_after: Duration) {
         let mut stalled_now = Vec::new();
         {
             let mut t = self.lock();
@@ -121,13 +123,13 @@ impl Sources {
                 for_.as_secs(),
                 limit.as_secs()
             );
-            state.events.publish(
+            health.events.publish(
                 NewEvent::new(Severity::Error, "source.stalled", name, message.clone())
                     .with("stuck_for", format!("{}s", for_.as_secs()))
                     .with("limit", format!("{}s", limit.as_secs())),
             );
             for (id, kind) in components {
-                state.apply_report_from(
+                health.apply_from(
                     name,
                     ComponentReport {
                         id,
@@ -169,7 +171,8 @@ mod tests {
     use std::sync::mpsc;
 
     use super::*;
-    use crate::config::Config;
+    use crate::events::EventBus;
+    use crate::health::HealthModel;
     use crate::sources::Poll;
 
     /// Reports gpu0 OK, then blocks in its second poll until released.
@@ -203,9 +206,9 @@ mod tests {
         }
     }
 
-    fn status_of(state: &AgentState, id: &str) -> Option<Status> {
-        state
-            .health
+    fn status_of(health: &Reporter, id: &str) -> Option<Status> {
+        health
+            .model
             .snapshot()
             .components
             .into_iter()
@@ -223,44 +226,45 @@ mod tests {
 
     #[test]
     fn a_source_stuck_in_a_call_is_marked_stalled_and_recovers() {
-        let dir = tempfile::tempdir().unwrap();
-        let mut cfg = Config::default();
-        cfg.api.socket = dir.path().join("w.sock").display().to_string();
-        cfg.agent.state_dir = dir.path().join("state").display().to_string();
-        let state = Arc::new(AgentState::new(cfg, "test".into()).unwrap());
+        let health = Reporter {
+            model: Arc::new(HealthModel::new()),
+            events: Arc::new(EventBus::new(1000)),
+        };
+        let shutdown = CancellationToken::new();
         let (tx, rx) = mpsc::channel();
         let sources = Sources::default();
         sources
             .spawn(
-                state.clone(),
+                health.clone(),
+                shutdown.clone(),
                 Box::new(Stuck {
                     polls: 0,
                     release: rx,
                 }),
             )
             .unwrap();
-        until("gpu0 OK", || status_of(&state, "gpu0") == Some(Status::Ok));
+        until("gpu0 OK", || status_of(&health, "gpu0") == Some(Status::Ok));
         until("gpu0 UNKNOWN while the source is stuck", || {
-            sources.check_stalls(&state, Duration::from_millis(50));
-            status_of(&state, "gpu0") == Some(Status::Unknown)
+            sources.check_stalls(&health, Duration::from_millis(50));
+            status_of(&health, "gpu0") == Some(Status::Unknown)
         });
-        let snap = state.health.snapshot();
+        let snap = health.model.snapshot();
         let gpu = snap.components.iter().find(|c| c.id == "gpu0").unwrap();
         assert_eq!(gpu.reasons[0].signal, "source.stuck.stalled");
-        let (events, _) = state.events.list(0, 0);
+        let (events, _) = health.events.list(0, 0);
         assert!(events.iter().any(|e| e.kind == "source.stalled"));
         tx.send(()).unwrap();
         until("gpu0 OK again", || {
-            status_of(&state, "gpu0") == Some(Status::Ok)
+            status_of(&health, "gpu0") == Some(Status::Ok)
         });
         until("source.recovered", || {
-            state
+            health
                 .events
                 .list(0, 0)
                 .0
                 .iter()
                 .any(|e| e.kind == "source.recovered")
         });
-        state.shutdown.cancel();
+        shutdown.cancel();
     }
 }

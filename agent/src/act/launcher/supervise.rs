@@ -67,7 +67,7 @@ use super::exit::{IncidentBrief, Summary};
 use super::gate::{self, Gate, GpuRelease};
 use super::machine::{
     Action, Command, Decision, Finish, GateVerdict, Input, JobState, Limits, Listen, Now, Started,
-    WorkerExit,
+    StopKind, WorkerExit,
 };
 use super::output::{self, Console, Stream};
 use super::spawn::{self, Exit};
@@ -352,8 +352,12 @@ impl<C: Coordinator> Sup<'_, C> {
                     self.say(format!("could not tell the other nodes: {e}"));
                 }
             }
-            Command::Stop { reason, signal } => {
-                self.stop_ranks(&reason).await;
+            Command::Stop {
+                kind,
+                reason,
+                signal,
+            } => {
+                self.stop_ranks(kind, &reason).await;
                 let first = Signal::try_from(signal).unwrap_or(Signal::SIGTERM);
                 let pids = self.stop_workers(first).await;
                 return Done::Answer(Input::Stopped { pids });
@@ -597,11 +601,17 @@ impl<C: Coordinator> Sup<'_, C> {
     }
 
     /// Tells the agent the job's ranks are being stopped on purpose.
-    async fn stop_ranks(&mut self, reason: &str) {
+    async fn stop_ranks(&mut self, kind: StopKind, reason: &str) {
+        let kind = match kind {
+            StopKind::Restart => pb::StopKind::Restart,
+            StopKind::JobEnding => pb::StopKind::JobEnding,
+            StopKind::LauncherSignalled => pb::StopKind::LauncherSignalled,
+        };
         let req = pb::StopRanksRequest {
             job_id: self.job.id.clone(),
             reason: reason.to_owned(),
             ranks: self.workers.iter().map(|w| w.rank).collect(),
+            kind: kind as i32,
         };
         match tokio::time::timeout(STOP_RANKS_TIMEOUT, self.client.stop_ranks(req)).await {
             Ok(Ok(_)) => {}
@@ -762,7 +772,8 @@ impl<C: Coordinator> Sup<'_, C> {
             .iter()
             .any(|w| procfs_state(w.pid).is_some_and(|s| s != 'Z'));
         if any_alive {
-            self.stop_ranks(&format!("job ending: {}", f.outcome)).await;
+            self.stop_ranks(StopKind::JobEnding, &format!("job ending: {}", f.outcome))
+                .await;
             self.stop_workers(Signal::SIGTERM).await;
         }
         self.reapers.push(self.reap_attempt());

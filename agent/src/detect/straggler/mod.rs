@@ -16,7 +16,11 @@
 //! hysteresis), [`explain`] (the sentence and cause class), [`exchange`]
 //! (summaries and the peers' store), [`samples`] (the per-rank ring),
 //! [`config`]. This file is the driver the work loop calls once per tick
-//! ([`tick`]); a rank is scored every `stride_steps` of its new steps.
+//! ([`Stragglers::tick`], handed the registry and the health model); a rank
+//! is scored every `stride_steps` of its new steps. Whoever runs the
+//! detector owns it (the agent state holds it for the work loop and the
+//! API) and starts the peer exchange (`api::stragglers`) when
+//! [`Stragglers::claim_exchange`] says so: this module knows no gRPC.
 
 pub mod config;
 pub mod exchange;
@@ -27,7 +31,7 @@ pub mod sim;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant, SystemTime};
 
 pub use config::StragglerConfig;
@@ -38,10 +42,11 @@ use self::explain::CpuFacts;
 use self::score::{
     Classifier, JobRank, MAX_SECTIONS, Params, RankTrack, Scorer, SectionMedian, Transition,
 };
-use crate::events::{NewEvent, Severity};
+use crate::attribute::FaultClass;
+use crate::health::HealthModel;
 use crate::ranks::procfs;
-use crate::ranks::registry::{RankKey, RankState};
-use crate::state::AgentState;
+use crate::ranks::registry::{RankKey, RankState, SharedRegistry};
+use crate::signal::{Report, Signal, Straggler};
 
 /// The detector of one agent: its config, what it knows of its own ranks,
 /// and what peers said of theirs.
@@ -123,51 +128,6 @@ impl Local {
     }
 }
 
-/// The detectors of the agents in this process, by the agent's state.
-///
-/// Why a table and not a field of `AgentState`: the detector was added
-/// without touching the shared state's definition; a `Weak` keeps each
-/// state's allocation (so its address) reserved while its entry lives, so
-/// the address identifies the agent. A field on `AgentState` would replace
-/// [`attach`] and [`Stragglers::of`] one for one.
-static DETECTORS: Mutex<Vec<(Weak<AgentState>, Arc<Stragglers>)>> = Mutex::new(Vec::new());
-
-/// The detector of `state`, created on first use.
-pub fn attach(state: &Arc<AgentState>) -> Arc<Stragglers> {
-    let mut all = DETECTORS.lock().unwrap_or_else(PoisonError::into_inner);
-    all.retain(|(w, _)| w.strong_count() > 0);
-    if let Some((_, d)) = all
-        .iter()
-        .find(|(w, _)| std::ptr::eq(w.as_ptr(), Arc::as_ptr(state)))
-    {
-        return d.clone();
-    }
-    let d = Arc::new(Stragglers::new(
-        state.config.straggler.clone(),
-        state.host.clone(),
-    ));
-    all.push((Arc::downgrade(state), d.clone()));
-    d
-}
-
-/// Runs the detector for one tick of the work loop: copies the ranks' new
-/// steps out of the registry, scores every rank with `stride_steps` new
-/// steps against its whole job, publishes flag changes, and starts the peer
-/// exchange the first time when peers are configured.
-pub fn tick(state: &Arc<AgentState>, now: Instant) {
-    let cfg = &state.config.straggler;
-    if !cfg.enabled {
-        return;
-    }
-    let det = attach(state);
-    if !cfg.peers.is_empty() && !det.exchange_started.swap(true, Ordering::AcqRel) {
-        crate::api::stragglers::spawn_exchange(state.clone(), det.clone());
-    }
-    for ev in det.run(state, now) {
-        state.events.publish(ev);
-    }
-}
-
 /// A rank's new steps, copied out of the registry.
 struct Copied {
     key: RankKey,
@@ -191,12 +151,10 @@ impl Stragglers {
         }
     }
 
-    /// The detector of `state`, if one was attached.
-    pub fn of(state: &AgentState) -> Option<Arc<Stragglers>> {
-        let all = DETECTORS.lock().unwrap_or_else(PoisonError::into_inner);
-        all.iter()
-            .find(|(w, _)| w.strong_count() > 0 && std::ptr::eq(w.as_ptr(), state))
-            .map(|(_, d)| d.clone())
+    /// True the first time it is asked: whoever runs the detector starts
+    /// the peer exchange then (once per detector).
+    pub fn claim_exchange(&self) -> bool {
+        !self.exchange_started.swap(true, Ordering::AcqRel)
     }
 
     /// The config in force.
@@ -213,8 +171,16 @@ impl Stragglers {
         self.inner.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// One tick: returns the events to publish.
-    fn run(&self, state: &AgentState, now: Instant) -> Vec<NewEvent> {
+    /// One tick of the work loop: copies the ranks' new steps out of the
+    /// registry, scores every rank with `stride_steps` new steps against its
+    /// whole job (explaining a flag from `health`), and returns the flag
+    /// changes for the caller to publish.
+    pub fn tick(
+        &self,
+        registry: &SharedRegistry,
+        health: &HealthModel,
+        now: Instant,
+    ) -> Vec<Signal> {
         let mut events = Vec::new();
         let mut inner = self.lock();
         let Inner {
@@ -228,7 +194,7 @@ impl Stragglers {
         let mut copied = Vec::new();
         let mut live = BTreeSet::new();
         {
-            let reg = state.registry();
+            let reg = registry.lock();
             for e in reg.ranks.values() {
                 if !matches!(e.state, RankState::Running | RankState::Hung) {
                     continue;
@@ -263,16 +229,12 @@ impl Stragglers {
                 && l.track.hysteresis.flagged
             {
                 let section = l.score.as_ref().map_or("", |s| s.section.as_str());
-                events.push(
-                    NewEvent::new(
-                        Severity::Info,
-                        "rank.straggler_cleared",
-                        key.to_string(),
-                        format!("{key} is no longer scored: it stopped running"),
-                    )
-                    .with("section", section)
-                    .with("why", "the rank stopped running"),
-                );
+                events.push(Signal::RankStragglerCleared {
+                    report: Report::new(format!("{key} is no longer scored: it stopped running"))
+                        .with("section", section)
+                        .with("why", "the rank stopped running"),
+                    key,
+                });
             }
         }
 
@@ -319,7 +281,7 @@ impl Stragglers {
         remote.expire(now, self.cfg.summary_ttl);
         let remote_ranks = remote.ranks();
 
-        let mut health: Option<crate::health::NodeSnapshot> = None;
+        let mut snapshot: Option<crate::health::NodeSnapshot> = None;
         let mut host_cpu: Option<(Option<f64>, usize)> = None;
         let scored_at = SystemTime::now();
         for job in jobs {
@@ -401,7 +363,7 @@ impl Stragglers {
                             .map(|m| m.section.clone())
                             .unwrap_or_default()
                     });
-                let components = health.get_or_insert_with(|| state.health.snapshot());
+                let components = snapshot.get_or_insert_with(|| health.snapshot());
                 let devices = explain::resolve_devices(
                     &l.declared_devices,
                     l.local_rank,
@@ -508,13 +470,8 @@ impl Stragglers {
         events
     }
 
-    fn flagged_event(&self, key: &RankKey, sc: &Score, facts: Vec<(String, String)>) -> NewEvent {
-        let mut ev = NewEvent::new(
-            Severity::Warning,
-            "rank.straggler",
-            key.to_string(),
-            format!("{key} is a straggler: {}", sc.explanation),
-        )
+    fn flagged_event(&self, key: &RankKey, sc: &Score, facts: Vec<(String, String)>) -> Signal {
+        let mut report = Report::new(format!("{key} is a straggler: {}", sc.explanation))
         .with("section", &sc.section)
         .with("relative", format!("{:.2}", sc.relative))
         .with("individual", format!("{:.2}", sc.individual))
@@ -539,8 +496,20 @@ impl Stragglers {
                 self.cfg.window_steps
             ),
         );
-        ev.evidence.extend(facts);
-        ev
+        report.evidence.extend(facts);
+        Signal::RankStraggler(Straggler {
+            key: key.clone(),
+            section: sc.section.clone(),
+            relative: format!("{:.2}", sc.relative),
+            explanation: sc.explanation.clone(),
+            cause: match sc.cause_class.as_str() {
+                "correctable_hardware" => FaultClass::CorrectableHardware,
+                "uncorrectable_hardware" => FaultClass::UncorrectableHardware,
+                "infrastructure" => FaultClass::Infrastructure,
+                _ => FaultClass::Unknown,
+            },
+            report,
+        })
     }
 
     fn cleared_event(
@@ -549,16 +518,11 @@ impl Stragglers {
         sc: &Score,
         since: Option<SystemTime>,
         now: SystemTime,
-    ) -> NewEvent {
-        let mut ev = NewEvent::new(
-            Severity::Info,
-            "rank.straggler_cleared",
-            key.to_string(),
-            format!(
-                "{key} no longer straggles: {:.2} x the job's median in {}",
-                sc.relative, sc.section
-            ),
-        )
+    ) -> Signal {
+        let mut ev = Report::new(format!(
+            "{key} no longer straggles: {:.2} x the job's median in {}",
+            sc.relative, sc.section
+        ))
         .with("section", &sc.section)
         .with("relative", format!("{:.2}", sc.relative))
         .with("individual", format!("{:.2}", sc.individual))
@@ -575,7 +539,10 @@ impl Stragglers {
                 humantime::format_duration(Duration::from_secs(d.as_secs())),
             );
         }
-        ev
+        Signal::RankStragglerCleared {
+            key: key.clone(),
+            report: ev,
+        }
     }
 
     /// Takes a peer's batch (already validated).

@@ -8,8 +8,10 @@ use std::time::{Duration, Instant, SystemTime};
 use super::sim::{Jitter, SimJob};
 use super::*;
 use crate::config::Config;
-use crate::health::{ComponentReport, Reason, Status};
-use crate::ranks::registry::RegisterRequest;
+use crate::events::EventBus;
+use crate::health::reporter::Reporter;
+use crate::health::{ComponentReport, HealthModel, Reason, Status};
+use crate::ranks::registry::{RegisterRequest, Registry, SharedRegistry};
 
 /// 1,024 ranks for 2,000 steps with 3% jitter drawn by `model`: no flag.
 fn no_flags(model: Jitter, seed: u64) {
@@ -67,20 +69,45 @@ fn a_rank_slow_from_its_first_step_is_flagged_by_step_twenty() {
 
 // ------------------------------------------------------------------ driver
 
-fn agent(edit: impl FnOnce(&mut Config)) -> (tempfile::TempDir, Arc<AgentState>) {
+/// What the work loop hands the detector, without the rest of an agent.
+struct Rig {
+    config: Config,
+    registry: SharedRegistry,
+    health: Reporter,
+    det: Stragglers,
+}
+
+fn agent(edit: impl FnOnce(&mut Config)) -> (tempfile::TempDir, Rig) {
     let dir = tempfile::tempdir().unwrap();
     let mut cfg = Config::default();
     cfg.api.socket = dir.path().join("w.sock").display().to_string();
     cfg.agent.state_dir = dir.path().join("state").display().to_string();
     cfg.agent.host_name = "host-a".into();
     edit(&mut cfg);
-    let state = Arc::new(AgentState::new(cfg, "test".into()).unwrap());
-    (dir, state)
+    let registry = Registry::new(&cfg.slot_dir(), &cfg.state_dir(), cfg.ranks.max_ranks).unwrap();
+    let rig = Rig {
+        registry: SharedRegistry::new(registry),
+        health: Reporter {
+            model: Arc::new(HealthModel::new()),
+            events: Arc::new(EventBus::new(cfg.events.retain)),
+        },
+        det: Stragglers::new(cfg.straggler.clone(), cfg.host_name()),
+        config: cfg,
+    };
+    (dir, rig)
 }
 
-fn register(state: &AgentState, job: &str, rank: u32) {
+/// One tick of the work loop's driver: the detector's flag changes published.
+fn tick(rig: &Rig, now: Instant) {
+    for signal in rig.det.tick(&rig.registry, &rig.health.model, now) {
+        rig.health.events.publish(signal);
+    }
+}
+
+fn register(state: &Rig, job: &str, rank: u32) {
     state
-        .registry()
+        .registry
+        .lock()
         .register(
             &RegisterRequest {
                 job_id: job.into(),
@@ -103,8 +130,8 @@ fn register(state: &AgentState, job: &str, rank: u32) {
 }
 
 /// Pushes `steps` steps into each rank: forward 10 ms x its factor.
-fn feed(state: &AgentState, job: &str, factors: &[f64], steps: usize) {
-    let mut reg = state.registry();
+fn feed(state: &Rig, job: &str, factors: &[f64], steps: usize) {
+    let mut reg = state.registry.lock();
     for (rank, f) in factors.iter().enumerate() {
         let key = RankKey {
             job: job.into(),
@@ -122,8 +149,9 @@ fn feed(state: &AgentState, job: &str, factors: &[f64], steps: usize) {
     }
 }
 
-fn kinds(state: &AgentState, kind: &str) -> Vec<Arc<crate::events::Event>> {
+fn kinds(state: &Rig, kind: &str) -> Vec<Arc<crate::events::Event>> {
     state
+        .health
         .events
         .list(0, 0)
         .0
@@ -138,7 +166,7 @@ fn the_driver_flags_explains_and_clears() {
     for r in 0..4 {
         register(&state, "j", r);
     }
-    state.apply_report(ComponentReport {
+    state.health.apply(ComponentReport {
         id: "gpu2".into(),
         kind: "gpu".into(),
         labels: [("temperature".to_owned(), "92 C".to_owned())].into(),
@@ -188,7 +216,7 @@ fn the_driver_flags_explains_and_clears() {
     for k in ["individual", "samples", "job_median", "rank_median"] {
         assert!(!get(k).is_empty(), "{k}");
     }
-    let det = Stragglers::of(&state).unwrap();
+    let det = &state.det;
     let (scores, hosts) = det.scores("", true, now);
     assert_eq!(hosts, ["host-a"]);
     assert_eq!(scores.len(), 1);
@@ -229,7 +257,7 @@ fn peers_summaries_make_the_comparison_job_wide() {
     }
     assert!(kinds(&state, "rank.straggler").is_empty());
     // Two more ranks on host-b, as fast as rank 0: rank 1 stands out.
-    let det = Stragglers::of(&state).unwrap();
+    let det = &state.det;
     let remote = |rank| Summary {
         job: "j".into(),
         rank,
@@ -295,7 +323,7 @@ fn a_rank_that_stops_stepping_leaves_the_comparison() {
     };
     for i in 6..12 {
         {
-            let mut reg = state.registry();
+            let mut reg = state.registry.lock();
             let e = reg.ranks.get_mut(&one).unwrap();
             for _ in 0..10 {
                 e.straggler.push_step(
@@ -311,7 +339,7 @@ fn a_rank_that_stops_stepping_leaves_the_comparison() {
         "{:?}",
         kinds(&state, "rank.straggler")
     );
-    let det = Stragglers::of(&state).unwrap();
+    let det = &state.det;
     let (scores, _) = det.scores("j", false, at(12));
     let one = scores.iter().find(|s| s.rank == 1).unwrap();
     assert_eq!(
@@ -322,13 +350,4 @@ fn a_rank_that_stops_stepping_leaves_the_comparison() {
         det.outbox(at(12)).ranks.iter().all(|r| r.rank != 0),
         "nor is it sent to peers"
     );
-}
-
-#[test]
-fn off_means_nothing_is_scored() {
-    let (_dir, state) = agent(|c| c.straggler.enabled = false);
-    register(&state, "j", 0);
-    feed(&state, "j", &[1.0], 20);
-    tick(&state, Instant::now());
-    assert!(Stragglers::of(&state).is_none());
 }

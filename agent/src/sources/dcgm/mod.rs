@@ -375,7 +375,8 @@ impl DcgmSource {
                     .with("reason", reason.signal.clone())
                     .with("advice", advice)
                     .with("entity_group", inc.entity_group)
-                    .with("entity_id", inc.entity_id),
+                    .with("entity_id", inc.entity_id)
+                    .into(),
                 );
             }
             now_seen.insert(key);

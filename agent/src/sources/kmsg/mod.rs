@@ -27,6 +27,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::events::{NewEvent, Severity};
 use crate::health::{ComponentReport, Reason, Status};
+use crate::signal::{OomKill, Report, Signal, Xid, XidSource};
 
 /// The component that stands for the kernel log itself.
 pub const COMPONENT: &str = "kmsg";
@@ -501,7 +502,7 @@ impl Kmsg {
     }
 
     /// Applies one parsed line at `now`; returns its event.
-    fn apply(&mut self, ev: KernelEvent, raw: &str, now: SystemTime) -> Option<NewEvent> {
+    fn apply(&mut self, ev: KernelEvent, raw: &str, now: SystemTime) -> Option<Signal> {
         let raw = raw.trim_end();
         match ev {
             KernelEvent::Xid {
@@ -531,23 +532,25 @@ impl Kmsg {
                 } else {
                     Severity::Warning
                 };
-                let mut e = NewEvent::new(
-                    severity,
-                    "kmsg.xid",
-                    component.clone(),
-                    format!("{component}: XID {xid} ({class}): {text}"),
-                )
-                .with("pci", &pci)
-                .with("xid", xid)
-                .with("class", class)
-                .with("status", status);
+                let mut report = Report::new(format!("{component}: XID {xid} ({class}): {text}"))
+                    .with("pci", &pci)
+                    .with("xid", xid)
+                    .with("class", class)
+                    .with("status", status);
                 if let Some(pid) = pid {
-                    e = e.with("pid", pid);
+                    report = report.with("pid", pid);
                 }
                 if let Some(name) = name {
-                    e = e.with("process", name);
+                    report = report.with("process", name);
                 }
-                Some(e.with("text", text).with("line", raw))
+                Some(Signal::Xid(Xid {
+                    source: XidSource::Kmsg,
+                    severity,
+                    component,
+                    xid: u64::from(xid),
+                    pid,
+                    report: report.with("text", text).with("line", raw),
+                }))
             }
             KernelEvent::OomKill { pid, name } => {
                 // The kernel logs "Killed process" and "oom-kill:" for one
@@ -560,17 +563,12 @@ impl Kmsg {
                 }
                 let count = self.oom.as_ref().map_or(0, |o| o.3) + 1;
                 self.oom = Some((now, pid, name.clone(), count));
-                Some(
-                    NewEvent::new(
-                        Severity::Error,
-                        "kmsg.oom_kill",
-                        OOM_COMPONENT,
-                        format!("the kernel's OOM killer killed process {pid} ({name})"),
-                    )
-                    .with("pid", pid)
-                    .with("process", name)
-                    .with("line", raw),
-                )
+                Some(Signal::OomKill(OomKill {
+                    component: OOM_COMPONENT.to_owned(),
+                    pid,
+                    process: name,
+                    line: raw.to_owned(),
+                }))
             }
             KernelEvent::Link { nic, up } => {
                 let component = format!("nic/{nic}");
@@ -589,7 +587,8 @@ impl Kmsg {
                 Some(
                     NewEvent::new(severity, kind, component, format!("NIC {nic}: link {word}"))
                         .with("nic", nic)
-                        .with("line", raw),
+                        .with("line", raw)
+                        .into(),
                 )
             }
         }

@@ -202,6 +202,7 @@ fn follows_a_file_from_its_end_and_holds_an_xid_for_the_window() {
     let p = src.poll(t0 + Duration::from_secs(1));
     assert_eq!(p.events.len(), 1);
     let e = &p.events[0];
+    let e = &e.render();
     assert_eq!((e.kind, e.subject.as_str()), ("kmsg.xid", "gpu1"));
     let ev = |k: &str| {
         e.evidence
@@ -225,7 +226,7 @@ fn follows_a_file_from_its_end_and_holds_an_xid_for_the_window() {
         .unwrap();
     let p = src.poll(t0 + Duration::from_secs(63));
     assert_eq!(p.events.len(), 1, "{:?}", p.events);
-    assert_eq!(p.events[0].kind, "kmsg.oom_kill");
+    assert_eq!(p.events[0].kind(), "kmsg.oom_kill");
     assert_eq!(status(&p, OOM_COMPONENT), Some(Status::Degraded));
 }
 
@@ -255,7 +256,7 @@ fn links_go_down_and_up() {
         ..cfg(&path)
     });
     let p = src.poll(SystemTime::now());
-    let kinds: Vec<&str> = p.events.iter().map(|e| e.kind).collect();
+    let kinds: Vec<&str> = p.events.iter().map(|e| e.kind()).collect();
     assert_eq!(
         kinds,
         [

@@ -31,8 +31,9 @@ pub use judge::{
 };
 pub use prom::count_xid;
 
-use crate::events::{NewEvent, Severity};
+use crate::events::Severity;
 use crate::health::{ComponentReport, Status};
+use crate::signal::{self, Report, Signal, XidSource};
 
 /// The node-level component of this source.
 pub const COMPONENT: &str = "nvml";
@@ -151,18 +152,18 @@ impl super::Source for NvmlSource {
                     Status::Degraded => Severity::Warning,
                     _ => Severity::Info,
                 };
-                poll.events.push(
-                    NewEvent::new(
-                        severity,
-                        "gpu.xid",
-                        format!("gpu{}", x.gpu),
-                        format!("XID {} on gpu{} ({})", x.xid, x.gpu, x.pci),
-                    )
-                    .with("gpu", x.gpu)
-                    .with("xid", x.xid)
-                    .with("pci", &x.pci)
-                    .with("status", status.as_str()),
-                );
+                poll.events.push(Signal::Xid(signal::Xid {
+                    source: XidSource::Nvml,
+                    severity,
+                    component: format!("gpu{}", x.gpu),
+                    xid: x.xid,
+                    pid: None,
+                    report: Report::new(format!("XID {} on gpu{} ({})", x.xid, x.gpu, x.pci))
+                        .with("gpu", x.gpu)
+                        .with("xid", x.xid)
+                        .with("pci", &x.pci)
+                        .with("status", status.as_str()),
+                }));
                 self.gpus
                     .entry(x.gpu)
                     .or_insert_with(|| GpuState::new(&self.cfg))

@@ -19,6 +19,7 @@ use serde::Deserialize;
 
 use crate::events::{NewEvent, Severity};
 use crate::health::{ComponentReport, Reason, Status};
+use crate::signal::{Report, Signal, Xid, XidSource};
 use crate::sources::kmsg::xid_verdict;
 
 /// Why a scenario could not be used; every variant names the key.
@@ -483,7 +484,7 @@ impl Scenario {
     }
 
     /// Events for faults whose `at` lies in `(from, to]`.
-    pub fn events_between(&self, from: Option<Duration>, to: Duration) -> Vec<NewEvent> {
+    pub fn events_between(&self, from: Option<Duration>, to: Duration) -> Vec<Signal> {
         let mut faults: Vec<&Fault> = self
             .fault
             .iter()
@@ -505,28 +506,32 @@ fn xid_text(f: &Fault) -> String {
     }
 }
 
-fn event_of(f: &Fault) -> NewEvent {
+fn event_of(f: &Fault) -> Signal {
     let gpu = f.gpu.map(|g| format!("gpu{g}"));
     let at = humantime::format_duration(f.at).to_string();
     let e = match f.kind {
         FaultKind::Xid => {
             let xid = f.xid.unwrap_or_default();
             let (status, class) = xid_verdict(xid);
-            let sev = if status == Status::Failed {
+            let severity = if status == Status::Failed {
                 Severity::Critical
             } else {
                 Severity::Warning
             };
-            let subject = gpu.unwrap_or_default();
-            NewEvent::new(
-                sev,
-                "gpu.xid",
-                subject.clone(),
-                format!("{subject}: XID {xid} ({class}): {}", xid_text(f)),
-            )
-            .with("xid", xid)
-            .with("class", class)
-            .with("status", status)
+            let component = gpu.unwrap_or_default();
+            return Signal::Xid(Xid {
+                source: XidSource::Nvml,
+                severity,
+                report: Report::new(format!("{component}: XID {xid} ({class}): {}", xid_text(f)))
+                    .with("xid", xid)
+                    .with("class", class)
+                    .with("status", status)
+                    .with("simulated", "true")
+                    .with("scenario_time", at),
+                component,
+                xid: u64::from(xid),
+                pid: None,
+            });
         }
         FaultKind::Ecc => NewEvent::new(
             Severity::Warning,
@@ -577,7 +582,7 @@ fn event_of(f: &Fault) -> NewEvent {
             )
         }
     };
-    e.with("simulated", "true").with("scenario_time", at)
+    Signal::Notice(e.with("simulated", "true").with("scenario_time", at))
 }
 
 /// The simulated source, run by [`super::runner`].

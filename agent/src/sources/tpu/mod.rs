@@ -310,7 +310,8 @@ impl super::Source for Tpu {
                             e.chip.map_or("unknown".to_owned(), |c| format!("tpu{c}")),
                         )
                         .with("port", r.port)
-                        .with("error_message", &e.message),
+                        .with("error_message", &e.message)
+                        .into(),
                     );
                 }
                 current.insert(key);
@@ -320,6 +321,9 @@ impl super::Source for Tpu {
         poll.reports = judge(&chips, &readings, &silent, now);
         // Name the chip in the event's subject where the report knows it.
         for ev in &mut poll.events {
+            let crate::signal::Signal::Notice(ev) = ev else {
+                continue;
+            };
             if let Some((_, chip)) = ev.evidence.iter().find(|(k, _)| k == "chip")
                 && chip != "unknown"
             {

@@ -225,7 +225,10 @@ pub enum Command {
     /// StopRanks (with `reason`), then stop every process of the attempt:
     /// `signal` first, SIGKILL after the grace. Answer: [`Input::Stopped`].
     Stop {
-        /// StopRanks' reason.
+        /// Why, as StopRanks tells the agent (typed: goodput books a stop
+        /// for a restart and one of a job ending apart).
+        kind: StopKind,
+        /// StopRanks' reason, for people.
         reason: String,
         /// The first signal.
         signal: i32,
@@ -342,6 +345,17 @@ struct Restart {
     next: u32,
     t_stop: Instant,
     t_gate: Instant,
+}
+
+/// Why the launcher stops its ranks: StopRanks' typed `kind`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StopKind {
+    /// For an in-job restart or a new round: the ranks come back.
+    Restart,
+    /// The job is ending (its result is known): they do not.
+    JobEnding,
+    /// The launcher was signalled (SIGINT/SIGTERM/SIGHUP).
+    LauncherSignalled,
 }
 
 /// What a stop leads to.
@@ -629,6 +643,7 @@ impl JobState {
                 )));
                 self.leaves_alone = true;
                 out.push(Command::Stop {
+                    kind: StopKind::LauncherSignalled,
                     reason: format!("the launcher got {name}"),
                     signal: sig,
                 });
@@ -1155,6 +1170,7 @@ impl JobState {
                 )
             }));
             out.push(Command::Stop {
+                kind: StopKind::Restart,
                 reason,
                 signal: SIGTERM,
             });
