@@ -169,6 +169,9 @@ impl TracebackScan {
     /// Reads one line (without its newline).
     pub fn line(&mut self, line: &str) {
         let line = line.trim_end_matches(['\r', '\n']);
+        // torch.distributed prefixes an uncaught exception's lines with the
+        // rank (`[rank0]: Traceback ...`).
+        let line = strip_rank_prefix(line);
         if line.starts_with("Traceback (most recent call last):") {
             self.open = Some(vec![line.to_owned()]);
             return;
@@ -210,6 +213,14 @@ impl TracebackScan {
     }
 }
 
+/// `line` without torch's `[rankN]: ` prefix.
+fn strip_rank_prefix(line: &str) -> &str {
+    line.strip_prefix("[rank")
+        .and_then(|r| r.split_once("]: "))
+        .filter(|(n, _)| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+        .map_or(line, |(_, rest)| rest)
+}
+
 /// `Type: message` (or a bare `Type`) when `line` ends a traceback: a
 /// dotted Python name first.
 fn exception_line(line: &str) -> Option<(&str, &str)> {
@@ -238,9 +249,9 @@ fn clip_tail(s: &str, max: usize) -> String {
     s[start..].to_owned()
 }
 
-/// Where a stderr pump leaves the worker's last traceback, read by the
-/// worker's exit watch once the pump ended.
-pub type TracebackSink = std::sync::Arc<std::sync::Mutex<Option<Traceback>>>;
+/// Where a stderr pump announces each traceback it completes (the last
+/// one stays for the worker's exit watch to read).
+pub type TracebackSink = tokio::sync::watch::Sender<Option<Traceback>>;
 
 /// Copies `reader` (a worker's stdout or stderr) to `file` and, prefixed
 /// with `prefix`, to the console, line by line, until the pipe closes (the
@@ -302,10 +313,8 @@ fn scan_line(scan: Option<&mut TracebackScan>, sink: Option<&TracebackSink>, lin
     };
     let before = scan.last().cloned();
     scan.line(&String::from_utf8_lossy(line));
-    if scan.last() != before.as_ref()
-        && let Ok(mut s) = sink.lock()
-    {
-        *s = scan.last().cloned();
+    if scan.last() != before.as_ref() {
+        sink.send_replace(scan.last().cloned());
     }
 }
 
@@ -396,6 +405,12 @@ more of the message
         for l in text.lines() {
             scan.line(l);
         }
+        // The same, as torch.distributed prints it (every line prefixed).
+        let mut prefixed = TracebackScan::default();
+        for l in text.lines() {
+            prefixed.line(&format!("[rank12]: {l}"));
+        }
+        assert_eq!(prefixed.last(), scan.last());
         let t = scan.last().unwrap();
         assert_eq!(t.exception_type, "torch.distributed.DistBackendError");
         assert!(

@@ -536,7 +536,7 @@ impl<C: Coordinator> Sup<'_, C> {
                     None,
                 )));
             }
-            let sink = output::TracebackSink::default();
+            let (sink, tracebacks) = watch::channel(None);
             let (stderr_done_tx, stderr_done) = tokio::sync::oneshot::channel::<()>();
             if let Some(err) = s.stderr.take() {
                 let pump = output::pump(
@@ -566,7 +566,13 @@ impl<C: Coordinator> Sup<'_, C> {
             };
             let client = self.client.clone();
             let console = self.console.clone();
-            let seen = self.seen.clone();
+            tokio::spawn(zero_code::report_tracebacks(
+                client.clone(),
+                id.clone(),
+                tracebacks.clone(),
+                self.seen.clone(),
+                console.clone(),
+            ));
             tokio::spawn(async move {
                 // Registered on its behalf at once: a worker that never
                 // imports warden is still watched (zero-code mode); one
@@ -578,28 +584,21 @@ impl<C: Coordinator> Sup<'_, C> {
                     ));
                 }
                 let exit = spawn::exited(pid, &pidfd).await;
-                let failed = !exit.is_some_and(Exit::success);
                 // What its stderr said last, once the pipe closed (the
                 // process and what inherited the pipe are gone).
-                let _ = tokio::time::timeout(STDERR_DRAIN, stderr_done).await;
-                let traceback = sink.lock().ok().and_then(|mut t| t.take());
-                let reported_by_client = seen.borrow().self_registered.contains(&id.pid);
-                if failed
-                    && !reported_by_client
-                    && let Some(tb) = &traceback
-                    && let Err(e) = zero_code::report(&client, &id.job, rank, id.pid, tb).await
-                {
-                    console.say(format!(
-                        "could not report rank {rank}'s {} to the agent: {e}",
-                        tb.exception_type
-                    ));
+                if !exit.is_some_and(Exit::success) {
+                    let _ = tokio::time::timeout(STDERR_DRAIN, stderr_done).await;
                 }
+                let traceback = tracebacks
+                    .borrow()
+                    .as_ref()
+                    .map(|t| t.exception_type.clone());
                 let _ = tx.send(ExitNote {
                     generation,
                     rank,
                     pid,
                     exit,
-                    traceback: traceback.map(|t| t.exception_type),
+                    traceback,
                 });
             });
             self.workers.push(Worker { rank, pid, pumps });

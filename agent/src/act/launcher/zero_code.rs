@@ -5,9 +5,10 @@
 //! with the last traceback its stderr showed ([`super::output::Traceback`]).
 //! Out: RegisterRank on the worker's behalf, so the agent watches its exit
 //! and process state (no heartbeats: the hang and straggler detectors have
-//! nothing to judge it on); ReportException on its behalf when it died after
-//! printing a traceback, so the crash is attributed by the same exception
-//! rules as a client's report. Never: replace the worker's own client: a
+//! nothing to judge it on); ReportException on its behalf for each
+//! traceback (or C++ `terminate`) its stderr shows, as it shows, so its
+//! crash, or a peer's, is attributed by the same exception rules as a
+//! client's report. Never: replace the worker's own client: a
 //! worker that registers itself takes over the launcher's registration (the
 //! agent refuses the launcher's over the client's), and its exceptions are
 //! its client's to report.
@@ -18,7 +19,10 @@ use tonic::transport::Channel;
 use warden_proto::v1 as pb;
 use warden_proto::v1::agent_client::AgentClient;
 
-use super::output::Traceback;
+use tokio::sync::watch;
+
+use super::agent::Seen;
+use super::output::{Console, Traceback};
 
 /// How long one RegisterRank or ReportException may take: the worker runs
 /// on either way.
@@ -92,25 +96,48 @@ pub async fn register(client: &AgentClient<Channel>, w: &WorkerId) -> Result<(),
     }
 }
 
-/// Tells the agent that worker `w` died of `tb` (uncaught: the process is
-/// gone), as its client would have. Err: why not.
-pub async fn report(
-    client: &AgentClient<Channel>,
-    job: &str,
-    rank: u32,
-    pid: u32,
-    tb: &Traceback,
-) -> Result<(), String> {
+/// Reports every traceback worker `w`'s stderr completes, as it appears
+/// (before the process is gone: a peer's error must reach the agent while
+/// the incident of the rank that failed first is still being diagnosed),
+/// unless the worker registered itself (its client reports its own
+/// exceptions, with their step). Ends when the stderr pump ends.
+pub async fn report_tracebacks(
+    client: AgentClient<Channel>,
+    w: WorkerId,
+    mut tracebacks: watch::Receiver<Option<Traceback>>,
+    seen: watch::Receiver<Seen>,
+    console: Console,
+) {
+    while tracebacks.changed().await.is_ok() {
+        let Some(tb) = tracebacks.borrow_and_update().clone() else {
+            continue;
+        };
+        if seen.borrow().self_registered.contains(&w.pid) {
+            continue;
+        }
+        if let Err(e) = report(&client, &w, &tb).await {
+            console.say(format!(
+                "could not report rank {}'s {} to the agent: {e}",
+                w.rank, tb.exception_type
+            ));
+        }
+    }
+}
+
+/// Tells the agent that worker `w` printed `tb`, as its client would have.
+/// Not `uncaught`: the launcher saw it printed; whether it ended the
+/// process is for the exit to say. Err: why not.
+async fn report(client: &AgentClient<Channel>, w: &WorkerId, tb: &Traceback) -> Result<(), String> {
     let req = pb::ReportExceptionRequest {
-        job_id: job.to_owned(),
-        global_rank: rank,
+        job_id: w.job.clone(),
+        global_rank: w.rank,
         generation: 0,
-        pid,
+        pid: w.pid,
         exception_type: tb.exception_type.clone(),
         message: tb.message.clone(),
         traceback: tb.text.clone(),
         step: 0,
-        uncaught: true,
+        uncaught: false,
         awaits_decision: false,
     };
     let mut c = client.clone();
