@@ -196,14 +196,14 @@ impl TracebackScan {
             self.terminate = Some(rest.trim_end_matches('\'').to_owned());
             return;
         }
-        if let Some(ty) = self.terminate.take() {
-            if let Some(what) = line.trim_start().strip_prefix("what():") {
-                self.last = Some(Traceback {
-                    exception_type: ty.clone(),
-                    message: what.trim().to_owned(),
-                    text: format!("terminate called after throwing an instance of '{ty}'\n{line}"),
-                });
-            }
+        if let Some(ty) = self.terminate.take()
+            && let Some(what) = line.trim_start().strip_prefix("what():")
+        {
+            self.last = Some(Traceback {
+                exception_type: ty.clone(),
+                message: what.trim().to_owned(),
+                text: format!("terminate called after throwing an instance of '{ty}'\n{line}"),
+            });
         }
     }
 
