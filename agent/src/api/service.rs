@@ -15,7 +15,8 @@ use super::convert;
 use super::observe::observed;
 use super::streams::{StreamGate, StreamPermit};
 use crate::events::Event;
-use crate::ranks::{self, RankKey, RegisterError, registry::RegisterRequest};
+use crate::ranks::registry::{RankState, RegisterRequest};
+use crate::ranks::{self, RankKey, RegisterError};
 use crate::signal::{RankException, RankRegistered, Signal};
 use crate::state::AgentState;
 
@@ -249,7 +250,34 @@ impl Agent for AgentService {
                 owner: Some(peer.owner()),
             };
             let now = warden_client::clock::syscall_now();
-            let result = self.state.registry().register(&request, now);
+            // Who registered: the process itself (a client), or its
+            // launcher on its behalf (`warden run` registers every worker,
+            // so a script that never imports warden is still watched).
+            let by_self = process.as_ref().is_none_or(|p| peer.pid == Some(p.pid));
+            let result = {
+                let mut registry = self.state.registry();
+                let key = RankKey {
+                    job: request.job_id.clone(),
+                    rank: request.global_rank,
+                };
+                // The client's own registration takes over its launcher's
+                // (the same pid registering again replaces it), never the
+                // other way round: a launcher's registration that comes late
+                // must not take the slot of a client that registered itself.
+                let own = registry.ranks.get(&key).filter(|e| {
+                    !by_self
+                        && e.pid == request.pid
+                        && e.registered_by == Some(e.pid)
+                        && matches!(e.state, RankState::Running | RankState::Hung)
+                });
+                if own.is_some() {
+                    return Err(Status::already_exists(format!(
+                        "{key} (pid {}) registered itself; its launcher's registration does not replace the client's",
+                        request.pid
+                    )));
+                }
+                registry.register(&request, now)
+            };
             let reg = result.map_err(|e| match e {
                 RegisterError::Invalid(_) => Status::invalid_argument(e.to_string()),
                 RegisterError::LayoutMismatch { .. } => Status::failed_precondition(e.to_string()),
@@ -277,6 +305,7 @@ impl Agent for AgentService {
                     slot: reg.slot_index,
                     declared_devices: request.devices,
                     replaced_pid: reg.replaced_pid,
+                    by_self,
                 }));
             Ok(Response::new(pb::RegisterRankResponse {
                 slot_index: reg.slot_index,

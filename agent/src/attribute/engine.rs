@@ -952,6 +952,45 @@ impl Engine {
             .checked_sub(self.cfg.hardware_window)
             .unwrap_or(SystemTime::UNIX_EPOCH);
         let to = now.max(first_at + self.cfg.settle);
+
+        // The exceptions of the job's other ranks around a crash (a peer
+        // failing in a collective when a rank died: gloo's "Connection
+        // closed by peer"), as context: a consequence of the failure or its
+        // cause, never a vote (the rank that failed first is what the
+        // incident is about).
+        let crashed: Vec<&RankKey> = open
+            .triggers
+            .iter()
+            .filter(|t| matches!(t, Trigger::Crash { .. }))
+            .filter_map(Trigger::key)
+            .collect();
+        let mut peers: Vec<(&RankKey, &ExceptionSeen)> = self
+            .exceptions
+            .iter()
+            .filter(|(k, x)| k.job == rec.job && !crashed.contains(k) && within(x.at, from, to))
+            .collect();
+        if crashed.is_empty() {
+            peers.clear();
+        }
+        peers.sort_by_key(|(k, _)| k.rank);
+        for (k, x) in peers {
+            let first_line = x.message.lines().next().unwrap_or("");
+            let name = rules::exception_rule(&x.exception_type, &x.message)
+                .map_or("exception.other", |r| r.name);
+            ev.push(Evidence {
+                at: x.at,
+                source: "rank".into(),
+                signal: "exception.peer".into(),
+                subject: k.to_string(),
+                value: format!("{}: {}", x.exception_type, clip(first_line, 200)),
+                points_to: None,
+                weight: 0.0,
+                note: format!(
+                    "a peer's exception around the failure: its consequence (a collective that lost the failed rank) or its cause [{name}]"
+                ),
+                event_id: x.event_id,
+            });
+        }
         let devs: BTreeSet<String> = rec.devices.iter().cloned().collect();
         let job_down = open.triggers.iter().any(|t| t.kind().job_down());
         for o in self.observations.iter().filter(|o| within(o.at, from, to)) {

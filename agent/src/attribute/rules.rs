@@ -87,6 +87,7 @@ pub const EXCEPTIONS: &[ExceptionRule] = &[
             "remote process exited or there was a network error",
             "nccl_ib",
             "connection reset by peer",
+            "connection closed by peer",
             "connection refused",
             "broken pipe",
         ],

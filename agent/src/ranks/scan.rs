@@ -205,7 +205,12 @@ pub fn scan(reg: &mut Registry, cfg: &HangConfig, now_ns: u64, prev_ns: u64) -> 
         .values()
         .filter(|e| matches!(e.state, RankState::Running | RankState::Hung))
         .map(|e| {
-            let stalled = stalled_past(e.progress_ns, now_ns, e.threshold.as_ref());
+            // Judged only on a slot its client writes: a rank its launcher
+            // registered for a script that never imports warden (zero-code
+            // mode) has no heartbeats to miss; its exit and process state
+            // are what the agent watches.
+            let written = e.last.as_ref().is_some_and(|s| s.writer_is_owner());
+            let stalled = written && stalled_past(e.progress_ns, now_ns, e.threshold.as_ref());
             (
                 e.key.clone(),
                 PeerPosition {

@@ -155,6 +155,9 @@ pub struct RankRegistered {
     pub declared_devices: Vec<String>,
     /// The pid of the process it replaced in its slot, if any.
     pub replaced_pid: Option<u32>,
+    /// True when the rank's own client registered it; false when its
+    /// launcher did (zero-code mode: a script that never imports warden).
+    pub by_self: bool,
 }
 
 impl RankRegistered {

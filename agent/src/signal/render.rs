@@ -104,7 +104,8 @@ fn registered(r: &RankRegistered) -> NewEvent {
     .with("local_rank", r.local_rank)
     .with("world_size", r.world_size)
     .with("host", &r.host)
-    .with("slot", r.slot);
+    .with("slot", r.slot)
+    .with("registered_by", if r.by_self { "self" } else { "launcher" });
     if r.declared_devices.is_empty() {
         ev = ev
             .with("devices", format!("gpu{}", r.local_rank))

@@ -66,6 +66,7 @@ pub fn signal_of(
                 .map(|d| vec![d.clone()])
                 .unwrap_or_default(),
             replaced_pid: None,
+            by_self: get("registered_by") != "launcher",
         }),
         "rank.exception" => Signal::RankException(RankException {
             key: rank_subject(subject)?,

@@ -388,6 +388,12 @@ pub struct Seen {
     /// Pids whose exit the agent reported, or that left cleanly
     /// (deregistered: the agent no longer watches them).
     pub exited: HashSet<u32>,
+    /// Pids that registered themselves (their client reports its own
+    /// exceptions), not only through the launcher.
+    pub self_registered: HashSet<u32>,
+    /// Pids that deregistered cleanly (their client closed: the training
+    /// ended), whatever became of the process after.
+    pub deregistered: HashSet<u32>,
 }
 
 /// Follows the agent's events about `job`'s ranks. The first stream is open
@@ -449,6 +455,7 @@ pub async fn watch_ranks(
                                 .map(|(p, _)| *p);
                             if let Some(p) = newest {
                                 s.exited.insert(p);
+                                s.deregistered.insert(p);
                             }
                         });
                         continue;
@@ -456,6 +463,13 @@ pub async fn watch_ranks(
                     let Some(pid) = pid else { continue };
                     match e.kind.as_str() {
                         "rank.registered" => tx.send_modify(|s| {
+                            let by_self = !e
+                                .evidence
+                                .iter()
+                                .any(|kv| kv.key == "registered_by" && kv.value == "launcher");
+                            if by_self {
+                                s.self_registered.insert(pid);
+                            }
                             s.registered.insert(pid, (rank, Instant::now()));
                         }),
                         "rank.exited" => tx.send_modify(|s| {

@@ -36,6 +36,7 @@ pub mod machine;
 pub mod output;
 pub mod spawn;
 pub mod supervise;
+pub mod zero_code;
 
 use std::path::PathBuf;
 

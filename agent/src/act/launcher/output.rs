@@ -134,16 +134,138 @@ fn write_console(rx: &Receiver<(Stream, Vec<u8>)>) {
     }
 }
 
+/// Longest traceback kept for a report (its end: the innermost frames).
+const MAX_TRACEBACK: usize = 16 * 1024;
+
+/// The last error a worker printed on its stderr: a Python traceback's
+/// exception, or a C++ exception that ended the process (`terminate called
+/// after throwing an instance of 'gloo::IoException'` and its `what():`).
+/// For a script that never imports warden, this is what the launcher can
+/// tell the agent about why it died (ReportException on its behalf).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Traceback {
+    /// The exception's type as printed (`RuntimeError`,
+    /// `torch.distributed.DistBackendError`, `gloo::IoException`).
+    pub exception_type: String,
+    /// Its message's first line.
+    pub message: String,
+    /// The traceback's lines, the type line last (clipped to its end).
+    pub text: String,
+}
+
+/// Finds tracebacks in a worker's stderr, line by line; keeps the last
+/// complete one (of chained exceptions, the last printed: the one that
+/// ended the process).
+#[derive(Debug, Default)]
+pub struct TracebackScan {
+    /// Lines of the traceback being read (after its header).
+    open: Option<Vec<String>>,
+    /// A C++ `terminate called after throwing` waiting for its `what():`.
+    terminate: Option<String>,
+    last: Option<Traceback>,
+}
+
+impl TracebackScan {
+    /// Reads one line (without its newline).
+    pub fn line(&mut self, line: &str) {
+        let line = line.trim_end_matches(['\r', '\n']);
+        // torch.distributed prefixes an uncaught exception's lines with the
+        // rank (`[rank0]: Traceback ...`).
+        let line = strip_rank_prefix(line);
+        if line.starts_with("Traceback (most recent call last):") {
+            self.open = Some(vec![line.to_owned()]);
+            return;
+        }
+        if let Some(lines) = self.open.as_mut() {
+            if line.starts_with(char::is_whitespace) || line.is_empty() {
+                lines.push(line.to_owned());
+                return;
+            }
+            let mut lines = self.open.take().unwrap_or_default();
+            if let Some((ty, msg)) = exception_line(line) {
+                lines.push(line.to_owned());
+                self.last = Some(Traceback {
+                    exception_type: ty.to_owned(),
+                    message: msg.to_owned(),
+                    text: clip_tail(&lines.join("\n"), MAX_TRACEBACK),
+                });
+            }
+            return;
+        }
+        if let Some(rest) = line.strip_prefix("terminate called after throwing an instance of '") {
+            self.terminate = Some(rest.trim_end_matches('\'').to_owned());
+            return;
+        }
+        if let Some(ty) = self.terminate.take()
+            && let Some(what) = line.trim_start().strip_prefix("what():")
+        {
+            self.last = Some(Traceback {
+                exception_type: ty.clone(),
+                message: what.trim().to_owned(),
+                text: format!("terminate called after throwing an instance of '{ty}'\n{line}"),
+            });
+        }
+    }
+
+    /// The last complete traceback read.
+    pub fn last(&self) -> Option<&Traceback> {
+        self.last.as_ref()
+    }
+}
+
+/// `line` without torch's `[rankN]: ` prefix.
+fn strip_rank_prefix(line: &str) -> &str {
+    line.strip_prefix("[rank")
+        .and_then(|r| r.split_once("]: "))
+        .filter(|(n, _)| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+        .map_or(line, |(_, rest)| rest)
+}
+
+/// `Type: message` (or a bare `Type`) when `line` ends a traceback: a
+/// dotted Python name first.
+fn exception_line(line: &str) -> Option<(&str, &str)> {
+    let (ty, msg) = match line.split_once(": ") {
+        Some((t, m)) => (t, m),
+        None => (line.strip_suffix(':').unwrap_or(line), ""),
+    };
+    let name_ok = !ty.is_empty()
+        && ty.split('.').all(|part| {
+            part.chars()
+                .next()
+                .is_some_and(|c| c.is_alphabetic() || c == '_')
+                && part.chars().all(|c| c.is_alphanumeric() || c == '_')
+        });
+    name_ok.then_some((ty, msg))
+}
+
+fn clip_tail(s: &str, max: usize) -> String {
+    if s.len() <= max {
+        return s.to_owned();
+    }
+    let mut start = s.len() - max;
+    while !s.is_char_boundary(start) {
+        start += 1;
+    }
+    s[start..].to_owned()
+}
+
+/// Where a stderr pump announces each traceback it completes (the last
+/// one stays for the worker's exit watch to read).
+pub type TracebackSink = tokio::sync::watch::Sender<Option<Traceback>>;
+
 /// Copies `reader` (a worker's stdout or stderr) to `file` and, prefixed
 /// with `prefix`, to the console, line by line, until the pipe closes (the
-/// worker and everything that inherited the pipe are gone).
+/// worker and everything that inherited the pipe are gone). With `sink`,
+/// each traceback the lines complete is left there (the last one wins).
 pub async fn pump(
     mut reader: impl AsyncRead + Unpin,
     stream: Stream,
     prefix: String,
     file: PathBuf,
     console: Console,
+    sink: Option<TracebackSink>,
 ) {
+    let mut scan = sink.as_ref().map(|_| TracebackScan::default());
     let mut log = match std::fs::File::create(&file) {
         Ok(f) => Some(std::io::BufWriter::new(f)),
         Err(e) => {
@@ -170,16 +292,29 @@ pub async fn pump(
         for &b in chunk {
             line.push(b);
             if b == b'\n' || line.len() >= MAX_LINE {
+                scan_line(scan.as_mut(), sink.as_ref(), &line);
                 emit(&console, stream, &prefix, &mut line);
             }
         }
     }
     if !line.is_empty() {
+        scan_line(scan.as_mut(), sink.as_ref(), &line);
         line.push(b'\n');
         emit(&console, stream, &prefix, &mut line);
     }
     if let Some(mut f) = log {
         let _ = f.flush();
+    }
+}
+
+fn scan_line(scan: Option<&mut TracebackScan>, sink: Option<&TracebackSink>, line: &[u8]) {
+    let (Some(scan), Some(sink)) = (scan, sink) else {
+        return;
+    };
+    let before = scan.last().cloned();
+    scan.line(&String::from_utf8_lossy(line));
+    if scan.last() != before.as_ref() {
+        sink.send_replace(scan.last().cloned());
     }
 }
 
@@ -233,6 +368,7 @@ mod tests {
             "[rank 0] ".into(),
             file.clone(),
             console,
+            None,
         )
         .await;
         let got: Vec<String> = rx
@@ -245,5 +381,72 @@ mod tests {
         );
         assert_eq!(std::fs::read(&file).unwrap(), input);
         assert_eq!(tail(&file, 2), ["two", "partial"]);
+    }
+
+    #[test]
+    fn the_last_traceback_of_a_chain_is_kept() {
+        let text = "\
+step 7
+Traceback (most recent call last):
+  File \"t.py\", line 3, in <module>
+    raise KeyError('x')
+KeyError: 'x'
+
+During handling of the above exception, another exception occurred:
+
+Traceback (most recent call last):
+  File \"t.py\", line 5, in <module>
+    dist.all_reduce(t)
+    ~~~~~~~~~~~~~~~^^^
+torch.distributed.DistBackendError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:4242
+more of the message
+";
+        let mut scan = TracebackScan::default();
+        for l in text.lines() {
+            scan.line(l);
+        }
+        // The same, as torch.distributed prints it (every line prefixed).
+        let mut prefixed = TracebackScan::default();
+        for l in text.lines() {
+            prefixed.line(&format!("[rank12]: {l}"));
+        }
+        assert_eq!(prefixed.last(), scan.last());
+        let t = scan.last().unwrap();
+        assert_eq!(t.exception_type, "torch.distributed.DistBackendError");
+        assert!(
+            t.message
+                .ends_with("Connection closed by peer [127.0.0.1]:4242"),
+            "{t:?}"
+        );
+        assert!(
+            t.text.starts_with("Traceback (most recent call last):"),
+            "{t:?}"
+        );
+        assert!(
+            t.text.contains("dist.all_reduce(t)") && !t.text.contains("KeyError"),
+            "{t:?}"
+        );
+    }
+
+    #[test]
+    fn a_cpp_terminate_is_an_exception_and_prose_is_not() {
+        let mut scan = TracebackScan::default();
+        for l in [
+            "Traceback (most recent call last):",
+            "  File \"x.py\", line 1, in <module>",
+            "this is not an exception line, just prose",
+        ] {
+            scan.line(l);
+        }
+        assert_eq!(scan.last(), None);
+        scan.line("terminate called after throwing an instance of 'gloo::IoException'");
+        scan.line("  what():  [pair.cc:589] Read error [127.0.0.1]:1: Connection reset by peer");
+        let t = scan.last().unwrap();
+        assert_eq!(t.exception_type, "gloo::IoException");
+        assert!(t.message.starts_with("[pair.cc:589] Read error"), "{t:?}");
+        // "terminate called without an active exception" names nothing.
+        let mut scan = TracebackScan::default();
+        scan.line("terminate called without an active exception");
+        assert_eq!(scan.last(), None);
     }
 }

@@ -71,10 +71,14 @@ use super::machine::{
 };
 use super::output::{self, Console, Stream};
 use super::spawn::{self, Exit};
+use super::zero_code;
 
 /// How long exited workers stay zombies, at most, waiting for the agent to
 /// report them (it reads their status from the zombie).
 const REAP_WAIT: Duration = Duration::from_secs(1);
+/// How long a failed worker's stderr may take to close after its exit,
+/// for its last traceback (a child that inherited the pipe keeps it open).
+const STDERR_DRAIN: Duration = Duration::from_millis(500);
 /// How long a worker's output may keep flowing after the job ended.
 const OUTPUT_DRAIN: Duration = Duration::from_secs(2);
 /// How long StopRanks may take before the launcher stops the workers anyway.
@@ -162,6 +166,8 @@ struct ExitNote {
     rank: u32,
     pid: i32,
     exit: Option<Exit>,
+    /// The type of the last exception its stderr showed.
+    traceback: Option<String>,
 }
 
 enum Ev {
@@ -311,14 +317,18 @@ impl<C: Coordinator> Sup<'_, C> {
         };
         match ev {
             Ev::Exit(n) => {
-                let registered = u32::try_from(n.pid)
-                    .is_ok_and(|p| self.seen.borrow().registered.contains_key(&p));
+                let seen = self.seen.borrow();
+                let pid = u32::try_from(n.pid).ok();
+                let registered = pid.is_some_and(|p| seen.registered.contains_key(&p));
+                let deregistered = pid.is_some_and(|p| seen.deregistered.contains(&p));
                 Some(Input::WorkerExit(WorkerExit {
                     generation: n.generation,
                     rank: n.rank,
                     pid: n.pid,
                     exit: n.exit,
                     registered,
+                    deregistered,
+                    traceback: n.traceback,
                 }))
             }
             Ev::Decision(inc) => decision_of(&inc).map(|d| Input::Decision(Box::new(d))),
@@ -328,10 +338,13 @@ impl<C: Coordinator> Sup<'_, C> {
             }
             Ev::Deadline => Some(Input::Deadline),
             Ev::Seen => {
+                // Their clients (the launcher registers every worker at its
+                // spawn; what the restart's timing measures is the training
+                // code back on the agent).
                 let pids = self.state.unregistered_attempt()?;
                 let seen = self.seen.borrow();
                 pids.iter()
-                    .all(|&p| u32::try_from(p).is_ok_and(|p| seen.registered.contains_key(&p)))
+                    .all(|&p| u32::try_from(p).is_ok_and(|p| seen.self_registered.contains(&p)))
                     .then_some(Input::AllRegistered)
             }
             Ev::SeenClosed => {
@@ -498,6 +511,10 @@ impl<C: Coordinator> Sup<'_, C> {
         };
         self.workers = Vec::new();
         let mut error = None;
+        let host = nix::unistd::gethostname()
+            .ok()
+            .and_then(|h| h.into_string().ok())
+            .unwrap_or_default();
         for local in 0..self.job.nproc_per_node {
             let rank = wenv.global_rank(local);
             let env = wenv.for_rank(local, |k| std::env::var(k).ok());
@@ -520,27 +537,72 @@ impl<C: Coordinator> Sup<'_, C> {
                     prefix.clone(),
                     output::log_file(&dir, rank, Stream::Stdout),
                     self.console.clone(),
+                    None,
                 )));
             }
+            let (sink, tracebacks) = watch::channel(None);
+            let (stderr_done_tx, stderr_done) = tokio::sync::oneshot::channel::<()>();
             if let Some(err) = s.stderr.take() {
-                pumps.push(tokio::spawn(output::pump(
+                let pump = output::pump(
                     err,
                     Stream::Stderr,
                     prefix,
                     output::log_file(&dir, rank, Stream::Stderr),
                     self.console.clone(),
-                )));
+                    Some(sink.clone()),
+                );
+                pumps.push(tokio::spawn(async move {
+                    pump.await;
+                    let _ = stderr_done_tx.send(());
+                }));
             }
             let tx = self.exits_tx.clone();
             let pid = s.pid;
             let pidfd = s.pidfd;
+            let id = zero_code::WorkerId {
+                job: self.job.id.clone(),
+                rank,
+                local_rank: local,
+                world_size: plan.world_size,
+                pid: u32::try_from(pid).unwrap_or(0),
+                host: host.clone(),
+                devices: zero_code::WorkerId::devices_of(&env, local),
+            };
+            let client = self.client.clone();
+            let console = self.console.clone();
+            tokio::spawn(zero_code::report_tracebacks(
+                client.clone(),
+                id.clone(),
+                tracebacks.clone(),
+                self.seen.clone(),
+                console.clone(),
+            ));
             tokio::spawn(async move {
+                // Registered on its behalf at once: a worker that never
+                // imports warden is still watched (zero-code mode); one
+                // that does registers again itself, seconds later, and its
+                // client's registration takes over.
+                if let Err(e) = zero_code::register(&client, &id).await {
+                    console.say(format!(
+                        "could not register rank {rank} (pid {pid}) with the agent: {e}; it is watched by the launcher only"
+                    ));
+                }
                 let exit = spawn::exited(pid, &pidfd).await;
+                // What its stderr said last, once the pipe closed (the
+                // process and what inherited the pipe are gone).
+                if !exit.is_some_and(Exit::success) {
+                    let _ = tokio::time::timeout(STDERR_DRAIN, stderr_done).await;
+                }
+                let traceback = tracebacks
+                    .borrow()
+                    .as_ref()
+                    .map(|t| t.exception_type.clone());
                 let _ = tx.send(ExitNote {
                     generation,
                     rank,
                     pid,
                     exit,
+                    traceback,
                 });
             });
             self.workers.push(Worker { rank, pid, pumps });

@@ -140,6 +140,11 @@ pub struct WorkerExit {
     pub exit: Option<Exit>,
     /// The agent had registered it (it can diagnose the failure).
     pub registered: bool,
+    /// Its client deregistered cleanly before the process ended (the
+    /// client closes after the training code returned).
+    pub deregistered: bool,
+    /// The type of the last exception its stderr showed, if any.
+    pub traceback: Option<String>,
 }
 
 /// The workers of an attempt that started (or began to).
@@ -425,6 +430,49 @@ pub struct JobState {
     /// A failure the agent answered with `continue`: the job's status at
     /// the end.
     failed_unrestarted: Option<Exit>,
+    /// A failure after the worker's training ended, waiting for the other
+    /// workers' exits ([`Teardown`]).
+    teardown: Option<Teardown>,
+}
+
+/// A worker that failed in its teardown: after its training ended, as far
+/// as the launcher can tell ([`teardown_sign`]). If every other worker of
+/// the attempt then exits 0, the job ends with their result, not a restart;
+/// if another fails, or they do not end within the decision timeout, it is
+/// a failure like any other (the deferred decisions are acted on).
+#[derive(Debug, Clone)]
+struct Teardown {
+    seen: Instant,
+    seen_wall: SystemTime,
+    rank: u32,
+    exit: Option<Exit>,
+    why: String,
+    deadline: Instant,
+    /// The agent's decisions meanwhile, acted on only if it is no teardown.
+    deferred: Vec<Decision>,
+}
+
+/// Why a failed worker's training had ended, when the launcher can tell:
+/// its client deregistered cleanly before the process died (the client
+/// closes after the training code returned, and torch's C++ teardown
+/// aborts after that), or, for a worker without a client (zero-code), it
+/// aborted (SIGABRT: `std::terminate` in a destructor, `os.abort()` at
+/// exit) without a Python traceback on its stderr: an exception in the
+/// training code prints one. Either counts only once every other worker
+/// of the attempt exited 0: in a data-parallel job every collective needs
+/// every rank, so the peers' clean ends say the aborted rank took part in
+/// the whole training.
+fn teardown_sign(e: &WorkerExit) -> Option<String> {
+    if e.deregistered {
+        return Some("its client had deregistered cleanly: its training ended".into());
+    }
+    if matches!(e.exit, Some(Exit::Signal(6))) && e.traceback.is_none() {
+        return Some(
+            "SIGABRT with no Python traceback on its stderr: an abort at exit, not an exception in the training code"
+                .into(),
+        );
+    }
+    None
 }
 
 /// [`JobState::step`] as a function.
@@ -461,6 +509,7 @@ impl JobState {
             fallback_used: 0,
             awaiting_registration: None,
             failed_unrestarted: None,
+            teardown: None,
         }
     }
 
@@ -468,7 +517,11 @@ impl JobState {
     /// timeout, or the backoff's end.
     pub fn deadline(&self) -> Option<Instant> {
         match &self.phase {
-            Phase::Running => self.pending.as_ref().map(|p| p.deadline),
+            Phase::Running => self
+                .pending
+                .as_ref()
+                .map(|p| p.deadline)
+                .or(self.teardown.as_ref().map(|t| t.deadline)),
             Phase::BackingOff(_, until) => Some(*until),
             _ => None,
         }
@@ -827,12 +880,14 @@ impl JobState {
     }
 
     fn on_exit(&mut self, e: WorkerExit, now: Now, out: &mut Vec<Command>) {
+        let sign = teardown_sign(&e);
         let WorkerExit {
             generation,
             rank,
             pid,
             exit,
             registered,
+            ..
         } = e;
         if generation != self.attempt.generation {
             return;
@@ -840,7 +895,38 @@ impl JobState {
         if let Some(w) = self.attempt.workers.iter_mut().find(|w| w.pid == pid) {
             w.exit = Some(exit);
         }
-        if !exit.is_some_and(Exit::success) {
+        let failed = !exit.is_some_and(Exit::success);
+        if failed
+            && self.pending.is_none()
+            && self.teardown.is_none()
+            && self.attempt.workers.len() > 1
+            && let Some(why) = sign
+        {
+            let status = exit.map_or("status unknown".to_owned(), |e| e.to_string());
+            out.push(Command::Say(format!(
+                "rank {rank} (pid {pid}) failed after its training ended: {status} ({why}); the job's result is the other workers'"
+            )));
+            self.teardown = Some(Teardown {
+                seen: now.at,
+                seen_wall: now.wall,
+                rank,
+                exit,
+                why,
+                deadline: now.at + self.limits.decision_timeout,
+                deferred: Vec::new(),
+            });
+            self.end_of_teardown(out);
+            return;
+        }
+        if failed && let Some(t) = self.teardown.take() {
+            // Another worker failed: the first one's was no teardown.
+            self.teardown_failed(t, now, out);
+            if !matches!(self.phase, Phase::Running) {
+                // A held decision restarts or ends the job already.
+                return;
+            }
+        }
+        if failed {
             let status = exit.map_or("status unknown".to_owned(), |e| e.to_string());
             self.attempt.record.failures.push((rank, status.clone()));
             if self.pending.is_none() {
@@ -870,6 +956,10 @@ impl JobState {
                     "rank {rank} (pid {pid}) failed too: {status}"
                 )));
             }
+            return;
+        }
+        if self.teardown.is_some() {
+            self.end_of_teardown(out);
             return;
         }
         let all_done = self.attempt.workers.iter().all(|w| w.exit.is_some());
@@ -905,6 +995,16 @@ impl JobState {
     }
 
     fn on_decision(&mut self, d: Decision, now: Now, out: &mut Vec<Command>) {
+        if let Some(t) = self.teardown.as_mut() {
+            if !t
+                .deferred
+                .iter()
+                .any(|x| x.id == d.id && x.revision == d.revision)
+            {
+                t.deferred.push(d);
+            }
+            return;
+        }
         if !self.handled.insert((d.id.clone(), d.revision)) {
             return;
         }
@@ -1024,7 +1124,80 @@ impl JobState {
         }
     }
 
+    /// The other workers all exited 0 after a teardown failure: the job
+    /// ends with their result.
+    fn end_of_teardown(&mut self, out: &mut Vec<Command>) {
+        let Some(t) = &self.teardown else { return };
+        let others_done = self.attempt.workers.iter().all(|w| w.exit.is_some());
+        if !others_done {
+            return;
+        }
+        let status = t
+            .exit
+            .map_or("status unknown".to_owned(), |e| e.to_string());
+        let note = format!(
+            "rank {} failed in its teardown ({status}): {}",
+            t.rank, t.why
+        );
+        for d in &t.deferred {
+            out.push(Command::Say(format!(
+                "{} ({}): not acted on, the job's training had ended",
+                d.id, d.brief.action
+            )));
+        }
+        out.push(Command::Say(format!(
+            "every other worker exited 0: the job succeeded; {note}"
+        )));
+        let outcome = if self.restarts == 0 {
+            format!("succeeded ({note})")
+        } else {
+            format!(
+                "succeeded after {} in-job restart{} ({note})",
+                self.restarts,
+                if self.restarts == 1 { "" } else { "s" }
+            )
+        };
+        self.teardown = None;
+        out.push(self.finish(
+            exit::EXIT_SUCCESS,
+            outcome,
+            "every other worker exited 0; a teardown failure".into(),
+            None,
+        ));
+    }
+
+    /// A teardown failure that turned out to be none (another worker
+    /// failed, or the others did not end in time): a failure like any
+    /// other, the decisions held back acted on.
+    fn teardown_failed(&mut self, t: Teardown, now: Now, out: &mut Vec<Command>) {
+        out.push(Command::Say(format!(
+            "rank {}'s failure is handled as a failure: the other workers did not all end cleanly",
+            t.rank
+        )));
+        self.pending = Some(Pending {
+            seen: t.seen,
+            seen_wall: t.seen_wall,
+            rank: t.rank,
+            exit: t.exit,
+            deadline: now.at + self.limits.decision_timeout,
+            registered: true,
+        });
+        for d in t.deferred {
+            self.on_decision(d, now, out);
+        }
+    }
+
     fn on_no_decision(&mut self, now: Now, out: &mut Vec<Command>) {
+        if self.pending.is_none()
+            && let Some(t) = self.teardown.take()
+        {
+            if now.at < t.deadline {
+                self.teardown = Some(t);
+                return;
+            }
+            self.teardown_failed(t, now, out);
+            return;
+        }
         let Some(p) = self.pending.take() else {
             return;
         };

@@ -110,6 +110,22 @@ fn exit(generation: u64, rank: u32, pid: i32, code: i32) -> Input {
         pid,
         exit: Some(Exit::Code(code)),
         registered: true,
+        deregistered: false,
+        traceback: None,
+    })
+}
+
+/// A worker of a script without a client that aborted (SIGABRT) with
+/// `traceback` the last exception on its stderr.
+fn abort(generation: u64, rank: u32, pid: i32, traceback: Option<&str>) -> Input {
+    Input::WorkerExit(WorkerExit {
+        generation,
+        rank,
+        pid,
+        exit: Some(Exit::Signal(6)),
+        registered: true,
+        deregistered: false,
+        traceback: traceback.map(str::to_owned),
     })
 }
 
@@ -237,6 +253,180 @@ fn with(
 
 fn scenarios() -> Vec<Scenario> {
     vec![
+        Scenario {
+            name: "teardown: a rank aborts after its training, the other exits 0: success",
+            limits: limits(),
+            steps: with(
+                first_attempt(),
+                vec![
+                    (1000, abort(1, 0, 100, None), &[]),
+                    // The agent's decision about the abort is held back.
+                    (
+                        1200,
+                        decision("inc-1", 0, 1001, Action::RestartInJob, 0),
+                        &[],
+                    ),
+                    (1500, exit(1, 1, 101, 0), &["finish 0"]),
+                ],
+            ),
+            expect: End {
+                code: Some(0),
+                outcome: "succeeded (rank 0 failed in its teardown (signal 6 (SIGABRT)): SIGABRT with no Python traceback",
+                records: 1,
+                ended: "every other worker exited 0; a teardown failure",
+                says: &[
+                    "rank 0 (pid 100) failed after its training ended",
+                    "inc-1 (restart_in_job): not acted on, the job's training had ended",
+                    "every other worker exited 0: the job succeeded",
+                ],
+                ..End::default()
+            },
+        },
+        Scenario {
+            name: "teardown: a client that deregistered dies after the other exited 0: success",
+            limits: limits(),
+            steps: with(
+                first_attempt(),
+                vec![
+                    (1000, exit(1, 1, 101, 0), &[]),
+                    (
+                        1100,
+                        Input::WorkerExit(WorkerExit {
+                            generation: 1,
+                            rank: 0,
+                            pid: 100,
+                            exit: Some(Exit::Code(1)),
+                            registered: true,
+                            deregistered: true,
+                            traceback: None,
+                        }),
+                        &["finish 0"],
+                    ),
+                ],
+            ),
+            expect: End {
+                code: Some(0),
+                outcome: "succeeded (rank 0 failed in its teardown (exit code 1): its client had deregistered cleanly",
+                records: 1,
+                ended: "a teardown failure",
+                ..End::default()
+            },
+        },
+        Scenario {
+            name: "no teardown: an abort, then the other rank fails: the held decision restarts",
+            limits: limits(),
+            steps: with(
+                with(
+                    first_attempt(),
+                    vec![
+                        (1000, abort(1, 0, 100, None), &[]),
+                        (
+                            1200,
+                            decision("inc-1", 0, 1001, Action::RestartInJob, 0),
+                            &[],
+                        ),
+                        (
+                            1300,
+                            exit(1, 1, 101, 1),
+                            &["publish restart", "stop SIGTERM"],
+                        ),
+                    ],
+                ),
+                with(
+                    restart_path(7000, 1, 200),
+                    vec![
+                        (9000, exit(2, 0, 200, 0), &[]),
+                        (9001, exit(2, 1, 201, 0), &["finish 0"]),
+                    ],
+                ),
+            ),
+            expect: End {
+                code: Some(0),
+                outcome: "succeeded after 1 in-job restart",
+                restarts: 1,
+                local_restarts: 1,
+                records: 2,
+                ended: "every worker exited 0",
+                says: &[
+                    "rank 0 (pid 100) failed after its training ended",
+                    "rank 0's failure is handled as a failure",
+                    "restarting in job (restart 1)",
+                ],
+                ..End::default()
+            },
+        },
+        Scenario {
+            name: "no teardown: an abort with a traceback is a failure like any other",
+            limits: limits(),
+            steps: with(
+                with(
+                    first_attempt(),
+                    vec![
+                        (1000, abort(1, 0, 100, Some("RuntimeError")), &[]),
+                        (
+                            1200,
+                            decision("inc-1", 0, 1001, Action::RestartInJob, 0),
+                            &["publish restart", "stop SIGTERM"],
+                        ),
+                    ],
+                ),
+                with(
+                    restart_path(7000, 1, 200),
+                    vec![
+                        (9000, exit(2, 0, 200, 0), &[]),
+                        (9001, exit(2, 1, 201, 0), &["finish 0"]),
+                    ],
+                ),
+            ),
+            expect: End {
+                code: Some(0),
+                outcome: "succeeded after 1 in-job restart",
+                restarts: 1,
+                local_restarts: 1,
+                records: 2,
+                ended: "every worker exited 0",
+                says: &[
+                    "rank 0 (pid 100) failed: signal 6 (SIGABRT); waiting for the agent's diagnosis",
+                ],
+                ..End::default()
+            },
+        },
+        Scenario {
+            name: "no teardown: the other rank outlives the decision timeout",
+            limits: limits(),
+            steps: with(
+                with(
+                    first_attempt(),
+                    vec![
+                        (1000, abort(1, 0, 100, None), &[]),
+                        (
+                            1200,
+                            decision("inc-1", 0, 1001, Action::RestartInJob, 0),
+                            &[],
+                        ),
+                        (3000, Input::Deadline, &[]),
+                        (6000, Input::Deadline, &["publish restart", "stop SIGTERM"]),
+                    ],
+                ),
+                with(
+                    restart_path(7000, 1, 200),
+                    vec![
+                        (9000, exit(2, 0, 200, 0), &[]),
+                        (9001, exit(2, 1, 201, 0), &["finish 0"]),
+                    ],
+                ),
+            ),
+            expect: End {
+                code: Some(0),
+                outcome: "succeeded after 1 in-job restart",
+                restarts: 1,
+                local_restarts: 1,
+                records: 2,
+                ended: "every worker exited 0",
+                says: &["rank 0's failure is handled as a failure"],
+                ..End::default()
+            },
+        },
         Scenario {
             name: "crash: restarted in job, then every worker exits 0",
             limits: limits(),
@@ -423,6 +613,8 @@ fn scenarios() -> Vec<Scenario> {
                             pid: 201,
                             exit: Some(Exit::Signal(9)),
                             registered: false,
+                            deregistered: false,
+                            traceback: None,
                         }),
                         &[],
                     ),
