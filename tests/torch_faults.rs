@@ -26,40 +26,15 @@
 
 mod common;
 
-use std::process::Command;
 use std::time::Duration;
 
 use common::{
-    Events, Streaming, TestAgent, describe, evidence, python, python_rank, spawn_python_rank,
+    Events, Streaming, TestAgent, describe, evidence, python_rank, spawn_python_rank,
+    torch_available,
 };
 
 /// Generous: importing torch takes seconds on a loaded 2-core machine.
 const SLOW: Duration = Duration::from_secs(90);
-
-/// Whether torch can be imported; panics when it cannot and
-/// `WARDEN_REQUIRE_TORCH` is set.
-fn torch_available() -> bool {
-    let ok = Command::new(python())
-        .args([
-            "-c",
-            "import torch.distributed as d; assert d.is_gloo_available()",
-        ])
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !ok {
-        let required = std::env::var_os("WARDEN_REQUIRE_TORCH").is_some_and(|v| !v.is_empty());
-        assert!(
-            !required,
-            "WARDEN_REQUIRE_TORCH is set but {} cannot import torch with gloo: run `bash tests/torch-venv.sh`",
-            python().display()
-        );
-        eprintln!(
-            "SKIPPED: {} cannot import torch (run `bash tests/torch-venv.sh`, or set WARDEN_REQUIRE_TORCH=1 to fail instead)",
-            python().display()
-        );
-    }
-    ok
-}
 
 /// Fast ticks and hang thresholds of about a second once calibrated.
 fn start_agent() -> (tempfile::TempDir, TestAgent) {

@@ -25,7 +25,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use common::{Finished, WARDEN, python, repo_root, run};
+use common::{Finished, WARDEN, python, repo_root, run, torch_available};
 use serde_json::Value;
 
 /// A whole run: torch imports take seconds per worker on a loaded 2-core
@@ -37,31 +37,6 @@ const RUN: Duration = Duration::from_secs(240);
 const AGENT_TOML: &str = "[agent]\ntick = \"50ms\"\n\
     [host]\nmemory_degraded_below_percent = 0.0\nmemory_failed_below_percent = 0.0\n\
     [kmsg]\nenabled = false\n[nvml]\nenabled = false\n";
-
-/// Whether torch can be imported; panics when it cannot and
-/// `WARDEN_REQUIRE_TORCH` is set.
-fn torch_available() -> bool {
-    let ok = Command::new(python())
-        .args([
-            "-c",
-            "import torch.distributed as d; assert d.is_gloo_available()",
-        ])
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !ok {
-        let required = std::env::var_os("WARDEN_REQUIRE_TORCH").is_some_and(|v| !v.is_empty());
-        assert!(
-            !required,
-            "WARDEN_REQUIRE_TORCH is set but {} cannot import torch with gloo: run `bash tests/torch-venv.sh`",
-            python().display()
-        );
-        eprintln!(
-            "SKIPPED: {} cannot import torch (run `bash tests/torch-venv.sh`, or set WARDEN_REQUIRE_TORCH=1 to fail instead)",
-            python().display()
-        );
-    }
-    ok
-}
 
 /// `warden run --nproc-per-node 2 -- python torch_plain.py <args>` in
 /// `dir`, with an embedded agent (no wardend answers on `--socket`).

@@ -1013,3 +1013,29 @@ pub fn spawn_python_rank(agent: &TestAgent, job: &str, rank: u32, cmd: &mut Comm
     s.label = format!("job/{job}/rank/{rank} (pid {})", s.pid());
     s
 }
+
+/// Whether the test interpreter can import torch (with gloo), for the
+/// real-torch tests; panics when it cannot and
+/// `WARDEN_REQUIRE_TORCH` is set.
+pub fn torch_available() -> bool {
+    let ok = Command::new(python())
+        .args([
+            "-c",
+            "import torch.distributed as d; assert d.is_gloo_available()",
+        ])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !ok {
+        let required = std::env::var_os("WARDEN_REQUIRE_TORCH").is_some_and(|v| !v.is_empty());
+        assert!(
+            !required,
+            "WARDEN_REQUIRE_TORCH is set but {} cannot import torch with gloo: run `bash tests/torch-venv.sh`",
+            python().display()
+        );
+        eprintln!(
+            "SKIPPED: {} cannot import torch (run `bash tests/torch-venv.sh`, or set WARDEN_REQUIRE_TORCH=1 to fail instead)",
+            python().display()
+        );
+    }
+    ok
+}
