@@ -36,6 +36,57 @@ fn pct(x: f64) -> String {
     format!("{:.2}%", x * 100.0)
 }
 
+/// Which of the model's times are warden's measured figures and which are
+/// assumptions (docs/goodput.md names the source of each default): a plan
+/// is only as good as its inputs, and the reader should know which to
+/// replace with their own.
+fn inputs_line(s: &crate::scenario::Scenario) -> String {
+    use crate::scenario::{Checkpoint, Job, WardenTimes};
+    let (w, dw) = (&s.warden, WardenTimes::default());
+    let (j, dj) = (&s.job, Job::default());
+    let (c, dc) = (&s.checkpoint, Checkpoint::default());
+    let same = |a: f64, b: f64| (a - b).abs() <= f64::EPSILON * b.abs().max(1.0);
+    let item = |name: &str, v: f64, default: f64, by_default: &str| {
+        let whose = if same(v, default) {
+            by_default
+        } else {
+            "given"
+        };
+        format!("{name} {} ({whose})", duration(v))
+    };
+    let measured = [
+        item(
+            "crash detection",
+            w.crash_detection_s,
+            dw.crash_detection_s,
+            "measured",
+        ),
+        item(
+            "in-job restart",
+            w.in_job_restart_s,
+            dw.in_job_restart_s,
+            "measured",
+        ),
+        item(
+            "in-process restart",
+            w.in_process_s,
+            dw.in_process_s,
+            "measured",
+        ),
+        item("round", w.round_s, dw.round_s, "measured"),
+    ];
+    let assumed = [
+        item("start-up", j.startup_s, dj.startup_s, "assumed"),
+        item("step", j.step_s, dj.step_s, "assumed"),
+        item("save stall", c.save_stall_s, dc.save_stall_s, "assumed"),
+    ];
+    format!(
+        "inputs: {}; {} (docs/goodput.md: replace the assumed with yours, or --from-ledger)",
+        measured.join(", "),
+        assumed.join(", ")
+    )
+}
+
 /// The plan as a readable report.
 pub fn table(plan: &Plan) -> String {
     let s = &plan.scenario;
@@ -73,6 +124,7 @@ pub fn table(plan: &Plan) -> String {
         duration(plan.restore_peer_s),
         duration(plan.restore_durable_s)
     );
+    let _ = writeln!(out, "{}", inputs_line(s));
     if let Some(l) = &plan.ledger {
         let applied: Vec<String> = l.applied.iter().map(|(k, v)| format!("{k}={v}")).collect();
         let _ = writeln!(

@@ -176,7 +176,11 @@ impl Model {
                     warden: per(&|hang| {
                         let d = if planned { 0.0 } else { detect(hang) };
                         match c.recovery {
-                            Recovery::InProcess => [d, w.in_process_s, local],
+                            // A hang (or a transient exception) comes back in
+                            // the same processes; a crash has no process left
+                            // to restart in: its launcher restarts it in job.
+                            Recovery::InProcess if hang => [d, w.in_process_s, local],
+                            Recovery::InProcess => [d, in_job, local],
                             Recovery::InJob | Recovery::Planned => [d, in_job, local],
                             Recovery::ReplaceNode => [d, in_job + w.round_s, peer],
                         }
