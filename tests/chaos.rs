@@ -42,7 +42,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::{Home, Streaming, TestAgent};
-use warden_client::{Checkpointer, ConnectOptions};
+use warden_client::Checkpointer;
 
 /// The agent's scan tick in this test. The bound on a held step is two of
 /// them; 250 ms (the default is 100 ms) gives the margin a loaded 2-core
@@ -165,13 +165,7 @@ fn sha256_hex(data: &[u8]) -> String {
 }
 
 fn checkpointer(socket: &Path, rank: u32) -> Checkpointer {
-    let mut o = ConnectOptions::from_env_lossy();
-    o.socket_path = socket.to_path_buf();
-    o.job_id = JOB.to_owned();
-    o.global_rank = rank;
-    o.local_rank = rank;
-    o.world_size = RANKS;
-    Checkpointer::new(o).expect("checkpointer")
+    common::checkpoint_rank(socket, JOB, rank, RANKS)
 }
 
 /// The tier on tmpfs when the machine has one (the deployed default,

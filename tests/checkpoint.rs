@@ -22,8 +22,7 @@ mod common;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use common::{Events, TestAgent, eventually, evidence, free_port};
-use warden_client::{Checkpointer, ConnectOptions};
+use common::{Events, TestAgent, checkpoint_rank, eventually, evidence, free_port, shard_bytes};
 use warden_proto::v1 as pb;
 
 const IPS: [&str; 3] = ["127.0.0.2", "127.0.0.3", "127.0.0.4"];
@@ -55,25 +54,6 @@ fn host_toml(i: usize, addrs: &[String], extra: &str, tail: &str) -> String {
         }
     }
     t + tail
-}
-
-/// The real client library as rank `rank` of `world` in `job`.
-fn rank(agent: &TestAgent, job: &str, rank: u32, world: u32) -> Checkpointer {
-    let mut o = ConnectOptions::from_env_lossy();
-    o.socket_path = agent.socket().to_path_buf();
-    o.job_id = job.to_owned();
-    o.global_rank = rank;
-    o.local_rank = rank;
-    o.world_size = world;
-    Checkpointer::new(o).expect("checkpointer")
-}
-
-/// Recognisable bytes for one shard.
-fn shard_bytes(step: u64, rank: u32, len: usize) -> Vec<u8> {
-    let seed = step.wrapping_mul(1_000_003) ^ u64::from(rank).wrapping_mul(7919);
-    (0..len)
-        .map(|i| (seed.wrapping_add(i as u64).wrapping_mul(2_654_435_761) >> 13) as u8)
-        .collect()
 }
 
 async fn list(agent: &TestAgent, job: &str) -> pb::ListCheckpointsResponse {
@@ -132,7 +112,7 @@ fn save_everywhere(hosts: &[TestAgent], job: &str, steps: &[u64], len: usize) {
         for (h, agent) in hosts.iter().enumerate() {
             for r in [2 * h as u32, 2 * h as u32 + 1] {
                 s.spawn(move || {
-                    let ck = rank(agent, job, r, 6);
+                    let ck = checkpoint_rank(agent.socket(), job, r, 6);
                     for &step in steps {
                         ck.save(step, &shard_bytes(step, r, len))
                             .unwrap_or_else(|e| panic!("rank {r} step {step}: {e}"));
@@ -167,7 +147,7 @@ async fn a_wiped_host_restores_from_a_peer() {
 
     wipe_job(&hosts[0], "job");
     for r in [0, 1] {
-        let got = rank(&hosts[0], "job", r, 6)
+        let got = checkpoint_rank(hosts[0].socket(), "job", r, 6)
             .restore(0)
             .expect("restore")
             .expect("a complete step exists");
@@ -176,7 +156,7 @@ async fn a_wiped_host_restores_from_a_peer() {
         assert_eq!(got.read().expect("read"), shard_bytes(20, r, 1 << 20));
     }
     // The restored shards are local again.
-    let got = rank(&hosts[0], "job", 0, 6)
+    let got = checkpoint_rank(hosts[0].socket(), "job", 0, 6)
         .restore(20)
         .expect("restore")
         .expect("step 20");
@@ -216,7 +196,7 @@ async fn a_corrupt_shard_is_detected_and_fetched_elsewhere() {
     bytes[1000] ^= 0xff;
     std::fs::write(&shard, &bytes).expect("corrupt shard");
 
-    let got = rank(&hosts[1], "cj", 2, 6)
+    let got = checkpoint_rank(hosts[1].socket(), "cj", 2, 6)
         .restore(0)
         .expect("restore")
         .expect("step 5");
@@ -266,7 +246,7 @@ async fn lost_local_and_peer_copies_come_back_from_durable_storage() {
     }
     for r in 0..6 {
         let h = &hosts[r as usize / 2];
-        let got = rank(h, "dj", r, 6)
+        let got = checkpoint_rank(h.socket(), "dj", r, 6)
             .restore(0)
             .expect("restore")
             .expect("step 10 in the durable store");
@@ -283,7 +263,7 @@ async fn eight_ranks_save_at_once_and_retention_keeps_the_newest_steps() {
         for r in 0..8u32 {
             let agent = &agent;
             s.spawn(move || {
-                let ck = rank(agent, "eight", r, 8);
+                let ck = checkpoint_rank(agent.socket(), "eight", r, 8);
                 for step in 1..=3 {
                     ck.save(step, &shard_bytes(step, r, 2 << 20))
                         .unwrap_or_else(|e| panic!("rank {r} step {step}: {e}"));
@@ -308,7 +288,7 @@ async fn eight_ranks_save_at_once_and_retention_keeps_the_newest_steps() {
     let steps: Vec<(u64, bool)> = l.steps.iter().map(|s| (s.step, s.complete)).collect();
     assert_eq!(steps, vec![(3, true), (2, true)]);
     for r in 0..8 {
-        let got = rank(&agent, "eight", r, 8)
+        let got = checkpoint_rank(agent.socket(), "eight", r, 8)
             .restore(0)
             .expect("restore")
             .expect("step 3");
@@ -331,7 +311,7 @@ async fn an_agent_killed_mid_replication_sends_again_and_nothing_half_copied_is_
     let slow = "replication_bytes_per_sec = 2000000\nreplicas = 1\n";
     let mut a = TestAgent::start(&host_toml(0, &addrs, slow, ""));
     let b = TestAgent::start(&host_toml(1, &addrs, "", ""));
-    rank(&a, "kj", 0, 1)
+    checkpoint_rank(a.socket(), "kj", 0, 1)
         .save(7, &shard_bytes(7, 0, 8 << 20))
         .expect("save");
     // The copy is under way: bytes are arriving in b's staging directory.
@@ -403,7 +383,7 @@ fn xxhash_of(b: &[u8]) -> u64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn over_quota_old_steps_go_first_then_a_clear_error() {
     let agent = TestAgent::start("[checkpoint]\nkeep_steps = 10\nmax_bytes = 10485760\n");
-    let ck = rank(&agent, "qj", 0, 1);
+    let ck = checkpoint_rank(agent.socket(), "qj", 0, 1);
     for step in 1..=3 {
         ck.save(step, &shard_bytes(step, 0, 4 << 20)).expect("save");
     }

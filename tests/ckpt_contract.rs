@@ -26,28 +26,9 @@ mod common;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use common::{Events, TestAgent, evidence, free_port};
-use warden_client::{CheckpointError, Checkpointer, ConnectOptions};
+use common::{Events, TestAgent, checkpoint_rank, evidence, free_port, shard_bytes};
+use warden_client::CheckpointError;
 use warden_proto::v1 as pb;
-
-/// The real client library as rank `rank` of `world` in `job`.
-fn rank(agent: &TestAgent, job: &str, rank: u32, world: u32) -> Checkpointer {
-    let mut o = ConnectOptions::from_env_lossy();
-    o.socket_path = agent.socket().to_path_buf();
-    o.job_id = job.to_owned();
-    o.global_rank = rank;
-    o.local_rank = rank;
-    o.world_size = world;
-    Checkpointer::new(o).expect("checkpointer")
-}
-
-/// Recognisable bytes for one shard.
-fn shard_bytes(step: u64, rank: u32, len: usize) -> Vec<u8> {
-    let seed = step.wrapping_mul(1_000_003) ^ u64::from(rank).wrapping_mul(7919);
-    (0..len)
-        .map(|i| (seed.wrapping_add(i as u64).wrapping_mul(2_654_435_761) >> 13) as u8)
-        .collect()
-}
 
 fn step_dir(agent: &TestAgent, job: &str, step: u64) -> PathBuf {
     agent
@@ -75,7 +56,7 @@ async fn a_save_answered_committed_survives_a_kill_9_right_after_the_answer() {
     let mut agent = TestAgent::start("");
     let home = agent.home.clone();
     for round in 1..=5u64 {
-        let ck = rank(&agent, "kc", 0, 1);
+        let ck = checkpoint_rank(agent.socket(), "kc", 0, 1);
         // 4 MiB: hashing it takes long enough (milliseconds in a debug
         // build) that an agent answering before its seal, as before issue
         // 22, loses the race with the check below every time.
@@ -92,7 +73,7 @@ async fn a_save_answered_committed_survives_a_kill_9_right_after_the_answer() {
         );
         agent.sigkill_and_wait();
         agent = TestAgent::start_in(home.clone());
-        let r = rank(&agent, "kc", 0, 1)
+        let r = checkpoint_rank(agent.socket(), "kc", 0, 1)
             .restore(round)
             .unwrap_or_else(|e| panic!("round {round}: restore: {e}\n{}", agent.stderr()))
             .expect("the committed step");
@@ -109,7 +90,7 @@ async fn a_save_answered_committed_survives_a_kill_9_right_after_the_answer() {
 async fn a_restarted_agent_removes_half_written_steps_and_says_so() {
     let mut agent = TestAgent::start("");
     let home = agent.home.clone();
-    let ck = rank(&agent, "hw", 0, 1);
+    let ck = checkpoint_rank(agent.socket(), "hw", 0, 1);
     ck.save(1, &shard_bytes(1, 0, 4096)).expect("save 1");
     ck.save(2, &shard_bytes(2, 0, 4096)).expect("save 2");
     agent.sigkill_and_wait();
@@ -165,7 +146,7 @@ async fn a_restarted_agent_removes_half_written_steps_and_says_so() {
         want.retain(|p| *p != path);
     }
     // The newest complete step is 1, byte-exact; 2 and 3 are not listed.
-    let r = rank(&agent, "hw", 0, 1)
+    let r = checkpoint_rank(agent.socket(), "hw", 0, 1)
         .restore(0)
         .expect("restore")
         .expect("a complete step");
@@ -183,7 +164,7 @@ async fn a_restarted_agent_removes_half_written_steps_and_says_so() {
 async fn the_first_save_after_an_agent_restart_succeeds_and_one_while_it_is_down_fails_fast() {
     let mut agent = TestAgent::start("");
     let home = agent.home.clone();
-    let ck = rank(&agent, "rc", 0, 1);
+    let ck = checkpoint_rank(agent.socket(), "rc", 0, 1);
     ck.save(1, &shard_bytes(1, 0, 8192)).expect("save 1");
     // Restarted between two saves: the Checkpointer's connection is dead
     // and nothing told it so. The next save is the first after the
@@ -283,7 +264,7 @@ for line in sys.stdin:
     );
     drop(stdin);
     let _ = child.wait();
-    let r = rank(&agent, "py", 0, 1)
+    let r = checkpoint_rank(agent.socket(), "py", 0, 1)
         .restore(0)
         .expect("restore")
         .expect("step 3");
@@ -315,7 +296,9 @@ async fn the_scrub_marks_flipped_bytes_and_a_restore_takes_the_peers_copy() {
     ));
     let b = TestAgent::start(&toml(1, ""));
     let data = shard_bytes(5, 0, 1 << 20);
-    rank(&a, "sj", 0, 1).save(5, &data).expect("save");
+    checkpoint_rank(a.socket(), "sj", 0, 1)
+        .save(5, &data)
+        .expect("save");
     // Replicated to b before the local copy goes bad.
     common::eventually(Duration::from_secs(30), "the replica on h1", async || {
         let l = list(&b, "sj").await;
@@ -380,7 +363,7 @@ async fn the_scrub_marks_flipped_bytes_and_a_restore_takes_the_peers_copy() {
         "{text}"
     );
     // A restore skips the marked copy and takes the peer's, byte-exact.
-    let r = rank(&a, "sj", 0, 1)
+    let r = checkpoint_rank(a.socket(), "sj", 0, 1)
         .restore(5)
         .expect("restore")
         .expect("step 5");
@@ -522,7 +505,7 @@ async fn hostile_sizes_are_refused_and_the_agent_stays_up() {
         .expect("Restore after the hostile calls")
         .into_inner();
     assert!(!r.found);
-    rank(&agent, "hj", 0, 1)
+    checkpoint_rank(agent.socket(), "hj", 0, 1)
         .save(2, b"fine")
         .expect("a save after the hostile calls");
     assert_eq!(

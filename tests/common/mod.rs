@@ -1039,3 +1039,28 @@ pub fn torch_available() -> bool {
     }
     ok
 }
+
+/// The real checkpoint client as rank `rank` of `world` in `job`, on the
+/// agent's socket at `socket`.
+pub fn checkpoint_rank(
+    socket: &Path,
+    job: &str,
+    rank: u32,
+    world: u32,
+) -> warden_client::Checkpointer {
+    let mut o = warden_client::ConnectOptions::from_env_lossy();
+    o.socket_path = socket.to_path_buf();
+    o.job_id = job.to_owned();
+    o.global_rank = rank;
+    o.local_rank = rank;
+    o.world_size = world;
+    warden_client::Checkpointer::new(o).expect("checkpointer")
+}
+
+/// Recognisable bytes for one shard: differ by step, rank and position.
+pub fn shard_bytes(step: u64, rank: u32, len: usize) -> Vec<u8> {
+    let seed = step.wrapping_mul(1_000_003) ^ u64::from(rank).wrapping_mul(7919);
+    (0..len)
+        .map(|i| (seed.wrapping_add(i as u64).wrapping_mul(2_654_435_761) >> 13) as u8)
+        .collect()
+}

@@ -30,6 +30,7 @@ use crate::events::{NewEvent, Severity};
 use crate::policy::Action;
 use crate::ranks::RankKey;
 use crate::ranks::registry::RankState;
+use crate::signal::join_ranks as join;
 use crate::signal::{RestartRequested, Signal};
 use crate::state::AgentState;
 
@@ -763,14 +764,6 @@ fn timed_out(state: &Arc<AgentState>, req: &RestartRequest, timeout: Duration) {
             reason,
         });
     }
-}
-
-fn join(ranks: &[u32]) -> String {
-    ranks
-        .iter()
-        .map(u32::to_string)
-        .collect::<Vec<_>>()
-        .join(",")
 }
 
 fn ms(d: Duration) -> String {

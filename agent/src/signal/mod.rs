@@ -18,6 +18,7 @@
 //! bug, caught by a debug assertion in `From<NewEvent>`.
 
 mod render;
+pub(crate) use render::join as join_ranks;
 #[cfg(test)]
 pub mod replay;
 #[cfg(test)]

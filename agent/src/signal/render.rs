@@ -208,7 +208,8 @@ fn straggler(s: &Straggler) -> NewEvent {
     )
 }
 
-fn join(ranks: &[u32]) -> String {
+/// Rank numbers as `0,1,2` (the form every event's `ranks` field takes).
+pub(crate) fn join(ranks: &[u32]) -> String {
     ranks
         .iter()
         .map(u32::to_string)
