@@ -45,7 +45,7 @@ if [[ -n $trainer && -z $python ]]; then
 fi
 if [[ ! -x $bin_dir/wardend || ! -x $bin_dir/warden ]]; then
   if [[ $bin_dir == target/release ]]; then
-    cargo build --release --locked -p warden-agent
+    cargo build --release --locked -p warden-cli
   else
     echo "build-image.sh: no wardend and warden in $bin_dir" >&2
     exit 1

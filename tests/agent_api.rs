@@ -17,7 +17,7 @@ use tonic_reflection::pb::v1::ServerReflectionRequest;
 use tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient;
 use tonic_reflection::pb::v1::server_reflection_request::MessageRequest;
 use tonic_reflection::pb::v1::server_reflection_response::MessageResponse;
-use warden_agent::cli::Target;
+use warden_cli::Target;
 use warden_proto::v1 as pb;
 
 /// Thresholds no machine can cross: host/memory is OK whatever the host's

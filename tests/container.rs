@@ -463,7 +463,7 @@ fn the_image_serves_health_through_a_socket_volume_to_other_containers() {
         .build()
         .unwrap()
         .block_on(async {
-            let channel = warden_agent::cli::Target::Unix(sock.clone())
+            let channel = warden_cli::Target::Unix(sock.clone())
                 .channel()
                 .await
                 .unwrap_or_else(|e| panic!("connect to {}: {e:#}", sock.display()));

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use common::etcd::EtcdServer;
 use common::within;
-use warden_agent::coord::{CoordConfig, CoordError, Coordinator, Leave, Outcome, Round};
+use warden_launcher::coord::{CoordConfig, CoordError, Coordinator, Leave, Outcome, Round};
 
 /// Every wait in these tests; rounds come in milliseconds, lease expiry in
 /// about a TTL plus etcd's 500 ms expiry sweep, plus the rejoin grace.

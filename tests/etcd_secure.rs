@@ -29,8 +29,8 @@ use common::etcd::{
     EtcdServer, JOBS_PREFIX, OUTSIDER, OUTSIDER_PASSWORD, PASSWORD, Pki, SecureEtcd, USER,
 };
 use common::within;
-use warden_agent::coord::reports::Reports;
-use warden_agent::coord::{
+use warden_launcher::coord::reports::Reports;
+use warden_launcher::coord::{
     ClientIdentity, CoordConfig, CoordError, Coordinator, Credentials, EtcdAccess, Leave, Password,
     TlsFiles,
 };

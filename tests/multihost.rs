@@ -48,7 +48,7 @@ use common::{WARDEN, eventually, python, repo_root, within};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use serde_json::Value;
-use warden_agent::cli::Target;
+use warden_cli::Target;
 use warden_proto::v1 as pb;
 
 /// Any one wait: a launcher's start, a round, a restart, the job's end on

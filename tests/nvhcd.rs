@@ -9,7 +9,7 @@ mod common;
 use std::path::Path;
 
 use common::{TestAgent, WAIT, eventually};
-use warden_agent::cli::Target;
+use warden_cli::Target;
 use warden_proto::nvhcd::HealthCheckRequest;
 use warden_proto::nvhcd::health_check_service_client::HealthCheckServiceClient;
 

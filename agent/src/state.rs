@@ -5,11 +5,11 @@ use std::time::{Instant, SystemTime};
 
 use tokio_util::sync::CancellationToken;
 
-use crate::attribute::store::IncidentStore;
 use crate::config::Config;
-use crate::events::EventBus;
-use crate::health::{ComponentReport, HealthModel};
 use crate::ranks::registry::{Registry, SharedRegistry};
+use warden_core::attribute::store::IncidentStore;
+use warden_core::events::EventBus;
+use warden_core::health::{ComponentReport, HealthModel};
 
 /// Shared by the API, the work loop and the sources (behind an `Arc`).
 #[derive(Debug)]
@@ -39,13 +39,13 @@ pub struct AgentState {
     pub incidents: Mutex<IncidentStore>,
     /// Every decided incident as it is decided (and again when a later
     /// decision supersedes it): what WatchIncidents streams to launchers.
-    pub incident_feed: tokio::sync::broadcast::Sender<crate::attribute::IncidentRecord>,
+    pub incident_feed: tokio::sync::broadcast::Sender<warden_core::attribute::IncidentRecord>,
     /// Later decisions about an incident, taken outside the attribution
     /// task (an in-process restart nobody acknowledged): the task records
     /// and publishes them.
-    pub escalations: tokio::sync::mpsc::UnboundedSender<crate::attribute::Escalation>,
+    pub escalations: tokio::sync::mpsc::UnboundedSender<warden_core::attribute::Escalation>,
     escalations_rx:
-        Mutex<Option<tokio::sync::mpsc::UnboundedReceiver<crate::attribute::Escalation>>>,
+        Mutex<Option<tokio::sync::mpsc::UnboundedReceiver<warden_core::attribute::Escalation>>>,
     /// In-process restarts: the request in flight per job, restart counts,
     /// and what each rank's `Control` stream delivers (its own lock, never
     /// held together with the registry's).
@@ -55,7 +55,7 @@ pub struct AgentState {
     pub checkpoints: Result<std::sync::Arc<crate::ckpt::Checkpoints>, String>,
     /// The goodput ledger and its journal (fed by the work loop's scan and
     /// the goodput task; read by GetGoodput).
-    pub goodput: Arc<crate::goodput::Goodput>,
+    pub goodput: Arc<warden_core::goodput::Goodput>,
     /// Who may call what on the Unix socket, and who owns each job
     /// (docs/security.md).
     pub authz: crate::api::authz::Authz,
@@ -68,7 +68,7 @@ pub struct AgentState {
     /// The straggler detector, made on first use (the work loop's first
     /// tick with `straggler.enabled`, or a peer's first summaries): the
     /// work loop runs it, GetStragglers and the Peer service read it.
-    stragglers: std::sync::OnceLock<Arc<crate::detect::straggler::Stragglers>>,
+    stragglers: std::sync::OnceLock<Arc<warden_core::detect::straggler::Stragglers>>,
 }
 
 impl AgentState {
@@ -107,7 +107,7 @@ impl AgentState {
             config.attribution.retain,
         );
         let (escalations, escalations_rx) = tokio::sync::mpsc::unbounded_channel();
-        let goodput = Arc::new(crate::goodput::Goodput::open(&config.state_dir()));
+        let goodput = Arc::new(warden_core::goodput::Goodput::open(&config.state_dir()));
         let authz = crate::api::authz::Authz::new(
             nix::unistd::geteuid().as_raw(),
             config.admin_gid().ok().flatten(),
@@ -171,7 +171,7 @@ impl AgentState {
     /// attribution task takes it).
     pub fn take_escalations(
         &self,
-    ) -> Option<tokio::sync::mpsc::UnboundedReceiver<crate::attribute::Escalation>> {
+    ) -> Option<tokio::sync::mpsc::UnboundedReceiver<warden_core::attribute::Escalation>> {
         self.escalations_rx
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -202,10 +202,10 @@ impl AgentState {
     }
 
     /// The straggler detector, made now if it was not yet.
-    pub fn stragglers(&self) -> Arc<crate::detect::straggler::Stragglers> {
+    pub fn stragglers(&self) -> Arc<warden_core::detect::straggler::Stragglers> {
         self.stragglers
             .get_or_init(|| {
-                Arc::new(crate::detect::straggler::Stragglers::new(
+                Arc::new(warden_core::detect::straggler::Stragglers::new(
                     self.config.straggler.clone(),
                     self.host.clone(),
                 ))
@@ -215,14 +215,14 @@ impl AgentState {
 
     /// The straggler detector if one was made (nothing scored, no peer
     /// heard from: GetStragglers answers with this host alone).
-    pub fn stragglers_if_made(&self) -> Option<Arc<crate::detect::straggler::Stragglers>> {
+    pub fn stragglers_if_made(&self) -> Option<Arc<warden_core::detect::straggler::Stragglers>> {
         self.stragglers.get().cloned()
     }
 
     /// The health model and the bus as one handle, for a stage that
     /// reports health (the sources, the attribution task, the peer listener).
-    pub fn health_reporter(&self) -> crate::health::reporter::Reporter {
-        crate::health::reporter::Reporter {
+    pub fn health_reporter(&self) -> warden_core::health::reporter::Reporter {
+        warden_core::health::reporter::Reporter {
             model: self.health.clone(),
             events: self.events.clone(),
         }

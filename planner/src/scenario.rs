@@ -131,7 +131,7 @@ impl Default for Job {
 }
 
 /// warden's recovery times. Defaults: docs/benchmarks.md and the agent's
-/// configuration defaults (agent/src/config, agent/src/policy).
+/// configuration defaults (agent/src/config, core/src/policy).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct WardenTimes {

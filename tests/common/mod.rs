@@ -36,7 +36,7 @@ use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use tokio_stream::StreamExt;
 use tonic::transport::Channel;
-use warden_agent::cli::Target;
+use warden_cli::Target;
 use warden_proto::v1 as pb;
 use warden_proto::v1::agent_client::AgentClient;
 

@@ -72,7 +72,7 @@ pub fn users() -> &'static Users {
             Uid::effective().is_root(),
             "the security tests need root: they create the users {MEMBER} and {STRANGER} \
              and the group {SOCK_GROUP} (useradd/groupadd) and start wardend as root; \
-             run them as root (CI does), e.g. `sudo -E cargo test -p warden-agent --test security`"
+             run them as root (CI does), e.g. `sudo -E cargo test -p warden-cli --test security`"
         );
         let _lock = Lock::take();
         let sock_gid = ensure_group(SOCK_GROUP);

@@ -16,7 +16,7 @@ use crate::common::{TestAgent, WAIT, within};
 type Channel = tonic::transport::Channel;
 
 async fn channel(args: &Value) -> Channel {
-    warden_agent::cli::Target::Unix(socket_arg(args))
+    warden_cli::Target::Unix(socket_arg(args))
         .channel()
         .await
         .expect("the member connects (it is in the socket group)")

@@ -15,7 +15,7 @@ use crate::common::{TestAgent, WAIT, within};
 
 /// A client of the agent at the socket the arguments name.
 async fn agent(args: &Value) -> Result<AgentClient<tonic::transport::Channel>, tonic::Status> {
-    warden_agent::cli::Target::Unix(socket_arg(args))
+    warden_cli::Target::Unix(socket_arg(args))
         .channel()
         .await
         .map(AgentClient::new)
@@ -72,10 +72,7 @@ fn fs_result(r: std::io::Result<impl Sized>) -> String {
 
 /// FetchShard over the socket: the bytes that came back, or the status.
 async fn fetch(args: &Value, job: &str, step: u64, rank: u32) -> Value {
-    let channel = match warden_agent::cli::Target::Unix(socket_arg(args))
-        .channel()
-        .await
-    {
+    let channel = match warden_cli::Target::Unix(socket_arg(args)).channel().await {
         Ok(c) => c,
         Err(e) => return json!({"ok": false, "message": format!("{e:#}")}),
     };

@@ -70,7 +70,7 @@ pub fn attack_slots(args: &Value) -> Value {
     let own = if args["register"].as_bool() == Some(true) {
         block_on(async {
             let mut c = warden_proto::v1::agent_client::AgentClient::new(
-                warden_agent::cli::Target::Unix(socket.clone())
+                warden_cli::Target::Unix(socket.clone())
                     .channel()
                     .await
                     .expect("the member connects"),

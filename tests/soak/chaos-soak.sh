@@ -25,15 +25,15 @@ if [[ -z "${WARDEN_TEST_PYTHON:-}" && -x .venv/bin/python ]]; then
 fi
 
 echo "chaos soak: $runs run(s) of $kills agent kills each"
-cargo test --locked -p warden-agent --test chaos --no-run >/dev/null 2>&1 \
-    || cargo test --locked -p warden-agent --test chaos --no-run
+cargo test --locked -p warden-cli --test chaos --no-run >/dev/null 2>&1 \
+    || cargo test --locked -p warden-cli --test chaos --no-run
 
 log="$(mktemp -t warden-chaos-soak.XXXXXX)"
 trap 'rm -f "$log"' EXIT
 total_kills=0 total_saves=0 total_committed=0 total_restored=0 worst_held=0
 start=$(date +%s)
 for run in $(seq 1 "$runs"); do
-    if ! WARDEN_CHAOS_KILLS="$kills" cargo test --locked -q -p warden-agent --test chaos \
+    if ! WARDEN_CHAOS_KILLS="$kills" cargo test --locked -q -p warden-cli --test chaos \
         -- --nocapture --test-threads 1 >"$log" 2>&1; then
         cat "$log"
         echo "chaos soak: run $run FAILED (its seed is in the output above)" >&2

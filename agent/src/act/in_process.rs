@@ -25,14 +25,14 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tokio::sync::{Notify, watch};
 use warden_client::slot::ControlWord;
 
-use crate::attribute::{Escalation, IncidentRecord};
-use crate::events::{NewEvent, Severity};
-use crate::policy::Action;
 use crate::ranks::RankKey;
 use crate::ranks::registry::RankState;
-use crate::signal::join_ranks as join;
-use crate::signal::{RestartRequested, Signal};
 use crate::state::AgentState;
+use warden_core::attribute::{Escalation, IncidentRecord};
+use warden_core::events::{NewEvent, Severity};
+use warden_core::policy::Action;
+use warden_core::signal::join_ranks as join;
+use warden_core::signal::{RestartRequested, Signal};
 
 /// How often the waiter reads the ranks' ack words from their slots (an
 /// `AckControl` call wakes it at once).
@@ -842,7 +842,7 @@ mod tests {
         }
     }
 
-    async fn event(state: &AgentState, kind: &str) -> Arc<crate::events::Event> {
+    async fn event(state: &AgentState, kind: &str) -> Arc<warden_core::events::Event> {
         let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
         loop {
             let (events, _) = state.events.list(0, 0);
@@ -858,7 +858,7 @@ mod tests {
         }
     }
 
-    fn evidence<'a>(e: &'a crate::events::Event, k: &str) -> &'a str {
+    fn evidence<'a>(e: &'a warden_core::events::Event, k: &str) -> &'a str {
         e.evidence
             .iter()
             .find(|(key, _)| key == k)

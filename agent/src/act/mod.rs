@@ -4,4 +4,3 @@
 
 pub mod config;
 pub mod in_process;
-pub mod launcher;

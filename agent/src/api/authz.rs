@@ -23,7 +23,7 @@
 //! let a stranger claim a running job (and be handed its checkpoint
 //! replicas). A claim lapses when its launcher closes the job, or after
 //! [`OWNER_IDLE`] without use. The file (mode 0600) is reached through
-//! [`crate::fsafe`]: read with `O_NOFOLLOW` relative to the state
+//! [`warden_core::fsafe`]: read with `O_NOFOLLOW` relative to the state
 //! directory's descriptor, replaced through a random new name renamed over
 //! it; a symlink at its name is refused (logged), never read nor written
 //! through, and owners are then claimed afresh and held in memory.
@@ -37,7 +37,7 @@ use serde::{Deserialize, Serialize};
 use tonic::Status;
 
 use super::caller::LocalPeer;
-use crate::fsafe::{self, Dir, FsError};
+use warden_core::fsafe::{self, Dir, FsError};
 
 /// Mode of the job owners file.
 const OWNERS_MODE: u32 = 0o600;

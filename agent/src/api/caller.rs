@@ -55,8 +55,8 @@ impl LocalPeer {
 
     /// The peer's uid and gid as the owner of a file the agent hands it
     /// (a staging file, a restored shard, its stack-dump file).
-    pub fn owner(&self) -> crate::fsafe::Owner {
-        crate::fsafe::Owner {
+    pub fn owner(&self) -> warden_core::fsafe::Owner {
+        warden_core::fsafe::Owner {
             uid: self.uid,
             gid: self.gid,
         }

@@ -20,9 +20,9 @@ use crate::ckpt::restore::{self, RestoreError};
 use crate::ckpt::tier::{Owner, TierError};
 use crate::ckpt::wire::{self, ChunkSource};
 use crate::ckpt::{Checkpoints, IncomingError, peers, subject};
-use crate::events::{NewEvent, Severity};
-use crate::signal::{CkptSaved, Signal};
 use crate::state::AgentState;
+use warden_core::events::{NewEvent, Severity};
+use warden_core::signal::{CkptSaved, Signal};
 
 /// The checkpoint tier, or UNAVAILABLE saying why there is none.
 pub fn tier(state: &AgentState) -> Result<Arc<Checkpoints>, Status> {
@@ -37,7 +37,7 @@ fn status(e: TierError) -> Status {
         TierError::BadJobId(_) | TierError::Invalid(_) => Status::invalid_argument(e.to_string()),
         TierError::Full { .. } => Status::resource_exhausted(e.to_string()),
         TierError::Fs(ref f) if f.is_not_found() => Status::not_found(e.to_string()),
-        TierError::Fs(crate::fsafe::FsError::Io { .. }) | TierError::Io { .. } => {
+        TierError::Fs(warden_core::fsafe::FsError::Io { .. }) | TierError::Io { .. } => {
             Status::internal(e.to_string())
         }
         // A symlink, another owner, a FIFO...: refused, saying which path.

@@ -4,8 +4,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use warden_proto::v1 as pb;
 
-use crate::events::{Event, Severity};
-use crate::health::{Component, NodeSnapshot, Reason, Status};
+use warden_core::events::{Event, Severity};
+use warden_core::health::{Component, NodeSnapshot, Reason, Status};
 
 /// A wall-clock time as a protobuf Timestamp.
 pub fn timestamp(t: SystemTime) -> prost_types::Timestamp {
@@ -112,7 +112,7 @@ pub fn rank_info(e: &crate::ranks::registry::RankEntry, now_ns: u64) -> pb::Rank
         .unwrap_or_default();
     durations.sort_unstable();
     let pct = |p: f64| {
-        crate::detect::calibration::nearest_rank(&durations, p)
+        warden_core::detect::calibration::nearest_rank(&durations, p)
             .map(|ns| duration(Duration::from_nanos(ns)))
     };
     let in_section = snap
@@ -149,8 +149,8 @@ pub fn rank_info(e: &crate::ranks::registry::RankEntry, now_ns: u64) -> pb::Rank
 }
 
 /// A fault class to its wire enum.
-pub fn fault_class(c: crate::attribute::FaultClass) -> pb::FaultClass {
-    use crate::attribute::FaultClass as F;
+pub fn fault_class(c: warden_core::attribute::FaultClass) -> pb::FaultClass {
+    use warden_core::attribute::FaultClass as F;
     match c {
         F::UserError => pb::FaultClass::UserError,
         F::TransientSoftware => pb::FaultClass::TransientSoftware,
@@ -162,8 +162,8 @@ pub fn fault_class(c: crate::attribute::FaultClass) -> pb::FaultClass {
 }
 
 /// An action to its wire enum.
-pub fn action(a: crate::policy::Action) -> pb::Action {
-    use crate::policy::Action as A;
+pub fn action(a: warden_core::policy::Action) -> pb::Action {
+    use warden_core::policy::Action as A;
     match a {
         A::Continue => pb::Action::Continue,
         A::Stop => pb::Action::Stop,
@@ -175,7 +175,7 @@ pub fn action(a: crate::policy::Action) -> pb::Action {
 }
 
 /// A decision to its message.
-pub fn decision(d: &crate::policy::Decision) -> pb::Decision {
+pub fn decision(d: &warden_core::policy::Decision) -> pb::Decision {
     pb::Decision {
         action: action(d.action) as i32,
         reason: d.reason.clone(),
@@ -189,7 +189,7 @@ pub fn decision(d: &crate::policy::Decision) -> pb::Decision {
 }
 
 /// An incident record to its message.
-pub fn incident(r: &crate::attribute::IncidentRecord) -> pb::Incident {
+pub fn incident(r: &warden_core::attribute::IncidentRecord) -> pb::Incident {
     let d = &r.diagnosis;
     pb::Incident {
         id: r.id.clone(),

@@ -26,10 +26,10 @@ use std::sync::Arc;
 use warden_proto::v1 as pb;
 
 use crate::act::in_process;
-use crate::attribute::FaultClass;
-use crate::attribute::rules;
 use crate::ranks::RankKey;
 use crate::state::AgentState;
+use warden_core::attribute::FaultClass;
+use warden_core::attribute::rules;
 
 /// Decides what a rank that waits on its exception does next (see the module).
 pub fn decide(

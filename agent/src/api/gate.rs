@@ -6,10 +6,10 @@ use std::sync::Arc;
 use warden_proto::v1 as pb;
 
 use super::convert;
-use crate::events::{NewEvent, Severity};
-use crate::signal::{GateFailed, GateFailure, Signal};
 use crate::sources::dcgm::diag::{self, DiagError, GateOutcome};
 use crate::state::AgentState;
+use warden_core::events::{NewEvent, Severity};
+use warden_core::signal::{GateFailed, GateFailure, Signal};
 
 /// Runs the gate: dcgmi where it gives a verdict, else the NVML check; a
 /// failure is published as `gate.failed`, which attribution turns into an

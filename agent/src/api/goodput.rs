@@ -5,8 +5,8 @@ use std::sync::Arc;
 use tonic::Status;
 use warden_proto::v1 as pb;
 
-use crate::goodput::{Cause, JobReport};
 use crate::state::AgentState;
+use warden_core::goodput::{Cause, JobReport};
 
 /// GetGoodput: every job's breakdown, or `job_id`'s (NOT_FOUND when the
 /// agent has no ledger for it).

@@ -17,9 +17,9 @@ use warden_proto::v1 as pb;
 
 use super::convert;
 use super::service::BoxStream;
-use crate::attribute::IncidentRecord;
-use crate::events::{NewEvent, Severity};
 use crate::state::AgentState;
+use warden_core::attribute::IncidentRecord;
+use warden_core::events::{NewEvent, Severity};
 
 /// Longest reason kept from a StopRanks request.
 const MAX_REASON: usize = 256;
@@ -118,7 +118,7 @@ pub async fn stop_ranks(
     } else {
         reason
     };
-    let stop = crate::signal::StopReason {
+    let stop = warden_core::signal::StopReason {
         kind: stop_kind(req.kind(), &reason),
         why: reason.clone(),
     };
@@ -171,8 +171,8 @@ fn clip(s: &str) -> String {
 /// field (unspecified), the one its free text implies, read once here at
 /// the API's edge: "job ending..." ends the job, anything else is a
 /// restart (what the goodput ledger took every other stop for before).
-fn stop_kind(kind: pb::StopKind, why: &str) -> crate::signal::StopKind {
-    use crate::signal::StopKind;
+fn stop_kind(kind: pb::StopKind, why: &str) -> warden_core::signal::StopKind {
+    use warden_core::signal::StopKind;
     match kind {
         pb::StopKind::Restart => StopKind::Restart,
         pb::StopKind::JobEnding => StopKind::JobEnding,

@@ -94,11 +94,11 @@ async fn render(State(s): State<Scrape>) -> String {
     metrics::gauge!("warden_uptime_seconds").set(s.state.started.elapsed().as_secs_f64());
     for c in s.state.health.snapshot().components {
         let level = match c.status {
-            crate::health::Status::Absent => -1.0,
-            crate::health::Status::Ok => 0.0,
-            crate::health::Status::Unknown => 1.0,
-            crate::health::Status::Degraded => 2.0,
-            crate::health::Status::Failed => 3.0,
+            warden_core::health::Status::Absent => -1.0,
+            warden_core::health::Status::Ok => 0.0,
+            warden_core::health::Status::Unknown => 1.0,
+            warden_core::health::Status::Degraded => 2.0,
+            warden_core::health::Status::Failed => 3.0,
         };
         metrics::gauge!("warden_component_status", "component" => c.id, "kind" => c.kind)
             .set(level);

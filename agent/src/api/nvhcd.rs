@@ -27,8 +27,8 @@ use tonic::{Request, Response, Status as GrpcStatus};
 use warden_proto::nvhcd::health_check_service_server::HealthCheckService;
 use warden_proto::nvhcd::{HealthCheckRequest, HealthCheckResponse};
 
-use crate::health::{NodeSnapshot, Status};
 use crate::state::AgentState;
+use warden_core::health::{NodeSnapshot, Status};
 
 /// `[nvhcd]`: NVIDIA's node health check protocol.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -165,7 +165,7 @@ mod tests {
     use std::time::SystemTime;
 
     use super::*;
-    use crate::health::{ComponentReport, HealthModel, Reason};
+    use warden_core::health::{ComponentReport, HealthModel, Reason};
 
     fn report(id: &str, status: Status) -> ComponentReport {
         ComponentReport {

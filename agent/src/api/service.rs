@@ -14,11 +14,11 @@ use super::caller::{self, LocalPeer};
 use super::convert;
 use super::observe::observed;
 use super::streams::{StreamGate, StreamPermit};
-use crate::events::Event;
 use crate::ranks::registry::{RankState, RegisterRequest};
 use crate::ranks::{self, RankKey, RegisterError};
-use crate::signal::{RankException, RankRegistered, Signal};
 use crate::state::AgentState;
+use warden_core::events::Event;
+use warden_core::signal::{RankException, RankRegistered, Signal};
 
 /// A boxed server stream, as tonic wants it.
 pub type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
@@ -666,7 +666,7 @@ fn clip_tail(s: &str, max: usize) -> String {
 /// agent stops. A watcher too slow for the broadcast catches up from the ring.
 async fn forward_events(
     state: Arc<AgentState>,
-    sub: crate::events::Subscription,
+    sub: warden_core::events::Subscription,
     tx: mpsc::Sender<Result<pb::Event, Status>>,
 ) {
     use tokio::sync::broadcast::error::RecvError;

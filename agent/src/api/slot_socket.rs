@@ -201,8 +201,8 @@ pub fn authorize(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::fsafe::Owner;
     use crate::ranks::registry::{RegisterRequest, Registry};
+    use warden_core::fsafe::Owner;
 
     fn peer(uid: u32, pid: Option<u32>) -> LocalPeer {
         LocalPeer {

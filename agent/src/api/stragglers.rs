@@ -22,11 +22,11 @@ use warden_proto::v1::peer_server::Peer;
 use super::convert;
 use super::observe::observed;
 use super::peer_auth::Caller;
-use crate::detect::straggler::score::SectionMedian;
-use crate::detect::straggler::{Batch, Score, Stragglers, Summary, exchange};
 use crate::state::AgentState;
 use crate::tls::accept::PeerInfo;
 use crate::tls::connect::PeerConnector;
+use warden_core::detect::straggler::score::SectionMedian;
+use warden_core::detect::straggler::{Batch, Score, Stragglers, Summary, exchange};
 
 /// Answers GetStragglers from the agent's straggler scores: its own ranks'
 /// and its peers', job-wide.

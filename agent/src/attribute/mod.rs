@@ -1,31 +1,5 @@
-//! Attribution: every incident becomes a diagnosis (a fault class, a
-//! confidence and the chain of evidence).
+//! Attribution as the agent runs it: the task that feeds the bus's signals
+//! to the engine ([`warden_core::attribute`]), asks the policy and its hook,
+//! records incidents and starts in-process restarts.
 
-pub mod class;
-
-pub use class::FaultClass;
-pub mod config;
-pub mod diagnosis;
-pub mod engine;
-pub mod rules;
-pub mod store;
 pub mod task;
-
-pub use config::AttributionConfig;
-pub use diagnosis::{Diagnosis, Evidence, IncidentKind, IncidentRecord};
-
-/// A later decision about an incident, taken outside the attribution task
-/// (an in-process restart nobody acknowledged in time, so the launcher must
-/// restart the job): sent through [`crate::state::AgentState::escalations`].
-#[derive(Debug, Clone)]
-pub struct Escalation {
-    /// The incident.
-    pub incident: String,
-    /// The new action.
-    pub action: crate::policy::Action,
-    /// Why, for a person.
-    pub reason: String,
-}
-
-#[cfg(test)]
-mod scenarios;

@@ -14,13 +14,14 @@ use std::time::{Duration, SystemTime};
 
 use tokio::sync::broadcast::error::RecvError;
 
-use super::engine::{CurrentReason, DeviceMap, Diagnosed, Engine};
-use super::store::Cordon;
-use super::{Escalation, FaultClass, IncidentRecord};
-use crate::events::{Event, NewEvent, Severity, Subscription};
-use crate::health::{ComponentReport, Reason, Status};
-use crate::policy::{self, Action, Context, Decision, hook};
+use crate::policy::hook;
 use crate::state::AgentState;
+use warden_core::attribute::engine::{CurrentReason, DeviceMap, Diagnosed, Engine};
+use warden_core::attribute::store::Cordon;
+use warden_core::attribute::{Escalation, FaultClass, IncidentRecord};
+use warden_core::events::{Event, NewEvent, Severity, Subscription};
+use warden_core::health::{ComponentReport, Reason, Status};
+use warden_core::policy::{self, Action, Context, Decision};
 
 /// Subscribes now (call before the agent starts publishing) and returns
 /// the task to spawn.

@@ -243,8 +243,8 @@ impl Checkpoints {
 
 /// Logs and publishes (`ckpt.recovered`) what the tier removed at start:
 /// half-written steps a crash left behind.
-pub fn report_recovered(events: &crate::events::EventBus, ck: &Checkpoints) {
-    use crate::events::{NewEvent, Severity};
+pub fn report_recovered(events: &warden_core::events::EventBus, ck: &Checkpoints) {
+    use warden_core::events::{NewEvent, Severity};
     for r in ck.tier.take_recovered() {
         let path = r.path.display().to_string();
         tracing::warn!(path = %path, why = %r.why, "checkpoint tier: half-written file removed at start");

@@ -20,8 +20,8 @@ use warden_proto::v1 as pb;
 use super::layout::ShardKey;
 use super::manifest::Manifest;
 use super::{Checkpoints, Peer, subject};
-use crate::events::EventBus;
-use crate::events::{NewEvent, Severity};
+use warden_core::events::EventBus;
+use warden_core::events::{NewEvent, Severity};
 
 /// Runs until shutdown.
 pub async fn run(events: Arc<EventBus>, shutdown: CancellationToken, ck: Arc<Checkpoints>) {

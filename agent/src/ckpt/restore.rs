@@ -18,12 +18,12 @@ use super::layout::ShardKey;
 use super::manifest::{self, Manifest};
 use super::wire::ChunkSource;
 use super::{Checkpoints, subject};
-use crate::events::{NewEvent, Severity};
-use crate::signal::{CkptRestored, Signal};
+use warden_core::events::{NewEvent, Severity};
+use warden_core::signal::{CkptRestored, Signal};
 
 /// The most ranks a NoSuchStep error names (the first ones missing).
 const MAX_MISSING_LISTED: usize = 64;
-use crate::events::EventBus;
+use warden_core::events::EventBus;
 
 /// Where a copy lives.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -19,8 +19,8 @@ use tokio_util::sync::CancellationToken;
 use super::layout::ShardKey;
 use super::manifest::{self, Manifest};
 use super::{Checkpoints, subject};
-use crate::events::EventBus;
-use crate::events::{NewEvent, Severity};
+use warden_core::events::EventBus;
+use warden_core::events::{NewEvent, Severity};
 
 /// Bytes read between two checks of the rate.
 const BLOCK: usize = 1 << 20;

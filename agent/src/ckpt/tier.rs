@@ -30,8 +30,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use super::layout::{self, Layout, ShardKey};
 use super::manifest::{self, Manifest};
 use super::retention;
-pub use crate::fsafe::Owner;
-use crate::fsafe::{self, Dir, FsError};
+pub use warden_core::fsafe::Owner;
+use warden_core::fsafe::{self, Dir, FsError};
 
 /// A reservation nobody committed is forgotten (its file removed) after this long.
 const RESERVATION_TTL: Duration = Duration::from_secs(600);

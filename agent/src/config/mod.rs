@@ -6,48 +6,13 @@
 //! The documented reference for every key is `systemd/wardend.toml`; a test
 //! keeps that file and [`Config::default`] in agreement.
 
-pub(crate) mod duration;
+pub use warden_core::config::{ConfigError, HangConfig, duration, parse_toml, valid_peer_addr};
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
-
-/// Why a configuration could not be used. Every variant names the key.
-#[derive(Debug, thiserror::Error)]
-pub enum ConfigError {
-    /// The file could not be read at all.
-    #[error("cannot read config file {path}: {source}")]
-    Read {
-        /// The file we tried.
-        path: PathBuf,
-        /// What the OS said.
-        source: std::io::Error,
-    },
-    /// The file is not valid TOML, or a key is unknown or has the wrong type.
-    #[error("{origin}: key `{key}`: {message}")]
-    Parse {
-        /// Where the TOML came from.
-        origin: String,
-        /// Dotted path of the key, or `(document)` for a syntax error.
-        key: String,
-        /// The parser's own words (with line and column where it gave them).
-        message: String,
-    },
-    /// The key parsed but its value is not acceptable.
-    #[error("{origin}: key `{key}` = {value}: {why}")]
-    Invalid {
-        /// Where the TOML came from.
-        origin: String,
-        /// Dotted path of the key.
-        key: &'static str,
-        /// The value as given.
-        value: String,
-        /// Why it was refused and what is accepted.
-        why: String,
-    },
-}
 
 /// The whole configuration of `wardend`.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -81,11 +46,11 @@ pub struct Config {
     pub dcgm: crate::sources::dcgm::DcgmConfig,
     /// Straggler detection: slow ranks found from their compute sections,
     /// compared job-wide with peer agents, and explained.
-    pub straggler: crate::detect::straggler::StragglerConfig,
+    pub straggler: warden_core::detect::straggler::StragglerConfig,
     /// How signals are joined into incidents and diagnosed.
-    pub attribution: crate::attribute::AttributionConfig,
+    pub attribution: warden_core::attribute::AttributionConfig,
     /// Remediation per fault class, budgets, backoff and the user's hook.
-    pub policy: crate::policy::PolicyConfig,
+    pub policy: warden_core::policy::PolicyConfig,
     /// Restarts the agent carries out itself (in process).
     pub restart: crate::act::config::RestartConfig,
     /// `[checkpoint]`: the local tier, peers, durable store.
@@ -364,71 +329,15 @@ impl Default for RanksConfig {
     }
 }
 
-/// `[hang]`: when a rank with no progress is declared hung.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct HangConfig {
-    /// Derive each section's timeout from the job's observed durations of it.
-    pub calibrate: bool,
-    /// Calibrated timeout = multiplier x the percentile of recent durations.
-    pub multiplier: f64,
-    /// The percentile (0-100) of recent durations the multiplier applies to.
-    pub percentile: f64,
-    /// A calibrated timeout is never shorter than this (GC pauses, hiccups).
-    #[serde(with = "duration")]
-    pub floor: Duration,
-    /// Durations of a section needed before its calibrated timeout applies.
-    pub warmup_samples: usize,
-    /// Durations kept per section and job (and persisted in the state dir).
-    pub history: usize,
-    /// Timeout before the first step (imports, process-group set-up).
-    #[serde(with = "duration")]
-    pub init_timeout: Duration,
-    /// Timeout of a "checkpoint" section until it is calibrated.
-    #[serde(with = "duration")]
-    pub checkpoint_timeout: Duration,
-    /// Timeout of any other section until it is calibrated.
-    #[serde(with = "duration")]
-    pub default_timeout: Duration,
-    /// Fixed timeouts per section name ("init", "idle", "step", "forward",
-    /// "checkpoint", a user section...), overriding calibration.
-    #[serde(with = "duration::map")]
-    pub timeouts: std::collections::BTreeMap<String, Duration>,
-    /// Ask a hung rank for a stack dump of all its threads and attach it.
-    pub stack_dump: bool,
-    /// How long to wait for the stack dump to be written.
-    #[serde(with = "duration")]
-    pub stack_dump_wait: Duration,
-}
-
-impl Default for HangConfig {
-    fn default() -> Self {
-        Self {
-            calibrate: true,
-            multiplier: 3.0,
-            percentile: 99.0,
-            floor: Duration::from_secs(3),
-            warmup_samples: 5,
-            history: 256,
-            init_timeout: Duration::from_secs(15 * 60),
-            checkpoint_timeout: Duration::from_secs(30 * 60),
-            default_timeout: Duration::from_secs(10 * 60),
-            timeouts: std::collections::BTreeMap::new(),
-            stack_dump: true,
-            stack_dump_wait: Duration::from_secs(2),
-        }
-    }
-}
-
 impl Config {
     /// Reads and validates a config file.
     pub fn from_file(path: &Path) -> Result<Self, ConfigError> {
-        let text = crate::named_file::read_to_string(path, crate::named_file::CONFIG_CAP).map_err(
-            |source| ConfigError::Read {
-                path: path.to_owned(),
-                source,
-            },
-        )?;
+        let text =
+            warden_core::named_file::read_to_string(path, warden_core::named_file::CONFIG_CAP)
+                .map_err(|source| ConfigError::Read {
+                    path: path.to_owned(),
+                    source,
+                })?;
         Self::from_toml(&text, &path.display().to_string())
     }
 
@@ -846,53 +755,6 @@ impl Config {
             .and_then(|h| h.into_string().ok())
             .unwrap_or_else(|| "localhost".into())
     }
-}
-
-/// Parses TOML into `T` (config, scenario files). On failure: the dotted
-/// path of the offending key (`(document)` for a syntax error) and the
-/// parser's message on one line.
-pub(crate) fn parse_toml<T: serde::de::DeserializeOwned>(
-    text: &str,
-) -> Result<T, (String, String)> {
-    let de = toml::Deserializer::parse(text)
-        .map_err(|e| ("(document)".to_owned(), one_line(&e.to_string())))?;
-    serde_path_to_error::deserialize(de).map_err(|e| {
-        let key = e.path().to_string();
-        (
-            if key == "." { "(document)".into() } else { key },
-            one_line(&e.into_inner().to_string()),
-        )
-    })
-}
-
-/// TOML parser messages span several lines (a caret under the column); one
-/// line reads better in logs and in systemd's status.
-/// A peer agent's address as `[straggler] peers` and `[[checkpoint.peers]]`
-/// take it: `host:port` with a port, an IP address or a name resolved at
-/// connect (no scheme: the agents speak plain gRPC to each other).
-pub fn valid_peer_addr(p: &str) -> bool {
-    if p.parse::<std::net::SocketAddr>().is_ok() {
-        return true;
-    }
-    match p.rsplit_once(':') {
-        Some((host, port)) => {
-            !host.is_empty()
-                && host
-                    .chars()
-                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '.' | '_'))
-                && port.parse::<u16>().is_ok_and(|p| p > 0)
-        }
-        None => false,
-    }
-}
-
-fn one_line(s: &str) -> String {
-    // Drop the source excerpt and caret lines ("2 | key = 1", "  |   ^^^").
-    s.split('\n')
-        .map(str::trim)
-        .filter(|l| !l.is_empty() && !l.contains('|'))
-        .collect::<Vec<_>>()
-        .join(": ")
 }
 
 #[cfg(test)]

@@ -24,13 +24,13 @@ use warden_proto::v1::agent_server::AgentServer;
 
 use crate::api::{AgentService, metrics_http, nvhcd};
 use crate::config::Config;
-use crate::events::{NewEvent, Severity};
 use crate::sources::host_disk::HostDisk;
 use crate::sources::host_memory::HostMemory;
 use crate::sources::host_net::HostNet;
 use crate::sources::runner::Sources;
 use crate::sources::tpu::Tpu;
 use crate::state::AgentState;
+use warden_core::events::{NewEvent, Severity};
 
 /// Why the agent could not start or run.
 #[derive(Debug, thiserror::Error)]
@@ -60,7 +60,7 @@ pub enum DaemonError {
     /// The state directory is not the agent's alone (a symlink, another
     /// owner's), or could not be made.
     #[error("agent.state_dir: {0}")]
-    StateDir(#[from] crate::fsafe::FsError),
+    StateDir(#[from] warden_core::fsafe::FsError),
     /// The reflection service could not be built from our descriptors.
     #[error("cannot build the reflection service: {0}")]
     Reflection(String),
@@ -152,7 +152,7 @@ async fn serve(
     // The state dir (journals, incidents, calibrations, the node condition)
     // is the agent's: created 0750, refused when a symlink or another
     // user's, closed again when someone else could write it.
-    crate::fsafe::Dir::ensure(&config.state_dir(), crate::fsafe::STATE_DIR_MODE)?;
+    warden_core::fsafe::Dir::ensure(&config.state_dir(), warden_core::fsafe::STATE_DIR_MODE)?;
     let peer_tls = peer_listener::peer_tls(&config)?;
     let mut state = AgentState::with_peer_tls(config, config_source, peer_tls)?;
     if let Some(host) = &embedded {

@@ -18,11 +18,11 @@ use tokio::net::TcpListener;
 use tonic::transport::Server;
 
 use crate::config::Config;
-use crate::events::{NewEvent, Severity};
-use crate::health::{ComponentReport, Reason, Status};
 use crate::state::AgentState;
 use crate::tls::reload::{self, Reload, Reloader};
 use crate::tls::{PeerTls, TlsError, accept};
+use warden_core::events::{NewEvent, Severity};
+use warden_core::health::{ComponentReport, Reason, Status};
 
 /// The component that shows how the TCP port is protected.
 pub const COMPONENT: &str = "agent/api.tcp";

@@ -12,10 +12,10 @@ use std::time::Instant;
 use tokio::time::MissedTickBehavior;
 
 use super::notify::{self, Watchdog};
-use crate::health::{ComponentReport, Status};
 use crate::ranks::{evidence, scan};
-use crate::signal::{RankHang, Report, Signal};
 use crate::sources::runner::Sources;
+use warden_core::health::{ComponentReport, Status};
+use warden_core::signal::{RankHang, Report, Signal};
 
 /// How often changed hang calibrations are written to the state directory.
 const CALIBRATION_SAVE_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
@@ -104,7 +104,7 @@ pub(crate) fn run_stragglers(state: &Arc<AgentState>, now: Instant) {
     if !cfg.peers.is_empty() && det.claim_exchange() {
         crate::api::stragglers::spawn_exchange(state.clone(), det.clone());
     }
-    for signal in det.tick(&state.ranks, &state.health, now) {
+    for signal in crate::ranks::stragglers::tick(&det, &state.ranks, &state.health, now) {
         state.events.publish(signal);
     }
 }
@@ -124,7 +124,7 @@ fn report_pid_visibility(state: &AgentState, shown: &mut usize) {
     let reasons = if hidden == 0 {
         Vec::new()
     } else {
-        vec![crate::health::Reason {
+        vec![warden_core::health::Reason {
             status: Status::Unknown,
             signal: "ranks.pid_visible".into(),
             value: format!("{hidden} of {live} ranks"),
@@ -149,7 +149,7 @@ fn report_pid_visibility(state: &AgentState, shown: &mut usize) {
 const PID_VISIBILITY: &str = "ranks/pid_visibility";
 
 /// The one line `systemctl status wardend` shows.
-fn status_line(node: &crate::health::NodeSnapshot) -> String {
+fn status_line(node: &warden_core::health::NodeSnapshot) -> String {
     let bad: Vec<String> = node
         .components
         .iter()

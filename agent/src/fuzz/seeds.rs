@@ -86,9 +86,9 @@ pub(crate) fn manifest() -> Vec<Vec<u8>> {
 
 /// An incident journal with two records, as the store writes it.
 pub(crate) fn incident_journal() -> Vec<Vec<u8>> {
-    use crate::attribute::{Diagnosis, FaultClass, IncidentKind, IncidentRecord};
+    use warden_core::attribute::{Diagnosis, FaultClass, IncidentKind, IncidentRecord};
     let t = tempfile::tempdir().expect("temp dir");
-    let mut store = crate::attribute::store::IncidentStore::load(
+    let mut store = warden_core::attribute::store::IncidentStore::load(
         t.path(),
         t.path().join("node-condition.json"),
         10,
@@ -126,9 +126,9 @@ pub(crate) fn incident_journal() -> Vec<Vec<u8>> {
 /// A goodput journal as the agent flushes it: a job with a rank that
 /// registered, stepped and was flagged a straggler.
 pub(crate) fn goodput_journal() -> Vec<Vec<u8>> {
-    use crate::goodput::{Ledger, StepObs};
+    use warden_core::goodput::{Ledger, StepObs};
     let t = tempfile::tempdir().expect("temp dir");
-    let (mut j, _, _) = crate::goodput::journal::Journal::open(t.path()).expect("open");
+    let (mut j, _, _) = warden_core::goodput::journal::Journal::open(t.path()).expect("open");
     let mut l = Ledger::default();
     l.registered("job", 0, 10, 0, 1_000);
     l.step(

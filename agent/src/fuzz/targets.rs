@@ -162,7 +162,7 @@ pub(crate) fn manifest(bytes: &[u8]) {
 pub(crate) fn incident_journal(bytes: &[u8]) {
     let t = tempfile::tempdir().expect("temp dir");
     std::fs::write(t.path().join("incidents.jsonl"), bytes).expect("write");
-    let store = crate::attribute::store::IncidentStore::load(
+    let store = warden_core::attribute::store::IncidentStore::load(
         t.path(),
         t.path().join("node-condition.json"),
         1000,
@@ -180,7 +180,7 @@ pub(crate) fn goodput_journal(bytes: &[u8]) {
     std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o700))
         .expect("chmod");
     std::fs::write(dir.join("job.jsonl"), bytes).expect("write");
-    let (_, _, warnings) = crate::goodput::journal::Journal::open(t.path())
+    let (_, _, warnings) = warden_core::goodput::journal::Journal::open(t.path())
         .unwrap_or_else(|e| panic!("a journal's content stopped the open: {e}"));
     for w in &warnings {
         assert!(
@@ -239,7 +239,7 @@ pub(crate) fn shard_framing(bytes: &[u8]) {
 
 /// A policy hook's stdout: an answer or an error naming what was wrong.
 pub(crate) fn hook_output(bytes: &[u8]) {
-    if let Err(e) = crate::policy::hook::parse_answer(bytes) {
+    if let Err(e) = warden_core::policy::hook::parse_answer(bytes) {
         assert_says_something("hook answer", &e.to_string());
     }
 }
@@ -271,8 +271,8 @@ pub(crate) fn nvhcd(bytes: &[u8]) {
     let Ok(req) = HealthCheckRequest::decode(bytes) else {
         return;
     };
-    let snapshot = crate::health::NodeSnapshot {
-        status: crate::health::Status::Ok,
+    let snapshot = warden_core::health::NodeSnapshot {
+        status: warden_core::health::Status::Ok,
         components: Vec::new(),
         observed_at: std::time::SystemTime::now(),
         version: 0,

@@ -2,8 +2,8 @@
 //! and sets its metrics.
 //!
 //! Events come with a wall-clock time; the ledger runs on CLOCK_MONOTONIC,
-//! so each is converted by its age ([`super::mono_of`]). The scan's steps
-//! come from the work loop ([`super::Goodput::observe_scan`]) into a buffer
+//! so each is converted by its age ([`warden_core::goodput::mono_of`]). The scan's steps
+//! come from the work loop ([`warden_core::goodput::Goodput::observe_scan`]) into a buffer
 //! that every taking of the ledger folds in first: this task's, before each
 //! event (so a step the scan read before an incident is accounted before
 //! it, as when the tick applied steps itself) and at each flush, so the
@@ -16,13 +16,13 @@ use std::time::Duration;
 
 use tokio::sync::broadcast::error::RecvError;
 
-use super::ledger::{Cause, ExitKind, Ledger, Occurrences};
-use super::{mono_of, process_start_ns};
-use crate::events::EventBus;
-use crate::events::{Event, Severity};
-use crate::goodput::Goodput;
-use crate::signal::{Signal, StopKind, StopReason};
 use tokio_util::sync::CancellationToken;
+use warden_core::events::EventBus;
+use warden_core::events::{Event, Severity};
+use warden_core::goodput::Goodput;
+use warden_core::goodput::ledger::{Cause, ExitKind, Ledger, Occurrences};
+use warden_core::goodput::{mono_of, process_start_ns};
+use warden_core::signal::{Signal, StopKind, StopReason};
 
 /// How often the journal is written and the gauges set.
 pub const FLUSH_EVERY: Duration = Duration::from_secs(1);

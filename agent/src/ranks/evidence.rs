@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 
 use super::process::RankProcess;
 use super::scan::HangFinding;
-use crate::events::EventBus;
-use crate::events::{NewEvent, Severity};
+use warden_core::events::EventBus;
+use warden_core::events::{NewEvent, Severity};
 
 /// The most of a stack dump attached to an event.
 const MAX_STACK_BYTES: usize = 32 * 1024;
@@ -83,9 +83,9 @@ async fn stack_dump(
         last_len = len;
     }
     // The rank writes this file: never followed if it became a symlink,
-    // never read if it is not a plain file of one link (crate::fsafe).
+    // never read if it is not a plain file of one link (warden_core::fsafe).
     let (f, _) =
-        crate::fsafe::open_leaf(path).map_err(|e| format!("cannot read stack dump: {e}"))?;
+        warden_core::fsafe::open_leaf(path).map_err(|e| format!("cannot read stack dump: {e}"))?;
     let mut bytes = Vec::new();
     let limit = before.saturating_add(MAX_STACK_BYTES as u64);
     std::io::Read::read_to_end(&mut std::io::Read::take(f, limit), &mut bytes)

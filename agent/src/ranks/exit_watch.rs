@@ -23,9 +23,9 @@ use super::exited;
 use super::process::RankProcess;
 use super::procfs;
 use super::registry::{ExitInfo, RankKey, SharedRegistry};
-use crate::events::{EventBus, Severity};
-use crate::goodput::Goodput;
-use crate::signal::Signal;
+use warden_core::events::{EventBus, Severity};
+use warden_core::goodput::Goodput;
+use warden_core::signal::Signal;
 
 /// What an exit watch needs of the agent, and nothing more.
 #[derive(Debug, Clone)]

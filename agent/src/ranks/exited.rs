@@ -9,8 +9,8 @@
 //! registry it is handed, or touch the ledger itself.
 
 use super::registry::{ExitInfo, RankKey, RankState, Registry};
-use crate::goodput::StepObs;
-use crate::signal::RankExited;
+use warden_core::goodput::StepObs;
+use warden_core::signal::RankExited;
 
 /// Completed steps read from an exiting rank's slot for the goodput ledger
 /// (those since the last scan: a tick's worth at most, in practice).
@@ -89,7 +89,7 @@ pub fn record(
                 .section_name(slot_index, o.id)
                 .unwrap_or_default()
         });
-        section = crate::detect::hang::current_section(name.as_deref(), started).to_owned();
+        section = warden_core::detect::hang::current_section(name.as_deref(), started).to_owned();
     }
     reg.free_slot_of(key);
     Some(Exited {

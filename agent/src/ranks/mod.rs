@@ -14,5 +14,6 @@ pub mod process;
 pub mod procfs;
 pub mod registry;
 pub mod scan;
+pub mod stragglers;
 
 pub use registry::{RankKey, RegisterError, Registry};

@@ -14,23 +14,10 @@ use std::time::Instant;
 
 use warden_client::slot::{self, SlotSnapshot, SlotTable};
 
-use crate::detect::calibration::{self, Calibration};
-use crate::detect::hang::Threshold;
+pub use warden_core::rank::{ExitInfo, RankKey, RankState};
 
-/// Identifies a rank across registrations.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct RankKey {
-    /// Job id.
-    pub job: String,
-    /// Global rank.
-    pub rank: u32,
-}
-
-impl std::fmt::Display for RankKey {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "job/{}/rank/{}", self.job, self.rank)
-    }
-}
+use warden_core::detect::calibration::{self, Calibration};
+use warden_core::detect::hang::Threshold;
 
 /// Why a registration was refused. Each message says what to fix.
 #[derive(Debug, thiserror::Error)]
@@ -98,48 +85,6 @@ impl SharedRegistry {
     pub fn lock(&self) -> MutexGuard<'_, Registry> {
         self.0.lock().unwrap_or_else(PoisonError::into_inner)
     }
-}
-
-/// A rank's lifecycle as the agent sees it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RankState {
-    /// Registered and making progress (or not yet past its threshold).
-    Running,
-    /// No progress past its section's threshold.
-    Hung,
-    /// The process is gone.
-    Exited,
-    /// Its slot was lost (agent state reset); waiting
-    /// for the client to register again.
-    Lost,
-    /// Its launcher is stopping it on purpose (StopRanks: a restart, the end
-    /// of the job): its exit is recorded, not an incident, and the scan no
-    /// longer judges its progress (it is being killed, not hung).
-    Stopping,
-}
-
-impl RankState {
-    /// Lower-case name for the API.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            RankState::Running => "running",
-            RankState::Hung => "hung",
-            RankState::Exited => "exited",
-            RankState::Lost => "lost",
-            RankState::Stopping => "stopping",
-        }
-    }
-}
-
-/// How a rank's process ended.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ExitInfo {
-    /// Exit code, when it exited.
-    pub code: Option<i32>,
-    /// Signal, when it was killed.
-    pub signal: Option<i32>,
-    /// Where the status came from, or why it is unknown.
-    pub source: String,
 }
 
 /// What the progress check compares from one scan to the next. Any change
@@ -226,7 +171,7 @@ pub struct RankEntry {
     pub exit: Option<ExitInfo>,
     /// Why the launcher is stopping the rank (StopRanks), once it is
     /// [`RankState::Stopping`]: carried into its `rank.exited` event.
-    pub stop_reason: Option<crate::signal::StopReason>,
+    pub stop_reason: Option<warden_core::signal::StopReason>,
     /// Signal for a stack dump (0: none).
     pub stack_dump_signal: i32,
     /// The accelerators the rank declared (empty: not declared).
@@ -244,7 +189,7 @@ pub struct RankEntry {
     pub registered_by: Option<u32>,
     /// The registering caller's uid and gid (SO_PEERCRED): the slot socket
     /// hands this rank's memory only to a process running as them.
-    pub owner: Option<crate::fsafe::Owner>,
+    pub owner: Option<warden_core::fsafe::Owner>,
     /// The slot's change counters at the last snapshot: unchanged means no
     /// write since, and the scan skips the snapshot.
     pub counters: Option<(u64, u64)>,
@@ -254,7 +199,7 @@ pub struct RankEntry {
     pub step_times: std::collections::VecDeque<u64>,
     /// The rank's recent steps with their section durations, fed by the
     /// scan for the straggler detector (bounded: 64 steps, 8 sections).
-    pub straggler: crate::detect::straggler::RankSamples,
+    pub straggler: warden_core::detect::straggler::RankSamples,
 }
 
 impl RankEntry {
@@ -320,7 +265,7 @@ pub struct RegisterRequest {
     pub caller_pid: Option<u32>,
     /// The caller's uid and gid (SO_PEERCRED): who the stack-dump file is
     /// handed to. None: the agent keeps it.
-    pub owner: Option<crate::fsafe::Owner>,
+    pub owner: Option<warden_core::fsafe::Owner>,
 }
 
 /// Most devices one rank may declare (a rank drives one GPU, a few at most).
@@ -337,7 +282,7 @@ pub struct Registry {
     /// Jobs by id.
     pub jobs: BTreeMap<String, JobEntry>,
     /// `<slot_dir>/stacks`: each rank's stack-dump file, made by the agent.
-    stacks: crate::fsafe::Dir,
+    stacks: warden_core::fsafe::Dir,
     state_dir: PathBuf,
     /// `ranks.max_per_process`: live ranks one caller may hold.
     pub max_per_process: u32,
@@ -359,12 +304,13 @@ impl Registry {
         // agent made for them by name, and can neither list, create,
         // rename nor plant anything in it.
         let stack_dir = slot_dir.join("stacks");
-        let stacks =
-            crate::fsafe::Dir::ensure(&stack_dir, 0o711).map_err(|e| slot::SlotError::Io {
+        let stacks = warden_core::fsafe::Dir::ensure(&stack_dir, 0o711).map_err(|e| {
+            slot::SlotError::Io {
                 path: stack_dir.clone(),
                 op: "create stacks directory",
                 source: std::io::Error::other(e.to_string()),
-            })?;
+            }
+        })?;
         // Slot files of earlier agents (before slots were sealed memfds)
         // go: nothing maps them any more once their ranks re-register.
         remove_old_slot_files(slot_dir);
@@ -513,7 +459,7 @@ impl Registry {
                 counters: None,
                 names: Vec::new(),
                 step_times: std::collections::VecDeque::new(),
-                straggler: crate::detect::straggler::RankSamples::default(),
+                straggler: warden_core::detect::straggler::RankSamples::default(),
             },
         );
         Ok(Registration {
@@ -531,7 +477,7 @@ impl Registry {
     fn stack_file(
         &self,
         key: &RankKey,
-        owner: Option<crate::fsafe::Owner>,
+        owner: Option<warden_core::fsafe::Owner>,
     ) -> Result<PathBuf, RegisterError> {
         let prefix = format!("{}-{}.", sanitize(&key.job), key.rank);
         let (file, name) = self.stacks.create_random(&prefix, 0o600).map_err(|e| {
@@ -546,8 +492,8 @@ impl Registry {
         // agent without CAP_CHOWN (a sidecar run as a user) cannot hand it
         // over: the rank then cannot write dumps, which its hang evidence
         // will say; the registration stands.
-        if let Some(o) = owner.filter(|o| o.uid != crate::fsafe::me() && o.uid != 0)
-            && let Err(e) = crate::fsafe::give(&file, &path, o)
+        if let Some(o) = owner.filter(|o| o.uid != warden_core::fsafe::me() && o.uid != 0)
+            && let Err(e) = warden_core::fsafe::give(&file, &path, o)
         {
             tracing::warn!(rank = %key, error = %e, "the stack dump file stays the agent's: the rank cannot write dumps into it");
         }
@@ -587,7 +533,7 @@ impl Registry {
         &mut self,
         job: &str,
         ranks: &[u32],
-        reason: &crate::signal::StopReason,
+        reason: &warden_core::signal::StopReason,
     ) -> Vec<u32> {
         let mut marked = Vec::new();
         for e in self.ranks.values_mut() {

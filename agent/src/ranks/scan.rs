@@ -17,11 +17,11 @@ const RING_STEPS: usize = RING_LEN - 1;
 use super::procfs;
 use super::registry::{Marker, RankEntry, RankKey, RankState, Registry};
 use crate::config::HangConfig;
-use crate::detect::calibration::{self, IDLE};
-use crate::detect::hang::{self, PeerPosition, Threshold};
-use crate::detect::straggler::RankSamples;
-use crate::events::{NewEvent, Severity};
-use crate::signal::Signal;
+use warden_core::detect::calibration::{self, IDLE};
+use warden_core::detect::hang::{self, PeerPosition, Threshold};
+use warden_core::detect::straggler::RankSamples;
+use warden_core::events::{NewEvent, Severity};
+use warden_core::signal::Signal;
 
 /// How many of a job's other local ranks are listed by name in a hang's
 /// evidence; the rest are counted.
@@ -40,7 +40,7 @@ pub struct HangFinding {
     /// Evidence gathered from the slot and the job's other ranks.
     pub evidence: Vec<(String, String)>,
     /// What attribution reads of it (also in the evidence, for a person).
-    pub facts: crate::signal::HangFacts,
+    pub facts: warden_core::signal::HangFacts,
     /// The headline.
     pub message: String,
     /// Signal, file and the held process for a stack dump, when the client
@@ -58,7 +58,7 @@ pub struct ScanResult {
     /// Ranks read.
     pub scanned: usize,
     /// Completed steps and pre-step sections for the goodput ledger.
-    pub goodput: crate::goodput::ScanFeed,
+    pub goodput: warden_core::goodput::ScanFeed,
 }
 
 /// Scans every live rank. `now_ns` and `prev_ns` are this and the previous
@@ -273,7 +273,7 @@ pub fn scan(reg: &mut Registry, cfg: &HangConfig, now_ns: u64, prev_ns: u64) -> 
                 .collect();
             evidence.push(("open_sections".to_owned(), stack.join(" > ")));
         }
-        let mut facts = crate::signal::HangFacts {
+        let mut facts = warden_core::signal::HangFacts {
             step,
             section: me.section.clone(),
             pattern: hang::pattern(me, &peers),
@@ -372,7 +372,7 @@ fn ingest(
     name_of: &mut dyn FnMut(u32) -> String,
     step_times: &mut std::collections::VecDeque<u64>,
     samples: &mut RankSamples,
-    ledger: &mut dyn FnMut(crate::goodput::StepObs),
+    ledger: &mut dyn FnMut(warden_core::goodput::StepObs),
     pid: u32,
 ) -> u64 {
     let mut newest = after_start_ns;
@@ -398,7 +398,7 @@ fn ingest(
                 st.duration_ns,
                 sections.iter().map(|(n, ns)| (n.as_str(), *ns)),
             );
-            ledger(crate::goodput::StepObs {
+            ledger(warden_core::goodput::StepObs {
                 pid,
                 step: st.step,
                 start_ns: st.start_ns,

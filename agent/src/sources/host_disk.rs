@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
 use crate::config::HostConfig;
-use crate::health::{ComponentReport, Reason, Status};
+use warden_core::health::{ComponentReport, Reason, Status};
 
 /// The component id this source reports on.
 pub const COMPONENT: &str = "disk/checkpoint";

@@ -23,9 +23,9 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime};
 
 use crate::config::HostConfig;
-use crate::events::{NewEvent, Severity};
-use crate::health::window::CounterWindow;
-use crate::health::{ComponentReport, Reason, Status};
+use warden_core::events::{NewEvent, Severity};
+use warden_core::health::window::CounterWindow;
+use warden_core::health::{ComponentReport, Reason, Status};
 
 /// Default `[host] net_ignore`: loopback and virtual interfaces.
 pub const DEFAULT_IGNORE: &[&str] = &[

@@ -1,12 +1,12 @@
 //! Sources: where readings about the node come from.
 //!
 //! In: the machine (procfs, sysfs, the kernel log, and NVML, DCGM, the TPU
-//! runtime where present). Out: [`crate::health::ComponentReport`]s and
+//! runtime where present). Out: [`warden_core::health::ComponentReport`]s and
 //! events, through [`Source::poll`]. Every source runs on a thread of its own
 //! ([`runner::spawn`]), so a library call that blocks or hangs stalls only
 //! that source: the runner marks its components UNKNOWN with the reason and
 //! the API and the work loop never wait for it. A source judges counters as
-//! deltas over a window ([`crate::health::window`]), never lifetime totals.
+//! deltas over a window ([`warden_core::health::window`]), never lifetime totals.
 
 pub mod dcgm;
 pub mod host_disk;
@@ -20,8 +20,8 @@ pub mod tpu;
 
 use std::time::{Duration, SystemTime};
 
-use crate::health::ComponentReport;
-use crate::signal::Signal;
+use warden_core::health::ComponentReport;
+use warden_core::signal::Signal;
 
 /// What one poll of a source produced.
 #[derive(Debug, Default)]

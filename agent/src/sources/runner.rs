@@ -12,10 +12,10 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant, SystemTime};
 
 use super::Source;
-use crate::events::{NewEvent, Severity};
-use crate::health::reporter::Reporter;
-use crate::health::{ComponentReport, Reason, Status};
 use tokio_util::sync::CancellationToken;
+use warden_core::events::{NewEvent, Severity};
+use warden_core::health::reporter::Reporter;
+use warden_core::health::{ComponentReport, Reason, Status};
 
 /// What the runner knows about one source.
 #[derive(Debug)]
@@ -171,9 +171,9 @@ mod tests {
     use std::sync::mpsc;
 
     use super::*;
-    use crate::events::EventBus;
-    use crate::health::HealthModel;
     use crate::sources::Poll;
+    use warden_core::events::EventBus;
+    use warden_core::health::HealthModel;
 
     /// Reports gpu0 OK, then blocks in its second poll until released.
     struct Stuck {

@@ -96,7 +96,7 @@ fn file_err(key: &'static str, path: &Path, why: impl ToString) -> TlsError {
 }
 
 fn certs(key: &'static str, path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
-    let pem = crate::named_file::read(path, crate::named_file::CONFIG_CAP)
+    let pem = warden_core::named_file::read(path, warden_core::named_file::CONFIG_CAP)
         .map_err(|e| file_err(key, path, e))?;
     let certs = CertificateDer::pem_slice_iter(&pem)
         .collect::<Result<Vec<_>, _>>()
@@ -120,7 +120,7 @@ impl Material {
     pub fn load(files: &TlsFiles, host: &str) -> Result<Self, TlsError> {
         let ca = certs("api.tls_ca", &files.ca)?;
         let chain = certs("api.tls_cert", &files.cert)?;
-        let key = crate::named_file::read(&files.key, crate::named_file::CONFIG_CAP)
+        let key = warden_core::named_file::read(&files.key, warden_core::named_file::CONFIG_CAP)
             .map_err(|e| file_err("api.tls_key", &files.key, e))
             .and_then(|pem| {
                 PrivateKeyDer::from_pem_slice(&pem)

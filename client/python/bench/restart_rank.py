@@ -1,4 +1,4 @@
-"""A rank for the in-process restart benchmark (agent/benches/in_process_restart.rs).
+"""A rank for the in-process restart benchmark (cli/benches/in_process_restart.rs).
 
 Runs forever under ``warden.run``; each attempt blocks in ``time.sleep``
 (``--mode sleep``), spins in a pure-Python loop (``--mode busy``), or, with

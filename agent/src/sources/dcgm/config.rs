@@ -4,8 +4,8 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use super::reasons::SYSTEMS;
 use crate::config::ConfigError;
+use warden_core::taxonomy::dcgm::SYSTEMS;
 
 /// How DCGM is reached and read.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

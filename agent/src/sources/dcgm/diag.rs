@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 use super::DcgmConfig;
-use crate::health::{NodeSnapshot, Status};
+use warden_core::health::{NodeSnapshot, Status};
 
 /// One failed test or check.
 #[derive(Debug, Clone, PartialEq, Eq)]

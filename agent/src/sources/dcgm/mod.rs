@@ -20,7 +20,6 @@ pub mod config;
 pub mod diag;
 pub mod ffi;
 pub mod helper;
-pub mod reasons;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{BufRead, BufReader, Write};
@@ -33,8 +32,9 @@ pub use config::DcgmConfig;
 use self::ffi::{Incident, OpenParams};
 use self::helper::{Request, Response};
 use super::{Poll, Source};
-use crate::events::{NewEvent, Severity};
-use crate::health::{ComponentReport, Reason, Status};
+use warden_core::events::{NewEvent, Severity};
+use warden_core::health::{ComponentReport, Reason, Status};
+use warden_core::taxonomy::dcgm as reasons;
 
 /// The node-level component of this source.
 pub const COMPONENT: &str = "dcgm";

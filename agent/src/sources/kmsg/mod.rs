@@ -13,7 +13,7 @@
 //!
 //! Parsing is pure ([`parse_line`]), so recorded lines under
 //! `tests/fixtures/kmsg/` test it; how bad each XID is comes from the one
-//! XID table, [`crate::detect::xid`], which NVML and the simulated source
+//! XID table, [`warden_core::taxonomy::xid`], which NVML and the simulated source
 //! read too.
 
 use std::collections::BTreeMap;
@@ -25,9 +25,9 @@ use std::time::{Duration, SystemTime};
 
 use serde::{Deserialize, Serialize};
 
-use crate::events::{NewEvent, Severity};
-use crate::health::{ComponentReport, Reason, Status};
-use crate::signal::{OomKill, Report, Signal, Xid, XidSource};
+use warden_core::events::{NewEvent, Severity};
+use warden_core::health::{ComponentReport, Reason, Status};
+use warden_core::signal::{OomKill, Report, Signal, Xid, XidSource};
 
 /// The component that stands for the kernel log itself.
 pub const COMPONENT: &str = "kmsg";
@@ -121,7 +121,7 @@ impl KmsgConfig {
 /// The one table of XID severities; anything not listed is DEGRADED, since
 /// an unknown XID is worth a look but not a verdict.
 pub fn xid_verdict(xid: u32) -> (Status, &'static str) {
-    let rule = crate::detect::xid::rule(xid);
+    let rule = warden_core::taxonomy::xid::rule(xid);
     (rule.status, rule.class.as_str())
 }
 

@@ -6,8 +6,8 @@ use std::collections::{BTreeMap, VecDeque};
 use std::time::{Duration, Instant, SystemTime};
 
 use super::NvmlConfig;
-use crate::health::window::{CounterWindow, Debounce};
-use crate::health::{ComponentReport, Reason, Status};
+use warden_core::health::window::{CounterWindow, Debounce};
+use warden_core::health::{ComponentReport, Reason, Status};
 
 /// Clock event (throttle) reasons that mean the hardware is protecting
 /// itself: HW slowdown 0x8, SW thermal 0x20, HW thermal 0x40, power brake 0x80.
@@ -96,9 +96,11 @@ pub struct Xid {
     pub pci: String,
 }
 
-/// What an XID says about the GPU: the one table in [`crate::detect::xid`].
+/// What an XID says about the GPU: the one table in [`warden_core::taxonomy::xid`].
 pub fn xid_status(xid: u64) -> Status {
-    u32::try_from(xid).map_or(Status::Degraded, |x| crate::detect::xid::rule(x).status)
+    u32::try_from(xid).map_or(Status::Degraded, |x| {
+        warden_core::taxonomy::xid::rule(x).status
+    })
 }
 
 /// The windows one GPU keeps between polls.

@@ -31,9 +31,9 @@ pub use judge::{
 };
 pub use prom::count_xid;
 
-use crate::events::Severity;
-use crate::health::{ComponentReport, Status};
-use crate::signal::{self, Report, Signal, XidSource};
+use warden_core::events::Severity;
+use warden_core::health::{ComponentReport, Status};
+use warden_core::signal::{self, Report, Signal, XidSource};
 
 /// The node-level component of this source.
 pub const COMPONENT: &str = "nvml";

@@ -17,10 +17,10 @@ use std::time::{Duration, SystemTime};
 
 use serde::Deserialize;
 
-use crate::events::{NewEvent, Severity};
-use crate::health::{ComponentReport, Reason, Status};
-use crate::signal::{Report, Signal, Xid, XidSource};
 use crate::sources::kmsg::xid_verdict;
+use warden_core::events::{NewEvent, Severity};
+use warden_core::health::{ComponentReport, Reason, Status};
+use warden_core::signal::{Report, Signal, Xid, XidSource};
 
 /// Why a scenario could not be used; every variant names the key.
 #[derive(Debug, thiserror::Error)]
@@ -185,12 +185,12 @@ const ECC_WINDOW: Duration = Duration::from_secs(60);
 impl Scenario {
     /// Reads and checks a scenario file.
     pub fn from_file(path: &Path) -> Result<Self, ScenarioError> {
-        let text = crate::named_file::read_to_string(path, crate::named_file::CONFIG_CAP).map_err(
-            |source| ScenarioError::Read {
-                path: path.display().to_string(),
-                source,
-            },
-        )?;
+        let text =
+            warden_core::named_file::read_to_string(path, warden_core::named_file::CONFIG_CAP)
+                .map_err(|source| ScenarioError::Read {
+                    path: path.display().to_string(),
+                    source,
+                })?;
         Self::from_toml(&text, &path.display().to_string())
     }
 

@@ -55,7 +55,10 @@ fn xid79_fails_gpu1_at_30s() {
     assert_eq!(status_at(&s, 30, "gpu0"), Status::Ok);
     let evs = s.events_between(Some(Duration::from_secs(29)), Duration::from_secs(31));
     assert_eq!(evs.len(), 1);
-    let evs: Vec<_> = evs.iter().map(crate::signal::Signal::render).collect();
+    let evs: Vec<_> = evs
+        .iter()
+        .map(warden_core::signal::Signal::render)
+        .collect();
     assert_eq!((evs[0].kind, evs[0].subject.as_str()), ("gpu.xid", "gpu1"));
     assert!(
         s.events_between(Some(Duration::from_secs(31)), Duration::from_secs(60))

@@ -32,10 +32,10 @@ use std::time::{Duration, SystemTime};
 use serde::{Deserialize, Serialize};
 
 use crate::config::HostConfig;
-use crate::events::{NewEvent, Severity};
-use crate::health::{ComponentReport, Reason, Status};
 use chips::Chip;
 use runtime::RuntimeReading;
+use warden_core::events::{NewEvent, Severity};
+use warden_core::health::{ComponentReport, Reason, Status};
 
 /// `[tpu]`: TPU chips and libtpu's runtime metrics service.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -321,7 +321,7 @@ impl super::Source for Tpu {
         poll.reports = judge(&chips, &readings, &silent, now);
         // Name the chip in the event's subject where the report knows it.
         for ev in &mut poll.events {
-            let crate::signal::Signal::Notice(ev) = ev else {
+            let warden_core::signal::Signal::Notice(ev) = ev else {
                 continue;
             };
             if let Some((_, chip)) = ev.evidence.iter().find(|(k, _)| k == "chip")

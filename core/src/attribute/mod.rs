@@ -1,0 +1,30 @@
+//! Attribution: every incident becomes a diagnosis (a fault class, a
+//! confidence and the chain of evidence).
+
+pub mod class;
+
+pub use class::FaultClass;
+pub mod config;
+pub mod diagnosis;
+pub mod engine;
+pub mod rules;
+pub mod store;
+
+pub use config::AttributionConfig;
+pub use diagnosis::{Diagnosis, Evidence, IncidentKind, IncidentRecord};
+
+/// A later decision about an incident, taken outside the attribution task
+/// (an in-process restart nobody acknowledged in time, so the launcher must
+/// restart the job): sent through [`crate::state::AgentState::escalations`].
+#[derive(Debug, Clone)]
+pub struct Escalation {
+    /// The incident.
+    pub incident: String,
+    /// The new action.
+    pub action: crate::policy::Action,
+    /// Why, for a person.
+    pub reason: String,
+}
+
+#[cfg(test)]
+mod scenarios;

@@ -1,0 +1,27 @@
+//! warden's core: what a fault is and what to do about it, with no I/O of
+//! the network kind and no knowledge of gRPC.
+//!
+//! The health model, the fault taxonomy (XID table, DCGM incident codes),
+//! the detectors (hangs, stragglers), the attribution engine and its rules,
+//! the remediation policy, the goodput ledger and the typed signals the
+//! stages tell each other. The agent (`warden-agent`) feeds it from the
+//! sources and the ranks and carries its decisions out; the launcher and the
+//! CLI sit above that. The compiler holds the layering: this crate depends
+//! on none of them, nor on tonic, prost or etcd.
+//!
+//! What it does touch: files under the agent's state directory through
+//! [`fsafe`] (hang calibration, goodput journals, the incident store) and
+//! operator-named files through [`named_file`], both synchronous and bounded.
+
+pub mod attribute;
+pub mod config;
+pub mod detect;
+pub mod events;
+pub mod fsafe;
+pub mod goodput;
+pub mod health;
+pub mod named_file;
+pub mod policy;
+pub mod rank;
+pub mod signal;
+pub mod taxonomy;

@@ -1,0 +1,488 @@
+//! Policy: from a diagnosis and its context to a remediation decision.
+//!
+//! In: a [`Diagnosis`], whether the job is down (a crash or hang) or still
+//! running (a hardware event, a straggler), and the remediations already
+//! spent in the budget window. Out: a [`Decision`]: the action, why, the
+//! attempt against the budget, the backoff, and the exit status a launcher
+//! stopping on it returns. The user's hook ([`hook`]) may then override it.
+//! Pure: no I/O here (the hook runs in the attribution task).
+
+pub mod action;
+pub mod hook;
+
+use std::time::{Duration, SystemTime};
+
+use serde::{Deserialize, Serialize};
+
+pub use action::Action;
+
+use crate::attribute::{Diagnosis, FaultClass};
+use crate::config::ConfigError;
+
+/// Exit status of a launcher that stops because this node is at fault
+/// (cordon, scale down without a spare): requeue the job elsewhere, drain
+/// the node. Outside the 64-78 sysexits range and the 128+N signal range.
+pub const EXIT_NODE_FAULT: i32 = 86;
+/// Exit status of a launcher that stops because the restart budget of a
+/// class is spent: the job fails repeatedly; a person should look.
+pub const EXIT_BUDGET_SPENT: i32 = 87;
+
+/// What to do for one fault class.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClassPolicy {
+    /// When the job is down (a rank crashed or hung): the n-th incident of
+    /// this class in the window takes the n-th action (the last repeats).
+    pub on_failure: Vec<Action>,
+    /// When the job still runs (a hardware event, a straggler).
+    pub on_running: Action,
+    /// Restarts of this class allowed within `window`.
+    pub budget: u32,
+    /// The budget's window.
+    #[serde(with = "crate::config::duration")]
+    pub window: Duration,
+    /// What happens once the budget is spent.
+    pub exhausted: Action,
+}
+
+impl ClassPolicy {
+    fn new(on_failure: &[Action], on_running: Action, budget: u32, exhausted: Action) -> Self {
+        Self {
+            on_failure: on_failure.to_vec(),
+            on_running,
+            budget,
+            window: Duration::from_secs(60 * 60),
+            exhausted,
+        }
+    }
+}
+
+/// `[policy]`: remediation per fault class, backoff, the node condition
+/// file and the user's hook.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PolicyConfig {
+    /// Wait before the second restart of a class in its window; doubles
+    /// with each further one. The first restart is immediate: waiting
+    /// before it only loses goodput.
+    #[serde(with = "crate::config::duration")]
+    pub backoff_initial: Duration,
+    /// The backoff's ceiling.
+    #[serde(with = "crate::config::duration")]
+    pub backoff_max: Duration,
+    /// Where the node condition (cordoned or not) is written for cluster
+    /// tools, as a Kubernetes NodeCondition in JSON. Empty: the state
+    /// directory's node-condition.json.
+    pub condition_file: String,
+    /// The user's executable that may override each decision.
+    pub hook: hook::HookConfig,
+    /// A bug in the training code: restarting fails the same way.
+    pub user_error: ClassPolicy,
+    /// A collective timeout, a driver hiccup: restarting usually helps.
+    pub transient_software: ClassPolicy,
+    /// Hardware that handled its error (XID 94, corrected ECC bursts).
+    pub correctable_hardware: ClassPolicy,
+    /// Hardware that needs a reset or repair (XID 48/79, GPU lost).
+    pub uncorrectable_hardware: ClassPolicy,
+    /// The network, fabric or host around the job.
+    pub infrastructure: ClassPolicy,
+    /// Not enough evidence: restart a little, then stop and tell a person.
+    pub unknown: ClassPolicy,
+}
+
+impl Default for PolicyConfig {
+    fn default() -> Self {
+        use Action::{Continue, Cordon, RestartInJob, RestartInProcess, ScaleDown, Stop};
+        Self {
+            backoff_initial: Duration::from_secs(5),
+            backoff_max: Duration::from_secs(5 * 60),
+            condition_file: String::new(),
+            hook: hook::HookConfig::default(),
+            user_error: ClassPolicy::new(&[Stop], Continue, 0, Stop),
+            transient_software: ClassPolicy::new(
+                &[RestartInProcess, RestartInJob],
+                Continue,
+                3,
+                Cordon,
+            ),
+            correctable_hardware: ClassPolicy::new(&[RestartInJob], Continue, 2, Cordon),
+            uncorrectable_hardware: ClassPolicy::new(&[Cordon], Cordon, 3, Stop),
+            infrastructure: ClassPolicy::new(&[RestartInJob], Continue, 3, ScaleDown),
+            unknown: ClassPolicy::new(&[RestartInJob], Continue, 2, Stop),
+        }
+    }
+}
+
+impl PolicyConfig {
+    /// The policy for `class`.
+    pub fn for_class(&self, class: FaultClass) -> &ClassPolicy {
+        match class {
+            FaultClass::UserError => &self.user_error,
+            FaultClass::TransientSoftware => &self.transient_software,
+            FaultClass::CorrectableHardware => &self.correctable_hardware,
+            FaultClass::UncorrectableHardware => &self.uncorrectable_hardware,
+            FaultClass::Infrastructure => &self.infrastructure,
+            FaultClass::Unknown => &self.unknown,
+        }
+    }
+
+    /// Refuses a policy that cannot be followed.
+    pub fn validate(&self, origin: &str) -> Result<(), ConfigError> {
+        let invalid = |key: &'static str, value: String, why: &str| ConfigError::Invalid {
+            origin: origin.to_owned(),
+            key,
+            value,
+            why: why.to_owned(),
+        };
+        let show = |d: Duration| humantime::format_duration(d).to_string();
+        if self.backoff_initial > self.backoff_max {
+            return Err(invalid(
+                "policy.backoff_initial",
+                show(self.backoff_initial),
+                "must not exceed policy.backoff_max",
+            ));
+        }
+        if !self.condition_file.is_empty()
+            && !std::path::Path::new(&self.condition_file).is_absolute()
+        {
+            return Err(invalid(
+                "policy.condition_file",
+                self.condition_file.clone(),
+                "must be an absolute path (or empty for the state directory's node-condition.json)",
+            ));
+        }
+        if let Err(why) = self.hook.validate() {
+            return Err(invalid(
+                "policy.hook",
+                format!("{:?}", self.hook.command),
+                &why,
+            ));
+        }
+        let classes: [(&'static str, &'static str, &ClassPolicy); 6] = [
+            (
+                "policy.user_error.on_failure",
+                "policy.user_error.window",
+                &self.user_error,
+            ),
+            (
+                "policy.transient_software.on_failure",
+                "policy.transient_software.window",
+                &self.transient_software,
+            ),
+            (
+                "policy.correctable_hardware.on_failure",
+                "policy.correctable_hardware.window",
+                &self.correctable_hardware,
+            ),
+            (
+                "policy.uncorrectable_hardware.on_failure",
+                "policy.uncorrectable_hardware.window",
+                &self.uncorrectable_hardware,
+            ),
+            (
+                "policy.infrastructure.on_failure",
+                "policy.infrastructure.window",
+                &self.infrastructure,
+            ),
+            (
+                "policy.unknown.on_failure",
+                "policy.unknown.window",
+                &self.unknown,
+            ),
+        ];
+        for (ladder_key, window_key, p) in classes {
+            if p.on_failure.is_empty() {
+                return Err(invalid(
+                    ladder_key,
+                    "[]".into(),
+                    "must name at least one action (\"stop\" to never restart)",
+                ));
+            }
+            if p.on_failure.contains(&Action::Continue) {
+                return Err(invalid(
+                    ladder_key,
+                    format!(
+                        "{:?}",
+                        p.on_failure.iter().map(|a| a.as_str()).collect::<Vec<_>>()
+                    ),
+                    "\"continue\" cannot answer a crash or hang: the job is already down",
+                ));
+            }
+            if p.window.is_zero() {
+                return Err(invalid(
+                    window_key,
+                    show(p.window),
+                    "must be longer than 0s",
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A decision taken earlier, as the budget counts it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PastDecision {
+    /// When.
+    pub at: SystemTime,
+    /// The class it answered.
+    pub class: FaultClass,
+    /// What was decided.
+    pub action: Action,
+}
+
+/// What the policy is told besides the diagnosis.
+#[derive(Debug, Clone)]
+pub struct Context<'a> {
+    /// True when a rank crashed or hung: the job cannot go on as it is.
+    pub job_down: bool,
+    /// The failed rank's own exit status, when it exited with one.
+    pub exit_code: Option<i32>,
+    /// Earlier decisions for the same job (or the node, without a job).
+    pub history: &'a [PastDecision],
+    /// Now.
+    pub now: SystemTime,
+}
+
+/// A remediation decision.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Decision {
+    /// What to do.
+    pub action: Action,
+    /// Why, for a person.
+    pub reason: String,
+    /// "policy", "hook", or "policy (hook failed: ...)".
+    pub decided_by: String,
+    /// Restarts of this class in the window, this one included.
+    pub attempt: u32,
+    /// The class's budget.
+    pub budget: u32,
+    /// Wait this long before acting.
+    #[serde(with = "crate::config::duration")]
+    pub backoff: Duration,
+    /// The exit status for a launcher that stops on this decision.
+    pub exit_code: i32,
+    /// When it was taken.
+    pub decided_at: SystemTime,
+}
+
+/// The built-in decision for `diag` in `ctx`.
+pub fn decide(cfg: &PolicyConfig, diag: &Diagnosis, ctx: &Context<'_>) -> Decision {
+    let p = cfg.for_class(diag.class);
+    let since = ctx
+        .now
+        .checked_sub(p.window)
+        .unwrap_or(SystemTime::UNIX_EPOCH);
+    let spent = ctx
+        .history
+        .iter()
+        .filter(|d| d.class == diag.class && d.at >= since && d.action.is_restart())
+        .count();
+    let spent = u32::try_from(spent).unwrap_or(u32::MAX);
+    let window = humantime::format_duration(p.window);
+    let (step, basis) = if ctx.job_down {
+        let n = (spent as usize).min(p.on_failure.len() - 1);
+        (p.on_failure[n], "on_failure")
+    } else {
+        (p.on_running, "on_running")
+    };
+    let (action, reason, attempt) = if step.is_restart() {
+        let attempt = spent + 1;
+        if attempt > p.budget {
+            (
+                p.exhausted,
+                format!(
+                    "{}: the budget of {} in {window} is spent ({spent} already): policy.{}.exhausted",
+                    diag.class, p.budget, diag.class
+                ),
+                attempt,
+            )
+        } else {
+            (
+                step,
+                format!(
+                    "{}: {step}, {attempt} of {} in {window}: policy.{}.{basis}",
+                    diag.class, p.budget, diag.class
+                ),
+                attempt,
+            )
+        }
+    } else {
+        (
+            step,
+            format!("{}: policy.{}.{basis} says {step}", diag.class, diag.class),
+            spent,
+        )
+    };
+    let backoff = if action.is_restart() && attempt >= 2 {
+        let factor = 2u32.saturating_pow(attempt - 2);
+        cfg.backoff_initial
+            .saturating_mul(factor)
+            .min(cfg.backoff_max)
+    } else {
+        Duration::ZERO
+    };
+    Decision {
+        action,
+        reason,
+        decided_by: "policy".into(),
+        attempt,
+        budget: p.budget,
+        backoff,
+        exit_code: exit_code_for(action, diag.class, attempt > p.budget, ctx.exit_code),
+        decided_at: ctx.now,
+    }
+}
+
+/// The exit status a launcher stopping on `action` returns: a node fault
+/// and a spent budget get their own codes; a user error keeps the rank's.
+pub fn exit_code_for(action: Action, class: FaultClass, spent: bool, rank: Option<i32>) -> i32 {
+    match action {
+        Action::Continue | Action::RestartInProcess | Action::RestartInJob => 0,
+        Action::Cordon | Action::ScaleDown => EXIT_NODE_FAULT,
+        Action::Stop if spent && class != FaultClass::UserError => EXIT_BUDGET_SPENT,
+        Action::Stop => rank.filter(|c| *c != 0).unwrap_or(1),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn diag(class: FaultClass) -> Diagnosis {
+        Diagnosis {
+            class,
+            confidence: 0.8,
+            summary: String::new(),
+            rule: String::new(),
+            evidence: Vec::new(),
+        }
+    }
+
+    fn ctx(history: &[PastDecision], now: SystemTime) -> Context<'_> {
+        Context {
+            job_down: true,
+            exit_code: Some(3),
+            history,
+            now,
+        }
+    }
+
+    #[test]
+    fn transient_ladder_backoff_and_budget() {
+        let cfg = PolicyConfig::default();
+        let now = SystemTime::now();
+        let d = diag(FaultClass::TransientSoftware);
+        let mut history = Vec::new();
+        let mut got = Vec::new();
+        for _ in 0..4 {
+            let dec = decide(&cfg, &d, &ctx(&history, now));
+            got.push((dec.action, dec.attempt, dec.backoff, dec.exit_code));
+            history.push(PastDecision {
+                at: now,
+                class: d.class,
+                action: dec.action,
+            });
+        }
+        use Action::*;
+        assert_eq!(
+            got,
+            vec![
+                (RestartInProcess, 1, Duration::ZERO, 0),
+                (RestartInJob, 2, Duration::from_secs(5), 0),
+                (RestartInJob, 3, Duration::from_secs(10), 0),
+                (Cordon, 4, Duration::from_secs(20), EXIT_NODE_FAULT),
+            ]
+        );
+    }
+
+    #[test]
+    fn old_restarts_fall_out_of_the_window() {
+        let cfg = PolicyConfig::default();
+        let now = SystemTime::now();
+        let long_ago = now - Duration::from_secs(2 * 3600);
+        let history: Vec<PastDecision> = (0..5)
+            .map(|_| PastDecision {
+                at: long_ago,
+                class: FaultClass::Unknown,
+                action: Action::RestartInJob,
+            })
+            .collect();
+        let dec = decide(&cfg, &diag(FaultClass::Unknown), &ctx(&history, now));
+        assert_eq!((dec.action, dec.attempt), (Action::RestartInJob, 1));
+    }
+
+    #[test]
+    fn user_error_stops_with_the_ranks_code_and_spent_budget_with_87() {
+        let cfg = PolicyConfig::default();
+        let now = SystemTime::now();
+        let dec = decide(&cfg, &diag(FaultClass::UserError), &ctx(&[], now));
+        assert_eq!((dec.action, dec.exit_code), (Action::Stop, 3));
+        let history: Vec<PastDecision> = (0..2)
+            .map(|_| PastDecision {
+                at: now,
+                class: FaultClass::Unknown,
+                action: Action::RestartInJob,
+            })
+            .collect();
+        let dec = decide(&cfg, &diag(FaultClass::Unknown), &ctx(&history, now));
+        assert_eq!(
+            (dec.action, dec.exit_code),
+            (Action::Stop, EXIT_BUDGET_SPENT)
+        );
+        assert!(dec.reason.contains("budget"), "{}", dec.reason);
+    }
+
+    #[test]
+    fn a_running_job_gets_on_running() {
+        let cfg = PolicyConfig::default();
+        let now = SystemTime::now();
+        let c = Context {
+            job_down: false,
+            exit_code: None,
+            history: &[],
+            now,
+        };
+        let dec = decide(&cfg, &diag(FaultClass::CorrectableHardware), &c);
+        assert_eq!((dec.action, dec.attempt), (Action::Continue, 0));
+        let dec = decide(&cfg, &diag(FaultClass::UncorrectableHardware), &c);
+        assert_eq!((dec.action, dec.attempt), (Action::Cordon, 1));
+    }
+
+    #[test]
+    fn validation_names_the_key() {
+        let mut cfg = PolicyConfig::default();
+        cfg.transient_software.on_failure.clear();
+        let e = cfg.validate("t.toml").unwrap_err().to_string();
+        assert!(e.contains("policy.transient_software.on_failure"), "{e}");
+        let mut cfg = PolicyConfig::default();
+        cfg.unknown.on_failure = vec![Action::Continue];
+        let e = cfg.validate("t.toml").unwrap_err().to_string();
+        assert!(
+            e.contains("policy.unknown.on_failure") && e.contains("continue"),
+            "{e}"
+        );
+        let cfg = PolicyConfig {
+            backoff_initial: Duration::from_secs(600),
+            ..PolicyConfig::default()
+        };
+        assert!(
+            cfg.validate("t.toml")
+                .unwrap_err()
+                .to_string()
+                .contains("policy.backoff_initial")
+        );
+        #[derive(Debug, serde::Deserialize)]
+        struct File {
+            #[allow(dead_code)]
+            policy: PolicyConfig,
+        }
+        let bad: Result<PolicyConfig, _> = crate::config::parse_toml::<File>(
+            "[policy.user_error]\non_failure = [\"reboot\"]\non_running = \"continue\"\nbudget = 0\nwindow = \"1h\"\nexhausted = \"stop\"\n",
+        )
+        .map(|c| c.policy);
+        let (key, msg) = bad.unwrap_err();
+        assert!(key.contains("policy.user_error.on_failure"), "{key}: {msg}");
+        assert!(msg.contains("reboot"), "{msg}");
+    }
+}

@@ -1,0 +1,537 @@
+//! The agent the launcher works with: the host's wardend when one answers,
+//! else one embedded in the launcher's own process on a private socket (the
+//! single-host default: nothing else to install or start).
+//!
+//! Also the two streams the supervisor follows: the agent's events about
+//! the job's ranks (registrations and exits, by pid: when the workers of an
+//! attempt are registered, when a zombie may be reaped) and its decided
+//! incidents (WatchIncidents). Both reconnect when the agent restarts: the
+//! agent dying is not the job dying.
+
+use std::collections::{HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
+use tokio_stream::StreamExt;
+use tokio_util::sync::CancellationToken;
+use tonic::transport::Channel;
+use warden_proto::v1 as pb;
+use warden_proto::v1::agent_client::AgentClient;
+
+use super::args::AgentMode;
+use crate::connect::Target;
+use warden_agent::config::Config;
+use warden_agent::daemon::DaemonError;
+
+/// How long a wardend has to answer GetAgentInfo before the launcher
+/// embeds its own.
+const PROBE: Duration = Duration::from_secs(1);
+/// How long an embedded agent may take to serve.
+const EMBED_START: Duration = Duration::from_secs(15);
+/// Pause before reconnecting a stream to an agent that went away.
+const RECONNECT: Duration = Duration::from_millis(500);
+
+/// Why the launcher has no agent.
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    /// `--agent local` and none answers.
+    #[error(
+        "no wardend answers at {0} (--agent local); start it, or leave --agent at auto to embed one"
+    )]
+    NoLocal(String),
+    /// `--socket`/`--addr` named a TCP address: workers need the Unix socket.
+    #[error(
+        "warden run needs the agent's Unix socket (workers register over it); --addr {0} is TCP"
+    )]
+    Tcp(String),
+    /// The embedded agent's config is invalid.
+    #[error("--agent-config: {0}")]
+    Config(#[from] warden_agent::config::ConfigError),
+    /// The embedded agent could not be set up.
+    #[error("cannot set up the embedded agent in {dir}: {source}")]
+    Dir {
+        /// Its runtime directory.
+        dir: String,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// The embedded agent failed to start.
+    #[error("the embedded agent did not start: {0}")]
+    Embedded(String),
+}
+
+/// The agent in use.
+#[derive(Debug)]
+pub struct AgentLink {
+    /// Its Unix socket (what the workers get as WARDEN_SOCKET).
+    pub socket: PathBuf,
+    /// A client (cheap to clone).
+    pub client: AgentClient<Channel>,
+    /// Its effective config (policy budgets for the launcher's own
+    /// fallback, the NVML library).
+    pub config: Config,
+    /// Local or embedded.
+    pub kind: Kind,
+    /// Where the agent's TCP listener actually is (`api.tcp`, its port
+    /// resolved); empty when it has none. The job's other hosts reach its
+    /// checkpoint tier there.
+    pub tcp: String,
+}
+
+/// Which agent it is.
+#[derive(Debug)]
+pub enum Kind {
+    /// The host's wardend.
+    Local {
+        /// Its pid.
+        pid: u32,
+        /// Its version.
+        version: String,
+    },
+    /// One running in this process.
+    Embedded(Embedded),
+}
+
+/// An agent running inside the launcher.
+#[derive(Debug)]
+pub struct Embedded {
+    token: CancellationToken,
+    task: JoinHandle<Result<(), DaemonError>>,
+    runtime_dir: PathBuf,
+    /// Where it keeps its state (incident journal, calibrations).
+    pub state_dir: PathBuf,
+}
+
+impl AgentLink {
+    /// Finds or starts the agent, as `mode` says. `target` is where a
+    /// wardend would answer; `state_dir` is the embedded agent's default
+    /// state directory.
+    pub async fn open(
+        mode: AgentMode,
+        target: &Target,
+        agent_config: Option<&Path>,
+        state_dir: &Path,
+    ) -> Result<Self, AgentError> {
+        let socket = match target {
+            Target::Unix(p) => p.clone(),
+            Target::Tcp(a) => return Err(AgentError::Tcp(a.clone())),
+        };
+        if mode != AgentMode::Embedded {
+            if let Some((client, info)) = probe(&socket).await {
+                let config =
+                    Config::from_toml(&info.config_toml, "the local wardend").unwrap_or_default();
+                let tcp = tcp_endpoint(&info, &config);
+                return Ok(Self {
+                    socket,
+                    client,
+                    config,
+                    tcp,
+                    kind: Kind::Local {
+                        pid: info.pid,
+                        version: info.version,
+                    },
+                });
+            }
+            if mode == AgentMode::Local {
+                return Err(AgentError::NoLocal(socket.display().to_string()));
+            }
+        }
+        embed(agent_config, state_dir).await
+    }
+
+    /// One line saying which agent is used.
+    pub fn describe(&self) -> String {
+        match &self.kind {
+            Kind::Local { pid, version } => format!(
+                "using the local wardend {version} (pid {pid}) at {}",
+                self.socket.display()
+            ),
+            Kind::Embedded(e) => format!(
+                "no wardend answers on this host: running the agent embedded in this launcher (socket {}, state {})",
+                self.socket.display(),
+                e.state_dir.display()
+            ),
+        }
+    }
+
+    /// A few words for the summary.
+    pub fn label(&self) -> String {
+        match &self.kind {
+            Kind::Local { pid, .. } => format!("agent: the local wardend (pid {pid})"),
+            Kind::Embedded(_) => "agent: embedded in the launcher".to_owned(),
+        }
+    }
+
+    /// True when the agent runs in this process.
+    pub fn is_embedded(&self) -> bool {
+        matches!(self.kind, Kind::Embedded(_))
+    }
+
+    /// Stops an embedded agent cleanly (its shutdown token; in-flight calls
+    /// get its shutdown grace) and removes its runtime directory.
+    pub async fn close(self) {
+        if let Kind::Embedded(e) = self.kind {
+            e.token.cancel();
+            let bound = self.config.agent.shutdown_grace + Duration::from_secs(2);
+            match tokio::time::timeout(bound, e.task).await {
+                Ok(Ok(Err(err))) => {
+                    tracing::warn!(error = %err, "embedded agent stopped with an error")
+                }
+                Err(_) => tracing::warn!("embedded agent did not stop in time"),
+                _ => {}
+            }
+            let _ = std::fs::remove_dir_all(&e.runtime_dir);
+        }
+    }
+}
+
+/// How often the job's checkpoint peers are handed to the agent again
+/// while they stay the same: an agent restarted mid-job has them back
+/// within this.
+const PEERS_AGAIN: Duration = Duration::from_secs(10);
+
+/// A round's checkpoint peers: host id and agent.
+pub type CkptPeers = Vec<(String, crate::coord::CkptPeer)>;
+
+/// Hands the job's checkpoint peers to the agent (`SetCheckpointPeers`),
+/// waiting at most two seconds. Called before a round's workers start, so
+/// their first restore already asks the round's other agents; an agent
+/// that does not take them is logged and costs the job nothing.
+pub async fn set_peers(
+    client: &AgentClient<Channel>,
+    job: &str,
+    peers: &CkptPeers,
+) -> Result<Vec<String>, String> {
+    let req = pb::SetCheckpointPeersRequest {
+        job_id: job.to_owned(),
+        peers: peers
+            .iter()
+            .map(|(host, p)| pb::CheckpointPeer {
+                addr: p.addr.clone(),
+                domain: p.domain.clone(),
+                host: host.clone(),
+                identity: p.identity.clone(),
+            })
+            .collect(),
+    };
+    let mut c = client.clone();
+    match tokio::time::timeout(PROBE * 2, c.set_checkpoint_peers(req)).await {
+        Ok(Ok(r)) => Ok(r.into_inner().targets),
+        Ok(Err(e)) => Err(e.message().to_owned()),
+        Err(_) => Err(format!("no answer within {:?}", PROBE * 2)),
+    }
+}
+
+/// Hands the current round's checkpoint peers to the agent again every
+/// [`PEERS_AGAIN`] (and at once when a hand-over failed): an agent
+/// restarted mid-job forgets them. The launcher's rendezvous hands each new
+/// round's over itself ([`set_peers`]) and updates `peers`.
+pub fn keep_peers(
+    client: AgentClient<Channel>,
+    job: String,
+    mut peers: watch::Receiver<CkptPeers>,
+    stop: CancellationToken,
+) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                () = stop.cancelled() => return,
+                r = peers.changed() => if r.is_err() { return },
+                () = tokio::time::sleep(PEERS_AGAIN) => {
+                    let now = peers.borrow().clone();
+                    if !now.is_empty()
+                        && let Err(e) = set_peers(&client, &job, &now).await
+                    {
+                        tracing::debug!(job, error = %e,
+                            "launcher: the agent did not take the job's checkpoint peers; asking again");
+                    }
+                }
+            }
+        }
+    })
+}
+
+/// The agent's TCP listener as it reports it (port resolved), else as
+/// configured; empty when it has none.
+fn tcp_endpoint(info: &pb::AgentInfo, config: &Config) -> String {
+    info.endpoints
+        .iter()
+        .find(|e| e.kind == "tcp")
+        .map_or_else(|| config.api.tcp.clone(), |e| e.address.clone())
+}
+
+async fn probe(socket: &Path) -> Option<(AgentClient<Channel>, pb::AgentInfo)> {
+    if !socket.exists() {
+        return None;
+    }
+    tokio::time::timeout(PROBE, async {
+        let mut c = Target::Unix(socket.to_owned()).connect().await.ok()?;
+        let info = c
+            .get_agent_info(pb::GetAgentInfoRequest {})
+            .await
+            .ok()?
+            .into_inner();
+        Some((c, info))
+    })
+    .await
+    .ok()
+    .flatten()
+}
+
+/// A private runtime directory: `$XDG_RUNTIME_DIR/warden/run-<pid>`, else
+/// `/tmp/warden-<uid>/run-<pid>` (short: a socket path holds 108 bytes).
+fn private_runtime_dir() -> PathBuf {
+    let pid = std::process::id();
+    match std::env::var_os("XDG_RUNTIME_DIR").filter(|d| !d.is_empty()) {
+        Some(d) => PathBuf::from(d).join("warden").join(format!("run-{pid}")),
+        None => PathBuf::from(format!(
+            "/tmp/warden-{}/run-{pid}",
+            nix::unistd::geteuid().as_raw()
+        )),
+    }
+}
+
+async fn embed(agent_config: Option<&Path>, state_dir: &Path) -> Result<AgentLink, AgentError> {
+    let (mut config, source) = match agent_config {
+        Some(p) => {
+            let mut c = Config::from_file(p)?;
+            if !names_metrics_listen(p) {
+                c.metrics.listen.clear();
+            }
+            (c, p.display().to_string())
+        }
+        None => {
+            let mut c = Config::default();
+            c.metrics.listen.clear();
+            (c, "embedded defaults (warden run)".to_owned())
+        }
+    };
+    let runtime_dir = private_runtime_dir();
+    let dir_err = |source| AgentError::Dir {
+        dir: runtime_dir.display().to_string(),
+        source,
+    };
+    std::fs::create_dir_all(&runtime_dir).map_err(dir_err)?;
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&runtime_dir, std::fs::Permissions::from_mode(0o700))
+            .map_err(dir_err)?;
+    }
+    let socket = runtime_dir.join(warden_client::paths::SOCKET_NAME);
+    config.api.socket = socket.display().to_string();
+    if config.agent.state_dir.is_empty() {
+        config.agent.state_dir = state_dir.display().to_string();
+    }
+    config.validate(&source)?;
+    let token = CancellationToken::new();
+    let mut task = tokio::spawn(warden_agent::daemon::run_embedded(
+        config.clone(),
+        source,
+        token.clone(),
+    ));
+    let deadline = Instant::now() + EMBED_START;
+    loop {
+        if let Some((client, info)) = probe(&socket).await {
+            let tcp = tcp_endpoint(&info, &config);
+            return Ok(AgentLink {
+                socket,
+                client,
+                tcp,
+                kind: Kind::Embedded(Embedded {
+                    token,
+                    task,
+                    runtime_dir,
+                    state_dir: config.state_dir(),
+                }),
+                config,
+            });
+        }
+        if task.is_finished() {
+            let why = match (&mut task).await {
+                Ok(Err(e)) => e.to_string(),
+                Ok(Ok(())) => "it stopped at once".to_owned(),
+                Err(e) => e.to_string(),
+            };
+            let _ = std::fs::remove_dir_all(&runtime_dir);
+            return Err(AgentError::Embedded(why));
+        }
+        if Instant::now() > deadline {
+            token.cancel();
+            let _ = std::fs::remove_dir_all(&runtime_dir);
+            return Err(AgentError::Embedded(format!(
+                "not serving after {}",
+                humantime::format_duration(EMBED_START)
+            )));
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// Whether the config file sets `metrics.listen` itself. Nothing of an
+/// embedded agent listens beyond its private socket unless asked: two
+/// launchers on one host must not fight over the default metrics port.
+fn names_metrics_listen(path: &Path) -> bool {
+    warden_core::named_file::read_to_string(path, warden_core::named_file::CONFIG_CAP)
+        .ok()
+        .and_then(|t| t.parse::<toml::Table>().ok())
+        .and_then(|t| t.get("metrics")?.as_table()?.get("listen").cloned())
+        .is_some()
+}
+
+/// What the agent said about the job's processes, by pid.
+#[derive(Debug, Default, Clone)]
+pub struct Seen {
+    /// Registered pids: their global rank and when the launcher heard.
+    pub registered: HashMap<u32, (u32, Instant)>,
+    /// Pids whose exit the agent reported, or that left cleanly
+    /// (deregistered: the agent no longer watches them).
+    pub exited: HashSet<u32>,
+    /// Pids that registered themselves (their client reports its own
+    /// exceptions), not only through the launcher.
+    pub self_registered: HashSet<u32>,
+    /// Pids that deregistered cleanly (their client closed: the training
+    /// ended), whatever became of the process after.
+    pub deregistered: HashSet<u32>,
+}
+
+/// Follows the agent's events about `job`'s ranks. The first stream is open
+/// when this returns (so no registration of a worker spawned after is
+/// missed); later ones resume after the last event seen.
+pub async fn watch_ranks(
+    client: AgentClient<Channel>,
+    job: String,
+    stop: CancellationToken,
+) -> watch::Receiver<Seen> {
+    let (tx, rx) = watch::channel(Seen::default());
+    let mut c = client.clone();
+    let first = c
+        .watch_events(pb::WatchEventsRequest { after_id: None })
+        .await
+        .ok()
+        .map(tonic::Response::into_inner);
+    tokio::spawn(async move {
+        let prefix = format!("job/{job}/rank/");
+        let mut last: Option<u64> = None;
+        let mut stream = first;
+        loop {
+            if let Some(s) = stream.as_mut() {
+                loop {
+                    let next = tokio::select! {
+                        () = stop.cancelled() => return,
+                        () = tx.closed() => return,
+                        n = s.next() => n,
+                    };
+                    let Some(Ok(e)) = next else { break };
+                    last = Some(e.id);
+                    let Some(rank) = e
+                        .subject
+                        .strip_prefix(&prefix)
+                        .and_then(|r| r.parse::<u32>().ok())
+                    else {
+                        continue;
+                    };
+                    // The worker's own pid (declared_pid: its number in this
+                    // launcher's PID namespace) over the agent's (pid: the
+                    // number in the agent's namespace, which differs under a
+                    // node agent with the host's PID namespace).
+                    let number = |key: &str| {
+                        e.evidence
+                            .iter()
+                            .find(|kv| kv.key == key)
+                            .and_then(|kv| kv.value.parse::<u32>().ok())
+                            .filter(|p| *p != 0)
+                    };
+                    let pid = number("declared_pid").or_else(|| number("pid"));
+                    if e.kind == "rank.deregistered" {
+                        // No pid in it: the rank's newest registration's.
+                        tx.send_modify(|s| {
+                            let newest = s
+                                .registered
+                                .iter()
+                                .filter(|(_, (r, _))| *r == rank)
+                                .max_by_key(|(_, (_, at))| *at)
+                                .map(|(p, _)| *p);
+                            if let Some(p) = newest {
+                                s.exited.insert(p);
+                                s.deregistered.insert(p);
+                            }
+                        });
+                        continue;
+                    }
+                    let Some(pid) = pid else { continue };
+                    match e.kind.as_str() {
+                        "rank.registered" => tx.send_modify(|s| {
+                            let by_self = !e
+                                .evidence
+                                .iter()
+                                .any(|kv| kv.key == "registered_by" && kv.value == "launcher");
+                            if by_self {
+                                s.self_registered.insert(pid);
+                            }
+                            s.registered.insert(pid, (rank, Instant::now()));
+                        }),
+                        "rank.exited" => tx.send_modify(|s| {
+                            s.exited.insert(pid);
+                        }),
+                        _ => {}
+                    }
+                }
+            }
+            tokio::select! {
+                () = stop.cancelled() => return,
+                () = tokio::time::sleep(RECONNECT) => {}
+            }
+            let mut c = client.clone();
+            stream = c
+                .watch_events(pb::WatchEventsRequest { after_id: last })
+                .await
+                .ok()
+                .map(tonic::Response::into_inner);
+        }
+    });
+    rx
+}
+
+/// Follows the agent's decided incidents about `job` (WatchIncidents, with
+/// the retained ones replayed on every connection: the receiver keys them
+/// by incident and revision).
+pub fn watch_decisions(
+    client: AgentClient<Channel>,
+    job: String,
+    stop: CancellationToken,
+) -> mpsc::Receiver<pb::Incident> {
+    let (tx, rx) = mpsc::channel(64);
+    tokio::spawn(async move {
+        loop {
+            let mut c = client.clone();
+            let stream = c
+                .watch_incidents(pb::WatchIncidentsRequest {
+                    job_id: job.clone(),
+                    replay: true,
+                })
+                .await
+                .ok()
+                .map(tonic::Response::into_inner);
+            if let Some(mut s) = stream {
+                loop {
+                    let next = tokio::select! {
+                        () = stop.cancelled() => return,
+                        () = tx.closed() => return,
+                        n = s.next() => n,
+                    };
+                    let Some(Ok(inc)) = next else { break };
+                    if tx.send(inc).await.is_err() {
+                        return;
+                    }
+                }
+            }
+            tokio::select! {
+                () = stop.cancelled() => return,
+                () = tokio::time::sleep(RECONNECT) => {}
+            }
+        }
+    });
+    rx
+}

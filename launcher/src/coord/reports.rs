@@ -1,0 +1,127 @@
+//! The job's per-host goodput reports in etcd (`<prefix>/<job>/goodput/<host>`).
+//!
+//! Each agent accounts only its own ranks; the job's launchers meet in etcd
+//! anyway, so each keeps its host's report there (while the job runs and
+//! when it ends), and anyone with the endpoints sums them
+//! (`warden_agent::goodput::job_wide`): the last launcher to finish prints the
+//! whole job, and `warden goodput --etcd` shows it live. The keys have no
+//! lease: a host that died or was cordoned still counts in the job's time.
+//!
+//! Never: block a launcher on etcd past `timeout`, or take a report that
+//! does not decode for a host's numbers (it is named and skipped).
+
+use std::time::Duration;
+
+use etcd_client::{Client, GetOptions};
+use prost::Message;
+use warden_proto::v1 as pb;
+
+use super::CoordError;
+use super::access::EtcdAccess;
+use super::keys::Keys;
+
+/// A client for reading and writing reports, every request bounded by
+/// `timeout`.
+#[derive(Clone)]
+pub struct Reports {
+    client: Client,
+    keys: Keys,
+    endpoints: String,
+    timeout: Duration,
+}
+
+impl std::fmt::Debug for Reports {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Reports")
+            .field("keys", &self.keys)
+            .field("endpoints", &self.endpoints)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What a read found: the hosts' reports, and the keys that could not be
+/// read as one (with why).
+#[derive(Debug, Default)]
+pub struct Found {
+    /// Host id and its report, sorted by host.
+    pub reports: Vec<(String, pb::JobGoodput)>,
+    /// `key: problem` for each value that did not decode.
+    pub bad: Vec<String>,
+}
+
+impl Reports {
+    /// Connects to etcd at `endpoints`, with `access`'s TLS and user, for
+    /// the job `job` under `prefix`; fails when the user may not read the
+    /// job's reports.
+    pub async fn connect(
+        endpoints: &[String],
+        access: &EtcdAccess,
+        prefix: &str,
+        job: &str,
+        timeout: Duration,
+    ) -> Result<Self, CoordError> {
+        let keys = Keys::new(prefix, job);
+        let client = super::connect::connect(super::connect::Dial {
+            endpoints,
+            access,
+            timeout,
+            keep_alive: None,
+            probe: &keys.goodputs(),
+        })
+        .await?;
+        Ok(Self {
+            client,
+            keys,
+            endpoints: endpoints.join(","),
+            timeout,
+        })
+    }
+
+    async fn call<T>(
+        &self,
+        op: &'static str,
+        key: &str,
+        fut: impl Future<Output = Result<T, etcd_client::Error>>,
+    ) -> Result<T, CoordError> {
+        super::bounded::call(&self.endpoints, self.timeout, op, key, fut).await
+    }
+
+    /// Stores `host`'s report (replacing its previous one).
+    pub async fn publish(&self, host: &str, report: &pb::JobGoodput) -> Result<(), CoordError> {
+        let key = self.keys.goodput(host);
+        let mut c = self.client.clone();
+        self.call(
+            "put",
+            &key,
+            c.put(key.as_str(), report.encode_to_vec(), None),
+        )
+        .await
+        .map(|_| ())
+    }
+
+    /// Every host's report of the job.
+    pub async fn read(&self) -> Result<Found, CoordError> {
+        let prefix = self.keys.goodputs();
+        let mut c = self.client.clone();
+        let resp = self
+            .call(
+                "get",
+                &prefix,
+                c.get(prefix.as_str(), Some(GetOptions::new().with_prefix())),
+            )
+            .await?;
+        let mut found = Found::default();
+        for kv in resp.kvs() {
+            let key = String::from_utf8_lossy(kv.key()).into_owned();
+            let Some(host) = key.strip_prefix(prefix.as_str()).map(str::to_owned) else {
+                continue;
+            };
+            match pb::JobGoodput::decode(kv.value()) {
+                Ok(r) => found.reports.push((host, r)),
+                Err(e) => found.bad.push(format!("{key}: not a JobGoodput: {e}")),
+            }
+        }
+        found.reports.sort_by(|a, b| a.0.cmp(&b.0));
+        Ok(found)
+    }
+}

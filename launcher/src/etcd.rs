@@ -1,0 +1,511 @@
+//! The launcher's coordinator across hosts: [`super::hosts::Coordinator`]
+//! on the etcd library of `crate::coord`.
+//!
+//! In: `--rdzv-backend etcd` and its flags ([`config`]). Out: every attempt
+//! planned from the job's current round (this host's node rank, or none on
+//! a standby spare; the round's node count, world size, rank offset, rank
+//! 0's address and the epoch's port), the rounds other hosts cause as
+//! [`Remote::NewRound`], the job's end or this host's lost lease as
+//! [`Remote::Stop`].
+//!
+//! Mapping: `rendezvous` is `wait_for_round` after the epoch of the current
+//! attempt; `publish(RestartInJob)` is `request_restart` of that epoch (one
+//! round however many hosts report the same failure); `publish(Stop)` is
+//! `leave`: `Finished` for a job that succeeded here, `Failed` (the others
+//! stop with the same status) for a job that failed for good, `Cordoned`
+//! for 86, `Stopped` when this host goes alone (a signal, the others'
+//! stop); `next_remote` is `next_round`; `node_fault` is `leave(Cordoned)`
+//! and exit 86; a lost lease is a stop with 86, but only once it could not
+//! be regained: a lease that lapsed (etcd out, this host stalled) is kept or
+//! re-granted by the coordinator, same place in the round, workers running.
+//!
+//! Never: start workers for a round this host has no place in, or ask for
+//! a restart after the job ended elsewhere.
+
+use std::net::{IpAddr, ToSocketAddrs, UdpSocket};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::coord as etcd;
+
+use super::args::RunArgs;
+use super::exit::{EXIT_LAUNCHER_ERROR, EXIT_NODE_FAULT};
+use super::hosts::{AttemptPlan, CoordError, Coordinator, Directive, NodeFault, Remote};
+
+/// etcd's client port, for an endpoint given without one.
+pub const DEFAULT_ETCD_PORT: u16 = 2379;
+
+/// How often a restart request that did not reach etcd is tried again
+/// while the rendezvous waits for its round.
+const RETRY_RESTART: Duration = Duration::from_millis(500);
+
+/// A launcher's membership in a multi-host job, through etcd.
+#[derive(Debug)]
+pub struct EtcdCoordinator {
+    /// `None` once this host left the job.
+    coord: Option<etcd::Coordinator>,
+    host: String,
+    /// Joined as a standby spare (`--spare`).
+    spare: bool,
+    /// The epoch of the current attempt's round (0 before the first).
+    epoch: u64,
+    /// No place in the current round: no workers here.
+    standby: bool,
+    /// How long a rendezvous waits for a round this host can run in.
+    round_timeout: Duration,
+    /// The job ended on another host: nothing more will come.
+    ended_elsewhere: bool,
+    /// The lease is lost: nothing to leave.
+    lost: bool,
+    /// A restart this host asked for that etcd did not take yet: the
+    /// rendezvous asks again (else nobody would make its round).
+    unsent: Option<String>,
+    /// The membership's lease state last told on the console: lapsed or
+    /// not, and the rejoins so far.
+    told_lease: (bool, u32),
+}
+
+/// The etcd coordinator's config from `warden run`'s flags, for job `job`,
+/// reaching etcd with `access` (TLS, user: `args.etcd.access()`, read once
+/// before anything starts).
+pub fn config(args: &RunArgs, job: &str, access: etcd::EtcdAccess) -> etcd::CoordConfig {
+    let endpoints = args.etcd_endpoints();
+    let host = args.host_id.clone().unwrap_or_else(host_name);
+    let addr = args
+        .advertise_addr
+        .clone()
+        .unwrap_or_else(|| advertise_addr(&endpoints));
+    let mut c = etcd::CoordConfig::new(endpoints, job, host, addr);
+    c.access = access;
+    c.nproc_per_node = args.nproc_per_node;
+    c.min_nodes = args.nnodes.min;
+    c.max_nodes = args.nnodes.max;
+    c.spare = args.spare;
+    c.lease_ttl = args.rdzv_lease_ttl;
+    if let Some(d) = args.rdzv_conf.last_call {
+        c.last_call = d;
+    }
+    if let Some(p) = args.master_port {
+        c.base_port = p;
+    }
+    // A launcher restarted on the same host waits for its predecessor's
+    // lease to run out.
+    c.join_timeout = args.rdzv_lease_ttl + Duration::from_secs(10);
+    // A member whose lease lapsed gets one more TTL to re-register before
+    // the others re-form the round without it; this host keeps trying to
+    // regain its own for a minute (or ten TTLs) with its workers running.
+    c.rejoin_grace = args.rdzv_lease_ttl;
+    c.rejoin_timeout = (args.rdzv_lease_ttl * 10).max(Duration::from_secs(60));
+    c
+}
+
+/// This host's agent as a checkpoint peer of the job's other hosts, or why
+/// it cannot be one. The agent's TCP listener (`tcp`) is where they reach
+/// its tier; an unspecified IP (`0.0.0.0`, `[::]`) is replaced by the
+/// address this host advertises in the job. A listener on loopback while
+/// the job's address is not cannot be reached from elsewhere.
+pub fn ckpt_peer(
+    checkpoint: &warden_agent::ckpt::CheckpointConfig,
+    tcp: &str,
+    advertise: &str,
+) -> Result<etcd::CkptPeer, String> {
+    if !checkpoint.enabled {
+        return Err("the agent's checkpoint tier is off".to_owned());
+    }
+    if tcp.is_empty() {
+        return Err(
+            "the agent has no TCP listener (api.tcp), where the other hosts' agents would reach its tier"
+                .to_owned(),
+        );
+    }
+    let Ok(sock) = tcp.parse::<std::net::SocketAddr>() else {
+        // A host name: the other hosts resolve it themselves.
+        return Ok(etcd::CkptPeer {
+            addr: tcp.to_owned(),
+            domain: checkpoint.domain.clone(),
+            identity: String::new(),
+        });
+    };
+    let adv: Option<IpAddr> = advertise.parse().ok();
+    let addr = if sock.ip().is_unspecified() {
+        match adv {
+            Some(IpAddr::V6(ip)) => format!("[{ip}]:{}", sock.port()),
+            Some(IpAddr::V4(ip)) => format!("{ip}:{}", sock.port()),
+            None => format!("{advertise}:{}", sock.port()),
+        }
+    } else if sock.ip().is_loopback() && !adv.is_some_and(|a| a.is_loopback()) {
+        return Err(format!(
+            "the agent's TCP listener {tcp} is on loopback, which the job's other hosts cannot reach (this host's address in the job: {advertise})"
+        ));
+    } else {
+        tcp.to_owned()
+    };
+    Ok(etcd::CkptPeer {
+        addr,
+        domain: checkpoint.domain.clone(),
+        identity: String::new(),
+    })
+}
+
+/// The kernel's host name (the default host id).
+pub fn host_name() -> String {
+    nix::unistd::gethostname()
+        .ok()
+        .and_then(|h| h.into_string().ok())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "localhost".into())
+}
+
+/// The address the other hosts reach this one at: the local address of
+/// the route to the first etcd endpoint; when that is loopback (etcd runs
+/// here), the host name's first non-loopback address, else the host name.
+pub fn advertise_addr(endpoints: &[String]) -> String {
+    let routed = endpoints.first().and_then(|e| {
+        let hostport = e
+            .trim_start_matches("http://")
+            .trim_start_matches("https://");
+        let sock = UdpSocket::bind(("0.0.0.0", 0)).ok()?;
+        sock.connect(hostport).ok()?;
+        sock.local_addr().ok().map(|a| a.ip())
+    });
+    if let Some(ip) = routed.filter(|ip| !ip.is_loopback() && !ip.is_unspecified()) {
+        return ip.to_string();
+    }
+    let name = host_name();
+    let resolved: Option<IpAddr> = (name.as_str(), 0)
+        .to_socket_addrs()
+        .ok()
+        .and_then(|mut a| a.find(|a| !a.ip().is_loopback()).map(|a| a.ip()));
+    resolved.map_or(name, |ip| ip.to_string())
+}
+
+impl EtcdCoordinator {
+    /// Joins the job in etcd (its lease kept alive from now on);
+    /// `round_timeout` bounds every wait for a round this host can run in.
+    pub async fn join(
+        cfg: etcd::CoordConfig,
+        round_timeout: Duration,
+    ) -> Result<Self, etcd::CoordError> {
+        let host = cfg.host.clone();
+        let spare = cfg.spare;
+        let coord = etcd::Coordinator::join(cfg).await?;
+        Ok(Self {
+            coord: Some(coord),
+            host,
+            spare,
+            epoch: 0,
+            standby: false,
+            round_timeout,
+            ended_elsewhere: false,
+            lost: false,
+            unsent: None,
+            told_lease: (false, 0),
+        })
+    }
+
+    /// One line for the console: who this host is in the job.
+    pub fn describe(&self) -> String {
+        match &self.coord {
+            Some(c) => format!("joined as host {} (lease {:x})", self.host, c.lease_id()),
+            None => format!("host {} (left)", self.host),
+        }
+    }
+
+    /// A library error as the launcher's: its exit status.
+    fn halt(&mut self, e: etcd::CoordError) -> CoordError {
+        let exit_code = match &e {
+            // Out of the job: the membership was not regained in time, or
+            // another launcher took this host id meanwhile.
+            etcd::CoordError::LeaseLost { .. } | etcd::CoordError::HostTaken { .. } => {
+                self.lost = true;
+                EXIT_NODE_FAULT
+            }
+            etcd::CoordError::Ended {
+                outcome: etcd::Outcome::Failed,
+                exit_code,
+                ..
+            } => {
+                self.ended_elsewhere = true;
+                exit_code.unwrap_or(EXIT_LAUNCHER_ERROR)
+            }
+            // A spare with nothing to do: the job is done.
+            etcd::CoordError::Ended {
+                outcome: etcd::Outcome::Finished,
+                ..
+            } if self.standby => {
+                self.ended_elsewhere = true;
+                0
+            }
+            etcd::CoordError::Ended { .. } => {
+                self.ended_elsewhere = true;
+                EXIT_LAUNCHER_ERROR
+            }
+            _ => EXIT_LAUNCHER_ERROR,
+        };
+        CoordError {
+            message: e.to_string(),
+            exit_code,
+        }
+    }
+
+    /// Leaves the job in etcd (once; nothing when the lease is lost).
+    async fn leave(&mut self, how: etcd::Leave) -> Result<(), CoordError> {
+        let Some(c) = self.coord.take() else {
+            return Ok(());
+        };
+        if self.lost {
+            return Ok(());
+        }
+        c.leave(how).await.map_err(|e| {
+            CoordError::new(format!(
+                "could not leave the job in etcd ({e}); the other hosts see this one go after its lease TTL"
+            ))
+        })
+    }
+}
+
+/// The plan of an attempt in `round` for host `host`.
+fn plan_of(round: &etcd::Round, restart_count: u32, host: &str, spare: bool) -> AttemptPlan {
+    let place = match round.node_rank.filter(|_| round.runs_workers()) {
+        Some(r) => format!("node rank {r}"),
+        None if spare => "a standby spare, no workers".to_owned(),
+        None => "no place in it, no workers".to_owned(),
+    };
+    AttemptPlan {
+        restart_count,
+        master_addr: round.master_addr.clone(),
+        master_port: round.master_port,
+        node_rank: round.node_rank.filter(|_| round.runs_workers()),
+        nnodes: round.nnodes,
+        world_size: round.world_size,
+        rank_offset: round.rank_offset,
+        epoch: Some(round.epoch),
+        round: Some(format!(
+            "round {} ({}; by {}): {} host{} [{}], world size {}, master {}:{}; {host}: {place}",
+            round.epoch,
+            round.reason,
+            round.decided_by,
+            round.nnodes,
+            if round.nnodes == 1 { "" } else { "s" },
+            round.members.join(","),
+            round.world_size,
+            round.master_addr,
+            round.master_port,
+        )),
+        ckpt_peers: round
+            .ckpt_peers
+            .iter()
+            .filter(|(h, _)| h != host)
+            .cloned()
+            .collect(),
+    }
+}
+
+impl Coordinator for EtcdCoordinator {
+    fn name(&self) -> &'static str {
+        "etcd"
+    }
+
+    async fn rendezvous(&mut self, proposed: AttemptPlan) -> Result<AttemptPlan, CoordError> {
+        let deadline = Instant::now() + self.round_timeout;
+        let round = loop {
+            let Some(c) = &self.coord else {
+                return Err(CoordError::new("this host has left the job"));
+            };
+            if let Some(reason) = &self.unsent {
+                match c.request_restart(self.epoch, reason).await {
+                    Ok(_) => self.unsent = None,
+                    Err(e @ etcd::CoordError::LeaseLost { .. }) => return Err(self.halt(e)),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "launcher: restart request not taken yet; retrying");
+                    }
+                }
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            let wait = if self.unsent.is_some() {
+                left.min(RETRY_RESTART)
+            } else {
+                left
+            };
+            match c.wait_for_round(self.epoch, wait).await {
+                Ok(r) => break r,
+                Err(etcd::CoordError::NotEnoughNodes { .. } | etcd::CoordError::NoRound { .. })
+                    if self.unsent.is_some() && Instant::now() < deadline => {}
+                Err(e) => return Err(self.halt(e)),
+            }
+        };
+        self.unsent = None;
+        self.epoch = round.epoch;
+        self.standby = !round.runs_workers();
+        Ok(plan_of(
+            &round,
+            proposed.restart_count,
+            &self.host,
+            self.spare,
+        ))
+    }
+
+    async fn publish(&mut self, d: &Directive) -> Result<(), CoordError> {
+        match d {
+            Directive::RestartInJob { reason } => {
+                if self.ended_elsewhere {
+                    return Err(CoordError::new(
+                        "the job already ended on another host: no restart across hosts",
+                    ));
+                }
+                let Some(c) = &self.coord else {
+                    return Err(CoordError::new("this host has left the job"));
+                };
+                match c.request_restart(self.epoch, reason).await {
+                    Ok(_) => Ok(()),
+                    Err(e @ etcd::CoordError::LeaseLost { .. }) => Err(self.halt(e)),
+                    Err(e) => {
+                        // Asked again while the rendezvous waits.
+                        self.unsent = Some(reason.clone());
+                        Err(CoordError::new(format!("{e}; asking again")))
+                    }
+                }
+            }
+            Directive::Stop {
+                exit_code,
+                reason,
+                job_failed,
+            } => {
+                let how = if *exit_code == 0 {
+                    etcd::Leave::Finished
+                } else if *exit_code == EXIT_NODE_FAULT && !*job_failed {
+                    etcd::Leave::Cordoned(reason.clone())
+                } else if *job_failed && !self.ended_elsewhere {
+                    etcd::Leave::Failed {
+                        reason: reason.clone(),
+                        exit_code: *exit_code,
+                    }
+                } else {
+                    etcd::Leave::Stopped(reason.clone())
+                };
+                self.leave(how).await
+            }
+        }
+    }
+
+    async fn next_remote(&mut self) -> Remote {
+        if self.ended_elsewhere || self.lost {
+            return std::future::pending().await;
+        }
+        let Some(c) = &self.coord else {
+            return std::future::pending().await;
+        };
+        let mut states = c.rounds();
+        let told = self.told_lease;
+        let lease_news = async {
+            loop {
+                {
+                    let s = states.borrow_and_update();
+                    let now = (s.lease_lapsed.is_some(), s.rejoins);
+                    if now != told {
+                        return (now, s.lease_lapsed.clone());
+                    }
+                }
+                if states.changed().await.is_err() {
+                    return std::future::pending().await;
+                }
+            }
+        };
+        let next = tokio::select! {
+            r = c.next_round(self.epoch) => r,
+            ((lapsed, rejoins), why) = lease_news => {
+                self.told_lease = (lapsed, rejoins);
+                return Remote::Note(if lapsed {
+                    format!(
+                        "etcd: this host's membership lease lapsed ({}); the workers keep running while it is kept or regained",
+                        why.unwrap_or_default()
+                    )
+                } else if rejoins > told.1 {
+                    format!(
+                        "etcd: rejoined the job under a new lease {:x} (the old one expired); same place in round {}, workers untouched",
+                        c.lease_id(),
+                        self.epoch
+                    )
+                } else {
+                    "etcd: answered again and still holds this host's lease; nothing lost".to_owned()
+                });
+            }
+        };
+        match next {
+            Ok(r) => Remote::NewRound {
+                reason: format!("round {}: {} (by {})", r.epoch, r.reason, r.decided_by),
+            },
+            Err(etcd::CoordError::Ended {
+                outcome: etcd::Outcome::Finished,
+                by,
+                ..
+            }) if !self.standby => {
+                self.ended_elsewhere = true;
+                Remote::Note(format!(
+                    "host {by} finished its part of the job: no more rounds; the workers here finish theirs"
+                ))
+            }
+            Err(e) => {
+                let h = self.halt(e);
+                Remote::Stop {
+                    exit_code: h.exit_code,
+                    reason: h.message,
+                }
+            }
+        }
+    }
+
+    async fn node_fault(&mut self, reason: &str) -> NodeFault {
+        if let Err(e) = self.leave(etcd::Leave::Cordoned(reason.to_owned())).await {
+            tracing::warn!(error = %e, "launcher: leaving the job after a node fault failed");
+        }
+        NodeFault::Exit(EXIT_NODE_FAULT)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use warden_agent::ckpt::CheckpointConfig;
+
+    fn tier(domain: &str) -> CheckpointConfig {
+        CheckpointConfig {
+            domain: domain.into(),
+            ..CheckpointConfig::default()
+        }
+    }
+
+    #[test]
+    fn the_agent_is_published_where_the_other_hosts_reach_it() {
+        let p = ckpt_peer(&tier("rack7"), "0.0.0.0:7000", "10.1.2.3").unwrap();
+        assert_eq!(
+            (p.addr.as_str(), p.domain.as_str()),
+            ("10.1.2.3:7000", "rack7")
+        );
+        let p = ckpt_peer(&tier(""), "[::]:7000", "fd00::5").unwrap();
+        assert_eq!(p.addr, "[fd00::5]:7000");
+        // A host-local test: loopback everywhere is fine.
+        let p = ckpt_peer(&tier(""), "127.0.0.2:7000", "127.0.0.2").unwrap();
+        assert_eq!(p.addr, "127.0.0.2:7000");
+        assert_eq!(
+            ckpt_peer(&tier(""), "node7.example:7000", "10.1.2.3")
+                .unwrap()
+                .addr,
+            "node7.example:7000"
+        );
+    }
+
+    #[test]
+    fn an_agent_nobody_can_reach_is_not_published() {
+        let e = ckpt_peer(&tier(""), "127.0.0.1:7000", "10.1.2.3").unwrap_err();
+        assert!(e.contains("loopback"), "{e}");
+        let e = ckpt_peer(&tier(""), "", "10.1.2.3").unwrap_err();
+        assert!(e.contains("api.tcp"), "{e}");
+        let off = CheckpointConfig {
+            enabled: false,
+            ..CheckpointConfig::default()
+        };
+        assert!(ckpt_peer(&off, "0.0.0.0:7000", "10.1.2.3").is_err());
+    }
+}

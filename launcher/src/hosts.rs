@@ -1,0 +1,163 @@
+//! The seam between the launcher and the job's other hosts.
+//!
+//! On one host every decision is local: [`LocalOnly`]. Across hosts the
+//! etcd coordinator ([`super::etcd::EtcdCoordinator`], on `crate::coord`)
+//! makes the nodes agree on each attempt (who runs workers, at which node
+//! rank, with which world size and rendezvous address), tells the others
+//! when this node restarts or stops, and brings their rounds here. The
+//! supervisor only talks to this trait.
+
+use std::future::Future;
+
+/// What one attempt runs with, agreed by the job's nodes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AttemptPlan {
+    /// The launcher's attempt number on this host (TORCHELASTIC_RESTART_COUNT):
+    /// 0 for its first workers, + 1 for every respawn.
+    pub restart_count: u32,
+    /// Rank 0's address.
+    pub master_addr: String,
+    /// Rank 0's store port.
+    pub master_port: u16,
+    /// This node's rank (GROUP_RANK); `None`: no place in the round (a
+    /// standby spare), no workers to start.
+    pub node_rank: Option<u32>,
+    /// Nodes in the attempt (GROUP_WORLD_SIZE).
+    pub nnodes: u32,
+    /// Workers in the attempt across all nodes (WORLD_SIZE).
+    pub world_size: u32,
+    /// The global rank of this node's local rank 0.
+    pub rank_offset: u32,
+    /// The job-wide round the attempt belongs to (WARDEN_ROUND_EPOCH);
+    /// `None` on one host.
+    pub epoch: Option<u64>,
+    /// The round in words (why it was made, its hosts), for the console.
+    pub round: Option<String>,
+    /// The round's other hosts whose agents take checkpoint replicas (host
+    /// id, agent): handed to this host's agent (`SetCheckpointPeers`).
+    /// Empty on one host.
+    pub ckpt_peers: Vec<(String, crate::coord::CkptPeer)>,
+}
+
+/// What this node tells the whole job.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Directive {
+    /// Every node stops its workers and starts the next attempt.
+    RestartInJob {
+        /// Why (the incident and its diagnosis).
+        reason: String,
+    },
+    /// This node's launcher ends with `exit_code` (0: the job's work here
+    /// is done).
+    Stop {
+        /// The exit status for the scheduler.
+        exit_code: i32,
+        /// Why.
+        reason: String,
+        /// The job failed for good (a user error, a spent budget): the
+        /// others stop too, with the same status. False when this node goes
+        /// alone (a signal, a node fault, another node's stop): the others
+        /// go on without it.
+        job_failed: bool,
+    },
+}
+
+/// What the other nodes bring to this one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Remote {
+    /// The job moved to a new round (a restart another node asked for, a
+    /// host lost, cordoned or back, a spare taken in): stop the workers and
+    /// rendezvous again.
+    NewRound {
+        /// Why the round was made, and by which host.
+        reason: String,
+    },
+    /// Stop the workers and exit with `exit_code`.
+    Stop {
+        /// The exit status (a failed job's own, 86 when this node is out).
+        exit_code: i32,
+        /// Why.
+        reason: String,
+    },
+    /// Nothing to do; worth a line on the console.
+    Note(String),
+}
+
+/// What this node's launcher does about a fault of its own node (a cordon,
+/// a scale-down decision, a refused health gate).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NodeFault {
+    /// Stop here and exit with this status (86: requeue elsewhere).
+    Exit(i32),
+}
+
+/// Why the job's nodes could not agree, and the status to exit with.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("coordination: {message}")]
+pub struct CoordError {
+    /// What went wrong.
+    pub message: String,
+    /// The launcher's exit status (1 when nothing better applies).
+    pub exit_code: i32,
+}
+
+impl CoordError {
+    /// An error with the launcher-error status (1).
+    pub fn new(message: impl Into<String>) -> Self {
+        Self {
+            message: message.into(),
+            exit_code: super::exit::EXIT_LAUNCHER_ERROR,
+        }
+    }
+}
+
+/// How a launcher coordinates with the launchers of the job's other nodes.
+pub trait Coordinator: Send {
+    /// A short name for the launcher's messages.
+    fn name(&self) -> &'static str;
+
+    /// Agrees on the next attempt with the other nodes (a barrier across
+    /// hosts); `proposed` is this node's plan (its restart count is kept).
+    /// Called for the first attempt and after the workers were stopped.
+    fn rendezvous(
+        &mut self,
+        proposed: AttemptPlan,
+    ) -> impl Future<Output = Result<AttemptPlan, CoordError>> + Send;
+
+    /// Tells the other nodes what this node decided.
+    fn publish(&mut self, d: &Directive) -> impl Future<Output = Result<(), CoordError>> + Send;
+
+    /// The next thing the other nodes bring; pending forever when there is
+    /// none to come. Cancel-safe: the supervisor drops it for other events.
+    fn next_remote(&mut self) -> impl Future<Output = Remote> + Send;
+
+    /// What a fault of this node means for its launcher.
+    fn node_fault(&mut self, reason: &str) -> impl Future<Output = NodeFault> + Send;
+}
+
+/// A job on one host: every plan stands as proposed, nothing to tell, a
+/// node fault ends the job with 86 (the scheduler requeues it elsewhere).
+#[derive(Debug, Default, Clone, Copy)]
+pub struct LocalOnly;
+
+impl Coordinator for LocalOnly {
+    fn name(&self) -> &'static str {
+        "local"
+    }
+
+    async fn rendezvous(&mut self, proposed: AttemptPlan) -> Result<AttemptPlan, CoordError> {
+        Ok(proposed)
+    }
+
+    async fn publish(&mut self, _d: &Directive) -> Result<(), CoordError> {
+        Ok(())
+    }
+
+    async fn next_remote(&mut self) -> Remote {
+        std::future::pending().await
+    }
+
+    async fn node_fault(&mut self, _reason: &str) -> NodeFault {
+        NodeFault::Exit(warden_core::policy::EXIT_NODE_FAULT)
+    }
+}

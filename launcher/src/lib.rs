@@ -1,0 +1,416 @@
+//! `warden run` (the launcher that owns a job's worker processes on this
+//! node, in place of torchrun) and coordination across hosts through etcd
+//! ([`coord`]).
+//!
+//! Crate `warden-launcher`: above the agent (`warden-agent`, which it
+//! embeds when no wardend answers) and the core; below the CLI. wardend
+//! does not link it, nor etcd-client.
+//!
+//! In: torchrun's command line ([`args::RunArgs`]) and the training
+//! command. Out: the workers, each in a process group of its own with the
+//! environment PyTorch expects ([`env`]), their output prefixed on the
+//! console and kept per rank and attempt ([`output`]), in-job restarts on
+//! the agent's decisions behind a pre-restart gate ([`gate`]), and an exit
+//! status a scheduler can act on ([`exit`]). What to do about each exit,
+//! decision, deadline, signal and round is decided by a pure state machine
+//! ([`machine`]); [`supervise`] is its executor.
+//!
+//! The agent: the host's wardend when one answers (default socket or
+//! `$WARDEN_SOCKET`), else one embedded in this process on a private socket
+//! ([`agent`]): one host needs nothing else installed. Across hosts the
+//! [`hosts::Coordinator`] seam takes the job-wide part: with
+//! `--rdzv-backend etcd` the launchers agree on every round through etcd
+//! ([`etcd`], on `crate::coord`).
+//!
+//! Never: reap a worker before the agent read its status (it reads the
+//! zombie); act on a `restart_in_process` decision (the agent carries it
+//! out through the ranks' clients); leave a process of the job behind
+//! (workers are session leaders, the launcher a child subreaper, and the
+//! stop sweeps every process of their sessions); loop on a failure the
+//! agent calls a user error.
+
+pub mod agent;
+pub mod args;
+pub mod connect;
+pub mod coord;
+pub mod env;
+pub mod etcd;
+pub mod exit;
+pub mod gate;
+pub mod goodput_view;
+pub mod hosts;
+pub mod job_goodput;
+pub mod machine;
+pub mod output;
+pub mod spawn;
+pub mod supervise;
+pub mod zero_code;
+
+use std::path::PathBuf;
+
+pub use args::RunArgs;
+
+use crate::connect::Target;
+
+/// Why `warden run` could not run the job (before or around the workers).
+#[derive(Debug, thiserror::Error)]
+pub enum LauncherError {
+    /// The arguments cannot be followed.
+    #[error(transparent)]
+    Args(#[from] args::ArgsError),
+    /// No agent to work with.
+    #[error(transparent)]
+    Agent(#[from] agent::AgentError),
+    /// The log directory cannot be made.
+    #[error("cannot create the log directory {dir}: {source}")]
+    LogDir {
+        /// The directory.
+        dir: String,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// Signal handlers could not be installed.
+    #[error("cannot install signal handlers: {0}")]
+    Signals(std::io::Error),
+    /// The job could not be joined in etcd.
+    #[error("cannot join the job in etcd: {0}")]
+    Join(crate::coord::CoordError),
+    /// The etcd TLS or authentication flags cannot be followed.
+    #[error(transparent)]
+    EtcdAccess(#[from] crate::coord::etcd_flags::EtcdFlagsError),
+}
+
+impl LauncherError {
+    /// The launcher's exit status for this error.
+    pub fn exit_code(&self) -> i32 {
+        match self {
+            LauncherError::Args(_) | LauncherError::EtcdAccess(_) => exit::EXIT_USAGE,
+            _ => exit::EXIT_LAUNCHER_ERROR,
+        }
+    }
+}
+
+/// Runs `warden run`: returns the launcher's exit status (see [`exit`]).
+/// `target` is where a wardend would answer (the CLI's `--socket`, else
+/// `$WARDEN_SOCKET`, else the default path).
+pub async fn run(args: RunArgs, target: &Target) -> i32 {
+    let (console, thread) = output::Console::start(args.quiet);
+    let code = match run_job(args, target, &console).await {
+        Ok(code) => code,
+        Err(e) => {
+            console.say(format!("error: {e}"));
+            e.exit_code()
+        }
+    };
+    drop(console);
+    thread.join();
+    code
+}
+
+async fn run_job(
+    args: RunArgs,
+    target: &Target,
+    console: &output::Console,
+) -> Result<i32, LauncherError> {
+    args.validate()?;
+    // The agent's own logs only when asked for (RUST_LOG): the console
+    // belongs to the workers and the launcher's story.
+    if std::env::var_os("RUST_LOG").is_some() {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_writer(std::io::stderr)
+            .try_init();
+    }
+    // Before anything starts: a signal from now on is forwarded, not fatal.
+    let mut signals = supervise::Signals::install().map_err(LauncherError::Signals)?;
+    if let Err(e) = spawn::become_subreaper() {
+        console.say(format!(
+            "cannot become a child subreaper ({e}): orphans of the workers go to init and are found by their session only"
+        ));
+    }
+    let etcd = args.is_etcd();
+    // Across hosts the id must be the same everywhere: no `<host>-<pid>`.
+    let env_job = std::env::var("WARDEN_JOB_ID")
+        .ok()
+        .filter(|j| !j.is_empty());
+    if etcd && args.job_id.is_none() && env_job.is_none() {
+        return Err(args::ArgsError::NoJobId.into());
+    }
+    let job_id = job_id(args.job_id.as_deref());
+    args::valid_job_id(&job_id)?;
+    if etcd && !args::valid_key_segment(&job_id) {
+        return Err(args::ArgsError::EtcdJobId(job_id).into());
+    }
+    // The etcd files and password before anything starts: a bad one stops
+    // the launcher here, named, with no agent or worker started.
+    let etcd_access = if etcd {
+        args.etcd
+            .check_endpoints("--rdzv-endpoint", &args.etcd_endpoints())?;
+        let access = args.etcd.access()?;
+        if access.tls.is_none() && access.auth.is_some() {
+            console.say(
+                "warning: the etcd password goes over plain HTTP (no --etcd-cacert): anyone on the path can read it",
+            );
+        }
+        access
+    } else {
+        crate::coord::EtcdAccess::default()
+    };
+    let log_root = args
+        .log_dir
+        .clone()
+        .unwrap_or_else(default_log_dir)
+        .join(sanitize(&job_id));
+    std::fs::create_dir_all(&log_root).map_err(|source| LauncherError::LogDir {
+        dir: log_root.display().to_string(),
+        source,
+    })?;
+    let link = agent::AgentLink::open(
+        args.agent,
+        target,
+        args.agent_config.as_deref(),
+        &log_root.join("agent-state"),
+    )
+    .await?;
+    console.say(link.describe());
+    let fallback_budget = args
+        .max_restarts
+        .unwrap_or(link.config.policy.unknown.budget);
+    let (master_addr, master_port) = if etcd {
+        (String::new(), args.master_port)
+    } else {
+        args.endpoint()?
+    };
+    let place = if etcd {
+        format!(
+            "on this host, node rank from the job's rounds (--nnodes {}:{}, etcd at {})",
+            args.nnodes.min,
+            args.nnodes.max,
+            args.etcd_endpoints().join(",")
+        )
+    } else {
+        format!("on node {} of {}", args.node_rank(), args.nnodes.max)
+    };
+    console.say(format!(
+        "job {job_id}: {} worker{} {place}: {}; restarts: {}",
+        args.nproc_per_node,
+        if args.nproc_per_node == 1 { "" } else { "s" },
+        args.argv().join(" "),
+        match args.max_restarts {
+            Some(k) => format!("at most {k} (--max-restarts)"),
+            None => format!(
+                "the agent's policy budgets decide ({} for failures it cannot diagnose)",
+                fallback_budget
+            ),
+        }
+    ));
+    let job = supervise::Job {
+        id: job_id,
+        argv: args.argv(),
+        cwd: std::env::current_dir().unwrap_or_else(|_| PathBuf::from("/")),
+        log_root,
+        nproc_per_node: args.nproc_per_node,
+        nnodes: args.nnodes.max,
+        node_rank: args.node_rank(),
+        role: args.role.clone(),
+        master_addr,
+        master_port,
+        max_restarts: args.max_restarts,
+        fallback_budget,
+        stop_grace: args.stop_grace,
+        decision_timeout: args.decision_timeout,
+        gpu_release_timeout: args.gpu_release_timeout,
+    };
+    let mut job_wide = None;
+    let publishing = tokio_util::sync::CancellationToken::new();
+    let summary = if etcd {
+        if !args.rdzv_conf.ignored.is_empty() {
+            console.say(format!(
+                "--rdzv-conf: ignored (not used by warden): {}",
+                args.rdzv_conf.ignored.join(", ")
+            ));
+        }
+        if args.node_rank.is_some() {
+            console
+                .say("--node-rank is ignored with --rdzv-backend etcd: the job's rounds assign it");
+        }
+        let mut cfg = etcd::config(&args, &job.id, etcd_access.clone());
+        job_wide = Some(job_goodput::JobWide {
+            endpoints: cfg.endpoints.clone(),
+            access: etcd_access,
+            prefix: cfg.prefix.clone(),
+            job: job.id.clone(),
+            host: cfg.host.clone(),
+        });
+        match etcd::ckpt_peer(&link.config.checkpoint, &link.tcp, &cfg.addr) {
+            Ok(mut p) => {
+                // The agent's TLS identity is its host name (its node
+                // certificate must carry it first), so the other hosts'
+                // agents can bind this address to that certificate.
+                if link.config.api.tls_files().is_some() {
+                    p.identity = link.config.host_name();
+                }
+                console.say(format!(
+                    "checkpoint replicas: the job's other hosts send theirs to this host's agent at {}{}",
+                    p.addr,
+                    if p.domain.is_empty() { String::new() } else { format!(" (domain {})", p.domain) }
+                ));
+                cfg.ckpt_peer = Some(p);
+            }
+            Err(why) => console.say(format!(
+                "checkpoint replicas: this host's agent takes none from the job's other hosts: {why}"
+            )),
+        }
+        console.say(format!(
+            "joining job {} in etcd at {} ({}) as host {} (address {}{}, lease TTL {})",
+            job.id,
+            cfg.endpoints.join(","),
+            cfg.access.describe(),
+            cfg.host,
+            cfg.addr,
+            if cfg.spare { ", a standby spare" } else { "" },
+            humantime::format_duration(cfg.lease_ttl)
+        ));
+        let joined = tokio::select! {
+            j = etcd::EtcdCoordinator::join(cfg, args.rdzv_conf.join_timeout()) => j,
+            sig = signals.recv() => {
+                link.close().await;
+                return Ok(exit::signalled(sig));
+            }
+        };
+        let coordinator = match joined {
+            Ok(c) => c,
+            Err(e) => {
+                link.close().await;
+                return Err(LauncherError::Join(e));
+            }
+        };
+        console.say(coordinator.describe());
+        if let Some(jw) = &job_wide {
+            job_goodput::keep_published(jw.clone(), link.client.clone(), publishing.clone());
+        }
+        supervise::run(job, &link, coordinator, console.clone(), &mut signals).await
+    } else {
+        supervise::run(job, &link, hosts::LocalOnly, console.clone(), &mut signals).await
+    };
+    publishing.cancel();
+    console.raw(summary.render());
+    let mine = goodput(&link, &summary, console).await;
+    if let Some(jw) = &job_wide {
+        job_goodput::finish(
+            jw,
+            mine.as_ref(),
+            std::path::Path::new(&summary.log_dir),
+            console,
+        )
+        .await;
+    }
+    if let Some(path) = &args.summary_json {
+        let written = serde_json::to_vec_pretty(&summary)
+            .map_err(std::io::Error::other)
+            .and_then(|json| std::fs::write(path, json));
+        if let Err(e) = written {
+            console.say(format!("cannot write {}: {e}", path.display()));
+        }
+    }
+    link.close().await;
+    Ok(summary.exit_code)
+}
+
+/// The file, next to the per-rank logs, that holds the job's goodput
+/// breakdown when it ends (`warden goodput --json`'s form of one job).
+pub const GOODPUT_FILE: &str = "goodput.json";
+
+/// Closes the job's goodput ledger at the agent, prints the breakdown and
+/// writes it as JSON next to the per-rank logs; returns it. An agent that
+/// cannot answer costs the job nothing: the launcher says so and goes on.
+async fn goodput(
+    link: &agent::AgentLink,
+    summary: &exit::Summary,
+    console: &output::Console,
+) -> Option<warden_proto::v1::JobGoodput> {
+    let mut client = link.client.clone();
+    let req = warden_proto::v1::CloseGoodputRequest {
+        job_id: summary.job.clone(),
+    };
+    let answer =
+        tokio::time::timeout(std::time::Duration::from_secs(5), client.close_goodput(req)).await;
+    let job = match answer {
+        Ok(Ok(r)) => r.into_inner().jobs.into_iter().next(),
+        Ok(Err(e)) => {
+            console.say(format!("no goodput breakdown: {}", e.message()));
+            return None;
+        }
+        Err(_) => {
+            console.say("no goodput breakdown: the agent did not answer CloseGoodput within 5 s");
+            return None;
+        }
+    };
+    let job = job?;
+    let path = std::path::Path::new(&summary.log_dir).join(GOODPUT_FILE);
+    show_goodput(&job, &path, "goodput breakdown", console);
+    Some(job)
+}
+
+/// Prints a job's goodput breakdown as a table and writes it as JSON to
+/// `path` (`what` names it in the line that says where).
+fn show_goodput(
+    job: &warden_proto::v1::JobGoodput,
+    path: &std::path::Path,
+    what: &str,
+    console: &output::Console,
+) {
+    console.raw(crate::goodput_view::render(job));
+    let written = serde_json::to_vec_pretty(&crate::goodput_view::job_json(job))
+        .map_err(std::io::Error::other)
+        .and_then(|json| std::fs::write(path, json));
+    match written {
+        Ok(()) => console.say(format!("{what} written to {}", path.display())),
+        Err(e) => console.say(format!("cannot write {}: {e}", path.display())),
+    }
+}
+
+/// `--rdzv-id`, else `$WARDEN_JOB_ID`, else `<host>-<pid>`.
+fn job_id(given: Option<&str>) -> String {
+    if let Some(id) = given {
+        return id.to_owned();
+    }
+    if let Ok(id) = std::env::var("WARDEN_JOB_ID")
+        && !id.is_empty()
+    {
+        return id;
+    }
+    let host = nix::unistd::gethostname()
+        .ok()
+        .and_then(|h| h.into_string().ok())
+        .unwrap_or_else(|| "localhost".into());
+    format!("{host}-{}", std::process::id())
+}
+
+/// `$XDG_STATE_HOME/warden/runs`, else `~/.local/state/warden/runs`, else
+/// `/tmp/warden-<uid>/runs`.
+fn default_log_dir() -> PathBuf {
+    if let Some(d) = std::env::var_os("XDG_STATE_HOME").filter(|d| !d.is_empty()) {
+        return PathBuf::from(d).join("warden/runs");
+    }
+    if let Some(h) = std::env::var_os("HOME").filter(|d| !d.is_empty()) {
+        return PathBuf::from(h).join(".local/state/warden/runs");
+    }
+    PathBuf::from(format!(
+        "/tmp/warden-{}/runs",
+        nix::unistd::geteuid().as_raw()
+    ))
+}
+
+/// A job id as a directory name.
+fn sanitize(s: &str) -> String {
+    s.chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.') {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect()
+}

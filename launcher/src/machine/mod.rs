@@ -1,0 +1,1506 @@
+//! The launcher's decisions as a state machine: what to do about a worker's
+//! exit, the agent's decision, a deadline, a signal or another host's round,
+//! given everything decided before.
+//!
+//! In: one [`Input`] at a time and the time it arrives ([`Now`]), through
+//! [`JobState::step`]. Out: the [`Command`]s the executor
+//! ([`super::supervise`]) carries out, in order; a command that has an
+//! answer (a stop, the gate, a rendezvous, a start, the node's fault) is the
+//! last of its batch, and its answer is the next input. The summary's
+//! attempt records ([`JobState::records`]).
+//!
+//! Never: I/O, tokio, protobuf or a clock of its own (the time comes in
+//! with each input), so recorded scenarios replay it exactly
+//! (`scenarios.rs`). It uses std, the launcher's own types and
+//! `humantime` for durations in its messages: it moves as is with the
+//! launcher.
+//!
+//! The flow of a restart, each step an answer to the previous command:
+//! the cause (a failure's decision, the launcher's own fallback, a new
+//! round) -> the budget check -> [`Command::Publish`] (a local restart, so
+//! the other hosts stop meanwhile) -> [`Command::Stop`] -> [`Command::Gate`]
+//! -> the backoff (a deadline; a signal ends the job) ->
+//! [`Command::Rendezvous`] -> [`Command::Start`] -> running again.
+
+use std::collections::HashSet;
+use std::time::{Duration, Instant, SystemTime};
+
+use super::exit::{
+    self, AttemptRecord, EXIT_BUDGET_SPENT, EXIT_LAUNCHER_ERROR, IncidentBrief, RestartTiming,
+};
+use super::hosts::{AttemptPlan, Directive, Remote};
+use super::spawn::Exit;
+
+#[cfg(test)]
+mod scenarios;
+
+/// A failed worker the agent never registered: how long to wait for its
+/// registration event to turn up before deciding without the agent.
+pub const UNREGISTERED_WAIT: Duration = Duration::from_millis(300);
+
+/// The time an input arrives: the monotonic clock for waits and spans, the
+/// wall clock for what is compared with the agent's timestamps and shown.
+#[derive(Debug, Clone, Copy)]
+pub struct Now {
+    /// Monotonic.
+    pub at: Instant,
+    /// Wall clock.
+    pub wall: SystemTime,
+}
+
+impl Now {
+    /// The clocks now (the executor's; the machine never reads them).
+    pub fn read() -> Self {
+        Self {
+            at: Instant::now(),
+            wall: SystemTime::now(),
+        }
+    }
+}
+
+/// What the command line and the job fix for the whole run.
+#[derive(Debug, Clone)]
+pub struct Limits {
+    /// `--max-restarts`: restarts this launcher may decide.
+    pub max_restarts: Option<u32>,
+    /// Restarts the launcher may decide alone (no decision from the agent).
+    pub fallback_budget: u32,
+    /// How long a failure waits for the agent's decision.
+    pub decision_timeout: Duration,
+    /// SIGTERM to SIGKILL (shown when a signal stops the job).
+    pub stop_grace: Duration,
+    /// Workers per attempt on this node.
+    pub nproc_per_node: u32,
+    /// The coordinator's name ("local" on one host), for the messages.
+    pub coordinator: String,
+    /// Across hosts: each attempt waits for the job's round.
+    pub across_hosts: bool,
+}
+
+/// What the agent decided about an incident, decoded by the executor from
+/// the incident feed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Action {
+    /// No action given (an older agent, an unknown value).
+    Unspecified,
+    /// Let the failure stand.
+    Continue,
+    /// The agent restarts the live ranks through their clients.
+    RestartInProcess,
+    /// Stop every worker and start the next attempt.
+    RestartInJob,
+    /// End the job with the decision's status.
+    Stop,
+    /// This node is at fault: cordon it.
+    Cordon,
+    /// This node is at fault: the job goes on without it.
+    ScaleDown,
+}
+
+/// One decision of the incident feed (a revision of one incident).
+#[derive(Debug, Clone)]
+pub struct Decision {
+    /// The incident's id.
+    pub id: String,
+    /// How many decisions it superseded: (id, revision) is seen once.
+    pub revision: usize,
+    /// When the incident opened (the agent's wall clock).
+    pub opened: SystemTime,
+    /// What to do.
+    pub action: Action,
+    /// A stop's status (0: none given).
+    pub exit_code: i32,
+    /// How long a restart waits first.
+    pub backoff: Duration,
+    /// The summary's view of the incident.
+    pub brief: IncidentBrief,
+}
+
+/// What the pre-restart health gate said.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GateVerdict {
+    /// Healthy.
+    Pass,
+    /// Not checked (why): the restart goes on.
+    Unchecked(String),
+    /// This node must not run the job (why).
+    Refused(String),
+}
+
+/// A worker's exit, as the launcher saw it.
+#[derive(Debug, Clone)]
+pub struct WorkerExit {
+    /// The attempt it belonged to ([`Command::Start`]'s generation).
+    pub generation: u64,
+    /// Its global rank.
+    pub rank: u32,
+    /// Its pid.
+    pub pid: i32,
+    /// Its status, when the launcher could read it.
+    pub exit: Option<Exit>,
+    /// The agent had registered it (it can diagnose the failure).
+    pub registered: bool,
+    /// Its client deregistered cleanly before the process ended (the
+    /// client closes after the training code returned).
+    pub deregistered: bool,
+    /// The type of the last exception its stderr showed, if any.
+    pub traceback: Option<String>,
+}
+
+/// The workers of an attempt that started (or began to).
+#[derive(Debug, Clone)]
+pub struct Started {
+    /// The plan they run with (no node rank: a standby attempt).
+    pub plan: AttemptPlan,
+    /// (global rank, pid) of each worker spawned.
+    pub workers: Vec<(u32, i32)>,
+    /// When the start began (before the first spawn).
+    pub at: Instant,
+    /// The same, on the wall clock.
+    pub wall: SystemTime,
+    /// A worker could not be spawned (those spawned were killed).
+    pub error: Option<String>,
+}
+
+/// One thing that happened, for [`JobState::step`].
+#[derive(Debug, Clone)]
+pub enum Input {
+    /// The run begins.
+    Begin,
+    /// A worker exited.
+    WorkerExit(WorkerExit),
+    /// Every worker of the current attempt registered with the agent.
+    AllRegistered,
+    /// The agent decided about an incident of the job.
+    Decision(Box<Decision>),
+    /// [`JobState::deadline`] passed.
+    Deadline,
+    /// SIGINT, SIGTERM or SIGHUP reached the launcher.
+    Signal(i32),
+    /// The other hosts brought something (a new round, a stop, a note).
+    Round(Remote),
+    /// The answer to [`Command::Rendezvous`]: the attempt's plan.
+    Agreed(AttemptPlan),
+    /// The answer to [`Command::Rendezvous`]: the hosts could not agree.
+    NoRound {
+        /// The status to exit with.
+        exit_code: i32,
+        /// The coordinator's message.
+        message: String,
+        /// The error as shown.
+        error: String,
+    },
+    /// The answer to [`Command::Start`].
+    Started(Box<Started>),
+    /// The answer to [`Command::Start`]: nothing could be started (why).
+    StartFailed(String),
+    /// The answer to [`Command::Stop`]: every pid of the job seen.
+    Stopped {
+        /// For the GPU release wait.
+        pids: Vec<u32>,
+    },
+    /// The answer to [`Command::Gate`].
+    Gated(GateVerdict),
+    /// The answer to [`Command::LeaveJob`]: the status to exit with.
+    NodeFault {
+        /// 86 unless the coordinator says otherwise.
+        exit_code: i32,
+    },
+}
+
+/// How the job ends, for [`Command::Finish`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct Finish {
+    /// The launcher's exit status.
+    pub code: i32,
+    /// The summary's outcome line.
+    pub outcome: String,
+    /// The job failed for good (the other hosts stop with it); false when
+    /// this host leaves alone or the job succeeded.
+    pub job_failed: bool,
+}
+
+/// What the executor does, in order.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Command {
+    /// A line on the console.
+    Say(String),
+    /// Tell the other hosts (a local restart).
+    Publish(Directive),
+    /// StopRanks (with `reason`), then stop every process of the attempt:
+    /// `signal` first, SIGKILL after the grace. Answer: [`Input::Stopped`].
+    Stop {
+        /// Why, as StopRanks tells the agent (typed: goodput books a stop
+        /// for a restart and one of a job ending apart).
+        kind: StopKind,
+        /// StopRanks' reason, for people.
+        reason: String,
+        /// The first signal.
+        signal: i32,
+    },
+    /// A signal during a stop: SIGKILL now (unless already sent).
+    Kill {
+        /// The signal that asked for it.
+        signal: i32,
+    },
+    /// The GPU release wait for `pids`, then the health gate. Answer:
+    /// [`Input::Gated`].
+    Gate {
+        /// The stopped processes.
+        pids: Vec<u32>,
+        /// Say why the GPU release wait is skipped (the first restart only).
+        say_no_nvml: bool,
+    },
+    /// The coordinator's part of this node's fault. Answer:
+    /// [`Input::NodeFault`].
+    LeaveJob {
+        /// Why.
+        why: String,
+    },
+    /// Reap the stopped attempt's zombies in the background.
+    Reap,
+    /// Agree on attempt `restart_count` with the other hosts. Answer:
+    /// [`Input::Agreed`], [`Input::NoRound`] or [`Input::Signal`].
+    Rendezvous {
+        /// The attempt's number.
+        restart_count: u32,
+    },
+    /// Start the attempt's workers, their exits tagged with `generation`.
+    /// Answer: [`Input::Started`] or [`Input::StartFailed`].
+    Start {
+        /// The agreed plan.
+        plan: AttemptPlan,
+        /// Tells this attempt's exits from an earlier one's.
+        generation: u64,
+    },
+    /// The job ends: tell the others, stop what is left, summarise
+    /// ([`JobState::records`]). Nothing follows.
+    Finish(Finish),
+}
+
+/// Which inputs the executor waits for when it has none queued.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Listen {
+    /// Everything: exits, decisions, registrations, signals, rounds, and
+    /// [`JobState::deadline`].
+    Everything,
+    /// Signals and the deadline only (the backoff).
+    SignalsOnly,
+    /// Nothing: an answer to a command is due.
+    Answer,
+}
+
+/// A failed worker waiting for the agent's decision.
+#[derive(Debug, Clone)]
+struct Pending {
+    seen: Instant,
+    seen_wall: SystemTime,
+    rank: u32,
+    exit: Option<Exit>,
+    deadline: Instant,
+    registered: bool,
+}
+
+#[derive(Debug, Clone)]
+struct Worker {
+    pid: i32,
+    exit: Option<Option<Exit>>,
+}
+
+#[derive(Debug, Clone)]
+struct Attempt {
+    n: u32,
+    /// Counts every start, a standby one included.
+    generation: u64,
+    /// No place in the job's round here: no workers.
+    standby: bool,
+    /// Its record is in the history already (stopped for a restart).
+    recorded: bool,
+    started: Instant,
+    started_wall: SystemTime,
+    workers: Vec<Worker>,
+    record: AttemptRecord,
+    all_registered: bool,
+}
+
+/// Why a restart happens.
+#[derive(Debug, Clone)]
+struct Cause {
+    /// What the summary shows.
+    brief: IncidentBrief,
+    /// The incident, when the agent decided.
+    incident: Option<String>,
+    backoff: Duration,
+    /// Decided by the launcher alone (counts against the fallback budget).
+    fallback: bool,
+    /// A round another host caused: not published, not counted against
+    /// `--max-restarts`.
+    remote: bool,
+    /// When the failure was seen (or the decision came, for a hang).
+    since: Instant,
+    since_wall: SystemTime,
+    decided: Instant,
+}
+
+/// A restart under way.
+#[derive(Debug, Clone)]
+struct Restart {
+    cause: Cause,
+    had_workers: bool,
+    next: u32,
+    t_stop: Instant,
+    t_gate: Instant,
+}
+
+/// Why the launcher stops its ranks: StopRanks' typed `kind`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StopKind {
+    /// For an in-job restart or a new round: the ranks come back.
+    Restart,
+    /// The job is ending (its result is known): they do not.
+    JobEnding,
+    /// The launcher was signalled (SIGINT/SIGTERM/SIGHUP).
+    LauncherSignalled,
+}
+
+/// What a stop leads to.
+#[derive(Debug, Clone)]
+enum AfterStop {
+    Restart(Box<Restart>),
+    Finish { code: i32, name: &'static str },
+}
+
+#[derive(Debug, Clone)]
+enum Phase {
+    /// Before [`Input::Begin`].
+    Idle,
+    /// Waiting for the rendezvous (of a restart, or the first attempt).
+    Rendezvous(Option<Box<Restart>>),
+    /// Waiting for the start.
+    Starting(Option<Box<Restart>>),
+    /// The attempt runs.
+    Running,
+    /// Waiting for a stop.
+    Stopping(AfterStop),
+    /// Waiting for the gate.
+    Gating(Box<Restart>),
+    /// The backoff until the instant.
+    BackingOff(Box<Restart>, Instant),
+    /// Waiting for the coordinator's answer to this node's fault.
+    LeavingJob {
+        outcome: String,
+        ended: String,
+        incident: Option<IncidentBrief>,
+    },
+    /// Done.
+    Finished {
+        ended: String,
+        incident: Option<IncidentBrief>,
+    },
+}
+
+/// Everything the launcher decided so far about one job.
+#[derive(Debug, Clone)]
+pub struct JobState {
+    limits: Limits,
+    phase: Phase,
+    /// When this launcher started (decisions of incidents opened before
+    /// belong to an earlier run of the job).
+    started_wall: SystemTime,
+    attempt: Attempt,
+    history: Vec<AttemptRecord>,
+    pending: Option<Pending>,
+    /// Decisions already seen: (incident, revision).
+    handled: HashSet<(String, usize)>,
+    /// Incidents already answered with an in-job restart or a stop.
+    acted_on: HashSet<String>,
+    /// Respawns of the workers (any cause).
+    restarts: u32,
+    /// Restarts this launcher decided (what `--max-restarts` counts).
+    local_restarts: u32,
+    /// Attempts that started workers: the next one's number.
+    attempts_started: u32,
+    /// The job ends here for this node alone (a signal, a node fault,
+    /// another node's stop): the other nodes are not stopped with it.
+    leaves_alone: bool,
+    fallback_used: u32,
+    /// After a restart: when the failure (or the new round) was seen, and
+    /// which, until every new worker registered.
+    awaiting_registration: Option<(Instant, &'static str)>,
+    /// A failure the agent answered with `continue`: the job's status at
+    /// the end.
+    failed_unrestarted: Option<Exit>,
+    /// A failure after the worker's training ended, waiting for the other
+    /// workers' exits ([`Teardown`]).
+    teardown: Option<Teardown>,
+}
+
+/// A worker that failed in its teardown: after its training ended, as far
+/// as the launcher can tell ([`teardown_sign`]). If every other worker of
+/// the attempt then exits 0, the job ends with their result, not a restart;
+/// if another fails, or they do not end within the decision timeout, it is
+/// a failure like any other (the deferred decisions are acted on).
+#[derive(Debug, Clone)]
+struct Teardown {
+    seen: Instant,
+    seen_wall: SystemTime,
+    rank: u32,
+    exit: Option<Exit>,
+    why: String,
+    deadline: Instant,
+    /// The agent's decisions meanwhile, acted on only if it is no teardown.
+    deferred: Vec<Decision>,
+}
+
+/// Why a failed worker's training had ended, when the launcher can tell:
+/// its client deregistered cleanly before the process died (the client
+/// closes after the training code returned, and torch's C++ teardown
+/// aborts after that), or, for a worker without a client (zero-code), it
+/// aborted (SIGABRT: `std::terminate` in a destructor, `os.abort()` at
+/// exit) without a Python traceback on its stderr: an exception in the
+/// training code prints one. Either counts only once every other worker
+/// of the attempt exited 0: in a data-parallel job every collective needs
+/// every rank, so the peers' clean ends say the aborted rank took part in
+/// the whole training.
+fn teardown_sign(e: &WorkerExit) -> Option<String> {
+    if e.deregistered {
+        return Some("its client had deregistered cleanly: its training ended".into());
+    }
+    if matches!(e.exit, Some(Exit::Signal(6))) && e.traceback.is_none() {
+        return Some(
+            "SIGABRT with no Python traceback on its stderr: an abort at exit, not an exception in the training code"
+                .into(),
+        );
+    }
+    None
+}
+
+/// [`JobState::step`] as a function.
+pub fn step(state: &mut JobState, input: Input, now: Now) -> Vec<Command> {
+    state.step(input, now)
+}
+
+impl JobState {
+    /// A job about to begin ([`Input::Begin`]) at `now`.
+    pub fn new(limits: Limits, now: Now) -> Self {
+        Self {
+            limits,
+            phase: Phase::Idle,
+            started_wall: now.wall,
+            attempt: Attempt {
+                n: 0,
+                generation: 0,
+                standby: true,
+                recorded: false,
+                started: now.at,
+                started_wall: now.wall,
+                workers: Vec::new(),
+                record: AttemptRecord::default(),
+                all_registered: false,
+            },
+            history: Vec::new(),
+            pending: None,
+            handled: HashSet::new(),
+            acted_on: HashSet::new(),
+            restarts: 0,
+            local_restarts: 0,
+            attempts_started: 0,
+            leaves_alone: false,
+            fallback_used: 0,
+            awaiting_registration: None,
+            failed_unrestarted: None,
+            teardown: None,
+        }
+    }
+
+    /// When the executor must say [`Input::Deadline`]: a failure's decision
+    /// timeout, or the backoff's end.
+    pub fn deadline(&self) -> Option<Instant> {
+        match &self.phase {
+            Phase::Running => self
+                .pending
+                .as_ref()
+                .map(|p| p.deadline)
+                .or(self.teardown.as_ref().map(|t| t.deadline)),
+            Phase::BackingOff(_, until) => Some(*until),
+            _ => None,
+        }
+    }
+
+    /// Which inputs the executor waits for.
+    pub fn listen(&self) -> Listen {
+        match self.phase {
+            Phase::Running => Listen::Everything,
+            Phase::BackingOff(..) => Listen::SignalsOnly,
+            _ => Listen::Answer,
+        }
+    }
+
+    /// Every worker of the current attempt, by pid, until each registered:
+    /// the executor checks them on every registration.
+    pub fn unregistered_attempt(&self) -> Option<Vec<i32>> {
+        if self.attempt.all_registered || self.attempt.workers.is_empty() {
+            return None;
+        }
+        Some(self.attempt.workers.iter().map(|w| w.pid).collect())
+    }
+
+    /// Respawns so far (any cause).
+    pub fn restarts(&self) -> u32 {
+        self.restarts
+    }
+
+    /// Takes one input at `now`; returns what to do.
+    pub fn step(&mut self, input: Input, now: Now) -> Vec<Command> {
+        let mut out = Vec::new();
+        let phase = std::mem::replace(&mut self.phase, Phase::Idle);
+        match (phase, input) {
+            (Phase::Idle, Input::Begin) => {
+                self.phase = Phase::Rendezvous(None);
+                out.push(Command::Rendezvous { restart_count: 0 });
+            }
+            (Phase::Running, input) => {
+                self.phase = Phase::Running;
+                self.running(input, now, &mut out);
+            }
+            (Phase::Rendezvous(r), Input::Agreed(plan)) => {
+                self.phase = Phase::Starting(r);
+                out.push(Command::Start {
+                    plan,
+                    generation: self.attempt.generation + 1,
+                });
+            }
+            (
+                Phase::Rendezvous(_),
+                Input::NoRound {
+                    exit_code,
+                    message,
+                    error,
+                },
+            ) => {
+                out.push(Command::Say(format!(
+                    "the hosts could not agree on the next attempt: {error}"
+                )));
+                if exit_code == exit::EXIT_NODE_FAULT || exit_code == exit::EXIT_SUCCESS {
+                    self.leaves_alone = true;
+                }
+                let outcome = if exit_code == exit::EXIT_SUCCESS {
+                    format!("done: {message}")
+                } else {
+                    format!("failed: {error}")
+                };
+                out.push(self.finish(exit_code, outcome, "not started".into(), None));
+            }
+            (Phase::Rendezvous(_), Input::Signal(sig)) => {
+                self.leaves_alone = true;
+                let name = signal_name(sig);
+                out.push(Command::Say(format!(
+                    "got {name} while waiting for the job's round: stopping"
+                )));
+                out.push(self.finish(
+                    exit::signalled(sig),
+                    format!("stopped on {name}"),
+                    format!("stopped on {name} waiting for the job's round"),
+                    None,
+                ));
+            }
+            (Phase::Starting(r), Input::Started(s)) => self.started(r, *s, now, &mut out),
+            (Phase::Starting(_), Input::StartFailed(e)) => out.push(self.finish(
+                EXIT_LAUNCHER_ERROR,
+                format!("could not start the workers: {e}"),
+                format!("not started: {e}"),
+                None,
+            )),
+            (Phase::Stopping(after), Input::Stopped { pids }) => match after {
+                AfterStop::Restart(mut r) => {
+                    r.t_stop = now.at;
+                    self.gate(r, pids, &mut out);
+                }
+                AfterStop::Finish { code, name } => out.push(self.finish(
+                    code,
+                    format!("stopped on {name}"),
+                    format!("stopped on {name}"),
+                    None,
+                )),
+            },
+            // A second signal while the workers stop: kill them at once.
+            (p @ (Phase::Stopping(_) | Phase::Finished { .. }), Input::Signal(sig)) => {
+                self.phase = p;
+                out.push(Command::Kill { signal: sig });
+            }
+            (Phase::Gating(r), Input::Gated(v)) => self.gated(r, v, now, &mut out),
+            (Phase::BackingOff(r, _), Input::Signal(sig)) => {
+                let name = signal_name(sig);
+                self.leaves_alone = true;
+                out.push(self.finish(
+                    exit::signalled(sig),
+                    format!("stopped on {name}"),
+                    format!("stopped on {name} during the backoff"),
+                    Some(r.cause.brief),
+                ));
+            }
+            (Phase::BackingOff(r, until), Input::Deadline) if now.at >= until => {
+                self.backed_off(r, now, &mut out);
+            }
+            (
+                Phase::LeavingJob {
+                    outcome,
+                    ended,
+                    incident,
+                },
+                Input::NodeFault { exit_code },
+            ) => {
+                out.push(self.finish(exit_code, outcome, ended, incident));
+            }
+            // Anything else waits for its phase (the executor does not
+            // bring it) or has nothing to change.
+            (p, _) => self.phase = p,
+        }
+        out
+    }
+
+    /// The summary's attempt records once the job finished: the current
+    /// attempt's closed at `now` (unless a restart recorded it).
+    pub fn records(&mut self, now: Now) -> Vec<AttemptRecord> {
+        let (ended, incident) = match &mut self.phase {
+            Phase::Finished { ended, incident } => (ended.clone(), incident.take()),
+            _ => (String::new(), None),
+        };
+        if !self.attempt.recorded && (!self.attempt.workers.is_empty() || self.history.is_empty()) {
+            let mut record = std::mem::take(&mut self.attempt.record);
+            record.duration_s = now.at.duration_since(self.attempt.started).as_secs_f64();
+            record.ended = match record.failures.first() {
+                Some((rank, status)) if !ended.contains("stopped on SIG") => {
+                    format!("rank {rank} failed ({status}); {ended}")
+                }
+                _ => ended,
+            };
+            record.incident = incident;
+            self.history.push(record);
+            self.attempt.recorded = true;
+        }
+        std::mem::take(&mut self.history)
+    }
+
+    fn running(&mut self, input: Input, now: Now, out: &mut Vec<Command>) {
+        match input {
+            Input::WorkerExit(e) => self.on_exit(e, now, out),
+            Input::AllRegistered => self.on_registered(now, out),
+            Input::Decision(d) => self.on_decision(*d, now, out),
+            Input::Deadline => self.on_no_decision(now, out),
+            Input::Signal(sig) => {
+                let name = signal_name(sig);
+                out.push(Command::Say(format!(
+                    "got {name}: forwarding it to the workers and stopping them (grace {}; send it again to kill at once)",
+                    humantime::format_duration(self.limits.stop_grace)
+                )));
+                self.leaves_alone = true;
+                out.push(Command::Stop {
+                    kind: StopKind::LauncherSignalled,
+                    reason: format!("the launcher got {name}"),
+                    signal: sig,
+                });
+                self.phase = Phase::Stopping(AfterStop::Finish {
+                    code: exit::signalled(sig),
+                    name,
+                });
+            }
+            Input::Round(Remote::NewRound { reason }) => {
+                out.push(Command::Say(format!("new round across hosts: {reason}")));
+                let cause = Cause {
+                    brief: IncidentBrief {
+                        action: "new_round".into(),
+                        reason,
+                        decided_by: format!("the job's hosts ({})", self.limits.coordinator),
+                        ..Default::default()
+                    },
+                    incident: None,
+                    backoff: Duration::ZERO,
+                    fallback: false,
+                    remote: true,
+                    since: now.at,
+                    since_wall: now.wall,
+                    decided: now.at,
+                };
+                self.restart(cause, now, out);
+            }
+            Input::Round(Remote::Stop { exit_code, reason }) => {
+                self.leaves_alone = true;
+                out.push(Command::Say(format!("stopping: {reason}")));
+                out.push(self.finish(
+                    exit_code,
+                    format!("stopped across hosts: {reason}"),
+                    format!("stopped across hosts: {reason}"),
+                    None,
+                ));
+            }
+            Input::Round(Remote::Note(text)) => out.push(Command::Say(text)),
+            // Answers to commands never come while the attempt runs.
+            Input::Begin
+            | Input::Agreed(_)
+            | Input::NoRound { .. }
+            | Input::Started(_)
+            | Input::StartFailed(_)
+            | Input::Stopped { .. }
+            | Input::Gated(_)
+            | Input::NodeFault { .. } => {}
+        }
+    }
+
+    /// Ends the job: the phase keeps what the records need.
+    fn finish(
+        &mut self,
+        code: i32,
+        outcome: String,
+        ended: String,
+        incident: Option<IncidentBrief>,
+    ) -> Command {
+        self.phase = Phase::Finished { ended, incident };
+        Command::Finish(Finish {
+            code,
+            job_failed: code != exit::EXIT_SUCCESS && !self.leaves_alone,
+            outcome,
+        })
+    }
+
+    fn started(&mut self, r: Option<Box<Restart>>, s: Started, now: Now, out: &mut Vec<Command>) {
+        let plan = &s.plan;
+        let n = plan.restart_count;
+        let generation = self.attempt.generation + 1;
+        let workers = s
+            .workers
+            .iter()
+            .map(|&(_rank, pid)| Worker { pid, exit: None })
+            .collect();
+        self.attempt = match plan.node_rank {
+            None => Attempt {
+                n,
+                generation,
+                standby: true,
+                recorded: false,
+                started: s.at,
+                started_wall: s.wall,
+                workers: Vec::new(),
+                record: AttemptRecord {
+                    attempt: n,
+                    epoch: plan.epoch,
+                    ..Default::default()
+                },
+                all_registered: false,
+            },
+            Some(node_rank) => {
+                self.attempts_started = self.attempts_started.max(n + 1);
+                Attempt {
+                    n,
+                    generation,
+                    standby: false,
+                    recorded: false,
+                    started: s.at,
+                    started_wall: s.wall,
+                    workers,
+                    record: AttemptRecord {
+                        attempt: n,
+                        workers: self.limits.nproc_per_node,
+                        master_port: plan.master_port,
+                        epoch: plan.epoch,
+                        node_rank,
+                        nnodes: plan.nnodes,
+                        world_size: plan.world_size,
+                        ..Default::default()
+                    },
+                    all_registered: false,
+                }
+            }
+        };
+        if let Some(e) = s.error {
+            out.push(self.finish(
+                EXIT_LAUNCHER_ERROR,
+                format!("could not start the workers: {e}"),
+                format!("not started: {e}"),
+                None,
+            ));
+            return;
+        }
+        self.phase = Phase::Running;
+        let Some(r) = r else { return };
+        if self.attempt.standby {
+            return;
+        }
+        let since = r.cause.since;
+        if r.had_workers {
+            self.restarts += 1;
+            if let Some(t) = self.history.last_mut().and_then(|a| a.restart.as_mut()) {
+                t.spawn_ms = ms(now.at.duration_since(since));
+            }
+            self.awaiting_registration = Some((
+                since,
+                if r.cause.remote {
+                    "the new round"
+                } else {
+                    "the failure"
+                },
+            ));
+        }
+        out.push(Command::Say(format!(
+            "attempt {}: workers started {:.2}s after the {}",
+            n,
+            now.at.duration_since(since).as_secs_f64(),
+            if r.cause.remote {
+                "new round"
+            } else {
+                "failure"
+            }
+        )));
+    }
+
+    fn on_registered(&mut self, now: Now, out: &mut Vec<Command>) {
+        if self.attempt.all_registered || self.attempt.workers.is_empty() {
+            return;
+        }
+        self.attempt.all_registered = true;
+        let count = self.attempt.workers.len();
+        match self.awaiting_registration.take() {
+            Some((since, what)) => {
+                let ms = ms(now.at.duration_since(since));
+                if let Some(r) = self.history.last_mut().and_then(|a| a.restart.as_mut()) {
+                    r.registered_ms = Some(ms);
+                }
+                out.push(Command::Say(format!(
+                    "attempt {}: all {count} workers registered with the agent, {:.2}s after {what}",
+                    self.attempt.n,
+                    ms / 1000.0
+                )));
+            }
+            None => out.push(Command::Say(format!(
+                "attempt {}: all {count} workers registered with the agent ({:.2}s after start)",
+                self.attempt.n,
+                now.at.duration_since(self.attempt.started).as_secs_f64()
+            ))),
+        }
+    }
+
+    fn on_exit(&mut self, e: WorkerExit, now: Now, out: &mut Vec<Command>) {
+        let sign = teardown_sign(&e);
+        let WorkerExit {
+            generation,
+            rank,
+            pid,
+            exit,
+            registered,
+            ..
+        } = e;
+        if generation != self.attempt.generation {
+            return;
+        }
+        if let Some(w) = self.attempt.workers.iter_mut().find(|w| w.pid == pid) {
+            w.exit = Some(exit);
+        }
+        let failed = !exit.is_some_and(Exit::success);
+        if failed
+            && self.pending.is_none()
+            && self.teardown.is_none()
+            && self.attempt.workers.len() > 1
+            && let Some(why) = sign
+        {
+            let status = exit.map_or("status unknown".to_owned(), |e| e.to_string());
+            out.push(Command::Say(format!(
+                "rank {rank} (pid {pid}) failed after its training ended: {status} ({why}); the job's result is the other workers'"
+            )));
+            self.teardown = Some(Teardown {
+                seen: now.at,
+                seen_wall: now.wall,
+                rank,
+                exit,
+                why,
+                deadline: now.at + self.limits.decision_timeout,
+                deferred: Vec::new(),
+            });
+            self.end_of_teardown(out);
+            return;
+        }
+        if failed && let Some(t) = self.teardown.take() {
+            // Another worker failed: the first one's was no teardown.
+            self.teardown_failed(t, now, out);
+            if !matches!(self.phase, Phase::Running) {
+                // A held decision restarts or ends the job already.
+                return;
+            }
+        }
+        if failed {
+            let status = exit.map_or("status unknown".to_owned(), |e| e.to_string());
+            self.attempt.record.failures.push((rank, status.clone()));
+            if self.pending.is_none() {
+                let wait = if registered {
+                    self.limits.decision_timeout
+                } else {
+                    UNREGISTERED_WAIT.min(self.limits.decision_timeout)
+                };
+                out.push(Command::Say(format!(
+                    "rank {rank} (pid {pid}) failed: {status}; {}",
+                    if registered {
+                        "waiting for the agent's diagnosis"
+                    } else {
+                        "it had not registered with the agent"
+                    }
+                )));
+                self.pending = Some(Pending {
+                    seen: now.at,
+                    seen_wall: now.wall,
+                    rank,
+                    exit,
+                    deadline: now.at + wait,
+                    registered,
+                });
+            } else {
+                out.push(Command::Say(format!(
+                    "rank {rank} (pid {pid}) failed too: {status}"
+                )));
+            }
+            return;
+        }
+        if self.teardown.is_some() {
+            self.end_of_teardown(out);
+            return;
+        }
+        let all_done = self.attempt.workers.iter().all(|w| w.exit.is_some());
+        if !all_done || self.pending.is_some() {
+            return;
+        }
+        let finish = match self.failed_unrestarted {
+            Some(e) => self.finish(
+                e.shell_code().max(1),
+                "failed (a failure the agent let stand)".into(),
+                "the other workers finished".into(),
+                None,
+            ),
+            None => {
+                let outcome = if self.restarts == 0 {
+                    "succeeded".into()
+                } else {
+                    format!(
+                        "succeeded after {} in-job restart{}",
+                        self.restarts,
+                        if self.restarts == 1 { "" } else { "s" }
+                    )
+                };
+                self.finish(
+                    exit::EXIT_SUCCESS,
+                    outcome,
+                    "every worker exited 0".into(),
+                    None,
+                )
+            }
+        };
+        out.push(finish);
+    }
+
+    fn on_decision(&mut self, d: Decision, now: Now, out: &mut Vec<Command>) {
+        if let Some(t) = self.teardown.as_mut() {
+            if !t
+                .deferred
+                .iter()
+                .any(|x| x.id == d.id && x.revision == d.revision)
+            {
+                t.deferred.push(d);
+            }
+            return;
+        }
+        if !self.handled.insert((d.id.clone(), d.revision)) {
+            return;
+        }
+        // The job's history from before this launcher (same job id, a
+        // journal kept across runs) is not for us to act on.
+        if d.opened + Duration::from_secs(1) < self.started_wall {
+            return;
+        }
+        let brief = d.brief;
+        let action = d.action;
+        // About an attempt already stopped (its incident opened before the
+        // current attempt started): a restart it asks for has been done.
+        let stale = d.opened + Duration::from_millis(50) < self.attempt.started_wall;
+        out.push(Command::Say(decision_text(&brief, stale)));
+        if self.acted_on.contains(&d.id) && action != Action::Stop {
+            return;
+        }
+        if !stale && matches!(action, Action::RestartInProcess | Action::Continue) {
+            self.attempt.record.other_decisions.push(format!(
+                "{} ({}) {} {:.0}%: {} by {}",
+                brief.id,
+                brief.kind,
+                brief.class,
+                brief.confidence * 100.0,
+                brief.action,
+                brief.decided_by
+            ));
+        }
+        match action {
+            Action::RestartInJob if stale => {}
+            Action::RestartInJob => {
+                let (since, since_wall) = self
+                    .pending
+                    .as_ref()
+                    .map_or((now.at, now.wall), |p| (p.seen, p.seen_wall));
+                let cause = Cause {
+                    brief,
+                    incident: Some(d.id),
+                    backoff: d.backoff,
+                    fallback: false,
+                    remote: false,
+                    since,
+                    since_wall,
+                    decided: now.at,
+                };
+                self.restart(cause, now, out);
+            }
+            Action::Stop => {
+                self.acted_on.insert(d.id.clone());
+                let code = if d.exit_code == 0 {
+                    EXIT_LAUNCHER_ERROR
+                } else {
+                    d.exit_code
+                };
+                out.push(self.finish(
+                    code,
+                    format!("stopped on the agent's diagnosis: {}", brief.class),
+                    format!("stopped on {}'s decision", d.id),
+                    Some(brief),
+                ));
+            }
+            Action::Cordon | Action::ScaleDown => {
+                self.acted_on.insert(d.id.clone());
+                self.leaves_alone = true;
+                out.push(Command::LeaveJob {
+                    why: brief.summary.clone(),
+                });
+                self.phase = Phase::LeavingJob {
+                    outcome: format!(
+                        "this node is at fault ({}): {}; run the job elsewhere",
+                        brief.action, brief.summary
+                    ),
+                    ended: format!("{} on {}'s decision", brief.action, d.id),
+                    incident: Some(brief),
+                };
+            }
+            Action::RestartInProcess if stale => {}
+            Action::RestartInProcess => match self.pending.take() {
+                // The agent restarts the live ranks in process and counts an
+                // exited one as its launcher's to restart: a process that is
+                // gone cannot come back in process, so the job restarts.
+                Some(p) => {
+                    let mut b = brief;
+                    b.action = "restart_in_job".into();
+                    b.decided_by = format!("launcher, on {}'s restart_in_process", b.decided_by);
+                    b.reason = format!(
+                        "rank {}'s process is gone ({}): an in-process restart cannot bring it back; {}",
+                        p.rank,
+                        p.exit
+                            .map_or("status unknown".to_owned(), |e| e.to_string()),
+                        b.reason
+                    );
+                    out.push(Command::Say(format!("{}: restarting in job", b.reason)));
+                    let cause = Cause {
+                        brief: b,
+                        incident: Some(d.id),
+                        backoff: Duration::ZERO,
+                        fallback: false,
+                        remote: false,
+                        since: p.seen,
+                        since_wall: p.seen_wall,
+                        decided: now.at,
+                    };
+                    self.restart(cause, now, out);
+                }
+                None => out.push(Command::Say(
+                    "the agent restarts the ranks in process; the launcher leaves the workers running"
+                        .into(),
+                )),
+            },
+            Action::Continue => {
+                if let Some(p) = self.pending.take() {
+                    self.failed_unrestarted = p.exit.or(Some(Exit::Code(1)));
+                }
+            }
+            Action::Unspecified => {}
+        }
+    }
+
+    /// The other workers all exited 0 after a teardown failure: the job
+    /// ends with their result.
+    fn end_of_teardown(&mut self, out: &mut Vec<Command>) {
+        let Some(t) = &self.teardown else { return };
+        let others_done = self.attempt.workers.iter().all(|w| w.exit.is_some());
+        if !others_done {
+            return;
+        }
+        let status = t
+            .exit
+            .map_or("status unknown".to_owned(), |e| e.to_string());
+        let note = format!(
+            "rank {} failed in its teardown ({status}): {}",
+            t.rank, t.why
+        );
+        for d in &t.deferred {
+            out.push(Command::Say(format!(
+                "{} ({}): not acted on, the job's training had ended",
+                d.id, d.brief.action
+            )));
+        }
+        out.push(Command::Say(format!(
+            "every other worker exited 0: the job succeeded; {note}"
+        )));
+        let outcome = if self.restarts == 0 {
+            format!("succeeded ({note})")
+        } else {
+            format!(
+                "succeeded after {} in-job restart{} ({note})",
+                self.restarts,
+                if self.restarts == 1 { "" } else { "s" }
+            )
+        };
+        self.teardown = None;
+        out.push(self.finish(
+            exit::EXIT_SUCCESS,
+            outcome,
+            "every other worker exited 0; a teardown failure".into(),
+            None,
+        ));
+    }
+
+    /// A teardown failure that turned out to be none (another worker
+    /// failed, or the others did not end in time): a failure like any
+    /// other, the decisions held back acted on.
+    fn teardown_failed(&mut self, t: Teardown, now: Now, out: &mut Vec<Command>) {
+        out.push(Command::Say(format!(
+            "rank {}'s failure is handled as a failure: the other workers did not all end cleanly",
+            t.rank
+        )));
+        self.pending = Some(Pending {
+            seen: t.seen,
+            seen_wall: t.seen_wall,
+            rank: t.rank,
+            exit: t.exit,
+            deadline: now.at + self.limits.decision_timeout,
+            registered: true,
+        });
+        for d in t.deferred {
+            self.on_decision(d, now, out);
+        }
+    }
+
+    fn on_no_decision(&mut self, now: Now, out: &mut Vec<Command>) {
+        if self.pending.is_none()
+            && let Some(t) = self.teardown.take()
+        {
+            if now.at < t.deadline {
+                self.teardown = Some(t);
+                return;
+            }
+            self.teardown_failed(t, now, out);
+            return;
+        }
+        let Some(p) = self.pending.take() else {
+            return;
+        };
+        if now.at < p.deadline {
+            self.pending = Some(p);
+            return;
+        }
+        let status = p
+            .exit
+            .map_or("status unknown".to_owned(), |e| e.to_string());
+        let wait = now.at.duration_since(p.seen);
+        let why = if p.registered {
+            format!(
+                "no decision from the agent within {:.1}s for rank {}'s failure ({status}): class unknown",
+                wait.as_secs_f64(),
+                p.rank
+            )
+        } else {
+            format!(
+                "rank {} failed ({status}) before registering with the agent, which has nothing to diagnose: class unknown",
+                p.rank
+            )
+        };
+        let brief = IncidentBrief {
+            kind: "crash".into(),
+            class: "unknown".into(),
+            summary: format!("rank {} failed: {status}", p.rank),
+            action: "restart_in_job".into(),
+            reason: why.clone(),
+            decided_by: "launcher".into(),
+            attempt: self.fallback_used + 1,
+            budget: self.limits.fallback_budget,
+            ..Default::default()
+        };
+        out.push(Command::Say(why));
+        if self.fallback_used >= self.limits.fallback_budget {
+            let mut b = brief;
+            b.action = "stop".into();
+            let budget = self.limits.fallback_budget;
+            let outcome = format!(
+                "failed: {budget} restart{} decided without the agent spent ({})",
+                if budget == 1 { "" } else { "s" },
+                if self.limits.max_restarts.is_some() {
+                    "--max-restarts"
+                } else {
+                    "the policy's unknown budget"
+                }
+            );
+            out.push(self.finish(
+                EXIT_BUDGET_SPENT,
+                outcome,
+                format!("rank {} failed: {status}", p.rank),
+                Some(b),
+            ));
+            return;
+        }
+        let cause = Cause {
+            brief,
+            incident: None,
+            backoff: Duration::ZERO,
+            fallback: true,
+            remote: false,
+            since: p.seen,
+            since_wall: p.seen_wall,
+            decided: now.at,
+        };
+        self.restart(cause, now, out);
+    }
+
+    /// The in-job restart (or a new round another host caused), up to the
+    /// stop.
+    fn restart(&mut self, cause: Cause, now: Now, out: &mut Vec<Command>) {
+        if !cause.remote
+            && let Some(k) = self.limits.max_restarts
+            && self.local_restarts >= k
+        {
+            out.push(Command::Say(format!(
+                "--max-restarts {k} reached: not restarting again"
+            )));
+            let ended = format!(
+                "{}: restart refused (--max-restarts {k})",
+                cause.brief.summary
+            );
+            out.push(self.finish(
+                EXIT_BUDGET_SPENT,
+                format!("failed: --max-restarts {k} spent"),
+                ended,
+                Some(cause.brief),
+            ));
+            return;
+        }
+        if cause.fallback {
+            self.fallback_used += 1;
+        }
+        if let Some(id) = &cause.incident {
+            self.acted_on.insert(id.clone());
+        }
+        self.pending = None;
+        let had_workers = !self.attempt.standby;
+        let next = self.attempts_started;
+        let what = if cause.brief.summary.is_empty() {
+            &cause.brief.reason
+        } else {
+            &cause.brief.summary
+        };
+        let reason = if cause.remote {
+            format!("new round: {}", cause.brief.reason)
+        } else {
+            format!("restart {next}: {what}")
+        };
+        if !cause.remote {
+            self.local_restarts += 1;
+            // First, so that the other hosts stop their workers meanwhile.
+            let told = format!(
+                "{}{}: {}",
+                cause.brief.id,
+                if cause.brief.id.is_empty() {
+                    cause.brief.class.clone()
+                } else {
+                    format!(" ({})", cause.brief.class)
+                },
+                clip(what, 160)
+            );
+            out.push(Command::Publish(Directive::RestartInJob { reason: told }));
+        }
+        let r = Box::new(Restart {
+            cause,
+            had_workers,
+            next,
+            t_stop: now.at,
+            t_gate: now.at,
+        });
+        if had_workers {
+            out.push(Command::Say(if r.cause.remote {
+                "stopping the workers for the new round".into()
+            } else {
+                format!(
+                    "restarting in job (restart {}{}): stopping the workers",
+                    self.local_restarts,
+                    self.limits
+                        .max_restarts
+                        .map_or(String::new(), |k| format!(" of at most {k}"))
+                )
+            }));
+            out.push(Command::Stop {
+                kind: StopKind::Restart,
+                reason,
+                signal: SIGTERM,
+            });
+            self.phase = Phase::Stopping(AfterStop::Restart(r));
+        } else {
+            self.gate(r, Vec::new(), out);
+        }
+    }
+
+    fn gate(&mut self, r: Box<Restart>, pids: Vec<u32>, out: &mut Vec<Command>) {
+        out.push(Command::Gate {
+            pids,
+            say_no_nvml: self.restarts == 0,
+        });
+        self.phase = Phase::Gating(r);
+    }
+
+    fn gated(&mut self, mut r: Box<Restart>, v: GateVerdict, now: Now, out: &mut Vec<Command>) {
+        match v {
+            GateVerdict::Pass => {}
+            GateVerdict::Unchecked(why) => {
+                out.push(Command::Say(format!("health gate not checked: {why}")));
+            }
+            GateVerdict::Refused(why) => {
+                out.push(Command::Say(format!(
+                    "pre-restart health gate refused: {why}"
+                )));
+                self.leaves_alone = true;
+                out.push(Command::LeaveJob { why: why.clone() });
+                let mut b = r.cause.brief;
+                b.reason = format!("{}; the health gate refused: {why}", b.reason);
+                self.phase = Phase::LeavingJob {
+                    outcome: format!(
+                        "this node is at fault (health gate: {why}); run the job elsewhere"
+                    ),
+                    ended: "restart refused by the health gate".into(),
+                    incident: Some(b),
+                };
+                return;
+            }
+        }
+        r.t_gate = now.at;
+        if r.cause.backoff.is_zero() {
+            self.backed_off(r, now, out);
+        } else {
+            out.push(Command::Say(format!(
+                "backing off {} before the restart (policy)",
+                humantime::format_duration(r.cause.backoff)
+            )));
+            let until = now.at + r.cause.backoff;
+            self.phase = Phase::BackingOff(r, until);
+        }
+    }
+
+    /// After the backoff: close the stopped attempt's record and agree on
+    /// the next one.
+    fn backed_off(&mut self, r: Box<Restart>, now: Now, out: &mut Vec<Command>) {
+        let t_backoff = now.at;
+        // Its zombies are reaped in the background (they hold their pids
+        // until then, so no group the stop signalled can have been reused).
+        // A standby wait leaves no record.
+        out.push(Command::Reap);
+        if r.had_workers {
+            let c = &r.cause;
+            let mut record = std::mem::take(&mut self.attempt.record);
+            record.duration_s = now.at.duration_since(self.attempt.started).as_secs_f64();
+            record.ended = match (record.failures.first(), c.remote) {
+                (Some((rank, status)), false) => {
+                    format!("rank {rank} failed ({status}); restarted in job")
+                }
+                (Some((rank, status)), true) => {
+                    format!("rank {rank} failed ({status}); stopped for a new round")
+                }
+                (None, false) => "restarted in job".into(),
+                (None, true) => "stopped for a new round".into(),
+            };
+            record.incident = Some(c.brief.clone());
+            record.restart = Some(RestartTiming {
+                failure_seen_unix_s: unix_s(c.since_wall),
+                decision_ms: ms(c.decided.duration_since(c.since)),
+                stop_ms: ms(r.t_stop.duration_since(c.decided)),
+                gate_ms: ms(r.t_gate.duration_since(r.t_stop)),
+                backoff_ms: ms(t_backoff.duration_since(r.t_gate)),
+                spawn_ms: 0.0,
+                registered_ms: None,
+            });
+            self.history.push(record);
+            self.attempt.recorded = true;
+        }
+        if self.limits.across_hosts {
+            out.push(Command::Say("waiting for the job's next round".into()));
+        }
+        out.push(Command::Rendezvous {
+            restart_count: r.next,
+        });
+        self.phase = Phase::Rendezvous(Some(r));
+    }
+}
+
+/// SIGTERM's number (Linux), the restart's first signal.
+pub const SIGTERM: i32 = 15;
+
+/// A signal's name for the messages (the launcher handles SIGINT, SIGTERM
+/// and SIGHUP).
+pub fn signal_name(sig: i32) -> &'static str {
+    match sig {
+        1 => "SIGHUP",
+        2 => "SIGINT",
+        3 => "SIGQUIT",
+        9 => "SIGKILL",
+        15 => "SIGTERM",
+        _ => "a signal",
+    }
+}
+
+/// The console's account of a decision.
+fn decision_text(b: &IncidentBrief, stale: bool) -> String {
+    let mut text = format!(
+        "agent: {} ({}): {} {:.0}%: {}",
+        b.id,
+        b.kind,
+        b.class,
+        b.confidence * 100.0,
+        b.summary
+    );
+    for e in b.evidence.iter().take(3) {
+        text.push_str(&format!("\n  evidence: {e}"));
+    }
+    text.push_str(&format!(
+        "\n  decision: {} by {} ({}/{}): {}{}",
+        b.action,
+        b.decided_by,
+        b.attempt,
+        b.budget,
+        b.reason,
+        if stale {
+            " [about an earlier attempt: already handled]"
+        } else {
+            ""
+        }
+    ));
+    text
+}
+
+/// `s` cut to at most `max` characters, marked when cut.
+fn clip(s: &str, max: usize) -> String {
+    match s.char_indices().nth(max) {
+        Some((i, _)) => format!("{}...", &s[..i]),
+        None => s.to_owned(),
+    }
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+fn unix_s(t: SystemTime) -> f64 {
+    t.duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
+}

@@ -1,0 +1,1107 @@
+//! The launcher's recorded scenarios replayed through the machine: each is
+//! the sequence of inputs the executor brought (milliseconds after the
+//! launcher started), the commands each must give (every command but the
+//! console lines, by a short name), and how the job must end. The console
+//! lines the system tests grep are checked by a part of their text.
+
+use std::time::{Duration, Instant, SystemTime};
+
+use super::{
+    Action, Command, Decision, GateVerdict, Input, JobState, Limits, Listen, Now, SIGTERM, Started,
+    WorkerExit,
+};
+use crate::exit::IncidentBrief;
+use crate::hosts::{AttemptPlan, Directive, Remote};
+use crate::spawn::Exit;
+
+const SIGINT: i32 = 2;
+
+/// One scenario: what came in, what the machine must do, how it ends.
+struct Scenario {
+    name: &'static str,
+    limits: Limits,
+    /// (ms after the start, input, the commands expected, by short name).
+    steps: Vec<(u64, Input, &'static [&'static str])>,
+    expect: End,
+}
+
+/// How the job ends.
+#[derive(Default)]
+struct End {
+    /// The finish's status (None: the job has not ended).
+    code: Option<i32>,
+    /// A part of the finish's outcome.
+    outcome: &'static str,
+    /// The other hosts stop with it.
+    job_failed: bool,
+    restarts: u32,
+    local_restarts: u32,
+    fallback_used: u32,
+    /// The summary's attempt records (after the end).
+    records: usize,
+    /// A part of the last record's `ended`.
+    ended: &'static str,
+    /// Parts of console lines, in order.
+    says: &'static [&'static str],
+}
+
+fn limits() -> Limits {
+    Limits {
+        max_restarts: None,
+        fallback_budget: 3,
+        decision_timeout: Duration::from_secs(5),
+        stop_grace: Duration::from_secs(10),
+        nproc_per_node: 2,
+        coordinator: "local".into(),
+        across_hosts: false,
+    }
+}
+
+fn across_hosts() -> Limits {
+    Limits {
+        coordinator: "etcd".into(),
+        across_hosts: true,
+        ..limits()
+    }
+}
+
+fn plan(n: u32) -> AttemptPlan {
+    AttemptPlan {
+        restart_count: n,
+        master_addr: "127.0.0.1".into(),
+        master_port: 29500,
+        node_rank: Some(0),
+        nnodes: 1,
+        world_size: 2,
+        rank_offset: 0,
+        epoch: None,
+        round: None,
+        ckpt_peers: Vec::new(),
+    }
+}
+
+fn standby(n: u32) -> AttemptPlan {
+    AttemptPlan {
+        node_rank: None,
+        ..plan(n)
+    }
+}
+
+/// The answer to a start: two workers, pids `base` and `base + 1`.
+fn started(p: AttemptPlan, base: i32, t: u64) -> Input {
+    let workers = if p.node_rank.is_some() {
+        vec![(0, base), (1, base + 1)]
+    } else {
+        Vec::new()
+    };
+    Input::Started(Box::new(Started {
+        plan: p,
+        workers,
+        at: at(t).at,
+        wall: at(t).wall,
+        error: None,
+    }))
+}
+
+fn exit(generation: u64, rank: u32, pid: i32, code: i32) -> Input {
+    Input::WorkerExit(WorkerExit {
+        generation,
+        rank,
+        pid,
+        exit: Some(Exit::Code(code)),
+        registered: true,
+        deregistered: false,
+        traceback: None,
+    })
+}
+
+/// A worker of a script without a client that aborted (SIGABRT) with
+/// `traceback` the last exception on its stderr.
+fn abort(generation: u64, rank: u32, pid: i32, traceback: Option<&str>) -> Input {
+    Input::WorkerExit(WorkerExit {
+        generation,
+        rank,
+        pid,
+        exit: Some(Exit::Signal(6)),
+        registered: true,
+        deregistered: false,
+        traceback: traceback.map(str::to_owned),
+    })
+}
+
+/// A decision about incident `id` opened at `opened` ms.
+fn decision(id: &str, revision: usize, opened: u64, action: Action, exit_code: i32) -> Input {
+    let name = match action {
+        Action::Unspecified => "unspecified",
+        Action::Continue => "continue",
+        Action::RestartInProcess => "restart_in_process",
+        Action::RestartInJob => "restart_in_job",
+        Action::Stop => "stop",
+        Action::Cordon => "cordon",
+        Action::ScaleDown => "scale_down",
+    };
+    Input::Decision(Box::new(Decision {
+        id: id.into(),
+        revision,
+        opened: at(opened).wall,
+        action,
+        exit_code,
+        backoff: Duration::ZERO,
+        brief: IncidentBrief {
+            id: id.into(),
+            kind: "crash".into(),
+            class: "infra_transient".into(),
+            confidence: 0.9,
+            summary: format!("the failure of {id}"),
+            action: name.into(),
+            decided_by: "policy".into(),
+            ..Default::default()
+        },
+    }))
+}
+
+fn backoff(input: Input, by: Duration) -> Input {
+    match input {
+        Input::Decision(mut d) => {
+            d.backoff = by;
+            Input::Decision(d)
+        }
+        other => other,
+    }
+}
+
+fn stopped() -> Input {
+    Input::Stopped {
+        pids: vec![100, 101],
+    }
+}
+
+/// The clocks at `ms` after the scenario's start.
+fn at(ms: u64) -> Now {
+    let base = base();
+    Now {
+        at: base.0 + Duration::from_millis(ms),
+        wall: base.1 + Duration::from_millis(ms),
+    }
+}
+
+fn base() -> (Instant, SystemTime) {
+    use std::sync::OnceLock;
+    static BASE: OnceLock<(Instant, SystemTime)> = OnceLock::new();
+    *BASE.get_or_init(|| {
+        (
+            Instant::now(),
+            SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000),
+        )
+    })
+}
+
+/// A command by its short name; None for a console line.
+fn short(c: &Command) -> Option<String> {
+    Some(match c {
+        Command::Say(_) => return None,
+        Command::Publish(Directive::RestartInJob { .. }) => "publish restart".into(),
+        Command::Publish(Directive::Stop { .. }) => "publish stop".into(),
+        Command::Stop { signal, .. } => format!("stop {}", super::signal_name(*signal)),
+        Command::Kill { .. } => "kill".into(),
+        Command::Gate { .. } => "gate".into(),
+        Command::LeaveJob { .. } => "leave".into(),
+        Command::Reap => "reap".into(),
+        Command::Rendezvous { restart_count } => format!("rendezvous {restart_count}"),
+        Command::Start { plan, .. } => format!("start {}", plan.restart_count),
+        Command::Finish(f) => format!("finish {}", f.code),
+    })
+}
+
+/// The first attempt's steps: begin, agree on attempt 0, start pids 100/101.
+fn first_attempt() -> Vec<(u64, Input, &'static [&'static str])> {
+    vec![
+        (0, Input::Begin, &["rendezvous 0"]),
+        (1, Input::Agreed(plan(0)), &["start 0"]),
+        (2, started(plan(0), 100, 2), &[]),
+    ]
+}
+
+/// The restart path after a decision: stopped, gated, agreed, started
+/// (attempt `n`, pids `base`..).
+fn restart_path(t: u64, n: u32, base: i32) -> Vec<(u64, Input, &'static [&'static str])> {
+    let rendezvous: &'static [&'static str] = match n {
+        1 => &["reap", "rendezvous 1"],
+        2 => &["reap", "rendezvous 2"],
+        _ => &["reap", "rendezvous 3"],
+    };
+    let start: &'static [&'static str] = match n {
+        1 => &["start 1"],
+        2 => &["start 2"],
+        _ => &["start 3"],
+    };
+    vec![
+        (t, stopped(), &["gate"]),
+        (t + 10, Input::Gated(GateVerdict::Pass), rendezvous),
+        (t + 11, Input::Agreed(plan(n)), start),
+        (t + 12, started(plan(n), base, t + 12), &[]),
+    ]
+}
+
+fn with(
+    mut a: Vec<(u64, Input, &'static [&'static str])>,
+    b: Vec<(u64, Input, &'static [&'static str])>,
+) -> Vec<(u64, Input, &'static [&'static str])> {
+    a.extend(b);
+    a
+}
+
+fn scenarios() -> Vec<Scenario> {
+    vec![
+        Scenario {
+            name: "teardown: a rank aborts after its training, the other exits 0: success",
+            limits: limits(),
+            steps: with(
+                first_attempt(),
+                vec![
+                    (1000, abort(1, 0, 100, None), &[]),
+                    // The agent's decision about the abort is held back.
+                    (
+                        1200,
+                        decision("inc-1", 0, 1001, Action::RestartInJob, 0),
+                        &[],
+                    ),
+                    (1500, exit(1, 1, 101, 0), &["finish 0"]),
+                ],
+            ),
+            expect: End {
+                code: Some(0),
+                outcome: "succeeded (rank 0 failed in its teardown (signal 6 (SIGABRT)): SIGABRT with no Python traceback",
+                records: 1,
+                ended: "every other worker exited 0; a teardown failure",
+                says: &[
+                    "rank 0 (pid 100) failed after its training ended",
+                    "inc-1 (restart_in_job): not acted on, the job's training had ended",
+                    "every other worker exited 0: the job succeeded",
+                ],
+                ..End::default()
+            },
+        },
+        Scenario {
+            name: "teardown: a client that deregistered dies after the other exited 0: success",
+            limits: limits(),
+            steps: with(
+                first_attempt(),
+                vec![
+                    (1000, exit(1, 1, 101, 0), &[]),
+                    (
+                        1100,
+                        Input::WorkerExit(WorkerExit {
+                            generation: 1,
+                            rank: 0,
+                            pid: 100,
+                            exit: Some(Exit::Code(1)),
+                            registered: true,
+                            deregistered: true,
+                            traceback: None,
+                        }),
+                        &["finish 0"],
+                    ),
+                ],
+            ),
+            expect: End {
+                code: Some(0),
+                outcome: "succeeded (rank 0 failed in its teardown (exit code 1): its client had deregistered cleanly",
+                records: 1,
+                ended: "a teardown failure",
+                ..End::default()
+            },
+        },
+        Scenario {
+            name: "no teardown: an abort, then the other rank fails: the held decision restarts",
+            limits: limits(),
+            steps: with(
+                with(
+                    first_attempt(),
+                    vec![
+                        (1000, abort(1, 0, 100, None), &[]),
+                        (
+                            1200,
+                            decision("inc-1", 0, 1001, Action::RestartInJob, 0),
+                            &[],
+                        ),
+                        (
+                            1300,
+                            exit(1, 1, 101, 1),
+                            &["publish restart", "stop SIGTERM"],
+                        ),
+                    ],
+                ),
+                with(
+                    restart_path(7000, 1, 200),
+                    vec![
+                        (9000, exit(2, 0, 200, 0), &[]),
+                        (9001, exit(2, 1, 201, 0), &["finish 0"]),
+                    ],
+                ),
+            ),
+            expect: End {
+                code: Some(0),
+                outcome: "succeeded after 1 in-job restart",
+                restarts: 1,
+                local_restarts: 1,
+                records: 2,
+                ended: "every worker exited 0",
+                says: &[
+                    "rank 0 (pid 100) failed after its training ended",
+                    "rank 0's failure is handled as a failure",
+                    "restarting in job (restart 1)",
+                ],
+                ..End::default()
+            },
+        },
+        Scenario {
+            name: "no teardown: an abort with a traceback is a failure like any other",
+            limits: limits(),
+            steps: with(
+                with(
+                    first_attempt(),
+                    vec![
+                        (1000, abort(1, 0, 100, Some("RuntimeError")), &[]),
+                        (
+                            1200,
+                            decision("inc-1", 0, 1001, Action::RestartInJob, 0),
+                            &["publish restart", "stop SIGTERM"],
+                        ),
+                    ],
+                ),
+                with(
+                    restart_path(7000, 1, 200),
+                    vec![
+                        (9000, exit(2, 0, 200, 0), &[]),
+                        (9001, exit(2, 1, 201, 0), &["finish 0"]),
+                    ],
+                ),
+            ),
+            expect: End {
+                code: Some(0),
+                outcome: "succeeded after 1 in-job restart",
+                restarts: 1,
+                local_restarts: 1,
+                records: 2,
+                ended: "every worker exited 0",
+                says: &[
+                    "rank 0 (pid 100) failed: signal 6 (SIGABRT); waiting for the agent's diagnosis",
+                ],
+                ..End::default()
+            },
+        },
+        Scenario {
+            name: "no teardown: the other rank outlives the decision timeout",
+            limits: limits(),
+            steps: with(
+                with(
+                    first_attempt(),
+                    vec![
+                        (1000, abort(1, 0, 100, None), &[]),
+                        (
+                            1200,
+                            decision("inc-1", 0, 1001, Action::RestartInJob, 0),
+                            &[],
+                        ),
+                        (3000, Input::Deadline, &[]),
+                        (6000, Input::Deadline, &["publish restart", "stop SIGTERM"]),
+                    ],
+                ),
+                with(
+                    restart_path(7000, 1, 200),
+                    vec![
+                        (9000, exit(2, 0, 200, 0), &[]),
+                        (9001, exit(2, 1, 201, 0), &["finish 0"]),
+                    ],
+                ),
+            ),
+            expect: End {
+                code: Some(0),
+                outcome: "succeeded after 1 in-job restart",
+                restarts: 1,
+                local_restarts: 1,
+                records: 2,
+                ended: "every worker exited 0",
+                says: &["rank 0's failure is handled as a failure"],
+                ..End::default()
+            },
+        },
+        Scenario {
+            name: "crash: restarted in job, then every worker exits 0",
+            limits: limits(),
+            steps: with(
+                with(
+                    first_attempt(),
+                    vec![
+                        (50, Input::AllRegistered, &[]),
+                        (1000, exit(1, 1, 101, 1), &[]),
+                        (
+                            1200,
+                            decision("inc-1", 0, 1001, Action::RestartInJob, 0),
+                            &["publish restart", "stop SIGTERM"],
+                        ),
+                    ],
+                ),
+                with(
+                    restart_path(1300, 1, 200),
+                    vec![
+                        (1400, Input::AllRegistered, &[]),
+                        (5000, exit(2, 0, 200, 0), &[]),
+                        (5001, exit(2, 1, 201, 0), &["finish 0"]),
+                    ],
+                ),
+            ),
+            expect: End {
+                code: Some(0),
+                outcome: "succeeded after 1 in-job restart",
+                restarts: 1,
+                local_restarts: 1,
+                records: 2,
+                ended: "every worker exited 0",
+                says: &[
+                    "attempt 0: all 2 workers registered with the agent (0.05s after start)",
+                    "rank 1 (pid 101) failed: exit code 1; waiting for the agent's diagnosis",
+                    "agent: inc-1 (crash): infra_transient 90%",
+                    "restarting in job (restart 1): stopping the workers",
+                    "attempt 1: workers started 0.31s after the failure",
+                    "attempt 1: all 2 workers registered with the agent, 0.40s after the failure",
+                ],
+                ..End::default()
+            },
+        },
+        Scenario {
+            name: "user error: the agent stops the job with the rank's own status",
+            limits: limits(),
+            steps: with(
+                first_attempt(),
+                vec![
+                    (1000, exit(1, 0, 100, 3), &[]),
+                    (1001, exit(1, 1, 101, 1), &[]),
+                    (
+                        1200,
+                        decision("inc-1", 0, 1001, Action::Stop, 3),
+                        &["finish 3"],
+                    ),
+                ],
+            ),
+            expect: End {
+                code: Some(3),
+                outcome: "stopped on the agent's diagnosis: infra_transient",
+                job_failed: true,
+                records: 1,
+                ended: "rank 0 failed (exit code 3); stopped on inc-1's decision",
+                says: &["rank 1 (pid 101) failed too: exit code 1"],
+                ..End::default()
+            },
+        },
+        Scenario {
+            name: "repeat at the same step: restarted once, then the agent stops",
+            limits: limits(),
+            steps: with(
+                with(
+                    with(
+                        first_attempt(),
+                        vec![
+                            (1000, exit(1, 0, 100, 1), &[]),
+                            (
+                                1100,
+                                decision("inc-1", 0, 1001, Action::RestartInJob, 0),
+                                &["publish restart", "stop SIGTERM"],
+                            ),
+                        ],
+                    ),
+                    restart_path(1200, 1, 200),
+                ),
+                vec![
+                    // The first incident's decision again (a replay after a
+                    // reconnect): seen once.
+                    (
+                        1300,
+                        decision("inc-1", 0, 1001, Action::RestartInJob, 0),
+                        &[],
+                    ),
+                    (3000, exit(2, 0, 200, 1), &[]),
+                    (
+                        3100,
+                        decision("inc-2", 0, 3001, Action::Stop, 1),
+                        &["finish 1"],
+                    ),
+                ],
+            ),
+            expect: End {
+                code: Some(1),
+                outcome: "stopped on the agent's diagnosis",
+                job_failed: true,
+                restarts: 1,
+                local_restarts: 1,
+                records: 2,
+                ended: "rank 0 failed (exit code 1); stopped on inc-2's decision",
+                ..End::default()
+            },
+        },
+        Scenario {
+            name: "budget spent: --max-restarts 1 refuses the second restart",
+            limits: Limits {
+                max_restarts: Some(1),
+                ..limits()
+            },
+            steps: with(
+                with(
+                    with(
+                        first_attempt(),
+                        vec![
+                            (1000, exit(1, 0, 100, 1), &[]),
+                            (
+                                1100,
+                                decision("inc-1", 0, 1001, Action::RestartInJob, 0),
+                                &["publish restart", "stop SIGTERM"],
+                            ),
+                        ],
+                    ),
+                    restart_path(1200, 1, 200),
+                ),
+                vec![
+                    (3000, exit(2, 0, 200, 1), &[]),
+                    (
+                        3100,
+                        decision("inc-2", 0, 3001, Action::RestartInJob, 0),
+                        &["finish 87"],
+                    ),
+                ],
+            ),
+            expect: End {
+                code: Some(87),
+                outcome: "failed: --max-restarts 1 spent",
+                job_failed: true,
+                restarts: 1,
+                local_restarts: 1,
+                records: 2,
+                ended: "restart refused (--max-restarts 1)",
+                says: &[
+                    "restarting in job (restart 1 of at most 1): stopping the workers",
+                    "--max-restarts 1 reached: not restarting again",
+                ],
+                ..End::default()
+            },
+        },
+        Scenario {
+            name: "budget spent: no decision, the launcher's own restarts run out",
+            limits: Limits {
+                fallback_budget: 1,
+                ..limits()
+            },
+            steps: with(
+                with(
+                    with(
+                        first_attempt(),
+                        vec![
+                            (1000, exit(1, 0, 100, 1), &[]),
+                            // Not yet: the decision timeout is 5 s.
+                            (1500, Input::Deadline, &[]),
+                            (6000, Input::Deadline, &["publish restart", "stop SIGTERM"]),
+                        ],
+                    ),
+                    restart_path(6100, 1, 200),
+                ),
+                vec![
+                    (
+                        7000,
+                        Input::WorkerExit(WorkerExit {
+                            generation: 2,
+                            rank: 1,
+                            pid: 201,
+                            exit: Some(Exit::Signal(9)),
+                            registered: false,
+                            deregistered: false,
+                            traceback: None,
+                        }),
+                        &[],
+                    ),
+                    // Unregistered: 300 ms, not the decision timeout.
+                    (7300, Input::Deadline, &["finish 87"]),
+                ],
+            ),
+            expect: End {
+                code: Some(87),
+                outcome: "failed: 1 restart decided without the agent spent (the policy's unknown budget)",
+                job_failed: true,
+                restarts: 1,
+                local_restarts: 1,
+                fallback_used: 1,
+                records: 2,
+                ended: "rank 1 failed: signal 9",
+                says: &[
+                    "no decision from the agent within 5.0s for rank 0's failure (exit code 1): class unknown",
+                    "it had not registered with the agent",
+                    "before registering with the agent, which has nothing to diagnose",
+                ],
+            },
+        },
+        Scenario {
+            name: "cordon: this node is at fault, the coordinator's status (86)",
+            limits: limits(),
+            steps: with(
+                first_attempt(),
+                vec![
+                    (1000, exit(1, 0, 100, 1), &[]),
+                    (
+                        1100,
+                        decision("inc-1", 0, 1001, Action::Cordon, 0),
+                        &["leave"],
+                    ),
+                    (1150, Input::NodeFault { exit_code: 86 }, &["finish 86"]),
+                ],
+            ),
+            expect: End {
+                code: Some(86),
+                outcome: "this node is at fault (cordon): the failure of inc-1; run the job elsewhere",
+                records: 1,
+                ended: "cordon on inc-1's decision",
+                ..End::default()
+            },
+        },
+        Scenario {
+            name: "spare: a standby host waits without workers until a round gives it a place",
+            limits: across_hosts(),
+            steps: vec![
+                (0, Input::Begin, &["rendezvous 0"]),
+                (1, Input::Agreed(standby(0)), &["start 0"]),
+                (2, started(standby(0), 0, 2), &[]),
+                (
+                    5000,
+                    Input::Round(Remote::NewRound {
+                        reason: "host b lost".into(),
+                    }),
+                    &["gate"],
+                ),
+                (
+                    5010,
+                    Input::Gated(GateVerdict::Pass),
+                    &["reap", "rendezvous 0"],
+                ),
+                (5020, Input::Agreed(plan(0)), &["start 0"]),
+                (5030, started(plan(0), 300, 5030), &[]),
+                (9000, exit(2, 0, 300, 0), &[]),
+                (9001, exit(2, 1, 301, 0), &["finish 0"]),
+            ],
+            expect: End {
+                code: Some(0),
+                outcome: "succeeded",
+                records: 1,
+                ended: "every worker exited 0",
+                says: &[
+                    "new round across hosts: host b lost",
+                    "waiting for the job's next round",
+                    "attempt 0: workers started 0.03s after the new round",
+                ],
+                ..End::default()
+            },
+        },
+        Scenario {
+            name: "scale down and up: two rounds other hosts caused, not counted",
+            limits: Limits {
+                max_restarts: Some(0),
+                ..across_hosts()
+            },
+            steps: with(
+                with(
+                    with(
+                        first_attempt(),
+                        vec![(
+                            2000,
+                            Input::Round(Remote::NewRound {
+                                reason: "host c cordoned".into(),
+                            }),
+                            &["stop SIGTERM"],
+                        )],
+                    ),
+                    restart_path(2100, 1, 200),
+                ),
+                with(
+                    vec![(
+                        4000,
+                        Input::Round(Remote::NewRound {
+                            reason: "host c back".into(),
+                        }),
+                        &["stop SIGTERM"],
+                    )],
+                    with(
+                        restart_path(4100, 2, 300),
+                        vec![(
+                            6000,
+                            Input::Round(Remote::Stop {
+                                exit_code: 1,
+                                reason: "the job failed on host d".into(),
+                            }),
+                            &["finish 1"],
+                        )],
+                    ),
+                ),
+            ),
+            expect: End {
+                code: Some(1),
+                outcome: "stopped across hosts: the job failed on host d",
+                restarts: 2,
+                records: 3,
+                ended: "stopped across hosts",
+                says: &[
+                    "stopping the workers for the new round",
+                    "attempt 1: workers started 0.11s after the new round",
+                    "stopping the workers for the new round",
+                    "stopping: the job failed on host d",
+                ],
+                ..End::default()
+            },
+        },
+        Scenario {
+            name: "in-process escalation: live ranks left alone, then the escalation restarts in job",
+            limits: limits(),
+            steps: with(
+                with(
+                    first_attempt(),
+                    vec![
+                        (
+                            1000,
+                            decision("hang-1", 0, 1000, Action::RestartInProcess, 0),
+                            &[],
+                        ),
+                        (
+                            1500,
+                            decision("hang-1", 1, 1000, Action::RestartInJob, 0),
+                            &["publish restart", "stop SIGTERM"],
+                        ),
+                    ],
+                ),
+                restart_path(1600, 1, 200),
+            ),
+            expect: End {
+                restarts: 1,
+                local_restarts: 1,
+                says: &[
+                    "the agent restarts the ranks in process; the launcher leaves the workers running",
+                    "restarting in job (restart 1): stopping the workers",
+                ],
+                ..End::default()
+            },
+        },
+        Scenario {
+            name: "in-process on a dead worker: the launcher restarts in job at once",
+            limits: limits(),
+            steps: with(
+                with(
+                    first_attempt(),
+                    vec![
+                        (1000, exit(1, 1, 101, 1), &[]),
+                        (
+                            1100,
+                            decision("inc-1", 0, 1001, Action::RestartInProcess, 0),
+                            &["publish restart", "stop SIGTERM"],
+                        ),
+                    ],
+                ),
+                restart_path(1200, 1, 200),
+            ),
+            expect: End {
+                restarts: 1,
+                local_restarts: 1,
+                says: &[
+                    "rank 1's process is gone (exit code 1): an in-process restart cannot bring it back; : restarting in job",
+                ],
+                ..End::default()
+            },
+        },
+        Scenario {
+            name: "signals: the first stops gracefully, the second kills",
+            limits: limits(),
+            steps: with(
+                first_attempt(),
+                vec![
+                    (1000, Input::Signal(SIGINT), &["stop SIGINT"]),
+                    (1100, Input::Signal(SIGINT), &["kill"]),
+                    (1200, stopped(), &["finish 130"]),
+                    (1300, Input::Signal(SIGTERM), &["kill"]),
+                ],
+            ),
+            expect: End {
+                code: Some(130),
+                outcome: "stopped on SIGINT",
+                records: 1,
+                ended: "stopped on SIGINT",
+                says: &[
+                    "got SIGINT: forwarding it to the workers and stopping them (grace 10s; send it again to kill at once)",
+                ],
+                ..End::default()
+            },
+        },
+        Scenario {
+            name: "signal during the backoff: the job ends, the workers already stopped",
+            limits: limits(),
+            steps: with(
+                first_attempt(),
+                vec![
+                    (1000, exit(1, 0, 100, 1), &[]),
+                    (
+                        1100,
+                        backoff(
+                            decision("inc-1", 0, 1001, Action::RestartInJob, 0),
+                            Duration::from_secs(30),
+                        ),
+                        &["publish restart", "stop SIGTERM"],
+                    ),
+                    (1200, stopped(), &["gate"]),
+                    (
+                        1300,
+                        Input::Gated(GateVerdict::Unchecked("no agent".into())),
+                        &[],
+                    ),
+                    (2000, Input::Deadline, &[]),
+                    (3000, Input::Signal(SIGTERM), &["finish 143"]),
+                ],
+            ),
+            expect: End {
+                code: Some(143),
+                outcome: "stopped on SIGTERM",
+                local_restarts: 1,
+                records: 1,
+                ended: "stopped on SIGTERM during the backoff",
+                says: &[
+                    "health gate not checked: no agent",
+                    "backing off 30s before the restart (policy)",
+                ],
+                ..End::default()
+            },
+        },
+        Scenario {
+            name: "health gate refused: this node leaves the job",
+            limits: limits(),
+            steps: with(
+                first_attempt(),
+                vec![
+                    (1000, exit(1, 0, 100, 1), &[]),
+                    (
+                        1100,
+                        decision("inc-1", 0, 1001, Action::RestartInJob, 0),
+                        &["publish restart", "stop SIGTERM"],
+                    ),
+                    (1200, stopped(), &["gate"]),
+                    (
+                        1300,
+                        Input::Gated(GateVerdict::Refused("GPU 0 FAILED".into())),
+                        &["leave"],
+                    ),
+                    (1400, Input::NodeFault { exit_code: 86 }, &["finish 86"]),
+                ],
+            ),
+            expect: End {
+                code: Some(86),
+                outcome: "this node is at fault (health gate: GPU 0 FAILED)",
+                local_restarts: 1,
+                records: 1,
+                ended: "restart refused by the health gate",
+                says: &["pre-restart health gate refused: GPU 0 FAILED"],
+                ..End::default()
+            },
+        },
+        Scenario {
+            name: "continue: a failure the agent lets stand fails the job when the others finish",
+            limits: limits(),
+            steps: with(
+                first_attempt(),
+                vec![
+                    (1000, exit(1, 1, 101, 2), &[]),
+                    (1100, decision("inc-1", 0, 1001, Action::Continue, 0), &[]),
+                    // An exit of an earlier generation is not this attempt's.
+                    (1200, exit(0, 0, 100, 0), &[]),
+                    (2000, exit(1, 0, 100, 0), &["finish 2"]),
+                ],
+            ),
+            expect: End {
+                code: Some(2),
+                outcome: "failed (a failure the agent let stand)",
+                job_failed: true,
+                records: 1,
+                ended: "rank 1 failed (exit code 2); the other workers finished",
+                ..End::default()
+            },
+        },
+        Scenario {
+            name: "stale and old decisions: about a stopped attempt, or before this launcher",
+            limits: limits(),
+            steps: with(
+                with(
+                    with(
+                        first_attempt(),
+                        vec![
+                            (1000, exit(1, 0, 100, 1), &[]),
+                            (
+                                1100,
+                                decision("inc-1", 0, 1001, Action::RestartInJob, 0),
+                                &["publish restart", "stop SIGTERM"],
+                            ),
+                        ],
+                    ),
+                    restart_path(1200, 1, 200),
+                ),
+                vec![
+                    // Another incident of the stopped attempt: already done.
+                    (
+                        1500,
+                        decision("inc-0", 0, 1002, Action::RestartInJob, 0),
+                        &[],
+                    ),
+                    // One from an earlier run of the job: not printed.
+                    (
+                        1600,
+                        Input::Decision(Box::new(Decision {
+                            opened: SystemTime::UNIX_EPOCH,
+                            ..match decision("old", 0, 0, Action::Stop, 1) {
+                                Input::Decision(d) => *d,
+                                _ => unreachable!(),
+                            }
+                        })),
+                        &[],
+                    ),
+                ],
+            ),
+            expect: End {
+                restarts: 1,
+                local_restarts: 1,
+                says: &["[about an earlier attempt: already handled]"],
+                ..End::default()
+            },
+        },
+        Scenario {
+            name: "rendezvous lost: the hosts could not agree on the first attempt",
+            limits: across_hosts(),
+            steps: vec![
+                (0, Input::Begin, &["rendezvous 0"]),
+                (
+                    30_000,
+                    Input::NoRound {
+                        exit_code: 1,
+                        message: "no round within 30s".into(),
+                        error: "coordination: no round within 30s".into(),
+                    },
+                    &["finish 1"],
+                ),
+            ],
+            expect: End {
+                code: Some(1),
+                outcome: "failed: coordination: no round within 30s",
+                job_failed: true,
+                records: 1,
+                ended: "not started",
+                says: &["the hosts could not agree on the next attempt"],
+                ..End::default()
+            },
+        },
+        Scenario {
+            name: "a signal while waiting for the round",
+            limits: across_hosts(),
+            steps: vec![
+                (0, Input::Begin, &["rendezvous 0"]),
+                (100, Input::Signal(SIGTERM), &["finish 143"]),
+            ],
+            expect: End {
+                code: Some(143),
+                outcome: "stopped on SIGTERM",
+                records: 1,
+                ended: "stopped on SIGTERM waiting for the job's round",
+                ..End::default()
+            },
+        },
+    ]
+}
+
+#[test]
+fn recorded_scenarios_replay() {
+    for s in scenarios() {
+        let mut state = JobState::new(s.limits.clone(), at(0));
+        let mut says = Vec::new();
+        let mut finish = None;
+        for (i, (t, input, want)) in s.steps.into_iter().enumerate() {
+            let commands = state.step(input, at(t));
+            let got: Vec<String> = commands.iter().filter_map(short).collect();
+            assert_eq!(got, want, "{}: step {i} (t={t} ms)", s.name);
+            for c in commands {
+                match c {
+                    Command::Say(text) => says.push(text),
+                    Command::Finish(f) => finish = Some(f),
+                    _ => {}
+                }
+            }
+        }
+        let e = &s.expect;
+        let mut from = 0;
+        for want in e.says {
+            let found = says[from..].iter().position(|l| l.contains(want));
+            assert!(
+                found.is_some(),
+                "{}: no console line with {want:?} after line {from} in {says:#?}",
+                s.name
+            );
+            from += found.unwrap_or(0) + 1;
+        }
+        assert_eq!(state.restarts, e.restarts, "{}: restarts", s.name);
+        assert_eq!(
+            state.local_restarts, e.local_restarts,
+            "{}: local restarts",
+            s.name
+        );
+        assert_eq!(state.fallback_used, e.fallback_used, "{}: fallback", s.name);
+        match (e.code, finish) {
+            (None, None) => assert_eq!(state.listen(), Listen::Everything, "{}", s.name),
+            (Some(code), Some(f)) => {
+                assert_eq!(f.code, code, "{}: exit status", s.name);
+                assert!(
+                    f.outcome.contains(e.outcome),
+                    "{}: outcome {:?}",
+                    s.name,
+                    f.outcome
+                );
+                assert_eq!(f.job_failed, e.job_failed, "{}: job failed", s.name);
+                let records = state.records(at(100_000));
+                assert_eq!(records.len(), e.records, "{}: records", s.name);
+                let last = records.last().map(|r| r.ended.as_str()).unwrap_or("");
+                assert!(last.contains(e.ended), "{}: ended {last:?}", s.name);
+            }
+            (want, got) => panic!("{}: finish {want:?}, got {got:?}", s.name),
+        }
+    }
+}
+
+#[test]
+fn a_restart_records_its_timing() {
+    let mut state = JobState::new(limits(), at(0));
+    let steps = with(
+        with(
+            first_attempt(),
+            vec![
+                (1000, exit(1, 0, 100, 1), &[]),
+                (
+                    1200,
+                    decision("inc-1", 0, 1001, Action::RestartInJob, 0),
+                    &[],
+                ),
+            ],
+        ),
+        restart_path(1500, 1, 200),
+    );
+    for (t, input, _) in steps {
+        state.step(input, at(t));
+    }
+    state.step(Input::AllRegistered, at(2000));
+    let r = state.history[0].restart.clone().unwrap_or_default();
+    assert_eq!(r.decision_ms, 200.0);
+    assert_eq!(r.stop_ms, 300.0);
+    assert_eq!(r.gate_ms, 10.0);
+    assert_eq!(r.backoff_ms, 0.0);
+    assert_eq!(r.spawn_ms, 512.0);
+    assert_eq!(r.registered_ms, Some(1000.0));
+    assert_eq!(
+        state.history[0].ended,
+        "rank 0 failed (exit code 1); restarted in job"
+    );
+    assert_eq!(state.deadline(), None);
+}

@@ -1,0 +1,1048 @@
+//! The supervision loop's executor: start the attempt's workers, watch them
+//! and the agent's decisions about the job, and carry out what the
+//! launcher's state machine ([`super::machine`]) decides.
+//!
+//! In: the job, the agent link, the coordinator, the console, the signals.
+//! Out: the machine's inputs (worker exits read from pidfds, decisions
+//! decoded from WatchIncidents, registrations from WatchEvents, deadlines,
+//! signals, the other hosts' rounds, and the answers to its commands), and
+//! its commands carried out (spawning, StopRanks and the stop sweep, the
+//! GPU release and health gate, etcd, printing); the summary. Never: decide
+//! (what to do about any input is the machine's).
+//!
+//! What the machine decides, in short:
+//!
+//! - Every worker exits 0: the job succeeded (0).
+//! - A worker fails: the launcher knows its status at once (pidfd, then
+//!   `waitid(WNOWAIT)`: the zombie stays for the agent to read) and waits
+//!   for the agent's decision (WatchIncidents; the agent settles for
+//!   `attribution.settle`, ~200 ms). No decision within `--decision-timeout`
+//!   (a worker that died before registering: the agent has no rank to
+//!   attribute; an agent that is down) is class unknown: an in-job restart
+//!   within `--max-restarts`, else the policy's `unknown` budget.
+//! - `restart_in_job`: StopRanks (their exits are then no incidents), stop
+//!   every process of the job (SIGTERM to each worker's process group, SIGKILL
+//!   after `--stop-grace`, orphans found and reaped), wait for the GPUs to
+//!   release them, pass the health gate, wait the decision's backoff, and
+//!   start the next attempt with the restart count + 1.
+//! - `stop`: stop the workers, print the diagnosis, exit with the
+//!   decision's status (a user error: the rank's own code).
+//! - `cordon`, `scale_down`: this node is at fault: the coordinator says
+//!   what that means (one host: stop and exit 86; across hosts: leave the
+//!   job, then exit 86).
+//! - `restart_in_process`: the agent's to carry out (through the ranks'
+//!   clients); the launcher keeps its hands off the live workers. A
+//!   superseding `restart_in_job` (the agent's escalation when the ranks do
+//!   not acknowledge) is acted on. A worker whose process is gone cannot come
+//!   back in process (the agent counts it as its launcher's to restart), so
+//!   with a failed worker the launcher restarts in job at once.
+//! - `continue`: nothing.
+//! - SIGINT/SIGTERM/SIGHUP: forwarded to the workers' process groups, a
+//!   graceful stop, exit 128+N; a second one kills at once.
+//!
+//! Across hosts (the coordinator's part): every attempt is planned by a
+//! rendezvous (the job's round: node rank or none, world size, rank 0's
+//! address); a local restart is published first, so every host restarts
+//! in the same round; a round another host caused (a restart, a host lost,
+//! cordoned or back, a spare taken in) stops the local workers as a
+//! restart does (StopRanks first) and starts them on the new round, without
+//! counting against `--max-restarts`; a host with no place in the round
+//! (a standby spare) runs no workers until a round gives it one; the job's
+//! end is published (the others stop with a failed job's status).
+
+use std::collections::{HashSet, VecDeque};
+use std::path::PathBuf;
+use std::time::{Duration, Instant, SystemTime};
+
+use nix::sys::signal::Signal;
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use warden_proto::v1 as pb;
+
+use super::agent::{self, AgentLink, Seen};
+use super::env::WorkerEnv;
+use super::exit::{IncidentBrief, Summary};
+use super::gate::{self, Gate, GpuRelease};
+use super::hosts::{AttemptPlan, Coordinator, Directive, LocalOnly, NodeFault, Remote};
+use super::machine::{
+    Action, Command, Decision, Finish, GateVerdict, Input, JobState, Limits, Listen, Now, Started,
+    StopKind, WorkerExit,
+};
+use super::output::{self, Console, Stream};
+use super::spawn::{self, Exit};
+use super::zero_code;
+
+/// How long exited workers stay zombies, at most, waiting for the agent to
+/// report them (it reads their status from the zombie).
+const REAP_WAIT: Duration = Duration::from_secs(1);
+/// How long a failed worker's stderr may take to close after its exit,
+/// for its last traceback (a child that inherited the pipe keeps it open).
+const STDERR_DRAIN: Duration = Duration::from_millis(500);
+/// How long a worker's output may keep flowing after the job ended.
+const OUTPUT_DRAIN: Duration = Duration::from_secs(2);
+/// How long StopRanks may take before the launcher stops the workers anyway.
+const STOP_RANKS_TIMEOUT: Duration = Duration::from_secs(1);
+/// Processes that survive SIGKILL this long (uninterruptible sleep) are
+/// reported and left.
+const KILL_WAIT: Duration = Duration::from_secs(10);
+
+/// What the supervisor runs.
+#[derive(Debug, Clone)]
+pub struct Job {
+    /// The job's id.
+    pub id: String,
+    /// The argv of every worker.
+    pub argv: Vec<String>,
+    /// Their working directory.
+    pub cwd: PathBuf,
+    /// `<log-dir>/<job>`.
+    pub log_root: PathBuf,
+    /// Workers on this node.
+    pub nproc_per_node: u32,
+    /// Nodes in the job.
+    pub nnodes: u32,
+    /// This node's rank.
+    pub node_rank: u32,
+    /// ROLE_NAME.
+    pub role: String,
+    /// Rank 0's address.
+    pub master_addr: String,
+    /// A fixed store port; None: a free one per attempt.
+    pub master_port: Option<u16>,
+    /// `--max-restarts`.
+    pub max_restarts: Option<u32>,
+    /// Restarts the launcher may decide alone (no decision from the agent).
+    pub fallback_budget: u32,
+    /// SIGTERM to SIGKILL.
+    pub stop_grace: Duration,
+    /// How long a failure waits for the agent's decision.
+    pub decision_timeout: Duration,
+    /// The GPU release wait's bound.
+    pub gpu_release_timeout: Duration,
+}
+
+/// SIGINT, SIGTERM and SIGHUP, installed before anything is started.
+#[derive(Debug)]
+pub struct Signals {
+    int: tokio::signal::unix::Signal,
+    term: tokio::signal::unix::Signal,
+    hup: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    /// Installs the handlers: from now on these signals reach the launcher
+    /// as events instead of killing it.
+    pub fn install() -> std::io::Result<Self> {
+        use tokio::signal::unix::{SignalKind, signal};
+        Ok(Self {
+            int: signal(SignalKind::interrupt())?,
+            term: signal(SignalKind::terminate())?,
+            hup: signal(SignalKind::hangup())?,
+        })
+    }
+
+    /// The next signal received.
+    pub async fn recv(&mut self) -> i32 {
+        tokio::select! {
+            _ = self.int.recv() => libc::SIGINT,
+            _ = self.term.recv() => libc::SIGTERM,
+            _ = self.hup.recv() => libc::SIGHUP,
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Worker {
+    rank: u32,
+    pid: i32,
+    pumps: Vec<JoinHandle<()>>,
+}
+
+#[derive(Debug)]
+struct ExitNote {
+    /// The attempt's generation ([`Command::Start`]'s).
+    generation: u64,
+    rank: u32,
+    pid: i32,
+    exit: Option<Exit>,
+    /// The type of the last exception its stderr showed.
+    traceback: Option<String>,
+}
+
+enum Ev {
+    Exit(ExitNote),
+    Decision(Box<pb::Incident>),
+    DecisionsClosed,
+    Deadline,
+    Seen,
+    SeenClosed,
+    Signal(i32),
+    Remote(Remote),
+}
+
+/// What carrying out one command led to.
+// One value per command, moved once: its size costs nothing worth a box.
+#[allow(clippy::large_enum_variant)]
+enum Done {
+    /// Nothing to tell the machine.
+    Nothing,
+    /// The command's answer, the machine's next input.
+    Answer(Input),
+    /// The job ended.
+    Finished(Summary),
+}
+
+/// Runs the job to its end; returns the summary (its `exit_code` is the
+/// launcher's exit status).
+pub async fn run<C: Coordinator>(
+    job: Job,
+    link: &AgentLink,
+    coord: C,
+    console: Console,
+    signals: &mut Signals,
+) -> Summary {
+    let stop = CancellationToken::new();
+    let seen = agent::watch_ranks(link.client.clone(), job.id.clone(), stop.clone()).await;
+    let decisions = agent::watch_decisions(link.client.clone(), job.id.clone(), stop.clone());
+    let (exits_tx, exits_rx) = mpsc::unbounded_channel();
+    let (peers_tx, peers_rx) = watch::channel(Vec::new());
+    agent::keep_peers(link.client.clone(), job.id.clone(), peers_rx, stop.clone());
+    let now = Now::read();
+    let limits = Limits {
+        max_restarts: job.max_restarts,
+        fallback_budget: job.fallback_budget,
+        decision_timeout: job.decision_timeout,
+        stop_grace: job.stop_grace,
+        nproc_per_node: job.nproc_per_node,
+        coordinator: coord.name().to_owned(),
+        across_hosts: coord.name() != LocalOnly.name(),
+    };
+    let mut sup = Sup {
+        agent_line: link.label(),
+        socket: link.socket.clone(),
+        client: link.client.clone(),
+        nvml_library: link.config.nvml.library.clone(),
+        job,
+        coord,
+        console,
+        signals,
+        seen,
+        seen_open: true,
+        decisions,
+        decisions_open: true,
+        exits_tx,
+        exits_rx,
+        peers_tx,
+        state: JobState::new(limits, now),
+        workers: Vec::new(),
+        started: now.at,
+        reapers: Vec::new(),
+    };
+    let summary = sup.run().await;
+    stop.cancel();
+    summary
+}
+
+/// The executor: carries out the machine's commands and turns what happens
+/// (exits, the agent's streams, signals, the other hosts) into its inputs.
+struct Sup<'a, C> {
+    agent_line: String,
+    socket: PathBuf,
+    client: warden_proto::v1::agent_client::AgentClient<tonic::transport::Channel>,
+    nvml_library: String,
+    job: Job,
+    coord: C,
+    console: Console,
+    signals: &'a mut Signals,
+    seen: watch::Receiver<Seen>,
+    seen_open: bool,
+    decisions: mpsc::Receiver<pb::Incident>,
+    decisions_open: bool,
+    exits_tx: mpsc::UnboundedSender<ExitNote>,
+    exits_rx: mpsc::UnboundedReceiver<ExitNote>,
+    /// The current round's checkpoint peers, handed to the agent again
+    /// now and then ([`agent::keep_peers`]).
+    peers_tx: watch::Sender<agent::CkptPeers>,
+    /// The decisions ([`machine`]).
+    state: JobState,
+    /// The current attempt's processes.
+    workers: Vec<Worker>,
+    started: Instant,
+    /// Background reaping of stopped attempts' zombies.
+    reapers: Vec<JoinHandle<()>>,
+}
+
+impl<C: Coordinator> Sup<'_, C> {
+    async fn run(&mut self) -> Summary {
+        let mut queue = VecDeque::from([Input::Begin]);
+        loop {
+            let input = match queue.pop_front() {
+                Some(i) => i,
+                None => match self.next_input().await {
+                    Some(i) => i,
+                    None => continue,
+                },
+            };
+            for command in self.state.step(input, Now::read()) {
+                match self.execute(command).await {
+                    Done::Nothing => {}
+                    Done::Answer(i) => queue.push_back(i),
+                    Done::Finished(summary) => return summary,
+                }
+            }
+        }
+    }
+
+    /// The next input from the world, as far as the machine listens; None
+    /// for what only changes the executor (a stream closed).
+    async fn next_input(&mut self) -> Option<Input> {
+        let deadline = self.state.deadline();
+        if self.state.listen() != Listen::Everything {
+            return tokio::select! {
+                () = sleep_until(deadline) => Some(Input::Deadline),
+                sig = self.signals.recv() => Some(Input::Signal(sig)),
+            };
+        }
+        let ev = tokio::select! {
+            Some(n) = self.exits_rx.recv() => Ev::Exit(n),
+            d = self.decisions.recv(), if self.decisions_open => match d {
+                Some(i) => Ev::Decision(Box::new(i)),
+                None => Ev::DecisionsClosed,
+            },
+            () = sleep_until(deadline) => Ev::Deadline,
+            r = self.seen.changed(), if self.seen_open => if r.is_ok() { Ev::Seen } else { Ev::SeenClosed },
+            sig = self.signals.recv() => Ev::Signal(sig),
+            d = self.coord.next_remote() => Ev::Remote(d),
+        };
+        match ev {
+            Ev::Exit(n) => {
+                let seen = self.seen.borrow();
+                let pid = u32::try_from(n.pid).ok();
+                let registered = pid.is_some_and(|p| seen.registered.contains_key(&p));
+                let deregistered = pid.is_some_and(|p| seen.deregistered.contains(&p));
+                Some(Input::WorkerExit(WorkerExit {
+                    generation: n.generation,
+                    rank: n.rank,
+                    pid: n.pid,
+                    exit: n.exit,
+                    registered,
+                    deregistered,
+                    traceback: n.traceback,
+                }))
+            }
+            Ev::Decision(inc) => decision_of(&inc).map(|d| Input::Decision(Box::new(d))),
+            Ev::DecisionsClosed => {
+                self.decisions_open = false;
+                None
+            }
+            Ev::Deadline => Some(Input::Deadline),
+            Ev::Seen => {
+                // Their clients (the launcher registers every worker at its
+                // spawn; what the restart's timing measures is the training
+                // code back on the agent).
+                let pids = self.state.unregistered_attempt()?;
+                let seen = self.seen.borrow();
+                pids.iter()
+                    .all(|&p| u32::try_from(p).is_ok_and(|p| seen.self_registered.contains(&p)))
+                    .then_some(Input::AllRegistered)
+            }
+            Ev::SeenClosed => {
+                self.seen_open = false;
+                None
+            }
+            Ev::Signal(sig) => Some(Input::Signal(sig)),
+            Ev::Remote(d) => Some(Input::Round(d)),
+        }
+    }
+
+    /// Carries out one command.
+    async fn execute(&mut self, command: Command) -> Done {
+        match command {
+            Command::Say(text) => self.say(text),
+            Command::Publish(d) => {
+                if let Err(e) = self.coord.publish(&d).await {
+                    self.say(format!("could not tell the other nodes: {e}"));
+                }
+            }
+            Command::Stop {
+                kind,
+                reason,
+                signal,
+            } => {
+                self.stop_ranks(kind, &reason).await;
+                let first = Signal::try_from(signal).unwrap_or(Signal::SIGTERM);
+                let pids = self.stop_workers(first).await;
+                return Done::Answer(Input::Stopped { pids });
+            }
+            // Only ever asked for from within a stop ([`Self::stop_workers`]).
+            Command::Kill { .. } => {}
+            Command::Gate { pids, say_no_nvml } => {
+                return Done::Answer(Input::Gated(self.gate(pids, say_no_nvml).await));
+            }
+            Command::LeaveJob { why } => {
+                let NodeFault::Exit(exit_code) = self.coord.node_fault(&why).await;
+                return Done::Answer(Input::NodeFault { exit_code });
+            }
+            Command::Reap => {
+                let reaper = self.reap_attempt();
+                self.reapers.push(reaper);
+            }
+            Command::Rendezvous { restart_count } => {
+                let proposed = self.plan(restart_count);
+                return Done::Answer(match self.agree(proposed).await {
+                    Ok(plan) => Input::Agreed(plan),
+                    Err(Halt::Coord(e)) => Input::NoRound {
+                        exit_code: e.exit_code,
+                        error: e.to_string(),
+                        message: e.message,
+                    },
+                    Err(Halt::Signal(sig)) => Input::Signal(sig),
+                });
+            }
+            Command::Start { plan, generation } => {
+                return Done::Answer(self.start_attempt(plan, generation));
+            }
+            Command::Finish(f) => return Done::Finished(self.finish(f).await),
+        }
+        Done::Nothing
+    }
+
+    fn say(&self, msg: impl AsRef<str>) {
+        self.console.say(msg);
+    }
+
+    /// This node's plan for attempt `restart_count`, as one host sees it
+    /// (the coordinator's rendezvous may replace all but the count).
+    fn plan(&self, restart_count: u32) -> AttemptPlan {
+        let master_port = self.job.master_port.unwrap_or_else(|| {
+            if self.job.nnodes > 1 {
+                29500
+            } else {
+                free_port(&self.job.master_addr).unwrap_or(29500)
+            }
+        });
+        AttemptPlan {
+            restart_count,
+            master_addr: self.job.master_addr.clone(),
+            master_port,
+            node_rank: Some(self.job.node_rank),
+            nnodes: self.job.nnodes,
+            world_size: self.job.nnodes.saturating_mul(self.job.nproc_per_node),
+            rank_offset: self.job.node_rank.saturating_mul(self.job.nproc_per_node),
+            epoch: None,
+            round: None,
+            ckpt_peers: Vec::new(),
+        }
+    }
+
+    /// The coordinator's rendezvous, given up on a signal.
+    async fn agree(&mut self, proposed: AttemptPlan) -> Result<AttemptPlan, Halt> {
+        let agreed = tokio::select! {
+            r = self.coord.rendezvous(proposed) => r.map_err(Halt::Coord),
+            sig = self.signals.recv() => Err(Halt::Signal(sig)),
+        };
+        if let Ok(plan) = &agreed
+            && *self.peers_tx.borrow() != plan.ckpt_peers
+        {
+            // Before the round's workers start: their first restore asks
+            // the round's other agents.
+            let names: Vec<String> = plan
+                .ckpt_peers
+                .iter()
+                .map(|(h, p)| format!("{h} ({})", p.addr))
+                .collect();
+            match agent::set_peers(&self.client, &self.job.id, &plan.ckpt_peers).await {
+                Ok(targets) if !names.is_empty() => self.say(format!(
+                    "checkpoint peers of this round: {}; this host's replicas go to {}",
+                    names.join(", "),
+                    if targets.is_empty() { "none (no peer outside this host's failure domain)".to_owned() } else { targets.join(", ") }
+                )),
+                Ok(_) => {}
+                Err(e) => self.say(format!(
+                    "the agent did not take this round's checkpoint peers ({e}); asked again every 10 s"
+                )),
+            }
+            self.peers_tx.send_replace(plan.ckpt_peers.clone());
+        }
+        agreed
+    }
+
+    /// Starts the plan's workers (none for a standby attempt); answers what
+    /// started.
+    fn start_attempt(&mut self, plan: AttemptPlan, generation: u64) -> Input {
+        let n = plan.restart_count;
+        if let Some(round) = &plan.round {
+            self.say(round);
+        }
+        let at = Instant::now();
+        let wall = SystemTime::now();
+        let Some(node_rank) = plan.node_rank else {
+            self.workers = Vec::new();
+            self.say("no place in this round: no workers on this host until a round gives it one");
+            return Input::Started(Box::new(Started {
+                plan,
+                workers: Vec::new(),
+                at,
+                wall,
+                error: None,
+            }));
+        };
+        let dir = self.job.log_root.join(format!("attempt_{n}"));
+        if let Err(e) = std::fs::create_dir_all(&dir) {
+            return Input::StartFailed(format!("cannot create {}: {e}", dir.display()));
+        }
+        let wenv = WorkerEnv {
+            job_id: self.job.id.clone(),
+            nproc_per_node: self.job.nproc_per_node,
+            nnodes: plan.nnodes,
+            node_rank,
+            rank_offset: plan.rank_offset,
+            world_size: plan.world_size,
+            epoch: plan.epoch,
+            role: self.job.role.clone(),
+            master_addr: plan.master_addr.clone(),
+            master_port: plan.master_port,
+            restart_count: n,
+            max_restarts: self.job.max_restarts.unwrap_or(self.job.fallback_budget),
+            socket: self.socket.clone(),
+            attempt_dir: dir.clone(),
+            launcher_pid: std::process::id(),
+        };
+        self.workers = Vec::new();
+        let mut error = None;
+        let host = nix::unistd::gethostname()
+            .ok()
+            .and_then(|h| h.into_string().ok())
+            .unwrap_or_default();
+        for local in 0..self.job.nproc_per_node {
+            let rank = wenv.global_rank(local);
+            let env = wenv.for_rank(local, |k| std::env::var(k).ok());
+            let mut s = match spawn::spawn(&self.job.argv, &env, &self.job.cwd) {
+                Ok(s) => s,
+                Err(e) => {
+                    for w in &self.workers {
+                        spawn::signal_group(w.pid, Signal::SIGKILL);
+                    }
+                    error = Some(e.to_string());
+                    break;
+                }
+            };
+            let mut pumps = Vec::new();
+            let prefix = format!("[rank {rank}] ");
+            if let Some(out) = s.stdout.take() {
+                pumps.push(tokio::spawn(output::pump(
+                    out,
+                    Stream::Stdout,
+                    prefix.clone(),
+                    output::log_file(&dir, rank, Stream::Stdout),
+                    self.console.clone(),
+                    None,
+                )));
+            }
+            let (sink, tracebacks) = watch::channel(None);
+            let (stderr_done_tx, stderr_done) = tokio::sync::oneshot::channel::<()>();
+            if let Some(err) = s.stderr.take() {
+                let pump = output::pump(
+                    err,
+                    Stream::Stderr,
+                    prefix,
+                    output::log_file(&dir, rank, Stream::Stderr),
+                    self.console.clone(),
+                    Some(sink.clone()),
+                );
+                pumps.push(tokio::spawn(async move {
+                    pump.await;
+                    let _ = stderr_done_tx.send(());
+                }));
+            }
+            let tx = self.exits_tx.clone();
+            let pid = s.pid;
+            let pidfd = s.pidfd;
+            let id = zero_code::WorkerId {
+                job: self.job.id.clone(),
+                rank,
+                local_rank: local,
+                world_size: plan.world_size,
+                pid: u32::try_from(pid).unwrap_or(0),
+                host: host.clone(),
+                devices: zero_code::WorkerId::devices_of(&env, local),
+            };
+            let client = self.client.clone();
+            let console = self.console.clone();
+            tokio::spawn(zero_code::report_tracebacks(
+                client.clone(),
+                id.clone(),
+                tracebacks.clone(),
+                self.seen.clone(),
+                console.clone(),
+            ));
+            tokio::spawn(async move {
+                // Registered on its behalf at once: a worker that never
+                // imports warden is still watched (zero-code mode); one
+                // that does registers again itself, seconds later, and its
+                // client's registration takes over.
+                if let Err(e) = zero_code::register(&client, &id).await {
+                    console.say(format!(
+                        "could not register rank {rank} (pid {pid}) with the agent: {e}; it is watched by the launcher only"
+                    ));
+                }
+                let exit = spawn::exited(pid, &pidfd).await;
+                // What its stderr said last, once the pipe closed (the
+                // process and what inherited the pipe are gone).
+                if !exit.is_some_and(Exit::success) {
+                    let _ = tokio::time::timeout(STDERR_DRAIN, stderr_done).await;
+                }
+                let traceback = tracebacks
+                    .borrow()
+                    .as_ref()
+                    .map(|t| t.exception_type.clone());
+                let _ = tx.send(ExitNote {
+                    generation,
+                    rank,
+                    pid,
+                    exit,
+                    traceback,
+                });
+            });
+            self.workers.push(Worker { rank, pid, pumps });
+        }
+        if error.is_none() {
+            let pids: Vec<String> = self.workers.iter().map(|w| w.pid.to_string()).collect();
+            self.say(format!(
+                "attempt {n}: started {} worker{} (pids {}; MASTER_PORT {}; logs {})",
+                self.job.nproc_per_node,
+                if self.job.nproc_per_node == 1 {
+                    ""
+                } else {
+                    "s"
+                },
+                pids.join(" "),
+                plan.master_port,
+                dir.display()
+            ));
+        }
+        Input::Started(Box::new(Started {
+            workers: self.workers.iter().map(|w| (w.rank, w.pid)).collect(),
+            plan,
+            at,
+            wall,
+            error,
+        }))
+    }
+
+    /// The GPU release wait for the stopped `pids`, then the health gate.
+    async fn gate(&mut self, pids: Vec<u32>, say_no_nvml: bool) -> GateVerdict {
+        let release = if pids.is_empty() {
+            GpuRelease::Released(Duration::ZERO)
+        } else {
+            gate::gpu_release(
+                pids,
+                self.job.gpu_release_timeout,
+                self.nvml_library.clone(),
+            )
+            .await
+        };
+        match release {
+            GpuRelease::Released(_) => {}
+            GpuRelease::NoNvml(why) => {
+                if say_no_nvml {
+                    self.say(format!("GPU release wait skipped: {why}"));
+                }
+            }
+            GpuRelease::TimedOut(pids) => self.say(format!(
+                "GPUs still list stopped pids {pids:?} after {}; starting anyway",
+                humantime::format_duration(self.job.gpu_release_timeout)
+            )),
+        }
+        match gate::health_gate(&mut self.client, &self.job.id).await {
+            Gate::Pass => GateVerdict::Pass,
+            Gate::Unchecked(why) => GateVerdict::Unchecked(why),
+            Gate::Refused(why) => GateVerdict::Refused(why),
+        }
+    }
+
+    /// Tells the agent the job's ranks are being stopped on purpose.
+    async fn stop_ranks(&mut self, kind: StopKind, reason: &str) {
+        let kind = match kind {
+            StopKind::Restart => pb::StopKind::Restart,
+            StopKind::JobEnding => pb::StopKind::JobEnding,
+            StopKind::LauncherSignalled => pb::StopKind::LauncherSignalled,
+        };
+        let req = pb::StopRanksRequest {
+            job_id: self.job.id.clone(),
+            reason: reason.to_owned(),
+            ranks: self.workers.iter().map(|w| w.rank).collect(),
+            kind: kind as i32,
+        };
+        match tokio::time::timeout(STOP_RANKS_TIMEOUT, self.client.stop_ranks(req)).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => self.say(format!(
+                "StopRanks failed ({}): the agent may report the stopped workers as failures",
+                e.message()
+            )),
+            Err(_) => self
+                .say("StopRanks timed out: the agent may report the stopped workers as failures"),
+        }
+    }
+
+    /// Stops every process of the current attempt: `first` to each worker's
+    /// process group (and to marked orphans), SIGKILL after the grace (or at
+    /// once on a second signal), until none is alive; reaps the orphans.
+    /// Returns every pid of the job seen (for the GPU release wait).
+    async fn stop_workers(&mut self, first: Signal) -> Vec<u32> {
+        let sessions: HashSet<i32> = self.workers.iter().map(|w| w.pid).collect();
+        let me = nix::unistd::getpid().as_raw();
+        let mut all: HashSet<i32> = sessions.clone();
+        if sessions.is_empty() {
+            return Vec::new();
+        }
+        for &pgid in &sessions {
+            spawn::signal_group(pgid, first);
+        }
+        let started = Instant::now();
+        let grace_end = started + self.job.stop_grace;
+        let mut kill_end: Option<Instant> = None;
+        let mut poll = Duration::from_millis(2);
+        let mut orphans = 0usize;
+        loop {
+            let procs = spawn::scan();
+            let job = spawn::job_processes(&procs, &sessions, me);
+            for p in &job {
+                if all.insert(p.pid) && !sessions.contains(&p.pid) {
+                    orphans += 1;
+                    // A marked orphan outside the workers' groups gets the
+                    // signal the groups got.
+                    if kill_end.is_none() && p.alive() {
+                        spawn::signal_pid(p.pid, first);
+                    }
+                }
+                // Orphans reparented to the launcher are reaped here; the
+                // workers' own zombies wait for the agent's report.
+                if !p.alive() && p.ppid == me && !sessions.contains(&p.pid) {
+                    spawn::reap(p.pid);
+                }
+            }
+            let alive: Vec<i32> = job.iter().filter(|p| p.alive()).map(|p| p.pid).collect();
+            if alive.is_empty() {
+                break;
+            }
+            let now = Instant::now();
+            match kill_end {
+                None if now >= grace_end => {
+                    self.say(format!(
+                        "{} process{} of the job still alive after the {} grace: SIGKILL",
+                        alive.len(),
+                        if alive.len() == 1 { "" } else { "es" },
+                        humantime::format_duration(self.job.stop_grace)
+                    ));
+                    self.kill_all(&sessions, &alive);
+                    kill_end = Some(now + KILL_WAIT);
+                }
+                Some(end) if now >= end => {
+                    self.say(format!(
+                        "processes {alive:?} survive SIGKILL (uninterruptible sleep?); leaving them"
+                    ));
+                    break;
+                }
+                _ => {}
+            }
+            tokio::select! {
+                () = tokio::time::sleep(poll) => {}
+                sig = self.signals.recv() => {
+                    // The machine's answer to a signal during a stop.
+                    let kill = self
+                        .state
+                        .step(Input::Signal(sig), Now::read())
+                        .into_iter()
+                        .any(|c| matches!(c, Command::Kill { .. }));
+                    if kill && kill_end.is_none() {
+                        let name = Signal::try_from(sig).map_or("a signal", |s| s.as_str());
+                        self.say(format!("got {name} again: SIGKILL"));
+                        self.kill_all(&sessions, &alive);
+                        kill_end = Some(Instant::now() + KILL_WAIT);
+                    }
+                }
+            }
+            poll = (poll * 2).min(Duration::from_millis(50));
+        }
+        self.say(format!(
+            "stopped {} worker{}{} in {:.2}s",
+            sessions.len(),
+            if sessions.len() == 1 { "" } else { "s" },
+            if orphans > 0 {
+                format!(
+                    " and {orphans} orphaned process{}",
+                    if orphans == 1 { "" } else { "es" }
+                )
+            } else {
+                String::new()
+            },
+            started.elapsed().as_secs_f64()
+        ));
+        all.into_iter()
+            .filter_map(|p| u32::try_from(p).ok())
+            .collect()
+    }
+
+    fn kill_all(&self, sessions: &HashSet<i32>, alive: &[i32]) {
+        for &pgid in sessions {
+            spawn::signal_group(pgid, Signal::SIGKILL);
+        }
+        for &pid in alive {
+            spawn::signal_pid(pid, Signal::SIGKILL);
+        }
+    }
+
+    /// Reaps the attempt's exited workers once the agent reported them (it
+    /// reads their status from the zombie), at most [`REAP_WAIT`], on a task
+    /// of its own: never on the restart's path.
+    fn reap_attempt(&self) -> JoinHandle<()> {
+        let pids: Vec<i32> = self.workers.iter().map(|w| w.pid).collect();
+        let mut seen = self.seen.clone();
+        tokio::spawn(async move {
+            let reported = |s: &Seen| {
+                pids.iter().all(|&p| {
+                    u32::try_from(p)
+                        .is_ok_and(|p| s.exited.contains(&p) || !s.registered.contains_key(&p))
+                })
+            };
+            let _ = tokio::time::timeout(REAP_WAIT, seen.wait_for(|s| reported(s))).await;
+            for p in pids {
+                if procfs_state(p).is_some_and(|s| s == 'Z') {
+                    spawn::reap(p);
+                }
+            }
+        })
+    }
+
+    /// The job's end: the other hosts first, then what is left of the
+    /// workers, their zombies and output; the summary.
+    async fn finish(&mut self, f: Finish) -> Summary {
+        // The other hosts first: they stop (a failed job) or go on without
+        // this one while its workers stop.
+        let stop = Directive::Stop {
+            exit_code: f.code,
+            reason: f.outcome.clone(),
+            job_failed: f.job_failed,
+        };
+        if let Err(e) = self.coord.publish(&stop).await {
+            self.say(format!("could not tell the other nodes: {e}"));
+        }
+        let any_alive = self
+            .workers
+            .iter()
+            .any(|w| procfs_state(w.pid).is_some_and(|s| s != 'Z'));
+        if any_alive {
+            self.stop_ranks(StopKind::JobEnding, &format!("job ending: {}", f.outcome))
+                .await;
+            self.stop_workers(Signal::SIGTERM).await;
+        }
+        self.reapers.push(self.reap_attempt());
+        let reapers = std::mem::take(&mut self.reapers);
+        let _ = tokio::time::timeout(REAP_WAIT * 2, async {
+            for r in reapers {
+                let _ = r.await;
+            }
+        })
+        .await;
+        let pumps: Vec<JoinHandle<()>> = self
+            .workers
+            .iter_mut()
+            .flat_map(|w| std::mem::take(&mut w.pumps))
+            .collect();
+        let _ = tokio::time::timeout(OUTPUT_DRAIN, async {
+            for p in pumps {
+                let _ = p.await;
+            }
+        })
+        .await;
+        let attempts = self.state.records(Now::read());
+        if self.console.dropped() > 0 {
+            self.say(format!(
+                "{} worker lines did not fit the console (they are in the log files)",
+                self.console.dropped()
+            ));
+        }
+        Summary {
+            job: self.job.id.clone(),
+            agent: self.agent_line.clone(),
+            outcome: f.outcome,
+            exit_code: f.code,
+            elapsed_s: self.started.elapsed().as_secs_f64(),
+            log_dir: self.job.log_root.display().to_string(),
+            attempts,
+        }
+    }
+}
+
+/// Sleeps until `deadline`; forever without one.
+async fn sleep_until(deadline: Option<Instant>) {
+    match deadline {
+        Some(d) => tokio::time::sleep_until(d.into()).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// A port free on `addr` now (the OS's pick), for rank 0's store.
+fn free_port(addr: &str) -> Option<u16> {
+    let l = std::net::TcpListener::bind((addr, 0))
+        .or_else(|_| std::net::TcpListener::bind(("127.0.0.1", 0)))
+        .ok()?;
+    l.local_addr().ok().map(|a| a.port())
+}
+
+fn procfs_state(pid: i32) -> Option<char> {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|t| spawn::parse_stat(&t))
+        .map(|p| p.state)
+}
+
+/// A lower-case name from a proto enum's name (`FAULT_CLASS_USER_ERROR` ->
+/// `user_error`).
+fn enum_name(full: &str, prefix: &str) -> String {
+    full.strip_prefix(prefix)
+        .unwrap_or(full)
+        .to_ascii_lowercase()
+}
+
+/// Why no attempt could be agreed.
+enum Halt {
+    /// The coordinator gave up (its message and exit status).
+    Coord(super::hosts::CoordError),
+    /// A signal came while waiting.
+    Signal(i32),
+}
+
+/// The machine's view of one decision of the incident feed; None for an
+/// incident with no decision.
+fn decision_of(inc: &pb::Incident) -> Option<Decision> {
+    let dec = inc.decision.as_ref()?;
+    let opened = inc
+        .opened_at
+        .as_ref()
+        .and_then(|t| SystemTime::try_from(*t).ok())
+        .unwrap_or(SystemTime::UNIX_EPOCH);
+    let action = match pb::Action::try_from(dec.action).unwrap_or(pb::Action::Unspecified) {
+        pb::Action::Unspecified => Action::Unspecified,
+        pb::Action::Continue => Action::Continue,
+        pb::Action::RestartInProcess => Action::RestartInProcess,
+        pb::Action::RestartInJob => Action::RestartInJob,
+        pb::Action::Stop => Action::Stop,
+        pb::Action::Cordon => Action::Cordon,
+        pb::Action::ScaleDown => Action::ScaleDown,
+    };
+    Some(Decision {
+        id: inc.id.clone(),
+        revision: inc.superseded.len(),
+        opened,
+        action,
+        exit_code: dec.exit_code,
+        backoff: dec
+            .backoff
+            .and_then(|d| Duration::try_from(d).ok())
+            .unwrap_or_default(),
+        brief: brief_of(inc),
+    })
+}
+
+/// The summary's view of an incident: class, confidence, summary, the
+/// strongest evidence (what points somewhere first), the decision.
+fn brief_of(inc: &pb::Incident) -> IncidentBrief {
+    let diag = inc.diagnosis.clone().unwrap_or_default();
+    let dec = inc.decision.clone().unwrap_or_default();
+    let class = pb::FaultClass::try_from(diag.fault_class).map_or("unknown".into(), |c| {
+        enum_name(c.as_str_name(), "FAULT_CLASS_")
+    });
+    let action = pb::Action::try_from(dec.action).map_or("unspecified".into(), |a| {
+        enum_name(a.as_str_name(), "ACTION_")
+    });
+    let mut ev: Vec<&pb::Evidence> = diag.evidence.iter().collect();
+    ev.sort_by_key(|e| e.points_to == pb::FaultClass::Unspecified as i32);
+    let evidence = ev
+        .iter()
+        .map(|e| {
+            let to = pb::FaultClass::try_from(e.points_to)
+                .ok()
+                .filter(|c| *c != pb::FaultClass::Unspecified)
+                .map_or("context".into(), |c| {
+                    enum_name(c.as_str_name(), "FAULT_CLASS_")
+                });
+            let note = if e.note.is_empty() {
+                String::new()
+            } else {
+                format!(" ({})", e.note)
+            };
+            format!(
+                "{} {} {}={} -> {to}{note}",
+                e.source, e.subject, e.signal, e.value
+            )
+        })
+        .collect();
+    IncidentBrief {
+        id: inc.id.clone(),
+        kind: inc.kind.clone(),
+        class,
+        confidence: diag.confidence,
+        summary: diag.summary,
+        evidence,
+        action,
+        reason: dec.reason,
+        decided_by: dec.decided_by,
+        attempt: dec.attempt,
+        budget: dec.budget,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn briefs_name_class_action_and_strongest_evidence_first() {
+        let inc = pb::Incident {
+            id: "inc-1".into(),
+            kind: "crash".into(),
+            diagnosis: Some(pb::Diagnosis {
+                fault_class: pb::FaultClass::UserError as i32,
+                confidence: 0.8,
+                summary: "ValueError".into(),
+                evidence: vec![
+                    pb::Evidence {
+                        source: "agent".into(),
+                        signal: "step".into(),
+                        ..Default::default()
+                    },
+                    pb::Evidence {
+                        source: "client".into(),
+                        signal: "exception".into(),
+                        value: "ValueError".into(),
+                        points_to: pb::FaultClass::UserError as i32,
+                        ..Default::default()
+                    },
+                ],
+                ..Default::default()
+            }),
+            decision: Some(pb::Decision {
+                action: pb::Action::Stop as i32,
+                exit_code: 1,
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let b = brief_of(&inc);
+        assert_eq!(b.class, "user_error");
+        assert_eq!(b.action, "stop");
+        assert!(
+            b.evidence[0].contains("exception=ValueError -> user_error"),
+            "{:?}",
+            b.evidence
+        );
+    }
+
+    #[test]
+    fn a_free_port_is_found() {
+        assert!(free_port("127.0.0.1").is_some_and(|p| p > 0));
+    }
+}
