@@ -36,7 +36,7 @@ pub struct AgentState {
     pub ranks: SharedRegistry,
     /// Diagnosed incidents and the node's cordon (written by the
     /// attribution task, read by the API).
-    pub incidents: Mutex<IncidentStore>,
+    pub incidents: Arc<Mutex<IncidentStore>>,
     /// Every decided incident as it is decided (and again when a later
     /// decision supersedes it): what WatchIncidents streams to launchers.
     pub incident_feed: tokio::sync::broadcast::Sender<warden_core::attribute::IncidentRecord>,
@@ -49,7 +49,7 @@ pub struct AgentState {
     /// In-process restarts: the request in flight per job, restart counts,
     /// and what each rank's `Control` stream delivers (its own lock, never
     /// held together with the registry's).
-    pub restarts: crate::act::in_process::Restarts,
+    pub restarts: Arc<crate::act::in_process::Restarts>,
     /// The checkpoint tiers, or why there are none (off, or the tier's
     /// directory could not be made): the checkpoint calls answer with it.
     pub checkpoints: Result<std::sync::Arc<crate::ckpt::Checkpoints>, String>,
@@ -118,11 +118,11 @@ impl AgentState {
         Ok(Self {
             goodput,
             authz,
-            incidents: Mutex::new(incidents),
+            incidents: Arc::new(Mutex::new(incidents)),
             incident_feed: tokio::sync::broadcast::channel(256).0,
             escalations,
             escalations_rx: Mutex::new(Some(escalations_rx)),
-            restarts: crate::act::in_process::Restarts::new(),
+            restarts: Arc::new(crate::act::in_process::Restarts::new()),
             checkpoints: if config.checkpoint.enabled {
                 crate::ckpt::Checkpoints::open(
                     &config.checkpoint,
@@ -217,6 +217,34 @@ impl AgentState {
     /// heard from: GetStragglers answers with this host alone).
     pub fn stragglers_if_made(&self) -> Option<Arc<warden_core::detect::straggler::Stragglers>> {
         self.stragglers.get().cloned()
+    }
+
+    /// What the attribution task (and the API's Uncordon) use.
+    pub fn attribution(&self) -> crate::attribute::task::Handles {
+        crate::attribute::task::Handles {
+            events: self.events.clone(),
+            reporter: self.health_reporter(),
+            store: self.incidents.clone(),
+            feed: self.incident_feed.clone(),
+            attribution: self.config.attribution.clone(),
+            policy: self.config.policy.clone(),
+            host: self.host.clone(),
+            in_process: self.in_process(),
+            shutdown: self.shutdown.clone(),
+        }
+    }
+
+    /// What in-process restarts use: the API's Control calls and the
+    /// attribution task hand them this, not the whole state.
+    pub fn in_process(&self) -> crate::act::in_process::Handles {
+        crate::act::in_process::Handles {
+            registry: self.ranks.clone(),
+            events: self.events.clone(),
+            restarts: self.restarts.clone(),
+            escalations: self.escalations.clone(),
+            timeout: self.config.restart.in_process_timeout,
+            shutdown: self.shutdown.clone(),
+        }
     }
 
     /// The health model and the bus as one handle, for a stage that

@@ -10,7 +10,7 @@
 //! once every rank acknowledged (`AckControl`, [`ack`], or the slot's ack
 //! word, whichever comes first), or `restart.in_process_timeout` after
 //! `restart.in_process_timeout`, escalating the incident to
-//! `restart_in_job` through [`AgentState::escalations`] so the launcher
+//! `restart_in_job` through [`Handles::escalations`] so the launcher
 //! restarts the processes. A rank that exits or registers again meanwhile
 //! counts as handled: its launcher restarts it.
 //!
@@ -27,9 +27,10 @@ use warden_client::slot::ControlWord;
 
 use crate::ranks::RankKey;
 use crate::ranks::registry::RankState;
-use crate::state::AgentState;
+use crate::ranks::registry::{Registry, SharedRegistry};
+use tokio_util::sync::CancellationToken;
 use warden_core::attribute::{Escalation, IncidentRecord};
-use warden_core::events::{NewEvent, Severity};
+use warden_core::events::{EventBus, NewEvent, Severity};
 use warden_core::policy::Action;
 use warden_core::signal::join_ranks as join;
 use warden_core::signal::{RestartRequested, Signal};
@@ -210,10 +211,38 @@ impl Restarts {
     }
 }
 
+/// What in-process restarts use of the agent, and nothing more: the rank
+/// registry (slots and registrations), the bus, the restarts in flight,
+/// where escalations go, the timeout, and the shutdown token. Cloned into
+/// the waiter each request spawns.
+#[derive(Debug, Clone)]
+pub struct Handles {
+    /// The ranks and their slots.
+    pub registry: SharedRegistry,
+    /// Where restart events go.
+    pub events: Arc<EventBus>,
+    /// Sequence numbers, counts, requests in flight, control streams.
+    pub restarts: Arc<Restarts>,
+    /// To the attribution task: an incident whose in-process restart cannot
+    /// happen or was not acknowledged in time goes up to `restart_in_job`.
+    pub escalations: tokio::sync::mpsc::UnboundedSender<Escalation>,
+    /// `restart.in_process_timeout`.
+    pub timeout: Duration,
+    /// Ends the waiters with the agent.
+    pub shutdown: CancellationToken,
+}
+
+impl Handles {
+    /// The registry, locked (never held together with [`Restarts`]'s lock).
+    fn registry(&self) -> MutexGuard<'_, Registry> {
+        self.registry.lock()
+    }
+}
+
 /// Carries out a `restart_in_process` decision: asks every live local rank
 /// of the incident's job. With none alive there is nothing to restart in
 /// process: the incident is escalated to `restart_in_job` at once.
-pub fn start(state: &Arc<AgentState>, record: &IncidentRecord) {
+pub fn start(state: &Handles, record: &IncidentRecord) {
     let reason = record.decision.as_ref().map_or_else(
         || format!("incident {}", record.id),
         |d| format!("{}: {}", record.id, d.reason),
@@ -235,7 +264,7 @@ pub fn start(state: &Arc<AgentState>, record: &IncidentRecord) {
 /// is "" when asked by hand. A job whose previous request is still in
 /// flight joins it (see [`Asked::joined`]).
 pub fn request(
-    state: &Arc<AgentState>,
+    state: &Handles,
     job: &str,
     reason: &str,
     incident: &str,
@@ -340,7 +369,7 @@ pub fn request(
         }
     }
     let ranks: Vec<u32> = live.iter().map(|&(r, _, _)| r).collect();
-    let timeout = state.config.restart.in_process_timeout;
+    let timeout = state.timeout;
     state
         .events
         .publish(Signal::RestartRequested(RestartRequested {
@@ -362,7 +391,7 @@ pub fn request(
 }
 
 /// Checks that `key` is registered with `generation` and alive.
-fn check_rank(state: &AgentState, key: &RankKey, generation: u64) -> Result<(), ControlError> {
+fn check_rank(state: &Handles, key: &RankKey, generation: u64) -> Result<(), ControlError> {
     let reg = state.registry();
     let Some(e) = reg.ranks.get(key) else {
         return Err(ControlError::UnknownRank { key: key.clone() });
@@ -387,7 +416,7 @@ fn check_rank(state: &AgentState, key: &RankKey, generation: u64) -> Result<(), 
 /// pending one at once (a client whose stream broke gets it again), then
 /// each new one. Only for the registration in force.
 pub fn subscribe(
-    state: &AgentState,
+    state: &Handles,
     key: &RankKey,
     generation: u64,
 ) -> Result<watch::Receiver<Option<Arc<RankRequest>>>, ControlError> {
@@ -440,7 +469,7 @@ pub fn admit_exception_restart(
 /// call). True when it answered a request in flight; an acknowledgement of
 /// an older or unknown request is accepted and ignored.
 pub fn ack(
-    state: &AgentState,
+    state: &Handles,
     key: &RankKey,
     generation: u64,
     seq: u64,
@@ -494,7 +523,7 @@ enum Progress {
 
 /// Reads the ranks' registry entries and ack words, records what changed,
 /// and says where the request stands.
-fn look(state: &AgentState, job: &str, seq: u64) -> Progress {
+fn look(state: &Handles, job: &str, seq: u64) -> Progress {
     let waiting: Vec<(u32, u64, u32)> = {
         let g = state.restarts.lock();
         match g
@@ -619,7 +648,7 @@ fn finish(g: &mut Inner, job: &str, seq: u64) {
 
 /// Waits for every rank's answer to `req`, then reports; at the deadline
 /// reports the silent ranks and escalates the incident.
-async fn wait(state: Arc<AgentState>, req: RestartRequest, wake: Arc<Notify>, timeout: Duration) {
+async fn wait(state: Handles, req: RestartRequest, wake: Arc<Notify>, timeout: Duration) {
     let deadline = tokio::time::Instant::now() + timeout;
     loop {
         match look(&state, &req.job, req.seq) {
@@ -647,7 +676,7 @@ async fn wait(state: Arc<AgentState>, req: RestartRequest, wake: Arc<Notify>, ti
     }
 }
 
-fn acknowledged(state: &AgentState, req: &RestartRequest, outcomes: &BTreeMap<u32, Outcome>) {
+fn acknowledged(state: &Handles, req: &RestartRequest, outcomes: &BTreeMap<u32, Outcome>) {
     let acked: Vec<(u32, Duration, &str)> = outcomes
         .iter()
         .filter_map(|(&r, o)| match *o {
@@ -700,7 +729,7 @@ fn acknowledged(state: &AgentState, req: &RestartRequest, outcomes: &BTreeMap<u3
     state.events.publish(ev);
 }
 
-fn timed_out(state: &Arc<AgentState>, req: &RestartRequest, timeout: Duration) {
+fn timed_out(state: &Handles, req: &RestartRequest, timeout: Duration) {
     let (silent, acked) = {
         let mut g = state.restarts.lock();
         let Some(p) = g
@@ -775,6 +804,7 @@ mod tests {
     use super::*;
     use crate::config::Config;
     use crate::ranks::registry::{RegisterRequest, Registration};
+    use crate::state::AgentState;
 
     #[test]
     fn exception_restarts_are_bounded_per_job_and_window() {
@@ -871,10 +901,10 @@ mod tests {
         let r0 = register(&state, "j", 0);
         let r1 = register(&state, "j", 1);
         register(&state, "other", 0);
-        let mut rx1 = subscribe(&state, &key("j", 1), r1.generation).unwrap();
+        let mut rx1 = subscribe(&state.in_process(), &key("j", 1), r1.generation).unwrap();
         assert!(rx1.borrow_and_update().is_none());
 
-        let asked = request(&state, "j", "drill", "").unwrap();
+        let asked = request(&state.in_process(), "j", "drill", "").unwrap();
         assert_eq!((asked.ranks.clone(), asked.restart_count), (vec![0, 1], 1));
         assert!(!asked.joined);
         // The slot holds the request, for ranks of the job only.
@@ -891,18 +921,31 @@ mod tests {
         );
         assert_eq!(msg.request.reason, "drill");
         // Asked again while in flight: joined, nobody asked twice.
-        let again = request(&state, "j", "again", "").unwrap();
+        let again = request(&state.in_process(), "j", "again", "").unwrap();
         assert!(again.joined);
         assert_eq!(again.seq, asked.seq);
 
         // Rank 1 by AckControl (a stale generation is refused), rank 0 by
         // its slot's ack word.
         assert!(matches!(
-            ack(&state, &key("j", 1), r1.generation + 1, asked.seq),
+            ack(
+                &state.in_process(),
+                &key("j", 1),
+                r1.generation + 1,
+                asked.seq
+            ),
             Err(ControlError::StaleGeneration { .. })
         ));
-        assert!(!ack(&state, &key("j", 1), r1.generation, asked.seq + 7).unwrap());
-        assert!(ack(&state, &key("j", 1), r1.generation, asked.seq).unwrap());
+        assert!(
+            !ack(
+                &state.in_process(),
+                &key("j", 1),
+                r1.generation,
+                asked.seq + 7
+            )
+            .unwrap()
+        );
+        assert!(ack(&state.in_process(), &key("j", 1), r1.generation, asked.seq).unwrap());
         assert!(rx1.borrow().is_none(), "off the stream once acknowledged");
         state
             .registry()
@@ -922,7 +965,7 @@ mod tests {
         );
 
         // The next request is new: count 2, another sequence number.
-        let next = request(&state, "j", "", "").unwrap();
+        let next = request(&state.in_process(), "j", "", "").unwrap();
         assert_eq!(next.restart_count, 2);
         assert_ne!(next.seq, asked.seq);
     }
@@ -933,7 +976,7 @@ mod tests {
         let mut escalations = state.take_escalations().unwrap();
         let r0 = register(&state, "j", 0);
         let r1 = register(&state, "j", 1);
-        let asked = request(&state, "j", "hang", "inc-7").unwrap();
+        let asked = request(&state.in_process(), "j", "hang", "inc-7").unwrap();
         // Rank 1 leaves: handled by its launcher. Rank 0 stays silent.
         assert!(state.registry().deregister(&key("j", 1), r1.generation));
         let timeout = event(&state, "restart.in_process_timeout").await;
@@ -946,7 +989,7 @@ mod tests {
         );
         assert!(e.reason.contains("did not acknowledge"), "{}", e.reason);
         // Over: a late acknowledgement is accepted and ignored.
-        assert!(!ack(&state, &key("j", 0), r0.generation, asked.seq).unwrap());
+        assert!(!ack(&state.in_process(), &key("j", 0), r0.generation, asked.seq).unwrap());
         assert!(
             state
                 .events
@@ -961,16 +1004,37 @@ mod tests {
     async fn nothing_to_restart_is_said() {
         let (_dir, state) = agent(Duration::from_secs(1));
         assert!(matches!(
-            request(&state, "nobody", "", ""),
+            request(&state.in_process(), "nobody", "", ""),
             Err(RestartError::NoLiveRanks { .. })
         ));
         assert!(matches!(
-            request(&state, "", "", ""),
+            request(&state.in_process(), "", "", ""),
             Err(RestartError::EmptyJob)
         ));
         assert!(matches!(
-            subscribe(&state, &key("nobody", 0), 1),
+            subscribe(&state.in_process(), &key("nobody", 0), 1),
             Err(ControlError::UnknownRank { .. })
         ));
+    }
+
+    /// The timeout as configured by default (30 s), in tokio's paused time:
+    /// a silent rank is waited for the whole timeout and not a tick longer,
+    /// without the test taking 30 s.
+    #[tokio::test(start_paused = true)]
+    async fn silence_is_waited_for_exactly_the_timeout() {
+        let (_dir, state) = agent(Duration::from_secs(30));
+        let mut escalations = state.take_escalations().unwrap();
+        register(&state, "j", 0);
+        let t0 = tokio::time::Instant::now();
+        request(&state.in_process(), "j", "hang", "inc-9").unwrap();
+        let e = escalations.recv().await.unwrap();
+        let waited = t0.elapsed();
+        assert_eq!(e.incident, "inc-9");
+        assert!(
+            waited >= Duration::from_secs(30) && waited < Duration::from_secs(30) + ACK_POLL * 2,
+            "escalated after {waited:?}, the timeout is 30 s"
+        );
+        let timeout = event(&state, "restart.in_process_timeout").await;
+        assert_eq!(evidence(&timeout, "unacknowledged"), "0");
     }
 }

@@ -45,7 +45,7 @@ pub async fn request_restart(
         reason = "asked through RequestRestart".to_owned();
     }
     let reason = clip(&reason, MAX_REASON);
-    let asked = in_process::request(state, &req.job_id, &reason, &req.incident_id)
+    let asked = in_process::request(&state.in_process(), &req.job_id, &reason, &req.incident_id)
         .map_err(status_of_restart)?;
     Ok(pb::RequestRestartResponse {
         ranks: asked.ranks,
@@ -78,7 +78,8 @@ pub async fn control(
         rank: req.global_rank,
     };
     let generation = req.generation;
-    let mut rx = in_process::subscribe(state, &key, generation).map_err(status_of_control)?;
+    let mut rx =
+        in_process::subscribe(&state.in_process(), &key, generation).map_err(status_of_control)?;
     let (tx, out) = mpsc::channel(4);
     let state = state.clone();
     tokio::spawn(async move {
@@ -119,7 +120,8 @@ pub async fn ack_control(
         job: req.job_id,
         rank: req.global_rank,
     };
-    in_process::ack(state, &key, req.generation, req.seq).map_err(status_of_control)?;
+    in_process::ack(&state.in_process(), &key, req.generation, req.seq)
+        .map_err(status_of_control)?;
     Ok(pb::AckControlResponse {})
 }
 

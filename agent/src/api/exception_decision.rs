@@ -81,7 +81,7 @@ pub fn decide(
         budget.budget,
         humantime::format_duration(budget.window)
     );
-    match in_process::request(state, &key.job, &reason, "") {
+    match in_process::request(&state.in_process(), &key.job, &reason, "") {
         Ok(asked) => pb::ReportExceptionResponse {
             action: pb::Action::RestartInProcess as i32,
             seq: asked.seq,

@@ -436,7 +436,7 @@ impl Agent for AgentService {
         observed("Uncordon", async {
             self.guard(&req, "Uncordon", "")?;
             let reason = clip_head(&req.into_inner().reason, 512);
-            let was_cordoned = crate::attribute::task::uncordon(&self.state, &reason);
+            let was_cordoned = crate::attribute::task::uncordon(&self.state.attribution(), &reason);
             Ok(Response::new(pb::UncordonResponse { was_cordoned }))
         })
         .await

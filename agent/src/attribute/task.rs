@@ -9,39 +9,80 @@
 //! Runs on its own task: a slow hook delays other decisions by at most its
 //! timeout, never a scan or an API call.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, SystemTime};
 
 use tokio::sync::broadcast::error::RecvError;
+use tokio::sync::mpsc::UnboundedReceiver;
+use tokio_util::sync::CancellationToken;
 
+use crate::act::in_process;
 use crate::policy::hook;
-use crate::state::AgentState;
+use warden_core::attribute::AttributionConfig;
 use warden_core::attribute::engine::{CurrentReason, DeviceMap, Diagnosed, Engine};
 use warden_core::attribute::store::Cordon;
+use warden_core::attribute::store::IncidentStore;
 use warden_core::attribute::{Escalation, FaultClass, IncidentRecord};
+use warden_core::events::EventBus;
 use warden_core::events::{Event, NewEvent, Severity, Subscription};
+use warden_core::health::reporter::Reporter;
 use warden_core::health::{ComponentReport, Reason, Status};
+use warden_core::policy::PolicyConfig;
 use warden_core::policy::{self, Action, Context, Decision};
 
+/// What attribution uses of the agent, and nothing more. The API's
+/// Uncordon is handed it too.
+#[derive(Debug, Clone)]
+pub struct Handles {
+    /// The bus: subscribed to, and where diagnoses and decisions go.
+    pub events: Arc<EventBus>,
+    /// The health model (device names, the `node/cordon` component).
+    pub reporter: Reporter,
+    /// The incident journal and the cordon.
+    pub store: Arc<Mutex<IncidentStore>>,
+    /// Decided incidents, to the launchers following their job.
+    pub feed: tokio::sync::broadcast::Sender<IncidentRecord>,
+    /// `[attribution]`.
+    pub attribution: AttributionConfig,
+    /// `[policy]`, the hook included.
+    pub policy: PolicyConfig,
+    /// This host, for the engine and the hook's input.
+    pub host: String,
+    /// For `restart_in_process` decisions, which the agent carries out.
+    pub in_process: in_process::Handles,
+    /// Ends the task with the agent.
+    pub shutdown: CancellationToken,
+}
+
+impl Handles {
+    fn incident_store(&self) -> MutexGuard<'_, IncidentStore> {
+        self.store.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
 /// Subscribes now (call before the agent starts publishing) and returns
-/// the task to spawn.
-pub fn start(state: Arc<AgentState>) -> impl std::future::Future<Output = ()> + Send + 'static {
+/// the task to spawn; `escalations` are decisions taken outside it (an
+/// in-process restart not acknowledged in time).
+pub fn start(
+    state: Handles,
+    escalations: Option<UnboundedReceiver<Escalation>>,
+) -> impl std::future::Future<Output = ()> + Send + 'static {
     let sub = state.events.subscribe(None);
     let history = state.incident_store().all();
-    let engine = Engine::new(
-        state.config.attribution.clone(),
-        state.host.clone(),
-        history,
-    );
+    let engine = Engine::new(state.attribution.clone(), state.host.clone(), history);
     // A cordon from before a restart is shown again.
     if let Some(c) = state.incident_store().cordon().cloned() {
         report_cordon(&state, Some(&c));
     }
-    run(state, sub, engine)
+    run(state, sub, engine, escalations)
 }
 
-async fn run(state: Arc<AgentState>, sub: Subscription, mut engine: Engine) {
-    let mut escalations = state.take_escalations();
+async fn run(
+    state: Handles,
+    sub: Subscription,
+    mut engine: Engine,
+    mut escalations: Option<UnboundedReceiver<Escalation>>,
+) {
     let mut last_id = 0u64;
     for e in &sub.backlog {
         engine.observe(e);
@@ -89,9 +130,7 @@ async fn run(state: Arc<AgentState>, sub: Subscription, mut engine: Engine) {
     }
 }
 
-async fn recv_escalation(
-    rx: &mut Option<tokio::sync::mpsc::UnboundedReceiver<Escalation>>,
-) -> Option<Escalation> {
+async fn recv_escalation(rx: &mut Option<UnboundedReceiver<Escalation>>) -> Option<Escalation> {
     match rx {
         Some(rx) => rx.recv().await,
         None => std::future::pending().await,
@@ -99,7 +138,7 @@ async fn recv_escalation(
 }
 
 /// Records a decision taken outside the task, superseding the one in force.
-fn escalate(state: &Arc<AgentState>, engine: &mut Engine, e: Escalation) {
+fn escalate(state: &Handles, engine: &mut Engine, e: Escalation) {
     let Some(rec) = engine.record(&e.incident).cloned() else {
         tracing::warn!(incident = %e.incident, "escalation for an incident attribution does not know");
         return;
@@ -130,9 +169,9 @@ async fn sleep(wait: Option<Duration>) {
 
 /// Device aliases (uuid, PCI bus id) and current findings, from the health
 /// model.
-fn device_map(state: &AgentState) -> DeviceMap {
+fn device_map(state: &Handles) -> DeviceMap {
     let mut map = DeviceMap::default();
-    for c in state.health.snapshot().components {
+    for c in state.reporter.model.snapshot().components {
         let labels = ["uuid", "pci"]
             .iter()
             .filter_map(|k| c.labels.get(*k).cloned())
@@ -155,7 +194,7 @@ fn device_map(state: &AgentState) -> DeviceMap {
     map
 }
 
-async fn handle(state: &Arc<AgentState>, engine: &mut Engine, d: Diagnosed) {
+async fn handle(state: &Handles, engine: &mut Engine, d: Diagnosed) {
     if !d.needs_decision {
         // New evidence, same verdict: the record is updated quietly.
         state.incident_store().upsert(d.record, true);
@@ -169,8 +208,8 @@ async fn handle(state: &Arc<AgentState>, engine: &mut Engine, d: Diagnosed) {
         history: &history,
         now: SystemTime::now(),
     };
-    let mut decision = policy::decide(&state.config.policy, &record.diagnosis, &ctx);
-    if state.config.policy.hook.is_enabled() {
+    let mut decision = policy::decide(&state.policy, &record.diagnosis, &ctx);
+    if state.policy.hook.is_enabled() {
         ask_hook(state, &record, &mut decision).await;
     }
     let Some(record) = engine.decided(&record.id, decision) else {
@@ -181,30 +220,30 @@ async fn handle(state: &Arc<AgentState>, engine: &mut Engine, d: Diagnosed) {
 
 /// Publishes a decided incident, records it, tells the launchers, and does
 /// what the agent itself does about it.
-fn carry_out(state: &Arc<AgentState>, record: IncidentRecord) {
+fn carry_out(state: &Handles, record: IncidentRecord) {
     publish(state, &record);
     state.incident_store().upsert(record.clone(), true);
     // Launchers following the job (WatchIncidents) act on it; no receiver
     // is no error.
-    let _ = state.incident_feed.send(record.clone());
+    let _ = state.feed.send(record.clone());
     match record.decision.as_ref().map(|d| d.action) {
         Some(Action::Cordon) => cordon(state, &record),
         // The agent carries this one out itself: it owns the ranks' slots
         // and control streams, whatever launched them.
-        Some(Action::RestartInProcess) => crate::act::in_process::start(state, &record),
+        Some(Action::RestartInProcess) => in_process::start(&state.in_process, &record),
         _ => {}
     }
 }
 
 /// Lets the user's hook override `decision`; a failing hook leaves it as it
 /// is and says why.
-async fn ask_hook(state: &AgentState, record: &IncidentRecord, decision: &mut Decision) {
+async fn ask_hook(state: &Handles, record: &IncidentRecord, decision: &mut Decision) {
     let input = serde_json::json!({
         "host": state.host,
         "incident": record,
         "proposed": decision,
     });
-    match hook::ask(&state.config.policy.hook, &input).await {
+    match hook::ask(&state.policy.hook, &input).await {
         Ok(answer) => match answer.action {
             Some(a) => {
                 decision.action = a;
@@ -237,13 +276,13 @@ async fn ask_hook(state: &AgentState, record: &IncidentRecord, decision: &mut De
                     format!("policy hook gave no usable answer for {}: {e}; warden's own decision stands", record.id),
                 )
                 .with("error", e.to_string())
-                .with("command", state.config.policy.hook.command.join(" ")),
+                .with("command", state.policy.hook.command.join(" ")),
             );
         }
     }
 }
 
-fn publish(state: &AgentState, r: &IncidentRecord) {
+fn publish(state: &Handles, r: &IncidentRecord) {
     let diag = &r.diagnosis;
     let Some(dec) = &r.decision else {
         return;
@@ -318,7 +357,7 @@ fn publish(state: &AgentState, r: &IncidentRecord) {
     );
 }
 
-fn cordon(state: &AgentState, r: &IncidentRecord) {
+fn cordon(state: &Handles, r: &IncidentRecord) {
     let c = Cordon {
         since: SystemTime::now(),
         incident: r.id.clone(),
@@ -342,7 +381,7 @@ fn cordon(state: &AgentState, r: &IncidentRecord) {
 }
 
 /// Lifts the cordon (the Uncordon RPC); returns whether there was one.
-pub fn uncordon(state: &AgentState, reason: &str) -> bool {
+pub fn uncordon(state: &Handles, reason: &str) -> bool {
     let Some(was) = state.incident_store().clear_cordon() else {
         return false;
     };
@@ -370,7 +409,7 @@ pub fn uncordon(state: &AgentState, reason: &str) -> bool {
 
 /// Shows the cordon as a health component, so `warden health`, GetNodeHealth
 /// and `warden health --plugin` report it like any other failure.
-fn report_cordon(state: &AgentState, c: Option<&Cordon>) {
+fn report_cordon(state: &Handles, c: Option<&Cordon>) {
     let reasons = c
         .map(|c| Reason {
             status: Status::Failed,
@@ -391,7 +430,7 @@ fn report_cordon(state: &AgentState, c: Option<&Cordon>) {
         })
         .into_iter()
         .collect();
-    state.apply_report_from(
+    state.reporter.apply_from(
         "policy",
         ComponentReport {
             id: "node/cordon".into(),

@@ -161,7 +161,7 @@ async fn serve(
     let state = Arc::new(state);
     // Subscribed before anything publishes, so attribution sees every
     // registration and signal.
-    let attribution = crate::attribute::task::start(state.clone());
+    let attribution = crate::attribute::task::start(state.attribution(), state.take_escalations());
     let goodput =
         crate::goodput::task::start(&state.events, state.goodput.clone(), state.shutdown.clone());
     let cfg = &state.config;

@@ -15,7 +15,8 @@ pub use diagnosis::{Diagnosis, Evidence, IncidentKind, IncidentRecord};
 
 /// A later decision about an incident, taken outside the attribution task
 /// (an in-process restart nobody acknowledged in time, so the launcher must
-/// restart the job): sent through [`crate::state::AgentState::escalations`].
+/// restart the job): sent by the agent's in-process restarts to its
+/// attribution task (`warden_agent::act::in_process::Handles::escalations`).
 #[derive(Debug, Clone)]
 pub struct Escalation {
     /// The incident.

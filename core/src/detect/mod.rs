@@ -1,12 +1,14 @@
 //! Detectors: signals in, incidents out.
 //!
-//! In: slot snapshots and process facts gathered by [`crate::ranks`].
-//! Out: verdicts (a hang, with the threshold and how it was derived).
-//! Never: the agent state, gRPC, or I/O but one read: the hang detector and
-//! the XID table ([`xid`]) are pure functions over plain values, so a table of
-//! cases tests them and the work loop decides when to gather evidence; the
-//! straggler driver ([`straggler::Stragglers::tick`]), handed the registry
-//! and the health model, reads `/proc/<pid>/schedstat` to explain a flag.
+//! In: slot snapshots and process facts gathered by the agent's ranks
+//! stage, and copies of the ranks' samples with the host's CPU facts for the
+//! straggler detector ([`straggler::Stragglers::copy_out`],
+//! [`straggler::HostProbe`]).
+//! Out: verdicts (a hang, with the threshold and how it was derived;
+//! straggler flags).
+//! Never: the agent state, gRPC, or I/O but the hang calibration's own
+//! file: the hang detector is pure functions over plain values, so a table
+//! of cases tests them and the work loop decides when to gather evidence.
 
 pub mod calibration;
 pub mod hang;

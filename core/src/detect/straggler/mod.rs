@@ -3,9 +3,10 @@
 //! explained from its GPUs' health and the host's CPU.
 //!
 //! In: each rank's completed steps with their sections (the scan pushes them
-//! into [`RankSamples`] on the rank's registry entry), the health model, the
-//! rank's `/proc/<pid>/schedstat`, and peers' summaries of the ranks they
-//! own. Out: per-rank scores (GetStragglers, `warden stragglers`), events
+//! into [`RankSamples`] on the rank's registry entry; the agent lends them
+//! as [`LiveRank`]s), the health model, the rank's CPU run-queue delay and
+//! the load average ([`HostProbe`], read by the agent), and peers' summaries
+//! of the ranks they own. Out: per-rank scores (GetStragglers, `warden stragglers`), events
 //! `rank.straggler` / `rank.straggler_cleared`, metrics
 //! `warden_straggler_*`, and summaries of this agent's ranks for peers.
 //! Never: block the scan (the registry lock is held only to copy a few
@@ -15,8 +16,9 @@
 //! The submodules are pure: [`score`] (windows, median and MAD, scores,
 //! hysteresis), [`explain`] (the sentence and cause class), [`exchange`]
 //! (summaries and the peers' store), [`samples`] (the per-rank ring),
-//! [`config`]. This file is the driver the work loop calls once per tick
-//! ([`Stragglers::tick`], handed the registry and the health model); a rank
+//! [`config`]. This file is the driver the agent calls once per tick
+//! (`warden_agent::ranks::stragglers::tick`: [`Stragglers::copy_out`] under
+//! the registry lock, then [`Stragglers::score`] outside it); a rank
 //! is scored every `stride_steps` of its new steps. Whoever runs the
 //! detector owns it (the agent state holds it for the work loop and the
 //! API) and starts the peer exchange (`api::stragglers`) when
