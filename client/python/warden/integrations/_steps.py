@@ -21,7 +21,14 @@ SECTIONS = ("forward", "backward", "optimizer", "checkpoint")
 
 class StepTracker:
     """Which step and section are open, so that hooks that come in any order
-    (gradient accumulation, a skipped optimizer step) leave the slot tidy."""
+    (gradient accumulation, a skipped optimizer step) leave the slot tidy.
+
+    One tracker drives the slot at a time: the first step of a new one (the
+    next attempt under ``warden.run`` builds a new trainer and callback)
+    closes what the previous one left open when a restart interrupted it."""
+
+    #: The tracker that last began a step.
+    _current: Optional["StepTracker"] = None
 
     def __init__(self, client: Optional[_native.Client] = None) -> None:
         self._client = client if client is not None else _native.default_client()
@@ -32,6 +39,10 @@ class StepTracker:
 
     def begin(self, step: int) -> None:
         """Begins ``step`` (ending the one open, if any, first)."""
+        previous = StepTracker._current
+        if previous is not None and previous is not self:
+            previous.abandon()
+        StepTracker._current = self
         if self.step is not None:
             self.end()
         self._client.step_begin(int(step))
