@@ -374,9 +374,17 @@ impl Checkpointer {
     /// job (`step` 0), or of `step`; `None` when no step is complete
     /// anywhere (a fresh start).
     pub fn restore(&self, step: u64) -> Result<Option<Restored>, CheckpointError> {
+        self.restore_rank(self.opts.global_rank, step)
+    }
+
+    /// Another rank's shard of the same job, as [`Checkpointer::restore`]
+    /// finds this rank's: for a sharded checkpoint (torch.distributed.checkpoint)
+    /// whose reader needs items another rank wrote (a replicated tensor is
+    /// saved by one rank only; a job that restores with a new sharding).
+    pub fn restore_rank(&self, rank: u32, step: u64) -> Result<Option<Restored>, CheckpointError> {
         let req = pb::RestoreRequest {
             job_id: self.opts.job_id.clone(),
-            rank: self.opts.global_rank,
+            rank,
             step,
         };
         let r = self.call_reconnecting("Restore", |mut agent| {

@@ -78,11 +78,14 @@ pub fn _ckpt_commit(
     Ok(done.display().to_string())
 }
 
-/// Restores `step` (0: the newest complete): a dict, or None on a fresh start.
+/// Restores `step` (0: the newest complete) of this rank's shard, or of
+/// `rank`'s: a dict, or None on a fresh start.
 #[pyfunction]
-pub fn _ckpt_restore(py: Python<'_>, step: u64) -> PyResult<Option<Py<PyDict>>> {
+#[pyo3(signature = (step, rank=None))]
+pub fn _ckpt_restore(py: Python<'_>, step: u64, rank: Option<u32>) -> PyResult<Option<Py<PyDict>>> {
     let ck = checkpointer(py)?;
-    let Some(r) = py.detach(|| ck.restore(step)).map_err(to_py)? else {
+    let rank = rank.unwrap_or(ck.options().global_rank);
+    let Some(r) = py.detach(|| ck.restore_rank(rank, step)).map_err(to_py)? else {
         return Ok(None);
     };
     let d = PyDict::new(py);

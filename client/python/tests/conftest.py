@@ -10,3 +10,84 @@ _SCRATCH = tempfile.mkdtemp(prefix="warden-pytest-")
 os.environ["WARDEN_SOCKET"] = os.path.join(_SCRATCH, "no-agent.sock")
 for _var in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "WARDEN_JOB_ID", "TORCHELASTIC_RUN_ID"):
     os.environ.pop(_var, None)
+
+
+# --- A real agent and real frameworks, for the integration tests ------------
+
+import importlib.util  # noqa: E402
+import json  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Iterator  # noqa: E402
+
+import pytest  # noqa: E402
+
+from wardend import Wardend, find_wardend  # noqa: E402
+
+#: The scripts the integration tests run as ranks (fresh interpreters: the
+#: client's default connection and checkpointer are per process, and this
+#: one points at no agent).
+JOBS = Path(__file__).resolve().parent / "jobs"
+#: Bound on one rank's run: real frameworks on a loaded 2-core machine.
+RANK_TIMEOUT_S = 300.0
+
+
+def require_framework(module: str) -> None:
+    """Skips the test when ``module`` cannot be imported, or fails it when
+    ``WARDEN_REQUIRE_FRAMEWORKS=1`` (tests/run-all.sh installs them)."""
+    if importlib.util.find_spec(module) is not None:
+        return
+    if os.environ.get("WARDEN_REQUIRE_FRAMEWORKS") == "1":
+        pytest.fail(f"{module} is not installed (bash tests/frameworks-venv.sh installs it)")
+    pytest.skip(f"{module} is not installed (bash tests/frameworks-venv.sh)")
+
+
+@pytest.fixture(scope="session")
+def wardend(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Wardend]:
+    """One real agent for the session; each test uses a job id of its own."""
+    binary = find_wardend()
+    if binary is None:
+        pytest.fail("no wardend binary: cargo build -p warden-agent, or set WARDEN_TEST_WARDEND")
+    agent = Wardend(tmp_path_factory.mktemp("wardend"), binary)
+    yield agent
+    agent.stop()
+
+
+def run_ranks(
+    agent: Wardend, job: str, script: str, args: list[str], world: int = 1
+) -> list[dict]:
+    """Runs ``jobs/<script>`` as ``world`` ranks of ``job`` against ``agent``;
+    each writes its result as JSON to the path given last. Returns them by rank."""
+    out_dir = agent.home / f"{job}-out"
+    out_dir.mkdir(exist_ok=True)
+    procs = []
+    for rank in range(world):
+        out = out_dir / f"rank{rank}.json"
+        env = agent.env(job, rank, world)
+        env["PYTHONPATH"] = str(JOBS)
+        log = open(out_dir / f"rank{rank}.log", "wb")
+        p = subprocess.Popen(
+            [sys.executable, str(JOBS / script), *args, str(out)],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        procs.append((p, out, log))
+    results = []
+    failed = []
+    for rank, (p, out, log) in enumerate(procs):
+        try:
+            p.wait(RANK_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+        log.close()
+        text = (out_dir / f"rank{rank}.log").read_text(errors="replace")
+        if p.returncode != 0:
+            failed.append(f"rank {rank} exited {p.returncode}:\n{text[-6000:]}")
+            continue
+        results.append(json.loads(out.read_text()))
+    if failed:
+        pytest.fail("\n".join(failed) + "\n--- wardend ---\n" + agent.stderr()[-3000:])
+    return results

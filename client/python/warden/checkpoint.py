@@ -42,6 +42,7 @@ TierFullError = _native.TierFullError
 __all__ = [
     "CheckpointError",
     "Restored",
+    "ShardFile",
     "TierFullError",
     "identity",
     "load_state_dict",
@@ -94,6 +95,69 @@ def save_file(step: int, write: Callable[[str], Any], size_hint: int = 0) -> str
     return _native._ckpt_commit(int(step), path, token, size, time.perf_counter() - started)
 
 
+class ShardFile:
+    """A shard written in more than one go, then committed: for a writer that
+    learns the last of its bytes later than the first (torch.distributed.checkpoint's
+    coordinator appends the checkpoint's metadata after every rank wrote).
+
+    ``file`` is the staging file, open for writing. ``commit()`` closes and
+    commits it and returns the shard's path in the tier; ``abort()`` (also on
+    an exception inside ``with``) removes it, so nothing half-written is
+    ever committed.
+    """
+
+    def __init__(self, step: int, size_hint: int = 0) -> None:
+        self.step = int(step)
+        self._started = time.perf_counter()
+        self.path, self._token = _native._ckpt_begin(self.step, int(size_hint))
+        try:
+            self.file = open(self.path, "wb")
+        except BaseException:
+            self._remove()
+            raise
+        self._done = False
+
+    def commit(self) -> str:
+        """Closes the file and commits it as this rank's shard of the step."""
+        if self._done:
+            raise CheckpointError(f"shard of step {self.step} already committed or aborted")
+        self._done = True
+        try:
+            self.file.close()
+            size = os.stat(self.path).st_size
+        except BaseException as e:
+            self._remove()
+            if isinstance(e, OSError) and e.errno in (28, 122):  # ENOSPC, EDQUOT
+                raise TierFullError(f"checkpoint tier full writing {self.path}: {e}") from e
+            raise
+        stall = time.perf_counter() - self._started
+        return _native._ckpt_commit(self.step, self.path, self._token, size, stall)
+
+    def abort(self) -> None:
+        """Drops the staging file (no-op once committed or aborted)."""
+        if self._done:
+            return
+        self._done = True
+        try:
+            self.file.close()
+        except OSError:
+            pass
+        self._remove()
+
+    def _remove(self) -> None:
+        try:
+            os.unlink(self.path)
+        except OSError:
+            pass
+
+    def __enter__(self) -> "ShardFile":
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if exc_type is not None:
+            self.abort()
+
+
 def save(step: int, data: Any) -> str:
     """Save ``data`` (bytes, bytearray, memoryview or any buffer, such as a numpy
     array) as this rank's shard of ``step``. Returns the shard's path in the tier."""
@@ -109,10 +173,14 @@ def save(step: int, data: Any) -> str:
     return save_file(step, write, size_hint=view.nbytes)
 
 
-def restore(step: int = 0) -> Optional[Restored]:
+def restore(step: int = 0, rank: Optional[int] = None) -> Optional[Restored]:
     """This rank's shard of the newest step complete for every rank (or of
-    ``step``), or None when no step is complete anywhere."""
-    r = _native._ckpt_restore(int(step))
+    ``step``), or None when no step is complete anywhere.
+
+    ``rank``: another rank's shard of the same job instead (a sharded
+    checkpoint whose reader needs what another rank wrote; a replicated
+    state that rank 0 alone saved)."""
+    r = _native._ckpt_restore(int(step), None if rank is None else int(rank))
     if r is None:
         return None
     return Restored(**r)

@@ -1,0 +1,145 @@
+"""PyTorch Lightning: steps, sections and checkpoints through the local warden agent.
+
+    import warden
+    from warden.integrations.lightning import WardenCallback, restore_path
+
+    def train():
+        trainer = L.Trainer(max_steps=10_000, callbacks=[WardenCallback(every_n_steps=500)])
+        trainer.fit(MyModule(), loader, ckpt_path=restore_path())   # None: a fresh start
+
+    warden.run(train)     # in-process restarts: train() again, resuming from the tier
+
+In: the Trainer's hooks. Out: one warden step per optimizer step
+(``trainer.global_step``, micro-batches of gradient accumulation inside
+it), the sections ``forward`` (from the batch's start to the loss),
+``backward`` and ``optimizer``, and every ``every_n_steps`` a full Lightning
+checkpoint (``trainer.save_checkpoint``: weights, optimizers, loops) saved
+as the rank's shard of that step in the agent's tier, in section
+``checkpoint``. Never: fails training because the agent is away (a save
+that fails is a warning, and the next one tries again; the heartbeat calls
+never raise), or leaves a section open after an exception.
+
+Lightning writes the checkpoint on global rank 0 only; the other ranks
+commit an empty shard so that the step is complete, and every rank
+restores rank 0's shard (``restore_path``). Uses ``lightning.pytorch``
+when the ``lightning`` package is installed, else ``pytorch_lightning``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import warnings
+from typing import Any, Optional
+
+from . import require
+from ._steps import StepTracker
+from .. import checkpoint as _ckpt
+from .. import section as _section
+
+if importlib.util.find_spec("lightning") is not None:
+    _pl = require("lightning.pytorch", "warden.integrations.lightning", "lightning")
+else:
+    _pl = require("pytorch_lightning", "warden.integrations.lightning", "pytorch-lightning")
+
+__all__ = ["WardenCallback", "restore_path"]
+
+
+def restore_path(step: int = 0) -> Optional[str]:
+    """The Lightning checkpoint of the newest step complete in the tier (or
+    of ``step``), as a local file for ``trainer.fit(ckpt_path=...)``; None on
+    a fresh start. Raises ``warden.checkpoint.CheckpointError`` when the
+    agent cannot be reached (a resume that silently started over would
+    be worse)."""
+    r = _ckpt.restore(step, rank=0)
+    return r.path if r is not None else None
+
+
+class WardenCallback(_pl.Callback):
+    """Reports steps and sections to the agent, and saves checkpoints into its tier.
+
+    ``every_n_steps``: save a checkpoint every that many optimizer steps
+    (None: never; steps and sections only). ``client``: an explicit
+    ``warden.connect(...)`` client (default: the module-level one).
+    """
+
+    def __init__(self, every_n_steps: Optional[int] = None, client: Any = None) -> None:
+        super().__init__()
+        if every_n_steps is not None and every_n_steps < 1:
+            raise ValueError(f"every_n_steps must be at least 1, not {every_n_steps}")
+        self.every_n_steps = every_n_steps
+        self._client = client
+        self._tracker: Optional[StepTracker] = None
+        #: The last step saved into the tier (None: none yet by this callback).
+        self.last_saved: Optional[int] = None
+
+    @property
+    def _steps(self) -> StepTracker:
+        if self._tracker is None:
+            self._tracker = StepTracker(self._client)
+        return self._tracker
+
+    def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
+        """A micro-batch starts: its optimizer step begins if not open yet; forward."""
+        steps = self._steps
+        if steps.step != trainer.global_step:
+            steps.begin(trainer.global_step)
+        steps.enter("forward")
+
+    def on_before_backward(self, trainer: Any, pl_module: Any, loss: Any) -> None:
+        """The loss is computed: backward."""
+        self._steps.enter("backward")
+
+    def on_after_backward(self, trainer: Any, pl_module: Any) -> None:
+        """Gradients are in: the section closes."""
+        self._steps.leave()
+
+    def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
+        """The optimizer steps (after its closure ran forward and backward)."""
+        self._steps.enter("optimizer")
+
+    def on_train_batch_end(
+        self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        """The micro-batch is done; once the optimizer stepped, so is the step,
+        and a checkpoint is due every ``every_n_steps``."""
+        steps = self._steps
+        steps.leave()
+        if steps.step is None or trainer.global_step == steps.step:
+            return  # gradient accumulation: the optimizer step is still to come
+        steps.end()
+        step = trainer.global_step
+        if self.every_n_steps and step % self.every_n_steps == 0 and step != self.last_saved:
+            self.save(trainer, step)
+
+    def save(self, trainer: Any, step: int) -> Optional[str]:
+        """Saves the Trainer's full checkpoint as this rank's shard of ``step``
+        (every rank must call it: ``trainer.save_checkpoint`` has a barrier).
+        Returns the shard's path, or None when the save failed (warned)."""
+        done: Optional[str] = None
+        with _section("checkpoint"):
+            try:
+                done = _ckpt.save_file(step, lambda p: _write(trainer, p))
+            except _ckpt.CheckpointError as e:
+                warnings.warn(f"warden: checkpoint of step {step} not saved: {e}", stacklevel=2)
+        if done is not None:
+            self.last_saved = step
+        return done
+
+    def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
+        """Closes what is open (a restart or an error ended the step)."""
+        if self._tracker is not None:
+            self._tracker.abandon()
+
+    def on_train_end(self, trainer: Any, pl_module: Any) -> None:
+        """Nothing stays open after fit."""
+        if self._tracker is not None:
+            self._tracker.end()
+
+
+def _write(trainer: Any, path: str) -> None:
+    """``trainer.save_checkpoint`` into the tier's staging file; on the ranks
+    where Lightning writes nothing (all but global rank 0), an empty shard."""
+    trainer.save_checkpoint(path)
+    if not os.path.exists(path):
+        open(path, "wb").close()

@@ -1,0 +1,181 @@
+"""Hugging Face Transformers: steps, sections and checkpoints through the local warden agent.
+
+    import warden
+    from warden.integrations.transformers import WardenCallback, restore_dir
+
+    def train():
+        args = TrainingArguments(output_dir="out", save_strategy="steps", save_steps=500, ...)
+        trainer = Trainer(model=make_model(), args=args, train_dataset=ds,
+                          callbacks=[WardenCallback()])
+        trainer.train(resume_from_checkpoint=restore_dir(args.output_dir))   # None: fresh
+
+    warden.run(train)     # in-process restarts: train() again, resuming from the tier
+
+In: the Trainer's callback events and the model's forward. Out: one warden
+step per optimizer step (``state.global_step``; the micro-batches of
+gradient accumulation inside it), the sections ``forward`` (the model's
+forward, timed by a forward pre-hook and hook on the model), ``backward``
+(from the end of the forward through the loss's backward and gradient
+clipping) and ``optimizer``, and after each checkpoint the Trainer saves
+(``on_save``: its ``checkpoint-N`` directory) a copy in the agent's tier as
+the rank's shard of step N, in section ``checkpoint``. Never: fails training
+because the agent is away (a failed copy is a warning, the next save tries
+again), or leaves a section open after an exception.
+
+The directory is packed (tar, uncompressed) by the process that saves it
+(``args.should_save``: world process zero); the other ranks commit an empty
+shard so that the step is complete, and every rank restores rank 0's
+(``restore_dir``), unpacked into a directory of its own.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tarfile
+import warnings
+from typing import Any, Optional
+
+from . import require
+from ._steps import StepTracker
+from .. import checkpoint as _ckpt
+from .. import section as _section
+
+_tf = require("transformers", "warden.integrations.transformers", "transformers accelerate")
+
+__all__ = ["WardenCallback", "restore_dir"]
+
+#: The Trainer's name for a checkpoint directory: checkpoint-<global step>.
+PREFIX = "checkpoint"
+
+
+def restore_dir(output_dir: str, step: int = 0) -> Optional[str]:
+    """The Trainer checkpoint of the newest step complete in the tier (or of
+    ``step``), unpacked as ``<output_dir>/warden-restore/rank-<R>/checkpoint-N``
+    for ``trainer.train(resume_from_checkpoint=...)``; None on a fresh start.
+    Raises ``warden.checkpoint.CheckpointError`` when the agent cannot be
+    reached (a resume that silently started over would be worse)."""
+    r = _ckpt.restore(step, rank=0)
+    if r is None:
+        return None
+    _job, rank, _world = _ckpt.identity()
+    root = os.path.join(output_dir, "warden-restore", f"rank-{rank}")
+    shutil.rmtree(root, ignore_errors=True)
+    os.makedirs(root)
+    with tarfile.open(r.path, "r:") as tar:
+        if hasattr(tarfile, "data_filter"):
+            tar.extractall(root, filter="data")
+        else:  # pragma: no cover - Pythons before the extraction filters
+            tar.extractall(root)
+    path = os.path.join(root, f"{PREFIX}-{r.step}")
+    if not os.path.isdir(path):
+        raise _ckpt.CheckpointError(
+            f"restore_dir: rank 0's shard of step {r.step} holds no {PREFIX}-{r.step} directory"
+        )
+    return path
+
+
+class WardenCallback(_tf.TrainerCallback):
+    """Reports steps and sections to the agent, and copies each saved
+    checkpoint into its tier. ``client``: an explicit ``warden.connect(...)``
+    client (default: the module-level one). ``save_to_tier=False`` keeps the
+    checkpoints on disk only."""
+
+    def __init__(self, save_to_tier: bool = True, client: Any = None) -> None:
+        self.save_to_tier = save_to_tier
+        self._client = client
+        self._tracker: Optional[StepTracker] = None
+        self._hooks: list[Any] = []
+        #: The last step copied into the tier (None: none yet by this callback).
+        self.last_saved: Optional[int] = None
+
+    @property
+    def _steps(self) -> StepTracker:
+        if self._tracker is None:
+            self._tracker = StepTracker(self._client)
+        return self._tracker
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
+        """Hooks the model's forward, so that it is timed as its own section."""
+        self._remove_hooks()
+        if model is None:
+            return
+        self._hooks = [
+            model.register_forward_pre_hook(self._forward_begins),
+            model.register_forward_hook(self._forward_ends),
+        ]
+
+    def _forward_begins(self, module: Any, args: Any) -> None:
+        if self._steps.step is not None and module.training:
+            self._steps.enter("forward")
+
+    def _forward_ends(self, module: Any, args: Any, output: Any) -> None:
+        if self._steps.step is not None and module.training:
+            self._steps.enter("backward")
+
+    def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        """An optimizer step begins (its first micro-batch)."""
+        self._steps.begin(state.global_step)
+
+    def on_substep_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        """A micro-batch of gradient accumulation is done."""
+        self._steps.leave()
+
+    def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        """Gradients are in (and clipped): the optimizer steps."""
+        self._steps.enter("optimizer")
+
+    def on_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        """The optimizer stepped."""
+        self._steps.leave()
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        """The step is done (the scheduler stepped, the gradients zeroed)."""
+        self._steps.end()
+
+    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        """The Trainer saved ``checkpoint-N``: a copy goes into the tier as step N."""
+        if not self.save_to_tier:
+            return
+        step = int(state.global_step)
+        if step < 1 or step == self.last_saved:
+            return
+        src = os.path.join(args.output_dir, f"{PREFIX}-{step}")
+        with _section("checkpoint"):
+            try:
+                _ckpt.save_file(step, lambda p: _pack(src if args.should_save else None, p))
+            except (_ckpt.CheckpointError, OSError) as e:
+                warnings.warn(f"warden: checkpoint of step {step} not copied to the tier: {e}", stacklevel=2)
+                return
+        self.last_saved = step
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        """Nothing stays open, and the model's hooks go."""
+        if self._tracker is not None:
+            self._tracker.end()
+        self._remove_hooks()
+
+    def abandon(self) -> None:
+        """Closes what is open and drops the model's hooks: call it from
+        ``warden.run``'s ``on_restart`` when the Trainer is kept across
+        attempts (the Trainer has no callback event for an exception)."""
+        if self._tracker is not None:
+            self._tracker.abandon()
+        self._remove_hooks()
+
+    def _remove_hooks(self) -> None:
+        for h in self._hooks:
+            h.remove()
+        self._hooks = []
+
+
+def _pack(src: Optional[str], path: str) -> None:
+    """The checkpoint directory ``src`` as a tar at ``path`` (its top entry
+    named as the directory is); ``src`` None: an empty shard."""
+    if src is None:
+        open(path, "wb").close()
+        return
+    if not os.path.isdir(src):
+        raise _ckpt.CheckpointError(f"the Trainer's checkpoint {src} is not a directory")
+    with tarfile.open(path, "w:") as tar:
+        tar.add(src, arcname=os.path.basename(src))
