@@ -35,6 +35,8 @@ pub fn start(state: Arc<AgentState>) -> impl std::future::Future<Output = ()> + 
     // A cordon from before a restart is shown again.
     if let Some(c) = state.incident_store().cordon().cloned() {
         report_cordon(&state, Some(&c));
+        // Drained again: a drain that failed before the restart is retried.
+        state.slurm.drain(&c.incident, &c.summary);
     }
     run(state, sub, engine)
 }
@@ -328,6 +330,7 @@ fn cordon(state: &AgentState, r: &IncidentRecord) {
         return;
     }
     report_cordon(state, Some(&c));
+    state.slurm.drain(&c.incident, &c.summary);
     state.events.publish(
         NewEvent::new(
             Severity::Critical,
@@ -346,6 +349,7 @@ pub fn uncordon(state: &AgentState, reason: &str) -> bool {
         return false;
     };
     report_cordon(state, None);
+    state.slurm.resume(reason);
     state.events.publish(
         NewEvent::new(
             Severity::Info,
