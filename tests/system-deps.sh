@@ -14,22 +14,25 @@
 #   slurm: Debian's slurmctld, slurmd, slurm-client and munge, for
 #          tests/slurm.rs (a one-node cluster the test starts in a scratch
 #          directory, with its own munge key); their system services are
-#          kept from starting. promtool (Debian's prometheus), which checks
-#          and unit-tests deploy/prometheus's alert rules (tests/deploy.rs).
+#          kept from starting.
+#   prometheus: promtool (Debian's prometheus; its service kept from
+#          starting), which checks and unit-tests deploy/prometheus's alert
+#          rules (tests/prometheus_rules.rs).
 #   container: a container engine for tests/container.rs and
 #          deploy/build-image.sh: Debian's docker.io when no docker engine
 #          answers, started here (dockerd in the background, its log in
 #          /var/log/warden-dockerd.log) when none runs; busybox-static (the
 #          images' only tool, for the DaemonSet's init container).
 set -euo pipefail
-want_build=0 want_test=0 want_container=0 want_slurm=0
+want_build=0 want_test=0 want_container=0 want_slurm=0 want_prometheus=0
 for a in "$@"; do
   case $a in
     build) want_build=1 ;;
     test) want_test=1 ;;
     container) want_container=1 ;;
     slurm) want_slurm=1 ;;
-    *) echo "system-deps.sh: unknown group $a (expected build, test, container, slurm)" >&2; exit 2 ;;
+    prometheus) want_prometheus=1 ;;
+    *) echo "system-deps.sh: unknown group $a (expected build, test, container, slurm, prometheus)" >&2; exit 2 ;;
   esac
 done
 need=()
@@ -48,6 +51,8 @@ if ((want_slurm)); then
   [[ -x /usr/sbin/slurmd ]] || need+=(slurmd)
   command -v sbatch >/dev/null && command -v scontrol >/dev/null || need+=(slurm-client)
   [[ -x /usr/sbin/munged ]] || need+=(munge)
+fi
+if ((want_prometheus)); then
   command -v promtool >/dev/null || need+=(prometheus)
 fi
 if ((want_build)) && [[ -z ${PROTOC:-} ]]; then
