@@ -12,11 +12,13 @@ step "toolchain"
 cargo --version
 rustup component list --installed 2>/dev/null | grep -qE '^(rustfmt|clippy)' || rustup component add rustfmt clippy
 
-step "system packages: protoc (etcd-client's build), etcd (multi-host tests), a container engine (packaging tests)"
-bash tests/system-deps.sh build test container
+step "system packages: protoc (etcd-client's build), etcd (multi-host tests), a container engine (packaging tests), Slurm and munge (tests/slurm.rs), promtool (alert rules)"
+bash tests/system-deps.sh build test container slurm prometheus
 docker version --format 'docker engine {{.Server.Version}}' 2>/dev/null || true
 etcd --version 2>/dev/null | head -1 || true
 protoc --version 2>/dev/null || true
+slurmctld -V 2>/dev/null || true
+promtool --version 2>/dev/null | head -1 || true
 
 step "python venv (.venv, inside the clone) with the warden package, pytest, kubernetes-validate, stock gRPC clients"
 # The system tests drive real Python ranks through this interpreter

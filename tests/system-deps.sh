@@ -11,19 +11,28 @@
 #          system service is kept from starting. WARDEN_TEST_ETCD may name an
 #          etcd binary instead. systemd-analyze (tests/deploy.rs verifies
 #          the unit file).
+#   slurm: Debian's slurmctld, slurmd, slurm-client and munge, for
+#          tests/slurm.rs (a one-node cluster the test starts in a scratch
+#          directory, with its own munge key); their system services are
+#          kept from starting.
+#   prometheus: promtool (Debian's prometheus; its service kept from
+#          starting), which checks and unit-tests deploy/prometheus's alert
+#          rules (tests/prometheus_rules.rs).
 #   container: a container engine for tests/container.rs and
 #          deploy/build-image.sh: Debian's docker.io when no docker engine
 #          answers, started here (dockerd in the background, its log in
 #          /var/log/warden-dockerd.log) when none runs; busybox-static (the
 #          images' only tool, for the DaemonSet's init container).
 set -euo pipefail
-want_build=0 want_test=0 want_container=0
+want_build=0 want_test=0 want_container=0 want_slurm=0 want_prometheus=0
 for a in "$@"; do
   case $a in
     build) want_build=1 ;;
     test) want_test=1 ;;
     container) want_container=1 ;;
-    *) echo "system-deps.sh: unknown group $a (expected build, test, container)" >&2; exit 2 ;;
+    slurm) want_slurm=1 ;;
+    prometheus) want_prometheus=1 ;;
+    *) echo "system-deps.sh: unknown group $a (expected build, test, container, slurm, prometheus)" >&2; exit 2 ;;
   esac
 done
 need=()
@@ -36,6 +45,15 @@ fi
 if ((want_test)); then
   command -v etcd >/dev/null || [[ -n ${WARDEN_TEST_ETCD:-} ]] || need+=(etcd-server)
   command -v systemd-analyze >/dev/null || need+=(systemd)
+fi
+if ((want_slurm)); then
+  [[ -x /usr/sbin/slurmctld ]] || need+=(slurmctld)
+  [[ -x /usr/sbin/slurmd ]] || need+=(slurmd)
+  command -v sbatch >/dev/null && command -v scontrol >/dev/null || need+=(slurm-client)
+  [[ -x /usr/sbin/munged ]] || need+=(munge)
+fi
+if ((want_prometheus)); then
+  command -v promtool >/dev/null || need+=(prometheus)
 fi
 if ((want_build)) && [[ -z ${PROTOC:-} ]]; then
   if ! command -v protoc >/dev/null; then
@@ -55,8 +73,9 @@ if ((${#need[@]})); then
     echo "install them, or set WARDEN_TEST_ETCD (an etcd 3.4+ binary) and PROTOC (a protoc with its include dir)" >&2
     exit 1
   fi
-  # Keep the package from starting its etcd service (policy-rc.d 101: action
-  # forbidden); put back whatever policy was there.
+  # Keep the packages from starting their services (etcd, slurmctld, slurmd,
+  # munge, prometheus; policy-rc.d 101: action forbidden); put back whatever
+  # policy was there.
   policy=/usr/sbin/policy-rc.d
   own_policy=0
   if [[ ! -e $policy ]]; then
@@ -68,7 +87,9 @@ if ((${#need[@]})); then
   ((own_policy)) && "${sudo[@]}" rm -f "$policy"
   ((rc == 0)) || { echo "system-deps.sh: apt-get install ${need[*]} failed ($rc)" >&2; exit "$rc"; }
   if [[ -d /run/systemd/system ]]; then
-    "${sudo[@]}" systemctl disable --now etcd.service >/dev/null 2>&1 || true
+    for unit in etcd slurmctld slurmd munge prometheus prometheus-node-exporter; do
+      "${sudo[@]}" systemctl disable --now "$unit.service" >/dev/null 2>&1 || true
+    done
   fi
 fi
 if ((want_container)) && ! docker info >/dev/null 2>&1; then

@@ -50,6 +50,9 @@ pub struct AgentState {
     /// and what each rank's `Control` stream delivers (its own lock, never
     /// held together with the registry's).
     pub restarts: Arc<crate::act::in_process::Restarts>,
+    /// Drain and resume requests for the Slurm task (act::slurm): the
+    /// cordon and its lifting reach Slurm without waiting for `scontrol`.
+    pub slurm: Arc<crate::act::slurm::Slurm>,
     /// The checkpoint tiers, or why there are none (off, or the tier's
     /// directory could not be made): the checkpoint calls answer with it.
     pub checkpoints: Result<std::sync::Arc<crate::ckpt::Checkpoints>, String>,
@@ -123,6 +126,7 @@ impl AgentState {
             escalations,
             escalations_rx: Mutex::new(Some(escalations_rx)),
             restarts: Arc::new(crate::act::in_process::Restarts::new()),
+            slurm: Arc::new(crate::act::slurm::Slurm::new(&config.slurm)),
             checkpoints: if config.checkpoint.enabled {
                 crate::ckpt::Checkpoints::open(
                     &config.checkpoint,
@@ -230,6 +234,7 @@ impl AgentState {
             policy: self.config.policy.clone(),
             host: self.host.clone(),
             in_process: self.in_process(),
+            slurm: self.slurm.clone(),
             shutdown: self.shutdown.clone(),
         }
     }

@@ -1,6 +1,8 @@
 //! Acting on decisions: in-process restarts (the agent, through the
 //! ranks' slots and control streams) and the launcher `warden run`, which
-//! owns the worker processes (in-job restarts, stop, cordon).
+//! owns the worker processes (in-job restarts, stop, cordon); and Slurm,
+//! which drains the node while it is cordoned.
 
 pub mod config;
 pub mod in_process;
+pub mod slurm;

@@ -81,6 +81,10 @@ fn describe() {
         "GPU temperature in degrees Celsius"
     );
     describe_gauge!("warden_gpu_power_watts", "GPU power draw in watts");
+    describe_gauge!(
+        "warden_node_cordoned",
+        "1 while a decision has the node cordoned (until `warden uncordon`), else 0"
+    );
 }
 
 #[derive(Clone)]
@@ -92,6 +96,10 @@ struct Scrape {
 async fn render(State(s): State<Scrape>) -> String {
     metrics::gauge!("warden_build_info", "version" => crate::VERSION).set(1.0);
     metrics::gauge!("warden_uptime_seconds").set(s.state.started.elapsed().as_secs_f64());
+    // Read from the store at each scrape, as the component statuses below:
+    // always what the store says, across restarts and uncordons.
+    let cordoned = s.state.incident_store().cordon().is_some();
+    metrics::gauge!("warden_node_cordoned").set(if cordoned { 1.0 } else { 0.0 });
     for c in s.state.health.snapshot().components {
         let level = match c.status {
             warden_core::health::Status::Absent => -1.0,

@@ -50,6 +50,8 @@ pub struct Handles {
     pub host: String,
     /// For `restart_in_process` decisions, which the agent carries out.
     pub in_process: in_process::Handles,
+    /// Drains the node in Slurm on a cordon, resumes it on uncordon.
+    pub slurm: Arc<crate::act::slurm::Slurm>,
     /// Ends the task with the agent.
     pub shutdown: CancellationToken,
 }
@@ -73,6 +75,8 @@ pub fn start(
     // A cordon from before a restart is shown again.
     if let Some(c) = state.incident_store().cordon().cloned() {
         report_cordon(&state, Some(&c));
+        // Drained again: a drain that failed before the restart is retried.
+        state.slurm.drain(&c.incident, &c.summary);
     }
     run(state, sub, engine, escalations)
 }
@@ -368,6 +372,7 @@ fn cordon(state: &Handles, r: &IncidentRecord) {
         return;
     }
     report_cordon(state, Some(&c));
+    state.slurm.drain(&c.incident, &c.summary);
     state.events.publish(
         NewEvent::new(
             Severity::Critical,
@@ -386,6 +391,7 @@ pub fn uncordon(state: &Handles, reason: &str) -> bool {
         return false;
     };
     report_cordon(state, None);
+    state.slurm.resume(reason);
     state.events.publish(
         NewEvent::new(
             Severity::Info,

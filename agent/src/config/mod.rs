@@ -55,6 +55,8 @@ pub struct Config {
     pub restart: crate::act::config::RestartConfig,
     /// `[checkpoint]`: the local tier, peers, durable store.
     pub checkpoint: crate::ckpt::CheckpointConfig,
+    /// `[slurm]`: drain the node in Slurm while it is cordoned.
+    pub slurm: crate::act::slurm::SlurmConfig,
 }
 
 /// `[agent]`: identity and the work loop.
@@ -673,6 +675,7 @@ impl Config {
         self.policy.validate(origin)?;
         self.restart.validate(origin)?;
         self.checkpoint.validate(origin)?;
+        self.slurm.validate(origin)?;
         Ok(())
     }
 

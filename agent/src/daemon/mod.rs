@@ -264,6 +264,15 @@ async fn serve(
         ));
     }
     tasks.spawn(goodput);
+    if let Some(slurm) = crate::act::slurm::start(
+        cfg.slurm.clone(),
+        &state.host,
+        &state.slurm,
+        state.events.clone(),
+        state.shutdown.clone(),
+    ) {
+        tasks.spawn(slurm);
+    }
     tasks.spawn(crate::api::slot_socket::serve(
         slot_listener,
         slot_path.clone(),
