@@ -21,9 +21,9 @@
 # Needs cargo, python3 (3.9+, with venv) and protoc (installed here through
 # tests/system-deps.sh build when missing). The build tools are pinned in
 # deploy/wheel-requirements.txt and installed into a venv of their own,
-# $CARGO_TARGET_DIR/wheel-tools (default target/wheel-tools). The release
-# build of the binaries and of the extension share one target directory
-# (same triple, same profile): the crates they have in common build once.
+# $CARGO_TARGET_DIR/wheel-tools (default target/wheel-tools); the extension
+# builds in $CARGO_TARGET_DIR/wheel-extension (see below), the binaries in
+# $CARGO_TARGET_DIR/<triple>/release.
 set -euo pipefail
 
 # Paths given are the caller's; the script then works from the repository root.
@@ -62,7 +62,6 @@ fi
 export PATH=$tools/bin:$PATH
 # The wheel's binaries carry symbols (a backtrace names functions) but no
 # line tables (80 MB -> 14 MB each); the extension is stripped by maturin.
-# Set for both builds so that they share their common crates.
 export CARGO_PROFILE_RELEASE_DEBUG=false
 
 started=$SECONDS
@@ -83,7 +82,12 @@ install -m 0755 "$bin_dir/wardend" "$bin_dir/warden" "$data/scripts/"
 mkdir -p "$out"
 rm -f "$out"/warden-*.whl
 echo "build-wheel.sh: the wheel (maturin build --release --zig --compatibility $policy)" >&2
-maturin build --release --locked --zig --compatibility "$policy" --target "$target" \
+# A target directory of its own: maturin's zig linker wrapper is not
+# cargo-zigbuild's, and the linker is part of cargo's fingerprint, so in one
+# directory each build would throw away the other's common crates and a
+# second run would rebuild everything (measured: docs/operations.md).
+CARGO_TARGET_DIR=$target_dir/wheel-extension \
+  maturin build --release --locked --zig --compatibility "$policy" --target "$target" \
   -m client/python/Cargo.toml --out "$out"
 rm -rf "$data"
 echo "build-wheel.sh: built in $((SECONDS - started))s" >&2
@@ -93,7 +97,8 @@ wheel=$(ls "$out"/warden-*.whl)
 # binaries): their libraries and symbol versions must all be in the policy.
 report=$(auditwheel show "$wheel")
 echo "$report"
-if ! grep -q "consistent with the following platform tag: \"${policy}_$arch\"" <<<"$report"; then
+# (It wraps its lines: compare with the whitespace folded.)
+if ! grep -q "consistent with the following platform tag: \"${policy}_$arch\"" <<<"$(tr -s ' \n' '  ' <<<"$report")"; then
   echo "build-wheel.sh: auditwheel does not place $wheel in ${policy}_$arch" >&2
   exit 1
 fi
