@@ -66,7 +66,7 @@ export CARGO_PROFILE_RELEASE_DEBUG=false
 
 started=$SECONDS
 echo "build-wheel.sh: wardend and warden for $target, glibc $glibc symbols (cargo zigbuild --release)" >&2
-cargo-zigbuild zigbuild --release --locked --target "$target.$glibc" -p warden-agent --bins
+cargo-zigbuild zigbuild --release --locked --target "$target.$glibc" -p warden-cli --bins
 bin_dir=$target_dir/$target/release
 
 # The binaries go in as the wheel's scripts: maturin packs
