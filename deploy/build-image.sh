@@ -153,6 +153,9 @@ if [[ -n $trainer ]]; then
     found=1
   done
   ((found)) || { echo "build-image.sh: the warden package is not installed for $python (pip install ./client/python)" >&2; exit 1; }
+  # The package's native extension links what the wheel was built against
+  # (libpthread.so.0 for a manylinux_2_28 wheel): its libraries too.
+  copy_libs "$root" "$root/usr/local/lib/python$ver/site-packages/warden"/*.so
   install -m 0644 examples/train.py "$root/app/train.py"
   pack "$root" "$trainer" "${common_changes[@]}" \
     "ENV PYTHONUNBUFFERED=1" \
