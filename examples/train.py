@@ -13,6 +13,9 @@ Faults to inject (all off by default):
       rank R dies with os._exit(C) at step N: a crash. First attempt only
       (TORCHELASTIC_RESTART_COUNT 0), so an in-job restart recovers; with
       --crash-every-attempt on every attempt (a crash that is the code's).
+      With --crash-step-shift D, attempt K dies at step N + K*D instead: a
+      failure at a different step each time (with --ckpt-every 0, which
+      never saves, a restart loop that makes no progress).
   --raise-at-step N [--raise-rank R]
       rank R raises ValueError in its model code at step N, on every attempt:
       a bug in the user's code, which no restart fixes.
@@ -138,7 +141,7 @@ def main() -> int:
     p.add_argument("--step-ms", type=float, default=50.0)
     p.add_argument("--lr", type=float, default=0.1)
     p.add_argument("--ckpt-dir", default=None, help="default: $TMPDIR/warden-train-<job id>")
-    p.add_argument("--ckpt-every", type=int, default=5)
+    p.add_argument("--ckpt-every", type=int, default=5, help="0: never save")
     p.add_argument(
         "--ckpt",
         choices=["file", "warden"],
@@ -151,6 +154,7 @@ def main() -> int:
     p.add_argument("--crash-rank", type=int, default=1)
     p.add_argument("--crash-code", type=int, default=3)
     p.add_argument("--crash-every-attempt", action="store_true")
+    p.add_argument("--crash-step-shift", type=int, default=0)
     p.add_argument("--raise-at-step", type=int, default=-1)
     p.add_argument("--raise-rank", type=int, default=0)
     p.add_argument("--hang-at-step", type=int, default=-1)
@@ -238,13 +242,13 @@ def main() -> int:
             if a.report_every and n % a.report_every == 0:
                 say(f"step {n} loss {loss:.4f}")
             if (
-                n == a.crash_at_step
+                n == a.crash_at_step + RESTART * a.crash_step_shift
                 and RANK == a.crash_rank
                 and (a.crash_every_attempt or first_attempt())
             ):
                 say(f"crash: os._exit({a.crash_code}) at step {n} t={time.time():.6f}")
                 os._exit(a.crash_code)
-            if (n + 1) % a.ckpt_every == 0:
+            if a.ckpt_every > 0 and (n + 1) % a.ckpt_every == 0:
                 save(n + 1, w)
         return w
 

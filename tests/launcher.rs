@@ -3,8 +3,10 @@
 //! workers (the `warden` package, no torch), with faults injected: a crash
 //! comes back through an in-job restart, a hang through the agent's
 //! in-process restart, a user exception stops the job with its code and
-//! diagnosis, orphans and signals leave nothing behind, and a wardend that
-//! runs is used instead of an embedded agent.
+//! diagnosis, orphans and signals leave nothing behind, a wardend that
+//! runs is used instead of an embedded agent, and a restart loop that
+//! makes no progress stops with 88 while one whose checkpoints advance
+//! runs on.
 //!
 //! Each launcher gets its own scratch directory for logs, checkpoints and
 //! (through the log directory) its embedded agent's state; `--socket` points
@@ -49,6 +51,16 @@ impl Scratch {
             .expect("create a scratch directory");
         std::fs::write(dir.path().join("agent.toml"), AGENT_TOML).expect("write the agent config");
         Self { dir }
+    }
+
+    /// The agent's config with `extra` appended (a policy for one test).
+    fn agent_config(self, extra: &str) -> Self {
+        std::fs::write(
+            self.path().join("agent.toml"),
+            format!("{AGENT_TOML}{extra}"),
+        )
+        .expect("write the agent config");
+        self
     }
 
     fn path(&self) -> &Path {
@@ -590,4 +602,169 @@ fn a_hang_comes_back_through_the_agents_in_process_restart() {
         .collect();
     assert_eq!(rank1.len(), 2, "{}", show(&out));
     assert_eq!(rank1[0], rank1[1], "the same process: {}", show(&out));
+}
+
+/// The policy the issue's long job runs under: a failure of unknown class
+/// (or transient software) may restart the job 12 times an hour, so only `--max-restarts 12` and the
+/// no-progress rule can end a restart loop.
+const LONG_JOB_POLICY: &str = "[policy.unknown]\n\
+    on_failure = [\"restart_in_job\"]\non_running = \"continue\"\n\
+    budget = 12\nwindow = \"1h\"\nexhausted = \"stop\"\n\
+    [policy.transient_software]\n\
+    on_failure = [\"restart_in_job\"]\non_running = \"continue\"\n\
+    budget = 12\nwindow = \"1h\"\nexhausted = \"stop\"\n";
+
+/// A job restarted 4 times ends within this (Python start-up four times on
+/// a loaded 2-core machine, the agent's settle time each time).
+const LONG_RUN: Duration = Duration::from_secs(240);
+
+#[test]
+fn a_restart_loop_without_progress_stops_with_88_after_three_restarts() {
+    let s = Scratch::new().agent_config(LONG_JOB_POLICY);
+    let out = run(
+        &mut s.command(
+            "t-noprog",
+            2,
+            &["--max-restarts", "12"],
+            &[
+                "--steps",
+                "500",
+                "--step-ms",
+                "10",
+                // Never saves: every attempt starts again from step 0.
+                "--ckpt-every",
+                "0",
+                // Dies at step 5, 8, 11, ...: another step each time.
+                "--crash-at-step",
+                "5",
+                "--crash-step-shift",
+                "3",
+                "--crash-rank",
+                "1",
+                "--crash-every-attempt",
+            ],
+        ),
+        LONG_RUN,
+    );
+    assert_eq!(out.code(), 88, "{}", show(&out));
+    for step in [5, 8, 11, 14] {
+        assert!(
+            out.stdout
+                .contains(&format!("[rank 1] crash: os._exit(3) at step {step} ")),
+            "step {step}: {}",
+            show(&out)
+        );
+    }
+    // The console's diagnosis, then the summary's.
+    assert!(
+        out.stderr.contains(
+            "no progress in 3 restarts in a row: no checkpoint in the agent's tier, and the ranks' steps show no resume point later than step 0 (--max-no-progress-restarts 3): not restarting again"
+        ),
+        "{}",
+        show(&out)
+    );
+    assert!(
+        out.stderr
+            .contains("decided by launcher (--max-no-progress-restarts 3)")
+            || out
+                .stderr
+                .contains("launcher (--max-no-progress-restarts 3)"),
+        "{}",
+        show(&out)
+    );
+    // M + 1 = 4 attempts, not 13.
+    assert!(
+        !s.logs().join("t-noprog/attempt_4").exists(),
+        "{}",
+        show(&out)
+    );
+    let summary = s.summary();
+    assert_eq!(summary["exit_code"], 88, "{summary:#}");
+    assert!(
+        summary["outcome"]
+            .as_str()
+            .unwrap()
+            .starts_with("failed: no progress in 3 restarts in a row"),
+        "{summary:#}"
+    );
+    let attempts = summary["attempts"].as_array().unwrap();
+    assert_eq!(attempts.len(), 4, "{summary:#}");
+    for a in &attempts[..3] {
+        assert_eq!(a["incident"]["action"], "restart_in_job", "{summary:#}");
+    }
+    let last = &attempts[3];
+    assert_eq!(last["incident"]["action"], "stop", "{summary:#}");
+    assert_eq!(
+        last["incident"]["decided_by"], "launcher (--max-no-progress-restarts 3)",
+        "{summary:#}"
+    );
+    assert!(
+        last["ended"]
+            .as_str()
+            .unwrap()
+            .contains("restart refused (no progress)"),
+        "{summary:#}"
+    );
+}
+
+#[test]
+fn a_job_whose_checkpoint_advances_between_failures_is_not_stopped() {
+    let s = Scratch::new().agent_config(LONG_JOB_POLICY);
+    let out = run(
+        &mut s.command(
+            "t-progress",
+            2,
+            &["--max-restarts", "12"],
+            &[
+                "--steps",
+                "30",
+                "--step-ms",
+                "10",
+                // Saved in the agent's tier every 5 steps; each attempt
+                // dies 2 steps after the one it resumed from + 5: at 7,
+                // 12, 17, 22, 27, each time one checkpoint later.
+                "--ckpt",
+                "warden",
+                "--ckpt-every",
+                "5",
+                "--crash-at-step",
+                "7",
+                "--crash-step-shift",
+                "5",
+                "--crash-rank",
+                "1",
+                "--crash-every-attempt",
+            ],
+        ),
+        LONG_RUN,
+    );
+    // Five failures, more than --max-no-progress-restarts allows in a row
+    // without progress: every one came after a newer checkpoint.
+    assert_eq!(out.code(), 0, "{}", show(&out));
+    assert!(
+        out.stdout
+            .contains("[rank 1] crash: os._exit(3) at step 27 "),
+        "{}",
+        show(&out)
+    );
+    assert!(
+        out.stdout
+            .contains("[rank 1] resumed from checkpoint at step 25"),
+        "{}",
+        show(&out)
+    );
+    assert!(
+        out.stderr.contains(
+            "progress since the last restart: the newest complete checkpoint went from step 20 to step 25"
+        ),
+        "{}",
+        show(&out)
+    );
+    assert!(!out.stderr.contains("no progress"), "{}", show(&out));
+    let summary = s.summary();
+    assert_eq!(
+        summary["attempts"].as_array().unwrap().len(),
+        6,
+        "{summary:#}"
+    );
 }

@@ -102,6 +102,13 @@ pub struct RunArgs {
     /// meaning). Default: the agent's policy budgets decide.
     #[arg(long = "max-restarts", alias = "max_restarts")]
     pub max_restarts: Option<u32>,
+    /// Stop with 88 after this many failed attempts in a row that did not
+    /// advance the job: its newest complete checkpoint in the agent's tier
+    /// (without one, the step its ranks resumed from). A restart loop that
+    /// trains and loses the same steps again stops here instead of
+    /// spending every restart; 0 turns the rule off.
+    #[arg(long = "max-no-progress-restarts", default_value_t = 3)]
+    pub max_no_progress_restarts: u32,
     /// The job's id (TORCHELASTIC_RUN_ID, WARDEN_JOB_ID). Default:
     /// $WARDEN_JOB_ID, else `<host>-<pid>`.
     #[arg(long = "rdzv-id", alias = "rdzv_id", visible_alias = "job-id")]

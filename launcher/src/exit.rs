@@ -8,6 +8,7 @@
 //! | the worker's own | the agent diagnosed a user error and stopped the job (the scheduler shows the real failure) |
 //! | 86 | this node is at fault (cordon, scale-down, refused health gate), or out of a multi-host job (its etcd lease lost): requeue elsewhere, drain the node |
 //! | 87 | a restart budget is spent (the policy's, or `--max-restarts`): the job keeps failing |
+//! | 88 | no progress: `--max-no-progress-restarts` failed attempts in a row did not advance the job's newest complete checkpoint (or, without one in the agent's tier, the step its ranks resumed from) |
 //! | 1 | the launcher failed (could not start the workers or the agent), or a stop decision with no better status |
 //! | 2 | bad command line |
 //! | 128+N | the launcher got signal N (130 SIGINT, 143 SIGTERM, 129 SIGHUP) and stopped the workers |
@@ -22,6 +23,10 @@ pub const EXIT_SUCCESS: i32 = 0;
 pub const EXIT_LAUNCHER_ERROR: i32 = 1;
 /// The command line is wrong (clap's own status for usage errors).
 pub const EXIT_USAGE: i32 = 2;
+/// The job's restarts stopped making progress: a restart loop that a
+/// budget of restarts per hour would let run on, told apart from a spent
+/// budget (87) so a scheduler does not requeue it as is.
+pub const EXIT_NO_PROGRESS: i32 = 88;
 
 /// The status of a launcher stopped by signal `sig` (the shell's 128+N).
 pub fn signalled(sig: i32) -> i32 {

@@ -217,6 +217,8 @@ async fn run_job(
         master_port,
         max_restarts: args.max_restarts,
         fallback_budget,
+        max_no_progress: (args.max_no_progress_restarts > 0)
+            .then_some(args.max_no_progress_restarts),
         stop_grace: args.stop_grace,
         decision_timeout: args.decision_timeout,
         gpu_release_timeout: args.gpu_release_timeout,

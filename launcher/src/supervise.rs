@@ -66,8 +66,8 @@ use super::exit::{IncidentBrief, Summary};
 use super::gate::{self, Gate, GpuRelease};
 use super::hosts::{AttemptPlan, Coordinator, Directive, LocalOnly, NodeFault, Remote};
 use super::machine::{
-    Action, Command, Decision, Finish, GateVerdict, Input, JobState, Limits, Listen, Now, Started,
-    StopKind, WorkerExit,
+    Action, Command, Decision, Finish, GateVerdict, Input, JobState, Limits, Listen, Now, Progress,
+    Started, StopKind, WorkerExit,
 };
 use super::output::{self, Console, Stream};
 use super::spawn::{self, Exit};
@@ -83,6 +83,10 @@ const STDERR_DRAIN: Duration = Duration::from_millis(500);
 const OUTPUT_DRAIN: Duration = Duration::from_secs(2);
 /// How long StopRanks may take before the launcher stops the workers anyway.
 const STOP_RANKS_TIMEOUT: Duration = Duration::from_secs(1);
+/// How long each of the agent's answers about the job's progress may take
+/// at a restart (ListCheckpoints waits up to 5 s for shards being sealed;
+/// a restart does not).
+const OBSERVE_TIMEOUT: Duration = Duration::from_secs(2);
 /// Processes that survive SIGKILL this long (uninterruptible sleep) are
 /// reported and left.
 const KILL_WAIT: Duration = Duration::from_secs(10);
@@ -114,6 +118,8 @@ pub struct Job {
     pub max_restarts: Option<u32>,
     /// Restarts the launcher may decide alone (no decision from the agent).
     pub fallback_budget: u32,
+    /// `--max-no-progress-restarts` (None: off).
+    pub max_no_progress: Option<u32>,
     /// SIGTERM to SIGKILL.
     pub stop_grace: Duration,
     /// How long a failure waits for the agent's decision.
@@ -217,6 +223,7 @@ pub async fn run<C: Coordinator>(
         nproc_per_node: job.nproc_per_node,
         coordinator: coord.name().to_owned(),
         across_hosts: coord.name() != LocalOnly.name(),
+        max_no_progress: job.max_no_progress,
     };
     let mut sup = Sup {
         agent_line: link.label(),
@@ -384,6 +391,7 @@ impl<C: Coordinator> Sup<'_, C> {
                 let NodeFault::Exit(exit_code) = self.coord.node_fault(&why).await;
                 return Done::Answer(Input::NodeFault { exit_code });
             }
+            Command::Observe => return Done::Answer(Input::Progress(self.observe().await)),
             Command::Reap => {
                 let reaper = self.reap_attempt();
                 self.reapers.push(reaper);
@@ -660,6 +668,56 @@ impl<C: Coordinator> Sup<'_, C> {
             Gate::Unchecked(why) => GateVerdict::Unchecked(why),
             Gate::Refused(why) => GateVerdict::Refused(why),
         }
+    }
+
+    /// How far the job got, as the agent shows it now: the newest complete
+    /// checkpoint step in its tier, and the step the current attempt's
+    /// ranks resumed from (their step less the steps they completed since
+    /// they registered; the highest over the attempt's workers). Each ask
+    /// is bounded by [`OBSERVE_TIMEOUT`]; what did not answer is noted.
+    async fn observe(&mut self) -> Progress {
+        let mut p = Progress::default();
+        let mut notes = Vec::new();
+        let list = pb::ListCheckpointsRequest {
+            job_id: self.job.id.clone(),
+        };
+        match tokio::time::timeout(OBSERVE_TIMEOUT, self.client.list_checkpoints(list)).await {
+            Ok(Ok(r)) => {
+                p.listed = true;
+                p.checkpoint = r
+                    .into_inner()
+                    .steps
+                    .iter()
+                    .filter(|s| s.job_id == self.job.id && s.complete)
+                    .map(|s| s.step)
+                    .max();
+            }
+            Ok(Err(e)) => notes.push(format!("ListCheckpoints: {}", e.message())),
+            Err(_) => notes.push("ListCheckpoints timed out".to_owned()),
+        }
+        let ranks = pb::GetRanksRequest {
+            job_id: self.job.id.clone(),
+        };
+        match tokio::time::timeout(OBSERVE_TIMEOUT, self.client.get_ranks(ranks)).await {
+            Ok(Ok(r)) => {
+                let pids: HashSet<u32> = self
+                    .workers
+                    .iter()
+                    .filter_map(|w| u32::try_from(w.pid).ok())
+                    .collect();
+                p.resumed_from = r
+                    .into_inner()
+                    .ranks
+                    .iter()
+                    .filter(|r| pids.contains(&r.pid) && r.steps_completed > 0)
+                    .map(|r| r.step.saturating_sub(r.steps_completed))
+                    .max();
+            }
+            Ok(Err(e)) => notes.push(format!("GetRanks: {}", e.message())),
+            Err(_) => notes.push("GetRanks timed out".to_owned()),
+        }
+        p.note = notes.join("; ");
+        p
     }
 
     /// Tells the agent the job's ranks are being stopped on purpose.

@@ -20,19 +20,27 @@
 //! round) -> the budget check -> [`Command::Publish`] (a local restart, so
 //! the other hosts stop meanwhile) -> [`Command::Stop`] -> [`Command::Gate`]
 //! -> the backoff (a deadline; a signal ends the job) ->
-//! [`Command::Rendezvous`] -> [`Command::Start`] -> running again.
+//! [`Command::Rendezvous`] -> [`Command::Start`] -> running again. A local
+//! restart first asks the agent how far the job got ([`Command::Observe`]):
+//! `--max-no-progress-restarts` attempts in a row that did not advance it
+//! ([`progress::judge`]) end the job with [`exit::EXIT_NO_PROGRESS`].
 
 use std::collections::HashSet;
 use std::time::{Duration, Instant, SystemTime};
 
 use super::exit::{
-    self, AttemptRecord, EXIT_BUDGET_SPENT, EXIT_LAUNCHER_ERROR, IncidentBrief, RestartTiming,
+    self, AttemptRecord, EXIT_BUDGET_SPENT, EXIT_LAUNCHER_ERROR, EXIT_NO_PROGRESS, IncidentBrief,
+    RestartTiming,
 };
 use super::hosts::{AttemptPlan, Directive, Remote};
 use super::spawn::Exit;
 
+pub mod progress;
 #[cfg(test)]
 mod scenarios;
+
+pub use progress::Progress;
+use progress::Verdict;
 
 /// A failed worker the agent never registered: how long to wait for its
 /// registration event to turn up before deciding without the agent.
@@ -75,6 +83,10 @@ pub struct Limits {
     pub coordinator: String,
     /// Across hosts: each attempt waits for the job's round.
     pub across_hosts: bool,
+    /// `--max-no-progress-restarts`: failed attempts in a row that did not
+    /// advance the job before it stops with [`EXIT_NO_PROGRESS`] (None:
+    /// the rule is off).
+    pub max_no_progress: Option<u32>,
 }
 
 /// What the agent decided about an incident, decoded by the executor from
@@ -206,6 +218,8 @@ pub enum Input {
         /// 86 unless the coordinator says otherwise.
         exit_code: i32,
     },
+    /// The answer to [`Command::Observe`]: how far the job got.
+    Progress(Progress),
 }
 
 /// How the job ends, for [`Command::Finish`].
@@ -259,6 +273,10 @@ pub enum Command {
     },
     /// Reap the stopped attempt's zombies in the background.
     Reap,
+    /// Ask the agent how far the job got (its newest complete checkpoint,
+    /// the steps its ranks reported), before a local restart. Answer:
+    /// [`Input::Progress`].
+    Observe,
     /// Agree on attempt `restart_count` with the other hosts. Answer:
     /// [`Input::Agreed`], [`Input::NoRound`] or [`Input::Signal`].
     Rendezvous {
@@ -374,6 +392,9 @@ enum AfterStop {
 enum Phase {
     /// Before [`Input::Begin`].
     Idle,
+    /// Waiting for the agent's view of the job's progress, before the
+    /// restart this cause asks for.
+    Observing(Box<Cause>),
     /// Waiting for the rendezvous (of a restart, or the first attempt).
     Rendezvous(Option<Box<Restart>>),
     /// Waiting for the start.
@@ -433,6 +454,11 @@ pub struct JobState {
     /// A failure after the worker's training ended, waiting for the other
     /// workers' exits ([`Teardown`]).
     teardown: Option<Teardown>,
+    /// What the agent showed at the previous failure: what the next one
+    /// is compared with ([`progress::judge`]).
+    progress: Option<Progress>,
+    /// Failed attempts in a row that did not advance the job.
+    stalled: u32,
 }
 
 /// A worker that failed in its teardown: after its training ended, as far
@@ -510,6 +536,8 @@ impl JobState {
             awaiting_registration: None,
             failed_unrestarted: None,
             teardown: None,
+            progress: None,
+            stalled: 0,
         }
     }
 
@@ -629,6 +657,15 @@ impl JobState {
                 out.push(Command::Kill { signal: sig });
             }
             (Phase::Gating(r), Input::Gated(v)) => self.gated(r, v, now, &mut out),
+            (Phase::Observing(cause), Input::Progress(p)) => {
+                self.observed(*cause, p, now, &mut out);
+            }
+            // A signal while the agent is asked: the attempt's workers
+            // still run, so they stop as on any signal.
+            (Phase::Observing(_), Input::Signal(sig)) => {
+                self.phase = Phase::Running;
+                self.running(Input::Signal(sig), now, &mut out);
+            }
             (Phase::BackingOff(r, _), Input::Signal(sig)) => {
                 let name = signal_name(sig);
                 self.leaves_alone = true;
@@ -743,7 +780,8 @@ impl JobState {
             | Input::StartFailed(_)
             | Input::Stopped { .. }
             | Input::Gated(_)
-            | Input::NodeFault { .. } => {}
+            | Input::NodeFault { .. }
+            | Input::Progress(_) => {}
         }
     }
 
@@ -1289,6 +1327,91 @@ impl JobState {
             ));
             return;
         }
+        if !cause.remote && !self.attempt.standby && self.limits.max_no_progress.is_some() {
+            out.push(Command::Observe);
+            self.phase = Phase::Observing(Box::new(cause));
+            return;
+        }
+        self.restart_now(cause, now, out);
+    }
+
+    /// The agent's view of the job's progress at a failure: the restart
+    /// goes on, unless this was the last of
+    /// `--max-no-progress-restarts` failed attempts in a row that did not
+    /// advance the job.
+    fn observed(&mut self, cause: Cause, seen: Progress, now: Now, out: &mut Vec<Command>) {
+        let Some(max) = self.limits.max_no_progress else {
+            self.restart_now(cause, now, out);
+            return;
+        };
+        let Some(before) = self.progress.take() else {
+            // The first failure: what the next one is compared with.
+            self.progress = Some(seen);
+            self.restart_now(cause, now, out);
+            return;
+        };
+        match progress::judge(&before, &seen) {
+            Verdict::Advanced(how) => {
+                self.stalled = 0;
+                out.push(Command::Say(format!(
+                    "progress since the last restart: {how}"
+                )));
+                self.progress = Some(seen);
+            }
+            Verdict::Unjudged(why) => {
+                out.push(Command::Say(format!(
+                    "progress not judged ({why}): {} attempt{} in a row without progress so far",
+                    self.stalled,
+                    if self.stalled == 1 { "" } else { "s" }
+                )));
+                self.progress = Some(before);
+            }
+            Verdict::Stalled(what) => {
+                self.stalled += 1;
+                self.progress = Some(seen);
+                if self.stalled >= max {
+                    self.no_progress(cause, &what, max, out);
+                    return;
+                }
+                out.push(Command::Say(format!(
+                    "no progress: {what} ({} of --max-no-progress-restarts {max})",
+                    self.stalled
+                )));
+            }
+        }
+        self.restart_now(cause, now, out);
+    }
+
+    /// `--max-no-progress-restarts` reached: the job ends with its
+    /// diagnosis instead of restarting again.
+    fn no_progress(&mut self, cause: Cause, what: &str, max: u32, out: &mut Vec<Command>) {
+        let n = self.stalled;
+        let why = format!(
+            "no progress in {n} restart{} in a row: {what} (--max-no-progress-restarts {max})",
+            if n == 1 { "" } else { "s" }
+        );
+        out.push(Command::Say(format!("{why}: not restarting again")));
+        let mut b = cause.brief;
+        let ended = format!("{}: restart refused (no progress)", b.summary);
+        b.reason = if b.reason.is_empty() {
+            why.clone()
+        } else {
+            format!(
+                "{why}; the failure's own decision: {} ({})",
+                b.action, b.reason
+            )
+        };
+        b.action = "stop".into();
+        b.decided_by = format!("launcher (--max-no-progress-restarts {max})");
+        if let Some(id) = &cause.incident {
+            self.acted_on.insert(id.clone());
+        }
+        self.pending = None;
+        out.push(self.finish(EXIT_NO_PROGRESS, format!("failed: {why}"), ended, Some(b)));
+    }
+
+    /// The restart itself, once nothing stands in its way: up to the stop.
+    fn restart_now(&mut self, cause: Cause, now: Now, out: &mut Vec<Command>) {
         if cause.fallback {
             self.fallback_used += 1;
         }

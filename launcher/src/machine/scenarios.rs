@@ -7,8 +7,8 @@
 use std::time::{Duration, Instant, SystemTime};
 
 use super::{
-    Action, Command, Decision, GateVerdict, Input, JobState, Limits, Listen, Now, SIGTERM, Started,
-    WorkerExit,
+    Action, Command, Decision, GateVerdict, Input, JobState, Limits, Listen, Now, Progress,
+    SIGTERM, Started, WorkerExit,
 };
 use crate::exit::IncidentBrief;
 use crate::hosts::{AttemptPlan, Directive, Remote};
@@ -54,6 +54,7 @@ fn limits() -> Limits {
         nproc_per_node: 2,
         coordinator: "local".into(),
         across_hosts: false,
+        max_no_progress: None,
     }
 }
 
@@ -207,6 +208,7 @@ fn short(c: &Command) -> Option<String> {
         Command::Gate { .. } => "gate".into(),
         Command::LeaveJob { .. } => "leave".into(),
         Command::Reap => "reap".into(),
+        Command::Observe => "observe".into(),
         Command::Rendezvous { restart_count } => format!("rendezvous {restart_count}"),
         Command::Start { plan, .. } => format!("start {}", plan.restart_count),
         Command::Finish(f) => format!("finish {}", f.code),
@@ -243,6 +245,84 @@ fn restart_path(t: u64, n: u32, base: i32) -> Vec<(u64, Input, &'static [&'stati
     ]
 }
 
+/// The limits with `--max-no-progress-restarts 3`.
+fn no_progress_limits() -> Limits {
+    Limits {
+        max_no_progress: Some(3),
+        ..limits()
+    }
+}
+
+/// What the agent shows of the job's progress: its newest complete
+/// checkpoint (the tier answered), the step its ranks resumed from.
+fn progress(checkpoint: Option<u64>, resumed_from: Option<u64>) -> Input {
+    Input::Progress(Progress {
+        checkpoint,
+        listed: true,
+        resumed_from,
+        note: String::new(),
+    })
+}
+
+/// Attempt `n` (generation `n + 1`, pids `base`..) started at `t`: rank 1
+/// fails, the agent restarts, the launcher observes the job's progress
+/// (`seen`) and goes on with the restart (`restart`) or finishes (88).
+fn fail_and_observe(
+    t: u64,
+    n: u32,
+    base: i32,
+    seen: Input,
+    restart: bool,
+) -> Vec<(u64, Input, &'static [&'static str])> {
+    let id: &'static str = Box::leak(format!("inc-{}", n + 1).into_boxed_str());
+    let then: &'static [&'static str] = if restart {
+        &["publish restart", "stop SIGTERM"]
+    } else {
+        &["finish 88"]
+    };
+    vec![
+        (t, exit(u64::from(n) + 1, 1, base + 1, 3), &[]),
+        (
+            t + 200,
+            decision(id, 0, t + 1, Action::RestartInJob, 0),
+            &["observe"],
+        ),
+        (t + 210, seen, then),
+    ]
+}
+
+/// Like [`restart_path`], for any attempt number.
+fn restart_to(t: u64, n: u32, base: i32) -> Vec<(u64, Input, &'static [&'static str])> {
+    let leak = |s: String| -> &'static str { Box::leak(s.into_boxed_str()) };
+    let rendezvous: &'static [&'static str] =
+        Box::leak(vec!["reap", leak(format!("rendezvous {n}"))].into_boxed_slice());
+    let start: &'static [&'static str] =
+        Box::leak(vec![leak(format!("start {n}"))].into_boxed_slice());
+    vec![
+        (t, stopped(), &["gate"]),
+        (t + 10, Input::Gated(GateVerdict::Pass), rendezvous),
+        (t + 11, Input::Agreed(plan(n)), start),
+        (t + 12, started(plan(n), base, t + 12), &[]),
+    ]
+}
+
+/// The no-progress scenarios: attempts that fail one after another, each
+/// observed with `seen[n]`; the last one ends the job when `stops`.
+fn failing_attempts(seen: Vec<Input>, stops: bool) -> Vec<(u64, Input, &'static [&'static str])> {
+    let mut steps = first_attempt();
+    let last = seen.len() - 1;
+    for (i, p) in seen.into_iter().enumerate() {
+        let n = u32::try_from(i).unwrap_or(u32::MAX);
+        let t = 10_000 * u64::from(n) + 1000;
+        let base = 100 * (i32::try_from(i).unwrap_or(0) + 1);
+        steps.extend(fail_and_observe(t, n, base, p, !(stops && i == last)));
+        if !(stops && i == last) {
+            steps.extend(restart_to(t + 1000, n + 1, base + 100));
+        }
+    }
+    steps
+}
+
 fn with(
     mut a: Vec<(u64, Input, &'static [&'static str])>,
     b: Vec<(u64, Input, &'static [&'static str])>,
@@ -253,6 +333,101 @@ fn with(
 
 fn scenarios() -> Vec<Scenario> {
     vec![
+        Scenario {
+            name: "no progress: a job that never checkpoints and dies at another step each time stops after 3 restarts with 88",
+            limits: no_progress_limits(),
+            // The ranks resume from step 0 every time (nothing saved), the
+            // tier holds nothing of the job's.
+            steps: failing_attempts(
+                vec![
+                    progress(None, Some(0)),
+                    progress(None, Some(0)),
+                    progress(None, Some(0)),
+                    progress(None, Some(0)),
+                ],
+                true,
+            ),
+            expect: End {
+                code: Some(88),
+                outcome: "failed: no progress in 3 restarts in a row: no checkpoint in the agent's tier",
+                job_failed: true,
+                restarts: 3,
+                local_restarts: 3,
+                records: 4,
+                ended: "restart refused (no progress)",
+                says: &[
+                    "no progress: no checkpoint in the agent's tier, and the ranks' steps show no resume point later than step 0 (1 of --max-no-progress-restarts 3)",
+                    "(2 of --max-no-progress-restarts 3)",
+                    "no progress in 3 restarts in a row: no checkpoint in the agent's tier, and the ranks' steps show no resume point later than step 0 (--max-no-progress-restarts 3): not restarting again",
+                ],
+                ..End::default()
+            },
+        },
+        Scenario {
+            name: "progress: a newer checkpoint between failures resets the count; the job is not stopped",
+            limits: no_progress_limits(),
+            steps: failing_attempts(
+                vec![
+                    // Its own checkpoints first (the ranks resume later),
+                    // then the agent's tier.
+                    progress(None, Some(0)),
+                    progress(None, Some(5)),
+                    progress(Some(10), Some(5)),
+                    progress(Some(10), Some(10)),
+                    progress(Some(10), Some(10)),
+                    progress(Some(15), Some(10)),
+                    progress(Some(15), Some(15)),
+                    progress(Some(15), Some(15)),
+                ],
+                false,
+            ),
+            expect: End {
+                restarts: 8,
+                local_restarts: 8,
+                says: &[
+                    "progress since the last restart: no checkpoint in the agent's tier; the attempts resumed from step 0, then step 5",
+                    "progress since the last restart: the newest complete checkpoint went from none to step 10",
+                    "no progress: the newest complete checkpoint is still step 10 (1 of",
+                    "(2 of --max-no-progress-restarts 3)",
+                    "progress since the last restart: the newest complete checkpoint went from step 10 to step 15",
+                    "(1 of --max-no-progress-restarts 3)",
+                    "(2 of --max-no-progress-restarts 3)",
+                ],
+                ..End::default()
+            },
+        },
+        Scenario {
+            name: "no progress: an attempt the agent could not be asked about is not judged",
+            limits: no_progress_limits(),
+            steps: failing_attempts(
+                vec![
+                    progress(None, Some(0)),
+                    progress(None, Some(0)),
+                    progress(None, Some(0)),
+                    Input::Progress(Progress {
+                        note: "ListCheckpoints timed out; GetRanks timed out".into(),
+                        ..Progress::default()
+                    }),
+                    progress(None, Some(0)),
+                ],
+                true,
+            ),
+            expect: End {
+                code: Some(88),
+                outcome: "no progress in 3 restarts in a row",
+                job_failed: true,
+                restarts: 4,
+                local_restarts: 4,
+                records: 5,
+                ended: "restart refused (no progress)",
+                says: &[
+                    "(2 of --max-no-progress-restarts 3)",
+                    "progress not judged (progress not observed: ListCheckpoints timed out; GetRanks timed out): 2 attempts in a row without progress so far",
+                    "no progress in 3 restarts in a row",
+                ],
+                ..End::default()
+            },
+        },
         Scenario {
             name: "teardown: a rank aborts after its training, the other exits 0: success",
             limits: limits(),
