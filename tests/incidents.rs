@@ -356,14 +356,22 @@ async fn decided_on(agent: &TestAgent, gpu: usize) -> pb::Incident {
         }
         if std::time::Instant::now() > deadline {
             let events: Vec<String> = agent.events().await.iter().map(common::describe).collect();
-            panic!("no decided incident on {dev} after {WAIT:?}; incidents: {seen:#?}\nevents:\n{}", events.join("\n"));
+            panic!(
+                "no decided incident on {dev} after {WAIT:?}; incidents: {seen:#?}\nevents:\n{}",
+                events.join("\n")
+            );
         }
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
 }
 
 /// One XID 92 (correctable) in `job` on `gpu<gpu>`: the job goes on.
-async fn correctable_in_job(agent: &TestAgent, log: &std::path::Path, job: &str, gpu: usize) -> pb::Incident {
+async fn correctable_in_job(
+    agent: &TestAgent,
+    log: &std::path::Path,
+    job: &str,
+    gpu: usize,
+) -> pb::Incident {
     let generation = register(agent, job, gpu).await;
     xid(log, gpu, 92);
     let inc = decided_on(agent, gpu).await;
@@ -383,7 +391,11 @@ async fn repeated_hardware_incidents_across_jobs_cordon_a_lemon_node_even_across
     let first = correctable_in_job(&agent, &log, "job-a", 0).await;
     let second = correctable_in_job(&agent, &log, "job-b", 1).await;
     for inc in [&first, &second] {
-        assert_eq!(action(inc), pb::Action::Continue, "one incident is not a lemon");
+        assert_eq!(
+            action(inc),
+            pb::Action::Continue,
+            "one incident is not a lemon"
+        );
     }
     assert!(!incidents(&agent).await.cordoned);
 
@@ -397,7 +409,11 @@ async fn repeated_hardware_incidents_across_jobs_cordon_a_lemon_node_even_across
     assert_eq!(dec.decided_by, "lemon rule");
     assert_eq!(dec.exit_code, 86);
     let ids = format!("{}, {}, {}", first.id, second.id, third.id);
-    assert!(dec.reason.contains(&ids), "the evidence lists {ids}: {}", dec.reason);
+    assert!(
+        dec.reason.contains(&ids),
+        "the evidence lists {ids}: {}",
+        dec.reason
+    );
     assert!(dec.reason.contains("job-a, job-b, job-c"), "{}", dec.reason);
     eventually(WAIT, "the node cordoned", async || {
         incidents(&agent).await.cordoned.then_some(())
@@ -416,7 +432,10 @@ async fn repeated_hardware_incidents_across_jobs_cordon_a_lemon_node_even_across
     );
     assert!(events.iter().any(|e| e.kind == "node.cordoned"));
     let (scrape, _) = common::scrape(&agent).await;
-    assert_eq!(common::sample(&scrape, "warden_lemon_cordons_total", &[]), 1.0);
+    assert_eq!(
+        common::sample(&scrape, "warden_lemon_cordons_total", &[]),
+        1.0
+    );
 }
 
 #[tokio::test]
@@ -458,7 +477,11 @@ async fn past_the_cap_a_cordon_is_held_and_the_breaker_reported() {
     );
     let dec = held.decision.as_ref().unwrap();
     assert_eq!(dec.decided_by, "policy (circuit breaker)");
-    assert!(dec.reason.contains("circuit breaker open: 2 cordons"), "{}", dec.reason);
+    assert!(
+        dec.reason.contains("circuit breaker open: 2 cordons"),
+        "{}",
+        dec.reason
+    );
     assert!(dec.reason.contains(&cordoned.join(", ")), "{}", dec.reason);
     let events = agent.events().await;
     let breaker = events
@@ -474,8 +497,14 @@ async fn past_the_cap_a_cordon_is_held_and_the_breaker_reported() {
     assert!(!incidents(&agent).await.cordoned);
     assert_eq!(condition(&home)["status"], "False");
     let (scrape, _) = common::scrape(&agent).await;
-    assert_eq!(common::sample(&scrape, "warden_circuit_breaker_open", &[]), 1.0);
-    assert_eq!(common::sample(&scrape, "warden_circuit_breaker_held_total", &[]), 1.0);
+    assert_eq!(
+        common::sample(&scrape, "warden_circuit_breaker_open", &[]),
+        1.0
+    );
+    assert_eq!(
+        common::sample(&scrape, "warden_circuit_breaker_held_total", &[]),
+        1.0
+    );
 }
 
 #[tokio::test]
@@ -532,12 +561,17 @@ async fn dry_run_reports_every_action_and_takes_none() {
     assert_eq!(condition(&home)["status"], "False");
     let c = agent.component("node/cordon").await;
     assert!(
-        c.as_ref().is_none_or(|c| c.status != pb::Status::Failed as i32),
+        c.as_ref()
+            .is_none_or(|c| c.status != pb::Status::Failed as i32),
         "{c:?}"
     );
     let (scrape, _) = common::scrape(&agent).await;
     assert_eq!(
-        common::sample(&scrape, "warden_dry_run_decisions_total", &[("action", "cordon")]),
+        common::sample(
+            &scrape,
+            "warden_dry_run_decisions_total",
+            &[("action", "cordon")]
+        ),
         1.0
     );
 }

@@ -157,7 +157,9 @@ pub fn lemon(
         return None;
     }
     let others = || history.iter().filter(|r| r.id != current.id);
-    let window_start = now.checked_sub(cfg.window).unwrap_or(SystemTime::UNIX_EPOCH);
+    let window_start = now
+        .checked_sub(cfg.window)
+        .unwrap_or(SystemTime::UNIX_EPOCH);
     // Counting starts again after the last lemon decision.
     let last_lemon = others()
         .flat_map(|r| r.decision.iter().chain(r.superseded.iter()))
@@ -229,7 +231,9 @@ pub fn breaker(
     excluding: &str,
     now: SystemTime,
 ) -> Breaker {
-    let since = now.checked_sub(cfg.window).unwrap_or(SystemTime::UNIX_EPOCH);
+    let since = now
+        .checked_sub(cfg.window)
+        .unwrap_or(SystemTime::UNIX_EPOCH);
     let mut recent: Vec<(SystemTime, String)> = history
         .iter()
         .filter(|r| r.id != excluding)
@@ -313,7 +317,13 @@ mod tests {
         }
     }
 
-    fn rec(id: &str, job: &str, class: FaultClass, at: SystemTime, action: Action) -> IncidentRecord {
+    fn rec(
+        id: &str,
+        job: &str,
+        class: FaultClass,
+        at: SystemTime,
+        action: Action,
+    ) -> IncidentRecord {
         IncidentRecord {
             id: id.into(),
             opened_at: at,
@@ -449,7 +459,11 @@ mod tests {
         assert_eq!(down.action, Stop);
         assert_eq!(down.exit_code, super::super::EXIT_BUDGET_SPENT);
         assert_eq!(down.decided_by, "policy (circuit breaker)");
-        assert!(down.reason.contains("circuit breaker open: 2 cordons"), "{}", down.reason);
+        assert!(
+            down.reason.contains("circuit breaker open: 2 cordons"),
+            "{}",
+            down.reason
+        );
         assert!(down.reason.contains("inc-1, inc-3"), "{}", down.reason);
         let mut running = dec(Cordon, t(6100), "hook");
         assert!(apply_breaker(&cfg, &mut running, hw, false, &state));
@@ -470,7 +484,10 @@ mod tests {
         let mut d = dec(Cordon, t(0), "policy");
         dry_run(&mut d);
         assert!(d.dry_run);
-        assert_eq!(d.action, Cordon, "the decision itself is kept, for the budgets");
+        assert_eq!(
+            d.action, Cordon,
+            "the decision itself is kept, for the budgets"
+        );
         assert_eq!(d.reason, "dry run: would cordon: policy said so");
     }
 
