@@ -78,14 +78,6 @@ pub fn start(
 ) -> impl std::future::Future<Output = ()> + Send + 'static {
     let sub = state.events.subscribe(None);
     let history = state.incident_store().all();
-    let open = guard::breaker(
-        &state.policy.circuit_breaker,
-        &history,
-        "",
-        SystemTime::now(),
-    )
-    .open;
-    metrics::gauge!("warden_circuit_breaker_open").set(if open { 1.0 } else { 0.0 });
     let engine = Engine::new(state.attribution.clone(), state.host.clone(), history);
     // A cordon from before a restart is shown again.
     if let Some(c) = state.incident_store().cordon().cloned() {
@@ -256,9 +248,6 @@ async fn handle(state: &Handles, engine: &mut Engine, d: Diagnosed) {
         ctx.job_down,
         &breaker,
     );
-    let cordons = breaker.recent.len() + usize::from(decision.action == Action::Cordon);
-    let open = cfg.max_cordons > 0 && cordons >= cfg.max_cordons as usize;
-    metrics::gauge!("warden_circuit_breaker_open").set(if open { 1.0 } else { 0.0 });
     if state.policy.dry_run {
         guard::dry_run(&mut decision);
     }
