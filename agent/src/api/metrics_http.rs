@@ -122,6 +122,7 @@ async fn render(State(s): State<Scrape>) -> String {
         &s.state.config.policy.circuit_breaker,
         &journal,
         "",
+        false,
         std::time::SystemTime::now(),
     )
     .open;

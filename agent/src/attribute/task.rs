@@ -240,7 +240,8 @@ async fn handle(state: &Handles, engine: &mut Engine, d: Diagnosed) {
         ask_hook(state, &record, &mut decision).await;
     }
     let cfg = &state.policy.circuit_breaker;
-    let breaker = guard::breaker(cfg, &journal, &record.id, now);
+    let cordoned = state.incident_store().cordon().is_some();
+    let breaker = guard::breaker(cfg, &journal, &record.id, cordoned, now);
     let held = guard::apply_breaker(
         cfg,
         &mut decision,

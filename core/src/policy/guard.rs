@@ -224,11 +224,14 @@ pub struct Breaker {
 }
 
 /// The cordon decisions in `history` within the breaker's window (the
-/// incident `excluding` left out), and whether the cap is reached.
+/// incident `excluding` left out), and whether the cap is reached. A node
+/// `cordoned_now` is never held back: a further cordon decision changes
+/// nothing on it, and its launcher must still hear "node fault" (86).
 pub fn breaker(
     cfg: &BreakerConfig,
     history: &[IncidentRecord],
     excluding: &str,
+    cordoned_now: bool,
     now: SystemTime,
 ) -> Breaker {
     let since = now
@@ -248,7 +251,7 @@ pub fn breaker(
         })
         .collect();
     recent.sort();
-    let open = cfg.max_cordons > 0 && recent.len() >= cfg.max_cordons as usize;
+    let open = !cordoned_now && cfg.max_cordons > 0 && recent.len() >= cfg.max_cordons as usize;
     Breaker {
         recent: recent.into_iter().map(|(_, id)| id).collect(),
         open,
@@ -442,7 +445,7 @@ mod tests {
             rec("inc-1", "", hw, t(5000), Cordon),
             rec("inc-2", "a", Hw, t(5100), RestartInJob),
         ];
-        let state = breaker(&cfg, &history, "inc-3", t(6000));
+        let state = breaker(&cfg, &history, "inc-3", false, t(6000));
         assert_eq!(state.recent, vec!["inc-1"]);
         assert!(!state.open);
         let mut d = dec(Cordon, t(6000), "policy");
@@ -450,9 +453,11 @@ mod tests {
         assert_eq!(d.action, Cordon);
         history.push(rec("inc-3", "", hw, t(6000), Cordon));
 
-        let state = breaker(&cfg, &history, "inc-4", t(6100));
+        let state = breaker(&cfg, &history, "inc-4", false, t(6100));
         assert_eq!(state.recent, vec!["inc-1", "inc-3"]);
         assert!(state.open);
+        // A node cordoned now stays so: nothing to hold back.
+        assert!(!breaker(&cfg, &history, "inc-4", true, t(6100)).open);
         // A job that is down stops for a person; a running one goes on.
         let mut down = dec(Cordon, t(6100), "policy");
         assert!(apply_breaker(&cfg, &mut down, hw, true, &state));
@@ -476,7 +481,7 @@ mod tests {
             max_cordons: 0,
             ..cfg
         };
-        assert!(!breaker(&off, &history, "inc-4", t(6100)).open);
+        assert!(!breaker(&off, &history, "inc-4", false, t(6100)).open);
     }
 
     #[test]
