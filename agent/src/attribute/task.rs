@@ -269,7 +269,8 @@ fn report_rules(
     let Some(dec) = &r.decision else {
         return;
     };
-    if let Some(found) = lemon.filter(|_| dec.decided_by == guard::LEMON_DECIDED_BY) {
+    // Unless the hook overruled it (a held cordon is still the rule's).
+    if let Some(found) = lemon.filter(|_| dec.decided_by.starts_with(guard::LEMON_DECIDED_BY)) {
         if dec.action == Action::Cordon && !dec.dry_run {
             metrics::counter!("warden_lemon_cordons_total").increment(1);
         }
@@ -382,11 +383,12 @@ async fn ask_hook(state: &Handles, record: &IncidentRecord, decision: &mut Decis
                     decision.backoff = Duration::ZERO;
                 }
             }
-            None => decision.decided_by = "policy (the hook agreed)".into(),
+            // The proposal's author kept ("policy", "lemon rule").
+            None => decision.decided_by = format!("{} (the hook agreed)", decision.decided_by),
         },
         Err(e) => {
             metrics::counter!("warden_policy_hook_failures_total").increment(1);
-            decision.decided_by = format!("policy (hook failed: {e})");
+            decision.decided_by = format!("{} (hook failed: {e})", decision.decided_by);
             state.events.publish(
                 NewEvent::new(
                     Severity::Warning,
