@@ -23,6 +23,12 @@
 //!   the other host's agent holds as replicas: no `[[checkpoint.peers]]`
 //!   anywhere, the agents learn each other from the launchers' rounds.
 //!
+//! - a GPU of a host fails where that host allows at most 40% of the
+//!   job's hosts to be cordoned within the hour (`--max-cordon-share`):
+//!   its agent cordons the node, but its launcher, past the share (one of
+//!   two hosts), exits 87 (a person should look) instead of 86 and says
+//!   why; the other host goes on without it.
+//!
 //! - etcd killed (SIGKILL) and started again on its data after two lease
 //!   TTLs, then one host's lease expired in etcd: every host's workers keep
 //!   stepping through both, the host rejoins under a new lease, no host
@@ -866,6 +872,106 @@ fn a_spare_takes_the_place_of_a_host_whose_gpu_fails() {
         (Some(e1 + 1), b_rank.parse().ok(), Some(4)),
         "{at:?}"
     );
+}
+
+#[test]
+fn a_cordon_past_the_jobs_share_cap_exits_87_not_86() {
+    let _one = serial();
+    let etcd = EtcdServer::start();
+    let ckpt = shared_ckpt();
+    // host-b's agent watches two GPUs through the NVML stand-in; its local
+    // rank 1 drives gpu1. It allows at most 40% of the job's hosts to be
+    // cordoned within the hour: itself alone is half of them.
+    let sb_dir = tempfile::tempdir().expect("a directory for the stub");
+    let lib = build_nvml_stub(sb_dir.path());
+    let state = sb_dir.path().join("nvml-state");
+    std::fs::write(&state, "count=2\n").unwrap();
+    let nvml_toml = AGENT_TOML.replace(
+        "[nvml]\nenabled = false\n",
+        &format!(
+            "[nvml]\nlibrary = {:?}\npoll_interval = \"200ms\"\n",
+            lib.display().to_string()
+        ),
+    );
+    let state_env = state.display().to_string();
+    let b_env = [("NVML_STUB_STATE", state_env.as_str())];
+    let spec = |extra: &'static [&'static str], env| Spec {
+        job: "mh-share",
+        nproc: 2,
+        nnodes: "1:2",
+        ckpt: ckpt.path(),
+        steps: 200,
+        step_ms: 50,
+        extra,
+        env,
+        train: &[],
+    };
+    let sa = Scratch::new("host-a", "127.0.0.2", AGENT_TOML);
+    let sb = Scratch::new("host-b", "127.0.0.3", &nvml_toml);
+    let mut a = sa.launch(&etcd, &spec(&[], &[]));
+    let mut b = sb.launch(
+        &etcd,
+        &spec(
+            &["--max-cordon-share", "0.4", "--cordon-share-window", "1h"],
+            &b_env,
+        ),
+    );
+    let socket = agent_socket(&mut b);
+    b.wait_line("host-b's workers registered", |l| {
+        l.contains("all 2 workers registered")
+    });
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let mut client = within(
+            Duration::from_secs(10),
+            "a connection to host-b's agent",
+            Target::Unix(socket.clone()).connect(),
+        )
+        .await
+        .expect("connect to host-b's embedded agent");
+        eventually(WAIT, "gpu0 and gpu1 OK on host-b", async || {
+            let h = client
+                .get_node_health(pb::GetNodeHealthRequest {})
+                .await
+                .ok()?
+                .into_inner();
+            let ok = |id: &str| {
+                h.components
+                    .iter()
+                    .any(|c| c.id == id && c.status == pb::Status::Ok as i32)
+            };
+            (ok("gpu0") && ok("gpu1")).then_some(())
+        })
+        .await;
+    });
+
+    // gpu1 falls off the bus: the agent cordons host-b, and its launcher,
+    // past the share, does not report a node fault.
+    let tmp = state.with_extension("tmp");
+    std::fs::write(&tmp, "count=2\nxid.1=1,79\n").unwrap();
+    std::fs::rename(&tmp, &state).unwrap();
+    assert_eq!(b.wait_exit(), 87, "{}", b.context());
+    assert!(
+        b.seen_line(|l| l.contains("decision: cordon")).is_some(),
+        "{}",
+        b.context()
+    );
+    // Read as host-b left: its own cordon is the one counted.
+    let held = "cordon share cap: 1 of the job's 2 hosts cordoned within 1h (host-b)";
+    assert!(
+        b.seen_line(|l| l.contains(held)).is_some(),
+        "{held}\n{}",
+        b.context()
+    );
+    assert_eq!(sb.summary()["exit_code"], 87);
+    // host-a goes on without it and finishes.
+    a.wait_line("host-b's departure", |l| {
+        l.contains("host-b left (cordoned")
+    });
+    assert_eq!(a.wait_exit(), 0, "{}", a.context());
 }
 
 #[test]

@@ -95,6 +95,16 @@ pub struct RunArgs {
     /// up to 10 TTLs or a minute before it leaves with 86.
     #[arg(long = "rdzv-lease-ttl", default_value = "5s", value_parser = humantime::parse_duration)]
     pub rdzv_lease_ttl: Duration,
+    /// With --rdzv-backend etcd: past this share (0 to 1) of the job's
+    /// hosts cordoned within --cordon-share-window (this one included), a
+    /// host whose agent cordoned it does not exit 86 (node fault: requeue
+    /// elsewhere, drain) but 87 (a person should look), and says why: a
+    /// cordon storm must not drain a whole job. 1: no cap.
+    #[arg(long = "max-cordon-share", default_value = "1.0", value_parser = parse_share)]
+    pub max_cordon_share: f64,
+    /// The window of --max-cordon-share.
+    #[arg(long = "cordon-share-window", default_value = "1h", value_parser = humantime::parse_duration)]
+    pub cordon_share_window: Duration,
     /// With --rdzv-backend etcd: TLS and authentication to etcd.
     #[command(flatten)]
     pub etcd: crate::coord::etcd_flags::EtcdFlags,
@@ -371,6 +381,7 @@ impl RunArgs {
                 // Not the --etcd-* flags: they may come from WARDEN_ETCD_*
                 // variables set for every job, single-node ones included.
                 (self.advertise_addr.is_some(), "--advertise-addr"),
+                (self.max_cordon_share < 1.0, "--max-cordon-share"),
             ] {
                 if given {
                     return Err(ArgsError::NeedsEtcd(flag.to_owned()));
@@ -467,6 +478,18 @@ pub fn valid_job_id(id: &str) -> Result<(), ArgsError> {
     Ok(())
 }
 
+/// A share of the job's hosts: a number from 0 to 1.
+fn parse_share(s: &str) -> Result<f64, String> {
+    let v: f64 = s
+        .parse()
+        .map_err(|e| format!("{s:?} is not a number: {e}"))?;
+    if (0.0..=1.0).contains(&v) {
+        Ok(v)
+    } else {
+        Err(format!("{v} is not a share: from 0 to 1"))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -539,6 +562,11 @@ mod tests {
         assert_eq!(a.validate(), Err(ArgsError::NoEtcdEndpoint));
         let a = parse(&["--rdzv-backend", "zookeeper", "t.py"]);
         assert!(matches!(a.validate(), Err(ArgsError::Backend(_))));
+        let a = parse(&["--max-cordon-share", "0.25", "t.py"]);
+        assert!(matches!(a.validate(), Err(ArgsError::NeedsEtcd(f)) if f == "--max-cordon-share"));
+        assert_eq!(parse(&["t.py"]).max_cordon_share, 1.0, "no cap by default");
+        assert!(Wrap::try_parse_from(["run", "--max-cordon-share", "1.5", "t.py"]).is_err());
+        assert!(Wrap::try_parse_from(["run", "--max-cordon-share", "x", "t.py"]).is_err());
         assert_eq!(
             parse(&["--nnodes", "4", "t.py"]).nnodes,
             NNodes { min: 4, max: 4 }

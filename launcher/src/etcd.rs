@@ -30,7 +30,7 @@ use tokio::time::Instant;
 use crate::coord as etcd;
 
 use super::args::RunArgs;
-use super::exit::{EXIT_LAUNCHER_ERROR, EXIT_NODE_FAULT};
+use super::exit::{EXIT_BUDGET_SPENT, EXIT_LAUNCHER_ERROR, EXIT_NODE_FAULT};
 use super::hosts::{AttemptPlan, CoordError, Coordinator, Directive, NodeFault, Remote};
 
 /// etcd's client port, for an endpoint given without one.
@@ -64,6 +64,29 @@ pub struct EtcdCoordinator {
     /// The membership's lease state last told on the console: lapsed or
     /// not, and the rejoins so far.
     told_lease: (bool, u32),
+    /// `--max-cordon-share` and `--cordon-share-window`.
+    cordon_cap: CordonCap,
+}
+
+/// The cap on the share of a job's hosts cordoned within a window
+/// ([`etcd::cordon_share`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct CordonCap {
+    /// Past this share (0..=1) of the job's hosts cordoned, a further
+    /// cordoned host exits 87, not 86. 1: no cap.
+    pub max_share: f64,
+    /// How far back cordons count.
+    pub window: Duration,
+}
+
+impl CordonCap {
+    /// From `warden run`'s flags.
+    pub fn from_args(args: &RunArgs) -> Self {
+        Self {
+            max_share: args.max_cordon_share,
+            window: args.cordon_share_window,
+        }
+    }
 }
 
 /// The etcd coordinator's config from `warden run`'s flags, for job `job`,
@@ -186,6 +209,7 @@ impl EtcdCoordinator {
     pub async fn join(
         cfg: etcd::CoordConfig,
         round_timeout: Duration,
+        cordon_cap: CordonCap,
     ) -> Result<Self, etcd::CoordError> {
         let host = cfg.host.clone();
         let spare = cfg.spare;
@@ -201,6 +225,7 @@ impl EtcdCoordinator {
             lost: false,
             unsent: None,
             told_lease: (false, 0),
+            cordon_cap,
         })
     }
 
@@ -457,10 +482,33 @@ impl Coordinator for EtcdCoordinator {
     }
 
     async fn node_fault(&mut self, reason: &str) -> NodeFault {
+        // Read before leaving: etcd's view of the job as this host left it.
+        let cap = self.cordon_cap;
+        let share = self
+            .coord
+            .as_ref()
+            .map(|c| c.cordon_share(cap.window, cap.max_share));
         if let Err(e) = self.leave(etcd::Leave::Cordoned(reason.to_owned())).await {
             tracing::warn!(error = %e, "launcher: leaving the job after a node fault failed");
         }
-        NodeFault::Exit(EXIT_NODE_FAULT)
+        match share {
+            Some(s) if s.over => {
+                let why = format!(
+                    "cordon share cap: {}; not reporting a node fault (86): exiting {EXIT_BUDGET_SPENT}, a person should look",
+                    s.describe(cap.max_share, cap.window)
+                );
+                tracing::warn!(
+                    job_hosts = s.hosts,
+                    cordoned = s.cordoned.len(),
+                    "launcher: {why}"
+                );
+                NodeFault::Held {
+                    exit_code: EXIT_BUDGET_SPENT,
+                    why,
+                }
+            }
+            _ => NodeFault::Exit(EXIT_NODE_FAULT),
+        }
     }
 }
 

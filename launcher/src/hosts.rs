@@ -89,6 +89,15 @@ pub enum Remote {
 pub enum NodeFault {
     /// Stop here and exit with this status (86: requeue elsewhere).
     Exit(i32),
+    /// Stop here, but not as a node fault: too many of the job's hosts
+    /// were cordoned within the window (`--max-cordon-share`), so this
+    /// one exits 87 (a person should look) and says why.
+    Held {
+        /// The status to exit with.
+        exit_code: i32,
+        /// Why, for the console.
+        why: String,
+    },
 }
 
 /// Why the job's nodes could not agree, and the status to exit with.

@@ -274,7 +274,11 @@ async fn run_job(
             humantime::format_duration(cfg.lease_ttl)
         ));
         let joined = tokio::select! {
-            j = etcd::EtcdCoordinator::join(cfg, args.rdzv_conf.join_timeout()) => j,
+            j = etcd::EtcdCoordinator::join(
+                cfg,
+                args.rdzv_conf.join_timeout(),
+                etcd::CordonCap::from_args(&args),
+            ) => j,
             sig = signals.recv() => {
                 link.close().await;
                 return Ok(exit::signalled(sig));

@@ -388,7 +388,13 @@ impl<C: Coordinator> Sup<'_, C> {
                 return Done::Answer(Input::Gated(self.gate(pids, say_no_nvml).await));
             }
             Command::LeaveJob { why } => {
-                let NodeFault::Exit(exit_code) = self.coord.node_fault(&why).await;
+                let exit_code = match self.coord.node_fault(&why).await {
+                    NodeFault::Exit(code) => code,
+                    NodeFault::Held { exit_code, why } => {
+                        self.say(why);
+                        exit_code
+                    }
+                };
                 return Done::Answer(Input::NodeFault { exit_code });
             }
             Command::Observe => return Done::Answer(Input::Progress(self.observe().await)),

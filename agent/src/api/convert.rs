@@ -177,13 +177,15 @@ pub fn action(a: warden_core::policy::Action) -> pb::Action {
 /// A decision to its message.
 pub fn decision(d: &warden_core::policy::Decision) -> pb::Decision {
     pb::Decision {
-        action: action(d.action) as i32,
+        // In dry run the action taken is `continue`; the reason says what
+        // would have been done.
+        action: action(d.effective_action()) as i32,
         reason: d.reason.clone(),
         decided_by: d.decided_by.clone(),
         attempt: d.attempt,
         budget: d.budget,
         backoff: Some(duration(d.backoff)),
-        exit_code: d.exit_code,
+        exit_code: if d.dry_run { 0 } else { d.exit_code },
         decided_at: Some(timestamp(d.decided_at)),
     }
 }

@@ -17,6 +17,9 @@
 //! it the answer is `STOP`, and the crash goes through attribution and the
 //! policy like any other.
 //!
+//! In dry run (`[policy] dry_run`) the answer is always `STOP`, saying what
+//! would have been done.
+//!
 //! Never: open an incident of its own (the restart is asked as by hand:
 //! no incident to escalate if the ranks do not acknowledge), or block (the
 //! request is armed and its waiter runs on a task of its own).
@@ -55,6 +58,14 @@ pub fn decide(
             None => format!("{exception_type} matches no transient exception rule"),
         });
     };
+    if state.config.policy.dry_run {
+        // Nothing is restarted in dry run: the rank re-raises, and its
+        // crash's decision says what would have been done.
+        return stop(format!(
+            "dry run: would restart in process ({exception_type} is {}: {}); policy.dry_run",
+            rule.class, rule.name
+        ));
+    }
     let budget = state.config.policy.for_class(FaultClass::TransientSoftware);
     let attempt = match in_process::admit_exception_restart(
         &state.restarts,

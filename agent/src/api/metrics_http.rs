@@ -85,6 +85,22 @@ fn describe() {
         "warden_node_cordoned",
         "1 while a decision has the node cordoned (until `warden uncordon`), else 0"
     );
+    describe_gauge!(
+        "warden_circuit_breaker_open",
+        "1 while [policy.circuit_breaker] max_cordons cordon decisions lie within its window (a further cordon is held), else 0"
+    );
+    describe_counter!(
+        "warden_circuit_breaker_held_total",
+        "Cordons the circuit breaker did not carry out"
+    );
+    describe_counter!(
+        "warden_lemon_cordons_total",
+        "Cordons decided by the lemon rule (repeated incidents on this node)"
+    );
+    describe_counter!(
+        "warden_dry_run_decisions_total",
+        "Decisions reported and not acted on in dry run, by the action that would have been taken"
+    );
 }
 
 #[derive(Clone)]
@@ -100,6 +116,17 @@ async fn render(State(s): State<Scrape>) -> String {
     // always what the store says, across restarts and uncordons.
     let cordoned = s.state.incident_store().cordon().is_some();
     metrics::gauge!("warden_node_cordoned").set(if cordoned { 1.0 } else { 0.0 });
+    // Likewise the circuit breaker: open while the window holds the cap.
+    let journal = s.state.incident_store().all();
+    let open = warden_core::policy::guard::breaker(
+        &s.state.config.policy.circuit_breaker,
+        &journal,
+        "",
+        false,
+        std::time::SystemTime::now(),
+    )
+    .open;
+    metrics::gauge!("warden_circuit_breaker_open").set(if open { 1.0 } else { 0.0 });
     for c in s.state.health.snapshot().components {
         let level = match c.status {
             warden_core::health::Status::Absent => -1.0,

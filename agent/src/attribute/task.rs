@@ -6,6 +6,12 @@
 //! records the decision, publishes `incident.diagnosed` and
 //! `incident.decided`, appends the journal, and for a cordon marks the node
 //! (health component `node/cordon`, the condition file, `node.cordoned`).
+//! Between the policy and the record, the node-level rules of
+//! [`guard`] read the journal: the lemon rule (before the hook, which may
+//! overrule it), the cordon circuit breaker and dry run (after it, so no
+//! hook gets past them); each shows in the decision's reason, an event
+//! (`policy.lemon`, `policy.circuit_breaker`, `policy.dry_run`) and a
+//! metric.
 //! Runs on its own task: a slow hook delays other decisions by at most its
 //! timeout, never a scan or an API call.
 
@@ -28,6 +34,7 @@ use warden_core::events::{Event, NewEvent, Severity, Subscription};
 use warden_core::health::reporter::Reporter;
 use warden_core::health::{ComponentReport, Reason, Status};
 use warden_core::policy::PolicyConfig;
+use warden_core::policy::guard;
 use warden_core::policy::{self, Action, Context, Decision};
 
 /// What attribution uses of the agent, and nothing more. The API's
@@ -148,7 +155,7 @@ fn escalate(state: &Handles, engine: &mut Engine, e: Escalation) {
         return;
     };
     let previous = rec.decision.clone();
-    let decision = Decision {
+    let mut decision = Decision {
         action: e.action,
         reason: e.reason,
         decided_by: "escalation".into(),
@@ -157,7 +164,11 @@ fn escalate(state: &Handles, engine: &mut Engine, e: Escalation) {
         backoff: Duration::ZERO,
         exit_code: policy::exit_code_for(e.action, rec.diagnosis.class, false, rec.exit_code),
         decided_at: SystemTime::now(),
+        dry_run: false,
     };
+    if state.policy.dry_run {
+        guard::dry_run(&mut decision);
+    }
     let Some(record) = engine.decided(&e.incident, decision) else {
         return;
     };
@@ -206,20 +217,124 @@ async fn handle(state: &Handles, engine: &mut Engine, d: Diagnosed) {
     }
     let record = d.record;
     let history = engine.past_decisions(&record.job, &record.id);
+    let now = SystemTime::now();
     let ctx = Context {
         job_down: record.kind.job_down(),
         exit_code: record.exit_code,
         history: &history,
-        now: SystemTime::now(),
+        now,
     };
     let mut decision = policy::decide(&state.policy, &record.diagnosis, &ctx);
+    // The node's whole journal (every job, across agent restarts).
+    let journal = state.incident_store().all();
+    let lemon = guard::lemon(&state.policy.lemon, &journal, &record, now);
+    if let Some(found) = &lemon {
+        guard::apply_lemon(
+            &state.policy.lemon,
+            &mut decision,
+            record.diagnosis.class,
+            found,
+        );
+    }
     if state.policy.hook.is_enabled() {
         ask_hook(state, &record, &mut decision).await;
+    }
+    let cfg = &state.policy.circuit_breaker;
+    let cordoned = state.incident_store().cordon().is_some();
+    let breaker = guard::breaker(cfg, &journal, &record.id, cordoned, now);
+    let held = guard::apply_breaker(
+        cfg,
+        &mut decision,
+        record.diagnosis.class,
+        ctx.job_down,
+        &breaker,
+    );
+    if state.policy.dry_run {
+        guard::dry_run(&mut decision);
     }
     let Some(record) = engine.decided(&record.id, decision) else {
         return;
     };
-    carry_out(state, record);
+    carry_out(state, record.clone());
+    report_rules(state, &record, lemon.as_ref(), held.then_some(&breaker));
+}
+
+/// The events and metrics of the node-level rules that changed a decision.
+fn report_rules(
+    state: &Handles,
+    r: &IncidentRecord,
+    lemon: Option<&guard::Lemon>,
+    held: Option<&guard::Breaker>,
+) {
+    let Some(dec) = &r.decision else {
+        return;
+    };
+    // Unless the hook overruled it (a held cordon is still the rule's).
+    if let Some(found) = lemon.filter(|_| dec.decided_by.starts_with(guard::LEMON_DECIDED_BY)) {
+        if dec.action == Action::Cordon && !dec.dry_run {
+            metrics::counter!("warden_lemon_cordons_total").increment(1);
+        }
+        state.events.publish(
+            NewEvent::new(
+                Severity::Critical,
+                "policy.lemon",
+                r.id.clone(),
+                format!(
+                    "lemon node: {} repeated incidents ({}); {}",
+                    found.incidents.len(),
+                    found.incidents.join(", "),
+                    if dec.dry_run {
+                        "dry run: would cordon"
+                    } else if dec.action == Action::Cordon {
+                        "cordoning"
+                    } else {
+                        "the cordon was not carried out"
+                    }
+                ),
+            )
+            .with("incidents", found.incidents.join(","))
+            .with(
+                "jobs",
+                found.jobs.iter().cloned().collect::<Vec<_>>().join(","),
+            )
+            .with("action", dec.action),
+        );
+    }
+    if let Some(b) = held {
+        metrics::counter!("warden_circuit_breaker_held_total").increment(1);
+        state.events.publish(
+            NewEvent::new(
+                Severity::Warning,
+                "policy.circuit_breaker",
+                r.id.clone(),
+                format!(
+                    "circuit breaker open: {} not cordoned ({} cordons in {} already: {}); {} instead",
+                    r.id,
+                    b.recent.len(),
+                    humantime::format_duration(state.policy.circuit_breaker.window),
+                    b.recent.join(", "),
+                    dec.action
+                ),
+            )
+            .with("recent", b.recent.join(","))
+            .with("max_cordons", state.policy.circuit_breaker.max_cordons)
+            .with("action", dec.action),
+        );
+    }
+    if dec.dry_run {
+        metrics::counter!("warden_dry_run_decisions_total", "action" => dec.action.as_str())
+            .increment(1);
+        state.events.publish(
+            NewEvent::new(
+                Severity::Info,
+                "policy.dry_run",
+                r.id.clone(),
+                format!("dry run: would {} for {}; nothing done", dec.action, r.id),
+            )
+            .with("action", dec.action)
+            .with("reason", &dec.reason),
+        );
+    }
 }
 
 /// Publishes a decided incident, records it, tells the launchers, and does
@@ -230,7 +345,8 @@ fn carry_out(state: &Handles, record: IncidentRecord) {
     // Launchers following the job (WatchIncidents) act on it; no receiver
     // is no error.
     let _ = state.feed.send(record.clone());
-    match record.decision.as_ref().map(|d| d.action) {
+    // In dry run nothing is done (launchers read `continue`).
+    match record.decision.as_ref().map(|d| d.effective_action()) {
         Some(Action::Cordon) => cordon(state, &record),
         // The agent carries this one out itself: it owns the ranks' slots
         // and control streams, whatever launched them.
@@ -267,11 +383,12 @@ async fn ask_hook(state: &Handles, record: &IncidentRecord, decision: &mut Decis
                     decision.backoff = Duration::ZERO;
                 }
             }
-            None => decision.decided_by = "policy (the hook agreed)".into(),
+            // The proposal's author kept ("policy", "lemon rule").
+            None => decision.decided_by = format!("{} (the hook agreed)", decision.decided_by),
         },
         Err(e) => {
             metrics::counter!("warden_policy_hook_failures_total").increment(1);
-            decision.decided_by = format!("policy (hook failed: {e})");
+            decision.decided_by = format!("{} (hook failed: {e})", decision.decided_by);
             state.events.publish(
                 NewEvent::new(
                     Severity::Warning,
@@ -453,6 +570,9 @@ pub const EVENT_KINDS: &[&str] = &[
     "incident.diagnosed",
     "incident.decided",
     "policy.hook_failed",
+    "policy.lemon",
+    "policy.circuit_breaker",
+    "policy.dry_run",
     "node.cordoned",
     "node.uncordoned",
 ];

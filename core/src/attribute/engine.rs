@@ -382,7 +382,12 @@ impl Engine {
         };
         // An XID's own event (with its pid and sources) is the evidence;
         // the health change it caused only opens the incident.
-        if signal == "gpu.xid" || signal == "kmsg.xid" || signal == "xid" {
+        // The kernel log's reason names the code (`kmsg.xid.79`).
+        let xid_signal = matches!(signal, "gpu.xid" | "kmsg.xid" | "xid")
+            || signal
+                .strip_prefix("kmsg.xid.")
+                .is_some_and(|code| code.parse::<u32>().is_ok());
+        if xid_signal {
             if device {
                 let t = Trigger::Hardware {
                     component: component.clone(),

@@ -8,6 +8,7 @@
 //! Pure: no I/O here (the hook runs in the attribution task).
 
 pub mod action;
+pub mod guard;
 pub mod hook;
 
 use std::time::{Duration, SystemTime};
@@ -74,8 +75,17 @@ pub struct PolicyConfig {
     /// tools, as a Kubernetes NodeCondition in JSON. Empty: the state
     /// directory's node-condition.json.
     pub condition_file: String,
+    /// Report every action instead of taking it: decisions are taken,
+    /// recorded and published as usual (their reason says "dry run: would
+    /// ..."), but nothing acts on them: no cordon, no Slurm drain, no
+    /// in-process restart, and launchers are told to continue.
+    pub dry_run: bool,
     /// The user's executable that may override each decision.
     pub hook: hook::HookConfig,
+    /// Cordon a node whose hardware incidents repeat across jobs.
+    pub lemon: guard::LemonConfig,
+    /// The cap on automatic cordons of this node.
+    pub circuit_breaker: guard::BreakerConfig,
     /// A bug in the training code: restarting fails the same way.
     pub user_error: ClassPolicy,
     /// A collective timeout, a driver hiccup: restarting usually helps.
@@ -97,7 +107,10 @@ impl Default for PolicyConfig {
             backoff_initial: Duration::from_secs(5),
             backoff_max: Duration::from_secs(5 * 60),
             condition_file: String::new(),
+            dry_run: false,
             hook: hook::HookConfig::default(),
+            lemon: guard::LemonConfig::default(),
+            circuit_breaker: guard::BreakerConfig::default(),
             user_error: ClassPolicy::new(&[Stop], Continue, 0, Stop),
             transient_software: ClassPolicy::new(
                 &[RestartInProcess, RestartInJob],
@@ -158,6 +171,8 @@ impl PolicyConfig {
                 &why,
             ));
         }
+        self.lemon.validate(origin)?;
+        self.circuit_breaker.validate(origin)?;
         let classes: [(&'static str, &'static str, &ClassPolicy); 6] = [
             (
                 "policy.user_error.on_failure",
@@ -264,6 +279,22 @@ pub struct Decision {
     pub exit_code: i32,
     /// When it was taken.
     pub decided_at: SystemTime,
+    /// Taken in dry run (`[policy] dry_run`): reported, not acted on.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub dry_run: bool,
+}
+
+impl Decision {
+    /// What is actually done: the action, or `continue` in dry run (what
+    /// launchers are told, and what `warden incidents` shows beside the
+    /// reason's "dry run: would ...").
+    pub fn effective_action(&self) -> Action {
+        if self.dry_run {
+            Action::Continue
+        } else {
+            self.action
+        }
+    }
 }
 
 /// The built-in decision for `diag` in `ctx`.
@@ -331,6 +362,7 @@ pub fn decide(cfg: &PolicyConfig, diag: &Diagnosis, ctx: &Context<'_>) -> Decisi
         backoff,
         exit_code: exit_code_for(action, diag.class, attempt > p.budget, ctx.exit_code),
         decided_at: ctx.now,
+        dry_run: false,
     }
 }
 

@@ -33,6 +33,7 @@ pub mod access;
 mod bounded;
 pub mod config;
 mod connect;
+pub mod cordon_share;
 mod diagnose;
 pub mod error;
 pub mod etcd_flags;
@@ -111,7 +112,7 @@ impl Leave {
         match self {
             Leave::Finished => "finished".to_owned(),
             Leave::Failed { reason, exit_code } => format!("failed: {reason} (exit {exit_code})"),
-            Leave::Cordoned(r) => format!("cordoned: {r}"),
+            Leave::Cordoned(r) => format!("{}{r}", cordon_share::CORDONED),
             Leave::Stopped(r) => format!("stopped: {r}"),
         }
     }
@@ -254,6 +255,21 @@ impl Coordinator {
     /// This host's membership lease, as etcd names it.
     pub fn lease_id(&self) -> i64 {
         self.inner.lease()
+    }
+
+    /// The job's hosts cordoned within `window` as etcd shows them now,
+    /// this one counted as cordoned, against `max_share`
+    /// ([`cordon_share::cordon_share`]).
+    pub fn cordon_share(&self, window: Duration, max_share: f64) -> cordon_share::CordonShare {
+        let view = self.inner.lock_view();
+        cordon_share::cordon_share(
+            view.members.keys().map(String::as_str),
+            &view.departed,
+            &self.inner.cfg.host,
+            session::now_ms(),
+            window,
+            max_share,
+        )
     }
 
     /// What the coordinator knows now.

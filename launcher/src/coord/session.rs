@@ -72,6 +72,9 @@ pub(crate) struct View {
     pub(crate) epoch: u64,
     pub(crate) rounds: BTreeMap<u64, RoundRecord>,
     pub(crate) departures: BTreeMap<String, String>,
+    /// The same departures with when they were written (ms since the
+    /// epoch), for the cordon share ([`super::cordon_share`]).
+    pub(crate) departed: BTreeMap<String, (String, u64)>,
     pub(crate) ends: BTreeMap<u64, JobEnd>,
 }
 
@@ -172,7 +175,7 @@ impl Inner {
         self.lease.load(Ordering::Acquire)
     }
 
-    fn lock_view(&self) -> std::sync::MutexGuard<'_, View> {
+    pub(crate) fn lock_view(&self) -> std::sync::MutexGuard<'_, View> {
         self.view.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
@@ -229,6 +232,8 @@ impl Inner {
             KeyKind::Departure(host) => serde_json::from_slice::<Departure>(kv.value())
                 .map_err(|e| e.to_string())
                 .map(|d| {
+                    view.departed
+                        .insert(host.to_owned(), (d.reason.clone(), d.at_ms));
                     view.departures.insert(host.to_owned(), d.reason);
                 }),
             KeyKind::End(epoch) => serde_json::from_slice::<JobEnd>(kv.value())
@@ -259,6 +264,7 @@ impl Inner {
                 view.rounds.remove(&epoch);
             }
             Some(KeyKind::Departure(host)) => {
+                view.departed.remove(host);
                 view.departures.remove(host);
             }
             Some(KeyKind::End(epoch)) => {
