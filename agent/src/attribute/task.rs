@@ -211,6 +211,7 @@ async fn handle(state: &Handles, engine: &mut Engine, d: Diagnosed) {
         exit_code: record.exit_code,
         history: &history,
         now: SystemTime::now(),
+        sdc: record.kind == warden_core::attribute::IncidentKind::Sdc,
     };
     let mut decision = policy::decide(&state.policy, &record.diagnosis, &ctx);
     if state.policy.hook.is_enabled() {

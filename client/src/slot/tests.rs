@@ -195,7 +195,10 @@ fn step_values_land_in_their_step_record() {
     let s = f.snapshot(0).unwrap();
     let cur = s.current_step.as_ref().unwrap();
     assert_eq!(cur.loss, Some(2.5));
-    assert!(cur.grad_norm.unwrap().is_nan(), "a NaN is reported, not dropped");
+    assert!(
+        cur.grad_norm.unwrap().is_nan(),
+        "a NaN is reported, not dropped"
+    );
     w.step_end(1, 200);
     // Between steps: into the step just ended.
     w.report_values(Some(3.0), Some(f64::INFINITY));

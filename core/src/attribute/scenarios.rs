@@ -153,6 +153,7 @@ fn replay(s: &Scenario) -> Vec<IncidentRecord> {
                     exit_code: d.record.exit_code,
                     history: &history,
                     now,
+                    sdc: d.record.kind == crate::attribute::IncidentKind::Sdc,
                 };
                 let decision = policy::decide(&policy_cfg, &d.record.diagnosis, &ctx);
                 let rec = engine

@@ -152,9 +152,10 @@ impl Metric {
 /// What the suspicion rests on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Basis {
-    /// NaN or infinite while the job's other ranks were finite (or the rank
-    /// is alone).
+    /// NaN or infinite while the job's other ranks were finite.
     NonFinite,
+    /// NaN or infinite with no other rank reporting the step.
+    NonFiniteAlone,
     /// An outlier among three or more ranks at the same step.
     Peers,
     /// Two ranks disagree and this one departed from its own history.
@@ -166,6 +167,7 @@ impl Basis {
     pub fn as_str(self) -> &'static str {
         match self {
             Basis::NonFinite => "non_finite",
+            Basis::NonFiniteAlone => "non_finite_alone",
             Basis::Peers => "peers",
             Basis::OwnHistory => "own_history",
         }
@@ -302,6 +304,13 @@ impl SdcDetector {
         }
     }
 
+    /// Forgets the jobs `live` says are gone (the agent calls it each tick
+    /// with its registry's jobs), so a long-lived agent keeps no state for
+    /// jobs long finished.
+    pub fn retain_jobs(&mut self, live: impl Fn(&str) -> bool) {
+        self.jobs.retain(|j, _| live(j));
+    }
+
     /// Judges every step that is ready; returns the new suspects, oldest
     /// step first.
     pub fn judge(&mut self) -> Vec<SdcFinding> {
@@ -382,8 +391,13 @@ fn judge_step(
         };
         // Non-finite on some ranks only (or on a rank alone).
         if n > 0 || xs.len() == 1 {
+            let basis = if xs.len() == 1 {
+                Basis::NonFiniteAlone
+            } else {
+                Basis::NonFinite
+            };
             for (rank, x) in xs.iter().filter(|(_, x)| !x.is_finite()) {
-                suspects.push(finding(*rank, *x, Basis::NonFinite));
+                suspects.push(finding(*rank, *x, basis));
             }
         }
         let fin: Vec<(u32, f64)> = xs.iter().copied().filter(|(_, x)| x.is_finite()).collect();

@@ -131,7 +131,7 @@ fn non_finite_values_on_some_ranks_are_flagged_on_all_they_are_not() {
     assert!(det.judge().is_empty());
     // A rank alone: nothing to compare with, a NaN is still a NaN.
     det.observe("solo", 0, 1, 1, None, Some(f64::NAN));
-    assert_eq!(det.judge()[0].basis, Basis::NonFinite);
+    assert_eq!(det.judge()[0].basis, Basis::NonFiniteAlone);
 }
 
 #[test]
