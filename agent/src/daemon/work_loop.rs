@@ -14,8 +14,8 @@ use tokio::time::MissedTickBehavior;
 use super::notify::{self, Watchdog};
 use crate::ranks::{evidence, scan};
 use crate::sources::runner::Sources;
-use warden_core::health::{ComponentReport, Status};
 use warden_core::detect::sdc::{Basis, SdcDetector, SdcFinding};
+use warden_core::health::{ComponentReport, Status};
 use warden_core::rank::RankKey;
 use warden_core::signal::{RankHang, Report, SdcSuspect, Signal};
 
@@ -105,7 +105,14 @@ fn run_sdc(state: &AgentState, det: &mut SdcDetector, values: Vec<scan::StepValu
         return;
     }
     for v in values {
-        det.observe(&v.key.job, v.key.rank, v.generation, v.step, v.loss, v.grad_norm);
+        det.observe(
+            &v.key.job,
+            v.key.rank,
+            v.generation,
+            v.step,
+            v.loss,
+            v.grad_norm,
+        );
     }
     for f in det.judge() {
         metrics::counter!(

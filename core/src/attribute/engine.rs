@@ -979,7 +979,8 @@ impl Engine {
                     basis,
                 } => {
                     let rule = rules::sdc_rule(basis);
-                    let median = job_median.map_or_else(|| "none".to_owned(), |m| format!("{m:.6}"));
+                    let median =
+                        job_median.map_or_else(|| "none".to_owned(), |m| format!("{m:.6}"));
                     what.push(format!(
                         "{key} reported {metric} {value:.6} at step {step} (job median {median})"
                     ));

@@ -92,6 +92,7 @@ fn kind_static(kind: &str) -> &'static str {
         "rank.exited",
         "rank.hang",
         "rank.straggler",
+        "rank.sdc_suspect",
         "gpu.xid",
         "kmsg.xid",
         "kmsg.oom_kill",

@@ -341,11 +341,7 @@ pub fn decide(cfg: &PolicyConfig, diag: &Diagnosis, ctx: &Context<'_>) -> Decisi
             )
         }
     } else {
-        (
-            step,
-            format!("{}: {key} says {step}", diag.class),
-            spent,
-        )
+        (step, format!("{}: {key} says {step}", diag.class), spent)
     };
     let backoff = if action.is_restart() && attempt >= 2 {
         let factor = 2u32.saturating_pow(attempt - 2);
@@ -416,7 +412,11 @@ mod tests {
         let d = diag(FaultClass::UncorrectableHardware);
         let dec = decide(&cfg, &d, &running);
         assert_eq!(dec.action, Action::Continue, "default: report, not cordon");
-        assert!(dec.reason.contains("policy.sdc says continue"), "{}", dec.reason);
+        assert!(
+            dec.reason.contains("policy.sdc says continue"),
+            "{}",
+            dec.reason
+        );
         cfg.sdc = SdcAction::Restart;
         let dec = decide(&cfg, &d, &running);
         assert_eq!((dec.action, dec.attempt), (Action::RestartInJob, 1));

@@ -323,10 +323,7 @@ impl SdcDetector {
                 continue;
             };
             let lag = self.cfg.judge_lag;
-            loop {
-                let Some((&step, vals)) = j.pending.first_key_value() else {
-                    break;
-                };
+            while let Some((&step, vals)) = j.pending.first_key_value() {
                 let stale = step.saturating_add(lag) < j.newest;
                 let complete = j
                     .ranks
@@ -452,12 +449,11 @@ fn judge_step(
                 continue;
             };
             match suspects.iter().position(|s| s.rank == *rank) {
-                Some(i) => {
-                    if !r.flagged[m] {
-                        r.flagged[m] = true;
-                        out.push(suspects[i].clone());
-                    }
+                Some(i) if !r.flagged[m] => {
+                    r.flagged[m] = true;
+                    out.push(suspects[i].clone());
                 }
+                Some(_) => {}
                 None if x.is_finite() && compared && !ambiguous => {
                     r.flagged[m] = false;
                     let h = &mut r.history[m];
