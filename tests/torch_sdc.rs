@@ -129,9 +129,12 @@ async fn a_rank_whose_gradients_are_corrupted_is_flagged_within_k_steps() {
         "flagged at step {step}, within {K} steps of {CORRUPT_STEP}: {d}"
     );
     let value: f64 = evidence(&suspect, "value").unwrap().parse().unwrap();
+    // Two ranks: the job median is their mean; the rank's own recent
+    // values are what it departed from.
     let median: f64 = evidence(&suspect, "job_median").unwrap().parse().unwrap();
+    let own: f64 = evidence(&suspect, "own_median").unwrap().parse().unwrap();
     let score: f64 = evidence(&suspect, "score").unwrap().parse().unwrap();
-    assert!(value > 10.0 * median, "{d}");
+    assert!(value > median && value > 10.0 * own, "{d}");
     assert!(score >= 12.0, "{d}");
     assert_eq!(evidence(&suspect, "basis"), Some("own_history"), "{d}");
     // Attribution: an sdc incident on rank 1, reported (the default policy).

@@ -146,7 +146,8 @@ fn sdc_signal(f: SdcFinding) -> SdcSuspect {
             f.value,
             f.step,
             fmt(f.job_median),
-            fmt(f.score.map(|z| (z * 10.0).round() / 10.0))
+            f.score
+                .map_or_else(|| "none".to_owned(), |z| format!("{z:.1}"))
         ),
     };
     let mut report = Report::new(message)
