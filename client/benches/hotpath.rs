@@ -55,6 +55,9 @@ fn hotpath(c: &mut Criterion) {
     g.bench_function("warden/section_guard(user id)", |b| {
         b.iter(|| drop(client.enter(black_box(user))))
     });
+    g.bench_function("warden/report_values(loss, grad_norm)", |b| {
+        b.iter(|| client.report_values(black_box(Some(2.5)), black_box(Some(0.75))))
+    });
     let mut n = 0u64;
     g.bench_function("warden/step_begin+end", |b| {
         b.iter(|| {

@@ -24,8 +24,9 @@ extern "C" {
 #endif
 
 /* Version of the shared-memory slot layout this library writes (2: the slot
-   is a sealed memfd received over the slot socket, no file). */
-#define WARDEN_SLOT_LAYOUT_VERSION 2
+   is a sealed memfd received over the slot socket, no file; 3: each step
+   record carries the step's loss and gradient norm). */
+#define WARDEN_SLOT_LAYOUT_VERSION 3
 
 /* Fixed ids of the well-known sections. */
 #define WARDEN_SECTION_INIT 0
@@ -75,6 +76,19 @@ void warden_section_open(const warden_client *client, int32_t id);
 
 /* Closes section `id` and any section opened inside it. */
 void warden_section_close(const warden_client *client, int32_t id);
+
+/* Bits of warden_report_values' `present`. */
+#define WARDEN_VALUE_LOSS 1u
+#define WARDEN_VALUE_GRAD_NORM 2u
+
+/*
+ * Reports the step's loss and gradient norm (those whose bit is set in
+ * `present`; NaN and Inf are reported as such) for the agent's silent data
+ * corruption check. Into the open step, or between steps the step just
+ * ended. Same cost as a section: no syscall, lock or allocation.
+ */
+void warden_report_values(const warden_client *client, double loss, double grad_norm,
+                          uint32_t present);
 
 /*
  * Reports an exception to the agent, which publishes it as a

@@ -614,6 +614,17 @@ impl Client {
         self.inner.writer().step_end(step, clock::now_ns());
     }
 
+    /// Reports this step's loss and gradient norm (`None`: not reported),
+    /// for the agent's silent-data-corruption check, which compares them
+    /// with the job's other ranks at the same step and flags NaN or Inf.
+    ///
+    /// Goes into the open step's record, or between steps into the step just
+    /// ended. Costs what a section costs: no syscall, lock or allocation.
+    #[inline]
+    pub fn report_values(&self, loss: Option<f64>, grad_norm: Option<f64>) {
+        self.inner.writer().report_values(loss, grad_norm);
+    }
+
     /// The id for `name`, interning it on first use (takes a lock once per new name).
     ///
     /// Names past the table's capacity all map to "other".

@@ -167,6 +167,33 @@ pub unsafe extern "C" fn warden_section_close(c: *const WardenClient, id: i32) {
     }
 }
 
+/// `present` bit: `loss` holds this step's loss.
+pub const WARDEN_VALUE_LOSS: u32 = 1;
+/// `present` bit: `grad_norm` holds this step's gradient norm.
+pub const WARDEN_VALUE_GRAD_NORM: u32 = 2;
+
+/// Reports the step's loss and gradient norm; `present` says which of the
+/// two are given ([`WARDEN_VALUE_LOSS`], [`WARDEN_VALUE_GRAD_NORM`]), since
+/// a NaN is a value the agent must see, not "absent".
+///
+/// # Safety
+/// `c` is NULL or a live handle.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn warden_report_values(
+    c: *const WardenClient,
+    loss: f64,
+    grad_norm: f64,
+    present: u32,
+) {
+    // SAFETY: forwarded from our caller's contract.
+    if let Some(c) = unsafe { get(c) } {
+        c.report_values(
+            (present & WARDEN_VALUE_LOSS != 0).then_some(loss),
+            (present & WARDEN_VALUE_GRAD_NORM != 0).then_some(grad_norm),
+        );
+    }
+}
+
 /// Reads a C string that may be NULL or hold bytes that are not UTF-8 (a
 /// message quoting a path): NULL is "", bad bytes become U+FFFD.
 ///

@@ -23,8 +23,9 @@
 //! - the open-section stack ([`MAX_DEPTH`] entries of id + entered-at).
 //! - the name table ([`MAX_SECTIONS`] fixed-size names; ids below
 //!   [`FIRST_USER_SECTION`] are the well-known names and are not stored).
-//! - the step ring ([`RING_LEN`] records: step, start, duration, per-section
-//!   inclusive totals). The record at `steps_completed % RING_LEN` is the step
+//! - the step ring ([`RING_LEN`] records: step, start, duration, the step's
+//!   reported values (loss, gradient norm: [`SlotWriter::report_values`]),
+//!   per-section inclusive totals). The record at `steps_completed % RING_LEN` is the step
 //!   in progress; the others are the last `RING_LEN - 1` completed steps.
 //!
 //! Consistency: multi-word updates (step, stack, ring) are wrapped in a
@@ -59,8 +60,9 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering, fence};
 /// Identifies a warden slot file ("WARDNSLT" in little-endian bytes).
 pub const MAGIC: u64 = u64::from_le_bytes(*b"WARDNSLT");
 /// Bumped on any change to the layout or to how a slot reaches a rank; sent
-/// in `RegisterRankRequest` (2: a sealed memfd over the slot socket, no file).
-pub const LAYOUT_VERSION: u32 = 2;
+/// in `RegisterRankRequest` (2: a sealed memfd over the slot socket, no file;
+/// 3: each step record carries the step's loss and gradient norm).
+pub const LAYOUT_VERSION: u32 = 3;
 /// Size of the file header; slots start right after it.
 pub const HEADER_SIZE: usize = 128;
 /// Deepest section nesting that is recorded (deeper sections are counted, not timed).
@@ -74,7 +76,7 @@ pub const RING_LEN: usize = 64;
 /// Upper bound on slots in one file, so a corrupted header cannot ask for terabytes.
 pub const MAX_SLOTS: u32 = 65_536;
 /// Size of one slot in bytes.
-pub const SLOT_SIZE: usize = 20_096;
+pub const SLOT_SIZE: usize = 21_120;
 
 /// The well-known section names; a name's index is its fixed id.
 pub const WELL_KNOWN_SECTIONS: [&str; 8] = [
@@ -109,6 +111,10 @@ pub const FIRST_USER_SECTION: u32 = 8;
 const STATE_FREE: u32 = 0;
 const STATE_CLAIMED: u32 = 1;
 const FLAG_STEP_OPEN: u32 = 1;
+/// Bit of a step record's `values_set`: `loss` holds a reported loss.
+const VALUE_LOSS: u32 = 1;
+/// Bit of a step record's `values_set`: `grad_norm` holds a reported norm.
+const VALUE_GRAD_NORM: u32 = 2;
 const SNAPSHOT_RETRIES: u32 = 256;
 
 /// Errors from making, receiving or reading slot memory.
@@ -231,7 +237,13 @@ struct StepRecord {
     duration_ns: AtomicU64,
     /// Bit `i` set: `section_ns[i]` holds this step's total for section `i`.
     section_mask: AtomicU32,
-    _pad: AtomicU32,
+    /// [`VALUE_LOSS`] / [`VALUE_GRAD_NORM`]: which of the values below the
+    /// client reported for this step (a NaN is a value, so no sentinel).
+    values_set: AtomicU32,
+    /// The step's loss, as `f64` bits.
+    loss: AtomicU64,
+    /// The step's gradient norm, as `f64` bits.
+    grad_norm: AtomicU64,
     section_ns: [AtomicU64; MAX_SECTIONS],
 }
 
@@ -276,7 +288,7 @@ pub struct Slot {
 const _: () = assert!(std::mem::size_of::<FileHeader>() == HEADER_SIZE);
 const _: () = assert!(std::mem::size_of::<StackEntry>() == 16);
 const _: () = assert!(std::mem::size_of::<NameEntry>() == 8 + NAME_LEN);
-const _: () = assert!(std::mem::size_of::<StepRecord>() == 32 + 8 * MAX_SECTIONS);
+const _: () = assert!(std::mem::size_of::<StepRecord>() == 48 + 8 * MAX_SECTIONS);
 const _: () = assert!(std::mem::size_of::<Slot>() == SLOT_SIZE);
 const _: () = assert!(std::mem::offset_of!(Slot, seq) == 128);
 const _: () = assert!(std::mem::offset_of!(Slot, stack) == 256);
@@ -650,7 +662,7 @@ pub struct SectionTime {
 }
 
 /// One step's record.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct StepSummary {
     /// The step number the training loop passed to `step_begin`.
     pub step: u64,
@@ -660,13 +672,18 @@ pub struct StepSummary {
     pub duration_ns: u64,
     /// Per-section totals, ascending id, only sections that ran.
     pub sections: Vec<SectionTime>,
+    /// The loss the client reported for this step, if it did (may be NaN or
+    /// infinite: that is what the SDC detector looks for).
+    pub loss: Option<f64>,
+    /// The gradient norm the client reported for this step, if it did.
+    pub grad_norm: Option<f64>,
 }
 
 /// A consistent copy of one slot, all values sanitised.
 ///
 /// Why a copy: the agent's detectors work on plain values and never touch
 /// shared memory, so they are pure functions tests can drive.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct SlotSnapshot {
     /// Slot index.
     pub index: u32,
@@ -774,6 +791,7 @@ impl Slot {
             r.start_ns.store(0, Ordering::Relaxed);
             r.duration_ns.store(0, Ordering::Relaxed);
             r.section_mask.store(0, Ordering::Relaxed);
+            r.values_set.store(0, Ordering::Relaxed);
         }
         self.write_end(s);
         // Leave the seqlock at an even value even if it had been left odd.
@@ -875,6 +893,9 @@ impl Slot {
                     duration_ns: rec.duration_ns.load(r),
                     mask,
                     sections,
+                    values_set: rec.values_set.load(r),
+                    loss: rec.loss.load(r),
+                    grad_norm: rec.grad_norm.load(r),
                 });
             }
         }
@@ -908,6 +929,8 @@ impl Slot {
                     total_ns: s.sections[i],
                 })
                 .collect(),
+            loss: (s.values_set & VALUE_LOSS != 0).then(|| f64::from_bits(s.loss)),
+            grad_norm: (s.values_set & VALUE_GRAD_NORM != 0).then(|| f64::from_bits(s.grad_norm)),
         };
         let mut ring = raw.ring;
         let in_progress = ring.pop();
@@ -973,6 +996,9 @@ impl Slot {
             d.start_ns.store(e.start_ns.load(r), r);
             d.duration_ns.store(e.duration_ns.load(r), r);
             d.section_mask.store(e.section_mask.load(r), r);
+            d.values_set.store(e.values_set.load(r), r);
+            d.loss.store(e.loss.load(r), r);
+            d.grad_norm.store(e.grad_norm.load(r), r);
             for (a, b) in d.section_ns.iter().zip(&e.section_ns) {
                 a.store(b.load(r), r);
             }
@@ -1045,6 +1071,9 @@ struct RawStep {
     duration_ns: u64,
     mask: u32,
     sections: [u64; MAX_SECTIONS],
+    values_set: u32,
+    loss: u64,
+    grad_norm: u64,
 }
 
 struct RawSlot {
@@ -1096,6 +1125,7 @@ impl<'a> SlotWriter<'a> {
         rec.start_ns.store(now_ns, Ordering::Relaxed);
         rec.duration_ns.store(0, Ordering::Relaxed);
         rec.section_mask.store(0, Ordering::Relaxed);
+        rec.values_set.store(0, Ordering::Relaxed);
         s.step.store(step, Ordering::Relaxed);
         s.flags.store(FLAG_STEP_OPEN, Ordering::Relaxed);
         s.step_depth
@@ -1184,6 +1214,42 @@ impl<'a> SlotWriter<'a> {
                 }
                 None => self.misuse(),
             }
+        }
+        s.write_end(seq);
+    }
+
+    /// Records the step's loss and gradient norm (`None`: not reported).
+    ///
+    /// Into the open step's record, or, between steps, the step that just
+    /// ended (a loop may read the loss after `step_end`); before any step,
+    /// counted as misuse. Why in the ring: the agent reads the values with
+    /// the step they belong to, and compares ranks at the same step (the SDC
+    /// detector). Same cost as a section: one seqlock write of a few words.
+    #[inline]
+    pub fn report_values(self, loss: Option<f64>, grad_norm: Option<f64>) {
+        let s = self.slot;
+        let seq = s.write_begin();
+        let head = s.steps_completed.load(Ordering::Relaxed);
+        let index = if s.flags.load(Ordering::Relaxed) & FLAG_STEP_OPEN != 0 {
+            Some(head)
+        } else {
+            head.checked_sub(1)
+        };
+        match index {
+            Some(i) => {
+                let rec = &s.ring[(i % RING_LEN as u64) as usize];
+                let mut set = rec.values_set.load(Ordering::Relaxed);
+                if let Some(v) = loss {
+                    rec.loss.store(v.to_bits(), Ordering::Relaxed);
+                    set |= VALUE_LOSS;
+                }
+                if let Some(v) = grad_norm {
+                    rec.grad_norm.store(v.to_bits(), Ordering::Relaxed);
+                    set |= VALUE_GRAD_NORM;
+                }
+                rec.values_set.store(set, Ordering::Relaxed);
+            }
+            None => self.misuse(),
         }
         s.write_end(seq);
     }

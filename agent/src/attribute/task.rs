@@ -223,6 +223,7 @@ async fn handle(state: &Handles, engine: &mut Engine, d: Diagnosed) {
         exit_code: record.exit_code,
         history: &history,
         now,
+        sdc: record.kind == warden_core::attribute::IncidentKind::Sdc,
     };
     let mut decision = policy::decide(&state.policy, &record.diagnosis, &ctx);
     // The node's whole journal (every job, across agent restarts).

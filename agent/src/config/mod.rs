@@ -47,6 +47,9 @@ pub struct Config {
     /// Straggler detection: slow ranks found from their compute sections,
     /// compared job-wide with peer agents, and explained.
     pub straggler: warden_core::detect::straggler::StragglerConfig,
+    /// Silent-data-corruption suspects: ranks whose reported loss or
+    /// gradient norm departs from their peers' or goes NaN/Inf.
+    pub sdc: warden_core::detect::sdc::SdcConfig,
     /// How signals are joined into incidents and diagnosed.
     pub attribution: warden_core::attribute::AttributionConfig,
     /// Remediation per fault class, budgets, backoff and the user's hook.
@@ -671,6 +674,7 @@ impl Config {
         self.kmsg.validate(origin)?;
         self.dcgm.validate(origin)?;
         self.straggler.validate(origin)?;
+        self.sdc.validate(origin)?;
         self.attribution.validate(origin)?;
         self.policy.validate(origin)?;
         self.restart.validate(origin)?;

@@ -14,8 +14,10 @@ use tokio::time::MissedTickBehavior;
 use super::notify::{self, Watchdog};
 use crate::ranks::{evidence, scan};
 use crate::sources::runner::Sources;
+use warden_core::detect::sdc::{Basis, SdcDetector, SdcFinding};
 use warden_core::health::{ComponentReport, Status};
-use warden_core::signal::{RankHang, Report, Signal};
+use warden_core::rank::RankKey;
+use warden_core::signal::{RankHang, Report, SdcSuspect, Signal};
 
 /// How often changed hang calibrations are written to the state directory.
 const CALIBRATION_SAVE_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
@@ -36,6 +38,7 @@ pub async fn run(state: Arc<AgentState>, mut watchdog: Watchdog, sources: Source
     let mut last_status = None;
     let mut pids_hidden = 0;
     let mut prev_ns = warden_client::clock::syscall_now();
+    let mut sdc = SdcDetector::new(cfg.sdc.clone());
     loop {
         tokio::select! {
             () = state.shutdown.cancelled() => return,
@@ -43,12 +46,14 @@ pub async fn run(state: Arc<AgentState>, mut watchdog: Watchdog, sources: Source
         }
         let now = Instant::now();
         let now_ns = warden_client::clock::syscall_now();
-        let result = {
+        let (result, live_jobs) = {
             let mut reg = state.registry();
             let result = scan::scan(&mut reg, &cfg.hang, now_ns, prev_ns);
             reg.save_calibrations(CALIBRATION_SAVE_EVERY, false);
-            result
+            let live_jobs: Vec<String> = reg.jobs.keys().cloned().collect();
+            (result, live_jobs)
         };
+        sdc.retain_jobs(|j| live_jobs.iter().any(|l| l == j));
         prev_ns = now_ns;
         state.goodput.observe_scan(result.goodput, now_ns);
         report_pid_visibility(&state, &mut pids_hidden);
@@ -79,6 +84,7 @@ pub async fn run(state: Arc<AgentState>, mut watchdog: Watchdog, sources: Source
                 ));
             }
         }
+        run_sdc(&state, &mut sdc, result.values);
         // Straggler scores from the steps the scan just read (outside the
         // registry lock but for a short copy).
         run_stragglers(&state, now);
@@ -89,6 +95,81 @@ pub async fn run(state: Arc<AgentState>, mut watchdog: Watchdog, sources: Source
             notify::status(&status_line(&node));
         }
         watchdog.tick(now);
+    }
+}
+
+/// Feeds the values the scan read to the SDC detector and publishes each
+/// new suspect as `rank.sdc_suspect`, with `warden_sdc_suspects_total`.
+fn run_sdc(state: &AgentState, det: &mut SdcDetector, values: Vec<scan::StepValues>) {
+    if !state.config.sdc.enabled {
+        return;
+    }
+    for v in values {
+        det.observe(
+            &v.key.job,
+            v.key.rank,
+            v.generation,
+            v.step,
+            v.loss,
+            v.grad_norm,
+        );
+    }
+    for f in det.judge() {
+        metrics::counter!(
+            "warden_sdc_suspects_total",
+            "metric" => f.metric.as_str(),
+            "basis" => f.basis.as_str()
+        )
+        .increment(1);
+        state.events.publish(Signal::RankSdcSuspect(sdc_signal(f)));
+    }
+}
+
+/// A finding as the typed signal, with its evidence for a person.
+fn sdc_signal(f: SdcFinding) -> SdcSuspect {
+    let key = RankKey {
+        job: f.job.clone(),
+        rank: f.rank,
+    };
+    let fmt = |v: Option<f64>| v.map_or_else(|| "none".to_owned(), |v| format!("{v:.6}"));
+    let message = match f.basis {
+        Basis::NonFinite | Basis::NonFiniteAlone => format!(
+            "{key}: {} is {} at step {} (job median {}): silent data corruption suspected",
+            f.metric.as_str(),
+            f.value,
+            f.step,
+            fmt(f.job_median)
+        ),
+        Basis::Peers | Basis::OwnHistory => format!(
+            "{key}: {} {:.6} at step {} departs from the job median {} ({} robust deviations): silent data corruption suspected",
+            f.metric.as_str(),
+            f.value,
+            f.step,
+            fmt(f.job_median),
+            f.score
+                .map_or_else(|| "none".to_owned(), |z| format!("{z:.1}"))
+        ),
+    };
+    let mut report = Report::new(message)
+        .with("step", f.step)
+        .with("metric", f.metric.as_str())
+        .with("value", f.value)
+        .with("job_median", fmt(f.job_median))
+        .with("score", fmt(f.score))
+        .with("basis", f.basis.as_str())
+        .with("ranks_compared", f.ranks);
+    if let Some(m) = f.own_median {
+        report = report.with("own_median", format!("{m:.6}"));
+    }
+    SdcSuspect {
+        key,
+        step: f.step,
+        metric: f.metric.as_str().to_owned(),
+        value: f.value,
+        job_median: f.job_median,
+        score: f.score,
+        basis: f.basis.as_str().to_owned(),
+        report,
     }
 }
 

@@ -59,6 +59,24 @@ pub struct ScanResult {
     pub scanned: usize,
     /// Completed steps and pre-step sections for the goodput ledger.
     pub goodput: warden_core::goodput::ScanFeed,
+    /// The loss and gradient norm the ranks reported with their recent
+    /// steps, for the SDC detector (which drops the ones it already has).
+    pub values: Vec<StepValues>,
+}
+
+/// One rank's reported values at one completed step.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StepValues {
+    /// Which rank.
+    pub key: RankKey,
+    /// Its registration (a new one restarts its step count).
+    pub generation: u64,
+    /// The step.
+    pub step: u64,
+    /// Its loss, if reported.
+    pub loss: Option<f64>,
+    /// Its gradient norm, if reported.
+    pub grad_norm: Option<f64>,
 }
 
 /// Scans every live rank. `now_ns` and `prev_ns` are this and the previous
@@ -174,6 +192,20 @@ pub fn scan(reg: &mut Registry, cfg: &HangConfig, now_ns: u64, prev_ns: u64) -> 
                     &mut entry.straggler,
                     &mut |s| out.goodput.push_step(&entry.key.job, entry.key.rank, s),
                     entry.pid,
+                );
+            }
+            if snap.writer_is_owner() {
+                out.values.extend(
+                    snap.recent_steps
+                        .iter()
+                        .filter(|s| s.loss.is_some() || s.grad_norm.is_some())
+                        .map(|s| StepValues {
+                            key: entry.key.clone(),
+                            generation: entry.generation,
+                            step: s.step,
+                            loss: s.loss,
+                            grad_norm: s.grad_norm,
+                        }),
                 );
             }
             entry.last = Some(snap);

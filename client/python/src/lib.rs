@@ -161,6 +161,14 @@ impl Client {
         self.inner.step_end(step);
     }
 
+    /// Reports this step's loss and gradient norm (either may be omitted;
+    /// anything `float()` accepts, a 0-d tensor included) for the agent's
+    /// silent-data-corruption check.
+    #[pyo3(signature = (loss=None, grad_norm=None))]
+    fn report_values(&self, loss: Option<f64>, grad_norm: Option<f64>) {
+        self.inner.report_values(loss, grad_norm);
+    }
+
     /// A context manager / decorator for section `name` (id resolved now).
     fn section(slf: &Bound<'_, Self>, name: &Bound<'_, PyString>) -> PyResult<Py<Section>> {
         section_of(slf, name)
@@ -392,6 +400,8 @@ fn snapshot_dict<'py>(py: Python<'py>, s: &SlotSnapshot) -> PyResult<Bound<'py, 
             secs.set_item(s.section_name(t.id), t.total_ns)?;
         }
         rd.set_item("sections", secs)?;
+        rd.set_item("loss", r.loss)?;
+        rd.set_item("grad_norm", r.grad_norm)?;
         steps.append(rd)?;
     }
     d.set_item("recent_steps", steps)?;
@@ -549,6 +559,14 @@ fn step_end(py: Python<'_>, step: u64) -> PyResult<()> {
     Ok(())
 }
 
+/// Reports this step's loss and gradient norm on the default client.
+#[pyfunction]
+#[pyo3(signature = (loss=None, grad_norm=None))]
+fn report_values(py: Python<'_>, loss: Option<f64>, grad_norm: Option<f64>) -> PyResult<()> {
+    default_ref(py)?.get().inner.report_values(loss, grad_norm);
+    Ok(())
+}
+
 /// A section of the default client: `with warden.section("forward"):` or a decorator.
 #[pyfunction]
 fn section(py: Python<'_>, name: &Bound<'_, PyString>) -> PyResult<Py<Section>> {
@@ -593,6 +611,7 @@ fn warden_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(heartbeat, m)?)?;
     m.add_function(wrap_pyfunction!(step_begin, m)?)?;
     m.add_function(wrap_pyfunction!(step_end, m)?)?;
+    m.add_function(wrap_pyfunction!(report_values, m)?)?;
     m.add_function(wrap_pyfunction!(section, m)?)?;
     m.add_function(wrap_pyfunction!(step, m)?)?;
     m.add_function(wrap_pyfunction!(is_connected, m)?)?;

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import time
 
@@ -130,7 +131,7 @@ def test_client_as_context_manager() -> None:
 
 
 def test_types_are_exported() -> None:
-    assert warden.SLOT_LAYOUT_VERSION == 2
+    assert warden.SLOT_LAYOUT_VERSION == 3
     assert isinstance(warden.section("forward"), warden.Section)
     assert isinstance(warden.step(1), warden.Step)
     assert "connected=False" in repr(fresh())
@@ -141,3 +142,18 @@ def test_sections_are_cached_per_client() -> None:
     assert c.section("forward") is c.section("forward")
     assert warden.section("data") is warden.section("data")
     assert c.section("forward") is not warden.section("forward")
+
+
+def test_report_values_land_in_the_step_record() -> None:
+    c = fresh()
+    with c.step(1):
+        c.report_values(loss=2.5, grad_norm=float("nan"))
+    # Between steps: into the step just ended (a loss read after the step).
+    c.report_values(loss=3.0)
+    with c.step(2):
+        pass
+    steps = {r["step"]: r for r in c.snapshot()["recent_steps"]}
+    assert steps[1]["loss"] == 3.0
+    assert math.isnan(steps[1]["grad_norm"])
+    assert steps[2]["loss"] is None and steps[2]["grad_norm"] is None
+    warden.report_values(grad_norm=1.0)  # the default client, no agent: a no-op that returns

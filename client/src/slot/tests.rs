@@ -183,6 +183,46 @@ fn steps_and_sections_accumulate_per_step() {
 }
 
 #[test]
+fn step_values_land_in_their_step_record() {
+    let f = SlotTable::new(1).unwrap();
+    f.claim(0, 1, 1).unwrap();
+    let w = f.writer(0).unwrap();
+    w.report_values(Some(1.0), None); // before any step: misuse, dropped
+    assert_eq!(f.snapshot(0).unwrap().misuse, 1);
+    w.step_begin(1, 100);
+    w.report_values(Some(2.5), None);
+    w.report_values(None, Some(f64::NAN));
+    let s = f.snapshot(0).unwrap();
+    let cur = s.current_step.as_ref().unwrap();
+    assert_eq!(cur.loss, Some(2.5));
+    assert!(
+        cur.grad_norm.unwrap().is_nan(),
+        "a NaN is reported, not dropped"
+    );
+    w.step_end(1, 200);
+    // Between steps: into the step just ended.
+    w.report_values(Some(3.0), Some(f64::INFINITY));
+    w.step_begin(2, 300);
+    w.step_end(2, 400);
+    let s = f.snapshot(0).unwrap();
+    let r: Vec<(u64, Option<f64>, Option<f64>)> = s
+        .recent_steps
+        .iter()
+        .map(|r| (r.step, r.loss, r.grad_norm))
+        .collect();
+    assert_eq!(
+        r,
+        [(1, Some(3.0), Some(f64::INFINITY)), (2, None, None)],
+        "a new step starts with no values"
+    );
+    // Carried across a slot swap like the rest of the client's line.
+    let other = Slot::new_boxed();
+    other.copy_client_state_from(f.slot(0).unwrap());
+    let copied = other.snapshot(0).unwrap();
+    assert_eq!(copied.recent_steps[0].loss, Some(3.0));
+}
+
+#[test]
 fn sections_outside_steps_and_implicit_step_end() {
     let f = SlotTable::new(1).unwrap();
     let w = f.writer(0).unwrap();

@@ -62,8 +62,11 @@ int main(void) {
         warden_section_close(c, WARDEN_SECTION_FORWARD);
         warden_section_open(c, WARDEN_SECTION_BACKWARD);
         warden_section_close(c, WARDEN_SECTION_BACKWARD);
+        warden_report_values(c, 2.5, 1.0 / 0.0, WARDEN_VALUE_LOSS | WARDEN_VALUE_GRAD_NORM);
         warden_step_end(c, step);
     }
+    warden_report_values(c, 1.0, 0.0, WARDEN_VALUE_LOSS);
+    warden_report_values(NULL, 1.0, 1.0, WARDEN_VALUE_LOSS);
     /* No agent: an exception report fails at once, whatever its arguments. */
     t0 = now_s();
     CHECK(warden_report_exception(c, "std::bad_alloc", "out of memory", NULL, -1, 0) == -1);

@@ -58,6 +58,9 @@ pub enum IncidentKind {
     Hardware,
     /// A rank is persistently slower than its peers.
     Straggler,
+    /// A rank's reported loss or gradient norm departed from its peers' or
+    /// went NaN/Inf: silent data corruption suspected.
+    Sdc,
 }
 
 impl IncidentKind {
@@ -68,6 +71,7 @@ impl IncidentKind {
             IncidentKind::Hang => "hang",
             IncidentKind::Hardware => "hardware",
             IncidentKind::Straggler => "straggler",
+            IncidentKind::Sdc => "sdc",
         }
     }
 

@@ -148,6 +148,16 @@ enum Trigger {
         explanation: String,
         cause: FaultClass,
     },
+    Sdc {
+        key: RankKey,
+        at: SystemTime,
+        event_id: u64,
+        step: u64,
+        metric: String,
+        value: f64,
+        job_median: Option<f64>,
+        basis: String,
+    },
 }
 
 impl Trigger {
@@ -157,6 +167,7 @@ impl Trigger {
             Trigger::Hang { .. } => IncidentKind::Hang,
             Trigger::Hardware { .. } => IncidentKind::Hardware,
             Trigger::Straggler { .. } => IncidentKind::Straggler,
+            Trigger::Sdc { .. } => IncidentKind::Sdc,
         }
     }
 
@@ -164,7 +175,8 @@ impl Trigger {
         match self {
             Trigger::Crash { key, .. }
             | Trigger::Hang { key, .. }
-            | Trigger::Straggler { key, .. } => Some(key),
+            | Trigger::Straggler { key, .. }
+            | Trigger::Sdc { key, .. } => Some(key),
             Trigger::Hardware { .. } => None,
         }
     }
@@ -297,6 +309,19 @@ impl Engine {
                     relative: s.relative.clone(),
                     explanation: s.explanation.clone(),
                     cause: s.cause,
+                };
+                self.trigger(t, ev);
+            }
+            Signal::RankSdcSuspect(s) => {
+                let t = Trigger::Sdc {
+                    key: s.key.clone(),
+                    at: ev.time,
+                    event_id: ev.id,
+                    step: s.step,
+                    metric: s.metric.clone(),
+                    value: s.value,
+                    job_median: s.job_median,
+                    basis: s.basis.clone(),
                 };
                 self.trigger(t, ev);
             }
@@ -948,6 +973,34 @@ impl Engine {
                         event_id: *event_id,
                     });
                 }
+                Trigger::Sdc {
+                    key,
+                    at,
+                    event_id,
+                    step,
+                    metric,
+                    value,
+                    job_median,
+                    basis,
+                } => {
+                    let rule = rules::sdc_rule(basis);
+                    let median =
+                        job_median.map_or_else(|| "none".to_owned(), |m| format!("{m:.6}"));
+                    what.push(format!(
+                        "{key} reported {metric} {value:.6} at step {step} (job median {median})"
+                    ));
+                    ev.push(Evidence {
+                        at: *at,
+                        source: "sdc".into(),
+                        signal: "sdc".into(),
+                        subject: key.to_string(),
+                        value: format!("{metric}={value:.6} at step {step}, job median {median}"),
+                        points_to: Some(rule.class),
+                        weight: rule.weight,
+                        note: format!("{} [{}]", rule.note, rule.name),
+                        event_id: *event_id,
+                    });
+                }
             }
         }
 
@@ -1172,7 +1225,8 @@ fn trigger_at(t: &Trigger) -> SystemTime {
         Trigger::Crash { at, .. }
         | Trigger::Hang { at, .. }
         | Trigger::Hardware { at, .. }
-        | Trigger::Straggler { at, .. } => *at,
+        | Trigger::Straggler { at, .. }
+        | Trigger::Sdc { at, .. } => *at,
     }
 }
 
@@ -1181,7 +1235,7 @@ fn priority(k: IncidentKind) -> u8 {
         IncidentKind::Crash => 3,
         IncidentKind::Hang => 2,
         IncidentKind::Hardware => 1,
-        IncidentKind::Straggler => 0,
+        IncidentKind::Straggler | IncidentKind::Sdc => 0,
     }
 }
 
@@ -1286,7 +1340,7 @@ fn conclude(mut ev: Vec<Evidence>, what: &[String]) -> Diagnosis {
             // label; a device signal does.
             if matches!(
                 e.signal.as_str(),
-                "exception" | "hang.pattern" | "straggler"
+                "exception" | "hang.pattern" | "straggler" | "sdc"
             ) {
                 format!("{} ({note})", e.value)
             } else {

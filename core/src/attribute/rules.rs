@@ -469,3 +469,54 @@ pub const LONE_HANG_WEIGHT: f64 = 0.5;
 pub const KERNEL_BLOCKED_WEIGHT: f64 = 0.55;
 /// Weight of a straggler's explained cause.
 pub const STRAGGLER_WEIGHT: f64 = 0.6;
+
+/// What an SDC suspect (`rank.sdc_suspect`) says, by the detector's basis.
+#[derive(Debug, Clone, Copy)]
+pub struct SdcRule {
+    /// Rule name, shown in diagnoses and listed in the docs.
+    pub name: &'static str,
+    /// The class it points to.
+    pub class: FaultClass,
+    /// How strongly.
+    pub weight: f64,
+    /// Why, for a person.
+    pub note: &'static str,
+}
+
+/// One rank departing from data-parallel peers that hold the same
+/// parameters: the device computed wrong without saying so (Llama 3 saw 6
+/// such in 54 days). A suspicion, not proof: the weight stays under an
+/// XID's, so device evidence decides when there is any.
+pub const SDC_PEERS: SdcRule = SdcRule {
+    name: "sdc.departs_from_peers",
+    class: UncorrectableHardware,
+    weight: 0.55,
+    note: "one rank's loss or gradient norm departs from its data-parallel peers': silent data corruption on its device suspected",
+};
+
+/// A NaN or Inf on one rank while its peers stay finite.
+pub const SDC_NON_FINITE: SdcRule = SdcRule {
+    name: "sdc.non_finite",
+    class: UncorrectableHardware,
+    weight: 0.5,
+    note: "one rank's loss or gradient norm went NaN/Inf while its peers' stayed finite: silent data corruption on its device suspected",
+};
+
+/// A NaN or Inf on a rank with no peers to compare: as likely the model
+/// diverging as the device.
+pub const SDC_ALONE: SdcRule = SdcRule {
+    name: "sdc.non_finite_alone",
+    class: Unknown,
+    weight: 0.3,
+    note: "the rank's loss or gradient norm went NaN/Inf and no peer reported the same step: the model diverging or its device",
+};
+
+/// The rule for a suspect with the detector's `basis` (`rank.sdc_suspect`'s
+/// `basis` field).
+pub fn sdc_rule(basis: &str) -> SdcRule {
+    match basis {
+        "non_finite" => SDC_NON_FINITE,
+        "non_finite_alone" => SDC_ALONE,
+        _ => SDC_PEERS,
+    }
+}

@@ -92,6 +92,7 @@ fn kind_static(kind: &str) -> &'static str {
         "rank.exited",
         "rank.hang",
         "rank.straggler",
+        "rank.sdc_suspect",
         "gpu.xid",
         "kmsg.xid",
         "kmsg.oom_kill",
@@ -153,6 +154,7 @@ fn replay(s: &Scenario) -> Vec<IncidentRecord> {
                     exit_code: d.record.exit_code,
                     history: &history,
                     now,
+                    sdc: d.record.kind == crate::attribute::IncidentKind::Sdc,
                 };
                 let decision = policy::decide(&policy_cfg, &d.record.diagnosis, &ctx);
                 let rec = engine

@@ -12,4 +12,5 @@
 
 pub mod calibration;
 pub mod hang;
+pub mod sdc;
 pub mod straggler;

@@ -98,6 +98,33 @@ pub struct PolicyConfig {
     pub infrastructure: ClassPolicy,
     /// Not enough evidence: restart a little, then stop and tell a person.
     pub unknown: ClassPolicy,
+    /// What a silent-data-corruption suspect (an incident of kind `sdc`,
+    /// the job still running) gets, whatever its class: report it, or
+    /// restart the job from its last checkpoint (`restart_in_job`, counted
+    /// against the class's budget). Default report: a suspicion should not
+    /// cost a job its progress until an operator trusts the detector.
+    pub sdc: SdcAction,
+}
+
+/// `policy.sdc`: the answer to an SDC suspect.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SdcAction {
+    /// Record and publish the incident; the job goes on (`continue`).
+    #[default]
+    Report,
+    /// Restart the job in place from its last checkpoint (`restart_in_job`).
+    Restart,
+}
+
+impl SdcAction {
+    /// The action it stands for.
+    pub fn action(self) -> Action {
+        match self {
+            SdcAction::Report => Action::Continue,
+            SdcAction::Restart => Action::RestartInJob,
+        }
+    }
 }
 
 impl Default for PolicyConfig {
@@ -122,6 +149,7 @@ impl Default for PolicyConfig {
             uncorrectable_hardware: ClassPolicy::new(&[Cordon], Cordon, 3, Stop),
             infrastructure: ClassPolicy::new(&[RestartInJob], Continue, 3, ScaleDown),
             unknown: ClassPolicy::new(&[RestartInJob], Continue, 2, Stop),
+            sdc: SdcAction::Report,
         }
     }
 }
@@ -257,6 +285,9 @@ pub struct Context<'a> {
     pub history: &'a [PastDecision],
     /// Now.
     pub now: SystemTime,
+    /// The incident is an SDC suspect (kind `sdc`): `policy.sdc` answers it
+    /// while the job runs.
+    pub sdc: bool,
 }
 
 /// A remediation decision.
@@ -311,11 +342,13 @@ pub fn decide(cfg: &PolicyConfig, diag: &Diagnosis, ctx: &Context<'_>) -> Decisi
         .count();
     let spent = u32::try_from(spent).unwrap_or(u32::MAX);
     let window = humantime::format_duration(p.window);
-    let (step, basis) = if ctx.job_down {
+    let (step, key) = if ctx.job_down {
         let n = (spent as usize).min(p.on_failure.len() - 1);
-        (p.on_failure[n], "on_failure")
+        (p.on_failure[n], format!("policy.{}.on_failure", diag.class))
+    } else if ctx.sdc {
+        (cfg.sdc.action(), "policy.sdc".to_owned())
     } else {
-        (p.on_running, "on_running")
+        (p.on_running, format!("policy.{}.on_running", diag.class))
     };
     let (action, reason, attempt) = if step.is_restart() {
         let attempt = spent + 1;
@@ -332,18 +365,14 @@ pub fn decide(cfg: &PolicyConfig, diag: &Diagnosis, ctx: &Context<'_>) -> Decisi
             (
                 step,
                 format!(
-                    "{}: {step}, {attempt} of {} in {window}: policy.{}.{basis}",
-                    diag.class, p.budget, diag.class
+                    "{}: {step}, {attempt} of {} in {window}: {key}",
+                    diag.class, p.budget
                 ),
                 attempt,
             )
         }
     } else {
-        (
-            step,
-            format!("{}: policy.{}.{basis} says {step}", diag.class, diag.class),
-            spent,
-        )
+        (step, format!("{}: {key} says {step}", diag.class), spent)
     };
     let backoff = if action.is_restart() && attempt >= 2 {
         let factor = 2u32.saturating_pow(attempt - 2);
@@ -397,7 +426,35 @@ mod tests {
             exit_code: Some(3),
             history,
             now,
+            sdc: false,
         }
+    }
+
+    #[test]
+    fn an_sdc_suspect_is_reported_or_restarted_as_policy_sdc_says() {
+        let now = SystemTime::now();
+        let running = Context {
+            job_down: false,
+            exit_code: None,
+            history: &[],
+            now,
+            sdc: true,
+        };
+        let mut cfg = PolicyConfig::default();
+        let d = diag(FaultClass::UncorrectableHardware);
+        let dec = decide(&cfg, &d, &running);
+        assert_eq!(dec.action, Action::Continue, "default: report, not cordon");
+        assert!(
+            dec.reason.contains("policy.sdc says continue"),
+            "{}",
+            dec.reason
+        );
+        cfg.sdc = SdcAction::Restart;
+        let dec = decide(&cfg, &d, &running);
+        assert_eq!((dec.action, dec.attempt), (Action::RestartInJob, 1));
+        assert!(dec.reason.contains("policy.sdc"), "{}", dec.reason);
+        let parsed: PolicyConfig = toml::from_str("sdc = \"restart\"").unwrap();
+        assert_eq!(parsed.sdc, SdcAction::Restart);
     }
 
     #[test]
@@ -474,6 +531,7 @@ mod tests {
             exit_code: None,
             history: &[],
             now,
+            sdc: false,
         };
         let dec = decide(&cfg, &diag(FaultClass::CorrectableHardware), &c);
         assert_eq!((dec.action, dec.attempt), (Action::Continue, 0));

@@ -87,6 +87,10 @@ pub enum Signal {
         /// The headline and evidence, as the detector words them.
         report: Report,
     },
+    /// A rank's reported loss or gradient norm departed from its peers'
+    /// or went NaN/Inf: a silent-data-corruption suspect
+    /// (`rank.sdc_suspect`).
+    RankSdcSuspect(SdcSuspect),
     /// Ranks of a job were asked to restart in process
     /// (`restart.requested`).
     RestartRequested(RestartRequested),
@@ -276,6 +280,28 @@ pub struct Straggler {
     pub report: Report,
 }
 
+/// `rank.sdc_suspect`: the SDC detector's finding
+/// ([`crate::detect::sdc::SdcFinding`]) about one rank.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SdcSuspect {
+    /// Which rank.
+    pub key: RankKey,
+    /// The step whose value departed.
+    pub step: u64,
+    /// `loss` or `grad_norm`.
+    pub metric: String,
+    /// The value (may be NaN or infinite).
+    pub value: f64,
+    /// The median of the job's finite values at that step.
+    pub job_median: Option<f64>,
+    /// Robust standard deviations from the median compared with.
+    pub score: Option<f64>,
+    /// `non_finite`, `peers` or `own_history`.
+    pub basis: String,
+    /// The headline and evidence.
+    pub report: Report,
+}
+
 /// `restart.requested`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RestartRequested {
@@ -439,6 +465,7 @@ pub const TYPED_KINDS: &[&str] = &[
     "rank.recovered",
     "rank.straggler",
     "rank.straggler_cleared",
+    "rank.sdc_suspect",
     "restart.requested",
     "ckpt.saved",
     "ckpt.restored",

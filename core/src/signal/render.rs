@@ -7,7 +7,8 @@
 
 use super::{
     CkptRestored, CkptSaved, GateFailed, HealthChanged, OomKill, RankException, RankExited,
-    RankHang, RankRegistered, Report, RestartRequested, Signal, Straggler, Xid, XidSource,
+    RankHang, RankRegistered, Report, RestartRequested, SdcSuspect, Signal, Straggler, Xid,
+    XidSource,
 };
 use crate::events::{NewEvent, Severity};
 use crate::health::Status;
@@ -25,6 +26,7 @@ impl Signal {
             Signal::RankRecovered { .. } => "rank.recovered",
             Signal::RankStraggler(_) => "rank.straggler",
             Signal::RankStragglerCleared { .. } => "rank.straggler_cleared",
+            Signal::RankSdcSuspect(_) => "rank.sdc_suspect",
             Signal::RestartRequested(_) => "restart.requested",
             Signal::CkptSaved(_) => "ckpt.saved",
             Signal::CkptRestored(_) => "ckpt.restored",
@@ -65,6 +67,7 @@ impl Signal {
             Signal::RankStragglerCleared { key, report } => {
                 reported(Severity::Info, kind, key.to_string(), report)
             }
+            Signal::RankSdcSuspect(s) => sdc_suspect(s),
             Signal::RestartRequested(r) => restart_requested(r),
             Signal::CkptSaved(c) => ckpt_saved(c),
             Signal::CkptRestored(c) => ckpt_restored(c),
@@ -203,6 +206,15 @@ fn straggler(s: &Straggler) -> NewEvent {
     reported(
         Severity::Warning,
         "rank.straggler",
+        s.key.to_string(),
+        &s.report,
+    )
+}
+
+fn sdc_suspect(s: &SdcSuspect) -> NewEvent {
+    reported(
+        Severity::Warning,
+        "rank.sdc_suspect",
         s.key.to_string(),
         &s.report,
     )

@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 
 use super::{
     HangFacts, HealthChanged, OomKill, RankException, RankExited, RankHang, RankRegistered, Report,
-    Signal, Straggler, Xid, XidSource,
+    SdcSuspect, Signal, Straggler, Xid, XidSource,
 };
 use crate::attribute::FaultClass;
 use crate::events::Severity;
@@ -124,6 +124,16 @@ pub fn signal_of(
                 "infrastructure" => FaultClass::Infrastructure,
                 _ => FaultClass::Unknown,
             },
+            report: report(),
+        }),
+        "rank.sdc_suspect" => Signal::RankSdcSuspect(SdcSuspect {
+            key: rank_subject(subject)?,
+            step: num("step").unwrap_or(0),
+            metric: get("metric"),
+            value: get("value").parse().unwrap_or(f64::NAN),
+            job_median: get("job_median").parse().ok(),
+            score: get("score").parse().ok(),
+            basis: get("basis"),
             report: report(),
         }),
         "gpu.xid" | "kmsg.xid" => Signal::Xid(Xid {

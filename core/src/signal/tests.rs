@@ -268,6 +268,23 @@ fn cases() -> Vec<Case> {
             evidence: kv(&[("a", "1"), ("b", "two")]),
         },
         Case {
+            signal: Signal::RankSdcSuspect(SdcSuspect {
+                key: key(),
+                step: 30,
+                metric: "grad_norm".into(),
+                value: 150.0,
+                job_median: Some(1.5),
+                score: Some(99.0),
+                basis: "own_history".into(),
+                report: report.clone(),
+            }),
+            severity: Severity::Warning,
+            kind: "rank.sdc_suspect",
+            subject: "job/j/rank/3",
+            message: "headline",
+            evidence: kv(&[("a", "1"), ("b", "two")]),
+        },
+        Case {
             signal: Signal::RestartRequested(RestartRequested {
                 job: "j".into(),
                 seq: 2,
