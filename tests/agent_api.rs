@@ -8,7 +8,9 @@ mod common;
 
 use std::collections::HashSet;
 
-use common::{TestAgent, WAIT, endpoint, eventually, evidence, http_get, sample, within};
+use common::{
+    MEMORY_NEVER_LOW, TestAgent, WAIT, endpoint, eventually, evidence, http_get, sample, within,
+};
 use tokio_stream::StreamExt;
 use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_check_response::ServingStatus;
@@ -20,10 +22,6 @@ use tonic_reflection::pb::v1::server_reflection_response::MessageResponse;
 use warden_cli::Target;
 use warden_proto::v1 as pb;
 
-/// Thresholds no machine can cross: host/memory is OK whatever the host's
-/// memory, so "OK" below is a statement about the agent, not the test box.
-const MEMORY_NEVER_LOW: &str =
-    "[host]\nmemory_degraded_below_percent = 0.0\nmemory_failed_below_percent = 0.0\n";
 /// Every machine has less than 100% of its memory available: DEGRADED
 /// (and never FAILED), deterministically.
 const MEMORY_ALWAYS_LOW: &str =

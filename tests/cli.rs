@@ -7,13 +7,12 @@ mod common;
 
 use std::process::Command;
 
-use common::{Finished, STARTUP, Streaming, TestAgent, WAIT, WARDEN, eventually, http_get, run};
+use common::{
+    Finished, MEMORY_NEVER_LOW, STARTUP, Streaming, TestAgent, WAIT, WARDEN, eventually, http_get,
+    run,
+};
 use nix::sys::signal::Signal;
 use serde_json::Value;
-
-/// host/memory is OK on any machine (see agent_api.rs).
-const MEMORY_NEVER_LOW: &str =
-    "[host]\nmemory_degraded_below_percent = 0.0\nmemory_failed_below_percent = 0.0\n";
 
 /// `warden --socket <agent's socket> ARGS...`, with a deadline.
 fn warden(agent: &TestAgent, args: &[&str]) -> Finished {

@@ -10,25 +10,10 @@ mod common;
 use std::path::Path;
 use std::process::Command;
 
-use common::{Finished, TestAgent, WAIT, WARDEN, eventually, run};
+use common::{
+    Finished, MEMORY_NEVER_LOW, TestAgent, WAIT, WARDEN, XID79_AT_START, eventually, run,
+};
 use serde_json::{Value, json};
-
-/// host/memory is OK on any machine (see agent_api.rs).
-const MEMORY_NEVER_LOW: &str =
-    "[host]\nmemory_degraded_below_percent = 0.0\nmemory_failed_below_percent = 0.0\n";
-
-/// One GPU that falls off the bus as soon as the scenario starts.
-const XID79_AT_START: &str = r#"
-description = "XID 79 on gpu0 at once"
-[[gpu]]
-count = 1
-name = "Test GPU"
-[[fault]]
-at = "0s"
-kind = "xid"
-gpu = 0
-xid = 79
-"#;
 
 /// `warden --socket SOCKET ARGS...`, with a deadline; any exit status.
 fn warden_at(socket: &Path, args: &[&str]) -> Finished {

@@ -15,7 +15,7 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use common::{TestAgent, WAIT, eventually, repo_root, run, sample, scrape};
+use common::{TestAgent, WAIT, XID79_AT_START, eventually, repo_root, run, sample, scrape};
 
 fn rules_dir() -> PathBuf {
     repo_root().join("deploy/prometheus")
@@ -129,18 +129,6 @@ fn every_metric_a_rule_names_is_recorded_and_documented() {
         );
     }
 }
-
-const XID79_AT_START: &str = r#"
-description = "XID 79 on gpu0 at once"
-[[gpu]]
-count = 1
-name = "Test GPU"
-[[fault]]
-at = "0s"
-kind = "xid"
-gpu = 0
-xid = 79
-"#;
 
 #[tokio::test]
 async fn a_cordoned_agent_exports_what_the_node_rules_read() {

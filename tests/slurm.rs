@@ -19,31 +19,16 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{Finished, TestAgent, WAIT, WARDEN, eventually, free_port, repo_root, run};
+use common::{
+    Finished, MEMORY_NEVER_LOW, TestAgent, WAIT, WARDEN, XID79_AT_START, eventually, free_port,
+    repo_root, run,
+};
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
 
 /// How long the daemons may take to come up and register the node, and
 /// Slurm to act on a request, on a loaded 2-core machine.
 const SLURM_WAIT: Duration = Duration::from_secs(60);
-
-/// host/memory is OK on any machine (see agent_api.rs).
-const MEMORY_NEVER_LOW: &str =
-    "[host]\nmemory_degraded_below_percent = 0.0\nmemory_failed_below_percent = 0.0\n";
-
-/// One GPU that falls off the bus as soon as the scenario starts: an
-/// uncorrectable fault, which the default policy answers with a cordon.
-const XID79_AT_START: &str = r#"
-description = "XID 79 on gpu0 at once"
-[[gpu]]
-count = 1
-name = "Test GPU"
-[[fault]]
-at = "0s"
-kind = "xid"
-gpu = 0
-xid = 79
-"#;
 
 /// The Slurm daemons the tests need, with what to install when missing.
 fn require_binaries() {

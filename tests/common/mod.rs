@@ -51,6 +51,26 @@ pub const STARTUP: Duration = Duration::from_secs(15);
 /// How long anything else the tests wait for may take.
 pub const WAIT: Duration = Duration::from_secs(10);
 
+/// `[host]` thresholds under which host/memory is never DEGRADED or FAILED,
+/// so a test's node health does not depend on the machine's free memory.
+pub const MEMORY_NEVER_LOW: &str =
+    "[host]\nmemory_degraded_below_percent = 0.0\nmemory_failed_below_percent = 0.0\n";
+
+/// A simulated node (`--simulate`) whose one GPU falls off the bus as soon
+/// as the scenario starts: XID 79, an uncorrectable fault the default policy
+/// answers with a cordon.
+pub const XID79_AT_START: &str = r#"
+description = "XID 79 on gpu0 at once"
+[[gpu]]
+count = 1
+name = "Test GPU"
+[[fault]]
+at = "0s"
+kind = "xid"
+gpu = 0
+xid = 79
+"#;
+
 /// Environment that would change how the binaries behave if the test runner
 /// happened to have it set (under systemd, or a developer's shell).
 const SCRUBBED_ENV: &[&str] = &[
