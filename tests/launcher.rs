@@ -49,17 +49,26 @@ impl Scratch {
             .prefix("warden-run-")
             .tempdir()
             .expect("create a scratch directory");
-        std::fs::write(dir.path().join("agent.toml"), AGENT_TOML).expect("write the agent config");
-        Self { dir }
+        let s = Self { dir };
+        std::fs::write(s.path().join("agent.toml"), s.agent_toml(""))
+            .expect("write the agent config");
+        s
+    }
+
+    /// [`AGENT_TOML`] with the checkpoint tier in the scratch directory (a
+    /// job id reused by an earlier run must not find that run's saves in the
+    /// host-wide default tier), then `extra`.
+    fn agent_toml(&self, extra: &str) -> String {
+        format!(
+            "{AGENT_TOML}[checkpoint]\ndir = \"{}\"\n{extra}",
+            self.path().join("tier").display()
+        )
     }
 
     /// The agent's config with `extra` appended (a policy for one test).
     fn agent_config(self, extra: &str) -> Self {
-        std::fs::write(
-            self.path().join("agent.toml"),
-            format!("{AGENT_TOML}{extra}"),
-        )
-        .expect("write the agent config");
+        std::fs::write(self.path().join("agent.toml"), self.agent_toml(extra))
+            .expect("write the agent config");
         self
     }
 
