@@ -150,7 +150,7 @@ pub struct LiveRank<'a> {
 /// What [`Stragglers::copy_out`] took under the registry lock, for
 /// [`Stragglers::score`] to use outside it.
 #[derive(Debug, Default)]
-pub struct Copy {
+pub struct CopyOut {
     copied: Vec<Copied>,
     live: BTreeSet<RankKey>,
 }
@@ -219,10 +219,10 @@ impl Stragglers {
     /// copies out the new steps of the ranks that are `stride_steps` past
     /// their last score (a few kilobytes), and notes which ranks still run.
     /// `live` is every Running or Hung rank.
-    pub fn copy_out<'a>(&self, live: impl IntoIterator<Item = LiveRank<'a>>) -> Copy {
+    pub fn copy_out<'a>(&self, live: impl IntoIterator<Item = LiveRank<'a>>) -> CopyOut {
         let inner = self.lock();
         let stride = self.cfg.stride_steps as u64;
-        let mut out = Copy::default();
+        let mut out = CopyOut::default();
         for e in live {
             out.live.insert(e.key.clone());
             let pushed = e.samples.pushed();
@@ -250,7 +250,7 @@ impl Stragglers {
     /// to publish.
     pub fn score(
         &self,
-        copy: Copy,
+        copy: CopyOut,
         health: &HealthModel,
         probe: &HostProbe<'_>,
         now: Instant,
@@ -262,7 +262,7 @@ impl Stragglers {
             local,
             remote,
         } = &mut *inner;
-        let Copy { copied, live } = copy;
+        let CopyOut { copied, live } = copy;
 
         // Ranks that stopped running leave; a flag they held is lifted.
         let gone: Vec<RankKey> = local
