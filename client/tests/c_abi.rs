@@ -7,33 +7,26 @@
 use std::path::PathBuf;
 use std::process::Command;
 
-/// `target/<profile>/`, where cargo put the cdylib next to this test's `deps/`.
-fn profile_dir() -> PathBuf {
+/// `target/<profile>/deps/`, where this test binary lives. Building the
+/// library for this test builds every crate type it declares there, the
+/// cdylib included, from the same sources and in the same cargo run.
+fn deps_dir() -> PathBuf {
     let exe = std::env::current_exe().unwrap();
-    exe.parent().unwrap().parent().unwrap().to_owned()
+    exe.parent().unwrap().to_owned()
 }
 
 #[test]
 fn c_program_runs_without_an_agent() {
     let manifest = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-    let lib_dir = profile_dir();
-    // `cargo test` builds the library as an rlib for the tests; the cdylib
-    // the C program links is built here, in the same profile, so the test
-    // never links a stale or missing one.
-    let mut build = Command::new(env!("CARGO"));
-    build.args(["build", "-p", "warden-client", "--lib"]);
-    if lib_dir.ends_with("release") {
-        build.arg("--release");
-    }
-    let built = build.output().unwrap();
-    assert!(
-        built.status.success(),
-        "cargo build of the cdylib failed:\n{}",
-        String::from_utf8_lossy(&built.stderr)
-    );
+    // The cdylib `cargo test` built next to this test. The test used to run
+    // `cargo build -p warden-client` itself: that build unified features
+    // for warden-client alone and overwrote the rlib (a cdylib crate's
+    // outputs carry no hash), so every later doctest of a crate that links
+    // warden-client failed with "can't find crate" in the full CI run.
+    let lib_dir = deps_dir();
     assert!(
         lib_dir.join("libwarden_client.so").exists(),
-        "no libwarden_client.so in {} after building it",
+        "no libwarden_client.so in {}: cargo test builds it with the tests",
         lib_dir.display()
     );
     let scratch = tempfile::tempdir().unwrap();
@@ -65,6 +58,10 @@ fn c_program_runs_without_an_agent() {
         .env_remove("RANK")
         .env_remove("LOCAL_RANK")
         .env_remove("WORLD_SIZE")
+        // cargo test puts target/<profile> ahead in LD_LIBRARY_PATH, and a
+        // `cargo build` there leaves an older libwarden_client.so that would
+        // win over the runpath; the program must load the one it linked.
+        .env_remove("LD_LIBRARY_PATH")
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&run.stdout);
