@@ -324,8 +324,30 @@ async fn two_hosts_compare_their_ranks_job_wide() {
     let mut peer = PeerClient::new(a.channel().await);
     let err = peer
         .exchange_straggler_summaries(pb::StragglerSummaries {
+            host: "host-c".into(),
+            ranks: Vec::new(),
+            positions: vec![pb::JobPositions {
+                job_id: "j2".into(),
+                world_size: 4,
+                ranks: vec![pb::RankPosition {
+                    global_rank: 4,
+                    ..Default::default()
+                }],
+                ..Default::default()
+            }],
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err:?}");
+    assert!(
+        err.message().contains("positions[0].ranks[0].global_rank"),
+        "{err:?}"
+    );
+    let err = peer
+        .exchange_straggler_summaries(pb::StragglerSummaries {
             host: String::new(),
             ranks: Vec::new(),
+            ..Default::default()
         })
         .await
         .unwrap_err();
@@ -335,6 +357,7 @@ async fn two_hosts_compare_their_ranks_job_wide() {
         .exchange_straggler_summaries(pb::StragglerSummaries {
             host: "host-a".into(),
             ranks: Vec::new(),
+            ..Default::default()
         })
         .await
         .unwrap_err();
@@ -353,6 +376,7 @@ async fn two_hosts_compare_their_ranks_job_wide() {
                 window_seq: 1,
                 score: None,
             }],
+            ..Default::default()
         })
         .await
         .unwrap_err();

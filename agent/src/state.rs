@@ -72,6 +72,9 @@ pub struct AgentState {
     /// tick with `straggler.enabled`, or a peer's first summaries): the
     /// work loop runs it, GetStragglers and the Peer service read it.
     stragglers: std::sync::OnceLock<Arc<warden_core::detect::straggler::Stragglers>>,
+    /// Where every rank of the jobs stands, this host's and the peers',
+    /// for the job-wide hang verdict (`ranks::verdict`).
+    pub hang_board: Arc<crate::ranks::verdict::HangBoard>,
 }
 
 impl AgentState {
@@ -142,6 +145,11 @@ impl AgentState {
             peer_tls,
             straggler_peers_seen: std::sync::Arc::default(),
             stragglers: std::sync::OnceLock::new(),
+            hang_board: Arc::new(crate::ranks::verdict::HangBoard::new(
+                host.clone(),
+                config.straggler.summary_ttl,
+                config.hang.verdict_wait * 2,
+            )),
             config,
             config_source,
             host,

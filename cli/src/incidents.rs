@@ -142,6 +142,7 @@ pub fn incident_json(i: &pb::Incident) -> Value {
         "diagnosis": i.diagnosis.as_ref().map_or(Value::Null, diagnosis_json),
         "decision": i.decision.as_ref().map_or(Value::Null, decision_json),
         "superseded": i.superseded.iter().map(decision_json).collect::<Vec<_>>(),
+        "waited_on": i.waited_on,
     })
 }
 
@@ -184,6 +185,9 @@ fn header_line(i: &pb::Incident) -> String {
     }
     if !i.host.is_empty() {
         let _ = write!(s, "  host {}", i.host);
+    }
+    if !i.waited_on.is_empty() {
+        let _ = write!(s, "  waited on {} (not charged)", i.waited_on.join(", "));
     }
     s
 }
@@ -485,6 +489,7 @@ mod tests {
                 decided_by: "policy".into(),
                 ..Default::default()
             }],
+            waited_on: Vec::new(),
         }
     }
 

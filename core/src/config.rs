@@ -83,6 +83,11 @@ pub struct HangConfig {
     /// How long to wait for the stack dump to be written.
     #[serde(with = "duration")]
     pub stack_dump_wait: Duration,
+    /// How long a hang's job-wide verdict waits for every rank's position
+    /// (the other hosts' snapshots, over the straggler peer exchange)
+    /// before it judges with what it has and names the ranks not heard.
+    #[serde(with = "duration")]
+    pub verdict_wait: Duration,
 }
 
 impl Default for HangConfig {
@@ -100,6 +105,7 @@ impl Default for HangConfig {
             timeouts: std::collections::BTreeMap::new(),
             stack_dump: true,
             stack_dump_wait: Duration::from_secs(2),
+            verdict_wait: Duration::from_secs(5),
         }
     }
 }

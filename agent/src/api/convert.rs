@@ -224,5 +224,6 @@ pub fn incident(r: &warden_core::attribute::IncidentRecord) -> pb::Incident {
         }),
         decision: r.decision.as_ref().map(decision),
         superseded: r.superseded.iter().map(decision).collect(),
+        waited_on: r.waited_on.clone(),
     }
 }

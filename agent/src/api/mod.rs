@@ -18,6 +18,7 @@ pub mod metrics_http;
 pub mod nvhcd;
 pub mod observe;
 pub mod peer_auth;
+pub mod positions;
 pub mod service;
 pub mod slot_socket;
 pub mod stragglers;

@@ -128,6 +128,7 @@ pub fn batch_pb(b: &Batch) -> pb::StragglerSummaries {
                 score: r.score.as_ref().map(score_pb),
             })
             .collect(),
+        positions: Vec::new(),
     }
 }
 
@@ -193,7 +194,11 @@ impl Peer for PeerService {
                 )));
             }
             let caller = Caller::of(req.extensions().get::<PeerInfo>());
-            let batch = batch_from_pb(req.into_inner())
+            let mut req = req.into_inner();
+            let positions = std::mem::take(&mut req.positions);
+            let batch = batch_from_pb(req)
+                .map_err(|e| Status::invalid_argument(format!("straggler summaries: {e}")))?;
+            let positions = super::positions::from_pb(&batch.host, positions)
                 .map_err(|e| Status::invalid_argument(format!("straggler summaries: {e}")))?;
             if batch.host == self.state.host {
                 return Err(Status::failed_precondition(format!(
@@ -212,8 +217,10 @@ impl Peer for PeerService {
             });
             super::peer_auth::straggler(&caller, &batch.host, known)?;
             let det = self.state.stragglers();
+            let host = batch.host.clone();
             det.merge_remote(batch, Instant::now());
-            Ok(Response::new(batch_pb(&det.outbox(Instant::now()))))
+            self.state.hang_board.merge_remote(&host, positions);
+            Ok(Response::new(outgoing(&self.state, &det)))
         })
         .await
     }
@@ -258,6 +265,13 @@ impl Peer for PeerService {
         })
         .await
     }
+}
+
+/// This agent's summaries with its ranks' positions.
+fn outgoing(state: &AgentState, det: &Stragglers) -> pb::StragglerSummaries {
+    let mut batch = batch_pb(&det.outbox(Instant::now()));
+    batch.positions = super::positions::to_pb(&state.hang_board.outbox());
+    batch
 }
 
 /// One configured peer and what was last said about it in the log.
@@ -309,8 +323,10 @@ async fn exchange_loop(state: Arc<AgentState>, det: Arc<Stragglers>) {
         tokio::select! {
             () = state.shutdown.cancelled() => return,
             _ = ticker.tick() => {}
+            // A hang snapshot to send now (ranks::verdict).
+            () = state.hang_board.exchange_now.notified() => {}
         }
-        let batch = batch_pb(&det.outbox(Instant::now()));
+        let batch = outgoing(&state, &det);
         let mut calls = JoinSet::new();
         for (i, p) in peers.iter().enumerate() {
             let Some(mut client) = p.client.clone() else {
@@ -328,7 +344,14 @@ async fn exchange_loop(state: Arc<AgentState>, det: Arc<Stragglers>) {
                     )),
                     Ok(Err(s)) => Err(format!("{}: {}", s.code(), s.message())),
                     Ok(Ok(resp)) => {
-                        batch_from_pb(resp.into_inner()).map_err(|e| format!("bad answer: {e}"))
+                        let mut resp = resp.into_inner();
+                        let positions = std::mem::take(&mut resp.positions);
+                        batch_from_pb(resp)
+                            .and_then(|b| {
+                                let p = super::positions::from_pb(&b.host, positions)?;
+                                Ok((b, p))
+                            })
+                            .map_err(|e| format!("bad answer: {e}"))
                     }
                 };
                 (i, r)
@@ -344,7 +367,7 @@ async fn exchange_loop(state: Arc<AgentState>, det: Arc<Stragglers>) {
             let Ok((i, result)) = joined else { continue };
             let Some(p) = peers.get_mut(i) else { continue };
             match result {
-                Ok(b) => {
+                Ok((b, positions)) => {
                     metrics::counter!("warden_straggler_exchanges_total", "result" => "ok")
                         .increment(1);
                     if p.down.take().is_some() {
@@ -353,6 +376,7 @@ async fn exchange_loop(state: Arc<AgentState>, det: Arc<Stragglers>) {
                     if b.host == det.host() {
                         continue;
                     }
+                    state.hang_board.merge_remote(&b.host, positions);
                     det.merge_remote(b, Instant::now());
                 }
                 Err(e) => {

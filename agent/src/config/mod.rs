@@ -653,6 +653,13 @@ impl Config {
                 "must be at most 60s",
             ));
         }
+        if h.verdict_wait.is_zero() || h.verdict_wait > Duration::from_secs(300) {
+            return Err(invalid(
+                "hang.verdict_wait",
+                humantime::format_duration(h.verdict_wait).to_string(),
+                "must be more than 0s and at most 5m",
+            ));
+        }
         if self.host.memory_failed_below_percent > self.host.memory_degraded_below_percent {
             return Err(invalid(
                 "host.memory_failed_below_percent",

@@ -62,6 +62,7 @@ pub async fn run(state: Arc<AgentState>, mut watchdog: Watchdog, sources: Source
         for ev in result.events {
             state.events.publish(ev);
         }
+        state.hang_board.set_live(result.positions);
         for finding in result.hangs {
             metrics::counter!("warden_rank_hangs_total").increment(1);
             let wants_stack = finding.stack_dump.is_some() && cfg.hang.stack_dump;
@@ -75,6 +76,15 @@ pub async fn run(state: Arc<AgentState>, mut watchdog: Watchdog, sources: Source
                 stack_requested: wants_stack,
             });
             let id = state.events.publish(hang).id;
+            if state.hang_board.on_hang(&finding.key.job) {
+                tokio::spawn(crate::ranks::verdict::follow_up(
+                    state.hang_board.clone(),
+                    state.events.clone(),
+                    finding.key.job.clone(),
+                    id,
+                    cfg.hang.verdict_wait,
+                ));
+            }
             if wants_stack {
                 tokio::spawn(evidence::stack_follow_up(
                     state.events.clone(),

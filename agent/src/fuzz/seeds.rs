@@ -116,6 +116,7 @@ pub(crate) fn incident_journal() -> Vec<Vec<u8>> {
                 signature: "sig".into(),
                 step: Some(3),
                 exit_code: Some(1),
+                waited_on: Vec::new(),
             },
             true,
         );

@@ -15,5 +15,6 @@ pub mod procfs;
 pub mod registry;
 pub mod scan;
 pub mod stragglers;
+pub mod verdict;
 
 pub use registry::{RankKey, RegisterError, Registry};

@@ -18,7 +18,9 @@ use super::procfs;
 use super::registry::{Marker, RankEntry, RankKey, RankState, Registry};
 use crate::config::HangConfig;
 use warden_core::detect::calibration::{self, IDLE};
+use warden_core::detect::culprit::Position;
 use warden_core::detect::hang::{self, PeerPosition, Threshold};
+use warden_core::detect::positions::JobPositions;
 use warden_core::detect::straggler::RankSamples;
 use warden_core::events::{NewEvent, Severity};
 use warden_core::signal::Signal;
@@ -48,6 +50,56 @@ pub struct HangFinding {
     pub stack_dump: Option<(i32, PathBuf, super::process::RankProcess)>,
 }
 
+/// Every running rank's place, grouped by job, with the process state of
+/// the stalled ones (a stopped process is the verdict's strongest fact).
+/// Reads /proc only for stalled ranks: a scan of healthy ranks stays
+/// within their slots.
+fn job_positions(
+    ranks: &std::collections::BTreeMap<RankKey, RankEntry>,
+    positions: &[(RankKey, PeerPosition)],
+    now_ns: u64,
+) -> Vec<JobPositions> {
+    let taken_at = std::time::SystemTime::now();
+    let mut jobs: std::collections::BTreeMap<&str, JobPositions> =
+        std::collections::BTreeMap::new();
+    for (key, p) in positions {
+        let Some(entry) = ranks.get(key) else {
+            continue;
+        };
+        let process_state = if p.stalled && entry.pid != 0 {
+            procfs::read(entry.pid).map_or_else(
+                || "gone".to_owned(),
+                |f| format!("{} ({})", f.state, f.state_name()),
+            )
+        } else {
+            String::new()
+        };
+        let job = jobs
+            .entry(key.job.as_str())
+            .or_insert_with(|| JobPositions {
+                job: key.job.clone(),
+                world_size: 0,
+                hang: false,
+                taken_at,
+                ranks: Vec::new(),
+            });
+        job.world_size = job.world_size.max(entry.world_size);
+        job.ranks.push(Position {
+            // The work loop names this host.
+            host: String::new(),
+            rank: key.rank,
+            step: p.step,
+            section: p.section.clone(),
+            stalled: p.stalled,
+            stalled_ms: Duration::from_nanos(now_ns.saturating_sub(entry.progress_ns)).as_millis()
+                as u64,
+            process_state,
+            groups: Vec::new(),
+        });
+    }
+    jobs.into_values().collect()
+}
+
 /// What one scan produced.
 #[derive(Debug, Default)]
 pub struct ScanResult {
@@ -62,6 +114,9 @@ pub struct ScanResult {
     /// The loss and gradient norm the ranks reported with their recent
     /// steps, for the SDC detector (which drops the ones it already has).
     pub values: Vec<StepValues>,
+    /// Where every running rank stands, per job, for the job-wide hang
+    /// verdict (`detect::positions`).
+    pub positions: Vec<JobPositions>,
 }
 
 /// One rank's reported values at one completed step.
@@ -254,6 +309,7 @@ pub fn scan(reg: &mut Registry, cfg: &HangConfig, now_ns: u64, prev_ns: u64) -> 
             )
         })
         .collect();
+    out.positions = job_positions(ranks, &positions, now_ns);
     for (key, me) in &positions {
         if !me.stalled {
             continue;

@@ -113,4 +113,9 @@ pub struct IncidentRecord {
     pub step: Option<u64>,
     /// The failed rank's exit status, when it exited with one.
     pub exit_code: Option<i32>,
+    /// A hang whose culprit runs on another host: the ranks this host's
+    /// ranks waited on ("rank 3 on host-b"). Not empty means this host is
+    /// not charged: the lemon rule does not count it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub waited_on: Vec<String>,
 }

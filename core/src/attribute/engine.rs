@@ -148,6 +148,19 @@ enum Trigger {
         explanation: String,
         cause: FaultClass,
     },
+    /// The job-wide verdict on a hang: joins the job's hang incident.
+    Verdict {
+        job: String,
+        at: SystemTime,
+        event_id: u64,
+        summary: String,
+        /// A culprit runs here.
+        charged: bool,
+        /// The culprits elsewhere, when none runs here.
+        waited_on: Vec<String>,
+        /// The culprits, named, for the evidence.
+        culprits: Vec<String>,
+    },
     Sdc {
         key: RankKey,
         at: SystemTime,
@@ -164,7 +177,7 @@ impl Trigger {
     fn kind(&self) -> IncidentKind {
         match self {
             Trigger::Crash { .. } => IncidentKind::Crash,
-            Trigger::Hang { .. } => IncidentKind::Hang,
+            Trigger::Hang { .. } | Trigger::Verdict { .. } => IncidentKind::Hang,
             Trigger::Hardware { .. } => IncidentKind::Hardware,
             Trigger::Straggler { .. } => IncidentKind::Straggler,
             Trigger::Sdc { .. } => IncidentKind::Sdc,
@@ -177,7 +190,15 @@ impl Trigger {
             | Trigger::Hang { key, .. }
             | Trigger::Straggler { key, .. }
             | Trigger::Sdc { key, .. } => Some(key),
-            Trigger::Hardware { .. } => None,
+            Trigger::Hardware { .. } | Trigger::Verdict { .. } => None,
+        }
+    }
+
+    /// The job it is about, if any.
+    fn job(&self) -> Option<&str> {
+        match self {
+            Trigger::Verdict { job, .. } => Some(job),
+            other => other.key().map(|k| k.job.as_str()),
         }
     }
 }
@@ -309,6 +330,22 @@ impl Engine {
                     relative: s.relative.clone(),
                     explanation: s.explanation.clone(),
                     cause: s.cause,
+                };
+                self.trigger(t, ev);
+            }
+            Signal::HangVerdict(v) => {
+                let t = Trigger::Verdict {
+                    job: v.job.clone(),
+                    at: ev.time,
+                    event_id: ev.id,
+                    summary: v.summary.clone(),
+                    charged: v.charges_this_host(),
+                    waited_on: v.waited_on(),
+                    culprits: v
+                        .culprits
+                        .iter()
+                        .map(|b| format!("rank {} on {}: {}", b.rank, b.host, b.why))
+                        .collect(),
                 };
                 self.trigger(t, ev);
             }
@@ -512,7 +549,7 @@ impl Engine {
             Trigger::Hardware { component, .. } => vec![component.clone()],
             other => other.key().map(|k| self.devices_of(k)).unwrap_or_default(),
         };
-        let job = t.key().map(|k| k.job.clone());
+        let job = t.job().map(str::to_owned);
         let window = self.cfg.correlate_window;
         // A crash or hang after the job was restarted in job is a failure of
         // the new workers: a new incident (so it gets its own decision, and
@@ -560,6 +597,7 @@ impl Engine {
                     signature: String::new(),
                     step: None,
                     exit_code: None,
+                    waited_on: Vec::new(),
                 };
                 self.open.push(Open {
                     record,
@@ -571,14 +609,19 @@ impl Engine {
                 &mut self.open[last]
             }
         };
-        if let Some(k) = t.key() {
-            if open.record.job.is_empty() {
-                open.record.job = k.job.clone();
-            }
-            if !open.record.ranks.contains(&k.rank) {
-                open.record.ranks.push(k.rank);
-                open.record.ranks.sort_unstable();
-            }
+        if open.record.job.is_empty()
+            && let Some(j) = &job
+        {
+            open.record.job.clone_from(j);
+        }
+        if let Trigger::Verdict { waited_on, .. } = &t {
+            open.record.waited_on.clone_from(waited_on);
+        }
+        if let Some(k) = t.key()
+            && !open.record.ranks.contains(&k.rank)
+        {
+            open.record.ranks.push(k.rank);
+            open.record.ranks.sort_unstable();
         }
         for d in devices {
             if !open.record.devices.contains(&d) {
@@ -945,6 +988,47 @@ impl Engine {
                     what.push(format!("{component} failed"));
                     let _ = at;
                 }
+                Trigger::Verdict {
+                    job,
+                    at,
+                    event_id,
+                    summary,
+                    charged,
+                    waited_on,
+                    culprits,
+                } => {
+                    let (value, note) = if *charged {
+                        (
+                            clip(&culprits.join("; "), 400),
+                            "job-wide, the agents' positions put the culprit on this host: it is charged with the hang [hang.job_wide]".to_owned(),
+                        )
+                    } else if !waited_on.is_empty() {
+                        what.push(format!("waited on {}", waited_on.join(", ")));
+                        (
+                            clip(&culprits.join("; "), 400),
+                            format!(
+                                "job-wide, this host's ranks waited on {}: the culprit's host is charged, not this one [hang.job_wide]",
+                                waited_on.join(", ")
+                            ),
+                        )
+                    } else {
+                        (
+                            clip(summary, 400),
+                            "job-wide, the positions name no culprit [hang.job_wide]".to_owned(),
+                        )
+                    };
+                    ev.push(Evidence {
+                        at: *at,
+                        source: "peers".into(),
+                        signal: "hang.verdict".into(),
+                        subject: format!("job/{job}"),
+                        value,
+                        points_to: None,
+                        weight: 0.0,
+                        note,
+                        event_id: *event_id,
+                    });
+                }
                 Trigger::Straggler {
                     key,
                     at,
@@ -1225,6 +1309,7 @@ fn trigger_at(t: &Trigger) -> SystemTime {
         Trigger::Crash { at, .. }
         | Trigger::Hang { at, .. }
         | Trigger::Hardware { at, .. }
+        | Trigger::Verdict { at, .. }
         | Trigger::Straggler { at, .. }
         | Trigger::Sdc { at, .. } => *at,
     }

@@ -390,6 +390,7 @@ mod tests {
             signature: "sig".into(),
             step: Some(3),
             exit_code: Some(1),
+            waited_on: Vec::new(),
         }
     }
 

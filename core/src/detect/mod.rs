@@ -11,6 +11,8 @@
 //! of cases tests them and the work loop decides when to gather evidence.
 
 pub mod calibration;
+pub mod culprit;
 pub mod hang;
+pub mod positions;
 pub mod sdc;
 pub mod straggler;

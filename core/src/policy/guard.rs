@@ -153,7 +153,11 @@ pub fn lemon(
     current: &IncidentRecord,
     now: SystemTime,
 ) -> Option<Lemon> {
-    if !cfg.enabled || !cfg.classes.contains(&current.diagnosis.class) {
+    // A hang whose culprit runs elsewhere is not this node's failure.
+    if !cfg.enabled
+        || !cfg.classes.contains(&current.diagnosis.class)
+        || !current.waited_on.is_empty()
+    {
         return None;
     }
     let others = || history.iter().filter(|r| r.id != current.id);
@@ -170,6 +174,7 @@ pub fn lemon(
     let mut counted: Vec<&IncidentRecord> = others()
         .filter(|r| {
             r.decision.is_some()
+                && r.waited_on.is_empty()
                 && cfg.classes.contains(&r.diagnosis.class)
                 && r.opened_at >= since
                 && last_lemon.is_none_or(|l| r.opened_at > l)
@@ -348,6 +353,7 @@ mod tests {
             signature: String::new(),
             step: None,
             exit_code: Some(1),
+            waited_on: Vec::new(),
         }
     }
 
@@ -410,6 +416,25 @@ mod tests {
         assert_eq!(lemon(&off, &history, &cur, now), None);
         let user = rec("inc-7", "a", UserError, now, Stop);
         assert_eq!(lemon(&cfg, &history, &user, now), None);
+        // A hang another host's rank caused: neither counted nor counting.
+        let mut waited = rec("inc-8", "a", Unknown, t(99_950), RestartInJob);
+        waited.waited_on = vec!["rank 3 on host-b".into()];
+        assert_eq!(lemon(&with_unknown_again(), &history, &waited, now), None);
+        let mut history = history;
+        history.retain(|r| r.id != "inc-4");
+        history.push(waited);
+        assert_eq!(
+            lemon(&with_unknown_again(), &history, &cur, now),
+            None,
+            "the waited-on hang made a third count"
+        );
+    }
+
+    fn with_unknown_again() -> LemonConfig {
+        LemonConfig {
+            classes: vec![Hw, FaultClass::Unknown],
+            ..LemonConfig::default()
+        }
     }
 
     #[test]

@@ -91,6 +91,9 @@ pub enum Signal {
     /// or went NaN/Inf: a silent-data-corruption suspect
     /// (`rank.sdc_suspect`).
     RankSdcSuspect(SdcSuspect),
+    /// The job-wide verdict on a hang: the ranks that held the job up and
+    /// those that waited on them (`job.hang_verdict`).
+    HangVerdict(HangVerdict),
     /// Ranks of a job were asked to restart in process
     /// (`restart.requested`).
     RestartRequested(RestartRequested),
@@ -300,6 +303,54 @@ pub struct SdcSuspect {
     pub basis: String,
     /// The headline and evidence.
     pub report: Report,
+}
+
+/// `job.hang_verdict`: what [`crate::detect::culprit::judge`] made of every
+/// rank's position, on the host that published it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HangVerdict {
+    /// The job.
+    pub job: String,
+    /// The host that judged (this agent's).
+    pub host: String,
+    /// The ranks that held the job up, with why.
+    pub culprits: Vec<crate::detect::culprit::Blame>,
+    /// The ranks that waited on them.
+    pub waiting: Vec<u32>,
+    /// Ranks no agent reported.
+    pub missing: Vec<u32>,
+    /// The hosts whose positions were read.
+    pub hosts: Vec<String>,
+    /// One sentence for a person.
+    pub summary: String,
+    /// The `rank.hang` event that started the judging.
+    pub hang_event: u64,
+}
+
+impl HangVerdict {
+    /// True when a culprit runs on the judging host: this host is charged.
+    pub fn charges_this_host(&self) -> bool {
+        self.culprits.iter().any(|b| b.host == self.host)
+    }
+
+    /// The culprits elsewhere, named, when none runs here: what this
+    /// host's incident records it waited on (empty: charged, or no
+    /// culprit).
+    pub fn waited_on(&self) -> Vec<String> {
+        if self.charges_this_host() {
+            return Vec::new();
+        }
+        self.culprits
+            .iter()
+            .map(|b| {
+                if b.host.is_empty() {
+                    format!("rank {}", b.rank)
+                } else {
+                    format!("rank {} on {}", b.rank, b.host)
+                }
+            })
+            .collect()
+    }
 }
 
 /// `restart.requested`.

@@ -6,9 +6,9 @@
 //! fields; the table test in tests.rs pins each one).
 
 use super::{
-    CkptRestored, CkptSaved, GateFailed, HealthChanged, OomKill, RankException, RankExited,
-    RankHang, RankRegistered, Report, RestartRequested, SdcSuspect, Signal, Straggler, Xid,
-    XidSource,
+    CkptRestored, CkptSaved, GateFailed, HangVerdict, HealthChanged, OomKill, RankException,
+    RankExited, RankHang, RankRegistered, Report, RestartRequested, SdcSuspect, Signal, Straggler,
+    Xid, XidSource,
 };
 use crate::events::{NewEvent, Severity};
 use crate::health::Status;
@@ -27,6 +27,7 @@ impl Signal {
             Signal::RankStraggler(_) => "rank.straggler",
             Signal::RankStragglerCleared { .. } => "rank.straggler_cleared",
             Signal::RankSdcSuspect(_) => "rank.sdc_suspect",
+            Signal::HangVerdict(_) => "job.hang_verdict",
             Signal::RestartRequested(_) => "restart.requested",
             Signal::CkptSaved(_) => "ckpt.saved",
             Signal::CkptRestored(_) => "ckpt.restored",
@@ -68,6 +69,7 @@ impl Signal {
                 reported(Severity::Info, kind, key.to_string(), report)
             }
             Signal::RankSdcSuspect(s) => sdc_suspect(s),
+            Signal::HangVerdict(v) => hang_verdict(v),
             Signal::RestartRequested(r) => restart_requested(r),
             Signal::CkptSaved(c) => ckpt_saved(c),
             Signal::CkptRestored(c) => ckpt_restored(c),
@@ -218,6 +220,40 @@ fn sdc_suspect(s: &SdcSuspect) -> NewEvent {
         s.key.to_string(),
         &s.report,
     )
+}
+
+fn hang_verdict(v: &HangVerdict) -> NewEvent {
+    let culprits: Vec<String> = v
+        .culprits
+        .iter()
+        .map(|b| format!("{}@{}", b.rank, b.host))
+        .collect();
+    let charged = if v.culprits.is_empty() {
+        "no culprit named".to_owned()
+    } else if v.charges_this_host() {
+        "this host".to_owned()
+    } else {
+        format!("waited on {}", v.waited_on().join(", "))
+    };
+    let mut ev = NewEvent::new(
+        Severity::Warning,
+        "job.hang_verdict",
+        format!("job/{}", v.job),
+        format!("job {}: {}", v.job, v.summary),
+    )
+    .with("host", &v.host)
+    .with("culprits", culprits.join(","))
+    .with("charged", charged)
+    .with("waiting", join(&v.waiting))
+    .with("hosts", v.hosts.join(","))
+    .with("hang_event", v.hang_event);
+    if !v.missing.is_empty() {
+        ev = ev.with("missing", join(&v.missing));
+    }
+    for b in &v.culprits {
+        ev = ev.with(format!("why.{}", b.rank), &b.why);
+    }
+    ev
 }
 
 /// Rank numbers as `0,1,2` (the form every event's `ranks` field takes).

@@ -9,10 +9,11 @@
 use std::collections::BTreeMap;
 
 use super::{
-    HangFacts, HealthChanged, OomKill, RankException, RankExited, RankHang, RankRegistered, Report,
-    SdcSuspect, Signal, Straggler, Xid, XidSource,
+    HangFacts, HangVerdict, HealthChanged, OomKill, RankException, RankExited, RankHang,
+    RankRegistered, Report, SdcSuspect, Signal, Straggler, Xid, XidSource,
 };
 use crate::attribute::FaultClass;
+use crate::detect::culprit::Blame;
 use crate::events::Severity;
 use crate::health::{Reason, Status};
 use crate::rank::{ExitInfo, RankKey, RankState};
@@ -48,6 +49,8 @@ pub fn signal_of(
     let get = |k: &str| ev.get(k).cloned().unwrap_or_default();
     let num = |k: &str| ev.get(k).and_then(|v| v.parse::<u64>().ok());
     let n32 = |k: &str| ev.get(k).and_then(|v| v.parse::<u32>().ok());
+    let ranks =
+        |k: &str| -> Vec<u32> { get(k).split(',').filter_map(|r| r.parse().ok()).collect() };
     let report = || Report {
         message: String::new(),
         evidence: ev.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
@@ -135,6 +138,30 @@ pub fn signal_of(
             score: get("score").parse().ok(),
             basis: get("basis"),
             report: report(),
+        }),
+        "job.hang_verdict" => Signal::HangVerdict(HangVerdict {
+            job: subject.strip_prefix("job/")?.to_owned(),
+            host: get("host"),
+            culprits: get("culprits")
+                .split(',')
+                .filter_map(|c| {
+                    let (rank, host) = c.split_once('@')?;
+                    Some(Blame {
+                        rank: rank.parse().ok()?,
+                        host: host.to_owned(),
+                        why: get(&format!("why.{rank}")),
+                    })
+                })
+                .collect(),
+            waiting: ranks("waiting"),
+            missing: ranks("missing"),
+            hosts: get("hosts")
+                .split(',')
+                .filter(|h| !h.is_empty())
+                .map(str::to_owned)
+                .collect(),
+            summary: String::new(),
+            hang_event: num("hang_event").unwrap_or(0),
         }),
         "gpu.xid" | "kmsg.xid" => Signal::Xid(Xid {
             source: if kind == "gpu.xid" {

@@ -1,0 +1,136 @@
+//! The job-wide verdict on a hang, followed up off the tick.
+//!
+//! When the scan finds a rank hung, the work loop snapshots where the
+//! job's local ranks stood ([`HangBoard::on_hang`]), has the straggler
+//! exchange send the snapshot to the peer agents at once, and starts
+//! [`follow_up`]: it waits (at most `hang.verdict_wait`) until every rank
+//! of the job is covered by a position from this episode, judges them
+//! (`detect::culprit::judge`) and publishes `job.hang_verdict`. Attribution
+//! joins it to the job's hang incident: the culprit's host is charged, the
+//! others record whom they waited on. Every agent of the job does the
+//! same with the same positions, so they name the same culprit.
+
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant, SystemTime};
+
+use tokio::sync::Notify;
+use warden_core::detect::culprit;
+use warden_core::detect::positions::{Board, JobPositions};
+use warden_core::events::EventBus;
+use warden_core::signal::{HangVerdict, Signal};
+
+/// The board and the wake-ups around it (shared by the work loop, the
+/// straggler exchange and the Peer service).
+#[derive(Debug)]
+pub struct HangBoard {
+    host: String,
+    board: Mutex<Board>,
+    /// Wakes the straggler exchange for a round now (a hang snapshot to send).
+    pub exchange_now: Notify,
+    /// Woken when a peer's positions arrive (a verdict may be complete).
+    changed: Notify,
+}
+
+impl HangBoard {
+    /// A board for `host`, forgetting peers after `ttl` and hang snapshots
+    /// after `hang_life`.
+    pub fn new(host: String, ttl: Duration, hang_life: Duration) -> Self {
+        Self {
+            host,
+            board: Mutex::new(Board::new(ttl, hang_life)),
+            exchange_now: Notify::new(),
+            changed: Notify::new(),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Board> {
+        self.board.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// This host's live positions from the scan (named as this host's).
+    pub fn set_live(&self, mut jobs: Vec<JobPositions>) {
+        for j in &mut jobs {
+            for p in &mut j.ranks {
+                p.host.clone_from(&self.host);
+            }
+        }
+        self.lock().set_live(jobs);
+    }
+
+    /// What to send peers.
+    pub fn outbox(&self) -> Vec<JobPositions> {
+        self.lock().outbox(Instant::now())
+    }
+
+    /// Takes a peer's positions and wakes verdicts waiting for them.
+    pub fn merge_remote(&self, host: &str, jobs: Vec<JobPositions>) {
+        if host == self.host {
+            return;
+        }
+        self.lock().merge_remote(host, jobs, Instant::now());
+        self.changed.notify_waiters();
+    }
+
+    /// Called for each hung rank the scan found: the first of a job's hang
+    /// episode snapshots the job and returns true (start a verdict).
+    pub fn on_hang(&self, job: &str) -> bool {
+        let took = self.lock().snapshot_hang(job, Instant::now());
+        if took {
+            self.exchange_now.notify_one();
+        }
+        took
+    }
+}
+
+/// Waits for every rank's position (bounded by `wait`), judges and
+/// publishes `job.hang_verdict`.
+pub async fn follow_up(
+    board: Arc<HangBoard>,
+    events: Arc<EventBus>,
+    job: String,
+    hang_event: u64,
+    wait: Duration,
+) {
+    let since = (Instant::now(), SystemTime::now());
+    let deadline = tokio::time::Instant::now() + wait;
+    // A peer's snapshot of this episode may be up to twice the wait older
+    // than ours (its ranks hung first).
+    let episode = wait * 2;
+    let gathered = loop {
+        let changed = board.changed.notified();
+        let g = board.lock().gather(&job, since, episode, Instant::now());
+        if g.complete {
+            break g;
+        }
+        if tokio::time::timeout_at(deadline, changed).await.is_err() {
+            break board.lock().gather(&job, since, episode, Instant::now());
+        }
+    };
+    let v = culprit::judge(&gathered.positions, gathered.world_size);
+    let verdict = HangVerdict {
+        job,
+        host: board.host.clone(),
+        culprits: v.culprits,
+        waiting: v.waiting,
+        missing: v.missing,
+        hosts: v.hosts,
+        summary: v.summary,
+        hang_event,
+    };
+    let charged = if verdict.culprits.is_empty() {
+        "none"
+    } else if verdict.charges_this_host() {
+        "this_host"
+    } else {
+        "other_host"
+    };
+    metrics::counter!("warden_hang_verdicts_total", "charged" => charged).increment(1);
+    tracing::info!(
+        job = %verdict.job,
+        charged,
+        complete = gathered.complete,
+        "job-wide hang verdict: {}",
+        verdict.summary
+    );
+    events.publish(Signal::HangVerdict(verdict));
+}
