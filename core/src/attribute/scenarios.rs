@@ -82,6 +82,10 @@ struct Expect {
     /// Signals that must not point anywhere (weighed, found harmless).
     #[serde(default)]
     context_signal: Option<String>,
+    /// What the last incident records it waited on (a hang whose
+    /// job-wide verdict put the culprit on another host); `[]`: charged.
+    #[serde(default)]
+    waited_on: Option<Vec<String>>,
 }
 
 fn kind_static(kind: &str) -> &'static str {
@@ -93,6 +97,7 @@ fn kind_static(kind: &str) -> &'static str {
         "rank.hang",
         "rank.straggler",
         "rank.sdc_suspect",
+        "job.hang_verdict",
         "gpu.xid",
         "kmsg.xid",
         "kmsg.oom_kill",
@@ -254,6 +259,11 @@ fn recorded_scenarios() {
             && dec.exit_code != c
         {
             wrong.push(format!("exit code {} (want {c})", dec.exit_code));
+        }
+        if let Some(w) = &e.waited_on
+            && last.waited_on != *w
+        {
+            wrong.push(format!("waited on {:?} (want {w:?})", last.waited_on));
         }
         if let Some(sig) = &e.evidence_signal {
             match d.evidence.iter().find(|x| x.signal == *sig) {
