@@ -13,6 +13,9 @@
 //! 2. Rank 3 (host B) freezes itself with SIGSTOP at step 12: both agents
 //!    name it, with its stopped process as the evidence, and host A's
 //!    incident records that it waited on rank 3 on host-b.
+//! 3. As 1, with no `[straggler] peers`: each agent learns the other as the
+//!    job's peer the way a multi-host `warden run` hands it over from its
+//!    etcd round (SetCheckpointPeers), and the hang's positions reach it.
 //!
 //! Needs torch in `$WARDEN_TEST_PYTHON` (tests/torch-venv.sh installs it);
 //! skips, saying so, only when torch is missing and `WARDEN_REQUIRE_TORCH`
@@ -41,12 +44,22 @@ static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 struct Hosts {
     a: TestAgent,
     b: TestAgent,
+    addrs: (String, String),
     _state: (tempfile::TempDir, tempfile::TempDir),
+}
+
+/// How the agents know each other.
+#[derive(Clone, Copy, PartialEq)]
+enum Peering {
+    /// `[straggler] peers` in each config.
+    Configured,
+    /// Handed over per job, as a launcher does (SetCheckpointPeers).
+    PerJob,
 }
 
 /// Two agents, each the other's peer, with hang thresholds of about a
 /// second once calibrated.
-fn two_hosts() -> Hosts {
+fn two_hosts(peering: Peering) -> Hosts {
     let (a_addr, b_addr) = (
         format!("127.0.0.2:{}", free_port("127.0.0.2")),
         format!("127.0.0.3:{}", free_port("127.0.0.3")),
@@ -54,20 +67,52 @@ fn two_hosts() -> Hosts {
     let state_a = tempfile::tempdir().unwrap();
     let state_b = tempfile::tempdir().unwrap();
     let config = |host: &str, tcp: &str, peer: &str, state: &tempfile::TempDir| {
+        let peers = if peering == Peering::Configured {
+            format!("peers = [\"{peer}\"]\n")
+        } else {
+            String::new()
+        };
         format!(
             "[agent]\ntick = \"50ms\"\nhost_name = \"{host}\"\nstate_dir = \"{}\"\n\
              [host]\nmemory_degraded_below_percent = 0.0\nmemory_failed_below_percent = 0.0\n\
              [hang]\nfloor = \"1s\"\nwarmup_samples = 5\nverdict_wait = \"20s\"\n\
              [api]\ntcp = \"{tcp}\"\n{}\
-             [straggler]\npeers = [\"{peer}\"]\nexchange_interval = \"500ms\"\n",
+             [checkpoint]\ndir = \"{}/ckpt\"\n\
+             [straggler]\n{peers}exchange_interval = \"500ms\"\n",
             state.path().display(),
-            common::pki::api_keys(host)
+            common::pki::api_keys(host),
+            state.path().display(),
         )
     };
     Hosts {
         a: TestAgent::start(&config("host-a", &a_addr, &b_addr, &state_a)),
         b: TestAgent::start(&config("host-b", &b_addr, &a_addr, &state_b)),
+        addrs: (a_addr, b_addr),
         _state: (state_a, state_b),
+    }
+}
+
+/// Tells each agent the other is a peer of `job`, as each host's launcher
+/// does with the hosts of its etcd round.
+async fn hand_over_peers(h: &Hosts, job: &str) {
+    for (agent, (addr, host)) in [
+        (&h.a, (&h.addrs.1, "host-b")),
+        (&h.b, (&h.addrs.0, "host-a")),
+    ] {
+        agent
+            .client()
+            .await
+            .set_checkpoint_peers(pb::SetCheckpointPeersRequest {
+                job_id: job.to_owned(),
+                peers: vec![pb::CheckpointPeer {
+                    addr: addr.clone(),
+                    domain: String::new(),
+                    host: host.to_owned(),
+                    identity: host.to_owned(),
+                }],
+            })
+            .await
+            .expect("SetCheckpointPeers");
     }
 }
 
@@ -163,20 +208,23 @@ fn verdict_evidence(i: &pb::Incident) -> &pb::Evidence {
         .unwrap()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_rank_stuck_in_compute_is_named_by_both_hosts() {
+/// Scenario 1 (and 3), with the agents peered as `peering` says.
+async fn stuck_in_compute(peering: Peering, job_id: &str) {
     if !torch_available() {
         return;
     }
     let _one = SERIAL.lock().await;
-    let h = two_hosts();
+    let h = two_hosts(peering);
+    if peering == Peering::PerJob {
+        hand_over_peers(&h, job_id).await;
+    }
     let mut ev_a = Events::all(&h.a).await;
     let mut ev_b = Events::all(&h.b).await;
-    let mut job = start_job(&h, "jh-compute", "hang", 1);
+    let mut job = start_job(&h, job_id, "hang", 1);
     job.ranks[1].wait_line(SLOW, "the fault", |l| l.starts_with("fault hang "));
 
     for (agent, events, me) in [(&h.a, &mut ev_a, "host-a"), (&h.b, &mut ev_b, "host-b")] {
-        let v = verdict(agent, events, "jh-compute").await;
+        let v = verdict(agent, events, job_id).await;
         assert_eq!(evidence(&v, "culprits"), Some("1@host-a"), "on {me}: {v:?}");
         let why = evidence(&v, "why.1").unwrap_or_default();
         assert!(
@@ -205,7 +253,7 @@ async fn a_rank_stuck_in_compute_is_named_by_both_hosts() {
     );
 
     // Host B's incident is not charged to it; host A's is.
-    let b = judged_incident(&h.b, "jh-compute").await;
+    let b = judged_incident(&h.b, job_id).await;
     assert_eq!(b.waited_on, ["rank 1 on host-a"], "{b:?}");
     assert!(
         verdict_evidence(&b)
@@ -213,7 +261,7 @@ async fn a_rank_stuck_in_compute_is_named_by_both_hosts() {
             .contains("waited on rank 1 on host-a"),
         "{b:?}"
     );
-    let a = judged_incident(&h.a, "jh-compute").await;
+    let a = judged_incident(&h.a, job_id).await;
     assert!(a.waited_on.is_empty(), "{a:?}");
     assert!(
         verdict_evidence(&a).note.contains("charged with the hang"),
@@ -222,12 +270,22 @@ async fn a_rank_stuck_in_compute_is_named_by_both_hosts() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rank_stuck_in_compute_is_named_by_both_hosts() {
+    stuck_in_compute(Peering::Configured, "jh-compute").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn peers_handed_over_per_job_carry_the_verdict_too() {
+    stuck_in_compute(Peering::PerJob, "jh-per-job").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rank_frozen_with_sigstop_is_named_by_both_hosts() {
     if !torch_available() {
         return;
     }
     let _one = SERIAL.lock().await;
-    let h = two_hosts();
+    let h = two_hosts(Peering::Configured);
     let mut ev_a = Events::all(&h.a).await;
     let mut ev_b = Events::all(&h.b).await;
     let mut job = start_job(&h, "jh-stop", "stop", 3);

@@ -274,6 +274,26 @@ fn outgoing(state: &AgentState, det: &Stragglers) -> pb::StragglerSummaries {
     batch
 }
 
+/// The peer agents of each job this host has a fresh hang snapshot of,
+/// as its launcher handed them over (`SetCheckpointPeers`).
+fn hang_peers(
+    state: &AgentState,
+    batch: &pb::StragglerSummaries,
+) -> Vec<(String, PeerClient<Channel>)> {
+    let Ok(ck) = &state.checkpoints else {
+        return Vec::new();
+    };
+    let mut out: Vec<(String, PeerClient<Channel>)> = Vec::new();
+    for j in batch.positions.iter().filter(|j| j.hang) {
+        for p in ck.peers.of_job(&j.job_id) {
+            if !out.iter().any(|(a, _)| *a == p.member.addr) {
+                out.push((p.member.addr.clone(), p.client.clone()));
+            }
+        }
+    }
+    out
+}
+
 /// One configured peer and what was last said about it in the log.
 #[derive(Debug)]
 struct PeerLink {
@@ -327,6 +347,19 @@ async fn exchange_loop(state: Arc<AgentState>, det: Arc<Stragglers>) {
             () = state.hang_board.exchange_now.notified() => {}
         }
         let batch = outgoing(&state, &det);
+        // A job hung here: its peers from the launchers' etcd rounds
+        // (SetCheckpointPeers) hear of it too, so the job-wide verdict
+        // needs no static `straggler.peers`.
+        let configured = peers.len();
+        for (addr, client) in hang_peers(&state, &batch) {
+            if !peers.iter().any(|p| p.addr == addr) {
+                peers.push(PeerLink {
+                    addr,
+                    client: Some(client),
+                    down: None,
+                });
+            }
+        }
         let mut calls = JoinSet::new();
         for (i, p) in peers.iter().enumerate() {
             let Some(mut client) = p.client.clone() else {
@@ -363,7 +396,11 @@ async fn exchange_loop(state: Arc<AgentState>, det: Arc<Stragglers>) {
                 () = stop.cancelled() => return,
                 j = calls.join_next() => j,
             };
-            let Some(joined) = joined else { break };
+            let Some(joined) = joined else {
+                // The job peers were for this round only.
+                peers.truncate(configured);
+                break;
+            };
             let Ok((i, result)) = joined else { continue };
             let Some(p) = peers.get_mut(i) else { continue };
             match result {

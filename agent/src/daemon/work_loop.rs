@@ -192,7 +192,10 @@ pub(crate) fn run_stragglers(state: &Arc<AgentState>, now: Instant) {
         return;
     }
     let det = state.stragglers();
-    if !cfg.peers.is_empty() && det.claim_exchange() {
+    // With checkpoints on, a multi-host job's launcher may hand over its
+    // peers (SetCheckpointPeers): the exchange carries a hang's positions
+    // to them even without `straggler.peers`.
+    if (!cfg.peers.is_empty() || state.checkpoints.is_ok()) && det.claim_exchange() {
         crate::api::stragglers::spawn_exchange(state.clone(), det.clone());
     }
     for signal in crate::ranks::stragglers::tick(&det, &state.ranks, &state.health, now) {

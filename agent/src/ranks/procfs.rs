@@ -64,6 +64,15 @@ pub fn read(pid: u32) -> Option<ProcFacts> {
     Some(facts)
 }
 
+/// The process state ("T (stopped)") from `/proc/<pid>/stat` alone: what
+/// the scan reads of every rank that stopped stepping, for the job-wide
+/// hang verdict. None when the process is gone.
+pub fn state(pid: u32) -> Option<String> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let f = parse_stat(&text)?;
+    Some(format!("{} ({})", f.state, f.state_name()))
+}
+
 /// Whether a process with this pid exists (zombies included).
 pub fn alive(pid: u32) -> bool {
     std::path::Path::new(&format!("/proc/{pid}")).exists()

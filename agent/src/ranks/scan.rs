@@ -50,10 +50,16 @@ pub struct HangFinding {
     pub stack_dump: Option<(i32, PathBuf, super::process::RankProcess)>,
 }
 
+/// How long a rank goes without progress before the scan reads its
+/// process state for its position: a rank frozen with SIGSTOP must show
+/// as stopped in the first hang snapshot of its host, taken when any rank
+/// there crossed its threshold, possibly before this one did.
+const QUIET_FOR_STATE: Duration = Duration::from_millis(250);
+
 /// Every running rank's place, grouped by job, with the process state of
-/// the stalled ones (a stopped process is the verdict's strongest fact).
-/// Reads /proc only for stalled ranks: a scan of healthy ranks stays
-/// within their slots.
+/// the ones that stopped making progress (a stopped process is the
+/// verdict's strongest fact). Ranks stepping faster than
+/// [`QUIET_FOR_STATE`] cost no /proc read.
 fn job_positions(
     ranks: &std::collections::BTreeMap<RankKey, RankEntry>,
     positions: &[(RankKey, PeerPosition)],
@@ -66,11 +72,9 @@ fn job_positions(
         let Some(entry) = ranks.get(key) else {
             continue;
         };
-        let process_state = if p.stalled && entry.pid != 0 {
-            procfs::read(entry.pid).map_or_else(
-                || "gone".to_owned(),
-                |f| format!("{} ({})", f.state, f.state_name()),
-            )
+        let quiet = Duration::from_nanos(now_ns.saturating_sub(entry.progress_ns));
+        let process_state = if (p.stalled || quiet >= QUIET_FOR_STATE) && entry.pid != 0 {
+            procfs::state(entry.pid).unwrap_or_else(|| "gone".to_owned())
         } else {
             String::new()
         };

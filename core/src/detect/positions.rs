@@ -64,7 +64,8 @@ pub struct Gathered {
     pub positions: Vec<Position>,
     /// The largest world size any host reported.
     pub world_size: u32,
-    /// True when every rank below the world size is covered.
+    /// True when every rank below the world size is covered, by hang
+    /// snapshots only.
     pub complete: bool,
 }
 
@@ -193,13 +194,20 @@ impl Board {
             }
         }
         let world_size = sources.iter().map(|j| j.world_size).max().unwrap_or(0);
+        // Live positions are a fallback: a host whose ranks wait too sends
+        // its hang snapshot within a tick or two of ours, and that is the
+        // moment to judge; one whose ranks still move never does, and the
+        // caller's deadline judges with its live positions.
+        let all_snapshots = sources.iter().all(|j| j.hang);
         let mut by_rank: BTreeMap<u32, Position> = BTreeMap::new();
         for j in &sources {
             for p in &j.ranks {
                 by_rank.entry(p.rank).or_insert_with(|| p.clone());
             }
         }
-        let complete = world_size > 0 && (0..world_size).all(|r| by_rank.contains_key(&r));
+        let complete = all_snapshots
+            && world_size > 0
+            && (0..world_size).all(|r| by_rank.contains_key(&r));
         Gathered {
             positions: by_rank.into_values().collect(),
             world_size,
@@ -281,7 +289,16 @@ mod tests {
         // (merge_remote is called at its arrival; simulate an early one)
         let g = b.gather("j", since, Duration::from_secs(10), t0);
         assert!(!g.complete, "{g:?}");
-        // ...its hang snapshot of the same episode does.
+        // A live batch heard after the hang covers the ranks but is only
+        // a fallback: not complete.
+        b.merge_remote(
+            "b",
+            vec![job("b", &[(2, 12, "allreduce"), (3, 12, "allreduce")], false, w0)],
+            t0 + Duration::from_millis(1),
+        );
+        let g = b.gather("j", since, Duration::from_secs(10), t0 + Duration::from_millis(1));
+        assert_eq!((g.positions.len(), g.complete), (4, false), "{g:?}");
+        // ...its hang snapshot of the same episode is.
         b.merge_remote(
             "b",
             vec![job(
