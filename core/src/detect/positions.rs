@@ -205,9 +205,8 @@ impl Board {
                 by_rank.entry(p.rank).or_insert_with(|| p.clone());
             }
         }
-        let complete = all_snapshots
-            && world_size > 0
-            && (0..world_size).all(|r| by_rank.contains_key(&r));
+        let complete =
+            all_snapshots && world_size > 0 && (0..world_size).all(|r| by_rank.contains_key(&r));
         Gathered {
             positions: by_rank.into_values().collect(),
             world_size,
@@ -293,10 +292,20 @@ mod tests {
         // a fallback: not complete.
         b.merge_remote(
             "b",
-            vec![job("b", &[(2, 12, "allreduce"), (3, 12, "allreduce")], false, w0)],
+            vec![job(
+                "b",
+                &[(2, 12, "allreduce"), (3, 12, "allreduce")],
+                false,
+                w0,
+            )],
             t0 + Duration::from_millis(1),
         );
-        let g = b.gather("j", since, Duration::from_secs(10), t0 + Duration::from_millis(1));
+        let g = b.gather(
+            "j",
+            since,
+            Duration::from_secs(10),
+            t0 + Duration::from_millis(1),
+        );
         assert_eq!((g.positions.len(), g.complete), (4, false), "{g:?}");
         // ...its hang snapshot of the same episode is.
         b.merge_remote(
