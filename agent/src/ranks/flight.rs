@@ -172,6 +172,122 @@ mod tests {
         "../../../tests/fixtures/flight_recorder/gloo_rank0_waiting_in_all_reduce.json"
     );
 
+    use std::sync::Arc;
+
+    use crate::config::Config;
+    use crate::ranks::registry::RegisterRequest;
+    use crate::state::AgentState;
+    use tokio_stream::StreamExt;
+    use warden_proto::v1 as pb;
+
+    fn agent() -> (tempfile::TempDir, Arc<AgentState>) {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut cfg = Config::default();
+        cfg.api.socket = dir.path().join("w.sock").display().to_string();
+        cfg.agent.state_dir = dir.path().join("state").display().to_string();
+        let state = Arc::new(AgentState::new(cfg, "test".into()).expect("state"));
+        (dir, state)
+    }
+
+    /// Registers rank `rank` of job "j" as this process; its generation.
+    fn register(state: &AgentState, rank: u32) -> (RankKey, u64, PathBuf) {
+        let reg = state
+            .registry()
+            .register(
+                &RegisterRequest {
+                    job_id: "j".into(),
+                    global_rank: rank,
+                    local_rank: rank,
+                    world_size: 2,
+                    pid: std::process::id(),
+                    declared_pid: std::process::id(),
+                    host: "h".into(),
+                    layout_version: warden_client::slot::LAYOUT_VERSION,
+                    stack_dump_signal: 0,
+                    devices: Vec::new(),
+                    process: None,
+                    caller_pid: None,
+                    owner: None,
+                },
+                0,
+            )
+            .expect("register");
+        let key = RankKey {
+            job: "j".into(),
+            rank,
+        };
+        (key, reg.generation, reg.stack_dump_path)
+    }
+
+    /// The rank's side, as the Python client does it: the request off the
+    /// `Control` stream, the dump written to a temporary name and renamed.
+    #[tokio::test]
+    async fn a_rank_answers_on_its_control_stream_and_the_dump_is_parsed() {
+        let (_dir, state) = agent();
+        let (key, generation, stack) = register(&state, 0);
+        let mut stream = crate::api::control::control(
+            &state,
+            pb::ControlRequest {
+                job_id: "j".into(),
+                global_rank: 0,
+                generation,
+            },
+        )
+        .await
+        .expect("control stream");
+        let rank = tokio::spawn(async move {
+            let m = stream
+                .next()
+                .await
+                .expect("a message")
+                .expect("not an error");
+            assert_eq!(m.kind, pb::control_message::Kind::DumpFlightRecorder as i32);
+            let path = PathBuf::from(&m.flight_recorder_path);
+            warden_client::flight::check_path(&path, Some(&stack)).expect("an agreed path");
+            let tmp = path.with_extension("tmp");
+            std::fs::write(&tmp, RANK0).expect("write");
+            std::fs::rename(&tmp, &path).expect("rename");
+            path
+        });
+        let p = request_dump(&state.in_process(), &key, Duration::from_secs(30))
+            .await
+            .expect("a dump");
+        assert_eq!(p[0].pg, "0:default_pg");
+        assert_eq!(p[0].pending.as_deref(), Some("gloo:all_reduce #5"));
+        let path = rank.await.expect("rank task");
+        assert!(
+            !path.parent().expect("dir").exists(),
+            "the request's directory is removed"
+        );
+    }
+
+    /// A rank that never answers (frozen, or its client without the
+    /// handler) is an answer within the wait; a stream opened later does
+    /// not deliver the stale request.
+    #[tokio::test]
+    async fn a_silent_rank_is_an_answer_and_its_request_is_withdrawn() {
+        let (_dir, state) = agent();
+        let (key, generation, _) = register(&state, 1);
+        let e = request_dump(&state.in_process(), &key, Duration::from_millis(300))
+            .await
+            .expect_err("nobody answers");
+        assert_eq!(e, "no flight-recorder dump within 300ms");
+        let dumps =
+            in_process::subscribe_dumps(&state.in_process(), &key, generation).expect("subscribe");
+        assert!(dumps.borrow().is_none(), "withdrawn");
+        let e = request_dump(
+            &state.in_process(),
+            &RankKey {
+                job: "j".into(),
+                rank: 9,
+            },
+            Duration::from_millis(10),
+        )
+        .await
+        .expect_err("unknown");
+        assert!(e.contains("not registered"), "{e}");
+    }
+
     #[tokio::test]
     async fn a_dump_renamed_into_place_is_read() {
         let t = tempfile::tempdir().expect("tempdir");
