@@ -276,6 +276,9 @@ fn match_key(pg: &str) -> &str {
     pg.split_once(':').map_or(pg, |(name, _)| name)
 }
 
+/// One group across ranks: its richest label and each rank's position.
+type Group<'a> = (&'a str, Vec<(u32, &'a PgPosition)>);
+
 /// Matches ranks by process group and sequence number and names those
 /// behind: on each group, a rank whose last enqueued collective is lower
 /// than the highest any rank of that group enqueued. Only ranks whose dump
@@ -283,7 +286,7 @@ fn match_key(pg: &str) -> &str {
 /// group, then rank.
 pub fn compare(ranks: &[(u32, Vec<PgPosition>)]) -> Vec<Behind> {
     // Per group: its richest label and each rank's position.
-    let mut groups: BTreeMap<&str, (&str, Vec<(u32, &PgPosition)>)> = BTreeMap::new();
+    let mut groups: BTreeMap<&str, Group<'_>> = BTreeMap::new();
     for (rank, positions) in ranks {
         for p in positions {
             let g = groups
