@@ -242,3 +242,63 @@ async fn a_value_error_still_ends_the_rank_with_its_code() {
             .any(|l| l.starts_with("attempt restart_count=1"))
     );
 }
+
+// The flight-recorder half of a hang's diagnosis: rank 0 waits in an
+// all_reduce rank 1 has not reached; each writes its flight recorder through
+// warden's hook (what the client runs on the agent's request), and the
+// agent's parser puts rank 1 behind with the collective rank 0 waits in.
+#[tokio::test]
+async fn a_rank_waiting_in_an_all_reduce_dumps_a_flight_recorder_the_agent_reads() {
+    use warden_core::detect::flight_recorder::{compare, parse};
+    if !torch_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    let out = dir.path().join("out");
+    std::fs::create_dir(&out).unwrap();
+    let rank = |r: u32| {
+        let mut cmd = std::process::Command::new(common::python());
+        cmd.arg(common::repo_root().join("tests/fixtures/torch_flight_recorder.py"))
+            .arg(r.to_string())
+            .arg(&store)
+            .arg(&out)
+            .env("PYTHONDONTWRITEBYTECODE", "1")
+            .env_remove("WARDEN_SOCKET");
+        cmd
+    };
+    let (mut c0, mut c1) = (rank(0), rank(1));
+    let r1 = std::thread::spawn(move || common::run(&mut c1, SLOW));
+    let f0 = common::run(&mut c0, SLOW);
+    let f1 = r1.join().expect("rank 1's thread");
+    assert_eq!(f0.code(), 0, "{f0:?}");
+    assert_eq!(f1.code(), 0, "{f1:?}");
+    let read = |name: &str| std::fs::read(out.join(name)).unwrap();
+    let before = String::from_utf8(read("before_init.json")).unwrap();
+    assert!(
+        before.contains("\"warden_unavailable\"") && before.contains("not initialised"),
+        "{before}"
+    );
+    let p0 = parse(&read("rank0.json")).expect("rank 0's dump");
+    let p1 = parse(&read("rank1.json")).expect("rank 1's dump");
+    assert_eq!(p0[0].pg, "0:default_pg", "{p0:?}");
+    assert_eq!(p0[0].last_enqueued, Some(5), "{p0:?}");
+    assert_eq!(
+        p0[0].pending.as_deref(),
+        Some("gloo:all_reduce #5"),
+        "{p0:?}"
+    );
+    assert_eq!(p1[0].last_enqueued, Some(4), "{p1:?}");
+    let behind = compare(&[(0, p0), (1, p1)]);
+    assert_eq!(behind.len(), 1, "{behind:?}");
+    assert_eq!(
+        behind[0].evidence,
+        "rank 1 enqueued collective #4 on pg 0:default_pg, rank 0 is at #5 (gloo:all_reduce)"
+    );
+    for name in ["rank0.json", "rank1.json"] {
+        let mode = std::os::unix::fs::PermissionsExt::mode(
+            &std::fs::metadata(out.join(name)).unwrap().permissions(),
+        );
+        assert_eq!(mode & 0o777, 0o600, "{name}");
+    }
+}

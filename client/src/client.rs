@@ -448,6 +448,8 @@ struct Inner {
     /// In-process restart requests: the pending one, the callbacks, the
     /// acknowledgements still to send.
     restart: RestartState,
+    /// Flight-recorder dump requests: the callbacks, the dump in progress.
+    flight: crate::flight::FlightDumps,
 }
 
 impl Inner {
@@ -561,6 +563,7 @@ impl Client {
                     ..LinkStatus::default()
                 }),
                 restart: RestartState::default(),
+                flight: crate::flight::FlightDumps::default(),
             }),
             thread: Mutex::new(None),
         }
@@ -708,6 +711,20 @@ impl Client {
         if let Some(pending) = self.inner.restart.add_callback(cb.clone()) {
             cb(&pending);
         }
+    }
+
+    /// Runs `f` for every flight-recorder dump request from the agent (a
+    /// hung rank asked where its collectives stand), on a thread of its
+    /// own: `f` may wait for a lock the training thread holds (Python's
+    /// GIL) without stalling the client. Requests arriving while one runs
+    /// are dropped; the agent waits a bounded time and says so. Only paths
+    /// in the directory the agent named at registration reach `f`
+    /// ([`crate::flight::check_path`]).
+    pub fn on_flight_recorder_dump(
+        &self,
+        f: impl Fn(&crate::flight::FlightRecorderDump) + Send + Sync + 'static,
+    ) {
+        self.inner.flight.add(Arc::new(f));
     }
 
     /// The restart request waiting for an acknowledgement, if any.
@@ -1260,6 +1277,16 @@ fn request_from_message(m: ControlMessage) -> Option<RestartRequest> {
     })
 }
 
+/// A flight-recorder dump request from a `Control` stream message.
+fn dump_from_message(m: &ControlMessage) -> Option<crate::flight::FlightRecorderDump> {
+    (m.kind == warden_proto::v1::control_message::Kind::DumpFlightRecorder as i32).then(|| {
+        crate::flight::FlightRecorderDump {
+            seq: m.seq,
+            path: PathBuf::from(&m.flight_recorder_path),
+        }
+    })
+}
+
 /// A restart request from the slot's control word, if it holds one.
 fn request_from_slot(link: &Link) -> Option<RestartRequest> {
     // SAFETY: link.slot points into a mapping kept in inner.mappings.
@@ -1347,7 +1374,9 @@ async fn watch(inner: &Inner, link: &mut Link) -> Option<String> {
             }
             msg = control.next() => match msg {
                 Ok(Some(m)) => {
-                    if let Some(req) = request_from_message(m) {
+                    if let Some(req) = dump_from_message(&m) {
+                        inner.flight.offer(req, link.stack_dump_path.as_deref());
+                    } else if let Some(req) = request_from_message(m) {
                         offer_restart(inner, req);
                     }
                 }

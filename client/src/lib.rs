@@ -30,6 +30,7 @@ pub mod checkpoint;
 pub mod client;
 pub mod clock;
 pub mod ffi;
+pub mod flight;
 mod mapping;
 pub mod paths;
 pub mod report;
@@ -42,5 +43,6 @@ pub use client::{
     Client, ClientError, ConnectOptions, LinkStatus, RestartAcker, SectionGuard, SectionId,
     devices_from_env,
 };
+pub use flight::FlightRecorderDump;
 pub use report::{ExceptionDecision, ExceptionReport, ReportError};
 pub use restart::{RestartRequest, RestartVia};

@@ -629,6 +629,7 @@ fn restart_message(seq: u64, count: u32, reason: &str) -> pb::ControlMessage {
         restart_count: count,
         incident_id: "inc-1".into(),
         reason: reason.into(),
+        flight_recorder_path: String::new(),
     }
 }
 

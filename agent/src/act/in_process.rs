@@ -169,6 +169,26 @@ struct Inner {
     /// Per rank, the request its `Control` stream delivers (the latest;
     /// `None` once the rank acknowledged or the request ended).
     streams: HashMap<RankKey, watch::Sender<Option<Arc<RankRequest>>>>,
+    /// The last flight-recorder dump request issued.
+    last_dump: u64,
+    /// Per rank, the flight-recorder dump its `Control` stream delivers
+    /// (`None` once the asker stopped waiting). Apart from `streams`: a
+    /// dump must not replace a restart request not yet acknowledged.
+    dumps: HashMap<RankKey, watch::Sender<Option<Arc<DumpRequest>>>>,
+}
+
+/// A request that a rank write its torch flight recorder to `path`
+/// (`ranks::flight` makes and reads it).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DumpRequest {
+    /// The generation the rank held when asked: a stream of another
+    /// registration never delivers it.
+    pub generation: u64,
+    /// Increases with every dump request this agent makes.
+    pub seq: u64,
+    /// Where the rank writes it, in a directory the agent made for this
+    /// request.
+    pub path: std::path::PathBuf,
 }
 
 /// The agent's in-process restarts: sequence numbers, restart counts, the
@@ -202,6 +222,8 @@ impl Restarts {
                 last_seq: start,
                 jobs: HashMap::new(),
                 streams: HashMap::new(),
+                last_dump: 0,
+                dumps: HashMap::new(),
             }),
         }
     }
@@ -430,6 +452,64 @@ pub fn subscribe(
         .entry(key.clone())
         .or_insert_with(|| watch::channel(None).0);
     Ok(tx.subscribe())
+}
+
+/// The flight-recorder dump requests for a rank's `Control` stream: the
+/// receiver holds the one in flight at once, then each new one. Only for
+/// the registration in force.
+pub fn subscribe_dumps(
+    state: &Handles,
+    key: &RankKey,
+    generation: u64,
+) -> Result<watch::Receiver<Option<Arc<DumpRequest>>>, ControlError> {
+    check_rank(state, key, generation)?;
+    let mut g = state.restarts.lock();
+    g.dumps
+        .retain(|k, tx| k == key || tx.receiver_count() > 0 || tx.borrow().is_some());
+    let tx = g
+        .dumps
+        .entry(key.clone())
+        .or_insert_with(|| watch::channel(None).0);
+    Ok(tx.subscribe())
+}
+
+/// Puts a flight-recorder dump request on `key`'s `Control` stream (the
+/// generation it must be delivered to, the file to write); returns its
+/// sequence number. [`end_dump`] takes it off again.
+pub fn ask_dump(
+    restarts: &Restarts,
+    key: &RankKey,
+    generation: u64,
+    path: std::path::PathBuf,
+) -> u64 {
+    let mut g = restarts.lock();
+    g.last_dump = g.last_dump.wrapping_add(1).max(1);
+    let seq = g.last_dump;
+    g.dumps
+        .entry(key.clone())
+        .or_insert_with(|| watch::channel(None).0)
+        .send_replace(Some(Arc::new(DumpRequest {
+            generation,
+            seq,
+            path,
+        })));
+    seq
+}
+
+/// Takes dump request `seq` off `key`'s stream, if it is still the one
+/// there: a stream opened later must not deliver a request nobody awaits.
+pub fn end_dump(restarts: &Restarts, key: &RankKey, seq: u64) {
+    let g = restarts.lock();
+    if let Some(tx) = g.dumps.get(key) {
+        tx.send_if_modified(|v| {
+            if v.as_ref().is_some_and(|d| d.seq == seq) {
+                *v = None;
+                true
+            } else {
+                false
+            }
+        });
+    }
 }
 
 /// Whether a rank's transient exception may restart its job in process

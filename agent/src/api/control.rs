@@ -10,7 +10,7 @@ use tonic::Status;
 use warden_proto::v1 as pb;
 
 use super::service::BoxStream;
-use crate::act::in_process::{self, ControlError, RankRequest, RestartError};
+use crate::act::in_process::{self, ControlError, DumpRequest, RankRequest, RestartError};
 use crate::ranks::RankKey;
 use crate::state::AgentState;
 
@@ -62,10 +62,22 @@ fn message(r: &RankRequest) -> pb::ControlMessage {
         restart_count: r.request.restart_count,
         incident_id: r.request.incident.clone(),
         reason: r.request.reason.clone(),
+        flight_recorder_path: String::new(),
     }
 }
 
-/// Control: a rank's stream of restart requests, the pending one first.
+/// The message a rank's stream sends for a flight-recorder dump request.
+fn dump_message(d: &DumpRequest) -> pb::ControlMessage {
+    pb::ControlMessage {
+        kind: pb::control_message::Kind::DumpFlightRecorder as i32,
+        seq: d.seq,
+        flight_recorder_path: d.path.display().to_string(),
+        ..Default::default()
+    }
+}
+
+/// Control: a rank's stream of restart requests, the pending one first,
+/// and of flight-recorder dump requests (`ranks::flight`).
 /// Ends when the agent stops, the client leaves, or the rank registers
 /// again (a request for a newer generation). `FAILED_PRECONDITION` for a
 /// stale generation, `NOT_FOUND` for a rank that is not registered.
@@ -78,13 +90,22 @@ pub async fn control(
         rank: req.global_rank,
     };
     let generation = req.generation;
-    let mut rx =
-        in_process::subscribe(&state.in_process(), &key, generation).map_err(status_of_control)?;
+    let handles = state.in_process();
+    let mut rx = in_process::subscribe(&handles, &key, generation).map_err(status_of_control)?;
+    let mut dumps =
+        in_process::subscribe_dumps(&handles, &key, generation).map_err(status_of_control)?;
     let (tx, out) = mpsc::channel(4);
     let state = state.clone();
     tokio::spawn(async move {
         let mut current = rx.borrow_and_update().clone();
+        let mut dump = dumps.borrow_and_update().clone();
         loop {
+            if let Some(d) = dump.take()
+                && d.generation == generation
+                && tx.send(Ok(dump_message(&d))).await.is_err()
+            {
+                return;
+            }
             if let Some(r) = current.take() {
                 if r.generation != generation {
                     // Addressed to a later registration: this stream is stale.
@@ -102,6 +123,12 @@ pub async fn control(
                         return;
                     }
                     current = rx.borrow_and_update().clone();
+                }
+                changed = dumps.changed() => {
+                    if changed.is_err() {
+                        return;
+                    }
+                    dump = dumps.borrow_and_update().clone();
                 }
             }
         }

@@ -10,6 +10,7 @@
 pub mod evidence;
 pub mod exit_watch;
 pub mod exited;
+pub mod flight;
 pub mod process;
 pub mod procfs;
 pub mod registry;

@@ -18,6 +18,7 @@
 //! `warden.RestartRequested` in the thread running `warden.run`.
 
 mod checkpoint;
+mod flight;
 mod restart;
 
 use std::path::PathBuf;
@@ -53,6 +54,7 @@ impl Client {
         // The acker holds the client weakly: the callback lives in it.
         let acker = inner.restart_acker();
         inner.on_restart(move |req| restart::deliver(req.clone(), Some(acker.clone())));
+        inner.on_flight_recorder_dump(flight::deliver);
         Client {
             inner,
             sections: PyDict::new(py).unbind(),
@@ -625,6 +627,7 @@ fn warden_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(restart::_restart_ack, m)?)?;
     m.add_function(wrap_pyfunction!(restart::_restart_call, m)?)?;
     m.add_function(wrap_pyfunction!(restart::_restart_deliveries, m)?)?;
+    m.add_function(wrap_pyfunction!(flight::_flight_recorder_set_hook, m)?)?;
     checkpoint::register(m)?;
     m.add("SLOT_LAYOUT_VERSION", warden_client::slot::LAYOUT_VERSION)?;
     Ok(())

@@ -11,6 +11,11 @@ Never: imports torch (a program that did not import ``torch.distributed``
 has no group to abort), or raises (a failed abort is printed; the restart
 goes on).
 
+Also the flight-recorder hook (``dump_flight_recorder``): on the agent's
+request for a hung rank, torch's flight recorder is written to the file the
+agent named, for the agent to match ranks by process group and sequence
+number.
+
 Which groups: the default one and every group made through
 ``torch.distributed`` (its ``_world.pg_map``), and those registered with
 ``warden.register_process_group`` (a group made outside torch.distributed's
@@ -128,3 +133,74 @@ def destroy_after_abort() -> None:
     except Exception as e:
         print(f"warden: destroying the aborted process groups failed: {e}", file=sys.stderr)
     del aborted
+
+
+def _fr_dump() -> tuple[bytes | None, str]:
+    """torch's flight-recorder JSON, or None and why there is none."""
+    dist = _distributed()
+    if dist is None:
+        return None, "torch.distributed is not imported"
+    try:
+        if not dist.is_initialized():
+            return None, "torch.distributed is not initialised"
+        c10d = sys.modules.get("torch._C._distributed_c10d")
+        if c10d is None:
+            import torch._C._distributed_c10d as c10d  # already loaded with torch.distributed
+        backend = str(dist.get_backend()).lower()
+        if "nccl" in backend and hasattr(c10d, "_dump_nccl_trace_json"):
+            return c10d._dump_nccl_trace_json(True, True), ""
+        if hasattr(c10d, "_dump_fr_trace_json"):
+            return c10d._dump_fr_trace_json(True, True), ""
+        return None, "this torch has no flight recorder for backend " + backend
+    except Exception as e:  # a torch without it, a backend that refuses
+        return None, f"torch's flight-recorder dump failed: {e}"
+
+
+def dump_flight_recorder(seq: int, path: str) -> None:
+    """Writes the rank's flight recorder to ``path`` (the agent's request ``seq``).
+
+    Called by the native client on a thread of its own. The file appears
+    complete or not at all: the JSON goes to a new temporary name beside
+    it (mode 0600, never through a link), then is renamed into place.
+    Without torch.distributed initialised, or without a recorder, writes
+    ``{"warden_unavailable": why}`` instead. With the recorder off
+    (``TORCH_FR_BUFFER_SIZE`` unset or 0) torch's dump has no groups.
+    """
+    import json
+    import os
+
+    data, why = _fr_dump()
+    if data is None:
+        data = json.dumps({"warden_unavailable": why}).encode()
+    elif isinstance(data, str):
+        data = data.encode()
+    directory = os.path.dirname(path)
+    tmp = os.path.join(directory, f".{os.path.basename(path)}.{os.getpid()}.{seq}.tmp")
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        fd = os.open(tmp, flags, 0o600)
+        try:
+            view = memoryview(data)
+            while view:
+                n = os.write(fd, view)
+                view = view[n:]
+        finally:
+            os.close(fd)
+        os.rename(tmp, path)
+    except OSError as e:
+        print(f"warden: cannot write the flight-recorder dump to {path}: {e}", file=sys.stderr)
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+
+
+def _register_flight_recorder_hook() -> None:
+    from . import _native
+
+    setter = getattr(_native, "_flight_recorder_set_hook", None)
+    if setter is not None:
+        setter(dump_flight_recorder)
+
+
+_register_flight_recorder_hook()
