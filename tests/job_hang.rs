@@ -8,14 +8,16 @@
 //! 1. Rank 1 (host A) hangs in Python inside `compute` at step 12; ranks
 //!    0, 2 and 3 wait for it in their all_reduce. Each agent sees only its
 //!    own ranks stuck; both name rank 1 on host-a in `job.hang_verdict`,
-//!    host A is charged, and host B's hang incident records that it waited
-//!    on rank 1 on host-a.
+//!    from torch's flight recorder (on: rank 1 is a collective behind on
+//!    the default group), host A is charged, and host B's hang incident
+//!    records that it waited on rank 1 on host-a.
 //! 2. Rank 3 (host B) freezes itself with SIGSTOP at step 12: both agents
 //!    name it, with its stopped process as the evidence, and host A's
 //!    incident records that it waited on rank 3 on host-b.
 //! 3. As 1, with no `[straggler] peers`: each agent learns the other as the
 //!    job's peer the way a multi-host `warden run` hands it over from its
-//!    etcd round (SetCheckpointPeers), and the hang's positions reach it.
+//!    etcd round (SetCheckpointPeers), and the hang's positions reach it;
+//!    the flight recorder is off, so the sections name the culprit.
 //!
 //! Needs torch in `$WARDEN_TEST_PYTHON` (tests/torch-venv.sh installs it);
 //! skips, saying so, only when torch is missing and `WARDEN_REQUIRE_TORCH`
@@ -122,8 +124,9 @@ struct Job {
 }
 
 /// Four ranks of `job`, 0-1 on host A and 2-3 on host B, with `fault` on
-/// `fault_rank` at step 12; returns once every rank has registered.
-fn start_job(h: &Hosts, job: &str, fault: &str, fault_rank: u32) -> Job {
+/// `fault_rank` at step 12, torch's flight recorder on or off; returns once
+/// every rank has registered.
+fn start_job(h: &Hosts, job: &str, fault: &str, fault_rank: u32, flight_recorder: bool) -> Job {
     let ckpt = tempfile::tempdir().unwrap();
     let store = tempfile::tempdir().unwrap();
     let (c, s) = (
@@ -153,6 +156,11 @@ fn start_job(h: &Hosts, job: &str, fault: &str, fault_rank: u32) -> Job {
             ];
             let mut cmd = python_rank(agent, "tests/fixtures/torch_rank.py", job, (rank, 4), &args);
             cmd.env("LOCAL_RANK", (rank % 2).to_string());
+            // torch 2.15 records by default; 0 turns the recorder off.
+            cmd.env(
+                "TORCH_FR_BUFFER_SIZE",
+                if flight_recorder { "2000" } else { "0" },
+            );
             spawn_python_rank(agent, job, rank, &mut cmd)
         })
         .collect();
@@ -220,17 +228,28 @@ async fn stuck_in_compute(peering: Peering, job_id: &str) {
     }
     let mut ev_a = Events::all(&h.a).await;
     let mut ev_b = Events::all(&h.b).await;
-    let mut job = start_job(&h, job_id, "hang", 1);
+    // With static peers, torch's flight recorder is on: its sequence
+    // numbers name the culprit; without, the sections do.
+    let flight_recorder = peering == Peering::Configured;
+    let mut job = start_job(&h, job_id, "hang", 1, flight_recorder);
     job.ranks[1].wait_line(SLOW, "the fault", |l| l.starts_with("fault hang "));
 
     for (agent, events, me) in [(&h.a, &mut ev_a, "host-a"), (&h.b, &mut ev_b, "host-b")] {
         let v = verdict(agent, events, job_id).await;
         assert_eq!(evidence(&v, "culprits"), Some("1@host-a"), "on {me}: {v:?}");
         let why = evidence(&v, "why.1").unwrap_or_default();
-        assert!(
-            why.contains("in 'compute' at step 12 while ranks 0,2-3 wait in 'allreduce'"),
-            "on {me}: {v:?}"
-        );
+        let want = if flight_recorder {
+            "flight recorder: enqueued collective #"
+        } else {
+            "in 'compute' at step 12 while ranks 0,2-3 wait in 'allreduce'"
+        };
+        assert!(why.contains(want), "on {me}: {v:?}");
+        if flight_recorder {
+            assert!(
+                why.contains("on process group 0:default_pg while ranks 0,2-3 are at #"),
+                "on {me}: {v:?}"
+            );
+        }
         assert_eq!(
             evidence(&v, "hosts"),
             Some("host-a,host-b"),
@@ -288,7 +307,7 @@ async fn a_rank_frozen_with_sigstop_is_named_by_both_hosts() {
     let h = two_hosts(Peering::Configured);
     let mut ev_a = Events::all(&h.a).await;
     let mut ev_b = Events::all(&h.b).await;
-    let mut job = start_job(&h, "jh-stop", "stop", 3);
+    let mut job = start_job(&h, "jh-stop", "stop", 3, true);
     job.ranks[3].wait_line(SLOW, "the fault", |l| l.starts_with("fault stop "));
 
     for (agent, events, me) in [(&h.a, &mut ev_a, "host-a"), (&h.b, &mut ev_b, "host-b")] {

@@ -15,6 +15,7 @@ pub fn to_pb(jobs: &[JobPositions]) -> Vec<pb::JobPositions> {
             job_id: j.job.clone(),
             world_size: j.world_size,
             hang: j.hang,
+            flight_recorder_pending: j.pending,
             taken_at_unix_ms: j
                 .taken_at
                 .duration_since(UNIX_EPOCH)
@@ -118,6 +119,7 @@ pub fn from_pb(host: &str, jobs: Vec<pb::JobPositions>) -> Result<Vec<JobPositio
                 .checked_add(Duration::from_millis(j.taken_at_unix_ms))
                 .unwrap_or(SystemTime::UNIX_EPOCH),
             ranks,
+            pending: j.flight_recorder_pending,
         });
     }
     Ok(out)
@@ -134,6 +136,7 @@ mod tests {
             world_size: 4,
             hang: true,
             taken_at: UNIX_EPOCH + Duration::from_millis(1_700_000_000_123),
+            pending: true,
             ranks: vec![Position {
                 host: "b".into(),
                 rank: 3,

@@ -80,9 +80,10 @@ pub async fn run(state: Arc<AgentState>, mut watchdog: Watchdog, sources: Source
                 tokio::spawn(crate::ranks::verdict::follow_up(
                     state.hang_board.clone(),
                     state.events.clone(),
+                    state.in_process(),
                     finding.key.job.clone(),
                     id,
-                    cfg.hang.verdict_wait,
+                    (cfg.hang.verdict_wait, cfg.hang.stack_dump_wait),
                 ));
             }
             if wants_stack {

@@ -86,6 +86,7 @@ fn job_positions(
                 hang: false,
                 taken_at,
                 ranks: Vec::new(),
+                pending: false,
             });
         job.world_size = job.world_size.max(entry.world_size);
         job.ranks.push(Position {

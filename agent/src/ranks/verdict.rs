@@ -3,8 +3,12 @@
 //! When the scan finds a rank hung, the work loop snapshots where the
 //! job's local ranks stood ([`HangBoard::on_hang`]), has the straggler
 //! exchange send the snapshot to the peer agents at once, and starts
-//! [`follow_up`]: it waits (at most `hang.verdict_wait`) until every rank
-//! of the job is covered by a position from this episode, judges them
+//! [`follow_up`]: it asks each of the job's local ranks for torch's flight
+//! recorder (`ranks::flight`, in parallel, at most `hang.stack_dump_wait`;
+//! a rank that does not answer stays without one), puts each process
+//! group's sequence into the snapshot and sends it again, final; then it
+//! waits (at most `hang.verdict_wait`) until every rank of the job is
+//! covered by a final snapshot from this episode, judges them
 //! (`detect::culprit::judge`) and publishes `job.hang_verdict`. Attribution
 //! joins it to the job's hang incident: the culprit's host is charged, the
 //! others record whom they waited on. Every agent of the job does the
@@ -17,6 +21,7 @@ use tokio::sync::Notify;
 use warden_core::detect::culprit;
 use warden_core::detect::positions::{Board, JobPositions};
 use warden_core::events::EventBus;
+use warden_core::rank::RankKey;
 use warden_core::signal::{HangVerdict, Signal};
 
 /// The board and the wake-ups around it (shared by the work loop, the
@@ -82,16 +87,19 @@ impl HangBoard {
     }
 }
 
-/// Waits for every rank's position (bounded by `wait`), judges and
-/// publishes `job.hang_verdict`.
+/// Reads the flight recorders of the job's local ranks into its hang
+/// snapshot, waits for every rank's position (bounded by `wait`), judges
+/// and publishes `job.hang_verdict`.
 pub async fn follow_up(
     board: Arc<HangBoard>,
     events: Arc<EventBus>,
+    ranks: crate::act::in_process::Handles,
     job: String,
     hang_event: u64,
-    wait: Duration,
+    (wait, dump_wait): (Duration, Duration),
 ) {
     let since = (Instant::now(), SystemTime::now());
+    read_flight_recorders(&board, &ranks, &job, dump_wait).await;
     let deadline = tokio::time::Instant::now() + wait;
     // A peer's snapshot of this episode may be up to twice the wait older
     // than ours (its ranks hung first).
@@ -133,4 +141,62 @@ pub async fn follow_up(
         verdict.summary
     );
     events.publish(Signal::HangVerdict(verdict));
+}
+
+/// Asks every local rank of `job`'s hang snapshot for its flight recorder
+/// at once and puts what comes back into the snapshot, then marks it
+/// final and has the exchange send it.
+async fn read_flight_recorders(
+    board: &HangBoard,
+    handles: &crate::act::in_process::Handles,
+    job: &str,
+    wait: Duration,
+) {
+    let keys: Vec<RankKey> = board
+        .lock()
+        .snapshot_ranks(job)
+        .into_iter()
+        .map(|rank| RankKey {
+            job: job.to_owned(),
+            rank,
+        })
+        .collect();
+    let mut asks = tokio::task::JoinSet::new();
+    for key in keys {
+        let handles = handles.clone();
+        asks.spawn(async move {
+            let dump = super::flight::request_dump(&handles, &key, wait).await;
+            (key, dump)
+        });
+    }
+    let mut dumps = Vec::new();
+    while let Some(done) = asks.join_next().await {
+        if let Ok(d) = done {
+            dumps.push(d);
+        }
+    }
+    let mut b = board.lock();
+    for (key, dump) in dumps {
+        match dump {
+            Ok(groups) => b.set_groups(
+                job,
+                key.rank,
+                groups
+                    .into_iter()
+                    .take(culprit::MAX_GROUPS)
+                    .map(|g| culprit::GroupSeq {
+                        group: g.pg,
+                        enqueued: g.last_enqueued.unwrap_or(0),
+                        pending: g.pending.unwrap_or_default(),
+                    })
+                    .collect(),
+            ),
+            Err(why) => {
+                tracing::debug!(rank = %key, "no flight recorder for the hang verdict: {why}")
+            }
+        }
+    }
+    b.snapshot_done(job);
+    drop(b);
+    board.exchange_now.notify_one();
 }

@@ -38,6 +38,9 @@ pub struct JobPositions {
     pub taken_at: SystemTime,
     /// The ranks (their `host` is the sender).
     pub ranks: Vec<Position>,
+    /// A hang snapshot whose ranks' flight recorders are still being read:
+    /// not final yet.
+    pub pending: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -104,8 +107,25 @@ impl Board {
         };
         let mut snap = live.clone();
         snap.hang = true;
+        snap.pending = true;
         self.hangs.insert(job.to_owned(), (now, snap));
         true
+    }
+
+    /// The ranks of `job`'s hang snapshot (this host's).
+    pub fn snapshot_ranks(&self, job: &str) -> Vec<u32> {
+        self.hangs
+            .get(job)
+            .map(|(_, s)| s.ranks.iter().map(|p| p.rank).collect())
+            .unwrap_or_default()
+    }
+
+    /// Marks `job`'s hang snapshot final: its flight recorders were read
+    /// (or did not answer).
+    pub fn snapshot_done(&mut self, job: &str) {
+        if let Some((_, snap)) = self.hangs.get_mut(job) {
+            snap.pending = false;
+        }
     }
 
     /// Updates the groups (flight recorder) of `rank` in `job`'s hang
@@ -198,7 +218,7 @@ impl Board {
         // its hang snapshot within a tick or two of ours, and that is the
         // moment to judge; one whose ranks still move never does, and the
         // caller's deadline judges with its live positions.
-        let all_snapshots = sources.iter().all(|j| j.hang);
+        let all_snapshots = sources.iter().all(|j| j.hang && !j.pending);
         let mut by_rank: BTreeMap<u32, Position> = BTreeMap::new();
         for j in &sources {
             for p in &j.ranks {
@@ -225,6 +245,7 @@ mod tests {
             world_size: 4,
             hang,
             taken_at: at,
+            pending: false,
             ranks: ranks
                 .iter()
                 .map(|&(rank, step, section)| Position {
@@ -253,6 +274,12 @@ mod tests {
             w0,
         )]);
         assert!(b.snapshot_hang("j", t0));
+        assert_eq!(b.snapshot_ranks("j"), [0, 1]);
+        assert!(
+            b.outbox(t0)[0].pending,
+            "final once its flight recorders are read"
+        );
+        b.snapshot_done("j");
         assert!(
             !b.snapshot_hang("j", t0 + Duration::from_secs(1)),
             "one per episode"
