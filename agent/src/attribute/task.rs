@@ -228,36 +228,24 @@ async fn handle(state: &Handles, engine: &mut Engine, d: Diagnosed) {
     let mut decision = policy::decide(&state.policy, &record.diagnosis, &ctx);
     // The node's whole journal (every job, across agent restarts).
     let journal = state.incident_store().all();
-    let lemon = guard::lemon(&state.policy.lemon, &journal, &record, now);
-    if let Some(found) = &lemon {
-        guard::apply_lemon(
-            &state.policy.lemon,
-            &mut decision,
-            record.diagnosis.class,
-            found,
-        );
-    }
+    let lemon = guard::before_hook(&state.policy, &journal, &record, &mut decision, now);
     if state.policy.hook.is_enabled() {
         ask_hook(state, &record, &mut decision).await;
     }
-    let cfg = &state.policy.circuit_breaker;
     let cordoned = state.incident_store().cordon().is_some();
-    let breaker = guard::breaker(cfg, &journal, &record.id, cordoned, now);
-    let held = guard::apply_breaker(
-        cfg,
+    let held = guard::after_hook(
+        &state.policy,
+        &journal,
+        &record,
         &mut decision,
-        record.diagnosis.class,
-        ctx.job_down,
-        &breaker,
+        cordoned,
+        now,
     );
-    if state.policy.dry_run {
-        guard::dry_run(&mut decision);
-    }
     let Some(record) = engine.decided(&record.id, decision) else {
         return;
     };
     carry_out(state, record.clone());
-    report_rules(state, &record, lemon.as_ref(), held.then_some(&breaker));
+    report_rules(state, &record, lemon.as_ref(), held.as_ref());
 }
 
 /// The events and metrics of the node-level rules that changed a decision.
