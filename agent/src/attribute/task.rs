@@ -393,6 +393,13 @@ async fn ask_hook(state: &Handles, record: &IncidentRecord, decision: &mut Decis
 }
 
 fn publish(state: &Handles, r: &IncidentRecord) {
+    publish_decided(&state.events, r);
+}
+
+/// Publishes a decided incident (`incident.diagnosed`, `incident.decided`)
+/// and counts it: for attribution's decisions and for the stops launchers
+/// report (ReportJobStop), so both read alike in events and metrics.
+pub fn publish_decided(events: &EventBus, r: &IncidentRecord) {
     let diag = &r.diagnosis;
     let Some(dec) = &r.decision else {
         return;
@@ -447,8 +454,8 @@ fn publish(state: &Handles, r: &IncidentRecord) {
             ),
         );
     }
-    state.events.publish(ev);
-    state.events.publish(
+    events.publish(ev);
+    events.publish(
         NewEvent::new(
             severity,
             "incident.decided",

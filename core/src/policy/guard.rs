@@ -153,7 +153,10 @@ pub fn lemon(
     current: &IncidentRecord,
     now: SystemTime,
 ) -> Option<Lemon> {
-    if !cfg.enabled || !cfg.classes.contains(&current.diagnosis.class) {
+    if !cfg.enabled
+        || !current.kind.charges_node()
+        || !cfg.classes.contains(&current.diagnosis.class)
+    {
         return None;
     }
     let others = || history.iter().filter(|r| r.id != current.id);
@@ -170,6 +173,7 @@ pub fn lemon(
     let mut counted: Vec<&IncidentRecord> = others()
         .filter(|r| {
             r.decision.is_some()
+                && r.kind.charges_node()
                 && cfg.classes.contains(&r.diagnosis.class)
                 && r.opened_at >= since
                 && last_lemon.is_none_or(|l| r.opened_at > l)
@@ -453,6 +457,29 @@ mod tests {
         assert_eq!(lemon(&off, &history, &cur, now), None);
         let user = rec("inc-7", "a", UserError, now, Stop);
         assert_eq!(lemon(&cfg, &history, &user, now), None);
+        // A launcher's own stop (no progress, cordon share) is never
+        // charged to the node, whatever its class.
+        let mut stops = history.clone();
+        for s in stops.iter_mut().filter(|r| r.diagnosis.class == Unknown) {
+            s.kind = IncidentKind::NoProgress;
+        }
+        let mut stop = rec("inc-8", "a", Unknown, now, Stop);
+        stop.kind = IncidentKind::CordonShare;
+        assert_eq!(lemon(&with_unknown_cfg(), &stops, &stop, now), None);
+        let cur = rec("inc-9", "a", Unknown, now, RestartInJob);
+        let found = lemon(&with_unknown_cfg(), &stops, &cur, now).expect("a lemon");
+        assert_eq!(
+            found.incidents,
+            vec!["inc-5", "inc-6", "inc-9"],
+            "the stop inc-4 is not counted"
+        );
+    }
+
+    fn with_unknown_cfg() -> LemonConfig {
+        LemonConfig {
+            classes: vec![Hw, Unknown],
+            ..LemonConfig::default()
+        }
     }
 
     #[test]
