@@ -818,6 +818,23 @@ async fn a_restart_loop_without_progress_stops_with_88_after_three_restarts() {
             .any(|e| e.signal == "incident" && e.value.starts_with("inc-")),
         "{stop:#?}"
     );
+    // `warden incidents` shows it, with its evidence.
+    let shown = run(
+        Command::new(WARDEN)
+            .arg("--socket")
+            .arg(agent.socket())
+            .args(["incidents", "--job", "t-noprog", "--evidence"]),
+        RUN,
+    );
+    assert_eq!(shown.code(), 0, "{}", show(&shown));
+    for want in [
+        format!("{}  no_progress  job t-noprog", stop.id),
+        "no progress in 3 restarts in a row".to_owned(),
+        "launcher.no_progress".to_owned(),
+        "attempt/3".to_owned(),
+    ] {
+        assert!(shown.stdout.contains(&want), "{want:?}: {}", show(&shown));
+    }
     // Its event, and the incident's own two.
     let events = client
         .list_events(pb::ListEventsRequest::default())
