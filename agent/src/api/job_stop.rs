@@ -47,7 +47,7 @@ pub fn report_job_stop(
         .incident_store()
         .list(&req.job_id, 0)
         .iter()
-        .filter(|r| !r.kind.charges_node())
+        .filter(|r| r.kind.from_launcher())
         .count();
     if earlier >= MAX_STOPS_PER_JOB {
         return Err(Status::resource_exhausted(format!(

@@ -77,7 +77,14 @@ pub fn start(
     escalations: Option<UnboundedReceiver<Escalation>>,
 ) -> impl std::future::Future<Output = ()> + Send + 'static {
     let sub = state.events.subscribe(None);
-    let history = state.incident_store().all();
+    // Attribution's memory: its own incidents, not the stops launchers
+    // reported (ReportJobStop), which no budget or repeat rule reads.
+    let history = state
+        .incident_store()
+        .all()
+        .into_iter()
+        .filter(|r| !r.kind.from_launcher())
+        .collect();
     let engine = Engine::new(state.attribution.clone(), state.host.clone(), history);
     // A cordon from before a restart is shown again.
     if let Some(c) = state.incident_store().cordon().cloned() {

@@ -83,11 +83,18 @@ impl IncidentKind {
         }
     }
 
-    /// False for the stops a launcher decided by its own rule: they say
+    /// True for the stops a launcher decided by its own rule and reported
+    /// (ReportJobStop): attribution never opens them, and its engine does
+    /// not remember them (budgets and repeats are about failures).
+    pub fn from_launcher(self) -> bool {
+        matches!(self, IncidentKind::NoProgress | IncidentKind::CordonShare)
+    }
+
+    /// False for the launchers' stops ([`Self::from_launcher`]): they say
     /// how the job went, not that this node failed, so the node-level
     /// rules (lemon nodes) never count them against the node.
     pub fn charges_node(self) -> bool {
-        !matches!(self, IncidentKind::NoProgress | IncidentKind::CordonShare)
+        !self.from_launcher()
     }
 
     /// True when the job cannot go on without a remediation.
