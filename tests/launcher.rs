@@ -5,8 +5,9 @@
 //! in-process restart, a user exception stops the job with its code and
 //! diagnosis, orphans and signals leave nothing behind, a wardend that
 //! runs is used instead of an embedded agent, and a restart loop that
-//! makes no progress stops with 88 while one whose checkpoints advance
-//! runs on.
+//! makes no progress stops with 88 (its agent records the stop as an
+//! incident, event and metric; an agent that does not costs the stop
+//! nothing) while one whose checkpoints advance runs on.
 //!
 //! Each launcher gets its own scratch directory for logs, checkpoints and
 //! (through the log directory) its embedded agent's state; `--socket` points
@@ -651,17 +652,13 @@ const LONG_JOB_POLICY: &str = "[policy.unknown]\n\
 /// a loaded 2-core machine, the agent's settle time each time).
 const LONG_RUN: Duration = Duration::from_secs(240);
 
-/// The issue's long job, under a wardend the test reads after the
-/// launcher ended: the stop is the launcher's, and the agent shows it in
-/// `warden incidents` (GetIncidents), events and metrics.
-#[tokio::test(flavor = "multi_thread")]
-async fn a_restart_loop_without_progress_stops_with_88_after_three_restarts() {
-    let agent = TestAgent::start(&format!("{AGENT_TOML}{LONG_JOB_POLICY}"));
-    let s = Scratch::new();
-    let mut cmd = s.command_on(
-        agent.socket(),
+/// The issue's long job as `job`, on the agent at `socket`: it never
+/// saves, and rank 1 dies at step 5, 8, 11, ... (another step each attempt).
+fn no_progress_job(s: &Scratch, socket: &Path, job: &str) -> Command {
+    s.command_on(
+        socket,
         None,
-        "t-noprog",
+        job,
         2,
         &["--max-restarts", "12"],
         &[
@@ -681,7 +678,17 @@ async fn a_restart_loop_without_progress_stops_with_88_after_three_restarts() {
             "1",
             "--crash-every-attempt",
         ],
-    );
+    )
+}
+
+/// The issue's long job, under a wardend the test reads after the
+/// launcher ended: the stop is the launcher's, and the agent shows it in
+/// `warden incidents` (GetIncidents), events and metrics.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_restart_loop_without_progress_stops_with_88_after_three_restarts() {
+    let agent = TestAgent::start(&format!("{AGENT_TOML}{LONG_JOB_POLICY}"));
+    let s = Scratch::new();
+    let mut cmd = no_progress_job(&s, agent.socket(), "t-noprog");
     let out = tokio::task::spawn_blocking(move || run(&mut cmd, LONG_RUN))
         .await
         .expect("the launcher's run");
@@ -866,6 +873,46 @@ async fn a_restart_loop_without_progress_stops_with_88_after_three_restarts() {
         1.0,
         "{text}"
     );
+}
+
+/// An agent that does not record the stop costs the stop nothing: the
+/// launcher still exits 88 and says the agent was not told. (Here the agent
+/// refuses: the job already has the 16 launcher stops it keeps; a stop it
+/// keeps is never handed to a launcher as a decision.)
+#[tokio::test(flavor = "multi_thread")]
+async fn a_stop_the_agent_does_not_record_still_exits_88_and_says_so() {
+    let agent = TestAgent::start(&format!("{AGENT_TOML}{LONG_JOB_POLICY}"));
+    let mut client = agent.client().await;
+    for _ in 0..16 {
+        client
+            .report_job_stop(pb::ReportJobStopRequest {
+                job_id: "t-untold".into(),
+                reason: pb::JobStopReason::NoProgress as i32,
+                summary: "an earlier run".into(),
+                exit_code: 88,
+                ..Default::default()
+            })
+            .await
+            .expect("ReportJobStop below the cap");
+    }
+    let s = Scratch::new();
+    let mut cmd = no_progress_job(&s, agent.socket(), "t-untold");
+    let out = tokio::task::spawn_blocking(move || run(&mut cmd, LONG_RUN))
+        .await
+        .expect("the launcher's run");
+    assert_eq!(out.code(), 88, "{}", show(&out));
+    assert!(
+        out.stderr.contains("the agent was not told of the stop (")
+            && out.stderr.contains("16 launcher stops recorded"),
+        "{}",
+        show(&out)
+    );
+    assert!(
+        !s.logs().join("t-untold/attempt_4").exists(),
+        "{}",
+        show(&out)
+    );
+    assert_eq!(s.summary()["exit_code"], 88);
 }
 
 #[test]
