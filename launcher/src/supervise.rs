@@ -892,17 +892,6 @@ impl<C: Coordinator> Sup<'_, C> {
     /// The job's end: the other hosts first, then what is left of the
     /// workers, their zombies and output; the summary.
     async fn finish(&mut self, f: Finish) -> Summary {
-        // The agent hears the launcher's own stop first, so `warden
-        // incidents` shows it; an agent that does not answer costs the
-        // stop nothing: the launcher still exits with its status.
-        if let Some(report) = f.report.as_ref().or(self.held_stop.as_ref()) {
-            match agent::report_job_stop(&self.client, &self.job.id, report).await {
-                Ok(id) => self.say(format!("the agent recorded the stop as incident {id}")),
-                Err(e) => self.say(format!(
-                    "the agent was not told of the stop ({e}): this console and the summary are its only record"
-                )),
-            }
-        }
         // The other hosts first: they stop (a failed job) or go on without
         // this one while its workers stop.
         let stop = Directive::Stop {
@@ -941,6 +930,18 @@ impl<C: Coordinator> Sup<'_, C> {
             }
         })
         .await;
+        // The agent hears the launcher's own stop once the workers are
+        // down (an agent slow to answer delays no stop), so `warden
+        // incidents` shows it; one that does not answer costs the stop
+        // nothing: the launcher still exits with its status.
+        if let Some(report) = f.report.as_ref().or(self.held_stop.as_ref()) {
+            match agent::report_job_stop(&self.client, &self.job.id, report).await {
+                Ok(id) => self.say(format!("the agent recorded the stop as incident {id}")),
+                Err(e) => self.say(format!(
+                    "the agent was not told of the stop ({e}): this console and the summary are its only record"
+                )),
+            }
+        }
         let attempts = self.state.records(Now::read());
         if self.console.dropped() > 0 {
             self.say(format!(
