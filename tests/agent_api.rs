@@ -373,3 +373,89 @@ async fn metrics_endpoint_serves_prometheus_text() {
         "{body}"
     );
 }
+
+/// ReportJobStop over the socket: recorded and served as an incident of
+/// the job, kept after an agent restart, and bounded in what a caller can
+/// make the agent keep.
+#[tokio::test]
+async fn a_launchers_stop_is_recorded_and_bounded() {
+    let mut agent = TestAgent::start(MEMORY_NEVER_LOW);
+    let mut c = agent.client().await;
+    let report = |job: &str, evidence: usize| pb::ReportJobStopRequest {
+        job_id: job.into(),
+        reason: pb::JobStopReason::NoProgress as i32,
+        summary: "no progress in 3 restarts in a row".into(),
+        exit_code: 88,
+        limit: "--max-no-progress-restarts 3".into(),
+        evidence: (0..evidence)
+            .map(|i| pb::JobStopEvidence {
+                subject: format!("attempt/{i}"),
+                signal: "resumed_from".into(),
+                value: "0".into(),
+                note: "x".repeat(10_000),
+            })
+            .collect(),
+        incident_id: String::new(),
+    };
+    let id = c
+        .report_job_stop(report("j", 4))
+        .await
+        .expect("ReportJobStop")
+        .into_inner()
+        .incident_id;
+    assert!(id.starts_with("inc-"), "{id}");
+    // A huge evidence list, no reason, no job: refused, nothing kept.
+    for bad in [
+        report("j", 65),
+        pb::ReportJobStopRequest {
+            reason: 0,
+            ..report("j", 1)
+        },
+        report("", 1),
+    ] {
+        let e = c.report_job_stop(bad).await.unwrap_err();
+        assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e:?}");
+    }
+    // At most 16 of one job: a caller looping on the call is refused.
+    for _ in 1..16 {
+        c.report_job_stop(report("j", 1))
+            .await
+            .expect("below the cap");
+    }
+    let e = c.report_job_stop(report("j", 1)).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::ResourceExhausted, "{e:?}");
+    let listed = |r: pb::GetIncidentsResponse| {
+        r.incidents
+            .into_iter()
+            .filter(|i| i.kind == "no_progress")
+            .collect::<Vec<_>>()
+    };
+    let stops = listed(
+        c.get_incidents(pb::GetIncidentsRequest {
+            job_id: "j".into(),
+            limit: 0,
+        })
+        .await
+        .unwrap()
+        .into_inner(),
+    );
+    assert_eq!(stops.len(), 16);
+    let first = stops.iter().find(|i| i.id == id).expect("the first stop");
+    let d = first.diagnosis.as_ref().unwrap();
+    assert_eq!(d.evidence.len(), 4);
+    assert!(d.evidence.iter().all(|e| e.note.len() <= 256));
+    // Kept across a restart of the agent (its journal).
+    agent.sigterm_and_wait(WAIT);
+    let agent = TestAgent::start_in(agent.home.clone());
+    let mut c = agent.client().await;
+    let after = listed(
+        c.get_incidents(pb::GetIncidentsRequest {
+            job_id: "j".into(),
+            limit: 0,
+        })
+        .await
+        .unwrap()
+        .into_inner(),
+    );
+    assert_eq!(after.len(), 16);
+}

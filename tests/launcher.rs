@@ -5,8 +5,9 @@
 //! in-process restart, a user exception stops the job with its code and
 //! diagnosis, orphans and signals leave nothing behind, a wardend that
 //! runs is used instead of an embedded agent, and a restart loop that
-//! makes no progress stops with 88 while one whose checkpoints advance
-//! runs on.
+//! makes no progress stops with 88 (its agent records the stop as an
+//! incident, event and metric; an agent that does not costs the stop
+//! nothing) while one whose checkpoints advance runs on.
 //!
 //! Each launcher gets its own scratch directory for logs, checkpoints and
 //! (through the log directory) its embedded agent's state; `--socket` points
@@ -83,17 +84,41 @@ impl Scratch {
     /// `warden --socket <none> run --nproc-per-node N <opts> -- python
     /// examples/train.py --ckpt-dir <scratch>/ckpt <train>`.
     fn command(&self, job: &str, nproc: u32, opts: &[&str], train: &[&str]) -> Command {
+        let config = self.path().join("agent.toml");
+        self.command_on(
+            &self.path().join("no-agent-here.sock"),
+            Some(&config),
+            job,
+            nproc,
+            opts,
+            train,
+        )
+    }
+
+    /// As [`Scratch::command`], with the agent at `socket` (a wardend the
+    /// test started, read after the launcher ended) and the embedded
+    /// agent's config, if any.
+    fn command_on(
+        &self,
+        socket: &Path,
+        agent_config: Option<&Path>,
+        job: &str,
+        nproc: u32,
+        opts: &[&str],
+        train: &[&str],
+    ) -> Command {
         let mut cmd = Command::new(WARDEN);
         cmd.arg("--socket")
-            .arg(self.path().join("no-agent-here.sock"))
+            .arg(socket)
             .arg("run")
             .args(["--nproc-per-node", &nproc.to_string()])
             .args(["--rdzv-id", job])
             .arg("--log-dir")
-            .arg(self.logs())
-            .arg("--agent-config")
-            .arg(self.path().join("agent.toml"))
-            .arg("--summary-json")
+            .arg(self.logs());
+        if let Some(config) = agent_config {
+            cmd.arg("--agent-config").arg(config);
+        }
+        cmd.arg("--summary-json")
             .arg(self.path().join("summary.json"))
             .args(opts)
             .arg("--")
@@ -627,34 +652,46 @@ const LONG_JOB_POLICY: &str = "[policy.unknown]\n\
 /// a loaded 2-core machine, the agent's settle time each time).
 const LONG_RUN: Duration = Duration::from_secs(240);
 
-#[test]
-fn a_restart_loop_without_progress_stops_with_88_after_three_restarts() {
-    let s = Scratch::new().agent_config(LONG_JOB_POLICY);
-    let out = run(
-        &mut s.command(
-            "t-noprog",
-            2,
-            &["--max-restarts", "12"],
-            &[
-                "--steps",
-                "500",
-                "--step-ms",
-                "10",
-                // Never saves: every attempt starts again from step 0.
-                "--ckpt-every",
-                "0",
-                // Dies at step 5, 8, 11, ...: another step each time.
-                "--crash-at-step",
-                "5",
-                "--crash-step-shift",
-                "3",
-                "--crash-rank",
-                "1",
-                "--crash-every-attempt",
-            ],
-        ),
-        LONG_RUN,
-    );
+/// The issue's long job as `job`, on the agent at `socket`: it never
+/// saves, and rank 1 dies at step 5, 8, 11, ... (another step each attempt).
+fn no_progress_job(s: &Scratch, socket: &Path, job: &str) -> Command {
+    s.command_on(
+        socket,
+        None,
+        job,
+        2,
+        &["--max-restarts", "12"],
+        &[
+            "--steps",
+            "500",
+            "--step-ms",
+            "10",
+            // Never saves: every attempt starts again from step 0.
+            "--ckpt-every",
+            "0",
+            // Dies at step 5, 8, 11, ...: another step each time.
+            "--crash-at-step",
+            "5",
+            "--crash-step-shift",
+            "3",
+            "--crash-rank",
+            "1",
+            "--crash-every-attempt",
+        ],
+    )
+}
+
+/// The issue's long job, under a wardend the test reads after the
+/// launcher ended: the stop is the launcher's, and the agent shows it in
+/// `warden incidents` (GetIncidents), events and metrics.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_restart_loop_without_progress_stops_with_88_after_three_restarts() {
+    let agent = TestAgent::start(&format!("{AGENT_TOML}{LONG_JOB_POLICY}"));
+    let s = Scratch::new();
+    let mut cmd = no_progress_job(&s, agent.socket(), "t-noprog");
+    let out = tokio::task::spawn_blocking(move || run(&mut cmd, LONG_RUN))
+        .await
+        .expect("the launcher's run");
     assert_eq!(out.code(), 88, "{}", show(&out));
     for step in [5, 8, 11, 14] {
         assert!(
@@ -714,6 +751,168 @@ fn a_restart_loop_without_progress_stops_with_88_after_three_restarts() {
             .contains("restart refused (no progress)"),
         "{summary:#}"
     );
+
+    // The agent heard the stop: an incident of the job, not of the node.
+    assert!(
+        out.stderr
+            .contains("the agent recorded the stop as incident inc-"),
+        "{}",
+        show(&out)
+    );
+    let mut client = agent.client().await;
+    let incidents = client
+        .get_incidents(pb::GetIncidentsRequest {
+            job_id: "t-noprog".into(),
+            limit: 0,
+        })
+        .await
+        .expect("GetIncidents")
+        .into_inner();
+    assert!(!incidents.cordoned, "a job's stop never cordons the node");
+    let stops: Vec<&pb::Incident> = incidents
+        .incidents
+        .iter()
+        .filter(|i| i.kind == "no_progress")
+        .collect();
+    assert_eq!(stops.len(), 1, "{incidents:#?}");
+    let stop = stops[0];
+    let decision = stop.decision.as_ref().expect("decided");
+    assert_eq!(decision.action, pb::Action::Stop as i32, "{stop:#?}");
+    assert_eq!(decision.exit_code, 88, "{stop:#?}");
+    assert!(
+        decision.decided_by.contains("--max-no-progress-restarts 3"),
+        "{stop:#?}"
+    );
+    let diagnosis = stop.diagnosis.as_ref().expect("a diagnosis");
+    assert_eq!(diagnosis.rule, "launcher.no_progress", "{stop:#?}");
+    assert!(
+        diagnosis
+            .summary
+            .starts_with("no progress in 3 restarts in a row"),
+        "{stop:#?}"
+    );
+    // The evidence: each failed attempt's resume point (and the tier's
+    // answer), the first failure included; and the incident the launcher
+    // was acting on.
+    for attempt in 0..4 {
+        let subject = format!("attempt/{attempt}");
+        assert!(
+            diagnosis
+                .evidence
+                .iter()
+                .any(|e| e.subject == subject && e.source == "launcher"),
+            "no evidence about {subject}: {stop:#?}"
+        );
+    }
+    assert!(
+        diagnosis
+            .evidence
+            .iter()
+            .any(|e| e.signal == "resumed_from" && e.value == "0"),
+        "{stop:#?}"
+    );
+    assert!(
+        diagnosis
+            .evidence
+            .iter()
+            .any(|e| e.signal == "checkpoint.newest" && e.value == "none"),
+        "{stop:#?}"
+    );
+    assert!(
+        diagnosis
+            .evidence
+            .iter()
+            .any(|e| e.signal == "incident" && e.value.starts_with("inc-")),
+        "{stop:#?}"
+    );
+    // `warden incidents` shows it, with its evidence.
+    let shown = run(
+        Command::new(WARDEN)
+            .arg("--socket")
+            .arg(agent.socket())
+            .args(["incidents", "--job", "t-noprog", "--evidence"]),
+        RUN,
+    );
+    assert_eq!(shown.code(), 0, "{}", show(&shown));
+    for want in [
+        format!("{}  no_progress  job t-noprog", stop.id),
+        "no progress in 3 restarts in a row".to_owned(),
+        "launcher.no_progress".to_owned(),
+        "attempt/3".to_owned(),
+    ] {
+        assert!(shown.stdout.contains(&want), "{want:?}: {}", show(&shown));
+    }
+    // Its event, and the incident's own two.
+    let events = client
+        .list_events(pb::ListEventsRequest::default())
+        .await
+        .expect("ListEvents")
+        .into_inner()
+        .events;
+    let stopped = events
+        .iter()
+        .find(|e| e.kind == "job.stopped")
+        .unwrap_or_else(|| panic!("no job.stopped event: {events:#?}"));
+    assert_eq!(common::evidence(stopped, "reason"), Some("no_progress"));
+    assert_eq!(common::evidence(stopped, "exit_code"), Some("88"));
+    assert_eq!(common::evidence(stopped, "job"), Some("t-noprog"));
+    assert!(
+        events
+            .iter()
+            .any(|e| e.kind == "incident.decided" && e.subject == stop.id),
+        "{events:#?}"
+    );
+    // Its metric.
+    let (scrape, text) = common::scrape(&agent).await;
+    assert_eq!(
+        common::sample(
+            &scrape,
+            "warden_job_stops_total",
+            &[("reason", "no_progress")]
+        ),
+        1.0,
+        "{text}"
+    );
+}
+
+/// An agent that does not record the stop costs the stop nothing: the
+/// launcher still exits 88 and says the agent was not told. (Here the agent
+/// refuses: the job already has the 16 launcher stops it keeps; a stop it
+/// keeps is never handed to a launcher as a decision.)
+#[tokio::test(flavor = "multi_thread")]
+async fn a_stop_the_agent_does_not_record_still_exits_88_and_says_so() {
+    let agent = TestAgent::start(&format!("{AGENT_TOML}{LONG_JOB_POLICY}"));
+    let mut client = agent.client().await;
+    for _ in 0..16 {
+        client
+            .report_job_stop(pb::ReportJobStopRequest {
+                job_id: "t-untold".into(),
+                reason: pb::JobStopReason::NoProgress as i32,
+                summary: "an earlier run".into(),
+                exit_code: 88,
+                ..Default::default()
+            })
+            .await
+            .expect("ReportJobStop below the cap");
+    }
+    let s = Scratch::new();
+    let mut cmd = no_progress_job(&s, agent.socket(), "t-untold");
+    let out = tokio::task::spawn_blocking(move || run(&mut cmd, LONG_RUN))
+        .await
+        .expect("the launcher's run");
+    assert_eq!(out.code(), 88, "{}", show(&out));
+    assert!(
+        out.stderr.contains("the agent was not told of the stop (")
+            && out.stderr.contains("16 launcher stops recorded"),
+        "{}",
+        show(&out)
+    );
+    assert!(
+        !s.logs().join("t-untold/attempt_4").exists(),
+        "{}",
+        show(&out)
+    );
+    assert_eq!(s.summary()["exit_code"], 88);
 }
 
 #[test]

@@ -967,6 +967,14 @@ fn a_cordon_past_the_jobs_share_cap_exits_87_not_86() {
         b.context()
     );
     assert_eq!(sb.summary()["exit_code"], 87);
+    // Its agent heard the held stop (ReportJobStop): an incident of the
+    // job, kind cordon_share, not a fault of another node.
+    assert!(
+        b.seen_line(|l| l.contains("the agent recorded the stop as incident inc-"))
+            .is_some(),
+        "{}",
+        b.context()
+    );
     // host-a goes on without it and finishes.
     a.wait_line("host-b's departure", |l| {
         l.contains("host-b left (cordoned")

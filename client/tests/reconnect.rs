@@ -185,6 +185,12 @@ impl Agent for FakeAgent {
     ) -> Result<Response<pb::StopRanksResponse>, Status> {
         Err(Status::unimplemented("fake"))
     }
+    async fn report_job_stop(
+        &self,
+        _: Request<pb::ReportJobStopRequest>,
+    ) -> Result<Response<pb::ReportJobStopResponse>, Status> {
+        Err(Status::unimplemented("fake"))
+    }
     async fn request_restart(
         &self,
         _: Request<pb::RequestRestartRequest>,

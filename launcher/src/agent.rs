@@ -224,6 +224,45 @@ pub async fn set_peers(
     }
 }
 
+/// Tells the agent the launcher ended the job by its own rule
+/// (`ReportJobStop`), waiting at most two seconds; the incident's id, or
+/// why the agent was not told. The stop stands either way: the caller says
+/// so and exits with its status.
+pub async fn report_job_stop(
+    client: &AgentClient<Channel>,
+    job: &str,
+    stop: &crate::machine::JobStop,
+) -> Result<String, String> {
+    use crate::machine::job_stop::StopRule;
+    let req = pb::ReportJobStopRequest {
+        job_id: job.to_owned(),
+        reason: match stop.rule {
+            StopRule::NoProgress => pb::JobStopReason::NoProgress,
+            StopRule::CordonShare => pb::JobStopReason::CordonShare,
+        } as i32,
+        summary: stop.summary.clone(),
+        exit_code: stop.exit_code,
+        limit: stop.limit.clone(),
+        evidence: stop
+            .evidence
+            .iter()
+            .map(|e| pb::JobStopEvidence {
+                subject: e.subject.clone(),
+                signal: e.signal.clone(),
+                value: e.value.clone(),
+                note: e.note.clone(),
+            })
+            .collect(),
+        incident_id: stop.incident.clone().unwrap_or_default(),
+    };
+    let mut c = client.clone();
+    match tokio::time::timeout(PROBE * 2, c.report_job_stop(req)).await {
+        Ok(Ok(r)) => Ok(r.into_inner().incident_id),
+        Ok(Err(e)) => Err(e.message().to_owned()),
+        Err(_) => Err(format!("no answer within {:?}", PROBE * 2)),
+    }
+}
+
 /// Hands the current round's checkpoint peers to the agent again every
 /// [`PEERS_AGAIN`] (and at once when a hand-over failed): an agent
 /// restarted mid-job forgets them. The launcher's rendezvous hands each new

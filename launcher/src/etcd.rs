@@ -504,6 +504,7 @@ impl Coordinator for EtcdCoordinator {
                 );
                 NodeFault::Held {
                     exit_code: EXIT_BUDGET_SPENT,
+                    report: s.report(&why, cap.max_share, cap.window, EXIT_BUDGET_SPENT),
                     why,
                 }
             }

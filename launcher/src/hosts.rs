@@ -97,6 +97,9 @@ pub enum NodeFault {
         exit_code: i32,
         /// Why, for the console.
         why: String,
+        /// The stop, for the agent (ReportJobStop): the hosts cordoned
+        /// and the cap.
+        report: crate::machine::JobStop,
     },
 }
 

@@ -245,6 +245,7 @@ pub async fn run<C: Coordinator>(
         workers: Vec::new(),
         started: now.at,
         reapers: Vec::new(),
+        held_stop: None,
     };
     let summary = sup.run().await;
     stop.cancel();
@@ -278,6 +279,9 @@ struct Sup<'a, C> {
     started: Instant,
     /// Background reaping of stopped attempts' zombies.
     reapers: Vec<JoinHandle<()>>,
+    /// The cordon share held this host's node fault: the stop to report
+    /// to the agent at the job's end.
+    held_stop: Option<crate::machine::JobStop>,
 }
 
 impl<C: Coordinator> Sup<'_, C> {
@@ -390,8 +394,13 @@ impl<C: Coordinator> Sup<'_, C> {
             Command::LeaveJob { why } => {
                 let exit_code = match self.coord.node_fault(&why).await {
                     NodeFault::Exit(code) => code,
-                    NodeFault::Held { exit_code, why } => {
+                    NodeFault::Held {
+                        exit_code,
+                        why,
+                        report,
+                    } => {
                         self.say(why);
+                        self.held_stop = Some(report);
                         exit_code
                     }
                 };
@@ -921,6 +930,18 @@ impl<C: Coordinator> Sup<'_, C> {
             }
         })
         .await;
+        // The agent hears the launcher's own stop once the workers are
+        // down (an agent slow to answer delays no stop), so `warden
+        // incidents` shows it; one that does not answer costs the stop
+        // nothing: the launcher still exits with its status.
+        if let Some(report) = f.report.as_ref().or(self.held_stop.as_ref()) {
+            match agent::report_job_stop(&self.client, &self.job.id, report).await {
+                Ok(id) => self.say(format!("the agent recorded the stop as incident {id}")),
+                Err(e) => self.say(format!(
+                    "the agent was not told of the stop ({e}): this console and the summary are its only record"
+                )),
+            }
+        }
         let attempts = self.state.records(Now::read());
         if self.console.dropped() > 0 {
             self.say(format!(

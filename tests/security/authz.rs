@@ -115,6 +115,20 @@ pub fn attack_everything(args: &Value) -> Value {
             ),
         );
         put(
+            "report_job_stop",
+            call_result(
+                c.report_job_stop(pb::ReportJobStopRequest {
+                    job_id: job.clone(),
+                    reason: pb::JobStopReason::NoProgress as i32,
+                    summary: "attacker".into(),
+                    exit_code: 88,
+                    ..Default::default()
+                })
+                .await,
+                |_| json!({}),
+            ),
+        );
+        put(
             "request_restart",
             call_result(
                 c.request_restart(pb::RequestRestartRequest {
@@ -388,6 +402,7 @@ async fn a_socket_group_member_cannot_reach_what_is_not_its_own() {
     refused(&out, "uncordon", "PermissionDenied", &["rule: admins only"]);
     for call in [
         "stop_ranks",
+        "report_job_stop",
         "request_restart",
         "set_checkpoint_peers",
         "close_goodput",

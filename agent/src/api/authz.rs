@@ -89,8 +89,8 @@ pub fn rule_of(method: &str) -> Rule {
         | "GetRanks" | "GetIncidents" | "WatchIncidents" | "GetStragglers" | "ListCheckpoints"
         | "GetGoodput" => Rule::Read,
         "RegisterRank" | "DeregisterRank" | "ReportException" | "Control" | "AckControl"
-        | "BeginShard" | "CommitShard" | "Restore" | "StopRanks" | "RequestRestart"
-        | "SetCheckpointPeers" | "CloseGoodput" => Rule::JobOwner,
+        | "BeginShard" | "CommitShard" | "Restore" | "StopRanks" | "ReportJobStop"
+        | "RequestRestart" | "SetCheckpointPeers" | "CloseGoodput" => Rule::JobOwner,
         "RunHealthGate" => Rule::AdminOrAnyOwner,
         // Uncordon, and anything not listed (a new call is admin-only until
         // someone decides otherwise).
@@ -376,6 +376,10 @@ mod tests {
         a.check(&mallory, "GetRanks", "job-a").unwrap();
         a.check(&peer(0, 0, &[]), "StopRanks", "job-a").unwrap();
         assert_eq!(a.owner("job-a"), Some(1001));
+        // A stranger cannot record a stop of another's job.
+        let e = a.check(&mallory, "ReportJobStop", "job-a").unwrap_err();
+        assert_eq!(e.code(), tonic::Code::PermissionDenied);
+        a.check(&alice, "ReportJobStop", "job-a").unwrap();
         // The health gate: an owner of some job, or an admin.
         a.check(&alice, "RunHealthGate", "").unwrap();
         assert!(a.check(&mallory, "RunHealthGate", "").is_err());

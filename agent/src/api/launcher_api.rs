@@ -87,7 +87,12 @@ async fn send_retained(
     tx: &mpsc::Sender<Result<pb::Incident, Status>>,
 ) -> bool {
     let retained = state.incident_store().list(job, 0);
-    for r in retained.iter().filter(|r| r.decision.is_some()) {
+    // A stop a launcher reported (ReportJobStop) is no decision for a
+    // launcher to carry out: it was carried out already.
+    for r in retained
+        .iter()
+        .filter(|r| r.decision.is_some() && !r.kind.from_launcher())
+    {
         if !send(tx, r).await {
             return false;
         }

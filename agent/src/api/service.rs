@@ -471,6 +471,18 @@ impl Agent for AgentService {
         .await
     }
 
+    async fn report_job_stop(
+        &self,
+        req: Request<pb::ReportJobStopRequest>,
+    ) -> Result<Response<pb::ReportJobStopResponse>, Status> {
+        observed("ReportJobStop", async {
+            let peer = self.guard(&req, "ReportJobStop", &req.get_ref().job_id)?;
+            super::job_stop::report_job_stop(&self.state, req.get_ref(), peer.uid)
+                .map(Response::new)
+        })
+        .await
+    }
+
     async fn request_restart(
         &self,
         req: Request<pb::RequestRestartRequest>,

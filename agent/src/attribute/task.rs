@@ -77,7 +77,14 @@ pub fn start(
     escalations: Option<UnboundedReceiver<Escalation>>,
 ) -> impl std::future::Future<Output = ()> + Send + 'static {
     let sub = state.events.subscribe(None);
-    let history = state.incident_store().all();
+    // Attribution's memory: its own incidents, not the stops launchers
+    // reported (ReportJobStop), which no budget or repeat rule reads.
+    let history = state
+        .incident_store()
+        .all()
+        .into_iter()
+        .filter(|r| !r.kind.from_launcher())
+        .collect();
     let engine = Engine::new(state.attribution.clone(), state.host.clone(), history);
     // A cordon from before a restart is shown again.
     if let Some(c) = state.incident_store().cordon().cloned() {
@@ -228,36 +235,24 @@ async fn handle(state: &Handles, engine: &mut Engine, d: Diagnosed) {
     let mut decision = policy::decide(&state.policy, &record.diagnosis, &ctx);
     // The node's whole journal (every job, across agent restarts).
     let journal = state.incident_store().all();
-    let lemon = guard::lemon(&state.policy.lemon, &journal, &record, now);
-    if let Some(found) = &lemon {
-        guard::apply_lemon(
-            &state.policy.lemon,
-            &mut decision,
-            record.diagnosis.class,
-            found,
-        );
-    }
+    let lemon = guard::before_hook(&state.policy, &journal, &record, &mut decision, now);
     if state.policy.hook.is_enabled() {
         ask_hook(state, &record, &mut decision).await;
     }
-    let cfg = &state.policy.circuit_breaker;
     let cordoned = state.incident_store().cordon().is_some();
-    let breaker = guard::breaker(cfg, &journal, &record.id, cordoned, now);
-    let held = guard::apply_breaker(
-        cfg,
+    let held = guard::after_hook(
+        &state.policy,
+        &journal,
+        &record,
         &mut decision,
-        record.diagnosis.class,
-        ctx.job_down,
-        &breaker,
+        cordoned,
+        now,
     );
-    if state.policy.dry_run {
-        guard::dry_run(&mut decision);
-    }
     let Some(record) = engine.decided(&record.id, decision) else {
         return;
     };
     carry_out(state, record.clone());
-    report_rules(state, &record, lemon.as_ref(), held.then_some(&breaker));
+    report_rules(state, &record, lemon.as_ref(), held.as_ref());
 }
 
 /// The events and metrics of the node-level rules that changed a decision.
@@ -405,6 +400,13 @@ async fn ask_hook(state: &Handles, record: &IncidentRecord, decision: &mut Decis
 }
 
 fn publish(state: &Handles, r: &IncidentRecord) {
+    publish_decided(&state.events, r);
+}
+
+/// Publishes a decided incident (`incident.diagnosed`, `incident.decided`)
+/// and counts it: for attribution's decisions and for the stops launchers
+/// report (ReportJobStop), so both read alike in events and metrics.
+pub fn publish_decided(events: &EventBus, r: &IncidentRecord) {
     let diag = &r.diagnosis;
     let Some(dec) = &r.decision else {
         return;
@@ -459,8 +461,8 @@ fn publish(state: &Handles, r: &IncidentRecord) {
             ),
         );
     }
-    state.events.publish(ev);
-    state.events.publish(
+    events.publish(ev);
+    events.publish(
         NewEvent::new(
             severity,
             "incident.decided",

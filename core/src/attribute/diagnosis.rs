@@ -61,6 +61,12 @@ pub enum IncidentKind {
     /// A rank's reported loss or gradient norm departed from its peers' or
     /// went NaN/Inf: silent data corruption suspected.
     Sdc,
+    /// The job's launcher ended it: restarts in a row did not advance its
+    /// newest complete checkpoint (`--max-no-progress-restarts`, exit 88).
+    NoProgress,
+    /// The job's launcher ended it: too large a share of its hosts was
+    /// cordoned (`--max-cordon-share`, exit 87).
+    CordonShare,
 }
 
 impl IncidentKind {
@@ -72,7 +78,23 @@ impl IncidentKind {
             IncidentKind::Hardware => "hardware",
             IncidentKind::Straggler => "straggler",
             IncidentKind::Sdc => "sdc",
+            IncidentKind::NoProgress => "no_progress",
+            IncidentKind::CordonShare => "cordon_share",
         }
+    }
+
+    /// True for the stops a launcher decided by its own rule and reported
+    /// (ReportJobStop): attribution never opens them, and its engine does
+    /// not remember them (budgets and repeats are about failures).
+    pub fn from_launcher(self) -> bool {
+        matches!(self, IncidentKind::NoProgress | IncidentKind::CordonShare)
+    }
+
+    /// False for the launchers' stops ([`Self::from_launcher`]): they say
+    /// how the job went, not that this node failed, so the node-level
+    /// rules (lemon nodes) never count them against the node.
+    pub fn charges_node(self) -> bool {
+        !self.from_launcher()
     }
 
     /// True when the job cannot go on without a remediation.

@@ -1320,7 +1320,10 @@ fn priority(k: IncidentKind) -> u8 {
         IncidentKind::Crash => 3,
         IncidentKind::Hang => 2,
         IncidentKind::Hardware => 1,
-        IncidentKind::Straggler | IncidentKind::Sdc => 0,
+        IncidentKind::Straggler
+        | IncidentKind::Sdc
+        | IncidentKind::NoProgress
+        | IncidentKind::CordonShare => 0,
     }
 }
 

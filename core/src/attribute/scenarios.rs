@@ -9,9 +9,9 @@ use std::time::{Duration, SystemTime};
 use serde::Deserialize;
 
 use super::engine::{CurrentReason, DeviceMap, Engine};
-use super::{AttributionConfig, FaultClass, IncidentRecord};
+use super::{AttributionConfig, Diagnosis, FaultClass, IncidentKind, IncidentRecord};
 use crate::events::{Event, Severity};
-use crate::policy::{self, Action, Context, PolicyConfig};
+use crate::policy::{self, Action, Context, Decision, PolicyConfig, guard};
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -30,7 +30,83 @@ struct Scenario {
     health: Vec<HealthNow>,
     #[serde(default)]
     aliases: BTreeMap<String, String>,
+    /// The node's incident journal before the scenario starts (earlier
+    /// jobs, earlier cordons): what the lemon rule and the circuit breaker
+    /// count.
+    #[serde(default)]
+    history: Vec<Past>,
+    /// The node is cordoned when the scenario starts.
+    #[serde(default)]
+    cordoned: bool,
+    /// `[policy]` for this scenario (default: the default policy).
+    #[serde(default)]
+    policy: PolicyConfig,
     expect: Expect,
+}
+
+/// One decided incident of the journal from before the scenario.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Past {
+    id: String,
+    /// Seconds before the scenario's start that it opened and was decided.
+    ago_s: u64,
+    #[serde(default)]
+    job: String,
+    #[serde(default = "crash")]
+    kind: IncidentKind,
+    class: FaultClass,
+    action: Action,
+    /// Who decided ("policy", "lemon rule").
+    #[serde(default = "by_policy")]
+    decided_by: String,
+}
+
+fn crash() -> IncidentKind {
+    IncidentKind::Crash
+}
+
+fn by_policy() -> String {
+    "policy".into()
+}
+
+impl Past {
+    fn record(&self, t0: SystemTime) -> IncidentRecord {
+        let at = t0 - Duration::from_secs(self.ago_s);
+        IncidentRecord {
+            id: self.id.clone(),
+            opened_at: at,
+            updated_at: at,
+            kind: self.kind,
+            host: "h".into(),
+            job: self.job.clone(),
+            ranks: Vec::new(),
+            devices: Vec::new(),
+            diagnosis: Diagnosis {
+                class: self.class,
+                confidence: 0.9,
+                summary: format!("recorded {} incident", self.class),
+                rule: "history".into(),
+                evidence: Vec::new(),
+            },
+            decision: Some(Decision {
+                action: self.action,
+                reason: "recorded".into(),
+                decided_by: self.decided_by.clone(),
+                attempt: 1,
+                budget: 1,
+                backoff: Duration::ZERO,
+                exit_code: 0,
+                decided_at: at,
+                dry_run: false,
+            }),
+            superseded: Vec::new(),
+            signature: String::new(),
+            step: None,
+            exit_code: None,
+            waited_on: Vec::new(),
+        }
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -86,6 +162,15 @@ struct Expect {
     /// job-wide verdict put the culprit on another host); `[]`: charged.
     #[serde(default)]
     waited_on: Option<Vec<String>>,
+    /// The decision's `decided_by` ("lemon rule", "policy (circuit breaker)").
+    #[serde(default)]
+    decided_by: Option<String>,
+    /// Texts the decision's reason must hold (the lemon rule's repeats).
+    #[serde(default)]
+    reason_contains: Vec<String>,
+    /// The decision is (or is not) a dry run's.
+    #[serde(default)]
+    dry_run: Option<bool>,
 }
 
 fn kind_static(kind: &str) -> &'static str {
@@ -123,13 +208,18 @@ fn severity(s: Option<&str>, kind: &str) -> Severity {
     }
 }
 
-/// Replays one scenario; returns every incident's final record.
+/// Replays one scenario; returns every incident's final record. Each
+/// decision goes through the policy and the node-level rules as the
+/// agent's attribution task runs them (no hook), over the scenario's
+/// `history` and the incidents decided so far.
 fn replay(s: &Scenario) -> Vec<IncidentRecord> {
     let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1_900_000_000);
     let cfg = AttributionConfig::default();
     let settle = cfg.settle;
-    let policy_cfg = PolicyConfig::default();
-    let mut engine = Engine::new(cfg, "h".into(), Vec::new());
+    let policy_cfg = &s.policy;
+    let mut past: Vec<IncidentRecord> = s.history.iter().map(|p| p.record(t0)).collect();
+    past.sort_by_key(|r| r.opened_at);
+    let mut engine = Engine::new(cfg, "h".into(), past.clone());
     let mut devices = DeviceMap::default();
     for (alias, comp) in &s.aliases {
         devices.add(comp, [alias.clone()]);
@@ -146,28 +236,45 @@ fn replay(s: &Scenario) -> Vec<IncidentRecord> {
         );
     }
     let mut out: BTreeMap<String, IncidentRecord> = BTreeMap::new();
-    let decide_due =
-        |engine: &mut Engine, now: SystemTime, out: &mut BTreeMap<String, IncidentRecord>| {
-            for d in engine.take_due(now, &devices) {
-                if !d.needs_decision {
-                    out.insert(d.record.id.clone(), d.record);
-                    continue;
-                }
-                let history = engine.past_decisions(&d.record.job, &d.record.id);
-                let ctx = Context {
-                    job_down: d.record.kind.job_down(),
-                    exit_code: d.record.exit_code,
-                    history: &history,
-                    now,
-                    sdc: d.record.kind == crate::attribute::IncidentKind::Sdc,
-                };
-                let decision = policy::decide(&policy_cfg, &d.record.diagnosis, &ctx);
-                let rec = engine
-                    .decided(&d.record.id, decision)
-                    .expect("open incident");
-                out.insert(rec.id.clone(), rec);
+    let mut cordoned = s.cordoned;
+    let mut decide_due = |engine: &mut Engine,
+                          now: SystemTime,
+                          out: &mut BTreeMap<String, IncidentRecord>| {
+        for d in engine.take_due(now, &devices) {
+            if !d.needs_decision {
+                out.insert(d.record.id.clone(), d.record);
+                continue;
             }
-        };
+            let history = engine.past_decisions(&d.record.job, &d.record.id);
+            let ctx = Context {
+                job_down: d.record.kind.job_down(),
+                exit_code: d.record.exit_code,
+                history: &history,
+                now,
+                sdc: d.record.kind == crate::attribute::IncidentKind::Sdc,
+            };
+            let mut decision = policy::decide(policy_cfg, &d.record.diagnosis, &ctx);
+            // The journal as the agent's store holds it: the history,
+            // then what this scenario decided so far.
+            let journal: Vec<IncidentRecord> = past.iter().chain(out.values()).cloned().collect();
+            guard::before_hook(policy_cfg, &journal, &d.record, &mut decision, now);
+            guard::after_hook(
+                policy_cfg,
+                &journal,
+                &d.record,
+                &mut decision,
+                cordoned,
+                now,
+            );
+            if decision.effective_action() == Action::Cordon {
+                cordoned = true;
+            }
+            let rec = engine
+                .decided(&d.record.id, decision)
+                .expect("open incident");
+            out.insert(rec.id.clone(), rec);
+        }
+    };
     for (i, r) in s.events.iter().enumerate() {
         let at = t0 + Duration::from_millis(r.t);
         decide_due(&mut engine, at, &mut out);
@@ -286,6 +393,21 @@ fn recorded_scenarios() {
                 )),
                 Some(_) => {}
             }
+        }
+        if let Some(by) = &e.decided_by
+            && dec.decided_by != *by
+        {
+            wrong.push(format!("decided by {} (want {by})", dec.decided_by));
+        }
+        for text in &e.reason_contains {
+            if !dec.reason.contains(text.as_str()) {
+                wrong.push(format!("reason {:?} lacks {text:?}", dec.reason));
+            }
+        }
+        if let Some(dry) = e.dry_run
+            && dec.dry_run != dry
+        {
+            wrong.push(format!("dry run {} (want {dry})", dec.dry_run));
         }
         if !wrong.is_empty() {
             failures.push(format!(

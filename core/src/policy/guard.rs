@@ -25,7 +25,7 @@ use std::time::{Duration, SystemTime};
 
 use serde::{Deserialize, Serialize};
 
-use super::{Action, Decision, exit_code_for};
+use super::{Action, Decision, PolicyConfig, exit_code_for};
 use crate::attribute::{FaultClass, IncidentRecord};
 use crate::config::ConfigError;
 
@@ -153,10 +153,12 @@ pub fn lemon(
     current: &IncidentRecord,
     now: SystemTime,
 ) -> Option<Lemon> {
-    // A hang whose culprit runs elsewhere is not this node's failure.
+    // A launcher's own stop, or a hang whose culprit runs elsewhere, is
+    // not this node's failure.
     if !cfg.enabled
-        || !cfg.classes.contains(&current.diagnosis.class)
+        || !current.kind.charges_node()
         || !current.waited_on.is_empty()
+        || !cfg.classes.contains(&current.diagnosis.class)
     {
         return None;
     }
@@ -174,6 +176,7 @@ pub fn lemon(
     let mut counted: Vec<&IncidentRecord> = others()
         .filter(|r| {
             r.decision.is_some()
+                && r.kind.charges_node()
                 && r.waited_on.is_empty()
                 && cfg.classes.contains(&r.diagnosis.class)
                 && r.opened_at >= since
@@ -302,6 +305,49 @@ pub fn dry_run(decision: &mut Decision) {
     decision.reason = format!("dry run: would {}: {}", decision.action, decision.reason);
 }
 
+/// The rules that come before the user's hook, in the order the agent runs
+/// them: the lemon rule turns `decision` into a cordon when `record` makes
+/// the node a lemon (the hook may still overrule it). Returns the finding.
+/// Shared by the agent and the scenario replay, so a recorded scenario
+/// checks the agent's own sequence.
+pub fn before_hook(
+    policy: &PolicyConfig,
+    journal: &[IncidentRecord],
+    record: &IncidentRecord,
+    decision: &mut Decision,
+    now: SystemTime,
+) -> Option<Lemon> {
+    let found = lemon(&policy.lemon, journal, record, now)?;
+    apply_lemon(&policy.lemon, decision, record.diagnosis.class, &found);
+    Some(found)
+}
+
+/// The rules that come after the user's hook, so no hook gets past them:
+/// the circuit breaker (the node is `cordoned` now or not), then dry run.
+/// Returns the breaker's state when it held a cordon back.
+pub fn after_hook(
+    policy: &PolicyConfig,
+    journal: &[IncidentRecord],
+    record: &IncidentRecord,
+    decision: &mut Decision,
+    cordoned: bool,
+    now: SystemTime,
+) -> Option<Breaker> {
+    let cfg = &policy.circuit_breaker;
+    let state = breaker(cfg, journal, &record.id, cordoned, now);
+    let held = apply_breaker(
+        cfg,
+        decision,
+        record.diagnosis.class,
+        record.kind.job_down(),
+        &state,
+    );
+    if policy.dry_run {
+        dry_run(decision);
+    }
+    held.then_some(state)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -419,20 +465,36 @@ mod tests {
         // A hang another host's rank caused: neither counted nor counting.
         let mut waited = rec("inc-8", "a", Unknown, t(99_950), RestartInJob);
         waited.waited_on = vec!["rank 3 on host-b".into()];
-        assert_eq!(lemon(&with_unknown_again(), &history, &waited, now), None);
+        assert_eq!(lemon(&with_unknown_cfg(), &history, &waited, now), None);
         let mut history = history;
         history.retain(|r| r.id != "inc-4");
         history.push(waited);
         assert_eq!(
-            lemon(&with_unknown_again(), &history, &cur, now),
+            lemon(&with_unknown_cfg(), &history, &cur, now),
             None,
             "the waited-on hang made a third count"
         );
+        // A launcher's own stop (no progress, cordon share) is never
+        // charged to the node, whatever its class.
+        let mut stops = history.clone();
+        for s in stops.iter_mut().filter(|r| r.diagnosis.class == Unknown) {
+            s.kind = IncidentKind::NoProgress;
+        }
+        let mut stop = rec("inc-8", "a", Unknown, now, Stop);
+        stop.kind = IncidentKind::CordonShare;
+        assert_eq!(lemon(&with_unknown_cfg(), &stops, &stop, now), None);
+        let cur = rec("inc-9", "a", Unknown, now, RestartInJob);
+        let found = lemon(&with_unknown_cfg(), &stops, &cur, now).expect("a lemon");
+        assert_eq!(
+            found.incidents,
+            vec!["inc-5", "inc-6", "inc-9"],
+            "the stop inc-4 is not counted"
+        );
     }
 
-    fn with_unknown_again() -> LemonConfig {
+    fn with_unknown_cfg() -> LemonConfig {
         LemonConfig {
-            classes: vec![Hw, FaultClass::Unknown],
+            classes: vec![Hw, Unknown],
             ..LemonConfig::default()
         }
     }

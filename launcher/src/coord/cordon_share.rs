@@ -12,6 +12,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
+use crate::machine::JobStop;
+use crate::machine::job_stop::{self, StopEvidence, StopRule};
+
 /// The prefix of a departure's reason for a cordon ([`super::Leave::Cordoned`]).
 pub const CORDONED: &str = "cordoned: ";
 
@@ -36,6 +39,44 @@ impl CordonShare {
             humantime::format_duration(window),
             self.cordoned.join(", ")
         )
+    }
+
+    /// The stop for the agent (ReportJobStop): one evidence item per host
+    /// cordoned in the window, then the job's host count.
+    pub fn report(&self, why: &str, max_share: f64, window: Duration, exit_code: i32) -> JobStop {
+        let within = format!("within {}", humantime::format_duration(window));
+        let mut evidence: Vec<StopEvidence> = self
+            .cordoned
+            .iter()
+            .take(job_stop::MAX_EVIDENCE - 1)
+            .map(|h| StopEvidence {
+                subject: format!("host/{h}"),
+                signal: "host.cordoned".into(),
+                value: within.clone(),
+                note: "counted toward the job's cordon share".into(),
+            })
+            .collect();
+        evidence.push(StopEvidence {
+            subject: "job".into(),
+            signal: "job.hosts".into(),
+            value: self.hosts.to_string(),
+            note: format!(
+                "{} of {} hosts cordoned {within}: over --max-cordon-share {max_share}",
+                self.cordoned.len(),
+                self.hosts
+            ),
+        });
+        JobStop {
+            rule: StopRule::CordonShare,
+            summary: why.to_owned(),
+            limit: format!(
+                "--max-cordon-share {max_share} --cordon-share-window {}",
+                humantime::format_duration(window)
+            ),
+            exit_code,
+            evidence,
+            incident: None,
+        }
     }
 }
 
@@ -100,6 +141,24 @@ mod tests {
                 .starts_with("2 of the job's 8 hosts cordoned within 1h (a, d)"),
             "{}",
             s.describe(0.2, HOUR)
+        );
+        // What the agent is told (ReportJobStop): each host, then the count.
+        let r = s.report("cordon share cap: ...", 0.2, HOUR, 87);
+        assert_eq!(r.rule, StopRule::CordonShare);
+        assert_eq!(r.exit_code, 87);
+        assert_eq!(r.limit, "--max-cordon-share 0.2 --cordon-share-window 1h");
+        let items: Vec<String> = r
+            .evidence
+            .iter()
+            .map(|e| format!("{} {}={}", e.subject, e.signal, e.value))
+            .collect();
+        assert_eq!(
+            items,
+            vec![
+                "host/a host.cordoned=within 1h",
+                "host/d host.cordoned=within 1h",
+                "job job.hosts=8"
+            ]
         );
     }
 

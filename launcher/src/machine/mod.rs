@@ -35,10 +35,12 @@ use super::exit::{
 use super::hosts::{AttemptPlan, Directive, Remote};
 use super::spawn::Exit;
 
+pub mod job_stop;
 pub mod progress;
 #[cfg(test)]
 mod scenarios;
 
+pub use job_stop::JobStop;
 pub use progress::Progress;
 use progress::Verdict;
 
@@ -232,6 +234,9 @@ pub struct Finish {
     /// The job failed for good (the other hosts stop with it); false when
     /// this host leaves alone or the job succeeded.
     pub job_failed: bool,
+    /// The job ends by the launcher's own rule (no progress): what the
+    /// executor tells the agent (ReportJobStop).
+    pub report: Option<JobStop>,
 }
 
 /// What the executor does, in order.
@@ -459,6 +464,11 @@ pub struct JobState {
     progress: Option<Progress>,
     /// Failed attempts in a row that did not advance the job.
     stalled: u32,
+    /// The progress observed at each failure since the job last advanced:
+    /// the no-progress stop's evidence.
+    progress_log: Vec<job_stop::StopEvidence>,
+    /// The stop the launcher's own rule decided, for [`Finish::report`].
+    report: Option<JobStop>,
 }
 
 /// A worker that failed in its teardown: after its training ended, as far
@@ -538,6 +548,8 @@ impl JobState {
             teardown: None,
             progress: None,
             stalled: 0,
+            progress_log: Vec::new(),
+            report: None,
         }
     }
 
@@ -797,6 +809,7 @@ impl JobState {
         Command::Finish(Finish {
             code,
             job_failed: code != exit::EXIT_SUCCESS && !self.leaves_alone,
+            report: self.report.take(),
             outcome,
         })
     }
@@ -1344,8 +1357,17 @@ impl JobState {
             self.restart_now(cause, now, out);
             return;
         };
+        let n = self.attempt.n;
         let Some(before) = self.progress.take() else {
             // The first failure: what the next one is compared with.
+            job_stop::keep_newest(
+                &mut self.progress_log,
+                job_stop::attempt_evidence(
+                    n,
+                    &seen,
+                    "the first failure: what the next is compared with",
+                ),
+            );
             self.progress = Some(seen);
             self.restart_now(cause, now, out);
             return;
@@ -1353,12 +1375,21 @@ impl JobState {
         match progress::judge(&before, &seen) {
             Verdict::Advanced(how) => {
                 self.stalled = 0;
+                self.progress_log.clear();
+                job_stop::keep_newest(
+                    &mut self.progress_log,
+                    job_stop::attempt_evidence(n, &seen, &format!("progress: {how}")),
+                );
                 out.push(Command::Say(format!(
                     "progress since the last restart: {how}"
                 )));
                 self.progress = Some(seen);
             }
             Verdict::Unjudged(why) => {
+                job_stop::keep_newest(
+                    &mut self.progress_log,
+                    job_stop::attempt_evidence(n, &seen, &format!("not judged: {why}")),
+                );
                 out.push(Command::Say(format!(
                     "progress not judged ({why}): {} attempt{} in a row without progress so far",
                     self.stalled,
@@ -1368,6 +1399,10 @@ impl JobState {
             }
             Verdict::Stalled(what) => {
                 self.stalled += 1;
+                job_stop::keep_newest(
+                    &mut self.progress_log,
+                    job_stop::attempt_evidence(n, &seen, &format!("no progress: {what}")),
+                );
                 self.progress = Some(seen);
                 if self.stalled >= max {
                     self.no_progress(cause, &what, max, out);
@@ -1406,6 +1441,14 @@ impl JobState {
         if let Some(id) = &cause.incident {
             self.acted_on.insert(id.clone());
         }
+        self.report = Some(JobStop {
+            rule: job_stop::StopRule::NoProgress,
+            summary: why.clone(),
+            limit: format!("--max-no-progress-restarts {max}"),
+            exit_code: EXIT_NO_PROGRESS,
+            evidence: std::mem::take(&mut self.progress_log),
+            incident: cause.incident.clone(),
+        });
         self.pending = None;
         out.push(self.finish(EXIT_NO_PROGRESS, format!("failed: {why}"), ended, Some(b)));
     }

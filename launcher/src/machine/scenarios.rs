@@ -43,6 +43,9 @@ struct End {
     ended: &'static str,
     /// Parts of console lines, in order.
     says: &'static [&'static str],
+    /// The stop the launcher reports to its agent: its evidence as
+    /// "subject signal=value", in order (empty: no report).
+    reported: &'static [&'static str],
 }
 
 fn limits() -> Limits {
@@ -360,6 +363,16 @@ fn scenarios() -> Vec<Scenario> {
                     "(2 of --max-no-progress-restarts 3)",
                     "no progress in 3 restarts in a row: no checkpoint in the agent's tier, and the ranks' steps show no resume point later than step 0 (--max-no-progress-restarts 3): not restarting again",
                 ],
+                reported: &[
+                    "attempt/0 checkpoint.newest=none",
+                    "attempt/0 resumed_from=0",
+                    "attempt/1 checkpoint.newest=none",
+                    "attempt/1 resumed_from=0",
+                    "attempt/2 checkpoint.newest=none",
+                    "attempt/2 resumed_from=0",
+                    "attempt/3 checkpoint.newest=none",
+                    "attempt/3 resumed_from=0",
+                ],
                 ..End::default()
             },
         },
@@ -424,6 +437,17 @@ fn scenarios() -> Vec<Scenario> {
                     "(2 of --max-no-progress-restarts 3)",
                     "progress not judged (progress not observed: ListCheckpoints timed out; GetRanks timed out): 2 attempts in a row without progress so far",
                     "no progress in 3 restarts in a row",
+                ],
+                reported: &[
+                    "attempt/0 checkpoint.newest=none",
+                    "attempt/0 resumed_from=0",
+                    "attempt/1 checkpoint.newest=none",
+                    "attempt/1 resumed_from=0",
+                    "attempt/2 checkpoint.newest=none",
+                    "attempt/2 resumed_from=0",
+                    "attempt/3 progress=unknown",
+                    "attempt/4 checkpoint.newest=none",
+                    "attempt/4 resumed_from=0",
                 ],
                 ..End::default()
             },
@@ -811,6 +835,7 @@ fn scenarios() -> Vec<Scenario> {
                     "it had not registered with the agent",
                     "before registering with the agent, which has nothing to diagnose",
                 ],
+                reported: &[],
             },
         },
         Scenario {
@@ -1236,6 +1261,19 @@ fn recorded_scenarios_replay() {
                     f.outcome
                 );
                 assert_eq!(f.job_failed, e.job_failed, "{}: job failed", s.name);
+                let reported: Vec<String> = f
+                    .report
+                    .iter()
+                    .flat_map(|r| &r.evidence)
+                    .map(|e| format!("{} {}={}", e.subject, e.signal, e.value))
+                    .collect();
+                assert_eq!(reported, e.reported, "{}: the stop reported", s.name);
+                if let Some(r) = &f.report {
+                    assert_eq!(r.exit_code, code, "{}", s.name);
+                    assert_eq!(r.limit, "--max-no-progress-restarts 3", "{}", s.name);
+                    assert!(f.outcome.contains(&r.summary), "{}", s.name);
+                    assert!(r.incident.is_some(), "{}", s.name);
+                }
                 let records = state.records(at(100_000));
                 assert_eq!(records.len(), e.records, "{}: records", s.name);
                 let last = records.last().map(|r| r.ended.as_str()).unwrap_or("");
