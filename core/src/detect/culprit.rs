@@ -81,6 +81,18 @@ pub struct Blame {
     pub why: String,
 }
 
+impl Blame {
+    /// "rank 3 on host-b" ("rank 3" when no host reported it): how a
+    /// waiter's incident names whom it waited on.
+    pub fn name(&self) -> String {
+        if self.host.is_empty() {
+            format!("rank {}", self.rank)
+        } else {
+            format!("rank {} on {}", self.rank, self.host)
+        }
+    }
+}
+
 /// The job-wide verdict on a hang.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Verdict {
@@ -104,16 +116,7 @@ impl Verdict {
 
     /// `rank 3 on host-b, rank 5 on host-c`, for a waiter's record.
     pub fn culprit_names(&self) -> Vec<String> {
-        self.culprits
-            .iter()
-            .map(|b| {
-                if b.host.is_empty() {
-                    format!("rank {}", b.rank)
-                } else {
-                    format!("rank {} on {}", b.rank, b.host)
-                }
-            })
-            .collect()
+        self.culprits.iter().map(Blame::name).collect()
     }
 }
 

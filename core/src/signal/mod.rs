@@ -342,13 +342,7 @@ impl HangVerdict {
         }
         self.culprits
             .iter()
-            .map(|b| {
-                if b.host.is_empty() {
-                    format!("rank {}", b.rank)
-                } else {
-                    format!("rank {} on {}", b.rank, b.host)
-                }
-            })
+            .map(crate::detect::culprit::Blame::name)
             .collect()
     }
 }
