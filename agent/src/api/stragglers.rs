@@ -419,7 +419,10 @@ async fn exchange_loop(state: Arc<AgentState>, det: Arc<Stragglers>) {
                 Err(e) => {
                     metrics::counter!("warden_straggler_exchanges_total", "result" => "error")
                         .increment(1);
-                    if p.down.is_none() {
+                    if i >= configured {
+                        // A hung job's peer, asked for this round only.
+                        tracing::info!(peer = %p.addr, error = %e, "a hung job's peer agent did not take its positions");
+                    } else if p.down.is_none() {
                         tracing::warn!(
                             peer = %p.addr,
                             error = %e,
