@@ -151,6 +151,20 @@ pub struct RunArgs {
     /// COMMAND is a Python module (`python3 -m COMMAND`), as torchrun's -m.
     #[arg(short = 'm', long)]
     pub module: bool,
+    /// Keep a standby interpreter per local worker, started in advance
+    /// with torch (and --preload) imported, and make the restarted workers
+    /// of an in-job restart out of them (warm restarts): for `script.py`,
+    /// `-m MODULE` and `PYTHON script.py` entrypoints. The default; see
+    /// docs/operations.md.
+    #[arg(long, overrides_with = "no_standby")]
+    pub standby: bool,
+    /// No standby interpreters: every restart starts its workers cold.
+    #[arg(long = "no-standby", overrides_with = "standby")]
+    pub no_standby: bool,
+    /// Modules the standby interpreters import besides torch and
+    /// torch.distributed, comma-separated (`--preload numpy,mypkg.model`).
+    #[arg(long, value_delimiter = ',', value_name = "MODULES")]
+    pub preload: Vec<String>,
     /// Which agent to use.
     #[arg(long, value_enum, default_value_t = AgentMode::Auto)]
     pub agent: AgentMode,
@@ -445,6 +459,18 @@ impl RunArgs {
         Ok((host.to_owned(), port.or(self.master_port)))
     }
 
+    /// The standby interpreters to keep: with standbys on (the default)
+    /// and a Python entrypoint, what they become and preload; else None.
+    pub fn standby_plan(&self) -> Option<crate::standby::Plan> {
+        if self.no_standby {
+            return None;
+        }
+        Some(crate::standby::Plan {
+            entry: crate::standby::Entry::of(&self.argv())?,
+            preload: crate::standby::preload_spec(&self.preload),
+        })
+    }
+
     /// The argv to execute: `python3 script.py ARGS` for a script, `python3
     /// -m MODULE ARGS` with `-m`, else COMMAND as given.
     pub fn argv(&self) -> Vec<String> {
@@ -571,6 +597,22 @@ mod tests {
             parse(&["--nnodes", "4", "t.py"]).nnodes,
             NNodes { min: 4, max: 4 }
         );
+    }
+
+    #[test]
+    fn standbys_are_on_for_python_entrypoints_unless_turned_off() {
+        let p = parse(&["t.py", "-x"]).standby_plan().unwrap();
+        assert_eq!(p.entry.args, ["t.py", "-x"]);
+        assert_eq!(p.preload, "torch?,torch.distributed?");
+        let p = parse(&["--preload", "numpy,a.b", "-m", "pkg.train"])
+            .standby_plan()
+            .unwrap();
+        assert_eq!(p.entry.args, ["-m", "pkg.train"]);
+        assert_eq!(p.preload, "torch?,torch.distributed?,numpy,a.b");
+        assert!(parse(&["--no-standby", "t.py"]).standby_plan().is_none());
+        assert!(parse(&["--no-standby", "--standby", "t.py"]).standby_plan().is_some());
+        assert!(parse(&["bash", "job.sh"]).standby_plan().is_none());
+        assert!(parse(&["--no-python", "t.py"]).standby_plan().is_none());
     }
 
     #[test]
