@@ -161,8 +161,9 @@ pub struct RunArgs {
     /// No standby interpreters: every restart starts its workers cold.
     #[arg(long = "no-standby", overrides_with = "standby")]
     pub no_standby: bool,
-    /// Modules the standby interpreters import besides torch and
-    /// torch.distributed, comma-separated (`--preload numpy,mypkg.model`).
+    /// Modules the standby interpreters import besides torch,
+    /// torch.distributed, torch.nn.parallel and torch._dynamo,
+    /// comma-separated (`--preload numpy,mypkg.model`).
     #[arg(long, value_delimiter = ',', value_name = "MODULES")]
     pub preload: Vec<String>,
     /// Which agent to use.
@@ -603,14 +604,25 @@ mod tests {
     fn standbys_are_on_for_python_entrypoints_unless_turned_off() {
         let p = parse(&["t.py", "-x"]).standby_plan().unwrap();
         assert_eq!(p.entry.args, ["t.py", "-x"]);
-        assert_eq!(p.preload, "torch?,torch.distributed?");
+        assert_eq!(
+            p.preload,
+            "torch?,torch.distributed?,torch.nn.parallel?,torch._dynamo?"
+        );
         let p = parse(&["--preload", "numpy,a.b", "-m", "pkg.train"])
             .standby_plan()
             .unwrap();
         assert_eq!(p.entry.args, ["-m", "pkg.train"]);
-        assert_eq!(p.preload, "torch?,torch.distributed?,numpy,a.b");
+        assert!(
+            p.preload.ends_with("torch._dynamo?,numpy,a.b"),
+            "{}",
+            p.preload
+        );
         assert!(parse(&["--no-standby", "t.py"]).standby_plan().is_none());
-        assert!(parse(&["--no-standby", "--standby", "t.py"]).standby_plan().is_some());
+        assert!(
+            parse(&["--no-standby", "--standby", "t.py"])
+                .standby_plan()
+                .is_some()
+        );
         assert!(parse(&["bash", "job.sh"]).standby_plan().is_none());
         assert!(parse(&["--no-python", "t.py"]).standby_plan().is_none());
     }

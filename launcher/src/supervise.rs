@@ -752,8 +752,9 @@ impl<C: Coordinator> Sup<'_, C> {
                     *slot = Some(sb);
                 }
                 Err(e) => {
-                    self.console
-                        .say(format!("cannot start a standby interpreter: {e}; restarts start cold"));
+                    self.console.say(format!(
+                        "cannot start a standby interpreter: {e}; restarts start cold"
+                    ));
                     break;
                 }
             }
