@@ -203,7 +203,7 @@ impl Standby {
         let mut sock = match sock {
             Ok(s) => s,
             Err(e) => {
-                let _ = discard(process);
+                drop(discard(process));
                 return Err(NotPromoted::Order(e));
             }
         };
@@ -211,11 +211,11 @@ impl Standby {
         match tokio::time::timeout(wait, sock.read(&mut byte)).await {
             Ok(Ok(1)) if byte[0] == b'R' => {}
             Ok(_) => {
-                let _ = discard(process);
+                drop(discard(process));
                 return Err(NotPromoted::Died);
             }
             Err(_) => {
-                let _ = discard(process);
+                drop(discard(process));
                 return Err(NotPromoted::NotReady(wait));
             }
         }
@@ -225,7 +225,7 @@ impl Standby {
             sock.shutdown().await
         };
         if let Err(e) = sent.await {
-            let _ = discard(process);
+            drop(discard(process));
             return Err(NotPromoted::Order(e));
         }
         Ok(process)
