@@ -351,6 +351,64 @@ mod tests {
         assert!(!Path::new(&format!("/proc/{pid}")).exists());
     }
 
+    /// A module run with `-m` gets its package's path and `sys.argv`; an
+    /// uncaught exception ends the process with 1 and Python's traceback on
+    /// the rank's stderr; a standby whose preload kills it is not promoted.
+    #[tokio::test]
+    async fn modules_exceptions_and_a_dead_standby() {
+        let Ok(python) = which("python3") else {
+            return;
+        };
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("pkg")).unwrap();
+        std::fs::write(dir.path().join("pkg/__init__.py"), "").unwrap();
+        std::fs::write(
+            dir.path().join("pkg/train.py"),
+            "import sys\nprint(__name__, sys.argv[1:])\nraise ValueError('bad batch')\n",
+        )
+        .unwrap();
+        std::fs::write(dir.path().join("dies.py"), "import os\nos._exit(4)\n").unwrap();
+        let entry = Entry {
+            python: python.clone(),
+            args: v(&["-m", "pkg.train", "--lr", "1"]),
+        };
+        let s = Standby::start(&entry, "", &[], Path::new("/")).unwrap();
+        let mut w = s
+            .promote(&entry, &[], dir.path(), Duration::from_secs(30))
+            .await
+            .unwrap();
+        let (mut out, mut err) = (String::new(), String::new());
+        w.stdout
+            .take()
+            .unwrap()
+            .read_to_string(&mut out)
+            .await
+            .unwrap();
+        w.stderr
+            .take()
+            .unwrap()
+            .read_to_string(&mut err)
+            .await
+            .unwrap();
+        assert_eq!(out.trim(), "__main__ ['--lr', '1']", "{out}\n{err}");
+        assert!(
+            err.contains("Traceback") && err.trim_end().ends_with("ValueError: bad batch"),
+            "{err}"
+        );
+        assert_eq!(
+            spawn::exited(w.pid, &w.pidfd).await,
+            Some(spawn::Exit::Code(1))
+        );
+        spawn::reap(w.pid);
+
+        let pythonpath = vec![("PYTHONPATH".to_owned(), dir.path().display().to_string())];
+        let doomed = Standby::start(&entry, "dies", &pythonpath, Path::new("/")).unwrap();
+        let got = doomed
+            .promote(&entry, &[], dir.path(), Duration::from_secs(30))
+            .await;
+        assert!(matches!(got, Err(NotPromoted::Died)), "{got:?}");
+    }
+
     fn which(name: &str) -> Result<String, ()> {
         let out = std::process::Command::new("sh")
             .args(["-c", &format!("command -v {name}")])
