@@ -14,6 +14,10 @@
 //! Needs torch in `$WARDEN_TEST_PYTHON` (tests/torch-venv.sh installs it);
 //! skips, saying so, only when torch is missing and `WARDEN_REQUIRE_TORCH`
 //! is unset.
+//!
+//! Without torch: a SIGTERM while a restart waits for a standby still
+//! importing (a `--preload` module that never finishes) stops the job
+//! with 143 at once, and no standby outlives it.
 
 // Helpers outside #[test] functions panic on purpose: that is a failed test.
 #![allow(clippy::expect_used, clippy::unwrap_used)]
@@ -24,7 +28,8 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use common::{Finished, WARDEN, python, repo_root, run, torch_available};
+use common::{Finished, Streaming, WARDEN, python, repo_root, run, torch_available};
+use nix::sys::signal::Signal;
 
 /// A whole run: four interpreters importing torch at once on a loaded
 /// 2-core machine, then the restart.
@@ -204,4 +209,58 @@ fn a_crash_restarts_warm_from_standbys_and_cold_without() {
         "crash -> every rank stepping again: cold {:.2} s, warm {:.2} s (2 ranks, torch_plain.py)",
         c.back_s, w.back_s
     );
+}
+
+#[test]
+fn a_signal_while_a_restart_waits_for_a_standby_stops_the_job() {
+    let dir = tempfile::Builder::new()
+        .prefix("warden-standby-sig-")
+        .tempdir()
+        .unwrap();
+    // A preload that never finishes: the standby is never ready.
+    std::fs::write(
+        dir.path().join("never_ready.py"),
+        "import time\ntime.sleep(3600)\n",
+    )
+    .unwrap();
+    let mut cmd = Command::new("sh");
+    // The launcher's own lines (stderr) with the workers' on one stream.
+    cmd.args(["-c", "exec \"$0\" \"$@\" 2>&1", WARDEN])
+        .arg("--socket")
+        .arg(dir.path().join("no-agent-here.sock"))
+        .arg("run")
+        .args(["--agent", "embedded", "--nproc-per-node", "2"])
+        .args(["--rdzv-id", "sb-sig", "--preload", "never_ready"])
+        .arg("--log-dir")
+        .arg(dir.path().join("logs"))
+        .arg("--")
+        .arg(python())
+        .arg(repo_root().join("examples/train.py"))
+        .arg("--ckpt-dir")
+        .arg(dir.path().join("ckpt"))
+        .args(["--steps", "1000", "--step-ms", "20", "--crash-at-step", "3"])
+        .env("PYTHONPATH", dir.path())
+        .env_remove("WARDEN_SOCKET")
+        .current_dir(dir.path());
+    let mut job = Streaming::spawn(&mut cmd, dir.path().join("stderr"));
+    let spares = job.wait_line(RUN, "the standbys", |l| {
+        l.contains("standby interpreters for warm restarts: pids")
+    });
+    job.wait_line(RUN, "the restart waiting for a standby", |l| {
+        l.contains("is still importing; waiting for it up to 30s")
+    });
+    job.signal(Signal::SIGTERM);
+    job.wait_line(Duration::from_secs(30), "the wait given up", |l| {
+        l.contains("was still importing when the launcher got a signal; starting it cold")
+    });
+    let status = job.wait_exit(Duration::from_secs(60));
+    let seen = job.seen.join("\n");
+    assert_eq!(status.code(), Some(143), "{seen}");
+    for pid in &standby_pids(&spares)[0] {
+        let env = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
+        assert!(
+            !String::from_utf8_lossy(&env).contains("WARDEN_STANDBY_PRELOAD="),
+            "standby {pid} outlived the job\n{seen}"
+        );
+    }
 }

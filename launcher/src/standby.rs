@@ -132,6 +132,9 @@ pub enum NotPromoted {
     /// It was still importing after the wait.
     #[error("not ready after {0:?}")]
     NotReady(Duration),
+    /// The launcher got a signal while it waited for it.
+    #[error("was still importing when the launcher got a signal")]
+    Interrupted,
     /// Its orders could not be handed over.
     #[error("cannot hand it its orders: {0}")]
     Order(std::io::Error),
@@ -141,7 +144,10 @@ pub enum NotPromoted {
 #[derive(Debug)]
 pub struct Standby {
     process: Spawned,
-    orders: StdUnixStream,
+    /// Its fd 0's other end.
+    orders: UnixStream,
+    /// It said it is ready.
+    ready: bool,
     started: Instant,
 }
 
@@ -169,9 +175,23 @@ impl Standby {
             .current_dir(cwd)
             .stdin(Stdio::from(OwnedFd::from(theirs)));
         let process = spawn::start_in_session(cmd, &entry.python)?;
+        let orders = orders
+            .set_nonblocking(true)
+            .and_then(|()| UnixStream::from_std(orders));
+        let orders = match orders {
+            Ok(o) => o,
+            Err(source) => {
+                drop(discard(process));
+                return Err(SpawnError::Start {
+                    program: entry.python.clone(),
+                    source,
+                });
+            }
+        };
         Ok(Self {
             process,
             orders,
+            ready: false,
             started: Instant::now(),
         })
     }
@@ -181,48 +201,47 @@ impl Standby {
         self.process.pid
     }
 
+    /// Waits up to `wait` for it to finish its imports (it has a head
+    /// start over a cold worker). Cancel-safe: dropped before it is ready,
+    /// the standby is as it was.
+    pub async fn wait_ready(&mut self, wait: Duration) -> Result<(), NotPromoted> {
+        if self.ready {
+            return Ok(());
+        }
+        let mut byte = [0u8; 1];
+        match tokio::time::timeout(wait, self.orders.read(&mut byte)).await {
+            Ok(Ok(1)) if byte[0] == b'R' => {
+                self.ready = true;
+                Ok(())
+            }
+            Ok(_) => Err(NotPromoted::Died),
+            Err(_) => Err(NotPromoted::NotReady(wait)),
+        }
+    }
+
     /// Makes it the worker `entry` with the rank's `env` (added to the
-    /// launcher's environment, as a cold spawn's) in `cwd`, waiting up to
-    /// `wait` for it to finish its imports (it has a head start over a cold
-    /// worker). On failure it is discarded.
+    /// launcher's environment, as a cold spawn's) in `cwd`, once ready
+    /// ([`Self::wait_ready`] with `wait`). On failure it is discarded.
     pub async fn promote(
-        self,
+        mut self,
         entry: &Entry,
         env: &[(String, String)],
         cwd: &Path,
         wait: Duration,
     ) -> Result<Spawned, NotPromoted> {
-        let Self {
-            process,
-            orders,
-            started: _,
-        } = self;
-        let sock = orders
-            .set_nonblocking(true)
-            .and_then(|()| UnixStream::from_std(orders));
-        let mut sock = match sock {
-            Ok(s) => s,
-            Err(e) => {
-                drop(discard(process));
-                return Err(NotPromoted::Order(e));
-            }
-        };
-        let mut byte = [0u8; 1];
-        match tokio::time::timeout(wait, sock.read(&mut byte)).await {
-            Ok(Ok(1)) if byte[0] == b'R' => {}
-            Ok(_) => {
-                drop(discard(process));
-                return Err(NotPromoted::Died);
-            }
-            Err(_) => {
-                drop(discard(process));
-                return Err(NotPromoted::NotReady(wait));
-            }
+        if let Err(e) = self.wait_ready(wait).await {
+            drop(self.discard());
+            return Err(e);
         }
         let order = order(entry, env, cwd);
+        let Self {
+            process,
+            mut orders,
+            ..
+        } = self;
         let sent = async {
-            sock.write_all(&order).await?;
-            sock.shutdown().await
+            orders.write_all(&order).await?;
+            orders.shutdown().await
         };
         if let Err(e) = sent.await {
             drop(discard(process));

@@ -267,6 +267,7 @@ pub async fn run<C: Coordinator>(
         standby_env: Vec::new(),
         replenish_at: None,
         attempts_started: 0,
+        deferred_signal: None,
     };
     let summary = sup.run().await;
     stop.cancel();
@@ -309,6 +310,9 @@ struct Sup<'a, C> {
     replenish_at: Option<Instant>,
     /// Attempts started so far (the first starts cold).
     attempts_started: u32,
+    /// A signal received while a start waited for a standby: the next
+    /// input.
+    deferred_signal: Option<i32>,
 }
 
 impl<C: Coordinator> Sup<'_, C> {
@@ -335,6 +339,9 @@ impl<C: Coordinator> Sup<'_, C> {
     /// The next input from the world, as far as the machine listens; None
     /// for what only changes the executor (a stream closed).
     async fn next_input(&mut self) -> Option<Input> {
+        if let Some(sig) = self.deferred_signal.take() {
+            return Some(Input::Signal(sig));
+        }
         let deadline = self.state.deadline();
         if self.state.listen() != Listen::Everything {
             return tokio::select! {
@@ -712,12 +719,36 @@ impl<C: Coordinator> Sup<'_, C> {
         env: &[(String, String)],
     ) -> Option<spawn::Spawned> {
         let plan = self.job.standby.clone()?;
-        let sb = self.standbys.get_mut(local as usize)?.take()?;
+        let mut sb = self.standbys.get_mut(local as usize)?.take()?;
         let (pid, age) = (sb.pid(), sb.age());
-        match sb
-            .promote(&plan.entry, env, &self.job.cwd, STANDBY_READY_WAIT)
-            .await
+        // A signal during the wait is the machine's, once the attempt
+        // started (it then stops it); the rest of the slots wait no more.
+        let mut ready = sb.wait_ready(Duration::ZERO).await;
+        if matches!(ready, Err(standby::NotPromoted::NotReady(_))) && self.deferred_signal.is_none()
         {
+            self.say(format!(
+                "rank {rank}: standby pid {pid} is still importing; waiting for it up to {}",
+                humantime::format_duration(STANDBY_READY_WAIT)
+            ));
+            ready = tokio::select! {
+                r = sb.wait_ready(STANDBY_READY_WAIT) => r,
+                sig = self.signals.recv() => {
+                    self.deferred_signal = Some(sig);
+                    Err(standby::NotPromoted::Interrupted)
+                }
+            };
+        }
+        let promoted = match ready {
+            Ok(()) => {
+                sb.promote(&plan.entry, env, &self.job.cwd, Duration::ZERO)
+                    .await
+            }
+            Err(e) => {
+                self.reapers.push(sb.discard());
+                Err(e)
+            }
+        };
+        match promoted {
             Ok(s) => {
                 self.say(format!(
                     "rank {rank}: warm start from standby pid {pid} (started {:.1}s ago)",
