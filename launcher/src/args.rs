@@ -151,6 +151,22 @@ pub struct RunArgs {
     /// COMMAND is a Python module (`python3 -m COMMAND`), as torchrun's -m.
     #[arg(short = 'm', long)]
     pub module: bool,
+    /// Keep a standby interpreter per local worker, started in advance
+    /// with torch (and --preload) imported, and make the restarted workers
+    /// of an in-job restart out of them (warm restarts): for `script.py`,
+    /// `-m MODULE` and `PYTHON script.py` entrypoints. Opt-in for now;
+    /// see docs/operations.md.
+    #[arg(long, overrides_with = "no_standby")]
+    pub standby: bool,
+    /// No standby interpreters: every restart starts its workers cold
+    /// (the default).
+    #[arg(long = "no-standby", overrides_with = "standby")]
+    pub no_standby: bool,
+    /// Modules the standby interpreters import besides torch,
+    /// torch.distributed, torch.nn.parallel and torch._dynamo,
+    /// comma-separated (`--preload numpy,mypkg.model`).
+    #[arg(long, value_delimiter = ',', value_name = "MODULES")]
+    pub preload: Vec<String>,
     /// Which agent to use.
     #[arg(long, value_enum, default_value_t = AgentMode::Auto)]
     pub agent: AgentMode,
@@ -445,6 +461,18 @@ impl RunArgs {
         Ok((host.to_owned(), port.or(self.master_port)))
     }
 
+    /// The standby interpreters to keep: with `--standby` and a Python
+    /// entrypoint, what they become and preload; else None.
+    pub fn standby_plan(&self) -> Option<crate::standby::Plan> {
+        if !self.standby {
+            return None;
+        }
+        Some(crate::standby::Plan {
+            entry: crate::standby::Entry::of(&self.argv())?,
+            preload: crate::standby::preload_spec(&self.preload),
+        })
+    }
+
     /// The argv to execute: `python3 script.py ARGS` for a script, `python3
     /// -m MODULE ARGS` with `-m`, else COMMAND as given.
     pub fn argv(&self) -> Vec<String> {
@@ -570,6 +598,42 @@ mod tests {
         assert_eq!(
             parse(&["--nnodes", "4", "t.py"]).nnodes,
             NNodes { min: 4, max: 4 }
+        );
+    }
+
+    #[test]
+    fn standbys_are_kept_for_python_entrypoints_when_asked() {
+        assert!(parse(&["t.py", "-x"]).standby_plan().is_none(), "opt-in");
+        let p = parse(&["--standby", "t.py", "-x"]).standby_plan().unwrap();
+        assert_eq!(p.entry.args, ["t.py", "-x"]);
+        assert_eq!(
+            p.preload,
+            "torch?,torch.distributed?,torch.nn.parallel?,torch._dynamo?"
+        );
+        let p = parse(&["--standby", "--preload", "numpy,a.b", "-m", "pkg.train"])
+            .standby_plan()
+            .unwrap();
+        assert_eq!(p.entry.args, ["-m", "pkg.train"]);
+        assert!(
+            p.preload.ends_with("torch._dynamo?,numpy,a.b"),
+            "{}",
+            p.preload
+        );
+        assert!(parse(&["--no-standby", "t.py"]).standby_plan().is_none());
+        assert!(
+            parse(&["--no-standby", "--standby", "t.py"])
+                .standby_plan()
+                .is_some()
+        );
+        assert!(
+            parse(&["--standby", "bash", "job.sh"])
+                .standby_plan()
+                .is_none()
+        );
+        assert!(
+            parse(&["--standby", "--no-python", "t.py"])
+                .standby_plan()
+                .is_none()
         );
     }
 

@@ -43,6 +43,7 @@ pub mod job_goodput;
 pub mod machine;
 pub mod output;
 pub mod spawn;
+pub mod standby;
 pub mod supervise;
 pub mod zero_code;
 
@@ -222,7 +223,14 @@ async fn run_job(
         stop_grace: args.stop_grace,
         decision_timeout: args.decision_timeout,
         gpu_release_timeout: args.gpu_release_timeout,
+        standby: args.standby_plan(),
     };
+    if args.standby && job.standby.is_none() {
+        console.say(
+            "--standby: no standby interpreters: the command is not a Python entrypoint \
+             (script.py, -m MODULE, PYTHON script.py)",
+        );
+    }
     let mut job_wide = None;
     let publishing = tokio_util::sync::CancellationToken::new();
     let summary = if etcd {

@@ -126,9 +126,17 @@ pub fn spawn(argv: &[String], env: &[(String, String)], cwd: &Path) -> Result<Sp
         .env_remove(crate::coord::etcd_flags::PASSWORD_ENV)
         .envs(env.iter().map(|(k, v)| (k, v)))
         .current_dir(cwd)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
+        .stdin(Stdio::null());
+    start_in_session(cmd, program)
+}
+
+/// Starts `cmd` (its arguments, environment and stdin set) as [`spawn`]
+/// does: stdout and stderr piped, a new session, SIGKILL as its
+/// parent-death signal, watched through a pidfd. The standby interpreters
+/// ([`super::standby`]) start through here too, so a promoted one is a
+/// worker like any other.
+pub(crate) fn start_in_session(mut cmd: Command, program: &str) -> Result<Spawned, SpawnError> {
+    cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
     let parent = nix::unistd::getpid().as_raw();
     // SAFETY: the closure runs in the forked child before exec and calls
     // only async-signal-safe functions (setsid, prctl, getppid), allocating
@@ -148,8 +156,12 @@ pub fn spawn(argv: &[String], env: &[(String, String)], cwd: &Path) -> Result<Sp
             Ok(())
         });
     }
-    let mut child = cmd.spawn().map_err(|source| SpawnError::Start {
-        program: program.clone(),
+    let spawned = cmd.spawn();
+    // The command holds the parent's copies of what it handed the child (a
+    // standby's order socket): closed now, so only the child has them.
+    drop(cmd);
+    let mut child = spawned.map_err(|source| SpawnError::Start {
+        program: program.to_owned(),
         source,
     })?;
     let pid = i32::try_from(child.id()).map_err(|_| SpawnError::Watch {

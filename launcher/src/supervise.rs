@@ -71,6 +71,7 @@ use super::machine::{
 };
 use super::output::{self, Console, Stream};
 use super::spawn::{self, Exit};
+use super::standby::{self, Standby};
 use super::zero_code;
 
 /// How long exited workers stay zombies, at most, waiting for the agent to
@@ -90,6 +91,19 @@ const OBSERVE_TIMEOUT: Duration = Duration::from_secs(2);
 /// Processes that survive SIGKILL this long (uninterruptible sleep) are
 /// reported and left.
 const KILL_WAIT: Duration = Duration::from_secs(10);
+/// How long a restart waits for a standby still importing (it has a head
+/// start over a cold worker) before starting the rank cold.
+const STANDBY_READY_WAIT: Duration = Duration::from_secs(30);
+/// How long after a warm restart the used standbys are replaced: their
+/// imports would compete for the CPU with the restarted ranks' start.
+const STANDBY_REPLENISH_AFTER: Duration = Duration::from_secs(5);
+/// The workers' variables a standby gets at its start (every rank has the
+/// same ones; modules may read them at import): the thread defaults.
+const STANDBY_ENV: &[&str] = &[
+    "OMP_NUM_THREADS",
+    "TORCH_NCCL_ASYNC_ERROR_HANDLING",
+    "PYTHONUNBUFFERED",
+];
 
 /// What the supervisor runs.
 #[derive(Debug, Clone)]
@@ -126,6 +140,9 @@ pub struct Job {
     pub decision_timeout: Duration,
     /// The GPU release wait's bound.
     pub gpu_release_timeout: Duration,
+    /// Standby interpreters for warm in-job restarts (`--standby`); None:
+    /// every attempt starts cold.
+    pub standby: Option<standby::Plan>,
 }
 
 /// SIGINT, SIGTERM and SIGHUP, installed before anything is started.
@@ -185,6 +202,7 @@ enum Ev {
     SeenClosed,
     Signal(i32),
     Remote(Remote),
+    Replenish,
 }
 
 /// What carrying out one command led to.
@@ -246,6 +264,11 @@ pub async fn run<C: Coordinator>(
         started: now.at,
         reapers: Vec::new(),
         held_stop: None,
+        standbys: Vec::new(),
+        standby_env: Vec::new(),
+        replenish_at: None,
+        attempts_started: 0,
+        deferred_signal: None,
     };
     let summary = sup.run().await;
     stop.cancel();
@@ -282,6 +305,18 @@ struct Sup<'a, C> {
     /// The cordon share held this host's node fault: the stop to report
     /// to the agent at the job's end.
     held_stop: Option<crate::machine::JobStop>,
+    /// One standby interpreter per local worker slot, when kept
+    /// ([`Job::standby`]).
+    standbys: Vec<Option<Standby>>,
+    /// What a standby gets at its start besides the launcher's environment.
+    standby_env: Vec<(String, String)>,
+    /// When the standbys used by a warm restart are replaced.
+    replenish_at: Option<Instant>,
+    /// Attempts started so far (the first starts cold).
+    attempts_started: u32,
+    /// A signal received while a start waited for a standby: the next
+    /// input.
+    deferred_signal: Option<i32>,
 }
 
 impl<C: Coordinator> Sup<'_, C> {
@@ -308,6 +343,9 @@ impl<C: Coordinator> Sup<'_, C> {
     /// The next input from the world, as far as the machine listens; None
     /// for what only changes the executor (a stream closed).
     async fn next_input(&mut self) -> Option<Input> {
+        if let Some(sig) = self.deferred_signal.take() {
+            return Some(Input::Signal(sig));
+        }
         let deadline = self.state.deadline();
         if self.state.listen() != Listen::Everything {
             return tokio::select! {
@@ -325,6 +363,7 @@ impl<C: Coordinator> Sup<'_, C> {
             r = self.seen.changed(), if self.seen_open => if r.is_ok() { Ev::Seen } else { Ev::SeenClosed },
             sig = self.signals.recv() => Ev::Signal(sig),
             d = self.coord.next_remote() => Ev::Remote(d),
+            () = sleep_until(self.replenish_at), if self.replenish_at.is_some() => Ev::Replenish,
         };
         match ev {
             Ev::Exit(n) => {
@@ -364,6 +403,11 @@ impl<C: Coordinator> Sup<'_, C> {
             }
             Ev::Signal(sig) => Some(Input::Signal(sig)),
             Ev::Remote(d) => Some(Input::Round(d)),
+            Ev::Replenish => {
+                self.replenish_at = None;
+                self.start_standbys();
+                None
+            }
         }
     }
 
@@ -424,7 +468,7 @@ impl<C: Coordinator> Sup<'_, C> {
                 });
             }
             Command::Start { plan, generation } => {
-                return Done::Answer(self.start_attempt(plan, generation));
+                return Done::Answer(self.start_attempt(plan, generation).await);
             }
             Command::Finish(f) => return Done::Finished(self.finish(f).await),
         }
@@ -493,7 +537,7 @@ impl<C: Coordinator> Sup<'_, C> {
 
     /// Starts the plan's workers (none for a standby attempt); answers what
     /// started.
-    fn start_attempt(&mut self, plan: AttemptPlan, generation: u64) -> Input {
+    async fn start_attempt(&mut self, plan: AttemptPlan, generation: u64) -> Input {
         let n = plan.restart_count;
         if let Some(round) = &plan.round {
             self.say(round);
@@ -538,10 +582,24 @@ impl<C: Coordinator> Sup<'_, C> {
             .ok()
             .and_then(|h| h.into_string().ok())
             .unwrap_or_default();
+        let first = self.attempts_started == 0;
+        self.attempts_started += 1;
         for local in 0..self.job.nproc_per_node {
             let rank = wenv.global_rank(local);
             let env = wenv.for_rank(local, |k| std::env::var(k).ok());
-            let mut s = match spawn::spawn(&self.job.argv, &env, &self.job.cwd) {
+            if first {
+                self.standby_env = env
+                    .iter()
+                    .filter(|(k, _)| STANDBY_ENV.contains(&k.as_str()))
+                    .cloned()
+                    .collect();
+            }
+            let warm = self.warm_worker(local, rank, &env).await;
+            let started = match warm {
+                Some(s) => Ok(s),
+                None => spawn::spawn(&self.job.argv, &env, &self.job.cwd),
+            };
+            let mut s = match started {
                 Ok(s) => s,
                 Err(e) => {
                     for w in &self.workers {
@@ -644,6 +702,12 @@ impl<C: Coordinator> Sup<'_, C> {
                 plan.master_port,
                 dir.display()
             ));
+            if first {
+                // Alongside the first attempt: ready for its first restart.
+                self.start_standbys();
+            } else if self.job.standby.is_some() {
+                self.replenish_at = Some(Instant::now() + STANDBY_REPLENISH_AFTER);
+            }
         }
         Input::Started(Box::new(Started {
             workers: self.workers.iter().map(|w| (w.rank, w.pid)).collect(),
@@ -652,6 +716,96 @@ impl<C: Coordinator> Sup<'_, C> {
             wall,
             error,
         }))
+    }
+
+    /// Local worker `local` (global rank `rank`, environment `env`) made
+    /// out of its slot's standby interpreter; None (said on the console
+    /// when there was a standby) to start it cold.
+    async fn warm_worker(
+        &mut self,
+        local: u32,
+        rank: u32,
+        env: &[(String, String)],
+    ) -> Option<spawn::Spawned> {
+        let plan = self.job.standby.clone()?;
+        let mut sb = self.standbys.get_mut(local as usize)?.take()?;
+        let (pid, age) = (sb.pid(), sb.age());
+        // A signal during the wait is the machine's, once the attempt
+        // started (it then stops it); the rest of the slots wait no more.
+        let mut ready = sb.wait_ready(Duration::ZERO).await;
+        if matches!(ready, Err(standby::NotPromoted::NotReady(_))) && self.deferred_signal.is_none()
+        {
+            self.say(format!(
+                "rank {rank}: standby pid {pid} is still importing; waiting for it up to {}",
+                humantime::format_duration(STANDBY_READY_WAIT)
+            ));
+            ready = tokio::select! {
+                r = sb.wait_ready(STANDBY_READY_WAIT) => r,
+                sig = self.signals.recv() => {
+                    self.deferred_signal = Some(sig);
+                    Err(standby::NotPromoted::Interrupted)
+                }
+            };
+        }
+        let promoted = match ready {
+            Ok(()) => {
+                sb.promote(&plan.entry, env, &self.job.cwd, Duration::ZERO)
+                    .await
+            }
+            Err(e) => {
+                self.reapers.push(sb.discard());
+                Err(e)
+            }
+        };
+        match promoted {
+            Ok(s) => {
+                self.say(format!(
+                    "rank {rank}: warm start from standby pid {pid} (started {:.1}s ago)",
+                    age.as_secs_f64()
+                ));
+                Some(s)
+            }
+            Err(why) => {
+                self.say(format!(
+                    "rank {rank}: standby pid {pid} {why}; starting it cold"
+                ));
+                None
+            }
+        }
+    }
+
+    /// Starts a standby interpreter for every local slot without one.
+    fn start_standbys(&mut self) {
+        let Some(plan) = self.job.standby.clone() else {
+            return;
+        };
+        let n = self.job.nproc_per_node as usize;
+        self.standbys.resize_with(n, || None);
+        let mut pids = Vec::new();
+        for slot in &mut self.standbys {
+            if slot.is_some() {
+                continue;
+            }
+            match Standby::start(&plan.entry, &plan.preload, &self.standby_env, &self.job.cwd) {
+                Ok(sb) => {
+                    pids.push(sb.pid().to_string());
+                    *slot = Some(sb);
+                }
+                Err(e) => {
+                    self.console.say(format!(
+                        "cannot start a standby interpreter: {e}; restarts start cold"
+                    ));
+                    break;
+                }
+            }
+        }
+        if !pids.is_empty() {
+            self.say(format!(
+                "standby interpreters for warm restarts: pids {} (preloading {})",
+                pids.join(" "),
+                plan.preload
+            ));
+        }
     }
 
     /// The GPU release wait for the stopped `pids`, then the health gate.
@@ -901,6 +1055,10 @@ impl<C: Coordinator> Sup<'_, C> {
         };
         if let Err(e) = self.coord.publish(&stop).await {
             self.say(format!("could not tell the other nodes: {e}"));
+        }
+        self.replenish_at = None;
+        for sb in std::mem::take(&mut self.standbys).into_iter().flatten() {
+            self.reapers.push(sb.discard());
         }
         let any_alive = self
             .workers

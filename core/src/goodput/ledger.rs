@@ -585,6 +585,16 @@ impl Ledger {
 
     /// A rank's process ended at `at_ns`.
     pub fn exited(&mut self, job: &str, rank: u32, pid: u32, kind: ExitKind, at_ns: u64) {
+        let older = |j: &JobLedger| j.ranks.get(&rank).is_some_and(|r| pid != 0 && r.pid != pid);
+        if self.jobs.get(job).is_some_and(older) {
+            // An older process of the rank, reported after its replacement
+            // registered (a warm restart's rank is back within ~0.1 s, before
+            // the agent has read every stopped process's exit): its attempt's
+            // end was accounted when that attempt was disrupted; taking it
+            // for a new incident would book the new attempt's steps as
+            // downtime.
+            return;
+        }
         if kind == ExitKind::Failed
             || (kind == ExitKind::StoppedForRestart
                 && self
@@ -605,9 +615,6 @@ impl Ledger {
         let Some(r) = j.ranks.get_mut(&rank) else {
             return;
         };
-        if r.pid != pid && pid != 0 {
-            return; // an older process of the rank
-        }
         j.dirty.insert(rank);
         end_rank(r, at_ns);
     }

@@ -107,6 +107,41 @@ fn crash_restart_and_redone_steps_are_lost_progress() {
     assert_eq!(rep.parts.total(), 2 * 4000 * MS as i64);
 }
 
+/// A warm restart: the new processes step within ~0.1 s, before the agent
+/// has reported every stopped process of the old attempt. A late exit of an
+/// older process (stopped or failed) is no new incident: the new attempt's
+/// redone steps stay lost progress, not downtime.
+#[test]
+fn a_late_exit_of_an_older_process_does_not_disrupt_its_replacement() {
+    let mut l = Ledger::default();
+    for rank in 0..2 {
+        l.registered("j", rank, 10 + rank, 0, 100 * MS);
+        for n in 0..10 {
+            l.step("j", rank, step(10 + rank, n, 1000 + n * 100, 100));
+        }
+    }
+    l.exited("j", 1, 11, ExitKind::Failed, 2050 * MS);
+    for rank in 0..2 {
+        l.registered("j", rank, 20 + rank, 2200 * MS, 2250 * MS);
+    }
+    l.step("j", 0, step(20, 5, 2300, 100));
+    l.step("j", 1, step(21, 5, 2300, 100));
+    // Rank 0's old process read as stopped only now; a straggling failed
+    // report of rank 1's old one too.
+    l.exited("j", 0, 10, ExitKind::StoppedForRestart, 2420 * MS);
+    l.exited("j", 1, 11, ExitKind::Failed, 2430 * MS);
+    for rank in 0..2 {
+        for n in 6..15 {
+            l.step("j", rank, step(20 + rank, n, 2400 + (n - 5) * 100, 100));
+        }
+    }
+    l.close("j", 3400 * MS);
+    assert_sums(&l, "j");
+    // Steps 5..=9 redone on both ranks.
+    assert_eq!(ms(&l, "j", Cause::LostProgress), 2 * 500);
+    assert_eq!(l.report("j", 0).unwrap().restarts, 1);
+}
+
 #[test]
 fn old_attempt_steps_after_the_incident_are_downtime() {
     let mut l = Ledger::default();

@@ -1,0 +1,76 @@
+# A standby interpreter of `warden run` (launcher/src/standby.rs runs this
+# source with `python -c`, so it needs nothing installed beyond the job's own
+# Python). It imports the heavy modules ahead of time, says it is ready, and
+# waits for its orders: then it becomes a rank of the job, as if started with
+# `python script.py ARGS` or `python -m MODULE ARGS`.
+#
+# Protocol, on fd 0 (a Unix socket the launcher holds the other end of):
+# - the standby writes b"R" once the preload list is imported and CUDA is
+#   not initialized;
+# - the launcher writes one JSON object {"argv", "env", "cwd"} and shuts its
+#   side down; EOF with nothing read means "not needed": exit 0 quietly.
+# Then fd 0 becomes /dev/null (a cold worker's stdin), os.environ is
+# replaced by the rank's (putenv: native code and children see it too), and
+# the script runs as __main__; its SystemExit and uncaught exceptions end the
+# process as they would a cold one's. stdout and stderr were the rank's pipes
+# from the start.
+import json
+import os
+import sys
+
+
+def _preload(spec):
+    for name in [n for n in spec.split(",") if n]:
+        optional = name.endswith("?")
+        name = name.rstrip("?")
+        try:
+            __import__(name)
+        except ImportError as e:
+            if not optional:
+                print(f"warden standby: cannot preload {name}: {e}", file=sys.stderr)
+
+
+def _orders():
+    os.write(0, b"R")
+    chunks = []
+    while True:
+        b = os.read(0, 1 << 16)
+        if not b:
+            break
+        chunks.append(b)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    if not chunks:
+        return None
+    return json.loads(b"".join(chunks))
+
+
+def _main():
+    _preload(os.environ.get("WARDEN_STANDBY_PRELOAD", ""))
+    torch = sys.modules.get("torch")
+    cuda = getattr(torch, "cuda", None)
+    if cuda is not None and cuda.is_initialized():
+        # The rank's CUDA_VISIBLE_DEVICES would come too late.
+        print("warden standby: a preloaded module initialized CUDA; not usable", file=sys.stderr)
+        os._exit(3)
+    order = _orders()
+    if order is None:
+        os._exit(0)
+    os.chdir(order["cwd"])
+    os.environ.clear()
+    os.environ.update(order["env"])
+    args = order["argv"]
+    import runpy
+
+    if args[0] == "-m":
+        sys.argv = [args[1], *args[2:]]
+        sys.path[0] = os.getcwd()
+        runpy.run_module(args[1], run_name="__main__", alter_sys=True)
+    else:
+        sys.argv = list(args)
+        sys.path[0] = os.path.dirname(os.path.abspath(args[0]))
+        runpy.run_path(args[0], run_name="__main__")
+
+
+_main()
