@@ -230,7 +230,13 @@ fn a_signal_while_a_restart_waits_for_a_standby_stops_the_job() {
         .arg(dir.path().join("no-agent-here.sock"))
         .arg("run")
         .args(["--agent", "embedded", "--nproc-per-node", "2"])
-        .args(["--rdzv-id", "sb-sig", "--preload", "never_ready"])
+        .args([
+            "--rdzv-id",
+            "sb-sig",
+            "--standby",
+            "--preload",
+            "never_ready",
+        ])
         .arg("--log-dir")
         .arg(dir.path().join("logs"))
         .arg("--")
