@@ -147,13 +147,18 @@ fuzz! {
     ];
     nvhcd: mutate::bytes(seeds::nvhcd());
     tpu_runtime: mutate::bytes(seeds::tpu_runtime());
+    flight_recorder: prop_oneof![
+        mutate::json(seeds::json(&seeds::flight_recorder())).prop_map(|v| v.to_string().into_bytes()),
+        mutate::bytes(seeds::flight_recorder()),
+    ];
+    peer_positions: mutate::bytes(seeds::peer_positions());
 }
 
 /// The seeds themselves pass every target (a seed that fails is a bug in
 /// the seed or the parser, found before any mutation).
 #[test]
 fn seeds_pass() {
-    let all: [(&str, Vec<Vec<u8>>); 12] = [
+    let all: [(&str, Vec<Vec<u8>>); 14] = [
         ("config", seeds::config()),
         ("slot_header", seeds::slot_header()),
         ("slot_record", seeds::slot_record()),
@@ -166,6 +171,8 @@ fn seeds_pass() {
         ("dcgmi_json", seeds::dcgmi_json()),
         ("nvhcd", seeds::nvhcd()),
         ("tpu_runtime", seeds::tpu_runtime()),
+        ("flight_recorder", seeds::flight_recorder()),
+        ("peer_positions", seeds::peer_positions()),
     ];
     for (name, seeds) in all {
         assert!(!seeds.is_empty(), "{name} has no seeds");

@@ -185,6 +185,57 @@ pub(crate) fn hook_output() -> Vec<Vec<u8>> {
     ]
 }
 
+/// Flight-recorder dumps captured from real gloo ranks (torch 2.15).
+pub(crate) fn flight_recorder() -> Vec<Vec<u8>> {
+    [
+        "gloo_rank0_waiting_in_all_reduce.json",
+        "gloo_rank1_behind_in_compute.json",
+        "gloo_recorder_off.json",
+    ]
+    .iter()
+    .map(|n| {
+        let p = format!("{FIXTURES}/flight_recorder/{n}");
+        std::fs::read(&p).unwrap_or_else(|e| panic!("{p}: {e}"))
+    })
+    .collect()
+}
+
+/// A peer's batch with positions: a hang snapshot of two ranks, one
+/// frozen, with flight-recorder groups.
+pub(crate) fn peer_positions() -> Vec<Vec<u8>> {
+    use prost::Message;
+    use warden_proto::v1 as pb;
+    let rank = |r: u32, section: &str, state: &str, seq: u64| pb::RankPosition {
+        global_rank: r,
+        step: 12,
+        section: section.into(),
+        stalled: true,
+        stalled_ms: 4000,
+        process_state: state.into(),
+        groups: vec![pb::GroupSeq {
+            group: "0:default_pg".into(),
+            enqueued: seq,
+            pending: format!("gloo:all_reduce #{seq}"),
+        }],
+    };
+    let batch = pb::StragglerSummaries {
+        host: "host-b".into(),
+        ranks: Vec::new(),
+        positions: vec![pb::JobPositions {
+            job_id: "j".into(),
+            world_size: 4,
+            hang: true,
+            taken_at_unix_ms: 1_700_000_000_000,
+            ranks: vec![
+                rank(2, "allreduce", "S (sleeping)", 13),
+                rank(3, "compute", "T (stopped)", 12),
+            ],
+            flight_recorder_pending: false,
+        }],
+    };
+    vec![batch.encode_to_vec()]
+}
+
 /// The recorded kernel logs.
 pub(crate) fn kmsg_lines() -> Vec<Vec<u8>> {
     let dir = format!("{FIXTURES}/kmsg");

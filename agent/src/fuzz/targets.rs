@@ -32,6 +32,8 @@ pub(crate) const TARGETS: &[(&str, Target)] = &[
     ("dcgmi_json", dcgmi_json),
     ("nvhcd", nvhcd),
     ("tpu_runtime", tpu_runtime),
+    ("flight_recorder", flight_recorder),
+    ("peer_positions", peer_positions),
 ];
 
 fn text(bytes: &[u8]) -> String {
@@ -241,6 +243,36 @@ pub(crate) fn shard_framing(bytes: &[u8]) {
 pub(crate) fn hook_output(bytes: &[u8]) {
     if let Err(e) = warden_core::policy::hook::parse_answer(bytes) {
         assert_says_something("hook answer", &e.to_string());
+    }
+}
+
+/// A rank's flight-recorder dump (a file the rank writes): positions or
+/// an error naming what was wrong; positions that parse compare without
+/// a panic, against themselves and an empty rank.
+pub(crate) fn flight_recorder(bytes: &[u8]) {
+    use warden_core::detect::flight_recorder::{compare, parse};
+    match parse(bytes) {
+        Err(e) => assert_says_something("flight recorder", &e.to_string()),
+        Ok(groups) => {
+            let _ = compare(&[(0, groups.clone()), (1, groups), (2, Vec::new())]);
+        }
+    }
+}
+
+/// A peer's StragglerSummaries decoded from any bytes: its positions are
+/// taken or refused naming the field, and the job-wide verdict over what
+/// was taken never panics.
+pub(crate) fn peer_positions(bytes: &[u8]) {
+    let Ok(batch) = warden_proto::v1::StragglerSummaries::decode(bytes) else {
+        return;
+    };
+    match crate::api::positions::from_pb(&batch.host, batch.positions) {
+        Err(e) => assert_says_something("peer positions", &e),
+        Ok(jobs) => {
+            for j in jobs {
+                let _ = warden_core::detect::culprit::judge(&j.ranks, j.world_size);
+            }
+        }
     }
 }
 
