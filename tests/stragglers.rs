@@ -335,6 +335,7 @@ async fn two_hosts_compare_their_ranks_job_wide() {
                 }],
                 ..Default::default()
             }],
+            values: Vec::new(),
         })
         .await
         .unwrap_err();
@@ -343,6 +344,20 @@ async fn two_hosts_compare_their_ranks_job_wide() {
         err.message().contains("positions[0].ranks[0].global_rank"),
         "{err:?}"
     );
+    let err = peer
+        .exchange_straggler_summaries(pb::StragglerSummaries {
+            host: "host-c".into(),
+            values: vec![pb::RankValues {
+                job_id: "j2".into(),
+                steps: vec![pb::StepValue::default(); 65],
+                ..Default::default()
+            }],
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err:?}");
+    assert!(err.message().contains("values[0].steps"), "{err:?}");
     let err = peer
         .exchange_straggler_summaries(pb::StragglerSummaries {
             host: String::new(),

@@ -191,3 +191,105 @@ async fn a_clean_job_has_no_suspect() {
         events.summary()
     );
 }
+
+/// 3. Two agents on 127.0.0.2 and 127.0.0.3 (mutual TLS, each the other's
+///    straggler peer), two ranks each: rank 3 on host B is corrupted from
+///    step 30. Host B compares it with all four ranks, host A's two
+///    included (basis `peers`, 4 ranks compared, where alone it would have
+///    only its own history), and only host B, its owner, reports it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_corrupted_rank_is_compared_with_its_peers_on_other_hosts() {
+    if !torch_available() {
+        return;
+    }
+    let (a_addr, b_addr) = (
+        format!("127.0.0.2:{}", common::free_port("127.0.0.2")),
+        format!("127.0.0.3:{}", common::free_port("127.0.0.3")),
+    );
+    let states = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let config = |host: &str, tcp: &str, peer: &str, state: &tempfile::TempDir| {
+        format!(
+            "[agent]\ntick = \"50ms\"\nhost_name = \"{host}\"\nstate_dir = \"{}\"\n\
+             [host]\nmemory_degraded_below_percent = 0.0\nmemory_failed_below_percent = 0.0\n\
+             [hang]\nfloor = \"30s\"\n\
+             [sdc]\njudge_lag = 40\n\
+             [api]\ntcp = \"{tcp}\"\n{}\
+             [checkpoint]\ndir = \"{}/ckpt\"\n\
+             [straggler]\npeers = [\"{peer}\"]\nexchange_interval = \"100ms\"\n",
+            state.path().display(),
+            common::pki::api_keys(host),
+            state.path().display(),
+        )
+    };
+    let a = TestAgent::start(&config("host-a", &a_addr, &b_addr, &states.0));
+    let b = TestAgent::start(&config("host-b", &b_addr, &a_addr, &states.1));
+    let mut ev_a = Events::all(&a).await;
+    let mut ev_b = Events::all(&b).await;
+    let store = tempfile::tempdir().unwrap();
+    let s = store.path().display().to_string();
+    let job = "torch-sdc-hosts";
+    let step = CORRUPT_STEP.to_string();
+    let mut ranks: Vec<Streaming> = (0..4u32)
+        .map(|rank| {
+            let agent = if rank < 2 { &a } else { &b };
+            let args = [
+                "--store-dir",
+                s.as_str(),
+                "--steps",
+                STEPS,
+                "--step-ms",
+                "20",
+                "--corrupt-rank",
+                "3",
+                "--corrupt-step",
+                step.as_str(),
+                "--factor",
+                "100",
+            ];
+            let mut cmd = python_rank(
+                agent,
+                "tests/fixtures/torch_sdc_rank.py",
+                job,
+                (rank, 4),
+                &args,
+            );
+            cmd.env("LOCAL_RANK", (rank % 2).to_string());
+            spawn_python_rank(agent, job, rank, &mut cmd)
+        })
+        .collect();
+    for r in &mut ranks {
+        r.wait_line(SLOW, "registered", |l| l.starts_with("registered "));
+    }
+    let suspect = ev_b
+        .expect(&b, SLOW, "rank.sdc_suspect", |e| {
+            e.kind == "rank.sdc_suspect"
+        })
+        .await;
+    let d = describe(&suspect);
+    assert_eq!(suspect.subject, format!("job/{job}/rank/3"), "{d}");
+    assert_eq!(evidence(&suspect, "basis"), Some("peers"), "{d}");
+    assert_eq!(evidence(&suspect, "ranks_compared"), Some("4"), "{d}");
+    let flagged: u64 = evidence(&suspect, "step").unwrap().parse().unwrap();
+    assert!(
+        (CORRUPT_STEP..CORRUPT_STEP + K).contains(&flagged),
+        "flagged at step {flagged}: {d}"
+    );
+    for (rank, r) in ranks.iter_mut().enumerate() {
+        r.wait_line(SLOW, "the end", |l| l.starts_with("done "));
+        let status = r.wait_exit(SLOW);
+        assert!(status.success(), "rank {rank}: {status:?}\n{}", r.stderr());
+    }
+    // Host A judged rank 3 as a peer of its ranks but does not own it:
+    // it reported nothing (its last events are its ranks leaving).
+    for rank in 0..2 {
+        let subject = format!("job/{job}/rank/{rank}");
+        if ev_a.count("rank.deregistered", &subject) == 0 {
+            let _ = ev_a
+                .expect(&a, SLOW, "the rank leaving", |e| {
+                    e.kind == "rank.deregistered" && e.subject == subject
+                })
+                .await;
+        }
+    }
+    assert_eq!(ev_a.count("rank.sdc_suspect", ""), 0, "{}", ev_a.summary());
+}

@@ -75,6 +75,9 @@ pub struct AgentState {
     /// Where every rank of the jobs stands, this host's and the peers',
     /// for the job-wide hang verdict (`ranks::verdict`).
     pub hang_board: Arc<crate::ranks::verdict::HangBoard>,
+    /// The ranks' reported values shared with the peers, for SDC
+    /// (`ranks::peer_values`).
+    pub peer_values: crate::ranks::peer_values::PeerValues,
 }
 
 impl AgentState {
@@ -145,6 +148,7 @@ impl AgentState {
             peer_tls,
             straggler_peers_seen: std::sync::Arc::default(),
             stragglers: std::sync::OnceLock::new(),
+            peer_values: crate::ranks::peer_values::PeerValues::default(),
             hang_board: Arc::new(crate::ranks::verdict::HangBoard::new(
                 host.clone(),
                 config.straggler.summary_ttl,

@@ -1,12 +1,15 @@
-//! Rank positions on the wire (`warden.v1.JobPositions`), both ways, for
-//! the job-wide hang verdict: a peer's batch is checked here, and bad
-//! input is refused naming the field.
+//! Rank positions (`warden.v1.JobPositions`, for the job-wide hang
+//! verdict) and reported values (`warden.v1.RankValues`, for SDC) on the
+//! wire, both ways: a peer's batch is checked here, and bad input is
+//! refused naming the field.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use warden_core::detect::culprit::{GroupSeq, MAX_GROUPS, MAX_NAME, MAX_POSITIONS, Position};
 use warden_core::detect::positions::{JobPositions, MAX_JOBS};
 use warden_proto::v1 as pb;
+
+use crate::ranks::peer_values::{RankValues, StepValue};
 
 /// This host's positions as sent.
 pub fn to_pb(jobs: &[JobPositions]) -> Vec<pb::JobPositions> {
@@ -125,6 +128,69 @@ pub fn from_pb(host: &str, jobs: Vec<pb::JobPositions>) -> Result<Vec<JobPositio
     Ok(out)
 }
 
+/// Most steps of one rank a peer may send.
+pub const MAX_STEPS_PER_RANK: usize = 64;
+
+/// This host's ranks' values as sent.
+pub fn values_to_pb(values: &[RankValues]) -> Vec<pb::RankValues> {
+    values
+        .iter()
+        .map(|r| pb::RankValues {
+            job_id: r.job.clone(),
+            global_rank: r.rank,
+            generation: r.generation,
+            steps: r
+                .steps
+                .iter()
+                .map(|s| pb::StepValue {
+                    step: s.step,
+                    loss: s.loss,
+                    grad_norm: s.grad_norm,
+                })
+                .collect(),
+        })
+        .collect()
+}
+
+/// A peer's values, checked; the error names the field.
+pub fn values_from_pb(values: Vec<pb::RankValues>) -> Result<Vec<RankValues>, String> {
+    if values.len() > MAX_POSITIONS {
+        return Err(format!(
+            "values: {} ranks in one batch; at most {MAX_POSITIONS}",
+            values.len()
+        ));
+    }
+    let mut out = Vec::with_capacity(values.len());
+    for (i, r) in values.into_iter().enumerate() {
+        if r.job_id.is_empty() || r.job_id.len() > MAX_NAME {
+            return Err(format!(
+                "values[{i}].job_id: empty or over {MAX_NAME} bytes"
+            ));
+        }
+        if r.steps.len() > MAX_STEPS_PER_RANK {
+            return Err(format!(
+                "values[{i}].steps: {} steps; at most {MAX_STEPS_PER_RANK}",
+                r.steps.len()
+            ));
+        }
+        out.push(RankValues {
+            job: r.job_id,
+            rank: r.global_rank,
+            generation: r.generation,
+            steps: r
+                .steps
+                .into_iter()
+                .map(|s| StepValue {
+                    step: s.step,
+                    loss: s.loss,
+                    grad_norm: s.grad_norm,
+                })
+                .collect(),
+        });
+    }
+    Ok(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -173,5 +239,33 @@ mod tests {
         let mut bad = to_pb(&jobs);
         bad[0].ranks[0].groups = vec![pb::GroupSeq::default(); MAX_GROUPS + 1];
         assert!(from_pb("b", bad).unwrap_err().contains("groups"));
+    }
+
+    #[test]
+    fn values_survive_the_wire_and_bad_ones_are_named() {
+        let v = vec![RankValues {
+            job: "j".into(),
+            rank: 3,
+            generation: 2,
+            steps: vec![StepValue {
+                step: 30,
+                loss: Some(f64::NAN),
+                grad_norm: None,
+            }],
+        }];
+        let back = values_from_pb(values_to_pb(&v)).unwrap();
+        assert_eq!(back[0].steps[0].step, 30);
+        assert!(back[0].steps[0].loss.is_some_and(f64::is_nan));
+        assert_eq!(back[0].steps[0].grad_norm, None);
+        let mut bad = values_to_pb(&v);
+        bad[0].steps = vec![pb::StepValue::default(); MAX_STEPS_PER_RANK + 1];
+        assert!(values_from_pb(bad).unwrap_err().contains("values[0].steps"));
+        let mut bad = values_to_pb(&v);
+        bad[0].job_id.clear();
+        assert!(
+            values_from_pb(bad)
+                .unwrap_err()
+                .contains("values[0].job_id")
+        );
     }
 }

@@ -129,6 +129,7 @@ pub fn batch_pb(b: &Batch) -> pb::StragglerSummaries {
             })
             .collect(),
         positions: Vec::new(),
+        values: Vec::new(),
     }
 }
 
@@ -196,9 +197,12 @@ impl Peer for PeerService {
             let caller = Caller::of(req.extensions().get::<PeerInfo>());
             let mut req = req.into_inner();
             let positions = std::mem::take(&mut req.positions);
+            let values = std::mem::take(&mut req.values);
             let batch = batch_from_pb(req)
                 .map_err(|e| Status::invalid_argument(format!("straggler summaries: {e}")))?;
             let positions = super::positions::from_pb(&batch.host, positions)
+                .map_err(|e| Status::invalid_argument(format!("straggler summaries: {e}")))?;
+            let values = super::positions::values_from_pb(values)
                 .map_err(|e| Status::invalid_argument(format!("straggler summaries: {e}")))?;
             if batch.host == self.state.host {
                 return Err(Status::failed_precondition(format!(
@@ -220,6 +224,7 @@ impl Peer for PeerService {
             let host = batch.host.clone();
             det.merge_remote(batch, Instant::now());
             self.state.hang_board.merge_remote(&host, positions);
+            self.state.peer_values.receive(values);
             Ok(Response::new(outgoing(&self.state, &det)))
         })
         .await
@@ -271,6 +276,9 @@ impl Peer for PeerService {
 fn outgoing(state: &AgentState, det: &Stragglers) -> pb::StragglerSummaries {
     let mut batch = batch_pb(&det.outbox(Instant::now()));
     batch.positions = super::positions::to_pb(&state.hang_board.outbox());
+    if state.config.sdc.enabled {
+        batch.values = super::positions::values_to_pb(&state.peer_values.outbox());
+    }
     batch
 }
 
@@ -379,10 +387,12 @@ async fn exchange_loop(state: Arc<AgentState>, det: Arc<Stragglers>) {
                     Ok(Ok(resp)) => {
                         let mut resp = resp.into_inner();
                         let positions = std::mem::take(&mut resp.positions);
+                        let values = std::mem::take(&mut resp.values);
                         batch_from_pb(resp)
                             .and_then(|b| {
                                 let p = super::positions::from_pb(&b.host, positions)?;
-                                Ok((b, p))
+                                let v = super::positions::values_from_pb(values)?;
+                                Ok((b, p, v))
                             })
                             .map_err(|e| format!("bad answer: {e}"))
                     }
@@ -404,7 +414,7 @@ async fn exchange_loop(state: Arc<AgentState>, det: Arc<Stragglers>) {
             let Ok((i, result)) = joined else { continue };
             let Some(p) = peers.get_mut(i) else { continue };
             match result {
-                Ok((b, positions)) => {
+                Ok((b, positions, values)) => {
                     metrics::counter!("warden_straggler_exchanges_total", "result" => "ok")
                         .increment(1);
                     if p.down.take().is_some() {
@@ -414,6 +424,7 @@ async fn exchange_loop(state: Arc<AgentState>, det: Arc<Stragglers>) {
                         continue;
                     }
                     state.hang_board.merge_remote(&b.host, positions);
+                    state.peer_values.receive(values);
                     det.merge_remote(b, Instant::now());
                 }
                 Err(e) => {

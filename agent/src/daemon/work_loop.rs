@@ -12,6 +12,7 @@ use std::time::Instant;
 use tokio::time::MissedTickBehavior;
 
 use super::notify::{self, Watchdog};
+use crate::ranks::peer_values::StepValue;
 use crate::ranks::{evidence, scan};
 use crate::sources::runner::Sources;
 use warden_core::detect::sdc::{Basis, SdcDetector, SdcFinding};
@@ -54,6 +55,9 @@ pub async fn run(state: Arc<AgentState>, mut watchdog: Watchdog, sources: Source
             (result, live_jobs)
         };
         sdc.retain_jobs(|j| live_jobs.iter().any(|l| l == j));
+        state
+            .peer_values
+            .retain_jobs(|j| live_jobs.iter().any(|l| l == j));
         prev_ns = now_ns;
         state.goodput.observe_scan(result.goodput, now_ns);
         report_pid_visibility(&state, &mut pids_hidden);
@@ -116,6 +120,16 @@ fn run_sdc(state: &AgentState, det: &mut SdcDetector, values: Vec<scan::StepValu
         return;
     }
     for v in values {
+        state.peer_values.record(
+            &v.key.job,
+            v.key.rank,
+            v.generation,
+            StepValue {
+                step: v.step,
+                loss: v.loss,
+                grad_norm: v.grad_norm,
+            },
+        );
         det.observe(
             &v.key.job,
             v.key.rank,
@@ -125,7 +139,34 @@ fn run_sdc(state: &AgentState, det: &mut SdcDetector, values: Vec<scan::StepValu
             v.grad_norm,
         );
     }
+    // The peers' ranks, compared with ours; a rank registered here is
+    // this agent's own to read.
+    let remote = state.peer_values.take_inbox();
+    if !remote.is_empty() {
+        let reg = state.registry();
+        for r in remote {
+            let local = reg.ranks.contains_key(&RankKey {
+                job: r.job.clone(),
+                rank: r.rank,
+            });
+            if local || !reg.jobs.contains_key(&r.job) {
+                continue;
+            }
+            for s in r.steps {
+                det.observe(&r.job, r.rank, r.generation, s.step, s.loss, s.grad_norm);
+            }
+        }
+    }
     for f in det.judge() {
+        // Only a rank's own agent reports it (the others judged it too, as
+        // a peer of theirs).
+        let own = state.registry().ranks.contains_key(&RankKey {
+            job: f.job.clone(),
+            rank: f.rank,
+        });
+        if !own {
+            continue;
+        }
         metrics::counter!(
             "warden_sdc_suspects_total",
             "metric" => f.metric.as_str(),

@@ -232,6 +232,16 @@ pub(crate) fn peer_positions() -> Vec<Vec<u8>> {
             ],
             flight_recorder_pending: false,
         }],
+        values: vec![pb::RankValues {
+            job_id: "j".into(),
+            global_rank: 3,
+            generation: 1,
+            steps: vec![pb::StepValue {
+                step: 12,
+                loss: Some(2.5),
+                grad_norm: Some(f64::NAN),
+            }],
+        }],
     };
     vec![batch.encode_to_vec()]
 }

@@ -11,6 +11,7 @@ pub mod evidence;
 pub mod exit_watch;
 pub mod exited;
 pub mod flight;
+pub mod peer_values;
 pub mod process;
 pub mod procfs;
 pub mod registry;
