@@ -41,6 +41,27 @@ struct Job {
     ranks: Vec<Streaming>,
 }
 
+/// The fixture's arguments: 20 ms steps, `corrupt` multiplied by 100 from
+/// `step` (-1: never), the process groups' store in `store`.
+fn rank_args(store: &str, corrupt: u32, step: &str) -> Vec<String> {
+    [
+        "--store-dir",
+        store,
+        "--steps",
+        STEPS,
+        "--step-ms",
+        "20",
+        "--corrupt-rank",
+        &corrupt.to_string(),
+        "--corrupt-step",
+        step,
+        "--factor",
+        "100",
+    ]
+    .map(str::to_owned)
+    .to_vec()
+}
+
 /// Two ranks of job `job`; rank 1 corrupted from `corrupt_step` (-1: never).
 fn start_job(job: &str, corrupt_step: i64) -> Job {
     let state = tempfile::Builder::new()
@@ -58,20 +79,8 @@ fn start_job(job: &str, corrupt_step: i64) -> Job {
     let step = corrupt_step.to_string();
     let mut ranks: Vec<Streaming> = (0..2)
         .map(|rank| {
-            let args = [
-                "--store-dir",
-                s.as_str(),
-                "--steps",
-                STEPS,
-                "--step-ms",
-                "20",
-                "--corrupt-rank",
-                "1",
-                "--corrupt-step",
-                step.as_str(),
-                "--factor",
-                "100",
-            ];
+            let owned = rank_args(&s, 1, &step);
+            let args: Vec<&str> = owned.iter().map(String::as_str).collect();
             let mut cmd = python_rank(
                 &agent,
                 "tests/fixtures/torch_sdc_rank.py",
@@ -232,20 +241,8 @@ async fn a_corrupted_rank_is_compared_with_its_peers_on_other_hosts() {
     let mut ranks: Vec<Streaming> = (0..4u32)
         .map(|rank| {
             let agent = if rank < 2 { &a } else { &b };
-            let args = [
-                "--store-dir",
-                s.as_str(),
-                "--steps",
-                STEPS,
-                "--step-ms",
-                "20",
-                "--corrupt-rank",
-                "3",
-                "--corrupt-step",
-                step.as_str(),
-                "--factor",
-                "100",
-            ];
+            let owned = rank_args(&s, 3, &step);
+            let args: Vec<&str> = owned.iter().map(String::as_str).collect();
             let mut cmd = python_rank(
                 agent,
                 "tests/fixtures/torch_sdc_rank.py",
