@@ -916,24 +916,7 @@ mod tests {
     fn register(state: &AgentState, job: &str, rank: u32) -> Registration {
         let reg = state
             .registry()
-            .register(
-                &RegisterRequest {
-                    job_id: job.into(),
-                    global_rank: rank,
-                    local_rank: rank,
-                    world_size: 4,
-                    pid: std::process::id(),
-                    declared_pid: std::process::id(),
-                    host: "h".into(),
-                    layout_version: warden_client::slot::LAYOUT_VERSION,
-                    stack_dump_signal: 0,
-                    devices: Vec::new(),
-                    process: None,
-                    caller_pid: None,
-                    owner: None,
-                },
-                0,
-            )
+            .register(&RegisterRequest::for_test(job, rank, 4), 0)
             .unwrap();
         // The client echoes its generation once it maps the slot.
         state

@@ -193,24 +193,7 @@ mod tests {
     fn register(state: &AgentState, rank: u32) -> (RankKey, u64, PathBuf) {
         let reg = state
             .registry()
-            .register(
-                &RegisterRequest {
-                    job_id: "j".into(),
-                    global_rank: rank,
-                    local_rank: rank,
-                    world_size: 2,
-                    pid: std::process::id(),
-                    declared_pid: std::process::id(),
-                    host: "h".into(),
-                    layout_version: warden_client::slot::LAYOUT_VERSION,
-                    stack_dump_signal: 0,
-                    devices: Vec::new(),
-                    process: None,
-                    caller_pid: None,
-                    owner: None,
-                },
-                0,
-            )
+            .register(&RegisterRequest::for_test("j", rank, 2), 0)
             .expect("register");
         let key = RankKey {
             job: "j".into(),

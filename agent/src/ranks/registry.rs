@@ -268,6 +268,29 @@ pub struct RegisterRequest {
     pub owner: Option<warden_core::fsafe::Owner>,
 }
 
+#[cfg(test)]
+impl RegisterRequest {
+    /// This process as rank `rank` of `world` in `job` on host "h", with
+    /// no stack-dump signal, device or owner: what unit tests register.
+    pub(crate) fn for_test(job: &str, rank: u32, world: u32) -> Self {
+        Self {
+            job_id: job.into(),
+            global_rank: rank,
+            local_rank: rank,
+            world_size: world,
+            pid: std::process::id(),
+            declared_pid: std::process::id(),
+            host: "h".into(),
+            layout_version: warden_client::slot::LAYOUT_VERSION,
+            stack_dump_signal: 0,
+            devices: Vec::new(),
+            process: None,
+            caller_pid: None,
+            owner: None,
+        }
+    }
+}
+
 /// Most devices one rank may declare (a rank drives one GPU, a few at most).
 pub const MAX_DEVICES: usize = 16;
 
@@ -684,19 +707,9 @@ mod tests {
 
     fn req(job: &str, rank: u32, pid: u32) -> RegisterRequest {
         RegisterRequest {
-            job_id: job.into(),
-            global_rank: rank,
-            local_rank: rank,
-            world_size: 4,
             pid,
             declared_pid: pid,
-            host: "h".into(),
-            layout_version: slot::LAYOUT_VERSION,
-            stack_dump_signal: 0,
-            devices: Vec::new(),
-            process: None,
-            caller_pid: None,
-            owner: None,
+            ..RegisterRequest::for_test(job, rank, 4)
         }
     }
 

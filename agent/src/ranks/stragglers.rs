@@ -100,19 +100,8 @@ mod tests {
             .lock()
             .register(
                 &RegisterRequest {
-                    job_id: job.into(),
-                    global_rank: rank,
-                    local_rank: rank,
-                    world_size: 64,
-                    pid: std::process::id(),
-                    declared_pid: std::process::id(),
                     host: "host-a".into(),
-                    layout_version: warden_client::slot::LAYOUT_VERSION,
-                    stack_dump_signal: 0,
-                    devices: Vec::new(),
-                    process: None,
-                    caller_pid: None,
-                    owner: None,
+                    ..RegisterRequest::for_test(job, rank, 64)
                 },
                 0,
             )
