@@ -408,6 +408,32 @@ fn shared_ckpt() -> tempfile::TempDir {
         .expect("create the shared checkpoint directory")
 }
 
+/// Waits until host-b's embedded agent (at `socket`) sees gpu0 and gpu1
+/// OK (its XID event set is registered).
+async fn host_b_with_both_gpus(socket: &Path) {
+    let mut client = within(
+        Duration::from_secs(10),
+        "a connection to host-b's agent",
+        Target::Unix(socket.to_owned()).connect(),
+    )
+    .await
+    .expect("connect to host-b's embedded agent");
+    eventually(WAIT, "gpu0 and gpu1 OK on host-b", async || {
+        let h = client
+            .get_node_health(pb::GetNodeHealthRequest {})
+            .await
+            .ok()?
+            .into_inner();
+        let ok = |id: &str| {
+            h.components
+                .iter()
+                .any(|c| c.id == id && c.status == pb::Status::Ok as i32)
+        };
+        (ok("gpu0") && ok("gpu1")).then_some(())
+    })
+    .await;
+}
+
 #[test]
 fn a_worker_killed_on_one_host_restarts_every_host_once_in_one_round() {
     let _one = serial();
@@ -759,27 +785,7 @@ fn a_spare_takes_the_place_of_a_host_whose_gpu_fails() {
         .build()
         .unwrap();
     rt.block_on(async {
-        let mut client = within(
-            Duration::from_secs(10),
-            "a connection to host-b's agent",
-            Target::Unix(socket.clone()).connect(),
-        )
-        .await
-        .expect("connect to host-b's embedded agent");
-        eventually(WAIT, "gpu0 and gpu1 OK on host-b", async || {
-            let h = client
-                .get_node_health(pb::GetNodeHealthRequest {})
-                .await
-                .ok()?
-                .into_inner();
-            let ok = |id: &str| {
-                h.components
-                    .iter()
-                    .any(|c| c.id == id && c.status == pb::Status::Ok as i32)
-            };
-            (ok("gpu0") && ok("gpu1")).then_some(())
-        })
-        .await;
+        host_b_with_both_gpus(&socket).await;
 
         // host-b's shards reach host-a's tier (the agents learnt each
         // other from the round): a step complete with a copy of every
@@ -932,27 +938,7 @@ fn a_cordon_past_the_jobs_share_cap_exits_87_not_86() {
         .build()
         .unwrap();
     rt.block_on(async {
-        let mut client = within(
-            Duration::from_secs(10),
-            "a connection to host-b's agent",
-            Target::Unix(socket.clone()).connect(),
-        )
-        .await
-        .expect("connect to host-b's embedded agent");
-        eventually(WAIT, "gpu0 and gpu1 OK on host-b", async || {
-            let h = client
-                .get_node_health(pb::GetNodeHealthRequest {})
-                .await
-                .ok()?
-                .into_inner();
-            let ok = |id: &str| {
-                h.components
-                    .iter()
-                    .any(|c| c.id == id && c.status == pb::Status::Ok as i32)
-            };
-            (ok("gpu0") && ok("gpu1")).then_some(())
-        })
-        .await;
+        host_b_with_both_gpus(&socket).await;
     });
 
     // gpu1 falls off the bus: the agent cordons host-b, and its launcher,
