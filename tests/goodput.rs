@@ -115,10 +115,15 @@ async fn the_ledger_adds_up_counts_redone_steps_and_survives_a_kill_9_of_the_age
         .args(["--ckpt-every", "10", "--report-every", "1"])
         // Attempt 0: rank 1 crashes after step 18 (restored from step 10).
         .args(["--crash-at-step", "18", "--crash-rank", "1"])
-        // Attempt 1: rank 1 hangs in step 38 (restored from step 30).
+        // Attempt 1: rank 1 hangs in step 58 (restored from step 50). Well
+        // after the agent's kill -9 below (at step 22 to 26): the steps a
+        // rank makes while the agent is down are unobserved, idle in the
+        // ledger, so if they were redone after the hang the log would count
+        // them and the ledger could not. 24 steps (2.4 s) cover the agent's
+        // restart on a loaded 2-core machine; 8 (the hang at 38) did not.
         .args([
             "--hang-at-step",
-            "38",
+            "58",
             "--hang-rank",
             "1",
             "--hang-restart",
@@ -231,7 +236,8 @@ async fn the_ledger_adds_up_counts_redone_steps_and_survives_a_kill_9_of_the_age
     let lost = f(&parts["lost_progress"]["accelerator_s"]);
     assert!(
         (lost - expected).abs() <= 0.1 * expected,
-        "lost progress {lost} s, {redone} redone steps x {step_s} s = {expected} s: {g:#}"
+        "lost progress {lost} s, {redone} redone steps x {step_s} s = {expected} s: {g:#}\njournal:\n{}",
+        std::fs::read_to_string(&journal).unwrap_or_default()
     );
     // Both restarts (in job, in process) and the time before the kill.
     assert!(rec["restarts"].as_u64().unwrap() >= 2, "{g:#}");

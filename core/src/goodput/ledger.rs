@@ -274,6 +274,34 @@ impl RankLedger {
         }
     }
 
+    /// The rank runs in a new process `pid`, launched at `launch_ns`
+    /// (from its registration, or its first step when that came first).
+    fn new_process(&mut self, pid: u32, launch_ns: u64) {
+        let old = self.pid;
+        self.pid = pid;
+        match self.phase {
+            Phase::Disrupted { .. } => {}
+            Phase::Starting | Phase::Running => {
+                // A new process with no incident seen (the agent was down
+                // when it happened, or the old process's exit is still on
+                // its way): downtime from the last accounted time.
+                self.phase = Phase::Disrupted {
+                    at_ns: self.cursor_ns,
+                    pid: old,
+                };
+            }
+            Phase::Ended => {
+                // The job id runs again: the time in between is nobody's,
+                // but the invariant wants it somewhere; it is idle.
+                self.advance(launch_ns, Cause::Idle);
+                self.phase = Phase::Disrupted {
+                    at_ns: launch_ns,
+                    pid: old,
+                };
+            }
+        }
+    }
+
     /// Accounts `[cursor, to)` to `cause`; returns the length accounted.
     fn advance(&mut self, to: u64, cause: Cause) -> i64 {
         if to <= self.cursor_ns {
@@ -386,6 +414,17 @@ impl JobLedger {
             return; // already accounted (a ring read again after a restart)
         }
         self.dirty.insert(rank);
+        if s.pid != 0
+            && s.pid != r.pid
+            && !matches!(r.phase, Phase::Disrupted { pid, .. } if pid == s.pid)
+        {
+            // A step of a process the ledger has not seen register yet:
+            // steps come straight from the scan, registrations through the
+            // bus, so a warm restart's first steps (back within ~0.1 s) can
+            // arrive before its RankRegistered. The step's own pid says whose
+            // it is; its registration then finds the same process.
+            r.new_process(s.pid, s.start_ns);
+        }
         let start = s.start_ns.max(r.cursor_ns);
         let dur = ns_between(start, end);
         let redone = r.high_water.is_some_and(|hw| s.step <= hw);
@@ -498,28 +537,7 @@ impl Ledger {
             // or its slot was rebuilt). Nothing about the job changed.
             return;
         }
-        let old = r.pid;
-        r.pid = pid;
-        match r.phase {
-            Phase::Disrupted { .. } => {}
-            Phase::Starting | Phase::Running => {
-                // A new process with no incident seen (the agent was down
-                // when it happened): downtime from the last accounted time.
-                r.phase = Phase::Disrupted {
-                    at_ns: r.cursor_ns,
-                    pid: old,
-                };
-            }
-            Phase::Ended => {
-                // The job id runs again: the time in between is nobody's,
-                // but the invariant wants it somewhere; it is idle.
-                r.advance(launch_ns, Cause::Idle);
-                r.phase = Phase::Disrupted {
-                    at_ns: launch_ns,
-                    pid: old,
-                };
-            }
-        }
+        r.new_process(pid, launch_ns);
     }
 
     /// The scan saw a rank with no step yet in its "init" section

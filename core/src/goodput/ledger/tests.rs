@@ -296,3 +296,58 @@ fn closing_a_job_holds_early_finishers_until_the_end() {
     assert_eq!(rep.parts.total(), 2 * rep.wall_ns);
     assert_eq!(ms(&l, "j", Cause::Idle), 200);
 }
+
+/// A warm restart under load: the scan reads the new processes' first
+/// steps before the bus has brought their registrations to the ledger,
+/// with the crash's exit seen before them or not yet. The steps' own pids
+/// say they are the new attempt's: the redone ones are lost progress, not
+/// the old attempt's downtime, and the registrations that follow change
+/// nothing.
+#[test]
+fn a_new_process_stepping_before_its_registration_is_the_new_attempt() {
+    for exit_first in [true, false] {
+        let mut l = Ledger::default();
+        for rank in 0..2 {
+            l.registered("j", rank, 10 + rank, 0, 100 * MS);
+            for n in 0..10 {
+                l.step("j", rank, step(10 + rank, n, 1000 + n * 100, 100));
+            }
+        }
+        let exits = |l: &mut Ledger| {
+            l.exited("j", 1, 11, ExitKind::Failed, 2050 * MS);
+            l.exited("j", 0, 10, ExitKind::StoppedForRestart, 2100 * MS);
+        };
+        if exit_first {
+            exits(&mut l);
+        }
+        // Restored from step 5: steps 5..=9 redone, read before the
+        // registrations.
+        for rank in 0..2 {
+            for n in 5..8 {
+                l.step("j", rank, step(20 + rank, n, 2300 + (n - 5) * 100, 100));
+            }
+        }
+        if !exit_first {
+            exits(&mut l);
+        }
+        for rank in 0..2 {
+            l.registered("j", rank, 20 + rank, 2200 * MS, 2250 * MS);
+            for n in 8..15 {
+                l.step("j", rank, step(20 + rank, n, 2300 + (n - 5) * 100, 100));
+            }
+        }
+        l.close("j", 3300 * MS);
+        assert_sums(&l, "j");
+        let what = format!("exit seen first: {exit_first}");
+        assert_eq!(ms(&l, "j", Cause::LostProgress), 2 * 500, "{what}");
+        assert_eq!(ms(&l, "j", Cause::Productive), 2 * (1000 + 500), "{what}");
+        // The last step's end (2000) -> 2300: detection wait to the exit
+        // when it came first, then downtime; once per rank.
+        let (wait, down) = if exit_first { (50, 250) } else { (0, 300) };
+        assert_eq!(ms(&l, "j", Cause::DetectionWait), 2 * wait, "{what}");
+        assert_eq!(ms(&l, "j", Cause::RestartDowntime), 2 * down, "{what}");
+        let rep = l.report("j", 0).unwrap();
+        assert_eq!(rep.restarts, 1, "{what}");
+        assert_eq!(rep.occ.restarts.0, 2, "{what}");
+    }
+}
