@@ -28,7 +28,7 @@ use warden_core::attribute::AttributionConfig;
 use warden_core::attribute::engine::{CurrentReason, DeviceMap, Diagnosed, Engine};
 use warden_core::attribute::store::Cordon;
 use warden_core::attribute::store::IncidentStore;
-use warden_core::attribute::{Escalation, FaultClass, IncidentRecord};
+use warden_core::attribute::{Escalation, IncidentRecord};
 use warden_core::events::EventBus;
 use warden_core::events::{Event, NewEvent, Severity, Subscription};
 use warden_core::health::reporter::Reporter;
@@ -36,6 +36,7 @@ use warden_core::health::{ComponentReport, Reason, Status};
 use warden_core::policy::PolicyConfig;
 use warden_core::policy::guard;
 use warden_core::policy::{self, Action, Context, Decision};
+use warden_core::signal::Signal;
 
 /// What attribution uses of the agent, and nothing more. The API's
 /// Uncordon is handed it too.
@@ -414,71 +415,9 @@ pub fn publish_decided(events: &EventBus, r: &IncidentRecord) {
     metrics::counter!("warden_incidents_total", "class" => diag.class.as_str(), "kind" => r.kind.as_str())
         .increment(1);
     metrics::counter!("warden_decisions_total", "action" => dec.action.as_str()).increment(1);
-    let severity = match (diag.class, dec.action) {
-        (_, Action::Cordon | Action::Stop | Action::ScaleDown) => Severity::Critical,
-        (FaultClass::UncorrectableHardware, _) => Severity::Critical,
-        (_, Action::Continue) => Severity::Warning,
-        _ => Severity::Error,
-    };
-    let mut ev = NewEvent::new(
-        severity,
-        "incident.diagnosed",
-        r.id.clone(),
-        format!(
-            "{}: {} ({:.0}%): {}",
-            r.id,
-            diag.class,
-            diag.confidence * 100.0,
-            diag.summary
-        ),
-    )
-    .with("kind", r.kind.as_str())
-    .with("class", diag.class)
-    .with("confidence", format!("{:.2}", diag.confidence))
-    .with("rule", &diag.rule)
-    .with("job", &r.job)
-    .with(
-        "ranks",
-        r.ranks
-            .iter()
-            .map(u32::to_string)
-            .collect::<Vec<_>>()
-            .join(","),
-    )
-    .with("devices", r.devices.join(","))
-    .with("revision", r.superseded.len() + 1);
-    for (i, e) in diag.evidence.iter().enumerate().take(12) {
-        ev = ev.with(
-            format!("evidence.{}", i + 1),
-            format!(
-                "{} {} {}={} -> {} ({})",
-                e.source,
-                e.subject,
-                e.signal,
-                e.value,
-                e.points_to.map_or("context", FaultClass::as_str),
-                e.note
-            ),
-        );
-    }
-    events.publish(ev);
-    events.publish(
-        NewEvent::new(
-            severity,
-            "incident.decided",
-            r.id.clone(),
-            format!("{}: {} ({})", r.id, dec.action, dec.reason),
-        )
-        .with("action", dec.action)
-        .with("reason", &dec.reason)
-        .with("decided_by", &dec.decided_by)
-        .with("attempt", dec.attempt)
-        .with("budget", dec.budget)
-        .with("backoff", humantime::format_duration(dec.backoff))
-        .with("exit_code", dec.exit_code)
-        .with("class", diag.class)
-        .with("job", &r.job),
-    );
+    let r = Arc::new(r.clone());
+    events.publish(Signal::IncidentDiagnosed(r.clone()));
+    events.publish(Signal::IncidentDecided(r));
 }
 
 fn cordon(state: &Handles, r: &IncidentRecord) {

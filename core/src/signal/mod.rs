@@ -25,7 +25,9 @@ pub mod replay;
 #[cfg(test)]
 mod tests;
 
-use crate::attribute::FaultClass;
+use std::sync::Arc;
+
+use crate::attribute::{FaultClass, IncidentRecord};
 use crate::events::{NewEvent, Severity};
 use crate::health::{Reason, Status};
 use crate::rank::{ExitInfo, RankKey, RankState};
@@ -110,6 +112,12 @@ pub enum Signal {
     GateFailed(GateFailed),
     /// A health component's status moved (`health.changed`).
     HealthChanged(HealthChanged),
+    /// Attribution diagnosed an incident (`incident.diagnosed`): its
+    /// class, confidence, rule and evidence.
+    IncidentDiagnosed(Arc<IncidentRecord>),
+    /// Attribution decided what to do about an incident
+    /// (`incident.decided`): the record with its decision in force.
+    IncidentDecided(Arc<IncidentRecord>),
     /// Anything no part of the agent reads: told to people and watchers
     /// as its producer wrote it.
     Notice(NewEvent),
@@ -519,6 +527,8 @@ pub const TYPED_KINDS: &[&str] = &[
     "kmsg.oom_kill",
     "gate.failed",
     "health.changed",
+    "incident.diagnosed",
+    "incident.decided",
 ];
 
 impl From<NewEvent> for Signal {

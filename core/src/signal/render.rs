@@ -10,8 +10,10 @@ use super::{
     RankExited, RankHang, RankRegistered, Report, RestartRequested, SdcSuspect, Signal, Straggler,
     Xid, XidSource,
 };
+use crate::attribute::{FaultClass, IncidentRecord};
 use crate::events::{NewEvent, Severity};
 use crate::health::Status;
+use crate::policy::Action;
 use crate::rank::RankState;
 
 impl Signal {
@@ -38,6 +40,8 @@ impl Signal {
             Signal::OomKill(_) => "kmsg.oom_kill",
             Signal::GateFailed(_) => "gate.failed",
             Signal::HealthChanged(_) => "health.changed",
+            Signal::IncidentDiagnosed(_) => "incident.diagnosed",
+            Signal::IncidentDecided(_) => "incident.decided",
             Signal::Notice(e) => e.kind,
         }
     }
@@ -77,6 +81,8 @@ impl Signal {
             Signal::OomKill(o) => oom_kill(o),
             Signal::GateFailed(g) => gate_failed(g),
             Signal::HealthChanged(h) => health_changed(h),
+            Signal::IncidentDiagnosed(r) => incident_diagnosed(r),
+            Signal::IncidentDecided(r) => incident_decided(r),
             Signal::Notice(e) => e.clone(),
         }
     }
@@ -401,4 +407,83 @@ fn health_changed(h: &HealthChanged) -> NewEvent {
         }
     }
     event
+}
+
+/// How loud a decided incident is: a node taken out of service or a job
+/// stopped is critical, so is uncorrectable hardware; going on regardless
+/// is a warning.
+fn incident_severity(r: &IncidentRecord) -> Severity {
+    match (r.diagnosis.class, r.decision.as_ref().map(|d| d.action)) {
+        (_, Some(Action::Cordon | Action::Stop | Action::ScaleDown)) => Severity::Critical,
+        (FaultClass::UncorrectableHardware, _) => Severity::Critical,
+        (_, Some(Action::Continue)) => Severity::Warning,
+        _ => Severity::Error,
+    }
+}
+
+fn incident_diagnosed(r: &IncidentRecord) -> NewEvent {
+    let diag = &r.diagnosis;
+    let mut ev = NewEvent::new(
+        incident_severity(r),
+        "incident.diagnosed",
+        r.id.clone(),
+        format!(
+            "{}: {} ({:.0}%): {}",
+            r.id,
+            diag.class,
+            diag.confidence * 100.0,
+            diag.summary
+        ),
+    )
+    .with("kind", r.kind.as_str())
+    .with("class", diag.class)
+    .with("confidence", format!("{:.2}", diag.confidence))
+    .with("rule", &diag.rule)
+    .with("job", &r.job)
+    .with("ranks", join(&r.ranks))
+    .with("devices", r.devices.join(","))
+    .with("revision", r.superseded.len() + 1);
+    for (i, e) in diag.evidence.iter().enumerate().take(12) {
+        ev = ev.with(
+            format!("evidence.{}", i + 1),
+            format!(
+                "{} {} {}={} -> {} ({})",
+                e.source,
+                e.subject,
+                e.signal,
+                e.value,
+                e.points_to.map_or("context", FaultClass::as_str),
+                e.note
+            ),
+        );
+    }
+    ev
+}
+
+fn incident_decided(r: &IncidentRecord) -> NewEvent {
+    let Some(dec) = &r.decision else {
+        return NewEvent::new(
+            incident_severity(r),
+            "incident.decided",
+            r.id.clone(),
+            format!("{}: no decision", r.id),
+        )
+        .with("class", r.diagnosis.class)
+        .with("job", &r.job);
+    };
+    NewEvent::new(
+        incident_severity(r),
+        "incident.decided",
+        r.id.clone(),
+        format!("{}: {} ({})", r.id, dec.action, dec.reason),
+    )
+    .with("action", dec.action)
+    .with("reason", &dec.reason)
+    .with("decided_by", &dec.decided_by)
+    .with("attempt", dec.attempt)
+    .with("budget", dec.budget)
+    .with("backoff", humantime::format_duration(dec.backoff))
+    .with("exit_code", dec.exit_code)
+    .with("class", r.diagnosis.class)
+    .with("job", &r.job)
 }

@@ -21,6 +21,56 @@ fn kv(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
         .collect()
 }
 
+/// An incident as attribution records it: a crash of rank 1, restarted.
+fn incident() -> std::sync::Arc<IncidentRecord> {
+    use crate::attribute::{Diagnosis, Evidence, IncidentKind};
+    use crate::policy::{Action, Decision};
+    let t = std::time::SystemTime::UNIX_EPOCH;
+    std::sync::Arc::new(IncidentRecord {
+        id: "inc-7".into(),
+        opened_at: t,
+        updated_at: t,
+        kind: IncidentKind::Crash,
+        host: "h".into(),
+        job: "j".into(),
+        ranks: vec![1, 2],
+        devices: vec!["gpu1".into()],
+        diagnosis: Diagnosis {
+            class: FaultClass::TransientSoftware,
+            confidence: 0.8,
+            summary: "rank 1 crashed".into(),
+            rule: "exit".into(),
+            evidence: vec![Evidence {
+                at: t,
+                source: "rank".into(),
+                signal: "exit.code".into(),
+                subject: "job/j/rank/1".into(),
+                value: "1".into(),
+                points_to: Some(FaultClass::TransientSoftware),
+                weight: 0.5,
+                note: "non-zero exit".into(),
+                event_id: 0,
+            }],
+        },
+        decision: Some(Decision {
+            action: Action::RestartInJob,
+            reason: "restart 1 of 3".into(),
+            decided_by: "policy".into(),
+            attempt: 1,
+            budget: 3,
+            backoff: Duration::from_secs(2),
+            exit_code: 0,
+            decided_at: t,
+            dry_run: false,
+        }),
+        superseded: Vec::new(),
+        signature: "exit:1".into(),
+        step: Some(4),
+        exit_code: Some(1),
+        waited_on: Vec::new(),
+    })
+}
+
 struct Case {
     signal: Signal,
     severity: Severity,
@@ -476,6 +526,45 @@ fn cases() -> Vec<Case> {
             subject: "gpu0",
             message: "gpu0 NEW -> FAILED",
             evidence: kv(&[("from", "NEW"), ("to", "FAILED")]),
+        },
+        Case {
+            signal: Signal::IncidentDiagnosed(incident()),
+            severity: Severity::Error,
+            kind: "incident.diagnosed",
+            subject: "inc-7",
+            message: "inc-7: transient_software (80%): rank 1 crashed",
+            evidence: kv(&[
+                ("kind", "crash"),
+                ("class", "transient_software"),
+                ("confidence", "0.80"),
+                ("rule", "exit"),
+                ("job", "j"),
+                ("ranks", "1,2"),
+                ("devices", "gpu1"),
+                ("revision", "1"),
+                (
+                    "evidence.1",
+                    "rank job/j/rank/1 exit.code=1 -> transient_software (non-zero exit)",
+                ),
+            ]),
+        },
+        Case {
+            signal: Signal::IncidentDecided(incident()),
+            severity: Severity::Error,
+            kind: "incident.decided",
+            subject: "inc-7",
+            message: "inc-7: restart_in_job (restart 1 of 3)",
+            evidence: kv(&[
+                ("action", "restart_in_job"),
+                ("reason", "restart 1 of 3"),
+                ("decided_by", "policy"),
+                ("attempt", "1"),
+                ("budget", "3"),
+                ("backoff", "2s"),
+                ("exit_code", "0"),
+                ("class", "transient_software"),
+                ("job", "j"),
+            ]),
         },
         Case {
             signal: Signal::Notice(
