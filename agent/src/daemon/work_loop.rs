@@ -240,7 +240,8 @@ pub(crate) fn run_stragglers(state: &Arc<AgentState>, now: Instant) {
     if (!cfg.peers.is_empty() || state.checkpoints.is_ok()) && det.claim_exchange() {
         crate::api::stragglers::spawn_exchange(state.clone(), det.clone());
     }
-    for signal in crate::ranks::stragglers::tick(&det, &state.ranks, &state.health, now) {
+    let wall = std::time::SystemTime::now();
+    for signal in crate::ranks::stragglers::tick(&det, &state.ranks, &state.health, now, wall) {
         state.events.publish(signal);
     }
 }

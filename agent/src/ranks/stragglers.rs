@@ -3,7 +3,7 @@
 //! it by [`warden_core::detect::straggler::Stragglers`], with the host's
 //! CPU facts read from `/proc`.
 
-use std::time::Instant;
+use std::time::{Instant, SystemTime};
 
 use warden_core::detect::straggler::{HostProbe, LiveRank, Stragglers};
 use warden_core::health::HealthModel;
@@ -14,12 +14,14 @@ use super::procfs;
 use super::registry::SharedRegistry;
 
 /// One tick of the work loop: the detector's flag changes, for the caller to
-/// publish. The registry lock is held only for the copy.
+/// publish. The registry lock is held only for the copy. `now` and `wall`
+/// are the tick's time on the monotonic and the wall clock.
 pub fn tick(
     det: &Stragglers,
     registry: &SharedRegistry,
     health: &HealthModel,
     now: Instant,
+    wall: SystemTime,
 ) -> Vec<Signal> {
     let copy = {
         let reg = registry.lock();
@@ -41,7 +43,7 @@ pub fn tick(
         run_delay_ns: &|pid| procfs::schedstat(pid).map(|s| s.run_delay_ns),
         loadavg: &procfs::loadavg,
     };
-    det.score(copy, health, &probe, now)
+    det.score(copy, health, &probe, now, wall)
 }
 
 #[cfg(test)]
@@ -89,7 +91,13 @@ mod tests {
 
     /// One tick of the work loop's driver: the detector's flag changes published.
     fn tick(rig: &Rig, now: Instant) {
-        for signal in super::tick(&rig.det, &rig.registry, &rig.health.model, now) {
+        for signal in super::tick(
+            &rig.det,
+            &rig.registry,
+            &rig.health.model,
+            now,
+            SystemTime::now(),
+        ) {
             rig.health.events.publish(signal);
         }
     }

@@ -117,9 +117,10 @@ impl KmsgConfig {
     }
 }
 
-/// How bad an XID is: (status of the GPU, class from the fault taxonomy).
-/// The one table of XID severities; anything not listed is DEGRADED, since
-/// an unknown XID is worth a look but not a verdict.
+/// How bad an XID is: (status of the GPU, class from the fault taxonomy),
+/// as the one XID table (`warden_core::taxonomy::xid`) says; anything it
+/// does not list is DEGRADED there, since an unknown XID is worth a look
+/// but not a verdict.
 pub fn xid_verdict(xid: u32) -> (Status, &'static str) {
     let rule = warden_core::taxonomy::xid::rule(xid);
     (rule.status, rule.class.as_str())

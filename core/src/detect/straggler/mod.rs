@@ -247,13 +247,15 @@ impl Stragglers {
     /// Second half of a tick, outside the registry lock: scores every rank
     /// with new steps against its whole job (explaining a flag from
     /// `health` and `probe`), and returns the flag changes for the caller
-    /// to publish.
+    /// to publish. `now` is the tick's monotonic time, `wall` the same
+    /// moment on the wall clock (the flags' and summaries' stamps).
     pub fn score(
         &self,
         copy: CopyOut,
         health: &HealthModel,
         probe: &HostProbe<'_>,
         now: Instant,
+        wall: SystemTime,
     ) -> Vec<Signal> {
         let mut events = Vec::new();
         let mut inner = self.lock();
@@ -329,7 +331,7 @@ impl Stragglers {
 
         let mut snapshot: Option<crate::health::NodeSnapshot> = None;
         let mut host_cpu: Option<(Option<f64>, usize)> = None;
-        let scored_at = SystemTime::now();
+        let scored_at = wall;
         for job in jobs {
             // The job's section table and its ranks, from here and peers.
             let mut names: Vec<String> = Vec::new();
