@@ -17,6 +17,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sysconfig
 import time
 from pathlib import Path
 from typing import Optional
@@ -32,6 +33,14 @@ def find_wardend() -> Optional[str]:
     env = os.environ.get("WARDEN_TEST_WARDEND")
     if env:
         return env
+    # The environment's own scripts first: the wheel installs wardend
+    # beside the interpreter, and CI runs these tests against the wheel's
+    # binaries (tests/run-all.sh), whether or not that folder is on PATH.
+    beside = Path(sysconfig.get_path("scripts")) / "wardend"
+    if beside.is_file() and os.access(beside, os.X_OK):
+        return str(beside)
+    if os.environ.get("WARDEN_REQUIRE_WHEEL") == "1":
+        raise RuntimeError(f"WARDEN_REQUIRE_WHEEL=1, but the environment has no {beside} (a source install?)")
     on_path = shutil.which("wardend")
     if on_path:
         return on_path
