@@ -270,3 +270,51 @@ fn a_signal_while_a_restart_waits_for_a_standby_stops_the_job() {
         );
     }
 }
+
+/// The standbys import what the workers imported, as the client reports
+/// it (`warden.run` writes the list to WARDEN_IMPORTS_FILE): the warm
+/// rank finds a package of the first attempt's already loaded before its
+/// script runs, where the first attempt's cold interpreter did not.
+#[test]
+fn standbys_preload_what_the_first_attempt_reported_importing() {
+    let dir = tempfile::Builder::new()
+        .prefix("warden-standby-imports-")
+        .tempdir()
+        .unwrap();
+    let crash_when = dir.path().join("crash-now");
+    let mut cmd = Command::new("sh");
+    cmd.args(["-c", "exec \"$0\" \"$@\" 2>&1", WARDEN])
+        .arg("--socket")
+        .arg(dir.path().join("no-agent-here.sock"))
+        .arg("run")
+        .args(["--agent", "embedded", "--nproc-per-node", "1"])
+        .args(["--rdzv-id", "sb-imports", "--standby"])
+        .arg("--log-dir")
+        .arg(dir.path().join("logs"))
+        .arg("--")
+        .arg(python())
+        .arg(repo_root().join("tests/fixtures/imports_rank.py"))
+        .arg("--crash-when")
+        .arg(&crash_when)
+        .env_remove("WARDEN_SOCKET")
+        .current_dir(dir.path());
+    let mut job = Streaming::spawn(&mut cmd, dir.path().join("stderr"));
+    let first = job.wait_line(RUN, "attempt 0", |l| l.contains("attempt restart=0 "));
+    assert!(first.contains("preloaded=False"), "{first}");
+    job.wait_line(RUN, "the standbys told to preload the report", |l| {
+        l.contains("standbys also preload what the workers imported") && l.contains("iniconfig")
+    });
+    std::fs::write(&crash_when, b"").unwrap();
+    let second = job.wait_line(RUN, "attempt 1", |l| l.contains("attempt restart=1 "));
+    let status = job.wait_exit(RUN);
+    let seen = job.seen.join("\n");
+    assert_eq!(status.code(), Some(0), "{seen}");
+    assert!(
+        seen.contains("warm start from standby"),
+        "the restart was not warm:\n{seen}"
+    );
+    assert!(
+        second.contains("preloaded=True"),
+        "the warm rank had not imported iniconfig before its script:\n{seen}"
+    );
+}

@@ -154,12 +154,11 @@ pub struct RunArgs {
     /// Keep a standby interpreter per local worker, started in advance
     /// with torch (and --preload) imported, and make the restarted workers
     /// of an in-job restart out of them (warm restarts): for `script.py`,
-    /// `-m MODULE` and `PYTHON script.py` entrypoints. Opt-in for now;
-    /// see docs/operations.md.
+    /// `-m MODULE` and `PYTHON script.py` entrypoints. The default; see
+    /// docs/operations.md.
     #[arg(long, overrides_with = "no_standby")]
     pub standby: bool,
-    /// No standby interpreters: every restart starts its workers cold
-    /// (the default).
+    /// No standby interpreters: every restart starts its workers cold.
     #[arg(long = "no-standby", overrides_with = "standby")]
     pub no_standby: bool,
     /// Modules the standby interpreters import besides torch,
@@ -461,10 +460,10 @@ impl RunArgs {
         Ok((host.to_owned(), port.or(self.master_port)))
     }
 
-    /// The standby interpreters to keep: with `--standby` and a Python
-    /// entrypoint, what they become and preload; else None.
+    /// The standby interpreters to keep: with standbys on (the default)
+    /// and a Python entrypoint, what they become and preload; else None.
     pub fn standby_plan(&self) -> Option<crate::standby::Plan> {
-        if !self.standby {
+        if self.no_standby {
             return None;
         }
         Some(crate::standby::Plan {
@@ -602,15 +601,14 @@ mod tests {
     }
 
     #[test]
-    fn standbys_are_kept_for_python_entrypoints_when_asked() {
-        assert!(parse(&["t.py", "-x"]).standby_plan().is_none(), "opt-in");
-        let p = parse(&["--standby", "t.py", "-x"]).standby_plan().unwrap();
+    fn standbys_are_on_for_python_entrypoints_unless_turned_off() {
+        let p = parse(&["t.py", "-x"]).standby_plan().unwrap();
         assert_eq!(p.entry.args, ["t.py", "-x"]);
         assert_eq!(
             p.preload,
             "torch?,torch.distributed?,torch.nn.parallel?,torch._dynamo?"
         );
-        let p = parse(&["--standby", "--preload", "numpy,a.b", "-m", "pkg.train"])
+        let p = parse(&["--preload", "numpy,a.b", "-m", "pkg.train"])
             .standby_plan()
             .unwrap();
         assert_eq!(p.entry.args, ["-m", "pkg.train"]);
@@ -625,16 +623,8 @@ mod tests {
                 .standby_plan()
                 .is_some()
         );
-        assert!(
-            parse(&["--standby", "bash", "job.sh"])
-                .standby_plan()
-                .is_none()
-        );
-        assert!(
-            parse(&["--standby", "--no-python", "t.py"])
-                .standby_plan()
-                .is_none()
-        );
+        assert!(parse(&["bash", "job.sh"]).standby_plan().is_none());
+        assert!(parse(&["--no-python", "t.py"]).standby_plan().is_none());
     }
 
     #[test]

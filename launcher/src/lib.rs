@@ -42,6 +42,7 @@ pub mod hosts;
 pub mod job_goodput;
 pub mod machine;
 pub mod output;
+pub mod reported_imports;
 pub mod spawn;
 pub mod standby;
 pub mod supervise;

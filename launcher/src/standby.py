@@ -7,8 +7,11 @@
 # Protocol, on fd 0 (a Unix socket the launcher holds the other end of):
 # - the standby writes b"R" once the preload list is imported and CUDA is
 #   not initialized;
-# - the launcher writes one JSON object {"argv", "env", "cwd"} and shuts its
-#   side down; EOF with nothing read means "not needed": exit 0 quietly.
+# - the launcher writes JSON objects, one a line: any number of
+#   {"preload": "a?,b?"} (more modules, the workers' own imports as their
+#   clients reported them: imported at once, in order), then the orders
+#   {"argv", "env", "cwd"}, and shuts its side down; EOF with no orders
+#   means "not needed": exit 0 quietly.
 # Then fd 0 becomes /dev/null (a cold worker's stdin), os.environ is
 # replaced by the rank's (putenv: native code and children see it too), and
 # the script runs as __main__; its SystemExit and uncaught exceptions end the
@@ -28,32 +31,51 @@ def _preload(spec):
         except ImportError as e:
             if not optional:
                 print(f"warden standby: cannot preload {name}: {e}", file=sys.stderr)
+        except Exception:
+            # An optional module (the defaults, what the workers reported)
+            # that fails at import here is left out; --preload's are the
+            # user's word: their failure ends the standby (cold restart).
+            if not optional:
+                raise
 
 
-def _orders():
-    os.write(0, b"R")
-    chunks = []
-    while True:
-        b = os.read(0, 1 << 16)
-        if not b:
-            break
-        chunks.append(b)
-    null = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(null, 0)
-    os.close(null)
-    if not chunks:
-        return None
-    return json.loads(b"".join(chunks))
-
-
-def _main():
-    _preload(os.environ.get("WARDEN_STANDBY_PRELOAD", ""))
+def _cuda_check():
     torch = sys.modules.get("torch")
     cuda = getattr(torch, "cuda", None)
     if cuda is not None and cuda.is_initialized():
         # The rank's CUDA_VISIBLE_DEVICES would come too late.
         print("warden standby: a preloaded module initialized CUDA; not usable", file=sys.stderr)
         os._exit(3)
+
+
+def _orders():
+    os.write(0, b"R")
+    buf = b""
+    order = None
+    while order is None:
+        b = os.read(0, 1 << 16)
+        if not b:
+            break
+        buf += b
+        while b"\n" in buf and order is None:
+            line, buf = buf.split(b"\n", 1)
+            msg = json.loads(line)
+            if "argv" in msg:
+                order = msg
+            else:
+                _preload(msg.get("preload", ""))
+                _cuda_check()
+    if order is None and buf.strip():
+        order = json.loads(buf)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    return order
+
+
+def _main():
+    _preload(os.environ.get("WARDEN_STANDBY_PRELOAD", ""))
+    _cuda_check()
     order = _orders()
     if order is None:
         os._exit(0)

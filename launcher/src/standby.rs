@@ -250,6 +250,19 @@ impl Standby {
         Ok(process)
     }
 
+    /// Has it import `spec` too (`a?,b?`, as [`preload_spec`] writes):
+    /// what the workers imported, as their clients reported it. The
+    /// standby imports it before it reads its orders, so a promotion after
+    /// this waits for the import; a standby that died makes this an error,
+    /// and its promotion then starts the rank cold.
+    pub async fn preload_more(&mut self, spec: &str) -> std::io::Result<()> {
+        let mut line = serde_json::json!({ "preload": spec })
+            .to_string()
+            .into_bytes();
+        line.push(b'\n');
+        self.orders.write_all(&line).await
+    }
+
     /// Kills it (its process group) and reaps it in the background.
     pub fn discard(self) -> JoinHandle<()> {
         discard(self.process)
@@ -285,7 +298,9 @@ fn order(entry: &Entry, env: &[(String, String)], cwd: &Path) -> Vec<u8> {
         "env": all,
         "cwd": cwd.to_string_lossy(),
     });
-    doc.to_string().into_bytes()
+    let mut line = doc.to_string().into_bytes();
+    line.push(b'\n');
+    line
 }
 
 #[cfg(test)]

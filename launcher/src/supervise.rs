@@ -70,6 +70,7 @@ use super::machine::{
     Started, StopKind, WorkerExit,
 };
 use super::output::{self, Console, Stream};
+use super::reported_imports;
 use super::spawn::{self, Exit};
 use super::standby::{self, Standby};
 use super::zero_code;
@@ -103,6 +104,14 @@ const STANDBY_ENV: &[&str] = &[
     "OMP_NUM_THREADS",
     "TORCH_NCCL_ASYNC_ERROR_HANDLING",
     "PYTHONUNBUFFERED",
+];
+/// When, after an attempt starts, the workers' reported imports are read
+/// for the standbys (the client writes when `warden.run` starts and 20 s
+/// later): each delay counts from the check before.
+const IMPORTS_CHECKS: &[Duration] = &[
+    Duration::from_secs(5),
+    Duration::from_secs(20),
+    Duration::from_secs(40),
 ];
 
 /// What the supervisor runs.
@@ -203,6 +212,7 @@ enum Ev {
     Signal(i32),
     Remote(Remote),
     Replenish,
+    Imports,
 }
 
 /// What carrying out one command led to.
@@ -267,12 +277,33 @@ pub async fn run<C: Coordinator>(
         standbys: Vec::new(),
         standby_env: Vec::new(),
         replenish_at: None,
+        imports: Imports::default(),
         attempts_started: 0,
         deferred_signal: None,
     };
     let summary = sup.run().await;
     stop.cancel();
     summary
+}
+
+/// The workers' reported imports ([`reported_imports`]) on their way to
+/// the standbys.
+#[derive(Debug, Default)]
+struct Imports {
+    /// The next read.
+    check_at: Option<Instant>,
+    /// Which of [`IMPORTS_CHECKS`] comes after it.
+    next: usize,
+    /// Names already handed to the standbys.
+    sent: std::collections::BTreeSet<String>,
+}
+
+impl Imports {
+    /// Plans read `i` of [`IMPORTS_CHECKS`] from now (none past the last).
+    fn schedule(&mut self, i: usize) {
+        self.check_at = IMPORTS_CHECKS.get(i).map(|d| Instant::now() + *d);
+        self.next = i + 1;
+    }
 }
 
 /// The executor: carries out the machine's commands and turns what happens
@@ -312,6 +343,8 @@ struct Sup<'a, C> {
     standby_env: Vec<(String, String)>,
     /// When the standbys used by a warm restart are replaced.
     replenish_at: Option<Instant>,
+    /// The workers' reported imports, passed on to the standbys.
+    imports: Imports,
     /// Attempts started so far (the first starts cold).
     attempts_started: u32,
     /// A signal received while a start waited for a standby: the next
@@ -364,6 +397,7 @@ impl<C: Coordinator> Sup<'_, C> {
             sig = self.signals.recv() => Ev::Signal(sig),
             d = self.coord.next_remote() => Ev::Remote(d),
             () = sleep_until(self.replenish_at), if self.replenish_at.is_some() => Ev::Replenish,
+            () = sleep_until(self.imports.check_at), if self.imports.check_at.is_some() => Ev::Imports,
         };
         match ev {
             Ev::Exit(n) => {
@@ -406,6 +440,10 @@ impl<C: Coordinator> Sup<'_, C> {
             Ev::Replenish => {
                 self.replenish_at = None;
                 self.start_standbys();
+                None
+            }
+            Ev::Imports => {
+                self.preload_reported().await;
                 None
             }
         }
@@ -586,7 +624,17 @@ impl<C: Coordinator> Sup<'_, C> {
         self.attempts_started += 1;
         for local in 0..self.job.nproc_per_node {
             let rank = wenv.global_rank(local);
-            let env = wenv.for_rank(local, |k| std::env::var(k).ok());
+            let mut env = wenv.for_rank(local, |k| std::env::var(k).ok());
+            if self.job.standby.is_some() {
+                let dir = self.job.log_root.join("imports");
+                if std::fs::create_dir_all(&dir).is_ok() {
+                    let file = reported_imports::file_for(&dir, rank);
+                    env.push((
+                        reported_imports::ENV.to_owned(),
+                        file.to_string_lossy().into_owned(),
+                    ));
+                }
+            }
             if first {
                 self.standby_env = env
                     .iter()
@@ -708,6 +756,9 @@ impl<C: Coordinator> Sup<'_, C> {
             } else if self.job.standby.is_some() {
                 self.replenish_at = Some(Instant::now() + STANDBY_REPLENISH_AFTER);
             }
+            if self.job.standby.is_some() {
+                self.imports.schedule(0);
+            }
         }
         Input::Started(Box::new(Started {
             workers: self.workers.iter().map(|w| (w.rank, w.pid)).collect(),
@@ -772,6 +823,42 @@ impl<C: Coordinator> Sup<'_, C> {
                 None
             }
         }
+    }
+
+    /// Reads what the workers reported importing and has the standbys
+    /// (those waiting now and those started later) import what they do not
+    /// have yet; schedules the next read.
+    async fn preload_reported(&mut self) {
+        self.imports.schedule(self.imports.next);
+        let Some(plan) = self.job.standby.as_mut() else {
+            return;
+        };
+        let reported = reported_imports::read(&self.job.log_root.join("imports"));
+        let new: Vec<String> = reported
+            .into_iter()
+            .filter(|n| {
+                !self.imports.sent.contains(n) && !standby::DEFAULT_PRELOAD.contains(&n.as_str())
+            })
+            .take(reported_imports::MAX_NAMES.saturating_sub(self.imports.sent.len()))
+            .collect();
+        if new.is_empty() {
+            return;
+        }
+        let spec = new
+            .iter()
+            .map(|n| format!("{n}?"))
+            .collect::<Vec<_>>()
+            .join(",");
+        plan.preload = format!("{},{spec}", plan.preload);
+        self.imports.sent.extend(new.iter().cloned());
+        for sb in self.standbys.iter_mut().flatten() {
+            // A dead standby's promotion fails and starts its rank cold.
+            let _ = sb.preload_more(&spec).await;
+        }
+        self.say(format!(
+            "standbys also preload what the workers imported (their clients' report): {}",
+            new.join(", ")
+        ));
     }
 
     /// Starts a standby interpreter for every local slot without one.

@@ -208,7 +208,9 @@ def run(
     """
     global _count
     _install_signal()
-    from . import _excepthook
+    from . import _excepthook, _imports
+
+    _imports.report()
 
     if not _excepthook.clients():
         # Requests come through a client: make sure one is registered.
