@@ -384,13 +384,22 @@ impl Agent for AgentService {
             let message = clip_head(&r.message, MAX_EXCEPTION_MESSAGE);
             let traceback = clip_tail(&r.traceback, MAX_TRACEBACK);
             let awaits_decision = r.awaits_decision && !r.uncaught;
+            // A launcher reporting what its worker printed (zero-code mode)
+            // has no step to give.
+            let step = (!self
+                .state
+                .registry()
+                .ranks
+                .get(&key)
+                .is_some_and(|e| e.launcher_only()))
+            .then_some(r.step);
             self.state
                 .events
                 .publish(Signal::RankException(RankException {
                     key: key.clone(),
                     exception_type: r.exception_type.clone(),
                     message,
-                    step: r.step,
+                    step,
                     pid: r.pid,
                     generation: r.generation,
                     uncaught: r.uncaught,

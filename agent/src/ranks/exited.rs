@@ -52,6 +52,7 @@ pub fn record(
     let ingested = entry.ingested_start_ns;
     let declared_pid = entry.declared_pid;
     let slot_index = entry.slot;
+    let no_client = entry.launcher_only();
     let (mut step, mut section) = (
         entry.last.as_ref().map_or(0, |s| s.step),
         entry.section.clone(),
@@ -97,7 +98,7 @@ pub fn record(
             key: key.clone(),
             pid,
             declared_pid,
-            step,
+            step: (!no_client).then_some(step),
             section,
             state_before: was,
             exit,

@@ -205,6 +205,15 @@ pub struct RankEntry {
 impl RankEntry {
     /// Completed steps kept for percentiles.
     pub const STEP_TIMES: usize = 64;
+
+    /// A worker its launcher registered whose script never attached a
+    /// client (zero-code mode; a client's own registration replaces the
+    /// entry): nothing writes its slot, so it has no step to report, and
+    /// step 0 would make two failures at different steps read as a repeat
+    /// at the same one.
+    pub fn launcher_only(&self) -> bool {
+        self.pid != 0 && self.registered_by.is_some_and(|by| by != self.pid)
+    }
 }
 
 /// Per-job state.

@@ -291,7 +291,7 @@ impl Engine {
                         event_id: ev.id,
                         exception_type: r.exception_type.clone(),
                         message: r.message.clone(),
-                        step: Some(r.step),
+                        step: r.step,
                     },
                 );
             }
@@ -302,7 +302,7 @@ impl Engine {
                     event_id: ev.id,
                     code: r.exit.code,
                     signal: r.exit.signal,
-                    step: Some(r.step),
+                    step: r.step,
                     section: r.section.clone(),
                     pid: Some(r.pid),
                 };

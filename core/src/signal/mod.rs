@@ -197,8 +197,9 @@ pub struct RankException {
     pub exception_type: String,
     /// Its message (clipped).
     pub message: String,
-    /// The step it was at.
-    pub step: u64,
+    /// The step it was at; None for a worker no client attached to (the
+    /// launcher reported what it printed: see [`RankExited::step`]).
+    pub step: Option<u64>,
     /// Its process.
     pub pid: u32,
     /// Its registration's generation.
@@ -221,8 +222,11 @@ pub struct RankExited {
     pub pid: u32,
     /// The pid the client declared.
     pub declared_pid: u32,
-    /// The step it was at.
-    pub step: u64,
+    /// The step it was at; None when no step was ever reported (a worker
+    /// its launcher registered whose script never attached a client: its
+    /// slot says nothing, and step 0 would make two crashes at different
+    /// steps read as a repeat at the same one).
+    pub step: Option<u64>,
     /// The section it was in.
     pub section: String,
     /// Its state before the exit.

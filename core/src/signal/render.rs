@@ -151,12 +151,17 @@ fn exception(r: &RankException) -> NewEvent {
     )
     .with("exception_type", &r.exception_type)
     .with("message", &r.message)
-    .with("step", r.step)
+    .with("step", step_or_unknown(r.step))
     .with("pid", r.pid)
     .with("generation", r.generation)
     .with("uncaught", r.uncaught)
     .with("traceback", &r.traceback)
     .with("awaits_decision", r.awaits_decision)
+}
+
+/// A step as events show it: `unknown` when no client reported one.
+fn step_or_unknown(step: Option<u64>) -> String {
+    step.map_or_else(|| "unknown".to_owned(), |s| s.to_string())
 }
 
 fn exited(r: &RankExited) -> NewEvent {
@@ -179,14 +184,20 @@ fn exited(r: &RankExited) -> NewEvent {
         r.severity(),
         "rank.exited",
         key.to_string(),
-        format!(
-            "{key} (pid {}) {how} at step {} in '{}' without deregistering",
-            r.pid, r.step, r.section
-        ),
+        match r.step {
+            Some(step) => format!(
+                "{key} (pid {}) {how} at step {step} in '{}' without deregistering",
+                r.pid, r.section
+            ),
+            None => format!(
+                "{key} (pid {}) {how} without deregistering; no step reported (no client)",
+                r.pid
+            ),
+        },
     )
     .with("pid", r.pid)
     .with("declared_pid", r.declared_pid)
-    .with("step", r.step)
+    .with("step", step_or_unknown(r.step))
     .with("section", &r.section)
     .with("state_before", was.as_str())
     .with("status_source", &exit.source);

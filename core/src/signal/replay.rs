@@ -75,7 +75,7 @@ pub fn signal_of(
             key: rank_subject(subject)?,
             exception_type: get("exception_type"),
             message: get("message"),
-            step: num("step").unwrap_or(0),
+            step: num("step"),
             pid: n32("pid").unwrap_or(0),
             generation: 0,
             uncaught: get("uncaught") == "true",
@@ -86,7 +86,7 @@ pub fn signal_of(
             key: rank_subject(subject)?,
             pid: n32("pid").unwrap_or(0),
             declared_pid: n32("pid").unwrap_or(0),
-            step: num("step").unwrap_or(0),
+            step: num("step"),
             section: get("section"),
             // A recording at Info is a stop by the launcher.
             state_before: if severity == Severity::Info {

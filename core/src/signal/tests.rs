@@ -85,7 +85,7 @@ fn exited(state_before: RankState, code: Option<i32>, signal: Option<i32>) -> Ra
         key: key(),
         pid: 10,
         declared_pid: 11,
-        step: 7,
+        step: Some(7),
         section: "backward".into(),
         state_before,
         exit: ExitInfo {
@@ -167,7 +167,7 @@ fn cases() -> Vec<Case> {
                 key: key(),
                 exception_type: "ValueError".into(),
                 message: "bad\nmore".into(),
-                step: 3,
+                step: Some(3),
                 pid: 10,
                 generation: 2,
                 uncaught: true,
@@ -203,6 +203,25 @@ fn cases() -> Vec<Case> {
                 ("state_before", "running"),
                 ("status_source", "src"),
                 ("exit_code", "1"),
+            ]),
+        },
+        Case {
+            signal: Signal::RankExited(RankExited {
+                step: None,
+                ..exited(RankState::Running, Some(3), None)
+            }),
+            severity: Severity::Error,
+            kind: "rank.exited",
+            subject: "job/j/rank/3",
+            message: "job/j/rank/3 (pid 10) exited with code 3 without deregistering; no step reported (no client)",
+            evidence: kv(&[
+                ("pid", "10"),
+                ("declared_pid", "11"),
+                ("step", "unknown"),
+                ("section", "backward"),
+                ("state_before", "running"),
+                ("status_source", "src"),
+                ("exit_code", "3"),
             ]),
         },
         Case {
