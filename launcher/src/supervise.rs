@@ -35,7 +35,11 @@
 //!   superseding `restart_in_job` (the agent's escalation when the ranks do
 //!   not acknowledge) is acted on. A worker whose process is gone cannot come
 //!   back in process (the agent counts it as its launcher's to restart), so
-//!   with a failed worker the launcher restarts in job at once.
+//!   with a failed worker the launcher restarts in job at once. A revision
+//!   carrying a replacement (a rank's process is stopped: it can never
+//!   acknowledge) kills that worker alone and starts its rank again in the
+//!   same attempt, with the in-process restart's count, while the others
+//!   restart in process; a failed replacement restarts in job.
 //! - `continue`: nothing.
 //! - SIGINT/SIGTERM/SIGHUP: forwarded to the workers' process groups, a
 //!   graceful stop, exit 128+N; a second one kills at once.

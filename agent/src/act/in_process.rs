@@ -1256,9 +1256,9 @@ mod tests {
                 .unwrap(),
         );
         let pid = child.0.id();
+        let uid = nix::unistd::getuid().as_raw();
         let process =
-            crate::ranks::process::RankProcess::verify(pid, std::process::id(), own_uid())
-                .unwrap();
+            crate::ranks::process::RankProcess::verify(pid, std::process::id(), uid).unwrap();
         let mut req = RegisterRequest::for_test(job, rank, 4);
         req.pid = pid;
         req.declared_pid = pid;
@@ -1271,10 +1271,6 @@ mod tests {
             .unwrap()
             .attach_writer(reg.generation, pid);
         (child, reg)
-    }
-
-    fn own_uid() -> u32 {
-        nix::unistd::getuid().as_raw()
     }
 
     fn signal(child: &Child, sig: nix::sys::signal::Signal) {
@@ -1298,7 +1294,10 @@ mod tests {
         let e = escalations.recv().await.unwrap();
         let waited = t0.elapsed();
         assert!(waited >= STOPPED_FOR, "replaced after {waited:?}");
-        assert!(waited < Duration::from_secs(10), "replaced after {waited:?}");
+        assert!(
+            waited < Duration::from_secs(10),
+            "replaced after {waited:?}"
+        );
         assert_eq!(
             (e.incident.as_str(), e.action),
             ("inc-3", Action::RestartInProcess)
