@@ -168,6 +168,9 @@ struct Pending {
     wake: Arc<Notify>,
     /// When the unanswered ranks' process states are read next.
     next_state_check: Instant,
+    /// The job's world size as its ranks declared it: more than the ranks
+    /// asked means ranks on other hosts, which this agent cannot see.
+    world_size: u32,
 }
 
 #[derive(Debug, Default)]
@@ -317,17 +320,24 @@ pub fn request(
         return Err(RestartError::EmptyJob);
     }
     // The live ranks, from the registry (its lock only).
-    let live: Vec<(u32, u64, u32)> = {
+    let (live, world_size): (Vec<(u32, u64, u32)>, u32) = {
         let reg = state.registry();
-        reg.ranks
+        let entries: Vec<_> = reg
+            .ranks
             .values()
             .filter(|e| {
                 e.key.job == job
                     && e.holds_slot
                     && matches!(e.state, RankState::Running | RankState::Hung)
             })
-            .map(|e| (e.key.rank, e.generation, e.slot))
-            .collect()
+            .collect();
+        (
+            entries
+                .iter()
+                .map(|e| (e.key.rank, e.generation, e.slot))
+                .collect(),
+            entries.iter().map(|e| e.world_size).max().unwrap_or(0),
+        )
     };
     if live.is_empty() {
         return Err(RestartError::NoLiveRanks {
@@ -379,6 +389,7 @@ pub fn request(
             .collect(),
         wake: wake.clone(),
         next_state_check: Instant::now(),
+        world_size,
     });
     for &(rank, generation, _) in &live {
         let key = RankKey {
@@ -765,22 +776,25 @@ fn look(state: &Handles, job: &str, seq: u64) -> Progress {
     else {
         return Progress::Superseded;
     };
-    Progress::Waiting(to_replace(&mut p.ranks, now))
+    let whole_job = u32::try_from(p.ranks.len()).unwrap_or(u32::MAX) >= p.world_size;
+    Progress::Waiting(to_replace(&mut p.ranks, whole_job, now))
 }
 
 /// The ranks stopped for [`STOPPED_FOR`] and not yet handed to their
-/// launcher, marked as handed. None while every rank waited for is stopped
-/// (a job suspended as a whole, by its scheduler or by hand: replacing all
-/// of it is the in-job restart the timeout leads to anyway, and a
-/// suspended job is resumed, not replaced).
-fn to_replace(ranks: &mut BTreeMap<u32, RankWait>, now: Instant) -> Vec<u32> {
+/// launcher, marked as handed. None while every rank of the job (`whole_job`:
+/// the request covers its world) is stopped: a job suspended as a whole, by
+/// its scheduler or by hand, is resumed, not replaced (and replacing all of
+/// it is the in-job restart the timeout leads to anyway). A job with ranks
+/// on other hosts has peers this agent cannot see: its stopped local ranks
+/// are replaced even when they are all it has here.
+fn to_replace(ranks: &mut BTreeMap<u32, RankWait>, whole_job: bool, now: Instant) -> Vec<u32> {
     let is_stopped = |w: &RankWait| {
         w.outcome.is_none()
             && (w.replaced
                 || w.stopped_since
                     .is_some_and(|t| now.saturating_duration_since(t) >= STOPPED_FOR))
     };
-    if ranks.values().all(is_stopped) {
+    if whole_job && ranks.values().all(is_stopped) {
         return Vec::new();
     }
     let mut out = Vec::new();
@@ -1093,10 +1107,22 @@ mod tests {
     }
 
     async fn event(state: &AgentState, kind: &str) -> Arc<warden_core::events::Event> {
+        event_about(state, kind, "").await
+    }
+
+    /// The first event of `kind` about `subject` ("": any).
+    async fn event_about(
+        state: &AgentState,
+        kind: &str,
+        subject: &str,
+    ) -> Arc<warden_core::events::Event> {
         let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
         loop {
             let (events, _) = state.events.list(0, 0);
-            if let Some(e) = events.into_iter().find(|e| e.kind == kind) {
+            if let Some(e) = events
+                .into_iter()
+                .find(|e| e.kind == kind && (subject.is_empty() || e.subject == subject))
+            {
                 return e;
             }
             assert!(
@@ -1248,7 +1274,11 @@ mod tests {
         }
     }
 
-    fn register_child(state: &AgentState, job: &str, rank: u32) -> (Child, Registration) {
+    fn register_child(
+        state: &AgentState,
+        job: &str,
+        (rank, world): (u32, u32),
+    ) -> (Child, Registration) {
         let child = Child(
             std::process::Command::new("sleep")
                 .arg("60")
@@ -1259,7 +1289,7 @@ mod tests {
         let uid = nix::unistd::getuid().as_raw();
         let process =
             crate::ranks::process::RankProcess::verify(pid, std::process::id(), uid).unwrap();
-        let mut req = RegisterRequest::for_test(job, rank, 4);
+        let mut req = RegisterRequest::for_test(job, rank, world);
         req.pid = pid;
         req.declared_pid = pid;
         req.process = Some(process);
@@ -1286,7 +1316,7 @@ mod tests {
         let (_dir, state) = agent(Duration::from_secs(30));
         let mut escalations = state.take_escalations().unwrap();
         let r0 = register(&state, "j", 0);
-        let (frozen, _r1) = register_child(&state, "j", 1);
+        let (frozen, _r1) = register_child(&state, "j", (1, 4));
         signal(&frozen, nix::sys::signal::Signal::SIGSTOP);
         let t0 = Instant::now();
         let asked = request(&state.in_process(), "j", "hang", "inc-3").unwrap();
@@ -1337,33 +1367,57 @@ mod tests {
 
     /// A rank that merely stays silent is not replaced; nor is a job whose
     /// every rank is stopped (suspended as a whole): both wait for the
-    /// timeout and escalate to `restart_in_job`, as before.
+    /// timeout and escalate to `restart_in_job`, as before. A job's only
+    /// local rank, with peers on other hosts, is replaced; and with no
+    /// incident (asked by hand) the replacement is said, not escalated.
     #[tokio::test]
     async fn a_silent_rank_or_a_job_stopped_as_a_whole_waits_for_the_timeout() {
         let (_dir, state) = agent(Duration::from_millis(800));
         let mut escalations = state.take_escalations().unwrap();
-        let (_running, _) = register_child(&state, "run", 0);
-        let (frozen, _) = register_child(&state, "all", 0);
-        signal(&frozen, nix::sys::signal::Signal::SIGSTOP);
+        let (_running, _) = register_child(&state, "run", (0, 2));
+        let (frozen, _) = register_child(&state, "all", (0, 2));
+        let (frozen2, _) = register_child(&state, "all", (1, 2));
+        let (alone, _) = register_child(&state, "hosts", (3, 8));
+        let (by_hand, _) = register_child(&state, "hand", (1, 8));
+        for c in [&frozen, &frozen2, &alone, &by_hand] {
+            signal(c, nix::sys::signal::Signal::SIGSTOP);
+        }
+        request(&state.in_process(), "hosts", "hang", "inc-h").unwrap();
+        let e = escalations.recv().await.unwrap();
+        assert_eq!(e.incident, "inc-h");
+        assert_eq!(e.replace.map(|r| r.ranks), Some(vec![3]));
+        request(&state.in_process(), "hand", "drill", "").unwrap();
+        let by_hand_event = event_about(&state, "restart.replace_ranks", "job/hand").await;
+        assert_eq!(evidence(&by_hand_event, "carried"), "false");
         request(&state.in_process(), "run", "hang", "inc-r").unwrap();
         request(&state.in_process(), "all", "hang", "inc-a").unwrap();
+        // At the timeout: the silent rank, the suspended job, and the
+        // hosts' job whose replacement no launcher carried out.
         let mut got = Vec::new();
-        for _ in 0..2 {
+        for _ in 0..3 {
             let e = escalations.recv().await.unwrap();
             assert_eq!(e.action, Action::RestartInJob, "{e:?}");
             assert!(e.replace.is_none(), "{e:?}");
             got.push(e.incident);
         }
         got.sort();
-        assert_eq!(got, vec!["inc-a", "inc-r"]);
+        assert_eq!(got, vec!["inc-a", "inc-h", "inc-r"]);
+        // Neither of these two was replaced; only the hosts' job and the
+        // one asked by hand were said to be.
+        let replaced: Vec<String> = state
+            .events
+            .list(0, 0)
+            .0
+            .iter()
+            .filter(|e| e.kind == "restart.replace_ranks")
+            .map(|e| e.subject.clone())
+            .collect();
+        assert_eq!(replaced.len(), 2, "{replaced:?}");
         assert!(
-            state
-                .events
-                .list(0, 0)
-                .0
-                .iter()
-                .all(|e| e.kind != "restart.replace_ranks")
+            replaced.iter().all(|s| s == "job/hosts" || s == "job/hand"),
+            "{replaced:?}"
         );
+        assert!(escalations.try_recv().is_err());
     }
 
     /// The timeout as configured by default (30 s), in tokio's paused time:
