@@ -15,6 +15,15 @@
 //!    process as in 1 (same pids, identical weights).
 //! 3. A ValueError in one rank (a user error) still ends that rank with
 //!    its exit code.
+//! 4. Under `warden run`, 2 and 4 ranks: rank 1 freezes itself with
+//!    SIGSTOP while its peers wait in all_reduce. The agent finds the hang,
+//!    restarts the job in process, sees rank 1's process stopped and has
+//!    the launcher replace it at once (`restart.replace_ranks`): the frozen
+//!    pid is gone, rank 1 runs in a new process that joins its peers'
+//!    attempt (restart count 1, the same checkpoint), every other rank is
+//!    in its original process, every rank finishes with identical weights,
+//!    and the in-process restart's timeout (30 s, as configured by default)
+//!    never fires: the replacement came before it.
 //!
 //! Needs torch in `$WARDEN_TEST_PYTHON` (tests/torch-venv.sh installs it).
 //! Skips, saying so, only when torch is not importable and
@@ -29,8 +38,8 @@ mod common;
 use std::time::Duration;
 
 use common::{
-    Events, Streaming, TestAgent, describe, evidence, python_rank, spawn_python_rank,
-    torch_available,
+    Events, Finished, Streaming, TestAgent, WARDEN, describe, evidence, python, python_rank,
+    repo_root, spawn_python_rank, torch_available,
 };
 
 /// Generous: importing torch takes seconds on a loaded 2-core machine.
@@ -300,5 +309,235 @@ async fn a_rank_waiting_in_an_all_reduce_dumps_a_flight_recorder_the_agent_reads
             &std::fs::metadata(out.join(name)).unwrap().permissions(),
         );
         assert_eq!(mode & 0o777, 0o600, "{name}");
+    }
+}
+
+/// A whole `warden run` of torch ranks: start-up (every interpreter
+/// importing torch at once on a loaded 2-core machine), the freeze, the
+/// replacement's start and the rest of the training.
+const RUN: Duration = Duration::from_secs(300);
+
+/// `[rank R] key=value ...` lines of the launcher's stdout: (rank, the
+/// line after the prefix), for lines starting with `what`.
+fn rank_lines<'a>(out: &'a str, what: &str) -> Vec<(u32, &'a str)> {
+    out.lines()
+        .filter_map(|l| {
+            let rest = l.strip_prefix("[rank ")?;
+            let (rank, line) = rest.split_once("] ")?;
+            line.starts_with(what)
+                .then(|| rank.parse().ok().map(|r| (r, line)))
+                .flatten()
+        })
+        .collect()
+}
+
+/// The `pid=` of rank `rank`'s lines starting with `what`, in order.
+fn pids_of(out: &str, what: &str, rank: u32) -> Vec<String> {
+    rank_lines(out, what)
+        .into_iter()
+        .filter(|(r, _)| *r == rank)
+        .map(|(_, l)| field(l, "pid").to_owned())
+        .collect()
+}
+
+fn show(f: &Finished) -> String {
+    format!(
+        "status {:?}\n--- stdout ---\n{}\n--- stderr ---\n{}",
+        f.status, f.stdout, f.stderr
+    )
+}
+
+/// `world` torch ranks under `warden run` (on the test's agent, so its
+/// events can be read), rank 1 frozen with SIGSTOP at step 12; `warm`:
+/// with `--standby` (the replacement is the standby interpreter), else
+/// `--no-standby`.
+async fn frozen_rank_is_replaced(job: &str, world: u32, warm: bool) {
+    let standby = if warm { "--standby" } else { "--no-standby" };
+    let (_state, agent) = start_agent();
+    let dir = tempfile::Builder::new()
+        .prefix("warden-frozen-")
+        .tempdir()
+        .unwrap();
+    let (ckpt, store) = (dir.path().join("ckpt"), dir.path().join("store"));
+    std::fs::create_dir(&ckpt).unwrap();
+    std::fs::create_dir(&store).unwrap();
+    let mut cmd = std::process::Command::new(WARDEN);
+    cmd.arg("--socket")
+        .arg(agent.socket())
+        .arg("run")
+        .args(["--nproc-per-node", &world.to_string(), "--rdzv-id", job])
+        .arg(standby)
+        .arg("--log-dir")
+        .arg(dir.path().join("logs"))
+        .arg("--")
+        .arg(python())
+        .arg(repo_root().join("tests/fixtures/torch_rank.py"))
+        .arg("--checkpoint-dir")
+        .arg(&ckpt)
+        .arg("--store-dir")
+        .arg(&store)
+        .args(["--steps", "40", "--step-ms", "30"])
+        .args(["--fault", "stop", "--fault-rank", "1", "--fault-step", "12"])
+        .env("PYTHONDONTWRITEBYTECODE", "1")
+        .env_remove("WARDEN_SOCKET")
+        .current_dir(dir.path());
+    let out = tokio::task::spawn_blocking(move || common::run(&mut cmd, RUN))
+        .await
+        .expect("the launcher's run");
+    let all = show(&out);
+    assert_eq!(out.code(), 0, "{all}");
+    let o = &out.stdout;
+
+    // Rank 1 froze in its first process, and was started again in another.
+    let fault = rank_lines(o, "fault stop ");
+    assert_eq!(fault.len(), 1, "{all}");
+    assert_eq!(fault[0].0, 1, "{all}");
+    let frozen = field(fault[0].1, "pid").to_owned();
+    let fault_t: f64 = field(fault[0].1, "t").parse().unwrap();
+    let registered = pids_of(o, "registered ", 1);
+    assert_eq!(registered.len(), 2, "rank 1 registered twice: {all}");
+    assert_eq!(registered[0], frozen, "{all}");
+    let replacement = registered[1].clone();
+    assert_ne!(replacement, frozen, "{all}");
+    // The frozen process is gone (killed and reaped).
+    assert_eq!(
+        common::proc_state(frozen.parse().unwrap()),
+        None,
+        "frozen pid {frozen} still there\n{all}"
+    );
+    assert!(
+        out.stderr
+            .contains(&format!("replacing rank 1 (pid {frozen}) in restart 1")),
+        "{all}"
+    );
+    assert_eq!(
+        out.stderr.contains(&format!(
+            "rank 1: warm start from standby pid {replacement} "
+        )),
+        warm,
+        "{all}"
+    );
+
+    let mut weights = Vec::new();
+    for rank in 0..world {
+        let first = pids_of(o, "registered ", rank)[0].clone();
+        let want = if rank == 1 { &replacement } else { &first };
+        if rank != 1 {
+            assert_eq!(
+                pids_of(o, "registered ", rank).len(),
+                1,
+                "rank {rank} registered once: {all}"
+            );
+        }
+        // Its next attempt, in its original process (rank 1: the
+        // replacement), on restart count 1, from the same checkpoint.
+        let attempts: Vec<(u32, &str)> = rank_lines(o, "attempt restart_count=1 ")
+            .into_iter()
+            .filter(|(r, _)| *r == rank)
+            .collect();
+        assert_eq!(attempts.len(), 1, "rank {rank}: {all}");
+        assert_eq!(field(attempts[0].1, "pid"), want, "rank {rank}: {all}");
+        assert!(
+            rank_lines(o, "stepping restart_count=1 ")
+                .iter()
+                .any(|(r, l)| *r == rank && field(l, "pid") == want),
+            "rank {rank} steps again: {all}"
+        );
+        let done: Vec<(u32, &str)> = rank_lines(o, "done ")
+            .into_iter()
+            .filter(|(r, _)| *r == rank)
+            .collect();
+        assert_eq!(done.len(), 1, "rank {rank}: {all}");
+        assert_eq!(field(done[0].1, "pid"), want, "rank {rank}: {all}");
+        assert_eq!(field(done[0].1, "restart_count"), "1", "rank {rank}: {all}");
+        weights.push(field(done[0].1, "weights").to_owned());
+    }
+    let starts: Vec<&str> = rank_lines(o, "attempt restart_count=1 ")
+        .iter()
+        .map(|(_, l)| field(l, "start"))
+        .collect();
+    assert!(
+        starts.iter().all(|s| *s == starts[0]),
+        "one checkpoint: {starts:?}\n{all}"
+    );
+    assert!(
+        weights.iter().all(|w| *w == weights[0]),
+        "identical weights on every rank: {weights:?}\n{all}"
+    );
+    // No in-job restart: one attempt directory.
+    assert!(
+        !dir.path().join(format!("logs/{job}/attempt_1")).exists(),
+        "{all}"
+    );
+
+    // The agent's side: rank 1 replaced well before the in-process
+    // restart's timeout, which never fired.
+    let mut events = Events::all(&agent).await;
+    let replace = events
+        .expect(&agent, SLOW, "restart.replace_ranks", |e| {
+            e.kind == "restart.replace_ranks"
+        })
+        .await;
+    assert_eq!(
+        evidence(&replace, "ranks"),
+        Some("1"),
+        "{}",
+        describe(&replace)
+    );
+    let at = replace.time.unwrap();
+    let replace_t = at.seconds as f64 + f64::from(at.nanos) / 1e9;
+    let done = events
+        .expect(&agent, SLOW, "restart.acknowledged", |e| {
+            e.kind == "restart.acknowledged"
+        })
+        .await;
+    assert_eq!(
+        evidence(&done, "gone"),
+        Some("1 (replaced by its launcher)"),
+        "{}",
+        describe(&done)
+    );
+    // Every other rank, as the agent writes a list of ranks.
+    let others = if world == 4 { "0,2,3" } else { "0" };
+    assert_eq!(
+        evidence(&done, "acknowledged"),
+        Some(others),
+        "{}",
+        describe(&done)
+    );
+    assert_eq!(
+        events.count("restart.in_process_timeout", ""),
+        0,
+        "{}",
+        events.summary()
+    );
+    let replaced_after = replace_t - fault_t;
+    let back = rank_lines(o, "stepping restart_count=1 ")
+        .iter()
+        .map(|(_, l)| field(l, "t").parse::<f64>().unwrap() - fault_t)
+        .fold(0.0, f64::max);
+    assert!(
+        replaced_after < 15.0,
+        "replaced {replaced_after:.1} s after the freeze: not well under the 30 s timeout"
+    );
+    eprintln!(
+        "{world} ranks, rank 1 frozen: replaced {replaced_after:.2} s after the freeze (pid {frozen} -> {replacement}, {}), every rank stepping again after {back:.2} s",
+        if warm { "warm" } else { "cold" }
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_rank_frozen_with_sigstop_two_ranks_is_replaced_while_its_peer_restarts_in_process() {
+    if torch_available() {
+        frozen_rank_is_replaced("torch-frozen-2", 2, true).await;
+    }
+}
+
+// Four ranks, cold (no standby): the replacement imports torch while its
+// three peers wait for it in their next attempt's init_process_group.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_rank_frozen_with_sigstop_four_ranks_is_replaced_while_its_peers_restart_in_process() {
+    if torch_available() {
+        frozen_rank_is_replaced("torch-frozen-4", 4, false).await;
     }
 }

@@ -483,6 +483,7 @@ mod tests {
                 }),
                 exit_code: 75,
                 decided_at: ts(1_700_000_001, 0),
+                replace: None,
             }),
             superseded: vec![pb::Decision {
                 action: pb::Action::RestartInJob as i32,

@@ -35,7 +35,11 @@
 //!   superseding `restart_in_job` (the agent's escalation when the ranks do
 //!   not acknowledge) is acted on. A worker whose process is gone cannot come
 //!   back in process (the agent counts it as its launcher's to restart), so
-//!   with a failed worker the launcher restarts in job at once.
+//!   with a failed worker the launcher restarts in job at once. A revision
+//!   carrying a replacement (a rank's process is stopped: it can never
+//!   acknowledge) kills that worker alone and starts its rank again in the
+//!   same attempt, with the in-process restart's count, while the others
+//!   restart in process; a failed replacement restarts in job.
 //! - `continue`: nothing.
 //! - SIGINT/SIGTERM/SIGHUP: forwarded to the workers' process groups, a
 //!   graceful stop, exit 128+N; a second one kills at once.
@@ -67,7 +71,7 @@ use super::gate::{self, Gate, GpuRelease};
 use super::hosts::{AttemptPlan, Coordinator, Directive, LocalOnly, NodeFault, Remote};
 use super::machine::{
     Action, Command, Decision, Finish, GateVerdict, Input, JobState, Limits, Listen, Now, Progress,
-    Started, StopKind, WorkerExit,
+    Replaced, Replacement, Started, StopKind, WorkerExit,
 };
 use super::output::{self, Console, Stream};
 use super::reported_imports;
@@ -92,6 +96,9 @@ const OBSERVE_TIMEOUT: Duration = Duration::from_secs(2);
 /// Processes that survive SIGKILL this long (uninterruptible sleep) are
 /// reported and left.
 const KILL_WAIT: Duration = Duration::from_secs(10);
+/// The most ranks one decision may ask this launcher to replace (more are
+/// dropped: a host runs far fewer workers).
+const MAX_REPLACE: usize = 4096;
 /// How long a restart waits for a standby still importing (it has a head
 /// start over a cold worker) before starting the rank cold.
 const STANDBY_READY_WAIT: Duration = Duration::from_secs(30);
@@ -182,6 +189,18 @@ impl Signals {
             _ = self.hup.recv() => libc::SIGHUP,
         }
     }
+}
+
+/// What the current attempt's workers were started with: a replacement
+/// starts its rank again with the same.
+#[derive(Debug, Clone)]
+struct AttemptEnv {
+    wenv: WorkerEnv,
+    /// The attempt's log directory.
+    dir: PathBuf,
+    host: String,
+    /// Tags the attempt's exits.
+    generation: u64,
 }
 
 #[derive(Debug)]
@@ -280,6 +299,7 @@ pub async fn run<C: Coordinator>(
         imports: Imports::default(),
         attempts_started: 0,
         deferred_signal: None,
+        attempt_env: None,
     };
     let summary = sup.run().await;
     stop.cancel();
@@ -350,6 +370,9 @@ struct Sup<'a, C> {
     /// A signal received while a start waited for a standby: the next
     /// input.
     deferred_signal: Option<i32>,
+    /// The current attempt's environment, for replacements (None before
+    /// the first start and for a standby attempt).
+    attempt_env: Option<AttemptEnv>,
 }
 
 impl<C: Coordinator> Sup<'_, C> {
@@ -508,6 +531,13 @@ impl<C: Coordinator> Sup<'_, C> {
             Command::Start { plan, generation } => {
                 return Done::Answer(self.start_attempt(plan, generation).await);
             }
+            Command::Replace {
+                workers,
+                restart_count,
+                reason,
+            } => {
+                return Done::Answer(self.replace_workers(workers, restart_count, &reason).await);
+            }
             Command::Finish(f) => return Done::Finished(self.finish(f).await),
         }
         Done::Nothing
@@ -584,6 +614,7 @@ impl<C: Coordinator> Sup<'_, C> {
         let wall = SystemTime::now();
         let Some(node_rank) = plan.node_rank else {
             self.workers = Vec::new();
+            self.attempt_env = None;
             self.say("no place in this round: no workers on this host until a round gives it one");
             return Input::Started(Box::new(Started {
                 plan,
@@ -620,6 +651,12 @@ impl<C: Coordinator> Sup<'_, C> {
             .ok()
             .and_then(|h| h.into_string().ok())
             .unwrap_or_default();
+        let at_env = AttemptEnv {
+            wenv: wenv.clone(),
+            dir: dir.clone(),
+            host,
+            generation,
+        };
         let first = self.attempts_started == 0;
         self.attempts_started += 1;
         for local in 0..self.job.nproc_per_node {
@@ -647,7 +684,7 @@ impl<C: Coordinator> Sup<'_, C> {
                 Some(s) => Ok(s),
                 None => spawn::spawn(&self.job.argv, &env, &self.job.cwd),
             };
-            let mut s = match started {
+            let s = match started {
                 Ok(s) => s,
                 Err(e) => {
                     for w in &self.workers {
@@ -657,85 +694,9 @@ impl<C: Coordinator> Sup<'_, C> {
                     break;
                 }
             };
-            let mut pumps = Vec::new();
-            let prefix = format!("[rank {rank}] ");
-            if let Some(out) = s.stdout.take() {
-                pumps.push(tokio::spawn(output::pump(
-                    out,
-                    Stream::Stdout,
-                    prefix.clone(),
-                    output::log_file(&dir, rank, Stream::Stdout),
-                    self.console.clone(),
-                    None,
-                )));
-            }
-            let (sink, tracebacks) = watch::channel(None);
-            let (stderr_done_tx, stderr_done) = tokio::sync::oneshot::channel::<()>();
-            if let Some(err) = s.stderr.take() {
-                let pump = output::pump(
-                    err,
-                    Stream::Stderr,
-                    prefix,
-                    output::log_file(&dir, rank, Stream::Stderr),
-                    self.console.clone(),
-                    Some(sink.clone()),
-                );
-                pumps.push(tokio::spawn(async move {
-                    pump.await;
-                    let _ = stderr_done_tx.send(());
-                }));
-            }
-            let tx = self.exits_tx.clone();
-            let pid = s.pid;
-            let pidfd = s.pidfd;
-            let id = zero_code::WorkerId {
-                job: self.job.id.clone(),
-                rank,
-                local_rank: local,
-                world_size: plan.world_size,
-                pid: u32::try_from(pid).unwrap_or(0),
-                host: host.clone(),
-                devices: zero_code::WorkerId::devices_of(&env, local),
-            };
-            let client = self.client.clone();
-            let console = self.console.clone();
-            tokio::spawn(zero_code::report_tracebacks(
-                client.clone(),
-                id.clone(),
-                tracebacks.clone(),
-                self.seen.clone(),
-                console.clone(),
-            ));
-            tokio::spawn(async move {
-                // Registered on its behalf at once: a worker that never
-                // imports warden is still watched (zero-code mode); one
-                // that does registers again itself, seconds later, and its
-                // client's registration takes over.
-                if let Err(e) = zero_code::register(&client, &id).await {
-                    console.say(format!(
-                        "could not register rank {rank} (pid {pid}) with the agent: {e}; it is watched by the launcher only"
-                    ));
-                }
-                let exit = spawn::exited(pid, &pidfd).await;
-                // What its stderr said last, once the pipe closed (the
-                // process and what inherited the pipe are gone).
-                if !exit.is_some_and(Exit::success) {
-                    let _ = tokio::time::timeout(STDERR_DRAIN, stderr_done).await;
-                }
-                let traceback = tracebacks
-                    .borrow()
-                    .as_ref()
-                    .map(|t| t.exception_type.clone());
-                let _ = tx.send(ExitNote {
-                    generation,
-                    rank,
-                    pid,
-                    exit,
-                    traceback,
-                });
-            });
-            self.workers.push(Worker { rank, pid, pumps });
+            self.watch_worker(s, &at_env, local, &env);
         }
+        self.attempt_env = Some(at_env);
         if error.is_none() {
             let pids: Vec<String> = self.workers.iter().map(|w| w.pid.to_string()).collect();
             self.say(format!(
@@ -767,6 +728,100 @@ impl<C: Coordinator> Sup<'_, C> {
             wall,
             error,
         }))
+    }
+
+    /// Takes a started worker (local slot `local` of the attempt `at`, its
+    /// environment `env`) into the attempt: its output pumps, its
+    /// registration with the agent on its behalf, its traceback reports,
+    /// and its exit watch (exits tagged with the attempt's generation).
+    fn watch_worker(
+        &mut self,
+        mut s: spawn::Spawned,
+        at: &AttemptEnv,
+        local: u32,
+        env: &[(String, String)],
+    ) {
+        let rank = at.wenv.global_rank(local);
+        let generation = at.generation;
+        let dir = &at.dir;
+        let mut pumps = Vec::new();
+        let prefix = format!("[rank {rank}] ");
+        if let Some(out) = s.stdout.take() {
+            pumps.push(tokio::spawn(output::pump(
+                out,
+                Stream::Stdout,
+                prefix.clone(),
+                output::log_file(dir, rank, Stream::Stdout),
+                self.console.clone(),
+                None,
+            )));
+        }
+        let (sink, tracebacks) = watch::channel(None);
+        let (stderr_done_tx, stderr_done) = tokio::sync::oneshot::channel::<()>();
+        if let Some(err) = s.stderr.take() {
+            let pump = output::pump(
+                err,
+                Stream::Stderr,
+                prefix,
+                output::log_file(dir, rank, Stream::Stderr),
+                self.console.clone(),
+                Some(sink.clone()),
+            );
+            pumps.push(tokio::spawn(async move {
+                pump.await;
+                let _ = stderr_done_tx.send(());
+            }));
+        }
+        let tx = self.exits_tx.clone();
+        let pid = s.pid;
+        let pidfd = s.pidfd;
+        let id = zero_code::WorkerId {
+            job: self.job.id.clone(),
+            rank,
+            local_rank: local,
+            world_size: at.wenv.world_size,
+            pid: u32::try_from(pid).unwrap_or(0),
+            host: at.host.clone(),
+            devices: zero_code::WorkerId::devices_of(env, local),
+        };
+        let client = self.client.clone();
+        let console = self.console.clone();
+        tokio::spawn(zero_code::report_tracebacks(
+            client.clone(),
+            id.clone(),
+            tracebacks.clone(),
+            self.seen.clone(),
+            console.clone(),
+        ));
+        tokio::spawn(async move {
+            // Registered on its behalf at once: a worker that never
+            // imports warden is still watched (zero-code mode); one
+            // that does registers again itself, seconds later, and its
+            // client's registration takes over.
+            if let Err(e) = zero_code::register(&client, &id).await {
+                console.say(format!(
+                    "could not register rank {rank} (pid {pid}) with the agent: {e}; it is watched by the launcher only"
+                ));
+            }
+            let exit = spawn::exited(pid, &pidfd).await;
+            // What its stderr said last, once the pipe closed (the
+            // process and what inherited the pipe are gone).
+            if !exit.is_some_and(Exit::success) {
+                let _ = tokio::time::timeout(STDERR_DRAIN, stderr_done).await;
+            }
+            let traceback = tracebacks
+                .borrow()
+                .as_ref()
+                .map(|t| t.exception_type.clone());
+            let _ = tx.send(ExitNote {
+                generation,
+                rank,
+                pid,
+                exit,
+                traceback,
+            });
+        });
+        self.workers.push(Worker { rank, pid, pumps });
     }
 
     /// Local worker `local` (global rank `rank`, environment `env`) made
@@ -978,6 +1033,12 @@ impl<C: Coordinator> Sup<'_, C> {
 
     /// Tells the agent the job's ranks are being stopped on purpose.
     async fn stop_ranks(&mut self, kind: StopKind, reason: &str) {
+        let ranks = self.workers.iter().map(|w| w.rank).collect();
+        self.stop_ranks_of(kind, reason, ranks).await;
+    }
+
+    /// Tells the agent these ranks are being stopped on purpose.
+    async fn stop_ranks_of(&mut self, kind: StopKind, reason: &str, ranks: Vec<u32>) {
         let kind = match kind {
             StopKind::Restart => pb::StopKind::Restart,
             StopKind::JobEnding => pb::StopKind::JobEnding,
@@ -986,7 +1047,7 @@ impl<C: Coordinator> Sup<'_, C> {
         let req = pb::StopRanksRequest {
             job_id: self.job.id.clone(),
             reason: reason.to_owned(),
-            ranks: self.workers.iter().map(|w| w.rank).collect(),
+            ranks,
             kind: kind as i32,
         };
         match tokio::time::timeout(STOP_RANKS_TIMEOUT, self.client.stop_ranks(req)).await {
@@ -998,6 +1059,106 @@ impl<C: Coordinator> Sup<'_, C> {
             Err(_) => self
                 .say("StopRanks timed out: the agent may report the stopped workers as failures"),
         }
+    }
+
+    /// Replaces `workers` (global rank, pid) of the running attempt: StopRanks
+    /// for them alone (their exits are then no incidents, and the agent's
+    /// in-process restart counts them as handled), SIGKILL to each one's
+    /// process group (a stopped process takes it; its closed sockets wake
+    /// peers blocked in a collective with it), a wait for each to exit, a
+    /// background reap once the agent reported it, then each rank started
+    /// again in the same attempt, warm from its slot's standby when there
+    /// is one, with `WARDEN_IN_PROCESS_RESTART_COUNT` so that it joins the
+    /// attempt its peers make. The other workers are not touched.
+    async fn replace_workers(
+        &mut self,
+        workers: Vec<(u32, i32)>,
+        restart_count: u32,
+        reason: &str,
+    ) -> Input {
+        let Some(at) = self.attempt_env.clone() else {
+            return replaced(Vec::new(), Some("no attempt is running".into()));
+        };
+        let ranks: Vec<u32> = workers.iter().map(|w| w.0).collect();
+        self.stop_ranks_of(StopKind::Restart, reason, ranks).await;
+        for &(_, pid) in &workers {
+            spawn::signal_group(pid, Signal::SIGKILL);
+            spawn::signal_pid(pid, Signal::SIGKILL);
+        }
+        let pids: Vec<i32> = workers.iter().map(|w| w.1).collect();
+        let deadline = Instant::now() + KILL_WAIT;
+        let mut poll = Duration::from_millis(1);
+        loop {
+            let alive: Vec<i32> = pids
+                .iter()
+                .copied()
+                .filter(|&p| procfs_state(p).is_some_and(|s| s != 'Z' && s != 'X'))
+                .collect();
+            if alive.is_empty() {
+                break;
+            }
+            if Instant::now() >= deadline {
+                return replaced(
+                    Vec::new(),
+                    Some(format!(
+                        "pids {alive:?} survive SIGKILL after {}",
+                        humantime::format_duration(KILL_WAIT)
+                    )),
+                );
+            }
+            tokio::time::sleep(poll).await;
+            poll = (poll * 2).min(Duration::from_millis(20));
+        }
+        // Their zombies wait for the agent's report, off this path.
+        let mut old = Vec::new();
+        self.workers.retain_mut(|w| {
+            if pids.contains(&w.pid) {
+                old.push(w.pid);
+                false
+            } else {
+                true
+            }
+        });
+        self.reapers.push(self.reap_pids(old));
+        let mut started = Vec::new();
+        let mut warm_used = false;
+        for (rank, _) in workers {
+            let Some(local) = rank
+                .checked_sub(at.wenv.rank_offset)
+                .filter(|l| *l < self.job.nproc_per_node)
+            else {
+                return replaced(
+                    started,
+                    Some(format!("rank {rank} is not one of this host's")),
+                );
+            };
+            let mut env = at.wenv.for_rank(local, |k| std::env::var(k).ok());
+            env.push((
+                "WARDEN_IN_PROCESS_RESTART_COUNT".into(),
+                restart_count.to_string(),
+            ));
+            let warm = self.warm_worker(local, rank, &env).await;
+            warm_used |= warm.is_some();
+            let s = match warm {
+                Some(s) => s,
+                None => match spawn::spawn(&self.job.argv, &env, &self.job.cwd) {
+                    Ok(s) => s,
+                    Err(e) => {
+                        return replaced(started, Some(format!("rank {rank}: {e}")));
+                    }
+                },
+            };
+            let pid = s.pid;
+            self.watch_worker(s, &at, local, &env);
+            self.say(format!(
+                "rank {rank}: started again as pid {pid} (in-process restart {restart_count})"
+            ));
+            started.push((rank, pid));
+        }
+        if warm_used {
+            self.replenish_at = Some(Instant::now() + STANDBY_REPLENISH_AFTER);
+        }
+        replaced(started, None)
     }
 
     /// Stops every process of the current attempt: `first` to each worker's
@@ -1112,7 +1273,11 @@ impl<C: Coordinator> Sup<'_, C> {
     /// reads their status from the zombie), at most [`REAP_WAIT`], on a task
     /// of its own: never on the restart's path.
     fn reap_attempt(&self) -> JoinHandle<()> {
-        let pids: Vec<i32> = self.workers.iter().map(|w| w.pid).collect();
+        self.reap_pids(self.workers.iter().map(|w| w.pid).collect())
+    }
+
+    /// Reaps these exited workers as [`Self::reap_attempt`] does.
+    fn reap_pids(&self, pids: Vec<i32>) -> JoinHandle<()> {
         let mut seen = self.seen.clone();
         tokio::spawn(async move {
             let reported = |s: &Seen| {
@@ -1206,6 +1371,11 @@ impl<C: Coordinator> Sup<'_, C> {
     }
 }
 
+/// The answer to a replacement.
+fn replaced(workers: Vec<(u32, i32)>, error: Option<String>) -> Input {
+    Input::Replaced(Box::new(Replaced { workers, error }))
+}
+
 /// Sleeps until `deadline`; forever without one.
 async fn sleep_until(deadline: Option<Instant>) {
     match deadline {
@@ -1274,6 +1444,11 @@ fn decision_of(inc: &pb::Incident) -> Option<Decision> {
             .and_then(|d| Duration::try_from(d).ok())
             .unwrap_or_default(),
         brief: brief_of(inc),
+        replace: dec.replace.as_ref().map(|r| Replacement {
+            // Bounded: at most one entry per possible rank of a host.
+            ranks: r.ranks.iter().copied().take(MAX_REPLACE).collect(),
+            restart_count: r.restart_count,
+        }),
     })
 }
 

@@ -12,7 +12,12 @@
 //! `restart.in_process_timeout`, escalating the incident to
 //! `restart_in_job` through [`Handles::escalations`] so the launcher
 //! restarts the processes. A rank that exits or registers again meanwhile
-//! counts as handled: its launcher restarts it.
+//! counts as handled: its launcher restarts it. A rank whose process is
+//! stopped (SIGSTOP: state T or t for [`STOPPED_FOR`]) can never answer:
+//! the waiter asks at once for it alone to be replaced (`restart.replace_ranks`,
+//! a revision of the incident's `restart_in_process` decision carrying a
+//! [`Replacement`]), and goes on waiting for the others; the launcher's
+//! StopRanks for it makes it handled.
 //!
 //! Never: block the caller (the waiter is a task of its own, and every lock
 //! is held for a few map operations), hold the registry and the restart
@@ -26,18 +31,28 @@ use tokio::sync::{Notify, watch};
 use warden_client::slot::ControlWord;
 
 use crate::ranks::RankKey;
+use crate::ranks::procfs;
 use crate::ranks::registry::RankState;
 use crate::ranks::registry::{Registry, SharedRegistry};
 use tokio_util::sync::CancellationToken;
 use warden_core::attribute::{Escalation, IncidentRecord};
 use warden_core::events::{EventBus, NewEvent, Severity};
-use warden_core::policy::Action;
+use warden_core::policy::{Action, Replacement};
 use warden_core::signal::join_ranks as join;
 use warden_core::signal::{RestartRequested, Signal};
 
 /// How often the waiter reads the ranks' ack words from their slots (an
 /// `AckControl` call wakes it at once).
 const ACK_POLL: Duration = Duration::from_millis(5);
+
+/// How often the waiter reads the process state of the ranks that have not
+/// answered (one /proc read each).
+const STATE_POLL: Duration = Duration::from_millis(50);
+
+/// How long a rank's process must show as stopped, read after read, before
+/// it is replaced: a tracer's stop (`t`, a debugger or strace stepping it)
+/// passes within this; SIGSTOP lasts until someone sends SIGCONT.
+pub const STOPPED_FOR: Duration = Duration::from_millis(200);
 
 /// A request to restart a job's ranks in process.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -139,6 +154,10 @@ struct RankWait {
     generation: u64,
     slot: u32,
     outcome: Option<Outcome>,
+    /// Since when every read of its process state said stopped.
+    stopped_since: Option<Instant>,
+    /// Its launcher was asked to replace it.
+    replaced: bool,
 }
 
 #[derive(Debug)]
@@ -147,6 +166,11 @@ struct Pending {
     asked_at: Instant,
     ranks: BTreeMap<u32, RankWait>,
     wake: Arc<Notify>,
+    /// When the unanswered ranks' process states are read next.
+    next_state_check: Instant,
+    /// The job's world size as its ranks declared it: more than the ranks
+    /// asked means ranks on other hosts, which this agent cannot see.
+    world_size: u32,
 }
 
 #[derive(Debug, Default)]
@@ -277,6 +301,7 @@ pub fn start(state: &Handles, record: &IncidentRecord) {
                 incident: record.id.clone(),
                 action: Action::RestartInJob,
                 reason: format!("in-process restart impossible: {e}"),
+                replace: None,
             });
         }
     }
@@ -295,17 +320,24 @@ pub fn request(
         return Err(RestartError::EmptyJob);
     }
     // The live ranks, from the registry (its lock only).
-    let live: Vec<(u32, u64, u32)> = {
+    let (live, world_size): (Vec<(u32, u64, u32)>, u32) = {
         let reg = state.registry();
-        reg.ranks
+        let entries: Vec<_> = reg
+            .ranks
             .values()
             .filter(|e| {
                 e.key.job == job
                     && e.holds_slot
                     && matches!(e.state, RankState::Running | RankState::Hung)
             })
-            .map(|e| (e.key.rank, e.generation, e.slot))
-            .collect()
+            .collect();
+        (
+            entries
+                .iter()
+                .map(|e| (e.key.rank, e.generation, e.slot))
+                .collect(),
+            entries.iter().map(|e| e.world_size).max().unwrap_or(0),
+        )
     };
     if live.is_empty() {
         return Err(RestartError::NoLiveRanks {
@@ -349,11 +381,15 @@ pub fn request(
                         generation,
                         slot,
                         outcome: None,
+                        stopped_since: None,
+                        replaced: false,
                     },
                 )
             })
             .collect(),
         wake: wake.clone(),
+        next_state_check: Instant::now(),
+        world_size,
     });
     for &(rank, generation, _) in &live {
         let key = RankKey {
@@ -595,8 +631,9 @@ fn clear_stream(g: &mut Inner, key: &RankKey, seq: u64) {
 enum Progress {
     /// The job has another request in flight, or none: this waiter is done.
     Superseded,
-    /// Some ranks have not answered yet.
-    Waiting,
+    /// Some ranks have not answered yet; these (stopped) are to be
+    /// replaced now.
+    Waiting(Vec<u32>),
     /// Every rank answered.
     Done(BTreeMap<u32, Outcome>),
 }
@@ -604,28 +641,38 @@ enum Progress {
 /// Reads the ranks' registry entries and ack words, records what changed,
 /// and says where the request stands.
 fn look(state: &Handles, job: &str, seq: u64) -> Progress {
-    let waiting: Vec<(u32, u64, u32)> = {
-        let g = state.restarts.lock();
+    let now = Instant::now();
+    let (waiting, check_state): (Vec<(u32, u64, u32, bool)>, bool) = {
+        let mut g = state.restarts.lock();
         match g
             .jobs
-            .get(job)
-            .and_then(|j| j.pending.as_ref())
+            .get_mut(job)
+            .and_then(|j| j.pending.as_mut())
             .filter(|p| p.request.seq == seq)
         {
-            Some(p) => p
-                .ranks
-                .iter()
-                .filter(|(_, w)| w.outcome.is_none())
-                .map(|(&r, w)| (r, w.generation, w.slot))
-                .collect(),
+            Some(p) => {
+                let check = now >= p.next_state_check;
+                if check {
+                    p.next_state_check = now + STATE_POLL;
+                }
+                let waiting = p
+                    .ranks
+                    .iter()
+                    .filter(|(_, w)| w.outcome.is_none())
+                    .map(|(&r, w)| (r, w.generation, w.slot, w.replaced))
+                    .collect();
+                (waiting, check)
+            }
             None => return Progress::Superseded,
         }
     };
     // The registry's view, without the restart lock.
     let mut seen: Vec<(u32, Outcome)> = Vec::new();
+    // (rank, whether its process is stopped), for ranks still waited for.
+    let mut states: Vec<(u32, bool)> = Vec::new();
     if !waiting.is_empty() {
         let reg = state.registry();
-        for (rank, generation, slot) in waiting {
+        for (rank, generation, slot, replaced) in waiting {
             let key = RankKey {
                 job: job.to_owned(),
                 rank,
@@ -634,13 +681,24 @@ fn look(state: &Handles, job: &str, seq: u64) -> Progress {
                 None => Some("left"),
                 Some(e) if e.generation != generation => Some("registered again"),
                 Some(e) if e.state == RankState::Exited => Some("exited"),
+                Some(e) if e.state == RankState::Stopping && replaced => {
+                    Some("replaced by its launcher")
+                }
                 Some(e) if e.state == RankState::Stopping => Some("stopped by its launcher"),
                 Some(e) if e.state == RankState::Lost || !e.holds_slot => Some("lost its slot"),
                 Some(_) => None,
             };
             if let Some(why) = gone {
                 seen.push((rank, Outcome::Gone { why }));
-            } else if let Ok((acked, writer)) = reg.slots().ack_word(slot)
+                continue;
+            }
+            if check_state
+                && !replaced
+                && let Some(e) = reg.ranks.get(&key)
+            {
+                states.push((rank, stopped(e.process.as_ref())));
+            }
+            if let Ok((acked, writer)) = reg.slots().ack_word(slot)
                 && acked == seq
                 && writer == generation
             {
@@ -665,6 +723,15 @@ fn look(state: &Handles, job: &str, seq: u64) -> Progress {
         return Progress::Superseded;
     };
     let elapsed = p.asked_at.elapsed();
+    for (rank, is_stopped) in states {
+        if let Some(w) = p.ranks.get_mut(&rank) {
+            w.stopped_since = if is_stopped {
+                Some(w.stopped_since.unwrap_or(now))
+            } else {
+                None
+            };
+        }
+    }
     let mut answered = Vec::new();
     for (rank, outcome) in seen {
         if let Some(w) = p.ranks.get_mut(&rank).filter(|w| w.outcome.is_none()) {
@@ -699,10 +766,58 @@ fn look(state: &Handles, job: &str, seq: u64) -> Progress {
     }
     if done {
         finish(&mut g, job, seq);
-        Progress::Done(outcomes)
-    } else {
-        Progress::Waiting
+        return Progress::Done(outcomes);
     }
+    let Some(p) = g
+        .jobs
+        .get_mut(job)
+        .and_then(|j| j.pending.as_mut())
+        .filter(|p| p.request.seq == seq)
+    else {
+        return Progress::Superseded;
+    };
+    let whole_job = u32::try_from(p.ranks.len()).unwrap_or(u32::MAX) >= p.world_size;
+    Progress::Waiting(to_replace(&mut p.ranks, whole_job, now))
+}
+
+/// The ranks stopped for [`STOPPED_FOR`] and not yet handed to their
+/// launcher, marked as handed. None while every rank of the job (`whole_job`:
+/// the request covers its world) is stopped: a job suspended as a whole, by
+/// its scheduler or by hand, is resumed, not replaced (and replacing all of
+/// it is the in-job restart the timeout leads to anyway). A job with ranks
+/// on other hosts has peers this agent cannot see: its stopped local ranks
+/// are replaced even when they are all it has here.
+fn to_replace(ranks: &mut BTreeMap<u32, RankWait>, whole_job: bool, now: Instant) -> Vec<u32> {
+    let is_stopped = |w: &RankWait| {
+        w.outcome.is_none()
+            && (w.replaced
+                || w.stopped_since
+                    .is_some_and(|t| now.saturating_duration_since(t) >= STOPPED_FOR))
+    };
+    if whole_job && ranks.values().all(is_stopped) {
+        return Vec::new();
+    }
+    let mut out = Vec::new();
+    for (&rank, w) in ranks.iter_mut() {
+        if !w.replaced && is_stopped(w) {
+            w.replaced = true;
+            out.push(rank);
+        }
+    }
+    out
+}
+
+/// Whether the rank's process is stopped (state `T`, SIGSTOP, or `t`, a
+/// tracer), read through its registration's process handle: the pidfd
+/// says it is still the process registered (a signal 0 through it fails
+/// once it exited), then /proc/PID/stat gives the state. False when the
+/// agent holds no handle (a rank outside its PID namespace).
+fn stopped(process: Option<&crate::ranks::process::RankProcess>) -> bool {
+    let Some(p) = process else { return false };
+    if p.signal(0).is_err() {
+        return false;
+    }
+    procfs::state(p.pid).is_some_and(|s| s.starts_with('T') || s.starts_with('t'))
 }
 
 /// Ends request `seq` of `job`: no longer in flight, off every stream.
@@ -737,7 +852,11 @@ async fn wait(state: Handles, req: RestartRequest, wake: Arc<Notify>, timeout: D
                 acknowledged(&state, &req, &outcomes);
                 return;
             }
-            Progress::Waiting => {}
+            Progress::Waiting(replace) => {
+                if !replace.is_empty() {
+                    replace_ranks(&state, &req, replace);
+                }
+            }
         }
         tokio::select! {
             () = state.shutdown.cancelled() => return,
@@ -748,7 +867,7 @@ async fn wait(state: Handles, req: RestartRequest, wake: Arc<Notify>, timeout: D
                 match look(&state, &req.job, req.seq) {
                     Progress::Superseded => {}
                     Progress::Done(outcomes) => acknowledged(&state, &req, &outcomes),
-                    Progress::Waiting => timed_out(&state, &req, timeout),
+                    Progress::Waiting(_) => timed_out(&state, &req, timeout),
                 }
                 return;
             }
@@ -871,6 +990,58 @@ fn timed_out(state: &Handles, req: &RestartRequest, timeout: Duration) {
             incident: req.incident.clone(),
             action: Action::RestartInJob,
             reason,
+            replace: None,
+        });
+    }
+}
+
+/// Asks the launcher to replace `ranks` (stopped processes) while the
+/// request goes on for the others: an escalation of the incident that keeps
+/// `restart_in_process` and adds the [`Replacement`], the event
+/// `restart.replace_ranks` and its count. With no incident (asked by hand)
+/// nothing carries it to a launcher: the event says so, and the timeout
+/// escalates nothing, as before.
+fn replace_ranks(state: &Handles, req: &RestartRequest, ranks: Vec<u32>) {
+    let carried = !req.incident.is_empty();
+    metrics::counter!("warden_in_process_replacements_total").increment(ranks.len() as u64);
+    let reason = format!(
+        "rank{} {} stopped (SIGSTOP or a tracer) for {} during the in-process restart (seq {}): it can never acknowledge; replaced at once, the other ranks restart in process",
+        if ranks.len() == 1 { "" } else { "s" },
+        join(&ranks),
+        humantime::format_duration(STOPPED_FOR),
+        req.seq
+    );
+    state.events.publish(
+        NewEvent::new(
+            Severity::Warning,
+            "restart.replace_ranks",
+            format!("job/{}", req.job),
+            format!(
+                "job {}: {reason}; {}",
+                req.job,
+                if carried {
+                    format!("{} asks its launcher", req.incident)
+                } else {
+                    "no incident to carry it to a launcher (asked by hand): waiting for the timeout"
+                        .to_owned()
+                }
+            ),
+        )
+        .with("seq", req.seq)
+        .with("restart_count", req.restart_count)
+        .with("incident", &req.incident)
+        .with("ranks", join(&ranks))
+        .with("carried", carried),
+    );
+    if carried {
+        let _ = state.escalations.send(Escalation {
+            incident: req.incident.clone(),
+            action: Action::RestartInProcess,
+            reason,
+            replace: Some(Replacement {
+                ranks,
+                restart_count: req.restart_count,
+            }),
         });
     }
 }
@@ -936,10 +1107,22 @@ mod tests {
     }
 
     async fn event(state: &AgentState, kind: &str) -> Arc<warden_core::events::Event> {
+        event_about(state, kind, "").await
+    }
+
+    /// The first event of `kind` about `subject` ("": any).
+    async fn event_about(
+        state: &AgentState,
+        kind: &str,
+        subject: &str,
+    ) -> Arc<warden_core::events::Event> {
         let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
         loop {
             let (events, _) = state.events.list(0, 0);
-            if let Some(e) = events.into_iter().find(|e| e.kind == kind) {
+            if let Some(e) = events
+                .into_iter()
+                .find(|e| e.kind == kind && (subject.is_empty() || e.subject == subject))
+            {
                 return e;
             }
             assert!(
@@ -1078,6 +1261,163 @@ mod tests {
             subscribe(&state.in_process(), &key("nobody", 0), 1),
             Err(ControlError::UnknownRank { .. })
         ));
+    }
+
+    /// A child process (`sleep`) registered as rank `rank` of `job`, held by
+    /// its process handle as the API holds a client's; killed on drop.
+    struct Child(std::process::Child);
+
+    impl Drop for Child {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+
+    fn register_child(
+        state: &AgentState,
+        job: &str,
+        (rank, world): (u32, u32),
+    ) -> (Child, Registration) {
+        let child = Child(
+            std::process::Command::new("sleep")
+                .arg("60")
+                .spawn()
+                .unwrap(),
+        );
+        let pid = child.0.id();
+        let uid = nix::unistd::getuid().as_raw();
+        let process =
+            crate::ranks::process::RankProcess::verify(pid, std::process::id(), uid).unwrap();
+        let mut req = RegisterRequest::for_test(job, rank, world);
+        req.pid = pid;
+        req.declared_pid = pid;
+        req.process = Some(process);
+        let reg = state.registry().register(&req, 0).unwrap();
+        state
+            .registry()
+            .slots()
+            .slot(reg.slot_index)
+            .unwrap()
+            .attach_writer(reg.generation, pid);
+        (child, reg)
+    }
+
+    fn signal(child: &Child, sig: nix::sys::signal::Signal) {
+        let pid = nix::unistd::Pid::from_raw(i32::try_from(child.0.id()).unwrap());
+        nix::sys::signal::kill(pid, sig).unwrap();
+    }
+
+    /// A rank frozen with SIGSTOP is handed to its launcher at once (well
+    /// before the timeout), its peer keeps its in-process restart, and the
+    /// launcher's StopRanks for the frozen rank alone ends the request.
+    #[tokio::test]
+    async fn a_stopped_rank_is_replaced_at_once_and_the_others_restart_in_process() {
+        let (_dir, state) = agent(Duration::from_secs(30));
+        let mut escalations = state.take_escalations().unwrap();
+        let r0 = register(&state, "j", 0);
+        let (frozen, _r1) = register_child(&state, "j", (1, 4));
+        signal(&frozen, nix::sys::signal::Signal::SIGSTOP);
+        let t0 = Instant::now();
+        let asked = request(&state.in_process(), "j", "hang", "inc-3").unwrap();
+        assert_eq!(asked.ranks, vec![0, 1]);
+        let e = escalations.recv().await.unwrap();
+        let waited = t0.elapsed();
+        assert!(waited >= STOPPED_FOR, "replaced after {waited:?}");
+        assert!(
+            waited < Duration::from_secs(10),
+            "replaced after {waited:?}"
+        );
+        assert_eq!(
+            (e.incident.as_str(), e.action),
+            ("inc-3", Action::RestartInProcess)
+        );
+        assert_eq!(
+            e.replace,
+            Some(Replacement {
+                ranks: vec![1],
+                restart_count: asked.restart_count
+            })
+        );
+        assert!(e.reason.contains("rank 1 stopped"), "{}", e.reason);
+        let ev = event(&state, "restart.replace_ranks").await;
+        assert_eq!(evidence(&ev, "ranks"), "1");
+        assert_eq!(evidence(&ev, "carried"), "true");
+        // Rank 0 answers; the launcher stops rank 1 alone (StopRanks).
+        assert!(ack(&state.in_process(), &key("j", 0), r0.generation, asked.seq).unwrap());
+        let stop = warden_core::signal::StopReason {
+            kind: warden_core::signal::StopKind::Restart,
+            why: "replacing rank 1".into(),
+        };
+        assert_eq!(state.registry().mark_stopping("j", &[1], &stop), vec![1]);
+        let done = event(&state, "restart.acknowledged").await;
+        assert_eq!(evidence(&done, "acknowledged"), "0");
+        assert_eq!(evidence(&done, "gone"), "1 (replaced by its launcher)");
+        // Asked once only.
+        assert!(escalations.try_recv().is_err());
+        assert!(
+            state
+                .events
+                .list(0, 0)
+                .0
+                .iter()
+                .all(|e| e.kind != "restart.in_process_timeout")
+        );
+    }
+
+    /// A rank that merely stays silent is not replaced; nor is a job whose
+    /// every rank is stopped (suspended as a whole): both wait for the
+    /// timeout and escalate to `restart_in_job`, as before. A job's only
+    /// local rank, with peers on other hosts, is replaced; and with no
+    /// incident (asked by hand) the replacement is said, not escalated.
+    #[tokio::test]
+    async fn a_silent_rank_or_a_job_stopped_as_a_whole_waits_for_the_timeout() {
+        let (_dir, state) = agent(Duration::from_millis(800));
+        let mut escalations = state.take_escalations().unwrap();
+        let (_running, _) = register_child(&state, "run", (0, 2));
+        let (frozen, _) = register_child(&state, "all", (0, 2));
+        let (frozen2, _) = register_child(&state, "all", (1, 2));
+        let (alone, _) = register_child(&state, "hosts", (3, 8));
+        let (by_hand, _) = register_child(&state, "hand", (1, 8));
+        for c in [&frozen, &frozen2, &alone, &by_hand] {
+            signal(c, nix::sys::signal::Signal::SIGSTOP);
+        }
+        request(&state.in_process(), "hosts", "hang", "inc-h").unwrap();
+        let e = escalations.recv().await.unwrap();
+        assert_eq!(e.incident, "inc-h");
+        assert_eq!(e.replace.map(|r| r.ranks), Some(vec![3]));
+        request(&state.in_process(), "hand", "drill", "").unwrap();
+        let by_hand_event = event_about(&state, "restart.replace_ranks", "job/hand").await;
+        assert_eq!(evidence(&by_hand_event, "carried"), "false");
+        request(&state.in_process(), "run", "hang", "inc-r").unwrap();
+        request(&state.in_process(), "all", "hang", "inc-a").unwrap();
+        // At the timeout: the silent rank, the suspended job, and the
+        // hosts' job whose replacement no launcher carried out.
+        let mut got = Vec::new();
+        for _ in 0..3 {
+            let e = escalations.recv().await.unwrap();
+            assert_eq!(e.action, Action::RestartInJob, "{e:?}");
+            assert!(e.replace.is_none(), "{e:?}");
+            got.push(e.incident);
+        }
+        got.sort();
+        assert_eq!(got, vec!["inc-a", "inc-h", "inc-r"]);
+        // Neither of these two was replaced; only the hosts' job and the
+        // one asked by hand were said to be.
+        let replaced: Vec<String> = state
+            .events
+            .list(0, 0)
+            .0
+            .iter()
+            .filter(|e| e.kind == "restart.replace_ranks")
+            .map(|e| e.subject.clone())
+            .collect();
+        assert_eq!(replaced.len(), 2, "{replaced:?}");
+        assert!(
+            replaced.iter().all(|s| s == "job/hosts" || s == "job/hand"),
+            "{replaced:?}"
+        );
+        assert!(escalations.try_recv().is_err());
     }
 
     /// The timeout as configured by default (30 s), in tokio's paused time:

@@ -187,6 +187,10 @@ pub fn decision(d: &warden_core::policy::Decision) -> pb::Decision {
         backoff: Some(duration(d.backoff)),
         exit_code: if d.dry_run { 0 } else { d.exit_code },
         decided_at: Some(timestamp(d.decided_at)),
+        replace: d.replace.as_ref().map(|r| pb::Replacement {
+            ranks: r.ranks.clone(),
+            restart_count: r.restart_count,
+        }),
     }
 }
 

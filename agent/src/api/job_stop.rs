@@ -232,6 +232,7 @@ impl Stop {
                 exit_code: self.exit_code,
                 decided_at: at,
                 dry_run: false,
+                replace: None,
             }),
             superseded: Vec::new(),
             signature: format!("launcher:{}", self.kind.as_str()),

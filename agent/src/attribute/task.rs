@@ -173,6 +173,7 @@ fn escalate(state: &Handles, engine: &mut Engine, e: Escalation) {
         exit_code: policy::exit_code_for(e.action, rec.diagnosis.class, false, rec.exit_code),
         decided_at: SystemTime::now(),
         dry_run: false,
+        replace: e.replace,
     };
     if state.policy.dry_run {
         guard::dry_run(&mut decision);
@@ -347,7 +348,13 @@ fn carry_out(state: &Handles, record: IncidentRecord) {
         Some(Action::Cordon) => cordon(state, &record),
         // The agent carries this one out itself: it owns the ranks' slots
         // and control streams, whatever launched them.
-        Some(Action::RestartInProcess) => in_process::start(&state.in_process, &record),
+        // A replacement is a revision of a request already in flight: the
+        // launcher replaces the ranks, the waiter goes on for the others.
+        Some(Action::RestartInProcess)
+            if record.decision.as_ref().is_none_or(|d| d.replace.is_none()) =>
+        {
+            in_process::start(&state.in_process, &record);
+        }
         _ => {}
     }
 }

@@ -248,6 +248,47 @@ def test_the_restart_signal_from_the_environment(
     assert _restart._wanted_signal() == expected
 
 
+@pytest.mark.parametrize(
+    "value,expected",
+    [
+        (None, 0),
+        ("", 0),
+        ("3", 3),
+        (" 7 ", 7),
+        ("-1", 0),
+        ("nonsense", 0),
+        (str(2**31), 0),
+    ],
+)
+def test_the_replacement_count_from_the_environment(value: str | None, expected: int) -> None:
+    # What `warden run` sets in a rank it started to replace a frozen one.
+    assert _restart._initial_count(value) == expected
+
+
+def test_a_replacement_starts_at_its_peers_count_and_grows_from_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    saved = _restart._count
+    try:
+        monkeypatch.setenv("WARDEN_IN_PROCESS_RESTART_COUNT", "4")
+        _restart._count = None
+        assert warden.restart_count() == 4
+        seen: list[int] = []
+        seq = next_seq()
+
+        def train() -> None:
+            seen.append(warden.restart_count())
+            if len(seen) == 1:
+                warden.inject_restart(seq, restart_count=2, reason="test", incident_id="")
+                time.sleep(10)
+
+        warden.run(train)
+        # One more than its own, above the (lower) count the request carried.
+        assert seen == [4, 5]
+    finally:
+        _restart._count = saved
+
+
 def test_the_handler_stays_installed_and_raises_only_when_due() -> None:
     warden.run(lambda: None)
     handler: Callable[..., Any] = signal.getsignal(signal.SIGUSR1)  # type: ignore[assignment]

@@ -20,6 +20,12 @@ class (a collective timeout) restarts every rank of the job in process,
 this one included; anything else (a ValueError) propagates and ends the
 rank with its exit code.
 
+A rank whose process is frozen (SIGSTOP) never answers: the agent has its
+launcher replace it at once while the others restart in process, and the
+new process starts with ``WARDEN_IN_PROCESS_RESTART_COUNT`` set to the
+count the others' next attempt runs with, so ``restart_count()`` is the same
+in every rank and it restores from the same checkpoint.
+
 Outside ``warden.run`` nothing is raised: the request stays pending, and the
 agent restarts the job's processes after its ``restart.in_process_timeout``.
 So does a rank stuck in native code that never returns to the interpreter
@@ -42,8 +48,14 @@ from . import _native, _torch
 _F = TypeVar("_F", bound=Callable[..., Any])
 _R = TypeVar("_R")
 
-#: The restart count of the attempt running now (0: the first).
-_count = 0
+#: The restart count of the attempt running now (0: the first); None until
+#: first read (from ``WARDEN_IN_PROCESS_RESTART_COUNT``, read late: a standby
+#: interpreter may import warden before its environment is the rank's).
+_count: Optional[int] = None
+
+#: Set by ``warden run`` for a rank it started in the middle of an in-process
+#: restart (replacing a frozen process): the count its peers run with.
+_COUNT_ENV = "WARDEN_IN_PROCESS_RESTART_COUNT"
 #: The signal whose handler raises, once installed (None: not tried yet).
 _signal: Optional[int] = None
 _signal_lock = threading.Lock()
@@ -105,9 +117,37 @@ def restart_count() -> int:
 
     A training function restores from its local checkpoint when it is not 0.
     It only grows within a process: the agent's count for the job, or one
-    more than the last, whichever is higher.
+    more than the last, whichever is higher. A process its launcher started
+    to replace a frozen rank in the middle of an in-process restart begins
+    at the count of that restart (``WARDEN_IN_PROCESS_RESTART_COUNT``).
     """
+    return _current_count()
+
+
+def _current_count() -> int:
+    """The count now, taken from the environment on first use."""
+    global _count
+    if _count is None:
+        _count = _initial_count(os.environ.get(_COUNT_ENV))
     return _count
+
+
+def _initial_count(raw: Optional[str]) -> int:
+    """The count a process starts with: ``raw`` (the environment's) when it is
+    a count (0 to 2**31-1), else 0, said on stderr."""
+    if raw is None or raw.strip() == "":
+        return 0
+    try:
+        n = int(raw.strip())
+    except ValueError:
+        n = -1
+    if not 0 <= n < 2**31:
+        print(
+            f"warden: {_COUNT_ENV}={raw!r} is not a restart count; starting at 0",
+            file=sys.stderr,
+        )
+        return 0
+    return n
 
 
 def _wanted_signal() -> int:
@@ -252,7 +292,7 @@ def run(
                 exc.reason = exc.reason or info["reason"]
                 exc.incident_id = exc.incident_id or info["incident_id"]
             agent_count = int(info["restart_count"]) if info else 0
-            _count = max(agent_count, _count + 1)
+            _count = max(agent_count, _current_count() + 1)
             # The groups the request aborted: gone, so the next attempt
             # makes new ones (init_process_group on a new store).
             _torch.destroy_after_abort()

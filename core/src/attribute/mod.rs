@@ -25,6 +25,10 @@ pub struct Escalation {
     pub action: crate::policy::Action,
     /// Why, for a person.
     pub reason: String,
+    /// With [`crate::policy::Action::RestartInProcess`]: the ranks its
+    /// launcher replaces while the others restart in process (a rank
+    /// frozen with SIGSTOP); the decision carries it to the launcher.
+    pub replace: Option<crate::policy::Replacement>,
 }
 
 #[cfg(test)]

@@ -99,6 +99,7 @@ impl Past {
                 exit_code: 0,
                 decided_at: at,
                 dry_run: false,
+                replace: None,
             }),
             superseded: Vec::new(),
             signature: String::new(),

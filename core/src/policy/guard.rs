@@ -368,6 +368,7 @@ mod tests {
             exit_code: 0,
             decided_at: at,
             dry_run: false,
+            replace: None,
         }
     }
 

@@ -313,6 +313,26 @@ pub struct Decision {
     /// Taken in dry run (`[policy] dry_run`): reported, not acted on.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub dry_run: bool,
+    /// With `restart_in_process`: local ranks the launcher replaces at once
+    /// (kills and starts again) while the others restart in process, for a
+    /// rank whose process is stopped and so can never acknowledge. None
+    /// for every decision the policy takes; only the in-process restart's
+    /// waiter sets it (through an [`crate::attribute::Escalation`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replace: Option<Replacement>,
+}
+
+/// Ranks of a job to replace in the middle of an in-process restart, and
+/// the restart count their new processes start with, so that they join the
+/// attempt the job's other ranks make (each makes its process group on a
+/// store keyed by `warden.restart_count()`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Replacement {
+    /// The global ranks, ascending, each once.
+    pub ranks: Vec<u32>,
+    /// The in-process restart count of the request the others answer
+    /// (at least 1).
+    pub restart_count: u32,
 }
 
 impl Decision {
@@ -392,6 +412,7 @@ pub fn decide(cfg: &PolicyConfig, diag: &Diagnosis, ctx: &Context<'_>) -> Decisi
         exit_code: exit_code_for(action, diag.class, attempt > p.budget, ctx.exit_code),
         decided_at: ctx.now,
         dry_run: false,
+        replace: None,
     }
 }
 

@@ -24,6 +24,12 @@
 //! restart first asks the agent how far the job got ([`Command::Observe`]):
 //! `--max-no-progress-restarts` attempts in a row that did not advance it
 //! ([`progress::judge`]) end the job with [`exit::EXIT_NO_PROGRESS`].
+//!
+//! A replacement is no restart: a `restart_in_process` decision carrying a
+//! [`Replacement`] (ranks whose process is stopped, which the agent will
+//! not wait for) -> [`Command::Replace`] (those workers killed and started
+//! again, the others left running) -> [`Input::Replaced`] -> running again;
+//! it counts against no budget. One that fails restarts in job.
 
 use std::collections::HashSet;
 use std::time::{Duration, Instant, SystemTime};
@@ -128,6 +134,31 @@ pub struct Decision {
     pub backoff: Duration,
     /// The summary's view of the incident.
     pub brief: IncidentBrief,
+    /// With [`Action::RestartInProcess`]: ranks to replace at once while
+    /// the others restart in process.
+    pub replace: Option<Replacement>,
+}
+
+/// Ranks the agent asks to be replaced in the middle of an in-process
+/// restart (their process is stopped: they can never acknowledge), and the
+/// restart count their new processes start with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Replacement {
+    /// Global ranks.
+    pub ranks: Vec<u32>,
+    /// The in-process restart count the others run their next attempt
+    /// with (WARDEN_RESTART_COUNT of the new processes); 0 is refused.
+    pub restart_count: u32,
+}
+
+/// The answer to [`Command::Replace`].
+#[derive(Debug, Clone)]
+pub struct Replaced {
+    /// (global rank, pid) of each new worker started.
+    pub workers: Vec<(u32, i32)>,
+    /// Why a worker could not be killed or started again (the job then
+    /// restarts in job).
+    pub error: Option<String>,
 }
 
 /// What the pre-restart health gate said.
@@ -222,6 +253,8 @@ pub enum Input {
     },
     /// The answer to [`Command::Observe`]: how far the job got.
     Progress(Progress),
+    /// The answer to [`Command::Replace`].
+    Replaced(Box<Replaced>),
 }
 
 /// How the job ends, for [`Command::Finish`].
@@ -288,6 +321,20 @@ pub enum Command {
         /// The attempt's number.
         restart_count: u32,
     },
+    /// Kill these workers (global rank, pid) of the running attempt
+    /// (StopRanks for them alone first, then SIGKILL, which a stopped
+    /// process takes too), wait for their exits, and start each rank again
+    /// in the attempt (from its slot's standby when there is one), with
+    /// WARDEN_RESTART_COUNT = `restart_count`; the other workers keep
+    /// running. Answer: [`Input::Replaced`].
+    Replace {
+        /// The workers to replace.
+        workers: Vec<(u32, i32)>,
+        /// The in-process restart count the new processes start with.
+        restart_count: u32,
+        /// StopRanks' reason, for people.
+        reason: String,
+    },
     /// Start the attempt's workers, their exits tagged with `generation`.
     /// Answer: [`Input::Started`] or [`Input::StartFailed`].
     Start {
@@ -326,6 +373,7 @@ struct Pending {
 
 #[derive(Debug, Clone)]
 struct Worker {
+    rank: u32,
     pid: i32,
     exit: Option<Option<Exit>>,
 }
@@ -344,6 +392,18 @@ struct Attempt {
     workers: Vec<Worker>,
     record: AttemptRecord,
     all_registered: bool,
+}
+
+/// A replacement under way: what a failed one restarts in job with.
+#[derive(Debug, Clone)]
+struct Replacing {
+    /// The incident whose decision asked for it.
+    id: String,
+    brief: IncidentBrief,
+    /// The ranks, for the messages.
+    ranks: Vec<u32>,
+    since: Instant,
+    since_wall: SystemTime,
 }
 
 /// Why a restart happens.
@@ -406,6 +466,8 @@ enum Phase {
     Starting(Option<Box<Restart>>),
     /// The attempt runs.
     Running,
+    /// Waiting for a replacement of some workers ([`Command::Replace`]).
+    Replacing(Box<Replacing>),
     /// Waiting for a stop.
     Stopping(AfterStop),
     /// Waiting for the gate.
@@ -469,6 +531,10 @@ pub struct JobState {
     progress_log: Vec<job_stop::StopEvidence>,
     /// The stop the launcher's own rule decided, for [`Finish::report`].
     report: Option<JobStop>,
+    /// Workers killed for a replacement: their exits are no failures.
+    replaced_pids: HashSet<i32>,
+    /// Workers replaced (any attempt).
+    replacements: u32,
 }
 
 /// A worker that failed in its teardown: after its training ended, as far
@@ -550,6 +616,8 @@ impl JobState {
             stalled: 0,
             progress_log: Vec::new(),
             report: None,
+            replaced_pids: HashSet::new(),
+            replacements: 0,
         }
     }
 
@@ -588,6 +656,11 @@ impl JobState {
     /// Respawns so far (any cause).
     pub fn restarts(&self) -> u32 {
         self.restarts
+    }
+
+    /// Workers replaced so far in the middle of in-process restarts.
+    pub fn replacements(&self) -> u32 {
+        self.replacements
     }
 
     /// Takes one input at `now`; returns what to do.
@@ -669,6 +742,9 @@ impl JobState {
                 out.push(Command::Kill { signal: sig });
             }
             (Phase::Gating(r), Input::Gated(v)) => self.gated(r, v, now, &mut out),
+            (Phase::Replacing(r), Input::Replaced(done)) => {
+                self.replaced(*r, *done, now, &mut out);
+            }
             (Phase::Observing(cause), Input::Progress(p)) => {
                 self.observed(*cause, p, now, &mut out);
             }
@@ -793,7 +869,8 @@ impl JobState {
             | Input::Stopped { .. }
             | Input::Gated(_)
             | Input::NodeFault { .. }
-            | Input::Progress(_) => {}
+            | Input::Progress(_)
+            | Input::Replaced(_) => {}
         }
     }
 
@@ -821,7 +898,11 @@ impl JobState {
         let workers = s
             .workers
             .iter()
-            .map(|&(_rank, pid)| Worker { pid, exit: None })
+            .map(|&(rank, pid)| Worker {
+                rank,
+                pid,
+                exit: None,
+            })
             .collect();
         self.attempt = match plan.node_rank {
             None => Attempt {
@@ -941,6 +1022,10 @@ impl JobState {
             ..
         } = e;
         if generation != self.attempt.generation {
+            return;
+        }
+        // Killed for a replacement: expected, and its rank runs again.
+        if self.replaced_pids.remove(&pid) {
             return;
         }
         if let Some(w) = self.attempt.workers.iter_mut().find(|w| w.pid == pid) {
@@ -1066,6 +1151,7 @@ impl JobState {
         }
         let brief = d.brief;
         let action = d.action;
+        let replace = d.replace;
         // About an attempt already stopped (its incident opened before the
         // current attempt started): a restart it asks for has been done.
         let stale = d.opened + Duration::from_millis(50) < self.attempt.started_wall;
@@ -1133,6 +1219,11 @@ impl JobState {
                 };
             }
             Action::RestartInProcess if stale => {}
+            Action::RestartInProcess if replace.is_some() && self.pending.is_none() => {
+                if let Some(r) = replace {
+                    self.replace(d.id, brief, r, now, out);
+                }
+            }
             Action::RestartInProcess => match self.pending.take() {
                 // The agent restarts the live ranks in process and counts an
                 // exited one as its launcher's to restart: a process that is
@@ -1172,6 +1263,148 @@ impl JobState {
                 }
             }
             Action::Unspecified => {}
+        }
+    }
+
+    /// The agent asks for `r.ranks` to be replaced while the others restart
+    /// in process: those of them this host runs (and that still run) are
+    /// killed and started again ([`Command::Replace`]). Refused without a
+    /// restart count (the replacements could not join the others' attempt:
+    /// the agent escalates at its timeout); ranks not running here are said
+    /// and left to their own host.
+    fn replace(
+        &mut self,
+        id: String,
+        brief: IncidentBrief,
+        r: Replacement,
+        now: Now,
+        out: &mut Vec<Command>,
+    ) {
+        let mut ranks = r.ranks;
+        ranks.sort_unstable();
+        ranks.dedup();
+        if r.restart_count == 0 {
+            out.push(Command::Say(format!(
+                "{id}: a replacement of ranks {} without a restart count: refused (the new processes could not join their peers' attempt)",
+                join(&ranks)
+            )));
+            return;
+        }
+        let workers: Vec<(u32, i32)> = self
+            .attempt
+            .workers
+            .iter()
+            .filter(|w| w.exit.is_none() && ranks.binary_search(&w.rank).is_ok())
+            .map(|w| (w.rank, w.pid))
+            .collect();
+        let elsewhere: Vec<u32> = ranks
+            .iter()
+            .copied()
+            .filter(|r| !workers.iter().any(|w| w.0 == *r))
+            .collect();
+        if !elsewhere.is_empty() {
+            out.push(Command::Say(format!(
+                "{id}: rank{} {} {} not running here: not replaced by this launcher",
+                if elsewhere.len() == 1 { "" } else { "s" },
+                join(&elsewhere),
+                if elsewhere.len() == 1 { "is" } else { "are" }
+            )));
+        }
+        if workers.is_empty() {
+            return;
+        }
+        let here: Vec<u32> = workers.iter().map(|w| w.0).collect();
+        let pids: Vec<String> = workers.iter().map(|w| w.1.to_string()).collect();
+        self.attempt
+            .workers
+            .retain(|w| !workers.iter().any(|x| x.1 == w.pid));
+        self.replaced_pids.extend(workers.iter().map(|w| w.1));
+        out.push(Command::Say(format!(
+            "{id}: replacing rank{} {} (pid{} {}) in restart {}: {}; the other ranks restart in process",
+            if here.len() == 1 { "" } else { "s" },
+            join(&here),
+            if pids.len() == 1 { "" } else { "s" },
+            pids.join(" "),
+            r.restart_count,
+            brief.reason
+        )));
+        out.push(Command::Replace {
+            workers,
+            restart_count: r.restart_count,
+            reason: format!(
+                "replacing rank{} {} ({id})",
+                if here.len() == 1 { "" } else { "s" },
+                join(&here)
+            ),
+        });
+        self.phase = Phase::Replacing(Box::new(Replacing {
+            id,
+            brief,
+            ranks: here,
+            since: now.at,
+            since_wall: now.wall,
+        }));
+    }
+
+    /// The answer to [`Command::Replace`]: the new workers run in the
+    /// attempt; if one could not be killed or started, the job restarts in
+    /// job as it would have at the agent's timeout.
+    fn replaced(&mut self, r: Replacing, done: Replaced, now: Now, out: &mut Vec<Command>) {
+        self.phase = Phase::Running;
+        for &(rank, pid) in &done.workers {
+            self.attempt.workers.push(Worker {
+                rank,
+                pid,
+                exit: None,
+            });
+        }
+        let took = now.at.duration_since(r.since).as_secs_f64();
+        match done.error {
+            None => {
+                self.replacements += u32::try_from(done.workers.len()).unwrap_or(u32::MAX);
+                let new: Vec<String> = done
+                    .workers
+                    .iter()
+                    .map(|(rank, pid)| format!("rank {rank} pid {pid}"))
+                    .collect();
+                self.attempt.record.other_decisions.push(format!(
+                    "{} ({}) replaced {} on its restart_in_process",
+                    r.id,
+                    r.brief.kind,
+                    new.join(", ")
+                ));
+                out.push(Command::Say(format!(
+                    "{}: replaced in {took:.2}s: {}",
+                    r.id,
+                    new.join(", ")
+                )));
+            }
+            Some(e) => {
+                let mut b = r.brief;
+                b.action = "restart_in_job".into();
+                b.decided_by = format!(
+                    "launcher, after a failed replacement on {}'s restart_in_process",
+                    b.decided_by
+                );
+                b.reason = format!(
+                    "replacing rank{} {} failed ({e}); {}",
+                    if r.ranks.len() == 1 { "" } else { "s" },
+                    join(&r.ranks),
+                    b.reason
+                );
+                out.push(Command::Say(format!("{}: restarting in job", b.reason)));
+                let cause = Cause {
+                    brief: b,
+                    incident: Some(r.id),
+                    backoff: Duration::ZERO,
+                    fallback: false,
+                    remote: false,
+                    since: r.since,
+                    since_wall: r.since_wall,
+                    decided: now.at,
+                };
+                self.restart(cause, now, out);
+            }
         }
     }
 
@@ -1669,4 +1902,13 @@ fn ms(d: Duration) -> f64 {
 fn unix_s(t: SystemTime) -> f64 {
     t.duration_since(SystemTime::UNIX_EPOCH)
         .map_or(0.0, |d| d.as_secs_f64())
+}
+
+/// Ranks for a message: "1", "1,3".
+fn join(ranks: &[u32]) -> String {
+    ranks
+        .iter()
+        .map(u32::to_string)
+        .collect::<Vec<_>>()
+        .join(",")
 }

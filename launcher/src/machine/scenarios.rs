@@ -8,7 +8,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use super::{
     Action, Command, Decision, GateVerdict, Input, JobState, Limits, Listen, Now, Progress,
-    SIGTERM, Started, WorkerExit,
+    Replaced, Replacement, SIGTERM, Started, WorkerExit,
 };
 use crate::exit::IncidentBrief;
 use crate::hosts::{AttemptPlan, Directive, Remote};
@@ -37,6 +37,8 @@ struct End {
     restarts: u32,
     local_restarts: u32,
     fallback_used: u32,
+    /// Workers replaced in the middle of in-process restarts.
+    replacements: u32,
     /// The summary's attempt records (after the end).
     records: usize,
     /// A part of the last record's `ended`.
@@ -161,7 +163,46 @@ fn decision(id: &str, revision: usize, opened: u64, action: Action, exit_code: i
             decided_by: "policy".into(),
             ..Default::default()
         },
+        replace: None,
     }))
+}
+
+/// Revision `revision` of incident `id`'s `restart_in_process`, asking for
+/// `ranks` to be replaced with restart count `count`.
+fn replace(id: &str, revision: usize, opened: u64, ranks: &[u32], count: u32) -> Input {
+    match decision(id, revision, opened, Action::RestartInProcess, 0) {
+        Input::Decision(mut d) => {
+            d.brief.kind = "hang".into();
+            d.brief.reason = "rank 1 stopped (SIGSTOP or a tracer)".into();
+            d.replace = Some(Replacement {
+                ranks: ranks.to_vec(),
+                restart_count: count,
+            });
+            Input::Decision(d)
+        }
+        other => other,
+    }
+}
+
+/// The answer to a replacement: the new workers, or why it failed.
+fn replaced(workers: &[(u32, i32)], error: Option<&str>) -> Input {
+    Input::Replaced(Box::new(Replaced {
+        workers: workers.to_vec(),
+        error: error.map(str::to_owned),
+    }))
+}
+
+/// A worker killed by `sig`.
+fn killed(generation: u64, rank: u32, pid: i32, sig: i32) -> Input {
+    Input::WorkerExit(WorkerExit {
+        generation,
+        rank,
+        pid,
+        exit: Some(Exit::Signal(sig)),
+        registered: true,
+        deregistered: false,
+        traceback: None,
+    })
 }
 
 fn backoff(input: Input, by: Duration) -> Input {
@@ -214,6 +255,18 @@ fn short(c: &Command) -> Option<String> {
         Command::Observe => "observe".into(),
         Command::Rendezvous { restart_count } => format!("rendezvous {restart_count}"),
         Command::Start { plan, .. } => format!("start {}", plan.restart_count),
+        Command::Replace {
+            workers,
+            restart_count,
+            ..
+        } => format!(
+            "replace {} in restart {restart_count}",
+            workers
+                .iter()
+                .map(|(rank, pid)| format!("{rank}/{pid}"))
+                .collect::<Vec<_>>()
+                .join(",")
+        ),
         Command::Finish(f) => format!("finish {}", f.code),
     })
 }
@@ -836,6 +889,7 @@ fn scenarios() -> Vec<Scenario> {
                     "before registering with the agent, which has nothing to diagnose",
                 ],
                 reported: &[],
+                replacements: 0,
             },
         },
         Scenario {
@@ -1007,6 +1061,126 @@ fn scenarios() -> Vec<Scenario> {
                 local_restarts: 1,
                 says: &[
                     "rank 1's process is gone (exit code 1): an in-process restart cannot bring it back; : restarting in job",
+                ],
+                ..End::default()
+            },
+        },
+        Scenario {
+            name: "a frozen rank replaced alone: its peers keep their processes, no restart counted",
+            limits: limits(),
+            steps: with(
+                first_attempt(),
+                vec![
+                    (
+                        1000,
+                        decision("hang-1", 0, 1000, Action::RestartInProcess, 0),
+                        &[],
+                    ),
+                    // The agent found rank 1 stopped: replace it.
+                    (
+                        1300,
+                        replace("hang-1", 1, 1000, &[1], 1),
+                        &["replace 1/101 in restart 1"],
+                    ),
+                    (1500, replaced(&[(1, 300)], None), &[]),
+                    // The killed process's exit is no failure.
+                    (1510, killed(1, 1, 101, 9), &[]),
+                    // The same revision again (a feed replayed): once.
+                    (1520, replace("hang-1", 1, 1000, &[1], 1), &[]),
+                    (9000, exit(1, 0, 100, 0), &[]),
+                    (9001, exit(1, 1, 300, 0), &["finish 0"]),
+                ],
+            ),
+            expect: End {
+                code: Some(0),
+                outcome: "succeeded",
+                replacements: 1,
+                records: 1,
+                ended: "every worker exited 0",
+                says: &[
+                    "the agent restarts the ranks in process; the launcher leaves the workers running",
+                    "hang-1: replacing rank 1 (pid 101) in restart 1: rank 1 stopped (SIGSTOP or a tracer); the other ranks restart in process",
+                    "hang-1: replaced in 0.20s: rank 1 pid 300",
+                ],
+                ..End::default()
+            },
+        },
+        Scenario {
+            name: "a replacement that fails restarts the job in job",
+            limits: limits(),
+            steps: with(
+                with(
+                    first_attempt(),
+                    vec![
+                        (
+                            1000,
+                            decision("hang-1", 0, 1000, Action::RestartInProcess, 0),
+                            &[],
+                        ),
+                        (
+                            1300,
+                            replace("hang-1", 1, 1000, &[1], 1),
+                            &["replace 1/101 in restart 1"],
+                        ),
+                        (
+                            1400,
+                            replaced(&[], Some("rank 1: no such file")),
+                            &["publish restart", "stop SIGTERM"],
+                        ),
+                    ],
+                ),
+                restart_path(1600, 1, 200),
+            ),
+            expect: End {
+                restarts: 1,
+                local_restarts: 1,
+                says: &[
+                    "replacing rank 1 failed (rank 1: no such file); rank 1 stopped (SIGSTOP or a tracer): restarting in job",
+                    "attempt 1: workers started",
+                ],
+                ..End::default()
+            },
+        },
+        Scenario {
+            name: "a replacement without a restart count, or of ranks not here, is refused",
+            limits: limits(),
+            steps: with(
+                with(
+                    first_attempt(),
+                    vec![
+                        (
+                            1000,
+                            decision("hang-1", 0, 1000, Action::RestartInProcess, 0),
+                            &[],
+                        ),
+                        (1300, replace("hang-1", 1, 1000, &[1], 0), &[]),
+                        (1400, replace("hang-1", 2, 1000, &[7, 9, 7], 1), &[]),
+                        // Rank 0 here and rank 7 elsewhere: rank 0 alone.
+                        (
+                            1500,
+                            replace("hang-1", 3, 1000, &[7, 0], 1),
+                            &["replace 0/100 in restart 1"],
+                        ),
+                        (1600, replaced(&[(0, 400)], None), &[]),
+                        // The escalation at the agent's timeout is still followed.
+                        (
+                            30_000,
+                            decision("hang-1", 4, 1000, Action::RestartInJob, 0),
+                            &["publish restart", "stop SIGTERM"],
+                        ),
+                    ],
+                ),
+                restart_path(30_100, 1, 200),
+            ),
+            expect: End {
+                restarts: 1,
+                local_restarts: 1,
+                replacements: 1,
+                says: &[
+                    "hang-1: a replacement of ranks 1 without a restart count: refused",
+                    "hang-1: ranks 7,9 are not running here: not replaced by this launcher",
+                    "hang-1: rank 7 is not running here",
+                    "hang-1: replacing rank 0 (pid 100)",
                 ],
                 ..End::default()
             },
@@ -1250,6 +1424,11 @@ fn recorded_scenarios_replay() {
             s.name
         );
         assert_eq!(state.fallback_used, e.fallback_used, "{}: fallback", s.name);
+        assert_eq!(
+            state.replacements, e.replacements,
+            "{}: replacements",
+            s.name
+        );
         match (e.code, finish) {
             (None, None) => assert_eq!(state.listen(), Listen::Everything, "{}", s.name),
             (Some(code), Some(f)) => {
