@@ -482,7 +482,7 @@ fn incident_decided(r: &IncidentRecord) -> NewEvent {
         .with("class", r.diagnosis.class)
         .with("job", &r.job);
     };
-    NewEvent::new(
+    let ev = NewEvent::new(
         incident_severity(r),
         "incident.decided",
         r.id.clone(),
@@ -496,5 +496,13 @@ fn incident_decided(r: &IncidentRecord) -> NewEvent {
     .with("backoff", humantime::format_duration(dec.backoff))
     .with("exit_code", dec.exit_code)
     .with("class", r.diagnosis.class)
-    .with("job", &r.job)
+    .with("job", &r.job);
+    match &dec.replace {
+        // A frozen rank its launcher replaces while the others restart in
+        // process.
+        Some(rep) => ev
+            .with("replace_ranks", join(&rep.ranks))
+            .with("replace_restart_count", rep.restart_count),
+        None => ev,
+    }
 }

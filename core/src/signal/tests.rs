@@ -62,6 +62,7 @@ fn incident() -> std::sync::Arc<IncidentRecord> {
             exit_code: 0,
             decided_at: t,
             dry_run: false,
+            replace: None,
         }),
         superseded: Vec::new(),
         signature: "exit:1".into(),
@@ -583,6 +584,40 @@ fn cases() -> Vec<Case> {
                 ("exit_code", "0"),
                 ("class", "transient_software"),
                 ("job", "j"),
+            ]),
+        },
+        Case {
+            signal: Signal::IncidentDecided(std::sync::Arc::new(IncidentRecord {
+                decision: incident()
+                    .decision
+                    .clone()
+                    .map(|d| crate::policy::Decision {
+                        action: crate::policy::Action::RestartInProcess,
+                        reason: "rank 1 frozen".into(),
+                        replace: Some(crate::policy::Replacement {
+                            ranks: vec![1],
+                            restart_count: 2,
+                        }),
+                        ..d
+                    }),
+                ..(*incident()).clone()
+            })),
+            severity: Severity::Error,
+            kind: "incident.decided",
+            subject: "inc-7",
+            message: "inc-7: restart_in_process (rank 1 frozen)",
+            evidence: kv(&[
+                ("action", "restart_in_process"),
+                ("reason", "rank 1 frozen"),
+                ("decided_by", "policy"),
+                ("attempt", "1"),
+                ("budget", "3"),
+                ("backoff", "2s"),
+                ("exit_code", "0"),
+                ("class", "transient_software"),
+                ("job", "j"),
+                ("replace_ranks", "1"),
+                ("replace_restart_count", "2"),
             ]),
         },
         Case {
