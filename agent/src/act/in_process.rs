@@ -1134,6 +1134,11 @@ mod tests {
         }
     }
 
+    /// No event of `kind` is in the agent's ring.
+    fn never_published(state: &AgentState, kind: &str) -> bool {
+        state.events.list(0, 0).0.iter().all(|e| e.kind != kind)
+    }
+
     fn evidence<'a>(e: &'a warden_core::events::Event, k: &str) -> &'a str {
         e.evidence
             .iter()
@@ -1236,14 +1241,7 @@ mod tests {
         assert!(e.reason.contains("did not acknowledge"), "{}", e.reason);
         // Over: a late acknowledgement is accepted and ignored.
         assert!(!ack(&state.in_process(), &key("j", 0), r0.generation, asked.seq).unwrap());
-        assert!(
-            state
-                .events
-                .list(0, 0)
-                .0
-                .iter()
-                .all(|e| e.kind != "restart.acknowledged")
-        );
+        assert!(never_published(&state, "restart.acknowledged"));
     }
 
     #[tokio::test]
@@ -1355,14 +1353,7 @@ mod tests {
         assert_eq!(evidence(&done, "gone"), "1 (replaced by its launcher)");
         // Asked once only.
         assert!(escalations.try_recv().is_err());
-        assert!(
-            state
-                .events
-                .list(0, 0)
-                .0
-                .iter()
-                .all(|e| e.kind != "restart.in_process_timeout")
-        );
+        assert!(never_published(&state, "restart.in_process_timeout"));
     }
 
     /// A rank that merely stays silent is not replaced; nor is a job whose

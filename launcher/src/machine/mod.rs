@@ -1239,18 +1239,7 @@ impl JobState {
                             .map_or("status unknown".to_owned(), |e| e.to_string()),
                         b.reason
                     );
-                    out.push(Command::Say(format!("{}: restarting in job", b.reason)));
-                    let cause = Cause {
-                        brief: b,
-                        incident: Some(d.id),
-                        backoff: Duration::ZERO,
-                        fallback: false,
-                        remote: false,
-                        since: p.seen,
-                        since_wall: p.seen_wall,
-                        decided: now.at,
-                    };
-                    self.restart(cause, now, out);
+                    self.restart_in_job_at_once(b, d.id, (p.seen, p.seen_wall), now, out);
                 }
                 None => out.push(Command::Say(
                     "the agent restarts the ranks in process; the launcher leaves the workers running"
@@ -1392,20 +1381,34 @@ impl JobState {
                     join(&r.ranks),
                     b.reason
                 );
-                out.push(Command::Say(format!("{}: restarting in job", b.reason)));
-                let cause = Cause {
-                    brief: b,
-                    incident: Some(r.id),
-                    backoff: Duration::ZERO,
-                    fallback: false,
-                    remote: false,
-                    since: r.since,
-                    since_wall: r.since_wall,
-                    decided: now.at,
-                };
-                self.restart(cause, now, out);
+                self.restart_in_job_at_once(b, r.id, (r.since, r.since_wall), now, out);
             }
         }
+    }
+
+    /// The launcher turns the agent's restart_in_process for `incident`
+    /// into a restart in job now (a rank whose process is gone, a
+    /// replacement that failed): said, no backoff, not a fallback.
+    fn restart_in_job_at_once(
+        &mut self,
+        brief: IncidentBrief,
+        incident: String,
+        (since, since_wall): (Instant, SystemTime),
+        now: Now,
+        out: &mut Vec<Command>,
+    ) {
+        out.push(Command::Say(format!("{}: restarting in job", brief.reason)));
+        let cause = Cause {
+            brief,
+            incident: Some(incident),
+            backoff: Duration::ZERO,
+            fallback: false,
+            remote: false,
+            since,
+            since_wall,
+            decided: now.at,
+        };
+        self.restart(cause, now, out);
     }
 
     /// The other workers all exited 0 after a teardown failure: the job
