@@ -146,14 +146,18 @@ pub struct WardenTimes {
     pub tick_s: f64,
     /// A hung rank's threshold crossed to every rank of the job stepping
     /// again in the same processes on a new process group, for the classes
-    /// that restart in process (their crashes restart in job): 0.34 s, the
-    /// most seen in tests/torch_faults.rs (real torch, gloo, 2 and 4 ranks:
-    /// fault to every rank stepping 1.28-1.34 s with a 1 s hang threshold;
-    /// the scan tick is inside it). Not the 0.61 ms of "In-process restart
-    /// latency", which ends at `RestartRequested` raised in one rank.
+    /// that restart in process (their crashes restart in job): 0.29 s, the
+    /// median of 10 in docs/benchmarks.md "Faults side by side" (real
+    /// torch, gloo, 2 ranks, one hung in Python while the other waits in
+    /// all_reduce: the agent's hang verdict to every rank's next step).
+    /// Not the 0.61 ms of "In-process restart latency", which ends at
+    /// `RestartRequested` raised in one rank.
     pub in_process_s: f64,
-    /// Decision to all new workers ready under `warden run`: 301 ms from the
-    /// death minus the 203 ms to the decision.
+    /// The agent's decision to every rank of the job stepping again after a
+    /// crash under `warden run` with standby interpreters (warm): 0.52 s
+    /// from the crash (median of 10, "Faults side by side") less the 0.203 s
+    /// to the decision. The job's own start-up beyond a small DDP model's
+    /// is `job.startup_s`.
     pub in_job_restart_s: f64,
     /// The restart round across hosts through etcd: 3 ms on top of the local
     /// restart ("Multi-host restart round through etcd").
@@ -177,8 +181,8 @@ impl Default for WardenTimes {
             hang_floor_s: 3.0,
             hang_multiplier: 3.0,
             tick_s: 0.1,
-            in_process_s: 0.34,
-            in_job_restart_s: 0.098,
+            in_process_s: 0.29,
+            in_job_restart_s: 0.32,
             round_s: 0.003,
             detection_s: None,
             restart_downtime_s: None,
