@@ -41,7 +41,8 @@ import re
 import signal
 import sys
 import time
-from typing import Callable, Optional
+from contextlib import nullcontext
+from typing import Callable, ContextManager, Optional
 
 import torch
 import torch.distributed as dist
@@ -68,12 +69,19 @@ def parse() -> argparse.Namespace:
     return p.parse_args()
 
 
-def train(a: argparse.Namespace, key: str, first: bool, ping: Optional[Callable[[], None]] = None) -> str:
+def train(
+    a: argparse.Namespace,
+    key: str,
+    first: bool,
+    ping: Optional[Callable[[], None]] = None,
+    step: Callable[[int], ContextManager] = lambda n: nullcontext(),
+) -> str:
     """One attempt: a new group on a new store, resume from the agreed checkpoint, train to the end.
 
     ``key`` names the attempt (the store's file); ``first`` is whether it is
-    the job's first attempt (the only one with the fault). Returns a hash of
-    the weights.
+    the job's first attempt (the only one with the fault). Progress goes to
+    the system as it asks for it: ``ping()`` after each step (NVRx), each
+    step inside ``step(n)`` (warden). Returns a hash of the weights.
     """
     rank = int(os.environ["RANK"])
     world = int(os.environ["WORLD_SIZE"])
@@ -116,13 +124,14 @@ def train(a: argparse.Namespace, key: str, first: bool, ping: Optional[Callable[
     say(f"attempt key={key} rank={rank} world={world} start={start} pid={pid}")
     stamp_next = not first
     for n in range(start, a.steps):
-        g = torch.arange(8, dtype=torch.float64) * (n + 1) + rank
-        time.sleep(a.step_ms / 2000.0)
-        if first and rank == a.fault_rank and n == a.fault_step:
-            fault(a.fault, n, pid)
-        dist.all_reduce(g)
-        w -= 0.01 * g / world
-        time.sleep(a.step_ms / 2000.0)
+        with step(n):
+            g = torch.arange(8, dtype=torch.float64) * (n + 1) + rank
+            time.sleep(a.step_ms / 2000.0)
+            if first and rank == a.fault_rank and n == a.fault_step:
+                fault(a.fault, n, pid)
+            dist.all_reduce(g)
+            w -= 0.01 * g / world
+            time.sleep(a.step_ms / 2000.0)
         if ping is not None:
             ping()
         if stamp_next:
@@ -159,7 +168,7 @@ def under_warden(a: argparse.Namespace) -> str:
 
     def attempt() -> str:
         count = warden.restart_count()
-        return train(a, f"{elastic}-{count}", elastic == 0 and count == 0)
+        return train(a, f"{elastic}-{count}", elastic == 0 and count == 0, step=warden.step)
 
     return warden.run(attempt)
 

@@ -238,7 +238,8 @@ def detection(r: Run, text: str, t_fault: Optional[float]) -> Optional[float]:
     if r.row.name.startswith("warden"):
         import calendar
 
-        for line in text.splitlines():
+        # The launcher's log may carry colour codes between a key and its value.
+        for line in re.sub(r"\x1b\[[0-9;]*m", "", text).splitlines():
             m = ISO.search(line)
             if not m or not any(f"kind={k}" in line or f'kind="{k}"' in line for k in DETECT_KINDS):
                 continue
@@ -301,6 +302,8 @@ def one(row: Row, index: int, base: str) -> dict:
         rec = {
             "row": row.name, "run": index, "exit_codes": codes, "timed_out": timed_out,
             "fault_t": t_fault, "back_s": back, "detect_t": det,
+            # The ranks that did step again, whether or not every rank did.
+            "back_some_s": max(stepping.values()) - t_fault if t_fault is not None and stepping else None,
             "detect_to_back_s": (t_fault + back - det) if back is not None and det is not None else None,
             "fault_to_detect_s": (det - t_fault) if det is not None and t_fault is not None else None,
             "attempts_after_fault": sorted(keys), "ranks_back": sorted(stepping), "ranks_done": len(done),
@@ -380,7 +383,8 @@ def main() -> int:
             notes.append(f"fault -> detection {statistics.median(fd):.2f} s")
         shrunk = sum(1 for x in rs if x.get("final_worlds") == ["1"])
         if shrunk:
-            notes.append(f"{shrunk}/{n} went on with 1 rank of 2 (the other ended)")
+            some = [x["back_some_s"] for x in rs if x.get("final_worlds") == ["1"] and x["back_some_s"] is not None]
+            notes.append(f"{shrunk}/{n} went on with 1 rank of 2, the other ended (its survivor stepping {fmt_s(some)})")
         to = sum(1 for x in rs if x["timed_out"])
         if to:
             notes.append(f"{to}/{n} stopped at the {BOUND_S:.0f} s bound")
