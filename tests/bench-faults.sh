@@ -14,7 +14,8 @@
 # Rows (names for ROW): warden-inproc-hang, warden-inproc-transient,
 # warden-inproc-frozen, warden-warm-crash, warden-cold-crash, torchrun-crash,
 # torchrun-hang, nvrx-transient, nvrx-hang, nvrx-frozen, warden-teardown-abort.
-# BENCH_BOUND_S (default 45): how long after its fault a run may take to come
+# BENCH_BOUND_S (default 45; BENCH_OTHER_BOUND_S, 30, for torchrun and NVRx):
+# how long after its fault a run may take to come
 # back before it is stopped and counted as not recovered. BENCH_KEEP=1 keeps
 # each run's output under /tmp/warden-bench-faults.*.
 set -euo pipefail
