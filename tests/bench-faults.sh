@@ -9,8 +9,9 @@
 # One command: it makes (once) a venv of its own inside the clone,
 # target/bench-venv, with torch (tests/torch-venv.sh), NVRx 0.4.1 and what
 # its in-process Wrapper imports (tests/bench/requirements.txt, --no-deps)
-# and the warden client (client/python); builds the release `warden` when
-# target/release/warden is missing; then runs tests/bench/faults.py.
+# and the warden client (client/python, reinstalled when client/ changed);
+# builds the release `warden` (a no-op when it is up to date with the tree);
+# then runs tests/bench/faults.py.
 # Rows (names for ROW): warden-inproc-hang, warden-inproc-transient,
 # warden-inproc-frozen, warden-warm-crash, warden-cold-crash, torchrun-crash,
 # torchrun-hang, nvrx-transient, nvrx-hang, nvrx-frozen, warden-teardown-abort.
@@ -31,13 +32,19 @@ bash tests/torch-venv.sh "$py"
 if ! "$py" -c 'import nvidia_resiliency_ext.inprocess' 2>/dev/null; then
   "$py" -m pip install --quiet --no-deps -r tests/bench/requirements.txt
 fi
-if ! "$py" -c 'import warden' 2>/dev/null; then
+# The client as the tree has it: reinstalled when client/ changed since the
+# venv's copy was built (a stale client would bench old code).
+stamp=$venv/.warden-client-tree
+tree=$( { git rev-parse HEAD:client 2>/dev/null; git status --porcelain -- client 2>/dev/null; } | sha256sum | cut -d' ' -f1)
+if ! "$py" -c 'import warden' 2>/dev/null || [ "$(cat "$stamp" 2>/dev/null)" != "$tree" ]; then
   # The native module built in the clone's target directory (its
   # dependencies are shared with the release build).
-  CARGO_TARGET_DIR=$root/target "$py" -m pip install --quiet ./client/python
+  CARGO_TARGET_DIR=$root/target "$py" -m pip install --quiet --force-reinstall --no-deps ./client/python
+  echo "$tree" >"$stamp"
 fi
+# Always: a no-op when the release binaries are up to date with the tree.
+cargo build --release --locked -p warden-cli --bins
 warden=$root/target/release/warden
-[ -x "$warden" ] || cargo build --release --locked -p warden-cli --bins
 
 raw=$root/target/bench-faults-$(date -u +%Y%m%dT%H%M%SZ).jsonl
 {

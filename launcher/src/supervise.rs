@@ -1172,8 +1172,15 @@ impl<C: Coordinator> Sup<'_, C> {
         if sessions.is_empty() {
             return Vec::new();
         }
+        // A stopped process (SIGSTOP, a frozen rank) acts on no signal but
+        // SIGKILL until it is continued: SIGCONT after the first signal, as
+        // systemd does, or the grace is waited out in full.
+        let cont = first != Signal::SIGKILL;
         for &pgid in &sessions {
             spawn::signal_group(pgid, first);
+            if cont {
+                spawn::signal_group(pgid, Signal::SIGCONT);
+            }
         }
         let started = Instant::now();
         let grace_end = started + self.job.stop_grace;
@@ -1190,6 +1197,9 @@ impl<C: Coordinator> Sup<'_, C> {
                     // signal the groups got.
                     if kill_end.is_none() && p.alive() {
                         spawn::signal_pid(p.pid, first);
+                        if cont {
+                            spawn::signal_pid(p.pid, Signal::SIGCONT);
+                        }
                     }
                 }
                 // Orphans reparented to the launcher are reaped here; the
