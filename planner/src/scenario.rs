@@ -146,7 +146,7 @@ pub struct WardenTimes {
     pub tick_s: f64,
     /// A hung rank's threshold crossed to every rank of the job stepping
     /// again in the same processes on a new process group, for the classes
-    /// that restart in process (their crashes restart in job): 0.29 s, the
+    /// that restart in process (their crashes restart in job): 0.28 s, the
     /// median of 10 in docs/benchmarks.md "Faults side by side" (real
     /// torch, gloo, 2 ranks, one hung in Python while the other waits in
     /// all_reduce: the agent's hang verdict to every rank's next step).
@@ -154,9 +154,9 @@ pub struct WardenTimes {
     /// `RestartRequested` raised in one rank.
     pub in_process_s: f64,
     /// The agent's decision to every rank of the job stepping again after a
-    /// crash under `warden run` with standby interpreters (warm): 0.52 s
-    /// from the crash (median of 10, "Faults side by side") less the 0.203 s
-    /// to the decision. The job's own start-up beyond a small DDP model's
+    /// crash under `warden run` with standby interpreters (warm, the
+    /// default): 0.33 s from the crash (median of 10, "Faults side by
+    /// side") less the 0.203 s to the decision. The job's own start-up beyond a small DDP model's
     /// is `job.startup_s`.
     pub in_job_restart_s: f64,
     /// The restart round across hosts through etcd: 3 ms on top of the local
@@ -181,8 +181,8 @@ impl Default for WardenTimes {
             hang_floor_s: 3.0,
             hang_multiplier: 3.0,
             tick_s: 0.1,
-            in_process_s: 0.29,
-            in_job_restart_s: 0.32,
+            in_process_s: 0.28,
+            in_job_restart_s: 0.13,
             round_s: 0.003,
             detection_s: None,
             restart_downtime_s: None,
