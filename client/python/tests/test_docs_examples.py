@@ -3,9 +3,11 @@
 docs/client.md's "PyTorch Lightning", "Hugging Face Transformers" and
 "torch.distributed.checkpoint" sections show examples/integrations/*.py
 verbatim (checked here, so the page and the files cannot drift apart). Each
-example then runs as a user would run it under ``warden run``, unchanged,
-in fresh interpreters against the session's wardend (the DCP one as 2 gloo
-ranks), twice: a fresh start with ``EXAMPLE_STEPS=50`` that saves step 50
+example then runs unchanged in fresh interpreters against the session's
+wardend, the single-process ones with the environment a launcher gives, the
+DCP one as its comment says: 2 gloo ranks under ``warden run`` (whose
+teardown rule also covers torch's occasional abort at the exit of a rank
+that finished, "terminate called without an active exception"), twice: a fresh start with ``EXAMPLE_STEPS=50`` that saves step 50
 into the tier (each example saves every 50 steps), then
 ``EXAMPLE_STEPS=100``, which must resume from step 50 and leave step 100 as
 the tier's newest complete step, holding the framework's own state at that
@@ -23,7 +25,7 @@ import tarfile
 import pytest
 
 from conftest import RANK_TIMEOUT_S, require_framework
-from wardend import ROOT, Wardend
+from wardend import ROOT, Wardend, find_binary
 
 EXAMPLES = ROOT / "examples" / "integrations"
 DOCS = ROOT / "docs" / "client.md"
@@ -115,6 +117,45 @@ def run_example(agent: Wardend, job: str, name: str, steps: int, world: int = 1)
     return outputs
 
 
+def run_example_under_warden_run(agent: Wardend, job: str, name: str, steps: int, world: int) -> list[str]:
+    """Runs examples/integrations/``name`` unchanged as ``world`` ranks of
+    ``job`` under ``warden run`` on the session's agent, as its comment tells
+    a user to. Returns each rank's output (the launcher's ``[rank R] `` lines,
+    prefix removed); fails with the launcher's output if the job fails."""
+    warden = find_binary("warden")
+    if warden is None:
+        pytest.fail("no warden binary (deploy/build-wheel.sh, or cargo build -p warden-cli)")
+    cwd = agent.home / f"{job}-cwd"
+    cwd.mkdir(exist_ok=True)
+    runs = len(list(cwd.glob("run*.log")))
+    env = agent.env(job, 0, 1)
+    for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE"):
+        env.pop(k, None)
+    env["EXAMPLE_STEPS"] = str(steps)
+    argv = [
+        warden, "--socket", agent.socket, "run", "--agent", "local",
+        "--nproc-per-node", str(world), "--rdzv-id", job, "--log-dir", str(cwd / "logs"),
+        # Nothing here restarts: no standby interpreters to import torch
+        # beside the ranks on a 2-core machine.
+        "--no-standby", "--", sys.executable, str(EXAMPLES / name),
+    ]  # fmt: skip
+    log_path = cwd / f"run{runs}.log"
+    with open(log_path, "wb") as log:
+        p = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            p.wait(RANK_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+    text = log_path.read_text(errors="replace")
+    if p.returncode != 0:
+        pytest.fail(f"warden run {name} exited {p.returncode}:\n{text[-6000:]}\n--- wardend ---\n{agent.stderr()[-3000:]}")
+    return [
+        "".join(line[len(f"[rank {r}] ") :] for line in text.splitlines(keepends=True) if line.startswith(f"[rank {r}] "))
+        for r in range(world)
+    ]
+
+
 def newest_in_tier(agent: Wardend, job: str, rank: int = 0, world: int = 1) -> dict:
     """``warden.checkpoint.restore(0, rank=rank)`` as a rank of ``job`` would
     call it (a fresh interpreter: this one's client points at no agent)."""
@@ -176,12 +217,12 @@ def test_transformers_example_checkpoints_into_the_tier_and_resumes(wardend: War
 def test_dcp_example_saves_fsdp_shards_of_two_ranks_and_resumes(wardend: Wardend) -> None:
     require_framework("torch")
 
-    first = run_example(wardend, "example-dcp", "dcp_example.py", 50, world=2)
+    first = run_example_under_warden_run(wardend, "example-dcp", "dcp_example.py", 50, world=2)
     assert not any("resumed" in out for out in first), first
     # Complete only with both ranks' shards (rank 0's holds DCP's metadata).
     assert newest_in_tier(wardend, "example-dcp", rank=1, world=2)["step"] == 50
 
-    second = run_example(wardend, "example-dcp", "dcp_example.py", 100, world=2)
+    second = run_example_under_warden_run(wardend, "example-dcp", "dcp_example.py", 100, world=2)
     for rank, out in enumerate(second):
         assert f"rank {rank}: resumed from step 50" in out, out[-3000:]
     for rank in range(2):

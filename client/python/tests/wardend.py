@@ -28,27 +28,33 @@ ROOT = Path(__file__).resolve().parents[3]
 READY_TIMEOUT_S = 60.0
 
 
-def find_wardend() -> Optional[str]:
-    """The wardend binary to run, or None when there is none."""
-    env = os.environ.get("WARDEN_TEST_WARDEND")
+def find_binary(name: str) -> Optional[str]:
+    """warden's binary ``name`` (``wardend``, ``warden``) to run, or None when
+    there is none: ``$WARDEN_TEST_WARDEND`` / ``$WARDEN_TEST_WARDEN`` first."""
+    env = os.environ.get(f"WARDEN_TEST_{name.upper()}")
     if env:
         return env
-    # The environment's own scripts first: the wheel installs wardend
+    # The environment's own scripts first: the wheel installs the binaries
     # beside the interpreter, and CI runs these tests against the wheel's
-    # binaries (tests/run-all.sh), whether or not that folder is on PATH.
-    beside = Path(sysconfig.get_path("scripts")) / "wardend"
+    # (tests/run-all.sh), whether or not that folder is on PATH.
+    beside = Path(sysconfig.get_path("scripts")) / name
     if beside.is_file() and os.access(beside, os.X_OK):
         return str(beside)
     if os.environ.get("WARDEN_REQUIRE_WHEEL") == "1":
         raise RuntimeError(f"WARDEN_REQUIRE_WHEEL=1, but the environment has no {beside} (a source install?)")
-    on_path = shutil.which("wardend")
+    on_path = shutil.which(name)
     if on_path:
         return on_path
     for profile in ("debug", "release"):
-        p = ROOT / "target" / profile / "wardend"
+        p = ROOT / "target" / profile / name
         if p.is_file() and os.access(p, os.X_OK):
             return str(p)
     return None
+
+
+def find_wardend() -> Optional[str]:
+    """The wardend binary to run, or None when there is none."""
+    return find_binary("wardend")
 
 
 class Wardend:
