@@ -14,6 +14,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
+use crate::signal::join_ranks as join;
 use serde::Deserialize;
 
 /// The most bytes of a dump parsed. torch keeps `TORCH_FR_BUFFER_SIZE`
@@ -344,14 +345,6 @@ pub fn compare(ranks: &[(u32, Vec<PgPosition>)]) -> Vec<Behind> {
         }
     }
     out
-}
-
-fn join(ranks: &[u32]) -> String {
-    ranks
-        .iter()
-        .map(u32::to_string)
-        .collect::<Vec<_>>()
-        .join(",")
 }
 
 #[cfg(test)]

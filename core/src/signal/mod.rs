@@ -18,7 +18,7 @@
 //! bug, caught by a debug assertion in `From<NewEvent>`.
 
 mod render;
-/// Rank lists joined as events and logs show them ("0, 1, 2").
+/// Rank lists joined as events and logs show them ("0,1,2").
 pub use render::join as join_ranks;
 #[cfg(test)]
 pub mod replay;

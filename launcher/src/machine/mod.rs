@@ -49,6 +49,7 @@ mod scenarios;
 pub use job_stop::JobStop;
 pub use progress::Progress;
 use progress::Verdict;
+use warden_core::signal::join_ranks as join;
 
 /// A failed worker the agent never registered: how long to wait for its
 /// registration event to turn up before deciding without the agent.
@@ -1905,13 +1906,4 @@ fn ms(d: Duration) -> f64 {
 fn unix_s(t: SystemTime) -> f64 {
     t.duration_since(SystemTime::UNIX_EPOCH)
         .map_or(0.0, |d| d.as_secs_f64())
-}
-
-/// Ranks for a message: "1", "1,3".
-fn join(ranks: &[u32]) -> String {
-    ranks
-        .iter()
-        .map(u32::to_string)
-        .collect::<Vec<_>>()
-        .join(",")
 }
