@@ -71,50 +71,40 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_example(agent: Wardend, job: str, name: str, steps: int, world: int = 1) -> list[str]:
-    """Runs examples/integrations/``name`` unchanged as ``world`` ranks of
-    ``job`` (the environment a launcher gives: RANK, WORLD_SIZE, LOCAL_RANK,
-    MASTER_ADDR/PORT, OMP_NUM_THREADS, WARDEN_SOCKET, WARDEN_JOB_ID) in a working directory of
-    the job's own. Returns each rank's output; fails with them if one fails."""
+def run_example(agent: Wardend, job: str, name: str, steps: int) -> str:
+    """Runs examples/integrations/``name`` unchanged as the one rank of ``job``
+    (the environment a launcher gives: RANK, WORLD_SIZE, LOCAL_RANK,
+    MASTER_ADDR/PORT, OMP_NUM_THREADS, WARDEN_SOCKET, WARDEN_JOB_ID) in a
+    working directory of the job's own. Returns its output; fails with it if
+    it fails. (The 2-rank DCP example runs under ``warden run``.)"""
     cwd = agent.home / f"{job}-cwd"
     cwd.mkdir(exist_ok=True)
-    port = free_port()
     runs = len(list(cwd.glob("run*-rank0.log")))
-    procs = []
-    for rank in range(world):
-        env = agent.env(job, rank, world)
-        env.update(
-            EXAMPLE_STEPS=str(steps), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
+    env = agent.env(job, 0, 1)
+    env.update(EXAMPLE_STEPS=str(steps), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    # What `warden run` (and torchrun) give more than one worker; for one
+    # it keeps torch's OpenMP threads from spinning against the rest of a
+    # loaded 2-core machine (a 50-step run: 0.4 s of training, not 6-12 s).
+    env.setdefault("OMP_NUM_THREADS", "1")
+    log_path = cwd / f"run{runs}-rank0.log"
+    with open(log_path, "wb") as log:
+        p = subprocess.Popen(
+            [sys.executable, str(EXAMPLES / name)],
+            cwd=cwd,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
         )
-        # What `warden run` (and torchrun) give more than one worker; for one
-        # it keeps torch's OpenMP threads from spinning against the rest of a
-        # loaded 2-core machine (a 50-step run: 0.4 s of training, not 6-12 s).
-        env.setdefault("OMP_NUM_THREADS", "1")
-        log_path = cwd / f"run{runs}-rank{rank}.log"
-        with open(log_path, "wb") as log:
-            p = subprocess.Popen(
-                [sys.executable, str(EXAMPLES / name)],
-                cwd=cwd,
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
-        procs.append((p, log_path))
-    outputs, failed = [], []
-    for rank, (p, log_path) in enumerate(procs):
         try:
             p.wait(RANK_TIMEOUT_S)
         except subprocess.TimeoutExpired:
             p.kill()
             p.wait()
-        text = log_path.read_text(errors="replace")
-        outputs.append(text)
-        if p.returncode != 0:
-            failed.append(f"{name} rank {rank} exited {p.returncode}:\n{text[-6000:]}")
-    if failed:
-        pytest.fail("\n".join(failed) + "\n--- wardend ---\n" + agent.stderr()[-3000:])
-    return outputs
+    text = log_path.read_text(errors="replace")
+    if p.returncode != 0:
+        pytest.fail(f"{name} exited {p.returncode}:\n{text[-6000:]}\n--- wardend ---\n{agent.stderr()[-3000:]}")
+    return text
 
 
 def run_example_under_warden_run(agent: Wardend, job: str, name: str, steps: int, world: int) -> list[str]:
@@ -181,11 +171,11 @@ def test_lightning_example_checkpoints_into_the_tier_and_resumes(wardend: Warden
     require_framework("pytorch_lightning")
     import torch
 
-    (first,) = run_example(wardend, "example-lightning", "lightning_example.py", 50)
+    first = run_example(wardend, "example-lightning", "lightning_example.py", 50)
     assert "resuming from None" in first, first[-3000:]
     assert newest_in_tier(wardend, "example-lightning")["step"] == 50
 
-    (second,) = run_example(wardend, "example-lightning", "lightning_example.py", 100)
+    second = run_example(wardend, "example-lightning", "lightning_example.py", 100)
     resumed = next(l for l in second.splitlines() if l.startswith("resuming from "))
     assert "/ckpt/" in resumed, second[-3000:]
     assert "Restored all states from the checkpoint" in second, second[-3000:]
@@ -199,11 +189,11 @@ def test_transformers_example_checkpoints_into_the_tier_and_resumes(wardend: War
     require_framework("transformers")
     require_framework("accelerate")
 
-    (first,) = run_example(wardend, "example-transformers", "transformers_example.py", 50)
+    first = run_example(wardend, "example-transformers", "transformers_example.py", 50)
     assert "resuming from None" in first, first[-3000:]
     assert newest_in_tier(wardend, "example-transformers")["step"] == 50
 
-    (second,) = run_example(wardend, "example-transformers", "transformers_example.py", 100)
+    second = run_example(wardend, "example-transformers", "transformers_example.py", 100)
     resumed = next(l for l in second.splitlines() if l.startswith("resuming from "))
     assert resumed.endswith("out/warden-restore/rank-0/checkpoint-50"), second[-3000:]
     newest = newest_in_tier(wardend, "example-transformers")
