@@ -661,17 +661,7 @@ impl<C: Coordinator> Sup<'_, C> {
         self.attempts_started += 1;
         for local in 0..self.job.nproc_per_node {
             let rank = wenv.global_rank(local);
-            let mut env = wenv.for_rank(local, |k| std::env::var(k).ok());
-            if self.job.standby.is_some() {
-                let dir = self.job.log_root.join("imports");
-                if std::fs::create_dir_all(&dir).is_ok() {
-                    let file = reported_imports::file_for(&dir, rank);
-                    env.push((
-                        reported_imports::ENV.to_owned(),
-                        file.to_string_lossy().into_owned(),
-                    ));
-                }
-            }
+            let env = self.worker_env(&wenv, local, rank);
             if first {
                 self.standby_env = env
                     .iter()
@@ -878,6 +868,24 @@ impl<C: Coordinator> Sup<'_, C> {
                 None
             }
         }
+    }
+
+    /// Local worker `local`'s (global rank `rank`) environment: the
+    /// launcher's variables, and with standbys kept, the file its client
+    /// reports its imports to.
+    fn worker_env(&self, wenv: &WorkerEnv, local: u32, rank: u32) -> Vec<(String, String)> {
+        let mut env = wenv.for_rank(local, |k| std::env::var(k).ok());
+        if self.job.standby.is_some() {
+            let dir = self.job.log_root.join("imports");
+            if std::fs::create_dir_all(&dir).is_ok() {
+                let file = reported_imports::file_for(&dir, rank);
+                env.push((
+                    reported_imports::ENV.to_owned(),
+                    file.to_string_lossy().into_owned(),
+                ));
+            }
+        }
+        env
     }
 
     /// Reads what the workers reported importing and has the standbys
@@ -1132,7 +1140,7 @@ impl<C: Coordinator> Sup<'_, C> {
                     Some(format!("rank {rank} is not one of this host's")),
                 );
             };
-            let mut env = at.wenv.for_rank(local, |k| std::env::var(k).ok());
+            let mut env = self.worker_env(&at.wenv, local, rank);
             env.push((
                 "WARDEN_IN_PROCESS_RESTART_COUNT".into(),
                 restart_count.to_string(),
