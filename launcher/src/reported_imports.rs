@@ -12,6 +12,7 @@
 
 use std::collections::BTreeSet;
 use std::io::Read;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 /// The worker's variable naming its file.
@@ -59,7 +60,12 @@ pub fn read(dir: &Path) -> BTreeSet<String> {
             continue;
         }
         let mut text = String::new();
-        let read = std::fs::File::open(entry.path())
+        // O_NOFOLLOW too: a file swapped for a link after the check above
+        // is refused, not followed.
+        let read = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+            .open(entry.path())
             .and_then(|f| f.take(MAX_FILE_BYTES).read_to_string(&mut text));
         if read.is_err() {
             continue;
