@@ -82,6 +82,21 @@ pub struct AttemptRecord {
     /// Decisions that did not end it (an in-process restart the agent
     /// carried out, a `continue`), one line each.
     pub other_decisions: Vec<String>,
+    /// Workers that failed after their training ended (torch's teardown
+    /// abort at exit): not counted as failures, and why.
+    pub aborted_at_exit: Vec<AbortedAtExit>,
+}
+
+/// A worker that failed after its training had ended: the job ended with
+/// the training's result instead of restarting.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct AbortedAtExit {
+    /// Its global rank.
+    pub rank: u32,
+    /// How it ended (`signal 6 (SIGABRT)`).
+    pub status: String,
+    /// Why its training had ended (the sign the launcher read).
+    pub why: String,
 }
 
 /// An incident as the summary shows it.
@@ -202,6 +217,13 @@ impl Summary {
             }
             for d in &a.other_decisions {
                 let _ = writeln!(s, "[warden]   meanwhile: {d}");
+            }
+            for x in &a.aborted_at_exit {
+                let _ = writeln!(
+                    s,
+                    "[warden]   rank {} aborted at exit ({}), not counted as a failure: {}",
+                    x.rank, x.status, x.why
+                );
             }
             if let Some(r) = &a.restart {
                 let reg = r

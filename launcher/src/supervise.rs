@@ -79,6 +79,10 @@ use super::spawn::{self, Exit};
 use super::standby::{self, Standby};
 use super::zero_code;
 
+/// How long an exit waits for the agent's word that the worker's client
+/// deregistered ([`Sup::await_deregistration`]).
+const DEREGISTRATION_GRACE: Duration = Duration::from_secs(1);
+
 /// How long exited workers stay zombies, at most, waiting for the agent to
 /// report them (it reads their status from the zombie).
 const REAP_WAIT: Duration = Duration::from_secs(1);
@@ -396,6 +400,25 @@ impl<C: Coordinator> Sup<'_, C> {
         }
     }
 
+    /// For a failed worker whose client registered and whose clean
+    /// deregistration the launcher has not heard of: waits a moment for it.
+    /// The client's DeregisterRank returns before the process goes on to
+    /// its teardown, so the agent has it when the process dies, but the
+    /// agent's event can reach the launcher after the exit does; without
+    /// the wait, a rank that closed and then aborted in torch's teardown
+    /// would read as one that died in its training and restart a finished
+    /// job. Only failures without a traceback wait (at most
+    /// [`DEREGISTRATION_GRACE`]), and only when a client registered.
+    async fn await_deregistration(&mut self, pid: u32) {
+        let waiting = |s: &Seen| s.self_registered.contains(&pid) && !s.deregistered.contains(&pid);
+        if !self.seen_open || !waiting(&self.seen.borrow()) {
+            return;
+        }
+        let mut seen = self.seen.clone();
+        let wait = seen.wait_for(|s| !waiting(s));
+        let _ = tokio::time::timeout(DEREGISTRATION_GRACE, wait).await;
+    }
+
     /// The next input from the world, as far as the machine listens; None
     /// for what only changes the executor (a stream closed).
     async fn next_input(&mut self) -> Option<Input> {
@@ -424,10 +447,18 @@ impl<C: Coordinator> Sup<'_, C> {
         };
         match ev {
             Ev::Exit(n) => {
-                let seen = self.seen.borrow();
                 let pid = u32::try_from(n.pid).ok();
+                let failed = !n.exit.is_some_and(Exit::success);
+                if failed
+                    && n.traceback.is_none()
+                    && let Some(p) = pid
+                {
+                    self.await_deregistration(p).await;
+                }
+                let seen = self.seen.borrow();
                 let registered = pid.is_some_and(|p| seen.registered.contains_key(&p));
                 let deregistered = pid.is_some_and(|p| seen.deregistered.contains(&p));
+                let client = pid.is_some_and(|p| seen.self_registered.contains(&p));
                 Some(Input::WorkerExit(WorkerExit {
                     generation: n.generation,
                     rank: n.rank,
@@ -435,6 +466,7 @@ impl<C: Coordinator> Sup<'_, C> {
                     exit: n.exit,
                     registered,
                     deregistered,
+                    client,
                     traceback: n.traceback,
                 }))
             }
