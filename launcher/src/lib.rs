@@ -312,11 +312,15 @@ async fn run_job(
     console.raw(summary.render());
     let mine = goodput(&link, &summary, console).await;
     if let Some(jw) = &job_wide {
+        // A host that leaves alone (a node fault, a signal) does not hold
+        // its exit for the others' reports.
+        let wait = summary.exit_code != exit::EXIT_NODE_FAULT && summary.exit_code < 128;
         job_goodput::finish(
             jw,
             mine.as_ref(),
             std::path::Path::new(&summary.log_dir),
             console,
+            wait,
         )
         .await;
     }
