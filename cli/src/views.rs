@@ -2,6 +2,7 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use crate::one_line;
 use comfy_table::presets::NOTHING;
 use comfy_table::{Cell, Table};
 use serde_json::{Value, json};
@@ -173,19 +174,20 @@ pub fn print_event(e: &pb::Event, as_json: bool) -> std::io::Result<()> {
         outln!("{}", event_json(e))?;
         return Ok(());
     }
+    // One line per event: a value a rank wrote cannot start another.
     let evidence: Vec<String> = e
         .evidence
         .iter()
-        .map(|kv| format!("{}={}", kv.key, kv.value))
+        .map(|kv| format!("{}={}", one_line(&kv.key), one_line(&kv.value)))
         .collect();
     outln!(
         "{} {} {:<8} {:<16} {:<14} {}{}{}",
         e.id,
         time(e.time.as_ref()),
         severity_name(e.severity),
-        e.kind,
-        e.subject,
-        e.message,
+        one_line(&e.kind),
+        one_line(&e.subject),
+        one_line(&e.message),
         if evidence.is_empty() { "" } else { "  " },
         evidence.join(" ")
     )?;

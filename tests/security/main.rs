@@ -13,6 +13,7 @@ mod common;
 
 mod authz;
 mod files;
+mod output;
 mod slots;
 mod tls;
 
@@ -25,6 +26,7 @@ const ATTACKS: &[(&str, common::users::Attack)] = &[
     ("files.plant_staging", files::attack_plant_staging),
     ("files.save_restore", files::attack_save_restore),
     ("slots.steal", slots::attack_slots),
+    ("output.escapes", output::attack_escapes),
 ];
 
 /// Does nothing in a normal run; in a process started by
