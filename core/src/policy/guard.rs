@@ -87,7 +87,9 @@ pub struct LemonConfig {
     pub window: Duration,
     /// The fault classes that count. The default counts hardware only: an
     /// `unknown` crash is as often the code's as the node's; add "unknown"
-    /// to count unexplained failures too.
+    /// to count unexplained failures too. Whatever the class, only
+    /// incidents the agent's own evidence supports count (never a rank's
+    /// word: its exception, exit or reported values).
     pub classes: Vec<FaultClass>,
 }
 
