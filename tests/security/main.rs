@@ -12,6 +12,7 @@
 mod common;
 
 mod authz;
+mod belief;
 mod files;
 mod output;
 mod slots;
@@ -27,6 +28,8 @@ const ATTACKS: &[(&str, common::users::Attack)] = &[
     ("files.save_restore", files::attack_save_restore),
     ("slots.steal", slots::attack_slots),
     ("output.escapes", output::attack_escapes),
+    ("belief.fake_crashes", belief::attack_fake_crashes),
+    ("belief.stop_flood", belief::attack_stop_flood),
 ];
 
 /// Does nothing in a normal run; in a process started by
