@@ -234,6 +234,7 @@ async fn run_job(
     }
     let mut job_wide = None;
     let publishing = tokio_util::sync::CancellationToken::new();
+    let mut publisher = None;
     let summary = if etcd {
         if !args.rdzv_conf.ignored.is_empty() {
             console.say(format!(
@@ -302,13 +303,24 @@ async fn run_job(
         };
         console.say(coordinator.describe());
         if let Some(jw) = &job_wide {
-            job_goodput::keep_published(jw.clone(), link.client.clone(), publishing.clone());
+            publisher = Some(job_goodput::keep_published(
+                jw.clone(),
+                link.client.clone(),
+                publishing.clone(),
+            ));
         }
         supervise::run(job, &link, coordinator, console.clone(), &mut signals).await
     } else {
         supervise::run(job, &link, hosts::LocalOnly, console.clone(), &mut signals).await
     };
     publishing.cancel();
+    // The live copies end before the final report is written: a copy read
+    // from etcd after it (a retry learning the key's revision anew) would
+    // otherwise replace it.
+    if let Some(p) = publisher {
+        p.abort();
+        let _ = p.await;
+    }
     console.raw(summary.render());
     let mine = goodput(&link, &summary, console).await;
     if let Some(jw) = &job_wide {
