@@ -583,12 +583,21 @@ fn a_worker_killed_on_one_host_restarts_every_host_once_in_one_round() {
     // first), and a live copy never replaced a final one.
     for s in [&sa, &sb] {
         let job = own(s, "goodput-job.json").expect("each host's goodput-job.json");
-        assert_eq!(job["hosts"].as_array().map_or(0, Vec::len), 2, "{job}");
-        assert_eq!(job["open"], Value::Bool(false), "{job}");
-        assert_eq!(job["ranks"], 4, "{job}");
+        let why = || {
+            format!(
+                "{}: {job}\netcd's sum: {v}\nhost-a:\n{}\nhost-b:\n{}",
+                s.host,
+                a.context(),
+                b.context()
+            )
+        };
+        assert_eq!(job["hosts"].as_array().map_or(0, Vec::len), 2, "{}", why());
+        assert_eq!(job["open"], Value::Bool(false), "{}", why());
+        assert_eq!(job["ranks"], 4, "{}", why());
         assert!(
             (job["accelerator_s"].as_f64().unwrap() - total).abs() < 1e-6 * total,
-            "{job}"
+            "{}",
+            why()
         );
     }
 }

@@ -87,7 +87,13 @@ pub fn keep_published(
                 Ok(Ok(r)) => r.into_inner().jobs.into_iter().next(),
                 _ => None,
             };
-            let Some(mine) = mine else { continue };
+            let Some(mut mine) = mine else { continue };
+            // A live copy is never a final report, whatever the ledger
+            // says of the moment (between two attempts no rank of the job
+            // is live here, and GetGoodput answers `open: false`): only
+            // the job's end here ([`finish`]) stores a closed one, which
+            // the other hosts' launchers wait for.
+            mine.open = true;
             if reports.is_none() {
                 reports = jw.reports().await.ok();
             }
