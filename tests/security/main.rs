@@ -13,6 +13,7 @@ mod common;
 
 mod authz;
 mod files;
+mod gates;
 mod slots;
 mod tls;
 
@@ -25,6 +26,10 @@ const ATTACKS: &[(&str, common::users::Attack)] = &[
     ("files.plant_staging", files::attack_plant_staging),
     ("files.save_restore", files::attack_save_restore),
     ("slots.steal", slots::attack_slots),
+    ("gates.gate", gates::attack_gates),
+    ("gates.stop_flood", gates::attack_stop_flood),
+    ("gates.cycles", gates::attack_cycles),
+    ("gates.claims", gates::attack_claims),
 ];
 
 /// Does nothing in a normal run; in a process started by
