@@ -305,6 +305,8 @@ pub fn print_gate(r: &pb::HealthGateResult, json: bool) -> std::io::Result<()> {
             "ran": r.ran,
             "duration_seconds": took.as_secs_f64(),
             "note": r.note,
+            "cached": r.cached,
+            "cached_age_seconds": r.cached_age.as_ref().map(|d| d.seconds as f64 + f64::from(d.nanos) / 1e9),
             "failures": r.failures.iter().map(|f| serde_json::json!({
                 "test": f.test, "entity": f.entity, "status": f.status,
                 "message": f.message, "severity": f.severity,

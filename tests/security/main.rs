@@ -15,6 +15,7 @@ mod authz;
 mod belief;
 mod files;
 mod output;
+mod gates;
 mod slots;
 mod tls;
 
@@ -30,6 +31,10 @@ const ATTACKS: &[(&str, common::users::Attack)] = &[
     ("output.escapes", output::attack_escapes),
     ("belief.fake_crashes", belief::attack_fake_crashes),
     ("belief.stop_flood", belief::attack_stop_flood),
+    ("gates.gate", gates::attack_gates),
+    ("gates.stop_flood", gates::attack_stop_flood),
+    ("gates.cycles", gates::attack_cycles),
+    ("gates.claims", gates::attack_claims),
 ];
 
 /// Does nothing in a normal run; in a process started by

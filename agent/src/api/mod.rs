@@ -13,6 +13,7 @@ pub mod convert;
 pub mod exception_decision;
 pub mod gate;
 pub mod goodput;
+pub mod job_series;
 pub mod job_stop;
 pub mod launcher_api;
 pub mod metrics_http;

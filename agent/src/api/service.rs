@@ -538,10 +538,10 @@ impl Agent for AgentService {
         req: Request<pb::RunHealthGateRequest>,
     ) -> Result<Response<pb::HealthGateResult>, Status> {
         observed("RunHealthGate", async {
-            self.guard(&req, "RunHealthGate", "")?;
-            Ok(Response::new(
-                super::gate::run(&self.state, req.into_inner()).await,
-            ))
+            let peer = self.guard(&req, "RunHealthGate", "")?;
+            super::gate::run(&self.state, req.into_inner(), peer.uid)
+                .await
+                .map(Response::new)
         })
         .await
     }

@@ -60,6 +60,8 @@ pub struct Config {
     pub checkpoint: crate::ckpt::CheckpointConfig,
     /// `[slurm]`: drain the node in Slurm while it is cordoned.
     pub slurm: crate::act::slurm::SlurmConfig,
+    /// `[goodput]`: how long ended jobs' ledgers, journals and series stay.
+    pub goodput: crate::goodput::config::GoodputConfig,
 }
 
 /// `[agent]`: identity and the work loop.
@@ -148,6 +150,11 @@ pub struct ApiConfig {
     pub max_streams_per_uid: u32,
     /// Streams open at once over all callers (same refusal).
     pub max_streams: u32,
+    /// ReportJobStop calls one uid may make per minute (a token bucket
+    /// holding as many, refilled evenly): a launcher reports a job's end
+    /// once; past it the call is refused with RESOURCE_EXHAUSTED naming
+    /// this key and nothing is recorded.
+    pub job_stops_per_minute: u32,
 }
 
 impl ApiConfig {
@@ -178,6 +185,7 @@ impl Default for ApiConfig {
             insecure: false,
             max_streams_per_uid: 64,
             max_streams: 512,
+            job_stops_per_minute: 30,
         }
     }
 }
@@ -189,12 +197,17 @@ pub struct MetricsConfig {
     /// `host:port` serving `/metrics` in the Prometheus text format; empty:
     /// off. Port 0 picks a free port (GetAgentInfo shows which).
     pub listen: String,
+    /// Job-labelled series (`{job="..."}`) held at once; past it a new one
+    /// is not recorded (counted in `warden_metrics_job_series_dropped_total`).
+    /// Ended jobs' series are removed after `goodput.series_after_end`.
+    pub max_job_series: usize,
 }
 
 impl Default for MetricsConfig {
     fn default() -> Self {
         Self {
             listen: "127.0.0.1:9464".into(),
+            max_job_series: 8192,
         }
     }
 }
@@ -687,6 +700,21 @@ impl Config {
         self.restart.validate(origin)?;
         self.checkpoint.validate(origin)?;
         self.slurm.validate(origin)?;
+        self.goodput.validate(origin)?;
+        if !(1..=6000).contains(&self.api.job_stops_per_minute) {
+            return Err(invalid(
+                "api.job_stops_per_minute",
+                self.api.job_stops_per_minute.to_string(),
+                "must be between 1 and 6000",
+            ));
+        }
+        if !(1..=1 << 20).contains(&self.metrics.max_job_series) {
+            return Err(invalid(
+                "metrics.max_job_series",
+                self.metrics.max_job_series.to_string(),
+                "must be between 1 and 1048576",
+            ));
+        }
         Ok(())
     }
 

@@ -162,8 +162,12 @@ async fn serve(
     // Subscribed before anything publishes, so attribution sees every
     // registration and signal.
     let attribution = crate::attribute::task::start(state.attribution(), state.take_escalations());
-    let goodput =
-        crate::goodput::task::start(&state.events, state.goodput.clone(), state.shutdown.clone());
+    let goodput = crate::goodput::task::start(
+        &state.events,
+        state.goodput.clone(),
+        state.shutdown.clone(),
+        state.config.goodput.series_after_end,
+    );
     let cfg = &state.config;
 
     let uds = UnixListener::bind(&socket).map_err(|source| DaemonError::Bind {
@@ -210,7 +214,7 @@ async fn serve(
     if let Some((_, addr)) = &metrics {
         state.add_endpoint("metrics", format!("http://{addr}/metrics"));
     }
-    let metrics_handle = metrics_http::install();
+    let metrics_handle = metrics_http::install(cfg.metrics.max_job_series);
 
     let mut signals = match embedded {
         Some(_) => None,
