@@ -14,8 +14,8 @@ mod common;
 mod authz;
 mod belief;
 mod files;
-mod output;
 mod gates;
+mod output;
 mod slots;
 mod tls;
 
