@@ -132,6 +132,9 @@ pub struct Job {
     pub cwd: PathBuf,
     /// `<log-dir>/<job>`.
     pub log_root: PathBuf,
+    /// The same, open: the launcher's own directory, where each attempt's
+    /// directory and log files are made ([`output::LogRoot`]).
+    pub logs: std::sync::Arc<output::LogRoot>,
     /// Workers on this node.
     pub nproc_per_node: u32,
     /// Nodes in the job.
@@ -196,8 +199,8 @@ impl Signals {
 #[derive(Debug, Clone)]
 struct AttemptEnv {
     wenv: WorkerEnv,
-    /// The attempt's log directory.
-    dir: PathBuf,
+    /// The attempt's log directory, open (its log files are made there).
+    logs: std::sync::Arc<output::AttemptLogs>,
     host: String,
     /// Tags the attempt's exits.
     generation: u64,
@@ -261,6 +264,12 @@ pub async fn run<C: Coordinator>(
     let (exits_tx, exits_rx) = mpsc::unbounded_channel();
     let (peers_tx, peers_rx) = watch::channel(Vec::new());
     agent::keep_peers(link.client.clone(), job.id.clone(), peers_rx, stop.clone());
+    agent::keep_claim(
+        link.client.clone(),
+        job.id.clone(),
+        console.clone(),
+        stop.clone(),
+    );
     let now = Now::read();
     let limits = Limits {
         max_restarts: job.max_restarts,
@@ -624,10 +633,13 @@ impl<C: Coordinator> Sup<'_, C> {
                 error: None,
             }));
         };
-        let dir = self.job.log_root.join(format!("attempt_{n}"));
-        if let Err(e) = std::fs::create_dir_all(&dir) {
-            return Input::StartFailed(format!("cannot create {}: {e}", dir.display()));
-        }
+        let logs = match self.job.logs.attempt(n) {
+            Ok(l) => std::sync::Arc::new(l),
+            Err(e) => {
+                return Input::StartFailed(format!("the attempt's log directory: {e}"));
+            }
+        };
+        let dir = logs.path().to_owned();
         let wenv = WorkerEnv {
             job_id: self.job.id.clone(),
             nproc_per_node: self.job.nproc_per_node,
@@ -653,7 +665,7 @@ impl<C: Coordinator> Sup<'_, C> {
             .unwrap_or_default();
         let at_env = AttemptEnv {
             wenv: wenv.clone(),
-            dir: dir.clone(),
+            logs,
             host,
             generation,
         };
@@ -733,15 +745,24 @@ impl<C: Coordinator> Sup<'_, C> {
     ) {
         let rank = at.wenv.global_rank(local);
         let generation = at.generation;
-        let dir = &at.dir;
         let mut pumps = Vec::new();
         let prefix = format!("[rank {rank}] ");
+        let log = |stream| match at.logs.create(rank, stream) {
+            Ok(f) => Some(f),
+            Err(e) => {
+                self.console.say(format!(
+                    "rank {rank}: not writing its {} log: {e}; this output goes to the console only",
+                    stream.as_str()
+                ));
+                None
+            }
+        };
         if let Some(out) = s.stdout.take() {
             pumps.push(tokio::spawn(output::pump(
                 out,
                 Stream::Stdout,
                 prefix.clone(),
-                output::log_file(dir, rank, Stream::Stdout),
+                log(Stream::Stdout),
                 self.console.clone(),
                 None,
             )));
@@ -753,7 +774,7 @@ impl<C: Coordinator> Sup<'_, C> {
                 err,
                 Stream::Stderr,
                 prefix,
-                output::log_file(dir, rank, Stream::Stderr),
+                log(Stream::Stderr),
                 self.console.clone(),
                 Some(sink.clone()),
             );

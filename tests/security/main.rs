@@ -11,8 +11,11 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod agent_setup;
 mod authz;
 mod files;
+mod launcher_files;
+mod ownership;
 mod slots;
 mod tls;
 
@@ -25,6 +28,17 @@ const ATTACKS: &[(&str, common::users::Attack)] = &[
     ("files.plant_staging", files::attack_plant_staging),
     ("files.save_restore", files::attack_save_restore),
     ("slots.steal", slots::attack_slots),
+    ("ownership.squat", ownership::attack_squat),
+    ("ownership.running", ownership::attack_running),
+    (
+        "launcher_files.plant_logs",
+        launcher_files::attack_plant_logs,
+    ),
+    (
+        "launcher_files.plant_modules",
+        launcher_files::attack_plant_modules,
+    ),
+    ("setup.nvhcd", agent_setup::attack_nvhcd),
 ];
 
 /// Does nothing in a normal run; in a process started by
