@@ -314,17 +314,16 @@ pub async fn claim(
 }
 
 /// Renews the claim on `job` every [`CLAIM_AGAIN`] until `stop`. A claim
-/// refused (an admin released the job and another user took the id) is
-/// said once on the console: from then on the agent sends this launcher no
-/// decision about the job (WatchIncidents carries only the caller's jobs).
+/// refused (an admin released the job and another user took the id) goes
+/// to `disowned`, once: the job then stops (the agent already sends this
+/// launcher no decision about a job it does not own).
 pub fn keep_claim(
     client: AgentClient<Channel>,
     job: String,
-    console: crate::output::Console,
+    disowned: mpsc::UnboundedSender<String>,
     stop: CancellationToken,
 ) -> JoinHandle<()> {
     tokio::spawn(async move {
-        let mut said = false;
         loop {
             tokio::select! {
                 () = stop.cancelled() => return,
@@ -336,13 +335,9 @@ pub fn keep_claim(
             });
             if let Ok(Err(e)) = tokio::time::timeout(CLAIM_TIMEOUT, asked).await
                 && e.code() == tonic::Code::PermissionDenied
-                && !said
             {
-                said = true;
-                console.say(format!(
-                    "warning: this launcher no longer owns job {job:?} at the agent: {}; the agent sends it no decision about the job",
-                    e.message()
-                ));
+                let _ = disowned.send(format!("renewing the claim was refused: {}", e.message()));
+                return;
             }
         }
     })

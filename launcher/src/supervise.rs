@@ -232,6 +232,7 @@ enum Ev {
     Seen,
     SeenClosed,
     Signal(i32),
+    Disowned(String),
     Remote(Remote),
     Replenish,
     Imports,
@@ -264,10 +265,11 @@ pub async fn run<C: Coordinator>(
     let (exits_tx, exits_rx) = mpsc::unbounded_channel();
     let (peers_tx, peers_rx) = watch::channel(Vec::new());
     agent::keep_peers(link.client.clone(), job.id.clone(), peers_rx, stop.clone());
+    let (disowned_tx, disowned_rx) = mpsc::unbounded_channel();
     agent::keep_claim(
         link.client.clone(),
         job.id.clone(),
-        console.clone(),
+        disowned_tx.clone(),
         stop.clone(),
     );
     let now = Now::read();
@@ -296,6 +298,8 @@ pub async fn run<C: Coordinator>(
         decisions_open: true,
         exits_tx,
         exits_rx,
+        disowned_tx,
+        disowned_rx,
         peers_tx,
         state: JobState::new(limits, now),
         workers: Vec::new(),
@@ -352,6 +356,12 @@ struct Sup<'a, C> {
     decisions_open: bool,
     exits_tx: mpsc::UnboundedSender<ExitNote>,
     exits_rx: mpsc::UnboundedReceiver<ExitNote>,
+    /// The agent's refusals of this launcher's calls about its job because
+    /// another uid owns it now (a worker's registration, the claim's
+    /// renewal): the machine stops the job on the first
+    /// ([`Input::Disowned`]).
+    disowned_tx: mpsc::UnboundedSender<String>,
+    disowned_rx: mpsc::UnboundedReceiver<String>,
     /// The current round's checkpoint peers, handed to the agent again
     /// now and then ([`agent::keep_peers`]).
     peers_tx: watch::Sender<agent::CkptPeers>,
@@ -420,6 +430,7 @@ impl<C: Coordinator> Sup<'_, C> {
         }
         let ev = tokio::select! {
             Some(n) = self.exits_rx.recv() => Ev::Exit(n),
+            Some(why) = self.disowned_rx.recv() => Ev::Disowned(why),
             d = self.decisions.recv(), if self.decisions_open => match d {
                 Some(i) => Ev::Decision(Box::new(i)),
                 None => Ev::DecisionsClosed,
@@ -468,6 +479,7 @@ impl<C: Coordinator> Sup<'_, C> {
                 None
             }
             Ev::Signal(sig) => Some(Input::Signal(sig)),
+            Ev::Disowned(why) => Some(Input::Disowned(why)),
             Ev::Remote(d) => Some(Input::Round(d)),
             Ev::Replenish => {
                 self.replenish_at = None;
@@ -797,6 +809,7 @@ impl<C: Coordinator> Sup<'_, C> {
         };
         let client = self.client.clone();
         let console = self.console.clone();
+        let disowned = self.disowned_tx.clone();
         tokio::spawn(zero_code::report_tracebacks(
             client.clone(),
             id.clone(),
@@ -809,10 +822,20 @@ impl<C: Coordinator> Sup<'_, C> {
             // imports warden is still watched (zero-code mode); one
             // that does registers again itself, seconds later, and its
             // client's registration takes over.
-            if let Err(e) = zero_code::register(&client, &id).await {
-                console.say(format!(
-                    "could not register rank {rank} (pid {pid}) with the agent: {e}; it is watched by the launcher only"
-                ));
+            match zero_code::register(&client, &id).await {
+                Ok(()) => {}
+                // Another user owns the job at the agent now: the job
+                // stops rather than run on, unwatched.
+                Err(e) if e.code() == tonic::Code::PermissionDenied => {
+                    let _ = disowned.send(format!(
+                        "registering rank {rank} (pid {pid}) was refused: {}",
+                        e.message()
+                    ));
+                }
+                Err(e) => console.say(format!(
+                    "could not register rank {rank} (pid {pid}) with the agent: {}; it is watched by the launcher only",
+                    e.message()
+                )),
             }
             let exit = spawn::exited(pid, &pidfd).await;
             // What its stderr said last, once the pipe closed (the

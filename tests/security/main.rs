@@ -30,6 +30,7 @@ const ATTACKS: &[(&str, common::users::Attack)] = &[
     ("slots.steal", slots::attack_slots),
     ("ownership.squat", ownership::attack_squat),
     ("ownership.running", ownership::attack_running),
+    ("ownership.take_over", ownership::attack_take_over),
     (
         "launcher_files.plant_logs",
         launcher_files::attack_plant_logs,

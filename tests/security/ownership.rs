@@ -4,7 +4,9 @@
 //! owner, with exit 89 (not 86); an admin releases the id and the job runs.
 //! The running job's launcher owns it: the member's claim, health gate,
 //! registration, incident stream and release about it are refused, and the
-//! victim's worker keeps running with no incident opened.
+//! victim's worker keeps running with no incident opened. Even when an
+//! admin releases the running job and the member takes the id and makes
+//! an incident of it, the victim's launcher is sent none of its decisions.
 
 use std::path::Path;
 use std::process::Command;
@@ -124,6 +126,64 @@ pub fn attack_running(args: &Value) -> Value {
             ),
         );
         Value::Object(out)
+    })
+}
+
+/// After an admin released `args.job` by mistake: the member takes the id
+/// (ClaimJob), registers a process of its own as rank 1 and kills it, so
+/// the agent decides an incident of the job; returns its id once decided.
+pub fn attack_take_over(args: &Value) -> Value {
+    block_on(async {
+        let mut c = client(args).await;
+        let job = args["job"].as_str().expect("the victim's job").to_owned();
+        let claimed = call_result(
+            c.claim_job(pb::ClaimJobRequest {
+                job_id: job.clone(),
+            })
+            .await,
+            |_| json!({}),
+        );
+        if claimed["ok"] != json!(true) {
+            return json!({"claim": claimed});
+        }
+        let mut child = std::process::Command::new("sleep")
+            .arg("300")
+            .spawn()
+            .expect("a process of the member's");
+        let registered = call_result(
+            c.register_rank(pb::RegisterRankRequest {
+                job_id: job.clone(),
+                global_rank: 1,
+                local_rank: 1,
+                world_size: 2,
+                pid: child.id(),
+                host: "attacker".into(),
+                slot_layout_version: warden_client::slot::LAYOUT_VERSION,
+                ..Default::default()
+            })
+            .await,
+            |_| json!({}),
+        );
+        let _ = child.kill();
+        let decided = tokio::time::timeout(Duration::from_secs(60), async {
+            loop {
+                let listed = c
+                    .get_incidents(pb::GetIncidentsRequest {
+                        job_id: job.clone(),
+                        limit: 0,
+                    })
+                    .await
+                    .map(|r| r.into_inner().incidents)
+                    .unwrap_or_default();
+                if let Some(i) = listed.into_iter().find(|i| i.decision.is_some()) {
+                    return i.id;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        })
+        .await;
+        let _ = child.wait();
+        json!({"claim": claimed, "register": registered, "incident": decided.ok()})
     })
 }
 
@@ -299,7 +359,64 @@ async fn nobody_else_decides_about_a_running_job() {
         .into_inner()
         .incidents;
     assert!(incidents.is_empty(), "{incidents:?}");
+
+    // An admin releases the running job by mistake and the member takes
+    // the id and makes an incident of it: the agent decides it, and sends
+    // it to nobody but its owner; root's launcher is refused the job's
+    // stream and carries out nothing, its worker runs on.
+    let released = run(
+        Command::new(WARDEN)
+            .arg("--socket")
+            .arg(agent.socket())
+            .args(["release-job", "victim-run"]),
+        WAIT * 3,
+    );
+    assert_eq!(released.code(), 0, "{released:?}");
+    let args = json!({"socket": agent.socket(), "job": "victim-run"});
+    let member = u.member.clone();
+    let taken = within(Duration::from_secs(120), "the take-over", async move {
+        tokio::task::spawn_blocking(move || users::run_as(&member, "ownership.take_over", &args))
+            .await
+            .expect("run the attack")
+    })
+    .await
+    .result;
+    assert_eq!(taken["claim"]["ok"], json!(true), "{taken}");
+    assert_eq!(taken["register"]["ok"], json!(true), "{taken}");
+    let incident = taken["incident"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no decided incident: {taken}"))
+        .to_owned();
+    let watch = c
+        .watch_incidents(pb::WatchIncidentsRequest {
+            job_id: "victim-run".into(),
+            replay: true,
+        })
+        .await
+        .map(|_| ())
+        .expect_err("root's stream of a job the member owns");
+    assert_eq!(watch.code(), tonic::Code::PermissionDenied, "{watch:?}");
+    assert!(
+        watch
+            .message()
+            .contains(&format!("belongs to uid {}", u.member.uid)),
+        "{watch:?}"
+    );
+    assert!(
+        matches!(job.child.try_wait(), Ok(None)),
+        "the victim's launcher ended: {:?}",
+        job.seen
+    );
+    assert!(
+        Path::new(&format!("/proc/{pid}")).exists(),
+        "the victim's worker is gone"
+    );
     job.signal(nix::sys::signal::Signal::SIGTERM);
     let status = job.wait_exit(RUN);
     assert_eq!(status.code(), Some(143), "{:?}", job.seen);
+    assert!(
+        !job.seen.iter().any(|l| l.contains(&incident)),
+        "the launcher was told of the member's incident {incident}: {:?}",
+        job.seen
+    );
 }
