@@ -189,6 +189,13 @@ pub enum Command {
         #[arg(long)]
         job: Option<String>,
     },
+    /// Forget who owns a job id on this agent (admins only): a claim a
+    /// user squatted, or one left by a job that ended without closing its
+    /// ledger. The next user of the id owns it.
+    ReleaseJob {
+        /// The job id.
+        job: String,
+    },
     /// Lift the cordon a decision put on this node (after repair).
     Uncordon {
         /// Why (kept in the agent's event, with who ran the command).
@@ -346,6 +353,26 @@ async fn run(cli: Cli) -> Result<()> {
             views::print_gate(&r, cli.json)?;
             if !r.passed {
                 std::process::exit(1);
+            }
+        }
+        Command::ReleaseJob { job } => {
+            let mut c = target.connect().await?;
+            let r = c
+                .release_job(pb::ReleaseJobRequest {
+                    job_id: job.clone(),
+                })
+                .await
+                .with_context(|| format!("ReleaseJob at {target}"))?
+                .into_inner();
+            if cli.json {
+                println!(
+                    "{}",
+                    serde_json::json!({"job": job, "released": r.released, "owner_uid": r.owner_uid})
+                );
+            } else if r.released {
+                println!("job {job:?}: the claim of uid {} released", r.owner_uid);
+            } else {
+                println!("job {job:?} had no owner on this agent");
             }
         }
         Command::Uncordon { reason } => {

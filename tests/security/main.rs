@@ -11,11 +11,14 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod agent_setup;
 mod authz;
 mod belief;
 mod files;
 mod gates;
 mod output;
+mod launcher_files;
+mod ownership;
 mod slots;
 mod tls;
 
@@ -35,6 +38,18 @@ const ATTACKS: &[(&str, common::users::Attack)] = &[
     ("gates.stop_flood", gates::attack_stop_flood),
     ("gates.cycles", gates::attack_cycles),
     ("gates.claims", gates::attack_claims),
+    ("ownership.squat", ownership::attack_squat),
+    ("ownership.running", ownership::attack_running),
+    ("ownership.take_over", ownership::attack_take_over),
+    (
+        "launcher_files.plant_logs",
+        launcher_files::attack_plant_logs,
+    ),
+    (
+        "launcher_files.plant_modules",
+        launcher_files::attack_plant_modules,
+    ),
+    ("setup.nvhcd", agent_setup::attack_nvhcd),
 ];
 
 /// Does nothing in a normal run; in a process started by

@@ -17,7 +17,10 @@
 //!   memory of its own processes, so telling two of its jobs apart would
 //!   protect nothing.
 //! - **everyone who can open the socket** (its mode and group): the read
-//!   calls.
+//!   calls; ClaimJob for a job no other uid owns (refused to admins too
+//!   while another uid holds it: a launcher must never run a job whose
+//!   decisions another user can make); WatchIncidents about its own jobs
+//!   only (the stream a launcher carries out).
 //!
 //! Owners are persisted in the state directory, so an agent restart does not
 //! let a stranger claim a running job (and be handed its checkpoint
@@ -62,8 +65,17 @@ pub enum Rule {
     /// The job's owner, or an admin.
     JobOwner,
     /// An admin, or the owner of a job known here (a launcher's
-    /// pre-restart health gate).
+    /// pre-restart health gate); with a job named, its owner or an admin.
     AdminOrAnyOwner,
+    /// Anyone who can open the socket, about a job no other uid owns: the
+    /// caller becomes its owner. Refused for admins too when another uid
+    /// holds the job: a launcher must never run a job whose decisions
+    /// another user can make (an admin releases the job first).
+    Claim,
+    /// Anyone who can open the socket, about the jobs its uid owns: a
+    /// job owned by another uid is refused, and a stream carries only the
+    /// caller's own jobs (a launcher acts on what it is sent).
+    Owned,
 }
 
 impl Rule {
@@ -76,8 +88,10 @@ impl Rule {
                 "the job's owner (the uid that first used the job on this agent) or an admin"
             }
             Rule::AdminOrAnyOwner => {
-                "an admin, or the owner of a job on this agent (a launcher gating its own restart)"
+                "an admin, or the owner of a job on this agent (a launcher gating its own restart); with a job named, that job's owner or an admin"
             }
+            Rule::Claim => "a job no other uid owns on this agent (admins included)",
+            Rule::Owned => "the caller's own jobs (the uid that owns them on this agent)",
         }
     }
 }
@@ -86,13 +100,16 @@ impl Rule {
 pub fn rule_of(method: &str) -> Rule {
     match method {
         "GetNodeHealth" | "WatchHealth" | "ListEvents" | "WatchEvents" | "GetAgentInfo"
-        | "GetRanks" | "GetIncidents" | "WatchIncidents" | "GetStragglers" | "ListCheckpoints"
-        | "GetGoodput" => Rule::Read,
+        | "GetRanks" | "GetIncidents" | "GetStragglers" | "ListCheckpoints" | "GetGoodput" => {
+            Rule::Read
+        }
+        "WatchIncidents" => Rule::Owned,
+        "ClaimJob" => Rule::Claim,
         "RegisterRank" | "DeregisterRank" | "ReportException" | "Control" | "AckControl"
         | "BeginShard" | "CommitShard" | "Restore" | "StopRanks" | "ReportJobStop"
         | "RequestRestart" | "SetCheckpointPeers" | "CloseGoodput" => Rule::JobOwner,
         "RunHealthGate" => Rule::AdminOrAnyOwner,
-        // Uncordon, and anything not listed (a new call is admin-only until
+        // Uncordon, ReleaseJob, and anything not listed (a new call is admin-only until
         // someone decides otherwise).
         _ => Rule::Admin,
     }
@@ -197,6 +214,19 @@ impl Authz {
             Rule::Admin if admin => Ok(()),
             Rule::Admin => deny("the caller is not an admin".into()),
             Rule::AdminOrAnyOwner if admin => Ok(()),
+            Rule::AdminOrAnyOwner if !job.is_empty() => {
+                check_job_id(call, job)?;
+                match self.owner(job) {
+                    Some(uid) if uid == peer.uid => {
+                        self.touch(job);
+                        Ok(())
+                    }
+                    Some(uid) => deny(owned_by(job, uid)),
+                    None => deny(format!(
+                        "nobody owns job {job:?} on this agent; a gate's verdict is attached only to a job the caller owns"
+                    )),
+                }
+            }
             Rule::AdminOrAnyOwner => {
                 if self.lock().values().any(|o| o.uid == peer.uid) {
                     Ok(())
@@ -204,23 +234,53 @@ impl Authz {
                     deny("the caller is not an admin and owns no job here".into())
                 }
             }
-            Rule::JobOwner if job.is_empty() => Ok(()),
-            Rule::JobOwner if job.len() > MAX_JOB_ID || job.chars().any(char::is_control) => {
-                Err(Status::invalid_argument(format!(
-                    "{call}: job_id must be at most {MAX_JOB_ID} bytes without control characters"
-                )))
-            }
-            Rule::JobOwner => match self.claim(job, peer.uid, admin) {
-                Ok(()) => Ok(()),
-                Err(Refusal::Owned(uid)) if admin => {
-                    tracing::debug!(job, owner = uid, caller = %peer, call, "admin acts on a job it does not own");
-                    Ok(())
+            Rule::Owned if job.is_empty() => Ok(()),
+            Rule::Owned => {
+                check_job_id(call, job)?;
+                match self.owner(job) {
+                    Some(uid) if uid != peer.uid => deny(owned_by(job, uid)),
+                    _ => Ok(()),
                 }
-                Err(Refusal::Owned(uid)) => deny(format!("job {job:?} belongs to uid {uid}")),
-                Err(Refusal::TooMany(n)) => Err(Status::resource_exhausted(format!(
-                    "{call} refused for {peer}: it already owns {n} jobs on this agent, the most one uid may (jobs are released when their launcher closes them)"
-                ))),
-            },
+            }
+            Rule::Claim if job.is_empty() => Err(Status::invalid_argument(format!(
+                "{call}: job_id is required"
+            ))),
+            Rule::Claim => {
+                check_job_id(call, job)?;
+                match self.claim(job, peer.uid, admin) {
+                    Ok(()) => Ok(()),
+                    Err(Refusal::Owned(uid)) => deny(owned_by(job, uid)),
+                    Err(Refusal::TooMany(n)) => Err(too_many(call, peer, n)),
+                }
+            }
+            Rule::JobOwner if job.is_empty() => Ok(()),
+            Rule::JobOwner => {
+                check_job_id(call, job)?;
+                match self.claim(job, peer.uid, admin) {
+                    Ok(()) => Ok(()),
+                    Err(Refusal::Owned(uid)) if admin => {
+                        tracing::debug!(job, owner = uid, caller = %peer, call, "admin acts on a job it does not own");
+                        Ok(())
+                    }
+                    Err(Refusal::Owned(uid)) => deny(owned_by(job, uid)),
+                    Err(Refusal::TooMany(n)) => Err(too_many(call, peer, n)),
+                }
+            }
+        }
+    }
+
+    /// Whether records of `job` may go to a stream of `uid`'s
+    /// ([`Rule::Owned`]): only while `uid` owns the job, so no decision of a
+    /// job another user holds reaches a launcher, even one whose claim
+    /// lapsed or was released mid-run.
+    pub fn owns(&self, uid: u32, job: &str) -> bool {
+        self.owner(job) == Some(uid)
+    }
+
+    /// Refreshes the claim on `job` (its last use is now).
+    fn touch(&self, job: &str) {
+        if let Some(o) = self.lock().get_mut(job) {
+            o.used = now_unix();
         }
     }
 
@@ -256,12 +316,15 @@ impl Authz {
         Ok(())
     }
 
-    /// Forgets the owner of `job` (its launcher closed it).
-    pub fn release(&self, job: &str) {
+    /// Forgets the owner of `job` (its launcher closed it, or an admin
+    /// released it); returns the owner it had.
+    pub fn release(&self, job: &str) -> Option<u32> {
         let mut owners = self.lock();
-        if owners.remove(job).is_some() {
+        let had = owners.remove(job).map(|o| o.uid);
+        if had.is_some() {
             self.save(&owners);
         }
+        had
     }
 
     /// Writes the owners; a failure is logged: claims then hold until the
@@ -291,6 +354,35 @@ impl Authz {
         })?;
         dir.replace(name, &body, OWNERS_MODE)
     }
+}
+
+/// A job id the rules take: at most [`MAX_JOB_ID`] bytes, no control
+/// characters.
+fn check_job_id(call: &str, job: &str) -> Result<(), Status> {
+    if job.len() > MAX_JOB_ID || job.chars().any(char::is_control) {
+        return Err(Status::invalid_argument(format!(
+            "{call}: job_id must be at most {MAX_JOB_ID} bytes without control characters"
+        )));
+    }
+    Ok(())
+}
+
+/// The refusal's words for a job another uid owns, with the way out.
+fn owned_by(job: &str, uid: u32) -> String {
+    let name = nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid))
+        .ok()
+        .flatten()
+        .map(|u| format!(" ({})", u.name))
+        .unwrap_or_default();
+    format!(
+        "job {job:?} on this agent belongs to uid {uid}{name}; pick another job id (--rdzv-id), or an admin can release it with `warden release-job {job}`"
+    )
+}
+
+fn too_many(call: &str, peer: &LocalPeer, n: usize) -> Status {
+    Status::resource_exhausted(format!(
+        "{call} refused for {peer}: it already owns {n} jobs on this agent, the most one uid may (jobs are released when their launcher closes them)"
+    ))
 }
 
 /// Why a claim was refused.
@@ -338,7 +430,7 @@ mod tests {
             .into_iter()
             .filter(|m| rule_of(m) == Rule::Admin)
             .collect();
-        assert_eq!(admin_only, vec!["Uncordon"]);
+        assert_eq!(admin_only, vec!["Uncordon", "ReleaseJob"]);
     }
 
     #[test]
@@ -383,6 +475,48 @@ mod tests {
         // The health gate: an owner of some job, or an admin.
         a.check(&alice, "RunHealthGate", "").unwrap();
         assert!(a.check(&mallory, "RunHealthGate", "").is_err());
+        // With a job named: that job's owner (or an admin) only.
+        a.check(&alice, "RunHealthGate", "job-a").unwrap();
+        a.check(&mallory, "BeginShard", "job-m").unwrap();
+        let e = a.check(&mallory, "RunHealthGate", "job-a").unwrap_err();
+        assert!(
+            e.message().contains("belongs to uid 1001"),
+            "{}",
+            e.message()
+        );
+        assert!(a.check(&mallory, "RunHealthGate", "nobody's").is_err());
+        assert_eq!(a.owner("nobody's"), None, "a gate claims nothing");
+        a.check(&peer(0, 0, &[]), "RunHealthGate", "job-a").unwrap();
+    }
+
+    #[test]
+    fn a_claim_is_refused_to_everyone_while_another_uid_holds_the_job() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = authz(&dir);
+        let alice = peer(1001, 1001, &[]);
+        let mallory = peer(1002, 1002, &[]);
+        let root = peer(0, 0, &[]);
+        a.check(&mallory, "ClaimJob", "train-43").unwrap();
+        for who in [&alice, &root] {
+            let e = a.check(who, "ClaimJob", "train-43").unwrap_err();
+            assert_eq!(e.code(), tonic::Code::PermissionDenied);
+            assert!(
+                e.message().contains("belongs to uid 1002")
+                    && e.message().contains("warden release-job train-43"),
+                "{}",
+                e.message()
+            );
+        }
+        // WatchIncidents of another's job is refused; of one's own, allowed.
+        assert!(a.check(&alice, "WatchIncidents", "train-43").is_err());
+        a.check(&mallory, "WatchIncidents", "train-43").unwrap();
+        assert!(a.owns(1002, "train-43") && !a.owns(1001, "train-43"));
+        // Released by an admin: the next claim takes it.
+        assert!(a.check(&mallory, "ReleaseJob", "").is_err());
+        assert_eq!(a.release("train-43"), Some(1002));
+        a.check(&alice, "ClaimJob", "train-43").unwrap();
+        assert_eq!(a.owner("train-43"), Some(1001));
+        assert!(a.check(&alice, "ClaimJob", "").is_err());
     }
 
     #[test]

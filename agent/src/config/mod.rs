@@ -482,12 +482,24 @@ impl Config {
                 "must be an absolute path",
             ));
         }
-        if self.socket_mode().is_none() {
-            return Err(invalid(
-                "api.socket_mode",
-                format!("{:?}", self.api.socket_mode),
-                "must be octal permission bits such as \"0660\" (at most 0777)",
-            ));
+        match self.socket_mode() {
+            None => {
+                return Err(invalid(
+                    "api.socket_mode",
+                    format!("{:?}", self.api.socket_mode),
+                    "must be octal permission bits such as \"0660\" (at most 0777)",
+                ));
+            }
+            // Any user of the host could connect: every read call, and the
+            // claim of any job id nobody holds yet (docs/security.md).
+            Some(m) if m & 0o007 != 0 => {
+                return Err(invalid(
+                    "api.socket_mode",
+                    format!("{:?}", self.api.socket_mode),
+                    "gives others (every user of the host) access to the agent's sockets; use 0660 with api.socket_group, or 0600",
+                ));
+            }
+            Some(_) => {}
         }
         if let Err(why) = self.socket_gid() {
             return Err(invalid(

@@ -308,8 +308,9 @@ async fn serve(
     }
     if !cfg.nvhcd.socket.is_empty() {
         let path = cfg.nvhcd.socket.clone();
-        let l = nvhcd::bind(&path, mode).map_err(|source| DaemonError::Bind {
-            what: "nvhcd socket",
+        let gid = cfg.socket_gid().ok().flatten();
+        let l = nvhcd::bind(&path, mode, gid).map_err(|source| DaemonError::Bind {
+            what: "nvhcd socket (bind, chmod to api.socket_mode, chown to api.socket_group)",
             addr: path.clone(),
             source,
         })?;

@@ -226,6 +226,12 @@ pub enum Input {
     Deadline,
     /// SIGINT, SIGTERM or SIGHUP reached the launcher.
     Signal(i32),
+    /// The agent refused this launcher's call about its job because
+    /// another uid owns the job now (its claim was released and taken):
+    /// the agent's words. The job stops ([`exit::EXIT_JOB_OWNED`]): it
+    /// never runs on watched by nobody, and never on another owner's
+    /// decisions.
+    Disowned(String),
     /// The other hosts brought something (a new round, a stop, a note).
     Round(Remote),
     /// The answer to [`Command::Rendezvous`]: the attempt's plan.
@@ -897,6 +903,22 @@ impl JobState {
                 ));
             }
             Input::Round(Remote::Note(text)) => out.push(Command::Say(text)),
+            Input::Disowned(why) => {
+                out.push(Command::Say(format!(
+                    "the agent no longer takes this launcher's calls about the job: {why}; stopping the workers (exit {})",
+                    exit::EXIT_JOB_OWNED
+                )));
+                self.leaves_alone = true;
+                out.push(Command::Stop {
+                    kind: StopKind::JobEnding,
+                    reason: "the job belongs to another user at the agent now".into(),
+                    signal: SIGTERM,
+                });
+                self.phase = Phase::Stopping(AfterStop::Finish {
+                    code: exit::EXIT_JOB_OWNED,
+                    name: "the loss of the job's claim at the agent",
+                });
+            }
             // Answers to commands never come while the attempt runs.
             Input::Begin
             | Input::Agreed(_)

@@ -1449,6 +1449,31 @@ fn scenarios() -> Vec<Scenario> {
             },
         },
         Scenario {
+            name: "another user owns the job at the agent now: the workers stop, exit 89",
+            limits: limits(),
+            steps: with(
+                first_attempt(),
+                vec![
+                    (
+                        1000,
+                        Input::Disowned("job \"j\" on this agent belongs to uid 1001".into()),
+                        &["stop SIGTERM"],
+                    ),
+                    (1200, stopped(), &["finish 89"]),
+                ],
+            ),
+            expect: End {
+                code: Some(89),
+                outcome: "stopped on the loss of the job's claim at the agent",
+                records: 1,
+                ended: "stopped on the loss of the job's claim at the agent",
+                says: &[
+                    "the agent no longer takes this launcher's calls about the job: job \"j\" on this agent belongs to uid 1001; stopping the workers (exit 89)",
+                ],
+                ..End::default()
+            },
+        },
+        Scenario {
             name: "signal during the backoff: the job ends, the workers already stopped",
             limits: limits(),
             steps: with(
