@@ -150,9 +150,15 @@ async fn a_restarted_agent_removes_half_written_steps_and_says_so() {
             |e| e.kind == "ckpt.quarantined",
         )
         .await;
-    assert_eq!(evidence(&q, "path"), Some(s2.display().to_string().as_str()));
+    assert_eq!(
+        evidence(&q, "path"),
+        Some(s2.display().to_string().as_str())
+    );
     let moved = PathBuf::from(evidence(&q, "moved_to").expect("moved_to"));
-    assert!(moved.starts_with(home.path().join("ckpt/.quarantine")), "{moved:?}");
+    assert!(
+        moved.starts_with(home.path().join("ckpt/.quarantine")),
+        "{moved:?}"
+    );
     let mut grown = shard_bytes(2, 0, 4096);
     grown.extend_from_slice(b"more");
     assert!(std::fs::read(moved.join("rank-000000.bin")).expect("kept") == grown);

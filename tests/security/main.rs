@@ -14,6 +14,7 @@ mod common;
 mod authz;
 mod files;
 mod slots;
+mod state_files;
 mod tls;
 
 /// Every attack a test may run as another user: `("area.what", fn)`.
@@ -25,6 +26,11 @@ const ATTACKS: &[(&str, common::users::Attack)] = &[
     ("files.plant_staging", files::attack_plant_staging),
     ("files.save_restore", files::attack_save_restore),
     ("slots.steal", slots::attack_slots),
+    ("state.flight", state_files::attack_flight),
+    ("state.fill", state_files::attack_fill),
+    ("state.staging_grow", state_files::attack_staging_grow),
+    ("state.claims", state_files::attack_claims),
+    ("state.save", state_files::attack_save),
 ];
 
 /// Does nothing in a normal run; in a process started by

@@ -559,7 +559,9 @@ mod tests {
         let a = authz(&dir);
         assert_eq!(a.owner("j"), None, "the link was not read");
         // Claims fail closed; writing is refused too, naming the file.
-        let e = a.check(&peer(1002, 1, &[]), "RegisterRank", "j").unwrap_err();
+        let e = a
+            .check(&peer(1002, 1, &[]), "RegisterRank", "j")
+            .unwrap_err();
         assert_eq!(e.code(), tonic::Code::FailedPrecondition);
         assert!(e.message().contains("symlink"), "{}", e.message());
         assert_eq!(a.owner("j"), None);
@@ -585,7 +587,11 @@ mod tests {
         let whole = std::fs::read(&path).unwrap();
         std::fs::write(&path, &whole[..whole.len() / 2]).unwrap();
         let a = authz(&dir);
-        for (who, call) in [(&mallory, "RegisterRank"), (&alice, "BeginShard"), (&mallory, "RunHealthGate")] {
+        for (who, call) in [
+            (&mallory, "RegisterRank"),
+            (&alice, "BeginShard"),
+            (&mallory, "RunHealthGate"),
+        ] {
             let e = a.check(who, call, "j").unwrap_err();
             assert_eq!(e.code(), tonic::Code::FailedPrecondition, "{call}");
             assert!(
@@ -596,10 +602,17 @@ mod tests {
                 e.message()
             );
         }
-        assert!(a.check(&mallory, "GetRanks", "j").is_ok(), "reads stay open");
+        assert!(
+            a.check(&mallory, "GetRanks", "j").is_ok(),
+            "reads stay open"
+        );
         a.check(&peer(0, 0, &[]), "StopRanks", "j").unwrap();
         assert_eq!(a.owner("j"), None, "an admin acts without claiming");
-        assert_eq!(std::fs::read(&path).unwrap(), &whole[..whole.len() / 2], "kept as evidence");
+        assert_eq!(
+            std::fs::read(&path).unwrap(),
+            &whole[..whole.len() / 2],
+            "kept as evidence"
+        );
         // The admin puts the whole file back: claims resume, with alice's.
         std::fs::write(&path, &whole).unwrap();
         if let Some((_, at)) = a.damaged.lock().unwrap().as_mut() {

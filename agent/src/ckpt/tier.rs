@@ -35,8 +35,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use super::layout::{self, Layout, ShardKey};
 use super::manifest::{self, Manifest};
 use super::retention;
-pub use warden_core::fsafe::Owner;
 use nix::sys::stat::fstat;
+pub use warden_core::fsafe::Owner;
 use warden_core::fsafe::{self, Dir, FsError};
 
 /// A reservation nobody committed is forgotten (its file removed) after this long.
@@ -464,9 +464,7 @@ impl LocalTier {
             let Some(f) = &res.file else { continue };
             let Ok(st) = fstat(f) else { continue };
             let len = u64::try_from(st.st_size).unwrap_or(0);
-            let alloc = u64::try_from(st.st_blocks)
-                .unwrap_or(0)
-                .saturating_mul(512);
+            let alloc = u64::try_from(st.st_blocks).unwrap_or(0).saturating_mul(512);
             let over_len = len > res.size;
             let over_alloc = alloc > res.size.saturating_mul(2).saturating_add(ALLOC_SLACK);
             if !(over_len || over_alloc) {
@@ -620,9 +618,7 @@ impl LocalTier {
         }
         // Space allocated past the end (fallocate with KEEP_SIZE) would
         // come into the tier unseen by the size.
-        let alloc = u64::try_from(st.st_blocks)
-            .unwrap_or(0)
-            .saturating_mul(512);
+        let alloc = u64::try_from(st.st_blocks).unwrap_or(0).saturating_mul(512);
         if alloc > size.saturating_mul(2).saturating_add(ALLOC_SLACK) {
             return Err(TierError::Invalid(format!(
                 "{key}: the staged file {} has {alloc} bytes allocated for {size} bytes of data",

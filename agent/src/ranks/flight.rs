@@ -127,11 +127,7 @@ async fn wait_and_read(
 /// most one byte over the cap: the rank may still be writing) and parses
 /// it; a client that could not dump says why in
 /// `{"warden_unavailable": "..."}`.
-fn read(
-    mut f: std::fs::File,
-    len: u64,
-    path: &std::path::Path,
-) -> Result<Vec<PgPosition>, String> {
+fn read(mut f: std::fs::File, len: u64, path: &std::path::Path) -> Result<Vec<PgPosition>, String> {
     let cap = MAX_DUMP_BYTES as u64;
     if len > cap {
         return Err(flight_recorder::FlightRecorderError::TooLarge {

@@ -211,7 +211,10 @@ impl HostDisk {
     /// Watches `[host] checkpoint_dir`, or when it is unset the agent's
     /// tier `checkpoint` names (its `dir`, when the tier is on); None when
     /// it is empty (off) or unset with the tier off.
-    pub fn new(cfg: HostConfig, checkpoint: &crate::ckpt::config::CheckpointConfig) -> Option<Self> {
+    pub fn new(
+        cfg: HostConfig,
+        checkpoint: &crate::ckpt::config::CheckpointConfig,
+    ) -> Option<Self> {
         let dir = match &cfg.checkpoint_dir {
             Some(d) if d.is_empty() => return None,
             Some(d) => d.clone(),
@@ -280,9 +283,16 @@ mod tests {
         // Shared with others: DEGRADED at most, with the cause.
         let shared = judge(at(10), Some("/dev/shm is mode 1777"), "/x", &cfg, now);
         assert_eq!(shared.reasons[0].status, Status::Degraded);
-        assert!(shared.reasons[0].message.contains("mode 1777"), "{shared:?}");
+        assert!(
+            shared.reasons[0].message.contains("mode 1777"),
+            "{shared:?}"
+        );
         assert_eq!(shared.labels["shared"], "/dev/shm is mode 1777");
-        assert!(judge(at(500), Some("x"), "/x", &cfg, now).reasons.is_empty());
+        assert!(
+            judge(at(500), Some("x"), "/x", &cfg, now)
+                .reasons
+                .is_empty()
+        );
         let gone = judge(read(Path::new("/nonexistent/ckpt")), None, "/x", &cfg, now);
         assert_eq!(gone.status_override, Some(Status::Unknown));
     }
