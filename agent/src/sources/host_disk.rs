@@ -86,7 +86,51 @@ pub fn shared(dir: &Path, me: u32) -> Result<Option<String>, String> {
             meta.uid()
         )));
     }
-    Ok(None)
+    // A bind mount (a container's hostPath) of a directory inside a larger
+    // filesystem shares that filesystem's space with whatever else is on it.
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo")
+        .map_err(|e| format!("cannot read /proc/self/mountinfo: {e}"))?;
+    match mount_root(&mountinfo, dir) {
+        Some(r) if r == "/" => Ok(None),
+        Some(r) => Ok(Some(format!(
+            "{} is a bind mount of {r} inside a larger filesystem, which other users may fill too",
+            dir.display()
+        ))),
+        None => Ok(Some(format!(
+            "{} is not in /proc/self/mountinfo: the agent cannot tell whose space it is",
+            dir.display()
+        ))),
+    }
+}
+
+/// The root within its filesystem (mountinfo's 4th field) of the last
+/// mount at `at`: "/" for a whole filesystem, a directory for a bind mount.
+fn mount_root(mountinfo: &str, at: &Path) -> Option<String> {
+    // mountinfo escapes space, tab, newline and backslash as octal.
+    let unescape = |s: &str| -> String {
+        let mut out = Vec::with_capacity(s.len());
+        let b = s.as_bytes();
+        let mut i = 0;
+        while i < b.len() {
+            if b[i] == b'\\'
+                && let Some(Ok(v)) = s.get(i + 1..i + 4).map(|o| u8::from_str_radix(o, 8))
+            {
+                out.push(v);
+                i += 4;
+                continue;
+            }
+            out.push(b[i]);
+            i += 1;
+        }
+        String::from_utf8_lossy(&out).into_owned()
+    };
+    let at = at.to_str()?;
+    mountinfo.lines().rev().find_map(|l| {
+        let mut f = l.split(' ');
+        let root = f.nth(3)?;
+        let point = f.next()?;
+        (unescape(point) == at).then(|| unescape(root))
+    })
 }
 
 /// Judges a reading (or the failure to get one) of `dir` against the
@@ -295,6 +339,22 @@ mod tests {
         );
         let gone = judge(read(Path::new("/nonexistent/ckpt")), None, "/x", &cfg, now);
         assert_eq!(gone.status_override, Some(Status::Unknown));
+    }
+
+    #[test]
+    fn a_bind_mount_is_told_from_a_whole_filesystem() {
+        let info = "22 1 8:1 / / rw - ext4 /dev/sda1 rw\n\
+                    30 22 0:25 / /dev/shm rw - tmpfs tmpfs rw\n\
+                    41 22 8:1 /var/lib/warden /ckpt\\040dir rw - ext4 /dev/sda1 rw\n";
+        assert_eq!(
+            mount_root(info, Path::new("/dev/shm")).as_deref(),
+            Some("/")
+        );
+        assert_eq!(
+            mount_root(info, Path::new("/ckpt dir")).as_deref(),
+            Some("/var/lib/warden")
+        );
+        assert_eq!(mount_root(info, Path::new("/nowhere")), None);
     }
 
     #[test]
