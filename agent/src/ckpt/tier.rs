@@ -39,6 +39,10 @@ use nix::sys::stat::fstat;
 pub use warden_core::fsafe::Owner;
 use warden_core::fsafe::{self, Dir, FsError};
 
+/// Saves in flight (BeginShard without its commit yet) one uid may hold:
+/// each keeps a descriptor open in the agent (see [`LocalTier::police_staging`]),
+/// so their number is bounded per caller, not only by their bytes.
+pub const MAX_IN_FLIGHT_PER_UID: usize = 256;
 /// A reservation nobody committed is forgotten (its file removed) after this long.
 const RESERVATION_TTL: Duration = Duration::from_secs(600);
 /// Staging files older than this at start belong to writers long gone.
@@ -76,6 +80,17 @@ pub enum TierError {
         detail: String,
         /// Bytes pruning gave back.
         freed: u64,
+    },
+    /// The caller already holds [`MAX_IN_FLIGHT_PER_UID`] saves in flight.
+    #[error(
+        "uid {uid} already has {count} saves in flight on this agent (BeginShard without its \
+         CommitShard), the most one uid may; each is forgotten 10 minutes after its BeginShard"
+    )]
+    TooManyInFlight {
+        /// The caller's uid.
+        uid: u32,
+        /// Its saves in flight.
+        count: usize,
     },
     /// A file or directory refused (a symlink, another owner, a FIFO...),
     /// or the filesystem said no.
@@ -416,6 +431,17 @@ impl LocalTier {
         self.check_size(size)?;
         let _g = self.lock.lock().unwrap_or_else(|p| p.into_inner());
         self.expire();
+        let uid = owner.map_or_else(fsafe::me, |o| o.uid);
+        let count = self
+            .reserved
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .filter(|r| r.owner.map_or_else(fsafe::me, |o| o.uid) == uid)
+            .count();
+        if count >= MAX_IN_FLIGHT_PER_UID {
+            return Err(TierError::TooManyInFlight { uid, count });
+        }
         self.make_room(size)?;
         let (f, token) = self.staging.create_random("", FILE_MODE)?;
         let path = self.staging.path().join(&token);
@@ -1090,6 +1116,29 @@ mod tests {
         let e = tier.place(&key(1), &token, 16).expect_err("refused");
         assert!(e.to_string().contains("past the 16 bytes"), "{e}");
         assert!(!path.exists(), "discarded");
+    }
+
+    /// Each save in flight holds a descriptor in the agent: one uid's
+    /// count is bounded, another uid's saves go on.
+    #[test]
+    fn saves_in_flight_are_bounded_per_uid() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let tier = LocalTier::open(dir.path(), "h", 4, 0).expect("open");
+        for _ in 0..MAX_IN_FLIGHT_PER_UID {
+            tier.begin(&key(1), 1, None).expect("begin");
+        }
+        let e = tier.begin(&key(1), 1, None).expect_err("one too many");
+        assert!(
+            matches!(e, TierError::TooManyInFlight { count, .. } if count == MAX_IN_FLIGHT_PER_UID),
+            "{e}"
+        );
+        if fsafe::me() == 0 {
+            let other = Owner {
+                uid: 4242,
+                gid: 4242,
+            };
+            tier.begin(&key(1), 1, Some(other)).expect("another uid");
+        }
     }
 
     /// Issue 29: a corrupt manifest once made the agent delete the intact
