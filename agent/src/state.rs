@@ -132,7 +132,7 @@ impl AgentState {
         );
         let mut ranks = ranks;
         ranks.max_per_process = config.ranks.max_per_process;
-        Ok(Self {
+        let state = Self {
             goodput,
             authz,
             incidents: Arc::new(Mutex::new(incidents)),
@@ -174,7 +174,10 @@ impl AgentState {
             endpoints: Mutex::new(Vec::new()),
             shutdown: CancellationToken::new(),
             ranks: SharedRegistry::new(ranks),
-        })
+        };
+        // Component state/job_owners: DEGRADED while claims are refused.
+        state.authz.attach_health(state.health_reporter());
+        Ok(state)
     }
 
     /// Locks the registry (a poisoned lock is still usable: the registry

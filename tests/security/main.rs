@@ -20,6 +20,7 @@ mod output;
 mod launcher_files;
 mod ownership;
 mod slots;
+mod state_files;
 mod tls;
 
 /// Every attack a test may run as another user: `("area.what", fn)`.
@@ -50,6 +51,11 @@ const ATTACKS: &[(&str, common::users::Attack)] = &[
         launcher_files::attack_plant_modules,
     ),
     ("setup.nvhcd", agent_setup::attack_nvhcd),
+    ("state.flight", state_files::attack_flight),
+    ("state.fill", state_files::attack_fill),
+    ("state.staging_grow", state_files::attack_staging_grow),
+    ("state.claims", state_files::attack_claims),
+    ("state.save", state_files::attack_save),
 ];
 
 /// Does nothing in a normal run; in a process started by

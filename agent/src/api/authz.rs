@@ -29,7 +29,19 @@
 //! [`warden_core::fsafe`]: read with `O_NOFOLLOW` relative to the state
 //! directory's descriptor, replaced through a random new name renamed over
 //! it; a symlink at its name is refused (logged), never read nor written
-//! through, and owners are then claimed afresh and held in memory.
+//! through.
+//!
+//! Damaged state fails closed: an owners file that exists but cannot be
+//! read or does not parse (truncated by a full disk, edited by hand, a
+//! symlink) holds claims nobody can read any more, so no claim is
+//! trusted and none is made: every call that needs a job's owner is
+//! refused for non-admins (FAILED_PRECONDITION, naming the file and what
+//! an admin does), the file is never overwritten (it is the evidence), and
+//! component `state/job_owners` is DEGRADED with the same words. Admins
+//! still act (without claiming). The file is read again, at most once a
+//! second, on the next call that needs it: once an admin has repaired it
+//! (valid JSON) or removed it (every job is then claimed afresh by its
+//! next caller), claims resume without a restart.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -41,6 +53,12 @@ use tonic::Status;
 
 use super::caller::LocalPeer;
 use warden_core::fsafe::{self, Dir, FsError};
+use warden_core::health::{ComponentReport, Reason, Status as Health, reporter::Reporter};
+
+/// The component that says whether job claims are open.
+pub const COMPONENT: &str = "state/job_owners";
+/// The least time between two reads of a damaged owners file.
+const RECHECK: Duration = Duration::from_secs(1);
 
 /// Mode of the job owners file.
 const OWNERS_MODE: u32 = 0o600;
@@ -134,6 +152,14 @@ pub struct Authz {
     file: Option<(Dir, String)>,
     /// The owners file (for messages).
     path: PathBuf,
+    /// Why the owners file cannot be trusted (damaged, unreadable,
+    /// refused), and when it was last read; None: claims are open.
+    damaged: Mutex<Option<(String, std::time::Instant)>>,
+    /// Whether `damaged` is set, read without its lock by [`Authz::save`]
+    /// (called with the owners locked; `damaged` is taken before them).
+    closed: std::sync::atomic::AtomicBool,
+    /// Where the `state/job_owners` component is reported, once attached.
+    health: std::sync::OnceLock<Reporter>,
 }
 
 fn now_unix() -> u64 {
@@ -159,19 +185,13 @@ impl Authz {
                 None
             }
         };
-        let read = file.as_ref().map(|(dir, name)| dir.read(name));
-        let owners = match read {
-            None => BTreeMap::new(),
-            Some(Ok(bytes)) => serde_json::from_slice(&bytes).unwrap_or_else(|e| {
-                tracing::warn!(path = %path.display(), error = %e,
-                    "job owners file does not parse; owners will be claimed afresh");
-                BTreeMap::new()
-            }),
-            Some(Err(e)) if e.is_not_found() => BTreeMap::new(),
-            Some(Err(e)) => {
-                tracing::warn!(error = %e,
-                    "cannot read the job owners file; owners will be claimed afresh");
-                BTreeMap::new()
+        let (owners, damaged) = match file.as_ref().map(|(dir, name)| load(dir, name)) {
+            None => (BTreeMap::new(), None),
+            Some(Ok(o)) => (o, None),
+            Some(Err(why)) => {
+                tracing::error!(path = %path.display(), error = %why,
+                    "job owners file is damaged: job claims are refused until an admin repairs or removes it");
+                (BTreeMap::new(), Some((why, std::time::Instant::now())))
             }
         };
         Self {
@@ -180,6 +200,100 @@ impl Authz {
             owners: Mutex::new(owners),
             file,
             path,
+            closed: std::sync::atomic::AtomicBool::new(damaged.is_some()),
+            damaged: Mutex::new(damaged),
+            health: std::sync::OnceLock::new(),
+        }
+    }
+
+    /// Reports component `state/job_owners` through `reporter` from now
+    /// on: at once while claims are refused (an agent whose file reads
+    /// adds no component), and OK once an admin has repaired it.
+    pub fn attach_health(&self, reporter: Reporter) {
+        let _ = self.health.set(reporter);
+        let damaged = self
+            .damaged
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_some();
+        if damaged {
+            self.report();
+        }
+    }
+
+    fn report(&self) {
+        let Some(r) = self.health.get() else { return };
+        let why = self
+            .damaged
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+            .map(|(w, _)| w.clone());
+        let mut c = ComponentReport {
+            id: COMPONENT.into(),
+            kind: "state".into(),
+            labels: BTreeMap::from([("path".to_owned(), self.path.display().to_string())]),
+            status_override: None,
+            reasons: Vec::new(),
+        };
+        if let Some(why) = why {
+            c.reasons.push(Reason {
+                status: Health::Degraded,
+                signal: "state.damaged".into(),
+                value: String::new(),
+                threshold: String::new(),
+                window: String::new(),
+                since: SystemTime::now(),
+                message: self.damage_message(&why),
+            });
+        }
+        r.apply(c);
+    }
+
+    /// What a refused caller and `warden health` are told.
+    fn damage_message(&self, why: &str) -> String {
+        format!(
+            "job owners file {} is damaged ({why}): job claims are refused until an admin \
+             repairs it (valid JSON, as the agent writes it) or removes it (every job is then \
+             claimed afresh by its next caller); the agent reads it again on the next call",
+            self.path.display()
+        )
+    }
+
+    /// Why claims are refused, if they are: reads a damaged file again
+    /// (at most once per [`RECHECK`]) and lifts the refusal once it reads
+    /// or is gone.
+    fn refusal(&self) -> Option<String> {
+        let why = {
+            let mut d = self.damaged.lock().unwrap_or_else(|p| p.into_inner());
+            let (why, at) = d.as_mut()?;
+            if at.elapsed() < RECHECK {
+                return Some(self.damage_message(why));
+            }
+            *at = std::time::Instant::now();
+            let (dir, name) = self.file.as_ref()?;
+            match load(dir, name) {
+                Ok(owners) => {
+                    *self.lock() = owners;
+                    *d = None;
+                    self.closed
+                        .store(false, std::sync::atomic::Ordering::Release);
+                    None
+                }
+                Err(now) => {
+                    *why = now;
+                    Some(why.clone())
+                }
+            }
+        };
+        match why {
+            Some(why) => Some(self.damage_message(&why)),
+            None => {
+                tracing::info!(path = %self.path.display(),
+                    "job owners file repaired or removed by an admin: job claims resume");
+                self.report();
+                None
+            }
         }
     }
 
@@ -209,6 +323,17 @@ impl Authz {
                 rule.describe()
             )))
         };
+        if matches!(rule, Rule::JobOwner | Rule::AdminOrAnyOwner | Rule::Claim)
+            && let Some(why) = self.refusal()
+        {
+            if admin {
+                tracing::debug!(job, caller = %peer, call, "admin acts while job claims are refused");
+                return Ok(());
+            }
+            return Err(Status::failed_precondition(format!(
+                "{call} refused for {peer}: {why}"
+            )));
+        }
         match rule {
             Rule::Read => Ok(()),
             Rule::Admin if admin => Ok(()),
@@ -330,6 +455,10 @@ impl Authz {
     /// Writes the owners; a failure is logged: claims then hold until the
     /// agent restarts.
     fn save(&self, owners: &BTreeMap<String, Owner>) {
+        if self.closed.load(std::sync::atomic::Ordering::Acquire) {
+            // The damaged file is the evidence: never written over.
+            return;
+        }
         if let Err(e) = self.write_owners(owners) {
             tracing::warn!(error = %e,
                 "cannot persist job owners; claims hold until the agent restarts");
@@ -383,6 +512,17 @@ fn too_many(call: &str, peer: &LocalPeer, n: usize) -> Status {
     Status::resource_exhausted(format!(
         "{call} refused for {peer}: it already owns {n} jobs on this agent, the most one uid may (jobs are released when their launcher closes them)"
     ))
+}
+
+/// The owners in `dir/name`: none when the file does not exist; an error
+/// saying why when it exists but cannot be trusted.
+fn load(dir: &Dir, name: &str) -> Result<BTreeMap<String, Owner>, String> {
+    match dir.read(name) {
+        Ok(bytes) => serde_json::from_slice(&bytes)
+            .map_err(|e| format!("{} bytes that do not parse: {e}", bytes.len())),
+        Err(e) if e.is_not_found() => Ok(BTreeMap::new()),
+        Err(e) => Err(e.to_string()),
+    }
 }
 
 /// Why a claim was refused.
@@ -542,9 +682,13 @@ mod tests {
         std::os::unix::fs::symlink(&target, &path).unwrap();
         let a = authz(&dir);
         assert_eq!(a.owner("j"), None, "the link was not read");
-        // The claim holds in memory; writing it is refused, naming the file.
-        a.check(&peer(1002, 1, &[]), "RegisterRank", "j").unwrap();
-        assert_eq!(a.owner("j"), Some(1002));
+        // Claims fail closed; writing is refused too, naming the file.
+        let e = a
+            .check(&peer(1002, 1, &[]), "RegisterRank", "j")
+            .unwrap_err();
+        assert_eq!(e.code(), tonic::Code::FailedPrecondition);
+        assert!(e.message().contains("symlink"), "{}", e.message());
+        assert_eq!(a.owner("j"), None);
         let e = a.write_owners(&a.lock()).unwrap_err().to_string();
         assert!(
             e.contains("symlink") && e.contains(&path.display().to_string()),
@@ -552,6 +696,55 @@ mod tests {
         );
         assert_eq!(std::fs::read_to_string(&target).unwrap(), theirs);
         assert!(path.is_symlink());
+    }
+
+    /// A truncated owners file: nobody's claim is trusted, the file is
+    /// kept as it is, admins still act, and claims resume once an admin
+    /// repairs it, each job back with its owner.
+    #[test]
+    fn a_damaged_owners_file_fails_closed_until_an_admin_repairs_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let alice = peer(1001, 1, &[]);
+        let mallory = peer(1002, 1, &[]);
+        authz(&dir).check(&alice, "RegisterRank", "j").unwrap();
+        let path = dir.path().join("owners.json");
+        let whole = std::fs::read(&path).unwrap();
+        std::fs::write(&path, &whole[..whole.len() / 2]).unwrap();
+        let a = authz(&dir);
+        for (who, call) in [
+            (&mallory, "RegisterRank"),
+            (&alice, "BeginShard"),
+            (&mallory, "RunHealthGate"),
+        ] {
+            let e = a.check(who, call, "j").unwrap_err();
+            assert_eq!(e.code(), tonic::Code::FailedPrecondition, "{call}");
+            assert!(
+                e.message().contains(&path.display().to_string())
+                    && e.message().contains("repairs it")
+                    && e.message().contains("removes it"),
+                "{}",
+                e.message()
+            );
+        }
+        assert!(
+            a.check(&mallory, "GetRanks", "j").is_ok(),
+            "reads stay open"
+        );
+        a.check(&peer(0, 0, &[]), "StopRanks", "j").unwrap();
+        assert_eq!(a.owner("j"), None, "an admin acts without claiming");
+        assert_eq!(
+            std::fs::read(&path).unwrap(),
+            &whole[..whole.len() / 2],
+            "kept as evidence"
+        );
+        // The admin puts the whole file back: claims resume, with alice's.
+        std::fs::write(&path, &whole).unwrap();
+        if let Some((_, at)) = a.damaged.lock().unwrap().as_mut() {
+            *at -= RECHECK;
+        }
+        a.check(&alice, "BeginShard", "j").unwrap();
+        assert!(a.check(&mallory, "Restore", "j").is_err());
+        assert_eq!(a.owner("j"), Some(1001));
     }
 
     #[test]

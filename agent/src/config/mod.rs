@@ -273,8 +273,12 @@ pub struct HostConfig {
     /// Tests point it at a fake tree.
     pub sysfs_root: String,
     /// The checkpoint tier whose free space is watched (`disk/checkpoint`);
-    /// empty: not watched.
-    pub checkpoint_dir: String,
+    /// unset: the agent's own tier, `[checkpoint] dir` (when the tier is
+    /// on); empty: not watched. FAILED only when it is a filesystem of the
+    /// agent's own (sources/host_disk.rs), DEGRADED at most when others
+    /// may write it too.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub checkpoint_dir: Option<String>,
     /// Free space of `checkpoint_dir` below this share (percent) is DEGRADED.
     pub checkpoint_degraded_below_percent: f64,
     /// Free space below this share (percent) is FAILED: the next checkpoint
@@ -300,7 +304,7 @@ impl Default for HostConfig {
             memory_degraded_below_percent: 10.0,
             memory_failed_below_percent: 3.0,
             sysfs_root: "/sys".into(),
-            checkpoint_dir: "/dev/shm".into(),
+            checkpoint_dir: None,
             checkpoint_degraded_below_percent: 10.0,
             checkpoint_failed_below_percent: 3.0,
             net_interfaces: Vec::new(),

@@ -266,6 +266,11 @@ async fn serve(
             state.shutdown.clone(),
             ck.clone(),
         ));
+        tasks.spawn(crate::ckpt::police_staging(
+            state.events.clone(),
+            state.shutdown.clone(),
+            ck.clone(),
+        ));
     }
     tasks.spawn(goodput);
     if let Some(slurm) = crate::act::slurm::start(
@@ -376,7 +381,7 @@ async fn serve(
             Box::new(HostNet::new(host.clone())),
         )
         .map_err(DaemonError::Threads)?;
-    if let Some(disk) = HostDisk::new(host.clone()) {
+    if let Some(disk) = HostDisk::new(host.clone(), &state.config.checkpoint) {
         sources
             .spawn(
                 state.health_reporter(),
