@@ -136,6 +136,11 @@ impl LocalConn {
             peer,
         })
     }
+
+    /// Who is at the other end.
+    pub fn peer(&self) -> &LocalPeer {
+        &self.peer
+    }
 }
 
 impl Connected for LocalConn {

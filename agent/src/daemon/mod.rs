@@ -17,11 +17,13 @@ use std::sync::Arc;
 
 use tokio::net::{TcpListener, UnixListener};
 use tokio::task::JoinSet;
-use tokio_stream::wrappers::UnixListenerStream;
 use tonic::transport::Server;
 use tonic_health::ServingStatus;
 use warden_proto::v1::agent_server::AgentServer;
 
+use crate::api::admission::{Acceptor, ConnLimits, Quotas, RateLimitedLog, Ticket};
+use crate::api::caller::{LocalConn, LocalPeer};
+use crate::api::conn_watch::{Rules, TrackLayer, Watched};
 use crate::api::{AgentService, metrics_http, nvhcd};
 use crate::config::Config;
 use crate::sources::host_disk::HostDisk;
@@ -101,16 +103,65 @@ async fn bind_optional(
 
 /// The Unix socket's connections, each with the kernel's word on who is at
 /// the other end (SO_PEERCRED, SO_PEERGROUPS), which every call is
-/// authorized on. A connection whose peer cannot be read is dropped.
+/// authorized on, and its place under the connection quotas. A connection
+/// whose peer cannot be read, or past its uid's cap or the agent's, is
+/// closed as soon as it is accepted; accept errors pause the loop and are
+/// logged with their cause, at most every few seconds.
 fn local_connections(
     uds: UnixListener,
-) -> impl tokio_stream::Stream<Item = std::io::Result<crate::api::caller::LocalConn>> {
-    use tokio_stream::StreamExt;
-    UnixListenerStream::new(uds).map(|conn| {
-        conn.and_then(crate::api::caller::LocalConn::accept)
-            .inspect_err(|e| tracing::warn!(error = %e, "unix socket connection dropped: its peer credentials cannot be read"))
-    })
+    state: Arc<AgentState>,
+    limits: Arc<ConnLimits<u32>>,
+) -> tokio_stream::wrappers::ReceiverStream<std::io::Result<LocalWatched>> {
+    let (tx, rx) = tokio::sync::mpsc::channel(64);
+    let rules = Rules::Grpc {
+        preface: state.config.api.preface_timeout,
+        idle: state.config.api.idle_timeout,
+    };
+    tokio::spawn(async move {
+        let mut acceptor = Acceptor::new("api.socket");
+        let unreadable = RateLimitedLog::new("api.socket");
+        loop {
+            let accepted = tokio::select! {
+                () = state.shutdown.cancelled() => return,
+                a = uds.accept() => a,
+            };
+            let stream = match accepted {
+                Ok((s, _)) => {
+                    acceptor.succeeded();
+                    s
+                }
+                Err(e) => {
+                    acceptor.failed(&e).await;
+                    continue;
+                }
+            };
+            let conn = match LocalConn::accept(stream) {
+                Ok(c) => c,
+                Err(e) => {
+                    unreadable.warn(&format!(
+                        "connection dropped: its peer credentials cannot be read: {e}"
+                    ));
+                    continue;
+                }
+            };
+            let admin = state.authz.is_admin(conn.peer());
+            let Ok(ticket) = limits.admit(conn.peer().uid, admin) else {
+                continue;
+            };
+            if tx
+                .send(Ok(Watched::new(conn, rules, ticket)))
+                .await
+                .is_err()
+            {
+                return;
+            }
+        }
+    });
+    tokio_stream::wrappers::ReceiverStream::new(rx)
 }
+
+/// A Unix-socket connection under the quotas and the preface and idle rules.
+type LocalWatched = Watched<LocalConn, Ticket<u32>>;
 
 /// Runs the agent until SIGTERM/SIGINT or until `state.shutdown` is cancelled.
 pub async fn run(config: Config, config_source: String) -> Result<(), DaemonError> {
@@ -211,6 +262,16 @@ async fn serve(
         state.add_endpoint("metrics", format!("http://{addr}/metrics"));
     }
     let metrics_handle = metrics_http::install();
+    // One budget of connections over every listener, within the
+    // descriptors the agent may open (issue 29).
+    let nofile = crate::api::admission::nofile_limit();
+    let quotas = Quotas::new(cfg, nofile);
+    tracing::info!(
+        nofile,
+        connections = quotas.budget.cap(),
+        per_uid = cfg.api.max_connections_per_uid,
+        "connection quotas"
+    );
 
     let mut signals = match embedded {
         Some(_) => None,
@@ -237,6 +298,9 @@ async fn serve(
         .build_v1alpha()
         .map_err(|e| DaemonError::Reflection(e.to_string()))?;
     let router = Server::builder()
+        // Each request finds its connection's LocalPeer, and counts as open
+        // for the idle rule.
+        .layer(TrackLayer::<LocalPeer>::new())
         // Checkpoint shards stream through here: windows that keep a fast
         // link busy (small defaults cap a stream well below loopback speed).
         .initial_stream_window_size(crate::ckpt::peers::STREAM_WINDOW)
@@ -280,9 +344,10 @@ async fn serve(
     ));
     {
         let stop = state.shutdown.clone();
+        let incoming = local_connections(uds, state.clone(), quotas.unix.clone());
         tasks.spawn(async move {
             if let Err(e) = router
-                .serve_with_incoming_shutdown(local_connections(uds), stop.cancelled())
+                .serve_with_incoming_shutdown(incoming, stop.cancelled())
                 .await
             {
                 tracing::error!(error = %e, "unix socket server failed");
@@ -292,12 +357,12 @@ async fn serve(
     // TCP serves the peer agents only (warden.v1.Peer), behind mutual TLS:
     // the rest of the API is local, on the Unix socket.
     if let Some((l, _)) = tcp {
-        tasks.spawn(peer_listener::serve(state.clone(), l));
+        tasks.spawn(peer_listener::serve(state.clone(), l, quotas.clone()));
     }
     if let (Some((l, _)), Some(handle)) = (metrics, metrics_handle) {
         let st = state.clone();
         tasks.spawn(async move {
-            if let Err(e) = metrics_http::serve(l, handle, st).await {
+            if let Err(e) = metrics_http::serve(l, handle, st, quotas.metrics).await {
                 tracing::error!(error = %e, "metrics server failed");
             }
         });
