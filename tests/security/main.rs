@@ -13,6 +13,7 @@ mod common;
 
 mod authz;
 mod files;
+mod floods;
 mod slots;
 mod tls;
 
@@ -25,6 +26,10 @@ const ATTACKS: &[(&str, common::users::Attack)] = &[
     ("files.plant_staging", files::attack_plant_staging),
     ("files.save_restore", files::attack_save_restore),
     ("slots.steal", slots::attack_slots),
+    ("floods.control", floods::attack_control),
+    ("floods.connections", floods::attack_connections),
+    ("floods.ranks", floods::attack_ranks),
+    ("floods.rank_holder", floods::attack_rank_holder),
 ];
 
 /// Does nothing in a normal run; in a process started by
