@@ -360,6 +360,11 @@ pub struct ConnLimits<K> {
     budget: Arc<FdBudget>,
     counts: Mutex<HashMap<K, usize>>,
     log: RateLimitedLog,
+    /// `warden_api_connections_refused_total` for this listener, by reason
+    /// (per caller, total): registered once, as a flood counts thousands.
+    refused: [metrics::Counter; 2],
+    /// `warden_api_connections_open` for this listener.
+    open: metrics::Gauge,
 }
 
 /// A connection's place under the quotas; dropping it frees the place.
@@ -385,6 +390,10 @@ impl<K: Eq + Hash + Clone + std::fmt::Display> ConnLimits<K> {
             budget,
             counts: Mutex::new(HashMap::new()),
             log: RateLimitedLog::new(listener),
+            refused: ["per_caller", "total"].map(|reason| {
+                metrics::counter!("warden_api_connections_refused_total", "listener" => listener, "reason" => reason)
+            }),
+            open: metrics::gauge!("warden_api_connections_open", "listener" => listener),
         })
     }
 
@@ -394,14 +403,37 @@ impl<K: Eq + Hash + Clone + std::fmt::Display> ConnLimits<K> {
     pub fn admit(self: &Arc<Self>, caller: K, admin: bool) -> Result<Ticket<K>, Refusal> {
         let r = self.try_admit(caller, admin);
         if let Err(e) = &r {
-            let reason = match e {
-                Refusal::PerCaller { .. } => "per_caller",
-                Refusal::Total { .. } => "total",
-            };
-            metrics::counter!("warden_api_connections_refused_total", "listener" => self.listener, "reason" => reason).increment(1);
-            self.log.warn(&format!("connection refused: {e}"));
+            self.count_refusal(e);
         }
         r
+    }
+
+    /// As [`ConnLimits::admit`], deciding whether the caller is an admin
+    /// only when that matters (it is held to its cap otherwise): `admin`
+    /// may cost system calls (SO_PEERGROUPS), which a flood of refused
+    /// connections should not.
+    pub fn admit_lazy(
+        self: &Arc<Self>,
+        caller: K,
+        admin: impl FnOnce() -> bool,
+    ) -> Result<Ticket<K>, Refusal> {
+        let r = match self.try_admit(caller.clone(), false) {
+            Err(_) if admin() => self.try_admit(caller, true),
+            r => r,
+        };
+        if let Err(e) = &r {
+            self.count_refusal(e);
+        }
+        r
+    }
+
+    fn count_refusal(&self, e: &Refusal) {
+        let i = match e {
+            Refusal::PerCaller { .. } => 0,
+            Refusal::Total { .. } => 1,
+        };
+        self.refused[i].increment(1);
+        self.log.warn(&format!("connection refused: {e}"));
     }
 
     fn try_admit(self: &Arc<Self>, caller: K, admin: bool) -> Result<Ticket<K>, Refusal> {
@@ -420,7 +452,7 @@ impl<K: Eq + Hash + Clone + std::fmt::Display> ConnLimits<K> {
             .take(admin)
             .map_err(|limit| Refusal::Total { limit })?;
         *counts.entry(caller.clone()).or_default() += 1;
-        metrics::gauge!("warden_api_connections_open", "listener" => self.listener).increment(1.0);
+        self.open.increment(1.0);
         Ok(Ticket {
             limits: self.clone(),
             caller,
@@ -453,8 +485,7 @@ impl<K: Eq + Hash> Drop for Ticket<K> {
         }
         drop(counts);
         self.limits.budget.give();
-        metrics::gauge!("warden_api_connections_open", "listener" => self.limits.listener)
-            .decrement(1.0);
+        self.limits.open.decrement(1.0);
     }
 }
 

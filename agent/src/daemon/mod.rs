@@ -135,6 +135,23 @@ fn local_connections(
                     continue;
                 }
             };
+            // The uid first (one getsockopt): a refused connection of a
+            // flood costs no more.
+            let uid = match stream.peer_cred() {
+                Ok(c) => c.uid(),
+                Err(e) => {
+                    unreadable.warn(&format!(
+                        "connection dropped: its peer credentials cannot be read: {e}"
+                    ));
+                    continue;
+                }
+            };
+            let admitted = limits.admit_lazy(uid, || {
+                LocalPeer::of(&stream).is_ok_and(|p| state.authz.is_admin(&p))
+            });
+            let Ok(ticket) = admitted else {
+                continue;
+            };
             let conn = match LocalConn::accept(stream) {
                 Ok(c) => c,
                 Err(e) => {
@@ -143,10 +160,6 @@ fn local_connections(
                     ));
                     continue;
                 }
-            };
-            let admin = state.authz.is_admin(conn.peer());
-            let Ok(ticket) = limits.admit(conn.peer().uid, admin) else {
-                continue;
             };
             if tx
                 .send(Ok(Watched::new(conn, rules, ticket)))
