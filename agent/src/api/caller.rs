@@ -136,11 +136,6 @@ impl LocalConn {
             peer,
         })
     }
-
-    /// Who is at the other end.
-    pub fn peer(&self) -> &LocalPeer {
-        &self.peer
-    }
 }
 
 impl Connected for LocalConn {

@@ -3,8 +3,8 @@
 //! In: an accepted gRPC connection (Unix socket or `api.tcp`), with its
 //! [`super::admission::Ticket`]. Out: the same connection, closed by the
 //! agent when its client sends no HTTP/2 preface within
-//! `api.preface_timeout`, or holds no request or stream for
-//! `api.idle_timeout`; or, for `metrics.listen` (HTTP/1), when it sends
+//! `api.preface_timeout`, or holds no request or stream (and sends
+//! nothing) for `api.idle_timeout`; or, for `metrics.listen` (HTTP/1), when it sends
 //! nothing for [`METRICS_IDLE`] or lives past [`METRICS_LIFETIME`]. Never:
 //! close a connection that has a request or stream open (a rank's Control
 //! stream is quiet for hours and must stay).

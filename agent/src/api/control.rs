@@ -187,41 +187,39 @@ async fn serve_control(
     dumps: &mut tokio::sync::watch::Receiver<Option<Arc<DumpRequest>>>,
     generation: u64,
 ) {
-    {
-        let mut current = rx.borrow_and_update().clone();
-        let mut dump = dumps.borrow_and_update().clone();
-        loop {
-            if let Some(d) = dump.take()
-                && d.generation == generation
-                && tx.send(Ok(dump_message(&d))).await.is_err()
-            {
+    let mut current = rx.borrow_and_update().clone();
+    let mut dump = dumps.borrow_and_update().clone();
+    loop {
+        if let Some(d) = dump.take()
+            && d.generation == generation
+            && tx.send(Ok(dump_message(&d))).await.is_err()
+        {
+            return;
+        }
+        if let Some(r) = current.take() {
+            if r.generation != generation {
+                // Addressed to a later registration: this stream is stale.
                 return;
             }
-            if let Some(r) = current.take() {
-                if r.generation != generation {
-                    // Addressed to a later registration: this stream is stale.
-                    return;
-                }
-                if tx.send(Ok(message(&r))).await.is_err() {
-                    return;
-                }
+            if tx.send(Ok(message(&r))).await.is_err() {
+                return;
             }
-            tokio::select! {
-                () = state.shutdown.cancelled() => return,
-                () = replaced.cancelled() => return,
-                () = tx.closed() => return,
-                changed = rx.changed() => {
-                    if changed.is_err() {
-                        return;
-                    }
-                    current = rx.borrow_and_update().clone();
+        }
+        tokio::select! {
+            () = state.shutdown.cancelled() => return,
+            () = replaced.cancelled() => return,
+            () = tx.closed() => return,
+            changed = rx.changed() => {
+                if changed.is_err() {
+                    return;
                 }
-                changed = dumps.changed() => {
-                    if changed.is_err() {
-                        return;
-                    }
-                    dump = dumps.borrow_and_update().clone();
+                current = rx.borrow_and_update().clone();
+            }
+            changed = dumps.changed() => {
+                if changed.is_err() {
+                    return;
                 }
+                dump = dumps.borrow_and_update().clone();
             }
         }
     }

@@ -17,6 +17,7 @@ pub mod gate;
 pub mod goodput;
 pub mod job_stop;
 pub mod launcher_api;
+pub mod local_accept;
 pub mod metrics_http;
 pub mod nvhcd;
 pub mod observe;

@@ -21,9 +21,10 @@ use tonic::transport::Server;
 use tonic_health::ServingStatus;
 use warden_proto::v1::agent_server::AgentServer;
 
-use crate::api::admission::{Acceptor, ConnLimits, Quotas, RateLimitedLog, Ticket};
-use crate::api::caller::{LocalConn, LocalPeer};
-use crate::api::conn_watch::{Rules, TrackLayer, Watched};
+use crate::api::admission::Quotas;
+use crate::api::caller::LocalPeer;
+use crate::api::conn_watch::TrackLayer;
+use crate::api::local_accept::local_connections;
 use crate::api::{AgentService, metrics_http, nvhcd};
 use crate::config::Config;
 use crate::sources::host_disk::HostDisk;
@@ -100,81 +101,6 @@ async fn bind_optional(
     let bound = l.local_addr().map_or(addr.to_owned(), |a| a.to_string());
     Ok(Some((l, bound)))
 }
-
-/// The Unix socket's connections, each with the kernel's word on who is at
-/// the other end (SO_PEERCRED, SO_PEERGROUPS), which every call is
-/// authorized on, and its place under the connection quotas. A connection
-/// whose peer cannot be read, or past its uid's cap or the agent's, is
-/// closed as soon as it is accepted; accept errors pause the loop and are
-/// logged with their cause, at most every few seconds.
-fn local_connections(
-    uds: UnixListener,
-    state: Arc<AgentState>,
-    limits: Arc<ConnLimits<u32>>,
-) -> tokio_stream::wrappers::ReceiverStream<std::io::Result<LocalWatched>> {
-    let (tx, rx) = tokio::sync::mpsc::channel(64);
-    let rules = Rules::Grpc {
-        preface: state.config.api.preface_timeout,
-        idle: state.config.api.idle_timeout,
-    };
-    tokio::spawn(async move {
-        let mut acceptor = Acceptor::new("api.socket");
-        let unreadable = RateLimitedLog::new("api.socket");
-        loop {
-            let accepted = tokio::select! {
-                () = state.shutdown.cancelled() => return,
-                a = uds.accept() => a,
-            };
-            let stream = match accepted {
-                Ok((s, _)) => {
-                    acceptor.succeeded();
-                    s
-                }
-                Err(e) => {
-                    acceptor.failed(&e).await;
-                    continue;
-                }
-            };
-            // The uid first (one getsockopt): a refused connection of a
-            // flood costs no more.
-            let uid = match stream.peer_cred() {
-                Ok(c) => c.uid(),
-                Err(e) => {
-                    unreadable.warn(&format!(
-                        "connection dropped: its peer credentials cannot be read: {e}"
-                    ));
-                    continue;
-                }
-            };
-            let admitted = limits.admit_lazy(uid, || {
-                LocalPeer::of(&stream).is_ok_and(|p| state.authz.is_admin(&p))
-            });
-            let Ok(ticket) = admitted else {
-                continue;
-            };
-            let conn = match LocalConn::accept(stream) {
-                Ok(c) => c,
-                Err(e) => {
-                    unreadable.warn(&format!(
-                        "connection dropped: its peer credentials cannot be read: {e}"
-                    ));
-                    continue;
-                }
-            };
-            if tx
-                .send(Ok(Watched::new(conn, rules, ticket)))
-                .await
-                .is_err()
-            {
-                return;
-            }
-        }
-    });
-    tokio_stream::wrappers::ReceiverStream::new(rx)
-}
-
-/// A Unix-socket connection under the quotas and the preface and idle rules.
-type LocalWatched = Watched<LocalConn, Ticket<u32>>;
 
 /// Runs the agent until SIGTERM/SIGINT or until `state.shutdown` is cancelled.
 pub async fn run(config: Config, config_source: String) -> Result<(), DaemonError> {
@@ -357,7 +283,7 @@ async fn serve(
     ));
     {
         let stop = state.shutdown.clone();
-        let incoming = local_connections(uds, state.clone(), quotas.unix.clone());
+        let incoming = local_connections("api.socket", uds, state.clone(), quotas.unix.clone());
         tasks.spawn(async move {
             if let Err(e) = router
                 .serve_with_incoming_shutdown(incoming, stop.cancelled())
@@ -388,7 +314,7 @@ async fn serve(
             source,
         })?;
         state.add_endpoint("nvhcd", path.clone());
-        tasks.spawn(nvhcd::serve(l, path, state.clone()));
+        tasks.spawn(nvhcd::serve(l, path, state.clone(), quotas.unix.clone()));
     }
     let watchdog = notify::Watchdog::from_env();
     let watchdog_period = watchdog.period();
