@@ -393,6 +393,33 @@ pub fn attack_control(args: &Value) -> Value {
 /// a timeout (every timeout these tests set is longer).
 const QUICK: f64 = 2.5;
 
+/// As the member: opens `n` WatchHealth streams over two connections and
+/// holds them until released; reports which were refused and why.
+pub fn attack_requests(args: &Value) -> Value {
+    let socket = socket_arg(args);
+    let n = args["n"].as_u64().expect("n");
+    block_on(async move {
+        let target = warden_cli::Target::Unix(socket);
+        let mut clients = Vec::new();
+        for _ in 0..2 {
+            clients.push(pb::agent_client::AgentClient::new(
+                target.channel().await.expect("the member connects"),
+            ));
+        }
+        let (mut held, mut refused) = (Vec::new(), Vec::new());
+        for i in 0..n {
+            let c = &mut clients[usize::from(i % 2 == 1)];
+            match c.watch_health(pb::WatchHealthRequest {}).await {
+                Ok(s) => held.push(s.into_inner()),
+                Err(s) => refused.push(json!({"code": format!("{:?}", s.code()),
+                                              "message": s.message()})),
+            }
+        }
+        let released = wait_release_async(args).await;
+        json!({"held": held.len(), "refused": refused, "released": released})
+    })
+}
+
 /// One connection of a flood.
 struct FloodConn {
     stream: Box<dyn ReadNonBlocking>,
@@ -1093,4 +1120,51 @@ async fn one_uid_cannot_take_every_rank_slot() {
         assert!(m.contains("ranks.max_ranks_per_uid = 8"), "{out}");
     }
     assert!(p99 < HEALTH_P99, "p99 {p99:?} during the rank-slot flood");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_uids_open_requests_are_capped_over_all_its_connections() {
+    let _one = ONE_FLOOD.lock().await;
+    let agent = agent_with("[api]\nmax_requests_per_uid = 8\n", None);
+    let rel = release(&agent, "requests");
+    let attack = spawn_attack(
+        &users::users().member,
+        "floods.requests",
+        json!({"socket": agent.socket(), "n": 20, "release": rel}),
+    );
+    // Held: the member's streams past its cap have been refused.
+    eventually(Duration::from_secs(60), "the request flood", || async {
+        let (_, text) = crate::common::scrape(&agent).await;
+        (metric(&text, "warden_api_refused_total", &[("call", "any")]) >= 12.0).then_some(())
+    })
+    .await;
+    // Root is an admin: not held to it, beside the member's 8.
+    let mut watches = Vec::new();
+    for _ in 0..10 {
+        let mut c = agent.client().await;
+        let s = within(
+            WAIT,
+            "WatchHealth",
+            c.watch_health(pb::WatchHealthRequest {}),
+        )
+        .await
+        .expect("root's stream past the member's cap");
+        watches.push(s.into_inner());
+    }
+    let p99 = health_p99(&agent, "the request flood").await;
+    std::fs::write(&rel, b"").expect("release");
+    let out = within(Duration::from_secs(90), "the attack", attack)
+        .await
+        .expect("the attack")
+        .result;
+    println!("request flood: {out}");
+    assert_eq!(out["held"], json!(8), "{out}");
+    let refused = out["refused"].as_array().expect("refused");
+    assert_eq!(refused.len(), 12, "{out}");
+    for r in refused {
+        assert_eq!(r["code"], json!("ResourceExhausted"), "{out}");
+        let m = r["message"].as_str().unwrap_or_default();
+        assert!(m.contains("api.max_requests_per_uid = 8"), "{out}");
+    }
+    assert!(p99 < HEALTH_P99, "p99 {p99:?} during the request flood");
 }

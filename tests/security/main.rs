@@ -30,6 +30,7 @@ const ATTACKS: &[(&str, common::users::Attack)] = &[
     ("floods.connections", floods::attack_connections),
     ("floods.ranks", floods::attack_ranks),
     ("floods.rank_holder", floods::attack_rank_holder),
+    ("floods.requests", floods::attack_requests),
 ];
 
 /// Does nothing in a normal run; in a process started by

@@ -290,6 +290,9 @@ pub struct Quotas {
     /// `api.tcp` handshakes in progress, per source address
     /// (`api.max_handshakes_per_source`).
     pub handshakes: Arc<ConnLimits<std::net::IpAddr>>,
+    /// Requests and streams open per uid on the Unix sockets
+    /// (`api.max_requests_per_uid`).
+    pub requests: Arc<super::conn_watch::RequestLimiter>,
 }
 
 impl Quotas {
@@ -317,6 +320,7 @@ impl Quotas {
                 config.api.max_handshakes_per_source,
                 FdBudget::unbounded(),
             ),
+            requests: super::conn_watch::RequestLimiter::new(config.api.max_requests_per_uid),
             budget,
         }
     }

@@ -15,7 +15,8 @@
 //! idle. Open requests are counted by [`TrackLayer`]: the connection's
 //! connect info carries its [`Activity`], and each request holds a
 //! [`Busy`] guard until its response body is dropped (the stream ended, or
-//! the client reset it).
+//! the client reset it). The same layer holds a uid's open requests over
+//! all its connections to `api.max_requests_per_uid` ([`RequestLimiter`]).
 
 use std::future::Future;
 use std::io;
@@ -94,6 +95,74 @@ pub struct Tracked<T> {
     /// The connection's own connect info (a `LocalPeer`, a `PeerInfo`).
     pub info: T,
     activity: Arc<Activity>,
+    quota: Option<Arc<RequestQuota>>,
+}
+
+/// Requests (unary calls in flight and open streams of every kind) by uid,
+/// against `api.max_requests_per_uid`: the bound on what one uid holds
+/// open over all its connections, whatever the call (a request whose
+/// message never comes holds its stream as long as the client likes).
+#[derive(Debug)]
+pub struct RequestLimiter {
+    max: usize,
+    open: Mutex<std::collections::HashMap<u32, usize>>,
+}
+
+impl RequestLimiter {
+    /// At most `max` requests open per uid.
+    pub fn new(max: u32) -> Arc<Self> {
+        Arc::new(Self {
+            max: usize::try_from(max).unwrap_or(usize::MAX),
+            open: Mutex::new(std::collections::HashMap::new()),
+        })
+    }
+
+    fn begin(self: &Arc<Self>, uid: u32, exempt: bool) -> Result<RequestPlace, usize> {
+        let mut open = self.open.lock().unwrap_or_else(PoisonError::into_inner);
+        let n = open.entry(uid).or_default();
+        if !exempt && *n >= self.max {
+            return Err(*n);
+        }
+        *n += 1;
+        Ok(RequestPlace {
+            limiter: self.clone(),
+            uid,
+        })
+    }
+}
+
+/// One open request's place under its uid's [`RequestLimiter`].
+#[derive(Debug)]
+pub struct RequestPlace {
+    limiter: Arc<RequestLimiter>,
+    uid: u32,
+}
+
+impl Drop for RequestPlace {
+    fn drop(&mut self) {
+        let mut open = self
+            .limiter
+            .open
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if let Some(n) = open.get_mut(&self.uid) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                open.remove(&self.uid);
+            }
+        }
+    }
+}
+
+/// Whose requests a connection's are, for the [`RequestLimiter`].
+#[derive(Debug)]
+pub struct RequestQuota {
+    /// The limiter shared by the listener's connections.
+    pub limiter: Arc<RequestLimiter>,
+    /// The connection's uid.
+    pub uid: u32,
+    /// An admin, not held to the cap.
+    pub exempt: bool,
 }
 
 /// The rules a [`Watched`] connection is held to.
@@ -123,6 +192,7 @@ pub struct Watched<IO, T> {
     last_read: Instant,
     timer: Pin<Box<Sleep>>,
     closed: Option<&'static str>,
+    quota: Option<Arc<RequestQuota>>,
     _ticket: T,
 }
 
@@ -149,8 +219,16 @@ impl<IO, T> Watched<IO, T> {
             last_read: now,
             timer: Box::pin(tokio::time::sleep_until(now)),
             closed: None,
+            quota: None,
             _ticket: ticket,
         }
+    }
+
+    /// Holds the connection's requests to `quota`'s per-uid cap.
+    #[must_use]
+    pub fn with_quota(mut self, quota: RequestQuota) -> Self {
+        self.quota = Some(Arc::new(quota));
+        self
     }
 
     /// The wrapped connection.
@@ -203,6 +281,7 @@ impl<IO: tonic::transport::server::Connected, T> tonic::transport::server::Conne
         Tracked {
             info: self.io.connect_info(),
             activity: self.activity.clone(),
+            quota: self.quota.clone(),
         }
     }
 }
@@ -338,13 +417,13 @@ impl<S: Clone, T> Clone for Track<S, T> {
 
 type BoxFuture<O> = Pin<Box<dyn Future<Output = O> + Send>>;
 
-impl<S, T, B, RB> tower::Service<http::Request<B>> for Track<S, T>
+impl<S, T, B> tower::Service<http::Request<B>> for Track<S, T>
 where
-    S: tower::Service<http::Request<B>, Response = http::Response<RB>>,
+    S: tower::Service<http::Request<B>, Response = http::Response<tonic::body::Body>>,
     S::Future: Send + 'static,
     T: Clone + Send + Sync + 'static,
 {
-    type Response = http::Response<BusyBody<RB>>;
+    type Response = http::Response<BusyBody<tonic::body::Body>>;
     type Error = S::Error;
     type Future = BoxFuture<Result<Self::Response, S::Error>>;
 
@@ -354,6 +433,30 @@ where
 
     fn call(&mut self, mut req: http::Request<B>) -> Self::Future {
         let tracked = req.extensions().get::<Tracked<T>>().cloned();
+        let mut place = None;
+        if let Some(q) = tracked.as_ref().and_then(|t| t.quota.as_ref()) {
+            match q.limiter.begin(q.uid, q.exempt) {
+                Ok(p) => place = Some(p),
+                Err(open) => {
+                    let why = format!(
+                        "{} refused: uid {} already has {open} requests and streams open, the most one uid may (api.max_requests_per_uid = {})",
+                        req.uri().path(),
+                        q.uid,
+                        q.limiter.max
+                    );
+                    metrics::counter!("warden_api_refused_total", "call" => "any").increment(1);
+                    tracing::debug!("{why}");
+                    let resp = tonic::Status::resource_exhausted(why).into_http();
+                    return Box::pin(async move {
+                        Ok(resp.map(|inner| BusyBody {
+                            inner,
+                            _busy: None,
+                            _place: None,
+                        }))
+                    });
+                }
+            }
+        }
         let busy = tracked.map(|t| {
             req.extensions_mut().insert(t.info);
             t.activity.begin()
@@ -361,7 +464,11 @@ where
         let fut = self.inner.call(req);
         Box::pin(async move {
             let resp = fut.await?;
-            Ok(resp.map(|inner| BusyBody { inner, _busy: busy }))
+            Ok(resp.map(|inner| BusyBody {
+                inner,
+                _busy: busy,
+                _place: place,
+            }))
         })
     }
 }
@@ -371,6 +478,7 @@ where
 pub struct BusyBody<B> {
     inner: B,
     _busy: Option<Busy>,
+    _place: Option<RequestPlace>,
 }
 
 impl<B: http_body::Body + Unpin> http_body::Body for BusyBody<B> {
@@ -436,6 +544,18 @@ mod tests {
         assert_eq!(w.read(&mut buf).await.unwrap(), 0);
         assert_eq!(start.elapsed(), Duration::from_secs(60));
         assert_eq!(w.closed, Some("idle, no request or stream open"));
+    }
+
+    #[test]
+    fn requests_per_uid_are_capped_and_admins_exempt() {
+        let l = RequestLimiter::new(2);
+        let a = l.begin(1000, false).unwrap();
+        let _b = l.begin(1000, false).unwrap();
+        assert_eq!(l.begin(1000, false).unwrap_err(), 2);
+        let _other = l.begin(1001, false).unwrap();
+        let _admin: Vec<_> = (0..5).map(|_| l.begin(0, true).unwrap()).collect();
+        drop(a);
+        let _c = l.begin(1000, false).unwrap();
     }
 
     #[tokio::test(start_paused = true)]

@@ -13,20 +13,22 @@ use tokio::net::UnixListener;
 
 use super::admission::{Acceptor, ConnLimits, RateLimitedLog, Ticket};
 use super::caller::{LocalConn, LocalPeer};
-use super::conn_watch::{Rules, Watched};
+use super::conn_watch::{RequestLimiter, RequestQuota, Rules, Watched};
 use crate::state::AgentState;
 
 /// The Unix socket's connections, each with the kernel's word on who is at
 /// the other end (SO_PEERCRED, SO_PEERGROUPS), which every call is
 /// authorized on, and its place under the connection quotas. A connection
 /// whose peer cannot be read, or past its uid's cap or the agent's, is
-/// closed as soon as it is accepted; accept errors pause the loop and are
+/// closed as soon as it is accepted; its requests count under `requests`
+/// (`api.max_requests_per_uid`, admins exempt); accept errors pause the loop and are
 /// logged with their cause, at most every few seconds.
 pub fn local_connections(
     listener: &'static str,
     uds: UnixListener,
     state: Arc<AgentState>,
     limits: Arc<ConnLimits<u32>>,
+    requests: Arc<RequestLimiter>,
 ) -> tokio_stream::wrappers::ReceiverStream<std::io::Result<LocalWatched>> {
     let (tx, rx) = tokio::sync::mpsc::channel(64);
     let rules = Rules::Grpc {
@@ -77,11 +79,14 @@ pub fn local_connections(
                     continue;
                 }
             };
-            if tx
-                .send(Ok(Watched::new(conn, rules, ticket)))
-                .await
-                .is_err()
-            {
+            let peer = tonic::transport::server::Connected::connect_info(&conn);
+            let quota = RequestQuota {
+                limiter: requests.clone(),
+                uid: peer.uid,
+                exempt: state.authz.is_admin(&peer),
+            };
+            let conn = Watched::new(conn, rules, ticket).with_quota(quota);
+            if tx.send(Ok(conn)).await.is_err() {
                 return;
             }
         }

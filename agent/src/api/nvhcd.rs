@@ -137,13 +137,13 @@ pub fn bind(path: &str, mode: u32) -> std::io::Result<tokio::net::UnixListener> 
 /// [`crate::api::uds_authority::AuthorityFilter`], so grpcio's default
 /// `:authority` (the percent-encoded socket path) is served.
 ///
-/// Its connections count under the API socket's quotas (`limits`): the
+/// Its connections and requests count under the API socket's quotas: the
 /// same uids reach both.
 pub async fn serve(
     listener: tokio::net::UnixListener,
     path: String,
     state: Arc<AgentState>,
-    limits: Arc<crate::api::admission::ConnLimits<u32>>,
+    quotas: crate::api::admission::Quotas,
 ) {
     let stop = state.shutdown.clone();
     // NVRx's grpcio client names the socket path as `:authority`: the
@@ -152,7 +152,8 @@ pub async fn serve(
         "nvhcd.socket",
         listener,
         state.clone(),
-        limits,
+        quotas.unix,
+        quotas.requests,
     );
     let svc = warden_proto::nvhcd::health_check_service_server::HealthCheckServiceServer::new(
         NvhcdService::new(state),

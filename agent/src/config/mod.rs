@@ -175,6 +175,12 @@ pub struct ApiConfig {
     /// at once; further connections from it are closed at once, so one
     /// host cannot take the handshake places of the valid peers.
     pub max_handshakes_per_source: u32,
+    /// Requests one uid may have open at once over all its Unix-socket
+    /// connections: unary calls in flight and streams of every kind (a
+    /// request whose message never comes holds its stream as long as the
+    /// client likes). Past it, RESOURCE_EXHAUSTED naming this key. Admins
+    /// are exempt.
+    pub max_requests_per_uid: u32,
 }
 
 impl ApiConfig {
@@ -210,6 +216,7 @@ impl Default for ApiConfig {
             preface_timeout: Duration::from_secs(5),
             idle_timeout: Duration::from_secs(300),
             max_handshakes_per_source: 8,
+            max_requests_per_uid: 1024,
         }
     }
 }
@@ -631,6 +638,7 @@ impl Config {
                 "api.max_handshakes_per_source",
                 self.api.max_handshakes_per_source,
             ),
+            ("api.max_requests_per_uid", self.api.max_requests_per_uid),
             (
                 "metrics.max_connections_per_source",
                 self.metrics.max_connections_per_source,

@@ -69,6 +69,10 @@ fn out_of_range_values_are_refused_with_the_key() {
         ),
         ("[api]\nmax_connections = 0\n", "api.max_connections"),
         (
+            "[api]\nmax_requests_per_uid = 0\n",
+            "api.max_requests_per_uid",
+        ),
+        (
             "[api]\nmax_handshakes_per_source = 0\n",
             "api.max_handshakes_per_source",
         ),

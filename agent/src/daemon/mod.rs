@@ -283,7 +283,13 @@ async fn serve(
     ));
     {
         let stop = state.shutdown.clone();
-        let incoming = local_connections("api.socket", uds, state.clone(), quotas.unix.clone());
+        let incoming = local_connections(
+            "api.socket",
+            uds,
+            state.clone(),
+            quotas.unix.clone(),
+            quotas.requests.clone(),
+        );
         tasks.spawn(async move {
             if let Err(e) = router
                 .serve_with_incoming_shutdown(incoming, stop.cancelled())
@@ -300,8 +306,9 @@ async fn serve(
     }
     if let (Some((l, _)), Some(handle)) = (metrics, metrics_handle) {
         let st = state.clone();
+        let metrics_limits = quotas.metrics.clone();
         tasks.spawn(async move {
-            if let Err(e) = metrics_http::serve(l, handle, st, quotas.metrics).await {
+            if let Err(e) = metrics_http::serve(l, handle, st, metrics_limits).await {
                 tracing::error!(error = %e, "metrics server failed");
             }
         });
@@ -314,7 +321,7 @@ async fn serve(
             source,
         })?;
         state.add_endpoint("nvhcd", path.clone());
-        tasks.spawn(nvhcd::serve(l, path, state.clone(), quotas.unix.clone()));
+        tasks.spawn(nvhcd::serve(l, path, state.clone(), quotas.clone()));
     }
     let watchdog = notify::Watchdog::from_env();
     let watchdog_period = watchdog.period();
