@@ -6,8 +6,10 @@
 //!    after the answer: the manifest is on disk before the answer, and the
 //!    restarted agent restores the shard byte-exact.
 //! 2. A restarted agent removes every half-written step (data without a
-//!    manifest, a manifest whose data is of another size, staging and
-//!    temporary leftovers) and publishes `ckpt.recovered` for each.
+//!    manifest, staging and temporary leftovers) and publishes
+//!    `ckpt.recovered` for each; a step whose manifest does not describe
+//!    its data is moved whole to the quarantine (`ckpt.quarantined`),
+//!    nothing in it deleted (issue 29).
 //! 3. After an agent restart the first save succeeds (the client dials
 //!    again before it answers); while the agent is down a save fails at
 //!    once with an error naming the socket. The same from Python.
@@ -115,20 +117,14 @@ async fn a_restarted_agent_removes_half_written_steps_and_says_so() {
     std::fs::write(&staged, b"half a shard").expect("staging");
 
     let agent = TestAgent::start_in(home.clone());
-    for gone in [
-        &orphan,
-        &s2.join("rank-000000.json"),
-        &s2.join("rank-000000.bin"),
-        &tmp,
-        &staged,
-    ] {
+    for gone in [&orphan, &s2, &tmp, &staged] {
         assert!(!gone.exists(), "{} is still there", gone.display());
     }
     assert!(!s3.exists(), "the empty step 3 directory is still there");
     // Step 1 was committed and is whole: kept.
     assert!(s1.join("rank-000000.json").is_file());
     // One ckpt.recovered event per file removed, in the order found.
-    let mut want: Vec<String> = [&orphan, &s2.join("rank-000000.json"), &tmp, &staged]
+    let mut want: Vec<String> = [&orphan, &tmp, &staged]
         .iter()
         .map(|p| p.display().to_string())
         .collect();
@@ -145,6 +141,28 @@ async fn a_restarted_agent_removes_half_written_steps_and_says_so() {
         let path = evidence(&e, "path").unwrap_or_default().to_owned();
         want.retain(|p| *p != path);
     }
+    // Step 2 went whole to the quarantine, its bytes kept as they were.
+    let q = events
+        .expect(
+            &agent,
+            Duration::from_secs(10),
+            "ckpt.quarantined for step 2",
+            |e| e.kind == "ckpt.quarantined",
+        )
+        .await;
+    assert_eq!(
+        evidence(&q, "path"),
+        Some(s2.display().to_string().as_str())
+    );
+    let moved = PathBuf::from(evidence(&q, "moved_to").expect("moved_to"));
+    assert!(
+        moved.starts_with(home.path().join("ckpt/.quarantine")),
+        "{moved:?}"
+    );
+    let mut grown = shard_bytes(2, 0, 4096);
+    grown.extend_from_slice(b"more");
+    assert!(std::fs::read(moved.join("rank-000000.bin")).expect("kept") == grown);
+    assert!(moved.join("rank-000000.json").is_file());
     // The newest complete step is 1, byte-exact; 2 and 3 are not listed.
     let r = checkpoint_rank(agent.socket(), "hw", 0, 1)
         .restore(0)

@@ -345,8 +345,9 @@ async fn the_gate_passes_refuses_and_fails_safe() {
     let stub = Stub::new(HEALTHY);
     // Pass.
     let dcgmi = stub.dcgmi(DIAG_PASS, 0, 0);
+    // Each call below must run the stand-in as it is then (no cached answer).
     let agent = stub.start(&format!(
-        "dcgmi = {:?}\ngate_timeout = \"2s\"\n",
+        "dcgmi = {:?}\ngate_timeout = \"2s\"\ngate_cache_for = \"0s\"\n",
         dcgmi.display().to_string()
     ));
     let (code, v) = diag(&agent);

@@ -281,13 +281,17 @@ fn kmsg_home(log: &std::path::Path, extra: &str) -> Arc<Home> {
     )))
 }
 
+/// Appends an XID on `gpu<gpu>` naming this process (the rank [`register`]
+/// registers), as the driver names the process a fault hit: the agent's own
+/// map of that rank to the GPU (a rank's declared devices are not).
 fn xid(log: &std::path::Path, gpu: usize, code: u32) {
     use std::io::Write;
     let mut f = std::fs::OpenOptions::new().append(true).open(log).unwrap();
     writeln!(
         f,
-        "NVRM: Xid (PCI:{}): {code}, pid=4242, name=python, simulated by the test",
-        PCI[gpu]
+        "NVRM: Xid (PCI:{}): {code}, pid={}, name=python, simulated by the test",
+        PCI[gpu],
+        std::process::id()
     )
     .unwrap();
 }

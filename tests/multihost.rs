@@ -577,24 +577,29 @@ fn a_worker_killed_on_one_host_restarts_every_host_once_in_one_round() {
         (hosts_sum - total).abs() < 1e-6 * total,
         "{hosts_sum} vs {total}"
     );
-    // The launcher that ended last printed and wrote the whole job: the
-    // file with both hosts' final reports (either host may end last: a
-    // host restarted by the other's round can start, and so end, first).
-    let last = [&sa, &sb]
-        .iter()
-        .filter_map(|s| own(s, "goodput-job.json"))
-        .max_by_key(|j| {
-            (
-                j["hosts"].as_array().map_or(0, Vec::len),
-                j["open"] == Value::Bool(false),
+    // Each launcher wrote the whole job with both hosts' final reports:
+    // the one that ended first waited for the other's (either host may end
+    // last: a host restarted by the other's round can start, and so end,
+    // first), and a live copy never replaced a final one.
+    for s in [&sa, &sb] {
+        let job = own(s, "goodput-job.json").expect("each host's goodput-job.json");
+        let why = || {
+            format!(
+                "{}: {job}\netcd's sum: {v}\nhost-a:\n{}\nhost-b:\n{}",
+                s.host,
+                a.context(),
+                b.context()
             )
-        })
-        .expect("a goodput-job.json");
-    assert_eq!(last["ranks"], 4, "{last}");
-    assert!(
-        (last["accelerator_s"].as_f64().unwrap() - total).abs() < 1e-6 * total,
-        "{last}"
-    );
+        };
+        assert_eq!(job["hosts"].as_array().map_or(0, Vec::len), 2, "{}", why());
+        assert_eq!(job["open"], Value::Bool(false), "{}", why());
+        assert_eq!(job["ranks"], 4, "{}", why());
+        assert!(
+            (job["accelerator_s"].as_f64().unwrap() - total).abs() < 1e-6 * total,
+            "{}",
+            why()
+        );
+    }
 }
 
 #[test]

@@ -541,3 +541,101 @@ async fn a_rank_frozen_with_sigstop_four_ranks_is_replaced_while_its_peers_resta
         frozen_rank_is_replaced("torch-frozen-4", 4, false).await;
     }
 }
+
+/// Issue 35: both ranks of a real torch job finish their training, close
+/// their clients (DeregisterRank) and then abort (`os.abort()`, as torch's
+/// gloo teardown does with "terminate called without an active
+/// exception"). The job ends with exit 0, no second attempt, and the
+/// summary names both ranks as aborted at exit and why.
+#[tokio::test(flavor = "multi_thread")]
+async fn every_rank_aborting_at_exit_after_its_training_ends_the_job_with_exit_0() {
+    if !torch_available() {
+        return;
+    }
+    let (_state, agent) = start_agent();
+    let dir = tempfile::Builder::new()
+        .prefix("warden-teardown-")
+        .tempdir()
+        .unwrap();
+    let (ckpt, store) = (dir.path().join("ckpt"), dir.path().join("store"));
+    std::fs::create_dir(&ckpt).unwrap();
+    std::fs::create_dir(&store).unwrap();
+    let summary_path = dir.path().join("summary.json");
+    let mut cmd = std::process::Command::new(WARDEN);
+    cmd.arg("--socket")
+        .arg(agent.socket())
+        .arg("run")
+        .args(["--nproc-per-node", "2", "--rdzv-id", "torch-teardown"])
+        .arg("--no-standby")
+        .arg("--log-dir")
+        .arg(dir.path().join("logs"))
+        .arg("--summary-json")
+        .arg(&summary_path)
+        .arg("--")
+        .arg(python())
+        .arg(repo_root().join("tests/fixtures/torch_rank.py"))
+        .arg("--checkpoint-dir")
+        .arg(&ckpt)
+        .arg("--store-dir")
+        .arg(&store)
+        .args(["--steps", "12", "--step-ms", "10", "--abort-at-exit"])
+        .env("PYTHONDONTWRITEBYTECODE", "1")
+        .env_remove("WARDEN_SOCKET")
+        .current_dir(dir.path());
+    let out = tokio::task::spawn_blocking(move || common::run(&mut cmd, RUN))
+        .await
+        .expect("the launcher's run");
+    let all = show(&out);
+    assert_eq!(out.code(), 0, "{all}");
+    let o = &out.stdout;
+    // Each rank trained once to its end, then aborted; nothing ran again.
+    for rank in 0..2 {
+        assert_eq!(
+            pids_of(o, "registered ", rank).len(),
+            1,
+            "rank {rank}: {all}"
+        );
+        assert_eq!(pids_of(o, "aborting ", rank).len(), 1, "rank {rank}: {all}");
+        let done: Vec<(u32, &str)> = rank_lines(o, "done ")
+            .into_iter()
+            .filter(|(r, _)| *r == rank)
+            .collect();
+        assert_eq!(done.len(), 1, "rank {rank}: {all}");
+        assert_eq!(field(done[0].1, "restart_count"), "0", "rank {rank}: {all}");
+    }
+    assert!(
+        rank_lines(o, "attempt restart_count=1 ").is_empty(),
+        "{all}"
+    );
+    assert!(
+        out.stderr.contains(
+            "every worker ended its training: the job succeeded; ranks 0,1 failed in their teardown"
+        ),
+        "{all}"
+    );
+    let summary: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&summary_path).unwrap()).unwrap();
+    assert_eq!(summary["exit_code"], 0, "{summary:#}");
+    let attempts = summary["attempts"].as_array().unwrap();
+    assert_eq!(attempts.len(), 1, "{summary:#}");
+    let aborted: Vec<u64> = attempts[0]["aborted_at_exit"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x["rank"].as_u64().unwrap())
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    assert_eq!(aborted, [0, 1], "{summary:#}");
+    for x in attempts[0]["aborted_at_exit"].as_array().unwrap() {
+        assert_eq!(x["status"], "signal 6 (SIGABRT)", "{summary:#}");
+        assert!(
+            x["why"].as_str().unwrap().contains("deregistered cleanly"),
+            "{summary:#}"
+        );
+    }
+    assert!(
+        attempts[0]["failures"].as_array().unwrap().is_empty(),
+        "{summary:#}"
+    );
+}

@@ -78,6 +78,11 @@ pub struct AgentState {
     /// The ranks' reported values shared with the peers, for SDC
     /// (`ranks::peer_values`).
     pub peer_values: crate::ranks::peer_values::PeerValues,
+    /// The node's health gate: one run at a time, its result cached, calls
+    /// per uid bounded (`api::gate`).
+    pub gate: crate::api::gate::Gate,
+    /// ReportJobStop calls per uid (`api.job_stops_per_minute`).
+    pub job_stops: crate::api::job_stop::StopLimiter,
 }
 
 impl AgentState {
@@ -116,7 +121,10 @@ impl AgentState {
             config.attribution.retain,
         );
         let (escalations, escalations_rx) = tokio::sync::mpsc::unbounded_channel();
-        let goodput = Arc::new(warden_core::goodput::Goodput::open(&config.state_dir()));
+        let goodput = Arc::new(warden_core::goodput::Goodput::open_with(
+            &config.state_dir(),
+            config.goodput.retention(),
+        ));
         let authz = crate::api::authz::Authz::new(
             nix::unistd::geteuid().as_raw(),
             config.admin_gid().ok().flatten(),
@@ -125,7 +133,7 @@ impl AgentState {
         let mut ranks = ranks;
         ranks.max_per_process = config.ranks.max_per_process;
         ranks.max_per_uid = config.ranks.per_uid();
-        Ok(Self {
+        let state = Self {
             goodput,
             authz,
             incidents: Arc::new(Mutex::new(incidents)),
@@ -150,6 +158,8 @@ impl AgentState {
             straggler_peers_seen: std::sync::Arc::default(),
             stragglers: std::sync::OnceLock::new(),
             peer_values: crate::ranks::peer_values::PeerValues::default(),
+            gate: crate::api::gate::Gate::default(),
+            job_stops: crate::api::job_stop::StopLimiter::new(config.api.job_stops_per_minute),
             hang_board: Arc::new(crate::ranks::verdict::HangBoard::new(
                 host.clone(),
                 config.straggler.summary_ttl,
@@ -165,7 +175,10 @@ impl AgentState {
             endpoints: Mutex::new(Vec::new()),
             shutdown: CancellationToken::new(),
             ranks: SharedRegistry::new(ranks),
-        })
+        };
+        // Component state/job_owners: DEGRADED while claims are refused.
+        state.authz.attach_health(state.health_reporter());
+        Ok(state)
     }
 
     /// Locks the registry (a poisoned lock is still usable: the registry

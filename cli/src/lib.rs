@@ -8,20 +8,68 @@
 //! fail with `BrokenPipe`, which `main` turns into a quiet exit
 //! ([`is_broken_pipe`]) where `println!` would panic.
 
-/// `println!` that returns the write's `io::Result` instead of panicking.
+/// `println!` that returns the write's `io::Result` instead of panicking;
+/// the text goes through [`printable`] first.
 macro_rules! outln {
+    () => {{
+        use std::io::Write as _;
+        writeln!(std::io::stdout().lock())
+    }};
     ($($arg:tt)*) => {{
         use std::io::Write as _;
-        writeln!(std::io::stdout().lock(), $($arg)*)
+        let text = format!($($arg)*);
+        writeln!(std::io::stdout().lock(), "{}", $crate::printable(&text))
     }};
 }
 
-/// `print!` that returns the write's `io::Result` instead of panicking.
+/// `print!` that returns the write's `io::Result` instead of panicking;
+/// the text goes through [`printable`] first.
 macro_rules! out {
     ($($arg:tt)*) => {{
         use std::io::Write as _;
-        write!(std::io::stdout().lock(), $($arg)*)
+        let text = format!($($arg)*);
+        write!(std::io::stdout().lock(), "{}", $crate::printable(&text))
     }};
+}
+
+/// `s` with every control character but newline and tab written out as an
+/// escape (`\x1b`, `\u{202e}`), so nothing in it acts on the terminal.
+/// What the CLI prints carries text that ranks and peers wrote (exception
+/// messages, evidence values, host names): an escape sequence there could
+/// rewrite the screen, hide lines or set the terminal's title, and a bidi
+/// override could make a line read differently from what it holds. JSON
+/// output is unchanged by it: serde_json escapes control characters itself.
+pub fn printable(s: &str) -> std::borrow::Cow<'_, str> {
+    escape_where(s, acts_on_terminal)
+}
+
+/// `s` on one line: [`printable`], and newlines escaped too (for one
+/// field of a one-line record, so a value cannot forge the next record).
+pub fn one_line(s: &str) -> std::borrow::Cow<'_, str> {
+    escape_where(s, |c| c == '\n' || acts_on_terminal(c))
+}
+
+/// `s` with each character `escape` picks written as its Rust escape.
+fn escape_where(s: &str, escape: impl Fn(char) -> bool) -> std::borrow::Cow<'_, str> {
+    if !s.chars().any(&escape) {
+        return std::borrow::Cow::Borrowed(s);
+    }
+    let mut out = String::with_capacity(s.len() + 8);
+    for c in s.chars() {
+        if escape(c) {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    std::borrow::Cow::Owned(out)
+}
+
+/// A control character (C0 but newline and tab, DEL, C1) or a bidi
+/// embedding, override or isolate.
+fn acts_on_terminal(c: char) -> bool {
+    (c.is_control() && c != '\n' && c != '\t')
+        || matches!(c, '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
 }
 
 pub mod ckpt;
@@ -140,6 +188,13 @@ pub enum Command {
         /// The job about to restart here, for the incident a failure opens.
         #[arg(long)]
         job: Option<String>,
+    },
+    /// Forget who owns a job id on this agent (admins only): a claim a
+    /// user squatted, or one left by a job that ended without closing its
+    /// ledger. The next user of the id owns it.
+    ReleaseJob {
+        /// The job id.
+        job: String,
     },
     /// Lift the cordon a decision put on this node (after repair).
     Uncordon {
@@ -300,6 +355,26 @@ async fn run(cli: Cli) -> Result<()> {
                 std::process::exit(1);
             }
         }
+        Command::ReleaseJob { job } => {
+            let mut c = target.connect().await?;
+            let r = c
+                .release_job(pb::ReleaseJobRequest {
+                    job_id: job.clone(),
+                })
+                .await
+                .with_context(|| format!("ReleaseJob at {target}"))?
+                .into_inner();
+            if cli.json {
+                println!(
+                    "{}",
+                    serde_json::json!({"job": job, "released": r.released, "owner_uid": r.owner_uid})
+                );
+            } else if r.released {
+                println!("job {job:?}: the claim of uid {} released", r.owner_uid);
+            } else {
+                println!("job {job:?} had no owner on this agent");
+            }
+        }
         Command::Uncordon { reason } => {
             let mut c = target.connect().await?;
             let answer = c
@@ -357,4 +432,25 @@ pub enum CkptCommand {
         #[arg(long)]
         job: Option<String>,
     },
+}
+
+#[cfg(test)]
+mod printable_tests {
+    use super::{one_line, printable};
+
+    #[test]
+    fn escapes_and_overrides_are_written_out_and_text_is_kept() {
+        let hostile = "CUDA error\x1b]0;pwned\x07\x1b[2J\r\u{202e}gpj.exe\u{9b}31m";
+        let shown = printable(hostile);
+        assert!(!shown.chars().any(|c| c.is_control()), "{shown}");
+        assert_eq!(
+            shown,
+            "CUDA error\\u{1b}]0;pwned\\u{7}\\u{1b}[2J\\r\\u{202e}gpj.exe\\u{9b}31m"
+        );
+        assert_eq!(
+            printable("plain text\n\tnext line é"),
+            "plain text\n\tnext line é"
+        );
+        assert_eq!(one_line("a\nfake line"), "a\\nfake line");
+    }
 }

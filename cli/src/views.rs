@@ -2,6 +2,7 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use crate::one_line;
 use comfy_table::presets::NOTHING;
 use comfy_table::{Cell, Table};
 use serde_json::{Value, json};
@@ -173,19 +174,20 @@ pub fn print_event(e: &pb::Event, as_json: bool) -> std::io::Result<()> {
         outln!("{}", event_json(e))?;
         return Ok(());
     }
+    // One line per event: a value a rank wrote cannot start another.
     let evidence: Vec<String> = e
         .evidence
         .iter()
-        .map(|kv| format!("{}={}", kv.key, kv.value))
+        .map(|kv| format!("{}={}", one_line(&kv.key), one_line(&kv.value)))
         .collect();
     outln!(
         "{} {} {:<8} {:<16} {:<14} {}{}{}",
         e.id,
         time(e.time.as_ref()),
         severity_name(e.severity),
-        e.kind,
-        e.subject,
-        e.message,
+        one_line(&e.kind),
+        one_line(&e.subject),
+        one_line(&e.message),
         if evidence.is_empty() { "" } else { "  " },
         evidence.join(" ")
     )?;
@@ -303,6 +305,8 @@ pub fn print_gate(r: &pb::HealthGateResult, json: bool) -> std::io::Result<()> {
             "ran": r.ran,
             "duration_seconds": took.as_secs_f64(),
             "note": r.note,
+            "cached": r.cached,
+            "cached_age_seconds": r.cached_age.as_ref().map(|d| d.seconds as f64 + f64::from(d.nanos) / 1e9),
             "failures": r.failures.iter().map(|f| serde_json::json!({
                 "test": f.test, "entity": f.entity, "status": f.status,
                 "message": f.message, "severity": f.severity,

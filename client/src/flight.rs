@@ -6,8 +6,8 @@
 //! [`crate::Client::on_flight_recorder_dump`] (the Python package's calls
 //! torch and writes the file), run on a thread of their own.
 //! Never: hand the callbacks a path outside the directory the agent named
-//! at registration (the stack-dump file's directory: one directory the
-//! agent made inside it, then the file), or block the client's background
+//! at registration (the stack-dump file's directory: a file the agent made
+//! directly in it and handed to the rank), or block the client's background
 //! thread: a callback that waits for a GIL the training thread holds
 //! forever stalls its own thread only, and further requests are dropped
 //! while one runs.
@@ -21,8 +21,11 @@ use std::sync::{Arc, Mutex, PoisonError};
 pub struct FlightRecorderDump {
     /// The agent's number for the request (nothing to acknowledge).
     pub seq: u64,
-    /// Where to write it: atomically (a temporary name in the same
-    /// directory, then rename), mode 0600.
+    /// Where to write it: a file the agent made (mode 0600, handed to the
+    /// rank's uid) in its own directory, which the rank cannot create,
+    /// rename or remove anything in. Written in place; the rank then takes
+    /// its write bits off (`chmod 0400`) to say the dump is complete
+    /// ([`write_dump`]).
     pub path: PathBuf,
 }
 
@@ -89,8 +92,8 @@ impl FlightDumps {
     }
 }
 
-/// Checks that `path` is `<dir of stack_dump_path>/<one name>/<file>`:
-/// the only place an agent asks for a dump.
+/// Checks that `path` is `<dir of stack_dump_path>/<one name>`, not the
+/// stack-dump file itself: the only place an agent asks for a dump.
 pub fn check_path(path: &Path, stack_dump_path: Option<&Path>) -> Result<(), String> {
     let base = stack_dump_path
         .and_then(Path::parent)
@@ -99,13 +102,36 @@ pub fn check_path(path: &Path, stack_dump_path: Option<&Path>) -> Result<(), Str
         .strip_prefix(base)
         .map_err(|_| format!("not under {}", base.display()))?;
     let parts: Vec<Component<'_>> = rest.components().collect();
-    if parts.len() != 2 || !parts.iter().all(|c| matches!(c, Component::Normal(_))) {
-        return Err(format!(
-            "not a file in a directory directly under {}",
-            base.display()
-        ));
+    if parts.len() != 1 || !parts.iter().all(|c| matches!(c, Component::Normal(_))) {
+        return Err(format!("not a file directly in {}", base.display()));
+    }
+    if Some(path) == stack_dump_path {
+        return Err("the stack-dump file, not a flight-recorder file".to_owned());
     }
     Ok(())
+}
+
+/// Writes a dump into the file the agent made at `path` and marks it
+/// complete: opened without creating and never through a link, cut to
+/// nothing, written, then its write bits taken off (mode 0400), which is
+/// what the agent waits for. Nothing is created or renamed: the directory
+/// is the agent's, and the agent removes the file by its name afterwards.
+pub fn write_dump(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY)
+        .open(path)?;
+    if !f.metadata()?.is_file() {
+        return Err(std::io::Error::other(format!(
+            "{} is not a regular file",
+            path.display()
+        )));
+    }
+    f.set_len(0)?;
+    f.write_all(bytes)?;
+    f.set_permissions(std::fs::Permissions::from_mode(0o400))
 }
 
 #[cfg(test)]
@@ -115,11 +141,12 @@ mod tests {
     #[test]
     fn only_a_file_in_a_directory_of_the_stack_dump_directory() {
         let stack = Some(Path::new("/run/warden/slots/stacks/job-0.abc"));
-        let ok = Path::new("/run/warden/slots/stacks/job-0.fr.xyz/flight_recorder.json");
+        let ok = Path::new("/run/warden/slots/stacks/job-0.fr.xyz");
         assert_eq!(check_path(ok, stack), Ok(()));
         for bad in [
             "/etc/passwd",
-            "/run/warden/slots/stacks/flight_recorder.json",
+            "/run/warden/slots/stacks/job-0.abc",
+            "/run/warden/slots/stacks/job-0.fr.xyz/flight_recorder.json",
             "/run/warden/slots/stacks/a/b/c.json",
             "/run/warden/slots/stacks/../x/flight_recorder.json",
             "/run/warden/slots/stacks/a/../b",
@@ -145,7 +172,7 @@ mod tests {
         let stack = Path::new("/s/stacks/j-0.x");
         let req = |seq| FlightRecorderDump {
             seq,
-            path: PathBuf::from("/s/stacks/j-0.fr.y/f.json"),
+            path: PathBuf::from("/s/stacks/j-0.fr.y"),
         };
         assert!(dumps.offer(req(1), Some(stack)));
         assert_eq!(

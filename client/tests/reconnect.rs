@@ -172,6 +172,18 @@ impl Agent for FakeAgent {
     ) -> Result<Response<pb::GetGoodputResponse>, Status> {
         Err(Status::unimplemented("fake"))
     }
+    async fn claim_job(
+        &self,
+        _: Request<pb::ClaimJobRequest>,
+    ) -> Result<Response<pb::ClaimJobResponse>, Status> {
+        Err(Status::unimplemented("fake"))
+    }
+    async fn release_job(
+        &self,
+        _: Request<pb::ReleaseJobRequest>,
+    ) -> Result<Response<pb::ReleaseJobResponse>, Status> {
+        Err(Status::unimplemented("fake"))
+    }
     type WatchIncidentsStream = tokio_stream::Empty<Result<pb::Incident, Status>>;
     async fn watch_incidents(
         &self,

@@ -191,6 +191,12 @@ impl AgentLink {
 /// while they stay the same: an agent restarted mid-job has them back
 /// within this.
 const PEERS_AGAIN: Duration = Duration::from_secs(10);
+/// How often the launcher renews its claim on the job: an agent forgets a
+/// claim unused for 7 days (`authz::OWNER_IDLE`), and a long job may make
+/// no other call that renews it.
+const CLAIM_AGAIN: Duration = Duration::from_secs(3600);
+/// How long ClaimJob may take.
+const CLAIM_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// A round's checkpoint peers: host id and agent.
 pub type CkptPeers = Vec<(String, crate::coord::CkptPeer)>;
@@ -261,6 +267,80 @@ pub async fn report_job_stop(
         Ok(Err(e)) => Err(e.message().to_owned()),
         Err(_) => Err(format!("no answer within {:?}", PROBE * 2)),
     }
+}
+
+/// Claims `job` for this launcher's user at the agent (ClaimJob), before
+/// anything of the job starts. Another user's job id is the end of the
+/// launcher ([`crate::exit::EXIT_JOB_OWNED`]), with the agent's words:
+/// who owns it and the way out. An agent from before ClaimJob, or one that
+/// does not answer, is said on the console and the job goes on: the agent
+/// still refuses another user's calls about a job the launcher's workers
+/// registered first.
+pub async fn claim(
+    client: &AgentClient<Channel>,
+    job: &str,
+    console: &crate::output::Console,
+) -> Result<(), crate::LauncherError> {
+    let mut c = client.clone();
+    let asked = c.claim_job(pb::ClaimJobRequest {
+        job_id: job.to_owned(),
+    });
+    match tokio::time::timeout(CLAIM_TIMEOUT, asked).await {
+        Ok(Ok(_)) => Ok(()),
+        Ok(Err(e)) if e.code() == tonic::Code::PermissionDenied => Err(
+            crate::LauncherError::JobOwned(format!("cannot run job {job:?}: {}", e.message())),
+        ),
+        Ok(Err(e)) if e.code() == tonic::Code::Unimplemented => {
+            console.say(format!(
+                "warning: this agent predates ClaimJob: job {job:?} is not claimed for this user before its workers start"
+            ));
+            Ok(())
+        }
+        Ok(Err(e)) => {
+            console.say(format!(
+                "warning: could not claim job {job:?} at the agent: {}; going on (the agent refuses other users' calls about a job once it is owned)",
+                e.message()
+            ));
+            Ok(())
+        }
+        Err(_) => {
+            console.say(format!(
+                "warning: the agent did not answer ClaimJob for {job:?} within {}; going on",
+                humantime::format_duration(CLAIM_TIMEOUT)
+            ));
+            Ok(())
+        }
+    }
+}
+
+/// Renews the claim on `job` every [`CLAIM_AGAIN`] until `stop`. A claim
+/// refused (an admin released the job and another user took the id) goes
+/// to `disowned`, once: the job then stops (the agent already sends this
+/// launcher no decision about a job it does not own).
+pub fn keep_claim(
+    client: AgentClient<Channel>,
+    job: String,
+    disowned: mpsc::UnboundedSender<String>,
+    stop: CancellationToken,
+) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                () = stop.cancelled() => return,
+                () = tokio::time::sleep(CLAIM_AGAIN) => {}
+            }
+            let mut c = client.clone();
+            let asked = c.claim_job(pb::ClaimJobRequest {
+                job_id: job.clone(),
+            });
+            if let Ok(Err(e)) = tokio::time::timeout(CLAIM_TIMEOUT, asked).await
+                && e.code() == tonic::Code::PermissionDenied
+            {
+                let _ = disowned.send(format!("renewing the claim was refused: {}", e.message()));
+                return;
+            }
+        }
+    })
 }
 
 /// Hands the current round's checkpoint peers to the agent again every

@@ -26,7 +26,8 @@ pub enum AgentMode {
     after_help = "Exit status: 0 all workers succeeded; a worker's own code when the agent \
                   diagnosed a user error (across hosts: on every host); 86 this node is at fault \
                   (cordon, scale-down, refused health gate, its etcd lease lost); 87 restart \
-                  budget or --max-restarts spent; 1 launcher error; 2 bad arguments; 128+N the launcher got signal N (130 SIGINT, 143 SIGTERM). \
+                  budget or --max-restarts spent; 88 no progress; 89 the job id belongs to another \
+                  user on this agent (pick another --rdzv-id, or an admin runs `warden release-job`); 1 launcher error; 2 bad arguments; 128+N the launcher got signal N (130 SIGINT, 143 SIGTERM). \
                   See docs/operations.md."
 )]
 pub struct RunArgs {

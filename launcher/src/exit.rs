@@ -9,6 +9,7 @@
 //! | 86 | this node is at fault (cordon, scale-down, refused health gate), or out of a multi-host job (its etcd lease lost): requeue elsewhere, drain the node |
 //! | 87 | a restart budget is spent (the policy's, or `--max-restarts`): the job keeps failing |
 //! | 88 | no progress: `--max-no-progress-restarts` failed attempts in a row did not advance the job's newest complete checkpoint (or, without one in the agent's tier, the step its ranks resumed from) |
+//! | 89 | the job id belongs to another user on this host's agent (ClaimJob refused; docs/security.md): nothing was started; pick another `--rdzv-id`, or have an admin release it (`warden release-job JOB`). Mid-run: another user owns the job now (its claim released and taken): the workers were stopped |
 //! | 1 | the launcher failed (could not start the workers or the agent), or a stop decision with no better status |
 //! | 2 | bad command line |
 //! | 128+N | the launcher got signal N (130 SIGINT, 143 SIGTERM, 129 SIGHUP) and stopped the workers |
@@ -27,6 +28,11 @@ pub const EXIT_USAGE: i32 = 2;
 /// budget of restarts per hour would let run on, told apart from a spent
 /// budget (87) so a scheduler does not requeue it as is.
 pub const EXIT_NO_PROGRESS: i32 = 88;
+/// The job id belongs to another user on this host's agent: nothing was
+/// started. Told apart from a node fault (86: requeue elsewhere) and a
+/// failed launcher (1): requeueing it as is fails the same way, and the
+/// other user's decisions about that id must never reach this job.
+pub const EXIT_JOB_OWNED: i32 = 89;
 
 /// The status of a launcher stopped by signal `sig` (the shell's 128+N).
 pub fn signalled(sig: i32) -> i32 {
@@ -82,6 +88,21 @@ pub struct AttemptRecord {
     /// Decisions that did not end it (an in-process restart the agent
     /// carried out, a `continue`), one line each.
     pub other_decisions: Vec<String>,
+    /// Workers that failed after their training ended (torch's teardown
+    /// abort at exit): not counted as failures, and why.
+    pub aborted_at_exit: Vec<AbortedAtExit>,
+}
+
+/// A worker that failed after its training had ended: the job ended with
+/// the training's result instead of restarting.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct AbortedAtExit {
+    /// Its global rank.
+    pub rank: u32,
+    /// How it ended (`signal 6 (SIGABRT)`).
+    pub status: String,
+    /// Why its training had ended (the sign the launcher read).
+    pub why: String,
 }
 
 /// An incident as the summary shows it.
@@ -202,6 +223,13 @@ impl Summary {
             }
             for d in &a.other_decisions {
                 let _ = writeln!(s, "[warden]   meanwhile: {d}");
+            }
+            for x in &a.aborted_at_exit {
+                let _ = writeln!(
+                    s,
+                    "[warden]   rank {} aborted at exit ({}), not counted as a failure: {}",
+                    x.rank, x.status, x.why
+                );
             }
             if let Some(r) = &a.restart {
                 let reg = r

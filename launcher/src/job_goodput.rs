@@ -4,12 +4,15 @@
 //! launcher copies its host's breakdown into etcd every [`EVERY`]
 //! (`crate::coord::reports`), so `warden goodput --etcd` shows the whole
 //! job live; when the job ends here it stores the final one, reads every
-//! host's, and prints and writes their sum ([`JOB_GOODPUT_FILE`]). The last
-//! host to finish sums every final report; an earlier one says which hosts
-//! were still running.
+//! host's, and prints and writes their sum ([`JOB_GOODPUT_FILE`]). A host
+//! whose peers are still running waits up to [`LATE_REPORTS`] for their
+//! final reports and writes the sum again as they arrive, so the file holds
+//! every host's final numbers however the launchers' ends interleave. A
+//! live copy never replaces a final report (`Reports::publish_live`).
 //!
 //! Never: hold the job up for etcd (the copies run on a task, the end is
-//! bounded by [`TIMEOUT`]), or fail the job over goodput.
+//! bounded by [`TIMEOUT`] per request and [`LATE_REPORTS`] in all), or fail
+//! the job over goodput.
 
 use std::path::Path;
 use std::time::Duration;
@@ -21,7 +24,9 @@ use warden_proto::v1 as pb;
 use warden_proto::v1::agent_client::AgentClient;
 
 use super::output::Console;
-use crate::coord::reports::Reports;
+use tokio::time::Instant;
+
+use crate::coord::reports::{Found, Reports};
 
 /// How often the host's live breakdown is copied into etcd.
 pub const EVERY: Duration = Duration::from_secs(10);
@@ -67,6 +72,8 @@ pub fn keep_published(
 ) -> JoinHandle<()> {
     tokio::spawn(async move {
         let mut reports: Option<Reports> = None;
+        // The key's mod revision after this task's last copy.
+        let mut after: Option<i64> = None;
         loop {
             tokio::select! {
                 () = stop.cancelled() => return,
@@ -80,30 +87,56 @@ pub fn keep_published(
                 Ok(Ok(r)) => r.into_inner().jobs.into_iter().next(),
                 _ => None,
             };
-            let Some(mine) = mine else { continue };
+            let Some(mut mine) = mine else { continue };
+            // A live copy is never a final report, whatever the ledger
+            // says of the moment (between two attempts no rank of the job
+            // is live here, and GetGoodput answers `open: false`): only
+            // the job's end here ([`finish`]) stores a closed one, which
+            // the other hosts' launchers wait for.
+            mine.open = true;
             if reports.is_none() {
                 reports = jw.reports().await.ok();
             }
-            if let Some(r) = &reports
-                && let Err(e) = r.publish(&jw.host, &mine).await
-            {
-                tracing::debug!(error = %e, "launcher: goodput not copied to etcd; next turn");
-                reports = None;
+            let Some(r) = &reports else { continue };
+            match r.publish_live(&jw.host, &mine, after).await {
+                Ok(Some(revision)) => after = Some(revision),
+                // The final report is in (the job ended here): never
+                // replace it with a live copy.
+                Ok(None) => return,
+                Err(e) => {
+                    tracing::debug!(error = %e, "launcher: goodput not copied to etcd; next turn");
+                    reports = None;
+                    // A copy that timed out may have landed: learn the
+                    // key's revision again before the next one.
+                    after = None;
+                }
             }
         }
     })
 }
 
 /// At the job's end here: stores this host's final breakdown (`mine`),
-/// sums every host's, prints the sum and writes it into `log_dir`.
+/// sums every host's, prints the sum and writes it into `log_dir`. When
+/// some hosts are still running and `wait` (the job ends on every host, not
+/// on this one alone), waits up to [`LATE_REPORTS`] for their final
+/// reports and writes the file again as they arrive: the hosts of a job
+/// end within moments of each other, and the last launcher to end may read
+/// before a peer's final report is in.
 pub async fn finish(
     jw: &JobWide,
     mine: Option<&pb::JobGoodput>,
     log_dir: &Path,
     console: &Console,
+    wait: bool,
 ) {
+    let reports = match jw.reports().await {
+        Ok(r) => r,
+        Err(e) => {
+            console.say(format!("no job-wide goodput: {e}"));
+            return;
+        }
+    };
     let summed = async {
-        let reports = jw.reports().await?;
         if let Some(m) = mine {
             reports.publish(&jw.host, m).await?;
         }
@@ -116,20 +149,40 @@ pub async fn finish(
             return;
         }
     };
+    show_job(&found, log_dir, console, false);
+    if !wait || found.running().is_empty() {
+        return;
+    }
+    let before = found.running().len();
+    let late = reports
+        .await_final(found, Instant::now() + LATE_REPORTS)
+        .await;
+    if late.running().len() < before {
+        show_job(&late, log_dir, console, true);
+    }
+}
+
+/// How long a launcher whose job ended waits for the other hosts' final
+/// goodput reports ([`finish`]).
+pub const LATE_REPORTS: Duration = Duration::from_secs(10);
+
+/// Prints the sum of `found`'s reports and writes it into `log_dir`
+/// (`again`: a rewrite after late reports arrived).
+fn show_job(found: &Found, log_dir: &Path, console: &Console, again: bool) {
     for b in &found.bad {
         console.say(format!("job-wide goodput: skipped {b}"));
     }
     let Some(job) = warden_agent::goodput::job_wide::merge(&found.reports) else {
         return;
     };
-    let running: Vec<&str> = found
-        .reports
-        .iter()
-        .filter(|(_, r)| r.open)
-        .map(|(h, _)| h.as_str())
-        .collect();
+    let running = found.running();
     console.say(format!(
-        "job-wide goodput, {} host{} ({}){}:",
+        "job-wide goodput{}, {} host{} ({}){}:",
+        if again {
+            " (updated: late final reports)"
+        } else {
+            ""
+        },
         job.hosts.len(),
         if job.hosts.len() == 1 { "" } else { "s" },
         job.hosts.join(", "),

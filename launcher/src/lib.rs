@@ -74,6 +74,9 @@ pub enum LauncherError {
     /// Signal handlers could not be installed.
     #[error("cannot install signal handlers: {0}")]
     Signals(std::io::Error),
+    /// Another user owns the job id on this host's agent.
+    #[error("{0}")]
+    JobOwned(String),
     /// The job could not be joined in etcd.
     #[error("cannot join the job in etcd: {0}")]
     Join(crate::coord::CoordError),
@@ -87,6 +90,7 @@ impl LauncherError {
     pub fn exit_code(&self) -> i32 {
         match self {
             LauncherError::Args(_) | LauncherError::EtcdAccess(_) => exit::EXIT_USAGE,
+            LauncherError::JobOwned(_) => exit::EXIT_JOB_OWNED,
             _ => exit::EXIT_LAUNCHER_ERROR,
         }
     }
@@ -163,9 +167,11 @@ async fn run_job(
         .clone()
         .unwrap_or_else(default_log_dir)
         .join(sanitize(&job_id));
-    std::fs::create_dir_all(&log_root).map_err(|source| LauncherError::LogDir {
+    // The launcher's own (0700, not a symlink, not another user's): with a
+    // shared --log-dir nobody else can plant a link where a log goes.
+    let logs = output::LogRoot::open(&log_root).map_err(|e| LauncherError::LogDir {
         dir: log_root.display().to_string(),
-        source,
+        source: std::io::Error::other(e),
     })?;
     let link = agent::AgentLink::open(
         args.agent,
@@ -175,6 +181,12 @@ async fn run_job(
     )
     .await?;
     console.say(link.describe());
+    // Before anything of the job starts: the job id must be this user's on
+    // the agent, or the decisions about it are someone else's.
+    if let Err(e) = agent::claim(&link.client, &job_id, console).await {
+        link.close().await;
+        return Err(e);
+    }
     let fallback_budget = args
         .max_restarts
         .unwrap_or(link.config.policy.unknown.budget);
@@ -211,6 +223,7 @@ async fn run_job(
         argv: args.argv(),
         cwd: std::env::current_dir().unwrap_or_else(|_| PathBuf::from("/")),
         log_root,
+        logs: std::sync::Arc::new(logs),
         nproc_per_node: args.nproc_per_node,
         nnodes: args.nnodes.max,
         node_rank: args.node_rank(),
@@ -234,6 +247,7 @@ async fn run_job(
     }
     let mut job_wide = None;
     let publishing = tokio_util::sync::CancellationToken::new();
+    let mut publisher = None;
     let summary = if etcd {
         if !args.rdzv_conf.ignored.is_empty() {
             console.say(format!(
@@ -302,21 +316,36 @@ async fn run_job(
         };
         console.say(coordinator.describe());
         if let Some(jw) = &job_wide {
-            job_goodput::keep_published(jw.clone(), link.client.clone(), publishing.clone());
+            publisher = Some(job_goodput::keep_published(
+                jw.clone(),
+                link.client.clone(),
+                publishing.clone(),
+            ));
         }
         supervise::run(job, &link, coordinator, console.clone(), &mut signals).await
     } else {
         supervise::run(job, &link, hosts::LocalOnly, console.clone(), &mut signals).await
     };
     publishing.cancel();
+    // The live copies end before the final report is written: a copy read
+    // from etcd after it (a retry learning the key's revision anew) would
+    // otherwise replace it.
+    if let Some(p) = publisher {
+        p.abort();
+        let _ = p.await;
+    }
     console.raw(summary.render());
     let mine = goodput(&link, &summary, console).await;
     if let Some(jw) = &job_wide {
+        // A host that leaves alone (a node fault, a signal) does not hold
+        // its exit for the others' reports.
+        let wait = summary.exit_code != exit::EXIT_NODE_FAULT && summary.exit_code < 128;
         job_goodput::finish(
             jw,
             mine.as_ref(),
             std::path::Path::new(&summary.log_dir),
             console,
+            wait,
         )
         .await;
     }
@@ -385,7 +414,9 @@ fn show_goodput(
     }
 }
 
-/// `--rdzv-id`, else `$WARDEN_JOB_ID`, else `<host>-<pid>`.
+/// `--rdzv-id`, else `$WARDEN_JOB_ID`, else `<host>-<16 random hex>`: an
+/// id nobody can guess, so nobody can claim it at the agent before this
+/// launcher does (docs/security.md, "Job ids").
 fn job_id(given: Option<&str>) -> String {
     if let Some(id) = given {
         return id.to_owned();
@@ -399,7 +430,10 @@ fn job_id(given: Option<&str>) -> String {
         .ok()
         .and_then(|h| h.into_string().ok())
         .unwrap_or_else(|| "localhost".into());
-    format!("{host}-{}", std::process::id())
+    let random = warden_core::fsafe::random_name("")
+        .map(|r| r.chars().take(16).collect::<String>())
+        .unwrap_or_else(|_| format!("{:x}", std::process::id()));
+    format!("{host}-{random}")
 }
 
 /// `$XDG_STATE_HOME/warden/runs`, else `~/.local/state/warden/runs`, else

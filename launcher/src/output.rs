@@ -7,7 +7,16 @@
 //! a console that stops reading (a paused pager, a full pipe) must not stall
 //! the supervisor or the embedded agent; lines it cannot take are dropped
 //! from the console only, counted, and said so. The log files get every byte.
+//!
+//! The log tree is the launcher's own ([`LogRoot`]): `<log-dir>/<job>` and
+//! each `attempt_<n>` are directories of the launcher's user, mode 0700,
+//! never a symlink (a shared `--log-dir` such as `/tmp/runs` is fine), and
+//! each log file is created `O_CREAT | O_EXCL | O_NOFOLLOW` relative to its
+//! directory's descriptor. A link or another user's file planted at a log's
+//! name is refused with a message naming it, never written through; the
+//! launcher's own file from an earlier run of the same job id is replaced.
 
+use std::fs::File;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -15,6 +24,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, SyncSender, TrySendError, sync_channel};
 
 use tokio::io::{AsyncRead, AsyncReadExt};
+use warden_core::fsafe::{self, Dir, FsError};
 
 /// Longest line kept whole; a longer run without a newline (a progress
 /// bar) is cut into lines of this size.
@@ -253,29 +263,21 @@ fn clip_tail(s: &str, max: usize) -> String {
 /// one stays for the worker's exit watch to read).
 pub type TracebackSink = tokio::sync::watch::Sender<Option<Traceback>>;
 
-/// Copies `reader` (a worker's stdout or stderr) to `file` and, prefixed
-/// with `prefix`, to the console, line by line, until the pipe closes (the
-/// worker and everything that inherited the pipe are gone). With `sink`,
-/// each traceback the lines complete is left there (the last one wins).
+/// Copies `reader` (a worker's stdout or stderr) to `file` (its log, None
+/// when it was refused: the console only) and, prefixed with `prefix`, to
+/// the console, line by line, until the pipe closes (the worker and
+/// everything that inherited the pipe are gone). With `sink`, each
+/// traceback the lines complete is left there (the last one wins).
 pub async fn pump(
     mut reader: impl AsyncRead + Unpin,
     stream: Stream,
     prefix: String,
-    file: PathBuf,
+    file: Option<File>,
     console: Console,
     sink: Option<TracebackSink>,
 ) {
     let mut scan = sink.as_ref().map(|_| TracebackScan::default());
-    let mut log = match std::fs::File::create(&file) {
-        Ok(f) => Some(std::io::BufWriter::new(f)),
-        Err(e) => {
-            console.say(format!(
-                "cannot write {}: {e}; this output goes to the console only",
-                file.display()
-            ));
-            None
-        }
-    };
+    let mut log = file.map(std::io::BufWriter::new);
     let mut buf = vec![0u8; 16 * 1024];
     let mut line: Vec<u8> = Vec::new();
     loop {
@@ -330,7 +332,119 @@ fn emit(console: &Console, stream: Stream, prefix: &str, line: &mut Vec<u8>) {
 
 /// The log file of local rank `rank`'s `stream` in `attempt_dir`.
 pub fn log_file(attempt_dir: &Path, rank: u32, stream: Stream) -> PathBuf {
-    attempt_dir.join(format!("rank_{rank}.{}.log", stream.as_str()))
+    attempt_dir.join(log_name(rank, stream))
+}
+
+fn log_name(rank: u32, stream: Stream) -> String {
+    format!("rank_{rank}.{}.log", stream.as_str())
+}
+
+/// Mode of the launcher's log directories: its user's alone.
+const LOG_DIR_MODE: u32 = 0o700;
+/// Mode of a log file.
+const LOG_FILE_MODE: u32 = 0o600;
+
+/// `<log-dir>/<job>`, opened as the launcher's own directory.
+#[derive(Debug)]
+pub struct LogRoot {
+    dir: Dir,
+}
+
+/// Why a log directory or file was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum LogError {
+    /// The directory or file is not the launcher's (a symlink, another
+    /// user's, a directory others may write...).
+    #[error("{0}")]
+    Refused(#[from] FsError),
+    /// Something already at a log file's name that is not the launcher's
+    /// own earlier log.
+    #[error(
+        "{path} exists and {why}: a file planted where a log goes is refused, never written through"
+    )]
+    Planted {
+        /// The log file's path.
+        path: String,
+        /// What is there.
+        why: String,
+    },
+}
+
+impl LogRoot {
+    /// Creates (mode 0700) or opens `path`, which must be a directory of
+    /// the launcher's user and not a symlink; its parents (`--log-dir`)
+    /// are created as needed and followed as the system resolves them.
+    pub fn open(path: &Path) -> Result<Self, LogError> {
+        Ok(Self {
+            dir: Dir::ensure(path, LOG_DIR_MODE)?,
+        })
+    }
+
+    /// Its path.
+    pub fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// The directory of attempt `n` (`attempt_<n>`, mode 0700), created
+    /// in this one through its descriptor; an existing one must be the
+    /// launcher's and not a symlink.
+    pub fn attempt(&self, n: u32) -> Result<AttemptLogs, LogError> {
+        Ok(AttemptLogs {
+            dir: self.dir.sub(&format!("attempt_{n}"), LOG_DIR_MODE, true)?,
+        })
+    }
+}
+
+/// One attempt's log directory, open.
+#[derive(Debug)]
+pub struct AttemptLogs {
+    dir: Dir,
+}
+
+impl AttemptLogs {
+    /// Its path.
+    pub fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// Creates local rank `rank`'s `stream` log (mode 0600) with
+    /// `O_CREAT | O_EXCL | O_NOFOLLOW`. Something already there is
+    /// replaced only when it is the launcher's own regular file with one
+    /// link (an earlier run of the same job id, or a replaced rank's);
+    /// anything else is refused.
+    pub fn create(&self, rank: u32, stream: Stream) -> Result<File, LogError> {
+        let name = log_name(rank, stream);
+        match self.dir.create_new(&name, LOG_FILE_MODE) {
+            Err(FsError::Io { source, .. })
+                if source.kind() == std::io::ErrorKind::AlreadyExists => {}
+            r => return Ok(r?),
+        }
+        let path = self.dir.path().join(&name).display().to_string();
+        let st = self.dir.stat(&name)?;
+        let planted = |why: String| LogError::Planted {
+            path: path.clone(),
+            why,
+        };
+        if st.st_mode & libc::S_IFMT == libc::S_IFLNK {
+            return Err(planted("is a symlink".into()));
+        }
+        if st.st_mode & libc::S_IFMT != libc::S_IFREG {
+            return Err(planted("is not a regular file".into()));
+        }
+        if st.st_uid != fsafe::me() {
+            return Err(planted(format!(
+                "is owned by uid {}, not by the launcher's uid {}",
+                st.st_uid,
+                fsafe::me()
+            )));
+        }
+        if st.st_nlink != 1 {
+            return Err(planted(format!("has {} hard links", st.st_nlink)));
+        }
+        // The launcher's own earlier log: its name goes, then a new file.
+        self.dir.remove(&name)?;
+        Ok(self.dir.create_new(&name, LOG_FILE_MODE)?)
+    }
 }
 
 /// The last `lines` lines of `file` (for a diagnosis: what the rank said
@@ -366,7 +480,7 @@ mod tests {
             input,
             Stream::Stdout,
             "[rank 0] ".into(),
-            file.clone(),
+            Some(File::create(&file).unwrap()),
             console,
             None,
         )
@@ -381,6 +495,51 @@ mod tests {
         );
         assert_eq!(std::fs::read(&file).unwrap(), input);
         assert_eq!(tail(&file, 2), ["two", "partial"]);
+    }
+
+    #[test]
+    fn a_planted_log_link_is_refused_and_an_earlier_log_replaced() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let root = LogRoot::open(&dir.path().join("job")).unwrap();
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode(root.path()), 0o700);
+        let attempt = root.attempt(0).unwrap();
+        assert_eq!(mode(attempt.path()), 0o700);
+        // A link where a log goes: refused, its target untouched.
+        let victim = dir.path().join("victim.txt");
+        std::fs::write(&victim, "precious").unwrap();
+        let log = attempt.path().join("rank_0.stdout.log");
+        std::os::unix::fs::symlink(&victim, &log).unwrap();
+        let e = attempt.create(0, Stream::Stdout).unwrap_err().to_string();
+        assert!(
+            e.contains("symlink") && e.contains("rank_0.stdout.log"),
+            "{e}"
+        );
+        assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious");
+        assert!(log.is_symlink());
+        // A hard link to another file: refused too.
+        let err = attempt.path().join("rank_0.stderr.log");
+        std::fs::hard_link(&victim, &err).unwrap();
+        let e = attempt.create(0, Stream::Stderr).unwrap_err().to_string();
+        assert!(e.contains("hard links"), "{e}");
+        assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious");
+        // The launcher's own earlier log (a rerun of the job id): replaced.
+        let mine = attempt.path().join("rank_1.stdout.log");
+        std::fs::write(&mine, "old run").unwrap();
+        let mut f = attempt.create(1, Stream::Stdout).unwrap();
+        f.write_all(b"new").unwrap();
+        assert_eq!(std::fs::read_to_string(&mine).unwrap(), "new");
+        assert_eq!(mode(&mine), 0o600);
+        // A log root that is a symlink is refused.
+        let link = dir.path().join("linked");
+        std::os::unix::fs::symlink(dir.path().join("job"), &link).unwrap();
+        assert!(
+            LogRoot::open(&link)
+                .unwrap_err()
+                .to_string()
+                .contains("symlink")
+        );
     }
 
     #[test]

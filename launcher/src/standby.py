@@ -17,9 +17,21 @@
 # the script runs as __main__; its SystemExit and uncaught exceptions end the
 # process as they would a cold one's. stdout and stderr were the rank's pipes
 # from the start.
-import json
-import os
+#
+# sys.path: `python -c` puts the working directory first (''), so a
+# `torch.py` (or `json.py`) planted in a shared working directory would run
+# as the job's user at the preload. The launcher sets PYTHONSAFEPATH (3.11+
+# then adds nothing); for older Pythons the entry is taken out here, before
+# any import that could be looked up there (sys is built in). The promoted
+# rank gets the directory a cold worker gets first: the script's, or the
+# working directory for -m.
 import sys
+
+if sys.path and sys.path[0] == "":
+    del sys.path[0]
+
+import json  # noqa: E402
+import os  # noqa: E402
 
 
 def _preload(spec):
@@ -87,11 +99,11 @@ def _main():
 
     if args[0] == "-m":
         sys.argv = [args[1], *args[2:]]
-        sys.path[0] = os.getcwd()
+        sys.path.insert(0, os.getcwd())
         runpy.run_module(args[1], run_name="__main__", alter_sys=True)
     else:
         sys.argv = list(args)
-        sys.path[0] = os.path.dirname(os.path.abspath(args[0]))
+        sys.path.insert(0, os.path.dirname(os.path.abspath(args[0])))
         runpy.run_path(args[0], run_name="__main__")
 
 

@@ -172,6 +172,12 @@ impl Standby {
             .env_remove(super::env::MARKER)
             .envs(env.iter().map(|(k, v)| (k, v)))
             .env(PRELOAD_ENV, preload)
+            // `python -c` puts the working directory first on sys.path: a
+            // module planted there would be imported at the preload, as
+            // the job's user. 3.11+ leaves it out with this; standby.py
+            // takes it out itself on older ones. The rank's own
+            // environment replaces this one at promotion.
+            .env("PYTHONSAFEPATH", "1")
             .current_dir(cwd)
             .stdin(Stdio::from(OwnedFd::from(theirs)));
         let process = spawn::start_in_session(cmd, &entry.python)?;
@@ -383,6 +389,46 @@ mod tests {
         let pid = idle.pid();
         idle.discard().await.unwrap();
         assert!(!Path::new(&format!("/proc/{pid}")).exists());
+    }
+
+    /// The standby's program takes the working directory off `sys.path`
+    /// itself (a Python older than 3.11 ignores PYTHONSAFEPATH): modules
+    /// planted there (`json`, imported by the program; `torch`, preloaded)
+    /// are not imported, while `python -c` alone would import them.
+    #[test]
+    fn modules_planted_in_the_working_directory_are_not_imported() {
+        let Ok(python) = which("python3") else {
+            return;
+        };
+        let dir = tempfile::tempdir().unwrap();
+        for m in ["json", "torch"] {
+            let marker = dir.path().join(format!("{m}.ran"));
+            std::fs::write(
+                dir.path().join(format!("{m}.py")),
+                format!("open({:?}, 'w').close()\n", marker.display().to_string()),
+            )
+            .unwrap();
+        }
+        let run = |program: &str| {
+            std::process::Command::new(&python)
+                .args(["-c", program])
+                .env_remove("PYTHONSAFEPATH")
+                .env_remove("PYTHONPATH")
+                .env(PRELOAD_ENV, "torch?")
+                .current_dir(dir.path())
+                .stdin(Stdio::null())
+                .stderr(Stdio::null())
+                .status()
+                .unwrap()
+        };
+        // The standby: no orders can come on /dev/null, so it ends after
+        // its imports and preload.
+        run(SOURCE);
+        assert!(!dir.path().join("json.ran").exists(), "json.py ran");
+        assert!(!dir.path().join("torch.ran").exists(), "torch.py ran");
+        // The plant works on a plain `python -c` (what the standby was).
+        run("import json");
+        assert!(dir.path().join("json.ran").exists());
     }
 
     /// A module run with `-m` gets its package's path and `sys.argv`; an

@@ -79,6 +79,10 @@ use super::spawn::{self, Exit};
 use super::standby::{self, Standby};
 use super::zero_code;
 
+/// How long an exit waits for the agent's word that the worker's client
+/// deregistered ([`Sup::await_deregistration`]).
+const DEREGISTRATION_GRACE: Duration = Duration::from_secs(1);
+
 /// How long exited workers stay zombies, at most, waiting for the agent to
 /// report them (it reads their status from the zombie).
 const REAP_WAIT: Duration = Duration::from_secs(1);
@@ -132,6 +136,9 @@ pub struct Job {
     pub cwd: PathBuf,
     /// `<log-dir>/<job>`.
     pub log_root: PathBuf,
+    /// The same, open: the launcher's own directory, where each attempt's
+    /// directory and log files are made ([`output::LogRoot`]).
+    pub logs: std::sync::Arc<output::LogRoot>,
     /// Workers on this node.
     pub nproc_per_node: u32,
     /// Nodes in the job.
@@ -196,8 +203,8 @@ impl Signals {
 #[derive(Debug, Clone)]
 struct AttemptEnv {
     wenv: WorkerEnv,
-    /// The attempt's log directory.
-    dir: PathBuf,
+    /// The attempt's log directory, open (its log files are made there).
+    logs: std::sync::Arc<output::AttemptLogs>,
     host: String,
     /// Tags the attempt's exits.
     generation: u64,
@@ -229,6 +236,7 @@ enum Ev {
     Seen,
     SeenClosed,
     Signal(i32),
+    Disowned(String),
     Remote(Remote),
     Replenish,
     Imports,
@@ -261,6 +269,13 @@ pub async fn run<C: Coordinator>(
     let (exits_tx, exits_rx) = mpsc::unbounded_channel();
     let (peers_tx, peers_rx) = watch::channel(Vec::new());
     agent::keep_peers(link.client.clone(), job.id.clone(), peers_rx, stop.clone());
+    let (disowned_tx, disowned_rx) = mpsc::unbounded_channel();
+    agent::keep_claim(
+        link.client.clone(),
+        job.id.clone(),
+        disowned_tx.clone(),
+        stop.clone(),
+    );
     let now = Now::read();
     let limits = Limits {
         max_restarts: job.max_restarts,
@@ -287,6 +302,8 @@ pub async fn run<C: Coordinator>(
         decisions_open: true,
         exits_tx,
         exits_rx,
+        disowned_tx,
+        disowned_rx,
         peers_tx,
         state: JobState::new(limits, now),
         workers: Vec::new(),
@@ -343,6 +360,12 @@ struct Sup<'a, C> {
     decisions_open: bool,
     exits_tx: mpsc::UnboundedSender<ExitNote>,
     exits_rx: mpsc::UnboundedReceiver<ExitNote>,
+    /// The agent's refusals of this launcher's calls about its job because
+    /// another uid owns it now (a worker's registration, the claim's
+    /// renewal): the machine stops the job on the first
+    /// ([`Input::Disowned`]).
+    disowned_tx: mpsc::UnboundedSender<String>,
+    disowned_rx: mpsc::UnboundedReceiver<String>,
     /// The current round's checkpoint peers, handed to the agent again
     /// now and then ([`agent::keep_peers`]).
     peers_tx: watch::Sender<agent::CkptPeers>,
@@ -396,6 +419,25 @@ impl<C: Coordinator> Sup<'_, C> {
         }
     }
 
+    /// For a failed worker whose client registered and whose clean
+    /// deregistration the launcher has not heard of: waits a moment for it.
+    /// The client's DeregisterRank returns before the process goes on to
+    /// its teardown, so the agent has it when the process dies, but the
+    /// agent's event can reach the launcher after the exit does; without
+    /// the wait, a rank that closed and then aborted in torch's teardown
+    /// would read as one that died in its training and restart a finished
+    /// job. Only failures without a traceback wait (at most
+    /// [`DEREGISTRATION_GRACE`]), and only when a client registered.
+    async fn await_deregistration(&mut self, pid: u32) {
+        let waiting = |s: &Seen| s.self_registered.contains(&pid) && !s.deregistered.contains(&pid);
+        if !self.seen_open || !waiting(&self.seen.borrow()) {
+            return;
+        }
+        let mut seen = self.seen.clone();
+        let wait = seen.wait_for(|s| !waiting(s));
+        let _ = tokio::time::timeout(DEREGISTRATION_GRACE, wait).await;
+    }
+
     /// The next input from the world, as far as the machine listens; None
     /// for what only changes the executor (a stream closed).
     async fn next_input(&mut self) -> Option<Input> {
@@ -411,6 +453,7 @@ impl<C: Coordinator> Sup<'_, C> {
         }
         let ev = tokio::select! {
             Some(n) = self.exits_rx.recv() => Ev::Exit(n),
+            Some(why) = self.disowned_rx.recv() => Ev::Disowned(why),
             d = self.decisions.recv(), if self.decisions_open => match d {
                 Some(i) => Ev::Decision(Box::new(i)),
                 None => Ev::DecisionsClosed,
@@ -424,10 +467,18 @@ impl<C: Coordinator> Sup<'_, C> {
         };
         match ev {
             Ev::Exit(n) => {
-                let seen = self.seen.borrow();
                 let pid = u32::try_from(n.pid).ok();
+                let failed = !n.exit.is_some_and(Exit::success);
+                if failed
+                    && n.traceback.is_none()
+                    && let Some(p) = pid
+                {
+                    self.await_deregistration(p).await;
+                }
+                let seen = self.seen.borrow();
                 let registered = pid.is_some_and(|p| seen.registered.contains_key(&p));
                 let deregistered = pid.is_some_and(|p| seen.deregistered.contains(&p));
+                let client = pid.is_some_and(|p| seen.self_registered.contains(&p));
                 Some(Input::WorkerExit(WorkerExit {
                     generation: n.generation,
                     rank: n.rank,
@@ -435,6 +486,7 @@ impl<C: Coordinator> Sup<'_, C> {
                     exit: n.exit,
                     registered,
                     deregistered,
+                    client,
                     traceback: n.traceback,
                 }))
             }
@@ -459,6 +511,7 @@ impl<C: Coordinator> Sup<'_, C> {
                 None
             }
             Ev::Signal(sig) => Some(Input::Signal(sig)),
+            Ev::Disowned(why) => Some(Input::Disowned(why)),
             Ev::Remote(d) => Some(Input::Round(d)),
             Ev::Replenish => {
                 self.replenish_at = None;
@@ -624,10 +677,13 @@ impl<C: Coordinator> Sup<'_, C> {
                 error: None,
             }));
         };
-        let dir = self.job.log_root.join(format!("attempt_{n}"));
-        if let Err(e) = std::fs::create_dir_all(&dir) {
-            return Input::StartFailed(format!("cannot create {}: {e}", dir.display()));
-        }
+        let logs = match self.job.logs.attempt(n) {
+            Ok(l) => std::sync::Arc::new(l),
+            Err(e) => {
+                return Input::StartFailed(format!("the attempt's log directory: {e}"));
+            }
+        };
+        let dir = logs.path().to_owned();
         let wenv = WorkerEnv {
             job_id: self.job.id.clone(),
             nproc_per_node: self.job.nproc_per_node,
@@ -653,7 +709,7 @@ impl<C: Coordinator> Sup<'_, C> {
             .unwrap_or_default();
         let at_env = AttemptEnv {
             wenv: wenv.clone(),
-            dir: dir.clone(),
+            logs,
             host,
             generation,
         };
@@ -733,15 +789,24 @@ impl<C: Coordinator> Sup<'_, C> {
     ) {
         let rank = at.wenv.global_rank(local);
         let generation = at.generation;
-        let dir = &at.dir;
         let mut pumps = Vec::new();
         let prefix = format!("[rank {rank}] ");
+        let log = |stream| match at.logs.create(rank, stream) {
+            Ok(f) => Some(f),
+            Err(e) => {
+                self.console.say(format!(
+                    "rank {rank}: not writing its {} log: {e}; this output goes to the console only",
+                    stream.as_str()
+                ));
+                None
+            }
+        };
         if let Some(out) = s.stdout.take() {
             pumps.push(tokio::spawn(output::pump(
                 out,
                 Stream::Stdout,
                 prefix.clone(),
-                output::log_file(dir, rank, Stream::Stdout),
+                log(Stream::Stdout),
                 self.console.clone(),
                 None,
             )));
@@ -753,7 +818,7 @@ impl<C: Coordinator> Sup<'_, C> {
                 err,
                 Stream::Stderr,
                 prefix,
-                output::log_file(dir, rank, Stream::Stderr),
+                log(Stream::Stderr),
                 self.console.clone(),
                 Some(sink.clone()),
             );
@@ -776,6 +841,7 @@ impl<C: Coordinator> Sup<'_, C> {
         };
         let client = self.client.clone();
         let console = self.console.clone();
+        let disowned = self.disowned_tx.clone();
         tokio::spawn(zero_code::report_tracebacks(
             client.clone(),
             id.clone(),
@@ -788,10 +854,20 @@ impl<C: Coordinator> Sup<'_, C> {
             // imports warden is still watched (zero-code mode); one
             // that does registers again itself, seconds later, and its
             // client's registration takes over.
-            if let Err(e) = zero_code::register(&client, &id).await {
-                console.say(format!(
-                    "could not register rank {rank} (pid {pid}) with the agent: {e}; it is watched by the launcher only"
-                ));
+            match zero_code::register(&client, &id).await {
+                Ok(()) => {}
+                // Another user owns the job at the agent now: the job
+                // stops rather than run on, unwatched.
+                Err(e) if e.code() == tonic::Code::PermissionDenied => {
+                    let _ = disowned.send(format!(
+                        "registering rank {rank} (pid {pid}) was refused: {}",
+                        e.message()
+                    ));
+                }
+                Err(e) => console.say(format!(
+                    "could not register rank {rank} (pid {pid}) with the agent: {}; it is watched by the launcher only",
+                    e.message()
+                )),
             }
             let exit = spawn::exited(pid, &pidfd).await;
             // What its stderr said last, once the pipe closed (the

@@ -67,10 +67,12 @@ impl WorkerId {
     }
 }
 
-/// Registers `w` with the agent on its behalf. Err: why not, for the
-/// console (the job runs on; the agent then cannot diagnose the worker's
-/// failure and the launcher decides alone, as before).
-pub async fn register(client: &AgentClient<Channel>, w: &WorkerId) -> Result<(), String> {
+/// Registers `w` with the agent on its behalf. Err: the agent's status;
+/// PERMISSION_DENIED means another user owns the job at the agent now (the
+/// launcher then stops the job); anything else is said on the console and
+/// the job runs on (the agent then cannot diagnose the worker's failure and
+/// the launcher decides alone, as before).
+pub async fn register(client: &AgentClient<Channel>, w: &WorkerId) -> Result<(), tonic::Status> {
     let req = pb::RegisterRankRequest {
         job_id: w.job.clone(),
         global_rank: w.rank,
@@ -88,11 +90,11 @@ pub async fn register(client: &AgentClient<Channel>, w: &WorkerId) -> Result<(),
         Ok(Ok(_)) => Ok(()),
         // The worker's client was first: its registration stands.
         Ok(Err(s)) if s.code() == tonic::Code::AlreadyExists => Ok(()),
-        Ok(Err(s)) => Err(s.message().to_owned()),
-        Err(_) => Err(format!(
+        Ok(Err(s)) => Err(s),
+        Err(_) => Err(tonic::Status::deadline_exceeded(format!(
             "no answer within {}",
             humantime::format_duration(CALL_TIMEOUT)
-        )),
+        ))),
     }
 }
 

@@ -14,6 +14,7 @@
  *   gpuN.recovery_action=A  field NVML_FI_DEV_GET_GPU_RECOVERY_ACTION (230);
  *                           unset: the field is NOT_SUPPORTED (a pre-r570 driver)
  *   gpuN.register_error=E   nvmlDeviceRegisterEvents on GPU N fails with E (3: not supported)
+ *   gpuN.pids=P1,P2,...     processes with a compute context on GPU N (at most 64)
  *   xid.S=N,CODE            XID CODE on GPU N, delivered once, in order of S, to a
  *                           set GPU N is registered on (else skipped)
  *
@@ -119,6 +120,59 @@ nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvmlDevice_t *dev
 nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t d, unsigned int *index) {
     if (!d) return INVALID_ARG;
     *index = (unsigned int)d->index;
+    return OK;
+}
+
+/* The raw text of `key`'s value (up to the end of its line), or NULL. */
+static const char *raw(const char *key) {
+    const char *text = state_text();
+    if (!text) return NULL;
+    size_t n = strlen(key);
+    const char *found = NULL;
+    for (const char *line = text; *line;) {
+        if (strncmp(line, key, n) == 0 && line[n] == '=') found = line + n + 1;
+        const char *next = strchr(line, '\n');
+        if (!next) break;
+        line = next + 1;
+    }
+    return found;
+}
+
+typedef struct {
+    unsigned int pid;
+    unsigned long long usedGpuMemory;
+    unsigned int gpuInstanceId;
+    unsigned int computeInstanceId;
+} nvmlProcessInfo_t;
+
+/* As NVML: with too small a buffer (or none), the count and INSUFFICIENT_SIZE. */
+nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t d, unsigned int *count,
+                                                     nvmlProcessInfo_t *infos) {
+    CHECK(d);
+    if (!count) return INVALID_ARG;
+    char key[64];
+    snprintf(key, sizeof key, "gpu%d.pids", d->index);
+    unsigned int pids[64];
+    unsigned int n = 0;
+    const char *v = raw(key);
+    while (v && *v && *v != '\n' && n < 64) {
+        char *end;
+        unsigned long p = strtoul(v, &end, 10);
+        if (end == v) break;
+        pids[n++] = (unsigned int)p;
+        v = (*end == ',') ? end + 1 : end;
+    }
+    if (!infos || *count < n) {
+        *count = n;
+        return n ? INSUFFICIENT_SIZE : OK;
+    }
+    for (unsigned int i = 0; i < n; i++) {
+        infos[i].pid = pids[i];
+        infos[i].usedGpuMemory = 1ULL << 30;
+        infos[i].gpuInstanceId = 0xFFFFFFFFu;
+        infos[i].computeInstanceId = 0xFFFFFFFFu;
+    }
+    *count = n;
     return OK;
 }
 

@@ -11,10 +11,17 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod agent_setup;
 mod authz;
+mod belief;
 mod files;
 mod floods;
+mod gates;
+mod launcher_files;
+mod output;
+mod ownership;
 mod slots;
+mod state_files;
 mod tls;
 
 /// Every attack a test may run as another user: `("area.what", fn)`.
@@ -31,6 +38,30 @@ const ATTACKS: &[(&str, common::users::Attack)] = &[
     ("floods.ranks", floods::attack_ranks),
     ("floods.rank_holder", floods::attack_rank_holder),
     ("floods.requests", floods::attack_requests),
+    ("output.escapes", output::attack_escapes),
+    ("belief.fake_crashes", belief::attack_fake_crashes),
+    ("belief.stop_flood", belief::attack_stop_flood),
+    ("gates.gate", gates::attack_gates),
+    ("gates.stop_flood", gates::attack_stop_flood),
+    ("gates.cycles", gates::attack_cycles),
+    ("gates.claims", gates::attack_claims),
+    ("ownership.squat", ownership::attack_squat),
+    ("ownership.running", ownership::attack_running),
+    ("ownership.take_over", ownership::attack_take_over),
+    (
+        "launcher_files.plant_logs",
+        launcher_files::attack_plant_logs,
+    ),
+    (
+        "launcher_files.plant_modules",
+        launcher_files::attack_plant_modules,
+    ),
+    ("setup.nvhcd", agent_setup::attack_nvhcd),
+    ("state.flight", state_files::attack_flight),
+    ("state.fill", state_files::attack_fill),
+    ("state.staging_grow", state_files::attack_staging_grow),
+    ("state.claims", state_files::attack_claims),
+    ("state.save", state_files::attack_save),
 ];
 
 /// Does nothing in a normal run; in a process started by

@@ -17,7 +17,10 @@
 //!   memory of its own processes, so telling two of its jobs apart would
 //!   protect nothing.
 //! - **everyone who can open the socket** (its mode and group): the read
-//!   calls.
+//!   calls; ClaimJob for a job no other uid owns (refused to admins too
+//!   while another uid holds it: a launcher must never run a job whose
+//!   decisions another user can make); WatchIncidents about its own jobs
+//!   only (the stream a launcher carries out).
 //!
 //! Owners are persisted in the state directory, so an agent restart does not
 //! let a stranger claim a running job (and be handed its checkpoint
@@ -26,7 +29,19 @@
 //! [`warden_core::fsafe`]: read with `O_NOFOLLOW` relative to the state
 //! directory's descriptor, replaced through a random new name renamed over
 //! it; a symlink at its name is refused (logged), never read nor written
-//! through, and owners are then claimed afresh and held in memory.
+//! through.
+//!
+//! Damaged state fails closed: an owners file that exists but cannot be
+//! read or does not parse (truncated by a full disk, edited by hand, a
+//! symlink) holds claims nobody can read any more, so no claim is
+//! trusted and none is made: every call that needs a job's owner is
+//! refused for non-admins (FAILED_PRECONDITION, naming the file and what
+//! an admin does), the file is never overwritten (it is the evidence), and
+//! component `state/job_owners` is DEGRADED with the same words. Admins
+//! still act (without claiming). The file is read again, at most once a
+//! second, on the next call that needs it: once an admin has repaired it
+//! (valid JSON) or removed it (every job is then claimed afresh by its
+//! next caller), claims resume without a restart.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -38,6 +53,12 @@ use tonic::Status;
 
 use super::caller::LocalPeer;
 use warden_core::fsafe::{self, Dir, FsError};
+use warden_core::health::{ComponentReport, Reason, Status as Health, reporter::Reporter};
+
+/// The component that says whether job claims are open.
+pub const COMPONENT: &str = "state/job_owners";
+/// The least time between two reads of a damaged owners file.
+const RECHECK: Duration = Duration::from_secs(1);
 
 /// Mode of the job owners file.
 const OWNERS_MODE: u32 = 0o600;
@@ -62,8 +83,17 @@ pub enum Rule {
     /// The job's owner, or an admin.
     JobOwner,
     /// An admin, or the owner of a job known here (a launcher's
-    /// pre-restart health gate).
+    /// pre-restart health gate); with a job named, its owner or an admin.
     AdminOrAnyOwner,
+    /// Anyone who can open the socket, about a job no other uid owns: the
+    /// caller becomes its owner. Refused for admins too when another uid
+    /// holds the job: a launcher must never run a job whose decisions
+    /// another user can make (an admin releases the job first).
+    Claim,
+    /// Anyone who can open the socket, about the jobs its uid owns: a
+    /// job owned by another uid is refused, and a stream carries only the
+    /// caller's own jobs (a launcher acts on what it is sent).
+    Owned,
 }
 
 impl Rule {
@@ -76,8 +106,10 @@ impl Rule {
                 "the job's owner (the uid that first used the job on this agent) or an admin"
             }
             Rule::AdminOrAnyOwner => {
-                "an admin, or the owner of a job on this agent (a launcher gating its own restart)"
+                "an admin, or the owner of a job on this agent (a launcher gating its own restart); with a job named, that job's owner or an admin"
             }
+            Rule::Claim => "a job no other uid owns on this agent (admins included)",
+            Rule::Owned => "the caller's own jobs (the uid that owns them on this agent)",
         }
     }
 }
@@ -86,13 +118,16 @@ impl Rule {
 pub fn rule_of(method: &str) -> Rule {
     match method {
         "GetNodeHealth" | "WatchHealth" | "ListEvents" | "WatchEvents" | "GetAgentInfo"
-        | "GetRanks" | "GetIncidents" | "WatchIncidents" | "GetStragglers" | "ListCheckpoints"
-        | "GetGoodput" => Rule::Read,
+        | "GetRanks" | "GetIncidents" | "GetStragglers" | "ListCheckpoints" | "GetGoodput" => {
+            Rule::Read
+        }
+        "WatchIncidents" => Rule::Owned,
+        "ClaimJob" => Rule::Claim,
         "RegisterRank" | "DeregisterRank" | "ReportException" | "Control" | "AckControl"
         | "BeginShard" | "CommitShard" | "Restore" | "StopRanks" | "ReportJobStop"
         | "RequestRestart" | "SetCheckpointPeers" | "CloseGoodput" => Rule::JobOwner,
         "RunHealthGate" => Rule::AdminOrAnyOwner,
-        // Uncordon, and anything not listed (a new call is admin-only until
+        // Uncordon, ReleaseJob, and anything not listed (a new call is admin-only until
         // someone decides otherwise).
         _ => Rule::Admin,
     }
@@ -117,6 +152,14 @@ pub struct Authz {
     file: Option<(Dir, String)>,
     /// The owners file (for messages).
     path: PathBuf,
+    /// Why the owners file cannot be trusted (damaged, unreadable,
+    /// refused), and when it was last read; None: claims are open.
+    damaged: Mutex<Option<(String, std::time::Instant)>>,
+    /// Whether `damaged` is set, read without its lock by [`Authz::save`]
+    /// (called with the owners locked; `damaged` is taken before them).
+    closed: std::sync::atomic::AtomicBool,
+    /// Where the `state/job_owners` component is reported, once attached.
+    health: std::sync::OnceLock<Reporter>,
 }
 
 fn now_unix() -> u64 {
@@ -142,19 +185,13 @@ impl Authz {
                 None
             }
         };
-        let read = file.as_ref().map(|(dir, name)| dir.read(name));
-        let owners = match read {
-            None => BTreeMap::new(),
-            Some(Ok(bytes)) => serde_json::from_slice(&bytes).unwrap_or_else(|e| {
-                tracing::warn!(path = %path.display(), error = %e,
-                    "job owners file does not parse; owners will be claimed afresh");
-                BTreeMap::new()
-            }),
-            Some(Err(e)) if e.is_not_found() => BTreeMap::new(),
-            Some(Err(e)) => {
-                tracing::warn!(error = %e,
-                    "cannot read the job owners file; owners will be claimed afresh");
-                BTreeMap::new()
+        let (owners, damaged) = match file.as_ref().map(|(dir, name)| load(dir, name)) {
+            None => (BTreeMap::new(), None),
+            Some(Ok(o)) => (o, None),
+            Some(Err(why)) => {
+                tracing::error!(path = %path.display(), error = %why,
+                    "job owners file is damaged: job claims are refused until an admin repairs or removes it");
+                (BTreeMap::new(), Some((why, std::time::Instant::now())))
             }
         };
         Self {
@@ -163,6 +200,100 @@ impl Authz {
             owners: Mutex::new(owners),
             file,
             path,
+            closed: std::sync::atomic::AtomicBool::new(damaged.is_some()),
+            damaged: Mutex::new(damaged),
+            health: std::sync::OnceLock::new(),
+        }
+    }
+
+    /// Reports component `state/job_owners` through `reporter` from now
+    /// on: at once while claims are refused (an agent whose file reads
+    /// adds no component), and OK once an admin has repaired it.
+    pub fn attach_health(&self, reporter: Reporter) {
+        let _ = self.health.set(reporter);
+        let damaged = self
+            .damaged
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_some();
+        if damaged {
+            self.report();
+        }
+    }
+
+    fn report(&self) {
+        let Some(r) = self.health.get() else { return };
+        let why = self
+            .damaged
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+            .map(|(w, _)| w.clone());
+        let mut c = ComponentReport {
+            id: COMPONENT.into(),
+            kind: "state".into(),
+            labels: BTreeMap::from([("path".to_owned(), self.path.display().to_string())]),
+            status_override: None,
+            reasons: Vec::new(),
+        };
+        if let Some(why) = why {
+            c.reasons.push(Reason {
+                status: Health::Degraded,
+                signal: "state.damaged".into(),
+                value: String::new(),
+                threshold: String::new(),
+                window: String::new(),
+                since: SystemTime::now(),
+                message: self.damage_message(&why),
+            });
+        }
+        r.apply(c);
+    }
+
+    /// What a refused caller and `warden health` are told.
+    fn damage_message(&self, why: &str) -> String {
+        format!(
+            "job owners file {} is damaged ({why}): job claims are refused until an admin \
+             repairs it (valid JSON, as the agent writes it) or removes it (every job is then \
+             claimed afresh by its next caller); the agent reads it again on the next call",
+            self.path.display()
+        )
+    }
+
+    /// Why claims are refused, if they are: reads a damaged file again
+    /// (at most once per [`RECHECK`]) and lifts the refusal once it reads
+    /// or is gone.
+    fn refusal(&self) -> Option<String> {
+        let why = {
+            let mut d = self.damaged.lock().unwrap_or_else(|p| p.into_inner());
+            let (why, at) = d.as_mut()?;
+            if at.elapsed() < RECHECK {
+                return Some(self.damage_message(why));
+            }
+            *at = std::time::Instant::now();
+            let (dir, name) = self.file.as_ref()?;
+            match load(dir, name) {
+                Ok(owners) => {
+                    *self.lock() = owners;
+                    *d = None;
+                    self.closed
+                        .store(false, std::sync::atomic::Ordering::Release);
+                    None
+                }
+                Err(now) => {
+                    *why = now;
+                    Some(why.clone())
+                }
+            }
+        };
+        match why {
+            Some(why) => Some(self.damage_message(&why)),
+            None => {
+                tracing::info!(path = %self.path.display(),
+                    "job owners file repaired or removed by an admin: job claims resume");
+                self.report();
+                None
+            }
         }
     }
 
@@ -192,11 +323,35 @@ impl Authz {
                 rule.describe()
             )))
         };
+        if matches!(rule, Rule::JobOwner | Rule::AdminOrAnyOwner | Rule::Claim)
+            && let Some(why) = self.refusal()
+        {
+            if admin {
+                tracing::debug!(job, caller = %peer, call, "admin acts while job claims are refused");
+                return Ok(());
+            }
+            return Err(Status::failed_precondition(format!(
+                "{call} refused for {peer}: {why}"
+            )));
+        }
         match rule {
             Rule::Read => Ok(()),
             Rule::Admin if admin => Ok(()),
             Rule::Admin => deny("the caller is not an admin".into()),
             Rule::AdminOrAnyOwner if admin => Ok(()),
+            Rule::AdminOrAnyOwner if !job.is_empty() => {
+                check_job_id(call, job)?;
+                match self.owner(job) {
+                    Some(uid) if uid == peer.uid => {
+                        self.touch(job);
+                        Ok(())
+                    }
+                    Some(uid) => deny(owned_by(job, uid)),
+                    None => deny(format!(
+                        "nobody owns job {job:?} on this agent; a gate's verdict is attached only to a job the caller owns"
+                    )),
+                }
+            }
             Rule::AdminOrAnyOwner => {
                 if self.lock().values().any(|o| o.uid == peer.uid) {
                     Ok(())
@@ -204,23 +359,53 @@ impl Authz {
                     deny("the caller is not an admin and owns no job here".into())
                 }
             }
-            Rule::JobOwner if job.is_empty() => Ok(()),
-            Rule::JobOwner if job.len() > MAX_JOB_ID || job.chars().any(char::is_control) => {
-                Err(Status::invalid_argument(format!(
-                    "{call}: job_id must be at most {MAX_JOB_ID} bytes without control characters"
-                )))
-            }
-            Rule::JobOwner => match self.claim(job, peer.uid, admin) {
-                Ok(()) => Ok(()),
-                Err(Refusal::Owned(uid)) if admin => {
-                    tracing::debug!(job, owner = uid, caller = %peer, call, "admin acts on a job it does not own");
-                    Ok(())
+            Rule::Owned if job.is_empty() => Ok(()),
+            Rule::Owned => {
+                check_job_id(call, job)?;
+                match self.owner(job) {
+                    Some(uid) if uid != peer.uid => deny(owned_by(job, uid)),
+                    _ => Ok(()),
                 }
-                Err(Refusal::Owned(uid)) => deny(format!("job {job:?} belongs to uid {uid}")),
-                Err(Refusal::TooMany(n)) => Err(Status::resource_exhausted(format!(
-                    "{call} refused for {peer}: it already owns {n} jobs on this agent, the most one uid may (jobs are released when their launcher closes them)"
-                ))),
-            },
+            }
+            Rule::Claim if job.is_empty() => Err(Status::invalid_argument(format!(
+                "{call}: job_id is required"
+            ))),
+            Rule::Claim => {
+                check_job_id(call, job)?;
+                match self.claim(job, peer.uid, admin) {
+                    Ok(()) => Ok(()),
+                    Err(Refusal::Owned(uid)) => deny(owned_by(job, uid)),
+                    Err(Refusal::TooMany(n)) => Err(too_many(call, peer, n)),
+                }
+            }
+            Rule::JobOwner if job.is_empty() => Ok(()),
+            Rule::JobOwner => {
+                check_job_id(call, job)?;
+                match self.claim(job, peer.uid, admin) {
+                    Ok(()) => Ok(()),
+                    Err(Refusal::Owned(uid)) if admin => {
+                        tracing::debug!(job, owner = uid, caller = %peer, call, "admin acts on a job it does not own");
+                        Ok(())
+                    }
+                    Err(Refusal::Owned(uid)) => deny(owned_by(job, uid)),
+                    Err(Refusal::TooMany(n)) => Err(too_many(call, peer, n)),
+                }
+            }
+        }
+    }
+
+    /// Whether records of `job` may go to a stream of `uid`'s
+    /// ([`Rule::Owned`]): only while `uid` owns the job, so no decision of a
+    /// job another user holds reaches a launcher, even one whose claim
+    /// lapsed or was released mid-run.
+    pub fn owns(&self, uid: u32, job: &str) -> bool {
+        self.owner(job) == Some(uid)
+    }
+
+    /// Refreshes the claim on `job` (its last use is now).
+    fn touch(&self, job: &str) {
+        if let Some(o) = self.lock().get_mut(job) {
+            o.used = now_unix();
         }
     }
 
@@ -256,17 +441,24 @@ impl Authz {
         Ok(())
     }
 
-    /// Forgets the owner of `job` (its launcher closed it).
-    pub fn release(&self, job: &str) {
+    /// Forgets the owner of `job` (its launcher closed it, or an admin
+    /// released it); returns the owner it had.
+    pub fn release(&self, job: &str) -> Option<u32> {
         let mut owners = self.lock();
-        if owners.remove(job).is_some() {
+        let had = owners.remove(job).map(|o| o.uid);
+        if had.is_some() {
             self.save(&owners);
         }
+        had
     }
 
     /// Writes the owners; a failure is logged: claims then hold until the
     /// agent restarts.
     fn save(&self, owners: &BTreeMap<String, Owner>) {
+        if self.closed.load(std::sync::atomic::Ordering::Acquire) {
+            // The damaged file is the evidence: never written over.
+            return;
+        }
         if let Err(e) = self.write_owners(owners) {
             tracing::warn!(error = %e,
                 "cannot persist job owners; claims hold until the agent restarts");
@@ -290,6 +482,46 @@ impl Authz {
             source: std::io::Error::other(e),
         })?;
         dir.replace(name, &body, OWNERS_MODE)
+    }
+}
+
+/// A job id the rules take: at most [`MAX_JOB_ID`] bytes, no control
+/// characters.
+fn check_job_id(call: &str, job: &str) -> Result<(), Status> {
+    if job.len() > MAX_JOB_ID || job.chars().any(char::is_control) {
+        return Err(Status::invalid_argument(format!(
+            "{call}: job_id must be at most {MAX_JOB_ID} bytes without control characters"
+        )));
+    }
+    Ok(())
+}
+
+/// The refusal's words for a job another uid owns, with the way out.
+fn owned_by(job: &str, uid: u32) -> String {
+    let name = nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid))
+        .ok()
+        .flatten()
+        .map(|u| format!(" ({})", u.name))
+        .unwrap_or_default();
+    format!(
+        "job {job:?} on this agent belongs to uid {uid}{name}; pick another job id (--rdzv-id), or an admin can release it with `warden release-job {job}`"
+    )
+}
+
+fn too_many(call: &str, peer: &LocalPeer, n: usize) -> Status {
+    Status::resource_exhausted(format!(
+        "{call} refused for {peer}: it already owns {n} jobs on this agent, the most one uid may (jobs are released when their launcher closes them)"
+    ))
+}
+
+/// The owners in `dir/name`: none when the file does not exist; an error
+/// saying why when it exists but cannot be trusted.
+fn load(dir: &Dir, name: &str) -> Result<BTreeMap<String, Owner>, String> {
+    match dir.read(name) {
+        Ok(bytes) => serde_json::from_slice(&bytes)
+            .map_err(|e| format!("{} bytes that do not parse: {e}", bytes.len())),
+        Err(e) if e.is_not_found() => Ok(BTreeMap::new()),
+        Err(e) => Err(e.to_string()),
     }
 }
 
@@ -338,7 +570,7 @@ mod tests {
             .into_iter()
             .filter(|m| rule_of(m) == Rule::Admin)
             .collect();
-        assert_eq!(admin_only, vec!["Uncordon"]);
+        assert_eq!(admin_only, vec!["Uncordon", "ReleaseJob"]);
     }
 
     #[test]
@@ -383,6 +615,48 @@ mod tests {
         // The health gate: an owner of some job, or an admin.
         a.check(&alice, "RunHealthGate", "").unwrap();
         assert!(a.check(&mallory, "RunHealthGate", "").is_err());
+        // With a job named: that job's owner (or an admin) only.
+        a.check(&alice, "RunHealthGate", "job-a").unwrap();
+        a.check(&mallory, "BeginShard", "job-m").unwrap();
+        let e = a.check(&mallory, "RunHealthGate", "job-a").unwrap_err();
+        assert!(
+            e.message().contains("belongs to uid 1001"),
+            "{}",
+            e.message()
+        );
+        assert!(a.check(&mallory, "RunHealthGate", "nobody's").is_err());
+        assert_eq!(a.owner("nobody's"), None, "a gate claims nothing");
+        a.check(&peer(0, 0, &[]), "RunHealthGate", "job-a").unwrap();
+    }
+
+    #[test]
+    fn a_claim_is_refused_to_everyone_while_another_uid_holds_the_job() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = authz(&dir);
+        let alice = peer(1001, 1001, &[]);
+        let mallory = peer(1002, 1002, &[]);
+        let root = peer(0, 0, &[]);
+        a.check(&mallory, "ClaimJob", "train-43").unwrap();
+        for who in [&alice, &root] {
+            let e = a.check(who, "ClaimJob", "train-43").unwrap_err();
+            assert_eq!(e.code(), tonic::Code::PermissionDenied);
+            assert!(
+                e.message().contains("belongs to uid 1002")
+                    && e.message().contains("warden release-job train-43"),
+                "{}",
+                e.message()
+            );
+        }
+        // WatchIncidents of another's job is refused; of one's own, allowed.
+        assert!(a.check(&alice, "WatchIncidents", "train-43").is_err());
+        a.check(&mallory, "WatchIncidents", "train-43").unwrap();
+        assert!(a.owns(1002, "train-43") && !a.owns(1001, "train-43"));
+        // Released by an admin: the next claim takes it.
+        assert!(a.check(&mallory, "ReleaseJob", "").is_err());
+        assert_eq!(a.release("train-43"), Some(1002));
+        a.check(&alice, "ClaimJob", "train-43").unwrap();
+        assert_eq!(a.owner("train-43"), Some(1001));
+        assert!(a.check(&alice, "ClaimJob", "").is_err());
     }
 
     #[test]
@@ -408,9 +682,13 @@ mod tests {
         std::os::unix::fs::symlink(&target, &path).unwrap();
         let a = authz(&dir);
         assert_eq!(a.owner("j"), None, "the link was not read");
-        // The claim holds in memory; writing it is refused, naming the file.
-        a.check(&peer(1002, 1, &[]), "RegisterRank", "j").unwrap();
-        assert_eq!(a.owner("j"), Some(1002));
+        // Claims fail closed; writing is refused too, naming the file.
+        let e = a
+            .check(&peer(1002, 1, &[]), "RegisterRank", "j")
+            .unwrap_err();
+        assert_eq!(e.code(), tonic::Code::FailedPrecondition);
+        assert!(e.message().contains("symlink"), "{}", e.message());
+        assert_eq!(a.owner("j"), None);
         let e = a.write_owners(&a.lock()).unwrap_err().to_string();
         assert!(
             e.contains("symlink") && e.contains(&path.display().to_string()),
@@ -418,6 +696,55 @@ mod tests {
         );
         assert_eq!(std::fs::read_to_string(&target).unwrap(), theirs);
         assert!(path.is_symlink());
+    }
+
+    /// A truncated owners file: nobody's claim is trusted, the file is
+    /// kept as it is, admins still act, and claims resume once an admin
+    /// repairs it, each job back with its owner.
+    #[test]
+    fn a_damaged_owners_file_fails_closed_until_an_admin_repairs_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let alice = peer(1001, 1, &[]);
+        let mallory = peer(1002, 1, &[]);
+        authz(&dir).check(&alice, "RegisterRank", "j").unwrap();
+        let path = dir.path().join("owners.json");
+        let whole = std::fs::read(&path).unwrap();
+        std::fs::write(&path, &whole[..whole.len() / 2]).unwrap();
+        let a = authz(&dir);
+        for (who, call) in [
+            (&mallory, "RegisterRank"),
+            (&alice, "BeginShard"),
+            (&mallory, "RunHealthGate"),
+        ] {
+            let e = a.check(who, call, "j").unwrap_err();
+            assert_eq!(e.code(), tonic::Code::FailedPrecondition, "{call}");
+            assert!(
+                e.message().contains(&path.display().to_string())
+                    && e.message().contains("repairs it")
+                    && e.message().contains("removes it"),
+                "{}",
+                e.message()
+            );
+        }
+        assert!(
+            a.check(&mallory, "GetRanks", "j").is_ok(),
+            "reads stay open"
+        );
+        a.check(&peer(0, 0, &[]), "StopRanks", "j").unwrap();
+        assert_eq!(a.owner("j"), None, "an admin acts without claiming");
+        assert_eq!(
+            std::fs::read(&path).unwrap(),
+            &whole[..whole.len() / 2],
+            "kept as evidence"
+        );
+        // The admin puts the whole file back: claims resume, with alice's.
+        std::fs::write(&path, &whole).unwrap();
+        if let Some((_, at)) = a.damaged.lock().unwrap().as_mut() {
+            *at -= RECHECK;
+        }
+        a.check(&alice, "BeginShard", "j").unwrap();
+        assert!(a.check(&mallory, "Restore", "j").is_err());
+        assert_eq!(a.owner("j"), Some(1001));
     }
 
     #[test]

@@ -35,7 +35,9 @@ pub fn tier(state: &AgentState) -> Result<Arc<Checkpoints>, Status> {
 fn status(e: TierError) -> Status {
     match e {
         TierError::BadJobId(_) | TierError::Invalid(_) => Status::invalid_argument(e.to_string()),
-        TierError::Full { .. } => Status::resource_exhausted(e.to_string()),
+        TierError::Full { .. } | TierError::TooManyInFlight { .. } => {
+            Status::resource_exhausted(e.to_string())
+        }
         TierError::Fs(ref f) if f.is_not_found() => Status::not_found(e.to_string()),
         TierError::Fs(warden_core::fsafe::FsError::Io { .. }) | TierError::Io { .. } => {
             Status::internal(e.to_string())

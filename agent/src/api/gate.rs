@@ -1,8 +1,22 @@
 //! RunHealthGate: the pre-restart health gate, on demand (`warden diag`)
 //! and before a launcher respawns workers on this node.
+//!
+//! In: a caller already authorised (an admin, or the owner of some job
+//! here) and its uid. Out: the gate's verdict, from a run or from the last
+//! run's cache (marked `cached`, with its age). Never: a level above
+//! `dcgm.gate_max_level` (refused, naming the key: `dcgmi diag -r 4`
+//! stresses every GPU of every tenant), two runs at once on the node
+//! (callers queue on [`Gate`] and share the result), more calls of one uid
+//! in progress than `dcgm.gate_max_per_uid` (RESOURCE_EXHAUSTED naming the
+//! key), or a run abandoned midway because its caller went away (it runs to
+//! its end, or `dcgm.gate_timeout`, and its result is cached for the
+//! callers queued behind it).
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
+use tonic::Status;
 use warden_proto::v1 as pb;
 
 use super::convert;
@@ -11,17 +25,137 @@ use crate::state::AgentState;
 use warden_core::events::{NewEvent, Severity};
 use warden_core::signal::{GateFailed, GateFailure, Signal};
 
-/// Runs the gate: dcgmi where it gives a verdict, else the NVML check; a
-/// failure is published as `gate.failed`, which attribution turns into an
-/// incident of the job (uncorrectable hardware: the node-level path).
-pub async fn run(state: &Arc<AgentState>, req: pb::RunHealthGateRequest) -> pb::HealthGateResult {
+/// The node's one gate: the last run (held while a run goes on, so callers
+/// queue behind it) and the calls in progress per uid.
+#[derive(Debug, Default)]
+pub struct Gate {
+    /// The last run's level, verdict and end; locked for the whole of a run.
+    last: tokio::sync::Mutex<Option<LastRun>>,
+    /// Calls in progress (waiting or running) per uid; a uid at zero is
+    /// removed, so the map holds only callers of the moment.
+    calls: Mutex<HashMap<u32, u32>>,
+}
+
+/// A finished run.
+#[derive(Debug, Clone)]
+struct LastRun {
+    level: u32,
+    outcome: GateOutcome,
+    ended: Instant,
+}
+
+/// One call's place among its uid's calls; given back when dropped.
+#[derive(Debug)]
+struct CallPermit {
+    state: Arc<AgentState>,
+    uid: u32,
+}
+
+impl Drop for CallPermit {
+    fn drop(&mut self) {
+        let mut calls = self
+            .state
+            .gate
+            .calls
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if let Some(n) = calls.get_mut(&self.uid) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                calls.remove(&self.uid);
+            }
+        }
+    }
+}
+
+/// The level a call asks for (0: `dcgm.gate_level`), or INVALID_ARGUMENT
+/// naming `dcgm.gate_max_level` when it is deeper than that.
+pub fn level_of(asked: u32, default: u32, max: u32) -> Result<u32, Status> {
+    let level = if asked == 0 { default } else { asked };
+    if level > max {
+        return Err(Status::invalid_argument(format!(
+            "health gate level {level} refused: above dcgm.gate_max_level ({max}); a gate \
+             stresses every GPU of the node, whoever uses them (an admin may raise \
+             dcgm.gate_max_level)"
+        )));
+    }
+    Ok(level)
+}
+
+/// Runs the gate for `uid`: dcgmi where it gives a verdict, else the NVML
+/// check; a failure is published as `gate.failed`, which attribution turns
+/// into an incident of the job (uncorrectable hardware: the node-level
+/// path). Only one run at a time; a run that ended within
+/// `dcgm.gate_cache_for` at this level or deeper answers instead.
+pub async fn run(
+    state: &Arc<AgentState>,
+    req: pb::RunHealthGateRequest,
+    uid: u32,
+) -> Result<pb::HealthGateResult, Status> {
     let cfg = &state.config.dcgm;
-    let level = if req.level == 0 {
-        cfg.gate_level
-    } else {
-        req.level.min(4)
-    };
-    let outcome = match diag::run_dcgmi(cfg, level).await {
+    let level = level_of(req.level, cfg.gate_level, cfg.gate_max_level).inspect_err(|_| {
+        metrics::counter!("warden_gate_answers_total", "answer" => "refused").increment(1);
+    })?;
+    let permit = enter(state, uid)?;
+    // The run is a task of its own: a caller that goes away neither kills
+    // it (its dcgmi would be killed midway and the next caller start over)
+    // nor frees its uid's place before it ends.
+    let st = state.clone();
+    let job = req.job_id;
+    let answer = tokio::spawn(async move {
+        let _permit = permit;
+        let cache_for = st.config.dcgm.gate_cache_for;
+        let mut last = st.gate.last.lock().await;
+        if let Some(l) = last.as_ref()
+            && l.level >= level
+            && l.ended.elapsed() < cache_for
+        {
+            metrics::counter!("warden_gate_answers_total", "answer" => "cached").increment(1);
+            return (l.outcome.clone(), Some((l.level, l.ended.elapsed())));
+        }
+        let outcome = execute(&st, level).await;
+        publish(&st, &job, &outcome);
+        metrics::counter!("warden_gate_answers_total", "answer" => "ran").increment(1);
+        *last = Some(LastRun {
+            level,
+            outcome: outcome.clone(),
+            ended: Instant::now(),
+        });
+        (outcome, None)
+    })
+    .await
+    .map_err(|e| Status::internal(format!("the health gate's task failed: {e}")))?;
+    let (outcome, cached) = answer;
+    Ok(result(outcome, cached, state.config.dcgm.gate_cache_for))
+}
+
+/// Counts a call of `uid`, or refuses it past `dcgm.gate_max_per_uid`.
+fn enter(state: &Arc<AgentState>, uid: u32) -> Result<CallPermit, Status> {
+    let max = state.config.dcgm.gate_max_per_uid;
+    let mut calls = state
+        .gate
+        .calls
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner);
+    let n = calls.entry(uid).or_insert(0);
+    if *n >= max {
+        metrics::counter!("warden_api_quota_refused_total", "key" => "dcgm.gate_max_per_uid")
+            .increment(1);
+        return Err(Status::resource_exhausted(format!(
+            "RunHealthGate refused for uid {uid}: {n} of its gate calls are in progress \
+             (dcgm.gate_max_per_uid {max}); one gate runs at a time on the node"
+        )));
+    }
+    *n += 1;
+    Ok(CallPermit {
+        state: state.clone(),
+        uid,
+    })
+}
+
+/// One run: dcgmi, or the NVML check where dcgmi gives no verdict.
+async fn execute(state: &AgentState, level: u32) -> GateOutcome {
+    match diag::run_dcgmi(&state.config.dcgm, level).await {
         Ok(o) => o,
         Err(e) => {
             let mut o = diag::nvml_check(&state.health.snapshot());
@@ -38,11 +172,32 @@ pub async fn run(state: &Arc<AgentState>, req: pb::RunHealthGateRequest) -> pb::
             };
             o
         }
-    };
-    publish(state, &req.job_id, &outcome);
+    }
+}
+
+/// The answer; a cached one says so, with the age and level of its run.
+fn result(
+    outcome: GateOutcome,
+    cached: Option<(u32, Duration)>,
+    cache_for: Duration,
+) -> pb::HealthGateResult {
+    let mut note = outcome.note;
+    if let Some((level, age)) = cached {
+        let age_s = humantime::format_duration(Duration::from_secs(age.as_secs()));
+        let said = format!(
+            "cached: the result of the level-{level} gate that ended {age_s} ago \
+             (dcgm.gate_cache_for {})",
+            humantime::format_duration(cache_for)
+        );
+        note = if note.is_empty() {
+            said
+        } else {
+            format!("{said}; {note}")
+        };
+    }
     pb::HealthGateResult {
         passed: outcome.passed,
-        ran: outcome.ran.clone(),
+        ran: outcome.ran,
         duration: Some(convert::duration(outcome.duration)),
         failures: outcome
             .failures
@@ -55,7 +210,9 @@ pub async fn run(state: &Arc<AgentState>, req: pb::RunHealthGateRequest) -> pb::
                 severity: f.severity.clone(),
             })
             .collect(),
-        note: outcome.note,
+        note,
+        cached: cached.is_some(),
+        cached_age: cached.map(|(_, age)| convert::duration(age)),
     }
 }
 
@@ -94,4 +251,46 @@ fn publish(state: &AgentState, job: &str, o: &GateOutcome) {
             })
             .collect(),
     }));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_level_above_the_bound_is_refused_naming_the_key() {
+        assert_eq!(level_of(0, 1, 2).unwrap(), 1);
+        assert_eq!(level_of(2, 1, 2).unwrap(), 2);
+        for asked in [3, 4, 99] {
+            let e = level_of(asked, 1, 2).unwrap_err();
+            assert_eq!(e.code(), tonic::Code::InvalidArgument);
+            assert!(e.message().contains("dcgm.gate_max_level (2)"), "{e:?}");
+        }
+    }
+
+    #[test]
+    fn a_cached_answer_says_so_with_its_age() {
+        let o = GateOutcome {
+            passed: true,
+            ran: "dcgmi diag -r 2".into(),
+            duration: Duration::from_secs(3),
+            failures: Vec::new(),
+            note: String::new(),
+        };
+        let fresh = result(o.clone(), None, Duration::from_secs(60));
+        assert!(!fresh.cached && fresh.cached_age.is_none() && fresh.note.is_empty());
+        let r = result(
+            o,
+            Some((2, Duration::from_millis(12_500))),
+            Duration::from_secs(60),
+        );
+        assert!(r.cached);
+        assert_eq!(r.cached_age.unwrap().seconds, 12);
+        assert!(
+            r.note
+                .starts_with("cached: the result of the level-2 gate that ended 12s ago"),
+            "{}",
+            r.note
+        );
+    }
 }

@@ -6,15 +6,18 @@
 //! metric `warden_job_stops_total{reason}`.
 //!
 //! In: the launcher's request, already authorised (the job's owner or an
-//! admin). Out: the recorded incident's id. Never: a record the caller can
+//! admin). Out: the recorded incident's id. Never: more calls of one uid
+//! than `api.job_stops_per_minute` ([`StopLimiter`]: past it the call is
+//! refused before anything is read or recorded), a record the caller can
 //! grow without bound (every count and string is capped here), a stop
 //! charged to this node (the kinds are not counted by the lemon rule), or
 //! the stop sent to launchers as a decision to carry out (the launcher that
 //! reports it is already ending the job; the job's other hosts hear it
 //! through their coordinator).
 
-use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant, SystemTime};
 
 use tonic::Status;
 use warden_core::attribute::{Diagnosis, Evidence, FaultClass, IncidentKind, IncidentRecord};
@@ -36,12 +39,66 @@ pub const MAX_FIELD: usize = 256;
 /// this.
 pub const MAX_STOPS_PER_JOB: usize = 16;
 
+/// ReportJobStop calls per uid: a token bucket per uid holding
+/// `api.job_stops_per_minute` tokens, refilled evenly over a minute. A
+/// launcher reports a job's end once; a caller looping on the call (issue
+/// 29: 576 calls in 0.6 s, each an incident, three events and a journal
+/// line) is refused past its burst.
+#[derive(Debug)]
+pub struct StopLimiter {
+    /// Tokens a bucket holds, and gains per minute.
+    per_minute: u32,
+    /// Per uid: the tokens left and when they were counted. A bucket that
+    /// has refilled is forgotten, so the map holds only the uids that
+    /// called within the last minute.
+    buckets: Mutex<HashMap<u32, (f64, Instant)>>,
+}
+
+impl StopLimiter {
+    /// Buckets of `per_minute` tokens.
+    pub fn new(per_minute: u32) -> Self {
+        Self {
+            per_minute,
+            buckets: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Takes a token of `uid`'s bucket at `now`; else how long until one.
+    pub fn take(&self, uid: u32, now: Instant) -> Result<(), Duration> {
+        let full = f64::from(self.per_minute);
+        let per_sec = full / 60.0;
+        let level = |(tokens, at): (f64, Instant)| {
+            (tokens + now.saturating_duration_since(at).as_secs_f64() * per_sec).min(full)
+        };
+        let mut b = self.buckets.lock().unwrap_or_else(PoisonError::into_inner);
+        b.retain(|_, v| level(*v) < full);
+        let tokens = b.get(&uid).map_or(full, |v| level(*v));
+        if tokens < 1.0 {
+            return Err(Duration::from_secs_f64((1.0 - tokens) / per_sec));
+        }
+        b.insert(uid, (tokens - 1.0, now));
+        Ok(())
+    }
+}
+
 /// ReportJobStop: records the stop, publishes it, counts it.
 pub fn report_job_stop(
     state: &Arc<AgentState>,
     req: &pb::ReportJobStopRequest,
     caller_uid: u32,
 ) -> Result<pb::ReportJobStopResponse, Status> {
+    if let Err(wait) = state.job_stops.take(caller_uid, Instant::now()) {
+        metrics::counter!("warden_api_quota_refused_total", "key" => "api.job_stops_per_minute")
+            .increment(1);
+        return Err(Status::resource_exhausted(format!(
+            "ReportJobStop refused for uid {caller_uid}: more than {} calls a minute \
+             (api.job_stops_per_minute); the next is allowed in {}",
+            state.config.api.job_stops_per_minute,
+            humantime::format_duration(Duration::from_millis(
+                u64::try_from(wait.as_millis()).unwrap_or(u64::MAX).max(1)
+            ))
+        )));
+    }
     let stop = Stop::from_request(req)?;
     let earlier = state
         .incident_store()
@@ -296,6 +353,29 @@ mod tests {
             d.decided_by,
             "launcher (uid 1000, --max-no-progress-restarts 3)"
         );
+    }
+
+    #[test]
+    fn stops_are_limited_per_uid_and_refill_over_a_minute() {
+        let l = StopLimiter::new(6);
+        let t0 = Instant::now();
+        for _ in 0..6 {
+            l.take(1000, t0).unwrap();
+        }
+        let wait = l.take(1000, t0).unwrap_err();
+        assert!(
+            wait.abs_diff(Duration::from_secs(10)) < Duration::from_millis(1),
+            "one token per 10 s: {wait:?}"
+        );
+        // Another uid has its own bucket.
+        l.take(1001, t0).unwrap();
+        // Ten seconds later one more; then refused again.
+        l.take(1000, t0 + Duration::from_secs(10)).unwrap();
+        assert!(l.take(1000, t0 + Duration::from_secs(10)).is_err());
+        // A refilled bucket is forgotten: the map does not keep every uid.
+        let later = t0 + Duration::from_secs(120);
+        l.take(1002, later).unwrap();
+        assert_eq!(l.buckets.lock().unwrap().len(), 1);
     }
 
     #[test]

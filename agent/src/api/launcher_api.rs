@@ -27,7 +27,10 @@ const MAX_REASON: usize = 256;
 /// WatchIncidents: the job's decided incidents (all jobs' when `job_id` is
 /// empty), the retained ones first when `replay` is set, then each new or
 /// superseding decision as it is taken, until the watcher leaves or the
-/// agent stops.
+/// agent stops. Only records of jobs `viewer` (the caller's uid) owns at the
+/// time are sent: a launcher carries out what it is sent, so no decision
+/// about a job another user holds may reach it (its claim released and the
+/// id taken by someone else mid-run included).
 ///
 /// The feed is subscribed before the store is read, so nothing decided in
 /// between is missed; a record may then come twice (launchers key decisions
@@ -36,6 +39,7 @@ const MAX_REASON: usize = 256;
 pub async fn watch_incidents(
     state: &Arc<AgentState>,
     req: pb::WatchIncidentsRequest,
+    viewer: u32,
 ) -> Result<BoxStream<pb::Incident>, Status> {
     if req.job_id.len() > 128 || req.job_id.chars().any(char::is_control) {
         return Err(Status::invalid_argument(format!(
@@ -48,7 +52,7 @@ pub async fn watch_incidents(
     let state = state.clone();
     let job = req.job_id;
     tokio::spawn(async move {
-        if req.replay && !send_retained(&state, &job, &tx).await {
+        if req.replay && !send_retained(&state, &job, viewer, &tx).await {
             return;
         }
         loop {
@@ -59,7 +63,10 @@ pub async fn watch_incidents(
             };
             match record {
                 Ok(r) => {
-                    if (job.is_empty() || r.job == job) && !send(&tx, &r).await {
+                    if (job.is_empty() || r.job == job)
+                        && state.authz.owns(viewer, &r.job)
+                        && !send(&tx, &r).await
+                    {
                         return;
                     }
                 }
@@ -69,7 +76,7 @@ pub async fn watch_incidents(
                         job = %job,
                         "an incident watcher fell behind; resending the job's retained incidents"
                     );
-                    if !send_retained(&state, &job, &tx).await {
+                    if !send_retained(&state, &job, viewer, &tx).await {
                         return;
                     }
                 }
@@ -80,19 +87,20 @@ pub async fn watch_incidents(
     Ok(Box::pin(ReceiverStream::new(rx)))
 }
 
-/// Sends the retained decided incidents of `job`; false once the watcher left.
+/// Sends the retained decided incidents of `job` that `viewer` owns; false
+/// once the watcher left.
 async fn send_retained(
     state: &AgentState,
     job: &str,
+    viewer: u32,
     tx: &mpsc::Sender<Result<pb::Incident, Status>>,
 ) -> bool {
     let retained = state.incident_store().list(job, 0);
     // A stop a launcher reported (ReportJobStop) is no decision for a
     // launcher to carry out: it was carried out already.
-    for r in retained
-        .iter()
-        .filter(|r| r.decision.is_some() && !r.kind.from_launcher())
-    {
+    for r in retained.iter().filter(|r| {
+        r.decision.is_some() && !r.kind.from_launcher() && state.authz.owns(viewer, &r.job)
+    }) {
         if !send(tx, r).await {
             return false;
         }

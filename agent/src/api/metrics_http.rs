@@ -27,16 +27,23 @@ use crate::state::AgentState;
 static HANDLE: OnceLock<Option<PrometheusHandle>> = OnceLock::new();
 
 /// Installs the global recorder once; None if another one was installed.
-pub fn install() -> Option<PrometheusHandle> {
+/// Job-labelled series go to a set of their own holding at most
+/// `max_job_series` ([`super::job_series`]).
+pub fn install(max_job_series: usize) -> Option<PrometheusHandle> {
     HANDLE
-        .get_or_init(|| match PrometheusBuilder::new().install_recorder() {
-            Ok(h) => {
-                describe();
-                Some(h)
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "metrics recorder not installed; /metrics will be empty");
-                None
+        .get_or_init(|| {
+            let prom = PrometheusBuilder::new().build_recorder();
+            let handle = prom.handle();
+            let router = super::job_series::Router::new(prom, max_job_series);
+            match metrics::set_global_recorder(router) {
+                Ok(()) => {
+                    describe();
+                    Some(handle)
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "metrics recorder not installed; /metrics will be empty");
+                    None
+                }
             }
         })
         .clone()
@@ -124,6 +131,10 @@ fn describe() {
         "Cordons decided by the lemon rule (repeated incidents on this node)"
     );
     describe_counter!(
+        "warden_metrics_job_series_dropped_total",
+        "Job-labelled series not recorded because metrics.max_job_series were held"
+    );
+    describe_counter!(
         "warden_dry_run_decisions_total",
         "Decisions reported and not acted on in dry run, by the action that would have been taken"
     );
@@ -164,8 +175,14 @@ async fn render(State(s): State<Scrape>) -> String {
         metrics::gauge!("warden_component_status", "component" => c.id, "kind" => c.kind)
             .set(level);
     }
+    let (jobs, dropped) = super::job_series::render();
+    metrics::counter!("warden_metrics_job_series_dropped_total").absolute(dropped);
     s.handle.run_upkeep();
-    s.handle.render()
+    // The job series come after the others: no metric name has series in
+    // both (every series of a job metric carries the job label).
+    let mut text = s.handle.render();
+    text.push_str(&jobs);
+    text
 }
 
 /// The metrics listener with its quotas: what axum accepts from.

@@ -15,6 +15,7 @@ pub mod convert;
 pub mod exception_decision;
 pub mod gate;
 pub mod goodput;
+pub mod job_series;
 pub mod job_stop;
 pub mod launcher_api;
 pub mod local_accept;

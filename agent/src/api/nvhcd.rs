@@ -36,7 +36,8 @@ use warden_core::health::{NodeSnapshot, Status};
 pub struct NvhcdConfig {
     /// Unix socket to serve `nvhcd.HealthCheckService` on; empty: off. Give
     /// the same path to NVRx's `--ft-node-health-check-endpoint`. Its mode
-    /// is `api.socket_mode`.
+    /// is `api.socket_mode` and its group `api.socket_group`, as the API
+    /// socket's.
     pub socket: String,
 }
 
@@ -122,13 +123,19 @@ impl HealthCheckService for NvhcdService {
 /// Binds `path` with permission bits `mode`, replacing a socket file left
 /// by a crashed agent (the caller holds the agent's instance lock, so no
 /// live agent serves it).
-pub fn bind(path: &str, mode: u32) -> std::io::Result<tokio::net::UnixListener> {
+pub fn bind(path: &str, mode: u32, gid: Option<u32>) -> std::io::Result<tokio::net::UnixListener> {
     use std::os::unix::fs::{FileTypeExt, PermissionsExt};
     if std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_socket()) {
         std::fs::remove_file(path)?;
     }
     let l = tokio::net::UnixListener::bind(path)?;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))?;
+    // The API socket's group too (`api.socket_group`): NVRx runs as the
+    // job's user, a member of that group, not as root.
+    if let Some(gid) = gid {
+        nix::unistd::chown(path, None, Some(nix::unistd::Gid::from_raw(gid)))
+            .map_err(std::io::Error::from)?;
+    }
     Ok(l)
 }
 

@@ -466,9 +466,10 @@ impl Agent for AgentService {
         req: Request<pb::WatchIncidentsRequest>,
     ) -> Result<Response<Self::WatchIncidentsStream>, Status> {
         observed("WatchIncidents", async {
-            let peer = self.guard(&req, "WatchIncidents", "")?;
+            let peer = self.guard(&req, "WatchIncidents", &req.get_ref().job_id)?;
             let stream =
-                super::launcher_api::watch_incidents(&self.state, req.into_inner()).await?;
+                super::launcher_api::watch_incidents(&self.state, req.into_inner(), peer.uid)
+                    .await?;
             self.held("WatchIncidents", &peer, stream)
                 .map(Response::new)
         })
@@ -551,10 +552,12 @@ impl Agent for AgentService {
         req: Request<pb::RunHealthGateRequest>,
     ) -> Result<Response<pb::HealthGateResult>, Status> {
         observed("RunHealthGate", async {
-            self.guard(&req, "RunHealthGate", "")?;
-            Ok(Response::new(
-                super::gate::run(&self.state, req.into_inner()).await,
-            ))
+            // A job named: its owner's (or an admin's) only, so a gate's
+            // failing verdict is never attached to another user's job.
+            let peer = self.guard(&req, "RunHealthGate", &req.get_ref().job_id)?;
+            super::gate::run(&self.state, req.into_inner(), peer.uid)
+                .await
+                .map(Response::new)
         })
         .await
     }
@@ -662,6 +665,52 @@ impl Agent for AgentService {
             // The job is over: its owner's claim goes with it.
             self.state.authz.release(&req.job_id);
             Ok(Response::new(closed))
+        })
+        .await
+    }
+
+    async fn claim_job(
+        &self,
+        req: Request<pb::ClaimJobRequest>,
+    ) -> Result<Response<pb::ClaimJobResponse>, Status> {
+        observed("ClaimJob", async {
+            let peer = self.guard(&req, "ClaimJob", &req.get_ref().job_id)?;
+            Ok(Response::new(pb::ClaimJobResponse {
+                owner_uid: peer.uid,
+            }))
+        })
+        .await
+    }
+
+    async fn release_job(
+        &self,
+        req: Request<pb::ReleaseJobRequest>,
+    ) -> Result<Response<pb::ReleaseJobResponse>, Status> {
+        observed("ReleaseJob", async {
+            let peer = self.guard(&req, "ReleaseJob", "")?;
+            let job = req.into_inner().job_id;
+            if job.is_empty() {
+                return Err(Status::invalid_argument("ReleaseJob: job_id is required"));
+            }
+            let had = self.state.authz.release(&job);
+            if let Some(owner) = had {
+                tracing::warn!(job, owner, by = %peer, "job owner released by an admin");
+                self.state.events.publish(
+                    warden_core::events::NewEvent::new(
+                        warden_core::events::Severity::Warning,
+                        "job.released",
+                        format!("job/{job}"),
+                        format!("the claim of uid {owner} on job {job} was released by {peer}"),
+                    )
+                    .with("job", &job)
+                    .with("owner", owner.to_string())
+                    .with("by", peer.to_string()),
+                );
+            }
+            Ok(Response::new(pb::ReleaseJobResponse {
+                released: had.is_some(),
+                owner_uid: had.unwrap_or(0),
+            }))
         })
         .await
     }

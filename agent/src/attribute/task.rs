@@ -236,7 +236,7 @@ async fn handle(state: &Handles, engine: &mut Engine, d: Diagnosed) {
     };
     let mut decision = policy::decide(&state.policy, &record.diagnosis, &ctx);
     // The node's whole journal (every job, across agent restarts).
-    let journal = state.incident_store().all();
+    let journal = state.incident_store().node_journal();
     let lemon = guard::before_hook(&state.policy, &journal, &record, &mut decision, now);
     if state.policy.hook.is_enabled() {
         ask_hook(state, &record, &mut decision).await;

@@ -19,6 +19,8 @@ pub struct CheckpointConfig {
     /// The local tier: tmpfs (the default, restores at memory speed) or an
     /// NVMe mount. Laid out as `<dir>/<job>/step-<n>/rank-<r>.bin` with a
     /// manifest beside each shard; `<dir>/.staging` holds writes in flight.
+    /// Default: `/dev/shm/warden-ckpt`, or `/dev/shm/warden-ckpt-<uid>` for
+    /// an agent running as a user ([`default_dir`]).
     pub dir: String,
     /// Complete steps kept per job and saving host; older ones are pruned
     /// once a newer step is complete (never the newest complete one).
@@ -96,7 +98,7 @@ impl Default for CheckpointConfig {
     fn default() -> Self {
         Self {
             enabled: true,
-            dir: "/dev/shm/warden-ckpt".into(),
+            dir: default_dir(nix::unistd::geteuid().as_raw()),
             keep_steps: 2,
             max_bytes: 0,
             domain: String::new(),
@@ -110,6 +112,20 @@ impl Default for CheckpointConfig {
             scrub_interval: Duration::from_secs(600),
             durable: DurableConfig::default(),
         }
+    }
+}
+
+/// The default tier of an agent running as `uid`: `/dev/shm/warden-ckpt`
+/// for root, `/dev/shm/warden-ckpt-<uid>` for a user (the embedded agent of
+/// `warden run`). Either is a directory the agent creates and owns (0711),
+/// writable by nobody else; a user's gets its own name so that it never
+/// meets root's tier, or another user's, in one directory the first comer
+/// made (the tier refuses a directory it does not own).
+pub fn default_dir(uid: u32) -> String {
+    if uid == 0 {
+        "/dev/shm/warden-ckpt".to_owned()
+    } else {
+        format!("/dev/shm/warden-ckpt-{uid}")
     }
 }
 

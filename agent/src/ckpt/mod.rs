@@ -241,21 +241,57 @@ impl Checkpoints {
     }
 }
 
-/// Logs and publishes (`ckpt.recovered`) what the tier removed at start:
-/// half-written steps a crash left behind.
+/// Logs and publishes what the tier found at start: `ckpt.recovered` for
+/// half-written files removed, `ckpt.quarantined` (an error) for a step
+/// moved whole to `<dir>/.quarantine` because a manifest in it does not
+/// read (or left in place, not listed, when even that failed).
 pub fn report_recovered(events: &warden_core::events::EventBus, ck: &Checkpoints) {
     use warden_core::events::{NewEvent, Severity};
     for r in ck.tier.take_recovered() {
         let path = r.path.display().to_string();
-        tracing::warn!(path = %path, why = %r.why, "checkpoint tier: half-written file removed at start");
-        metrics::counter!("warden_ckpt_recovered_removed_total").increment(1);
         let subj = r.key.as_ref().map_or_else(|| "ckpt".to_owned(), subject);
-        let mut e = NewEvent::new(
-            Severity::Warning,
-            "ckpt.recovered",
-            subj,
-            format!("removed at start: {path}: {}", r.why),
-        )
+        let mut e = match &r.fate {
+            tier::Fate::Removed => {
+                tracing::warn!(path = %path, why = %r.why, "checkpoint tier: half-written file removed at start");
+                metrics::counter!("warden_ckpt_recovered_removed_total").increment(1);
+                NewEvent::new(
+                    Severity::Warning,
+                    "ckpt.recovered",
+                    subj,
+                    format!("removed at start: {path}: {}", r.why),
+                )
+            }
+            tier::Fate::Quarantined(to) => {
+                let to = to.display().to_string();
+                tracing::error!(path = %path, moved_to = %to, why = %r.why,
+                    "checkpoint tier: step moved to the quarantine at start, nothing deleted; inspect it, then remove it");
+                metrics::counter!("warden_ckpt_quarantined_total").increment(1);
+                NewEvent::new(
+                    Severity::Error,
+                    "ckpt.quarantined",
+                    subj,
+                    format!(
+                        "step {path} moved to {to} at start, nothing deleted: {}; an admin inspects it and removes it",
+                        r.why
+                    ),
+                )
+                .with("moved_to", &to)
+            }
+            tier::Fate::LeftInPlace(err) => {
+                tracing::error!(path = %path, why = %r.why, error = %err,
+                    "checkpoint tier: step could not be moved to the quarantine; left in place, not listed");
+                metrics::counter!("warden_ckpt_quarantined_total").increment(1);
+                NewEvent::new(
+                    Severity::Error,
+                    "ckpt.quarantined",
+                    subj,
+                    format!(
+                        "step {path} left in place, not listed, nothing deleted: {}; moving it to the quarantine failed: {err}",
+                        r.why
+                    ),
+                )
+            }
+        }
         .with("path", &path)
         .with("why", &r.why);
         if let Some(k) = &r.key {
@@ -265,6 +301,53 @@ pub fn report_recovered(events: &warden_core::events::EventBus, ck: &Checkpoints
                 .with("step", k.step);
         }
         events.publish(e);
+    }
+}
+
+/// How often staging files handed to ranks are checked against the size
+/// their BeginShard declared.
+pub const STAGING_POLL: std::time::Duration = std::time::Duration::from_millis(250);
+
+/// Until shutdown, every [`STAGING_POLL`]: cuts staging files written past
+/// their declared size ([`tier::LocalTier::police_staging`]) and reports
+/// each once: logged, counted (`warden_ckpt_staging_overrun_total`) and
+/// published as `ckpt.staging_overrun` against the job's rank.
+pub async fn police_staging(
+    events: Arc<warden_core::events::EventBus>,
+    shutdown: tokio_util::sync::CancellationToken,
+    ck: Arc<Checkpoints>,
+) {
+    use warden_core::events::{NewEvent, Severity};
+    loop {
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            () = tokio::time::sleep(STAGING_POLL) => {}
+        }
+        let ck2 = ck.clone();
+        let found = tokio::task::spawn_blocking(move || ck2.tier.police_staging())
+            .await
+            .unwrap_or_default();
+        for o in found {
+            tracing::warn!(shard = %o.key, declared = o.declared, found = o.found,
+                "staging file written past its declared size: cut to nothing, its commit refused");
+            metrics::counter!("warden_ckpt_staging_overrun_total").increment(1);
+            events.publish(
+                NewEvent::new(
+                    Severity::Warning,
+                    "ckpt.staging_overrun",
+                    subject(&o.key),
+                    format!(
+                        "{}: the rank wrote its staging file past the {} bytes it declared ({} found); cut to nothing, its commit refused",
+                        o.key, o.declared, o.found
+                    ),
+                )
+                .with("job_id", &o.key.job_id)
+                .with("rank", o.key.rank)
+                .with("step", o.key.step)
+                .with("declared_bytes", o.declared)
+                .with("found_bytes", o.found),
+            );
+        }
     }
 }
 

@@ -16,9 +16,14 @@
 //!
 //! At open, whatever a crash left half-written is removed and reported
 //! ([`LocalTier::take_recovered`]): data without a manifest (its commit
-//! was never answered), a manifest whose data is missing or of another
-//! size, temporary files of an atomic write, staging files (their
-//! reservations died with the agent).
+//! was never answered), temporary files of an atomic write, staging files
+//! (their reservations died with the agent). Only what the commit protocol
+//! proves is garbage is removed: a step holding a manifest that does not
+//! read (corrupt, truncated, describing another shard, its data missing or
+//! of another size) may hold intact bytes, so the whole step directory is
+//! moved, by one rename, to `<dir>/.quarantine/` (mode 0700) and reported
+//! (`ckpt.quarantined`); nothing in it is deleted. An admin inspects and
+//! removes it; nothing lists, restores or prunes it.
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -30,9 +35,14 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use super::layout::{self, Layout, ShardKey};
 use super::manifest::{self, Manifest};
 use super::retention;
+use nix::sys::stat::fstat;
 pub use warden_core::fsafe::Owner;
 use warden_core::fsafe::{self, Dir, FsError};
 
+/// Saves in flight (BeginShard without its commit yet) one uid may hold:
+/// each keeps a descriptor open in the agent (see [`LocalTier::police_staging`]),
+/// so their number is bounded per caller, not only by their bytes.
+pub const MAX_IN_FLIGHT_PER_UID: usize = 256;
 /// A reservation nobody committed is forgotten (its file removed) after this long.
 const RESERVATION_TTL: Duration = Duration::from_secs(600);
 /// Staging files older than this at start belong to writers long gone.
@@ -42,6 +52,10 @@ const STALE_STAGING: Duration = Duration::from_secs(600);
 const DIR_MODE: u32 = 0o711;
 /// Shard files: their owner's alone.
 const FILE_MODE: u32 = 0o600;
+/// Where steps the agent cannot vouch for are moved at start, whole.
+pub const QUARANTINE: &str = ".quarantine";
+/// The quarantine holds ranks' bytes as they were: nobody else traverses.
+const QUARANTINE_MODE: u32 = 0o700;
 
 /// Why a tier operation failed.
 #[derive(Debug, thiserror::Error)]
@@ -66,6 +80,17 @@ pub enum TierError {
         detail: String,
         /// Bytes pruning gave back.
         freed: u64,
+    },
+    /// The caller already holds [`MAX_IN_FLIGHT_PER_UID`] saves in flight.
+    #[error(
+        "uid {uid} already has {count} saves in flight on this agent (BeginShard without its \
+         CommitShard), the most one uid may; each is forgotten 10 minutes after its BeginShard"
+    )]
+    TooManyInFlight {
+        /// The caller's uid.
+        uid: u32,
+        /// Its saves in flight.
+        count: usize,
     },
     /// A file or directory refused (a symlink, another owner, a FIFO...),
     /// or the filesystem said no.
@@ -114,15 +139,30 @@ impl Drop for StagedGuard<'_> {
     }
 }
 
-/// One thing a crash left half-written, removed when the tier opened.
+/// One thing a crash left half-written, or a step the agent could not
+/// vouch for, found when the tier opened.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Recovered {
-    /// The path removed.
+    /// The path found.
     pub path: PathBuf,
     /// The shard it belonged to, when it names one.
     pub key: Option<ShardKey>,
     /// Why it could not be kept.
     pub why: String,
+    /// What became of it.
+    pub fate: Fate,
+}
+
+/// What the tier did with something it found at start.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Fate {
+    /// Removed: the commit protocol proves it garbage.
+    Removed,
+    /// A step moved whole to the quarantine, at this path.
+    Quarantined(PathBuf),
+    /// A step that should have gone to the quarantine but could not (the
+    /// reason): left where it was, not listed.
+    LeftInPlace(String),
 }
 
 /// A save in flight: what BeginShard promised, to whom.
@@ -132,7 +172,33 @@ struct Reservation {
     size: u64,
     owner: Option<Owner>,
     at: Instant,
+    /// The agent's own descriptor of the staging file (None for bytes the
+    /// agent writes itself): how [`LocalTier::police_staging`] sees and
+    /// cuts it, whatever the rank does with the name or its own descriptor.
+    file: Option<File>,
+    /// Set once the rank wrote past `size`: the file was cut to nothing
+    /// and the commit will be refused with this.
+    overrun: Option<String>,
 }
+
+/// A staging file found written past its declared size, and cut.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Overrun {
+    /// The shard the save was for.
+    pub key: ShardKey,
+    /// The size BeginShard declared.
+    pub declared: u64,
+    /// The file's length when found (its allocation, when only that was
+    /// over).
+    pub found: u64,
+}
+
+/// Bytes a staging file may have allocated beyond its declared size before
+/// it counts as written past it: filesystems allocate ahead of writes
+/// (XFS's speculative preallocation reaches the file's size again), so
+/// only allocation beyond twice the size plus this is held against a rank.
+/// The file's length itself may never pass the declared size.
+const ALLOC_SLACK: u64 = 64 << 20;
 
 /// One host's local tier.
 #[derive(Debug)]
@@ -180,6 +246,7 @@ impl LocalTier {
             });
             if staging.remove(&name).is_ok() {
                 recovered.push(Recovered {
+                    fate: Fate::Removed,
                     path: staging.path().join(&name),
                     key: None,
                     why: format!(
@@ -227,12 +294,17 @@ impl LocalTier {
                 if let Some(step) = layout::parse_step(&s)
                     && let Ok(sd) = jd.sub(&s, DIR_MODE, false)
                 {
-                    self.recover_step(&j, step, &sd, out);
+                    let damaged = self.recover_step(&j, step, &sd, out);
                     drop(sd);
-                    // Only succeeds once nothing is left in it.
-                    let _ = jd.remove_dir(&s);
+                    if damaged.is_empty() {
+                        // Only succeeds once nothing is left in it.
+                        let _ = jd.remove_dir(&s);
+                    } else {
+                        out.push(self.quarantine(&jd, &j, &s, damaged));
+                    }
                 } else if s.starts_with(".tmp-") && jd.remove(&s).is_ok() {
                     out.push(Recovered {
+                        fate: Fate::Removed,
                         path: jd.path().join(&s),
                         key: None,
                         why: "temporary file of an interrupted write".into(),
@@ -242,12 +314,57 @@ impl LocalTier {
         }
     }
 
-    fn recover_step(&self, job: &str, step: u64, sd: &Dir, out: &mut Vec<Recovered>) {
+    /// Moves the step directory `step` of `jd` whole into the quarantine
+    /// (one rename: nothing inside is walked or deleted), for the
+    /// manifests in `damaged`.
+    fn quarantine(
+        &self,
+        jd: &Dir,
+        job: &str,
+        step: &str,
+        damaged: Vec<(ShardKey, String)>,
+    ) -> Recovered {
+        let why = damaged
+            .iter()
+            .map(|(k, w)| format!("rank {}: {w}", k.rank))
+            .collect::<Vec<_>>()
+            .join("; ");
+        let moved = self
+            .root
+            .sub(QUARANTINE, QUARANTINE_MODE, true)
+            .and_then(|q| {
+                let name = fsafe::random_name(&format!("{job}.{step}."))?;
+                jd.rename(step, &q, &name)?;
+                Ok(q.path().join(name))
+            });
+        Recovered {
+            path: jd.path().join(step),
+            key: damaged.into_iter().next().map(|(k, _)| k),
+            why: format!("a manifest the agent cannot vouch for ({why})"),
+            fate: match moved {
+                Ok(to) => Fate::Quarantined(to),
+                Err(e) => Fate::LeftInPlace(e.to_string()),
+            },
+        }
+    }
+
+    /// Removes what the commit protocol proves is garbage in one step
+    /// directory; returns the shards whose manifest does not read (the
+    /// caller quarantines the step: their bytes may be intact).
+    fn recover_step(
+        &self,
+        job: &str,
+        step: u64,
+        sd: &Dir,
+        out: &mut Vec<Recovered>,
+    ) -> Vec<(ShardKey, String)> {
         let names = sd.names().unwrap_or_default();
         let has = |n: &str| names.iter().any(|x| x == n);
+        let mut damaged = Vec::new();
         let mut gone = |name: &str, key: Option<ShardKey>, why: String| {
             if sd.remove(name).is_ok() {
                 out.push(Recovered {
+                    fate: Fate::Removed,
                     path: sd.path().join(name),
                     key,
                     why,
@@ -284,23 +401,13 @@ impl LocalTier {
                 }
                 "json" => {
                     if let Err(why) = self.read_manifest(sd, &key) {
-                        gone(
-                            name,
-                            Some(key.clone()),
-                            format!("manifest of no usable shard: {why}"),
-                        );
-                        if has(&layout::data_name(rank)) {
-                            gone(
-                                &layout::data_name(rank),
-                                Some(key),
-                                "data whose manifest does not describe it".into(),
-                            );
-                        }
+                        damaged.push((key, why));
                     }
                 }
                 _ => {}
             }
         }
+        damaged
     }
 
     /// The directory names.
@@ -324,6 +431,17 @@ impl LocalTier {
         self.check_size(size)?;
         let _g = self.lock.lock().unwrap_or_else(|p| p.into_inner());
         self.expire();
+        let uid = owner.map_or_else(fsafe::me, |o| o.uid);
+        let count = self
+            .reserved
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .filter(|r| r.owner.map_or_else(fsafe::me, |o| o.uid) == uid)
+            .count();
+        if count >= MAX_IN_FLIGHT_PER_UID {
+            return Err(TierError::TooManyInFlight { uid, count });
+        }
         self.make_room(size)?;
         let (f, token) = self.staging.create_random("", FILE_MODE)?;
         let path = self.staging.path().join(&token);
@@ -345,9 +463,61 @@ impl LocalTier {
                     size,
                     owner,
                     at: Instant::now(),
+                    file: Some(f),
+                    overrun: None,
                 },
             );
         Ok((path, token))
+    }
+
+    /// Checks every staging file handed to a rank against the size its
+    /// BeginShard declared, through the agent's own descriptor: one longer
+    /// than that, or with far more allocated ([`ALLOC_SLACK`]), is cut to
+    /// nothing (`ftruncate`, which frees the space at once even while the
+    /// rank holds the file open; unlinking would not) and its commit will
+    /// be refused. Cut again on every pass while the rank keeps writing.
+    /// Returns the files found over their size for the first time.
+    ///
+    /// Why a watcher and not the kernel: no mechanism caps the size of a
+    /// regular file another user writes (file seals exist only for memfds;
+    /// RLIMIT_FSIZE is the writer's own limit; tmpfs quotas are per user,
+    /// not per file). Between two passes a rank can write past its size as
+    /// much as it can write in that time; the commit refuses it anyway.
+    pub fn police_staging(&self) -> Vec<Overrun> {
+        let mut found = Vec::new();
+        let mut r = self.reserved.lock().unwrap_or_else(|p| p.into_inner());
+        for res in r.values_mut() {
+            let Some(f) = &res.file else { continue };
+            let Ok(st) = fstat(f) else { continue };
+            let len = u64::try_from(st.st_size).unwrap_or(0);
+            let alloc = u64::try_from(st.st_blocks).unwrap_or(0).saturating_mul(512);
+            let over_len = len > res.size;
+            let over_alloc = alloc > res.size.saturating_mul(2).saturating_add(ALLOC_SLACK);
+            if !(over_len || over_alloc) {
+                continue;
+            }
+            if let Err(e) = f.set_len(0) {
+                tracing::warn!(shard = %res.key, error = %e, "cannot cut a staging file written past its size");
+            }
+            if res.overrun.is_none() {
+                let what = if over_len {
+                    format!("{len} bytes long")
+                } else {
+                    format!("{alloc} bytes allocated")
+                };
+                res.overrun = Some(format!(
+                    "{}: the staging file was written past the {} bytes BeginShard declared ({what}); \
+                     the agent cut it to nothing and refuses its commit",
+                    res.key, res.size
+                ));
+                found.push(Overrun {
+                    key: res.key.clone(),
+                    declared: res.size,
+                    found: if over_len { len } else { alloc },
+                });
+            }
+        }
+        found
     }
 
     /// Forgets reservations past their time, removing their files.
@@ -360,7 +530,11 @@ impl LocalTier {
                 .map(|(k, _)| k.clone())
                 .collect();
             for k in &old {
-                r.remove(k);
+                // Cut first: a rank still holding the file open would keep
+                // its bytes alive after the name is gone.
+                if let Some(f) = r.remove(k).and_then(|v| v.file) {
+                    let _ = f.set_len(0);
+                }
             }
             old
         };
@@ -439,6 +613,10 @@ impl LocalTier {
                 token.len()
             )));
         };
+        if let Some(why) = res.overrun {
+            self.discard(token);
+            return Err(TierError::Invalid(why));
+        }
         let want = res.owner.map_or_else(fsafe::me, |o| o.uid);
         let r = self.take_staged(key, token, size, want);
         if r.is_err() {
@@ -461,6 +639,15 @@ impl LocalTier {
         if len != size {
             return Err(TierError::Invalid(format!(
                 "{key}: the staged file {} holds {len} bytes, the commit says {size}",
+                staged.display()
+            )));
+        }
+        // Space allocated past the end (fallocate with KEEP_SIZE) would
+        // come into the tier unseen by the size.
+        let alloc = u64::try_from(st.st_blocks).unwrap_or(0).saturating_mul(512);
+        if alloc > size.saturating_mul(2).saturating_add(ALLOC_SLACK) {
+            return Err(TierError::Invalid(format!(
+                "{key}: the staged file {} has {alloc} bytes allocated for {size} bytes of data",
                 staged.display()
             )));
         }
@@ -896,6 +1083,104 @@ mod tests {
         assert!(data.is_file() && tier.layout().manifest(&key(1)).is_file());
         assert_eq!(tier.list_bad(Some("j")).len(), 1);
         assert!(tier.list(Some("j")).is_empty());
+    }
+
+    /// Issue 29: a staging file took any number of bytes until commit.
+    #[test]
+    fn a_staging_file_written_past_its_size_is_cut_and_its_commit_refused() {
+        use std::io::Write;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let tier = LocalTier::open(dir.path(), "h", 4, 0).expect("open");
+        let (path, token) = tier.begin(&key(1), 16, None).expect("begin");
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .expect("the rank opens it");
+        f.write_all(&[7u8; 16]).expect("within size");
+        assert!(tier.police_staging().is_empty(), "at its size: fine");
+        f.write_all(&[7u8; 1 << 20]).expect("past its size");
+        let found = tier.police_staging();
+        assert_eq!(
+            found,
+            vec![Overrun {
+                key: key(1),
+                declared: 16,
+                found: 16 + (1 << 20),
+            }]
+        );
+        assert_eq!(std::fs::metadata(&path).expect("stat").len(), 0, "cut");
+        // Writing on: cut again, reported once.
+        f.write_all(&[7u8; 4096]).expect("more");
+        assert!(tier.police_staging().is_empty());
+        assert_eq!(std::fs::metadata(&path).expect("stat").len(), 0);
+        let e = tier.place(&key(1), &token, 16).expect_err("refused");
+        assert!(e.to_string().contains("past the 16 bytes"), "{e}");
+        assert!(!path.exists(), "discarded");
+    }
+
+    /// Each save in flight holds a descriptor in the agent: one uid's
+    /// count is bounded, another uid's saves go on.
+    #[test]
+    fn saves_in_flight_are_bounded_per_uid() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let tier = LocalTier::open(dir.path(), "h", 4, 0).expect("open");
+        for _ in 0..MAX_IN_FLIGHT_PER_UID {
+            tier.begin(&key(1), 1, None).expect("begin");
+        }
+        let e = tier.begin(&key(1), 1, None).expect_err("one too many");
+        assert!(
+            matches!(e, TierError::TooManyInFlight { count, .. } if count == MAX_IN_FLIGHT_PER_UID),
+            "{e}"
+        );
+        if fsafe::me() == 0 {
+            let other = Owner {
+                uid: 4242,
+                gid: 4242,
+            };
+            tier.begin(&key(1), 1, Some(other)).expect("another uid");
+        }
+    }
+
+    /// Issue 29: a corrupt manifest once made the agent delete the intact
+    /// shard at start. Now the step moves whole to the quarantine.
+    #[test]
+    fn a_step_with_a_corrupt_manifest_is_quarantined_not_deleted() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let tier = LocalTier::open(dir.path(), "h", 4, 0).expect("open");
+        save(&tier, &key(1), b"intact shard bytes");
+        save(&tier, &key(2), b"newer bytes");
+        let manifest = tier.layout().manifest(&key(1));
+        let whole = std::fs::read(&manifest).expect("manifest");
+        std::fs::write(&manifest, &whole[..whole.len() / 2]).expect("truncate");
+        drop(tier);
+
+        let tier = LocalTier::open(dir.path(), "h", 4, 0).expect("reopen");
+        let r = tier.take_recovered();
+        assert_eq!(r.len(), 1, "{r:?}");
+        let Fate::Quarantined(to) = &r[0].fate else {
+            panic!("{r:?}")
+        };
+        assert_eq!(r[0].key, Some(key(1)));
+        assert!(r[0].why.contains("rank 0"), "{}", r[0].why);
+        assert!(to.starts_with(dir.path().join(QUARANTINE)), "{to:?}");
+        assert_eq!(
+            std::fs::read(to.join("rank-000000.bin")).expect("kept"),
+            b"intact shard bytes"
+        );
+        assert_eq!(
+            std::fs::read(to.join("rank-000000.json")).expect("kept"),
+            &whole[..whole.len() / 2]
+        );
+        let q = std::fs::metadata(dir.path().join(QUARANTINE)).expect("quarantine");
+        assert_eq!(q.mode() & 0o777, 0o700);
+        assert!(!tier.layout().data(&key(1)).exists());
+        let steps: Vec<u64> = tier.list(Some("j")).iter().map(|m| m.step).collect();
+        assert_eq!(steps, vec![2], "the quarantine is never listed");
+        // And stays out of later starts.
+        drop(tier);
+        let tier = LocalTier::open(dir.path(), "h", 4, 0).expect("reopen");
+        assert!(tier.take_recovered().is_empty());
+        assert!(to.join("rank-000000.bin").is_file());
     }
 
     #[test]

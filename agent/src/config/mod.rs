@@ -60,6 +60,8 @@ pub struct Config {
     pub checkpoint: crate::ckpt::CheckpointConfig,
     /// `[slurm]`: drain the node in Slurm while it is cordoned.
     pub slurm: crate::act::slurm::SlurmConfig,
+    /// `[goodput]`: how long ended jobs' ledgers, journals and series stay.
+    pub goodput: crate::goodput::config::GoodputConfig,
 }
 
 /// `[agent]`: identity and the work loop.
@@ -181,6 +183,11 @@ pub struct ApiConfig {
     /// client likes). Past it, RESOURCE_EXHAUSTED naming this key. Admins
     /// are exempt.
     pub max_requests_per_uid: u32,
+    /// ReportJobStop calls one uid may make per minute (a token bucket
+    /// holding as many, refilled evenly): a launcher reports a job's end
+    /// once; past it the call is refused with RESOURCE_EXHAUSTED naming
+    /// this key and nothing is recorded.
+    pub job_stops_per_minute: u32,
 }
 
 impl ApiConfig {
@@ -217,6 +224,7 @@ impl Default for ApiConfig {
             idle_timeout: Duration::from_secs(300),
             max_handshakes_per_source: 8,
             max_requests_per_uid: 1024,
+            job_stops_per_minute: 30,
         }
     }
 }
@@ -233,6 +241,10 @@ pub struct MetricsConfig {
     /// once. A scraper needs one. Every metrics connection is also closed
     /// after 5 s without a byte from its client, or 30 s after it opened.
     pub max_connections_per_source: u32,
+    /// Job-labelled series (`{job="..."}`) held at once; past it a new one
+    /// is not recorded (counted in `warden_metrics_job_series_dropped_total`).
+    /// Ended jobs' series are removed after `goodput.series_after_end`.
+    pub max_job_series: usize,
 }
 
 impl Default for MetricsConfig {
@@ -240,6 +252,7 @@ impl Default for MetricsConfig {
         Self {
             listen: "127.0.0.1:9464".into(),
             max_connections_per_source: 8,
+            max_job_series: 8192,
         }
     }
 }
@@ -305,8 +318,12 @@ pub struct HostConfig {
     /// Tests point it at a fake tree.
     pub sysfs_root: String,
     /// The checkpoint tier whose free space is watched (`disk/checkpoint`);
-    /// empty: not watched.
-    pub checkpoint_dir: String,
+    /// unset: the agent's own tier, `[checkpoint] dir` (when the tier is
+    /// on); empty: not watched. FAILED only when it is a filesystem of the
+    /// agent's own (sources/host_disk.rs), DEGRADED at most when others
+    /// may write it too.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub checkpoint_dir: Option<String>,
     /// Free space of `checkpoint_dir` below this share (percent) is DEGRADED.
     pub checkpoint_degraded_below_percent: f64,
     /// Free space below this share (percent) is FAILED: the next checkpoint
@@ -332,7 +349,7 @@ impl Default for HostConfig {
             memory_degraded_below_percent: 10.0,
             memory_failed_below_percent: 3.0,
             sysfs_root: "/sys".into(),
-            checkpoint_dir: "/dev/shm".into(),
+            checkpoint_dir: None,
             checkpoint_degraded_below_percent: 10.0,
             checkpoint_failed_below_percent: 3.0,
             net_interfaces: Vec::new(),
@@ -531,12 +548,24 @@ impl Config {
                 "must be an absolute path",
             ));
         }
-        if self.socket_mode().is_none() {
-            return Err(invalid(
-                "api.socket_mode",
-                format!("{:?}", self.api.socket_mode),
-                "must be octal permission bits such as \"0660\" (at most 0777)",
-            ));
+        match self.socket_mode() {
+            None => {
+                return Err(invalid(
+                    "api.socket_mode",
+                    format!("{:?}", self.api.socket_mode),
+                    "must be octal permission bits such as \"0660\" (at most 0777)",
+                ));
+            }
+            // Any user of the host could connect: every read call, and the
+            // claim of any job id nobody holds yet (docs/security.md).
+            Some(m) if m & 0o007 != 0 => {
+                return Err(invalid(
+                    "api.socket_mode",
+                    format!("{:?}", self.api.socket_mode),
+                    "gives others (every user of the host) access to the agent's sockets; use 0660 with api.socket_group, or 0600",
+                ));
+            }
+            Some(_) => {}
         }
         if let Err(why) = self.socket_gid() {
             return Err(invalid(
@@ -799,6 +828,21 @@ impl Config {
         self.restart.validate(origin)?;
         self.checkpoint.validate(origin)?;
         self.slurm.validate(origin)?;
+        self.goodput.validate(origin)?;
+        if !(1..=6000).contains(&self.api.job_stops_per_minute) {
+            return Err(invalid(
+                "api.job_stops_per_minute",
+                self.api.job_stops_per_minute.to_string(),
+                "must be between 1 and 6000",
+            ));
+        }
+        if !(1..=1 << 20).contains(&self.metrics.max_job_series) {
+            return Err(invalid(
+                "metrics.max_job_series",
+                self.metrics.max_job_series.to_string(),
+                "must be between 1 and 1048576",
+            ));
+        }
         Ok(())
     }
 

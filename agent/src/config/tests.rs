@@ -50,6 +50,9 @@ fn out_of_range_values_are_refused_with_the_key() {
         ("[api]\ntcp = \"localhost\"\n", "api.tcp"),
         ("[api]\nsocket = \"rel/x.sock\"\n", "api.socket"),
         ("[api]\nsocket_mode = \"0999\"\n", "api.socket_mode"),
+        ("[api]\nsocket_mode = \"0666\"\n", "api.socket_mode"),
+        ("[api]\nsocket_mode = \"0777\"\n", "api.socket_mode"),
+        ("[api]\nsocket_mode = \"0661\"\n", "api.socket_mode"),
         (
             "[api]\nsocket_group = \"no-such-group-warden\"\n",
             "api.socket_group",

@@ -152,8 +152,12 @@ async fn serve(
     // Subscribed before anything publishes, so attribution sees every
     // registration and signal.
     let attribution = crate::attribute::task::start(state.attribution(), state.take_escalations());
-    let goodput =
-        crate::goodput::task::start(&state.events, state.goodput.clone(), state.shutdown.clone());
+    let goodput = crate::goodput::task::start(
+        &state.events,
+        state.goodput.clone(),
+        state.shutdown.clone(),
+        state.config.goodput.series_after_end,
+    );
     let cfg = &state.config;
 
     let uds = UnixListener::bind(&socket).map_err(|source| DaemonError::Bind {
@@ -200,7 +204,7 @@ async fn serve(
     if let Some((_, addr)) = &metrics {
         state.add_endpoint("metrics", format!("http://{addr}/metrics"));
     }
-    let metrics_handle = metrics_http::install();
+    let metrics_handle = metrics_http::install(cfg.metrics.max_job_series);
     // One budget of connections over every listener, within the
     // descriptors the agent may open (issue 29).
     let nofile = crate::api::admission::nofile_limit();
@@ -265,6 +269,11 @@ async fn serve(
             state.shutdown.clone(),
             ck.clone(),
         ));
+        tasks.spawn(crate::ckpt::police_staging(
+            state.events.clone(),
+            state.shutdown.clone(),
+            ck.clone(),
+        ));
     }
     tasks.spawn(goodput);
     if let Some(slurm) = crate::act::slurm::start(
@@ -315,8 +324,9 @@ async fn serve(
     }
     if !cfg.nvhcd.socket.is_empty() {
         let path = cfg.nvhcd.socket.clone();
-        let l = nvhcd::bind(&path, mode).map_err(|source| DaemonError::Bind {
-            what: "nvhcd socket",
+        let gid = cfg.socket_gid().ok().flatten();
+        let l = nvhcd::bind(&path, mode, gid).map_err(|source| DaemonError::Bind {
+            what: "nvhcd socket (bind, chmod to api.socket_mode, chown to api.socket_group)",
             addr: path.clone(),
             source,
         })?;
@@ -382,7 +392,7 @@ async fn serve(
             Box::new(HostNet::new(host.clone())),
         )
         .map_err(DaemonError::Threads)?;
-    if let Some(disk) = HostDisk::new(host.clone()) {
+    if let Some(disk) = HostDisk::new(host.clone(), &state.config.checkpoint) {
         sources
             .spawn(
                 state.health_reporter(),

@@ -2,5 +2,6 @@
 //! the ledger ([`warden_core::goodput`]) and writes the journals, and the
 //! job-wide view merged from every host's report.
 
+pub mod config;
 pub mod job_wide;
 pub mod task;

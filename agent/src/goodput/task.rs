@@ -29,10 +29,13 @@ pub const FLUSH_EVERY: Duration = Duration::from_secs(1);
 
 /// Subscribes now (before the caller lets anything publish) and returns
 /// the task to run; it ends when the agent shuts down, after a last flush.
+/// An ended job's series are exported for `series_after_end` after it
+/// ended (`goodput.series_after_end`), then removed.
 pub fn start(
     events: &EventBus,
     goodput: Arc<Goodput>,
     shutdown: CancellationToken,
+    series_after_end: Duration,
 ) -> impl std::future::Future<Output = ()> + Send + 'static {
     let mut sub = events.subscribe(None);
     async move {
@@ -44,7 +47,7 @@ pub fn start(
                 () = shutdown.cancelled() => break,
                 _ = tick.tick() => {
                     goodput.flush();
-                    set_metrics(&goodput, &mut seen);
+                    set_metrics(&goodput, &mut seen, series_after_end);
                 }
                 ev = sub.live.recv() => match ev {
                     Ok(ev) => apply(&mut goodput.ledger(), &ev),
@@ -113,8 +116,35 @@ fn ms_to_ns(shown: &str) -> Option<i64> {
     Some((ms * 1e6) as i64)
 }
 
-fn set_metrics(goodput: &Goodput, seen: &mut BTreeMap<String, Occurrences>) {
-    for rep in goodput.reports(None) {
+/// Sets the gauges of the jobs still exported (running, or ended less than
+/// `series_after_end` ago), removes every other job's series
+/// ([`crate::api::job_series::retain`]), and counts new occurrences.
+fn set_metrics(
+    goodput: &Goodput,
+    seen: &mut BTreeMap<String, Occurrences>,
+    series_after_end: Duration,
+) {
+    let now = warden_core::goodput::mono_now();
+    let window = u64::try_from(series_after_end.as_nanos()).unwrap_or(u64::MAX);
+    let ended = goodput.ended();
+    let reports = goodput.reports(None);
+    let exported: std::collections::BTreeSet<&str> = reports
+        .iter()
+        .map(|r| r.job.as_str())
+        .filter(|j| {
+            ended
+                .get(*j)
+                .is_none_or(|since| now.saturating_sub(*since) < window)
+        })
+        .collect();
+    crate::api::job_series::retain(|job| exported.contains(job));
+    // The ledger dropped these jobs: nothing more to count for them.
+    let known: std::collections::BTreeSet<&str> = reports.iter().map(|r| r.job.as_str()).collect();
+    seen.retain(|job, _| known.contains(job.as_str()));
+    for rep in &reports {
+        if !exported.contains(rep.job.as_str()) {
+            continue;
+        }
         for c in Cause::ALL {
             metrics::gauge!("warden_goodput_seconds", "job" => rep.job.clone(), "cause" => c.as_str())
                 .set(rep.parts.get(c) as f64 / 1e9);

@@ -36,6 +36,9 @@ pub async fn ask(cfg: &HookConfig, input: &Value) -> Result<HookAnswer, HookErro
     let Some((program, args)) = cfg.command.split_first() else {
         return Err(HookError::NotConfigured);
     };
+    // Again at every run: a hook made writable by another user since the
+    // agent started is refused, not run with the agent's rights.
+    cfg.check_trusted().map_err(HookError::Untrusted)?;
     let mut payload = serde_json::to_vec(input).map_err(io::Error::other)?;
     payload.push(b'\n');
 
@@ -369,6 +372,53 @@ mod tests {
             (a.action, a.reason.as_str()),
             (Some(Action::Stop), "two words")
         );
+    }
+
+    #[tokio::test]
+    async fn a_hook_others_may_change_is_refused_and_not_run() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let ran = dir.path().join("ran");
+        let script = dir.path().join("hook.sh");
+        std::fs::write(
+            &script,
+            format!("#!/bin/sh\ntouch {}\necho '{{}}'\n", ran.display()),
+        )
+        .unwrap();
+        let set = |p: &std::path::Path, m: u32| {
+            std::fs::set_permissions(p, std::fs::Permissions::from_mode(m)).unwrap();
+        };
+        set(&script, 0o755);
+        set(dir.path(), 0o700);
+        let cfg = hook(&[script.to_str().unwrap()], Duration::from_secs(10));
+        // Trusted: it runs.
+        ask(&cfg, &input()).await.unwrap();
+        assert!(ran.exists());
+        std::fs::remove_file(&ran).unwrap();
+        // Made writable by the group after start: refused at the run.
+        set(&script, 0o775);
+        let e = ask(&cfg, &input()).await.unwrap_err();
+        assert!(matches!(e, HookError::Untrusted(_)), "{e:?}");
+        let msg = e.to_string();
+        assert!(
+            msg.contains("policy.hook.command[0]") && msg.contains("0775"),
+            "{msg}"
+        );
+        assert!(cfg.validate().is_err());
+        // Its directory open to everyone: the same.
+        set(&script, 0o755);
+        set(dir.path(), 0o777);
+        let e = ask(&cfg, &input()).await.unwrap_err();
+        assert!(e.to_string().contains("directory"), "{e}");
+        // A script given to an interpreter is checked as well.
+        let via = hook(
+            &["/bin/sh", script.to_str().unwrap()],
+            Duration::from_secs(10),
+        );
+        let e = ask(&via, &input()).await.unwrap_err();
+        assert!(e.to_string().contains("policy.hook.command[1]"), "{e}");
+        assert!(!ran.exists(), "the refused hook ran");
+        set(dir.path(), 0o700);
     }
 
     #[tokio::test]

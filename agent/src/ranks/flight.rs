@@ -1,22 +1,30 @@
 //! A rank's torch flight recorder, asked for over its `Control` stream and
-//! read back, bounded in time.
+//! read back, bounded in time and in memory.
 //!
 //! In: a rank (its key) and how long to wait. Out: where each of its
 //! process groups stands ([`warden_core::detect::flight_recorder::PgPosition`]),
 //! or why there is nothing: "no flight-recorder dump within 2s" (a rank
 //! frozen with SIGSTOP, or stuck holding the GIL, never answers, and that is
 //! an answer too), the client's own reason (torch.distributed not
-//! initialised, the recorder off), or a refused file.
-//! Never: read a path the rank chose. The agent makes a fresh directory for
-//! each request inside its stack-dump directory (`<slot_dir>/stacks`, 0711,
-//! the agent's), hands it to the rank's uid, names the file in it, reads it
-//! only as a plain file of one link (never through a symlink), at most
-//! [`MAX_DUMP_BYTES`] + 1 bytes, and removes the directory afterwards. Not
-//! wired into the hang path here: the caller decides when to ask.
+//! initialised, the recorder off), or a refused dump.
+//! Never: read a path the rank chose, or walk anything a rank could have
+//! made. For each request the agent creates one file itself
+//! (`O_CREAT | O_EXCL`, 0600, a random name) directly in its stack-dump
+//! directory (`<slot_dir>/stacks`, 0711, the agent's: a rank can create,
+//! rename or remove nothing there), hands the file to the rank's uid
+//! (`fchown` through the descriptor), keeps that descriptor, and reads the
+//! dump through it once the rank has taken the file's write bits off (its
+//! "done"). Afterwards it removes that one name, which it made. No
+//! directory is ever handed over, so there is no tree to walk (a rank once
+//! built a 30,000-deep chain of directories in the one it was handed, and
+//! the agent's recursive removal overflowed its stack). A dump over
+//! [`MAX_DUMP_BYTES`] is refused from its size, unread; one within it is
+//! parsed on a blocking thread under the parser's caps (entries and groups
+//! counted while read). Not wired into the hang path here: the caller
+//! decides when to ask.
 
-use std::io::Read;
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
-use std::path::{Path, PathBuf};
+use std::io::{Read, Seek, SeekFrom};
+use std::os::unix::fs::MetadataExt;
 use std::time::{Duration, Instant};
 
 use warden_core::detect::flight_recorder::{self, MAX_DUMP_BYTES, PgPosition};
@@ -25,10 +33,8 @@ use super::RankKey;
 use super::registry::RankState;
 use crate::act::in_process::{self, Handles};
 
-/// How often the file is looked for while waiting.
+/// How often the file is looked at while waiting.
 const POLL: Duration = Duration::from_millis(20);
-/// The file's name in the request's directory.
-const FILE: &str = "flight_recorder.json";
 
 /// Asks `key`'s client to dump its flight recorder and reads the dump,
 /// waiting at most `wait` for it. `handles` are in-process restarts'
@@ -39,7 +45,7 @@ pub async fn request_dump(
     key: &RankKey,
     wait: Duration,
 ) -> Result<Vec<PgPosition>, String> {
-    let (generation, stacks, owner) = {
+    let (generation, file, name, path) = {
         let reg = handles.registry.lock();
         let e = reg
             .ranks
@@ -48,69 +54,64 @@ pub async fn request_dump(
         if !matches!(e.state, RankState::Running | RankState::Hung) {
             return Err(format!("{key} is {}, not running", e.state.as_str()));
         }
-        let stacks = e
-            .stack_dump_path
-            .parent()
-            .map(Path::to_path_buf)
-            .ok_or_else(|| format!("{key} has no stack-dump directory"))?;
-        (e.generation, stacks, e.owner)
+        let (file, name) = make_file(reg.stacks(), key, e.owner)?;
+        let path = reg.stacks().path().join(&name);
+        (e.generation, file, name, path)
     };
-    let dir = make_dir(&stacks, key, owner)?;
-    let path = dir.join(FILE);
     let seq = in_process::ask_dump(&handles.restarts, key, generation, path.clone());
-    let out = wait_and_read(&path, wait).await;
+    let out = wait_and_read(file, &path, wait).await;
     in_process::end_dump(&handles.restarts, key, seq);
-    // Whatever the rank left there (a planted link is removed, never
-    // followed).
-    if let Err(e) = std::fs::remove_dir_all(&dir) {
-        tracing::warn!(rank = %key, dir = %dir.display(), error = %e, "cannot remove the flight-recorder directory");
+    // The one name the agent made (the rank can neither rename nor replace
+    // it: the directory is the agent's).
+    if let Err(e) = handles.registry.lock().stacks().remove(&name) {
+        tracing::warn!(rank = %key, error = %e, "cannot remove the flight-recorder file");
     }
     out
 }
 
-/// A fresh directory for one request: a random name nobody could plant
-/// anything at beforehand, 0700, handed to the rank's uid so its client
-/// can write a temporary file and rename it.
-fn make_dir(
-    stacks: &Path,
+/// The request's file: a random name nobody could plant anything at
+/// beforehand, created exclusively (0600) in the agent's own directory and
+/// handed to the rank's uid, so its client can write it in place.
+fn make_file(
+    stacks: &warden_core::fsafe::Dir,
     key: &RankKey,
     owner: Option<warden_core::fsafe::Owner>,
-) -> Result<PathBuf, String> {
+) -> Result<(std::fs::File, String), String> {
     let prefix = format!("{}-{}.fr.", sanitize(&key.job), key.rank);
-    let name = warden_core::fsafe::random_name(&prefix)
-        .map_err(|e| format!("cannot name a flight-recorder directory: {e}"))?;
-    let dir = stacks.join(name);
-    std::fs::DirBuilder::new()
-        .mode(0o700)
-        .create(&dir)
-        .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
-    if let Some(o) = owner.filter(|o| o.uid != warden_core::fsafe::me() && o.uid != 0) {
-        let f = std::fs::OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW)
-            .open(&dir)
-            .map_err(|e| format!("cannot open {}: {e}", dir.display()))?;
-        if let Err(e) = warden_core::fsafe::give(&f, &dir, o) {
-            let _ = std::fs::remove_dir(&dir);
-            return Err(format!(
-                "cannot hand {} to the rank's uid {}: {e}",
-                dir.display(),
-                o.uid
-            ));
-        }
+    let (file, name) = stacks
+        .create_random(&prefix, 0o600)
+        .map_err(|e| format!("cannot create a flight-recorder file: {e}"))?;
+    let path = stacks.path().join(&name);
+    if let Some(o) = owner.filter(|o| o.uid != warden_core::fsafe::me() && o.uid != 0)
+        && let Err(e) = warden_core::fsafe::give(&file, &path, o)
+    {
+        let _ = stacks.remove(&name);
+        return Err(format!(
+            "cannot hand {} to the rank's uid {}: {e}",
+            path.display(),
+            o.uid
+        ));
     }
-    Ok(dir)
+    Ok((file, name))
 }
 
-/// Waits for `path` to appear (the client renames a complete file into
-/// place) and parses it.
-async fn wait_and_read(path: &Path, wait: Duration) -> Result<Vec<PgPosition>, String> {
+/// Waits until the rank marks the file complete (its write bits off) and
+/// reads it through the agent's own descriptor.
+async fn wait_and_read(
+    file: std::fs::File,
+    path: &std::path::Path,
+    wait: Duration,
+) -> Result<Vec<PgPosition>, String> {
     let deadline = Instant::now() + wait;
     loop {
-        match warden_core::fsafe::open_leaf(path) {
-            Ok((f, _)) => return read(f, path),
-            Err(e) if e.is_not_found() => {}
-            Err(e) => return Err(format!("flight-recorder dump refused: {e}")),
+        let meta = file
+            .metadata()
+            .map_err(|e| format!("cannot inspect {}: {e}", path.display()))?;
+        if meta.mode() & 0o222 == 0 {
+            let path = path.to_owned();
+            return tokio::task::spawn_blocking(move || read(file, meta.len(), &path))
+                .await
+                .map_err(|e| format!("reading the flight-recorder dump failed: {e}"))?;
         }
         if Instant::now() >= deadline {
             return Err(format!(
@@ -122,12 +123,23 @@ async fn wait_and_read(path: &Path, wait: Duration) -> Result<Vec<PgPosition>, S
     }
 }
 
-/// Reads at most one byte over the cap (so an oversized file is refused,
-/// not cut) and parses it; a client that could not dump says why in
+/// Refuses a dump over the cap from its size (unread), else reads it (at
+/// most one byte over the cap: the rank may still be writing) and parses
+/// it; a client that could not dump says why in
 /// `{"warden_unavailable": "..."}`.
-fn read(f: std::fs::File, path: &Path) -> Result<Vec<PgPosition>, String> {
-    let mut bytes = Vec::new();
-    f.take(MAX_DUMP_BYTES as u64 + 1)
+fn read(mut f: std::fs::File, len: u64, path: &std::path::Path) -> Result<Vec<PgPosition>, String> {
+    let cap = MAX_DUMP_BYTES as u64;
+    if len > cap {
+        return Err(flight_recorder::FlightRecorderError::TooLarge {
+            len: usize::try_from(len).unwrap_or(usize::MAX),
+            max: MAX_DUMP_BYTES,
+        }
+        .to_string());
+    }
+    f.seek(SeekFrom::Start(0))
+        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    let mut bytes = Vec::with_capacity(usize::try_from(len).unwrap_or(0).saturating_add(1));
+    f.take(cap + 1)
         .read_to_end(&mut bytes)
         .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
     if let Some(why) = unavailable(&bytes) {
@@ -172,6 +184,7 @@ mod tests {
         "../../../tests/fixtures/flight_recorder/gloo_rank0_waiting_in_all_reduce.json"
     );
 
+    use std::path::PathBuf;
     use std::sync::Arc;
 
     use crate::config::Config;
@@ -203,7 +216,7 @@ mod tests {
     }
 
     /// The rank's side, as the Python client does it: the request off the
-    /// `Control` stream, the dump written to a temporary name and renamed.
+    /// `Control` stream, the dump written in place and marked done.
     #[tokio::test]
     async fn a_rank_answers_on_its_control_stream_and_the_dump_is_parsed() {
         let (_dir, state) = agent();
@@ -218,7 +231,9 @@ mod tests {
         )
         .await
         .expect("control stream");
+        let stack2 = stack.clone();
         let rank = tokio::spawn(async move {
+            let stack = stack2;
             let m = stream
                 .next()
                 .await
@@ -227,9 +242,7 @@ mod tests {
             assert_eq!(m.kind, pb::control_message::Kind::DumpFlightRecorder as i32);
             let path = PathBuf::from(&m.flight_recorder_path);
             warden_client::flight::check_path(&path, Some(&stack)).expect("an agreed path");
-            let tmp = path.with_extension("tmp");
-            std::fs::write(&tmp, RANK0).expect("write");
-            std::fs::rename(&tmp, &path).expect("rename");
+            warden_client::flight::write_dump(&path, RANK0).expect("write");
             path
         });
         let p = request_dump(&state.in_process(), &key, Duration::from_secs(30))
@@ -238,10 +251,14 @@ mod tests {
         assert_eq!(p[0].pg, "0:default_pg");
         assert_eq!(p[0].pending.as_deref(), Some("gloo:all_reduce #5"));
         let path = rank.await.expect("rank task");
-        assert!(
-            !path.parent().expect("dir").exists(),
-            "the request's directory is removed"
-        );
+        assert!(!path.exists(), "the request's file is removed");
+        let left: Vec<_> = std::fs::read_dir(path.parent().expect("stacks"))
+            .expect("ls")
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| p != &stack)
+            .collect();
+        assert!(left.is_empty(), "only the stack-dump file stays: {left:?}");
     }
 
     /// A rank that never answers (frozen, or its client without the
@@ -271,62 +288,59 @@ mod tests {
         assert!(e.contains("not registered"), "{e}");
     }
 
+    /// A file the agent made, as `make_file` does, and its path.
+    fn made(t: &tempfile::TempDir) -> (std::fs::File, PathBuf) {
+        let dir = warden_core::fsafe::Dir::ensure(&t.path().join("stacks"), 0o711).expect("dir");
+        let key = RankKey {
+            job: "j".into(),
+            rank: 0,
+        };
+        let (f, name) = make_file(&dir, &key, None).expect("file");
+        (f, dir.path().join(name))
+    }
+
     #[tokio::test]
-    async fn a_dump_renamed_into_place_is_read() {
+    async fn a_dump_marked_done_is_read_through_the_agents_descriptor() {
         let t = tempfile::tempdir().expect("tempdir");
-        let path = t.path().join(FILE);
-        let tmp = t.path().join("tmp");
-        std::fs::write(&tmp, RANK0).expect("write");
-        std::fs::rename(&tmp, &path).expect("rename");
-        let p = wait_and_read(&path, Duration::from_secs(5))
+        let (f, path) = made(&t);
+        warden_client::flight::write_dump(&path, RANK0).expect("write");
+        let p = wait_and_read(f, &path, Duration::from_secs(5))
             .await
             .expect("read");
         assert_eq!(p[0].pending.as_deref(), Some("gloo:all_reduce #5"));
     }
 
     #[tokio::test]
-    async fn nothing_written_is_an_answer_within_the_wait() {
+    async fn a_dump_not_marked_done_is_no_answer_within_the_wait() {
         let t = tempfile::tempdir().expect("tempdir");
+        let (f, path) = made(&t);
+        std::fs::write(&path, RANK0).expect("write, never marked done");
         let t0 = Instant::now();
-        let e = wait_and_read(&t.path().join(FILE), Duration::from_millis(200))
+        let e = wait_and_read(f, &path, Duration::from_millis(200))
             .await
-            .expect_err("nothing there");
+            .expect_err("not done");
         assert_eq!(e, "no flight-recorder dump within 200ms");
         assert!(t0.elapsed() < Duration::from_secs(10), "{:?}", t0.elapsed());
     }
 
     #[tokio::test]
-    async fn a_planted_symlink_is_never_followed() {
+    async fn a_huge_file_is_refused_unread_and_bad_json_by_its_field() {
         let t = tempfile::tempdir().expect("tempdir");
-        let secret = t.path().join("secret");
-        std::fs::write(&secret, RANK0).expect("write");
-        let path = t.path().join(FILE);
-        std::os::unix::fs::symlink(&secret, &path).expect("symlink");
-        let e = wait_and_read(&path, Duration::from_secs(5))
-            .await
-            .expect_err("a symlink");
-        assert!(e.contains("refused"), "{e}");
-        // A hard link to someone else's file: two links, refused too.
-        std::fs::remove_file(&path).expect("rm");
-        std::fs::hard_link(&secret, &path).expect("link");
-        let e = wait_and_read(&path, Duration::from_secs(5))
-            .await
-            .expect_err("a hard link");
-        assert!(e.contains("refused"), "{e}");
-    }
-
-    #[tokio::test]
-    async fn a_huge_file_and_bad_json_are_refused() {
-        let t = tempfile::tempdir().expect("tempdir");
-        let path = t.path().join(FILE);
-        let f = std::fs::File::create(&path).expect("create");
-        f.set_len(MAX_DUMP_BYTES as u64 * 4).expect("sparse");
-        let e = wait_and_read(&path, Duration::from_secs(5))
+        let (f, path) = made(&t);
+        let w = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .expect("open");
+        w.set_len(MAX_DUMP_BYTES as u64 * 4).expect("sparse");
+        std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o400))
+            .expect("done");
+        let e = wait_and_read(f, &path, Duration::from_secs(5))
             .await
             .expect_err("huge");
         assert!(e.contains("over the"), "{e}");
-        std::fs::write(&path, b"{\"pg_status\": 7}").expect("write");
-        let e = wait_and_read(&path, Duration::from_secs(5))
+        let (f, path) = made(&t);
+        warden_client::flight::write_dump(&path, b"{\"pg_status\": 7}").expect("write");
+        let e = wait_and_read(f, &path, Duration::from_secs(5))
             .await
             .expect_err("bad json");
         assert!(e.contains("pg_status"), "{e}");
@@ -335,13 +349,13 @@ mod tests {
     #[tokio::test]
     async fn the_clients_reason_is_passed_on() {
         let t = tempfile::tempdir().expect("tempdir");
-        let path = t.path().join(FILE);
-        std::fs::write(
+        let (f, path) = made(&t);
+        warden_client::flight::write_dump(
             &path,
             br#"{"warden_unavailable": "torch.distributed is not initialised"}"#,
         )
         .expect("write");
-        let e = wait_and_read(&path, Duration::from_secs(5))
+        let e = wait_and_read(f, &path, Duration::from_secs(5))
             .await
             .expect_err("unavailable");
         assert_eq!(

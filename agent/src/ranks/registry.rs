@@ -534,6 +534,12 @@ impl Registry {
         })
     }
 
+    /// The stack-dump directory `<slot_dir>/stacks` (the agent's, 0711),
+    /// where `ranks::flight` makes each flight-recorder dump file.
+    pub fn stacks(&self) -> &warden_core::fsafe::Dir {
+        &self.stacks
+    }
+
     /// Makes the rank's stack-dump file: a random name nobody can plant a
     /// link at beforehand, created exclusively (0600) in the agent's own
     /// directory and handed to the rank's uid, which appends to it.

@@ -192,7 +192,9 @@ async fn read_flight_recorders(
                     .collect(),
             ),
             Err(why) => {
-                tracing::debug!(rank = %key, "no flight recorder for the hang verdict: {why}")
+                // Info, not debug: a dump refused (over a cap, malformed)
+                // is worth a line beside the verdict it is missing from.
+                tracing::info!(rank = %key, "no flight recorder for the hang verdict: {why}")
             }
         }
     }

@@ -159,40 +159,40 @@ def _fr_dump() -> tuple[bytes | None, str]:
 def dump_flight_recorder(seq: int, path: str) -> None:
     """Writes the rank's flight recorder to ``path`` (the agent's request ``seq``).
 
-    Called by the native client on a thread of its own. The file appears
-    complete or not at all: the JSON goes to a new temporary name beside
-    it (mode 0600, never through a link), then is renamed into place.
-    Without torch.distributed initialised, or without a recorder, writes
+    Called by the native client on a thread of its own. ``path`` is a file
+    the agent made (mode 0600, handed to this rank's uid) in a directory
+    only the agent writes: it is opened without creating and never through
+    a link, written in place, and its write bits are then taken off (mode
+    0400), which tells the agent the dump is complete. Without
+    torch.distributed initialised, or without a recorder, writes
     ``{"warden_unavailable": why}`` instead. With the recorder off
     (``TORCH_FR_BUFFER_SIZE`` unset or 0) torch's dump has no groups.
     """
     import json
     import os
+    import stat
 
     data, why = _fr_dump()
     if data is None:
         data = json.dumps({"warden_unavailable": why}).encode()
     elif isinstance(data, str):
         data = data.encode()
-    directory = os.path.dirname(path)
-    tmp = os.path.join(directory, f".{os.path.basename(path)}.{os.getpid()}.{seq}.tmp")
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    flags = os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY
     try:
-        fd = os.open(tmp, flags, 0o600)
+        fd = os.open(path, flags)
         try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise OSError(f"{path} is not a regular file")
+            os.ftruncate(fd, 0)
             view = memoryview(data)
             while view:
                 n = os.write(fd, view)
                 view = view[n:]
+            os.fchmod(fd, 0o400)
         finally:
             os.close(fd)
-        os.rename(tmp, path)
     except OSError as e:
         print(f"warden: cannot write the flight-recorder dump to {path}: {e}", file=sys.stderr)
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
 
 
 def _register_flight_recorder_hook() -> None:

@@ -31,6 +31,32 @@ pub struct Evidence {
     pub event_id: u64,
 }
 
+/// The evidence sources the agent reads itself: the kernel log, NVML, the
+/// health model (NVML, DCGM and the host sources as judged), its own
+/// pre-restart gate, and its history of those. A source named by several
+/// ("nvml+kmsg") counts when every one of them is here. Everything else is
+/// what a rank said or did about itself (its exception, exit, SDC values,
+/// heartbeats, hang positions) or what another party reported: believed
+/// for the rank's own job, never for the node (docs/security.md, "What the
+/// agent believes from a rank").
+pub const AGENT_READ_SOURCES: &[&str] = &["kmsg", "nvml", "dcgm", "health", "gate", "history"];
+
+/// The rule name of the evidence item that marks a hardware or
+/// infrastructure verdict resting on a rank's word only.
+pub const RANK_WORD_ONLY: &str = "belief.rank_word_only";
+
+impl Evidence {
+    /// True when the agent read this itself ([`AGENT_READ_SOURCES`]); false
+    /// for a rank's word and for unknown sources.
+    pub fn read_by_agent(&self) -> bool {
+        !self.source.is_empty()
+            && self
+                .source
+                .split('+')
+                .all(|s| AGENT_READ_SOURCES.contains(&s))
+    }
+}
+
 /// An incident's diagnosis.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Diagnosis {
@@ -44,6 +70,18 @@ pub struct Diagnosis {
     pub rule: String,
     /// The evidence, the deciding items first.
     pub evidence: Vec<Evidence>,
+}
+
+impl Diagnosis {
+    /// True when evidence the agent read itself supports the class: the
+    /// condition for any node-level verdict (a cordon, a count toward the
+    /// lemon rule or the circuit breaker). Computed from the evidence, so
+    /// records from before the rule existed are judged the same way.
+    pub fn corroborated(&self) -> bool {
+        self.evidence
+            .iter()
+            .any(|e| e.points_to == Some(self.class) && e.weight > 0.0 && e.read_by_agent())
+    }
 }
 
 /// What kind of trigger opened an incident.

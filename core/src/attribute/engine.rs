@@ -24,6 +24,10 @@ use crate::signal::{GateFailed, HealthChanged, Signal, Xid, XidSource};
 
 /// Hardware observations kept (a bound on memory whatever the event rate).
 const MAX_OBSERVATIONS: usize = 4096;
+/// NVML process sets kept per GPU (each a change; a bound on memory).
+const MAX_GPU_SETS: usize = 64;
+/// GPUs whose process sets are kept.
+const MAX_GPUS: usize = 256;
 /// The same XID reported by NVML and the kernel log within this long is one.
 const XID_DEDUP: Duration = Duration::from_secs(2);
 
@@ -79,11 +83,17 @@ impl DeviceMap {
     }
 }
 
-/// What the engine knows of a registered rank.
+/// What the engine knows of a registered rank: its process as the agent
+/// sees it, and since when. Not the devices it declared: those are the
+/// rank's word, and a rank's devices for attribution are only those the
+/// agent maps its pid to itself ([`Engine::devices_of`]).
 #[derive(Debug, Clone)]
 struct RankMeta {
+    /// 0: a process the agent cannot see (no device is ever mapped to it).
     pid: u32,
-    devices: Vec<String>,
+    /// When it registered: an XID naming its pid before that named another
+    /// process under a recycled pid.
+    since: SystemTime,
 }
 
 /// An exception a rank reported.
@@ -231,6 +241,9 @@ pub struct Engine {
     ranks: HashMap<RankKey, RankMeta>,
     exceptions: HashMap<RankKey, ExceptionSeen>,
     observations: VecDeque<Observation>,
+    /// Per GPU, the process sets NVML reported (`gpu.processes`), oldest
+    /// first: the agent's own map of ranks to devices.
+    gpu_sets: HashMap<String, VecDeque<(SystemTime, Vec<u32>)>>,
     open: Vec<Open>,
     /// Incidents no longer open: the history the repeat rule and the
     /// budgets read.
@@ -257,6 +270,7 @@ impl Engine {
             ranks: HashMap::new(),
             exceptions: HashMap::new(),
             observations: VecDeque::new(),
+            gpu_sets: HashMap::new(),
             open: Vec::new(),
             closed: history.into(),
         }
@@ -268,20 +282,18 @@ impl Engine {
     pub fn observe(&mut self, ev: &Event) {
         match &ev.signal {
             Signal::RankRegistered(r) => {
-                let devices = r
-                    .devices()
-                    .iter()
-                    .flat_map(|d| d.split(','))
-                    .filter(|s| !s.is_empty())
-                    .map(str::to_owned)
-                    .collect();
                 self.ranks.insert(
                     r.key.clone(),
                     RankMeta {
                         pid: r.pid,
-                        devices,
+                        since: ev.time,
                     },
                 );
+            }
+            // A rank that left is no longer on any device: a later hardware
+            // incident does not take its job in.
+            Signal::RankDeregistered { key } => {
+                self.ranks.remove(key);
             }
             Signal::RankException(r) => {
                 self.exceptions.insert(
@@ -363,6 +375,16 @@ impl Engine {
                 self.trigger(t, ev);
             }
             Signal::Xid(x) => self.observe_xid(ev, x),
+            Signal::GpuProcesses(g) => {
+                if self.gpu_sets.len() >= MAX_GPUS && !self.gpu_sets.contains_key(&g.component) {
+                    return;
+                }
+                let sets = self.gpu_sets.entry(g.component.clone()).or_default();
+                if sets.len() >= MAX_GPU_SETS {
+                    sets.pop_front();
+                }
+                sets.push_back((ev.time, g.pids.clone()));
+            }
             Signal::GateFailed(g) => self.observe_gate(ev, g),
             Signal::HealthChanged(h) => self.observe_health(ev, h),
             Signal::OomKill(o) => {
@@ -533,13 +555,45 @@ impl Engine {
         self.observations.push_back(o);
     }
 
-    /// The devices a rank drives (declared, else gpu<local_rank> as the
-    /// registration event resolved it).
+    /// The devices the agent itself maps a rank to: those NVML listed the
+    /// rank's process on (in the set in force when it registered, or any
+    /// set since: an earlier holder of a recycled pid had left the set
+    /// before), and those whose XIDs (the kernel log's `pid=`) named it
+    /// since it registered.
+    /// Never the devices the rank declared (its word: an attacker names a
+    /// busy GPU to pull another job's failures into its own incident, or a
+    /// degraded one to borrow its evidence). A rank the agent has no
+    /// mapping for has no device here; its own crash, hang or exception is
+    /// still its own job's incident.
     fn devices_of(&self, key: &RankKey) -> Vec<String> {
-        self.ranks
-            .get(key)
-            .map(|m| m.devices.clone())
-            .unwrap_or_default()
+        let Some(m) = self.ranks.get(key).filter(|m| m.pid != 0) else {
+            return Vec::new();
+        };
+        let mut out: Vec<String> = Vec::new();
+        let mut gpus: Vec<&String> = self.gpu_sets.keys().collect();
+        gpus.sort();
+        for gpu in gpus {
+            let sets = &self.gpu_sets[gpu];
+            let in_force = sets.iter().rev().find(|(at, _)| *at <= m.since);
+            let after = sets.iter().filter(|(at, _)| *at > m.since);
+            if in_force
+                .into_iter()
+                .chain(after)
+                .any(|(_, pids)| pids.contains(&m.pid))
+            {
+                out.push(gpu.clone());
+            }
+        }
+        for o in &self.observations {
+            if o.xid.is_some()
+                && o.pid == Some(m.pid)
+                && o.at >= m.since
+                && !out.contains(&o.component)
+            {
+                out.push(o.component.clone());
+            }
+        }
+        out
     }
 
     /// Opens an incident for `t`, or adds it to an open one it belongs to.
@@ -561,6 +615,17 @@ impl Engine {
                     .as_ref()
                     .is_some_and(|d| d.action == crate::policy::Action::RestartInJob)
         };
+        // Never across jobs: a trigger of job J joins an incident of J, or
+        // one of no job yet (a device failing) on a device the agent maps
+        // J's rank to; another job's incident is never its.
+        let same_job = |o: &Open| {
+            job.as_ref()
+                .is_some_and(|j| !j.is_empty() && *j == o.record.job)
+        };
+        let other_job = |o: &Open| {
+            job.as_ref()
+                .is_some_and(|j| !j.is_empty() && !o.record.job.is_empty() && *j != o.record.job)
+        };
         let joined = self.open.iter_mut().find(|o| {
             !after_restart(o)
                 && ev
@@ -568,10 +633,8 @@ impl Engine {
                     .duration_since(o.record.opened_at)
                     .unwrap_or_default()
                     <= window
-                && (job
-                    .as_ref()
-                    .is_some_and(|j| !j.is_empty() && *j == o.record.job)
-                    || devices.iter().any(|d| o.record.devices.contains(d)))
+                && !other_job(o)
+                && (same_job(o) || devices.iter().any(|d| o.record.devices.contains(d)))
         });
         let open = match joined {
             Some(o) => o,
@@ -756,8 +819,24 @@ impl Engine {
         // registration event already says so in its `devices`.
         names.dedup();
         self.open[i].record.devices = names;
-        // A device failing takes in the ranks that drive it (a rank's own
-        // crash or hang does not take in its neighbours on a shared GPU).
+        // The devices the agent maps the incident's own ranks to (an XID
+        // naming a rank's pid may come after the crash it caused).
+        let mapped: Vec<String> = self.open[i]
+            .triggers
+            .iter()
+            .filter_map(Trigger::key)
+            .flat_map(|k| self.devices_of(k))
+            .map(|d| devices.resolve(&d))
+            .collect();
+        for d in mapped {
+            if !self.open[i].record.devices.contains(&d) {
+                self.open[i].record.devices.push(d);
+            }
+        }
+        // A device failing takes in the ranks the agent maps to it (a
+        // rank's own crash or hang does not take in its neighbours on a
+        // shared GPU), of one job only: the incident's, or the first
+        // found when it has none yet, in rank order so a replay agrees.
         let devs: BTreeSet<String> = self.open[i]
             .triggers
             .iter()
@@ -766,12 +845,17 @@ impl Engine {
                 _ => None,
             })
             .collect();
-        let on_device: Vec<RankKey> = self
+        let mut on_device: Vec<RankKey> = self
             .ranks
-            .iter()
-            .filter(|(_, m)| m.devices.iter().any(|d| devs.contains(&devices.resolve(d))))
-            .map(|(k, _)| k.clone())
+            .keys()
+            .filter(|k| {
+                self.devices_of(k)
+                    .iter()
+                    .any(|d| devs.contains(&devices.resolve(d)))
+            })
+            .cloned()
             .collect();
+        on_device.sort_by(|a, b| (&a.job, a.rank).cmp(&(&b.job, b.rank)));
         let rec = &mut self.open[i].record;
         for k in on_device {
             if rec.job.is_empty() {
@@ -1413,6 +1497,35 @@ fn conclude(mut ev: Vec<Evidence>, what: &[String]) -> Diagnosis {
             None => (FaultClass::Unknown, 0.2, "no_evidence".to_owned()),
         }
     };
+    // A node-level class (hardware, infrastructure) that only a rank's own
+    // word supports is a suspicion: said so in the evidence and summary,
+    // and the policy never turns it into a cordon ([`Diagnosis::corroborated`]).
+    let suspected = (class.is_hardware() || class == FaultClass::Infrastructure)
+        && !ev
+            .iter()
+            .any(|e| e.points_to == Some(class) && e.weight > 0.0 && e.read_by_agent());
+    if suspected {
+        let at = ev
+            .iter()
+            .filter(|e| e.points_to == Some(class))
+            .map(|e| e.at)
+            .max()
+            .unwrap_or(SystemTime::UNIX_EPOCH);
+        ev.push(Evidence {
+            at,
+            source: "agent".into(),
+            signal: "belief".into(),
+            subject: "node".into(),
+            value: "the rank's word only".into(),
+            points_to: None,
+            weight: 0.0,
+            note: format!(
+                "no evidence the agent read itself (an XID, an ECC or link counter, DCGM, its gate) supports {class} in the window: a suspicion for the rank's own job, never a verdict on the node [{}]",
+                super::diagnosis::RANK_WORD_ONLY
+            ),
+            event_id: 0,
+        });
+    }
     // The deciding evidence first, strongest first; context after.
     ev.sort_by(|a, b| {
         let ka = (a.points_to == Some(class), a.weight);
@@ -1439,11 +1552,16 @@ fn conclude(mut ev: Vec<Evidence>, what: &[String]) -> Diagnosis {
     // Class and confidence are fields of their own; the summary says what
     // happened and the evidence that decided.
     let summary = format!(
-        "{}: {lead}",
+        "{}: {}{lead}",
         if what.is_empty() {
             "incident".to_owned()
         } else {
             what.join("; ")
+        },
+        if suspected {
+            format!("suspected {class} on the rank's word only: ")
+        } else {
+            String::new()
         }
     );
     Diagnosis {

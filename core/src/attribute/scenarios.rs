@@ -60,6 +60,14 @@ struct Past {
     /// Who decided ("policy", "lemon rule").
     #[serde(default = "by_policy")]
     decided_by: String,
+    /// Where its deciding evidence came from: "kmsg" (the default: the
+    /// agent's own reading) or a rank's word ("rank", "sdc").
+    #[serde(default = "from_kmsg")]
+    source: String,
+}
+
+fn from_kmsg() -> String {
+    "kmsg".into()
 }
 
 fn crash() -> IncidentKind {
@@ -87,7 +95,17 @@ impl Past {
                 confidence: 0.9,
                 summary: format!("recorded {} incident", self.class),
                 rule: "history".into(),
-                evidence: Vec::new(),
+                evidence: vec![crate::attribute::Evidence {
+                    at,
+                    source: self.source.clone(),
+                    signal: "recorded".into(),
+                    subject: "gpu0".into(),
+                    value: String::new(),
+                    points_to: Some(self.class),
+                    weight: 0.9,
+                    note: "recorded".into(),
+                    event_id: 0,
+                }],
             },
             decision: Some(Decision {
                 action: self.action,
@@ -187,6 +205,7 @@ fn kind_static(kind: &str) -> &'static str {
         "gpu.xid",
         "kmsg.xid",
         "kmsg.oom_kill",
+        "gpu.processes",
         "health.changed",
         "rank.deregistered",
     ];

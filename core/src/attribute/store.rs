@@ -4,7 +4,11 @@
 //! node-condition file.
 //!
 //! Files (in the state directory): `incidents.jsonl`, one JSON record per
-//! decision, appended and compacted to the newest `retain`; `cordon.json`
+//! decision, appended and compacted to the newest `retain`;
+//! `node-ledger.json`, the incidents that bear on the node (those the
+//! agent's own evidence supports: what the cordon, the lemon rule and the
+//! circuit breaker read), kept apart from that journal so no flood of other
+//! records (ReportJobStop) pushes them out; `cordon.json`
 //! while a decision has the node cordoned; the condition file (by default
 //! `node-condition.json`), always present, written atomically.
 //!
@@ -32,6 +36,12 @@ use crate::fsafe::{self, Dir, FsError};
 const JOURNAL: &str = "incidents.jsonl";
 /// The cordon's name in the state directory.
 const CORDON: &str = "cordon.json";
+/// The node ledger's name in the state directory.
+const LEDGER: &str = "node-ledger.json";
+/// Incidents the node ledger keeps (the newest): far more than the lemon
+/// rule and the breaker count in their windows. Only incidents the agent's
+/// own evidence supports enter it, so no caller can fill it.
+pub const LEDGER_RETAIN: usize = 256;
 /// Mode of the store's files (the condition file is read by cluster tools).
 const FILE_MODE: u32 = 0o644;
 
@@ -69,6 +79,16 @@ pub struct IncidentStore {
     journal_lines: usize,
     cordon: Option<Cordon>,
     condition: Option<ConditionFile>,
+    /// The incidents that bear on the node ([`bears_on_node`]), oldest
+    /// first, outside the journal's LRU.
+    ledger: VecDeque<IncidentRecord>,
+}
+
+/// True for an incident the node-level rules read: one whose diagnosis
+/// the agent's own evidence supports, charged to this node. Never a
+/// launcher's stop or a rank's word.
+pub fn bears_on_node(r: &IncidentRecord) -> bool {
+    r.kind.charges_node() && r.diagnosis.corroborated()
 }
 
 impl IncidentStore {
@@ -81,6 +101,7 @@ impl IncidentStore {
             journal_lines: 0,
             cordon: None,
             condition: None,
+            ledger: VecDeque::new(),
         }
     }
 
@@ -124,6 +145,24 @@ impl IncidentStore {
                 }
             }
             store.cordon = load_cordon(dir);
+            match dir.read(LEDGER) {
+                Ok(text) => match serde_json::from_slice::<Vec<IncidentRecord>>(&text) {
+                    Ok(v) => {
+                        for r in v {
+                            store.ledger_mem(r);
+                        }
+                    }
+                    Err(e) => tracing::warn!(file = %dir.path().join(LEDGER).display(), error = %e,
+                        "node ledger unreadable; the node-level rules start from the journal alone"),
+                },
+                Err(e) if e.is_not_found() => {
+                    // First start with a ledger: what the journal holds.
+                    for r in store.records.clone() {
+                        store.ledger_mem(r);
+                    }
+                }
+                Err(e) => tracing::warn!(error = %e, "cannot read the node ledger"),
+            }
         }
         store.dir = dir;
         // In the state directory: through its descriptor (or not at all
@@ -142,15 +181,35 @@ impl IncidentStore {
         self.records.iter().cloned().collect()
     }
 
+    /// What the node-level rules read (the lemon rule, the circuit
+    /// breaker): the node ledger and the journal, each incident once.
+    pub fn node_journal(&self) -> Vec<IncidentRecord> {
+        let mut out: Vec<IncidentRecord> = self.ledger.iter().cloned().collect();
+        out.extend(
+            self.records
+                .iter()
+                .filter(|r| !self.ledger.iter().any(|l| l.id == r.id))
+                .cloned(),
+        );
+        out
+    }
+
     /// The newest `limit` records of `job` (empty: all jobs; 0: no limit),
-    /// oldest first.
+    /// oldest first. The node ledger's incidents stay listed after the
+    /// journal dropped them: a cordon's evidence outlives any flood.
     pub fn list(&self, job: &str, limit: usize) -> Vec<IncidentRecord> {
         let mut out: Vec<IncidentRecord> = self
             .records
             .iter()
+            .chain(
+                self.ledger
+                    .iter()
+                    .filter(|l| !self.records.iter().any(|r| r.id == l.id)),
+            )
             .filter(|r| job.is_empty() || r.job == job)
             .cloned()
             .collect();
+        out.sort_by_key(|r| r.opened_at);
         if limit > 0 && out.len() > limit {
             out.drain(..out.len() - limit);
         }
@@ -168,12 +227,49 @@ impl IncidentStore {
         }
     }
 
-    /// Adds or replaces a record; with `persist`, appends it to the journal.
+    /// Adds or replaces a record; with `persist`, appends it to the journal
+    /// (and rewrites the node ledger when it bears on the node).
     pub fn upsert(&mut self, r: IncidentRecord, persist: bool) {
         if persist {
             self.append(&r);
         }
+        if bears_on_node(&r) {
+            self.ledger_mem(r.clone());
+            if persist {
+                self.write_ledger();
+            }
+        }
         self.upsert_mem(r);
+    }
+
+    fn ledger_mem(&mut self, r: IncidentRecord) {
+        if !bears_on_node(&r) {
+            return;
+        }
+        if let Some(old) = self.ledger.iter_mut().find(|o| o.id == r.id) {
+            *old = r;
+            return;
+        }
+        self.ledger.push_back(r);
+        while self.ledger.len() > LEDGER_RETAIN {
+            self.ledger.pop_front();
+        }
+    }
+
+    /// Rewrites the node ledger (atomically, never through a link).
+    fn write_ledger(&self) {
+        let Some(dir) = &self.dir else {
+            return;
+        };
+        let recs: Vec<&IncidentRecord> = self.ledger.iter().collect();
+        match serde_json::to_vec(&recs) {
+            Ok(b) => {
+                if let Err(e) = dir.replace(LEDGER, &b, FILE_MODE) {
+                    tracing::warn!(error = %e, "cannot write the node ledger; it holds until the agent restarts");
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "cannot encode the node ledger"),
+        }
     }
 
     fn append(&mut self, r: &IncidentRecord) {
@@ -392,6 +488,48 @@ mod tests {
             exit_code: Some(1),
             waited_on: Vec::new(),
         }
+    }
+
+    #[test]
+    fn the_node_ledger_outlives_a_flood_and_a_restart() {
+        let dir = tempfile::tempdir().unwrap();
+        let cond = dir.path().join("node-condition.json");
+        let mut s = IncidentStore::load(dir.path(), cond.clone(), 8);
+        let mut cordon = rec("inc-xid", "");
+        cordon.kind = IncidentKind::Hardware;
+        cordon.diagnosis.class = FaultClass::UncorrectableHardware;
+        cordon.diagnosis.evidence = vec![crate::attribute::Evidence {
+            at: SystemTime::now(),
+            source: "kmsg".into(),
+            signal: "xid".into(),
+            subject: "gpu0".into(),
+            value: "79".into(),
+            points_to: Some(FaultClass::UncorrectableHardware),
+            weight: 0.95,
+            note: String::new(),
+            event_id: 1,
+        }];
+        s.upsert(cordon, true);
+        // A rank's word alone never enters the ledger.
+        let mut forged = rec("inc-forged", "atk");
+        forged.diagnosis.class = FaultClass::UncorrectableHardware;
+        forged.diagnosis.evidence = vec![crate::attribute::Evidence {
+            source: "rank".into(),
+            ..s.list("", 0)[0].diagnosis.evidence[0].clone()
+        }];
+        s.upsert(forged, true);
+        for i in 0..100 {
+            let mut stop = rec(&format!("inc-stop-{i}"), "atk");
+            stop.kind = IncidentKind::NoProgress;
+            s.upsert(stop, true);
+        }
+        assert!(s.all().iter().all(|r| r.id.starts_with("inc-stop")));
+        let ids = |v: Vec<IncidentRecord>| v.into_iter().map(|r| r.id).collect::<Vec<_>>();
+        assert_eq!(ids(s.node_journal())[0], "inc-xid");
+        assert!(ids(s.list("", 0)).contains(&"inc-xid".to_owned()));
+        assert!(!ids(s.node_journal()).contains(&"inc-forged".to_owned()));
+        let s = IncidentStore::load(dir.path(), cond, 8);
+        assert_eq!(ids(s.node_journal())[0], "inc-xid", "kept across a restart");
     }
 
     #[test]

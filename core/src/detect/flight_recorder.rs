@@ -10,7 +10,11 @@
 //! behind on a group, each with a sentence of evidence ([`Behind`]).
 //! Never: I/O, or trust in the input: a rank wrote it, so the size, the
 //! number of entries and of groups are capped, and a malformed field is an
-//! error naming it, never a panic.
+//! error naming it, never a panic. The caps hold while the JSON is read,
+//! not after: past [`MAX_ENTRIES`] entries or [`MAX_PGS`] groups the rest
+//! are only counted, and every string is cut to 256 bytes as it is read, so
+//! the memory a dump costs is bounded by the caps, whatever it holds (16
+//! MiB of `{}` entries once cost 790 MB).
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -115,7 +119,7 @@ pub enum FlightRecorderError {
 #[serde(untagged)]
 enum Seq {
     Int(i64),
-    Str(String),
+    Str(Name),
 }
 
 #[derive(Debug, Deserialize)]
@@ -133,23 +137,127 @@ struct Entry {
     #[serde(default)]
     pg_id: Option<u64>,
     #[serde(default)]
-    process_group: Option<(String, String)>,
+    process_group: Option<(Name, Name)>,
     #[serde(default)]
     collective_seq_id: Option<u64>,
     #[serde(default)]
     is_p2p: bool,
     #[serde(default)]
-    profiling_name: String,
+    profiling_name: Name,
     #[serde(default)]
-    state: String,
+    state: Name,
 }
 
 #[derive(Debug, Deserialize)]
 struct Dump {
     #[serde(default)]
-    pg_status: BTreeMap<String, PgStatus>,
+    pg_status: Capped<BTreeMap<Name, PgStatus>>,
     #[serde(default)]
-    entries: Vec<Entry>,
+    entries: Capped<Vec<Entry>>,
+}
+
+/// A string of the dump kept to its first [`MAX_NAME`] bytes as it is
+/// read: a rank's 16 MiB label costs the agent 256 bytes, not 16 MiB.
+#[derive(Debug, Default, Clone, PartialEq, Eq, PartialOrd, Ord)]
+struct Name(String);
+
+impl<'de> Deserialize<'de> for Name {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl serde::de::Visitor<'_> for V {
+            type Value = Name;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a string")
+            }
+            fn visit_str<E: serde::de::Error>(self, s: &str) -> Result<Name, E> {
+                Ok(Name(clip(s)))
+            }
+        }
+        d.deserialize_str(V)
+    }
+}
+
+/// A list or map of the dump whose items are kept only up to a cap while
+/// it is read: past the cap the rest are skipped (`IgnoredAny`, nothing
+/// allocated) and only counted, so a dump of millions of `{}` entries
+/// costs the agent its cap's worth of memory and a count, and the caller
+/// refuses it with the real number ([`FlightRecorderError::TooMany`]).
+#[derive(Debug, Default)]
+struct Capped<T> {
+    items: T,
+    /// How many the input held in all.
+    count: usize,
+}
+
+impl<'de> Deserialize<'de> for Capped<Vec<Entry>> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = Capped<Vec<Entry>>;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a list of entries")
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> Result<Self::Value, A::Error> {
+                let mut out = Capped {
+                    items: Vec::new(),
+                    count: 0,
+                };
+                while out.count < MAX_ENTRIES {
+                    match seq.next_element::<Entry>()? {
+                        Some(e) => out.items.push(e),
+                        None => return Ok(out),
+                    }
+                    out.count += 1;
+                }
+                while seq.next_element::<serde::de::IgnoredAny>()?.is_some() {
+                    out.count += 1;
+                }
+                Ok(out)
+            }
+        }
+        d.deserialize_seq(V)
+    }
+}
+
+impl<'de> Deserialize<'de> for Capped<BTreeMap<Name, PgStatus>> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = Capped<BTreeMap<Name, PgStatus>>;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a map of process groups")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<Self::Value, A::Error> {
+                let mut out = Capped {
+                    items: BTreeMap::new(),
+                    count: 0,
+                };
+                while out.count < MAX_PGS {
+                    match map.next_entry::<Name, PgStatus>()? {
+                        Some((k, v)) => {
+                            out.items.insert(k, v);
+                        }
+                        None => return Ok(out),
+                    }
+                    out.count += 1;
+                }
+                while map
+                    .next_entry::<serde::de::IgnoredAny, serde::de::IgnoredAny>()?
+                    .is_some()
+                {
+                    out.count += 1;
+                }
+                Ok(out)
+            }
+        }
+        d.deserialize_map(V)
+    }
 }
 
 /// Reads a dump: one [`PgPosition`] per group in `pg_status`, ordered by
@@ -167,36 +275,37 @@ pub fn parse(json: &[u8]) -> Result<Vec<PgPosition>, FlightRecorderError> {
             field: e.path().to_string(),
             message: e.inner().to_string(),
         })?;
-    if dump.entries.len() > MAX_ENTRIES {
+    if dump.entries.count > MAX_ENTRIES {
         return Err(FlightRecorderError::TooMany {
             what: "entries",
-            count: dump.entries.len(),
+            count: dump.entries.count,
             max: MAX_ENTRIES,
         });
     }
-    if dump.pg_status.len() > MAX_PGS {
+    if dump.pg_status.count > MAX_PGS {
         return Err(FlightRecorderError::TooMany {
             what: "process groups",
-            count: dump.pg_status.len(),
+            count: dump.pg_status.count,
             max: MAX_PGS,
         });
     }
+    let (entries, pg_status) = (dump.entries.items, dump.pg_status.items);
     // Per group id: its label and the entries of its collectives.
     let mut labels: HashMap<u64, String> = HashMap::new();
     let mut by_pg: HashMap<u64, Vec<&Entry>> = HashMap::new();
-    for e in &dump.entries {
+    for e in &entries {
         let Some(id) = e.pg_id else { continue };
         if let Some((name, desc)) = &e.process_group {
             labels
                 .entry(id)
-                .or_insert_with(|| clip(&format!("{name}:{desc}")));
+                .or_insert_with(|| clip(&format!("{}:{}", name.0, desc.0)));
         }
         if !e.is_p2p && e.collective_seq_id.is_some_and(|s| s > 0) {
             by_pg.entry(id).or_default().push(e);
         }
     }
-    let mut out: Vec<(Option<u64>, PgPosition)> = Vec::with_capacity(dump.pg_status.len());
-    for (key, st) in &dump.pg_status {
+    let mut out: Vec<(Option<u64>, PgPosition)> = Vec::with_capacity(pg_status.len());
+    for (Name(key), st) in &pg_status {
         let field = |name: &str| format!("pg_status.{key}.{name}");
         let last_enqueued = seq(
             st.last_enqueued_collective.as_ref(),
@@ -219,12 +328,12 @@ pub fn parse(json: &[u8]) -> Result<Vec<PgPosition>, FlightRecorderError> {
             .and_then(|entries| {
                 entries
                     .iter()
-                    .filter(|e| e.state != "completed")
+                    .filter(|e| e.state.0 != "completed")
                     .filter_map(|e| e.collective_seq_id.map(|s| (s, e)))
                     .filter(|(s, _)| last_completed.is_none_or(|c| *s > c))
                     .min_by_key(|(s, _)| *s)
             })
-            .map(|(s, e)| format!("{} #{s}", clip(&e.profiling_name)));
+            .map(|(s, e)| format!("{} #{s}", e.profiling_name.0));
         out.push((
             id,
             PgPosition {
@@ -251,7 +360,7 @@ fn seq(v: Option<&Seq>, field: &str) -> Result<Option<u64>, FlightRecorderError>
         None => Ok(None),
         Some(Seq::Int(-1)) => Ok(None),
         Some(Seq::Int(n)) => u64::try_from(*n).map(Some).map_err(|_| bad(n.to_string())),
-        Some(Seq::Str(s)) => match s.trim().parse::<i64>() {
+        Some(Seq::Str(Name(s))) => match s.trim().parse::<i64>() {
             Ok(-1) => Ok(None),
             Ok(n) => u64::try_from(n).map(Some).map_err(|_| bad(clip(s))),
             Err(_) => Err(bad(clip(s))),
@@ -520,8 +629,27 @@ mod tests {
             parse(many.as_bytes()),
             Err(FlightRecorderError::TooMany {
                 what: "entries",
+                count,
                 ..
-            })
+            }) if count == MAX_ENTRIES + 1
+        ));
+        // The dump of issue 29: the whole cap of empty entries, refused
+        // with their real number (only the first MAX_ENTRIES were kept).
+        let n = (MAX_DUMP_BYTES - 16) / 3;
+        let mut huge = String::with_capacity(MAX_DUMP_BYTES);
+        huge.push_str("{\"entries\":[{}");
+        for _ in 1..n {
+            huge.push_str(",{}");
+        }
+        huge.push_str("]}");
+        assert!(huge.len() <= MAX_DUMP_BYTES, "{}", huge.len());
+        assert!(matches!(
+            parse(huge.as_bytes()),
+            Err(FlightRecorderError::TooMany {
+                what: "entries",
+                count,
+                ..
+            }) if count == n
         ));
         let pgs: Vec<String> = (0..=MAX_PGS).map(|i| format!("\"{i}\":{{}}")).collect();
         let many = format!("{{\"pg_status\":{{{}}}}}", pgs.join(","));
@@ -532,6 +660,18 @@ mod tests {
                 ..
             })
         ));
+    }
+
+    #[test]
+    fn long_names_are_cut_as_they_are_read() {
+        let long = "x".repeat(1 << 20);
+        let dump = format!(
+            r#"{{"pg_status":{{"0":{{"last_enqueued_collective":"2"}}}},"entries":[{{"pg_id":0,"process_group":["{long}","d"],"collective_seq_id":2,"profiling_name":"{long}","state":"scheduled"}}]}}"#
+        );
+        let p = parse(dump.as_bytes()).expect("parse");
+        assert_eq!(p[0].pg.len(), MAX_NAME, "{}", p[0].pg.len());
+        let pending = p[0].pending.as_deref().expect("pending");
+        assert_eq!(pending, format!("{} #2", "x".repeat(MAX_NAME)));
     }
 
     #[test]

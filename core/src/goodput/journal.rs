@@ -295,6 +295,19 @@ impl Journal {
         }
     }
 
+    /// Removes `job`'s journal (retention pruned the job: see
+    /// [`super::Retention`]). A journal already gone is no error; a refused
+    /// one (a symlink planted at its name) is unlinked itself, never
+    /// followed.
+    pub fn remove(&mut self, job: &str) -> Result<(), JournalError> {
+        self.files.remove(job);
+        self.failing.remove(job);
+        match self.dir.remove(&journal_name(job)) {
+            Err(e) if !e.is_not_found() => Err(e.into()),
+            _ => Ok(()),
+        }
+    }
+
     /// The journal file of `job`.
     pub fn path_of(&self, job: &str) -> PathBuf {
         self.dir.path().join(journal_name(job))

@@ -20,6 +20,7 @@
 pub mod journal;
 pub mod ledger;
 
+use std::collections::BTreeMap;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::SystemTime;
 
@@ -119,6 +120,72 @@ struct Pending {
 /// is gone still cannot make the buffer grow without bound.
 pub const FOLD_BACKSTOP: std::time::Duration = std::time::Duration::from_secs(3);
 
+/// How long and how many ended jobs are kept: their ledger in memory, their
+/// journal on disk, and (through the agent's goodput task) their metric
+/// series. Without it every job id ever seen stayed forever (issue 29: 3,000
+/// register/close cycles left 3,000 journals and 38,766 series).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Retention {
+    /// An ended job (every rank ended: CloseGoodput, or each rank exited)
+    /// is dropped this long after the agent first saw it ended.
+    pub max_age: std::time::Duration,
+    /// At most this many ended jobs are kept; past it the longest-ended
+    /// go first.
+    pub max_jobs: usize,
+}
+
+impl Default for Retention {
+    fn default() -> Self {
+        Self {
+            max_age: std::time::Duration::from_secs(24 * 3600),
+            max_jobs: 256,
+        }
+    }
+}
+
+/// When each ended job was first seen ended, and the rule that drops them.
+#[derive(Debug, Default)]
+struct Ended {
+    /// Job -> CLOCK_MONOTONIC ns of the flush that first found it ended.
+    /// A job found ended in its journal at start counts from then (never
+    /// earlier than it ended, so it is never dropped early).
+    since: BTreeMap<String, u64>,
+    /// The rule.
+    retention: Retention,
+}
+
+impl Ended {
+    /// Notes which jobs of `l` ended (or opened again) as of `now_ns`, and
+    /// removes from `l` the ended jobs past the retention: older than
+    /// `max_age`, then the longest-ended past `max_jobs`. Returns them, for
+    /// the journal to remove their files. Pure: the clock is passed in.
+    fn prune(&mut self, l: &mut Ledger, now_ns: u64) -> Vec<String> {
+        self.since.retain(|job, _| l.jobs.contains_key(job));
+        for (job, j) in &l.jobs {
+            if j.all_ended() {
+                self.since.entry(job.clone()).or_insert(now_ns);
+            } else {
+                self.since.remove(job);
+            }
+        }
+        let max_age = duration_ns(self.retention.max_age);
+        let mut by_age: Vec<(u64, &String)> = self.since.iter().map(|(j, t)| (*t, j)).collect();
+        by_age.sort();
+        let excess = by_age.len().saturating_sub(self.retention.max_jobs);
+        let gone: Vec<String> = by_age
+            .iter()
+            .enumerate()
+            .filter(|(i, (t, _))| *i < excess || now_ns.saturating_sub(*t) >= max_age)
+            .map(|(_, (_, j))| (*j).clone())
+            .collect();
+        for job in &gone {
+            self.since.remove(job);
+            l.jobs.remove(job);
+        }
+        gone
+    }
+}
+
 /// The agent's ledger, the scans' feeds waiting to be folded into it, and
 /// its journal.
 ///
@@ -142,6 +209,9 @@ pub struct Goodput {
     folding: Mutex<Vec<(ScanFeed, u64)>>,
     /// Where the accounts are kept; None: memory only.
     journal: Mutex<Option<journal::Journal>>,
+    /// Ended jobs and when they ended, for [`Retention`]. Lock order:
+    /// `journal`, `ledger`, `ended`.
+    ended: Mutex<Ended>,
 }
 
 impl Goodput {
@@ -149,6 +219,11 @@ impl Goodput {
     /// opened leaves the ledger in memory only (logged: accounting goes on,
     /// a restart of the agent then loses it).
     pub fn open(state_dir: &std::path::Path) -> Self {
+        Self::open_with(state_dir, Retention::default())
+    }
+
+    /// As [`Goodput::open`], keeping ended jobs as `retention` says.
+    pub fn open_with(state_dir: &std::path::Path, retention: Retention) -> Self {
         let (journal, ledger) = match journal::Journal::open(state_dir) {
             Ok((j, l, warnings)) => {
                 for w in warnings {
@@ -172,6 +247,10 @@ impl Goodput {
             pending: Mutex::new(Pending::default()),
             folding: Mutex::new(Vec::new()),
             journal: Mutex::new(journal),
+            ended: Mutex::new(Ended {
+                since: BTreeMap::new(),
+                retention,
+            }),
         }
     }
 
@@ -238,24 +317,56 @@ impl Goodput {
             .len()
     }
 
-    /// Folds the scans' pending feeds and writes what changed since the
-    /// last flush.
-    pub fn flush(&self) {
+    /// Folds the scans' pending feeds, writes what changed since the last
+    /// flush, then drops the ended jobs past the [`Retention`] (ledger and
+    /// journal). Returns the jobs dropped.
+    pub fn flush(&self) -> Vec<String> {
+        self.flush_at(mono_now())
+    }
+
+    /// [`Goodput::flush`] as of `now_ns` (tests pass their own clock).
+    pub fn flush_at(&self, now_ns: u64) -> Vec<String> {
         let mut guard = self.journal.lock().unwrap_or_else(PoisonError::into_inner);
-        let Some(journal) = guard.as_mut() else {
-            // Memory only: still fold the scans' feeds, so the buffer never
-            // waits for a reader.
-            drop(self.ledger());
-            return;
-        };
         // The ledger is cloned out only for the changed jobs' lines; the
-        // lock is held for the serialisation, which is short.
+        // lock is held for the serialisation, which is short. Memory only:
+        // still fold the scans' feeds, so the buffer never waits for a
+        // reader.
         let mut l = self.ledger();
-        if let Err(errors) = journal.flush(&mut l) {
+        if let Some(journal) = guard.as_mut()
+            && let Err(errors) = journal.flush(&mut l)
+        {
             for e in errors {
                 tracing::warn!("{e}");
             }
         }
+        let gone = self
+            .ended
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .prune(&mut l, now_ns);
+        drop(l);
+        if let Some(journal) = guard.as_mut() {
+            for job in &gone {
+                if let Err(e) = journal.remove(job) {
+                    tracing::warn!(job, "goodput retention: {e}");
+                }
+            }
+        }
+        if !gone.is_empty() {
+            tracing::debug!(jobs = gone.len(), "goodput retention dropped ended jobs");
+        }
+        gone
+    }
+
+    /// Ended jobs still kept, with when each was first seen ended
+    /// (CLOCK_MONOTONIC ns): the goodput task keeps their metric series for
+    /// a while after.
+    pub fn ended(&self) -> BTreeMap<String, u64> {
+        self.ended
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .since
+            .clone()
     }
 
     /// Every job's report (or `job`'s only) as of now.
@@ -465,5 +576,51 @@ mod tests {
             start <= now && now - start < 3_600_000_000_000,
             "{start} {now}"
         );
+    }
+
+    #[test]
+    fn ended_jobs_go_after_their_retention_and_past_the_cap() {
+        const S: u64 = 1_000_000_000;
+        let dir = tempfile::tempdir().unwrap();
+        let g = Goodput::open_with(
+            dir.path(),
+            Retention {
+                max_age: std::time::Duration::from_secs(60),
+                max_jobs: 3,
+            },
+        );
+        let journals = || {
+            std::fs::read_dir(dir.path().join("goodput"))
+                .unwrap()
+                .count()
+        };
+        // One job runs throughout; ten are registered and closed one a second.
+        g.ledger().registered("live", 0, 10, 0, 0);
+        for i in 0..10u64 {
+            let job = format!("done-{i}");
+            g.ledger().registered(&job, 0, 11, 0, i * S);
+            g.ledger().close(&job, i * S + 1);
+            let gone = g.flush_at(i * S + 2);
+            assert!(gone.iter().all(|j| j.starts_with("done-")), "{gone:?}");
+            assert!(g.ended().len() <= 3, "{:?}", g.ended());
+        }
+        // The cap kept the three that ended last, and the live job.
+        let kept: Vec<String> = g.ledger().jobs.keys().cloned().collect();
+        assert_eq!(kept, ["done-7", "done-8", "done-9", "live"]);
+        assert_eq!(journals(), 4, "the dropped jobs' journals are removed");
+        // A job that runs again is not ended any more.
+        g.ledger().registered("done-9", 0, 12, 0, 10 * S);
+        g.flush_at(10 * S);
+        assert_eq!(g.ended().len(), 2);
+        // Past max_age from when they ended, the ended ones go.
+        let gone = g.flush_at(9 * S + 2 + 60 * S);
+        assert_eq!(gone, ["done-7", "done-8"]);
+        let kept: Vec<String> = g.ledger().jobs.keys().cloned().collect();
+        assert_eq!(kept, ["done-9", "live"]);
+        assert_eq!(journals(), 2);
+        // What the journal keeps is what is replayed: nothing comes back.
+        drop(g);
+        let again = Goodput::open(dir.path());
+        assert_eq!(again.ledger().jobs.len(), 2);
     }
 }

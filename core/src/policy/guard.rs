@@ -19,6 +19,11 @@
 //!   stopped for a person to look (or left running when it was not down).
 //! - Dry run ([`dry_run`]): the decision is recorded as taken, marked so
 //!   nothing acts on it.
+//! - The rank's word ([`hold_rank_word`]): every rule here counts and
+//!   takes only incidents whose diagnosis evidence the agent read itself
+//!   supports ([`crate::attribute::Diagnosis::corroborated`]); a cordon of
+//!   one that rests on a rank's word (its exception, exit, SDC values) is
+//!   never carried out, whoever proposed it, the hook included.
 
 use std::collections::BTreeSet;
 use std::time::{Duration, SystemTime};
@@ -32,6 +37,40 @@ use crate::config::ConfigError;
 /// `decided_by` of a decision the lemon rule took (a later lemon count
 /// starts after it).
 pub const LEMON_DECIDED_BY: &str = "lemon rule";
+
+/// The rule name a decision held back on a rank's word cites.
+pub const RANK_WORD_RULE: &str = "policy.rank_word";
+
+/// What a cordon becomes when only a rank's word supports it: a job that
+/// is down restarts (while its class's budget allows, `restart_allowed`)
+/// or stops; a running one goes on. Never anything beyond the rank's own
+/// job.
+pub fn instead_of_rank_word_cordon(job_down: bool, restart_allowed: bool) -> Action {
+    match (job_down, restart_allowed) {
+        (true, true) => Action::RestartInJob,
+        (true, false) => Action::Stop,
+        (false, _) => Action::Continue,
+    }
+}
+
+/// Holds back a cordon of an incident whose diagnosis no evidence the
+/// agent read supports (a hook's choice: the built-in policy already
+/// never proposes one). Returns whether it held the decision.
+pub fn hold_rank_word(decision: &mut Decision, record: &IncidentRecord) -> bool {
+    if decision.action != Action::Cordon || record.diagnosis.corroborated() {
+        return false;
+    }
+    let instead = instead_of_rank_word_cordon(record.kind.job_down(), false);
+    decision.reason = format!(
+        "{}: suspected on the rank's word only, no evidence the agent read itself: never cordoned ({RANK_WORD_RULE}); {instead} instead; {} proposed: {}",
+        record.diagnosis.class, decision.decided_by, decision.reason
+    );
+    decision.decided_by = format!("{} ({RANK_WORD_RULE})", decision.decided_by);
+    decision.action = instead;
+    decision.backoff = Duration::ZERO;
+    decision.exit_code = exit_code_for(instead, record.diagnosis.class, false, record.exit_code);
+    true
+}
 
 /// `[policy.lemon]`: when repeated incidents make the node a lemon.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -48,7 +87,9 @@ pub struct LemonConfig {
     pub window: Duration,
     /// The fault classes that count. The default counts hardware only: an
     /// `unknown` crash is as often the code's as the node's; add "unknown"
-    /// to count unexplained failures too.
+    /// to count unexplained failures too. Whatever the class, only
+    /// incidents the agent's own evidence supports count (never a rank's
+    /// word: its exception, exit or reported values).
     pub classes: Vec<FaultClass>,
 }
 
@@ -155,10 +196,12 @@ pub fn lemon(
 ) -> Option<Lemon> {
     // A launcher's own stop, or a hang whose culprit runs elsewhere, is
     // not this node's failure.
+    // Nor is one only a rank's word supports: ranks cannot vote a node out.
     if !cfg.enabled
         || !current.kind.charges_node()
         || !current.waited_on.is_empty()
         || !cfg.classes.contains(&current.diagnosis.class)
+        || !current.diagnosis.corroborated()
     {
         return None;
     }
@@ -179,6 +222,7 @@ pub fn lemon(
                 && r.kind.charges_node()
                 && r.waited_on.is_empty()
                 && cfg.classes.contains(&r.diagnosis.class)
+                && r.diagnosis.corroborated()
                 && r.opened_at >= since
                 && last_lemon.is_none_or(|l| r.opened_at > l)
         })
@@ -245,9 +289,11 @@ pub fn breaker(
     let since = now
         .checked_sub(cfg.window)
         .unwrap_or(SystemTime::UNIX_EPOCH);
+    // Only cordons on the agent's own evidence count: a journal from before
+    // the rule (when a rank's word could cordon) must not hold a real one.
     let mut recent: Vec<(SystemTime, String)> = history
         .iter()
-        .filter(|r| r.id != excluding)
+        .filter(|r| r.id != excluding && r.diagnosis.corroborated())
         .filter_map(|r| {
             r.decision
                 .iter()
@@ -333,6 +379,7 @@ pub fn after_hook(
     cordoned: bool,
     now: SystemTime,
 ) -> Option<Breaker> {
+    hold_rank_word(decision, record);
     let cfg = &policy.circuit_breaker;
     let state = breaker(cfg, journal, &record.id, cordoned, now);
     let held = apply_breaker(
@@ -351,7 +398,7 @@ pub fn after_hook(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::attribute::{Diagnosis, IncidentKind};
+    use crate::attribute::{Diagnosis, Evidence, IncidentKind};
 
     fn t(secs: u64) -> SystemTime {
         SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000 + secs)
@@ -393,7 +440,7 @@ mod tests {
                 confidence: 0.9,
                 summary: String::new(),
                 rule: String::new(),
-                evidence: Vec::new(),
+                evidence: vec![said_by("kmsg", class, at)],
             },
             decision: Some(dec(action, at, "policy")),
             superseded: Vec::new(),
@@ -402,6 +449,93 @@ mod tests {
             exit_code: Some(1),
             waited_on: Vec::new(),
         }
+    }
+
+    /// An evidence item from `source` pointing at `class`.
+    fn said_by(source: &str, class: FaultClass, at: SystemTime) -> Evidence {
+        Evidence {
+            at,
+            source: source.into(),
+            signal: "xid".into(),
+            subject: "gpu0".into(),
+            value: "79".into(),
+            points_to: Some(class),
+            weight: 0.9,
+            note: String::new(),
+            event_id: 1,
+        }
+    }
+
+    /// [`rec`] whose only evidence is a rank's own exception.
+    fn rank_word(
+        id: &str,
+        job: &str,
+        class: FaultClass,
+        at: SystemTime,
+        action: Action,
+    ) -> IncidentRecord {
+        let mut r = rec(id, job, class, at, action);
+        r.diagnosis.evidence = vec![said_by("rank", class, at), said_by("sdc", class, at)];
+        r
+    }
+
+    #[test]
+    fn a_ranks_word_never_counts_toward_the_lemon_rule_or_the_breaker() {
+        let cfg = LemonConfig::default();
+        let forged = vec![
+            rank_word("inc-1", "a", Hw, t(0), RestartInJob),
+            rank_word("inc-2", "b", Hw, t(600), Cordon),
+        ];
+        let cur = rank_word("inc-3", "c", Hw, t(1200), Continue);
+        assert_eq!(lemon(&cfg, &forged, &cur, t(1200)), None, "forged only");
+        let real = rec("inc-4", "d", Hw, t(1300), Continue);
+        assert_eq!(
+            lemon(&cfg, &forged, &real, t(1300)),
+            None,
+            "forged history does not make a real incident the third"
+        );
+        let b = BreakerConfig {
+            max_cordons: 1,
+            window: Duration::from_secs(3600),
+        };
+        let state = breaker(&b, &forged, "inc-9", false, t(1400));
+        assert!(state.recent.is_empty() && !state.open, "{state:?}");
+        // The agent's own evidence counts as before.
+        let mut history = forged.clone();
+        history.push(rec("inc-5", "e", Hw, t(1350), Cordon));
+        let state = breaker(&b, &history, "inc-9", false, t(1400));
+        assert_eq!(
+            (state.recent.clone(), state.open),
+            (vec!["inc-5".to_owned()], true)
+        );
+    }
+
+    #[test]
+    fn a_hooks_cordon_on_a_ranks_word_is_held() {
+        let r = rank_word(
+            "inc-1",
+            "a",
+            FaultClass::UncorrectableHardware,
+            t(0),
+            Cordon,
+        );
+        let mut d = dec(Cordon, t(0), "hook");
+        assert!(hold_rank_word(&mut d, &r));
+        assert_eq!(
+            (d.action, d.decided_by.as_str()),
+            (Stop, "hook (policy.rank_word)")
+        );
+        assert!(d.reason.contains("the rank's word only"), "{}", d.reason);
+        let real = rec(
+            "inc-2",
+            "a",
+            FaultClass::UncorrectableHardware,
+            t(0),
+            Cordon,
+        );
+        let mut d = dec(Cordon, t(0), "hook");
+        assert!(!hold_rank_word(&mut d, &real));
+        assert_eq!(d.action, Cordon);
     }
 
     use Action::{Continue, Cordon, RestartInJob, Stop};

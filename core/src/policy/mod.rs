@@ -394,6 +394,24 @@ pub fn decide(cfg: &PolicyConfig, diag: &Diagnosis, ctx: &Context<'_>) -> Decisi
     } else {
         (step, format!("{}: {key} says {step}", diag.class), spent)
     };
+    // A cordon takes the node from every job: it needs evidence the agent
+    // read itself. On a rank's word only (its exception, exit, SDC values)
+    // the rank's own job is restarted within the class's budget, then
+    // stopped; a running job goes on (docs/security.md, "What the agent
+    // believes from a rank").
+    let (action, reason) = if action == Action::Cordon && !diag.corroborated() {
+        let instead = guard::instead_of_rank_word_cordon(ctx.job_down, attempt <= p.budget);
+        (
+            instead,
+            format!(
+                "{}: suspected on the rank's word only, no evidence the agent read itself: never cordoned ({}); {instead} instead; it would have cordoned: {reason}",
+                diag.class,
+                guard::RANK_WORD_RULE
+            ),
+        )
+    } else {
+        (action, reason)
+    };
     let backoff = if action.is_restart() && attempt >= 2 {
         let factor = 2u32.saturating_pow(attempt - 2);
         cfg.backoff_initial
@@ -431,14 +449,82 @@ pub fn exit_code_for(action: Action, class: FaultClass, spent: bool, rank: Optio
 mod tests {
     use super::*;
 
+    /// A diagnosis of `class` on evidence the agent read (the kernel log).
     fn diag(class: FaultClass) -> Diagnosis {
+        said_by("kmsg", class)
+    }
+
+    /// A diagnosis of `class` whose evidence came from `source`.
+    fn said_by(source: &str, class: FaultClass) -> Diagnosis {
         Diagnosis {
             class,
             confidence: 0.8,
             summary: String::new(),
             rule: String::new(),
-            evidence: Vec::new(),
+            evidence: vec![crate::attribute::Evidence {
+                at: SystemTime::UNIX_EPOCH,
+                source: source.into(),
+                signal: "xid".into(),
+                subject: "gpu0".into(),
+                value: String::new(),
+                points_to: Some(class),
+                weight: 0.8,
+                note: String::new(),
+                event_id: 0,
+            }],
         }
+    }
+
+    #[test]
+    fn a_ranks_word_restarts_its_job_and_never_cordons() {
+        let cfg = PolicyConfig::default();
+        let now = SystemTime::now();
+        let ecc = said_by("rank", FaultClass::UncorrectableHardware);
+        let mut history = Vec::new();
+        let mut got = Vec::new();
+        for _ in 0..4 {
+            let dec = decide(&cfg, &ecc, &ctx(&history, now));
+            assert!(
+                dec.action == Action::Stop || dec.reason.contains("policy.rank_word"),
+                "{}",
+                dec.reason
+            );
+            got.push((dec.action, dec.exit_code));
+            history.push(PastDecision {
+                at: now,
+                class: ecc.class,
+                action: dec.action,
+            });
+        }
+        use Action::*;
+        assert_eq!(
+            got,
+            vec![
+                (RestartInJob, 0),
+                (RestartInJob, 0),
+                (RestartInJob, 0),
+                (Stop, EXIT_BUDGET_SPENT)
+            ]
+        );
+        // A hang or timeout past its budget: stopped, not cordoned.
+        let hang = said_by("hang", FaultClass::TransientSoftware);
+        let spent: Vec<PastDecision> = (0..3)
+            .map(|_| PastDecision {
+                at: now,
+                class: hang.class,
+                action: RestartInJob,
+            })
+            .collect();
+        assert_eq!(decide(&cfg, &hang, &ctx(&spent, now)).action, Stop);
+        // Running: goes on.
+        let running = Context {
+            job_down: false,
+            exit_code: None,
+            history: &[],
+            now,
+            sdc: false,
+        };
+        assert_eq!(decide(&cfg, &ecc, &running).action, Continue);
     }
 
     fn ctx(history: &[PastDecision], now: SystemTime) -> Context<'_> {

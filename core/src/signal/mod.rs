@@ -108,6 +108,9 @@ pub enum Signal {
     Xid(Xid),
     /// The kernel's OOM killer killed a process (`kmsg.oom_kill`).
     OomKill(OomKill),
+    /// The processes NVML lists with a compute context on a GPU
+    /// (`gpu.processes`): the agent's own map of ranks to devices.
+    GpuProcesses(GpuProcesses),
     /// The pre-restart health gate failed (`gate.failed`).
     GateFailed(GateFailed),
     /// A health component's status moved (`health.changed`).
@@ -461,6 +464,18 @@ pub struct OomKill {
     pub line: String,
 }
 
+/// `gpu.processes`: the processes the driver (NVML's running compute
+/// processes) says hold a context on a GPU, published when the set
+/// changes. Attribution maps a rank to a device only through this or an
+/// XID naming its pid, never through the devices the rank declares.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GpuProcesses {
+    /// The GPU ("gpu3").
+    pub component: String,
+    /// The pids, ascending (bounded by the source).
+    pub pids: Vec<u32>,
+}
+
 /// `gate.failed`: the first failure's test, entity and severity are what
 /// attribution reads.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -529,6 +544,7 @@ pub const TYPED_KINDS: &[&str] = &[
     "gpu.xid",
     "kmsg.xid",
     "kmsg.oom_kill",
+    "gpu.processes",
     "gate.failed",
     "health.changed",
     "incident.diagnosed",

@@ -6,9 +6,9 @@
 //! fields; the table test in tests.rs pins each one).
 
 use super::{
-    CkptRestored, CkptSaved, GateFailed, HangVerdict, HealthChanged, OomKill, RankException,
-    RankExited, RankHang, RankRegistered, Report, RestartRequested, SdcSuspect, Signal, Straggler,
-    Xid, XidSource,
+    CkptRestored, CkptSaved, GateFailed, GpuProcesses, HangVerdict, HealthChanged, OomKill,
+    RankException, RankExited, RankHang, RankRegistered, Report, RestartRequested, SdcSuspect,
+    Signal, Straggler, Xid, XidSource,
 };
 use crate::attribute::{FaultClass, IncidentRecord};
 use crate::events::{NewEvent, Severity};
@@ -38,6 +38,7 @@ impl Signal {
                 XidSource::Kmsg => "kmsg.xid",
             },
             Signal::OomKill(_) => "kmsg.oom_kill",
+            Signal::GpuProcesses(_) => "gpu.processes",
             Signal::GateFailed(_) => "gate.failed",
             Signal::HealthChanged(_) => "health.changed",
             Signal::IncidentDiagnosed(_) => "incident.diagnosed",
@@ -79,6 +80,7 @@ impl Signal {
             Signal::CkptRestored(c) => ckpt_restored(c),
             Signal::Xid(x) => xid(kind, x),
             Signal::OomKill(o) => oom_kill(o),
+            Signal::GpuProcesses(g) => gpu_processes(g),
             Signal::GateFailed(g) => gate_failed(g),
             Signal::HealthChanged(h) => health_changed(h),
             Signal::IncidentDiagnosed(r) => incident_diagnosed(r),
@@ -358,6 +360,25 @@ fn oom_kill(o: &OomKill) -> NewEvent {
     .with("pid", o.pid)
     .with("process", &o.process)
     .with("line", &o.line)
+}
+
+fn gpu_processes(g: &GpuProcesses) -> NewEvent {
+    let pids: Vec<String> = g.pids.iter().map(u32::to_string).collect();
+    NewEvent::new(
+        Severity::Info,
+        "gpu.processes",
+        g.component.clone(),
+        if pids.is_empty() {
+            format!("no process holds a compute context on {}", g.component)
+        } else {
+            format!(
+                "processes {} hold a compute context on {} (NVML)",
+                pids.join(", "),
+                g.component
+            )
+        },
+    )
+    .with("pids", pids.join(","))
 }
 
 fn gate_failed(g: &GateFailed) -> NewEvent {

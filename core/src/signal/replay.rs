@@ -9,8 +9,8 @@
 use std::collections::BTreeMap;
 
 use super::{
-    HangFacts, HangVerdict, HealthChanged, OomKill, RankException, RankExited, RankHang,
-    RankRegistered, Report, SdcSuspect, Signal, Straggler, Xid, XidSource,
+    GpuProcesses, HangFacts, HangVerdict, HealthChanged, OomKill, RankException, RankExited,
+    RankHang, RankRegistered, Report, SdcSuspect, Signal, Straggler, Xid, XidSource,
 };
 use crate::attribute::FaultClass;
 use crate::detect::culprit::Blame;
@@ -174,6 +174,13 @@ pub fn signal_of(
             xid: num("xid")?,
             pid: n32("pid"),
             report: report(),
+        }),
+        "gpu.processes" => Signal::GpuProcesses(GpuProcesses {
+            component: subject.to_owned(),
+            pids: get("pids")
+                .split(',')
+                .filter_map(|p| p.parse().ok())
+                .collect(),
         }),
         "kmsg.oom_kill" => Signal::OomKill(OomKill {
             component: subject.to_owned(),

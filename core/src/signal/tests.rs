@@ -471,6 +471,17 @@ fn cases() -> Vec<Case> {
             evidence: kv(&[("pid", "5"), ("process", "python"), ("line", "l")]),
         },
         Case {
+            signal: Signal::GpuProcesses(GpuProcesses {
+                component: "gpu2".into(),
+                pids: vec![7, 9],
+            }),
+            severity: Severity::Info,
+            kind: "gpu.processes",
+            subject: "gpu2",
+            message: "processes 7, 9 hold a compute context on gpu2 (NVML)",
+            evidence: kv(&[("pids", "7,9")]),
+        },
+        Case {
             signal: Signal::GateFailed(GateFailed {
                 ran: "nvml".into(),
                 duration: "1s".into(),

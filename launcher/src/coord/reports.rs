@@ -12,8 +12,9 @@
 
 use std::time::Duration;
 
-use etcd_client::{Client, GetOptions};
+use etcd_client::{Client, Compare, CompareOp, GetOptions, Txn, TxnOp, WatchOptions};
 use prost::Message;
+use tokio::time::{Instant, sleep_until};
 use warden_proto::v1 as pb;
 
 use super::CoordError;
@@ -47,6 +48,21 @@ pub struct Found {
     pub reports: Vec<(String, pb::JobGoodput)>,
     /// `key: problem` for each value that did not decode.
     pub bad: Vec<String>,
+    /// The etcd revision the read saw (where a watch for later reports
+    /// starts).
+    pub revision: i64,
+}
+
+impl Found {
+    /// The hosts whose report is still a live copy (their job had not
+    /// ended there when they wrote it).
+    pub fn running(&self) -> Vec<&str> {
+        self.reports
+            .iter()
+            .filter(|(_, r)| r.open)
+            .map(|(h, _)| h.as_str())
+            .collect()
+    }
 }
 
 impl Reports {
@@ -99,6 +115,76 @@ impl Reports {
         .map(|_| ())
     }
 
+    /// Stores a live copy of `host`'s report only if nothing wrote its key
+    /// since `after` (the key's mod revision this publisher last saw; None:
+    /// as it is now). Returns the key's new mod revision, or None when
+    /// something else wrote it: the launcher's final report
+    /// ([`Reports::publish`]), which a live copy must never replace. A
+    /// live copy still in flight when the job ended (a request that timed
+    /// out here may still reach etcd) then fails its compare instead of
+    /// overwriting the final one.
+    pub async fn publish_live(
+        &self,
+        host: &str,
+        report: &pb::JobGoodput,
+        after: Option<i64>,
+    ) -> Result<Option<i64>, CoordError> {
+        let key = self.keys.goodput(host);
+        let mut c = self.client.clone();
+        let after = match after {
+            Some(r) => r,
+            None => {
+                let now = self.call("get", &key, c.get(key.as_str(), None)).await?;
+                now.kvs().first().map_or(0, |kv| kv.mod_revision())
+            }
+        };
+        let txn = Txn::new()
+            .when([Compare::mod_revision(key.as_str(), CompareOp::Equal, after)])
+            .and_then([TxnOp::put(key.as_str(), report.encode_to_vec(), None)]);
+        let r = self.call("txn", &key, c.txn(txn)).await?;
+        Ok(r.succeeded()
+            .then(|| r.header().map_or(after, |h| h.revision())))
+    }
+
+    /// Waits until no report in `found` is a live copy any more (every
+    /// host stored its final one), or until `until`; each change under the
+    /// job's reports is read again. Returns the newest read (`found` if
+    /// nothing changed or etcd failed: the caller keeps what it has).
+    pub async fn await_final(&self, mut found: Found, until: Instant) -> Found {
+        if found.running().is_empty() {
+            return found;
+        }
+        let prefix = self.keys.goodputs();
+        let mut c = self.client.clone();
+        let options = WatchOptions::new()
+            .with_prefix()
+            .with_start_revision(found.revision + 1);
+        let watched = tokio::select! {
+            () = sleep_until(until) => return found,
+            r = self.call("watch", &prefix, c.watch(prefix.as_str(), Some(options))) => r,
+        };
+        let Ok(mut stream) = watched else {
+            return found;
+        };
+        loop {
+            let message = tokio::select! {
+                () = sleep_until(until) => return found,
+                m = stream.message() => m,
+            };
+            match message {
+                Ok(Some(resp)) if !resp.canceled() && resp.events().is_empty() => continue,
+                Ok(Some(resp)) if !resp.canceled() => {}
+                _ => return found,
+            }
+            if let Ok(newer) = self.read().await {
+                found = newer;
+            }
+            if found.running().is_empty() {
+                return found;
+            }
+        }
+    }
+
     /// Every host's report of the job.
     pub async fn read(&self) -> Result<Found, CoordError> {
         let prefix = self.keys.goodputs();
@@ -110,7 +196,10 @@ impl Reports {
                 c.get(prefix.as_str(), Some(GetOptions::new().with_prefix())),
             )
             .await?;
-        let mut found = Found::default();
+        let mut found = Found {
+            revision: resp.header().map_or(0, |h| h.revision()),
+            ..Found::default()
+        };
         for kv in resp.kvs() {
             let key = String::from_utf8_lossy(kv.key()).into_owned();
             let Some(host) = key.strip_prefix(prefix.as_str()).map(str::to_owned) else {

@@ -35,8 +35,8 @@ use std::collections::HashSet;
 use std::time::{Duration, Instant, SystemTime};
 
 use super::exit::{
-    self, AttemptRecord, EXIT_BUDGET_SPENT, EXIT_LAUNCHER_ERROR, EXIT_NO_PROGRESS, IncidentBrief,
-    RestartTiming,
+    self, AbortedAtExit, AttemptRecord, EXIT_BUDGET_SPENT, EXIT_LAUNCHER_ERROR, EXIT_NO_PROGRESS,
+    IncidentBrief, RestartTiming,
 };
 use super::hosts::{AttemptPlan, Directive, Remote};
 use super::spawn::Exit;
@@ -189,6 +189,9 @@ pub struct WorkerExit {
     /// Its client deregistered cleanly before the process ended (the
     /// client closes after the training code returned).
     pub deregistered: bool,
+    /// Its own client registered it (not only the launcher on its
+    /// behalf): a client that never deregistered did not end cleanly.
+    pub client: bool,
     /// The type of the last exception its stderr showed, if any.
     pub traceback: Option<String>,
 }
@@ -223,6 +226,12 @@ pub enum Input {
     Deadline,
     /// SIGINT, SIGTERM or SIGHUP reached the launcher.
     Signal(i32),
+    /// The agent refused this launcher's call about its job because
+    /// another uid owns the job now (its claim was released and taken):
+    /// the agent's words. The job stops ([`exit::EXIT_JOB_OWNED`]): it
+    /// never runs on watched by nobody, and never on another owner's
+    /// decisions.
+    Disowned(String),
     /// The other hosts brought something (a new round, a stop, a note).
     Round(Remote),
     /// The answer to [`Command::Rendezvous`]: the attempt's plan.
@@ -538,21 +547,41 @@ pub struct JobState {
     replacements: u32,
 }
 
-/// A worker that failed in its teardown: after its training ended, as far
-/// as the launcher can tell ([`teardown_sign`]). If every other worker of
-/// the attempt then exits 0, the job ends with their result, not a restart;
-/// if another fails, or they do not end within the decision timeout, it is
-/// a failure like any other (the deferred decisions are acted on).
+/// Workers that failed in their teardown: after their training ended, as
+/// far as the launcher can tell ([`teardown_sign`]). When every worker of
+/// the attempt has ended (exited 0 or failed with the sign), the job ends
+/// with the training's result, not a restart: in a data-parallel job every
+/// rank tears down the same process groups, so one, some or all of them
+/// aborting together is the common case. If another worker fails without
+/// the sign, or they do not all end within the decision timeout (a peer
+/// still training), it is a failure like any other (the deferred decisions
+/// are acted on).
 #[derive(Debug, Clone)]
 struct Teardown {
+    /// The first one's failure: when the launcher saw it.
     seen: Instant,
     seen_wall: SystemTime,
-    rank: u32,
-    exit: Option<Exit>,
-    why: String,
+    /// Each worker that failed with the sign, in the order seen.
+    ranks: Vec<TornDown>,
+    /// The first one's decision timeout.
     deadline: Instant,
     /// The agent's decisions meanwhile, acted on only if it is no teardown.
     deferred: Vec<Decision>,
+}
+
+/// One worker of a [`Teardown`].
+#[derive(Debug, Clone)]
+struct TornDown {
+    rank: u32,
+    exit: Option<Exit>,
+    why: String,
+}
+
+impl TornDown {
+    fn status(&self) -> String {
+        self.exit
+            .map_or("status unknown".to_owned(), |e| e.to_string())
+    }
 }
 
 /// Why a failed worker's training had ended, when the launcher can tell:
@@ -560,22 +589,35 @@ struct Teardown {
 /// closes after the training code returned, and torch's C++ teardown
 /// aborts after that), or, for a worker without a client (zero-code), it
 /// aborted (SIGABRT: `std::terminate` in a destructor, `os.abort()` at
-/// exit) without a Python traceback on its stderr: an exception in the
-/// training code prints one. Either counts only once every other worker
-/// of the attempt exited 0: in a data-parallel job every collective needs
-/// every rank, so the peers' clean ends say the aborted rank took part in
-/// the whole training.
+/// exit). A Python traceback or a C++ exception on its stderr (`terminate
+/// called after throwing ...`) says the training code failed: never a
+/// sign. A worker whose client registered but never deregistered did not
+/// end its training cleanly: no sign either, however it died. The sign
+/// counts only once every worker of the attempt has ended
+/// ([`JobState::end_of_teardown`]).
 fn teardown_sign(e: &WorkerExit) -> Option<String> {
+    if e.traceback.is_some() {
+        return None;
+    }
     if e.deregistered {
         return Some("its client had deregistered cleanly: its training ended".into());
     }
-    if matches!(e.exit, Some(Exit::Signal(6))) && e.traceback.is_none() {
+    if !e.client && matches!(e.exit, Some(Exit::Signal(6))) {
         return Some(
             "SIGABRT with no Python traceback on its stderr: an abort at exit, not an exception in the training code"
                 .into(),
         );
     }
     None
+}
+
+/// `ranks` as "rank 0" or "ranks 0,1".
+fn rank_list(ranks: &[TornDown]) -> String {
+    let list: Vec<u32> = ranks.iter().map(|t| t.rank).collect();
+    match list.as_slice() {
+        [one] => format!("rank {one}"),
+        many => format!("ranks {}", join(many)),
+    }
 }
 
 /// [`JobState::step`] as a function.
@@ -861,6 +903,22 @@ impl JobState {
                 ));
             }
             Input::Round(Remote::Note(text)) => out.push(Command::Say(text)),
+            Input::Disowned(why) => {
+                out.push(Command::Say(format!(
+                    "the agent no longer takes this launcher's calls about the job: {why}; stopping the workers (exit {})",
+                    exit::EXIT_JOB_OWNED
+                )));
+                self.leaves_alone = true;
+                out.push(Command::Stop {
+                    kind: StopKind::JobEnding,
+                    reason: "the job belongs to another user at the agent now".into(),
+                    signal: SIGTERM,
+                });
+                self.phase = Phase::Stopping(AfterStop::Finish {
+                    code: exit::EXIT_JOB_OWNED,
+                    name: "the loss of the job's claim at the agent",
+                });
+            }
             // Answers to commands never come while the attempt runs.
             Input::Begin
             | Input::Agreed(_)
@@ -1035,23 +1093,25 @@ impl JobState {
         let failed = !exit.is_some_and(Exit::success);
         if failed
             && self.pending.is_none()
-            && self.teardown.is_none()
-            && self.attempt.workers.len() > 1
             && let Some(why) = sign
         {
             let status = exit.map_or("status unknown".to_owned(), |e| e.to_string());
             out.push(Command::Say(format!(
-                "rank {rank} (pid {pid}) failed after its training ended: {status} ({why}); the job's result is the other workers'"
+                "rank {rank} (pid {pid}) failed after its training ended: {status} ({why}); the job's result is the training's"
             )));
-            self.teardown = Some(Teardown {
-                seen: now.at,
-                seen_wall: now.wall,
-                rank,
-                exit,
-                why,
-                deadline: now.at + self.limits.decision_timeout,
-                deferred: Vec::new(),
-            });
+            let torn = TornDown { rank, exit, why };
+            match self.teardown.as_mut() {
+                Some(t) => t.ranks.push(torn),
+                None => {
+                    self.teardown = Some(Teardown {
+                        seen: now.at,
+                        seen_wall: now.wall,
+                        ranks: vec![torn],
+                        deadline: now.at + self.limits.decision_timeout,
+                        deferred: Vec::new(),
+                    });
+                }
+            }
             self.end_of_teardown(out);
             return;
         }
@@ -1412,30 +1472,85 @@ impl JobState {
         self.restart(cause, now, out);
     }
 
-    /// The other workers all exited 0 after a teardown failure: the job
-    /// ends with their result.
+    /// Every worker ended after a teardown failure (exited 0, or failed
+    /// after its training ended): the job ends with the training's result.
+    /// That is 0 when the failures were deaths by signal (torch's abort at
+    /// exit), and a worker's own exit code when it chose one after its
+    /// client closed (`sys.exit(3)`): the training's word, not a reason to
+    /// run the finished training again.
     fn end_of_teardown(&mut self, out: &mut Vec<Command>) {
         let Some(t) = &self.teardown else { return };
-        let others_done = self.attempt.workers.iter().all(|w| w.exit.is_some());
-        if !others_done {
+        let all_done = self.attempt.workers.iter().all(|w| w.exit.is_some());
+        if !all_done {
             return;
         }
-        let status = t
-            .exit
-            .map_or("status unknown".to_owned(), |e| e.to_string());
-        let note = format!(
-            "rank {} failed in its teardown ({status}): {}",
-            t.rank, t.why
-        );
+        let every_worker = t.ranks.len() >= self.attempt.workers.len();
+        let note = match t.ranks.as_slice() {
+            [one] => format!(
+                "rank {} failed in its teardown ({}): {}",
+                one.rank,
+                one.status(),
+                one.why
+            ),
+            many => format!(
+                "{} failed in their teardown: {}",
+                rank_list(many),
+                many.iter()
+                    .map(|x| format!("rank {} ({}): {}", x.rank, x.status(), x.why))
+                    .collect::<Vec<_>>()
+                    .join("; ")
+            ),
+        };
         for d in &t.deferred {
             out.push(Command::Say(format!(
                 "{} ({}): not acted on, the job's training had ended",
                 d.id, d.brief.action
             )));
         }
-        out.push(Command::Say(format!(
-            "every other worker exited 0: the job succeeded; {note}"
-        )));
+        let chosen = t.ranks.iter().find_map(|x| match x.exit {
+            Some(Exit::Code(c)) if c != 0 => Some((x.rank, c)),
+            _ => None,
+        });
+        self.attempt.record.aborted_at_exit = t
+            .ranks
+            .iter()
+            .map(|x| AbortedAtExit {
+                rank: x.rank,
+                status: x.status(),
+                why: x.why.clone(),
+            })
+            .collect();
+        let others = if every_worker {
+            "every worker ended its training"
+        } else {
+            "every other worker exited 0"
+        };
+        let ended = if every_worker {
+            format!(
+                "every worker ended its training; {} teardown failure{}",
+                t.ranks.len(),
+                if t.ranks.len() == 1 { "" } else { "s" }
+            )
+        } else if t.ranks.len() == 1 {
+            "every other worker exited 0; a teardown failure".to_owned()
+        } else {
+            format!(
+                "every other worker exited 0; {} teardown failures",
+                t.ranks.len()
+            )
+        };
+        self.teardown = None;
+        if let Some((rank, code)) = chosen {
+            out.push(Command::Say(format!(
+                "{others}: rank {rank} exited {code} after its client closed, the training's result; not restarted; {note}"
+            )));
+            let outcome = format!(
+                "failed: rank {rank} exited {code} after its training ended, not restarted ({note})"
+            );
+            out.push(self.finish(code, outcome, ended, None));
+            return;
+        }
+        out.push(Command::Say(format!("{others}: the job succeeded; {note}")));
         let outcome = if self.restarts == 0 {
             format!("succeeded ({note})")
         } else {
@@ -1445,28 +1560,28 @@ impl JobState {
                 if self.restarts == 1 { "" } else { "s" }
             )
         };
-        self.teardown = None;
-        out.push(self.finish(
-            exit::EXIT_SUCCESS,
-            outcome,
-            "every other worker exited 0; a teardown failure".into(),
-            None,
-        ));
+        out.push(self.finish(exit::EXIT_SUCCESS, outcome, ended, None));
     }
 
     /// A teardown failure that turned out to be none (another worker
     /// failed, or the others did not end in time): a failure like any
     /// other, the decisions held back acted on.
     fn teardown_failed(&mut self, t: Teardown, now: Now, out: &mut Vec<Command>) {
+        let Some(first) = t.ranks.first() else {
+            return;
+        };
         out.push(Command::Say(format!(
-            "rank {}'s failure is handled as a failure: the other workers did not all end cleanly",
-            t.rank
+            "{}'s failure is handled as a failure: the other workers did not all end cleanly",
+            rank_list(&t.ranks)
         )));
+        for x in &t.ranks {
+            self.attempt.record.failures.push((x.rank, x.status()));
+        }
         self.pending = Some(Pending {
             seen: t.seen,
             seen_wall: t.seen_wall,
-            rank: t.rank,
-            exit: t.exit,
+            rank: first.rank,
+            exit: first.exit,
             deadline: now.at + self.limits.decision_timeout,
             registered: true,
         });

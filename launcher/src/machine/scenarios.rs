@@ -48,6 +48,9 @@ struct End {
     /// The stop the launcher reports to its agent: its evidence as
     /// "subject signal=value", in order (empty: no report).
     reported: &'static [&'static str],
+    /// The ranks the last record says aborted at exit (the summary's
+    /// `aborted_at_exit`), in order.
+    aborted: &'static [u32],
 }
 
 fn limits() -> Limits {
@@ -117,6 +120,7 @@ fn exit(generation: u64, rank: u32, pid: i32, code: i32) -> Input {
         exit: Some(Exit::Code(code)),
         registered: true,
         deregistered: false,
+        client: false,
         traceback: None,
     })
 }
@@ -131,8 +135,62 @@ fn abort(generation: u64, rank: u32, pid: i32, traceback: Option<&str>) -> Input
         exit: Some(Exit::Signal(6)),
         registered: true,
         deregistered: false,
+        client: false,
         traceback: traceback.map(str::to_owned),
     })
+}
+
+/// A worker whose client deregistered cleanly (its training ended) and
+/// that then ended with `exit` (torch's teardown abort: SIGABRT).
+fn closed_then(generation: u64, rank: u32, pid: i32, exit: Exit) -> Input {
+    Input::WorkerExit(WorkerExit {
+        generation,
+        rank,
+        pid,
+        exit: Some(exit),
+        registered: true,
+        deregistered: true,
+        client: true,
+        traceback: None,
+    })
+}
+
+/// A worker whose client registered but never deregistered, killed by
+/// SIGABRT with no traceback: it died in its training.
+fn aborted_training(generation: u64, rank: u32, pid: i32) -> Input {
+    Input::WorkerExit(WorkerExit {
+        generation,
+        rank,
+        pid,
+        exit: Some(Exit::Signal(6)),
+        registered: true,
+        deregistered: false,
+        client: true,
+        traceback: None,
+    })
+}
+
+/// The first attempt with four workers (pids 100..=103).
+fn first_attempt_of_four() -> Vec<(u64, Input, &'static [&'static str])> {
+    let p = AttemptPlan {
+        world_size: 4,
+        ..plan(0)
+    };
+    vec![
+        (0, Input::Begin, &["rendezvous 0"]),
+        (1, Input::Agreed(p.clone()), &["start 0"]),
+        (
+            2,
+            Input::Started(Box::new(Started {
+                plan: p,
+                workers: vec![(0, 100), (1, 101), (2, 102), (3, 103)],
+                at: at(2).at,
+                wall: at(2).wall,
+                error: None,
+            })),
+            &[],
+        ),
+    ]
 }
 
 /// A decision about incident `id` opened at `opened` ms.
@@ -201,6 +259,7 @@ fn killed(generation: u64, rank: u32, pid: i32, sig: i32) -> Input {
         exit: Some(Exit::Signal(sig)),
         registered: true,
         deregistered: false,
+        client: false,
         traceback: None,
     })
 }
@@ -531,36 +590,215 @@ fn scenarios() -> Vec<Scenario> {
                     "inc-1 (restart_in_job): not acted on, the job's training had ended",
                     "every other worker exited 0: the job succeeded",
                 ],
+                aborted: &[0],
                 ..End::default()
             },
         },
         Scenario {
-            name: "teardown: a client that deregistered dies after the other exited 0: success",
+            name: "teardown: a client that deregistered exits 1 after the other exited 0: the training's code, no restart",
             limits: limits(),
             steps: with(
                 first_attempt(),
                 vec![
                     (1000, exit(1, 1, 101, 0), &[]),
+                    (1100, closed_then(1, 0, 100, Exit::Code(1)), &["finish 1"]),
+                ],
+            ),
+            expect: End {
+                code: Some(1),
+                outcome: "failed: rank 0 exited 1 after its training ended, not restarted (rank 0 failed in its teardown (exit code 1): its client had deregistered cleanly",
+                job_failed: true,
+                records: 1,
+                ended: "a teardown failure",
+                says: &[
+                    "every other worker exited 0: rank 0 exited 1 after its client closed, the training's result; not restarted",
+                ],
+                aborted: &[0],
+                ..End::default()
+            },
+        },
+        Scenario {
+            name: "teardown: every rank aborts after a clean deregistration: success, no restart",
+            limits: limits(),
+            steps: with(
+                first_attempt(),
+                vec![
+                    (50, Input::AllRegistered, &[]),
+                    (1000, closed_then(1, 0, 100, Exit::Signal(6)), &[]),
+                    // The agent's decision about the first abort is held back.
                     (
                         1100,
-                        Input::WorkerExit(WorkerExit {
-                            generation: 1,
-                            rank: 0,
-                            pid: 100,
-                            exit: Some(Exit::Code(1)),
-                            registered: true,
-                            deregistered: true,
-                            traceback: None,
-                        }),
-                        &["finish 0"],
+                        decision("inc-1", 0, 1001, Action::RestartInJob, 0),
+                        &[],
                     ),
+                    (1150, closed_then(1, 1, 101, Exit::Signal(6)), &["finish 0"]),
                 ],
             ),
             expect: End {
                 code: Some(0),
-                outcome: "succeeded (rank 0 failed in its teardown (exit code 1): its client had deregistered cleanly",
+                outcome: "succeeded (ranks 0,1 failed in their teardown: rank 0 (signal 6 (SIGABRT)): its client had deregistered cleanly",
                 records: 1,
-                ended: "a teardown failure",
+                ended: "every worker ended its training; 2 teardown failures",
+                says: &[
+                    "rank 0 (pid 100) failed after its training ended",
+                    "rank 1 (pid 101) failed after its training ended",
+                    "inc-1 (restart_in_job): not acted on, the job's training had ended",
+                    "every worker ended its training: the job succeeded; ranks 0,1 failed in their teardown",
+                ],
+                aborted: &[0, 1],
+                ..End::default()
+            },
+        },
+        Scenario {
+            name: "teardown: half the ranks abort after a clean deregistration, the others exit 0: success",
+            limits: Limits {
+                nproc_per_node: 4,
+                ..limits()
+            },
+            steps: with(
+                first_attempt_of_four(),
+                vec![
+                    (1000, closed_then(1, 2, 102, Exit::Signal(6)), &[]),
+                    (1010, exit(1, 0, 100, 0), &[]),
+                    (1020, closed_then(1, 3, 103, Exit::Signal(6)), &[]),
+                    (1030, exit(1, 1, 101, 0), &["finish 0"]),
+                ],
+            ),
+            expect: End {
+                code: Some(0),
+                outcome: "succeeded (ranks 2,3 failed in their teardown",
+                records: 1,
+                ended: "every other worker exited 0; 2 teardown failures",
+                says: &[
+                    "every other worker exited 0: the job succeeded; ranks 2,3 failed in their teardown",
+                ],
+                aborted: &[2, 3],
+                ..End::default()
+            },
+        },
+        Scenario {
+            name: "no teardown: one rank aborts after its training, another exits with a traceback: the held decision restarts",
+            limits: limits(),
+            steps: with(
+                with(
+                    first_attempt(),
+                    vec![
+                        (1000, closed_then(1, 0, 100, Exit::Signal(6)), &[]),
+                        (
+                            1100,
+                            decision("inc-1", 0, 1001, Action::RestartInJob, 0),
+                            &[],
+                        ),
+                        (
+                            1200,
+                            Input::WorkerExit(WorkerExit {
+                                generation: 1,
+                                rank: 1,
+                                pid: 101,
+                                exit: Some(Exit::Code(1)),
+                                registered: true,
+                                deregistered: false,
+                                client: true,
+                                traceback: Some("RuntimeError".into()),
+                            }),
+                            &["publish restart", "stop SIGTERM"],
+                        ),
+                    ],
+                ),
+                with(
+                    restart_path(7000, 1, 200),
+                    vec![
+                        (9000, exit(2, 0, 200, 0), &[]),
+                        (9001, exit(2, 1, 201, 0), &["finish 0"]),
+                    ],
+                ),
+            ),
+            expect: End {
+                code: Some(0),
+                outcome: "succeeded after 1 in-job restart",
+                restarts: 1,
+                local_restarts: 1,
+                records: 2,
+                ended: "every worker exited 0",
+                says: &[
+                    "rank 0 (pid 100) failed after its training ended",
+                    "rank 0's failure is handled as a failure",
+                    "restarting in job (restart 1)",
+                ],
+                ..End::default()
+            },
+        },
+        Scenario {
+            name: "no teardown: a rank whose client never deregistered aborts mid-training: a failure",
+            limits: limits(),
+            steps: with(
+                with(
+                    first_attempt(),
+                    vec![
+                        (1000, aborted_training(1, 1, 101), &[]),
+                        (
+                            1200,
+                            decision("inc-1", 0, 1001, Action::RestartInJob, 0),
+                            &["publish restart", "stop SIGTERM"],
+                        ),
+                    ],
+                ),
+                with(
+                    restart_path(7000, 1, 200),
+                    vec![
+                        (9000, exit(2, 0, 200, 0), &[]),
+                        (9001, exit(2, 1, 201, 0), &["finish 0"]),
+                    ],
+                ),
+            ),
+            expect: End {
+                code: Some(0),
+                outcome: "succeeded after 1 in-job restart",
+                restarts: 1,
+                local_restarts: 1,
+                records: 2,
+                ended: "every worker exited 0",
+                says: &[
+                    "rank 1 (pid 101) failed: signal 6 (SIGABRT); waiting for the agent's diagnosis",
+                ],
+                ..End::default()
+            },
+        },
+        Scenario {
+            name: "no teardown: a rank aborts after its training while a peer is still training past the timeout: a failure",
+            limits: limits(),
+            steps: with(
+                with(
+                    first_attempt(),
+                    vec![
+                        (1000, closed_then(1, 0, 100, Exit::Signal(6)), &[]),
+                        (3000, Input::Deadline, &[]),
+                        (6001, Input::Deadline, &[]),
+                        (
+                            6100,
+                            decision("inc-1", 0, 1001, Action::RestartInJob, 0),
+                            &["publish restart", "stop SIGTERM"],
+                        ),
+                    ],
+                ),
+                with(
+                    restart_path(7000, 1, 200),
+                    vec![
+                        (9000, exit(2, 0, 200, 0), &[]),
+                        (9001, exit(2, 1, 201, 0), &["finish 0"]),
+                    ],
+                ),
+            ),
+            expect: End {
+                code: Some(0),
+                outcome: "succeeded after 1 in-job restart",
+                restarts: 1,
+                local_restarts: 1,
+                records: 2,
+                ended: "every worker exited 0",
+                says: &[
+                    "rank 0's failure is handled as a failure: the other workers did not all end cleanly",
+                ],
                 ..End::default()
             },
         },
@@ -866,6 +1104,7 @@ fn scenarios() -> Vec<Scenario> {
                             exit: Some(Exit::Signal(9)),
                             registered: false,
                             deregistered: false,
+                            client: false,
                             traceback: None,
                         }),
                         &[],
@@ -890,6 +1129,7 @@ fn scenarios() -> Vec<Scenario> {
                 ],
                 reported: &[],
                 replacements: 0,
+                aborted: &[],
             },
         },
         Scenario {
@@ -1209,6 +1449,31 @@ fn scenarios() -> Vec<Scenario> {
             },
         },
         Scenario {
+            name: "another user owns the job at the agent now: the workers stop, exit 89",
+            limits: limits(),
+            steps: with(
+                first_attempt(),
+                vec![
+                    (
+                        1000,
+                        Input::Disowned("job \"j\" on this agent belongs to uid 1001".into()),
+                        &["stop SIGTERM"],
+                    ),
+                    (1200, stopped(), &["finish 89"]),
+                ],
+            ),
+            expect: End {
+                code: Some(89),
+                outcome: "stopped on the loss of the job's claim at the agent",
+                records: 1,
+                ended: "stopped on the loss of the job's claim at the agent",
+                says: &[
+                    "the agent no longer takes this launcher's calls about the job: job \"j\" on this agent belongs to uid 1001; stopping the workers (exit 89)",
+                ],
+                ..End::default()
+            },
+        },
+        Scenario {
             name: "signal during the backoff: the job ends, the workers already stopped",
             limits: limits(),
             steps: with(
@@ -1457,6 +1722,11 @@ fn recorded_scenarios_replay() {
                 assert_eq!(records.len(), e.records, "{}: records", s.name);
                 let last = records.last().map(|r| r.ended.as_str()).unwrap_or("");
                 assert!(last.contains(e.ended), "{}: ended {last:?}", s.name);
+                let aborted: Vec<u32> = records
+                    .last()
+                    .map(|r| r.aborted_at_exit.iter().map(|x| x.rank).collect())
+                    .unwrap_or_default();
+                assert_eq!(aborted, e.aborted, "{}: aborted at exit", s.name);
             }
             (want, got) => panic!("{}: finish {want:?}, got {got:?}", s.name),
         }

@@ -44,6 +44,19 @@ pub struct DcgmConfig {
     /// The gate's deadline.
     #[serde(with = "crate::config::duration")]
     pub gate_timeout: Duration,
+    /// The deepest level a caller may ask for (RunHealthGate's `level`,
+    /// `warden diag --level`): a gate stresses every GPU of the node, every
+    /// tenant's, so a deeper one is refused (INVALID_ARGUMENT naming this
+    /// key). At least `gate_level`.
+    pub gate_max_level: u32,
+    /// A gate's result is answered again, marked cached with its age, to
+    /// callers asking for the same level or a lower one within this long
+    /// after its run ended; 0s: every call runs (one at a time).
+    #[serde(with = "crate::config::duration")]
+    pub gate_cache_for: Duration,
+    /// Gate calls one uid may have in progress (waiting or running) at
+    /// once; the next is refused with RESOURCE_EXHAUSTED naming this key.
+    pub gate_max_per_uid: u32,
 }
 
 impl Default for DcgmConfig {
@@ -60,6 +73,9 @@ impl Default for DcgmConfig {
             dcgmi: "dcgmi".into(),
             gate_level: 1,
             gate_timeout: Duration::from_secs(120),
+            gate_max_level: 2,
+            gate_cache_for: Duration::from_secs(60),
+            gate_max_per_uid: 2,
         }
     }
 }
@@ -126,6 +142,37 @@ impl DcgmConfig {
                 "dcgm.gate_level",
                 self.gate_level.to_string(),
                 "must be 1, 2, 3 or 4 (dcgmi diag -r)",
+            ));
+        }
+        if !(1..=4).contains(&self.gate_max_level) {
+            return Err(invalid(
+                "dcgm.gate_max_level",
+                self.gate_max_level.to_string(),
+                "must be 1, 2, 3 or 4 (dcgmi diag -r)",
+            ));
+        }
+        if self.gate_level > self.gate_max_level {
+            return Err(invalid(
+                "dcgm.gate_level",
+                self.gate_level.to_string(),
+                &format!(
+                    "must not exceed dcgm.gate_max_level ({})",
+                    self.gate_max_level
+                ),
+            ));
+        }
+        if self.gate_cache_for > Duration::from_secs(3600) {
+            return Err(invalid(
+                "dcgm.gate_cache_for",
+                show(self.gate_cache_for),
+                "must be at most 1h",
+            ));
+        }
+        if !(1..=1024).contains(&self.gate_max_per_uid) {
+            return Err(invalid(
+                "dcgm.gate_max_per_uid",
+                self.gate_max_per_uid.to_string(),
+                "must be between 1 and 1024",
             ));
         }
         if self.clear_after == 0 {

@@ -4,8 +4,11 @@
 //! `nvml-wrapper`, so a node without a driver runs the same binary. Out: the
 //! `nvml` component (library loaded, device count against
 //! `nvml.expected_gpus`), one `gpuN` component per GPU (labels uuid, pci,
-//! name) with `gpuN/pcie` and `gpuN/nvlinkL`, a `gpu.xid` event per XID, and
-//! the per-GPU `warden_gpu_*` metrics (`prom`).
+//! name) with `gpuN/pcie` and `gpuN/nvlinkL`, a `gpu.xid` event per XID, a
+//! `gpu.processes` event whenever the processes holding a compute context
+//! on a GPU change (the driver's word: attribution's only map of ranks to
+//! devices besides an XID naming a pid, never the devices a rank declares),
+//! and the per-GPU `warden_gpu_*` metrics (`prom`).
 //! Must never: judge a lifetime counter as a verdict (counters are deltas
 //! over `nvml.window`), or let a hung NVML call hang anything but this
 //! source's own thread (the runner marks it stalled; XIDs wait on a thread
@@ -53,7 +56,13 @@ pub struct NvmlSource {
     stop: xid::Stop,
     /// Why XIDs are not watched, once (a label on `nvml`).
     xid_status: String,
+    /// The compute processes last published per GPU index.
+    procs: BTreeMap<u32, Vec<u32>>,
 }
+
+/// Most pids one `gpu.processes` event names (a GPU runs a few ranks;
+/// MPS or a crowded node more).
+const MAX_PIDS: usize = 256;
 
 impl NvmlSource {
     /// A source reading NVML as `cfg` says.
@@ -65,6 +74,7 @@ impl NvmlSource {
             xids: None,
             stop: xid::Stop::default(),
             xid_status: String::new(),
+            procs: BTreeMap::new(),
         }
     }
 
@@ -195,6 +205,15 @@ impl super::Source for NvmlSource {
                 .or_insert_with(|| GpuState::new(&self.cfg));
             poll.reports
                 .extend(judge_gpu(&reading, st, &self.cfg, mono, now));
+            if let Some(pids) = compute_pids(&nvml, index)
+                && self.procs.get(&index) != Some(&pids)
+            {
+                poll.events.push(Signal::GpuProcesses(signal::GpuProcesses {
+                    component: format!("gpu{index}"),
+                    pids: pids.clone(),
+                }));
+                self.procs.insert(index, pids);
+            }
         }
         // A GPU seen before that NVML no longer counts is gone, not healthy.
         for index in self.gpus.keys().copied().filter(|i| *i >= count) {
@@ -209,4 +228,21 @@ impl super::Source for NvmlSource {
         }
         poll
     }
+}
+
+/// The pids NVML lists with a compute context on GPU `index`, ascending,
+/// at most [`MAX_PIDS`]; None when NVML cannot say (an old driver, a lost
+/// GPU): then nothing is published and the last set stands.
+fn compute_pids(nvml: &nvml_wrapper::Nvml, index: u32) -> Option<Vec<u32>> {
+    let device = nvml.device_by_index(index).ok()?;
+    let mut pids: Vec<u32> = device
+        .running_compute_processes()
+        .ok()?
+        .into_iter()
+        .map(|p| p.pid)
+        .collect();
+    pids.sort_unstable();
+    pids.dedup();
+    pids.truncate(MAX_PIDS);
+    Some(pids)
 }
