@@ -132,6 +132,7 @@ impl AgentState {
         );
         let mut ranks = ranks;
         ranks.max_per_process = config.ranks.max_per_process;
+        ranks.max_per_uid = config.ranks.per_uid();
         let state = Self {
             goodput,
             authz,

@@ -286,7 +286,9 @@ fn run_socket_monitor(path: &str) {
 }
 
 async fn agent_cpu(ranks: u32, hz: u64, secs: u64) -> (f64, f64, u64) {
-    let agent = start_agent("[ranks]\nmax_ranks = 1100\nmax_per_process = 1100\n");
+    let agent = start_agent(
+        "[ranks]\nmax_ranks = 1100\nmax_per_process = 1100\nmax_ranks_per_uid = 1100\n",
+    );
     let mut c = connect(&agent.socket()).await;
     let slots = register(&mut c, &agent.socket(), "cpu", ranks).await;
     let stop = Arc::new(AtomicBool::new(false));

@@ -254,6 +254,16 @@ impl TestAgent {
 
     /// Spawns `wardend --config <home's config>` without waiting for anything.
     pub fn spawn(home: Arc<Home>, env: &[(&str, &str)]) -> Self {
+        Self::spawn_adjusted(home, env, |_| {})
+    }
+
+    /// As [`TestAgent::spawn`], with `adjust` applied to the command before
+    /// it runs (a resource limit, say).
+    pub fn spawn_adjusted(
+        home: Arc<Home>,
+        env: &[(&str, &str)],
+        adjust: impl FnOnce(&mut Command),
+    ) -> Self {
         static SPAWNED: AtomicU32 = AtomicU32::new(0);
         let n = SPAWNED.fetch_add(1, Ordering::Relaxed);
         let notify_path = home.path().join(format!("notify-{n}.sock"));
@@ -268,6 +278,7 @@ impl TestAgent {
             .stderr(std::fs::File::create(&stderr).expect("create the stderr file"));
         cmd.envs(env.iter().copied());
         scrub(&mut cmd);
+        adjust(&mut cmd);
         let child = cmd.spawn().expect("spawn wardend");
         Self {
             home,

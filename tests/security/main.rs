@@ -15,9 +15,10 @@ mod agent_setup;
 mod authz;
 mod belief;
 mod files;
+mod floods;
 mod gates;
-mod output;
 mod launcher_files;
+mod output;
 mod ownership;
 mod slots;
 mod state_files;
@@ -32,6 +33,11 @@ const ATTACKS: &[(&str, common::users::Attack)] = &[
     ("files.plant_staging", files::attack_plant_staging),
     ("files.save_restore", files::attack_save_restore),
     ("slots.steal", slots::attack_slots),
+    ("floods.control", floods::attack_control),
+    ("floods.connections", floods::attack_connections),
+    ("floods.ranks", floods::attack_ranks),
+    ("floods.rank_holder", floods::attack_rank_holder),
+    ("floods.requests", floods::attack_requests),
     ("output.escapes", output::attack_escapes),
     ("belief.fake_crashes", belief::attack_fake_crashes),
     ("belief.stop_flood", belief::attack_stop_flood),

@@ -2,10 +2,13 @@
 //! edge. The work is [`crate::act::in_process`]'s; this module turns its
 //! requests and errors into protobuf messages and gRPC statuses.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
+use tokio_util::sync::CancellationToken;
 use tonic::Status;
 use warden_proto::v1 as pb;
 
@@ -76,6 +79,51 @@ fn dump_message(d: &DumpRequest) -> pb::ControlMessage {
     }
 }
 
+/// The Control streams open now: one per registered rank. A rank needs
+/// one; a second for the same rank (its client reconnecting while the
+/// agent has not yet seen the first go) replaces the first, which ends.
+/// So Control streams are bounded by the ranks registered, and one caller
+/// cannot open thousands on one registration (issue 29: 80,000 took the
+/// agent from 25 MB to 1.07 GB).
+#[derive(Debug, Default)]
+pub struct ControlStreams {
+    next: AtomicU64,
+    open: Mutex<HashMap<RankKey, (u64, CancellationToken)>>,
+}
+
+impl ControlStreams {
+    /// Takes the rank's place, ending the stream that held it.
+    fn claim(&self, key: &RankKey) -> (u64, CancellationToken) {
+        let id = self.next.fetch_add(1, Ordering::Relaxed);
+        let token = CancellationToken::new();
+        let old = self
+            .open
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(key.clone(), (id, token.clone()));
+        if let Some((_, old)) = old {
+            old.cancel();
+        }
+        (id, token)
+    }
+
+    /// The stream `id` ended: frees the place if it still holds it.
+    fn release(&self, key: &RankKey, id: u64) {
+        let mut open = self.open.lock().unwrap_or_else(PoisonError::into_inner);
+        if open.get(key).is_some_and(|(held, _)| *held == id) {
+            open.remove(key);
+        }
+    }
+
+    /// Control streams open now.
+    pub fn open_now(&self) -> usize {
+        self.open
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .len()
+    }
+}
+
 /// Control: a rank's stream of restart requests, the pending one first,
 /// and of flight-recorder dump requests (`ranks::flight`).
 /// Ends when the agent stops, the client leaves, or the rank registers
@@ -83,6 +131,24 @@ fn dump_message(d: &DumpRequest) -> pb::ControlMessage {
 /// stale generation, `NOT_FOUND` for a rank that is not registered.
 pub async fn control(
     state: &Arc<AgentState>,
+    req: pb::ControlRequest,
+) -> Result<BoxStream<pb::ControlMessage>, Status> {
+    control_in(state, None, req).await
+}
+
+/// As [`control`], holding the rank's one place in `streams`: a stream
+/// already open for the rank ends.
+pub async fn control_one_per_rank(
+    state: &Arc<AgentState>,
+    streams: &Arc<ControlStreams>,
+    req: pb::ControlRequest,
+) -> Result<BoxStream<pb::ControlMessage>, Status> {
+    control_in(state, Some(streams), req).await
+}
+
+async fn control_in(
+    state: &Arc<AgentState>,
+    streams: Option<&Arc<ControlStreams>>,
     req: pb::ControlRequest,
 ) -> Result<BoxStream<pb::ControlMessage>, Status> {
     let key = RankKey {
@@ -96,44 +162,67 @@ pub async fn control(
         in_process::subscribe_dumps(&handles, &key, generation).map_err(status_of_control)?;
     let (tx, out) = mpsc::channel(4);
     let state = state.clone();
+    let place = streams.map(|s| {
+        let (id, token) = s.claim(&key);
+        (s.clone(), id, token)
+    });
+    let replaced = place
+        .as_ref()
+        .map_or_else(CancellationToken::new, |(_, _, t)| t.clone());
     tokio::spawn(async move {
-        let mut current = rx.borrow_and_update().clone();
-        let mut dump = dumps.borrow_and_update().clone();
-        loop {
-            if let Some(d) = dump.take()
-                && d.generation == generation
-                && tx.send(Ok(dump_message(&d))).await.is_err()
-            {
-                return;
-            }
-            if let Some(r) = current.take() {
-                if r.generation != generation {
-                    // Addressed to a later registration: this stream is stale.
-                    return;
-                }
-                if tx.send(Ok(message(&r))).await.is_err() {
-                    return;
-                }
-            }
-            tokio::select! {
-                () = state.shutdown.cancelled() => return,
-                () = tx.closed() => return,
-                changed = rx.changed() => {
-                    if changed.is_err() {
-                        return;
-                    }
-                    current = rx.borrow_and_update().clone();
-                }
-                changed = dumps.changed() => {
-                    if changed.is_err() {
-                        return;
-                    }
-                    dump = dumps.borrow_and_update().clone();
-                }
-            }
+        serve_control(&state, &replaced, tx, &mut rx, &mut dumps, generation).await;
+        if let Some((s, id, _)) = place {
+            s.release(&key, id);
         }
     });
     Ok(Box::pin(ReceiverStream::new(out)))
+}
+
+/// The body of one Control stream, until it ends.
+async fn serve_control(
+    state: &AgentState,
+    replaced: &CancellationToken,
+    tx: mpsc::Sender<Result<pb::ControlMessage, Status>>,
+    rx: &mut tokio::sync::watch::Receiver<Option<Arc<RankRequest>>>,
+    dumps: &mut tokio::sync::watch::Receiver<Option<Arc<DumpRequest>>>,
+    generation: u64,
+) {
+    let mut current = rx.borrow_and_update().clone();
+    let mut dump = dumps.borrow_and_update().clone();
+    loop {
+        if let Some(d) = dump.take()
+            && d.generation == generation
+            && tx.send(Ok(dump_message(&d))).await.is_err()
+        {
+            return;
+        }
+        if let Some(r) = current.take() {
+            if r.generation != generation {
+                // Addressed to a later registration: this stream is stale.
+                return;
+            }
+            if tx.send(Ok(message(&r))).await.is_err() {
+                return;
+            }
+        }
+        tokio::select! {
+            () = state.shutdown.cancelled() => return,
+            () = replaced.cancelled() => return,
+            () = tx.closed() => return,
+            changed = rx.changed() => {
+                if changed.is_err() {
+                    return;
+                }
+                current = rx.borrow_and_update().clone();
+            }
+            changed = dumps.changed() => {
+                if changed.is_err() {
+                    return;
+                }
+                dump = dumps.borrow_and_update().clone();
+            }
+        }
+    }
 }
 
 /// AckControl: the rank raised `RestartRequested` and runs its training

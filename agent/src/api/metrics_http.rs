@@ -3,14 +3,24 @@
 //! The recorder is process-global (the `metrics` facade), installed once;
 //! every part of the agent records through the facade and this module only
 //! renders. Build info and uptime are refreshed at scrape time.
+//!
+//! Any local user reaches the port, so its connections are held to quotas
+//! ([`QuotaListener`]): `metrics.max_connections_per_source` per source
+//! address, the agent's shared connection budget in all, and the
+//! [`super::conn_watch::Rules::Http1`] timeouts (issue 29: 1,100 idle
+//! connections took every descriptor of the agent).
 
+use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, OnceLock};
 
 use axum::Router;
 use axum::extract::State;
 use axum::routing::get;
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
+
+use super::admission::{Acceptor, ConnLimits, Ticket};
+use super::conn_watch::{Rules, Watched};
 
 use crate::state::AgentState;
 
@@ -53,6 +63,22 @@ fn describe() {
     describe_counter!(
         "warden_events_total",
         "Events published, by kind and severity"
+    );
+    describe_counter!(
+        "warden_api_connections_refused_total",
+        "Connections closed at accept by a quota, by listener and reason (per_caller, total)"
+    );
+    describe_gauge!(
+        "warden_api_connections_open",
+        "Connections open now under the quotas, by listener"
+    );
+    describe_counter!(
+        "warden_api_connections_closed_total",
+        "Connections the agent closed for breaking a rule (no preface, idle), by reason"
+    );
+    describe_counter!(
+        "warden_api_accept_errors_total",
+        "Failed accepts, by listener and errno (EMFILE: the agent's open-file limit)"
     );
     describe_counter!(
         "warden_api_requests_total",
@@ -159,16 +185,60 @@ async fn render(State(s): State<Scrape>) -> String {
     text
 }
 
-/// Serves `/metrics` on `listener` until the agent shuts down.
+/// The metrics listener with its quotas: what axum accepts from.
+#[derive(Debug)]
+pub struct QuotaListener {
+    inner: TcpListener,
+    limits: Arc<ConnLimits<IpAddr>>,
+    acceptor: Acceptor,
+}
+
+impl axum::serve::Listener for QuotaListener {
+    type Io = Watched<TcpStream, Ticket<IpAddr>>;
+    type Addr = SocketAddr;
+
+    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+        loop {
+            let (tcp, remote) = match self.inner.accept().await {
+                Ok(a) => {
+                    self.acceptor.succeeded();
+                    a
+                }
+                Err(e) => {
+                    self.acceptor.failed(&e).await;
+                    continue;
+                }
+            };
+            // Past a cap the connection is closed at once (dropped here).
+            let Ok(ticket) = self.limits.admit(remote.ip(), false) else {
+                continue;
+            };
+            return (Watched::new(tcp, Rules::Http1, ticket), remote);
+        }
+    }
+
+    fn local_addr(&self) -> std::io::Result<Self::Addr> {
+        self.inner.local_addr()
+    }
+}
+
+/// Serves `/metrics` on `listener` until the agent shuts down, within
+/// `limits`.
 pub async fn serve(
     listener: TcpListener,
     handle: PrometheusHandle,
     state: Arc<AgentState>,
+    limits: Arc<ConnLimits<IpAddr>>,
 ) -> std::io::Result<()> {
     let stop = state.shutdown.clone();
     let app = Router::new()
         .route("/metrics", get(render))
         .with_state(Scrape { handle, state });
+    let listener = QuotaListener {
+        inner: listener,
+        limits,
+        acceptor: Acceptor::new("metrics.listen"),
+    };
     axum::serve(listener, app)
         .with_graceful_shutdown(stop.cancelled_owned())
         .await

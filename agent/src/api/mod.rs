@@ -5,9 +5,11 @@
 //! types turned into protobuf messages, errors into gRPC statuses, all in
 //! this module. The core knows nothing of tonic or HTTP.
 
+pub mod admission;
 pub mod authz;
 pub mod caller;
 pub mod ckpt;
+pub mod conn_watch;
 pub mod control;
 pub mod convert;
 pub mod exception_decision;
@@ -16,6 +18,7 @@ pub mod goodput;
 pub mod job_series;
 pub mod job_stop;
 pub mod launcher_api;
+pub mod local_accept;
 pub mod metrics_http;
 pub mod nvhcd;
 pub mod observe;

@@ -143,22 +143,34 @@ pub fn bind(path: &str, mode: u32, gid: Option<u32>) -> std::io::Result<tokio::n
 /// removes the socket file at `path`. Each connection goes through
 /// [`crate::api::uds_authority::AuthorityFilter`], so grpcio's default
 /// `:authority` (the percent-encoded socket path) is served.
-pub async fn serve(listener: tokio::net::UnixListener, path: String, state: Arc<AgentState>) {
+///
+/// Its connections and requests count under the API socket's quotas: the
+/// same uids reach both.
+pub async fn serve(
+    listener: tokio::net::UnixListener,
+    path: String,
+    state: Arc<AgentState>,
+    quotas: crate::api::admission::Quotas,
+) {
     let stop = state.shutdown.clone();
+    // NVRx's grpcio client names the socket path as `:authority`: the
+    // connections come through crate::api::uds_authority's filter.
+    let incoming = crate::api::local_accept::local_connections(
+        "nvhcd.socket",
+        listener,
+        state.clone(),
+        quotas.unix,
+        quotas.requests,
+    );
     let svc = warden_proto::nvhcd::health_check_service_server::HealthCheckServiceServer::new(
         NvhcdService::new(state),
     );
     let result = tonic::transport::Server::builder()
+        .layer(crate::api::conn_watch::TrackLayer::<
+            crate::api::caller::LocalPeer,
+        >::new())
         .add_service(svc)
-        .serve_with_incoming_shutdown(
-            // NVRx's grpcio client names the socket path as `:authority`:
-            // see crate::api::uds_authority.
-            tokio_stream::StreamExt::map(
-                tokio_stream::wrappers::UnixListenerStream::new(listener),
-                |conn| conn.map(crate::api::uds_authority::AuthorityFilter::new),
-            ),
-            stop.cancelled(),
-        )
+        .serve_with_incoming_shutdown(incoming, stop.cancelled())
         .await;
     if let Err(e) = result {
         tracing::error!(error = %e, "nvhcd socket server failed");

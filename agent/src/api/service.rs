@@ -30,6 +30,8 @@ pub struct AgentService {
     /// The caps on open server streams (`api.max_streams_per_uid`,
     /// `api.max_streams`), shared by every connection.
     streams: Arc<StreamGate>,
+    /// The Control streams open now, one per registered rank.
+    controls: Arc<super::control::ControlStreams>,
 }
 
 impl AgentService {
@@ -39,7 +41,11 @@ impl AgentService {
             state.config.api.max_streams_per_uid,
             state.config.api.max_streams,
         );
-        Self { state, streams }
+        Self {
+            state,
+            streams,
+            controls: Arc::default(),
+        }
     }
 
     /// Opens a server stream for `peer` past the stream caps: `stream`
@@ -283,7 +289,9 @@ impl Agent for AgentService {
                 RegisterError::LayoutMismatch { .. } => Status::failed_precondition(e.to_string()),
                 RegisterError::Held { .. } => Status::already_exists(e.to_string()),
                 RegisterError::Full(_) => Status::resource_exhausted(e.to_string()),
-                RegisterError::PerProcess { .. } => Status::resource_exhausted(e.to_string()),
+                RegisterError::PerProcess { .. } | RegisterError::PerUid { .. } => {
+                    Status::resource_exhausted(e.to_string())
+                }
                 RegisterError::Slot(_) => Status::internal(e.to_string()),
             })?;
             let key = RankKey {
@@ -513,10 +521,15 @@ impl Agent for AgentService {
         req: Request<pb::ControlRequest>,
     ) -> Result<Response<Self::ControlStream>, Status> {
         observed("Control", async {
-            self.guard(&req, "Control", &req.get_ref().job_id)?;
-            super::control::control(&self.state, req.into_inner())
-                .await
-                .map(Response::new)
+            let peer = self.guard(&req, "Control", &req.get_ref().job_id)?;
+            let permit = self.streams.open_control(peer.uid)?;
+            let stream =
+                super::control::control_one_per_rank(&self.state, &self.controls, req.into_inner())
+                    .await?;
+            Ok(Response::new(Box::pin(Held {
+                inner: stream,
+                _permit: permit,
+            }) as Self::ControlStream))
         })
         .await
     }

@@ -55,16 +55,21 @@ pub fn bind(path: &Path, mode: u32, gid: Option<u32>) -> std::io::Result<UnixLis
 /// Serves the slot socket until the agent shuts down, then removes it.
 pub async fn serve(listener: UnixListener, path: std::path::PathBuf, state: Arc<AgentState>) {
     let permits = Arc::new(tokio::sync::Semaphore::new(MAX_IN_FLIGHT));
+    // Out of descriptors: a growing pause and a warning every few seconds
+    // naming the errno, not one per failed accept (issue 29).
+    let mut acceptor = crate::api::admission::Acceptor::new("slot socket");
     loop {
         let accepted = tokio::select! {
             () = state.shutdown.cancelled() => break,
             a = listener.accept() => a,
         };
         let stream = match accepted {
-            Ok((s, _)) => s,
+            Ok((s, _)) => {
+                acceptor.succeeded();
+                s
+            }
             Err(e) => {
-                tracing::warn!(error = %e, "slot socket: accept failed");
-                tokio::time::sleep(Duration::from_millis(50)).await;
+                acceptor.failed(&e).await;
                 continue;
             }
         };

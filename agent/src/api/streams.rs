@@ -1,5 +1,6 @@
 //! Caps on the server streams a caller holds open (WatchEvents,
-//! WatchHealth, WatchIncidents), and giving their memory back.
+//! WatchHealth, WatchIncidents, and Control in the total), and giving
+//! their memory back.
 //!
 //! In: a stream about to open, with its caller's uid (SO_PEERCRED, see
 //! [`super::caller`]). Out: a [`StreamPermit`] that the stream's forwarding
@@ -49,7 +50,10 @@ pub struct StreamGate {
 #[derive(Debug)]
 pub struct StreamPermit {
     gate: Arc<StreamGate>,
-    uid: u32,
+    /// The uid whose per-uid count holds it; None for a Control stream,
+    /// counted in the total only (a uid's Control streams are bounded by
+    /// its ranks, one each: see `api::control::ControlStreams`).
+    uid: Option<u32>,
 }
 
 impl StreamGate {
@@ -65,9 +69,26 @@ impl StreamGate {
     /// A place for one more `call` stream of `uid`, or RESOURCE_EXHAUSTED
     /// naming the cap reached (counted in `warden_api_refused_total`).
     pub fn open(self: &Arc<Self>, call: &str, uid: u32) -> Result<StreamPermit, Status> {
+        self.open_as(call, uid, true)
+    }
+
+    /// A place for one more Control stream of `uid`: counted in the total
+    /// (`api.max_streams`) but not in the uid's watch streams, which a uid
+    /// with many ranks would otherwise exhaust with one Control stream per
+    /// rank.
+    pub fn open_control(self: &Arc<Self>, uid: u32) -> Result<StreamPermit, Status> {
+        self.open_as("Control", uid, false)
+    }
+
+    fn open_as(
+        self: &Arc<Self>,
+        call: &str,
+        uid: u32,
+        per_uid: bool,
+    ) -> Result<StreamPermit, Status> {
         let mut c = self.counts.lock().unwrap_or_else(PoisonError::into_inner);
         let mine = c.by_uid.get(&uid).copied().unwrap_or(0);
-        let refusal = if mine >= self.per_uid {
+        let refusal = if per_uid && mine >= self.per_uid {
             Some(format!(
                 "{call} refused: uid {uid} already holds {mine} open streams, the most one uid may (api.max_streams_per_uid = {}); close one first",
                 self.per_uid
@@ -86,13 +107,15 @@ impl StreamGate {
             tracing::warn!(call, uid, "{why}");
             return Err(Status::resource_exhausted(why));
         }
-        *c.by_uid.entry(uid).or_default() += 1;
+        if per_uid {
+            *c.by_uid.entry(uid).or_default() += 1;
+        }
         c.total += 1;
         c.peak = c.peak.max(c.total);
         metrics::gauge!("warden_api_streams_open").set(c.total as f64);
         Ok(StreamPermit {
             gate: self.clone(),
-            uid,
+            uid: per_uid.then_some(uid),
         })
     }
 
@@ -104,10 +127,12 @@ impl StreamGate {
             .total
     }
 
-    fn close(&self, uid: u32) {
+    fn close(&self, uid: Option<u32>) {
         let trim = {
             let mut c = self.counts.lock().unwrap_or_else(PoisonError::into_inner);
-            if let Some(n) = c.by_uid.get_mut(&uid) {
+            if let Some(uid) = uid
+                && let Some(n) = c.by_uid.get_mut(&uid)
+            {
                 *n = n.saturating_sub(1);
                 if *n == 0 {
                     c.by_uid.remove(&uid);
@@ -170,5 +195,13 @@ mod tests {
         drop(a1);
         assert_eq!(gate.open_now(), 2);
         let _b2 = gate.open("WatchHealth", 1002).unwrap();
+        // Control streams count in the total, not in the uid's watches.
+        let s = gate.open_control(1000).unwrap_err();
+        assert!(s.message().contains("api.max_streams = 3"), "{s:?}");
+        drop(_b2);
+        let c = gate.open_control(1000).unwrap();
+        assert_eq!(gate.open_now(), 3);
+        drop(c);
+        let _a3 = gate.open("WatchEvents", 1000).unwrap();
     }
 }

@@ -147,9 +147,42 @@ pub struct ApiConfig {
     /// Streams (WatchEvents, WatchHealth, WatchIncidents) one uid may hold
     /// open at once; the next is refused with RESOURCE_EXHAUSTED naming
     /// this key. Each open stream holds a task, a buffer and HTTP/2 state.
+    /// Control streams are bounded apart: one per registered rank (a newer
+    /// one for the same registration replaces the older), so a uid holds
+    /// at most `ranks.max_ranks_per_uid` of them.
     pub max_streams_per_uid: u32,
-    /// Streams open at once over all callers (same refusal).
+    /// Streams open at once over all callers, Control streams included
+    /// (same refusal).
     pub max_streams: u32,
+    /// Connections to the Unix socket one uid (SO_PEERCRED) may hold at
+    /// once; past it a new connection is closed as soon as it is accepted.
+    /// Admins (root, the agent's uid, `admin_group`) are exempt. A training
+    /// process holds one; the CLI one per command.
+    pub max_connections_per_uid: u32,
+    /// Connections the agent takes at once over all its listeners (Unix
+    /// socket, `api.tcp`, `metrics.listen`). The agent lowers it further to
+    /// its open-file limit (RLIMIT_NOFILE) less a reserve for its own files
+    /// (256 plus two per rank slot), and keeps the last 32 places (or an
+    /// eighth, if fewer) for admins, so an operator reaches a flooded agent.
+    pub max_connections: u32,
+    /// A connection that has not sent the HTTP/2 connection preface this
+    /// long after it was accepted is closed.
+    #[serde(with = "duration")]
+    pub preface_timeout: Duration,
+    /// A connection with no request or stream open for this long is closed
+    /// (clients dial again when they next call).
+    #[serde(with = "duration")]
+    pub idle_timeout: Duration,
+    /// TLS handshakes on `api.tcp` one source address may have in progress
+    /// at once; further connections from it are closed at once, so one
+    /// host cannot take the handshake places of the valid peers.
+    pub max_handshakes_per_source: u32,
+    /// Requests one uid may have open at once over all its Unix-socket
+    /// connections: unary calls in flight and streams of every kind (a
+    /// request whose message never comes holds its stream as long as the
+    /// client likes). Past it, RESOURCE_EXHAUSTED naming this key. Admins
+    /// are exempt.
+    pub max_requests_per_uid: u32,
     /// ReportJobStop calls one uid may make per minute (a token bucket
     /// holding as many, refilled evenly): a launcher reports a job's end
     /// once; past it the call is refused with RESOURCE_EXHAUSTED naming
@@ -185,6 +218,12 @@ impl Default for ApiConfig {
             insecure: false,
             max_streams_per_uid: 64,
             max_streams: 512,
+            max_connections_per_uid: 128,
+            max_connections: 4096,
+            preface_timeout: Duration::from_secs(5),
+            idle_timeout: Duration::from_secs(300),
+            max_handshakes_per_source: 8,
+            max_requests_per_uid: 1024,
             job_stops_per_minute: 30,
         }
     }
@@ -197,6 +236,11 @@ pub struct MetricsConfig {
     /// `host:port` serving `/metrics` in the Prometheus text format; empty:
     /// off. Port 0 picks a free port (GetAgentInfo shows which).
     pub listen: String,
+    /// Connections one source address may hold to `listen` at once (any
+    /// local user can reach a loopback port); further ones are closed at
+    /// once. A scraper needs one. Every metrics connection is also closed
+    /// after 5 s without a byte from its client, or 30 s after it opened.
+    pub max_connections_per_source: u32,
     /// Job-labelled series (`{job="..."}`) held at once; past it a new one
     /// is not recorded (counted in `warden_metrics_job_series_dropped_total`).
     /// Ended jobs' series are removed after `goodput.series_after_end`.
@@ -207,6 +251,7 @@ impl Default for MetricsConfig {
     fn default() -> Self {
         Self {
             listen: "127.0.0.1:9464".into(),
+            max_connections_per_source: 8,
             max_job_series: 8192,
         }
     }
@@ -334,6 +379,11 @@ pub struct RanksConfig {
     /// is one rank; a launcher registering its workers, a few): so no
     /// single caller can take every slot.
     pub max_per_process: u32,
+    /// Rank slots one uid (the registering caller's) may hold at once, so
+    /// no single user can take every slot from the others. 0: half of
+    /// `max_ranks` (at least 1). Root and admins are held to it too: their
+    /// ranks are training ranks like any other.
+    pub max_ranks_per_uid: u32,
     /// The largest world size a rank, a saved shard or a peer's replica may
     /// declare. Bounds what the agent sizes by it (a step's completeness,
     /// the ranks a restore reports missing).
@@ -346,7 +396,19 @@ impl Default for RanksConfig {
             max_ranks: 256,
             slot_dir: String::new(),
             max_per_process: 8,
+            max_ranks_per_uid: 0,
             max_world_size: 1 << 20,
+        }
+    }
+}
+
+impl RanksConfig {
+    /// `max_ranks_per_uid` in force: as set, or half of `max_ranks` (at
+    /// least 1) when 0.
+    pub fn per_uid(&self) -> u32 {
+        match self.max_ranks_per_uid {
+            0 => (self.max_ranks / 2).max(1),
+            n => n,
         }
     }
 }
@@ -587,6 +649,56 @@ impl Config {
                 self.api.max_streams_per_uid.to_string(),
                 "must be between 1 and api.max_streams",
             ));
+        }
+        if self.ranks.max_ranks_per_uid > self.ranks.max_ranks {
+            return Err(invalid(
+                "ranks.max_ranks_per_uid",
+                self.ranks.max_ranks_per_uid.to_string(),
+                "must be at most ranks.max_ranks (0: half of it)",
+            ));
+        }
+        for (key, v) in [
+            (
+                "api.max_connections_per_uid",
+                self.api.max_connections_per_uid,
+            ),
+            ("api.max_connections", self.api.max_connections),
+            (
+                "api.max_handshakes_per_source",
+                self.api.max_handshakes_per_source,
+            ),
+            ("api.max_requests_per_uid", self.api.max_requests_per_uid),
+            (
+                "metrics.max_connections_per_source",
+                self.metrics.max_connections_per_source,
+            ),
+        ] {
+            if v == 0 {
+                return Err(invalid(key, v.to_string(), "must be at least 1"));
+            }
+        }
+        for (key, v, least) in [
+            (
+                "api.preface_timeout",
+                self.api.preface_timeout,
+                Duration::from_millis(100),
+            ),
+            (
+                "api.idle_timeout",
+                self.api.idle_timeout,
+                Duration::from_secs(1),
+            ),
+        ] {
+            if v < least || v > Duration::from_secs(86_400) {
+                return Err(invalid(
+                    key,
+                    humantime::format_duration(v).to_string(),
+                    &format!(
+                        "must be between {} and 24h",
+                        humantime::format_duration(least)
+                    ),
+                ));
+            }
         }
         if self.ranks.max_per_process == 0 || self.ranks.max_per_process > self.ranks.max_ranks {
             return Err(invalid(

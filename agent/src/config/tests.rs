@@ -62,6 +62,29 @@ fn out_of_range_values_are_refused_with_the_key() {
             "api.admin_group",
         ),
         ("[ranks]\nmax_per_process = 0\n", "ranks.max_per_process"),
+        (
+            "[ranks]\nmax_ranks_per_uid = 300\n",
+            "ranks.max_ranks_per_uid",
+        ),
+        (
+            "[api]\nmax_connections_per_uid = 0\n",
+            "api.max_connections_per_uid",
+        ),
+        ("[api]\nmax_connections = 0\n", "api.max_connections"),
+        (
+            "[api]\nmax_requests_per_uid = 0\n",
+            "api.max_requests_per_uid",
+        ),
+        (
+            "[api]\nmax_handshakes_per_source = 0\n",
+            "api.max_handshakes_per_source",
+        ),
+        (
+            "[metrics]\nmax_connections_per_source = 0\n",
+            "metrics.max_connections_per_source",
+        ),
+        ("[api]\npreface_timeout = \"1ms\"\n", "api.preface_timeout"),
+        ("[api]\nidle_timeout = \"100ms\"\n", "api.idle_timeout"),
         ("[api]\nmax_streams = 0\n", "api.max_streams"),
         ("[api]\nmax_streams = 100000\n", "api.max_streams"),
         (

@@ -17,11 +17,14 @@ use std::sync::Arc;
 
 use tokio::net::{TcpListener, UnixListener};
 use tokio::task::JoinSet;
-use tokio_stream::wrappers::UnixListenerStream;
 use tonic::transport::Server;
 use tonic_health::ServingStatus;
 use warden_proto::v1::agent_server::AgentServer;
 
+use crate::api::admission::Quotas;
+use crate::api::caller::LocalPeer;
+use crate::api::conn_watch::TrackLayer;
+use crate::api::local_accept::local_connections;
 use crate::api::{AgentService, metrics_http, nvhcd};
 use crate::config::Config;
 use crate::sources::host_disk::HostDisk;
@@ -97,19 +100,6 @@ async fn bind_optional(
         })?;
     let bound = l.local_addr().map_or(addr.to_owned(), |a| a.to_string());
     Ok(Some((l, bound)))
-}
-
-/// The Unix socket's connections, each with the kernel's word on who is at
-/// the other end (SO_PEERCRED, SO_PEERGROUPS), which every call is
-/// authorized on. A connection whose peer cannot be read is dropped.
-fn local_connections(
-    uds: UnixListener,
-) -> impl tokio_stream::Stream<Item = std::io::Result<crate::api::caller::LocalConn>> {
-    use tokio_stream::StreamExt;
-    UnixListenerStream::new(uds).map(|conn| {
-        conn.and_then(crate::api::caller::LocalConn::accept)
-            .inspect_err(|e| tracing::warn!(error = %e, "unix socket connection dropped: its peer credentials cannot be read"))
-    })
 }
 
 /// Runs the agent until SIGTERM/SIGINT or until `state.shutdown` is cancelled.
@@ -215,6 +205,16 @@ async fn serve(
         state.add_endpoint("metrics", format!("http://{addr}/metrics"));
     }
     let metrics_handle = metrics_http::install(cfg.metrics.max_job_series);
+    // One budget of connections over every listener, within the
+    // descriptors the agent may open (issue 29).
+    let nofile = crate::api::admission::nofile_limit();
+    let quotas = Quotas::new(cfg, nofile);
+    tracing::info!(
+        nofile,
+        connections = quotas.budget.cap(),
+        per_uid = cfg.api.max_connections_per_uid,
+        "connection quotas"
+    );
 
     let mut signals = match embedded {
         Some(_) => None,
@@ -241,6 +241,9 @@ async fn serve(
         .build_v1alpha()
         .map_err(|e| DaemonError::Reflection(e.to_string()))?;
     let router = Server::builder()
+        // Each request finds its connection's LocalPeer, and counts as open
+        // for the idle rule.
+        .layer(TrackLayer::<LocalPeer>::new())
         // Checkpoint shards stream through here: windows that keep a fast
         // link busy (small defaults cap a stream well below loopback speed).
         .initial_stream_window_size(crate::ckpt::peers::STREAM_WINDOW)
@@ -289,9 +292,16 @@ async fn serve(
     ));
     {
         let stop = state.shutdown.clone();
+        let incoming = local_connections(
+            "api.socket",
+            uds,
+            state.clone(),
+            quotas.unix.clone(),
+            quotas.requests.clone(),
+        );
         tasks.spawn(async move {
             if let Err(e) = router
-                .serve_with_incoming_shutdown(local_connections(uds), stop.cancelled())
+                .serve_with_incoming_shutdown(incoming, stop.cancelled())
                 .await
             {
                 tracing::error!(error = %e, "unix socket server failed");
@@ -301,12 +311,13 @@ async fn serve(
     // TCP serves the peer agents only (warden.v1.Peer), behind mutual TLS:
     // the rest of the API is local, on the Unix socket.
     if let Some((l, _)) = tcp {
-        tasks.spawn(peer_listener::serve(state.clone(), l));
+        tasks.spawn(peer_listener::serve(state.clone(), l, quotas.clone()));
     }
     if let (Some((l, _)), Some(handle)) = (metrics, metrics_handle) {
         let st = state.clone();
+        let metrics_limits = quotas.metrics.clone();
         tasks.spawn(async move {
-            if let Err(e) = metrics_http::serve(l, handle, st).await {
+            if let Err(e) = metrics_http::serve(l, handle, st, metrics_limits).await {
                 tracing::error!(error = %e, "metrics server failed");
             }
         });
@@ -320,7 +331,7 @@ async fn serve(
             source,
         })?;
         state.add_endpoint("nvhcd", path.clone());
-        tasks.spawn(nvhcd::serve(l, path, state.clone()));
+        tasks.spawn(nvhcd::serve(l, path, state.clone(), quotas.clone()));
     }
     let watchdog = notify::Watchdog::from_env();
     let watchdog_period = watchdog.period();

@@ -41,10 +41,30 @@ pub fn peer_tls(config: &Config) -> Result<PeerTls, TlsError> {
 
 /// Serves `warden.v1.Peer` on `listener` through the accept path of
 /// `state.peer_tls` until the agent shuts down.
-pub async fn serve(state: Arc<AgentState>, listener: TcpListener) {
+pub async fn serve(
+    state: Arc<AgentState>,
+    listener: TcpListener,
+    quotas: crate::api::admission::Quotas,
+) {
     let stop = state.shutdown.clone();
-    let incoming = accept::incoming(listener, state.peer_tls.clone(), stop.clone());
+    let rules = crate::api::conn_watch::Rules::Grpc {
+        preface: state.config.api.preface_timeout,
+        idle: state.config.api.idle_timeout,
+    };
+    let incoming = accept::incoming(
+        listener,
+        state.peer_tls.clone(),
+        stop.clone(),
+        accept::TcpQuotas {
+            connections: quotas.tcp,
+            handshakes: quotas.handshakes,
+            rules,
+        },
+    );
     let router = Server::builder()
+        // Each request finds its connection's PeerInfo, and counts as open
+        // for the idle rule.
+        .layer(crate::api::conn_watch::TrackLayer::<accept::PeerInfo>::new())
         // Checkpoint shards stream through here: windows that keep a fast
         // link busy (small defaults cap a stream well below link speed).
         .initial_stream_window_size(crate::ckpt::peers::STREAM_WINDOW)

@@ -64,6 +64,18 @@ pub enum RegisterError {
         /// The bound.
         max: u32,
     },
+    /// The calling uid holds its share of the slots.
+    #[error(
+        "uid {uid} already holds {held} rank slots, the most one uid may (ranks.max_ranks_per_uid = {max}); other users keep the rest"
+    )]
+    PerUid {
+        /// The caller's uid.
+        uid: u32,
+        /// Slots it holds.
+        held: u32,
+        /// The bound.
+        max: u32,
+    },
     /// The slot's memory could not be made.
     #[error("slot memory: {0}")]
     Slot(#[from] slot::SlotError),
@@ -318,6 +330,9 @@ pub struct Registry {
     state_dir: PathBuf,
     /// `ranks.max_per_process`: live ranks one caller may hold.
     pub max_per_process: u32,
+    /// `ranks.max_ranks_per_uid` (in force): slots one uid may hold, so
+    /// one user cannot take them all (issue 29: 34 processes of 8 ranks).
+    pub max_per_uid: u32,
 }
 
 impl Registry {
@@ -357,6 +372,7 @@ impl Registry {
             stacks,
             state_dir: state_dir.to_owned(),
             max_per_process: u32::MAX,
+            max_per_uid: u32::MAX,
         })
     }
 
@@ -422,6 +438,21 @@ impl Registry {
                     pid: caller,
                     held,
                     max: self.max_per_process,
+                });
+            }
+        }
+        if let Some(owner) = req.owner {
+            let held = self
+                .ranks
+                .values()
+                .filter(|e| e.holds_slot && e.owner.is_some_and(|o| o.uid == owner.uid))
+                .count();
+            let held = u32::try_from(held).unwrap_or(u32::MAX);
+            if held >= self.max_per_uid {
+                return Err(RegisterError::PerUid {
+                    uid: owner.uid,
+                    held,
+                    max: self.max_per_uid,
                 });
             }
         }
@@ -922,5 +953,60 @@ mod claim_visible {
         let snap = other.slot().snapshot(reg.slot_index).unwrap();
         assert!(snap.claimed);
         assert_eq!(snap.generation, reg.generation);
+    }
+}
+
+#[cfg(test)]
+mod per_uid {
+    use super::*;
+
+    #[test]
+    fn one_uid_holds_at_most_its_share_and_others_keep_the_rest() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut r = Registry::new(&dir.path().join("run"), &dir.path().join("state"), 4).unwrap();
+        r.max_per_uid = 2;
+        let me = warden_core::fsafe::me();
+        // Another uid whose stack file the agent may make: root's needs no
+        // chown; as root, chown to nobody works.
+        let other = if me == 0 { 65_534 } else { 0 };
+        let q = |rank: u32, uid: u32| RegisterRequest {
+            job_id: format!("j{uid}"),
+            global_rank: rank,
+            local_rank: 0,
+            world_size: 4,
+            pid: std::process::id(),
+            declared_pid: std::process::id(),
+            host: "h".into(),
+            layout_version: slot::LAYOUT_VERSION,
+            stack_dump_signal: 0,
+            devices: Vec::new(),
+            process: None,
+            caller_pid: None,
+            owner: Some(warden_core::fsafe::Owner { uid, gid: 0 }),
+        };
+        r.register(&q(0, me), 0).unwrap();
+        r.register(&q(1, me), 0).unwrap();
+        let e = r.register(&q(2, me), 0).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                RegisterError::PerUid {
+                    held: 2,
+                    max: 2,
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        assert!(e.to_string().contains("ranks.max_ranks_per_uid = 2"), "{e}");
+        // The other uid still gets the slots left.
+        r.register(&q(0, other), 0).unwrap();
+        r.register(&q(1, other), 0).unwrap();
+        // A slot given back (the rank exited) is a place again.
+        r.free_slot_of(&RankKey {
+            job: format!("j{me}"),
+            rank: 0,
+        });
+        r.register(&q(2, me), 0).unwrap();
     }
 }

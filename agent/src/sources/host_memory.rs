@@ -137,20 +137,71 @@ pub fn judge(
     report
 }
 
+/// Reads meminfo again through `file`, kept open from an earlier read
+/// (procfs regenerates the text at each read from offset 0).
+fn reread(file: &std::fs::File, path: &Path) -> Result<MemInfo, MemInfoError> {
+    use std::os::unix::fs::FileExt;
+    let shown = path.display().to_string();
+    let err = |source| MemInfoError::Read {
+        path: shown.clone(),
+        source,
+    };
+    let mut buf = vec![0u8; 8192];
+    let mut len = 0;
+    loop {
+        if len == buf.len() {
+            buf.resize(len * 2, 0);
+        }
+        let n = file.read_at(&mut buf[len..], len as u64).map_err(err)?;
+        if n == 0 {
+            break;
+        }
+        len += n;
+    }
+    let text = String::from_utf8_lossy(&buf[..len]);
+    parse(&text, &shown)
+}
+
 /// The host memory source, run by [`super::runner`].
 #[derive(Debug)]
 pub struct HostMemory {
     meminfo: PathBuf,
+    /// `/proc/meminfo`, held open between polls: reading it needs no new
+    /// descriptor, so a flood that takes the agent's last one (issue 29)
+    /// cannot turn `host/memory` UNKNOWN. Opened again after an error.
+    file: Option<std::fs::File>,
     cfg: HostConfig,
 }
 
 impl HostMemory {
     /// Reads `/proc/meminfo` with the `[host]` thresholds.
     pub fn new(cfg: HostConfig) -> Self {
+        let meminfo = PathBuf::from("/proc/meminfo");
         Self {
-            meminfo: PathBuf::from("/proc/meminfo"),
+            file: std::fs::File::open(&meminfo).ok(),
+            meminfo,
             cfg,
         }
+    }
+
+    fn read(&mut self) -> Result<MemInfo, MemInfoError> {
+        if self.file.is_none() {
+            self.file =
+                Some(
+                    std::fs::File::open(&self.meminfo).map_err(|source| MemInfoError::Read {
+                        path: self.meminfo.display().to_string(),
+                        source,
+                    })?,
+                );
+        }
+        let r = match &self.file {
+            Some(f) => reread(f, &self.meminfo),
+            None => read(&self.meminfo),
+        };
+        if r.is_err() {
+            self.file = None;
+        }
+        r
     }
 }
 
@@ -165,7 +216,7 @@ impl super::Source for HostMemory {
 
     fn poll(&mut self, now: SystemTime) -> super::Poll {
         super::Poll {
-            reports: vec![judge(read(&self.meminfo), &self.cfg, now)],
+            reports: vec![judge(self.read(), &self.cfg, now)],
             events: Vec::new(),
         }
     }
@@ -210,5 +261,18 @@ mod tests {
         );
         let unreadable = judge(read(Path::new("/nonexistent/meminfo")), &cfg, now);
         assert_eq!(unreadable.status_override, Some(Status::Unknown));
+    }
+
+    #[test]
+    fn the_open_file_reads_again_without_a_new_descriptor() {
+        let mut m = HostMemory::new(HostConfig::default());
+        let first = m.read().unwrap();
+        let fd = std::os::fd::AsRawFd::as_raw_fd(m.file.as_ref().unwrap());
+        let second = m.read().unwrap();
+        assert_eq!(first.total_kib, second.total_kib);
+        assert_eq!(
+            fd,
+            std::os::fd::AsRawFd::as_raw_fd(m.file.as_ref().unwrap())
+        );
     }
 }

@@ -7,10 +7,13 @@
 //! connection's [`PeerInfo`] into the extensions of its requests, where
 //! the Peer service's authorization reads it. Never: let a slow or
 //! silent client hold up the accept loop (a handshake that takes longer
-//! than [`HANDSHAKE`] is dropped), nor hand over a connection whose
-//! client presented no certificate of the cluster CA.
+//! than [`HANDSHAKE`] is dropped), let one source address take more than
+//! `api.max_handshakes_per_source` of the [`MAX_HANDSHAKES`] places (issue
+//! 29: 400 idle connections from one host starved the valid peers), nor
+//! hand over a connection whose client presented no certificate of the
+//! cluster CA.
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -22,6 +25,23 @@ use tokio::sync::{Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
 
 use super::PeerTls;
+use crate::api::admission::{Acceptor, ConnLimits, Ticket};
+use crate::api::conn_watch::{Rules, Watched};
+
+/// The quotas of the `api.tcp` accept path.
+#[derive(Debug, Clone)]
+pub struct TcpQuotas {
+    /// Connections, in the agent's shared budget (no per-source cap).
+    pub connections: Arc<ConnLimits<IpAddr>>,
+    /// Handshakes in progress, per source address
+    /// (`api.max_handshakes_per_source`).
+    pub handshakes: Arc<ConnLimits<IpAddr>>,
+    /// The preface and idle rules the connections are held to.
+    pub rules: Rules,
+}
+
+/// An accepted, handshaken connection with its place in the budget.
+pub type WatchedPeerConn = Watched<PeerConn, Ticket<IpAddr>>;
 
 /// Longest a client may take to complete its handshake.
 pub const HANDSHAKE: Duration = Duration::from_secs(10);
@@ -106,9 +126,10 @@ pub fn incoming(
     listener: TcpListener,
     tls: PeerTls,
     stop: CancellationToken,
-) -> tokio_stream::wrappers::ReceiverStream<Result<PeerConn, std::io::Error>> {
+    quotas: TcpQuotas,
+) -> tokio_stream::wrappers::ReceiverStream<Result<WatchedPeerConn, std::io::Error>> {
     let (tx, rx) = mpsc::channel(64);
-    tokio::spawn(accept_loop(listener, tls, stop, tx));
+    tokio::spawn(accept_loop(listener, tls, stop, tx, quotas));
     tokio_stream::wrappers::ReceiverStream::new(rx)
 }
 
@@ -116,9 +137,11 @@ async fn accept_loop(
     listener: TcpListener,
     tls: PeerTls,
     stop: CancellationToken,
-    tx: mpsc::Sender<Result<PeerConn, std::io::Error>>,
+    tx: mpsc::Sender<Result<WatchedPeerConn, std::io::Error>>,
+    quotas: TcpQuotas,
 ) {
     let permits = Arc::new(Semaphore::new(MAX_HANDSHAKES));
+    let mut acceptor = Acceptor::new("api.tcp");
     loop {
         let permit = tokio::select! {
             () = stop.cancelled() => return,
@@ -132,16 +155,26 @@ async fn accept_loop(
             a = listener.accept() => a,
         };
         let (tcp, remote) = match accepted {
-            Ok(a) => a,
+            Ok(a) => {
+                acceptor.succeeded();
+                a
+            }
             Err(e) => {
-                // EMFILE and the like: pause rather than spin.
-                tracing::warn!(error = %e, "api.tcp: accept failed");
-                tokio::time::sleep(Duration::from_millis(100)).await;
+                // EMFILE and the like: logged with its cause at most every
+                // few seconds, and a growing pause rather than a spin.
+                acceptor.failed(&e).await;
                 continue;
             }
         };
+        // Past a cap the connection is closed at once (dropped here).
+        let Ok(place) = quotas.connections.admit(remote.ip(), false) else {
+            continue;
+        };
+        let Ok(handshake) = quotas.handshakes.admit(remote.ip(), false) else {
+            continue;
+        };
         let _ = tcp.set_nodelay(true);
-        let (tls, tx) = (tls.clone(), tx.clone());
+        let (tls, tx, rules) = (tls.clone(), tx.clone(), quotas.rules);
         tokio::spawn(async move {
             let _permit = permit;
             let conn = match tls {
@@ -185,7 +218,9 @@ async fn accept_loop(
                     }
                 }
             };
-            let _ = tx.send(Ok(conn)).await;
+            // The handshake is over: its place goes to the next one.
+            drop(handshake);
+            let _ = tx.send(Ok(Watched::new(conn, rules, place))).await;
         });
     }
 }
