@@ -410,7 +410,11 @@ fn shared_ckpt() -> tempfile::TempDir {
 
 /// Waits until host-b's embedded agent (at `socket`) sees gpu0 and gpu1
 /// OK (its XID event set is registered).
-async fn host_b_with_both_gpus(socket: &Path) {
+async fn host_b_with_both_gpus(socket: &Path, state: &Path, rank1: i32) {
+    // NVML lists local rank 1's process on gpu1: the agent's own map of
+    // pids to GPUs, which is what ties a GPU's fault to the job (the devices
+    // a rank declares are its word only: docs/security.md).
+    write_stub_state(state, &format!("count=2\ngpu1.pids={rank1}\n"));
     let mut client = within(
         Duration::from_secs(10),
         "a connection to host-b's agent",
@@ -432,6 +436,42 @@ async fn host_b_with_both_gpus(socket: &Path) {
         (ok("gpu0") && ok("gpu1")).then_some(())
     })
     .await;
+    let pid = rank1.to_string();
+    eventually(WAIT, "NVML's process list for gpu1 on host-b", async || {
+        let events = client
+            .list_events(pb::ListEventsRequest::default())
+            .await
+            .ok()?
+            .into_inner()
+            .events;
+        events
+            .iter()
+            .any(|e| {
+                e.kind == "gpu.processes"
+                    && e.subject == "gpu1"
+                    && e.evidence.iter().any(|kv| kv.key == "pids" && kv.value == pid)
+            })
+            .then_some(())
+    })
+    .await;
+}
+
+/// Replaces the NVML stand-in's state file at once (written beside it,
+/// then renamed: the stub never reads half a file).
+fn write_stub_state(state: &Path, text: &str) {
+    let tmp = state.with_extension("tmp");
+    std::fs::write(&tmp, text).unwrap();
+    std::fs::rename(&tmp, state).unwrap();
+}
+
+/// Local rank 1's pid on a host, from its launcher's first start line.
+fn local_rank1(h: &mut Launched) -> i32 {
+    let started = |l: &str| l.contains("attempt 0: started 2 workers");
+    let line = match h.seen_line(started) {
+        Some(l) => l.to_owned(),
+        None => h.wait_line("the first attempt's workers started", started),
+    };
+    pids_of(&line)[1]
 }
 
 #[test]
@@ -789,8 +829,9 @@ fn a_spare_takes_the_place_of_a_host_whose_gpu_fails() {
         .enable_all()
         .build()
         .unwrap();
+    let rank1 = local_rank1(&mut b);
     rt.block_on(async {
-        host_b_with_both_gpus(&socket).await;
+        host_b_with_both_gpus(&socket, &state, rank1).await;
 
         // host-b's shards reach host-a's tier (the agents learnt each
         // other from the round): a step complete with a copy of every
@@ -828,9 +869,7 @@ fn a_spare_takes_the_place_of_a_host_whose_gpu_fails() {
     });
 
     // gpu1 falls off the bus.
-    let tmp = state.with_extension("tmp");
-    std::fs::write(&tmp, "count=2\nxid.1=1,79\n").unwrap();
-    std::fs::rename(&tmp, &state).unwrap();
+    write_stub_state(&state, &format!("count=2\ngpu1.pids={rank1}\nxid.1=1,79\n"));
     assert_eq!(b.wait_exit(), 86, "{}", b.context());
     assert!(
         b.seen_line(|l| l.contains("decision: cordon")).is_some(),
@@ -942,15 +981,14 @@ fn a_cordon_past_the_jobs_share_cap_exits_87_not_86() {
         .enable_all()
         .build()
         .unwrap();
+    let rank1 = local_rank1(&mut b);
     rt.block_on(async {
-        host_b_with_both_gpus(&socket).await;
+        host_b_with_both_gpus(&socket, &state, rank1).await;
     });
 
     // gpu1 falls off the bus: the agent cordons host-b, and its launcher,
     // past the share, does not report a node fault.
-    let tmp = state.with_extension("tmp");
-    std::fs::write(&tmp, "count=2\nxid.1=1,79\n").unwrap();
-    std::fs::rename(&tmp, &state).unwrap();
+    write_stub_state(&state, &format!("count=2\ngpu1.pids={rank1}\nxid.1=1,79\n"));
     assert_eq!(b.wait_exit(), 87, "{}", b.context());
     assert!(
         b.seen_line(|l| l.contains("decision: cordon")).is_some(),
