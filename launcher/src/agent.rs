@@ -313,6 +313,23 @@ pub async fn claim(
     }
 }
 
+/// Whether the agent still takes `job` as this launcher user's: asks
+/// ClaimJob again and answers the agent's words when another user owns it.
+/// A refusal of something else about the job (a worker's registration the
+/// agent could not match to this launcher, as across PID namespaces) is
+/// not a lost claim: only this answer says whose the job is. An agent that
+/// does not answer, or predates ClaimJob, leaves the job its owner's.
+pub async fn owned_by_another(client: &AgentClient<Channel>, job: &str) -> Option<String> {
+    let mut c = client.clone();
+    let asked = c.claim_job(pb::ClaimJobRequest {
+        job_id: job.to_owned(),
+    });
+    match tokio::time::timeout(CLAIM_TIMEOUT, asked).await {
+        Ok(Err(e)) if e.code() == tonic::Code::PermissionDenied => Some(e.message().to_owned()),
+        _ => None,
+    }
+}
+
 /// Renews the claim on `job` every [`CLAIM_AGAIN`] until `stop`. A claim
 /// refused (an admin released the job and another user took the id) goes
 /// to `disowned`, once: the job then stops (the agent already sends this

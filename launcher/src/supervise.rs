@@ -856,11 +856,14 @@ impl<C: Coordinator> Sup<'_, C> {
             // client's registration takes over.
             match zero_code::register(&client, &id).await {
                 Ok(()) => {}
-                // Another user owns the job at the agent now: the job
-                // stops rather than run on, unwatched.
-                Err(e) if e.code() == tonic::Code::PermissionDenied => {
+                // Another user owns the job at the agent now (ClaimJob
+                // says so): the job stops rather than run on, unwatched.
+                Err(e)
+                    if e.code() == tonic::Code::PermissionDenied
+                        && let Some(owner) = agent::owned_by_another(&client, &id.job).await =>
+                {
                     let _ = disowned.send(format!(
-                        "registering rank {rank} (pid {pid}) was refused: {}",
+                        "registering rank {rank} (pid {pid}) was refused: {}; {owner}",
                         e.message()
                     ));
                 }
