@@ -459,3 +459,82 @@ async fn a_launchers_stop_is_recorded_and_bounded() {
     );
     assert_eq!(after.len(), 16);
 }
+
+/// Thousands of calls on one long-lived Unix-socket connection all succeed,
+/// on that one connection: six tasks share one channel (as a launcher's or
+/// a rank's client does) and make 5,000 unary calls between them through
+/// the `:authority` filter, the request tracking layer and h2's
+/// per-connection limits (locally reset streams, empty and small DATA
+/// frames, all counted per connection). The channel dials through a connector that counts its dials,
+/// so a connection dropped midway cannot hide behind tonic's reconnect.
+#[tokio::test(flavor = "multi_thread")]
+async fn five_thousand_calls_on_one_connection_all_succeed() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    const WORKERS: usize = 6;
+    const CALLS: usize = 5_000;
+    let agent = TestAgent::start("");
+    let dials = Arc::new(AtomicUsize::new(0));
+    let path = agent.socket().to_owned();
+    let counted = dials.clone();
+    let channel = tonic::transport::Endpoint::from_static("http://wardend.local")
+        .connect_with_connector(tower::service_fn(move |_: tonic::transport::Uri| {
+            let path = path.clone();
+            counted.fetch_add(1, Ordering::SeqCst);
+            async move {
+                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(
+                    tokio::net::UnixStream::connect(path).await?,
+                ))
+            }
+        }))
+        .await
+        .expect("dial the agent");
+    let client = pb::agent_client::AgentClient::new(channel);
+    let mut workers = tokio::task::JoinSet::new();
+    for w in 0..WORKERS {
+        let mut c = client.clone();
+        workers.spawn(async move {
+            let mut failed = Vec::new();
+            for i in (w..CALLS).step_by(WORKERS) {
+                // Three methods in turn, so the client's HPACK table holds
+                // several paths, as a real client's does.
+                let r = match i % 3 {
+                    0 => c.get_agent_info(pb::GetAgentInfoRequest {}).await.map(drop),
+                    1 => c
+                        .get_node_health(pb::GetNodeHealthRequest {})
+                        .await
+                        .map(drop),
+                    _ => c
+                        .get_goodput(pb::GetGoodputRequest::default())
+                        .await
+                        .map(drop),
+                };
+                if let Err(e) = r {
+                    failed.push(format!("call {i}: {:?} {}", e.code(), e.message()));
+                }
+            }
+            failed
+        });
+    }
+    let failed: Vec<String> = within(std::time::Duration::from_secs(120), "5,000 calls", async {
+        let mut all = Vec::new();
+        while let Some(r) = workers.join_next().await {
+            all.extend(r.expect("a worker"));
+        }
+        all
+    })
+    .await;
+    assert!(
+        failed.is_empty(),
+        "{} of {CALLS} calls failed, first: {:?}\n--- wardend stderr ---\n{}",
+        failed.len(),
+        &failed[..failed.len().min(5)],
+        agent.stderr()
+    );
+    assert_eq!(
+        dials.load(Ordering::SeqCst),
+        1,
+        "every call on the one connection (no redial)"
+    );
+}
