@@ -1,6 +1,7 @@
 //! Issue 29, point 2: what the agent believes from a rank. A member of the
 //! socket group, through its own ranks' words (exception text,
-//! self-declared devices, launcher stops), must not cordon the node, use up
+//! self-declared devices, launcher stops, reported loss and gradient
+//! norm), must not cordon the node, use up
 //! the circuit breaker, wipe the node's history, or swallow another job's
 //! crash; the agent's own readings (a real XID 79 from the kernel log) keep
 //! working.
@@ -205,6 +206,84 @@ pub fn attack_stop_flood(args: &Value) -> Value {
     })
 }
 
+/// The step at which rank 1 of each forged job reports a NaN gradient norm.
+const FORGED_STEP: u64 = 10;
+/// Steps each forged job reports.
+const FORGED_STEPS: u64 = 12;
+
+/// As the member: the jobs `args.jobs` one after another, each two ranks
+/// held by this process (one client each, as a launcher's workers are)
+/// reporting a loss and gradient norm per step through the slot, as
+/// `warden.report_values` does. Rank 1 reports a NaN gradient norm at
+/// [`FORGED_STEP`] while rank 0 stays finite: a forged value, nothing
+/// computed wrong. Each job waits (bounded) until the agent has published
+/// `rank.sdc_suspect` about its rank 1, then ends cleanly (deregisters).
+pub fn attack_forged_values(args: &Value) -> Value {
+    let mut out = Vec::new();
+    for job in args["jobs"].as_array().expect("jobs") {
+        let job = job.as_str().expect("a job");
+        let mut ranks = Vec::new();
+        for rank in 0..2u32 {
+            let mut o = warden_client::ConnectOptions::from_env_lossy();
+            o.socket_path = socket_arg(args);
+            o.job_id = job.to_owned();
+            o.global_rank = rank;
+            o.local_rank = rank;
+            o.world_size = 2;
+            match warden_client::Client::connect_with(o) {
+                Ok(c) => ranks.push(c),
+                Err(e) => return json!({"job": job, "connect": e.to_string()}),
+            }
+        }
+        let connected = ranks.iter().all(warden_client::Client::is_connected);
+        for step in 1..=FORGED_STEPS {
+            for (rank, c) in ranks.iter().enumerate() {
+                c.step_begin(step);
+                let grad_norm = if rank == 1 && step == FORGED_STEP {
+                    f64::NAN
+                } else {
+                    1.0 + 0.01 * step as f64
+                };
+                c.report_values(
+                    Some(2.0 - 0.05 * step as f64 + 0.001 * rank as f64),
+                    Some(grad_norm),
+                );
+                c.step_end(step);
+            }
+        }
+        let suspect = block_on(suspect_published(args, &format!("job/{job}/rank/1")));
+        for c in &ranks {
+            c.close();
+        }
+        out.push(json!({"job": job, "connected": connected, "suspect": suspect}));
+    }
+    json!({"jobs": out})
+}
+
+/// Waits (bounded by [`WAIT`] * 4) until the agent has published
+/// `rank.sdc_suspect` about `subject`, asking as the member.
+async fn suspect_published(args: &Value, subject: &str) -> bool {
+    let deadline = tokio::time::Instant::now() + WAIT * 4;
+    let mut c = member_client(args).await;
+    while tokio::time::Instant::now() < deadline {
+        if let Ok(r) = c
+            .list_events(pb::ListEventsRequest {
+                after_id: 0,
+                limit: 0,
+            })
+            .await
+            && r.into_inner()
+                .events
+                .iter()
+                .any(|e| e.kind == "rank.sdc_suspect" && e.subject == subject)
+        {
+            return true;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    false
+}
+
 async fn attack(who: &users::Ident, name: &'static str, args: Value) -> Value {
     let who = who.clone();
     within(WAIT * 12, name, async move {
@@ -370,5 +449,95 @@ async fn another_jobs_crash_is_never_swallowed() {
             .as_ref()
             .is_some_and(|d| d.summary.contains("victim-job")),
         "{theirs_now:?}"
+    );
+}
+
+/// Attack 3 ("forged values make a lemon"): three small jobs of the member,
+/// each with one rank reporting a NaN gradient norm while its peer stays
+/// finite, each open an `sdc` incident (uncorrectable hardware suspected,
+/// `policy.sdc = "report"`: the job goes on), and yet the lemon rule
+/// (on, three incidents of hardware classes) does not cordon the node:
+/// the values are the rank's word, never the agent's own reading. Before
+/// issue 29 the third such incident made the node a lemon.
+#[tokio::test(flavor = "multi_thread")]
+async fn forged_values_never_make_a_lemon() {
+    let agent = TestAgent::start_shared(
+        "[agent]\ntick = \"50ms\"\n\
+         [host]\nmemory_degraded_below_percent = 0.0\nmemory_failed_below_percent = 0.0\n\
+         [hang]\nfloor = \"60s\"\n\
+         [policy]\nsdc = \"report\"\n\
+         [policy.lemon]\nenabled = true\nincidents = 3\nwindow = \"1h\"\n",
+    );
+    let jobs = ["forged-sdc-0", "forged-sdc-1", "forged-sdc-2"];
+    let out = attack(
+        &users::users().member,
+        "belief.forged_values",
+        json!({"socket": agent.socket(), "jobs": jobs}),
+    )
+    .await;
+    let ran = out["jobs"].as_array().expect("jobs");
+    assert_eq!(ran.len(), jobs.len(), "{out}");
+    for j in ran {
+        assert_eq!(j["connected"], json!(true), "{out}");
+        assert_eq!(j["suspect"], json!(true), "the agent flagged rank 1: {out}");
+    }
+    let events = agent.events().await;
+    let mut ids = Vec::new();
+    for job in jobs {
+        let suspect = events
+            .iter()
+            .find(|e| e.kind == "rank.sdc_suspect" && e.subject == format!("job/{job}/rank/1"))
+            .unwrap_or_else(|| panic!("rank.sdc_suspect about {job}'s rank 1"));
+        assert!(
+            !events
+                .iter()
+                .any(|e| e.kind == "rank.sdc_suspect" && e.subject == format!("job/{job}/rank/0")),
+            "never the honest rank 0: {suspect:?}"
+        );
+        let inc = decided(&agent, job, "").await;
+        assert_eq!(inc.kind, "sdc", "{inc:?}");
+        assert_eq!(inc.ranks, vec![1], "{inc:?}");
+        let diag = inc.diagnosis.as_ref().expect("a diagnosis");
+        assert_eq!(
+            diag.fault_class,
+            pb::FaultClass::UncorrectableHardware as i32,
+            "a class the lemon rule counts: {inc:?}"
+        );
+        let dec = inc.decision.as_ref().expect("a decision");
+        assert_eq!(
+            action(&inc),
+            pb::Action::Continue,
+            "policy.sdc = report: {inc:?}"
+        );
+        assert!(
+            !dec.decided_by
+                .starts_with(warden_core::policy::guard::LEMON_DECIDED_BY),
+            "not the lemon rule's: {inc:?}"
+        );
+        ids.push(inc.id);
+    }
+    ids.sort();
+    ids.dedup();
+    assert_eq!(ids.len(), jobs.len(), "one incident per job: {ids:?}");
+
+    let after = incidents(&agent).await;
+    assert!(!after.cordoned, "no cordon: {:?}", after.incidents);
+    assert!(
+        !after.incidents.iter().any(|i| {
+            i.decision.iter().chain(i.superseded.iter()).any(|d| {
+                d.decided_by
+                    .starts_with(warden_core::policy::guard::LEMON_DECIDED_BY)
+            })
+        }),
+        "no decision by the lemon rule: {:?}",
+        after.incidents
+    );
+    assert!(
+        !agent
+            .events()
+            .await
+            .iter()
+            .any(|e| e.kind == "node.cordoned"),
+        "no node.cordoned event"
     );
 }

@@ -62,6 +62,7 @@ const ATTACKS: &[(&str, common::users::Attack)] = &[
     ("state.staging_grow", state_files::attack_staging_grow),
     ("state.claims", state_files::attack_claims),
     ("state.save", state_files::attack_save),
+    ("belief.forged_values", belief::attack_forged_values),
 ];
 
 /// Does nothing in a normal run; in a process started by
