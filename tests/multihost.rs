@@ -449,7 +449,9 @@ async fn host_b_with_both_gpus(socket: &Path, state: &Path, rank1: i32) {
             .any(|e| {
                 e.kind == "gpu.processes"
                     && e.subject == "gpu1"
-                    && e.evidence.iter().any(|kv| kv.key == "pids" && kv.value == pid)
+                    && e.evidence
+                        .iter()
+                        .any(|kv| kv.key == "pids" && kv.value == pid)
             })
             .then_some(())
     })
