@@ -1,4 +1,6 @@
-//! The job's per-host goodput reports in etcd (`<prefix>/<job>/goodput/<host>`).
+//! The job's per-host goodput reports in etcd (`<prefix>/~goodput/<job>/<host>`:
+//! beside the job's coordination keys, not under them, so that rewriting
+//! them every 10 s wakes no coordinator; `super::keys`).
 //!
 //! Each agent accounts only its own ranks; the job's launchers meet in etcd
 //! anyway, so each keeps its host's report there (while the job runs and
