@@ -97,6 +97,11 @@ impl Keys {
         format!("{}departures/{host}", self.base)
     }
 
+    /// The prefix of all departures.
+    pub fn departures(&self) -> String {
+        format!("{}departures/", self.base)
+    }
+
     /// The job's end marker at `epoch`.
     pub fn end(&self, epoch: u64) -> String {
         format!("{}ends/{epoch:020}", self.base)

@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use etcd_client::{
-    Client, Compare, CompareOp, DeleteOptions, EventType, GetOptions, KeyValue, PutOptions, Txn,
+    Client, Compare, CompareOp, DeleteOptions, EventType, KeyValue, PutOptions, Txn,
     TxnOp, TxnOpResponse, WatchOptions,
 };
 use serde::{Deserialize, Serialize};
@@ -105,6 +105,11 @@ impl View {
     }
 }
 
+/// How many times [`Inner::load`] reads again when etcd compacted the
+/// revision it was reading at: a compaction interval shorter than a
+/// paged read is the only cause, so a second attempt almost always holds.
+const LOAD_ATTEMPTS: u32 = 3;
+
 /// What came of an attempt to advance the epoch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Advance {
@@ -179,16 +184,30 @@ impl Inner {
         self.view.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Reads every key of the job into a fresh view.
+    /// Reads the job's current state into a fresh view: the epoch, every
+    /// member and departure (paged, [`super::paged`]), and only the current
+    /// epoch's round record and end marker (not the older rounds kept for
+    /// people), all at one revision. A read that etcd's compaction
+    /// overtook is made again at the newest revision, at most
+    /// [`LOAD_ATTEMPTS`] times.
     pub(crate) async fn load(&self) -> Result<View, CoordError> {
+        let mut attempt = 1;
+        loop {
+            match self.load_once().await {
+                Err(e) if super::paged::compacted(&e) && attempt < LOAD_ATTEMPTS => {
+                    tracing::debug!(host = %self.cfg.host, error = %e, "coord: the read was compacted under us; reading again");
+                    attempt += 1;
+                }
+                r => return r,
+            }
+        }
+    }
+
+    async fn load_once(&self) -> Result<View, CoordError> {
         let mut client = self.client.clone();
-        let base = self.keys.base();
+        let epoch_key = self.keys.epoch();
         let resp = self
-            .call(
-                "get",
-                base,
-                client.get(base, Some(GetOptions::new().with_prefix())),
-            )
+            .call("get", &epoch_key, client.get(epoch_key.as_str(), None))
             .await?;
         let mut view = View {
             revision: resp.header().map_or(0, |h| h.revision()),
@@ -196,6 +215,35 @@ impl Inner {
         };
         for kv in resp.kvs() {
             self.apply_put(&mut view, kv);
+        }
+        let revision = view.revision;
+        for prefix in [self.keys.members(), self.keys.departures()] {
+            super::paged::read_prefix(
+                &self.endpoints,
+                self.cfg.request_timeout,
+                &self.client,
+                &prefix,
+                revision,
+                |kv| self.apply_put(&mut view, kv),
+            )
+            .await?;
+        }
+        // The current round and end marker: one key each (the round record
+        // is one value, under etcd's request limit, so one page).
+        for key in [self.keys.round(view.epoch), self.keys.end(view.epoch)] {
+            super::paged::read_prefix(
+                &self.endpoints,
+                self.cfg.request_timeout,
+                &self.client,
+                &key,
+                revision,
+                |kv| {
+                    if kv.key() == key.as_bytes() {
+                        self.apply_put(&mut view, kv);
+                    }
+                },
+            )
+            .await?;
         }
         Ok(view)
     }
@@ -839,7 +887,12 @@ async fn keep_alive_stream(
 pub(crate) async fn drive(inner: Arc<Inner>, mut revision: i64) {
     let mut driver = Driver::default();
     loop {
-        let mut client = inner.client.clone();
+        // A round record of thousands of hosts is larger than gRPC's default
+        // 4 MiB once etcd batches a few into one message.
+        let mut client = inner
+            .client
+            .watch_client()
+            .max_decoding_message_size(super::paged::RECEIVE_LIMIT);
         let options = WatchOptions::new()
             .with_prefix()
             .with_start_revision(revision + 1);
@@ -872,17 +925,16 @@ pub(crate) async fn drive(inner: Arc<Inner>, mut revision: i64) {
                 None => {}
                 Some(Ok(Some(resp))) => {
                     if resp.canceled() || resp.compact_revision() > 0 {
-                        // History compacted past us: read everything again.
+                        // History compacted past us: read the current state
+                        // again (paged, so it fits however large the job) and
+                        // watch on from there, never from the compacted
+                        // revision again.
                         tracing::warn!(host = %inner.cfg.host, compact_revision = resp.compact_revision(), reason = %resp.cancel_reason(), "coord: watch cancelled; reloading");
-                        match inner.load().await {
-                            Ok(view) => {
-                                revision = view.revision;
-                                inner.set_view(view);
-                            }
-                            Err(e) => {
-                                tracing::warn!(host = %inner.cfg.host, error = %e, "coord: reload failed")
-                            }
-                        }
+                        let Some(view) = reload(&inner).await else {
+                            return;
+                        };
+                        revision = view.revision;
+                        inner.set_view(view);
                         break;
                     }
                     if !resp.events().is_empty() {
@@ -901,6 +953,7 @@ pub(crate) async fn drive(inner: Arc<Inner>, mut revision: i64) {
                             view.revision = revision;
                             let epoch = view.epoch;
                             view.rounds.retain(|e, _| *e >= epoch);
+                            view.ends.retain(|e, _| *e >= epoch);
                         }
                         inner.publish();
                     }
@@ -916,6 +969,26 @@ pub(crate) async fn drive(inner: Arc<Inner>, mut revision: i64) {
             }
             driver.evaluate(&inner).await;
         }
+    }
+}
+
+/// Reads the job's state again after the watch lost its history, until it
+/// succeeds (backing off from 250 ms to 5 s between attempts, each one a
+/// fresh read at the newest revision) or the coordinator stops (`None`).
+async fn reload(inner: &Inner) -> Option<View> {
+    let mut backoff = Duration::from_millis(250);
+    loop {
+        match inner.load().await {
+            Ok(view) => return Some(view),
+            Err(e) => {
+                tracing::warn!(host = %inner.cfg.host, error = %e, retry_in = ?backoff, "coord: reload failed");
+            }
+        }
+        tokio::select! {
+            () = inner.stop.cancelled() => return None,
+            () = sleep(backoff) => {}
+        }
+        backoff = (backoff * 2).min(Duration::from_secs(5));
     }
 }
 
