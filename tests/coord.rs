@@ -586,7 +586,12 @@ async fn a_job_larger_than_one_response_is_read_in_pages() {
     // Too few for a round (min 400): joining is all that happens.
     let a = join(cfg(&etcd, "job-pages", "host-a", "127.0.0.2", 400, 400)).await;
     let live = a.state().live;
-    assert_eq!(live.len(), OTHERS + 1, "every member read: {} of them", live.len());
+    assert_eq!(
+        live.len(),
+        OTHERS + 1,
+        "every member read: {} of them",
+        live.len()
+    );
     assert!(live.iter().any(|h| h == "other-299"));
 }
 

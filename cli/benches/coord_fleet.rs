@@ -11,8 +11,9 @@
 //! lease expires after the TTL; the others hold the round without it) and
 //! a new host joining in its place; etcd's bytes sent and received and CPU
 //! per restart round (its `/metrics`); this process's CPU per round (all
-//! the hosts' client side); resident memory per host (this process, full
-//! and light hosts apart) and etcd's.
+//! the hosts' client side); resident memory per host (this process: light
+//! hosts as they join, full hosts as 8 more join the full fleet) and
+//! etcd's.
 //!
 //! Run: `cargo bench -p warden-cli --bench coord_fleet` (release build).
 //! `WARDEN_FLEET_HOSTS=16,256,1024,2048` (the Ns), `WARDEN_FLEET_FULL=8`
@@ -92,6 +93,7 @@ async fn run(n: usize, full: usize, rounds: usize, losses: usize, ttl: Duration)
         lost.push(l);
         replaced.push(r);
     }
+    let per_full = fleet.full_host_memory(8).await;
     times.sort();
     let pick = |d: &[Duration], q: f64| d[((d.len() - 1) as f64 * q).round() as usize];
     let r = rounds as f64;
@@ -116,7 +118,7 @@ async fn run(n: usize, full: usize, rounds: usize, losses: usize, ttl: Duration)
         (cpu1 - cpu0) / r * 1e3,
         bytes(record as f64),
         bytes(joined.rss_per_light as f64),
-        bytes(joined.rss_per_full as f64),
+        bytes(per_full as f64),
         bytes(after.rss),
     )
 }
@@ -129,7 +131,7 @@ async fn main() {
     let losses = env_one("WARDEN_FLEET_LOSSES", 1);
     let ttl = Duration::from_secs(env_one("WARDEN_FLEET_TTL_S", 10) as u64);
     println!(
-        "| hosts (full) | join, all hosts | restart round, median | p90 | lost host (TTL {ttl:?}) | a new host joins | etcd sent per round | etcd received per round | etcd CPU per round | fleet CPU per round | round record | memory per light host | memory per full host | etcd memory |"
+        "| hosts (full) | join, all hosts | restart round, median | p90 | lost host (TTL {ttl:?}) | a new host joins | etcd sent per round | etcd received per round | etcd CPU per round | fleet CPU per round | round record | memory per light host | memory per full host (8 more join) | etcd memory |"
     );
     println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     for n in ns {

@@ -318,6 +318,49 @@ impl Fleet {
         (lost_after, t1.elapsed())
     }
 
+    /// This process's resident memory per full host at the fleet's size:
+    /// `k` more full hosts join (as standby: the round is full, so no new
+    /// round), each until it sees every host; the growth divided by `k`.
+    /// Then they leave.
+    pub async fn full_host_memory(&mut self, k: usize) -> u64 {
+        let rss0 = rss_self();
+        let mut extra = Vec::new();
+        for _ in 0..k {
+            let i = self.next;
+            self.next += 1;
+            let c = tokio::time::timeout(
+                WAIT,
+                Coordinator::join(self.cfg.coord(&FleetConfig::host(i), i)),
+            )
+            .await
+            .expect("an extra full host joins in time")
+            .expect("an extra full host joins");
+            extra.push(c);
+        }
+        let all = self.hosts() + k;
+        for c in &extra {
+            let mut rx = c.rounds();
+            tokio::time::timeout(WAIT, async {
+                while rx.borrow_and_update().live.len() < all {
+                    if rx.changed().await.is_err() {
+                        break;
+                    }
+                }
+            })
+            .await
+            .expect("an extra full host sees every host");
+        }
+        let per = rss_self().saturating_sub(rss0) / u64::try_from(k.max(1)).unwrap();
+        for c in extra {
+            c.leave(warden_launcher::coord::Leave::Stopped(
+                "fleet: memory measured".into(),
+            ))
+            .await
+            .expect("an extra full host leaves");
+        }
+        per
+    }
+
     /// The bytes of what a host reads for the current round: the round
     /// record.
     pub async fn round_bytes(&self) -> usize {
@@ -386,22 +429,53 @@ async fn join_light(
     }
 }
 
-/// What a joining launcher reads of the job: every key under its prefix in
-/// one range (as `Coordinator::join` does). Returns the revision and the
-/// epoch it found.
+/// What a joining launcher reads of the job (as `Coordinator::join`
+/// does): the epoch, then at its revision every member and departure in
+/// pages of 256 keys, and the current round record. Returns the revision
+/// and the epoch.
 async fn joining_read(client: &mut Client, keys: &Keys) -> (i64, u64) {
-    let r = client
-        .get(keys.base(), Some(GetOptions::new().with_prefix()))
-        .await
-        .expect("the joining read");
-    let epoch_key = keys.epoch();
-    let epoch = r
+    let r = client.get(keys.epoch(), None).await.expect("the epoch");
+    let revision = r.header().map_or(0, |h| h.revision());
+    let epoch: u64 = r
         .kvs()
-        .iter()
-        .find(|kv| kv.key() == epoch_key.as_bytes())
+        .first()
         .and_then(|kv| kv.value_str().ok()?.parse().ok())
         .unwrap_or(0);
-    (r.header().map_or(0, |h| h.revision()), epoch)
+    for prefix in [keys.members(), format!("{}departures/", keys.base())] {
+        let mut end = prefix.clone().into_bytes();
+        let last = end.pop().expect("a prefix");
+        end.push(last + 1);
+        let mut from = prefix.into_bytes();
+        loop {
+            let page = client
+                .get(
+                    from.clone(),
+                    Some(
+                        GetOptions::new()
+                            .with_range(end.clone())
+                            .with_limit(256)
+                            .with_revision(revision),
+                    ),
+                )
+                .await
+                .expect("a page of the joining read");
+            match page.kvs().last() {
+                Some(kv) if page.more() => {
+                    from = kv.key().to_vec();
+                    from.push(0);
+                }
+                _ => break,
+            }
+        }
+    }
+    client
+        .get(
+            keys.round(epoch),
+            Some(GetOptions::new().with_revision(revision)),
+        )
+        .await
+        .expect("the current round");
+    (revision, epoch)
 }
 
 /// What a launcher watches, from `revision + 1`: the job's prefix. The

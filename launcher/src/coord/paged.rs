@@ -57,14 +57,14 @@ pub(crate) async fn read_prefix(
     revision: i64,
     mut each: impl FnMut(&KeyValue),
 ) -> Result<i64, CoordError> {
-    let mut kv = client
-        .kv_client()
-        .max_decoding_message_size(RECEIVE_LIMIT);
+    let mut kv = client.kv_client().max_decoding_message_size(RECEIVE_LIMIT);
     let end = prefix_end(prefix);
     let mut from = prefix.as_bytes().to_vec();
     let mut revision = revision;
     loop {
-        let mut options = GetOptions::new().with_range(end.clone()).with_limit(PAGE_KEYS);
+        let mut options = GetOptions::new()
+            .with_range(end.clone())
+            .with_limit(PAGE_KEYS);
         if revision > 0 {
             options = options.with_revision(revision);
         }

@@ -808,7 +808,11 @@ mod tests {
     /// rejoins and adds hosts; and the decision on it is the same.
     #[test]
     fn a_kept_standing_is_the_one_built_from_scratch() {
-        let (a, b, c) = (m("a", 1, 1, false), m("b", 2, 2, false), m("c", 3, 3, false));
+        let (a, b, c) = (
+            m("a", 1, 1, false),
+            m("b", 2, 2, false),
+            m("c", 3, 3, false),
+        );
         let r1 = round_of(1, &[a.clone(), b.clone(), c.clone()], LIMITS);
         let mut live: BTreeMap<String, Member> = [&a, &b, &c]
             .into_iter()

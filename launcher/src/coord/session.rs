@@ -15,8 +15,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use etcd_client::{
-    Client, Compare, CompareOp, DeleteOptions, EventType, KeyValue, PutOptions, Txn,
-    TxnOp, TxnOpResponse, WatchOptions,
+    Client, Compare, CompareOp, DeleteOptions, EventType, KeyValue, PutOptions, Txn, TxnOp,
+    TxnOpResponse, WatchOptions,
 };
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
