@@ -48,6 +48,10 @@ use warden_launcher::coord::{CoordConfig, Coordinator, Round};
 /// thousands of hosts on it.
 pub const WAIT: Duration = Duration::from_secs(300);
 
+/// Light hosts whose lease etcd let expire (keep-alives starved on a
+/// loaded machine) or whose keep-alive stream ended.
+static LEASES_LOST: AtomicU64 = AtomicU64::new(0);
+
 /// The job's key prefix (the coordinator's default).
 const PREFIX: &str = "/warden/jobs";
 
@@ -249,7 +253,17 @@ impl Fleet {
         for c in &self.full {
             let r = tokio::time::timeout(WAIT, c.next_round(after))
                 .await
-                .unwrap_or_else(|_| panic!("{}: no round after {after} in {WAIT:?}", c.host()))
+                .unwrap_or_else(|_| {
+                    let s = c.state();
+                    panic!(
+                        "{}: no round after {after} in {WAIT:?}; it sees {} of {} hosts live, \
+                         {} light host lease(s) lost",
+                        c.host(),
+                        s.live.len(),
+                        self.full.len() + self.light.len(),
+                        LEASES_LOST.load(Ordering::Relaxed),
+                    )
+                })
                 .unwrap_or_else(|e| panic!("{}: no round after {after}: {e}", c.host()));
             first.get_or_insert(r);
         }
@@ -519,8 +533,15 @@ async fn keep_alive(mut client: Client, lease: i64, ttl: Duration) {
         if keeper.keep_alive().await.is_err() {
             return;
         }
-        if !matches!(stream.message().await, Ok(Some(_))) {
-            return;
+        match stream.message().await {
+            Ok(Some(r)) if r.ttl() > 0 => {}
+            // A light host does not rejoin (a launcher would): its member
+            // key is gone, and the fleet has one host fewer. Counted, so
+            // a fleet that cannot form its round says why.
+            _ => {
+                LEASES_LOST.fetch_add(1, Ordering::Relaxed);
+                return;
+            }
         }
     }
 }
