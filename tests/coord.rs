@@ -542,3 +542,89 @@ async fn a_failed_job_stops_every_host_with_its_exit_code() {
         other => panic!("expected the job's end, got {other:?}"),
     }
 }
+
+/// A job whose keys are more than one etcd response may carry (here 300
+/// member records of 15 KB, 4.5 MB in all, past gRPC's default 4 MiB
+/// receive limit: issue 30 met it at about 1,150 real hosts) is still
+/// joined: the joining read goes in pages, each at the same revision.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_larger_than_one_response_is_read_in_pages() {
+    use warden_launcher::coord::keys::Keys;
+    use warden_launcher::coord::plan::MemberRecord;
+    let etcd = EtcdServer::start();
+    let mut client = etcd_client(&etcd).await;
+    let lease = client
+        .lease_grant(60, None)
+        .await
+        .expect("a lease for the hosts written by hand")
+        .id();
+    let keys = Keys::new("/warden/jobs", "job-pages");
+    const OTHERS: usize = 300;
+    for i in 0..OTHERS {
+        let host = format!("other-{i:03}");
+        let record = MemberRecord {
+            host: host.clone(),
+            addr: format!("127.0.1.{}:{}", i % 250, "9".repeat(15_000)),
+            nproc_per_node: 1,
+            spare: false,
+            min_nodes: 400,
+            max_nodes: 400,
+            pid: 1,
+            joined_at_ms: 0,
+            ckpt_peer: None,
+            incarnation: 1 + i as u64,
+        };
+        client
+            .put(
+                keys.member(&host),
+                serde_json::to_string(&record).expect("encode"),
+                Some(etcd_client::PutOptions::new().with_lease(lease)),
+            )
+            .await
+            .expect("put a member");
+    }
+    // Too few for a round (min 400): joining is all that happens.
+    let a = join(cfg(&etcd, "job-pages", "host-a", "127.0.0.2", 400, 400)).await;
+    let live = a.state().live;
+    assert_eq!(
+        live.len(),
+        OTHERS + 1,
+        "every member read: {} of them",
+        live.len()
+    );
+    assert!(live.iter().any(|h| h == "other-299"));
+}
+
+/// A host whose watch restarts from a revision etcd has compacted away
+/// (here: etcd restarted after a compaction past what the hosts saw) reads
+/// the job again once, at the newest revision, and goes on watching from
+/// there: the next round reaches both hosts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_behind_a_compaction_reloads_and_goes_on() {
+    let mut etcd = EtcdServer::start();
+    let (a, b, r) = pair(&etcd, "job-compact").await;
+    let mut client = etcd_client(&etcd).await;
+    // Revisions the hosts do not watch, then history compacted to the newest.
+    let mut newest = 0;
+    for i in 0..20 {
+        newest = client
+            .put(format!("/elsewhere/{i}"), "x", None)
+            .await
+            .expect("put elsewhere")
+            .header()
+            .map_or(0, |h| h.revision());
+    }
+    client
+        .compact(newest, None)
+        .await
+        .expect("compact etcd's history");
+    drop(client);
+    etcd.kill();
+    etcd.restart();
+    // Both watches start again from before the compaction, are cancelled,
+    // and reload; the next round is the next epoch and both hold it.
+    next_is_the_only_new_round(&a, &b, r.epoch).await;
+    for h in [&a, &b] {
+        assert!(h.state().failed.is_none());
+    }
+}

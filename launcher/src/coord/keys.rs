@@ -9,13 +9,21 @@
 //! <prefix>/<job>/departures/<host>    why a host left (JSON), written with its leave
 //! <prefix>/<job>/ends/<epoch:020>     the job finished or failed at that epoch (JSON);
 //!                                     the first host to say so writes it
-//! <prefix>/<job>/goodput/<host>       the host's goodput breakdown of the job (a
+//!
+//! <prefix>/~goodput/<job>/<host>      the host's goodput breakdown of the job (a
 //!                                     protobuf-encoded warden.v1.JobGoodput), updated
 //!                                     while it runs and final when it ends; no lease
 //! ```
 //!
 //! Epochs are zero-padded so that rounds sort by epoch and old ones can be
 //! deleted with one range.
+//!
+//! Every launcher watches `<prefix>/<job>/`, so only what the coordinators
+//! act on lives there: nothing under it changes on a timer. The goodput
+//! reports, rewritten by every launcher every 10 s, live beside it under
+//! `<prefix>/~goodput/`: still inside `<prefix>/` (one etcd role grant
+//! covers both), and no job's keys can collide with them, since `~` is not
+//! allowed in a job id (`CoordConfig::validate`).
 
 /// How many round records are kept behind the current one.
 pub const KEEP_ROUNDS: u64 = 16;
@@ -24,7 +32,13 @@ pub const KEEP_ROUNDS: u64 = 16;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Keys {
     base: String,
+    /// `<prefix>/~goodput/<job>/`: outside the watched `base`.
+    reports: String,
 }
+
+/// The segment under the prefix that holds every job's goodput reports: a
+/// character no job id may hold, so it is never a job's own prefix.
+pub const REPORTS_SEGMENT: &str = "~goodput";
 
 /// What a key under the job's prefix is.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -49,6 +63,7 @@ impl Keys {
     pub fn new(prefix: &str, job: &str) -> Self {
         Self {
             base: format!("{prefix}/{job}/"),
+            reports: format!("{prefix}/{REPORTS_SEGMENT}/{job}/"),
         }
     }
 
@@ -82,19 +97,25 @@ impl Keys {
         format!("{}departures/{host}", self.base)
     }
 
+    /// The prefix of all departures.
+    pub fn departures(&self) -> String {
+        format!("{}departures/", self.base)
+    }
+
     /// The job's end marker at `epoch`.
     pub fn end(&self, epoch: u64) -> String {
         format!("{}ends/{epoch:020}", self.base)
     }
 
-    /// Where a host's goodput report of the job goes.
+    /// Where a host's goodput report of the job goes: outside [`Keys::base`],
+    /// so the coordinators' watch never sees a report change.
     pub fn goodput(&self, host: &str) -> String {
-        format!("{}goodput/{host}", self.base)
+        format!("{}{host}", self.reports)
     }
 
     /// The prefix of all the job's goodput reports.
     pub fn goodputs(&self) -> String {
-        format!("{}goodput/", self.base)
+        self.reports.clone()
     }
 
     /// What `key` is; `None` when it is not under this job.
@@ -138,5 +159,27 @@ mod tests {
         assert_eq!(k.classify("/warden/jobs/j10/epoch"), None);
         // Rounds sort by epoch as strings.
         assert!(k.round(9) < k.round(10));
+    }
+
+    #[test]
+    fn goodput_reports_are_outside_every_watched_job_prefix() {
+        let k = Keys::new("/warden/jobs", "j1");
+        assert_eq!(k.goodput("h-a"), "/warden/jobs/~goodput/j1/h-a");
+        // Not under the job's watched prefix: a report written every 10 s
+        // wakes no coordinator.
+        assert!(!k.goodput("h-a").starts_with(k.base()));
+        assert_eq!(k.classify(&k.goodput("h-a")), None);
+        // Still under the role's one grant, `<prefix>/`.
+        assert!(k.goodputs().starts_with("/warden/jobs/"));
+        // No job id can be the reports' segment: its `~` is refused.
+        let mut c = crate::coord::CoordConfig::new(
+            vec!["127.0.0.1:2379".into()],
+            REPORTS_SEGMENT,
+            "h",
+            "127.0.0.2",
+        );
+        c.min_nodes = 1;
+        c.max_nodes = 1;
+        assert!(c.validate().is_err());
     }
 }

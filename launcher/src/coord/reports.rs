@@ -1,4 +1,6 @@
-//! The job's per-host goodput reports in etcd (`<prefix>/<job>/goodput/<host>`).
+//! The job's per-host goodput reports in etcd (`<prefix>/~goodput/<job>/<host>`:
+//! beside the job's coordination keys, not under them, so that rewriting
+//! them every 10 s wakes no coordinator; `super::keys`).
 //!
 //! Each agent accounts only its own ranks; the job's launchers meet in etcd
 //! anyway, so each keeps its host's report there (while the job runs and
@@ -12,7 +14,7 @@
 
 use std::time::Duration;
 
-use etcd_client::{Client, Compare, CompareOp, GetOptions, Txn, TxnOp, WatchOptions};
+use etcd_client::{Client, Compare, CompareOp, Txn, TxnOp, WatchOptions};
 use prost::Message;
 use tokio::time::{Instant, sleep_until};
 use warden_proto::v1 as pb;
@@ -185,31 +187,29 @@ impl Reports {
         }
     }
 
-    /// Every host's report of the job.
+    /// Every host's report of the job, read in pages at one revision
+    /// ([`super::paged`]), so a job of any size fits the receive limit.
     pub async fn read(&self) -> Result<Found, CoordError> {
         let prefix = self.keys.goodputs();
-        let mut c = self.client.clone();
-        let resp = self
-            .call(
-                "get",
-                &prefix,
-                c.get(prefix.as_str(), Some(GetOptions::new().with_prefix())),
-            )
-            .await?;
-        let mut found = Found {
-            revision: resp.header().map_or(0, |h| h.revision()),
-            ..Found::default()
-        };
-        for kv in resp.kvs() {
-            let key = String::from_utf8_lossy(kv.key()).into_owned();
-            let Some(host) = key.strip_prefix(prefix.as_str()).map(str::to_owned) else {
-                continue;
-            };
-            match pb::JobGoodput::decode(kv.value()) {
-                Ok(r) => found.reports.push((host, r)),
-                Err(e) => found.bad.push(format!("{key}: not a JobGoodput: {e}")),
-            }
-        }
+        let mut found = Found::default();
+        found.revision = super::paged::read_prefix(
+            &self.endpoints,
+            self.timeout,
+            &self.client,
+            &prefix,
+            0,
+            |kv| {
+                let key = String::from_utf8_lossy(kv.key()).into_owned();
+                let Some(host) = key.strip_prefix(prefix.as_str()).map(str::to_owned) else {
+                    return;
+                };
+                match pb::JobGoodput::decode(kv.value()) {
+                    Ok(r) => found.reports.push((host, r)),
+                    Err(e) => found.bad.push(format!("{key}: not a JobGoodput: {e}")),
+                }
+            },
+        )
+        .await?;
         found.reports.sort_by(|a, b| a.0.cmp(&b.0));
         Ok(found)
     }

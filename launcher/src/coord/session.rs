@@ -4,7 +4,7 @@
 //! Two tasks per coordinator: the lease keeper (a keep-alive every third of
 //! the TTL; a whole TTL without an answer, or an answer of TTL 0, is the
 //! lease lost) and the driver (one watch on the job's prefix; after each
-//! batch of events it asks [`plan::trigger`] whether a round is due and, if
+//! batch of events it asks [`plan::decide`] whether a round is due and, if
 //! so, tries to write it). Both stop on the coordinator's cancellation
 //! token. Every request has a deadline.
 
@@ -15,8 +15,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use etcd_client::{
-    Client, Compare, CompareOp, DeleteOptions, EventType, GetOptions, KeyValue, PutOptions, Txn,
-    TxnOp, TxnOpResponse, WatchOptions,
+    Client, Compare, CompareOp, DeleteOptions, EventType, KeyValue, PutOptions, Txn, TxnOp,
+    TxnOpResponse, WatchOptions,
 };
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
@@ -24,7 +24,7 @@ use tokio::time::{Instant, sleep, sleep_until};
 use tokio_util::sync::CancellationToken;
 
 use super::keys::{KEEP_ROUNDS, KeyKind, Keys};
-use super::plan::{self, Limits, Member, MemberRecord, RoundRecord, Trigger};
+use super::plan::{self, Limits, Member, MemberRecord, RoundRecord, Standing, Trigger};
 use super::{CoordConfig, CoordError, CoordState, Round};
 
 /// How a job ended, as stored at `end`.
@@ -76,6 +76,16 @@ pub(crate) struct View {
     /// epoch), for the cordon share ([`super::cordon_share`]).
     pub(crate) departed: BTreeMap<String, (String, u64)>,
     pub(crate) ends: BTreeMap<u64, JobEnd>,
+    /// The live members against the current round, kept per member event
+    /// ([`plan::Standing`]): what the round checks read, so that an event
+    /// costs O(log N), not a scan of every host.
+    pub(crate) standing: Standing,
+    /// The current round changed since `standing` was built: rebuild it
+    /// (once per batch of events).
+    stale: bool,
+    /// This host's view of the current round, made once per round (or
+    /// lease), not per event: (epoch, lease, round without its standby).
+    round_cache: Option<(u64, i64, Round)>,
 }
 
 impl View {
@@ -87,23 +97,36 @@ impl View {
         self.members.values().cloned().collect()
     }
 
+    /// Builds `standing` again if the current round changed.
+    pub(crate) fn settle(&mut self) {
+        if self.stale {
+            self.standing = Standing::new(self.rounds.get(&self.epoch), &self.members);
+            self.stale = false;
+        }
+    }
+
+    /// After `host`'s member key was written or deleted.
+    fn member_changed(&mut self, host: &str) {
+        if !self.stale {
+            self.standing
+                .member_changed(self.rounds.get(&self.epoch), &self.members, host);
+        }
+    }
+
     /// The end marker of the current epoch, while a member of its round is
     /// still live: once they are all gone, the job id is free for a new run
     /// (whose hosts come with new leases).
     fn ended(&self) -> Option<&JobEnd> {
-        let round = self.current()?;
+        self.current()?;
         let end = self.ends.get(&self.epoch)?;
-        round
-            .members
-            .iter()
-            .any(|rm| {
-                self.members
-                    .get(&rm.host)
-                    .is_some_and(|m| rm.is(&m.record.host, m.lease, m.record.incarnation))
-            })
-            .then_some(end)
+        self.standing.any_member_live().then_some(end)
     }
 }
+
+/// How many times [`Inner::load`] reads again when etcd compacted the
+/// revision it was reading at: a compaction interval shorter than a
+/// paged read is the only cause, so a second attempt almost always holds.
+const LOAD_ATTEMPTS: u32 = 3;
 
 /// What came of an attempt to advance the epoch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -179,16 +202,30 @@ impl Inner {
         self.view.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Reads every key of the job into a fresh view.
+    /// Reads the job's current state into a fresh view: the epoch, every
+    /// member and departure (paged, [`super::paged`]), and only the current
+    /// epoch's round record and end marker (not the older rounds kept for
+    /// people), all at one revision. A read that etcd's compaction
+    /// overtook is made again at the newest revision, at most
+    /// [`LOAD_ATTEMPTS`] times.
     pub(crate) async fn load(&self) -> Result<View, CoordError> {
+        let mut attempt = 1;
+        loop {
+            match self.load_once().await {
+                Err(e) if super::paged::compacted(&e) && attempt < LOAD_ATTEMPTS => {
+                    tracing::debug!(host = %self.cfg.host, error = %e, "coord: the read was compacted under us; reading again");
+                    attempt += 1;
+                }
+                r => return r,
+            }
+        }
+    }
+
+    async fn load_once(&self) -> Result<View, CoordError> {
         let mut client = self.client.clone();
-        let base = self.keys.base();
+        let epoch_key = self.keys.epoch();
         let resp = self
-            .call(
-                "get",
-                base,
-                client.get(base, Some(GetOptions::new().with_prefix())),
-            )
+            .call("get", &epoch_key, client.get(epoch_key.as_str(), None))
             .await?;
         let mut view = View {
             revision: resp.header().map_or(0, |h| h.revision()),
@@ -197,6 +234,37 @@ impl Inner {
         for kv in resp.kvs() {
             self.apply_put(&mut view, kv);
         }
+        let revision = view.revision;
+        for prefix in [self.keys.members(), self.keys.departures()] {
+            super::paged::read_prefix(
+                &self.endpoints,
+                self.cfg.request_timeout,
+                &self.client,
+                &prefix,
+                revision,
+                |kv| self.apply_put(&mut view, kv),
+            )
+            .await?;
+        }
+        // The current round and end marker: one key each (the round record
+        // is one value, under etcd's request limit, so one page).
+        for key in [self.keys.round(view.epoch), self.keys.end(view.epoch)] {
+            super::paged::read_prefix(
+                &self.endpoints,
+                self.cfg.request_timeout,
+                &self.client,
+                &key,
+                revision,
+                |kv| {
+                    if kv.key() == key.as_bytes() {
+                        self.apply_put(&mut view, kv);
+                    }
+                },
+            )
+            .await?;
+        }
+        view.stale = true;
+        view.settle();
         Ok(view)
     }
 
@@ -210,7 +278,12 @@ impl Inner {
         let parsed: Result<(), String> = match kind {
             KeyKind::Member(host) => serde_json::from_slice::<MemberRecord>(kv.value())
                 .map_err(|e| e.to_string())
-                .map(|record| {
+                .and_then(|record| {
+                    // The rounds know a member by the host in its record, the
+                    // view by its key: they must agree.
+                    if record.host != host {
+                        return Err(format!("the record names host {:?}", record.host));
+                    }
                     view.members.insert(
                         host.to_owned(),
                         Member {
@@ -219,14 +292,20 @@ impl Inner {
                             join_revision: kv.create_revision(),
                         },
                     );
+                    view.member_changed(host);
+                    Ok(())
                 }),
             KeyKind::Epoch => std::str::from_utf8(kv.value())
                 .map_err(|e| e.to_string())
                 .and_then(|s| s.trim().parse::<u64>().map_err(|e| e.to_string()))
-                .map(|e| view.epoch = e),
+                .map(|e| {
+                    view.epoch = e;
+                    view.stale = true;
+                }),
             KeyKind::Round(epoch) => serde_json::from_slice::<RoundRecord>(kv.value())
                 .map_err(|e| e.to_string())
                 .map(|r| {
+                    view.stale |= epoch == view.epoch;
                     view.rounds.insert(epoch, r);
                 }),
             KeyKind::Departure(host) => serde_json::from_slice::<Departure>(kv.value())
@@ -258,9 +337,14 @@ impl Inner {
         match self.keys.classify(key) {
             Some(KeyKind::Member(host)) => {
                 view.members.remove(host);
+                view.member_changed(host);
             }
-            Some(KeyKind::Epoch) => view.epoch = 0,
+            Some(KeyKind::Epoch) => {
+                view.epoch = 0;
+                view.stale = true;
+            }
             Some(KeyKind::Round(epoch)) => {
+                view.stale |= epoch == view.epoch;
                 view.rounds.remove(&epoch);
             }
             Some(KeyKind::Departure(host)) => {
@@ -284,26 +368,34 @@ impl Inner {
     /// new round once.
     pub(crate) fn publish(&self) {
         let (round, live, ended) = {
-            let view = self.lock_view();
+            let mut guard = self.lock_view();
+            let view = &mut *guard;
+            view.settle();
+            let lease = self.lease();
+            let current = view.rounds.get(&view.epoch);
+            let cache = &mut view.round_cache;
+            let round = current.map(|r| {
+                let mut round = match &*cache {
+                    Some((epoch, l, cached)) if *epoch == r.epoch && *l == lease => cached.clone(),
+                    _ => {
+                        let made = Round::from_record(
+                            &self.cfg.job,
+                            r,
+                            &self.cfg.host,
+                            lease,
+                            self.incarnation,
+                        );
+                        *cache = Some((r.epoch, lease, made.clone()));
+                        made
+                    }
+                };
+                // Who is on standby now, not when the round formed: a
+                // spare that joins a full round makes no new one.
+                round.standby = view.standing.standby();
+                round
+            });
             (
-                view.current().map(|r| {
-                    let mut round = Round::from_record(
-                        &self.cfg.job,
-                        r,
-                        &self.cfg.host,
-                        self.lease(),
-                        self.incarnation,
-                    );
-                    // Who is on standby now, not when the round formed: a
-                    // spare that joins a full round makes no new one.
-                    round.standby = view
-                        .members
-                        .keys()
-                        .filter(|h| !round.members.contains(h))
-                        .cloned()
-                        .collect();
-                    round
-                }),
+                round,
                 view.members.keys().cloned().collect::<Vec<_>>(),
                 view.ended().cloned(),
             )
@@ -835,11 +927,16 @@ async fn keep_alive_stream(
 
 /// The driver: watches the job's keys from `revision + 1`, keeps the view
 /// and the published state current, and writes the rounds that
-/// [`plan::trigger`] says are due (at once, or after the last call).
+/// [`plan::decide`] says are due (at once, or after the last call).
 pub(crate) async fn drive(inner: Arc<Inner>, mut revision: i64) {
     let mut driver = Driver::default();
     loop {
-        let mut client = inner.client.clone();
+        // A round record of thousands of hosts is larger than gRPC's default
+        // 4 MiB once etcd batches a few into one message.
+        let mut client = inner
+            .client
+            .watch_client()
+            .max_decoding_message_size(super::paged::RECEIVE_LIMIT);
         let options = WatchOptions::new()
             .with_prefix()
             .with_start_revision(revision + 1);
@@ -872,17 +969,16 @@ pub(crate) async fn drive(inner: Arc<Inner>, mut revision: i64) {
                 None => {}
                 Some(Ok(Some(resp))) => {
                     if resp.canceled() || resp.compact_revision() > 0 {
-                        // History compacted past us: read everything again.
+                        // History compacted past us: read the current state
+                        // again (paged, so it fits however large the job) and
+                        // watch on from there, never from the compacted
+                        // revision again.
                         tracing::warn!(host = %inner.cfg.host, compact_revision = resp.compact_revision(), reason = %resp.cancel_reason(), "coord: watch cancelled; reloading");
-                        match inner.load().await {
-                            Ok(view) => {
-                                revision = view.revision;
-                                inner.set_view(view);
-                            }
-                            Err(e) => {
-                                tracing::warn!(host = %inner.cfg.host, error = %e, "coord: reload failed")
-                            }
-                        }
+                        let Some(view) = reload(&inner).await else {
+                            return;
+                        };
+                        revision = view.revision;
+                        inner.set_view(view);
                         break;
                     }
                     if !resp.events().is_empty() {
@@ -901,6 +997,8 @@ pub(crate) async fn drive(inner: Arc<Inner>, mut revision: i64) {
                             view.revision = revision;
                             let epoch = view.epoch;
                             view.rounds.retain(|e, _| *e >= epoch);
+                            view.ends.retain(|e, _| *e >= epoch);
+                            view.settle();
                         }
                         inner.publish();
                     }
@@ -916,6 +1014,26 @@ pub(crate) async fn drive(inner: Arc<Inner>, mut revision: i64) {
             }
             driver.evaluate(&inner).await;
         }
+    }
+}
+
+/// Reads the job's state again after the watch lost its history, until it
+/// succeeds (backing off from 250 ms to 5 s between attempts, each one a
+/// fresh read at the newest revision) or the coordinator stops (`None`).
+async fn reload(inner: &Inner) -> Option<View> {
+    let mut backoff = Duration::from_millis(250);
+    loop {
+        match inner.load().await {
+            Ok(view) => return Some(view),
+            Err(e) => {
+                tracing::warn!(host = %inner.cfg.host, error = %e, retry_in = ?backoff, "coord: reload failed");
+            }
+        }
+        tokio::select! {
+            () = inner.stop.cancelled() => return None,
+            () = sleep(backoff) => {}
+        }
+        backoff = (backoff * 2).min(Duration::from_secs(5));
     }
 }
 
@@ -937,12 +1055,13 @@ impl Driver {
         let now = Instant::now();
         self.wake = None;
         let (trigger, epoch) = {
-            let view = inner.lock_view();
-            let live = view.live();
+            let mut view = inner.lock_view();
+            view.settle();
             (
-                plan::trigger(
+                plan::decide(
                     view.current(),
-                    &live,
+                    &view.standing,
+                    &view.members,
                     &view.departures,
                     view.ended().is_some(),
                     inner.limits,

@@ -1,0 +1,605 @@
+//! A fleet of simulated hosts of one multi-host job on a real etcd, for the
+//! scale bench (cli/benches/coord_fleet.rs) and its CI test
+//! (tests/coord_fleet.rs): issue 30's measurements, in the repository.
+//!
+//! In: the etcd endpoints (one real server, tests/common/etcd.rs) and a
+//! [`FleetConfig`]: how many hosts, how many of them run the real
+//! [`Coordinator`] ("full" hosts) and the lease TTL.
+//! Out: a [`Fleet`] that joins every host, makes restart rounds, loses a
+//! host without a word (its lease left to expire), and reads etcd's own
+//! counters ([`EtcdMetrics`]: bytes sent and received on the client port,
+//! CPU seconds, resident memory) and this process's, so a caller turns
+//! them into per-round and per-host figures.
+//!
+//! A "light" host does a launcher's share of etcd work without the
+//! coordinator's decisions: its own connection, a lease it keeps alive
+//! (every third of the TTL), its member record (the same JSON, so the full
+//! hosts count it in every round), the read a joining launcher makes, and
+//! a watch of what a launcher watches; it follows the epoch from that
+//! watch. It never advances the epoch itself (a real launcher would also
+//! race for the txn): that work is the full hosts'. So N hosts with K full
+//! ones cost etcd what N launchers cost it, less N-K losing txns per round,
+//! and cost this process K coordinators' CPU.
+//!
+//! Never: wait without a deadline (every wait here is bounded and panics
+//! with what it waited for), or leave a task behind (dropping the fleet
+//! aborts every light host's tasks; full coordinators stop on drop).
+
+// Each user takes a part; the bench and the test panic on a broken set-up.
+#![allow(dead_code, clippy::expect_used, clippy::unwrap_used)]
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use etcd_client::{
+    Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, PutOptions, Txn, TxnOp,
+    WatchOptions,
+};
+use tokio::sync::{Semaphore, watch};
+use tokio::task::JoinHandle;
+use warden_launcher::coord::keys::Keys;
+use warden_launcher::coord::plan::MemberRecord;
+use warden_launcher::coord::{CoordConfig, Coordinator, Round};
+
+/// Every wait of the fleet: generous, a loaded 2-core machine with
+/// thousands of hosts on it.
+pub const WAIT: Duration = Duration::from_secs(300);
+
+/// Light hosts whose lease etcd let expire (keep-alives starved on a
+/// loaded machine) or whose keep-alive stream ended.
+static LEASES_LOST: AtomicU64 = AtomicU64::new(0);
+
+/// The job's key prefix (the coordinator's default).
+const PREFIX: &str = "/warden/jobs";
+
+/// What fleet to run.
+#[derive(Debug, Clone)]
+pub struct FleetConfig {
+    /// etcd's client endpoints.
+    pub endpoints: Vec<String>,
+    /// The job id.
+    pub job: String,
+    /// Hosts in all.
+    pub hosts: usize,
+    /// How many of them run the real coordinator (at least 1).
+    pub full: usize,
+    /// The lease TTL of every host.
+    pub ttl: Duration,
+    /// The full hosts' rejoin grace (a member lost without a word is
+    /// replaced after the TTL and this).
+    pub rejoin_grace: Duration,
+    /// How many light hosts join at once (a real fleet joins in one burst;
+    /// a bound keeps this process's connection set-up from starving the
+    /// keep-alives of the hosts already in).
+    pub join_concurrency: usize,
+}
+
+impl FleetConfig {
+    /// `hosts` hosts, `full` of them full, a 10 s TTL.
+    pub fn new(endpoints: Vec<String>, job: &str, hosts: usize, full: usize) -> Self {
+        Self {
+            endpoints,
+            job: job.to_owned(),
+            hosts,
+            full: full.clamp(1, hosts),
+            ttl: Duration::from_secs(10),
+            rejoin_grace: Duration::from_secs(1),
+            join_concurrency: 32,
+        }
+    }
+
+    /// The `i`th host's id.
+    fn host(i: usize) -> String {
+        format!("host-{i:05}")
+    }
+
+    /// The config of a full host: min one host short of the fleet (a lost
+    /// host makes a smaller round, not a waiting one), max the fleet; a
+    /// last call long enough that the first round forms only with every
+    /// host in (at max, at once).
+    fn coord(&self, host: &str, i: usize) -> CoordConfig {
+        let mut c = CoordConfig::new(self.endpoints.clone(), &self.job, host, addr(i));
+        c.nproc_per_node = 8;
+        c.min_nodes = u32::try_from(self.hosts.saturating_sub(1).max(1)).unwrap();
+        c.max_nodes = u32::try_from(self.hosts).unwrap();
+        c.lease_ttl = self.ttl;
+        c.last_call = Duration::from_secs(600);
+        c.rejoin_grace = self.rejoin_grace;
+        c.rejoin_timeout = Duration::from_secs(600);
+        c.join_timeout = Duration::from_secs(5);
+        c.request_timeout = Duration::from_secs(30);
+        c
+    }
+}
+
+/// A loopback address per host, as each host would advertise its own.
+fn addr(i: usize) -> String {
+    format!("127.0.{}.{}", (i / 250) % 250, 2 + i % 250)
+}
+
+/// A simulated host: etcd work without the coordinator (module doc).
+#[derive(Debug)]
+struct Light {
+    host: String,
+    /// The epoch its watch saw last.
+    epoch: Arc<AtomicU64>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl Drop for Light {
+    fn drop(&mut self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+    }
+}
+
+/// The fleet.
+pub struct Fleet {
+    cfg: FleetConfig,
+    keys: Keys,
+    full: Vec<Coordinator>,
+    light: Vec<Light>,
+    /// Bumped by every light host whose epoch moved.
+    moved: Arc<watch::Sender<u64>>,
+    /// Host ids given so far (a replacement gets a new one).
+    next: usize,
+    /// The epoch every host holds now.
+    pub epoch: u64,
+}
+
+impl std::fmt::Debug for Fleet {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Fleet")
+            .field("hosts", &(self.full.len() + self.light.len()))
+            .field("epoch", &self.epoch)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What joining took.
+#[derive(Debug, Clone, Copy)]
+pub struct Joined {
+    /// From the first join to every host holding the first round.
+    pub all: Duration,
+    /// This process's resident memory grown by the full hosts, per host.
+    pub rss_per_full: u64,
+    /// ... and by the light hosts, per host.
+    pub rss_per_light: u64,
+}
+
+impl Fleet {
+    /// Joins every host (full ones first, then the light ones, at most
+    /// `join_concurrency` at once) and waits until all hold the first round.
+    pub async fn join(cfg: FleetConfig) -> (Self, Joined) {
+        let keys = Keys::new(PREFIX, &cfg.job);
+        let (moved, _) = watch::channel(0u64);
+        let mut fleet = Self {
+            keys,
+            full: Vec::new(),
+            light: Vec::new(),
+            moved: Arc::new(moved),
+            next: cfg.hosts,
+            epoch: 0,
+            cfg,
+        };
+        let t0 = Instant::now();
+        let rss0 = rss_self();
+        let joins: Vec<_> = (0..fleet.cfg.full)
+            .map(|i| {
+                let c = fleet.cfg.coord(&FleetConfig::host(i), i);
+                tokio::spawn(async move {
+                    tokio::time::timeout(WAIT, Coordinator::join(c))
+                        .await
+                        .expect("a full host joins in time")
+                        .expect("a full host joins")
+                })
+            })
+            .collect();
+        for j in joins {
+            fleet.full.push(j.await.unwrap());
+        }
+        let rss1 = rss_self();
+        let gate = Arc::new(Semaphore::new(fleet.cfg.join_concurrency.max(1)));
+        let joins: Vec<_> = (fleet.cfg.full..fleet.cfg.hosts)
+            .map(|i| fleet.spawn_light(i, Arc::clone(&gate)))
+            .collect();
+        for j in joins {
+            fleet.light.push(j.await.unwrap());
+        }
+        let round = fleet.wait_round(0).await;
+        let all = t0.elapsed();
+        assert_eq!(
+            round.nnodes as usize, fleet.cfg.hosts,
+            "the first round has every host"
+        );
+        let rss2 = rss_self();
+        let per = |d: u64, n: usize| d / u64::try_from(n.max(1)).unwrap();
+        let joined = Joined {
+            all,
+            rss_per_full: per(rss1.saturating_sub(rss0), fleet.full.len()),
+            rss_per_light: per(rss2.saturating_sub(rss1), fleet.light.len()),
+        };
+        (fleet, joined)
+    }
+
+    /// Starts joining light host `i` once `gate` lets it.
+    fn spawn_light(&self, i: usize, gate: Arc<Semaphore>) -> JoinHandle<Light> {
+        let cfg = self.cfg.clone();
+        let keys = self.keys.clone();
+        let moved = Arc::clone(&self.moved);
+        tokio::spawn(async move {
+            let _permit = gate.acquire().await.unwrap();
+            tokio::time::timeout(WAIT, join_light(cfg, keys, i, moved))
+                .await
+                .expect("a light host joins in time")
+        })
+    }
+
+    /// Hosts in the fleet now.
+    pub fn hosts(&self) -> usize {
+        self.full.len() + self.light.len()
+    }
+
+    /// Waits until every host holds a round after `after`: the full hosts
+    /// through `next_round`, the light ones through their watch. Returns
+    /// the first full host's round.
+    pub async fn wait_round(&mut self, after: u64) -> Round {
+        let mut rx = self.moved.subscribe();
+        let mut first = None;
+        for c in &self.full {
+            let r = tokio::time::timeout(WAIT, c.next_round(after))
+                .await
+                .unwrap_or_else(|_| {
+                    let s = c.state();
+                    panic!(
+                        "{}: no round after {after} in {WAIT:?}; it sees {} of {} hosts live, \
+                         {} light host lease(s) lost",
+                        c.host(),
+                        s.live.len(),
+                        self.full.len() + self.light.len(),
+                        LEASES_LOST.load(Ordering::Relaxed),
+                    )
+                })
+                .unwrap_or_else(|e| panic!("{}: no round after {after}: {e}", c.host()));
+            first.get_or_insert(r);
+        }
+        let deadline = tokio::time::Instant::now() + WAIT;
+        loop {
+            rx.borrow_and_update();
+            let behind = self
+                .light
+                .iter()
+                .filter(|l| l.epoch.load(Ordering::Acquire) <= after)
+                .count();
+            if behind == 0 {
+                break;
+            }
+            if tokio::time::timeout_at(deadline, rx.changed())
+                .await
+                .is_err()
+            {
+                panic!("{behind} light host(s) saw no round after {after} in {WAIT:?}");
+            }
+        }
+        let round = first.expect("at least one full host");
+        self.epoch = round.epoch;
+        round
+    }
+
+    /// One restart round: the first full host asks for it; until every
+    /// host holds it.
+    pub async fn restart(&mut self) -> Duration {
+        let t0 = Instant::now();
+        let seen = self.epoch;
+        let next = self.full[0]
+            .request_restart(seen, "fleet bench")
+            .await
+            .expect("request_restart");
+        assert_eq!(next, seen + 1, "one restart makes one round");
+        self.wait_round(seen).await;
+        t0.elapsed()
+    }
+
+    /// A light host dies without a word (its keep-alives stop, its lease
+    /// left to expire): until every other host holds the round without it.
+    /// Then a new host joins in its place (until every host holds that
+    /// round too). Returns both times.
+    pub async fn lose_one(&mut self) -> (Duration, Duration) {
+        let lost = self.light.pop().expect("a light host to lose");
+        let t0 = Instant::now();
+        let seen = self.epoch;
+        drop(lost);
+        let round = self.wait_round(seen).await;
+        let lost_after = t0.elapsed();
+        assert_eq!(
+            round.nnodes as usize,
+            self.hosts(),
+            "the round after a loss has the hosts left"
+        );
+        let t1 = Instant::now();
+        let seen = self.epoch;
+        let i = self.next;
+        self.next += 1;
+        let gate = Arc::new(Semaphore::new(1));
+        let l = self.spawn_light(i, gate).await.unwrap();
+        self.light.push(l);
+        let round = self.wait_round(seen).await;
+        assert_eq!(round.nnodes as usize, self.hosts(), "the new host is in");
+        (lost_after, t1.elapsed())
+    }
+
+    /// This process's resident memory per full host at the fleet's size:
+    /// `k` more full hosts join (as standby: the round is full, so no new
+    /// round), each until it sees every host; the growth divided by `k`.
+    /// Then they leave.
+    pub async fn full_host_memory(&mut self, k: usize) -> u64 {
+        let rss0 = rss_self();
+        let mut extra = Vec::new();
+        for _ in 0..k {
+            let i = self.next;
+            self.next += 1;
+            let c = tokio::time::timeout(
+                WAIT,
+                Coordinator::join(self.cfg.coord(&FleetConfig::host(i), i)),
+            )
+            .await
+            .expect("an extra full host joins in time")
+            .expect("an extra full host joins");
+            extra.push(c);
+        }
+        let all = self.hosts() + k;
+        for c in &extra {
+            let mut rx = c.rounds();
+            tokio::time::timeout(WAIT, async {
+                while rx.borrow_and_update().live.len() < all {
+                    if rx.changed().await.is_err() {
+                        break;
+                    }
+                }
+            })
+            .await
+            .expect("an extra full host sees every host");
+        }
+        let per = rss_self().saturating_sub(rss0) / u64::try_from(k.max(1)).unwrap();
+        for c in extra {
+            c.leave(warden_launcher::coord::Leave::Stopped(
+                "fleet: memory measured".into(),
+            ))
+            .await
+            .expect("an extra full host leaves");
+        }
+        per
+    }
+
+    /// The bytes of what a host reads for the current round: the round
+    /// record.
+    pub async fn round_bytes(&self) -> usize {
+        let mut c = Client::connect(self.cfg.endpoints.clone(), None)
+            .await
+            .unwrap();
+        let r = c.get(self.keys.round(self.epoch), None).await.unwrap();
+        r.kvs().first().map_or(0, |kv| kv.value().len())
+    }
+}
+
+/// A light host joins: connect, lease, member key (waiting out a held
+/// one), the joining read, then the keep-alive and the watch.
+async fn join_light(
+    cfg: FleetConfig,
+    keys: Keys,
+    i: usize,
+    moved: Arc<watch::Sender<u64>>,
+) -> Light {
+    let host = FleetConfig::host(i);
+    let options = ConnectOptions::new()
+        .with_connect_timeout(Duration::from_secs(30))
+        .with_timeout(Duration::from_secs(60));
+    let mut client = Client::connect(cfg.endpoints.clone(), Some(options))
+        .await
+        .expect("a light host connects");
+    let lease = client
+        .lease_grant(i64::try_from(cfg.ttl.as_secs().max(1)).unwrap(), None)
+        .await
+        .expect("lease grant")
+        .id();
+    let record = MemberRecord {
+        host: host.clone(),
+        addr: addr(i),
+        nproc_per_node: 8,
+        spare: false,
+        min_nodes: u32::try_from(cfg.hosts.saturating_sub(1).max(1)).unwrap(),
+        max_nodes: u32::try_from(cfg.hosts).unwrap(),
+        pid: std::process::id(),
+        joined_at_ms: 0,
+        ckpt_peer: None,
+        incarnation: 1_000_000 + u64::try_from(i).unwrap(),
+    };
+    let key = keys.member(&host);
+    let txn = Txn::new()
+        .when([Compare::create_revision(key.as_str(), CompareOp::Equal, 0)])
+        .and_then([
+            TxnOp::put(
+                key.as_str(),
+                serde_json::to_string(&record).unwrap(),
+                Some(PutOptions::new().with_lease(lease)),
+            ),
+            TxnOp::delete(keys.departure(&host), None),
+        ]);
+    let ok = client.txn(txn).await.expect("register").succeeded();
+    assert!(ok, "{host}: the host id is free");
+    let (revision, seen) = joining_read(&mut client, &keys).await;
+    let epoch = Arc::new(AtomicU64::new(seen));
+    moved.send_modify(|g| *g += 1);
+    let keeper = tokio::spawn(keep_alive(client.clone(), lease, cfg.ttl));
+    let watcher = tokio::spawn(follow(client, keys, revision, Arc::clone(&epoch), moved));
+    Light {
+        host,
+        epoch,
+        tasks: vec![keeper, watcher],
+    }
+}
+
+/// What a joining launcher reads of the job (as `Coordinator::join`
+/// does): the epoch, then at its revision every member and departure in
+/// pages of 256 keys, and the current round record. Returns the revision
+/// and the epoch.
+async fn joining_read(client: &mut Client, keys: &Keys) -> (i64, u64) {
+    let r = client.get(keys.epoch(), None).await.expect("the epoch");
+    let revision = r.header().map_or(0, |h| h.revision());
+    let epoch: u64 = r
+        .kvs()
+        .first()
+        .and_then(|kv| kv.value_str().ok()?.parse().ok())
+        .unwrap_or(0);
+    for prefix in [keys.members(), format!("{}departures/", keys.base())] {
+        let mut end = prefix.clone().into_bytes();
+        let last = end.pop().expect("a prefix");
+        end.push(last + 1);
+        let mut from = prefix.into_bytes();
+        loop {
+            let page = client
+                .get(
+                    from.clone(),
+                    Some(
+                        GetOptions::new()
+                            .with_range(end.clone())
+                            .with_limit(256)
+                            .with_revision(revision),
+                    ),
+                )
+                .await
+                .expect("a page of the joining read");
+            match page.kvs().last() {
+                Some(kv) if page.more() => {
+                    from = kv.key().to_vec();
+                    from.push(0);
+                }
+                _ => break,
+            }
+        }
+    }
+    client
+        .get(
+            keys.round(epoch),
+            Some(GetOptions::new().with_revision(revision)),
+        )
+        .await
+        .expect("the current round");
+    (revision, epoch)
+}
+
+/// What a launcher watches, from `revision + 1`: the job's prefix. The
+/// epoch key's puts move `epoch`.
+async fn follow(
+    mut client: Client,
+    keys: Keys,
+    revision: i64,
+    epoch: Arc<AtomicU64>,
+    moved: Arc<watch::Sender<u64>>,
+) {
+    let epoch_key = keys.epoch();
+    let options = WatchOptions::new()
+        .with_prefix()
+        .with_start_revision(revision + 1);
+    let mut stream = client
+        .watch(keys.base(), Some(options))
+        .await
+        .expect("a light host watches");
+    while let Ok(Some(resp)) = stream.message().await {
+        for e in resp.events() {
+            if e.event_type() == EventType::Put
+                && let Some(kv) = e.kv()
+                && kv.key() == epoch_key.as_bytes()
+                && let Some(n) = kv.value_str().ok().and_then(|s| s.parse::<u64>().ok())
+            {
+                epoch.store(n, Ordering::Release);
+                moved.send_modify(|g| *g += 1);
+            }
+        }
+    }
+}
+
+/// A lease kept alive every third of the TTL, as the coordinator does.
+async fn keep_alive(mut client: Client, lease: i64, ttl: Duration) {
+    let Ok((mut keeper, mut stream)) = client.lease_keep_alive(lease).await else {
+        return;
+    };
+    loop {
+        tokio::time::sleep(ttl / 3).await;
+        if keeper.keep_alive().await.is_err() {
+            return;
+        }
+        match stream.message().await {
+            Ok(Some(r)) if r.ttl() > 0 => {}
+            // A light host does not rejoin (a launcher would): its member
+            // key is gone, and the fleet has one host fewer. Counted, so
+            // a fleet that cannot form its round says why.
+            _ => {
+                LEASES_LOST.fetch_add(1, Ordering::Relaxed);
+                return;
+            }
+        }
+    }
+}
+
+/// etcd's own counters, from its `/metrics` page.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct EtcdMetrics {
+    /// Bytes etcd sent to clients (gRPC).
+    pub sent: f64,
+    /// Bytes it received from them.
+    pub received: f64,
+    /// Its CPU time, seconds.
+    pub cpu: f64,
+    /// Its resident memory, bytes.
+    pub rss: f64,
+}
+
+impl EtcdMetrics {
+    /// Reads `/metrics` at the plain-HTTP `endpoint` (`http://HOST:PORT`).
+    pub fn read(endpoint: &str) -> Self {
+        let hostport = endpoint
+            .strip_prefix("http://")
+            .expect("a plain-HTTP endpoint");
+        let mut s = TcpStream::connect(hostport).expect("connect to etcd's metrics");
+        s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        write!(s, "GET /metrics HTTP/1.0\r\nHost: {hostport}\r\n\r\n").unwrap();
+        let mut body = String::new();
+        s.read_to_string(&mut body).expect("read etcd's metrics");
+        let value = |name: &str| -> f64 {
+            body.lines()
+                .find_map(|l| {
+                    let rest = l.strip_prefix(name)?;
+                    rest.strip_prefix(' ')?.trim().parse::<f64>().ok()
+                })
+                .unwrap_or_else(|| panic!("etcd's metrics have no {name}"))
+        };
+        Self {
+            sent: value("etcd_network_client_grpc_sent_bytes_total"),
+            received: value("etcd_network_client_grpc_received_bytes_total"),
+            cpu: value("process_cpu_seconds_total"),
+            rss: value("process_resident_memory_bytes"),
+        }
+    }
+}
+
+/// This process's resident memory, bytes.
+pub fn rss_self() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .map_or(0, |kb| kb * 1024)
+}
+
+/// This process's CPU time (every thread, user + system), seconds, to the
+/// nanosecond (`/proc`'s ticks are 10 ms, coarser than a small round).
+pub fn cpu_self() -> f64 {
+    nix::time::clock_gettime(nix::time::ClockId::CLOCK_PROCESS_CPUTIME_ID)
+        .map_or(0.0, |t| t.tv_sec() as f64 + t.tv_nsec() as f64 * 1e-9)
+}
