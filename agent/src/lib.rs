@@ -26,6 +26,50 @@
 //! - [`named_file`]: files an operator names (config, CA, scenario): regular
 //!   files only, with a size cap and a deadline.
 
+/// Implements `tokio::io::AsyncWrite` for a connection wrapper by handing
+/// every call to its field `$field` unchanged: the wrappers on the agent's
+/// sockets (peer credentials, the HPACK filter, connection accounting, TLS
+/// peers) act on what is read, never on what is written.
+macro_rules! delegate_async_write {
+    (impl[$($g:tt)*] for $ty:ty, $field:ident) => {
+        impl<$($g)*> tokio::io::AsyncWrite for $ty {
+            fn poll_write(
+                self: std::pin::Pin<&mut Self>,
+                cx: &mut std::task::Context<'_>,
+                buf: &[u8],
+            ) -> std::task::Poll<std::io::Result<usize>> {
+                tokio::io::AsyncWrite::poll_write(std::pin::Pin::new(&mut self.get_mut().$field), cx, buf)
+            }
+
+            fn poll_flush(
+                self: std::pin::Pin<&mut Self>,
+                cx: &mut std::task::Context<'_>,
+            ) -> std::task::Poll<std::io::Result<()>> {
+                tokio::io::AsyncWrite::poll_flush(std::pin::Pin::new(&mut self.get_mut().$field), cx)
+            }
+
+            fn poll_shutdown(
+                self: std::pin::Pin<&mut Self>,
+                cx: &mut std::task::Context<'_>,
+            ) -> std::task::Poll<std::io::Result<()>> {
+                tokio::io::AsyncWrite::poll_shutdown(std::pin::Pin::new(&mut self.get_mut().$field), cx)
+            }
+
+            fn poll_write_vectored(
+                self: std::pin::Pin<&mut Self>,
+                cx: &mut std::task::Context<'_>,
+                bufs: &[std::io::IoSlice<'_>],
+            ) -> std::task::Poll<std::io::Result<usize>> {
+                tokio::io::AsyncWrite::poll_write_vectored(std::pin::Pin::new(&mut self.get_mut().$field), cx, bufs)
+            }
+
+            fn is_write_vectored(&self) -> bool {
+                tokio::io::AsyncWrite::is_write_vectored(&self.$field)
+            }
+        }
+    };
+}
+
 pub mod act;
 pub mod api;
 pub mod attribute;
