@@ -613,7 +613,8 @@ fn teardown_sign(e: &WorkerExit) -> Option<String> {
 
 /// `ranks` as "rank 0" or "ranks 0,1".
 fn rank_list(ranks: &[TornDown]) -> String {
-    let list: Vec<u32> = ranks.iter().map(|t| t.rank).collect();
+    let mut list: Vec<u32> = ranks.iter().map(|t| t.rank).collect();
+    list.sort_unstable();
     match list.as_slice() {
         [one] => format!("rank {one}"),
         many => format!("ranks {}", join(many)),
@@ -1485,7 +1486,11 @@ impl JobState {
             return;
         }
         let every_worker = t.ranks.len() >= self.attempt.workers.len();
-        let note = match t.ranks.as_slice() {
+        // Reported in rank order: the order seen is a race between ranks
+        // that abort together, and a report should read the same each run.
+        let mut by_rank = t.ranks.clone();
+        by_rank.sort_by_key(|x| x.rank);
+        let note = match by_rank.as_slice() {
             [one] => format!(
                 "rank {} failed in its teardown ({}): {}",
                 one.rank,
@@ -1511,8 +1516,7 @@ impl JobState {
             Some(Exit::Code(c)) if c != 0 => Some((x.rank, c)),
             _ => None,
         });
-        self.attempt.record.aborted_at_exit = t
-            .ranks
+        self.attempt.record.aborted_at_exit = by_rank
             .iter()
             .map(|x| AbortedAtExit {
                 rank: x.rank,

@@ -650,6 +650,29 @@ fn scenarios() -> Vec<Scenario> {
             },
         },
         Scenario {
+            name: "teardown: the higher rank aborts first: the report still lists the ranks in order",
+            limits: limits(),
+            steps: with(
+                first_attempt(),
+                vec![
+                    (50, Input::AllRegistered, &[]),
+                    (1000, closed_then(1, 1, 101, Exit::Signal(6)), &[]),
+                    (1010, closed_then(1, 0, 100, Exit::Signal(6)), &["finish 0"]),
+                ],
+            ),
+            expect: End {
+                code: Some(0),
+                outcome: "succeeded (ranks 0,1 failed in their teardown: rank 0 (signal 6 (SIGABRT)): its client had deregistered cleanly",
+                records: 1,
+                ended: "every worker ended its training; 2 teardown failures",
+                says: &[
+                    "every worker ended its training: the job succeeded; ranks 0,1 failed in their teardown: rank 0 (signal 6 (SIGABRT))",
+                ],
+                aborted: &[0, 1],
+                ..End::default()
+            },
+        },
+        Scenario {
             name: "teardown: half the ranks abort after a clean deregistration, the others exit 0: success",
             limits: Limits {
                 nproc_per_node: 4,
