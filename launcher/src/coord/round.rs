@@ -152,6 +152,7 @@ mod tests {
             reason: "r".into(),
             decided_by: "a".into(),
             decided_at_ms: 0,
+            layout: None,
         }
     }
 
