@@ -643,7 +643,7 @@ impl<C: Coordinator> Sup<'_, C> {
             match agent::set_peers(&self.client, &self.job.id, &plan.ckpt_peers).await {
                 Ok(targets) if !names.is_empty() => self.say(format!(
                     "checkpoint peers of this round: {}; this host's replicas go to {}",
-                    names.join(", "),
+                    crate::coord::round::named_briefly(&names),
                     if targets.is_empty() { "none (no peer outside this host's failure domain)".to_owned() } else { targets.join(", ") }
                 )),
                 Ok(_) => {}

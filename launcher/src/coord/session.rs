@@ -518,7 +518,7 @@ impl Inner {
                     world_size = r.world_size,
                     master = %format_args!("{}:{}", r.master_addr, r.master_port),
                     waiting = r.waiting,
-                    members = %r.members.join(","),
+                    members = %super::round::named_briefly(&r.members),
                     reason = %r.reason,
                     decided_by = %r.decided_by,
                     "coord: new round"
