@@ -401,3 +401,77 @@ async fn two_hosts_compare_their_ranks_job_wide() {
         "{err:?}"
     );
 }
+
+/// Issue 30: the job-wide exchange goes through one aggregator (the first
+/// live agent of the sorted static peers: host-a here), and its loss is
+/// handled like any lost host: the next in line (host-b) takes over, and
+/// host-c's slow rank is still judged against the job's other live ranks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_aggregators_loss_hands_the_job_wide_statistics_to_the_next_host() {
+    let addrs: Vec<String> = ["127.0.0.2", "127.0.0.3", "127.0.0.4"]
+        .iter()
+        .map(|ip| format!("{ip}:{}", free_port(ip)))
+        .collect();
+    let config = |host: &str, me: usize| {
+        let peers: Vec<String> = addrs
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| *i != me)
+            .map(|(_, a)| format!("\"{a}\""))
+            .collect();
+        format!(
+            "{}[api]\ntcp = \"{}\"\n{}{STRAGGLER_TOML}peers = [{}]\n\
+             exchange_interval = \"200ms\"\nsummary_ttl = \"3s\"\npeer_timeout = \"1s\"\n",
+            base(host),
+            addrs[me],
+            common::pki::api_keys(host),
+            peers.join(", ")
+        )
+    };
+    let a = TestAgent::start(&config("host-a", 0));
+    let b = TestAgent::start(&config("host-b", 1));
+    let c = TestAgent::start(&config("host-c", 2));
+    let ranks_a = [
+        ToyRank::spawn(a.socket(), "j3", 0, 0, 6, 1.0),
+        ToyRank::spawn(a.socket(), "j3", 1, 1, 6, 1.0),
+    ];
+    let _others = [
+        ToyRank::spawn(b.socket(), "j3", 2, 0, 6, 1.0),
+        ToyRank::spawn(b.socket(), "j3", 3, 1, 6, 1.0),
+        ToyRank::spawn(c.socket(), "j3", 4, 0, 6, 1.0),
+        ToyRank::spawn(c.socket(), "j3", 5, 1, 6, 1.3),
+    ];
+    // host-c's rank 5 is judged against all six ranks: the statistics
+    // come from the aggregator, which has every host's sketch.
+    let compared = async |agent: &TestAgent, want: u32| {
+        eventually(
+            DETECT,
+            &format!("rank 5 compared with {want} ranks"),
+            async || {
+                let r = agent
+                    .client()
+                    .await
+                    .get_stragglers(pb::GetStragglersRequest {
+                        job_id: "j3".into(),
+                        flagged_only: false,
+                    })
+                    .await
+                    .expect("GetStragglers")
+                    .into_inner();
+                r.ranks
+                    .iter()
+                    .find(|s| s.global_rank == 5 && s.flagged && s.ranks_compared == want)
+                    .cloned()
+            },
+        )
+        .await
+    };
+    compared(&c, 6).await;
+    // The aggregator goes, with its ranks.
+    drop(ranks_a);
+    drop(a);
+    // host-b, next in line, aggregates host-b's and host-c's sketches: the
+    // slow rank is still flagged, now against the four live ranks.
+    let s = compared(&c, 4).await;
+    assert_eq!(s.host, "host-c", "{s:?}");
+}

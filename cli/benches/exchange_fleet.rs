@@ -1,0 +1,213 @@
+//! Issue 30: the job-wide straggler exchange at N hosts, through one
+//! aggregator, beside the all-to-all it replaced, in the same run.
+//!
+//! What runs: the real code of both paths, in this process, without the
+//! network (labelled so in docs/benchmarks.md): each of N hosts' reports is
+//! built from its 8 ranks' section medians (the sketches the agent
+//! sends), encoded as the wire message (`warden.v1.AggregateReport`), and
+//! decoded and merged by the real `Aggregator`, whose answer is encoded
+//! too; the all-to-all's batches (`warden.v1.StragglerSummaries`, 8 ranks
+//! each) are encoded once and merged into one host's real `Stragglers`
+//! detector N-1 times (what every host did every interval).
+//!
+//! Per N it prints: calls per interval (the fleet's), bytes sent and
+//! received per host per interval, the aggregator's CPU per interval (all
+//! N reports: decode, merge, answer) against one host's CPU per interval
+//! under all-to-all (N-1 batches decoded and merged), both single-thread
+//! wall time on this machine.
+//!
+//! Run: `cargo bench -p warden-cli --bench exchange_fleet` (release);
+//! `WARDEN_EXCHANGE_HOSTS=16,256,1024,2048,8192,16384`.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+
+use std::time::{Duration, Instant};
+
+use prost::Message;
+use warden_agent::api::aggregate::{answer_pb, report_from_pb, report_pb};
+use warden_agent::api::stragglers::{batch_from_pb, batch_pb};
+use warden_core::detect::straggler::aggregate::{Aggregator, JobReport, Report};
+use warden_core::detect::straggler::score::SectionMedian;
+use warden_core::detect::straggler::sketch::Sketch;
+use warden_core::detect::straggler::{Batch, StragglerConfig, Stragglers, Summary};
+
+const RANKS_PER_HOST: u32 = 8;
+const SECTIONS: [&str; 4] = ["forward", "backward", "optimizer", "data"];
+
+/// A deterministic jitter in [0.97, 1.03).
+fn jitter(h: u64) -> f64 {
+    let x = h
+        .wrapping_mul(0x9E37_79B9_7F4A_7C15)
+        .rotate_left(17)
+        .wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    0.97 + (x >> 11) as f64 / (1u64 << 53) as f64 * 0.06
+}
+
+fn median_ns(host: u32, rank: u32, section: usize) -> f64 {
+    let base = [40e6, 80e6, 10e6, 5e6][section];
+    base * jitter(u64::from(host) << 32 | u64::from(rank) << 8 | section as u64)
+}
+
+fn report_of(host: u32) -> Report {
+    let sections = SECTIONS
+        .iter()
+        .enumerate()
+        .map(|(i, name)| {
+            let mut sk = Sketch::default();
+            for r in 0..RANKS_PER_HOST {
+                sk.add(median_ns(host, r, i));
+            }
+            ((*name).to_owned(), sk)
+        })
+        .collect();
+    Report {
+        host: format!("host-{host:05}"),
+        relative_threshold: 1.1,
+        z_threshold: 3.0,
+        jobs: vec![JobReport {
+            job: "llm".into(),
+            sections,
+            scores: Vec::new(),
+        }],
+    }
+}
+
+fn batch_of(host: u32) -> Batch {
+    Batch {
+        host: format!("host-{host:05}"),
+        ranks: (0..RANKS_PER_HOST)
+            .map(|r| Summary {
+                job: "llm".into(),
+                rank: host * RANKS_PER_HOST + r,
+                sections: SECTIONS
+                    .iter()
+                    .enumerate()
+                    .map(|(i, name)| SectionMedian {
+                        section: (*name).to_owned(),
+                        median_ns: median_ns(host, r, i),
+                        samples: 20,
+                    })
+                    .collect(),
+                window_seq: 7,
+                score: None,
+            })
+            .collect(),
+    }
+}
+
+struct Row {
+    hosts: u32,
+    agg_calls: u64,
+    agg_sent: usize,
+    agg_received: usize,
+    agg_cpu: Duration,
+    all_calls: u64,
+    all_sent: usize,
+    all_received: usize,
+    all_cpu: Option<Duration>,
+}
+
+fn measure(n: u32, all_to_all: bool) -> Row {
+    // The aggregator: every host's report on the wire, decoded, merged,
+    // answered (the answer encoded: what goes back on the wire).
+    let wire: Vec<Vec<u8>> = (0..n)
+        .map(|h| report_pb(&report_of(h), &[]).encode_to_vec())
+        .collect();
+    let report_bytes = wire.iter().map(Vec::len).max().unwrap_or(0);
+    let mut agg = Aggregator::new(Duration::from_secs(30));
+    let now = Instant::now();
+    let mut answer_bytes = 0;
+    // Two intervals: the first fills the aggregator, the second is the
+    // steady state measured (each host's report replaces its last one).
+    for _ in 0..2 {
+        let started = Instant::now();
+        for w in &wire {
+            let pbr = warden_proto::v1::AggregateReport::decode(w.as_slice()).unwrap();
+            let (report, _) = report_from_pb(pbr).unwrap();
+            let host = report.host.clone();
+            let wide = agg.report(report, now).unwrap();
+            answer_bytes = answer_bytes.max(answer_pb(&host, &wide, &[]).encoded_len());
+        }
+        let cpu = started.elapsed();
+        if agg.hosts_of("llm") == n as usize {
+            return finish(n, all_to_all, report_bytes, answer_bytes, cpu);
+        }
+    }
+    unreachable!("the aggregator keeps every host")
+}
+
+fn finish(
+    n: u32,
+    all_to_all: bool,
+    report_bytes: usize,
+    answer_bytes: usize,
+    agg_cpu: Duration,
+) -> Row {
+    // All-to-all: each host sends its batch to N-1 peers and gets theirs
+    // back; one host's detector merges N-1 batches per interval.
+    let batch = batch_pb(&batch_of(0)).encode_to_vec();
+    let all_cpu = all_to_all.then(|| {
+        let det = Stragglers::new(StragglerConfig::default(), "host-00000".into());
+        let batches: Vec<Vec<u8>> = (1..n)
+            .map(|h| batch_pb(&batch_of(h)).encode_to_vec())
+            .collect();
+        let now = Instant::now();
+        let started = Instant::now();
+        for b in &batches {
+            let p = warden_proto::v1::StragglerSummaries::decode(b.as_slice()).unwrap();
+            det.merge_remote(batch_from_pb(p).unwrap(), now);
+        }
+        started.elapsed()
+    });
+    let peers = n.saturating_sub(1) as usize;
+    Row {
+        hosts: n,
+        agg_calls: u64::from(n.saturating_sub(1)),
+        agg_sent: report_bytes,
+        agg_received: answer_bytes,
+        agg_cpu,
+        all_calls: u64::from(n) * u64::from(n.saturating_sub(1)),
+        all_sent: peers * batch.len() * 2,
+        all_received: peers * batch.len() * 2,
+        all_cpu,
+    }
+}
+
+fn kb(b: usize) -> String {
+    if b >= 1 << 20 {
+        format!("{:.1} MB", b as f64 / 1e6)
+    } else {
+        format!("{:.1} KB", b as f64 / 1e3)
+    }
+}
+
+fn main() {
+    let hosts: Vec<u32> = std::env::var("WARDEN_EXCHANGE_HOSTS")
+        .unwrap_or_else(|_| "16,256,1024,2048,8192,16384".into())
+        .split(',')
+        .filter_map(|s| s.trim().parse().ok())
+        .collect();
+    println!(
+        "| hosts | calls per interval, aggregator | all-to-all | bytes per host per interval, aggregator (sent + received) | all-to-all | aggregator CPU per interval (all N reports) | one host's CPU per interval, all-to-all (N-1 batches merged) |"
+    );
+    println!("|---|---|---|---|---|---|---|");
+    for n in hosts {
+        // The all-to-all's merge is measured up to 2,048 hosts; past it the
+        // bytes and calls are exact, and its CPU grows as measured.
+        let r = measure(n, n <= 2048);
+        println!(
+            "| {} | {} | {} | {} + {} | {} | {:.2} ms | {} |",
+            r.hosts,
+            r.agg_calls,
+            r.all_calls,
+            kb(r.agg_sent),
+            kb(r.agg_received),
+            kb(r.all_sent + r.all_received),
+            r.agg_cpu.as_secs_f64() * 1e3,
+            r.all_cpu.map_or("(not run)".into(), |d| format!(
+                "{:.2} ms",
+                d.as_secs_f64() * 1e3
+            )),
+        );
+    }
+}
