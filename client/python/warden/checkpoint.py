@@ -77,8 +77,10 @@ def identity() -> tuple:
 
 def save_file(step: int, write: Callable[[str], Any], size_hint: int = 0) -> str:
     """Save a shard that ``write(path)`` writes at ``path`` (for writers that want
-    a path, such as ``torch.save``). ``size_hint``: the room to make. Returns the
-    shard's path in the tier."""
+    a path, such as ``torch.save``). ``size_hint``: the most bytes it will write
+    (required: the agent cuts a staging file written past its declared size and
+    refuses its commit). Returns the shard's path in the tier."""
+    _check_hint(size_hint)
     started = time.perf_counter()
     path, token = _native._ckpt_begin(int(step), int(size_hint))
     try:
@@ -95,6 +97,18 @@ def save_file(step: int, write: Callable[[str], Any], size_hint: int = 0) -> str
     return _native._ckpt_commit(int(step), path, token, size, time.perf_counter() - started)
 
 
+def _check_hint(size_hint: int) -> None:
+    """A shard's declared size is its limit: the agent cuts a staging file
+    written past it and refuses its commit. None declared is refused here,
+    named, rather than cut at a time that depends on the agent's tick."""
+    if int(size_hint) <= 0:
+        raise ValueError(
+            "size_hint must be the most bytes the shard will hold (the agent cuts a "
+            "staging file written past its declared size); got "
+            f"{size_hint}"
+        )
+
+
 class ShardFile:
     """A shard written in more than one go, then committed: for a writer that
     learns the last of its bytes later than the first (torch.distributed.checkpoint's
@@ -107,6 +121,7 @@ class ShardFile:
     """
 
     def __init__(self, step: int, size_hint: int = 0) -> None:
+        _check_hint(size_hint)
         self.step = int(step)
         self._started = time.perf_counter()
         self.path, self._token = _native._ckpt_begin(self.step, int(size_hint))
@@ -117,8 +132,10 @@ class ShardFile:
             raise
         self._done = False
 
-    def commit(self) -> str:
-        """Closes the file and commits it as this rank's shard of the step."""
+    def commit(self, stall: Optional[float] = None) -> str:
+        """Closes the file and commits it as this rank's shard of the step.
+        ``stall``: the seconds the training step was held for it, when not the
+        time since the file was begun (a save written in the background)."""
         if self._done:
             raise CheckpointError(f"shard of step {self.step} already committed or aborted")
         self._done = True
@@ -130,8 +147,9 @@ class ShardFile:
             if isinstance(e, OSError) and e.errno in (28, 122):  # ENOSPC, EDQUOT
                 raise TierFullError(f"checkpoint tier full writing {self.path}: {e}") from e
             raise
-        stall = time.perf_counter() - self._started
-        return _native._ckpt_commit(self.step, self.path, self._token, size, stall)
+        if stall is None:
+            stall = time.perf_counter() - self._started
+        return _native._ckpt_commit(self.step, self.path, self._token, size, float(stall))
 
     def abort(self) -> None:
         """Drops the staging file (no-op once committed or aborted)."""
@@ -170,7 +188,7 @@ def save(step: int, data: Any) -> str:
         with open(path, "wb") as f:
             f.write(view)
 
-    return save_file(step, write, size_hint=view.nbytes)
+    return save_file(step, write, size_hint=max(view.nbytes, 1))
 
 
 def restore(step: int = 0, rank: Optional[int] = None) -> Optional[Restored]:
@@ -194,20 +212,42 @@ def _torch():
     return torch
 
 
+def _tensor_bytes(obj: Any, torch: Any) -> tuple:
+    """(bytes, count) of the tensors anywhere in ``obj`` (dicts, lists, tuples)."""
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size(), 1
+    items = obj.values() if isinstance(obj, dict) else obj if isinstance(obj, (list, tuple)) else ()
+    total, count = 0, 0
+    for v in items:
+        b, c = _tensor_bytes(v, torch)
+        total, count = total + b, count + c
+    return total, count
+
+
 def save_state_dict(step: int, state_dict: Any, size_hint: int = 0) -> str:
-    """``torch.save(state_dict)`` into the tier as this rank's shard of ``step``."""
+    """``torch.save(state_dict)`` into the tier as this rank's shard of ``step``.
+
+    ``size_hint``: the most bytes the file may take. The agent cuts a staging
+    file written past the size declared for it and refuses its commit, so the
+    default is generous: every tensor's bytes (nested dicts and lists too),
+    4 KiB per tensor for torch.save's zip entries and alignment, and 4 MiB
+    for the rest of the pickle."""
     torch = _torch()
     if not size_hint:
-        size_hint = sum(
-            t.numel() * t.element_size() for t in state_dict.values() if hasattr(t, "numel")
-        )
+        nbytes, count = _tensor_bytes(state_dict, torch)
+        size_hint = nbytes + 4096 * count + (4 << 20)
     return save_file(step, lambda p: torch.save(state_dict, p), size_hint=size_hint)
 
 
 def load_state_dict(step: int = 0, map_location: Any = "cpu") -> Optional[tuple]:
-    """(step, state_dict) restored with ``torch.load``, or None on a fresh start."""
+    """(step, state_dict) restored with ``torch.load`` (or, for a shard an
+    ``AsyncCheckpointer`` saved, its own reader), or None on a fresh start."""
     torch = _torch()
     r = restore(step)
     if r is None:
         return None
+    from . import async_checkpoint  # noqa: PLC0415
+
+    if async_checkpoint.is_async_shard(r.path):
+        return r.step, async_checkpoint.read_shard(r.path, map_location=map_location)
     return r.step, torch.load(r.path, map_location=map_location, weights_only=True)

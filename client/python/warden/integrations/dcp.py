@@ -88,6 +88,21 @@ def _step_of(cid: Union[str, "os.PathLike[str]"]) -> Optional[int]:
         return None
 
 
+#: Room a shard is declared with beyond its items' bytes: the footer.
+_SHARD_MARGIN = 1 << 20
+#: ...and per item (pickled storage data in the metadata).
+_ITEM_MARGIN = 4096
+#: ...and, on the coordinator, for the job's metadata (every rank's items).
+_METADATA_MARGIN = 64 << 20
+
+
+def _item_bytes(item: Any, data: Any) -> int:
+    """The bytes ``item`` takes in the shard."""
+    if item.type == WriteItemType.BYTE_IO:
+        return len(data.getbuffer())
+    return int(data.numel()) * int(data.element_size())
+
+
 def _tensor_bytes(t: Any) -> bytes:
     """``torch.save`` of the tensor's own elements: on the CPU, and compact
     (a view of a larger storage, or a strided one, is copied first, since
@@ -149,11 +164,19 @@ class WardenStorageWriter(StorageWriter):
         on the coordinator, whose shard waits for the metadata (``finish``)."""
         self._abort_pending()
         _job, rank, _world = _ckpt.identity()
-        shard = _ckpt.ShardFile(self.step)
+        # The agent holds a staging file to the size declared when it is
+        # begun (a file written past it is cut and its commit refused): the
+        # items resolved first, so their bytes are known; the coordinator's
+        # metadata, appended in ``finish``, gets a margin of its own.
+        resolved = [(item, planner.resolve_data(item)) for item in plan.items]
+        size_hint = sum(_item_bytes(item, data) for item, data in resolved)
+        size_hint += _SHARD_MARGIN + _ITEM_MARGIN * len(resolved)
+        if self._coordinator:
+            size_hint += _METADATA_MARGIN
+        shard = _ckpt.ShardFile(self.step, size_hint=size_hint)
         results: list[WriteResult] = []
         try:
-            for item in plan.items:
-                data = planner.resolve_data(item)
+            for item, data in resolved:
                 if item.type == WriteItemType.BYTE_IO:
                     raw: Any = data.getbuffer()
                 else:

@@ -143,7 +143,8 @@ class WardenCallback(_tf.TrainerCallback):
         src = os.path.join(args.output_dir, f"{PREFIX}-{step}")
         with _section("checkpoint"):
             try:
-                _ckpt.save_file(step, lambda p: _pack(src if args.should_save else None, p))
+                packed = src if args.should_save else None
+                _ckpt.save_file(step, lambda p: _pack(packed, p), size_hint=_tar_size(packed))
             except (_ckpt.CheckpointError, OSError) as e:
                 warnings.warn(f"warden: checkpoint of step {step} not copied to the tier: {e}", stacklevel=2)
                 return
@@ -167,6 +168,24 @@ class WardenCallback(_tf.TrainerCallback):
         for h in self._hooks:
             h.remove()
         self._hooks = []
+
+
+def _tar_size(src: Optional[str]) -> int:
+    """The most bytes ``_pack(src)`` writes: each entry's 512-byte header
+    (and long names' extra headers) and its data rounded up to 512, the two
+    end blocks, and tarfile's padding of the archive to 10 KiB records."""
+    if src is None or not os.path.isdir(src):
+        return 4096
+    total = 1024 + 10240
+    for root, dirs, files in os.walk(src):
+        total += 1536 * (1 + len(dirs))
+        for name in files:
+            try:
+                size = os.path.getsize(os.path.join(root, name))
+            except OSError:
+                size = 0
+            total += 1536 + (size + 511) // 512 * 512
+    return total
 
 
 def _pack(src: Optional[str], path: str) -> None:

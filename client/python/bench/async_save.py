@@ -1,0 +1,136 @@
+"""The save stall of warden.async_checkpoint against a plain copy of the same
+bytes, and a training step's time with saves every 10 steps (issue 32).
+
+Run under warden (the agent's tier takes the shards):
+
+    warden run --nproc-per-node 1 --rdzv-id async-bench -- \\
+        python3 client/python/bench/async_save.py [--sizes-mib 64,256,1024] [--repeat 5]
+
+For each state size (tensors of 16 MiB each, float32), side by side in one run:
+  - memcpy: ``dst.copy_(src)`` of the same bytes into a preallocated buffer;
+  - async: ``AsyncCheckpointer.save`` (the step's stall: the copy into the
+    saver's reused buffer), the median of ``--repeat`` saves after the first,
+    each save committed before the next (no back pressure);
+  - async, first: the first save (its buffer is allocated then);
+  - sync: ``checkpoint.save_state_dict`` (torch.save into the tier).
+Then a CPU training loop (an MLP of about 64 MiB of parameters and Adam
+state) for 100 steps without saves and with an async save every 10 steps:
+the step time's mean and the difference.
+
+Prints markdown rows for docs/benchmarks.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+import warden.checkpoint as ckpt
+from warden.async_checkpoint import AsyncCheckpointer
+
+MIB = 1 << 20
+
+
+def state_of(total: int) -> dict:
+    per = 16 * MIB
+    n = max(1, total // per)
+    return {f"t{i}": torch.randn(per // 4) for i in range(n)}
+
+
+def bench_sizes(sizes_mib: list, repeat: int) -> None:
+    print(
+        "| state | memcpy (same bytes) | async save stall, median | async / memcpy | first async save | sync save_state_dict |"
+    )
+    print("|---|---|---|---|---|---|")
+    step = 1
+    for mib in sizes_mib:
+        state = state_of(mib * MIB)
+        nbytes = sum(t.numel() * t.element_size() for t in state.values())
+        src = torch.cat([t.view(torch.uint8) for t in state.values()])
+        dst = torch.empty_like(src)
+        copies = []
+        for _ in range(repeat):
+            t0 = time.perf_counter()
+            dst.copy_(src)
+            copies.append(time.perf_counter() - t0)
+        del src, dst
+        saver = AsyncCheckpointer(max_in_flight=1)
+        stalls = []
+        first = 0.0
+        for i in range(repeat + 1):
+            saver.save(step, state)
+            step += 1
+            if i == 0:
+                first = saver.last_stall_s
+            else:
+                stalls.append(saver.last_stall_s)
+            saver.wait()
+        saver.close()
+        t0 = time.perf_counter()
+        ckpt.save_state_dict(step, state)
+        sync = time.perf_counter() - t0
+        step += 1
+        copy = statistics.median(copies)
+        stall = statistics.median(stalls)
+        print(
+            f"| {nbytes / MIB:.0f} MiB | {copy * 1e3:.1f} ms ({nbytes / copy / 1e9:.1f} GB/s) "
+            f"| {stall * 1e3:.1f} ms | {stall / copy:.2f}x | {first * 1e3:.1f} ms | {sync * 1e3:.1f} ms |",
+            flush=True,
+        )
+        del state
+
+
+def train(steps: int, save_every: int, saver, step0: int) -> float:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(1024, 2048), torch.nn.ReLU(), torch.nn.Linear(2048, 2048),
+        torch.nn.ReLU(), torch.nn.Linear(2048, 1024),
+    )
+    opt = torch.optim.Adam(model.parameters(), lr=1e-4)
+    x = torch.randn(64, 1024)
+    times = []
+    for s in range(steps):
+        t0 = time.perf_counter()
+        loss = model(x).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        if saver is not None and s % save_every == save_every - 1:
+            saver.save(step0 + s, {"model": model.state_dict(), "optim": opt.state_dict()})
+        times.append(time.perf_counter() - t0)
+    return statistics.mean(times[5:])
+
+
+def bench_steps(steps: int) -> None:
+    torch.set_num_threads(1)
+    plain = train(steps, 10, None, 0)
+    with AsyncCheckpointer(max_in_flight=1) as saver:
+        saving = train(steps, 10, saver, 10_000)
+        stall = saver.total_stall_s
+    plain2 = train(steps, 10, None, 0)
+    base = (plain + plain2) / 2
+    print()
+    print("| training step (CPU, 1 thread, ~52 MiB of parameters and Adam state x3) | mean step |")
+    print("|---|---|")
+    print(f"| no saves (mean of two runs: {plain * 1e3:.1f}, {plain2 * 1e3:.1f} ms) | {base * 1e3:.1f} ms |")
+    print(
+        f"| an async save every 10 steps | {saving * 1e3:.1f} ms ({(saving / base - 1) * 100:+.1f}%; "
+        f"stall {stall * 1e3:.0f} ms over {steps // 10} saves) |"
+    )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--sizes-mib", default="64,256,1024")
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--steps", type=int, default=100)
+    a = ap.parse_args()
+    bench_sizes([int(x) for x in a.sizes_mib.split(",")], a.repeat)
+    bench_steps(a.steps)
+
+
+if __name__ == "__main__":
+    main()

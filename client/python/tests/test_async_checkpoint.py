@@ -1,0 +1,57 @@
+"""warden.async_checkpoint: saves that hold the step only for the copy.
+
+Against a real agent (the session's wardend) and real torch: a rank saves
+every 4 steps while it goes on training and changes its parameters right
+after each save; the newest step comes back byte for byte as it was when
+``save`` returned. Without an agent, the background failure is raised by
+the next call and nothing is committed.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import require_framework, run_ranks
+from wardend import Wardend
+
+
+def test_a_snapshot_is_what_comes_back_though_training_went_on(wardend: Wardend) -> None:
+    require_framework("torch")
+    (r,) = run_ranks(wardend, "async-save", "async_save_job.py", [])
+    assert r["restored_step"] == 12
+    assert r["committed"] == 3
+    assert all(r["exact"].values()), r["exact"]
+    assert r["meta"] == {"step": 12, "note": "hello", "sizes": [1, 2, 3]}
+    assert r["optim_keys"] == ["0", "1", "2", "3"]
+    assert r["optim_step"] == 12.0
+    assert len(r["stalls"]) == 3 and all(s > 0 for s in r["stalls"])
+
+
+def test_a_failed_background_save_is_raised_by_the_next_call() -> None:
+    require_framework("torch")
+    import torch
+
+    import warden.checkpoint as ckpt
+    from warden.async_checkpoint import AsyncCheckpointer
+
+    errors = []
+    saver = AsyncCheckpointer(on_error=errors.append)
+    # No agent here (conftest): the snapshot is taken, the write fails.
+    saver.save(1, {"w": torch.ones(4)})
+    with pytest.raises(ckpt.CheckpointError, match="an earlier async save failed"):
+        saver.wait()
+    assert len(errors) == 1
+    assert saver.committed == 0
+    # Reported once; the saver goes on.
+    saver.wait()
+    saver.close()
+    with pytest.raises(ckpt.CheckpointError, match="closed"):
+        saver.save(2, {"w": torch.ones(4)})
+
+
+def test_max_in_flight_must_be_positive() -> None:
+    require_framework("torch")
+    from warden.async_checkpoint import AsyncCheckpointer
+
+    with pytest.raises(ValueError, match="max_in_flight"):
+        AsyncCheckpointer(max_in_flight=0)

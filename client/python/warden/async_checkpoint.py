@@ -1,0 +1,351 @@
+"""Saves that hold the training step only for a copy of the tensors.
+
+``checkpoint.save_state_dict`` holds the step for the whole ``torch.save``:
+the device-to-host copy, pickling and the write into the tier. Here the step
+is held only while the state's tensors are copied into a buffer this saver
+owns (allocated once and reused, pinned when CUDA is there, so the copy from
+the GPU goes straight into it); writing the shard into the tier, the agent's
+commit (checksums, replication) all run on a background thread.
+
+    from warden.async_checkpoint import AsyncCheckpointer
+
+    saver = AsyncCheckpointer()            # at most 1 save in flight
+    for step in range(start, steps):
+        ...
+        if step % 100 == 0:
+            saver.save(step, {"model": model.state_dict(), "optim": opt.state_dict()})
+    saver.close()                          # waits for the last one
+
+    r = load()                             # (step, state) or None
+
+Back pressure is bounded: at most ``max_in_flight`` saves are in flight;
+the next ``save`` waits for a free buffer, and that wait counts as stall.
+A save that fails in the background is never committed; the failure is
+raised by the next ``save``, ``wait`` or ``close`` (and ``on_error`` is
+called with it, when given).
+
+The shard is warden's own format (a header written with ``torch.save`` of
+the state's structure, then the tensors' bytes), read back by ``load`` and
+by ``checkpoint.load_state_dict``, with ``weights_only`` safety: nothing
+in the shard can run code when it is loaded.
+"""
+
+from __future__ import annotations
+
+import io
+import queue
+import struct
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, List, Optional, Tuple
+
+from . import checkpoint
+
+__all__ = ["AsyncCheckpointer", "MAGIC", "load", "read_shard"]
+
+#: The first bytes of a shard written here.
+MAGIC = b"WARDENAS"
+_VERSION = 1
+#: A tensor's place in the header's structure: ("__warden_tensor__", index).
+_MARK = "__warden_tensor__"
+
+
+def _torch():
+    try:
+        import torch  # noqa: PLC0415
+    except ImportError as e:  # pragma: no cover - depends on the environment
+        raise checkpoint.CheckpointError("async saves need torch") from e
+    return torch
+
+
+@dataclass
+class _Meta:
+    dtype: str
+    shape: Tuple[int, ...]
+    offset: int
+    nbytes: int
+
+
+def _skeleton(obj: Any, tensors: list, torch) -> Any:
+    """``obj`` with each tensor replaced by its mark (the tensors appended to
+    ``tensors``), containers copied, other leaves deep-copied: the training
+    loop may change them after ``save`` returns."""
+    if isinstance(obj, torch.Tensor):
+        tensors.append(obj)
+        return (_MARK, len(tensors) - 1)
+    if isinstance(obj, dict):
+        return {k: _skeleton(v, tensors, torch) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_skeleton(v, tensors, torch) for v in obj]
+    if isinstance(obj, tuple):
+        return tuple(_skeleton(v, tensors, torch) for v in obj)
+    if obj is None or isinstance(obj, (bool, int, float, str, bytes)):
+        return obj
+    import copy  # noqa: PLC0415
+
+    return copy.deepcopy(obj)
+
+
+def _fill(obj: Any, tensors: list) -> Any:
+    if isinstance(obj, tuple) and len(obj) == 2 and obj[0] == _MARK and isinstance(obj[1], int):
+        return tensors[obj[1]]
+    if isinstance(obj, dict):
+        return {k: _fill(v, tensors) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_fill(v, tensors) for v in obj]
+    if isinstance(obj, tuple):
+        return tuple(_fill(v, tensors) for v in obj)
+    return obj
+
+
+class _Slot:
+    """One reusable snapshot buffer and what it holds."""
+
+    def __init__(self) -> None:
+        self.buffer = None  # torch.uint8 tensor
+        self.pinned = False
+        self.step = -1
+        self.skeleton: Any = None
+        self.metas: List[_Meta] = []
+        self.used = 0
+        self.snapshot_s = 0.0
+
+
+class AsyncCheckpointer:
+    """Snapshots a state into buffers it owns and saves it in the background.
+
+    ``max_in_flight``: saves copied and not yet committed (default 1); the
+    next ``save`` waits for one to finish. ``pin``: pin the buffers in page-
+    locked memory (default: when CUDA is available). ``on_error``: called
+    on the background thread with a save's exception (it is raised by the
+    next call anyway).
+    """
+
+    def __init__(
+        self,
+        max_in_flight: int = 1,
+        pin: Optional[bool] = None,
+        on_error: Optional[Callable[[BaseException], None]] = None,
+    ) -> None:
+        if max_in_flight < 1:
+            raise ValueError("max_in_flight must be at least 1")
+        torch = _torch()
+        self._torch = torch
+        self._pin = torch.cuda.is_available() if pin is None else bool(pin)
+        self._free: "queue.Queue[_Slot]" = queue.Queue()
+        for _ in range(max_in_flight):
+            self._free.put(_Slot())
+        self._work: "queue.Queue[Optional[_Slot]]" = queue.Queue()
+        self._error: Optional[BaseException] = None
+        self._lock = threading.Lock()
+        self._on_error = on_error
+        self._in_flight = 0
+        self._idle = threading.Condition(self._lock)
+        self._closed = False
+        #: The last save's stall, seconds: the wait for a buffer plus the copy.
+        self.last_stall_s = 0.0
+        #: Every save's stall, added up.
+        self.total_stall_s = 0.0
+        #: Saves committed, and the last one's step and path.
+        self.committed = 0
+        self.last_committed: Optional[Tuple[int, str]] = None
+        self._thread = threading.Thread(target=self._run, name="warden-async-save", daemon=True)
+        self._thread.start()
+
+    # -- the training thread ------------------------------------------------
+
+    def save(self, step: int, state: Any) -> None:
+        """Copies ``state``'s tensors (any nesting of dicts, lists and tuples)
+        into a buffer and returns; the shard of ``step`` is written and
+        committed in the background. Raises the failure of an earlier save."""
+        self._raise_failure()
+        if self._closed:
+            raise checkpoint.CheckpointError("this AsyncCheckpointer is closed")
+        torch = self._torch
+        started = time.perf_counter()
+        slot = self._free.get()  # back pressure: counted as stall
+        try:
+            self._snapshot(slot, int(step), state, torch)
+        except BaseException:
+            self._free.put(slot)
+            raise
+        stall = time.perf_counter() - started
+        slot.snapshot_s = stall
+        self.last_stall_s = stall
+        self.total_stall_s += stall
+        with self._lock:
+            self._in_flight += 1
+        self._work.put(slot)
+
+    def _snapshot(self, slot: _Slot, step: int, state: Any, torch) -> None:
+        tensors: list = []
+        skeleton = _skeleton(state, tensors, torch)
+        metas: List[_Meta] = []
+        offset = 0
+        for t in tensors:
+            nbytes = t.numel() * t.element_size()
+            # 64-byte alignment: each tensor's bytes start on a cache line.
+            offset = (offset + 63) & ~63
+            metas.append(_Meta(str(t.dtype).removeprefix("torch."), tuple(t.shape), offset, nbytes))
+            offset += nbytes
+        need = max(offset, 1)
+        if slot.buffer is None or slot.buffer.numel() < need:
+            # Registered once and reused; grown (never per save) when the
+            # state grows.
+            slot.buffer = torch.empty(need, dtype=torch.uint8, pin_memory=self._pin)
+            slot.pinned = self._pin
+        buf = slot.buffer
+        cuda = False
+        for t, m in zip(tensors, metas):
+            if m.nbytes == 0:
+                continue
+            src = t.detach()
+            if not src.is_contiguous():
+                src = src.contiguous()
+            cuda = cuda or src.is_cuda
+            flat = src.reshape(-1).view(torch.uint8)
+            buf[m.offset : m.offset + m.nbytes].copy_(flat, non_blocking=src.is_cuda)
+        if cuda:
+            # The copies were queued on the current stream: done when it is.
+            torch.cuda.current_stream().synchronize()
+        slot.step = step
+        slot.skeleton = skeleton
+        slot.metas = metas
+        slot.used = offset
+
+    def wait(self) -> None:
+        """Waits until every save in flight is committed (or failed); raises
+        the first failure."""
+        with self._lock:
+            while self._in_flight:
+                self._idle.wait()
+        self._raise_failure()
+
+    def close(self) -> None:
+        """Waits for the saves in flight and stops the background thread."""
+        if self._closed:
+            self._raise_failure()
+            return
+        try:
+            self.wait()
+        finally:
+            self._closed = True
+            self._work.put(None)
+            self._thread.join()
+
+    def __enter__(self) -> "AsyncCheckpointer":
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        self.close()
+
+    def _raise_failure(self) -> None:
+        with self._lock:
+            e, self._error = self._error, None
+        if e is not None:
+            raise checkpoint.CheckpointError(f"an earlier async save failed: {e}") from e
+
+    # -- the background thread ---------------------------------------------
+
+    def _run(self) -> None:
+        while True:
+            slot = self._work.get()
+            if slot is None:
+                return
+            try:
+                path = self._write(slot)
+                self.committed += 1
+                self.last_committed = (slot.step, path)
+            except BaseException as e:  # noqa: BLE001 - reported to the caller
+                with self._lock:
+                    if self._error is None:
+                        self._error = e
+                if self._on_error is not None:
+                    try:
+                        self._on_error(e)
+                    except Exception:  # noqa: BLE001
+                        pass
+            finally:
+                slot.skeleton = None
+                self._free.put(slot)
+                with self._lock:
+                    self._in_flight -= 1
+                    self._idle.notify_all()
+
+    def _write(self, slot: _Slot) -> str:
+        torch = self._torch
+        header = io.BytesIO()
+        torch.save(
+            {
+                "version": _VERSION,
+                "state": slot.skeleton,
+                "tensors": [(m.dtype, list(m.shape), m.offset, m.nbytes) for m in slot.metas],
+                "size": slot.used,
+            },
+            header,
+        )
+        head = header.getvalue()
+        body = _body_offset(len(head))
+        size = body + slot.used
+        with checkpoint.ShardFile(slot.step, size_hint=size) as f:
+            f.file.write(MAGIC)
+            f.file.write(struct.pack("<Q", len(head)))
+            f.file.write(head)
+            f.file.write(b"\0" * (body - len(MAGIC) - 8 - len(head)))
+            if slot.used:
+                f.file.write(memoryview(slot.buffer.numpy())[: slot.used])
+            # The stall the agent records for this shard is the training
+            # thread's, not the background write's.
+            return f.commit(stall=slot.snapshot_s)
+
+
+def _body_offset(head_len: int) -> int:
+    """Where the tensors' bytes start: after the magic, the header's length
+    and the header, on a 64-byte boundary (so every tensor, 64-byte aligned
+    within the body, can be viewed in place when read)."""
+    return (len(MAGIC) + 8 + head_len + 63) & ~63
+
+
+def read_shard(path: str, map_location: Any = "cpu") -> Any:
+    """The state saved at ``path`` by an ``AsyncCheckpointer`` (tensors on
+    ``map_location``)."""
+    torch = _torch()
+    with open(path, "rb") as f:
+        data = bytearray(f.read())
+    if bytes(data[: len(MAGIC)]) != MAGIC:
+        raise checkpoint.CheckpointError(f"{path} is not an async-saved shard")
+    (head_len,) = struct.unpack_from("<Q", data, len(MAGIC))
+    start = len(MAGIC) + 8
+    if start + head_len > len(data):
+        raise checkpoint.CheckpointError(f"{path}: the header runs past the shard's end")
+    header = torch.load(io.BytesIO(bytes(data[start : start + head_len])), weights_only=True)
+    body = _body_offset(head_len)
+    raw = torch.frombuffer(data, dtype=torch.uint8) if len(data) > body else None
+    tensors = []
+    for dtype, shape, offset, nbytes in header["tensors"]:
+        dt = getattr(torch, dtype, None)
+        if not isinstance(dt, torch.dtype):
+            raise checkpoint.CheckpointError(f"{path}: unknown dtype {dtype!r}")
+        if nbytes == 0 or raw is None:
+            t = torch.empty(shape, dtype=dt)
+        else:
+            if body + offset + nbytes > len(data):
+                raise checkpoint.CheckpointError(f"{path}: a tensor runs past the shard's end")
+            t = raw[body + offset : body + offset + nbytes].view(dt).reshape(shape)
+        if map_location not in (None, "cpu"):
+            t = t.to(map_location)
+        tensors.append(t)
+    return _fill(header["state"], tensors)
+
+
+def is_async_shard(path: str) -> bool:
+    """Whether ``path`` starts with this format's magic."""
+    with open(path, "rb") as f:
+        return f.read(len(MAGIC)) == MAGIC
+
+
+def load(step: int = 0, map_location: Any = "cpu") -> Optional[tuple]:
+    """(step, state) of the newest complete step (or ``step``), whichever way
+    it was saved, or None on a fresh start."""
+    return checkpoint.load_state_dict(step, map_location=map_location)
