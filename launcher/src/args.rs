@@ -137,6 +137,15 @@ pub struct RunArgs {
     /// How long stopped workers get between SIGTERM and SIGKILL.
     #[arg(long = "stop-grace", default_value = "5s", value_parser = humantime::parse_duration)]
     pub stop_grace: Duration,
+    /// How long the scheduler waits between its SIGTERM and its SIGKILL
+    /// (Slurm's KillWait, Kubernetes' terminationGracePeriodSeconds). Set,
+    /// a SIGTERM is a notice: the workers are not signalled but told
+    /// through the agent to save at their next step boundary and leave;
+    /// those left after the window less --stop-grace and 1 s are stopped,
+    /// and the launcher exits 85 (preempted: requeue me). 0: a SIGTERM is
+    /// forwarded to the workers (exit 143).
+    #[arg(long = "term-grace", default_value = "0s", value_parser = humantime::parse_duration)]
+    pub term_grace: Duration,
     /// How long a failed worker waits for the agent's decision before the
     /// launcher treats the failure as class unknown.
     #[arg(long = "decision-timeout", default_value = "5s", value_parser = humantime::parse_duration)]

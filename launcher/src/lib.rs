@@ -235,6 +235,7 @@ async fn run_job(
         max_no_progress: (args.max_no_progress_restarts > 0)
             .then_some(args.max_no_progress_restarts),
         stop_grace: args.stop_grace,
+        term_grace: args.term_grace,
         decision_timeout: args.decision_timeout,
         gpu_release_timeout: args.gpu_release_timeout,
         standby: args.standby_plan(),

@@ -159,6 +159,8 @@ pub struct Job {
     pub max_no_progress: Option<u32>,
     /// SIGTERM to SIGKILL.
     pub stop_grace: Duration,
+    /// `--term-grace`: the scheduler's SIGTERM to its SIGKILL (0: off).
+    pub term_grace: Duration,
     /// How long a failure waits for the agent's decision.
     pub decision_timeout: Duration,
     /// The GPU release wait's bound.
@@ -286,6 +288,7 @@ pub async fn run<C: Coordinator>(
         coordinator: coord.name().to_owned(),
         across_hosts: coord.name() != LocalOnly.name(),
         max_no_progress: job.max_no_progress,
+        term_grace: job.term_grace,
     };
     let mut sup = Sup {
         agent_line: link.label(),
@@ -544,6 +547,7 @@ impl<C: Coordinator> Sup<'_, C> {
                 let pids = self.stop_workers(first).await;
                 return Done::Answer(Input::Stopped { pids });
             }
+            Command::Notice { deadline, reason } => self.notice(deadline, &reason).await,
             // Only ever asked for from within a stop ([`Self::stop_workers`]).
             Command::Kill { .. } => {}
             Command::Gate { pids, say_no_nvml } => {
@@ -1124,18 +1128,56 @@ impl<C: Coordinator> Sup<'_, C> {
         self.stop_ranks_of(kind, reason, ranks).await;
     }
 
+    /// Tells the agent of a notice for the job (StopRanks, kind PREEMPTED,
+    /// with the deadline): it sets the notice in every rank's slot, and the
+    /// ranks' exits are planned stops. An agent that cannot be told leaves
+    /// the workers unwarned: said, and the window's end stops them.
+    async fn notice(&mut self, deadline: SystemTime, reason: &str) {
+        let ms = deadline
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+        let req = pb::StopRanksRequest {
+            job_id: self.job.id.clone(),
+            reason: format!("notice: {reason}"),
+            ranks: self.workers.iter().map(|w| w.rank).collect(),
+            kind: pb::StopKind::Preempted as i32,
+            notice_deadline_unix_ms: ms,
+        };
+        match tokio::time::timeout(STOP_RANKS_TIMEOUT, self.client.stop_ranks(req)).await {
+            Ok(Ok(r)) => self.say(format!(
+                "the agent told rank{} {} of the notice",
+                if r.get_ref().ranks.len() == 1 { "" } else { "s" },
+                r.get_ref()
+                    .ranks
+                    .iter()
+                    .map(u32::to_string)
+                    .collect::<Vec<_>>()
+                    .join(",")
+            )),
+            Ok(Err(e)) => self.say(format!(
+                "the agent could not be told of the notice ({}): the workers are stopped at the window's end without a save",
+                e.message()
+            )),
+            Err(_) => self.say(
+                "the agent did not answer the notice in time: the workers are stopped at the window's end without a save",
+            ),
+        }
+    }
+
     /// Tells the agent these ranks are being stopped on purpose.
     async fn stop_ranks_of(&mut self, kind: StopKind, reason: &str, ranks: Vec<u32>) {
         let kind = match kind {
             StopKind::Restart => pb::StopKind::Restart,
             StopKind::JobEnding => pb::StopKind::JobEnding,
             StopKind::LauncherSignalled => pb::StopKind::LauncherSignalled,
+            StopKind::Preempted => pb::StopKind::Preempted,
         };
         let req = pb::StopRanksRequest {
             job_id: self.job.id.clone(),
             reason: reason.to_owned(),
             ranks,
             kind: kind as i32,
+            notice_deadline_unix_ms: 0,
         };
         match tokio::time::timeout(STOP_RANKS_TIMEOUT, self.client.stop_ranks(req)).await {
             Ok(Ok(_)) => {}

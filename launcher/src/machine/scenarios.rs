@@ -63,6 +63,7 @@ fn limits() -> Limits {
         coordinator: "local".into(),
         across_hosts: false,
         max_no_progress: None,
+        term_grace: Duration::ZERO,
     }
 }
 
