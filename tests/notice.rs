@@ -30,8 +30,11 @@ const RUN: Duration = Duration::from_secs(120);
 /// `--term-grace`: the scheduler's SIGTERM to SIGKILL.
 const TERM_GRACE: Duration = Duration::from_secs(30);
 
+/// Straggler detection off: two ranks sharing a loaded 2-core machine
+/// straggle by CPU contention, an incident that is not this test's.
 const AGENT_TOML: &str = "[agent]\ntick = \"50ms\"\n\
-    [host]\nmemory_degraded_below_percent = 0.0\nmemory_failed_below_percent = 0.0\n";
+    [host]\nmemory_degraded_below_percent = 0.0\nmemory_failed_below_percent = 0.0\n\
+    [straggler]\nenabled = false\n";
 
 /// The launcher's command: 2 workers of notice_train.py on `agent`.
 fn launcher(agent: &TestAgent, dir: &Path, job: &str, opts: &[&str], train: &[&str]) -> Command {
@@ -48,7 +51,9 @@ fn launcher(agent: &TestAgent, dir: &Path, job: &str, opts: &[&str], train: &[&s
         .arg("--")
         .arg(python())
         .arg(repo_root().join("tests/fixtures/notice_train.py"))
-        .args(["--every", "100", "--step-ms", "5"])
+        // 20 ms steps: the notice (SIGTERM or the server's change, the agent's
+        // tick, the slot) has 90 steps, 1.8 s, to arrive before step 200.
+        .args(["--every", "100", "--step-ms", "20"])
         .args(train)
         .current_dir(dir);
     cmd
@@ -99,7 +104,7 @@ fn noticed_run(
     both(&mut l, "start step=0");
     both(&mut l, "saved step=100 ");
     // Well between the checkpoints at 100 and 200.
-    both(&mut l, "] step 120");
+    both(&mut l, "] step 110");
     let noticed_at = Instant::now();
     notify(&l);
     let seen = both(&mut l, "notice source=");
@@ -114,7 +119,7 @@ fn noticed_run(
     );
     let step = steps[0];
     assert!(
-        step > 120 && step < 200,
+        step > 110 && step < 200,
         "the notice's step {step} is between the checkpoints"
     );
     assert_eq!(

@@ -16,7 +16,8 @@
 //!
 //! Layout of a slot (all offsets fixed, checked by const asserts):
 //! - bytes 0..128, the agent's line: state, owner pid, generation (the token
-//!   the agent issues at claim), claim time, control word (agent -> client).
+//!   the agent issues at claim), claim time, control word (agent -> client),
+//!   notice word and its save step (agent -> client: [`NoticeWord`]).
 //! - bytes 128..256, the client's hot line: seqlock counter, the generation
 //!   the writer echoes, heartbeat counter, current step, completed-step
 //!   count, ack word, writer pid, section depth, flags, misuse counter.
@@ -298,6 +299,8 @@ const _: () = assert!(std::mem::size_of::<StackEntry>() == 16);
 const _: () = assert!(std::mem::size_of::<NameEntry>() == 8 + NAME_LEN);
 const _: () = assert!(std::mem::size_of::<StepRecord>() == 48 + 8 * MAX_SECTIONS);
 const _: () = assert!(std::mem::size_of::<Slot>() == SLOT_SIZE);
+const _: () = assert!(std::mem::offset_of!(Slot, notice) == 32);
+const _: () = assert!(std::mem::offset_of!(Slot, notice_step) == 40);
 const _: () = assert!(std::mem::offset_of!(Slot, seq) == 128);
 const _: () = assert!(std::mem::offset_of!(Slot, stack) == 256);
 const _: () = assert!(SLOT_SIZE.is_multiple_of(128) && HEADER_SIZE.is_multiple_of(128));

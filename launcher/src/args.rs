@@ -27,7 +27,10 @@ pub enum AgentMode {
                   diagnosed a user error (across hosts: on every host); 86 this node is at fault \
                   (cordon, scale-down, refused health gate, its etcd lease lost); 87 restart \
                   budget or --max-restarts spent; 88 no progress; 89 the job id belongs to another \
-                  user on this agent (pick another --rdzv-id, or an admin runs `warden release-job`); 1 launcher error; 2 bad arguments; 128+N the launcher got signal N (130 SIGINT, 143 SIGTERM). \
+                  user on this agent (pick another --rdzv-id, or an admin runs `warden release-job`); 85 preempted: \
+                  the workers saved on a notice (SIGTERM with --term-grace, a cloud's preemption or \
+                  maintenance, a node taint), requeue me; 1 launcher error; 2 bad arguments; 128+N \
+                  the launcher got signal N (130 SIGINT, 143 SIGTERM without --term-grace). \
                   See docs/operations.md."
 )]
 pub struct RunArgs {

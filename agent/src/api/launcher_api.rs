@@ -178,8 +178,10 @@ fn launcher_notice(deadline_unix_ms: u64, reason: &str) -> crate::notice::Notice
     use std::time::{Duration, SystemTime, UNIX_EPOCH};
     let now = SystemTime::now();
     let deadline = (deadline_unix_ms != 0).then(|| {
-        let at = UNIX_EPOCH + Duration::from_millis(deadline_unix_ms.min(u64::MAX / 2));
-        at.clamp(now, now + MAX_NOTICE_WINDOW)
+        let latest = now + MAX_NOTICE_WINDOW;
+        UNIX_EPOCH
+            .checked_add(Duration::from_millis(deadline_unix_ms))
+            .map_or(latest, |at| at.clamp(now, latest))
     });
     crate::notice::Notice {
         source: crate::notice::Source::Launcher,

@@ -26,7 +26,7 @@ pub enum Switch {
 /// `[notice]`: the sources of notices (preemption, host maintenance, a
 /// node taint). The launcher's own SIGTERM needs nothing here (`warden run
 /// --term-grace`).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct NoticeConfig {
     /// `[notice.gce]`: the Google Compute Engine metadata server.
@@ -40,17 +40,6 @@ pub struct NoticeConfig {
     /// stop every job of the host. Off: such URLs are refused (tests and
     /// a metadata proxy of the operator's own turn it on).
     pub allow_user_endpoints: bool,
-}
-
-impl Default for NoticeConfig {
-    fn default() -> Self {
-        Self {
-            gce: GceConfig::default(),
-            aws: AwsConfig::default(),
-            kubernetes: KubernetesConfig::default(),
-            allow_user_endpoints: false,
-        }
-    }
 }
 
 /// `[notice.gce]`.

@@ -89,9 +89,9 @@ pub fn parse(text: &str) -> Vec<Taint> {
 
 /// The first taint that means a stop (pure).
 pub fn judge<'a>(taints: &'a [Taint], named: &[String]) -> Option<&'a Taint> {
-    taints.iter().find(|t| {
-        matches!(t.effect.as_str(), "NoSchedule" | "NoExecute") && named.iter().any(|n| *n == t.key)
-    })
+    taints
+        .iter()
+        .find(|t| matches!(t.effect.as_str(), "NoSchedule" | "NoExecute") && named.contains(&t.key))
 }
 
 /// Why `path` (after symlinks) could have been written by a user other
@@ -121,8 +121,13 @@ pub fn untrusted(path: &Path, me: u32) -> Result<Option<String>, String> {
     Ok(None)
 }
 
-/// Checks and reads the file (blocking).
+/// Checks and reads the file (blocking). A file that does not exist is no
+/// taint (not written yet, or the taint was removed with it): empty.
 pub fn read(path: &Path, me: u32) -> Result<String, String> {
+    match std::fs::symlink_metadata(path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(String::new()),
+        _ => {}
+    }
     if let Some(why) = untrusted(path, me)? {
         return Err(format!(
             "refused: {why}; a user who can write it could stop every job on the host"
@@ -192,8 +197,8 @@ pub async fn run(
                     }
                 }
             }
-            // A file that is missing is no taint (the sidecar has not
-            // written it yet); a refused one is trouble, shown.
+            // A refused or unreadable file is trouble, shown; it neither
+            // raises nor clears a notice.
             Err(e) => say_trouble(&board, &events, Source::Kubernetes, &mut trouble, Some(e)),
         }
         tokio::select! {
