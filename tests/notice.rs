@@ -141,6 +141,19 @@ fn noticed_run(
     let summary: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("summary.json")).unwrap()).unwrap();
     assert_eq!(summary["exit_code"], 85, "{summary:#}");
+    // It says where the save went: one agent here, no peer: this host only.
+    assert_eq!(summary["notice_checkpoint"]["step"], step, "{summary:#}");
+    assert_eq!(
+        summary["notice_checkpoint"]["off_host"], false,
+        "{summary:#}"
+    );
+    assert!(
+        l.stderr().contains(&format!(
+            "the notice's checkpoint: step {step}, complete for every rank, on this host only"
+        )),
+        "{}",
+        l.stderr()
+    );
     assert!(
         summary["outcome"]
             .as_str()

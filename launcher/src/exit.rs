@@ -65,6 +65,9 @@ pub struct Summary {
     pub log_dir: String,
     /// Each attempt, the first one 0.
     pub attempts: Vec<AttemptRecord>,
+    /// After a stop on a notice (exit 85): where the checkpoint saved on
+    /// it is, as the agent listed it.
+    pub notice_checkpoint: Option<crate::notice_ckpt::Whereabouts>,
 }
 
 /// One attempt: its workers and how it ended.
@@ -261,6 +264,9 @@ impl Summary {
                 );
             }
         }
+        if let Some(w) = &self.notice_checkpoint {
+            let _ = writeln!(s, "[warden] {}", w.line());
+        }
         let _ = writeln!(s, "[warden] logs: {}", self.log_dir);
         s
     }
@@ -279,6 +285,7 @@ mod tests {
             exit_code: 0,
             elapsed_s: 3.0,
             log_dir: "/l/j".into(),
+            notice_checkpoint: None,
             attempts: vec![
                 AttemptRecord {
                     attempt: 0,

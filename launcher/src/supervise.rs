@@ -313,6 +313,7 @@ pub async fn run<C: Coordinator>(
         started: now.at,
         reapers: Vec::new(),
         held_stop: None,
+        notice_deadline: None,
         standbys: Vec::new(),
         standby_env: Vec::new(),
         replenish_at: None,
@@ -382,6 +383,9 @@ struct Sup<'a, C> {
     /// The cordon share held this host's node fault: the stop to report
     /// to the agent at the job's end.
     held_stop: Option<crate::machine::JobStop>,
+    /// When the notice's stop comes (set by [`Command::Notice`]): the
+    /// bound on waiting for the notice's checkpoint to be replicated.
+    notice_deadline: Option<SystemTime>,
     /// One standby interpreter per local worker slot, when kept
     /// ([`Job::standby`]).
     standbys: Vec<Option<Standby>>,
@@ -1133,6 +1137,7 @@ impl<C: Coordinator> Sup<'_, C> {
     /// ranks' exits are planned stops. An agent that cannot be told leaves
     /// the workers unwarned: said, and the window's end stops them.
     async fn notice(&mut self, deadline: SystemTime, reason: &str) {
+        self.notice_deadline = Some(deadline);
         let ms = deadline
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
@@ -1491,6 +1496,11 @@ impl<C: Coordinator> Sup<'_, C> {
                 )),
             }
         }
+        let notice_checkpoint = if f.code == super::exit::EXIT_PREEMPTED {
+            Some(self.notice_checkpoint().await)
+        } else {
+            None
+        };
         let attempts = self.state.records(Now::read());
         if self.console.dropped() > 0 {
             self.say(format!(
@@ -1506,6 +1516,51 @@ impl<C: Coordinator> Sup<'_, C> {
             elapsed_s: self.started.elapsed().as_secs_f64(),
             log_dir: self.job.log_root.display().to_string(),
             attempts,
+            notice_checkpoint,
+        }
+    }
+
+    /// Where the checkpoint saved on the notice went (the agent's view of
+    /// the job's newest complete step), said on the console. While it is on
+    /// this host alone and the agent evidently replicates the job's steps,
+    /// asks again every 200 ms until a copy is off the host, the notice's
+    /// deadline less the stop grace, or 10 s.
+    async fn notice_checkpoint(&mut self) -> crate::notice_ckpt::Whereabouts {
+        use crate::notice_ckpt::Whereabouts;
+        const MAX_WAIT: Duration = Duration::from_secs(10);
+        let until = Instant::now()
+            + self
+                .notice_deadline
+                .and_then(|d| d.duration_since(SystemTime::now()).ok())
+                .map_or(Duration::ZERO, |left| {
+                    left.saturating_sub(self.job.stop_grace)
+                })
+                .min(MAX_WAIT);
+        loop {
+            let req = pb::ListCheckpointsRequest {
+                job_id: self.job.id.clone(),
+            };
+            let w = match tokio::time::timeout(OBSERVE_TIMEOUT, self.client.list_checkpoints(req))
+                .await
+            {
+                Ok(Ok(r)) => Whereabouts::of(&self.job.id, &r.into_inner().steps),
+                Ok(Err(e)) => {
+                    self.say(format!(
+                        "the agent could not say where the notice's checkpoint is (ListCheckpoints: {})",
+                        e.message()
+                    ));
+                    return Whereabouts::default();
+                }
+                Err(_) => {
+                    self.say("the agent did not say in time where the notice's checkpoint is");
+                    return Whereabouts::default();
+                }
+            };
+            if !w.wait_for_copies() || Instant::now() >= until {
+                self.say(w.line());
+                return w;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
         }
     }
 }
