@@ -11,6 +11,9 @@
 //! - [`attribute`]: incidents turned into diagnoses (fault class, evidence).
 //! - [`goodput`]: the goodput ledger: each job's time split by cause, its journal.
 //! - [`policy`]: diagnoses turned into remediation decisions (budgets, hook).
+//! - [`notice`]: notices of a coming stop (preemption, maintenance, a
+//!   taint, the launcher's SIGTERM) turned into a save-and-leave word in
+//!   the ranks' slots.
 //! - [`ckpt`]: checkpoint tiers: local, peer replicas, durable store, restore.
 //! - [`health`]: the health model (components, statuses, reasons).
 //! - [`events`]: the event bus (ring, live broadcast, logs and counters).
@@ -79,6 +82,7 @@ pub mod daemon;
 #[cfg(test)]
 mod fuzz;
 pub mod goodput;
+pub mod notice;
 pub mod policy;
 pub mod ranks;
 pub mod sources;

@@ -53,6 +53,9 @@ pub struct AgentState {
     /// Drain and resume requests for the Slurm task (act::slurm): the
     /// cordon and its lifting reach Slurm without waiting for `scontrol`.
     pub slurm: Arc<crate::act::slurm::Slurm>,
+    /// Notices of a coming stop standing on this host or for a job
+    /// (notice/): the work loop tells the ranks on each tick.
+    pub notices: crate::notice::Board,
     /// The checkpoint tiers, or why there are none (off, or the tier's
     /// directory could not be made): the checkpoint calls answer with it.
     pub checkpoints: Result<std::sync::Arc<crate::ckpt::Checkpoints>, String>,
@@ -145,6 +148,7 @@ impl AgentState {
             escalations_rx: Mutex::new(Some(escalations_rx)),
             restarts: Arc::new(crate::act::in_process::Restarts::new()),
             slurm: Arc::new(crate::act::slurm::Slurm::new(&config.slurm)),
+            notices: crate::notice::Board::default(),
             checkpoints: if config.checkpoint.enabled {
                 crate::ckpt::Checkpoints::open(
                     &config.checkpoint,

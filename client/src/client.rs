@@ -689,6 +689,21 @@ impl Client {
         self.inner.writer().control()
     }
 
+    /// The notice of a coming stop the agent set in the slot, if one
+    /// stands: the rank should save at this step boundary and leave.
+    ///
+    /// Why from the slot: one atomic load, so a training loop may ask at
+    /// every step; the agent stores the word again on every tick, so a
+    /// rank that registered (or got a new slot) after the notice sees it
+    /// within a tick. Without an agent (disconnected) nothing is noticed.
+    /// Returns the notice and the step at whose boundary to save (every
+    /// rank of the job is given the same one).
+    #[inline]
+    pub fn notice(&self) -> Option<(crate::slot::NoticeWord, u64)> {
+        let (word, step) = self.inner.writer().notice();
+        crate::slot::NoticeWord::decode(word).map(|n| (n, step))
+    }
+
     /// Stores `value` into the slot's ack word as is. Prefer
     /// [`Client::ack_restart`], which also tells the agent over gRPC.
     pub fn ack(&self, value: u64) {

@@ -16,7 +16,8 @@
 //!
 //! Layout of a slot (all offsets fixed, checked by const asserts):
 //! - bytes 0..128, the agent's line: state, owner pid, generation (the token
-//!   the agent issues at claim), claim time, control word (agent -> client).
+//!   the agent issues at claim), claim time, control word (agent -> client),
+//!   notice word and its save step (agent -> client: [`NoticeWord`]).
 //! - bytes 128..256, the client's hot line: seqlock counter, the generation
 //!   the writer echoes, heartbeat counter, current step, completed-step
 //!   count, ack word, writer pid, section depth, flags, misuse counter.
@@ -260,7 +261,15 @@ pub struct Slot {
     /// Agent -> client: the latest request ([`ControlWord::encode`]; 0 =
     /// none). Written by the agent only; cleared at claim.
     control: AtomicU64,
-    _agent_pad: [AtomicU64; 12],
+    /// Agent -> client: a notice of a coming stop ([`NoticeWord::encode`];
+    /// 0 = none). Written by the agent only, on every tick while the
+    /// notice stands; cleared at claim.
+    notice: AtomicU64,
+    /// Agent -> client, with `notice`: the step at whose boundary the rank
+    /// saves (the step after the job's furthest rank's when the agent told
+    /// them), so every rank saves the same step. Stored before `notice`.
+    notice_step: AtomicU64,
+    _agent_pad: [AtomicU64; 10],
     // ---- the client's hot line
     seq: AtomicU64,
     writer_generation: AtomicU64,
@@ -290,6 +299,8 @@ const _: () = assert!(std::mem::size_of::<StackEntry>() == 16);
 const _: () = assert!(std::mem::size_of::<NameEntry>() == 8 + NAME_LEN);
 const _: () = assert!(std::mem::size_of::<StepRecord>() == 48 + 8 * MAX_SECTIONS);
 const _: () = assert!(std::mem::size_of::<Slot>() == SLOT_SIZE);
+const _: () = assert!(std::mem::offset_of!(Slot, notice) == 32);
+const _: () = assert!(std::mem::offset_of!(Slot, notice_step) == 40);
 const _: () = assert!(std::mem::offset_of!(Slot, seq) == 128);
 const _: () = assert!(std::mem::offset_of!(Slot, stack) == 256);
 const _: () = assert!(SLOT_SIZE.is_multiple_of(128) && HEADER_SIZE.is_multiple_of(128));
@@ -359,6 +370,63 @@ impl ControlWord {
             seq,
             restart_count,
         })
+    }
+}
+
+/// Where a notice of a coming stop came from ([`NoticeWord::source`]).
+pub const NOTICE_SOURCES: [&str; 5] = ["launcher", "gce", "aws", "kubernetes", "other"];
+
+/// The slot's notice word, decoded: the agent tells a rank that its host or
+/// its job will be stopped, so the rank saves at its next step boundary
+/// and leaves (`warden.notice()` in Python).
+///
+/// Encoding of the 64-bit word (little end first):
+///
+/// | bits | field |
+/// |---|---|
+/// | 0..8 | `1`: a notice stands (0: none) |
+/// | 8..16 | `source`, an index into [`NOTICE_SOURCES`] |
+/// | 16..32 | reserved, 0 |
+/// | 32..64 | `deadline_unix_s`: when the stop comes (Unix seconds; 0: not said) |
+///
+/// Why a word of its own beside the control word: a notice is not a
+/// request to acknowledge but a state that stands until the job stops; the
+/// agent stores it again on every tick (a rank that registers after the
+/// notice, or gets a new slot, sees it within a tick), and the client reads
+/// it with one load at a step boundary, no syscall, no thread.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NoticeWord {
+    /// Index into [`NOTICE_SOURCES`].
+    pub source: u8,
+    /// When the stop comes, Unix seconds (0: the source did not say).
+    pub deadline_unix_s: u32,
+}
+
+impl NoticeWord {
+    /// The 64-bit word stored in the slot.
+    pub fn encode(self) -> u64 {
+        1 | u64::from(self.source) << 8 | u64::from(self.deadline_unix_s) << 32
+    }
+
+    /// The notice a word holds; `None` for 0 or a word that is not one
+    /// (the word is untrusted: an unknown source reads as "other").
+    pub fn decode(word: u64) -> Option<Self> {
+        if word & 0xff != 1 {
+            return None;
+        }
+        let source = ((word >> 8) & 0xff) as u8;
+        Some(Self {
+            source: source.min((NOTICE_SOURCES.len() - 1) as u8),
+            deadline_unix_s: (word >> 32) as u32,
+        })
+    }
+
+    /// The source's name (`gce`, `launcher`...).
+    pub fn source_name(self) -> &'static str {
+        NOTICE_SOURCES
+            .get(usize::from(self.source))
+            .copied()
+            .unwrap_or("other")
     }
 }
 
@@ -546,6 +614,8 @@ impl SlotTable {
         slot.claimed_ns
             .store(crate::clock::now_ns(), Ordering::Relaxed);
         slot.control.store(0, Ordering::Relaxed);
+        slot.notice.store(0, Ordering::Relaxed);
+        slot.notice_step.store(0, Ordering::Relaxed);
         slot.generation.store(generation, Ordering::Relaxed);
         slot.state.store(STATE_CLAIMED, Ordering::Release);
         Ok(())
@@ -564,6 +634,28 @@ impl SlotTable {
     pub fn set_control(&self, index: u32, value: u64) -> Result<(), SlotError> {
         self.slot(index)?.control.store(value, Ordering::Release);
         Ok(())
+    }
+
+    /// Sets the agent-to-client notice of slot `index`: the
+    /// [`NoticeWord::encode`]d notice of a coming stop (0 clears it) and
+    /// the step at whose boundary the rank saves (stored first, so a
+    /// client that sees the word sees the step).
+    pub fn set_notice(&self, index: u32, value: u64, save_at_step: u64) -> Result<(), SlotError> {
+        let slot = self.slot(index)?;
+        slot.notice_step.store(save_at_step, Ordering::Relaxed);
+        slot.notice.store(value, Ordering::Release);
+        Ok(())
+    }
+
+    /// The step slot `index`'s rank is in (one word: no seqlock), for a
+    /// notice's save step, which must be read as fresh as it is written.
+    pub fn current_step(&self, index: u32) -> Result<u64, SlotError> {
+        Ok(self.slot(index)?.step.load(Ordering::Acquire))
+    }
+
+    /// The notice word of slot `index`, as the agent last set it.
+    pub fn notice_word(&self, index: u32) -> Result<u64, SlotError> {
+        Ok(self.slot(index)?.notice.load(Ordering::Acquire))
     }
 
     /// The client's ack word of slot `index` (the `seq` it acknowledged) and
@@ -1257,6 +1349,15 @@ impl<'a> SlotWriter<'a> {
     /// The control word the agent set (decode with [`ControlWord::decode`]).
     pub fn control(self) -> u64 {
         self.slot.control.load(Ordering::Acquire)
+    }
+
+    /// The notice word the agent set (decode with [`NoticeWord::decode`]):
+    /// one atomic load, cheap enough for every step boundary.
+    /// With it, the step at whose boundary to save.
+    #[inline]
+    pub fn notice(self) -> (u64, u64) {
+        let word = self.slot.notice.load(Ordering::Acquire);
+        (word, self.slot.notice_step.load(Ordering::Relaxed))
     }
 
     /// Acknowledges a request: stores its `seq` into the ack word.

@@ -29,7 +29,10 @@ pub enum AgentMode {
                   diagnosed a user error (across hosts: on every host); 86 this node is at fault \
                   (cordon, scale-down, refused health gate, its etcd lease lost); 87 restart \
                   budget or --max-restarts spent; 88 no progress; 89 the job id belongs to another \
-                  user on this agent (pick another --rdzv-id, or an admin runs `warden release-job`); 1 launcher error; 2 bad arguments; 128+N the launcher got signal N (130 SIGINT, 143 SIGTERM). \
+                  user on this agent (pick another --rdzv-id, or an admin runs `warden release-job`); 85 preempted: \
+                  the workers saved on a notice (SIGTERM with --term-grace, a cloud's preemption or \
+                  maintenance, a node taint), requeue me; 1 launcher error; 2 bad arguments; 128+N \
+                  the launcher got signal N (130 SIGINT, 143 SIGTERM without --term-grace). \
                   See docs/operations.md."
 )]
 pub struct RunArgs {
@@ -144,6 +147,15 @@ pub struct RunArgs {
     /// How long stopped workers get between SIGTERM and SIGKILL.
     #[arg(long = "stop-grace", default_value = "5s", value_parser = humantime::parse_duration)]
     pub stop_grace: Duration,
+    /// How long the scheduler waits between its SIGTERM and its SIGKILL
+    /// (Slurm's KillWait, Kubernetes' terminationGracePeriodSeconds). Set,
+    /// a SIGTERM is a notice: the workers are not signalled but told
+    /// through the agent to save at their next step boundary and leave;
+    /// those left after the window less --stop-grace and 1 s are stopped,
+    /// and the launcher exits 85 (preempted: requeue me). 0: a SIGTERM is
+    /// forwarded to the workers (exit 143).
+    #[arg(long = "term-grace", default_value = "0s", value_parser = humantime::parse_duration)]
+    pub term_grace: Duration,
     /// How long a failed worker waits for the agent's decision before the
     /// launcher treats the failure as class unknown.
     #[arg(long = "decision-timeout", default_value = "5s", value_parser = humantime::parse_duration)]

@@ -10,6 +10,7 @@
 //! | 87 | a restart budget is spent (the policy's, or `--max-restarts`): the job keeps failing |
 //! | 88 | no progress: `--max-no-progress-restarts` failed attempts in a row did not advance the job's newest complete checkpoint (or, without one in the agent's tier, the step its ranks resumed from) |
 //! | 89 | the job id belongs to another user on this host's agent (ClaimJob refused; docs/security.md): nothing was started; pick another `--rdzv-id`, or have an admin release it (`warden release-job JOB`). Mid-run: another user owns the job now (its claim released and taken): the workers were stopped |
+//! | 85 | preempted: requeue me. A notice of a coming stop (the launcher's SIGTERM with `--term-grace`, or the host's: GCE preemption or maintenance, an EC2 Spot interruption, a Kubernetes taint) made the workers save at their next step boundary and leave; the next run resumes at that step |
 //! | 1 | the launcher failed (could not start the workers or the agent), or a stop decision with no better status |
 //! | 2 | bad command line |
 //! | 128+N | the launcher got signal N (130 SIGINT, 143 SIGTERM, 129 SIGHUP) and stopped the workers |
@@ -24,6 +25,14 @@ pub const EXIT_SUCCESS: i32 = 0;
 pub const EXIT_LAUNCHER_ERROR: i32 = 1;
 /// The command line is wrong (clap's own status for usage errors).
 pub const EXIT_USAGE: i32 = 2;
+/// Preempted: requeue me. The job stopped on a notice of a coming stop
+/// (the scheduler's SIGTERM with `--term-grace`, a cloud's preemption or
+/// maintenance notice, a node taint) after its workers saved: a planned
+/// stop, not a failure. Also the status a worker leaves with once it saved
+/// on a notice (`warden.Preempted`), which is how the launcher learns of a
+/// notice the host raised. Below 86-89 and outside 128+N and sysexits'
+/// 64-78, so it is told apart from every other status here.
+pub const EXIT_PREEMPTED: i32 = 85;
 /// The job's restarts stopped making progress: a restart loop that a
 /// budget of restarts per hour would let run on, told apart from a spent
 /// budget (87) so a scheduler does not requeue it as is.
@@ -56,6 +65,9 @@ pub struct Summary {
     pub log_dir: String,
     /// Each attempt, the first one 0.
     pub attempts: Vec<AttemptRecord>,
+    /// After a stop on a notice (exit 85): where the checkpoint saved on
+    /// it is, as the agent listed it.
+    pub notice_checkpoint: Option<crate::notice_ckpt::Whereabouts>,
 }
 
 /// One attempt: its workers and how it ended.
@@ -252,6 +264,9 @@ impl Summary {
                 );
             }
         }
+        if let Some(w) = &self.notice_checkpoint {
+            let _ = writeln!(s, "[warden] {}", w.line());
+        }
         let _ = writeln!(s, "[warden] logs: {}", self.log_dir);
         s
     }
@@ -270,6 +285,7 @@ mod tests {
             exit_code: 0,
             elapsed_s: 3.0,
             log_dir: "/l/j".into(),
+            notice_checkpoint: None,
             attempts: vec![
                 AttemptRecord {
                     attempt: 0,

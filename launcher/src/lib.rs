@@ -13,7 +13,9 @@
 //! the agent's decisions behind a pre-restart gate ([`gate`]), and an exit
 //! status a scheduler can act on ([`exit`]). What to do about each exit,
 //! decision, deadline, signal and round is decided by a pure state machine
-//! ([`machine`]); [`supervise`] is its executor.
+//! ([`machine`]); [`supervise`] is its executor. A notice of a coming
+//! stop (SIGTERM with `--term-grace`, a worker's exit 85) ends the job with
+//! 85 once the workers saved; [`notice_ckpt`] says where that save went.
 //!
 //! The agent: the host's wardend when one answers (default socket or
 //! `$WARDEN_SOCKET`), else one embedded in this process on a private socket
@@ -41,6 +43,7 @@ pub mod goodput_view;
 pub mod hosts;
 pub mod job_goodput;
 pub mod machine;
+pub mod notice_ckpt;
 pub mod nproc;
 pub mod output;
 pub mod reported_imports;
@@ -251,6 +254,7 @@ async fn run_job(
         max_no_progress: (args.max_no_progress_restarts > 0)
             .then_some(args.max_no_progress_restarts),
         stop_grace: args.stop_grace,
+        term_grace: args.term_grace,
         decision_timeout: args.decision_timeout,
         gpu_release_timeout: args.gpu_release_timeout,
         standby: args.standby_plan(),

@@ -161,6 +161,8 @@ pub struct Job {
     pub max_no_progress: Option<u32>,
     /// SIGTERM to SIGKILL.
     pub stop_grace: Duration,
+    /// `--term-grace`: the scheduler's SIGTERM to its SIGKILL (0: off).
+    pub term_grace: Duration,
     /// How long a failure waits for the agent's decision.
     pub decision_timeout: Duration,
     /// The GPU release wait's bound.
@@ -288,6 +290,7 @@ pub async fn run<C: Coordinator>(
         coordinator: coord.name().to_owned(),
         across_hosts: coord.name() != LocalOnly.name(),
         max_no_progress: job.max_no_progress,
+        term_grace: job.term_grace,
     };
     let mut sup = Sup {
         agent_line: link.label(),
@@ -312,6 +315,7 @@ pub async fn run<C: Coordinator>(
         started: now.at,
         reapers: Vec::new(),
         held_stop: None,
+        notice_deadline: None,
         standbys: Vec::new(),
         standby_env: Vec::new(),
         replenish_at: None,
@@ -381,6 +385,9 @@ struct Sup<'a, C> {
     /// The cordon share held this host's node fault: the stop to report
     /// to the agent at the job's end.
     held_stop: Option<crate::machine::JobStop>,
+    /// When the notice's stop comes (set by [`Command::Notice`]): the
+    /// bound on waiting for the notice's checkpoint to be replicated.
+    notice_deadline: Option<SystemTime>,
     /// One standby interpreter per local worker slot, when kept
     /// ([`Job::standby`]).
     standbys: Vec<Option<Standby>>,
@@ -546,6 +553,7 @@ impl<C: Coordinator> Sup<'_, C> {
                 let pids = self.stop_workers(first).await;
                 return Done::Answer(Input::Stopped { pids });
             }
+            Command::Notice { deadline, reason } => self.notice(deadline, &reason).await,
             // Only ever asked for from within a stop ([`Self::stop_workers`]).
             Command::Kill { .. } => {}
             Command::Gate { pids, say_no_nvml } => {
@@ -1148,18 +1156,57 @@ impl<C: Coordinator> Sup<'_, C> {
         self.stop_ranks_of(kind, reason, ranks).await;
     }
 
+    /// Tells the agent of a notice for the job (StopRanks, kind PREEMPTED,
+    /// with the deadline): it sets the notice in every rank's slot, and the
+    /// ranks' exits are planned stops. An agent that cannot be told leaves
+    /// the workers unwarned: said, and the window's end stops them.
+    async fn notice(&mut self, deadline: SystemTime, reason: &str) {
+        self.notice_deadline = Some(deadline);
+        let ms = deadline
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+        let req = pb::StopRanksRequest {
+            job_id: self.job.id.clone(),
+            reason: format!("notice: {reason}"),
+            ranks: self.workers.iter().map(|w| w.rank).collect(),
+            kind: pb::StopKind::Preempted as i32,
+            notice_deadline_unix_ms: ms,
+        };
+        match tokio::time::timeout(STOP_RANKS_TIMEOUT, self.client.stop_ranks(req)).await {
+            Ok(Ok(r)) => self.say(format!(
+                "the agent told rank{} {} of the notice",
+                if r.get_ref().ranks.len() == 1 { "" } else { "s" },
+                r.get_ref()
+                    .ranks
+                    .iter()
+                    .map(u32::to_string)
+                    .collect::<Vec<_>>()
+                    .join(",")
+            )),
+            Ok(Err(e)) => self.say(format!(
+                "the agent could not be told of the notice ({}): the workers are stopped at the window's end without a save",
+                e.message()
+            )),
+            Err(_) => self.say(
+                "the agent did not answer the notice in time: the workers are stopped at the window's end without a save",
+            ),
+        }
+    }
+
     /// Tells the agent these ranks are being stopped on purpose.
     async fn stop_ranks_of(&mut self, kind: StopKind, reason: &str, ranks: Vec<u32>) {
         let kind = match kind {
             StopKind::Restart => pb::StopKind::Restart,
             StopKind::JobEnding => pb::StopKind::JobEnding,
             StopKind::LauncherSignalled => pb::StopKind::LauncherSignalled,
+            StopKind::Preempted => pb::StopKind::Preempted,
         };
         let req = pb::StopRanksRequest {
             job_id: self.job.id.clone(),
             reason: reason.to_owned(),
             ranks,
             kind: kind as i32,
+            notice_deadline_unix_ms: 0,
         };
         match tokio::time::timeout(STOP_RANKS_TIMEOUT, self.client.stop_ranks(req)).await {
             Ok(Ok(_)) => {}
@@ -1473,6 +1520,11 @@ impl<C: Coordinator> Sup<'_, C> {
                 )),
             }
         }
+        let notice_checkpoint = if f.code == super::exit::EXIT_PREEMPTED {
+            Some(self.notice_checkpoint().await)
+        } else {
+            None
+        };
         let attempts = self.state.records(Now::read());
         if self.console.dropped() > 0 {
             self.say(format!(
@@ -1488,6 +1540,51 @@ impl<C: Coordinator> Sup<'_, C> {
             elapsed_s: self.started.elapsed().as_secs_f64(),
             log_dir: self.job.log_root.display().to_string(),
             attempts,
+            notice_checkpoint,
+        }
+    }
+
+    /// Where the checkpoint saved on the notice went (the agent's view of
+    /// the job's newest complete step), said on the console. While it is on
+    /// this host alone and the agent evidently replicates the job's steps,
+    /// asks again every 200 ms until a copy is off the host, the notice's
+    /// deadline less the stop grace, or 10 s.
+    async fn notice_checkpoint(&mut self) -> crate::notice_ckpt::Whereabouts {
+        use crate::notice_ckpt::Whereabouts;
+        const MAX_WAIT: Duration = Duration::from_secs(10);
+        let until = Instant::now()
+            + self
+                .notice_deadline
+                .and_then(|d| d.duration_since(SystemTime::now()).ok())
+                .map_or(Duration::ZERO, |left| {
+                    left.saturating_sub(self.job.stop_grace)
+                })
+                .min(MAX_WAIT);
+        loop {
+            let req = pb::ListCheckpointsRequest {
+                job_id: self.job.id.clone(),
+            };
+            let w = match tokio::time::timeout(OBSERVE_TIMEOUT, self.client.list_checkpoints(req))
+                .await
+            {
+                Ok(Ok(r)) => Whereabouts::of(&self.job.id, &r.into_inner().steps),
+                Ok(Err(e)) => {
+                    self.say(format!(
+                        "the agent could not say where the notice's checkpoint is (ListCheckpoints: {})",
+                        e.message()
+                    ));
+                    return Whereabouts::default();
+                }
+                Err(_) => {
+                    self.say("the agent did not say in time where the notice's checkpoint is");
+                    return Whereabouts::default();
+                }
+            };
+            if !w.wait_for_copies() || Instant::now() >= until {
+                self.say(w.line());
+                return w;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
         }
     }
 }

@@ -114,6 +114,22 @@ pub fn attack_everything(args: &Value) -> Value {
                 |_| json!({}),
             ),
         );
+        // A notice for the victim's job (what `warden run --term-grace`
+        // sends its own job on SIGTERM): would make its ranks save and leave.
+        put(
+            "stop_ranks_preempted",
+            call_result(
+                c.stop_ranks(pb::StopRanksRequest {
+                    job_id: job.clone(),
+                    ranks: Vec::new(),
+                    reason: "attacker: preempted".into(),
+                    kind: pb::StopKind::Preempted as i32,
+                    notice_deadline_unix_ms: u64::MAX,
+                })
+                .await,
+                |_| json!({}),
+            ),
+        );
         put(
             "report_job_stop",
             call_result(
@@ -402,6 +418,7 @@ async fn a_socket_group_member_cannot_reach_what_is_not_its_own() {
     refused(&out, "uncordon", "PermissionDenied", &["rule: admins only"]);
     for call in [
         "stop_ranks",
+        "stop_ranks_preempted",
         "report_job_stop",
         "request_restart",
         "set_checkpoint_peers",

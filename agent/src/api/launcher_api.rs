@@ -135,6 +135,15 @@ pub async fn stop_ranks(
         kind: stop_kind(req.kind(), &reason),
         why: reason.clone(),
     };
+    if stop.kind == warden_core::signal::StopKind::Preempted {
+        // Before the ranks are marked: the tick that finds them marked
+        // finds the job's notice too. Only this job's ranks get it (the
+        // caller is the job's owner: api/authz.rs).
+        state.notices.raise_job(
+            &req.job_id,
+            launcher_notice(req.notice_deadline_unix_ms, &reason),
+        );
+    }
     let mut ranks = state
         .registry()
         .mark_stopping(&req.job_id, &req.ranks, &stop);
@@ -157,6 +166,29 @@ pub async fn stop_ranks(
         );
     }
     Ok(pb::StopRanksResponse { ranks })
+}
+
+/// Longest notice a launcher may announce: a deadline further away is
+/// shown as this far (the word is for the ranks' information only).
+const MAX_NOTICE_WINDOW: std::time::Duration = std::time::Duration::from_secs(3600);
+
+/// A launcher's notice: its deadline clamped to [now, now + 1 h] (a
+/// caller's number, so bounded), none when it gave 0.
+fn launcher_notice(deadline_unix_ms: u64, reason: &str) -> crate::notice::Notice {
+    use std::time::{Duration, SystemTime, UNIX_EPOCH};
+    let now = SystemTime::now();
+    let deadline = (deadline_unix_ms != 0).then(|| {
+        let latest = now + MAX_NOTICE_WINDOW;
+        UNIX_EPOCH
+            .checked_add(Duration::from_millis(deadline_unix_ms))
+            .map_or(latest, |at| at.clamp(now, latest))
+    });
+    crate::notice::Notice {
+        source: crate::notice::Source::Launcher,
+        what: reason.to_owned(),
+        deadline,
+        raised: now,
+    }
 }
 
 fn list(ranks: &[u32]) -> String {
@@ -190,6 +222,7 @@ fn stop_kind(kind: pb::StopKind, why: &str) -> warden_core::signal::StopKind {
         pb::StopKind::Restart => StopKind::Restart,
         pb::StopKind::JobEnding => StopKind::JobEnding,
         pb::StopKind::LauncherSignalled => StopKind::LauncherSignalled,
+        pb::StopKind::Preempted => StopKind::Preempted,
         pb::StopKind::Unspecified if why.contains("job ending") => StopKind::JobEnding,
         pb::StopKind::Unspecified => StopKind::Restart,
     }

@@ -62,6 +62,9 @@ pub struct Config {
     pub slurm: crate::act::slurm::SlurmConfig,
     /// `[goodput]`: how long ended jobs' ledgers, journals and series stay.
     pub goodput: crate::goodput::config::GoodputConfig,
+    /// `[notice]`: where notices of a coming stop are read (GCE, EC2, a
+    /// Kubernetes taint).
+    pub notice: crate::notice::config::NoticeConfig,
 }
 
 /// `[agent]`: identity and the work loop.
@@ -829,6 +832,7 @@ impl Config {
         self.checkpoint.validate(origin)?;
         self.slurm.validate(origin)?;
         self.goodput.validate(origin)?;
+        self.notice.validate(origin)?;
         if !(1..=6000).contains(&self.api.job_stops_per_minute) {
             return Err(invalid(
                 "api.job_stops_per_minute",

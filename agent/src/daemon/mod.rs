@@ -285,6 +285,14 @@ async fn serve(
     ) {
         tasks.spawn(slurm);
     }
+    crate::notice::start(
+        &cfg.notice,
+        &cfg.host.sysfs_root,
+        &state.notices,
+        &state.events,
+        &state.shutdown,
+        &mut tasks,
+    );
     tasks.spawn(crate::api::slot_socket::serve(
         slot_listener,
         slot_path.clone(),

@@ -47,13 +47,21 @@ pub async fn run(state: Arc<AgentState>, mut watchdog: Watchdog, sources: Source
         }
         let now = Instant::now();
         let now_ns = warden_client::clock::syscall_now();
-        let (result, live_jobs) = {
+        let (result, live_jobs, noticed) = {
             let mut reg = state.registry();
+            // Before the scan: a rank marked as stopping on a notice is not
+            // judged for hangs while it saves.
+            state.notices.forget_ended(&reg);
+            let noticed = state.notices.tell(&mut reg);
             let result = scan::scan(&mut reg, &cfg.hang, now_ns, prev_ns);
             reg.save_calibrations(CALIBRATION_SAVE_EVERY, false);
             let live_jobs: Vec<String> = reg.jobs.keys().cloned().collect();
-            (result, live_jobs)
+            (result, live_jobs, noticed)
         };
+        for ev in noticed {
+            state.events.publish(ev);
+        }
+        state.notices.report(&state.health_reporter());
         sdc.retain_jobs(|j| live_jobs.iter().any(|l| l == j));
         state
             .peer_values

@@ -77,6 +77,10 @@ pub fn apply(l: &mut Ledger, ev: &Event) {
                     kind: StopKind::JobEnding,
                     ..
                 }) => ExitKind::JobEnding,
+                Some(StopReason {
+                    kind: StopKind::Preempted,
+                    ..
+                }) => ExitKind::Preempted,
                 // A launcher that got a signal was booked as stopping for a
                 // restart before the kind was typed; kept so.
                 Some(_) => ExitKind::StoppedForRestart,

@@ -334,6 +334,15 @@ impl Client {
         }))
     }
 
+    /// The notice of a coming stop the agent set in this rank's slot, as
+    /// `(source, deadline_unix_s, save_at_step)` (deadline 0: not said), or
+    /// None: two atomic loads, cheap at every step boundary.
+    fn notice(&self) -> Option<(&'static str, u32, u64)> {
+        self.inner
+            .notice()
+            .map(|(n, step)| (n.source_name(), n.deadline_unix_s, step))
+    }
+
     /// The restart request waiting for an acknowledgement, as a dict, or None.
     fn restart_pending<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyDict>>> {
         let Some(r) = self.inner.restart_pending() else {
@@ -590,6 +599,12 @@ fn is_connected(py: Python<'_>) -> PyResult<bool> {
     Ok(default_ref(py)?.get().inner.is_connected())
 }
 
+/// The default client's notice of a coming stop ([`Client::notice`]).
+#[pyfunction]
+fn notice(py: Python<'_>) -> PyResult<Option<(&'static str, u32, u64)>> {
+    Ok(default_ref(py)?.get().notice())
+}
+
 /// Deregisters the default client if one was created (registered with `atexit`).
 #[pyfunction]
 fn _close_default(py: Python<'_>) {
@@ -617,6 +632,7 @@ fn warden_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(section, m)?)?;
     m.add_function(wrap_pyfunction!(step, m)?)?;
     m.add_function(wrap_pyfunction!(is_connected, m)?)?;
+    m.add_function(wrap_pyfunction!(notice, m)?)?;
     m.add_function(wrap_pyfunction!(_close_default, m)?)?;
     m.add_function(wrap_pyfunction!(restart::_restart_set_exception, m)?)?;
     m.add_function(wrap_pyfunction!(restart::_restart_set_abort, m)?)?;

@@ -60,7 +60,7 @@ def find_wardend() -> Optional[str]:
 class Wardend:
     """A running agent; ``socket`` is what ranks put in ``WARDEN_SOCKET``."""
 
-    def __init__(self, home: Path, binary: str) -> None:
+    def __init__(self, home: Path, binary: str, extra_toml: str = "") -> None:
         self.home = home
         self.socket = str(home / "wardend.sock")
         self.config = home / "wardend.toml"
@@ -84,6 +84,7 @@ class Wardend:
                     "enabled = false",
                     "[dcgm]",
                     "enabled = false",
+                    extra_toml,
                     "",
                 ]
             )

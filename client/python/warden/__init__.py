@@ -44,6 +44,12 @@ restores from its local checkpoint when ``warden.restart_count()`` is not 0:
                 ...
 
     train()
+
+Notices of a coming stop (a preemption, host maintenance, the scheduler's
+SIGTERM to ``warden run --term-grace``): ``warden.notice()`` returns a
+``Notice`` once the agent raised one for this rank's job or host; save at that
+step boundary and raise ``warden.Preempted`` (exit 85, "requeue me"), or let
+``warden.checkpoint.save_on_notice`` do both.
 """
 
 from __future__ import annotations
@@ -57,6 +63,7 @@ from ._stackdump import StackDumps as _StackDumps
 
 from . import _excepthook, _native, _restart
 from ._restart import RestartRequested, restart_count, restartable, run
+from ._notice import EXIT_PREEMPTED, Notice, Preempted, notice
 from ._torch import register_process_group
 from ._native import (
     SLOT_LAYOUT_VERSION,
@@ -74,8 +81,11 @@ from ._native import (
 )
 
 __all__ = [
+    "EXIT_PREEMPTED",
     "SLOT_LAYOUT_VERSION",
     "Client",
+    "Notice",
+    "Preempted",
     "RestartRequested",
     "Section",
     "Step",
@@ -84,6 +94,7 @@ __all__ = [
     "heartbeat",
     "inject_restart",
     "is_connected",
+    "notice",
     "report_exception",
     "report_values",
     "restart_count",

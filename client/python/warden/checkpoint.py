@@ -49,6 +49,7 @@ __all__ = [
     "restore",
     "save",
     "save_file",
+    "save_on_notice",
     "save_state_dict",
 ]
 
@@ -251,3 +252,32 @@ def load_state_dict(step: int = 0, map_location: Any = "cpu") -> Optional[tuple]
     if async_checkpoint.is_async_shard(r.path):
         return r.step, async_checkpoint.read_shard(r.path, map_location=map_location)
     return r.step, torch.load(r.path, map_location=map_location, weights_only=True)
+
+
+def save_on_notice(step: int, state: Any, leave: bool = True) -> bool:
+    """At the boundary after ``step``: when a notice of a coming stop stands
+    (``warden.notice()``) and names this step or an earlier one (every rank
+    of the job is given the same), save ``state`` as this rank's shard of
+    ``step`` and leave with ``warden.Preempted`` (exit 85, which ``warden run`` reads
+    as "saved on the notice, requeue me"); ``leave=False`` returns True
+    instead. With no notice it returns False at the cost of one load from
+    shared memory, so it may run at every step.
+
+    ``state``: bytes or any buffer (``save``), a callable taking the step
+    (your own save), or anything else ``torch.save`` takes
+    (``save_state_dict``). The shard goes to the tier and the agent
+    replicates it to its peers as any other save."""
+    from ._notice import Preempted, notice  # noqa: PLC0415
+
+    n = notice()
+    if n is None or not n.due(step):
+        return False
+    if callable(state):
+        state(step)
+    elif isinstance(state, (bytes, bytearray, memoryview)):
+        save(step, state)
+    else:
+        save_state_dict(step, state)
+    if leave:
+        raise Preempted(step)
+    return True

@@ -501,6 +501,9 @@ pub enum ExitKind {
     JobEnding,
     /// Stopped by its launcher for a restart.
     StoppedForRestart,
+    /// Stopped on a notice of a coming stop (preemption, maintenance):
+    /// planned, booked like the job's end, never as an incident.
+    Preempted,
     /// Crashed or was killed: an incident.
     Failed,
 }

@@ -42,6 +42,10 @@ pub enum StopKind {
     JobEnding,
     /// The launcher got a signal and stops the job.
     LauncherSignalled,
+    /// A notice of a coming stop (a preemption, host maintenance, the
+    /// scheduler's SIGTERM with `--term-grace`): the ranks save and leave,
+    /// and the job is requeued. A planned stop, never an incident.
+    Preempted,
 }
 
 /// Why a rank was stopped by its launcher: the typed kind and the

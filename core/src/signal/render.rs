@@ -210,7 +210,12 @@ fn exited(r: &RankExited) -> NewEvent {
         ev = ev.with("signal", s);
     }
     if let Some(stop) = r.stopped_by.as_ref().filter(|_| was == RankState::Stopping) {
-        ev = ev.with("stopped_by", format!("launcher: {}", stop.why));
+        let by = if stop.kind == crate::signal::StopKind::Preempted {
+            "notice"
+        } else {
+            "launcher"
+        };
+        ev = ev.with("stopped_by", format!("{by}: {}", stop.why));
     }
     ev
 }

@@ -96,7 +96,19 @@ pub struct Limits {
     /// advance the job before it stops with [`EXIT_NO_PROGRESS`] (None:
     /// the rule is off).
     pub max_no_progress: Option<u32>,
+    /// `--term-grace`: how long the scheduler waits between its SIGTERM
+    /// and its SIGKILL (Slurm's KillWait, Kubernetes'
+    /// terminationGracePeriodSeconds). Zero: a SIGTERM is forwarded to the
+    /// workers as before; else it is a notice: the workers save at their
+    /// next step boundary and leave, and the job ends with
+    /// [`exit::EXIT_PREEMPTED`] within this window.
+    pub term_grace: Duration,
 }
+
+/// The window a notice raised by the host (a worker left with
+/// [`exit::EXIT_PREEMPTED`] first) gives the other workers when no
+/// `--term-grace` is set: GCE's preemption notice.
+pub const DEFAULT_NOTICE_WINDOW: Duration = Duration::from_secs(30);
 
 /// What the agent decided about an incident, decoded by the executor from
 /// the incident feed.
@@ -300,6 +312,16 @@ pub enum Command {
         /// The first signal.
         signal: i32,
     },
+    /// A notice of a coming stop: StopRanks with kind PREEMPTED and the
+    /// deadline, so the agent tells each rank (through its slot) to save
+    /// at its next step boundary and leave. No answer: the workers' exits
+    /// follow.
+    Notice {
+        /// When the stop comes.
+        deadline: SystemTime,
+        /// StopRanks' reason, for people.
+        reason: String,
+    },
     /// A signal during a stop: SIGKILL now (unless already sent).
     Kill {
         /// The signal that asked for it.
@@ -454,6 +476,8 @@ pub enum StopKind {
     JobEnding,
     /// The launcher was signalled (SIGINT/SIGTERM/SIGHUP).
     LauncherSignalled,
+    /// A notice: the ranks saved and leave (a planned stop).
+    Preempted,
 }
 
 /// What a stop leads to.
@@ -480,6 +504,9 @@ enum Phase {
     Replacing(Box<Replacing>),
     /// Waiting for a stop.
     Stopping(AfterStop),
+    /// A notice stands: the workers save and leave by themselves until the
+    /// instant; those left are then stopped.
+    Draining(Instant),
     /// Waiting for the gate.
     Gating(Box<Restart>),
     /// The backoff until the instant.
@@ -674,7 +701,7 @@ impl JobState {
                 .as_ref()
                 .map(|p| p.deadline)
                 .or(self.teardown.as_ref().map(|t| t.deadline)),
-            Phase::BackingOff(_, until) => Some(*until),
+            Phase::BackingOff(_, until) | Phase::Draining(until) => Some(*until),
             _ => None,
         }
     }
@@ -682,7 +709,7 @@ impl JobState {
     /// Which inputs the executor waits for.
     pub fn listen(&self) -> Listen {
         match self.phase {
-            Phase::Running => Listen::Everything,
+            Phase::Running | Phase::Draining(_) => Listen::Everything,
             Phase::BackingOff(..) => Listen::SignalsOnly,
             _ => Listen::Answer,
         }
@@ -719,6 +746,10 @@ impl JobState {
             (Phase::Running, input) => {
                 self.phase = Phase::Running;
                 self.running(input, now, &mut out);
+            }
+            (Phase::Draining(until), input) => {
+                self.phase = Phase::Draining(until);
+                self.draining(until, input, now, &mut out);
             }
             (Phase::Rendezvous(r), Input::Agreed(plan)) => {
                 self.phase = Phase::Starting(r);
@@ -857,6 +888,18 @@ impl JobState {
             Input::AllRegistered => self.on_registered(now, out),
             Input::Decision(d) => self.on_decision(*d, now, out),
             Input::Deadline => self.on_no_decision(now, out),
+            Input::Signal(sig) if sig == SIGTERM && !self.limits.term_grace.is_zero() => {
+                let window = self.limits.term_grace;
+                self.notice(
+                    format!(
+                        "got SIGTERM: a notice, --term-grace {}",
+                        humantime::format_duration(window)
+                    ),
+                    window,
+                    now,
+                    out,
+                );
+            }
             Input::Signal(sig) => {
                 let name = signal_name(sig);
                 out.push(Command::Say(format!(
@@ -932,6 +975,114 @@ impl JobState {
             | Input::Progress(_)
             | Input::Replaced(_) => {}
         }
+    }
+
+    /// A notice of a coming stop: the ranks are told (StopRanks, kind
+    /// PREEMPTED: the agent sets the notice in their slots), and the job
+    /// waits for them to save and leave until the window's end less the
+    /// stop sweep's grace and a second, then stops those left. The job
+    /// ends with [`exit::EXIT_PREEMPTED`]: "requeue me".
+    fn notice(&mut self, why: String, window: Duration, now: Now, out: &mut Vec<Command>) {
+        let wait = window.saturating_sub(self.limits.stop_grace + Duration::from_secs(1));
+        out.push(Command::Say(format!(
+            "{why}: the workers save at their next step boundary and leave; those left after {} are stopped; exit {} (preempted: requeue)",
+            humantime::format_duration(wait),
+            exit::EXIT_PREEMPTED
+        )));
+        out.push(Command::Notice {
+            deadline: now.wall + window,
+            reason: why,
+        });
+        self.leaves_alone = true;
+        self.pending = None;
+        self.teardown = None;
+        self.phase = Phase::Draining(now.at + wait);
+        self.drained(out);
+    }
+
+    /// While a notice stands: exits are expected, decisions are not acted
+    /// on (the job is leaving), the window's end stops the workers left.
+    fn draining(&mut self, until: Instant, input: Input, now: Now, out: &mut Vec<Command>) {
+        match input {
+            Input::WorkerExit(e) => {
+                if e.generation != self.attempt.generation {
+                    return;
+                }
+                if let Some(w) = self.attempt.workers.iter_mut().find(|w| w.pid == e.pid) {
+                    w.exit = Some(e.exit);
+                }
+                match e.exit {
+                    Some(Exit::Code(c)) if c == exit::EXIT_PREEMPTED || c == 0 => {}
+                    other => {
+                        let status = other.map_or("status unknown".to_owned(), |x| x.to_string());
+                        out.push(Command::Say(format!(
+                            "rank {} left during the notice with {status}, not after a save on it",
+                            e.rank
+                        )));
+                        self.attempt.record.failures.push((e.rank, status));
+                    }
+                }
+                self.drained(out);
+            }
+            Input::Deadline if now.at >= until => {
+                let left: Vec<u32> = self
+                    .attempt
+                    .workers
+                    .iter()
+                    .filter(|w| w.exit.is_none())
+                    .map(|w| w.rank)
+                    .collect();
+                out.push(Command::Say(format!(
+                    "the notice's window is over: stopping rank{} {} (they did not leave)",
+                    if left.len() == 1 { "" } else { "s" },
+                    left.iter()
+                        .map(u32::to_string)
+                        .collect::<Vec<_>>()
+                        .join(",")
+                )));
+                out.push(Command::Stop {
+                    kind: StopKind::Preempted,
+                    reason: "the notice's window is over".into(),
+                    signal: SIGTERM,
+                });
+                self.phase = Phase::Stopping(AfterStop::Finish {
+                    code: exit::EXIT_PREEMPTED,
+                    name: "a notice (preempted)",
+                });
+            }
+            // The scheduler's next word: stop now.
+            Input::Signal(sig) => {
+                out.push(Command::Stop {
+                    kind: StopKind::Preempted,
+                    reason: format!("the launcher got {} during the notice", signal_name(sig)),
+                    signal: sig,
+                });
+                self.phase = Phase::Stopping(AfterStop::Finish {
+                    code: exit::EXIT_PREEMPTED,
+                    name: "a notice (preempted)",
+                });
+            }
+            _ => {}
+        }
+    }
+
+    /// Every worker left during the notice: the job ends, preempted.
+    fn drained(&mut self, out: &mut Vec<Command>) {
+        if !self.attempt.workers.iter().all(|w| w.exit.is_some()) {
+            return;
+        }
+        let saved = self.attempt.record.failures.is_empty();
+        let outcome = if saved {
+            "preempted: every worker saved on the notice and left; requeue the job".to_owned()
+        } else {
+            "preempted: the workers left on the notice (not every one after a save); requeue the job".to_owned()
+        };
+        out.push(self.finish(
+            exit::EXIT_PREEMPTED,
+            outcome,
+            "left on a notice".into(),
+            None,
+        ));
     }
 
     /// Ends the job: the phase keeps what the records need.
@@ -1090,6 +1241,25 @@ impl JobState {
         }
         if let Some(w) = self.attempt.workers.iter_mut().find(|w| w.pid == pid) {
             w.exit = Some(exit);
+        }
+        // A rank that saved on a notice of the host's (GCE, EC2, a taint)
+        // and left: the others do the same within the notice's window.
+        if exit == Some(Exit::Code(exit::EXIT_PREEMPTED)) {
+            let window = if self.limits.term_grace.is_zero() {
+                DEFAULT_NOTICE_WINDOW
+            } else {
+                self.limits.term_grace
+            };
+            self.notice(
+                format!(
+                    "rank {rank} (pid {pid}) saved on a notice and left (exit {})",
+                    exit::EXIT_PREEMPTED
+                ),
+                window,
+                now,
+                out,
+            );
+            return;
         }
         let failed = !exit.is_some_and(Exit::success);
         if failed

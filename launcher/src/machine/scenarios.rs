@@ -63,6 +63,7 @@ fn limits() -> Limits {
         coordinator: "local".into(),
         across_hosts: false,
         max_no_progress: None,
+        term_grace: Duration::ZERO,
     }
 }
 
@@ -308,6 +309,7 @@ fn short(c: &Command) -> Option<String> {
         Command::Publish(Directive::Stop { .. }) => "publish stop".into(),
         Command::Stop { signal, .. } => format!("stop {}", super::signal_name(*signal)),
         Command::Kill { .. } => "kill".into(),
+        Command::Notice { .. } => "notice".into(),
         Command::Gate { .. } => "gate".into(),
         Command::LeaveJob { .. } => "leave".into(),
         Command::Reap => "reap".into(),
@@ -1468,6 +1470,103 @@ fn scenarios() -> Vec<Scenario> {
                 says: &[
                     "got SIGINT: forwarding it to the workers and stopping them (grace 10s; send it again to kill at once)",
                 ],
+                ..End::default()
+            },
+        },
+        Scenario {
+            name: "notice: SIGTERM with --term-grace tells the workers, who save and leave with 85; the job exits 85",
+            limits: Limits {
+                term_grace: Duration::from_secs(30),
+                ..limits()
+            },
+            steps: with(
+                first_attempt(),
+                vec![
+                    (1000, Input::Signal(SIGTERM), &["notice"]),
+                    // A decision meanwhile is not acted on: the job leaves.
+                    (
+                        1100,
+                        decision("inc-1", 0, 1050, Action::RestartInJob, 0),
+                        &[],
+                    ),
+                    (1200, exit(1, 0, 100, 85), &[]),
+                    (1300, exit(1, 1, 101, 85), &["finish 85"]),
+                ],
+            ),
+            expect: End {
+                code: Some(85),
+                outcome: "preempted: every worker saved on the notice and left; requeue the job",
+                records: 1,
+                ended: "left on a notice",
+                says: &[
+                    "got SIGTERM: a notice, --term-grace 30s: the workers save at their next step boundary and leave; those left after 19s are stopped; exit 85 (preempted: requeue)",
+                ],
+                ..End::default()
+            },
+        },
+        Scenario {
+            name: "notice from the host: a worker leaves with 85, the others get the default window, those left are stopped; exit 85",
+            limits: limits(),
+            steps: with(
+                first_attempt(),
+                vec![
+                    (1000, exit(1, 0, 100, 85), &["notice"]),
+                    // The window (30 s) less the stop grace (10 s) and 1 s.
+                    (19_999, Input::Deadline, &[]),
+                    (20_000, Input::Deadline, &["stop SIGTERM"]),
+                    (20_500, stopped(), &["finish 85"]),
+                ],
+            ),
+            expect: End {
+                code: Some(85),
+                outcome: "stopped on a notice (preempted)",
+                records: 1,
+                ended: "stopped on a notice (preempted)",
+                says: &[
+                    "rank 0 (pid 100) saved on a notice and left (exit 85): the workers save at their next step boundary",
+                    "the notice's window is over: stopping rank 1 (they did not leave)",
+                ],
+                ..End::default()
+            },
+        },
+        Scenario {
+            name: "notice: a worker that crashes instead of saving is named; the job still exits 85 (requeue)",
+            limits: Limits {
+                term_grace: Duration::from_secs(30),
+                ..limits()
+            },
+            steps: with(
+                first_attempt(),
+                vec![
+                    (1000, Input::Signal(SIGTERM), &["notice"]),
+                    (1200, exit(1, 0, 100, 85), &[]),
+                    (1300, exit(1, 1, 101, 3), &["finish 85"]),
+                ],
+            ),
+            expect: End {
+                code: Some(85),
+                outcome: "preempted: the workers left on the notice (not every one after a save)",
+                records: 1,
+                ended: "rank 1 failed (exit code 3); left on a notice",
+                says: &["rank 1 left during the notice with exit code 3, not after a save on it"],
+                ..End::default()
+            },
+        },
+        Scenario {
+            name: "without --term-grace a SIGTERM is forwarded as before (143)",
+            limits: limits(),
+            steps: with(
+                first_attempt(),
+                vec![
+                    (1000, Input::Signal(SIGTERM), &["stop SIGTERM"]),
+                    (1200, stopped(), &["finish 143"]),
+                ],
+            ),
+            expect: End {
+                code: Some(143),
+                outcome: "stopped on SIGTERM",
+                records: 1,
+                ended: "stopped on SIGTERM",
                 ..End::default()
             },
         },

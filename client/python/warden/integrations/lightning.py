@@ -36,6 +36,8 @@ from . import require
 from ._steps import StepTracker
 from .. import checkpoint as _ckpt
 from .. import section as _section
+from .._notice import Preempted as _Preempted
+from .._notice import notice as _notice
 
 if importlib.util.find_spec("lightning") is not None:
     _pl = require("lightning.pytorch", "warden.integrations.lightning", "lightning")
@@ -72,6 +74,8 @@ class WardenCallback(_pl.Callback):
         self._tracker: Optional[StepTracker] = None
         #: The last step saved into the tier (None: none yet by this callback).
         self.last_saved: Optional[int] = None
+        #: The step saved on a notice of a coming stop (None: no notice yet).
+        self.preempted: Optional[int] = None
 
     @property
     def _steps(self) -> StepTracker:
@@ -109,6 +113,15 @@ class WardenCallback(_pl.Callback):
             return  # gradient accumulation: the optimizer step is still to come
         steps.end()
         step = trainer.global_step
+        # A notice of a coming stop: every rank saves the step the agent
+        # named, then the fit stops and on_train_end leaves with 85.
+        n = _notice()
+        if n is not None and n.due(step) and self.preempted is None:
+            if step != self.last_saved:
+                self.save(trainer, step)
+            self.preempted = step
+            trainer.should_stop = True
+            return
         if self.every_n_steps and step % self.every_n_steps == 0 and step != self.last_saved:
             self.save(trainer, step)
 
@@ -134,9 +147,12 @@ class WardenCallback(_pl.Callback):
             self._tracker.abandon()
 
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:
-        """Nothing stays open after fit."""
+        """Nothing stays open after fit; after a save on a notice, the rank
+        leaves with ``warden.Preempted`` (exit 85: "requeue me")."""
         if self._tracker is not None:
             self._tracker.end()
+        if self.preempted is not None:
+            raise _Preempted(self.preempted)
 
 
 def _checkpoint_size(trainer: Any) -> int:

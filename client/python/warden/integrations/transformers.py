@@ -39,6 +39,8 @@ from typing import Any, Optional
 from . import require
 from ._steps import StepTracker
 from .. import checkpoint as _ckpt
+from .._notice import Preempted as _Preempted
+from .._notice import notice as _notice
 from .. import section as _section
 
 _tf = require("transformers", "warden.integrations.transformers", "transformers accelerate")
@@ -88,6 +90,8 @@ class WardenCallback(_tf.TrainerCallback):
         self._hooks: list[Any] = []
         #: The last step copied into the tier (None: none yet by this callback).
         self.last_saved: Optional[int] = None
+        #: The step saved on a notice of a coming stop (None: no notice yet).
+        self.preempted: Optional[int] = None
 
     @property
     def _steps(self) -> StepTracker:
@@ -130,8 +134,15 @@ class WardenCallback(_tf.TrainerCallback):
         self._steps.leave()
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        """The step is done (the scheduler stepped, the gradients zeroed)."""
+        """The step is done (the scheduler stepped, the gradients zeroed). On a
+        notice of a coming stop naming this step, the Trainer saves (``on_save``
+        copies it into the tier) and stops; ``on_train_end`` leaves with 85."""
         self._steps.end()
+        n = _notice()
+        if n is not None and n.due(int(state.global_step)) and self.preempted is None:
+            self.preempted = int(state.global_step)
+            control.should_save = True
+            control.should_training_stop = True
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         """The Trainer saved ``checkpoint-N``: a copy goes into the tier as step N."""
@@ -155,6 +166,8 @@ class WardenCallback(_tf.TrainerCallback):
         if self._tracker is not None:
             self._tracker.end()
         self._remove_hooks()
+        if self.preempted is not None:
+            raise _Preempted(self.preempted)
 
     def abandon(self) -> None:
         """Closes what is open and drops the model's hooks: call it from

@@ -351,3 +351,33 @@ fn a_new_process_stepping_before_its_registration_is_the_new_attempt() {
         assert_eq!(rep.occ.restarts.0, 2, "{what}");
     }
 }
+
+/// A stop on a notice (preemption, maintenance) is planned: the ranks'
+/// exits open no incident, so nothing is detection wait, restart downtime
+/// or lost progress; the time after the last step is idle, as at a job's
+/// end. A crash at the same moment is an incident (the control).
+#[test]
+fn a_stop_on_a_notice_is_booked_as_planned_not_as_a_failure() {
+    let run = |kind: ExitKind| {
+        let mut l = Ledger::default();
+        for rank in 0..2 {
+            l.registered("j", rank, 10 + rank, 0, 100 * MS);
+            for n in 0..10 {
+                l.step("j", rank, step(10 + rank, n, 1000 + n * 100, 100));
+            }
+        }
+        for rank in 0..2 {
+            l.exited("j", rank, 10 + rank, kind, 2050 * MS);
+        }
+        l.close("j", 3000 * MS);
+        assert_sums(&l, "j");
+        l
+    };
+    let l = run(ExitKind::Preempted);
+    assert_eq!(ms(&l, "j", Cause::DetectionWait), 0);
+    assert_eq!(ms(&l, "j", Cause::RestartDowntime), 0);
+    assert_eq!(ms(&l, "j", Cause::LostProgress), 0);
+    assert_eq!(l.report("j", 0).unwrap().restarts, 0);
+    let crashed = run(ExitKind::Failed);
+    assert!(ms(&crashed, "j", Cause::DetectionWait) > 0);
+}

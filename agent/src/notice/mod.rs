@@ -1,0 +1,548 @@
+//! Notices of a coming stop: a preemption, a host maintenance, a node
+//! taint, or the scheduler's SIGTERM to `warden run --term-grace`.
+//!
+//! In: the host's sources ([`gce`], [`aws`], [`kubernetes`], each an async
+//! task, off unless enabled or detected on its cloud: [`detect`]), and a
+//! launcher's StopRanks with kind PREEMPTED (its own SIGTERM: one job).
+//! Out: on every tick ([`Board::apply`]) the notice word in each affected
+//! rank's slot (the client reads it at its step boundary, saves and leaves
+//! with status 85), the ranks marked as stopping on a notice (their exits
+//! are planned stops in the goodput ledger, never incidents), the
+//! `notice` component of the health model, `notice.raised` /
+//! `notice.cleared` events and the `warden_notice_*` metrics.
+//! Never: stop a process itself (the ranks leave, their launcher ends the
+//! job), block a tick (sources hand their findings over a lock held for a
+//! few assignments), or let a job's notice reach another job.
+
+pub mod aws;
+pub mod config;
+pub mod detect;
+pub mod gce;
+pub mod kubernetes;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use warden_client::slot::NoticeWord;
+use warden_core::events::{NewEvent, Severity};
+use warden_core::health::reporter::Reporter;
+use warden_core::health::{ComponentReport, Reason, Status};
+use warden_core::rank::RankState;
+use warden_core::signal::{StopKind, StopReason};
+
+use crate::ranks::registry::Registry;
+
+/// The health component notices show on.
+pub const COMPONENT: &str = "notice";
+
+/// Where a notice came from (its index is the slot word's `source`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Source {
+    /// The launcher's SIGTERM (`--term-grace`), for its job alone.
+    Launcher = 0,
+    /// The GCE metadata server.
+    Gce = 1,
+    /// EC2's instance metadata service.
+    Aws = 2,
+    /// A Kubernetes node taint.
+    Kubernetes = 3,
+}
+
+impl Source {
+    /// The name in events, metrics and the client (`warden.notice().source`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Source::Launcher => "launcher",
+            Source::Gce => "gce",
+            Source::Aws => "aws",
+            Source::Kubernetes => "kubernetes",
+        }
+    }
+}
+
+/// One notice: who, what, and when the stop comes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Notice {
+    /// Who gave it.
+    pub source: Source,
+    /// What it said, for people (`instance/preempted = TRUE`).
+    pub what: String,
+    /// When the stop comes, as far as the source says.
+    pub deadline: Option<SystemTime>,
+    /// When the agent learned of it.
+    pub raised: SystemTime,
+}
+
+impl Notice {
+    /// The word set in the slots.
+    pub fn word(&self) -> u64 {
+        let deadline_unix_s = self
+            .deadline
+            .and_then(|d| d.duration_since(UNIX_EPOCH).ok())
+            .map_or(0, |d| u32::try_from(d.as_secs()).unwrap_or(u32::MAX));
+        NoticeWord {
+            source: self.source as u8,
+            deadline_unix_s,
+        }
+        .encode()
+    }
+
+    fn deadline_text(&self) -> String {
+        self.deadline.map_or("not said".to_owned(), |d| {
+            humantime::format_rfc3339_seconds(d).to_string()
+        })
+    }
+}
+
+/// What the sources found and what the ticks did about it.
+#[derive(Debug, Default)]
+struct Inner {
+    /// Host notices, by what raised them (`gce/instance/preempted`):
+    /// every job of the host.
+    host: BTreeMap<String, Notice>,
+    /// Job notices (a launcher's SIGTERM), by job id.
+    jobs: BTreeMap<String, Notice>,
+    /// Jobs whose ranks were told already (one `notice.raised` each), with
+    /// the step at whose boundary every rank of the job saves.
+    told: BTreeMap<String, u64>,
+    /// Per-source trouble (unreachable, refused file), for the health reason.
+    trouble: BTreeMap<Source, String>,
+    /// The sources running, for the component's label.
+    running: BTreeSet<Source>,
+    /// The health component needs a new report.
+    dirty: bool,
+}
+
+/// The notices standing on this host: written by the sources and StopRanks,
+/// read by the work loop's tick.
+#[derive(Debug, Clone, Default)]
+pub struct Board {
+    inner: Arc<Mutex<Inner>>,
+}
+
+/// Longest `what` kept from a source (a server's value is untrusted).
+const MAX_WHAT: usize = 200;
+
+fn clip(s: &str) -> String {
+    let mut out = String::new();
+    for c in s.chars() {
+        if out.len() + c.len_utf8() > MAX_WHAT {
+            break;
+        }
+        out.push(if c.is_control() { ' ' } else { c });
+    }
+    out
+}
+
+impl Board {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// A source started.
+    pub fn running(&self, source: Source) {
+        let mut g = self.lock();
+        g.running.insert(source);
+        g.dirty = true;
+    }
+
+    /// A host source raises (or renews) its notice; the next tick tells
+    /// every rank of the host.
+    /// `id` names what raised it (`gce/instance/preempted`), so one key
+    /// clearing leaves another's notice standing.
+    pub fn raise_host(&self, id: &str, n: Notice) {
+        let mut g = self.lock();
+        let n = Notice {
+            what: clip(&n.what),
+            ..n
+        };
+        let same = g.host.get(id).is_some_and(|o| o.what == n.what);
+        if !same {
+            metrics::counter!("warden_notices_total", "source" => n.source.name()).increment(1);
+            g.host.insert(id.to_owned(), n);
+            g.dirty = true;
+        }
+    }
+
+    /// A host source's notice no longer stands (a maintenance cancelled).
+    /// Ranks already told keep their word until their job stops: a rank
+    /// that saved and left is not called back.
+    pub fn clear_host(&self, id: &str) {
+        let mut g = self.lock();
+        if g.host.remove(id).is_some() {
+            g.dirty = true;
+        }
+    }
+
+    /// A source cannot be read (`None`: it answers again).
+    pub fn trouble(&self, source: Source, why: Option<String>) {
+        let mut g = self.lock();
+        let changed = match why {
+            Some(w) => g.trouble.insert(source, clip(&w)).as_deref() != Some(&clip(&w)),
+            None => g.trouble.remove(&source).is_some(),
+        };
+        g.dirty |= changed;
+    }
+
+    /// A launcher's notice for its job (StopRanks, kind PREEMPTED).
+    pub fn raise_job(&self, job: &str, n: Notice) {
+        let mut g = self.lock();
+        if !g.jobs.contains_key(job) {
+            metrics::counter!("warden_notices_total", "source" => n.source.name()).increment(1);
+        }
+        g.jobs.insert(job.to_owned(), n);
+        g.dirty = true;
+    }
+
+    /// The host notice with the earliest deadline.
+    pub fn host_notice(&self) -> Option<Notice> {
+        first(self.lock().host.values())
+    }
+
+    /// Tells the ranks, on every tick: with a host notice, every live rank
+    /// of the host is marked as stopping on it; each rank so marked (by a
+    /// host notice, or by its launcher's StopRanks) gets the notice word in
+    /// its slot again (a rank whose slot was rebuilt sees it within a
+    /// tick). Returns one `notice.raised` event per newly told job, for the
+    /// caller to publish once the registry's lock is released.
+    pub fn tell(&self, reg: &mut Registry) -> Vec<NewEvent> {
+        let (host, jobs) = {
+            let g = self.lock();
+            (first(g.host.values()), g.jobs.clone())
+        };
+        if host.is_none() && jobs.is_empty() {
+            return Vec::new();
+        }
+        if let Some(n) = &host {
+            let stop = StopReason {
+                kind: StopKind::Preempted,
+                why: format!("notice from {}: {}", n.source.name(), n.what),
+            };
+            // Only ranks not already stopping for another reason (a
+            // restart's StopRanks): theirs stands.
+            let mut fresh: BTreeMap<String, Vec<u32>> = BTreeMap::new();
+            for e in reg.ranks.values() {
+                if matches!(e.state, RankState::Running | RankState::Hung) {
+                    fresh.entry(e.key.job.clone()).or_default().push(e.key.rank);
+                }
+            }
+            for (job, ranks) in fresh {
+                reg.mark_stopping(&job, &ranks, &stop);
+            }
+        }
+        let mut by_job: BTreeMap<String, Vec<(u32, u32)>> = BTreeMap::new();
+        for (job, rank, slot) in reg
+            .ranks
+            .values()
+            .filter(|e| {
+                e.holds_slot
+                    && e.state == RankState::Stopping
+                    && e.stop_reason
+                        .as_ref()
+                        .is_some_and(|s| s.kind == StopKind::Preempted)
+            })
+            .map(|e| (e.key.job.clone(), e.key.rank, e.slot))
+            .collect::<Vec<_>>()
+        {
+            by_job.entry(job).or_default().push((rank, slot));
+        }
+        let mut out = Vec::new();
+        for (job, ranks) in by_job {
+            let Some(n) = jobs.get(&job).or(host.as_ref()) else {
+                continue;
+            };
+            // The save step: the one after the furthest rank's, read from
+            // the slots now (a scan's reading may be a tick old, and a rank
+            // already past the step named would save another one). Fixed
+            // at the first telling, so every rank gets the same.
+            let known = self.lock().told.get(&job).copied();
+            let step = known.unwrap_or_else(|| {
+                ranks
+                    .iter()
+                    .filter_map(|&(_, slot)| reg.slots().current_step(slot).ok())
+                    .max()
+                    .unwrap_or(0)
+                    .saturating_add(1)
+            });
+            for &(rank, slot) in &ranks {
+                if let Err(e) = reg.slots().set_notice(slot, n.word(), step) {
+                    tracing::warn!(job, rank, error = %e, "cannot set the notice in the slot");
+                }
+            }
+            if known.is_some() {
+                continue;
+            }
+            self.lock().told.insert(job.clone(), step);
+            let mut ranks: Vec<u32> = ranks.iter().map(|r| r.0).collect();
+            ranks.sort_unstable();
+            let left = n
+                .deadline
+                .and_then(|d| d.duration_since(SystemTime::now()).ok())
+                .map_or("-".to_owned(), |d| format!("{}s", d.as_secs()));
+            out.push(
+                NewEvent::new(
+                    Severity::Warning,
+                    "notice.raised",
+                    format!("job/{job}"),
+                    format!(
+                        "notice from {}: {}; job {job}'s ranks save at the boundary of step {step} and leave (deadline {})",
+                        n.source.name(),
+                        n.what,
+                        n.deadline_text()
+                    ),
+                )
+                .with("job", &job)
+                .with("source", n.source.name())
+                .with("what", &n.what)
+                .with("deadline", n.deadline_text())
+                .with("time_left", left)
+                .with("save_at_step", step)
+                .with(
+                    "ranks",
+                    ranks.iter().map(u32::to_string).collect::<Vec<_>>().join(","),
+                ),
+            );
+        }
+        out
+    }
+
+    /// Forgets a job's notice once none of its ranks is left (its next
+    /// run is a new start).
+    pub fn forget_ended(&self, reg: &Registry) {
+        let mut g = self.lock();
+        let live: BTreeSet<&str> = reg
+            .ranks
+            .values()
+            .filter(|e| e.state != RankState::Exited)
+            .map(|e| e.key.job.as_str())
+            .collect();
+        let before = g.jobs.len() + g.told.len();
+        g.jobs.retain(|j, _| live.contains(j.as_str()));
+        g.told.retain(|j, _| live.contains(j.as_str()));
+        if g.jobs.len() + g.told.len() != before {
+            g.dirty = true;
+        }
+    }
+
+    /// Shows the `notice` component (when it moved): DEGRADED while a host notice stands (the
+    /// host is going away), OK otherwise, with the job notices and any
+    /// source's trouble as reasons.
+    pub fn report(&self, health: &Reporter) {
+        let (report, gauges) = {
+            let mut g = self.lock();
+            if !g.dirty {
+                return;
+            }
+            g.dirty = false;
+            let now = SystemTime::now();
+            let mut reasons = Vec::new();
+            for n in g.host.values() {
+                reasons.push(Reason {
+                    status: Status::Degraded,
+                    signal: format!("notice.{}", n.source.name()),
+                    value: n.what.clone(),
+                    threshold: String::new(),
+                    window: String::new(),
+                    since: n.raised,
+                    message: format!(
+                        "notice from {}: {} (stop by {}); every job on this host saves and leaves",
+                        n.source.name(),
+                        n.what,
+                        n.deadline_text()
+                    ),
+                });
+            }
+            for (job, n) in &g.jobs {
+                reasons.push(Reason {
+                    status: Status::Ok,
+                    signal: format!("notice.{}", n.source.name()),
+                    value: job.clone(),
+                    threshold: String::new(),
+                    window: String::new(),
+                    since: n.raised,
+                    message: format!(
+                        "job {job}: notice from {}: {} (stop by {})",
+                        n.source.name(),
+                        n.what,
+                        n.deadline_text()
+                    ),
+                });
+            }
+            for (s, why) in &g.trouble {
+                reasons.push(Reason {
+                    status: Status::Ok,
+                    signal: format!("notice.{}.unreadable", s.name()),
+                    value: why.clone(),
+                    threshold: String::new(),
+                    window: String::new(),
+                    since: now,
+                    message: format!("notice source {} cannot be read: {why}", s.name()),
+                });
+            }
+            let mut labels = BTreeMap::new();
+            labels.insert(
+                "sources".to_owned(),
+                if g.running.is_empty() {
+                    "launcher only".to_owned()
+                } else {
+                    g.running
+                        .iter()
+                        .map(|s| s.name())
+                        .collect::<Vec<_>>()
+                        .join(",")
+                },
+            );
+            labels.insert("jobs_noticed".to_owned(), g.jobs.len().to_string());
+            let status = if g.host.is_empty() {
+                Status::Ok
+            } else {
+                Status::Degraded
+            };
+            let gauges: Vec<(Source, f64)> = [
+                Source::Launcher,
+                Source::Gce,
+                Source::Aws,
+                Source::Kubernetes,
+            ]
+            .into_iter()
+            .map(|s| {
+                let on = g
+                    .host
+                    .values()
+                    .chain(g.jobs.values())
+                    .any(|n| n.source == s);
+                (s, if on { 1.0 } else { 0.0 })
+            })
+            .collect();
+            (
+                ComponentReport {
+                    id: COMPONENT.to_owned(),
+                    kind: COMPONENT.to_owned(),
+                    labels,
+                    status_override: Some(status),
+                    reasons,
+                },
+                gauges,
+            )
+        };
+        for (s, v) in gauges {
+            metrics::gauge!("warden_notice_active", "source" => s.name()).set(v);
+        }
+        health.apply_from(COMPONENT, report);
+    }
+}
+
+fn first<'a>(it: impl Iterator<Item = &'a Notice>) -> Option<Notice> {
+    it.min_by_key(|n| {
+        n.deadline
+            .unwrap_or(SystemTime::UNIX_EPOCH + Duration::from_secs(u64::from(u32::MAX)))
+    })
+    .cloned()
+}
+
+/// Starts the host's sources (those enabled, or detected on their cloud)
+/// as tasks that end with `shutdown`.
+pub fn start(
+    cfg: &config::NoticeConfig,
+    sysfs_root: &str,
+    board: &Board,
+    events: &Arc<warden_core::events::EventBus>,
+    shutdown: &tokio_util::sync::CancellationToken,
+    tasks: &mut tokio::task::JoinSet<()>,
+) {
+    let cloud = detect::cloud(std::path::Path::new(sysfs_root));
+    let on = |s: config::Switch, c: detect::Cloud| match s {
+        config::Switch::On => true,
+        config::Switch::Off => false,
+        config::Switch::Auto => cloud == Some(c),
+    };
+    if on(cfg.gce.enabled, detect::Cloud::Gce) {
+        board.running(Source::Gce);
+        tasks.spawn(gce::run(
+            cfg.gce.clone(),
+            board.clone(),
+            events.clone(),
+            shutdown.clone(),
+        ));
+    }
+    if on(cfg.aws.enabled, detect::Cloud::Aws) {
+        board.running(Source::Aws);
+        tasks.spawn(aws::run(
+            cfg.aws.clone(),
+            board.clone(),
+            events.clone(),
+            shutdown.clone(),
+        ));
+    }
+    if !cfg.kubernetes.taints_file.is_empty() {
+        board.running(Source::Kubernetes);
+        tasks.spawn(kubernetes::run(
+            cfg.kubernetes.clone(),
+            board.clone(),
+            events.clone(),
+            shutdown.clone(),
+        ));
+    }
+}
+
+/// A source's trouble, logged and told once per change (a metadata server
+/// that does not answer is logged at each change, not each retry).
+pub(crate) fn say_trouble(
+    board: &Board,
+    events: &warden_core::events::EventBus,
+    source: Source,
+    last: &mut Option<String>,
+    now: Option<String>,
+) {
+    if *last == now {
+        return;
+    }
+    match &now {
+        Some(why) => {
+            tracing::warn!(source = source.name(), error = %why, "notice source cannot be read");
+            events.publish(
+                NewEvent::new(
+                    Severity::Warning,
+                    "notice.source_error",
+                    format!("notice/{}", source.name()),
+                    format!("notice source {} cannot be read: {why}", source.name()),
+                )
+                .with("source", source.name())
+                .with("error", why),
+            );
+        }
+        None => tracing::info!(source = source.name(), "notice source answers again"),
+    }
+    board.trouble(source, now.clone());
+    *last = now;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_word_carries_source_and_deadline_and_the_earliest_notice_leads() {
+        let at = UNIX_EPOCH + Duration::from_secs(1_900_000_000);
+        let n = Notice {
+            source: Source::Gce,
+            what: "instance/preempted = TRUE".into(),
+            deadline: Some(at),
+            raised: at,
+        };
+        let w = NoticeWord::decode(n.word()).expect("a notice");
+        assert_eq!(w.source_name(), "gce");
+        assert_eq!(w.deadline_unix_s, 1_900_000_000);
+        let later = Notice {
+            deadline: Some(at + Duration::from_secs(60)),
+            ..n.clone()
+        };
+        assert_eq!(first([&later, &n].into_iter()), Some(n));
+        // A server's long value is clipped, control characters replaced.
+        let long = format!("a\n{}", "x".repeat(1000));
+        let c = clip(&long);
+        assert!(c.len() <= MAX_WHAT && !c.contains('\n'));
+        assert_eq!(NoticeWord::decode(0), None);
+    }
+}

@@ -1,0 +1,146 @@
+//! Where the checkpoint saved on a notice went, for the console and the
+//! summary: the job's newest step complete for every rank, and its copies.
+//!
+//! In: the agent's ListCheckpoints answer for the job. Out: a [`Whereabouts`]
+//! (pure), and whether the launcher should wait a little more for the
+//! agent's replication ([`Whereabouts::wait_for_copies`]). Never: call the
+//! agent (the executor does, bounded by the notice's window).
+
+use serde::Serialize;
+use warden_proto::v1 as pb;
+
+/// The notice's checkpoint as the summary shows it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct Whereabouts {
+    /// The newest step complete for every rank (None: none is).
+    pub step: Option<u64>,
+    /// Each rank's copies: `rank 0: local (h1), peer (h2)`.
+    pub copies: Vec<String>,
+    /// Every shard of the step has a copy off this host (a peer, the
+    /// durable store): it survives the host.
+    pub off_host: bool,
+    /// An older step of the job has every shard off this host: replication
+    /// is configured and working, so a missing copy of the notice's step is
+    /// still on its way.
+    pub replicating: bool,
+}
+
+impl Whereabouts {
+    /// Judges the listing of `job`.
+    pub fn of(job: &str, steps: &[pb::CheckpointStep]) -> Self {
+        let off = |s: &pb::CheckpointStep| {
+            !s.shards.is_empty()
+                && s.shards.iter().all(|sh| {
+                    sh.copies
+                        .iter()
+                        .any(|c| c.tier != "local" && c.corrupt.is_empty())
+                })
+        };
+        let mut complete: Vec<&pb::CheckpointStep> = steps
+            .iter()
+            .filter(|s| s.job_id == job && s.complete)
+            .collect();
+        complete.sort_by_key(|s| std::cmp::Reverse(s.step));
+        let Some(newest) = complete.first() else {
+            return Self::default();
+        };
+        let copies = newest
+            .shards
+            .iter()
+            .map(|sh| {
+                let list: Vec<String> = sh
+                    .copies
+                    .iter()
+                    .filter(|c| c.corrupt.is_empty())
+                    .map(|c| format!("{} ({})", c.tier, c.holder))
+                    .collect();
+                format!("rank {}: {}", sh.rank, list.join(", "))
+            })
+            .collect();
+        Self {
+            step: Some(newest.step),
+            copies,
+            off_host: off(newest),
+            replicating: complete.iter().skip(1).any(|s| off(s)),
+        }
+    }
+
+    /// Whether the launcher should ask again before it exits: the step is
+    /// on this host alone while replication is evidently at work.
+    pub fn wait_for_copies(&self) -> bool {
+        self.step.is_some() && !self.off_host && self.replicating
+    }
+
+    /// One line for the console.
+    pub fn line(&self) -> String {
+        match self.step {
+            None => "no step of the job is complete for every rank in the agent's view: the next run starts from an older save or from scratch".to_owned(),
+            Some(step) => format!(
+                "the notice's checkpoint: step {step}, complete for every rank{}; {}",
+                if self.off_host {
+                    ", with a copy off this host"
+                } else {
+                    ", on this host only (no peer or durable copy yet: it is lost with the host)"
+                },
+                self.copies.join("; ")
+            ),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn step(n: u64, copies: &[&[&str]]) -> pb::CheckpointStep {
+        pb::CheckpointStep {
+            job_id: "j".into(),
+            step: n,
+            world_size: u32::try_from(copies.len()).unwrap_or(0),
+            complete: true,
+            shards: copies
+                .iter()
+                .enumerate()
+                .map(|(r, tiers)| pb::ShardLocations {
+                    rank: u32::try_from(r).unwrap_or(0),
+                    copies: tiers
+                        .iter()
+                        .map(|t| pb::ShardCopy {
+                            tier: (*t).into(),
+                            holder: "h".into(),
+                            corrupt: String::new(),
+                        })
+                        .collect(),
+                    ..Default::default()
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn a_step_on_this_host_alone_waits_only_where_replication_works() {
+        let alone = [step(150, &[&["local"], &["local"]])];
+        let w = Whereabouts::of("j", &alone);
+        assert_eq!(w.step, Some(150));
+        assert!(!w.off_host && !w.wait_for_copies(), "{w:?}");
+        assert!(w.line().contains("on this host only"), "{}", w.line());
+        let replicating = [
+            step(150, &[&["local", "peer"], &["local"]]),
+            step(100, &[&["local", "peer"], &["local", "durable"]]),
+        ];
+        let w = Whereabouts::of("j", &replicating);
+        assert!(w.wait_for_copies(), "{w:?}");
+        let done = [
+            step(150, &[&["local", "peer"], &["local", "peer"]]),
+            step(100, &[&["local", "peer"], &["local", "peer"]]),
+        ];
+        let w = Whereabouts::of("j", &done);
+        assert!(w.off_host && !w.wait_for_copies(), "{w:?}");
+        assert!(
+            w.line().contains("rank 1: local (h), peer (h)"),
+            "{}",
+            w.line()
+        );
+        assert_eq!(Whereabouts::of("other", &done).step, None);
+    }
+}
