@@ -522,7 +522,12 @@ impl RunArgs {
         if host.is_empty() {
             return Err(bad());
         }
-        Ok((host.to_owned(), port.or(self.master_port)))
+        // Port 0 is torchrun's "any free port" (torchtitan's
+        // `--rdzv_endpoint=localhost:0`): a free one per attempt here.
+        Ok((
+            host.to_owned(),
+            port.filter(|p| *p != 0).or(self.master_port),
+        ))
     }
 
     /// The standby interpreters to keep: with standbys on (the default)
@@ -729,6 +734,12 @@ mod tests {
         assert_eq!(a.endpoint(), Ok(("node0".into(), Some(29400))));
         let a = parse(&["--rdzv-endpoint", "node0", "t.py"]);
         assert_eq!(a.endpoint(), Ok(("node0".into(), None)));
+        let a = parse(&["--rdzv-endpoint", "localhost:0", "t.py"]);
+        assert_eq!(
+            a.endpoint(),
+            Ok(("localhost".into(), None)),
+            "port 0: any free one"
+        );
         let a = parse(&["--rdzv-endpoint", "node0:x", "t.py"]);
         assert!(a.endpoint().is_err());
         let a = parse(&["--nnodes", "2:3", "t.py"]);

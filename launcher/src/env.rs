@@ -85,6 +85,12 @@ impl WorkerEnv {
             // previous attempt can be read back (torchrun's reused agent
             // store is how its restarted workers read stale addresses).
             ("TORCHELASTIC_USE_AGENT_STORE".into(), "False".into()),
+            // The signals the launcher passes on to its workers, as
+            // torchrun says its own (`--signals-to-handle`).
+            (
+                "TORCHELASTIC_SIGNALS_TO_HANDLE".into(),
+                crate::torchrun_flags::FORWARDED.join(","),
+            ),
             (
                 "TORCHELASTIC_ERROR_FILE".into(),
                 error_file(&self.attempt_dir, rank).display().to_string(),
@@ -173,6 +179,7 @@ mod tests {
             ("TORCHELASTIC_MAX_RESTARTS", "3"),
             ("TORCHELASTIC_RUN_ID", "j"),
             ("TORCHELASTIC_USE_AGENT_STORE", "False"),
+            ("TORCHELASTIC_SIGNALS_TO_HANDLE", "SIGTERM,SIGINT,SIGHUP"),
             (
                 "TORCHELASTIC_ERROR_FILE",
                 "/logs/j/attempt_2/rank_7.error.json",
