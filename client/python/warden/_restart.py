@@ -35,6 +35,7 @@ So does a rank stuck in native code that never returns to the interpreter
 from __future__ import annotations
 
 import functools
+import gc
 import os
 import signal
 import sys
@@ -175,8 +176,24 @@ def _wanted_signal() -> int:
     return sig if 0 < sig < signal.NSIG else 0
 
 
+#: Asked by the restart signal's handler before it raises: True defers the
+#: raise (``warden.heal`` while an optimizer update runs; it raises the
+#: restart itself once the step is committed). None: never deferred.
+_defer: Optional[Callable[[], bool]] = None
+
+
+def _set_defer(fn: Optional[Callable[[], bool]]) -> None:
+    """Installs the predicate that defers the signal's raise (``warden.heal``)."""
+    global _defer
+    _defer = fn
+
+
 def _on_signal(signum: int, frame: Any) -> None:
-    """The restart signal's handler: raises in the training thread, once due."""
+    """The restart signal's handler: raises in the training thread, once due
+    (unless an update that must not be cut in half runs: see ``_defer``)."""
+    defer = _defer
+    if defer is not None and defer():
+        return
     if _native._restart_should_raise():
         raise RestartRequested()
 
@@ -282,6 +299,11 @@ def run(
         # process group among them): a gloo group lives, its sockets open and
         # its peers waiting on them, until the last reference goes.
         _release_frames(exc)
+        # A DDP wrapper of the attempt holds the group too, and sits in
+        # reference cycles (module hooks): only the cycle collector frees
+        # it, and a peer blocked on this rank's sockets waits until it does
+        # (measured: gloo's whole 600 s timeout).
+        gc.collect()
         while True:
             if max_restarts is not None and done_restarts >= max_restarts:
                 raise exc

@@ -122,6 +122,7 @@ fn exit(generation: u64, rank: u32, pid: i32, code: i32) -> Input {
         deregistered: false,
         client: false,
         traceback: None,
+        healable: false,
     })
 }
 
@@ -137,6 +138,7 @@ fn abort(generation: u64, rank: u32, pid: i32, traceback: Option<&str>) -> Input
         deregistered: false,
         client: false,
         traceback: traceback.map(str::to_owned),
+        healable: false,
     })
 }
 
@@ -152,6 +154,7 @@ fn closed_then(generation: u64, rank: u32, pid: i32, exit: Exit) -> Input {
         deregistered: true,
         client: true,
         traceback: None,
+        healable: false,
     })
 }
 
@@ -167,6 +170,7 @@ fn aborted_training(generation: u64, rank: u32, pid: i32) -> Input {
         deregistered: false,
         client: true,
         traceback: None,
+        healable: false,
     })
 }
 
@@ -261,6 +265,7 @@ fn killed(generation: u64, rank: u32, pid: i32, sig: i32) -> Input {
         deregistered: false,
         client: false,
         traceback: None,
+        healable: false,
     })
 }
 
@@ -723,6 +728,7 @@ fn scenarios() -> Vec<Scenario> {
                                 deregistered: false,
                                 client: true,
                                 traceback: Some("RuntimeError".into()),
+                                healable: false,
                             }),
                             &["publish restart", "stop SIGTERM"],
                         ),
@@ -1129,6 +1135,7 @@ fn scenarios() -> Vec<Scenario> {
                             deregistered: false,
                             client: false,
                             traceback: None,
+                            healable: false,
                         }),
                         &[],
                     ),
