@@ -312,6 +312,7 @@ pub async fn run<C: Coordinator>(
         reapers: Vec::new(),
         held_stop: None,
         standbys: Vec::new(),
+        healed_pids: HashSet::new(),
         standby_env: Vec::new(),
         replenish_at: None,
         imports: Imports::default(),
@@ -383,6 +384,9 @@ struct Sup<'a, C> {
     /// One standby interpreter per local worker slot, when kept
     /// ([`Job::standby`]).
     standbys: Vec<Option<Standby>>,
+    /// Workers a heal started: they run the script that declared its
+    /// state, and count as healable before they declared it again.
+    healed_pids: HashSet<i32>,
     /// What a standby gets at its start besides the launcher's environment.
     standby_env: Vec<(String, String)>,
     /// When the standbys used by a warm restart are replaced.
@@ -1274,13 +1278,18 @@ impl<C: Coordinator> Sup<'_, C> {
     /// worker declared a healable state ([`heal_ready`]).
     fn healable(&self, rank: u32, pid: i32) -> bool {
         let dir = self.job.log_root.join("heal");
-        heal_ready::declared(&dir, rank, pid)
+        // A heal's own replacement runs the script that declared; it may
+        // not have got that far yet when the next fault comes.
+        let declared = |rank: u32, pid: i32| {
+            self.healed_pids.contains(&pid) || heal_ready::declared(&dir, rank, pid)
+        };
+        declared(rank, pid)
             && self
                 .workers
                 .iter()
                 .filter(|w| w.pid != pid)
                 .filter(|w| procfs_state(w.pid).is_some_and(|s| s != 'Z' && s != 'X'))
-                .all(|w| heal_ready::declared(&dir, w.rank, w.pid))
+                .all(|w| declared(w.rank, w.pid))
     }
 
     /// Heals `rank` (its process `pid` gone): the agent asks the job's live
@@ -1313,7 +1322,11 @@ impl<C: Coordinator> Sup<'_, C> {
                 );
             }
         };
-        self.replace_workers(vec![(rank, pid)], count, reason).await
+        let done = self.replace_workers(vec![(rank, pid)], count, reason).await;
+        if let Input::Replaced(r) = &done {
+            self.healed_pids.extend(r.workers.iter().map(|w| w.1));
+        }
+        done
     }
 
     /// Stops every process of the current attempt: `first` to each worker's

@@ -350,6 +350,12 @@ def _restarts_for(exc: Exception) -> bool:
     """
     if _native._restart_pending() is not None:
         return True
+    if _heal_declared and _lost_peer(exc) and _wait_pending(_HEAL_WAIT_S):
+        # A heal is on its way: the launcher saw the peer's process end and
+        # asked for the restart, which comes in milliseconds; reporting
+        # first would hold this rank for the agent's answer (its settle
+        # window) before it could take it.
+        return True
     decision: Optional[dict[str, Any]] = None
     try:
         decision = _native.default_client()._report_for_decision(exc)
@@ -365,6 +371,29 @@ def _restarts_for(exc: Exception) -> bool:
         )
         return False
     return _wait_pending(_PEER_GRACE_S)
+
+
+#: Set by ``warden.heal.declare``: a peer's loss is healed, so an error
+#: that says a peer's connection ended waits for the restart first.
+_heal_declared = False
+
+#: How long such an error waits for the heal's restart request.
+_HEAL_WAIT_S = 2.0
+
+#: What a collective says when a peer's process ended (gloo, NCCL).
+_LOST_PEER = (
+    "connection closed by peer",
+    "connection reset by peer",
+    "broken pipe",
+    "socket closed",
+    "remote process exited",
+)
+
+
+def _lost_peer(exc: BaseException) -> bool:
+    """Whether ``exc`` says that a peer's connection ended."""
+    text = str(exc).lower()
+    return any(p in text for p in _LOST_PEER)
 
 
 def _wait_pending(timeout: float) -> bool:

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import copy
 import datetime
+import gc
 import io
 import os
 import random
@@ -99,24 +100,55 @@ def store_dir() -> str:
     return path
 
 
+#: This process's control store (one per job and in-job restart): which
+#: attempts some rank has entered.
+_control: Any = None
+
+
 def init_process_group(backend: str = "gloo", timeout_s: float = 600.0) -> None:
     """The default process group of this attempt, on a store of its own.
 
     Each attempt (``warden.restart_count()``, within each in-job restart)
-    gets a new FileStore in
-    ``store_dir()``: the old store's keys belong to the old group, and a
-    store hosted by a rank (TCPStore on rank 0) would die with that rank.
-    Rank and world size come from ``RANK`` and ``WORLD_SIZE``.
+    gets a new FileStore in ``store_dir()``: the old store's keys belong to
+    the old group, and a store hosted by a rank (TCPStore on rank 0) would
+    die with that rank. Rank and world size come from ``RANK`` and
+    ``WORLD_SIZE``.
+
+    The ranks meet in Python before torch's rendezvous: a wait inside it is
+    C++ that no restart signal interrupts, and a peer lost during a heal
+    would leave the others waiting there for the whole timeout. Meanwhile a
+    rank that sees a later attempt begun (a second fault during the heal,
+    whose restart request reached the others before this process had
+    registered) joins that attempt instead.
     """
+    global _control
     torch = _torch()
     dist = torch.distributed
     rank = int(os.environ["RANK"])
     world = int(os.environ["WORLD_SIZE"])
-    count = _restart.restart_count()
     # In-job restarts start new processes at in-process count 0 again.
     in_job = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-    path = os.path.join(store_dir(), f"attempt-{in_job}-{count}")
-    store = dist.FileStore(path, world)
+    folder = store_dir()
+    if _control is None:
+        _control = dist.FileStore(os.path.join(folder, f"control-{in_job}"), -1)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        count = _restart.restart_count()
+        _control.set(f"entered-{count}", "1")
+        store = dist.FileStore(os.path.join(folder, f"attempt-{in_job}-{count}"), world)
+        store.add("warden-heal-joined", 1)
+        later = False
+        while store.add("warden-heal-joined", 0) < world:
+            if _control.check([f"entered-{count + 1}"]):
+                later = True
+                break
+            if time.monotonic() >= deadline:
+                raise RuntimeError(f"warden.heal: not every rank joined attempt {count} within {timeout_s} s")
+            time.sleep(0.002)
+        if not later:
+            break
+        _say(f"rank {rank}: attempt {count + 1} began while this rank waited in attempt {count}: joining it")
+        _restart._count = count + 1
     dist.init_process_group(
         backend,
         store=store,
@@ -188,6 +220,19 @@ class State:
         if optimizer is not None:
             optimizer.register_step_pre_hook(self._begin_update)
         _restart._set_defer(self._defer_restart)
+        _restart._heal_declared = True
+        # warden.run collects garbage after a restart (a DDP wrapper in a
+        # reference cycle holds the old group's sockets, which peers wait
+        # on). With torch loaded a full collection walks ~170k objects,
+        # 150-400 ms on the restart's path, twice over in a ring (the lost
+        # rank's neighbours, then the rank opposite). Everything made
+        # before the declaration lives for the whole job: freezing it
+        # leaves the collection the attempt's own objects (microseconds).
+        # The import-time garbage is collected first, except in a heal's
+        # replacement, whose declaration is on the heal's path.
+        if _restart.restart_count() == 0:
+            gc.collect()
+        gc.freeze()
         _announce()
 
     # -- the step boundary ------------------------------------------------
