@@ -77,8 +77,13 @@ fn read_log(path: &Path) -> Vec<Entry> {
 }
 
 /// The launcher (its lines and the workers' on one stream) running the
-/// example with its log at `log`.
+/// example with its log at `log`. The job id is made unique to this run:
+/// the checkpoint tier is the host's, keyed by job id, and a first attempt
+/// restores what an earlier job of the same id saved.
 fn launch(dir: &Path, job: &str, log: &Path) -> Streaming {
+    let tag = dir.file_name().unwrap().to_string_lossy().replace('.', "-");
+    let job = format!("{job}-{tag}");
+    let job = job.as_str();
     let mut cmd = Command::new("sh");
     cmd.args(["-c", "exec \"$0\" \"$@\" 2>&1", WARDEN])
         .arg("--socket")

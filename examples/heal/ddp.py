@@ -149,12 +149,16 @@ def train() -> str:
         opt.step()
         log(f"step {n} rank {RANK} pid {PID}")
 
+    # warden.step tells the agent the step (its hang detection, and its
+    # rule that the same failure at the same step is the code's).
     if state is not None:
         for n in state.steps(STEPS):
-            one(n)
+            with warden.step(n):
+                one(n)
     else:
         for n in range(start, STEPS):
-            one(n)
+            with warden.step(n):
+                one(n)
     del ddp
     dist.destroy_process_group()
     return digest(model, opt)

@@ -93,13 +93,16 @@ def main() -> int:
     ap.add_argument("--python", default=os.path.join(ROOT, ".venv/bin/python"))
     a = ap.parse_args()
     work = tempfile.mkdtemp(prefix="warden-bench-heal.")
-    ref = one(a, work, "ref", True, False)
+    # Job ids unique to this run: the checkpoint tier is the host's, keyed
+    # by job id, and a first attempt restores what a job of that id saved.
+    tag = os.path.basename(work).rsplit(".", 1)[-1]
+    ref = one(a, work, f"ref-{tag}", True, False)
     want = set(ref["digests"].values())
     assert ref["rc"] == 0 and len(ref["digests"]) == 4 and len(want) == 1, ref
     rows = collections.defaultdict(list)
     for i in range(a.runs):
         for heal in (True, False):
-            r = one(a, work, f"{'heal' if heal else 'ckpt'}-{i}", heal, True)
+            r = one(a, work, f"{'heal' if heal else 'ckpt'}-{i}-{tag}", heal, True)
             r["identical"] = len(r["digests"]) == 4 and set(r["digests"].values()) == want
             print(json.dumps(r), flush=True)
             rows[r["mode"]].append(r)
