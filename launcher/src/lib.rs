@@ -40,6 +40,7 @@ pub mod etcd;
 pub mod exit;
 pub mod gate;
 pub mod goodput_view;
+pub mod heal_ready;
 pub mod hosts;
 pub mod job_goodput;
 pub mod machine;

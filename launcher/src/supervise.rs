@@ -68,6 +68,7 @@ use super::agent::{self, AgentLink, Seen};
 use super::env::WorkerEnv;
 use super::exit::{IncidentBrief, Summary};
 use super::gate::{self, Gate, GpuRelease};
+use super::heal_ready;
 use super::hosts::{AttemptPlan, Coordinator, Directive, LocalOnly, NodeFault, Remote};
 use super::machine::{
     Action, Command, Decision, Finish, GateVerdict, Input, JobState, Limits, Listen, Now, Progress,
@@ -317,6 +318,7 @@ pub async fn run<C: Coordinator>(
         held_stop: None,
         notice_deadline: None,
         standbys: Vec::new(),
+        healed_pids: HashSet::new(),
         standby_env: Vec::new(),
         replenish_at: None,
         imports: Imports::default(),
@@ -391,6 +393,9 @@ struct Sup<'a, C> {
     /// One standby interpreter per local worker slot, when kept
     /// ([`Job::standby`]).
     standbys: Vec<Option<Standby>>,
+    /// Workers a heal started: they run the script that declared its
+    /// state, and count as healable before they declared it again.
+    healed_pids: HashSet<i32>,
     /// What a standby gets at its start besides the launcher's environment.
     standby_env: Vec<(String, String)>,
     /// When the standbys used by a warm restart are replaced.
@@ -438,7 +443,14 @@ impl<C: Coordinator> Sup<'_, C> {
     /// job. Only failures without a traceback wait (at most
     /// [`DEREGISTRATION_GRACE`]), and only when a client registered.
     async fn await_deregistration(&mut self, pid: u32) {
-        let waiting = |s: &Seen| s.self_registered.contains(&pid) && !s.deregistered.contains(&pid);
+        // Over as soon as the agent reported the exit: a deregistration
+        // comes before it on the same stream, so none is on its way (a
+        // SIGKILLed rank is judged at once, not after the grace).
+        let waiting = |s: &Seen| {
+            s.self_registered.contains(&pid)
+                && !s.deregistered.contains(&pid)
+                && !s.exited.contains(&pid)
+        };
         if !self.seen_open || !waiting(&self.seen.borrow()) {
             return;
         }
@@ -488,6 +500,8 @@ impl<C: Coordinator> Sup<'_, C> {
                 let registered = pid.is_some_and(|p| seen.registered.contains_key(&p));
                 let deregistered = pid.is_some_and(|p| seen.deregistered.contains(&p));
                 let client = pid.is_some_and(|p| seen.self_registered.contains(&p));
+                drop(seen);
+                let healable = self.healable(n.rank, n.pid);
                 Some(Input::WorkerExit(WorkerExit {
                     generation: n.generation,
                     rank: n.rank,
@@ -497,6 +511,7 @@ impl<C: Coordinator> Sup<'_, C> {
                     deregistered,
                     client,
                     traceback: n.traceback,
+                    healable,
                 }))
             }
             Ev::Decision(inc) => decision_of(&inc).map(|d| Input::Decision(Box::new(d))),
@@ -600,6 +615,9 @@ impl<C: Coordinator> Sup<'_, C> {
                 reason,
             } => {
                 return Done::Answer(self.replace_workers(workers, restart_count, &reason).await);
+            }
+            Command::Heal { rank, pid, reason } => {
+                return Done::Answer(self.heal(rank, pid, &reason).await);
             }
             Command::Finish(f) => return Done::Finished(self.finish(f).await),
         }
@@ -986,6 +1004,14 @@ impl<C: Coordinator> Sup<'_, C> {
     /// reports its imports to.
     fn worker_env(&self, wenv: &WorkerEnv, local: u32, rank: u32) -> Vec<(String, String)> {
         let mut env = wenv.for_rank(local, |k| std::env::var(k).ok());
+        let heal = self.job.log_root.join("heal");
+        if std::fs::create_dir_all(&heal).is_ok() {
+            let file = heal_ready::file_for(&heal, rank);
+            env.push((
+                heal_ready::ENV.to_owned(),
+                file.to_string_lossy().into_owned(),
+            ));
+        }
         if self.job.standby.is_some() {
             let dir = self.job.log_root.join("imports");
             if std::fs::create_dir_all(&dir).is_ok() {
@@ -1317,6 +1343,61 @@ impl<C: Coordinator> Sup<'_, C> {
             self.replenish_at = Some(Instant::now() + STANDBY_REPLENISH_AFTER);
         }
         replaced(started, None)
+    }
+
+    /// Whether rank `rank` (process `pid`, just gone) and every other live
+    /// worker declared a healable state ([`heal_ready`]).
+    fn healable(&self, rank: u32, pid: i32) -> bool {
+        let dir = self.job.log_root.join("heal");
+        // A heal's own replacement runs the script that declared; it may
+        // not have got that far yet when the next fault comes.
+        let declared = |rank: u32, pid: i32| {
+            self.healed_pids.contains(&pid) || heal_ready::declared(&dir, rank, pid)
+        };
+        declared(rank, pid)
+            && self
+                .workers
+                .iter()
+                .filter(|w| w.pid != pid)
+                .filter(|w| procfs_state(w.pid).is_some_and(|s| s != 'Z' && s != 'X'))
+                .all(|w| declared(w.rank, w.pid))
+    }
+
+    /// Heals `rank` (its process `pid` gone): the agent asks the job's live
+    /// ranks to restart in process (they keep their state), then the rank
+    /// starts again at that request's count, warm from its standby when
+    /// there is one, and takes its state from a live replica.
+    async fn heal(&mut self, rank: u32, pid: i32, reason: &str) -> Input {
+        let req = pb::RequestRestartRequest {
+            job_id: self.job.id.clone(),
+            reason: reason.to_owned(),
+            incident_id: String::new(),
+        };
+        let count = match tokio::time::timeout(STOP_RANKS_TIMEOUT, self.client.request_restart(req))
+            .await
+        {
+            Ok(Ok(r)) => r.into_inner().restart_count,
+            Ok(Err(e)) => {
+                return replaced(
+                    Vec::new(),
+                    Some(format!(
+                        "the agent refused the in-process restart: {}",
+                        e.message()
+                    )),
+                );
+            }
+            Err(_) => {
+                return replaced(
+                    Vec::new(),
+                    Some("the agent did not answer the in-process restart".into()),
+                );
+            }
+        };
+        let done = self.replace_workers(vec![(rank, pid)], count, reason).await;
+        if let Input::Replaced(r) = &done {
+            self.healed_pids.extend(r.workers.iter().map(|w| w.1));
+        }
+        done
     }
 
     /// Stops every process of the current attempt: `first` to each worker's

@@ -726,6 +726,17 @@ impl Streaming {
         }
     }
 
+    /// Reads the rest of stdout into `seen`, until it closes or `timeout`.
+    pub fn drain(&mut self, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        while let Ok(line) = self
+            .lines
+            .recv_timeout(deadline.saturating_duration_since(Instant::now()))
+        {
+            self.seen.push(line);
+        }
+    }
+
     /// Waits for the command to exit; kills it and fails the test at the deadline.
     pub fn wait_exit(&mut self, timeout: Duration) -> ExitStatus {
         let deadline = Instant::now() + timeout;

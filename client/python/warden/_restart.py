@@ -35,6 +35,7 @@ So does a rank stuck in native code that never returns to the interpreter
 from __future__ import annotations
 
 import functools
+import gc
 import os
 import signal
 import sys
@@ -175,8 +176,24 @@ def _wanted_signal() -> int:
     return sig if 0 < sig < signal.NSIG else 0
 
 
+#: Asked by the restart signal's handler before it raises: True defers the
+#: raise (``warden.heal`` while an optimizer update runs; it raises the
+#: restart itself once the step is committed). None: never deferred.
+_defer: Optional[Callable[[], bool]] = None
+
+
+def _set_defer(fn: Optional[Callable[[], bool]]) -> None:
+    """Installs the predicate that defers the signal's raise (``warden.heal``)."""
+    global _defer
+    _defer = fn
+
+
 def _on_signal(signum: int, frame: Any) -> None:
-    """The restart signal's handler: raises in the training thread, once due."""
+    """The restart signal's handler: raises in the training thread, once due
+    (unless an update that must not be cut in half runs: see ``_defer``)."""
+    defer = _defer
+    if defer is not None and defer():
+        return
     if _native._restart_should_raise():
         raise RestartRequested()
 
@@ -282,6 +299,11 @@ def run(
         # process group among them): a gloo group lives, its sockets open and
         # its peers waiting on them, until the last reference goes.
         _release_frames(exc)
+        # A DDP wrapper of the attempt holds the group too, and sits in
+        # reference cycles (module hooks): only the cycle collector frees
+        # it, and a peer blocked on this rank's sockets waits until it does
+        # (measured: gloo's whole 600 s timeout).
+        gc.collect()
         while True:
             if max_restarts is not None and done_restarts >= max_restarts:
                 raise exc
@@ -328,6 +350,12 @@ def _restarts_for(exc: Exception) -> bool:
     """
     if _native._restart_pending() is not None:
         return True
+    if _heal_declared and _lost_peer(exc) and _wait_pending(_HEAL_WAIT_S):
+        # A heal is on its way: the launcher saw the peer's process end and
+        # asked for the restart, which comes in milliseconds; reporting
+        # first would hold this rank for the agent's answer (its settle
+        # window) before it could take it.
+        return True
     decision: Optional[dict[str, Any]] = None
     try:
         decision = _native.default_client()._report_for_decision(exc)
@@ -343,6 +371,29 @@ def _restarts_for(exc: Exception) -> bool:
         )
         return False
     return _wait_pending(_PEER_GRACE_S)
+
+
+#: Set by ``warden.heal.declare``: a peer's loss is healed, so an error
+#: that says a peer's connection ended waits for the restart first.
+_heal_declared = False
+
+#: How long such an error waits for the heal's restart request.
+_HEAL_WAIT_S = 2.0
+
+#: What a collective says when a peer's process ended (gloo, NCCL).
+_LOST_PEER = (
+    "connection closed by peer",
+    "connection reset by peer",
+    "broken pipe",
+    "socket closed",
+    "remote process exited",
+)
+
+
+def _lost_peer(exc: BaseException) -> bool:
+    """Whether ``exc`` says that a peer's connection ended."""
+    text = str(exc).lower()
+    return any(p in text for p in _LOST_PEER)
 
 
 def _wait_pending(timeout: float) -> bool:

@@ -30,6 +30,18 @@
 //! not wait for) -> [`Command::Replace`] (those workers killed and started
 //! again, the others left running) -> [`Input::Replaced`] -> running again;
 //! it counts against no budget. One that fails restarts in job.
+//!
+//! A heal is a replacement the launcher decides alone, at once: a worker
+//! died by a signal while every other worker of the attempt lives and
+//! declared a healable state ([`WorkerExit::healable`]) -> [`Command::Heal`]
+//! (the agent asked to restart the survivors in process, the lost rank
+//! started again at their restart count; it takes its state from a live
+//! replica) -> [`Input::Replaced`] -> running again. The crash's decision,
+//! when it comes, finds the job running and is not acted on unless it
+//! stops the job or the node. At most [`MAX_HEALS`] heals within
+//! [`HEAL_WINDOW`]; past that, and for exits by a code (an exception: the
+//! same code would fail the same way), the decision is waited for as
+//! before.
 
 use std::collections::HashSet;
 use std::time::{Duration, Instant, SystemTime};
@@ -54,6 +66,14 @@ use warden_core::signal::join_ranks as join;
 /// A failed worker the agent never registered: how long to wait for its
 /// registration event to turn up before deciding without the agent.
 pub const UNREGISTERED_WAIT: Duration = Duration::from_millis(300);
+
+/// Heals within [`HEAL_WINDOW`] after which a failure waits for the
+/// agent's decision again (a replacement that dies as it starts, again
+/// and again, is no fault a heal cures).
+pub const MAX_HEALS: usize = 3;
+
+/// The window of [`MAX_HEALS`].
+pub const HEAL_WINDOW: Duration = Duration::from_secs(60);
 
 /// The time an input arrives: the monotonic clock for waits and spans, the
 /// wall clock for what is compared with the agent's timestamps and shown.
@@ -206,6 +226,9 @@ pub struct WorkerExit {
     pub client: bool,
     /// The type of the last exception its stderr showed, if any.
     pub traceback: Option<String>,
+    /// It and every other live worker of the attempt declared a state a
+    /// live replica can heal (`warden.heal`, [`crate::heal_ready`]).
+    pub healable: bool,
 }
 
 /// The workers of an attempt that started (or began to).
@@ -367,6 +390,20 @@ pub enum Command {
         /// StopRanks' reason, for people.
         reason: String,
     },
+    /// Heal: ask the agent to restart the job's live ranks in process
+    /// (RequestRestart), then start `rank` (whose process `pid` is gone)
+    /// again in the attempt at that request's restart count, as
+    /// [`Command::Replace`] does; the new process takes its state from a
+    /// live replica. Answer: [`Input::Replaced`] (with an error when the
+    /// agent refused: the job then restarts in job).
+    Heal {
+        /// The lost worker's global rank.
+        rank: u32,
+        /// Its (dead) process.
+        pid: i32,
+        /// The request's reason, for people.
+        reason: String,
+    },
     /// Start the attempt's workers, their exits tagged with `generation`.
     /// Answer: [`Input::Started`] or [`Input::StartFailed`].
     Start {
@@ -436,6 +473,9 @@ struct Replacing {
     ranks: Vec<u32>,
     since: Instant,
     since_wall: SystemTime,
+    /// A heal the launcher decided ([`Command::Heal`]), not the agent's
+    /// replacement of a stopped rank.
+    heal: bool,
 }
 
 /// Why a restart happens.
@@ -572,6 +612,10 @@ pub struct JobState {
     replaced_pids: HashSet<i32>,
     /// Workers replaced (any attempt).
     replacements: u32,
+    /// When each heal was decided (the last [`HEAL_WINDOW`]'s).
+    heals: Vec<Instant>,
+    /// Heals done (any attempt).
+    healed: u32,
 }
 
 /// Workers that failed in their teardown: after their training ended, as
@@ -689,6 +733,8 @@ impl JobState {
             report: None,
             replaced_pids: HashSet::new(),
             replacements: 0,
+            heals: Vec::new(),
+            healed: 0,
         }
     }
 
@@ -732,6 +778,11 @@ impl JobState {
     /// Workers replaced so far in the middle of in-process restarts.
     pub fn replacements(&self) -> u32 {
         self.replacements
+    }
+
+    /// Lost ranks healed from a live replica so far.
+    pub fn healed(&self) -> u32 {
+        self.healed
     }
 
     /// Takes one input at `now`; returns what to do.
@@ -1230,6 +1281,8 @@ impl JobState {
             pid,
             exit,
             registered,
+            healable,
+            traceback,
             ..
         } = e;
         if generation != self.attempt.generation {
@@ -1293,6 +1346,16 @@ impl JobState {
                 // A held decision restarts or ends the job already.
                 return;
             }
+        }
+        // A traceback on its stderr: the training code failed, and would again.
+        if failed
+            && healable
+            && traceback.is_none()
+            && self.pending.is_none()
+            && self.may_heal(exit, now)
+        {
+            self.heal(rank, pid, exit, now, out);
+            return;
         }
         if failed {
             let status = exit.map_or("status unknown".to_owned(), |e| e.to_string());
@@ -1404,6 +1467,12 @@ impl JobState {
         }
         match action {
             Action::RestartInJob if stale => {}
+            Action::RestartInJob if self.healed_already(&brief, now) => {
+                out.push(Command::Say(format!(
+                    "{}: not acted on: the crash was healed and every worker runs",
+                    d.id
+                )));
+            }
             Action::RestartInJob => {
                 let (since, since_wall) = self
                     .pending
@@ -1564,6 +1633,77 @@ impl JobState {
             ranks: here,
             since: now.at,
             since_wall: now.wall,
+            heal: false,
+        }));
+    }
+
+    /// A crash's restart decision that a heal answered already: a heal in
+    /// the last [`HEAL_WINDOW`], no failure waiting, every worker running.
+    fn healed_already(&self, brief: &IncidentBrief, now: Now) -> bool {
+        brief.kind == "crash"
+            && self.pending.is_none()
+            && self
+                .heals
+                .last()
+                .is_some_and(|t| now.at.saturating_duration_since(*t) < HEAL_WINDOW)
+            && !self.attempt.workers.is_empty()
+            && self.attempt.workers.iter().all(|w| w.exit.is_none())
+    }
+
+    /// Whether a worker's failure with `exit` is healed at once: it died by
+    /// a signal (from outside, or a crash in native code; an exit by a code
+    /// is an exception's, which would come back), on one host (the other
+    /// hosts' ranks are not asked), every other worker of the attempt is
+    /// still running, and fewer than [`MAX_HEALS`] heals in the last
+    /// [`HEAL_WINDOW`].
+    fn may_heal(&mut self, exit: Option<Exit>, now: Now) -> bool {
+        if self.limits.across_hosts || !matches!(exit, Some(Exit::Signal(_))) {
+            return false;
+        }
+        if self
+            .attempt
+            .workers
+            .iter()
+            .filter(|w| w.exit.is_none())
+            .count()
+            == 0
+        {
+            return false;
+        }
+        self.heals
+            .retain(|t| now.at.saturating_duration_since(*t) < HEAL_WINDOW);
+        self.heals.len() < MAX_HEALS
+    }
+
+    /// Heals `rank`: its (dead) worker leaves the attempt, the agent asks
+    /// the others to restart in process and the rank starts again at their
+    /// count ([`Command::Heal`]).
+    fn heal(&mut self, rank: u32, pid: i32, exit: Option<Exit>, now: Now, out: &mut Vec<Command>) {
+        let status = exit.map_or("status unknown".to_owned(), |e| e.to_string());
+        self.heals.push(now.at);
+        self.attempt.workers.retain(|w| w.pid != pid);
+        let reason = format!(
+            "rank {rank} (pid {pid}) {status}: healing it from a live replica; the other ranks restart in process"
+        );
+        out.push(Command::Say(reason.clone()));
+        out.push(Command::Heal {
+            rank,
+            pid,
+            reason: reason.clone(),
+        });
+        self.phase = Phase::Replacing(Box::new(Replacing {
+            id: "heal".into(),
+            brief: IncidentBrief {
+                kind: "crash".into(),
+                action: "heal".into(),
+                reason,
+                decided_by: "the launcher".into(),
+                ..Default::default()
+            },
+            ranks: vec![rank],
+            since: now.at,
+            since_wall: now.wall,
+            heal: true,
         }));
     }
 
@@ -1581,6 +1721,23 @@ impl JobState {
         }
         let took = now.at.duration_since(r.since).as_secs_f64();
         match done.error {
+            None if r.heal => {
+                self.healed += u32::try_from(done.workers.len()).unwrap_or(u32::MAX);
+                let new: Vec<String> = done
+                    .workers
+                    .iter()
+                    .map(|(rank, pid)| format!("rank {rank} pid {pid}"))
+                    .collect();
+                self.attempt.record.other_decisions.push(format!(
+                    "healed {}: {}",
+                    new.join(", "),
+                    r.brief.reason
+                ));
+                out.push(Command::Say(format!(
+                    "healed in {took:.2}s: {} started, its state from a live replica",
+                    new.join(", ")
+                )));
+            }
             None => {
                 self.replacements += u32::try_from(done.workers.len()).unwrap_or(u32::MAX);
                 let new: Vec<String> = done
@@ -1599,6 +1756,18 @@ impl JobState {
                     r.id,
                     new.join(", ")
                 )));
+            }
+            Some(e) if r.heal => {
+                let mut b = r.brief;
+                b.action = "restart_in_job".into();
+                b.decided_by = "the launcher, after a failed heal".into();
+                b.reason = format!(
+                    "healing rank{} {} failed ({e}): the job restarts from its checkpoint; {}",
+                    if r.ranks.len() == 1 { "" } else { "s" },
+                    join(&r.ranks),
+                    b.reason
+                );
+                self.restart_in_job_at_once(b, r.id, (r.since, r.since_wall), now, out);
             }
             Some(e) => {
                 let mut b = r.brief;

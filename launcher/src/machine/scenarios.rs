@@ -123,6 +123,7 @@ fn exit(generation: u64, rank: u32, pid: i32, code: i32) -> Input {
         deregistered: false,
         client: false,
         traceback: None,
+        healable: false,
     })
 }
 
@@ -138,6 +139,7 @@ fn abort(generation: u64, rank: u32, pid: i32, traceback: Option<&str>) -> Input
         deregistered: false,
         client: false,
         traceback: traceback.map(str::to_owned),
+        healable: false,
     })
 }
 
@@ -153,6 +155,7 @@ fn closed_then(generation: u64, rank: u32, pid: i32, exit: Exit) -> Input {
         deregistered: true,
         client: true,
         traceback: None,
+        healable: false,
     })
 }
 
@@ -168,6 +171,7 @@ fn aborted_training(generation: u64, rank: u32, pid: i32) -> Input {
         deregistered: false,
         client: true,
         traceback: None,
+        healable: false,
     })
 }
 
@@ -262,7 +266,20 @@ fn killed(generation: u64, rank: u32, pid: i32, sig: i32) -> Input {
         deregistered: false,
         client: false,
         traceback: None,
+        healable: false,
     })
+}
+
+/// A worker that declared a healable state (as every other live one did),
+/// killed by `sig`.
+fn killed_healable(generation: u64, rank: u32, pid: i32, sig: i32) -> Input {
+    match killed(generation, rank, pid, sig) {
+        Input::WorkerExit(mut e) => {
+            e.healable = true;
+            Input::WorkerExit(e)
+        }
+        other => other,
+    }
 }
 
 fn backoff(input: Input, by: Duration) -> Input {
@@ -316,6 +333,7 @@ fn short(c: &Command) -> Option<String> {
         Command::Observe => "observe".into(),
         Command::Rendezvous { restart_count } => format!("rendezvous {restart_count}"),
         Command::Start { plan, .. } => format!("start {}", plan.restart_count),
+        Command::Heal { rank, pid, .. } => format!("heal {rank}/{pid}"),
         Command::Replace {
             workers,
             restart_count,
@@ -725,6 +743,7 @@ fn scenarios() -> Vec<Scenario> {
                                 deregistered: false,
                                 client: true,
                                 traceback: Some("RuntimeError".into()),
+                                healable: false,
                             }),
                             &["publish restart", "stop SIGTERM"],
                         ),
@@ -1131,6 +1150,7 @@ fn scenarios() -> Vec<Scenario> {
                             deregistered: false,
                             client: false,
                             traceback: None,
+                            healable: false,
                         }),
                         &[],
                     ),
@@ -1366,6 +1386,115 @@ fn scenarios() -> Vec<Scenario> {
                     "the agent restarts the ranks in process; the launcher leaves the workers running",
                     "hang-1: replacing rank 1 (pid 101) in restart 1: rank 1 stopped (SIGSTOP or a tracer); the other ranks restart in process",
                     "hang-1: replaced in 0.20s: rank 1 pid 300",
+                ],
+                ..End::default()
+            },
+        },
+        Scenario {
+            name: "a healable rank killed by a signal is healed at once; the crash's decision is not acted on",
+            limits: limits(),
+            steps: with(
+                first_attempt(),
+                vec![
+                    (1000, killed_healable(1, 1, 101, 9), &["heal 1/101"]),
+                    (1100, replaced(&[(1, 300)], None), &[]),
+                    // The agent's diagnosis of the same crash, later.
+                    (
+                        1250,
+                        decision("inc-1", 0, 1000, Action::RestartInJob, 0),
+                        &[],
+                    ),
+                    (9000, exit(1, 0, 100, 0), &[]),
+                    (9001, exit(1, 1, 300, 0), &["finish 0"]),
+                ],
+            ),
+            expect: End {
+                code: Some(0),
+                outcome: "succeeded",
+                records: 1,
+                ended: "every worker exited 0",
+                says: &[
+                    "rank 1 (pid 101) signal 9 (SIGKILL): healing it from a live replica; the other ranks restart in process",
+                    "healed in 0.10s: rank 1 pid 300 started, its state from a live replica",
+                    "inc-1: not acted on: the crash was healed and every worker runs",
+                ],
+                ..End::default()
+            },
+        },
+        Scenario {
+            name: "a worker not healable waits for the decision, which restarts in job, as before",
+            limits: limits(),
+            steps: with(
+                with(
+                    first_attempt(),
+                    vec![
+                        (1000, killed(1, 1, 101, 9), &[]),
+                        (
+                            1200,
+                            decision("inc-1", 0, 1000, Action::RestartInJob, 0),
+                            &["publish restart", "stop SIGTERM"],
+                        ),
+                    ],
+                ),
+                restart_path(1300, 1, 200),
+            ),
+            expect: End {
+                restarts: 1,
+                local_restarts: 1,
+                says: &[
+                    "rank 1 (pid 101) failed: signal 9 (SIGKILL); waiting for the agent's diagnosis",
+                ],
+                ..End::default()
+            },
+        },
+        Scenario {
+            name: "a heal the agent refuses restarts the job from its checkpoint",
+            limits: limits(),
+            steps: with(
+                with(
+                    first_attempt(),
+                    vec![
+                        (1000, killed_healable(1, 1, 101, 9), &["heal 1/101"]),
+                        (
+                            1100,
+                            replaced(
+                                &[],
+                                Some("the agent refused the in-process restart: no live rank"),
+                            ),
+                            &["publish restart", "stop SIGTERM"],
+                        ),
+                    ],
+                ),
+                restart_path(1300, 1, 200),
+            ),
+            expect: End {
+                restarts: 1,
+                local_restarts: 1,
+                says: &[
+                    "healing rank 1 failed (the agent refused the in-process restart: no live rank): the job restarts from its checkpoint",
+                    "attempt 1: workers started",
+                ],
+                ..End::default()
+            },
+        },
+        Scenario {
+            name: "more than MAX_HEALS heals within the window: the next failure waits for the decision",
+            limits: limits(),
+            steps: with(
+                first_attempt(),
+                vec![
+                    (1000, killed_healable(1, 1, 101, 9), &["heal 1/101"]),
+                    (1100, replaced(&[(1, 300)], None), &[]),
+                    (2000, killed_healable(1, 1, 300, 9), &["heal 1/300"]),
+                    (2100, replaced(&[(1, 301)], None), &[]),
+                    (3000, killed_healable(1, 1, 301, 9), &["heal 1/301"]),
+                    (3100, replaced(&[(1, 302)], None), &[]),
+                    (4000, killed_healable(1, 1, 302, 9), &[]),
+                ],
+            ),
+            expect: End {
+                says: &[
+                    "rank 1 (pid 302) failed: signal 9 (SIGKILL); waiting for the agent's diagnosis",
                 ],
                 ..End::default()
             },

@@ -1,0 +1,504 @@
+"""Heal from a live replica: no rollback when a data-parallel rank is lost.
+
+In: the training state, declared once (``declare(model, optimizer, data=)``);
+each attempt of the training function under ``warden.run`` calls
+``state.resume(restore)`` on its new process group and steps with
+``state.steps(total)``. Out: the state of every rank set to the newest step
+that a live, consistent replica holds, sent from that replica to the ranks
+that lack it (the replacement of a lost rank, a survivor interrupted while
+its optimizer was updating) over the rebuilt process group; nothing is read
+from a checkpoint. Where no rank holds a consistent state (a fresh job, every
+replica lost), ``restore`` runs on every rank instead (the checkpoint path),
+and the fallback is said on stderr. Never: imports torch before it is used,
+unpickles a peer's bytes (the skeleton goes through ``torch.load(...,
+weights_only=True)``), or lets a restart land inside an optimizer update
+unseen (an update interrupted there makes the rank a receiver).
+
+The flow, with ``warden run`` (which replaces a rank that died by a signal
+from a standby interpreter while the others restart in process):
+
+1. Survivors: ``RestartRequested`` ends their attempt (their process groups
+   aborted); they keep their process, model and optimizer. Their state is
+   that of the last step they committed (``steps`` commits a step when its
+   body returned after the optimizer's update), and its RNG and data
+   position are restored from the snapshot taken at that commit, so the
+   step in flight is redone exactly.
+2. The replacement starts at the same restart count (its launcher sets it)
+   with a freshly built model and optimizer.
+3. ``resume`` gathers every rank's committed step (-1: none, or an update
+   was interrupted), picks the lowest rank at the newest step as the
+   source, and sends model, optimizer, step, RNG and data position to
+   every rank not at that step (point to point; the others send nothing).
+
+The launcher learns that the workers can be healed from the file named by
+``WARDEN_HEAL_FILE``: ``declare`` writes the process's pid there.
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime
+import gc
+import io
+import os
+import random
+import sys
+import tempfile
+import time
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
+
+from . import _native, _restart
+
+__all__ = ["State", "declare", "init_process_group", "seed_step", "store_dir"]
+
+#: The launcher's variable naming the file this worker's pid goes to.
+HEAL_FILE_ENV = "WARDEN_HEAL_FILE"
+#: Where ``init_process_group`` keeps its per-attempt FileStores (optional).
+STORE_DIR_ENV = "WARDEN_HEAL_STORE_DIR"
+#: Largest skeleton (the non-tensor part of the state) a rank accepts, bytes.
+MAX_SKELETON_BYTES = 64 * 1024 * 1024
+#: Largest tensor payload a rank accepts from a peer, bytes (a peer of the
+#: same job, but a size read off the wire is never trusted blindly).
+MAX_PAYLOAD_BYTES = 1 << 40
+
+_TENSOR = "__warden_tensor__"
+
+
+def _torch() -> Any:
+    import torch  # noqa: PLC0415 - only when used
+
+    return torch
+
+
+def _say(line: str) -> None:
+    print(f"warden.heal: {line}", file=sys.stderr, flush=True)
+
+
+def store_dir() -> str:
+    """The folder of this job's per-attempt stores (private to the user).
+
+    ``$WARDEN_HEAL_STORE_DIR`` when set, else a folder under the temporary
+    directory named after the job and the launcher's pid, so two runs of
+    the same job never share a store.
+    """
+    given = os.environ.get(STORE_DIR_ENV)
+    if given:
+        os.makedirs(given, mode=0o700, exist_ok=True)
+        return given
+    job = os.environ.get("WARDEN_JOB_ID") or os.environ.get("TORCHELASTIC_RUN_ID") or "job"
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in job)[:64]
+    launcher = os.environ.get("WARDEN_LAUNCHER_PID", "0")
+    base = os.path.join(tempfile.gettempdir(), f"warden-heal-{os.getuid()}")
+    os.makedirs(base, mode=0o700, exist_ok=True)
+    st = os.lstat(base)
+    if st.st_uid != os.getuid() or (st.st_mode & 0o077) or not os.path.isdir(base) or os.path.islink(base):
+        raise RuntimeError(
+            f"warden.heal: {base} is not a private folder of this user; set {STORE_DIR_ENV}"
+        )
+    path = os.path.join(base, f"{safe}-{launcher}")
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    return path
+
+
+#: This process's control store (one per job and in-job restart): which
+#: attempts some rank has entered.
+_control: Any = None
+
+
+def init_process_group(backend: str = "gloo", timeout_s: float = 600.0) -> None:
+    """The default process group of this attempt, on a store of its own.
+
+    Each attempt (``warden.restart_count()``, within each in-job restart)
+    gets a new FileStore in ``store_dir()``: the old store's keys belong to
+    the old group, and a store hosted by a rank (TCPStore on rank 0) would
+    die with that rank. Rank and world size come from ``RANK`` and
+    ``WORLD_SIZE``.
+
+    The ranks meet in Python before torch's rendezvous: a wait inside it is
+    C++ that no restart signal interrupts, and a peer lost during a heal
+    would leave the others waiting there for the whole timeout. Meanwhile a
+    rank that sees a later attempt begun (a second fault during the heal,
+    whose restart request reached the others before this process had
+    registered) joins that attempt instead.
+    """
+    global _control
+    torch = _torch()
+    dist = torch.distributed
+    rank = int(os.environ["RANK"])
+    world = int(os.environ["WORLD_SIZE"])
+    # In-job restarts start new processes at in-process count 0 again.
+    in_job = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    folder = store_dir()
+    if _control is None:
+        _control = dist.FileStore(os.path.join(folder, f"control-{in_job}"), -1)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        count = _restart.restart_count()
+        _control.set(f"entered-{count}", "1")
+        store = dist.FileStore(os.path.join(folder, f"attempt-{in_job}-{count}"), world)
+        store.add("warden-heal-joined", 1)
+        later = False
+        while store.add("warden-heal-joined", 0) < world:
+            if _control.check([f"entered-{count + 1}"]):
+                later = True
+                break
+            if time.monotonic() >= deadline:
+                raise RuntimeError(f"warden.heal: not every rank joined attempt {count} within {timeout_s} s")
+            time.sleep(0.002)
+        if not later:
+            break
+        _say(f"rank {rank}: attempt {count + 1} began while this rank waited in attempt {count}: joining it")
+        _restart._count = count + 1
+    dist.init_process_group(
+        backend,
+        store=store,
+        rank=rank,
+        world_size=world,
+        timeout=datetime.timedelta(seconds=timeout_s),
+    )
+
+
+def _announce() -> None:
+    """Tells the launcher this worker can be healed (its pid in its file)."""
+    path = os.environ.get(HEAL_FILE_ENV)
+    if not path:
+        return
+    tmp = f"{path}.{os.getpid()}.tmp"
+    try:
+        with open(tmp, "w", encoding="ascii") as f:
+            f.write(f"{os.getpid()}\n")
+        os.replace(tmp, path)
+    except OSError as e:
+        _say(f"cannot write {path} ({e}): the launcher will restart the job instead of healing it")
+
+
+class State:
+    """A rank's training state, declared once: what a heal sends and restores.
+
+    ``model``: an ``nn.Module`` (its ``state_dict``; wrap it in DDP after
+    ``resume``, on each attempt's new group). ``optimizer``: a
+    ``torch.optim.Optimizer`` or None. ``data``: an object with
+    ``state_dict()`` / ``load_state_dict()`` whose state is the same on
+    every rank (a sampler's epoch and position; the rank itself is
+    configuration), or None when the data position follows from the step.
+    ``rng``: ``"step"`` (the default) seeds the torch, Python and NumPy RNGs
+    at the start of every step from (``seed``, rank, step), so a rank's RNG
+    never needs a peer (a replica holds the model, not another rank's RNG);
+    ``"shared"`` carries the source's RNG states (ranks whose RNGs are
+    identical); None leaves them alone.
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        optimizer: Any = None,
+        *,
+        data: Any = None,
+        rng: Optional[str] = "step",
+        seed: int = 0,
+    ) -> None:
+        if rng not in ("step", "shared", None):
+            raise ValueError(f"warden.heal: rng={rng!r}: must be 'step', 'shared' or None")
+        self.model = model
+        self.optimizer = optimizer
+        self.data = data
+        self.rng = rng
+        self.seed = int(seed)
+        self.rank = int(os.environ.get("RANK", "0"))
+        #: Steps committed: the next step to run.
+        self.step = 0
+        #: How the last ``resume`` got its state, for a person.
+        self.last = "not resumed yet"
+        #: The in-memory state is that of ``step`` (committed or received).
+        self._consistent = False
+        #: An optimizer update began and its step was not committed yet.
+        self._updating = False
+        #: A restart arrived while updating: raise it at the commit.
+        self._deferred = False
+        #: RNG and data position as of the last commit.
+        self._loop: Dict[str, Any] = {}
+        if optimizer is not None:
+            optimizer.register_step_pre_hook(self._begin_update)
+        _restart._set_defer(self._defer_restart)
+        _restart._heal_declared = True
+        # warden.run collects garbage after a restart (a DDP wrapper in a
+        # reference cycle holds the old group's sockets, which peers wait
+        # on). With torch loaded a full collection walks ~170k objects,
+        # 150-400 ms on the restart's path, twice over in a ring (the lost
+        # rank's neighbours, then the rank opposite). Everything made
+        # before the declaration lives for the whole job: freezing it
+        # leaves the collection the attempt's own objects (microseconds).
+        # The import-time garbage is collected first, except in a heal's
+        # replacement, whose declaration is on the heal's path.
+        if _restart.restart_count() == 0:
+            gc.collect()
+        gc.freeze()
+        _announce()
+
+    # -- the step boundary ------------------------------------------------
+
+    def _begin_update(self, *_: Any) -> None:
+        self._updating = True
+
+    def _defer_restart(self) -> bool:
+        """The restart signal's handler asks: not in the middle of an update."""
+        if self._updating:
+            self._deferred = True
+            return True
+        return False
+
+    def commit(self, step: Optional[int] = None) -> None:
+        """Marks step ``step`` (default: the current one) done: the state in
+        memory is now that after ``step + 1`` steps. ``steps`` calls it; call
+        it yourself in a loop of your own, right after the step's update."""
+        self.step = (self.step if step is None else int(step)) + 1
+        self._loop = self._snapshot_loop()
+        self._consistent = True
+        self._updating = False
+        if self._deferred:
+            self._deferred = False
+            if _native._restart_should_raise():
+                raise _restart.RestartRequested()
+
+    def steps(self, total: int) -> Iterator[int]:
+        """Yields the step numbers from the committed step up to ``total``,
+        committing each one when the loop's body returns."""
+        while self.step < total:
+            n = self.step
+            if self.rng == "step":
+                seed_step(self.seed, self.rank, n)
+            yield n
+            self.commit(n)
+
+    # -- what is carried --------------------------------------------------
+
+    def _snapshot_loop(self) -> Dict[str, Any]:
+        loop: Dict[str, Any] = {}
+        if self.rng == "shared":
+            torch = _torch()
+            loop["torch"] = torch.get_rng_state()
+            loop["python"] = random.getstate()
+            np = sys.modules.get("numpy")
+            if np is not None:
+                kind, keys, pos, has_gauss, gauss = np.random.get_state()
+                loop["numpy"] = (kind, torch.from_numpy(keys.astype("int64")), pos, has_gauss, gauss)
+        if self.data is not None:
+            loop["data"] = copy.deepcopy(self.data.state_dict())
+        return loop
+
+    def _apply_loop(self, loop: Dict[str, Any]) -> None:
+        if "torch" in loop:
+            _torch().set_rng_state(loop["torch"])
+        if "python" in loop:
+            v, internal, gauss = loop["python"]
+            random.setstate((v, tuple(internal), gauss))
+        if "numpy" in loop:
+            np = sys.modules.get("numpy")
+            if np is not None:
+                kind, keys, pos, has_gauss, gauss = loop["numpy"]
+                np.random.set_state((kind, keys.numpy().astype("uint32"), pos, has_gauss, gauss))
+        if "data" in loop and self.data is not None:
+            self.data.load_state_dict(copy.deepcopy(loop["data"]))
+
+    def _payload(self) -> Dict[str, Any]:
+        return {
+            "step": self.step,
+            "model": self.model.state_dict(),
+            "optimizer": None if self.optimizer is None else self.optimizer.state_dict(),
+            "loop": self._loop,
+        }
+
+    def _zero_grads(self) -> None:
+        if self.optimizer is not None:
+            self.optimizer.zero_grad(set_to_none=True)
+        else:
+            self.model.zero_grad(set_to_none=True)
+
+    # -- the heal -----------------------------------------------------------
+
+    def resume(self, restore: Optional[Callable[[], Optional[int]]] = None, group: Any = None) -> int:
+        """Brings every rank to the newest consistent step a live replica
+        holds; returns the step to run next.
+
+        Call it on every rank, in every attempt, after the attempt's process
+        group exists and before wrapping the model in DDP. ``restore``: the
+        checkpoint path (load this rank's model, optimizer and data position
+        from the newest checkpoint every rank has; return its step, or None
+        on a fresh start). It runs only where no rank holds a live state.
+        """
+        torch = _torch()
+        dist = torch.distributed
+        started = time.perf_counter()
+        rank = dist.get_rank(group)
+        world = dist.get_world_size(group)
+        mine = self.step if (self._consistent and not self._updating) else -1
+        if self._updating:
+            _say(f"rank {rank}: its optimizer update of step {self.step} was interrupted: it receives the state")
+        self._updating = False
+        self._deferred = False
+        gathered = [torch.zeros(1, dtype=torch.int64) for _ in range(world)]
+        dist.all_gather(gathered, torch.tensor([mine], dtype=torch.int64), group=group)
+        steps = [int(t.item()) for t in gathered]
+        best = max(steps)
+        count = _restart.restart_count()
+        if best < 0:
+            step = restore() if restore is not None else None
+            self.step = int(step or 0)
+            self._zero_grads()
+            self._loop = self._snapshot_loop() if step is None else self._loop
+            if step is not None and "torch" not in self._loop:
+                self._loop = self._snapshot_loop()
+            self._consistent = True
+            if count > 0:
+                self.last = f"no live replica holds the state: restored from the checkpoint at step {self.step}"
+                _say(f"rank {rank}: {self.last}")
+            else:
+                self.last = "fresh start" if step is None else f"restored from the checkpoint at step {self.step}"
+            return self.step
+        source = min(r for r, s in enumerate(steps) if s == best)
+        behind = [r for r, s in enumerate(steps) if s != best]
+        sent = 0
+        if rank == source:
+            for r in behind:
+                sent = _send(self._payload(), r, group)
+            self._apply_loop(self._loop)
+        elif rank in behind:
+            payload, sent = _receive(source, group)
+            self.model.load_state_dict(payload["model"])
+            if self.optimizer is not None and payload["optimizer"] is not None:
+                self.optimizer.load_state_dict(payload["optimizer"])
+            self._loop = payload["loop"]
+            self._apply_loop(self._loop)
+            self.step = int(payload["step"])
+        else:
+            self._apply_loop(self._loop)
+        self._zero_grads()
+        self._consistent = True
+        took = time.perf_counter() - started
+        if not behind:
+            self.last = f"every rank live at step {best}: nothing to send"
+        elif rank in behind:
+            self.last = f"healed from rank {source} at step {best}: {sent} bytes in {took:.3f} s"
+        else:
+            self.last = f"rank {source} sent step {best} to rank{'s' if len(behind) > 1 else ''} {','.join(map(str, behind))}"
+        if count > 0:
+            _say(f"rank {rank}: {self.last}")
+        return self.step
+
+
+def declare(
+    model: Any, optimizer: Any = None, *, data: Any = None, rng: Optional[str] = "step", seed: int = 0
+) -> State:
+    """Declares the training state once; see :class:`State`."""
+    return State(model, optimizer, data=data, rng=rng, seed=seed)
+
+
+def seed_step(seed: int, rank: int, step: int) -> None:
+    """Seeds the torch, Python and NumPy (when imported) RNGs for ``step`` of
+    ``rank``: what ``State.steps`` does with ``rng="step"``, for a loop that
+    must draw the same numbers without warden.heal."""
+    value = ((int(seed) * 1_000_003 + int(rank)) * 1_000_033 + int(step)) % (1 << 63)
+    _torch().manual_seed(value)
+    random.seed(value)
+    np = sys.modules.get("numpy")
+    if np is not None:
+        np.random.seed(value % (1 << 32))
+
+
+# -- the wire: a skeleton (torch.load weights_only) and one flat buffer ------
+
+
+def _flatten(obj: Any, tensors: List[Any]) -> Any:
+    torch = _torch()
+    if torch.is_tensor(obj):
+        t = obj.detach()
+        tensors.append(t)
+        return {_TENSOR: len(tensors) - 1, "dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape)}
+    if isinstance(obj, dict):
+        return {k: _flatten(v, tensors) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_flatten(v, tensors) for v in obj]
+    if isinstance(obj, tuple):
+        return tuple(_flatten(v, tensors) for v in obj)
+    return obj
+
+
+def _unflatten(obj: Any, parts: List[Any]) -> Any:
+    if isinstance(obj, dict):
+        if _TENSOR in obj:
+            return parts[obj[_TENSOR]]
+        return {k: _unflatten(v, parts) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_unflatten(v, parts) for v in obj]
+    if isinstance(obj, tuple):
+        return tuple(_unflatten(v, parts) for v in obj)
+    return obj
+
+
+def _tensor_specs(obj: Any, out: List[Tuple[int, str, List[int]]]) -> None:
+    if isinstance(obj, dict):
+        if _TENSOR in obj:
+            out.append((int(obj[_TENSOR]), str(obj["dtype"]), [int(d) for d in obj["shape"]]))
+            return
+        for v in obj.values():
+            _tensor_specs(v, out)
+    elif isinstance(obj, (list, tuple)):
+        for v in obj:
+            _tensor_specs(v, out)
+
+
+def _send(payload: Dict[str, Any], dst: int, group: Any) -> int:
+    torch = _torch()
+    dist = torch.distributed
+    tensors: List[Any] = []
+    skeleton = _flatten(payload, tensors)
+    buf = io.BytesIO()
+    torch.save(skeleton, buf)
+    skel = torch.frombuffer(bytearray(buf.getvalue()), dtype=torch.uint8)
+    flat = [t.reshape(-1).contiguous().cpu().view(torch.uint8) for t in tensors]
+    body = torch.cat(flat) if flat else torch.zeros(0, dtype=torch.uint8)
+    header = torch.tensor([skel.numel(), body.numel()], dtype=torch.int64)
+    dist.send(header, dst, group=group)
+    dist.send(skel, dst, group=group)
+    if body.numel():
+        dist.send(body, dst, group=group)
+    return int(skel.numel() + body.numel())
+
+
+def _receive(src: int, group: Any) -> Tuple[Dict[str, Any], int]:
+    torch = _torch()
+    dist = torch.distributed
+    header = torch.zeros(2, dtype=torch.int64)
+    dist.recv(header, src, group=group)
+    n_skel, n_body = int(header[0]), int(header[1])
+    if not (0 < n_skel <= MAX_SKELETON_BYTES and 0 <= n_body <= MAX_PAYLOAD_BYTES):
+        raise RuntimeError(f"warden.heal: rank {src} announced {n_skel} + {n_body} bytes: refused")
+    skel = torch.empty(n_skel, dtype=torch.uint8)
+    dist.recv(skel, src, group=group)
+    skeleton = torch.load(io.BytesIO(skel.numpy().tobytes()), weights_only=True)
+    specs: List[Tuple[int, str, List[int]]] = []
+    _tensor_specs(skeleton, specs)
+    specs.sort()
+    parts: List[Any] = []
+    sizes: List[int] = []
+    for i, (index, dtype, shape) in enumerate(specs):
+        dt = getattr(torch, dtype, None)
+        if index != i or not isinstance(dt, torch.dtype) or any(d < 0 for d in shape):
+            raise RuntimeError(f"warden.heal: rank {src} sent a malformed tensor entry {index}")
+        numel = 1
+        for d in shape:
+            numel *= d
+        sizes.append(numel * torch.empty(0, dtype=dt).element_size())
+        parts.append((dt, shape))
+    if sum(sizes) != n_body:
+        raise RuntimeError(f"warden.heal: rank {src} sent {n_body} bytes for tensors of {sum(sizes)}")
+    body = torch.empty(n_body, dtype=torch.uint8)
+    if n_body:
+        dist.recv(body, src, group=group)
+    tensors: List[Any] = []
+    offset = 0
+    for (dt, shape), size in zip(parts, sizes):
+        # A copy first: a view as a wider dtype needs an aligned offset.
+        tensors.append(body[offset : offset + size].clone().view(dt).reshape(shape))
+        offset += size
+    return _unflatten(skeleton, tensors), n_skel + n_body

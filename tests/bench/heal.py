@@ -1,0 +1,120 @@
+"""Heal against checkpoint restart, side by side (docs/benchmarks.md, "Heal from a live replica").
+
+The same job (examples/heal/ddp.py: 4 ranks, gloo, CPU, plain DDP, a
+checkpoint every 40 steps, 30 ms steps), the same fault (rank 1 SIGKILLed from
+outside once it logged step 60, i.e. 20 steps after a checkpoint) and the same
+machine, in one run, alternating:
+  heal        warden run, the state declared (warden.heal): the rank is healed
+  checkpoint  warden run, EXAMPLE_HEAL=0: today's in-job restart from the tier
+
+Per run: the seconds from the kill (this script's clock, just after kill())
+to every rank logging a step (the log's own time.time()), the steps redone
+(the most (rank, step) pairs any rank logged again), whether the digests equal
+the fault-free run's, and whether it recovered at the first try (exit 0 with
+one heal, or one in-job restart). Prints one JSON line per run and a table.
+
+  python tests/bench/heal.py --runs 10 [--warden target/debug/warden] [--python .venv/bin/python]
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+STEPS, CKPT, KILL_AT, VICTIM = 100, 40, 60, 1
+
+
+def read(log: str) -> list[list[str]]:
+    try:
+        with open(log) as f:
+            return [l.split() for l in f]
+    except FileNotFoundError:
+        return []
+
+
+def one(a, work: str, job: str, heal: bool, kill: bool) -> dict:
+    log = os.path.join(work, f"{job}.log")
+    env = dict(os.environ, EXAMPLE_LOG=log, EXAMPLE_STEPS=str(STEPS), EXAMPLE_CKPT_EVERY=str(CKPT),
+               EXAMPLE_STEP_MS="30", EXAMPLE_HEAL="1" if heal else "0",
+               WARDEN_HEAL_STORE_DIR=os.path.join(work, f"{job}-stores"))
+    env.pop("WARDEN_SOCKET", None)
+    err = open(os.path.join(work, f"{job}.err"), "w")
+    p = subprocess.Popen([a.warden, "--socket", os.path.join(work, "none.sock"), "run", "--nproc-per-node", "4",
+                          "--rdzv-id", job, "--log-dir", os.path.join(work, "logs"), "--",
+                          a.python, os.path.join(ROOT, "examples/heal/ddp.py")],
+                         stdout=subprocess.DEVNULL, stderr=err, env=env)
+    killed = None
+    deadline = time.monotonic() + 600
+    while p.poll() is None and time.monotonic() < deadline:
+        if kill and killed is None:
+            for f in read(log):
+                if len(f) == 7 and f[1] == "step" and int(f[2]) >= KILL_AT and int(f[4]) == VICTIM:
+                    os.kill(int(f[6]), signal.SIGKILL)
+                    killed = time.time()
+                    break
+        time.sleep(0.005)
+    if p.poll() is None:
+        p.kill()
+    rc = p.wait()
+    lines = read(log)
+    steps = [f for f in lines if len(f) == 7 and f[1] == "step"]
+    done = {int(f[3]): f[5] for f in lines if len(f) == 6 and f[1] == "done"}
+    back = None
+    if killed:
+        first = {}
+        for f in steps:
+            if float(f[0]) > killed:
+                first.setdefault(int(f[4]), float(f[0]))
+        if len(first) == 4:
+            back = max(first.values()) - killed
+    seen = collections.Counter((int(f[4]), int(f[2])) for f in steps)
+    redone = collections.Counter(r for (r, _), c in seen.items() if c > 1)
+    errtext = open(os.path.join(work, f"{job}.err")).read()
+    restarts = errtext.count("restarting in job")
+    heals = errtext.count("healed in ")
+    first_try = rc == 0 and ((heal and heals == 1 and restarts == 0) or (not heal and restarts == 1)) if kill else rc == 0
+    return {"job": job, "mode": "heal" if heal else "checkpoint", "rc": rc, "back_s": back,
+            "redone": max(redone.values(), default=0), "digests": done, "first_try": first_try}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--runs", type=int, default=10)
+    ap.add_argument("--warden", default=os.path.join(ROOT, "target/debug/warden"))
+    ap.add_argument("--python", default=os.path.join(ROOT, ".venv/bin/python"))
+    a = ap.parse_args()
+    work = tempfile.mkdtemp(prefix="warden-bench-heal.")
+    # Job ids unique to this run: the checkpoint tier is the host's, keyed
+    # by job id, and a first attempt restores what a job of that id saved.
+    tag = os.path.basename(work).rsplit(".", 1)[-1]
+    ref = one(a, work, f"ref-{tag}", True, False)
+    want = set(ref["digests"].values())
+    assert ref["rc"] == 0 and len(ref["digests"]) == 4 and len(want) == 1, ref
+    rows = collections.defaultdict(list)
+    for i in range(a.runs):
+        for heal in (True, False):
+            r = one(a, work, f"{'heal' if heal else 'ckpt'}-{i}-{tag}", heal, True)
+            r["identical"] = len(r["digests"]) == 4 and set(r["digests"].values()) == want
+            print(json.dumps(r), flush=True)
+            rows[r["mode"]].append(r)
+    print(f"\n{'mode':<11} {'fault -> every rank stepping (s)':<36} {'steps redone':<13} {'identical':<10} first try")
+    for mode, rs in rows.items():
+        t = sorted(r["back_s"] for r in rs if r["back_s"] is not None)
+        span = f"median {statistics.median(t):.2f}, {t[0]:.2f}-{t[-1]:.2f}" if t else "-"
+        red = sorted(r["redone"] for r in rs)
+        print(f"{mode:<11} {span:<36} {red[0]}-{red[-1]:<11} {sum(r['identical'] for r in rs)}/{len(rs):<8} "
+              f"{sum(r['first_try'] for r in rs)}/{len(rs)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,341 @@
+//! Heal from a live replica (issue 31) with real PyTorch (gloo on CPU): the
+//! real `warden run` with 4 ranks of examples/heal/ddp.py (plain DDP, Adam,
+//! dropout, data seeded by step and rank; a checkpoint every 40 steps).
+//!
+//! A fault-free run gives the reference digests (sha256 of every parameter
+//! and optimizer tensor, per rank). Then, each in its own run, ranks are
+//! SIGKILLed from outside at a step between two checkpoints:
+//! 1. one rank;
+//! 2. two faults in a row (a second rank once every rank stepped again);
+//! 3. a fault during the heal: a survivor killed as soon as the launcher
+//!    says it heals the first.
+//!
+//! Each run must: exit 0; end with every rank's digest equal to the
+//! fault-free run's; keep the survivors' processes (one pid per rank that
+//! was not killed); log no (rank, step) more than twice (at most the step
+//! in flight is redone); heal (the replacement says it took its state from
+//! a live rank) and never restart in job or restore a checkpoint. The time
+//! from each kill to every rank logging a new step is printed
+//! (docs/benchmarks.md), not asserted: tests do not assert speed.
+//!
+//! Needs torch in `$WARDEN_TEST_PYTHON` (tests/torch-venv.sh installs it);
+//! skips, saying so, only when torch is missing and `WARDEN_REQUIRE_TORCH`
+//! is unset (tests/run-all.sh sets it, so CI never skips).
+
+// Helpers outside #[test] functions panic on purpose: that is a failed test.
+#![allow(clippy::expect_used, clippy::unwrap_used)]
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+use std::process::Command;
+use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use common::{Streaming, WARDEN, python, repo_root, torch_available};
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+
+/// A whole run: eight interpreters (four ranks, four standbys) importing
+/// torch at once on a loaded 2-core machine, then the training.
+const RUN: Duration = Duration::from_secs(400);
+const STEPS: u32 = 120;
+const CKPT_EVERY: u32 = 40;
+const WORLD: u32 = 4;
+
+/// One run at a time: each is eight interpreters on two cores.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+/// A line of `$EXAMPLE_LOG`.
+#[derive(Debug, Clone)]
+enum Entry {
+    Step { t: f64, n: u32, rank: u32, pid: i32 },
+    Done { rank: u32, digest: String },
+}
+
+fn read_log(path: &Path) -> Vec<Entry> {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    text.lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            match f.as_slice() {
+                [t, "step", n, "rank", r, "pid", p] => Some(Entry::Step {
+                    t: t.parse().ok()?,
+                    n: n.parse().ok()?,
+                    rank: r.parse().ok()?,
+                    pid: p.parse().ok()?,
+                }),
+                [_, "done", "rank", r, "digest", d] => Some(Entry::Done {
+                    rank: r.parse().ok()?,
+                    digest: (*d).to_owned(),
+                }),
+                _ => None,
+            }
+        })
+        .collect()
+}
+
+/// The launcher (its lines and the workers' on one stream) running the
+/// example with its log at `log`. The job id is made unique to this run:
+/// the checkpoint tier is the host's, keyed by job id, and a first attempt
+/// restores what an earlier job of the same id saved.
+fn launch(dir: &Path, job: &str, log: &Path) -> Streaming {
+    let tag = dir.file_name().unwrap().to_string_lossy().replace('.', "-");
+    let job = format!("{job}-{tag}");
+    let job = job.as_str();
+    let mut cmd = Command::new("sh");
+    cmd.args(["-c", "exec \"$0\" \"$@\" 2>&1", WARDEN])
+        .arg("--socket")
+        .arg(dir.join("no-agent-here.sock"))
+        .arg("run")
+        .args(["--nproc-per-node", &WORLD.to_string(), "--rdzv-id", job])
+        .arg("--log-dir")
+        .arg(dir.join("logs"))
+        .arg("--")
+        .arg(python())
+        .arg(repo_root().join("examples/heal/ddp.py"))
+        .env("EXAMPLE_LOG", log)
+        .env("EXAMPLE_STEPS", STEPS.to_string())
+        .env("EXAMPLE_CKPT_EVERY", CKPT_EVERY.to_string())
+        .env("EXAMPLE_STEP_MS", "30")
+        .env("WARDEN_HEAL_STORE_DIR", dir.join("stores"))
+        .env("PYTHONDONTWRITEBYTECODE", "1")
+        .env_remove("WARDEN_SOCKET")
+        .current_dir(dir);
+    Streaming::spawn(&mut cmd, dir.join(format!("{job}.stderr")))
+}
+
+/// Polls the log until `rank` logged a step >= `step`; its pid.
+fn wait_step(log: &Path, rank: u32, step: u32, job: &mut Streaming) -> i32 {
+    let deadline = Instant::now() + RUN;
+    loop {
+        let found = read_log(log).into_iter().find_map(|e| match e {
+            Entry::Step {
+                n, rank: r, pid, ..
+            } if r == rank && n >= step => Some(pid),
+            _ => None,
+        });
+        if let Some(pid) = found {
+            return pid;
+        }
+        if let Ok(Some(status)) = job.child.try_wait() {
+            panic!("the job ended ({status}) before rank {rank} reached step {step}");
+        }
+        assert!(
+            Instant::now() < deadline,
+            "rank {rank} did not reach step {step} within {RUN:?}"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// Polls the log until every rank logged a step after `t`.
+fn wait_all_stepping(log: &Path, t: f64, job: &mut Streaming) {
+    let deadline = Instant::now() + RUN;
+    loop {
+        let ranks: BTreeSet<u32> = read_log(log)
+            .into_iter()
+            .filter_map(|e| match e {
+                Entry::Step { t: at, rank, .. } if at > t => Some(rank),
+                _ => None,
+            })
+            .collect();
+        if ranks.len() == WORLD as usize {
+            return;
+        }
+        if Instant::now() >= deadline || matches!(job.child.try_wait(), Ok(Some(_))) {
+            panic!(
+                "not every rank stepped again within {RUN:?} (ranks {ranks:?})\n{}",
+                show(job)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+fn sigkill(pid: i32) -> f64 {
+    kill(Pid::from_raw(pid), Signal::SIGKILL).expect("SIGKILL the rank");
+    unix_now()
+}
+
+fn unix_now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64()
+}
+
+/// Every rank's digest, by rank.
+fn digests(entries: &[Entry]) -> BTreeMap<u32, String> {
+    entries
+        .iter()
+        .filter_map(|e| match e {
+            Entry::Done { rank, digest } => Some((*rank, digest.clone())),
+            Entry::Step { .. } => None,
+        })
+        .collect()
+}
+
+/// The fault-free run's digests, made once.
+fn reference(scratch: &Path) -> &'static BTreeMap<u32, String> {
+    static REF: OnceLock<BTreeMap<u32, String>> = OnceLock::new();
+    REF.get_or_init(|| {
+        let log = scratch.join("fault-free.log");
+        let mut job = launch(scratch, "heal-ref", &log);
+        let status = job.wait_exit(RUN);
+        assert!(
+            status.success(),
+            "fault-free run: {status}\n{}",
+            show(&mut job)
+        );
+        let d = digests(&read_log(&log));
+        assert_eq!(d.len(), WORLD as usize, "{}", show(&mut job));
+        assert!(
+            d.values().all(|x| x == &d[&0] && x.len() == 64),
+            "fault-free digests differ: {d:?}"
+        );
+        d
+    })
+}
+
+fn show(job: &mut Streaming) -> String {
+    job.drain(Duration::from_secs(10));
+    job.seen.join("\n")
+}
+
+/// What every faulted run must show. `killed`: (pid, time of the kill).
+fn check(job: &mut Streaming, log: &Path, killed: &[(i32, f64)], heals: usize) {
+    // Everything the launcher and the workers said, read to the end.
+    let status = job.wait_exit(RUN);
+    let all = show(job);
+    assert!(status.success(), "exit: {status}\n{all}");
+    let entries = read_log(log);
+    let want = reference(log.parent().unwrap());
+    assert_eq!(
+        &digests(&entries),
+        want,
+        "digests against the fault-free run\n{all}"
+    );
+
+    let dead: BTreeSet<i32> = killed.iter().map(|k| k.0).collect();
+    let mut pids: BTreeMap<u32, BTreeSet<i32>> = BTreeMap::new();
+    let mut times: BTreeMap<(u32, u32), u32> = BTreeMap::new();
+    for e in &entries {
+        if let Entry::Step { n, rank, pid, .. } = e {
+            pids.entry(*rank).or_default().insert(*pid);
+            *times.entry((*rank, *n)).or_default() += 1;
+        }
+    }
+    for (rank, p) in &pids {
+        if p.is_disjoint(&dead) {
+            assert_eq!(p.len(), 1, "rank {rank} kept its process: {p:?}\n{all}");
+        } else {
+            assert_eq!(
+                p.len(),
+                1 + p.intersection(&dead).count(),
+                "rank {rank}: one new process per kill: {p:?}\n{all}"
+            );
+        }
+    }
+    let worst = times.iter().max_by_key(|(_, c)| **c).unwrap();
+    assert!(
+        *worst.1 <= 2,
+        "rank {} logged step {} {} times\n{all}",
+        worst.0.0,
+        worst.0.1,
+        worst.1
+    );
+    let healed = all.matches("healed from rank").count();
+    assert!(
+        healed >= heals,
+        "{healed} replacements healed, want {heals}\n{all}"
+    );
+    for never in ["restarting in job", "restored from the checkpoint"] {
+        assert!(!all.contains(never), "{never:?}\n{all}");
+    }
+    for &(pid, t) in killed {
+        let back = (0..WORLD)
+            .map(|rank| {
+                entries
+                    .iter()
+                    .find_map(|e| match e {
+                        Entry::Step { t: at, rank: r, .. } if *r == rank && *at > t => Some(at - t),
+                        _ => None,
+                    })
+                    .unwrap_or_else(|| {
+                        panic!("rank {rank} never stepped after the kill of {pid}\n{all}")
+                    })
+            })
+            .fold(0.0, f64::max);
+        eprintln!(
+            "SIGKILL of pid {pid} -> every rank stepping again: {back:.3} s (4 ranks, gloo, examples/heal/ddp.py)"
+        );
+    }
+}
+
+fn scratch() -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix("warden-heal-")
+        .tempdir()
+        .unwrap()
+}
+
+#[test]
+fn a_rank_killed_between_checkpoints_heals_from_a_live_replica() {
+    if !torch_available() {
+        return;
+    }
+    let _one = SERIAL
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let dir = scratch();
+    reference(dir.path());
+    let log = dir.path().join("one.log");
+    let mut job = launch(dir.path(), "heal-one", &log);
+    let pid = wait_step(&log, 1, 55, &mut job);
+    let t = sigkill(pid);
+    check(&mut job, &log, &[(pid, t)], 1);
+}
+
+#[test]
+fn two_faults_in_a_row_heal_twice() {
+    if !torch_available() {
+        return;
+    }
+    let _one = SERIAL
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let dir = scratch();
+    reference(dir.path());
+    let log = dir.path().join("two.log");
+    let mut job = launch(dir.path(), "heal-two", &log);
+    let first = wait_step(&log, 1, 45, &mut job);
+    let t1 = sigkill(first);
+    wait_all_stepping(&log, t1, &mut job);
+    let second = wait_step(&log, 2, 65, &mut job);
+    let t2 = sigkill(second);
+    check(&mut job, &log, &[(first, t1), (second, t2)], 2);
+}
+
+#[test]
+fn a_fault_during_the_heal_heals_again() {
+    if !torch_available() {
+        return;
+    }
+    let _one = SERIAL
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let dir = scratch();
+    reference(dir.path());
+    let log = dir.path().join("during.log");
+    let mut job = launch(dir.path(), "heal-during", &log);
+    let first = wait_step(&log, 1, 55, &mut job);
+    let survivor = wait_step(&log, 2, 55, &mut job);
+    let t1 = sigkill(first);
+    job.wait_line(RUN, "the heal", |l| {
+        l.contains("healing it from a live replica")
+    });
+    let t2 = sigkill(survivor);
+    check(&mut job, &log, &[(first, t1), (survivor, t2)], 1);
+}
