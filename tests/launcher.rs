@@ -268,6 +268,84 @@ fn clean_run_sets_the_torch_environment_and_keeps_per_rank_logs() {
     assert_eq!(summary["attempts"].as_array().unwrap().len(), 1);
 }
 
+/// torchrun's console options act as torchrun's (issue 33): only local
+/// rank 0 on the console, with the prefix template; every rank still in
+/// its log files; lines with a filter word also in `filtered_stdout.log`.
+/// An option nobody knows is refused with 2, never started as the program.
+#[test]
+fn torchruns_console_options_shape_the_console_and_an_unknown_one_is_refused() {
+    let s = Scratch::new();
+    let out = run(
+        &mut s.command(
+            "t-console",
+            2,
+            &[
+                "--tee",
+                "3",
+                "--local-ranks-filter",
+                "0",
+                "--role",
+                "trainer",
+                "--log-line-prefix-template",
+                "${role_name}${local_rank}/${rank}: ",
+                "--duplicate-stdout-filters",
+                "done steps",
+                "--monitor-interval",
+                "0.1",
+            ],
+            &["--steps", "4", "--step-ms", "10"],
+        ),
+        RUN,
+    );
+    assert_eq!(out.code(), 0, "{}", show(&out));
+    assert!(
+        out.stdout
+            .lines()
+            .any(|l| l.starts_with("trainer0/0: done steps=4")),
+        "{}",
+        show(&out)
+    );
+    assert!(
+        out.stdout.lines().all(|l| l.starts_with("trainer0/0: ")),
+        "only local rank 0 on the console: {}",
+        show(&out)
+    );
+    let attempt = s.logs().join("t-console/attempt_0");
+    let log = std::fs::read_to_string(attempt.join("rank_1.stdout.log")).expect("rank 1's log");
+    assert!(log.contains("done steps=4"), "{log}");
+    let filtered =
+        std::fs::read_to_string(attempt.join("filtered_stdout.log")).expect("the filtered file");
+    assert_eq!(
+        filtered
+            .lines()
+            .filter(|l| l.contains("done steps=4"))
+            .count(),
+        2,
+        "both ranks' matching lines: {filtered}"
+    );
+    assert!(
+        filtered.lines().all(|l| l.contains("done steps")),
+        "{filtered}"
+    );
+
+    let out = run(
+        Command::new(WARDEN)
+            .arg("--socket")
+            .arg(s.path().join("no-agent-here.sock"))
+            .args(["run", "--tee-everything", "3", "train.py"])
+            .current_dir(s.path()),
+        RUN,
+    );
+    assert_eq!(out.code(), 2, "{}", show(&out));
+    assert!(
+        out.stderr
+            .contains("unknown option \"--tee-everything\" before the program"),
+        "{}",
+        show(&out)
+    );
+    assert!(!out.stderr.contains("cannot start"), "{}", show(&out));
+}
+
 #[test]
 fn a_crash_comes_back_through_an_in_job_restart_from_the_checkpoint() {
     let s = Scratch::new();

@@ -75,6 +75,9 @@ pub struct AgentState {
     /// Where every rank of the jobs stands, this host's and the peers',
     /// for the job-wide hang verdict (`ranks::verdict`).
     pub hang_board: Arc<crate::ranks::verdict::HangBoard>,
+    /// What this agent keeps as its jobs' straggler aggregator: every
+    /// reporting host's sketches and scores (`api::aggregate`).
+    pub aggregator: Mutex<warden_core::detect::straggler::aggregate::Aggregator>,
     /// The ranks' reported values shared with the peers, for SDC
     /// (`ranks::peer_values`).
     pub peer_values: crate::ranks::peer_values::PeerValues,
@@ -160,6 +163,9 @@ impl AgentState {
             peer_values: crate::ranks::peer_values::PeerValues::default(),
             gate: crate::api::gate::Gate::default(),
             job_stops: crate::api::job_stop::StopLimiter::new(config.api.job_stops_per_minute),
+            aggregator: Mutex::new(warden_core::detect::straggler::aggregate::Aggregator::new(
+                config.straggler.summary_ttl,
+            )),
             hang_board: Arc::new(crate::ranks::verdict::HangBoard::new(
                 host.clone(),
                 config.straggler.summary_ttl,

@@ -9,6 +9,8 @@ use std::time::Duration;
 
 use clap::{Args, ValueEnum};
 
+use crate::torchrun_flags::TorchrunFlags;
+
 /// Which agent the launcher uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum AgentMode {
@@ -31,8 +33,13 @@ pub enum AgentMode {
                   See docs/operations.md."
 )]
 pub struct RunArgs {
-    /// Workers on this node (one per GPU, usually).
-    #[arg(long = "nproc-per-node", alias = "nproc_per_node", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1024))]
+    /// Workers on this node: a number, or `gpu` (one per visible GPU),
+    /// `auto` (one per GPU, else per CPU), `cpu` (one per CPU), as
+    /// torchrun's.
+    #[arg(long = "nproc-per-node", alias = "nproc_per_node", default_value = "1", value_parser = crate::nproc::parse)]
+    pub nproc: crate::nproc::NProc,
+    /// `--nproc-per-node` as a count on this node ([`RunArgs::resolve`]).
+    #[arg(skip)]
     pub nproc_per_node: u32,
     /// Nodes in the job: N, or MIN:MAX (elastic: the job goes on with as
     /// few as MIN hosts; needs --rdzv-backend etcd).
@@ -181,6 +188,9 @@ pub struct RunArgs {
     /// Do not copy the workers' output to the console (log files only).
     #[arg(long)]
     pub quiet: bool,
+    /// torchrun's options that shape the console and the logs.
+    #[command(flatten)]
+    pub torchrun: TorchrunFlags,
     /// The training command: `train.py ARGS` (run with python3), `-m MODULE
     /// ARGS`, or any executable (`python3 train.py`, `bash job.sh`).
     #[arg(required = true, num_args = 1.., trailing_var_arg = true, allow_hyphen_values = true, value_name = "COMMAND")]
@@ -274,6 +284,16 @@ fn parse_nnodes(s: &str) -> Result<NNodes, String> {
 /// Why the arguments cannot be followed.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum ArgsError {
+    /// An option before the program that `warden run` does not know: it
+    /// would otherwise be started as the program.
+    #[error(
+        "unknown option {0:?} before the program: `warden run` takes torchrun's options and its own (`warden run --help`; docs/operations.md, \"torchrun's options\")"
+    )]
+    UnknownOption(String),
+    /// A torchrun option that cannot apply, or `--nproc-per-node` that
+    /// cannot be resolved here.
+    #[error("{0}")]
+    Torchrun(String),
     /// `--node-rank` outside `--nnodes`.
     #[error("--node-rank {rank} is not below --nnodes {nnodes}")]
     NodeRank {
@@ -307,11 +327,6 @@ pub enum ArgsError {
     /// A lease TTL etcd cannot take.
     #[error("--rdzv-lease-ttl {0:?} must be whole seconds, at least 1s")]
     LeaseTtl(Duration),
-    /// A job across hosts needs the same id on every host.
-    #[error(
-        "--rdzv-backend etcd needs the job's id, the same on every host: --rdzv-id ID (or $WARDEN_JOB_ID)"
-    )]
-    NoJobId,
     /// A job id that cannot be one etcd key segment.
     #[error(
         "job id {0:?}: with --rdzv-backend etcd it must be 1 to 128 characters of letters, digits, '.', '_', '-', ':'"
@@ -381,8 +396,37 @@ impl RunArgs {
             .collect()
     }
 
-    /// Checks what clap cannot: ranges across flags, the job id.
+    /// Resolves what torchrun's options leave to the node: the worker
+    /// count of `--nproc-per-node gpu|auto|cpu`, and the options warden
+    /// takes under its own names (`--shutdown-timeout` is `--stop-grace`,
+    /// `--local-addr` is `--advertise-addr`). `gpus` counts this node's
+    /// GPUs (NVML), `cpus` its CPUs.
+    pub fn resolve(
+        &mut self,
+        gpus: impl FnOnce() -> Result<u32, String>,
+        cpus: impl FnOnce() -> u32,
+    ) -> Result<(), ArgsError> {
+        self.nproc_per_node =
+            crate::nproc::resolve(self.nproc, gpus, cpus).map_err(ArgsError::Torchrun)?;
+        if let Some(secs) = self.torchrun.shutdown_timeout {
+            self.stop_grace = Duration::from_secs_f64(secs);
+        }
+        if self.advertise_addr.is_none() && self.backend() == Ok(Backend::Etcd) {
+            self.advertise_addr = self.torchrun.local_addr.clone();
+        }
+        Ok(())
+    }
+
+    /// Checks what clap cannot: ranges across flags, the job id, an
+    /// unknown option where the program should be, torchrun options that
+    /// cannot apply.
     pub fn validate(&self) -> Result<(), ArgsError> {
+        if let Some(first) = self.command.first()
+            && first.starts_with('-')
+        {
+            return Err(ArgsError::UnknownOption(first.clone()));
+        }
+        self.torchrun.refused().map_err(ArgsError::Torchrun)?;
         let etcd = self.backend()? == Backend::Etcd;
         if !etcd {
             if self.nnodes.min != self.nnodes.max {
@@ -405,6 +449,14 @@ impl RunArgs {
             }
         }
         let nnodes = self.nnodes.max;
+        if !etcd && nnodes > 1 && self.node_rank.is_none() {
+            // torchrun's c10d gives each host a node rank through its store;
+            // warden's static rendezvous would make every host node 0 (two
+            // rank 0s: a hang in init_process_group, or worse).
+            return Err(ArgsError::Torchrun(format!(
+                "--nnodes {nnodes} without --node-rank: warden does not hand out node ranks through a c10d store; give each host its --node-rank, or use --rdzv-backend etcd (rounds agreed across hosts)"
+            )));
+        }
         if etcd {
             if self.etcd_endpoints().is_empty() {
                 return Err(ArgsError::NoEtcdEndpoint);
@@ -532,9 +584,89 @@ mod tests {
     fn parse(args: &[&str]) -> RunArgs {
         let mut v = vec!["run"];
         v.extend_from_slice(args);
-        Wrap::try_parse_from(v)
+        let mut a = Wrap::try_parse_from(v)
             .map(|w| w.run)
-            .unwrap_or_else(|e| panic!("{e}"))
+            .unwrap_or_else(|e| panic!("{e}"));
+        // A node of 8 GPUs and 16 CPUs.
+        a.resolve(|| Ok(8), || 16).unwrap_or_else(|e| panic!("{e}"));
+        a
+    }
+
+    /// torchtitan 0.3's `run_train.sh` line, as is: every option taken
+    /// with torchrun's meaning, none mistaken for the program.
+    #[test]
+    fn torchtitans_line_parses_as_torchrun_reads_it() {
+        let a = parse(&[
+            "--nproc_per_node=8",
+            "--rdzv_backend",
+            "c10d",
+            "--rdzv_endpoint=localhost:0",
+            "--local-ranks-filter",
+            "0",
+            "--role",
+            "rank",
+            "--tee",
+            "3",
+            "-m",
+            "torchtitan.train",
+            "--job.config_file",
+            "x.toml",
+        ]);
+        assert_eq!(a.validate(), Ok(()));
+        assert_eq!(a.nproc_per_node, 8);
+        assert_eq!(a.role, "rank");
+        assert!(a.module);
+        assert_eq!(
+            a.command,
+            ["torchtitan.train", "--job.config_file", "x.toml"]
+        );
+        assert!(a.torchrun.on_console(0, crate::output::Stream::Stdout));
+        assert!(!a.torchrun.on_console(1, crate::output::Stream::Stdout));
+    }
+
+    #[test]
+    fn nproc_words_resolve_and_unknown_options_are_errors() {
+        assert_eq!(
+            parse(&["--nproc-per-node", "gpu", "t.py"]).nproc_per_node,
+            8
+        );
+        assert_eq!(parse(&["--nproc-per-node=auto", "t.py"]).nproc_per_node, 8);
+        assert_eq!(
+            parse(&["--nproc_per_node", "cpu", "t.py"]).nproc_per_node,
+            16
+        );
+        let mut a = Wrap::try_parse_from(["run", "--nproc-per-node", "gpu", "t.py"])
+            .map(|w| w.run)
+            .unwrap_or_else(|e| panic!("{e}"));
+        let e = a
+            .resolve(|| Err("NVML not loadable".into()), || 16)
+            .unwrap_err();
+        assert!(e.to_string().contains("--nproc-per-node gpu"), "{e}");
+        // An option nobody knows is never started as the program.
+        for unknown in ["--tee-all", "--bogus", "-x"] {
+            let a = parse(&[unknown, "3", "t.py"]);
+            assert_eq!(
+                a.validate(),
+                Err(ArgsError::UnknownOption(unknown.to_owned())),
+                "{unknown}"
+            );
+        }
+        // torchrun's process options map to warden's.
+        let a = parse(&[
+            "--shutdown-timeout",
+            "12",
+            "--monitor-interval",
+            "0.1",
+            "--start-method",
+            "fork",
+            "t.py",
+        ]);
+        assert_eq!(a.stop_grace, Duration::from_secs(12));
+        assert_eq!(a.validate(), Ok(()));
+        let a = parse(&["--numa-binding", "node", "t.py"]);
+        assert!(
+            matches!(a.validate(), Err(ArgsError::Torchrun(e)) if e.contains("--numa-binding"))
+        );
     }
 
     #[test]
@@ -569,6 +701,11 @@ mod tests {
 
     #[test]
     fn validation_names_the_flag() {
+        let a = parse(&["--nnodes", "2", "--rdzv-backend", "c10d", "t.py"]);
+        assert!(
+            matches!(a.validate(), Err(ArgsError::Torchrun(e)) if e.contains("without --node-rank")),
+            "two hosts would both be node 0"
+        );
         let a = parse(&["--nnodes", "2", "--node-rank", "2", "t.py"]);
         assert_eq!(
             a.validate(),

@@ -313,7 +313,7 @@ fn plan_of(round: &etcd::Round, restart_count: u32, host: &str, spare: bool) -> 
             round.decided_by,
             round.nnodes,
             if round.nnodes == 1 { "" } else { "s" },
-            round.members.join(","),
+            crate::coord::round::named_briefly(&round.members),
             round.world_size,
             round.master_addr,
             round.master_port,

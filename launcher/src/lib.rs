@@ -41,11 +41,13 @@ pub mod goodput_view;
 pub mod hosts;
 pub mod job_goodput;
 pub mod machine;
+pub mod nproc;
 pub mod output;
 pub mod reported_imports;
 pub mod spawn;
 pub mod standby;
 pub mod supervise;
+pub mod torchrun_flags;
 pub mod zero_code;
 
 use std::path::PathBuf;
@@ -114,10 +116,15 @@ pub async fn run(args: RunArgs, target: &Target) -> i32 {
 }
 
 async fn run_job(
-    args: RunArgs,
+    mut args: RunArgs,
     target: &Target,
     console: &output::Console,
 ) -> Result<i32, LauncherError> {
+    let nvml = std::env::var("WARDEN_NVML_LIBRARY")
+        .ok()
+        .filter(|l| !l.is_empty())
+        .unwrap_or_else(|| "libnvidia-ml.so.1".to_owned());
+    args.resolve(|| nproc::nvml_gpus(&nvml), nproc::cpus_online)?;
     args.validate()?;
     // The agent's own logs only when asked for (RUST_LOG): the console
     // belongs to the workers and the launcher's story.
@@ -135,14 +142,22 @@ async fn run_job(
         ));
     }
     let etcd = args.is_etcd();
-    // Across hosts the id must be the same everywhere: no `<host>-<pid>`.
-    let env_job = std::env::var("WARDEN_JOB_ID")
-        .ok()
-        .filter(|j| !j.is_empty());
-    if etcd && args.job_id.is_none() && env_job.is_none() {
-        return Err(args::ArgsError::NoJobId.into());
-    }
-    let job_id = job_id(args.job_id.as_deref());
+    // Across hosts the id must be the same everywhere: no `<host>-<random>`.
+    let job_id = match args.job_id.as_deref() {
+        Some(id) => id.to_owned(),
+        None if etcd || args.nnodes.max > 1 => {
+            let id = shared_job_id(
+                &args,
+                std::env::var("WARDEN_JOB_ID").ok(),
+                std::env::var("SLURM_JOB_ID").ok(),
+            );
+            console.say(format!(
+                "job id {id} (no --rdzv-id: the same on every host of the job; docs/operations.md, \"Job ids\")"
+            ));
+            id
+        }
+        None => job_id(None),
+    };
     args::valid_job_id(&job_id)?;
     if etcd && !args::valid_key_segment(&job_id) {
         return Err(args::ArgsError::EtcdJobId(job_id).into());
@@ -228,6 +243,7 @@ async fn run_job(
         nnodes: args.nnodes.max,
         node_rank: args.node_rank(),
         role: args.role.clone(),
+        torchrun: args.torchrun.clone(),
         master_addr,
         master_port,
         max_restarts: args.max_restarts,
@@ -436,6 +452,38 @@ fn job_id(given: Option<&str>) -> String {
     format!("{host}-{random}")
 }
 
+/// A multi-host job's id when `--rdzv-id` is not given, the same on every
+/// host of the job: `$WARDEN_JOB_ID`; else the scheduler's job id
+/// (`slurm-<SLURM_JOB_ID>`); else `job-<16 hex>` of the rendezvous
+/// endpoint, the node count and the command (the same line started on
+/// every host, as torchrun's users do). Guessable, unlike a single node's
+/// random id: on a shared node another user who takes it first at the
+/// agent makes this launcher exit 89 (docs/security.md, "Job ids").
+fn shared_job_id(
+    args: &RunArgs,
+    warden_job_id: Option<String>,
+    slurm_job_id: Option<String>,
+) -> String {
+    if let Some(id) = warden_job_id.filter(|j| !j.is_empty()) {
+        return id;
+    }
+    if let Some(id) = slurm_job_id.filter(|j| !j.is_empty() && args::valid_key_segment(j)) {
+        return format!("slurm-{id}");
+    }
+    let mut text = format!(
+        "{}\n{}:{}\n{}",
+        args.rdzv_endpoint.as_deref().unwrap_or(""),
+        args.nnodes.min,
+        args.nnodes.max,
+        args.rdzv_backend.as_deref().unwrap_or("static"),
+    );
+    for a in args.argv() {
+        text.push('\n');
+        text.push_str(&a);
+    }
+    format!("job-{:016x}", xxhash_rust::xxh3::xxh3_64(text.as_bytes()))
+}
+
 /// `$XDG_STATE_HOME/warden/runs`, else `~/.local/state/warden/runs`, else
 /// `/tmp/warden-<uid>/runs`.
 fn default_log_dir() -> PathBuf {
@@ -462,4 +510,64 @@ fn sanitize(s: &str) -> String {
             }
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Debug, Parser)]
+    struct Wrap {
+        #[command(flatten)]
+        run: RunArgs,
+    }
+
+    fn args(line: &[&str]) -> RunArgs {
+        Wrap::try_parse_from(std::iter::once("run").chain(line.iter().copied()))
+            .map(|w| w.run)
+            .unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// The same line on two hosts (only --node-rank differs) gives one job
+    /// id; another endpoint or command, another id; the scheduler's id
+    /// wins over the hash, `$WARDEN_JOB_ID` over both.
+    #[test]
+    fn a_multi_host_job_id_is_the_same_on_every_host() {
+        let line = |rank: &'static str| {
+            args(&[
+                "--nnodes",
+                "2",
+                "--node-rank",
+                rank,
+                "--rdzv-backend",
+                "c10d",
+                "--rdzv-endpoint",
+                "10.0.0.1:29400",
+                "train.py",
+                "--lr",
+                "1",
+            ])
+        };
+        let (a, b) = (line("0"), line("1"));
+        let id = shared_job_id(&a, None, None);
+        assert_eq!(id, shared_job_id(&b, None, None));
+        assert!(id.starts_with("job-") && id.len() == 20, "{id}");
+        assert!(args::valid_key_segment(&id));
+        let other = args(&[
+            "--nnodes",
+            "2",
+            "--rdzv-endpoint",
+            "10.0.0.1:29400",
+            "train.py",
+            "--lr",
+            "2",
+        ]);
+        assert_ne!(shared_job_id(&other, None, None), id);
+        assert_eq!(shared_job_id(&a, None, Some("4242".into())), "slurm-4242");
+        assert_eq!(
+            shared_job_id(&a, Some("mine".into()), Some("4242".into())),
+            "mine"
+        );
+    }
 }

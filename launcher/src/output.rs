@@ -263,17 +263,30 @@ fn clip_tail(s: &str, max: usize) -> String {
 /// one stays for the worker's exit watch to read).
 pub type TracebackSink = tokio::sync::watch::Sender<Option<Traceback>>;
 
+/// Where a worker stream's lines go besides its log file.
+#[derive(Debug, Clone)]
+pub struct Copies {
+    /// The console prefix (`[rank 3] `, or torchrun's template).
+    pub prefix: String,
+    /// The console; `None`: this stream is kept off it (torchrun's
+    /// `--redirects`, `--local-ranks-filter`).
+    pub console: Option<Console>,
+    /// The attempt's duplicate file and the filters a line must contain
+    /// one of to be copied there (torchrun's `--duplicate-*-filters`).
+    pub duplicate: Option<(SharedLog, Vec<String>)>,
+}
+
 /// Copies `reader` (a worker's stdout or stderr) to `file` (its log, None
-/// when it was refused: the console only) and, prefixed with `prefix`, to
-/// the console, line by line, until the pipe closes (the worker and
-/// everything that inherited the pipe are gone). With `sink`, each
-/// traceback the lines complete is left there (the last one wins).
+/// when it was refused: the console only) and, prefixed, to the console
+/// and the duplicate file when `copies` says so, line by line, until the
+/// pipe closes (the worker and everything that inherited the pipe are
+/// gone). With `sink`, each traceback the lines complete is left there
+/// (the last one wins).
 pub async fn pump(
     mut reader: impl AsyncRead + Unpin,
     stream: Stream,
-    prefix: String,
+    copies: Copies,
     file: Option<File>,
-    console: Console,
     sink: Option<TracebackSink>,
 ) {
     let mut scan = sink.as_ref().map(|_| TracebackScan::default());
@@ -295,14 +308,14 @@ pub async fn pump(
             line.push(b);
             if b == b'\n' || line.len() >= MAX_LINE {
                 scan_line(scan.as_mut(), sink.as_ref(), &line);
-                emit(&console, stream, &prefix, &mut line);
+                emit(&copies, stream, &mut line);
             }
         }
     }
     if !line.is_empty() {
         scan_line(scan.as_mut(), sink.as_ref(), &line);
         line.push(b'\n');
-        emit(&console, stream, &prefix, &mut line);
+        emit(&copies, stream, &mut line);
     }
     if let Some(mut f) = log {
         let _ = f.flush();
@@ -320,14 +333,24 @@ fn scan_line(scan: Option<&mut TracebackScan>, sink: Option<&TracebackSink>, lin
     }
 }
 
-fn emit(console: &Console, stream: Stream, prefix: &str, line: &mut Vec<u8>) {
+fn emit(copies: &Copies, stream: Stream, line: &mut Vec<u8>) {
     if line.last() != Some(&b'\n') {
         line.push(b'\n');
     }
-    let mut out = Vec::with_capacity(prefix.len() + line.len());
-    out.extend_from_slice(prefix.as_bytes());
+    let mut out = Vec::with_capacity(copies.prefix.len() + line.len());
+    out.extend_from_slice(copies.prefix.as_bytes());
     out.append(line);
-    console.worker_line(stream, out);
+    if let Some((file, filters)) = &copies.duplicate {
+        let text = String::from_utf8_lossy(&out);
+        if filters.iter().any(|f| text.contains(f.as_str()))
+            && let Ok(mut f) = file.lock()
+        {
+            let _ = f.write_all(&out).and_then(|()| f.flush());
+        }
+    }
+    if let Some(console) = &copies.console {
+        console.worker_line(stream, out);
+    }
 }
 
 /// The log file of local rank `rank`'s `stream` in `attempt_dir`.
@@ -391,6 +414,7 @@ impl LogRoot {
     pub fn attempt(&self, n: u32) -> Result<AttemptLogs, LogError> {
         Ok(AttemptLogs {
             dir: self.dir.sub(&format!("attempt_{n}"), LOG_DIR_MODE, true)?,
+            filtered: Default::default(),
         })
     }
 }
@@ -399,7 +423,14 @@ impl LogRoot {
 #[derive(Debug)]
 pub struct AttemptLogs {
     dir: Dir,
+    /// `filtered_stdout.log` and `filtered_stderr.log` (torchrun's
+    /// `--duplicate-*-filters`), shared by the attempt's ranks, made on
+    /// first use; `None` inside when it could not be made.
+    filtered: [std::sync::OnceLock<Option<SharedLog>>; 2],
 }
+
+/// A log file several ranks' pumps write whole lines to.
+pub type SharedLog = Arc<std::sync::Mutex<File>>;
 
 impl AttemptLogs {
     /// Its path.
@@ -413,7 +444,29 @@ impl AttemptLogs {
     /// link (an earlier run of the same job id, or a replaced rank's);
     /// anything else is refused.
     pub fn create(&self, rank: u32, stream: Stream) -> Result<File, LogError> {
-        let name = log_name(rank, stream);
+        self.create_named(&log_name(rank, stream))
+    }
+
+    /// The attempt's `filtered_<stream>.log`, made on first use (a failure
+    /// is said once, by the caller, and the duplicates are not written).
+    pub fn filtered(&self, stream: Stream) -> Result<SharedLog, String> {
+        let i = match stream {
+            Stream::Stdout => 0,
+            Stream::Stderr => 1,
+        };
+        let mut error = None;
+        let made = self.filtered[i].get_or_init(|| {
+            self.create_named(&format!("filtered_{}.log", stream.as_str()))
+                .map(|f| Arc::new(std::sync::Mutex::new(f)))
+                .map_err(|e| error = Some(e.to_string()))
+                .ok()
+        });
+        made.clone()
+            .ok_or_else(|| error.unwrap_or_else(|| "it could not be created".into()))
+    }
+
+    fn create_named(&self, name: &str) -> Result<File, LogError> {
+        let name = name.to_owned();
         match self.dir.create_new(&name, LOG_FILE_MODE) {
             Err(FsError::Io { source, .. })
                 if source.kind() == std::io::ErrorKind::AlreadyExists => {}
@@ -476,15 +529,24 @@ mod tests {
             quiet: false,
         };
         let input: &[u8] = b"one\ntwo\npartial";
+        let dup = dir.path().join("filtered_stdout.log");
+        let copies = Copies {
+            prefix: "[rank 0] ".into(),
+            console: Some(console),
+            duplicate: Some((
+                Arc::new(std::sync::Mutex::new(File::create(&dup).unwrap())),
+                vec!["tw".into(), "zzz".into()],
+            )),
+        };
         pump(
             input,
             Stream::Stdout,
-            "[rank 0] ".into(),
+            copies,
             Some(File::create(&file).unwrap()),
-            console,
             None,
         )
         .await;
+        assert_eq!(std::fs::read_to_string(&dup).unwrap(), "[rank 0] two\n");
         let got: Vec<String> = rx
             .try_iter()
             .map(|(_, l)| String::from_utf8(l).unwrap())

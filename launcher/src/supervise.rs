@@ -147,6 +147,8 @@ pub struct Job {
     pub node_rank: u32,
     /// ROLE_NAME.
     pub role: String,
+    /// torchrun's console and log options.
+    pub torchrun: crate::torchrun_flags::TorchrunFlags,
     /// Rank 0's address.
     pub master_addr: String,
     /// A fixed store port; None: a free one per attempt.
@@ -643,7 +645,7 @@ impl<C: Coordinator> Sup<'_, C> {
             match agent::set_peers(&self.client, &self.job.id, &plan.ckpt_peers).await {
                 Ok(targets) if !names.is_empty() => self.say(format!(
                     "checkpoint peers of this round: {}; this host's replicas go to {}",
-                    names.join(", "),
+                    crate::coord::round::named_briefly(&names),
                     if targets.is_empty() { "none (no peer outside this host's failure domain)".to_owned() } else { targets.join(", ") }
                 )),
                 Ok(_) => {}
@@ -790,7 +792,31 @@ impl<C: Coordinator> Sup<'_, C> {
         let rank = at.wenv.global_rank(local);
         let generation = at.generation;
         let mut pumps = Vec::new();
-        let prefix = format!("[rank {rank}] ");
+        let flags = &self.job.torchrun;
+        let prefix = flags.prefix(&self.job.role, local, rank, &at.host);
+        let copies = |stream| output::Copies {
+            prefix: prefix.clone(),
+            console: flags
+                .on_console(local, stream)
+                .then(|| self.console.clone()),
+            duplicate: {
+                let filters = flags.duplicate_filters(stream);
+                if filters.is_empty() {
+                    None
+                } else {
+                    match at.logs.filtered(stream) {
+                        Ok(f) => Some((f, filters)),
+                        Err(e) => {
+                            self.console.say(format!(
+                                "rank {rank}: not writing filtered_{}.log: {e}",
+                                stream.as_str()
+                            ));
+                            None
+                        }
+                    }
+                }
+            },
+        };
         let log = |stream| match at.logs.create(rank, stream) {
             Ok(f) => Some(f),
             Err(e) => {
@@ -805,9 +831,8 @@ impl<C: Coordinator> Sup<'_, C> {
             pumps.push(tokio::spawn(output::pump(
                 out,
                 Stream::Stdout,
-                prefix.clone(),
+                copies(Stream::Stdout),
                 log(Stream::Stdout),
-                self.console.clone(),
                 None,
             )));
         }
@@ -817,9 +842,8 @@ impl<C: Coordinator> Sup<'_, C> {
             let pump = output::pump(
                 err,
                 Stream::Stderr,
-                prefix,
+                copies(Stream::Stderr),
                 log(Stream::Stderr),
-                self.console.clone(),
                 Some(sink.clone()),
             );
             pumps.push(tokio::spawn(async move {

@@ -688,7 +688,8 @@ async fn join_light(
 
 /// What a joining launcher reads of the job (as `Coordinator::join`
 /// does): the epoch, then at its revision every member and departure in
-/// pages of 256 keys, and the current round record. Returns the revision
+/// pages of 256 keys, every layout base's chunks (the round's members,
+/// issue 30 point 5), and the current round record. Returns the revision
 /// and the epoch.
 async fn joining_read(client: &mut Client, keys: &Keys) -> (i64, u64) {
     let r = client.get(keys.epoch(), None).await.expect("the epoch");
@@ -698,7 +699,11 @@ async fn joining_read(client: &mut Client, keys: &Keys) -> (i64, u64) {
         .first()
         .and_then(|kv| kv.value_str().ok()?.parse().ok())
         .unwrap_or(0);
-    for prefix in [keys.members(), format!("{}departures/", keys.base())] {
+    for prefix in [
+        keys.members(),
+        format!("{}departures/", keys.base()),
+        keys.layouts(),
+    ] {
         let mut end = prefix.clone().into_bytes();
         let last = end.pop().expect("a prefix");
         end.push(last + 1);

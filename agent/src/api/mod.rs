@@ -6,6 +6,7 @@
 //! this module. The core knows nothing of tonic or HTTP.
 
 pub mod admission;
+pub mod aggregate;
 pub mod authz;
 pub mod caller;
 pub mod ckpt;

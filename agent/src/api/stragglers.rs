@@ -82,7 +82,8 @@ pub fn score_pb(s: &Score) -> pb::StragglerScore {
     }
 }
 
-fn score_from_pb(p: &pb::StragglerScore) -> Score {
+/// A score from the wire (checked by the caller).
+pub fn score_from_pb(p: &pb::StragglerScore) -> Score {
     Score {
         job: p.job_id.clone(),
         rank: p.global_rank,
@@ -196,6 +197,7 @@ impl Peer for PeerService {
             }
             let caller = Caller::of(req.extensions().get::<PeerInfo>());
             let mut req = req.into_inner();
+            let legacy = !req.ranks.is_empty() || !req.positions.is_empty();
             let positions = std::mem::take(&mut req.positions);
             let values = std::mem::take(&mut req.values);
             let batch = batch_from_pb(req)
@@ -225,7 +227,27 @@ impl Peer for PeerService {
             det.merge_remote(batch, Instant::now());
             self.state.hang_board.merge_remote(&host, positions);
             self.state.peer_values.receive(values);
-            Ok(Response::new(outgoing(&self.state, &det)))
+            // A newer agent sends values only and is answered alike; an
+            // older one sends everything and still gets everything.
+            if legacy {
+                Ok(Response::new(outgoing(&self.state, &det)))
+            } else {
+                Ok(Response::new(values_only(&self.state, &det)))
+            }
+        })
+        .await
+    }
+
+    async fn report_to_aggregator(
+        &self,
+        req: Request<pb::AggregateReport>,
+    ) -> Result<Response<pb::AggregateAnswer>, Status> {
+        observed("ReportToAggregator", async {
+            let info = req.extensions().get::<PeerInfo>();
+            let caller = Caller::of(info);
+            let remote = info.and_then(|i| i.remote);
+            super::aggregate::report_to_aggregator(&self.state, &caller, remote, req.into_inner())
+                .map(Response::new)
         })
         .await
     }
@@ -272,7 +294,8 @@ impl Peer for PeerService {
     }
 }
 
-/// This agent's summaries with its ranks' positions.
+/// This agent's answer to an older agent's exchange: its summaries and
+/// positions (an older agent still scores and judges from them).
 fn outgoing(state: &AgentState, det: &Stragglers) -> pb::StragglerSummaries {
     let mut batch = batch_pb(&det.outbox(Instant::now()));
     batch.positions = super::positions::to_pb(&state.hang_board.outbox());
@@ -282,24 +305,20 @@ fn outgoing(state: &AgentState, det: &Stragglers) -> pb::StragglerSummaries {
     batch
 }
 
-/// The peer agents of each job this host has a fresh hang snapshot of,
-/// as its launcher handed them over (`SetCheckpointPeers`).
-fn hang_peers(
-    state: &AgentState,
-    batch: &pb::StragglerSummaries,
-) -> Vec<(String, PeerClient<Channel>)> {
-    let Ok(ck) = &state.checkpoints else {
-        return Vec::new();
-    };
-    let mut out: Vec<(String, PeerClient<Channel>)> = Vec::new();
-    for j in batch.positions.iter().filter(|j| j.hang) {
-        for p in ck.peers.of_job(&j.job_id) {
-            if !out.iter().any(|(a, _)| *a == p.member.addr) {
-                out.push((p.member.addr.clone(), p.client.clone()));
-            }
-        }
+/// What this agent still sends every configured peer: only its ranks'
+/// reported values, for SDC (summaries and positions go to the
+/// aggregator, `api::aggregate`). Empty when no rank reports values.
+fn values_only(state: &AgentState, det: &Stragglers) -> pb::StragglerSummaries {
+    pb::StragglerSummaries {
+        host: det.host().to_owned(),
+        ranks: Vec::new(),
+        positions: Vec::new(),
+        values: if state.config.sdc.enabled {
+            super::positions::values_to_pb(&state.peer_values.outbox())
+        } else {
+            Vec::new()
+        },
     }
-    out
 }
 
 /// One configured peer and what was last said about it in the log.
@@ -352,22 +371,12 @@ async fn exchange_loop(state: Arc<AgentState>, det: Arc<Stragglers>) {
             () = state.shutdown.cancelled() => return,
             _ = ticker.tick() => {}
             // A hang snapshot to send now (ranks::verdict).
-            () = state.hang_board.exchange_now.notified() => {}
         }
-        let batch = outgoing(&state, &det);
-        // A job hung here: its peers from the launchers' etcd rounds
-        // (SetCheckpointPeers) hear of it too, so the job-wide verdict
-        // needs no static `straggler.peers`.
+        let batch = values_only(&state, &det);
+        if batch.values.is_empty() {
+            continue;
+        }
         let configured = peers.len();
-        for (addr, client) in hang_peers(&state, &batch) {
-            if !peers.iter().any(|p| p.addr == addr) {
-                peers.push(PeerLink {
-                    addr,
-                    client: Some(client),
-                    down: None,
-                });
-            }
-        }
         let mut calls = JoinSet::new();
         for (i, p) in peers.iter().enumerate() {
             let Some(mut client) = p.client.clone() else {

@@ -61,6 +61,10 @@ pub struct PeerSet {
     tls: crate::tls::PeerTls,
     configured: Vec<Peer>,
     jobs: Mutex<BTreeMap<String, Vec<Peer>>>,
+    /// Each job's agents' addresses as the launchers' round lists them (node
+    /// rank order, this agent included): the straggler exchange's order of
+    /// aggregators.
+    orders: Mutex<BTreeMap<String, Vec<String>>>,
 }
 
 impl PeerSet {
@@ -80,6 +84,7 @@ impl PeerSet {
             tls,
             configured,
             jobs: Mutex::new(BTreeMap::new()),
+            orders: Mutex::new(BTreeMap::new()),
         }
     }
 
@@ -109,6 +114,17 @@ impl PeerSet {
             }
         }
         out
+    }
+
+    /// `job`'s agents' addresses in node-rank order, this agent's included,
+    /// as last handed over (empty: none handed over).
+    pub fn order_of(&self, job: &str) -> Vec<String> {
+        self.orders
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(job)
+            .cloned()
+            .unwrap_or_default()
     }
 
     /// The peers that hold this host's replicas of `job`'s shards: the ring
@@ -206,6 +222,20 @@ impl PeerSet {
                 jobs.remove(job);
             } else {
                 jobs.insert(job.to_owned(), fresh);
+            }
+        }
+        {
+            let mut seen = std::collections::HashSet::with_capacity(specs.len());
+            let order: Vec<String> = specs
+                .iter()
+                .filter(|s| seen.insert(s.addr.as_str()))
+                .map(|s| s.addr.clone())
+                .collect();
+            let mut orders = self.orders.lock().unwrap_or_else(|p| p.into_inner());
+            if order.is_empty() {
+                orders.remove(job);
+            } else {
+                orders.insert(job.to_owned(), order);
             }
         }
         let targets: Vec<String> = self

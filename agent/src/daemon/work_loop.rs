@@ -238,6 +238,7 @@ pub(crate) fn run_stragglers(state: &Arc<AgentState>, now: Instant) {
     // peers (SetCheckpointPeers): the exchange carries a hang's positions
     // to them even without `straggler.peers`.
     if (!cfg.peers.is_empty() || state.checkpoints.is_ok()) && det.claim_exchange() {
+        crate::api::aggregate::spawn_reports(state.clone(), det.clone());
         crate::api::stragglers::spawn_exchange(state.clone(), det.clone());
     }
     let wall = std::time::SystemTime::now();

@@ -11,8 +11,15 @@
 //! covered by a final snapshot from this episode, judges them
 //! (`detect::culprit::judge`) and publishes `job.hang_verdict`. Attribution
 //! joins it to the job's hang incident: the culprit's host is charged, the
-//! others record whom they waited on. Every agent of the job does the
-//! same with the same positions, so they name the same culprit.
+//! others record whom they waited on.
+//!
+//! One collector judges: the job's aggregator (`api::aggregate`) holds
+//! every host's positions, so its board is complete; it judges once and
+//! announces the verdict in its answers, and each host publishes it as its
+//! own `job.hang_verdict`. A host whose board is complete (the collector,
+//! or a job on one host) judges and announces itself; one that hears no
+//! verdict within `hang.verdict_wait` (the collector was lost) judges what
+//! it has, naming the ranks it is missing.
 
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant, SystemTime};
@@ -32,8 +39,16 @@ pub struct HangBoard {
     board: Mutex<Board>,
     /// Wakes the straggler exchange for a round now (a hang snapshot to send).
     pub exchange_now: Notify,
-    /// Woken when a peer's positions arrive (a verdict may be complete).
+    /// Woken when a peer's positions arrive (a verdict may be complete) or
+    /// a verdict is announced.
     changed: Notify,
+    /// Verdicts judged here or announced by the collector, by job, with
+    /// when they were judged (wall clock: compared with other hosts').
+    announced: Mutex<std::collections::HashMap<String, (SystemTime, culprit::Verdict)>>,
+    /// Jobs a collection runs for (one per job at a time).
+    collecting: Mutex<std::collections::HashSet<String>>,
+    /// How long a verdict is news.
+    hang_life: Duration,
 }
 
 impl HangBoard {
@@ -45,6 +60,9 @@ impl HangBoard {
             board: Mutex::new(Board::new(ttl, hang_life)),
             exchange_now: Notify::new(),
             changed: Notify::new(),
+            announced: Mutex::default(),
+            collecting: Mutex::default(),
+            hang_life,
         }
     }
 
@@ -76,6 +94,54 @@ impl HangBoard {
         self.changed.notify_waiters();
     }
 
+    /// Records a verdict on `job` judged at `at` (here or by the collector)
+    /// and wakes the follow-ups waiting for one.
+    pub fn announce(&self, job: &str, at: SystemTime, v: culprit::Verdict) {
+        let mut a = self
+            .announced
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let life = self.hang_life;
+        a.retain(|_, (t, _)| SystemTime::now().duration_since(*t).unwrap_or_default() < life);
+        if a.get(job).is_none_or(|(t, _)| *t < at) {
+            a.insert(job.to_owned(), (at, v));
+        }
+        drop(a);
+        self.changed.notify_waiters();
+    }
+
+    /// The verdict announced for `job` no earlier than `after`.
+    pub fn announced(
+        &self,
+        job: &str,
+        after: SystemTime,
+    ) -> Option<(SystemTime, culprit::Verdict)> {
+        self.announced
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(job)
+            .filter(|(t, _)| *t >= after)
+            .cloned()
+    }
+
+    /// The fresh verdicts of `jobs`, for an answer.
+    pub fn announced_for<'a>(
+        &self,
+        jobs: impl Iterator<Item = &'a str>,
+    ) -> Vec<(String, SystemTime, culprit::Verdict)> {
+        let a = self
+            .announced
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let now = SystemTime::now();
+        jobs.filter_map(|j| {
+            let (t, v) = a.get(j)?;
+            (now.duration_since(*t).unwrap_or_default() < self.hang_life)
+                .then(|| (j.to_owned(), *t, v.clone()))
+        })
+        .collect()
+    }
+
     /// Called for each hung rank the scan found: the first of a job's hang
     /// episode snapshots the job and returns true (start a verdict).
     pub fn on_hang(&self, job: &str) -> bool {
@@ -104,17 +170,24 @@ pub async fn follow_up(
     // A peer's snapshot of this episode may be up to twice the wait older
     // than ours (its ranks hung first).
     let episode = wait * 2;
-    let gathered = loop {
+    let earliest = since.1.checked_sub(episode).unwrap_or(since.1);
+    let (v, complete) = loop {
         let changed = board.changed.notified();
+        if let Some((_, v)) = board.announced(&job, earliest) {
+            break (v, true);
+        }
         let g = board.lock().gather(&job, since, episode, Instant::now());
         if g.complete {
-            break g;
+            let v = culprit::judge(&g.positions, g.world_size);
+            board.announce(&job, SystemTime::now(), v.clone());
+            break (v, true);
         }
         if tokio::time::timeout_at(deadline, changed).await.is_err() {
-            break board.lock().gather(&job, since, episode, Instant::now());
+            // No collector answered in time: what this host has.
+            let g = board.lock().gather(&job, since, episode, Instant::now());
+            break (culprit::judge(&g.positions, g.world_size), g.complete);
         }
     };
-    let v = culprit::judge(&gathered.positions, gathered.world_size);
     let verdict = HangVerdict {
         job,
         host: board.host.clone(),
@@ -136,11 +209,51 @@ pub async fn follow_up(
     tracing::info!(
         job = %verdict.job,
         charged,
-        complete = gathered.complete,
+        complete,
         "job-wide hang verdict: {}",
         verdict.summary
     );
     events.publish(Signal::HangVerdict(verdict));
+}
+
+/// The collector's side for a job it holds a hang snapshot of from some
+/// host: waits (at most `wait`) until every rank is covered, judges and
+/// announces, so the hosts hear the verdict in their next answer. Runs
+/// once per job at a time; publishes nothing (the hosts with ranks do).
+pub async fn collect(board: Arc<HangBoard>, job: String, wait: Duration) {
+    {
+        let mut c = board
+            .collecting
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if !c.insert(job.clone()) {
+            return;
+        }
+    }
+    let since = (Instant::now(), SystemTime::now());
+    let episode = wait * 2;
+    let earliest = since.1.checked_sub(episode).unwrap_or(since.1);
+    let deadline = tokio::time::Instant::now() + wait;
+    loop {
+        let changed = board.changed.notified();
+        if board.announced(&job, earliest).is_some() {
+            break;
+        }
+        let g = board.lock().gather(&job, since, episode, Instant::now());
+        let timed_out = tokio::time::Instant::now() >= deadline;
+        if g.complete || timed_out {
+            let v = culprit::judge(&g.positions, g.world_size);
+            tracing::info!(job = %job, complete = g.complete, "collector's hang verdict: {}", v.summary);
+            board.announce(&job, SystemTime::now(), v);
+            break;
+        }
+        let _ = tokio::time::timeout_at(deadline, changed).await;
+    }
+    board
+        .collecting
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .remove(&job);
 }
 
 /// Asks every local rank of `job`'s hang snapshot for its flight recorder

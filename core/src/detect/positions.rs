@@ -21,7 +21,7 @@ use std::time::{Duration, Instant, SystemTime};
 use super::culprit::Position;
 
 /// Most hosts whose batches are kept (the oldest heard is dropped past it).
-pub const MAX_HOSTS: usize = 1024;
+pub const MAX_HOSTS: usize = 65_536;
 /// Most jobs one batch may carry.
 pub const MAX_JOBS: usize = 1024;
 

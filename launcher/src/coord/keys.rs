@@ -5,7 +5,14 @@
 //! <prefix>/<job>/epoch                the current epoch, decimal; absent = 0
 //! <prefix>/<job>/rounds/<epoch:020>   the round of that epoch (JSON), written in the
 //!                                     same txn that advances `epoch`; the last
-//!                                     KEEP_ROUNDS are kept
+//!                                     KEEP_ROUNDS are kept. Its members are a
+//!                                     delta from a layout base (`layout.rs`)
+//! <prefix>/<job>/layouts/<base>/<chunk:06>
+//!                                     a base's members (a JSON array per chunk),
+//!                                     written before the round that first names
+//!                                     it; `<base>` is `<epoch:020>-<writer host>`;
+//!                                     bases older than the current one are deleted
+//!                                     in the txn of the round that names a new one
 //! <prefix>/<job>/departures/<host>    why a host left (JSON), written with its leave
 //! <prefix>/<job>/ends/<epoch:020>     the job finished or failed at that epoch (JSON);
 //!                                     the first host to say so writes it
@@ -53,6 +60,8 @@ pub enum KeyKind<'a> {
     Departure(&'a str),
     /// `ends/<epoch>`.
     End(u64),
+    /// `layouts/<base>/<chunk>`.
+    LayoutChunk(&'a str, u32),
     /// Anything else (a newer version's key): ignored.
     Other,
 }
@@ -107,6 +116,27 @@ impl Keys {
         format!("{}ends/{epoch:020}", self.base)
     }
 
+    /// The prefix of every layout base.
+    pub fn layouts(&self) -> String {
+        format!("{}layouts/", self.base)
+    }
+
+    /// The prefix of one base's chunks.
+    pub fn layout(&self, base: &str) -> String {
+        format!("{}layouts/{base}/", self.base)
+    }
+
+    /// One chunk of a base.
+    pub fn layout_chunk(&self, base: &str, chunk: u32) -> String {
+        format!("{}layouts/{base}/{chunk:06}", self.base)
+    }
+
+    /// The name of the base written with the round of `epoch` by `host`:
+    /// bases sort by epoch, and two hosts racing for one epoch write apart.
+    pub fn layout_base(epoch: u64, host: &str) -> String {
+        format!("{epoch:020}-{host}")
+    }
+
     /// Where a host's goodput report of the job goes: outside [`Keys::base`],
     /// so the coordinators' watch never sees a report change.
     pub fn goodput(&self, host: &str) -> String {
@@ -131,6 +161,13 @@ impl Keys {
             KeyKind::Departure(host)
         } else if let Some(epoch) = rest.strip_prefix("ends/") {
             epoch.parse().map_or(KeyKind::Other, KeyKind::End)
+        } else if let Some(layout) = rest.strip_prefix("layouts/") {
+            match layout.rsplit_once('/') {
+                Some((base, chunk)) if !base.is_empty() && !base.contains('/') => chunk
+                    .parse()
+                    .map_or(KeyKind::Other, |c| KeyKind::LayoutChunk(base, c)),
+                _ => KeyKind::Other,
+            }
         } else {
             KeyKind::Other
         })
@@ -154,6 +191,20 @@ mod tests {
             Some(KeyKind::Departure("h-b"))
         );
         assert_eq!(k.classify(&k.end(3)), Some(KeyKind::End(3)));
+        let base = Keys::layout_base(4, "h-a");
+        assert_eq!(
+            k.layout_chunk(&base, 2),
+            "/warden/jobs/j1/layouts/00000000000000000004-h-a/000002"
+        );
+        assert_eq!(
+            k.classify(&k.layout_chunk(&base, 2)),
+            Some(KeyKind::LayoutChunk(base.as_str(), 2))
+        );
+        assert!(k.layout_chunk(&base, 0).starts_with(&k.layout(&base)));
+        assert_eq!(
+            k.classify("/warden/jobs/j1/layouts/a/b/000001"),
+            Some(KeyKind::Other)
+        );
         assert_eq!(k.classify("/warden/jobs/j1/future"), Some(KeyKind::Other));
         // Another job whose name starts with this one's is not this job.
         assert_eq!(k.classify("/warden/jobs/j10/epoch"), None);

@@ -38,6 +38,7 @@ mod diagnose;
 pub mod error;
 pub mod etcd_flags;
 pub mod keys;
+pub mod layout;
 mod paged;
 pub mod plan;
 pub mod reports;

@@ -116,6 +116,9 @@ pub struct RoundRecord {
     /// The epoch.
     pub epoch: u64,
     /// The hosts that run workers, in node-rank order; empty when waiting.
+    /// Stored empty when `layout` is set (the members are the layout's):
+    /// a host fills it in when it reads the record.
+    #[serde(default)]
     pub members: Vec<RoundMember>,
     /// Live hosts not in the round (spares, or beyond `max_nodes`).
     pub standby: Vec<String>,
@@ -139,6 +142,12 @@ pub struct RoundRecord {
     pub decided_by: String,
     /// When (Unix ms).
     pub decided_at_ms: u64,
+    /// Where the members are stored: a base written apart and this
+    /// round's delta from it ([`super::layout`]); `None` in a waiting
+    /// round and in records of launchers before issue 30, whose
+    /// `members` are inline.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub layout: Option<super::layout::LayoutRef>,
 }
 
 /// The job's size limits and port rule: the inputs of a round besides
@@ -295,6 +304,27 @@ impl Standing {
     /// Whether `host` has a place in the round (by host id).
     pub fn in_round(&self, host: &str) -> bool {
         self.ranks.contains_key(host)
+    }
+
+    /// `host`'s place in line to write the next round, capped at `cap`:
+    /// 0 for the live member of the round with the lowest node rank (or,
+    /// when no member is live, the first candidate), then the others in
+    /// node-rank order, then the candidates in the order they are taken.
+    /// Every host computes the same line from the same view, so one writes
+    /// and the others only stand by in case it cannot (issue 30: a lost
+    /// host made every host of the job try the txn). O(lost members + cap).
+    pub fn writer_place(&self, host: &str, cap: usize) -> usize {
+        let members = self.ranks.len() - self.lost.len().min(self.ranks.len());
+        if let Some(&i) = self.ranks.get(host)
+            && !self.lost.contains(&i)
+        {
+            return (i - self.lost.range(..i).count()).min(cap);
+        }
+        self.candidates
+            .iter()
+            .take(cap)
+            .position(|(_, _, h)| h == host)
+            .map_or(cap, |p| (members + p).min(cap))
     }
 }
 
@@ -492,6 +522,7 @@ pub fn record(
         reason,
         decided_by,
         decided_at_ms,
+        layout: None,
     }
 }
 
@@ -850,5 +881,38 @@ mod tests {
         assert_eq!(kept.lost.iter().copied().collect::<Vec<_>>(), [0]);
         assert_eq!(kept.standby(), ["e"]);
         assert!(kept.any_member_live());
+    }
+
+    /// One line to write the next round, the same from every host's view:
+    /// live members by node rank first (a lost one skipped), then the
+    /// candidates in the order they are taken; capped.
+    #[test]
+    fn the_writers_line_is_members_by_rank_then_candidates() {
+        let (a, b, c) = (
+            m("a", 1, 1, false),
+            m("b", 2, 2, false),
+            m("c", 3, 3, false),
+        );
+        let r1 = round_of(1, &[a.clone(), b.clone(), c.clone()], LIMITS);
+        let mut live: BTreeMap<String, Member> = [&a, &b, &c, &m("s", 9, 9, true)]
+            .into_iter()
+            .map(|m| (m.record.host.clone(), m.clone()))
+            .collect();
+        let st = Standing::new(Some(&r1), &live);
+        let line = |st: &Standing| -> Vec<usize> {
+            ["a", "b", "c", "s", "nobody"]
+                .iter()
+                .map(|h| st.writer_place(h, 8))
+                .collect()
+        };
+        assert_eq!(line(&st), [0, 1, 2, 3, 8]);
+        // a lost: b is first; the spare moves up.
+        live.remove("a");
+        let st = Standing::new(Some(&r1), &live);
+        assert_eq!(line(&st), [8, 0, 1, 2, 8]);
+        assert_eq!(st.writer_place("s", 1), 1, "capped");
+        // No round yet: the candidates in join order.
+        let st = Standing::new(None, &live);
+        assert_eq!(line(&st), [8, 0, 1, 2, 8]);
     }
 }

@@ -124,6 +124,22 @@ impl Round {
     }
 }
 
+/// At most the first 8 of `names`, and how many more: a round of
+/// thousands of hosts is one short line in a log or on the console, not
+/// thousands of names per host per round.
+pub fn named_briefly(names: &[String]) -> String {
+    const SHOWN: usize = 8;
+    match names.get(..SHOWN) {
+        Some(first) if names.len() > SHOWN => format!(
+            "{} hosts: {}, and {} more",
+            names.len(),
+            first.join(", "),
+            names.len() - SHOWN
+        ),
+        _ => names.join(", "),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -152,6 +168,7 @@ mod tests {
             reason: "r".into(),
             decided_by: "a".into(),
             decided_at_ms: 0,
+            layout: None,
         }
     }
 
@@ -183,5 +200,14 @@ mod tests {
         // The same launcher rejoined under a new lease keeps its place.
         let r = Round::from_record("j", &rec(), "b", 42, 200);
         assert_eq!(r.node_rank, Some(1));
+    }
+
+    #[test]
+    fn thousands_of_hosts_are_named_in_one_short_line() {
+        let names: Vec<String> = (0..2048).map(|i| format!("h{i}")).collect();
+        let line = named_briefly(&names);
+        assert!(line.starts_with("2048 hosts: h0, h1,"), "{line}");
+        assert!(line.ends_with("h7, and 2040 more"), "{line}");
+        assert_eq!(named_briefly(&names[..2]), "h0, h1");
     }
 }

@@ -24,7 +24,10 @@ use tokio::time::{Instant, sleep, sleep_until};
 use tokio_util::sync::CancellationToken;
 
 use super::keys::{KEEP_ROUNDS, KeyKind, Keys};
-use super::plan::{self, Limits, Member, MemberRecord, RoundRecord, Standing, Trigger};
+use super::layout::{self, LayoutError, LayoutRef};
+use super::plan::{
+    self, Limits, Member, MemberRecord, RoundMember, RoundRecord, Standing, Trigger,
+};
 use super::{CoordConfig, CoordError, CoordState, Round};
 
 /// How a job ended, as stored at `end`.
@@ -70,7 +73,13 @@ pub(crate) struct View {
     pub(crate) revision: i64,
     pub(crate) members: BTreeMap<String, Member>,
     pub(crate) epoch: u64,
+    /// Round records with their members (a layout's resolved).
     pub(crate) rounds: BTreeMap<u64, RoundRecord>,
+    /// Round records whose layout base is not all here yet (its chunks are
+    /// written before the record, so only a partial read sees this).
+    pub(crate) unresolved: BTreeMap<u64, RoundRecord>,
+    /// Every layout base in etcd: base -> chunk -> its members.
+    pub(crate) layouts: BTreeMap<String, BTreeMap<u32, Vec<RoundMember>>>,
     pub(crate) departures: BTreeMap<String, String>,
     /// The same departures with when they were written (ms since the
     /// epoch), for the cordon share ([`super::cordon_share`]).
@@ -111,6 +120,76 @@ impl View {
             self.standing
                 .member_changed(self.rounds.get(&self.epoch), &self.members, host);
         }
+    }
+
+    /// A round record read from etcd: with its members, or among the
+    /// unresolved until its base is here.
+    fn put_round(&mut self, epoch: u64, record: RoundRecord) -> Result<(), LayoutError> {
+        self.unresolved.remove(&epoch);
+        match self.resolve(record)? {
+            Ok(r) => {
+                self.stale |= epoch == self.epoch;
+                self.rounds.insert(epoch, r);
+            }
+            Err(r) => {
+                self.rounds.remove(&epoch);
+                self.stale |= epoch == self.epoch;
+                self.unresolved.insert(epoch, r);
+            }
+        }
+        Ok(())
+    }
+
+    /// A chunk of a layout base read from etcd: kept, and the records
+    /// waiting for it resolved.
+    fn put_chunk(
+        &mut self,
+        base: &str,
+        chunk: u32,
+        members: Vec<RoundMember>,
+    ) -> Result<(), LayoutError> {
+        self.layouts
+            .entry(base.to_owned())
+            .or_default()
+            .insert(chunk, members);
+        let waiting: Vec<u64> = self
+            .unresolved
+            .iter()
+            .filter(|(_, r)| r.layout.as_ref().is_some_and(|l| l.base == base))
+            .map(|(e, _)| *e)
+            .collect();
+        let mut first_err = None;
+        for epoch in waiting {
+            if let Some(r) = self.unresolved.remove(&epoch)
+                && let Err(e) = self.put_round(epoch, r)
+            {
+                first_err.get_or_insert(e);
+            }
+        }
+        first_err.map_or(Ok(()), Err)
+    }
+
+    /// `record` with its members made from its layout (`Ok(Ok)`), or as it
+    /// is while its base is not all here (`Ok(Err)`).
+    fn resolve(
+        &self,
+        mut record: RoundRecord,
+    ) -> Result<Result<RoundRecord, RoundRecord>, LayoutError> {
+        let Some(l) = &record.layout else {
+            return Ok(Ok(record));
+        };
+        match self.base_members(l)? {
+            Some(base) => {
+                record.members = layout::apply(&base, l, record.nnodes)?;
+                Ok(Ok(record))
+            }
+            None => Ok(Err(record)),
+        }
+    }
+
+    /// The members of `l`'s base, when every chunk of it is here.
+    fn base_members(&self, l: &LayoutRef) -> Result<Option<Vec<RoundMember>>, LayoutError> {
+        layout::joined(self.layouts.get(&l.base), l)
     }
 
     /// The end marker of the current epoch, while a member of its round is
@@ -263,6 +342,21 @@ impl Inner {
             )
             .await?;
         }
+        // Every layout base, not only the current round's: a base written
+        // at or before this read for a round committed after it reaches
+        // this host by no watch event (issue 30: the third host of a job
+        // missed its first round's base and formed the job again). Only
+        // the current base and a writer's next one are there, a few MB at
+        // 16,384 hosts, paged.
+        super::paged::read_prefix(
+            &self.endpoints,
+            self.cfg.request_timeout,
+            &self.client,
+            &self.keys.layouts(),
+            revision,
+            |kv| self.apply_put(&mut view, kv),
+        )
+        .await?;
         view.stale = true;
         view.settle();
         Ok(view)
@@ -304,10 +398,12 @@ impl Inner {
                 }),
             KeyKind::Round(epoch) => serde_json::from_slice::<RoundRecord>(kv.value())
                 .map_err(|e| e.to_string())
-                .map(|r| {
-                    view.stale |= epoch == view.epoch;
-                    view.rounds.insert(epoch, r);
-                }),
+                .and_then(|r| view.put_round(epoch, r).map_err(|e| e.to_string())),
+            KeyKind::LayoutChunk(base, chunk) => {
+                serde_json::from_slice::<Vec<RoundMember>>(kv.value())
+                    .map_err(|e| e.to_string())
+                    .and_then(|m| view.put_chunk(base, chunk, m).map_err(|e| e.to_string()))
+            }
             KeyKind::Departure(host) => serde_json::from_slice::<Departure>(kv.value())
                 .map_err(|e| e.to_string())
                 .map(|d| {
@@ -346,6 +442,15 @@ impl Inner {
             Some(KeyKind::Round(epoch)) => {
                 view.stale |= epoch == view.epoch;
                 view.rounds.remove(&epoch);
+                view.unresolved.remove(&epoch);
+            }
+            Some(KeyKind::LayoutChunk(base, chunk)) => {
+                if let Some(chunks) = view.layouts.get_mut(base) {
+                    chunks.remove(&chunk);
+                    if chunks.is_empty() {
+                        view.layouts.remove(base);
+                    }
+                }
             }
             Some(KeyKind::Departure(host)) => {
                 view.departed.remove(host);
@@ -413,7 +518,7 @@ impl Inner {
                     world_size = r.world_size,
                     master = %format_args!("{}:{}", r.master_addr, r.master_port),
                     waiting = r.waiting,
-                    members = %r.members.join(","),
+                    members = %super::round::named_briefly(&r.members),
                     reason = %r.reason,
                     decided_by = %r.decided_by,
                     "coord: new round"
@@ -440,32 +545,88 @@ impl Inner {
     /// Tries to advance the epoch from `expected` to `expected + 1`, with
     /// the round [`plan::assign`] makes of this host's view, in one txn whose
     /// compare on the epoch key lets exactly one host win.
+    ///
+    /// The record carries its members as a delta from the current layout
+    /// base ([`layout`]): a few bytes when the members are the same or
+    /// changed a little. When the delta would be long, or there is no base,
+    /// this host first writes a new base in chunks (each its own put: a
+    /// base of thousands of hosts is over etcd's request limit in one), then
+    /// the txn, which also deletes every older base. A host that loses the
+    /// race deletes the base it wrote.
     pub(crate) async fn advance(
         &self,
         expected: u64,
         reason: String,
     ) -> Result<Advance, CoordError> {
         let next = expected + 1;
-        let record = {
+        let (mut record, new_base) = {
             let view = self.lock_view();
             if view.epoch != expected {
                 return Ok(Advance::Stale(view.epoch));
             }
             let live = view.live();
-            plan::record(
+            let record = plan::record(
                 next,
                 plan::assign(view.current(), &live, self.limits),
                 self.limits,
                 reason,
                 self.cfg.host.clone(),
                 now_ms(),
-            )
+            );
+            let delta = view
+                .current()
+                .and_then(|r| r.layout.as_ref())
+                .and_then(|l| Some((l, view.base_members(l).ok()??)))
+                .map(|(l, base)| (l, layout::delta(&base, &record.members)))
+                .filter(|(_, d)| d.len() <= layout::MAX_SEGMENTS);
+            let (layout, new_base) = if record.members.is_empty() {
+                (None, None)
+            } else if let Some((l, segments)) = delta {
+                (
+                    Some(LayoutRef {
+                        base: l.base.clone(),
+                        chunks: l.chunks,
+                        len: l.len,
+                        segments,
+                    }),
+                    None,
+                )
+            } else {
+                let base = Keys::layout_base(next, &self.cfg.host);
+                let chunks = layout::chunks(&record.members).map_err(|e| CoordError::Corrupt {
+                    key: self.keys.layout(&base),
+                    problem: format!("cannot encode the layout: {e}"),
+                })?;
+                let len = u32::try_from(record.members.len()).unwrap_or(u32::MAX);
+                (
+                    Some(LayoutRef {
+                        base: base.clone(),
+                        chunks: u32::try_from(chunks.len()).unwrap_or(u32::MAX),
+                        len,
+                        segments: vec![layout::Segment::Base { from: 0, len }],
+                    }),
+                    Some((base, chunks)),
+                )
+            };
+            let mut record = record;
+            record.layout = layout;
+            (record, new_base)
         };
+        if record.layout.is_some() {
+            // Stored without its members: they are the layout's.
+            record.members = Vec::new();
+        }
         let round_key = self.keys.round(next);
         let json = serde_json::to_string(&record).map_err(|e| CoordError::Corrupt {
             key: round_key.clone(),
             problem: format!("cannot encode the round: {e}"),
         })?;
+        if let Some((base, chunks)) = &new_base
+            && let Err(e) = self.put_base(base, chunks).await
+        {
+            self.forget_base(base).await;
+            return Err(e);
+        }
         let epoch_key = self.keys.epoch();
         let compare = if expected == 0 {
             Compare::version(epoch_key.as_str(), CompareOp::Equal, 0)
@@ -476,6 +637,16 @@ impl Inner {
             TxnOp::put(epoch_key.as_str(), next.to_string(), None),
             TxnOp::put(round_key.as_str(), json, None),
         ];
+        if new_base.is_some() {
+            // Every older base: the new round names this one, and the
+            // rounds kept for people before it keep their headers only.
+            ops.push(TxnOp::delete(
+                self.keys.layouts(),
+                // `layouts/<next:020>` sorts before this round's own
+                // `layouts/<next:020>-<host>/...`: those stay.
+                Some(DeleteOptions::new().with_range(format!("{}{next:020}", self.keys.layouts()))),
+            ));
+        }
         if next > KEEP_ROUNDS {
             let oldest = next - KEEP_ROUNDS;
             ops.push(TxnOp::delete(
@@ -491,12 +662,50 @@ impl Inner {
         let mut client = self.client.clone();
         let resp = self
             .call("txn (advance epoch)", &epoch_key, client.txn(txn))
-            .await?;
-        if resp.succeeded() {
-            tracing::debug!(job = %self.cfg.job, host = %self.cfg.host, epoch = next, reason = %record.reason, "coord: advanced the epoch");
+            .await;
+        let won = matches!(&resp, Ok(r) if r.succeeded());
+        if !won && let Some((base, _)) = &new_base {
+            self.forget_base(base).await;
+        }
+        if resp?.succeeded() {
+            tracing::debug!(job = %self.cfg.job, host = %self.cfg.host, epoch = next, reason = %record.reason, new_base = new_base.is_some(), "coord: advanced the epoch");
             Ok(Advance::Advanced(next))
         } else {
             Ok(Advance::LostRace)
+        }
+    }
+
+    /// Writes a layout base's chunks, one put each.
+    async fn put_base(&self, base: &str, chunks: &[String]) -> Result<(), CoordError> {
+        for (i, chunk) in chunks.iter().enumerate() {
+            let key = self
+                .keys
+                .layout_chunk(base, u32::try_from(i).unwrap_or(u32::MAX));
+            let mut client = self.client.clone();
+            self.call(
+                "put (layout)",
+                &key,
+                client.put(key.as_str(), chunk.as_str(), None),
+            )
+            .await?;
+        }
+        Ok(())
+    }
+
+    /// Deletes a base this host wrote for a round it did not make; a
+    /// failure only leaves it for the next new base's txn to delete.
+    async fn forget_base(&self, base: &str) {
+        let prefix = self.keys.layout(base);
+        let mut client = self.client.clone();
+        let deleted = self
+            .call(
+                "delete (layout)",
+                &prefix,
+                client.delete(prefix.as_str(), Some(DeleteOptions::new().with_prefix())),
+            )
+            .await;
+        if let Err(e) = deleted {
+            tracing::debug!(host = %self.cfg.host, %base, error = %e, "coord: could not delete an unused layout base");
         }
     }
 
@@ -997,6 +1206,7 @@ pub(crate) async fn drive(inner: Arc<Inner>, mut revision: i64) {
                             view.revision = revision;
                             let epoch = view.epoch;
                             view.rounds.retain(|e, _| *e >= epoch);
+                            view.unresolved.retain(|e, _| *e >= epoch);
                             view.ends.retain(|e, _| *e >= epoch);
                             view.settle();
                         }
@@ -1047,14 +1257,28 @@ struct Driver {
     attempt: Option<(u64, Instant)>,
     /// When to evaluate again without an event.
     wake: Option<Instant>,
+    /// A round due while this host is not first in line to write it
+    /// ([`Standing::writer_place`]): since when, at which epoch.
+    standing_by: Option<(u64, Instant)>,
 }
+
+/// How long each place in the writers' line waits for the ones before it
+/// before it writes the round itself: the first writes at once; the next
+/// after this, and so on, capped at [`WRITER_LINE`] places. A writer that
+/// is alive but stalled (SIGSTOP, a long GC pause) costs the round this
+/// much; two that race cost one failed txn.
+const WRITER_STEP: Duration = Duration::from_millis(500);
+
+/// Places in the writers' line that wait in turn; the rest wait as the
+/// last of them.
+const WRITER_LINE: usize = 8;
 
 impl Driver {
     /// Asks the plan whether a round is due and writes it if so.
     async fn evaluate(&mut self, inner: &Inner) {
         let now = Instant::now();
         self.wake = None;
-        let (trigger, epoch) = {
+        let (trigger, epoch, place) = {
             let mut view = inner.lock_view();
             view.settle();
             (
@@ -1067,11 +1291,13 @@ impl Driver {
                     inner.limits,
                 ),
                 view.epoch,
+                view.standing.writer_place(&inner.cfg.host, WRITER_LINE),
             )
         };
         let (reason, wait) = match trigger {
             Trigger::None => {
                 self.pending = None;
+                self.standing_by = None;
                 return;
             }
             Trigger::Now(reason) => (reason, None),
@@ -1089,6 +1315,22 @@ impl Driver {
             let due = since + wait;
             if now < due {
                 self.wake = Some(due);
+                return;
+            }
+        }
+        if place > 0 {
+            // Another host is first in line: it writes, and this one only
+            // if the round is still due after its turn.
+            let since = match self.standing_by {
+                Some((e, t)) if e == epoch => t,
+                _ => {
+                    self.standing_by = Some((epoch, now));
+                    now
+                }
+            };
+            let turn = since + WRITER_STEP * u32::try_from(place).unwrap_or(u32::MAX);
+            if now < turn {
+                self.wake = Some(turn);
                 return;
             }
         }

@@ -23,7 +23,7 @@ pub const MAX_SUMMARY_SECTIONS: usize = 32;
 /// Most hosts whose summaries are kept; past it, the one heard from
 /// longest ago is dropped (the API has no authentication: memory must stay
 /// bounded whoever calls).
-pub const MAX_HOSTS: usize = 1024;
+pub const MAX_HOSTS: usize = 65_536;
 /// Longest explanation accepted from a peer.
 pub const MAX_EXPLANATION: usize = 4096;
 

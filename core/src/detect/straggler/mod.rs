@@ -24,12 +24,14 @@
 //! API) and starts the peer exchange (`api::stragglers`) when
 //! [`Stragglers::claim_exchange`] says so: this module knows no gRPC.
 
+pub mod aggregate;
 pub mod config;
 pub mod exchange;
 pub mod explain;
 pub mod samples;
 pub mod score;
 pub mod sim;
+pub mod sketch;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -68,6 +70,10 @@ struct Inner {
     scorer: Scorer,
     local: BTreeMap<RankKey, Local>,
     remote: exchange::RemoteStore,
+    /// Each job's statistics from its aggregator, with when they came:
+    /// while fresh (within `summary_ttl`), the job's own ranks are scored
+    /// against them rather than against the peers' summaries.
+    job_wide: BTreeMap<String, (Instant, aggregate::JobWide)>,
 }
 
 /// What the detector keeps of one of its own ranks.
@@ -263,7 +269,10 @@ impl Stragglers {
             scorer,
             local,
             remote,
+            job_wide,
         } = &mut *inner;
+        let ttl = self.cfg.summary_ttl;
+        job_wide.retain(|_, (at, _)| now.saturating_duration_since(*at) < ttl);
         let CopyOut { copied, live } = copy;
 
         // Ranks that stopped running leave; a flag they held is lifted.
@@ -353,7 +362,16 @@ impl Stragglers {
                 }
                 ranks.push(r);
             }
-            for (_, s) in remote_ranks.iter().filter(|(_, s)| s.job == job) {
+            // The aggregator's statistics, when it answers: the job's own
+            // ranks against the whole job, O(sections), whatever its size.
+            let wide = job_wide.get(&job).map(|(_, w)| w);
+            for st in wide.iter().flat_map(|w| &w.sections) {
+                add(&mut names, &st.section);
+            }
+            for (_, s) in remote_ranks
+                .iter()
+                .filter(|(_, s)| wide.is_none() && s.job == job)
+            {
                 let key = RankKey {
                     job: job.clone(),
                     rank: s.rank,
@@ -370,7 +388,25 @@ impl Stragglers {
                 }
                 ranks.push(r);
             }
-            scorer.prepare(&self.params, names.len(), &ranks);
+            match wide {
+                Some(w) => {
+                    let stats: Vec<Option<(score::Spread, usize)>> = names
+                        .iter()
+                        .map(|n| {
+                            let st = w.sections.iter().find(|s| &s.section == n)?;
+                            let sp = st.spread()?;
+                            let over = if sp.n >= self.params.min_ranks {
+                                usize::try_from(st.stat.over).unwrap_or(usize::MAX)
+                            } else {
+                                0
+                            };
+                            Some((sp, over))
+                        })
+                        .collect();
+                    scorer.prepare_job_wide(&stats);
+                }
+                None => scorer.prepare(&self.params, names.len(), &ranks),
+            }
             for (key, idx) in own {
                 let Some(l) = local.get_mut(&key) else {
                     continue;
@@ -593,6 +629,66 @@ impl Stragglers {
         }
     }
 
+    /// This host's report to its jobs' aggregator as of `now`: per job,
+    /// a sketch per compute section over its ranks that have enough
+    /// samples to be judged (a rank that stopped stepping is left out),
+    /// and its ranks' scores.
+    pub fn report(&self, now: Instant) -> aggregate::Report {
+        let inner = self.lock();
+        let mut jobs: BTreeMap<&str, aggregate::JobReport> = BTreeMap::new();
+        for (k, l) in &inner.local {
+            if l.medians.is_empty() || l.stale(now) {
+                continue;
+            }
+            let j = jobs
+                .entry(k.job.as_str())
+                .or_insert_with(|| aggregate::JobReport {
+                    job: k.job.clone(),
+                    ..aggregate::JobReport::default()
+                });
+            for m in &l.medians {
+                if (m.samples as usize) < self.params.min_steps {
+                    continue;
+                }
+                let at = j.sections.iter().position(|(n, _)| *n == m.section);
+                match at {
+                    Some(i) => j.sections[i].1.add(m.median_ns),
+                    None if j.sections.len() < MAX_SECTIONS => {
+                        let mut sk = sketch::Sketch::default();
+                        sk.add(m.median_ns);
+                        j.sections.push((m.section.clone(), sk));
+                    }
+                    None => {}
+                }
+            }
+            j.scores.push(l.score.clone().unwrap_or_else(|| {
+                Score {
+                    job: k.job.clone(),
+                    rank: k.rank,
+                    host: self.host.clone(),
+                    section: l
+                        .medians
+                        .first()
+                        .map(|m| m.section.clone())
+                        .unwrap_or_default(),
+                    samples: l.medians.first().map_or(0, |m| m.samples),
+                    ..Score::default()
+                }
+            }));
+        }
+        aggregate::Report {
+            host: self.host.clone(),
+            relative_threshold: self.params.relative_threshold,
+            z_threshold: self.params.z_threshold,
+            jobs: jobs.into_values().collect(),
+        }
+    }
+
+    /// Takes the aggregator's answer for a job.
+    pub fn take_job_wide(&self, wide: aggregate::JobWide, now: Instant) {
+        self.lock().job_wide.insert(wide.job.clone(), (now, wide));
+    }
+
     /// Takes a peer's batch (already validated).
     pub fn merge_remote(&self, batch: Batch, now: Instant) {
         self.lock().remote.merge(batch, now);
@@ -626,6 +722,7 @@ impl Stragglers {
         let mut inner = self.lock();
         inner.remote.expire(now, self.cfg.summary_ttl);
         let mut out: BTreeMap<(String, u32), Score> = BTreeMap::new();
+        let mut wide_hosts: BTreeSet<String> = BTreeSet::new();
         for (k, l) in &inner.local {
             let sc = l.score.clone().unwrap_or_else(|| Score {
                 job: k.job.clone(),
@@ -640,6 +737,21 @@ impl Stragglers {
                 ..Score::default()
             });
             out.insert((k.job.clone(), k.rank), sc);
+        }
+        // The aggregator's most notable ranks of each job (the whole job
+        // on the aggregator itself: it answers itself with everything).
+        let ttl = self.cfg.summary_ttl;
+        for (at, w) in inner.job_wide.values() {
+            if now.saturating_duration_since(*at) >= ttl {
+                continue;
+            }
+            for sc in &w.top {
+                let key = (sc.job.clone(), sc.rank);
+                if !out.contains_key(&key) && !sc.host.is_empty() {
+                    wide_hosts.insert(sc.host.clone());
+                    out.insert(key, sc.clone());
+                }
+            }
         }
         for (host, s) in inner.remote.ranks() {
             let key = (s.job.clone(), s.rank);
@@ -664,6 +776,11 @@ impl Stragglers {
         }
         let mut hosts = vec![self.host.clone()];
         hosts.extend(inner.remote.hosts().map(str::to_owned));
+        for h in wide_hosts {
+            if !hosts.contains(&h) {
+                hosts.push(h);
+            }
+        }
         let scores = out
             .into_values()
             .filter(|s| job.is_empty() || s.job == job)

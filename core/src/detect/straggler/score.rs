@@ -601,6 +601,20 @@ impl Scorer {
         }
     }
 
+    /// Phase one from the job's aggregator instead of from every rank:
+    /// section `i` of the job's table has `stats[i]` (its job-wide spread
+    /// and the count of ranks over the thresholds; None: not compared).
+    pub fn prepare_job_wide(&mut self, stats: &[Option<(Spread, usize)>]) {
+        self.spreads = [None; MAX_SECTIONS];
+        self.over = [0; MAX_SECTIONS];
+        for (s, st) in stats.iter().enumerate().take(MAX_SECTIONS) {
+            if let Some((sp, over)) = st {
+                self.spreads[s] = Some(*sp);
+                self.over[s] = *over;
+            }
+        }
+    }
+
     /// The spread of section `s` found by [`Scorer::prepare`].
     pub fn spread_of(&self, s: usize) -> Option<Spread> {
         self.spreads.get(s).copied().flatten()

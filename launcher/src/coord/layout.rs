@@ -1,0 +1,354 @@
+//! Who is in a round, stored apart from the round (issue 30, point 5).
+//!
+//! A round record used to carry every member's assignment. Every host
+//! watches the job's keys, so each restart round sent the whole member list
+//! to every host: 229 KB to each of 2,048 hosts, 469 MB through etcd per
+//! round, and past about 7,600 hosts a record over etcd's 1.5 MiB request
+//! limit. Most rounds do not change who is in them (a restart after a
+//! worker's failure keeps every host), and those that do change one or two.
+//!
+//! So the member list lives in a **layout**: a base list, written in chunks
+//! under `layouts/<base>/<chunk>` only when a round needs a new one, and a
+//! short **delta** in each round record that says how this round's members
+//! are made from the base (runs of base members kept in order, and members
+//! not in the base). A restart round repeats the delta (a few bytes); a
+//! lost host or a spare's swap adds a run or a member; only when the delta
+//! would pass [`MAX_SEGMENTS`] (or there is no base yet) does the writer
+//! write a new base. Every host keeps the current base in memory (it needs
+//! the members anyway: node ranks, checkpoint peers, the lost-member
+//! checks), so a round costs each host its header, and a new base costs
+//! each host the list once.
+//!
+//! In: the base's members and a round's members. Out: the delta, or the
+//! round's members from a base and a delta, or a base in chunks.
+//! Never: trust a stored delta (every run is checked against the base's
+//! length, and a member count against the record's); make a chunk over
+//! [`CHUNK_BYTES`] unless one member alone is larger.
+
+use std::collections::HashMap;
+
+use serde::{Deserialize, Serialize};
+
+use super::plan::RoundMember;
+
+/// Most segments a round's delta may hold before the writer writes a new
+/// base: each change of membership adds one to three, so a base serves
+/// tens of changes, and a header stays a few KB.
+pub const MAX_SEGMENTS: usize = 64;
+
+/// Target size of one stored chunk of a base: well under etcd's default
+/// 1.5 MiB request limit, and a page of 256 of them (a paged read) well
+/// under the clients' receive limit.
+pub const CHUNK_BYTES: usize = 256 * 1024;
+
+/// Most chunks one base may have: 16,384 hosts of the largest member
+/// record warden writes take under 40.
+pub const MAX_CHUNKS: u32 = 4096;
+
+/// Where a round's members come from.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LayoutRef {
+    /// The base's name: `<epoch:020>-<writer host>`, its key segment under
+    /// `layouts/`.
+    pub base: String,
+    /// How many chunks the base was written in (`0..chunks`).
+    pub chunks: u32,
+    /// How many members the base holds.
+    pub len: u32,
+    /// This round's members, made from the base.
+    pub segments: Vec<Segment>,
+}
+
+/// A piece of a round's member list.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Segment {
+    /// `len` members of the base from index `from`, in order.
+    Base {
+        /// First index in the base.
+        from: u32,
+        /// How many.
+        len: u32,
+    },
+    /// A member not in the base (a spare swapped in, a host that joined, a
+    /// member under a new lease).
+    New(RoundMember),
+}
+
+/// Why a stored layout cannot be read.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LayoutError {
+    /// A run of base members past the base's end.
+    #[error("segment {index} takes base members {from}..{end}, but the base holds {len}")]
+    OutOfBase {
+        /// The segment's place.
+        index: usize,
+        /// Its first index.
+        from: u32,
+        /// One past its last.
+        end: u64,
+        /// The base's length.
+        len: usize,
+    },
+    /// The base read back has another length than the record says.
+    #[error("the base holds {got} members, the round record says {want}")]
+    BaseLength {
+        /// What was read.
+        got: usize,
+        /// What the record says.
+        want: u32,
+    },
+    /// The members made are not the count the record says.
+    #[error("the layout makes {got} members, the round record says nnodes {want}")]
+    Count {
+        /// What the segments made.
+        got: usize,
+        /// The record's `nnodes`.
+        want: u32,
+    },
+    /// More chunks than any base has.
+    #[error("{0} chunks; at most {MAX_CHUNKS}")]
+    TooManyChunks(u32),
+}
+
+/// The delta that makes `members` from `base`: runs of base members kept in
+/// order, and the members the base does not hold (or holds otherwise: a
+/// new lease, a new address). O(N) in the two lists.
+pub fn delta(base: &[RoundMember], members: &[RoundMember]) -> Vec<Segment> {
+    let index: HashMap<&str, usize> = base
+        .iter()
+        .enumerate()
+        .map(|(i, m)| (m.host.as_str(), i))
+        .collect();
+    let mut out: Vec<Segment> = Vec::new();
+    for m in members {
+        let at = index
+            .get(m.host.as_str())
+            .copied()
+            .filter(|&i| base.get(i) == Some(m))
+            .and_then(|i| u32::try_from(i).ok());
+        match at {
+            Some(i) => {
+                if let Some(Segment::Base { from, len }) = out.last_mut()
+                    && from.checked_add(*len) == Some(i)
+                {
+                    *len += 1;
+                    continue;
+                }
+                out.push(Segment::Base { from: i, len: 1 });
+            }
+            None => out.push(Segment::New(m.clone())),
+        }
+    }
+    out
+}
+
+/// The members `segments` make from `base`, checked against the base's
+/// recorded length and the round's `nnodes`.
+pub fn apply(
+    base: &[RoundMember],
+    layout: &LayoutRef,
+    nnodes: u32,
+) -> Result<Vec<RoundMember>, LayoutError> {
+    if base.len() != layout.len as usize {
+        return Err(LayoutError::BaseLength {
+            got: base.len(),
+            want: layout.len,
+        });
+    }
+    let mut out = Vec::with_capacity(nnodes as usize);
+    for (index, s) in layout.segments.iter().enumerate() {
+        match s {
+            Segment::Base { from, len } => {
+                let end = u64::from(*from) + u64::from(*len);
+                let run = usize::try_from(end)
+                    .ok()
+                    .and_then(|end| base.get(*from as usize..end))
+                    .ok_or(LayoutError::OutOfBase {
+                        index,
+                        from: *from,
+                        end,
+                        len: base.len(),
+                    })?;
+                out.extend_from_slice(run);
+            }
+            Segment::New(m) => out.push(m.clone()),
+        }
+        if out.len() > nnodes as usize {
+            break;
+        }
+    }
+    if out.len() != nnodes as usize {
+        return Err(LayoutError::Count {
+            got: out.len(),
+            want: nnodes,
+        });
+    }
+    Ok(out)
+}
+
+/// `members` as JSON arrays of at most about [`CHUNK_BYTES`] each (a
+/// member larger than that alone is a chunk of its own), in order.
+pub fn chunks(members: &[RoundMember]) -> Result<Vec<String>, serde_json::Error> {
+    let mut out = Vec::new();
+    let mut chunk = String::from("[");
+    for m in members {
+        let json = serde_json::to_string(m)?;
+        if chunk.len() > 1 && chunk.len() + json.len() + 2 > CHUNK_BYTES {
+            chunk.push(']');
+            out.push(std::mem::replace(&mut chunk, String::from("[")));
+        }
+        if chunk.len() > 1 {
+            chunk.push(',');
+        }
+        chunk.push_str(&json);
+    }
+    if chunk.len() > 1 || out.is_empty() {
+        chunk.push(']');
+        out.push(chunk);
+    }
+    Ok(out)
+}
+
+/// A base's chunks read back (`0..chunks`, each the members of one),
+/// joined in order; `None` while one is missing.
+pub fn joined(
+    stored: Option<&std::collections::BTreeMap<u32, Vec<RoundMember>>>,
+    layout: &LayoutRef,
+) -> Result<Option<Vec<RoundMember>>, LayoutError> {
+    if layout.chunks > MAX_CHUNKS {
+        return Err(LayoutError::TooManyChunks(layout.chunks));
+    }
+    let Some(stored) = stored else {
+        return Ok(None);
+    };
+    let mut base = Vec::with_capacity(layout.len as usize);
+    for i in 0..layout.chunks {
+        match stored.get(&i) {
+            Some(c) => base.extend_from_slice(c),
+            None => return Ok(None),
+        }
+    }
+    Ok(Some(base))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn m(host: &str, lease: i64) -> RoundMember {
+        RoundMember {
+            host: host.into(),
+            addr: format!("127.0.0.{}", lease % 250 + 2),
+            nproc_per_node: 8,
+            lease,
+            ckpt_peer: None,
+            incarnation: 7,
+        }
+    }
+
+    fn layout(base: &[RoundMember], members: &[RoundMember]) -> LayoutRef {
+        LayoutRef {
+            base: "00000000000000000001-h0".into(),
+            chunks: 1,
+            len: u32::try_from(base.len()).unwrap(),
+            segments: delta(base, members),
+        }
+    }
+
+    fn nn(v: &[RoundMember]) -> u32 {
+        u32::try_from(v.len()).unwrap()
+    }
+
+    #[test]
+    fn the_same_members_are_one_run_and_make_the_same_list() {
+        let base: Vec<_> = (0..1000).map(|i| m(&format!("h{i}"), i)).collect();
+        let l = layout(&base, &base);
+        assert_eq!(l.segments, vec![Segment::Base { from: 0, len: 1000 }]);
+        assert_eq!(apply(&base, &l, 1000).unwrap(), base);
+        // The header's share: a few dozen bytes however many hosts.
+        assert!(serde_json::to_string(&l).unwrap().len() < 128);
+    }
+
+    #[test]
+    fn a_lost_host_and_a_spare_swap_are_a_few_segments() {
+        let base: Vec<_> = (0..100).map(|i| m(&format!("h{i}"), i)).collect();
+        // h40 lost, the survivors close ranks.
+        let mut down = base.clone();
+        down.remove(40);
+        let l = layout(&base, &down);
+        assert_eq!(l.segments.len(), 2);
+        assert_eq!(apply(&base, &l, 99).unwrap(), down);
+        // h40's place goes to a spare.
+        let mut swapped = base.clone();
+        swapped[40] = m("spare", 500);
+        let l = layout(&base, &swapped);
+        assert_eq!(l.segments.len(), 3);
+        assert!(matches!(&l.segments[1], Segment::New(s) if s.host == "spare"));
+        assert_eq!(apply(&base, &l, 100).unwrap(), swapped);
+        // The same host under a new lease is a new member, not the base's.
+        let mut relet = base.clone();
+        relet[0].lease = 999;
+        let l = layout(&base, &relet);
+        assert!(matches!(&l.segments[0], Segment::New(s) if s.lease == 999));
+        assert_eq!(apply(&base, &l, 100).unwrap(), relet);
+    }
+
+    #[test]
+    fn a_stored_delta_that_does_not_fit_its_base_is_refused_by_name() {
+        let base: Vec<_> = (0..10).map(|i| m(&format!("h{i}"), i)).collect();
+        let mut l = layout(&base, &base);
+        l.segments = vec![Segment::Base { from: 5, len: 10 }];
+        let e = apply(&base, &l, 10).unwrap_err();
+        assert!(e.to_string().contains("base members 5..15"), "{e}");
+        l.segments = vec![Segment::Base {
+            from: u32::MAX,
+            len: u32::MAX,
+        }];
+        assert!(apply(&base, &l, 10).is_err());
+        let l = layout(&base, &base);
+        let e = apply(&base, &l, 9).unwrap_err();
+        assert!(e.to_string().contains("nnodes 9"), "{e}");
+        let e = apply(&base[..9], &l, 10).unwrap_err();
+        assert!(e.to_string().contains("the base holds 9"), "{e}");
+    }
+
+    #[test]
+    fn chunks_stay_under_their_size_and_join_back_in_order() {
+        let base: Vec<_> = (0..16_384)
+            .map(|i| {
+                m(
+                    &format!("a-long-host-name-{i:06}.rack-{:03}.example", i / 32),
+                    i,
+                )
+            })
+            .collect();
+        let cs = chunks(&base).unwrap();
+        assert!(cs.len() > 1);
+        assert!(
+            cs.iter().all(|c| c.len() <= CHUNK_BYTES),
+            "a chunk is too big"
+        );
+        let stored: std::collections::BTreeMap<u32, Vec<RoundMember>> = cs
+            .iter()
+            .enumerate()
+            .map(|(i, c)| (u32::try_from(i).unwrap(), serde_json::from_str(c).unwrap()))
+            .collect();
+        let l = LayoutRef {
+            base: "b".into(),
+            chunks: u32::try_from(cs.len()).unwrap(),
+            len: nn(&base),
+            segments: vec![Segment::Base {
+                from: 0,
+                len: nn(&base),
+            }],
+        };
+        let joined = joined(Some(&stored), &l).unwrap().unwrap();
+        assert_eq!(joined, base);
+        // One chunk missing: not yet readable, not an error.
+        let mut partial = stored.clone();
+        partial.remove(&1);
+        assert_eq!(super::joined(Some(&partial), &l).unwrap(), None);
+        assert_eq!(chunks(&[]).unwrap(), vec!["[]".to_owned()]);
+    }
+}
