@@ -86,7 +86,10 @@ async fn a_cluster_fleet_keeps_every_lease_through_a_leader_kill() {
         .await;
     cluster.members[leader].kill();
     assert!(killed.rounds >= 1, "{killed:?}");
-    assert!(fleet.epoch > epoch, "every host holds the rounds after the kill");
+    assert!(
+        fleet.epoch > epoch,
+        "every host holds the rounds after the kill"
+    );
     // One more round after: every host holds it (wait_round covers all 12).
     let seen = fleet.epoch;
     fleet.restart_through_faults().await;

@@ -85,6 +85,7 @@ struct Settings {
 }
 
 /// Either etcd set-up.
+#[derive(Debug)]
 enum Etcd {
     Single(EtcdServer),
     Cluster(EtcdCluster),
@@ -129,7 +130,10 @@ async fn run(n: usize, members: usize, s: &Settings) -> FleetRow {
     cfg.ttl = s.ttl;
     cfg.request_timeout = s.request_timeout;
     let (mut fleet, joined) = Fleet::join(cfg).await;
-    eprintln!("fleet: {n} hosts, {members}-member etcd: joined in {:?}", joined.all);
+    eprintln!(
+        "fleet: {n} hosts, {members}-member etcd: joined in {:?}",
+        joined.all
+    );
     // One round untimed: every connection warm.
     fleet.restart().await;
     let before = EtcdMetrics::read_all(&endpoints);
@@ -163,7 +167,8 @@ async fn run(n: usize, members: usize, s: &Settings) -> FleetRow {
                 kill(Pid::from_raw(pid), Signal::SIGKILL).expect("SIGKILL the etcd leader");
                 (Instant::now(), Duration::ZERO)
             };
-            let killed = fleet.rounds_through(kill_fault, 5, s.ttl + Duration::from_secs(2))
+            let killed = fleet
+                .rounds_through(kill_fault, 5, s.ttl + Duration::from_secs(2))
                 .await;
             eprintln!("fleet: leader {leader} killed: {killed:?}");
             cluster.members[leader].kill();
@@ -184,12 +189,8 @@ async fn run(n: usize, members: usize, s: &Settings) -> FleetRow {
             // Rounds go on past the pause's end by a TTL: a lease that
             // could not be renewed during the pause has expired by then.
             let paused = fleet
-                .rounds_through(
-                pause_fault,
-                5,
-                pause + s.ttl + Duration::from_secs(1),
-            )
-            .await;
+                .rounds_through(pause_fault, 5, pause + s.ttl + Duration::from_secs(1))
+                .await;
             eprintln!("fleet: follower {follower} paused: {paused:?}");
             (Some(killed), Some(paused))
         }
@@ -260,13 +261,13 @@ async fn main() {
         full: env_one("WARDEN_FLEET_FULL", 8),
         rounds: env_one("WARDEN_FLEET_ROUNDS", 10).max(1),
         ttl: Duration::from_secs(env_one("WARDEN_FLEET_TTL_S", 10) as u64),
-        request_timeout: Duration::from_secs(
-            env_one("WARDEN_FLEET_REQUEST_TIMEOUT_S", 5) as u64,
-        ),
+        request_timeout: Duration::from_secs(env_one("WARDEN_FLEET_REQUEST_TIMEOUT_S", 5) as u64),
         commit: commit(),
     };
-    let out = std::env::var_os("WARDEN_FLEET_OUT")
-        .map_or_else(|| std::env::temp_dir().join("warden-coord-fleet.json"), PathBuf::from);
+    let out = std::env::var_os("WARDEN_FLEET_OUT").map_or_else(
+        || std::env::temp_dir().join("warden-coord-fleet.json"),
+        PathBuf::from,
+    );
     let mut results = std::fs::read_to_string(&out)
         .ok()
         .and_then(|t| FleetResults::parse(&t).ok())

@@ -383,7 +383,10 @@ pub fn markdown(results: &FleetResults) -> String {
                 r.commit,
             );
         }
-        if rows.iter().any(|r| r.leader_kill.is_some() || r.member_pause.is_some()) {
+        if rows
+            .iter()
+            .any(|r| r.leader_kill.is_some() || r.member_pause.is_some())
+        {
             let _ = writeln!(
                 out,
                 "\n| hosts | fault | rounds during it | the round it hit | longest | median | requests asked again | leases kept |\n|---|---|---|---|---|---|---|---|"
@@ -492,14 +495,21 @@ pub fn svg(results: &FleetResults) -> String {
         let fits: Vec<Option<Fit>> = setups.iter().map(|m| fit(&results.series(*m, i))).collect();
         let mut ys: Vec<f64> = all.iter().map(|p| p.1).collect();
         ys.extend(fits.iter().flatten().map(|f| f.at(12_500.0)));
-        let x_lo = all.iter().map(|p| p.0).fold(f64::INFINITY, f64::min).min(16.0);
+        let x_lo = all
+            .iter()
+            .map(|p| p.0)
+            .fold(f64::INFINITY, f64::min)
+            .min(16.0);
         let x_hi = 12_500.0f64;
         let y_lo = ys.iter().copied().fold(f64::INFINITY, f64::min);
         let y_hi = ys.iter().copied().fold(0.0, f64::max);
         if !y_lo.is_finite() || y_hi <= 0.0 {
             continue;
         }
-        let (y_lo, y_hi) = (10f64.powf(y_lo.log10().floor()), 10f64.powf(y_hi.log10().ceil()));
+        let (y_lo, y_hi) = (
+            10f64.powf(y_lo.log10().floor()),
+            10f64.powf(y_hi.log10().ceil()),
+        );
         let pw = PANEL_W - MARGIN_L - 20.0;
         let ph = PANEL_H - MARGIN_T - MARGIN_B;
         let x = |n: f64| ox + MARGIN_L + (n.ln() - x_lo.ln()) / (x_hi.ln() - x_lo.ln()) * pw;
@@ -643,7 +653,10 @@ mod tests {
             ],
         };
         let at = r.round_at(2048).unwrap();
-        assert_eq!((at.basis, at.etcd_members, at.seconds), (Basis::Measured, 3, 0.5));
+        assert_eq!(
+            (at.basis, at.etcd_members, at.seconds),
+            (Basis::Measured, 3, 0.5)
+        );
         let at = r.round_at(1000).unwrap();
         assert_eq!(at.basis, Basis::Interpolated);
         assert!(at.seconds > 0.02 && at.seconds < 0.5, "{at:?}");

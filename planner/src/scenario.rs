@@ -375,10 +375,16 @@ impl Scenario {
     /// read (a build from a broken data file).
     pub fn round(&self) -> Result<Round, ScenarioError> {
         if let Some(s) = self.warden.round_s {
-            return Ok(Round { seconds: s, fleet: None });
+            return Ok(Round {
+                seconds: s,
+                fleet: None,
+            });
         }
         if self.nodes() <= 1 {
-            return Ok(Round { seconds: 0.0, fleet: None });
+            return Ok(Round {
+                seconds: 0.0,
+                fleet: None,
+            });
         }
         let estimate = crate::fleet::embedded()
             .and_then(|r| r.round_at(self.nodes()))

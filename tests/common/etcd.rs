@@ -404,10 +404,8 @@ impl EtcdCluster {
         let deadline = Instant::now() + limit;
         loop {
             let found = self.members.iter().position(|m| {
-                m.metrics_page().is_some_and(|page| {
-                    page.lines()
-                        .any(|l| l.trim() == "etcd_server_is_leader 1")
-                })
+                m.metrics_page()
+                    .is_some_and(|page| page.lines().any(|l| l.trim() == "etcd_server_is_leader 1"))
             });
             if let Some(i) = found {
                 return i;
@@ -424,7 +422,10 @@ impl EtcdCluster {
     /// waits until it is healthy: it rejoins the cluster from its log.
     pub fn restart(&mut self, i: usize) {
         let m = &mut self.members[i];
-        assert!(m.child.is_none(), "member {i} is still running: kill it first");
+        assert!(
+            m.child.is_none(),
+            "member {i} is still running: kill it first"
+        );
         m.spawn();
         if let Err(log) = m.wait_healthy_for(ETCD_STARTUP * 3) {
             panic!("etcd member {i} did not start again:\n{log}");

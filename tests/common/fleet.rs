@@ -233,7 +233,13 @@ impl Fleet {
         for j in joins {
             fleet.light.push(j.await.unwrap());
         }
-        let round = fleet.wait_round(0).await;
+        // A round written while hosts were still arriving is a waiting one
+        // (too few hosts, nobody runs workers): the fleet has formed at the
+        // first round that is not.
+        let mut round = fleet.wait_round(0).await;
+        while round.waiting {
+            round = fleet.wait_round(round.epoch).await;
+        }
         let all = t0.elapsed();
         assert_eq!(
             round.nnodes as usize, fleet.cfg.hosts,
@@ -396,8 +402,10 @@ impl Fleet {
         }
         let (at, lasted) = began.expect("the fault began");
         // The rounds from the one in flight when the fault began.
-        let during: Vec<&(Instant, Duration)> =
-            spans.iter().filter(|(t0, took)| *t0 + *took >= at).collect();
+        let during: Vec<&(Instant, Duration)> = spans
+            .iter()
+            .filter(|(t0, took)| *t0 + *took >= at)
+            .collect();
         let times: Vec<Duration> = during.iter().map(|s| s.1).collect();
         let after = self.leases().await;
         let lost = after.light_lost.saturating_sub(before.light_lost)
@@ -426,17 +434,26 @@ impl Fleet {
                 s.rejoins > 0 || s.failed.is_some()
             })
             .count();
-        let mut client = Client::connect(self.cfg.endpoints.clone(), Some(connect_options()))
-            .await
-            .expect("connect to count the members");
-        let members = client
-            .get(
-                self.keys.members(),
-                Some(GetOptions::new().with_prefix().with_count_only()),
-            )
-            .await
-            .expect("count the member keys")
-            .count();
+        // Each member in turn until one answers: a killed member refuses,
+        // and a client over all endpoints may pick it.
+        let mut members = None;
+        for e in &self.cfg.endpoints {
+            let Ok(mut client) = Client::connect([e.as_str()], Some(connect_options())).await
+            else {
+                continue;
+            };
+            let count = client
+                .get(
+                    self.keys.members(),
+                    Some(GetOptions::new().with_prefix().with_count_only()),
+                )
+                .await;
+            if let Ok(r) = count {
+                members = Some(r.count());
+                break;
+            }
+        }
+        let members = members.expect("a member answers the count of member keys");
         LeaseCheck {
             light_lost: self.leases_lost.load(Ordering::Relaxed),
             full_lost,
@@ -485,7 +502,11 @@ impl Fleet {
         drop(lost);
         let round = self.wait_round_with(seen, &spare).await;
         let took = t0.elapsed();
-        assert_eq!(round.nnodes as usize, self.regular() + 1, "the round is full again");
+        assert_eq!(
+            round.nnodes as usize,
+            self.regular() + 1,
+            "the round is full again"
+        );
         self.take_in(&spare);
         took
     }
@@ -496,18 +517,27 @@ impl Fleet {
     /// stands by; from the leave until every host holds the round with the
     /// spare in it.
     pub async fn swap_cordoned(&mut self) -> Duration {
-        assert!(self.full.len() >= 2, "a full host to cordon besides the first");
+        assert!(
+            self.full.len() >= 2,
+            "a full host to cordon besides the first"
+        );
         let spare = self.standby_spare();
         let leaving = self.full.pop().expect("a full host");
         let t0 = Instant::now();
         let seen = self.epoch;
         leaving
-            .leave(warden_launcher::coord::Leave::Cordoned("fleet bench".into()))
+            .leave(warden_launcher::coord::Leave::Cordoned(
+                "fleet bench".into(),
+            ))
             .await
             .expect("a cordoned host leaves");
         let round = self.wait_round_with(seen, &spare).await;
         let took = t0.elapsed();
-        assert_eq!(round.nnodes as usize, self.regular() + 1, "the round is full again");
+        assert_eq!(
+            round.nnodes as usize,
+            self.regular() + 1,
+            "the round is full again"
+        );
         self.take_in(&spare);
         took
     }
@@ -575,7 +605,9 @@ impl Fleet {
             .expect("an extra full host joins");
             extra.push(c);
         }
-        let all = self.hosts() + k;
+        // Every host etcd still holds a member key for: a light host whose
+        // lease was lost (a member paused past the TTL) does not rejoin.
+        let all = self.leases().await.member_keys;
         for c in &extra {
             let mut rx = c.rounds();
             tokio::time::timeout(WAIT, async {
@@ -764,7 +796,10 @@ async fn follow(
             if resp.canceled() && resp.compact_revision() > 0 {
                 // Compacted past what it saw: a launcher reloads; the bench
                 // never compacts, so this is a broken set-up.
-                panic!("a light host's watch was compacted at {}", resp.compact_revision());
+                panic!(
+                    "a light host's watch was compacted at {}",
+                    resp.compact_revision()
+                );
             }
             for e in resp.events() {
                 let Some(kv) = e.kv() else { continue };
