@@ -1,25 +1,43 @@
 //! Issue 30's scale measurements: a fleet of N simulated hosts of one job on
-//! one real etcd (tests/common/etcd.rs; etcd 3.4, single member, fsync on),
-//! through tests/common/fleet.rs: a few hosts run the real `Coordinator`,
-//! the rest are light hosts that still do a launcher's share of etcd work
-//! (their own connection, lease and keep-alive, member key, joining read
-//! and watch).
+//! a real etcd (tests/common/etcd.rs; etcd 3.4, fsync on), through
+//! tests/common/fleet.rs: a few hosts run the real `Coordinator`, the rest
+//! are light hosts that still do a launcher's share of etcd work (their own
+//! connection, lease and keep-alive, member key, joining read and watch).
 //!
-//! For each N (a fresh etcd each): joining every host until all hold the
-//! first round; restart rounds (`request_restart` on one full host until
-//! every host holds the new round); a light host lost without a word (its
-//! lease expires after the TTL; the others hold the round without it) and
-//! a new host joining in its place; etcd's bytes sent and received and CPU
-//! per restart round (its `/metrics`); this process's CPU per round (all
-//! the hosts' client side); resident memory per host (this process: light
-//! hosts as they join, full hosts as 8 more join the full fleet) and
-//! etcd's.
+//! Two etcd set-ups, a fresh one for each N: a single member (as every
+//! earlier row), and a 3-member cluster on 127.0.0.2-4 (each member its own
+//! address, ports and data; etcd's default 100 ms heartbeat and 1 s
+//! election timeout).
 //!
-//! Run: `cargo bench -p warden-cli --bench coord_fleet` (release build).
-//! `WARDEN_FLEET_HOSTS=16,256,1024,2048` (the Ns), `WARDEN_FLEET_FULL=8`
-//! (full hosts per N), `WARDEN_FLEET_ROUNDS=10` (restart rounds per N),
-//! `WARDEN_FLEET_LOSSES=1`, `WARDEN_FLEET_TTL_S=10`. Prints markdown for
-//! docs/benchmarks.md, one row per N as it completes.
+//! For each N: joining every host until all hold the first round; restart
+//! rounds (`request_restart` on one full host until every host holds the
+//! new round); a light host lost without a word (its lease expires after
+//! the TTL; the others hold the round without it) and a new host joining
+//! in its place; two spare swaps (a spare standing by while a host is lost
+//! without a word, then while a full host is cordoned: until every host
+//! holds the round with the spare in it); etcd's bytes sent and received
+//! and CPU per restart round (every member's `/metrics`); this process's
+//! CPU per round (all the hosts' client side); resident memory per host
+//! (this process: light hosts as they join, full hosts as 8 more join the
+//! full fleet) and etcd's. On the cluster, two faults during restart
+//! rounds: the leader (found through each member's
+//! `etcd_server_is_leader`) SIGKILLed half a round into a run of rounds,
+//! then started again; and a follower SIGSTOPped for the lease TTL plus
+//! 2 s, then SIGCONTed; for each, the rounds' times and whether every host
+//! kept its lease.
+//!
+//! Out: markdown tables and each series' growth exponent (least squares on
+//! log-log, `warden_planner::fleet`) with the 12,500-host extrapolation,
+//! printed as each row completes; the results as JSON (`WARDEN_FLEET_OUT`,
+//! rows of the same set-up and N replaced, others kept) and the plot
+//! (`WARDEN_FLEET_SVG`). `WARDEN_FLEET_FROM=results.json` prints the tables
+//! and writes the plot from a results file without running anything.
+//!
+//! Run (docs/benchmarks.md, "Fleet"): `cargo bench -p warden-cli --bench
+//! coord_fleet`. `WARDEN_FLEET_HOSTS=16,256,1024,2048` (the Ns),
+//! `WARDEN_FLEET_MEMBERS=1,3` (etcd set-ups), `WARDEN_FLEET_FULL=8` (full
+//! hosts per N), `WARDEN_FLEET_ROUNDS=10` (restart rounds per N),
+//! `WARDEN_FLEET_TTL_S=10`, `WARDEN_FLEET_REQUEST_TIMEOUT_S=5`.
 
 // A benchmark program: failing loudly on set-up errors is what it should do.
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
@@ -31,10 +49,14 @@ mod etcd;
 mod fleet;
 
 use std::io::Write;
-use std::time::Duration;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
 
-use etcd::EtcdServer;
+use etcd::{EtcdCluster, EtcdServer};
 use fleet::{EtcdMetrics, Fleet, FleetConfig, cpu_self};
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use warden_planner::fleet::{FleetResults, FleetRow, markdown, svg};
 
 fn env_list(name: &str, default: &str) -> Vec<usize> {
     std::env::var(name)
@@ -52,91 +74,215 @@ fn env_one(name: &str, default: usize) -> usize {
     env_list(name, &default.to_string())[0]
 }
 
-fn ms(d: Duration) -> String {
-    if d >= Duration::from_secs(10) {
-        format!("{:.1} s", d.as_secs_f64())
-    } else {
-        format!("{:.1} ms", d.as_secs_f64() * 1e3)
+/// What the bench runs.
+#[derive(Debug, Clone)]
+struct Settings {
+    full: usize,
+    rounds: usize,
+    ttl: Duration,
+    request_timeout: Duration,
+    commit: String,
+}
+
+/// Either etcd set-up.
+#[derive(Debug)]
+enum Etcd {
+    Single(EtcdServer),
+    Cluster(EtcdCluster),
+}
+
+impl Etcd {
+    fn start(members: usize) -> Self {
+        if members == 1 {
+            Self::Single(EtcdServer::start())
+        } else {
+            Self::Cluster(EtcdCluster::start(members))
+        }
+    }
+
+    fn endpoints(&self) -> Vec<String> {
+        match self {
+            Self::Single(s) => s.endpoints(),
+            Self::Cluster(c) => c.endpoints(),
+        }
     }
 }
 
-fn bytes(b: f64) -> String {
-    if b >= 1e6 {
-        format!("{:.1} MB", b / 1e6)
-    } else if b >= 1e3 {
-        format!("{:.1} KB", b / 1e3)
-    } else {
-        format!("{b:.0} B")
-    }
+fn seconds(d: Duration) -> f64 {
+    d.as_secs_f64()
 }
 
-async fn run(n: usize, full: usize, rounds: usize, losses: usize, ttl: Duration) -> String {
-    let etcd = EtcdServer::start();
-    let mut cfg = FleetConfig::new(etcd.endpoints(), "fleet", n, full);
-    cfg.ttl = ttl;
+use fleet::quantile;
+
+/// The 1-minute load average.
+fn load() -> f64 {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0.0)
+}
+
+async fn run(n: usize, members: usize, s: &Settings) -> FleetRow {
+    let mut etcd = Etcd::start(members);
+    let endpoints = etcd.endpoints();
+    let full = s.full.min(n);
+    let mut cfg = FleetConfig::new(endpoints.clone(), "fleet", n, full);
+    cfg.ttl = s.ttl;
+    cfg.request_timeout = s.request_timeout;
     let (mut fleet, joined) = Fleet::join(cfg).await;
+    eprintln!(
+        "fleet: {n} hosts, {members}-member etcd: joined in {:?}",
+        joined.all
+    );
     // One round untimed: every connection warm.
     fleet.restart().await;
-    let before = EtcdMetrics::read(&etcd.endpoint);
+    let before = EtcdMetrics::read_all(&endpoints);
     let cpu0 = cpu_self();
     let mut times = Vec::new();
-    for _ in 0..rounds {
+    for _ in 0..s.rounds {
         times.push(fleet.restart().await);
     }
-    let after = EtcdMetrics::read(&etcd.endpoint);
+    let after = EtcdMetrics::read_all(&endpoints);
     let cpu1 = cpu_self();
     let record = fleet.round_bytes().await;
-    let mut lost = Vec::new();
-    let mut replaced = Vec::new();
-    for _ in 0..losses {
-        let (l, r) = fleet.lose_one().await;
-        lost.push(l);
-        replaced.push(r);
-    }
-    let per_full = fleet.full_host_memory(8).await;
-    times.sort();
-    let pick = |d: &[Duration], q: f64| d[((d.len() - 1) as f64 * q).round() as usize];
-    let r = rounds as f64;
-    let median = |d: &mut Vec<Duration>| {
-        d.sort();
-        if d.is_empty() {
-            "-".to_owned()
-        } else {
-            ms(pick(d, 0.5))
+    let (lost, replaced) = fleet.lose_one().await;
+    eprintln!("fleet: lost host out after {lost:?}, replaced in {replaced:?}");
+    fleet.add_spare().await;
+    let swap_lost = fleet.swap_lost().await;
+    let swap_cordon = if fleet.hosts() > 2 && full >= 2 {
+        fleet.add_spare().await;
+        fleet.swap_cordoned().await
+    } else {
+        Duration::ZERO
+    };
+    eprintln!("fleet: spare swaps: lost {swap_lost:?}, cordon {swap_cordon:?}");
+    let (leader_kill, member_pause) = match &mut etcd {
+        Etcd::Single(_) => (None, None),
+        Etcd::Cluster(cluster) => {
+            let half_round = Duration::from_secs_f64(quantile(&times, 0.5) / 2.0);
+            let leader = cluster.leader(Duration::from_secs(30));
+            let pid = cluster.members[leader].pid();
+            let kill_fault = async move {
+                tokio::time::sleep(half_round).await;
+                kill(Pid::from_raw(pid), Signal::SIGKILL).expect("SIGKILL the etcd leader");
+                (Instant::now(), Duration::ZERO)
+            };
+            let killed = fleet
+                .rounds_through(kill_fault, 5, s.ttl + Duration::from_secs(2))
+                .await;
+            eprintln!("fleet: leader {leader} killed: {killed:?}");
+            cluster.members[leader].kill();
+            cluster.restart(leader);
+            fleet.restart_through_faults().await;
+            let leader = cluster.leader(Duration::from_secs(30));
+            let follower = (leader + 1) % cluster.members.len();
+            let pid = cluster.members[follower].pid();
+            let pause = s.ttl + Duration::from_secs(2);
+            let pause_fault = async move {
+                tokio::time::sleep(half_round).await;
+                kill(Pid::from_raw(pid), Signal::SIGSTOP).expect("SIGSTOP an etcd follower");
+                let at = Instant::now();
+                tokio::time::sleep(pause).await;
+                kill(Pid::from_raw(pid), Signal::SIGCONT).expect("SIGCONT the etcd follower");
+                (at, at.elapsed())
+            };
+            // Rounds go on past the pause's end by a TTL: a lease that
+            // could not be renewed during the pause has expired by then.
+            let paused = fleet
+                .rounds_through(pause_fault, 5, pause + s.ttl + Duration::from_secs(1))
+                .await;
+            eprintln!("fleet: follower {follower} paused: {paused:?}");
+            (Some(killed), Some(paused))
         }
     };
-    format!(
-        "| {n} ({full}) | {} | {} | {} | {} | {} | {} | {} | {:.0} ms | {:.0} ms | {} | {} | {} | {} |",
-        ms(joined.all),
-        ms(pick(&times, 0.5)),
-        ms(pick(&times, 0.9)),
-        median(&mut lost),
-        median(&mut replaced),
-        bytes((after.sent - before.sent) / r),
-        bytes((after.received - before.received) / r),
-        (after.cpu - before.cpu) / r * 1e3,
-        (cpu1 - cpu0) / r * 1e3,
-        bytes(record as f64),
-        bytes(joined.rss_per_light as f64),
-        bytes(per_full as f64),
-        bytes(after.rss),
-    )
+    let per_full = fleet.full_host_memory(8).await;
+    let r = s.rounds as f64;
+    FleetRow {
+        commit: s.commit.clone(),
+        hosts: n as u64,
+        full: full as u64,
+        etcd_members: u32::try_from(members).unwrap(),
+        ttl_s: seconds(s.ttl),
+        load: load(),
+        join_s: seconds(joined.all),
+        round_median_s: quantile(&times, 0.5),
+        round_p90_s: quantile(&times, 0.9),
+        lost_s: seconds(lost),
+        replaced_s: seconds(replaced),
+        swap_lost_s: seconds(swap_lost),
+        swap_cordon_s: seconds(swap_cordon),
+        etcd_sent_per_round: (after.sent - before.sent) / r,
+        etcd_received_per_round: (after.received - before.received) / r,
+        etcd_cpu_per_round_s: (after.cpu - before.cpu) / r,
+        fleet_cpu_per_round_s: (cpu1 - cpu0) / r,
+        round_record_bytes: record as u64,
+        rss_per_light: joined.rss_per_light,
+        rss_per_full: per_full,
+        etcd_rss: after.rss as u64,
+        leader_kill,
+        member_pause,
+    }
+}
+
+/// The commit measured.
+fn commit() -> String {
+    std::process::Command::new("git")
+        .args(["rev-parse", "--short", "HEAD"])
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map_or_else(
+            || "unknown".to_owned(),
+            |o| String::from_utf8_lossy(&o.stdout).trim().to_owned(),
+        )
+}
+
+/// Prints the tables and writes the plot.
+fn report(results: &FleetResults) {
+    println!("{}", markdown(results));
+    let _ = std::io::stdout().flush();
+    if let Some(path) = std::env::var_os("WARDEN_FLEET_SVG") {
+        std::fs::write(&path, svg(results)).expect("write the plot");
+        eprintln!("fleet: plot written to {}", PathBuf::from(path).display());
+    }
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
+    if let Some(from) = std::env::var_os("WARDEN_FLEET_FROM") {
+        let text = std::fs::read_to_string(&from).expect("read the results file");
+        let results = FleetResults::parse(&text).expect("the bench's results");
+        report(&results);
+        return;
+    }
     let ns = env_list("WARDEN_FLEET_HOSTS", "16,256,1024,2048");
-    let full = env_one("WARDEN_FLEET_FULL", 8);
-    let rounds = env_one("WARDEN_FLEET_ROUNDS", 10).max(1);
-    let losses = env_one("WARDEN_FLEET_LOSSES", 1);
-    let ttl = Duration::from_secs(env_one("WARDEN_FLEET_TTL_S", 10) as u64);
-    println!(
-        "| hosts (full) | join, all hosts | restart round, median | p90 | lost host (TTL {ttl:?}) | a new host joins | etcd sent per round | etcd received per round | etcd CPU per round | fleet CPU per round | round record | memory per light host | memory per full host (8 more join) | etcd memory |"
+    let setups = env_list("WARDEN_FLEET_MEMBERS", "1,3");
+    let settings = Settings {
+        full: env_one("WARDEN_FLEET_FULL", 8),
+        rounds: env_one("WARDEN_FLEET_ROUNDS", 10).max(1),
+        ttl: Duration::from_secs(env_one("WARDEN_FLEET_TTL_S", 10) as u64),
+        request_timeout: Duration::from_secs(env_one("WARDEN_FLEET_REQUEST_TIMEOUT_S", 5) as u64),
+        commit: commit(),
+    };
+    let out = std::env::var_os("WARDEN_FLEET_OUT").map_or_else(
+        || std::env::temp_dir().join("warden-coord-fleet.json"),
+        PathBuf::from,
     );
-    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
-    for n in ns {
-        let row = run(n, full.min(n), rounds, losses, ttl).await;
-        println!("{row}");
-        let _ = std::io::stdout().flush();
+    let mut results = std::fs::read_to_string(&out)
+        .ok()
+        .and_then(|t| FleetResults::parse(&t).ok())
+        .unwrap_or_default();
+    for members in setups {
+        for &n in &ns {
+            let row = run(n, members, &settings).await;
+            results
+                .rows
+                .retain(|r| !(r.hosts == row.hosts && r.etcd_members == row.etcd_members));
+            results.rows.push(row);
+            let json = serde_json::to_string_pretty(&results).unwrap();
+            std::fs::write(&out, json + "\n").expect("write the results");
+            eprintln!("fleet: results written to {}", out.display());
+            report(&results);
+        }
     }
 }

@@ -11,8 +11,9 @@
 //! 3. **cordon round**: `leave(Cordoned)` of one member until the two
 //!    others hold the round without it (then it rejoins, untimed);
 //! 4. **dead launcher**: a coordinator dropped without leaving (lease TTL
-//!    1 s) until the others hold the scaled-down round: TTL-bound, shown
-//!    for scale.
+//!    1 s, rejoin grace 1 s: `warden run` sets the grace to its lease TTL,
+//!    launcher/src/etcd.rs) until the others hold the scaled-down round:
+//!    bound by the TTL, etcd's expiry sweep and the grace, shown for scale.
 //!
 //! Target: a restart round under 1 s on top of the local restart.
 //! Run: `cargo bench -p warden-cli --bench coord_round` (release build).
@@ -33,7 +34,7 @@ use tokio::sync::mpsc;
 use warden_launcher::coord::{CoordConfig, Coordinator, Leave};
 
 const ROUNDS: usize = 200;
-const KILLS: usize = 5;
+const KILLS: usize = 10;
 
 fn cfg(etcd: &EtcdServer, job: &str, host: &str, n: u32) -> CoordConfig {
     let mut c = CoordConfig::new(
@@ -46,6 +47,9 @@ fn cfg(etcd: &EtcdServer, job: &str, host: &str, n: u32) -> CoordConfig {
     c.min_nodes = n - 1;
     c.max_nodes = n;
     c.lease_ttl = Duration::from_secs(1);
+    // As `warden run` sets it (launcher/src/etcd.rs): the grace a member
+    // lost without a word has to re-register is its lease TTL.
+    c.rejoin_grace = c.lease_ttl;
     c.last_call = Duration::from_millis(200);
     c
 }
@@ -209,7 +213,7 @@ async fn main() {
     println!(
         "{}",
         stats(
-            "dead launcher (lease TTL 1 s) -> 2 others hold the scaled-down round",
+            "dead launcher (lease TTL 1 s, rejoin grace 1 s) -> 2 others hold the scaled-down round",
             dead
         )
     );

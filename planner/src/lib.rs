@@ -19,9 +19,13 @@
 //! - [`sweep`]: goodput against interval over many repetitions on all
 //!   cores, each series' optimum, the spares table: the [`Plan`].
 //! - [`svg`]: the plot of goodput against interval.
+//! - [`fleet`]: the fleet bench's results (planner/data/fleet.json): the
+//!   restart round across hosts at the job's host count, measured or read
+//!   off the fitted curve.
 //! - [`report`]: the plan as a table for people and as JSON.
 //! - [`rng`]: the seeded random numbers.
 
+pub mod fleet;
 pub mod report;
 pub mod rng;
 pub mod scenario;

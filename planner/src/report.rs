@@ -73,7 +73,7 @@ fn inputs_line(s: &crate::scenario::Scenario) -> String {
             dw.in_process_s,
             "measured",
         ),
-        item("round", w.round_s, dw.round_s, "measured"),
+        round_item(s),
     ];
     let assumed = [
         item("start-up", j.startup_s, dj.startup_s, "assumed"),
@@ -85,6 +85,19 @@ fn inputs_line(s: &crate::scenario::Scenario) -> String {
         measured.join(", "),
         assumed.join(", ")
     )
+}
+
+/// The restart round across hosts: given, or the fleet bench's figure at
+/// the job's node count with what it rests on (measured there,
+/// interpolated or extrapolated on the fitted curve).
+fn round_item(s: &crate::scenario::Scenario) -> String {
+    match s.round() {
+        Ok(r) => match r.fleet {
+            Some(f) => format!("round {} ({})", duration(r.seconds), f.label()),
+            None => format!("round {} (given)", duration(r.seconds)),
+        },
+        Err(e) => format!("round unknown ({e})"),
+    }
 }
 
 /// The plan as a readable report.

@@ -29,6 +29,18 @@ pub enum ScenarioError {
     /// A ledger file that does not follow the agreed shape.
     #[error("ledger file: {0}")]
     Ledger(String),
+    /// The embedded fleet bench results give no restart round.
+    #[error("{0} (set warden.round_s)")]
+    Fleet(String),
+}
+
+/// The restart round across hosts a plan uses, and where it came from.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Round {
+    /// Seconds on top of the local restart.
+    pub seconds: f64,
+    /// The fleet bench's figure it was read from; `None`: given.
+    pub fleet: Option<crate::fleet::RoundEstimate>,
 }
 
 fn invalid(key: &str, value: impl std::fmt::Display, why: &str) -> ScenarioError {
@@ -159,9 +171,11 @@ pub struct WardenTimes {
     /// side") less the 0.203 s to the decision. The job's own start-up beyond a small DDP model's
     /// is `job.startup_s`.
     pub in_job_restart_s: f64,
-    /// The restart round across hosts through etcd: 3 ms on top of the local
-    /// restart ("Multi-host restart round through etcd").
-    pub round_s: f64,
+    /// The restart round across hosts through etcd, on top of the local
+    /// restart. Unset: the fleet bench's restart round at the scenario's
+    /// node count (docs/benchmarks.md, "Fleet"; planner/data/fleet.json),
+    /// measured there or read off its fitted curve ([`Scenario::round`]).
+    pub round_s: Option<f64>,
     /// Measured mean detection (ledger `detection_s`): replaces the crash and
     /// hang model above when set.
     pub detection_s: Option<f64>,
@@ -183,7 +197,7 @@ impl Default for WardenTimes {
             tick_s: 0.1,
             in_process_s: 0.28,
             in_job_restart_s: 0.13,
-            round_s: 0.003,
+            round_s: None,
             detection_s: None,
             restart_downtime_s: None,
             restore_s: None,
@@ -355,6 +369,32 @@ pub struct LedgerFigures {
 }
 
 impl Scenario {
+    /// The restart round across hosts: `warden.round_s` when given, else
+    /// the fleet bench's figure at this job's node count (a job of one
+    /// node has no round). The error says the embedded results cannot be
+    /// read (a build from a broken data file).
+    pub fn round(&self) -> Result<Round, ScenarioError> {
+        if let Some(s) = self.warden.round_s {
+            return Ok(Round {
+                seconds: s,
+                fleet: None,
+            });
+        }
+        if self.nodes() <= 1 {
+            return Ok(Round {
+                seconds: 0.0,
+                fleet: None,
+            });
+        }
+        let estimate = crate::fleet::embedded()
+            .and_then(|r| r.round_at(self.nodes()))
+            .map_err(|e| ScenarioError::Fleet(e.to_string()))?;
+        Ok(Round {
+            seconds: estimate.seconds,
+            fleet: Some(estimate),
+        })
+    }
+
     /// A named preset: `llama3` is the Llama 3 405B run itself (its GPUs,
     /// its rate, its fault split, its 54 days).
     pub fn preset(name: &str) -> Result<Self, ScenarioError> {
@@ -457,11 +497,11 @@ impl Scenario {
             ("warden.tick_s", w.tick_s),
             ("warden.in_process_s", w.in_process_s),
             ("warden.in_job_restart_s", w.in_job_restart_s),
-            ("warden.round_s", w.round_s),
         ] {
             non_negative(key, v)?;
         }
         for (key, v) in [
+            ("warden.round_s", w.round_s),
             ("warden.detection_s", w.detection_s),
             ("warden.restart_downtime_s", w.restart_downtime_s),
             ("warden.restore_s", w.restore_s),
@@ -471,6 +511,8 @@ impl Scenario {
                 non_negative(key, v)?;
             }
         }
+        // The restart round from the fleet bench's results, when not given.
+        self.round()?;
         let b = &self.baseline;
         non_negative("baseline.crash_detection_s", b.crash_detection_s)?;
         non_negative("baseline.hang_detection_s", b.hang_detection_s)?;

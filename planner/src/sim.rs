@@ -152,6 +152,9 @@ impl Model {
         let in_job = w
             .restart_downtime_s
             .unwrap_or(w.in_job_restart_s + s.job.startup_s);
+        // `Scenario::validate` refuses a scenario whose round cannot be
+        // had, so the fallback is never taken on a validated one.
+        let round_s = s.round().map_or(0.0, |r| r.seconds);
         let b = &s.baseline;
         let requeue = b.requeue_s + s.job.startup_s;
         let total: f64 = s.classes.iter().map(|c| c.share).sum();
@@ -182,10 +185,10 @@ impl Model {
                             Recovery::InProcess if hang => [d, w.in_process_s, local],
                             Recovery::InProcess => [d, in_job, local],
                             Recovery::InJob | Recovery::Planned => [d, in_job, local],
-                            Recovery::ReplaceNode => [d, in_job + w.round_s, peer],
+                            Recovery::ReplaceNode => [d, in_job + round_s, peer],
                         }
                     }),
-                    warden_node: per(&|hang| [detect(hang), in_job + w.round_s, peer]),
+                    warden_node: per(&|hang| [detect(hang), in_job + round_s, peer]),
                     baseline: per(&|hang| {
                         let d = match (planned, hang) {
                             (true, _) => 0.0,
@@ -205,7 +208,7 @@ impl Model {
             repair_s: s.repair_hours * 3600.0,
             cumulative,
             classes,
-            scale_up: [0.0, in_job + w.round_s, peer],
+            scale_up: [0.0, in_job + round_s, peer],
             save_warden: s.checkpoint.save_stall_s,
             save_baseline: s.baseline_save_stall_s(),
         }

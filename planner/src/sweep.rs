@@ -94,6 +94,11 @@ pub struct Plan {
     pub restore_peer_s: f64,
     /// Restore of the whole checkpoint from durable storage, seconds.
     pub restore_durable_s: f64,
+    /// The restart round across hosts used, seconds.
+    pub round_s: f64,
+    /// Where it came from: "given", or the fleet bench's figure at the
+    /// job's node count (measured, interpolated or extrapolated).
+    pub round_basis: String,
     /// warden with the scenario's spares.
     pub warden: Series,
     /// The scheduler-requeue baseline.
@@ -377,7 +382,12 @@ pub fn plan(scenario: &Scenario, ledger: Option<LedgerFigures>) -> Result<Plan, 
         r.gained_gpu_hours = (r.goodput.mean - none) * gpu_hours;
     }
     let (local, peer, durable) = sim::restore_times(scenario);
+    let round = scenario.round()?;
     Ok(Plan {
+        round_s: round.seconds,
+        round_basis: round
+            .fleet
+            .map_or_else(|| "given".to_owned(), |f| f.label()),
         scenario: scenario.clone(),
         ledger,
         nodes: scenario.nodes(),

@@ -8,6 +8,14 @@
 //! once and grants 1 s leases (etcd's shortest lease is 1.5 election
 //! timeouts). A server that will not start fails the test with its log.
 //!
+//! [`EtcdCluster::start`] runs a cluster of 3 (or more) members, each on its
+//! own loopback address (127.0.0.2, 127.0.0.3, ...) with its own client and
+//! peer ports and data directory, with etcd's default raft timing (100 ms
+//! heartbeat, 1 s election timeout: a leader lost costs an election, as in
+//! a real cluster). A member can be SIGKILLed, started again, paused
+//! (SIGSTOP) and resumed (SIGCONT); [`EtcdCluster::leader`] finds the
+//! current leader from each member's `/metrics` (`etcd_server_is_leader`).
+//!
 //! [`EtcdServer::start_secure`] runs the same server with TLS on its client
 //! port (`--client-cert-auth`: a client must show a certificate of the
 //! test's CA) and authentication on, with certificates the test makes
@@ -15,7 +23,7 @@
 //! ([`SecureEtcd`]). Its health is read on a plain-HTTP metrics port.
 
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::{Ipv4Addr, TcpListener, TcpStream};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -39,6 +47,10 @@ pub struct EtcdServer {
     args: Vec<String>,
     /// Where `GET /health` answers.
     health_port: u16,
+    /// The loopback address it listens on.
+    ip: Ipv4Addr,
+    /// SIGSTOPped and not yet resumed.
+    paused: bool,
 }
 
 /// The etcd binary: `$WARDEN_TEST_ETCD`, else `etcd` on PATH.
@@ -58,7 +70,12 @@ fn etcd_binary() -> String {
 
 /// A port free at this moment on 127.0.0.1.
 fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
+    free_port_on(Ipv4Addr::LOCALHOST)
+}
+
+/// A port free at this moment on `ip`.
+fn free_port_on(ip: Ipv4Addr) -> u16 {
+    TcpListener::bind((ip, 0))
         .and_then(|l| l.local_addr())
         .expect("bind a free port")
         .port()
@@ -127,6 +144,8 @@ impl EtcdServer {
             endpoint: client_url,
             args,
             health_port,
+            ip: Ipv4Addr::LOCALHOST,
+            paused: false,
         };
         server.spawn();
         server.wait_healthy()?;
@@ -167,9 +186,14 @@ impl EtcdServer {
 
     /// Waits for `GET /health`; on exit or timeout, the log.
     fn wait_healthy(&mut self) -> Result<(), String> {
+        self.wait_healthy_for(ETCD_STARTUP)
+    }
+
+    /// [`Self::wait_healthy`] with its own deadline.
+    fn wait_healthy_for(&mut self, limit: Duration) -> Result<(), String> {
         let server = self;
         let health_port = server.health_port;
-        let deadline = Instant::now() + ETCD_STARTUP;
+        let deadline = Instant::now() + limit;
         loop {
             if server.healthy(health_port) {
                 return Ok(());
@@ -182,7 +206,7 @@ impl EtcdServer {
             }
             if Instant::now() > deadline {
                 let log = server.log();
-                return Err(format!("not healthy after {ETCD_STARTUP:?}:\n{log}"));
+                return Err(format!("not healthy after {limit:?}:\n{log}"));
             }
             std::thread::sleep(Duration::from_millis(20));
         }
@@ -191,13 +215,13 @@ impl EtcdServer {
     /// Whether `GET /health` answers `"health":"true"`.
     fn healthy(&self, port: u16) -> bool {
         let Ok(mut s) =
-            TcpStream::connect_timeout(&([127, 0, 0, 1], port).into(), Duration::from_millis(200))
+            TcpStream::connect_timeout(&(self.ip, port).into(), Duration::from_millis(200))
         else {
             return false;
         };
         let _ = s.set_read_timeout(Some(Duration::from_secs(1)));
         let _ = s.set_write_timeout(Some(Duration::from_secs(1)));
-        let request = "GET /health HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
+        let request = format!("GET /health HTTP/1.0\r\nHost: {}\r\n\r\n", self.ip);
         if s.write_all(request.as_bytes()).is_err() {
             return false;
         }
@@ -228,6 +252,183 @@ impl EtcdServer {
                 let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
             }
             let _ = child.wait();
+        }
+        self.paused = false;
+    }
+
+    /// The process id (to signal it from another task).
+    pub fn pid(&self) -> i32 {
+        let child = self.child.as_ref().expect("etcd is running");
+        i32::try_from(child.id()).expect("a pid")
+    }
+
+    /// Whether the process runs (not killed; it may be paused).
+    pub fn running(&self) -> bool {
+        self.child.is_some()
+    }
+
+    /// SIGSTOPs etcd: it holds its sockets and answers nothing, as a member
+    /// stalled on its disk or starved of CPU does.
+    pub fn pause(&mut self) {
+        self.signal(Signal::SIGSTOP);
+        self.paused = true;
+    }
+
+    /// SIGCONTs a paused etcd.
+    pub fn resume(&mut self) {
+        self.signal(Signal::SIGCONT);
+        self.paused = false;
+    }
+
+    fn signal(&self, signal: Signal) {
+        let child = self.child.as_ref().expect("etcd is running");
+        let pid = i32::try_from(child.id()).expect("a pid");
+        kill(Pid::from_raw(pid), signal).unwrap_or_else(|e| panic!("{signal} to etcd: {e}"));
+    }
+
+    /// etcd's `/metrics` page, or `None` when it does not answer within a
+    /// second (killed, paused, busy).
+    pub fn metrics_page(&self) -> Option<String> {
+        if self.child.is_none() || self.paused {
+            return None;
+        }
+        let mut s =
+            TcpStream::connect_timeout(&(self.ip, self.health_port).into(), Duration::from_secs(1))
+                .ok()?;
+        s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+        s.set_write_timeout(Some(Duration::from_secs(1))).ok()?;
+        let request = format!(
+            "GET /metrics HTTP/1.0\r\nHost: {}:{}\r\n\r\n",
+            self.ip, self.health_port
+        );
+        s.write_all(request.as_bytes()).ok()?;
+        let mut body = String::new();
+        s.read_to_string(&mut body).ok()?;
+        Some(body)
+    }
+}
+
+/// A cluster of etcd members on loopback, each on its own address, ports
+/// and data directory; every member SIGKILLed on drop (a paused one too).
+#[derive(Debug)]
+pub struct EtcdCluster {
+    /// The members, in the order of their addresses (127.0.0.2, ...).
+    pub members: Vec<EtcdServer>,
+}
+
+impl EtcdCluster {
+    /// Starts `n` members (127.0.0.2 up) and waits until each is healthy
+    /// (a member is healthy once the cluster has a leader). Retries with
+    /// fresh ports when another process took one.
+    pub fn start(n: usize) -> Self {
+        assert!((1..=200).contains(&n), "a cluster of 1 to 200 members");
+        let mut last_log = String::new();
+        for _ in 0..3 {
+            match Self::try_start(n) {
+                Ok(cluster) => return cluster,
+                Err(log) if log.contains("address already in use") => last_log = log,
+                Err(log) => panic!("the etcd cluster did not start:\n{log}"),
+            }
+        }
+        panic!("the etcd cluster did not start (ports taken three times):\n{last_log}");
+    }
+
+    fn try_start(n: usize) -> Result<Self, String> {
+        let ips: Vec<Ipv4Addr> = (0..n)
+            .map(|i| Ipv4Addr::new(127, 0, 0, 2 + u8::try_from(i).expect("a small cluster")))
+            .collect();
+        let ports: Vec<(u16, u16)> = ips
+            .iter()
+            .map(|ip| (free_port_on(*ip), free_port_on(*ip)))
+            .collect();
+        let name = |i: usize| format!("warden-test-{i}");
+        let initial = ips
+            .iter()
+            .zip(&ports)
+            .enumerate()
+            .map(|(i, (ip, (_, peer)))| format!("{}=http://{ip}:{peer}", name(i)))
+            .collect::<Vec<_>>()
+            .join(",");
+        let mut members = Vec::new();
+        for (i, (ip, (client, peer))) in ips.iter().zip(&ports).enumerate() {
+            let dir = tempfile::Builder::new()
+                .prefix("warden-etcd-")
+                .tempdir()
+                .expect("create a scratch directory for etcd");
+            let client_url = format!("http://{ip}:{client}");
+            let peer_url = format!("http://{ip}:{peer}");
+            let args = vec![
+                format!("--name={}", name(i)),
+                format!("--data-dir={}", dir.path().join("data").display()),
+                format!("--listen-client-urls={client_url}"),
+                format!("--advertise-client-urls={client_url}"),
+                format!("--listen-peer-urls={peer_url}"),
+                format!("--initial-advertise-peer-urls={peer_url}"),
+                format!("--initial-cluster={initial}"),
+                "--initial-cluster-state=new".to_owned(),
+                "--initial-cluster-token=warden-test".to_owned(),
+                "--heartbeat-interval=100".to_owned(),
+                "--election-timeout=1000".to_owned(),
+                "--logger=zap".to_owned(),
+                "--log-level=warn".to_owned(),
+            ];
+            let mut member = EtcdServer {
+                child: None,
+                log: dir.path().join("etcd.log"),
+                dir,
+                endpoint: client_url,
+                args,
+                health_port: *client,
+                ip: *ip,
+                paused: false,
+            };
+            member.spawn();
+            members.push(member);
+        }
+        for m in &mut members {
+            m.wait_healthy_for(ETCD_STARTUP * 2)?;
+        }
+        Ok(Self { members })
+    }
+
+    /// Every member's client endpoint, as the coordinator's config wants
+    /// them.
+    pub fn endpoints(&self) -> Vec<String> {
+        self.members.iter().map(|m| m.endpoint.clone()).collect()
+    }
+
+    /// The index of the member that leads now, by its own `/metrics`
+    /// (`etcd_server_is_leader 1`); waits up to `limit` for one (an
+    /// election under way has none).
+    pub fn leader(&self, limit: Duration) -> usize {
+        let deadline = Instant::now() + limit;
+        loop {
+            let found = self.members.iter().position(|m| {
+                m.metrics_page()
+                    .is_some_and(|page| page.lines().any(|l| l.trim() == "etcd_server_is_leader 1"))
+            });
+            if let Some(i) = found {
+                return i;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no etcd member says it leads after {limit:?}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Starts a killed member again (same address, ports and data) and
+    /// waits until it is healthy: it rejoins the cluster from its log.
+    pub fn restart(&mut self, i: usize) {
+        let m = &mut self.members[i];
+        assert!(
+            m.child.is_none(),
+            "member {i} is still running: kill it first"
+        );
+        m.spawn();
+        if let Err(log) = m.wait_healthy_for(ETCD_STARTUP * 3) {
+            panic!("etcd member {i} did not start again:\n{log}");
         }
     }
 }

@@ -2,21 +2,28 @@
 //! scale bench (cli/benches/coord_fleet.rs) and its CI test
 //! (tests/coord_fleet.rs): issue 30's measurements, in the repository.
 //!
-//! In: the etcd endpoints (one real server, tests/common/etcd.rs) and a
-//! [`FleetConfig`]: how many hosts, how many of them run the real
-//! [`Coordinator`] ("full" hosts) and the lease TTL.
-//! Out: a [`Fleet`] that joins every host, makes restart rounds, loses a
-//! host without a word (its lease left to expire), and reads etcd's own
-//! counters ([`EtcdMetrics`]: bytes sent and received on the client port,
-//! CPU seconds, resident memory) and this process's, so a caller turns
-//! them into per-round and per-host figures.
+//! In: the etcd endpoints (one real server or a cluster,
+//! tests/common/etcd.rs) and a [`FleetConfig`]: how many hosts, how many of
+//! them run the real [`Coordinator`] ("full" hosts) and the lease TTL.
+//! Out: a [`Fleet`] that joins every host, makes restart rounds (also
+//! while an etcd member is killed or paused: a request refused during an
+//! election is asked again, as the launcher does), loses a host without a
+//! word (its lease left to expire), swaps a spare in for a lost or a
+//! cordoned host, says whether every host kept its lease
+//! ([`LeaseCheck`]), and reads etcd's own counters ([`EtcdMetrics`]: bytes
+//! sent and received on the client port, CPU seconds, resident memory)
+//! and this process's, so a caller turns them into per-round and per-host
+//! figures.
 //!
 //! A "light" host does a launcher's share of etcd work without the
 //! coordinator's decisions: its own connection, a lease it keeps alive
 //! (every third of the TTL), its member record (the same JSON, so the full
 //! hosts count it in every round), the read a joining launcher makes, and
 //! a watch of what a launcher watches; it follows the epoch from that
-//! watch. It never advances the epoch itself (a real launcher would also
+//! watch. Like the coordinator, it opens a new keep-alive stream when one
+//! breaks or goes unanswered for a request timeout, and a new watch from
+//! the last revision it saw when its watch ends: a killed or paused etcd
+//! member costs it a stream, not its lease. It never advances the epoch itself (a real launcher would also
 //! race for the txn): that work is the full hosts'. So N hosts with K full
 //! ones cost etcd what N launchers cost it, less N-K losing txns per round,
 //! and cost this process K coordinators' CPU.
@@ -43,14 +50,11 @@ use tokio::task::JoinHandle;
 use warden_launcher::coord::keys::Keys;
 use warden_launcher::coord::plan::MemberRecord;
 use warden_launcher::coord::{CoordConfig, Coordinator, Round};
+use warden_planner::fleet::FaultRounds;
 
 /// Every wait of the fleet: generous, a loaded 2-core machine with
 /// thousands of hosts on it.
 pub const WAIT: Duration = Duration::from_secs(300);
-
-/// Light hosts whose lease etcd let expire (keep-alives starved on a
-/// loaded machine) or whose keep-alive stream ended.
-static LEASES_LOST: AtomicU64 = AtomicU64::new(0);
 
 /// The job's key prefix (the coordinator's default).
 const PREFIX: &str = "/warden/jobs";
@@ -75,6 +79,10 @@ pub struct FleetConfig {
     /// a bound keeps this process's connection set-up from starving the
     /// keep-alives of the hosts already in).
     pub join_concurrency: usize,
+    /// Every host's etcd request deadline (the coordinator's
+    /// `request_timeout`; a light host's keep-alive unanswered this long
+    /// opens a new stream).
+    pub request_timeout: Duration,
 }
 
 impl FleetConfig {
@@ -88,6 +96,7 @@ impl FleetConfig {
             ttl: Duration::from_secs(10),
             rejoin_grace: Duration::from_secs(1),
             join_concurrency: 32,
+            request_timeout: Duration::from_secs(30),
         }
     }
 
@@ -110,7 +119,15 @@ impl FleetConfig {
         c.rejoin_grace = self.rejoin_grace;
         c.rejoin_timeout = Duration::from_secs(600);
         c.join_timeout = Duration::from_secs(5);
-        c.request_timeout = Duration::from_secs(30);
+        c.request_timeout = self.request_timeout;
+        c
+    }
+
+    /// A spare's config: as a full host's, marked spare (taken into a
+    /// round only in a regular host's place).
+    fn coord_spare(&self, host: &str, i: usize) -> CoordConfig {
+        let mut c = self.coord(host, i);
+        c.spare = true;
         c
     }
 }
@@ -124,6 +141,8 @@ fn addr(i: usize) -> String {
 #[derive(Debug)]
 struct Light {
     host: String,
+    /// A spare host (taken into a round only in a regular host's place).
+    spare: bool,
     /// The epoch its watch saw last.
     epoch: Arc<AtomicU64>,
     tasks: Vec<JoinHandle<()>>,
@@ -147,6 +166,9 @@ pub struct Fleet {
     moved: Arc<watch::Sender<u64>>,
     /// Host ids given so far (a replacement gets a new one).
     next: usize,
+    /// Light hosts whose lease etcd let expire (keep-alives starved on a
+    /// loaded machine, or no member answered within the TTL).
+    leases_lost: Arc<AtomicU64>,
     /// The epoch every host holds now.
     pub epoch: u64,
 }
@@ -183,6 +205,7 @@ impl Fleet {
             light: Vec::new(),
             moved: Arc::new(moved),
             next: cfg.hosts,
+            leases_lost: Arc::new(AtomicU64::new(0)),
             epoch: 0,
             cfg,
         };
@@ -205,12 +228,18 @@ impl Fleet {
         let rss1 = rss_self();
         let gate = Arc::new(Semaphore::new(fleet.cfg.join_concurrency.max(1)));
         let joins: Vec<_> = (fleet.cfg.full..fleet.cfg.hosts)
-            .map(|i| fleet.spawn_light(i, Arc::clone(&gate)))
+            .map(|i| fleet.spawn_light(i, false, Arc::clone(&gate)))
             .collect();
         for j in joins {
             fleet.light.push(j.await.unwrap());
         }
-        let round = fleet.wait_round(0).await;
+        // A round written while hosts were still arriving is a waiting one
+        // (too few hosts, nobody runs workers): the fleet has formed at the
+        // first round that is not.
+        let mut round = fleet.wait_round(0).await;
+        while round.waiting {
+            round = fleet.wait_round(round.epoch).await;
+        }
         let all = t0.elapsed();
         assert_eq!(
             round.nnodes as usize, fleet.cfg.hosts,
@@ -226,22 +255,29 @@ impl Fleet {
         (fleet, joined)
     }
 
-    /// Starts joining light host `i` once `gate` lets it.
-    fn spawn_light(&self, i: usize, gate: Arc<Semaphore>) -> JoinHandle<Light> {
+    /// Starts joining light host `i` (a spare or not) once `gate` lets it.
+    fn spawn_light(&self, i: usize, spare: bool, gate: Arc<Semaphore>) -> JoinHandle<Light> {
         let cfg = self.cfg.clone();
         let keys = self.keys.clone();
         let moved = Arc::clone(&self.moved);
+        let lost = Arc::clone(&self.leases_lost);
         tokio::spawn(async move {
             let _permit = gate.acquire().await.unwrap();
-            tokio::time::timeout(WAIT, join_light(cfg, keys, i, moved))
+            let join = join_light(cfg, keys, i, spare, moved, lost);
+            tokio::time::timeout(WAIT, join)
                 .await
                 .expect("a light host joins in time")
         })
     }
 
-    /// Hosts in the fleet now.
+    /// Hosts in the fleet now, spares included.
     pub fn hosts(&self) -> usize {
         self.full.len() + self.light.len()
+    }
+
+    /// Regular hosts in the fleet now (spares left out).
+    pub fn regular(&self) -> usize {
+        self.full.len() + self.light.iter().filter(|l| !l.spare).count()
     }
 
     /// Waits until every host holds a round after `after`: the full hosts
@@ -261,7 +297,7 @@ impl Fleet {
                         c.host(),
                         s.live.len(),
                         self.full.len() + self.light.len(),
-                        LEASES_LOST.load(Ordering::Relaxed),
+                        self.leases_lost.load(Ordering::Relaxed),
                     )
                 })
                 .unwrap_or_else(|e| panic!("{}: no round after {after}: {e}", c.host()));
@@ -304,6 +340,224 @@ impl Fleet {
         t0.elapsed()
     }
 
+    /// One restart round while etcd may be losing a member: a request that
+    /// fails (an election under way, a member that does not answer) is
+    /// asked again every 100 ms, as the launcher asks again while it waits
+    /// (launcher/src/etcd.rs); until every host holds a round after the
+    /// one it saw. Returns the time and the requests refused.
+    pub async fn restart_through_faults(&mut self) -> (Duration, u32) {
+        let t0 = Instant::now();
+        let seen = self.epoch;
+        let mut refused = 0u32;
+        let deadline = Instant::now() + WAIT;
+        loop {
+            match self.full[0].request_restart(seen, "fleet bench").await {
+                Ok(e) if e > seen => break,
+                Ok(e) => panic!("request_restart after {seen} left the epoch at {e}"),
+                Err(e) => {
+                    refused += 1;
+                    assert!(
+                        Instant::now() < deadline,
+                        "no restart round taken in {WAIT:?}: {e}"
+                    );
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            }
+        }
+        self.wait_round(seen).await;
+        (t0.elapsed(), refused)
+    }
+
+    /// Restart rounds while `fault` runs beside them (it returns when the
+    /// fault began and how long it lasted); rounds go on until `until` after
+    /// the fault began and at least `min_rounds` were made.
+    pub async fn rounds_through<F>(
+        &mut self,
+        fault: F,
+        min_rounds: usize,
+        until: Duration,
+    ) -> FaultRounds
+    where
+        F: std::future::Future<Output = (Instant, Duration)> + Send + 'static,
+    {
+        let before = self.leases().await;
+        let mut fault = tokio::spawn(fault);
+        let mut spans: Vec<(Instant, Duration)> = Vec::new();
+        let mut refused = 0;
+        let mut began: Option<(Instant, Duration)> = None;
+        loop {
+            let t0 = Instant::now();
+            let (took, r) = self.restart_through_faults().await;
+            refused += r;
+            spans.push((t0, took));
+            if began.is_none() && fault.is_finished() {
+                began = Some((&mut fault).await.expect("the fault task"));
+            }
+            if let Some((at, _)) = began
+                && spans.len() >= min_rounds
+                && at.elapsed() >= until
+            {
+                break;
+            }
+        }
+        let (at, lasted) = began.expect("the fault began");
+        // The rounds from the one in flight when the fault began.
+        let during: Vec<&(Instant, Duration)> = spans
+            .iter()
+            .filter(|(t0, took)| *t0 + *took >= at)
+            .collect();
+        let times: Vec<Duration> = during.iter().map(|s| s.1).collect();
+        let after = self.leases().await;
+        let lost = after.light_lost.saturating_sub(before.light_lost)
+            + u64::try_from(after.full_lost.saturating_sub(before.full_lost)).unwrap();
+        FaultRounds {
+            rounds: u32::try_from(times.len()).unwrap(),
+            hit_s: times.first().map_or(0.0, |d| secs(*d)),
+            max_s: times.iter().max().map_or(0.0, |d| secs(*d)),
+            median_s: quantile(&times, 0.5),
+            refused,
+            fault_s: secs(lasted),
+            leases_lost: lost,
+            leases_kept: lost == 0 && after.member_keys == after.hosts,
+        }
+    }
+
+    /// Whether every host kept its lease: light hosts that lost theirs,
+    /// full hosts that found theirs gone (and rejoined, or failed), and
+    /// the member keys in etcd against the hosts of the fleet.
+    pub async fn leases(&self) -> LeaseCheck {
+        let full_lost = self
+            .full
+            .iter()
+            .filter(|c| {
+                let s = c.state();
+                s.rejoins > 0 || s.failed.is_some()
+            })
+            .count();
+        // Each member in turn until one answers: a killed member refuses,
+        // and a client over all endpoints may pick it.
+        let mut members = None;
+        for e in &self.cfg.endpoints {
+            let Ok(mut client) = Client::connect([e.as_str()], Some(connect_options())).await
+            else {
+                continue;
+            };
+            let count = client
+                .get(
+                    self.keys.members(),
+                    Some(GetOptions::new().with_prefix().with_count_only()),
+                )
+                .await;
+            if let Ok(r) = count {
+                members = Some(r.count());
+                break;
+            }
+        }
+        let members = members.expect("a member answers the count of member keys");
+        LeaseCheck {
+            light_lost: self.leases_lost.load(Ordering::Relaxed),
+            full_lost,
+            member_keys: usize::try_from(members).unwrap_or(0),
+            hosts: self.hosts(),
+        }
+    }
+
+    /// A spare host joins (light; standby: the round is full, so no new
+    /// round) and sees the current epoch.
+    pub async fn add_spare(&mut self) {
+        let i = self.next;
+        self.next += 1;
+        let gate = Arc::new(Semaphore::new(1));
+        let l = self.spawn_light(i, true, gate).await.unwrap();
+        self.light.push(l);
+    }
+
+    /// Waits until every host holds a round after `after` that has `host`
+    /// in it (a loss may first make a round without the lost host and
+    /// then one with the spare).
+    async fn wait_round_with(&mut self, after: u64, host: &str) -> Round {
+        let mut seen = after;
+        loop {
+            let round = self.wait_round(seen).await;
+            if round.members.iter().any(|m| m == host) {
+                return round;
+            }
+            seen = round.epoch;
+        }
+    }
+
+    /// A spare swap after a host lost without a word: a regular light host
+    /// dies (its lease left to expire) while a spare stands by; from the
+    /// loss until every host holds the round with the spare in it.
+    pub async fn swap_lost(&mut self) -> Duration {
+        let spare = self.standby_spare();
+        let at = self
+            .light
+            .iter()
+            .rposition(|l| !l.spare)
+            .expect("a regular light host to lose");
+        let lost = self.light.remove(at);
+        let t0 = Instant::now();
+        let seen = self.epoch;
+        drop(lost);
+        let round = self.wait_round_with(seen, &spare).await;
+        let took = t0.elapsed();
+        assert_eq!(
+            round.nnodes as usize,
+            self.regular() + 1,
+            "the round is full again"
+        );
+        self.take_in(&spare);
+        took
+    }
+
+    /// A spare swap after a cordon: the last full host leaves with
+    /// `Leave::Cordoned` (its member key deleted and its departure written
+    /// in one txn, as a launcher does on a hardware fault) while a spare
+    /// stands by; from the leave until every host holds the round with the
+    /// spare in it.
+    pub async fn swap_cordoned(&mut self) -> Duration {
+        assert!(
+            self.full.len() >= 2,
+            "a full host to cordon besides the first"
+        );
+        let spare = self.standby_spare();
+        let leaving = self.full.pop().expect("a full host");
+        let t0 = Instant::now();
+        let seen = self.epoch;
+        leaving
+            .leave(warden_launcher::coord::Leave::Cordoned(
+                "fleet bench".into(),
+            ))
+            .await
+            .expect("a cordoned host leaves");
+        let round = self.wait_round_with(seen, &spare).await;
+        let took = t0.elapsed();
+        assert_eq!(
+            round.nnodes as usize,
+            self.regular() + 1,
+            "the round is full again"
+        );
+        self.take_in(&spare);
+        took
+    }
+
+    /// The id of a spare standing by.
+    fn standby_spare(&self) -> String {
+        self.light
+            .iter()
+            .find(|l| l.spare)
+            .map(|l| l.host.clone())
+            .expect("a spare standing by (add_spare)")
+    }
+
+    /// A spare now in the round counts as a regular host.
+    fn take_in(&mut self, host: &str) {
+        if let Some(l) = self.light.iter_mut().find(|l| l.host == host) {
+            l.spare = false;
+        }
+    }
+
     /// A light host dies without a word (its keep-alives stop, its lease
     /// left to expire): until every other host holds the round without it.
     /// Then a new host joins in its place (until every host holds that
@@ -325,7 +579,7 @@ impl Fleet {
         let i = self.next;
         self.next += 1;
         let gate = Arc::new(Semaphore::new(1));
-        let l = self.spawn_light(i, gate).await.unwrap();
+        let l = self.spawn_light(i, false, gate).await.unwrap();
         self.light.push(l);
         let round = self.wait_round(seen).await;
         assert_eq!(round.nnodes as usize, self.hosts(), "the new host is in");
@@ -351,7 +605,9 @@ impl Fleet {
             .expect("an extra full host joins");
             extra.push(c);
         }
-        let all = self.hosts() + k;
+        // Every host etcd still holds a member key for: a light host whose
+        // lease was lost (a member paused past the TTL) does not rejoin.
+        let all = self.leases().await.member_keys;
         for c in &extra {
             let mut rx = c.rounds();
             tokio::time::timeout(WAIT, async {
@@ -378,12 +634,21 @@ impl Fleet {
     /// The bytes of what a host reads for the current round: the round
     /// record.
     pub async fn round_bytes(&self) -> usize {
-        let mut c = Client::connect(self.cfg.endpoints.clone(), None)
+        let mut c = Client::connect(self.cfg.endpoints.clone(), Some(connect_options()))
             .await
             .unwrap();
         let r = c.get(self.keys.round(self.epoch), None).await.unwrap();
         r.kvs().first().map_or(0, |kv| kv.value().len())
     }
+}
+
+/// The connection options of a light host (and of the fleet's own
+/// reads): the coordinator's (launcher/src/coord/connect.rs), with the
+/// fleet's generous deadlines.
+fn connect_options() -> ConnectOptions {
+    ConnectOptions::new()
+        .with_connect_timeout(Duration::from_secs(30))
+        .with_timeout(Duration::from_secs(60))
 }
 
 /// A light host joins: connect, lease, member key (waiting out a held
@@ -392,12 +657,15 @@ async fn join_light(
     cfg: FleetConfig,
     keys: Keys,
     i: usize,
+    spare: bool,
     moved: Arc<watch::Sender<u64>>,
+    leases_lost: Arc<AtomicU64>,
 ) -> Light {
     let host = FleetConfig::host(i);
-    let options = ConnectOptions::new()
-        .with_connect_timeout(Duration::from_secs(30))
-        .with_timeout(Duration::from_secs(60));
+    // HTTP/2 pings every third of the TTL, as the coordinator's client:
+    // a connection to a member that stopped answering is dropped before
+    // the lease runs out.
+    let options = connect_options().with_keep_alive(cfg.ttl / 3, cfg.request_timeout);
     let mut client = Client::connect(cfg.endpoints.clone(), Some(options))
         .await
         .expect("a light host connects");
@@ -410,7 +678,7 @@ async fn join_light(
         host: host.clone(),
         addr: addr(i),
         nproc_per_node: 8,
-        spare: false,
+        spare,
         min_nodes: u32::try_from(cfg.hosts.saturating_sub(1).max(1)).unwrap(),
         max_nodes: u32::try_from(cfg.hosts).unwrap(),
         pid: std::process::id(),
@@ -434,10 +702,17 @@ async fn join_light(
     let (revision, seen) = joining_read(&mut client, &keys).await;
     let epoch = Arc::new(AtomicU64::new(seen));
     moved.send_modify(|g| *g += 1);
-    let keeper = tokio::spawn(keep_alive(client.clone(), lease, cfg.ttl));
+    let keeper = tokio::spawn(keep_alive(
+        client.clone(),
+        lease,
+        cfg.ttl,
+        cfg.request_timeout,
+        leases_lost,
+    ));
     let watcher = tokio::spawn(follow(client, keys, revision, Arc::clone(&epoch), moved));
     Light {
         host,
+        spare,
         epoch,
         tasks: vec![keeper, watcher],
     }
@@ -498,56 +773,119 @@ async fn joining_read(client: &mut Client, keys: &Keys) -> (i64, u64) {
 }
 
 /// What a launcher watches, from `revision + 1`: the job's prefix. The
-/// epoch key's puts move `epoch`.
+/// epoch key's puts move `epoch`. A watch that ends (its member killed,
+/// or dropped by its HTTP/2 keep-alive) is opened again from the last
+/// revision seen.
 async fn follow(
     mut client: Client,
     keys: Keys,
-    revision: i64,
+    mut revision: i64,
     epoch: Arc<AtomicU64>,
     moved: Arc<watch::Sender<u64>>,
 ) {
     let epoch_key = keys.epoch();
-    let options = WatchOptions::new()
-        .with_prefix()
-        .with_start_revision(revision + 1);
-    let mut stream = client
-        .watch(keys.base(), Some(options))
-        .await
-        .expect("a light host watches");
-    while let Ok(Some(resp)) = stream.message().await {
-        for e in resp.events() {
-            if e.event_type() == EventType::Put
-                && let Some(kv) = e.kv()
-                && kv.key() == epoch_key.as_bytes()
-                && let Some(n) = kv.value_str().ok().and_then(|s| s.parse::<u64>().ok())
-            {
-                epoch.store(n, Ordering::Release);
-                moved.send_modify(|g| *g += 1);
+    loop {
+        let options = WatchOptions::new()
+            .with_prefix()
+            .with_start_revision(revision + 1);
+        let Ok(mut stream) = client.watch(keys.base(), Some(options)).await else {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            continue;
+        };
+        while let Ok(Some(resp)) = stream.message().await {
+            if resp.canceled() && resp.compact_revision() > 0 {
+                // Compacted past what it saw: a launcher reloads; the bench
+                // never compacts, so this is a broken set-up.
+                panic!(
+                    "a light host's watch was compacted at {}",
+                    resp.compact_revision()
+                );
+            }
+            for e in resp.events() {
+                let Some(kv) = e.kv() else { continue };
+                revision = revision.max(kv.mod_revision());
+                if e.event_type() == EventType::Put
+                    && kv.key() == epoch_key.as_bytes()
+                    && let Some(n) = kv.value_str().ok().and_then(|s| s.parse::<u64>().ok())
+                {
+                    epoch.store(n, Ordering::Release);
+                    moved.send_modify(|g| *g += 1);
+                }
             }
         }
     }
 }
 
-/// A lease kept alive every third of the TTL, as the coordinator does.
-async fn keep_alive(mut client: Client, lease: i64, ttl: Duration) {
-    let Ok((mut keeper, mut stream)) = client.lease_keep_alive(lease).await else {
-        return;
-    };
+/// A lease kept alive every third of the TTL, as the coordinator does: a
+/// stream that breaks, or a keep-alive unanswered for `request_timeout`,
+/// is opened again (on whichever member answers); only etcd saying the
+/// lease is gone ends it.
+async fn keep_alive(
+    mut client: Client,
+    lease: i64,
+    ttl: Duration,
+    request_timeout: Duration,
+    leases_lost: Arc<AtomicU64>,
+) {
     loop {
-        tokio::time::sleep(ttl / 3).await;
-        if keeper.keep_alive().await.is_err() {
-            return;
-        }
-        match stream.message().await {
-            Ok(Some(r)) if r.ttl() > 0 => {}
-            // A light host does not rejoin (a launcher would): its member
-            // key is gone, and the fleet has one host fewer. Counted, so
-            // a fleet that cannot form its round says why.
-            _ => {
-                LEASES_LOST.fetch_add(1, Ordering::Relaxed);
+        let opened = tokio::time::timeout(request_timeout, client.lease_keep_alive(lease)).await;
+        let (mut keeper, mut stream) = match opened {
+            Ok(Ok(pair)) => pair,
+            Ok(Err(etcd_client::Error::LeaseKeepAliveError(msg))) if msg.contains("not found") => {
+                lost(&leases_lost);
                 return;
             }
+            Ok(Err(_)) | Err(_) => {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                continue;
+            }
+        };
+        loop {
+            tokio::time::sleep(ttl / 3).await;
+            let answer = tokio::time::timeout(request_timeout, async {
+                keeper.keep_alive().await?;
+                stream.message().await
+            })
+            .await;
+            match answer {
+                Ok(Ok(Some(r))) if r.ttl() > 0 => {}
+                // etcd says the lease is gone. A light host does not rejoin
+                // (a launcher would): its member key is gone, and the fleet
+                // has one host fewer. Counted, so a fleet that cannot form
+                // its round says why.
+                Ok(Ok(Some(_))) => {
+                    lost(&leases_lost);
+                    return;
+                }
+                // The stream broke or went unanswered: a new one.
+                Ok(Ok(None) | Err(_)) | Err(_) => break,
+            }
         }
+    }
+}
+
+/// Counts a light host's lease lost.
+fn lost(leases_lost: &AtomicU64) {
+    leases_lost.fetch_add(1, Ordering::Relaxed);
+}
+
+/// Whether every host kept its lease through what was measured.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LeaseCheck {
+    /// Light hosts whose lease etcd let expire.
+    pub light_lost: u64,
+    /// Full hosts that found their lease gone (rejoined or failed).
+    pub full_lost: usize,
+    /// Member keys in etcd now.
+    pub member_keys: usize,
+    /// Hosts in the fleet now.
+    pub hosts: usize,
+}
+
+impl LeaseCheck {
+    /// Every host kept its lease, and etcd holds every host's member key.
+    pub fn all_kept(&self) -> bool {
+        self.light_lost == 0 && self.full_lost == 0 && self.member_keys == self.hosts
     }
 }
 
@@ -565,6 +903,20 @@ pub struct EtcdMetrics {
 }
 
 impl EtcdMetrics {
+    /// The sum over a cluster's members' endpoints: what the cluster
+    /// costs.
+    pub fn read_all(endpoints: &[String]) -> Self {
+        endpoints
+            .iter()
+            .map(|e| Self::read(e))
+            .fold(Self::default(), |a, b| Self {
+                sent: a.sent + b.sent,
+                received: a.received + b.received,
+                cpu: a.cpu + b.cpu,
+                rss: a.rss + b.rss,
+            })
+    }
+
     /// Reads `/metrics` at the plain-HTTP `endpoint` (`http://HOST:PORT`).
     pub fn read(endpoint: &str) -> Self {
         let hostport = endpoint
@@ -590,6 +942,20 @@ impl EtcdMetrics {
             rss: value("process_resident_memory_bytes"),
         }
     }
+}
+
+/// The `q` quantile of `d`, seconds (0 for none).
+pub fn quantile(d: &[Duration], q: f64) -> f64 {
+    let mut d = d.to_vec();
+    d.sort();
+    if d.is_empty() {
+        return 0.0;
+    }
+    d[((d.len() - 1) as f64 * q).round() as usize].as_secs_f64()
+}
+
+fn secs(d: Duration) -> f64 {
+    d.as_secs_f64()
 }
 
 /// This process's resident memory, bytes.
