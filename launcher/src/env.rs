@@ -179,7 +179,10 @@ mod tests {
             ("TORCHELASTIC_MAX_RESTARTS", "3"),
             ("TORCHELASTIC_RUN_ID", "j"),
             ("TORCHELASTIC_USE_AGENT_STORE", "False"),
-            ("TORCHELASTIC_SIGNALS_TO_HANDLE", "SIGTERM,SIGINT,SIGHUP"),
+            (
+                "TORCHELASTIC_SIGNALS_TO_HANDLE",
+                "SIGTERM,SIGINT,SIGHUP,SIGQUIT",
+            ),
             (
                 "TORCHELASTIC_ERROR_FILE",
                 "/logs/j/attempt_2/rank_7.error.json",

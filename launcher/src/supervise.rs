@@ -41,7 +41,7 @@
 //!   same attempt, with the in-process restart's count, while the others
 //!   restart in process; a failed replacement restarts in job.
 //! - `continue`: nothing.
-//! - SIGINT/SIGTERM/SIGHUP: forwarded to the workers' process groups, a
+//! - SIGINT/SIGTERM/SIGHUP/SIGQUIT: forwarded to the workers' process groups, a
 //!   graceful stop, exit 128+N; a second one kills at once.
 //!
 //! Across hosts (the coordinator's part): every attempt is planned by a
@@ -173,12 +173,14 @@ pub struct Job {
     pub standby: Option<standby::Plan>,
 }
 
-/// SIGINT, SIGTERM and SIGHUP, installed before anything is started.
+/// SIGINT, SIGTERM, SIGHUP and SIGQUIT (torchrun's `--signals-to-handle`
+/// default), installed before anything is started.
 #[derive(Debug)]
 pub struct Signals {
     int: tokio::signal::unix::Signal,
     term: tokio::signal::unix::Signal,
     hup: tokio::signal::unix::Signal,
+    quit: tokio::signal::unix::Signal,
 }
 
 impl Signals {
@@ -190,6 +192,7 @@ impl Signals {
             int: signal(SignalKind::interrupt())?,
             term: signal(SignalKind::terminate())?,
             hup: signal(SignalKind::hangup())?,
+            quit: signal(SignalKind::quit())?,
         })
     }
 
@@ -199,6 +202,7 @@ impl Signals {
             _ = self.int.recv() => libc::SIGINT,
             _ = self.term.recv() => libc::SIGTERM,
             _ = self.hup.recv() => libc::SIGHUP,
+            _ = self.quit.recv() => libc::SIGQUIT,
         }
     }
 }

@@ -107,7 +107,7 @@ fn parse_seconds(s: &str) -> Result<f64, String> {
 }
 
 /// The signals the launcher forwards to its workers.
-pub const FORWARDED: [&str; 3] = ["SIGTERM", "SIGINT", "SIGHUP"];
+pub const FORWARDED: [&str; 4] = ["SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT"];
 
 /// torchrun's options about the workers' processes, the console and the
 /// logs.
@@ -166,8 +166,9 @@ pub struct TorchrunFlags {
     /// `numactl`).
     #[arg(long = "numa-binding", alias = "numa_binding")]
     pub numa_binding: Option<String>,
-    /// Signals passed on to the workers: warden forwards SIGTERM, SIGINT
-    /// and SIGHUP; a list naming others is refused.
+    /// Signals passed on to the workers: warden forwards SIGTERM, SIGINT,
+    /// SIGHUP and SIGQUIT (torchrun's default); a list naming others is
+    /// refused.
     #[arg(long = "signals-to-handle", alias = "signals_to_handle")]
     pub signals_to_handle: Option<String>,
     /// Seconds between SIGTERM and SIGKILL when workers are stopped:
