@@ -1,7 +1,8 @@
 //! `warden run` against the real torchrun (torch 2.15's
-//! `torch.distributed.run`), in the same test (issue 33): the same line
-//! (torchtitan's spelling: `--nproc_per_node=2 --rdzv_backend c10d
-//! --rdzv_endpoint=localhost:0 --role rank`) under each, and every
+//! `torch.distributed.run`), in the same test (issue 33): torchtitan 0.3's
+//! `run_train.sh` line as is (`--nproc_per_node=2 --rdzv_backend c10d
+//! --rdzv_endpoint="localhost:0" --local-ranks-filter 0 --role rank
+//! --tee 3 -m MODULE`, on a small module of ours) under each, and every
 //! variable torchrun sets in its workers is set by `warden run` with the
 //! same value, except the ones that name a port, a path or an id, and the
 //! two where warden differs on purpose (each named below with why).
@@ -51,20 +52,27 @@ fn a_worker_under_warden_run_sees_what_it_sees_under_torchrun() {
         .prefix("warden-torchrun-env-")
         .tempdir()
         .unwrap_or_else(|e| panic!("a scratch directory: {e}"));
-    let script = repo_root().join("tests/fixtures/print_env.py");
     let line = [
         "--nproc_per_node=2",
         "--rdzv_backend",
         "c10d",
         "--rdzv_endpoint=localhost:0",
+        "--local-ranks-filter",
+        "0",
         "--role",
         "rank",
+        "--tee",
+        "3",
+        "-m",
+        "print_env",
     ];
-    // The parent's environment: the same small one for both.
+    // The parent's environment: the same small one for both, the module
+    // found on PYTHONPATH.
     let clean = |cmd: &mut Command| {
         cmd.env_clear()
             .env("PATH", std::env::var("PATH").unwrap_or_default())
             .env("HOME", scratch.path())
+            .env("PYTHONPATH", repo_root().join("tests/fixtures"))
             .current_dir(scratch.path());
     };
     let mut torchrun = Command::new(python());
@@ -72,7 +80,6 @@ fn a_worker_under_warden_run_sees_what_it_sees_under_torchrun() {
     torchrun
         .args(["-m", "torch.distributed.run"])
         .args(line)
-        .arg(&script)
         .arg(scratch.path().join("torchrun"));
     let out = run(&mut torchrun, RUN);
     assert_eq!(out.code(), 0, "torchrun: {out:?}");
@@ -82,12 +89,9 @@ fn a_worker_under_warden_run_sees_what_it_sees_under_torchrun() {
         .arg("--socket")
         .arg(scratch.path().join("no-agent-here.sock"))
         .arg("run")
-        .args(line)
         .args(["--no-standby", "--log-dir"])
         .arg(scratch.path().join("logs"))
-        .arg("--")
-        .arg(python())
-        .arg(&script)
+        .args(line)
         .arg(scratch.path().join("warden"));
     let out = run(&mut warden, RUN);
     assert_eq!(out.code(), 0, "warden run: {out:?}");
