@@ -7,7 +7,8 @@ Run under warden (the agent's tier takes the shards):
         python3 client/python/bench/async_save.py [--sizes-mib 64,256,1024] [--repeat 5]
 
 For each state size (tensors of 16 MiB each, float32), side by side in one run:
-  - memcpy: ``dst.copy_(src)`` of the same bytes into a preallocated buffer;
+  - memcpy: libc's ``memcpy`` (``ctypes.memmove``) of the same bytes, in one
+    piece, into a preallocated buffer;
   - async: ``AsyncCheckpointer.save`` (the step's stall: the copy into the
     saver's reused buffer), the median of ``--repeat`` saves after the first,
     each save committed before the next (no back pressure), alternated with
@@ -24,6 +25,7 @@ Prints markdown rows for docs/benchmarks.md.
 from __future__ import annotations
 
 import argparse
+import ctypes
 import statistics
 import time
 
@@ -61,7 +63,7 @@ def bench_sizes(sizes_mib: list, repeat: int) -> None:
         for i in range(repeat + 1):
             if i > 0:
                 t0 = time.perf_counter()
-                dst.copy_(src)
+                ctypes.memmove(dst.data_ptr(), src.data_ptr(), nbytes)
                 copies.append(time.perf_counter() - t0)
             saver.save(step, state)
             step += 1

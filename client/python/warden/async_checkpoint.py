@@ -32,6 +32,7 @@ in the shard can run code when it is loaded.
 
 from __future__ import annotations
 
+import ctypes
 import io
 import queue
 import struct
@@ -196,6 +197,7 @@ class AsyncCheckpointer:
             slot.buffer = torch.empty(need, dtype=torch.uint8, pin_memory=self._pin)
             slot.pinned = self._pin
         buf = slot.buffer
+        base = buf.data_ptr()
         cuda = False
         for t, m in zip(tensors, metas):
             if m.nbytes == 0:
@@ -203,9 +205,16 @@ class AsyncCheckpointer:
             src = t.detach()
             if not src.is_contiguous():
                 src = src.contiguous()
-            cuda = cuda or src.is_cuda
-            flat = src.reshape(-1).view(torch.uint8)
-            buf[m.offset : m.offset + m.nbytes].copy_(flat, non_blocking=src.is_cuda)
+            if src.is_cuda:
+                # Queued on the current stream straight into the (pinned)
+                # buffer; waited for once, after the last.
+                cuda = True
+                flat = src.reshape(-1).view(torch.uint8)
+                buf[m.offset : m.offset + m.nbytes].copy_(flat, non_blocking=True)
+            else:
+                # libc's memcpy, the GIL released: torch's copy_ of many
+                # tensors of a few MiB ran at a third of memcpy's speed here.
+                ctypes.memmove(base + m.offset, src.data_ptr(), m.nbytes)
         if cuda:
             # The copies were queued on the current stream: done when it is.
             torch.cuda.current_stream().synchronize()
