@@ -543,46 +543,54 @@ async fn a_failed_job_stops_every_host_with_its_exit_code() {
     }
 }
 
-/// A job whose keys are more than one etcd response may carry (here 300
-/// member records of 15 KB, 4.5 MB in all, past gRPC's default 4 MiB
-/// receive limit: issue 30 met it at about 1,150 real hosts) is still
-/// joined: the joining read goes in pages, each at the same revision.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_job_larger_than_one_response_is_read_in_pages() {
+/// Writes `count` member records by hand (`other-000`, ...) under a lease
+/// of `ttl_s` seconds, each with a 15 KB address and the job's size
+/// `nodes`: hosts whose records are large, as etcd sees them, with no
+/// launcher behind them.
+async fn put_large_members(etcd: &EtcdServer, job: &str, count: u32, nodes: u32, ttl_s: i64) {
     use warden_launcher::coord::keys::Keys;
     use warden_launcher::coord::plan::MemberRecord;
-    let etcd = EtcdServer::start();
-    let mut client = etcd_client(&etcd).await;
+    let mut client = etcd_client(etcd).await;
     let lease = client
-        .lease_grant(60, None)
+        .lease_grant(ttl_s, None)
         .await
-        .expect("a lease for the hosts written by hand")
+        .unwrap_or_else(|e| panic!("a lease for the hosts written by hand: {e}"))
         .id();
-    let keys = Keys::new("/warden/jobs", "job-pages");
-    const OTHERS: usize = 300;
-    for i in 0..OTHERS {
+    let keys = Keys::new("/warden/jobs", job);
+    for i in 0..count {
         let host = format!("other-{i:03}");
         let record = MemberRecord {
             host: host.clone(),
             addr: format!("127.0.1.{}:{}", i % 250, "9".repeat(15_000)),
             nproc_per_node: 1,
             spare: false,
-            min_nodes: 400,
-            max_nodes: 400,
+            min_nodes: nodes,
+            max_nodes: nodes,
             pid: 1,
             joined_at_ms: 0,
             ckpt_peer: None,
-            incarnation: 1 + i as u64,
+            incarnation: 1 + u64::from(i),
         };
         client
             .put(
                 keys.member(&host),
-                serde_json::to_string(&record).expect("encode"),
+                serde_json::to_string(&record).unwrap_or_else(|e| panic!("encode: {e}")),
                 Some(etcd_client::PutOptions::new().with_lease(lease)),
             )
             .await
-            .expect("put a member");
+            .unwrap_or_else(|e| panic!("put a member: {e}"));
     }
+}
+
+/// A job whose keys are more than one etcd response may carry (here 300
+/// member records of 15 KB, 4.5 MB in all, past gRPC's default 4 MiB
+/// receive limit: issue 30 met it at about 1,150 real hosts) is still
+/// joined: the joining read goes in pages, each at the same revision.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_larger_than_one_response_is_read_in_pages() {
+    let etcd = EtcdServer::start();
+    const OTHERS: usize = 300;
+    put_large_members(&etcd, "job-pages", 300, 400, 60).await;
     // Too few for a round (min 400): joining is all that happens.
     let a = join(cfg(&etcd, "job-pages", "host-a", "127.0.0.2", 400, 400)).await;
     let live = a.state().live;
@@ -777,42 +785,13 @@ async fn a_restart_round_is_a_header_and_one_host_writes_a_lost_hosts_round() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_base_of_many_chunks_is_read_whole_by_a_late_joiner() {
     use warden_launcher::coord::keys::Keys;
-    use warden_launcher::coord::plan::MemberRecord;
     let etcd = EtcdServer::start();
     let mut client = etcd_client(&etcd).await;
-    let lease = client
-        .lease_grant(120, None)
-        .await
-        .expect("a lease for the hosts written by hand")
-        .id();
     let job = "job-chunks";
     let keys = Keys::new("/warden/jobs", job);
     const OTHERS: u32 = 100;
-    for i in 0..OTHERS {
-        let host = format!("other-{i:03}");
-        let record = MemberRecord {
-            host: host.clone(),
-            // Long addresses: 100 members of 15 KB make a 1.5 MB base,
-            // etcd's whole request limit.
-            addr: format!("127.0.1.{}:{}", i % 250, "9".repeat(15_000)),
-            nproc_per_node: 1,
-            spare: false,
-            min_nodes: OTHERS + 1,
-            max_nodes: OTHERS + 1,
-            pid: 1,
-            joined_at_ms: 0,
-            ckpt_peer: None,
-            incarnation: 1 + u64::from(i),
-        };
-        client
-            .put(
-                keys.member(&host),
-                serde_json::to_string(&record).expect("encode"),
-                Some(etcd_client::PutOptions::new().with_lease(lease)),
-            )
-            .await
-            .expect("put a member");
-    }
+    // 100 members of 15 KB make a 1.5 MB base, etcd's whole request limit.
+    put_large_members(&etcd, job, OTHERS, OTHERS + 1, 120).await;
     let a = join(cfg(
         &etcd,
         job,
