@@ -34,8 +34,14 @@ const RUN: Duration = Duration::from_secs(90);
 /// The embedded agent's config: fast ticks and hang thresholds of about a
 /// second once calibrated; no kernel log or NVML (the test machines have
 /// neither reliably).
+///
+/// The checkpoint tier reads DEGRADED (nearly full) on every run, whatever
+/// the host's disk holds: CI's fresh clone once ran on a disk 8.9% free,
+/// and a warning about the next save must not turn a hang or a crash into
+/// the node's fault.
 const AGENT_TOML: &str = "[agent]\ntick = \"50ms\"\n\
     [host]\nmemory_degraded_below_percent = 0.0\nmemory_failed_below_percent = 0.0\n\
+    checkpoint_degraded_below_percent = 100.0\n\
     [hang]\nfloor = \"1s\"\nwarmup_samples = 5\n\
     [kmsg]\nenabled = false\n[nvml]\nenabled = false\n";
 

@@ -484,7 +484,16 @@ impl Engine {
         let Some(rule) = rules::signal_rule(signal) else {
             return;
         };
-        let class = if failed { rule.failed } else { rule.degraded };
+        let class = if failed {
+            rule.failed
+        } else {
+            match rule.degraded {
+                Some(c) => c,
+                // A warning about what may come: shown where it is read,
+                // never weighed as the cause of a failure.
+                None => return,
+            }
+        };
         let (value, threshold) = h
             .reason
             .as_ref()
@@ -1264,10 +1273,18 @@ impl Engine {
                         rule.weight,
                         format!("{} (FAILED, held now)", rule.note),
                     ),
-                    "DEGRADED" => (
-                        Some(rule.degraded),
+                    "DEGRADED" if rule.degraded.is_some() => (
+                        rule.degraded,
                         rule.weight,
                         format!("{} (DEGRADED, held now)", rule.note),
+                    ),
+                    "DEGRADED" => (
+                        None,
+                        0.0,
+                        format!(
+                            "{} (DEGRADED, held now): a warning about the next save, not a cause of this failure",
+                            rule.note
+                        ),
                     ),
                     // A finding the source judged harmless (under its
                     // threshold): shown as weighed, pointing nowhere.

@@ -238,8 +238,9 @@ pub struct SignalRule {
     pub signal: &'static str,
     /// Class when the source judged the component FAILED.
     pub failed: FaultClass,
-    /// Class when DEGRADED.
-    pub degraded: FaultClass,
+    /// Class when DEGRADED; None where a degradation is a warning about
+    /// what may come, never the cause of a failure that has come.
+    pub degraded: Option<FaultClass>,
     /// How strongly.
     pub weight: f64,
     /// Why.
@@ -256,7 +257,7 @@ const fn sig(
     SignalRule {
         signal,
         failed,
-        degraded,
+        degraded: Some(degraded),
         weight,
         note,
     }
@@ -411,13 +412,18 @@ pub const SIGNALS: &[SignalRule] = &[
         0.45,
         "host memory is nearly exhausted",
     ),
-    sig(
-        "disk.available_percent",
-        Infrastructure,
-        Infrastructure,
-        0.6,
-        "the checkpoint tier is nearly full",
-    ),
+    // DEGRADED is a warning that the next checkpoint may not fit: it cannot
+    // have made a rank crash or hang in its step, and on a filesystem other
+    // users can write (DEGRADED is all such a tier ever gets) a stranger
+    // could fill it to turn every failure of another's job into the node's.
+    // FAILED (the agent's own filesystem, nearly out) can fail a write.
+    SignalRule {
+        signal: "disk.available_percent",
+        failed: Infrastructure,
+        degraded: None,
+        weight: 0.6,
+        note: "the checkpoint tier is nearly full",
+    },
     sig(
         "tpu.core_error",
         TransientSoftware,

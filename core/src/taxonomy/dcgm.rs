@@ -61,7 +61,7 @@ const fn r(
         rule: SignalRule {
             signal,
             failed,
-            degraded,
+            degraded: Some(degraded),
             weight,
             note,
         },
