@@ -13,6 +13,11 @@
 //!    becomes `restart_in_job`, superseding the in-process one.
 //! 3. `RequestRestart`, `Control` and `AckControl` at the API: a restart by
 //!    hand, and the refusals (unknown job, stale generation).
+//! 4. With torch: a rank that declared its state to `warden.heal` and is
+//!    blocked in a gloo collective that nothing wakes (its peer keeps the
+//!    group alive) cannot take a restart: it leaves by itself with exit 75,
+//!    so that `warden run` heals it, instead of holding the job until
+//!    gloo's timeout.
 //!
 //! The Python interpreter is `$WARDEN_TEST_PYTHON` (tests/run-all.sh sets it),
 //! else the repository's `.venv/bin/python`; it must `import warden`.
@@ -514,4 +519,74 @@ async fn restarts_by_hand_and_the_control_api() {
     assert_eq!(evidence(&acked, "gone"), Some("1 (left)"), "{d}");
     let status = r0.wait_exit(Duration::from_secs(30));
     assert!(status.success(), "{status:?}\n{}", r0.stderr());
+}
+
+#[tokio::test]
+async fn a_healable_rank_blocked_in_a_collective_leaves_to_be_healed() {
+    if !common::torch_available() {
+        return;
+    }
+    let (_state, agent) = start_agent("");
+    let scratch = tempfile::tempdir().unwrap();
+    let job = "blocked";
+    let mut ranks: Vec<Streaming> = (0..2)
+        .map(|rank| {
+            let mut cmd = python_rank(
+                &agent,
+                "tests/fixtures/heal_blocked.py",
+                job,
+                (rank, 2),
+                &[],
+            );
+            cmd.env("WARDEN_HEAL_STORE_DIR", scratch.path().join("stores"))
+                .env(
+                    "WARDEN_HEAL_FILE",
+                    scratch.path().join(format!("heal-{rank}")),
+                )
+                .env_remove("WARDEN_HEAL_STUCK_S");
+            spawn_python_rank(&agent, job, rank, &mut cmd)
+        })
+        .collect();
+    // Torch imports on a loaded 2-core machine: the generous wait.
+    let slow = WAIT * 4;
+    for r in &mut ranks {
+        r.wait_line(slow, "registered", |l| l.starts_with("registered "));
+    }
+    let line = ranks[0].wait_line(slow, "blocked", |l| l.starts_with("blocked "));
+    let pid0 = field(&line, "pid").to_owned();
+    let mut client = agent.client().await;
+    client
+        .request_restart(pb::RequestRestartRequest {
+            job_id: job.into(),
+            reason: "a heal of another rank".into(),
+            ..Default::default()
+        })
+        .await
+        .expect("RequestRestart");
+    ranks[1].wait_line(slow, "rank 1's restart", |l| {
+        l.starts_with("restart requested ")
+    });
+    let asked = std::time::Instant::now();
+    let status = ranks[0].wait_exit(slow);
+    let took = asked.elapsed();
+    ranks[0].drain(WAIT);
+    let shown = format!(
+        "lines: {:?}\n--- stderr ---\n{}",
+        ranks[0].seen,
+        ranks[0].stderr()
+    );
+    assert_eq!(status.code(), Some(75), "{shown}");
+    let said = ranks[0]
+        .stderr()
+        .lines()
+        .any(|l| l.contains(&format!("(pid {pid0})")) && l.contains("leaving with exit 75"));
+    assert!(said, "no leaving line: {shown}");
+    assert!(
+        !ranks[0].seen.iter().any(|l| l == "the collective returned"),
+        "{shown}"
+    );
+    eprintln!(
+        "rank 0 left {:.2} s after rank 1 took the restart (threshold 1 s)",
+        took.as_secs_f64()
+    );
 }

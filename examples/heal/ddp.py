@@ -19,6 +19,9 @@ Environment:
   EXAMPLE_STEPS        steps to run (200)
   EXAMPLE_CKPT_EVERY   checkpoint every this many steps (50)
   EXAMPLE_STEP_MS      extra time per step, milliseconds (20)
+  EXAMPLE_SLOW_RANK    a rank that takes EXAMPLE_SLOW_MS more per step (none): a
+                       straggler the others wait for in their all-reduce
+  EXAMPLE_SLOW_MS      that rank's extra time per step, milliseconds (0)
   EXAMPLE_HEAL         0: no heal, restore from the checkpoint after a fault (1)
 
 Lines appended to $EXAMPLE_LOG:
@@ -47,6 +50,8 @@ WORLD = int(os.environ["WORLD_SIZE"])
 STEPS = int(os.environ.get("EXAMPLE_STEPS", "200"))
 CKPT_EVERY = int(os.environ.get("EXAMPLE_CKPT_EVERY", "50"))
 STEP_S = float(os.environ.get("EXAMPLE_STEP_MS", "20")) / 1000.0
+SLOW_RANK = int(os.environ.get("EXAMPLE_SLOW_RANK", "-1"))
+SLOW_S = float(os.environ.get("EXAMPLE_SLOW_MS", "0")) / 1000.0
 HEAL = os.environ.get("EXAMPLE_HEAL", "1") != "0"
 LOG = os.environ["EXAMPLE_LOG"]
 PID = os.getpid()
@@ -143,7 +148,7 @@ def train() -> str:
         if n and n % CKPT_EVERY == 0:
             save(n)
         x, y = batch(n)
-        time.sleep(STEP_S)
+        time.sleep(STEP_S + (SLOW_S if RANK == SLOW_RANK else 0.0))
         opt.zero_grad(set_to_none=True)
         loss_fn(ddp(x), y).backward()
         opt.step()

@@ -33,6 +33,12 @@ pub const EXIT_USAGE: i32 = 2;
 /// notice the host raised. Below 86-89 and outside 128+N and sysexits'
 /// 64-78, so it is told apart from every other status here.
 pub const EXIT_PREEMPTED: i32 = 85;
+/// A worker's status, not the launcher's: `warden.heal` leaves with it when a
+/// restart request cannot reach its training thread (blocked in a gloo
+/// collective that no abort wakes). Its state is out of reach but a live
+/// replica holds it, so the launcher heals it as it heals a rank killed by
+/// a signal. sysexits' EX_TEMPFAIL: try again.
+pub const WORKER_LEFT_BLOCKED: i32 = 75;
 /// The job's restarts stopped making progress: a restart loop that a
 /// budget of restarts per hour would let run on, told apart from a spent
 /// budget (87) so a scheduler does not requeue it as is.

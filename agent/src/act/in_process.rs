@@ -346,7 +346,15 @@ pub fn request(
     }
     let restarts = &state.restarts;
     let mut g = restarts.lock();
-    if let Some(p) = g.jobs.get(job).and_then(|j| j.pending.as_ref()) {
+    if let Some(p) = g.jobs.get_mut(job).and_then(|j| j.pending.as_mut()) {
+        // A request asked by hand (a launcher's heal) carries no incident,
+        // so its timeout would escalate nothing and a rank that can never
+        // answer (blocked in a collective no signal interrupts) would hold
+        // the job until the collective's own timeout. The first incident
+        // that joins it is the one its timeout and replacements carry.
+        if p.request.incident.is_empty() && !incident.is_empty() {
+            p.request.incident = incident.to_owned();
+        }
         return Ok(Asked {
             ranks: p.ranks.keys().copied().collect(),
             seq: p.request.seq,
@@ -854,7 +862,7 @@ async fn wait(state: Handles, req: RestartRequest, wake: Arc<Notify>, timeout: D
             }
             Progress::Waiting(replace) => {
                 if !replace.is_empty() {
-                    replace_ranks(&state, &req, replace);
+                    replace_ranks(&state, &adopted(&state, &req), replace);
                 }
             }
         }
@@ -867,12 +875,28 @@ async fn wait(state: Handles, req: RestartRequest, wake: Arc<Notify>, timeout: D
                 match look(&state, &req.job, req.seq) {
                     Progress::Superseded => {}
                     Progress::Done(outcomes) => acknowledged(&state, &req, &outcomes),
-                    Progress::Waiting(_) => timed_out(&state, &req, timeout),
+                    Progress::Waiting(_) => timed_out(&state, &adopted(&state, &req), timeout),
                 }
                 return;
             }
         }
     }
+}
+
+/// `req` with the incident its pending entry carries now (one that joined
+/// it after it was asked: [`request`]).
+fn adopted(state: &Handles, req: &RestartRequest) -> RestartRequest {
+    let mut req = req.clone();
+    let g = state.restarts.lock();
+    if let Some(p) = g
+        .jobs
+        .get(&req.job)
+        .and_then(|j| j.pending.as_ref())
+        .filter(|p| p.request.seq == req.seq)
+    {
+        req.incident.clone_from(&p.request.incident);
+    }
+    req
 }
 
 fn acknowledged(state: &Handles, req: &RestartRequest, outcomes: &BTreeMap<u32, Outcome>) {
@@ -1242,6 +1266,35 @@ mod tests {
         // Over: a late acknowledgement is accepted and ignored.
         assert!(!ack(&state.in_process(), &key("j", 0), r0.generation, asked.seq).unwrap());
         assert!(never_published(&state, "restart.acknowledged"));
+    }
+
+    /// A launcher's heal asks by hand (no incident); the hang the agent then
+    /// finds joins it. A rank that can never answer (blocked in a gloo
+    /// collective) must still end in an escalation: before, the timeout
+    /// escalated nothing and the job waited for the collective's timeout.
+    #[tokio::test]
+    async fn an_incident_that_joins_a_request_asked_by_hand_is_escalated_at_its_timeout() {
+        let (_dir, state) = agent(Duration::from_millis(300));
+        let mut escalations = state.take_escalations().unwrap();
+        let _r0 = register(&state, "j", 0);
+        let r1 = register(&state, "j", 1);
+        let asked = request(&state.in_process(), "j", "heal of rank 2", "").unwrap();
+        let joined = request(&state.in_process(), "j", "hang", "inc-9").unwrap();
+        assert!(joined.joined);
+        assert_eq!(joined.seq, asked.seq);
+        // A later incident does not take it over from the first.
+        let again = request(&state.in_process(), "j", "hang", "inc-10").unwrap();
+        assert!(again.joined);
+        assert!(ack(&state.in_process(), &key("j", 1), r1.generation, asked.seq).unwrap());
+        let timeout = event(&state, "restart.in_process_timeout").await;
+        assert_eq!(evidence(&timeout, "unacknowledged"), "0");
+        assert_eq!(evidence(&timeout, "incident"), "inc-9");
+        assert_eq!(evidence(&timeout, "escalated_to"), "restart_in_job");
+        let e = escalations.recv().await.unwrap();
+        assert_eq!(
+            (e.incident.as_str(), e.action),
+            ("inc-9", Action::RestartInJob)
+        );
     }
 
     #[tokio::test]

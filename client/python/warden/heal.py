@@ -44,7 +44,9 @@ import os
 import random
 import sys
 import tempfile
+import threading
 import time
+import weakref
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 from . import _native, _restart
@@ -62,6 +64,14 @@ MAX_SKELETON_BYTES = 64 * 1024 * 1024
 MAX_PAYLOAD_BYTES = 1 << 40
 
 _TENSOR = "__warden_tensor__"
+
+#: Seconds a restart request may wait untaken, outside an optimizer update,
+#: before this rank leaves to be healed (see ``_Stuck``).
+STUCK_ENV = "WARDEN_HEAL_STUCK_S"
+DEFAULT_STUCK_S = 1.0
+#: The exit code of a rank that left that way (EX_TEMPFAIL): no traceback,
+#: so ``warden run`` heals it like a rank killed by a signal.
+STUCK_EXIT = 75
 
 
 def _torch() -> Any:
@@ -172,6 +182,81 @@ def _announce() -> None:
         _say(f"cannot write {path} ({e}): the launcher will restart the job instead of healing it")
 
 
+def _stuck_after() -> float:
+    raw = os.environ.get(STUCK_ENV, "")
+    if not raw:
+        return DEFAULT_STUCK_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not 0.1 <= value <= 3600.0:
+        _say(f"{STUCK_ENV}={raw!r} is not a number of seconds from 0.1 to 3600: using {DEFAULT_STUCK_S}")
+        return DEFAULT_STUCK_S
+    return value
+
+
+class _Stuck(threading.Thread):
+    """Leaves the process when a restart request cannot reach its training thread.
+
+    Why: gloo's ``abort()`` wakes no collective (torch 2.15: a blocked
+    ``allreduce`` returns only when a peer's socket closes), so a survivor
+    blocked in a collective with other survivors (the rank opposite the lost
+    one in a ring) takes no restart signal, and those survivors' own pending
+    collectives keep their old groups' sockets open in turn: each waits on
+    the other until gloo's timeout (measured: 1 run in 5 of a 4-rank heal).
+    Such a rank's memory is out of reach, but a live replica holds its
+    state: it leaves with ``STUCK_EXIT`` (no traceback), its sockets close,
+    the others' collectives fail, and ``warden run`` heals it like a rank
+    killed by a signal. Only under ``warden run`` (``WARDEN_HEAL_FILE`` set),
+    never while an optimizer update defers the restart to its commit.
+    """
+
+    _started = False
+    _lock = threading.Lock()
+
+    def __init__(self, state: "State", after: float) -> None:
+        super().__init__(name="warden-heal-stuck", daemon=True)
+        self._state = weakref.ref(state)
+        self._after = after
+
+    @classmethod
+    def start_for(cls, state: "State") -> None:
+        if not os.environ.get(HEAL_FILE_ENV):
+            return
+        with cls._lock:
+            if cls._started:
+                return
+            cls._started = True
+        cls(state, _stuck_after()).start()
+
+    def run(self) -> None:
+        poll = min(0.05, self._after / 4)
+        seen: Optional[int] = None
+        since = 0.0
+        while True:
+            time.sleep(poll)
+            state = self._state()
+            if state is None:
+                return
+            pending = _native._restart_pending()
+            now = time.monotonic()
+            if pending is None or state._updating:
+                # Taken (or none), or deferred to the update's commit.
+                seen = None
+                continue
+            if pending["seq"] != seen:
+                seen, since = pending["seq"], now
+                continue
+            if now - since >= self._after:
+                _say(
+                    f"rank {state.rank} (pid {os.getpid()}): the restart request (seq {seen}) has not reached the training "
+                    f"thread in {now - since:.1f} s: it is blocked in native code (a collective no abort "
+                    f"wakes); leaving with exit {STUCK_EXIT} to be healed from a live replica"
+                )
+                os._exit(STUCK_EXIT)
+
+
 class State:
     """A rank's training state, declared once: what a heal sends and restores.
 
@@ -234,6 +319,7 @@ class State:
             gc.collect()
         gc.freeze()
         _announce()
+        _Stuck.start_for(self)
 
     # -- the step boundary ------------------------------------------------
 

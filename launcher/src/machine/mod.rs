@@ -1657,7 +1657,11 @@ impl JobState {
     /// still running, and fewer than [`MAX_HEALS`] heals in the last
     /// [`HEAL_WINDOW`].
     fn may_heal(&mut self, exit: Option<Exit>, now: Now) -> bool {
-        if self.limits.across_hosts || !matches!(exit, Some(Exit::Signal(_))) {
+        let healable_exit = matches!(
+            exit,
+            Some(Exit::Signal(_) | Exit::Code(exit::WORKER_LEFT_BLOCKED))
+        );
+        if self.limits.across_hosts || !healable_exit {
             return false;
         }
         if self

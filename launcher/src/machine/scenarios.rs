@@ -1422,6 +1422,43 @@ fn scenarios() -> Vec<Scenario> {
             },
         },
         Scenario {
+            name: "a survivor that left blocked in a collective (exit 75) during a heal is healed in turn",
+            limits: limits(),
+            steps: with(
+                first_attempt(),
+                vec![
+                    (1000, killed_healable(1, 1, 101, 9), &["heal 1/101"]),
+                    (1100, replaced(&[(1, 300)], None), &[]),
+                    (
+                        2100,
+                        match exit(1, 0, 100, 75) {
+                            Input::WorkerExit(mut e) => {
+                                e.healable = true;
+                                Input::WorkerExit(e)
+                            }
+                            other => other,
+                        },
+                        &["heal 0/100"],
+                    ),
+                    (2200, replaced(&[(0, 301)], None), &[]),
+                    (9000, exit(1, 0, 301, 0), &[]),
+                    (9001, exit(1, 1, 300, 0), &["finish 0"]),
+                ],
+            ),
+            expect: End {
+                code: Some(0),
+                outcome: "succeeded",
+                records: 1,
+                ended: "every worker exited 0",
+                says: &[
+                    "rank 1 (pid 101) signal 9 (SIGKILL): healing it from a live replica; the other ranks restart in process",
+                    "rank 0 (pid 100) exit code 75: healing it from a live replica; the other ranks restart in process",
+                    "healed in 0.10s: rank 0 pid 301 started, its state from a live replica",
+                ],
+                ..End::default()
+            },
+        },
+        Scenario {
             name: "a worker not healable waits for the decision, which restarts in job, as before",
             limits: limits(),
             steps: with(
