@@ -20,7 +20,9 @@
 //! fault-free run's; keep the survivors' processes (one pid per rank that
 //! was not killed, or that did not leave blocked, which it says); log no (rank, step) more than twice (at most the step
 //! in flight is redone); heal (the replacement says it took its state from
-//! a live rank) and never restart in job or restore a checkpoint. The time
+//! a live rank) and never restart in job or restore a checkpoint; book at
+//! most 3 steps a rank and fault as lost progress in the launcher's goodput
+//! ledger (a checkpoint restart here redoes about 15). The time
 //! from each kill to every rank logging a new step is printed
 //! (docs/benchmarks.md), not asserted: tests do not assert speed.
 //!
@@ -269,6 +271,25 @@ fn check(job: &mut Streaming, log: &Path, killed: &[(i32, f64)], heals: usize) {
     for never in ["restarting in job", "restored from the checkpoint"] {
         assert!(!all.contains(never), "{never:?}\n{all}");
     }
+    // The ledger books the redone work as lost progress: at most the step
+    // in flight per rank and fault (a checkpoint restart here redoes about
+    // 15 steps on each of the 4 ranks); 3 steps of margin for step times
+    // on a loaded machine.
+    let ledger = goodput_of(log.parent().unwrap());
+    let lost = ledger["parts"]["lost_progress"]["accelerator_s"]
+        .as_f64()
+        .unwrap();
+    let step_s = ledger["recovery"]["step_s"].as_f64().unwrap();
+    let faults = killed.len() + left_blocked(&all).len();
+    let bound = 3.0 * step_s * f64::from(WORLD) * faults as f64;
+    assert!(
+        lost <= bound,
+        "lost progress {lost:.3} accelerator-s, more than {bound:.3} ({faults} faults, {WORLD} ranks, 3 steps of {step_s:.3} s)\n{all}"
+    );
+    eprintln!(
+        "lost progress booked: {lost:.3} accelerator-s ({:.1} steps of {step_s:.3} s over {WORLD} ranks, {faults} faults)",
+        lost / step_s
+    );
     for &(pid, t) in killed {
         let back = (0..WORLD)
             .map(|rank| {
@@ -287,6 +308,20 @@ fn check(job: &mut Streaming, log: &Path, killed: &[(i32, f64)], heals: usize) {
             "SIGKILL of pid {pid} -> every rank stepping again: {back:.3} s (4 ranks, gloo, examples/heal/ddp.py)"
         );
     }
+}
+
+/// The launcher's goodput ledger of the faulted run in `scratch` (not the
+/// fault-free reference's).
+fn goodput_of(scratch: &Path) -> serde_json::Value {
+    let logs = scratch.join("logs");
+    let found = std::fs::read_dir(&logs)
+        .unwrap()
+        .filter_map(Result::ok)
+        .filter(|e| !e.file_name().to_string_lossy().starts_with("heal-ref"))
+        .map(|e| e.path().join("goodput.json"))
+        .find(|p| p.exists())
+        .unwrap_or_else(|| panic!("no goodput.json under {}", logs.display()));
+    serde_json::from_str(&std::fs::read_to_string(&found).unwrap()).unwrap()
 }
 
 /// The pids of the ranks that left blocked in a collective, as they said.

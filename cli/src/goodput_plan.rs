@@ -79,6 +79,15 @@ pub struct PlanArgs {
     /// Nodes per data-parallel replica (scale-down removes a whole one).
     #[arg(long)]
     pub replica_nodes: Option<u64>,
+    /// The job declares its state (`warden.heal.declare`): a fault that
+    /// leaves a live replica heals in this many seconds with the step in
+    /// flight redone (0.27: docs/benchmarks.md, "Heal from a live replica").
+    #[arg(long)]
+    pub heal_s: Option<f64>,
+    /// With --heal-s: a lost node's ranks heal from other hosts' replicas
+    /// too. Not built (the heal is one host's today): a projection.
+    #[arg(long, requires = "heal_s")]
+    pub heal_across_hosts: bool,
     /// Write the plot of goodput against interval to this SVG file.
     #[arg(long)]
     pub svg: Option<PathBuf>,
@@ -154,6 +163,12 @@ pub fn scenario(
     }
     if let Some(v) = args.replica_nodes {
         s.replica_nodes = v;
+    }
+    if let Some(v) = args.heal_s {
+        s.warden.heal_s = Some(v);
+    }
+    if args.heal_across_hosts {
+        s.warden.heal_across_hosts = true;
     }
     Ok((s, ledger))
 }

@@ -186,6 +186,19 @@ pub struct WardenTimes {
     /// Measured mean restore (ledger `restore_s`): replaces the local tier's
     /// modelled restore time when set.
     pub restore_s: Option<f64>,
+    /// The heal from a live replica (`warden.heal.declare`), for a job that
+    /// declares its state: a fault that leaves a replica of the lost state
+    /// alive to every rank stepping again at the step it was on, the step in
+    /// flight redone and nothing read back. 0.27 s: the median of 10 in
+    /// docs/benchmarks.md "Heal from a live replica" (real torch, gloo, 4
+    /// ranks, SIGKILL to every rank stepping). Unset: no heal (today's
+    /// default for a job that does not declare its state).
+    pub heal_s: Option<f64>,
+    /// A lost node's ranks heal too, on a spare or in a scaled-down job,
+    /// from replicas on other hosts. Not built: the heal is one host's
+    /// today (a job across hosts takes the in-job restart); set it to see
+    /// what that would be worth, labelled as a projection.
+    pub heal_across_hosts: bool,
 }
 
 impl Default for WardenTimes {
@@ -201,6 +214,8 @@ impl Default for WardenTimes {
             detection_s: None,
             restart_downtime_s: None,
             restore_s: None,
+            heal_s: None,
+            heal_across_hosts: false,
         }
     }
 }
@@ -505,6 +520,7 @@ impl Scenario {
             ("warden.detection_s", w.detection_s),
             ("warden.restart_downtime_s", w.restart_downtime_s),
             ("warden.restore_s", w.restore_s),
+            ("warden.heal_s", w.heal_s),
             ("baseline.save_stall_s", self.baseline.save_stall_s),
         ] {
             if let Some(v) = v {

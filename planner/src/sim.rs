@@ -52,6 +52,9 @@ pub struct Incident {
     pub planned: bool,
     /// Share of the job's nodes training after it (below 1 when scaled down).
     pub capacity_after: f64,
+    /// Healed from a live replica: the training lost is at most this (the
+    /// step in flight), not everything since the last save.
+    pub redo_s: Option<f64>,
 }
 
 /// Where the job's accelerator time went, as fractions of the whole run.
@@ -113,6 +116,10 @@ pub struct Model {
     /// The save stall of each strategy.
     save_warden: f64,
     save_baseline: f64,
+    /// One training step: what a healed fault redoes.
+    step_s: f64,
+    /// A lost node's shard from a peer's replica (a heal that cannot be had).
+    node_restore_s: f64,
 }
 
 #[derive(Debug, Clone)]
@@ -123,6 +130,8 @@ struct ClassModel {
     warden: [[f64; 3]; 2],
     /// warden, the node replaced by a spare or the job scaled down.
     warden_node: [[f64; 3]; 2],
+    /// warden heals [crash, hang] from a live replica (no rollback).
+    heals: [bool; 2],
     /// The baseline: [crash, hang] x parts.
     baseline: [[f64; 3]; 2],
 }
@@ -157,6 +166,10 @@ impl Model {
         let round_s = s.round().map_or(0.0, |r| r.seconds);
         let b = &s.baseline;
         let requeue = b.requeue_s + s.job.startup_s;
+        // A lost node's state lives in another data-parallel replica only
+        // when the job has two or more.
+        let replicas = s.nodes() / s.replica_nodes.max(1) >= 2;
+        let heal_node = w.heal_s.filter(|_| w.heal_across_hosts && replicas);
         let total: f64 = s.classes.iter().map(|c| c.share).sum();
         let mut acc = 0.0;
         let cumulative = s
@@ -173,6 +186,24 @@ impl Model {
             .map(|c| {
                 let per = |f: &dyn Fn(bool) -> [f64; 3]| [f(false), f(true)];
                 let planned = c.recovery == Recovery::Planned;
+                // What heals: a hang restarted in process keeps every
+                // rank's live state (nothing to restore); a lost node's
+                // ranks take theirs from another replica, when that is
+                // built (`heal_across_hosts`). A crash restarted in job, a
+                // network hang (every process restarted) and a planned stop
+                // roll back as before.
+                let heals = [
+                    c.recovery == Recovery::ReplaceNode && heal_node.is_some(),
+                    match c.recovery {
+                        Recovery::InProcess => w.heal_s.is_some(),
+                        Recovery::ReplaceNode => heal_node.is_some(),
+                        Recovery::InJob | Recovery::Planned => false,
+                    },
+                ];
+                let node = |hang: bool| match heal_node {
+                    Some(h) => [detect(hang), h + round_s, 0.0],
+                    None => [detect(hang), in_job + round_s, peer],
+                };
                 ClassModel {
                     hang_fraction: c.hang_fraction,
                     recovery: c.recovery,
@@ -182,13 +213,17 @@ impl Model {
                             // A hang (or a transient exception) comes back in
                             // the same processes; a crash has no process left
                             // to restart in: its launcher restarts it in job.
+                            Recovery::InProcess if hang && w.heal_s.is_some() => {
+                                [d, w.in_process_s, 0.0]
+                            }
                             Recovery::InProcess if hang => [d, w.in_process_s, local],
                             Recovery::InProcess => [d, in_job, local],
                             Recovery::InJob | Recovery::Planned => [d, in_job, local],
-                            Recovery::ReplaceNode => [d, in_job + round_s, peer],
+                            Recovery::ReplaceNode => node(hang),
                         }
                     }),
-                    warden_node: per(&|hang| [detect(hang), in_job + round_s, peer]),
+                    warden_node: per(&node),
+                    heals,
                     baseline: per(&|hang| {
                         let d = match (planned, hang) {
                             (true, _) => 0.0,
@@ -211,6 +246,8 @@ impl Model {
             scale_up: [0.0, in_job + round_s, peer],
             save_warden: s.checkpoint.save_stall_s,
             save_baseline: s.baseline_save_stall_s(),
+            step_s: s.job.step_s,
+            node_restore_s: peer,
         }
     }
 
@@ -245,7 +282,15 @@ impl Model {
             downtime += share
                 * ((1.0 - c.hang_fraction) * sum(&parts[0]) + c.hang_fraction * sum(&parts[1]));
             if c.recovery != Recovery::Planned {
-                unplanned += share;
+                // A healed interruption loses one step, not the interval.
+                let healed = match strategy {
+                    Strategy::Warden { .. } => {
+                        (1.0 - c.hang_fraction) * f64::from(u8::from(c.heals[0]))
+                            + c.hang_fraction * f64::from(u8::from(c.heals[1]))
+                    }
+                    Strategy::Baseline => 0.0,
+                };
+                unplanned += share * (1.0 - healed);
             }
         }
         (downtime, unplanned)
@@ -292,6 +337,7 @@ pub fn timeline(model: &Model, strategy: Strategy, rng: &mut Rng, out: &mut Vec<
                     parts: model.scale_up,
                     planned: true,
                     capacity_after: capacity(active),
+                    redo_s: None,
                 });
             } else {
                 spares_free += 1;
@@ -313,6 +359,7 @@ pub fn timeline(model: &Model, strategy: Strategy, rng: &mut Rng, out: &mut Vec<
         let class = &model.classes[k];
         let hang = usize::from(rng.uniform() < class.hang_fraction);
         let planned = class.recovery == Recovery::Planned;
+        let mut healed = matches!(strategy, Strategy::Warden { .. }) && class.heals[hang];
         let parts = match strategy {
             Strategy::Baseline => class.baseline[hang],
             Strategy::Warden { .. } if class.recovery == Recovery::ReplaceNode => {
@@ -325,9 +372,14 @@ pub fn timeline(model: &Model, strategy: Strategy, rng: &mut Rng, out: &mut Vec<
                     class.warden_node[hang]
                 } else {
                     // One replica left: nothing to scale down to; the job
-                    // waits for the node to come back.
+                    // waits for the node to come back, and no other replica
+                    // holds the state: it comes from the tier.
                     let mut p = class.warden_node[hang];
                     p[1] += model.repair_s;
+                    if healed {
+                        healed = false;
+                        p[2] = model.node_restore_s;
+                    }
                     repairs.pop_back();
                     p
                 }
@@ -339,6 +391,7 @@ pub fn timeline(model: &Model, strategy: Strategy, rng: &mut Rng, out: &mut Vec<
             parts,
             planned,
             capacity_after: capacity(active),
+            redo_s: healed.then_some(model.step_s),
         });
     }
 }
@@ -348,12 +401,18 @@ pub fn timeline(model: &Model, strategy: Strategy, rng: &mut Rng, out: &mut Vec<
 pub fn evaluate(incidents: &[Incident], horizon: f64, interval: f64, save: f64) -> Breakdown {
     let period = interval + save;
     let mut acc = Breakdown::default();
-    let run = |acc: &mut Breakdown, d: f64, capacity: f64, loses: bool| {
+    // `loses`: None, nothing (a planned stop, the run's end); Some(None),
+    // everything since the last save; Some(Some(x)), at most x (healed).
+    let run = |acc: &mut Breakdown, d: f64, capacity: f64, loses: Option<Option<f64>>| {
         let full = (d / period).floor();
         let rem = d - full * period;
         let work = full * interval + rem.min(interval);
         let saving = full * save + (rem - interval).max(0.0);
-        let lost = if loses { rem.min(interval) } else { 0.0 };
+        let lost = match loses {
+            None => 0.0,
+            Some(None) => rem.min(interval),
+            Some(Some(redo)) => rem.min(interval).min(redo),
+        };
         acc.productive += (work - lost) * capacity;
         acc.lost += lost * capacity;
         acc.save += saving * capacity;
@@ -383,7 +442,8 @@ pub fn evaluate(incidents: &[Incident], horizon: f64, interval: f64, save: f64) 
             if let Some((_, parts)) = pending.take() {
                 charge(&mut acc, &parts, f64::INFINITY);
             }
-            run(&mut acc, inc.t - up_at, capacity, !inc.planned);
+            let loses = (!inc.planned).then_some(inc.redo_s);
+            run(&mut acc, inc.t - up_at, capacity, loses);
         } else if let Some((start, parts)) = pending.take() {
             // A failure during the recovery: it starts over.
             charge(&mut acc, &parts, inc.t - start);
@@ -402,7 +462,7 @@ pub fn evaluate(incidents: &[Incident], horizon: f64, interval: f64, save: f64) 
         if let Some((_, parts)) = pending.take() {
             charge(&mut acc, &parts, f64::INFINITY);
         }
-        run(&mut acc, horizon - up_at, capacity, false);
+        run(&mut acc, horizon - up_at, capacity, None);
     } else if let Some((start, parts)) = pending.take() {
         charge(&mut acc, &parts, horizon - start);
     }
@@ -418,6 +478,7 @@ mod tests {
 
     fn incident(t: f64, parts: [f64; 3], planned: bool) -> Incident {
         Incident {
+            redo_s: None,
             t,
             parts,
             planned,
@@ -432,6 +493,41 @@ mod tests {
         assert!((b.productive - 1000.0 / 1100.0).abs() < 1e-12, "{b:?}");
         assert!((b.save - 100.0 / 1100.0).abs() < 1e-12, "{b:?}");
         assert!((b.total() - 1.0).abs() < 1e-12);
+    }
+
+    #[test]
+    fn a_healed_failure_loses_the_step_in_flight_only() {
+        // The same failure as below, healed: 2 s steps, one redone.
+        let mut healed = incident(160.0, [1.0, 0.3, 0.0], false);
+        healed.redo_s = Some(2.0);
+        let b = evaluate(&[healed], 1000.0, 100.0, 10.0);
+        assert!((b.lost * 1000.0 - 2.0).abs() < 1e-9, "{b:?}");
+        assert_eq!(b.restore, 0.0);
+        assert!((b.total() - 1.0).abs() < 1e-12, "{b:?}");
+    }
+
+    #[test]
+    fn heal_scopes_what_rolls_back_at_the_llama3_preset() {
+        use crate::scenario::Scenario;
+        let lossy = |s: &Scenario| {
+            Model::new(s)
+                .mean_recovery(Strategy::Warden { spares: 0 })
+                .1
+        };
+        let today = Scenario::default();
+        let mut heal = today.clone();
+        heal.warden.heal_s = Some(0.27);
+        let mut across = heal.clone();
+        across.warden.heal_across_hosts = true;
+        let (a, b, c) = (lossy(&today), lossy(&heal), lossy(&across));
+        // One host's heal: only the software hangs (7 of 466) stop rolling
+        // back; across hosts the GPU and host losses (321) do too.
+        assert!(b < a && a - b < 0.02, "{a} {b}");
+        assert!(c < 0.3 && c < b, "{c}");
+        // A job of one replica has no replica to heal a lost node from.
+        let mut one = across.clone();
+        one.replica_nodes = one.nodes();
+        assert!((lossy(&one) - b).abs() < 1e-12, "{} {b}", lossy(&one));
     }
 
     #[test]

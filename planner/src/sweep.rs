@@ -266,14 +266,15 @@ pub fn plan(scenario: &Scenario, ledger: Option<LedgerFigures>) -> Result<Plan, 
         spares: scenario.spares,
     };
     let baseline = Strategy::Baseline;
-    let (rec_w, unplanned) = model.mean_recovery(warden);
-    let (rec_b, _) = model.mean_recovery(baseline);
-    // Young's M: the mean time between interruptions that lose progress.
-    let lossy_mtbf = model.job_mtbf() / unplanned.max(f64::MIN_POSITIVE);
+    let (rec_w, lossy_w) = model.mean_recovery(warden);
+    let (rec_b, lossy_b) = model.mean_recovery(baseline);
+    // Young's M: the mean time between interruptions that lose progress
+    // (each strategy's own: a healed fault loses none).
+    let lossy_mtbf = |share: f64| model.job_mtbf() / share.max(f64::MIN_POSITIVE);
     let save_w = model.save_stall(warden);
     let save_b = model.save_stall(baseline);
-    let young_w = young_daly::young_interval(save_w, lossy_mtbf);
-    let young_b = young_daly::young_interval(save_b, lossy_mtbf);
+    let young_w = young_daly::young_interval(save_w, lossy_mtbf(lossy_w));
+    let young_b = young_daly::young_interval(save_b, lossy_mtbf(lossy_b));
     let sw = &scenario.sweep;
     let lo = sw
         .interval_min_s
@@ -304,7 +305,7 @@ pub fn plan(scenario: &Scenario, ledger: Option<LedgerFigures>) -> Result<Plan, 
         };
         [curve(warden, save_w), curve(baseline, save_b)]
     });
-    let series = |name: &str, which: usize, save: f64, rec: f64, young: f64| {
+    let series = |name: &str, which: usize, save: f64, rec: f64, young: f64, lossy: f64| {
         let mut values = vec![0.0; per_rep.len()];
         let mut points = Vec::with_capacity(grid.len());
         let mut means = Vec::with_capacity(grid.len());
@@ -328,18 +329,18 @@ pub fn plan(scenario: &Scenario, ledger: Option<LedgerFigures>) -> Result<Plan, 
             points,
             optimum,
             young_interval_s: young,
-            daly_interval_s: young_daly::daly_interval(save, lossy_mtbf),
+            daly_interval_s: young_daly::daly_interval(save, lossy_mtbf(lossy)),
             closed_form_goodput: young_daly::expected_goodput(
                 young,
                 save,
                 model.job_mtbf(),
                 rec,
-                unplanned,
+                lossy,
             ),
         }
     };
-    let warden_series = series("warden", 0, save_w, rec_w, young_w);
-    let baseline_series = series("scheduler requeue", 1, save_b, rec_b, young_b);
+    let warden_series = series("warden", 0, save_w, rec_w, young_w, lossy_w);
+    let baseline_series = series("scheduler requeue", 1, save_b, rec_b, young_b, lossy_b);
 
     // Pass 2: spares at warden's optimum.
     let tau = warden_series.optimum.interval_s;

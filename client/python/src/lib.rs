@@ -643,6 +643,7 @@ fn warden_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(restart::_restart_ack, m)?)?;
     m.add_function(wrap_pyfunction!(restart::_restart_call, m)?)?;
     m.add_function(wrap_pyfunction!(restart::_restart_deliveries, m)?)?;
+    m.add_function(wrap_pyfunction!(restart::_restart_joined_early, m)?)?;
     m.add_function(wrap_pyfunction!(flight::_flight_recorder_set_hook, m)?)?;
     checkpoint::register(m)?;
     m.add("SLOT_LAYOUT_VERSION", warden_client::slot::LAYOUT_VERSION)?;

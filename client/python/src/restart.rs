@@ -82,6 +82,12 @@ struct State {
     resender: bool,
     /// The last request whose abort hook ran (0: none).
     aborted_seq: u64,
+    /// The restart count of the attempt this rank joined before its
+    /// request for it came (`warden.heal`: a later attempt begun by its
+    /// peers while it waited); 0: none. That request, when it comes, is
+    /// acknowledged, not raised: raised, it would restart the attempt the
+    /// rank is already in, one count further, and the peers with it.
+    joined_early: u32,
     /// Deliveries made, for tests and diagnostics.
     signals_sent: u64,
     async_sent: u64,
@@ -119,6 +125,14 @@ fn current_ident() -> u64 {
 /// resender. The newest request wins.
 pub fn deliver(request: RestartRequest, acker: Option<RestartAcker>) {
     let mut g = state();
+    if g.joined_early != 0 && request.restart_count == g.joined_early {
+        g.joined_early = 0;
+        drop(g);
+        if let Some(a) = &acker {
+            a.ack(request.seq);
+        }
+        return;
+    }
     g.pending = Some(Pending {
         request,
         acker,
@@ -343,6 +357,27 @@ pub fn _restart_ack(py: Python<'_>) -> PyResult<Option<Bound<'_, PyDict>>> {
         py.detach(|| a.ack(p.request.seq));
     }
     request_dict(py, &request).map(Some)
+}
+
+/// The rank joined the attempt of `restart_count` before its request for
+/// it came: that request is acknowledged when it comes (or now, if it is
+/// pending and not caught yet), never raised. Returns whether a pending
+/// request was acknowledged now.
+#[pyfunction]
+pub fn _restart_joined_early(py: Python<'_>, restart_count: u32) -> bool {
+    let mut g = state();
+    let caught = g.caught_seq;
+    let taken = g
+        .pending
+        .take_if(|p| p.request.restart_count == restart_count && p.request.seq != caught);
+    g.joined_early = if taken.is_some() { 0 } else { restart_count };
+    drop(g);
+    changed().notify_all();
+    let Some(p) = taken else { return false };
+    if let Some(a) = &p.acker {
+        py.detach(|| a.ack(p.request.seq));
+    }
+    true
 }
 
 /// Deliveries made so far: (signals, asynchronous exceptions).

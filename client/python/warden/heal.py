@@ -159,6 +159,11 @@ def init_process_group(backend: str = "gloo", timeout_s: float = 600.0) -> None:
             break
         _say(f"rank {rank}: attempt {count + 1} began while this rank waited in attempt {count}: joining it")
         _restart._count = count + 1
+        # Its own request for that attempt, if one comes, is acknowledged
+        # without a raise: raised, it would move this rank (and its peers
+        # after it) one attempt further, leaving a replacement that started
+        # at this count waiting in torch's rendezvous for ever.
+        _native._restart_joined_early(count + 1)
     dist.init_process_group(
         backend,
         store=store,
