@@ -828,6 +828,14 @@ impl Config {
         self.sdc.validate(origin)?;
         self.attribution.validate(origin)?;
         self.policy.validate(origin)?;
+        // The hook's executable on disk: core checks the config alone.
+        if let Err(why) = crate::policy::hook::check_program(&self.policy.hook) {
+            return Err(invalid(
+                "policy.hook",
+                format!("{:?}", self.policy.hook.command),
+                &why,
+            ));
+        }
         self.restart.validate(origin)?;
         self.checkpoint.validate(origin)?;
         self.slurm.validate(origin)?;
