@@ -10,6 +10,9 @@
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
+#[cfg(doc)]
+use crate::{memory::SlotMemory, table::SlotTable, write::SlotWriter};
+
 /// Identifies a warden slot file ("WARDNSLT" in little-endian bytes).
 pub const MAGIC: u64 = u64::from_le_bytes(*b"WARDNSLT");
 /// Bumped on any change to the layout or to how a slot reaches a rank; sent

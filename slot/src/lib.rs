@@ -14,7 +14,7 @@
 //!   agent writes for the client.
 //! - [`read`]: the header check and the seqlock [`SlotSnapshot`] (the
 //!   memory is untrusted: every value bounded).
-//! - [`write`]: the hot-path [`SlotWriter`] and the client's moves between
+//! - [`write`](mod@write): the hot-path [`SlotWriter`] and the client's moves between
 //!   slots.
 //! - [`table`]: the agent's [`SlotTable`] (claim, release, snapshot).
 //! - [`memory`]: one slot's sealed memfd, [`SlotMemory`].

@@ -4,7 +4,7 @@
 //! [`SlotSnapshot`] of plain, sanitised values, or an error naming what was
 //! wrong. Never: panic, index out of bounds, or trust a value from the
 //! memory (every index is bounded, every count capped); never wait
-//! unboundedly on a writer ([`SNAPSHOT_RETRIES`] attempts, then
+//! unboundedly on a writer (`SNAPSHOT_RETRIES` attempts, then
 //! [`SlotError::Inconsistent`]).
 
 use std::fs::File;
@@ -26,7 +26,7 @@ pub(crate) const SNAPSHOT_RETRIES: u32 = 256;
 
 /// Validates a header read from `path` (a file of `len` bytes); returns the slot count.
 ///
-/// Shared by [`SlotTable::open_existing`] and the client's one-slot mapping, so
+/// Shared by [`crate::SlotMemory::open`] and the client's one-slot mapping, so
 /// both refuse the same files with the same messages.
 pub fn validate_header(
     path: &Path,

@@ -25,16 +25,16 @@
 //! While registered, the same thread also follows in-process restart
 //! requests (see [`crate::restart`]): it opens the rank's `Control` stream
 //! (again after each registration, and after a broken stream), reads the
-//! slot's control word every [`restart::SLOT_POLL`], runs the callbacks
+//! slot's control word every [`crate::restart::SLOT_POLL`], runs the callbacks
 //! registered with [`Client::on_restart`] once per new request, and sends
 //! the `AckControl` calls that [`Client::ack_restart`] queues.
 //!
 //! # Layout
-//! - [`options`]: [`ConnectOptions`] and their environment (devices included).
-//! - [`hot_path`]: the training loop's calls and the section-name table.
-//! - [`link`]: the background thread: registration, probes, the `Control`
+//! - `options`: [`ConnectOptions`] and their environment (devices included).
+//! - `hot_path`: the training loop's calls and the section-name table.
+//! - `link`: the background thread: registration, probes, the `Control`
 //!   stream, re-registration.
-//! - [`fork`]: a forked child moved to its private slot.
+//! - `fork`: a forked child moved to its private slot.
 //! - here: [`Client`] itself (lifecycle, restart and report calls) and the
 //!   state the three share (`Inner`).
 

@@ -10,6 +10,9 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+#[cfg(doc)]
+use super::{Client, LinkStatus};
+
 /// Errors from building a client's options. Agent trouble is never an error.
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
