@@ -58,6 +58,11 @@ export WARDEN_REQUIRE_FRAMEWORKS=1
 step "cargo fmt --check"
 cargo fmt --all --check
 
+step "warden-core alone (the fence: no tokio beyond sync, nothing unified from other crates)"
+# Built with the workspace, tokio's features unify across every crate and
+# would hide I/O creeping into core (docs/architecture.md, "Crates").
+cargo check -p warden-core --lib --locked
+
 step "cargo clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 

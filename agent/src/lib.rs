@@ -1,33 +1,37 @@
-//! warden's node agent (`wardend`) and its CLI (`warden`).
+//! warden's node agent (`wardend`): the stages that read the machine and
+//! the ranks, carry decisions out, and serve the API, on `warden-core`.
+//!
+//! Crate `warden-agent`: above `warden-core` (the health model, detectors,
+//! attribution, policy, goodput ledger, typed signals, the agent's own
+//! files), `warden-slot` (the heartbeat slot and its socket, shared with
+//! the rank's library, which the agent does not link), `warden-pidfd` and
+//! `warden-proto`; below the launcher and the CLI.
 //!
 //! # Layout
 //! One folder per stage of the flow (see docs/architecture.md):
-//! - [`act`]: decisions carried out: in-process restarts, the launcher.
-//! - [`config`]: the TOML configuration, validated with errors naming the key.
-//! - [`coord`]: coordination across hosts through etcd: membership, epochs, rounds.
 //! - [`sources`]: readings from the machine turned into component reports.
-//! - [`ranks`]: registered training ranks, their heartbeat slots, exits.
-//! - [`detect`]: detectors (hang) and their calibration, as pure functions.
-//! - [`attribute`]: incidents turned into diagnoses (fault class, evidence).
-//! - [`goodput`]: the goodput ledger: each job's time split by cause, its journal.
-//! - [`policy`]: diagnoses turned into remediation decisions (budgets, hook).
+//! - [`ranks`]: registered training ranks, their heartbeat slots, the scan,
+//!   their processes (held by pidfd, read in /proc), exits.
+//! - [`attribute`]: the attribution task: the bus's signals to core's engine
+//!   and policy, the user's hook, incidents recorded and published.
+//! - [`policy`]: the user's hook: its executable checked (`PATH`, file,
+//!   owner), run in its own process group with a timeout.
+//! - [`act`]: decisions carried out: in-process restarts, Slurm drains.
+//! - [`goodput`]: the goodput task (the bus folded into core's ledger) and
+//!   the job-wide merge of every host's report.
 //! - [`notice`]: notices of a coming stop (preemption, maintenance, a
 //!   taint, the launcher's SIGTERM) turned into a save-and-leave word in
 //!   the ranks' slots.
 //! - [`ckpt`]: checkpoint tiers: local, peer replicas, durable store, restore.
-//! - [`health`]: the health model (components, statuses, reasons).
-//! - [`events`]: the event bus (ring, live broadcast, logs and counters).
-//! - [`signal`]: the typed signals the bus carries, rendered once as events.
+//! - [`config`]: the TOML configuration, validated with errors naming the key.
 //! - [`state`]: what the running agent's parts share.
 //! - [`api`]: the gRPC services and the Prometheus endpoint.
 //! - [`tls`]: mutual TLS between agents: the cluster CA, reloads, the
 //!   `api.tcp` accept path and the one connector every peer dialer uses.
 //! - [`daemon`]: start-up, listeners, the work loop, systemd, shutdown.
-//! - [`cli`]: the `warden` command: a client of the API.
 //! - [`telemetry`]: log set-up.
-//! - [`fsafe`]: files in the agent's own trees, opened without following symlinks.
-//! - [`named_file`]: files an operator names (config, CA, scenario): regular
-//!   files only, with a size cap and a deadline.
+//! - `fuzz` (tests only): proptest fuzz targets for every parser of outside
+//!   input.
 
 /// Implements `tokio::io::AsyncWrite` for a connection wrapper by handing
 /// every call to its field `$field` unchanged: the wrappers on the agent's

@@ -94,10 +94,7 @@ pub struct AgentState {
 impl AgentState {
     /// State for an agent whose peers are dialed in plain TCP (unit tests
     /// and tools that never reach a peer); sets up the heartbeat slots.
-    pub fn new(
-        config: Config,
-        config_source: String,
-    ) -> Result<Self, warden_client::slot::SlotError> {
+    pub fn new(config: Config, config_source: String) -> Result<Self, warden_slot::SlotError> {
         Self::with_peer_tls(config, config_source, crate::tls::PeerTls::Insecure)
     }
 
@@ -107,7 +104,7 @@ impl AgentState {
         config: Config,
         config_source: String,
         peer_tls: crate::tls::PeerTls,
-    ) -> Result<Self, warden_client::slot::SlotError> {
+    ) -> Result<Self, warden_slot::SlotError> {
         let host = config.host_name();
         let events = EventBus::new(config.events.retain);
         let ranks = Registry::new(

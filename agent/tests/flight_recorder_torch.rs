@@ -79,7 +79,7 @@ async fn serve(dir: &Path) -> (Arc<AgentState>, PathBuf) {
     cfg.agent.state_dir = dir.join("state").display().to_string();
     let state = Arc::new(AgentState::new(cfg, "test".into()).expect("agent state"));
     let uds = tokio::net::UnixListener::bind(&sock).expect("bind the API socket");
-    let slot_path = warden_client::slot_socket::socket_path(&sock);
+    let slot_path = warden_slot::socket::socket_path(&sock);
     let slots = warden_agent::api::slot_socket::bind(&slot_path, 0o660, None)
         .expect("bind the slot socket");
     tokio::spawn(warden_agent::api::slot_socket::serve(

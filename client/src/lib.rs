@@ -9,9 +9,12 @@
 //! trying to register, so the agent can never slow down or break training.
 //!
 //! # Layout
-//! - [`slot`]: the shared-memory layout both sides use, the agent's
-//!   [`slot::SlotTable`] (claim, snapshot), each slot's sealed
-//!   [`slot::SlotMemory`], and the hot-path [`slot::SlotWriter`].
+//! - [`slot`] (the `warden-slot` crate, re-exported): the shared-memory
+//!   layout both sides use, the agent's [`slot::SlotTable`] (claim,
+//!   snapshot), each slot's sealed [`slot::SlotMemory`], and the hot-path
+//!   [`slot::SlotWriter`]; [`slot_socket`], [`clock`] and [`paths`] are
+//!   its modules too, re-exported under the names this crate always gave
+//!   them (the C ABI, the Python package and the benches use them).
 //! - [`slot_socket`]: how a registered rank receives its slot memory
 //!   (SCM_RIGHTS on `<socket>.fd`).
 //! - [`client`]: [`Client`], registration, reconnection, section guards,
@@ -28,15 +31,15 @@
 
 pub mod checkpoint;
 pub mod client;
-pub mod clock;
 pub mod ffi;
 pub mod flight;
 mod mapping;
-pub mod paths;
 pub mod report;
 pub mod restart;
-pub mod slot;
-pub mod slot_socket;
+
+pub use warden_slot as slot;
+pub use warden_slot::socket as slot_socket;
+pub use warden_slot::{clock, paths};
 
 pub use checkpoint::{CheckpointError, Checkpointer, Restored, Saved, Staged};
 pub use client::{

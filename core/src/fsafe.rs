@@ -15,7 +15,7 @@
 //! names the path and why.
 
 use std::fs::File;
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
 use nix::errno::Errno;
@@ -455,18 +455,25 @@ impl Dir {
     }
 
     /// The names in the directory (read through its descriptor).
+    ///
+    /// Through a new open of "." relative to the descriptor, not a
+    /// duplicate of it: a duplicate shares the read position, so a listing
+    /// would start where the last one stopped. (Not `/proc/self/fd`: core
+    /// reads no /proc.)
     pub fn names(&self) -> Result<Vec<String>, FsError> {
-        let dup = self
-            .fd
-            .try_clone()
-            .map_err(|e| io_err("listing", &self.path, e))?;
-        let fdpath = PathBuf::from(format!("/proc/self/fd/{}", dup.as_raw_fd()));
-        let rd = std::fs::read_dir(&fdpath).map_err(|e| io_err("listing", &self.path, e))?;
-        let names = rd
+        let mut dir = nix::dir::Dir::openat(
+            &self.fd,
+            ".",
+            OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(|e| io_err("listing", &self.path, e))?;
+        let names = dir
+            .iter()
             .flatten()
-            .filter_map(|e| e.file_name().into_string().ok())
+            .filter_map(|e| e.file_name().to_str().ok().map(str::to_owned))
+            .filter(|n| n != "." && n != "..")
             .collect();
-        drop(dup);
         Ok(names)
     }
 

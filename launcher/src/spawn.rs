@@ -170,7 +170,7 @@ pub(crate) fn start_in_session(mut cmd: Command, program: &str) -> Result<Spawne
     })?;
     let watch = |source| SpawnError::Watch { pid, source };
     // The child is ours and not reaped: its pid cannot have been reused.
-    let fd = warden_agent::ranks::exit_watch::pidfd_open(child.id()).map_err(watch)?;
+    let fd = warden_pidfd::open(child.id()).map_err(watch)?;
     // SAFETY: `fd` is an OwnedFd moved into the AsyncFd: it stays open and
     // refers to the same pidfd until the AsyncFd is dropped.
     let pidfd = unsafe { AsyncFd::register_with_interest(fd, Interest::READABLE) }

@@ -28,7 +28,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use tokio::sync::{Notify, watch};
-use warden_client::slot::ControlWord;
+use warden_slot::ControlWord;
 
 use crate::ranks::RankKey;
 use crate::ranks::procfs;

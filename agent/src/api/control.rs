@@ -243,5 +243,5 @@ pub async fn ack_control(
 
 /// The first `max` bytes of `s`, cut at a character boundary.
 fn clip(s: &str, max: usize) -> String {
-    warden_client::slot::truncate_utf8(s, max).to_owned()
+    warden_slot::truncate_utf8(s, max).to_owned()
 }

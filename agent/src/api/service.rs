@@ -255,7 +255,7 @@ impl Agent for AgentService {
                 caller_pid: peer.pid,
                 owner: Some(peer.owner()),
             };
-            let now = warden_client::clock::syscall_now();
+            let now = warden_slot::clock::syscall_now();
             // Who registered: the process itself (a client), or its
             // launcher on its behalf (`warden run` registers every worker,
             // so a script that never imports warden is still watched).
@@ -357,7 +357,7 @@ impl Agent for AgentService {
         observed("GetRanks", async {
             self.guard(&req, "GetRanks", "")?;
             let job = req.into_inner().job_id;
-            let now = warden_client::clock::syscall_now();
+            let now = warden_slot::clock::syscall_now();
             let reg = self.state.registry();
             let ranks = reg
                 .ranks

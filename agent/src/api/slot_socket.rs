@@ -2,7 +2,7 @@
 //! sealed slot memory, and nobody else anything.
 //!
 //! In: one connection per request, one request each (the generation
-//! `RegisterRank` answered; protocol in [`warden_client::slot_socket`]).
+//! `RegisterRank` answered; protocol in [`warden_slot::socket`]).
 //! Out: the slot's memfd over SCM_RIGHTS, or a refusal naming why. Never:
 //! a descriptor to a process the kernel does not vouch for as the
 //! registered rank (SO_PEERCRED), nor a wait on a slow peer while holding
@@ -22,7 +22,7 @@ use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, Interest};
 use tokio::net::{UnixListener, UnixStream};
-use warden_client::slot_socket::{REQUEST_LEN, decode_request, send_reply};
+use warden_slot::socket::{REQUEST_LEN, decode_request, send_reply};
 
 use crate::api::caller::LocalPeer;
 use crate::ranks::registry::{RankEntry, RankState};
@@ -229,7 +229,7 @@ mod tests {
             pid,
             declared_pid: pid.max(1),
             host: "h".into(),
-            layout_version: warden_client::slot::LAYOUT_VERSION,
+            layout_version: warden_slot::LAYOUT_VERSION,
             stack_dump_signal: 0,
             devices: Vec::new(),
             process: None,
@@ -339,7 +339,7 @@ mod tests {
 
     #[test]
     fn requests_are_checked_for_their_protocol() {
-        let mut b = warden_client::slot_socket::encode_request(42);
+        let mut b = warden_slot::socket::encode_request(42);
         assert_eq!(decode_request(&b), Ok(42));
         b[0] = b'X';
         let why = decode_request(&b).unwrap_err();

@@ -37,7 +37,7 @@ pub struct BadJobId(pub String);
 
 /// `"name"`, or `"first 64 bytes"... (N bytes)` when longer.
 fn quoted(name: &str) -> String {
-    let head = warden_client::slot::truncate_utf8(name, 64);
+    let head = warden_slot::truncate_utf8(name, 64);
     if head.len() == name.len() {
         format!("{name:?}")
     } else {

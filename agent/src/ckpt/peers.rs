@@ -83,7 +83,7 @@ pub fn manifest_of(i: &pb::ShardInfo) -> Result<Manifest, String> {
     if i.origin.len() > 255 || i.origin.chars().any(char::is_control) {
         return Err(format!(
             "shard info: origin {:?} is longer than 255 bytes or holds control characters",
-            warden_client::slot::truncate_utf8(&i.origin, 64)
+            warden_slot::truncate_utf8(&i.origin, 64)
         ));
     }
     Ok(Manifest {

@@ -607,7 +607,7 @@ impl LocalTier {
         };
         let Some(res) = res else {
             // Quoted clipped: the token is the caller's, of any length.
-            let shown = warden_client::slot::truncate_utf8(token, 64);
+            let shown = warden_slot::truncate_utf8(token, 64);
             return Err(TierError::Invalid(format!(
                 "token {shown:?} ({} bytes) was not given by BeginShard for {key} (or it expired)",
                 token.len()

@@ -631,11 +631,11 @@ impl Config {
                 ));
             }
         }
-        if !(1..=warden_client::slot::MAX_SLOTS).contains(&self.ranks.max_ranks) {
+        if !(1..=warden_slot::MAX_SLOTS).contains(&self.ranks.max_ranks) {
             return Err(invalid(
                 "ranks.max_ranks",
                 self.ranks.max_ranks.to_string(),
-                &format!("must be between 1 and {}", warden_client::slot::MAX_SLOTS),
+                &format!("must be between 1 and {}", warden_slot::MAX_SLOTS),
             ));
         }
         if !(1..=MAX_STREAMS).contains(&self.api.max_streams) {
@@ -828,6 +828,14 @@ impl Config {
         self.sdc.validate(origin)?;
         self.attribution.validate(origin)?;
         self.policy.validate(origin)?;
+        // The hook's executable on disk: core checks the config alone.
+        if let Err(why) = crate::policy::hook::check_program(&self.policy.hook) {
+            return Err(invalid(
+                "policy.hook",
+                format!("{:?}", self.policy.hook.command),
+                &why,
+            ));
+        }
         self.restart.validate(origin)?;
         self.checkpoint.validate(origin)?;
         self.slurm.validate(origin)?;
@@ -872,7 +880,7 @@ impl Config {
     /// The socket path to bind: `api.socket`, else the default.
     pub fn socket_path(&self) -> PathBuf {
         if self.api.socket.is_empty() {
-            warden_client::paths::default_socket_path()
+            warden_slot::paths::default_socket_path()
         } else {
             PathBuf::from(&self.api.socket)
         }

@@ -59,7 +59,7 @@ pub enum DaemonError {
     Signals(std::io::Error),
     /// The heartbeat slots (or the stack-dump directory) could not be set up.
     #[error("cannot set up the heartbeat slots: {0}")]
-    Slots(#[from] warden_client::slot::SlotError),
+    Slots(#[from] warden_slot::SlotError),
     /// The state directory is not the agent's alone (a symlink, another
     /// owner's), or could not be made.
     #[error("agent.state_dir: {0}")]
@@ -185,7 +185,7 @@ async fn serve(
     state.add_endpoint("unix", socket.display().to_string());
     // Beside it, the slot socket: each registered rank receives its sealed
     // slot memory there (SCM_RIGHTS), with the API socket's mode and group.
-    let slot_path = warden_client::slot_socket::socket_path(&socket);
+    let slot_path = warden_slot::socket::socket_path(&socket);
     let slot_listener =
         crate::api::slot_socket::bind(&slot_path, mode, cfg.socket_gid().ok().flatten()).map_err(
             |source| DaemonError::Bind {

@@ -38,7 +38,7 @@ pub async fn run(state: Arc<AgentState>, mut watchdog: Watchdog, sources: Source
     });
     let mut last_status = None;
     let mut pids_hidden = 0;
-    let mut prev_ns = warden_client::clock::syscall_now();
+    let mut prev_ns = warden_slot::clock::syscall_now();
     let mut sdc = SdcDetector::new(cfg.sdc.clone());
     loop {
         tokio::select! {
@@ -46,7 +46,7 @@ pub async fn run(state: Arc<AgentState>, mut watchdog: Watchdog, sources: Source
             _ = ticker.tick() => {}
         }
         let now = Instant::now();
-        let now_ns = warden_client::clock::syscall_now();
+        let now_ns = warden_slot::clock::syscall_now();
         let (result, live_jobs, noticed) = {
             let mut reg = state.registry();
             // Before the scan: a rank marked as stopping on a notice is not

@@ -30,9 +30,9 @@ pub(crate) fn config_tables() -> Vec<toml::Table> {
 
 /// The bytes of a slot memory (its header and its one slot), read
 /// through a duplicate of its descriptor.
-fn memory_bytes(m: &warden_client::slot::SlotMemory) -> Vec<u8> {
+fn memory_bytes(m: &warden_slot::SlotMemory) -> Vec<u8> {
     use std::os::unix::fs::FileExt;
-    use warden_client::slot::memory_len;
+    use warden_slot::memory_len;
     let f = std::fs::File::from(m.fd().try_clone_to_owned().expect("dup"));
     let mut bytes = vec![0u8; usize::try_from(memory_len()).expect("length")];
     f.read_exact_at(&mut bytes, 0)
@@ -42,7 +42,7 @@ fn memory_bytes(m: &warden_client::slot::SlotMemory) -> Vec<u8> {
 
 /// A slot memory's header as the agent stamps it, and its length.
 pub(crate) fn slot_header() -> Vec<Vec<u8>> {
-    use warden_client::slot::{HEADER_SIZE, SlotMemory, memory_len};
+    use warden_slot::{HEADER_SIZE, SlotMemory, memory_len};
     let m = SlotMemory::create().expect("create a slot memory");
     let mut seed = memory_bytes(&m)[..HEADER_SIZE].to_vec();
     seed.extend_from_slice(&memory_len().to_le_bytes());
@@ -51,7 +51,7 @@ pub(crate) fn slot_header() -> Vec<Vec<u8>> {
 
 /// A claimed slot a rank has written steps and sections into.
 pub(crate) fn slot_record() -> Vec<Vec<u8>> {
-    use warden_client::slot::{SLOT_SIZE, SlotTable, slot_offset};
+    use warden_slot::{SLOT_SIZE, SlotTable, slot_offset};
     let slots = SlotTable::new(1).expect("a slot table");
     slots.claim(0, 7, 1234).expect("claim");
     let w = slots.writer(0).expect("writer");

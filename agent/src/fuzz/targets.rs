@@ -67,7 +67,7 @@ pub(crate) fn config(bytes: &[u8]) {
 /// The slot file's header: any 128 bytes and any length are judged, a
 /// refusal names the file.
 pub(crate) fn slot_header(bytes: &[u8]) {
-    use warden_client::slot::{HEADER_SIZE, validate_header};
+    use warden_slot::{HEADER_SIZE, validate_header};
     let mut header = [0u8; HEADER_SIZE];
     let n = bytes.len().min(HEADER_SIZE);
     header[..n].copy_from_slice(&bytes[..n]);
@@ -82,7 +82,7 @@ pub(crate) fn slot_header(bytes: &[u8]) {
     // The same header in a real slot memory (sealed: its length is fixed),
     // mapped as a rank maps what the slot socket hands it.
     use std::os::unix::fs::FileExt;
-    use warden_client::slot::SlotMemory;
+    use warden_slot::SlotMemory;
     let m = SlotMemory::create().expect("create a slot memory");
     let fd = m.fd().try_clone_to_owned().expect("dup");
     std::fs::File::from(fd.try_clone().expect("dup"))
@@ -102,7 +102,7 @@ pub(crate) fn slot_header(bytes: &[u8]) {
 /// agent's scan makes answers or errs, bounded.
 pub(crate) fn slot_record(bytes: &[u8]) {
     use std::os::unix::fs::FileExt;
-    use warden_client::slot::{SLOT_SIZE, SlotTable, slot_offset};
+    use warden_slot::{SLOT_SIZE, SlotTable, slot_offset};
     let slots = SlotTable::new(2).expect("a slot table");
     slots.claim(0, 7, 1234).expect("claim slot 0");
     slots.claim(1, 8, 1235).expect("claim slot 1");

@@ -21,8 +21,10 @@ use warden_core::events::EventBus;
 use warden_core::events::{Event, Severity};
 use warden_core::goodput::Goodput;
 use warden_core::goodput::ledger::{Cause, ExitKind, Ledger, Occurrences};
-use warden_core::goodput::{mono_of, process_start_ns};
+use warden_core::goodput::mono_of;
 use warden_core::signal::{Signal, StopKind, StopReason};
+
+use crate::ranks::procfs::process_start_ns;
 
 /// How often the journal is written and the gauges set.
 pub const FLUSH_EVERY: Duration = Duration::from_secs(1);

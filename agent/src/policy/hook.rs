@@ -1,17 +1,21 @@
 //! Running the user's policy hook (the protocol, its config and the
 //! answer's parsing are [`warden_core::policy::hook`]): a process group of
 //! its own, bounded reads of its output, a timeout that kills the group.
+//! And what needs the filesystem before a run: the executable looked up in
+//! `PATH`, checked to be a runnable file nobody else may change
+//! ([`check_program`] at start, [`check_trusted`] before every run).
 //!
 //! Contract: [`ask`] always returns within the configured timeout (plus a
 //! bounded grace to reap what it killed), never panics, and never leaves the
 //! hook or the processes it started running after a failure.
 
 use std::io;
+use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::Duration;
 
 use nix::sys::signal::{Signal, killpg};
-use nix::unistd::Pid;
+use nix::unistd::{AccessFlags, Pid, access};
 use serde_json::Value;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::process::{Child, ChildStdin, Command};
@@ -26,6 +30,145 @@ use warden_core::policy::hook::{
 /// child in the background once it does die (`kill_on_drop`).
 const REAP_GRACE: Duration = Duration::from_millis(500);
 
+/// Checks at start-up what [`HookConfig::validate`] cannot without the
+/// filesystem: that `command[0]` names an executable regular file (an
+/// absolute path, or a name found in `PATH` as `execvp` would find it), and
+/// that nobody but root or the agent's user can change it
+/// ([`check_trusted`]). So a typo in the hook's path is reported once,
+/// naming the key, rather than as a failure at every incident.
+pub fn check_program(cfg: &HookConfig) -> Result<(), String> {
+    let Some(program) = cfg.command.first() else {
+        return Ok(());
+    };
+    if program.is_empty() {
+        // HookConfig::validate names this one.
+        return Ok(());
+    }
+    let key = "policy.hook.command[0]";
+    let path = if program.contains('/') {
+        PathBuf::from(program)
+    } else {
+        search_path(program).ok_or_else(|| {
+            format!(
+                "{key} = {program:?}: not found in PATH; \
+                 give the hook's absolute path"
+            )
+        })?
+    };
+    let meta = std::fs::metadata(&path).map_err(|e| {
+        if e.kind() == io::ErrorKind::NotFound {
+            format!("{key} = {program:?}: {} does not exist", path.display())
+        } else {
+            format!("{key} = {program:?}: cannot read {}: {e}", path.display())
+        }
+    })?;
+    if !meta.is_file() {
+        return Err(format!(
+            "{key} = {program:?}: {} is not a regular file",
+            path.display()
+        ));
+    }
+    if access(&path, AccessFlags::X_OK).is_err() {
+        return Err(format!(
+            "{key} = {program:?}: {} is not executable; `chmod +x` it, or run \
+             it through its interpreter: command = [\"python3\", {:?}]",
+            path.display(),
+            path.display().to_string()
+        ));
+    }
+    check_trusted(cfg)
+}
+
+/// Checks that nobody but root or the agent's own user can change what
+/// the hook runs: the agent runs it with its own rights (root, for
+/// wardend), so a hook file, or a directory above it, that another user
+/// may write is a way for that user to run code as root. Checked for
+/// `command[0]` (as found in `PATH`) and for every argument that is an
+/// absolute path to an existing file (`["python3", "/etc/warden/hook.py"]`),
+/// each resolved through its symlinks: the file and its directory must be
+/// owned by root or the agent's uid and not group- or other-writable;
+/// the directories above them the same, or sticky (`/tmp`). Called at
+/// start (through [`check_program`]) and again before every run, so a
+/// hook made writable later is refused rather than run.
+pub fn check_trusted(cfg: &HookConfig) -> Result<(), String> {
+    let Some(program) = cfg.command.first() else {
+        return Ok(());
+    };
+    let me = nix::unistd::geteuid().as_raw();
+    let exe = if program.contains('/') {
+        Some(PathBuf::from(program))
+    } else {
+        search_path(program)
+    };
+    if let Some(exe) = exe {
+        trusted_file(&exe, me)
+            .map_err(|why| format!("policy.hook.command[0] = {program:?}: {why}"))?;
+    }
+    for (i, arg) in cfg.command.iter().enumerate().skip(1) {
+        let p = std::path::Path::new(arg);
+        if p.is_absolute() && p.is_file() {
+            trusted_file(p, me)
+                .map_err(|why| format!("policy.hook.command[{i}] = {arg:?}: {why}"))?;
+        }
+    }
+    Ok(())
+}
+
+/// The checks of [`check_trusted`] on one file: `Err` says
+/// which path is wrong and how.
+fn trusted_file(path: &std::path::Path, me: u32) -> Result<(), String> {
+    use std::os::unix::fs::MetadataExt;
+    let real = match std::fs::canonicalize(path) {
+        Ok(r) => r,
+        // Nothing there: nothing runs (the start fails, named, as a spawn
+        // error).
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(format!("cannot resolve {}: {e}", path.display())),
+    };
+    let owners = if me == 0 {
+        "root".to_owned()
+    } else {
+        format!("root or uid {me} (the agent's)")
+    };
+    let check = |p: &std::path::Path, what: &str, sticky_ok: bool| -> Result<(), String> {
+        let m = std::fs::metadata(p).map_err(|e| format!("cannot inspect {}: {e}", p.display()))?;
+        if m.uid() != 0 && m.uid() != me {
+            return Err(format!(
+                "{what} {} is owned by uid {}; it must be owned by {owners}, since the agent runs the hook with its own rights (refused)",
+                p.display(),
+                m.uid()
+            ));
+        }
+        let sticky = m.mode() & 0o1000 != 0;
+        if m.mode() & 0o022 != 0 && !(sticky_ok && sticky) {
+            return Err(format!(
+                "{what} {} has mode {:04o}: group or others may write it, and so change what the agent runs with its own rights; `chmod go-w` it (refused)",
+                p.display(),
+                m.mode() & 0o7777
+            ));
+        }
+        Ok(())
+    };
+    check(&real, "the hook", false)?;
+    let mut dirs = real.ancestors().skip(1);
+    if let Some(dir) = dirs.next() {
+        check(dir, "the hook's directory", false)?;
+    }
+    for dir in dirs {
+        check(dir, "the directory", true)?;
+    }
+    Ok(())
+}
+
+/// `program` looked up in `PATH` the way `execvp` does: the first
+/// executable regular file of that name.
+fn search_path(program: &str) -> Option<PathBuf> {
+    let dirs = std::env::var_os("PATH")?;
+    std::env::split_paths(&dirs)
+        .map(|dir| dir.join(program))
+        .find(|p| p.is_file() && access(p.as_path(), AccessFlags::X_OK).is_ok())
+}
+
 /// Asks the hook configured in `cfg` about `input` (the diagnosis and the
 /// proposed decision) and returns its answer, or why there is none.
 ///
@@ -38,7 +181,7 @@ pub async fn ask(cfg: &HookConfig, input: &Value) -> Result<HookAnswer, HookErro
     };
     // Again at every run: a hook made writable by another user since the
     // agent started is refused, not run with the agent's rights.
-    cfg.check_trusted().map_err(HookError::Untrusted)?;
+    check_trusted(cfg).map_err(HookError::Untrusted)?;
     let mut payload = serde_json::to_vec(input).map_err(io::Error::other)?;
     payload.push(b'\n');
 
@@ -319,6 +462,7 @@ mod tests {
     async fn answer_with_action_and_reason() {
         let cfg = hook(&[&fixture("answers_cordon.sh")], Duration::from_secs(10));
         cfg.validate().unwrap();
+        check_program(&cfg).unwrap();
         let a = ask(&cfg, &input()).await.unwrap();
         assert_eq!(a.action, Some(Action::Cordon));
         assert_eq!(a.reason, "xid 79 on gpu 3: spare available");
@@ -404,7 +548,7 @@ mod tests {
             msg.contains("policy.hook.command[0]") && msg.contains("0775"),
             "{msg}"
         );
-        assert!(cfg.validate().is_err());
+        assert!(check_program(&cfg).is_err());
         // Its directory open to everyone: the same.
         set(&script, 0o755);
         set(dir.path(), 0o777);
@@ -582,7 +726,7 @@ mod tests {
     #[tokio::test]
     async fn missing_command_is_a_spawn_error() {
         let cfg = hook(&["/nonexistent/warden-hook"], Duration::from_secs(1));
-        let v = cfg.validate().unwrap_err();
+        let v = check_program(&cfg).unwrap_err();
         assert!(v.contains("policy.hook.command[0]"), "{v}");
         assert!(v.contains("does not exist"), "{v}");
         let e = ask(&cfg, &input()).await.unwrap_err();
@@ -593,7 +737,7 @@ mod tests {
         assert!(e.to_string().contains("/nonexistent/warden-hook"), "{e}");
 
         let cfg = hook(&["warden-no-such-hook"], Duration::from_secs(1));
-        let v = cfg.validate().unwrap_err();
+        let v = check_program(&cfg).unwrap_err();
         assert!(v.contains("not found in PATH"), "{v}");
     }
 
@@ -604,7 +748,7 @@ mod tests {
         std::fs::write(&path, "#!/bin/sh\necho '{}'\n").unwrap();
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
         let cfg = hook(&[path.to_str().unwrap()], Duration::from_secs(1));
-        let v = cfg.validate().unwrap_err();
+        let v = check_program(&cfg).unwrap_err();
         assert!(v.contains("policy.hook.command[0]"), "{v}");
         assert!(v.contains("is not executable"), "{v}");
         let e = ask(&cfg, &input()).await.unwrap_err();
@@ -614,7 +758,7 @@ mod tests {
         assert_eq!(source.kind(), io::ErrorKind::PermissionDenied);
 
         let cfg = hook(&[dir.path().to_str().unwrap()], Duration::from_secs(1));
-        let v = cfg.validate().unwrap_err();
+        let v = check_program(&cfg).unwrap_err();
         assert!(v.contains("is not a regular file"), "{v}");
     }
 
@@ -672,6 +816,7 @@ mod tests {
         let cfg = HookConfig::default();
         assert!(!cfg.is_enabled());
         cfg.validate().unwrap();
+        check_program(&cfg).unwrap();
         let e = ask(&cfg, &input()).await.unwrap_err();
         assert!(matches!(e, HookError::NotConfigured), "{e:?}");
     }

@@ -12,7 +12,6 @@
 //! `rank.exited` published, `warden_rank_exits_total` counted. Never: hold
 //! the agent's whole state, or look a pid up again.
 
-use std::os::fd::{FromRawFd, OwnedFd};
 use std::sync::Arc;
 
 use tokio::io::Interest;
@@ -38,21 +37,6 @@ pub struct Handles {
     pub events: Arc<EventBus>,
     /// Cancelled when the agent shuts down: the watch ends with it.
     pub shutdown: CancellationToken,
-}
-
-/// Opens a pidfd for `pid` (Linux 5.3+).
-pub fn pidfd_open(pid: u32) -> std::io::Result<OwnedFd> {
-    let pid =
-        libc::pid_t::try_from(pid).map_err(|_| std::io::Error::from_raw_os_error(libc::ESRCH))?;
-    // SAFETY: pidfd_open takes a pid and flags and returns a new fd or -1;
-    // it touches no memory of ours.
-    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
-    if fd < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    let fd = i32::try_from(fd).map_err(|_| std::io::Error::from_raw_os_error(libc::EBADF))?;
-    // SAFETY: the kernel just returned this fd to us; nothing else owns it.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
 /// Watches the rank's held process and reports its exit ([`on_exit`])

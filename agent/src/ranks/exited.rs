@@ -77,7 +77,7 @@ pub fn record(
                     data_ns: s
                         .sections
                         .iter()
-                        .filter(|x| x.id == warden_client::slot::SECTION_DATA)
+                        .filter(|x| x.id == warden_slot::SECTION_DATA)
                         .map(|x| x.total_ns)
                         .sum(),
                 })

@@ -158,7 +158,7 @@ fn unavailable(bytes: &[u8]) -> Option<String> {
         return None;
     }
     let w: Why = serde_json::from_slice(bytes).ok()?;
-    Some(warden_client::slot::truncate_utf8(&w.warden_unavailable, 512).to_owned())
+    Some(warden_slot::truncate_utf8(&w.warden_unavailable, 512).to_owned())
 }
 
 fn sanitize(s: &str) -> String {

@@ -5,7 +5,7 @@
 //! hang verdicts with their evidence, exit outcomes (exited.rs) the caller
 //! publishes. Never: block a rank (the
 //! agent only reads slots), or trust a slot's contents (every value is
-//! sanitised by `warden_client::slot` and every index bounded).
+//! sanitised by `warden_slot` and every index bounded).
 
 pub mod evidence;
 pub mod exit_watch;

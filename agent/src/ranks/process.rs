@@ -8,10 +8,8 @@
 //! show to be its own: itself, or its descendant (a launcher registering
 //! its workers), running as the caller's uid.
 
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, OwnedFd};
 use std::sync::Arc;
-
-use super::exit_watch::pidfd_open;
 
 /// Why a declared pid was refused.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -81,7 +79,7 @@ impl RankProcess {
         } else {
             declared
         };
-        let fd = pidfd_open(declared).map_err(|e| ProcessError::Gone {
+        let fd = warden_pidfd::open(declared).map_err(|e| ProcessError::Gone {
             pid: declared,
             why: e.to_string(),
         })?;
@@ -106,7 +104,7 @@ impl RankProcess {
         }
         // Still alive through the pidfd (signal 0 checks, sends nothing):
         // the facts above were about the process it holds.
-        send(&fd, 0).map_err(|e| ProcessError::Gone {
+        warden_pidfd::send_signal(fd.as_fd(), 0).map_err(|e| ProcessError::Gone {
             pid: declared,
             why: e.to_string(),
         })?;
@@ -122,28 +120,8 @@ impl RankProcess {
     /// Sends `signal` to the held process (never to whatever now has its
     /// pid number). Fails with ESRCH once it has exited.
     pub fn signal(&self, signal: i32) -> std::io::Result<()> {
-        send(&self.fd, signal)
+        warden_pidfd::send_signal(self.fd.as_fd(), signal)
     }
-}
-
-/// pidfd_send_signal(2).
-fn send(fd: &OwnedFd, signal: i32) -> std::io::Result<()> {
-    // SAFETY: pidfd_send_signal takes a pidfd we own (kept open by the
-    // borrow), a signal number, a null siginfo and flags 0; it touches no
-    // memory of ours.
-    let r = unsafe {
-        libc::syscall(
-            libc::SYS_pidfd_send_signal,
-            fd.as_raw_fd(),
-            signal,
-            std::ptr::null::<libc::siginfo_t>(),
-            0,
-        )
-    };
-    if r < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(())
 }
 
 /// The parent of `pid`, from its /proc/PID/stat.

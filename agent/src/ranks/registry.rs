@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Instant;
 
-use warden_client::slot::{self, SlotSnapshot, SlotTable};
+use warden_slot::{self as slot, SlotSnapshot, SlotTable};
 
 pub use warden_core::rank::{ExitInfo, RankKey, RankState};
 
@@ -302,7 +302,7 @@ impl RegisterRequest {
             pid: std::process::id(),
             declared_pid: std::process::id(),
             host: "h".into(),
-            layout_version: warden_client::slot::LAYOUT_VERSION,
+            layout_version: warden_slot::LAYOUT_VERSION,
             stack_dump_signal: 0,
             devices: Vec::new(),
             process: None,
@@ -366,7 +366,7 @@ impl Registry {
             slots,
             free: (0..max_ranks).collect(),
             // Generations differ across agent restarts: start from the clock.
-            next_generation: warden_client::clock::syscall_now().max(1),
+            next_generation: warden_slot::clock::syscall_now().max(1),
             ranks: BTreeMap::new(),
             jobs: BTreeMap::new(),
             stacks,

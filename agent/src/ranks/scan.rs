@@ -9,7 +9,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use warden_client::slot::{RING_LEN, SlotSnapshot, SlotTable};
+use warden_slot::{RING_LEN, SlotSnapshot, SlotTable};
 
 /// Completed steps a slot's ring holds.
 const RING_STEPS: usize = RING_LEN - 1;
@@ -211,7 +211,7 @@ pub fn scan(reg: &mut Registry, cfg: &HangConfig, now_ns: u64, prev_ns: u64) -> 
                 if snap.steps_completed == 0 && !snap.step_open {
                     let init = snap
                         .innermost()
-                        .filter(|o| o.id == warden_client::slot::SECTION_INIT)
+                        .filter(|o| o.id == warden_slot::SECTION_INIT)
                         .map(|o| o.entered_ns);
                     out.goodput.push_init(&entry.key.job, entry.key.rank, init);
                 }
@@ -499,7 +499,7 @@ fn ingest(
                 data_ns: st
                     .sections
                     .iter()
-                    .filter(|s| s.id == warden_client::slot::SECTION_DATA)
+                    .filter(|s| s.id == warden_slot::SECTION_DATA)
                     .map(|s| s.total_ns)
                     .sum(),
             });
@@ -547,7 +547,7 @@ fn entry_name(cache: &mut Vec<String>, slots: &SlotTable, slot: u32, id: u32) ->
         return n.clone();
     }
     let name = slots.section_name(slot, id).unwrap_or_default();
-    if i < warden_client::slot::MAX_SECTIONS {
+    if i < warden_slot::MAX_SECTIONS {
         if cache.len() <= i {
             cache.resize(i + 1, String::new());
         }

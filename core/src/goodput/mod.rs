@@ -415,33 +415,6 @@ pub fn mono_of(t: SystemTime) -> u64 {
     now.saturating_sub(u64::try_from(ago.as_nanos()).unwrap_or(u64::MAX))
 }
 
-/// When process `pid` started, as CLOCK_MONOTONIC nanoseconds: its launch.
-/// None when /proc cannot say.
-pub fn process_start_ns(pid: u32) -> Option<u64> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let after = text.get(text.rfind(')')? + 1..)?;
-    // Fields after the command: state is field 3, starttime field 22.
-    let ticks: u64 = after.split_whitespace().nth(19)?.parse().ok()?;
-    // SAFETY: sysconf has no preconditions.
-    let hz = u64::try_from(unsafe { libc::sysconf(libc::_SC_CLK_TCK) })
-        .ok()
-        .filter(|h| *h > 0)?;
-    let boot_ns = ticks.checked_mul(1_000_000_000)? / hz;
-    // starttime counts from boot including suspend (CLOCK_BOOTTIME).
-    let mut boot = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime writes into the timespec we own.
-    if unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut boot) } != 0 {
-        return None;
-    }
-    let boot_now =
-        u64::try_from(boot.tv_sec).ok()? * 1_000_000_000 + u64::try_from(boot.tv_nsec).ok()?;
-    let mono = mono_now();
-    Some(boot_ns.saturating_sub(boot_now.saturating_sub(mono)))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -566,16 +539,6 @@ mod tests {
         assert_eq!(g.pending(), 0);
         let rep = g.ledger().report("j", 0).unwrap();
         assert_eq!(rep.occ.steps.0, n);
-    }
-
-    #[test]
-    fn our_own_start_is_in_the_past() {
-        let start = process_start_ns(std::process::id()).unwrap();
-        let now = mono_now();
-        assert!(
-            start <= now && now - start < 3_600_000_000_000,
-            "{start} {now}"
-        );
     }
 
     #[test]

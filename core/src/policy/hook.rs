@@ -26,11 +26,9 @@
 //! or stderr open, though, holds the answer back until the timeout.
 
 use std::io;
-use std::path::PathBuf;
 use std::process::ExitStatus;
 use std::time::Duration;
 
-use nix::unistd::{AccessFlags, access};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -80,9 +78,11 @@ impl HookConfig {
         !self.command.is_empty()
     }
 
-    /// Checks the keys at start-up, so that a typo in the hook's path is
-    /// reported once, naming the key, rather than as a failure at every
-    /// incident. The error names the key, the value and what is accepted.
+    /// Checks the keys that need nothing but the config: the timeout's
+    /// bounds and a named executable. The error names the key, the value and
+    /// what is accepted. Whether the executable is there, runnable and safe
+    /// to run is the agent's check (`warden_agent::policy::hook::check_program`),
+    /// which reads the filesystem and `PATH`: core reads neither.
     pub fn validate(&self) -> Result<(), String> {
         if self.timeout < MIN_TIMEOUT || self.timeout > MAX_TIMEOUT {
             return Err(format!(
@@ -93,136 +93,15 @@ impl HookConfig {
         let Some(program) = self.command.first() else {
             return Ok(());
         };
-        let key = "policy.hook.command[0]";
         if program.is_empty() {
-            return Err(format!(
-                "{key} = \"\": must name the hook's executable \
+            return Err(
+                "policy.hook.command[0] = \"\": must name the hook's executable \
                  (or leave policy.hook.command empty for no hook)"
-            ));
-        }
-        let path = if program.contains('/') {
-            PathBuf::from(program)
-        } else {
-            search_path(program).ok_or_else(|| {
-                format!(
-                    "{key} = {program:?}: not found in PATH; \
-                     give the hook's absolute path"
-                )
-            })?
-        };
-        let meta = std::fs::metadata(&path).map_err(|e| {
-            if e.kind() == io::ErrorKind::NotFound {
-                format!("{key} = {program:?}: {} does not exist", path.display())
-            } else {
-                format!("{key} = {program:?}: cannot read {}: {e}", path.display())
-            }
-        })?;
-        if !meta.is_file() {
-            return Err(format!(
-                "{key} = {program:?}: {} is not a regular file",
-                path.display()
-            ));
-        }
-        if access(&path, AccessFlags::X_OK).is_err() {
-            return Err(format!(
-                "{key} = {program:?}: {} is not executable; `chmod +x` it, or run \
-                 it through its interpreter: command = [\"python3\", {:?}]",
-                path.display(),
-                path.display().to_string()
-            ));
-        }
-        self.check_trusted()
-    }
-
-    /// Checks that nobody but root or the agent's own user can change what
-    /// the hook runs: the agent runs it with its own rights (root, for
-    /// wardend), so a hook file, or a directory above it, that another user
-    /// may write is a way for that user to run code as root. Checked for
-    /// `command[0]` (as found in `PATH`) and for every argument that is an
-    /// absolute path to an existing file (`["python3", "/etc/warden/hook.py"]`),
-    /// each resolved through its symlinks: the file and its directory must be
-    /// owned by root or the agent's uid and not group- or other-writable;
-    /// the directories above them the same, or sticky (`/tmp`). Called at
-    /// start (through [`Self::validate`]) and again before every run, so a
-    /// hook made writable later is refused rather than run.
-    pub fn check_trusted(&self) -> Result<(), String> {
-        let Some(program) = self.command.first() else {
-            return Ok(());
-        };
-        let me = nix::unistd::geteuid().as_raw();
-        let exe = if program.contains('/') {
-            Some(PathBuf::from(program))
-        } else {
-            search_path(program)
-        };
-        if let Some(exe) = exe {
-            trusted_file(&exe, me)
-                .map_err(|why| format!("policy.hook.command[0] = {program:?}: {why}"))?;
-        }
-        for (i, arg) in self.command.iter().enumerate().skip(1) {
-            let p = std::path::Path::new(arg);
-            if p.is_absolute() && p.is_file() {
-                trusted_file(p, me)
-                    .map_err(|why| format!("policy.hook.command[{i}] = {arg:?}: {why}"))?;
-            }
+                    .to_owned(),
+            );
         }
         Ok(())
     }
-}
-
-/// The checks of [`HookConfig::check_trusted`] on one file: `Err` says
-/// which path is wrong and how.
-fn trusted_file(path: &std::path::Path, me: u32) -> Result<(), String> {
-    use std::os::unix::fs::MetadataExt;
-    let real = match std::fs::canonicalize(path) {
-        Ok(r) => r,
-        // Nothing there: nothing runs (the start fails, named, as a spawn
-        // error).
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
-        Err(e) => return Err(format!("cannot resolve {}: {e}", path.display())),
-    };
-    let owners = if me == 0 {
-        "root".to_owned()
-    } else {
-        format!("root or uid {me} (the agent's)")
-    };
-    let check = |p: &std::path::Path, what: &str, sticky_ok: bool| -> Result<(), String> {
-        let m = std::fs::metadata(p).map_err(|e| format!("cannot inspect {}: {e}", p.display()))?;
-        if m.uid() != 0 && m.uid() != me {
-            return Err(format!(
-                "{what} {} is owned by uid {}; it must be owned by {owners}, since the agent runs the hook with its own rights (refused)",
-                p.display(),
-                m.uid()
-            ));
-        }
-        let sticky = m.mode() & 0o1000 != 0;
-        if m.mode() & 0o022 != 0 && !(sticky_ok && sticky) {
-            return Err(format!(
-                "{what} {} has mode {:04o}: group or others may write it, and so change what the agent runs with its own rights; `chmod go-w` it (refused)",
-                p.display(),
-                m.mode() & 0o7777
-            ));
-        }
-        Ok(())
-    };
-    check(&real, "the hook", false)?;
-    let mut dirs = real.ancestors().skip(1);
-    if let Some(dir) = dirs.next() {
-        check(dir, "the hook's directory", false)?;
-    }
-    for dir in dirs {
-        check(dir, "the directory", true)?;
-    }
-    Ok(())
-}
-
-/// `program` looked up in `PATH` the way `execvp` does: the first
-/// executable regular file of that name.
-fn search_path(program: &str) -> Option<PathBuf> {
-    let dirs = std::env::var_os("PATH")?;
-    std::env::split_paths(&dirs)
-        .map(|dir| dir.join(program))
-        .find(|p| p.is_file() && access(p.as_path(), AccessFlags::X_OK).is_ok())
 }
 
 /// What the hook answered, with what is needed to record it as evidence.
@@ -303,7 +182,7 @@ pub enum HookError {
         stdout: String,
     },
     /// The hook's file, or a directory above it, may be changed by a user
-    /// other than root or the agent's ([`HookConfig::check_trusted`]): it
+    /// other than root or the agent's (the agent's `policy::hook::check_trusted`): it
     /// is not run.
     #[error("policy hook not run: {0}")]
     Untrusted(String),

@@ -1,6 +1,6 @@
 use std::os::unix::fs::FileExt;
 use std::sync::Arc;
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::*;
 

@@ -10,13 +10,13 @@
 //! process mapping it would die of SIGBUS on its next store. A memfd has no
 //! name in any directory, so nobody can open, replace or unlink it; it
 //! reaches a process only as a descriptor the agent hands over
-//! ([`crate::slot_socket`]), and the seals make its size fixed for every
+//! ([`crate::socket`]), and the seals make its size fixed for every
 //! holder, the agent included. A holder can still write garbage into it;
-//! the reader bounds every value (see [`super`]), so garbage costs at most
+//! the reader bounds every value (see [`crate::read`]), so garbage costs at most
 //! that rank's heartbeats.
 //!
-//! Layout: the usual [`super::FileHeader`] with a slot count of 1, then the
-//! one slot at [`super::slot_offset`]`(0)`: the same bytes a one-slot file
+//! Layout: the usual [`FileHeader`] with a slot count of 1, then the
+//! one slot at [`slot_offset`]`(0)`: the same bytes a one-slot file
 //! had, so the reader and the writer are unchanged.
 
 use std::fs::File;
@@ -28,10 +28,12 @@ use memmap2::MmapMut;
 use nix::fcntl::{FcntlArg, SealFlag, fcntl};
 use nix::sys::memfd::{MFdFlags, memfd_create};
 
-use super::{
-    FileHeader, HEADER_SIZE, LAYOUT_VERSION, MAGIC, SLOT_SIZE, Slot, SlotError, file_len,
-    read_header, slot_offset,
+use crate::error::SlotError;
+use crate::layout::{
+    FileHeader, HEADER_SIZE, LAYOUT_VERSION, MAGIC, SLOT_SIZE, Slot, file_len, slot_offset,
 };
+use crate::read::read_header;
+use crate::write::SlotWriter;
 
 /// The seals every slot memory carries: its size can change no more, and
 /// no seal can be added or removed. `F_SEAL_WRITE` is left off: the rank
@@ -126,7 +128,7 @@ impl SlotMemory {
     /// Why again at each claim: every holder of the memory can write into
     /// it, header included; the next rank handed this slot must find a
     /// header it accepts, whatever an earlier holder left there.
-    pub(super) fn stamp_header(&self) {
+    pub(crate) fn stamp_header(&self) {
         let h = self.header();
         h.layout_version.store(LAYOUT_VERSION, Ordering::Relaxed);
         h.header_size.store(HEADER_SIZE as u32, Ordering::Relaxed);
@@ -139,7 +141,7 @@ impl SlotMemory {
     }
 
     /// Maps a slot memory received as `fd` (for tools and tests that act
-    /// as a rank without the [`crate::Client`]), after [`check_received`].
+    /// as a rank without warden-client's `Client`), after [`check_received`].
     pub fn open(fd: OwnedFd) -> Result<SlotMemory, SlotError> {
         check_received(&fd)?;
         let file = File::from(fd.try_clone().map_err(io_err("dup"))?);
@@ -167,9 +169,9 @@ impl SlotMemory {
     }
 
     /// A writer on the slot: for tools, tests and benches that act as a rank
-    /// without the [`crate::Client`].
-    pub fn writer(&self) -> super::SlotWriter<'_> {
-        super::SlotWriter::new(self.slot())
+    /// without warden-client's `Client`.
+    pub fn writer(&self) -> SlotWriter<'_> {
+        SlotWriter::new(self.slot())
     }
 
     /// The slot.
