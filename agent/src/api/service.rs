@@ -63,6 +63,28 @@ impl AgentService {
         }))
     }
 
+    /// Every call's frame, written once: records it ([`observed`]: its
+    /// count by status and its duration, under `call`), authorizes its
+    /// caller for the job `job` names in the request ([`Self::guard`]),
+    /// then runs `body` with the caller and the request. A handler only
+    /// decodes, calls the stage it serves, and maps errors.
+    async fn serve<T, R, Fut>(
+        &self,
+        call: &'static str,
+        req: Request<T>,
+        job: fn(&T) -> &str,
+        body: impl FnOnce(LocalPeer, Request<T>) -> Fut,
+    ) -> Result<R, Status>
+    where
+        Fut: Future<Output = Result<R, Status>>,
+    {
+        observed(call, async move {
+            let peer = self.guard(&req, call, job(req.get_ref()))?;
+            body(peer, req).await
+        })
+        .await
+    }
+
     /// The Unix-socket caller of `req`, allowed to make `call` about `job`
     /// (empty: no job) under [`super::authz`]'s rules; else
     /// PERMISSION_DENIED naming the rule.
@@ -83,11 +105,15 @@ impl Agent for AgentService {
         &self,
         req: Request<pb::GetNodeHealthRequest>,
     ) -> Result<Response<pb::NodeHealth>, Status> {
-        observed("GetNodeHealth", async {
-            self.guard(&req, "GetNodeHealth", "")?;
-            let snap = self.state.health.snapshot();
-            Ok(Response::new(convert::node_health(&self.state.host, &snap)))
-        })
+        self.serve(
+            "GetNodeHealth",
+            req,
+            |_| "",
+            |_peer, _req| async move {
+                let snap = self.state.health.snapshot();
+                Ok(Response::new(convert::node_health(&self.state.host, &snap)))
+            },
+        )
         .await
     }
 
@@ -97,35 +123,39 @@ impl Agent for AgentService {
         &self,
         req: Request<pb::WatchHealthRequest>,
     ) -> Result<Response<Self::WatchHealthStream>, Status> {
-        observed("WatchHealth", async {
-            let peer = self.guard(&req, "WatchHealth", "")?;
-            let permit = self.streams.open("WatchHealth", peer.uid)?;
-            let state = self.state.clone();
-            let (tx, rx) = mpsc::channel(16);
-            let mut changes = state.health.subscribe();
-            tokio::spawn(async move {
-                loop {
-                    changes.mark_unchanged();
-                    let snap = state.health.snapshot();
-                    if tx
-                        .send(Ok(convert::node_health(&state.host, &snap)))
-                        .await
-                        .is_err()
-                    {
-                        return;
+        self.serve(
+            "WatchHealth",
+            req,
+            |_| "",
+            |peer, _req| async move {
+                let permit = self.streams.open("WatchHealth", peer.uid)?;
+                let state = self.state.clone();
+                let (tx, rx) = mpsc::channel(16);
+                let mut changes = state.health.subscribe();
+                tokio::spawn(async move {
+                    loop {
+                        changes.mark_unchanged();
+                        let snap = state.health.snapshot();
+                        if tx
+                            .send(Ok(convert::node_health(&state.host, &snap)))
+                            .await
+                            .is_err()
+                        {
+                            return;
+                        }
+                        tokio::select! {
+                            () = state.shutdown.cancelled() => return,
+                            () = tx.closed() => return,
+                            r = changes.changed() => if r.is_err() { return },
+                        }
                     }
-                    tokio::select! {
-                        () = state.shutdown.cancelled() => return,
-                        () = tx.closed() => return,
-                        r = changes.changed() => if r.is_err() { return },
-                    }
-                }
-            });
-            Ok(Response::new(Box::pin(Held {
-                inner: Box::pin(ReceiverStream::new(rx)),
-                _permit: permit,
-            }) as Self::WatchHealthStream))
-        })
+                });
+                Ok(Response::new(Box::pin(Held {
+                    inner: Box::pin(ReceiverStream::new(rx)),
+                    _permit: permit,
+                }) as Self::WatchHealthStream))
+            },
+        )
         .await
     }
 
@@ -133,16 +163,20 @@ impl Agent for AgentService {
         &self,
         req: Request<pb::ListEventsRequest>,
     ) -> Result<Response<pb::ListEventsResponse>, Status> {
-        observed("ListEvents", async {
-            self.guard(&req, "ListEvents", "")?;
-            let req = req.into_inner();
-            let limit = usize::try_from(req.limit).unwrap_or(usize::MAX);
-            let (events, dropped) = self.state.events.list(req.after_id, limit);
-            Ok(Response::new(pb::ListEventsResponse {
-                events: events.iter().map(|e| convert::event(e)).collect(),
-                oldest_retained_id: dropped,
-            }))
-        })
+        self.serve(
+            "ListEvents",
+            req,
+            |_| "",
+            |_peer, req| async move {
+                let req = req.into_inner();
+                let limit = usize::try_from(req.limit).unwrap_or(usize::MAX);
+                let (events, dropped) = self.state.events.list(req.after_id, limit);
+                Ok(Response::new(pb::ListEventsResponse {
+                    events: events.iter().map(|e| convert::event(e)).collect(),
+                    oldest_retained_id: dropped,
+                }))
+            },
+        )
         .await
     }
 
@@ -152,24 +186,28 @@ impl Agent for AgentService {
         &self,
         req: Request<pb::WatchEventsRequest>,
     ) -> Result<Response<Self::WatchEventsStream>, Status> {
-        observed("WatchEvents", async {
-            let peer = self.guard(&req, "WatchEvents", "")?;
-            let permit = self.streams.open("WatchEvents", peer.uid)?;
-            let after = req.into_inner().after_id;
-            let sub = self.state.events.subscribe(after);
-            if sub.missed {
-                tracing::debug!(
-                    after = ?after,
-                    "event watcher resumes after an id the ring no longer holds"
-                );
-            }
-            let (tx, rx) = mpsc::channel(64);
-            tokio::spawn(forward_events(self.state.clone(), sub, tx));
-            Ok(Response::new(Box::pin(Held {
-                inner: Box::pin(ReceiverStream::new(rx)),
-                _permit: permit,
-            }) as Self::WatchEventsStream))
-        })
+        self.serve(
+            "WatchEvents",
+            req,
+            |_| "",
+            |peer, req| async move {
+                let permit = self.streams.open("WatchEvents", peer.uid)?;
+                let after = req.into_inner().after_id;
+                let sub = self.state.events.subscribe(after);
+                if sub.missed {
+                    tracing::debug!(
+                        after = ?after,
+                        "event watcher resumes after an id the ring no longer holds"
+                    );
+                }
+                let (tx, rx) = mpsc::channel(64);
+                tokio::spawn(forward_events(self.state.clone(), sub, tx));
+                Ok(Response::new(Box::pin(Held {
+                    inner: Box::pin(ReceiverStream::new(rx)),
+                    _permit: permit,
+                }) as Self::WatchEventsStream))
+            },
+        )
         .await
     }
 
@@ -177,24 +215,28 @@ impl Agent for AgentService {
         &self,
         req: Request<pb::GetAgentInfoRequest>,
     ) -> Result<Response<pb::AgentInfo>, Status> {
-        observed("GetAgentInfo", async {
-            self.guard(&req, "GetAgentInfo", "")?;
-            let s = &self.state;
-            Ok(Response::new(pb::AgentInfo {
-                version: crate::VERSION.to_owned(),
-                host: s.host.clone(),
-                pid: std::process::id(),
-                started_at: Some(convert::timestamp(s.started_at)),
-                uptime: Some(convert::duration(s.started.elapsed())),
-                endpoints: s
-                    .endpoints()
-                    .into_iter()
-                    .map(|(kind, address)| pb::Endpoint { kind, address })
-                    .collect(),
-                config_toml: s.config.to_toml(),
-                config_source: s.config_source.clone(),
-            }))
-        })
+        self.serve(
+            "GetAgentInfo",
+            req,
+            |_| "",
+            |_peer, _req| async move {
+                let s = &self.state;
+                Ok(Response::new(pb::AgentInfo {
+                    version: crate::VERSION.to_owned(),
+                    host: s.host.clone(),
+                    pid: std::process::id(),
+                    started_at: Some(convert::timestamp(s.started_at)),
+                    uptime: Some(convert::duration(s.started.elapsed())),
+                    endpoints: s
+                        .endpoints()
+                        .into_iter()
+                        .map(|(kind, address)| pb::Endpoint { kind, address })
+                        .collect(),
+                    config_toml: s.config.to_toml(),
+                    config_source: s.config_source.clone(),
+                }))
+            },
+        )
         .await
     }
 
@@ -202,8 +244,7 @@ impl Agent for AgentService {
         &self,
         req: Request<pb::RegisterRankRequest>,
     ) -> Result<Response<pb::RegisterRankResponse>, Status> {
-        observed("RegisterRank", async {
-            let peer = self.guard(&req, "RegisterRank", &req.get_ref().job_id)?;
+        self.serve("RegisterRank", req, |r| &r.job_id, |peer, req| async move {
             let r = req.into_inner();
             if r.pid == 0 {
                 return Err(Status::invalid_argument(
@@ -329,8 +370,7 @@ impl Agent for AgentService {
         &self,
         req: Request<pb::DeregisterRankRequest>,
     ) -> Result<Response<pb::DeregisterRankResponse>, Status> {
-        observed("DeregisterRank", async {
-            self.guard(&req, "DeregisterRank", &req.get_ref().job_id)?;
+        self.serve("DeregisterRank", req, |r| &r.job_id, |_peer, req| async move {
             let r = req.into_inner();
             let key = RankKey {
                 job: r.job_id,
@@ -354,19 +394,23 @@ impl Agent for AgentService {
         &self,
         req: Request<pb::GetRanksRequest>,
     ) -> Result<Response<pb::GetRanksResponse>, Status> {
-        observed("GetRanks", async {
-            self.guard(&req, "GetRanks", "")?;
-            let job = req.into_inner().job_id;
-            let now = warden_slot::clock::syscall_now();
-            let reg = self.state.registry();
-            let ranks = reg
-                .ranks
-                .values()
-                .filter(|e| job.is_empty() || e.key.job == job)
-                .map(|e| convert::rank_info(e, now))
-                .collect();
-            Ok(Response::new(pb::GetRanksResponse { ranks }))
-        })
+        self.serve(
+            "GetRanks",
+            req,
+            |_| "",
+            |_peer, req| async move {
+                let job = req.into_inner().job_id;
+                let now = warden_slot::clock::syscall_now();
+                let reg = self.state.registry();
+                let ranks = reg
+                    .ranks
+                    .values()
+                    .filter(|e| job.is_empty() || e.key.job == job)
+                    .map(|e| convert::rank_info(e, now))
+                    .collect();
+                Ok(Response::new(pb::GetRanksResponse { ranks }))
+            },
+        )
         .await
     }
 
@@ -374,54 +418,63 @@ impl Agent for AgentService {
         &self,
         req: Request<pb::ReportExceptionRequest>,
     ) -> Result<Response<pb::ReportExceptionResponse>, Status> {
-        observed("ReportException", async {
-            self.guard(&req, "ReportException", &req.get_ref().job_id)?;
-            let r = req.into_inner();
-            if r.job_id.is_empty() {
-                return Err(Status::invalid_argument("job_id must be set"));
-            }
-            if r.exception_type.is_empty() {
-                return Err(Status::invalid_argument("exception_type must be set"));
-            }
-            let key = RankKey {
-                job: r.job_id.clone(),
-                rank: r.global_rank,
-            };
-            // Bounded: a traceback of a deep recursion is megabytes; the
-            // innermost frames (its end) say what failed.
-            let message = clip_head(&r.message, MAX_EXCEPTION_MESSAGE);
-            let traceback = clip_tail(&r.traceback, MAX_TRACEBACK);
-            let awaits_decision = r.awaits_decision && !r.uncaught;
-            // A launcher reporting what its worker printed (zero-code mode)
-            // has no step to give.
-            let step = (!self
-                .state
-                .registry()
-                .ranks
-                .get(&key)
-                .is_some_and(|e| e.launcher_only()))
-            .then_some(r.step);
-            self.state
-                .events
-                .publish(Signal::RankException(RankException {
-                    key: key.clone(),
-                    exception_type: r.exception_type.clone(),
-                    message,
-                    step,
-                    pid: r.pid,
-                    generation: r.generation,
-                    uncaught: r.uncaught,
-                    traceback,
-                    awaits_decision: r.awaits_decision,
-                }));
-            // After the event: the decision's restart.requested follows it.
-            let answer = if awaits_decision {
-                super::exception_decision::decide(&self.state, &key, &r.exception_type, &r.message)
-            } else {
-                pb::ReportExceptionResponse::default()
-            };
-            Ok(Response::new(answer))
-        })
+        self.serve(
+            "ReportException",
+            req,
+            |r| &r.job_id,
+            |_peer, req| async move {
+                let r = req.into_inner();
+                if r.job_id.is_empty() {
+                    return Err(Status::invalid_argument("job_id must be set"));
+                }
+                if r.exception_type.is_empty() {
+                    return Err(Status::invalid_argument("exception_type must be set"));
+                }
+                let key = RankKey {
+                    job: r.job_id.clone(),
+                    rank: r.global_rank,
+                };
+                // Bounded: a traceback of a deep recursion is megabytes; the
+                // innermost frames (its end) say what failed.
+                let message = clip_head(&r.message, MAX_EXCEPTION_MESSAGE);
+                let traceback = clip_tail(&r.traceback, MAX_TRACEBACK);
+                let awaits_decision = r.awaits_decision && !r.uncaught;
+                // A launcher reporting what its worker printed (zero-code mode)
+                // has no step to give.
+                let step = (!self
+                    .state
+                    .registry()
+                    .ranks
+                    .get(&key)
+                    .is_some_and(|e| e.launcher_only()))
+                .then_some(r.step);
+                self.state
+                    .events
+                    .publish(Signal::RankException(RankException {
+                        key: key.clone(),
+                        exception_type: r.exception_type.clone(),
+                        message,
+                        step,
+                        pid: r.pid,
+                        generation: r.generation,
+                        uncaught: r.uncaught,
+                        traceback,
+                        awaits_decision: r.awaits_decision,
+                    }));
+                // After the event: the decision's restart.requested follows it.
+                let answer = if awaits_decision {
+                    super::exception_decision::decide(
+                        &self.state,
+                        &key,
+                        &r.exception_type,
+                        &r.message,
+                    )
+                } else {
+                    pb::ReportExceptionResponse::default()
+                };
+                Ok(Response::new(answer))
+            },
+        )
         .await
     }
 
@@ -429,20 +482,24 @@ impl Agent for AgentService {
         &self,
         req: Request<pb::GetIncidentsRequest>,
     ) -> Result<Response<pb::GetIncidentsResponse>, Status> {
-        observed("GetIncidents", async {
-            self.guard(&req, "GetIncidents", "")?;
-            let r = req.into_inner();
-            let store = self.state.incident_store();
-            let incidents = store
-                .list(&r.job_id, r.limit as usize)
-                .iter()
-                .map(convert::incident)
-                .collect();
-            Ok(Response::new(pb::GetIncidentsResponse {
-                incidents,
-                cordoned: store.cordon().is_some(),
-            }))
-        })
+        self.serve(
+            "GetIncidents",
+            req,
+            |_| "",
+            |_peer, req| async move {
+                let r = req.into_inner();
+                let store = self.state.incident_store();
+                let incidents = store
+                    .list(&r.job_id, r.limit as usize)
+                    .iter()
+                    .map(convert::incident)
+                    .collect();
+                Ok(Response::new(pb::GetIncidentsResponse {
+                    incidents,
+                    cordoned: store.cordon().is_some(),
+                }))
+            },
+        )
         .await
     }
 
@@ -450,12 +507,17 @@ impl Agent for AgentService {
         &self,
         req: Request<pb::UncordonRequest>,
     ) -> Result<Response<pb::UncordonResponse>, Status> {
-        observed("Uncordon", async {
-            self.guard(&req, "Uncordon", "")?;
-            let reason = clip_head(&req.into_inner().reason, 512);
-            let was_cordoned = crate::attribute::task::uncordon(&self.state.attribution(), &reason);
-            Ok(Response::new(pb::UncordonResponse { was_cordoned }))
-        })
+        self.serve(
+            "Uncordon",
+            req,
+            |_| "",
+            |_peer, req| async move {
+                let reason = clip_head(&req.into_inner().reason, 512);
+                let was_cordoned =
+                    crate::attribute::task::uncordon(&self.state.attribution(), &reason);
+                Ok(Response::new(pb::UncordonResponse { was_cordoned }))
+            },
+        )
         .await
     }
 
@@ -465,14 +527,18 @@ impl Agent for AgentService {
         &self,
         req: Request<pb::WatchIncidentsRequest>,
     ) -> Result<Response<Self::WatchIncidentsStream>, Status> {
-        observed("WatchIncidents", async {
-            let peer = self.guard(&req, "WatchIncidents", &req.get_ref().job_id)?;
-            let stream =
-                super::launcher_api::watch_incidents(&self.state, req.into_inner(), peer.uid)
-                    .await?;
-            self.held("WatchIncidents", &peer, stream)
-                .map(Response::new)
-        })
+        self.serve(
+            "WatchIncidents",
+            req,
+            |r| &r.job_id,
+            |peer, req| async move {
+                let stream =
+                    super::launcher_api::watch_incidents(&self.state, req.into_inner(), peer.uid)
+                        .await?;
+                self.held("WatchIncidents", &peer, stream)
+                    .map(Response::new)
+            },
+        )
         .await
     }
 
@@ -480,12 +546,16 @@ impl Agent for AgentService {
         &self,
         req: Request<pb::StopRanksRequest>,
     ) -> Result<Response<pb::StopRanksResponse>, Status> {
-        observed("StopRanks", async {
-            self.guard(&req, "StopRanks", &req.get_ref().job_id)?;
-            super::launcher_api::stop_ranks(&self.state, req.into_inner())
-                .await
-                .map(Response::new)
-        })
+        self.serve(
+            "StopRanks",
+            req,
+            |r| &r.job_id,
+            |_peer, req| async move {
+                super::launcher_api::stop_ranks(&self.state, req.into_inner())
+                    .await
+                    .map(Response::new)
+            },
+        )
         .await
     }
 
@@ -493,11 +563,15 @@ impl Agent for AgentService {
         &self,
         req: Request<pb::ReportJobStopRequest>,
     ) -> Result<Response<pb::ReportJobStopResponse>, Status> {
-        observed("ReportJobStop", async {
-            let peer = self.guard(&req, "ReportJobStop", &req.get_ref().job_id)?;
-            super::job_stop::report_job_stop(&self.state, req.get_ref(), peer.uid)
-                .map(Response::new)
-        })
+        self.serve(
+            "ReportJobStop",
+            req,
+            |r| &r.job_id,
+            |peer, req| async move {
+                super::job_stop::report_job_stop(&self.state, req.get_ref(), peer.uid)
+                    .map(Response::new)
+            },
+        )
         .await
     }
 
@@ -505,12 +579,16 @@ impl Agent for AgentService {
         &self,
         req: Request<pb::RequestRestartRequest>,
     ) -> Result<Response<pb::RequestRestartResponse>, Status> {
-        observed("RequestRestart", async {
-            self.guard(&req, "RequestRestart", &req.get_ref().job_id)?;
-            super::control::request_restart(&self.state, req.into_inner())
-                .await
-                .map(Response::new)
-        })
+        self.serve(
+            "RequestRestart",
+            req,
+            |r| &r.job_id,
+            |_peer, req| async move {
+                super::control::request_restart(&self.state, req.into_inner())
+                    .await
+                    .map(Response::new)
+            },
+        )
         .await
     }
 
@@ -520,17 +598,24 @@ impl Agent for AgentService {
         &self,
         req: Request<pb::ControlRequest>,
     ) -> Result<Response<Self::ControlStream>, Status> {
-        observed("Control", async {
-            let peer = self.guard(&req, "Control", &req.get_ref().job_id)?;
-            let permit = self.streams.open_control(peer.uid)?;
-            let stream =
-                super::control::control_one_per_rank(&self.state, &self.controls, req.into_inner())
-                    .await?;
-            Ok(Response::new(Box::pin(Held {
-                inner: stream,
-                _permit: permit,
-            }) as Self::ControlStream))
-        })
+        self.serve(
+            "Control",
+            req,
+            |r| &r.job_id,
+            |peer, req| async move {
+                let permit = self.streams.open_control(peer.uid)?;
+                let stream = super::control::control_one_per_rank(
+                    &self.state,
+                    &self.controls,
+                    req.into_inner(),
+                )
+                .await?;
+                Ok(Response::new(Box::pin(Held {
+                    inner: stream,
+                    _permit: permit,
+                }) as Self::ControlStream))
+            },
+        )
         .await
     }
 
@@ -538,12 +623,16 @@ impl Agent for AgentService {
         &self,
         req: Request<pb::AckControlRequest>,
     ) -> Result<Response<pb::AckControlResponse>, Status> {
-        observed("AckControl", async {
-            self.guard(&req, "AckControl", &req.get_ref().job_id)?;
-            super::control::ack_control(&self.state, req.into_inner())
-                .await
-                .map(Response::new)
-        })
+        self.serve(
+            "AckControl",
+            req,
+            |r| &r.job_id,
+            |_peer, req| async move {
+                super::control::ack_control(&self.state, req.into_inner())
+                    .await
+                    .map(Response::new)
+            },
+        )
         .await
     }
 
@@ -551,14 +640,18 @@ impl Agent for AgentService {
         &self,
         req: Request<pb::RunHealthGateRequest>,
     ) -> Result<Response<pb::HealthGateResult>, Status> {
-        observed("RunHealthGate", async {
-            // A job named: its owner's (or an admin's) only, so a gate's
-            // failing verdict is never attached to another user's job.
-            let peer = self.guard(&req, "RunHealthGate", &req.get_ref().job_id)?;
-            super::gate::run(&self.state, req.into_inner(), peer.uid)
-                .await
-                .map(Response::new)
-        })
+        // A job named: its owner's (or an admin's) only, so a gate's
+        // failing verdict is never attached to another user's job.
+        self.serve(
+            "RunHealthGate",
+            req,
+            |r| &r.job_id,
+            |peer, req| async move {
+                super::gate::run(&self.state, req.into_inner(), peer.uid)
+                    .await
+                    .map(Response::new)
+            },
+        )
         .await
     }
 
@@ -566,13 +659,17 @@ impl Agent for AgentService {
         &self,
         req: Request<pb::GetStragglersRequest>,
     ) -> Result<Response<pb::GetStragglersResponse>, Status> {
-        observed("GetStragglers", async {
-            self.guard(&req, "GetStragglers", "")?;
-            Ok(Response::new(super::stragglers::get_stragglers(
-                &self.state,
-                req.into_inner(),
-            )))
-        })
+        self.serve(
+            "GetStragglers",
+            req,
+            |_| "",
+            |_peer, req| async move {
+                Ok(Response::new(super::stragglers::get_stragglers(
+                    &self.state,
+                    req.into_inner(),
+                )))
+            },
+        )
         .await
     }
 
@@ -580,13 +677,17 @@ impl Agent for AgentService {
         &self,
         req: Request<pb::BeginShardRequest>,
     ) -> Result<Response<pb::BeginShardResponse>, Status> {
-        observed("BeginShard", async {
-            let peer = self.guard(&req, "BeginShard", &req.get_ref().job_id)?;
-            let owner = Some(peer.owner());
-            super::ckpt::begin_shard(&self.state, req.into_inner(), owner)
-                .await
-                .map(Response::new)
-        })
+        self.serve(
+            "BeginShard",
+            req,
+            |r| &r.job_id,
+            |peer, req| async move {
+                let owner = Some(peer.owner());
+                super::ckpt::begin_shard(&self.state, req.into_inner(), owner)
+                    .await
+                    .map(Response::new)
+            },
+        )
         .await
     }
 
@@ -594,12 +695,16 @@ impl Agent for AgentService {
         &self,
         req: Request<pb::CommitShardRequest>,
     ) -> Result<Response<pb::CommitShardResponse>, Status> {
-        observed("CommitShard", async {
-            self.guard(&req, "CommitShard", &req.get_ref().job_id)?;
-            super::ckpt::commit_shard(&self.state, req.into_inner())
-                .await
-                .map(Response::new)
-        })
+        self.serve(
+            "CommitShard",
+            req,
+            |r| &r.job_id,
+            |_peer, req| async move {
+                super::ckpt::commit_shard(&self.state, req.into_inner())
+                    .await
+                    .map(Response::new)
+            },
+        )
         .await
     }
 
@@ -607,13 +712,17 @@ impl Agent for AgentService {
         &self,
         req: Request<pb::RestoreRequest>,
     ) -> Result<Response<pb::RestoreResponse>, Status> {
-        observed("Restore", async {
-            let peer = self.guard(&req, "Restore", &req.get_ref().job_id)?;
-            let owner = Some(peer.owner());
-            super::ckpt::restore(&self.state, req.into_inner(), owner)
-                .await
-                .map(Response::new)
-        })
+        self.serve(
+            "Restore",
+            req,
+            |r| &r.job_id,
+            |peer, req| async move {
+                let owner = Some(peer.owner());
+                super::ckpt::restore(&self.state, req.into_inner(), owner)
+                    .await
+                    .map(Response::new)
+            },
+        )
         .await
     }
 
@@ -621,12 +730,16 @@ impl Agent for AgentService {
         &self,
         req: Request<pb::ListCheckpointsRequest>,
     ) -> Result<Response<pb::ListCheckpointsResponse>, Status> {
-        observed("ListCheckpoints", async {
-            self.guard(&req, "ListCheckpoints", "")?;
-            super::ckpt::list_checkpoints(&self.state, req.into_inner())
-                .await
-                .map(Response::new)
-        })
+        self.serve(
+            "ListCheckpoints",
+            req,
+            |_| "",
+            |_peer, req| async move {
+                super::ckpt::list_checkpoints(&self.state, req.into_inner())
+                    .await
+                    .map(Response::new)
+            },
+        )
         .await
     }
 
@@ -634,12 +747,16 @@ impl Agent for AgentService {
         &self,
         req: Request<pb::SetCheckpointPeersRequest>,
     ) -> Result<Response<pb::SetCheckpointPeersResponse>, Status> {
-        observed("SetCheckpointPeers", async {
-            self.guard(&req, "SetCheckpointPeers", &req.get_ref().job_id)?;
-            super::ckpt::set_checkpoint_peers(&self.state, req.into_inner())
-                .await
-                .map(Response::new)
-        })
+        self.serve(
+            "SetCheckpointPeers",
+            req,
+            |r| &r.job_id,
+            |_peer, req| async move {
+                super::ckpt::set_checkpoint_peers(&self.state, req.into_inner())
+                    .await
+                    .map(Response::new)
+            },
+        )
         .await
     }
 
@@ -647,10 +764,14 @@ impl Agent for AgentService {
         &self,
         req: Request<pb::GetGoodputRequest>,
     ) -> Result<Response<pb::GetGoodputResponse>, Status> {
-        observed("GetGoodput", async {
-            self.guard(&req, "GetGoodput", "")?;
-            super::goodput::get_goodput(&self.state, &req.into_inner()).map(Response::new)
-        })
+        self.serve(
+            "GetGoodput",
+            req,
+            |_| "",
+            |_peer, req| async move {
+                super::goodput::get_goodput(&self.state, &req.into_inner()).map(Response::new)
+            },
+        )
         .await
     }
 
@@ -658,14 +779,18 @@ impl Agent for AgentService {
         &self,
         req: Request<pb::CloseGoodputRequest>,
     ) -> Result<Response<pb::GetGoodputResponse>, Status> {
-        observed("CloseGoodput", async {
-            self.guard(&req, "CloseGoodput", &req.get_ref().job_id)?;
-            let req = req.into_inner();
-            let closed = super::goodput::close_goodput(&self.state, &req)?;
-            // The job is over: its owner's claim goes with it.
-            self.state.authz.release(&req.job_id);
-            Ok(Response::new(closed))
-        })
+        self.serve(
+            "CloseGoodput",
+            req,
+            |r| &r.job_id,
+            |_peer, req| async move {
+                let req = req.into_inner();
+                let closed = super::goodput::close_goodput(&self.state, &req)?;
+                // The job is over: its owner's claim goes with it.
+                self.state.authz.release(&req.job_id);
+                Ok(Response::new(closed))
+            },
+        )
         .await
     }
 
@@ -673,12 +798,16 @@ impl Agent for AgentService {
         &self,
         req: Request<pb::ClaimJobRequest>,
     ) -> Result<Response<pb::ClaimJobResponse>, Status> {
-        observed("ClaimJob", async {
-            let peer = self.guard(&req, "ClaimJob", &req.get_ref().job_id)?;
-            Ok(Response::new(pb::ClaimJobResponse {
-                owner_uid: peer.uid,
-            }))
-        })
+        self.serve(
+            "ClaimJob",
+            req,
+            |r| &r.job_id,
+            |peer, _req| async move {
+                Ok(Response::new(pb::ClaimJobResponse {
+                    owner_uid: peer.uid,
+                }))
+            },
+        )
         .await
     }
 
@@ -686,32 +815,36 @@ impl Agent for AgentService {
         &self,
         req: Request<pb::ReleaseJobRequest>,
     ) -> Result<Response<pb::ReleaseJobResponse>, Status> {
-        observed("ReleaseJob", async {
-            let peer = self.guard(&req, "ReleaseJob", "")?;
-            let job = req.into_inner().job_id;
-            if job.is_empty() {
-                return Err(Status::invalid_argument("ReleaseJob: job_id is required"));
-            }
-            let had = self.state.authz.release(&job);
-            if let Some(owner) = had {
-                tracing::warn!(job, owner, by = %peer, "job owner released by an admin");
-                self.state.events.publish(
-                    warden_core::events::NewEvent::new(
-                        warden_core::events::Severity::Warning,
-                        "job.released",
-                        format!("job/{job}"),
-                        format!("the claim of uid {owner} on job {job} was released by {peer}"),
-                    )
-                    .with("job", &job)
-                    .with("owner", owner.to_string())
-                    .with("by", peer.to_string()),
-                );
-            }
-            Ok(Response::new(pb::ReleaseJobResponse {
-                released: had.is_some(),
-                owner_uid: had.unwrap_or(0),
-            }))
-        })
+        self.serve(
+            "ReleaseJob",
+            req,
+            |_| "",
+            |peer, req| async move {
+                let job = req.into_inner().job_id;
+                if job.is_empty() {
+                    return Err(Status::invalid_argument("ReleaseJob: job_id is required"));
+                }
+                let had = self.state.authz.release(&job);
+                if let Some(owner) = had {
+                    tracing::warn!(job, owner, by = %peer, "job owner released by an admin");
+                    self.state.events.publish(
+                        warden_core::events::NewEvent::new(
+                            warden_core::events::Severity::Warning,
+                            "job.released",
+                            format!("job/{job}"),
+                            format!("the claim of uid {owner} on job {job} was released by {peer}"),
+                        )
+                        .with("job", &job)
+                        .with("owner", owner.to_string())
+                        .with("by", peer.to_string()),
+                    );
+                }
+                Ok(Response::new(pb::ReleaseJobResponse {
+                    released: had.is_some(),
+                    owner_uid: had.unwrap_or(0),
+                }))
+            },
+        )
         .await
     }
 }
