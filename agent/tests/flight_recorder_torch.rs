@@ -179,16 +179,24 @@ async fn a_hung_ranks_flight_recorder_is_requested_read_and_compared() {
     };
 
     // Rank 0 prints "ready" just before its all_reduce: ask until the dump
-    // shows it enqueued.
+    // shows it enqueued, and the barrier before it recorded as completed
+    // (gloo completes a barrier's work asynchronously: a dump taken just
+    // after #5 was enqueued can still show #4 pending, as a loaded machine
+    // saw).
     let deadline = Instant::now() + SLOW;
     let p0 = loop {
         let p = request_dump(&handles, &key(0), Duration::from_secs(10))
             .await
             .unwrap_or_else(|e| panic!("rank 0's dump: {e}"));
-        if p.first().is_some_and(|g| g.last_enqueued == Some(5)) {
+        if p.first().is_some_and(|g| {
+            g.last_enqueued == Some(5) && g.pending.as_deref() == Some("gloo:all_reduce #5")
+        }) {
             break p;
         }
-        assert!(Instant::now() < deadline, "rank 0 never enqueued #5: {p:?}");
+        assert!(
+            Instant::now() < deadline,
+            "rank 0 never showed #5 enqueued and pending: {p:?}"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
     assert_eq!(p0[0].pg, "0:default_pg", "{p0:?}");
