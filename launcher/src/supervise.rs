@@ -1728,13 +1728,13 @@ fn decision_of(inc: &pb::Incident) -> Option<Decision> {
         .and_then(|t| SystemTime::try_from(*t).ok())
         .unwrap_or(SystemTime::UNIX_EPOCH);
     let action = match pb::Action::try_from(dec.action).unwrap_or(pb::Action::Unspecified) {
-        pb::Action::Unspecified => Action::Unspecified,
-        pb::Action::Continue => Action::Continue,
-        pb::Action::RestartInProcess => Action::RestartInProcess,
-        pb::Action::RestartInJob => Action::RestartInJob,
-        pb::Action::Stop => Action::Stop,
-        pb::Action::Cordon => Action::Cordon,
-        pb::Action::ScaleDown => Action::ScaleDown,
+        pb::Action::Unspecified => None,
+        pb::Action::Continue => Some(Action::Continue),
+        pb::Action::RestartInProcess => Some(Action::RestartInProcess),
+        pb::Action::RestartInJob => Some(Action::RestartInJob),
+        pb::Action::Stop => Some(Action::Stop),
+        pb::Action::Cordon => Some(Action::Cordon),
+        pb::Action::ScaleDown => Some(Action::ScaleDown),
     };
     Some(Decision {
         id: inc.id.clone(),

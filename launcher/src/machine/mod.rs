@@ -130,25 +130,10 @@ pub struct Limits {
 /// `--term-grace` is set: GCE's preemption notice.
 pub const DEFAULT_NOTICE_WINDOW: Duration = Duration::from_secs(30);
 
-/// What the agent decided about an incident, decoded by the executor from
-/// the incident feed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Action {
-    /// No action given (an older agent, an unknown value).
-    Unspecified,
-    /// Let the failure stand.
-    Continue,
-    /// The agent restarts the live ranks through their clients.
-    RestartInProcess,
-    /// Stop every worker and start the next attempt.
-    RestartInJob,
-    /// End the job with the decision's status.
-    Stop,
-    /// This node is at fault: cordon it.
-    Cordon,
-    /// This node is at fault: the job goes on without it.
-    ScaleDown,
-}
+/// What the agent decided about an incident: core's one vocabulary of
+/// remediation actions (the proto's is converted at the edge, in the
+/// executor's decoding of the incident feed).
+pub use warden_core::policy::Action;
 
 /// One decision of the incident feed (a revision of one incident).
 #[derive(Debug, Clone)]
@@ -159,8 +144,8 @@ pub struct Decision {
     pub revision: usize,
     /// When the incident opened (the agent's wall clock).
     pub opened: SystemTime,
-    /// What to do.
-    pub action: Action,
+    /// What to do (None: none given, an older agent or an unknown value).
+    pub action: Option<Action>,
     /// A stop's status (0: none given).
     pub exit_code: i32,
     /// How long a restart waits first.
@@ -1451,10 +1436,10 @@ impl JobState {
         // current attempt started): a restart it asks for has been done.
         let stale = d.opened + Duration::from_millis(50) < self.attempt.started_wall;
         out.push(Command::Say(decision_text(&brief, stale)));
-        if self.acted_on.contains(&d.id) && action != Action::Stop {
+        if self.acted_on.contains(&d.id) && action != Some(Action::Stop) {
             return;
         }
-        if !stale && matches!(action, Action::RestartInProcess | Action::Continue) {
+        if !stale && matches!(action, Some(Action::RestartInProcess | Action::Continue)) {
             self.attempt.record.other_decisions.push(format!(
                 "{} ({}) {} {:.0}%: {} by {}",
                 brief.id,
@@ -1466,14 +1451,14 @@ impl JobState {
             ));
         }
         match action {
-            Action::RestartInJob if stale => {}
-            Action::RestartInJob if self.healed_already(&brief, now) => {
+            Some(Action::RestartInJob) if stale => {}
+            Some(Action::RestartInJob) if self.healed_already(&brief, now) => {
                 out.push(Command::Say(format!(
                     "{}: not acted on: the crash was healed and every worker runs",
                     d.id
                 )));
             }
-            Action::RestartInJob => {
+            Some(Action::RestartInJob) => {
                 let (since, since_wall) = self
                     .pending
                     .as_ref()
@@ -1490,7 +1475,7 @@ impl JobState {
                 };
                 self.restart(cause, now, out);
             }
-            Action::Stop => {
+            Some(Action::Stop) => {
                 self.acted_on.insert(d.id.clone());
                 let code = if d.exit_code == 0 {
                     EXIT_LAUNCHER_ERROR
@@ -1504,7 +1489,7 @@ impl JobState {
                     Some(brief),
                 ));
             }
-            Action::Cordon | Action::ScaleDown => {
+            Some(Action::Cordon | Action::ScaleDown) => {
                 self.acted_on.insert(d.id.clone());
                 self.leaves_alone = true;
                 out.push(Command::LeaveJob {
@@ -1519,13 +1504,13 @@ impl JobState {
                     incident: Some(brief),
                 };
             }
-            Action::RestartInProcess if stale => {}
-            Action::RestartInProcess if replace.is_some() && self.pending.is_none() => {
+            Some(Action::RestartInProcess) if stale => {}
+            Some(Action::RestartInProcess) if replace.is_some() && self.pending.is_none() => {
                 if let Some(r) = replace {
                     self.replace(d.id, brief, r, now, out);
                 }
             }
-            Action::RestartInProcess => match self.pending.take() {
+            Some(Action::RestartInProcess) => match self.pending.take() {
                 // The agent restarts the live ranks in process and counts an
                 // exited one as its launcher's to restart: a process that is
                 // gone cannot come back in process, so the job restarts.
@@ -1547,12 +1532,12 @@ impl JobState {
                         .into(),
                 )),
             },
-            Action::Continue => {
+            Some(Action::Continue) => {
                 if let Some(p) = self.pending.take() {
                     self.failed_unrestarted = p.exit.or(Some(Exit::Code(1)));
                 }
             }
-            Action::Unspecified => {}
+            None => {}
         }
     }
 

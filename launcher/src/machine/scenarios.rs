@@ -200,20 +200,12 @@ fn first_attempt_of_four() -> Vec<(u64, Input, &'static [&'static str])> {
 
 /// A decision about incident `id` opened at `opened` ms.
 fn decision(id: &str, revision: usize, opened: u64, action: Action, exit_code: i32) -> Input {
-    let name = match action {
-        Action::Unspecified => "unspecified",
-        Action::Continue => "continue",
-        Action::RestartInProcess => "restart_in_process",
-        Action::RestartInJob => "restart_in_job",
-        Action::Stop => "stop",
-        Action::Cordon => "cordon",
-        Action::ScaleDown => "scale_down",
-    };
+    let name = action.as_str();
     Input::Decision(Box::new(Decision {
         id: id.into(),
         revision,
         opened: at(opened).wall,
-        action,
+        action: Some(action),
         exit_code,
         backoff: Duration::ZERO,
         brief: IncidentBrief {
