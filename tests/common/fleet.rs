@@ -620,7 +620,12 @@ impl Fleet {
         for c in &extra {
             tokio::time::timeout(WAIT, async {
                 let mut rx = c.rounds();
-                while rx.borrow_and_update().round.as_ref().is_none_or(|r| r.epoch < epoch) {
+                while rx
+                    .borrow_and_update()
+                    .round
+                    .as_ref()
+                    .is_none_or(|r| r.epoch < epoch)
+                {
                     if rx.changed().await.is_err() {
                         break;
                     }
@@ -840,7 +845,10 @@ async fn follow(
             }
             let (key, options) = if decides {
                 let from = seen.iter().copied().max().unwrap_or(0) + 1;
-                (keys.base().to_owned(), WatchOptions::new().with_prefix().with_start_revision(from))
+                (
+                    keys.base().to_owned(),
+                    WatchOptions::new().with_prefix().with_start_revision(from),
+                )
             } else {
                 let mut o = WatchOptions::new()
                     .with_prefix()
@@ -851,7 +859,10 @@ async fn follow(
                 (prefix.clone(), o)
             };
             let opened = match &mut stream {
-                None => client.watch(key, Some(options)).await.map(|s| stream = Some(s)),
+                None => client
+                    .watch(key, Some(options))
+                    .await
+                    .map(|s| stream = Some(s)),
                 Some(s) => s.watch(key, Some(options)).await,
             };
             if opened.is_err() {

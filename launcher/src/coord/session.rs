@@ -629,11 +629,7 @@ impl Inner {
                 }
                 round
             });
-            (
-                round,
-                view.live_hosts(),
-                view.ended().cloned(),
-            )
+            (round, view.live_hosts(), view.ended().cloned())
         };
         self.state.send_modify(|s| {
             if let Some(r) = &round
@@ -701,7 +697,10 @@ impl Inner {
             }
             let mut assignment = plan::assign(view.current(), &live, self.limits);
             if !view.decider {
-                assignment.standby = view.current().map(|r| r.standby.clone()).unwrap_or_default();
+                assignment.standby = view
+                    .current()
+                    .map(|r| r.standby.clone())
+                    .unwrap_or_default();
             }
             let record = plan::record(
                 next,
@@ -1371,7 +1370,7 @@ pub(crate) async fn drive(inner: Arc<Inner>, revision: i64) {
                                 Recheck::Same => {}
                                 Recheck::Decides(view) => {
                                     seen = [view.revision; WATCHED + 1];
-                                    inner.set_view(view);
+                                    inner.set_view(*view);
                                     break;
                                 }
                             }
@@ -1434,9 +1433,7 @@ async fn open_watch(
 ) -> Result<etcd_client::WatchStream, etcd_client::Error> {
     if decider {
         let from = seen.iter().copied().max().unwrap_or(0) + 1;
-        let options = WatchOptions::new()
-            .with_prefix()
-            .with_start_revision(from);
+        let options = WatchOptions::new().with_prefix().with_start_revision(from);
         return client.watch(keys.base(), Some(options)).await;
     }
     let mut stream: Option<etcd_client::WatchStream> = None;
@@ -1462,7 +1459,7 @@ enum Recheck {
     /// Still not a decider (the deciders it knows are updated).
     Same,
     /// This host decides now: the job read again, every member in it.
-    Decides(View),
+    Decides(Box<View>),
 }
 
 /// A host that does not decide, after half the deciders it knew are gone:
@@ -1499,7 +1496,7 @@ async fn deciders_again(inner: &Inner) -> Recheck {
     inner.decides.store(true, Ordering::Release);
     tracing::info!(job = %inner.cfg.job, host = %inner.cfg.host, "coord: half the hosts that decided rounds are gone; this host decides rounds now");
     match reload(inner).await {
-        Some(view) => Recheck::Decides(view),
+        Some(view) => Recheck::Decides(Box::new(view)),
         None => Recheck::Stopped,
     }
 }
