@@ -500,11 +500,10 @@ impl Inner {
                 .map_err(|e| e.to_string())
                 .and_then(|s| s.trim().parse::<u64>().map_err(|e| e.to_string()))
                 .map(|e| {
-                    // A host that does not decide watches the epoch key and
-                    // the round records on two watches, so the epoch could
-                    // come before its round: it follows the records instead
-                    // (each written in the txn that moves the epoch). Its
-                    // load reads the key.
+                    // A host that does not decide does not watch the epoch
+                    // key: it follows the round records (each written in the
+                    // txn that moves the epoch). Only its load reads the key
+                    // (as a decider's view until the deciders are known).
                     if view.decider {
                         view.epoch = e;
                         view.stale = true;
