@@ -585,22 +585,116 @@ async fn put_large_members(etcd: &EtcdServer, job: &str, count: u32, nodes: u32,
 /// A job whose keys are more than one etcd response may carry (here 300
 /// member records of 15 KB, 4.5 MB in all, past gRPC's default 4 MiB
 /// receive limit: issue 30 met it at about 1,150 real hosts) is still
-/// joined: the joining read goes in pages, each at the same revision.
+/// read: host-a, which decides rounds (the first by join), reads every
+/// member again in pages, each at the same revision, after its watch fell
+/// behind a compaction; host-b, joining last (it does not decide), gets
+/// the round's 4.5 MB layout base (read or watched: past 4 MiB either
+/// way); both hold the round.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_job_larger_than_one_response_is_read_in_pages() {
+    let mut etcd = EtcdServer::start();
+    const OTHERS: u32 = 300;
+    let nodes = OTHERS + 2;
+    let a = join(cfg(&etcd, "job-pages", "host-a", "127.0.0.2", nodes, nodes)).await;
+    put_large_members(&etcd, "job-pages", OTHERS, nodes, 120).await;
+    within(WAIT, "host-a sees every member", async {
+        let mut rx = a.rounds();
+        while rx.borrow_and_update().live.len() < OTHERS as usize + 1 {
+            rx.changed().await.expect("host-a's state");
+        }
+    })
+    .await;
+    // host-a's watch falls behind a compaction: it reads the job again.
+    let mut client = etcd_client(&etcd).await;
+    let mut newest = 0;
+    for i in 0..5 {
+        newest = client
+            .put(format!("/elsewhere/{i}"), "x", None)
+            .await
+            .expect("put elsewhere")
+            .header()
+            .map_or(0, |h| h.revision());
+    }
+    client
+        .compact(newest, None)
+        .await
+        .expect("compact etcd's history");
+    drop(client);
+    etcd.kill();
+    etcd.restart();
+    let b = join(cfg(&etcd, "job-pages", "host-b", "127.0.0.3", nodes, nodes)).await;
+    let ra = round(&a, 0).await;
+    let rb = round(&b, 0).await;
+    assert_eq!(ra.nnodes, nodes, "every member read by the writer");
+    assert_eq!((rb.epoch, &rb.members), (ra.epoch, &ra.members));
+    assert_eq!(rb.node_rank, Some(nodes - 1), "host-b joined last");
+    assert!(ra.members.iter().any(|h| h == "other-299"));
+}
+
+/// Issue 30, joining 2,048 hosts: only the first 8 hosts by join decide
+/// rounds (they read and watch every member key); the others watch the
+/// rounds and only the member keys' deletions. A host that does not decide
+/// still asks for a restart (one round, the same members in the same
+/// places), and once the deciders are gone the hosts left decide and form
+/// the round without them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_hosts_past_the_first_eight_decide_once_the_first_are_gone() {
     let etcd = EtcdServer::start();
-    const OTHERS: usize = 300;
-    put_large_members(&etcd, "job-pages", 300, 400, 60).await;
-    // Too few for a round (min 400): joining is all that happens.
-    let a = join(cfg(&etcd, "job-pages", "host-a", "127.0.0.2", 400, 400)).await;
-    let live = a.state().live;
-    assert_eq!(
-        live.len(),
-        OTHERS + 1,
-        "every member read: {} of them",
-        live.len()
-    );
-    assert!(live.iter().any(|h| h == "other-299"));
+    const HOSTS: u32 = 10;
+    let mut hosts = Vec::new();
+    for i in 0..HOSTS {
+        let mut c = cfg(
+            &etcd,
+            "job-deciders",
+            &format!("host-{i}"),
+            &format!("127.0.0.{}", i + 2),
+            2,
+            HOSTS,
+        );
+        c.last_call = Duration::from_secs(60);
+        hosts.push(join(c).await);
+    }
+    let first = round(&hosts[0], 0).await;
+    assert_eq!(first.nnodes, HOSTS);
+    assert_eq!(round(&hosts[9], 0).await.epoch, first.epoch);
+    // host-9 does not decide; its restart request makes the next round.
+    let next = hosts[9]
+        .request_restart(first.epoch, "a worker failed")
+        .await
+        .expect("a restart asked for by host-9");
+    assert_eq!(next, first.epoch + 1);
+    for h in &hosts {
+        let r = round(h, first.epoch).await;
+        assert_eq!(r.epoch, next, "{}: one round", h.host());
+        assert_eq!(r.members, first.members, "{}: the same places", h.host());
+        assert_eq!(r.decided_by, "host-9");
+    }
+    // The eight deciders leave; host-8 and host-9 form the round of two.
+    let rest = hosts.split_off(8);
+    for h in hosts {
+        h.leave(Leave::Stopped("test: the deciders go".into()))
+            .await
+            .expect("a decider leaves");
+    }
+    for h in &rest {
+        let r = within(WAIT, "the round of the two left", async {
+            let mut after = next;
+            loop {
+                let r = h.next_round(after).await.expect("a round");
+                if r.nnodes == 2 && !r.waiting {
+                    return r;
+                }
+                after = r.epoch;
+            }
+        })
+        .await;
+        assert_eq!(r.members, ["host-8", "host-9"], "{}", h.host());
+        assert!(
+            ["host-8", "host-9"].contains(&r.decided_by.as_str()),
+            "written by a host that decides now: {}",
+            r.decided_by
+        );
+    }
 }
 
 /// A host whose watch restarts from a revision etcd has compacted away
@@ -790,8 +884,8 @@ async fn a_base_of_many_chunks_is_read_whole_by_a_late_joiner() {
     let job = "job-chunks";
     let keys = Keys::new("/warden/jobs", job);
     const OTHERS: u32 = 100;
-    // 100 members of 15 KB make a 1.5 MB base, etcd's whole request limit.
-    put_large_members(&etcd, job, OTHERS, OTHERS + 1, 120).await;
+    // host-a joins first: it decides rounds (the first 8 hosts by join
+    // do; the members written by hand have no launcher behind them).
     let a = join(cfg(
         &etcd,
         job,
@@ -801,9 +895,11 @@ async fn a_base_of_many_chunks_is_read_whole_by_a_late_joiner() {
         OTHERS + 1,
     ))
     .await;
+    // 100 members of 15 KB make a 1.5 MB base, etcd's whole request limit.
+    put_large_members(&etcd, job, OTHERS, OTHERS + 1, 120).await;
     let r = round(&a, 0).await;
     assert_eq!(r.nnodes, OTHERS + 1);
-    assert_eq!(r.node_rank, Some(OTHERS), "host-a joined last");
+    assert_eq!(r.node_rank, Some(0), "host-a joined first");
     let chunks = client
         .get(
             keys.layouts(),

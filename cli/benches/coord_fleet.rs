@@ -38,6 +38,10 @@
 //! `WARDEN_FLEET_MEMBERS=1,3` (etcd set-ups), `WARDEN_FLEET_FULL=8` (full
 //! hosts per N), `WARDEN_FLEET_ROUNDS=10` (restart rounds per N),
 //! `WARDEN_FLEET_TTL_S=10`, `WARDEN_FLEET_REQUEST_TIMEOUT_S=5`.
+//! `WARDEN_FLEET_EVERY_HOST_DECIDES=1`: the baseline of the join (light
+//! hosts read and watch every member key, as every launcher did before
+//! only the first 8 by join decided rounds); write it to its own
+//! `WARDEN_FLEET_OUT`.
 
 // A benchmark program: failing loudly on set-up errors is what it should do.
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
@@ -82,6 +86,8 @@ struct Settings {
     ttl: Duration,
     request_timeout: Duration,
     commit: String,
+    /// The baseline: light hosts read and watch every member key.
+    every_host_decides: bool,
 }
 
 /// Either etcd set-up.
@@ -129,6 +135,7 @@ async fn run(n: usize, members: usize, s: &Settings) -> FleetRow {
     let mut cfg = FleetConfig::new(endpoints.clone(), "fleet", n, full);
     cfg.ttl = s.ttl;
     cfg.request_timeout = s.request_timeout;
+    cfg.every_host_decides = s.every_host_decides;
     let (mut fleet, joined) = Fleet::join(cfg).await;
     eprintln!(
         "fleet: {n} hosts, {members}-member etcd: joined in {:?}",
@@ -263,6 +270,7 @@ async fn main() {
         ttl: Duration::from_secs(env_one("WARDEN_FLEET_TTL_S", 10) as u64),
         request_timeout: Duration::from_secs(env_one("WARDEN_FLEET_REQUEST_TIMEOUT_S", 5) as u64),
         commit: commit(),
+        every_host_decides: std::env::var_os("WARDEN_FLEET_EVERY_HOST_DECIDES").is_some(),
     };
     let out = std::env::var_os("WARDEN_FLEET_OUT").map_or_else(
         || std::env::temp_dir().join("warden-coord-fleet.json"),

@@ -19,7 +19,9 @@
 //! coordinator's decisions: its own connection, a lease it keeps alive
 //! (every third of the TTL), its member record (the same JSON, so the full
 //! hosts count it in every round), the read a joining launcher makes, and
-//! a watch of what a launcher watches; it follows the epoch from that
+//! a watch of what a launcher watches, as a launcher that does not decide
+//! rounds (every host past the first 8 by join, issue 30: the full hosts
+//! join first, so they are the deciders); it follows the epoch from that
 //! watch. Like the coordinator, it opens a new keep-alive stream when one
 //! breaks or goes unanswered for a request timeout, and a new watch from
 //! the last revision it saw when its watch ends: a killed or paused etcd
@@ -42,8 +44,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use etcd_client::{
-    Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, PutOptions, Txn, TxnOp,
-    WatchOptions,
+    Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, PutOptions, SortOrder,
+    SortTarget, Txn, TxnOp, WatchFilterType, WatchOptions,
 };
 use tokio::sync::{Semaphore, watch};
 use tokio::task::JoinHandle;
@@ -79,6 +81,10 @@ pub struct FleetConfig {
     /// a bound keeps this process's connection set-up from starving the
     /// keep-alives of the hosts already in).
     pub join_concurrency: usize,
+    /// Light hosts read and watch every member key, as every launcher did
+    /// before only the first 8 by join decided rounds (issue 30): the
+    /// baseline of the join measurement, in the same binary.
+    pub every_host_decides: bool,
     /// Every host's etcd request deadline (the coordinator's
     /// `request_timeout`; a light host's keep-alive unanswered this long
     /// opens a new stream).
@@ -96,6 +102,7 @@ impl FleetConfig {
             ttl: Duration::from_secs(10),
             rejoin_grace: Duration::from_secs(1),
             join_concurrency: 32,
+            every_host_decides: false,
             request_timeout: Duration::from_secs(30),
         }
     }
@@ -588,8 +595,9 @@ impl Fleet {
 
     /// This process's resident memory per full host at the fleet's size:
     /// `k` more full hosts join (as standby: the round is full, so no new
-    /// round), each until it sees every host; the growth divided by `k`.
-    /// Then they leave.
+    /// round; past the first 8 by join, so they do not decide rounds), each
+    /// until it holds the current round; the growth divided by `k`. Then
+    /// they leave.
     pub async fn full_host_memory(&mut self, k: usize) -> u64 {
         let rss0 = rss_self();
         let mut extra = Vec::new();
@@ -605,20 +613,26 @@ impl Fleet {
             .expect("an extra full host joins");
             extra.push(c);
         }
-        // Every host etcd still holds a member key for: a light host whose
-        // lease was lost (a member paused past the TTL) does not rejoin.
-        let all = self.leases().await.member_keys;
+        // Each extra host joins past the first 8 by join, so it does not
+        // decide rounds and holds no other host's member record (issue
+        // 30): until it holds the current round, its base read.
+        let epoch = self.epoch;
         for c in &extra {
-            let mut rx = c.rounds();
             tokio::time::timeout(WAIT, async {
-                while rx.borrow_and_update().live.len() < all {
+                let mut rx = c.rounds();
+                while rx
+                    .borrow_and_update()
+                    .round
+                    .as_ref()
+                    .is_none_or(|r| r.epoch < epoch)
+                {
                     if rx.changed().await.is_err() {
                         break;
                     }
                 }
             })
             .await
-            .expect("an extra full host sees every host");
+            .expect("an extra full host holds the current round");
         }
         let per = rss_self().saturating_sub(rss0) / u64::try_from(k.max(1)).unwrap();
         for c in extra {
@@ -699,7 +713,8 @@ async fn join_light(
         ]);
     let ok = client.txn(txn).await.expect("register").succeeded();
     assert!(ok, "{host}: the host id is free");
-    let (revision, seen) = joining_read(&mut client, &keys).await;
+    let decides = cfg.every_host_decides;
+    let (revision, seen) = joining_read(&mut client, &keys, decides).await;
     let epoch = Arc::new(AtomicU64::new(seen));
     moved.send_modify(|g| *g += 1);
     let keeper = tokio::spawn(keep_alive(
@@ -709,7 +724,14 @@ async fn join_light(
         cfg.request_timeout,
         leases_lost,
     ));
-    let watcher = tokio::spawn(follow(client, keys, revision, Arc::clone(&epoch), moved));
+    let watcher = tokio::spawn(follow(
+        client,
+        keys,
+        revision,
+        Arc::clone(&epoch),
+        moved,
+        decides,
+    ));
     Light {
         host,
         spare,
@@ -718,12 +740,14 @@ async fn join_light(
     }
 }
 
-/// What a joining launcher reads of the job (as `Coordinator::join`
-/// does): the epoch, then at its revision every member and departure in
-/// pages of 256 keys, every layout base's chunks (the round's members,
-/// issue 30 point 5), and the current round record. Returns the revision
-/// and the epoch.
-async fn joining_read(client: &mut Client, keys: &Keys) -> (i64, u64) {
+/// What a joining launcher that does not decide rounds reads of the job
+/// (as `Coordinator::join` does past the first 8 hosts by join, issue 30):
+/// the epoch, then at its revision the first hosts by join (keys only, 8
+/// of them), every departure and layout base's chunks in pages of 256
+/// keys, and the current round record. No member record, unless
+/// `decides` (the baseline: every member in pages too). Returns the
+/// revision and the epoch.
+async fn joining_read(client: &mut Client, keys: &Keys, decides: bool) -> (i64, u64) {
     let r = client.get(keys.epoch(), None).await.expect("the epoch");
     let revision = r.header().map_or(0, |h| h.revision());
     let epoch: u64 = r
@@ -731,11 +755,25 @@ async fn joining_read(client: &mut Client, keys: &Keys) -> (i64, u64) {
         .first()
         .and_then(|kv| kv.value_str().ok()?.parse().ok())
         .unwrap_or(0);
-    for prefix in [
-        keys.members(),
-        format!("{}departures/", keys.base()),
-        keys.layouts(),
-    ] {
+    client
+        .get(
+            keys.members(),
+            Some(
+                GetOptions::new()
+                    .with_prefix()
+                    .with_keys_only()
+                    .with_sort(SortTarget::Create, SortOrder::Ascend)
+                    .with_limit(8)
+                    .with_revision(revision),
+            ),
+        )
+        .await
+        .expect("the first hosts by join");
+    let mut prefixes = vec![format!("{}departures/", keys.base()), keys.layouts()];
+    if decides {
+        prefixes.push(keys.members());
+    }
+    for prefix in prefixes {
         let mut end = prefix.clone().into_bytes();
         let last = end.pop().expect("a prefix");
         end.push(last + 1);
@@ -772,26 +810,67 @@ async fn joining_read(client: &mut Client, keys: &Keys) -> (i64, u64) {
     (revision, epoch)
 }
 
-/// What a launcher watches, from `revision + 1`: the job's prefix. The
-/// epoch key's puts move `epoch`. A watch that ends (its member killed,
-/// or dropped by its HTTP/2 keep-alive) is opened again from the last
-/// revision seen.
+/// What a launcher that does not decide watches, from `revision + 1` (as
+/// `session::open_watch`): the departures, end markers, layout bases and
+/// round records, and the member keys' deletions, each its own watch on
+/// one stream; a round record moves `epoch`. `decides` (the baseline): one
+/// watch of the whole prefix, member keys' puts included, and the epoch
+/// key's puts move `epoch`. A watch that ends (its member killed, or
+/// dropped by its HTTP/2 keep-alive) is opened again from the last
+/// revision seen of each prefix.
 async fn follow(
     mut client: Client,
     keys: Keys,
-    mut revision: i64,
+    revision: i64,
     epoch: Arc<AtomicU64>,
     moved: Arc<watch::Sender<u64>>,
+    decides: bool,
 ) {
     let epoch_key = keys.epoch();
-    loop {
-        let options = WatchOptions::new()
-            .with_prefix()
-            .with_start_revision(revision + 1);
-        let Ok(mut stream) = client.watch(keys.base(), Some(options)).await else {
-            tokio::time::sleep(Duration::from_millis(200)).await;
-            continue;
-        };
+    let rounds = format!("{}rounds/", keys.base());
+    let prefixes = [
+        format!("{}departures/", keys.base()),
+        format!("{}ends/", keys.base()),
+        keys.layouts(),
+        keys.members(),
+        rounds.clone(),
+    ];
+    // How far each prefix was seen (the last: any other key).
+    let mut seen = [revision; 6];
+    'watch: loop {
+        let mut stream = None;
+        for (i, prefix) in prefixes.iter().enumerate() {
+            if decides && i > 0 {
+                break;
+            }
+            let (key, options) = if decides {
+                let from = seen.iter().copied().max().unwrap_or(0) + 1;
+                (
+                    keys.base().to_owned(),
+                    WatchOptions::new().with_prefix().with_start_revision(from),
+                )
+            } else {
+                let mut o = WatchOptions::new()
+                    .with_prefix()
+                    .with_start_revision(seen[i] + 1);
+                if *prefix == keys.members() {
+                    o = o.with_filters([WatchFilterType::NoPut]);
+                }
+                (prefix.clone(), o)
+            };
+            let opened = match &mut stream {
+                None => client
+                    .watch(key, Some(options))
+                    .await
+                    .map(|s| stream = Some(s)),
+                Some(s) => s.watch(key, Some(options)).await,
+            };
+            if opened.is_err() {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                continue 'watch;
+            }
+        }
+        let Some(mut stream) = stream else { continue };
         while let Ok(Some(resp)) = stream.message().await {
             if resp.canceled() && resp.compact_revision() > 0 {
                 // Compacted past what it saw: a launcher reloads; the bench
@@ -803,10 +882,25 @@ async fn follow(
             }
             for e in resp.events() {
                 let Some(kv) = e.kv() else { continue };
-                revision = revision.max(kv.mod_revision());
-                if e.event_type() == EventType::Put
-                    && kv.key() == epoch_key.as_bytes()
-                    && let Some(n) = kv.value_str().ok().and_then(|s| s.parse::<u64>().ok())
+                let range = prefixes
+                    .iter()
+                    .position(|p| kv.key().starts_with(p.as_bytes()))
+                    .unwrap_or(5);
+                seen[range] = seen[range].max(kv.mod_revision());
+                if e.event_type() != EventType::Put {
+                    continue;
+                }
+                let moved_to = if decides {
+                    (kv.key() == epoch_key.as_bytes())
+                        .then(|| kv.value_str().ok()?.parse::<u64>().ok())
+                        .flatten()
+                } else {
+                    kv.key()
+                        .strip_prefix(rounds.as_bytes())
+                        .and_then(|e| std::str::from_utf8(e).ok()?.parse::<u64>().ok())
+                };
+                if let Some(n) = moved_to
+                    && n > epoch.load(Ordering::Acquire)
                 {
                     epoch.store(n, Ordering::Release);
                     moved.send_modify(|g| *g += 1);

@@ -34,6 +34,7 @@ mod bounded;
 pub mod config;
 mod connect;
 pub mod cordon_share;
+pub mod deciders;
 mod diagnose;
 pub mod error;
 pub mod etcd_flags;
@@ -71,7 +72,10 @@ use session::{Advance, Departure, Inner};
 pub struct CoordState {
     /// The round of the current epoch; `None` before the first.
     pub round: Option<Round>,
-    /// Live hosts (member keys present), sorted.
+    /// Live hosts (member keys present), sorted. On a host that does not
+    /// decide rounds (past the first [`deciders::DECIDERS`] by join: it
+    /// watches no member key but their deletions), the current round's
+    /// members and standby instead.
     pub live: Vec<String>,
     /// Set when a host ended the job at the current epoch.
     pub ended: Option<JobEnd>,
@@ -200,6 +204,8 @@ impl Coordinator {
             client,
             lease: AtomicI64::new(lease),
             incarnation: incarnation(),
+            joined_at: AtomicI64::new(0),
+            decides: std::sync::atomic::AtomicBool::new(false),
             view: Mutex::new(session::View::default()),
             state,
             stop: CancellationToken::new(),
@@ -264,8 +270,9 @@ impl Coordinator {
     /// ([`cordon_share::cordon_share`]).
     pub fn cordon_share(&self, window: Duration, max_share: f64) -> cordon_share::CordonShare {
         let view = self.inner.lock_view();
+        let live = view.live_hosts();
         cordon_share::cordon_share(
-            view.members.keys().map(String::as_str),
+            live.iter().map(String::as_str),
             &view.departed,
             &self.inner.cfg.host,
             session::now_ms(),

@@ -236,6 +236,11 @@ pub struct Standing {
     candidate_of: HashMap<String, (bool, i64)>,
     /// How many members are live.
     live: usize,
+    /// Live members by join (create revision), for the deciders
+    /// ([`super::deciders`]) and their place in the writers' line.
+    by_join: BTreeSet<(i64, String)>,
+    /// Each live member's join revision, by host id.
+    join_of: HashMap<String, i64>,
 }
 
 impl Standing {
@@ -267,6 +272,13 @@ impl Standing {
             self.candidates.remove(&(key.0, key.1, host.to_owned()));
         }
         let member = live.get(host);
+        if let Some(rev) = self.join_of.remove(host) {
+            self.by_join.remove(&(rev, host.to_owned()));
+        }
+        if let Some(m) = member {
+            self.by_join.insert((m.join_revision, host.to_owned()));
+            self.join_of.insert(host.to_owned(), m.join_revision);
+        }
         let rank = self.ranks.get(host).copied();
         if let (Some(i), Some(r)) = (rank, round)
             && let Some(rm) = r.members.get(i)
@@ -325,6 +337,29 @@ impl Standing {
             .take(cap)
             .position(|(_, _, h)| h == host)
             .map_or(cap, |p| (members + p).min(cap))
+    }
+
+    /// `host`'s place in line among the hosts that decide rounds: the first
+    /// `deciders` live members by join, and `host` itself (it decides).
+    /// Each is ordered by its [`Standing::writer_place`] (capped at
+    /// `2 * cap`), then by join; capped at `cap`. A host that does not
+    /// decide never writes, so a decider does not wait for one that is
+    /// before it in node-rank order. O(deciders * (lost members + cap)).
+    pub fn decider_place(&self, host: &str, deciders: usize, cap: usize) -> usize {
+        let wide = cap.saturating_mul(2);
+        let key = |h: &str| {
+            (
+                self.writer_place(h, wide),
+                self.join_of.get(h).copied().unwrap_or(i64::MAX),
+            )
+        };
+        let mine = key(host);
+        self.by_join
+            .iter()
+            .take(deciders)
+            .filter(|(_, h)| h != host && key(h) < mine)
+            .count()
+            .min(cap)
     }
 }
 
@@ -914,5 +949,33 @@ mod tests {
         // No round yet: the candidates in join order.
         let st = Standing::new(None, &live);
         assert_eq!(line(&st), [8, 0, 1, 2, 8]);
+    }
+
+    #[test]
+    fn a_deciders_place_skips_the_hosts_that_do_not_decide() {
+        // z joined first and holds node rank 0 of a round of z, a, b; z
+        // then rejoined (a new key, the last by join): with two deciders,
+        // a and b decide, and a is first among them although z is live.
+        let (z, a, b) = (
+            m("z", 1, 1, false),
+            m("a", 2, 2, false),
+            m("b", 3, 3, false),
+        );
+        let r1 = round_of(1, &[z.clone(), a.clone(), b.clone()], LIMITS);
+        assert_eq!(hosts(&r1), ["z", "a", "b"]);
+        let mut z2 = z.clone();
+        z2.join_revision = 9;
+        let live: BTreeMap<String, Member> = [&z2, &a, &b]
+            .into_iter()
+            .map(|m| (m.record.host.clone(), m.clone()))
+            .collect();
+        let st = Standing::new(Some(&r1), &live);
+        assert_eq!(st.writer_place("a", 8), 1, "z is first in node-rank order");
+        assert_eq!(st.decider_place("a", 2, 8), 0);
+        assert_eq!(st.decider_place("b", 2, 8), 1);
+        // z decides too (it did before it rejoined): first again.
+        assert_eq!(st.decider_place("z", 2, 8), 0);
+        // Capped.
+        assert_eq!(st.decider_place("b", 2, 0), 0);
     }
 }

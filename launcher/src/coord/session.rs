@@ -10,13 +10,13 @@
 
 use std::collections::BTreeMap;
 use std::future::Future;
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use etcd_client::{
     Client, Compare, CompareOp, DeleteOptions, EventType, KeyValue, PutOptions, Txn, TxnOp,
-    TxnOpResponse, WatchOptions,
+    TxnOpResponse, WatchFilterType, WatchOptions,
 };
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
@@ -95,6 +95,21 @@ pub(crate) struct View {
     /// This host's view of the current round, made once per round (or
     /// lease), not per event: (epoch, lease, round without its standby).
     round_cache: Option<(u64, i64, Round)>,
+    /// This host decides rounds ([`super::deciders`]): `members` holds
+    /// every live member. When false, `members` is empty, the epoch
+    /// follows the round records, and this host writes a round only when
+    /// asked for a restart (of the current round's members).
+    pub(crate) decider: bool,
+    /// For a host that does not decide: the first hosts by join when it
+    /// last asked (host -> create revision), less those deleted since.
+    pub(crate) deciders: BTreeMap<String, i64>,
+    /// A host that does not decide must ask etcd again for the deciders.
+    pub(crate) recheck: bool,
+    /// The create revision of this host's member key (its join), for the
+    /// end markers of a host that does not decide.
+    pub(crate) joined_at: i64,
+    /// Each end marker's revision, by epoch.
+    end_revisions: BTreeMap<u64, i64>,
 }
 
 impl View {
@@ -102,8 +117,57 @@ impl View {
         self.rounds.get(&self.epoch)
     }
 
+    /// The live members a round is made of: every live member on a
+    /// decider; on any other host the current round's members, taken as
+    /// live (a restart it asks for keeps them; a decider replaces any
+    /// that is gone in the round after).
     fn live(&self) -> Vec<Member> {
-        self.members.values().cloned().collect()
+        if self.decider {
+            return self.members.values().cloned().collect();
+        }
+        self.current()
+            .map(|r| {
+                r.members
+                    .iter()
+                    .map(|rm| Member {
+                        record: MemberRecord {
+                            host: rm.host.clone(),
+                            addr: rm.addr.clone(),
+                            nproc_per_node: rm.nproc_per_node,
+                            spare: false,
+                            min_nodes: r.min_nodes,
+                            max_nodes: r.max_nodes,
+                            pid: 0,
+                            joined_at_ms: 0,
+                            ckpt_peer: rm.ckpt_peer.clone(),
+                            incarnation: rm.incarnation,
+                        },
+                        lease: rm.lease,
+                        join_revision: 0,
+                    })
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// The live hosts as this host knows them, sorted: every member on a
+    /// decider; on any other host the current round's members and standby.
+    pub(crate) fn live_hosts(&self) -> Vec<String> {
+        if self.decider {
+            return self.members.keys().cloned().collect();
+        }
+        let mut hosts: Vec<String> = self
+            .current()
+            .map(|r| {
+                r.members
+                    .iter()
+                    .map(|m| m.host.clone())
+                    .chain(r.standby.iter().cloned())
+                    .collect()
+            })
+            .unwrap_or_default();
+        hosts.sort();
+        hosts
     }
 
     /// Builds `standing` again if the current round changed.
@@ -195,10 +259,20 @@ impl View {
     /// The end marker of the current epoch, while a member of its round is
     /// still live: once they are all gone, the job id is free for a new run
     /// (whose hosts come with new leases).
+    ///
+    /// A host that does not decide knows no member but itself: the end
+    /// marker holds for it when it was written after this host joined (a
+    /// host that joins once the job ended is of a new run, whose deciders
+    /// start it).
     fn ended(&self) -> Option<&JobEnd> {
         self.current()?;
         let end = self.ends.get(&self.epoch)?;
-        self.standing.any_member_live().then_some(end)
+        if self.decider {
+            self.standing.any_member_live().then_some(end)
+        } else {
+            let written = self.end_revisions.get(&self.epoch).copied();
+            written.is_some_and(|w| w > self.joined_at).then_some(end)
+        }
     }
 }
 
@@ -231,6 +305,11 @@ pub(crate) struct Inner {
     /// This launcher's incarnation ([`MemberRecord::incarnation`]): drawn
     /// at join, kept across rejoins.
     pub(crate) incarnation: u64,
+    /// The create revision of this host's member key: set when it
+    /// registers or rejoins.
+    pub(crate) joined_at: AtomicI64,
+    /// This host decides rounds ([`super::deciders`]): once true, for good.
+    pub(crate) decides: AtomicBool,
     pub(crate) view: Mutex<View>,
     pub(crate) state: watch::Sender<CoordState>,
     pub(crate) stop: CancellationToken,
@@ -308,13 +387,38 @@ impl Inner {
             .await?;
         let mut view = View {
             revision: resp.header().map_or(0, |h| h.revision()),
+            // Until the deciders are known: the epoch key is read as is.
+            decider: true,
             ..View::default()
         };
         for kv in resp.kvs() {
             self.apply_put(&mut view, kv);
         }
         let revision = view.revision;
-        for prefix in [self.keys.members(), self.keys.departures()] {
+        // Whether this host decides rounds: then it reads every member;
+        // else none (issue 30: a join read every member before it).
+        let first = super::deciders::first_by_join(
+            &self.endpoints,
+            self.cfg.request_timeout,
+            &self.client,
+            &self.keys,
+            revision,
+        )
+        .await?;
+        view.joined_at = self.joined_at.load(Ordering::Acquire);
+        view.decider = self.decides.load(Ordering::Acquire)
+            || super::deciders::decides(&first, &self.cfg.host);
+        if view.decider {
+            self.decides.store(true, Ordering::Release);
+        } else {
+            view.deciders = first;
+        }
+        let prefixes = if view.decider {
+            vec![self.keys.members(), self.keys.departures()]
+        } else {
+            vec![self.keys.departures()]
+        };
+        for prefix in prefixes {
             super::paged::read_prefix(
                 &self.endpoints,
                 self.cfg.request_timeout,
@@ -370,6 +474,9 @@ impl Inner {
             return;
         };
         let parsed: Result<(), String> = match kind {
+            // A host that does not decide keeps no member (its watch sends
+            // none but deletions; this is a defence).
+            KeyKind::Member(_) if !view.decider => Ok(()),
             KeyKind::Member(host) => serde_json::from_slice::<MemberRecord>(kv.value())
                 .map_err(|e| e.to_string())
                 .and_then(|record| {
@@ -393,12 +500,24 @@ impl Inner {
                 .map_err(|e| e.to_string())
                 .and_then(|s| s.trim().parse::<u64>().map_err(|e| e.to_string()))
                 .map(|e| {
-                    view.epoch = e;
-                    view.stale = true;
+                    // A host that does not decide does not watch the epoch
+                    // key: it follows the round records (each written in the
+                    // txn that moves the epoch). Only its load reads the key
+                    // (as a decider's view until the deciders are known).
+                    if view.decider {
+                        view.epoch = e;
+                        view.stale = true;
+                    }
                 }),
             KeyKind::Round(epoch) => serde_json::from_slice::<RoundRecord>(kv.value())
                 .map_err(|e| e.to_string())
-                .and_then(|r| view.put_round(epoch, r).map_err(|e| e.to_string())),
+                .and_then(|r| {
+                    if !view.decider && epoch > view.epoch {
+                        view.epoch = epoch;
+                        view.stale = true;
+                    }
+                    view.put_round(epoch, r).map_err(|e| e.to_string())
+                }),
             KeyKind::LayoutChunk(base, chunk) => {
                 serde_json::from_slice::<Vec<RoundMember>>(kv.value())
                     .map_err(|e| e.to_string())
@@ -415,6 +534,7 @@ impl Inner {
                 .map_err(|e| e.to_string())
                 .map(|e| {
                     view.ends.insert(epoch, e);
+                    view.end_revisions.insert(epoch, kv.mod_revision());
                 }),
             KeyKind::Other => Ok(()),
         };
@@ -431,13 +551,18 @@ impl Inner {
     /// A key deleted (or expired with its lease): out of the view.
     fn apply_delete(&self, view: &mut View, key: &str) {
         match self.keys.classify(key) {
+            Some(KeyKind::Member(host)) if !view.decider => {
+                view.recheck |= super::deciders::deleted(&mut view.deciders, host);
+            }
             Some(KeyKind::Member(host)) => {
                 view.members.remove(host);
                 view.member_changed(host);
             }
             Some(KeyKind::Epoch) => {
-                view.epoch = 0;
-                view.stale = true;
+                if view.decider {
+                    view.epoch = 0;
+                    view.stale = true;
+                }
             }
             Some(KeyKind::Round(epoch)) => {
                 view.stale |= epoch == view.epoch;
@@ -458,6 +583,7 @@ impl Inner {
             }
             Some(KeyKind::End(epoch)) => {
                 view.ends.remove(&epoch);
+                view.end_revisions.remove(&epoch);
             }
             Some(KeyKind::Other) | None => {}
         }
@@ -495,15 +621,14 @@ impl Inner {
                     }
                 };
                 // Who is on standby now, not when the round formed: a
-                // spare that joins a full round makes no new one.
-                round.standby = view.standing.standby();
+                // spare that joins a full round makes no new one. (A host
+                // that does not decide knows the round's own list only.)
+                if view.decider {
+                    round.standby = view.standing.standby();
+                }
                 round
             });
-            (
-                round,
-                view.members.keys().cloned().collect::<Vec<_>>(),
-                view.ended().cloned(),
-            )
+            (round, view.live_hosts(), view.ended().cloned())
         };
         self.state.send_modify(|s| {
             if let Some(r) = &round
@@ -565,9 +690,20 @@ impl Inner {
                 return Ok(Advance::Stale(view.epoch));
             }
             let live = view.live();
+            if !view.decider && view.current().is_none_or(|r| r.waiting) {
+                // No round to restart: the deciders make the first.
+                return Ok(Advance::Stale(view.epoch));
+            }
+            let mut assignment = plan::assign(view.current(), &live, self.limits);
+            if !view.decider {
+                assignment.standby = view
+                    .current()
+                    .map(|r| r.standby.clone())
+                    .unwrap_or_default();
+            }
             let record = plan::record(
                 next,
-                plan::assign(view.current(), &live, self.limits),
+                assignment,
                 self.limits,
                 reason,
                 self.cfg.host.clone(),
@@ -753,6 +889,9 @@ impl Inner {
                 .call("txn (register member)", &key, client.txn(txn))
                 .await?;
             if resp.succeeded() {
+                // The txn's revision is the member key's create revision.
+                let revision = resp.header().map_or(0, |h| h.revision());
+                self.joined_at.store(revision, Ordering::Release);
                 return Ok(());
             }
             let holder = resp.op_responses().into_iter().find_map(|r| match r {
@@ -862,10 +1001,12 @@ impl Inner {
             .call("txn (re-register member)", &key, client.txn(txn))
             .await
             .map_err(RejoinError::Retry)?;
+        let mut joined_at = resp.header().map_or(0, |h| h.revision());
         if !resp.succeeded() {
             let holder = resp.op_responses().into_iter().find_map(|r| match r {
                 TxnOpResponse::Get(g) => g.kvs().first().map(|kv| {
                     let record = serde_json::from_slice::<MemberRecord>(kv.value()).ok();
+                    joined_at = kv.create_revision();
                     (record, kv.lease(), kv.mod_revision())
                 }),
                 _ => None,
@@ -907,6 +1048,8 @@ impl Inner {
                 }
             }
         }
+        self.joined_at.store(joined_at, Ordering::Release);
+        self.lock_view().joined_at = joined_at;
         let old = self.lease.swap(lease, Ordering::AcqRel);
         tracing::warn!(
             job = %self.cfg.job,
@@ -1137,22 +1280,28 @@ async fn keep_alive_stream(
 /// The driver: watches the job's keys from `revision + 1`, keeps the view
 /// and the published state current, and writes the rounds that
 /// [`plan::decide`] says are due (at once, or after the last call).
-pub(crate) async fn drive(inner: Arc<Inner>, mut revision: i64) {
+///
+/// A host that decides rounds watches the job's whole prefix; any other
+/// watches it without the member keys' puts ([`open_watch`]), and asks
+/// again who decides when half the deciders it knew are gone.
+pub(crate) async fn drive(inner: Arc<Inner>, revision: i64) {
     let mut driver = Driver::default();
+    // How far each watched prefix has been seen ([`watched`], then every
+    // other key). A decider's one watch moves them together.
+    let mut seen = [revision; WATCHED + 1];
+    let prefixes = watched(&inner.keys);
     loop {
+        let decider = inner.lock_view().decider;
         // A round record of thousands of hosts is larger than gRPC's default
         // 4 MiB once etcd batches a few into one message.
         let mut client = inner
             .client
             .watch_client()
             .max_decoding_message_size(super::paged::RECEIVE_LIMIT);
-        let options = WatchOptions::new()
-            .with_prefix()
-            .with_start_revision(revision + 1);
         let base = inner.keys.base().to_owned();
         let watched = tokio::select! {
             () = inner.stop.cancelled() => return,
-            r = inner.call("watch", &base, client.watch(base.as_str(), Some(options))) => r,
+            r = inner.call("watch", &base, open_watch(&mut client, &inner.keys, decider, seen)) => r,
         };
         let mut stream = match watched {
             Ok(s) => s,
@@ -1186,16 +1335,17 @@ pub(crate) async fn drive(inner: Arc<Inner>, mut revision: i64) {
                         let Some(view) = reload(&inner).await else {
                             return;
                         };
-                        revision = view.revision;
+                        seen = [view.revision; WATCHED + 1];
                         inner.set_view(view);
                         break;
                     }
                     if !resp.events().is_empty() {
-                        {
+                        let recheck = {
                             let mut view = inner.lock_view();
                             for event in resp.events() {
                                 let Some(kv) = event.kv() else { continue };
-                                revision = revision.max(kv.mod_revision());
+                                let range = range_of(&prefixes, kv.key());
+                                seen[range] = seen[range].max(kv.mod_revision());
                                 match event.event_type() {
                                     EventType::Put => inner.apply_put(&mut view, kv),
                                     EventType::Delete => {
@@ -1203,14 +1353,27 @@ pub(crate) async fn drive(inner: Arc<Inner>, mut revision: i64) {
                                     }
                                 }
                             }
-                            view.revision = revision;
+                            view.revision = seen.iter().copied().max().unwrap_or(0);
                             let epoch = view.epoch;
                             view.rounds.retain(|e, _| *e >= epoch);
                             view.unresolved.retain(|e, _| *e >= epoch);
                             view.ends.retain(|e, _| *e >= epoch);
+                            view.end_revisions.retain(|e, _| *e >= epoch);
                             view.settle();
-                        }
+                            std::mem::take(&mut view.recheck)
+                        };
                         inner.publish();
+                        if recheck {
+                            match deciders_again(&inner).await {
+                                Recheck::Stopped => return,
+                                Recheck::Same => {}
+                                Recheck::Decides(view) => {
+                                    seen = [view.revision; WATCHED + 1];
+                                    inner.set_view(*view);
+                                    break;
+                                }
+                            }
+                        }
                     }
                 }
                 Some(Ok(None)) | Some(Err(_)) => {
@@ -1224,6 +1387,116 @@ pub(crate) async fn drive(inner: Arc<Inner>, mut revision: i64) {
             }
             driver.evaluate(&inner).await;
         }
+    }
+}
+
+/// The prefixes a host that does not decide watches, each its own watch
+/// on one stream: the departures, the end markers, the layout bases, the
+/// member keys (deletions only) and the round records. Not the epoch key:
+/// such a host follows the round records, so a round's txn is one event
+/// for it, not two.
+fn watched(keys: &Keys) -> [String; WATCHED] {
+    [
+        keys.departures(),
+        format!("{}ends/", keys.base()),
+        keys.layouts(),
+        keys.members(),
+        format!("{}rounds/", keys.base()),
+    ]
+}
+
+/// How many prefixes [`watched`] names.
+const WATCHED: usize = 5;
+
+/// Its place in [`watched`].
+const MEMBERS: usize = 3;
+
+/// Which of the [`watched`] prefixes `key` is under; [`WATCHED`] for any
+/// other key (the epoch key, which only a decider watches).
+fn range_of(watched: &[String; WATCHED], key: &[u8]) -> usize {
+    watched
+        .iter()
+        .position(|p| key.starts_with(p.as_bytes()))
+        .unwrap_or(WATCHED)
+}
+
+/// Opens the job's watch, each range from after what was `seen` of it.
+/// A decider: one watch of the whole prefix. Any other host: the
+/// [`watched`] prefixes, the member keys' deletions only, so that a host
+/// joining costs it nothing (issue 30).
+async fn open_watch(
+    client: &mut etcd_client::WatchClient,
+    keys: &Keys,
+    decider: bool,
+    seen: [i64; WATCHED + 1],
+) -> Result<etcd_client::WatchStream, etcd_client::Error> {
+    if decider {
+        let from = seen.iter().copied().max().unwrap_or(0) + 1;
+        let options = WatchOptions::new().with_prefix().with_start_revision(from);
+        return client.watch(keys.base(), Some(options)).await;
+    }
+    let mut stream: Option<etcd_client::WatchStream> = None;
+    for (i, prefix) in watched(keys).iter().enumerate() {
+        let mut options = WatchOptions::new()
+            .with_prefix()
+            .with_start_revision(seen[i] + 1);
+        if i == MEMBERS {
+            options = options.with_filters([WatchFilterType::NoPut]);
+        }
+        match &mut stream {
+            None => stream = Some(client.watch(prefix.as_str(), Some(options)).await?),
+            Some(s) => s.watch(prefix.as_str(), Some(options)).await?,
+        }
+    }
+    stream.ok_or_else(|| etcd_client::Error::WatchError("no prefix to watch".into()))
+}
+
+/// What came of asking again who decides.
+enum Recheck {
+    /// The coordinator stopped.
+    Stopped,
+    /// Still not a decider (the deciders it knows are updated).
+    Same,
+    /// This host decides now: the job read again, every member in it.
+    Decides(Box<View>),
+}
+
+/// A host that does not decide, after half the deciders it knew are gone:
+/// asks etcd for the first hosts by join again (backing off from 250 ms
+/// to 5 s while etcd does not answer); among them, it decides from now on
+/// and reads the job again.
+async fn deciders_again(inner: &Inner) -> Recheck {
+    let mut backoff = Duration::from_millis(250);
+    let first = loop {
+        match super::deciders::first_by_join(
+            &inner.endpoints,
+            inner.cfg.request_timeout,
+            &inner.client,
+            &inner.keys,
+            0,
+        )
+        .await
+        {
+            Ok(first) => break first,
+            Err(e) => {
+                tracing::warn!(host = %inner.cfg.host, error = %e, retry_in = ?backoff, "coord: cannot read who decides rounds");
+            }
+        }
+        tokio::select! {
+            () = inner.stop.cancelled() => return Recheck::Stopped,
+            () = sleep(backoff) => {}
+        }
+        backoff = (backoff * 2).min(Duration::from_secs(5));
+    };
+    if !super::deciders::decides(&first, &inner.cfg.host) {
+        inner.lock_view().deciders = first;
+        return Recheck::Same;
+    }
+    inner.decides.store(true, Ordering::Release);
+    tracing::info!(job = %inner.cfg.job, host = %inner.cfg.host, "coord: half the hosts that decided rounds are gone; this host decides rounds now");
+    match reload(inner).await {
+        Some(view) => Recheck::Decides(Box::new(view)),
+        None => Recheck::Stopped,
     }
 }
 
@@ -1280,6 +1553,12 @@ impl Driver {
         self.wake = None;
         let (trigger, epoch, place) = {
             let mut view = inner.lock_view();
+            if !view.decider {
+                // Rounds are the deciders' (a restart request aside).
+                self.pending = None;
+                self.standing_by = None;
+                return;
+            }
             view.settle();
             (
                 plan::decide(
@@ -1291,7 +1570,11 @@ impl Driver {
                     inner.limits,
                 ),
                 view.epoch,
-                view.standing.writer_place(&inner.cfg.host, WRITER_LINE),
+                view.standing.decider_place(
+                    &inner.cfg.host,
+                    super::deciders::DECIDERS,
+                    WRITER_LINE,
+                ),
             )
         };
         let (reason, wait) = match trigger {
