@@ -48,6 +48,19 @@ pub enum ConfigError {
     },
 }
 
+impl ConfigError {
+    /// [`ConfigError::Invalid`]: `key` of the config from `origin` has
+    /// `value`, refused for `why`. Every stage's `validate` says it so.
+    pub fn invalid(origin: &str, key: &'static str, value: String, why: &str) -> Self {
+        Self::Invalid {
+            origin: origin.to_owned(),
+            key,
+            value,
+            why: why.to_owned(),
+        }
+    }
+}
+
 /// `[hang]`: when a rank with no progress is declared hung.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]

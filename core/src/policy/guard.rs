@@ -131,12 +131,7 @@ impl Default for BreakerConfig {
 impl LemonConfig {
     /// Refuses a rule that would cordon on every incident or never count.
     pub fn validate(&self, origin: &str) -> Result<(), ConfigError> {
-        let invalid = |key: &'static str, value: String, why: &str| ConfigError::Invalid {
-            origin: origin.to_owned(),
-            key,
-            value,
-            why: why.to_owned(),
-        };
+        let invalid = |key, value, why: &str| ConfigError::invalid(origin, key, value, why);
         if self.incidents < 2 {
             return Err(invalid(
                 "policy.lemon.incidents",

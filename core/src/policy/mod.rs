@@ -169,12 +169,7 @@ impl PolicyConfig {
 
     /// Refuses a policy that cannot be followed.
     pub fn validate(&self, origin: &str) -> Result<(), ConfigError> {
-        let invalid = |key: &'static str, value: String, why: &str| ConfigError::Invalid {
-            origin: origin.to_owned(),
-            key,
-            value,
-            why: why.to_owned(),
-        };
+        let invalid = |key, value, why: &str| ConfigError::invalid(origin, key, value, why);
         let show = |d: Duration| humantime::format_duration(d).to_string();
         if self.backoff_initial > self.backoff_max {
             return Err(invalid(

@@ -80,13 +80,8 @@ impl Default for KmsgConfig {
 impl KmsgConfig {
     /// Checks values that parse but make no sense; the error names the key.
     pub fn validate(&self, origin: &str) -> Result<(), crate::config::ConfigError> {
-        let invalid = |key: &'static str, value: String, why: &str| {
-            Err(crate::config::ConfigError::Invalid {
-                origin: origin.to_owned(),
-                key,
-                value,
-                why: why.to_owned(),
-            })
+        let invalid = |key, value, why: &str| {
+            Err(crate::config::ConfigError::invalid(origin, key, value, why))
         };
         if self.enabled && self.path.is_empty() {
             return invalid(

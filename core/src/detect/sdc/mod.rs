@@ -82,12 +82,7 @@ impl Default for SdcConfig {
 impl SdcConfig {
     /// Refuses values the detector cannot use.
     pub fn validate(&self, origin: &str) -> Result<(), ConfigError> {
-        let invalid = |key: &'static str, value: String, why: &str| ConfigError::Invalid {
-            origin: origin.to_owned(),
-            key,
-            value,
-            why: why.to_owned(),
-        };
+        let invalid = |key, value, why: &str| ConfigError::invalid(origin, key, value, why);
         if !(self.z_threshold.is_finite() && self.z_threshold > 0.0) {
             return Err(invalid(
                 "sdc.z_threshold",

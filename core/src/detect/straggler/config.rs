@@ -140,14 +140,7 @@ impl Default for StragglerConfig {
 impl StragglerConfig {
     /// Checks values that parse but make no sense; the error names the key.
     pub fn validate(&self, origin: &str) -> Result<(), ConfigError> {
-        let invalid = |key: &'static str, value: String, why: &str| {
-            Err(ConfigError::Invalid {
-                origin: origin.to_owned(),
-                key,
-                value,
-                why: why.to_owned(),
-            })
-        };
+        let invalid = |key, value, why: &str| Err(ConfigError::invalid(origin, key, value, why));
         if !(2..=MAX_WINDOW).contains(&self.window_steps) {
             return invalid(
                 "straggler.window_steps",
