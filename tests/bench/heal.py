@@ -4,16 +4,28 @@ The same job (examples/heal/ddp.py: 4 ranks, gloo, CPU, plain DDP, a
 checkpoint every 40 steps, 30 ms steps), the same fault (rank 1 SIGKILLed from
 outside once it logged step 60, i.e. 20 steps after a checkpoint) and the same
 machine, in one run, alternating:
-  heal        warden run, the state declared (warden.heal): the rank is healed
-  checkpoint  warden run, EXAMPLE_HEAL=0: today's in-job restart from the tier
+  heal              warden run, the state declared (warden.heal): the rank is healed
+  checkpoint        warden run, EXAMPLE_HEAL=0: today's in-job restart from the tier
+  torchft-defaults  torchft 0.2.0 as shipped (tests/bench/heal_torchft.py): its
+                    Manager, DDP and Optimizer on ProcessGroupGloo, 4 replica groups,
+                    the replacement started cold right after the kill
+  torchft-tuned     the same with its DDP comm hook's one-line patch, the
+                    replacement pre-started, the lighthouse's join timeout 100 ms
+  torchrun          torchrun --max-restarts 3: every rank restarts from the
+                    newest checkpoint (tests/bench/torchrun_ddp.py)
+The torchft rows need tests/bench/torchft_venv.sh run once. --torchft-midstep
+(a side experiment, another fault) kills the torchft group only once its
+next quorum request reached the lighthouse: inside the step, not before it.
 
 Per run: the seconds from the kill (this script's clock, just after kill())
 to every rank logging a step (the log's own time.time()), the steps redone
 (the most (rank, step) pairs any rank logged again), whether the digests equal
-the fault-free run's, and whether it recovered at the first try (exit 0 with
+the fault-free run's (each system's own fault-free run: torchft averages
+its gradients in another order than DDP), and whether it recovered at the first try (exit 0 with
 one heal, or one in-job restart). Prints one JSON line per run and a table.
 
-  python tests/bench/heal.py --runs 10 [--warden target/debug/warden] [--python .venv/bin/python]
+  python tests/bench/heal.py --runs 10 [--rows heal,checkpoint,torchft-defaults,torchft-tuned,torchrun]
+      [--warden target/debug/warden] [--python .venv/bin/python] [--out results.jsonl]
 """
 
 from __future__ import annotations
@@ -28,6 +40,8 @@ import subprocess
 import sys
 import tempfile
 import time
+
+import heal_torchft
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 STEPS, CKPT, KILL_AT, VICTIM = 100, 40, 60, 1
@@ -91,27 +105,60 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=10)
     ap.add_argument("--warden", default=os.path.join(ROOT, "target/debug/warden"))
     ap.add_argument("--python", default=os.path.join(ROOT, ".venv/bin/python"))
+    ap.add_argument("--rows", default="heal,checkpoint,torchft-defaults,torchft-tuned,torchrun")
+    ap.add_argument("--torchft-stock", default=os.path.join(ROOT, "target/bench-torchft-stock"))
+    ap.add_argument("--torchft-patched", default=os.path.join(ROOT, "target/bench-torchft-patched"))
+    ap.add_argument("--out", help="append every run's JSON line to this file too")
+    ap.add_argument("--torchft-midstep", action="store_true",
+                    help="torchft rows only: kill the victim once its next quorum request reached the "
+                         "lighthouse (in the step, not before it): a side experiment, another fault")
     a = ap.parse_args()
+    modes = a.rows.split(",")
+    unknown = set(modes) - {"heal", "checkpoint", "torchft-defaults", "torchft-tuned", "torchrun"}
+    if unknown:
+        ap.error(f"unknown rows: {sorted(unknown)}")
     work = tempfile.mkdtemp(prefix="warden-bench-heal.")
     # Job ids unique to this run: the checkpoint tier is the host's, keyed
     # by job id, and a first attempt restores what a job of that id saved.
     tag = os.path.basename(work).rsplit(".", 1)[-1]
-    ref = one(a, work, f"ref-{tag}", True, False)
-    want = set(ref["digests"].values())
-    assert ref["rc"] == 0 and len(ref["digests"]) == 4 and len(want) == 1, ref
+    steps = dict(steps=STEPS, ckpt=CKPT, kill_at=KILL_AT, victim=VICTIM)
+
+    def run(mode: str, job: str, kill: bool) -> dict:
+        if mode in ("heal", "checkpoint"):
+            return one(a, work, job, mode == "heal", kill)
+        if mode.startswith("torchft"):
+            return heal_torchft.torchft_one(a, work, job, mode == "torchft-tuned", kill,
+                                            midstep=a.torchft_midstep and kill, **steps)
+        return heal_torchft.torchrun_one(a, work, job, kill, **steps)
+
+    # One fault-free run per system: its digest is what a recovery must end with.
+    family = {"heal": "warden", "checkpoint": "warden", "torchft-defaults": "torchft",
+              "torchft-tuned": "torchft", "torchrun": "torchrun"}
+    want = {}
+    for fam in dict.fromkeys(family[m] for m in modes):
+        ref = run({"warden": "heal", "torchft": "torchft-defaults"}.get(fam, fam), f"ref-{fam}-{tag}", False)
+        got = set(ref["digests"].values())
+        assert ref["rc"] == 0 and len(ref["digests"]) == 4 and len(got) == 1, ref
+        want[fam] = got
+        print(json.dumps({"reference": fam, **ref}), flush=True)
+    out = open(a.out, "a") if a.out else None
     rows = collections.defaultdict(list)
     for i in range(a.runs):
-        for heal in (True, False):
-            r = one(a, work, f"{'heal' if heal else 'ckpt'}-{i}-{tag}", heal, True)
-            r["identical"] = len(r["digests"]) == 4 and set(r["digests"].values()) == want
+        for mode in modes:
+            r = run(mode, f"{mode}-{i}-{tag}", True)
+            r["identical"] = len(r["digests"]) == 4 and set(r["digests"].values()) == want[family[mode]]
+            r["load"] = os.getloadavg()[0]
             print(json.dumps(r), flush=True)
+            if out:
+                out.write(json.dumps(r) + "\n")
+                out.flush()
             rows[r["mode"]].append(r)
-    print(f"\n{'mode':<11} {'fault -> every rank stepping (s)':<36} {'steps redone':<13} {'identical':<10} first try")
+    print(f"\n{'mode':<17} {'fault -> every rank stepping (s)':<36} {'steps redone':<13} {'identical':<10} first try")
     for mode, rs in rows.items():
         t = sorted(r["back_s"] for r in rs if r["back_s"] is not None)
         span = f"median {statistics.median(t):.2f}, {t[0]:.2f}-{t[-1]:.2f}" if t else "-"
         red = sorted(r["redone"] for r in rs)
-        print(f"{mode:<11} {span:<36} {red[0]}-{red[-1]:<11} {sum(r['identical'] for r in rs)}/{len(rs):<8} "
+        print(f"{mode:<17} {span:<36} {red[0]}-{red[-1]:<11} {sum(r['identical'] for r in rs)}/{len(rs):<8} "
               f"{sum(r['first_try'] for r in rs)}/{len(rs)}")
     return 0
 
