@@ -271,7 +271,13 @@ async fn two_hosts_compare_their_ranks_job_wide() {
     let ev = await_event(&b, "rank.straggler", "job/j2/rank/3").await;
     assert_eq!(evidence(&ev, "section"), Some("forward"), "{ev:?}");
     assert_eq!(evidence(&ev, "host"), Some("host-b"), "{ev:?}");
-    assert_eq!(evidence(&ev, "ranks_compared"), Some("4"), "{ev:?}");
+    // More than host-b's own two: A's summaries were in the comparison
+    // (all of A's ranks, or the first of them to reach the aggregator: a
+    // loaded machine flagged rank 3 with 3 ranks compared).
+    let compared: u32 = evidence(&ev, "ranks_compared")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    assert!((3..=4).contains(&compared), "{ev:?}");
     assert_eq!(evidence(&ev, "devices"), Some("gpu1"), "{ev:?}");
     assert_eq!(evidence(&ev, "cause_class"), Some("unknown"), "{ev:?}");
 
