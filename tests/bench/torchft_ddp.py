@@ -37,9 +37,7 @@ Lines appended to $EXAMPLE_LOG, as the example's:
 
 from __future__ import annotations
 
-import hashlib
 import os
-import random
 import sys
 import time
 from datetime import timedelta
@@ -47,6 +45,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 from torchft import DistributedDataParallel, Manager, Optimizer, ProcessGroupGloo
+
+import heal_job
 
 RANK = int(os.environ["REPLICA_GROUP_ID"])
 GROUPS = int(os.environ.get("NUM_REPLICA_GROUPS", "4"))
@@ -58,52 +58,7 @@ CKPT = os.path.join(os.environ["BENCH_CKPT_DIR"], f"group{RANK}.pt")
 PID = os.getpid()
 
 
-def log(line: str) -> None:
-    """One append, one write: lines of the groups never interleave."""
-    fd = os.open(LOG, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        os.write(fd, f"{time.time():.6f} {line}\n".encode())
-    finally:
-        os.close(fd)
-
-
-def batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The example's data of (step, rank)."""
-    g = torch.Generator().manual_seed(1_000_003 * step + RANK)
-    x = torch.randn(64, 32, generator=g)
-    return x, x.sum(dim=1, keepdim=True).sin()
-
-
-def seed_step(step: int) -> None:
-    """warden.heal.seed_step(7, RANK, step), without importing warden."""
-    value = ((7 * 1_000_003 + RANK) * 1_000_033 + step) % (1 << 63)
-    torch.manual_seed(value)
-    random.seed(value)
-
-
-def digest(model: torch.nn.Module, opt: torch.optim.Optimizer) -> str:
-    """The example's digest: every parameter and optimizer tensor, in a fixed order."""
-    h = hashlib.sha256()
-
-    def add(name: str, t: torch.Tensor) -> None:
-        h.update(name.encode())
-        h.update(t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
-
-    for k, v in sorted(model.state_dict().items()):
-        add(k, v)
-    sd = opt.state_dict()
-    for pid in sorted(sd["state"]):
-        for k, v in sorted(sd["state"][pid].items()):
-            if torch.is_tensor(v):
-                add(f"opt.{pid}.{k}", v)
-    return h.hexdigest()
-
-
-torch.manual_seed(0)
-model = torch.nn.Sequential(
-    torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Dropout(0.1), torch.nn.Linear(64, 1)
-)
-inner = torch.optim.Adam(model.parameters(), lr=1e-3)
+model, inner = heal_job.model_and_optimizer()
 loss_fn = torch.nn.MSELoss()
 # This group's own store, as torchrun would give each group: the manager
 # publishes its address there and the quorum's process group meets on the
@@ -154,18 +109,18 @@ def save() -> None:
 
 
 while (n := manager.current_step()) < STEPS:
-    seed_step(n)
+    heal_job.seed_step(RANK, n)
     if n and n % CKPT_EVERY == 0:
         save()
-    x, y = batch(n)
+    x, y = heal_job.batch(n, RANK)
     time.sleep(STEP_S)
     opt.zero_grad(set_to_none=True)
     loss_fn(ddp(x), y).backward()
     opt.step()
     if manager.current_step() == n + 1:
-        log(f"step {n} rank {RANK} pid {PID}")
+        heal_job.log(LOG, f"step {n} rank {RANK} pid {PID}")
 
-log(f"done rank {RANK} digest {digest(model, inner)}")
+heal_job.log(LOG, f"done rank {RANK} digest {heal_job.digest(model, inner)}")
 manager.shutdown(wait=False)
 # The manager's threads (quorum, heartbeats, HTTP server) are not ours to
 # join; the log line above is on disk.

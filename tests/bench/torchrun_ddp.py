@@ -16,15 +16,15 @@ finds, broadcast so that every rank loads the same.
 from __future__ import annotations
 
 import glob
-import hashlib
 import os
-import random
 import sys
 import time
 
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
+
+import heal_job
 
 RANK = int(os.environ["RANK"])
 STEPS = int(os.environ.get("EXAMPLE_STEPS", "200"))
@@ -35,50 +35,8 @@ CKPT_DIR = os.environ["BENCH_CKPT_DIR"]
 PID = os.getpid()
 
 
-def log(line: str) -> None:
-    fd = os.open(LOG, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        os.write(fd, f"{time.time():.6f} {line}\n".encode())
-    finally:
-        os.close(fd)
-
-
-def batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
-    g = torch.Generator().manual_seed(1_000_003 * step + RANK)
-    x = torch.randn(64, 32, generator=g)
-    return x, x.sum(dim=1, keepdim=True).sin()
-
-
-def seed_step(step: int) -> None:
-    """warden.heal.seed_step(7, RANK, step), without importing warden."""
-    value = ((7 * 1_000_003 + RANK) * 1_000_033 + step) % (1 << 63)
-    torch.manual_seed(value)
-    random.seed(value)
-
-
-def digest(model: torch.nn.Module, opt: torch.optim.Optimizer) -> str:
-    h = hashlib.sha256()
-
-    def add(name: str, t: torch.Tensor) -> None:
-        h.update(name.encode())
-        h.update(t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
-
-    for k, v in sorted(model.state_dict().items()):
-        add(k, v)
-    sd = opt.state_dict()
-    for pid in sorted(sd["state"]):
-        for k, v in sorted(sd["state"][pid].items()):
-            if torch.is_tensor(v):
-                add(f"opt.{pid}.{k}", v)
-    return h.hexdigest()
-
-
 def main() -> int:
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(
-        torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Dropout(0.1), torch.nn.Linear(64, 1)
-    )
-    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    model, opt = heal_job.model_and_optimizer()
     # A process group of this attempt's own: on torchrun's store as it is, a
     # restarted rank read the killed rank's address of the first attempt and
     # failed to connect (tests/bench/bench_train.py makes a store per attempt
@@ -101,20 +59,20 @@ def main() -> int:
     ddp = DDP(model, find_unused_parameters=True)
     loss_fn = torch.nn.MSELoss()
     for n in range(start, STEPS):
-        seed_step(n)
+        heal_job.seed_step(RANK, n)
         if n and n % CKPT_EVERY == 0 and RANK == 0:
             tmp = os.path.join(CKPT_DIR, f".step-{n}.{PID}.tmp")
             torch.save({"model": model.state_dict(), "opt": opt.state_dict()}, tmp)
             os.replace(tmp, os.path.join(CKPT_DIR, f"step-{n}.pt"))
-        x, y = batch(n)
+        x, y = heal_job.batch(n, RANK)
         time.sleep(STEP_S)
         opt.zero_grad(set_to_none=True)
         loss_fn(ddp(x), y).backward()
         opt.step()
-        log(f"step {n} rank {RANK} pid {PID}")
+        heal_job.log(LOG, f"step {n} rank {RANK} pid {PID}")
     del ddp
     dist.destroy_process_group()
-    log(f"done rank {RANK} digest {digest(model, opt)}")
+    heal_job.log(LOG, f"done rank {RANK} digest {heal_job.digest(model, opt)}")
     return 0
 
 
