@@ -605,23 +605,7 @@ async fn a_job_larger_than_one_response_is_read_in_pages() {
     })
     .await;
     // host-a's watch falls behind a compaction: it reads the job again.
-    let mut client = etcd_client(&etcd).await;
-    let mut newest = 0;
-    for i in 0..5 {
-        newest = client
-            .put(format!("/elsewhere/{i}"), "x", None)
-            .await
-            .expect("put elsewhere")
-            .header()
-            .map_or(0, |h| h.revision());
-    }
-    client
-        .compact(newest, None)
-        .await
-        .expect("compact etcd's history");
-    drop(client);
-    etcd.kill();
-    etcd.restart();
+    compact_and_restart(&mut etcd, 5).await;
     let b = join(cfg(&etcd, "job-pages", "host-b", "127.0.0.3", nodes, nodes)).await;
     let ra = round(&a, 0).await;
     let rb = round(&b, 0).await;
@@ -697,6 +681,29 @@ async fn the_hosts_past_the_first_eight_decide_once_the_first_are_gone() {
     }
 }
 
+/// `puts` revisions the hosts do not watch, etcd's history compacted to the
+/// newest, then etcd restarted: every watch starts again from a revision
+/// that is gone.
+async fn compact_and_restart(etcd: &mut EtcdServer, puts: usize) {
+    let mut client = etcd_client(etcd).await;
+    let mut newest = 0;
+    for i in 0..puts {
+        newest = client
+            .put(format!("/elsewhere/{i}"), "x", None)
+            .await
+            .unwrap_or_else(|e| panic!("put elsewhere: {e}"))
+            .header()
+            .map_or(0, |h| h.revision());
+    }
+    client
+        .compact(newest, None)
+        .await
+        .unwrap_or_else(|e| panic!("compact etcd's history: {e}"));
+    drop(client);
+    etcd.kill();
+    etcd.restart();
+}
+
 /// A host whose watch restarts from a revision etcd has compacted away
 /// (here: etcd restarted after a compaction past what the hosts saw) reads
 /// the job again once, at the newest revision, and goes on watching from
@@ -705,24 +712,8 @@ async fn the_hosts_past_the_first_eight_decide_once_the_first_are_gone() {
 async fn a_watch_behind_a_compaction_reloads_and_goes_on() {
     let mut etcd = EtcdServer::start();
     let (a, b, r) = pair(&etcd, "job-compact").await;
-    let mut client = etcd_client(&etcd).await;
     // Revisions the hosts do not watch, then history compacted to the newest.
-    let mut newest = 0;
-    for i in 0..20 {
-        newest = client
-            .put(format!("/elsewhere/{i}"), "x", None)
-            .await
-            .expect("put elsewhere")
-            .header()
-            .map_or(0, |h| h.revision());
-    }
-    client
-        .compact(newest, None)
-        .await
-        .expect("compact etcd's history");
-    drop(client);
-    etcd.kill();
-    etcd.restart();
+    compact_and_restart(&mut etcd, 20).await;
     // Both watches start again from before the compaction, are cancelled,
     // and reload; the next round is the next epoch and both hold it.
     next_is_the_only_new_round(&a, &b, r.epoch).await;

@@ -343,17 +343,33 @@ fn scratch() -> tempfile::TempDir {
         .unwrap()
 }
 
-#[test]
-fn a_rank_killed_between_checkpoints_heals_from_a_live_replica() {
+/// One faulted run's frame: None without torch; else this run's turn (one
+/// at a time), its scratch directory with the fault-free reference made
+/// (once per binary), and its example log `NAME.log`.
+fn prepare(
+    name: &str,
+) -> Option<(
+    std::sync::MutexGuard<'static, ()>,
+    tempfile::TempDir,
+    std::path::PathBuf,
+)> {
     if !torch_available() {
-        return;
+        return None;
     }
-    let _one = SERIAL
+    let one = SERIAL
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
     let dir = scratch();
     reference(dir.path());
-    let log = dir.path().join("one.log");
+    let log = dir.path().join(format!("{name}.log"));
+    Some((one, dir, log))
+}
+
+#[test]
+fn a_rank_killed_between_checkpoints_heals_from_a_live_replica() {
+    let Some((_one, dir, log)) = prepare("one") else {
+        return;
+    };
     let mut job = launch(dir.path(), "heal-one", &log);
     let pid = wait_step(&log, 1, 55, &mut job);
     let t = sigkill(pid);
@@ -362,15 +378,9 @@ fn a_rank_killed_between_checkpoints_heals_from_a_live_replica() {
 
 #[test]
 fn two_faults_in_a_row_heal_twice() {
-    if !torch_available() {
+    let Some((_one, dir, log)) = prepare("two") else {
         return;
-    }
-    let _one = SERIAL
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
-    let dir = scratch();
-    reference(dir.path());
-    let log = dir.path().join("two.log");
+    };
     let mut job = launch(dir.path(), "heal-two", &log);
     let first = wait_step(&log, 1, 45, &mut job);
     let t1 = sigkill(first);
@@ -382,15 +392,9 @@ fn two_faults_in_a_row_heal_twice() {
 
 #[test]
 fn a_fault_during_the_heal_heals_again() {
-    if !torch_available() {
+    let Some((_one, dir, log)) = prepare("during") else {
         return;
-    }
-    let _one = SERIAL
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
-    let dir = scratch();
-    reference(dir.path());
-    let log = dir.path().join("during.log");
+    };
     let mut job = launch(dir.path(), "heal-during", &log);
     let first = wait_step(&log, 1, 55, &mut job);
     let survivor = wait_step(&log, 2, 55, &mut job);
@@ -404,15 +408,9 @@ fn a_fault_during_the_heal_heals_again() {
 
 #[test]
 fn a_survivor_blocked_in_a_collective_leaves_and_is_healed() {
-    if !torch_available() {
+    let Some((_one, dir, log)) = prepare("blocked") else {
         return;
-    }
-    let _one = SERIAL
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
-    let dir = scratch();
-    reference(dir.path());
-    let log = dir.path().join("blocked.log");
+    };
     // Rank 1 takes 250 ms more a step: the others wait for it inside their
     // all-reduce most of the time, so its kill lands in their collective.
     let mut job = launch_with(
