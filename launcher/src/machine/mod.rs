@@ -1475,6 +1475,20 @@ impl JobState {
                 };
                 self.restart(cause, now, out);
             }
+            // The agent charges every crash it diagnoses to the class's
+            // restart budget, a healed one too: three heals within the
+            // budget's window spent it, and the third crash's decision
+            // stopped a job whose every worker runs. A heal's own bound is
+            // MAX_HEALS in HEAL_WINDOW; a stop for any other reason (the
+            // code's fault, a node fault) is still acted on.
+            Some(Action::Stop)
+                if d.exit_code == exit::EXIT_BUDGET_SPENT && self.healed_already(&brief, now) =>
+            {
+                out.push(Command::Say(format!(
+                    "{}: not acted on: the crash was healed and every worker runs (the budget its heals spent stops no job that heals)",
+                    d.id
+                )));
+            }
             Some(Action::Stop) => {
                 self.acted_on.insert(d.id.clone());
                 let code = if d.exit_code == 0 {

@@ -265,7 +265,13 @@ fn killed(generation: u64, rank: u32, pid: i32, sig: i32) -> Input {
 /// A worker that declared a healable state (as every other live one did),
 /// killed by `sig`.
 fn killed_healable(generation: u64, rank: u32, pid: i32, sig: i32) -> Input {
-    match killed(generation, rank, pid, sig) {
+    healable(killed(generation, rank, pid, sig))
+}
+
+/// A worker's exit with every worker of the attempt having declared a
+/// healable state.
+fn healable(input: Input) -> Input {
+    match input {
         Input::WorkerExit(mut e) => {
             e.healable = true;
             Input::WorkerExit(e)
@@ -1421,17 +1427,7 @@ fn scenarios() -> Vec<Scenario> {
                 vec![
                     (1000, killed_healable(1, 1, 101, 9), &["heal 1/101"]),
                     (1100, replaced(&[(1, 300)], None), &[]),
-                    (
-                        2100,
-                        match exit(1, 0, 100, 75) {
-                            Input::WorkerExit(mut e) => {
-                                e.healable = true;
-                                Input::WorkerExit(e)
-                            }
-                            other => other,
-                        },
-                        &["heal 0/100"],
-                    ),
+                    (2100, healable(exit(1, 0, 100, 75)), &["heal 0/100"]),
                     (2200, replaced(&[(0, 301)], None), &[]),
                     (9000, exit(1, 0, 301, 0), &[]),
                     (9001, exit(1, 1, 300, 0), &["finish 0"]),
@@ -1447,6 +1443,66 @@ fn scenarios() -> Vec<Scenario> {
                     "rank 0 (pid 100) exit code 75: healing it from a live replica; the other ranks restart in process",
                     "healed in 0.10s: rank 0 pid 301 started, its state from a live replica",
                 ],
+                ..End::default()
+            },
+        },
+        Scenario {
+            name: "a healed crash whose decision is the spent budget's stop does not stop a job that heals",
+            limits: limits(),
+            steps: with(
+                first_attempt(),
+                vec![
+                    (1000, killed_healable(1, 1, 101, 9), &["heal 1/101"]),
+                    (1100, replaced(&[(1, 300)], None), &[]),
+                    (
+                        1250,
+                        decision(
+                            "inc-3",
+                            0,
+                            1000,
+                            Action::Stop,
+                            crate::exit::EXIT_BUDGET_SPENT,
+                        ),
+                        &[],
+                    ),
+                    (9000, exit(1, 0, 100, 0), &[]),
+                    (9001, exit(1, 1, 300, 0), &["finish 0"]),
+                ],
+            ),
+            expect: End {
+                code: Some(0),
+                outcome: "succeeded",
+                records: 1,
+                ended: "every worker exited 0",
+                says: &[
+                    "healed in 0.10s: rank 1 pid 300 started, its state from a live replica",
+                    "inc-3: not acted on: the crash was healed and every worker runs (the budget its heals spent stops no job that heals)",
+                ],
+                ..End::default()
+            },
+        },
+        Scenario {
+            name: "a healed crash whose decision stops the job for the code's fault still stops it",
+            limits: limits(),
+            steps: with(
+                first_attempt(),
+                vec![
+                    (1000, killed_healable(1, 1, 101, 9), &["heal 1/101"]),
+                    (1100, replaced(&[(1, 300)], None), &[]),
+                    (
+                        1250,
+                        decision("inc-3", 0, 1000, Action::Stop, 3),
+                        &["finish 3"],
+                    ),
+                ],
+            ),
+            expect: End {
+                code: Some(3),
+                outcome: "stopped",
+                job_failed: true,
+                records: 1,
+                ended: "stopped on inc-3's decision",
+                says: &[],
                 ..End::default()
             },
         },
