@@ -43,3 +43,30 @@ def test_two_ranks_save_a_sharded_state_dict_and_restore_it_resharded(
     )
     assert listing.stdout.strip() == "12", listing.stderr
 
+
+
+def test_async_save_stages_into_a_reused_buffer_and_the_loop_goes_on_at_once(
+    wardend: Wardend,
+) -> None:
+    require_framework("torch")
+    store = wardend.home / "dcp-async.store"
+    results = run_ranks(wardend, "dcp-async", "dcp_job.py", ["async", "20", str(store)], world=2)
+    for r in results:
+        # What was restored is what the tensors held when async_save was
+        # called, not what the loop wrote into them right after.
+        assert all(r["exact"].values()), (r["rank"], r["exact"])
+        assert r["buffers_reused"], r
+        assert all(s > 0 for s in r["stalls"]), r["stalls"]
+        assert r["newest"] == 21
+
+
+def test_an_async_save_that_fails_in_the_background_is_never_committed_and_is_raised_next(
+    wardend: Wardend,
+) -> None:
+    require_framework("torch")
+    (r,) = run_ranks(wardend, "dcp-async-fail", "dcp_job.py", ["async-fail", "30"])
+    assert r["future_error"], r  # DCP's own future failed
+    assert "an earlier dcp.async_save failed" in r["next_error"], r
+    # Step 31 (the failed save) and 32 (refused, the failure raised) are not
+    # there; 30 and 33 are.
+    assert r["steps"] == [30, 33], r

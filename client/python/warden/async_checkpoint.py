@@ -113,6 +113,54 @@ class _Slot:
         self.snapshot_s = 0.0
 
 
+def copy_into(slot: _Slot, tensors: list, pin: bool, torch) -> None:
+    """Copies ``tensors`` one after the other into ``slot``'s buffer (grown,
+    never per save, when they no longer fit; pinned when ``pin``), each on a
+    64-byte boundary, and notes where each went (``slot.metas``, ``slot.used``).
+    Returns once every byte is in the buffer: CPU tensors by libc's memcpy
+    with the GIL released (torch's ``copy_`` of many tensors of a few MiB
+    ran at a third of memcpy's speed here), CUDA tensors queued on the
+    current stream straight into the pinned buffer and waited for once."""
+    metas: List[_Meta] = []
+    offset = 0
+    for t in tensors:
+        nbytes = t.numel() * t.element_size()
+        offset = (offset + 63) & ~63
+        metas.append(_Meta(str(t.dtype).removeprefix("torch."), tuple(t.shape), offset, nbytes))
+        offset += nbytes
+    need = max(offset, 1)
+    if slot.buffer is None or slot.buffer.numel() < need:
+        slot.buffer = torch.empty(need, dtype=torch.uint8, pin_memory=pin)
+        slot.pinned = pin
+    buf = slot.buffer
+    base = buf.data_ptr()
+    cuda = False
+    for t, m in zip(tensors, metas):
+        if m.nbytes == 0:
+            continue
+        src = t.detach()
+        if not src.is_contiguous():
+            src = src.contiguous()
+        if src.is_cuda:
+            cuda = True
+            flat = src.reshape(-1).view(torch.uint8)
+            buf[m.offset : m.offset + m.nbytes].copy_(flat, non_blocking=True)
+        else:
+            ctypes.memmove(base + m.offset, src.data_ptr(), m.nbytes)
+    if cuda:
+        torch.cuda.current_stream().synchronize()
+    slot.metas = metas
+    slot.used = offset
+
+
+def view_of(slot: _Slot, meta: _Meta, torch) -> Any:
+    """The tensor ``meta`` describes, as a view into ``slot``'s buffer (no copy)."""
+    dt = getattr(torch, meta.dtype)
+    if meta.nbytes == 0:
+        return torch.empty(meta.shape, dtype=dt)
+    return slot.buffer[meta.offset : meta.offset + meta.nbytes].view(dt).reshape(meta.shape)
+
+
 class AsyncCheckpointer:
     """Snapshots a state into buffers it owns and saves it in the background.
 
@@ -182,46 +230,9 @@ class AsyncCheckpointer:
     def _snapshot(self, slot: _Slot, step: int, state: Any, torch) -> None:
         tensors: list = []
         skeleton = _skeleton(state, tensors, torch)
-        metas: List[_Meta] = []
-        offset = 0
-        for t in tensors:
-            nbytes = t.numel() * t.element_size()
-            # 64-byte alignment: each tensor's bytes start on a cache line.
-            offset = (offset + 63) & ~63
-            metas.append(_Meta(str(t.dtype).removeprefix("torch."), tuple(t.shape), offset, nbytes))
-            offset += nbytes
-        need = max(offset, 1)
-        if slot.buffer is None or slot.buffer.numel() < need:
-            # Registered once and reused; grown (never per save) when the
-            # state grows.
-            slot.buffer = torch.empty(need, dtype=torch.uint8, pin_memory=self._pin)
-            slot.pinned = self._pin
-        buf = slot.buffer
-        base = buf.data_ptr()
-        cuda = False
-        for t, m in zip(tensors, metas):
-            if m.nbytes == 0:
-                continue
-            src = t.detach()
-            if not src.is_contiguous():
-                src = src.contiguous()
-            if src.is_cuda:
-                # Queued on the current stream straight into the (pinned)
-                # buffer; waited for once, after the last.
-                cuda = True
-                flat = src.reshape(-1).view(torch.uint8)
-                buf[m.offset : m.offset + m.nbytes].copy_(flat, non_blocking=True)
-            else:
-                # libc's memcpy, the GIL released: torch's copy_ of many
-                # tensors of a few MiB ran at a third of memcpy's speed here.
-                ctypes.memmove(base + m.offset, src.data_ptr(), m.nbytes)
-        if cuda:
-            # The copies were queued on the current stream: done when it is.
-            torch.cuda.current_stream().synchronize()
+        copy_into(slot, tensors, self._pin, torch)
         slot.step = step
         slot.skeleton = skeleton
-        slot.metas = metas
-        slot.used = offset
 
     def wait(self) -> None:
         """Waits until every save in flight is committed (or failed); raises

@@ -3,6 +3,8 @@ agent's tier (WardenStorageWriter) and loads it back (WardenStorageReader).
 
     python dcp_job.py single STEP OUT      # one process, no process group
     python dcp_job.py sharded STEP STORE OUT   # a rank of 2 (gloo), DTensors
+    python dcp_job.py async STEP STORE OUT     # the same through dcp.async_save
+    python dcp_job.py async-fail STEP OUT      # one process: a background failure
 
 Writes to OUT (JSON) what the test checks: the step restored and whether
 every tensor came back byte for byte.
@@ -19,7 +21,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
 import warden.checkpoint as ckpt
-from warden.integrations.dcp import WardenStorageReader, WardenStorageWriter
+from warden.integrations.dcp import StagingPool, WardenStorageReader, WardenStorageWriter
 
 
 def same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -114,11 +116,112 @@ def sharded(step: int, store: str, out: str) -> None:
         json.dump({"rank": rank, "restored_step": r2.restored_step, "exact": exact}, f)
 
 
+def async_sharded(step: int, store: str, out: str) -> None:
+    """Two saves through dcp.async_save sharing one staging buffer: the
+    training loop changes the tensors as soon as each returns, and what is
+    restored is what they held when it was called."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+    mesh = init_device_mesh("cpu", (world,))
+    pool = StagingPool()
+    exact = {}
+    stalls = []
+    buffers = set()
+    for i, s in enumerate((step, step + 1)):
+        full = tensors(11 + i)
+        sd = {
+            "w": distribute_tensor(full["w"].clone(), mesh, [Shard(0)]),
+            "plain": full["half"].clone(),
+            f"rank{rank}_only": torch.full((4,), float(rank + 1 + i)),
+            "meta": {"step": s, "note": f"save {i}"},
+        }
+        expect_local = sd["w"].to_local().clone()
+        fut = dcp.async_save(sd, storage_writer=WardenStorageWriter(step=s, staging=pool))
+        stalls.append(pool.last_stall_s)
+        # The training loop goes on at once: the save must not see this.
+        sd["w"].to_local().fill_(-1.0)
+        sd["plain"].fill_(-1.0)
+        sd["meta"]["note"] = "changed"
+        fut.result(timeout=120)
+        slot = pool._free.queue[0] if pool._free.queue else None
+        if slot is not None and slot.buffer is not None:
+            buffers.add(slot.buffer.data_ptr())
+        back = {
+            "w": distribute_tensor(torch.zeros_like(full["w"]), mesh, [Shard(0)]),
+            "plain": torch.zeros_like(full["half"]),
+            f"rank{rank}_only": torch.zeros(4),
+            "meta": {"step": 0, "note": ""},
+        }
+        reader = WardenStorageReader(step=s)
+        dcp.load(back, storage_reader=reader)
+        exact[f"w{i}"] = same_bytes(back["w"].to_local(), expect_local)
+        exact[f"plain{i}"] = same_bytes(back["plain"], full["half"])
+        exact[f"rank_only{i}"] = same_bytes(back[f"rank{rank}_only"], torch.full((4,), float(rank + 1 + i)))
+        exact[f"meta{i}"] = back["meta"] == {"step": s, "note": f"save {i}"}
+    dist.barrier()
+    dist.destroy_process_group()
+    with open(out, "w") as f:
+        json.dump(
+            {
+                "rank": rank,
+                "exact": exact,
+                "stalls": stalls,
+                "buffers_reused": len(buffers) == 1,
+                "newest": ckpt.restore().step,
+            },
+            f,
+        )
+
+
+def _committed(step: int) -> bool:
+    try:
+        return ckpt.restore(step) is not None
+    except ckpt.CheckpointError:
+        return False
+
+
+def async_fail(step: int, out: str) -> None:
+    """A save that fails on the background thread (an object that copies but
+    cannot be pickled: its class is local) is never committed, and the next
+    staging says so."""
+
+    class Local:
+        pass
+
+    pool = StagingPool()
+    good = {"w": tensors(3)["w"]}
+    dcp.async_save(good, storage_writer=WardenStorageWriter(step=step, staging=pool)).result(timeout=120)
+    bad = {"w": tensors(4)["w"], "obj": Local()}
+    fut = dcp.async_save(bad, storage_writer=WardenStorageWriter(step=step + 1, staging=pool))
+    try:
+        fut.result(timeout=120)
+        future_error = ""
+    except BaseException as e:  # noqa: BLE001 - DCP raises CheckpointException, a BaseException
+        future_error = type(e).__name__
+    try:
+        dcp.async_save(good, storage_writer=WardenStorageWriter(step=step + 2, staging=pool)).result(timeout=120)
+        next_error = ""
+    except ckpt.CheckpointError as e:
+        next_error = str(e)
+    # The pool's buffer came back: a save after the raised one goes through.
+    dcp.async_save(good, storage_writer=WardenStorageWriter(step=step + 3, staging=pool)).result(timeout=120)
+    steps = [s for s in range(step, step + 4) if _committed(s)]
+    with open(out, "w") as f:
+        json.dump({"future_error": future_error, "next_error": next_error, "steps": steps}, f)
+
+
 if __name__ == "__main__":
     mode = sys.argv[1]
     if mode == "single":
         single(int(sys.argv[2]), sys.argv[3])
     elif mode == "sharded":
         sharded(int(sys.argv[2]), sys.argv[3], sys.argv[4])
+    elif mode == "async":
+        async_sharded(int(sys.argv[2]), sys.argv[3], sys.argv[4])
+    elif mode == "async-fail":
+        async_fail(int(sys.argv[2]), sys.argv[3])
     else:
         raise SystemExit(f"unknown mode {mode}")

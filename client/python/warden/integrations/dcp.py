@@ -6,6 +6,10 @@
     dcp.save(state_dict, storage_writer=WardenStorageWriter(step=step))
     dcp.load(state_dict, storage_reader=WardenStorageReader())   # newest complete step
 
+    # or asynchronously: the step is held only while the tensors are copied
+    # into buffers the writer reuses; the shard is written in the background
+    fut = dcp.async_save(state_dict, storage_writer=WardenStorageWriter(step=step))
+
 In: DCP's save and load plans (FSDP's sharded state dicts, DTensors,
 ShardedTensors, plain tensors and objects), on every rank of the job. Out:
 each rank's items as one shard of the step in the agent's checkpoint tier
@@ -16,6 +20,17 @@ one rank; a job may load with another sharding). Never: commits a shard
 half written (a failed write removes its staging file), or a step without
 its metadata (the coordinator commits its shard, with the metadata, last;
 a step is complete, and restorable, only once every rank's shard is in).
+
+``dcp.async_save``: the writer is DCP's stager (``AsyncStager``). ``stage``
+copies every tensor (a DTensor's local shard) into a buffer of a
+``StagingPool`` (registered once and reused across saves, pinned where CUDA
+is there, filled by memcpy or one device-to-host copy per tensor), and hands
+DCP views into it; DCP's background thread then plans, writes and commits
+from those views. At most ``max_in_flight`` saves hold a buffer (default 1):
+the next ``stage`` waits for one, and that wait counts as the save's stall.
+A save that fails in the background is never committed (its shard is
+aborted) and is raised by the next ``stage`` of the same pool, besides
+DCP's own future.
 
 Shard layout (rank R, step N): the items' bytes one after the other
 (tensors as ``torch.save`` writes them, objects as DCP serialises them),
@@ -31,11 +46,16 @@ from __future__ import annotations
 import io
 import os
 import pickle
+import queue
 import struct
+import threading
+import time
 import uuid
+import weakref
 from typing import Any, Optional, Union
 
 from . import require
+from .. import async_checkpoint as _async
 from .. import checkpoint as _ckpt
 
 _torch = require("torch", "warden.integrations.dcp", "torch")
@@ -53,6 +73,7 @@ from torch.distributed.checkpoint.planner import (  # noqa: E402
     SavePlanner,
     WriteItemType,
 )
+from torch.distributed.checkpoint.staging import AsyncStager  # noqa: E402
 from torch.distributed.checkpoint.storage import (  # noqa: E402
     StorageReader,
     StorageWriter,
@@ -60,7 +81,7 @@ from torch.distributed.checkpoint.storage import (  # noqa: E402
 )
 from torch.futures import Future  # noqa: E402
 
-__all__ = ["WardenStorageReader", "WardenStorageWriter", "checkpoint_id"]
+__all__ = ["StagingPool", "WardenStorageReader", "WardenStorageWriter", "checkpoint_id"]
 
 #: The last 8 bytes of every shard this module writes.
 MAGIC = b"WARDCP01"
@@ -115,7 +136,130 @@ def _tensor_bytes(t: Any) -> bytes:
     return buf.getvalue()
 
 
-class WardenStorageWriter(StorageWriter):
+class StagingPool:
+    """The buffers ``dcp.async_save`` stages into, registered once and reused.
+
+    ``max_in_flight``: saves staged and not yet written (default 1); the
+    next ``stage`` waits for a buffer, and the wait counts as stall.
+    ``pin``: page-locked buffers (default: when CUDA is available), so a
+    device-to-host copy goes straight into them. ``wait_s``: the longest a
+    ``stage`` waits for a buffer before it raises (a save stuck in the
+    background must not hold the training loop for ever unseen).
+    Writers made without a pool share one per process (``default``).
+    """
+
+    _default: Optional["StagingPool"] = None
+    _default_lock = threading.Lock()
+
+    def __init__(self, max_in_flight: int = 1, pin: Optional[bool] = None, wait_s: float = 3600.0) -> None:
+        if int(max_in_flight) < 1:
+            raise ValueError(f"StagingPool: max_in_flight must be at least 1, not {max_in_flight}")
+        self.pin = _torch.cuda.is_available() if pin is None else bool(pin)
+        self.wait_s = float(wait_s)
+        self._free: "queue.Queue[_async._Slot]" = queue.Queue()
+        for _ in range(int(max_in_flight)):
+            self._free.put(_async._Slot())
+        self._lock = threading.Lock()
+        self._error: Optional[BaseException] = None
+        #: The last stage's stall (seconds: the wait for a buffer plus the copy).
+        self.last_stall_s = 0.0
+
+    @classmethod
+    def default(cls) -> "StagingPool":
+        """The process's shared pool (one buffer), made on first use."""
+        with cls._default_lock:
+            if cls._default is None:
+                cls._default = cls()
+            return cls._default
+
+    def _acquire(self) -> "_async._Slot":
+        try:
+            return self._free.get(timeout=self.wait_s)
+        except queue.Empty:
+            raise _ckpt.CheckpointError(
+                f"dcp.async_save: no staging buffer came free in {self.wait_s:.0f} s "
+                "(the previous save is still being written)"
+            ) from None
+
+    def _release(self, slot: "_async._Slot") -> None:
+        if getattr(slot, "held", False):
+            slot.held = False
+            self._free.put(slot)
+
+    def _dropped(self, slot: "_async._Slot", step: int) -> None:
+        """DCP let a staged state go: if its shard was never written (the save
+        failed before ``write_data``, e.g. in its planning collectives), the
+        buffer comes back and the next ``stage`` raises."""
+        if getattr(slot, "held", False):
+            self._failed(
+                _ckpt.CheckpointError(f"the async save of step {step} ended before this rank's shard was written")
+            )
+            self._release(slot)
+
+    def _failed(self, e: BaseException) -> None:
+        with self._lock:
+            if self._error is None:
+                self._error = e
+
+    def _raise_failure(self) -> None:
+        with self._lock:
+            e, self._error = self._error, None
+        if e is not None:
+            raise _ckpt.CheckpointError(f"an earlier dcp.async_save failed: {e}") from e
+
+
+class _Staged(dict):
+    """A staged state dict: its buffer goes back to the pool when the save
+    is written, or when DCP drops it (a save that failed before writing)."""
+
+
+def _stage_walk(obj: Any, tensors: list, rebuild: list) -> Any:
+    """``obj`` with each tensor (a DTensor's local shard) replaced by a
+    place holder, collected in ``tensors``; containers copied, other leaves
+    deep-copied (the training loop may change them once ``stage`` returns)."""
+    from torch.distributed.tensor import DTensor  # noqa: PLC0415
+
+    if isinstance(obj, DTensor):
+        tensors.append(obj.to_local())
+        rebuild.append(obj)
+        return _Place(len(tensors) - 1)
+    if isinstance(obj, _torch.Tensor):
+        tensors.append(obj)
+        rebuild.append(None)
+        return _Place(len(tensors) - 1)
+    if isinstance(obj, dict):
+        return {k: _stage_walk(v, tensors, rebuild) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_stage_walk(v, tensors, rebuild) for v in obj]
+    if isinstance(obj, tuple):
+        return tuple(_stage_walk(v, tensors, rebuild) for v in obj)
+    if obj is None or isinstance(obj, (bool, int, float, str, bytes)):
+        return obj
+    import copy  # noqa: PLC0415
+
+    return copy.deepcopy(obj)
+
+
+class _Place:
+    __slots__ = ("index",)
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+
+
+def _stage_fill(obj: Any, staged: list) -> Any:
+    if isinstance(obj, _Place):
+        return staged[obj.index]
+    if isinstance(obj, dict):
+        return {k: _stage_fill(v, staged) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_stage_fill(v, staged) for v in obj]
+    if isinstance(obj, tuple):
+        return tuple(_stage_fill(v, staged) for v in obj)
+    return obj
+
+
+class WardenStorageWriter(StorageWriter, AsyncStager):
     """A DCP storage writer that saves this rank's items as its shard of ``step``.
 
     Every rank of the job (``WORLD_SIZE`` ranks, as the agent counts them)
@@ -124,9 +268,12 @@ class WardenStorageWriter(StorageWriter):
     committed. ``step`` must be at least 1 (0 asks a restore for the newest
     step). A failed save raises ``warden.checkpoint.CheckpointError`` (the
     agent is needed, unlike for heartbeats).
+
+    ``staging``: the buffers ``dcp.async_save`` stages into (default: the
+    process's shared ``StagingPool``); ``dcp.save`` uses none.
     """
 
-    def __init__(self, step: int) -> None:
+    def __init__(self, step: int, staging: Optional[StagingPool] = None) -> None:
         super().__init__()
         if int(step) < 1:
             raise ValueError(f"WardenStorageWriter: step must be at least 1, not {step}")
@@ -134,6 +281,61 @@ class WardenStorageWriter(StorageWriter):
         self._coordinator = False
         self._pending: Optional[_ckpt.ShardFile] = None
         self._save_id = uuid.uuid4().hex
+        self._staging = staging
+        #: The buffer of the save being written (async), and the stall it cost.
+        self._slot: Optional[_async._Slot] = None
+        self._stall: Optional[float] = None
+        self._commit_stall: Optional[float] = None
+        self._pool: Optional[StagingPool] = None
+
+    # -- dcp.async_save's staging, on the training thread -------------------
+
+    def stage(self, state_dict: Any) -> Any:
+        """Copies the state's tensors into a staging buffer and returns the
+        state with views into it: the training loop may change its tensors
+        once this returns. Raises the failure of an earlier async save."""
+        pool = self._staging or StagingPool.default()
+        pool._raise_failure()
+        if self._slot is not None:
+            raise ValueError(
+                "WardenStorageWriter: this writer's previous async save is not written yet; "
+                "make one writer per save"
+            )
+        started = time.perf_counter()
+        slot = pool._acquire()
+        slot.held = True
+        try:
+            tensors: list = []
+            rebuild: list = []
+            skeleton = _stage_walk(state_dict, tensors, rebuild)
+            _async.copy_into(slot, tensors, pool.pin, _torch)
+            staged_tensors = []
+            for meta, dt in zip(slot.metas, rebuild):
+                local = _async.view_of(slot, meta, _torch)
+                if dt is not None:
+                    from torch.distributed.tensor import DTensor  # noqa: PLC0415
+
+                    local = DTensor.from_local(
+                        local, dt.device_mesh, dt.placements, run_check=False, shape=dt.shape, stride=dt.stride()
+                    )
+                staged_tensors.append(local)
+            staged = _Staged(_stage_fill(skeleton, staged_tensors))
+        except BaseException:
+            pool._release(slot)
+            raise
+        # Back to the pool when written (``write_data``) or, for a save that
+        # failed before writing, when DCP lets the staged state go.
+        weakref.finalize(staged, pool._dropped, slot, self.step)
+        self._slot, self._stall = slot, time.perf_counter() - started
+        self._pool = pool
+        pool.last_stall_s = self._stall
+        return staged
+
+    def synchronize_staging(self) -> None:
+        """Nothing to wait for: ``stage`` returns once every byte is copied."""
+
+    def close(self) -> None:
+        """The pool outlives the writer: nothing to close."""
 
     def reset(self, checkpoint_id: Union[str, "os.PathLike[str]", None] = None) -> None:
         """A new save begins; a ``warden:N`` checkpoint id sets the step."""
@@ -163,6 +365,27 @@ class WardenStorageWriter(StorageWriter):
         """Writes the plan's items into this rank's shard; commits it, except
         on the coordinator, whose shard waits for the metadata (``finish``)."""
         self._abort_pending()
+        slot, self._slot = self._slot, None
+        # The stall of an async save is its staging's; of a plain save, the
+        # whole write (ShardFile's default).
+        self._commit_stall = self._stall if slot is not None else None
+        self._stall = None
+        try:
+            results = self._write_shard(plan, planner)
+        except BaseException as e:
+            if slot is not None and self._pool is not None:
+                self._pool._failed(e)
+            raise
+        finally:
+            if slot is not None and self._pool is not None:
+                # Every byte is in the shard (or the save failed): the buffer
+                # may take the next save.
+                self._pool._release(slot)
+        fut: Future = Future()
+        fut.set_result(results)
+        return fut
+
+    def _write_shard(self, plan: SavePlan, planner: SavePlanner) -> list[WriteResult]:
         _job, rank, _world = _ckpt.identity()
         # The agent holds a staging file to the size declared when it is
         # begun (a file written past it is cut and its commit refused): the
@@ -195,13 +418,11 @@ class WardenStorageWriter(StorageWriter):
                 self._pending = shard
             else:
                 _write_footer(shard.file, rank, None)
-                shard.commit()
+                shard.commit(stall=self._commit_stall)
         except BaseException:
             shard.abort()
             raise
-        fut: Future = Future()
-        fut.set_result(results)
-        return fut
+        return results
 
     def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
         """On the coordinator: the metadata (where every rank put every item)
@@ -216,9 +437,11 @@ class WardenStorageWriter(StorageWriter):
             metadata.storage_data = {wr.index: wr.storage_data for wrs in results for wr in wrs}
             metadata.storage_meta = self.storage_meta()
             _write_footer(shard.file, _ckpt.identity()[1], metadata)
-            shard.commit()
-        except BaseException:
+            shard.commit(stall=self._commit_stall)
+        except BaseException as e:
             shard.abort()
+            if self._commit_stall is not None and self._pool is not None:
+                self._pool._failed(e)
             raise
 
     def storage_meta(self) -> Optional[StorageMeta]:
