@@ -8,15 +8,19 @@ into the agent's tier, and an in-process restart resumes from the tier.
 
 from __future__ import annotations
 
+import pytest
 from conftest import require_framework, run_ranks
 from wardend import Wardend
 
 
-def test_steps_sections_checkpoints_and_an_in_process_restart(wardend: Wardend) -> None:
+@pytest.mark.parametrize("mode", ["async", "sync"])
+def test_steps_sections_checkpoints_and_an_in_process_restart(wardend: Wardend, mode: str) -> None:
     require_framework("transformers")
     require_framework("accelerate")
-    out_dir = wardend.home / "hf-output"
-    (r,) = run_ranks(wardend, "transformers", "transformers_job.py", [str(out_dir), "12", "4", "6"])
+    out_dir = wardend.home / f"hf-output-{mode}"
+    (r,) = run_ranks(
+        wardend, f"transformers-{mode}", "transformers_job.py", [str(out_dir), "12", "4", "6", mode]
+    )
     first, second = r["attempts"]
     assert first["restart_count"] == 0 and first["resume_from"] is None
     assert first["start_step"] == 0 and "end_step" not in first
@@ -28,6 +32,10 @@ def test_steps_sections_checkpoints_and_an_in_process_restart(wardend: Wardend) 
     assert second["start_weights"] == r["saved_weights"]["4"]
     assert second["end_step"] == 12
     assert sorted(r["saved_weights"], key=int) == ["4", "8", "12"]
+    if mode == "async":
+        # Every background copy's snapshot (hard links) is gone once it is in.
+        snaps = out_dir / ".warden-snapshots"
+        assert snaps.is_dir() and not any(snaps.iterdir()), list(snaps.iterdir())
     # One warden step per optimizer step (two micro-batches each), with the
     # model's forward, the backward and the optimizer timed apart.
     assert r["recent_steps"][-1] == 11

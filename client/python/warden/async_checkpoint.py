@@ -327,9 +327,11 @@ def _body_offset(head_len: int) -> int:
     return (len(MAGIC) + 8 + head_len + 63) & ~63
 
 
-def read_shard(path: str, map_location: Any = "cpu") -> Any:
+def read_shard(path: str, map_location: Any = "cpu", safe_globals: Optional[list] = None) -> Any:
     """The state saved at ``path`` by an ``AsyncCheckpointer`` (tensors on
-    ``map_location``)."""
+    ``map_location``). ``safe_globals``: classes the structure may hold
+    besides containers and numbers (``torch.serialization.safe_globals``;
+    still no code runs on load)."""
     torch = _torch()
     with open(path, "rb") as f:
         data = bytearray(f.read())
@@ -339,7 +341,12 @@ def read_shard(path: str, map_location: Any = "cpu") -> Any:
     start = len(MAGIC) + 8
     if start + head_len > len(data):
         raise checkpoint.CheckpointError(f"{path}: the header runs past the shard's end")
-    header = torch.load(io.BytesIO(bytes(data[start : start + head_len])), weights_only=True)
+    raw_head = io.BytesIO(bytes(data[start : start + head_len]))
+    if safe_globals:
+        with torch.serialization.safe_globals(list(safe_globals)):
+            header = torch.load(raw_head, weights_only=True)
+    else:
+        header = torch.load(raw_head, weights_only=True)
     body = _body_offset(head_len)
     raw = torch.frombuffer(data, dtype=torch.uint8) if len(data) > body else None
     tensors = []

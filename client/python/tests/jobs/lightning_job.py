@@ -1,6 +1,6 @@
 """A Lightning training run under warden.run with WardenCallback, against a real agent.
 
-    python lightning_job.py MAX_STEPS EVERY RESTART_AT OUT
+    python lightning_job.py MAX_STEPS EVERY RESTART_AT [sync] OUT
 
 Attempt 0 asks for an in-process restart (``warden.inject_restart``, the
 path an agent's request takes) once step RESTART_AT is done; warden.run
@@ -21,7 +21,8 @@ from torch.utils.data import DataLoader, TensorDataset
 import warden
 from warden.integrations.lightning import WardenCallback, restore_path
 
-MAX_STEPS, EVERY, RESTART_AT, OUT = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+MAX_STEPS, EVERY, RESTART_AT, OUT = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[-1]
+ASYNC = "sync" not in sys.argv[4:-1]
 events: dict = {"attempts": [], "saved_weights": {}}
 
 
@@ -69,7 +70,7 @@ def train() -> None:
     g = torch.Generator().manual_seed(1)
     x = torch.randn(64, 8, generator=g)
     data = TensorDataset(x, x.sum(dim=1, keepdim=True))
-    cb = WardenCallback(every_n_steps=EVERY)
+    cb = WardenCallback(every_n_steps=EVERY, async_save=ASYNC)
     trainer = pl.Trainer(
         max_steps=MAX_STEPS,
         accelerator="cpu",

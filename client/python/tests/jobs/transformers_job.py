@@ -37,7 +37,8 @@ with socket.socket() as _s:
 
 OUTPUT_DIR = sys.argv[1]
 MAX_STEPS, SAVE_STEPS, RESTART_AT = int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
-OUT = sys.argv[5]
+OUT = sys.argv[-1]
+ASYNC = "sync" not in sys.argv[5:-1]
 events: dict = {"attempts": [], "saved_weights": {}}
 
 
@@ -114,7 +115,7 @@ def train() -> None:
         model=BertForSequenceClassification(config),
         args=args,
         train_dataset=Toy(),
-        callbacks=[WardenCallback(), Probe()],
+        callbacks=[WardenCallback(async_copy=ASYNC), Probe()],
     )
     path = restore_dir(OUTPUT_DIR)
     events["attempts"][-1]["resume_from"] = path

@@ -21,7 +21,19 @@ never raise), or leaves a section open after an exception.
 
 Lightning writes the checkpoint on global rank 0 only; the other ranks
 commit an empty shard so that the step is complete, and every rank
-restores rank 0's shard (``restore_path``). Uses ``lightning.pytorch``
+restores rank 0's shard (``restore_path``).
+
+Saves are asynchronous where the strategy allows (one device, DDP: the
+strategies whose checkpoint is the one dictionary global rank 0 writes):
+the step is held only while Lightning's checkpoint dictionary is built and
+its tensors copied into a buffer of the process's ``AsyncCheckpointer``
+(reused across saves and in-process restarts); the shard is written and
+committed in the background. ``restore_path`` first waits for this
+process's saves in flight, and turns an async shard back into a file
+``trainer.fit(ckpt_path=...)`` reads. Other strategies (FSDP, DeepSpeed:
+each rank writes its own files) save synchronously, as does
+``async_save=False``. A save that fails in the background is never
+committed; the next save warns of it, as a synchronous failure does. Uses ``lightning.pytorch``
 when the ``lightning`` package is installed, else ``pytorch_lightning``.
 """
 
@@ -29,6 +41,8 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import tempfile
+import threading
 import warnings
 from typing import Any, Optional
 
@@ -47,14 +61,96 @@ else:
 __all__ = ["WardenCallback", "restore_path"]
 
 
+#: The process's async saver: made on the first async save, reused by every
+#: callback after it (an in-process restart makes a new callback).
+_saver: Any = None
+_saver_lock = threading.Lock()
+
+
+def _async_saver() -> Any:
+    global _saver
+    with _saver_lock:
+        if _saver is None:
+            from ..async_checkpoint import AsyncCheckpointer  # noqa: PLC0415
+
+            _saver = AsyncCheckpointer(max_in_flight=1)
+        return _saver
+
+
+def _wait_for_saves() -> None:
+    """This process's async saves in flight, committed (a failure warned)."""
+    saver = _saver
+    if saver is None:
+        return
+    try:
+        saver.wait()
+    except _ckpt.CheckpointError as e:
+        warnings.warn(f"warden: {e}", stacklevel=3)
+
+
 def restore_path(step: int = 0) -> Optional[str]:
     """The Lightning checkpoint of the newest step complete in the tier (or
     of ``step``), as a local file for ``trainer.fit(ckpt_path=...)``; None on
     a fresh start. Raises ``warden.checkpoint.CheckpointError`` when the
     agent cannot be reached (a resume that silently started over would
-    be worse)."""
+    be worse). This process's async saves in flight are committed first,
+    so an in-process restart resumes from the newest one."""
+    _wait_for_saves()
     r = _ckpt.restore(step, rank=0)
-    return r.path if r is not None else None
+    if r is None:
+        return None
+    from .. import async_checkpoint as _async  # noqa: PLC0415
+
+    if not _async.is_async_shard(r.path):
+        return r.path
+    return _as_lightning_file(r.path, r.step)
+
+
+def _as_lightning_file(path: str, step: int) -> str:
+    """An async shard written back as the ``torch.save`` file Lightning
+    loads, in a folder private to this user (removed at exit)."""
+    import torch  # noqa: PLC0415
+
+    from .. import async_checkpoint as _async  # noqa: PLC0415
+
+    state = _async.read_shard(path, safe_globals=_lightning_safe_globals())
+    folder = tempfile.mkdtemp(prefix="warden-lightning-")
+    out = os.path.join(folder, f"step-{step}.ckpt")
+    torch.save(state, out)
+    import atexit  # noqa: PLC0415
+    import shutil  # noqa: PLC0415
+
+    atexit.register(shutil.rmtree, folder, True)
+    return out
+
+
+def _lightning_safe_globals() -> list:
+    """What a Lightning checkpoint's structure holds besides containers and
+    numbers (its hyper-parameters' dictionary type)."""
+    try:
+        from lightning_fabric.utilities.data import AttributeDict  # noqa: PLC0415
+    except ImportError:  # pragma: no cover - depends on the installed Lightning
+        try:
+            from lightning.fabric.utilities.data import AttributeDict  # noqa: PLC0415
+        except ImportError:
+            return []
+    return [AttributeDict]
+
+
+def _async_allowed(trainer: Any) -> bool:
+    """Whether the strategy's checkpoint is the one dictionary global rank 0
+    writes (one device, DDP), so that it can be snapshotted and written in
+    the background."""
+    strategy = getattr(trainer, "strategy", None)
+    kinds = tuple(
+        k
+        for k in (
+            getattr(_pl.strategies, "SingleDeviceStrategy", None),
+            getattr(_pl.strategies, "DDPStrategy", None),
+        )
+        if k is not None
+    )
+    return bool(kinds) and isinstance(strategy, kinds)
 
 
 class WardenCallback(_pl.Callback):
@@ -63,10 +159,15 @@ class WardenCallback(_pl.Callback):
     ``every_n_steps``: save a checkpoint every that many optimizer steps
     (None: never; steps and sections only). ``client``: an explicit
     ``warden.connect(...)`` client (default: the module-level one).
+    ``async_save``: save in the background where the strategy allows
+    (default True; see the module's notes).
     """
 
-    def __init__(self, every_n_steps: Optional[int] = None, client: Any = None) -> None:
+    def __init__(
+        self, every_n_steps: Optional[int] = None, client: Any = None, async_save: bool = True
+    ) -> None:
         super().__init__()
+        self.async_save = bool(async_save)
         if every_n_steps is not None and every_n_steps < 1:
             raise ValueError(f"every_n_steps must be at least 1, not {every_n_steps}")
         self.every_n_steps = every_n_steps
@@ -128,7 +229,11 @@ class WardenCallback(_pl.Callback):
     def save(self, trainer: Any, step: int) -> Optional[str]:
         """Saves the Trainer's full checkpoint as this rank's shard of ``step``
         (every rank must call it: ``trainer.save_checkpoint`` has a barrier).
-        Returns the shard's path, or None when the save failed (warned)."""
+        Returns the shard's path ("async" for a save whose snapshot is taken
+        and whose commit follows in the background), or None when the save
+        failed (warned)."""
+        if self.async_save and _async_allowed(trainer):
+            return self._save_async(trainer, step)
         done: Optional[str] = None
         with _section("checkpoint"):
             try:
@@ -141,6 +246,30 @@ class WardenCallback(_pl.Callback):
             self.last_saved = step
         return done
 
+    def _save_async(self, trainer: Any, step: int) -> Optional[str]:
+        """Lightning's checkpoint dictionary (built on every rank, as
+        ``trainer.save_checkpoint`` does) snapshotted into the process's
+        async saver on global rank 0; an empty state on the others, so the
+        step is complete. Returns "async" once the snapshot is taken (the
+        commit follows in the background), None when it failed (warned)."""
+        saver = _async_saver()
+        with _section("checkpoint"):
+            state = trainer._checkpoint_connector.dump_checkpoint(weights_only=False)
+            if not trainer.is_global_zero:
+                state = {}
+            for attempt in (0, 1):
+                try:
+                    saver.save(step, state)
+                    break
+                except _ckpt.CheckpointError as e:
+                    # An earlier save failed in the background (never
+                    # committed): said, and this one tried once more.
+                    warnings.warn(f"warden: {e}", stacklevel=2)
+                    if attempt == 1:
+                        return None
+        self.last_saved = step
+        return "async"
+
     def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
         """Closes what is open (a restart or an error ended the step)."""
         if self._tracker is not None:
@@ -151,6 +280,9 @@ class WardenCallback(_pl.Callback):
         leaves with ``warden.Preempted`` (exit 85: "requeue me")."""
         if self._tracker is not None:
             self._tracker.end()
+        # The last saves committed before fit returns (and before leaving on
+        # a notice: the step it saved must be in the tier).
+        _wait_for_saves()
         if self.preempted is not None:
             raise _Preempted(self.preempted)
 

@@ -26,6 +26,17 @@ The directory is packed (tar, uncompressed) by the process that saves it
 (``args.should_save``: world process zero); the other ranks commit an empty
 shard so that the step is complete, and every rank restores rank 0's
 (``restore_dir``), unpacked into a directory of its own.
+
+The copy is asynchronous (``async_copy=True``, the default): ``on_save``
+holds the step only while the checkpoint's files are hard-linked into a
+snapshot beside it (``<output_dir>/.warden-snapshots``; copied where links
+cannot be made), since the Trainer writes each file once and may delete
+the directory later (``save_total_limit``); packing into the tier and the
+commit run on a background thread. One copy is in flight at a time: the
+next ``on_save`` waits for it (in section ``checkpoint``). A copy that
+fails in the background is never committed; the next ``on_save`` (or the
+end of training) warns of it. ``restore_dir`` first waits for this
+process's copy in flight, so an in-process restart resumes from it.
 """
 
 from __future__ import annotations
@@ -33,6 +44,7 @@ from __future__ import annotations
 import os
 import shutil
 import tarfile
+import threading
 import warnings
 from typing import Any, Optional
 
@@ -51,12 +63,89 @@ __all__ = ["WardenCallback", "restore_dir"]
 PREFIX = "checkpoint"
 
 
+class _TierCopier:
+    """The background copy of checkpoint snapshots into the tier: one at a
+    time, its failure kept for the next caller to say."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._thread: Optional[threading.Thread] = None
+        self._error: Optional[BaseException] = None
+
+    def wait(self) -> Optional[BaseException]:
+        """Waits for the copy in flight; returns (and forgets) the last failure."""
+        t = self._thread
+        if t is not None:
+            t.join()
+        with self._lock:
+            self._thread = None
+            e, self._error = self._error, None
+        return e
+
+    def start(self, step: int, snapshot: Optional[str], size_hint: int) -> None:
+        t = threading.Thread(
+            target=self._run, args=(step, snapshot, size_hint), name="warden-tier-copy", daemon=True
+        )
+        with self._lock:
+            self._thread = t
+        t.start()
+
+    def _run(self, step: int, snapshot: Optional[str], size_hint: int) -> None:
+        try:
+            _ckpt.save_file(step, lambda p: _pack(snapshot, p), size_hint=size_hint)
+        except BaseException as e:  # noqa: BLE001 - said by the next caller
+            with self._lock:
+                self._error = e
+        finally:
+            if snapshot is not None:
+                shutil.rmtree(os.path.dirname(snapshot), ignore_errors=True)
+
+
+#: The process's background copier (shared by the callbacks of successive
+#: in-process attempts).
+_copier = _TierCopier()
+
+
+def _snapshot(src: str, output_dir: str, step: int) -> str:
+    """``src`` (checkpoint-N) hard-linked, file by file, into a fresh folder
+    under ``<output_dir>/.warden-snapshots``; copied where a link cannot be
+    made (another filesystem). Returns the snapshot's checkpoint-N."""
+    if not os.path.isdir(src):
+        raise _ckpt.CheckpointError(f"the Trainer's checkpoint {src} is not a directory")
+    base = os.path.join(output_dir, ".warden-snapshots")
+    os.makedirs(base, mode=0o700, exist_ok=True)
+    import tempfile  # noqa: PLC0415
+
+    holder = tempfile.mkdtemp(prefix=f"step-{step}-", dir=base)
+    dst = os.path.join(holder, os.path.basename(src))
+
+    def link_or_copy(a: str, b: str) -> None:
+        try:
+            os.link(a, b)
+        except OSError:
+            shutil.copy2(a, b)
+
+    try:
+        shutil.copytree(src, dst, copy_function=link_or_copy)
+    except BaseException:
+        shutil.rmtree(holder, ignore_errors=True)
+        raise
+    return dst
+
+
+def _say_failure(e: Optional[BaseException]) -> None:
+    if e is not None:
+        warnings.warn(f"warden: a checkpoint copy to the tier failed in the background: {e}", stacklevel=3)
+
+
 def restore_dir(output_dir: str, step: int = 0) -> Optional[str]:
     """The Trainer checkpoint of the newest step complete in the tier (or of
     ``step``), unpacked as ``<output_dir>/warden-restore/rank-<R>/checkpoint-N``
     for ``trainer.train(resume_from_checkpoint=...)``; None on a fresh start.
     Raises ``warden.checkpoint.CheckpointError`` when the agent cannot be
-    reached (a resume that silently started over would be worse)."""
+    reached (a resume that silently started over would be worse). This
+    process's copy in flight is committed first."""
+    _say_failure(_copier.wait())
     r = _ckpt.restore(step, rank=0)
     if r is None:
         return None
@@ -81,10 +170,12 @@ class WardenCallback(_tf.TrainerCallback):
     """Reports steps and sections to the agent, and copies each saved
     checkpoint into its tier. ``client``: an explicit ``warden.connect(...)``
     client (default: the module-level one). ``save_to_tier=False`` keeps the
-    checkpoints on disk only."""
+    checkpoints on disk only. ``async_copy=False`` copies on the training
+    thread (see the module's notes)."""
 
-    def __init__(self, save_to_tier: bool = True, client: Any = None) -> None:
+    def __init__(self, save_to_tier: bool = True, client: Any = None, async_copy: bool = True) -> None:
         self.save_to_tier = save_to_tier
+        self.async_copy = bool(async_copy)
         self._client = client
         self._tracker: Optional[StepTracker] = None
         self._hooks: list[Any] = []
@@ -152,6 +243,18 @@ class WardenCallback(_tf.TrainerCallback):
         if step < 1 or step == self.last_saved:
             return
         src = os.path.join(args.output_dir, f"{PREFIX}-{step}")
+        if self.async_copy:
+            with _section("checkpoint"):
+                # Back pressure: the copy before this one, finished first.
+                _say_failure(_copier.wait())
+                try:
+                    snap = _snapshot(src, args.output_dir, step) if args.should_save else None
+                    _copier.start(step, snap, _tar_size(snap))
+                except (_ckpt.CheckpointError, OSError) as e:
+                    warnings.warn(f"warden: checkpoint of step {step} not copied to the tier: {e}", stacklevel=2)
+                    return
+            self.last_saved = step
+            return
         with _section("checkpoint"):
             try:
                 packed = src if args.should_save else None
@@ -166,6 +269,9 @@ class WardenCallback(_tf.TrainerCallback):
         if self._tracker is not None:
             self._tracker.end()
         self._remove_hooks()
+        # The last copy committed before training returns (and before
+        # leaving on a notice: the step it saved must be in the tier).
+        _say_failure(_copier.wait())
         if self.preempted is not None:
             raise _Preempted(self.preempted)
 
