@@ -267,6 +267,51 @@ impl Dir {
         Ok(Dir { fd, path })
     }
 
+    /// The subdirectory `name` handed to `owner` (mode 0700): created by
+    /// the agent when missing, then given with `fchown` on its descriptor
+    /// (never a path). One already there must be the agent's (not yet
+    /// given) or `owner`'s: since only the agent creates entries in its own
+    /// directories, another user's is refused with its owner. Returns its
+    /// path, which `owner` then uses as it likes; the agent reads nothing
+    /// in it.
+    pub fn user_sub(&self, name: &str, owner: Owner) -> Result<PathBuf, FsError> {
+        check_name(name)?;
+        let path = self.join(name);
+        match mkdirat(&self.fd, name, Mode::from_bits_truncate(0o700)) {
+            Ok(()) | Err(Errno::EEXIST) => {}
+            Err(e) => return Err(io_err("creating", &path, e)),
+        }
+        let fd = openat(&self.fd, name, DIR_FLAGS, Mode::empty()).map_err(|e| {
+            match self.stat(name) {
+                Ok(st) if st.st_mode & libc::S_IFMT == libc::S_IFLNK => {
+                    FsError::Symlink(path.display().to_string())
+                }
+                _ => open_err("opening", &path, e),
+            }
+        })?;
+        let st = fstat(&fd).map_err(|e| io_err("inspecting", &path, e))?;
+        kind(&st, &path, SFlag::S_IFDIR, "directory")?;
+        if st.st_uid == me() && owner.uid != me() {
+            fchown(
+                &fd,
+                Some(Uid::from_raw(owner.uid)),
+                Some(Gid::from_raw(owner.gid)),
+            )
+            .map_err(|e| io_err("handing over", &path, e))?;
+        } else if st.st_uid != owner.uid {
+            return Err(FsError::Owner {
+                path: path.display().to_string(),
+                uid: st.st_uid,
+                want: owner.uid,
+            });
+        }
+        if st.st_uid == me() && st.st_mode & 0o077 != 0 {
+            fchmod(&fd, Mode::from_bits_truncate(0o700))
+                .map_err(|e| io_err("closing", &path, e))?;
+        }
+        Ok(path)
+    }
+
     /// Opens the regular file `name` for reading, never through a symlink
     /// (nor a FIFO: opened non-blocking, then checked).
     pub fn open_file(&self, name: &str) -> Result<(File, FileStat), FsError> {
@@ -636,6 +681,33 @@ pub fn give(f: &File, path: &Path, owner: Owner) -> Result<(), FsError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_user_sub_is_made_once_and_a_symlink_in_its_place_is_refused() {
+        let t = tempfile::tempdir().expect("tempdir");
+        let d = Dir::ensure(&t.path().join("tree"), 0o711).expect("ensure");
+        let me_too = Owner {
+            uid: me(),
+            gid: nix::unistd::Gid::effective().as_raw(),
+        };
+        let p = d.user_sub("1000", me_too).expect("made");
+        assert_eq!(p, d.path().join("1000"));
+        let mode = std::fs::metadata(&p).expect("stat").permissions();
+        assert_eq!(
+            std::os::unix::fs::PermissionsExt::mode(&mode) & 0o777,
+            0o700
+        );
+        // Again: the same folder, kept.
+        std::fs::write(p.join("kept"), b"x").expect("write");
+        assert_eq!(d.user_sub("1000", me_too).expect("again"), p);
+        assert!(p.join("kept").exists());
+        std::os::unix::fs::symlink(t.path(), d.path().join("1001")).expect("symlink");
+        assert!(matches!(
+            d.user_sub("1001", me_too),
+            Err(FsError::Symlink(_))
+        ));
+        assert!(d.user_sub("../x", me_too).is_err());
+    }
 
     #[test]
     fn symlinks_and_odd_names_are_refused_by_name() {

@@ -275,18 +275,22 @@ pub async fn report_job_stop(
 /// who owns it and the way out. An agent from before ClaimJob, or one that
 /// does not answer, is said on the console and the job goes on: the agent
 /// still refuses another user's calls about a job the launcher's workers
-/// registered first.
+/// registered first. Returns this user's compilation cache folder in the
+/// agent's tier, when the agent gave one.
 pub async fn claim(
     client: &AgentClient<Channel>,
     job: &str,
     console: &crate::output::Console,
-) -> Result<(), crate::LauncherError> {
+) -> Result<Option<std::path::PathBuf>, crate::LauncherError> {
     let mut c = client.clone();
     let asked = c.claim_job(pb::ClaimJobRequest {
         job_id: job.to_owned(),
     });
     match tokio::time::timeout(CLAIM_TIMEOUT, asked).await {
-        Ok(Ok(_)) => Ok(()),
+        Ok(Ok(r)) => {
+            let dir = r.into_inner().compile_cache_dir;
+            Ok((!dir.is_empty()).then(|| std::path::PathBuf::from(dir)))
+        }
         Ok(Err(e)) if e.code() == tonic::Code::PermissionDenied => Err(
             crate::LauncherError::JobOwned(format!("cannot run job {job:?}: {}", e.message())),
         ),
@@ -294,21 +298,21 @@ pub async fn claim(
             console.say(format!(
                 "warning: this agent predates ClaimJob: job {job:?} is not claimed for this user before its workers start"
             ));
-            Ok(())
+            Ok(None)
         }
         Ok(Err(e)) => {
             console.say(format!(
                 "warning: could not claim job {job:?} at the agent: {}; going on (the agent refuses other users' calls about a job once it is owned)",
                 e.message()
             ));
-            Ok(())
+            Ok(None)
         }
         Err(_) => {
             console.say(format!(
                 "warning: the agent did not answer ClaimJob for {job:?} within {}; going on",
                 humantime::format_duration(CLAIM_TIMEOUT)
             ));
-            Ok(())
+            Ok(None)
         }
     }
 }

@@ -156,6 +156,12 @@ pub struct RunArgs {
     /// forwarded to the workers (exit 143).
     #[arg(long = "term-grace", default_value = "0s", value_parser = humantime::parse_duration)]
     pub term_grace: Duration,
+    /// The bound, in GiB, on this user's compilation caches in the agent's
+    /// tier (torch.compile's and XLA's, kept across restarts: see
+    /// docs/operations.md); the files least recently written go first. 0:
+    /// no cache in the tier (the frameworks' own defaults apply).
+    #[arg(long = "compile-cache-max-gib", default_value_t = 10.0, value_parser = parse_gib)]
+    pub compile_cache_max_gib: f64,
     /// How long a failed worker waits for the agent's decision before the
     /// launcher treats the failure as class unknown.
     #[arg(long = "decision-timeout", default_value = "5s", value_parser = humantime::parse_duration)]
@@ -584,6 +590,19 @@ fn parse_share(s: &str) -> Result<f64, String> {
         Ok(v)
     } else {
         Err(format!("{v} is not a share: from 0 to 1"))
+    }
+}
+
+/// A size in GiB: a finite number, 0 or more.
+fn parse_gib(s: &str) -> Result<f64, String> {
+    let v: f64 = s
+        .trim()
+        .parse()
+        .map_err(|_| format!("{s:?} is not a number of GiB"))?;
+    if v.is_finite() && v >= 0.0 {
+        Ok(v)
+    } else {
+        Err(format!("{s:?}: a size in GiB is finite and not negative"))
     }
 }
 

@@ -33,6 +33,7 @@
 
 pub mod agent;
 pub mod args;
+pub mod compile_cache;
 pub mod connect;
 pub mod coord;
 pub mod env;
@@ -202,10 +203,14 @@ async fn run_job(
     console.say(link.describe());
     // Before anything of the job starts: the job id must be this user's on
     // the agent, or the decisions about it are someone else's.
-    if let Err(e) = agent::claim(&link.client, &job_id, console).await {
-        link.close().await;
-        return Err(e);
-    }
+    let cache_root = match agent::claim(&link.client, &job_id, console).await {
+        Ok(dir) => dir,
+        Err(e) => {
+            link.close().await;
+            return Err(e);
+        }
+    };
+    let compile_cache = compile_cache_for(cache_root, &job_id, args.compile_cache_max_gib, console);
     let fallback_budget = args
         .max_restarts
         .unwrap_or(link.config.policy.unknown.budget);
@@ -259,6 +264,7 @@ async fn run_job(
         decision_timeout: args.decision_timeout,
         gpu_release_timeout: args.gpu_release_timeout,
         standby: args.standby_plan(),
+        compile_cache,
     };
     if args.standby && job.standby.is_none() {
         console.say(
@@ -505,6 +511,57 @@ fn default_log_dir() -> PathBuf {
 }
 
 /// A job id as a directory name.
+/// The job's compilation caches in the agent's tier, bounded at once and
+/// every minute while the job runs; None (said) when the agent gave no
+/// folder or it cannot be used, or with `--compile-cache-max-gib 0`.
+fn compile_cache_for(
+    root: Option<PathBuf>,
+    job_id: &str,
+    max_gib: f64,
+    console: &output::Console,
+) -> Option<compile_cache::CompileCache> {
+    let root = root?;
+    if max_gib <= 0.0 {
+        return None;
+    }
+    let max_bytes = (max_gib * f64::from(1u32 << 30)) as u64;
+    match compile_cache::CompileCache::prepare(&root, &sanitize(job_id), max_bytes) {
+        Ok(c) => {
+            console.say(format!(
+                "compilation caches (torch.compile, Triton, XLA) in {} (at most {max_gib} GiB for this user)",
+                c.dir().display()
+            ));
+            let kept = c.clone();
+            tokio::spawn(async move {
+                let mut every = tokio::time::interval(std::time::Duration::from_secs(60));
+                loop {
+                    every.tick().await;
+                    let c = kept.clone();
+                    if let Ok(e) = tokio::task::spawn_blocking(move || c.evict()).await
+                        && e.removed > 0
+                    {
+                        tracing::info!(
+                            removed = e.removed,
+                            bytes = e.removed_bytes,
+                            before = e.before,
+                            truncated = e.truncated,
+                            "compilation cache bounded"
+                        );
+                    }
+                }
+            });
+            Some(c)
+        }
+        Err(e) => {
+            console.say(format!(
+                "warning: no compilation cache in the tier ({}: {e}); the workers use their frameworks' defaults",
+                root.display()
+            ));
+            None
+        }
+    }
+}
+
 fn sanitize(s: &str) -> String {
     s.chars()
         .map(|c| {

@@ -171,6 +171,9 @@ pub struct Job {
     /// Standby interpreters for warm in-job restarts (`--standby`); None:
     /// every attempt starts cold.
     pub standby: Option<standby::Plan>,
+    /// The job's compilation caches in the agent's tier (None: the
+    /// frameworks' defaults).
+    pub compile_cache: Option<crate::compile_cache::CompileCache>,
 }
 
 /// SIGINT, SIGTERM, SIGHUP and SIGQUIT (torchrun's `--signals-to-handle`
@@ -1008,6 +1011,9 @@ impl<C: Coordinator> Sup<'_, C> {
     /// reports its imports to.
     fn worker_env(&self, wenv: &WorkerEnv, local: u32, rank: u32) -> Vec<(String, String)> {
         let mut env = wenv.for_rank(local, |k| std::env::var(k).ok());
+        if let Some(cache) = &self.job.compile_cache {
+            env.extend(cache.env(|k| std::env::var(k).ok()));
+        }
         let heal = self.job.log_root.join("heal");
         if std::fs::create_dir_all(&heal).is_ok() {
             let file = heal_ready::file_for(&heal, rank);

@@ -71,6 +71,26 @@ async fn blocking<T: Send + 'static>(
         .map_err(status)
 }
 
+/// The caller's compilation cache folder in the tier (ClaimJob), or why
+/// there is none.
+pub async fn user_cache(
+    state: &Arc<AgentState>,
+    peer: &super::caller::LocalPeer,
+) -> Result<String, String> {
+    if !state.config.checkpoint.compile_cache {
+        return Err("checkpoint.compile_cache is off".to_owned());
+    }
+    let ck = tier(state).map_err(|s| s.message().to_owned())?;
+    let owner = Some(Owner {
+        uid: peer.uid,
+        gid: peer.gid,
+    });
+    blocking(move || ck.tier.user_cache(owner))
+        .await
+        .map(|p| p.display().to_string())
+        .map_err(|s| s.message().to_owned())
+}
+
 /// BeginShard: room made, staging file created by the agent and handed to
 /// `owner`, the calling rank (its socket's peer credentials).
 pub async fn begin_shard(

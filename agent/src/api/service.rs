@@ -802,9 +802,14 @@ impl Agent for AgentService {
             "ClaimJob",
             req,
             |r| &r.job_id,
-            |peer, _req| async move {
+            |peer, req| async move {
+                let compile_cache_dir = super::ckpt::user_cache(&self.state, &peer).await;
+                if let Some(why) = compile_cache_dir.as_ref().err() {
+                    tracing::warn!(job = req.get_ref().job_id, caller = %peer, why, "no compilation cache folder for the job");
+                }
                 Ok(Response::new(pb::ClaimJobResponse {
                     owner_uid: peer.uid,
+                    compile_cache_dir: compile_cache_dir.unwrap_or_default(),
                 }))
             },
         )

@@ -27,6 +27,11 @@ pub struct CheckpointConfig {
     pub keep_steps: usize,
     /// Bytes the tier may hold in all (0: bounded by free space only).
     pub max_bytes: u64,
+    /// Hand each user a compilation cache folder in the tier
+    /// (`<dir>/.cache/<uid>`, ClaimJob). Its users write it as they like
+    /// (their launcher bounds it): turn it off where the tier is a file
+    /// system of its own that users must not fill (docs/security.md).
+    pub compile_cache: bool,
     /// This host's failure domain (a rack, a power feed, a switch): a
     /// replica never goes to a peer of the same domain. Empty: the host name
     /// (every host its own domain).
@@ -101,6 +106,7 @@ impl Default for CheckpointConfig {
             dir: default_dir(nix::unistd::geteuid().as_raw()),
             keep_steps: 2,
             max_bytes: 0,
+            compile_cache: true,
             domain: String::new(),
             replicas: 1,
             peers: Vec::new(),

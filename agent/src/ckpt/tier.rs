@@ -470,6 +470,21 @@ impl LocalTier {
         Ok((path, token))
     }
 
+    /// The compilation cache folder of `owner` (None: the agent's own user)
+    /// in the tier: `.cache/<uid>`, made by the agent and handed to that
+    /// user (mode 0700), where the launcher keeps each job's torch.compile,
+    /// Triton and XLA caches and bounds them (it runs as that user: the
+    /// agent, root on a shared node, never reads or deletes in a folder a
+    /// user writes). In the tier so that a restart on this host finds it.
+    pub fn user_cache(&self, owner: Option<Owner>) -> Result<PathBuf, TierError> {
+        let cache = self.root.sub(".cache", DIR_MODE, true)?;
+        let owner = owner.unwrap_or(Owner {
+            uid: fsafe::me(),
+            gid: nix::unistd::Gid::effective().as_raw(),
+        });
+        Ok(cache.user_sub(&owner.uid.to_string(), owner)?)
+    }
+
     /// Checks every staging file handed to a rank against the size its
     /// BeginShard declared, through the agent's own descriptor: one longer
     /// than that, or with far more allocated ([`ALLOC_SLACK`]), is cut to
