@@ -27,11 +27,7 @@ use crate::api::conn_watch::TrackLayer;
 use crate::api::local_accept::local_connections;
 use crate::api::{AgentService, metrics_http, nvhcd};
 use crate::config::Config;
-use crate::sources::host_disk::HostDisk;
-use crate::sources::host_memory::HostMemory;
-use crate::sources::host_net::HostNet;
 use crate::sources::runner::Sources;
-use crate::sources::tpu::Tpu;
 use crate::state::AgentState;
 use warden_core::events::{NewEvent, Severity};
 
@@ -370,75 +366,11 @@ async fn serve(
         });
     }
     let sources = Sources::default();
-    sources
-        .spawn(
-            state.health_reporter(),
-            state.shutdown.clone(),
-            Box::new(HostMemory::new(state.config.host.clone())),
-        )
-        .map_err(DaemonError::Threads)?;
-    if state.config.kmsg.enabled {
-        let kmsg = crate::sources::kmsg::Kmsg::new(state.config.kmsg.clone());
-        sources
-            .spawn(
-                state.health_reporter(),
-                state.shutdown.clone(),
-                Box::new(kmsg),
-            )
-            .map_err(DaemonError::Threads)?;
-    }
-    for source in extra {
+    for source in
+        crate::sources::registry::configured(&state.config, extra).map_err(DaemonError::Threads)?
+    {
         sources
             .spawn(state.health_reporter(), state.shutdown.clone(), source)
-            .map_err(DaemonError::Threads)?;
-    }
-    let host = &state.config.host;
-    sources
-        .spawn(
-            state.health_reporter(),
-            state.shutdown.clone(),
-            Box::new(HostNet::new(host.clone())),
-        )
-        .map_err(DaemonError::Threads)?;
-    if let Some(disk) = HostDisk::new(host.clone(), &state.config.checkpoint) {
-        sources
-            .spawn(
-                state.health_reporter(),
-                state.shutdown.clone(),
-                Box::new(disk),
-            )
-            .map_err(DaemonError::Threads)?;
-    }
-    if let Some(tpu) = Tpu::new(state.config.tpu.clone(), host).map_err(DaemonError::Threads)? {
-        sources
-            .spawn(
-                state.health_reporter(),
-                state.shutdown.clone(),
-                Box::new(tpu),
-            )
-            .map_err(DaemonError::Threads)?;
-    }
-    if state.config.nvml.enabled {
-        sources
-            .spawn(
-                state.health_reporter(),
-                state.shutdown.clone(),
-                Box::new(crate::sources::nvml::NvmlSource::new(
-                    state.config.nvml.clone(),
-                )),
-            )
-            .map_err(DaemonError::Threads)?;
-    }
-    if state.config.dcgm.enabled {
-        sources
-            .spawn(
-                state.health_reporter(),
-                state.shutdown.clone(),
-                Box::new(crate::sources::dcgm::DcgmSource::new(
-                    state.config.dcgm.clone(),
-                    state.config.nvml.enabled,
-                )),
-            )
             .map_err(DaemonError::Threads)?;
     }
     tasks.spawn(work_loop::run(state.clone(), watchdog, sources));

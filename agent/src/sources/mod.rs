@@ -14,6 +14,7 @@ pub mod host_memory;
 pub mod host_net;
 pub mod kmsg;
 pub mod nvml;
+pub mod registry;
 pub mod runner;
 pub mod simulated;
 pub mod tpu;
