@@ -26,9 +26,12 @@ from a standby interpreter while the others restart in process):
 2. The replacement starts at the same restart count (its launcher sets it)
    with a freshly built model and optimizer.
 3. ``resume`` gathers every rank's committed step (-1: none, or an update
-   was interrupted), picks the lowest rank at the newest step as the
-   source, and sends model, optimizer, step, RNG and data position to
-   every rank not at that step (point to point; the others send nothing).
+   was interrupted), picks for each rank not at the newest step the lowest
+   rank at that step holding the same state (``warden.heal_layout``: any
+   rank in plain DDP; the same shard position of another replica group in
+   FSDP2/HSDP, from the DTensors' mesh), and sends it model, optimizer,
+   step, RNG and data position (point to point; the others send nothing).
+   A shard position no live rank holds sends the whole job to ``restore``.
 
 The launcher learns that the workers can be healed from the file named by
 ``WARDEN_HEAL_FILE``: ``declare`` writes the process's pid there.
