@@ -15,6 +15,10 @@
 //!    op in torch 2.15), and must leave by itself (`warden.heal` exit 75)
 //!    to be healed in turn. Before that exit existed, this case hung the
 //!    job for gloo's whole timeout in about 1 run in 5 of test 1.
+//! 5. HSDP (examples/heal/hsdp.py: FSDP2 over a 2 x 2 mesh ("replicate",
+//!    "shard")): rank 1 killed; its replacement takes shard 1 from rank 3,
+//!    the same shard position in the other replica group, with its own
+//!    fault-free reference (the digest of every tensor gathered whole).
 //!
 //! Each run must: exit 0; end with every rank's digest equal to the
 //! fault-free run's; keep the survivors' processes (one pid per rank that
