@@ -15,6 +15,10 @@
 //!    op in torch 2.15), and must leave by itself (`warden.heal` exit 75)
 //!    to be healed in turn. Before that exit existed, this case hung the
 //!    job for gloo's whole timeout in about 1 run in 5 of test 1.
+//! 5. HSDP (examples/heal/hsdp.py: FSDP2 over a 2 x 2 mesh ("replicate",
+//!    "shard")): rank 1 killed; its replacement takes shard 1 from rank 3,
+//!    the same shard position in the other replica group, with its own
+//!    fault-free reference (the digest of every tensor gathered whole).
 //!
 //! Each run must: exit 0; end with every rank's digest equal to the
 //! fault-free run's; keep the survivors' processes (one pid per rank that
@@ -55,6 +59,10 @@ const WORLD: u32 = 4;
 /// One run at a time: each is eight interpreters on two cores.
 static SERIAL: Mutex<()> = Mutex::new(());
 
+/// The examples the runs take (paths from the repository's root).
+const DDP: &str = "examples/heal/ddp.py";
+const HSDP: &str = "examples/heal/hsdp.py";
+
 /// A line of `$EXAMPLE_LOG`.
 #[derive(Debug, Clone)]
 enum Entry {
@@ -89,11 +97,17 @@ fn read_log(path: &Path) -> Vec<Entry> {
 /// the checkpoint tier is the host's, keyed by job id, and a first attempt
 /// restores what an earlier job of the same id saved.
 fn launch(dir: &Path, job: &str, log: &Path) -> Streaming {
-    launch_with(dir, job, log, &[])
+    launch_with(dir, DDP, job, log, &[])
 }
 
-/// [`launch`] with more of the example's variables.
-fn launch_with(dir: &Path, job: &str, log: &Path, vars: &[(&str, &str)]) -> Streaming {
+/// [`launch`] of `example` with more of its variables.
+fn launch_with(
+    dir: &Path,
+    example: &str,
+    job: &str,
+    log: &Path,
+    vars: &[(&str, &str)],
+) -> Streaming {
     let tag = dir.file_name().unwrap().to_string_lossy().replace('.', "-");
     let job = format!("{job}-{tag}");
     let job = job.as_str();
@@ -107,12 +121,17 @@ fn launch_with(dir: &Path, job: &str, log: &Path, vars: &[(&str, &str)]) -> Stre
         .arg(dir.join("logs"))
         .arg("--")
         .arg(python())
-        .arg(repo_root().join("examples/heal/ddp.py"))
+        .arg(repo_root().join(example))
         .env("EXAMPLE_LOG", log)
         .env("EXAMPLE_STEPS", STEPS.to_string())
         .env("EXAMPLE_CKPT_EVERY", CKPT_EVERY.to_string())
         .env("EXAMPLE_STEP_MS", "30")
-        .env("WARDEN_HEAL_STORE_DIR", dir.join("stores"))
+        // A folder per run: a FileStore left by an earlier run of the same
+        // scratch (the reference's) holds that run's addresses, and a rank
+        // that read them met nobody (connection refused at the first
+        // attempt of the HSDP run, whose first group is made before the
+        // declaration's gc.freeze and so never destroyed).
+        .env("WARDEN_HEAL_STORE_DIR", dir.join(format!("stores-{job}")))
         .env("PYTHONDONTWRITEBYTECODE", "1")
         .env_remove("WARDEN_SOCKET")
         .envs(vars.iter().copied())
@@ -191,12 +210,14 @@ fn digests(entries: &[Entry]) -> BTreeMap<u32, String> {
         .collect()
 }
 
-/// The fault-free run's digests, made once.
-fn reference(scratch: &Path) -> &'static BTreeMap<u32, String> {
-    static REF: OnceLock<BTreeMap<u32, String>> = OnceLock::new();
-    REF.get_or_init(|| {
+/// The fault-free run's digests of `example`, made once per example.
+fn reference(scratch: &Path, example: &'static str) -> &'static BTreeMap<u32, String> {
+    static DDP_REF: OnceLock<BTreeMap<u32, String>> = OnceLock::new();
+    static HSDP_REF: OnceLock<BTreeMap<u32, String>> = OnceLock::new();
+    let cell = if example == HSDP { &HSDP_REF } else { &DDP_REF };
+    cell.get_or_init(|| {
         let log = scratch.join("fault-free.log");
-        let mut job = launch(scratch, "heal-ref", &log);
+        let mut job = launch_with(scratch, example, "heal-ref", &log, &[]);
         let status = job.wait_exit(RUN);
         assert!(
             status.success(),
@@ -218,14 +239,26 @@ fn show(job: &mut Streaming) -> String {
     job.seen.join("\n")
 }
 
-/// What every faulted run must show. `killed`: (pid, time of the kill).
+/// What every faulted run of examples/heal/ddp.py must show. `killed`:
+/// (pid, time of the kill).
 fn check(job: &mut Streaming, log: &Path, killed: &[(i32, f64)], heals: usize) {
+    check_of(DDP, job, log, killed, heals);
+}
+
+/// [`check`] of a run of `example`; returns everything it said.
+fn check_of(
+    example: &'static str,
+    job: &mut Streaming,
+    log: &Path,
+    killed: &[(i32, f64)],
+    heals: usize,
+) -> String {
     // Everything the launcher and the workers said, read to the end.
     let status = job.wait_exit(RUN);
     let all = show(job);
     assert!(status.success(), "exit: {status}\n{all}");
     let entries = read_log(log);
-    let want = reference(log.parent().unwrap());
+    let want = reference(log.parent().unwrap(), example);
     assert_eq!(
         &digests(&entries),
         want,
@@ -305,9 +338,10 @@ fn check(job: &mut Streaming, log: &Path, killed: &[(i32, f64)], heals: usize) {
             })
             .fold(0.0, f64::max);
         eprintln!(
-            "SIGKILL of pid {pid} -> every rank stepping again: {back:.3} s (4 ranks, gloo, examples/heal/ddp.py)"
+            "SIGKILL of pid {pid} -> every rank stepping again: {back:.3} s (4 ranks, gloo, {example})"
         );
     }
+    all
 }
 
 /// The launcher's goodput ledger of the faulted run in `scratch` (not the
@@ -353,6 +387,18 @@ fn prepare(
     tempfile::TempDir,
     std::path::PathBuf,
 )> {
+    prepare_of(DDP, name)
+}
+
+/// [`prepare`] for a run of `example`.
+fn prepare_of(
+    example: &'static str,
+    name: &str,
+) -> Option<(
+    std::sync::MutexGuard<'static, ()>,
+    tempfile::TempDir,
+    std::path::PathBuf,
+)> {
     if !torch_available() {
         return None;
     }
@@ -360,7 +406,7 @@ fn prepare(
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
     let dir = scratch();
-    reference(dir.path());
+    reference(dir.path(), example);
     let log = dir.path().join(format!("{name}.log"));
     Some((one, dir, log))
 }
@@ -415,6 +461,7 @@ fn a_survivor_blocked_in_a_collective_leaves_and_is_healed() {
     // all-reduce most of the time, so its kill lands in their collective.
     let mut job = launch_with(
         dir.path(),
+        DDP,
         "heal-blocked",
         &log,
         &[("EXAMPLE_SLOW_RANK", "1"), ("EXAMPLE_SLOW_MS", "250")],
@@ -426,4 +473,26 @@ fn a_survivor_blocked_in_a_collective_leaves_and_is_healed() {
     }
     let t = sigkill(pid);
     check(&mut job, &log, &[(pid, t)], 1);
+}
+
+/// HSDP (examples/heal/hsdp.py): FSDP2 over a 2 x 2 mesh ("replicate",
+/// "shard"); rank 1 holds shard 1 of replica group 0, and rank 3 is the
+/// only other holder of that shard. Rank 1 is SIGKILLed between two
+/// checkpoints; its replacement must take its shards from rank 3 (the plan
+/// follows from the DTensors' mesh), with the checks of every DDP run
+/// (exit 0, the fault-free run's digests, survivors' pids, no step logged
+/// more than twice, no checkpoint restore).
+#[test]
+fn hsdp_a_rank_killed_heals_from_the_same_shard_of_another_replica_group() {
+    let Some((_one, dir, log)) = prepare_of(HSDP, "hsdp-one") else {
+        return;
+    };
+    let mut job = launch_with(dir.path(), HSDP, "heal-hsdp", &log, &[]);
+    let pid = wait_step(&log, 1, 55, &mut job);
+    let t = sigkill(pid);
+    let all = check_of(HSDP, &mut job, &log, &[(pid, t)], 1);
+    assert!(
+        all.contains("rank 1: healed from rank 3 at step"),
+        "rank 1 takes shard 1 from rank 3, its peer in the other replica group\n{all}"
+    );
 }

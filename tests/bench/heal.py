@@ -13,7 +13,10 @@ machine, in one run, alternating:
                     replacement pre-started, the lighthouse's join timeout 100 ms
   torchrun          torchrun --max-restarts 3: every rank restarts from the
                     newest checkpoint (tests/bench/torchrun_ddp.py)
-The torchft rows need tests/bench/torchft_venv.sh run once. --torchft-midstep
+--example hsdp runs the heal and checkpoint rows on examples/heal/hsdp.py
+instead (FSDP2 over a 2 x 2 mesh ("replicate", "shard"); the same fault:
+rank 1's replacement takes its shards from rank 3); torchft and torchrun
+have no HSDP row here. The torchft rows need tests/bench/torchft_venv.sh run once. --torchft-midstep
 (a side experiment, another fault) kills the torchft group only once its
 next quorum request reached the lighthouse: inside the step, not before it.
 
@@ -25,7 +28,7 @@ its gradients in another order than DDP), and whether it recovered at the first 
 one heal, or one in-job restart). Prints one JSON line per run and a table.
 
   python tests/bench/heal.py --runs 10 [--rows heal,checkpoint,torchft-defaults,torchft-tuned,torchrun]
-      [--warden target/debug/warden] [--python .venv/bin/python] [--out results.jsonl]
+      [--example ddp|hsdp] [--warden target/debug/warden] [--python .venv/bin/python] [--out results.jsonl]
 """
 
 from __future__ import annotations
@@ -64,7 +67,7 @@ def one(a, work: str, job: str, heal: bool, kill: bool) -> dict:
     err = open(os.path.join(work, f"{job}.err"), "w")
     p = subprocess.Popen([a.warden, "--socket", os.path.join(work, "none.sock"), "run", "--nproc-per-node", "4",
                           "--rdzv-id", job, "--log-dir", os.path.join(work, "logs"), "--",
-                          a.python, os.path.join(ROOT, "examples/heal/ddp.py")],
+                          a.python, os.path.join(ROOT, f"examples/heal/{a.example}.py")],
                          stdout=subprocess.DEVNULL, stderr=err, env=env)
     killed = None
     deadline = time.monotonic() + 600
@@ -103,6 +106,7 @@ def one(a, work: str, job: str, heal: bool, kill: bool) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=10)
+    ap.add_argument("--example", choices=("ddp", "hsdp"), default="ddp")
     ap.add_argument("--warden", default=os.path.join(ROOT, "target/debug/warden"))
     ap.add_argument("--python", default=os.path.join(ROOT, ".venv/bin/python"))
     ap.add_argument("--rows", default="heal,checkpoint,torchft-defaults,torchft-tuned,torchrun")
@@ -117,6 +121,8 @@ def main() -> int:
     unknown = set(modes) - {"heal", "checkpoint", "torchft-defaults", "torchft-tuned", "torchrun"}
     if unknown:
         ap.error(f"unknown rows: {sorted(unknown)}")
+    if a.example != "ddp" and set(modes) - {"heal", "checkpoint"}:
+        ap.error(f"--example {a.example}: only the heal and checkpoint rows run it")
     work = tempfile.mkdtemp(prefix="warden-bench-heal.")
     # Job ids unique to this run: the checkpoint tier is the host's, keyed
     # by job id, and a first attempt restores what a job of that id saved.

@@ -26,9 +26,12 @@ from a standby interpreter while the others restart in process):
 2. The replacement starts at the same restart count (its launcher sets it)
    with a freshly built model and optimizer.
 3. ``resume`` gathers every rank's committed step (-1: none, or an update
-   was interrupted), picks the lowest rank at the newest step as the
-   source, and sends model, optimizer, step, RNG and data position to
-   every rank not at that step (point to point; the others send nothing).
+   was interrupted), picks for each rank not at the newest step the lowest
+   rank at that step holding the same state (``warden.heal_layout``: any
+   rank in plain DDP; the same shard position of another replica group in
+   FSDP2/HSDP, from the DTensors' mesh), and sends it model, optimizer,
+   step, RNG and data position (point to point; the others send nothing).
+   A shard position no live rank holds sends the whole job to ``restore``.
 
 The launcher learns that the workers can be healed from the file named by
 ``WARDEN_HEAL_FILE``: ``declare`` writes the process's pid there.
@@ -49,7 +52,7 @@ import time
 import weakref
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
-from . import _native, _restart
+from . import _native, _restart, heal_layout
 
 __all__ = ["State", "declare", "init_process_group", "seed_step", "store_dir"]
 
@@ -110,6 +113,10 @@ def store_dir() -> str:
     return path
 
 
+#: The states declared in this process (``init_process_group`` releases
+#: their FSDP2 groups at the start of each attempt).
+_declared: "weakref.WeakSet[State]" = weakref.WeakSet()
+
 #: This process's control store (one per job and in-job restart): which
 #: attempts some rank has entered.
 _control: Any = None
@@ -138,6 +145,10 @@ def init_process_group(backend: str = "gloo", timeout_s: float = 600.0) -> None:
     world = int(os.environ["WORLD_SIZE"])
     # In-job restarts start new processes at in-process count 0 again.
     in_job = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    # The aborted groups FSDP2 still holds: closed now, not at resume, so
+    # no peer blocked on their sockets waits for this rank.
+    if sum(heal_layout.release(state.model) for state in list(_declared)):
+        gc.collect()
     folder = store_dir()
     if _control is None:
         _control = dist.FileStore(os.path.join(folder, f"control-{in_job}"), -1)
@@ -295,6 +306,9 @@ class State:
         self.rng = rng
         self.seed = int(seed)
         self.rank = int(os.environ.get("RANK", "0"))
+        #: Who holds the same state: None for plain DDP (every rank), else
+        #: the DTensors' mesh (FSDP2/HSDP), inferred from their placements.
+        self.layout = heal_layout.infer(model)
         #: Steps committed: the next step to run.
         self.step = 0
         #: How the last ``resume`` got its state, for a person.
@@ -311,6 +325,7 @@ class State:
             optimizer.register_step_pre_hook(self._begin_update)
         _restart._set_defer(self._defer_restart)
         _restart._heal_declared = True
+        _declared.add(self)
         # warden.run collects garbage after a restart (a DDP wrapper in a
         # reference cycle holds the old group's sockets, which peers wait
         # on). With torch loaded a full collection walks ~170k objects,
@@ -392,6 +407,9 @@ class State:
             self.data.load_state_dict(copy.deepcopy(loop["data"]))
 
     def _payload(self) -> Dict[str, Any]:
+        if self.layout is not None:
+            # Local shards as plain tensors: a DTensor is not sent.
+            return dict(heal_layout.local_state_dict(self.model, self.optimizer), step=self.step, loop=self._loop)
         return {
             "step": self.step,
             "model": self.model.state_dict(),
@@ -422,6 +440,9 @@ class State:
         started = time.perf_counter()
         rank = dist.get_rank(group)
         world = dist.get_world_size(group)
+        # FSDP2: its cached groups are the aborted ones; the mesh, made
+        # again by this attempt, resolves to the new ones.
+        heal_layout.rebind(self.model, self.layout, rank)
         mine = self.step if (self._consistent and not self._updating) else -1
         if self._updating:
             _say(f"rank {rank}: its optimizer update of step {self.step} was interrupted: it receives the state")
@@ -430,8 +451,20 @@ class State:
         gathered = [torch.zeros(1, dtype=torch.int64) for _ in range(world)]
         dist.all_gather(gathered, torch.tensor([mine], dtype=torch.int64), group=group)
         steps = [int(t.item()) for t in gathered]
-        best = max(steps)
+        keys = [() if self.layout is None else self.layout.key(r) for r in range(world)]
+        plan = heal_layout.plan(steps, keys)
+        best = plan.best
         count = _restart.restart_count()
+        if plan.lost:
+            # A shard position with no live replica: its state is gone, and
+            # the job as a whole goes back to the checkpoint.
+            where = self.layout.describe() if self.layout is not None else "the job"
+            _say(
+                f"rank {rank}: no live replica holds shard position{'s' if len(plan.lost) > 1 else ''} "
+                f"{', '.join(map(str, plan.lost))} of {where} at step {best}: every rank restores instead"
+            )
+            self._consistent = False
+            best = -1
         if best < 0:
             step = restore() if restore is not None else None
             self.step = int(step or 0)
@@ -446,18 +479,23 @@ class State:
             else:
                 self.last = "fresh start" if step is None else f"restored from the checkpoint at step {self.step}"
             return self.step
-        source = min(r for r, s in enumerate(steps) if s == best)
-        behind = [r for r, s in enumerate(steps) if s != best]
+        behind = sorted(plan.sources)
+        sources = sorted(set(plan.sources.values()))
+        source = plan.sources.get(rank, min(sources) if sources else rank)
         sent = 0
-        if rank == source:
+        if rank in sources:
             for r in behind:
-                sent = _send(self._payload(), r, group)
+                if plan.sources[r] == rank:
+                    sent = _send(self._payload(), r, group)
             self._apply_loop(self._loop)
         elif rank in behind:
             payload, sent = _receive(source, group)
-            self.model.load_state_dict(payload["model"])
-            if self.optimizer is not None and payload["optimizer"] is not None:
-                self.optimizer.load_state_dict(payload["optimizer"])
+            if self.layout is not None:
+                heal_layout.load_local_state_dict(self.model, self.optimizer, payload)
+            else:
+                self.model.load_state_dict(payload["model"])
+                if self.optimizer is not None and payload["optimizer"] is not None:
+                    self.optimizer.load_state_dict(payload["optimizer"])
             self._loop = payload["loop"]
             self._apply_loop(self._loop)
             self.step = int(payload["step"])
@@ -471,7 +509,13 @@ class State:
         elif rank in behind:
             self.last = f"healed from rank {source} at step {best}: {sent} bytes in {took:.3f} s"
         else:
-            self.last = f"rank {source} sent step {best} to rank{'s' if len(behind) > 1 else ''} {','.join(map(str, behind))}"
+            mine_to = [r for r in behind if plan.sources[r] == rank]
+            self.last = (
+                f"rank {rank} sent step {best} to rank{'s' if len(mine_to) > 1 else ''} {','.join(map(str, mine_to))}"
+                if mine_to
+                else f"rank{'s' if len(sources) > 1 else ''} {','.join(map(str, sources))} sent step {best} to "
+                f"rank{'s' if len(behind) > 1 else ''} {','.join(map(str, behind))}"
+            )
         if count > 0:
             _say(f"rank {rank}: {self.last}")
         return self.step

@@ -1,0 +1,96 @@
+"""warden.heal_layout: the heal's plan from a layout, and an HSDP heal with real torch.
+
+The plan is a pure function (a table of cases). The heal runs four real
+gloo ranks (jobs/heal_hsdp_job.py) of FSDP2 over a 2 x 2 mesh ("replicate",
+"shard"), without a launcher: a lost rank is one that builds its state
+afresh, the restart a process group and mesh made again.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+import warden
+from conftest import JOBS, RANK_TIMEOUT_S, require_framework
+from warden.heal_layout import Layout, plan
+
+#: 2 replica groups x 2 shards: rank r at (r // 2, r % 2).
+HSDP = Layout(shape=(2, 2), names=("replicate", "shard"), replicate_dims=(0,), ranks=(0, 1, 2, 3))
+
+
+@pytest.mark.parametrize(
+    "steps, keys, best, sources, lost",
+    [
+        # Plain DDP: one key; the lowest rank at the newest step sends.
+        ([5, -1, 5, 5], [()] * 4, 5, {1: 0}, ()),
+        ([5, 5, 5, 5], [()] * 4, 5, {}, ()),
+        ([4, 5, 5, -1], [()] * 4, 5, {0: 1, 3: 1}, ()),
+        ([-1, -1], [()] * 2, -1, {}, ()),
+        # HSDP: a rank takes its shard from its own shard position only.
+        ([5, -1, 5, 5], [HSDP.key(r) for r in range(4)], 5, {1: 3}, ()),
+        ([-1, 5, 5, -1], [HSDP.key(r) for r in range(4)], 5, {0: 2, 3: 1}, ()),
+        # Shard position 1 is gone (ranks 1 and 3): nobody can send it.
+        ([5, -1, 5, -1], [HSDP.key(r) for r in range(4)], 5, {}, ((1,),)),
+        # Its only holder is a step behind: no live replica of the newest step.
+        ([5, 4, 5, -1], [HSDP.key(r) for r in range(4)], 5, {}, ((1,),)),
+    ],
+)
+def test_plan(steps, keys, best, sources, lost) -> None:
+    p = plan(steps, keys)
+    assert (p.best, p.sources, p.lost) == (best, sources, lost)
+
+
+def test_plan_refuses_a_count_mismatch() -> None:
+    with pytest.raises(ValueError, match="3 steps for 2 ranks"):
+        plan([1, 2, 3], [(), ()])
+
+
+def test_layout_keys_and_coordinates() -> None:
+    assert [HSDP.key(r) for r in range(4)] == [(0,), (1,), (0,), (1,)]
+    assert HSDP.coords(3) == (1, 1)
+    # A mesh whose ranks are not in order: positions, not rank numbers.
+    odd = Layout(shape=(2, 2), names=("replicate", "shard"), replicate_dims=(0,), ranks=(3, 2, 1, 0))
+    assert odd.key(3) == (0,) and odd.key(1) == (0,) and odd.key(0) == (1,)
+    assert "replicate=2 (replicate)" in HSDP.describe()
+    with pytest.raises(RuntimeError, match="rank 7 is not in"):
+        HSDP.key(7)
+
+
+def test_an_hsdp_rank_heals_from_its_shard_position_or_the_job_restores(tmp_path) -> None:
+    require_framework("torch")
+    procs = []
+    for rank in range(4):
+        # The warden this test imported (the wheel, or the sources ahead of it).
+        env = dict(os.environ, RANK=str(rank), WORLD_SIZE="4", PYTHONPATH=os.pathsep.join(
+            [os.path.dirname(os.path.dirname(warden.__file__)), os.environ.get("PYTHONPATH", "")]))
+        env.pop("WARDEN_HEAL_FILE", None)
+        log = open(tmp_path / f"rank{rank}.log", "wb")
+        procs.append((subprocess.Popen(
+            [sys.executable, str(JOBS / "heal_hsdp_job.py"), str(tmp_path), str(tmp_path / f"rank{rank}.json")],
+            env=env, stdout=log, stderr=subprocess.STDOUT), log))
+    for p, log in procs:
+        try:
+            p.wait(RANK_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+        log.close()
+    logs = "\n".join((tmp_path / f"rank{r}.log").read_text(errors="replace")[-3000:] for r in range(4))
+    assert all(p.returncode == 0 for p, _ in procs), logs
+    r = [json.loads((tmp_path / f"rank{i}.json").read_text()) for i in range(4)]
+    reference = r[0]["none"]["digest"]
+    for i in range(4):
+        # Every mode ends with the same weights on every rank.
+        assert {r[i][m]["digest"] for m in ("none", "one", "lost")} == {reference}, (i, r[i], logs)
+        assert r[i]["none"]["start"] == 4 and r[i]["one"]["start"] == 4, r[i]
+        assert r[i]["lost"]["start"] == 2, r[i]
+        assert r[i]["lost"]["last"] == "restored from the checkpoint at step 2", r[i]
+        assert r[i]["none"]["released"] == 3, r[i]  # two layers and the root
+    assert r[1]["one"]["last"].startswith("healed from rank 3 at step 4"), r[1]
+    assert r[3]["one"]["last"] == "rank 3 sent step 4 to rank 1", r[3]
+    assert "no live replica holds shard position (1,)" in logs
