@@ -1361,8 +1361,12 @@ impl Engine {
             }
         }
 
-        // The same failure at the same step after a restart is the code's.
-        if job_down && !signature.is_empty() && step.is_some() {
+        // The same failure at the same step after a restart is the code's;
+        // except a kill from outside (SIGKILL, SIGTERM: an operator, the
+        // scheduler, a chaos test; the OOM killer has its own signature),
+        // which no code does to itself, so two at one step are chance.
+        let external = matches!(signature.as_str(), "exit:signal 9" | "exit:signal 15");
+        if job_down && !signature.is_empty() && !external && step.is_some() {
             let since = now
                 .checked_sub(self.cfg.history_window)
                 .unwrap_or(SystemTime::UNIX_EPOCH);
