@@ -33,13 +33,13 @@ use tonic::Status;
 use tonic::transport::{Channel, Endpoint};
 use warden_core::detect::culprit::{self, Blame};
 use warden_core::detect::positions::{JobPositions, MAX_JOBS};
+use warden_core::detect::sdc::aggregate::{JobSteps, JobValues};
 use warden_core::detect::straggler::aggregate::{
     AggregateError, JobReport, JobWide, Report, SectionStat, SectionStatValues,
 };
 use warden_core::detect::straggler::exchange::{self, MAX_BATCH_RANKS};
 use warden_core::detect::straggler::score::MAX_SECTIONS;
 use warden_core::detect::straggler::sketch::Sketch;
-use warden_core::detect::sdc::aggregate::{JobSteps, JobValues};
 use warden_core::detect::straggler::{Batch, Stragglers, Summary};
 use warden_proto::v1 as pb;
 use warden_proto::v1::peer_client::PeerClient;
@@ -617,7 +617,10 @@ async fn report_loop(state: Arc<AgentState>, det: Arc<Stragglers>) {
                 }
                 plan.push((addr, link.client.clone()));
             }
-            if order_is_local_only(&plan) && rep.jobs.is_empty() && pos.is_empty() && vals.is_empty()
+            if order_is_local_only(&plan)
+                && rep.jobs.is_empty()
+                && pos.is_empty()
+                && vals.is_empty()
             {
                 continue;
             }

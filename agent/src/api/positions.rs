@@ -158,7 +158,10 @@ pub fn step_stats_to_pb(jobs: &[JobSteps]) -> Vec<pb::JobStepStats> {
 fn metric_from_pb(m: pb::MetricStats, field: &str) -> Result<MetricStat, String> {
     let lists = [&m.lowest, &m.highest, &m.non_finite_at];
     if lists.iter().any(|l| l.len() > sdc_agg::EXTREMES) {
-        return Err(format!("{field}: more than {} values named", sdc_agg::EXTREMES));
+        return Err(format!(
+            "{field}: more than {} values named",
+            sdc_agg::EXTREMES
+        ));
     }
     if m.non_finite > m.count
         || m.median.is_some_and(|v| !v.is_finite())

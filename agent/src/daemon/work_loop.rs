@@ -128,12 +128,7 @@ fn reports_to_aggregator(state: &AgentState) -> bool {
 /// the aggregator task (or judges in place when there is none), judges this
 /// host's ranks from the job-wide statistics that came back, and publishes
 /// each new suspect as `rank.sdc_suspect`, with `warden_sdc_suspects_total`.
-fn run_sdc(
-    state: &AgentState,
-    det: &mut SdcDetector,
-    values: Vec<scan::StepValues>,
-    now: Instant,
-) {
+fn run_sdc(state: &AgentState, det: &mut SdcDetector, values: Vec<scan::StepValues>, now: Instant) {
     if !state.config.sdc.enabled {
         return;
     }
