@@ -491,4 +491,69 @@ mod tests {
                 .contains("values[0].job_id")
         );
     }
+
+    #[test]
+    fn job_values_and_step_stats_survive_the_wire_and_hostile_counts_are_named() {
+        use warden_core::detect::sdc::aggregate as a;
+        let v = vec![a::JobValues {
+            job: "j".into(),
+            active: 2,
+            world: 4,
+            ranks: vec![a::RankValues {
+                rank: 3,
+                generation: 7,
+                steps: vec![a::StepValue {
+                    step: 9,
+                    values: [Some(1.5), None],
+                    departs_own: [true, false],
+                }],
+            }],
+        }];
+        assert_eq!(job_values_from_pb(job_values_to_pb(&v)).unwrap(), v);
+        let mut bad = job_values_to_pb(&v);
+        bad[0].ranks[0].steps = vec![bad[0].ranks[0].steps[0]; MAX_STEPS_PER_RANK + 1];
+        let e = job_values_from_pb(bad).unwrap_err();
+        assert!(e.contains("values[0].ranks[0].steps: 65 steps"), "{e}");
+        let mut bad = job_values_to_pb(&v);
+        let rank = bad[0].ranks[0].clone();
+        bad[0].ranks = vec![
+            pb::RankValues {
+                steps: vec![rank.steps[0]; MAX_STEPS_PER_RANK],
+                ..rank
+            };
+            MAX_REPORT_VALUES / MAX_STEPS_PER_RANK + 1
+        ];
+        let e = job_values_from_pb(bad).unwrap_err();
+        assert!(e.contains("step values in all; at most 262144"), "{e}");
+        let mut bad = job_values_to_pb(&v);
+        bad.push(bad[0].clone());
+        assert!(
+            job_values_from_pb(bad)
+                .unwrap_err()
+                .contains("appears twice")
+        );
+        let stats = vec![a::JobSteps {
+            job: "j".into(),
+            steps: vec![a::StepStat {
+                step: 9,
+                metrics: [
+                    Some(a::MetricStat {
+                        count: 2,
+                        non_finite: 1,
+                        median: Some(1.5),
+                        mad: Some(0.0),
+                        ..a::MetricStat::default()
+                    }),
+                    None,
+                ],
+            }],
+        }];
+        assert_eq!(step_stats_from_pb(step_stats_to_pb(&stats)).unwrap(), stats);
+        let mut bad = step_stats_to_pb(&stats);
+        if let Some(m) = bad[0].steps[0].loss.as_mut() {
+            m.non_finite = 3;
+        }
+        let e = step_stats_from_pb(bad).unwrap_err();
+        assert!(e.contains("values[0].steps[0].loss"), "{e}");
+    }
 }

@@ -51,14 +51,18 @@ pub fn departure(x: f64, median: f64, mad: f64, cfg: &SdcConfig) -> Departure {
     }
 }
 
-/// Judges `rank`'s value `x` (with its own-history departure `own`,
-/// computed by its owner) against the job's statistics `stat` at the step.
+/// Judges `rank`'s value `x` (with its own-history departure `own`, as of
+/// now) against the job's statistics `stat` at the step. `local` gives the
+/// own-history verdict of another rank this host owns too (fresher than the
+/// one its report carried); for a rank of another host, its owner's word
+/// in the statistics is taken.
 pub fn judge(
     cfg: &SdcConfig,
     stat: &MetricStat,
     rank: u32,
     x: f64,
     own: Option<Departure>,
+    local: &dyn Fn(u32, f64) -> Option<bool>,
 ) -> Verdict {
     let total = stat.count;
     let n = stat.finite();
@@ -104,7 +108,8 @@ pub fn judge(
         return Verdict::Clean;
     }
     let mine = own.is_some_and(|d| d.departs);
-    match (mine, other.departs_own) {
+    let theirs = local(other.rank, other.value).unwrap_or(other.departs_own);
+    match (mine, theirs) {
         (true, false) => Verdict::Suspect {
             basis: Basis::OwnHistory,
             z: own.map(|d| d.z),

@@ -217,9 +217,21 @@ pub const STEPS_SENT: usize = 64;
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 struct Pending {
     values: [Option<f64>; 2],
-    /// Its departure from the rank's own history when observed (None: too
-    /// little history, or not finite).
-    own: [Option<Departure>; 2],
+}
+
+impl RankState {
+    /// How far `x` departs from this rank's own recent clean values of
+    /// `metric` (None: too little history, or `x` not finite). Asked when
+    /// a report is made and again when the step is judged, so it is
+    /// against the history as of then.
+    fn own_departure(&self, cfg: &SdcConfig, metric: usize, x: f64) -> Option<Departure> {
+        let h = &self.history[metric];
+        if !x.is_finite() || h.len() < cfg.min_history {
+            return None;
+        }
+        let mut v: Vec<f64> = h.iter().copied().collect();
+        robust_departure(x, &mut v, cfg.z_threshold, cfg.min_relative)
+    }
 }
 
 /// What the detector keeps of one rank.
@@ -296,23 +308,13 @@ impl SdcDetector {
             return;
         }
         r.last_step = Some(step);
-        let values = [loss, grad_norm];
-        let mut own = [None, None];
-        for m in Metric::ALL {
-            let i = m.index();
-            let h = &r.history[i];
-            if let Some(x) = values[i].filter(|x| x.is_finite())
-                && h.len() >= self.cfg.min_history
-            {
-                let mut v: Vec<f64> = h.iter().copied().collect();
-                own[i] = robust_departure(x, &mut v, self.cfg.z_threshold, self.cfg.min_relative);
-            }
-        }
         j.newest = j.newest.max(step);
-        j.pending
-            .entry(step)
-            .or_default()
-            .insert(rank, Pending { values, own });
+        j.pending.entry(step).or_default().insert(
+            rank,
+            Pending {
+                values: [loss, grad_norm],
+            },
+        );
         while j.pending.len() > MAX_PENDING_STEPS {
             j.pending.pop_first();
         }
@@ -357,17 +359,24 @@ impl SdcDetector {
                 let mut ranks: BTreeMap<u32, aggregate::RankValues> = BTreeMap::new();
                 for (step, vals) in j.pending.iter().rev() {
                     for (rank, p) in vals {
-                        let generation = j.ranks.get(rank).map_or(0, |r| r.generation);
+                        let state = j.ranks.get(rank);
+                        let generation = state.map_or(0, |r| r.generation);
                         let rv = ranks.entry(*rank).or_insert_with(|| aggregate::RankValues {
                             rank: *rank,
                             generation,
                             steps: Vec::new(),
                         });
                         if rv.steps.len() < STEPS_SENT {
+                            let departs = |m: usize| {
+                                p.values[m]
+                                    .zip(state)
+                                    .and_then(|(x, r)| r.own_departure(&self.cfg, m, x))
+                                    .is_some_and(|d| d.departs)
+                            };
                             rv.steps.push(aggregate::StepValue {
                                 step: *step,
                                 values: p.values,
-                                departs_own: p.own.map(|d| d.is_some_and(|d| d.departs)),
+                                departs_own: [departs(0), departs(1)],
                             });
                         }
                     }
@@ -435,7 +444,7 @@ impl SdcDetector {
                 let Some((step, vals)) = j.pending.pop_first() else {
                     break;
                 };
-                let st = stat_of(step, &vals);
+                let st = stat_of(step, &vals, &j.ranks, &self.cfg);
                 judge_step(&self.cfg, &job, &st, &vals, &mut j.ranks, &mut out);
             }
         }
@@ -467,17 +476,28 @@ impl SdcDetector {
 
 /// The statistics of this host's own values at one step (for a step no
 /// aggregator answered).
-fn stat_of(step: u64, vals: &BTreeMap<u32, Pending>) -> aggregate::StepStat {
+fn stat_of(
+    step: u64,
+    vals: &BTreeMap<u32, Pending>,
+    ranks: &BTreeMap<u32, RankState>,
+    cfg: &SdcConfig,
+) -> aggregate::StepStat {
     aggregate::step_stat(
         step,
         "",
         vals.iter().map(|(rank, p)| {
+            let departs = |m: usize| {
+                p.values[m]
+                    .zip(ranks.get(rank))
+                    .and_then(|(x, r)| r.own_departure(cfg, m, x))
+                    .is_some_and(|d| d.departs)
+            };
             (
                 *rank,
                 aggregate::StepValue {
                     step,
                     values: p.values,
-                    departs_own: p.own.map(|d| d.is_some_and(|d| d.departs)),
+                    departs_own: [departs(0), departs(1)],
                 },
             )
         }),
@@ -504,10 +524,19 @@ fn judge_step(
             let Some(x) = p.values[m] else {
                 continue;
             };
+            // Own-history verdicts as of now, for this rank and any other
+            // of this host's (the step's history is what came before it).
+            let own = ranks.get(rank).and_then(|r| r.own_departure(cfg, m, x));
+            let local = |other: u32, v: f64| -> Option<bool> {
+                let r = ranks.get(&other)?;
+                vals.get(&other)?;
+                Some(r.own_departure(cfg, m, v).is_some_and(|d| d.departs))
+            };
+            let verdict = judge::judge(cfg, stat, *rank, x, own, &local);
             let Some(r) = ranks.get_mut(rank) else {
                 continue;
             };
-            match judge::judge(cfg, stat, *rank, x, p.own[m]) {
+            match verdict {
                 judge::Verdict::Suspect {
                     basis,
                     z,

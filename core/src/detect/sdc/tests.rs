@@ -386,3 +386,30 @@ fn a_hostile_report_is_bounded_or_refused_and_changes_nothing_when_refused() {
     assert_eq!(a.jobs(), aggregate::MAX_JOBS);
     assert_eq!(a.ranks_of("one-too-many"), 0);
 }
+
+#[test]
+fn two_ranks_judged_in_one_late_batch_still_flag_the_one_that_jumped() {
+    // A host whose exchange runs every 2 s sees a whole short job before
+    // the first answer: the histories are built as the steps are judged,
+    // in order, within the batch.
+    let mut det = SdcDetector::new(SdcConfig::default());
+    let mut rng = Rng::new(5);
+    for s in 0..60u64 {
+        let g = (0.25 * rng.normal()).exp();
+        det.observe("j", 0, 1, s, None, Some(g));
+        det.observe(
+            "j",
+            1,
+            1,
+            s,
+            None,
+            Some(if s >= 30 { 100.0 * g } else { g }),
+        );
+    }
+    let found = det.judge(Instant::now());
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert_eq!(
+        (found[0].rank, found[0].step, found[0].basis),
+        (1, 30, Basis::OwnHistory)
+    );
+}
