@@ -592,7 +592,22 @@ async fn report_loop(state: Arc<AgentState>, det: Arc<Stragglers>) {
         }
         let mut calls = JoinSet::new();
         let now = Instant::now();
-        for (order, (rep, pos, vals)) in groups {
+        for (order, (mut rep, mut pos, vals)) in groups {
+            if order.is_empty() {
+                // No candidate at all (no peers, no api.tcp, nothing handed
+                // over): the values are judged here, in place; the
+                // straggler part and positions have nobody to go to.
+                if vals.is_empty() {
+                    continue;
+                }
+                rep.jobs.clear();
+                pos.clear();
+                let state = state.clone();
+                let limit = cfg.peer_timeout;
+                let plan = vec![(String::new(), None)];
+                calls.spawn(async move { send(&state, plan, rep, pos, vals, limit).await });
+                continue;
+            }
             // The first candidate not known down (all down: try them all).
             let up: Vec<String> = order
                 .iter()
