@@ -81,9 +81,12 @@ pub struct AgentState {
     /// What this agent keeps as its jobs' straggler aggregator: every
     /// reporting host's sketches and scores (`api::aggregate`).
     pub aggregator: Mutex<warden_core::detect::straggler::aggregate::Aggregator>,
-    /// The ranks' reported values shared with the peers, for SDC
-    /// (`ranks::peer_values`).
+    /// The SDC detector's link to its jobs' aggregator: this host's values
+    /// out, the job-wide per-step statistics in (`ranks::peer_values`).
     pub peer_values: crate::ranks::peer_values::PeerValues,
+    /// What this agent keeps as its jobs' aggregator of reported values:
+    /// per-step aggregates of every host's ranks (`detect::sdc::aggregate`).
+    pub sdc_aggregator: Mutex<warden_core::detect::sdc::aggregate::SdcAggregator>,
     /// The node's health gate: one run at a time, its result cached, calls
     /// per uid bounded (`api::gate`).
     pub gate: crate::api::gate::Gate,
@@ -166,6 +169,10 @@ impl AgentState {
             job_stops: crate::api::job_stop::StopLimiter::new(config.api.job_stops_per_minute),
             aggregator: Mutex::new(warden_core::detect::straggler::aggregate::Aggregator::new(
                 config.straggler.summary_ttl,
+            )),
+            sdc_aggregator: Mutex::new(warden_core::detect::sdc::aggregate::SdcAggregator::new(
+                config.straggler.summary_ttl,
+                config.sdc.judge_lag,
             )),
             hang_board: Arc::new(crate::ranks::verdict::HangBoard::new(
                 host.clone(),

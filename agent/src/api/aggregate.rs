@@ -33,6 +33,7 @@ use tonic::Status;
 use tonic::transport::{Channel, Endpoint};
 use warden_core::detect::culprit::{self, Blame};
 use warden_core::detect::positions::{JobPositions, MAX_JOBS};
+use warden_core::detect::sdc::aggregate::{JobSteps, JobValues};
 use warden_core::detect::straggler::aggregate::{
     AggregateError, JobReport, JobWide, Report, SectionStat, SectionStatValues,
 };
@@ -52,7 +53,11 @@ use crate::tls::connect::PeerConnector;
 const MAX_NOTICE_HOSTS: usize = 64;
 
 /// A report on the wire.
-pub fn report_pb(r: &Report, positions: &[JobPositions]) -> pb::AggregateReport {
+pub fn report_pb(
+    r: &Report,
+    positions: &[JobPositions],
+    values: &[JobValues],
+) -> pb::AggregateReport {
     pb::AggregateReport {
         host: r.host.clone(),
         relative_threshold: r.relative_threshold,
@@ -78,6 +83,7 @@ pub fn report_pb(r: &Report, positions: &[JobPositions]) -> pb::AggregateReport 
             })
             .collect(),
         positions: super::positions::to_pb(positions),
+        values: super::positions::job_values_to_pb(values),
     }
 }
 
@@ -86,7 +92,10 @@ fn bad_text(s: &str, max: usize) -> bool {
 }
 
 /// A report from a peer, checked; the error names the field.
-pub fn report_from_pb(p: pb::AggregateReport) -> Result<(Report, Vec<JobPositions>), String> {
+#[allow(clippy::type_complexity)]
+pub fn report_from_pb(
+    p: pb::AggregateReport,
+) -> Result<(Report, Vec<JobPositions>, Vec<JobValues>), String> {
     if bad_text(&p.host, 255) {
         return Err(format!(
             "host must be 1 to 255 characters without control characters (got {:?})",
@@ -111,6 +120,7 @@ pub fn report_from_pb(p: pb::AggregateReport) -> Result<(Report, Vec<JobPosition
         ));
     }
     let positions = super::positions::from_pb(&p.host, p.positions)?;
+    let values = super::positions::job_values_from_pb(p.values)?;
     let mut jobs = Vec::with_capacity(p.jobs.len());
     let mut seen = std::collections::HashSet::new();
     for (i, j) in p.jobs.into_iter().enumerate() {
@@ -194,6 +204,7 @@ pub fn report_from_pb(p: pb::AggregateReport) -> Result<(Report, Vec<JobPosition
             jobs,
         },
         positions,
+        values,
     ))
 }
 
@@ -203,13 +214,12 @@ fn unix_ms(t: SystemTime) -> u64 {
 }
 
 /// An answer on the wire.
-pub fn answer_pb(
-    host: &str,
-    wide: &[JobWide],
-    verdicts: &[(String, SystemTime, culprit::Verdict)],
-) -> pb::AggregateAnswer {
+pub fn answer_pb(host: &str, here: &Here) -> pb::AggregateAnswer {
+    let (wide, verdicts) = (&here.wide, &here.verdicts);
     pb::AggregateAnswer {
         host: host.to_owned(),
+        values: super::positions::step_stats_to_pb(&here.values),
+        values_aggregated: here.values_aggregated,
         jobs: wide
             .iter()
             .map(|w| pb::JobStats {
@@ -277,17 +287,7 @@ fn parse_ranks(s: &str) -> Result<Vec<u32>, String> {
 }
 
 /// The answer from an aggregator, checked; the error names the field.
-#[allow(clippy::type_complexity)]
-fn answer_from_pb(
-    p: pb::AggregateAnswer,
-) -> Result<
-    (
-        String,
-        Vec<JobWide>,
-        Vec<(String, SystemTime, culprit::Verdict)>,
-    ),
-    String,
-> {
+fn answer_from_pb(p: pb::AggregateAnswer) -> Result<Here, String> {
     if p.jobs.len() > MAX_JOBS || p.verdicts.len() > MAX_JOBS {
         return Err(format!("more than {MAX_JOBS} jobs"));
     }
@@ -360,19 +360,50 @@ fn answer_from_pb(
             },
         ));
     }
-    Ok((p.host, wide, verdicts))
+    Ok(Here {
+        wide,
+        verdicts,
+        values: super::positions::step_stats_from_pb(p.values)?,
+        values_aggregated: p.values_aggregated,
+    })
+}
+
+/// What an aggregator answered (here or over the wire).
+#[derive(Debug, Default)]
+pub struct Here {
+    /// The straggler statistics of the report's jobs.
+    pub wide: Vec<JobWide>,
+    /// Fresh hang verdicts of its jobs.
+    pub verdicts: Vec<(String, SystemTime, culprit::Verdict)>,
+    /// The settled steps of its values (SDC).
+    pub values: Vec<JobSteps>,
+    /// Whether the aggregator aggregates values (an older one does not).
+    pub values_aggregated: bool,
 }
 
 /// Aggregates `report` here (a peer's, or this agent's own when it is
-/// first in order): the statistics of its jobs and their fresh verdicts.
-/// A report carrying a hang snapshot starts the collector's judgement.
-#[allow(clippy::type_complexity)]
+/// first in order): the statistics of its jobs, their fresh verdicts and
+/// the settled steps of its values. A report carrying a hang snapshot
+/// starts the collector's judgement. A report past a limit changes nothing
+/// (the error names the limit).
 pub fn aggregate_here(
     state: &Arc<AgentState>,
     report: Report,
     positions: Vec<JobPositions>,
-) -> Result<(Vec<JobWide>, Vec<(String, SystemTime, culprit::Verdict)>), AggregateError> {
+    values: Vec<JobValues>,
+) -> Result<Here, String> {
     let host = report.host.clone();
+    let aggregated = state.config.sdc.enabled;
+    let values = if aggregated && !values.is_empty() {
+        state
+            .sdc_aggregator
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .report(&host, values, Instant::now())
+            .map_err(|e| e.to_string())?
+    } else {
+        Vec::new()
+    };
     let mut jobs: Vec<String> = report.jobs.iter().map(|j| j.job.clone()).collect();
     jobs.extend(positions.iter().map(|p| p.job.clone()));
     let hung: Vec<String> = positions
@@ -385,7 +416,8 @@ pub fn aggregate_here(
             .aggregator
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        agg.report(report, Instant::now())?
+        agg.report(report, Instant::now())
+            .map_err(|e: AggregateError| e.to_string())?
     };
     if host != state.host {
         state.hang_board.merge_remote(&host, positions);
@@ -402,7 +434,12 @@ pub fn aggregate_here(
     let verdicts = state
         .hang_board
         .announced_for(jobs.iter().map(String::as_str));
-    Ok((wide, verdicts))
+    Ok(Here {
+        wide,
+        verdicts,
+        values,
+        values_aggregated: aggregated,
+    })
 }
 
 /// Serves `ReportToAggregator` (the Peer service calls it).
@@ -418,7 +455,7 @@ pub fn report_to_aggregator(
             state.host
         )));
     }
-    let (report, positions) = report_from_pb(req)
+    let (report, positions, values) = report_from_pb(req)
         .map_err(|e| Status::invalid_argument(format!("aggregate report: {e}")))?;
     if report.host == state.host {
         return Err(Status::failed_precondition(format!(
@@ -436,9 +473,25 @@ pub fn report_to_aggregator(
             || from_configured_peer(&state.config.straggler.peers, remote)
     });
     super::peer_auth::straggler(caller, &report.host, known)?;
-    let (wide, verdicts) = aggregate_here(state, report, positions)
+    // A peer speaks only for jobs it is a member of, where this agent
+    // knows the job's members (handed over by its launchers); a static
+    // fleet's jobs are known to nobody and any known peer may report.
+    if let Ok(ck) = &state.checkpoints {
+        let named = report
+            .jobs
+            .iter()
+            .map(|j| &j.job)
+            .chain(positions.iter().map(|p| &p.job))
+            .chain(values.iter().map(|v| &v.job));
+        for job in named {
+            if !ck.peers.order_of(job).is_empty() {
+                super::peer_auth::job_member(caller, job, &ck.peers.names_of_job(job))?;
+            }
+        }
+    }
+    let here = aggregate_here(state, report, positions, values)
         .map_err(|e| Status::resource_exhausted(format!("aggregate report: {e}")))?;
-    Ok(answer_pb(&state.host, &wide, &verdicts))
+    Ok(answer_pb(&state.host, &here))
 }
 
 /// Whether a static fleet's aggregator takes this caller: with
@@ -497,8 +550,13 @@ async fn report_loop(state: Arc<AgentState>, det: Arc<Stragglers>) {
         }
         let report = det.report(Instant::now());
         let positions = state.hang_board.outbox();
+        let values = if state.config.sdc.enabled {
+            state.peer_values.outbox()
+        } else {
+            Vec::new()
+        };
         // Jobs by their candidate list: one call per aggregator.
-        let mut groups: BTreeMap<Vec<String>, (Report, Vec<JobPositions>)> = BTreeMap::new();
+        let mut groups: BTreeMap<Vec<String>, Group> = BTreeMap::new();
         let empty = || Report {
             host: report.host.clone(),
             relative_threshold: report.relative_threshold,
@@ -509,7 +567,7 @@ async fn report_loop(state: Arc<AgentState>, det: Arc<Stragglers>) {
             let c = candidates(&state, &j.job, &statics);
             groups
                 .entry(c)
-                .or_insert_with(|| (empty(), Vec::new()))
+                .or_insert_with(|| (empty(), Vec::new(), Vec::new()))
                 .0
                 .jobs
                 .push(j.clone());
@@ -518,13 +576,38 @@ async fn report_loop(state: Arc<AgentState>, det: Arc<Stragglers>) {
             let c = candidates(&state, &p.job, &statics);
             groups
                 .entry(c)
-                .or_insert_with(|| (empty(), Vec::new()))
+                .or_insert_with(|| (empty(), Vec::new(), Vec::new()))
                 .1
                 .push(p.clone());
         }
+        let worlds = job_worlds(&state);
+        for mut v in values {
+            let c = candidates(&state, &v.job, &statics);
+            v.world = worlds.get(&v.job).copied().unwrap_or(0);
+            groups
+                .entry(c)
+                .or_insert_with(|| (empty(), Vec::new(), Vec::new()))
+                .2
+                .push(v);
+        }
         let mut calls = JoinSet::new();
         let now = Instant::now();
-        for (order, (rep, pos)) in groups {
+        for (order, (mut rep, mut pos, vals)) in groups {
+            if order.is_empty() {
+                // No candidate at all (no peers, no api.tcp, nothing handed
+                // over): the values are judged here, in place; the
+                // straggler part and positions have nobody to go to.
+                if vals.is_empty() {
+                    continue;
+                }
+                rep.jobs.clear();
+                pos.clear();
+                let state = state.clone();
+                let limit = cfg.peer_timeout;
+                let plan = vec![(String::new(), None)];
+                calls.spawn(async move { send(&state, plan, rep, pos, vals, limit).await });
+                continue;
+            }
             // The first candidate not known down (all down: try them all).
             let up: Vec<String> = order
                 .iter()
@@ -549,12 +632,16 @@ async fn report_loop(state: Arc<AgentState>, det: Arc<Stragglers>) {
                 }
                 plan.push((addr, link.client.clone()));
             }
-            if order_is_local_only(&plan) && rep.jobs.is_empty() && pos.is_empty() {
+            if order_is_local_only(&plan)
+                && rep.jobs.is_empty()
+                && pos.is_empty()
+                && vals.is_empty()
+            {
                 continue;
             }
             let state = state.clone();
             let limit = cfg.peer_timeout;
-            calls.spawn(async move { send(&state, plan, rep, pos, limit).await });
+            calls.spawn(async move { send(&state, plan, rep, pos, vals, limit).await });
         }
         let stop = state.shutdown.clone();
         loop {
@@ -587,11 +674,19 @@ async fn report_loop(state: Arc<AgentState>, det: Arc<Stragglers>) {
                 }
             }
             let now = Instant::now();
-            for w in outcome.wide {
+            let Some(here) = outcome.here else { continue };
+            for w in here.wide {
                 det.take_job_wide(w, now);
             }
-            for (job, at, v) in outcome.verdicts {
+            for (job, at, v) in here.verdicts {
                 state.hang_board.announce(&job, at, v);
+            }
+            if here.values_aggregated {
+                state.peer_values.receive(here.values);
+            } else {
+                // An older aggregator (or one with sdc off): judged with
+                // this host's ranks alone.
+                state.peer_values.alone(outcome.value_jobs);
             }
         }
     }
@@ -629,13 +724,26 @@ fn client_for(
         .ok()
 }
 
+/// One aggregator's share of a report: straggler part, positions, values.
+type Group = (Report, Vec<JobPositions>, Vec<JobValues>);
+
+/// The world size of each of this host's jobs, as its ranks registered it.
+fn job_worlds(state: &AgentState) -> HashMap<String, u32> {
+    let reg = state.registry();
+    reg.ranks
+        .iter()
+        .map(|(k, r)| (k.job.clone(), r.world_size))
+        .collect()
+}
+
 /// What one report's tries came to.
 #[derive(Debug, Default)]
 struct Outcome {
     answered: Option<String>,
     failed: Vec<(String, String)>,
-    wide: Vec<JobWide>,
-    verdicts: Vec<(String, SystemTime, culprit::Verdict)>,
+    here: Option<Here>,
+    /// The jobs whose values the report carried.
+    value_jobs: Vec<String>,
 }
 
 /// Tries the candidates in `plan` in order until one answers (None: this
@@ -645,17 +753,18 @@ async fn send(
     plan: Vec<(String, Option<PeerClient<Channel>>)>,
     report: Report,
     positions: Vec<JobPositions>,
+    values: Vec<JobValues>,
     limit: Duration,
 ) -> Outcome {
-    let mut out = Outcome::default();
-    let wire = report_pb(&report, &positions);
+    let mut out = Outcome {
+        value_jobs: values.iter().map(|v| v.job.clone()).collect(),
+        ..Outcome::default()
+    };
+    let wire = report_pb(&report, &positions, &values);
     for (addr, client) in plan {
         let Some(mut client) = client else {
-            match aggregate_here(state, report, positions) {
-                Ok((wide, verdicts)) => {
-                    out.wide = wide;
-                    out.verdicts = verdicts;
-                }
+            match aggregate_here(state, report, positions, values) {
+                Ok(here) => out.here = Some(here),
                 Err(e) => tracing::warn!(error = %e, "this agent's own report was refused"),
             }
             return out;
@@ -672,10 +781,9 @@ async fn send(
             }
         };
         match r {
-            Ok((_, wide, verdicts)) => {
+            Ok(here) => {
                 out.answered = Some(addr);
-                out.wide = wide;
-                out.verdicts = verdicts;
+                out.here = Some(here);
                 return out;
             }
             Err(e) => out.failed.push((addr, e)),
@@ -712,25 +820,25 @@ mod tests {
                 }],
             }],
         };
-        let (back, pos) = report_from_pb(report_pb(&r, &[])).unwrap();
+        let (back, pos, _) = report_from_pb(report_pb(&r, &[], &[])).unwrap();
         assert_eq!(back, r);
         assert!(pos.is_empty());
-        let mut bad = report_pb(&r, &[]);
+        let mut bad = report_pb(&r, &[], &[]);
         bad.jobs[0].sections[0].counts.pop();
         let e = report_from_pb(bad).unwrap_err();
         assert!(
             e.contains("jobs[0].sections[0]: 2 keys but 1 counts"),
             "{e}"
         );
-        let mut bad = report_pb(&r, &[]);
+        let mut bad = report_pb(&r, &[], &[]);
         bad.jobs[0].sections[0].keys = vec![0; 5000];
         bad.jobs[0].sections[0].counts = vec![1; 5000];
         let e = report_from_pb(bad).unwrap_err();
         assert!(e.contains("5000 bins; at most 4096"), "{e}");
-        let mut bad = report_pb(&r, &[]);
+        let mut bad = report_pb(&r, &[], &[]);
         bad.z_threshold = f64::NAN;
         assert!(report_from_pb(bad).unwrap_err().contains("z_threshold"));
-        let mut bad = report_pb(&r, &[]);
+        let mut bad = report_pb(&r, &[], &[]);
         bad.jobs.push(bad.jobs[0].clone());
         assert!(report_from_pb(bad).unwrap_err().contains("appears twice"));
     }

@@ -1,5 +1,7 @@
-//! The straggler detector at the edge: GetStragglers, the `warden.v1.Peer`
-//! service that takes peers' summaries, and the task that sends ours.
+//! The straggler detector at the edge: GetStragglers and the
+//! `warden.v1.Peer` service (older agents' summaries, and the aggregator's
+//! report, `api::aggregate`). No task here calls every peer any more: the
+//! last all-to-all (SDC values) went to the aggregator with issue 30.
 //!
 //! Why here: the detector (`detect::straggler`) knows nothing of tonic; this
 //! module turns its scores and summaries into protobuf and back, bad input
@@ -11,12 +13,8 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use tokio::task::JoinSet;
-use tokio::time::MissedTickBehavior;
-use tonic::transport::{Channel, Endpoint};
 use tonic::{Request, Response, Status};
 use warden_proto::v1 as pb;
-use warden_proto::v1::peer_client::PeerClient;
 use warden_proto::v1::peer_server::Peer;
 
 use super::convert;
@@ -24,7 +22,6 @@ use super::observe::observed;
 use super::peer_auth::Caller;
 use crate::state::AgentState;
 use crate::tls::accept::PeerInfo;
-use crate::tls::connect::PeerConnector;
 use warden_core::detect::straggler::score::SectionMedian;
 use warden_core::detect::straggler::{Batch, Score, Stragglers, Summary, exchange};
 
@@ -204,7 +201,9 @@ impl Peer for PeerService {
                 .map_err(|e| Status::invalid_argument(format!("straggler summaries: {e}")))?;
             let positions = super::positions::from_pb(&batch.host, positions)
                 .map_err(|e| Status::invalid_argument(format!("straggler summaries: {e}")))?;
-            let values = super::positions::values_from_pb(values)
+            // An older agent's values are checked and not judged here: its
+            // ranks are judged by it, and ours by the job's aggregator.
+            super::positions::values_from_pb(values)
                 .map_err(|e| Status::invalid_argument(format!("straggler summaries: {e}")))?;
             if batch.host == self.state.host {
                 return Err(Status::failed_precondition(format!(
@@ -226,7 +225,6 @@ impl Peer for PeerService {
             let host = batch.host.clone();
             det.merge_remote(batch, Instant::now());
             self.state.hang_board.merge_remote(&host, positions);
-            self.state.peer_values.receive(values);
             // A newer agent sends values only and is answered alike; an
             // older one sends everything and still gets everything.
             if legacy {
@@ -300,162 +298,25 @@ fn outgoing(state: &AgentState, det: &Stragglers) -> pb::StragglerSummaries {
     let mut batch = batch_pb(&det.outbox(Instant::now()));
     batch.positions = super::positions::to_pb(&state.hang_board.outbox());
     if state.config.sdc.enabled {
-        batch.values = super::positions::values_to_pb(&state.peer_values.outbox());
+        batch.values = super::positions::values_to_pb(&state.peer_values.legacy_outbox());
     }
     batch
 }
 
-/// What this agent still sends every configured peer: only its ranks'
-/// reported values, for SDC (summaries and positions go to the
-/// aggregator, `api::aggregate`). Empty when no rank reports values.
+/// The answer to an agent of the release before per-step aggregates, which
+/// still sends its values to every peer: this agent's values, so it can
+/// compare its ranks with ours (this agent no longer calls anyone for
+/// values: they go to the job's aggregator, `api::aggregate`).
 fn values_only(state: &AgentState, det: &Stragglers) -> pb::StragglerSummaries {
     pb::StragglerSummaries {
         host: det.host().to_owned(),
         ranks: Vec::new(),
         positions: Vec::new(),
         values: if state.config.sdc.enabled {
-            super::positions::values_to_pb(&state.peer_values.outbox())
+            super::positions::values_to_pb(&state.peer_values.legacy_outbox())
         } else {
             Vec::new()
         },
-    }
-}
-
-/// One configured peer and what was last said about it in the log.
-#[derive(Debug)]
-struct PeerLink {
-    addr: String,
-    client: Option<PeerClient<Channel>>,
-    /// The last failure logged, until a call succeeds again.
-    down: Option<String>,
-}
-
-/// Starts the task that exchanges summaries with `straggler.peers` every
-/// `straggler.exchange_interval`, until the agent shuts down.
-pub fn spawn_exchange(state: Arc<AgentState>, det: Arc<Stragglers>) {
-    tokio::spawn(exchange_loop(state, det));
-}
-
-async fn exchange_loop(state: Arc<AgentState>, det: Arc<Stragglers>) {
-    let cfg = det.config().clone();
-    let mut peers: Vec<PeerLink> = cfg
-        .peers
-        .iter()
-        .map(|addr| PeerLink {
-            addr: addr.clone(),
-            // Dialed by address: the peer's certificate must be of the
-            // cluster CA, and the name it proves is remembered so that
-            // its own exchanges are taken (`peer_auth`).
-            client: Endpoint::from_shared(format!("http://{addr}"))
-                .map(|e| {
-                    PeerClient::new(
-                        e.connect_timeout(cfg.peer_timeout)
-                            .timeout(cfg.peer_timeout)
-                            .connect_with_connector_lazy(
-                                PeerConnector::new(state.peer_tls.clone(), "")
-                                    .recording(state.straggler_peers_seen.clone()),
-                            ),
-                    )
-                })
-                .map_err(
-                    |e| tracing::warn!(peer = %addr, error = %e, "unusable straggler peer address"),
-                )
-                .ok(),
-            down: None,
-        })
-        .collect();
-    let mut ticker = tokio::time::interval(cfg.exchange_interval);
-    ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
-    loop {
-        tokio::select! {
-            () = state.shutdown.cancelled() => return,
-            _ = ticker.tick() => {}
-            // A hang snapshot to send now (ranks::verdict).
-        }
-        let batch = values_only(&state, &det);
-        if batch.values.is_empty() {
-            continue;
-        }
-        let configured = peers.len();
-        let mut calls = JoinSet::new();
-        for (i, p) in peers.iter().enumerate() {
-            let Some(mut client) = p.client.clone() else {
-                continue;
-            };
-            let batch = batch.clone();
-            let limit = cfg.peer_timeout;
-            calls.spawn(async move {
-                let r =
-                    tokio::time::timeout(limit, client.exchange_straggler_summaries(batch)).await;
-                let r = match r {
-                    Err(_) => Err(format!(
-                        "no answer within {}",
-                        humantime::format_duration(limit)
-                    )),
-                    Ok(Err(s)) => Err(format!("{}: {}", s.code(), s.message())),
-                    Ok(Ok(resp)) => {
-                        let mut resp = resp.into_inner();
-                        let positions = std::mem::take(&mut resp.positions);
-                        let values = std::mem::take(&mut resp.values);
-                        batch_from_pb(resp)
-                            .and_then(|b| {
-                                let p = super::positions::from_pb(&b.host, positions)?;
-                                let v = super::positions::values_from_pb(values)?;
-                                Ok((b, p, v))
-                            })
-                            .map_err(|e| format!("bad answer: {e}"))
-                    }
-                };
-                (i, r)
-            });
-        }
-        let stop = state.shutdown.clone();
-        loop {
-            let joined = tokio::select! {
-                () = stop.cancelled() => return,
-                j = calls.join_next() => j,
-            };
-            let Some(joined) = joined else {
-                // The job peers were for this round only.
-                peers.truncate(configured);
-                break;
-            };
-            let Ok((i, result)) = joined else { continue };
-            let Some(p) = peers.get_mut(i) else { continue };
-            match result {
-                Ok((b, positions, values)) => {
-                    metrics::counter!("warden_straggler_exchanges_total", "result" => "ok")
-                        .increment(1);
-                    if p.down.take().is_some() {
-                        tracing::info!(peer = %p.addr, host = %b.host, "straggler peer answers again");
-                    }
-                    if b.host == det.host() {
-                        continue;
-                    }
-                    state.hang_board.merge_remote(&b.host, positions);
-                    state.peer_values.receive(values);
-                    det.merge_remote(b, Instant::now());
-                }
-                Err(e) => {
-                    metrics::counter!("warden_straggler_exchanges_total", "result" => "error")
-                        .increment(1);
-                    if i >= configured {
-                        // A hung job's peer, asked for this round only.
-                        tracing::info!(peer = %p.addr, error = %e, "a hung job's peer agent did not take its positions");
-                    } else if p.down.is_none() {
-                        tracing::warn!(
-                            peer = %p.addr,
-                            error = %e,
-                            "straggler peer unreachable; retrying every {} (logged once)",
-                            humantime::format_duration(cfg.exchange_interval)
-                        );
-                    } else {
-                        tracing::debug!(peer = %p.addr, error = %e, "straggler peer still unreachable");
-                    }
-                    p.down = Some(e);
-                }
-            }
-        }
     }
 }
 

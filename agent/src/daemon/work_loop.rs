@@ -12,7 +12,6 @@ use std::time::Instant;
 use tokio::time::MissedTickBehavior;
 
 use super::notify::{self, Watchdog};
-use crate::ranks::peer_values::StepValue;
 use crate::ranks::{evidence, scan};
 use crate::sources::runner::Sources;
 use warden_core::detect::sdc::{Basis, SdcDetector, SdcFinding};
@@ -63,9 +62,6 @@ pub async fn run(state: Arc<AgentState>, mut watchdog: Watchdog, sources: Source
         }
         state.notices.report(&state.health_reporter());
         sdc.retain_jobs(|j| live_jobs.iter().any(|l| l == j));
-        state
-            .peer_values
-            .retain_jobs(|j| live_jobs.iter().any(|l| l == j));
         prev_ns = now_ns;
         state.goodput.observe_scan(result.goodput, now_ns);
         report_pid_visibility(&state, &mut pids_hidden);
@@ -107,7 +103,7 @@ pub async fn run(state: Arc<AgentState>, mut watchdog: Watchdog, sources: Source
                 ));
             }
         }
-        run_sdc(&state, &mut sdc, result.values);
+        run_sdc(&state, &mut sdc, result.values, now);
         // Straggler scores from the steps the scan just read (outside the
         // registry lock but for a short copy).
         run_stragglers(&state, now);
@@ -121,23 +117,22 @@ pub async fn run(state: Arc<AgentState>, mut watchdog: Watchdog, sources: Source
     }
 }
 
-/// Feeds the values the scan read to the SDC detector and publishes each
-/// new suspect as `rank.sdc_suspect`, with `warden_sdc_suspects_total`.
-fn run_sdc(state: &AgentState, det: &mut SdcDetector, values: Vec<scan::StepValues>) {
+/// Whether this agent's jobs have an aggregator task (`api::aggregate`):
+/// then the SDC values go to it, else they are judged here, in place.
+fn reports_to_aggregator(state: &AgentState) -> bool {
+    let cfg = &state.config.straggler;
+    cfg.enabled && (!cfg.peers.is_empty() || state.checkpoints.is_ok())
+}
+
+/// Feeds the values the scan read to the SDC detector, hands its report to
+/// the aggregator task (or judges in place when there is none), judges this
+/// host's ranks from the job-wide statistics that came back, and publishes
+/// each new suspect as `rank.sdc_suspect`, with `warden_sdc_suspects_total`.
+fn run_sdc(state: &AgentState, det: &mut SdcDetector, values: Vec<scan::StepValues>, now: Instant) {
     if !state.config.sdc.enabled {
         return;
     }
     for v in values {
-        state.peer_values.record(
-            &v.key.job,
-            v.key.rank,
-            v.generation,
-            StepValue {
-                step: v.step,
-                loss: v.loss,
-                grad_norm: v.grad_norm,
-            },
-        );
         det.observe(
             &v.key.job,
             v.key.rank,
@@ -147,34 +142,20 @@ fn run_sdc(state: &AgentState, det: &mut SdcDetector, values: Vec<scan::StepValu
             v.grad_norm,
         );
     }
-    // The peers' ranks, compared with ours; a rank registered here is
-    // this agent's own to read.
-    let remote = state.peer_values.take_inbox();
-    if !remote.is_empty() {
-        let reg = state.registry();
-        for r in remote {
-            let local = reg.ranks.contains_key(&RankKey {
-                job: r.job.clone(),
-                rank: r.rank,
-            });
-            if local || !reg.jobs.contains_key(&r.job) {
-                continue;
-            }
-            for s in r.steps {
-                det.observe(&r.job, r.rank, r.generation, s.step, s.loss, s.grad_norm);
-            }
+    let findings = if reports_to_aggregator(state) {
+        state.peer_values.set_outbox(det.report());
+        let (answers, alone) = state.peer_values.take_inbox();
+        let mut f = det.take_answer(answers);
+        if !alone.is_empty() {
+            f.extend(det.judge_jobs(|j| alone.contains(j), now));
         }
-    }
-    for f in det.judge() {
-        // Only a rank's own agent reports it (the others judged it too, as
-        // a peer of theirs).
-        let own = state.registry().ranks.contains_key(&RankKey {
-            job: f.job.clone(),
-            rank: f.rank,
-        });
-        if !own {
-            continue;
-        }
+        f
+    } else {
+        det.judge(now)
+    };
+    for f in findings {
+        // Only this host's ranks are judged here (each host judges its
+        // own against the job-wide statistics).
         metrics::counter!(
             "warden_sdc_suspects_total",
             "metric" => f.metric.as_str(),
@@ -247,7 +228,6 @@ pub(crate) fn run_stragglers(state: &Arc<AgentState>, now: Instant) {
     // to them even without `straggler.peers`.
     if (!cfg.peers.is_empty() || state.checkpoints.is_ok()) && det.claim_exchange() {
         crate::api::aggregate::spawn_reports(state.clone(), det.clone());
-        crate::api::stragglers::spawn_exchange(state.clone(), det.clone());
     }
     let wall = std::time::SystemTime::now();
     for signal in crate::ranks::stragglers::tick(&det, &state.ranks, &state.health, now, wall) {

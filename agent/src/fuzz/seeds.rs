@@ -240,6 +240,8 @@ pub(crate) fn peer_positions() -> Vec<Vec<u8>> {
                 step: 12,
                 loss: Some(2.5),
                 grad_norm: Some(f64::NAN),
+                loss_departs_own: false,
+                grad_norm_departs_own: false,
             }],
         }],
     };

@@ -1,27 +1,29 @@
-//! The loss and gradient norm of every rank, shared with the peer agents so
-//! the SDC detector compares a rank with its data-parallel peers on other
-//! hosts too (with tensor parallelism inside a host, those are the only
-//! peers a replica has).
+//! The SDC detector's link to the job's aggregator: the work loop owns the
+//! detector (one thread); the aggregator report task (`api::aggregate`)
+//! runs on its own. Between them, this host's latest report and the
+//! answers not yet judged.
 //!
-//! The work loop records its own ranks' values as the scan reads them
-//! ([`PeerValues::record`]); the straggler exchange sends the newest
-//! [`STEPS_SENT`] steps of each ([`PeerValues::outbox`]) and drops what a
-//! peer sends into the inbox, which the work loop feeds to its detector on
-//! the next tick ([`PeerValues::take_inbox`]). The detector takes each step
-//! of a rank once, so values sent twice are harmless. Only a rank's own
-//! agent publishes a suspect about it.
+//! The work loop puts its detector's report here every tick
+//! ([`PeerValues::set_outbox`]: each of its ranks' values at the steps not
+//! judged yet); the report task sends it with its straggler report and
+//! drops the aggregator's per-step statistics into the inbox
+//! ([`PeerValues::receive`]), or names the jobs whose aggregator does not
+//! aggregate values ([`PeerValues::alone`]: an older agent); the work loop
+//! judges its own ranks from them on the next tick
+//! ([`PeerValues::take_inbox`]). Only a rank's own agent judges it.
 //!
-//! Never: memory a peer controls beyond [`MAX_INBOX`] steps.
+//! Never: memory an aggregator controls beyond [`MAX_INBOX`] steps.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::BTreeSet;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
-/// Steps of each rank sent per round.
-pub const STEPS_SENT: usize = 64;
-/// Most steps waiting in the inbox (the oldest are dropped past it).
+use warden_core::detect::sdc::aggregate::{JobSteps, JobValues};
+
+/// Most steps waiting in the inbox (the oldest answers are dropped past it).
 pub const MAX_INBOX: usize = 262_144;
 
-/// One rank's values at one step.
+/// One rank's values at one step, as an older agent's exchange carries
+/// them (`warden.v1.StepValue`).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct StepValue {
     /// The step.
@@ -32,7 +34,7 @@ pub struct StepValue {
     pub grad_norm: Option<f64>,
 }
 
-/// One rank's recent values, as sent or received.
+/// One rank's recent values, as an older agent's exchange carries them.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RankValues {
     /// The job.
@@ -45,13 +47,18 @@ pub struct RankValues {
     pub steps: Vec<StepValue>,
 }
 
-type Key = (String, u32);
+#[derive(Debug, Default)]
+struct Inbox {
+    answers: Vec<JobSteps>,
+    steps: usize,
+    alone: BTreeSet<String>,
+}
 
-/// This host's ranks' recent values and the peers' waiting to be judged.
+/// This host's report and the aggregators' answers (see the module doc).
 #[derive(Debug, Default)]
 pub struct PeerValues {
-    own: Mutex<BTreeMap<Key, (u64, VecDeque<StepValue>)>>,
-    inbox: Mutex<VecDeque<RankValues>>,
+    outbox: Mutex<Vec<JobValues>>,
+    inbox: Mutex<Inbox>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -59,105 +66,89 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl PeerValues {
-    /// Records one of this host's ranks' values.
-    pub fn record(&self, job: &str, rank: u32, generation: u64, v: StepValue) {
-        let mut own = lock(&self.own);
-        let e = own
-            .entry((job.to_owned(), rank))
-            .or_insert_with(|| (generation, VecDeque::new()));
-        if e.0 != generation {
-            *e = (generation, VecDeque::new());
-        }
-        if e.1.back().is_some_and(|b| b.step >= v.step) {
-            return;
-        }
-        e.1.push_back(v);
-        while e.1.len() > STEPS_SENT {
-            e.1.pop_front();
-        }
+    /// This host's report, as of the work loop's latest tick.
+    pub fn set_outbox(&self, report: Vec<JobValues>) {
+        *lock(&self.outbox) = report;
     }
 
-    /// Forgets the ranks of jobs `live` says are gone.
-    pub fn retain_jobs(&self, live: impl Fn(&str) -> bool) {
-        lock(&self.own).retain(|(j, _), _| live(j));
+    /// What to send the aggregators.
+    pub fn outbox(&self) -> Vec<JobValues> {
+        lock(&self.outbox).clone()
     }
 
-    /// What to send peers: each rank's newest steps.
-    pub fn outbox(&self) -> Vec<RankValues> {
-        lock(&self.own)
+    /// This host's values as an older agent's exchange carries them.
+    pub fn legacy_outbox(&self) -> Vec<RankValues> {
+        lock(&self.outbox)
             .iter()
-            .map(|((job, rank), (generation, steps))| RankValues {
-                job: job.clone(),
-                rank: *rank,
-                generation: *generation,
-                steps: steps.iter().copied().collect(),
+            .flat_map(|j| {
+                j.ranks.iter().map(|r| RankValues {
+                    job: j.job.clone(),
+                    rank: r.rank,
+                    generation: r.generation,
+                    steps: r
+                        .steps
+                        .iter()
+                        .map(|s| StepValue {
+                            step: s.step,
+                            loss: s.values[0],
+                            grad_norm: s.values[1],
+                        })
+                        .collect(),
+                })
             })
             .collect()
     }
 
-    /// Takes a peer's values for the next tick.
-    pub fn receive(&self, values: Vec<RankValues>) {
+    /// Takes an aggregator's per-step statistics for the next tick.
+    pub fn receive(&self, answers: Vec<JobSteps>) {
         let mut inbox = lock(&self.inbox);
-        let mut held: usize = inbox.iter().map(|r| r.steps.len()).sum();
-        for r in values {
-            held += r.steps.len();
-            inbox.push_back(r);
+        for a in answers {
+            inbox.steps += a.steps.len();
+            inbox.alone.remove(&a.job);
+            inbox.answers.push(a);
         }
-        while held > MAX_INBOX {
-            match inbox.pop_front() {
-                Some(r) => held -= r.steps.len(),
-                None => break,
-            }
+        while inbox.steps > MAX_INBOX && !inbox.answers.is_empty() {
+            let first = inbox.answers.remove(0);
+            inbox.steps -= first.steps.len();
         }
     }
 
-    /// The peers' values received since the last call.
-    pub fn take_inbox(&self) -> Vec<RankValues> {
-        lock(&self.inbox).drain(..).collect()
+    /// Says that `jobs`' aggregator does not aggregate values: this host
+    /// judges them with its own ranks only until one does.
+    pub fn alone(&self, jobs: impl IntoIterator<Item = String>) {
+        lock(&self.inbox).alone.extend(jobs);
+    }
+
+    /// The answers received since the last call, and the jobs to judge
+    /// alone.
+    pub fn take_inbox(&self) -> (Vec<JobSteps>, BTreeSet<String>) {
+        let mut inbox = lock(&self.inbox);
+        inbox.steps = 0;
+        (
+            std::mem::take(&mut inbox.answers),
+            std::mem::take(&mut inbox.alone),
+        )
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn v(step: u64) -> StepValue {
-        StepValue {
-            step,
-            loss: Some(1.0),
-            grad_norm: None,
-        }
-    }
-
-    #[test]
-    fn own_values_are_kept_newest_and_restart_with_a_registration() {
-        let p = PeerValues::default();
-        for s in 0..100 {
-            p.record("j", 0, 1, v(s));
-        }
-        p.record("j", 0, 1, v(50)); // an old step again: ignored
-        let out = p.outbox();
-        assert_eq!(out.len(), 1);
-        assert_eq!(out[0].steps.len(), STEPS_SENT);
-        assert_eq!(out[0].steps.last().map(|s| s.step), Some(99));
-        p.record("j", 0, 2, v(0));
-        assert_eq!(p.outbox()[0].steps, [v(0)]);
-        p.retain_jobs(|_| false);
-        assert!(p.outbox().is_empty());
-    }
+    use warden_core::detect::sdc::aggregate::StepStat;
 
     #[test]
     fn the_inbox_is_bounded_and_drained() {
         let p = PeerValues::default();
-        let big = RankValues {
+        let big = JobSteps {
             job: "j".into(),
-            rank: 1,
-            generation: 1,
-            steps: vec![v(0); MAX_INBOX / 2 + 1],
+            steps: vec![StepStat::default(); MAX_INBOX / 2 + 1],
         };
         p.receive(vec![big.clone(), big.clone(), big]);
-        let got = p.take_inbox();
+        p.alone(["k".to_owned()]);
+        let (got, alone) = p.take_inbox();
         assert_eq!(got.len(), 1, "the oldest dropped past the cap");
-        assert!(p.take_inbox().is_empty());
+        assert!(alone.contains("k"));
+        let (got, alone) = p.take_inbox();
+        assert!(got.is_empty() && alone.is_empty());
     }
 }

@@ -23,16 +23,29 @@
 //! rank it is the model diverging (a training problem), not a fault of one
 //! device, and is not flagged.
 //!
-//! A step is judged once every rank of the job that reported recently has
-//! reported it, or once the job is [`SdcConfig::judge_lag`] steps past it.
-//! A rank is reported once per metric until one of its values is judged
-//! clean again.
+//! Job-wide (issue 30: nothing all-to-all): the detector keeps this host's
+//! ranks' values until their step is judged, and hands them, each with
+//! whether it departs from the rank's own history, to the job's aggregator
+//! ([`SdcDetector::report`]; aggregate.rs merges every host's into
+//! per-step statistics). The aggregator settles a step once every rank of
+//! the job that reported recently has given it, or once the job is
+//! [`SdcConfig::judge_lag`] steps past it, and answers with the step's
+//! count, non-finite count, median, MAD and extreme values; this host
+//! judges its own ranks against them ([`SdcDetector::take_answer`],
+//! judge.rs). A host that talks to no aggregator (one host, no exchange)
+//! aggregates its own values in place ([`SdcDetector::judge`]): the same
+//! code, its ranks only. A rank is reported once per metric until one of
+//! its values is judged clean again.
 
+pub mod aggregate;
+pub mod judge;
 mod score;
+pub mod sketch;
 #[cfg(test)]
 mod tests;
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
@@ -136,7 +149,8 @@ impl Metric {
         }
     }
 
-    fn index(self) -> usize {
+    /// Its place in per-metric arrays.
+    pub fn index(self) -> usize {
         match self {
             Metric::Loss => 0,
             Metric::GradNorm => 1,
@@ -195,19 +209,28 @@ pub struct SdcFinding {
     pub basis: Basis,
 }
 
-/// One rank's values at one step.
+/// Steps of each rank sent per report: a host re-sends what is not judged
+/// yet, bounded.
+pub const STEPS_SENT: usize = 64;
+
+/// One rank's values at one step, waiting for the job-wide statistics.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
-struct Values {
-    loss: Option<f64>,
-    grad_norm: Option<f64>,
+struct Pending {
+    values: [Option<f64>; 2],
 }
 
-impl Values {
-    fn get(&self, m: Metric) -> Option<f64> {
-        match m {
-            Metric::Loss => self.loss,
-            Metric::GradNorm => self.grad_norm,
+impl RankState {
+    /// How far `x` departs from this rank's own recent clean values of
+    /// `metric` (None: too little history, or `x` not finite). Asked when
+    /// a report is made and again when the step is judged, so it is
+    /// against the history as of then.
+    fn own_departure(&self, cfg: &SdcConfig, metric: usize, x: f64) -> Option<Departure> {
+        let h = &self.history[metric];
+        if !x.is_finite() || h.len() < cfg.min_history {
+            return None;
         }
+        let mut v: Vec<f64> = h.iter().copied().collect();
+        robust_departure(x, &mut v, cfg.z_threshold, cfg.min_relative)
     }
 }
 
@@ -225,26 +248,32 @@ struct RankState {
 
 #[derive(Debug, Default)]
 struct JobState {
-    /// Steps waiting to be judged: rank -> values.
-    pending: BTreeMap<u64, BTreeMap<u32, Values>>,
+    /// Steps waiting for their statistics: rank -> values.
+    pending: BTreeMap<u64, BTreeMap<u32, Pending>>,
     ranks: BTreeMap<u32, RankState>,
     newest: u64,
 }
 
-/// The detector: per job, steps waiting for their ranks and each rank's
-/// recent clean values. Owned by the agent's work loop (one thread).
+/// The detector: per job, this host's ranks' values waiting to be judged
+/// and each rank's recent clean values. Owned by the agent's work loop (one
+/// thread).
 #[derive(Debug)]
 pub struct SdcDetector {
     cfg: SdcConfig,
     jobs: HashMap<String, JobState>,
+    /// The aggregator of the in-place path ([`SdcDetector::judge`]).
+    here: aggregate::SdcAggregator,
 }
 
 impl SdcDetector {
     /// A detector with `cfg`.
     pub fn new(cfg: SdcConfig) -> Self {
+        let lag = cfg.judge_lag;
         Self {
             cfg,
             jobs: HashMap::new(),
+            // One host (this one) reports every tick: nothing expires.
+            here: aggregate::SdcAggregator::new(Duration::from_secs(3600), lag),
         }
     }
 
@@ -280,10 +309,12 @@ impl SdcDetector {
         }
         r.last_step = Some(step);
         j.newest = j.newest.max(step);
-        j.pending
-            .entry(step)
-            .or_default()
-            .insert(rank, Values { loss, grad_norm });
+        j.pending.entry(step).or_default().insert(
+            rank,
+            Pending {
+                values: [loss, grad_norm],
+            },
+        );
         while j.pending.len() > MAX_PENDING_STEPS {
             j.pending.pop_first();
         }
@@ -306,158 +337,236 @@ impl SdcDetector {
         self.jobs.retain(|j, _| live(j));
     }
 
-    /// Judges every step that is ready; returns the new suspects, oldest
-    /// step first.
-    pub fn judge(&mut self) -> Vec<SdcFinding> {
-        let mut out = Vec::new();
+    /// What this host sends its jobs' aggregator: per job, its ranks that
+    /// reported recently and each rank's values not judged yet (the newest
+    /// [`STEPS_SENT`]), each with its own-history verdict. Jobs are in name
+    /// order.
+    pub fn report(&self) -> Vec<aggregate::JobValues> {
         let mut jobs: Vec<&String> = self.jobs.keys().collect();
         jobs.sort();
-        let jobs: Vec<String> = jobs.into_iter().cloned().collect();
-        for job in jobs {
-            let Some(j) = self.jobs.get_mut(&job) else {
-                continue;
-            };
-            let lag = self.cfg.judge_lag;
-            while let Some((&step, vals)) = j.pending.first_key_value() {
-                let stale = step.saturating_add(lag) < j.newest;
-                let complete = j
+        let lag = self.cfg.judge_lag;
+        jobs.into_iter()
+            .filter_map(|name| {
+                let j = self.jobs.get(name)?;
+                let active = j
                     .ranks
-                    .iter()
-                    .filter(|(_, r)| {
+                    .values()
+                    .filter(|r| {
                         r.last_step
                             .is_some_and(|l| l.saturating_add(lag) >= j.newest)
                     })
-                    .all(|(rank, _)| vals.contains_key(rank));
-                if !(stale || complete) {
+                    .count();
+                let mut ranks: BTreeMap<u32, aggregate::RankValues> = BTreeMap::new();
+                for (step, vals) in j.pending.iter().rev() {
+                    for (rank, p) in vals {
+                        let state = j.ranks.get(rank);
+                        let generation = state.map_or(0, |r| r.generation);
+                        let rv = ranks.entry(*rank).or_insert_with(|| aggregate::RankValues {
+                            rank: *rank,
+                            generation,
+                            steps: Vec::new(),
+                        });
+                        if rv.steps.len() < STEPS_SENT {
+                            let departs = |m: usize| {
+                                p.values[m]
+                                    .zip(state)
+                                    .and_then(|(x, r)| r.own_departure(&self.cfg, m, x))
+                                    .is_some_and(|d| d.departs)
+                            };
+                            rv.steps.push(aggregate::StepValue {
+                                step: *step,
+                                values: p.values,
+                                departs_own: [departs(0), departs(1)],
+                            });
+                        }
+                    }
+                }
+                let ranks = ranks
+                    .into_values()
+                    .map(|mut r| {
+                        r.steps.reverse();
+                        r
+                    })
+                    .collect();
+                Some(aggregate::JobValues {
+                    job: name.clone(),
+                    active: u32::try_from(active).unwrap_or(u32::MAX),
+                    world: 0,
+                    ranks,
+                })
+            })
+            .collect()
+    }
+
+    /// Judges this host's ranks at the steps the aggregator answered for;
+    /// returns the new suspects, oldest step first. Steps the job has
+    /// moved far past with no answer (an aggregator lost with them) are
+    /// judged with this host's ranks alone, so nothing waits forever.
+    pub fn take_answer(&mut self, answer: Vec<aggregate::JobSteps>) -> Vec<SdcFinding> {
+        let mut out = Vec::new();
+        for js in answer {
+            let Some(j) = self.jobs.get_mut(&js.job) else {
+                continue;
+            };
+            for st in js.steps {
+                if let Some(vals) = j.pending.remove(&st.step) {
+                    judge_step(&self.cfg, &js.job, &st, &vals, &mut j.ranks, &mut out);
+                }
+            }
+        }
+        out.extend(self.judge_lost());
+        out
+    }
+
+    /// Steps more than `judge_lag` + the aggregator's open window behind
+    /// the job's newest: judged here with this host's ranks only.
+    fn judge_lost(&mut self) -> Vec<SdcFinding> {
+        let horizon = self.cfg.judge_lag + aggregate::MAX_OPEN_STEPS as u64 * 2;
+        let lost: Vec<String> = self
+            .jobs
+            .iter()
+            .filter(|(_, j)| {
+                j.pending
+                    .first_key_value()
+                    .is_some_and(|(s, _)| s.saturating_add(horizon) < j.newest)
+            })
+            .map(|(k, _)| k.clone())
+            .collect();
+        let mut out = Vec::new();
+        for job in lost {
+            let Some(j) = self.jobs.get_mut(&job) else {
+                continue;
+            };
+            while let Some((&step, _)) = j.pending.first_key_value() {
+                if step.saturating_add(horizon) >= j.newest {
                     break;
                 }
                 let Some((step, vals)) = j.pending.pop_first() else {
                     break;
                 };
-                judge_step(&self.cfg, &job, step, &vals, &mut j.ranks, &mut out);
+                let st = stat_of(step, &vals, &j.ranks, &self.cfg);
+                judge_step(&self.cfg, &job, &st, &vals, &mut j.ranks, &mut out);
             }
         }
         out
     }
+
+    /// Judges every step that is ready with this host's ranks alone (the
+    /// in-place aggregator: one host, or a job whose aggregator does not
+    /// aggregate values); returns the new suspects, oldest step first.
+    pub fn judge(&mut self, now: Instant) -> Vec<SdcFinding> {
+        self.judge_jobs(|_| true, now)
+    }
+
+    /// [`SdcDetector::judge`] for the jobs `which` picks.
+    pub fn judge_jobs(&mut self, which: impl Fn(&str) -> bool, now: Instant) -> Vec<SdcFinding> {
+        let mut report = self.report();
+        report.retain(|j| which(&j.job));
+        if report.is_empty() {
+            return Vec::new();
+        }
+        match self.here.report("", report, now) {
+            Ok(answer) => self.take_answer(answer),
+            // This host's own jobs cannot pass the aggregator's limits
+            // (the registry's are lower); nothing to judge if they did.
+            Err(_) => Vec::new(),
+        }
+    }
 }
 
-/// Judges one step's values, updates the ranks' histories and flags, and
-/// appends the new suspects.
+/// The statistics of this host's own values at one step (for a step no
+/// aggregator answered).
+fn stat_of(
+    step: u64,
+    vals: &BTreeMap<u32, Pending>,
+    ranks: &BTreeMap<u32, RankState>,
+    cfg: &SdcConfig,
+) -> aggregate::StepStat {
+    aggregate::step_stat(
+        step,
+        "",
+        vals.iter().map(|(rank, p)| {
+            let departs = |m: usize| {
+                p.values[m]
+                    .zip(ranks.get(rank))
+                    .and_then(|(x, r)| r.own_departure(cfg, m, x))
+                    .is_some_and(|d| d.departs)
+            };
+            (
+                *rank,
+                aggregate::StepValue {
+                    step,
+                    values: p.values,
+                    departs_own: [departs(0), departs(1)],
+                },
+            )
+        }),
+    )
+}
+
+/// Judges this host's ranks' values at one step against the job's
+/// statistics there, updates their histories and flags, and appends the
+/// new suspects.
 fn judge_step(
     cfg: &SdcConfig,
     job: &str,
-    step: u64,
-    vals: &BTreeMap<u32, Values>,
+    st: &aggregate::StepStat,
+    vals: &BTreeMap<u32, Pending>,
     ranks: &mut BTreeMap<u32, RankState>,
     out: &mut Vec<SdcFinding>,
 ) {
     for metric in Metric::ALL {
         let m = metric.index();
-        let xs: Vec<(u32, f64)> = vals
-            .iter()
-            .filter_map(|(r, v)| v.get(metric).map(|x| (*r, x)))
-            .collect();
-        if xs.is_empty() {
+        let Some(stat) = &st.metrics[m] else {
             continue;
-        }
-        let mut finite: Vec<f64> = xs
-            .iter()
-            .map(|(_, x)| *x)
-            .filter(|x| x.is_finite())
-            .collect();
-        let job_median = score::median(&mut finite);
-        let n = finite.len();
-        let mut suspects: Vec<SdcFinding> = Vec::new();
-        let mut ambiguous = false;
-        let finding = |rank: u32, value: f64, basis: Basis| SdcFinding {
-            job: job.to_owned(),
-            rank,
-            step,
-            metric,
-            value,
-            job_median,
-            own_median: None,
-            score: None,
-            ranks: xs.len(),
-            basis,
         };
-        // Non-finite on some ranks only (or on a rank alone).
-        if n > 0 || xs.len() == 1 {
-            let basis = if xs.len() == 1 {
-                Basis::NonFiniteAlone
-            } else {
-                Basis::NonFinite
+        for (rank, p) in vals {
+            let Some(x) = p.values[m] else {
+                continue;
             };
-            for (rank, x) in xs.iter().filter(|(_, x)| !x.is_finite()) {
-                suspects.push(finding(*rank, *x, basis));
-            }
-        }
-        let fin: Vec<(u32, f64)> = xs.iter().copied().filter(|(_, x)| x.is_finite()).collect();
-        if n >= 3 {
-            let mut all: Vec<f64> = fin.iter().map(|(_, x)| *x).collect();
-            for (rank, x) in &fin {
-                if let Some(d) = robust_departure(*x, &mut all, cfg.z_threshold, cfg.min_relative)
-                    && d.departs
-                {
-                    suspects.push(SdcFinding {
-                        score: Some(d.z),
-                        ..finding(*rank, *x, Basis::Peers)
-                    });
-                }
-            }
-        } else if n == 2 {
-            let (a, b) = (fin[0], fin[1]);
-            if score::disagree(a.1, b.1, cfg.min_relative) {
-                let own = |rank: u32, x: f64| -> Option<Departure> {
-                    let h = &ranks.get(&rank)?.history[m];
-                    if h.len() < cfg.min_history {
-                        return None;
-                    }
-                    let mut v: Vec<f64> = h.iter().copied().collect();
-                    robust_departure(x, &mut v, cfg.z_threshold, cfg.min_relative)
-                };
-                let (da, db) = (own(a.0, a.1), own(b.0, b.1));
-                let departed = |d: &Option<Departure>| d.as_ref().is_some_and(|d| d.departs);
-                match (departed(&da), departed(&db)) {
-                    (true, false) | (false, true) => {
-                        let (rank, x, d) = if departed(&da) {
-                            (a.0, a.1, da)
-                        } else {
-                            (b.0, b.1, db)
-                        };
-                        suspects.push(SdcFinding {
-                            own_median: d.as_ref().map(|d| d.median),
-                            score: d.as_ref().map(|d| d.z),
-                            ..finding(rank, x, Basis::OwnHistory)
-                        });
-                    }
-                    _ => ambiguous = true,
-                }
-            }
-        }
-        // Histories and flags: a clean finite value is history; a suspect is
-        // reported once until the rank is judged clean again. A value with
-        // no finite peer was compared with nothing: it is neither.
-        let compared = n >= 2;
-        for (rank, x) in &xs {
+            // Own-history verdicts as of now, for this rank and any other
+            // of this host's (the step's history is what came before it).
+            let own = ranks.get(rank).and_then(|r| r.own_departure(cfg, m, x));
+            let local = |other: u32, v: f64| -> Option<bool> {
+                let r = ranks.get(&other)?;
+                vals.get(&other)?;
+                Some(r.own_departure(cfg, m, v).is_some_and(|d| d.departs))
+            };
+            let verdict = judge::judge(cfg, stat, *rank, x, own, &local);
             let Some(r) = ranks.get_mut(rank) else {
                 continue;
             };
-            match suspects.iter().position(|s| s.rank == *rank) {
-                Some(i) if !r.flagged[m] => {
-                    r.flagged[m] = true;
-                    out.push(suspects[i].clone());
+            match verdict {
+                judge::Verdict::Suspect {
+                    basis,
+                    z,
+                    own_median,
+                } => {
+                    if !r.flagged[m] {
+                        r.flagged[m] = true;
+                        out.push(SdcFinding {
+                            job: job.to_owned(),
+                            rank: *rank,
+                            step: st.step,
+                            metric,
+                            value: x,
+                            job_median: stat.median,
+                            own_median,
+                            score: z,
+                            ranks: usize::try_from(stat.count).unwrap_or(usize::MAX),
+                            basis,
+                        });
+                    }
                 }
-                Some(_) => {}
-                None if x.is_finite() && compared && !ambiguous => {
+                judge::Verdict::Clean => {
                     r.flagged[m] = false;
                     let h = &mut r.history[m];
                     if h.len() >= cfg.history {
                         h.pop_front();
                     }
-                    h.push_back(*x);
+                    h.push_back(x);
                 }
-                None => {}
+                judge::Verdict::Neither => {}
             }
         }
     }
