@@ -24,7 +24,7 @@
 use std::time::{Duration, Instant};
 
 use prost::Message;
-use warden_agent::api::aggregate::{answer_pb, report_from_pb, report_pb};
+use warden_agent::api::aggregate::{Here, answer_pb, report_from_pb, report_pb};
 use warden_agent::api::stragglers::{batch_from_pb, batch_pb};
 use warden_core::detect::straggler::aggregate::{Aggregator, JobReport, Report};
 use warden_core::detect::straggler::score::SectionMedian;
@@ -111,7 +111,7 @@ fn measure(n: u32, all_to_all: bool) -> Row {
     // The aggregator: every host's report on the wire, decoded, merged,
     // answered (the answer encoded: what goes back on the wire).
     let wire: Vec<Vec<u8>> = (0..n)
-        .map(|h| report_pb(&report_of(h), &[]).encode_to_vec())
+        .map(|h| report_pb(&report_of(h), &[], &[]).encode_to_vec())
         .collect();
     let report_bytes = wire.iter().map(Vec::len).max().unwrap_or(0);
     let mut agg = Aggregator::new(Duration::from_secs(30));
@@ -123,10 +123,16 @@ fn measure(n: u32, all_to_all: bool) -> Row {
         let started = Instant::now();
         for w in &wire {
             let pbr = warden_proto::v1::AggregateReport::decode(w.as_slice()).unwrap();
-            let (report, _) = report_from_pb(pbr).unwrap();
+            let (report, _, _) = report_from_pb(pbr).unwrap();
             let host = report.host.clone();
             let wide = agg.report(report, now).unwrap();
-            answer_bytes = answer_bytes.max(answer_pb(&host, &wide, &[]).encoded_len());
+            let here = Here {
+                wide,
+                verdicts: Vec::new(),
+                values: Vec::new(),
+                values_aggregated: true,
+            };
+            answer_bytes = answer_bytes.max(answer_pb(&host, &here).encoded_len());
         }
         let cpu = started.elapsed();
         if agg.hosts_of("llm") == n as usize {
