@@ -16,6 +16,7 @@
 pub mod attribute;
 pub mod config;
 pub mod detect;
+pub mod device;
 pub mod events;
 pub mod fsafe;
 pub mod goodput;

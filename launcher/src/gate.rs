@@ -166,7 +166,8 @@ pub fn judge(h: &pb::NodeHealth) -> Gate {
         if c.status != failed {
             continue;
         }
-        let gpu = c.kind == "gpu" || (c.id.starts_with("gpu") && !c.id.contains('/'));
+        let gpu = c.kind == "gpu"
+            || (!c.id.contains('/') && warden_core::device::DeviceId::is_gpu(&c.id));
         if c.id == "node/cordon" || gpu {
             let reason = c
                 .reasons

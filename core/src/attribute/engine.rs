@@ -9,6 +9,7 @@
 //! names and the I/O, so recorded event sequences replay exactly (the
 //! scenario suite does that).
 
+use crate::device::DeviceId;
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::time::{Duration, SystemTime};
 
@@ -77,7 +78,7 @@ impl DeviceMap {
             return c.clone();
         }
         if !name.is_empty() && name.bytes().all(|b| b.is_ascii_digit()) {
-            return format!("gpu{name}");
+            return DeviceId::gpu(name);
         }
         name.to_owned()
     }
@@ -457,10 +458,7 @@ impl Engine {
         }
         let signal = h.signal();
         let component = &h.component;
-        let device = component.starts_with("gpu")
-            || component.starts_with("nic/")
-            || component.starts_with("tpu")
-            || component.starts_with("nvswitch");
+        let device = DeviceId::is_device(component);
         let hardware_trigger = |class: FaultClass| {
             device && (failed || class.is_hardware() || class == FaultClass::Infrastructure)
         };
@@ -1235,7 +1233,7 @@ impl Engine {
             // Node-wide troubles (a NIC, host memory, the checkpoint disk)
             // count for a job that went down on this node.
             let node_wide = job_down
-                && !comp.starts_with("gpu")
+                && !DeviceId::is_gpu(&comp)
                 && o.signal != "kmsg.oom_kill"
                 && o.class.is_some_and(|c| c == FaultClass::Infrastructure);
             if !(on_device || by_pid || node_wide) {

@@ -25,6 +25,7 @@ pub mod replay;
 #[cfg(test)]
 mod tests;
 
+use crate::device::DeviceId;
 use std::sync::Arc;
 
 use crate::attribute::{FaultClass, IncidentRecord};
@@ -188,7 +189,7 @@ impl RankRegistered {
     /// The devices the rank drives: the declared ones, else `gpu<local_rank>`.
     pub fn devices(&self) -> Vec<String> {
         if self.declared_devices.is_empty() {
-            vec![format!("gpu{}", self.local_rank)]
+            vec![DeviceId::gpu(self.local_rank)]
         } else {
             self.declared_devices.clone()
         }

@@ -11,6 +11,7 @@ use super::{
     Signal, Straggler, Xid, XidSource,
 };
 use crate::attribute::{FaultClass, IncidentRecord};
+use crate::device::DeviceId;
 use crate::events::{NewEvent, Severity};
 use crate::health::Status;
 use crate::policy::Action;
@@ -121,7 +122,7 @@ fn registered(r: &RankRegistered) -> NewEvent {
     .with("registered_by", if r.by_self { "self" } else { "launcher" });
     if r.declared_devices.is_empty() {
         ev = ev
-            .with("devices", format!("gpu{}", r.local_rank))
+            .with("devices", DeviceId::gpu(r.local_rank))
             .with("devices_from", "local_rank (the client named none)");
     } else {
         ev = ev

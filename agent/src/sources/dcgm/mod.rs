@@ -26,6 +26,7 @@ use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, channel};
 use std::time::{Duration, SystemTime};
+use warden_core::device::DeviceId;
 
 pub use config::DcgmConfig;
 
@@ -223,7 +224,7 @@ impl DcgmSource {
         if let Some(o) = self.opened.take() {
             for g in o.gpus {
                 poll.reports.push(ComponentReport {
-                    id: format!("gpu{g}"),
+                    id: DeviceId::gpu(g),
                     kind: "gpu".into(),
                     labels: BTreeMap::new(),
                     status_override: Some(Status::Unknown),
@@ -317,7 +318,7 @@ impl DcgmSource {
         let mut kinds: BTreeMap<String, &'static str> = opened
             .gpus
             .iter()
-            .map(|g| (format!("gpu{g}"), "gpu"))
+            .map(|g| (DeviceId::gpu(g), "gpu"))
             .collect();
         let mut now_seen = BTreeSet::new();
         for inc in incidents {
@@ -427,7 +428,7 @@ impl DcgmSource {
 /// The health model's component for a DCGM entity.
 fn entity_component(group: u32, id: u32) -> (String, &'static str) {
     match group {
-        1 => (format!("gpu{id}"), "gpu"),
+        1 => (DeviceId::gpu(id), "gpu"),
         3 => (format!("nvswitch{id}"), "nvswitch"),
         6 => (format!("nvlink{id}"), "nvlink"),
         7 => (format!("cpu{id}"), "cpu"),

@@ -22,6 +22,7 @@ use std::io::{Read, Seek, SeekFrom};
 use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
 use std::path::Path;
 use std::time::{Duration, SystemTime};
+use warden_core::device::DeviceId;
 
 use serde::{Deserialize, Serialize};
 
@@ -406,7 +407,7 @@ impl Kmsg {
     /// The component of the GPU at `pci`.
     fn gpu_component(&self, pci: &str) -> String {
         match self.gpu_by_pci.get(pci) {
-            Some(i) => format!("gpu{i}"),
+            Some(i) => DeviceId::gpu(i),
             None => format!("gpu-{pci}"),
         }
     }

@@ -4,6 +4,7 @@
 
 use std::collections::{BTreeMap, VecDeque};
 use std::time::{Duration, Instant, SystemTime};
+use warden_core::device::DeviceId;
 
 use super::NvmlConfig;
 use warden_core::health::window::{CounterWindow, Debounce};
@@ -176,7 +177,7 @@ pub fn judge_gpu(
     mono: Instant,
     now: SystemTime,
 ) -> Vec<ComponentReport> {
-    let id = format!("gpu{}", r.index);
+    let id = DeviceId::gpu(r.index);
     let win = show(cfg.window);
     let mut labels = r.labels.clone();
     let mut gpu = report(id.clone(), BTreeMap::new());

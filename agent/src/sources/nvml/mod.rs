@@ -27,6 +27,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::mpsc::Receiver;
 use std::time::{Duration, Instant, SystemTime};
+use warden_core::device::DeviceId;
 
 pub use config::NvmlConfig;
 pub use judge::{
@@ -156,7 +157,7 @@ impl super::Source for NvmlSource {
         if let Some(rx) = &self.xids {
             for x in rx.try_iter() {
                 let status = xid_status(x.xid);
-                count_xid(&format!("gpu{}", x.gpu), x.xid, "nvml");
+                count_xid(&DeviceId::gpu(x.gpu), x.xid, "nvml");
                 let severity = match status {
                     Status::Failed => Severity::Error,
                     Status::Degraded => Severity::Warning,
@@ -165,7 +166,7 @@ impl super::Source for NvmlSource {
                 poll.events.push(Signal::Xid(signal::Xid {
                     source: XidSource::Nvml,
                     severity,
-                    component: format!("gpu{}", x.gpu),
+                    component: DeviceId::gpu(x.gpu),
                     xid: x.xid,
                     pid: None,
                     report: Report::new(format!("XID {} on gpu{} ({})", x.xid, x.gpu, x.pci))
@@ -209,7 +210,7 @@ impl super::Source for NvmlSource {
                 && self.procs.get(&index) != Some(&pids)
             {
                 poll.events.push(Signal::GpuProcesses(signal::GpuProcesses {
-                    component: format!("gpu{index}"),
+                    component: DeviceId::gpu(index),
                     pids: pids.clone(),
                 }));
                 self.procs.insert(index, pids);

@@ -6,6 +6,7 @@
 //! value: the agent did not count them and does not own their resets.
 
 use super::judge::GpuReading;
+use warden_core::device::DeviceId;
 
 /// The XID counter: `warden_gpu_xids_total{gpu,xid,source}`, incremented by
 /// every source that sees an XID (`source`: `nvml` or `kmsg`, so a node that
@@ -23,7 +24,7 @@ pub fn count_xid(gpu: &str, xid: u64, source: &'static str) {
 /// Records one GPU's reading; signals not read are left as they were.
 #[allow(clippy::cast_precision_loss)] // counters far below 2^53
 pub fn record(r: &GpuReading) {
-    let gpu = format!("gpu{}", r.index);
+    let gpu = DeviceId::gpu(r.index);
     let uuid = r.labels.get("uuid").cloned().unwrap_or_default();
     for (kind, v) in [
         ("corrected", r.ecc_corrected_volatile),

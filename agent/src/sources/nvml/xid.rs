@@ -4,6 +4,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, Sender, channel};
+use warden_core::device::DeviceId;
 
 use nvml_wrapper::Nvml;
 use nvml_wrapper::bitmasks::event::EventTypes;
@@ -117,7 +118,10 @@ fn register(nvml: &Nvml) -> Result<(nvml_wrapper::EventSet<'_>, Vec<String>), St
         let dev = match nvml.device_by_index(i) {
             Ok(d) => d,
             Err(e) => {
-                refused.push(format!("gpu{i} (nvmlDeviceGetHandleByIndex: {e})"));
+                refused.push(format!(
+                    "{} (nvmlDeviceGetHandleByIndex: {e})",
+                    DeviceId::gpu(i)
+                ));
                 continue;
             }
         };
@@ -133,7 +137,10 @@ fn register(nvml: &Nvml) -> Result<(nvml_wrapper::EventSet<'_>, Vec<String>), St
             )
         };
         if let Err(e) = nvml_try(ret) {
-            refused.push(format!("gpu{i} (nvmlDeviceRegisterEvents: {e})"));
+            refused.push(format!(
+                "{} (nvmlDeviceRegisterEvents: {e})",
+                DeviceId::gpu(i)
+            ));
         }
     }
     if count > 0 && refused.len() == usize::try_from(count).unwrap_or(usize::MAX) {

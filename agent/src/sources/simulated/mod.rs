@@ -14,6 +14,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::{Duration, SystemTime};
+use warden_core::device::DeviceId;
 
 use serde::Deserialize;
 
@@ -356,13 +357,13 @@ impl Scenario {
             gpus.insert(
                 i,
                 report(
-                    format!("gpu{i}"),
+                    DeviceId::gpu(i),
                     "gpu",
                     &[("name", name), ("simulated", "true".into())],
                 ),
             );
             for l in 0..self.nvlinks_of(i) {
-                links.insert((i, l), report(format!("gpu{i}/nvlink{l}"), "nvlink", &[]));
+                links.insert((i, l), report(DeviceId::gpu_link(i, l), "nvlink", &[]));
             }
         }
         let mut chips: Vec<ComponentReport> = Vec::new();
@@ -507,7 +508,7 @@ fn xid_text(f: &Fault) -> String {
 }
 
 fn event_of(f: &Fault) -> Signal {
-    let gpu = f.gpu.map(|g| format!("gpu{g}"));
+    let gpu = f.gpu.map(DeviceId::gpu);
     let at = humantime::format_duration(f.at).to_string();
     let e = match f.kind {
         FaultKind::Xid => {

@@ -10,6 +10,7 @@
 //! `correctable_hardware`; a host that keeps the rank waiting for a CPU is
 //! `infrastructure`; anything else is `unknown`.
 
+use crate::device::DeviceId;
 use crate::health::{Component, Status};
 
 /// What explains a flagged rank, from the most specific evidence found.
@@ -79,7 +80,7 @@ pub fn resolve_devices(
     components: &[Component],
 ) -> Vec<String> {
     if declared.is_empty() {
-        return vec![format!("gpu{local_rank}")];
+        return vec![DeviceId::gpu(local_rank)];
     }
     declared
         .iter()
@@ -90,7 +91,7 @@ pub fn resolve_devices(
             }
             let index = d.strip_prefix("cuda:").unwrap_or(d);
             if !index.is_empty() && index.bytes().all(|b| b.is_ascii_digit()) {
-                return format!("gpu{index}");
+                return DeviceId::gpu(index);
             }
             let pci = normalize_pci(d);
             components
