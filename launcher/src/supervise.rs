@@ -171,6 +171,13 @@ pub struct Job {
     /// Standby interpreters for warm in-job restarts (`--standby`); None:
     /// every attempt starts cold.
     pub standby: Option<standby::Plan>,
+    /// Across hosts: how long a worker that lost a peer on another host
+    /// waits for its launcher's heal into the next round before it reports
+    /// the error (`WARDEN_HEAL_PEER_WAIT_S`): the lost host's lease TTL,
+    /// the others' rejoin grace and the round's writing, with margin. None
+    /// on one host (the client's own short wait: the launcher sees a local
+    /// rank's death at once).
+    pub heal_peer_wait: Option<Duration>,
 }
 
 /// SIGINT, SIGTERM, SIGHUP and SIGQUIT (torchrun's `--signals-to-handle`
@@ -540,6 +547,14 @@ impl<C: Coordinator> Sup<'_, C> {
             }
             Ev::Signal(sig) => Some(Input::Signal(sig)),
             Ev::Disowned(why) => Some(Input::Disowned(why)),
+            Ev::Remote(Remote::NewRound {
+                reason,
+                keeps_place,
+            }) => Some(Input::Round(Remote::NewRound {
+                reason,
+                // Only workers that can be healed keep their processes.
+                keeps_place: keeps_place && self.all_declared(),
+            })),
             Ev::Remote(d) => Some(Input::Round(d)),
             Ev::Replenish => {
                 self.replenish_at = None;
@@ -622,6 +637,9 @@ impl<C: Coordinator> Sup<'_, C> {
             }
             Command::Heal { rank, pid, reason } => {
                 return Done::Answer(self.heal(rank, pid, &reason).await);
+            }
+            Command::HealRound { plan, reason } => {
+                return Done::Answer(Input::RoundHealed(self.heal_round(&plan, &reason).await));
             }
             Command::Finish(f) => return Done::Finished(self.finish(f).await),
         }
@@ -709,6 +727,9 @@ impl<C: Coordinator> Sup<'_, C> {
                 error: None,
             }));
         };
+        // A fresh attempt's workers take the round from their environment;
+        // a round file of an earlier attempt would name an older round.
+        let _ = std::fs::remove_file(heal_ready::round_file(&self.job.log_root.join("heal")));
         let logs = match self.job.logs.attempt(n) {
             Ok(l) => std::sync::Arc::new(l),
             Err(e) => {
@@ -1014,6 +1035,18 @@ impl<C: Coordinator> Sup<'_, C> {
             env.push((
                 heal_ready::ENV.to_owned(),
                 file.to_string_lossy().into_owned(),
+            ));
+            if wenv.epoch.is_some() {
+                env.push((
+                    heal_ready::ROUND_ENV.to_owned(),
+                    heal_ready::round_file(&heal).to_string_lossy().into_owned(),
+                ));
+            }
+        }
+        if let Some(wait) = self.job.heal_peer_wait {
+            env.push((
+                heal_ready::PEER_WAIT_ENV.to_owned(),
+                format!("{:.1}", wait.as_secs_f64()),
             ));
         }
         if self.job.standby.is_some() {
@@ -1365,6 +1398,62 @@ impl<C: Coordinator> Sup<'_, C> {
                 .filter(|w| w.pid != pid)
                 .filter(|w| procfs_state(w.pid).is_some_and(|s| s != 'Z' && s != 'X'))
                 .all(|w| declared(w.rank, w.pid))
+    }
+
+    /// Whether every worker of the attempt declared a healable state
+    /// ([`heal_ready`]) and runs.
+    fn all_declared(&self) -> bool {
+        let dir = self.job.log_root.join("heal");
+        !self.workers.is_empty()
+            && self.workers.iter().all(|w| {
+                procfs_state(w.pid).is_some_and(|s| s != 'Z' && s != 'X')
+                    && (self.healed_pids.contains(&w.pid)
+                        || heal_ready::declared(&dir, w.rank, w.pid))
+            })
+    }
+
+    /// Heals the running workers into a new round across hosts that keeps
+    /// this host's place: the round goes to their round file
+    /// ([`heal_ready::write_round`]: `warden.heal` makes the next attempt's
+    /// process group on the round's store with it), the attempt's
+    /// environment takes the round (for later replacements), and the agent
+    /// asks them to restart in process. None when asked; else why not.
+    async fn heal_round(&mut self, plan: &AttemptPlan, reason: &str) -> Option<String> {
+        let Some(epoch) = plan.epoch else {
+            return Some("the plan has no round".into());
+        };
+        let round = heal_ready::Round {
+            epoch,
+            master_addr: plan.master_addr.clone(),
+            master_port: plan.master_port,
+            world_size: plan.world_size,
+            nnodes: plan.nnodes,
+        };
+        let file = heal_ready::round_file(&self.job.log_root.join("heal"));
+        if let Err(e) = heal_ready::write_round(&file, &round) {
+            return Some(format!("writing {}: {e}", file.display()));
+        }
+        if let Some(at) = self.attempt_env.as_mut() {
+            at.wenv.epoch = plan.epoch;
+            at.wenv.master_addr.clone_from(&plan.master_addr);
+            at.wenv.master_port = plan.master_port;
+        }
+        if let Some(round) = &plan.round {
+            self.say(round);
+        }
+        let req = pb::RequestRestartRequest {
+            job_id: self.job.id.clone(),
+            reason: reason.to_owned(),
+            incident_id: String::new(),
+        };
+        match tokio::time::timeout(STOP_RANKS_TIMEOUT, self.client.request_restart(req)).await {
+            Ok(Ok(_)) => None,
+            Ok(Err(e)) => Some(format!(
+                "the agent refused the in-process restart: {}",
+                e.message()
+            )),
+            Err(_) => Some("the agent did not answer the in-process restart".into()),
+        }
     }
 
     /// Heals `rank` (its process `pid` gone): the agent asks the job's live
