@@ -483,7 +483,10 @@ impl Coordinator for EtcdCoordinator {
         match next {
             Ok(r) => Remote::NewRound {
                 reason: format!("round {}: {} (by {})", r.epoch, r.reason, r.decided_by),
-                keeps_place: self.current.as_ref().is_some_and(|old| keeps_place(old, &r)),
+                keeps_place: self
+                    .current
+                    .as_ref()
+                    .is_some_and(|old| keeps_place(old, &r)),
             },
             Err(etcd::CoordError::Ended {
                 outcome: etcd::Outcome::Finished,
@@ -602,7 +605,10 @@ mod tests {
         assert!(!keeps_place(&old, &round(2, &["s", "a"], Some(1))));
         // No place in it, or none before.
         assert!(!keeps_place(&old, &round(2, &["s", "b"], None)));
-        assert!(!keeps_place(&round(1, &["a", "b"], None), &round(2, &["a", "s"], Some(0))));
+        assert!(!keeps_place(
+            &round(1, &["a", "b"], None),
+            &round(2, &["a", "s"], Some(0))
+        ));
         let mut waiting = round(2, &["a", "s"], Some(0));
         waiting.waiting = true;
         assert!(!keeps_place(&old, &waiting));

@@ -719,6 +719,7 @@ impl<C: Coordinator> Sup<'_, C> {
             self.workers = Vec::new();
             self.attempt_env = None;
             self.say("no place in this round: no workers on this host until a round gives it one");
+            self.standbys_for_a_spare(&plan);
             return Input::Started(Box::new(Started {
                 plan,
                 workers: Vec::new(),
@@ -1096,6 +1097,41 @@ impl<C: Coordinator> Sup<'_, C> {
             "standbys also preload what the workers imported (their clients' report): {}",
             new.join(", ")
         ));
+    }
+
+    /// A host with no place in the round yet (a spare) starts its standby
+    /// interpreters now: its first workers are most likely a lost host's
+    /// replacements, whose peers wait for them (a heal across hosts), so
+    /// they start warm rather than import torch on the heal's path. Only
+    /// before any attempt of its own had workers (later standbys follow
+    /// the workers' attempts as before).
+    fn standbys_for_a_spare(&mut self, plan: &AttemptPlan) {
+        if self.attempts_started > 0 || self.job.standby.is_none() {
+            return;
+        }
+        let wenv = WorkerEnv {
+            job_id: self.job.id.clone(),
+            nproc_per_node: self.job.nproc_per_node,
+            nnodes: plan.nnodes.max(1),
+            node_rank: 0,
+            rank_offset: 0,
+            world_size: plan.world_size.max(self.job.nproc_per_node),
+            epoch: plan.epoch,
+            role: self.job.role.clone(),
+            master_addr: plan.master_addr.clone(),
+            master_port: plan.master_port,
+            restart_count: 0,
+            max_restarts: self.job.max_restarts.unwrap_or(self.job.fallback_budget),
+            socket: self.socket.clone(),
+            attempt_dir: self.job.log_root.clone(),
+            launcher_pid: std::process::id(),
+        };
+        self.standby_env = self
+            .worker_env(&wenv, 0, 0)
+            .into_iter()
+            .filter(|(k, _)| STANDBY_ENV.contains(&k.as_str()))
+            .collect();
+        self.start_standbys();
     }
 
     /// Starts a standby interpreter for every local slot without one.

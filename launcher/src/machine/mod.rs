@@ -1757,7 +1757,13 @@ impl JobState {
     /// The answer to [`Command::HealRound`]: the workers run on in the new
     /// round (its epoch and port in the attempt's record), or, when they
     /// could not be asked, the job restarts in job into it.
-    fn round_healed(&mut self, h: RoundHeal, error: Option<String>, now: Now, out: &mut Vec<Command>) {
+    fn round_healed(
+        &mut self,
+        h: RoundHeal,
+        error: Option<String>,
+        now: Now,
+        out: &mut Vec<Command>,
+    ) {
         self.phase = Phase::Running;
         let Some(plan) = h.plan.clone() else {
             return;
@@ -1785,7 +1791,13 @@ impl JobState {
     /// A heal into a new round that cannot be done: the round's usual
     /// restart (stop, gate, rendezvous, start), as a round other hosts
     /// caused.
-    fn restart_into_round(&mut self, reason: String, h: &RoundHeal, now: Now, out: &mut Vec<Command>) {
+    fn restart_into_round(
+        &mut self,
+        reason: String,
+        h: &RoundHeal,
+        now: Now,
+        out: &mut Vec<Command>,
+    ) {
         out.push(Command::Say(format!(
             "new round across hosts: {reason}: restarting the workers into it"
         )));
