@@ -275,8 +275,21 @@ fn hosts() -> Hosts {
     }
 }
 
-/// The fault-free run's digests (host-a and host-b, no spare).
-fn reference(etcd: &EtcdServer, scratch: &Path) -> BTreeMap<u32, String> {
+/// The fault-free run's digests (host-a and host-b, no spare), made once
+/// per test binary (on an etcd of its own).
+fn reference() -> &'static BTreeMap<u32, String> {
+    static REF: std::sync::OnceLock<BTreeMap<u32, String>> = std::sync::OnceLock::new();
+    REF.get_or_init(|| {
+        let etcd = EtcdServer::start();
+        let scratch = tempfile::Builder::new()
+            .prefix("warden-hostheal-")
+            .tempdir()
+            .unwrap();
+        fault_free(&etcd, scratch.path())
+    })
+}
+
+fn fault_free(etcd: &EtcdServer, scratch: &Path) -> BTreeMap<u32, String> {
     let h = hosts();
     let log = scratch.join("fault-free.log");
     let mut a = h.a.launch(etcd, "hostheal-ref", &log, false, true);
@@ -303,41 +316,54 @@ fn reference(etcd: &EtcdServer, scratch: &Path) -> BTreeMap<u32, String> {
     d
 }
 
-/// host-b lost (its worker and launcher SIGKILLed) once rank 1 logged
-/// [`KILL_AT`], with the spare waiting; returns the log, the kill's time,
-/// the lost worker's pid and the two launchers left, both exited.
+/// host-b, at node rank (and rank) `lost_rank`, lost (its worker and
+/// launcher SIGKILLed) once its rank logged [`KILL_AT`], with the spare
+/// waiting; returns the log, the kill's time and when the spare was given
+/// its place, the lost worker's pid and the two launchers
+/// left, both exited.
 fn lose_host_b(
     etcd: &EtcdServer,
     scratch: &Path,
     job: &str,
     heal: bool,
+    lost_rank: u32,
 ) -> (PathBuf, (f64, f64), i32, Streaming, Streaming) {
     let h = hosts();
     let log = scratch.join(format!("{job}.log"));
-    // Joined in this order, host-a is node rank 0 (rank 0) and host-b node
-    // rank 1 (rank 1): the lost host's rank is not the store's host.
-    let mut a = h.a.launch(etcd, job, &log, false, heal);
-    a.wait_line(RUN, "host-a's join", |l| {
-        l.contains("joined as host host-a")
-    });
-    let mut b = h.b.launch(etcd, job, &log, false, heal);
-    b.wait_line(RUN, "host-b in the first round at node rank 1", |l| {
-        l.contains("host-b: node rank 1")
-    });
+    // Node ranks follow the join order: the first to join is node rank 0,
+    // whose rank 0 hosts the round's store.
+    let (mut a, mut b) = if lost_rank == 1 {
+        let mut a = h.a.launch(etcd, job, &log, false, heal);
+        a.wait_line(RUN, "host-a's join", |l| {
+            l.contains("joined as host host-a")
+        });
+        let b = h.b.launch(etcd, job, &log, false, heal);
+        (a, b)
+    } else {
+        let mut b = h.b.launch(etcd, job, &log, false, heal);
+        b.wait_line(RUN, "host-b's join", |l| {
+            l.contains("joined as host host-b")
+        });
+        let a = h.a.launch(etcd, job, &log, false, heal);
+        (a, b)
+    };
+    let place = format!("host-b: node rank {lost_rank}");
+    b.wait_line(RUN, &place, |l| l.contains(&place));
     let mut s = h.s.launch(etcd, job, &log, true, heal);
     s.wait_line(RUN, "the spare's standby attempt", |l| {
         l.contains("no place in this round")
     });
-    let lost = wait_step(&log, 1, KILL_AT, &mut [&mut a, &mut b, &mut s]);
+    let lost = wait_step(&log, lost_rank, KILL_AT, &mut [&mut a, &mut b, &mut s]);
     let t = unix_now();
     kill(Pid::from_raw(lost), Signal::SIGKILL).expect("SIGKILL host-b's worker");
     b.signal(Signal::SIGKILL);
     let _ = b.child.wait();
-    // When host-a's launcher hears of the round without host-b: what
-    // follows it is the recovery's own part (before it, the lease and the
-    // rejoin grace run out).
-    a.wait_line(RUN, "the round without host-b", |l| {
-        l.contains("new round across hosts") && l.contains("host-b lost")
+    // When the spare is given host-b's place (its launcher says the round
+    // as it starts its worker), on either path: what follows is the
+    // recovery's own part (before it, host-b's lease and the rejoin grace
+    // run out, or host-a's worker fails and restarts first).
+    s.wait_line(RUN, "the spare's place in a round", |l| {
+        l.contains("host-s: node rank")
     });
     let round_seen = unix_now();
     for j in [&mut a, &mut s] {
@@ -365,11 +391,26 @@ fn prepare() -> Option<(MutexGuard<'static, ()>, tempfile::TempDir, EtcdServer)>
 
 #[test]
 fn a_lost_host_is_healed_on_a_spare_while_the_survivor_keeps_its_process() {
+    heal_case("hostheal-one", 1);
+}
+
+/// The lost host was node rank 0, whose rank 0 hosted the round's store:
+/// the spare takes node rank 0, its new rank 0 hosts the new round's store
+/// (`MASTER_ADDR` is the spare's address) and receives its state from
+/// rank 1 on host-a.
+#[test]
+fn a_lost_node_rank_0_moves_the_store_to_the_spare_and_heals() {
+    heal_case("hostheal-zero", 0);
+}
+
+/// host-b lost at rank `lost_rank`, healed on the spare; every check.
+fn heal_case(job: &str, lost_rank: u32) {
     let Some((_one, dir, etcd)) = prepare() else {
         return;
     };
-    let want = reference(&etcd, dir.path());
-    let (log, (t, round_seen), lost, a, s) = lose_host_b(&etcd, dir.path(), "hostheal-one", true);
+    let survivor = 1 - lost_rank;
+    let want = reference();
+    let (log, (t, round_seen), lost, a, s) = lose_host_b(&etcd, dir.path(), job, true, lost_rank);
     let all = format!(
         "--- host-a ---\n{}\n--- host-s ---\n{}",
         a.seen.join("\n"),
@@ -377,7 +418,7 @@ fn a_lost_host_is_healed_on_a_spare_while_the_survivor_keeps_its_process() {
     );
     let entries = read_log(&log);
     assert_eq!(
-        digests(&entries),
+        &digests(&entries),
         want,
         "digests against the fault-free run\n{all}"
     );
@@ -391,13 +432,13 @@ fn a_lost_host_is_healed_on_a_spare_while_the_survivor_keeps_its_process() {
         }
     }
     assert_eq!(
-        pids[&0].len(),
+        pids[&survivor].len(),
         1,
-        "rank 0 (host-a) kept its process: {pids:?}\n{all}"
+        "rank {survivor} (host-a) kept its process: {pids:?}\n{all}"
     );
     assert!(
-        pids[&1].len() == 2 && pids[&1].contains(&lost),
-        "rank 1: host-b's process, then the spare's: {pids:?}\n{all}"
+        pids[&lost_rank].len() == 2 && pids[&lost_rank].contains(&lost),
+        "rank {lost_rank}: host-b's process, then the spare's: {pids:?}\n{all}"
     );
     let worst = times.iter().max_by_key(|(_, c)| **c).unwrap();
     assert!(
@@ -411,9 +452,10 @@ fn a_lost_host_is_healed_on_a_spare_while_the_survivor_keeps_its_process() {
         a.seen.iter().any(|l| l.contains("healed into round")),
         "host-a healed its worker into the new round\n{all}"
     );
+    let healed = format!("healed from rank {survivor}");
     assert!(
-        s.seen.iter().any(|l| l.contains("healed from rank 0")),
-        "the spare's rank 1 took its state from rank 0\n{all}"
+        s.seen.iter().any(|l| l.contains(&healed)),
+        "the spare's rank {lost_rank} took its state from rank {survivor}\n{all}"
     );
     for never in [
         "restarting the workers into it",
@@ -425,7 +467,7 @@ fn a_lost_host_is_healed_on_a_spare_while_the_survivor_keeps_its_process() {
     let part = back_after(&entries, round_seen, &all);
     let warm = s.seen.iter().any(|l| l.contains("warm start from standby"));
     eprintln!(
-        "host-b lost (SIGKILL of its worker {lost} and launcher) -> every rank stepping again: {back:.3} s, {} step(s) redone (heal across hosts; lease TTL {TTL}, 2 hosts + spare, gloo, examples/heal/ddp.py); part: the round seen on host-a -> every rank stepping: {part:.3} s; the spare's rank started {}",
+        "host-b (rank {lost_rank}) lost (SIGKILL of its worker {lost} and launcher) -> every rank stepping again: {back:.3} s, {} step(s) redone (heal across hosts; lease TTL {TTL}, 2 hosts + spare, gloo, examples/heal/ddp.py); part: the spare given its place -> every rank stepping: {part:.3} s; the spare's rank started {}",
         redone(&entries, t),
         if warm {
             "warm from its standby"
@@ -440,9 +482,9 @@ fn a_lost_host_without_a_declared_state_restarts_in_job_from_the_checkpoint() {
     let Some((_one, dir, etcd)) = prepare() else {
         return;
     };
-    let want = reference(&etcd, dir.path());
+    let want = reference();
     let (log, (t, round_seen), _lost, a, s) =
-        lose_host_b(&etcd, dir.path(), "hostheal-injob", false);
+        lose_host_b(&etcd, dir.path(), "hostheal-injob", false, 1);
     let all = format!(
         "--- host-a ---\n{}\n--- host-s ---\n{}",
         a.seen.join("\n"),
@@ -450,7 +492,7 @@ fn a_lost_host_without_a_declared_state_restarts_in_job_from_the_checkpoint() {
     );
     let entries = read_log(&log);
     assert_eq!(
-        digests(&entries),
+        &digests(&entries),
         want,
         "digests against the fault-free run\n{all}"
     );
@@ -473,7 +515,7 @@ fn a_lost_host_without_a_declared_state_restarts_in_job_from_the_checkpoint() {
     let back = back_after(&entries, t, &all);
     let part = back_after(&entries, round_seen, &all);
     eprintln!(
-        "host-b lost (SIGKILL of its worker and launcher) -> every rank stepping again: {back:.3} s, {} step(s) redone (in-job restart of every host from the checkpoint; lease TTL {TTL}, 2 hosts + spare, gloo, examples/heal/ddp.py); part: the round seen on host-a -> every rank stepping: {part:.3} s",
+        "host-b (rank 1) lost (SIGKILL of its worker and launcher) -> every rank stepping again: {back:.3} s, {} step(s) redone (in-job restart of every host from the checkpoint; lease TTL {TTL}, 2 hosts + spare, gloo, examples/heal/ddp.py); part: the spare given its place -> every rank stepping: {part:.3} s",
         redone(&entries, t)
     );
 }
