@@ -66,6 +66,9 @@ pub struct EtcdCoordinator {
     told_lease: (bool, u32),
     /// `--max-cordon-share` and `--cordon-share-window`.
     cordon_cap: CordonCap,
+    /// The current attempt's round: what a new one is compared with
+    /// ([`keeps_place`]).
+    current: Option<etcd::Round>,
 }
 
 /// The cap on the share of a job's hosts cordoned within a window
@@ -226,6 +229,7 @@ impl EtcdCoordinator {
             unsent: None,
             told_lease: (false, 0),
             cordon_cap,
+            current: None,
         })
     }
 
@@ -327,6 +331,28 @@ fn plan_of(round: &etcd::Round, restart_count: u32, host: &str, spare: bool) -> 
     }
 }
 
+/// Whether this host's workers can heal into `new` from `old` in process:
+/// it runs workers in both at the same node rank and rank offset, the
+/// round keeps its node count, world size and this host's worker count,
+/// and another host changed (a spare took a lost host's node rank, so the
+/// ranks of every kept host keep their numbers and the data-parallel
+/// replicas line up). A round of the same hosts is a restart one of them
+/// asked for (its workers failed), or a host's launcher restarted under
+/// the same host id: its workers are new, so are everyone's collectives'
+/// peers: no heal.
+pub fn keeps_place(old: &etcd::Round, new: &etcd::Round) -> bool {
+    old.runs_workers()
+        && new.runs_workers()
+        && new.epoch > old.epoch
+        && old.node_rank == new.node_rank
+        && old.rank_offset == new.rank_offset
+        && old.local_world_size == new.local_world_size
+        && old.nnodes == new.nnodes
+        && old.world_size == new.world_size
+        && old.members.len() == new.members.len()
+        && old.members != new.members
+}
+
 impl Coordinator for EtcdCoordinator {
     fn name(&self) -> &'static str {
         "etcd"
@@ -363,12 +389,9 @@ impl Coordinator for EtcdCoordinator {
         self.unsent = None;
         self.epoch = round.epoch;
         self.standby = !round.runs_workers();
-        Ok(plan_of(
-            &round,
-            proposed.restart_count,
-            &self.host,
-            self.spare,
-        ))
+        let plan = plan_of(&round, proposed.restart_count, &self.host, self.spare);
+        self.current = Some(round);
+        Ok(plan)
     }
 
     async fn publish(&mut self, d: &Directive) -> Result<(), CoordError> {
@@ -460,6 +483,10 @@ impl Coordinator for EtcdCoordinator {
         match next {
             Ok(r) => Remote::NewRound {
                 reason: format!("round {}: {} (by {})", r.epoch, r.reason, r.decided_by),
+                keeps_place: self
+                    .current
+                    .as_ref()
+                    .is_some_and(|old| keeps_place(old, &r)),
             },
             Err(etcd::CoordError::Ended {
                 outcome: etcd::Outcome::Finished,
@@ -543,6 +570,50 @@ mod tests {
                 .addr,
             "node7.example:7000"
         );
+    }
+
+    fn round(epoch: u64, members: &[&str], me: Option<u32>) -> etcd::Round {
+        etcd::Round {
+            job: "j".into(),
+            epoch,
+            node_rank: me,
+            nnodes: u32::try_from(members.len()).unwrap(),
+            local_world_size: 1,
+            rank_offset: me.unwrap_or(0),
+            world_size: u32::try_from(members.len()).unwrap(),
+            master_addr: "127.0.0.2".into(),
+            master_port: 29500 + u16::try_from(epoch).unwrap(),
+            members: members.iter().map(|m| (*m).to_owned()).collect(),
+            ckpt_peers: Vec::new(),
+            standby: Vec::new(),
+            waiting: false,
+            reason: String::new(),
+            decided_by: String::new(),
+        }
+    }
+
+    #[test]
+    fn a_host_keeps_its_place_only_when_another_host_was_swapped() {
+        let old = round(1, &["a", "b"], Some(0));
+        // The spare took b's node rank: a heals in place.
+        assert!(keeps_place(&old, &round(2, &["a", "s"], Some(0))));
+        // The same hosts: a restart one asked for.
+        assert!(!keeps_place(&old, &round(2, &["a", "b"], Some(0))));
+        // Scale down: the world shrinks.
+        assert!(!keeps_place(&old, &round(2, &["a"], Some(0))));
+        // This host moved.
+        assert!(!keeps_place(&old, &round(2, &["s", "a"], Some(1))));
+        // No place in it, or none before.
+        assert!(!keeps_place(&old, &round(2, &["s", "b"], None)));
+        assert!(!keeps_place(
+            &round(1, &["a", "b"], None),
+            &round(2, &["a", "s"], Some(0))
+        ));
+        let mut waiting = round(2, &["a", "s"], Some(0));
+        waiting.waiting = true;
+        assert!(!keeps_place(&old, &waiting));
+        // Not a later round.
+        assert!(!keeps_place(&old, &round(1, &["a", "s"], Some(0))));
     }
 
     #[test]

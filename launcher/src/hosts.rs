@@ -71,6 +71,13 @@ pub enum Remote {
     NewRound {
         /// Why the round was made, and by which host.
         reason: String,
+        /// This host keeps its place in the new round (the same node rank,
+        /// rank offset, node count and world size) and only other hosts
+        /// changed (a lost host's node rank taken by a spare): its workers
+        /// can heal into the round in process instead of restarting
+        /// ([`crate::machine`]). False on one host and for any other round
+        /// (a restart asked for, a scale down or up, a move).
+        keeps_place: bool,
     },
     /// Stop the workers and exit with `exit_code`.
     Stop {

@@ -265,6 +265,10 @@ async fn run_job(
         gpu_release_timeout: args.gpu_release_timeout,
         standby: args.standby_plan(),
         compile_cache,
+        // A lost host is seen after its lease TTL and the others' rejoin
+        // grace (the TTL again, `etcd::config`), its round written within
+        // a few writer places (0.5 s each): four TTLs and 10 s of margin.
+        heal_peer_wait: etcd.then(|| args.rdzv_lease_ttl * 4 + std::time::Duration::from_secs(10)),
     };
     if args.standby && job.standby.is_none() {
         console.say(

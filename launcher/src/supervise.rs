@@ -174,6 +174,13 @@ pub struct Job {
     /// The job's compilation caches in the agent's tier (None: the
     /// frameworks' defaults).
     pub compile_cache: Option<crate::compile_cache::CompileCache>,
+    /// Across hosts: how long a worker that lost a peer on another host
+    /// waits for its launcher's heal into the next round before it reports
+    /// the error (`WARDEN_HEAL_PEER_WAIT_S`): the lost host's lease TTL,
+    /// the others' rejoin grace and the round's writing, with margin. None
+    /// on one host (the client's own short wait: the launcher sees a local
+    /// rank's death at once).
+    pub heal_peer_wait: Option<Duration>,
 }
 
 /// SIGINT, SIGTERM, SIGHUP and SIGQUIT (torchrun's `--signals-to-handle`
@@ -543,6 +550,14 @@ impl<C: Coordinator> Sup<'_, C> {
             }
             Ev::Signal(sig) => Some(Input::Signal(sig)),
             Ev::Disowned(why) => Some(Input::Disowned(why)),
+            Ev::Remote(Remote::NewRound {
+                reason,
+                keeps_place,
+            }) => Some(Input::Round(Remote::NewRound {
+                reason,
+                // Only workers that can be healed keep their processes.
+                keeps_place: keeps_place && self.all_declared(),
+            })),
             Ev::Remote(d) => Some(Input::Round(d)),
             Ev::Replenish => {
                 self.replenish_at = None;
@@ -626,6 +641,9 @@ impl<C: Coordinator> Sup<'_, C> {
             Command::Heal { rank, pid, reason } => {
                 return Done::Answer(self.heal(rank, pid, &reason).await);
             }
+            Command::HealRound { plan, reason } => {
+                return Done::Answer(Input::RoundHealed(self.heal_round(&plan, &reason).await));
+            }
             Command::Finish(f) => return Done::Finished(self.finish(f).await),
         }
         Done::Nothing
@@ -704,6 +722,7 @@ impl<C: Coordinator> Sup<'_, C> {
             self.workers = Vec::new();
             self.attempt_env = None;
             self.say("no place in this round: no workers on this host until a round gives it one");
+            self.standbys_for_a_spare(&plan);
             return Input::Started(Box::new(Started {
                 plan,
                 workers: Vec::new(),
@@ -712,6 +731,9 @@ impl<C: Coordinator> Sup<'_, C> {
                 error: None,
             }));
         };
+        // A fresh attempt's workers take the round from their environment;
+        // a round file of an earlier attempt would name an older round.
+        let _ = std::fs::remove_file(heal_ready::round_file(&self.job.log_root.join("heal")));
         let logs = match self.job.logs.attempt(n) {
             Ok(l) => std::sync::Arc::new(l),
             Err(e) => {
@@ -1021,6 +1043,18 @@ impl<C: Coordinator> Sup<'_, C> {
                 heal_ready::ENV.to_owned(),
                 file.to_string_lossy().into_owned(),
             ));
+            if wenv.epoch.is_some() {
+                env.push((
+                    heal_ready::ROUND_ENV.to_owned(),
+                    heal_ready::round_file(&heal).to_string_lossy().into_owned(),
+                ));
+            }
+        }
+        if let Some(wait) = self.job.heal_peer_wait {
+            env.push((
+                heal_ready::PEER_WAIT_ENV.to_owned(),
+                format!("{:.1}", wait.as_secs_f64()),
+            ));
         }
         if self.job.standby.is_some() {
             let dir = self.job.log_root.join("imports");
@@ -1069,6 +1103,41 @@ impl<C: Coordinator> Sup<'_, C> {
             "standbys also preload what the workers imported (their clients' report): {}",
             new.join(", ")
         ));
+    }
+
+    /// A host with no place in the round yet (a spare) starts its standby
+    /// interpreters now: its first workers are most likely a lost host's
+    /// replacements, whose peers wait for them (a heal across hosts), so
+    /// they start warm rather than import torch on the heal's path. Only
+    /// before any attempt of its own had workers (later standbys follow
+    /// the workers' attempts as before).
+    fn standbys_for_a_spare(&mut self, plan: &AttemptPlan) {
+        if self.attempts_started > 0 || self.job.standby.is_none() {
+            return;
+        }
+        let wenv = WorkerEnv {
+            job_id: self.job.id.clone(),
+            nproc_per_node: self.job.nproc_per_node,
+            nnodes: plan.nnodes.max(1),
+            node_rank: 0,
+            rank_offset: 0,
+            world_size: plan.world_size.max(self.job.nproc_per_node),
+            epoch: plan.epoch,
+            role: self.job.role.clone(),
+            master_addr: plan.master_addr.clone(),
+            master_port: plan.master_port,
+            restart_count: 0,
+            max_restarts: self.job.max_restarts.unwrap_or(self.job.fallback_budget),
+            socket: self.socket.clone(),
+            attempt_dir: self.job.log_root.clone(),
+            launcher_pid: std::process::id(),
+        };
+        self.standby_env = self
+            .worker_env(&wenv, 0, 0)
+            .into_iter()
+            .filter(|(k, _)| STANDBY_ENV.contains(&k.as_str()))
+            .collect();
+        self.start_standbys();
     }
 
     /// Starts a standby interpreter for every local slot without one.
@@ -1371,6 +1440,62 @@ impl<C: Coordinator> Sup<'_, C> {
                 .filter(|w| w.pid != pid)
                 .filter(|w| procfs_state(w.pid).is_some_and(|s| s != 'Z' && s != 'X'))
                 .all(|w| declared(w.rank, w.pid))
+    }
+
+    /// Whether every worker of the attempt declared a healable state
+    /// ([`heal_ready`]) and runs.
+    fn all_declared(&self) -> bool {
+        let dir = self.job.log_root.join("heal");
+        !self.workers.is_empty()
+            && self.workers.iter().all(|w| {
+                procfs_state(w.pid).is_some_and(|s| s != 'Z' && s != 'X')
+                    && (self.healed_pids.contains(&w.pid)
+                        || heal_ready::declared(&dir, w.rank, w.pid))
+            })
+    }
+
+    /// Heals the running workers into a new round across hosts that keeps
+    /// this host's place: the round goes to their round file
+    /// ([`heal_ready::write_round`]: `warden.heal` makes the next attempt's
+    /// process group on the round's store with it), the attempt's
+    /// environment takes the round (for later replacements), and the agent
+    /// asks them to restart in process. None when asked; else why not.
+    async fn heal_round(&mut self, plan: &AttemptPlan, reason: &str) -> Option<String> {
+        let Some(epoch) = plan.epoch else {
+            return Some("the plan has no round".into());
+        };
+        let round = heal_ready::Round {
+            epoch,
+            master_addr: plan.master_addr.clone(),
+            master_port: plan.master_port,
+            world_size: plan.world_size,
+            nnodes: plan.nnodes,
+        };
+        let file = heal_ready::round_file(&self.job.log_root.join("heal"));
+        if let Err(e) = heal_ready::write_round(&file, &round) {
+            return Some(format!("writing {}: {e}", file.display()));
+        }
+        if let Some(at) = self.attempt_env.as_mut() {
+            at.wenv.epoch = plan.epoch;
+            at.wenv.master_addr.clone_from(&plan.master_addr);
+            at.wenv.master_port = plan.master_port;
+        }
+        if let Some(round) = &plan.round {
+            self.say(round);
+        }
+        let req = pb::RequestRestartRequest {
+            job_id: self.job.id.clone(),
+            reason: reason.to_owned(),
+            incident_id: String::new(),
+        };
+        match tokio::time::timeout(STOP_RANKS_TIMEOUT, self.client.request_restart(req)).await {
+            Ok(Ok(_)) => None,
+            Ok(Err(e)) => Some(format!(
+                "the agent refused the in-process restart: {}",
+                e.message()
+            )),
+            Err(_) => Some("the agent did not answer the in-process restart".into()),
+        }
     }
 
     /// Heals `rank` (its process `pid` gone): the agent asks the job's live

@@ -350,7 +350,7 @@ def _restarts_for(exc: Exception) -> bool:
     """
     if _native._restart_pending() is not None:
         return True
-    if _heal_declared and _lost_peer(exc) and _wait_pending(_HEAL_WAIT_S):
+    if _heal_declared and _lost_peer(exc) and _wait_pending(_heal_wait()):
         # A heal is on its way: the launcher saw the peer's process end and
         # asked for the restart, which comes in milliseconds; reporting
         # first would hold this rank for the agent's answer (its settle
@@ -379,6 +379,26 @@ _heal_declared = False
 
 #: How long such an error waits for the heal's restart request.
 _HEAL_WAIT_S = 2.0
+
+#: The launcher's variable for that wait across hosts: a peer on another
+#: host is healed only once the job's next round is made (the lost host's
+#: lease TTL and the others' rejoin grace), seconds after the error.
+_HEAL_WAIT_ENV = "WARDEN_HEAL_PEER_WAIT_S"
+
+
+def _heal_wait() -> float:
+    """``$WARDEN_HEAL_PEER_WAIT_S`` (0.1 to 3600 s), else ``_HEAL_WAIT_S``."""
+    raw = os.environ.get(_HEAL_WAIT_ENV, "")
+    if not raw:
+        return _HEAL_WAIT_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not 0.1 <= value <= 3600.0:
+        print(f"warden: {_HEAL_WAIT_ENV}={raw!r} is not a number of seconds from 0.1 to 3600: using {_HEAL_WAIT_S}", file=sys.stderr)
+        return _HEAL_WAIT_S
+    return value
 
 #: What a collective says when a peer's process ended (gloo, NCCL).
 _LOST_PEER = (

@@ -35,6 +35,17 @@ from a standby interpreter while the others restart in process):
 
 The launcher learns that the workers can be healed from the file named by
 ``WARDEN_HEAL_FILE``: ``declare`` writes the process's pid there.
+
+Across hosts (``WARDEN_ROUND_EPOCH`` set by ``warden run --rdzv-backend
+etcd``), the attempts' stores must be reachable from every host: a TCPStore
+at the round's ``MASTER_ADDR:MASTER_PORT`` (hosted by rank 0, one per round
+and process), each attempt of the round under a prefix of its own, numbered
+from the rank's first attempt in that round (restart counts are each host
+agent's, so they differ between hosts). When another host is lost and a
+spare takes its node rank, ``warden run`` keeps this host's workers and
+writes the new round to the file named by ``WARDEN_HEAL_ROUND_FILE`` before
+it asks them to restart in process: the next attempt meets the spare's new
+ranks on that round's store, and they receive their state as above.
 """
 
 from __future__ import annotations
@@ -43,6 +54,7 @@ import copy
 import datetime
 import gc
 import io
+import json
 import os
 import random
 import sys
@@ -60,6 +72,10 @@ __all__ = ["State", "declare", "init_process_group", "seed_step", "store_dir"]
 HEAL_FILE_ENV = "WARDEN_HEAL_FILE"
 #: Where ``init_process_group`` keeps its per-attempt FileStores (optional).
 STORE_DIR_ENV = "WARDEN_HEAL_STORE_DIR"
+#: The launcher's file naming the round to heal into, across hosts.
+ROUND_FILE_ENV = "WARDEN_HEAL_ROUND_FILE"
+#: Largest round file read, bytes (the launcher writes about 100).
+MAX_ROUND_FILE_BYTES = 4096
 #: Largest skeleton (the non-tensor part of the state) a rank accepts, bytes.
 MAX_SKELETON_BYTES = 64 * 1024 * 1024
 #: Largest tensor payload a rank accepts from a peer, bytes (a peer of the
@@ -121,6 +137,106 @@ _declared: "weakref.WeakSet[State]" = weakref.WeakSet()
 #: attempts some rank has entered.
 _control: Any = None
 
+#: Across hosts: (epoch, the round's TCPStore) of this process's round.
+_round_store: Optional[Tuple[int, Any]] = None
+#: Across hosts: the restart count of this rank's first attempt in each
+#: round (its attempts there are numbered from it).
+_round_base: Dict[int, int] = {}
+
+
+def _round() -> Optional[Dict[str, Any]]:
+    """The round across hosts this rank is in, or None on one host.
+
+    The environment's (``WARDEN_ROUND_EPOCH``, ``MASTER_ADDR``,
+    ``MASTER_PORT``, ``WORLD_SIZE``), unless the launcher's round file names
+    a later round to heal into; then that one, copied into the environment
+    for the training code. A file that cannot be read or makes no sense is
+    said and ignored (the rank stays in its round, whose peers are gone:
+    its launcher then restarts it).
+    """
+    epoch = os.environ.get("WARDEN_ROUND_EPOCH", "")
+    if not epoch:
+        return None
+    here = {
+        "epoch": int(epoch),
+        "master_addr": os.environ.get("MASTER_ADDR", "127.0.0.1"),
+        "master_port": int(os.environ.get("MASTER_PORT", "29500")),
+        "world_size": int(os.environ["WORLD_SIZE"]),
+    }
+    path = os.environ.get(ROUND_FILE_ENV)
+    if not path:
+        return here
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        return here
+    except OSError as e:
+        _say(f"round file {path}: {e}: staying in round {here['epoch']}")
+        return here
+    try:
+        raw = os.read(fd, MAX_ROUND_FILE_BYTES + 1)
+    finally:
+        os.close(fd)
+    try:
+        if len(raw) > MAX_ROUND_FILE_BYTES:
+            raise ValueError(f"more than {MAX_ROUND_FILE_BYTES} bytes")
+        got = json.loads(raw)
+        new = {
+            "epoch": int(got["epoch"]),
+            "master_addr": str(got["master_addr"]),
+            "master_port": int(got["master_port"]),
+            "world_size": int(got["world_size"]),
+        }
+        if not (0 < new["master_port"] < 65536 and 0 < new["world_size"] and new["master_addr"]):
+            raise ValueError(f"port {new['master_port']}, world size {new['world_size']}")
+    except (ValueError, KeyError, TypeError) as e:
+        _say(f"round file {path} is not a round ({e}): staying in round {here['epoch']}")
+        return here
+    if new["epoch"] <= here["epoch"]:
+        return here
+    os.environ["WARDEN_ROUND_EPOCH"] = str(new["epoch"])
+    os.environ["MASTER_ADDR"] = new["master_addr"]
+    os.environ["MASTER_PORT"] = str(new["master_port"])
+    os.environ["WORLD_SIZE"] = str(new["world_size"])
+    return new
+
+
+def _stores(count: int, world: int, rank: int, timeout_s: float) -> Tuple[Any, Any]:
+    """(control store, attempt store) of attempt ``count``.
+
+    One host: FileStores in ``store_dir()`` (a store hosted by a rank would
+    die with it). Across hosts: the round's TCPStore, which rank 0 hosts at
+    the round's port (a lost host's rank is healed only in a new round, on
+    a new port), under the prefixes ``control`` and ``attempt-<n>``, ``n``
+    counted from this rank's first attempt in the round.
+    """
+    global _control, _round_store
+    dist = _torch().distributed
+    round_ = _round()
+    if round_ is None:
+        # In-job restarts start new processes at in-process count 0 again.
+        in_job = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        folder = store_dir()
+        if _control is None:
+            _control = dist.FileStore(os.path.join(folder, f"control-{in_job}"), -1)
+        return _control, dist.FileStore(os.path.join(folder, f"attempt-{in_job}-{count}"), world)
+    epoch = round_["epoch"]
+    if world != round_["world_size"]:
+        raise RuntimeError(f"warden.heal: round {epoch} has {round_['world_size']} ranks, this rank was told {world}")
+    if _round_store is None or _round_store[0] != epoch:
+        store = dist.TCPStore(
+            round_["master_addr"],
+            round_["master_port"],
+            world_size=None,
+            is_master=rank == 0,
+            timeout=datetime.timedelta(seconds=timeout_s),
+            wait_for_workers=False,
+        )
+        _round_store = (epoch, store)
+    base = _round_base.setdefault(epoch, count)
+    store = _round_store[1]
+    return dist.PrefixStore("control", store), dist.PrefixStore(f"attempt-{count - base}", store)
+
 
 def init_process_group(backend: str = "gloo", timeout_s: float = 600.0) -> None:
     """The default process group of this attempt, on a store of its own.
@@ -128,8 +244,9 @@ def init_process_group(backend: str = "gloo", timeout_s: float = 600.0) -> None:
     Each attempt (``warden.restart_count()``, within each in-job restart)
     gets a new FileStore in ``store_dir()``: the old store's keys belong to
     the old group, and a store hosted by a rank (TCPStore on rank 0) would
-    die with that rank. Rank and world size come from ``RANK`` and
-    ``WORLD_SIZE``.
+    die with that rank. Across hosts, the round's TCPStore instead (see
+    ``_stores``). Rank and world size come from ``RANK`` and
+    ``WORLD_SIZE`` (across hosts: the round's).
 
     The ranks meet in Python before torch's rendezvous: a wait inside it is
     C++ that no restart signal interrupts, and a peer lost during a heal
@@ -138,29 +255,26 @@ def init_process_group(backend: str = "gloo", timeout_s: float = 600.0) -> None:
     whose restart request reached the others before this process had
     registered) joins that attempt instead.
     """
-    global _control
     torch = _torch()
     dist = torch.distributed
     rank = int(os.environ["RANK"])
     world = int(os.environ["WORLD_SIZE"])
-    # In-job restarts start new processes at in-process count 0 again.
-    in_job = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     # The aborted groups FSDP2 still holds: closed now, not at resume, so
     # no peer blocked on their sockets waits for this rank.
     if sum(heal_layout.release(state.model) for state in list(_declared)):
         gc.collect()
-    folder = store_dir()
-    if _control is None:
-        _control = dist.FileStore(os.path.join(folder, f"control-{in_job}"), -1)
+    _round()
+    world = int(os.environ["WORLD_SIZE"])
     deadline = time.monotonic() + timeout_s
     while True:
         count = _restart.restart_count()
-        _control.set(f"entered-{count}", "1")
-        store = dist.FileStore(os.path.join(folder, f"attempt-{in_job}-{count}"), world)
+        control, store = _stores(count, world, rank, timeout_s)
+        base = _round_base.get(int(os.environ.get("WARDEN_ROUND_EPOCH") or -1), 0)
+        control.set(f"entered-{count - base}", "1")
         store.add("warden-heal-joined", 1)
         later = False
         while store.add("warden-heal-joined", 0) < world:
-            if _control.check([f"entered-{count + 1}"]):
+            if control.check([f"entered-{count - base + 1}"]):
                 later = True
                 break
             if time.monotonic() >= deadline:
@@ -516,7 +630,7 @@ class State:
                 else f"rank{'s' if len(sources) > 1 else ''} {','.join(map(str, sources))} sent step {best} to "
                 f"rank{'s' if len(behind) > 1 else ''} {','.join(map(str, behind))}"
             )
-        if count > 0:
+        if count > 0 or rank in behind:
             _say(f"rank {rank}: {self.last}")
         return self.step
 

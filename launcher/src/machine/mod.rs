@@ -285,6 +285,10 @@ pub enum Input {
     Progress(Progress),
     /// The answer to [`Command::Replace`].
     Replaced(Box<Replaced>),
+    /// The answer to [`Command::HealRound`]: None when the workers were
+    /// asked to restart into the round; else why not (the job then
+    /// restarts in job into the round).
+    RoundHealed(Option<String>),
 }
 
 /// How the job ends, for [`Command::Finish`].
@@ -389,6 +393,18 @@ pub enum Command {
         /// The request's reason, for people.
         reason: String,
     },
+    /// Heal into a new round across hosts that keeps this host's place
+    /// ([`Remote::NewRound`] with `keeps_place`): tell the running workers
+    /// the round (`plan`: its epoch, rank 0's address and port) and ask
+    /// the agent to restart them in process; they keep their processes and
+    /// state and meet the other hosts' ranks (a spare's replacements among
+    /// them) on the new round's store. Answer: [`Input::RoundHealed`].
+    HealRound {
+        /// The new round's plan for this host.
+        plan: AttemptPlan,
+        /// The request's reason, for people.
+        reason: String,
+    },
     /// Start the attempt's workers, their exits tagged with `generation`.
     /// Answer: [`Input::Started`] or [`Input::StartFailed`].
     Start {
@@ -446,6 +462,9 @@ struct Attempt {
     workers: Vec<Worker>,
     record: AttemptRecord,
     all_registered: bool,
+    /// The global rank of this host's local rank 0 (a round that keeps it,
+    /// the node rank and the world size keeps this host's ranks).
+    rank_offset: u32,
 }
 
 /// A replacement under way: what a failed one restarts in job with.
@@ -461,6 +480,17 @@ struct Replacing {
     /// A heal the launcher decided ([`Command::Heal`]), not the agent's
     /// replacement of a stopped rank.
     heal: bool,
+}
+
+/// A heal into a new round across hosts under way.
+#[derive(Debug, Clone)]
+struct RoundHeal {
+    /// The round's reason, as the coordinator said it.
+    reason: String,
+    /// The plan agreed, once the rendezvous answered.
+    plan: Option<AttemptPlan>,
+    since: Instant,
+    since_wall: SystemTime,
 }
 
 /// Why a restart happens.
@@ -527,6 +557,10 @@ enum Phase {
     Running,
     /// Waiting for a replacement of some workers ([`Command::Replace`]).
     Replacing(Box<Replacing>),
+    /// A new round that keeps this host's place: waiting for its plan
+    /// ([`Command::Rendezvous`], the workers running), then for the heal
+    /// into it ([`Command::HealRound`]).
+    HealingRound(Box<RoundHeal>),
     /// Waiting for a stop.
     Stopping(AfterStop),
     /// A notice stands: the workers save and leave by themselves until the
@@ -699,6 +733,7 @@ impl JobState {
                 workers: Vec::new(),
                 record: AttemptRecord::default(),
                 all_registered: false,
+                rank_offset: 0,
             },
             history: Vec::new(),
             pending: None,
@@ -856,6 +891,37 @@ impl JobState {
             (Phase::Replacing(r), Input::Replaced(done)) => {
                 self.replaced(*r, *done, now, &mut out);
             }
+            (Phase::HealingRound(mut h), Input::Agreed(plan)) if h.plan.is_none() => {
+                if self.keeps_place(&plan) {
+                    out.push(Command::HealRound {
+                        plan: plan.clone(),
+                        reason: format!("healing into a new round across hosts: {}", h.reason),
+                    });
+                    h.plan = Some(plan);
+                    self.phase = Phase::HealingRound(h);
+                } else {
+                    let why = format!(
+                        "{}; the round agreed does not keep this host's place after all",
+                        h.reason
+                    );
+                    self.phase = Phase::Running;
+                    self.restart_into_round(why, &h, now, &mut out);
+                }
+            }
+            (Phase::HealingRound(h), Input::RoundHealed(error)) if h.plan.is_some() => {
+                self.round_healed(*h, error, now, &mut out);
+            }
+            // The rendezvous found no round: as after any rendezvous.
+            (Phase::HealingRound(h), input @ Input::NoRound { .. }) if h.plan.is_none() => {
+                self.phase = Phase::Rendezvous(None);
+                out.extend(self.step(input, now));
+            }
+            // A signal while the rendezvous waits: the workers still run,
+            // so they stop as on any signal.
+            (Phase::HealingRound(h), Input::Signal(sig)) if h.plan.is_none() => {
+                self.phase = Phase::Running;
+                self.running(Input::Signal(sig), now, &mut out);
+            }
             (Phase::Observing(cause), Input::Progress(p)) => {
                 self.observed(*cause, p, now, &mut out);
             }
@@ -953,7 +1019,25 @@ impl JobState {
                     name,
                 });
             }
-            Input::Round(Remote::NewRound { reason }) => {
+            Input::Round(Remote::NewRound {
+                reason,
+                keeps_place: true,
+            }) if self.may_heal_round(now) => {
+                out.push(Command::Say(format!(
+                    "new round across hosts: {reason}; this host keeps its place: healing its workers into the round in process"
+                )));
+                self.heals.push(now.at);
+                out.push(Command::Rendezvous {
+                    restart_count: self.attempt.n,
+                });
+                self.phase = Phase::HealingRound(Box::new(RoundHeal {
+                    reason,
+                    plan: None,
+                    since: now.at,
+                    since_wall: now.wall,
+                }));
+            }
+            Input::Round(Remote::NewRound { reason, .. }) => {
                 out.push(Command::Say(format!("new round across hosts: {reason}")));
                 let cause = Cause {
                     brief: IncidentBrief {
@@ -1009,7 +1093,8 @@ impl JobState {
             | Input::Gated(_)
             | Input::NodeFault { .. }
             | Input::Progress(_)
-            | Input::Replaced(_) => {}
+            | Input::Replaced(_)
+            | Input::RoundHealed(_) => {}
         }
     }
 
@@ -1166,6 +1251,7 @@ impl JobState {
                     ..Default::default()
                 },
                 all_registered: false,
+                rank_offset: 0,
             },
             Some(node_rank) => {
                 self.attempts_started = self.attempts_started.max(n + 1);
@@ -1188,6 +1274,7 @@ impl JobState {
                         ..Default::default()
                     },
                     all_registered: false,
+                    rank_offset: plan.rank_offset,
                 }
             }
         };
@@ -1634,6 +1721,102 @@ impl JobState {
             since_wall: now.wall,
             heal: false,
         }));
+    }
+
+    /// Whether the workers heal into a new round that keeps this host's
+    /// place ([`Remote::NewRound`]'s `keeps_place`, which the executor
+    /// gives only when every worker declared a healable state): across
+    /// hosts, every worker of the attempt running, no failure waiting for
+    /// its decision, and fewer than [`MAX_HEALS`] heals in the last
+    /// [`HEAL_WINDOW`].
+    fn may_heal_round(&mut self, now: Now) -> bool {
+        if !self.limits.across_hosts
+            || self.attempt.standby
+            || self.pending.is_some()
+            || self.teardown.is_some()
+            || self.attempt.workers.is_empty()
+            || self.attempt.workers.iter().any(|w| w.exit.is_some())
+        {
+            return false;
+        }
+        self.heals
+            .retain(|t| now.at.saturating_duration_since(*t) < HEAL_WINDOW);
+        self.heals.len() < MAX_HEALS
+    }
+
+    /// Whether `plan` keeps this host's workers where they are: the same
+    /// node rank, rank offset, node count and world size as the attempt.
+    fn keeps_place(&self, plan: &AttemptPlan) -> bool {
+        let r = &self.attempt.record;
+        plan.node_rank == Some(r.node_rank)
+            && plan.rank_offset == self.attempt.rank_offset
+            && plan.nnodes == r.nnodes
+            && plan.world_size == r.world_size
+    }
+
+    /// The answer to [`Command::HealRound`]: the workers run on in the new
+    /// round (its epoch and port in the attempt's record), or, when they
+    /// could not be asked, the job restarts in job into it.
+    fn round_healed(
+        &mut self,
+        h: RoundHeal,
+        error: Option<String>,
+        now: Now,
+        out: &mut Vec<Command>,
+    ) {
+        self.phase = Phase::Running;
+        let Some(plan) = h.plan.clone() else {
+            return;
+        };
+        if let Some(e) = error {
+            let why = format!("{}; healing into it failed ({e})", h.reason);
+            self.restart_into_round(why, &h, now, out);
+            return;
+        }
+        self.healed += 1;
+        let took = now.at.duration_since(h.since).as_secs_f64();
+        let epoch = plan.epoch.map_or("?".to_owned(), |e| e.to_string());
+        self.attempt.record.epoch = plan.epoch;
+        self.attempt.record.master_port = plan.master_port;
+        self.attempt.record.other_decisions.push(format!(
+            "healed into round {epoch} in process: {}",
+            h.reason
+        ));
+        out.push(Command::Say(format!(
+            "healed into round {epoch} in {took:.2}s: the workers keep their processes and restart in process (master port {}); the other hosts' new ranks take their state from a live replica",
+            plan.master_port
+        )));
+    }
+
+    /// A heal into a new round that cannot be done: the round's usual
+    /// restart (stop, gate, rendezvous, start), as a round other hosts
+    /// caused.
+    fn restart_into_round(
+        &mut self,
+        reason: String,
+        h: &RoundHeal,
+        now: Now,
+        out: &mut Vec<Command>,
+    ) {
+        out.push(Command::Say(format!(
+            "new round across hosts: {reason}: restarting the workers into it"
+        )));
+        let cause = Cause {
+            brief: IncidentBrief {
+                action: "new_round".into(),
+                reason,
+                decided_by: format!("the job's hosts ({})", self.limits.coordinator),
+                ..Default::default()
+            },
+            incident: None,
+            backoff: Duration::ZERO,
+            fallback: false,
+            remote: true,
+            since: h.since,
+            since_wall: h.since_wall,
+            decided: now.at,
+        };
+        self.restart(cause, now, out);
     }
 
     /// A crash's restart decision that a heal answered already: a heal in

@@ -332,6 +332,7 @@ fn short(c: &Command) -> Option<String> {
         Command::Rendezvous { restart_count } => format!("rendezvous {restart_count}"),
         Command::Start { plan, .. } => format!("start {}", plan.restart_count),
         Command::Heal { rank, pid, .. } => format!("heal {rank}/{pid}"),
+        Command::HealRound { plan, .. } => format!("heal into round {}", plan.epoch.unwrap_or(0)),
         Command::Replace {
             workers,
             restart_count,
@@ -345,6 +346,34 @@ fn short(c: &Command) -> Option<String> {
                 .join(",")
         ),
         Command::Finish(f) => format!("finish {}", f.code),
+    })
+}
+
+/// Attempt `n`'s plan in round `epoch` across hosts: node rank 0 of 2.
+fn round_plan(n: u32, epoch: u64) -> AttemptPlan {
+    AttemptPlan {
+        nnodes: 2,
+        world_size: 4,
+        epoch: Some(epoch),
+        master_port: 29500 + u16::try_from(epoch).unwrap_or(0),
+        ..plan(n)
+    }
+}
+
+/// The first attempt of round 1 across hosts: pids 100/101.
+fn first_attempt_in_round() -> Vec<(u64, Input, &'static [&'static str])> {
+    vec![
+        (0, Input::Begin, &["rendezvous 0"]),
+        (1, Input::Agreed(round_plan(0, 1)), &["start 0"]),
+        (2, started(round_plan(0, 1), 100, 2), &[]),
+    ]
+}
+
+/// Another host replaced by a spare: a round that keeps this host's place.
+fn swapped_round() -> Input {
+    Input::Round(Remote::NewRound {
+        reason: "round 2: host b lost, spare s in its place".into(),
+        keeps_place: true,
     })
 }
 
@@ -1209,6 +1238,7 @@ fn scenarios() -> Vec<Scenario> {
                     5000,
                     Input::Round(Remote::NewRound {
                         reason: "host b lost".into(),
+                        keeps_place: false,
                     }),
                     &["gate"],
                 ),
@@ -1236,6 +1266,98 @@ fn scenarios() -> Vec<Scenario> {
             },
         },
         Scenario {
+            name: "another host swapped for a spare: the workers heal into the round, not restarted",
+            limits: across_hosts(),
+            steps: with(
+                first_attempt_in_round(),
+                vec![
+                    (3000, swapped_round(), &["rendezvous 0"]),
+                    (
+                        3010,
+                        Input::Agreed(round_plan(0, 2)),
+                        &["heal into round 2"],
+                    ),
+                    (3020, Input::RoundHealed(None), &[]),
+                    (9000, exit(1, 0, 100, 0), &[]),
+                    (9001, exit(1, 1, 101, 0), &["finish 0"]),
+                ],
+            ),
+            expect: End {
+                code: Some(0),
+                outcome: "succeeded",
+                records: 1,
+                ended: "every worker exited 0",
+                says: &[
+                    "this host keeps its place: healing its workers into the round in process",
+                    "healed into round 2 in 0.02s",
+                ],
+                ..End::default()
+            },
+        },
+        Scenario {
+            name: "a swap round whose plan moved this host, or whose heal failed, restarts into it",
+            limits: across_hosts(),
+            steps: with(
+                with(
+                    first_attempt_in_round(),
+                    vec![
+                        (3000, swapped_round(), &["rendezvous 0"]),
+                        (
+                            3010,
+                            Input::Agreed(AttemptPlan {
+                                node_rank: Some(1),
+                                rank_offset: 2,
+                                ..round_plan(0, 2)
+                            }),
+                            &["stop SIGTERM"],
+                        ),
+                    ],
+                ),
+                with(
+                    restart_path(3100, 1, 200),
+                    vec![
+                        (5000, swapped_round(), &["rendezvous 1"]),
+                        (5010, Input::Agreed(plan(1)), &["heal into round 0"]),
+                        (
+                            5020,
+                            Input::RoundHealed(Some("the agent refused".into())),
+                            &["stop SIGTERM"],
+                        ),
+                    ],
+                ),
+            )
+            .into_iter()
+            .chain(restart_path(5100, 2, 300))
+            .collect(),
+            expect: End {
+                restarts: 2,
+                says: &[
+                    "the round agreed does not keep this host's place after all: restarting the workers into it",
+                    "healing into it failed (the agent refused): restarting the workers into it",
+                ],
+                ..End::default()
+            },
+        },
+        Scenario {
+            name: "a swap round while a worker's failure waits, or on one host: restarted as before",
+            limits: across_hosts(),
+            steps: with(
+                first_attempt_in_round(),
+                vec![
+                    (2000, exit(1, 1, 101, 1), &[]),
+                    (3000, swapped_round(), &["stop SIGTERM"]),
+                ],
+            )
+            .into_iter()
+            .chain(restart_path(3100, 1, 200))
+            .collect(),
+            expect: End {
+                restarts: 1,
+                says: &["new round across hosts: round 2: host b lost"],
+                ..End::default()
+            },
+        },
+        Scenario {
             name: "scale down and up: two rounds other hosts caused, not counted",
             limits: Limits {
                 max_restarts: Some(0),
@@ -1249,6 +1371,7 @@ fn scenarios() -> Vec<Scenario> {
                             2000,
                             Input::Round(Remote::NewRound {
                                 reason: "host c cordoned".into(),
+                                keeps_place: false,
                             }),
                             &["stop SIGTERM"],
                         )],
@@ -1260,6 +1383,7 @@ fn scenarios() -> Vec<Scenario> {
                         4000,
                         Input::Round(Remote::NewRound {
                             reason: "host c back".into(),
+                            keeps_place: false,
                         }),
                         &["stop SIGTERM"],
                     )],

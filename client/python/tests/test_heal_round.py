@@ -1,0 +1,92 @@
+"""The round a worker heals into across hosts (``warden.heal._round``) and the
+wait for a lost peer's heal (``warden._restart._heal_wait``): what the
+launcher's round file and variables may say, and what a bad one does (said,
+ignored: the rank stays in its round)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from warden import _restart, heal
+
+
+@pytest.fixture
+def in_round(monkeypatch: pytest.MonkeyPatch, tmp_path):
+    """A worker of round 3 (its environment), with a round file path."""
+    monkeypatch.setenv("WARDEN_ROUND_EPOCH", "3")
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.2")
+    monkeypatch.setenv("MASTER_PORT", "29503")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    path = tmp_path / "round.json"
+    monkeypatch.setenv(heal.ROUND_FILE_ENV, str(path))
+    return path
+
+
+def test_one_host_has_no_round(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("WARDEN_ROUND_EPOCH", raising=False)
+    assert heal._round() is None
+
+
+def test_no_file_is_the_environments_round(in_round) -> None:
+    assert heal._round() == {"epoch": 3, "master_addr": "127.0.0.2", "master_port": 29503, "world_size": 2}
+
+
+def test_a_later_round_in_the_file_is_taken_into_the_environment(in_round) -> None:
+    in_round.write_text(
+        json.dumps({"epoch": 4, "master_addr": "127.0.0.4", "master_port": 29504, "world_size": 2, "nnodes": 2})
+    )
+    got = heal._round()
+    assert got == {"epoch": 4, "master_addr": "127.0.0.4", "master_port": 29504, "world_size": 2}
+    assert os.environ["WARDEN_ROUND_EPOCH"] == "4"
+    assert os.environ["MASTER_ADDR"] == "127.0.0.4"
+    assert os.environ["MASTER_PORT"] == "29504"
+
+
+def test_an_older_round_in_the_file_is_not_taken(in_round) -> None:
+    in_round.write_text(json.dumps({"epoch": 2, "master_addr": "127.0.0.9", "master_port": 29502, "world_size": 2}))
+    assert heal._round()["epoch"] == 3
+    assert os.environ["MASTER_ADDR"] == "127.0.0.2"
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "not json",
+        json.dumps({"epoch": 5}),
+        json.dumps({"epoch": 5, "master_addr": "h", "master_port": 70000, "world_size": 2}),
+        json.dumps({"epoch": 5, "master_addr": "h", "master_port": 29505, "world_size": 0}),
+        json.dumps({"epoch": 5, "master_addr": "", "master_port": 29505, "world_size": 2}),
+        json.dumps({"epoch": "x", "master_addr": "h", "master_port": 29505, "world_size": 2}),
+        json.dumps([1, 2, 3]),
+        " " * (heal.MAX_ROUND_FILE_BYTES + 1),
+    ],
+)
+def test_a_bad_round_file_is_said_and_ignored(in_round, capsys: pytest.CaptureFixture[str], text: str) -> None:
+    in_round.write_text(text)
+    assert heal._round()["epoch"] == 3
+    assert "is not a round" in capsys.readouterr().err
+    assert os.environ["MASTER_PORT"] == "29503"
+
+
+def test_a_link_is_refused(in_round, tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
+    real = tmp_path / "elsewhere.json"
+    real.write_text(json.dumps({"epoch": 9, "master_addr": "h", "master_port": 29509, "world_size": 2}))
+    os.symlink(real, in_round)
+    assert heal._round()["epoch"] == 3
+    assert "staying in round 3" in capsys.readouterr().err
+
+
+def test_the_peer_wait_is_the_launchers_within_bounds(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.delenv("WARDEN_HEAL_PEER_WAIT_S", raising=False)
+    assert _restart._heal_wait() == _restart._HEAL_WAIT_S
+    monkeypatch.setenv("WARDEN_HEAL_PEER_WAIT_S", "22.0")
+    assert _restart._heal_wait() == 22.0
+    for bad in ("0", "-1", "nan", "1e9", "soon"):
+        monkeypatch.setenv("WARDEN_HEAL_PEER_WAIT_S", bad)
+        assert _restart._heal_wait() == _restart._HEAL_WAIT_S
+        assert "WARDEN_HEAL_PEER_WAIT_S" in capsys.readouterr().err

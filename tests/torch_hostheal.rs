@@ -1,0 +1,521 @@
+//! Heal from a live replica across hosts (issue 31, "a fault on a second
+//! host"): real etcd, three real `warden run` launchers on this machine as
+//! hosts (host-a 127.0.0.2, host-b 127.0.0.3, and the spare host-s
+//! 127.0.0.4 with `--spare`), each with its own embedded agent, one rank per
+//! host of examples/heal/ddp.py (plain DDP on gloo, Adam, dropout, data
+//! seeded by step and rank): the two ranks are data-parallel replicas on
+//! two hosts.
+//!
+//! A fault-free run of host-a and host-b gives the reference digests. Then
+//! host-b is lost: its worker and its launcher SIGKILLed (a dead host) at a
+//! step between two checkpoints. Its lease runs out, the spare takes its
+//! node rank in a new round (so rank 1 stays rank 1), and:
+//! - host-a's launcher keeps its worker and heals it into the new round in
+//!   process ("healed into round"): the same pid steps on;
+//! - host-s starts rank 1, which takes model, optimizer and step from rank
+//!   0 over the new round's store ("healed from rank 0");
+//! - both launchers exit 0 with every digest equal to the fault-free run's,
+//!   no step logged more than twice, no restart in job and no checkpoint
+//!   restore.
+//!
+//! The time from the kill to every rank logging a new step is printed
+//! (docs/benchmarks.md), beside the same fault where the workers declare no
+//! healable state (`EXAMPLE_HEAL=0`): today's path, every host restarting
+//! in job from the checkpoint. Tests do not assert speed.
+//!
+//! Needs torch in `$WARDEN_TEST_PYTHON` and etcd; skips, saying so, only
+//! when torch is missing and `WARDEN_REQUIRE_TORCH` is unset.
+
+// Helpers outside #[test] functions panic on purpose: that is a failed test.
+#![allow(clippy::expect_used, clippy::unwrap_used)]
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use common::etcd::EtcdServer;
+use common::{Streaming, WARDEN, python, repo_root, torch_available};
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+
+/// A whole run on a loaded 2-core machine: interpreters importing torch on
+/// three hosts, the lost host's lease and rejoin grace, the training.
+const RUN: Duration = Duration::from_secs(480);
+const STEPS: u32 = 150;
+const CKPT_EVERY: u32 = 50;
+/// The step of rank 1 after which host-b is lost.
+const KILL_AT: u32 = 70;
+const WORLD: u32 = 2;
+/// Every launcher's lease (as tests/multihost.rs: margin for a loaded
+/// machine's keep-alives).
+const TTL: &str = "3s";
+
+/// The embedded agents: no kernel log, NVML or DCGM.
+const AGENT_TOML: &str =
+    "[kmsg]\nenabled = false\n[nvml]\nenabled = false\n[dcgm]\nenabled = false\n";
+
+/// One run at a time: each is several torch interpreters on two cores.
+fn serial() -> MutexGuard<'static, ()> {
+    static LOCK: Mutex<()> = Mutex::new(());
+    LOCK.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// A line of `$EXAMPLE_LOG`.
+#[derive(Debug, Clone)]
+enum Entry {
+    Step { t: f64, n: u32, rank: u32, pid: i32 },
+    Done { rank: u32, digest: String },
+}
+
+fn read_log(path: &Path) -> Vec<Entry> {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    text.lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            match f.as_slice() {
+                [t, "step", n, "rank", r, "pid", p] => Some(Entry::Step {
+                    t: t.parse().ok()?,
+                    n: n.parse().ok()?,
+                    rank: r.parse().ok()?,
+                    pid: p.parse().ok()?,
+                }),
+                [_, "done", "rank", r, "digest", d] => Some(Entry::Done {
+                    rank: r.parse().ok()?,
+                    digest: (*d).to_owned(),
+                }),
+                _ => None,
+            }
+        })
+        .collect()
+}
+
+fn digests(entries: &[Entry]) -> BTreeMap<u32, String> {
+    entries
+        .iter()
+        .filter_map(|e| match e {
+            Entry::Done { rank, digest } => Some((*rank, digest.clone())),
+            Entry::Step { .. } => None,
+        })
+        .collect()
+}
+
+/// One host: its scratch directory (logs, agent config and tier).
+struct Host {
+    dir: tempfile::TempDir,
+    id: &'static str,
+    addr: &'static str,
+}
+
+impl Host {
+    fn new(id: &'static str, addr: &'static str) -> Self {
+        let dir = tempfile::Builder::new()
+            .prefix("warden-hostheal-")
+            .tempdir()
+            .unwrap();
+        // A TCP listener on the host's address (mutual TLS): the other
+        // hosts' agents keep replicas of this host's checkpoint shards, so
+        // the in-job baseline restores a lost host's rank from its
+        // checkpoint, as a real job would.
+        let toml = format!(
+            "[agent]\nhost_name = \"{id}\"\n{AGENT_TOML}[api]\ntcp = \"{addr}:0\"\n{}[checkpoint]\ndir = {:?}\n",
+            common::pki::api_keys(id),
+            dir.path().join("tier").display().to_string()
+        );
+        std::fs::write(dir.path().join("agent.toml"), toml).unwrap();
+        Self { dir, id, addr }
+    }
+
+    /// `warden run` of the example as this host (its lines and its
+    /// workers' on one stream).
+    fn launch(
+        &self,
+        etcd: &EtcdServer,
+        job: &str,
+        log: &Path,
+        spare: bool,
+        heal: bool,
+    ) -> Streaming {
+        let mut cmd = Command::new("sh");
+        cmd.args(["-c", "exec \"$0\" \"$@\" 2>&1", WARDEN])
+            .arg("--socket")
+            .arg(self.dir.path().join("no-agent-here.sock"))
+            .arg("run")
+            .args(["--nproc-per-node", "1", "--nnodes", "2"])
+            .args(["--rdzv-backend", "etcd"])
+            .args(["--rdzv-endpoint", &etcd.endpoint])
+            .args(["--rdzv-id", job])
+            .args(["--rdzv-conf", "join_timeout=120,last_call_timeout=3"])
+            .args(["--host-id", self.id])
+            .args(["--advertise-addr", self.addr])
+            .args(["--rdzv-lease-ttl", TTL])
+            .arg("--log-dir")
+            .arg(self.dir.path().join("logs"))
+            .arg("--agent-config")
+            .arg(self.dir.path().join("agent.toml"))
+            .args(if spare { &["--spare"][..] } else { &[][..] })
+            .arg("--")
+            .arg(python())
+            .arg(repo_root().join("examples/heal/ddp.py"))
+            .env("EXAMPLE_LOG", log)
+            .env("EXAMPLE_STEPS", STEPS.to_string())
+            .env("EXAMPLE_CKPT_EVERY", CKPT_EVERY.to_string())
+            .env("EXAMPLE_STEP_MS", "30")
+            .env("EXAMPLE_HEAL", if heal { "1" } else { "0" })
+            .env("PYTHONDONTWRITEBYTECODE", "1")
+            .env_remove("WARDEN_SOCKET")
+            .current_dir(self.dir.path());
+        let mut s = Streaming::spawn(&mut cmd, self.dir.path().join(format!("{job}.stderr")));
+        s.label = format!("{} ({})", self.id, s.label);
+        s
+    }
+}
+
+/// Polls the log until `rank` logged a step >= `step`; its pid.
+fn wait_step(log: &Path, rank: u32, step: u32, jobs: &mut [&mut Streaming]) -> i32 {
+    let deadline = Instant::now() + RUN;
+    loop {
+        let found = read_log(log).into_iter().find_map(|e| match e {
+            Entry::Step {
+                n, rank: r, pid, ..
+            } if r == rank && n >= step => Some(pid),
+            _ => None,
+        });
+        if let Some(pid) = found {
+            return pid;
+        }
+        for j in jobs.iter_mut() {
+            if let Ok(Some(status)) = j.child.try_wait() {
+                let label = j.label.clone();
+                panic!(
+                    "{label} ended ({status}) before rank {rank} reached step {step}\n{}",
+                    show(j)
+                );
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "rank {rank} did not reach step {step} within {RUN:?}"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+fn show(job: &mut Streaming) -> String {
+    job.drain(Duration::from_secs(5));
+    job.seen.join("\n")
+}
+
+fn unix_now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64()
+}
+
+/// The longest time from `t` to a rank's first step after it, over the ranks.
+fn back_after(entries: &[Entry], t: f64, all: &str) -> f64 {
+    (0..WORLD)
+        .map(|rank| {
+            entries
+                .iter()
+                .find_map(|e| match e {
+                    Entry::Step { t: at, rank: r, .. } if *r == rank && *at > t => Some(at - t),
+                    _ => None,
+                })
+                .unwrap_or_else(|| panic!("rank {rank} never stepped after the kill\n{all}"))
+        })
+        .fold(0.0, f64::max)
+}
+
+/// Steps logged after `t` whose number some rank had logged before `t`: the
+/// work redone, in steps (the most over the ranks).
+fn redone(entries: &[Entry], t: f64) -> u32 {
+    (0..WORLD)
+        .map(|rank| {
+            let before: BTreeSet<u32> = entries
+                .iter()
+                .filter_map(|e| match e {
+                    Entry::Step {
+                        t: at, n, rank: r, ..
+                    } if *r == rank && *at <= t => Some(*n),
+                    _ => None,
+                })
+                .collect();
+            let again: BTreeSet<u32> = entries
+                .iter()
+                .filter_map(|e| match e {
+                    Entry::Step {
+                        t: at, n, rank: r, ..
+                    } if *r == rank && *at > t && before.contains(n) => Some(*n),
+                    _ => None,
+                })
+                .collect();
+            u32::try_from(again.len()).unwrap()
+        })
+        .max()
+        .unwrap_or(0)
+}
+
+struct Hosts {
+    a: Host,
+    b: Host,
+    s: Host,
+}
+
+fn hosts() -> Hosts {
+    Hosts {
+        a: Host::new("host-a", "127.0.0.2"),
+        b: Host::new("host-b", "127.0.0.3"),
+        s: Host::new("host-s", "127.0.0.4"),
+    }
+}
+
+/// The fault-free run's digests (host-a and host-b, no spare), made once
+/// per test binary (on an etcd of its own).
+fn reference() -> &'static BTreeMap<u32, String> {
+    static REF: std::sync::OnceLock<BTreeMap<u32, String>> = std::sync::OnceLock::new();
+    REF.get_or_init(|| {
+        let etcd = EtcdServer::start();
+        let scratch = tempfile::Builder::new()
+            .prefix("warden-hostheal-")
+            .tempdir()
+            .unwrap();
+        fault_free(&etcd, scratch.path())
+    })
+}
+
+fn fault_free(etcd: &EtcdServer, scratch: &Path) -> BTreeMap<u32, String> {
+    let h = hosts();
+    let log = scratch.join("fault-free.log");
+    let mut a = h.a.launch(etcd, "hostheal-ref", &log, false, true);
+    a.wait_line(RUN, "host-a's join", |l| {
+        l.contains("joined as host host-a")
+    });
+    let mut b = h.b.launch(etcd, "hostheal-ref", &log, false, true);
+    for j in [&mut a, &mut b] {
+        let status = j.wait_exit(RUN);
+        assert!(status.success(), "fault-free run: {status}\n{}", show(j));
+    }
+    let d = digests(&read_log(&log));
+    assert_eq!(
+        d.len(),
+        WORLD as usize,
+        "{}\n{}",
+        show(&mut a),
+        show(&mut b)
+    );
+    assert!(
+        d.values().all(|x| x == &d[&0] && x.len() == 64),
+        "fault-free digests differ: {d:?}"
+    );
+    d
+}
+
+/// host-b, at node rank (and rank) `lost_rank`, lost (its worker and
+/// launcher SIGKILLed) once its rank logged [`KILL_AT`], with the spare
+/// waiting; returns the log, the kill's time and when the spare was given
+/// its place, the lost worker's pid and the two launchers
+/// left, both exited.
+fn lose_host_b(
+    etcd: &EtcdServer,
+    scratch: &Path,
+    job: &str,
+    heal: bool,
+    lost_rank: u32,
+) -> (PathBuf, (f64, f64), i32, Streaming, Streaming) {
+    let h = hosts();
+    let log = scratch.join(format!("{job}.log"));
+    // Node ranks follow the join order: the first to join is node rank 0,
+    // whose rank 0 hosts the round's store.
+    let (mut a, mut b) = if lost_rank == 1 {
+        let mut a = h.a.launch(etcd, job, &log, false, heal);
+        a.wait_line(RUN, "host-a's join", |l| {
+            l.contains("joined as host host-a")
+        });
+        let b = h.b.launch(etcd, job, &log, false, heal);
+        (a, b)
+    } else {
+        let mut b = h.b.launch(etcd, job, &log, false, heal);
+        b.wait_line(RUN, "host-b's join", |l| {
+            l.contains("joined as host host-b")
+        });
+        let a = h.a.launch(etcd, job, &log, false, heal);
+        (a, b)
+    };
+    let place = format!("host-b: node rank {lost_rank}");
+    b.wait_line(RUN, &place, |l| l.contains(&place));
+    let mut s = h.s.launch(etcd, job, &log, true, heal);
+    s.wait_line(RUN, "the spare's standby attempt", |l| {
+        l.contains("no place in this round")
+    });
+    let lost = wait_step(&log, lost_rank, KILL_AT, &mut [&mut a, &mut b, &mut s]);
+    let t = unix_now();
+    kill(Pid::from_raw(lost), Signal::SIGKILL).expect("SIGKILL host-b's worker");
+    b.signal(Signal::SIGKILL);
+    let _ = b.child.wait();
+    // When the spare is given host-b's place (its launcher says the round
+    // as it starts its worker), on either path: what follows is the
+    // recovery's own part (before it, host-b's lease and the rejoin grace
+    // run out, or host-a's worker fails and restarts first).
+    s.wait_line(RUN, "the spare's place in a round", |l| {
+        l.contains("host-s: node rank")
+    });
+    let round_seen = unix_now();
+    for j in [&mut a, &mut s] {
+        let status = j.wait_exit(RUN);
+        let label = j.label.clone();
+        assert!(status.success(), "{label}: {status}\n{}", show(j));
+    }
+    // The hosts' scratch directories go with `h`; everything needed is read.
+    a.drain(Duration::from_secs(5));
+    s.drain(Duration::from_secs(5));
+    (log, (t, round_seen), lost, a, s)
+}
+
+fn prepare() -> Option<(MutexGuard<'static, ()>, tempfile::TempDir, EtcdServer)> {
+    if !torch_available() {
+        return None;
+    }
+    let one = serial();
+    let dir = tempfile::Builder::new()
+        .prefix("warden-hostheal-")
+        .tempdir()
+        .unwrap();
+    Some((one, dir, EtcdServer::start()))
+}
+
+#[test]
+fn a_lost_host_is_healed_on_a_spare_while_the_survivor_keeps_its_process() {
+    heal_case("hostheal-one", 1);
+}
+
+/// The lost host was node rank 0, whose rank 0 hosted the round's store:
+/// the spare takes node rank 0, its new rank 0 hosts the new round's store
+/// (`MASTER_ADDR` is the spare's address) and receives its state from
+/// rank 1 on host-a.
+#[test]
+fn a_lost_node_rank_0_moves_the_store_to_the_spare_and_heals() {
+    heal_case("hostheal-zero", 0);
+}
+
+/// host-b lost at rank `lost_rank`, healed on the spare; every check.
+fn heal_case(job: &str, lost_rank: u32) {
+    let Some((_one, dir, etcd)) = prepare() else {
+        return;
+    };
+    let survivor = 1 - lost_rank;
+    let want = reference();
+    let (log, (t, round_seen), lost, a, s) = lose_host_b(&etcd, dir.path(), job, true, lost_rank);
+    let all = format!(
+        "--- host-a ---\n{}\n--- host-s ---\n{}",
+        a.seen.join("\n"),
+        s.seen.join("\n")
+    );
+    let entries = read_log(&log);
+    assert_eq!(
+        &digests(&entries),
+        want,
+        "digests against the fault-free run\n{all}"
+    );
+
+    let mut pids: BTreeMap<u32, BTreeSet<i32>> = BTreeMap::new();
+    let mut times: BTreeMap<(u32, u32), u32> = BTreeMap::new();
+    for e in &entries {
+        if let Entry::Step { n, rank, pid, .. } = e {
+            pids.entry(*rank).or_default().insert(*pid);
+            *times.entry((*rank, *n)).or_default() += 1;
+        }
+    }
+    assert_eq!(
+        pids[&survivor].len(),
+        1,
+        "rank {survivor} (host-a) kept its process: {pids:?}\n{all}"
+    );
+    assert!(
+        pids[&lost_rank].len() == 2 && pids[&lost_rank].contains(&lost),
+        "rank {lost_rank}: host-b's process, then the spare's: {pids:?}\n{all}"
+    );
+    let worst = times.iter().max_by_key(|(_, c)| **c).unwrap();
+    assert!(
+        *worst.1 <= 2,
+        "rank {} logged step {} {} times\n{all}",
+        worst.0.0,
+        worst.0.1,
+        worst.1
+    );
+    assert!(
+        a.seen.iter().any(|l| l.contains("healed into round")),
+        "host-a healed its worker into the new round\n{all}"
+    );
+    let healed = format!("healed from rank {survivor}");
+    assert!(
+        s.seen.iter().any(|l| l.contains(&healed)),
+        "the spare's rank {lost_rank} took its state from rank {survivor}\n{all}"
+    );
+    for never in [
+        "restarting the workers into it",
+        "restored from the checkpoint",
+    ] {
+        assert!(!all.contains(never), "{never:?}\n{all}");
+    }
+    let back = back_after(&entries, t, &all);
+    let part = back_after(&entries, round_seen, &all);
+    let warm = s.seen.iter().any(|l| l.contains("warm start from standby"));
+    eprintln!(
+        "host-b (rank {lost_rank}) lost (SIGKILL of its worker {lost} and launcher) -> every rank stepping again: {back:.3} s, {} step(s) redone (heal across hosts; lease TTL {TTL}, 2 hosts + spare, gloo, examples/heal/ddp.py); part: the spare given its place -> every rank stepping: {part:.3} s; the spare's rank started {}",
+        redone(&entries, t),
+        if warm {
+            "warm from its standby"
+        } else {
+            "cold"
+        }
+    );
+}
+
+#[test]
+fn a_lost_host_without_a_declared_state_restarts_in_job_from_the_checkpoint() {
+    let Some((_one, dir, etcd)) = prepare() else {
+        return;
+    };
+    let want = reference();
+    let (log, (t, round_seen), _lost, a, s) =
+        lose_host_b(&etcd, dir.path(), "hostheal-injob", false, 1);
+    let all = format!(
+        "--- host-a ---\n{}\n--- host-s ---\n{}",
+        a.seen.join("\n"),
+        s.seen.join("\n")
+    );
+    let entries = read_log(&log);
+    assert_eq!(
+        &digests(&entries),
+        want,
+        "digests against the fault-free run\n{all}"
+    );
+    let pids: BTreeSet<i32> = entries
+        .iter()
+        .filter_map(|e| match e {
+            Entry::Step { rank: 0, pid, .. } => Some(*pid),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        pids.len(),
+        2,
+        "host-a's rank restarted in job: {pids:?}\n{all}"
+    );
+    assert!(
+        !a.seen.iter().any(|l| l.contains("healed into round")),
+        "nothing declared: no heal\n{all}"
+    );
+    let back = back_after(&entries, t, &all);
+    let part = back_after(&entries, round_seen, &all);
+    eprintln!(
+        "host-b (rank 1) lost (SIGKILL of its worker and launcher) -> every rank stepping again: {back:.3} s, {} step(s) redone (in-job restart of every host from the checkpoint; lease TTL {TTL}, 2 hosts + spare, gloo, examples/heal/ddp.py); part: the spare given its place -> every rank stepping: {part:.3} s",
+        redone(&entries, t)
+    );
+}
