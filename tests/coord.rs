@@ -938,8 +938,8 @@ async fn a_paused_member_under_the_keep_alives_costs_no_lease() {
         assert!(i < 12, "no host's keep-alives went through a follower");
         let mut c = CoordConfig::new(
             endpoints.clone(),
-            &format!("job-pause-{i}"),
-            &format!("host-{i}"),
+            format!("job-pause-{i}"),
+            format!("host-{i}"),
             "127.0.0.2",
         );
         (c.min_nodes, c.max_nodes) = (1, 1);
@@ -980,8 +980,9 @@ async fn a_paused_member_under_the_keep_alives_costs_no_lease() {
     assert!(s.lease_lapsed.is_none(), "{:?}", s.lease_lapsed);
     assert_eq!(host.lease_id(), lease, "the same lease");
     // etcd still has it, with time left, on a member that was not paused.
-    let mut client =
-        etcd_client::Client::connect([moved.as_str()], None).await.expect("connect");
+    let mut client = etcd_client::Client::connect([moved.as_str()], None)
+        .await
+        .expect("connect");
     let left = client
         .lease_time_to_live(lease, None)
         .await

@@ -110,8 +110,8 @@ impl LeaseRoute {
         let endpoint = self.endpoint().to_owned();
         let options = super::connect::options(access, deadline, Some(ttl / 3))?;
         let connect = Client::connect([endpoint.as_str()], Some(options));
-        let client = super::bounded::call(&endpoint, deadline, "connect (lease)", "", connect)
-            .await?;
+        let client =
+            super::bounded::call(&endpoint, deadline, "connect (lease)", "", connect).await?;
         self.client = Some(client.clone());
         Ok(client)
     }
@@ -150,7 +150,11 @@ mod tests {
         assert_eq!(r.endpoint(), start, "and round again");
         // Hosts start on different endpoints.
         let starts: std::collections::BTreeSet<String> = (0..30)
-            .map(|i| LeaseRoute::new(&three, &format!("host-{i}")).endpoint().to_owned())
+            .map(|i| {
+                LeaseRoute::new(&three, &format!("host-{i}"))
+                    .endpoint()
+                    .to_owned()
+            })
             .collect();
         assert_eq!(starts.len(), 3);
         let mut one = LeaseRoute::new(&three[..1], "host-1");
