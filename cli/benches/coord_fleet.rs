@@ -138,8 +138,8 @@ async fn run(n: usize, members: usize, s: &Settings) -> FleetRow {
     cfg.every_host_decides = s.every_host_decides;
     let (mut fleet, joined) = Fleet::join(cfg).await;
     eprintln!(
-        "fleet: {n} hosts, {members}-member etcd: joined in {:?}",
-        joined.all
+        "fleet: {n} hosts, {members}-member etcd: joined in {:?}: {}",
+        joined.all, joined.phases
     );
     // One round untimed: every connection warm.
     fleet.restart().await;

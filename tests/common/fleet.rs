@@ -23,9 +23,9 @@
 //! rounds (every host past the first 8 by join, issue 30: the full hosts
 //! join first, so they are the deciders); it follows the epoch from that
 //! watch. Like the coordinator, it opens a new keep-alive stream when one
-//! breaks or goes unanswered for a request timeout, and a new watch from
-//! the last revision it saw when its watch ends: a killed or paused etcd
-//! member costs it a stream, not its lease. It never advances the epoch itself (a real launcher would also
+//! breaks or goes unanswered for a sixth of the TTL, on the next endpoint,
+//! and a new watch from the last revision it saw when its watch ends: a
+//! killed or paused etcd member costs it a stream, not its lease. It never advances the epoch itself (a real launcher would also
 //! race for the txn): that work is the full hosts'. So N hosts with K full
 //! ones cost etcd what N launchers cost it, less N-K losing txns per round,
 //! and cost this process K coordinators' CPU.
@@ -198,6 +198,69 @@ pub struct Joined {
     pub rss_per_full: u64,
     /// ... and by the light hosts, per host.
     pub rss_per_light: u64,
+    /// Where the join's time went, phase by phase.
+    pub phases: JoinPhases,
+}
+
+/// The join in phases, each from the end of the one before: the full hosts
+/// joined; every light host registered, read what a joining launcher reads
+/// and watching; the first round that is not waiting held by the first
+/// full host (written and read back); every host holding it. With etcd's
+/// CPU and this process's CPU in each, so a phase that is etcd-bound or
+/// client-bound says so.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct JoinPhases {
+    /// Phase durations, seconds: full, light, formed, spread.
+    pub wall: [f64; 4],
+    /// etcd's CPU seconds in each phase (every member).
+    pub etcd_cpu: [f64; 4],
+    /// etcd's bytes sent in each phase.
+    pub etcd_sent: [f64; 4],
+    /// This process's CPU seconds in each phase.
+    pub fleet_cpu: [f64; 4],
+}
+
+impl std::fmt::Display for JoinPhases {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let names = ["full hosts", "light hosts", "first round", "to every host"];
+        for (i, name) in names.iter().enumerate() {
+            if i > 0 {
+                write!(f, "; ")?;
+            }
+            write!(
+                f,
+                "{name} {:.2} s (etcd CPU {:.2} s, sent {:.1} MB; fleet CPU {:.2} s)",
+                self.wall[i],
+                self.etcd_cpu[i],
+                self.etcd_sent[i] / 1e6,
+                self.fleet_cpu[i]
+            )?;
+        }
+        Ok(())
+    }
+}
+
+/// A point in the join: when, etcd's counters and this process's CPU.
+struct Mark(Instant, EtcdMetrics, f64);
+
+impl Mark {
+    fn now(endpoints: &[String]) -> Self {
+        Self(Instant::now(), EtcdMetrics::read_all(endpoints), cpu_self())
+    }
+}
+
+impl JoinPhases {
+    fn of(marks: &[Mark; 5]) -> Self {
+        let mut p = Self::default();
+        for i in 0..4 {
+            let (a, b) = (&marks[i], &marks[i + 1]);
+            p.wall[i] = secs(b.0.duration_since(a.0));
+            p.etcd_cpu[i] = b.1.cpu - a.1.cpu;
+            p.etcd_sent[i] = b.1.sent - a.1.sent;
+            p.fleet_cpu[i] = b.2 - a.2;
+        }
+        p
+    }
 }
 
 impl Fleet {
@@ -216,7 +279,8 @@ impl Fleet {
             epoch: 0,
             cfg,
         };
-        let t0 = Instant::now();
+        let m0 = Mark::now(&fleet.cfg.endpoints);
+        let t0 = m0.0;
         let rss0 = rss_self();
         let joins: Vec<_> = (0..fleet.cfg.full)
             .map(|i| {
@@ -233,6 +297,7 @@ impl Fleet {
             fleet.full.push(j.await.unwrap());
         }
         let rss1 = rss_self();
+        let m1 = Mark::now(&fleet.cfg.endpoints);
         let gate = Arc::new(Semaphore::new(fleet.cfg.join_concurrency.max(1)));
         let joins: Vec<_> = (fleet.cfg.full..fleet.cfg.hosts)
             .map(|i| fleet.spawn_light(i, false, Arc::clone(&gate)))
@@ -240,6 +305,18 @@ impl Fleet {
         for j in joins {
             fleet.light.push(j.await.unwrap());
         }
+        let m2 = Mark::now(&fleet.cfg.endpoints);
+        let mut first = tokio::time::timeout(WAIT, fleet.full[0].next_round(0))
+            .await
+            .expect("a first round in time")
+            .expect("a first round");
+        while first.waiting {
+            first = tokio::time::timeout(WAIT, fleet.full[0].next_round(first.epoch))
+                .await
+                .expect("a first round in time")
+                .expect("a first round");
+        }
+        let m3 = Mark::now(&fleet.cfg.endpoints);
         // A round written while hosts were still arriving is a waiting one
         // (too few hosts, nobody runs workers): the fleet has formed at the
         // first round that is not.
@@ -248,6 +325,7 @@ impl Fleet {
             round = fleet.wait_round(round.epoch).await;
         }
         let all = t0.elapsed();
+        let m4 = Mark::now(&fleet.cfg.endpoints);
         assert_eq!(
             round.nnodes as usize, fleet.cfg.hosts,
             "the first round has every host"
@@ -258,6 +336,7 @@ impl Fleet {
             all,
             rss_per_full: per(rss1.saturating_sub(rss0), fleet.full.len()),
             rss_per_light: per(rss2.saturating_sub(rss1), fleet.light.len()),
+            phases: JoinPhases::of(&[m0, m1, m2, m3, m4]),
         };
         (fleet, joined)
     }
@@ -302,7 +381,7 @@ impl Fleet {
                         "{}: no round after {after} in {WAIT:?}; it sees {} of {} hosts live, \
                          {} light host lease(s) lost",
                         c.host(),
-                        s.live.len(),
+                        s.live,
                         self.full.len() + self.light.len(),
                         self.leases_lost.load(Ordering::Relaxed),
                     )
@@ -719,6 +798,8 @@ async fn join_light(
     moved.send_modify(|g| *g += 1);
     let keeper = tokio::spawn(keep_alive(
         client.clone(),
+        cfg.endpoints.clone(),
+        i,
         lease,
         cfg.ttl,
         cfg.request_timeout,
@@ -910,19 +991,44 @@ async fn follow(
     }
 }
 
-/// A lease kept alive every third of the TTL, as the coordinator does: a
-/// stream that breaks, or a keep-alive unanswered for `request_timeout`,
-/// is opened again (on whichever member answers); only etcd saying the
-/// lease is gone ends it.
+/// A lease kept alive every third of the TTL, as the coordinator does
+/// (launcher/src/coord/lease_route.rs): a stream that breaks, or a
+/// keep-alive unanswered for a sixth of the TTL (at most
+/// `request_timeout`), is opened again on the next endpoint, each through a
+/// client of its own to that endpoint, starting at endpoint `i` mod their
+/// number (one endpoint: the host's client, as the coordinator); only
+/// etcd saying the lease is gone ends it.
 async fn keep_alive(
-    mut client: Client,
+    shared: Client,
+    endpoints: Vec<String>,
+    i: usize,
     lease: i64,
     ttl: Duration,
     request_timeout: Duration,
     leases_lost: Arc<AtomicU64>,
 ) {
+    let deadline = (ttl / 6)
+        .min(request_timeout)
+        .max(Duration::from_millis(100));
+    let mut at = i % endpoints.len().max(1);
     loop {
-        let opened = tokio::time::timeout(request_timeout, client.lease_keep_alive(lease)).await;
+        let mut client = if endpoints.len() > 1 {
+            let options = connect_options()
+                .with_connect_timeout(deadline)
+                .with_keep_alive(ttl / 3, deadline);
+            let connect = Client::connect([endpoints[at].as_str()], Some(options));
+            match tokio::time::timeout(deadline, connect).await {
+                Ok(Ok(c)) => c,
+                Ok(Err(_)) | Err(_) => {
+                    at = (at + 1) % endpoints.len();
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    continue;
+                }
+            }
+        } else {
+            shared.clone()
+        };
+        let opened = tokio::time::timeout(deadline, client.lease_keep_alive(lease)).await;
         let (mut keeper, mut stream) = match opened {
             Ok(Ok(pair)) => pair,
             Ok(Err(etcd_client::Error::LeaseKeepAliveError(msg))) if msg.contains("not found") => {
@@ -930,13 +1036,14 @@ async fn keep_alive(
                 return;
             }
             Ok(Err(_)) | Err(_) => {
+                at = (at + 1) % endpoints.len().max(1);
                 tokio::time::sleep(Duration::from_millis(200)).await;
                 continue;
             }
         };
         loop {
             tokio::time::sleep(ttl / 3).await;
-            let answer = tokio::time::timeout(request_timeout, async {
+            let answer = tokio::time::timeout(deadline, async {
                 keeper.keep_alive().await?;
                 stream.message().await
             })
@@ -951,8 +1058,12 @@ async fn keep_alive(
                     lost(&leases_lost);
                     return;
                 }
-                // The stream broke or went unanswered: a new one.
-                Ok(Ok(None) | Err(_)) | Err(_) => break,
+                // The stream broke or went unanswered: a new one, on the
+                // next endpoint.
+                Ok(Ok(None) | Err(_)) | Err(_) => {
+                    at = (at + 1) % endpoints.len().max(1);
+                    break;
+                }
             }
         }
     }

@@ -40,6 +40,7 @@ pub mod error;
 pub mod etcd_flags;
 pub mod keys;
 pub mod layout;
+mod lease_route;
 mod paged;
 pub mod plan;
 pub mod reports;
@@ -72,11 +73,14 @@ use session::{Advance, Departure, Inner};
 pub struct CoordState {
     /// The round of the current epoch; `None` before the first.
     pub round: Option<Round>,
-    /// Live hosts (member keys present), sorted. On a host that does not
-    /// decide rounds (past the first [`deciders::DECIDERS`] by join: it
+    /// How many hosts are live (member keys present). On a host that does
+    /// not decide rounds (past the first [`deciders::DECIDERS`] by join: it
     /// watches no member key but their deletions), the current round's
-    /// members and standby instead.
-    pub live: Vec<String>,
+    /// members and standby instead. A count, not the list: this state is
+    /// published on every watch event, and a list of every host made each
+    /// time was a third of a deciding host's CPU while 2,048 hosts joined
+    /// (issue 30); [`Coordinator::live_hosts`] makes the list on demand.
+    pub live: usize,
     /// Set when a host ended the job at the current epoch.
     pub ended: Option<JobEnd>,
     /// Set once the coordinator is out of the job (its lease lost); from
@@ -89,6 +93,10 @@ pub struct CoordState {
     /// keep-alive answered for a TTL, or etcd expired it) and is not yet
     /// kept or regained: what since, and why.
     pub lease_lapsed: Option<String>,
+    /// The etcd endpoint the lease's keep-alives go through now, with
+    /// several endpoints: it moves to the next when one leaves a
+    /// keep-alive unanswered (`coord/lease_route.rs`). `None` with one endpoint.
+    pub lease_endpoint: Option<String>,
 }
 
 /// Why a launcher leaves the job.
@@ -281,6 +289,13 @@ impl Coordinator {
         )
     }
 
+    /// The live hosts, sorted, as [`CoordState::live`] counts them: every
+    /// member on a host that decides rounds, else the current round's
+    /// members and standby. O(N): for errors and people, not per event.
+    pub fn live_hosts(&self) -> Vec<String> {
+        self.inner.lock_view().live_hosts()
+    }
+
     /// What the coordinator knows now.
     pub fn state(&self) -> CoordState {
         self.inner.state.borrow().clone()
@@ -313,14 +328,13 @@ impl Coordinator {
         match tokio::time::timeout(timeout, self.wait(after_epoch, true)).await {
             Ok(r) => r,
             Err(_) => {
-                let s = self.state();
                 let min_nodes = self.inner.cfg.min_nodes;
-                let live = s.live.len();
+                let live = self.state().live;
                 Err(if live < usize::try_from(min_nodes).unwrap_or(usize::MAX) {
                     CoordError::NotEnoughNodes {
                         job: self.inner.cfg.job.clone(),
                         live,
-                        hosts: s.live.join(","),
+                        hosts: self.live_hosts().join(","),
                         min_nodes,
                         waited: timeout,
                     }

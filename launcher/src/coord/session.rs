@@ -2,8 +2,9 @@
 //! read and watched into a [`View`], rounds written in one txn.
 //!
 //! Two tasks per coordinator: the lease keeper (a keep-alive every third of
-//! the TTL; a whole TTL without an answer, or an answer of TTL 0, is the
-//! lease lost) and the driver (one watch on the job's prefix; after each
+//! the TTL; one left unanswered for a sixth of it moves the next stream to
+//! another endpoint, [`super::lease_route`]; a whole TTL without an answer,
+//! or an answer of TTL 0, is the lease lost) and the driver (one watch on the job's prefix; after each
 //! batch of events it asks [`plan::decide`] whether a round is due and, if
 //! so, tries to write it). Both stop on the coordinator's cancellation
 //! token. Every request has a deadline.
@@ -25,6 +26,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::keys::{KEEP_ROUNDS, KeyKind, Keys};
 use super::layout::{self, LayoutError, LayoutRef};
+use super::lease_route::{LeaseRoute, answer_deadline};
 use super::plan::{
     self, Limits, Member, MemberRecord, RoundMember, RoundRecord, Standing, Trigger,
 };
@@ -168,6 +170,15 @@ impl View {
             .unwrap_or_default();
         hosts.sort();
         hosts
+    }
+
+    /// How many hosts [`View::live_hosts`] names, in O(1).
+    pub(crate) fn live_count(&self) -> usize {
+        if self.decider {
+            return self.members.len();
+        }
+        self.current()
+            .map_or(0, |r| r.members.len() + r.standby.len())
     }
 
     /// Builds `standing` again if the current round changed.
@@ -628,7 +639,7 @@ impl Inner {
                 }
                 round
             });
-            (round, view.live_hosts(), view.ended().cloned())
+            (round, view.live_count(), view.ended().cloned())
         };
         self.state.send_modify(|s| {
             if let Some(r) = &round
@@ -1118,6 +1129,7 @@ pub(crate) async fn keep_lease(inner: Arc<Inner>, granted_at: Instant) {
     // or etcd said it expired), and whether that was said in the log.
     let mut doubt: Option<Instant> = None;
     let mut expired_in_etcd = false;
+    let mut route = LeaseRoute::new(&inner.cfg.endpoints, &inner.cfg.host);
     loop {
         let now = Instant::now();
         if doubt.is_none() && (now >= expires || expired_in_etcd) {
@@ -1185,7 +1197,7 @@ pub(crate) async fn keep_lease(inner: Arc<Inner>, granted_at: Instant) {
             }
             continue;
         }
-        match keep_alive_stream(&inner, &mut expires, &mut doubt).await {
+        match keep_alive_stream(&inner, &mut expires, &mut doubt, &mut route).await {
             Stream::Stopped => return,
             Stream::Expired(how) => {
                 tracing::warn!(host = %inner.cfg.host, lease = %format_args!("{:x}", inner.lease()), "coord: etcd says the lease expired ({how}); rejoining");
@@ -1201,18 +1213,34 @@ pub(crate) async fn keep_lease(inner: Arc<Inner>, granted_at: Instant) {
     }
 }
 
-/// One keep-alive stream on the current lease, until it breaks: each
-/// answered keep-alive moves `expires`, and the first one after a doubt
-/// clears it (logged).
+/// One keep-alive stream on the current lease, through the endpoint
+/// `route` is at, until it breaks or leaves a keep-alive unanswered for
+/// [`answer_deadline`] (then `route` moves to the next endpoint,
+/// [`super::lease_route`]): each answered keep-alive moves `expires`, and
+/// the first one after a doubt clears it (logged).
 async fn keep_alive_stream(
     inner: &Inner,
     expires: &mut Instant,
     doubt: &mut Option<Instant>,
+    route: &mut LeaseRoute,
 ) -> Stream {
     let ttl = inner.cfg.lease_ttl;
     let interval = ttl / 3;
+    let deadline = answer_deadline(ttl, inner.cfg.request_timeout);
     let lease = inner.lease();
-    let mut client = inner.client.clone();
+    let give_up = |route: &mut LeaseRoute, why: &str| {
+        tracing::debug!(host = %inner.cfg.host, endpoint = %route.endpoint(), %why, "coord: lease keep-alive stream given up; the next one goes to the next endpoint");
+        route.move_on();
+        Stream::Broken
+    };
+    let client = tokio::select! {
+        () = inner.stop.cancelled() => return Stream::Stopped,
+        c = route.client(&inner.client, &inner.cfg.access, deadline, ttl) => c,
+    };
+    let mut client = match client {
+        Ok(c) => c,
+        Err(e) => return give_up(route, &e.to_string()),
+    };
     let mut renewed = |expires: &mut Instant, sent: Instant, granted: Duration| {
         *expires = sent + granted;
         if let Some(since) = doubt.take() {
@@ -1229,22 +1257,27 @@ async fn keep_alive_stream(
     let sent = Instant::now();
     let opened = tokio::select! {
         () = inner.stop.cancelled() => return Stream::Stopped,
-        r = tokio::time::timeout(inner.cfg.request_timeout, client.lease_keep_alive(lease)) => r,
+        r = tokio::time::timeout(deadline, client.lease_keep_alive(lease)) => r,
     };
     let (mut keeper, mut stream) = match opened {
         // Opening sends one keep-alive and checks its answer.
         Ok(Ok(pair)) => {
             renewed(expires, sent, ttl);
+            if route.can_move() {
+                let endpoint = route.endpoint().to_owned();
+                inner.state.send_if_modified(|s| {
+                    let changed = s.lease_endpoint.as_deref() != Some(endpoint.as_str());
+                    s.lease_endpoint = Some(endpoint);
+                    changed
+                });
+            }
             pair
         }
         Ok(Err(etcd_client::Error::LeaseKeepAliveError(msg))) if msg.contains("not found") => {
             return Stream::Expired("lease not found");
         }
-        Ok(Err(e)) => {
-            tracing::debug!(host = %inner.cfg.host, error = %e, "coord: lease keep-alive stream failed; retrying");
-            return Stream::Broken;
-        }
-        Err(_) => return Stream::Broken,
+        Ok(Err(e)) => return give_up(route, &e.to_string()),
+        Err(_) => return give_up(route, "the stream's first keep-alive went unanswered"),
     };
     loop {
         tokio::select! {
@@ -1252,12 +1285,14 @@ async fn keep_alive_stream(
             () = sleep(interval) => {}
         }
         let sent = Instant::now();
-        // Bounded by the lease's end by our clock, but never shorter than a
-        // request: a doubt is decided by the caller, not here.
-        let until = (*expires).max(sent + inner.cfg.request_timeout);
+        // A live member answers in milliseconds; one that does not within
+        // the deadline is paused or gone: the next stream goes elsewhere
+        // while the lease still runs (a doubt is decided by the caller).
         let answer = tokio::select! {
             () = inner.stop.cancelled() => return Stream::Stopped,
-            () = sleep_until(until) => return Stream::Broken,
+            () = sleep_until(sent + deadline) => {
+                return give_up(route, "a keep-alive went unanswered");
+            }
             r = async {
                 keeper.keep_alive().await?;
                 stream.message().await
@@ -1269,10 +1304,7 @@ async fn keep_alive_stream(
                 renewed(expires, sent, Duration::from_secs(granted));
             }
             Ok(Some(_)) => return Stream::Expired("keep-alive answered TTL 0"),
-            Ok(None) | Err(_) => {
-                tracing::debug!(host = %inner.cfg.host, "coord: lease keep-alive stream ended; reopening");
-                return Stream::Broken;
-            }
+            Ok(None) | Err(_) => return give_up(route, "the stream ended"),
         }
     }
 }
@@ -1520,6 +1552,21 @@ async fn reload(inner: &Inner) -> Option<View> {
     }
 }
 
+/// Whether another host than `host` has written chunks of a layout base
+/// for round `epoch` (bases are named `<epoch:020>-<writer>`,
+/// [`Keys::layout_base`]): it is writing that round now.
+fn base_in_progress(
+    layouts: &BTreeMap<String, BTreeMap<u32, Vec<RoundMember>>>,
+    epoch: u64,
+    host: &str,
+) -> bool {
+    let prefix = format!("{epoch:020}-");
+    layouts
+        .range(prefix.clone()..)
+        .take_while(|(base, _)| base.starts_with(&prefix))
+        .any(|(base, _)| base.strip_prefix(&prefix) != Some(host))
+}
+
 /// The driver's timers.
 #[derive(Debug, Default)]
 struct Driver {
@@ -1551,7 +1598,7 @@ impl Driver {
     async fn evaluate(&mut self, inner: &Inner) {
         let now = Instant::now();
         self.wake = None;
-        let (trigger, epoch, place) = {
+        let (trigger, epoch, place, base_by_another) = {
             let mut view = inner.lock_view();
             if !view.decider {
                 // Rounds are the deciders' (a restart request aside).
@@ -1575,6 +1622,7 @@ impl Driver {
                     super::deciders::DECIDERS,
                     WRITER_LINE,
                 ),
+                base_in_progress(&view.layouts, view.epoch + 1, &inner.cfg.host),
             )
         };
         let (reason, wait) = match trigger {
@@ -1611,7 +1659,17 @@ impl Driver {
                     now
                 }
             };
-            let turn = since + WRITER_STEP * u32::try_from(place).unwrap_or(u32::MAX);
+            let mut turn = since + WRITER_STEP * u32::try_from(place).unwrap_or(u32::MAX);
+            if base_by_another {
+                // A host before this one is writing the round's layout base
+                // (its chunks are here, its txn not yet): it is at work, not
+                // stalled. A second base would be sent to every host too
+                // (issue 30: four deciders each wrote the first round's
+                // 0.5 MB base while 2,048 hosts joined on a loaded machine,
+                // 1.9 GB from etcd). Its turn waits the request deadline
+                // more, so a writer that died mid-way still costs a bound.
+                turn += inner.cfg.request_timeout;
+            }
             if now < turn {
                 self.wake = Some(turn);
                 return;
@@ -1637,5 +1695,26 @@ impl Driver {
         let until = Instant::now() + backoff;
         self.attempt = Some((epoch, until));
         self.wake = Some(until);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_base_for_the_next_round_by_another_host_is_a_writer_at_work() {
+        let mut layouts: BTreeMap<String, BTreeMap<u32, Vec<RoundMember>>> = BTreeMap::new();
+        layouts.insert(Keys::layout_base(4, "host-a"), BTreeMap::new());
+        // The current round's base: nobody is writing round 5.
+        assert!(!base_in_progress(&layouts, 5, "host-b"));
+        // This host's own base for round 5 is not another writer.
+        layouts.insert(Keys::layout_base(5, "host-b"), BTreeMap::new());
+        assert!(!base_in_progress(&layouts, 5, "host-b"));
+        // Another host's is; a host id that starts like this one's too.
+        layouts.insert(Keys::layout_base(5, "host-b2"), BTreeMap::new());
+        assert!(base_in_progress(&layouts, 5, "host-b"));
+        assert!(base_in_progress(&layouts, 5, "host-a"));
+        assert!(!base_in_progress(&layouts, 6, "host-a"));
     }
 }

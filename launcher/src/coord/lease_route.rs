@@ -1,0 +1,165 @@
+//! Which etcd member the lease keeper's keep-alives go to, and when to move
+//! to another (issue 30: a member paused by SIGSTOP cost hosts their lease).
+//!
+//! A keep-alive stream lives on one HTTP/2 connection to one member. A
+//! member that stops answering without closing its socket (paused, a long
+//! GC stall, a full disk) leaves the stream open and unanswered: the keeper
+//! used to wait for an answer until the lease's end by its own clock, so
+//! the lease ran out while two other members could have renewed it. A live
+//! member answers a keep-alive in milliseconds, so the keeper now waits
+//! [`answer_deadline`] (a sixth of the TTL, at most the request deadline)
+//! and then opens its next stream on the next endpoint, each on a client of
+//! its own to that one endpoint, in turn. With the keep-alive sent every
+//! third of the TTL, an unanswered one, then one more member that does not
+//! answer either, then one that does, take at most 1/3 + 3 x 1/6 = 5/6 of
+//! the TTL: the lease holds through any one member that stops answering.
+//!
+//! In: the endpoints, the host id (where the keeper starts: hosts spread
+//! over the members), what a stream to an endpoint came to. Out: the
+//! endpoint to keep the lease through now, and a client to it.
+//! Never: stay on an endpoint after a keep-alive it left unanswered; wait
+//! on a connection without a deadline; change anything with a single
+//! endpoint but the deadline (there is nowhere to move: the shared client
+//! is used, as before).
+
+use std::hash::{Hash, Hasher};
+use std::time::Duration;
+
+use etcd_client::Client;
+
+use super::CoordError;
+use super::access::EtcdAccess;
+
+/// How long the keeper waits for the answer to one keep-alive (or for a
+/// new stream's first) before it moves on: a sixth of the TTL, at most the
+/// request deadline, at least 100 ms.
+pub(crate) fn answer_deadline(ttl: Duration, request_timeout: Duration) -> Duration {
+    (ttl / 6)
+        .min(request_timeout)
+        .max(Duration::from_millis(100))
+}
+
+/// The lease keeper's place among the endpoints.
+pub(crate) struct LeaseRoute {
+    endpoints: Vec<String>,
+    /// The endpoint in use, an index into `endpoints`.
+    at: usize,
+    /// A client to `endpoints[at]` alone, made when first needed.
+    client: Option<Client>,
+}
+
+impl std::fmt::Debug for LeaseRoute {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LeaseRoute")
+            .field("endpoint", &self.endpoint())
+            .field("connected", &self.client.is_some())
+            .finish()
+    }
+}
+
+impl LeaseRoute {
+    /// A route over `endpoints` starting at the one `host` hashes to, so a
+    /// job's keep-alives spread over the members.
+    pub(crate) fn new(endpoints: &[String], host: &str) -> Self {
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        host.hash(&mut h);
+        let n = u64::try_from(endpoints.len().max(1)).unwrap_or(1);
+        Self {
+            endpoints: endpoints.to_vec(),
+            at: usize::try_from(h.finish() % n).unwrap_or(0),
+            client: None,
+        }
+    }
+
+    /// Whether there is another endpoint to move to.
+    pub(crate) fn can_move(&self) -> bool {
+        self.endpoints.len() > 1
+    }
+
+    /// The endpoint in use.
+    pub(crate) fn endpoint(&self) -> &str {
+        self.endpoints.get(self.at).map_or("", String::as_str)
+    }
+
+    /// Moves to the next endpoint (its client is made on the next
+    /// [`LeaseRoute::client`]).
+    pub(crate) fn move_on(&mut self) {
+        if self.can_move() {
+            self.at = (self.at + 1) % self.endpoints.len();
+            self.client = None;
+        }
+    }
+
+    /// The client to keep the lease through: `shared` with one endpoint,
+    /// else a client of the route's own to the endpoint in use, connected
+    /// lazily (the first request makes the connection, under its
+    /// deadline).
+    pub(crate) async fn client(
+        &mut self,
+        shared: &Client,
+        access: &EtcdAccess,
+        deadline: Duration,
+        ttl: Duration,
+    ) -> Result<Client, CoordError> {
+        if !self.can_move() {
+            return Ok(shared.clone());
+        }
+        if let Some(c) = &self.client {
+            return Ok(c.clone());
+        }
+        let endpoint = self.endpoint().to_owned();
+        let options = super::connect::options(access, deadline, Some(ttl / 3))?;
+        let connect = Client::connect([endpoint.as_str()], Some(options));
+        let client =
+            super::bounded::call(&endpoint, deadline, "connect (lease)", "", connect).await?;
+        self.client = Some(client.clone());
+        Ok(client)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_answer_deadline_is_well_under_the_ttl() {
+        let s = Duration::from_secs;
+        assert_eq!(answer_deadline(s(12), s(5)), s(2));
+        // Never longer than a request may take.
+        assert_eq!(answer_deadline(s(60), s(2)), s(2));
+        // An unanswered keep-alive and two more tries fit in the TTL.
+        for ttl in [s(1), s(3), s(5), s(10), s(30)] {
+            let d = answer_deadline(ttl, s(5));
+            assert!(ttl / 3 + d * 3 < ttl, "{ttl:?}: {d:?}");
+        }
+    }
+
+    #[test]
+    fn the_route_goes_round_every_endpoint_and_stays_with_one() {
+        let three: Vec<String> = ["a", "b", "c"].map(String::from).to_vec();
+        let mut r = LeaseRoute::new(&three, "host-1");
+        let start = r.endpoint().to_owned();
+        let mut seen = vec![start.clone()];
+        for _ in 0..2 {
+            r.move_on();
+            seen.push(r.endpoint().to_owned());
+        }
+        seen.sort();
+        assert_eq!(seen, three, "each endpoint once in three moves");
+        r.move_on();
+        assert_eq!(r.endpoint(), start, "and round again");
+        // Hosts start on different endpoints.
+        let starts: std::collections::BTreeSet<String> = (0..30)
+            .map(|i| {
+                LeaseRoute::new(&three, &format!("host-{i}"))
+                    .endpoint()
+                    .to_owned()
+            })
+            .collect();
+        assert_eq!(starts.len(), 3);
+        let mut one = LeaseRoute::new(&three[..1], "host-1");
+        assert!(!one.can_move());
+        one.move_on();
+        assert_eq!(one.endpoint(), "a");
+    }
+}
