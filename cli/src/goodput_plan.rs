@@ -85,7 +85,7 @@ pub struct PlanArgs {
     #[arg(long)]
     pub heal_s: Option<f64>,
     /// With --heal-s: a lost node's ranks heal from other hosts' replicas
-    /// too. Not built (the heal is one host's today): a projection.
+    /// too, when a spare takes its place (built: `warden run` over etcd).
     #[arg(long, requires = "heal_s")]
     pub heal_across_hosts: bool,
     /// Write the plot of goodput against interval to this SVG file.
@@ -134,7 +134,9 @@ pub fn scenario(
     }
     set(&mut s.node_mtbf_hours, args.mtbf_node_hours);
     set(&mut s.days, args.days);
-    set(&mut s.checkpoint.save_stall_s, args.save_stall);
+    if let Some(v) = args.save_stall {
+        s.checkpoint.save_stall_s = Some(v);
+    }
     set(&mut s.checkpoint.size_gib, args.ckpt_size);
     set(&mut s.job.step_s, args.step);
     set(&mut s.job.startup_s, args.startup);

@@ -51,7 +51,7 @@ fn main() {
     };
     let m = s.job_mtbf_s();
     let lossy = m / unplanned;
-    let c = s.checkpoint.save_stall_s;
+    let c = s.save_stall_s();
     let closed: Vec<Duration> = (0..runs)
         .map(|_| {
             let t0 = Instant::now();

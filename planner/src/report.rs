@@ -20,6 +20,15 @@ fn thousands(n: u64) -> String {
 }
 
 /// Seconds in the unit that reads best.
+/// GiB as MiB below one.
+fn bytes_gib(g: f64) -> String {
+    if g >= 1.0 {
+        format!("{g:.1} GiB")
+    } else {
+        format!("{:.0} MiB", g * 1024.0)
+    }
+}
+
 fn duration(s: f64) -> String {
     if s < 1.0 {
         format!("{:.0} ms", s * 1000.0)
@@ -73,13 +82,37 @@ fn inputs_line(s: &crate::scenario::Scenario) -> String {
             dw.in_process_s,
             "measured",
         ),
+        item(
+            "warm start-up",
+            w.warm_start_s,
+            dw.warm_start_s,
+            "measured: standby + compile cache, small compiled model, CPU",
+        ),
+        item(
+            "cold start-up",
+            j.startup_s,
+            dj.startup_s,
+            "measured: new process, no cache, small compiled model, CPU; the requeue's",
+        ),
         round_item(s),
     ];
-    let assumed = [
-        item("start-up", j.startup_s, dj.startup_s, "assumed"),
-        item("step", j.step_s, dj.step_s, "assumed"),
-        item("save stall", c.save_stall_s, dc.save_stall_s, "assumed"),
-    ];
+    #[allow(clippy::cast_precision_loss)]
+    let gpus = s.gpus.max(1) as f64;
+    let stall = match c.save_stall_s {
+        Some(v) => format!("save stall {} (given)", duration(v)),
+        None => format!(
+            "save stall {} ({} per GPU at {} GiB/s, {})",
+            duration(s.save_stall_s()),
+            bytes_gib(c.size_gib / gpus),
+            c.stall_gibps,
+            if same(c.stall_gibps, dc.stall_gibps) {
+                "measured: the async save's copy, on a CPU"
+            } else {
+                "given"
+            },
+        ),
+    };
+    let assumed = [item("step", j.step_s, dj.step_s, "assumed"), stall];
     format!(
         "inputs: {}; {} (docs/goodput.md: replace the assumed with yours, or --from-ledger)",
         measured.join(", "),

@@ -94,8 +94,17 @@ pub struct FaultClass {
 #[serde(deny_unknown_fields, default)]
 pub struct Checkpoint {
     /// Seconds a save blocks training (the copy out of GPU memory; the write
-    /// to the local tier and the replication run behind it).
-    pub save_stall_s: f64,
+    /// to the local tier and the replication run behind it), when given.
+    /// Unset: each rank's share of the checkpoint at [`Checkpoint::stall_gibps`]
+    /// ([`Scenario::save_stall_s`]).
+    pub save_stall_s: Option<f64>,
+    /// How fast an async save's stall copies a rank's state, GiB/s: the copy
+    /// into the saver's reused buffer, the rest behind it. Measured
+    /// (docs/benchmarks.md, "Async saves", 1 GiB: a 120.8 ms stall, 1.01x a
+    /// memcpy of the same bytes): 8.3 GiB/s, on the CPU, so bound by memcpy;
+    /// a GPU's device-to-host copy into pinned memory was not measured (no
+    /// GPU) and PCIe 5 is faster, so this over-states a GPU job's stall.
+    pub stall_gibps: f64,
     /// The whole checkpoint (all ranks), GiB.
     pub size_gib: f64,
     /// Read throughput of a node's local tier (tmpfs or NVMe), GiB/s.
@@ -109,7 +118,8 @@ pub struct Checkpoint {
 impl Default for Checkpoint {
     fn default() -> Self {
         Self {
-            save_stall_s: 10.0,
+            save_stall_s: None,
+            stall_gibps: 8.3,
             size_gib: 1024.0,
             // Measured (docs/benchmarks.md, checkpoint tiers, 1 GiB shard):
             // a restore with the copy in the local tmpfs tier, 138 ms
@@ -128,8 +138,12 @@ impl Default for Checkpoint {
 pub struct Job {
     /// Seconds per training step (warden's hang threshold is calibrated from it).
     pub step_s: f64,
-    /// Seconds from new worker processes to the first step: imports,
-    /// process-group set-up (not the restore).
+    /// Seconds from new worker processes to the first step, cold: imports,
+    /// process-group set-up, compiling the model (not the restore). What a
+    /// scheduler's requeue pays. Measured (docs/benchmarks.md,
+    /// "Compilation cache": a crash to the first step of a new process with
+    /// neither a standby interpreter nor a compile cache, for a small
+    /// `torch.compile`d model on the CPU).
     pub startup_s: f64,
 }
 
@@ -137,10 +151,21 @@ impl Default for Job {
     fn default() -> Self {
         Self {
             step_s: 5.0,
-            startup_s: 60.0,
+            startup_s: COLD_START_S,
         }
     }
 }
+
+/// The cold start measured by tests/bench/compile_cache.sh (docs/benchmarks.md,
+/// "Compilation cache"): a crash to the end of the first step of a new
+/// process with no standby and no cache, median of 3 runs 14.25 s, less the
+/// 0.2 s to the crash's detection.
+const COLD_START_S: f64 = 14.0;
+/// The warm start measured by the same runs (a standby interpreter and the
+/// compile cache in the tier): a crash to the end of the first step, median
+/// 1.78 s, less the crash detection and the launcher's restart
+/// (`crash_detection_s` 0.203 s, `in_job_restart_s` 0.13 s).
+const WARM_START_S: f64 = 1.45;
 
 /// warden's recovery times. Defaults: docs/benchmarks.md and the agent's
 /// configuration defaults (agent/src/config, core/src/policy).
@@ -171,6 +196,13 @@ pub struct WardenTimes {
     /// side") less the 0.203 s to the decision. The job's own start-up beyond a small DDP model's
     /// is `job.startup_s`.
     pub in_job_restart_s: f64,
+    /// The restarted workers' start-up under `warden run`: a standby
+    /// interpreter (imports done before the crash) and the compile cache in
+    /// the tier (nothing compiled again). Measured (docs/benchmarks.md,
+    /// "Compilation cache": the crash to the end of the first step of a
+    /// small `torch.compile`d model on the CPU, less `crash_detection_s` and
+    /// `in_job_restart_s`). A job's own loading beyond that is its to add.
+    pub warm_start_s: f64,
     /// The restart round across hosts through etcd, on top of the local
     /// restart. Unset: the fleet bench's restart round at the scenario's
     /// node count (docs/benchmarks.md, "Fleet"; planner/data/fleet.json),
@@ -181,7 +213,7 @@ pub struct WardenTimes {
     pub detection_s: Option<f64>,
     /// Measured mean restart downtime (ledger `restart_downtime_s`, incident
     /// to first step, restore excluded): replaces `in_job_restart_s` +
-    /// `job.startup_s` for warden's in-job restarts when set.
+    /// `warm_start_s` for warden's in-job restarts when set.
     pub restart_downtime_s: Option<f64>,
     /// Measured mean restore (ledger `restore_s`): replaces the local tier's
     /// modelled restore time when set.
@@ -194,11 +226,21 @@ pub struct WardenTimes {
     /// ranks, SIGKILL to every rank stepping). Unset: no heal (today's
     /// default for a job that does not declare its state).
     pub heal_s: Option<f64>,
-    /// A lost node's ranks heal too, on a spare or in a scaled-down job,
-    /// from replicas on other hosts. Not built: the heal is one host's
-    /// today (a job across hosts takes the in-job restart); set it to see
-    /// what that would be worth, labelled as a projection.
+    /// A lost node's ranks heal too, on a spare, from replicas on other
+    /// hosts (`warden run` over etcd: the survivors heal into the round
+    /// that gives the spare the lost node's place; docs/benchmarks.md,
+    /// "Heal across hosts": 6.1-6.7 s from the kill to every rank stepping
+    /// with a 3 s lease TTL, detection and the rejoin grace included, of
+    /// which 0.4-0.7 s after the spare had its place). Without a free spare
+    /// the job scales down, and a round of another world size restarts in
+    /// job (no heal). The lost host's detection is modelled as a crash's,
+    /// as for every node fault: the lease TTL is not.
     pub heal_across_hosts: bool,
+    /// A lost node's heal on a spare, from the round that gives the spare
+    /// its place to every rank stepping: 0.6 s, docs/benchmarks.md "Heal
+    /// across hosts" (0.38-0.74 s over 6 runs, 1 rank per host, gloo, CPU).
+    /// The detection before it is the node fault's (`crash_detection_s`).
+    pub heal_node_s: f64,
 }
 
 impl Default for WardenTimes {
@@ -210,12 +252,14 @@ impl Default for WardenTimes {
             tick_s: 0.1,
             in_process_s: 0.28,
             in_job_restart_s: 0.13,
+            warm_start_s: WARM_START_S,
             round_s: None,
             detection_s: None,
             restart_downtime_s: None,
             restore_s: None,
             heal_s: None,
             heal_across_hosts: false,
+            heal_node_s: 0.6,
         }
     }
 }
@@ -439,11 +483,21 @@ impl Scenario {
         self.node_mtbf_hours * 3600.0 / nodes
     }
 
+    /// warden's save stall: given, or each rank's share of the checkpoint
+    /// copied at the measured async-save rate.
+    pub fn save_stall_s(&self) -> f64 {
+        self.checkpoint.save_stall_s.unwrap_or_else(|| {
+            #[allow(clippy::cast_precision_loss)]
+            let ranks = self.gpus.max(1) as f64;
+            self.checkpoint.size_gib / ranks / self.checkpoint.stall_gibps
+        })
+    }
+
     /// The baseline's save stall.
     pub fn baseline_save_stall_s(&self) -> f64 {
         self.baseline
             .save_stall_s
-            .unwrap_or(self.checkpoint.save_stall_s)
+            .unwrap_or_else(|| self.save_stall_s())
     }
 
     /// Refuses a scenario that cannot be simulated, naming the input.
@@ -497,7 +551,10 @@ impl Scenario {
             ));
         }
         let c = &self.checkpoint;
-        non_negative("checkpoint.save_stall_s", c.save_stall_s)?;
+        if let Some(v) = c.save_stall_s {
+            non_negative("checkpoint.save_stall_s", v)?;
+        }
+        positive("checkpoint.stall_gibps", c.stall_gibps)?;
         non_negative("checkpoint.size_gib", c.size_gib)?;
         positive("checkpoint.local_gibps", c.local_gibps)?;
         positive("checkpoint.peer_gibps", c.peer_gibps)?;
@@ -512,6 +569,8 @@ impl Scenario {
             ("warden.tick_s", w.tick_s),
             ("warden.in_process_s", w.in_process_s),
             ("warden.in_job_restart_s", w.in_job_restart_s),
+            ("warden.warm_start_s", w.warm_start_s),
+            ("warden.heal_node_s", w.heal_node_s),
         ] {
             non_negative(key, v)?;
         }
@@ -603,11 +662,12 @@ impl Scenario {
         };
         take("step_s", "job.step_s", &mut self.job.step_s)?;
         take("startup_s", "job.startup_s", &mut self.job.startup_s)?;
-        take(
-            "save_stall_s",
-            "checkpoint.save_stall_s",
-            &mut self.checkpoint.save_stall_s,
-        )?;
+        if let Some(v) = number("save_stall_s")? {
+            self.checkpoint.save_stall_s = Some(v);
+            figures
+                .applied
+                .push(("checkpoint.save_stall_s".to_owned(), v));
+        }
         for (key, target, slot) in [
             (
                 "detection_s",

@@ -128,8 +128,12 @@ struct ClassModel {
     recovery: Recovery,
     /// warden: [crash, hang] x [detection, restart, restore].
     warden: [[f64; 3]; 2],
-    /// warden, the node replaced by a spare or the job scaled down.
+    /// warden, the node replaced by a spare (healed when the heal across
+    /// hosts is on).
     warden_node: [[f64; 3]; 2],
+    /// warden, the job scaled down (no spare free): a round of another
+    /// world size, which every host restarts in job (no heal).
+    warden_scaled: [[f64; 3]; 2],
     /// warden heals [crash, hang] from a live replica (no rollback).
     heals: [bool; 2],
     /// The baseline: [crash, hang] x parts.
@@ -160,7 +164,7 @@ impl Model {
         };
         let in_job = w
             .restart_downtime_s
-            .unwrap_or(w.in_job_restart_s + s.job.startup_s);
+            .unwrap_or(w.in_job_restart_s + w.warm_start_s);
         // `Scenario::validate` refuses a scenario whose round cannot be
         // had, so the fallback is never taken on a validated one.
         let round_s = s.round().map_or(0.0, |r| r.seconds);
@@ -169,7 +173,10 @@ impl Model {
         // A lost node's state lives in another data-parallel replica only
         // when the job has two or more.
         let replicas = s.nodes() / s.replica_nodes.max(1) >= 2;
-        let heal_node = w.heal_s.filter(|_| w.heal_across_hosts && replicas);
+        let heal_node = w
+            .heal_s
+            .filter(|_| w.heal_across_hosts && replicas)
+            .map(|_| w.heal_node_s);
         let total: f64 = s.classes.iter().map(|c| c.share).sum();
         let mut acc = 0.0;
         let cumulative = s
@@ -223,6 +230,7 @@ impl Model {
                         }
                     }),
                     warden_node: per(&node),
+                    warden_scaled: per(&|hang| [detect(hang), in_job + round_s, peer]),
                     heals,
                     baseline: per(&|hang| {
                         let d = match (planned, hang) {
@@ -244,7 +252,7 @@ impl Model {
             cumulative,
             classes,
             scale_up: [0.0, in_job + round_s, peer],
-            save_warden: s.checkpoint.save_stall_s,
+            save_warden: s.save_stall_s(),
             save_baseline: s.baseline_save_stall_s(),
             step_s: s.job.step_s,
             node_restore_s: peer,
@@ -368,8 +376,11 @@ pub fn timeline(model: &Model, strategy: Strategy, rng: &mut Rng, out: &mut Vec<
                     spares_free -= 1;
                     class.warden_node[hang]
                 } else if active > model.replica_nodes {
+                    // The survivors heal into a round of the same world
+                    // size only: scaled down, every host restarts in job.
                     active -= model.replica_nodes;
-                    class.warden_node[hang]
+                    healed = false;
+                    class.warden_scaled[hang]
                 } else {
                     // One replica left: nothing to scale down to; the job
                     // waits for the node to come back, and no other replica

@@ -276,12 +276,15 @@ pub fn plan(scenario: &Scenario, ledger: Option<LedgerFigures>) -> Result<Plan, 
     let young_w = young_daly::young_interval(save_w, lossy_mtbf(lossy_w));
     let young_b = young_daly::young_interval(save_b, lossy_mtbf(lossy_b));
     let sw = &scenario.sweep;
+    // A save happens at a step boundary: no interval below one step (a
+    // cheap save makes Young's interval shorter than a step).
+    let step = scenario.job.step_s;
     let lo = sw
         .interval_min_s
-        .unwrap_or(young_w.min(young_b).max(1.0) / 5.0);
+        .unwrap_or((young_w.min(young_b).max(1.0) / 5.0).max(step));
     let hi = sw
         .interval_max_s
-        .unwrap_or(young_w.max(young_b).max(1.0) * 5.0);
+        .unwrap_or((young_w.max(young_b).max(1.0) * 5.0).max(lo * 25.0));
     if hi <= lo {
         return Err(ScenarioError::Invalid {
             key: "sweep.interval_max_s".into(),

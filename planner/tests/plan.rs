@@ -81,7 +81,7 @@ fn invalid_inputs_are_named() {
             "node_mtbf_hours = -1",
         ),
         (
-            Box::new(|s| s.checkpoint.save_stall_s = -2.0),
+            Box::new(|s| s.checkpoint.save_stall_s = Some(-2.0)),
             "checkpoint.save_stall_s = -2",
         ),
         (Box::new(|s| s.job.step_s = f64::NAN), "job.step_s = NaN"),

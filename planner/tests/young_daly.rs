@@ -30,7 +30,7 @@ fn young_daly_scenario(seed: u64) -> Scenario {
         },
         ..Scenario::default()
     };
-    s.checkpoint.save_stall_s = 4.0;
+    s.checkpoint.save_stall_s = Some(4.0);
     s
 }
 
