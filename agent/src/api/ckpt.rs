@@ -18,7 +18,7 @@ use crate::ckpt::layout::{ShardKey, check_job_id, check_step};
 use crate::ckpt::peerset::PeerSpec;
 use crate::ckpt::restore::{self, RestoreError};
 use crate::ckpt::tier::{Owner, TierError};
-use crate::ckpt::wire::{self, ChunkSource};
+use crate::ckpt::wire::ChunkSource;
 use crate::ckpt::{Checkpoints, IncomingError, peers, subject};
 use crate::state::AgentState;
 use warden_core::events::{NewEvent, Severity};
@@ -415,101 +415,4 @@ pub async fn list_shards(
         host: state.host.clone(),
         shards: shards.map(peers::info).collect(),
     })
-}
-
-/// `warden.v1.Peer` as served: PushShard and FetchShard framed by
-/// [`crate::ckpt::wire`] (the shard's bytes never copied between the
-/// socket's buffers and the file), every other call by tonic's generated
-/// server. Same methods, same messages on the wire.
-#[derive(Debug, Clone)]
-pub struct PeerRoutes {
-    grpc: pb::peer_server::PeerServer<super::stragglers::PeerService>,
-    state: Arc<AgentState>,
-}
-
-impl PeerRoutes {
-    /// The service for `state`.
-    pub fn new(state: Arc<AgentState>) -> Self {
-        Self {
-            grpc: pb::peer_server::PeerServer::new(super::stragglers::PeerService::new(
-                state.clone(),
-            ))
-            .max_decoding_message_size(peers::MAX_MESSAGE)
-            .max_encoding_message_size(peers::MAX_MESSAGE),
-            state,
-        }
-    }
-}
-
-impl tonic::server::NamedService for PeerRoutes {
-    const NAME: &'static str = "warden.v1.Peer";
-}
-
-type HttpResponse = http::Response<tonic::body::Body>;
-
-impl tower::Service<http::Request<tonic::body::Body>> for PeerRoutes {
-    type Response = HttpResponse;
-    type Error = std::convert::Infallible;
-    type Future = std::pin::Pin<
-        Box<dyn std::future::Future<Output = Result<HttpResponse, Self::Error>> + Send>,
-    >;
-
-    fn poll_ready(
-        &mut self,
-        _: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Result<(), Self::Error>> {
-        std::task::Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, req: http::Request<tonic::body::Body>) -> Self::Future {
-        let state = self.state.clone();
-        // On the Unix socket the Peer service is for admins only: it moves
-        // any job's shards, and a local rank saves and restores its own
-        // through the Agent calls.
-        if let Some(peer) = req.extensions().get::<super::caller::LocalPeer>()
-            && !state.authz.is_admin(peer)
-        {
-            let call = req.uri().path().rsplit('/').next().unwrap_or("").to_owned();
-            let refusal = Status::permission_denied(format!(
-                "{call} refused for {peer}: the warden.v1.Peer service on the Unix socket is for admins only (rule: {})",
-                super::authz::Rule::Admin.describe()
-            ));
-            return Box::pin(async move { Ok(refusal.into_http()) });
-        }
-        let caller = Caller::of(req.extensions().get::<crate::tls::accept::PeerInfo>());
-        match req.uri().path() {
-            wire::PUSH_PATH => Box::pin(async move {
-                let body = wire::Reader::new(req.into_body(), peers::MAX_MESSAGE);
-                let r = super::observe::observed("PushShard", push_shard(&state, &caller, body))
-                    .await
-                    .and_then(|a| wire::Answer::ok(&a));
-                Ok(match r {
-                    Ok(a) => wire::response(tonic::body::Body::new(a)),
-                    Err(s) => s.into_http(),
-                })
-            }),
-            wire::FETCH_PATH => Box::pin(async move {
-                let r = super::observe::observed("FetchShard", async {
-                    let mut body = wire::Reader::new(req.into_body(), peers::MAX_MESSAGE);
-                    let ask = body
-                        .decode::<pb::FetchShardRequest>()
-                        .await?
-                        .ok_or_else(|| Status::invalid_argument("FetchShard: no request"))?;
-                    fetch_shard(&state, &caller, ask).await
-                })
-                .await;
-                Ok(match r {
-                    Ok(chunks) => wire::response(tonic::body::Body::new(wire::ChunkBody::new(
-                        chunks,
-                        wire::Ending::Trailers,
-                    ))),
-                    Err(s) => s.into_http(),
-                })
-            }),
-            _ => {
-                let mut grpc = self.grpc.clone();
-                Box::pin(async move { grpc.call(req).await })
-            }
-        }
-    }
 }

@@ -24,6 +24,7 @@ pub mod metrics_http;
 pub mod nvhcd;
 pub mod observe;
 pub mod peer_auth;
+pub mod peer_service;
 pub mod positions;
 pub mod service;
 pub mod slot_socket;

@@ -1,6 +1,7 @@
 //! The straggler detector at the edge: GetStragglers and the
-//! `warden.v1.Peer` service (older agents' summaries, and the aggregator's
-//! report, `api::aggregate`). No task here calls every peer any more: the
+//! ExchangeStragglerSummaries call of `warden.v1.Peer` (older agents'
+//! summaries; the service itself is `api::peer_service`, the aggregator's
+//! report `api::aggregate`). No task here calls every peer any more: the
 //! last all-to-all (SDC values) went to the aggregator with issue 30.
 //!
 //! Why here: the detector (`detect::straggler`) knows nothing of tonic; this
@@ -10,15 +11,12 @@
 //! `straggler.exchange_interval`, and never holds up anything else: each
 //! call is bounded by `straggler.peer_timeout` and runs off the work loop.
 
-use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use tonic::{Request, Response, Status};
 use warden_proto::v1 as pb;
-use warden_proto::v1::peer_server::Peer;
 
 use super::convert;
-use super::observe::observed;
 use super::peer_auth::Caller;
 use crate::state::AgentState;
 use crate::tls::accept::PeerInfo;
@@ -166,129 +164,57 @@ pub fn batch_from_pb(p: pb::StragglerSummaries) -> Result<Batch, String> {
     Ok(batch)
 }
 
-/// `warden.v1.Peer`: takes a peer's summaries, answers with ours.
-#[derive(Debug, Clone)]
-pub struct PeerService {
-    state: Arc<AgentState>,
-}
-
-impl PeerService {
-    /// A service answering from `state`'s straggler detector.
-    pub fn new(state: Arc<AgentState>) -> Self {
-        Self { state }
+/// ExchangeStragglerSummaries: an older agent's summaries, positions and
+/// values taken (checked, naming the field), answered with this agent's
+/// (all of them to an older agent, its values alone to a newer one).
+pub fn exchange(
+    state: &AgentState,
+    req: Request<pb::StragglerSummaries>,
+) -> Result<Response<pb::StragglerSummaries>, Status> {
+    if !state.config.straggler.enabled {
+        return Err(Status::failed_precondition(format!(
+            "straggler detection is off on {} (straggler.enabled = false)",
+            state.host
+        )));
     }
-}
-
-#[tonic::async_trait]
-impl Peer for PeerService {
-    async fn exchange_straggler_summaries(
-        &self,
-        req: Request<pb::StragglerSummaries>,
-    ) -> Result<Response<pb::StragglerSummaries>, Status> {
-        observed("ExchangeStragglerSummaries", async {
-            if !self.state.config.straggler.enabled {
-                return Err(Status::failed_precondition(format!(
-                    "straggler detection is off on {} (straggler.enabled = false)",
-                    self.state.host
-                )));
-            }
-            let caller = Caller::of(req.extensions().get::<PeerInfo>());
-            let mut req = req.into_inner();
-            let legacy = !req.ranks.is_empty() || !req.positions.is_empty();
-            let positions = std::mem::take(&mut req.positions);
-            let values = std::mem::take(&mut req.values);
-            let batch = batch_from_pb(req)
-                .map_err(|e| Status::invalid_argument(format!("straggler summaries: {e}")))?;
-            let positions = super::positions::from_pb(&batch.host, positions)
-                .map_err(|e| Status::invalid_argument(format!("straggler summaries: {e}")))?;
-            // An older agent's values are checked and not judged here: its
-            // ranks are judged by it, and ours by the job's aggregator.
-            super::positions::values_from_pb(values)
-                .map_err(|e| Status::invalid_argument(format!("straggler summaries: {e}")))?;
-            if batch.host == self.state.host {
-                return Err(Status::failed_precondition(format!(
-                    "the summaries come from host {:?}, this agent's own name: give each agent \
-                     its own agent.host_name, and do not list an agent among its own peers",
-                    batch.host
-                )));
-            }
-            let known = caller.identity().is_some_and(|id| {
-                self.state.straggler_peers_seen.contains(id)
-                    || self
-                        .state
-                        .checkpoints
-                        .as_ref()
-                        .is_ok_and(|ck| ck.peers.knows(id))
-            });
-            super::peer_auth::straggler(&caller, &batch.host, known)?;
-            let det = self.state.stragglers();
-            let host = batch.host.clone();
-            det.merge_remote(batch, Instant::now());
-            self.state.hang_board.merge_remote(&host, positions);
-            // A newer agent sends values only and is answered alike; an
-            // older one sends everything and still gets everything.
-            if legacy {
-                Ok(Response::new(outgoing(&self.state, &det)))
-            } else {
-                Ok(Response::new(values_only(&self.state, &det)))
-            }
-        })
-        .await
+    let caller = Caller::of(req.extensions().get::<PeerInfo>());
+    let mut req = req.into_inner();
+    let legacy = !req.ranks.is_empty() || !req.positions.is_empty();
+    let positions = std::mem::take(&mut req.positions);
+    let values = std::mem::take(&mut req.values);
+    let batch = batch_from_pb(req)
+        .map_err(|e| Status::invalid_argument(format!("straggler summaries: {e}")))?;
+    let positions = super::positions::from_pb(&batch.host, positions)
+        .map_err(|e| Status::invalid_argument(format!("straggler summaries: {e}")))?;
+    // An older agent's values are checked and not judged here: its
+    // ranks are judged by it, and ours by the job's aggregator.
+    super::positions::values_from_pb(values)
+        .map_err(|e| Status::invalid_argument(format!("straggler summaries: {e}")))?;
+    if batch.host == state.host {
+        return Err(Status::failed_precondition(format!(
+            "the summaries come from host {:?}, this agent's own name: give each agent \
+             its own agent.host_name, and do not list an agent among its own peers",
+            batch.host
+        )));
     }
-
-    async fn report_to_aggregator(
-        &self,
-        req: Request<pb::AggregateReport>,
-    ) -> Result<Response<pb::AggregateAnswer>, Status> {
-        observed("ReportToAggregator", async {
-            let info = req.extensions().get::<PeerInfo>();
-            let caller = Caller::of(info);
-            let remote = info.and_then(|i| i.remote);
-            super::aggregate::report_to_aggregator(&self.state, &caller, remote, req.into_inner())
-                .map(Response::new)
-        })
-        .await
-    }
-
-    async fn push_shard(
-        &self,
-        req: Request<tonic::Streaming<pb::ShardChunk>>,
-    ) -> Result<Response<pb::PushShardResponse>, Status> {
-        observed("PushShard", async {
-            let caller = Caller::of(req.extensions().get::<PeerInfo>());
-            super::ckpt::push_shard(&self.state, &caller, req.into_inner())
-                .await
-                .map(Response::new)
-        })
-        .await
-    }
-
-    type FetchShardStream = tokio_stream::wrappers::ReceiverStream<Result<pb::ShardChunk, Status>>;
-
-    async fn fetch_shard(
-        &self,
-        req: Request<pb::FetchShardRequest>,
-    ) -> Result<Response<Self::FetchShardStream>, Status> {
-        observed("FetchShard", async {
-            let caller = Caller::of(req.extensions().get::<PeerInfo>());
-            super::ckpt::fetch_shard(&self.state, &caller, req.into_inner())
-                .await
-                .map(Response::new)
-        })
-        .await
-    }
-
-    async fn list_shards(
-        &self,
-        req: Request<pb::ListShardsRequest>,
-    ) -> Result<Response<pb::ListShardsResponse>, Status> {
-        observed("ListShards", async {
-            let caller = Caller::of(req.extensions().get::<PeerInfo>());
-            super::ckpt::list_shards(&self.state, &caller, req.into_inner())
-                .await
-                .map(Response::new)
-        })
-        .await
+    let known = caller.identity().is_some_and(|id| {
+        state.straggler_peers_seen.contains(id)
+            || state
+                .checkpoints
+                .as_ref()
+                .is_ok_and(|ck| ck.peers.knows(id))
+    });
+    super::peer_auth::straggler(&caller, &batch.host, known)?;
+    let det = state.stragglers();
+    let host = batch.host.clone();
+    det.merge_remote(batch, Instant::now());
+    state.hang_board.merge_remote(&host, positions);
+    // A newer agent sends values only and is answered alike; an
+    // older one sends everything and still gets everything.
+    if legacy {
+        Ok(Response::new(outgoing(state, &det)))
+    } else {
+        Ok(Response::new(values_only(state, &det)))
     }
 }
 

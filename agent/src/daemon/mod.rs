@@ -249,7 +249,7 @@ async fn serve(
         .add_service(reflection)
         .add_service(reflection_alpha)
         .add_service(AgentServer::new(AgentService::new(state.clone())))
-        .add_service(crate::api::ckpt::PeerRoutes::new(state.clone()));
+        .add_service(crate::api::peer_service::PeerRoutes::new(state.clone()));
 
     let mut tasks = JoinSet::new();
     tasks.spawn(attribution);

@@ -70,7 +70,7 @@ pub async fn serve(
         .initial_stream_window_size(crate::ckpt::peers::STREAM_WINDOW)
         .initial_connection_window_size(crate::ckpt::peers::CONN_WINDOW)
         .max_frame_size(crate::ckpt::peers::FRAME)
-        .add_service(crate::api::ckpt::PeerRoutes::new(state.clone()));
+        .add_service(crate::api::peer_service::PeerRoutes::new(state.clone()));
     if let Err(e) = router
         .serve_with_incoming_shutdown(incoming, stop.cancelled())
         .await
