@@ -89,9 +89,9 @@ pub struct AgentState {
     pub sdc_aggregator: Mutex<warden_core::detect::sdc::aggregate::SdcAggregator>,
     /// The node's health gate: one run at a time, its result cached, calls
     /// per uid bounded (`api::gate`).
-    pub gate: crate::api::gate::Gate,
+    pub gate: crate::api::gate_state::Gate,
     /// ReportJobStop calls per uid (`api.job_stops_per_minute`).
-    pub job_stops: crate::api::job_stop::StopLimiter,
+    pub job_stops: crate::api::stop_limiter::StopLimiter,
 }
 
 impl AgentState {
@@ -165,8 +165,8 @@ impl AgentState {
             straggler_peers_seen: std::sync::Arc::default(),
             stragglers: std::sync::OnceLock::new(),
             peer_values: crate::ranks::peer_values::PeerValues::default(),
-            gate: crate::api::gate::Gate::default(),
-            job_stops: crate::api::job_stop::StopLimiter::new(config.api.job_stops_per_minute),
+            gate: crate::api::gate_state::Gate::default(),
+            job_stops: crate::api::stop_limiter::StopLimiter::new(config.api.job_stops_per_minute),
             aggregator: Mutex::new(warden_core::detect::straggler::aggregate::Aggregator::new(
                 config.straggler.summary_ttl,
             )),

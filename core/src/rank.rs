@@ -57,3 +57,9 @@ pub struct ExitInfo {
     /// Where the status came from, or why it is unknown.
     pub source: String,
 }
+
+/// The most ranks a job may have in any count warden keeps or checks (the
+/// agent's `ranks.max_world_size`, a manifest's or a peer's world size):
+/// 2^24, far past any job run today, and still a bounded allocation per
+/// step.
+pub const MAX_WORLD_SIZE: u32 = 1 << 24;

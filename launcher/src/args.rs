@@ -11,6 +11,9 @@ use clap::{Args, ValueEnum};
 
 use crate::torchrun_flags::TorchrunFlags;
 
+/// etcd's client port, for an endpoint given without one.
+pub const DEFAULT_ETCD_PORT: u16 = 2379;
+
 /// Which agent the launcher uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum AgentMode {
@@ -408,7 +411,7 @@ impl RunArgs {
                 if has_port {
                     e.to_owned()
                 } else {
-                    format!("{e}:{}", super::etcd::DEFAULT_ETCD_PORT)
+                    format!("{e}:{}", DEFAULT_ETCD_PORT)
                 }
             })
             .collect()

@@ -33,8 +33,7 @@ use super::args::RunArgs;
 use super::exit::{EXIT_BUDGET_SPENT, EXIT_LAUNCHER_ERROR, EXIT_NODE_FAULT};
 use super::hosts::{AttemptPlan, CoordError, Coordinator, Directive, NodeFault, Remote};
 
-/// etcd's client port, for an endpoint given without one.
-pub const DEFAULT_ETCD_PORT: u16 = 2379;
+pub use crate::args::DEFAULT_ETCD_PORT;
 
 /// How often a restart request that did not reach etcd is tried again
 /// while the rendezvous waits for its round.

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::config::{ConfigError, duration};
+use warden_core::config::{ConfigError, duration};
 
 /// `[restart]`: in-process restarts.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

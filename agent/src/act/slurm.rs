@@ -31,7 +31,7 @@ use tokio::process::Command;
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
 use tokio_util::sync::CancellationToken;
 
-use crate::config::ConfigError;
+use warden_core::config::ConfigError;
 use warden_core::events::{EventBus, NewEvent, Severity};
 
 /// What every reason the agent sets starts with: how a resume tells the
@@ -68,7 +68,7 @@ pub struct SlurmConfig {
     pub scontrol: String,
     /// How long one `scontrol` call may take before its process group is
     /// killed and the call reported as failed. Between 1s and 2m.
-    #[serde(with = "crate::config::duration")]
+    #[serde(with = "warden_core::config::duration")]
     pub timeout: Duration,
 }
 

@@ -12,7 +12,7 @@ use tokio_util::sync::CancellationToken;
 use tonic::Status;
 use warden_proto::v1 as pb;
 
-use super::service::BoxStream;
+use super::streams::BoxStream;
 use crate::act::in_process::{self, ControlError, DumpRequest, RankRequest, RestartError};
 use crate::ranks::RankKey;
 use crate::state::AgentState;

@@ -12,8 +12,7 @@
 //! its end, or `dcgm.gate_timeout`, and its result is cached for the
 //! callers queued behind it).
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, PoisonError};
 use std::time::{Duration, Instant};
 
 use tonic::Status;
@@ -25,24 +24,8 @@ use crate::state::AgentState;
 use warden_core::events::{NewEvent, Severity};
 use warden_core::signal::{GateFailed, GateFailure, Signal};
 
-/// The node's one gate: the last run (held while a run goes on, so callers
-/// queue behind it) and the calls in progress per uid.
-#[derive(Debug, Default)]
-pub struct Gate {
-    /// The last run's level, verdict and end; locked for the whole of a run.
-    last: tokio::sync::Mutex<Option<LastRun>>,
-    /// Calls in progress (waiting or running) per uid; a uid at zero is
-    /// removed, so the map holds only callers of the moment.
-    calls: Mutex<HashMap<u32, u32>>,
-}
-
-/// A finished run.
-#[derive(Debug, Clone)]
-struct LastRun {
-    level: u32,
-    outcome: GateOutcome,
-    ended: Instant,
-}
+pub use super::gate_state::Gate;
+use super::gate_state::LastRun;
 
 /// One call's place among its uid's calls; given back when dropped.
 #[derive(Debug)]

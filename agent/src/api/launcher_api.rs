@@ -16,7 +16,7 @@ use tonic::Status;
 use warden_proto::v1 as pb;
 
 use super::convert;
-use super::service::BoxStream;
+use super::streams::BoxStream;
 use crate::state::AgentState;
 use warden_core::attribute::IncidentRecord;
 use warden_core::events::{NewEvent, Severity};

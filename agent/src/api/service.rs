@@ -20,8 +20,7 @@ use crate::state::AgentState;
 use warden_core::events::Event;
 use warden_core::signal::{RankException, RankRegistered, Signal};
 
-/// A boxed server stream, as tonic wants it.
-pub type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
+pub use super::streams::BoxStream;
 
 /// Implements warden.v1.Agent on top of the shared agent state.
 #[derive(Debug, Clone)]

@@ -177,6 +177,10 @@ fn give_back_heap() {
     }
 }
 
+/// A boxed server stream, as tonic wants it.
+pub type BoxStream<T> =
+    std::pin::Pin<Box<dyn tokio_stream::Stream<Item = Result<T, tonic::Status>> + Send + 'static>>;
+
 #[cfg(test)]
 mod tests {
     use super::*;

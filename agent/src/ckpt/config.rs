@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::config::{ConfigError, duration};
+use warden_core::config::{ConfigError, duration};
 
 /// `[checkpoint]`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -227,7 +227,7 @@ impl CheckpointConfig {
             ));
         }
         for p in &self.peers {
-            if !crate::config::valid_peer_addr(&p.addr) {
+            if !warden_core::config::valid_peer_addr(&p.addr) {
                 return Err(invalid(
                     origin,
                     "checkpoint.peers.addr",

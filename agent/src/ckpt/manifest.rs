@@ -69,11 +69,11 @@ impl Manifest {
         }
         // A manifest from elsewhere (the durable store) sizes loops over
         // ranks: bounded like every request.
-        if m.world_size > crate::config::MAX_WORLD_SIZE {
+        if m.world_size > warden_core::rank::MAX_WORLD_SIZE {
             return Err(format!(
                 "world_size {} is above the most any agent takes ({})",
                 m.world_size,
-                crate::config::MAX_WORLD_SIZE
+                warden_core::rank::MAX_WORLD_SIZE
             ));
         }
         Ok(m)

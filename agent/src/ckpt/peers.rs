@@ -72,11 +72,11 @@ pub fn manifest_of(i: &pb::ShardInfo) -> Result<Manifest, String> {
             i.rank, i.world_size
         ));
     }
-    if i.world_size > crate::config::MAX_WORLD_SIZE {
+    if i.world_size > warden_core::rank::MAX_WORLD_SIZE {
         return Err(format!(
             "shard info: world_size {} is above the most any agent takes ({})",
             i.world_size,
-            crate::config::MAX_WORLD_SIZE
+            warden_core::rank::MAX_WORLD_SIZE
         ));
     }
     super::layout::check_step(i.step).map_err(|e| format!("shard info: {e}"))?;

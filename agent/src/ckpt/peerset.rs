@@ -190,7 +190,7 @@ impl PeerSet {
             let jobs = self.jobs();
             let known: Vec<&Peer> = jobs.values().flatten().collect();
             for (index, s) in specs.iter().enumerate() {
-                if !crate::config::valid_peer_addr(&s.addr) {
+                if !warden_core::config::valid_peer_addr(&s.addr) {
                     return Err(PeerSetError::BadAddr {
                         index,
                         host: s.host.clone(),

@@ -6,7 +6,9 @@
 //! The documented reference for every key is `systemd/wardend.toml`; a test
 //! keeps that file and [`Config::default`] in agreement.
 
+pub use crate::sources::host_config::HostConfig;
 pub use warden_core::config::{ConfigError, HangConfig, duration, parse_toml, valid_peer_addr};
+pub use warden_core::rank::MAX_WORLD_SIZE;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -39,7 +41,7 @@ pub struct Config {
     /// TPU chips and libtpu's runtime metrics service.
     pub tpu: crate::sources::tpu::TpuConfig,
     /// NVIDIA's node health check protocol, served from the health model.
-    pub nvhcd: crate::api::nvhcd::NvhcdConfig,
+    pub nvhcd: nvhcd::NvhcdConfig,
     /// The kernel log source (XIDs, OOM kills, NIC links).
     pub kmsg: crate::sources::kmsg::KmsgConfig,
     /// DCGM's health watches, and its diagnostics as the pre-restart gate.
@@ -302,67 +304,6 @@ pub struct EventsConfig {
 impl Default for EventsConfig {
     fn default() -> Self {
         Self { retain: 4096 }
-    }
-}
-
-/// `[host]`: thresholds for the host's own health.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct HostConfig {
-    /// How often host signals (memory) are read.
-    #[serde(with = "duration")]
-    pub poll_interval: Duration,
-    /// Available memory below this share of the total (percent) is DEGRADED.
-    pub memory_degraded_below_percent: f64,
-    /// Available memory below this share of the total (percent) is FAILED:
-    /// the OOM killer is about to pick a rank.
-    pub memory_failed_below_percent: f64,
-    /// Root of sysfs, where NICs, InfiniBand ports and TPU chips are found.
-    /// Tests point it at a fake tree.
-    pub sysfs_root: String,
-    /// The checkpoint tier whose free space is watched (`disk/checkpoint`);
-    /// unset: the agent's own tier, `[checkpoint] dir` (when the tier is
-    /// on); empty: not watched. FAILED only when it is a filesystem of the
-    /// agent's own (sources/host_disk.rs), DEGRADED at most when others
-    /// may write it too.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub checkpoint_dir: Option<String>,
-    /// Free space of `checkpoint_dir` below this share (percent) is DEGRADED.
-    pub checkpoint_degraded_below_percent: f64,
-    /// Free space below this share (percent) is FAILED: the next checkpoint
-    /// may not fit.
-    pub checkpoint_failed_below_percent: f64,
-    /// NICs to watch by name; empty: every physical one not in `net_ignore`.
-    pub net_interfaces: Vec<String>,
-    /// NIC names (a trailing `*` matches a prefix) never watched unless
-    /// listed in `net_interfaces`: loopback and virtual interfaces.
-    pub net_ignore: Vec<String>,
-    /// The window over which link-down counts (carrier drops, IB link_downed)
-    /// are judged.
-    #[serde(with = "duration")]
-    pub link_flap_window: Duration,
-    /// Link-downs within `link_flap_window` that make a link DEGRADED (flapping).
-    pub link_flaps_degraded: u64,
-}
-
-impl Default for HostConfig {
-    fn default() -> Self {
-        Self {
-            poll_interval: Duration::from_secs(5),
-            memory_degraded_below_percent: 10.0,
-            memory_failed_below_percent: 3.0,
-            sysfs_root: "/sys".into(),
-            checkpoint_dir: None,
-            checkpoint_degraded_below_percent: 10.0,
-            checkpoint_failed_below_percent: 3.0,
-            net_interfaces: Vec::new(),
-            net_ignore: crate::sources::host_net::DEFAULT_IGNORE
-                .iter()
-                .map(|s| (*s).to_owned())
-                .collect(),
-            link_flap_window: Duration::from_secs(300),
-            link_flaps_degraded: 2,
-        }
     }
 }
 
@@ -934,12 +875,9 @@ impl Config {
     }
 }
 
+pub mod nvhcd;
 #[cfg(test)]
 mod tests;
-
-/// The most `ranks.max_world_size` may say: 2^24 ranks, far past any job
-/// run today, and still a bounded allocation per step.
-pub const MAX_WORLD_SIZE: u32 = 1 << 24;
 
 /// A group given by name or number (`api.socket_group`,
 /// `api.admin_group`) as its gid; None when empty; or why it names no

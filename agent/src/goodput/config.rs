@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::config::ConfigError;
+use warden_core::config::ConfigError;
 
 /// What is kept of jobs that ended (every rank ended: CloseGoodput, or each
 /// rank exited). Without a bound, each job id ever seen kept its ledger in
@@ -15,7 +15,7 @@ pub struct GoodputConfig {
     /// An ended job's ledger (GetGoodput) and journal
     /// (`<state_dir>/goodput/<job>.jsonl`) are dropped this long after the
     /// agent saw it end (a job found ended at start counts from the start).
-    #[serde(with = "crate::config::duration")]
+    #[serde(with = "warden_core::config::duration")]
     pub retain_ended: Duration,
     /// At most this many ended jobs are kept; past it the ones that ended
     /// longest ago are dropped first.
@@ -24,7 +24,7 @@ pub struct GoodputConfig {
     /// `warden_goodput_ratio{job}`, the straggler gauges) stay on
     /// `/metrics` this long after it ended, so a scrape sees its final
     /// values; then they are removed.
-    #[serde(with = "crate::config::duration")]
+    #[serde(with = "warden_core::config::duration")]
     pub series_after_end: Duration,
 }
 

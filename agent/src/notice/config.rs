@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::config::ConfigError;
+use warden_core::config::ConfigError;
 
 /// Whether a cloud's source runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -53,19 +53,19 @@ pub struct GceConfig {
     pub url: String,
     /// How long one long-poll (`wait_for_change=true`) may wait before the
     /// server answers with the same value (its `timeout_sec`).
-    #[serde(with = "crate::config::duration")]
+    #[serde(with = "warden_core::config::duration")]
     pub wait: Duration,
     /// The stop's window after `instance/preempted` turns TRUE (GCE gives
     /// a preemptible or Spot VM 30 s).
-    #[serde(with = "crate::config::duration")]
+    #[serde(with = "warden_core::config::duration")]
     pub preempt_window: Duration,
     /// The stop's window after `instance/maintenance-event` names a
     /// maintenance (GCE gives 60 s before it).
-    #[serde(with = "crate::config::duration")]
+    #[serde(with = "warden_core::config::duration")]
     pub maintenance_window: Duration,
     /// `instance/upcoming-maintenance` (where served) raises a notice this
     /// long before its window starts.
-    #[serde(with = "crate::config::duration")]
+    #[serde(with = "warden_core::config::duration")]
     pub upcoming_lead: Duration,
 }
 
@@ -92,10 +92,10 @@ pub struct AwsConfig {
     /// `/latest/api/token` first).
     pub url: String,
     /// How often `spot/instance-action` is read (AWS advises 5 s).
-    #[serde(with = "crate::config::duration")]
+    #[serde(with = "warden_core::config::duration")]
     pub poll_interval: Duration,
     /// The token's lifetime asked for in the PUT.
-    #[serde(with = "crate::config::duration")]
+    #[serde(with = "warden_core::config::duration")]
     pub token_ttl: Duration,
 }
 
@@ -122,11 +122,11 @@ pub struct KubernetesConfig {
     /// NoSchedule or NoExecute).
     pub taints: Vec<String>,
     /// How often the file is read.
-    #[serde(with = "crate::config::duration")]
+    #[serde(with = "warden_core::config::duration")]
     pub poll_interval: Duration,
     /// The stop's window after the taint appears (the pod's
     /// `terminationGracePeriodSeconds`).
-    #[serde(with = "crate::config::duration")]
+    #[serde(with = "warden_core::config::duration")]
     pub window: Duration,
 }
 

@@ -16,7 +16,7 @@ const RING_STEPS: usize = RING_LEN - 1;
 
 use super::procfs;
 use super::registry::{Marker, RankEntry, RankKey, RankState, Registry};
-use crate::config::HangConfig;
+use warden_core::config::HangConfig;
 use warden_core::detect::calibration::{self, IDLE};
 use warden_core::detect::culprit::Position;
 use warden_core::detect::hang::{self, PeerPosition, Threshold};

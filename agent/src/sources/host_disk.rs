@@ -17,7 +17,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
-use crate::config::HostConfig;
+use crate::sources::host_config::HostConfig;
 use warden_core::health::{ComponentReport, Reason, Status};
 
 /// The component id this source reports on.

@@ -22,16 +22,12 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime};
 
-use crate::config::HostConfig;
+use crate::sources::host_config::HostConfig;
 use warden_core::events::{NewEvent, Severity};
 use warden_core::health::window::CounterWindow;
 use warden_core::health::{ComponentReport, Reason, Status};
 
-/// Default `[host] net_ignore`: loopback and virtual interfaces.
-pub const DEFAULT_IGNORE: &[&str] = &[
-    "lo", "veth*", "docker*", "br-*", "virbr*", "cni*", "flannel*", "cali*", "vxlan*", "tun*",
-    "tap*", "wg*", "kube-*", "dummy*",
-];
+pub use super::host_config::DEFAULT_IGNORE;
 
 /// Whether `name` matches one of `patterns` (a trailing `*` is a prefix).
 pub fn matches(name: &str, patterns: &[String]) -> bool {

@@ -9,6 +9,7 @@
 //! deltas over a window ([`warden_core::health::window`]), never lifetime totals.
 
 pub mod dcgm;
+pub mod host_config;
 pub mod host_disk;
 pub mod host_memory;
 pub mod host_net;

@@ -61,3 +61,22 @@ impl std::fmt::Display for FaultClass {
         f.write_str(self.as_str())
     }
 }
+
+/// What a health signal says when a source reports it (the source has
+/// already judged it against its thresholds and debounce). Here, beside
+/// the classes, so that the fault tables (`taxonomy`) and the attribution
+/// rules both name it without importing each other.
+#[derive(Debug, Clone, Copy)]
+pub struct SignalRule {
+    /// The reason's signal name, as the sources spell it.
+    pub signal: &'static str,
+    /// Class when the source judged the component FAILED.
+    pub failed: FaultClass,
+    /// Class when DEGRADED; None where a degradation is a warning about
+    /// what may come, never the cause of a failure that has come.
+    pub degraded: Option<FaultClass>,
+    /// How strongly.
+    pub weight: f64,
+    /// Why.
+    pub note: &'static str,
+}

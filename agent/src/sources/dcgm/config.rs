@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::config::ConfigError;
+use warden_core::config::ConfigError;
 use warden_core::taxonomy::dcgm::SYSTEMS;
 
 /// How DCGM is reached and read.
@@ -28,11 +28,11 @@ pub struct DcgmConfig {
     /// nvswitch_fatal, connectx.
     pub systems: Vec<String>,
     /// How often dcgmHealthCheck is called.
-    #[serde(with = "crate::config::duration")]
+    #[serde(with = "warden_core::config::duration")]
     pub poll_interval: Duration,
     /// A DCGM call that takes longer is abandoned: the helper process is
     /// killed and started again; `dcgm` reads UNKNOWN meanwhile.
-    #[serde(with = "crate::config::duration")]
+    #[serde(with = "warden_core::config::duration")]
     pub call_timeout: Duration,
     /// Checks in a row an incident must be gone before its reason clears.
     pub clear_after: u32,
@@ -42,7 +42,7 @@ pub struct DcgmConfig {
     /// `dcgmi diag -r LEVEL` for the gate (1 quick, 2 medium, 3 long).
     pub gate_level: u32,
     /// The gate's deadline.
-    #[serde(with = "crate::config::duration")]
+    #[serde(with = "warden_core::config::duration")]
     pub gate_timeout: Duration,
     /// The deepest level a caller may ask for (RunHealthGate's `level`,
     /// `warden diag --level`): a gate stresses every GPU of the node, every
@@ -52,7 +52,7 @@ pub struct DcgmConfig {
     /// A gate's result is answered again, marked cached with its age, to
     /// callers asking for the same level or a lower one within this long
     /// after its run ended; 0s: every call runs (one at a time).
-    #[serde(with = "crate::config::duration")]
+    #[serde(with = "warden_core::config::duration")]
     pub gate_cache_for: Duration,
     /// Gate calls one uid may have in progress (waiting or running) at
     /// once; the next is refused with RESOURCE_EXHAUSTED naming this key.

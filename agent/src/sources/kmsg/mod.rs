@@ -54,13 +54,13 @@ pub struct KmsgConfig {
     /// number); an address found in neither is reported as `gpu-<address>`.
     pub gpu_pci: Vec<String>,
     /// How long a GPU keeps the reason of an XID after its last occurrence.
-    #[serde(with = "crate::config::duration")]
+    #[serde(with = "warden_core::config::duration")]
     pub xid_hold: Duration,
     /// How long `host/oom` stays DEGRADED after the last OOM kill.
-    #[serde(with = "crate::config::duration")]
+    #[serde(with = "warden_core::config::duration")]
     pub oom_hold: Duration,
     /// How often new lines are read.
-    #[serde(with = "crate::config::duration")]
+    #[serde(with = "warden_core::config::duration")]
     pub poll_interval: Duration,
 }
 
@@ -80,9 +80,11 @@ impl Default for KmsgConfig {
 
 impl KmsgConfig {
     /// Checks values that parse but make no sense; the error names the key.
-    pub fn validate(&self, origin: &str) -> Result<(), crate::config::ConfigError> {
+    pub fn validate(&self, origin: &str) -> Result<(), warden_core::config::ConfigError> {
         let invalid = |key, value, why: &str| {
-            Err(crate::config::ConfigError::invalid(origin, key, value, why))
+            Err(warden_core::config::ConfigError::invalid(
+                origin, key, value, why,
+            ))
         };
         if self.enabled && self.path.is_empty() {
             return invalid(

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::config::ConfigError;
+use warden_core::config::ConfigError;
 
 /// `[nvml]`: GPU health read through NVIDIA's management library.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -17,14 +17,14 @@ pub struct NvmlConfig {
     /// way (`ld.so`) or an absolute path.
     pub library: String,
     /// How often every GPU is read.
-    #[serde(with = "crate::config::duration")]
+    #[serde(with = "warden_core::config::duration")]
     pub poll_interval: Duration,
     /// GPUs this node must have; fewer is a node-level FAILED reason (a GPU
     /// that fell off the bus may vanish from the count). 0: do not check.
     pub expected_gpus: u32,
     /// The window over which counters (ECC, PCIe replays, NVLink errors) are
     /// judged as increases, never as lifetime totals.
-    #[serde(with = "crate::config::duration")]
+    #[serde(with = "warden_core::config::duration")]
     pub window: Duration,
     /// Corrected (single-bit) volatile ECC errors within `window` at or above
     /// which a GPU is DEGRADED. Any uncorrected error in the window is FAILED.
@@ -40,7 +40,7 @@ pub struct NvmlConfig {
     /// GPU temperature (Celsius) at or above which a GPU is DEGRADED. 0: off.
     pub temperature_degraded_celsius: u32,
     /// How long an XID keeps its reason on the GPU after it arrived.
-    #[serde(with = "crate::config::duration")]
+    #[serde(with = "warden_core::config::duration")]
     pub xid_window: Duration,
 }
 

@@ -140,7 +140,7 @@ pub enum FaultKind {
 #[serde(deny_unknown_fields)]
 pub struct Fault {
     /// When, from the start: "30s", "2m".
-    #[serde(with = "crate::config::duration")]
+    #[serde(with = "warden_core::config::duration")]
     pub at: Duration,
     /// What.
     pub kind: FaultKind,
@@ -174,7 +174,7 @@ mod opt_duration {
     pub(super) fn deserialize<'de, D: Deserializer<'de>>(
         d: D,
     ) -> Result<Option<Duration>, D::Error> {
-        crate::config::duration::deserialize(d).map(Some)
+        warden_core::config::duration::deserialize(d).map(Some)
     }
 }
 
@@ -197,12 +197,13 @@ impl Scenario {
 
     /// Parses and checks scenario text; `origin` names it in errors.
     pub fn from_toml(text: &str, origin: &str) -> Result<Self, ScenarioError> {
-        let s: Scenario =
-            crate::config::parse_toml(text).map_err(|(key, message)| ScenarioError::Parse {
+        let s: Scenario = warden_core::config::parse_toml(text).map_err(|(key, message)| {
+            ScenarioError::Parse {
                 origin: origin.to_owned(),
                 key,
                 message,
-            })?;
+            }
+        })?;
         s.validate(origin)?;
         Ok(s)
     }

@@ -31,7 +31,7 @@ use std::time::{Duration, SystemTime};
 
 use serde::{Deserialize, Serialize};
 
-use crate::config::HostConfig;
+use crate::sources::host_config::HostConfig;
 use chips::Chip;
 use runtime::RuntimeReading;
 use warden_core::events::{NewEvent, Severity};
@@ -47,10 +47,10 @@ pub struct TpuConfig {
     /// `TPU_RUNTIME_METRICS_PORTS` (comma-separated) are added to these.
     pub ports: Vec<u16>,
     /// How often chips and the runtime are read.
-    #[serde(with = "crate::config::duration")]
+    #[serde(with = "warden_core::config::duration")]
     pub poll_interval: Duration,
     /// Bound on each connection and call to the runtime.
-    #[serde(with = "crate::config::duration")]
+    #[serde(with = "warden_core::config::duration")]
     pub rpc_timeout: Duration,
 }
 
