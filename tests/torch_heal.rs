@@ -45,6 +45,7 @@ use std::process::Command;
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
+use common::heal_log::{Entry, digests, read_log, unix_now};
 use common::{Streaming, WARDEN, python, repo_root, torch_available};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
@@ -62,35 +63,6 @@ static SERIAL: Mutex<()> = Mutex::new(());
 /// The examples the runs take (paths from the repository's root).
 const DDP: &str = "examples/heal/ddp.py";
 const HSDP: &str = "examples/heal/hsdp.py";
-
-/// A line of `$EXAMPLE_LOG`.
-#[derive(Debug, Clone)]
-enum Entry {
-    Step { t: f64, n: u32, rank: u32, pid: i32 },
-    Done { rank: u32, digest: String },
-}
-
-fn read_log(path: &Path) -> Vec<Entry> {
-    let text = std::fs::read_to_string(path).unwrap_or_default();
-    text.lines()
-        .filter_map(|l| {
-            let f: Vec<&str> = l.split_whitespace().collect();
-            match f.as_slice() {
-                [t, "step", n, "rank", r, "pid", p] => Some(Entry::Step {
-                    t: t.parse().ok()?,
-                    n: n.parse().ok()?,
-                    rank: r.parse().ok()?,
-                    pid: p.parse().ok()?,
-                }),
-                [_, "done", "rank", r, "digest", d] => Some(Entry::Done {
-                    rank: r.parse().ok()?,
-                    digest: (*d).to_owned(),
-                }),
-                _ => None,
-            }
-        })
-        .collect()
-}
 
 /// The launcher (its lines and the workers' on one stream) running the
 /// example with its log at `log`. The job id is made unique to this run:
@@ -190,24 +162,6 @@ fn wait_all_stepping(log: &Path, t: f64, job: &mut Streaming) {
 fn sigkill(pid: i32) -> f64 {
     kill(Pid::from_raw(pid), Signal::SIGKILL).expect("SIGKILL the rank");
     unix_now()
-}
-
-fn unix_now() -> f64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_secs_f64()
-}
-
-/// Every rank's digest, by rank.
-fn digests(entries: &[Entry]) -> BTreeMap<u32, String> {
-    entries
-        .iter()
-        .filter_map(|e| match e {
-            Entry::Done { rank, digest } => Some((*rank, digest.clone())),
-            Entry::Step { .. } => None,
-        })
-        .collect()
 }
 
 /// The fault-free run's digests of `example`, made once per example.

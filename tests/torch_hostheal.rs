@@ -38,6 +38,7 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use common::etcd::EtcdServer;
+use common::heal_log::{Entry, digests, read_log, unix_now};
 use common::{Streaming, WARDEN, python, repo_root, torch_available};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
@@ -63,45 +64,6 @@ fn serial() -> MutexGuard<'static, ()> {
     static LOCK: Mutex<()> = Mutex::new(());
     LOCK.lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
-/// A line of `$EXAMPLE_LOG`.
-#[derive(Debug, Clone)]
-enum Entry {
-    Step { t: f64, n: u32, rank: u32, pid: i32 },
-    Done { rank: u32, digest: String },
-}
-
-fn read_log(path: &Path) -> Vec<Entry> {
-    let text = std::fs::read_to_string(path).unwrap_or_default();
-    text.lines()
-        .filter_map(|l| {
-            let f: Vec<&str> = l.split_whitespace().collect();
-            match f.as_slice() {
-                [t, "step", n, "rank", r, "pid", p] => Some(Entry::Step {
-                    t: t.parse().ok()?,
-                    n: n.parse().ok()?,
-                    rank: r.parse().ok()?,
-                    pid: p.parse().ok()?,
-                }),
-                [_, "done", "rank", r, "digest", d] => Some(Entry::Done {
-                    rank: r.parse().ok()?,
-                    digest: (*d).to_owned(),
-                }),
-                _ => None,
-            }
-        })
-        .collect()
-}
-
-fn digests(entries: &[Entry]) -> BTreeMap<u32, String> {
-    entries
-        .iter()
-        .filter_map(|e| match e {
-            Entry::Done { rank, digest } => Some((*rank, digest.clone())),
-            Entry::Step { .. } => None,
-        })
-        .collect()
 }
 
 /// One host: its scratch directory (logs, agent config and tier).
@@ -208,13 +170,6 @@ fn wait_step(log: &Path, rank: u32, step: u32, jobs: &mut [&mut Streaming]) -> i
 fn show(job: &mut Streaming) -> String {
     job.drain(Duration::from_secs(5));
     job.seen.join("\n")
-}
-
-fn unix_now() -> f64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_secs_f64()
 }
 
 /// The longest time from `t` to a rank's first step after it, over the ranks.

@@ -14,6 +14,8 @@
 
 /// A real etcd per test, for the multi-host coordination tests.
 pub mod etcd;
+/// The heal examples' log, for the heal tests.
+pub mod heal_log;
 /// The deployment files (deploy/kubernetes) as data, for the packaging tests.
 pub mod manifests;
 /// A cluster CA and node certificates made by the test (mutual TLS tests).
