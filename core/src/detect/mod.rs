@@ -16,6 +16,7 @@ pub mod calibration;
 pub mod culprit;
 pub mod flight_recorder;
 pub mod hang;
+mod host_ttl;
 pub mod positions;
 pub mod sdc;
 pub mod straggler;

@@ -20,6 +20,7 @@
 //! past them is refused with an [`AggregateError`] naming the limit, never
 //! truncated silently).
 
+use crate::detect::host_ttl;
 use std::cmp::Reverse;
 use std::collections::{BTreeSet, HashMap};
 use std::time::{Duration, Instant};
@@ -155,6 +156,20 @@ struct JobAgg {
     order: BTreeSet<TopKey>,
 }
 
+impl host_ttl::HostTable for JobAgg {
+    fn heard(&self) -> impl Iterator<Item = (&String, Instant)> {
+        self.hosts.iter().map(|(k, h)| (k, h.at))
+    }
+
+    fn drop_host(&mut self, host: &str) {
+        self.remove_host(host);
+    }
+
+    fn no_hosts(&self) -> bool {
+        self.hosts.is_empty()
+    }
+}
+
 impl JobAgg {
     fn remove_host(&mut self, host: &str) {
         let Some(old) = self.hosts.remove(host) else {
@@ -279,29 +294,9 @@ impl Aggregator {
         Ok(out)
     }
 
-    /// Forgets hosts not heard from for the ttl (at most every quarter
-    /// ttl: the sweep is O(hosts)).
+    /// Forgets hosts not heard from for the ttl ([`host_ttl::sweep`]).
     fn sweep(&mut self, now: Instant) {
-        if self
-            .swept
-            .is_some_and(|at| now.saturating_duration_since(at) < self.ttl / 4)
-        {
-            return;
-        }
-        self.swept = Some(now);
-        let ttl = self.ttl;
-        for agg in self.jobs.values_mut() {
-            let gone: Vec<String> = agg
-                .hosts
-                .iter()
-                .filter(|(_, h)| now.saturating_duration_since(h.at) >= ttl)
-                .map(|(k, _)| k.clone())
-                .collect();
-            for h in gone {
-                agg.remove_host(&h);
-            }
-        }
-        self.jobs.retain(|_, a| !a.hosts.is_empty());
+        host_ttl::sweep(&mut self.jobs, &mut self.swept, self.ttl, now);
     }
 }
 
