@@ -225,12 +225,18 @@ impl Dir {
         self.path.join(name)
     }
 
-    /// The subdirectory `name`, created with `mode` when `create`; must be
-    /// the agent's and not writable by anyone else.
-    pub fn sub(&self, name: &str, mode: u32, create: bool) -> Result<Dir, FsError> {
+    /// The subdirectory `name` opened (created first with `mode` when
+    /// given), never through a symlink (one in its place is refused by
+    /// name), and checked to be a directory: its descriptor, status and
+    /// path, for the caller's owner and mode rules.
+    fn open_sub(
+        &self,
+        name: &str,
+        create: Option<u32>,
+    ) -> Result<(OwnedFd, FileStat, PathBuf), FsError> {
         check_name(name)?;
         let path = self.join(name);
-        if create {
+        if let Some(mode) = create {
             match mkdirat(&self.fd, name, Mode::from_bits_truncate(mode)) {
                 Ok(()) | Err(Errno::EEXIST) => {}
                 Err(e) => return Err(io_err("creating", &path, e)),
@@ -247,6 +253,13 @@ impl Dir {
         })?;
         let st = fstat(&fd).map_err(|e| io_err("inspecting", &path, e))?;
         kind(&st, &path, SFlag::S_IFDIR, "directory")?;
+        Ok((fd, st, path))
+    }
+
+    /// The subdirectory `name`, created with `mode` when `create`; must be
+    /// the agent's and not writable by anyone else.
+    pub fn sub(&self, name: &str, mode: u32, create: bool) -> Result<Dir, FsError> {
+        let (fd, st, path) = self.open_sub(name, create.then_some(mode))?;
         if st.st_uid != me() {
             return Err(FsError::Owner {
                 path: path.display().to_string(),
@@ -275,22 +288,7 @@ impl Dir {
     /// path, which `owner` then uses as it likes; the agent reads nothing
     /// in it.
     pub fn user_sub(&self, name: &str, owner: Owner) -> Result<PathBuf, FsError> {
-        check_name(name)?;
-        let path = self.join(name);
-        match mkdirat(&self.fd, name, Mode::from_bits_truncate(0o700)) {
-            Ok(()) | Err(Errno::EEXIST) => {}
-            Err(e) => return Err(io_err("creating", &path, e)),
-        }
-        let fd = openat(&self.fd, name, DIR_FLAGS, Mode::empty()).map_err(|e| {
-            match self.stat(name) {
-                Ok(st) if st.st_mode & libc::S_IFMT == libc::S_IFLNK => {
-                    FsError::Symlink(path.display().to_string())
-                }
-                _ => open_err("opening", &path, e),
-            }
-        })?;
-        let st = fstat(&fd).map_err(|e| io_err("inspecting", &path, e))?;
-        kind(&st, &path, SFlag::S_IFDIR, "directory")?;
+        let (fd, st, path) = self.open_sub(name, Some(0o700))?;
         if st.st_uid == me() && owner.uid != me() {
             fchown(
                 &fd,
