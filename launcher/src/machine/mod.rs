@@ -1039,21 +1039,7 @@ impl JobState {
             }
             Input::Round(Remote::NewRound { reason, .. }) => {
                 out.push(Command::Say(format!("new round across hosts: {reason}")));
-                let cause = Cause {
-                    brief: IncidentBrief {
-                        action: "new_round".into(),
-                        reason,
-                        decided_by: format!("the job's hosts ({})", self.limits.coordinator),
-                        ..Default::default()
-                    },
-                    incident: None,
-                    backoff: Duration::ZERO,
-                    fallback: false,
-                    remote: true,
-                    since: now.at,
-                    since_wall: now.wall,
-                    decided: now.at,
-                };
+                let cause = self.new_round_cause(reason, now.at, now.wall, now);
                 self.restart(cause, now, out);
             }
             Input::Round(Remote::Stop { exit_code, reason }) => {
@@ -1801,7 +1787,20 @@ impl JobState {
         out.push(Command::Say(format!(
             "new round across hosts: {reason}: restarting the workers into it"
         )));
-        let cause = Cause {
+        let cause = self.new_round_cause(reason, h.since, h.since_wall, now);
+        self.restart(cause, now, out);
+    }
+
+    /// The cause of a restart into a new round the job's hosts agreed on
+    /// (no incident of this host's: remote, at once), counted from `since`.
+    fn new_round_cause(
+        &self,
+        reason: String,
+        since: Instant,
+        since_wall: SystemTime,
+        now: Now,
+    ) -> Cause {
+        Cause {
             brief: IncidentBrief {
                 action: "new_round".into(),
                 reason,
@@ -1812,11 +1811,10 @@ impl JobState {
             backoff: Duration::ZERO,
             fallback: false,
             remote: true,
-            since: h.since,
-            since_wall: h.since_wall,
+            since,
+            since_wall,
             decided: now.at,
-        };
-        self.restart(cause, now, out);
+        }
     }
 
     /// A crash's restart decision that a heal answered already: a heal in
