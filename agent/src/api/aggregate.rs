@@ -464,14 +464,9 @@ pub fn report_to_aggregator(
             report.host
         )));
     }
-    let known = caller.identity().is_some_and(|id| {
-        state.straggler_peers_seen.contains(id)
-            || state
-                .checkpoints
-                .as_ref()
-                .is_ok_and(|ck| ck.peers.knows(id))
-            || from_configured_peer(&state.config.straggler.peers, remote)
-    });
+    let known = super::stragglers::known_peer(state, caller)
+        || (caller.identity().is_some()
+            && from_configured_peer(&state.config.straggler.peers, remote));
     super::peer_auth::straggler(caller, &report.host, known)?;
     // A peer speaks only for jobs it is a member of, where this agent
     // knows the job's members (handed over by its launchers); a static

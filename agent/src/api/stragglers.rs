@@ -164,6 +164,18 @@ pub fn batch_from_pb(p: pb::StragglerSummaries) -> Result<Batch, String> {
     Ok(batch)
 }
 
+/// Whether `caller` is a peer this agent knows by its certificate: one it
+/// exchanged with, or a checkpoint peer.
+pub(super) fn known_peer(state: &AgentState, caller: &Caller) -> bool {
+    caller.identity().is_some_and(|id| {
+        state.straggler_peers_seen.contains(id)
+            || state
+                .checkpoints
+                .as_ref()
+                .is_ok_and(|ck| ck.peers.knows(id))
+    })
+}
+
 /// ExchangeStragglerSummaries: an older agent's summaries, positions and
 /// values taken (checked, naming the field), answered with this agent's
 /// (all of them to an older agent, its values alone to a newer one).
@@ -197,14 +209,7 @@ pub fn exchange(
             batch.host
         )));
     }
-    let known = caller.identity().is_some_and(|id| {
-        state.straggler_peers_seen.contains(id)
-            || state
-                .checkpoints
-                .as_ref()
-                .is_ok_and(|ck| ck.peers.knows(id))
-    });
-    super::peer_auth::straggler(&caller, &batch.host, known)?;
+    super::peer_auth::straggler(&caller, &batch.host, known_peer(state, &caller))?;
     let det = state.stragglers();
     let host = batch.host.clone();
     det.merge_remote(batch, Instant::now());
