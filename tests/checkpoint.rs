@@ -14,6 +14,8 @@
 //!    than the whole quota refused at once with a clear error, nothing
 //!    pruned for it; the newest complete step is still restorable.
 //! 7. A real Python rank saving and restoring through warden.checkpoint.
+//! 8. The holders of a wiped host's shards paused: the restore names them
+//!    (UNAVAILABLE) instead of answering "nothing saved".
 
 #![allow(clippy::expect_used, clippy::unwrap_used)]
 
@@ -181,6 +183,43 @@ async fn a_wiped_host_restores_from_a_peer() {
         "{}",
         out.stdout
     );
+}
+
+/// The spare-host case under load: this host holds nothing of the job and
+/// the peers that hold it do not answer (paused). A restore must not say
+/// "nothing saved", which starts the rank over at step 0: it says which
+/// holders it could not ask (UNAVAILABLE), and once they answer it
+/// restores the step from them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restore_with_its_holders_silent_says_so_instead_of_starting_over() {
+    let hosts = three_hosts("peer_timeout = \"300ms\"", "");
+    save_everywhere(&hosts, "job", &[10], 1 << 16);
+    until_copies(&hosts[0], "job", 10, 2).await;
+    wipe_job(&hosts[0], "job");
+    hosts[1].signal(nix::sys::signal::Signal::SIGSTOP);
+    hosts[2].signal(nix::sys::signal::Signal::SIGSTOP);
+    let got = checkpoint_rank(hosts[0].socket(), "job", 0, 6).restore(0);
+    hosts[1].signal(nix::sys::signal::Signal::SIGCONT);
+    hosts[2].signal(nix::sys::signal::Signal::SIGCONT);
+    match got {
+        Err(warden_client::CheckpointError::Rejected { code, message, .. }) => {
+            assert_eq!(code, tonic::Code::Unavailable, "{message}");
+            for ip in [IPS[1], IPS[2]] {
+                assert!(message.contains(ip), "{ip} not named: {message}");
+            }
+        }
+        other => panic!(
+            "expected UNAVAILABLE naming the silent peers, got {other:?}\n--- agent stderr ---\n{}",
+            hosts[0].stderr()
+        ),
+    }
+    // Awake again, they are asked and the step comes back from them.
+    let got = checkpoint_rank(hosts[0].socket(), "job", 0, 6)
+        .restore(0)
+        .expect("restore")
+        .expect("a complete step exists");
+    assert_eq!((got.step, got.tier.as_str()), (10, "peer"));
+    assert_eq!(got.read().expect("read"), shard_bytes(10, 0, 1 << 16));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

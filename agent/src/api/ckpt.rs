@@ -240,6 +240,7 @@ pub async fn restore(
         }
         Err(e @ RestoreError::NoSuchStep { .. }) => Err(Status::not_found(e.to_string())),
         Err(e @ RestoreError::NoValidCopy { .. }) => Err(Status::data_loss(e.to_string())),
+        Err(e @ RestoreError::Unreachable { .. }) => Err(Status::unavailable(e.to_string())),
     }
 }
 

@@ -10,7 +10,7 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use warden_proto::v1 as pb;
 
@@ -23,6 +23,12 @@ use warden_core::signal::{CkptRestored, Signal};
 
 /// The most ranks a NoSuchStep error names (the first ones missing).
 const MAX_MISSING_LISTED: usize = 64;
+
+/// How many times `checkpoint.peer_timeout` a restore gives the holders it
+/// could not ask the first time, before it says it cannot see the job's
+/// steps. A peer slow under load answers the second ask; a dead one costs
+/// the rank's start this long, once.
+const RETRY_TIMEOUT_FACTOR: u32 = 3;
 use warden_core::events::EventBus;
 
 /// Where a copy lives.
@@ -116,8 +122,14 @@ impl View {
 }
 
 /// Asks the local tier, every peer and the durable store about `job`
-/// (every job when empty; the durable store only for a named job).
+/// (every job when empty; the durable store only for a named job), each
+/// peer within `checkpoint.peer_timeout`.
 pub async fn gather(ck: &Arc<Checkpoints>, job: &str) -> View {
+    gather_within(ck, job, ck.cfg.peer_timeout).await
+}
+
+/// [`gather`] with each peer given `limit` to answer.
+async fn gather_within(ck: &Arc<Checkpoints>, job: &str, limit: Duration) -> View {
     let mut view = View::default();
     let ck2 = ck.clone();
     let j = job.to_owned();
@@ -145,7 +157,6 @@ pub async fn gather(ck: &Arc<Checkpoints>, job: &str) -> View {
     let asks = ck.peers.of_job(job).into_iter().map(|p| {
         let mut c = p.client.clone();
         let addr = p.member.addr.clone();
-        let limit = ck.cfg.peer_timeout;
         let req = pb::ListShardsRequest {
             job_id: job.to_owned(),
         };
@@ -175,7 +186,8 @@ pub async fn gather(ck: &Arc<Checkpoints>, job: &str) -> View {
                 .unreachable
                 .push(format!("peer {addr}: {}", s.message())),
             Err(_) => view.unreachable.push(format!(
-                "peer {addr}: no answer within checkpoint.peer_timeout"
+                "peer {addr}: no answer within {}",
+                humantime::format_duration(limit)
             )),
         }
     }
@@ -240,6 +252,21 @@ pub enum RestoreError {
         /// Ranks without a copy.
         missing: Vec<u32>,
     },
+    /// No step in reach, and some holders could not be asked: the step may
+    /// be on them.
+    #[error(
+        "job {job}: {what} among the holders that answered, and these could not be asked (the checkpoint may be on them; the restore can be tried again): {}",
+        holders.join("; "),
+        what = if *step == 0 { "no complete step".to_owned() } else { format!("step {step} is not complete") }
+    )]
+    Unreachable {
+        /// The job.
+        job: String,
+        /// The step asked for (0: the newest).
+        step: u64,
+        /// Each holder not asked, with why.
+        holders: Vec<String>,
+    },
     /// Every copy of the rank's shard failed.
     #[error("job {job} step {step} rank {rank}: no valid copy: {}", tried.join("; "))]
     NoValidCopy {
@@ -255,7 +282,10 @@ pub enum RestoreError {
 }
 
 /// Restores `rank`'s shard of `step` (0: newest complete). `Ok(None)`: no
-/// complete step exists anywhere.
+/// complete step exists anywhere, every holder having answered; where one
+/// could not be asked, [`RestoreError::Unreachable`] instead, so a rank
+/// never starts over at step 0 while its job's checkpoint sits on a peer
+/// that was slow to answer.
 pub async fn restore(
     events: &EventBus,
     ck: &Arc<Checkpoints>,
@@ -264,7 +294,30 @@ pub async fn restore(
     step: u64,
 ) -> Result<Option<Restored>, RestoreError> {
     let started = Instant::now();
-    let view = gather(ck, job).await;
+    let mut view = gather(ck, job).await;
+    let found = |v: &View| {
+        if step == 0 {
+            v.newest_complete(job)
+        } else {
+            v.steps
+                .get(&(job.to_owned(), step))
+                .filter(|r| View::complete(r))
+                .map(|_| step)
+        }
+    };
+    if found(&view).is_none() && !view.unreachable.is_empty() {
+        // A holder that did not answer may hold the step: ask again, longer,
+        // rather than start the rank over (or call a step missing) on a
+        // peer's slowness.
+        view = gather_within(ck, job, ck.cfg.peer_timeout * RETRY_TIMEOUT_FACTOR).await;
+        if found(&view).is_none() && !view.unreachable.is_empty() {
+            return Err(RestoreError::Unreachable {
+                job: job.to_owned(),
+                step,
+                holders: view.unreachable,
+            });
+        }
+    }
     let step = if step == 0 {
         match view.newest_complete(job) {
             Some(s) => s,

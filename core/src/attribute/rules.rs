@@ -47,6 +47,15 @@ const fn exc(
 
 /// Exception rules, most specific first: the first that matches decides.
 pub const EXCEPTIONS: &[ExceptionRule] = &[
+    // First: its message names the holders and why each could not be
+    // asked, which may be "connection refused" (a network rule's words).
+    exc(
+        "exception.ckpt_holders_unreachable",
+        &["could not be asked (the checkpoint may be on them"],
+        TransientSoftware,
+        0.6,
+        "a restore could not ask every holder of the job's checkpoint (a peer agent slow or down): a restart asks again, rather than start over at step 0",
+    ),
     exc(
         "exception.cuda_ecc",
         &["uncorrectable ecc error", "ecc error encountered"],
