@@ -3,7 +3,8 @@
 //!
 //! The health model, the fault taxonomy (XID table, DCGM incident codes),
 //! the detectors (hangs, stragglers), the attribution engine and its rules,
-//! the remediation policy, the goodput ledger and the typed signals the
+//! the remediation policy, the vocabulary those two share (`verdict`: fault
+//! class, action, decision), the goodput ledger and the typed signals the
 //! stages tell each other. The agent (`warden-agent`) feeds it from the
 //! sources and the ranks and carries its decisions out; the launcher and the
 //! CLI sit above that. The compiler holds the layering: this crate depends
@@ -26,3 +27,4 @@ pub mod policy;
 pub mod rank;
 pub mod signal;
 pub mod taxonomy;
+pub mod verdict;

@@ -237,12 +237,12 @@ async fn handle(state: &Handles, engine: &mut Engine, d: Diagnosed) {
     let mut decision = policy::decide(&state.policy, &record.diagnosis, &ctx);
     // The node's whole journal (every job, across agent restarts).
     let journal = state.incident_store().node_journal();
-    let lemon = guard::before_hook(&state.policy, &journal, &record, &mut decision, now);
+    let lemon = policy::before_hook(&state.policy, &journal, &record, &mut decision, now);
     if state.policy.hook.is_enabled() {
         ask_hook(state, &record, &mut decision).await;
     }
     let cordoned = state.incident_store().cordon().is_some();
-    let held = guard::after_hook(
+    let held = policy::after_hook(
         &state.policy,
         &journal,
         &record,

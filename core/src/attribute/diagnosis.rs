@@ -6,7 +6,7 @@ use std::time::SystemTime;
 use serde::{Deserialize, Serialize};
 
 use super::FaultClass;
-use crate::policy::Decision;
+use crate::verdict::Decision;
 
 /// One link in the chain of evidence.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -19,9 +19,9 @@ use super::diagnosis::{Diagnosis, Evidence, IncidentKind, IncidentRecord};
 use super::rules;
 use crate::events::{Event, Severity};
 use crate::health::Status;
-use crate::policy::PastDecision;
 use crate::rank::RankKey;
 use crate::signal::{GateFailed, HealthChanged, Signal, Xid, XidSource};
+use crate::verdict::PastDecision;
 
 /// Hardware observations kept (a bound on memory whatever the event rate).
 const MAX_OBSERVATIONS: usize = 4096;
@@ -620,7 +620,7 @@ impl Engine {
                 && o.record
                     .decision
                     .as_ref()
-                    .is_some_and(|d| d.action == crate::policy::Action::RestartInJob)
+                    .is_some_and(|d| d.action == crate::verdict::Action::RestartInJob)
         };
         // Never across jobs: a trigger of job J joins an incident of J, or
         // one of no job yet (a device failing) on a device the agent maps
@@ -767,7 +767,7 @@ impl Engine {
     pub fn decided(
         &mut self,
         id: &str,
-        decision: crate::policy::Decision,
+        decision: crate::verdict::Decision,
     ) -> Option<IncidentRecord> {
         if let Some(open) = self.open.iter_mut().find(|o| o.record.id == id) {
             if let Some(old) = open.record.decision.take() {

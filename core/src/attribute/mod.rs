@@ -22,13 +22,13 @@ pub struct Escalation {
     /// The incident.
     pub incident: String,
     /// The new action.
-    pub action: crate::policy::Action,
+    pub action: crate::verdict::Action,
     /// Why, for a person.
     pub reason: String,
-    /// With [`crate::policy::Action::RestartInProcess`]: the ranks its
+    /// With [`crate::verdict::Action::RestartInProcess`]: the ranks its
     /// launcher replaces while the others restart in process (a rank
     /// frozen with SIGSTOP); the decision carries it to the launcher.
-    pub replace: Option<crate::policy::Replacement>,
+    pub replace: Option<crate::verdict::Replacement>,
 }
 
 #[cfg(test)]

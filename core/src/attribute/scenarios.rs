@@ -11,7 +11,7 @@ use serde::Deserialize;
 use super::engine::{CurrentReason, DeviceMap, Engine};
 use super::{AttributionConfig, Diagnosis, FaultClass, IncidentKind, IncidentRecord};
 use crate::events::{Event, Severity};
-use crate::policy::{self, Action, Context, Decision, PolicyConfig, guard};
+use crate::policy::{self, Action, Context, Decision, PolicyConfig};
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -277,8 +277,8 @@ fn replay(s: &Scenario) -> Vec<IncidentRecord> {
             // The journal as the agent's store holds it: the history,
             // then what this scenario decided so far.
             let journal: Vec<IncidentRecord> = past.iter().chain(out.values()).cloned().collect();
-            guard::before_hook(policy_cfg, &journal, &d.record, &mut decision, now);
-            guard::after_hook(
+            policy::before_hook(policy_cfg, &journal, &d.record, &mut decision, now);
+            policy::after_hook(
                 policy_cfg,
                 &journal,
                 &d.record,

@@ -30,9 +30,9 @@ use std::time::{Duration, SystemTime};
 
 use serde::{Deserialize, Serialize};
 
-use super::{Action, Decision, PolicyConfig, exit_code_for};
-use crate::attribute::{FaultClass, IncidentRecord};
+use crate::attribute::IncidentRecord;
 use crate::config::ConfigError;
+use crate::verdict::{Action, Decision, FaultClass, exit_code_for};
 
 /// `decided_by` of a decision the lemon rule took (a later lemon count
 /// starts after it).
@@ -344,50 +344,6 @@ pub fn apply_breaker(
 pub fn dry_run(decision: &mut Decision) {
     decision.dry_run = true;
     decision.reason = format!("dry run: would {}: {}", decision.action, decision.reason);
-}
-
-/// The rules that come before the user's hook, in the order the agent runs
-/// them: the lemon rule turns `decision` into a cordon when `record` makes
-/// the node a lemon (the hook may still overrule it). Returns the finding.
-/// Shared by the agent and the scenario replay, so a recorded scenario
-/// checks the agent's own sequence.
-pub fn before_hook(
-    policy: &PolicyConfig,
-    journal: &[IncidentRecord],
-    record: &IncidentRecord,
-    decision: &mut Decision,
-    now: SystemTime,
-) -> Option<Lemon> {
-    let found = lemon(&policy.lemon, journal, record, now)?;
-    apply_lemon(&policy.lemon, decision, record.diagnosis.class, &found);
-    Some(found)
-}
-
-/// The rules that come after the user's hook, so no hook gets past them:
-/// the circuit breaker (the node is `cordoned` now or not), then dry run.
-/// Returns the breaker's state when it held a cordon back.
-pub fn after_hook(
-    policy: &PolicyConfig,
-    journal: &[IncidentRecord],
-    record: &IncidentRecord,
-    decision: &mut Decision,
-    cordoned: bool,
-    now: SystemTime,
-) -> Option<Breaker> {
-    hold_rank_word(decision, record);
-    let cfg = &policy.circuit_breaker;
-    let state = breaker(cfg, journal, &record.id, cordoned, now);
-    let held = apply_breaker(
-        cfg,
-        decision,
-        record.diagnosis.class,
-        record.kind.job_down(),
-        &state,
-    );
-    if policy.dry_run {
-        dry_run(decision);
-    }
-    held.then_some(state)
 }
 
 #[cfg(test)]
