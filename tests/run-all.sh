@@ -48,9 +48,11 @@ bash tests/torch-venv.sh .venv/bin/python
 # The torch tests fail instead of skipping when torch is missing.
 export WARDEN_REQUIRE_TORCH=1
 
-step "training frameworks (PyTorch Lightning, Transformers) in .venv for the integrations' tests, when missing"
+step "training frameworks (PyTorch Lightning, Transformers, JAX and Orbax) in .venv for the integrations' tests, when missing"
 # Pinned, --no-deps, on top of the torch above (tests/frameworks/requirements.txt,
-# docs/dependencies.md): about 250 MB and 30 s; nothing when already there.
+# tests/jax/requirements.txt, docs/dependencies.md): about 250 MB and 30 s,
+# and JAX and Orbax about 460 MB (jaxlib 350 MB) and 10 s more; nothing
+# when already there.
 bash tests/frameworks-venv.sh .venv/bin/python
 # client/python/tests fail instead of skipping when a framework is missing.
 export WARDEN_REQUIRE_FRAMEWORKS=1

@@ -195,6 +195,15 @@ pub struct RunArgs {
     /// comma-separated (`--preload numpy,mypkg.model`).
     #[arg(long, value_delimiter = ',', value_name = "MODULES")]
     pub preload: Vec<String>,
+    /// A JAX job: each worker also gets what `jax.distributed.initialize()`
+    /// reads with no arguments (the coordinator's address, a new port each
+    /// attempt on one node, and the process count and id). Default: on when
+    /// the program imports jax; `--no-jax` turns it off.
+    #[arg(long, overrides_with = "no_jax")]
+    pub jax: bool,
+    /// Not a JAX job, even when the program imports jax.
+    #[arg(long = "no-jax", overrides_with = "jax")]
+    pub no_jax: bool,
     /// Which agent to use.
     #[arg(long, value_enum, default_value_t = AgentMode::Auto)]
     pub agent: AgentMode,
@@ -551,6 +560,16 @@ impl RunArgs {
         })
     }
 
+    /// Whether the workers get JAX's variables: `--jax`, else (without
+    /// `--no-jax`) a program found to import jax ([`crate::jax::detect`]).
+    pub fn jax_job(&self) -> bool {
+        if self.jax || self.no_jax {
+            return self.jax;
+        }
+        let cwd = std::env::current_dir().unwrap_or_else(|_| PathBuf::from("."));
+        crate::jax::detect(&self.argv(), &cwd)
+    }
+
     /// The argv to execute: `python3 script.py ARGS` for a script, `python3
     /// -m MODULE ARGS` with `-m`, else COMMAND as given.
     pub fn argv(&self) -> Vec<String> {
@@ -808,6 +827,15 @@ mod tests {
         );
         assert!(parse(&["bash", "job.sh"]).standby_plan().is_none());
         assert!(parse(&["--no-python", "t.py"]).standby_plan().is_none());
+    }
+
+    #[test]
+    fn jax_flags_win_over_detection() {
+        // t.py does not exist here: detection finds nothing.
+        assert!(!parse(&["t.py"]).jax_job());
+        assert!(parse(&["--jax", "t.py"]).jax_job());
+        assert!(!parse(&["--jax", "--no-jax", "t.py"]).jax_job());
+        assert!(parse(&["--no-jax", "--jax", "t.py"]).jax_job());
     }
 
     #[test]

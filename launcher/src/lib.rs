@@ -16,6 +16,8 @@
 //! ([`machine`]); [`supervise`] is its executor. A notice of a coming
 //! stop (SIGTERM with `--term-grace`, a worker's exit 85) ends the job with
 //! 85 once the workers saved; [`notice_ckpt`] says where that save went.
+//! A JAX program (`--jax`, or one found to import jax) also gets what
+//! `jax.distributed.initialize()` reads ([`jax`]).
 //!
 //! The agent: the host's wardend when one answers (default socket or
 //! `$WARDEN_SOCKET`), else one embedded in this process on a private socket
@@ -43,6 +45,7 @@ pub mod gate;
 pub mod goodput_view;
 pub mod heal_ready;
 pub mod hosts;
+pub mod jax;
 pub mod job_goodput;
 pub mod machine;
 pub mod notice_ckpt;
@@ -264,6 +267,7 @@ async fn run_job(
         decision_timeout: args.decision_timeout,
         gpu_release_timeout: args.gpu_release_timeout,
         standby: args.standby_plan(),
+        jax: args.jax_job(),
         compile_cache,
         // A lost host is seen after its lease TTL and the others' rejoin
         // grace (the TTL again, `etcd::config`), its round written within

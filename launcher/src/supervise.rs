@@ -171,6 +171,9 @@ pub struct Job {
     /// Standby interpreters for warm in-job restarts (`--standby`); None:
     /// every attempt starts cold.
     pub standby: Option<standby::Plan>,
+    /// A JAX job (`--jax`): each worker also gets what
+    /// `jax.distributed.initialize()` reads ([`crate::jax`]).
+    pub jax: bool,
     /// The job's compilation caches in the agent's tier (None: the
     /// frameworks' defaults).
     pub compile_cache: Option<crate::compile_cache::CompileCache>,
@@ -339,6 +342,7 @@ pub async fn run<C: Coordinator>(
         attempts_started: 0,
         deferred_signal: None,
         attempt_env: None,
+        jax_port: None,
     };
     let summary = sup.run().await;
     stop.cancel();
@@ -424,6 +428,10 @@ struct Sup<'a, C> {
     /// The current attempt's environment, for replacements (None before
     /// the first start and for a standby attempt).
     attempt_env: Option<AttemptEnv>,
+    /// A JAX job's coordinator port picked free for the attempt whose
+    /// MASTER_PORT is the first (one node, no fixed port); else
+    /// MASTER_PORT + 1 ([`crate::jax::coordinator_port`]).
+    jax_port: Option<(u16, u16)>,
 }
 
 impl<C: Coordinator> Sup<'_, C> {
@@ -772,6 +780,15 @@ impl<C: Coordinator> Sup<'_, C> {
         };
         let first = self.attempts_started == 0;
         self.attempts_started += 1;
+        if self.job.jax {
+            // A free port for each attempt where MASTER_PORT is one too: a
+            // restarted `initialize()` never meets the last coordinator.
+            let free = (self.job.master_port.is_none() && self.job.nnodes <= 1)
+                .then(|| free_port(&plan.master_addr))
+                .flatten();
+            let port = crate::jax::coordinator_port(plan.master_port, free);
+            self.jax_port = Some((plan.master_port, port));
+        }
         for local in 0..self.job.nproc_per_node {
             let rank = wenv.global_rank(local);
             let env = self.worker_env(&wenv, local, rank);
@@ -802,8 +819,15 @@ impl<C: Coordinator> Sup<'_, C> {
         self.attempt_env = Some(at_env);
         if error.is_none() {
             let pids: Vec<String> = self.workers.iter().map(|w| w.pid.to_string()).collect();
+            let jax = match self.jax_port {
+                Some((_, port)) if self.job.jax => format!(
+                    "; JAX coordinator {}",
+                    crate::jax::coordinator_address(&plan.master_addr, port)
+                ),
+                _ => String::new(),
+            };
             self.say(format!(
-                "attempt {n}: started {} worker{} (pids {}; MASTER_PORT {}; logs {})",
+                "attempt {n}: started {} worker{} (pids {}; MASTER_PORT {}{jax}; logs {})",
                 self.job.nproc_per_node,
                 if self.job.nproc_per_node == 1 {
                     ""
@@ -1033,6 +1057,15 @@ impl<C: Coordinator> Sup<'_, C> {
     /// reports its imports to.
     fn worker_env(&self, wenv: &WorkerEnv, local: u32, rank: u32) -> Vec<(String, String)> {
         let mut env = wenv.for_rank(local, |k| std::env::var(k).ok());
+        if self.job.jax {
+            let port = match self.jax_port {
+                Some((master, port)) if master == wenv.master_port => port,
+                _ => crate::jax::coordinator_port(wenv.master_port, None),
+            };
+            env.extend(crate::jax::env(wenv, local, port, |k| {
+                std::env::var(k).ok()
+            }));
+        }
         if let Some(cache) = &self.job.compile_cache {
             env.extend(cache.env(|k| std::env::var(k).ok()));
         }

@@ -15,7 +15,7 @@ def run(code: str) -> subprocess.CompletedProcess:
 def test_import_warden_imports_no_framework() -> None:
     out = run(
         "import sys, warden, warden.checkpoint, warden.integrations\n"
-        "print(sorted(m for m in ('torch', 'pytorch_lightning', 'lightning', 'transformers')"
+        "print(sorted(m for m in ('torch', 'pytorch_lightning', 'lightning', 'transformers', 'jax', 'orbax')"
         " if m in sys.modules))"
     )
     assert out.stdout.strip() == "[]", out.stderr
@@ -27,6 +27,7 @@ def test_import_warden_imports_no_framework() -> None:
         ("lightning", ("lightning", "pytorch_lightning"), "pip install pytorch-lightning"),
         ("transformers", ("transformers",), "pip install transformers accelerate"),
         ("dcp", ("torch",), "pip install torch"),
+        ("orbax", ("orbax", "orbax.checkpoint"), "pip install orbax-checkpoint"),
     ],
 )
 def test_a_missing_framework_names_the_package_to_install(

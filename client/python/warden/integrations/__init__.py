@@ -12,6 +12,9 @@ Each submodule imports its framework when it is imported itself (never at
 - ``warden.integrations.dcp``: ``WardenStorageWriter`` and
   ``WardenStorageReader`` for ``torch.distributed.checkpoint``, so sharded
   (FSDP, DTensor) state dicts save into and restore from the tier.
+- ``warden.integrations.orbax``: ``CheckpointManager``, Orbax's own
+  manager whose finalized steps are also committed into the tier, and
+  which starts from the tier's newest complete step.
 
 In-process restarts come from ``warden.run`` around the function that
 builds the trainer and calls fit/train; docs/client.md has complete examples.

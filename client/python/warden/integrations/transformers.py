@@ -43,13 +43,13 @@ from __future__ import annotations
 
 import os
 import shutil
-import tarfile
 import threading
 import warnings
 from typing import Any, Optional
 
 from . import require
 from ._steps import StepTracker
+from ._tar import pack, tar_size, unpack
 from .. import checkpoint as _ckpt
 from .._notice import Preempted as _Preempted
 from .._notice import notice as _notice
@@ -153,11 +153,7 @@ def restore_dir(output_dir: str, step: int = 0) -> Optional[str]:
     root = os.path.join(output_dir, "warden-restore", f"rank-{rank}")
     shutil.rmtree(root, ignore_errors=True)
     os.makedirs(root)
-    with tarfile.open(r.path, "r:") as tar:
-        if hasattr(tarfile, "data_filter"):
-            tar.extractall(root, filter="data")
-        else:  # pragma: no cover - Pythons before the extraction filters
-            tar.extractall(root)
+    unpack(r.path, root)
     path = os.path.join(root, f"{PREFIX}-{r.step}")
     if not os.path.isdir(path):
         raise _ckpt.CheckpointError(
@@ -249,7 +245,7 @@ class WardenCallback(_tf.TrainerCallback):
                 _say_failure(_copier.wait())
                 try:
                     snap = _snapshot(src, args.output_dir, step) if args.should_save else None
-                    _copier.start(step, snap, _tar_size(snap))
+                    _copier.start(step, snap, tar_size(snap))
                 except (_ckpt.CheckpointError, OSError) as e:
                     warnings.warn(f"warden: checkpoint of step {step} not copied to the tier: {e}", stacklevel=2)
                     return
@@ -258,7 +254,7 @@ class WardenCallback(_tf.TrainerCallback):
         with _section("checkpoint"):
             try:
                 packed = src if args.should_save else None
-                _ckpt.save_file(step, lambda p: _pack(packed, p), size_hint=_tar_size(packed))
+                _ckpt.save_file(step, lambda p: _pack(packed, p), size_hint=tar_size(packed))
             except (_ckpt.CheckpointError, OSError) as e:
                 warnings.warn(f"warden: checkpoint of step {step} not copied to the tier: {e}", stacklevel=2)
                 return
@@ -289,31 +285,6 @@ class WardenCallback(_tf.TrainerCallback):
         self._hooks = []
 
 
-def _tar_size(src: Optional[str]) -> int:
-    """The most bytes ``_pack(src)`` writes: each entry's 512-byte header
-    (and long names' extra headers) and its data rounded up to 512, the two
-    end blocks, and tarfile's padding of the archive to 10 KiB records."""
-    if src is None or not os.path.isdir(src):
-        return 4096
-    total = 1024 + 10240
-    for root, dirs, files in os.walk(src):
-        total += 1536 * (1 + len(dirs))
-        for name in files:
-            try:
-                size = os.path.getsize(os.path.join(root, name))
-            except OSError:
-                size = 0
-            total += 1536 + (size + 511) // 512 * 512
-    return total
-
-
 def _pack(src: Optional[str], path: str) -> None:
-    """The checkpoint directory ``src`` as a tar at ``path`` (its top entry
-    named as the directory is); ``src`` None: an empty shard."""
-    if src is None:
-        open(path, "wb").close()
-        return
-    if not os.path.isdir(src):
-        raise _ckpt.CheckpointError(f"the Trainer's checkpoint {src} is not a directory")
-    with tarfile.open(path, "w:") as tar:
-        tar.add(src, arcname=os.path.basename(src))
+    """The Trainer's checkpoint directory ``src`` packed at ``path``."""
+    pack(src, path, "the Trainer's checkpoint")
