@@ -202,7 +202,7 @@ impl Checkpointer {
             .run(async {
                 tokio::time::timeout(
                     timeout,
-                    crate::client::connect_channel_with(path.clone(), CALL_TIMEOUT),
+                    crate::channel::connect_channel_with(path.clone(), CALL_TIMEOUT),
                 )
                 .await
             })

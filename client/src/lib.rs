@@ -28,7 +28,10 @@
 //! - [`ffi`]: the C ABI declared in `include/warden.h`.
 //! - [`paths`]: where the agent's socket is.
 //! - `mapping` (private): the client's mapping of its received slot memory.
+//! - `channel` (private): the gRPC channel to the agent's socket, for the
+//!   link, exception reports and checkpoints.
 
+mod channel;
 pub mod checkpoint;
 pub mod client;
 pub mod ffi;

@@ -194,7 +194,7 @@ fn send_on_this_thread(
         .map_err(ReportError::Runtime)?;
     rt.block_on(async move {
         let call = async {
-            let channel = crate::client::connect_channel(socket.clone())
+            let channel = crate::channel::connect_channel(socket.clone())
                 .await
                 .map_err(|e| ReportError::Connect {
                     path: socket,

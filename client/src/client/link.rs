@@ -15,9 +15,7 @@ use std::sync::atomic::Ordering;
 use std::sync::mpsc;
 use std::time::Duration;
 
-use hyper_util::rt::TokioIo;
-use tokio::net::UnixStream;
-use tonic::transport::{Channel, Endpoint, Uri};
+use tonic::transport::Channel;
 use warden_proto::v1::agent_client::AgentClient;
 use warden_proto::v1::{
     AckControlRequest, ControlMessage, ControlRequest, DeregisterRankRequest, GetNodeHealthRequest,
@@ -25,6 +23,7 @@ use warden_proto::v1::{
 };
 
 use super::{Inner, offer_restart};
+use crate::channel::{RPC_TIMEOUT, connect_channel};
 use crate::clock;
 use crate::mapping::SlotMapping;
 use crate::restart::{self, RestartRequest, RestartVia};
@@ -41,7 +40,6 @@ struct Link {
 
 const BACKOFF_MIN: Duration = Duration::from_millis(100);
 const BACKOFF_MAX: Duration = Duration::from_secs(5);
-const RPC_TIMEOUT: Duration = Duration::from_secs(2);
 
 pub(super) fn background(inner: Arc<Inner>, first: mpsc::SyncSender<()>) {
     let rt = match tokio::runtime::Builder::new_current_thread()
@@ -154,28 +152,6 @@ fn detach(inner: &Inner, trusted: bool) {
     for m in inner.mappings().iter_mut() {
         m.retire();
     }
-}
-
-pub(crate) async fn connect_channel(path: PathBuf) -> Result<Channel, tonic::transport::Error> {
-    connect_channel_with(path, RPC_TIMEOUT).await
-}
-
-/// A channel to the agent's socket whose calls may each take `timeout`
-/// (connecting is bounded by [`RPC_TIMEOUT`] all the same: an agent that
-/// is down is found at once).
-pub(crate) async fn connect_channel_with(
-    path: PathBuf,
-    timeout: Duration,
-) -> Result<Channel, tonic::transport::Error> {
-    // The URI is required by tonic but unused: the connector dials the socket.
-    Endpoint::from_static("http://warden.local")
-        .connect_timeout(RPC_TIMEOUT)
-        .timeout(timeout)
-        .connect_with_connector(tower::service_fn(move |_: Uri| {
-            let path = path.clone();
-            async move { Ok::<_, std::io::Error>(TokioIo::new(UnixStream::connect(path).await?)) }
-        }))
-        .await
 }
 
 async fn register(inner: &Inner, previous_slot: Option<u32>) -> Result<Link, String> {

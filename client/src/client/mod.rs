@@ -51,7 +51,6 @@ use std::thread::JoinHandle;
 use tokio::sync::Notify;
 
 pub use hot_path::{SectionGuard, SectionId};
-pub(crate) use link::{connect_channel, connect_channel_with};
 pub use options::{
     ClientError, ConnectOptions, EXCEPTION_REPORT_TIMEOUT, MAX_DEVICE_NAME, MAX_DEVICES,
     devices_from_env,
