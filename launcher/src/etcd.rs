@@ -68,6 +68,14 @@ pub struct EtcdCoordinator {
     /// The current attempt's round: what a new one is compared with
     /// ([`keeps_place`]).
     current: Option<etcd::Round>,
+    /// The epoch of the round whose notice this launcher published or was
+    /// told of: a notice is brought once.
+    noticed: Option<u64>,
+    /// The newest round brought as [`Remote::NewRound`]: brought once. A
+    /// launcher that does not act on it (its workers leaving on a notice)
+    /// would otherwise be handed it again at once, for ever, starving the
+    /// tasks that reap its workers.
+    brought: u64,
 }
 
 /// The cap on the share of a job's hosts cordoned within a window
@@ -229,6 +237,8 @@ impl EtcdCoordinator {
             told_lease: (false, 0),
             cordon_cap,
             current: None,
+            noticed: None,
+            brought: 0,
         })
     }
 
@@ -445,13 +455,22 @@ impl Coordinator for EtcdCoordinator {
         };
         let mut states = c.rounds();
         let told = self.told_lease;
+        let (epoch, noticed) = (self.epoch, self.noticed);
         let lease_news = async {
             loop {
                 {
                     let s = states.borrow_and_update();
+                    // Another host's notice in this attempt's round (or a
+                    // later one: its workers are this round's still).
+                    if let Some((e, n)) = &s.notice
+                        && *e >= epoch
+                        && noticed.is_none_or(|seen| seen < *e)
+                    {
+                        return Err((*e, n.clone()));
+                    }
                     let now = (s.lease_lapsed.is_some(), s.rejoins);
                     if now != told {
-                        return (now, s.lease_lapsed.clone());
+                        return Ok((now, s.lease_lapsed.clone()));
                     }
                 }
                 if states.changed().await.is_err() {
@@ -460,8 +479,20 @@ impl Coordinator for EtcdCoordinator {
             }
         };
         let next = tokio::select! {
-            r = c.next_round(self.epoch) => r,
-            ((lapsed, rejoins), why) = lease_news => {
+            r = c.next_round(self.epoch.max(self.brought)) => r,
+            news = lease_news => {
+                let ((lapsed, rejoins), why) = match news {
+                    Err((e, n)) => {
+                        self.noticed = Some(e);
+                        return Remote::Notice {
+                            step: n.step,
+                            deadline: (n.deadline_ms != 0)
+                                .then(|| std::time::UNIX_EPOCH + Duration::from_millis(n.deadline_ms)),
+                            reason: format!("host {} got a notice ({})", n.by, n.reason),
+                        };
+                    }
+                    Ok(news) => news,
+                };
                 self.told_lease = (lapsed, rejoins);
                 return Remote::Note(if lapsed {
                     format!(
@@ -480,13 +511,16 @@ impl Coordinator for EtcdCoordinator {
             }
         };
         match next {
-            Ok(r) => Remote::NewRound {
-                reason: format!("round {}: {} (by {})", r.epoch, r.reason, r.decided_by),
-                keeps_place: self
-                    .current
-                    .as_ref()
-                    .is_some_and(|old| keeps_place(old, &r)),
-            },
+            Ok(r) => {
+                self.brought = r.epoch;
+                Remote::NewRound {
+                    reason: format!("round {}: {} (by {})", r.epoch, r.reason, r.decided_by),
+                    keeps_place: self
+                        .current
+                        .as_ref()
+                        .is_some_and(|old| keeps_place(old, &r)),
+                }
+            }
             Err(etcd::CoordError::Ended {
                 outcome: etcd::Outcome::Finished,
                 by,
@@ -504,6 +538,26 @@ impl Coordinator for EtcdCoordinator {
                     reason: h.message,
                 }
             }
+        }
+    }
+
+    async fn publish_notice(
+        &mut self,
+        step: u64,
+        deadline: std::time::SystemTime,
+        reason: &str,
+    ) -> Result<u64, CoordError> {
+        let Some(c) = &self.coord else {
+            return Err(CoordError::new("this host has left the job"));
+        };
+        let ms = deadline
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+        self.noticed = Some(self.epoch);
+        match c.publish_notice(self.epoch, step, ms, reason).await {
+            Ok(n) => Ok(n.step),
+            Err(e @ etcd::CoordError::LeaseLost { .. }) => Err(self.halt(e)),
+            Err(e) => Err(CoordError::new(e.to_string())),
         }
     }
 

@@ -88,6 +88,16 @@ pub enum Remote {
     },
     /// Nothing to do; worth a line on the console.
     Note(String),
+    /// Another host got a notice of a coming stop: every rank of the job
+    /// saves at `step`'s boundary and leaves; the job ends preempted (85).
+    Notice {
+        /// The step every rank saves at.
+        step: u64,
+        /// When the stop comes, as that host was told.
+        deadline: Option<std::time::SystemTime>,
+        /// Why, and which host got it.
+        reason: String,
+    },
 }
 
 /// What this node's launcher does about a fault of its own node (a cordon,
@@ -150,6 +160,16 @@ pub trait Coordinator: Send {
     /// none to come. Cancel-safe: the supervisor drops it for other events.
     fn next_remote(&mut self) -> impl Future<Output = Remote> + Send;
 
+    /// Tells the other nodes of a notice of a coming stop: every rank
+    /// saves at `step`'s boundary. Returns the step the job agreed on:
+    /// this one, or the one another node published first.
+    fn publish_notice(
+        &mut self,
+        step: u64,
+        deadline: std::time::SystemTime,
+        reason: &str,
+    ) -> impl Future<Output = Result<u64, CoordError>> + Send;
+
     /// What a fault of this node means for its launcher.
     fn node_fault(&mut self, reason: &str) -> impl Future<Output = NodeFault> + Send;
 }
@@ -174,6 +194,15 @@ impl Coordinator for LocalOnly {
 
     async fn next_remote(&mut self) -> Remote {
         std::future::pending().await
+    }
+
+    async fn publish_notice(
+        &mut self,
+        step: u64,
+        _deadline: std::time::SystemTime,
+        _reason: &str,
+    ) -> Result<u64, CoordError> {
+        Ok(step)
     }
 
     async fn node_fault(&mut self, _reason: &str) -> NodeFault {

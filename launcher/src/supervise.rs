@@ -94,6 +94,12 @@ const STDERR_DRAIN: Duration = Duration::from_millis(500);
 const OUTPUT_DRAIN: Duration = Duration::from_secs(2);
 /// How long StopRanks may take before the launcher stops the workers anyway.
 const STOP_RANKS_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// Across hosts: how far ahead (at the job's step time) the step named for
+/// this host's notice lies, so that the other hosts, told through etcd
+/// (a txn, their watch, their agent's StopRanks and next tick), reach their
+/// ranks before those pass it. At most a quarter of the notice's window.
+pub const NOTICE_LEAD: Duration = Duration::from_secs(2);
 /// How long each of the agent's answers about the job's progress may take
 /// at a restart (ListCheckpoints waits up to 5 s for shards being sealed;
 /// a restart does not).
@@ -598,7 +604,11 @@ impl<C: Coordinator> Sup<'_, C> {
                 let pids = self.stop_workers(first).await;
                 return Done::Answer(Input::Stopped { pids });
             }
-            Command::Notice { deadline, reason } => self.notice(deadline, &reason).await,
+            Command::Notice {
+                deadline,
+                reason,
+                step,
+            } => self.notice(deadline, &reason, step).await,
             // Only ever asked for from within a stop ([`Self::stop_workers`]).
             Command::Kill { .. } => {}
             Command::Gate { pids, say_no_nvml } => {
@@ -1298,36 +1308,101 @@ impl<C: Coordinator> Sup<'_, C> {
     /// with the deadline): it sets the notice in every rank's slot, and the
     /// ranks' exits are planned stops. An agent that cannot be told leaves
     /// the workers unwarned: said, and the window's end stops them.
-    async fn notice(&mut self, deadline: SystemTime, reason: &str) {
+    ///
+    /// Across hosts, every host's ranks must save the same step: this
+    /// host's own notice (`step` None) asks the agent for a step far enough
+    /// ahead ([`NOTICE_LEAD`]) for the others to be told, publishes it in
+    /// etcd, and, when another host published first, tells the agent that
+    /// host's step instead; another host's notice (`step` Some) is told to
+    /// the agent as is.
+    async fn notice(&mut self, deadline: SystemTime, reason: &str, step: Option<u64>) {
         self.notice_deadline = Some(deadline);
         let ms = deadline
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+        let across = self.coord.name() != LocalOnly.name();
+        let lead = if across && step.is_none() {
+            let window = deadline
+                .duration_since(SystemTime::now())
+                .unwrap_or_default();
+            NOTICE_LEAD.min(window / 4)
+        } else {
+            Duration::ZERO
+        };
+        let named = self.tell_notice(ms, reason, step, lead).await;
+        if !across || step.is_some() {
+            return;
+        }
+        let Some(named) = named else {
+            self.say(
+                "the agent named no step for the notice (no rank of the job on it yet, or an agent from before notices across hosts): the other hosts are not told",
+            );
+            return;
+        };
+        match self.coord.publish_notice(named, deadline, reason).await {
+            Ok(agreed) if agreed == named => self.say(format!(
+                "told the job's other hosts of the notice: every rank saves at step {named}"
+            )),
+            Ok(agreed) => {
+                self.say(format!(
+                    "another host published a notice first: every rank saves at its step {agreed} (not {named})"
+                ));
+                self.tell_notice(ms, reason, Some(agreed), Duration::ZERO)
+                    .await;
+            }
+            Err(e) => self.say(format!(
+                "could not tell the job's other hosts of the notice ({e}): this host's ranks save at step {named}"
+            )),
+        }
+    }
+
+    /// StopRanks, kind PREEMPTED, for every worker: the step they save at,
+    /// as the agent says it (None: it did not, or was not reached).
+    async fn tell_notice(
+        &mut self,
+        deadline_ms: u64,
+        reason: &str,
+        step: Option<u64>,
+        lead: Duration,
+    ) -> Option<u64> {
         let req = pb::StopRanksRequest {
             job_id: self.job.id.clone(),
             reason: format!("notice: {reason}"),
             ranks: self.workers.iter().map(|w| w.rank).collect(),
             kind: pb::StopKind::Preempted as i32,
-            notice_deadline_unix_ms: ms,
+            notice_deadline_unix_ms: deadline_ms,
+            notice_save_at_step: step,
+            notice_lead_ms: u32::try_from(lead.as_millis()).unwrap_or(u32::MAX),
         };
         match tokio::time::timeout(STOP_RANKS_TIMEOUT, self.client.stop_ranks(req)).await {
-            Ok(Ok(r)) => self.say(format!(
-                "the agent told rank{} {} of the notice",
-                if r.get_ref().ranks.len() == 1 { "" } else { "s" },
-                r.get_ref()
-                    .ranks
-                    .iter()
-                    .map(u32::to_string)
-                    .collect::<Vec<_>>()
-                    .join(",")
-            )),
-            Ok(Err(e)) => self.say(format!(
-                "the agent could not be told of the notice ({}): the workers are stopped at the window's end without a save",
-                e.message()
-            )),
-            Err(_) => self.say(
-                "the agent did not answer the notice in time: the workers are stopped at the window's end without a save",
-            ),
+            Ok(Ok(r)) => {
+                let r = r.into_inner();
+                self.say(format!(
+                    "the agent told rank{} {} of the notice{}",
+                    if r.ranks.len() == 1 { "" } else { "s" },
+                    r.ranks
+                        .iter()
+                        .map(u32::to_string)
+                        .collect::<Vec<_>>()
+                        .join(","),
+                    r.notice_save_at_step
+                        .map_or(String::new(), |s| format!(": they save at step {s}"))
+                ));
+                r.notice_save_at_step
+            }
+            Ok(Err(e)) => {
+                self.say(format!(
+                    "the agent could not be told of the notice ({}): the workers are stopped at the window's end without a save",
+                    e.message()
+                ));
+                None
+            }
+            Err(_) => {
+                self.say(
+                    "the agent did not answer the notice in time: the workers are stopped at the window's end without a save",
+                );
+                None
+            }
         }
     }
 
@@ -1345,6 +1420,8 @@ impl<C: Coordinator> Sup<'_, C> {
             ranks,
             kind: kind as i32,
             notice_deadline_unix_ms: 0,
+            notice_save_at_step: None,
+            notice_lead_ms: 0,
         };
         match tokio::time::timeout(STOP_RANKS_TIMEOUT, self.client.stop_ranks(req)).await {
             Ok(Ok(_)) => {}

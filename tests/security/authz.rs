@@ -125,6 +125,8 @@ pub fn attack_everything(args: &Value) -> Value {
                     reason: "attacker: preempted".into(),
                     kind: pb::StopKind::Preempted as i32,
                     notice_deadline_unix_ms: u64::MAX,
+                    notice_save_at_step: Some(u64::MAX),
+                    notice_lead_ms: u32::MAX,
                 })
                 .await,
                 |_| json!({}),

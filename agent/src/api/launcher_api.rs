@@ -144,9 +144,24 @@ pub async fn stop_ranks(
             launcher_notice(req.notice_deadline_unix_ms, &reason),
         );
     }
-    let mut ranks = state
-        .registry()
-        .mark_stopping(&req.job_id, &req.ranks, &stop);
+    let (mut ranks, notice_save_at_step) = {
+        let mut reg = state.registry();
+        let ranks = reg.mark_stopping(&req.job_id, &req.ranks, &stop);
+        // The step the ranks save at, named now (not at the next tick) so
+        // the launcher can tell the job's other hosts (docs/operations.md,
+        // "Notices ... across hosts").
+        let step = (stop.kind == warden_core::signal::StopKind::Preempted).then(|| {
+            state.notices.name_step(
+                &req.job_id,
+                &reg,
+                req.notice_save_at_step,
+                std::time::Duration::from_millis(u64::from(
+                    req.notice_lead_ms.min(MAX_NOTICE_LEAD_MS),
+                )),
+            )
+        });
+        (ranks, step.flatten())
+    };
     ranks.sort_unstable();
     if !ranks.is_empty() {
         state.events.publish(
@@ -165,8 +180,15 @@ pub async fn stop_ranks(
             .with("reason", &reason),
         );
     }
-    Ok(pb::StopRanksResponse { ranks })
+    Ok(pb::StopRanksResponse {
+        ranks,
+        notice_save_at_step,
+    })
 }
+
+/// Longest lead a launcher may ask the notice's step to have (a caller's
+/// number): a minute of steps.
+const MAX_NOTICE_LEAD_MS: u32 = 60_000;
 
 /// Longest notice a launcher may announce: a deadline further away is
 /// shown as this far (the word is for the ranks' information only).

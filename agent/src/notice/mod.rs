@@ -103,9 +103,12 @@ struct Inner {
     host: BTreeMap<String, Notice>,
     /// Job notices (a launcher's SIGTERM), by job id.
     jobs: BTreeMap<String, Notice>,
-    /// Jobs whose ranks were told already (one `notice.raised` each), with
-    /// the step at whose boundary every rank of the job saves.
+    /// The step at whose boundary every rank of the job saves: named at
+    /// the first telling, or by the launcher's StopRanks (across hosts, the
+    /// step the job's hosts agreed on), which replaces it.
     told: BTreeMap<String, u64>,
+    /// Jobs whose `notice.raised` was published (once each).
+    announced: BTreeSet<String>,
     /// Per-source trouble (unreachable, refused file), for the health reason.
     trouble: BTreeMap<Source, String>,
     /// The sources running, for the component's label.
@@ -195,6 +198,74 @@ impl Board {
         g.dirty = true;
     }
 
+    /// Names the step at whose boundary `job`'s ranks save, for the
+    /// launcher's StopRanks (kind PREEMPTED), and returns it. `fixed`: the
+    /// step the job's hosts agreed on (it replaces any named before; the
+    /// next tick writes it into every slot). Else the step named before,
+    /// or one at least `lead` ahead of the furthest rank at the job's
+    /// recent step time ([`save_step`]). None: no rank of the job holds a
+    /// slot here to name it from, or no lead was asked for (one host: the
+    /// next tick names it as it writes it into the slots).
+    pub fn name_step(
+        &self,
+        job: &str,
+        reg: &Registry,
+        fixed: Option<u64>,
+        lead: Duration,
+    ) -> Option<u64> {
+        let ranks: Vec<&crate::ranks::registry::RankEntry> = reg
+            .ranks
+            .values()
+            .filter(|e| e.key.job == job && e.holds_slot && e.state != RankState::Exited)
+            .collect();
+        let steps: Vec<u64> = ranks
+            .iter()
+            .filter_map(|e| reg.slots().current_step(e.slot).ok())
+            .collect();
+        let mut g = self.lock();
+        if let Some(step) = fixed {
+            if let Some(past) = steps.iter().copied().filter(|s| *s > step).max() {
+                // Told too late: those ranks save their next boundary's step
+                // instead (save_on_notice saves at any step from the one named).
+                tracing::warn!(
+                    job,
+                    step,
+                    furthest = past,
+                    "a rank of the job is past the step its hosts named for the notice"
+                );
+            }
+            g.told.insert(job.to_owned(), step);
+            g.dirty = true;
+            return Some(step);
+        }
+        if let Some(step) = g.told.get(job) {
+            return Some(*step);
+        }
+        if lead.is_zero() {
+            // No lead (one host): the tick names it as it writes the
+            // slots, so no rank passes the step between the two.
+            return None;
+        }
+        let furthest = steps.iter().copied().max()?;
+        let step_ns = ranks
+            .iter()
+            .filter_map(|e| e.last.as_ref())
+            .filter_map(|s| {
+                let mut d: Vec<u64> = s
+                    .recent_steps
+                    .iter()
+                    .map(|st| st.duration_ns)
+                    .filter(|d| *d > 0)
+                    .collect();
+                d.sort_unstable();
+                d.get(d.len() / 2).copied()
+            })
+            .max();
+        let step = save_step(furthest, step_ns, lead);
+        g.told.insert(job.to_owned(), step);
+        Some(step)
+    }
+
     /// The host notice with the earliest deadline.
     pub fn host_notice(&self) -> Option<Notice> {
         first(self.lock().host.values())
@@ -270,10 +341,13 @@ impl Board {
                     tracing::warn!(job, rank, error = %e, "cannot set the notice in the slot");
                 }
             }
-            if known.is_some() {
-                continue;
+            {
+                let mut g = self.lock();
+                g.told.insert(job.clone(), step);
+                if !g.announced.insert(job.clone()) {
+                    continue;
+                }
             }
-            self.lock().told.insert(job.clone(), step);
             let mut ranks: Vec<u32> = ranks.iter().map(|r| r.0).collect();
             ranks.sort_unstable();
             let left = n
@@ -320,6 +394,7 @@ impl Board {
         let before = g.jobs.len() + g.told.len();
         g.jobs.retain(|j, _| live.contains(j.as_str()));
         g.told.retain(|j, _| live.contains(j.as_str()));
+        g.announced.retain(|j| live.contains(j.as_str()));
         if g.jobs.len() + g.told.len() != before {
             g.dirty = true;
         }
@@ -433,6 +508,29 @@ impl Board {
     }
 }
 
+/// Most steps a lead may add: a caller's number over a tiny step time is
+/// bounded.
+const MAX_LEAD_STEPS: u64 = 100_000;
+
+/// The step to save at: the one after the furthest rank's `furthest`, plus
+/// as many steps as `lead` takes at `step_ns` (the job's recent median step
+/// time), so that ranks on other hosts, told through etcd meanwhile, have
+/// not passed it. With a lead but no step time known yet: one more step.
+pub fn save_step(furthest: u64, step_ns: Option<u64>, lead: Duration) -> u64 {
+    let extra = if lead.is_zero() {
+        0
+    } else {
+        match step_ns {
+            Some(ns) if ns > 0 => {
+                let lead_ns = u64::try_from(lead.as_nanos()).unwrap_or(u64::MAX);
+                lead_ns.div_ceil(ns).min(MAX_LEAD_STEPS)
+            }
+            _ => 1,
+        }
+    };
+    furthest.saturating_add(1).saturating_add(extra)
+}
+
 fn first<'a>(it: impl Iterator<Item = &'a Notice>) -> Option<Notice> {
     it.min_by_key(|n| {
         n.deadline
@@ -521,6 +619,22 @@ pub(crate) fn say_trouble(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_save_step_leads_by_the_steps_the_lead_takes() {
+        let ms = |n: u64| Duration::from_millis(n);
+        // No lead: the step after the furthest rank's (one host).
+        assert_eq!(save_step(110, Some(20_000_000), Duration::ZERO), 111);
+        // 1 s at 20 ms a step: 50 more.
+        assert_eq!(save_step(110, Some(20_000_000), ms(1000)), 161);
+        // A part of a step rounds up: 1 s at 300 ms a step is 4 more.
+        assert_eq!(save_step(110, Some(300_000_000), ms(1000)), 115);
+        // No step time known yet: one more.
+        assert_eq!(save_step(110, None, ms(1000)), 112);
+        // A tiny step time is bounded.
+        assert_eq!(save_step(0, Some(1), ms(60_000)), 1 + MAX_LEAD_STEPS);
+        assert_eq!(save_step(u64::MAX, Some(1), ms(1)), u64::MAX);
+    }
 
     #[test]
     fn the_word_carries_source_and_deadline_and_the_earliest_notice_leads() {

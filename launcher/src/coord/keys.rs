@@ -16,6 +16,10 @@
 //! <prefix>/<job>/departures/<host>    why a host left (JSON), written with its leave
 //! <prefix>/<job>/ends/<epoch:020>     the job finished or failed at that epoch (JSON);
 //!                                     the first host to say so writes it
+//! <prefix>/<job>/notices/<epoch:020>  a notice of a coming stop in the round of that
+//!                                     epoch and the step every rank saves at (JSON);
+//!                                     the first host to get one writes it, once, and
+//!                                     deletes older ones in the same txn
 //!
 //! <prefix>/~goodput/<job>/<host>      the host's goodput breakdown of the job (a
 //!                                     protobuf-encoded warden.v1.JobGoodput), updated
@@ -62,6 +66,8 @@ pub enum KeyKind<'a> {
     End(u64),
     /// `layouts/<base>/<chunk>`.
     LayoutChunk(&'a str, u32),
+    /// `notices/<epoch>`.
+    Notice(u64),
     /// Anything else (a newer version's key): ignored.
     Other,
 }
@@ -116,6 +122,16 @@ impl Keys {
         format!("{}ends/{epoch:020}", self.base)
     }
 
+    /// The notice of a coming stop in the round of `epoch`.
+    pub fn notice(&self, epoch: u64) -> String {
+        format!("{}notices/{epoch:020}", self.base)
+    }
+
+    /// The prefix of every notice.
+    pub fn notices(&self) -> String {
+        format!("{}notices/", self.base)
+    }
+
     /// The prefix of every layout base.
     pub fn layouts(&self) -> String {
         format!("{}layouts/", self.base)
@@ -161,6 +177,8 @@ impl Keys {
             KeyKind::Departure(host)
         } else if let Some(epoch) = rest.strip_prefix("ends/") {
             epoch.parse().map_or(KeyKind::Other, KeyKind::End)
+        } else if let Some(epoch) = rest.strip_prefix("notices/") {
+            epoch.parse().map_or(KeyKind::Other, KeyKind::Notice)
         } else if let Some(layout) = rest.strip_prefix("layouts/") {
             match layout.rsplit_once('/') {
                 Some((base, chunk)) if !base.is_empty() && !base.contains('/') => chunk
@@ -191,6 +209,9 @@ mod tests {
             Some(KeyKind::Departure("h-b"))
         );
         assert_eq!(k.classify(&k.end(3)), Some(KeyKind::End(3)));
+        assert_eq!(k.notice(3), "/warden/jobs/j1/notices/00000000000000000003");
+        assert_eq!(k.classify(&k.notice(3)), Some(KeyKind::Notice(3)));
+        assert!(k.notice(3).starts_with(&k.notices()));
         let base = Keys::layout_base(4, "h-a");
         assert_eq!(
             k.layout_chunk(&base, 2),

@@ -41,6 +41,7 @@ pub mod etcd_flags;
 pub mod keys;
 pub mod layout;
 mod lease_route;
+pub mod notice;
 mod paged;
 pub mod plan;
 pub mod reports;
@@ -97,6 +98,9 @@ pub struct CoordState {
     /// several endpoints: it moves to the next when one leaves a
     /// keep-alive unanswered (`coord/lease_route.rs`). `None` with one endpoint.
     pub lease_endpoint: Option<String>,
+    /// The newest notice of a coming stop a host of the job published
+    /// ([`Coordinator::publish_notice`]), with the epoch of its round.
+    pub notice: Option<(u64, notice::NoticeRecord)>,
 }
 
 /// Why a launcher leaves the job.
@@ -394,6 +398,25 @@ impl Coordinator {
             Advance::Advanced(e) | Advance::Stale(e) => Ok(e),
             Advance::LostRace => self.inner.read_epoch().await,
         }
+    }
+
+    /// Tells the job's other hosts of a notice of a coming stop in the
+    /// round of `epoch`: every rank saves at `step`'s boundary. Returns the
+    /// round's notice: this one, or the one a host wrote first (then this
+    /// host's ranks must save at its step instead).
+    pub async fn publish_notice(
+        &self,
+        epoch: u64,
+        step: u64,
+        deadline_ms: u64,
+        reason: &str,
+    ) -> Result<notice::NoticeRecord, CoordError> {
+        if let Some(e) = self.inner.state.borrow().failed.clone() {
+            return Err(e);
+        }
+        self.inner
+            .publish_notice(epoch, step, deadline_ms, reason)
+            .await
     }
 
     /// Leaves the job: deletes this host's member key and says why (and,

@@ -87,6 +87,9 @@ pub(crate) struct View {
     /// epoch), for the cordon share ([`super::cordon_share`]).
     pub(crate) departed: BTreeMap<String, (String, u64)>,
     pub(crate) ends: BTreeMap<u64, JobEnd>,
+    /// Notices of a coming stop, by the epoch of their round (one is kept
+    /// in etcd: each notice's txn deletes the older ones).
+    pub(crate) notices: BTreeMap<u64, super::notice::NoticeRecord>,
     /// The live members against the current round, kept per member event
     /// ([`plan::Standing`]): what the round checks read, so that an event
     /// costs O(log N), not a scan of every host.
@@ -442,7 +445,11 @@ impl Inner {
         }
         // The current round and end marker: one key each (the round record
         // is one value, under etcd's request limit, so one page).
-        for key in [self.keys.round(view.epoch), self.keys.end(view.epoch)] {
+        for key in [
+            self.keys.round(view.epoch),
+            self.keys.end(view.epoch),
+            self.keys.notice(view.epoch),
+        ] {
             super::paged::read_prefix(
                 &self.endpoints,
                 self.cfg.request_timeout,
@@ -547,6 +554,15 @@ impl Inner {
                     view.ends.insert(epoch, e);
                     view.end_revisions.insert(epoch, kv.mod_revision());
                 }),
+            KeyKind::Notice(epoch) => serde_json::from_slice(kv.value())
+                .map_err(|e| e.to_string())
+                .map(|n| {
+                    view.notices.insert(epoch, n);
+                    // One is in etcd; a few in memory at most.
+                    while view.notices.len() > 4 {
+                        view.notices.pop_first();
+                    }
+                }),
             KeyKind::Other => Ok(()),
         };
         if let Err(problem) = parsed {
@@ -596,6 +612,9 @@ impl Inner {
                 view.ends.remove(&epoch);
                 view.end_revisions.remove(&epoch);
             }
+            Some(KeyKind::Notice(epoch)) => {
+                view.notices.remove(&epoch);
+            }
             Some(KeyKind::Other) | None => {}
         }
     }
@@ -609,7 +628,7 @@ impl Inner {
     /// Publishes the view to everyone waiting on the coordinator; logs a
     /// new round once.
     pub(crate) fn publish(&self) {
-        let (round, live, ended) = {
+        let (round, live, ended, notice) = {
             let mut guard = self.lock_view();
             let view = &mut *guard;
             view.settle();
@@ -639,7 +658,8 @@ impl Inner {
                 }
                 round
             });
-            (round, view.live_count(), view.ended().cloned())
+            let notice = view.notices.last_key_value().map(|(e, n)| (*e, n.clone()));
+            (round, view.live_count(), view.ended().cloned(), notice)
         };
         self.state.send_modify(|s| {
             if let Some(r) = &round
@@ -663,6 +683,7 @@ impl Inner {
             s.round = round;
             s.live = live;
             s.ended = ended;
+            s.notice = notice;
         });
     }
 
@@ -1434,11 +1455,12 @@ fn watched(keys: &Keys) -> [String; WATCHED] {
         keys.layouts(),
         keys.members(),
         format!("{}rounds/", keys.base()),
+        keys.notices(),
     ]
 }
 
 /// How many prefixes [`watched`] names.
-const WATCHED: usize = 5;
+const WATCHED: usize = 6;
 
 /// Its place in [`watched`].
 const MEMBERS: usize = 3;

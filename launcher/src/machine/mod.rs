@@ -333,6 +333,11 @@ pub enum Command {
         deadline: SystemTime,
         /// StopRanks' reason, for people.
         reason: String,
+        /// The step every rank of the job saves at, as another host
+        /// published it (across hosts). None: this host's notice: its agent
+        /// names the step, and across hosts the executor publishes it
+        /// (or adopts the one another host published first).
+        step: Option<u64>,
     },
     /// A signal during a stop: SIGKILL now (unless already sent).
     Kill {
@@ -1053,6 +1058,29 @@ impl JobState {
                 ));
             }
             Input::Round(Remote::Note(text)) => out.push(Command::Say(text)),
+            Input::Round(Remote::Notice {
+                step,
+                deadline,
+                reason,
+            }) => {
+                // Another host's deadline, bounded (a record in etcd is
+                // not this host's to trust beyond the hour the agent takes).
+                let window = deadline
+                    .and_then(|d| d.duration_since(now.wall).ok())
+                    .map(|w| w.min(Duration::from_secs(3600)))
+                    .unwrap_or(if self.limits.term_grace.is_zero() {
+                        DEFAULT_NOTICE_WINDOW
+                    } else {
+                        self.limits.term_grace
+                    });
+                self.notice_at(
+                    format!("{reason}: every rank of the job saves at step {step}"),
+                    window,
+                    Some(step),
+                    now,
+                    out,
+                );
+            }
             Input::Disowned(why) => {
                 out.push(Command::Say(format!(
                     "the agent no longer takes this launcher's calls about the job: {why}; stopping the workers (exit {})",
@@ -1090,6 +1118,18 @@ impl JobState {
     /// stop sweep's grace and a second, then stops those left. The job
     /// ends with [`exit::EXIT_PREEMPTED`]: "requeue me".
     fn notice(&mut self, why: String, window: Duration, now: Now, out: &mut Vec<Command>) {
+        self.notice_at(why, window, None, now, out);
+    }
+
+    /// [`Self::notice`], with the step another host published (`Some`).
+    fn notice_at(
+        &mut self,
+        why: String,
+        window: Duration,
+        step: Option<u64>,
+        now: Now,
+        out: &mut Vec<Command>,
+    ) {
         let wait = window.saturating_sub(self.limits.stop_grace + Duration::from_secs(1));
         out.push(Command::Say(format!(
             "{why}: the workers save at their next step boundary and leave; those left after {} are stopped; exit {} (preempted: requeue)",
@@ -1099,6 +1139,7 @@ impl JobState {
         out.push(Command::Notice {
             deadline: now.wall + window,
             reason: why,
+            step,
         });
         self.leaves_alone = true;
         self.pending = None;

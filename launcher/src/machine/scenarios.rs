@@ -324,7 +324,8 @@ fn short(c: &Command) -> Option<String> {
         Command::Publish(Directive::Stop { .. }) => "publish stop".into(),
         Command::Stop { signal, .. } => format!("stop {}", super::signal_name(*signal)),
         Command::Kill { .. } => "kill".into(),
-        Command::Notice { .. } => "notice".into(),
+        Command::Notice { step: None, .. } => "notice".into(),
+        Command::Notice { step: Some(s), .. } => format!("notice at step {s}"),
         Command::Gate { .. } => "gate".into(),
         Command::LeaveJob { .. } => "leave".into(),
         Command::Reap => "reap".into(),
@@ -1838,6 +1839,45 @@ fn scenarios() -> Vec<Scenario> {
                 ended: "left on a notice",
                 says: &[
                     "got SIGTERM: a notice, --term-grace 30s: the workers save at their next step boundary and leave; those left after 19s are stopped; exit 85 (preempted: requeue)",
+                ],
+                ..End::default()
+            },
+        },
+        Scenario {
+            name: "notice from another host (etcd): the workers save at the step it published and leave; the job exits 85",
+            limits: limits(),
+            steps: with(
+                first_attempt(),
+                vec![
+                    (
+                        1000,
+                        Input::Round(Remote::Notice {
+                            step: 137,
+                            deadline: None,
+                            reason: "host h1 got a notice (got SIGTERM)".into(),
+                        }),
+                        &["notice at step 137"],
+                    ),
+                    // The hosts that leave make a new round: not acted on.
+                    (
+                        1100,
+                        Input::Round(Remote::NewRound {
+                            reason: "round 2: h1 left".into(),
+                            keeps_place: false,
+                        }),
+                        &[],
+                    ),
+                    (1200, exit(1, 0, 100, 85), &[]),
+                    (1300, exit(1, 1, 101, 85), &["finish 85"]),
+                ],
+            ),
+            expect: End {
+                code: Some(85),
+                outcome: "preempted: every worker saved on the notice and left; requeue the job",
+                records: 1,
+                ended: "left on a notice",
+                says: &[
+                    "host h1 got a notice (got SIGTERM): every rank of the job saves at step 137: the workers save at their next step boundary and leave; those left after 19s are stopped; exit 85 (preempted: requeue)",
                 ],
                 ..End::default()
             },
