@@ -33,6 +33,7 @@
 
 pub mod agent;
 pub mod args;
+pub mod c10d;
 pub mod compile_cache;
 pub mod connect;
 pub mod coord;
@@ -87,6 +88,9 @@ pub enum LauncherError {
     /// The job could not be joined in etcd.
     #[error("cannot join the job in etcd: {0}")]
     Join(crate::coord::CoordError),
+    /// torch's c10d rendezvous could not be started.
+    #[error("cannot start torch's c10d rendezvous: {0}")]
+    C10d(crate::hosts::CoordError),
     /// The etcd TLS or authentication flags cannot be followed.
     #[error(transparent)]
     EtcdAccess(#[from] crate::coord::etcd_flags::EtcdFlagsError),
@@ -147,6 +151,7 @@ async fn run_job(
         ));
     }
     let etcd = args.is_etcd();
+    let c10d = args.is_c10d_rounds();
     // Across hosts the id must be the same everywhere: no `<host>-<random>`.
     let job_id = match args.job_id.as_deref() {
         Some(id) => id.to_owned(),
@@ -214,12 +219,19 @@ async fn run_job(
     let fallback_budget = args
         .max_restarts
         .unwrap_or(link.config.policy.unknown.budget);
-    let (master_addr, master_port) = if etcd {
+    let (master_addr, master_port) = if etcd || c10d {
         (String::new(), args.master_port)
     } else {
         args.endpoint()?
     };
-    let place = if etcd {
+    let c10d_cfg = if c10d {
+        Some(c10d::config(&args, &job_id)?)
+    } else {
+        None
+    };
+    let place = if let Some(c) = &c10d_cfg {
+        format!("on this host, {}", c.describe())
+    } else if etcd {
         format!(
             "on this host, node rank from the job's rounds (--nnodes {}:{}, etcd at {})",
             args.nnodes.min,
@@ -354,6 +366,24 @@ async fn run_job(
             ));
         }
         supervise::run(job, &link, coordinator, console.clone(), &mut signals).await
+    } else if let Some(cfg) = c10d_cfg {
+        if !cfg.ignored.is_empty() {
+            console.say(format!(
+                "--rdzv-conf: ignored (neither warden nor torch's c10d rendezvous reads them): {}",
+                cfg.ignored.join(", ")
+            ));
+        }
+        let log = job.log_root.join("rendezvous.log");
+        let cwd = job.log_root.clone();
+        match c10d::C10dCoordinator::start(cfg, &log, &cwd) {
+            Ok(coordinator) => {
+                supervise::run(job, &link, coordinator, console.clone(), &mut signals).await
+            }
+            Err(e) => {
+                link.close().await;
+                return Err(LauncherError::C10d(e));
+            }
+        }
     } else {
         supervise::run(job, &link, hosts::LocalOnly, console.clone(), &mut signals).await
     };
