@@ -48,7 +48,7 @@ pub struct RunArgs {
     #[arg(skip)]
     pub nproc_per_node: u32,
     /// Nodes in the job: N, or MIN:MAX (elastic: the job goes on with as
-    /// few as MIN hosts; needs --rdzv-backend etcd).
+    /// few as MIN hosts; needs --rdzv-backend c10d or etcd).
     #[arg(long, default_value = "1", value_parser = parse_nnodes)]
     pub nnodes: NNodes,
     /// This node's rank among the job's nodes (GROUP_RANK), default 0.
@@ -68,14 +68,18 @@ pub struct RunArgs {
     #[arg(long = "master-port", alias = "master_port")]
     pub master_port: Option<u16>,
     /// torchrun's rendezvous endpoint. Static rendezvous: `HOST[:PORT]`,
-    /// taken as the master address and port. With --rdzv-backend etcd: the
+    /// taken as the master address and port. With --rdzv-backend c10d
+    /// across nodes: torch's rendezvous store, `HOST[:PORT]` (port 29400
+    /// when left out). With --rdzv-backend etcd: the
     /// etcd client endpoints, `HOST[:PORT]`, `http://HOST:PORT`, or with
     /// --etcd-cacert `https://HOST:PORT`, comma-separated (port 2379 when
     /// left out).
     #[arg(long = "rdzv-endpoint", alias = "rdzv_endpoint")]
     pub rdzv_endpoint: Option<String>,
-    /// torchrun's rendezvous backend: `static` or `c10d` (both mean a
-    /// static rendezvous on --rdzv-endpoint here), or `etcd` (also
+    /// torchrun's rendezvous backend: `static` (node ranks from
+    /// --node-rank), `c10d` (with --nnodes above 1 and no --node-rank:
+    /// torchrun's rendezvous, run by torch, at --rdzv-endpoint; the same
+    /// line on every host), or `etcd` (also
     /// `etcd-v2`): the launchers of the job's hosts agree on every round
     /// through etcd (membership under leases, restarts in one round on all
     /// hosts, scale down and up, spares).
@@ -91,8 +95,10 @@ pub struct RunArgs {
     /// host name. Letters, digits, `.`, `_`, `-`, `:`.
     #[arg(long = "host-id")]
     pub host_id: Option<String>,
-    /// With --rdzv-backend etcd: the address the other hosts reach this
-    /// host's workers at (MASTER_ADDR when it is node rank 0). Default: the
+    /// With --rdzv-backend etcd or c10d: the address the other hosts reach
+    /// this host's workers at (MASTER_ADDR when it is node rank 0; with
+    /// c10d, the launcher whose address is the endpoint's hosts torch's
+    /// store). Default (etcd): the
     /// local address of the route to the first etcd endpoint (the host
     /// name's address when etcd runs here).
     #[arg(long = "advertise-addr")]

@@ -780,6 +780,80 @@ mod tests {
         assert!(plan_of(&c, 0, 1, 0, 1, "[fd00::1]", 5).is_ok());
     }
 
+    fn args(line: &[&str]) -> RunArgs {
+        use clap::Parser;
+        #[derive(Debug, Parser)]
+        struct Wrap {
+            #[command(flatten)]
+            run: RunArgs,
+        }
+        let mut a = Wrap::try_parse_from(std::iter::once("run").chain(line.iter().copied()))
+            .map(|w| w.run)
+            .unwrap();
+        a.resolve(|| Ok(8), || 16).unwrap();
+        a
+    }
+
+    /// The launcher whose address is the endpoint's hosts the store
+    /// (`is_host` overrides); torch's keys are taken as whole numbers and
+    /// checked; others are named as ignored.
+    #[test]
+    fn the_config_follows_torchruns_flags() {
+        let base = [
+            "--nnodes",
+            "1:3",
+            "--nproc-per-node",
+            "2",
+            "--rdzv-backend",
+            "c10d",
+            "--rdzv-endpoint",
+            "10.0.0.1",
+        ];
+        let with = |extra: &[&str]| {
+            let mut v = base.to_vec();
+            v.extend_from_slice(extra);
+            v.push("t.py");
+            config(&args(&v), "j")
+        };
+        let c = with(&["--local-addr", "10.0.0.1"]).unwrap();
+        assert_eq!(c.endpoint, "10.0.0.1:29400");
+        assert_eq!((c.min_nodes, c.max_nodes, c.nproc_per_node), (1, 3, 2));
+        assert_eq!(c.is_host, Some(true));
+        assert_eq!(
+            with(&["--local-addr", "10.0.0.2"]).unwrap().is_host,
+            Some(false)
+        );
+        assert_eq!(with(&[]).unwrap().is_host, None, "torch's guess");
+        let c = with(&[
+            "--local-addr",
+            "10.0.0.2",
+            "--rdzv-conf",
+            "is_host=yes,keep_alive_interval=2,last_call_timeout=0.5,store_type=file",
+        ])
+        .unwrap();
+        assert_eq!(c.is_host, Some(true));
+        assert!(c.torch.contains(&("keep_alive_interval".to_owned(), 2)));
+        assert!(
+            c.torch.contains(&("last_call_timeout".to_owned(), 1)),
+            "whole seconds, at least 1: {:?}",
+            c.torch
+        );
+        assert_eq!(
+            c.ignored,
+            ["store_type"],
+            "only a TCP store at the endpoint"
+        );
+        for bad in ["keep_alive_interval=0", "read_timeout=x", "is_host=maybe"] {
+            assert!(
+                matches!(with(&["--rdzv-conf", bad]), Err(ArgsError::Torchrun(_))),
+                "{bad}"
+            );
+        }
+        let json: serde_json::Value = serde_json::from_str(&c.helper_json()).unwrap();
+        assert_eq!(json["torch"]["is_host"], true);
+        assert_eq!(json["max_nodes"], 3);
+    }
+
     /// The helper's messages parse; an unknown one does not.
     #[test]
     fn helper_lines_parse() {

@@ -22,7 +22,9 @@
 //! ([`agent`]): one host needs nothing else installed. Across hosts the
 //! [`hosts::Coordinator`] seam takes the job-wide part: with
 //! `--rdzv-backend etcd` the launchers agree on every round through etcd
-//! ([`etcd`], on `crate::coord`).
+//! ([`etcd`], on `crate::coord`); with `--rdzv-backend c10d` across nodes
+//! and no `--node-rank`, through torchrun's own rendezvous run by torch
+//! ([`c10d`]).
 //!
 //! Never: reap a worker before the agent read its status (it reads the
 //! zombie); act on a `restart_in_process` decision (the agent carries it
