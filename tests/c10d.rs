@@ -13,8 +13,12 @@
 //! - a host lost (its launcher and its worker SIGKILLed) under `--nnodes
 //!   1:2`: its heartbeats stop, torch drops it, and the survivor runs on in
 //!   a round of one and ends 0;
+//! - a third host started with the same line under `--nnodes 2` waits
+//!   (torch's spare) and takes a lost host's place in the next round;
 //! - two hosts started at the same instant, several times: never the same
-//!   node rank.
+//!   node rank;
+//! - a pickle a stranger writes into the store as torch's state is refused
+//!   before torch unpickles it: its command never runs.
 //!
 //! The tests run one at a time (a lock). Every wait has a deadline and
 //! awaits the launchers' or workers' own lines, never a sleep. Needs torch
@@ -355,4 +359,49 @@ print("written", flush=True)
     );
     assert_eq!(exit_code(&mut a), 1, "{}", context(&a));
     assert!(!marker.exists(), "the stranger's command ran");
+}
+
+/// A third host started with the same line under `--nnodes 2` finds the
+/// round full and waits (torch's redundancy list, torchrun's spare). When a
+/// host of the round is lost, torch drops it, and the spare takes its place:
+/// the survivor and the spare run a round of two together.
+#[test]
+fn a_waiting_host_replaces_a_lost_one() {
+    if !torch_available() {
+        return;
+    }
+    let _one = serial();
+    let job = "c10d-spare";
+    let port = free_port("127.0.0.2");
+    let (ha, hb, hs) = (
+        Host::new("127.0.0.2"),
+        Host::new("127.0.0.3"),
+        Host::new("127.0.0.4"),
+    );
+    let mut a = ha.launch(port, job, "2", 150);
+    let mut b = hb.launch(port, job, "2", 150);
+    let wa = a.wait_line(WAIT, "a worker's world", is_world);
+    let wb = b.wait_line(WAIT, "a worker's world", is_world);
+    let e = one_round(&[&wa, &wb], 2);
+    let mut s = hs.launch(port, job, "2", 150);
+    b.wait_line(WAIT, "a step of host-b's worker", |l| {
+        l.contains("] step 10 ")
+    });
+
+    b.signal(Signal::SIGKILL);
+    let worker = i32::try_from(num(&wb, "pid")).unwrap();
+    let _ = kill(Pid::from_raw(worker), Signal::SIGKILL);
+    b.wait_exit(WAIT);
+
+    let later = |l: &str| is_world(l) && num(l, "epoch") > e;
+    let wa = a.wait_line(WAIT, "a worker of the round with the spare", later);
+    let ws = s.wait_line(WAIT, "the spare's worker", later);
+    one_round(&[&wa, &ws], 2);
+    assert_eq!(exit_code(&mut a), 0, "{}", context(&a));
+    assert_eq!(exit_code(&mut s), 0, "{}", context(&s));
+    assert!(
+        s.seen.iter().all(|l| !is_world(l) || num(l, "epoch") > e),
+        "the spare ran no workers before a place was free\n{}",
+        context(&s)
+    );
 }

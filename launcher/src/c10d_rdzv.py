@@ -35,7 +35,7 @@ import pickle
 import sys
 import threading
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import datetime
 
 # The workers host their own store each round (warden's
 # TORCHELASTIC_USE_AGENT_STORE=False): node 0 hands out a free port, as
@@ -45,7 +45,6 @@ os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
 from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dr  # noqa: E402
 from torch.distributed.elastic.rendezvous.api import (  # noqa: E402
     RendezvousClosedError,
-    RendezvousError,
     RendezvousParameters,
     RendezvousStateError,
     RendezvousTimeoutError,
