@@ -48,7 +48,7 @@ pub struct RunArgs {
     #[arg(skip)]
     pub nproc_per_node: u32,
     /// Nodes in the job: N, or MIN:MAX (elastic: the job goes on with as
-    /// few as MIN hosts; needs --rdzv-backend etcd).
+    /// few as MIN hosts; needs --rdzv-backend c10d or etcd).
     #[arg(long, default_value = "1", value_parser = parse_nnodes)]
     pub nnodes: NNodes,
     /// This node's rank among the job's nodes (GROUP_RANK), default 0.
@@ -68,14 +68,18 @@ pub struct RunArgs {
     #[arg(long = "master-port", alias = "master_port")]
     pub master_port: Option<u16>,
     /// torchrun's rendezvous endpoint. Static rendezvous: `HOST[:PORT]`,
-    /// taken as the master address and port. With --rdzv-backend etcd: the
+    /// taken as the master address and port. With --rdzv-backend c10d
+    /// across nodes: torch's rendezvous store, `HOST[:PORT]` (port 29400
+    /// when left out). With --rdzv-backend etcd: the
     /// etcd client endpoints, `HOST[:PORT]`, `http://HOST:PORT`, or with
     /// --etcd-cacert `https://HOST:PORT`, comma-separated (port 2379 when
     /// left out).
     #[arg(long = "rdzv-endpoint", alias = "rdzv_endpoint")]
     pub rdzv_endpoint: Option<String>,
-    /// torchrun's rendezvous backend: `static` or `c10d` (both mean a
-    /// static rendezvous on --rdzv-endpoint here), or `etcd` (also
+    /// torchrun's rendezvous backend: `static` (node ranks from
+    /// --node-rank), `c10d` (with --nnodes above 1 and no --node-rank:
+    /// torchrun's rendezvous, run by torch, at --rdzv-endpoint; the same
+    /// line on every host), or `etcd` (also
     /// `etcd-v2`): the launchers of the job's hosts agree on every round
     /// through etcd (membership under leases, restarts in one round on all
     /// hosts, scale down and up, spares).
@@ -91,8 +95,10 @@ pub struct RunArgs {
     /// host name. Letters, digits, `.`, `_`, `-`, `:`.
     #[arg(long = "host-id")]
     pub host_id: Option<String>,
-    /// With --rdzv-backend etcd: the address the other hosts reach this
-    /// host's workers at (MASTER_ADDR when it is node rank 0). Default: the
+    /// With --rdzv-backend etcd or c10d: the address the other hosts reach
+    /// this host's workers at (MASTER_ADDR when it is node rank 0; with
+    /// c10d, the launcher whose address is the endpoint's hosts torch's
+    /// store). Default (etcd): the
     /// local address of the route to the first etcd endpoint (the host
     /// name's address when etcd runs here).
     #[arg(long = "advertise-addr")]
@@ -238,6 +244,9 @@ pub struct RdzvConf {
     pub last_call: Option<Duration>,
     /// Keys given that warden does not use.
     pub ignored: Vec<String>,
+    /// Those keys with their values, for torch's c10d rendezvous, which
+    /// reads some of them (`keep_alive_interval`, `is_host`, ...: `c10d`).
+    pub other: Vec<(String, String)>,
 }
 
 /// torchrun's default `join_timeout`.
@@ -268,7 +277,10 @@ fn parse_rdzv_conf(s: &str) -> Result<RdzvConf, String> {
         match k {
             "join_timeout" => conf.join_timeout = Some(secs()?),
             "last_call_timeout" => conf.last_call = Some(secs()?),
-            _ => conf.ignored.push(k.to_owned()),
+            _ => {
+                conf.ignored.push(k.to_owned());
+                conf.other.push((k.to_owned(), v.to_owned()));
+            }
         }
     }
     Ok(conf)
@@ -390,6 +402,15 @@ impl RunArgs {
         self.backend() == Ok(Backend::Etcd)
     }
 
+    /// True when the node ranks come from torch's c10d rendezvous
+    /// (`crate::c10d`): `--rdzv-backend c10d`, several nodes, no
+    /// `--node-rank` (with one, the rendezvous is static, as before).
+    pub fn is_c10d_rounds(&self) -> bool {
+        self.rdzv_backend.as_deref() == Some("c10d")
+            && self.node_rank.is_none()
+            && self.nnodes.max > 1
+    }
+
     /// This node's rank with a static rendezvous (`--node-rank`, else 0).
     pub fn node_rank(&self) -> u32 {
         self.node_rank.unwrap_or(0)
@@ -441,7 +462,7 @@ impl RunArgs {
         if let Some(secs) = self.torchrun.shutdown_timeout {
             self.stop_grace = Duration::from_secs_f64(secs);
         }
-        if self.advertise_addr.is_none() && self.backend() == Ok(Backend::Etcd) {
+        if self.advertise_addr.is_none() && (self.is_etcd() || self.is_c10d_rounds()) {
             self.advertise_addr = self.torchrun.local_addr.clone();
         }
         Ok(())
@@ -458,8 +479,9 @@ impl RunArgs {
         }
         self.torchrun.refused().map_err(ArgsError::Torchrun)?;
         let etcd = self.backend()? == Backend::Etcd;
+        let c10d = self.is_c10d_rounds();
         if !etcd {
-            if self.nnodes.min != self.nnodes.max {
+            if self.nnodes.min != self.nnodes.max && !c10d {
                 return Err(ArgsError::NeedsEtcd(format!(
                     "--nnodes {}:{}",
                     self.nnodes.min, self.nnodes.max
@@ -470,7 +492,7 @@ impl RunArgs {
                 (self.host_id.is_some(), "--host-id"),
                 // Not the --etcd-* flags: they may come from WARDEN_ETCD_*
                 // variables set for every job, single-node ones included.
-                (self.advertise_addr.is_some(), "--advertise-addr"),
+                (self.advertise_addr.is_some() && !c10d, "--advertise-addr"),
                 (self.max_cordon_share < 1.0, "--max-cordon-share"),
             ] {
                 if given {
@@ -479,13 +501,17 @@ impl RunArgs {
             }
         }
         let nnodes = self.nnodes.max;
-        if !etcd && nnodes > 1 && self.node_rank.is_none() {
-            // torchrun's c10d gives each host a node rank through its store;
-            // warden's static rendezvous would make every host node 0 (two
-            // rank 0s: a hang in init_process_group, or worse).
+        if !etcd && !c10d && nnodes > 1 && self.node_rank.is_none() {
+            // A static rendezvous would make every host node 0 (two rank
+            // 0s: a hang in init_process_group, or worse).
             return Err(ArgsError::Torchrun(format!(
-                "--nnodes {nnodes} without --node-rank: warden does not hand out node ranks through a c10d store; give each host its --node-rank, or use --rdzv-backend etcd (rounds agreed across hosts)"
+                "--nnodes {nnodes} without --node-rank: a static rendezvous cannot hand out node ranks; give each host its --node-rank, or use --rdzv-backend c10d (torch's rendezvous at --rdzv-endpoint) or etcd"
             )));
+        }
+        if c10d && self.rdzv_endpoint.is_none() {
+            return Err(ArgsError::Torchrun(
+                "--rdzv-backend c10d across nodes needs --rdzv-endpoint HOST:PORT (where torch's rendezvous store runs)".to_owned(),
+            ));
         }
         if etcd {
             if self.etcd_endpoints().is_empty() {
@@ -759,11 +785,52 @@ mod tests {
 
     #[test]
     fn validation_names_the_flag() {
-        let a = parse(&["--nnodes", "2", "--rdzv-backend", "c10d", "t.py"]);
+        let a = parse(&["--nnodes", "2", "t.py"]);
         assert!(
             matches!(a.validate(), Err(ArgsError::Torchrun(e)) if e.contains("without --node-rank")),
-            "two hosts would both be node 0"
+            "a static rendezvous would make both hosts node 0"
         );
+        let a = parse(&["--nnodes", "2", "--rdzv-backend", "c10d", "t.py"]);
+        assert!(
+            matches!(a.validate(), Err(ArgsError::Torchrun(e)) if e.contains("needs --rdzv-endpoint")),
+            "torch's rendezvous needs its store"
+        );
+        // The same line on every host: node ranks from torch's rendezvous.
+        let a = parse(&[
+            "--nnodes",
+            "1:2",
+            "--rdzv-backend",
+            "c10d",
+            "--rdzv-endpoint",
+            "10.0.0.1:29400",
+            "--local-addr",
+            "10.0.0.2",
+            "--rdzv-conf",
+            "keep_alive_interval=2,is_host=false",
+            "t.py",
+        ]);
+        assert_eq!(a.validate(), Ok(()));
+        assert!(a.is_c10d_rounds());
+        assert_eq!(a.advertise_addr.as_deref(), Some("10.0.0.2"));
+        assert_eq!(
+            a.rdzv_conf.other,
+            [
+                ("keep_alive_interval".to_owned(), "2".to_owned()),
+                ("is_host".to_owned(), "false".to_owned())
+            ]
+        );
+        // With --node-rank, c10d stays the static rendezvous it was.
+        let a = parse(&[
+            "--nnodes",
+            "2",
+            "--node-rank",
+            "1",
+            "--rdzv-backend",
+            "c10d",
+            "t.py",
+        ]);
+        assert!(!a.is_c10d_rounds());
+        assert_eq!(a.validate(), Ok(()));
         let a = parse(&["--nnodes", "2", "--node-rank", "2", "t.py"]);
         assert_eq!(
             a.validate(),

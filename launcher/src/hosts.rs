@@ -4,8 +4,10 @@
 //! etcd coordinator ([`super::etcd::EtcdCoordinator`], on `crate::coord`)
 //! makes the nodes agree on each attempt (who runs workers, at which node
 //! rank, with which world size and rendezvous address), tells the others
-//! when this node restarts or stops, and brings their rounds here. The
-//! supervisor only talks to this trait.
+//! when this node restarts or stops, and brings their rounds here; without
+//! etcd, torchrun's c10d rendezvous run by torch does the same
+//! ([`super::c10d::C10dCoordinator`]). The supervisor only talks to this
+//! trait.
 
 use std::future::Future;
 

@@ -24,7 +24,9 @@
 //! ([`agent`]): one host needs nothing else installed. Across hosts the
 //! [`hosts::Coordinator`] seam takes the job-wide part: with
 //! `--rdzv-backend etcd` the launchers agree on every round through etcd
-//! ([`etcd`], on `crate::coord`).
+//! ([`etcd`], on `crate::coord`); with `--rdzv-backend c10d` across nodes
+//! and no `--node-rank`, through torchrun's own rendezvous run by torch
+//! ([`c10d`]).
 //!
 //! Never: reap a worker before the agent read its status (it reads the
 //! zombie); act on a `restart_in_process` decision (the agent carries it
@@ -35,6 +37,7 @@
 
 pub mod agent;
 pub mod args;
+pub mod c10d;
 pub mod compile_cache;
 pub mod connect;
 pub mod coord;
@@ -90,6 +93,9 @@ pub enum LauncherError {
     /// The job could not be joined in etcd.
     #[error("cannot join the job in etcd: {0}")]
     Join(crate::coord::CoordError),
+    /// torch's c10d rendezvous could not be started.
+    #[error("cannot start torch's c10d rendezvous: {0}")]
+    C10d(crate::hosts::CoordError),
     /// The etcd TLS or authentication flags cannot be followed.
     #[error(transparent)]
     EtcdAccess(#[from] crate::coord::etcd_flags::EtcdFlagsError),
@@ -150,6 +156,7 @@ async fn run_job(
         ));
     }
     let etcd = args.is_etcd();
+    let c10d = args.is_c10d_rounds();
     // Across hosts the id must be the same everywhere: no `<host>-<random>`.
     let job_id = match args.job_id.as_deref() {
         Some(id) => id.to_owned(),
@@ -217,12 +224,19 @@ async fn run_job(
     let fallback_budget = args
         .max_restarts
         .unwrap_or(link.config.policy.unknown.budget);
-    let (master_addr, master_port) = if etcd {
+    let (master_addr, master_port) = if etcd || c10d {
         (String::new(), args.master_port)
     } else {
         args.endpoint()?
     };
-    let place = if etcd {
+    let c10d_cfg = if c10d {
+        Some(c10d::config(&args, &job_id)?)
+    } else {
+        None
+    };
+    let place = if let Some(c) = &c10d_cfg {
+        format!("on this host, {}", c.describe())
+    } else if etcd {
         format!(
             "on this host, node rank from the job's rounds (--nnodes {}:{}, etcd at {})",
             args.nnodes.min,
@@ -358,6 +372,24 @@ async fn run_job(
             ));
         }
         supervise::run(job, &link, coordinator, console.clone(), &mut signals).await
+    } else if let Some(cfg) = c10d_cfg {
+        if !cfg.ignored.is_empty() {
+            console.say(format!(
+                "--rdzv-conf: ignored (neither warden nor torch's c10d rendezvous reads them): {}",
+                cfg.ignored.join(", ")
+            ));
+        }
+        let log = job.log_root.join("rendezvous.log");
+        let cwd = job.log_root.clone();
+        match c10d::C10dCoordinator::start(cfg, &log, &cwd) {
+            Ok(coordinator) => {
+                supervise::run(job, &link, coordinator, console.clone(), &mut signals).await
+            }
+            Err(e) => {
+                link.close().await;
+                return Err(LauncherError::C10d(e));
+            }
+        }
     } else {
         supervise::run(job, &link, hosts::LocalOnly, console.clone(), &mut signals).await
     };

@@ -1,0 +1,344 @@
+"""warden run's c10d rendezvous: torchrun's own algorithm, run by torch.
+
+In: argv[1], a JSON object from the launcher (never from the store): the
+endpoint, the run id, min/max nodes, this node's address, whether it hosts
+the store, torch's rendezvous timeouts. On stdin, one command a line:
+``join`` (the next round: torch's ``next_rendezvous``), ``end <json>`` (the
+job ended here: a note in the store, then torch's ``set_closed``),
+``leave`` (torch's exit op: out of the participants at once).
+
+Out, on stdout, one JSON object a line: ``ready``; ``round`` (torch's
+round, this node's rank and the world, the workers' master address and
+port); ``news`` (another node waits for the next round, or a participant of
+this round is gone: the launcher restarts into the next round); ``ended``
+(another node ended the job); ``note``; ``error`` (a join failed);
+``done`` (an end or a leave carried out).
+
+How: torch's ``DynamicRendezvousHandler`` over the ``C10dRendezvousBackend``
+on a ``TCPStore`` at the endpoint, made by torch's own ``create_backend``
+and ``create_handler`` (what torchrun's ``--rdzv-backend c10d`` runs). The
+only thing between torch and the store is a check of the state: torch keeps
+it as a pickle, and anyone who reaches the endpoint can write it, so every
+state read from the store is unpickled here first with only torch's
+rendezvous classes and ``datetime`` allowed, and bounded in size and
+counts; a state that fails is refused before torch unpickles it.
+
+Never: run or open anything the store names; outlive the launcher (its
+parent-death signal, and EOF on stdin ends it); touch the store once the
+launcher is gone.
+"""
+
+import io
+import json
+import os
+import pickle
+import sys
+import threading
+import time
+from datetime import datetime
+
+# The workers host their own store each round (warden's
+# TORCHELASTIC_USE_AGENT_STORE=False): node 0 hands out a free port, as
+# torchrun does when the agent store is not shared.
+os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
+
+from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dr  # noqa: E402
+from torch.distributed.elastic.rendezvous.api import (  # noqa: E402
+    RendezvousClosedError,
+    RendezvousParameters,
+    RendezvousStateError,
+    RendezvousTimeoutError,
+)
+from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import (  # noqa: E402
+    create_backend,
+)
+
+CONF = json.loads(sys.argv[1])
+RUN_ID = CONF["run_id"]
+MAX_NODES = int(CONF["max_nodes"])
+POLL_S = float(CONF.get("poll_s", 0.5))
+
+# Bounds on what is read from the store. A state holds each node once or
+# twice (participants or a list, and a heartbeat): a few hundred bytes a
+# node, base64 in the store.
+MAX_STATE_BYTES = 16 << 20
+MAX_LISTED = 65536
+MAX_ADDR = 255
+MAX_END_BYTES = 4096
+END_KEY = "warden.end." + RUN_ID
+
+_ALLOWED = {
+    ("torch.distributed.elastic.rendezvous.dynamic_rendezvous", "_RendezvousState"),
+    ("torch.distributed.elastic.rendezvous.dynamic_rendezvous", "_NodeDesc"),
+    ("datetime", "datetime"),
+    ("datetime", "timezone"),
+    ("datetime", "timedelta"),
+}
+
+_out = threading.Lock()
+
+
+def emit(**obj):
+    line = json.dumps(obj, separators=(",", ":"))
+    with _out:
+        sys.stdout.write(line + "\n")
+        sys.stdout.flush()
+
+
+def brief(e):
+    text = f"{type(e).__name__}: {e}"
+    cause = e.__cause__
+    if cause is not None:
+        text += f" ({type(cause).__name__}: {cause})"
+    return text[:400]
+
+
+class _Checked(pickle.Unpickler):
+    def find_class(self, module, name):
+        if (module, name) in _ALLOWED:
+            return super().find_class(module, name)
+        raise RendezvousStateError(
+            f"the rendezvous state in the store names {module}.{name}, not one of torch's rendezvous classes: refused"
+        )
+
+
+def _node_ok(n):
+    return (
+        isinstance(n, dr._NodeDesc)
+        and isinstance(n.addr, str)
+        and len(n.addr) <= MAX_ADDR
+        and isinstance(n.pid, int)
+        and isinstance(n.local_id, int)
+    )
+
+
+def check_state(bits):
+    """Refuses a state torch would not write, before torch unpickles it."""
+    if len(bits) > MAX_STATE_BYTES:
+        raise RendezvousStateError(
+            f"the rendezvous state in the store is {len(bits)} bytes, more than {MAX_STATE_BYTES}: refused"
+        )
+    try:
+        s = _Checked(io.BytesIO(bits)).load()
+    except RendezvousStateError:
+        raise
+    except Exception as e:  # noqa: BLE001 - any malformed pickle
+        raise RendezvousStateError(f"the rendezvous state in the store is not a state: {brief(e)}") from None
+    bad = None
+    if not isinstance(s, dr._RendezvousState):
+        bad = f"a {type(s).__name__}"
+    elif not (isinstance(s.round, int) and s.round >= 0):
+        bad = "its round"
+    elif not isinstance(s.participants, dict) or len(s.participants) > MAX_NODES:
+        bad = f"more participants than --nnodes allows ({MAX_NODES})"
+    elif not all(_node_ok(n) and isinstance(r, int) for n, r in s.participants.items()):
+        bad = "a participant"
+    elif len(set(s.participants.values())) != len(s.participants) or not all(
+        0 <= r < MAX_NODES for r in s.participants.values()
+    ):
+        # torch assigns 0..n-1 once, in the write that completes the round
+        # (a node that leaves it keeps none): two nodes of one rank, or a
+        # rank past --nnodes, are never torch's.
+        bad = "two participants of one rank, or a rank past --nnodes"
+    elif not all(
+        isinstance(x, set) and len(x) <= MAX_LISTED and all(_node_ok(n) for n in x)
+        for x in (s.wait_list, s.redundancy_list)
+    ):
+        bad = "its waiting nodes"
+    elif not (
+        isinstance(s.last_heartbeats, dict)
+        and len(s.last_heartbeats) <= 3 * MAX_LISTED
+        and all(_node_ok(n) and isinstance(t, datetime) for n, t in s.last_heartbeats.items())
+    ):
+        bad = "its heartbeats"
+    if bad:
+        raise RendezvousStateError(f"the rendezvous state in the store is not torch's ({bad}): refused")
+
+
+class CheckedBackend(dr.RendezvousBackend):
+    """torch's c10d backend, every state it reads checked first."""
+
+    def __init__(self, inner):
+        self._inner = inner
+
+    @property
+    def name(self):
+        return self._inner.name
+
+    def get_state(self):
+        got = self._inner.get_state()
+        if got is not None:
+            check_state(got[0])
+        return got
+
+    def set_state(self, state, token=None):
+        got = self._inner.set_state(state, token)
+        if got is not None:
+            check_state(got[0])
+        return got
+
+
+def valid_addr(a):
+    return (
+        isinstance(a, str)
+        and 0 < len(a) <= MAX_ADDR
+        and all(c.isalnum() or c in ".-:_[]%" for c in a)
+    )
+
+
+params = RendezvousParameters(
+    backend="c10d",
+    endpoint=CONF["endpoint"],
+    run_id=RUN_ID,
+    min_nodes=int(CONF["min_nodes"]),
+    max_nodes=MAX_NODES,
+    local_addr=CONF.get("local_addr"),
+    **{k: v for k, v in CONF.get("torch", {}).items()},
+)
+try:
+    inner, store = create_backend(params)
+    handler = dr.create_handler(store, CheckedBackend(inner), params)
+except Exception as e:  # noqa: BLE001 - said to the launcher, which exits
+    emit(ev="error", kind="store", text=brief(e))
+    sys.exit(3)
+
+_ops = threading.Lock()  # one torch call on the handler at a time
+_st = threading.Lock()
+state = {"joining": False, "round": None, "members": None, "told": False, "ended": False}
+
+
+def join():
+    with _ops:
+        try:
+            info = handler.next_rendezvous()
+            st = handler._state_holder.state
+            members = set(st.participants)
+            rank, world = info.rank, info.world_size
+            addr = info.bootstrap_store_info.master_addr
+            port = info.bootstrap_store_info.master_port
+            if not (0 <= rank < world <= MAX_NODES) or not valid_addr(addr) or not (0 < port < 65536):
+                raise RendezvousStateError(
+                    f"round {st.round}: rank {rank} of {world}, master {addr[:80]!r}:{port} is not a round of this job: refused"
+                )
+            with _st:
+                state.update(joining=False, round=st.round, members=members, told=False)
+            emit(ev="round", round=st.round, rank=rank, world=world, master_addr=addr, master_port=port)
+        except RendezvousClosedError as e:
+            with _st:
+                state["joining"] = False
+            emit(ev="error", kind="closed", text=brief(e), end=read_end())
+        except RendezvousTimeoutError as e:
+            with _st:
+                state["joining"] = False
+            emit(ev="error", kind="timeout", text=brief(e))
+        except Exception as e:  # noqa: BLE001 - said to the launcher
+            with _st:
+                state["joining"] = False
+            emit(ev="error", kind="store", text=brief(e))
+
+
+def read_end():
+    """The note of the node that ended the job, bounded and checked."""
+    try:
+        if not store.check([END_KEY]):
+            return None
+        raw = store.get(END_KEY)
+        if len(raw) > MAX_END_BYTES:
+            return None
+        end = json.loads(raw)
+        outcome, code, by = end.get("outcome"), end.get("exit_code"), end.get("by")
+        if outcome not in ("finished", "failed"):
+            return None
+        if code is not None and not (isinstance(code, int) and 0 <= code <= 255):
+            return None
+        if not valid_addr(by):
+            by = "?"
+        return {"outcome": outcome, "exit_code": code, "by": by}
+    except Exception:  # noqa: BLE001 - no note: the launcher says so
+        return None
+
+
+def poll():
+    last_note = 0.0
+    while True:
+        time.sleep(POLL_S)
+        with _st:
+            if state["joining"] or state["round"] is None or state["told"] or state["ended"]:
+                continue
+            mine, members = state["round"], state["members"]
+        try:
+            with _ops:
+                waiting = handler.num_nodes_waiting()
+                st = handler._state_holder.state
+                closed, now_round, live = st.closed, st.round, set(st.participants)
+        except Exception as e:  # noqa: BLE001 - the store out: the workers go on
+            if time.monotonic() - last_note > 30:
+                last_note = time.monotonic()
+                emit(ev="note", text=f"the rendezvous store does not answer ({brief(e)}); the workers keep running")
+            continue
+        why = None
+        if closed:
+            with _st:
+                state["ended"] = True
+            emit(ev="ended", end=read_end())
+            continue
+        if now_round != mine:
+            why = f"the rendezvous moved to round {now_round}"
+        elif members - live:
+            gone = sorted(f"{n.addr}" for n in members - live)
+            why = f"{len(gone)} node(s) of round {mine} gone ({', '.join(gone[:8])})"
+        elif waiting > 0:
+            why = f"{waiting} node(s) waiting for the next round"
+        if why:
+            with _st:
+                if state["joining"] or state["round"] != mine:
+                    continue
+                state["told"] = True
+            emit(ev="news", round=mine, why=why)
+
+
+def end(arg):
+    try:
+        note = json.loads(arg)
+        store.compare_set(END_KEY, "", json.dumps(note))
+        with _ops:
+            handler.set_closed()
+    except Exception as e:  # noqa: BLE001 - the others learn by the heartbeats
+        emit(ev="note", text=f"could not close the rendezvous: {brief(e)}")
+    emit(ev="done")
+
+
+def leave():
+    try:
+        handler._stop_heartbeats()
+        if _ops.acquire(timeout=5):
+            try:
+                handler._op_executor.run(dr._RendezvousExitOp(), time.monotonic() + 10)
+            finally:
+                _ops.release()
+    except Exception as e:  # noqa: BLE001 - the others learn by the heartbeats
+        emit(ev="note", text=f"could not leave the rendezvous: {brief(e)}")
+    emit(ev="done")
+
+
+emit(ev="ready")
+threading.Thread(target=poll, daemon=True).start()
+for line in sys.stdin:
+    cmd, _, arg = line.strip().partition(" ")
+    if cmd == "join":
+        with _st:
+            if state["joining"]:
+                continue
+            state.update(joining=True, told=False)
+        threading.Thread(target=join, daemon=True).start()
+    elif cmd == "end":
+        with _st:
+            busy = state["joining"]
+        if busy:
+            emit(ev="done")
+        else:
+            end(arg)
+    elif cmd == "leave":
+        leave()
+# The launcher is gone: no word to the store (its heartbeats stop).
+os._exit(0)
