@@ -9,6 +9,10 @@
 //! tells its agent; every rank of both hosts saves that same step, both
 //! launchers exit 85, and the next run of both hosts resumes at the step
 //! after it.
+//!
+//! The same over torch's c10d rendezvous (no etcd): the notice goes
+//! through torch's store at the endpoint; the agents are each other's
+//! checkpoint peers by their config, as c10d rounds name none.
 
 #![allow(clippy::expect_used, clippy::unwrap_used)]
 
@@ -32,6 +36,15 @@ const AGENT_TOML: &str = "[agent]\ntick = \"50ms\"\n\
     [straggler]\nenabled = false\n\
     [kmsg]\nenabled = false\n[nvml]\nenabled = false\n[dcgm]\nenabled = false\n";
 
+/// How the hosts meet.
+#[derive(Clone, Copy)]
+enum Rdzv<'a> {
+    /// Through etcd: rounds, and the checkpoint peers they name.
+    Etcd(&'a EtcdServer),
+    /// Through torch's c10d store at host-a's address and this port.
+    C10d(u16),
+}
+
 /// One host: its scratch directory (logs, agent config, tier, summary).
 struct Host {
     dir: tempfile::TempDir,
@@ -41,12 +54,18 @@ struct Host {
 
 impl Host {
     fn new(id: &'static str, addr: &'static str) -> Self {
+        Self::with_api(id, addr, &format!("{addr}:0"), "")
+    }
+
+    /// A host whose agent listens at `api` (`ip:port`), with `peers` (TOML
+    /// `[[checkpoint.peers]]` tables) added to its config.
+    fn with_api(id: &'static str, addr: &'static str, api: &str, peers: &str) -> Self {
         let dir = tempfile::Builder::new()
             .prefix("warden-noticeh-")
             .tempdir()
             .unwrap();
         let toml = format!(
-            "{}[api]\ntcp = \"{addr}:0\"\n{}[checkpoint]\ndir = {:?}\n",
+            "{}[api]\ntcp = \"{api}\"\n{}[checkpoint]\ndir = {:?}\ndomain = \"{id}\"\n{peers}",
             AGENT_TOML.replacen("[agent]\n", &format!("[agent]\nhost_name = \"{id}\"\n"), 1),
             common::pki::api_keys(id),
             dir.path().join("tier").display().to_string()
@@ -55,23 +74,49 @@ impl Host {
         Self { dir, id, addr }
     }
 
+    /// Two hosts whose agents are each other's checkpoint peers by config.
+    fn peered() -> (Self, Self) {
+        let apis = [
+            format!("127.0.0.2:{}", common::free_port("127.0.0.2")),
+            format!("127.0.0.3:{}", common::free_port("127.0.0.3")),
+        ];
+        let peer = |id: &str, api: &str| {
+            format!("[[checkpoint.peers]]\naddr = \"{api}\"\ndomain = \"{id}\"\nname = \"{id}\"\n")
+        };
+        (
+            Self::with_api("host-a", "127.0.0.2", &apis[0], &peer("host-b", &apis[1])),
+            Self::with_api("host-b", "127.0.0.3", &apis[1], &peer("host-a", &apis[0])),
+        )
+    }
+
     fn path(&self) -> &Path {
         self.dir.path()
     }
 
     /// `warden run` of 2 lockstep ranks on this host, in the background.
-    fn launch(&self, etcd: &EtcdServer, job: &str, run: u32, train: &[&str]) -> Streaming {
+    fn launch(&self, rdzv: Rdzv<'_>, job: &str, run: u32, train: &[&str]) -> Streaming {
         let grace = format!("{}s", TERM_GRACE.as_secs());
         let mut cmd = Command::new(WARDEN);
         cmd.arg("--socket")
             .arg(self.path().join("no-agent-here.sock"))
             .arg("run")
-            .args(["--nproc-per-node", "2", "--nnodes", "2"])
-            .args(["--rdzv-backend", "etcd", "--rdzv-endpoint", &etcd.endpoint])
-            .args(["--rdzv-id", job, "--host-id", self.id])
-            .args(["--advertise-addr", self.addr, "--rdzv-lease-ttl", "3s"])
-            .args(["--rdzv-conf", "join_timeout=90,last_call_timeout=3"])
-            .args(["--term-grace", &grace])
+            .args(["--nproc-per-node", "2", "--nnodes", "2"]);
+        match rdzv {
+            Rdzv::Etcd(etcd) => cmd
+                .args(["--rdzv-backend", "etcd", "--rdzv-endpoint", &etcd.endpoint])
+                .args(["--rdzv-id", job, "--host-id", self.id])
+                .args(["--advertise-addr", self.addr, "--rdzv-lease-ttl", "3s"])
+                .args(["--rdzv-conf", "join_timeout=90,last_call_timeout=3"]),
+            Rdzv::C10d(port) => cmd
+                .args(["--rdzv-backend", "c10d"])
+                .args(["--rdzv-endpoint", &format!("127.0.0.2:{port}")])
+                .args(["--rdzv-id", job, "--local-addr", self.addr])
+                .args([
+                    "--rdzv-conf",
+                    "join_timeout=180,last_call_timeout=3,keep_alive_interval=2,keep_alive_max_attempt=3",
+                ]),
+        };
+        cmd.args(["--term-grace", &grace])
             .arg("--log-dir")
             .arg(self.path().join(format!("logs-{run}")))
             .arg("--agent-config")
@@ -127,10 +172,23 @@ fn a_notice_on_one_host_makes_every_rank_of_every_host_save_one_step_and_exit_85
     let etcd = EtcdServer::start();
     let a = Host::new("host-a", "127.0.0.2");
     let b = Host::new("host-b", "127.0.0.3");
-    let job = "t-notice-hosts";
+    notice_on_host_a(&a, &b, Rdzv::Etcd(&etcd), "t-notice-hosts");
+}
 
-    let mut la = a.launch(&etcd, job, 1, &[]);
-    let mut lb = b.launch(&etcd, job, 1, &[]);
+/// The same job met through torch's c10d rendezvous, with no etcd: the
+/// notice's step goes through torch's store at the endpoint.
+#[test]
+fn a_notice_spreads_through_torchs_c10d_store_too() {
+    let (a, b) = Host::peered();
+    let port = common::free_port("127.0.0.2");
+    notice_on_host_a(&a, &b, Rdzv::C10d(port), "t-notice-c10d");
+}
+
+/// Both hosts run `job`; host-a alone gets the scheduler's SIGTERM; every
+/// rank saves one step, both exit 85, and the next run resumes after it.
+fn notice_on_host_a(a: &Host, b: &Host, rdzv: Rdzv<'_>, job: &str) {
+    let mut la = a.launch(rdzv, job, 1, &[]);
+    let mut lb = b.launch(rdzv, job, 1, &[]);
     for l in [&mut la, &mut lb] {
         for s in both(l, "start step=") {
             assert_eq!(value(&s, "step"), Some(0), "{s}");
@@ -178,12 +236,15 @@ fn a_notice_on_one_host_makes_every_rank_of_every_host_save_one_step_and_exit_85
         "{}",
         la.stderr()
     );
+    // etcd names a host by its id, torch's rendezvous by its address.
     assert!(
-        lb.stderr().contains("host host-a got a notice"),
+        [a.id, a.addr]
+            .iter()
+            .any(|h| lb.stderr().contains(&format!("host {h} got a notice"))),
         "{}",
         lb.stderr()
     );
-    for h in [&a, &b] {
+    for h in [a, b] {
         let summary: serde_json::Value = serde_json::from_str(
             &std::fs::read_to_string(h.path().join("summary-1.json")).unwrap(),
         )
@@ -201,8 +262,8 @@ fn a_notice_on_one_host_makes_every_rank_of_every_host_save_one_step_and_exit_85
 
     // The requeued job: both hosts resume at the step after the notice's.
     let end = (step + 20).to_string();
-    let mut la = a.launch(&etcd, job, 2, &["--steps", &end]);
-    let mut lb = b.launch(&etcd, job, 2, &["--steps", &end]);
+    let mut la = a.launch(rdzv, job, 2, &["--steps", &end]);
+    let mut lb = b.launch(rdzv, job, 2, &["--steps", &end]);
     for l in [&mut la, &mut lb] {
         for s in both(l, "start step=") {
             assert_eq!(

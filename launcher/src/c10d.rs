@@ -66,6 +66,8 @@ const MAX_ADDR: usize = 255;
 /// How long an end or a leave may take in the helper before the launcher
 /// goes on without its answer.
 const DONE_WAIT: Duration = Duration::from_secs(15);
+/// The furthest ahead a notice's deadline read from the store is believed.
+const MAX_NOTICE_AHEAD: Duration = Duration::from_secs(3600);
 
 /// How often the helper asks the store whether a node waits or left.
 const POLL: Duration = Duration::from_millis(500);
@@ -256,6 +258,52 @@ enum Event {
     },
     /// An end or a leave was carried out.
     Done,
+    /// The job's notice after this host's `notice`: this host's, or the
+    /// one another host wrote first (None: the store could not be asked).
+    NoticeSet {
+        notice: Option<StoreNotice>,
+        #[serde(default)]
+        text: String,
+    },
+    /// Another host's notice of a coming stop, seen once.
+    Notice { notice: StoreNotice },
+}
+
+/// The job's notice of a coming stop, as the helper read it from the store
+/// (bounded and checked there, checked again by [`StoreNotice::remote`]).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct StoreNotice {
+    /// The step at whose boundary every rank of the job saves.
+    pub step: u64,
+    /// When the stop comes (ms since the Unix epoch; 0: not said).
+    pub deadline_ms: u64,
+    /// Why, for the console.
+    pub reason: String,
+    /// The address of the host that got it.
+    pub by: String,
+}
+
+impl StoreNotice {
+    /// What the machine is told. A deadline more than [`MAX_NOTICE_AHEAD`]
+    /// away is not believed (anyone who reaches the store can write it):
+    /// the notice stands, with no deadline.
+    fn remote(&self) -> Remote {
+        let deadline = (self.deadline_ms != 0)
+            .then(|| std::time::UNIX_EPOCH + Duration::from_millis(self.deadline_ms))
+            .filter(|d| {
+                d.duration_since(std::time::SystemTime::now())
+                    .map_or(true, |ahead| ahead <= MAX_NOTICE_AHEAD)
+            });
+        Remote::Notice {
+            step: self.step,
+            deadline,
+            reason: format!(
+                "host {} got a notice ({})",
+                plain(&self.by),
+                plain(&self.reason)
+            ),
+        }
+    }
 }
 
 /// A plain string of a peer, for the console: control characters out,
@@ -604,7 +652,8 @@ impl Coordinator for C10dCoordinator {
                 Event::Note { text } => self
                     .pending
                     .push_back(Remote::Note(format!("c10d rendezvous: {}", plain(&text)))),
-                Event::Ready | Event::News { .. } | Event::Done => {}
+                Event::Notice { notice } => self.pending.push_back(notice.remote()),
+                Event::Ready | Event::News { .. } | Event::Done | Event::NoticeSet { .. } => {}
             }
         }
     }
@@ -703,8 +752,68 @@ impl Coordinator for C10dCoordinator {
                 Event::Note { text } => {
                     return Remote::Note(format!("c10d rendezvous: {}", plain(&text)));
                 }
+                Event::Notice { notice } => return notice.remote(),
                 _ => {}
             }
+        }
+    }
+
+    async fn publish_notice(
+        &mut self,
+        step: u64,
+        deadline: std::time::SystemTime,
+        reason: &str,
+    ) -> Result<u64, CoordError> {
+        let ms = deadline
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+        let by = self.cfg.local_addr.clone().unwrap_or_default();
+        let reason: String = reason.chars().take(300).collect();
+        self.send(&format!(
+            "notice {}",
+            serde_json::json!({"step": step, "deadline_ms": ms, "reason": reason, "by": by})
+        ))
+        .await?;
+        // The store's answer; what comes meanwhile is kept for next_remote.
+        let wait = async {
+            while let Some(ev) = self.events.recv().await {
+                match ev {
+                    Event::NoticeSet { notice, text } => return Some((notice, text)),
+                    Event::Note { text } => self
+                        .pending
+                        .push_back(Remote::Note(format!("c10d rendezvous: {}", plain(&text)))),
+                    Event::Notice { notice } => self.pending.push_back(notice.remote()),
+                    Event::News { round, why } if Some(round) == self.round && !self.joining => {
+                        self.pending.push_back(Remote::NewRound {
+                            reason: format!(
+                                "round {round} of torch's c10d rendezvous: {}",
+                                plain(&why)
+                            ),
+                            keeps_place: false,
+                        });
+                    }
+                    Event::Ended { end } => self.ended = Some(end),
+                    _ => {}
+                }
+            }
+            None
+        };
+        match tokio::time::timeout(DONE_WAIT, wait).await {
+            Ok(Some((Some(n), _))) => Ok(n.step),
+            Ok(Some((None, text))) => Err(CoordError::new(format!(
+                "the notice could not be written into torch's store at {}: {}",
+                self.cfg.endpoint,
+                plain(&text)
+            ))),
+            Ok(None) => {
+                self.gone = true;
+                Err(CoordError::new(
+                    "the c10d rendezvous helper exited before it wrote the notice",
+                ))
+            }
+            Err(_) => Err(CoordError::new(format!(
+                "the rendezvous helper did not write the notice within {DONE_WAIT:?}"
+            ))),
         }
     }
 

@@ -5,14 +5,18 @@ endpoint, the run id, min/max nodes, this node's address, whether it hosts
 the store, torch's rendezvous timeouts. On stdin, one command a line:
 ``join`` (the next round: torch's ``next_rendezvous``), ``end <json>`` (the
 job ended here: a note in the store, then torch's ``set_closed``),
-``leave`` (torch's exit op: out of the participants at once).
+``leave`` (torch's exit op: out of the participants at once), ``notice
+<json>`` (a notice of a coming stop here: the job's one notice in the
+store, create-if-absent).
 
 Out, on stdout, one JSON object a line: ``ready``; ``round`` (torch's
 round, this node's rank and the world, the workers' master address and
 port); ``news`` (another node waits for the next round, or a participant of
 this round is gone: the launcher restarts into the next round); ``ended``
 (another node ended the job); ``note``; ``error`` (a join failed);
-``done`` (an end or a leave carried out).
+``done`` (an end or a leave carried out); ``notice_set`` (the job's notice
+as the store has it after a ``notice``: this node's, or the one another
+node wrote first); ``notice`` (another node's notice, seen once).
 
 How: torch's ``DynamicRendezvousHandler`` over the ``C10dRendezvousBackend``
 on a ``TCPStore`` at the endpoint, made by torch's own ``create_backend``
@@ -66,6 +70,9 @@ MAX_LISTED = 65536
 MAX_ADDR = 255
 MAX_END_BYTES = 4096
 END_KEY = "warden.end." + RUN_ID
+MAX_NOTICE_BYTES = 4096
+MAX_REASON = 300
+NOTICE_KEY = "warden.notice." + RUN_ID
 
 _ALLOWED = {
     ("torch.distributed.elastic.rendezvous.dynamic_rendezvous", "_RendezvousState"),
@@ -204,7 +211,14 @@ except Exception as e:  # noqa: BLE001 - said to the launcher, which exits
 
 _ops = threading.Lock()  # one torch call on the handler at a time
 _st = threading.Lock()
-state = {"joining": False, "round": None, "members": None, "told": False, "ended": False}
+state = {
+    "joining": False,
+    "round": None,
+    "members": None,
+    "told": False,
+    "ended": False,
+    "noticed": False,
+}
 
 
 def join():
@@ -258,10 +272,65 @@ def read_end():
         return None
 
 
+def read_notice():
+    """The job's notice of a coming stop, bounded and checked; None: none."""
+    try:
+        if not store.check([NOTICE_KEY]):
+            return None
+        raw = store.get(NOTICE_KEY)
+        if len(raw) > MAX_NOTICE_BYTES:
+            return None
+        n = json.loads(raw)
+        step, deadline, reason, by = n.get("step"), n.get("deadline_ms"), n.get("reason"), n.get("by")
+        if not (isinstance(step, int) and 0 <= step < 2**63):
+            return None
+        if not (isinstance(deadline, int) and 0 <= deadline < 2**63):
+            deadline = 0
+        if not isinstance(reason, str):
+            reason = ""
+        if not valid_addr(by):
+            by = "?"
+        return {"step": step, "deadline_ms": deadline, "reason": reason[:MAX_REASON], "by": by}
+    except Exception:  # noqa: BLE001 - none readable: no notice
+        return None
+
+
+def notice(arg):
+    """Writes this node's notice unless the job has one, and says which
+    stands: every rank of the job saves the step of the first."""
+    try:
+        mine = json.loads(arg)
+        with _st:
+            state["noticed"] = True
+        store.compare_set(NOTICE_KEY, "", json.dumps(mine))
+        emit(ev="notice_set", notice=read_notice())
+    except Exception as e:  # noqa: BLE001 - the launcher keeps its own step
+        emit(ev="notice_set", notice=None, text=brief(e))
+
+
+def poll_notice():
+    """Another node's notice, told the launcher once."""
+    with _st:
+        if state["noticed"]:
+            return
+    n = read_notice()
+    if n is None:
+        return
+    with _st:
+        if state["noticed"]:
+            return
+        state["noticed"] = True
+    emit(ev="notice", notice=n)
+
+
 def poll():
     last_note = 0.0
     while True:
         time.sleep(POLL_S)
+        try:
+            poll_notice()
+        except Exception:  # noqa: BLE001 - the store out: said below
+            pass
         with _st:
             if state["joining"] or state["round"] is None or state["told"] or state["ended"]:
                 continue
@@ -340,5 +409,7 @@ for line in sys.stdin:
             end(arg)
     elif cmd == "leave":
         leave()
+    elif cmd == "notice":
+        notice(arg)
 # The launcher is gone: no word to the store (its heartbeats stop).
 os._exit(0)
