@@ -10,9 +10,6 @@
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
-#[cfg(doc)]
-use crate::{memory::SlotMemory, table::SlotTable, write::SlotWriter};
-
 /// Identifies a warden slot file ("WARDNSLT" in little-endian bytes).
 pub const MAGIC: u64 = u64::from_le_bytes(*b"WARDNSLT");
 /// Bumped on any change to the layout or to how a slot reaches a rank; sent
@@ -72,7 +69,7 @@ pub(crate) const VALUE_LOSS: u32 = 1;
 /// Bit of a step record's `values_set`: `grad_norm` holds a reported norm.
 pub(crate) const VALUE_GRAD_NORM: u32 = 2;
 
-/// The header of a slot memory. Written once by [`SlotMemory::create`].
+/// The header of a slot memory. Written once by [`crate::memory::SlotMemory::create`].
 #[repr(C, align(128))]
 #[derive(Debug)]
 pub struct FileHeader {
@@ -120,8 +117,8 @@ pub(crate) struct StepRecord {
     pub(crate) section_ns: [AtomicU64; MAX_SECTIONS],
 }
 
-/// One rank's slot. Opaque: written through [`SlotWriter`], read through
-/// [`SlotTable::snapshot`] or [`Slot::snapshot`].
+/// One rank's slot. Opaque: written through [`crate::write::SlotWriter`], read
+/// through [`crate::table::SlotTable::snapshot`] or [`Slot::snapshot`].
 #[repr(C, align(128))]
 #[derive(Debug)]
 pub struct Slot {

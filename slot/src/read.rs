@@ -18,8 +18,6 @@ use crate::layout::{
     MAX_SECTIONS, MAX_SLOTS, NAME_LEN, NameEntry, RING_LEN, SECTION_OTHER, SLOT_SIZE, Slot,
     VALUE_GRAD_NORM, VALUE_LOSS, WELL_KNOWN_SECTIONS, file_len,
 };
-#[cfg(doc)]
-use crate::table::SlotTable;
 
 /// Read attempts a snapshot makes before it reports the slot inconsistent.
 pub(crate) const SNAPSHOT_RETRIES: u32 = 256;
@@ -210,12 +208,12 @@ impl SlotSnapshot {
 }
 
 impl Slot {
-    /// A consistent, sanitised copy of this slot (see [`SlotTable::snapshot`]).
+    /// A consistent, sanitised copy of this slot (see [`crate::table::SlotTable::snapshot`]).
     pub fn snapshot(&self, index: u32) -> Result<SlotSnapshot, SlotError> {
         self.snapshot_recent(index, RING_LEN - 1)
     }
 
-    /// A snapshot with at most `max_steps` completed steps (see [`SlotTable::snapshot_recent`]).
+    /// A snapshot with at most `max_steps` completed steps (see [`crate::table::SlotTable::snapshot_recent`]).
     pub fn snapshot_recent(&self, index: u32, max_steps: usize) -> Result<SlotSnapshot, SlotError> {
         self.snapshot_inner(index, max_steps, true)
     }
