@@ -42,15 +42,9 @@ from dataclasses import dataclass
 from typing import Any, Callable, List, Optional, Tuple
 
 from . import checkpoint
+from .async_shard import MAGIC, VERSION, body_offset, is_async_shard, read_shard, skeleton
 
-__all__ = ["AsyncCheckpointer", "MAGIC", "load", "read_shard"]
-
-#: The first bytes of a shard written here.
-MAGIC = b"WARDENAS"
-_VERSION = 1
-#: A tensor's place in the header's structure: ("__warden_tensor__", index).
-_MARK = "__warden_tensor__"
-
+__all__ = ["AsyncCheckpointer", "MAGIC", "is_async_shard", "load", "read_shard"]
 
 def _torch():
     try:
@@ -66,38 +60,6 @@ class _Meta:
     shape: Tuple[int, ...]
     offset: int
     nbytes: int
-
-
-def _skeleton(obj: Any, tensors: list, torch) -> Any:
-    """``obj`` with each tensor replaced by its mark (the tensors appended to
-    ``tensors``), containers copied, other leaves deep-copied: the training
-    loop may change them after ``save`` returns."""
-    if isinstance(obj, torch.Tensor):
-        tensors.append(obj)
-        return (_MARK, len(tensors) - 1)
-    if isinstance(obj, dict):
-        return {k: _skeleton(v, tensors, torch) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [_skeleton(v, tensors, torch) for v in obj]
-    if isinstance(obj, tuple):
-        return tuple(_skeleton(v, tensors, torch) for v in obj)
-    if obj is None or isinstance(obj, (bool, int, float, str, bytes)):
-        return obj
-    import copy  # noqa: PLC0415
-
-    return copy.deepcopy(obj)
-
-
-def _fill(obj: Any, tensors: list) -> Any:
-    if isinstance(obj, tuple) and len(obj) == 2 and obj[0] == _MARK and isinstance(obj[1], int):
-        return tensors[obj[1]]
-    if isinstance(obj, dict):
-        return {k: _fill(v, tensors) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [_fill(v, tensors) for v in obj]
-    if isinstance(obj, tuple):
-        return tuple(_fill(v, tensors) for v in obj)
-    return obj
 
 
 class _Slot:
@@ -229,10 +191,10 @@ class AsyncCheckpointer:
 
     def _snapshot(self, slot: _Slot, step: int, state: Any, torch) -> None:
         tensors: list = []
-        skeleton = _skeleton(state, tensors, torch)
+        structure = skeleton(state, tensors, torch)
         copy_into(slot, tensors, self._pin, torch)
         slot.step = step
-        slot.skeleton = skeleton
+        slot.skeleton = structure
 
     def wait(self) -> None:
         """Waits until every save in flight is committed (or failed); raises
@@ -298,7 +260,7 @@ class AsyncCheckpointer:
         header = io.BytesIO()
         torch.save(
             {
-                "version": _VERSION,
+                "version": VERSION,
                 "state": slot.skeleton,
                 "tensors": [(m.dtype, list(m.shape), m.offset, m.nbytes) for m in slot.metas],
                 "size": slot.used,
@@ -306,7 +268,7 @@ class AsyncCheckpointer:
             header,
         )
         head = header.getvalue()
-        body = _body_offset(len(head))
+        body = body_offset(len(head))
         size = body + slot.used
         with checkpoint.ShardFile(slot.step, size_hint=size) as f:
             f.file.write(MAGIC)
@@ -318,58 +280,6 @@ class AsyncCheckpointer:
             # The stall the agent records for this shard is the training
             # thread's, not the background write's.
             return f.commit(stall=slot.snapshot_s)
-
-
-def _body_offset(head_len: int) -> int:
-    """Where the tensors' bytes start: after the magic, the header's length
-    and the header, on a 64-byte boundary (so every tensor, 64-byte aligned
-    within the body, can be viewed in place when read)."""
-    return (len(MAGIC) + 8 + head_len + 63) & ~63
-
-
-def read_shard(path: str, map_location: Any = "cpu", safe_globals: Optional[list] = None) -> Any:
-    """The state saved at ``path`` by an ``AsyncCheckpointer`` (tensors on
-    ``map_location``). ``safe_globals``: classes the structure may hold
-    besides containers and numbers (``torch.serialization.safe_globals``;
-    still no code runs on load)."""
-    torch = _torch()
-    with open(path, "rb") as f:
-        data = bytearray(f.read())
-    if bytes(data[: len(MAGIC)]) != MAGIC:
-        raise checkpoint.CheckpointError(f"{path} is not an async-saved shard")
-    (head_len,) = struct.unpack_from("<Q", data, len(MAGIC))
-    start = len(MAGIC) + 8
-    if start + head_len > len(data):
-        raise checkpoint.CheckpointError(f"{path}: the header runs past the shard's end")
-    raw_head = io.BytesIO(bytes(data[start : start + head_len]))
-    if safe_globals:
-        with torch.serialization.safe_globals(list(safe_globals)):
-            header = torch.load(raw_head, weights_only=True)
-    else:
-        header = torch.load(raw_head, weights_only=True)
-    body = _body_offset(head_len)
-    raw = torch.frombuffer(data, dtype=torch.uint8) if len(data) > body else None
-    tensors = []
-    for dtype, shape, offset, nbytes in header["tensors"]:
-        dt = getattr(torch, dtype, None)
-        if not isinstance(dt, torch.dtype):
-            raise checkpoint.CheckpointError(f"{path}: unknown dtype {dtype!r}")
-        if nbytes == 0 or raw is None:
-            t = torch.empty(shape, dtype=dt)
-        else:
-            if body + offset + nbytes > len(data):
-                raise checkpoint.CheckpointError(f"{path}: a tensor runs past the shard's end")
-            t = raw[body + offset : body + offset + nbytes].view(dt).reshape(shape)
-        if map_location not in (None, "cpu"):
-            t = t.to(map_location)
-        tensors.append(t)
-    return _fill(header["state"], tensors)
-
-
-def is_async_shard(path: str) -> bool:
-    """Whether ``path`` starts with this format's magic."""
-    with open(path, "rb") as f:
-        return f.read(len(MAGIC)) == MAGIC
 
 
 def load(step: int = 0, map_location: Any = "cpu") -> Optional[tuple]:

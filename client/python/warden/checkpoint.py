@@ -247,10 +247,10 @@ def load_state_dict(step: int = 0, map_location: Any = "cpu") -> Optional[tuple]
     r = restore(step)
     if r is None:
         return None
-    from . import async_checkpoint  # noqa: PLC0415
+    from . import async_shard  # noqa: PLC0415
 
-    if async_checkpoint.is_async_shard(r.path):
-        return r.step, async_checkpoint.read_shard(r.path, map_location=map_location)
+    if async_shard.is_async_shard(r.path):
+        return r.step, async_shard.read_shard(r.path, map_location=map_location)
     return r.step, torch.load(r.path, map_location=map_location, weights_only=True)
 
 
