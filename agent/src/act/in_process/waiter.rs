@@ -395,7 +395,7 @@ impl Waiter {
                 incident: self.incident(),
             };
         }
-        let ranks = self.to_replace(now);
+        let ranks = self.stopped_to_replace(now);
         if ranks.is_empty() {
             return Decision::Wait;
         }
@@ -417,7 +417,7 @@ impl Waiter {
     /// all of it is the in-job restart the timeout leads to anyway). A job
     /// with ranks on other hosts has peers this agent cannot see: its
     /// stopped local ranks are replaced even when they are all it has here.
-    fn to_replace(&mut self, now: Instant) -> Vec<u32> {
+    fn stopped_to_replace(&mut self, now: Instant) -> Vec<u32> {
         let whole_job = u32::try_from(self.ranks.len()).unwrap_or(u32::MAX) >= self.world_size;
         let is_stopped = |w: &RankWait| {
             w.outcome.is_none()
