@@ -1,0 +1,404 @@
+//! The glue's tests against a real agent state: real registrations and
+//! slots, child processes frozen with SIGSTOP, the events on the bus and
+//! the escalations the attribution task would receive.
+//!
+//! In: an `AgentState` of a temporary directory. Out: assertions on the
+//! slots, streams, events and escalations. Never: a stand-in for the
+//! registry or the bus.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use warden_core::policy::{Action, Replacement};
+use warden_slot::ControlWord;
+
+use super::*;
+use crate::config::Config;
+use crate::ranks::registry::{RegisterRequest, Registration};
+use crate::state::AgentState;
+
+fn agent(timeout: Duration) -> (tempfile::TempDir, Arc<AgentState>) {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = Config::default();
+    cfg.api.socket = dir.path().join("w.sock").display().to_string();
+    cfg.agent.state_dir = dir.path().join("state").display().to_string();
+    cfg.restart.in_process_timeout = timeout;
+    let state = Arc::new(AgentState::new(cfg, "test".into()).unwrap());
+    (dir, state)
+}
+
+fn register(state: &AgentState, job: &str, rank: u32) -> Registration {
+    let reg = state
+        .registry()
+        .register(&RegisterRequest::for_test(job, rank, 4), 0)
+        .unwrap();
+    // The client echoes its generation once it maps the slot.
+    state
+        .registry()
+        .slots()
+        .slot(reg.slot_index)
+        .unwrap()
+        .attach_writer(reg.generation, std::process::id());
+    reg
+}
+
+fn key(job: &str, rank: u32) -> RankKey {
+    RankKey {
+        job: job.into(),
+        rank,
+    }
+}
+
+async fn event(state: &AgentState, kind: &str) -> Arc<warden_core::events::Event> {
+    event_about(state, kind, "").await
+}
+
+/// The first event of `kind` about `subject` ("": any).
+async fn event_about(
+    state: &AgentState,
+    kind: &str,
+    subject: &str,
+) -> Arc<warden_core::events::Event> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let (events, _) = state.events.list(0, 0);
+        if let Some(e) = events
+            .into_iter()
+            .find(|e| e.kind == kind && (subject.is_empty() || e.subject == subject))
+        {
+            return e;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no {kind} event: {:?}",
+            state.events.list(0, 0).0
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// No event of `kind` is in the agent's ring.
+fn never_published(state: &AgentState, kind: &str) -> bool {
+    state.events.list(0, 0).0.iter().all(|e| e.kind != kind)
+}
+
+fn evidence<'a>(e: &'a warden_core::events::Event, k: &str) -> &'a str {
+    e.evidence
+        .iter()
+        .find(|(key, _)| key == k)
+        .map_or("", |(_, v)| v.as_str())
+}
+
+#[tokio::test]
+async fn every_rank_is_asked_through_slot_and_stream_and_both_acks_count() {
+    let (_dir, state) = agent(Duration::from_secs(30));
+    let r0 = register(&state, "j", 0);
+    let r1 = register(&state, "j", 1);
+    register(&state, "other", 0);
+    let mut rx1 = subscribe(&state.in_process(), &key("j", 1), r1.generation).unwrap();
+    assert!(rx1.borrow_and_update().is_none());
+
+    let asked = request(&state.in_process(), "j", "drill", "").unwrap();
+    assert_eq!((asked.ranks.clone(), asked.restart_count), (vec![0, 1], 1));
+    assert!(!asked.joined);
+    // The slot holds the request, for ranks of the job only.
+    let word = |slot| state.registry().slots().snapshot(slot).unwrap().control;
+    let want = ControlWord::restart(asked.seq as u32, 1);
+    assert_eq!(ControlWord::decode(word(r0.slot_index)), Some(want));
+    assert_eq!(ControlWord::decode(word(r1.slot_index)), Some(want));
+    // The stream too, addressed to the registration in force.
+    rx1.changed().await.unwrap();
+    let msg = rx1.borrow_and_update().clone().unwrap();
+    assert_eq!(
+        (msg.generation, msg.request.seq),
+        (r1.generation, asked.seq)
+    );
+    assert_eq!(msg.request.reason, "drill");
+    // Asked again while in flight: joined, nobody asked twice.
+    let again = request(&state.in_process(), "j", "again", "").unwrap();
+    assert!(again.joined);
+    assert_eq!(again.seq, asked.seq);
+
+    // Rank 1 by AckControl (a stale generation is refused), rank 0 by
+    // its slot's ack word.
+    assert!(matches!(
+        ack(
+            &state.in_process(),
+            &key("j", 1),
+            r1.generation + 1,
+            asked.seq
+        ),
+        Err(ControlError::StaleGeneration { .. })
+    ));
+    assert!(
+        !ack(
+            &state.in_process(),
+            &key("j", 1),
+            r1.generation,
+            asked.seq + 7
+        )
+        .unwrap()
+    );
+    assert!(ack(&state.in_process(), &key("j", 1), r1.generation, asked.seq).unwrap());
+    assert!(rx1.borrow().is_none(), "off the stream once acknowledged");
+    state
+        .registry()
+        .slots()
+        .writer(r0.slot_index)
+        .unwrap()
+        .ack(asked.seq);
+    let done = event(&state, "restart.acknowledged").await;
+    assert_eq!(evidence(&done, "acknowledged"), "0,1");
+    assert!(
+        evidence(&done, "latency.rank.0").ends_with("(slot)"),
+        "{done:?}"
+    );
+    assert!(
+        evidence(&done, "latency.rank.1").ends_with("(rpc)"),
+        "{done:?}"
+    );
+
+    // The next request is new: count 2, another sequence number.
+    let next = request(&state.in_process(), "j", "", "").unwrap();
+    assert_eq!(next.restart_count, 2);
+    assert_ne!(next.seq, asked.seq);
+}
+
+#[tokio::test]
+async fn silence_escalates_the_incident_and_a_rank_that_leaves_is_handled() {
+    let (_dir, state) = agent(Duration::from_millis(200));
+    let mut escalations = state.take_escalations().unwrap();
+    let r0 = register(&state, "j", 0);
+    let r1 = register(&state, "j", 1);
+    let asked = request(&state.in_process(), "j", "hang", "inc-7").unwrap();
+    // Rank 1 leaves: handled by its launcher. Rank 0 stays silent.
+    assert!(state.registry().deregister(&key("j", 1), r1.generation));
+    let timeout = event(&state, "restart.in_process_timeout").await;
+    assert_eq!(evidence(&timeout, "unacknowledged"), "0");
+    assert_eq!(evidence(&timeout, "escalated_to"), "restart_in_job");
+    let e = escalations.recv().await.unwrap();
+    assert_eq!(
+        (e.incident.as_str(), e.action),
+        ("inc-7", Action::RestartInJob)
+    );
+    assert!(e.reason.contains("did not acknowledge"), "{}", e.reason);
+    // Over: a late acknowledgement is accepted and ignored.
+    assert!(!ack(&state.in_process(), &key("j", 0), r0.generation, asked.seq).unwrap());
+    assert!(never_published(&state, "restart.acknowledged"));
+}
+
+/// A launcher's heal asks by hand (no incident); the hang the agent then
+/// finds joins it. A rank that can never answer (blocked in a gloo
+/// collective) must still end in an escalation: before, the timeout
+/// escalated nothing and the job waited for the collective's timeout.
+#[tokio::test]
+async fn an_incident_that_joins_a_request_asked_by_hand_is_escalated_at_its_timeout() {
+    let (_dir, state) = agent(Duration::from_millis(300));
+    let mut escalations = state.take_escalations().unwrap();
+    let _r0 = register(&state, "j", 0);
+    let r1 = register(&state, "j", 1);
+    let asked = request(&state.in_process(), "j", "heal of rank 2", "").unwrap();
+    let joined = request(&state.in_process(), "j", "hang", "inc-9").unwrap();
+    assert!(joined.joined);
+    assert_eq!(joined.seq, asked.seq);
+    // A later incident does not take it over from the first.
+    let again = request(&state.in_process(), "j", "hang", "inc-10").unwrap();
+    assert!(again.joined);
+    assert!(ack(&state.in_process(), &key("j", 1), r1.generation, asked.seq).unwrap());
+    let timeout = event(&state, "restart.in_process_timeout").await;
+    assert_eq!(evidence(&timeout, "unacknowledged"), "0");
+    assert_eq!(evidence(&timeout, "incident"), "inc-9");
+    assert_eq!(evidence(&timeout, "escalated_to"), "restart_in_job");
+    let e = escalations.recv().await.unwrap();
+    assert_eq!(
+        (e.incident.as_str(), e.action),
+        ("inc-9", Action::RestartInJob)
+    );
+}
+
+#[tokio::test]
+async fn nothing_to_restart_is_said() {
+    let (_dir, state) = agent(Duration::from_secs(1));
+    assert!(matches!(
+        request(&state.in_process(), "nobody", "", ""),
+        Err(RestartError::NoLiveRanks { .. })
+    ));
+    assert!(matches!(
+        request(&state.in_process(), "", "", ""),
+        Err(RestartError::EmptyJob)
+    ));
+    assert!(matches!(
+        subscribe(&state.in_process(), &key("nobody", 0), 1),
+        Err(ControlError::UnknownRank { .. })
+    ));
+}
+
+/// A child process (`sleep`) registered as rank `rank` of `job`, held by
+/// its process handle as the API holds a client's; killed on drop.
+struct Child(std::process::Child);
+
+impl Drop for Child {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn register_child(
+    state: &AgentState,
+    job: &str,
+    (rank, world): (u32, u32),
+) -> (Child, Registration) {
+    let child = Child(
+        std::process::Command::new("sleep")
+            .arg("60")
+            .spawn()
+            .unwrap(),
+    );
+    let pid = child.0.id();
+    let uid = nix::unistd::getuid().as_raw();
+    let process = crate::ranks::process::RankProcess::verify(pid, std::process::id(), uid).unwrap();
+    let mut req = RegisterRequest::for_test(job, rank, world);
+    req.pid = pid;
+    req.declared_pid = pid;
+    req.process = Some(process);
+    let reg = state.registry().register(&req, 0).unwrap();
+    state
+        .registry()
+        .slots()
+        .slot(reg.slot_index)
+        .unwrap()
+        .attach_writer(reg.generation, pid);
+    (child, reg)
+}
+
+fn signal(child: &Child, sig: nix::sys::signal::Signal) {
+    let pid = nix::unistd::Pid::from_raw(i32::try_from(child.0.id()).unwrap());
+    nix::sys::signal::kill(pid, sig).unwrap();
+}
+
+/// A rank frozen with SIGSTOP is handed to its launcher at once (well
+/// before the timeout), its peer keeps its in-process restart, and the
+/// launcher's StopRanks for the frozen rank alone ends the request.
+#[tokio::test]
+async fn a_stopped_rank_is_replaced_at_once_and_the_others_restart_in_process() {
+    let (_dir, state) = agent(Duration::from_secs(30));
+    let mut escalations = state.take_escalations().unwrap();
+    let r0 = register(&state, "j", 0);
+    let (frozen, _r1) = register_child(&state, "j", (1, 4));
+    signal(&frozen, nix::sys::signal::Signal::SIGSTOP);
+    let t0 = Instant::now();
+    let asked = request(&state.in_process(), "j", "hang", "inc-3").unwrap();
+    assert_eq!(asked.ranks, vec![0, 1]);
+    let e = escalations.recv().await.unwrap();
+    let waited = t0.elapsed();
+    assert!(waited >= STOPPED_FOR, "replaced after {waited:?}");
+    assert!(
+        waited < Duration::from_secs(10),
+        "replaced after {waited:?}"
+    );
+    assert_eq!(
+        (e.incident.as_str(), e.action),
+        ("inc-3", Action::RestartInProcess)
+    );
+    assert_eq!(
+        e.replace,
+        Some(Replacement {
+            ranks: vec![1],
+            restart_count: asked.restart_count
+        })
+    );
+    assert!(e.reason.contains("rank 1 stopped"), "{}", e.reason);
+    let ev = event(&state, "restart.replace_ranks").await;
+    assert_eq!(evidence(&ev, "ranks"), "1");
+    assert_eq!(evidence(&ev, "carried"), "true");
+    // Rank 0 answers; the launcher stops rank 1 alone (StopRanks).
+    assert!(ack(&state.in_process(), &key("j", 0), r0.generation, asked.seq).unwrap());
+    let stop = warden_core::signal::StopReason {
+        kind: warden_core::signal::StopKind::Restart,
+        why: "replacing rank 1".into(),
+    };
+    assert_eq!(state.registry().mark_stopping("j", &[1], &stop), vec![1]);
+    let done = event(&state, "restart.acknowledged").await;
+    assert_eq!(evidence(&done, "acknowledged"), "0");
+    assert_eq!(evidence(&done, "gone"), "1 (replaced by its launcher)");
+    // Asked once only.
+    assert!(escalations.try_recv().is_err());
+    assert!(never_published(&state, "restart.in_process_timeout"));
+}
+
+/// A rank that merely stays silent is not replaced; nor is a job whose
+/// every rank is stopped (suspended as a whole): both wait for the
+/// timeout and escalate to `restart_in_job`, as before. A job's only
+/// local rank, with peers on other hosts, is replaced; and with no
+/// incident (asked by hand) the replacement is said, not escalated.
+#[tokio::test]
+async fn a_silent_rank_or_a_job_stopped_as_a_whole_waits_for_the_timeout() {
+    let (_dir, state) = agent(Duration::from_millis(800));
+    let mut escalations = state.take_escalations().unwrap();
+    let (_running, _) = register_child(&state, "run", (0, 2));
+    let (frozen, _) = register_child(&state, "all", (0, 2));
+    let (frozen2, _) = register_child(&state, "all", (1, 2));
+    let (alone, _) = register_child(&state, "hosts", (3, 8));
+    let (by_hand, _) = register_child(&state, "hand", (1, 8));
+    for c in [&frozen, &frozen2, &alone, &by_hand] {
+        signal(c, nix::sys::signal::Signal::SIGSTOP);
+    }
+    request(&state.in_process(), "hosts", "hang", "inc-h").unwrap();
+    let e = escalations.recv().await.unwrap();
+    assert_eq!(e.incident, "inc-h");
+    assert_eq!(e.replace.map(|r| r.ranks), Some(vec![3]));
+    request(&state.in_process(), "hand", "drill", "").unwrap();
+    let by_hand_event = event_about(&state, "restart.replace_ranks", "job/hand").await;
+    assert_eq!(evidence(&by_hand_event, "carried"), "false");
+    request(&state.in_process(), "run", "hang", "inc-r").unwrap();
+    request(&state.in_process(), "all", "hang", "inc-a").unwrap();
+    // At the timeout: the silent rank, the suspended job, and the
+    // hosts' job whose replacement no launcher carried out.
+    let mut got = Vec::new();
+    for _ in 0..3 {
+        let e = escalations.recv().await.unwrap();
+        assert_eq!(e.action, Action::RestartInJob, "{e:?}");
+        assert!(e.replace.is_none(), "{e:?}");
+        got.push(e.incident);
+    }
+    got.sort();
+    assert_eq!(got, vec!["inc-a", "inc-h", "inc-r"]);
+    // Neither of these two was replaced; only the hosts' job and the
+    // one asked by hand were said to be.
+    let replaced: Vec<String> = state
+        .events
+        .list(0, 0)
+        .0
+        .iter()
+        .filter(|e| e.kind == "restart.replace_ranks")
+        .map(|e| e.subject.clone())
+        .collect();
+    assert_eq!(replaced.len(), 2, "{replaced:?}");
+    assert!(
+        replaced.iter().all(|s| s == "job/hosts" || s == "job/hand"),
+        "{replaced:?}"
+    );
+    assert!(escalations.try_recv().is_err());
+}
+
+/// The timeout as configured by default (30 s), in tokio's paused time:
+/// a silent rank is waited for the whole timeout and not a tick longer,
+/// without the test taking 30 s.
+#[tokio::test(start_paused = true)]
+async fn silence_is_waited_for_exactly_the_timeout() {
+    let (_dir, state) = agent(Duration::from_secs(30));
+    let mut escalations = state.take_escalations().unwrap();
+    register(&state, "j", 0);
+    let t0 = tokio::time::Instant::now();
+    request(&state.in_process(), "j", "hang", "inc-9").unwrap();
+    let e = escalations.recv().await.unwrap();
+    let waited = t0.elapsed();
+    assert_eq!(e.incident, "inc-9");
+    assert!(
+        waited >= Duration::from_secs(30) && waited < Duration::from_secs(30) + ACK_POLL * 2,
+        "escalated after {waited:?}, the timeout is 30 s"
+    );
+    let timeout = event(&state, "restart.in_process_timeout").await;
+    assert_eq!(evidence(&timeout, "unacknowledged"), "0");
+}
