@@ -326,6 +326,24 @@ def _stuck_after() -> float:
     return value
 
 
+#: CPU ticks (of ``SC_CLK_TCK``, 10 ms) the training thread may spend over
+#: the wait and still count as blocked: a thread in a gloo collective waits
+#: on a socket and spends none.
+_BUSY_TICKS = 2
+
+
+def _thread_cpu_ticks(tid: int) -> Optional[int]:
+    """User plus system CPU ticks of this process's thread ``tid``
+    (``/proc/self/task/<tid>/stat``), or None where it cannot be read."""
+    try:
+        with open(f"/proc/self/task/{tid}/stat", "rb") as f:
+            data = f.read()
+        fields = data[data.rindex(b")") + 2 :].split()
+        return int(fields[11]) + int(fields[12])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 class _Stuck(threading.Thread):
     """Leaves the process when a restart request cannot reach its training thread.
 
@@ -339,7 +357,10 @@ class _Stuck(threading.Thread):
     state: it leaves with ``STUCK_EXIT`` (no traceback), its sockets close,
     the others' collectives fail, and ``warden run`` heals it like a rank
     killed by a signal. Only under ``warden run`` (``WARDEN_HEAL_FILE`` set),
-    never while an optimizer update defers the restart to its commit.
+    never while an optimizer update defers the restart to its commit, and
+    not while the training thread spends CPU: on a loaded host a slow
+    thread takes the request late, and leaving would turn a survivor into a
+    replacement for nothing.
     """
 
     _started = False
@@ -349,6 +370,10 @@ class _Stuck(threading.Thread):
         super().__init__(name="warden-heal-stuck", daemon=True)
         self._state = weakref.ref(state)
         self._after = after
+        # Made by the training thread (State's declaration): its CPU time
+        # tells a thread blocked in a collective (none) from one that is
+        # only slow on a loaded host (some), which takes the request soon.
+        self._training_tid = threading.get_native_id()
 
     @classmethod
     def start_for(cls, state: "State") -> None:
@@ -364,6 +389,7 @@ class _Stuck(threading.Thread):
         poll = min(0.05, self._after / 4)
         seen: Optional[int] = None
         since = 0.0
+        cpu: Optional[int] = None
         while True:
             time.sleep(poll)
             state = self._state()
@@ -377,8 +403,14 @@ class _Stuck(threading.Thread):
                 continue
             if pending["seq"] != seen:
                 seen, since = pending["seq"], now
+                cpu = _thread_cpu_ticks(self._training_tid)
                 continue
             if now - since >= self._after:
+                spent = _thread_cpu_ticks(self._training_tid)
+                if cpu is not None and spent is not None and spent - cpu > _BUSY_TICKS:
+                    # It runs: slow (a loaded host), not blocked. Wait on.
+                    since, cpu = now, spent
+                    continue
                 _say(
                     f"rank {state.rank} (pid {os.getpid()}): the restart request (seq {seen}) has not reached the training "
                     f"thread in {now - since:.1f} s: it is blocked in native code (a collective no abort "
