@@ -47,6 +47,26 @@ pub fn digests(entries: &[Entry]) -> BTreeMap<u32, String> {
         .collect()
 }
 
+/// The 90th percentile of the time between a rank's consecutive steps,
+/// over every rank: a step's length as the run saw it, which a loaded
+/// machine stretches well past the ledger's median (0 with too few steps).
+pub fn step_gap_p90(entries: &[Entry]) -> f64 {
+    let mut last: BTreeMap<u32, f64> = BTreeMap::new();
+    let mut gaps: Vec<f64> = Vec::new();
+    for e in entries {
+        if let Entry::Step { t, rank, .. } = e
+            && let Some(prev) = last.insert(*rank, *t)
+        {
+            gaps.push((t - prev).max(0.0));
+        }
+    }
+    if gaps.len() < 10 {
+        return 0.0;
+    }
+    gaps.sort_by(f64::total_cmp);
+    gaps[gaps.len() * 9 / 10]
+}
+
 /// Now, as the examples stamp their lines (seconds since the epoch).
 pub fn unix_now() -> f64 {
     std::time::SystemTime::now()

@@ -8,8 +8,8 @@ use std::collections::BTreeSet;
 use std::time::SystemTime;
 
 use super::{
-    DeviceMap, Engine, ExceptionSeen, Observation, Open, Trigger, clip, conclude, normalize,
-    trigger_at, within,
+    DeviceMap, Engine, ExceptionSeen, Observation, Observed, Open, Trigger, clip, conclude,
+    normalize, trigger_at, within,
 };
 use crate::attribute::FaultClass;
 use crate::attribute::diagnosis::{Diagnosis, Evidence, IncidentRecord};
@@ -132,7 +132,7 @@ impl Engine {
         // this pid: the host ran out of memory.
         let oom = pid.and_then(|p| {
             self.observations.iter().find(|o| {
-                o.signal == "kmsg.oom_kill"
+                o.kind == Observed::OomKill
                     && o.pid == Some(p)
                     && within(o.at, *at - self.cfg.hardware_window, *at + self.cfg.settle)
             })
@@ -346,7 +346,7 @@ impl Engine {
             // count for a job that went down on this node.
             let node_wide = job_down
                 && !DeviceId::is_gpu(&comp)
-                && o.signal != "kmsg.oom_kill"
+                && o.kind != Observed::OomKill
                 && o.class.is_some_and(|c| c == FaultClass::Infrastructure);
             if !(on_device || by_pid || node_wide) {
                 continue;
@@ -383,7 +383,7 @@ impl Engine {
                 .checked_sub(self.cfg.xid_repeat_window)
                 .unwrap_or(SystemTime::UNIX_EPOCH);
             let user_xid = |o: &&Observation| {
-                o.xid.is_some() && o.class == Some(FaultClass::UserError) && o.at >= since
+                o.xid().is_some() && o.class == Some(FaultClass::UserError) && o.at >= since
             };
             let here: Vec<&Observation> = self
                 .observations
@@ -401,10 +401,13 @@ impl Engine {
                 if steps_differ {
                     // The application XIDs on this GPU are read again: not
                     // the code's, the GPU's.
+                    let is_xid = |e: &Evidence| {
+                        self.observations
+                            .iter()
+                            .any(|o| o.event_id == e.event_id && o.xid().is_some())
+                    };
                     for e in ev.iter_mut().filter(|e| {
-                        e.signal == "xid"
-                            && e.subject == *d
-                            && e.points_to == Some(FaultClass::UserError)
+                        is_xid(e) && e.subject == *d && e.points_to == Some(FaultClass::UserError)
                     }) {
                         e.points_to = None;
                         e.weight = 0.0;

@@ -109,20 +109,45 @@ struct ExceptionSeen {
     step: Option<u64>,
 }
 
+/// What kind of signal an observation is: the rules match on this, never
+/// on the signal's name (which is for the evidence a person reads).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Observed {
+    /// The kernel's OOM killer killed a process (`Signal::OomKill`).
+    OomKill,
+    /// An XID with its code, from NVML or the kernel log (`Signal::Xid`).
+    Xid(u32),
+    /// A health signal a source judged (`Signal::HealthChanged`).
+    Health,
+    /// A failed pre-restart health gate (`Signal::GateFailed`).
+    Gate,
+}
+
 /// A hardware or host signal, with what the rules make of it.
 #[derive(Debug, Clone)]
 struct Observation {
     at: SystemTime,
     event_id: u64,
+    kind: Observed,
     source: String,
     component: String,
+    /// The signal's name, for the evidence.
     signal: String,
     value: String,
     pid: Option<u32>,
-    xid: Option<u32>,
     class: Option<FaultClass>,
     weight: f64,
     note: String,
+}
+
+impl Observation {
+    /// The XID's code, for an XID.
+    fn xid(&self) -> Option<u32> {
+        match self.kind {
+            Observed::Xid(code) => Some(code),
+            _ => None,
+        }
+    }
 }
 
 /// What opened or joined an incident.
@@ -394,12 +419,12 @@ impl Engine {
                 self.push_observation(Observation {
                     at: ev.time,
                     event_id: ev.id,
+                    kind: Observed::OomKill,
                     source: "kmsg".into(),
                     component: o.component.clone(),
                     signal: "kmsg.oom_kill".into(),
                     value: o.process.clone(),
                     pid: Some(o.pid),
-                    xid: None,
                     class: None,
                     weight: 0.0,
                     note: "the kernel's OOM killer killed a process".into(),
@@ -421,7 +446,7 @@ impl Engine {
         // NVML and the kernel log report the same XID: one observation,
         // both sources named.
         if let Some(o) = self.observations.iter_mut().rev().find(|o| {
-            o.xid == Some(code)
+            o.kind == Observed::Xid(code)
                 && o.component == x.component
                 && o.source != source
                 && ev.time.duration_since(o.at).unwrap_or_default() <= XID_DEDUP
@@ -441,12 +466,12 @@ impl Engine {
         self.push_observation(Observation {
             at: ev.time,
             event_id: ev.id,
+            kind: Observed::Xid(code),
             source: source.into(),
             component: x.component.clone(),
             signal: "xid".into(),
             value: code.to_string(),
             pid,
-            xid: Some(code),
             class,
             weight,
             note,
@@ -501,12 +526,12 @@ impl Engine {
         self.push_observation(Observation {
             at: ev.time,
             event_id: ev.id,
+            kind: Observed::Health,
             source: "health".into(),
             component: component.clone(),
             signal: signal.to_owned(),
             value: value.to_owned(),
             pid: None,
-            xid: None,
             class: Some(class),
             weight: rule.weight,
             note: format!("{} ({}; threshold {threshold})", rule.note, h.to),
@@ -531,12 +556,12 @@ impl Engine {
         self.push_observation(Observation {
             at: ev.time,
             event_id: ev.id,
+            kind: Observed::Gate,
             source: "gate".into(),
             component: component.clone(),
             signal: format!("gate.{}", first.map_or("failed", |f| f.test.as_str())),
             value: first.map_or("", |f| f.message.as_str()).to_owned(),
             pid: None,
-            xid: None,
             class: Some(FaultClass::UncorrectableHardware),
             weight: if severity == "isolate" { 0.9 } else { 0.8 },
             note: format!(
@@ -594,7 +619,7 @@ impl Engine {
             }
         }
         for o in &self.observations {
-            if o.xid.is_some()
+            if o.xid().is_some()
                 && o.pid == Some(m.pid)
                 && o.at >= m.since
                 && !out.contains(&o.component)
