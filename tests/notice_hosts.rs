@@ -1,7 +1,7 @@
 //! A notice of a coming stop on one host of a multi-host job (issue 32):
 //! a real etcd, two real `warden run` launchers as host-a (127.0.0.2) and
 //! host-b (127.0.0.3), each with its own embedded agent and checkpoint
-//! tier, and real torch ranks (tests/fixtures/notice_lockstep.py) kept in
+//! tier, and real torch ranks (tests/fixtures/notice_train.py --lockstep) kept in
 //! lockstep by a gloo all_reduce at every step, as a data-parallel job's
 //! are. Only host-a's launcher gets the scheduler's SIGTERM
 //! (`--term-grace`): its agent names a step far enough ahead, host-a
@@ -125,7 +125,8 @@ impl Host {
             .arg(self.path().join(format!("summary-{run}.json")))
             .arg("--")
             .arg(python())
-            .arg(repo_root().join("tests/fixtures/notice_lockstep.py"))
+            .arg(repo_root().join("tests/fixtures/notice_train.py"))
+            .arg("--lockstep")
             // 50 ms steps: the lead (2 s) is 40 steps, well before step 200.
             .args(["--every", "100", "--step-ms", "50"])
             .args(train)

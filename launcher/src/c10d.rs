@@ -764,9 +764,7 @@ impl Coordinator for C10dCoordinator {
         deadline: std::time::SystemTime,
         reason: &str,
     ) -> Result<u64, CoordError> {
-        let ms = deadline
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+        let ms = crate::hosts::unix_ms(deadline);
         let by = self.cfg.local_addr.clone().unwrap_or_default();
         let reason: String = reason.chars().take(300).collect();
         self.send(&format!(

@@ -550,9 +550,7 @@ impl Coordinator for EtcdCoordinator {
         let Some(c) = &self.coord else {
             return Err(CoordError::new("this host has left the job"));
         };
-        let ms = deadline
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+        let ms = crate::hosts::unix_ms(deadline);
         self.noticed = Some(self.epoch);
         match c.publish_notice(self.epoch, step, ms, reason).await {
             Ok(n) => Ok(n.step),

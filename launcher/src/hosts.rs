@@ -176,6 +176,13 @@ pub trait Coordinator: Send {
     fn node_fault(&mut self, reason: &str) -> impl Future<Output = NodeFault> + Send;
 }
 
+/// `t` in milliseconds since the Unix epoch, as a notice's deadline travels
+/// between hosts (0 before the epoch).
+pub fn unix_ms(t: std::time::SystemTime) -> u64 {
+    t.duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
 /// A job on one host: every plan stands as proposed, nothing to tell, a
 /// node fault ends the job with 86 (the scheduler requeues it elsewhere).
 #[derive(Debug, Default, Clone, Copy)]
