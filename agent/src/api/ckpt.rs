@@ -2,8 +2,10 @@
 //! ListCheckpoints on warden.v1.Agent; PushShard, FetchShard and ListShards
 //! on warden.v1.Peer.
 //!
-//! In: requests, checked here (the error names the field). Out: calls on
-//! [`crate::ckpt`], its errors turned into gRPC statuses: a bad name is
+//! In: requests, checked and authorized here (the error names the field).
+//! Out: calls on [`crate::ckpt`] (the commits in [`crate::ckpt::commit`],
+//! the restore in [`crate::ckpt::restore`]), its errors turned into gRPC
+//! statuses: a bad name is
 //! INVALID_ARGUMENT, a full tier RESOURCE_EXHAUSTED, a step nobody holds
 //! NOT_FOUND, a copy that fails its checksum DATA_LOSS.
 
@@ -14,15 +16,14 @@ use tonic::Status;
 use warden_proto::v1 as pb;
 
 use super::peer_auth::{self, Caller};
+use crate::ckpt::commit::{self, CommitError};
 use crate::ckpt::layout::{ShardKey, check_job_id, check_step};
 use crate::ckpt::peerset::PeerSpec;
 use crate::ckpt::restore::{self, RestoreError};
 use crate::ckpt::tier::{Owner, TierError};
 use crate::ckpt::wire::ChunkSource;
-use crate::ckpt::{Checkpoints, IncomingError, peers, subject};
+use crate::ckpt::{Checkpoints, IncomingError, peers};
 use crate::state::AgentState;
-use warden_core::events::{NewEvent, Severity};
-use warden_core::signal::{CkptSaved, Signal};
 
 /// The checkpoint tier, or UNAVAILABLE saying why there is none.
 pub fn tier(state: &AgentState) -> Result<Arc<Checkpoints>, Status> {
@@ -138,65 +139,24 @@ pub async fn commit_shard(
             req.world_size
         )));
     }
-    // The commit runs to its end in a task of its own: a rank whose
-    // connection drops mid-seal must not leave a shard committed on disk
-    // but never announced (`ckpt.saved`) nor handed to replication and
-    // upload. The answer waits for it all the same.
-    let (st, token, size, world) = (state.clone(), req.token, req.size_bytes, req.world_size);
     let stall_ms = req.stall_ns as f64 / 1e6;
-    let task = tokio::spawn(async move {
-        // Restores and listings wait for commits in flight.
-        let _sealing = ck.seal_guard();
-        let (ck2, k2) = (ck.clone(), k.clone());
-        let sealed = blocking(move || {
-            let (path, file) = ck2.tier.place(&k2, &token, size)?;
-            let host = ck2.host.clone();
-            ck2.tier.seal(&k2, file, world, &host).map(|m| (path, m))
-        })
-        .await;
-        let (path, m) = match sealed {
-            Ok(v) => v,
-            Err(s) => {
-                commit_failed(&st, &k, s.message());
-                return Err(s);
-            }
-        };
-        metrics::counter!("warden_ckpt_saved_bytes_total").increment(m.size_bytes);
-        metrics::histogram!("warden_ckpt_save_stall_seconds").record(stall_ms / 1e3);
-        st.events.publish(Signal::CkptSaved(CkptSaved {
-            subject: subject(&k),
-            shard: k.to_string(),
-            job: k.job_id.clone(),
-            rank: k.rank,
-            step: k.step,
-            stall_ms,
-            bytes: m.size_bytes,
-            xxh3: m.xxh3.clone(),
-        }));
-        ck.committed(m);
-        Ok(path)
-    });
-    let path = task
-        .await
-        .map_err(|e| Status::internal(format!("checkpoint commit task: {e}")))??;
+    let path = commit::own_shard(
+        ck,
+        state.events.clone(),
+        k,
+        req.token,
+        req.size_bytes,
+        req.world_size,
+        stall_ms,
+    )
+    .await
+    .map_err(|e| match e {
+        CommitError::Tier(e) => status(e),
+        CommitError::Task(_) => Status::internal(e.to_string()),
+    })?;
     Ok(pb::CommitShardResponse {
         path: path.display().to_string(),
     })
-}
-
-fn commit_failed(state: &AgentState, k: &ShardKey, why: &str) {
-    tracing::error!(shard = %k, error = why, "checkpoint shard not committed");
-    state.events.publish(
-        NewEvent::new(
-            Severity::Error,
-            "ckpt.commit_failed",
-            subject(k),
-            format!("{k} was not committed: {why}"),
-        )
-        .with("job_id", &k.job_id)
-        .with("rank", k.rank)
-        .with("step", k.step),
-    );
 }
 
 /// Restore: the nearest valid copy of the rank's shard, in the local tier,
@@ -311,54 +271,14 @@ pub async fn push_shard(
             placed_here: ck.peers.placed_here(&k.job_id, &m.origin),
         },
     )?;
-    let (stream, want) = (&mut stream, &m);
-    ck.bring_in(&m, |staged, path| async move {
-        peers::receive(stream, first.data, want, staged, path).await
-    })
-    .await
-    .map_err(|e| match e {
-        IncomingError::Tier(e) => status(e),
-        IncomingError::Fill(e) if e.starts_with("corrupt") => Status::data_loss(e),
-        IncomingError::Fill(e) => Status::aborted(e),
-        IncomingError::Task(e) => Status::internal(e),
-    })?;
-    // Retention after the answer: the pusher's time ends with the commit,
-    // not with deleting the step this replica replaces (a GiB of tmpfs
-    // freed is tens of ms). Retention removes only listed shards older
-    // than the newest complete steps, so it can run beside later pushes.
-    let (st, job) = (state.clone(), k.job_id.clone());
-    tokio::spawn(async move {
-        let ck2 = ck.clone();
-        let gone = tokio::task::spawn_blocking(move || ck2.tier.prune(&job))
-            .await
-            .unwrap_or_default();
-        for k in gone {
-            st.events.publish(
-                NewEvent::new(
-                    Severity::Info,
-                    "ckpt.pruned",
-                    subject(&k),
-                    format!("{k} replica pruned (checkpoint.keep_steps)"),
-                )
-                .with("job_id", &k.job_id)
-                .with("rank", k.rank)
-                .with("step", k.step),
-            );
-        }
-    });
-    state.events.publish(
-        NewEvent::new(
-            Severity::Info,
-            "ckpt.replica_stored",
-            subject(&k),
-            format!("{k} replica from {} stored", m.origin),
-        )
-        .with("job_id", &k.job_id)
-        .with("rank", k.rank)
-        .with("step", k.step)
-        .with("origin", &m.origin)
-        .with("bytes", m.size_bytes),
-    );
+    commit::replica(ck, state.events.clone(), m, first.data, stream)
+        .await
+        .map_err(|e| match e {
+            IncomingError::Tier(e) => status(e),
+            IncomingError::Fill(e) if e.starts_with("corrupt") => Status::data_loss(e),
+            IncomingError::Fill(e) => Status::aborted(e),
+            IncomingError::Task(e) => Status::internal(e),
+        })?;
     Ok(pb::PushShardResponse {
         host: state.host.clone(),
         stored: true,

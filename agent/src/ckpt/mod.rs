@@ -12,6 +12,7 @@
 //! once its manifest says it is whole; every copy is checked against its
 //! checksum before use.
 
+pub mod commit;
 pub mod config;
 pub mod durable;
 pub mod layout;
