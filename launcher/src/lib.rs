@@ -38,6 +38,7 @@
 pub mod agent;
 pub mod args;
 pub mod c10d;
+pub mod cache_share;
 pub mod compile_cache;
 pub mod connect;
 pub mod coord;
@@ -221,6 +222,10 @@ async fn run_job(
         }
     };
     let compile_cache = compile_cache_for(cache_root, &job_id, args.compile_cache_max_gib, console);
+    let compile_share = match &compile_cache {
+        Some(c) => share_compile_cache(c, &job_id, &link.socket, console).await,
+        None => None,
+    };
     let fallback_budget = args
         .max_restarts
         .unwrap_or(link.config.policy.unknown.budget);
@@ -283,6 +288,7 @@ async fn run_job(
         standby: args.standby_plan(),
         jax: args.jax_job(),
         compile_cache,
+        compile_share: compile_share.clone(),
         // A lost host is seen after its lease TTL and the others' rejoin
         // grace (the TTL again, `etcd::config`), its round written within
         // a few writer places (0.5 s each): four TTLs and 10 s of margin.
@@ -402,6 +408,11 @@ async fn run_job(
         let _ = p.await;
     }
     console.raw(summary.render());
+    // An attempt that ended before its timed pack: packed now, so a short
+    // job's cache reaches the other hosts too.
+    if let Some(share) = compile_share {
+        cache_share::pack_in_background(share, console).await;
+    }
     let mine = goodput(&link, &summary, console).await;
     if let Some(jw) = &job_wide {
         // A host that leaves alone (a node fault, a signal) does not hold
@@ -548,6 +559,51 @@ fn default_log_dir() -> PathBuf {
         "/tmp/warden-{}/runs",
         nix::unistd::geteuid().as_raw()
     ))
+}
+
+/// The job's compilation cache shared with its other hosts through the
+/// agent's checkpoint tier ([`cache_share`]): restored now when this
+/// host's folder holds nothing, before any worker starts. None (said) when
+/// the job's id leaves no room for the reserved one.
+async fn share_compile_cache(
+    cache: &compile_cache::CompileCache,
+    job_id: &str,
+    socket: &std::path::Path,
+    console: &output::Console,
+) -> Option<std::sync::Arc<cache_share::CacheShare>> {
+    let Some(blob_job) = cache_share::blob_job(&sanitize(job_id)) else {
+        console.say(format!(
+            "warning: the compilation cache is not shared with other hosts: job id {job_id:?} leaves no room for the suffix {:?} in 128 characters",
+            cache_share::SUFFIX
+        ));
+        return None;
+    };
+    let share = std::sync::Arc::new(cache_share::CacheShare::new(
+        cache.clone(),
+        blob_job,
+        socket.to_owned(),
+    ));
+    let s = share.clone();
+    let restored = tokio::task::spawn_blocking(move || s.restore())
+        .await
+        .map_err(|e| cache_share::ShareError::Task(e.to_string()))
+        .and_then(|r| r);
+    match restored {
+        Ok(Some(f)) => console.say(format!(
+            "compilation cache restored from {} {} ({} step {}): {} files ({:.1} MiB)",
+            f.tier,
+            if f.source.is_empty() { "tier" } else { f.source.as_str() },
+            share.job(),
+            f.step,
+            f.moved.files,
+            f.moved.bytes as f64 / f64::from(1u32 << 20)
+        )),
+        Ok(None) => {}
+        Err(e) => console.say(format!(
+            "warning: the compilation cache was not restored from the job's other hosts: {e}; the workers compile"
+        )),
+    }
+    Some(share)
 }
 
 /// A job id as a directory name.
