@@ -310,6 +310,17 @@ pub struct Fetched {
     pub moved: Moved,
 }
 
+/// What a restore at start found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Restore {
+    /// The job's folder holds files already: kept, nothing fetched.
+    Kept,
+    /// No blob of the job on this host, its peers or the durable store.
+    NoneSaved,
+    /// Unpacked.
+    Fetched(Fetched),
+}
+
 /// One job's cache sharing: the reserved id, the agent, what was packed.
 #[derive(Debug)]
 pub struct CacheShare {
@@ -322,6 +333,9 @@ pub struct CacheShare {
     packed: Mutex<Option<u64>>,
     /// The attempt running, once one started.
     attempt: Mutex<Option<u64>>,
+    /// Cancelled when the job ended: the timed packs still waiting give
+    /// up (and let go of the console, whose thread the launcher joins).
+    ended: tokio_util::sync::CancellationToken,
 }
 
 impl CacheShare {
@@ -333,6 +347,7 @@ impl CacheShare {
             socket,
             packed: Mutex::new(None),
             attempt: Mutex::new(None),
+            ended: tokio_util::sync::CancellationToken::new(),
         }
     }
 
@@ -353,18 +368,17 @@ impl CacheShare {
     }
 
     /// When the job's folder holds no file: the newest blob anywhere,
-    /// unpacked into it. None when the folder holds files already or no
-    /// blob was saved. Blocking.
-    pub fn restore(&self) -> Result<Option<Fetched>, ShareError> {
+    /// unpacked into it. Blocking.
+    pub fn restore(&self) -> Result<Restore, ShareError> {
         if !holds_no_file(self.cache.dir()) {
-            return Ok(None);
+            return Ok(Restore::Kept);
         }
         let ck = self.checkpointer()?;
         let Some(r) = ck.restore(0)? else {
-            return Ok(None);
+            return Ok(Restore::NoneSaved);
         };
         let moved = unpack(&r.path, self.cache.dir(), self.cache.max_bytes())?;
-        Ok(Some(Fetched {
+        Ok(Restore::Fetched(Fetched {
             step: r.step,
             tier: r.tier,
             source: r.source,
@@ -372,9 +386,25 @@ impl CacheShare {
         }))
     }
 
-    /// Attempt `n` started.
-    pub fn started(&self, n: u64) {
+    /// Attempt `n` started: packed [`PACK_AFTER`] from now, unless the job
+    /// ends first (then [`CacheShare::end`] packs it).
+    pub fn started(self: &std::sync::Arc<Self>, n: u64, console: &crate::output::Console) {
         *self.attempt.lock().unwrap_or_else(|p| p.into_inner()) = Some(n);
+        let (share, console) = (self.clone(), console.clone());
+        tokio::spawn(async move {
+            tokio::select! {
+                () = tokio::time::sleep(PACK_AFTER) => pack_in_background(share, &console).await,
+                () = share.ended.cancelled() => {}
+            }
+        });
+    }
+
+    /// The job ended: the timed packs waiting are dropped, and the last
+    /// attempt, when none packed it, is packed now (a short job's cache
+    /// reaches the other hosts too).
+    pub async fn end(self: std::sync::Arc<Self>, console: &crate::output::Console) {
+        self.ended.cancel();
+        pack_in_background(self, console).await;
     }
 
     /// Packs the folder and saves it, unless the attempt running was packed

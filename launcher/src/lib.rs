@@ -408,10 +408,8 @@ async fn run_job(
         let _ = p.await;
     }
     console.raw(summary.render());
-    // An attempt that ended before its timed pack: packed now, so a short
-    // job's cache reaches the other hosts too.
     if let Some(share) = compile_share {
-        cache_share::pack_in_background(share, console).await;
+        share.end(console).await;
     }
     let mine = goodput(&link, &summary, console).await;
     if let Some(jw) = &job_wide {
@@ -589,16 +587,19 @@ async fn share_compile_cache(
         .map_err(|e| cache_share::ShareError::Task(e.to_string()))
         .and_then(|r| r);
     match restored {
-        Ok(Some(f)) => console.say(format!(
-            "compilation cache restored from {} {} ({} step {}): {} files ({:.1} MiB)",
+        Ok(cache_share::Restore::Fetched(f)) => console.say(format!(
+            "compilation cache restored from the {} copy at {} ({} step {}): {} files ({:.1} MiB)",
             f.tier,
-            if f.source.is_empty() { "tier" } else { f.source.as_str() },
+            f.source,
             share.job(),
             f.step,
             f.moved.files,
             f.moved.bytes as f64 / f64::from(1u32 << 20)
         )),
-        Ok(None) => {}
+        Ok(cache_share::Restore::Kept) => {}
+        Ok(cache_share::Restore::NoneSaved) => console.say(
+            "compilation cache: none saved for this job on this host or its peers; the workers compile",
+        ),
         Err(e) => console.say(format!(
             "warning: the compilation cache was not restored from the job's other hosts: {e}; the workers compile"
         )),

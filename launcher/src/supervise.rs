@@ -795,12 +795,7 @@ impl<C: Coordinator> Sup<'_, C> {
         let first = self.attempts_started == 0;
         self.attempts_started += 1;
         if let Some(share) = &self.job.compile_share {
-            share.started(u64::from(n));
-            let (share, console) = (share.clone(), self.console.clone());
-            tokio::spawn(async move {
-                tokio::time::sleep(crate::cache_share::PACK_AFTER).await;
-                crate::cache_share::pack_in_background(share, &console).await;
-            });
+            share.started(u64::from(n), &self.console);
         }
         if self.job.jax {
             // A free port for each attempt where MASTER_PORT is one too: a
