@@ -223,7 +223,7 @@ async fn run_job(
     };
     let compile_cache = compile_cache_for(cache_root, &job_id, args.compile_cache_max_gib, console);
     let compile_share = match &compile_cache {
-        Some(c) => share_compile_cache(c, &job_id, &link.socket, console).await,
+        Some(c) => share_compile_cache(c, &job_id, &link, console).await,
         None => None,
     };
     let fallback_budget = args
@@ -566,7 +566,7 @@ fn default_log_dir() -> PathBuf {
 async fn share_compile_cache(
     cache: &compile_cache::CompileCache,
     job_id: &str,
-    socket: &std::path::Path,
+    link: &agent::AgentLink,
     console: &output::Console,
 ) -> Option<std::sync::Arc<cache_share::CacheShare>> {
     let Some(blob_job) = cache_share::blob_job(&sanitize(job_id)) else {
@@ -576,10 +576,19 @@ async fn share_compile_cache(
         ));
         return None;
     };
+    // Claimed as the job is: a blob under an id another user holds (one
+    // who squatted it to plant compiled code) is never restored, and this
+    // user's is never written there.
+    if let Err(e) = agent::claim(&link.client, &blob_job, console).await {
+        console.say(format!(
+            "warning: the compilation cache is not shared with other hosts: {e}"
+        ));
+        return None;
+    }
     let share = std::sync::Arc::new(cache_share::CacheShare::new(
         cache.clone(),
         blob_job,
-        socket.to_owned(),
+        link.socket.clone(),
     ));
     let s = share.clone();
     let restored = tokio::task::spawn_blocking(move || s.restore())
