@@ -119,7 +119,7 @@ pub fn pack(dir: &Path, out: &Path, max_bytes: u64) -> Result<Moved, ShareError>
     let mut files = Vec::new();
     let mut truncated = false;
     compile_cache::walk(dir, 0, &mut files, &mut truncated);
-    files.sort_by(|a, b| b.0.cmp(&a.0));
+    files.sort_by_key(|f| std::cmp::Reverse(f.0));
     let io = |what, path: &Path| {
         let path = path.to_owned();
         move |source| ShareError::Io { what, path, source }

@@ -17,7 +17,9 @@
 //! stop (SIGTERM with `--term-grace`, a worker's exit 85) ends the job with
 //! 85 once the workers saved; [`notice_ckpt`] says where that save went.
 //! A JAX program (`--jax`, or one found to import jax) also gets what
-//! `jax.distributed.initialize()` reads ([`jax`]).
+//! `jax.distributed.initialize()` reads ([`jax`]). The job's compilation
+//! caches live in the agent's tier ([`compile_cache`]) and travel to the
+//! job's other hosts as a checkpoint blob ([`cache_share`]).
 //!
 //! The agent: the host's wardend when one answers (default socket or
 //! `$WARDEN_SOCKET`), else one embedded in this process on a private socket
