@@ -24,9 +24,9 @@ use std::time::SystemTime;
 
 /// Most files looked at in one pass: a cache of more is evicted from the
 /// ones seen (the walk stops there, and says so).
-const MAX_FILES: usize = 1_000_000;
+pub(crate) const MAX_FILES: usize = 1_000_000;
 /// Deepest folder nesting walked (Inductor's is 3 or 4 levels).
-const MAX_DEPTH: usize = 16;
+pub(crate) const MAX_DEPTH: usize = 16;
 
 /// One job's cache folders.
 #[derive(Debug, Clone)]
@@ -96,6 +96,12 @@ impl CompileCache {
         &self.job
     }
 
+    /// The bound on the user's folder, bytes (a packed job's cache is
+    /// held to it too).
+    pub fn max_bytes(&self) -> u64 {
+        self.max_bytes
+    }
+
     /// The workers' variables, each left out when `inherited` has it (the
     /// user's own choice wins).
     pub fn env(&self, inherited: impl Fn(&str) -> Option<String>) -> Vec<(String, String)> {
@@ -141,7 +147,7 @@ impl CompileCache {
 
 /// Every regular file (and symlink, as one of 0 bytes, so that a link
 /// never outlives the bound's pass) below `dir`: (written at, bytes, path).
-fn walk(
+pub(crate) fn walk(
     dir: &Path,
     depth: usize,
     files: &mut Vec<(SystemTime, u64, PathBuf)>,

@@ -17,7 +17,9 @@
 //! stop (SIGTERM with `--term-grace`, a worker's exit 85) ends the job with
 //! 85 once the workers saved; [`notice_ckpt`] says where that save went.
 //! A JAX program (`--jax`, or one found to import jax) also gets what
-//! `jax.distributed.initialize()` reads ([`jax`]).
+//! `jax.distributed.initialize()` reads ([`jax`]). The job's compilation
+//! caches live in the agent's tier ([`compile_cache`]) and travel to the
+//! job's other hosts as a checkpoint blob ([`cache_share`]).
 //!
 //! The agent: the host's wardend when one answers (default socket or
 //! `$WARDEN_SOCKET`), else one embedded in this process on a private socket
@@ -38,6 +40,7 @@
 pub mod agent;
 pub mod args;
 pub mod c10d;
+pub mod cache_share;
 pub mod compile_cache;
 pub mod connect;
 pub mod coord;
@@ -221,6 +224,10 @@ async fn run_job(
         }
     };
     let compile_cache = compile_cache_for(cache_root, &job_id, args.compile_cache_max_gib, console);
+    let compile_share = match &compile_cache {
+        Some(c) => share_compile_cache(c, &job_id, &link, console).await,
+        None => None,
+    };
     let fallback_budget = args
         .max_restarts
         .unwrap_or(link.config.policy.unknown.budget);
@@ -283,6 +290,7 @@ async fn run_job(
         standby: args.standby_plan(),
         jax: args.jax_job(),
         compile_cache,
+        compile_share: compile_share.clone(),
         // A lost host is seen after its lease TTL and the others' rejoin
         // grace (the TTL again, `etcd::config`), its round written within
         // a few writer places (0.5 s each): four TTLs and 10 s of margin.
@@ -402,6 +410,9 @@ async fn run_job(
         let _ = p.await;
     }
     console.raw(summary.render());
+    if let Some(share) = compile_share {
+        share.end(console).await;
+    }
     let mine = goodput(&link, &summary, console).await;
     if let Some(jw) = &job_wide {
         // A host that leaves alone (a node fault, a signal) does not hold
@@ -548,6 +559,63 @@ fn default_log_dir() -> PathBuf {
         "/tmp/warden-{}/runs",
         nix::unistd::geteuid().as_raw()
     ))
+}
+
+/// The job's compilation cache shared with its other hosts through the
+/// agent's checkpoint tier ([`cache_share`]): restored now when this
+/// host's folder holds nothing, before any worker starts. None (said) when
+/// the job's id leaves no room for the reserved one.
+async fn share_compile_cache(
+    cache: &compile_cache::CompileCache,
+    job_id: &str,
+    link: &agent::AgentLink,
+    console: &output::Console,
+) -> Option<std::sync::Arc<cache_share::CacheShare>> {
+    let Some(blob_job) = cache_share::blob_job(&sanitize(job_id)) else {
+        console.say(format!(
+            "warning: the compilation cache is not shared with other hosts: job id {job_id:?} leaves no room for the suffix {:?} in 128 characters",
+            cache_share::SUFFIX
+        ));
+        return None;
+    };
+    // Claimed as the job is: a blob under an id another user holds (one
+    // who squatted it to plant compiled code) is never restored, and this
+    // user's is never written there.
+    if let Err(e) = agent::claim(&link.client, &blob_job, console).await {
+        console.say(format!(
+            "warning: the compilation cache is not shared with other hosts: {e}"
+        ));
+        return None;
+    }
+    let share = std::sync::Arc::new(cache_share::CacheShare::new(
+        cache.clone(),
+        blob_job,
+        link.socket.clone(),
+    ));
+    let s = share.clone();
+    let restored = tokio::task::spawn_blocking(move || s.restore())
+        .await
+        .map_err(|e| cache_share::ShareError::Task(e.to_string()))
+        .and_then(|r| r);
+    match restored {
+        Ok(cache_share::Restore::Fetched(f)) => console.say(format!(
+            "compilation cache restored from the {} copy at {} ({} step {}): {} files ({:.1} MiB)",
+            f.tier,
+            f.source,
+            share.job(),
+            f.step,
+            f.moved.files,
+            f.moved.bytes as f64 / f64::from(1u32 << 20)
+        )),
+        Ok(cache_share::Restore::Kept) => {}
+        Ok(cache_share::Restore::NoneSaved) => console.say(
+            "compilation cache: none saved for this job on this host or its peers; the workers compile",
+        ),
+        Err(e) => console.say(format!(
+            "warning: the compilation cache was not restored from the job's other hosts: {e}; the workers compile"
+        )),
+    }
+    Some(share)
 }
 
 /// A job id as a directory name.

@@ -183,6 +183,10 @@ pub struct Job {
     /// The job's compilation caches in the agent's tier (None: the
     /// frameworks' defaults).
     pub compile_cache: Option<crate::compile_cache::CompileCache>,
+    /// The compilation cache saved for the job's other hosts, once per
+    /// attempt ([`crate::cache_share::PACK_AFTER`] into it), off the
+    /// workers' path. None: not shared.
+    pub compile_share: Option<std::sync::Arc<crate::cache_share::CacheShare>>,
     /// Across hosts: how long a worker that lost a peer on another host
     /// waits for its launcher's heal into the next round before it reports
     /// the error (`WARDEN_HEAL_PEER_WAIT_S`): the lost host's lease TTL,
@@ -790,6 +794,9 @@ impl<C: Coordinator> Sup<'_, C> {
         };
         let first = self.attempts_started == 0;
         self.attempts_started += 1;
+        if let Some(share) = &self.job.compile_share {
+            share.started(u64::from(n), &self.console);
+        }
         if self.job.jax {
             // A free port for each attempt where MASTER_PORT is one too: a
             // restarted `initialize()` never meets the last coordinator.
