@@ -11,7 +11,8 @@
 //! expired is regained under a new lease, same round; only another launcher
 //! on the host id ends a membership; a job that finishes or fails on one
 //! host is not restarted around it; an etcd member paused (SIGSTOP) under
-//! a host's keep-alives for longer than the lease TTL costs no lease.
+//! a host's keep-alives for longer than the lease TTL costs no lease, and
+//! one under its watch costs no round: the watch moves to another member.
 
 mod common;
 
@@ -989,4 +990,97 @@ async fn a_paused_member_under_the_keep_alives_costs_no_lease() {
         .expect("the lease's time to live")
         .ttl();
     assert!(left > 0, "the lease expired in etcd ({left})");
+}
+
+/// Issue 30: a round took 12 s in the fleet bench for a host whose watch
+/// went through a paused member. The watch now leaves a member that
+/// answers neither an event nor a progress request for a sixth of the
+/// TTL, and watches on through another from the last revision it saw.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_paused_member_under_a_watch_moves_it_without_losing_a_round() {
+    // 6 s: the watch is asked for progress after 1 s of silence and left
+    // after 1 s more; the pause (8 s) is far longer than that.
+    let ttl = Duration::from_secs(6);
+    let pause = ttl + Duration::from_secs(2);
+    let mut cluster = EtcdCluster::start(3);
+    let endpoints = cluster.endpoints();
+    let leader = cluster.leader(WAIT);
+    let config = |job: &str, host: &str, addr: &str| {
+        let mut c = CoordConfig::new(endpoints.clone(), job, host, addr);
+        (c.min_nodes, c.max_nodes) = (2, 2);
+        c.lease_ttl = ttl;
+        c.request_timeout = Duration::from_secs(2);
+        c.last_call = Duration::from_millis(300);
+        c.rejoin_timeout = WAIT;
+        c
+    };
+    // Hosts start their watch on the endpoint their id hashes to: the
+    // first job whose first host watches through a follower is the one.
+    let mut jobs = Vec::new();
+    let (watcher, other, paused, epoch) = loop {
+        let i = jobs.len();
+        assert!(i < 12, "no host's watch went through a follower");
+        let job = format!("job-watch-{i}");
+        let a = join(config(&job, &format!("host-{i}-a"), "127.0.0.2")).await;
+        let b = join(config(&job, &format!("host-{i}-b"), "127.0.0.3")).await;
+        let first = round(&a, 0).await;
+        assert_eq!(round(&b, 0).await.epoch, first.epoch);
+        let endpoint = common::eventually(WAIT, "the watch's endpoint", async || {
+            a.state().watch_endpoint
+        })
+        .await;
+        let member = endpoints
+            .iter()
+            .position(|e| *e == endpoint)
+            .expect("the watch's endpoint is one of the cluster's");
+        if member != leader {
+            break (a, b, member, first.epoch);
+        }
+        jobs.push((a, b));
+    };
+    cluster.members[paused].pause();
+    let t0 = Instant::now();
+    // A round written while the watcher's member is paused: the watcher
+    // hears of it only once its watch has moved. Asked again while the
+    // request itself lands on the paused member (as a launcher asks).
+    let asked = common::eventually(WAIT, "a restart through the live members", async || {
+        other.request_restart(epoch, "paused member").await.ok()
+    })
+    .await;
+    assert_eq!(asked, epoch + 1, "one new round");
+    let heard = within(WAIT, "the round at the watcher", watcher.next_round(epoch))
+        .await
+        .unwrap_or_else(|e| panic!("{}: no round after {epoch}: {e}", watcher.host()));
+    let took = t0.elapsed();
+    eprintln!("the round reached the watcher {took:?} after its member was paused");
+    // The very round written, not a later one: no event lost on the move.
+    assert_eq!(heard.epoch, epoch + 1);
+    assert!(
+        took < pause,
+        "the round reached the watcher only after {took:?}, not before the member came back"
+    );
+    let moved = watcher.state().watch_endpoint;
+    assert!(
+        moved.as_deref().is_some_and(|e| *e != endpoints[paused]),
+        "the watch is still on the paused member: {moved:?}"
+    );
+    // The pause lasts its length from here (the fault's length, not a wait
+    // for an event); then a round after the member is back reaches both.
+    tokio::time::sleep(pause.saturating_sub(t0.elapsed())).await;
+    cluster.members[paused].resume();
+    let next = common::eventually(WAIT, "a restart after the pause", async || {
+        other
+            .request_restart(epoch + 1, "after the pause")
+            .await
+            .ok()
+    })
+    .await;
+    assert_eq!(next, epoch + 2);
+    for h in [&watcher, &other] {
+        let r = within(WAIT, "the next round", h.next_round(epoch + 1))
+            .await
+            .expect("the next round");
+        assert_eq!(r.epoch, epoch + 2, "{}", h.host());
+        assert!(h.state().failed.is_none());
+    }
 }

@@ -44,11 +44,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use etcd_client::{
-    Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, PutOptions, SortOrder,
-    SortTarget, Txn, TxnOp, WatchFilterType, WatchOptions,
+    Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, PutOptions, Txn, TxnOp,
+    WatchFilterType, WatchOptions,
 };
 use tokio::sync::{Semaphore, watch};
 use tokio::task::JoinHandle;
+use warden_launcher::coord::join_read::{self, JoinRead};
 use warden_launcher::coord::keys::Keys;
 use warden_launcher::coord::plan::MemberRecord;
 use warden_launcher::coord::{CoordConfig, Coordinator, Round};
@@ -780,20 +781,26 @@ async fn join_light(
         incarnation: 1_000_000 + u64::try_from(i).unwrap(),
     };
     let key = keys.member(&host);
+    let decides = cfg.every_host_decides;
+    // Registering and the joining read in one txn, as the coordinator
+    // (launcher/src/coord/join_read.rs).
+    let mut ops = vec![
+        TxnOp::put(
+            key.as_str(),
+            serde_json::to_string(&record).unwrap(),
+            Some(PutOptions::new().with_lease(lease)),
+        ),
+        TxnOp::delete(keys.departure(&host), None),
+    ];
+    ops.extend(join_read::ops(&keys));
     let txn = Txn::new()
         .when([Compare::create_revision(key.as_str(), CompareOp::Equal, 0)])
-        .and_then([
-            TxnOp::put(
-                key.as_str(),
-                serde_json::to_string(&record).unwrap(),
-                Some(PutOptions::new().with_lease(lease)),
-            ),
-            TxnOp::delete(keys.departure(&host), None),
-        ]);
-    let ok = client.txn(txn).await.expect("register").succeeded();
-    assert!(ok, "{host}: the host id is free");
-    let decides = cfg.every_host_decides;
-    let (revision, seen) = joining_read(&mut client, &keys, decides).await;
+        .and_then(ops);
+    let resp = client.txn(txn).await.expect("register");
+    assert!(resp.succeeded(), "{host}: the host id is free");
+    let revision = resp.header().map_or(0, |h| h.revision());
+    let read = JoinRead::parse(resp.op_responses(), 2).expect("the joining read");
+    let seen = joining_read(&mut client, &keys, decides, &read, revision).await;
     let epoch = Arc::new(AtomicU64::new(seen));
     moved.send_modify(|g| *g += 1);
     let keeper = tokio::spawn(keep_alive(
@@ -806,7 +813,13 @@ async fn join_light(
         leases_lost,
     ));
     let watcher = tokio::spawn(follow(
-        client,
+        Route {
+            shared: client,
+            endpoints: cfg.endpoints.clone(),
+            at: i,
+            ttl: cfg.ttl,
+            request_timeout: cfg.request_timeout,
+        },
         keys,
         revision,
         Arc::clone(&epoch),
@@ -821,44 +834,32 @@ async fn join_light(
     }
 }
 
-/// What a joining launcher that does not decide rounds reads of the job
-/// (as `Coordinator::join` does past the first 8 hosts by join, issue 30):
-/// the epoch, then at its revision the first hosts by join (keys only, 8
-/// of them), every departure and layout base's chunks in pages of 256
-/// keys, and the current round record. No member record, unless
-/// `decides` (the baseline: every member in pages too). Returns the
-/// revision and the epoch.
-async fn joining_read(client: &mut Client, keys: &Keys, decides: bool) -> (i64, u64) {
-    let r = client.get(keys.epoch(), None).await.expect("the epoch");
-    let revision = r.header().map_or(0, |h| h.revision());
-    let epoch: u64 = r
-        .kvs()
-        .first()
-        .and_then(|kv| kv.value_str().ok()?.parse().ok())
-        .unwrap_or(0);
-    client
-        .get(
-            keys.members(),
-            Some(
-                GetOptions::new()
-                    .with_prefix()
-                    .with_keys_only()
-                    .with_sort(SortTarget::Create, SortOrder::Ascend)
-                    .with_limit(8)
-                    .with_revision(revision),
-            ),
-        )
-        .await
-        .expect("the first hosts by join");
-    let mut prefixes = vec![format!("{}departures/", keys.base()), keys.layouts()];
+/// The rest of what a joining launcher that does not decide rounds reads
+/// of the job (as `Coordinator::join` does past the first 8 hosts by join,
+/// issue 30), after the register txn's reads ([`join_read`]: the epoch,
+/// the first hosts by join, a page of departures and of layout chunks, the
+/// newest round): the departures and layout chunks past that page, in
+/// pages of 256 keys at the txn's revision. No member record, unless
+/// `decides` (the baseline: every member in pages too). Returns the epoch.
+async fn joining_read(
+    client: &mut Client,
+    keys: &Keys,
+    decides: bool,
+    read: &JoinRead,
+    revision: i64,
+) -> u64 {
+    let mut ranges = vec![
+        (keys.departures(), join_read::after(&read.departures)),
+        (keys.layouts(), join_read::after(&read.layouts)),
+    ];
     if decides {
-        prefixes.push(keys.members());
+        ranges.push((keys.members(), Some(keys.members().into_bytes())));
     }
-    for prefix in prefixes {
+    for (prefix, from) in ranges {
+        let Some(mut from) = from else { continue };
         let mut end = prefix.clone().into_bytes();
         let last = end.pop().expect("a prefix");
         end.push(last + 1);
-        let mut from = prefix.into_bytes();
         loop {
             let page = client
                 .get(
@@ -881,14 +882,52 @@ async fn joining_read(client: &mut Client, keys: &Keys, decides: bool) -> (i64, 
             }
         }
     }
-    client
-        .get(
-            keys.round(epoch),
-            Some(GetOptions::new().with_revision(revision)),
-        )
-        .await
-        .expect("the current round");
-    (revision, epoch)
+    read.epoch_value()
+}
+
+/// Where a light host's watch goes: as the coordinator's
+/// (`session::drive`), with several endpoints one member at a time, each
+/// through a client of its own, starting at endpoint `at` mod their
+/// number; with one, the host's client.
+struct Route {
+    shared: Client,
+    endpoints: Vec<String>,
+    at: usize,
+    ttl: Duration,
+    request_timeout: Duration,
+}
+
+impl Route {
+    fn can_move(&self) -> bool {
+        self.endpoints.len() > 1
+    }
+
+    /// A sixth of the TTL, at most the request deadline (the keeper's
+    /// `lease_route::answer_deadline`).
+    fn deadline(&self) -> Duration {
+        (self.ttl / 6)
+            .min(self.request_timeout)
+            .max(Duration::from_millis(100))
+    }
+
+    fn move_on(&mut self) {
+        self.at += 1;
+    }
+
+    async fn client(&self) -> Option<Client> {
+        if !self.can_move() {
+            return Some(self.shared.clone());
+        }
+        let endpoint = &self.endpoints[self.at % self.endpoints.len()];
+        let options = connect_options()
+            .with_connect_timeout(self.deadline())
+            .with_keep_alive(self.ttl / 3, self.deadline());
+        let connect = Client::connect([endpoint.as_str()], Some(options));
+        tokio::time::timeout(self.deadline(), connect)
+            .await
+            .ok()?
+            .ok()
+    }
 }
 
 /// What a launcher that does not decide watches, from `revision + 1` (as
@@ -897,10 +936,12 @@ async fn joining_read(client: &mut Client, keys: &Keys, decides: bool) -> (i64, 
 /// one stream; a round record moves `epoch`. `decides` (the baseline): one
 /// watch of the whole prefix, member keys' puts included, and the epoch
 /// key's puts move `epoch`. A watch that ends (its member killed, or
-/// dropped by its HTTP/2 keep-alive) is opened again from the last
-/// revision seen of each prefix.
+/// dropped by its HTTP/2 keep-alive), or, with several endpoints, leaves a
+/// progress request unanswered after a sixth of the TTL of silence (its
+/// member paused), is opened again on the next endpoint from the last
+/// revision seen of each prefix, as the coordinator's.
 async fn follow(
-    mut client: Client,
+    mut route: Route,
     keys: Keys,
     revision: i64,
     epoch: Arc<AtomicU64>,
@@ -908,17 +949,28 @@ async fn follow(
     decides: bool,
 ) {
     let epoch_key = keys.epoch();
-    let rounds = format!("{}rounds/", keys.base());
+    let rounds = keys.rounds();
     let prefixes = [
-        format!("{}departures/", keys.base()),
-        format!("{}ends/", keys.base()),
+        keys.departures(),
+        keys.ends(),
         keys.layouts(),
         keys.members(),
         rounds.clone(),
     ];
+    let deadline = route.deadline();
+    let open_limit = if route.can_move() {
+        deadline
+    } else {
+        Duration::from_secs(60)
+    };
     // How far each prefix was seen (the last: any other key).
     let mut seen = [revision; 6];
     'watch: loop {
+        let Some(mut client) = route.client().await else {
+            route.move_on();
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            continue;
+        };
         let mut stream = None;
         for (i, prefix) in prefixes.iter().enumerate() {
             if decides && i > 0 {
@@ -939,20 +991,41 @@ async fn follow(
                 }
                 (prefix.clone(), o)
             };
-            let opened = match &mut stream {
-                None => client
-                    .watch(key, Some(options))
-                    .await
-                    .map(|s| stream = Some(s)),
-                Some(s) => s.watch(key, Some(options)).await,
-            };
-            if opened.is_err() {
+            let opened = tokio::time::timeout(open_limit, async {
+                match &mut stream {
+                    None => client
+                        .watch(key, Some(options))
+                        .await
+                        .map(|s| stream = Some(s)),
+                    Some(s) => s.watch(key, Some(options)).await,
+                }
+            })
+            .await;
+            if !matches!(opened, Ok(Ok(()))) {
+                route.move_on();
                 tokio::time::sleep(Duration::from_millis(200)).await;
                 continue 'watch;
             }
         }
         let Some(mut stream) = stream else { continue };
-        while let Ok(Some(resp)) = stream.message().await {
+        let mut asked = false;
+        loop {
+            let message = if route.can_move() {
+                match tokio::time::timeout(deadline, stream.message()).await {
+                    Ok(m) => m,
+                    // Silent for the deadline: ask for progress; silent
+                    // for another, the member is left.
+                    Err(_) if !asked && stream.request_progress().await.is_ok() => {
+                        asked = true;
+                        continue;
+                    }
+                    Err(_) => break,
+                }
+            } else {
+                stream.message().await
+            };
+            asked = false;
+            let Ok(Some(resp)) = message else { break };
             if resp.canceled() && resp.compact_revision() > 0 {
                 // Compacted past what it saw: a launcher reloads; the bench
                 // never compacts, so this is a broken set-up.
@@ -988,6 +1061,8 @@ async fn follow(
                 }
             }
         }
+        // The stream ended or its member went silent: the next endpoint.
+        route.move_on();
     }
 }
 

@@ -28,7 +28,7 @@
 
 use std::collections::BTreeMap;
 
-use etcd_client::{Client, GetOptions, SortOrder, SortTarget};
+use etcd_client::{Client, GetOptions, KeyValue, SortOrder, SortTarget};
 
 use super::CoordError;
 use super::keys::Keys;
@@ -65,15 +65,20 @@ pub(crate) async fn first_by_join(
         kv.get(prefix.as_str(), Some(options)),
     )
     .await?;
-    Ok(resp
-        .kvs()
-        .iter()
+    Ok(from_keys(keys, resp.kvs()))
+}
+
+/// The answer of a read of the first member keys by join (here, or in
+/// the joining txn, [`super::join_read`]): host id -> create revision.
+pub(crate) fn from_keys(keys: &Keys, kvs: &[KeyValue]) -> BTreeMap<String, i64> {
+    let prefix = keys.members();
+    kvs.iter()
         .filter_map(|kv| {
             let key = std::str::from_utf8(kv.key()).ok()?;
             let host = key.strip_prefix(prefix.as_str())?;
             Some((host.to_owned(), kv.create_revision()))
         })
-        .collect())
+        .collect()
 }
 
 /// Whether `host` decides, given the first hosts by join etcd answered:

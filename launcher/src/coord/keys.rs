@@ -107,6 +107,16 @@ impl Keys {
         format!("{}rounds/{epoch:020}", self.base)
     }
 
+    /// The prefix of every round record.
+    pub fn rounds(&self) -> String {
+        format!("{}rounds/", self.base)
+    }
+
+    /// The prefix of every end marker.
+    pub fn ends(&self) -> String {
+        format!("{}ends/", self.base)
+    }
+
     /// Where a host's reason for leaving goes.
     pub fn departure(&self, host: &str) -> String {
         format!("{}departures/{host}", self.base)

@@ -38,6 +38,7 @@ pub mod deciders;
 mod diagnose;
 pub mod error;
 pub mod etcd_flags;
+pub mod join_read;
 pub mod keys;
 pub mod layout;
 mod lease_route;
@@ -101,6 +102,12 @@ pub struct CoordState {
     /// The newest notice of a coming stop a host of the job published
     /// ([`Coordinator::publish_notice`]), with the epoch of its round.
     pub notice: Option<(u64, notice::NoticeRecord)>,
+    /// The etcd endpoint the job's watch goes through now, with several
+    /// endpoints: it moves to the next when the member leaves the watch
+    /// unanswered (no event and no answer to a progress request for a
+    /// sixth of the TTL each), and watches on from the last revision seen.
+    /// `None` with one endpoint.
+    pub watch_endpoint: Option<String>,
 }
 
 /// Why a launcher leaves the job.
@@ -227,11 +234,20 @@ impl Coordinator {
             inner: Arc::clone(&inner),
         };
         tokio::spawn(session::keep_lease(Arc::clone(&inner), granted_at));
-        if let Err(e) = inner.register().await {
-            me.revoke().await;
-            return Err(e);
-        }
-        let view = match inner.load().await {
+        let (read, at) = match inner.register().await {
+            Ok(r) => r,
+            Err(e) => {
+                me.revoke().await;
+                return Err(e);
+            }
+        };
+        // The register txn read the job; a page beyond it that etcd's
+        // compaction overtook is read again whole, at the newest revision.
+        let view = match inner.view_from(read, at).await {
+            Err(e) if paged::compacted(&e) => inner.load().await,
+            r => r,
+        };
+        let view = match view {
             Ok(v) => v,
             Err(e) => {
                 me.revoke().await;

@@ -55,11 +55,26 @@ pub(crate) async fn read_prefix(
     client: &Client,
     prefix: &str,
     revision: i64,
+    each: impl FnMut(&KeyValue),
+) -> Result<i64, CoordError> {
+    let from = prefix.as_bytes().to_vec();
+    read_prefix_from(endpoints, timeout, client, prefix, from, revision, each).await
+}
+
+/// [`read_prefix`] from key `from` on (a page read elsewhere, such as in
+/// the joining txn, ended right before it).
+pub(crate) async fn read_prefix_from(
+    endpoints: &str,
+    timeout: Duration,
+    client: &Client,
+    prefix: &str,
+    from: Vec<u8>,
+    revision: i64,
     mut each: impl FnMut(&KeyValue),
 ) -> Result<i64, CoordError> {
     let mut kv = client.kv_client().max_decoding_message_size(RECEIVE_LIMIT);
     let end = prefix_end(prefix);
-    let mut from = prefix.as_bytes().to_vec();
+    let mut from = from;
     let mut revision = revision;
     loop {
         let mut options = GetOptions::new()

@@ -24,6 +24,7 @@ use tokio::sync::watch;
 use tokio::time::{Instant, sleep, sleep_until};
 use tokio_util::sync::CancellationToken;
 
+use super::join_read::JoinRead;
 use super::keys::{KEEP_ROUNDS, KeyKind, Keys};
 use super::layout::{self, LayoutError, LayoutRef};
 use super::lease_route::{LeaseRoute, answer_deadline};
@@ -394,75 +395,75 @@ impl Inner {
     }
 
     async fn load_once(&self) -> Result<View, CoordError> {
-        let mut client = self.client.clone();
-        let epoch_key = self.keys.epoch();
-        let resp = self
-            .call("get", &epoch_key, client.get(epoch_key.as_str(), None))
-            .await?;
+        let base = self.keys.base();
+        let txn = Txn::new().and_then(super::join_read::ops(&self.keys));
+        let mut kv = self
+            .client
+            .kv_client()
+            .max_decoding_message_size(super::paged::RECEIVE_LIMIT);
+        let resp = self.call("txn (read the job)", base, kv.txn(txn)).await?;
+        let revision = resp.header().map_or(0, |h| h.revision());
+        let read = JoinRead::parse(resp.op_responses(), 0).map_err(|e| CoordError::Corrupt {
+            key: base.to_owned(),
+            problem: e.to_string(),
+        })?;
+        self.view_from(read, revision).await
+    }
+
+    /// A fresh view from the joining read's answer at `revision`
+    /// ([`super::join_read`]): the epoch, whether this host decides (then
+    /// every member, paged), the departures, the current epoch's round
+    /// record and end marker (not the older rounds kept for people), and
+    /// every layout base; a range longer than the txn's page is read on at
+    /// the same revision.
+    pub(crate) async fn view_from(
+        &self,
+        read: JoinRead,
+        revision: i64,
+    ) -> Result<View, CoordError> {
         let mut view = View {
-            revision: resp.header().map_or(0, |h| h.revision()),
+            revision,
             // Until the deciders are known: the epoch key is read as is.
             decider: true,
             ..View::default()
         };
-        for kv in resp.kvs() {
+        for kv in &read.epoch {
             self.apply_put(&mut view, kv);
         }
-        let revision = view.revision;
         // Whether this host decides rounds: then it reads every member;
         // else none (issue 30: a join read every member before it).
-        let first = super::deciders::first_by_join(
-            &self.endpoints,
-            self.cfg.request_timeout,
-            &self.client,
-            &self.keys,
-            revision,
-        )
-        .await?;
+        let first = super::deciders::from_keys(&self.keys, &read.first);
         view.joined_at = self.joined_at.load(Ordering::Acquire);
         view.decider = self.decides.load(Ordering::Acquire)
             || super::deciders::decides(&first, &self.cfg.host);
         if view.decider {
             self.decides.store(true, Ordering::Release);
-        } else {
-            view.deciders = first;
-        }
-        let prefixes = if view.decider {
-            vec![self.keys.members(), self.keys.departures()]
-        } else {
-            vec![self.keys.departures()]
-        };
-        for prefix in prefixes {
             super::paged::read_prefix(
                 &self.endpoints,
                 self.cfg.request_timeout,
                 &self.client,
-                &prefix,
+                &self.keys.members(),
                 revision,
                 |kv| self.apply_put(&mut view, kv),
             )
             .await?;
+        } else {
+            view.deciders = first;
         }
-        // The current round and end marker: one key each (the round record
-        // is one value, under etcd's request limit, so one page).
-        for key in [
-            self.keys.round(view.epoch),
-            self.keys.end(view.epoch),
-            self.keys.notice(view.epoch),
-        ] {
-            super::paged::read_prefix(
-                &self.endpoints,
-                self.cfg.request_timeout,
-                &self.client,
-                &key,
-                revision,
-                |kv| {
-                    if kv.key() == key.as_bytes() {
-                        self.apply_put(&mut view, kv);
-                    }
-                },
-            )
+        self.read_on(&mut view, &read.departures, &self.keys.departures())
             .await?;
+        // The current round and end marker: the newest of each, if it is
+        // the current epoch's (a decider that has not yet written the next
+        // epoch's round is not a record of this epoch).
+        let (round, end) = (self.keys.round(view.epoch), self.keys.end(view.epoch));
+        let notice = self.keys.notice(view.epoch);
+        for kv in read.round.iter().chain(&read.end).chain(&read.notice) {
+            if kv.key() == round.as_bytes()
+                || kv.key() == end.as_bytes()
+                || kv.key() == notice.as_bytes()
+            {
+                self.apply_put(&mut view, kv);
+            }
         }
         // Every layout base, not only the current round's: a base written
         // at or before this read for a round committed after it reaches
@@ -470,18 +471,38 @@ impl Inner {
         // missed its first round's base and formed the job again). Only
         // the current base and a writer's next one are there, a few MB at
         // 16,384 hosts, paged.
-        super::paged::read_prefix(
-            &self.endpoints,
-            self.cfg.request_timeout,
-            &self.client,
-            &self.keys.layouts(),
-            revision,
-            |kv| self.apply_put(&mut view, kv),
-        )
-        .await?;
+        self.read_on(&mut view, &read.layouts, &self.keys.layouts())
+            .await?;
         view.stale = true;
         view.settle();
         Ok(view)
+    }
+
+    /// A page of the joining read into the view, and the rest of its
+    /// range after it, paged at the view's revision.
+    async fn read_on(
+        &self,
+        view: &mut View,
+        page: &super::join_read::Page,
+        prefix: &str,
+    ) -> Result<(), CoordError> {
+        for kv in &page.kvs {
+            self.apply_put(view, kv);
+        }
+        if let Some(from) = super::join_read::after(page) {
+            let revision = view.revision;
+            super::paged::read_prefix_from(
+                &self.endpoints,
+                self.cfg.request_timeout,
+                &self.client,
+                prefix,
+                from,
+                revision,
+                |kv| self.apply_put(view, kv),
+            )
+            .await?;
+        }
+        Ok(())
     }
 
     /// A key written: into the view. A value this version cannot read is
@@ -898,33 +919,49 @@ impl Inner {
 
     /// Registers this host under its lease, unless a live launcher holds
     /// the host id: then waits for its key to go, up to `join_timeout`.
-    pub(crate) async fn register(&self) -> Result<(), CoordError> {
+    /// The same txn reads the job ([`super::join_read`]): what it returns,
+    /// at the revision of the registration.
+    pub(crate) async fn register(&self) -> Result<(JoinRead, i64), CoordError> {
         let key = self.keys.member(&self.cfg.host);
         let json = self.member_json(&key)?;
         let lease = self.lease();
         let started = Instant::now();
         let mut told = false;
         loop {
+            let mut ops = vec![
+                TxnOp::put(
+                    key.as_str(),
+                    json.as_str(),
+                    Some(PutOptions::new().with_lease(lease)),
+                ),
+                TxnOp::delete(self.keys.departure(&self.cfg.host), None),
+            ];
+            let writes = ops.len();
+            // The reads see the writes before them: this host's own
+            // member key is among the first by join if it is one of them.
+            ops.extend(super::join_read::ops(&self.keys));
             let txn = Txn::new()
                 .when([Compare::create_revision(key.as_str(), CompareOp::Equal, 0)])
-                .and_then([
-                    TxnOp::put(
-                        key.as_str(),
-                        json.as_str(),
-                        Some(PutOptions::new().with_lease(lease)),
-                    ),
-                    TxnOp::delete(self.keys.departure(&self.cfg.host), None),
-                ])
+                .and_then(ops)
                 .or_else([TxnOp::get(key.as_str(), None)]);
-            let mut client = self.client.clone();
+            let mut kv = self
+                .client
+                .kv_client()
+                .max_decoding_message_size(super::paged::RECEIVE_LIMIT);
             let resp = self
-                .call("txn (register member)", &key, client.txn(txn))
+                .call("txn (register member)", &key, kv.txn(txn))
                 .await?;
             if resp.succeeded() {
                 // The txn's revision is the member key's create revision.
                 let revision = resp.header().map_or(0, |h| h.revision());
                 self.joined_at.store(revision, Ordering::Release);
-                return Ok(());
+                let read = JoinRead::parse(resp.op_responses(), writes).map_err(|e| {
+                    CoordError::Corrupt {
+                        key: key.clone(),
+                        problem: e.to_string(),
+                    }
+                })?;
+                return Ok((read, revision));
             }
             let holder = resp.op_responses().into_iter().find_map(|r| match r {
                 TxnOpResponse::Get(g) => g.kvs().first().map(|kv| {
@@ -1343,23 +1380,54 @@ pub(crate) async fn drive(inner: Arc<Inner>, revision: i64) {
     // other key). A decider's one watch moves them together.
     let mut seen = [revision; WATCHED + 1];
     let prefixes = watched(&inner.keys);
+    let ttl = inner.cfg.lease_ttl;
+    // With several endpoints the watch goes through one member at a time
+    // and leaves it when it stops answering (issue 30: a round took 12 s
+    // for a host whose watch was on a paused member): after `deadline` of
+    // silence the stream is asked for its progress, and a member that
+    // does not answer that within `deadline` either is left; the watch
+    // opens again on the next endpoint from what was seen, so no event is
+    // lost. With one endpoint there is nowhere to go: no probe, the
+    // shared client, the request deadline, as before.
+    let deadline = answer_deadline(ttl, inner.cfg.request_timeout);
+    let mut route = LeaseRoute::new(&inner.cfg.endpoints, &inner.cfg.host);
+    let open_limit = if route.can_move() {
+        deadline
+    } else {
+        inner.cfg.request_timeout
+    };
     loop {
         let decider = inner.lock_view().decider;
-        // A round record of thousands of hosts is larger than gRPC's default
-        // 4 MiB once etcd batches a few into one message.
-        let mut client = inner
-            .client
-            .watch_client()
-            .max_decoding_message_size(super::paged::RECEIVE_LIMIT);
-        let base = inner.keys.base().to_owned();
-        let watched = tokio::select! {
+        let client = tokio::select! {
             () = inner.stop.cancelled() => return,
-            r = inner.call("watch", &base, open_watch(&mut client, &inner.keys, decider, seen)) => r,
+            c = route.client(&inner.client, &inner.cfg.access, deadline, ttl) => c,
+        };
+        let base = inner.keys.base().to_owned();
+        let watched = match client {
+            Ok(client) => {
+                // A round record of thousands of hosts is larger than gRPC's
+                // default 4 MiB once etcd batches a few into one message.
+                let mut client = client
+                    .watch_client()
+                    .max_decoding_message_size(super::paged::RECEIVE_LIMIT);
+                tokio::select! {
+                    () = inner.stop.cancelled() => return,
+                    r = super::bounded::call(
+                        &inner.endpoints,
+                        open_limit,
+                        "watch",
+                        &base,
+                        open_watch(&mut client, &inner.keys, decider, seen),
+                    ) => r,
+                }
+            }
+            Err(e) => Err(e),
         };
         let mut stream = match watched {
             Ok(s) => s,
             Err(e) => {
-                tracing::warn!(host = %inner.cfg.host, error = %e, "coord: cannot watch; retrying");
+                tracing::warn!(host = %inner.cfg.host, endpoint = %route.endpoint(), error = %e, "coord: cannot watch; retrying on the next endpoint");
+                route.move_on();
                 tokio::select! {
                     () = inner.stop.cancelled() => return,
                     () = sleep(Duration::from_millis(200)) => {}
@@ -1367,14 +1435,44 @@ pub(crate) async fn drive(inner: Arc<Inner>, revision: i64) {
                 continue;
             }
         };
+        if route.can_move() {
+            let endpoint = route.endpoint().to_owned();
+            inner.state.send_if_modified(|s| {
+                let changed = s.watch_endpoint.as_deref() != Some(endpoint.as_str());
+                s.watch_endpoint = Some(endpoint);
+                changed
+            });
+        }
+        // When the stream was last heard from, and when it was asked for
+        // its progress since.
+        let mut heard = Instant::now();
+        let mut asked: Option<Instant> = None;
         // Evaluate once on (re)start: the view may already call for a round.
         driver.evaluate(&inner).await;
         loop {
             let wake = driver.wake;
+            let check = route.can_move().then(|| asked.unwrap_or(heard) + deadline);
             let message = tokio::select! {
                 () = inner.stop.cancelled() => return,
                 () = sleep_until(wake.unwrap_or_else(Instant::now)), if wake.is_some() => None,
-                m = stream.message() => Some(m),
+                () = sleep_until(check.unwrap_or_else(Instant::now)), if check.is_some() => {
+                    if asked.is_some() {
+                        tracing::warn!(host = %inner.cfg.host, endpoint = %route.endpoint(), unanswered = ?deadline, "coord: the watch's member does not answer; watching on the next endpoint from the last revision seen");
+                        route.move_on();
+                        break;
+                    }
+                    if stream.request_progress().await.is_err() {
+                        route.move_on();
+                        break;
+                    }
+                    asked = Some(Instant::now());
+                    continue;
+                }
+                m = stream.message() => {
+                    heard = Instant::now();
+                    asked = None;
+                    Some(m)
+                }
             };
             match message {
                 None => {}
@@ -1430,7 +1528,8 @@ pub(crate) async fn drive(inner: Arc<Inner>, revision: i64) {
                     }
                 }
                 Some(Ok(None)) | Some(Err(_)) => {
-                    tracing::warn!(host = %inner.cfg.host, "coord: watch ended; re-watching");
+                    tracing::warn!(host = %inner.cfg.host, endpoint = %route.endpoint(), "coord: watch ended; re-watching on the next endpoint");
+                    route.move_on();
                     tokio::select! {
                         () = inner.stop.cancelled() => return,
                         () = sleep(Duration::from_millis(100)) => {}
@@ -1451,10 +1550,10 @@ pub(crate) async fn drive(inner: Arc<Inner>, revision: i64) {
 fn watched(keys: &Keys) -> [String; WATCHED] {
     [
         keys.departures(),
-        format!("{}ends/", keys.base()),
+        keys.ends(),
         keys.layouts(),
         keys.members(),
-        format!("{}rounds/", keys.base()),
+        keys.rounds(),
         keys.notices(),
     ]
 }
