@@ -1385,11 +1385,16 @@ pub(crate) async fn drive(inner: Arc<Inner>, revision: i64) {
     // and leaves it when it stops answering (issue 30: a round took 12 s
     // for a host whose watch was on a paused member): after `deadline` of
     // silence the stream is asked for its progress, and a member that
-    // does not answer that within `deadline` either is left; the watch
-    // opens again on the next endpoint from what was seen, so no event is
-    // lost. With one endpoint there is nowhere to go: no probe, the
+    // does not answer that within the request deadline (`answer_wait`, at
+    // least `deadline`) is left; the watch opens again on the next
+    // endpoint from what was seen, so no event is lost. The answer gets
+    // the whole request deadline, not a sixth of the TTL: a member only
+    // slow under load (2,048 hosts on 3 members at load 16-23) must not be
+    // left, since the next member then sends everything since the last
+    // revision again, adding to the load that slowed the first. With one endpoint there is nowhere to go: no probe, the
     // shared client, the request deadline, as before.
     let deadline = answer_deadline(ttl, inner.cfg.request_timeout);
+    let answer_wait = inner.cfg.request_timeout.max(deadline);
     let mut route = LeaseRoute::new(&inner.cfg.endpoints, &inner.cfg.host);
     let open_limit = if route.can_move() {
         deadline
@@ -1451,13 +1456,16 @@ pub(crate) async fn drive(inner: Arc<Inner>, revision: i64) {
         driver.evaluate(&inner).await;
         loop {
             let wake = driver.wake;
-            let check = route.can_move().then(|| asked.unwrap_or(heard) + deadline);
+            let check = route.can_move().then(|| match asked {
+                Some(at) => at + answer_wait,
+                None => heard + deadline,
+            });
             let message = tokio::select! {
                 () = inner.stop.cancelled() => return,
                 () = sleep_until(wake.unwrap_or_else(Instant::now)), if wake.is_some() => None,
                 () = sleep_until(check.unwrap_or_else(Instant::now)), if check.is_some() => {
                     if asked.is_some() {
-                        tracing::warn!(host = %inner.cfg.host, endpoint = %route.endpoint(), unanswered = ?deadline, "coord: the watch's member does not answer; watching on the next endpoint from the last revision seen");
+                        tracing::warn!(host = %inner.cfg.host, endpoint = %route.endpoint(), unanswered = ?answer_wait, "coord: the watch's member does not answer; watching on the next endpoint from the last revision seen");
                         route.move_on();
                         break;
                     }
