@@ -459,6 +459,42 @@ pub async fn pack_in_background(
     say_packed(console, &job, out);
 }
 
+/// When the job's folder holds no file: the newest blob anywhere, unpacked
+/// into it, off the runtime's threads, and the console told where it came
+/// from (or why not: a warning, never a failure: the workers compile).
+/// `quiet_none`: nothing said when no blob is found (a second try, once a
+/// round named the job's peers, after the first said so).
+pub async fn restore_and_say(
+    share: &std::sync::Arc<CacheShare>,
+    console: &crate::output::Console,
+    quiet_none: bool,
+) {
+    let s = share.clone();
+    let restored = tokio::task::spawn_blocking(move || s.restore())
+        .await
+        .map_err(|e| ShareError::Task(e.to_string()))
+        .and_then(|r| r);
+    match restored {
+        Ok(Restore::Fetched(f)) => console.say(format!(
+            "compilation cache restored from the {} copy at {} ({} step {}): {} files ({:.1} MiB)",
+            f.tier,
+            f.source,
+            share.job(),
+            f.step,
+            f.moved.files,
+            f.moved.bytes as f64 / f64::from(1u32 << 20)
+        )),
+        Ok(Restore::Kept) => {}
+        Ok(Restore::NoneSaved) if quiet_none => {}
+        Ok(Restore::NoneSaved) => console.say(
+            "compilation cache: none saved for this job on this host or its peers; the workers compile",
+        ),
+        Err(e) => console.say(format!(
+            "warning: the compilation cache was not restored from the job's other hosts: {e}; the workers compile"
+        )),
+    }
+}
+
 /// Says what a pack did, on the console.
 pub fn say_packed(
     console: &crate::output::Console,

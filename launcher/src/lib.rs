@@ -592,29 +592,7 @@ async fn share_compile_cache(
         blob_job,
         link.socket.clone(),
     ));
-    let s = share.clone();
-    let restored = tokio::task::spawn_blocking(move || s.restore())
-        .await
-        .map_err(|e| cache_share::ShareError::Task(e.to_string()))
-        .and_then(|r| r);
-    match restored {
-        Ok(cache_share::Restore::Fetched(f)) => console.say(format!(
-            "compilation cache restored from the {} copy at {} ({} step {}): {} files ({:.1} MiB)",
-            f.tier,
-            f.source,
-            share.job(),
-            f.step,
-            f.moved.files,
-            f.moved.bytes as f64 / f64::from(1u32 << 20)
-        )),
-        Ok(cache_share::Restore::Kept) => {}
-        Ok(cache_share::Restore::NoneSaved) => console.say(
-            "compilation cache: none saved for this job on this host or its peers; the workers compile",
-        ),
-        Err(e) => console.say(format!(
-            "warning: the compilation cache was not restored from the job's other hosts: {e}; the workers compile"
-        )),
-    }
+    cache_share::restore_and_say(&share, console, false).await;
     Some(share)
 }
 

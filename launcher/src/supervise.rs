@@ -727,6 +727,19 @@ impl<C: Coordinator> Sup<'_, C> {
                 )),
             }
             self.peers_tx.send_replace(plan.ckpt_peers.clone());
+            // The compilation cache's blobs are a job of their own: the
+            // round's agents hold them too, and a host whose folder is
+            // still empty (a spare, a replacement) looks there before its
+            // workers compile.
+            if let Some(share) = self.job.compile_share.clone()
+                && !plan.ckpt_peers.is_empty()
+            {
+                if let Err(e) = agent::set_peers(&self.client, share.job(), &plan.ckpt_peers).await
+                {
+                    tracing::debug!(job = share.job(), error = %e, "launcher: the agent did not take the cache's checkpoint peers");
+                }
+                crate::cache_share::restore_and_say(&share, &self.console, true).await;
+            }
         }
         agreed
     }
