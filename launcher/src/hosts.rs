@@ -38,7 +38,7 @@ pub struct AttemptPlan {
     /// The round's other hosts whose agents take checkpoint replicas (host
     /// id, agent): handed to this host's agent (`SetCheckpointPeers`).
     /// Empty on one host.
-    pub ckpt_peers: Vec<(String, crate::coord::CkptPeer)>,
+    pub ckpt_peers: Vec<(String, crate::coord::records::CkptPeer)>,
 }
 
 /// What this node tells the whole job.
@@ -118,7 +118,7 @@ pub enum NodeFault {
         why: String,
         /// The stop, for the agent (ReportJobStop): the hosts cordoned
         /// and the cap.
-        report: crate::machine::JobStop,
+        report: crate::machine::job_stop::JobStop,
     },
 }
 

@@ -77,7 +77,7 @@ pub struct CoordConfig {
     /// This host's agent as a checkpoint peer, published in its member
     /// record so the job's other agents replicate to it; `None`: it takes
     /// no replicas.
-    pub ckpt_peer: Option<super::plan::CkptPeer>,
+    pub ckpt_peer: Option<super::records::CkptPeer>,
     /// How long the other hosts wait for a member whose lease expired
     /// without a word (etcd out, the host stalled) to re-register before
     /// they re-form the round without it. A member that left, or a new

@@ -12,8 +12,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use crate::machine::JobStop;
-use crate::machine::job_stop::{self, StopEvidence, StopRule};
+use crate::machine::job_stop::{self, JobStop, StopEvidence, StopRule};
 
 /// The prefix of a departure's reason for a cordon ([`super::Leave::Cordoned`]).
 pub const CORDONED: &str = "cordoned: ";

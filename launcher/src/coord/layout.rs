@@ -29,7 +29,7 @@ use std::collections::HashMap;
 
 use serde::{Deserialize, Serialize};
 
-use super::plan::RoundMember;
+use super::records::RoundMember;
 
 /// Most segments a round's delta may hold before the writer writes a new
 /// base: each change of membership adds one to three, so a base serves

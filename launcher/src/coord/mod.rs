@@ -45,6 +45,7 @@ mod lease_route;
 pub mod notice;
 mod paged;
 pub mod plan;
+pub mod records;
 pub mod reports;
 pub mod round;
 mod session;
@@ -101,7 +102,7 @@ pub struct CoordState {
     pub lease_endpoint: Option<String>,
     /// The newest notice of a coming stop a host of the job published
     /// ([`Coordinator::publish_notice`]), with the epoch of its round.
-    pub notice: Option<(u64, notice::NoticeRecord)>,
+    pub notice: Option<(u64, records::NoticeRecord)>,
     /// The etcd endpoint the job's watch goes through now, with several
     /// endpoints: it moves to the next when the member leaves the watch
     /// unanswered (no event and no answer to a progress request for a
@@ -426,7 +427,7 @@ impl Coordinator {
         step: u64,
         deadline_ms: u64,
         reason: &str,
-    ) -> Result<notice::NoticeRecord, CoordError> {
+    ) -> Result<records::NoticeRecord, CoordError> {
         if let Some(e) = self.inner.state.borrow().failed.clone() {
             return Err(e);
         }

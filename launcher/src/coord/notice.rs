@@ -15,29 +15,13 @@
 //! notice, O(1) per host.
 
 use etcd_client::{Compare, CompareOp, DeleteOptions, Txn, TxnOp, TxnOpResponse};
-use serde::{Deserialize, Serialize};
 
 use super::CoordError;
+use super::records::NoticeRecord;
 use super::session::{Inner, now_ms};
 
 /// Longest reason kept in a record (a person's words, for the console).
 const MAX_REASON: usize = 300;
-
-/// `notices/<epoch>`: what the first host to get a notice in that round
-/// told the job.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct NoticeRecord {
-    /// The host whose launcher got the notice.
-    pub by: String,
-    /// The step at whose boundary every rank of the job saves.
-    pub step: u64,
-    /// When the stop comes (ms since the Unix epoch; 0: not said).
-    pub deadline_ms: u64,
-    /// Why (the notice's source and words), for the console.
-    pub reason: String,
-    /// When it was written (ms since the Unix epoch).
-    pub at_ms: u64,
-}
 
 impl Inner {
     /// Publishes a notice for the round of `epoch` unless one stands: in one

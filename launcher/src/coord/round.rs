@@ -1,6 +1,7 @@
 //! A round as one host sees it: the stored record plus this host's place.
 
-use super::plan::{CkptPeer, RoundRecord};
+use super::plan::RoundRecord;
+use super::records::CkptPeer;
 
 /// The job's round at one epoch, from this host's side: what its launcher
 /// needs to start (or not start) its workers.

@@ -90,7 +90,7 @@ pub(crate) struct View {
     pub(crate) ends: BTreeMap<u64, JobEnd>,
     /// Notices of a coming stop, by the epoch of their round (one is kept
     /// in etcd: each notice's txn deletes the older ones).
-    pub(crate) notices: BTreeMap<u64, super::notice::NoticeRecord>,
+    pub(crate) notices: BTreeMap<u64, super::records::NoticeRecord>,
     /// The live members against the current round, kept per member event
     /// ([`plan::Standing`]): what the round checks read, so that an event
     /// costs O(log N), not a scan of every host.

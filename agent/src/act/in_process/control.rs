@@ -16,8 +16,7 @@ use std::sync::Arc;
 
 use tokio::sync::watch;
 
-use super::request::RestartRequest;
-use super::waiter::{Decision, Input, Via};
+use super::waiter::{Decision, Input, RestartRequest, Via};
 use super::{Handles, now};
 use crate::ranks::RankKey;
 use crate::ranks::registry::RankState;

@@ -64,9 +64,9 @@ pub mod waiter;
 
 pub use control::{ControlError, RankRequest, ack, subscribe};
 pub use dump::{DumpRequest, ask_dump, end_dump, subscribe_dumps};
-pub use request::{Asked, RestartError, RestartRequest, admit_exception_restart, request, start};
-pub use waiter::STOPPED_FOR;
+pub use request::{Asked, RestartError, admit_exception_restart, request, start};
 use waiter::{Decision, Gone, Input, Via, Waiter, Waiting};
+pub use waiter::{RestartRequest, STOPPED_FOR};
 
 /// How often the waiter reads the ranks' ack words from their slots (an
 /// `AckControl` call wakes it at once).

@@ -17,7 +17,7 @@ use warden_core::policy::{Action, Replacement};
 use warden_core::signal::join_ranks as join;
 
 use super::Handles;
-use super::request::RestartRequest;
+use super::waiter::RestartRequest;
 use super::waiter::{Outcome, STOPPED_FOR};
 
 /// Every rank answered `req`: who acknowledged, how fast and by which

@@ -21,27 +21,10 @@ use warden_core::signal::{RestartRequested, Signal};
 use warden_slot::ControlWord;
 
 use super::control::RankRequest;
-use super::waiter::{Input, Waiter};
+use super::waiter::{Input, RestartRequest, Waiter};
 use super::{Handles, Pending, Restarts, now, step, wait};
 use crate::ranks::RankKey;
 use crate::ranks::registry::RankState;
-
-/// A request to restart a job's ranks in process.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RestartRequest {
-    /// The job.
-    pub job: String,
-    /// Its sequence number: what the ranks acknowledge.
-    pub seq: u64,
-    /// The restart count the ranks' next attempt runs with (1 for the
-    /// job's first restart on this agent).
-    pub restart_count: u32,
-    /// The incident that asked for it ("" when asked by hand or by another
-    /// host).
-    pub incident: String,
-    /// Why, for a person.
-    pub reason: String,
-}
 
 /// What a request asked.
 #[derive(Debug, Clone, PartialEq, Eq)]

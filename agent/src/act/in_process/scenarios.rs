@@ -13,7 +13,7 @@
 
 use std::time::{Duration, Instant};
 
-use super::request::RestartRequest;
+use super::waiter::RestartRequest;
 use super::waiter::{Decision, Gone, Input, Outcome, Via, Waiter};
 
 /// The request's sequence number in every scenario.

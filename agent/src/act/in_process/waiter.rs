@@ -22,7 +22,22 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use super::request::RestartRequest;
+/// A request to restart a job's ranks in process.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RestartRequest {
+    /// The job.
+    pub job: String,
+    /// Its sequence number: what the ranks acknowledge.
+    pub seq: u64,
+    /// The restart count the ranks' next attempt runs with (1 for the
+    /// job's first restart on this agent).
+    pub restart_count: u32,
+    /// The incident that asked for it ("" when asked by hand or by another
+    /// host).
+    pub incident: String,
+    /// Why, for a person.
+    pub reason: String,
+}
 
 /// How long a rank's process must show as stopped, read after read, before
 /// it is replaced: a tracer's stop (`t`, a debugger or strace stepping it)
