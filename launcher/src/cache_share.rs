@@ -336,6 +336,10 @@ pub struct CacheShare {
     /// Cancelled when the job ended: the timed packs still waiting give
     /// up (and let go of the console, whose thread the launcher joins).
     ended: tokio_util::sync::CancellationToken,
+    /// The restore from a round's peers was tried: once per run, so a
+    /// job that compiles nothing (its folder stays empty) asks the peers
+    /// once, not at every round on the recovery path.
+    round_restore_tried: std::sync::atomic::AtomicBool,
 }
 
 impl CacheShare {
@@ -348,7 +352,16 @@ impl CacheShare {
             packed: Mutex::new(None),
             attempt: Mutex::new(None),
             ended: tokio_util::sync::CancellationToken::new(),
+            round_restore_tried: std::sync::atomic::AtomicBool::new(false),
         }
+    }
+
+    /// True the first time only: whether to restore from the first round
+    /// that names peers.
+    pub fn first_round_restore(&self) -> bool {
+        !self
+            .round_restore_tried
+            .swap(true, std::sync::atomic::Ordering::AcqRel)
     }
 
     /// The reserved job id.
@@ -462,12 +475,13 @@ pub async fn pack_in_background(
 /// When the job's folder holds no file: the newest blob anywhere, unpacked
 /// into it, off the runtime's threads, and the console told where it came
 /// from (or why not: a warning, never a failure: the workers compile).
-/// `quiet_none`: nothing said when no blob is found (a second try, once a
-/// round named the job's peers, after the first said so).
+/// `second_try`: once a round named the job's peers, after the try at
+/// start said what it found: only a restore is said (no blob, or peers
+/// that do not yet know this host for the cache's id, go to the log).
 pub async fn restore_and_say(
     share: &std::sync::Arc<CacheShare>,
     console: &crate::output::Console,
-    quiet_none: bool,
+    second_try: bool,
 ) {
     let s = share.clone();
     let restored = tokio::task::spawn_blocking(move || s.restore())
@@ -485,7 +499,10 @@ pub async fn restore_and_say(
             f.moved.bytes as f64 / f64::from(1u32 << 20)
         )),
         Ok(Restore::Kept) => {}
-        Ok(Restore::NoneSaved) if quiet_none => {}
+        Ok(Restore::NoneSaved) if second_try => {}
+        Err(e) if second_try => {
+            tracing::debug!(job = share.job(), error = %e, "launcher: the compilation cache was not restored from the round's peers");
+        }
         Ok(Restore::NoneSaved) => console.say(
             "compilation cache: none saved for this job on this host or its peers; the workers compile",
         ),

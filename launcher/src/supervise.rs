@@ -730,7 +730,7 @@ impl<C: Coordinator> Sup<'_, C> {
             // The compilation cache's blobs are a job of their own: the
             // round's agents hold them too, and a host whose folder is
             // still empty (a spare, a replacement) looks there before its
-            // workers compile.
+            // workers compile, at the first round that names peers only.
             if let Some(share) = self.job.compile_share.clone()
                 && !plan.ckpt_peers.is_empty()
             {
@@ -738,7 +738,9 @@ impl<C: Coordinator> Sup<'_, C> {
                 {
                     tracing::debug!(job = share.job(), error = %e, "launcher: the agent did not take the cache's checkpoint peers");
                 }
-                crate::cache_share::restore_and_say(&share, &self.console, true).await;
+                if share.first_round_restore() {
+                    crate::cache_share::restore_and_say(&share, &self.console, true).await;
+                }
             }
         }
         agreed
