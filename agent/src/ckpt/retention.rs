@@ -7,6 +7,14 @@
 //! older shards go. Room for a new save is made from the oldest shards that
 //! are older than their group's newest complete step, so a restore point is
 //! never traded for a save that might not finish.
+//!
+//! Whatever the groups say, the steps the tier holds complete for the whole
+//! job (every rank below the world size, from any origin) are kept: the
+//! newest `keep` of them from retention, the newest from eviction. A host
+//! whose ranks go on saving while a lost host's replacement has not saved
+//! yet would otherwise drop its own shards of the one step the tier holds
+//! whole (with the lost host's replicas), and the replacement would find
+//! no complete step anywhere and start the job over.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -37,9 +45,33 @@ fn complete_steps(steps: &BTreeMap<u64, BTreeSet<u32>>) -> Vec<u64> {
         .collect()
 }
 
+/// Per job, its `keep` newest steps held whole in `shards`: a copy of every
+/// rank below the step's world size, whatever origin each came from.
+fn whole_steps(shards: &[Manifest], keep: usize) -> BTreeSet<(&str, u64)> {
+    let mut steps: BTreeMap<(&str, u64), (u32, BTreeSet<u32>)> = BTreeMap::new();
+    for m in shards {
+        let e = steps.entry((m.job_id.as_str(), m.step)).or_default();
+        e.0 = e.0.max(m.world_size);
+        e.1.insert(m.rank);
+    }
+    let mut kept: BTreeMap<&str, usize> = BTreeMap::new();
+    steps
+        .iter()
+        .rev()
+        .filter(|(_, (world, ranks))| *world > 0 && (0..*world).all(|r| ranks.contains(&r)))
+        .filter(|((job, _), _)| {
+            let n = kept.entry(job).or_default();
+            *n += 1;
+            *n <= keep
+        })
+        .map(|(k, _)| *k)
+        .collect()
+}
+
 /// Shards past retention: older than the `keep`-th newest complete step of
-/// their group.
+/// their group, and not of one of the job's `keep` newest steps held whole.
 pub fn expired(shards: &[Manifest], keep: usize) -> Vec<ShardKey> {
+    let whole = whole_steps(shards, keep.max(1));
     let mut out = Vec::new();
     for ((job, origin), steps) in groups(shards) {
         let complete = complete_steps(&steps);
@@ -50,6 +82,7 @@ pub fn expired(shards: &[Manifest], keep: usize) -> Vec<ShardKey> {
             shards
                 .iter()
                 .filter(|m| m.job_id == job && m.origin == origin && m.step < oldest_kept)
+                .filter(|m| !whole.contains(&(m.job_id.as_str(), m.step)))
                 .map(Manifest::key),
         );
     }
@@ -59,6 +92,7 @@ pub fn expired(shards: &[Manifest], keep: usize) -> Vec<ShardKey> {
 /// Shards that may go to make room, oldest step first: everything older
 /// than its group's newest complete step.
 pub fn evictable(shards: &[Manifest]) -> Vec<(ShardKey, u64)> {
+    let whole = whole_steps(shards, 1);
     let mut out = Vec::new();
     for ((job, origin), steps) in groups(shards) {
         let Some(&newest) = complete_steps(&steps).first() else {
@@ -68,6 +102,7 @@ pub fn evictable(shards: &[Manifest]) -> Vec<(ShardKey, u64)> {
             shards
                 .iter()
                 .filter(|m| m.job_id == job && m.origin == origin && m.step < newest)
+                .filter(|m| !whole.contains(&(m.job_id.as_str(), m.step)))
                 .map(|m| (m.key(), m.size_bytes)),
         );
     }
@@ -120,6 +155,29 @@ mod tests {
         assert_eq!(gone.len(), 1);
         assert_eq!((gone[0].step, gone[0].rank), (10, 0));
         assert!(evictable(&shards).iter().all(|(k, _)| k.rank != 2));
+    }
+
+    #[test]
+    fn the_one_step_held_whole_stays_while_this_host_saves_on() {
+        // Step 10 is whole here: host b's replicas of ranks 0 and 1 (b is
+        // lost) and this host a's ranks 2 and 3. Host a's ranks go on to
+        // 20, 30 and 40 before b's replacement saves anything.
+        let mut shards = vec![m(10, 0, "b"), m(10, 1, "b")];
+        for step in [10, 20, 30, 40] {
+            shards.push(m(step, 2, "a"));
+            shards.push(m(step, 3, "a"));
+        }
+        // By its group alone, a's step 10 would go with keep 2.
+        let gone = expired(&shards, 2);
+        assert!(
+            gone.iter().all(|k| k.step != 10),
+            "the only step whole for the job was dropped: {gone:?}"
+        );
+        assert_eq!(
+            gone.iter().map(|k| k.step).collect::<BTreeSet<_>>(),
+            BTreeSet::from([20])
+        );
+        assert!(evictable(&shards).iter().all(|(k, _)| k.step != 10));
     }
 
     #[test]
