@@ -190,6 +190,11 @@ pub struct Job {
     /// on one host (the client's own short wait: the launcher sees a local
     /// rank's death at once).
     pub heal_peer_wait: Option<Duration>,
+    /// Across hosts: the Python interpreter that hosts the round's store
+    /// when this host is node rank 0 ([`crate::round_store`]), so that the
+    /// store outlives any worker. None on one host (FileStores) or for a
+    /// command that is not a Python entrypoint (rank 0 hosts it, as before).
+    pub round_store_python: Option<String>,
 }
 
 /// SIGINT, SIGTERM, SIGHUP and SIGQUIT (torchrun's `--signals-to-handle`
@@ -342,6 +347,7 @@ pub async fn run<C: Coordinator>(
         notice_deadline: None,
         standbys: Vec::new(),
         healed_pids: HashSet::new(),
+        round_store: None,
         standby_env: Vec::new(),
         replenish_at: None,
         imports: Imports::default(),
@@ -420,6 +426,10 @@ struct Sup<'a, C> {
     /// Workers a heal started: they run the script that declared its
     /// state, and count as healable before they declared it again.
     healed_pids: HashSet<i32>,
+    /// The round's store process, while this host is node rank 0 of a
+    /// round across hosts ([`crate::round_store`]); started at the first
+    /// such round, kept for the next (torch imported once).
+    round_store: Option<crate::round_store::RoundStore>,
     /// What a standby gets at its start besides the launcher's environment.
     standby_env: Vec<(String, String)>,
     /// When the standbys used by a warm restart are replaced.
@@ -740,6 +750,7 @@ impl<C: Coordinator> Sup<'_, C> {
             self.workers = Vec::new();
             self.attempt_env = None;
             self.say("no place in this round: no workers on this host until a round gives it one");
+            self.round_store = None;
             self.standbys_for_a_spare(&plan);
             return Input::Started(Box::new(Started {
                 plan,
@@ -827,6 +838,11 @@ impl<C: Coordinator> Sup<'_, C> {
             self.watch_worker(s, &at_env, local, &env);
         }
         self.attempt_env = Some(at_env);
+        if error.is_none()
+            && let Some(why) = self.host_round_store(&plan).await
+        {
+            error = Some(why);
+        }
         if error.is_none() {
             let pids: Vec<String> = self.workers.iter().map(|w| w.pid.to_string()).collect();
             let jax = match self.jax_port {
@@ -1091,6 +1107,9 @@ impl<C: Coordinator> Sup<'_, C> {
                     heal_ready::ROUND_ENV.to_owned(),
                     heal_ready::round_file(&heal).to_string_lossy().into_owned(),
                 ));
+                if let Some(port) = self.round_store_port(wenv.master_port) {
+                    env.push((crate::round_store::PORT_ENV.to_owned(), port.to_string()));
+                }
             }
         }
         if let Some(wait) = self.job.heal_peer_wait {
@@ -1564,6 +1583,52 @@ impl<C: Coordinator> Sup<'_, C> {
             })
     }
 
+    /// The round store's port for a round at `master_port`, when node rank
+    /// 0's launcher hosts it ([`Job::round_store_python`]); the same on
+    /// every host, so every rank finds it.
+    fn round_store_port(&self, master_port: u16) -> Option<u16> {
+        self.job.round_store_python.as_ref()?;
+        crate::round_store::port_for(master_port)
+    }
+
+    /// Hosts the round's store when this host is node rank 0 of `plan`'s
+    /// round across hosts (started at the first such round, its process
+    /// kept for the next); a host that is not lets its store go. None when
+    /// done; else why not (the workers could not meet: the attempt fails).
+    async fn host_round_store(&mut self, plan: &AttemptPlan) -> Option<String> {
+        let (Some(python), Some(port), Some(_)) = (
+            self.job.round_store_python.clone(),
+            self.round_store_port(plan.master_port),
+            plan.epoch,
+        ) else {
+            return None;
+        };
+        if plan.node_rank != Some(0) {
+            self.round_store = None;
+            return None;
+        }
+        if self.round_store.is_none() {
+            match crate::round_store::RoundStore::start(&python, &self.job.cwd) {
+                Ok(s) => self.round_store = Some(s),
+                Err(e) => return Some(e.to_string()),
+            }
+        }
+        let store = self.round_store.as_mut()?;
+        let pid = store.pid();
+        match store.serve(port, &plan.master_addr).await {
+            Ok(()) => {
+                self.say(format!(
+                    "round store: this host (node rank 0) hosts the round's store at port {port} (pid {pid}): it outlives any worker"
+                ));
+                None
+            }
+            Err(e) => {
+                self.round_store = None;
+                Some(e.to_string())
+            }
+        }
+    }
+
     /// Heals the running workers into a new round across hosts that keeps
     /// this host's place: the round goes to their round file
     /// ([`heal_ready::write_round`]: `warden.heal` makes the next attempt's
@@ -1580,7 +1645,11 @@ impl<C: Coordinator> Sup<'_, C> {
             master_port: plan.master_port,
             world_size: plan.world_size,
             nnodes: plan.nnodes,
+            store_port: self.round_store_port(plan.master_port),
         };
+        if let Some(why) = self.host_round_store(plan).await {
+            return Some(why);
+        }
         let file = heal_ready::round_file(&self.job.log_root.join("heal"));
         if let Err(e) = heal_ready::write_round(&file, &round) {
             return Some(format!("writing {}: {e}", file.display()));
