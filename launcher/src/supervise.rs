@@ -750,7 +750,7 @@ impl<C: Coordinator> Sup<'_, C> {
             self.workers = Vec::new();
             self.attempt_env = None;
             self.say("no place in this round: no workers on this host until a round gives it one");
-            self.round_store = None;
+            self.round_store_for_a_spare(&plan);
             self.standbys_for_a_spare(&plan);
             return Input::Started(Box::new(Started {
                 plan,
@@ -838,11 +838,6 @@ impl<C: Coordinator> Sup<'_, C> {
             self.watch_worker(s, &at_env, local, &env);
         }
         self.attempt_env = Some(at_env);
-        if error.is_none()
-            && let Some(why) = self.host_round_store(&plan).await
-        {
-            error = Some(why);
-        }
         if error.is_none() {
             let pids: Vec<String> = self.workers.iter().map(|w| w.pid.to_string()).collect();
             let jax = match self.jax_port {
@@ -873,6 +868,18 @@ impl<C: Coordinator> Sup<'_, C> {
             if self.job.standby.is_some() {
                 self.imports.schedule(0);
             }
+        }
+        // After the workers started (they retry their connection to it
+        // meanwhile): the first round imports torch in the store process.
+        if error.is_none()
+            && let Some(why) = self.host_round_store(&plan).await
+        {
+            // Not the attempt's failure: a command whose interpreter has no
+            // torch uses no `warden.heal` group (and no store); one that
+            // does finds no store and fails, and restarts in job.
+            self.say(format!(
+                "round store: not hosted ({why}); ranks using warden.heal cannot meet in this round"
+            ));
         }
         Input::Started(Box::new(Started {
             workers: self.workers.iter().map(|w| (w.rank, w.pid)).collect(),
@@ -1587,14 +1594,39 @@ impl<C: Coordinator> Sup<'_, C> {
     /// 0's launcher hosts it ([`Job::round_store_python`]); the same on
     /// every host, so every rank finds it.
     fn round_store_port(&self, master_port: u16) -> Option<u16> {
+        // A JAX job meets through jax.distributed, not torch's store.
+        if self.job.jax {
+            return None;
+        }
         self.job.round_store_python.as_ref()?;
         crate::round_store::port_for(master_port)
+    }
+
+    /// A host with no place in the round (a spare) starts its store process
+    /// now, serving nothing: if it takes a lost node rank 0's place, its
+    /// launcher hosts the new round's store, and the replacements' peers
+    /// wait for it; started now, torch is imported before that, not on
+    /// the heal's path.
+    fn round_store_for_a_spare(&mut self, plan: &AttemptPlan) {
+        let Some(python) = self.job.round_store_python.clone() else {
+            return;
+        };
+        if self.round_store.is_some()
+            || self.job.jax
+            || self.round_store_port(plan.master_port).is_none()
+        {
+            return;
+        }
+        match crate::round_store::RoundStore::start(&python, &self.job.cwd) {
+            Ok(s) => self.round_store = Some(s),
+            Err(e) => self.say(format!("round store: not started ({e})")),
+        }
     }
 
     /// Hosts the round's store when this host is node rank 0 of `plan`'s
     /// round across hosts (started at the first such round, its process
     /// kept for the next); a host that is not lets its store go. None when
-    /// done; else why not (the workers could not meet: the attempt fails).
+    /// done; else why not.
     async fn host_round_store(&mut self, plan: &AttemptPlan) -> Option<String> {
         let (Some(python), Some(port), Some(_)) = (
             self.job.round_store_python.clone(),
