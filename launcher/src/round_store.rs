@@ -86,10 +86,15 @@ pub enum StoreError {
 /// The store process and the port it serves.
 #[derive(Debug)]
 pub struct RoundStore {
-    process: Spawned,
+    /// The process (taken by drop, to await its exit in the background).
+    process: Option<Spawned>,
+    pid: i32,
     orders: BufReader<UnixStream>,
     /// The port of the round it serves now, if any.
     open: Option<u16>,
+    /// An order timed out or the process ended: its answers can no longer
+    /// be matched to orders; a new process is needed.
+    broken: bool,
 }
 
 impl RoundStore {
@@ -133,9 +138,11 @@ impl RoundStore {
             .map_err(StoreError::Socket);
         match orders {
             Ok(o) => Ok(Self {
-                process,
+                pid: process.pid,
+                process: Some(process),
                 orders: BufReader::new(o),
                 open: None,
+                broken: false,
             }),
             Err(e) => {
                 spawn::signal_group(process.pid, Signal::SIGKILL);
@@ -146,12 +153,17 @@ impl RoundStore {
 
     /// Its pid.
     pub fn pid(&self) -> i32 {
-        self.process.pid
+        self.pid
     }
 
     /// The port it serves now.
     pub fn serving(&self) -> Option<u16> {
         self.open
+    }
+
+    /// Whether it can take no more orders (one timed out, or it ended).
+    pub fn is_broken(&self) -> bool {
+        self.broken
     }
 
     /// Serves the round at `port` (binding every address; `addr` is the
@@ -177,6 +189,28 @@ impl RoundStore {
     }
 
     async fn order(&mut self, order: &str, port: u16) -> Result<(), StoreError> {
+        if self.broken {
+            return Err(StoreError::Ended);
+        }
+        let answer = self.exchange(order).await;
+        if matches!(
+            answer,
+            Err(StoreError::Ended | StoreError::Timeout { .. } | StoreError::Socket(_))
+        ) {
+            self.broken = true;
+        }
+        let answer = answer?;
+        if answer == format!("ok {port}") {
+            return Ok(());
+        }
+        Err(StoreError::Refused {
+            order: order.to_owned(),
+            why: answer,
+        })
+    }
+
+    /// Sends `order`, returns its answer line.
+    async fn exchange(&mut self, order: &str) -> Result<String, StoreError> {
         let exchange = async {
             self.orders
                 .get_mut()
@@ -193,27 +227,35 @@ impl RoundStore {
             }
             Ok(String::from_utf8_lossy(&line).trim().to_owned())
         };
-        let answer = tokio::time::timeout(ORDER_TIMEOUT, exchange)
+        tokio::time::timeout(ORDER_TIMEOUT, exchange)
             .await
             .map_err(|_| StoreError::Timeout {
                 order: order.to_owned(),
-            })??;
-        if answer == format!("ok {port}") {
-            return Ok(());
-        }
-        Err(StoreError::Refused {
-            order: order.to_owned(),
-            why: answer,
-        })
+            })?
     }
 }
 
 impl Drop for RoundStore {
+    /// SIGKILL to its session, then its exit awaited (bounded) and reaped
+    /// in the background, so no zombie waits for the launcher's end.
     fn drop(&mut self) {
-        spawn::signal_group(self.process.pid, Signal::SIGKILL);
-        spawn::reap(self.process.pid);
+        let pid = self.pid;
+        spawn::signal_group(pid, Signal::SIGKILL);
+        let (Some(process), Ok(rt)) = (self.process.take(), tokio::runtime::Handle::try_current())
+        else {
+            spawn::reap(pid);
+            return;
+        };
+        rt.spawn(async move {
+            let _ = tokio::time::timeout(REAP_WAIT, process.pidfd.readable()).await;
+            spawn::reap(pid);
+        });
     }
 }
+
+/// How long a dropped store process's exit is awaited before it is reaped
+/// anyway (SIGKILL ends it in milliseconds).
+const REAP_WAIT: Duration = Duration::from_secs(5);
 
 #[cfg(test)]
 mod tests {

@@ -429,7 +429,10 @@ struct Sup<'a, C> {
     /// The round's store process, while this host is node rank 0 of a
     /// round across hosts ([`crate::round_store`]); started at the first
     /// such round, kept for the next (torch imported once).
-    round_store: Option<crate::round_store::RoundStore>,
+    /// Shared with the task that opens a round's store at an attempt's
+    /// start (its first answer waits for torch's import: the executor does
+    /// not).
+    round_store: Option<std::sync::Arc<tokio::sync::Mutex<crate::round_store::RoundStore>>>,
     /// What a standby gets at its start besides the launcher's environment.
     standby_env: Vec<(String, String)>,
     /// When the standbys used by a warm restart are replaced.
@@ -870,13 +873,14 @@ impl<C: Coordinator> Sup<'_, C> {
             }
         }
         // After the workers started (they retry their connection to it
-        // meanwhile): the first round imports torch in the store process.
+        // meanwhile), in the background: the first round's answer waits for
+        // torch's import in the store process. Not the attempt's failure: a
+        // command whose interpreter has no torch uses no `warden.heal`
+        // group (and no store); one that does finds no store, fails and
+        // restarts in job.
         if error.is_none()
-            && let Some(why) = self.host_round_store(&plan).await
+            && let Some(why) = self.host_round_store(&plan, false).await
         {
-            // Not the attempt's failure: a command whose interpreter has no
-            // torch uses no `warden.heal` group (and no store); one that
-            // does finds no store and fails, and restarts in job.
             self.say(format!(
                 "round store: not hosted ({why}); ranks using warden.heal cannot meet in this round"
             ));
@@ -1618,16 +1622,18 @@ impl<C: Coordinator> Sup<'_, C> {
             return;
         }
         match crate::round_store::RoundStore::start(&python, &self.job.cwd) {
-            Ok(s) => self.round_store = Some(s),
+            Ok(s) => self.round_store = Some(std::sync::Arc::new(tokio::sync::Mutex::new(s))),
             Err(e) => self.say(format!("round store: not started ({e})")),
         }
     }
 
     /// Hosts the round's store when this host is node rank 0 of `plan`'s
     /// round across hosts (started at the first such round, its process
-    /// kept for the next); a host that is not lets its store go. None when
-    /// done; else why not.
-    async fn host_round_store(&mut self, plan: &AttemptPlan) -> Option<String> {
+    /// kept for the next); a host that is not lets its store go. With
+    /// `wait`, None once it serves, else why not; without, the store opens
+    /// in the background (its first answer waits for torch's import) and
+    /// the console says how it went, and None.
+    async fn host_round_store(&mut self, plan: &AttemptPlan, wait: bool) -> Option<String> {
         let (Some(python), Some(port), Some(_)) = (
             self.job.round_store_python.clone(),
             self.round_store_port(plan.master_port),
@@ -1639,25 +1645,43 @@ impl<C: Coordinator> Sup<'_, C> {
             self.round_store = None;
             return None;
         }
-        if self.round_store.is_none() {
-            match crate::round_store::RoundStore::start(&python, &self.job.cwd) {
-                Ok(s) => self.round_store = Some(s),
-                Err(e) => return Some(e.to_string()),
-            }
+        if let Some(s) = &self.round_store
+            && s.try_lock().is_ok_and(|s| s.is_broken())
+        {
+            self.round_store = None;
         }
-        let store = self.round_store.as_mut()?;
-        let pid = store.pid();
-        match store.serve(port, &plan.master_addr).await {
-            Ok(()) => {
-                self.say(format!(
+        let store = match &self.round_store {
+            Some(s) => s.clone(),
+            None => match crate::round_store::RoundStore::start(&python, &self.job.cwd) {
+                Ok(s) => {
+                    let s = std::sync::Arc::new(tokio::sync::Mutex::new(s));
+                    self.round_store = Some(s.clone());
+                    s
+                }
+                Err(e) => return Some(e.to_string()),
+            },
+        };
+        let addr = plan.master_addr.clone();
+        let console = self.console.clone();
+        let open = async move {
+            let mut store = store.lock().await;
+            let pid = store.pid();
+            let done = store.serve(port, &addr).await;
+            match &done {
+                Ok(()) => console.say(format!(
                     "round store: this host (node rank 0) hosts the round's store at port {port} (pid {pid}): it outlives any worker"
-                ));
-                None
+                )),
+                Err(e) => console.say(format!(
+                    "round store: not hosted at port {port} ({e}); ranks using warden.heal cannot meet in this round"
+                )),
             }
-            Err(e) => {
-                self.round_store = None;
-                Some(e.to_string())
-            }
+            done.err().map(|e| e.to_string())
+        };
+        if wait {
+            open.await
+        } else {
+            tokio::spawn(open);
+            None
         }
     }
 
@@ -1679,7 +1703,7 @@ impl<C: Coordinator> Sup<'_, C> {
             nnodes: plan.nnodes,
             store_port: self.round_store_port(plan.master_port),
         };
-        if let Some(why) = self.host_round_store(plan).await {
+        if let Some(why) = self.host_round_store(plan, true).await {
             return Some(why);
         }
         let file = heal_ready::round_file(&self.job.log_root.join("heal"));
