@@ -40,8 +40,9 @@ Across hosts (``WARDEN_ROUND_EPOCH`` set by ``warden run --rdzv-backend
 etcd``), the attempts' stores must be reachable from every host: a TCPStore
 hosted by node rank 0's launcher at ``MASTER_ADDR:WARDEN_ROUND_STORE_PORT``
 (a process of its own that outlives every worker; without that variable,
-by rank 0 at ``MASTER_PORT``), one per round and process, each attempt of the round under a prefix of its own, numbered
-from the rank's first attempt in that round (restart counts are each host
+by rank 0 at ``MASTER_PORT``), one per round and process, each attempt of
+the round under a prefix of its own, numbered from the rank's first
+attempt in that round (restart counts are each host
 agent's, so they differ between hosts). When another host is lost and a
 spare takes its node rank, ``warden run`` keeps this host's workers and
 writes the new round to the file named by ``WARDEN_HEAL_ROUND_FILE`` before
