@@ -348,6 +348,7 @@ pub async fn run<C: Coordinator>(
         standbys: Vec::new(),
         healed_pids: HashSet::new(),
         round_store: None,
+        round_store_open: Vec::new(),
         standby_env: Vec::new(),
         replenish_at: None,
         imports: Imports::default(),
@@ -433,6 +434,10 @@ struct Sup<'a, C> {
     /// start (its first answer waits for torch's import: the executor does
     /// not).
     round_store: Option<std::sync::Arc<tokio::sync::Mutex<crate::round_store::RoundStore>>>,
+    /// The tasks opening a round's store at an attempt's start (aborted
+    /// at the job's end: each holds a console handle, which the launcher's
+    /// exit waits for).
+    round_store_open: Vec<JoinHandle<()>>,
     /// What a standby gets at its start besides the launcher's environment.
     standby_env: Vec<(String, String)>,
     /// When the standbys used by a warm restart are replaced.
@@ -1680,7 +1685,12 @@ impl<C: Coordinator> Sup<'_, C> {
         if wait {
             open.await
         } else {
-            tokio::spawn(open);
+            // Each waits for the one before it (the store's lock): none is
+            // cut off mid-order, which would leave an answer unread.
+            self.round_store_open.retain(|t| !t.is_finished());
+            self.round_store_open.push(tokio::spawn(async move {
+                open.await;
+            }));
             None
         }
     }
@@ -1931,6 +1941,13 @@ impl<C: Coordinator> Sup<'_, C> {
         for sb in std::mem::take(&mut self.standbys).into_iter().flatten() {
             self.reapers.push(sb.discard());
         }
+        // The round's store goes with the job: an open still waiting (for
+        // torch's import) is dropped with the console it holds, and the
+        // process is killed and reaped with the last handle.
+        for t in self.round_store_open.drain(..) {
+            t.abort();
+        }
+        self.round_store = None;
         let any_alive = self
             .workers
             .iter()
