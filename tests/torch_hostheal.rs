@@ -12,6 +12,10 @@
 //! node rank in a new round (so rank 1 stays rank 1), and:
 //! - host-a's launcher keeps its worker and heals it into the new round in
 //!   process ("healed into round"): the same pid steps on;
+//! - each round's store is hosted by node rank 0's launcher (a store
+//!   process of its own, `round_store`), never by a worker: host-a's
+//!   launcher serves the new round's store at its new port, or, when host-b
+//!   was node rank 0, the spare's launcher does;
 //! - host-s starts rank 1, which takes model, optimizer and step from rank
 //!   0 over the new round's store ("healed from rank 0");
 //! - both launchers exit 0 with every digest equal to the fault-free run's,
@@ -286,7 +290,7 @@ fn lose_host_b(
     let h = hosts();
     let log = scratch.join(format!("{job}.log"));
     // Node ranks follow the join order: the first to join is node rank 0,
-    // whose rank 0 hosts the round's store.
+    // whose launcher hosts the round's store.
     let (mut a, mut b) = if lost_rank == 1 {
         let mut a = h.a.launch(etcd, job, &log, false, heal);
         a.wait_line(RUN, "host-a's join", |l| {
@@ -349,10 +353,10 @@ fn a_lost_host_is_healed_on_a_spare_while_the_survivor_keeps_its_process() {
     heal_case("hostheal-one", 1);
 }
 
-/// The lost host was node rank 0, whose rank 0 hosted the round's store:
-/// the spare takes node rank 0, its new rank 0 hosts the new round's store
-/// (`MASTER_ADDR` is the spare's address) and receives its state from
-/// rank 1 on host-a.
+/// The lost host was node rank 0, whose launcher hosted the round's store:
+/// the spare takes node rank 0, its launcher hosts the new round's store
+/// (`MASTER_ADDR` is the spare's address), and its new rank 0 receives its
+/// state from rank 1 on host-a.
 #[test]
 fn a_lost_node_rank_0_moves_the_store_to_the_spare_and_heals() {
     heal_case("hostheal-zero", 0);
@@ -406,6 +410,32 @@ fn heal_case(job: &str, lost_rank: u32) {
     assert!(
         a.seen.iter().any(|l| l.contains("healed into round")),
         "host-a healed its worker into the new round\n{all}"
+    );
+    // The round's store is node rank 0's launcher's (a process of its own,
+    // `round_store`), not a worker's: host-a's while it is node rank 0 (the
+    // first round's, then the healed round's, at its new port), else the
+    // spare's once it takes node rank 0; never the other host's.
+    let (host0, other) = if lost_rank == 1 { (&a, &s) } else { (&s, &a) };
+    let hosting: BTreeSet<&str> = host0
+        .seen
+        .iter()
+        .filter_map(|l| {
+            l.split_once("hosts the round's store at port ")
+                .map(|(_, p)| p)
+        })
+        .filter_map(|p| p.split_whitespace().next())
+        .collect();
+    assert_eq!(
+        hosting.len(),
+        if lost_rank == 1 { 2 } else { 1 },
+        "node rank 0's launcher hosted each of its rounds' stores: {hosting:?}\n{all}"
+    );
+    assert!(
+        !other
+            .seen
+            .iter()
+            .any(|l| l.contains("hosts the round's store")),
+        "only node rank 0's launcher hosts the store\n{all}"
     );
     let healed = format!("healed from rank {survivor}");
     assert!(

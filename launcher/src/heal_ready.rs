@@ -44,6 +44,11 @@ pub struct Round {
     pub world_size: u32,
     /// Hosts in the round.
     pub nnodes: u32,
+    /// The round store's port at node rank 0's launcher
+    /// (`WARDEN_ROUND_STORE_PORT`, [`crate::round_store`]); absent when
+    /// rank 0 hosts the round's store at `MASTER_PORT`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub store_port: Option<u16>,
 }
 
 /// The round file in `dir` (the job's `heal/` folder).
@@ -126,6 +131,7 @@ mod tests {
             master_port: 29503,
             world_size: 2,
             nnodes: 2,
+            store_port: Some(30503),
         };
         write_round(&path, &r).unwrap();
         r.epoch = 4;

@@ -28,7 +28,9 @@
 //! `--rdzv-backend etcd` the launchers agree on every round through etcd
 //! ([`etcd`], on `crate::coord`); with `--rdzv-backend c10d` across nodes
 //! and no `--node-rank`, through torchrun's own rendezvous run by torch
-//! ([`c10d`]).
+//! ([`c10d`]). With etcd, node rank 0's launcher hosts each round's
+//! TCPStore in a process of its own ([`round_store`]), so the store that
+//! the workers' `warden.heal` groups meet on outlives every worker.
 //!
 //! Never: reap a worker before the agent read its status (it reads the
 //! zombie); act on a `restart_in_process` decision (the agent carries it
@@ -58,6 +60,7 @@ pub mod notice_ckpt;
 pub mod nproc;
 pub mod output;
 pub mod reported_imports;
+pub mod round_store;
 pub mod spawn;
 pub mod standby;
 pub mod supervise;
@@ -295,6 +298,13 @@ async fn run_job(
         // grace (the TTL again, `etcd::config`), its round written within
         // a few writer places (0.5 s each): four TTLs and 10 s of margin.
         heal_peer_wait: etcd.then(|| args.rdzv_lease_ttl * 4 + std::time::Duration::from_secs(10)),
+        // Across hosts, node rank 0's launcher hosts each round's store
+        // (`round_store`), with the job's own interpreter (torch's server).
+        round_store_python: if etcd {
+            standby::Entry::of(&args.argv()).map(|e| e.python)
+        } else {
+            None
+        },
     };
     if args.standby && job.standby.is_none() {
         console.say(

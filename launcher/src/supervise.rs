@@ -194,6 +194,11 @@ pub struct Job {
     /// on one host (the client's own short wait: the launcher sees a local
     /// rank's death at once).
     pub heal_peer_wait: Option<Duration>,
+    /// Across hosts: the Python interpreter that hosts the round's store
+    /// when this host is node rank 0 ([`crate::round_store`]), so that the
+    /// store outlives any worker. None on one host (FileStores) or for a
+    /// command that is not a Python entrypoint (rank 0 hosts it, as before).
+    pub round_store_python: Option<String>,
 }
 
 /// SIGINT, SIGTERM, SIGHUP and SIGQUIT (torchrun's `--signals-to-handle`
@@ -346,6 +351,8 @@ pub async fn run<C: Coordinator>(
         notice_deadline: None,
         standbys: Vec::new(),
         healed_pids: HashSet::new(),
+        round_store: None,
+        round_store_open: Vec::new(),
         standby_env: Vec::new(),
         replenish_at: None,
         imports: Imports::default(),
@@ -424,6 +431,17 @@ struct Sup<'a, C> {
     /// Workers a heal started: they run the script that declared its
     /// state, and count as healable before they declared it again.
     healed_pids: HashSet<i32>,
+    /// The round's store process, while this host is node rank 0 of a
+    /// round across hosts ([`crate::round_store`]); started at the first
+    /// such round, kept for the next (torch imported once).
+    /// Shared with the task that opens a round's store at an attempt's
+    /// start (its first answer waits for torch's import: the executor does
+    /// not).
+    round_store: Option<std::sync::Arc<tokio::sync::Mutex<crate::round_store::RoundStore>>>,
+    /// The tasks opening a round's store at an attempt's start (aborted
+    /// at the job's end: each holds a console handle, which the launcher's
+    /// exit waits for).
+    round_store_open: Vec<JoinHandle<()>>,
     /// What a standby gets at its start besides the launcher's environment.
     standby_env: Vec<(String, String)>,
     /// When the standbys used by a warm restart are replaced.
@@ -759,6 +777,7 @@ impl<C: Coordinator> Sup<'_, C> {
             self.workers = Vec::new();
             self.attempt_env = None;
             self.say("no place in this round: no workers on this host until a round gives it one");
+            self.round_store_for_a_spare(&plan);
             self.standbys_for_a_spare(&plan);
             return Input::Started(Box::new(Started {
                 plan,
@@ -879,6 +898,19 @@ impl<C: Coordinator> Sup<'_, C> {
             if self.job.standby.is_some() {
                 self.imports.schedule(0);
             }
+        }
+        // After the workers started (they retry their connection to it
+        // meanwhile), in the background: the first round's answer waits for
+        // torch's import in the store process. Not the attempt's failure: a
+        // command whose interpreter has no torch uses no `warden.heal`
+        // group (and no store); one that does finds no store, fails and
+        // restarts in job.
+        if error.is_none()
+            && let Some(why) = self.host_round_store(&plan, false).await
+        {
+            self.say(format!(
+                "round store: not hosted ({why}); ranks using warden.heal cannot meet in this round"
+            ));
         }
         Input::Started(Box::new(Started {
             workers: self.workers.iter().map(|w| (w.rank, w.pid)).collect(),
@@ -1113,6 +1145,9 @@ impl<C: Coordinator> Sup<'_, C> {
                     heal_ready::ROUND_ENV.to_owned(),
                     heal_ready::round_file(&heal).to_string_lossy().into_owned(),
                 ));
+                if let Some(port) = self.round_store_port(wenv.master_port) {
+                    env.push((crate::round_store::PORT_ENV.to_owned(), port.to_string()));
+                }
             }
         }
         if let Some(wait) = self.job.heal_peer_wait {
@@ -1586,6 +1621,102 @@ impl<C: Coordinator> Sup<'_, C> {
             })
     }
 
+    /// The round store's port for a round at `master_port`, when node rank
+    /// 0's launcher hosts it ([`Job::round_store_python`]); the same on
+    /// every host, so every rank finds it.
+    fn round_store_port(&self, master_port: u16) -> Option<u16> {
+        // A JAX job meets through jax.distributed, not torch's store.
+        if self.job.jax {
+            return None;
+        }
+        self.job.round_store_python.as_ref()?;
+        crate::round_store::port_for(master_port)
+    }
+
+    /// A host with no place in the round (a spare) starts its store process
+    /// now, serving nothing: if it takes a lost node rank 0's place, its
+    /// launcher hosts the new round's store, and the replacements' peers
+    /// wait for it; started now, torch is imported before that, not on
+    /// the heal's path.
+    fn round_store_for_a_spare(&mut self, plan: &AttemptPlan) {
+        let Some(python) = self.job.round_store_python.clone() else {
+            return;
+        };
+        if self.round_store.is_some()
+            || self.job.jax
+            || self.round_store_port(plan.master_port).is_none()
+        {
+            return;
+        }
+        match crate::round_store::RoundStore::start(&python, &self.job.cwd) {
+            Ok(s) => self.round_store = Some(std::sync::Arc::new(tokio::sync::Mutex::new(s))),
+            Err(e) => self.say(format!("round store: not started ({e})")),
+        }
+    }
+
+    /// Hosts the round's store when this host is node rank 0 of `plan`'s
+    /// round across hosts (started at the first such round, its process
+    /// kept for the next); a host that is not lets its store go. With
+    /// `wait`, None once it serves, else why not; without, the store opens
+    /// in the background (its first answer waits for torch's import) and
+    /// the console says how it went, and None.
+    async fn host_round_store(&mut self, plan: &AttemptPlan, wait: bool) -> Option<String> {
+        let (Some(python), Some(port), Some(_)) = (
+            self.job.round_store_python.clone(),
+            self.round_store_port(plan.master_port),
+            plan.epoch,
+        ) else {
+            return None;
+        };
+        if plan.node_rank != Some(0) {
+            self.round_store = None;
+            return None;
+        }
+        if let Some(s) = &self.round_store
+            && s.try_lock().is_ok_and(|s| s.is_broken())
+        {
+            self.round_store = None;
+        }
+        let store = match &self.round_store {
+            Some(s) => s.clone(),
+            None => match crate::round_store::RoundStore::start(&python, &self.job.cwd) {
+                Ok(s) => {
+                    let s = std::sync::Arc::new(tokio::sync::Mutex::new(s));
+                    self.round_store = Some(s.clone());
+                    s
+                }
+                Err(e) => return Some(e.to_string()),
+            },
+        };
+        let addr = plan.master_addr.clone();
+        let console = self.console.clone();
+        let open = async move {
+            let mut store = store.lock().await;
+            let pid = store.pid();
+            let done = store.serve(port, &addr).await;
+            match &done {
+                Ok(()) => console.say(format!(
+                    "round store: this host (node rank 0) hosts the round's store at port {port} (pid {pid}): it outlives any worker"
+                )),
+                Err(e) => console.say(format!(
+                    "round store: not hosted at port {port} ({e}); ranks using warden.heal cannot meet in this round"
+                )),
+            }
+            done.err().map(|e| e.to_string())
+        };
+        if wait {
+            open.await
+        } else {
+            // Each waits for the one before it (the store's lock): none is
+            // cut off mid-order, which would leave an answer unread.
+            self.round_store_open.retain(|t| !t.is_finished());
+            self.round_store_open.push(tokio::spawn(async move {
+                open.await;
+            }));
+            None
+        }
+    }
+
     /// Heals the running workers into a new round across hosts that keeps
     /// this host's place: the round goes to their round file
     /// ([`heal_ready::write_round`]: `warden.heal` makes the next attempt's
@@ -1602,7 +1733,11 @@ impl<C: Coordinator> Sup<'_, C> {
             master_port: plan.master_port,
             world_size: plan.world_size,
             nnodes: plan.nnodes,
+            store_port: self.round_store_port(plan.master_port),
         };
+        if let Some(why) = self.host_round_store(plan, true).await {
+            return Some(why);
+        }
         let file = heal_ready::round_file(&self.job.log_root.join("heal"));
         if let Err(e) = heal_ready::write_round(&file, &round) {
             return Some(format!("writing {}: {e}", file.display()));
@@ -1828,6 +1963,13 @@ impl<C: Coordinator> Sup<'_, C> {
         for sb in std::mem::take(&mut self.standbys).into_iter().flatten() {
             self.reapers.push(sb.discard());
         }
+        // The round's store goes with the job: an open still waiting (for
+        // torch's import) is dropped with the console it holds, and the
+        // process is killed and reaped with the last handle.
+        for t in self.round_store_open.drain(..) {
+            t.abort();
+        }
+        self.round_store = None;
         let any_alive = self
             .workers
             .iter()

@@ -20,6 +20,7 @@ def in_round(monkeypatch: pytest.MonkeyPatch, tmp_path):
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.2")
     monkeypatch.setenv("MASTER_PORT", "29503")
     monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.delenv(heal.STORE_PORT_ENV, raising=False)
     path = tmp_path / "round.json"
     monkeypatch.setenv(heal.ROUND_FILE_ENV, str(path))
     return path
@@ -31,7 +32,39 @@ def test_one_host_has_no_round(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_no_file_is_the_environments_round(in_round) -> None:
-    assert heal._round() == {"epoch": 3, "master_addr": "127.0.0.2", "master_port": 29503, "world_size": 2}
+    assert heal._round() == {
+        "epoch": 3,
+        "master_addr": "127.0.0.2",
+        "master_port": 29503,
+        "world_size": 2,
+        "store_port": None,
+    }
+
+
+def test_the_launchers_store_port_is_the_rounds(in_round, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(heal.STORE_PORT_ENV, "30503")
+    assert heal._round()["store_port"] == 30503
+
+
+@pytest.mark.parametrize("text", ["x", "0", "70000", "-1"])
+def test_a_store_port_that_is_no_port_is_said_and_rank_0_hosts(
+    in_round, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], text: str
+) -> None:
+    monkeypatch.setenv(heal.STORE_PORT_ENV, text)
+    assert heal._round()["store_port"] is None
+    assert "is not a port" in capsys.readouterr().err
+
+
+def test_a_later_round_brings_its_store_port_or_drops_it(in_round, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(heal.STORE_PORT_ENV, "30503")
+    in_round.write_text(
+        json.dumps({"epoch": 4, "master_addr": "h", "master_port": 29504, "world_size": 2, "store_port": 30504})
+    )
+    assert heal._round()["store_port"] == 30504
+    assert os.environ[heal.STORE_PORT_ENV] == "30504"
+    in_round.write_text(json.dumps({"epoch": 5, "master_addr": "h", "master_port": 29505, "world_size": 2}))
+    assert heal._round()["store_port"] is None
+    assert heal.STORE_PORT_ENV not in os.environ
 
 
 def test_a_later_round_in_the_file_is_taken_into_the_environment(in_round) -> None:
@@ -39,7 +72,7 @@ def test_a_later_round_in_the_file_is_taken_into_the_environment(in_round) -> No
         json.dumps({"epoch": 4, "master_addr": "127.0.0.4", "master_port": 29504, "world_size": 2, "nnodes": 2})
     )
     got = heal._round()
-    assert got == {"epoch": 4, "master_addr": "127.0.0.4", "master_port": 29504, "world_size": 2}
+    assert got == {"epoch": 4, "master_addr": "127.0.0.4", "master_port": 29504, "world_size": 2, "store_port": None}
     assert os.environ["WARDEN_ROUND_EPOCH"] == "4"
     assert os.environ["MASTER_ADDR"] == "127.0.0.4"
     assert os.environ["MASTER_PORT"] == "29504"
@@ -60,6 +93,8 @@ def test_an_older_round_in_the_file_is_not_taken(in_round) -> None:
         json.dumps({"epoch": 5, "master_addr": "h", "master_port": 29505, "world_size": 0}),
         json.dumps({"epoch": 5, "master_addr": "", "master_port": 29505, "world_size": 2}),
         json.dumps({"epoch": "x", "master_addr": "h", "master_port": 29505, "world_size": 2}),
+        json.dumps({"epoch": 5, "master_addr": "h", "master_port": 29505, "world_size": 2, "store_port": 0}),
+        json.dumps({"epoch": 5, "master_addr": "h", "master_port": 29505, "world_size": 2, "store_port": "x"}),
         json.dumps([1, 2, 3]),
         " " * (heal.MAX_ROUND_FILE_BYTES + 1),
     ],

@@ -38,9 +38,11 @@ The launcher learns that the workers can be healed from the file named by
 
 Across hosts (``WARDEN_ROUND_EPOCH`` set by ``warden run --rdzv-backend
 etcd``), the attempts' stores must be reachable from every host: a TCPStore
-at the round's ``MASTER_ADDR:MASTER_PORT`` (hosted by rank 0, one per round
-and process), each attempt of the round under a prefix of its own, numbered
-from the rank's first attempt in that round (restart counts are each host
+hosted by node rank 0's launcher at ``MASTER_ADDR:WARDEN_ROUND_STORE_PORT``
+(a process of its own that outlives every worker; without that variable,
+by rank 0 at ``MASTER_PORT``), one per round and process, each attempt of
+the round under a prefix of its own, numbered from the rank's first
+attempt in that round (restart counts are each host
 agent's, so they differ between hosts). When another host is lost and a
 spare takes its node rank, ``warden run`` keeps this host's workers and
 writes the new round to the file named by ``WARDEN_HEAL_ROUND_FILE`` before
@@ -74,6 +76,9 @@ HEAL_FILE_ENV = "WARDEN_HEAL_FILE"
 STORE_DIR_ENV = "WARDEN_HEAL_STORE_DIR"
 #: The launcher's file naming the round to heal into, across hosts.
 ROUND_FILE_ENV = "WARDEN_HEAL_ROUND_FILE"
+#: The round store's port at node rank 0's launcher (``warden run``'s round_store):
+#: set, every rank connects there as a client; unset, rank 0 hosts it.
+STORE_PORT_ENV = "WARDEN_ROUND_STORE_PORT"
 #: Largest round file read, bytes (the launcher writes about 100).
 MAX_ROUND_FILE_BYTES = 4096
 #: Largest skeleton (the non-tensor part of the state) a rank accepts, bytes.
@@ -162,6 +167,7 @@ def _round() -> Optional[Dict[str, Any]]:
         "master_addr": os.environ.get("MASTER_ADDR", "127.0.0.1"),
         "master_port": int(os.environ.get("MASTER_PORT", "29500")),
         "world_size": int(os.environ["WORLD_SIZE"]),
+        "store_port": _port_or_none(os.environ.get(STORE_PORT_ENV)),
     }
     path = os.environ.get(ROUND_FILE_ENV)
     if not path:
@@ -186,9 +192,12 @@ def _round() -> Optional[Dict[str, Any]]:
             "master_addr": str(got["master_addr"]),
             "master_port": int(got["master_port"]),
             "world_size": int(got["world_size"]),
+            "store_port": None if got.get("store_port") is None else int(got["store_port"]),
         }
         if not (0 < new["master_port"] < 65536 and 0 < new["world_size"] and new["master_addr"]):
             raise ValueError(f"port {new['master_port']}, world size {new['world_size']}")
+        if new["store_port"] is not None and not 0 < new["store_port"] < 65536:
+            raise ValueError(f"store port {new['store_port']}")
     except (ValueError, KeyError, TypeError) as e:
         _say(f"round file {path} is not a round ({e}): staying in round {here['epoch']}")
         return here
@@ -198,17 +207,38 @@ def _round() -> Optional[Dict[str, Any]]:
     os.environ["MASTER_ADDR"] = new["master_addr"]
     os.environ["MASTER_PORT"] = str(new["master_port"])
     os.environ["WORLD_SIZE"] = str(new["world_size"])
+    if new["store_port"] is None:
+        os.environ.pop(STORE_PORT_ENV, None)
+    else:
+        os.environ[STORE_PORT_ENV] = str(new["store_port"])
     return new
+
+
+def _port_or_none(text: Optional[str]) -> Optional[int]:
+    """``WARDEN_ROUND_STORE_PORT``'s port, or None (unset, or not a port:
+    said, and rank 0 hosts the round's store as without it)."""
+    if not text:
+        return None
+    try:
+        port = int(text)
+    except ValueError:
+        port = 0
+    if not 0 < port < 65536:
+        _say(f"{STORE_PORT_ENV}={text!r} is not a port: rank 0 hosts the round's store")
+        return None
+    return port
 
 
 def _stores(count: int, world: int, rank: int, timeout_s: float) -> Tuple[Any, Any]:
     """(control store, attempt store) of attempt ``count``.
 
     One host: FileStores in ``store_dir()`` (a store hosted by a rank would
-    die with it). Across hosts: the round's TCPStore, which rank 0 hosts at
-    the round's port (a lost host's rank is healed only in a new round, on
-    a new port), under the prefixes ``control`` and ``attempt-<n>``, ``n``
-    counted from this rank's first attempt in the round.
+    die with it). Across hosts: the round's TCPStore, which node rank 0's
+    launcher hosts at ``WARDEN_ROUND_STORE_PORT`` (a store process of its
+    own, so no worker's death takes it down), or without that variable rank
+    0 at the round's port; under the prefixes ``control`` and
+    ``attempt-<n>``, ``n`` counted from this rank's first attempt in the
+    round.
     """
     global _control, _round_store
     dist = _torch().distributed
@@ -224,11 +254,14 @@ def _stores(count: int, world: int, rank: int, timeout_s: float) -> Tuple[Any, A
     if world != round_["world_size"]:
         raise RuntimeError(f"warden.heal: round {epoch} has {round_['world_size']} ranks, this rank was told {world}")
     if _round_store is None or _round_store[0] != epoch:
+        # Hosted by node rank 0's launcher when it says so (the store then
+        # outlives every worker, rank 0 included); else by rank 0.
+        hosted = round_["store_port"] is not None
         store = dist.TCPStore(
             round_["master_addr"],
-            round_["master_port"],
+            round_["store_port"] if hosted else round_["master_port"],
             world_size=None,
-            is_master=rank == 0,
+            is_master=not hosted and rank == 0,
             timeout=datetime.timedelta(seconds=timeout_s),
             wait_for_workers=False,
         )
