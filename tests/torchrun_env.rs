@@ -128,3 +128,53 @@ fn a_worker_under_warden_run_sees_what_it_sees_under_torchrun() {
         assert_ne!(w["MASTER_PORT"], "0", "port 0 is any free port");
     }
 }
+
+/// `--nproc-per-node xpu` asks torch in the workers' interpreter, as
+/// torchrun does (`torch.xpu.device_count()`): this machine has no Intel
+/// XPU, so both refuse it with torchrun's "Xpu is not available" (warden
+/// run with 2, a bad command line here), and nothing starts.
+#[test]
+fn nproc_per_node_xpu_asks_torch_and_refuses_without_one_as_torchrun_does() {
+    if !torch_available() {
+        return;
+    }
+    let scratch = tempfile::Builder::new()
+        .prefix("warden-torchrun-xpu-")
+        .tempdir()
+        .unwrap_or_else(|e| panic!("a scratch directory: {e}"));
+    let marker = scratch.path().join("started");
+    let script = format!("open({:?}, 'w')", marker.display().to_string());
+    let mut torchrun = Command::new(python());
+    torchrun
+        .args(["-m", "torch.distributed.run", "--nproc-per-node", "xpu"])
+        .args(["--no-python", "--standalone"])
+        .arg(python())
+        .args(["-c", &script])
+        .current_dir(scratch.path());
+    let t = run(&mut torchrun, RUN);
+    assert_ne!(
+        t.code(),
+        0,
+        "torchrun took xpu on a machine without one: {t:?}"
+    );
+    assert!(
+        t.stderr.contains("Xpu is not available"),
+        "torchrun's own words: {t:?}"
+    );
+    let mut warden = Command::new(WARDEN);
+    warden
+        .arg("--socket")
+        .arg(scratch.path().join("no-agent-here.sock"))
+        .args(["run", "--no-standby", "--nproc-per-node", "xpu", "--"])
+        .arg(python())
+        .args(["-c", &script])
+        .current_dir(scratch.path());
+    let w = run(&mut warden, RUN);
+    assert_eq!(w.code(), 2, "warden run: {w:?}");
+    assert!(
+        w.stderr
+            .contains("--nproc-per-node xpu: Xpu is not available"),
+        "{w:?}"
+    );
+    assert!(!marker.exists(), "a worker started");
+}

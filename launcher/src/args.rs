@@ -451,14 +451,18 @@ impl RunArgs {
     /// count of `--nproc-per-node gpu|auto|cpu`, and the options warden
     /// takes under its own names (`--shutdown-timeout` is `--stop-grace`,
     /// `--local-addr` is `--advertise-addr`). `gpus` counts this node's
-    /// GPUs (NVML), `cpus` its CPUs.
+    /// GPUs (NVML), `cpus` its CPUs, `xpus` asks the workers' interpreter
+    /// for its XPUs ([`crate::nproc::torch_xpus`]).
     pub fn resolve(
         &mut self,
         gpus: impl FnOnce() -> Result<u32, String>,
         cpus: impl FnOnce() -> u32,
+        xpus: impl FnOnce(&str) -> Result<u32, String>,
     ) -> Result<(), ArgsError> {
-        self.nproc_per_node =
-            crate::nproc::resolve(self.nproc, gpus, cpus).map_err(ArgsError::Torchrun)?;
+        // The workers' interpreter counts the XPUs, as torchrun's own does.
+        let python = self.argv().into_iter().next().unwrap_or_default();
+        self.nproc_per_node = crate::nproc::resolve(self.nproc, gpus, cpus, || xpus(&python))
+            .map_err(ArgsError::Torchrun)?;
         if let Some(secs) = self.torchrun.shutdown_timeout {
             self.stop_grace = Duration::from_secs_f64(secs);
         }
@@ -672,7 +676,8 @@ mod tests {
             .map(|w| w.run)
             .unwrap_or_else(|e| panic!("{e}"));
         // A node of 8 GPUs and 16 CPUs.
-        a.resolve(|| Ok(8), || 16).unwrap_or_else(|e| panic!("{e}"));
+        a.resolve(|| Ok(8), || 16, |_| Ok(0))
+            .unwrap_or_else(|e| panic!("{e}"));
         a
     }
 
@@ -723,7 +728,7 @@ mod tests {
             .map(|w| w.run)
             .unwrap_or_else(|e| panic!("{e}"));
         let e = a
-            .resolve(|| Err("NVML not loadable".into()), || 16)
+            .resolve(|| Err("NVML not loadable".into()), || 16, |_| Ok(0))
             .unwrap_err();
         assert!(e.to_string().contains("--nproc-per-node gpu"), "{e}");
         // An option nobody knows is never started as the program.

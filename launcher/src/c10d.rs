@@ -897,7 +897,7 @@ mod tests {
         let mut a = Wrap::try_parse_from(std::iter::once("run").chain(line.iter().copied()))
             .map(|w| w.run)
             .unwrap();
-        a.resolve(|| Ok(8), || 16).unwrap();
+        a.resolve(|| Ok(8), || 16, |_| Ok(0)).unwrap();
         a
     }
 

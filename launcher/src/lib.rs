@@ -144,7 +144,11 @@ async fn run_job(
         .ok()
         .filter(|l| !l.is_empty())
         .unwrap_or_else(|| "libnvidia-ml.so.1".to_owned());
-    args.resolve(|| nproc::nvml_gpus(&nvml), nproc::cpus_online)?;
+    args.resolve(
+        || nproc::nvml_gpus(&nvml),
+        nproc::cpus_online,
+        nproc::torch_xpus,
+    )?;
     args.validate()?;
     // The agent's own logs only when asked for (RUST_LOG): the console
     // belongs to the workers and the launcher's story.
