@@ -302,18 +302,28 @@ def notice(arg):
         mine = json.loads(arg)
         with _st:
             state["noticed"] = True
-        store.compare_set(NOTICE_KEY, "", json.dumps(mine))
-        emit(ev="notice_set", notice=read_notice())
+        with _ops:
+            store.compare_set(NOTICE_KEY, "", json.dumps(mine))
+            n = read_notice()
+        emit(ev="notice_set", notice=n)
     except Exception as e:  # noqa: BLE001 - the launcher keeps its own step
         emit(ev="notice_set", notice=None, text=brief(e))
 
 
 def poll_notice():
-    """Another node's notice, told the launcher once."""
+    """Another node's notice, told the launcher once. The store's client
+    takes one call at a time (two threads' requests interleaved on its
+    socket break it): skipped while a join or another torch call holds
+    the store, tried again at the next poll."""
     with _st:
         if state["noticed"]:
             return
-    n = read_notice()
+    if not _ops.acquire(blocking=False):
+        return
+    try:
+        n = read_notice()
+    finally:
+        _ops.release()
     if n is None:
         return
     with _st:
@@ -349,7 +359,9 @@ def poll():
         if closed:
             with _st:
                 state["ended"] = True
-            emit(ev="ended", end=read_end())
+            with _ops:
+                end = read_end()
+            emit(ev="ended", end=end)
             continue
         if now_round != mine:
             why = f"the rendezvous moved to round {now_round}"
