@@ -35,7 +35,7 @@ use std::process::Command;
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use common::{Streaming, WARDEN, free_port, python, repo_root, torch_available};
+use common::{Streaming, WARDEN, free_port_below_ephemeral, python, repo_root, torch_available};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use serde_json::Value;
@@ -185,7 +185,7 @@ fn two_hosts_get_distinct_node_ranks_and_a_crash_makes_one_round_on_both() {
     }
     let _one = serial();
     let job = "c10d-crash";
-    let port = free_port("127.0.0.2");
+    let port = free_port_below_ephemeral("127.0.0.2");
     let (ha, hb) = (Host::new("127.0.0.2"), Host::new("127.0.0.3"));
     let mut a = ha.launch(port, job, "2", 120);
     let mut b = hb.launch(port, job, "2", 120);
@@ -247,7 +247,7 @@ fn a_lost_host_leaves_the_survivor_in_a_smaller_round() {
     }
     let _one = serial();
     let job = "c10d-lost";
-    let port = free_port("127.0.0.2");
+    let port = free_port_below_ephemeral("127.0.0.2");
     let (ha, hb) = (Host::new("127.0.0.2"), Host::new("127.0.0.3"));
     let mut a = ha.launch(port, job, "1:2", 150);
     let mut b = hb.launch(port, job, "1:2", 150);
@@ -298,7 +298,7 @@ fn hosts_started_at_the_same_instant_never_share_a_node_rank() {
     let _one = serial();
     for round in 0..3 {
         let job = format!("c10d-race-{round}");
-        let port = free_port("127.0.0.2");
+        let port = free_port_below_ephemeral("127.0.0.2");
         let (ha, hb) = (Host::new("127.0.0.2"), Host::new("127.0.0.3"));
         // Started back to back, the client first: both join torch's first
         // round at once.
@@ -323,7 +323,7 @@ fn a_state_a_stranger_writes_into_the_store_is_refused_not_run() {
     }
     let _one = serial();
     let job = "c10d-stranger";
-    let port = free_port("127.0.0.2");
+    let port = free_port_below_ephemeral("127.0.0.2");
     let ha = Host::new("127.0.0.2");
     // A job of two that waits for its second host: the launcher reads the
     // state again and again meanwhile.
@@ -372,7 +372,7 @@ fn a_waiting_host_replaces_a_lost_one() {
     }
     let _one = serial();
     let job = "c10d-spare";
-    let port = free_port("127.0.0.2");
+    let port = free_port_below_ephemeral("127.0.0.2");
     let (ha, hb, hs) = (
         Host::new("127.0.0.2"),
         Host::new("127.0.0.3"),

@@ -181,7 +181,7 @@ fn a_notice_on_one_host_makes_every_rank_of_every_host_save_one_step_and_exit_85
 #[test]
 fn a_notice_spreads_through_torchs_c10d_store_too() {
     let (a, b) = Host::peered();
-    let port = common::free_port("127.0.0.2");
+    let port = common::free_port_below_ephemeral("127.0.0.2");
     notice_on_host_a(&a, &b, Rdzv::C10d(port), "t-notice-c10d");
 }
 

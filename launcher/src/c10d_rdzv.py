@@ -49,6 +49,7 @@ os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
 from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dr  # noqa: E402
 from torch.distributed.elastic.rendezvous.api import (  # noqa: E402
     RendezvousClosedError,
+    RendezvousConnectionError,
     RendezvousParameters,
     RendezvousStateError,
     RendezvousTimeoutError,
@@ -221,10 +222,39 @@ state = {
 }
 
 
+#: Joins tried again after the store's connection broke mid-join.
+JOIN_RECONNECTS = 3
+
+
+def _reconnect():
+    """A new client of the store and a new handler on it, after torch's
+    client lost its connection (the store's host closed it mid-join on a
+    loaded machine): the node joins again as a new participant; the old
+    one's heartbeats stop and torch drops it."""
+    global inner, store, handler
+    inner, store = create_backend(params)
+    handler = dr.create_handler(store, CheckedBackend(inner), params)
+
+
+def _next_rendezvous():
+    for attempt in range(JOIN_RECONNECTS + 1):
+        try:
+            return handler.next_rendezvous()
+        except RendezvousConnectionError as e:
+            if attempt == JOIN_RECONNECTS:
+                raise
+            emit(ev="note", text=f"the store's connection broke during the join ({brief(e)}); joining again")
+            time.sleep(1.0)
+            try:
+                _reconnect()
+            except Exception as r:  # noqa: BLE001 - the next try says it
+                emit(ev="note", text=f"reconnecting to the store failed: {brief(r)}")
+
+
 def join():
     with _ops:
         try:
-            info = handler.next_rendezvous()
+            info = _next_rendezvous()
             st = handler._state_holder.state
             members = set(st.participants)
             rank, world = info.rank, info.world_size

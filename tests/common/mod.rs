@@ -570,6 +570,25 @@ pub fn free_port(ip: &str) -> u16 {
         .port()
 }
 
+/// A port free on `ip` now, below Linux's ephemeral range (32768 and up),
+/// for a server that clients dial before it listens (torch's c10d store at
+/// a rendezvous endpoint: a host started first retries the connect in a
+/// loop). A port in the ephemeral range can be handed to the dialling
+/// socket itself as its source port, and a connect to a port nobody
+/// listens on then connects the socket to itself (TCP's simultaneous
+/// open): the store client talks to itself and the connection breaks.
+/// Real endpoints sit below the range for the same reason (torchrun's
+/// 29400).
+pub fn free_port_below_ephemeral(ip: &str) -> u16 {
+    // Spread the starting points so parallel tests rarely probe the same
+    // ports; every port is checked by binding it.
+    let start = 20_000 + (std::process::id() % 10_000) as u16;
+    (0..10_000u16)
+        .map(|i| 20_000 + (start - 20_000 + i * 7) % 12_000)
+        .find(|p| std::net::TcpListener::bind((ip, *p)).is_ok())
+        .unwrap_or_else(|| panic!("no free port on {ip} in 20000-31999"))
+}
+
 /// Awaits `fut` for at most `timeout`; fails the test naming `what`.
 pub async fn within<F: std::future::IntoFuture>(
     timeout: Duration,
