@@ -301,9 +301,13 @@ fn hosts_started_at_the_same_instant_never_share_a_node_rank() {
         let port = free_port_below_ephemeral("127.0.0.2");
         let (ha, hb) = (Host::new("127.0.0.2"), Host::new("127.0.0.3"));
         // Started back to back, the client first: both join torch's first
-        // round at once.
-        let mut b = hb.launch(port, &job, "2", 0);
-        let mut a = ha.launch(port, &job, "2", 0);
+        // round at once. Ten seconds of steps each: the store's host must
+        // not finish its part before the other has its round (the c10d
+        // path has no exit barrier yet, unlike torchrun's agent; a job of
+        // no steps ended on the store's host while the other, slower under
+        // load, was still in its join, and lost the store).
+        let mut b = hb.launch(port, &job, "2", 100);
+        let mut a = ha.launch(port, &job, "2", 100);
         let wa = a.wait_line(WAIT, "a worker's world", is_world);
         let wb = b.wait_line(WAIT, "a worker's world", is_world);
         one_round(&[&wa, &wb], 2);
