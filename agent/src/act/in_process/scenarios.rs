@@ -333,6 +333,28 @@ fn scenarios() -> Vec<Scenario> {
             },
             waiting: &[],
         },
+        // Recorded: CI, torch_faults.rs
+        // a_rank_frozen_with_sigstop_two_ranks_is_replaced_while_its_peer_restarts_in_process
+        // (loaded machine): the warm replacement registered before the
+        // waiter's next read, which saw a new generation, not the stop.
+        Scenario {
+            name: "a rank replaced whose replacement has registered by the next read is gone as replaced by its launcher, not as registered again",
+            ranks: &[0, 1],
+            world_size: 2,
+            incident: "inc-4",
+            timeout_ms: 30_000,
+            steps: {
+                let mut s = reads(1, true, &[0, 50, 100, 150]);
+                s.extend(vec![
+                    (200, TICK, "replace 1 at count 1 by inc-4"),
+                    (202, rpc(0), "wait"),
+                    (404, gone(1, Gone::RegisteredAgain), "wait"),
+                    (404, TICK, "done 0 rpc 202ms; 1 replaced by its launcher"),
+                ]);
+                s
+            },
+            waiting: &[],
+        },
         Scenario {
             name: "a rank replaced that its launcher never stops (a launcher from before replacements) is escalated at the timeout",
             ranks: &[0, 1],

@@ -320,11 +320,16 @@ impl Waiter {
             }
             Input::Gone { rank, why } => {
                 let replaced = self.ranks.get(&rank).is_some_and(|w| w.replaced);
+                // A rank handed to its launcher for replacement is gone
+                // by that replacement, whichever trace of it the next
+                // read finds: the launcher's stop, the exit, or (a warm
+                // standby is fast, the reads are ACK_POLL apart) the
+                // replacement already registered in its place.
                 let why = match why {
+                    _ if replaced => "replaced by its launcher",
                     Gone::Left => "left",
                     Gone::RegisteredAgain => "registered again",
                     Gone::Exited => "exited",
-                    Gone::StoppedByLauncher if replaced => "replaced by its launcher",
                     Gone::StoppedByLauncher => "stopped by its launcher",
                     Gone::LostSlot => "lost its slot",
                 };
