@@ -17,8 +17,7 @@
 //! - [`policy`]: the user's hook: its executable checked (`PATH`, file,
 //!   owner), run in its own process group with a timeout.
 //! - [`act`]: decisions carried out: in-process restarts, Slurm drains.
-//! - [`goodput`]: the goodput task (the bus folded into core's ledger) and
-//!   the job-wide merge of every host's report.
+//! - [`goodput`]: the goodput task (the bus folded into core's ledger).
 //! - [`notice`]: notices of a coming stop (preemption, maintenance, a
 //!   taint, the launcher's SIGTERM) turned into a save-and-leave word in
 //!   the ranks' slots.

@@ -75,6 +75,11 @@ pub struct AgentState {
     /// tick with `straggler.enabled`, or a peer's first summaries): the
     /// work loop runs it, GetStragglers and the Peer service read it.
     stragglers: std::sync::OnceLock<Arc<warden_core::detect::straggler::Stragglers>>,
+    /// How many connections a host that is not an admin may hold here, over
+    /// every listener: set once by the daemon from the budget its listeners
+    /// share (`api::admission`), so what the agent says about its cap is
+    /// the cap it enforces. Unset (an agent with no listeners): no cap said.
+    stranger_connections: std::sync::OnceLock<usize>,
     /// Where every rank of the jobs stands, this host's and the peers',
     /// for the job-wide hang verdict (`ranks::verdict`).
     pub hang_board: Arc<crate::ranks::verdict::HangBoard>,
@@ -164,6 +169,7 @@ impl AgentState {
             peer_tls,
             straggler_peers_seen: std::sync::Arc::default(),
             stragglers: std::sync::OnceLock::new(),
+            stranger_connections: std::sync::OnceLock::new(),
             peer_values: crate::ranks::peer_values::PeerValues::default(),
             gate: crate::api::gate_state::Gate::default(),
             job_stops: crate::api::stop_limiter::StopLimiter::new(config.api.job_stops_per_minute),
@@ -255,6 +261,17 @@ impl AgentState {
                 ))
             })
             .clone()
+    }
+
+    /// Records how many connections a non-admin may hold (the daemon, once).
+    pub fn set_stranger_connections(&self, cap: usize) {
+        let _ = self.stranger_connections.set(cap);
+    }
+
+    /// The cap [`AgentState::set_stranger_connections`] recorded, if the
+    /// daemon set one.
+    pub fn stranger_connections(&self) -> Option<usize> {
+        self.stranger_connections.get().copied()
     }
 
     /// The straggler detector if one was made (nothing scored, no peer

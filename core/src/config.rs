@@ -84,6 +84,11 @@ pub struct HangConfig {
     /// Timeout of a "checkpoint" section until it is calibrated.
     #[serde(with = "duration")]
     pub checkpoint_timeout: Duration,
+    /// Timeout of a "heal" section until it is calibrated: a restart
+    /// attempt's regrouping and heal from a live replica, where the
+    /// survivors wait for their replacement (`warden.heal`).
+    #[serde(with = "duration")]
+    pub heal_timeout: Duration,
     /// Timeout of any other section until it is calibrated.
     #[serde(with = "duration")]
     pub default_timeout: Duration,
@@ -114,6 +119,7 @@ impl Default for HangConfig {
             history: 256,
             init_timeout: Duration::from_secs(15 * 60),
             checkpoint_timeout: Duration::from_secs(30 * 60),
+            heal_timeout: Duration::from_secs(2 * 60),
             default_timeout: Duration::from_secs(10 * 60),
             timeouts: std::collections::BTreeMap::new(),
             stack_dump: true,

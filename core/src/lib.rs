@@ -13,6 +13,25 @@
 //! What it does touch: files under the agent's state directory through
 //! [`fsafe`] (hang calibration, goodput journals, the incident store) and
 //! operator-named files through [`named_file`], both synchronous and bounded.
+//!
+//! # Layout
+//! - [`health`]: the health model: components, reasons, windows, reporter.
+//! - [`taxonomy`]: what the vendors' codes mean (the XID table, DCGM's
+//!   incident codes).
+//! - [`detect`]: the detectors: hangs, stragglers, SDC, culprits.
+//! - [`signal`], [`events`]: the typed signals the stages tell each other,
+//!   and the bus that carries and renders them.
+//! - [`attribute`]: the attribution engine, its evidence rules and combiner,
+//!   the incident store.
+//! - [`verdict`]: the vocabulary attribution and policy share (fault class,
+//!   action, decision, exit statuses).
+//! - [`policy`]: what to do about a diagnosis: budgets, guards, the hook's
+//!   contract.
+//! - [`goodput`]: the goodput ledger and its journal.
+//! - [`device`], [`rank`]: typed device ids; rank keys and world limits.
+//! - [`config`]: the config vocabulary every stage's section uses.
+//! - [`fsafe`], [`named_file`]: the agent's own files, and files an
+//!   operator names.
 
 pub mod attribute;
 pub mod config;

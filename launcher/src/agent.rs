@@ -201,33 +201,98 @@ const CLAIM_TIMEOUT: Duration = Duration::from_secs(10);
 /// A round's checkpoint peers: host id and agent.
 pub type CkptPeers = Vec<(String, crate::coord::CkptPeer)>;
 
-/// Hands the job's checkpoint peers to the agent (`SetCheckpointPeers`),
-/// waiting at most two seconds. Called before a round's workers start, so
+/// The most bytes of peers one `SetCheckpointPeers` request carries: half
+/// the agent's 4 MiB request limit (about 25,000 peers of ordinary names;
+/// 4,000 of names as long as allowed). A longer list goes in pages.
+const PEERS_PAGE_BYTES: usize = 2 << 20;
+
+/// What the agent answered to a round's checkpoint peers.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct PeersTaken {
+    /// The addresses that now hold this host's replicas of the job.
+    pub targets: Vec<String>,
+    /// What the agent says about this host at the job's size (empty: nothing).
+    pub warning: String,
+}
+
+/// The job's checkpoint peers as requests of at most [`PEERS_PAGE_BYTES`]
+/// of peers each: one request (no paging fields) when the list fits, as
+/// an older agent expects; else pages 0 .. n-1 of one list.
+pub fn peer_pages(
+    job: &str,
+    peers: &CkptPeers,
+    list_id: u64,
+) -> Vec<pb::SetCheckpointPeersRequest> {
+    use prost::Message as _;
+    let mut pages: Vec<Vec<pb::CheckpointPeer>> = vec![Vec::new()];
+    let mut bytes = 0;
+    for (host, p) in peers {
+        let peer = pb::CheckpointPeer {
+            addr: p.addr.clone(),
+            domain: p.domain.clone(),
+            host: host.clone(),
+            identity: p.identity.clone(),
+        };
+        let len = peer.encoded_len() + 4;
+        if bytes + len > PEERS_PAGE_BYTES && bytes > 0 {
+            pages.push(Vec::new());
+            bytes = 0;
+        }
+        bytes += len;
+        if let Some(last) = pages.last_mut() {
+            last.push(peer);
+        }
+    }
+    let n = u32::try_from(pages.len()).unwrap_or(u32::MAX);
+    pages
+        .into_iter()
+        .enumerate()
+        .map(|(i, peers)| pb::SetCheckpointPeersRequest {
+            job_id: job.to_owned(),
+            peers,
+            page: if n > 1 {
+                u32::try_from(i).unwrap_or(u32::MAX)
+            } else {
+                0
+            },
+            pages: if n > 1 { n } else { 0 },
+            list_id: if n > 1 { list_id } else { 0 },
+        })
+        .collect()
+}
+
+/// Hands the job's checkpoint peers to the agent (`SetCheckpointPeers`,
+/// in pages when the list is longer than one request may be), waiting at
+/// most two seconds a request. Called before a round's workers start, so
 /// their first restore already asks the round's other agents; an agent
 /// that does not take them is logged and costs the job nothing.
 pub async fn set_peers(
     client: &AgentClient<Channel>,
     job: &str,
     peers: &CkptPeers,
-) -> Result<Vec<String>, String> {
-    let req = pb::SetCheckpointPeersRequest {
-        job_id: job.to_owned(),
-        peers: peers
-            .iter()
-            .map(|(host, p)| pb::CheckpointPeer {
-                addr: p.addr.clone(),
-                domain: p.domain.clone(),
-                host: host.clone(),
-                identity: p.identity.clone(),
-            })
-            .collect(),
-    };
+) -> Result<PeersTaken, String> {
+    let list_id = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
+        .unwrap_or(0)
+        ^ u64::from(std::process::id());
+    let requests = peer_pages(job, peers, list_id);
+    let n = requests.len();
     let mut c = client.clone();
-    match tokio::time::timeout(PROBE * 2, c.set_checkpoint_peers(req)).await {
-        Ok(Ok(r)) => Ok(r.into_inner().targets),
-        Ok(Err(e)) => Err(e.message().to_owned()),
-        Err(_) => Err(format!("no answer within {:?}", PROBE * 2)),
+    let mut taken = PeersTaken::default();
+    for (i, req) in requests.into_iter().enumerate() {
+        let r = match tokio::time::timeout(PROBE * 2, c.set_checkpoint_peers(req)).await {
+            Ok(Ok(r)) => r.into_inner(),
+            Ok(Err(e)) if n > 1 => return Err(format!("page {} of {n}: {}", i + 1, e.message())),
+            Ok(Err(e)) => return Err(e.message().to_owned()),
+            Err(_) => return Err(format!("no answer within {:?}", PROBE * 2)),
+        };
+        taken = PeersTaken {
+            targets: r.targets,
+            warning: r.warning,
+        };
     }
+    Ok(taken)
 }
 
 /// Tells the agent the launcher ended the job by its own rule
@@ -534,6 +599,58 @@ pub struct Seen {
     /// Pids that deregistered cleanly (their client closed: the training
     /// ended), whatever became of the process after.
     pub deregistered: HashSet<u32>,
+    /// The host's own notice of a coming stop (GCE, EC2, a taint), as the
+    /// agent told the job's ranks of it (its `notice.raised` event): the
+    /// launcher tells the job's other hosts at once, before any rank here
+    /// left on it. None until one comes; the first stays.
+    pub host_notice: Option<HostNotice>,
+}
+
+/// A notice the agent raised from one of the host's own sources, as its
+/// `notice.raised` event about the job says it. Events come from the agent
+/// alone (no caller can publish one), and the event's source is the
+/// agent's own: a launcher's notice (source `launcher`) is not one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostNotice {
+    /// The source (`gce`, `aws`, `kubernetes`).
+    pub source: String,
+    /// What it said (`instance/preempted = TRUE`), clipped by the agent.
+    pub what: String,
+    /// The step at whose boundary the job's ranks here save.
+    pub step: u64,
+    /// When the stop comes (None: the source did not say).
+    pub deadline: Option<std::time::SystemTime>,
+}
+
+impl HostNotice {
+    /// From an agent event: a `notice.raised` about `job` (subject
+    /// `job/<job>`) whose source is the host's. None for anything else.
+    pub fn from_event(e: &pb::Event, job: &str) -> Option<Self> {
+        if e.kind != "notice.raised" || e.subject.strip_prefix("job/") != Some(job) {
+            return None;
+        }
+        let get = |key: &str| {
+            e.evidence
+                .iter()
+                .find(|kv| kv.key == key)
+                .map(|kv| kv.value.as_str())
+        };
+        let source = get("source")?;
+        if !matches!(source, "gce" | "aws" | "kubernetes") {
+            return None;
+        }
+        let step = get("save_at_step")?.parse().ok()?;
+        let deadline = get("deadline_unix_ms")
+            .and_then(|v| v.parse::<u64>().ok())
+            .filter(|ms| *ms != 0)
+            .and_then(|ms| std::time::UNIX_EPOCH.checked_add(Duration::from_millis(ms)));
+        Some(Self {
+            source: source.to_owned(),
+            what: get("what").unwrap_or_default().to_owned(),
+            step,
+            deadline,
+        })
+    }
 }
 
 /// Follows the agent's events about `job`'s ranks. The first stream is open
@@ -565,6 +682,16 @@ pub async fn watch_ranks(
                     };
                     let Some(Ok(e)) = next else { break };
                     last = Some(e.id);
+                    if let Some(n) = HostNotice::from_event(&e, &job) {
+                        tx.send_if_modified(|s| {
+                            let first = s.host_notice.is_none();
+                            if first {
+                                s.host_notice = Some(n);
+                            }
+                            first
+                        });
+                        continue;
+                    }
                     let Some(rank) = e
                         .subject
                         .strip_prefix(&prefix)
@@ -674,4 +801,59 @@ pub fn watch_decisions(
         }
     });
     rx
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use prost::Message as _;
+
+    fn peers(n: usize, name_len: usize) -> CkptPeers {
+        (0..n)
+            .map(|i| {
+                let name = format!("{i:0>name_len$}");
+                (
+                    name.clone(),
+                    crate::coord::CkptPeer {
+                        addr: format!("10.{}.{}.{}:7411", i >> 16, (i >> 8) & 255, i & 255),
+                        domain: name.clone(),
+                        identity: name,
+                    },
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_list_that_fits_goes_in_one_request_without_paging_fields() {
+        let r = peer_pages("j", &peers(2_048, 12), 9);
+        assert_eq!(r.len(), 1);
+        assert_eq!((r[0].page, r[0].pages, r[0].list_id), (0, 0, 0));
+        assert_eq!(r[0].peers.len(), 2_048);
+    }
+
+    #[test]
+    fn a_long_list_goes_in_pages_under_the_agents_request_limit_in_order() {
+        // 16,384 hosts with names of 128 characters: about 7 MB.
+        let all = peers(16_384, 128);
+        let r = peer_pages("j", &all, 9);
+        assert!(r.len() >= 3, "{} pages", r.len());
+        for (i, req) in r.iter().enumerate() {
+            assert_eq!(
+                (req.page, req.pages, req.list_id),
+                (i as u32, r.len() as u32, 9)
+            );
+            assert!(
+                req.encoded_len() < 4 << 20,
+                "page {i}: {} bytes",
+                req.encoded_len()
+            );
+        }
+        let hosts: Vec<&str> = r
+            .iter()
+            .flat_map(|q| q.peers.iter().map(|p| p.host.as_str()))
+            .collect();
+        let want: Vec<&str> = all.iter().map(|(h, _)| h.as_str()).collect();
+        assert_eq!(hosts, want);
+    }
 }

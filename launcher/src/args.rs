@@ -165,16 +165,31 @@ pub struct RunArgs {
     /// forwarded to the workers (exit 143).
     #[arg(long = "term-grace", default_value = "0s", value_parser = humantime::parse_duration)]
     pub term_grace: Duration,
-    /// The bound, in GiB, on this user's compilation caches in the agent's
+    /// The bound, in GiB, on this job's compilation caches in the agent's
     /// tier (torch.compile's and XLA's, kept across restarts: see
-    /// docs/operations.md); the files least recently written go first. 0:
-    /// no cache in the tier (the frameworks' own defaults apply).
+    /// docs/operations.md); the job's files least recently written go
+    /// first. 0: no cache in the tier (the frameworks' own defaults apply).
     #[arg(long = "compile-cache-max-gib", default_value_t = 10.0, value_parser = parse_gib)]
     pub compile_cache_max_gib: f64,
+    /// The bound, in GiB, on all this user's jobs' compilation caches in
+    /// the tier (at least the job's bound): past it the files least
+    /// recently written of any of their jobs go first, so one user cannot
+    /// fill the tier.
+    #[arg(long = "compile-cache-user-max-gib", default_value_t = 40.0, value_parser = parse_gib)]
+    pub compile_cache_user_max_gib: f64,
     /// How long a failed worker waits for the agent's decision before the
     /// launcher treats the failure as class unknown.
     #[arg(long = "decision-timeout", default_value = "5s", value_parser = humantime::parse_duration)]
     pub decision_timeout: Duration,
+    /// How long, once a worker failed in its teardown (its training ended:
+    /// its client closed, then it died by a signal or exited non-zero), the
+    /// launcher waits for the other workers to exit before it takes the
+    /// failure for a failure (a peer still training). Ending a process
+    /// that ran torch (freeing memory, tearing down gloo or NCCL) takes
+    /// seconds, more on a loaded host: a shorter wait restarts a job whose
+    /// training had ended.
+    #[arg(long = "teardown-timeout", default_value = "60s", value_parser = humantime::parse_duration)]
+    pub teardown_timeout: Duration,
     /// How long a restart waits for the GPUs to release the stopped
     /// workers (NVML); then it goes on and says so.
     #[arg(long = "gpu-release-timeout", default_value = "30s", value_parser = humantime::parse_duration)]

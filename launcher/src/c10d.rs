@@ -28,7 +28,24 @@
 //! others); `publish(Stop)` is `end` (a note in the store, then torch's
 //! `set_closed`) for a job finished or failed here, `leave` (torch's exit
 //! op) when this host goes alone; `next_remote` is the helper's `news`,
-//! `ended` and `note`.
+//! `ended` and `note`; `publish_notice` is `notice` (the job's one notice
+//! in the store, naming its round).
+//!
+//! A notice another host wrote reaches this one as the helper's `notice`,
+//! read on a client of the store of the poll's own (so a join waiting in
+//! torch does not hide it), with whether this node is in the notice's
+//! round: if not (it left that round for a restart, waits for a later
+//! one, or its workers run in another), it is between rounds, and its
+//! workers could not meet that round's, which save its step and leave: the
+//! rendezvous ends with 85 at once (not at torch's join timeout), or the
+//! running workers are stopped with 85 ([`StoreNotice::between_rounds`]).
+//!
+//! Exit barrier (torchrun's agent's): a host whose job finished answers
+//! its `end` only when every node of its round has ended, left or moved on
+//! (a count in the store), at most [`EXIT_BARRIER`]; the last closes the
+//! rendezvous. So the store's host never ends while another host still
+//! needs the store (a round it is still finishing joining); a failed job
+//! closes at once and does not wait.
 //!
 //! Never: take a line of the helper past [`MAX_LINE`] bytes, a node rank
 //! outside the round, a round larger than `--nnodes` MAX, or a master
@@ -47,8 +64,9 @@ use tokio::process::{Child, ChildStdin, ChildStdout, Command};
 use tokio::sync::mpsc;
 
 use super::args::{ArgsError, RunArgs};
-use super::exit::{EXIT_LAUNCHER_ERROR, EXIT_NODE_FAULT};
+use super::exit::{EXIT_LAUNCHER_ERROR, EXIT_NODE_FAULT, EXIT_PREEMPTED};
 use super::hosts::{AttemptPlan, CoordError, Coordinator, Directive, NodeFault, Remote};
+use super::output::Console;
 
 /// The helper's program, run with `python -c`.
 const SOURCE: &str = include_str!("c10d_rdzv.py");
@@ -63,9 +81,29 @@ pub const DEFAULT_PORT: u16 = 29400;
 /// The longest host name or address taken as rank 0's.
 const MAX_ADDR: usize = 255;
 
+/// How long a host whose job finished waits in the exit barrier for the
+/// other nodes of its round to be done with it (torchrun's agent's
+/// `exit_barrier_timeout`, 300 s by default; torchrun has no flag for it,
+/// nor has `warden run`). Only a finished job waits, and only for nodes
+/// that have neither ended, left nor moved to another round: a host gone
+/// without a word (its heartbeats stopped) is the one that costs the bound.
+pub const EXIT_BARRIER: Duration = Duration::from_secs(300);
+
 /// How long an end or a leave may take in the helper before the launcher
-/// goes on without its answer.
-const DONE_WAIT: Duration = Duration::from_secs(15);
+/// goes on without its answer: the exit barrier's bound, then torch's
+/// close (a few store round trips; 30 s for a loaded host). Shorter, and
+/// the launcher would end the store's host (its helper is killed with the
+/// coordinator) while the barrier still holds it for the others.
+const DONE_WAIT: Duration = EXIT_BARRIER.saturating_add(Duration::from_secs(30));
+// The launcher waits for the helper's answer longer than the helper waits
+// in the barrier: else it ends the store's host mid-barrier.
+const _: () = assert!(DONE_WAIT.as_secs() > EXIT_BARRIER.as_secs());
+
+/// How long the helper may take to write a notice into the store.
+const NOTICE_WAIT: Duration = Duration::from_secs(15);
+/// How long an end may go unanswered before the console says the exit
+/// barrier waits (most answer at once: every host ends about together).
+const BARRIER_SAY: Duration = Duration::from_secs(10);
 /// The furthest ahead a notice's deadline read from the store is believed.
 const MAX_NOTICE_AHEAD: Duration = Duration::from_secs(3600);
 
@@ -196,6 +234,7 @@ impl C10dConfig {
             "max_nodes": self.max_nodes,
             "local_addr": self.local_addr,
             "poll_s": POLL.as_secs_f64(),
+            "exit_barrier_s": EXIT_BARRIER.as_secs_f64(),
             "torch": torch,
         })
         .to_string()
@@ -265,8 +304,18 @@ enum Event {
         #[serde(default)]
         text: String,
     },
-    /// Another host's notice of a coming stop, seen once.
-    Notice { notice: StoreNotice },
+    /// Another host's notice of a coming stop, seen once; `in_round`:
+    /// this host is in the round it was written in (false: it left that
+    /// round, waits for a later one, or the others moved on).
+    Notice {
+        notice: StoreNotice,
+        #[serde(default = "yes")]
+        in_round: bool,
+    },
+}
+
+fn yes() -> bool {
+    true
 }
 
 /// The job's notice of a coming stop, as the helper read it from the store
@@ -281,9 +330,44 @@ pub struct StoreNotice {
     pub reason: String,
     /// The address of the host that got it.
     pub by: String,
+    /// The round of torch's rendezvous it was written in (`None`: not
+    /// said).
+    #[serde(default)]
+    pub round: Option<u64>,
 }
 
 impl StoreNotice {
+    /// What a host between rounds is told (`in_round` false: it left the
+    /// notice's round, or waits for a later one nobody will make): its
+    /// workers could not meet that round's, which save its step and
+    /// leave, so none run here and the launcher exits 85 too.
+    fn between_rounds(&self) -> CoordError {
+        CoordError {
+            message: format!(
+                "host {} got a notice ({}) in round {} of torch's c10d rendezvous while this host was between rounds: every rank of that round saves at step {} and the job stops; this host's workers do not run again",
+                plain(&self.by),
+                plain(&self.reason),
+                self.round.map_or("?".to_owned(), |r| r.to_string()),
+                self.step
+            ),
+            exit_code: EXIT_PREEMPTED,
+        }
+    }
+
+    /// What the machine is told of a notice while its workers run: the
+    /// notice, or, when they are not in its round, a stop with 85
+    /// ([`Self::between_rounds`]).
+    fn remote_here(&self, in_round: bool) -> Remote {
+        if in_round {
+            return self.remote();
+        }
+        let e = self.between_rounds();
+        Remote::Stop {
+            exit_code: e.exit_code,
+            reason: e.message,
+        }
+    }
+
     /// What the machine is told. A deadline more than [`MAX_NOTICE_AHEAD`]
     /// away is not believed (anyone who reaches the store can write it):
     /// the notice stands, with no deadline.
@@ -396,12 +480,23 @@ pub struct C10dCoordinator {
     gone: bool,
     /// What to tell the machine next, before reading the helper again.
     pending: VecDeque<Remote>,
+    /// The nodes of the current round.
+    world: u32,
+    /// The launcher's console: what the helper says while the job ends
+    /// (the exit barrier's wait, a barrier given up), when the machine no
+    /// longer reads [`Coordinator::next_remote`].
+    console: Console,
 }
 
 impl C10dCoordinator {
     /// Starts the helper; its stderr goes to `log`. The store is reached
     /// (or hosted) in the background: the first rendezvous waits for it.
-    pub fn start(cfg: C10dConfig, log: &Path, cwd: &Path) -> Result<Self, CoordError> {
+    pub fn start(
+        cfg: C10dConfig,
+        log: &Path,
+        cwd: &Path,
+        console: Console,
+    ) -> Result<Self, CoordError> {
         let stderr = std::fs::File::create(log).map_err(|e| {
             CoordError::new(format!(
                 "cannot create the rendezvous helper's log {}: {e}",
@@ -461,6 +556,8 @@ impl C10dCoordinator {
             ended: None,
             gone: false,
             pending: VecDeque::new(),
+            world: 0,
+            console,
         })
     }
 
@@ -515,21 +612,41 @@ impl C10dCoordinator {
     }
 
     /// The helper's answer to an end or a leave, within [`DONE_WAIT`]
-    /// (events meanwhile are of no use any more).
-    async fn await_done(&mut self) {
+    /// (events meanwhile are of no use any more, but for its notes, which
+    /// go to the console). An answer slower than [`BARRIER_SAY`] is the exit
+    /// barrier waiting for another host: said once.
+    async fn await_done(&mut self, finished: bool) {
+        let console = self.console.clone();
+        let (round, world) = (self.round, self.world);
+        let events = &mut self.events;
         let wait = async {
-            while let Some(ev) = self.events.recv().await {
-                match ev {
-                    Event::Done => return,
-                    Event::Note { text } => {
-                        tracing::warn!(note = %plain(&text), "launcher: c10d rendezvous");
+            let said = tokio::time::sleep(BARRIER_SAY);
+            tokio::pin!(said);
+            let mut waiting = finished && world > 1;
+            loop {
+                tokio::select! {
+                    ev = events.recv() => match ev {
+                        None | Some(Event::Done) => return,
+                        Some(Event::Note { text }) => {
+                            console.say(format!("c10d rendezvous: {}", plain(&text)));
+                        }
+                        Some(_) => {}
+                    },
+                    () = &mut said, if waiting => {
+                        waiting = false;
+                        console.say(format!(
+                            "the job finished here; waiting for the other hosts of round {} to be done with it (torchrun's exit barrier, at most {:?})",
+                            round.unwrap_or_default(),
+                            EXIT_BARRIER
+                        ));
                     }
-                    _ => {}
                 }
             }
         };
         if tokio::time::timeout(DONE_WAIT, wait).await.is_err() {
-            tracing::warn!("launcher: the rendezvous helper did not answer within {DONE_WAIT:?}");
+            self.console.say(format!(
+                "c10d rendezvous: the helper did not answer within {DONE_WAIT:?}; going on without it"
+            ));
         }
     }
 }
@@ -628,6 +745,7 @@ impl Coordinator for C10dCoordinator {
                         CoordError::new(format!("torch's rendezvous: {why}: refused"))
                     })?;
                     self.round = Some(round);
+                    self.world = world;
                     return Ok(plan);
                 }
                 Event::Error { kind, text, end } => {
@@ -652,7 +770,17 @@ impl Coordinator for C10dCoordinator {
                 Event::Note { text } => self
                     .pending
                     .push_back(Remote::Note(format!("c10d rendezvous: {}", plain(&text)))),
-                Event::Notice { notice } => self.pending.push_back(notice.remote()),
+                // A notice of a round this host is not joining: its hosts
+                // save and leave, and the round this host waits for
+                // will not come (torch's join would wait until its
+                // timeout).
+                Event::Notice {
+                    notice,
+                    in_round: false,
+                } => return Err(notice.between_rounds()),
+                // The round this host joins: its workers are told once
+                // they run, as the others' were.
+                Event::Notice { notice, .. } => self.pending.push_back(notice.remote()),
                 Event::Ready | Event::News { .. } | Event::Done | Event::NoticeSet { .. } => {}
             }
         }
@@ -693,7 +821,7 @@ impl Coordinator for C10dCoordinator {
                 };
                 let sent = self.send(&line).await;
                 if sent.is_ok() {
-                    self.await_done().await;
+                    self.await_done(*exit_code == 0).await;
                 }
                 sent
             }
@@ -752,7 +880,7 @@ impl Coordinator for C10dCoordinator {
                 Event::Note { text } => {
                     return Remote::Note(format!("c10d rendezvous: {}", plain(&text)));
                 }
-                Event::Notice { notice } => return notice.remote(),
+                Event::Notice { notice, in_round } => return notice.remote_here(in_round),
                 _ => {}
             }
         }
@@ -780,7 +908,9 @@ impl Coordinator for C10dCoordinator {
                     Event::Note { text } => self
                         .pending
                         .push_back(Remote::Note(format!("c10d rendezvous: {}", plain(&text)))),
-                    Event::Notice { notice } => self.pending.push_back(notice.remote()),
+                    Event::Notice { notice, in_round } => {
+                        self.pending.push_back(notice.remote_here(in_round));
+                    }
                     Event::News { round, why } if Some(round) == self.round && !self.joining => {
                         self.pending.push_back(Remote::NewRound {
                             reason: format!(
@@ -796,7 +926,7 @@ impl Coordinator for C10dCoordinator {
             }
             None
         };
-        match tokio::time::timeout(DONE_WAIT, wait).await {
+        match tokio::time::timeout(NOTICE_WAIT, wait).await {
             Ok(Some((Some(n), _))) => Ok(n.step),
             Ok(Some((None, text))) => Err(CoordError::new(format!(
                 "the notice could not be written into torch's store at {}: {}",
@@ -810,7 +940,7 @@ impl Coordinator for C10dCoordinator {
                 ))
             }
             Err(_) => Err(CoordError::new(format!(
-                "the rendezvous helper did not write the notice within {DONE_WAIT:?}"
+                "the rendezvous helper did not write the notice within {NOTICE_WAIT:?}"
             ))),
         }
     }
@@ -959,6 +1089,7 @@ mod tests {
         let json: serde_json::Value = serde_json::from_str(&c.helper_json()).unwrap();
         assert_eq!(json["torch"]["is_host"], true);
         assert_eq!(json["max_nodes"], 3);
+        assert_eq!(json["exit_barrier_s"], 300.0, "torchrun's bound");
     }
 
     /// The helper's messages parse; an unknown one does not.

@@ -4,12 +4,17 @@
 //!
 //! In: the user's cache folder the agent made in its tier (ClaimJob's
 //! `compile_cache_dir`, `<tier>/.cache/<uid>`, this user's, mode 0700), the
-//! job id and the bound (`--compile-cache-max-gib`). Out: the workers'
-//! variables (`TORCHINDUCTOR_CACHE_DIR`, `TORCHINDUCTOR_FX_GRAPH_CACHE`,
-//! `TRITON_CACHE_DIR`, `JAX_COMPILATION_CACHE_DIR`, each kept when the user
-//! set it) pointing into `<folder>/<job>/`, and the folder kept under the
-//! bound: the files least recently written, of all this user's jobs, go
-//! first.
+//! job id and the bounds (`--compile-cache-max-gib` per job,
+//! `--compile-cache-user-max-gib` for all the user's jobs). Out: the
+//! workers' variables (`TORCHINDUCTOR_CACHE_DIR`,
+//! `TORCHINDUCTOR_FX_GRAPH_CACHE`, `TRITON_CACHE_DIR`,
+//! `JAX_COMPILATION_CACHE_DIR`, each kept when the user set it) pointing
+//! into `<folder>/<job>/`, and the folders kept under the bounds: the job's
+//! folder under its own (its files least recently written go first, no
+//! other job's), then the user's whole folder under the user's total (the
+//! files least recently written of all their jobs go first), so one job
+//! cannot evict another's cache by growing and one user cannot fill the
+//! tier.
 //! Never: follows a symlink (a link is removed as a link; nothing outside
 //! the folder is read or deleted), or fails the job: a cache that cannot
 //! be made is said on the console and the workers run without it.
@@ -35,15 +40,19 @@ pub struct CompileCache {
     root: PathBuf,
     /// This job's: `<root>/<job>`.
     job: PathBuf,
-    /// The bound on the whole user's folder, bytes.
+    /// The bound on this job's folder, bytes.
     max_bytes: u64,
+    /// The bound on the whole user's folder (all their jobs), bytes.
+    user_max_bytes: u64,
 }
 
 /// What one eviction pass did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Eviction {
-    /// Bytes in the folder before the pass.
+    /// Bytes in the job's folder before the pass.
     pub before: u64,
+    /// Bytes in the user's folder after the job's was bounded.
+    pub user_before: u64,
     /// Files removed, and their bytes.
     pub removed: usize,
     /// Bytes removed.
@@ -54,8 +63,14 @@ pub struct Eviction {
 
 impl CompileCache {
     /// This job's folders under `root` (made, mode 0700); `job` is a
-    /// directory-safe job id.
-    pub fn prepare(root: &Path, job: &str, max_bytes: u64) -> std::io::Result<Self> {
+    /// directory-safe job id; `max_bytes` bounds the job's folder,
+    /// `user_max_bytes` the user's (raised to `max_bytes` when below it).
+    pub fn prepare(
+        root: &Path,
+        job: &str,
+        max_bytes: u64,
+        user_max_bytes: u64,
+    ) -> std::io::Result<Self> {
         use std::os::unix::fs::DirBuilderExt;
         let meta = std::fs::symlink_metadata(root)?;
         if !meta.is_dir() {
@@ -88,6 +103,7 @@ impl CompileCache {
             root: root.to_owned(),
             job: job_dir,
             max_bytes,
+            user_max_bytes: user_max_bytes.max(max_bytes),
         })
     }
 
@@ -96,7 +112,7 @@ impl CompileCache {
         &self.job
     }
 
-    /// The bound on the user's folder, bytes (a packed job's cache is
+    /// The bound on the job's folder, bytes (a packed job's cache is
     /// held to it too).
     pub fn max_bytes(&self) -> u64 {
         self.max_bytes
@@ -118,31 +134,40 @@ impl CompileCache {
         .collect()
     }
 
-    /// Removes the least recently written files of the user's folder until
-    /// it holds at most the bound. Blocking (file system walk): run it off
-    /// the runtime.
+    /// Removes the least recently written files of the job's folder until
+    /// it holds at most the job's bound, then those of the user's folder
+    /// (all their jobs) until it holds at most the user's. Blocking (file
+    /// system walk): run it off the runtime.
     pub fn evict(&self) -> Eviction {
-        let mut files = Vec::new();
         let mut out = Eviction::default();
-        walk(&self.root, 0, &mut files, &mut out.truncated);
-        out.before = files.iter().map(|f| f.1).sum();
-        if out.before <= self.max_bytes {
-            return out;
-        }
-        files.sort_by_key(|f| f.0);
-        let mut left = out.before;
-        for (_, size, path) in files {
-            if left <= self.max_bytes {
-                break;
-            }
-            if std::fs::remove_file(&path).is_ok() {
-                left = left.saturating_sub(size);
-                out.removed += 1;
-                out.removed_bytes += size;
-            }
-        }
+        out.before = evict_oldest(&self.job, self.max_bytes, &mut out);
+        out.user_before = evict_oldest(&self.root, self.user_max_bytes, &mut out);
         out
     }
+}
+
+/// Removes the least recently written files below `dir` until it holds at
+/// most `bound` bytes, counting them in `out`; returns the bytes before.
+fn evict_oldest(dir: &Path, bound: u64, out: &mut Eviction) -> u64 {
+    let mut files = Vec::new();
+    walk(dir, 0, &mut files, &mut out.truncated);
+    let before: u64 = files.iter().map(|f| f.1).sum();
+    if before <= bound {
+        return before;
+    }
+    files.sort_by_key(|f| f.0);
+    let mut left = before;
+    for (_, size, path) in files {
+        if left <= bound {
+            break;
+        }
+        if std::fs::remove_file(&path).is_ok() {
+            left = left.saturating_sub(size);
+            out.removed += 1;
+            out.removed_bytes += size;
+        }
+    }
+    before
 }
 
 /// Every regular file (and symlink, as one of 0 bytes, so that a link
@@ -194,7 +219,7 @@ mod tests {
     #[test]
     fn the_env_points_into_the_job_folder_and_keeps_the_users_own() {
         let t = tempfile::tempdir().expect("tempdir");
-        let c = CompileCache::prepare(t.path(), "job-1", 1 << 30).expect("prepare");
+        let c = CompileCache::prepare(t.path(), "job-1", 1 << 30, 1 << 32).expect("prepare");
         assert!(c.dir().join("inductor").is_dir() && c.dir().join("jax").is_dir());
         let env = c.env(|k| (k == "TRITON_CACHE_DIR").then(|| "/mine".to_owned()));
         let get = |k: &str| env.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone());
@@ -206,8 +231,41 @@ mod tests {
         assert_eq!(get("TRITON_CACHE_DIR"), None);
         // Again: the folders are kept.
         std::fs::write(c.dir().join("inductor/x"), b"1").expect("write");
-        CompileCache::prepare(t.path(), "job-1", 1 << 30).expect("again");
+        CompileCache::prepare(t.path(), "job-1", 1 << 30, 1 << 32).expect("again");
         assert!(c.dir().join("inductor/x").exists());
+    }
+
+    #[test]
+    fn a_job_over_its_bound_loses_its_own_oldest_files_never_another_jobs() {
+        let t = tempfile::tempdir().expect("tempdir");
+        let root = t.path().join("user");
+        std::fs::create_dir(&root).expect("mkdir");
+        // 2500 bytes a job, 10000 for the user: only the job bound bites.
+        let a = CompileCache::prepare(&root, "a", 2500, 10_000).expect("a");
+        let b = CompileCache::prepare(&root, "b", 2500, 10_000).expect("b");
+        write(&b.dir().join("triton/oldest"), 1000, 900);
+        write(&a.dir().join("inductor/old"), 1000, 600);
+        write(&a.dir().join("triton/mid"), 1000, 300);
+        write(&a.dir().join("jax/new"), 1000, 10);
+        let e = a.evict();
+        assert_eq!((e.before, e.user_before), (3000, 3000), "{e:?}");
+        assert_eq!((e.removed, e.removed_bytes), (1, 1000), "{e:?}");
+        // The job's oldest went; the other job's older file stays.
+        assert!(!a.dir().join("inductor/old").exists());
+        assert!(a.dir().join("triton/mid").exists() && a.dir().join("jax/new").exists());
+        assert!(b.dir().join("triton/oldest").exists());
+        // In order: a tighter job bound takes the next oldest, then the newest.
+        let one = CompileCache {
+            max_bytes: 1000,
+            ..a.clone()
+        };
+        one.evict();
+        assert!(!a.dir().join("triton/mid").exists() && a.dir().join("jax/new").exists());
+        // Under both bounds: nothing more goes.
+        assert_eq!(one.evict().removed, 0);
+        // A user bound below the job's is raised to it.
+        let c = CompileCache::prepare(&root, "c", 5000, 1).expect("c");
+        assert_eq!(c.user_max_bytes, 5000);
     }
 
     #[test]
@@ -215,8 +273,9 @@ mod tests {
         let t = tempfile::tempdir().expect("tempdir");
         let root = t.path().join("user");
         std::fs::create_dir(&root).expect("mkdir");
-        let a = CompileCache::prepare(&root, "a", 2500).expect("a");
-        let b = CompileCache::prepare(&root, "b", 2500).expect("b");
+        // Each job under its own bound; the user's total (2500) bites.
+        let a = CompileCache::prepare(&root, "a", 2500, 2500).expect("a");
+        let b = CompileCache::prepare(&root, "b", 2500, 2500).expect("b");
         write(&a.dir().join("inductor/old"), 1000, 300);
         write(&b.dir().join("triton/older"), 1000, 600);
         write(&a.dir().join("inductor/new"), 1000, 10);
@@ -229,13 +288,14 @@ mod tests {
         std::os::unix::fs::symlink(&outside, a.dir().join("jax/dirlink")).expect("link");
 
         let e = a.evict();
-        assert_eq!(e.before, 3000, "{e:?}");
+        assert_eq!((e.before, e.user_before), (2000, 3000), "{e:?}");
         assert_eq!((e.removed, e.removed_bytes), (1, 1000), "{e:?}");
         assert!(!b.dir().join("triton/older").exists());
         assert!(a.dir().join("inductor/old").exists() && a.dir().join("inductor/new").exists());
 
         let tight = CompileCache {
             max_bytes: 0,
+            user_max_bytes: 0,
             ..a.clone()
         };
         tight.evict();

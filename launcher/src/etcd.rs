@@ -30,7 +30,7 @@ use tokio::time::Instant;
 use crate::coord as etcd;
 
 use super::args::RunArgs;
-use super::exit::{EXIT_BUDGET_SPENT, EXIT_LAUNCHER_ERROR, EXIT_NODE_FAULT};
+use super::exit::{EXIT_BUDGET_SPENT, EXIT_LAUNCHER_ERROR, EXIT_NODE_FAULT, EXIT_PREEMPTED};
 use super::hosts::{AttemptPlan, CoordError, Coordinator, Directive, NodeFault, Remote};
 
 pub use crate::args::DEFAULT_ETCD_PORT;
@@ -71,6 +71,13 @@ pub struct EtcdCoordinator {
     /// The epoch of the round whose notice this launcher published or was
     /// told of: a notice is brought once.
     noticed: Option<u64>,
+    /// The round of the notice that stood in etcd when this launcher
+    /// joined and is a previous run's ([`etcd::notice::stop_underway`]):
+    /// never acted on.
+    notice_at_join: Option<u64>,
+    /// The notice the job was stopping on when this launcher joined: its
+    /// first rendezvous ends with 85, starting nothing.
+    stop_at_join: Option<etcd::notice::NoticeAtJoin>,
     /// The newest round brought as [`Remote::NewRound`]: brought once. A
     /// launcher that does not act on it (its workers leaving on a notice)
     /// would otherwise be handed it again at once, for ever, starving the
@@ -224,7 +231,22 @@ impl EtcdCoordinator {
         let host = cfg.host.clone();
         let spare = cfg.spare;
         let coord = etcd::Coordinator::join(cfg).await?;
+        let (notice_at_join, stop_at_join) = match coord.notice_at_join() {
+            Some(n) if n.underway => (None, Some(n.clone())),
+            Some(n) => {
+                tracing::info!(
+                    epoch = n.epoch,
+                    by = %n.record.by,
+                    step = n.record.step,
+                    "launcher: the notice standing in etcd is a previous run's (no launcher of that run is left in the job, or its deadline is past): not acted on"
+                );
+                (Some(n.epoch), None)
+            }
+            None => (None, None),
+        };
         Ok(Self {
+            notice_at_join,
+            stop_at_join,
             coord: Some(coord),
             host,
             spare,
@@ -362,12 +384,105 @@ pub fn keeps_place(old: &etcd::Round, new: &etcd::Round) -> bool {
         && old.members != new.members
 }
 
+impl EtcdCoordinator {
+    /// A notice another host wrote in an earlier round than `epoch` (the
+    /// round this host is about to start) while this host was in the job
+    /// but between rounds (stopping, gated, backing off, waiting for the
+    /// round): the hosts of that round are saving its step and leaving
+    /// (85). This host's workers would restart from an older checkpoint
+    /// and could not reach that step in lockstep with hosts that are
+    /// leaving, so none start: the launcher exits 85 too, and the next run
+    /// resumes at the newest step complete for every rank (the notice's,
+    /// when the other hosts' save of it is complete). A notice that stood
+    /// when this launcher joined and is a previous run's is not acted on
+    /// (one whose stop was underway ends the first rendezvous instead:
+    /// [`Self::stop_at_join`]), nor is one this host already acted on,
+    /// nor one of the round it starts (its workers are told of that one
+    /// once they run, as the other hosts' are).
+    fn standing_notice(&mut self, epoch: u64) -> Option<CoordError> {
+        let (e, n) = self.coord.as_ref()?.state().notice?;
+        if e >= epoch || Some(e) == self.notice_at_join || self.noticed.is_some_and(|s| s >= e) {
+            return None;
+        }
+        self.noticed = Some(e);
+        Some(CoordError {
+            message: format!(
+                "host {} got a notice ({}) in round {e} while this host was between rounds: every rank of that round saves at step {} and the job stops; this host's workers do not run in round {epoch}",
+                n.by, n.reason, n.step
+            ),
+            exit_code: EXIT_PREEMPTED,
+        })
+    }
+
+    /// The notice the job was stopping on when this launcher joined
+    /// ([`etcd::notice::stop_underway`]), taken once: the first rendezvous
+    /// ends with 85 rather than waiting for a round nobody will make (the
+    /// job's hosts are saving and leaving) until its timeout.
+    fn stop_at_join(&mut self) -> Option<CoordError> {
+        let n = self.stop_at_join.take()?;
+        self.noticed = Some(n.epoch);
+        let left = n
+            .record
+            .deadline_ms
+            .saturating_sub(crate::hosts::unix_ms(std::time::SystemTime::now()))
+            .div_ceil(1000);
+        Some(CoordError {
+            message: format!(
+                "host {} got a notice ({}) in round {} and the job was stopping on it when this launcher joined (a launcher of that run is still in the job, the stop's deadline {left} s ahead): every rank of that round saves at step {} and the job stops; this host starts no workers",
+                n.record.by, n.record.reason, n.epoch, n.record.step
+            ),
+            exit_code: EXIT_PREEMPTED,
+        })
+    }
+
+    /// A notice written while this host waits for a round: as
+    /// [`Self::standing_notice`], at once (the round it waits for may never
+    /// come: the hosts that would make it are leaving).
+    fn notice_while_waiting(&mut self, e: u64, n: &etcd::records::NoticeRecord) -> CoordError {
+        self.noticed = Some(e);
+        CoordError {
+            message: format!(
+                "host {} got a notice ({}) in round {e} while this host was between rounds: every rank of that round saves at step {} and the job stops; this host's workers do not run again",
+                n.by, n.reason, n.step
+            ),
+            exit_code: EXIT_PREEMPTED,
+        }
+    }
+}
+
+/// The first notice in `states` that this launcher has neither acted on
+/// (`noticed`: the newest round whose notice it has) nor found at its join
+/// as a previous run's (`at_join`); waits for one as long as it takes.
+async fn fresh_notice(
+    mut states: tokio::sync::watch::Receiver<etcd::CoordState>,
+    noticed: Option<u64>,
+    at_join: Option<u64>,
+) -> (u64, etcd::records::NoticeRecord) {
+    loop {
+        {
+            let s = states.borrow_and_update();
+            if let Some((e, n)) = &s.notice
+                && Some(*e) != at_join
+                && noticed.is_none_or(|seen| seen < *e)
+            {
+                return (*e, n.clone());
+            }
+        }
+        if states.changed().await.is_err() {
+            return std::future::pending().await;
+        }
+    }
+}
+
 impl Coordinator for EtcdCoordinator {
     fn name(&self) -> &'static str {
         "etcd"
     }
 
     async fn rendezvous(&mut self, proposed: AttemptPlan) -> Result<AttemptPlan, CoordError> {
+        if let Some(stop) = self.stop_at_join() {
+            return Err(stop);
+        }
         let deadline = Instant::now() + self.round_timeout;
         let round = loop {
             let Some(c) = &self.coord else {
@@ -388,7 +503,16 @@ impl Coordinator for EtcdCoordinator {
             } else {
                 left
             };
-            match c.wait_for_round(self.epoch, wait).await {
+            let waited = tokio::select! {
+                // A round already there comes first: a notice of an
+                // earlier round is then [`Self::standing_notice`]'s.
+                biased;
+                r = c.wait_for_round(self.epoch, wait) => r,
+                (e, n) = fresh_notice(c.rounds(), self.noticed, self.notice_at_join) => {
+                    return Err(self.notice_while_waiting(e, &n));
+                }
+            };
+            match waited {
                 Ok(r) => break r,
                 Err(etcd::CoordError::NotEnoughNodes { .. } | etcd::CoordError::NoRound { .. })
                     if self.unsent.is_some() && Instant::now() < deadline => {}
@@ -396,6 +520,9 @@ impl Coordinator for EtcdCoordinator {
             }
         };
         self.unsent = None;
+        if let Some(stop) = self.standing_notice(round.epoch) {
+            return Err(stop);
+        }
         self.epoch = round.epoch;
         self.standby = !round.runs_workers();
         let plan = plan_of(&round, proposed.restart_count, &self.host, self.spare);
@@ -455,15 +582,17 @@ impl Coordinator for EtcdCoordinator {
         };
         let mut states = c.rounds();
         let told = self.told_lease;
-        let (epoch, noticed) = (self.epoch, self.noticed);
+        let (epoch, noticed, at_join) = (self.epoch, self.noticed, self.notice_at_join);
         let lease_news = async {
             loop {
                 {
                     let s = states.borrow_and_update();
                     // Another host's notice in this attempt's round (or a
-                    // later one: its workers are this round's still).
+                    // later one: its workers are this round's still), or
+                    // in an earlier round, written while this host was
+                    // between rounds ([`Self::standing_notice`]).
                     if let Some((e, n)) = &s.notice
-                        && *e >= epoch
+                        && Some(*e) != at_join
                         && noticed.is_none_or(|seen| seen < *e)
                     {
                         return Err((*e, n.clone()));
@@ -482,6 +611,21 @@ impl Coordinator for EtcdCoordinator {
             r = c.next_round(self.epoch.max(self.brought)) => r,
             news = lease_news => {
                 let ((lapsed, rejoins), why) = match news {
+                    Err((e, _)) if e < epoch => {
+                        // The workers of this round restarted from an
+                        // older checkpoint than the step the leaving hosts
+                        // save: they stop, and the job exits 85.
+                        return match self.standing_notice(epoch) {
+                            Some(stop) => Remote::Stop {
+                                exit_code: stop.exit_code,
+                                reason: stop.message,
+                            },
+                            None => {
+                                self.noticed = Some(e);
+                                Remote::Note(format!("a notice of round {e} stood already"))
+                            }
+                        };
+                    }
                     Err((e, n)) => {
                         self.noticed = Some(e);
                         return Remote::Notice {
@@ -635,7 +779,7 @@ mod tests {
             master_addr: "127.0.0.2".into(),
             master_port: 29500 + u16::try_from(epoch).unwrap(),
             members: members.iter().map(|m| (*m).to_owned()).collect(),
-            ckpt_peers: Vec::new(),
+            ckpt_peers: Default::default(),
             standby: Vec::new(),
             waiting: false,
             reason: String::new(),

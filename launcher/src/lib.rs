@@ -32,6 +32,27 @@
 //! TCPStore in a process of its own ([`round_store`]), so the store that
 //! the workers' `warden.heal` groups meet on outlives every worker.
 //!
+//! # Layout
+//! - [`args`], [`torchrun_flags`], [`nproc`]: the command line, torchrun's
+//!   flags and how each is taken, `--nproc-per-node`'s words.
+//! - [`machine`]: the launcher's decisions, pure, replayed from scenarios;
+//!   [`supervise`]: its executor.
+//! - [`spawn`], [`env`], [`output`], [`standby`], [`reported_imports`],
+//!   [`zero_code`]: the workers: their processes, environment, output, warm
+//!   standby interpreters, what they imported, what the agent is told of
+//!   workers without a client.
+//! - [`agent`], [`connect`]: the agent (the host's wardend or an embedded
+//!   one) and how it is reached.
+//! - [`gate`], [`heal_ready`], [`exit`]: before a respawn; which workers a
+//!   live replica can heal; the exit statuses.
+//! - [`hosts`], [`etcd`], [`coord`], [`c10d`], [`round_store`], [`jax`]:
+//!   across hosts: the seam, the etcd coordinator on `coord`, torch's c10d
+//!   rendezvous, the round's store, JAX's variables.
+//! - [`notice_ckpt`], [`compile_cache`], [`cache_share`]: where a notice's
+//!   save went; the compilation caches and their copy to other hosts.
+//! - [`job_goodput`], [`goodput_view`]: a job's goodput across hosts and as
+//!   people read it.
+//!
 //! Never: reap a worker before the agent read its status (it reads the
 //! zombie); act on a `restart_in_process` decision (the agent carries it
 //! out through the ranks' clients); leave a process of the job behind
@@ -230,7 +251,12 @@ async fn run_job(
             return Err(e);
         }
     };
-    let compile_cache = compile_cache_for(cache_root, &job_id, args.compile_cache_max_gib, console);
+    let compile_cache = compile_cache_for(
+        cache_root,
+        &job_id,
+        (args.compile_cache_max_gib, args.compile_cache_user_max_gib),
+        console,
+    );
     let compile_share = match &compile_cache {
         Some(c) => share_compile_cache(c, &job_id, &link, console).await,
         None => None,
@@ -293,6 +319,7 @@ async fn run_job(
         stop_grace: args.stop_grace,
         term_grace: args.term_grace,
         decision_timeout: args.decision_timeout,
+        teardown_timeout: args.teardown_timeout,
         gpu_release_timeout: args.gpu_release_timeout,
         standby: args.standby_plan(),
         jax: args.jax_job(),
@@ -403,7 +430,7 @@ async fn run_job(
         }
         let log = job.log_root.join("rendezvous.log");
         let cwd = job.log_root.clone();
-        match c10d::C10dCoordinator::start(cfg, &log, &cwd) {
+        match c10d::C10dCoordinator::start(cfg, &log, &cwd, console.clone()) {
             Ok(coordinator) => {
                 supervise::run(job, &link, coordinator, console.clone(), &mut signals).await
             }
@@ -617,7 +644,7 @@ async fn share_compile_cache(
 fn compile_cache_for(
     root: Option<PathBuf>,
     job_id: &str,
-    max_gib: f64,
+    (max_gib, user_max_gib): (f64, f64),
     console: &output::Console,
 ) -> Option<compile_cache::CompileCache> {
     let root = root?;
@@ -625,10 +652,13 @@ fn compile_cache_for(
         return None;
     }
     let max_bytes = (max_gib * f64::from(1u32 << 30)) as u64;
-    match compile_cache::CompileCache::prepare(&root, &sanitize(job_id), max_bytes) {
+    let user_max_gib = user_max_gib.max(max_gib);
+    let user_max_bytes = (user_max_gib * f64::from(1u32 << 30)) as u64;
+    match compile_cache::CompileCache::prepare(&root, &sanitize(job_id), max_bytes, user_max_bytes)
+    {
         Ok(c) => {
             console.say(format!(
-                "compilation caches (torch.compile, Triton, XLA) in {} (at most {max_gib} GiB for this user)",
+                "compilation caches (torch.compile, Triton, XLA) in {} (at most {max_gib} GiB for this job, {user_max_gib} GiB for all this user's jobs)",
                 c.dir().display()
             ));
             let kept = c.clone();

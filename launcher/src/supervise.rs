@@ -99,7 +99,7 @@ const STOP_RANKS_TIMEOUT: Duration = Duration::from_secs(1);
 /// this host's notice lies, so that the other hosts, told through etcd
 /// (a txn, their watch, their agent's StopRanks and next tick), reach their
 /// ranks before those pass it. At most a quarter of the notice's window.
-pub const NOTICE_LEAD: Duration = Duration::from_secs(2);
+pub const NOTICE_LEAD: Duration = warden_agent::notice::ACROSS_HOSTS_LEAD;
 /// How long each of the agent's answers about the job's progress may take
 /// at a restart (ListCheckpoints waits up to 5 s for shards being sealed;
 /// a restart does not).
@@ -172,6 +172,8 @@ pub struct Job {
     pub term_grace: Duration,
     /// How long a failure waits for the agent's decision.
     pub decision_timeout: Duration,
+    /// How long a teardown failure waits for the other workers' exits.
+    pub teardown_timeout: Duration,
     /// The GPU release wait's bound.
     pub gpu_release_timeout: Duration,
     /// Standby interpreters for warm in-job restarts (`--standby`); None:
@@ -318,10 +320,14 @@ pub async fn run<C: Coordinator>(
         max_restarts: job.max_restarts,
         fallback_budget: job.fallback_budget,
         decision_timeout: job.decision_timeout,
+        teardown_timeout: job.teardown_timeout,
         stop_grace: job.stop_grace,
         nproc_per_node: job.nproc_per_node,
         coordinator: coord.name().to_owned(),
         across_hosts: coord.name() != LocalOnly.name(),
+        // The same rule as the workers' WARDEN_ROUND_STORE_PORT
+        // (`round_store_port`): a Python entrypoint, not JAX.
+        round_store_hosted: job.round_store_python.is_some() && !job.jax,
         max_no_progress: job.max_no_progress,
         term_grace: job.term_grace,
     };
@@ -349,6 +355,7 @@ pub async fn run<C: Coordinator>(
         reapers: Vec::new(),
         held_stop: None,
         notice_deadline: None,
+        host_notice_brought: false,
         standbys: Vec::new(),
         healed_pids: HashSet::new(),
         round_store: None,
@@ -425,6 +432,9 @@ struct Sup<'a, C> {
     /// When the notice's stop comes (set by [`Command::Notice`]): the
     /// bound on waiting for the notice's checkpoint to be replicated.
     notice_deadline: Option<SystemTime>,
+    /// The agent's host notice ([`agent::Seen::host_notice`]) was handed
+    /// to the machine (once).
+    host_notice_brought: bool,
     /// One standby interpreter per local worker slot, when kept
     /// ([`Job::standby`]).
     standbys: Vec<Option<Standby>>,
@@ -571,6 +581,19 @@ impl<C: Coordinator> Sup<'_, C> {
             }
             Ev::Deadline => Some(Input::Deadline),
             Ev::Seen => {
+                // The host's own notice, once: the machine stops the job
+                // on it (and across hosts tells the others) before any
+                // rank here left on it.
+                if !self.host_notice_brought
+                    && let Some(n) = self.seen.borrow().host_notice.clone()
+                {
+                    self.host_notice_brought = true;
+                    return Some(Input::HostNotice {
+                        reason: format!("notice from {}: {}", n.source, n.what),
+                        step: n.step,
+                        deadline: n.deadline,
+                    });
+                }
                 // Their clients (the launcher registers every worker at its
                 // spawn; what the restart's timing measures is the training
                 // code back on the agent).
@@ -734,12 +757,18 @@ impl<C: Coordinator> Sup<'_, C> {
                 .map(|(h, p)| format!("{h} ({})", p.addr))
                 .collect();
             match agent::set_peers(&self.client, &self.job.id, &plan.ckpt_peers).await {
-                Ok(targets) if !names.is_empty() => self.say(format!(
-                    "checkpoint peers of this round: {}; this host's replicas go to {}",
-                    crate::coord::round::named_briefly(&names),
-                    if targets.is_empty() { "none (no peer outside this host's failure domain)".to_owned() } else { targets.join(", ") }
-                )),
-                Ok(_) => {}
+                Ok(taken) => {
+                    if !names.is_empty() {
+                        self.say(format!(
+                            "checkpoint peers of this round: {}; this host's replicas go to {}",
+                            crate::coord::round::named_briefly(&names),
+                            if taken.targets.is_empty() { "none (no peer outside this host's failure domain)".to_owned() } else { taken.targets.join(", ") }
+                        ));
+                    }
+                    if !taken.warning.is_empty() {
+                        self.say(format!("the agent warns: {}", taken.warning));
+                    }
+                }
                 Err(e) => self.say(format!(
                     "the agent did not take this round's checkpoint peers ({e}); asked again every 10 s"
                 )),
@@ -1956,8 +1985,23 @@ impl<C: Coordinator> Sup<'_, C> {
             reason: f.outcome.clone(),
             job_failed: f.job_failed,
         };
-        if let Err(e) = self.coord.publish(&stop).await {
-            self.say(format!("could not tell the other nodes: {e}"));
+        // A signal ends the wait: the c10d coordinator's answer to a
+        // finished job waits for the other hosts (its exit barrier, up to
+        // minutes), and a Ctrl-C must not wait with it (torchrun's agent
+        // leaves its barrier on a signal too).
+        let told = tokio::select! {
+            r = self.coord.publish(&stop) => Ok(r),
+            sig = self.signals.recv() => Err(sig),
+        };
+        match told {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => self.say(format!("could not tell the other nodes: {e}")),
+            Err(sig) => {
+                let name = Signal::try_from(sig).map_or("a signal", |s| s.as_str());
+                self.say(format!(
+                    "got {name} while telling the other nodes of the end: not waiting for them"
+                ));
+            }
         }
         self.replenish_at = None;
         for sb in std::mem::take(&mut self.standbys).into_iter().flatten() {

@@ -245,6 +245,12 @@ impl FdBudget {
         self.cap
     }
 
+    /// How many connections a caller who is not an admin may hold: the cap
+    /// less the admins' reserve (at least one).
+    pub fn stranger_cap(&self) -> usize {
+        self.cap.saturating_sub(self.admin_reserve).max(1)
+    }
+
     /// Connections open now, over every listener.
     pub fn open_now(&self) -> usize {
         self.open.load(Ordering::Relaxed)
@@ -252,11 +258,7 @@ impl FdBudget {
 
     /// Takes a place: non-admins only below `cap - ADMIN_RESERVE`.
     fn take(&self, admin: bool) -> Result<(), usize> {
-        let limit = if admin {
-            self.cap
-        } else {
-            self.cap.saturating_sub(self.admin_reserve).max(1)
-        };
+        let limit = if admin { self.cap } else { self.stranger_cap() };
         self.open
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
                 (n < limit).then_some(n + 1)

@@ -18,6 +18,7 @@ use warden_proto::v1 as pb;
 use super::peer_auth::{self, Caller};
 use crate::ckpt::commit::{self, CommitError};
 use crate::ckpt::layout::{ShardKey, check_job_id, check_step};
+use crate::ckpt::peer_pages::{PageError, Paged};
 use crate::ckpt::peerset::PeerSpec;
 use crate::ckpt::restore::{self, RestoreError};
 use crate::ckpt::tier::{Owner, TierError};
@@ -200,7 +201,13 @@ pub async fn restore(
         }
         Err(e @ RestoreError::NoSuchStep { .. }) => Err(Status::not_found(e.to_string())),
         Err(e @ RestoreError::NoValidCopy { .. }) => Err(Status::data_loss(e.to_string())),
-        Err(e @ RestoreError::Unreachable { .. }) => Err(Status::unavailable(e.to_string())),
+        // ABORTED, not UNAVAILABLE: the agent answered, after asking the
+        // holders twice itself (3x `peer_timeout` the second time); the
+        // client reconnects and calls again on UNAVAILABLE (the agent
+        // restarted), which would double the wait for the same answer.
+        // gRPC's own guide: ABORTED is "retry at a higher level", here a
+        // restart of the job (rule `exception.ckpt_holders_unreachable`).
+        Err(e @ RestoreError::Unreachable { .. }) => Err(Status::aborted(e.to_string())),
     }
 }
 
@@ -215,7 +222,9 @@ pub async fn list_checkpoints(
     }
     ck.sealing.settled(Duration::from_secs(5)).await;
     let view = restore::gather(&ck, &req.job_id).await;
-    Ok(restore::listing(&ck, &view))
+    Ok(super::convert::checkpoints(crate::ckpt::listing::listing(
+        &ck, &view,
+    )))
 }
 
 /// SetCheckpointPeers: a launcher's view of the job's other agents.
@@ -225,7 +234,7 @@ pub async fn set_checkpoint_peers(
 ) -> Result<pb::SetCheckpointPeersResponse, Status> {
     let ck = tier(state)?;
     job(&req.job_id)?;
-    let specs: Vec<PeerSpec> = req
+    let page: Vec<PeerSpec> = req
         .peers
         .into_iter()
         .map(|p| PeerSpec {
@@ -235,13 +244,69 @@ pub async fn set_checkpoint_peers(
             identity: p.identity,
         })
         .collect();
+    let specs = match ck
+        .peer_pages
+        .take(&req.job_id, req.list_id, req.page, req.pages, page)
+    {
+        Ok(Paged::Done(specs)) => specs,
+        Ok(Paged::More) => return Ok(pb::SetCheckpointPeersResponse::default()),
+        Err(e) => {
+            let message = format!("SetCheckpointPeers: {e}");
+            return Err(match e {
+                PageError::Full { .. } => Status::resource_exhausted(message),
+                PageError::OutOfOrder { .. } => Status::failed_precondition(message),
+                PageError::TooManyPages(_) | PageError::Beyond { .. } => {
+                    Status::invalid_argument(message)
+                }
+            });
+        }
+    };
+    let others = specs
+        .iter()
+        .map(|s| s.addr.as_str())
+        .filter(|a| *a != ck.peers.my_addr())
+        .collect::<std::collections::HashSet<_>>()
+        .len();
+    let warning = connections_short(state, others);
+    if let Some(w) = &warning {
+        tracing::warn!(job = %req.job_id, "{w}");
+    }
     let targets = ck
         .peers
         .set_job(&req.job_id, &specs)
         .map_err(|e| Status::invalid_argument(format!("SetCheckpointPeers: {e}")))?;
     tracing::info!(job = %req.job_id, peers = specs.len(), targets = ?targets,
         "checkpoint peers of the job set by its launcher");
-    Ok(pb::SetCheckpointPeersResponse { targets })
+    Ok(pb::SetCheckpointPeersResponse {
+        targets,
+        warning: warning.unwrap_or_default(),
+    })
+}
+
+/// Whether a job with `peers` other hosts has more than this agent takes
+/// connections over `api.tcp`: the job's straggler aggregator (the first
+/// live host in node-rank order) holds one from every other host, so past
+/// the cap the later hosts' reports are refused. Said at the round, when
+/// the job's size is first known here, not at the first refusal.
+fn connections_short(state: &AgentState, peers: usize) -> Option<String> {
+    let cfg = &state.config;
+    if cfg.api.tcp.is_empty() {
+        return None;
+    }
+    // The cap the listeners enforce (the daemon's one budget), not one
+    // computed again here.
+    let cap = state.stranger_connections()?;
+    (peers > cap).then(|| {
+        format!(
+            "this job has {} hosts but this agent takes at most {cap} connections from other hosts \
+             (api.max_connections {}, within its RLIMIT_NOFILE, less those kept for admins): were \
+             it the job's straggler aggregator, {} hosts could not report to it; raise \
+             api.max_connections and LimitNOFILE above the host count on every host",
+            peers + 1,
+            cfg.api.max_connections,
+            peers - cap,
+        )
+    })
 }
 
 /// PushShard: a peer's replica, checked before it is committed.

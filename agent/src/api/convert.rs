@@ -231,3 +231,59 @@ pub fn incident(r: &warden_core::attribute::IncidentRecord) -> pb::Incident {
         waited_on: r.waited_on.clone(),
     }
 }
+
+/// ListCheckpoints' answer from the tier's listing.
+pub fn checkpoints(l: crate::ckpt::listing::Listing) -> pb::ListCheckpointsResponse {
+    pb::ListCheckpointsResponse {
+        steps: l
+            .steps
+            .into_iter()
+            .map(|s| pb::CheckpointStep {
+                job_id: s.job,
+                step: s.step,
+                world_size: s.world_size,
+                complete: s.complete,
+                shards: s
+                    .shards
+                    .into_iter()
+                    .map(|sh| pb::ShardLocations {
+                        rank: sh.rank,
+                        size_bytes: sh.size_bytes,
+                        xxh3: sh.xxh3,
+                        copies: sh
+                            .copies
+                            .into_iter()
+                            .map(|c| pb::ShardCopy {
+                                tier: c.tier.to_owned(),
+                                holder: c.holder,
+                                corrupt: c.corrupt.unwrap_or_default(),
+                            })
+                            .collect(),
+                    })
+                    .collect(),
+            })
+            .collect(),
+        unreachable: l.unreachable,
+    }
+}
+
+/// ReportException's answer from the in-process stage's.
+pub fn exception_answer(
+    a: crate::act::in_process::exception::Answer,
+) -> pb::ReportExceptionResponse {
+    use crate::act::in_process::exception::Answer;
+    match a {
+        Answer::Restart { seq, rule, reason } => pb::ReportExceptionResponse {
+            action: pb::Action::RestartInProcess as i32,
+            seq,
+            rule: rule.to_owned(),
+            reason,
+        },
+        Answer::Stop { rule, reason } => pb::ReportExceptionResponse {
+            action: pb::Action::Stop as i32,
+            seq: 0,
+            rule: rule.to_owned(),
+            reason,
+        },
+    }
+}

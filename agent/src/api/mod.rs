@@ -13,7 +13,6 @@ pub mod ckpt;
 pub mod conn_watch;
 pub mod control;
 pub mod convert;
-pub mod exception_decision;
 pub mod gate;
 pub mod gate_state;
 pub mod goodput;

@@ -14,6 +14,7 @@ use super::caller::{self, LocalPeer};
 use super::convert;
 use super::observe::observed;
 use super::streams::{StreamGate, StreamPermit};
+use crate::act::in_process;
 use crate::ranks::registry::{RankState, RegisterRequest};
 use crate::ranks::{self, RankKey, RegisterError};
 use crate::state::AgentState;
@@ -462,12 +463,13 @@ impl Agent for AgentService {
                     }));
                 // After the event: the decision's restart.requested follows it.
                 let answer = if awaits_decision {
-                    super::exception_decision::decide(
-                        &self.state,
+                    convert::exception_answer(in_process::exception::decide(
+                        &self.state.in_process(),
+                        &self.state.config.policy,
                         &key,
                         &r.exception_type,
                         &r.message,
-                    )
+                    ))
                 } else {
                     pb::ReportExceptionResponse::default()
                 };

@@ -2,4 +2,5 @@
 //! to the engine ([`warden_core::attribute`]), asks the policy and its hook,
 //! records incidents and starts in-process restarts.
 
+pub mod job_stop;
 pub mod task;

@@ -16,7 +16,9 @@ pub mod commit;
 pub mod config;
 pub mod durable;
 pub mod layout;
+pub mod listing;
 pub mod manifest;
+pub mod peer_pages;
 pub mod peers;
 pub mod peerset;
 pub mod placement;
@@ -104,6 +106,8 @@ pub struct Checkpoints {
     /// every one that matters to the job; replicas go to the placement's
     /// targets among them).
     pub peers: peerset::PeerSet,
+    /// Peer lists handed over in pages, waiting for their last page.
+    pub peer_pages: peer_pages::PeerPages,
     /// The durable store, when configured.
     pub durable: Option<durable::Durable>,
     /// Commits being sealed.
@@ -168,6 +172,7 @@ impl Checkpoints {
             host: host.to_owned(),
             tier,
             peers,
+            peer_pages: peer_pages::PeerPages::default(),
             durable,
             sealing: Sealing::default(),
             work,

@@ -97,6 +97,11 @@ impl PeerSet {
         self.jobs.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// This agent's own address as its peers know it.
+    pub fn my_addr(&self) -> &str {
+        &self.me.addr
+    }
+
     /// The peers that matter to `job`: the configured ones, then the job's
     /// own (one entry per address). For `""`, every peer of every job (a
     /// listing of everything).
@@ -108,8 +113,10 @@ impl PeerSet {
         } else {
             jobs.get(job).into_iter().flatten().collect()
         };
+        let mut seen: std::collections::HashSet<String> =
+            out.iter().map(|o| o.member.addr.clone()).collect();
         for p in extra {
-            if !out.iter().any(|o| o.member.addr == p.member.addr) {
+            if seen.insert(p.member.addr.clone()) {
                 out.push(p.clone());
             }
         }
@@ -188,7 +195,14 @@ impl PeerSet {
         let mut fresh: Vec<Peer> = Vec::new();
         {
             let jobs = self.jobs();
-            let known: Vec<&Peer> = jobs.values().flatten().collect();
+            // Hash maps, not scans: a job of 16,384 hosts hands over that
+            // many peers every round and every 10 s (issue 30).
+            let known: std::collections::HashMap<(&str, &str), &Peer> = jobs
+                .values()
+                .flatten()
+                .map(|p| ((p.member.addr.as_str(), p.name.as_str()), p))
+                .collect();
+            let mut taken = std::collections::HashSet::with_capacity(specs.len());
             for (index, s) in specs.iter().enumerate() {
                 if !warden_core::config::valid_peer_addr(&s.addr) {
                     return Err(PeerSetError::BadAddr {
@@ -197,15 +211,12 @@ impl PeerSet {
                         addr: s.addr.clone(),
                     });
                 }
-                if s.addr == self.me.addr || fresh.iter().any(|p| p.member.addr == s.addr) {
+                if s.addr == self.me.addr || !taken.insert(s.addr.as_str()) {
                     continue;
                 }
                 // Keep the connection of a peer already known under the
                 // same identity (a new name needs a dial that checks it).
-                let peer = match known
-                    .iter()
-                    .find(|p| p.member.addr == s.addr && p.name == s.identity)
-                {
+                let peer = match known.get(&(s.addr.as_str(), s.identity.as_str())) {
                     Some(p) => Peer::on(&s.addr, &s.domain, &s.identity, p.channel.clone()),
                     None => Peer::new(&s.addr, &s.domain, &s.identity, self.timeout, &self.tls)
                         .map_err(|message| PeerSetError::Client {

@@ -253,7 +253,9 @@ pub enum RestoreError {
         missing: Vec<u32>,
     },
     /// No step in reach, and some holders could not be asked: the step may
-    /// be on them.
+    /// be on them. The edge answers ABORTED (a decided answer, after the
+    /// second ask): a client retries it at a higher level (the job's
+    /// restart), not the call itself, as it would UNAVAILABLE.
     #[error(
         "job {job}: {what} among the holders that answered, and these could not be asked (the checkpoint may be on them; the restore can be tried again): {}",
         holders.join("; "),
@@ -491,78 +493,5 @@ async fn fetch(ck: &Arc<Checkpoints>, key: &ShardKey, c: &Copy) -> Result<PathBu
             .await
             .map_err(|e| e.to_string())
         }
-    }
-}
-
-/// The ListCheckpoints answer from a view: every step with a copy, good
-/// or marked corrupt.
-pub fn listing(ck: &Checkpoints, view: &View) -> pb::ListCheckpointsResponse {
-    let none = BTreeMap::new();
-    let none_bad = BTreeMap::new();
-    let keys: std::collections::BTreeSet<&(String, u64)> =
-        view.steps.keys().chain(view.corrupt.keys()).collect();
-    let mut steps: Vec<pb::CheckpointStep> = keys
-        .into_iter()
-        .map(|key| {
-            let (job, step) = key;
-            let ranks = view.steps.get(key).unwrap_or(&none);
-            let bad = view.corrupt.get(key).unwrap_or(&none_bad);
-            let all: std::collections::BTreeSet<u32> =
-                ranks.keys().chain(bad.keys()).copied().collect();
-            pb::CheckpointStep {
-                job_id: job.clone(),
-                step: *step,
-                world_size: View::world_size(ranks),
-                complete: View::complete(ranks),
-                shards: all
-                    .into_iter()
-                    .map(|rank| {
-                        let copies = ranks.get(&rank).map(Vec::as_slice).unwrap_or_default();
-                        let mut out: Vec<pb::ShardCopy> = copies
-                            .iter()
-                            .map(|c| pb::ShardCopy {
-                                tier: c.holder.tier().to_owned(),
-                                holder: match &c.holder {
-                                    Holder::Local => ck.host.clone(),
-                                    Holder::Peer { host, .. } => host.clone(),
-                                    Holder::Durable => ck
-                                        .durable
-                                        .as_ref()
-                                        .map(|d| d.url().to_owned())
-                                        .unwrap_or_default(),
-                                },
-                                corrupt: String::new(),
-                            })
-                            .collect();
-                        if let Some(why) = bad.get(&rank) {
-                            out.push(pb::ShardCopy {
-                                tier: Holder::Local.tier().to_owned(),
-                                holder: ck.host.clone(),
-                                corrupt: if why.is_empty() {
-                                    "marked corrupt".to_owned()
-                                } else {
-                                    why.clone()
-                                },
-                            });
-                        }
-                        pb::ShardLocations {
-                            rank,
-                            size_bytes: copies.first().map(|c| c.manifest.size_bytes).unwrap_or(0),
-                            xxh3: copies
-                                .first()
-                                .and_then(|c| c.manifest.hash().ok())
-                                .unwrap_or(0),
-                            copies: out,
-                        }
-                    })
-                    .collect(),
-            }
-        })
-        .collect();
-    // Newest first within each job.
-    steps.sort_by(|a, b| a.job_id.cmp(&b.job_id).then(b.step.cmp(&a.step)));
-    pb::ListCheckpointsResponse {
-        steps,
-        unreachable: view.unreachable.clone(),
     }
 }

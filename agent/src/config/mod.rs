@@ -706,6 +706,7 @@ impl Config {
         for (key, d) in [
             ("hang.init_timeout", h.init_timeout),
             ("hang.checkpoint_timeout", h.checkpoint_timeout),
+            ("hang.heal_timeout", h.heal_timeout),
             ("hang.default_timeout", h.default_timeout),
         ] {
             if d < self.agent.tick {

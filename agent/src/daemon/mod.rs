@@ -205,6 +205,7 @@ async fn serve(
     // descriptors the agent may open (issue 29).
     let nofile = crate::api::admission::nofile_limit();
     let quotas = Quotas::new(cfg, nofile);
+    state.set_stranger_connections(quotas.budget.stranger_cap());
     tracing::info!(
         nofile,
         connections = quotas.budget.cap(),

@@ -3,5 +3,4 @@
 //! job-wide view merged from every host's report.
 
 pub mod config;
-pub mod job_wide;
 pub mod task;

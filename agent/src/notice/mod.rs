@@ -247,21 +247,7 @@ impl Board {
             return None;
         }
         let furthest = steps.iter().copied().max()?;
-        let step_ns = ranks
-            .iter()
-            .filter_map(|e| e.last.as_ref())
-            .filter_map(|s| {
-                let mut d: Vec<u64> = s
-                    .recent_steps
-                    .iter()
-                    .map(|st| st.duration_ns)
-                    .filter(|d| *d > 0)
-                    .collect();
-                d.sort_unstable();
-                d.get(d.len() / 2).copied()
-            })
-            .max();
-        let step = save_step(furthest, step_ns, lead);
+        let step = save_step(furthest, step_time_ns(ranks.iter().copied()), lead);
         g.told.insert(job.to_owned(), step);
         Some(step)
     }
@@ -320,21 +306,37 @@ impl Board {
         }
         let mut out = Vec::new();
         for (job, ranks) in by_job {
-            let Some(n) = jobs.get(&job).or(host.as_ref()) else {
+            // The earlier stop of the host's notice and the job's, the
+            // host's on a tie: a launcher that passes its host's notice on
+            // (StopRanks with the same deadline) does not change what the
+            // ranks read (`warden.notice().source` stays `gce`).
+            let Some(n) = first(host.iter().chain(jobs.get(&job))) else {
                 continue;
             };
+            let n = &n;
             // The save step: the one after the furthest rank's, read from
             // the slots now (a scan's reading may be a tick old, and a rank
             // already past the step named would save another one). Fixed
             // at the first telling, so every rank gets the same.
+            // A host notice on one host of a job that spans hosts leads by
+            // the steps [`ACROSS_HOSTS_LEAD`] takes, as a launcher's SIGTERM
+            // does: the launcher, told by the `notice.raised` event below,
+            // publishes the step for the other hosts, whose ranks (in
+            // lockstep with these) must not have passed it by then.
             let known = self.lock().told.get(&job).copied();
             let step = known.unwrap_or_else(|| {
-                ranks
+                let furthest = ranks
                     .iter()
                     .filter_map(|&(_, slot)| reg.slots().current_step(slot).ok())
                     .max()
-                    .unwrap_or(0)
-                    .saturating_add(1)
+                    .unwrap_or(0);
+                let lead = if jobs.contains_key(&job) || !spans_hosts(reg, &job) {
+                    Duration::ZERO
+                } else {
+                    across_hosts_lead(n.deadline, SystemTime::now())
+                };
+                let of_job = reg.ranks.values().filter(|e| e.key.job == job);
+                save_step(furthest, step_time_ns(of_job), lead)
             });
             for &(rank, slot) in &ranks {
                 if let Err(e) = reg.slots().set_notice(slot, n.word(), step) {
@@ -370,6 +372,7 @@ impl Board {
                 .with("source", n.source.name())
                 .with("what", &n.what)
                 .with("deadline", n.deadline_text())
+                .with("deadline_unix_ms", deadline_unix_ms(n.deadline))
                 .with("time_left", left)
                 .with("save_at_step", step)
                 .with(
@@ -508,6 +511,65 @@ impl Board {
     }
 }
 
+/// How far ahead of the furthest rank, in time, the step saved on a notice
+/// lies when the job spans hosts: the other hosts are told through etcd or
+/// torch's store meanwhile (a launcher reads it from its watch, or its
+/// rendezvous helper at its next 0.5 s poll, and tells its agent), and
+/// their ranks, in lockstep with these, must not have passed it. At most a
+/// quarter of the notice's window ([`across_hosts_lead`]). The launcher
+/// asks for the same lead on its own SIGTERM.
+pub const ACROSS_HOSTS_LEAD: Duration = Duration::from_secs(2);
+
+/// [`ACROSS_HOSTS_LEAD`], or a quarter of the time left before `deadline`
+/// when that is shorter (a short window keeps most of itself for the save).
+pub fn across_hosts_lead(deadline: Option<SystemTime>, now: SystemTime) -> Duration {
+    deadline.map_or(ACROSS_HOSTS_LEAD, |d| {
+        ACROSS_HOSTS_LEAD.min(d.duration_since(now).unwrap_or_default() / 4)
+    })
+}
+
+/// Whether `job` has ranks on other hosts: a rank here declared a world
+/// larger than the ranks of the job registered here (the launcher
+/// registers its workers as it spawns them, so on one host they are all
+/// here from the start).
+fn spans_hosts(reg: &Registry, job: &str) -> bool {
+    let mut here = BTreeSet::new();
+    let mut world = 0;
+    for e in reg.ranks.values().filter(|e| e.key.job == job) {
+        here.insert(e.key.rank);
+        world = world.max(e.world_size);
+    }
+    usize::try_from(world).is_ok_and(|w| w > here.len())
+}
+
+/// The job's recent step time: the largest of its ranks' median step
+/// durations, as the last scan read them (None before any step ended).
+fn step_time_ns<'a>(
+    ranks: impl Iterator<Item = &'a crate::ranks::registry::RankEntry>,
+) -> Option<u64> {
+    ranks
+        .filter_map(|e| e.last.as_ref())
+        .filter_map(|s| {
+            let mut d: Vec<u64> = s
+                .recent_steps
+                .iter()
+                .map(|st| st.duration_ns)
+                .filter(|d| *d > 0)
+                .collect();
+            d.sort_unstable();
+            d.get(d.len() / 2).copied()
+        })
+        .max()
+}
+
+/// A deadline as milliseconds since the Unix epoch, as the `notice.raised`
+/// event carries it for the launcher (0: none said).
+fn deadline_unix_ms(deadline: Option<SystemTime>) -> u64 {
+    deadline
+        .and_then(|d| d.duration_since(UNIX_EPOCH).ok())
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
 /// Most steps a lead may add: a caller's number over a tiny step time is
 /// bounded.
 const MAX_LEAD_STEPS: u64 = 100_000;
@@ -531,10 +593,13 @@ pub fn save_step(furthest: u64, step_ns: Option<u64>, lead: Duration) -> u64 {
     furthest.saturating_add(1).saturating_add(extra)
 }
 
+/// The notice whose stop comes first, in whole seconds (as the slot word
+/// carries it), the first given on a tie.
 fn first<'a>(it: impl Iterator<Item = &'a Notice>) -> Option<Notice> {
     it.min_by_key(|n| {
         n.deadline
-            .unwrap_or(SystemTime::UNIX_EPOCH + Duration::from_secs(u64::from(u32::MAX)))
+            .and_then(|d| d.duration_since(UNIX_EPOCH).ok())
+            .map_or(u64::MAX, |d| d.as_secs())
     })
     .cloned()
 }
@@ -634,6 +699,22 @@ mod tests {
         // A tiny step time is bounded.
         assert_eq!(save_step(0, Some(1), ms(60_000)), 1 + MAX_LEAD_STEPS);
         assert_eq!(save_step(u64::MAX, Some(1), ms(1)), u64::MAX);
+    }
+
+    #[test]
+    fn the_lead_across_hosts_is_at_most_a_quarter_of_the_window() {
+        let now = UNIX_EPOCH + Duration::from_secs(1_900_000_000);
+        let s = Duration::from_secs;
+        assert_eq!(across_hosts_lead(None, now), ACROSS_HOSTS_LEAD);
+        assert_eq!(across_hosts_lead(Some(now + s(30)), now), ACROSS_HOSTS_LEAD);
+        assert_eq!(across_hosts_lead(Some(now + s(4)), now), s(1));
+        // A deadline already past: no lead to spend, save at once.
+        assert_eq!(across_hosts_lead(Some(now - s(1)), now), Duration::ZERO);
+        assert_eq!(
+            deadline_unix_ms(Some(now + Duration::from_millis(5))),
+            1_900_000_000_005
+        );
+        assert_eq!(deadline_unix_ms(None), 0);
     }
 
     #[test]

@@ -27,6 +27,9 @@ const FILE_MODE: u32 = 0o644;
 pub const INIT: &str = "init";
 /// Name used for time outside any section between steps.
 pub const IDLE: &str = "idle";
+/// The section `warden.heal` opens around a restart attempt's regrouping
+/// and heal from a live replica.
+pub const HEAL: &str = "heal";
 
 /// Why calibration could not be loaded or saved.
 #[derive(Debug, thiserror::Error)]

@@ -39,11 +39,14 @@ pub enum Cause {
     CheckpointSave,
     /// A restarted rank restoring its checkpoint.
     CheckpointRestore,
-    /// Last completed step to the incident (a hang's timeout, a crash's exit).
+    /// Last completed step to the incident (a hang's timeout, a crash's
+    /// exit), less the step in flight (lost progress).
     DetectionWait,
     /// The incident to the first step after the restart, less the restore.
     RestartDowntime,
-    /// Steps redone after a restart: a step number completed before, seen again.
+    /// Work redone after a fault: the step in flight when it came (up to
+    /// one step of the rank's baseline), and a step number completed
+    /// before, seen again after a restart.
     LostProgress,
     /// Step time above the rank's own baseline while a rank of its job is
     /// flagged as a straggler.
@@ -130,7 +133,7 @@ pub struct Occurrences {
     pub steps: (u64, i64),
     /// First-attempt start-ups (launch to first step).
     pub startups: (u64, i64),
-    /// Detections (last step to incident).
+    /// Detections (last step to incident, less the step in flight).
     pub detections: (u64, i64),
     /// Restarts completed (incident to first step, less restore).
     pub restarts: (u64, i64),
@@ -569,8 +572,16 @@ impl Ledger {
         }
     }
     /// An incident in `job` at `at_ns` (a hang declared, a rank crashed):
-    /// every rank's time since its last step is detection wait, and from
-    /// now on restart downtime.
+    /// every rank's time since its last step is the step in flight, lost,
+    /// then detection wait; from now on restart downtime.
+    ///
+    /// The step in flight never completes: whatever recovers the job (a
+    /// heal from a live replica, an in-process restart, a checkpoint
+    /// restore) does it again. So its work so far is lost progress, at most
+    /// one step of the rank's own baseline (the median of its recent
+    /// steps) after its last one; only the time past that is the wait for
+    /// the incident to be seen. Without a baseline yet (fewer than 5 steps
+    /// since the agent started) it is all detection wait.
     pub fn incident(&mut self, job: &str, at_ns: u64) {
         let Some(j) = self.jobs.get_mut(job) else {
             return;
@@ -578,6 +589,12 @@ impl Ledger {
         for (rank, r) in &mut j.ranks {
             match r.phase {
                 Phase::Running => {
+                    let since = ns_between(r.cursor_ns, at_ns);
+                    let in_flight = r.step_base.median().map_or(0, |b| b.clamp(0, since));
+                    let cut = r
+                        .cursor_ns
+                        .saturating_add(u64::try_from(in_flight).unwrap_or(0));
+                    r.advance(cut, Cause::LostProgress);
                     let ns = r.advance(at_ns, Cause::DetectionWait);
                     r.occ.detections.0 += 1;
                     r.occ.detections.1 += ns;

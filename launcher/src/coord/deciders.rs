@@ -9,22 +9,44 @@
 //! **first [`DECIDERS`] live hosts by join** (their member keys' create
 //! revisions, the same order for every reader) decide; every later host
 //! reads and watches the rounds, layouts, departures and end markers, and
-//! of the member keys only their deletions, to take a decider's place.
+//! the deciders' markers, to take a decider's place.
 //!
-//! A host that does not decide keeps the first [`DECIDERS`] it was told
-//! of. When fewer than half of them are left (lost, left, or their lease
-//! expired), it asks etcd again for the first [`DECIDERS`] by join (one
-//! request of [`DECIDERS`] keys, no values); if it is among them now, it
-//! decides from then on: it reads every member and watches them all. A
-//! host never stops deciding once it has begun (an extra decider costs its
-//! own reads; a missing one could leave a round unwritten).
+//! **Who decides, in O(1) per join** (issue 30: etcd 3.4 answers a range
+//! sorted by create revision by reading and decoding every key's record
+//! from its backend before it sorts and limits, so a joining read of the
+//! first [`DECIDERS`] by join cost O(N) per join and O(N^2) for a job). A
+//! joining host's own member key is the newest by join (its register txn
+//! creates it), so it is among the first [`DECIDERS`] exactly when there
+//! are at most [`DECIDERS`] member keys: a count, which etcd answers from
+//! its in-memory index without reading a record ([`newest_decides`]).
 //!
-//! In: a member key's deletion, the answer of [`first_by_join`]. Out:
-//! whether this host decides; whether to ask again.
+//! **Whom a host that does not decide watches for.** Every host that
+//! decides writes a marker, `deciders/<host>` under its lease
+//! ([`super::keys::Keys::decider`]), when it starts deciding (at join, when
+//! it takes a place, again after a rejoin). A host that does not decide
+//! reads the markers at join and watches them (puts and deletions): its
+//! set is the live deciders, and a decider's loss (its lease gone, its
+//! leave) is one event for it, where the member keys' deletions were one
+//! per lost host and a watch etcd matched against every join. A marker not
+//! yet written when a host joins reaches it through that watch.
+//!
+//! When fewer than half of [`DECIDERS`] markers are left, the host asks
+//! etcd for the first [`DECIDERS`] by join ([`first_by_join`], the sorted
+//! read: rare); if it is among them now, it decides from then on: it
+//! writes its marker, reads every member and watches them all. Every host
+//! that does not decide sees the same loss and asks too, so the hosts next
+//! by join take the places, and their markers bring the set back. A host
+//! never stops deciding once it has begun (an extra decider costs its own
+//! reads; a missing one could leave a round unwritten). The launchers of
+//! one job run one warden version: a decider of a version before the
+//! markers writes none, so a later host would not see its loss.
+//!
+//! In: a count of member keys, the markers, a marker's deletion, the
+//! answer of [`first_by_join`]. Out: whether this host decides; whether
+//! to ask again.
 //! Never: make a host that is among the first [`DECIDERS`] a non-decider;
-//! ask etcd again on a member key's deletion unless half the deciders it
-//! knows are gone (a lost host costs each other host an event, not a
-//! request).
+//! read or sort every member key per join; ask etcd again on a marker's
+//! deletion unless fewer than half of [`DECIDERS`] are left.
 
 use std::collections::BTreeMap;
 
@@ -68,8 +90,8 @@ pub(crate) async fn first_by_join(
     Ok(from_keys(keys, resp.kvs()))
 }
 
-/// The answer of a read of the first member keys by join (here, or in
-/// the joining txn, [`super::join_read`]): host id -> create revision.
+/// The answer of a read of the first member keys by join: host id ->
+/// create revision.
 pub(crate) fn from_keys(keys: &Keys, kvs: &[KeyValue]) -> BTreeMap<String, i64> {
     let prefix = keys.members();
     kvs.iter()
@@ -81,6 +103,26 @@ pub(crate) fn from_keys(keys: &Keys, kvs: &[KeyValue]) -> BTreeMap<String, i64> 
         .collect()
 }
 
+/// A decider's marker ([`super::keys::Keys::decider`]): its host id and
+/// the create revision it names (0 when unreadable: only the host id is
+/// used, to watch for the decider's loss). `None` for any other key.
+pub(crate) fn from_marker(keys: &Keys, key: &[u8], value: &[u8]) -> Option<(String, i64)> {
+    let key = std::str::from_utf8(key).ok()?;
+    let host = key.strip_prefix(keys.deciders().as_str())?;
+    let joined = std::str::from_utf8(value)
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0);
+    Some((host.to_owned(), joined))
+}
+
+/// Whether a host whose member key was just created (the newest by join)
+/// decides, given how many member keys there are with it: it is among the
+/// first [`DECIDERS`] by join exactly when there are at most that many.
+pub(crate) fn newest_decides(members: i64) -> bool {
+    usize::try_from(members).is_ok_and(|n| n <= DECIDERS)
+}
+
 /// Whether `host` decides, given the first hosts by join etcd answered:
 /// it is among them, or there are fewer than [`DECIDERS`] members (its
 /// own key is one of them).
@@ -88,8 +130,8 @@ pub(crate) fn decides(first: &BTreeMap<String, i64>, host: &str) -> bool {
     first.len() < DECIDERS || first.contains_key(host)
 }
 
-/// After the deletion of `host`'s member key: whether a non-decider that
-/// knew `first` as the deciders should ask etcd again (`first` is updated).
+/// After the deletion of `host`'s marker: whether a non-decider that knew
+/// `first` as the deciders should ask etcd again (`first` is updated).
 pub(crate) fn deleted(first: &mut BTreeMap<String, i64>, host: &str) -> bool {
     first.remove(host).is_some() && first.len() < DECIDERS.div_ceil(2)
 }
@@ -111,6 +153,33 @@ mod tests {
         assert!(!decides(&first(DECIDERS), "h8"));
         // Fewer members than deciders: every host is among them.
         assert!(decides(&first(3), "late"));
+    }
+
+    #[test]
+    fn the_newest_host_decides_only_among_the_first_by_count() {
+        assert!(newest_decides(1));
+        assert!(newest_decides(8));
+        assert!(!newest_decides(9));
+        assert!(!newest_decides(2_048));
+        // A count etcd could not give (negative) is no licence to decide.
+        assert!(!newest_decides(-1));
+    }
+
+    #[test]
+    fn a_marker_names_its_decider() {
+        let keys = Keys::new("/w", "j");
+        let kv = |host: &str, value: &str| {
+            from_marker(&keys, keys.decider(host).as_bytes(), value.as_bytes())
+        };
+        assert_eq!(kv("a", "12"), Some(("a".to_owned(), 12)));
+        assert_eq!(kv("b", "junk"), Some(("b".to_owned(), 0)));
+        // A member key, or another job's marker, is no marker of this job.
+        assert_eq!(from_marker(&keys, keys.member("a").as_bytes(), b"1"), None);
+        let other = Keys::new("/w", "k");
+        assert_eq!(
+            from_marker(&keys, other.decider("a").as_bytes(), b"1"),
+            None
+        );
     }
 
     #[test]

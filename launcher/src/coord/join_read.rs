@@ -17,23 +17,27 @@
 //! In: the job's [`Keys`]; the txn's op responses. Out: the ops; what
 //! each read returned ([`JoinRead`]).
 //! Never: read a value a host that does not decide has no use for (no
-//! member record: the first hosts by join come as keys only); sort more
-//! than the round records and end markers (at most [`super::keys::KEEP_ROUNDS`]
-//! + 1 of each) and the one notice kept besides the first hosts by join.
+//! member record); read or sort every member key (issue 30: etcd 3.4
+//! answers a sorted range by reading every key's record from its backend,
+//! so a sorted read of the first hosts by join cost O(N) per join, O(N^2)
+//! for a job: the members are counted instead, from etcd's in-memory index,
+//! and the deciders come from their markers, [`super::deciders`]); sort
+//! more than the round records and end markers (at most
+//! [`super::keys::KEEP_ROUNDS`] + 1 of each) and the one notice kept.
 
 use etcd_client::{GetOptions, KeyValue, SortOrder, SortTarget, TxnOp, TxnOpResponse};
 
-use super::deciders::DECIDERS;
 use super::keys::Keys;
 use super::paged::{PAGE_KEYS, prefix_end};
 
 /// How many range ops [`ops`] makes.
-pub const READS: usize = 7;
+pub const READS: usize = 8;
 
 /// The joining read's range ops, in the order [`JoinRead::parse`] reads
-/// their answers: the epoch key; the first [`DECIDERS`] member keys by
-/// create revision (keys only); a page of departures; the newest round
-/// record; the newest end marker; a page of layout chunks.
+/// their answers: the epoch key; the count of member keys (no key: etcd
+/// counts its in-memory index, reading no record); a page of the deciders'
+/// markers; a page of departures; the newest round record; the newest end
+/// marker; a page of layout chunks; the newest notice.
 pub fn ops(keys: &Keys) -> Vec<TxnOp> {
     let newest = |prefix: String| {
         let end = prefix_end(&prefix);
@@ -62,11 +66,10 @@ pub fn ops(keys: &Keys) -> Vec<TxnOp> {
             Some(
                 GetOptions::new()
                     .with_range(prefix_end(&members))
-                    .with_keys_only()
-                    .with_sort(SortTarget::Create, SortOrder::Ascend)
-                    .with_limit(i64::try_from(DECIDERS).unwrap_or(i64::MAX)),
+                    .with_count_only(),
             ),
         ),
+        page(keys.deciders()),
         page(keys.departures()),
         newest(keys.rounds()),
         newest(keys.ends()),
@@ -82,6 +85,8 @@ pub struct Page {
     pub kvs: Vec<KeyValue>,
     /// More keys follow the last one (continue from right after it).
     pub more: bool,
+    /// How many keys the range holds (all of them, not only this page's).
+    pub count: i64,
 }
 
 /// What the joining read returned.
@@ -89,8 +94,11 @@ pub struct Page {
 pub struct JoinRead {
     /// The epoch key (empty when absent: epoch 0).
     pub epoch: Vec<KeyValue>,
-    /// The first member keys by join, keys only.
-    pub first: Vec<KeyValue>,
+    /// How many member keys there are (this host's among them when the
+    /// read is its register txn's).
+    pub members: i64,
+    /// The first page of the deciders' markers ([`super::deciders`]).
+    pub deciders: Page,
     /// The first page of departures.
     pub departures: Page,
     /// The newest round record.
@@ -123,6 +131,7 @@ impl JoinRead {
             .filter_map(|r| match r {
                 TxnOpResponse::Get(mut g) => Some(Page {
                     more: g.more(),
+                    count: g.count(),
                     kvs: g.take_kvs(),
                 }),
                 _ => None,
@@ -139,11 +148,13 @@ impl JoinRead {
         let end = pages.pop().unwrap_or_default().kvs;
         let round = pages.pop().unwrap_or_default().kvs;
         let departures = pages.pop().unwrap_or_default();
-        let first = pages.pop().unwrap_or_default().kvs;
+        let deciders = pages.pop().unwrap_or_default();
+        let members = pages.pop().unwrap_or_default().count;
         let epoch = pages.pop().unwrap_or_default().kvs;
         Ok(Self {
             epoch,
-            first,
+            members,
+            deciders,
             departures,
             round,
             end,

@@ -8,11 +8,16 @@
 //!                                     KEEP_ROUNDS are kept. Its members are a
 //!                                     delta from a layout base (`layout.rs`)
 //! <prefix>/<job>/layouts/<base>/<chunk:06>
-//!                                     a base's members (a JSON array per chunk),
+//!                                     a base's members (a zlib-compressed JSON array per chunk),
 //!                                     written before the round that first names
 //!                                     it; `<base>` is `<epoch:020>-<writer host>`;
 //!                                     bases older than the current one are deleted
 //!                                     in the txn of the round that names a new one
+//! <prefix>/<job>/claims/<epoch:020>   the host writing the layout base of the round of
+//!                                     that epoch, under its lease: one writer per base
+//!                                     (create-if-absent while the epoch is the one
+//!                                     before); deleted by the txn of a later round
+//!                                     that names a new base
 //! <prefix>/<job>/departures/<host>    why a host left (JSON), written with its leave
 //! <prefix>/<job>/ends/<epoch:020>     the job finished or failed at that epoch (JSON);
 //!                                     the first host to say so writes it
@@ -20,6 +25,9 @@
 //!                                     epoch and the step every rank saves at (JSON);
 //!                                     the first host to get one writes it, once, and
 //!                                     deletes older ones in the same txn
+//! <prefix>/<job>/deciders/<host>      the host decides rounds: its member key's create
+//!                                     revision, decimal; under the host's lease, written
+//!                                     when it starts deciding (`deciders.rs`)
 //!
 //! <prefix>/~goodput/<job>/<host>      the host's goodput breakdown of the job (a
 //!                                     protobuf-encoded warden.v1.JobGoodput), updated
@@ -68,6 +76,8 @@ pub enum KeyKind<'a> {
     LayoutChunk(&'a str, u32),
     /// `notices/<epoch>`.
     Notice(u64),
+    /// `deciders/<host>`.
+    Decider(&'a str),
     /// Anything else (a newer version's key): ignored.
     Other,
 }
@@ -142,6 +152,16 @@ impl Keys {
         format!("{}notices/", self.base)
     }
 
+    /// Where a host that decides rounds says so.
+    pub fn decider(&self, host: &str) -> String {
+        format!("{}deciders/{host}", self.base)
+    }
+
+    /// The prefix of every decider's marker.
+    pub fn deciders(&self) -> String {
+        format!("{}deciders/", self.base)
+    }
+
     /// The prefix of every layout base.
     pub fn layouts(&self) -> String {
         format!("{}layouts/", self.base)
@@ -155,6 +175,12 @@ impl Keys {
     /// One chunk of a base.
     pub fn layout_chunk(&self, base: &str, chunk: u32) -> String {
         format!("{}layouts/{base}/{chunk:06}", self.base)
+    }
+
+    /// Who writes the layout base of the round of `epoch`: the one host
+    /// that created this key (its host id, under its lease).
+    pub fn base_claim(&self, epoch: u64) -> String {
+        format!("{}claims/{epoch:020}", self.base)
     }
 
     /// The name of the base written with the round of `epoch` by `host`:
@@ -189,6 +215,8 @@ impl Keys {
             epoch.parse().map_or(KeyKind::Other, KeyKind::End)
         } else if let Some(epoch) = rest.strip_prefix("notices/") {
             epoch.parse().map_or(KeyKind::Other, KeyKind::Notice)
+        } else if let Some(host) = rest.strip_prefix("deciders/") {
+            KeyKind::Decider(host)
         } else if let Some(layout) = rest.strip_prefix("layouts/") {
             match layout.rsplit_once('/') {
                 Some((base, chunk)) if !base.is_empty() && !base.contains('/') => chunk
@@ -219,6 +247,9 @@ mod tests {
             Some(KeyKind::Departure("h-b"))
         );
         assert_eq!(k.classify(&k.end(3)), Some(KeyKind::End(3)));
+        assert_eq!(k.decider("h-a"), "/warden/jobs/j1/deciders/h-a");
+        assert_eq!(k.classify(&k.decider("h-a")), Some(KeyKind::Decider("h-a")));
+        assert!(k.decider("h-a").starts_with(&k.deciders()));
         assert_eq!(k.notice(3), "/warden/jobs/j1/notices/00000000000000000003");
         assert_eq!(k.classify(&k.notice(3)), Some(KeyKind::Notice(3)));
         assert!(k.notice(3).starts_with(&k.notices()));

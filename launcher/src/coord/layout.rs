@@ -187,9 +187,71 @@ pub fn apply(
     Ok(out)
 }
 
-/// `members` as JSON arrays of at most about [`CHUNK_BYTES`] each (a
-/// member larger than that alone is a chunk of its own), in order.
-pub fn chunks(members: &[RoundMember]) -> Result<Vec<String>, serde_json::Error> {
+/// Most bytes a stored chunk may inflate to: a chunk is at most about
+/// [`CHUNK_BYTES`] of JSON, or one member larger than that (a member
+/// record is itself under etcd's 1.5 MiB request limit). A value that
+/// inflates past this is refused, not read to its end.
+pub const MAX_INFLATED: usize = 4 * 1024 * 1024;
+
+/// Why a chunk cannot be made or read.
+#[derive(Debug, thiserror::Error)]
+pub enum ChunkError {
+    /// The members as JSON.
+    #[error("the members as JSON: {0}")]
+    Json(#[from] serde_json::Error),
+    /// zlib, either way.
+    #[error("zlib: {0}")]
+    Zlib(std::io::Error),
+    /// A stored chunk that inflates past [`MAX_INFLATED`].
+    #[error("the chunk inflates past {MAX_INFLATED} bytes")]
+    TooLarge,
+}
+
+/// `members` as chunks: JSON arrays of at most about [`CHUNK_BYTES`] each
+/// (a member larger than that alone is a chunk of its own), in order, each
+/// compressed with zlib.
+///
+/// Why compressed: every host receives every base through its watch, so
+/// a base's bytes are sent N times (issue 30: 0.47 GB through etcd for
+/// the first round of 2,048 hosts). Member records repeat their field
+/// names, and host names and addresses share their prefixes: zlib takes a
+/// base to about a fifth. A constant factor, not a change of order: the
+/// first round still sends each host the whole list.
+pub fn chunks(members: &[RoundMember]) -> Result<Vec<Vec<u8>>, ChunkError> {
+    json_chunks(members)?
+        .iter()
+        .map(|c| deflate(c.as_bytes()))
+        .collect()
+}
+
+fn deflate(json: &[u8]) -> Result<Vec<u8>, ChunkError> {
+    use std::io::Write as _;
+    let mut z = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::default());
+    z.write_all(json).map_err(ChunkError::Zlib)?;
+    z.finish().map_err(ChunkError::Zlib)
+}
+
+/// A stored chunk's members: zlib-compressed JSON ([`chunks`]), or plain
+/// JSON from a launcher before compression (it starts with `[`, which no
+/// zlib stream does: zlib's first byte is 0x78 for every window size).
+pub fn read_chunk(stored: &[u8]) -> Result<Vec<RoundMember>, ChunkError> {
+    use std::io::Read as _;
+    if stored.first() == Some(&b'[') {
+        return Ok(serde_json::from_slice(stored)?);
+    }
+    let mut json = Vec::new();
+    flate2::read::ZlibDecoder::new(stored)
+        .take(MAX_INFLATED as u64 + 1)
+        .read_to_end(&mut json)
+        .map_err(ChunkError::Zlib)?;
+    if json.len() > MAX_INFLATED {
+        return Err(ChunkError::TooLarge);
+    }
+    Ok(serde_json::from_slice(&json)?)
+}
+
+/// `members` as JSON arrays of at most about [`CHUNK_BYTES`] each, in order.
+fn json_chunks(members: &[RoundMember]) -> Result<Vec<String>, serde_json::Error> {
     let mut out = Vec::new();
     let mut chunk = String::from("[");
     for m in members {
@@ -332,7 +394,7 @@ mod tests {
         let stored: std::collections::BTreeMap<u32, Vec<RoundMember>> = cs
             .iter()
             .enumerate()
-            .map(|(i, c)| (u32::try_from(i).unwrap(), serde_json::from_str(c).unwrap()))
+            .map(|(i, c)| (u32::try_from(i).unwrap(), read_chunk(c).unwrap()))
             .collect();
         let l = LayoutRef {
             base: "b".into(),
@@ -349,6 +411,45 @@ mod tests {
         let mut partial = stored.clone();
         partial.remove(&1);
         assert_eq!(super::joined(Some(&partial), &l).unwrap(), None);
-        assert_eq!(chunks(&[]).unwrap(), vec!["[]".to_owned()]);
+        let empty = chunks(&[]).unwrap();
+        assert_eq!(empty.len(), 1);
+        assert_eq!(read_chunk(&empty[0]).unwrap(), Vec::new());
+    }
+
+    #[test]
+    fn a_chunk_is_a_fraction_of_its_json_and_an_older_plain_one_still_reads() {
+        // 2,048 members as the fleet bench writes them (no checkpoint peer).
+        let base: Vec<_> = (0..2048u32)
+            .map(|i| RoundMember {
+                host: format!("host-{i:05}"),
+                addr: format!("127.0.{}.{}", (i / 250) % 250, 2 + i % 250),
+                nproc_per_node: 8,
+                lease: 7_587_869_234_234_234_123 - i64::from(i) * 7_919,
+                ckpt_peer: None,
+                incarnation: 1_000_000 + u64::from(i),
+            })
+            .collect();
+        let json: usize = json_chunks(&base).unwrap().iter().map(String::len).sum();
+        let stored: usize = chunks(&base).unwrap().iter().map(Vec::len).sum();
+        assert!(
+            stored * 3 < json,
+            "{stored} bytes compressed against {json} of JSON"
+        );
+        // A chunk a launcher before compression wrote: plain JSON.
+        let plain = json_chunks(&base[..3]).unwrap().remove(0);
+        assert_eq!(read_chunk(plain.as_bytes()).unwrap(), base[..3].to_vec());
+    }
+
+    #[test]
+    fn a_stored_chunk_that_inflates_past_the_bound_or_is_not_zlib_is_refused_by_name() {
+        // 64 MiB of one byte compresses to about 64 KB: a value anyone with
+        // the job's etcd role could write.
+        let bomb = deflate(&vec![b' '; 64 * 1024 * 1024]).unwrap();
+        let e = read_chunk(&bomb).unwrap_err();
+        assert!(matches!(e, ChunkError::TooLarge), "{e}");
+        let e = read_chunk(b"\x00not zlib").unwrap_err();
+        assert!(e.to_string().contains("zlib"), "{e}");
+        let e = read_chunk(b"[{\"host\": 1}]").unwrap_err();
+        assert!(e.to_string().contains("JSON"), "{e}");
     }
 }

@@ -151,6 +151,9 @@ impl Leave {
 /// been killed; [`Coordinator::leave`] is the clean way out.
 pub struct Coordinator {
     inner: Arc<Inner>,
+    /// The notice that stood in etcd when this launcher joined, judged
+    /// ([`notice::stop_underway`]).
+    at_join: Option<notice::NoticeAtJoin>,
 }
 
 impl std::fmt::Debug for Coordinator {
@@ -231,8 +234,9 @@ impl Coordinator {
             stop: CancellationToken::new(),
         });
         // From here on, a failure drops `me`, which stops the keeper.
-        let me = Self {
+        let mut me = Self {
             inner: Arc::clone(&inner),
+            at_join: None,
         };
         tokio::spawn(session::keep_lease(Arc::clone(&inner), granted_at));
         let (read, at) = match inner.register().await {
@@ -242,9 +246,12 @@ impl Coordinator {
                 return Err(e);
             }
         };
+        // The newest notice, whatever its round (the view keeps the
+        // current round's only): judged once the view says who is in.
+        let standing = read.notice.first().cloned();
         // The register txn read the job; a page beyond it that etcd's
         // compaction overtook is read again whole, at the newest revision.
-        let view = match inner.view_from(read, at).await {
+        let view = match inner.view_from(read, at, true).await {
             Err(e) if paged::compacted(&e) => inner.load().await,
             r => r,
         };
@@ -268,8 +275,16 @@ impl Coordinator {
                 );
             }
         }
+        me.at_join = standing.and_then(|kv| inner.notice_at_join(&kv, &view));
         let revision = view.revision;
+        let decider = view.decider;
         inner.set_view(view);
+        if decider {
+            // Off the join's path: the marker only spares later joiners
+            // a slower read.
+            let marking = Arc::clone(&inner);
+            tokio::spawn(async move { marking.mark_decider().await });
+        }
         tracing::info!(
             job = %inner.cfg.job,
             host = %inner.cfg.host,
@@ -282,6 +297,14 @@ impl Coordinator {
             return Err(e);
         }
         Ok(me)
+    }
+
+    /// The notice of a coming stop that stood in etcd when this launcher
+    /// joined, whatever its round, and whether the job's stop on it was
+    /// underway then ([`notice::stop_underway`]) or it is a previous
+    /// run's. `None`: no notice stood.
+    pub fn notice_at_join(&self) -> Option<&notice::NoticeAtJoin> {
+        self.at_join.as_ref()
     }
 
     /// This host's id.
@@ -413,7 +436,7 @@ impl Coordinator {
         let reason = format!("restart requested by {}: {reason}", self.inner.cfg.host);
         match self.inner.advance(seen_epoch, reason).await? {
             Advance::Advanced(e) | Advance::Stale(e) => Ok(e),
-            Advance::LostRace => self.inner.read_epoch().await,
+            Advance::LostRace | Advance::Claimed => self.inner.read_epoch().await,
         }
     }
 
@@ -459,6 +482,9 @@ impl Coordinator {
         let mut ops = vec![
             TxnOp::delete(member.as_str(), None),
             TxnOp::put(inner.keys.departure(&inner.cfg.host), departure, None),
+            // Its lease's revoke would take it too; here it goes with the
+            // member key, in one revision.
+            TxnOp::delete(inner.keys.decider(&inner.cfg.host), None),
         ];
         let outcome = match &how {
             Leave::Finished => Some(Outcome::Finished),

@@ -5,7 +5,7 @@
 //! Each agent accounts only its own ranks; the job's launchers meet in etcd
 //! anyway, so each keeps its host's report there (while the job runs and
 //! when it ends), and anyone with the endpoints sums them
-//! (`warden_agent::goodput::job_wide`): the last launcher to finish prints the
+//! (`job_goodput::merge`): the last launcher to finish prints the
 //! whole job, and `warden goodput --etcd` shows it live. The keys have no
 //! lease: a host that died or was cordoned still counts in the job's time.
 //!

@@ -27,11 +27,14 @@ pub struct Round {
     pub master_addr: String,
     /// The rendezvous port of this epoch (`MASTER_PORT`).
     pub master_port: u16,
-    /// The members' host ids in node-rank order.
-    pub members: Vec<String>,
+    /// The members' host ids in node-rank order. Shared: the coordinator
+    /// publishes its round on every watch event, and a clone of a
+    /// 12,500-host list per event would be O(N) for nothing.
+    pub members: std::sync::Arc<[String]>,
     /// The members' agents that take checkpoint replicas, with their host
     /// ids, in node-rank order (this host's own included).
-    pub ckpt_peers: Vec<(String, CkptPeer)>,
+    /// Shared, as `members`.
+    pub ckpt_peers: std::sync::Arc<[(String, CkptPeer)]>,
     /// Live hosts not in the round (spares, hosts beyond `max_nodes`), as
     /// this host sees them now.
     pub standby: Vec<String>,

@@ -17,7 +17,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use etcd_client::{
     Client, Compare, CompareOp, DeleteOptions, EventType, KeyValue, PutOptions, Txn, TxnOp,
-    TxnOpResponse, WatchFilterType, WatchOptions,
+    TxnOpResponse, WatchOptions,
 };
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
@@ -106,8 +106,8 @@ pub(crate) struct View {
     /// follows the round records, and this host writes a round only when
     /// asked for a restart (of the current round's members).
     pub(crate) decider: bool,
-    /// For a host that does not decide: the first hosts by join when it
-    /// last asked (host -> create revision), less those deleted since.
+    /// For a host that does not decide: the deciders by their markers
+    /// (host -> its member key's create revision), kept by the watch.
     pub(crate) deciders: BTreeMap<String, i64>,
     /// A host that does not decide must ask etcd again for the deciders.
     pub(crate) recheck: bool,
@@ -305,6 +305,20 @@ pub(crate) enum Advance {
     Stale(u64),
     /// Another host advanced it first (the txn's compare failed).
     LostRace,
+    /// Another host holds the claim to write the next round's layout base
+    /// ([`Keys::base_claim`]): it writes the round; this host waits for it.
+    Claimed,
+}
+
+/// Who writes the next round's layout base ([`Inner::claim_base`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Claim {
+    /// This host: it writes the base and the round.
+    Mine,
+    /// Another host, named: it writes them.
+    Theirs(String),
+    /// Nobody: the epoch moved on meanwhile.
+    EpochMoved,
 }
 
 /// What the coordinator's tasks and calls share.
@@ -407,7 +421,7 @@ impl Inner {
             key: base.to_owned(),
             problem: e.to_string(),
         })?;
-        self.view_from(read, revision).await
+        self.view_from(read, revision, false).await
     }
 
     /// A fresh view from the joining read's answer at `revision`
@@ -415,11 +429,14 @@ impl Inner {
     /// every member, paged), the departures, the current epoch's round
     /// record and end marker (not the older rounds kept for people), and
     /// every layout base; a range longer than the txn's page is read on at
-    /// the same revision.
+    /// the same revision. `registered`: the read is this host's register
+    /// txn's, so its member key is the newest by join
+    /// ([`super::deciders`]: then a count says whether it decides).
     pub(crate) async fn view_from(
         &self,
         read: JoinRead,
         revision: i64,
+        registered: bool,
     ) -> Result<View, CoordError> {
         let mut view = View {
             revision,
@@ -431,11 +448,28 @@ impl Inner {
             self.apply_put(&mut view, kv);
         }
         // Whether this host decides rounds: then it reads every member;
-        // else none (issue 30: a join read every member before it).
-        let first = super::deciders::from_keys(&self.keys, &read.first);
+        // else none (issue 30: a join read every member before it). Just
+        // registered (its key the newest by join), a count of the member
+        // keys says; reading the job again, the first hosts by join in a
+        // sorted read (etcd 3.4 reads every member record for it: O(N), so
+        // not per join). A host that does not decide watches for the
+        // deciders by their markers ([`super::deciders`]).
         view.joined_at = self.joined_at.load(Ordering::Acquire);
-        view.decider = self.decides.load(Ordering::Acquire)
-            || super::deciders::decides(&first, &self.cfg.host);
+        view.decider = if self.decides.load(Ordering::Acquire) {
+            true
+        } else if registered {
+            super::deciders::newest_decides(read.members)
+        } else {
+            let first = super::deciders::first_by_join(
+                &self.endpoints,
+                self.cfg.request_timeout,
+                &self.client,
+                &self.keys,
+                revision,
+            )
+            .await?;
+            super::deciders::decides(&first, &self.cfg.host)
+        };
         if view.decider {
             self.decides.store(true, Ordering::Release);
             super::paged::read_prefix(
@@ -448,7 +482,8 @@ impl Inner {
             )
             .await?;
         } else {
-            view.deciders = first;
+            self.read_on(&mut view, &read.deciders, &self.keys.deciders())
+                .await?;
         }
         self.read_on(&mut view, &read.departures, &self.keys.departures())
             .await?;
@@ -557,11 +592,9 @@ impl Inner {
                     }
                     view.put_round(epoch, r).map_err(|e| e.to_string())
                 }),
-            KeyKind::LayoutChunk(base, chunk) => {
-                serde_json::from_slice::<Vec<RoundMember>>(kv.value())
-                    .map_err(|e| e.to_string())
-                    .and_then(|m| view.put_chunk(base, chunk, m).map_err(|e| e.to_string()))
-            }
+            KeyKind::LayoutChunk(base, chunk) => layout::read_chunk(kv.value())
+                .map_err(|e| e.to_string())
+                .and_then(|m| view.put_chunk(base, chunk, m).map_err(|e| e.to_string())),
             KeyKind::Departure(host) => serde_json::from_slice::<Departure>(kv.value())
                 .map_err(|e| e.to_string())
                 .map(|d| {
@@ -584,6 +617,18 @@ impl Inner {
                         view.notices.pop_first();
                     }
                 }),
+            // A host that does not decide keeps the deciders it watches
+            // for; a decider has every member and needs no marker.
+            KeyKind::Decider(_) => {
+                if !view.decider {
+                    view.deciders.extend(super::deciders::from_marker(
+                        &self.keys,
+                        kv.key(),
+                        kv.value(),
+                    ));
+                }
+                Ok(())
+            }
             KeyKind::Other => Ok(()),
         };
         if let Err(problem) = parsed {
@@ -599,8 +644,13 @@ impl Inner {
     /// A key deleted (or expired with its lease): out of the view.
     fn apply_delete(&self, view: &mut View, key: &str) {
         match self.keys.classify(key) {
-            Some(KeyKind::Member(host)) if !view.decider => {
-                view.recheck |= super::deciders::deleted(&mut view.deciders, host);
+            // A host that does not decide keeps no member; it watches the
+            // deciders' markers instead.
+            Some(KeyKind::Member(_)) if !view.decider => {}
+            Some(KeyKind::Decider(host)) => {
+                if !view.decider {
+                    view.recheck |= super::deciders::deleted(&mut view.deciders, host);
+                }
             }
             Some(KeyKind::Member(host)) => {
                 view.members.remove(host);
@@ -810,18 +860,24 @@ impl Inner {
             key: round_key.clone(),
             problem: format!("cannot encode the round: {e}"),
         })?;
+        if new_base.is_some() {
+            match self.claim_base(expected).await? {
+                Claim::Mine => {}
+                Claim::Theirs(holder) => {
+                    tracing::debug!(job = %self.cfg.job, host = %self.cfg.host, epoch = next, %holder, "coord: another host writes the round's layout base");
+                    return Ok(Advance::Claimed);
+                }
+                Claim::EpochMoved => return Ok(Advance::LostRace),
+            }
+        }
         if let Some((base, chunks)) = &new_base
             && let Err(e) = self.put_base(base, chunks).await
         {
-            self.forget_base(base).await;
+            self.forget_base(base, next).await;
             return Err(e);
         }
         let epoch_key = self.keys.epoch();
-        let compare = if expected == 0 {
-            Compare::version(epoch_key.as_str(), CompareOp::Equal, 0)
-        } else {
-            Compare::value(epoch_key.as_str(), CompareOp::Equal, expected.to_string())
-        };
+        let compare = self.epoch_is(expected);
         let mut ops = vec![
             TxnOp::put(epoch_key.as_str(), next.to_string(), None),
             TxnOp::put(round_key.as_str(), json, None),
@@ -834,6 +890,13 @@ impl Inner {
                 // `layouts/<next:020>` sorts before this round's own
                 // `layouts/<next:020>-<host>/...`: those stay.
                 Some(DeleteOptions::new().with_range(format!("{}{next:020}", self.keys.layouts()))),
+            ));
+            // Every older round's claim; this round's stays (under this
+            // host's lease), so a decider whose view still lags finds it
+            // held, and the next round that writes a base deletes it.
+            ops.push(TxnOp::delete(
+                self.keys.base_claim(0),
+                Some(DeleteOptions::new().with_range(self.keys.base_claim(next))),
             ));
         }
         if next > KEEP_ROUNDS {
@@ -852,9 +915,12 @@ impl Inner {
         let resp = self
             .call("txn (advance epoch)", &epoch_key, client.txn(txn))
             .await;
-        let won = matches!(&resp, Ok(r) if r.succeeded());
-        if !won && let Some((base, _)) = &new_base {
-            self.forget_base(base).await;
+        // Only a txn known to have failed frees its base: one that went
+        // unanswered (a leader lost mid-way) may have committed, and then
+        // its round names this base.
+        let lost = matches!(&resp, Ok(r) if !r.succeeded());
+        if lost && let Some((base, _)) = &new_base {
+            self.forget_base(base, next).await;
         }
         if resp?.succeeded() {
             tracing::debug!(job = %self.cfg.job, host = %self.cfg.host, epoch = next, reason = %record.reason, new_base = new_base.is_some(), "coord: advanced the epoch");
@@ -865,7 +931,7 @@ impl Inner {
     }
 
     /// Writes a layout base's chunks, one put each.
-    async fn put_base(&self, base: &str, chunks: &[String]) -> Result<(), CoordError> {
+    async fn put_base(&self, base: &str, chunks: &[Vec<u8>]) -> Result<(), CoordError> {
         for (i, chunk) in chunks.iter().enumerate() {
             let key = self
                 .keys
@@ -874,16 +940,104 @@ impl Inner {
             self.call(
                 "put (layout)",
                 &key,
-                client.put(key.as_str(), chunk.as_str(), None),
+                client.put(key.as_str(), chunk.as_slice(), None),
             )
             .await?;
         }
         Ok(())
     }
 
-    /// Deletes a base this host wrote for a round it did not make; a
-    /// failure only leaves it for the next new base's txn to delete.
-    async fn forget_base(&self, base: &str) {
+    /// The compare that holds while the epoch is still `expected`.
+    fn epoch_is(&self, expected: u64) -> Compare {
+        let epoch_key = self.keys.epoch();
+        if expected == 0 {
+            Compare::version(epoch_key.as_str(), CompareOp::Equal, 0)
+        } else {
+            Compare::value(epoch_key.as_str(), CompareOp::Equal, expected.to_string())
+        }
+    }
+
+    /// Claims the writing of the layout base of the round after `expected`,
+    /// in one txn: while the epoch is still `expected`, create-if-absent,
+    /// under this host's lease.
+    ///
+    /// Why: every host receives every base (a 0.23 MB base to each of
+    /// 2,048 hosts is 0.47 GB through etcd), and the writers' line alone
+    /// let a second decider write its own base when the first's had not
+    /// reached it within its turn (the fan-out of that base to every host
+    /// is what delays it), or when its view had not yet seen the round the
+    /// first one wrote (a watch through a lagging member): both seen at
+    /// 2,048 hosts (issue 30). A tiny claim reaches etcd before any base
+    /// does, and the epoch's compare turns away a writer that lags. A
+    /// claim holder that dies takes its claim with its lease, and the next
+    /// decider in line claims in its place.
+    async fn claim_base(&self, expected: u64) -> Result<Claim, CoordError> {
+        let key = self.keys.base_claim(expected + 1);
+        let epoch_key = self.keys.epoch();
+        let txn = Txn::new()
+            .when([
+                self.epoch_is(expected),
+                Compare::create_revision(key.as_str(), CompareOp::Equal, 0),
+            ])
+            .and_then([TxnOp::put(
+                key.as_str(),
+                self.cfg.host.as_str(),
+                Some(PutOptions::new().with_lease(self.lease())),
+            )])
+            .or_else([
+                TxnOp::get(epoch_key.as_str(), None),
+                TxnOp::get(key.as_str(), None),
+            ]);
+        let mut client = self.client.clone();
+        let resp = self
+            .call("txn (claim the layout base)", &key, client.txn(txn))
+            .await?;
+        if resp.succeeded() {
+            return Ok(Claim::Mine);
+        }
+        let mut reads = resp.op_responses().into_iter().filter_map(|r| match r {
+            TxnOpResponse::Get(g) => Some(
+                g.kvs()
+                    .first()
+                    .map(|kv| String::from_utf8_lossy(kv.value()).into_owned()),
+            ),
+            _ => None,
+        });
+        let (epoch, holder) = (reads.next().flatten(), reads.next().flatten());
+        let moved = match epoch {
+            None => expected != 0,
+            Some(e) => e != expected.to_string(),
+        };
+        Ok(match holder {
+            _ if moved => Claim::EpochMoved,
+            Some(h) if h == self.cfg.host => Claim::Mine,
+            Some(h) => Claim::Theirs(h),
+            // Gone between the compare and the read (its lease expired):
+            // the next try claims it.
+            None => Claim::Theirs(String::from("(a host whose claim just expired)")),
+        })
+    }
+
+    /// Deletes a base this host wrote for the round of `epoch` that it did
+    /// not make, and its claim to write that round's base, so that the
+    /// next writer in line need not wait for this host's lease; a failure
+    /// only leaves them for the next new base's txn to delete.
+    async fn forget_base(&self, base: &str, epoch: u64) {
+        let claim = self.keys.base_claim(epoch);
+        let mut client = self.client.clone();
+        let mine = Txn::new()
+            .when([Compare::value(
+                claim.as_str(),
+                CompareOp::Equal,
+                self.cfg.host.as_str(),
+            )])
+            .and_then([TxnOp::delete(claim.as_str(), None)]);
+        if let Err(e) = self
+            .call("txn (drop the claim)", &claim, client.txn(mine))
+            .await
+        {
+            tracing::debug!(host = %self.cfg.host, %base, error = %e, "coord: could not drop the claim to write a layout base");
+        }
         let prefix = self.keys.layout(base);
         let mut client = self.client.clone();
         let deleted = self
@@ -914,6 +1068,27 @@ impl Inner {
                     key: key.clone(),
                     problem: format!("not an epoch: {:?}", String::from_utf8_lossy(kv.value())),
                 }),
+        }
+    }
+
+    /// Says in etcd that this host decides rounds: its marker
+    /// (`deciders/<host>`, its member key's create revision) under its
+    /// lease, which joining hosts read to learn the deciders in O(1)
+    /// ([`super::deciders`]). Best effort: a marker that is not written
+    /// leaves the set short, and a joining host that finds fewer than half
+    /// of them reads the first hosts by join instead.
+    pub(crate) async fn mark_decider(&self) {
+        let key = self.keys.decider(&self.cfg.host);
+        let joined = self.joined_at.load(Ordering::Acquire).to_string();
+        let lease = self.lease();
+        let mut client = self.client.clone();
+        let put = client.put(
+            key.as_str(),
+            joined,
+            Some(PutOptions::new().with_lease(lease)),
+        );
+        if let Err(e) = self.call("put (decider's marker)", &key, put).await {
+            tracing::warn!(host = %self.cfg.host, error = %e, "coord: could not mark this host as one that decides rounds; joining hosts read who decides the slower way");
         }
     }
 
@@ -1132,6 +1307,10 @@ impl Inner {
             s.lease_lapsed = None;
         });
         self.publish();
+        // The marker went with the old lease.
+        if self.decides.load(Ordering::Acquire) {
+            self.mark_decider().await;
+        }
         Ok(lease)
     }
 
@@ -1552,7 +1731,12 @@ pub(crate) async fn drive(inner: Arc<Inner>, revision: i64) {
 
 /// The prefixes a host that does not decide watches, each its own watch
 /// on one stream: the departures, the end markers, the layout bases, the
-/// member keys (deletions only) and the round records. Not the epoch key:
+/// deciders' markers and the round records. Not the member keys (issue
+/// 30: even with etcd's `NOPUT` filter, every join was matched against
+/// every such host's watch in etcd, O(N) per join; a lost host that does
+/// not decide was an event on every host): a host that does not decide
+/// only needs the deciders' loss, and their markers go with their leases.
+/// Not the epoch key:
 /// such a host follows the round records, so a round's txn is one event
 /// for it, not two.
 fn watched(keys: &Keys) -> [String; WATCHED] {
@@ -1560,7 +1744,7 @@ fn watched(keys: &Keys) -> [String; WATCHED] {
         keys.departures(),
         keys.ends(),
         keys.layouts(),
-        keys.members(),
+        keys.deciders(),
         keys.rounds(),
         keys.notices(),
     ]
@@ -1568,9 +1752,6 @@ fn watched(keys: &Keys) -> [String; WATCHED] {
 
 /// How many prefixes [`watched`] names.
 const WATCHED: usize = 6;
-
-/// Its place in [`watched`].
-const MEMBERS: usize = 3;
 
 /// Which of the [`watched`] prefixes `key` is under; [`WATCHED`] for any
 /// other key (the epoch key, which only a decider watches).
@@ -1583,8 +1764,8 @@ fn range_of(watched: &[String; WATCHED], key: &[u8]) -> usize {
 
 /// Opens the job's watch, each range from after what was `seen` of it.
 /// A decider: one watch of the whole prefix. Any other host: the
-/// [`watched`] prefixes, the member keys' deletions only, so that a host
-/// joining costs it nothing (issue 30).
+/// [`watched`] prefixes, no member key, so that a host joining costs it
+/// nothing (issue 30).
 async fn open_watch(
     client: &mut etcd_client::WatchClient,
     keys: &Keys,
@@ -1598,12 +1779,9 @@ async fn open_watch(
     }
     let mut stream: Option<etcd_client::WatchStream> = None;
     for (i, prefix) in watched(keys).iter().enumerate() {
-        let mut options = WatchOptions::new()
+        let options = WatchOptions::new()
             .with_prefix()
             .with_start_revision(seen[i] + 1);
-        if i == MEMBERS {
-            options = options.with_filters([WatchFilterType::NoPut]);
-        }
         match &mut stream {
             None => stream = Some(client.watch(prefix.as_str(), Some(options)).await?),
             Some(s) => s.watch(prefix.as_str(), Some(options)).await?,
@@ -1650,11 +1828,13 @@ async fn deciders_again(inner: &Inner) -> Recheck {
         backoff = (backoff * 2).min(Duration::from_secs(5));
     };
     if !super::deciders::decides(&first, &inner.cfg.host) {
-        inner.lock_view().deciders = first;
+        // The hosts before it by join see the same loss and take the
+        // places: their markers reach this host's watch.
         return Recheck::Same;
     }
     inner.decides.store(true, Ordering::Release);
     tracing::info!(job = %inner.cfg.job, host = %inner.cfg.host, "coord: half the hosts that decided rounds are gone; this host decides rounds now");
+    inner.mark_decider().await;
     match reload(inner).await {
         Some(view) => Recheck::Decides(Box::new(view)),
         None => Recheck::Stopped,

@@ -41,7 +41,11 @@
 //! stops the job or the node. At most [`MAX_HEALS`] heals within
 //! [`HEAL_WINDOW`]; past that, and for exits by a code (an exception: the
 //! same code would fail the same way), the decision is waited for as
-//! before.
+//! before. Across hosts the same heal holds in a round whose store node
+//! rank 0's launcher hosts ([`Limits::round_store_hosted`]): only this
+//! host's launcher acts; the other hosts' ranks see the replacement enter
+//! the survivors' next attempt on the round's store and join it
+//! (`warden.heal`), so no restart is published and no host stops.
 
 use std::collections::HashSet;
 use std::time::{Duration, Instant, SystemTime};
@@ -104,6 +108,9 @@ pub struct Limits {
     pub fallback_budget: u32,
     /// How long a failure waits for the agent's decision.
     pub decision_timeout: Duration,
+    /// `--teardown-timeout`: how long a teardown failure waits for the
+    /// other workers to exit before it counts as a failure ([`Teardown`]).
+    pub teardown_timeout: Duration,
     /// SIGTERM to SIGKILL (shown when a signal stops the job).
     pub stop_grace: Duration,
     /// Workers per attempt on this node.
@@ -112,6 +119,12 @@ pub struct Limits {
     pub coordinator: String,
     /// Across hosts: each attempt waits for the job's round.
     pub across_hosts: bool,
+    /// Across hosts: each round's store is hosted by node rank 0's
+    /// launcher ([`crate::round_store`], a process of its own), not by a
+    /// worker. Only then does a rank lost on this host heal inside the
+    /// round: the survivors of every host and its replacement meet on a
+    /// store that outlived it. False on one host (FileStores, no question).
+    pub round_store_hosted: bool,
     /// `--max-no-progress-restarts`: failed attempts in a row that did not
     /// advance the job before it stops with [`EXIT_NO_PROGRESS`] (None:
     /// the rule is off).
@@ -252,6 +265,18 @@ pub enum Input {
     /// never runs on watched by nobody, and never on another owner's
     /// decisions.
     Disowned(String),
+    /// The agent told the job's ranks here of a notice from one of the
+    /// host's own sources (GCE, EC2, a taint), naming `step`: the job
+    /// stops on it as on the launcher's SIGTERM, and across hosts the
+    /// executor tells the other hosts before any rank here left.
+    HostNotice {
+        /// The source and what it said, for people.
+        reason: String,
+        /// The step the agent named for the ranks here.
+        step: u64,
+        /// When the stop comes (None: the source did not say).
+        deadline: Option<SystemTime>,
+    },
     /// The other hosts brought something (a new round, a stop, a note).
     Round(Remote),
     /// The answer to [`Command::Rendezvous`]: the attempt's plan.
@@ -648,7 +673,7 @@ pub struct JobState {
 /// with the training's result, not a restart: in a data-parallel job every
 /// rank tears down the same process groups, so one, some or all of them
 /// aborting together is the common case. If another worker fails without
-/// the sign, or they do not all end within the decision timeout (a peer
+/// the sign, or they do not all end within `--teardown-timeout` (a peer
 /// still training), it is a failure like any other (the deferred decisions
 /// are acted on).
 #[derive(Debug, Clone)]
@@ -658,7 +683,7 @@ struct Teardown {
     seen_wall: SystemTime,
     /// Each worker that failed with the sign, in the order seen.
     ranks: Vec<TornDown>,
-    /// The first one's decision timeout.
+    /// The first one's `--teardown-timeout`.
     deadline: Instant,
     /// The agent's decisions meanwhile, acted on only if it is no teardown.
     deferred: Vec<Decision>,
@@ -842,14 +867,26 @@ impl JobState {
                     error,
                 },
             ) => {
-                out.push(Command::Say(format!(
-                    "the hosts could not agree on the next attempt: {error}"
-                )));
-                if exit_code == exit::EXIT_NODE_FAULT || exit_code == exit::EXIT_SUCCESS {
+                out.push(Command::Say(if exit_code == exit::EXIT_PREEMPTED {
+                    format!(
+                        "{message}: exit {} (preempted: requeue)",
+                        exit::EXIT_PREEMPTED
+                    )
+                } else {
+                    format!("the hosts could not agree on the next attempt: {error}")
+                }));
+                if exit_code == exit::EXIT_NODE_FAULT
+                    || exit_code == exit::EXIT_SUCCESS
+                    || exit_code == exit::EXIT_PREEMPTED
+                {
                     self.leaves_alone = true;
                 }
                 let outcome = if exit_code == exit::EXIT_SUCCESS {
                     format!("done: {message}")
+                } else if exit_code == exit::EXIT_PREEMPTED {
+                    // The job is stopping on a notice another host got
+                    // while this one was between rounds: no workers start.
+                    format!("preempted: {message}; requeue the job")
                 } else {
                     format!("failed: {error}")
                 };
@@ -1058,21 +1095,28 @@ impl JobState {
                 ));
             }
             Input::Round(Remote::Note(text)) => out.push(Command::Say(text)),
+            Input::HostNotice {
+                reason,
+                step,
+                deadline,
+            } => {
+                let window = self.notice_window(deadline, now);
+                // The agent named the step already: this host's notice, so
+                // across hosts the executor asks the agent for it again
+                // (the same step) and publishes it.
+                self.notice(
+                    format!("{reason}: the agent told the ranks here to save at step {step}"),
+                    window,
+                    now,
+                    out,
+                );
+            }
             Input::Round(Remote::Notice {
                 step,
                 deadline,
                 reason,
             }) => {
-                // Another host's deadline, bounded (a record in etcd is
-                // not this host's to trust beyond the hour the agent takes).
-                let window = deadline
-                    .and_then(|d| d.duration_since(now.wall).ok())
-                    .map(|w| w.min(Duration::from_secs(3600)))
-                    .unwrap_or(if self.limits.term_grace.is_zero() {
-                        DEFAULT_NOTICE_WINDOW
-                    } else {
-                        self.limits.term_grace
-                    });
+                let window = self.notice_window(deadline, now);
                 self.notice_at(
                     format!("{reason}: every rank of the job saves at step {step}"),
                     window,
@@ -1110,6 +1154,25 @@ impl JobState {
             | Input::Replaced(_)
             | Input::RoundHealed(_) => {}
         }
+    }
+
+    /// The window of a notice with `deadline`: the time left to it,
+    /// bounded (another host's record in etcd, or a source's word, is not
+    /// this host's to trust beyond the hour the agent takes); without one,
+    /// `--term-grace` or [`DEFAULT_NOTICE_WINDOW`].
+    fn notice_window(&self, deadline: Option<SystemTime>, now: Now) -> Duration {
+        deadline
+            .and_then(|d| d.duration_since(now.wall).ok())
+            .map(|w| {
+                // Whole milliseconds: the window is shown on the console.
+                let ms = u64::try_from(w.as_millis()).unwrap_or(u64::MAX);
+                Duration::from_millis(ms).min(Duration::from_secs(3600))
+            })
+            .unwrap_or(if self.limits.term_grace.is_zero() {
+                DEFAULT_NOTICE_WINDOW
+            } else {
+                self.limits.term_grace
+            })
     }
 
     /// A notice of a coming stop: the ranks are told (StopRanks, kind
@@ -1430,7 +1493,7 @@ impl JobState {
                         seen: now.at,
                         seen_wall: now.wall,
                         ranks: vec![torn],
-                        deadline: now.at + self.limits.decision_timeout,
+                        deadline: now.at + self.limits.teardown_timeout,
                         deferred: Vec::new(),
                     });
                 }
@@ -1873,16 +1936,23 @@ impl JobState {
 
     /// Whether a worker's failure with `exit` is healed at once: it died by
     /// a signal (from outside, or a crash in native code; an exit by a code
-    /// is an exception's, which would come back), on one host (the other
-    /// hosts' ranks are not asked), every other worker of the attempt is
-    /// still running, and fewer than [`MAX_HEALS`] heals in the last
-    /// [`HEAL_WINDOW`].
+    /// is an exception's, which would come back), every other worker of the
+    /// attempt is still running, and fewer than [`MAX_HEALS`] heals in the
+    /// last [`HEAL_WINDOW`]. Across hosts only in an attempt of a round
+    /// whose store node rank 0's launcher hosts
+    /// ([`Limits::round_store_hosted`]): the other hosts are not asked, their
+    /// ranks see the replacement enter the survivors' next attempt on that
+    /// store and join it (`warden.heal`); a store hosted by a worker may be
+    /// the lost rank's, and every rank's next attempt would wait for it.
     fn may_heal(&mut self, exit: Option<Exit>, now: Now) -> bool {
         let healable_exit = matches!(
             exit,
             Some(Exit::Signal(_) | Exit::Code(exit::WORKER_LEFT_BLOCKED))
         );
-        if self.limits.across_hosts || !healable_exit {
+        if !healable_exit
+            || (self.limits.across_hosts
+                && (!self.limits.round_store_hosted || self.attempt.record.epoch.is_none()))
+        {
             return false;
         }
         if self

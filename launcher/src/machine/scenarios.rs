@@ -58,10 +58,12 @@ fn limits() -> Limits {
         max_restarts: None,
         fallback_budget: 3,
         decision_timeout: Duration::from_secs(5),
+        teardown_timeout: Duration::from_secs(60),
         stop_grace: Duration::from_secs(10),
         nproc_per_node: 2,
         coordinator: "local".into(),
         across_hosts: false,
+        round_store_hosted: false,
         max_no_progress: None,
         term_grace: Duration::ZERO,
     }
@@ -71,6 +73,7 @@ fn across_hosts() -> Limits {
     Limits {
         coordinator: "etcd".into(),
         across_hosts: true,
+        round_store_hosted: true,
         ..limits()
     }
 }
@@ -408,6 +411,15 @@ fn restart_path(t: u64, n: u32, base: i32) -> Vec<(u64, Input, &'static [&'stati
     ]
 }
 
+/// The limits with `--teardown-timeout 5s`: the scenarios of a peer that
+/// outlives the teardown's wait.
+fn short_teardown() -> Limits {
+    Limits {
+        teardown_timeout: Duration::from_secs(5),
+        ..limits()
+    }
+}
+
 /// The limits with `--max-no-progress-restarts 3`.
 fn no_progress_limits() -> Limits {
     Limits {
@@ -643,6 +655,39 @@ fn scenarios() -> Vec<Scenario> {
             },
         },
         Scenario {
+            // CI at load 30: the other rank's interpreter took more than
+            // the 5 s decision timeout to end after its training, and a
+            // finished job was restarted.
+            name: "teardown: the other rank takes 20 s to exit after its training: success, no restart",
+            limits: limits(),
+            steps: with(
+                first_attempt(),
+                vec![
+                    (1000, abort(1, 0, 100, None), &[]),
+                    (
+                        1200,
+                        decision("inc-1", 0, 1001, Action::RestartInJob, 0),
+                        &[],
+                    ),
+                    // Past the decision timeout, within the teardown's.
+                    (6000, Input::Deadline, &[]),
+                    (21000, exit(1, 1, 101, 0), &["finish 0"]),
+                ],
+            ),
+            expect: End {
+                code: Some(0),
+                outcome: "succeeded (rank 0 failed in its teardown (signal 6 (SIGABRT)): SIGABRT with no Python traceback",
+                records: 1,
+                ended: "every other worker exited 0; a teardown failure",
+                says: &[
+                    "inc-1 (restart_in_job): not acted on, the job's training had ended",
+                    "every other worker exited 0: the job succeeded",
+                ],
+                aborted: &[0],
+                ..End::default()
+            },
+        },
+        Scenario {
             name: "teardown: a client that deregistered exits 1 after the other exited 0: the training's code, no restart",
             limits: limits(),
             steps: with(
@@ -838,7 +883,7 @@ fn scenarios() -> Vec<Scenario> {
         },
         Scenario {
             name: "no teardown: a rank aborts after its training while a peer is still training past the timeout: a failure",
-            limits: limits(),
+            limits: short_teardown(),
             steps: with(
                 with(
                     first_attempt(),
@@ -954,8 +999,8 @@ fn scenarios() -> Vec<Scenario> {
             },
         },
         Scenario {
-            name: "no teardown: the other rank outlives the decision timeout",
-            limits: limits(),
+            name: "no teardown: the other rank outlives the teardown timeout",
+            limits: short_teardown(),
             steps: with(
                 with(
                     first_attempt(),
@@ -1545,6 +1590,97 @@ fn scenarios() -> Vec<Scenario> {
             },
         },
         Scenario {
+            name: "across hosts, a healable rank killed in a round whose store the launcher hosts is healed at once",
+            limits: across_hosts(),
+            steps: with(
+                first_attempt_in_round(),
+                vec![
+                    (1000, killed_healable(1, 1, 101, 9), &["heal 1/101"]),
+                    (1100, replaced(&[(1, 300)], None), &[]),
+                    // The agent's diagnosis of the same crash, later: no
+                    // restart published, the other hosts are not stopped.
+                    (
+                        1250,
+                        decision("inc-1", 0, 1000, Action::RestartInJob, 0),
+                        &[],
+                    ),
+                    (9000, exit(1, 0, 100, 0), &[]),
+                    (9001, exit(1, 1, 300, 0), &["finish 0"]),
+                ],
+            ),
+            expect: End {
+                code: Some(0),
+                outcome: "succeeded",
+                records: 1,
+                ended: "every worker exited 0",
+                says: &[
+                    "rank 1 (pid 101) signal 9 (SIGKILL): healing it from a live replica; the other ranks restart in process",
+                    "healed in 0.10s: rank 1 pid 300 started, its state from a live replica",
+                    "inc-1: not acted on: the crash was healed and every worker runs",
+                ],
+                ..End::default()
+            },
+        },
+        Scenario {
+            name: "across hosts, a round whose store a worker hosts (not the launcher) restarts every host in job, as before",
+            limits: Limits {
+                round_store_hosted: false,
+                ..across_hosts()
+            },
+            steps: with(
+                with(
+                    first_attempt_in_round(),
+                    vec![
+                        (1000, killed_healable(1, 1, 101, 9), &[]),
+                        (
+                            1200,
+                            decision("inc-1", 0, 1000, Action::RestartInJob, 0),
+                            &["publish restart", "stop SIGTERM"],
+                        ),
+                    ],
+                ),
+                restart_path(1300, 1, 200),
+            ),
+            expect: End {
+                restarts: 1,
+                local_restarts: 1,
+                says: &[
+                    "rank 1 (pid 101) failed: signal 9 (SIGKILL); waiting for the agent's diagnosis",
+                ],
+                ..End::default()
+            },
+        },
+        Scenario {
+            name: "across hosts, a heal the agent refuses restarts every host from the checkpoint",
+            limits: across_hosts(),
+            steps: with(
+                with(
+                    first_attempt_in_round(),
+                    vec![
+                        (1000, killed_healable(1, 1, 101, 9), &["heal 1/101"]),
+                        (
+                            1100,
+                            replaced(
+                                &[],
+                                Some("the agent refused the in-process restart: no live rank"),
+                            ),
+                            &["publish restart", "stop SIGTERM"],
+                        ),
+                    ],
+                ),
+                restart_path(1300, 1, 200),
+            ),
+            expect: End {
+                restarts: 1,
+                local_restarts: 1,
+                says: &[
+                    "healing rank 1 failed (the agent refused the in-process restart: no live rank): the job restarts from its checkpoint",
+                    "attempt 1: workers started",
+                ],
+                ..End::default()
+            },
+        },
+        Scenario {
             name: "a survivor that left blocked in a collective (exit 75) during a heal is healed in turn",
             limits: limits(),
             steps: with(
@@ -1879,6 +2015,71 @@ fn scenarios() -> Vec<Scenario> {
                 says: &[
                     "host h1 got a notice (got SIGTERM): every rank of the job saves at step 137: the workers save at their next step boundary and leave; those left after 19s are stopped; exit 85 (preempted: requeue)",
                 ],
+                ..End::default()
+            },
+        },
+        Scenario {
+            name: "notice from the host's agent (its notice.raised): the job stops on it before any worker left, asking the agent for its step; exit 85",
+            limits: across_hosts(),
+            steps: with(
+                first_attempt(),
+                vec![
+                    (
+                        1000,
+                        Input::HostNotice {
+                            reason: "notice from gce: instance/preempted = TRUE".into(),
+                            step: 151,
+                            deadline: None,
+                        },
+                        &["notice"],
+                    ),
+                    // Another host's notice meanwhile (it noticed too):
+                    // the executor already adopted the first published.
+                    (
+                        1100,
+                        Input::Round(Remote::Notice {
+                            step: 151,
+                            deadline: None,
+                            reason: "host h1 got a notice".into(),
+                        }),
+                        &[],
+                    ),
+                    (1200, exit(1, 0, 100, 85), &[]),
+                    (1300, exit(1, 1, 101, 85), &["finish 85"]),
+                ],
+            ),
+            expect: End {
+                code: Some(85),
+                outcome: "preempted: every worker saved on the notice and left; requeue the job",
+                records: 1,
+                ended: "left on a notice",
+                says: &[
+                    "notice from gce: instance/preempted = TRUE: the agent told the ranks here to save at step 151: the workers save at their next step boundary and leave; those left after 19s are stopped; exit 85 (preempted: requeue)",
+                ],
+                ..End::default()
+            },
+        },
+        Scenario {
+            name: "a host between rounds meets a notice another host published meanwhile: no workers start, exit 85, the job not failed",
+            limits: across_hosts(),
+            steps: vec![
+                (0, Input::Begin, &["rendezvous 0"]),
+                (
+                    500,
+                    Input::NoRound {
+                        exit_code: 85,
+                        message: "host h1 got a notice (got SIGTERM) in round 3 while this host was between rounds".into(),
+                        error: "coordination: host h1 got a notice".into(),
+                    },
+                    &["finish 85"],
+                ),
+            ],
+            expect: End {
+                code: Some(85),
+                outcome: "preempted: host h1 got a notice (got SIGTERM) in round 3 while this host was between rounds; requeue the job",
+                records: 1,
+                ended: "not started",
+                says: &["while this host was between rounds: exit 85 (preempted: requeue)"],
                 ..End::default()
             },
         },

@@ -31,6 +31,8 @@
 //!   streams armed, the waiter spawned; the exception restarts' budget);
 //! - `control.rs`: the per-rank `Control` streams and `AckControl`;
 //! - `dump.rs`: flight-recorder dump requests on those streams;
+//! - `exception.rs`: the answer to a rank's reported exception that waits
+//!   on it (a restart in process or a stop), within the policy's budget;
 //! - `waiter.rs`: the pure machine that decides, from acknowledgements,
 //!   exits, process states and the clock, when to wait, replace, escalate
 //!   or finish (replayed from recorded scenarios in `scenarios.rs`);
@@ -54,6 +56,7 @@ use crate::ranks::registry::{RankState, Registry, SharedRegistry};
 
 pub mod control;
 pub mod dump;
+pub mod exception;
 mod report;
 pub mod request;
 #[cfg(test)]

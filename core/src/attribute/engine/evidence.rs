@@ -32,6 +32,24 @@ struct Gathered {
     pids: Vec<u32>,
     /// What happened, for the diagnosis' summary.
     what: Vec<String>,
+    /// The driver's own recovery verdict that points somewhere, the
+    /// strongest (the last of equals) among the evidence: the combiner
+    /// lets it win.
+    verdict: Option<Evidence>,
+}
+
+impl Gathered {
+    /// Adds a health reason's evidence, of kind `kind`, keeping the
+    /// driver's verdict aside for the combiner.
+    fn push_reason(&mut self, e: Evidence, kind: rules::ReasonKind) {
+        if kind == rules::ReasonKind::DriverVerdict
+            && e.points_to.is_some()
+            && self.verdict.as_ref().is_none_or(|v| e.weight >= v.weight)
+        {
+            self.verdict = Some(e.clone());
+        }
+        self.ev.push(e);
+    }
 }
 
 impl Engine {
@@ -77,7 +95,12 @@ impl Engine {
         health_held(&mut g, devices, &devs);
         self.xid_repeat(&mut g, devices, &devs, rec, now);
         self.repeat_at_step(&mut g, rec, job_down, now);
-        (conclude(g.ev, &g.what), g.signature, g.step, g.exit_code)
+        (
+            conclude(g.ev, g.verdict, &g.what),
+            g.signature,
+            g.step,
+            g.exit_code,
+        )
     }
 
     /// A rank's exit: the exit rule, the rank's exception around it or the
@@ -103,6 +126,7 @@ impl Engine {
             exit_code,
             pids,
             what,
+            ..
         } = g;
         *step = step.or(*s);
         *exit_code = exit_code.or(*code);
@@ -337,11 +361,10 @@ impl Engine {
         from: SystemTime,
         to: SystemTime,
     ) {
-        let (ev, pids) = (&mut g.ev, &g.pids);
         for o in self.observations.iter().filter(|o| within(o.at, from, to)) {
             let comp = devices.resolve(&o.component);
             let on_device = devs.contains(&comp);
-            let by_pid = o.pid.is_some_and(|p| pids.contains(&p));
+            let by_pid = o.pid.is_some_and(|p| g.pids.contains(&p));
             // Node-wide troubles (a NIC, host memory, the checkpoint disk)
             // count for a job that went down on this node.
             let node_wide = job_down
@@ -351,17 +374,24 @@ impl Engine {
             if !(on_device || by_pid || node_wide) {
                 continue;
             }
-            ev.push(Evidence {
-                at: o.at,
-                source: o.source.clone(),
-                signal: o.signal.clone(),
-                subject: comp,
-                value: o.value.clone(),
-                points_to: o.class,
-                weight: o.weight,
-                note: o.note.clone(),
-                event_id: o.event_id,
-            });
+            let kind = match o.kind {
+                Observed::Health(kind) => kind,
+                Observed::OomKill | Observed::Xid(_) | Observed::Gate => rules::ReasonKind::Judged,
+            };
+            g.push_reason(
+                Evidence {
+                    at: o.at,
+                    source: o.source.clone(),
+                    signal: o.signal.clone(),
+                    subject: comp,
+                    value: o.value.clone(),
+                    points_to: o.class,
+                    weight: o.weight,
+                    note: o.note.clone(),
+                    event_id: o.event_id,
+                },
+                kind,
+            );
         }
     }
 
@@ -594,14 +624,14 @@ fn sdc(g: &mut Gathered, t: &Trigger) {
 /// What the health model holds now about the incident's devices, where
 /// no event already said it.
 fn health_held(g: &mut Gathered, devices: &DeviceMap, devs: &BTreeSet<String>) {
-    let ev = &mut g.ev;
     // What the health model holds now about the devices, where no event
     // already said it (a second reason of a component already FAILED
     // changes no status and publishes nothing).
     for d in devs {
         for r in devices.reasons.get(d).into_iter().flatten() {
-            if r.signal.contains("xid")
-                || ev.iter().any(|e| e.subject == *d && e.signal == r.signal)
+            let kind = rules::reason_kind(&r.signal);
+            if matches!(kind, rules::ReasonKind::Xid | rules::ReasonKind::AboutXids)
+                || g.ev.iter().any(|e| e.subject == *d && e.signal == r.signal)
             {
                 continue;
             }
@@ -635,17 +665,20 @@ fn health_held(g: &mut Gathered, devices: &DeviceMap, devs: &BTreeSet<String>) {
                     "under its threshold: not a fault on its own".to_owned(),
                 ),
             };
-            ev.push(Evidence {
-                at: r.since,
-                source: "health".into(),
-                signal: r.signal.clone(),
-                subject: d.clone(),
-                value: r.value.clone(),
-                points_to: class,
-                weight,
-                note,
-                event_id: 0,
-            });
+            g.push_reason(
+                Evidence {
+                    at: r.since,
+                    source: "health".into(),
+                    signal: r.signal.clone(),
+                    subject: d.clone(),
+                    value: r.value.clone(),
+                    points_to: class,
+                    weight,
+                    note,
+                    event_id: 0,
+                },
+                kind,
+            );
         }
     }
 }

@@ -117,8 +117,9 @@ enum Observed {
     OomKill,
     /// An XID with its code, from NVML or the kernel log (`Signal::Xid`).
     Xid(u32),
-    /// A health signal a source judged (`Signal::HealthChanged`).
-    Health,
+    /// A health signal a source judged (`Signal::HealthChanged`), with
+    /// what its reason is to the rules.
+    Health(rules::ReasonKind),
     /// A failed pre-restart health gate (`Signal::GateFailed`).
     Gate,
 }
@@ -491,12 +492,8 @@ impl Engine {
         };
         // An XID's own event (with its pid and sources) is the evidence;
         // the health change it caused only opens the incident.
-        // The kernel log's reason names the code (`kmsg.xid.79`).
-        let xid_signal = matches!(signal, "gpu.xid" | "kmsg.xid" | "xid")
-            || signal
-                .strip_prefix("kmsg.xid.")
-                .is_some_and(|code| code.parse::<u32>().is_ok());
-        if xid_signal {
+        let kind = rules::reason_kind(signal);
+        if kind == rules::ReasonKind::Xid {
             if device {
                 let t = Trigger::Hardware {
                     component: component.clone(),
@@ -526,7 +523,7 @@ impl Engine {
         self.push_observation(Observation {
             at: ev.time,
             event_id: ev.id,
-            kind: Observed::Health,
+            kind: Observed::Health(kind),
             source: "health".into(),
             component: component.clone(),
             signal: signal.to_owned(),
@@ -970,17 +967,10 @@ fn normalize(s: &str) -> String {
 }
 
 /// Picks the class the evidence supports best and writes the summary.
-fn conclude(mut ev: Vec<Evidence>, what: &[String]) -> Diagnosis {
-    // The driver's recovery action is the driver's own verdict: it wins.
-    let override_item = ev
-        .iter()
-        .filter(|e| {
-            (e.signal == "gpu.recovery_action"
-                || crate::taxonomy::dcgm::is_recovery_action(&e.signal))
-                && e.points_to.is_some()
-        })
-        .max_by(|a, b| a.weight.total_cmp(&b.weight))
-        .cloned();
+/// `verdict` is the driver's own recovery verdict among the evidence, if
+/// one points somewhere: it wins.
+fn conclude(mut ev: Vec<Evidence>, verdict: Option<Evidence>, what: &[String]) -> Diagnosis {
+    let override_item = verdict;
     let (class, confidence, rule) = if let Some(o) = override_item {
         (
             o.points_to.unwrap_or(FaultClass::Unknown),

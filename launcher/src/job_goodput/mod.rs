@@ -13,6 +13,10 @@
 //! Never: hold the job up for etcd (the copies run on a task, the end is
 //! bounded by [`TIMEOUT`] per request and [`LATE_REPORTS`] in all), or fail
 //! the job over goodput.
+//!
+//! The sum itself is [`merge`]: pure, on the reports as stored.
+
+pub mod merge;
 
 use std::path::Path;
 use std::time::Duration;
@@ -172,7 +176,7 @@ fn show_job(found: &Found, log_dir: &Path, console: &Console, again: bool) {
     for b in &found.bad {
         console.say(format!("job-wide goodput: skipped {b}"));
     }
-    let Some(job) = warden_agent::goodput::job_wide::merge(&found.reports) else {
+    let Some(job) = merge::merge(&found.reports) else {
         return;
     };
     let running = found.running();

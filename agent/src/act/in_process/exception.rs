@@ -5,50 +5,64 @@
 //! In: the reporting rank and its exception's type and message. Out: a
 //! transient class (attribution's exception rules, [`rules::exception_rule`])
 //! asks every live local rank of the job to restart in process
-//! ([`in_process::request`], the reporting rank included) and answers
-//! `RESTART_IN_PROCESS` with the request's seq; anything else answers
-//! `STOP`: the rank re-raises and exits, and attribution diagnoses that
-//! exit as a crash with this exception, as for any uncaught one. So one
-//! exception leads to one decision: a restart in process (the
+//! ([`super::request`], the reporting rank included) and answers
+//! [`Answer::Restart`] with the request's seq; anything else answers
+//! [`Answer::Stop`]: the rank re-raises and exits, and attribution
+//! diagnoses that exit as a crash with this exception, as for any uncaught
+//! one. So one exception leads to one decision: a restart in process (the
 //! `restart.requested` event, naming the rule) or the crash's incident.
 //!
-//! Bounded: at most the policy's `transient_software` budget of such restarts per
-//! job within its window ([`in_process::admit_exception_restart`]); past
-//! it the answer is `STOP`, and the crash goes through attribution and the
-//! policy like any other.
+//! Bounded: at most the policy's `transient_software` budget of such
+//! restarts per job within its window ([`super::admit_exception_restart`]);
+//! past it the answer is `Stop`, and the crash goes through attribution and
+//! the policy like any other.
 //!
-//! In dry run (`[policy] dry_run`) the answer is always `STOP`, saying what
+//! In dry run (`[policy] dry_run`) the answer is always `Stop`, saying what
 //! would have been done.
 //!
 //! Never: open an incident of its own (the restart is asked as by hand:
 //! no incident to escalate if the ranks do not acknowledge), or block (the
 //! request is armed and its waiter runs on a task of its own).
 
-use std::sync::Arc;
-
-use warden_proto::v1 as pb;
-
-use crate::act::in_process;
-use crate::ranks::RankKey;
-use crate::state::AgentState;
 use warden_core::attribute::FaultClass;
 use warden_core::attribute::rules;
+use warden_core::policy::PolicyConfig;
+
+use super::Handles;
+use crate::ranks::RankKey;
+
+/// What a rank waiting on its exception does next.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Answer {
+    /// Restart in process: the request `seq` is in every live rank's slot.
+    Restart {
+        /// The request's sequence number.
+        seq: u64,
+        /// The exception rule that matched.
+        rule: &'static str,
+        /// Why, for the rank's log.
+        reason: String,
+    },
+    /// Re-raise and exit; attribution takes the crash.
+    Stop {
+        /// The exception rule that matched, if one did.
+        rule: &'static str,
+        /// Why not a restart.
+        reason: String,
+    },
+}
 
 /// Decides what a rank that waits on its exception does next (see the module).
 pub fn decide(
-    state: &Arc<AgentState>,
+    h: &Handles,
+    policy: &PolicyConfig,
     key: &RankKey,
     exception_type: &str,
     message: &str,
-) -> pb::ReportExceptionResponse {
+) -> Answer {
     let rule = rules::exception_rule(exception_type, message);
     let name = rule.map_or("", |r| r.name);
-    let stop = |reason: String| pb::ReportExceptionResponse {
-        action: pb::Action::Stop as i32,
-        seq: 0,
-        rule: name.to_owned(),
-        reason,
-    };
+    let stop = |reason: String| Answer::Stop { rule: name, reason };
     let Some(rule) = rule.filter(|r| r.class == FaultClass::TransientSoftware) else {
         return stop(match rule {
             Some(r) => format!(
@@ -58,7 +72,7 @@ pub fn decide(
             None => format!("{exception_type} matches no transient exception rule"),
         });
     };
-    if state.config.policy.dry_run {
+    if policy.dry_run {
         // Nothing is restarted in dry run: the rank re-raises, and its
         // crash's decision says what would have been done.
         return stop(format!(
@@ -66,9 +80,9 @@ pub fn decide(
             rule.class, rule.name
         ));
     }
-    let budget = state.config.policy.for_class(FaultClass::TransientSoftware);
-    let attempt = match in_process::admit_exception_restart(
-        &state.restarts,
+    let budget = policy.for_class(FaultClass::TransientSoftware);
+    let attempt = match super::admit_exception_restart(
+        &h.restarts,
         &key.job,
         budget.budget,
         budget.window,
@@ -92,11 +106,10 @@ pub fn decide(
         budget.budget,
         humantime::format_duration(budget.window)
     );
-    match in_process::request(&state.in_process(), &key.job, &reason, "") {
-        Ok(asked) => pb::ReportExceptionResponse {
-            action: pb::Action::RestartInProcess as i32,
+    match super::request(h, &key.job, &reason, "") {
+        Ok(asked) => Answer::Restart {
             seq: asked.seq,
-            rule: rule.name.to_owned(),
+            rule: rule.name,
             reason,
         },
         Err(e) => stop(format!("{reason}; no in-process restart: {e}")),
