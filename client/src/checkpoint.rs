@@ -39,7 +39,9 @@ pub enum CheckpointError {
         error: String,
     },
     /// The agent refused (a full tier is `ResourceExhausted`, no such step
-    /// `NotFound`, no valid copy `DataLoss`).
+    /// `NotFound`, no valid copy `DataLoss`, holders of the checkpoint that
+    /// could not be asked `Aborted`: the agent asked them twice already, so
+    /// the call is not repeated; a restart of the job asks again).
     #[error("checkpoint: {call} refused ({code:?}): {message}")]
     Rejected {
         /// The call.

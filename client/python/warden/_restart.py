@@ -26,6 +26,12 @@ new process starts with ``WARDEN_IN_PROCESS_RESTART_COUNT`` set to the
 count the others' next attempt runs with, so ``restart_count()`` is the same
 in every rank and it restores from the same checkpoint.
 
+Across hosts, with ``warden.heal`` declared, a rank whose collective lost a
+peer that another host's launcher heals is asked nothing: it closes its
+groups, waits for the peers' next attempt to begin on the round's store, and
+restarts in process by itself to join it (a ``RestartRequested`` it makes,
+``seq`` 0).
+
 Outside ``warden.run`` nothing is raised: the request stays pending, and the
 agent restarts the job's processes after its ``restart.in_process_timeout``.
 So does a rank stuck in native code that never returns to the interpreter
@@ -282,19 +288,42 @@ def run(
         except Exception as e:
             failure = e
         if failure is not None:
-            if not _restarts_for(failure):
+            how = _restarts_for(failure)
+            if how == _NO:
                 raise failure
-            # Taken outside the handler, so the restart does not chain the
-            # error (whose frames hold the old process group) as context.
-            took, value = _native._restart_call(_nothing, (), None)
-            if took:
-                raise failure
+            if how == _JOINED:
+                # No request: the peers' next attempt began (a heal on
+                # another host); this rank restarts to join it.
+                n = _current_count() + 1
+                value = RestartRequested(
+                    f"a lost peer is healed by its own host's launcher: joining the peers' next attempt (restart {n})",
+                    seq=0,
+                    restart_count=n,
+                    reason="a lost peer is healed by its own host's launcher",
+                )
+                print(f"warden: {value}", file=sys.stderr, flush=True)
+            else:
+                # Taken outside the handler, so the restart does not chain
+                # the error (whose frames hold the old process group) as
+                # context.
+                took, value = _native._restart_call(_nothing, (), None)
+                if took:
+                    raise failure
             _release_frames(failure)
             failure = None
             done = False
         if done:
             return value  # type: ignore[no-any-return]
         exc: RestartRequested = value
+        # The attempt's group is of no further use: its connections are
+        # shut down first (a group warden.heal made records them), so that
+        # a worker thread of its still blocked in a collective returns and
+        # the group's destructor (below) does not wait on it (measured: 3 to
+        # 8 s in about 1 heal of 6, until the agent's hang detection asked
+        # again and the rank left with exit 75), and a peer blocked on
+        # this rank's sockets fails at once instead of waiting for its own
+        # watchdog.
+        _shut_heal_sockets()
         # The frames the restart interrupted hold the attempt's objects (its
         # process group among them): a gloo group lives, its sockets open and
         # its peers waiting on them, until the last reference goes.
@@ -336,7 +365,15 @@ _PEER_GRACE_S = 1.0
 _DECIDED_WAIT_S = 5.0
 
 
-def _restarts_for(exc: Exception) -> bool:
+#: ``_restarts_for``'s answers: no restart (the error stands), the pending
+#: request's restart, or a restart with no request that joins the peers'
+#: next attempt (``warden.heal`` across hosts).
+_NO = "no"
+_REQUESTED = "requested"
+_JOINED = "joined"
+
+
+def _restarts_for(exc: Exception) -> str:
     """Whether ``exc``, raised by the training function, ends in an in-process restart.
 
     Yes when a request is pending already: a collective that a peer's
@@ -347,15 +384,29 @@ def _restarts_for(exc: Exception) -> bool:
     restarts every rank of the job in process, this one included; anything
     else (a ValueError, no agent) ends the rank with the exception, after
     a short grace for a request already on its way.
+
+    Across hosts, with ``warden.heal`` declared and the round's store hosted
+    by a launcher, a lost peer's heal may be another host's: its launcher
+    restarts its own ranks and the lost one, and nothing asks this rank.
+    Then this rank's groups are closed at once (a peer blocked on its
+    sockets returns), and it waits for either a request or the peers' next
+    attempt begun on the round's store (``_JOINED``: it restarts to join it).
     """
     if _native._restart_pending() is not None:
-        return True
-    if _heal_declared and _lost_peer(exc) and _wait_pending(_heal_wait()):
-        # A heal is on its way: the launcher saw the peer's process end and
-        # asked for the restart, which comes in milliseconds; reporting
-        # first would hold this rank for the agent's answer (its settle
-        # window) before it could take it.
-        return True
+        return _REQUESTED
+    if _heal_declared and _lost_peer(exc):
+        begun = _next_attempt_begun
+        if begun is not None and begun() is not None:
+            _close_groups(exc)
+            how = _wait_request_or(_heal_wait(), begun)
+            if how != _NO:
+                return how
+        elif _wait_pending(_heal_wait()):
+            # A heal is on its way: the launcher saw the peer's process end
+            # and asked for the restart, which comes in milliseconds;
+            # reporting first would hold this rank for the agent's answer
+            # (its settle window) before it could take it.
+            return _REQUESTED
     decision: Optional[dict[str, Any]] = None
     try:
         decision = _native.default_client()._report_for_decision(exc)
@@ -363,19 +414,27 @@ def _restarts_for(exc: Exception) -> bool:
         print(f"warden: reporting {type(e).__name__}: {e}", file=sys.stderr)
     if decision and decision.get("restart_in_process"):
         if _wait_pending(_DECIDED_WAIT_S):
-            return True
+            return _REQUESTED
         print(
             f"warden: the agent restarts the job in process (seq {decision.get('seq')}), "
             f"but no request came within {_DECIDED_WAIT_S} s",
             file=sys.stderr,
         )
-        return False
-    return _wait_pending(_PEER_GRACE_S)
+        return _NO
+    return _REQUESTED if _wait_pending(_PEER_GRACE_S) else _NO
 
 
 #: Set by ``warden.heal.declare``: a peer's loss is healed, so an error
 #: that says a peer's connection ended waits for the restart first.
 _heal_declared = False
+
+#: Set by ``warden.heal``: whether the peers' next attempt began on the
+#: round's store (True/False), or None where that cannot be told (one host,
+#: a store hosted by a rank, no attempt joined yet).
+_next_attempt_begun: Optional[Callable[[], Optional[bool]]] = None
+
+#: How often the round's store is asked while a lost peer's heal is awaited.
+_BEGUN_POLL_S = 0.01
 
 #: How long such an error waits for the heal's restart request.
 _HEAL_WAIT_S = 2.0
@@ -424,6 +483,65 @@ def _wait_pending(timeout: float) -> bool:
             return False
         time.sleep(0.005)
     return True
+
+
+def _wait_request_or(timeout: float, begun: Callable[[], Optional[bool]]) -> str:
+    """Waits up to ``timeout`` seconds for a restart request (``_REQUESTED``)
+    or the peers' next attempt begun (``_JOINED``); ``_NO`` past it.
+
+    The store is asked from a thread of its own: a store whose host is gone
+    holds a question up to its client's timeout, and the training thread,
+    blocked there in C++, would take a request (a lost host's round heal)
+    that late, or be taken for stuck (``warden.heal``'s exit 75)."""
+    seen = threading.Event()
+    stop = threading.Event()
+
+    def ask() -> None:
+        while not stop.is_set():
+            if begun():
+                seen.set()
+                return
+            stop.wait(_BEGUN_POLL_S)
+
+    threading.Thread(target=ask, name="warden-heal-begun", daemon=True).start()
+    deadline = time.monotonic() + timeout
+    try:
+        while True:
+            if _native._restart_pending() is not None:
+                return _REQUESTED
+            if seen.is_set():
+                return _JOINED
+            if time.monotonic() >= deadline:
+                return _NO
+            time.sleep(0.002)
+    finally:
+        stop.set()
+
+
+def _shut_heal_sockets() -> None:
+    """Shuts down the connections of the attempt's group when
+    ``warden.heal`` made it (nothing otherwise: a plain group's sockets are
+    not known here). Imported lazily: ``warden.heal`` imports this module."""
+    heal = sys.modules.get("warden.heal")
+    if heal is not None:
+        heal._shut_attempt_sockets()
+
+
+def _close_groups(exc: BaseException) -> None:
+    """Aborts and destroys this rank's process groups now, in the training thread.
+
+    Why: a peer blocked in a collective with this rank returns only when
+    this rank's sockets close (gloo's ``abort()`` wakes no waiting op). A
+    rank that waits for another host's heal holds its failed group meanwhile;
+    a survivor on the lost rank's host blocked on it could not take its own
+    restart, and would leave (``warden.heal``'s exit 75) to be healed in turn.
+    The group is of no further use: the attempt it served failed, and the
+    next one (a restart, or none) makes its own.
+    """
+    _torch.abort_process_groups(0)
+    _release_frames(exc)
+    gc.collect()
+    _torch.destroy_after_abort()
 
 
 def _release_frames(exc: BaseException) -> None:

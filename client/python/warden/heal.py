@@ -47,11 +47,20 @@ agent's, so they differ between hosts). When another host is lost and a
 spare takes its node rank, ``warden run`` keeps this host's workers and
 writes the new round to the file named by ``WARDEN_HEAL_ROUND_FILE`` before
 it asks them to restart in process: the next attempt meets the spare's new
-ranks on that round's store, and they receive their state as above.
+ranks on that round's store, and they receive their state as above. When a
+rank of another host is lost and its own launcher heals it (its host's
+survivors restarted by their agent, the rank replaced from a standby), this
+host is asked nothing: its ranks see a lost peer, close their groups, see
+the attempt after theirs begun on the round's store (``_next_attempt_begun``)
+and restart in process to join it (``warden._restart``); the replacement
+takes that attempt's number from the store (``_joining_attempt``). A
+training thread blocked in a collective meanwhile (gloo's ``abort()`` wakes
+none) has its attempt's connections shut down by ``_Stuck``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import datetime
 import gc
@@ -59,6 +68,7 @@ import io
 import json
 import os
 import random
+import socket
 import sys
 import tempfile
 import threading
@@ -144,9 +154,31 @@ _control: Any = None
 
 #: Across hosts: (epoch, the round's TCPStore) of this process's round.
 _round_store: Optional[Tuple[int, Any]] = None
-#: Across hosts: the restart count of this rank's first attempt in each
-#: round (its attempts there are numbered from it).
+#: Across hosts: (epoch, host, port) of the round's store when a launcher
+#: hosts it (``WARDEN_ROUND_STORE_PORT``): only then is a rank's own fault
+#: healed inside the round, and only then does a rank waiting for a lost
+#: peer's heal ask the store whether the peers' next attempt began.
+_hosted_at: Optional[Tuple[int, str, int]] = None
+#: Across hosts: the restart count this rank's attempts in each round are
+#: numbered from (the count of its first attempt there, less the attempt
+#: it joined then: a replacement joins its peers' next attempt).
 _round_base: Dict[int, int] = {}
+#: Across hosts: (epoch, attempt) of the attempt this rank joined last.
+_joined: Optional[Tuple[int, int]] = None
+#: Across hosts: (epoch, the round's control prefix on a client of its own
+#: with a short timeout), for ``_next_attempt_begun``: a store whose host
+#: is gone answers within it, not within the attempt's timeout.
+_poll: Optional[Tuple[int, Any]] = None
+#: When a failed poll client may be made again (monotonic seconds).
+_poll_retry_at = 0.0
+_poll_lock = threading.Lock()
+#: The poll client's timeout, seconds (asked off the training thread).
+POLL_TIMEOUT_S = 1.0
+#: The pause before a new poll client after one failed, seconds.
+POLL_RETRY_S = 1.0
+#: Attempts looked for in one round (``_joining_attempt``'s search bound):
+#: more in-process restarts than any job makes.
+MAX_ATTEMPTS = 1 << 20
 
 
 def _round() -> Optional[Dict[str, Any]]:
@@ -240,7 +272,7 @@ def _stores(count: int, world: int, rank: int, timeout_s: float) -> Tuple[Any, A
     ``attempt-<n>``, ``n`` counted from this rank's first attempt in the
     round.
     """
-    global _control, _round_store
+    global _control, _round_store, _hosted_at
     dist = _torch().distributed
     round_ = _round()
     if round_ is None:
@@ -257,18 +289,127 @@ def _stores(count: int, world: int, rank: int, timeout_s: float) -> Tuple[Any, A
         # Hosted by node rank 0's launcher when it says so (the store then
         # outlives every worker, rank 0 included); else by rank 0.
         hosted = round_["store_port"] is not None
+        port = round_["store_port"] if hosted else round_["master_port"]
         store = dist.TCPStore(
             round_["master_addr"],
-            round_["store_port"] if hosted else round_["master_port"],
+            port,
             world_size=None,
             is_master=not hosted and rank == 0,
             timeout=datetime.timedelta(seconds=timeout_s),
             wait_for_workers=False,
         )
         _round_store = (epoch, store)
-    base = _round_base.setdefault(epoch, count)
+        _hosted_at = (epoch, round_["master_addr"], port) if hosted else None
     store = _round_store[1]
-    return dist.PrefixStore("control", store), dist.PrefixStore(f"attempt-{count - base}", store)
+    control = dist.PrefixStore("control", store)
+    if epoch not in _round_base:
+        # This rank's first attempt in the round: a replacement (a heal of
+        # a rank lost inside the round) joins the attempt its peers make
+        # next, whatever its own count; in a fresh round that is attempt 0.
+        attempt = _joining_attempt(control, lambda i: dist.PrefixStore(f"attempt-{i}", store), world)
+        _round_base[epoch] = count - attempt
+        if attempt:
+            _say(f"rank {rank}: joins attempt {attempt} of round {epoch}, its peers' next")
+    base = _round_base[epoch]
+    return control, dist.PrefixStore(f"attempt-{count - base}", store)
+
+
+def _joining_attempt(control: Any, attempt_store: Callable[[int], Any], world: int) -> int:
+    """The attempt a rank's first call in a round joins: the newest one some
+    rank entered (``entered-<i>`` in ``control``) while not every rank has
+    joined it, else the one after it; 0 when none was entered.
+
+    Attempts are entered in order (0, 1, ...), each once every rank left the
+    one before, so the newest entered is found by doubling then bisecting:
+    O(log attempts) questions to the store.
+    """
+
+    def entered(i: int) -> bool:
+        return bool(control.check([f"entered-{i}"]))
+
+    if not entered(0):
+        return 0
+    low, high = 0, 1
+    while high < MAX_ATTEMPTS and entered(high):
+        low, high = high, high * 2
+    # entered(low), not entered(high) (or high at the bound).
+    while high - low > 1:
+        mid = (low + high) // 2
+        if entered(mid):
+            low = mid
+        else:
+            high = mid
+    joined = int(attempt_store(low).add("warden-heal-joined", 0))
+    return low if joined < world else low + 1
+
+
+def _next_attempt_begun() -> Optional[bool]:
+    """Across hosts, with the round's store hosted by a launcher: whether
+    some rank entered the attempt after the one this rank joined last (a
+    lost peer healed by its own host's launcher: its host's survivors and
+    its replacement enter it, and nothing asks this rank). None where that
+    cannot be told (one host, a store hosted by a rank, no attempt joined
+    in the store's round). A store that does not answer is False (asked
+    again after a pause)."""
+    joined, at = _joined, _hosted_at
+    if joined is None or at is None or at[0] != joined[0]:
+        return None
+    # The training thread and ``_Stuck`` both ask; a store client takes one
+    # call at a time.
+    with _poll_lock:
+        return _ask_next_begun(joined, at)
+
+
+def _ask_next_begun(joined: Tuple[int, int], at: Tuple[int, str, int]) -> bool:
+    global _poll, _poll_retry_at
+    now = time.monotonic()
+    if _poll is None or _poll[0] != joined[0]:
+        if now < _poll_retry_at:
+            return False
+        dist = _torch().distributed
+        try:
+            client = dist.TCPStore(
+                at[1],
+                at[2],
+                world_size=None,
+                is_master=False,
+                timeout=datetime.timedelta(seconds=POLL_TIMEOUT_S),
+                wait_for_workers=False,
+            )
+        except Exception:  # the store's host gone: a request may still come
+            _poll_retry_at = time.monotonic() + POLL_RETRY_S
+            return False
+        _poll = (joined[0], dist.PrefixStore("control", client))
+    try:
+        return bool(_poll[1].check([f"entered-{joined[1] + 1}"]))
+    except Exception:
+        _poll = None
+        _poll_retry_at = time.monotonic() + POLL_RETRY_S
+        return False
+
+
+def _recovering() -> Any:
+    """The ``heal`` section around a restart attempt's regrouping and heal
+    (``init_process_group``, ``State.resume``); no section in the first
+    attempt, where the agent already judges a rank with no step as in
+    ``init``.
+
+    A survivor waits there for its replacement (a standby taking the place,
+    a second fault's rank exiting first): seconds under load, and a Lightning
+    replacement rebuilds its module and DDP before it joins. Outside a
+    section that wait was ``idle``, judged against the job's calibrated
+    between-steps time, and the agent declared a hang on the survivors in
+    the middle of a heal (3 of 4 ranks stalled at the same step), which
+    asked for a second, needless in-process restart (CI, issue 31). A
+    ``heal`` section gets ``hang.heal_timeout`` (2 min) until calibrated, so
+    a replacement that froze is still found; ``timeout_s`` bounds it too.
+    The old group's teardown stays outside (a gloo group's destructor that
+    joins a worker thread still in a collective is a stall the agent's hang
+    detection must see at the between-steps threshold).
+    """
+    if _restart.restart_count() > 0:
+        return _native.section("heal")
+    return contextlib.nullcontext()
 
 
 def init_process_group(backend: str = "gloo", timeout_s: float = 600.0) -> None:
@@ -288,14 +429,21 @@ def init_process_group(backend: str = "gloo", timeout_s: float = 600.0) -> None:
     whose restart request reached the others before this process had
     registered) joins that attempt instead.
     """
+    # The aborted groups FSDP2 still holds: closed now, not at resume, so
+    # no peer blocked on their sockets waits for this rank (outside the
+    # heal section: see _recovering).
+    if sum(heal_layout.release(state.model) for state in list(_declared)):
+        gc.collect()
+    with _recovering():
+        _init_process_group(backend, timeout_s)
+
+
+def _init_process_group(backend: str, timeout_s: float) -> None:
+    global _joined
     torch = _torch()
     dist = torch.distributed
     rank = int(os.environ["RANK"])
     world = int(os.environ["WORLD_SIZE"])
-    # The aborted groups FSDP2 still holds: closed now, not at resume, so
-    # no peer blocked on their sockets waits for this rank.
-    if sum(heal_layout.release(state.model) for state in list(_declared)):
-        gc.collect()
     _round()
     world = int(os.environ["WORLD_SIZE"])
     deadline = time.monotonic() + timeout_s
@@ -322,6 +470,9 @@ def init_process_group(backend: str = "gloo", timeout_s: float = 600.0) -> None:
         # after it) one attempt further, leaving a replacement that started
         # at this count waiting in torch's rendezvous for ever.
         _native._restart_joined_early(count + 1)
+    if os.environ.get("WARDEN_ROUND_EPOCH"):
+        _joined = (int(os.environ["WARDEN_ROUND_EPOCH"]), count - base)
+    before = set(_socket_fds())
     dist.init_process_group(
         backend,
         store=store,
@@ -329,6 +480,98 @@ def init_process_group(backend: str = "gloo", timeout_s: float = 600.0) -> None:
         world_size=world,
         timeout=datetime.timedelta(seconds=timeout_s),
     )
+    _set_attempt_sockets(before)
+
+
+#: The TCP sockets (inodes) the current attempt's default group opened:
+#: gloo's connections to its peers, taken around ``dist.init_process_group``
+#: (the round's store connections excluded). ``_Stuck`` shuts them down to
+#: bring a training thread blocked in one of its collectives back.
+_attempt_sockets: frozenset = frozenset()
+
+
+def _socket_fds() -> Dict[int, int]:
+    """This process's sockets: inode -> a file descriptor of it."""
+    out: Dict[int, int] = {}
+    try:
+        names = os.listdir("/proc/self/fd")
+    except OSError:
+        return out
+    for name in names:
+        try:
+            link = os.readlink(f"/proc/self/fd/{name}")
+        except OSError:
+            continue
+        if link.startswith("socket:[") and link.endswith("]"):
+            try:
+                out[int(link[8:-1])] = int(name)
+            except ValueError:
+                continue
+    return out
+
+
+def _tcp_connections() -> Dict[int, int]:
+    """This process's TCP sockets that are not listening: inode -> remote port
+    (``/proc/self/net/tcp`` and ``tcp6``)."""
+    out: Dict[int, int] = {}
+    for table in ("/proc/self/net/tcp", "/proc/self/net/tcp6"):
+        try:
+            with open(table, encoding="ascii") as f:
+                next(f, None)
+                for line in f:
+                    fields = line.split()
+                    # sl local rem st ... inode: a listener's state is 0A.
+                    if len(fields) < 10 or fields[3] == "0A":
+                        continue
+                    out[int(fields[9])] = int(fields[2].rsplit(":", 1)[1], 16)
+        except (OSError, ValueError, IndexError):
+            continue
+    return out
+
+
+def _set_attempt_sockets(before: "set[int]") -> None:
+    """Records the TCP connections opened since ``before`` (inodes), less the
+    round's store's, as the attempt's group's."""
+    global _attempt_sockets
+    tcp = _tcp_connections()
+    store_port = _hosted_at[2] if _hosted_at is not None else None
+    _attempt_sockets = frozenset(
+        i for i in _socket_fds() if i not in before and i in tcp and tcp[i] != store_port
+    )
+
+
+def _shut_attempt_sockets() -> int:
+    """Shuts down (both ways) the current attempt's group's connections that
+    are still open; returns how many. A collective blocked on one of them
+    returns with an error ("connection closed"), which ``warden.run`` takes
+    as a lost peer. The descriptors stay the group's (closed when it is
+    destroyed); a descriptor reused for another socket meanwhile is left alone
+    (its inode is checked on a duplicate)."""
+    wanted = _attempt_sockets
+    done = 0
+    for inode, fd in _socket_fds().items():
+        if inode not in wanted:
+            continue
+        try:
+            dup = os.dup(fd)
+        except OSError:
+            continue
+        try:
+            if os.fstat(dup).st_ino != inode:
+                continue
+            sock = socket.socket(fileno=dup)
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+                done += 1
+            except OSError:
+                pass
+            finally:
+                sock.detach()
+        except OSError:
+            continue
+        finally:
+            os.close(dup)
+    return done
 
 
 def _announce() -> None:
@@ -423,6 +666,7 @@ class _Stuck(threading.Thread):
         seen: Optional[int] = None
         since = 0.0
         cpu: Optional[int] = None
+        shut = False
         while True:
             time.sleep(poll)
             state = self._state()
@@ -433,9 +677,11 @@ class _Stuck(threading.Thread):
             if pending is None or state._updating:
                 # Taken (or none), or deferred to the update's commit.
                 seen = None
+                if pending is None:
+                    self._watch_round(state, now)
                 continue
             if pending["seq"] != seen:
-                seen, since = pending["seq"], now
+                seen, since, shut = pending["seq"], now, False
                 cpu = _thread_cpu_ticks(self._training_tid)
                 continue
             if now - since >= self._after:
@@ -444,12 +690,60 @@ class _Stuck(threading.Thread):
                     # It runs: slow (a loaded host), not blocked. Wait on.
                     since, cpu = now, spent
                     continue
+                if not shut:
+                    # First the attempt's own connections: the collective
+                    # fails, the thread takes the request, and the process
+                    # (its memory, its CUDA context) stays.
+                    shut = True
+                    n = _shut_attempt_sockets()
+                    if n:
+                        _say(
+                            f"rank {state.rank} (pid {os.getpid()}): the restart request (seq {seen}) has not reached "
+                            f"the training thread in {now - since:.1f} s: it is blocked in a collective; shut down its "
+                            f"process group's {n} connection{'s' if n > 1 else ''}"
+                        )
+                        since, cpu = now, spent
+                        continue
                 _say(
                     f"rank {state.rank} (pid {os.getpid()}): the restart request (seq {seen}) has not reached the training "
                     f"thread in {now - since:.1f} s: it is blocked in native code (a collective no abort "
                     f"wakes); leaving with exit {STUCK_EXIT} to be healed from a live replica"
                 )
                 os._exit(STUCK_EXIT)
+
+    #: No request: since when the training thread has spent no CPU, its
+    #: ticks then, and when the round's store may be asked next.
+    _idle_since = 0.0
+    _idle_ticks: Optional[int] = None
+    _ask_at = 0.0
+
+    def _watch_round(self, state: "State", now: float) -> None:
+        """Across hosts, with no request: a training thread blocked (no CPU
+        for ``after`` seconds) in an attempt whose successor its peers began
+        on the round's store (a lost rank healed by its own host's launcher,
+        which asks nothing of this host) gets its group's connections shut
+        down, so that it comes back and joins them. The store is asked only
+        while the thread is blocked, at most twice a second."""
+        if _hosted_at is None or _joined is None or not _attempt_sockets:
+            self._idle_ticks = None
+            return
+        ticks = _thread_cpu_ticks(self._training_tid)
+        if ticks is None or self._idle_ticks is None or ticks - self._idle_ticks > _BUSY_TICKS:
+            self._idle_since, self._idle_ticks = now, ticks
+            return
+        if now - self._idle_since < self._after or now < self._ask_at:
+            return
+        self._ask_at = now + 0.5
+        attempt = _joined
+        if not _next_attempt_begun():
+            return
+        n = _shut_attempt_sockets()
+        if n:
+            _say(
+                f"rank {state.rank} (pid {os.getpid()}): blocked in a collective of attempt {attempt[1]} while its "
+                f"peers began attempt {attempt[1] + 1}: shut down its process group's {n} connection{'s' if n > 1 else ''}"
+            )
+        self._idle_since, self._idle_ticks = now, ticks
 
 
 class State:
@@ -504,6 +798,7 @@ class State:
             optimizer.register_step_pre_hook(self._begin_update)
         _restart._set_defer(self._defer_restart)
         _restart._heal_declared = True
+        _restart._next_attempt_begun = _next_attempt_begun
         _declared.add(self)
         # warden.run collects garbage after a restart (a DDP wrapper in a
         # reference cycle holds the old group's sockets, which peers wait
@@ -614,6 +909,10 @@ class State:
         from the newest checkpoint every rank has; return its step, or None
         on a fresh start). It runs only where no rank holds a live state.
         """
+        with _recovering():
+            return self._resume(restore, group)
+
+    def _resume(self, restore: Optional[Callable[[], Optional[int]]], group: Any) -> int:
         torch = _torch()
         dist = torch.distributed
         started = time.perf_counter()

@@ -5,7 +5,8 @@ Each submodule imports its framework when it is imported itself (never at
 
 - ``warden.integrations.lightning``: ``WardenCallback`` for a PyTorch
   Lightning ``Trainer`` (steps, sections, checkpoints through the agent's
-  tier) and ``restore_path()`` for ``trainer.fit(ckpt_path=...)``.
+  tier), ``restore_path()`` for ``trainer.fit(ckpt_path=...)``, and
+  ``WardenDDPStrategy``, Lightning's DDP strategy healed from a live replica.
 - ``warden.integrations.transformers``: ``WardenCallback`` for a Hugging
   Face ``Trainer`` and ``restore_dir()`` for
   ``trainer.train(resume_from_checkpoint=...)``.

@@ -35,6 +35,11 @@ each rank writes its own files) save synchronously, as does
 ``async_save=False``. A save that fails in the background is never
 committed; the next save warns of it, as a synchronous failure does. Uses ``lightning.pytorch``
 when the ``lightning`` package is installed, else ``pytorch_lightning``.
+
+With ``strategy=WardenDDPStrategy()`` the fit heals from a live replica
+instead of resuming from the tier (``_lightning_heal``): survivors keep
+their module and optimizer state, a replacement takes them and the fit
+loop's progress from a peer; ``fit`` is then called without ``ckpt_path``.
 """
 
 from __future__ import annotations
@@ -47,6 +52,7 @@ import warnings
 from typing import Any, Optional
 
 from . import require
+from ._lightning_heal import HEAL as _HEAL
 from ._steps import StepTracker
 from .. import checkpoint as _ckpt
 from .. import section as _section
@@ -58,7 +64,7 @@ if importlib.util.find_spec("lightning") is not None:
 else:
     _pl = require("pytorch_lightning", "warden.integrations.lightning", "pytorch-lightning")
 
-__all__ = ["WardenCallback", "restore_path"]
+__all__ = ["WardenCallback", "WardenDDPStrategy", "restore_path"]
 
 
 #: The process's async saver: made on the first async save, reused by every
@@ -189,6 +195,8 @@ class WardenCallback(_pl.Callback):
         steps = self._steps
         if steps.step != trainer.global_step:
             steps.begin(trainer.global_step)
+            if _healing(trainer):
+                _HEAL.step_begins(trainer.global_step)
         steps.enter("forward")
 
     def on_before_backward(self, trainer: Any, pl_module: Any, loss: Any) -> None:
@@ -202,6 +210,8 @@ class WardenCallback(_pl.Callback):
     def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
         """The optimizer steps (after its closure ran forward and backward)."""
         self._steps.enter("optimizer")
+        if _healing(trainer):
+            _HEAL.begin_update()
 
     def on_train_batch_end(
         self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
@@ -214,6 +224,10 @@ class WardenCallback(_pl.Callback):
             return  # gradient accumulation: the optimizer step is still to come
         steps.end()
         step = trainer.global_step
+        if _healing(trainer):
+            # The state in memory is that of `step` steps (a restart that
+            # arrived during the update is raised here, the step done).
+            _HEAL.commit(trainer)
         # A notice of a coming stop: every rank saves the step the agent
         # named, then the fit stops and on_train_end leaves with 85.
         n = _notice()
@@ -270,16 +284,28 @@ class WardenCallback(_pl.Callback):
         self.last_saved = step
         return "async"
 
+    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+        """Keeps warden's stack-dump signal out of Lightning's restore of
+        signal handlers; a healed fit resumed mid-epoch: the loaders skip
+        what the epoch consumed."""
+        _keep_stack_dump_handler(trainer)
+        if _healing(trainer):
+            _HEAL.position_data(trainer)
+
     def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
         """Closes what is open (a restart or an error ended the step)."""
         if self._tracker is not None:
             self._tracker.abandon()
+        if _healing(trainer):
+            _HEAL.fit_ended()
 
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:
         """Nothing stays open after fit; after a save on a notice, the rank
         leaves with ``warden.Preempted`` (exit 85: "requeue me")."""
         if self._tracker is not None:
             self._tracker.end()
+        if _healing(trainer):
+            _HEAL.fit_ended()
         # The last saves committed before fit returns (and before leaving on
         # a notice: the step it saved must be in the tier).
         _wait_for_saves()
@@ -308,3 +334,80 @@ def _write(trainer: Any, path: str) -> None:
     trainer.save_checkpoint(path)
     if not os.path.exists(path):
         open(path, "wb").close()
+
+
+class WardenDDPStrategy(_pl.strategies.DDPStrategy):
+    """Lightning's ``DDPStrategy`` healed from a live replica (``warden.heal``).
+
+    With a ``WardenCallback`` among the Trainer's callbacks, under
+    ``warden.run`` and ``warden run``: each attempt's process group is made
+    by ``warden.heal.init_process_group`` (a store of its own per attempt,
+    which no rank's death takes down); at every fit, before DDP wraps the
+    module, the ranks behind (a replacement, a survivor interrupted during
+    its optimizer update) receive module, optimizers, LR schedulers and the
+    fit loop's progress from the lowest live rank at the newest committed
+    step, and the survivors keep theirs in memory; where no live rank holds
+    it, the tier's newest checkpoint is restored (``restore_path``). Call
+    ``trainer.fit`` without ``ckpt_path``.
+
+    ``seed``: the RNGs of each step are seeded from (seed, rank, step)
+    (``warden.heal.seed_step``), so a replacement draws what the lost rank
+    would have. ``find_unused_parameters`` defaults to True: DDP rebuilds
+    its gradient buckets after its first iteration, and a DDP made again
+    after a heal would all-reduce in another layout, whose sums differ in
+    the last bits; True keeps the first layout, so a healed run ends with
+    the weights of a fault-free one, bit for bit. The other keywords are
+    ``DDPStrategy``'s.
+    """
+
+    def __init__(self, *args: Any, seed: int = 0, find_unused_parameters: bool = True, **kwargs: Any) -> None:
+        super().__init__(*args, find_unused_parameters=find_unused_parameters, **kwargs)
+        self.warden_seed = int(seed)
+
+    def setup_distributed(self) -> None:
+        """This attempt's group on a store of its own; Lightning then finds
+        it made and only sets its ranks."""
+        import warden.heal  # noqa: PLC0415
+
+        backend = self._process_group_backend or _default_backend(self.root_device)
+        timeout = self._timeout.total_seconds() if self._timeout is not None else 600.0
+        warden.heal.init_process_group(backend, timeout_s=timeout)
+        super().setup_distributed()
+
+    def setup(self, trainer: Any) -> None:
+        """The heal before DDP wraps the module (its constructor broadcasts
+        rank 0's weights), Lightning's restore of the rest after the fit's
+        optimizers exist."""
+        fitting = str(getattr(trainer.state.fn, "value", trainer.state.fn)) == "fit"
+        if fitting:
+            if not any(isinstance(c, WardenCallback) for c in trainer.callbacks):
+                raise ValueError("warden: WardenDDPStrategy heals only with a WardenCallback in the Trainer's callbacks")
+            _HEAL.before_ddp(trainer, self.lightning_module, self.warden_seed, restore_path)
+        super().setup(trainer)
+        if fitting:
+            _HEAL.after_setup(trainer)
+
+
+def _keep_stack_dump_handler(trainer: Any) -> None:
+    """Lightning's signal connector records every signal's Python-level
+    handler when the fit starts and sets them all back at its teardown.
+    The stack-dump handler (SIGUSR2) is faulthandler's, installed in C, which
+    Python sees as SIG_DFL: set back, the next dump request would kill the
+    rank (seen: a survivor waiting in a heal, asked for its stacks, died of
+    SIGUSR2). Dropped from the record (``trainer._signal_connector``, a
+    private attribute of Lightning 2.6.6), it is left alone."""
+    from .._stackdump import _wanted_signal  # noqa: PLC0415
+
+    handlers = getattr(getattr(trainer, "_signal_connector", None), "_original_handlers", None)
+    sig = _wanted_signal()
+    if isinstance(handlers, dict) and sig:
+        for key in [k for k in handlers if int(k) == sig]:
+            del handlers[key]
+
+
+def _default_backend(device: Any) -> str:
+    return "nccl" if getattr(device, "type", "cpu") == "cuda" else "gloo"
+
+
+def _healing(trainer: Any) -> bool:
+    return isinstance(getattr(trainer, "strategy", None), WardenDDPStrategy)

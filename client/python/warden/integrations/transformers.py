@@ -37,6 +37,12 @@ next ``on_save`` waits for it (in section ``checkpoint``). A copy that
 fails in the background is never committed; the next ``on_save`` (or the
 end of training) warns of it. ``restore_dir`` first waits for this
 process's copy in flight, so an in-process restart resumes from it.
+
+``WardenTrainingArguments`` and ``WardenTrainer`` heal a DDP job from a live
+replica instead (``warden.heal``; ``_transformers_heal`` holds how): each
+attempt's process group is warden's, and at every ``train`` the ranks behind
+receive model, optimizer, LR scheduler and the Trainer's progress from a
+live rank, the tier being the fall-back where none lives.
 """
 
 from __future__ import annotations
@@ -45,6 +51,8 @@ import os
 import shutil
 import threading
 import warnings
+from dataclasses import dataclass
+from functools import cached_property
 from typing import Any, Optional
 
 from . import require
@@ -54,10 +62,13 @@ from .. import checkpoint as _ckpt
 from .._notice import Preempted as _Preempted
 from .._notice import notice as _notice
 from .. import section as _section
+from ._transformers_heal import HEAL as _HEAL
+from ._transformers_heal import LIVE as _LIVE
+from ._transformers_heal import _debug
 
 _tf = require("transformers", "warden.integrations.transformers", "transformers accelerate")
 
-__all__ = ["WardenCallback", "restore_dir"]
+__all__ = ["WardenCallback", "WardenTrainer", "WardenTrainingArguments", "restore_dir"]
 
 #: The Trainer's name for a checkpoint directory: checkpoint-<global step>.
 PREFIX = "checkpoint"
@@ -205,16 +216,22 @@ class WardenCallback(_tf.TrainerCallback):
             self._steps.enter("backward")
 
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        """An optimizer step begins (its first micro-batch)."""
+        """An optimizer step begins (its first micro-batch); under
+        ``WardenTrainer``, its RNGs are seeded from (seed, rank, step)."""
         self._steps.begin(state.global_step)
+        if _HEAL.active:
+            _HEAL.step_begins(int(state.global_step))
 
     def on_substep_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         """A micro-batch of gradient accumulation is done."""
         self._steps.leave()
 
     def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        """Gradients are in (and clipped): the optimizer steps."""
+        """Gradients are in (and clipped): the optimizer steps. Under
+        ``WardenTrainer`` a restart now waits for the step's commit."""
         self._steps.enter("optimizer")
+        if _HEAL.active:
+            _HEAL.begin_update()
 
     def on_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         """The optimizer stepped."""
@@ -223,8 +240,13 @@ class WardenCallback(_tf.TrainerCallback):
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         """The step is done (the scheduler stepped, the gradients zeroed). On a
         notice of a coming stop naming this step, the Trainer saves (``on_save``
-        copies it into the tier) and stops; ``on_train_end`` leaves with 85."""
+        copies it into the tier) and stops; ``on_train_end`` leaves with 85.
+        Under ``WardenTrainer`` the step is committed: the state in memory is
+        that of ``global_step`` steps (a restart that arrived during the
+        update is raised here, the step done)."""
         self._steps.end()
+        if _HEAL.active:
+            _HEAL.commit(int(state.global_step))
         n = _notice()
         if n is not None and n.due(int(state.global_step)) and self.preempted is None:
             self.preempted = int(state.global_step)
@@ -288,3 +310,161 @@ class WardenCallback(_tf.TrainerCallback):
 def _pack(src: Optional[str], path: str) -> None:
     """The Trainer's checkpoint directory ``src`` packed at ``path``."""
     pack(src, path, "the Trainer's checkpoint")
+
+
+def _ensure_group(args: Any) -> bool:
+    """This attempt's process group, made by ``warden.heal.init_process_group``
+    (a store of its own per attempt, which no rank's death takes down) when
+    the process is one rank of several and no group exists yet; Accelerate's
+    ``PartialState`` then finds it made and only reads its ranks. Returns
+    whether a group exists."""
+    import torch  # noqa: PLC0415
+
+    dist = torch.distributed
+    if not dist.is_available():
+        return False
+    if dist.is_initialized():
+        return True
+    if "RANK" not in os.environ or int(os.environ.get("WORLD_SIZE", "1") or 1) <= 1:
+        return False
+    import warden.heal  # noqa: PLC0415
+
+    cuda = torch.cuda.is_available() and not getattr(args, "use_cpu", False)
+    backend = getattr(args, "ddp_backend", None) or ("nccl" if cuda else "gloo")
+    warden.heal.init_process_group(backend, timeout_s=float(getattr(args, "ddp_timeout", 1800) or 1800))
+    return True
+
+
+@dataclass
+class WardenTrainingArguments(_tf.TrainingArguments):
+    """``TrainingArguments`` whose device setup makes the attempt's process
+    group with ``warden.heal.init_process_group`` first (``TrainingArguments``
+    sets up its devices when made, and Accelerate's ``PartialState`` would
+    otherwise make the group itself, on a store hosted by rank 0 at
+    ``MASTER_PORT``: a lost rank 0 takes it down, and a replacement would
+    wait there for peers that are not coming). Make them in the training
+    function, with the Trainer: each attempt then has its own group. Every
+    field is ``TrainingArguments``'."""
+
+    @cached_property
+    def _setup_devices(self) -> Any:
+        _debug(os.environ.get("RANK", "?"), "TrainingArguments: the process group")
+        _ensure_group(self)
+        _debug(os.environ.get("RANK", "?"), "TrainingArguments: the group made")
+        return _tf.TrainingArguments._setup_devices.func(self)
+
+
+class WardenTrainer(_tf.Trainer):
+    """A ``Trainer`` healed from a live replica (``warden.heal``), for DDP.
+
+    With a ``WardenCallback`` among its callbacks and ``WardenTrainingArguments``
+    (or a process group made before ``TrainingArguments``), under
+    ``warden.run`` and ``warden run``: at every ``train``, before DDP wraps the
+    model, the ranks behind (a replacement, a survivor interrupted during its
+    optimizer update) receive model, optimizer, LR scheduler and the
+    Trainer's progress (global step, epoch) from the lowest live rank at the
+    newest committed step, and the survivors keep theirs in memory; the
+    epoch's batches already consumed are skipped by index. Where no live
+    rank holds the state, the tier's newest checkpoint is restored
+    (``restore_dir``), as ``train(resume_from_checkpoint=...)`` would. Call
+    ``train()`` without ``resume_from_checkpoint``. Each step's RNGs are
+    seeded from (``args.seed``, rank, step) (``warden.heal.seed_step``), so a
+    replacement draws what the lost rank would have. One process (no group):
+    no replica to heal from, ``train`` resumes from the tier. The other
+    arguments are ``Trainer``'s.
+    """
+
+    def train(
+        self,
+        resume_from_checkpoint: Any = None,
+        trial: Any = None,
+        ignore_keys_for_eval: Any = None,
+        **kwargs: Any,
+    ) -> Any:
+        """Heals this rank (or falls back to the tier), then trains."""
+        if resume_from_checkpoint:
+            raise ValueError(
+                "warden: WardenTrainer heals from a live replica and falls back to the tier by itself: "
+                f"call train() without resume_from_checkpoint (got {resume_from_checkpoint!r})"
+            )
+        if self.model_init is not None or trial is not None:
+            raise ValueError(
+                "warden: WardenTrainer heals the model it was given: model_init and hyper-parameter "
+                "trials make a model anew inside train(), after the heal"
+            )
+        if getattr(self, "is_deepspeed_enabled", False) or getattr(self, "is_fsdp_enabled", False):
+            raise ValueError("warden: WardenTrainer heals DDP only (not DeepSpeed or FSDP)")
+        if not any(isinstance(c, WardenCallback) for c in self.callback_handler.callbacks):
+            raise ValueError("warden: WardenTrainer heals only with a WardenCallback in the Trainer's callbacks")
+        if not _ensure_group(self.args):
+            # One process: no replica; the tier's newest checkpoint, if any.
+            return super().train(
+                resume_from_checkpoint=restore_dir(self.args.output_dir),
+                ignore_keys_for_eval=ignore_keys_for_eval,
+                **kwargs,
+            )
+        tier = _HEAL.before_train(self, restore_dir)
+        _HEAL.active = True
+        try:
+            return super().train(resume_from_checkpoint=tier, ignore_keys_for_eval=ignore_keys_for_eval, **kwargs)
+        except BaseException:
+            self._warden_drop()
+            raise
+        finally:
+            _HEAL.train_ended()
+
+    def _warden_drop(self) -> None:
+        """An exception (a restart) ended ``train``: the callbacks' sections
+        closed, and the DDP wrapper let go (it holds the aborted group, whose
+        sockets a peer may be waiting on)."""
+        for cb in self.callback_handler.callbacks:
+            if isinstance(cb, WardenCallback):
+                cb.abandon()
+        self.model_wrapped = self.model
+        self.optimizer = None
+        self.lr_scheduler = None
+        free = getattr(getattr(self, "accelerator", None), "free_memory", None)
+        if callable(free):
+            free()
+
+    # -- the Trainer's inner loop (private methods of Transformers 5.23.0) --------
+
+    def _init_training_state(
+        self,
+        max_steps: int,
+        num_update_steps_per_epoch: int,
+        num_train_epochs: int,
+        resume_from_checkpoint: Any,
+        trial: Any,
+    ) -> Any:
+        """The Trainer's fresh ``TrainerState``, then, in a live heal, its
+        progress from memory and the batches of the epoch to skip."""
+        got = super()._init_training_state(
+            max_steps, num_update_steps_per_epoch, num_train_epochs, resume_from_checkpoint, trial
+        )
+        if _HEAL.active:
+            healed = _HEAL.training_state(self, num_update_steps_per_epoch)
+            if healed is not None:
+                return healed
+        return got
+
+    def _prepare_for_training(self, max_steps: int, train_dataloader: Any, resume_from_checkpoint: Any) -> Any:
+        """Optimizer and scheduler made, the model prepared: in a live heal
+        they take the state kept in memory or received."""
+        out = super()._prepare_for_training(max_steps, train_dataloader, resume_from_checkpoint)
+        if _HEAL.active:
+            _HEAL.after_prepare(self)
+        return out
+
+    def _run_epoch(self, *args: Any, **kwargs: Any) -> Any:
+        """In a live heal, the epoch resumed skips the batches it consumed
+        (the Trainer does so only when it resumes from a checkpoint)."""
+        if _HEAL.active and _HEAL.mode == "live" and kwargs.get("resume_from_checkpoint") is None:
+            kwargs["resume_from_checkpoint"] = _LIVE
+        return super()._run_epoch(*args, **kwargs)
+
+    def _load_rng_state(self, checkpoint: Any) -> None:
+        """No RNG file for a state from memory: each step's RNG is seeded from the step."""
+        if checkpoint is _LIVE:
+            return
+        super()._load_rng_state(checkpoint)

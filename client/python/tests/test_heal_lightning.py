@@ -1,0 +1,100 @@
+"""A Lightning DDP fit heals from a live replica (issue 31) under the real ``warden run``.
+
+examples/heal/lightning_ddp.py (a LightningModule with dropout, Adam and a
+step LR schedule, a shuffled DataLoader over several epochs,
+``WardenDDPStrategy`` and ``WardenCallback``) runs as WORLD gloo ranks on
+the CPU under the real ``warden`` binary (its embedded agent). A fault-free
+run gives the reference digests (sha256 of every parameter and optimizer
+tensor). Then, each in its own run, ranks are SIGKILLed from outside
+mid-epoch, between two checkpoints (the faults of tests/torch_heal.rs):
+
+1. one rank;
+2. a fault during the heal: a survivor killed as soon as the launcher says
+   it heals the first;
+3. two faults in a row: rank 1 at step 35, another rank at step 50 once
+   every rank stepped again.
+
+Each run must:
+
+- exit 0;
+- end with every rank's digest equal to the fault-free run's (the healed
+  rank got module, optimizer, LR schedule, global step, epoch and batch
+  position from a live peer; a wrong batch, step or RNG changes the bits);
+- keep the survivors' processes (one pid each in the log), but for a
+  survivor that says it left blocked in a gloo collective (exit 75) to be
+  healed in turn, as tests/torch_heal.rs allows;
+- log no (rank, step) more than twice (at most the step in flight redone);
+- heal (a replacement says it took its state from a live rank) and never
+  restore a checkpoint or restart in job.
+
+The time from each kill to every rank logging a new step is printed, not
+asserted. The launcher's output (a file) and the log are polled with a
+deadline, never slept on. Needs PyTorch Lightning (tests/frameworks-venv.sh)
+and the ``warden`` binary (the wheel's, or ``$WARDEN_TEST_WARDEN``).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Dict
+
+import pytest
+from conftest import require_framework
+from heal_run import HealJob, sigkill
+from wardend import ROOT
+
+JOB = HealJob(
+    example=ROOT / "examples" / "heal" / "lightning_ddp.py",
+    framework="Lightning",
+    module="pytorch_lightning",
+    preload="pytorch_lightning",
+    prefix="lightning-heal",
+    # Ranks: 4 as the heal's other tests; WARDEN_TEST_HEAL_WORLD=2 on a
+    # machine too small for 8 interpreters.
+    world=int(os.environ.get("WARDEN_TEST_HEAL_WORLD", "4")),
+    steps=90,
+    ckpt_every=30,
+)
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> Dict[int, str]:
+    require_framework("pytorch_lightning")
+    return JOB.reference(tmp_path_factory.mktemp("lightning-heal-ref"))
+
+
+def test_a_rank_killed_mid_epoch_heals_from_a_live_replica(
+    reference: Dict[int, str], tmp_path: Path
+) -> None:
+    proc, log, out = JOB.launch(tmp_path, "kill")
+    # Step 40: past the checkpoint at 30, before the one at 60, and inside
+    # an epoch (24 batches a rank: epoch 1, batch 17).
+    pid = JOB.wait_step(proc, out, log, 1, 40)
+    JOB.check(proc, out, log, reference, [sigkill(pid)], 1)
+
+
+def test_a_fault_during_the_heal_heals_again(reference: Dict[int, str], tmp_path: Path) -> None:
+    proc, log, out = JOB.launch(tmp_path, "during")
+    # Rank 1 at step 40; the survivor rank 2 (its pid from the log) as soon
+    # as the launcher says it heals rank 1: while the survivors abort and
+    # rebuild their group and the replacement comes up from its standby.
+    victim = JOB.wait_step(proc, out, log, 1, 40)
+    survivor = JOB.wait_step(proc, out, log, 2, 40)
+    first = sigkill(victim)
+    JOB.wait_said(proc, out, "healing it from a live replica")
+    second = sigkill(survivor)
+    # One heal at least: the launcher may heal both lost ranks in one attempt.
+    JOB.check(proc, out, log, reference, [first, second], 1)
+
+
+def test_two_faults_in_a_row_heal_twice(reference: Dict[int, str], tmp_path: Path) -> None:
+    proc, log, out = JOB.launch(tmp_path, "twice")
+    # Rank 1 at step 35; then, once every rank stepped again after that
+    # heal, another rank at step 50: both between the checkpoints at 30 and
+    # 60, so a checkpoint restart would redo steps the test counts.
+    first = sigkill(JOB.wait_step(proc, out, log, 1, 35))
+    for rank in range(JOB.world):
+        JOB.wait_step(proc, out, log, rank, 45)
+    second = sigkill(JOB.wait_step(proc, out, log, 2 if JOB.world > 2 else 0, 50))
+    JOB.check(proc, out, log, reference, [first, second], 2)

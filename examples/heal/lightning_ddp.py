@@ -1,0 +1,142 @@
+#!/usr/bin/env python3
+"""PyTorch Lightning DDP on CPU (gloo) that heals from a live replica.
+
+    warden run --nproc-per-node 4 -- python examples/heal/lightning_ddp.py
+
+A LightningModule (a small MLP with dropout, Adam and a step LR schedule)
+trains on a shuffled dataset of several epochs under ``warden.run``, with
+``WardenDDPStrategy`` and ``WardenCallback``: nothing else of the user's
+code changes. When a rank is killed, ``warden run`` starts it again from a
+standby interpreter while the others restart in process: they keep their
+module and optimizer state in memory, each attempt's Trainer is new, and
+the lowest live rank sends the replacement its module, optimizer, LR
+schedule and the fit loop's progress (global step, epoch, batch position);
+every rank's RNG is seeded by (step, rank). Nothing is read from a
+checkpoint; at most the step in flight is redone. A checkpoint is still
+saved every ``EXAMPLE_CKPT_EVERY`` steps into warden's tier: the fallback
+where no replica lives.
+
+Environment:
+  EXAMPLE_LOG          file the lines below are appended to (required)
+  EXAMPLE_STEPS        optimizer steps to run (200)
+  EXAMPLE_CKPT_EVERY   checkpoint every this many steps (50)
+  EXAMPLE_STEP_MS      extra time per step, milliseconds (20)
+
+Lines appended to $EXAMPLE_LOG:
+  <unix time> step <N> rank <R> pid <P>          after each completed step
+                                                 (N from 0: global_step - 1)
+  <unix time> done rank <R> digest <sha256>      at the end: every parameter
+                                                 and optimizer tensor
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+import time
+
+import pytorch_lightning as pl
+import torch
+
+import warden
+from warden.integrations.lightning import WardenCallback, WardenDDPStrategy
+
+RANK = int(os.environ["RANK"])
+LOCAL_WORLD = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ["WORLD_SIZE"]))
+STEPS = int(os.environ.get("EXAMPLE_STEPS", "200"))
+CKPT_EVERY = int(os.environ.get("EXAMPLE_CKPT_EVERY", "50"))
+STEP_S = float(os.environ.get("EXAMPLE_STEP_MS", "20")) / 1000.0
+LOG = os.environ["EXAMPLE_LOG"]
+PID = os.getpid()
+
+
+def log(line: str) -> None:
+    """One append, one write: lines of the ranks never interleave."""
+    fd = os.open(LOG, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, f"{time.time():.6f} {line}\n".encode())
+    finally:
+        os.close(fd)
+
+
+class Model(pl.LightningModule):
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = torch.nn.Sequential(
+            torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Dropout(0.1), torch.nn.Linear(64, 1)
+        )
+
+    def training_step(self, batch, batch_idx):
+        time.sleep(STEP_S)
+        x, y = batch
+        return torch.nn.functional.mse_loss(self.net(x), y)
+
+    def configure_optimizers(self):
+        opt = torch.optim.Adam(self.parameters(), lr=1e-3)
+        sched = torch.optim.lr_scheduler.StepLR(opt, step_size=30, gamma=0.9)
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+
+class LogSteps(pl.Callback):
+    """Logs each completed optimizer step (before WardenCallback commits it)."""
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        log(f"step {trainer.global_step - 1} rank {RANK} pid {PID}")
+
+
+def digest(model: torch.nn.Module, opt: torch.optim.Optimizer) -> str:
+    """sha256 of every parameter and optimizer tensor, in a fixed order."""
+    h = hashlib.sha256()
+
+    def add(name: str, t: torch.Tensor) -> None:
+        h.update(name.encode())
+        h.update(t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+
+    for k, v in sorted(model.state_dict().items()):
+        add(k, v)
+    sd = opt.state_dict()
+    for pid in sorted(sd["state"]):
+        for k, v in sorted(sd["state"][pid].items()):
+            if torch.is_tensor(v):
+                add(f"opt.{pid}.{k}", v)
+    return h.hexdigest()
+
+
+# The data: the same on every rank and in every run; Lightning gives each
+# rank its part through a DistributedSampler (shuffled, seeded per epoch).
+g = torch.Generator().manual_seed(3)
+X = torch.randn(16 * 24 * LOCAL_WORLD, 32, generator=g)
+DATA = torch.utils.data.TensorDataset(X, X.sum(dim=1, keepdim=True).sin())
+
+torch.manual_seed(0)
+MODEL = Model()  # once per process: a survivor keeps it across attempts
+
+
+def train() -> str:
+    loader = torch.utils.data.DataLoader(DATA, batch_size=16, shuffle=True)
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        devices=LOCAL_WORLD,
+        strategy=WardenDDPStrategy(seed=7),
+        max_steps=STEPS,
+        callbacks=[LogSteps(), WardenCallback(every_n_steps=CKPT_EVERY)],
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    trainer.fit(MODEL, loader)
+    torch.distributed.destroy_process_group()
+    return digest(MODEL, trainer.optimizers[0])
+
+
+def main() -> int:
+    warden.default_client()
+    d = warden.run(train)
+    log(f"done rank {RANK} digest {d}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
