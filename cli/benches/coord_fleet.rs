@@ -17,9 +17,10 @@
 //! without a word, then while a full host is cordoned: until every host
 //! holds the round with the spare in it); etcd's bytes sent and received
 //! and CPU per restart round (every member's `/metrics`); this process's
-//! CPU per round (all the hosts' client side); resident memory per host
-//! (this process: light hosts as they join, full hosts as 8 more join the
-//! full fleet) and etcd's. On the cluster, two faults during restart
+//! CPU per round (all the hosts' client side); memory per host (the live
+//! heap bytes of this process, counted by its allocator: light hosts as
+//! they join, full hosts as 8 more join the full fleet) and etcd's
+//! resident memory. On the cluster, two faults during restart
 //! rounds: the leader (found through each member's
 //! `etcd_server_is_leader`) SIGKILLed half a round into a run of rounds,
 //! then started again; and a follower SIGSTOPped for the lease TTL plus
@@ -41,7 +42,10 @@
 //! `WARDEN_FLEET_EVERY_HOST_DECIDES=1`: the baseline of the join (light
 //! hosts read and watch every member key, as every launcher did before
 //! only the first 8 by join decided rounds); write it to its own
-//! `WARDEN_FLEET_OUT`.
+//! `WARDEN_FLEET_OUT`. `WARDEN_FLEET_SORTED_JOIN=1`: the baseline of the
+//! deciders' markers (light hosts read the first 8 by join in a sorted
+//! range and watch the member keys' deletions, as before); its own
+//! `WARDEN_FLEET_OUT` too.
 
 // A benchmark program: failing loudly on set-up errors is what it should do.
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
@@ -52,8 +56,10 @@ mod etcd;
 #[path = "../../tests/common/fleet.rs"]
 mod fleet;
 
+use std::alloc::{GlobalAlloc, Layout, System};
 use std::io::Write;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use etcd::{EtcdCluster, EtcdServer};
@@ -88,6 +94,7 @@ struct Settings {
     commit: String,
     /// The baseline: light hosts read and watch every member key.
     every_host_decides: bool,
+    sorted_join: bool,
 }
 
 /// Either etcd set-up.
@@ -136,10 +143,22 @@ async fn run(n: usize, members: usize, s: &Settings) -> FleetRow {
     cfg.ttl = s.ttl;
     cfg.request_timeout = s.request_timeout;
     cfg.every_host_decides = s.every_host_decides;
+    cfg.sorted_join = s.sorted_join;
     let (mut fleet, joined) = Fleet::join(cfg).await;
     eprintln!(
         "fleet: {n} hosts, {members}-member etcd: joined in {:?}: {}",
         joined.all, joined.phases
+    );
+    let (bases, base_bytes) = {
+        let mut c = etcd_client::Client::connect(endpoints.clone(), None)
+            .await
+            .expect("connect to etcd");
+        etcd::bases_in_history(&mut c, &fleet.layouts()).await
+    };
+    eprintln!(
+        "fleet: layout bases written by the join: {} ({:.2} MB in all): {bases:?}",
+        bases.len(),
+        base_bytes as f64 / 1e6
     );
     // One round untimed: every connection warm.
     fleet.restart().await;
@@ -225,6 +244,7 @@ async fn run(n: usize, members: usize, s: &Settings) -> FleetRow {
         round_record_bytes: record as u64,
         rss_per_light: joined.rss_per_light,
         rss_per_full: per_full,
+        memory: "heap".into(),
         etcd_rss: after.rss as u64,
         leader_kill,
         member_pause,
@@ -254,8 +274,63 @@ fn report(results: &FleetResults) {
     }
 }
 
+/// The system allocator, counting the bytes it holds live: the fleet's
+/// memory per host ([`fleet::memory_now`]). Resident memory, which the
+/// bench read before, moves by whole arenas in a process that hosts
+/// thousands of hosts (0 B and 1 KB a full host at 256 and 1,024 hosts).
+/// Hand-written: a dozen lines over `System`, for a benchmark only.
+struct Counting;
+
+static LIVE_BYTES: AtomicU64 = AtomicU64::new(0);
+
+// SAFETY: every call is `System`'s own with the caller's arguments; the
+// count is only a statistic.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        // SAFETY: the caller's layout, as `GlobalAlloc::alloc` requires.
+        let p = unsafe { System.alloc(layout) };
+        if !p.is_null() {
+            LIVE_BYTES.fetch_add(layout.size() as u64, Ordering::Relaxed);
+        }
+        p
+    }
+
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        // SAFETY: as `alloc`.
+        let p = unsafe { System.alloc_zeroed(layout) };
+        if !p.is_null() {
+            LIVE_BYTES.fetch_add(layout.size() as u64, Ordering::Relaxed);
+        }
+        p
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: `ptr` came from this allocator with `layout`.
+        unsafe { System.dealloc(ptr, layout) };
+        LIVE_BYTES.fetch_sub(layout.size() as u64, Ordering::Relaxed);
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        // SAFETY: `ptr` came from this allocator with `layout`.
+        let p = unsafe { System.realloc(ptr, layout, new_size) };
+        if !p.is_null() {
+            LIVE_BYTES.fetch_add(new_size as u64, Ordering::Relaxed);
+            LIVE_BYTES.fetch_sub(layout.size() as u64, Ordering::Relaxed);
+        }
+        p
+    }
+}
+
+#[global_allocator]
+static ALLOCATOR: Counting = Counting;
+
+fn live_heap_bytes() -> u64 {
+    LIVE_BYTES.load(Ordering::Relaxed)
+}
+
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
+    fleet::set_memory_probe(live_heap_bytes);
     if let Some(from) = std::env::var_os("WARDEN_FLEET_FROM") {
         let text = std::fs::read_to_string(&from).expect("read the results file");
         let results = FleetResults::parse(&text).expect("the bench's results");
@@ -271,6 +346,7 @@ async fn main() {
         request_timeout: Duration::from_secs(env_one("WARDEN_FLEET_REQUEST_TIMEOUT_S", 5) as u64),
         commit: commit(),
         every_host_decides: std::env::var_os("WARDEN_FLEET_EVERY_HOST_DECIDES").is_some(),
+        sorted_join: std::env::var_os("WARDEN_FLEET_SORTED_JOIN").is_some(),
     };
     let out = std::env::var_os("WARDEN_FLEET_OUT").map_or_else(
         || std::env::temp_dir().join("warden-coord-fleet.json"),

@@ -98,7 +98,7 @@ async fn job_wide(endpoints: &str, args: &GoodputArgs, job: &str, as_json: bool)
     for b in &found.bad {
         eprintln!("skipped {b}");
     }
-    let Some(sum) = warden_agent::goodput::job_wide::merge(&found.reports) else {
+    let Some(sum) = warden_launcher::job_goodput::merge::merge(&found.reports) else {
         anyhow::bail!(
             "no goodput reports for job {job} in etcd at {} under {prefix}/~goodput/{job}/ (a launcher copies its host's every 10 s once the job runs)",
             endpoints.join(",")

@@ -7,6 +7,16 @@
 //! that closes the pipe early (`warden ckpt ls | head`) makes the write
 //! fail with `BrokenPipe`, which `main` turns into a quiet exit
 //! ([`is_broken_pipe`]) where `println!` would panic.
+//!
+//! # Layout
+//! - [`views`]: how API answers are shown (tables for people, JSON for
+//!   scripts); [`incidents`], [`stragglers`], [`ckpt`], [`goodput`]: the
+//!   commands that read them.
+//! - [`goodput_plan`]: `warden goodput plan`, the planner crate on a scenario.
+//! - [`plugin`]: `warden health --plugin`, for node-problem-detector.
+//! - [`demo`]: `warden demo`, the README's first command; [`toy_rank`]: the
+//!   toy training rank it runs, linked with the real client.
+//! - `connect` and `etcd_flags`: the launcher's, shared.
 
 /// `println!` that returns the write's `io::Result` instead of panicking;
 /// the text goes through [`printable`] first.

@@ -83,10 +83,17 @@ pub struct FleetRow {
     pub fleet_cpu_per_round_s: f64,
     /// What a host reads for a round: the round record.
     pub round_record_bytes: u64,
-    /// Resident memory per light host.
+    /// Memory per light host ([`FleetRow::memory`] says which).
     pub rss_per_light: u64,
-    /// Resident memory per full host at this fleet's size.
+    /// Memory per full host at this fleet's size (a host that does not
+    /// decide rounds; [`FleetRow::memory`] says which).
     pub rss_per_full: u64,
+    /// What the memory per host counts: `"heap"`, the live heap bytes of
+    /// the bench's counting allocator, or `"rss"` (empty in rows measured
+    /// before the allocator), the process's resident memory, which moves
+    /// by allocator arenas and is only a rough figure.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub memory: String,
     /// etcd's resident memory at the end of the rounds (all members).
     pub etcd_rss: u64,
     /// Restart rounds while the etcd leader is SIGKILLed (a cluster only).
@@ -350,6 +357,11 @@ fn value(v: f64, unit: &str) -> String {
 /// extrapolation.
 #[allow(clippy::cast_precision_loss)]
 pub fn markdown(results: &FleetResults) -> String {
+    // A host's memory, saying what was counted.
+    let memory = |b: u64, what: &str| {
+        let what = if what.is_empty() { "rss" } else { what };
+        format!("{} {what}", bytes(b as f64))
+    };
     let mut out = String::new();
     for members in results.setups() {
         let rows = results.rows_of(members);
@@ -376,8 +388,8 @@ pub fn markdown(results: &FleetResults) -> String {
                 r.etcd_cpu_per_round_s * 1e3,
                 r.fleet_cpu_per_round_s * 1e3,
                 bytes(r.round_record_bytes as f64),
-                bytes(r.rss_per_light as f64),
-                bytes(r.rss_per_full as f64),
+                memory(r.rss_per_light, &r.memory),
+                memory(r.rss_per_full, &r.memory),
                 bytes(r.etcd_rss as f64),
                 r.load,
                 r.commit,

@@ -45,6 +45,12 @@ fn pct(x: f64) -> String {
     format!("{:.2}%", x * 100.0)
 }
 
+/// Whether input `a` is still its default `d` (to the float's precision):
+/// a default is labelled with its source, a changed input as given.
+fn same(a: f64, d: f64) -> bool {
+    (a - d).abs() <= f64::EPSILON * d.abs().max(1.0)
+}
+
 /// Which of the model's times are warden's measured figures and which are
 /// assumptions (docs/goodput.md names the source of each default): a plan
 /// is only as good as its inputs, and the reader should know which to
@@ -54,7 +60,6 @@ fn inputs_line(s: &crate::scenario::Scenario) -> String {
     let (w, dw) = (&s.warden, WardenTimes::default());
     let (j, dj) = (&s.job, Job::default());
     let (c, dc) = (&s.checkpoint, Checkpoint::default());
-    let same = |a: f64, b: f64| (a - b).abs() <= f64::EPSILON * b.abs().max(1.0);
     let item = |name: &str, v: f64, default: f64, by_default: &str| {
         let whose = if same(v, default) {
             by_default
@@ -120,6 +125,86 @@ fn inputs_line(s: &crate::scenario::Scenario) -> String {
     )
 }
 
+/// The model's other inputs, each with what it rests on: the paper's counts,
+/// a measurement here, a configuration default, or an assumption no bench
+/// has measured. Why: a plan that labels its recovery times but not the
+/// failure mix, the durable store's speed or the baseline's requeue reads
+/// as if every figure were measured; these are the ones to replace first.
+fn other_inputs_line(s: &crate::scenario::Scenario) -> String {
+    use crate::scenario::{Baseline, Checkpoint, Scenario, WardenTimes, llama3_classes};
+    let (c, dc) = (&s.checkpoint, Checkpoint::default());
+    let (b, db) = (&s.baseline, Baseline::default());
+    let (w, dw) = (&s.warden, WardenTimes::default());
+    let ds = Scenario::default();
+    let label = |a: f64, d: f64, by_default: &'static str| {
+        if same(a, d) { by_default } else { "given" }
+    };
+    let classes_default = s.classes == llama3_classes();
+    let rate = if classes_default && same(s.node_mtbf_hours, ds.node_mtbf_hours) {
+        "Llama 3's 466 interruptions in 54 days and their causes"
+    } else if classes_default {
+        "rate given; Llama 3's causes"
+    } else {
+        "given"
+    };
+    let hangs: Vec<String> = s
+        .classes
+        .iter()
+        .map(|k| format!("{} {:.0}%", k.name, k.hang_fraction * 100.0))
+        .collect();
+    let hang_source = if classes_default {
+        "assumed; software's from the paper's 7 watchdog timeouts of 63, and a dead link hangs every collective"
+    } else {
+        "given"
+    };
+    let items = [
+        format!("failure rate and mix ({rate})"),
+        format!("hang fractions {} ({hang_source})", hangs.join(", ")),
+        format!(
+            "hang threshold {}x the p99 step, at least {} ({})",
+            w.hang_multiplier,
+            duration(w.hang_floor_s),
+            if same(w.hang_multiplier, dw.hang_multiplier) && same(w.hang_floor_s, dw.hang_floor_s)
+            {
+                "the agent's defaults"
+            } else {
+                "given"
+            }
+        ),
+        format!(
+            "repair {} ({})",
+            duration(s.repair_hours * 3600.0),
+            label(s.repair_hours, ds.repair_hours, "assumed")
+        ),
+        format!(
+            "restore read local {} GiB/s and peer {} GiB/s ({}), durable {} GiB/s for the job ({})",
+            c.local_gibps,
+            c.peer_gibps,
+            if same(c.local_gibps, dc.local_gibps) && same(c.peer_gibps, dc.peer_gibps) {
+                "measured: tmpfs tier and loopback, two cores"
+            } else {
+                "given"
+            },
+            c.durable_gibps,
+            label(c.durable_gibps, dc.durable_gibps, "assumed"),
+        ),
+        format!(
+            "baseline crash to teardown {} ({}), hang {} ({}), requeue {} ({})",
+            duration(b.crash_detection_s),
+            label(b.crash_detection_s, db.crash_detection_s, "assumed"),
+            duration(b.hang_detection_s),
+            label(
+                b.hang_detection_s,
+                db.hang_detection_s,
+                "NCCL's default timeout: a setting, not a measurement"
+            ),
+            duration(b.requeue_s),
+            label(b.requeue_s, db.requeue_s, "assumed"),
+        ),
+    ];
+    format!("other inputs: {}", items.join("; "))
+}
+
 /// The restart round across hosts: given, or the fleet bench's figure at
 /// the job's node count with what it rests on (measured there,
 /// interpolated or extrapolated on the fitted curve).
@@ -171,6 +256,7 @@ pub fn table(plan: &Plan) -> String {
         duration(plan.restore_durable_s)
     );
     let _ = writeln!(out, "{}", inputs_line(s));
+    let _ = writeln!(out, "{}", other_inputs_line(s));
     if let Some(l) = &plan.ledger {
         let applied: Vec<String> = l.applied.iter().map(|(k, v)| format!("{k}={v}")).collect();
         let _ = writeln!(
@@ -302,5 +388,32 @@ mod tests {
         assert_eq!(thousands(1_000_000), "1,000,000");
         assert_eq!(duration(0.203), "203 ms");
         assert_eq!(duration(600.0), "10.0 min");
+    }
+
+    /// Every input the model takes is labelled: the defaults with what they
+    /// rest on, a changed one as given.
+    #[test]
+    fn other_inputs_are_labelled() {
+        let mut s = crate::scenario::Scenario::default();
+        let line = other_inputs_line(&s);
+        for words in [
+            "Llama 3's 466 interruptions",
+            "gpu 10%",
+            "repair 24.00 h (assumed)",
+            "durable 20 GiB/s for the job (assumed)",
+            "requeue 5.0 min (assumed)",
+            "NCCL's default timeout",
+            "the agent's defaults",
+        ] {
+            assert!(line.contains(words), "{words:?} in {line}");
+        }
+        s.checkpoint.durable_gibps = 50.0;
+        s.repair_hours = 4.0;
+        let line = other_inputs_line(&s);
+        assert!(
+            line.contains("durable 50 GiB/s for the job (given)"),
+            "{line}"
+        );
+        assert!(line.contains("repair 4.00 h (given)"), "{line}");
     }
 }

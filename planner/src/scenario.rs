@@ -241,6 +241,14 @@ pub struct WardenTimes {
     /// across hosts" (0.38-0.74 s over 6 runs, 1 rank per host, gloo, CPU).
     /// The detection before it is the node fault's (`crash_detection_s`).
     pub heal_node_s: f64,
+    /// A rank's own crash heals inside the round across hosts (with
+    /// `heal_across_hosts`): its launcher heals it from its standby, the
+    /// survivors on every host stay and join the next attempt on the
+    /// round's store. 0.43 s from the kill to every rank stepping:
+    /// docs/benchmarks.md "Heal across hosts", the median of 6 (2 hosts x
+    /// 2 ranks, gloo, CPU, load 17-21). On one host the crash heals in
+    /// `heal_s`. After the crash's detection.
+    pub heal_rank_hosts_s: f64,
 }
 
 impl Default for WardenTimes {
@@ -260,6 +268,7 @@ impl Default for WardenTimes {
             heal_s: None,
             heal_across_hosts: false,
             heal_node_s: 0.6,
+            heal_rank_hosts_s: 0.43,
         }
     }
 }
@@ -571,6 +580,7 @@ impl Scenario {
             ("warden.in_job_restart_s", w.in_job_restart_s),
             ("warden.warm_start_s", w.warm_start_s),
             ("warden.heal_node_s", w.heal_node_s),
+            ("warden.heal_rank_hosts_s", w.heal_rank_hosts_s),
         ] {
             non_negative(key, v)?;
         }

@@ -177,6 +177,14 @@ impl Model {
             .heal_s
             .filter(|_| w.heal_across_hosts && replicas)
             .map(|_| w.heal_node_s);
+        // A rank's own crash: its state lives in the other ranks of its
+        // data-parallel group; on one host the heal is `heal_s`, across
+        // hosts it heals inside the round (`heal_across_hosts`).
+        let heal_rank = match w.heal_s {
+            Some(h) if s.nodes() <= 1 => Some(h),
+            Some(_) if w.heal_across_hosts && replicas => Some(w.heal_rank_hosts_s),
+            _ => None,
+        };
         let total: f64 = s.classes.iter().map(|c| c.share).sum();
         let mut acc = 0.0;
         let cumulative = s
@@ -194,13 +202,18 @@ impl Model {
                 let per = |f: &dyn Fn(bool) -> [f64; 3]| [f(false), f(true)];
                 let planned = c.recovery == Recovery::Planned;
                 // What heals: a hang restarted in process keeps every
-                // rank's live state (nothing to restore); a lost node's
-                // ranks take theirs from another replica, when that is
-                // built (`heal_across_hosts`). A crash restarted in job, a
-                // network hang (every process restarted) and a planned stop
-                // roll back as before.
+                // rank's live state (nothing to restore); a crashed rank of
+                // an in-process class takes its state from a live replica
+                // (`heal_rank`); a lost node's ranks take theirs from
+                // another replica, when that is asked for
+                // (`heal_across_hosts`). A network hang (every process
+                // restarted in job) and a planned stop roll back as before.
                 let heals = [
-                    c.recovery == Recovery::ReplaceNode && heal_node.is_some(),
+                    match c.recovery {
+                        Recovery::InProcess => heal_rank.is_some(),
+                        Recovery::ReplaceNode => heal_node.is_some(),
+                        Recovery::InJob | Recovery::Planned => false,
+                    },
                     match c.recovery {
                         Recovery::InProcess => w.heal_s.is_some(),
                         Recovery::ReplaceNode => heal_node.is_some(),
@@ -224,7 +237,10 @@ impl Model {
                                 [d, w.in_process_s, 0.0]
                             }
                             Recovery::InProcess if hang => [d, w.in_process_s, local],
-                            Recovery::InProcess => [d, in_job, local],
+                            Recovery::InProcess => match heal_rank {
+                                Some(h) => [d, h, 0.0],
+                                None => [d, in_job, local],
+                            },
                             Recovery::InJob | Recovery::Planned => [d, in_job, local],
                             Recovery::ReplaceNode => node(hang),
                         }
@@ -531,8 +547,9 @@ mod tests {
         let mut across = heal.clone();
         across.warden.heal_across_hosts = true;
         let (a, b, c) = (lossy(&today), lossy(&heal), lossy(&across));
-        // One host's heal: only the software hangs (7 of 466) stop rolling
-        // back; across hosts the GPU and host losses (321) do too.
+        // One host's heal in a job of many hosts: only the software hangs
+        // (7 of 466) stop rolling back; across hosts the software crashes
+        // (56) and the GPU and host losses (321) do too.
         assert!(b < a && a - b < 0.02, "{a} {b}");
         assert!(c < 0.3 && c < b, "{c}");
         // A job of one replica has no replica to heal a lost node from.
