@@ -17,6 +17,9 @@
 //!   (torch's spare) and takes a lost host's place in the next round;
 //! - two hosts started at the same instant, several times: never the same
 //!   node rank;
+//! - jobs of no steps, the store's host done first: it waits in the exit
+//!   barrier (torchrun's) until the other is done with the round; both
+//!   end 0;
 //! - a pickle a stranger writes into the store as torch's state is refused
 //!   before torch unpickles it: its command never runs.
 //!
@@ -301,11 +304,8 @@ fn hosts_started_at_the_same_instant_never_share_a_node_rank() {
         let port = free_port_below_ephemeral("127.0.0.2");
         let (ha, hb) = (Host::new("127.0.0.2"), Host::new("127.0.0.3"));
         // Started back to back, the client first: both join torch's first
-        // round at once. Ten seconds of steps each: the store's host must
-        // not finish its part before the other has its round (the c10d
-        // path has no exit barrier yet, unlike torchrun's agent; a job of
-        // no steps ended on the store's host while the other, slower under
-        // load, was still in its join, and lost the store).
+        // round at once. Ten seconds of steps each, all-reduced across the
+        // hosts (jobs of no steps: the exit barrier's test, below).
         let mut b = hb.launch(port, &job, "2", 100);
         let mut a = ha.launch(port, &job, "2", 100);
         let wa = a.wait_line(WAIT, "a worker's world", is_world);
@@ -313,6 +313,54 @@ fn hosts_started_at_the_same_instant_never_share_a_node_rank() {
         one_round(&[&wa, &wb], 2);
         assert_eq!(exit_code(&mut a), 0, "{}", context(&a));
         assert_eq!(exit_code(&mut b), 0, "{}", context(&b));
+    }
+}
+
+/// torchrun's exit barrier: jobs of no steps, the client started first, so
+/// the store's host completes the round, runs its worker and finishes while
+/// the other host is still in its join (torch's next look at the state).
+/// Without the barrier the store's host closed the rendezvous and went,
+/// and the other lost the store mid-join ("Failed to recv, got 0 bytes")
+/// or found the rendezvous closed: it stopped with 1. With it, the store's
+/// host waits until the other is done with the round: both run their
+/// worker in one round of two and end 0. Several times: it is a race.
+#[test]
+fn hosts_whose_jobs_end_at_once_both_exit_0_through_the_exit_barrier() {
+    if !torch_available() {
+        return;
+    }
+    let _one = serial();
+    for round in 0..3 {
+        let job = format!("c10d-exit-{round}");
+        let port = free_port_below_ephemeral("127.0.0.2");
+        let (ha, hb) = (Host::new("127.0.0.2"), Host::new("127.0.0.3"));
+        let mut b = hb.launch(port, &job, "2", 0);
+        let mut a = ha.launch(port, &job, "2", 0);
+        let wa = a.wait_line(WAIT, "a worker's world", is_world);
+        let wb = b.wait_line(WAIT, "a worker's world", is_world);
+        one_round(&[&wa, &wb], 2);
+        assert_eq!(exit_code(&mut a), 0, "{}", context(&a));
+        assert_eq!(exit_code(&mut b), 0, "{}", context(&b));
+        for (host, h) in [(&ha, &a), (&hb, &b)] {
+            assert!(
+                h.seen.iter().any(|l| l.contains("] done rank=")),
+                "{}: its worker finished\n{}",
+                host.addr,
+                context(h)
+            );
+            let at = attempts(&host.summary(&job));
+            assert_eq!(at.len(), 1, "{}: one attempt: {at:?}", host.addr);
+            // The barrier let go of every host together, after the close:
+            // none found the store gone or could not close.
+            assert!(
+                !h.seen.iter().any(|l| l.contains("without every node")
+                    || l.contains("could not close")
+                    || l.contains("could not count")),
+                "{}: a clean end\n{}",
+                host.addr,
+                context(h)
+            );
+        }
     }
 }
 

@@ -85,7 +85,7 @@ async fn three_hosts_form_one_round() {
     ];
     for r in [&ra, &rb, &rc] {
         assert_eq!(r.epoch, 1, "{r:?}");
-        assert_eq!(r.members, ["host-a", "host-b", "host-c"], "{r:?}");
+        assert_eq!(*r.members, ["host-a", "host-b", "host-c"], "{r:?}");
         assert_eq!((r.nnodes, r.world_size), (3, 6));
         assert_eq!(
             (r.master_addr.as_str(), r.master_port),
@@ -142,7 +142,7 @@ async fn concurrent_restart_requests_make_one_round() {
             .await
             .expect("round 2");
         assert_eq!(r.epoch, 2);
-        assert_eq!(r.members, ["host-a", "host-b", "host-c"]);
+        assert_eq!(*r.members, ["host-a", "host-b", "host-c"]);
         assert_eq!(r.master_port, 29502, "a new port each round");
         assert!(
             r.reason.starts_with("restart requested by host-"),
@@ -174,7 +174,7 @@ async fn a_dead_host_scales_the_job_down_and_its_return_scales_it_up() {
     let took = killed.elapsed();
     for r in [&ra, &rb] {
         assert_eq!(r.epoch, 2);
-        assert_eq!(r.members, ["host-a", "host-b"], "{r:?}");
+        assert_eq!(*r.members, ["host-a", "host-b"], "{r:?}");
         assert_eq!((r.nnodes, r.world_size), (2, 4), "the new world size");
         assert_eq!(r.reason, "host-c lost");
     }
@@ -190,7 +190,7 @@ async fn a_dead_host_scales_the_job_down_and_its_return_scales_it_up() {
     let rounds = [round(&a, 2).await, round(&b, 2).await, round(&c, 2).await];
     for r in &rounds {
         assert_eq!(r.epoch, 3);
-        assert_eq!(r.members, ["host-a", "host-b", "host-c"]);
+        assert_eq!(*r.members, ["host-a", "host-b", "host-c"]);
         assert_eq!(r.world_size, 6);
         assert_eq!(r.reason, "scale up: host-c joined");
     }
@@ -211,7 +211,7 @@ async fn a_spare_takes_a_cordoned_hosts_rank() {
     let s = join(spare).await;
     let (ra, rb, rs) = (round(&a, 0).await, round(&b, 0).await, round(&s, 0).await);
     assert_eq!(
-        ra.members,
+        *ra.members,
         ["host-a", "host-b"],
         "regular hosts before the spare"
     );
@@ -230,7 +230,7 @@ async fn a_spare_takes_a_cordoned_hosts_rank() {
     let (ra, rs) = (round(&a, epoch).await, round(&s, epoch).await);
     for r in [&ra, &rs] {
         assert_eq!(r.epoch, epoch + 1);
-        assert_eq!(r.members, ["host-a", "host-s"], "host-s in host-b's place");
+        assert_eq!(*r.members, ["host-a", "host-s"], "host-s in host-b's place");
         assert_eq!(r.world_size, 4, "hot-swap keeps the world size");
         assert_eq!(r.reason, "host-b left (cordoned: xid 79 on GPU 3)");
     }
@@ -253,7 +253,7 @@ async fn too_few_hosts_wait_with_a_clear_error() {
     let b = join(cfg(&etcd, job, "host-b", "127.0.0.3", 2, 3)).await;
     // Two of three: the round forms after the last call.
     let r1 = round(&a, 0).await;
-    assert_eq!(r1.members, ["host-a", "host-b"]);
+    assert_eq!(*r1.members, ["host-a", "host-b"]);
 
     within(WAIT, "leave", b.leave(Leave::Stopped("SIGTERM".into())))
         .await
@@ -277,7 +277,7 @@ async fn too_few_hosts_wait_with_a_clear_error() {
     // host-b back: the job runs again.
     let b = join(cfg(&etcd, job, "host-b", "127.0.0.3", 2, 3)).await;
     let r = round(&a, waiting.epoch).await;
-    assert_eq!(r.members, ["host-a", "host-b"]);
+    assert_eq!(*r.members, ["host-a", "host-b"]);
     assert_eq!(round(&b, waiting.epoch).await.node_rank, Some(1));
 }
 
@@ -300,7 +300,7 @@ async fn next_is_the_only_new_round(a: &Coordinator, b: &Coordinator, epoch: u64
     let (ra, rb) = (round(a, epoch).await, round(b, epoch).await);
     for r in [&ra, &rb] {
         assert_eq!(r.epoch, epoch + 1);
-        assert_eq!(r.members, ["host-a", "host-b"]);
+        assert_eq!(*r.members, ["host-a", "host-b"]);
         assert_eq!(r.reason, "restart requested by host-b: probe");
     }
     assert_eq!(ranks(&[&ra, &rb]), [Some(0), Some(1)]);
@@ -480,7 +480,7 @@ async fn a_finished_host_does_not_restart_the_others() {
     while again.nnodes < 2 {
         again = round(&a, again.epoch).await;
     }
-    assert_eq!(again.members, ["host-a", "host-b"], "{again:?}");
+    assert_eq!(*again.members, ["host-a", "host-b"], "{again:?}");
     let rb = b
         .wait_for_round(again.epoch - 1, WAIT)
         .await
@@ -617,9 +617,64 @@ async fn a_job_larger_than_one_response_is_read_in_pages() {
     assert!(ra.members.iter().any(|h| h == "other-299"));
 }
 
+/// Waits until the job's deciders' markers (`deciders/<host>`) name
+/// exactly `want`: each change is awaited through a watch of the prefix.
+async fn markers_become(etcd: &EtcdServer, job: &str, want: &[&str]) {
+    let prefix = format!("/warden/jobs/{job}/deciders/");
+    let mut client = etcd_client(etcd).await;
+    let mut seen = Vec::new();
+    let waited = tokio::time::timeout(WAIT, async {
+        loop {
+            let got = client
+                .get(
+                    prefix.as_str(),
+                    Some(etcd_client::GetOptions::new().with_prefix()),
+                )
+                .await
+                .unwrap_or_else(|e| panic!("read the markers: {e}"));
+            seen = got
+                .kvs()
+                .iter()
+                .filter_map(|kv| {
+                    kv.key_str()
+                        .ok()?
+                        .strip_prefix(prefix.as_str())
+                        .map(str::to_owned)
+                })
+                .collect::<Vec<_>>();
+            if seen == want {
+                return;
+            }
+            let from = got.header().map_or(0, |h| h.revision()) + 1;
+            let mut stream = client
+                .watch(
+                    prefix.as_str(),
+                    Some(
+                        etcd_client::WatchOptions::new()
+                            .with_prefix()
+                            .with_start_revision(from),
+                    ),
+                )
+                .await
+                .unwrap_or_else(|e| panic!("watch the markers: {e}"));
+            while let Some(resp) = stream.message().await.unwrap_or(None) {
+                if !resp.events().is_empty() {
+                    break;
+                }
+            }
+        }
+    })
+    .await;
+    assert!(
+        waited.is_ok(),
+        "the deciders' markers: want {want:?}, etcd has {seen:?}"
+    );
+}
+
 /// Issue 30, joining 2,048 hosts: only the first 8 hosts by join decide
-/// rounds (they read and watch every member key); the others watch the
-/// rounds and only the member keys' deletions. A host that does not decide
+/// rounds (they read and watch every member key, and each writes its
+/// marker); the others watch the rounds and the deciders' markers, never
+/// a member key. A host that does not decide
 /// still asks for a restart (one round, the same members in the same
 /// places), and once the deciders are gone the hosts left decide and form
 /// the round without them.
@@ -643,6 +698,11 @@ async fn the_hosts_past_the_first_eight_decide_once_the_first_are_gone() {
     let first = round(&hosts[0], 0).await;
     assert_eq!(first.nnodes, HOSTS);
     assert_eq!(round(&hosts[9], 0).await.epoch, first.epoch);
+    // The first 8 by join mark themselves; host-8 and host-9 (a count of
+    // 9 and 10 member keys at their join) do not.
+    let eight: Vec<String> = (0..8).map(|i| format!("host-{i}")).collect();
+    let eight: Vec<&str> = eight.iter().map(String::as_str).collect();
+    markers_become(&etcd, "job-deciders", &eight).await;
     // host-9 does not decide; its restart request makes the next round.
     let next = hosts[9]
         .request_restart(first.epoch, "a worker failed")
@@ -674,13 +734,16 @@ async fn the_hosts_past_the_first_eight_decide_once_the_first_are_gone() {
             }
         })
         .await;
-        assert_eq!(r.members, ["host-8", "host-9"], "{}", h.host());
+        assert_eq!(*r.members, ["host-8", "host-9"], "{}", h.host());
         assert!(
             ["host-8", "host-9"].contains(&r.decided_by.as_str()),
             "written by a host that decides now: {}",
             r.decided_by
         );
     }
+    // The leavers' markers went with their leave; the two left marked
+    // themselves when they took the places.
+    markers_become(&etcd, "job-deciders", &["host-8", "host-9"]).await;
 }
 
 /// `puts` revisions the hosts do not watch, etcd's history compacted to the
@@ -809,7 +872,7 @@ async fn a_restart_round_is_a_header_and_one_host_writes_a_lost_hosts_round() {
         let r = round(h, 1).await;
         assert_eq!(r.epoch, 2);
         assert_eq!(
-            r.members,
+            *r.members,
             ["host-a", "host-b", "host-c", "host-d", "host-e"],
             "{r:?}"
         );
@@ -838,7 +901,11 @@ async fn a_restart_round_is_a_header_and_one_host_writes_a_lost_hosts_round() {
     for h in &hosts {
         let r = round(h, 2).await;
         assert_eq!(r.epoch, 3, "{r:?}");
-        assert_eq!(r.members, ["host-a", "host-b", "host-d", "host-e"], "{r:?}");
+        assert_eq!(
+            *r.members,
+            ["host-a", "host-b", "host-d", "host-e"],
+            "{r:?}"
+        );
         assert_eq!(r.reason, "host-c lost");
         assert_eq!(r.decided_by, "host-a", "the first in line writes");
     }
@@ -867,6 +934,26 @@ async fn a_restart_round_is_a_header_and_one_host_writes_a_lost_hosts_round() {
     assert!((1..=2).contains(&tried), "{tried} txns for one lost host");
 }
 
+/// How many layout chunks etcd holds now for the job of `keys`.
+async fn layout_keys(
+    client: &mut etcd_client::Client,
+    keys: &warden_launcher::coord::keys::Keys,
+) -> usize {
+    client
+        .get(
+            keys.layouts(),
+            Some(
+                etcd_client::GetOptions::new()
+                    .with_prefix()
+                    .with_keys_only(),
+            ),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("list the layout chunks: {e}"))
+        .kvs()
+        .len()
+}
+
 /// A base too large for one etcd value is written in chunks, and a host
 /// that joins later reads every chunk and the round they make.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -893,19 +980,7 @@ async fn a_base_of_many_chunks_is_read_whole_by_a_late_joiner() {
     let r = round(&a, 0).await;
     assert_eq!(r.nnodes, OTHERS + 1);
     assert_eq!(r.node_rank, Some(0), "host-a joined first");
-    let chunks = client
-        .get(
-            keys.layouts(),
-            Some(
-                etcd_client::GetOptions::new()
-                    .with_prefix()
-                    .with_keys_only(),
-            ),
-        )
-        .await
-        .expect("list the base's chunks")
-        .kvs()
-        .len();
+    let chunks = layout_keys(&mut client, &keys).await;
     assert!(chunks >= 6, "{chunks} chunks for a 1.5 MB base");
     let mut late = cfg(&etcd, job, "host-s", "127.0.0.3", OTHERS + 1, OTHERS + 1);
     late.spare = true;
@@ -914,6 +989,84 @@ async fn a_base_of_many_chunks_is_read_whole_by_a_late_joiner() {
     assert_eq!(seen.epoch, r.epoch);
     assert_eq!(seen.members, r.members);
     assert_eq!(seen.node_rank, None, "a spare in a full round");
+}
+
+/// One host writes a round's layout base (issue 30: every base is sent to
+/// every host, and deciders racing each wrote their own for the first
+/// round of 2,048 hosts). A claim to write the first round's base, held by
+/// a launcher that stalled or died (here the test's own lease), keeps
+/// every decider from writing one; once its lease is gone the round forms
+/// with one base in etcd's whole history.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_host_writes_a_rounds_layout_base_and_a_dead_claim_holder_costs_only_its_lease() {
+    use warden_launcher::coord::keys::Keys;
+    let etcd = EtcdServer::start();
+    let mut client = etcd_client(&etcd).await;
+    let job = "job-claim";
+    let keys = Keys::new("/warden/jobs", job);
+    let lease = client
+        .lease_grant(60, None)
+        .await
+        .expect("the test's lease")
+        .id();
+    client
+        .put(
+            keys.base_claim(1),
+            "host-gone",
+            Some(etcd_client::PutOptions::new().with_lease(lease)),
+        )
+        .await
+        .expect("a stalled launcher's claim");
+    let hosts = three(&etcd, job).await;
+    // Every host is in; the round is due after the last call (3 s), and no
+    // host may write its base while the claim stands.
+    let held = hosts[0].wait_for_round(0, Duration::from_secs(6)).await;
+    assert!(
+        held.is_err(),
+        "a round formed while another host held the claim to write its base: {held:?}"
+    );
+    let chunks = layout_keys(&mut client, &keys).await;
+    assert_eq!(chunks, 0, "a base written under another host's claim");
+    // The holder's lease goes: a decider claims, writes the base, forms.
+    client
+        .lease_revoke(lease)
+        .await
+        .expect("revoke the test's lease");
+    let r = round(&hosts[0], 0).await;
+    assert_eq!(*r.members, ["host-a", "host-b", "host-c"], "{r:?}");
+    for h in &hosts[1..] {
+        assert_eq!(round(h, 0).await.epoch, r.epoch);
+    }
+    let (written, _) = common::etcd::bases_in_history(&mut client, &keys.layouts()).await;
+    assert_eq!(
+        written.len(),
+        1,
+        "layout bases written for the first round: {written:?}"
+    );
+    // Only the writer's claim of this round is left: a decider whose view
+    // lags finds it held and writes no second base.
+    let claims = client
+        .get(
+            format!("/warden/jobs/{job}/claims/"),
+            Some(etcd_client::GetOptions::new().with_prefix()),
+        )
+        .await
+        .expect("read the claims");
+    let left: Vec<_> = claims
+        .kvs()
+        .iter()
+        .map(|kv| {
+            (
+                kv.key_str().unwrap_or("?").to_owned(),
+                kv.value_str().unwrap_or("?").to_owned(),
+            )
+        })
+        .collect();
+    assert_eq!(left.len(), 1, "claims left: {left:?}");
+    assert!(
+        left[0].0.ends_with("claims/00000000000000000001") && left[0].1.starts_with("host-"),
+        "claims left: {left:?}"
+    );
 }
 
 /// A member of a 3-member etcd cluster (127.0.0.2-4) paused (SIGSTOP) for

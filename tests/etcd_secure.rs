@@ -133,7 +133,7 @@ async fn two_hosts_form_a_round_over_tls_and_auth() {
     let ra = a.wait_for_round(0, WAIT).await.expect("host-a's round");
     let rb = b.wait_for_round(0, WAIT).await.expect("host-b's round");
     assert_eq!(ra.epoch, rb.epoch);
-    assert_eq!(ra.members, ["host-a", "host-b"]);
+    assert_eq!(*ra.members, ["host-a", "host-b"]);
     assert_eq!((ra.node_rank, rb.node_rank), (Some(0), Some(1)));
     assert_eq!(ra.master_addr, "127.0.0.2");
     // The goodput reports go the same way.

@@ -27,12 +27,19 @@
 
 mod common;
 
+use nix::sys::signal::Signal;
 use std::path::Path;
 use std::time::Duration;
 
 use common::{
     Events, Streaming, TestAgent, WAIT, describe, evidence, python_rank, spawn_python_rank, within,
 };
+
+/// Bound on a wait that spans a torch rank's start (importing torch and
+/// joining a gloo group): 40 s was passed under CI's load (load 15-20, two
+/// such tests at once, no line printed yet). A deadline, not a sleep: a
+/// passing test waits only as long as its ranks take.
+const TORCH_WAIT: Duration = Duration::from_secs(180);
 use tokio_stream::StreamExt;
 use warden_proto::v1 as pb;
 
@@ -526,12 +533,103 @@ async fn restarts_by_hand_and_the_control_api() {
     assert!(status.success(), "{status:?}\n{}", r0.stderr());
 }
 
+/// Rank 0 blocked in a gloo collective that rank 1 never joins, a restart
+/// requested: the connections of the group `warden.heal` made are shut down
+/// (by rank 0's watchdog after 1 s, or sooner by rank 1 as it takes its own
+/// restart), the collective fails, and rank 0 takes the restart in its own
+/// process.
 #[tokio::test]
-async fn a_healable_rank_blocked_in_a_collective_leaves_to_be_healed() {
+async fn a_healable_rank_blocked_in_a_collective_is_unblocked_and_keeps_its_process() {
     if !common::torch_available() {
         return;
     }
-    let (_state, agent) = start_agent("");
+    // Bound whole: the agent and folders live to the test's end.
+    let mut blocked = blocked_ranks(false, false).await;
+    // Unblocked by its own watchdog (the shut-down line, after 1 s), or
+    // sooner by rank 1: a rank that takes its restart shuts its attempt's
+    // group down (warden.run), and rank 0's collective fails with it.
+    let (took, own, _) = blocked.rank0_restarts_in_its_own_process();
+    eprintln!(
+        "rank 0 took the restart {:.2} s after it was asked (threshold 1 s), in its own process, \
+         unblocked by {}",
+        took.as_secs_f64(),
+        if own {
+            "its own watchdog"
+        } else {
+            "rank 1 shutting the group down as it took its restart"
+        }
+    );
+}
+
+/// The same with rank 1 frozen (SIGSTOP) before the request: it takes no
+/// restart and shuts nothing down, so only rank 0's own watchdog can bring
+/// its training thread back. It must, by shutting down its group's
+/// connections, and rank 0 keeps its process.
+#[tokio::test]
+async fn a_blocked_rank_whose_peer_is_frozen_is_unblocked_by_its_own_watchdog() {
+    if !common::torch_available() {
+        return;
+    }
+    // Bound whole: the agent and folders live to the test's end.
+    let mut blocked = blocked_ranks(false, true).await;
+    let (took, own, shown) = blocked.rank0_restarts_in_its_own_process();
+    assert!(own, "not unblocked by its own watchdog: {shown}");
+    let ranks = &mut blocked.ranks;
+    // Rank 1 is still frozen: nothing of its own took a restart.
+    assert!(
+        !ranks[1]
+            .seen
+            .iter()
+            .any(|l| l.starts_with("restart requested ")),
+        "{:?}",
+        ranks[1].seen
+    );
+    ranks[1].signal(Signal::SIGCONT);
+    eprintln!(
+        "rank 0 took the restart {:.2} s after it was asked (watchdog threshold 1 s), in its \
+         own process, its peer frozen",
+        took.as_secs_f64()
+    );
+}
+
+/// The two ranks of tests/fixtures/heal_blocked.py, rank 0 blocked and a
+/// restart requested (rank 1 took it, or is frozen when `frozen_peer`),
+/// with their agent and scratch folder.
+struct Blocked {
+    ranks: Vec<Streaming>,
+    /// Rank 0's pid.
+    pid0: String,
+    /// When the restart was asked.
+    asked: std::time::Instant,
+    _agent: TestAgent,
+    _dirs: (tempfile::TempDir, tempfile::TempDir),
+}
+
+impl Blocked {
+    /// Waits for rank 0 to take the restart and checks that it did so in its
+    /// own process (the same pid, no exit 75). Returns how long after the
+    /// request, whether its own watchdog shut its group's connections down,
+    /// and what it said (for failure messages).
+    fn rank0_restarts_in_its_own_process(&mut self) -> (std::time::Duration, bool, String) {
+        let pid0 = &self.pid0;
+        let r0 = &mut self.ranks[0];
+        let line = r0.wait_line(TORCH_WAIT, "rank 0's restart", |l| {
+            l.starts_with("restart requested ")
+        });
+        let took = self.asked.elapsed();
+        let shown = format!("lines: {:?}\n--- stderr ---\n{}", r0.seen, r0.stderr());
+        assert_eq!(field(&line, "pid"), pid0, "the same process: {shown}");
+        let own = r0.stderr().lines().any(|l| {
+            l.contains(&format!("(pid {pid0})")) && l.contains("shut down its process group's")
+        });
+        assert!(!r0.stderr().contains("leaving with exit 75"), "{shown}");
+        (took, own, shown)
+    }
+}
+
+/// [`Blocked`]; `plain`: the group made by `dist.init_process_group` itself.
+async fn blocked_ranks(plain: bool, frozen_peer: bool) -> Blocked {
+    let (state, agent) = start_agent("");
     let scratch = tempfile::tempdir().unwrap();
     let job = "blocked";
     let mut ranks: Vec<Streaming> = (0..2)
@@ -548,17 +646,20 @@ async fn a_healable_rank_blocked_in_a_collective_leaves_to_be_healed() {
                     "WARDEN_HEAL_FILE",
                     scratch.path().join(format!("heal-{rank}")),
                 )
+                .env("HEAL_BLOCKED_PLAIN_GROUP", if plain { "1" } else { "0" })
                 .env_remove("WARDEN_HEAL_STUCK_S");
             spawn_python_rank(&agent, job, rank, &mut cmd)
         })
         .collect();
-    // Torch imports on a loaded 2-core machine: the generous wait.
-    let slow = WAIT * 4;
+    let slow = TORCH_WAIT;
     for r in &mut ranks {
         r.wait_line(slow, "registered", |l| l.starts_with("registered "));
     }
     let line = ranks[0].wait_line(slow, "blocked", |l| l.starts_with("blocked "));
     let pid0 = field(&line, "pid").to_owned();
+    if frozen_peer {
+        ranks[1].signal(Signal::SIGSTOP);
+    }
     let mut client = agent.client().await;
     client
         .request_restart(pb::RequestRestartRequest {
@@ -568,10 +669,32 @@ async fn a_healable_rank_blocked_in_a_collective_leaves_to_be_healed() {
         })
         .await
         .expect("RequestRestart");
-    ranks[1].wait_line(slow, "rank 1's restart", |l| {
-        l.starts_with("restart requested ")
-    });
-    let asked = std::time::Instant::now();
+    if !frozen_peer {
+        ranks[1].wait_line(slow, "rank 1's restart", |l| {
+            l.starts_with("restart requested ")
+        });
+    }
+    Blocked {
+        ranks,
+        pid0,
+        asked: std::time::Instant::now(),
+        _agent: agent,
+        _dirs: (state, scratch),
+    }
+}
+
+/// The same with a group `warden.heal` did not make (no connections it
+/// knows): rank 0 cannot be woken, and leaves by itself (exit 75) to be
+/// healed.
+#[tokio::test]
+async fn a_healable_rank_blocked_in_a_collective_leaves_to_be_healed() {
+    if !common::torch_available() {
+        return;
+    }
+    // Bound whole: the agent and folders live to the test's end.
+    let mut blocked = blocked_ranks(true, false).await;
+    let (ranks, pid0, asked) = (&mut blocked.ranks, blocked.pid0.clone(), blocked.asked);
+    let slow = TORCH_WAIT;
     let status = ranks[0].wait_exit(slow);
     let took = asked.elapsed();
     ranks[0].drain(WAIT);

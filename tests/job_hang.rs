@@ -112,6 +112,7 @@ async fn hand_over_peers(h: &Hosts, job: &str) {
                     host: host.to_owned(),
                     identity: host.to_owned(),
                 }],
+                ..Default::default()
             })
             .await
             .expect("SetCheckpointPeers");

@@ -37,13 +37,16 @@ mod common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::{Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::etcd::EtcdServer;
-use common::heal_log::{Entry, digests, read_log, unix_now};
-use common::{Streaming, WARDEN, python, repo_root, torch_available};
+use common::heal_host::{Host, Launch};
+use common::heal_log::{
+    Entry, assert_no_step_logged_more_than_twice, back_after, digests, pids_and_counts, read_log,
+    redone, show, unix_now, wait_step,
+};
+use common::{Streaming, torch_available};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 
@@ -59,10 +62,6 @@ const WORLD: u32 = 2;
 /// machine's keep-alives).
 const TTL: &str = "3s";
 
-/// The embedded agents: no kernel log, NVML or DCGM.
-const AGENT_TOML: &str =
-    "[kmsg]\nenabled = false\n[nvml]\nenabled = false\n[dcgm]\nenabled = false\n";
-
 /// One run at a time: each is several torch interpreters on two cores.
 fn serial() -> MutexGuard<'static, ()> {
     static LOCK: Mutex<()> = Mutex::new(());
@@ -70,154 +69,27 @@ fn serial() -> MutexGuard<'static, ()> {
         .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
-/// One host: its scratch directory (logs, agent config and tier).
-struct Host {
-    dir: tempfile::TempDir,
-    id: &'static str,
-    addr: &'static str,
-}
-
-impl Host {
-    fn new(id: &'static str, addr: &'static str) -> Self {
-        let dir = tempfile::Builder::new()
-            .prefix("warden-hostheal-")
-            .tempdir()
-            .unwrap();
-        // A TCP listener on the host's address (mutual TLS): the other
-        // hosts' agents keep replicas of this host's checkpoint shards, so
-        // the in-job baseline restores a lost host's rank from its
-        // checkpoint, as a real job would.
-        let toml = format!(
-            "[agent]\nhost_name = \"{id}\"\n{AGENT_TOML}[api]\ntcp = \"{addr}:0\"\n{}[checkpoint]\ndir = {:?}\n",
-            common::pki::api_keys(id),
-            dir.path().join("tier").display().to_string()
-        );
-        std::fs::write(dir.path().join("agent.toml"), toml).unwrap();
-        Self { dir, id, addr }
-    }
-
-    /// `warden run` of the example as this host (its lines and its
-    /// workers' on one stream).
-    fn launch(
-        &self,
-        etcd: &EtcdServer,
-        job: &str,
-        log: &Path,
-        spare: bool,
-        heal: bool,
-    ) -> Streaming {
-        let mut cmd = Command::new("sh");
-        cmd.args(["-c", "exec \"$0\" \"$@\" 2>&1", WARDEN])
-            .arg("--socket")
-            .arg(self.dir.path().join("no-agent-here.sock"))
-            .arg("run")
-            .args(["--nproc-per-node", "1", "--nnodes", "2"])
-            .args(["--rdzv-backend", "etcd"])
-            .args(["--rdzv-endpoint", &etcd.endpoint])
-            .args(["--rdzv-id", job])
-            .args(["--rdzv-conf", "join_timeout=120,last_call_timeout=3"])
-            .args(["--host-id", self.id])
-            .args(["--advertise-addr", self.addr])
-            .args(["--rdzv-lease-ttl", TTL])
-            .arg("--log-dir")
-            .arg(self.dir.path().join("logs"))
-            .arg("--agent-config")
-            .arg(self.dir.path().join("agent.toml"))
-            .args(if spare { &["--spare"][..] } else { &[][..] })
-            .arg("--")
-            .arg(python())
-            .arg(repo_root().join("examples/heal/ddp.py"))
-            .env("EXAMPLE_LOG", log)
-            .env("EXAMPLE_STEPS", STEPS.to_string())
-            .env("EXAMPLE_CKPT_EVERY", CKPT_EVERY.to_string())
-            .env("EXAMPLE_STEP_MS", "30")
-            .env("EXAMPLE_HEAL", if heal { "1" } else { "0" })
-            .env("PYTHONDONTWRITEBYTECODE", "1")
-            .env_remove("WARDEN_SOCKET")
-            .current_dir(self.dir.path());
-        let mut s = Streaming::spawn(&mut cmd, self.dir.path().join(format!("{job}.stderr")));
-        s.label = format!("{} ({})", self.id, s.label);
-        s
-    }
-}
-
-/// Polls the log until `rank` logged a step >= `step`; its pid.
-fn wait_step(log: &Path, rank: u32, step: u32, jobs: &mut [&mut Streaming]) -> i32 {
-    let deadline = Instant::now() + RUN;
-    loop {
-        let found = read_log(log).into_iter().find_map(|e| match e {
-            Entry::Step {
-                n, rank: r, pid, ..
-            } if r == rank && n >= step => Some(pid),
-            _ => None,
-        });
-        if let Some(pid) = found {
-            return pid;
-        }
-        for j in jobs.iter_mut() {
-            if let Ok(Some(status)) = j.child.try_wait() {
-                let label = j.label.clone();
-                panic!(
-                    "{label} ended ({status}) before rank {rank} reached step {step}\n{}",
-                    show(j)
-                );
-            }
-        }
-        assert!(
-            Instant::now() < deadline,
-            "rank {rank} did not reach step {step} within {RUN:?}"
-        );
-        std::thread::sleep(Duration::from_millis(5));
-    }
-}
-
-fn show(job: &mut Streaming) -> String {
-    job.drain(Duration::from_secs(5));
-    job.seen.join("\n")
-}
-
-/// The longest time from `t` to a rank's first step after it, over the ranks.
-fn back_after(entries: &[Entry], t: f64, all: &str) -> f64 {
-    (0..WORLD)
-        .map(|rank| {
-            entries
-                .iter()
-                .find_map(|e| match e {
-                    Entry::Step { t: at, rank: r, .. } if *r == rank && *at > t => Some(at - t),
-                    _ => None,
-                })
-                .unwrap_or_else(|| panic!("rank {rank} never stepped after the kill\n{all}"))
-        })
-        .fold(0.0, f64::max)
-}
-
-/// Steps logged after `t` whose number some rank had logged before `t`: the
-/// work redone, in steps (the most over the ranks).
-fn redone(entries: &[Entry], t: f64) -> u32 {
-    (0..WORLD)
-        .map(|rank| {
-            let before: BTreeSet<u32> = entries
-                .iter()
-                .filter_map(|e| match e {
-                    Entry::Step {
-                        t: at, n, rank: r, ..
-                    } if *r == rank && *at <= t => Some(*n),
-                    _ => None,
-                })
-                .collect();
-            let again: BTreeSet<u32> = entries
-                .iter()
-                .filter_map(|e| match e {
-                    Entry::Step {
-                        t: at, n, rank: r, ..
-                    } if *r == rank && *at > t && before.contains(n) => Some(*n),
-                    _ => None,
-                })
-                .collect();
-            u32::try_from(again.len()).unwrap()
-        })
-        .max()
-        .unwrap_or(0)
+/// `warden run` of the example as host `h` (its lines and its workers' on
+/// one stream).
+fn launch(
+    h: &Host,
+    etcd: &EtcdServer,
+    job: &str,
+    log: &Path,
+    spare: bool,
+    heal: bool,
+) -> Streaming {
+    h.launch(&Launch {
+        etcd,
+        job,
+        log,
+        nproc: 1,
+        spare,
+        heal,
+        ttl: TTL,
+        steps: STEPS,
+        ckpt_every: CKPT_EVERY,
+    })
 }
 
 struct Hosts {
@@ -228,9 +100,9 @@ struct Hosts {
 
 fn hosts() -> Hosts {
     Hosts {
-        a: Host::new("host-a", "127.0.0.2"),
-        b: Host::new("host-b", "127.0.0.3"),
-        s: Host::new("host-s", "127.0.0.4"),
+        a: Host::new("host-a", "127.0.0.2", "warden-hostheal-"),
+        b: Host::new("host-b", "127.0.0.3", "warden-hostheal-"),
+        s: Host::new("host-s", "127.0.0.4", "warden-hostheal-"),
     }
 }
 
@@ -251,11 +123,11 @@ fn reference() -> &'static BTreeMap<u32, String> {
 fn fault_free(etcd: &EtcdServer, scratch: &Path) -> BTreeMap<u32, String> {
     let h = hosts();
     let log = scratch.join("fault-free.log");
-    let mut a = h.a.launch(etcd, "hostheal-ref", &log, false, true);
+    let mut a = launch(&h.a, etcd, "hostheal-ref", &log, false, true);
     a.wait_line(RUN, "host-a's join", |l| {
         l.contains("joined as host host-a")
     });
-    let mut b = h.b.launch(etcd, "hostheal-ref", &log, false, true);
+    let mut b = launch(&h.b, etcd, "hostheal-ref", &log, false, true);
     for j in [&mut a, &mut b] {
         let status = j.wait_exit(RUN);
         assert!(status.success(), "fault-free run: {status}\n{}", show(j));
@@ -292,27 +164,27 @@ fn lose_host_b(
     // Node ranks follow the join order: the first to join is node rank 0,
     // whose launcher hosts the round's store.
     let (mut a, mut b) = if lost_rank == 1 {
-        let mut a = h.a.launch(etcd, job, &log, false, heal);
+        let mut a = launch(&h.a, etcd, job, &log, false, heal);
         a.wait_line(RUN, "host-a's join", |l| {
             l.contains("joined as host host-a")
         });
-        let b = h.b.launch(etcd, job, &log, false, heal);
+        let b = launch(&h.b, etcd, job, &log, false, heal);
         (a, b)
     } else {
-        let mut b = h.b.launch(etcd, job, &log, false, heal);
+        let mut b = launch(&h.b, etcd, job, &log, false, heal);
         b.wait_line(RUN, "host-b's join", |l| {
             l.contains("joined as host host-b")
         });
-        let a = h.a.launch(etcd, job, &log, false, heal);
+        let a = launch(&h.a, etcd, job, &log, false, heal);
         (a, b)
     };
     let place = format!("host-b: node rank {lost_rank}");
     b.wait_line(RUN, &place, |l| l.contains(&place));
-    let mut s = h.s.launch(etcd, job, &log, true, heal);
+    let mut s = launch(&h.s, etcd, job, &log, true, heal);
     s.wait_line(RUN, "the spare's standby attempt", |l| {
         l.contains("no place in this round")
     });
-    let lost = wait_step(&log, lost_rank, KILL_AT, &mut [&mut a, &mut b, &mut s]);
+    let lost = wait_step(&log, lost_rank, KILL_AT, &mut [&mut a, &mut b, &mut s], RUN);
     let t = unix_now();
     kill(Pid::from_raw(lost), Signal::SIGKILL).expect("SIGKILL host-b's worker");
     b.signal(Signal::SIGKILL);
@@ -382,14 +254,7 @@ fn heal_case(job: &str, lost_rank: u32) {
         "digests against the fault-free run\n{all}"
     );
 
-    let mut pids: BTreeMap<u32, BTreeSet<i32>> = BTreeMap::new();
-    let mut times: BTreeMap<(u32, u32), u32> = BTreeMap::new();
-    for e in &entries {
-        if let Entry::Step { n, rank, pid, .. } = e {
-            pids.entry(*rank).or_default().insert(*pid);
-            *times.entry((*rank, *n)).or_default() += 1;
-        }
-    }
+    let (pids, times) = pids_and_counts(&entries);
     assert_eq!(
         pids[&survivor].len(),
         1,
@@ -399,14 +264,7 @@ fn heal_case(job: &str, lost_rank: u32) {
         pids[&lost_rank].len() == 2 && pids[&lost_rank].contains(&lost),
         "rank {lost_rank}: host-b's process, then the spare's: {pids:?}\n{all}"
     );
-    let worst = times.iter().max_by_key(|(_, c)| **c).unwrap();
-    assert!(
-        *worst.1 <= 2,
-        "rank {} logged step {} {} times\n{all}",
-        worst.0.0,
-        worst.0.1,
-        worst.1
-    );
+    assert_no_step_logged_more_than_twice(&times, &all);
     assert!(
         a.seen.iter().any(|l| l.contains("healed into round")),
         "host-a healed its worker into the new round\n{all}"
@@ -448,12 +306,12 @@ fn heal_case(job: &str, lost_rank: u32) {
     ] {
         assert!(!all.contains(never), "{never:?}\n{all}");
     }
-    let back = back_after(&entries, t, &all);
-    let part = back_after(&entries, round_seen, &all);
+    let back = back_after(&entries, t, WORLD, &all);
+    let part = back_after(&entries, round_seen, WORLD, &all);
     let warm = s.seen.iter().any(|l| l.contains("warm start from standby"));
     eprintln!(
         "host-b (rank {lost_rank}) lost (SIGKILL of its worker {lost} and launcher) -> every rank stepping again: {back:.3} s, {} step(s) redone (heal across hosts; lease TTL {TTL}, 2 hosts + spare, gloo, examples/heal/ddp.py); part: the spare given its place -> every rank stepping: {part:.3} s; the spare's rank started {}",
-        redone(&entries, t),
+        redone(&entries, t, WORLD),
         if warm {
             "warm from its standby"
         } else {
@@ -497,10 +355,10 @@ fn a_lost_host_without_a_declared_state_restarts_in_job_from_the_checkpoint() {
         !a.seen.iter().any(|l| l.contains("healed into round")),
         "nothing declared: no heal\n{all}"
     );
-    let back = back_after(&entries, t, &all);
-    let part = back_after(&entries, round_seen, &all);
+    let back = back_after(&entries, t, WORLD, &all);
+    let part = back_after(&entries, round_seen, WORLD, &all);
     eprintln!(
         "host-b (rank 1) lost (SIGKILL of its worker and launcher) -> every rank stepping again: {back:.3} s, {} step(s) redone (in-job restart of every host from the checkpoint; lease TTL {TTL}, 2 hosts + spare, gloo, examples/heal/ddp.py); part: the spare given its place -> every rank stepping: {part:.3} s",
-        redone(&entries, t)
+        redone(&entries, t, WORLD)
     );
 }

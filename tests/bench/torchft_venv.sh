@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Makes the two torchft 0.2.0 venvs of the heal bench (tests/bench/heal.py),
-# each with torch from .venv (a .pth line) and tests/bench/requirements-torchft.txt
+# each with torch from .venv (a .pth line) and tests/bench/requirements.txt
 # installed --no-deps (docs/dependencies.md):
 #   target/bench-torchft-stock    torchft 0.2.0 as the registry ships it
 #   target/bench-torchft-patched  the same with one line added to its DDP comm
@@ -34,7 +34,7 @@ for kind in stock patched; do
     rm -rf "$V"
     "$PY" -m venv "$V"
     echo "$TORCH_SITE" >"$("$V/bin/python" -c 'import site; print(site.getsitepackages()[0])')/torch-from-dot-venv.pth"
-    "$V/bin/pip" install -q --no-deps -r "$ROOT/tests/bench/requirements-torchft.txt"
+    "$V/bin/pip" install -q --no-deps -r "$ROOT/tests/bench/requirements.txt"
   fi
 done
 HOOK=$("$ROOT/target/bench-torchft-patched/bin/python" -c 'import torchft.ddp as d; print(d.__file__)')

@@ -647,3 +647,71 @@ async fn enable_auth(
     c.auth_enable().await?;
     Ok(())
 }
+
+/// The layout bases put under `layouts` (a job's `layouts/` prefix) in
+/// etcd's whole history, and their bytes: a watch from revision 1, read
+/// until etcd reports the watch synced to its current revision (a progress
+/// notify, asked every 100 ms: etcd 3.4 answers one only once the watch
+/// has caught up). Bases a writer deleted after losing its race count too:
+/// each was sent to every host watching (issue 30, one writer per base).
+pub async fn bases_in_history(
+    client: &mut etcd_client::Client,
+    layouts: &str,
+) -> (std::collections::BTreeSet<String>, usize) {
+    let now = client
+        .get(
+            layouts,
+            Some(etcd_client::GetOptions::new().with_count_only()),
+        )
+        .await
+        .expect("read etcd's revision")
+        .header()
+        .expect("a response header")
+        .revision();
+    let options = etcd_client::WatchOptions::new()
+        .with_prefix()
+        .with_start_revision(1);
+    let mut stream = client
+        .watch(layouts, Some(options))
+        .await
+        .expect("watch the layouts' history");
+    let mut bases = std::collections::BTreeSet::new();
+    let mut bytes = 0usize;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        assert!(
+            Instant::now() < deadline,
+            "etcd never reported the watch synced to revision {now}"
+        );
+        let next = tokio::time::timeout(Duration::from_millis(100), stream.message()).await;
+        let Ok(message) = next else {
+            stream
+                .request_progress()
+                .await
+                .expect("ask for the watch's progress");
+            continue;
+        };
+        let resp = message
+            .expect("the history's watch")
+            .expect("the watch open");
+        if resp.events().is_empty() {
+            if resp.header().is_some_and(|h| h.revision() >= now) && !resp.created() {
+                return (bases, bytes);
+            }
+            continue;
+        }
+        for e in resp.events() {
+            let Some(kv) = e
+                .kv()
+                .filter(|_| e.event_type() == etcd_client::EventType::Put)
+            else {
+                continue;
+            };
+            let key = String::from_utf8_lossy(kv.key());
+            if let Some(base) = key.strip_prefix(layouts).and_then(|k| k.split('/').next()) {
+                bases.insert(base.to_owned());
+            }
+            bytes += kv.value().len();
+        }
+    }
+}

@@ -1,8 +1,11 @@
 //! The heal examples' log (`$EXAMPLE_LOG` of examples/heal/*.py), as the
 //! heal tests on one host and across hosts read it.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
+use std::time::{Duration, Instant};
+
+use super::Streaming;
 
 /// A line of `$EXAMPLE_LOG`.
 #[derive(Debug, Clone)]
@@ -73,4 +76,121 @@ pub fn unix_now() -> f64 {
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
         .as_secs_f64()
+}
+
+/// Polls the log until `rank` logged a step >= `step`, within `within`; its
+/// pid. A job that ends first fails the test with its output.
+pub fn wait_step(
+    log: &Path,
+    rank: u32,
+    step: u32,
+    jobs: &mut [&mut Streaming],
+    within: Duration,
+) -> i32 {
+    let deadline = Instant::now() + within;
+    loop {
+        let found = read_log(log).into_iter().find_map(|e| match e {
+            Entry::Step {
+                n, rank: r, pid, ..
+            } if r == rank && n >= step => Some(pid),
+            _ => None,
+        });
+        if let Some(pid) = found {
+            return pid;
+        }
+        for j in jobs.iter_mut() {
+            if let Ok(Some(status)) = j.child.try_wait() {
+                let label = j.label.clone();
+                panic!(
+                    "{label} ended ({status}) before rank {rank} reached step {step}\n{}",
+                    show(j)
+                );
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "rank {rank} did not reach step {step} within {within:?}"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// What a job printed, for a failure's message.
+pub fn show(job: &mut Streaming) -> String {
+    job.drain(Duration::from_secs(5));
+    job.seen.join("\n")
+}
+
+/// The longest time from `t` to a rank's first step after it, over ranks
+/// `0..world`.
+pub fn back_after(entries: &[Entry], t: f64, world: u32, all: &str) -> f64 {
+    (0..world)
+        .map(|rank| {
+            entries
+                .iter()
+                .find_map(|e| match e {
+                    Entry::Step { t: at, rank: r, .. } if *r == rank && *at > t => Some(at - t),
+                    _ => None,
+                })
+                .unwrap_or_else(|| panic!("rank {rank} never stepped after the kill\n{all}"))
+        })
+        .fold(0.0, f64::max)
+}
+
+/// Steps logged after `t` whose number the same rank had logged before
+/// `t`: the work redone, in steps (the most over ranks `0..world`).
+pub fn redone(entries: &[Entry], t: f64, world: u32) -> u32 {
+    (0..world)
+        .map(|rank| {
+            let before: BTreeSet<u32> = entries
+                .iter()
+                .filter_map(|e| match e {
+                    Entry::Step {
+                        t: at, n, rank: r, ..
+                    } if *r == rank && *at <= t => Some(*n),
+                    _ => None,
+                })
+                .collect();
+            let again: BTreeSet<u32> = entries
+                .iter()
+                .filter_map(|e| match e {
+                    Entry::Step {
+                        t: at, n, rank: r, ..
+                    } if *r == rank && *at > t && before.contains(n) => Some(*n),
+                    _ => None,
+                })
+                .collect();
+            u32::try_from(again.len()).unwrap()
+        })
+        .max()
+        .unwrap_or(0)
+}
+
+/// Each rank's pids, as its steps were logged.
+pub type Pids = BTreeMap<u32, BTreeSet<i32>>;
+
+/// Each rank's pids, and how often each (rank, step) was logged.
+pub fn pids_and_counts(entries: &[Entry]) -> (Pids, BTreeMap<(u32, u32), u32>) {
+    let mut pids: Pids = BTreeMap::new();
+    let mut times: BTreeMap<(u32, u32), u32> = BTreeMap::new();
+    for e in entries {
+        if let Entry::Step { n, rank, pid, .. } = e {
+            pids.entry(*rank).or_default().insert(*pid);
+            *times.entry((*rank, *n)).or_default() += 1;
+        }
+    }
+    (pids, times)
+}
+
+/// Fails the test when a rank logged one step number more than twice (the
+/// heal redoes at most the step in flight); `all` is the run's output.
+pub fn assert_no_step_logged_more_than_twice(times: &BTreeMap<(u32, u32), u32>, all: &str) {
+    let worst = times.iter().max_by_key(|(_, c)| **c).unwrap();
+    assert!(
+        *worst.1 <= 2,
+        "rank {} logged step {} {} times\n{all}",
+        worst.0.0,
+        worst.0.1,
+        worst.1
+    );
 }

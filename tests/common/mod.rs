@@ -14,7 +14,9 @@
 
 /// A real etcd per test, for the multi-host coordination tests.
 pub mod etcd;
-/// The heal examples' log, for the heal tests.
+/// One host of the heal-across-hosts tests.
+pub mod heal_host;
+/// The heal examples' log, and waits and counts over it, for the heal tests.
 pub mod heal_log;
 /// The deployment files (deploy/kubernetes) as data, for the packaging tests.
 pub mod manifests;
@@ -768,6 +770,8 @@ impl Streaming {
             if Instant::now() >= deadline {
                 let _ = self.child.kill();
                 let _ = self.child.wait();
+                // Every line it wrote, not only those a wait read.
+                self.drain(Duration::from_secs(2));
                 panic!(
                     "{} did not exit within {timeout:?}; lines: {:?}\n--- stderr ---\n{}",
                     self.label,

@@ -301,7 +301,10 @@ pub fn run_as(who: &Ident, attack: &str, args: &serde_json::Value) -> Outcome {
             Ok(())
         });
     }
-    let done = super::run(&mut cmd, Duration::from_secs(60));
+    // A bound, not a pace: the 16 MiB flight dumps of state_files took
+    // over 60 s at CI's load 25; each caller's own `within` is tighter
+    // where it needs to be.
+    let done = super::run(&mut cmd, Duration::from_secs(240));
     let line = done
         .stdout
         .lines()

@@ -167,6 +167,7 @@ pub fn attack_everything(args: &Value) -> Value {
                         addr: "127.0.0.9:7411".into(),
                         ..Default::default()
                     }],
+                    ..Default::default()
                 })
                 .await,
                 |_| json!({}),

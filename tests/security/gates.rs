@@ -423,6 +423,10 @@ pub fn attack_cycles(args: &Value) -> Value {
         let workers = number(args, "workers");
         let started = Instant::now();
         let budget = started + Duration::from_secs(number(args, "budget_s"));
+        // Past the budget a worker stops, but only once the cycles below
+        // `min_cycles` are done: a loaded machine (CI at load 25 did 435
+        // in 35 s) still shows the bound, just later.
+        let min_cycles = number(args, "min_cycles");
         let mut set = tokio::task::JoinSet::new();
         for w in 0..workers {
             let mut c = c.clone();
@@ -430,7 +434,7 @@ pub fn attack_cycles(args: &Value) -> Value {
                 let mut errors: Vec<String> = Vec::new();
                 let mut closed = 0u64;
                 for i in (w..cycles).step_by(usize::try_from(workers).unwrap()) {
-                    if Instant::now() > budget {
+                    if Instant::now() > budget && i >= min_cycles {
                         break;
                     }
                     let job = format!("cycle-{i}");
@@ -525,7 +529,8 @@ fn rss_kib(pid: u32) -> u64 {
 }
 
 /// Point 11a: register/close cycles (up to 3,000, as many as the machine
-/// does in 35 s, at least ten times the cap) leave at most
+/// does in 35 s, and at least ten times the cap however long they take)
+/// leave at most
 /// `goodput.max_ended_jobs` journals and ledger entries (plus the victim's
 /// running job), job series capped by `metrics.max_job_series` and gone
 /// `goodput.series_after_end` after their job ended; the victim keeps its
@@ -551,8 +556,14 @@ async fn register_close_cycles_leave_bounded_journals_ledgers_and_series() {
     let rss_before = rss_kib(agent.pid());
 
     let member = users::users().member.clone();
-    let args = json!({"socket": agent.socket(), "cycles": 3000, "workers": 6, "budget_s": 35});
-    let out = within(Duration::from_secs(90), "the cycles", async move {
+    let args = json!({
+        "socket": agent.socket(),
+        "cycles": 3000,
+        "min_cycles": 10 * CAP + 6,
+        "workers": 6,
+        "budget_s": 35
+    });
+    let out = within(Duration::from_secs(240), "the cycles", async move {
         tokio::task::spawn_blocking(move || users::run_as(&member, "gates.cycles", &args))
             .await
             .expect("run the attack")

@@ -40,6 +40,7 @@ pub fn attack_squat(args: &Value) -> Value {
             c.set_checkpoint_peers(pb::SetCheckpointPeersRequest {
                 job_id: job,
                 peers: Vec::new(),
+                ..Default::default()
             })
             .await,
             |_| json!({}),
