@@ -15,11 +15,10 @@ use super::convert;
 use super::observe::observed;
 use super::streams::{StreamGate, StreamPermit};
 use crate::act::in_process;
-use crate::ranks::registry::{RankState, RegisterRequest};
-use crate::ranks::{self, RankKey, RegisterError};
+use crate::ranks::admit;
+use crate::ranks::{RankKey, RegisterError};
 use crate::state::AgentState;
 use warden_core::events::Event;
-use warden_core::signal::{RankException, RankRegistered, Signal};
 
 pub use super::streams::BoxStream;
 
@@ -244,125 +243,43 @@ impl Agent for AgentService {
         &self,
         req: Request<pb::RegisterRankRequest>,
     ) -> Result<Response<pb::RegisterRankResponse>, Status> {
-        self.serve("RegisterRank", req, |r| &r.job_id, |peer, req| async move {
-            let r = req.into_inner();
-            if r.pid == 0 {
-                return Err(Status::invalid_argument(
-                    "invalid registration: pid must be set",
-                ));
-            }
-            let max_world = self.state.config.ranks.max_world_size;
-            if r.world_size > max_world {
-                return Err(Status::invalid_argument(format!(
-                    "invalid registration: world_size {} is above ranks.max_world_size {max_world}",
-                    r.world_size
-                )));
-            }
-            // The kernel's word on who is calling, never the client's: the
-            // declared pid must be the caller itself or its descendant (a
-            // launcher registering its workers) under the caller's uid, and
-            // is held by a pidfd from here on, so the exit watch and any
-            // signal reach that process and no other. It is right across
-            // PID namespaces (a node agent with the host's PID namespace
-            // sees a pod's ranks under its own numbers). A caller the agent
-            // cannot see (a sidecar without a shared process namespace) is
-            // registered all the same with pid 0: watched through its slot
-            // only, never signalled, and reported as component
-            // ranks/pid_visibility.
-            let process = match peer.pid {
-                Some(caller) => Some(
-                    crate::ranks::process::RankProcess::verify(r.pid, caller, peer.uid).map_err(
-                        |e| {
-                            Status::permission_denied(format!(
-                                "RegisterRank refused for {peer}: {e} (rule: a rank registers only its own process, or a launcher its descendants, running as the caller's uid)"
-                            ))
-                        },
-                    )?,
-                ),
-                None => None,
-            };
-            let request = RegisterRequest {
-                job_id: r.job_id,
-                global_rank: r.global_rank,
-                local_rank: r.local_rank,
-                world_size: r.world_size,
-                pid: process.as_ref().map_or(0, |p| p.pid),
-                declared_pid: r.pid,
-                host: r.host,
-                layout_version: r.slot_layout_version,
-                stack_dump_signal: r.stack_dump_signal,
-                devices: r.devices.clone(),
-                process: process.clone(),
-                caller_pid: peer.pid,
-                owner: Some(peer.owner()),
-            };
-            let now = warden_slot::clock::syscall_now();
-            // Who registered: the process itself (a client), or its
-            // launcher on its behalf (`warden run` registers every worker,
-            // so a script that never imports warden is still watched).
-            let by_self = process.as_ref().is_none_or(|p| peer.pid == Some(p.pid));
-            let result = {
-                let mut registry = self.state.registry();
-                let key = RankKey {
-                    job: request.job_id.clone(),
-                    rank: request.global_rank,
+        self.serve(
+            "RegisterRank",
+            req,
+            |r| &r.job_id,
+            |peer, req| async move {
+                let r = req.into_inner();
+                let declared = admit::Declared {
+                    job_id: r.job_id,
+                    global_rank: r.global_rank,
+                    local_rank: r.local_rank,
+                    world_size: r.world_size,
+                    pid: r.pid,
+                    host: r.host,
+                    layout_version: r.slot_layout_version,
+                    stack_dump_signal: r.stack_dump_signal,
+                    devices: r.devices,
                 };
-                // The client's own registration takes over its launcher's
-                // (the same pid registering again replaces it), never the
-                // other way round: a launcher's registration that comes late
-                // must not take the slot of a client that registered itself.
-                let own = registry.ranks.get(&key).filter(|e| {
-                    !by_self
-                        && e.pid == request.pid
-                        && e.registered_by == Some(e.pid)
-                        && matches!(e.state, RankState::Running | RankState::Hung)
-                });
-                if own.is_some() {
-                    return Err(Status::already_exists(format!(
-                        "{key} (pid {}) registered itself; its launcher's registration does not replace the client's",
-                        request.pid
-                    )));
-                }
-                registry.register(&request, now)
-            };
-            let reg = result.map_err(|e| match e {
-                RegisterError::Invalid(_) => Status::invalid_argument(e.to_string()),
-                RegisterError::LayoutMismatch { .. } => Status::failed_precondition(e.to_string()),
-                RegisterError::Held { .. } => Status::already_exists(e.to_string()),
-                RegisterError::Full(_) => Status::resource_exhausted(e.to_string()),
-                RegisterError::PerProcess { .. } | RegisterError::PerUid { .. } => {
-                    Status::resource_exhausted(e.to_string())
-                }
-                RegisterError::Slot(_) => Status::internal(e.to_string()),
-            })?;
-            let key = RankKey {
-                job: request.job_id.clone(),
-                rank: request.global_rank,
-            };
-            if let Some(p) = &process {
-                ranks::exit_watch::spawn(self.state.exit_handles(), key.clone(), reg.generation, p);
-            }
-            self.state
-                .events
-                .publish(Signal::RankRegistered(RankRegistered {
-                    key,
-                    pid: request.pid,
-                    declared_pid: r.pid,
-                    local_rank: request.local_rank,
-                    world_size: request.world_size,
-                    host: request.host,
-                    slot: reg.slot_index,
-                    declared_devices: request.devices,
-                    replaced_pid: reg.replaced_pid,
-                    by_self,
-                }));
-            Ok(Response::new(pb::RegisterRankResponse {
-                slot_index: reg.slot_index,
-                slot_size: reg.slot_size,
-                generation: reg.generation,
-                stack_dump_path: reg.stack_dump_path.display().to_string(),
-            }))
-        })
+                let caller = admit::Caller {
+                    pid: peer.pid,
+                    owner: peer.owner(),
+                    name: peer.to_string(),
+                };
+                let a = admit::register(
+                    &self.state.exit_handles(),
+                    self.state.config.ranks.max_world_size,
+                    declared,
+                    &caller,
+                )
+                .map_err(admit_status)?;
+                Ok(Response::new(pb::RegisterRankResponse {
+                    slot_index: a.slot_index,
+                    slot_size: a.slot_size,
+                    generation: a.generation,
+                    stack_dump_path: a.stack_dump_path.display().to_string(),
+                }))
+            },
+        )
         .await
     }
 
@@ -370,23 +287,21 @@ impl Agent for AgentService {
         &self,
         req: Request<pb::DeregisterRankRequest>,
     ) -> Result<Response<pb::DeregisterRankResponse>, Status> {
-        self.serve("DeregisterRank", req, |r| &r.job_id, |_peer, req| async move {
-            let r = req.into_inner();
-            let key = RankKey {
-                job: r.job_id,
-                rank: r.global_rank,
-            };
-            if !self.state.registry().deregister(&key, r.generation) {
-                return Err(Status::not_found(format!(
-                    "{key} with generation {} is not registered (already left, or re-registered since)",
-                    r.generation
-                )));
-            }
-            self.state
-                .events
-                .publish(Signal::RankDeregistered { key });
-            Ok(Response::new(pb::DeregisterRankResponse {}))
-        })
+        self.serve(
+            "DeregisterRank",
+            req,
+            |r| &r.job_id,
+            |_peer, req| async move {
+                let r = req.into_inner();
+                let key = RankKey {
+                    job: r.job_id,
+                    rank: r.global_rank,
+                };
+                admit::deregister(&self.state.exit_handles(), key, r.generation)
+                    .map_err(admit_status)?;
+                Ok(Response::new(pb::DeregisterRankResponse {}))
+            },
+        )
         .await
     }
 
@@ -431,44 +346,39 @@ impl Agent for AgentService {
                     return Err(Status::invalid_argument("exception_type must be set"));
                 }
                 let key = RankKey {
-                    job: r.job_id.clone(),
+                    job: r.job_id,
                     rank: r.global_rank,
                 };
-                // Bounded: a traceback of a deep recursion is megabytes; the
-                // innermost frames (its end) say what failed.
-                let message = clip_head(&r.message, MAX_EXCEPTION_MESSAGE);
-                let traceback = clip_tail(&r.traceback, MAX_TRACEBACK);
-                let awaits_decision = r.awaits_decision && !r.uncaught;
-                // A launcher reporting what its worker printed (zero-code mode)
-                // has no step to give.
-                let step = (!self
+                let launcher_only = self
                     .state
                     .registry()
                     .ranks
                     .get(&key)
-                    .is_some_and(|e| e.launcher_only()))
-                .then_some(r.step);
-                self.state
-                    .events
-                    .publish(Signal::RankException(RankException {
+                    .is_some_and(|e| e.launcher_only());
+                let (exception_type, message) = (r.exception_type.clone(), r.message.clone());
+                let awaits_decision = admit::report_exception(
+                    &self.state.events,
+                    launcher_only,
+                    admit::Reported {
                         key: key.clone(),
-                        exception_type: r.exception_type.clone(),
-                        message,
-                        step,
+                        exception_type: r.exception_type,
+                        message: r.message,
+                        traceback: r.traceback,
+                        step: r.step,
                         pid: r.pid,
                         generation: r.generation,
                         uncaught: r.uncaught,
-                        traceback,
                         awaits_decision: r.awaits_decision,
-                    }));
+                    },
+                );
                 // After the event: the decision's restart.requested follows it.
                 let answer = if awaits_decision {
                     convert::exception_answer(in_process::exception::decide(
                         &self.state.in_process(),
                         &self.state.config.policy,
                         &key,
-                        &r.exception_type,
-                        &r.message,
+                        &exception_type,
+                        &message,
                     ))
                 } else {
                     pb::ReportExceptionResponse::default()
@@ -513,7 +423,7 @@ impl Agent for AgentService {
             req,
             |_| "",
             |_peer, req| async move {
-                let reason = clip_head(&req.into_inner().reason, 512);
+                let reason = admit::clip_head(&req.into_inner().reason, 512);
                 let was_cordoned =
                     crate::attribute::task::uncordon(&self.state.attribution(), &reason);
                 Ok(Response::new(pb::UncordonResponse { was_cordoned }))
@@ -855,33 +765,25 @@ impl Agent for AgentService {
     }
 }
 
-/// Longest exception message kept (its start).
-const MAX_EXCEPTION_MESSAGE: usize = 4096;
-/// Longest traceback kept (its end: the innermost frames).
-const MAX_TRACEBACK: usize = 16 * 1024;
-
-/// The first `max` bytes of `s`, cut at a character boundary.
-fn clip_head(s: &str, max: usize) -> String {
-    if s.len() <= max {
-        return s.to_owned();
+/// The status for a rank's word not taken.
+fn admit_status(e: admit::AdmitError) -> Status {
+    use admit::AdmitError as E;
+    let msg = e.to_string();
+    match e {
+        E::Invalid(_) | E::Register(RegisterError::Invalid(_)) => Status::invalid_argument(msg),
+        E::NotItsProcess { .. } => Status::permission_denied(msg),
+        E::ClientHolds { .. } | E::Register(RegisterError::Held { .. }) => {
+            Status::already_exists(msg)
+        }
+        E::Register(RegisterError::LayoutMismatch { .. }) => Status::failed_precondition(msg),
+        E::Register(
+            RegisterError::Full(_)
+            | RegisterError::PerProcess { .. }
+            | RegisterError::PerUid { .. },
+        ) => Status::resource_exhausted(msg),
+        E::Register(RegisterError::Slot(_)) => Status::internal(msg),
+        E::NotRegistered { .. } => Status::not_found(msg),
     }
-    let mut end = max;
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}... [{} bytes cut]", &s[..end], s.len() - end)
-}
-
-/// The last `max` bytes of `s`, cut at a character boundary.
-fn clip_tail(s: &str, max: usize) -> String {
-    if s.len() <= max {
-        return s.to_owned();
-    }
-    let mut start = s.len() - max;
-    while !s.is_char_boundary(start) {
-        start += 1;
-    }
-    format!("[{start} bytes cut] ...{}", &s[start..])
 }
 
 /// Sends the backlog, then live events, until the watcher leaves or the

@@ -7,6 +7,7 @@
 //! agent only reads slots), or trust a slot's contents (every value is
 //! sanitised by `warden_slot` and every index bounded).
 
+pub mod admit;
 pub mod evidence;
 pub mod exit_watch;
 pub mod exited;
