@@ -17,6 +17,7 @@ pub mod process;
 pub mod procfs;
 pub mod registry;
 pub mod scan;
+pub mod stopping;
 pub mod stragglers;
 pub mod verdict;
 
