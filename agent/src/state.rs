@@ -93,8 +93,8 @@ pub struct AgentState {
     /// per-step aggregates of every host's ranks (`detect::sdc::aggregate`).
     pub sdc_aggregator: Mutex<warden_core::detect::sdc::aggregate::SdcAggregator>,
     /// The node's health gate: one run at a time, its result cached, calls
-    /// per uid bounded (`api::gate`).
-    pub gate: crate::api::gate_state::Gate,
+    /// per uid bounded (`act::gate`).
+    pub gate: Arc<crate::act::gate::Gate>,
     /// ReportJobStop calls per uid (`api.job_stops_per_minute`).
     pub job_stops: crate::api::stop_limiter::StopLimiter,
 }
@@ -171,7 +171,7 @@ impl AgentState {
             stragglers: std::sync::OnceLock::new(),
             stranger_connections: std::sync::OnceLock::new(),
             peer_values: crate::ranks::peer_values::PeerValues::default(),
-            gate: crate::api::gate_state::Gate::default(),
+            gate: Arc::default(),
             job_stops: crate::api::stop_limiter::StopLimiter::new(config.api.job_stops_per_minute),
             aggregator: Mutex::new(warden_core::detect::straggler::aggregate::Aggregator::new(
                 config.straggler.summary_ttl,
@@ -205,6 +205,16 @@ impl AgentState {
     /// holds no invariant a panic midway could break beyond one entry).
     pub fn registry(&self) -> std::sync::MutexGuard<'_, Registry> {
         self.ranks.lock()
+    }
+
+    /// The handles a health gate run holds (act::gate).
+    pub fn gate_handles(&self) -> crate::act::gate::Handles {
+        crate::act::gate::Handles {
+            gate: self.gate.clone(),
+            dcgm: Arc::new(self.config.dcgm.clone()),
+            health: self.health.clone(),
+            events: self.events.clone(),
+        }
     }
 
     /// The handles a rank's exit watch holds (ranks::exit_watch).

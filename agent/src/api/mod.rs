@@ -14,7 +14,6 @@ pub mod conn_watch;
 pub mod control;
 pub mod convert;
 pub mod gate;
-pub mod gate_state;
 pub mod goodput;
 pub mod job_series;
 pub mod job_stop;

@@ -1,6 +1,5 @@
-//! What the agent's state holds of the pre-restart gate ([`Gate`]: the last
-//! run, the calls in progress); `api::gate` runs it. Its own module so that
-//! the state does not import the call's module (which reads the state).
+//! What the agent holds of the pre-restart gate ([`Gate`]: the last run,
+//! the calls in progress); `act::gate` runs it.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
