@@ -35,12 +35,39 @@ impl PeerService {
     }
 }
 
+/// Every Peer call's frame, written once: records it ([`observed`]: its
+/// count by status and its duration, under `call`), names its caller from
+/// the connection ([`Caller::of`]: a proved peer, an unauthenticated one,
+/// or the local socket) and its remote address, then runs `body` with them
+/// and the request. Each stage's module authorizes the caller against what
+/// the request asks (a host speaks only for itself, a job's member only
+/// for its job); a handler only names the stage.
+async fn serve<T, R, Fut>(
+    call: &'static str,
+    req: Request<T>,
+    body: impl FnOnce(Caller, Option<std::net::SocketAddr>, T) -> Fut,
+) -> Result<Response<R>, Status>
+where
+    Fut: std::future::Future<Output = Result<R, Status>>,
+{
+    observed(call, async move {
+        let info = req.extensions().get::<PeerInfo>();
+        let (caller, remote) = (Caller::of(info), info.and_then(|i| i.remote));
+        body(caller, remote, req.into_inner())
+            .await
+            .map(Response::new)
+    })
+    .await
+}
+
 #[tonic::async_trait]
 impl Peer for PeerService {
     async fn exchange_straggler_summaries(
         &self,
         req: Request<pb::StragglerSummaries>,
     ) -> Result<Response<pb::StragglerSummaries>, Status> {
+        // The legacy exchange reads the whole request (its peer's
+        // certificate and address) itself.
         observed("ExchangeStragglerSummaries", async {
             super::stragglers::exchange(&self.state, req)
         })
@@ -51,12 +78,8 @@ impl Peer for PeerService {
         &self,
         req: Request<pb::AggregateReport>,
     ) -> Result<Response<pb::AggregateAnswer>, Status> {
-        observed("ReportToAggregator", async {
-            let info = req.extensions().get::<PeerInfo>();
-            let caller = Caller::of(info);
-            let remote = info.and_then(|i| i.remote);
-            super::aggregate::report_to_aggregator(&self.state, &caller, remote, req.into_inner())
-                .map(Response::new)
+        serve("ReportToAggregator", req, |caller, remote, r| async move {
+            super::aggregate::report_to_aggregator(&self.state, &caller, remote, r)
         })
         .await
     }
@@ -65,11 +88,8 @@ impl Peer for PeerService {
         &self,
         req: Request<tonic::Streaming<pb::ShardChunk>>,
     ) -> Result<Response<pb::PushShardResponse>, Status> {
-        observed("PushShard", async {
-            let caller = Caller::of(req.extensions().get::<PeerInfo>());
-            super::ckpt::push_shard(&self.state, &caller, req.into_inner())
-                .await
-                .map(Response::new)
+        serve("PushShard", req, |caller, _, body| async move {
+            super::ckpt::push_shard(&self.state, &caller, body).await
         })
         .await
     }
@@ -80,11 +100,8 @@ impl Peer for PeerService {
         &self,
         req: Request<pb::FetchShardRequest>,
     ) -> Result<Response<Self::FetchShardStream>, Status> {
-        observed("FetchShard", async {
-            let caller = Caller::of(req.extensions().get::<PeerInfo>());
-            super::ckpt::fetch_shard(&self.state, &caller, req.into_inner())
-                .await
-                .map(Response::new)
+        serve("FetchShard", req, |caller, _, r| async move {
+            super::ckpt::fetch_shard(&self.state, &caller, r).await
         })
         .await
     }
@@ -93,11 +110,8 @@ impl Peer for PeerService {
         &self,
         req: Request<pb::ListShardsRequest>,
     ) -> Result<Response<pb::ListShardsResponse>, Status> {
-        observed("ListShards", async {
-            let caller = Caller::of(req.extensions().get::<PeerInfo>());
-            super::ckpt::list_shards(&self.state, &caller, req.into_inner())
-                .await
-                .map(Response::new)
+        serve("ListShards", req, |caller, _, r| async move {
+            super::ckpt::list_shards(&self.state, &caller, r).await
         })
         .await
     }
