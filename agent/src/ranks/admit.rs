@@ -265,16 +265,17 @@ pub struct Reported {
 /// Publishes `rank.exception` for what a rank reported: the message and
 /// traceback bounded (a traceback of a deep recursion is megabytes; its
 /// end, the innermost frames, says what failed), the step dropped when a
-/// launcher reported for a worker (zero-code mode has no step to give).
+/// launcher reported for a worker (`launcher_only`: zero-code mode has no
+/// step to give).
 /// Returns whether the rank waits for a decision the caller should make
 /// next (never for an uncaught exception), after this event.
-pub fn report_exception(events: &Arc<EventBus>, registry_launcher_only: bool, r: Reported) -> bool {
+pub fn report_exception(events: &Arc<EventBus>, launcher_only: bool, r: Reported) -> bool {
     let awaits_decision = r.awaits_decision && !r.uncaught;
     events.publish(Signal::RankException(RankException {
         key: r.key,
         exception_type: r.exception_type,
         message: clip_head(&r.message, MAX_EXCEPTION_MESSAGE),
-        step: (!registry_launcher_only).then_some(r.step),
+        step: (!launcher_only).then_some(r.step),
         pid: r.pid,
         generation: r.generation,
         uncaught: r.uncaught,
