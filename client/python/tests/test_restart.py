@@ -58,12 +58,17 @@ def test_a_blocking_sleep_in_the_main_thread_is_interrupted_at_once() -> None:
     seq = next_seq()
     seen: list[Any] = []
     injected: list[list[float]] = []
+    interrupted: list[float] = []
 
     def train() -> int:
         if not seen:
             seen.append(("start", warden.restart_count()))
             injected.append(inject_later(0.1, seq, count=1, reason="rank 1 hung"))
-            time.sleep(30)
+            try:
+                time.sleep(30)
+            except BaseException:
+                interrupted.append(time.monotonic())
+                raise
             raise AssertionError("the sleep was not interrupted")
         return warden.restart_count()
 
@@ -74,8 +79,14 @@ def test_a_blocking_sleep_in_the_main_thread_is_interrupted_at_once() -> None:
     count = warden.run(train, on_restart=hook)
     assert time.monotonic() - t0 < 5
     assert seen[1][:4] == (seq, 1, "rank 1 hung", "inc-test")
-    latency = seen[1][4] - injected[0][0]
-    assert latency < 0.5, f"{latency * 1000:.1f} ms from the request to the hook"
+    # The interruption itself, from the request to the raise in the sleep.
+    # Not to the hook: before it, ``run`` tears the attempt down
+    # (``gc.collect()``, whose time grows with the process's heap: 0.3 s a
+    # call with Lightning and Transformers imported, which the integration
+    # tests before this one do; CI measured 1.05 s to the hook).
+    latency = interrupted[0] - injected[0][0]
+    assert latency < 0.5, f"{latency * 1000:.1f} ms from the request to the raise"
+    assert seen[1][4] >= interrupted[0]
     assert count == max(1, seen[0][1] + 1)
     signals, _ = _native._restart_deliveries()
     assert signals >= 1, "the blocking call was interrupted by the signal"
