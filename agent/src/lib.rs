@@ -21,6 +21,8 @@
 //! - [`notice`]: notices of a coming stop (preemption, maintenance, a
 //!   taint, the launcher's SIGTERM) turned into a save-and-leave word in
 //!   the ranks' slots.
+//! - [`exchange`]: the job-wide exchange across hosts: each host's report
+//!   to its job's aggregator, the aggregator's use case, the wire format.
 //! - [`ckpt`]: checkpoint tiers: local, peer replicas, durable store, restore.
 //! - [`config`]: the TOML configuration, validated with errors naming the key.
 //! - [`state`]: what the running agent's parts share.
@@ -82,6 +84,7 @@ pub mod attribute;
 pub mod ckpt;
 pub mod config;
 pub mod daemon;
+pub mod exchange;
 #[cfg(test)]
 mod fuzz;
 pub mod goodput;

@@ -84,7 +84,7 @@ pub struct AgentState {
     /// for the job-wide hang verdict (`ranks::verdict`).
     pub hang_board: Arc<crate::ranks::verdict::HangBoard>,
     /// What this agent keeps as its jobs' straggler aggregator: every
-    /// reporting host's sketches and scores (`api::aggregate`).
+    /// reporting host's sketches and scores (`exchange::aggregate`).
     pub aggregator: Mutex<warden_core::detect::straggler::aggregate::Aggregator>,
     /// The SDC detector's link to its jobs' aggregator: this host's values
     /// out, the job-wide per-step statistics in (`ranks::peer_values`).

@@ -24,7 +24,6 @@ pub mod nvhcd;
 pub mod observe;
 pub mod peer_auth;
 pub mod peer_service;
-pub mod positions;
 pub mod service;
 pub mod slot_socket;
 pub mod stop_limiter;

@@ -11,17 +11,18 @@
 //! `straggler.exchange_interval`, and never holds up anything else: each
 //! call is bounded by `straggler.peer_timeout` and runs off the work loop.
 
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::Instant;
 
 use tonic::{Request, Response, Status};
 use warden_proto::v1 as pb;
 
-use super::convert;
 use super::peer_auth::Caller;
+use crate::exchange::positions;
+use crate::exchange::wire::{score_from_pb, score_pb};
 use crate::state::AgentState;
 use crate::tls::accept::PeerInfo;
 use warden_core::detect::straggler::score::SectionMedian;
-use warden_core::detect::straggler::{Batch, Score, Stragglers, Summary, exchange};
+use warden_core::detect::straggler::{Batch, Stragglers, Summary, exchange};
 
 /// Answers GetStragglers from the agent's straggler scores: its own ranks'
 /// and its peers', job-wide.
@@ -39,65 +40,6 @@ pub fn get_stragglers(
     pb::GetStragglersResponse {
         ranks: scores.iter().map(score_pb).collect(),
         hosts,
-    }
-}
-
-fn opt_time(t: Option<SystemTime>) -> Option<prost_types::Timestamp> {
-    t.map(convert::timestamp)
-}
-
-fn from_time(t: Option<&prost_types::Timestamp>) -> Option<SystemTime> {
-    let t = t?;
-    let secs = u64::try_from(t.seconds).ok()?;
-    let nanos = u32::try_from(t.nanos).ok().filter(|n| *n < 1_000_000_000)?;
-    UNIX_EPOCH.checked_add(Duration::new(secs, nanos))
-}
-
-/// A score as the API shows it.
-pub fn score_pb(s: &Score) -> pb::StragglerScore {
-    pb::StragglerScore {
-        job_id: s.job.clone(),
-        global_rank: s.rank,
-        host: s.host.clone(),
-        section: s.section.clone(),
-        relative: s.relative,
-        individual: s.individual,
-        flagged: s.flagged,
-        consecutive: s.consecutive,
-        flagged_since: opt_time(s.flagged_since),
-        explanation: s.explanation.clone(),
-        samples: s.samples,
-        robust_z: s.robust_z,
-        cause_class: s.cause_class.clone(),
-        devices: s.devices.clone(),
-        rank_median_ns: s.rank_median_ns,
-        job_median_ns: s.job_median_ns,
-        ranks_compared: s.ranks_compared,
-        scored_at: opt_time(s.scored_at),
-    }
-}
-
-/// A score from the wire (checked by the caller).
-pub fn score_from_pb(p: &pb::StragglerScore) -> Score {
-    Score {
-        job: p.job_id.clone(),
-        rank: p.global_rank,
-        host: p.host.clone(),
-        section: p.section.clone(),
-        relative: p.relative,
-        individual: p.individual,
-        robust_z: p.robust_z,
-        flagged: p.flagged,
-        consecutive: p.consecutive,
-        flagged_since: from_time(p.flagged_since.as_ref()),
-        explanation: p.explanation.clone(),
-        cause_class: p.cause_class.clone(),
-        samples: p.samples,
-        devices: p.devices.clone(),
-        rank_median_ns: p.rank_median_ns,
-        job_median_ns: p.job_median_ns,
-        ranks_compared: p.ranks_compared,
-        scored_at: from_time(p.scored_at.as_ref()),
     }
 }
 
@@ -196,11 +138,11 @@ pub fn exchange(
     let values = std::mem::take(&mut req.values);
     let batch = batch_from_pb(req)
         .map_err(|e| Status::invalid_argument(format!("straggler summaries: {e}")))?;
-    let positions = super::positions::from_pb(&batch.host, positions)
+    let positions = positions::from_pb(&batch.host, positions)
         .map_err(|e| Status::invalid_argument(format!("straggler summaries: {e}")))?;
     // An older agent's values are checked and not judged here: its
     // ranks are judged by it, and ours by the job's aggregator.
-    super::positions::values_from_pb(values)
+    positions::values_from_pb(values)
         .map_err(|e| Status::invalid_argument(format!("straggler summaries: {e}")))?;
     if batch.host == state.host {
         return Err(Status::failed_precondition(format!(
@@ -227,9 +169,9 @@ pub fn exchange(
 /// positions (an older agent still scores and judges from them).
 fn outgoing(state: &AgentState, det: &Stragglers) -> pb::StragglerSummaries {
     let mut batch = batch_pb(&det.outbox(Instant::now()));
-    batch.positions = super::positions::to_pb(&state.hang_board.outbox());
+    batch.positions = positions::to_pb(&state.hang_board.outbox());
     if state.config.sdc.enabled {
-        batch.values = super::positions::values_to_pb(&state.peer_values.legacy_outbox());
+        batch.values = positions::values_to_pb(&state.peer_values.legacy_outbox());
     }
     batch
 }
@@ -237,14 +179,14 @@ fn outgoing(state: &AgentState, det: &Stragglers) -> pb::StragglerSummaries {
 /// The answer to an agent of the release before per-step aggregates, which
 /// still sends its values to every peer: this agent's values, so it can
 /// compare its ranks with ours (this agent no longer calls anyone for
-/// values: they go to the job's aggregator, `api::aggregate`).
+/// values: they go to the job's aggregator, `exchange::report`).
 fn values_only(state: &AgentState, det: &Stragglers) -> pb::StragglerSummaries {
     pb::StragglerSummaries {
         host: det.host().to_owned(),
         ranks: Vec::new(),
         positions: Vec::new(),
         values: if state.config.sdc.enabled {
-            super::positions::values_to_pb(&state.peer_values.legacy_outbox())
+            positions::values_to_pb(&state.peer_values.legacy_outbox())
         } else {
             Vec::new()
         },
@@ -254,6 +196,8 @@ fn values_only(state: &AgentState, det: &Stragglers) -> pb::StragglerSummaries {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::{Duration, UNIX_EPOCH};
+    use warden_core::detect::straggler::Score;
 
     #[test]
     fn summaries_survive_the_wire_and_bad_ones_are_refused() {

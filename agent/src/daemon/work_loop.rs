@@ -117,7 +117,7 @@ pub async fn run(state: Arc<AgentState>, mut watchdog: Watchdog, sources: Source
     }
 }
 
-/// Whether this agent's jobs have an aggregator task (`api::aggregate`):
+/// Whether this agent's jobs have an aggregator task (`exchange::report`):
 /// then the SDC values go to it, else they are judged here, in place.
 fn reports_to_aggregator(state: &AgentState) -> bool {
     let cfg = &state.config.straggler;
@@ -227,7 +227,7 @@ pub(crate) fn run_stragglers(state: &Arc<AgentState>, now: Instant) {
     // peers (SetCheckpointPeers): the exchange carries a hang's positions
     // to them even without `straggler.peers`.
     if (!cfg.peers.is_empty() || state.checkpoints.is_ok()) && det.claim_exchange() {
-        crate::api::aggregate::spawn_reports(state.clone(), det.clone());
+        crate::exchange::report::spawn_reports(state.clone(), det.clone());
     }
     let wall = std::time::SystemTime::now();
     for signal in crate::ranks::stragglers::tick(&det, &state.ranks, &state.health, now, wall) {

@@ -266,10 +266,10 @@ pub(crate) fn peer_positions(bytes: &[u8]) {
     let Ok(batch) = warden_proto::v1::StragglerSummaries::decode(bytes) else {
         return;
     };
-    if let Err(e) = crate::api::positions::values_from_pb(batch.values) {
+    if let Err(e) = crate::exchange::positions::values_from_pb(batch.values) {
         assert_says_something("peer values", &e);
     }
-    match crate::api::positions::from_pb(&batch.host, batch.positions) {
+    match crate::exchange::positions::from_pb(&batch.host, batch.positions) {
         Err(e) => assert_says_something("peer positions", &e),
         Ok(jobs) => {
             for j in jobs {

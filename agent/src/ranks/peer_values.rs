@@ -1,5 +1,5 @@
 //! The SDC detector's link to the job's aggregator: the work loop owns the
-//! detector (one thread); the aggregator report task (`api::aggregate`)
+//! detector (one thread); the aggregator report task (`exchange::report`)
 //! runs on its own. Between them, this host's latest report and the
 //! answers not yet judged.
 //!

@@ -13,7 +13,7 @@
 //! joins it to the job's hang incident: the culprit's host is charged, the
 //! others record whom they waited on.
 //!
-//! One collector judges: the job's aggregator (`api::aggregate`) holds
+//! One collector judges: the job's aggregator (`exchange::aggregate`) holds
 //! every host's positions, so its board is complete; it judges once and
 //! announces the verdict in its answers, and each host publishes it as its
 //! own `job.hang_verdict`. A host whose board is complete (the collector,
