@@ -22,6 +22,10 @@
 //!    the same shard position in the other replica group, with its own
 //!    fault-free reference (the digest of every tensor gathered whole).
 //!
+//! 6. a fault during the heal that no exit shows: rank 1 killed, its
+//!    replacement frozen (SIGSTOP) as it starts; found by
+//!    `hang.heal_timeout` (8 s here), replaced in turn, healed again.
+//!
 //! Each run must: exit 0; end with every rank's digest equal to the
 //! fault-free run's; keep the survivors' processes (one pid per rank that
 //! was not killed, or that did not leave blocked, which it says); log no (rank, step) more than twice (at most the step
@@ -85,6 +89,18 @@ fn launch_with(
     log: &Path,
     vars: &[(&str, &str)],
 ) -> Streaming {
+    launch_full(dir, example, job, log, vars, None)
+}
+
+/// [`launch_with`], the embedded agent configured by `agent_config`.
+fn launch_full(
+    dir: &Path,
+    example: &str,
+    job: &str,
+    log: &Path,
+    vars: &[(&str, &str)],
+    agent_config: Option<&Path>,
+) -> Streaming {
     let tag = dir.file_name().unwrap().to_string_lossy().replace('.', "-");
     let job = format!("{job}-{tag}");
     let job = job.as_str();
@@ -95,8 +111,11 @@ fn launch_with(
         .arg("run")
         .args(["--nproc-per-node", &WORLD.to_string(), "--rdzv-id", job])
         .arg("--log-dir")
-        .arg(dir.join("logs"))
-        .arg("--")
+        .arg(dir.join("logs"));
+    if let Some(c) = agent_config {
+        cmd.arg("--agent-config").arg(c);
+    }
+    cmd.arg("--")
         .arg(python())
         .arg(repo_root().join(example))
         .env("EXAMPLE_LOG", log)
@@ -400,6 +419,44 @@ fn a_survivor_blocked_in_a_collective_leaves_and_is_healed() {
     }
     let t = sigkill(pid);
     check(&mut job, &log, &[(pid, t)], 1);
+}
+
+/// A fault during the heal that no exit shows: rank 1 is killed, and its
+/// replacement is frozen (SIGSTOP) as soon as the launcher starts it. The
+/// survivors wait for it in the heal; the agent judges that wait by
+/// `hang.heal_timeout` (8 s here), finds the replacement stopped, and has
+/// its launcher replace it in turn; the job heals again. A survivor that
+/// was blocked in gloo's ring with the killed rank meanwhile leaves (exit
+/// 75) and is healed too: the new replacement counts as declared (it runs
+/// the script its predecessor declared with), and the agent's diagnosis of
+/// that exit does not ask a second restart on top of the launcher's heal
+/// (before both, 2 runs in 5 restarted the job from its checkpoint, and
+/// the first try at the launcher's half alone hung the job).
+#[test]
+fn a_replacement_frozen_during_the_heal_is_replaced_and_the_job_heals() {
+    let Some((_one, dir, log)) = prepare("frozen") else {
+        return;
+    };
+    let config = dir.path().join("agent.toml");
+    std::fs::write(&config, "[hang]\nheal_timeout = \"8s\"\n").unwrap();
+    let mut job = launch_full(dir.path(), DDP, "heal-frozen", &log, &[], Some(&config));
+    let first = wait_step(&log, 1, 55, &mut job);
+    let t = sigkill(first);
+    let line = job.wait_line(RUN, "the replacement started", |l| {
+        l.contains("rank 1: started again as pid")
+    });
+    let replacement: i32 = line
+        .split("as pid ")
+        .nth(1)
+        .and_then(|r| r.split_whitespace().next())
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("no pid in {line:?}"));
+    kill(Pid::from_raw(replacement), Signal::SIGSTOP).expect("SIGSTOP the replacement");
+    let all = check_of(DDP, &mut job, &log, &[(first, t)], 1);
+    assert!(
+        all.matches("rank 1: started again as pid").count() >= 2,
+        "the frozen replacement was replaced in turn\n{all}"
+    );
 }
 
 /// HSDP (examples/heal/hsdp.py): FSDP2 over a 2 x 2 mesh ("replicate",

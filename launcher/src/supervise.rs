@@ -438,8 +438,10 @@ struct Sup<'a, C> {
     /// One standby interpreter per local worker slot, when kept
     /// ([`Job::standby`]).
     standbys: Vec<Option<Standby>>,
-    /// Workers a heal started: they run the script that declared its
-    /// state, and count as healable before they declared it again.
+    /// Workers started in place of one that had declared its state (a
+    /// heal's replacement, or one replacing a frozen rank): they run the
+    /// script that declared, and count as healable before they declared it
+    /// again.
     healed_pids: HashSet<i32>,
     /// The round's store process, while this host is node rank 0 of a
     /// round across hosts ([`crate::round_store`]); started at the first
@@ -1539,6 +1541,19 @@ impl<C: Coordinator> Sup<'_, C> {
             return replaced(Vec::new(), Some("no attempt is running".into()));
         };
         let ranks: Vec<u32> = workers.iter().map(|w| w.0).collect();
+        // A replacement runs the script its predecessor ran: one that had
+        // declared its state counts as declared before it does again (a
+        // heal's, and one that replaces a frozen rank the agent handed
+        // over in the middle of a heal), so that a survivor leaving blocked
+        // meanwhile is healed too, not restarted from the checkpoint.
+        let dir = self.job.log_root.join("heal");
+        let declared: HashSet<u32> = workers
+            .iter()
+            .filter(|&&(rank, pid)| {
+                self.healed_pids.contains(&pid) || heal_ready::declared(&dir, rank, pid)
+            })
+            .map(|w| w.0)
+            .collect();
         self.stop_ranks_of(StopKind::Restart, reason, ranks).await;
         for &(_, pid) in &workers {
             spawn::signal_group(pid, Signal::SIGKILL);
@@ -1612,6 +1627,9 @@ impl<C: Coordinator> Sup<'_, C> {
             self.say(format!(
                 "rank {rank}: started again as pid {pid} (in-process restart {restart_count})"
             ));
+            if declared.contains(&rank) {
+                self.healed_pids.insert(pid);
+            }
             started.push((rank, pid));
         }
         if warm_used {
@@ -1824,11 +1842,8 @@ impl<C: Coordinator> Sup<'_, C> {
                 );
             }
         };
-        let done = self.replace_workers(vec![(rank, pid)], count, reason).await;
-        if let Input::Replaced(r) = &done {
-            self.healed_pids.extend(r.workers.iter().map(|w| w.1));
-        }
-        done
+        // It declared (healable); its replacement counts as declared.
+        self.replace_workers(vec![(rank, pid)], count, reason).await
     }
 
     /// Stops every process of the current attempt: `first` to each worker's

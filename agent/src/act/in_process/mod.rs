@@ -82,6 +82,8 @@ struct Pending {
     waiter: Waiter,
     /// Wakes the waiter's task (an `AckControl` came).
     wake: Arc<Notify>,
+    /// When it was asked, on the wall clock (evidence is timed on it).
+    asked_at: SystemTime,
 }
 
 #[derive(Debug, Default)]
@@ -93,6 +95,22 @@ struct JobRestarts {
     exception_restarts: VecDeque<Instant>,
     /// The request in flight, until every rank answered or the deadline.
     pending: Option<Pending>,
+    /// The last request that every rank answered (acknowledged, or handled
+    /// by its launcher): a `restart_in_process` decision about evidence it
+    /// followed is already carried out ([`request::start`]).
+    last_answered: Option<Answered>,
+}
+
+/// A request every rank answered, on the wall clock (evidence is timed on
+/// it).
+#[derive(Debug, Clone)]
+struct Answered {
+    /// When it was asked.
+    asked_at: SystemTime,
+    /// When each rank asked answered it: its acknowledgement, or (exited,
+    /// replaced, registered again: its launcher restarts it) the end of
+    /// the request.
+    ranks: HashMap<u32, SystemTime>,
 }
 
 #[derive(Debug)]
@@ -263,6 +281,7 @@ fn look(state: &Handles, req: &RestartRequest) -> bool {
         return false;
     };
     let now = now();
+    let asked_at = p.asked_at;
     let mut answered = Vec::new();
     for input in readings {
         let rank = match input {
@@ -290,6 +309,17 @@ fn look(state: &Handles, req: &RestartRequest) -> bool {
         Decision::Wait | Decision::Ignored => true,
         Decision::Done { outcomes } => {
             g.finish(job, seq);
+            if let Some(j) = g.jobs.get_mut(job) {
+                let end = SystemTime::now();
+                let ranks = outcomes
+                    .iter()
+                    .map(|(&rank, o)| match *o {
+                        waiter::Outcome::Acked { after, .. } => (rank, asked_at + after),
+                        waiter::Outcome::Gone { .. } => (rank, end),
+                    })
+                    .collect();
+                j.last_answered = Some(Answered { asked_at, ranks });
+            }
             drop(g);
             report::acknowledged(state, req, &outcomes);
             false

@@ -12,10 +12,11 @@
 //! holds now; hold the registry's lock and the restarts' at once.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use tokio::sync::Notify;
 use warden_core::attribute::{Escalation, IncidentRecord};
+use warden_core::events::{NewEvent, Severity};
 use warden_core::policy::Action;
 use warden_core::signal::{RestartRequested, Signal};
 use warden_slot::ControlWord;
@@ -57,7 +58,31 @@ pub enum RestartError {
 /// Carries out a `restart_in_process` decision: asks every live local rank
 /// of the incident's job. With none alive there is nothing to restart in
 /// process: the incident is escalated to `restart_in_job` at once.
+///
+/// A decision about evidence that the job's last restart already followed
+/// is carried out: it is said (`restart.already_done`), not asked again
+/// ([`already_done`]). A launcher heals a rank's exit at once
+/// (`RequestRestart`, then the rank started again) while the agent's
+/// diagnosis of the same exit settles; a second request then would restart
+/// the healed ranks into another attempt than the replacement's, and the
+/// job would hang.
 pub fn start(state: &Handles, record: &IncidentRecord) {
+    if let Some(how) = already_done(state, record) {
+        state.events.publish(
+            NewEvent::new(
+                Severity::Info,
+                "restart.already_done",
+                format!("job/{}", record.job),
+                format!(
+                    "job {}: {}'s restart in process is already done: {how}",
+                    record.job, record.id
+                ),
+            )
+            .with("incident", record.id.clone())
+            .with("covered_by", how),
+        );
+        return;
+    }
     let reason = record.decision.as_ref().map_or_else(
         || format!("incident {}", record.id),
         |d| format!("{}: {}", record.id, d.reason),
@@ -74,6 +99,42 @@ pub fn start(state: &Handles, record: &IncidentRecord) {
             });
         }
     }
+}
+
+/// How the job's last restart already followed every piece of `record`'s
+/// evidence, with no request in flight now (one in flight is joined
+/// instead): it was asked after the newest piece (a launcher's heal of the
+/// exit the record is about), or every rank of the record answered it after
+/// that piece (a rank that left during the restart, handled by its
+/// launcher, which started it again in that restart). None: not followed,
+/// or nothing to tell (no evidence, no rank named).
+fn already_done(state: &Handles, record: &IncidentRecord) -> Option<String> {
+    let newest = record.diagnosis.evidence.iter().map(|e| e.at).max()?;
+    let g = state.restarts.lock();
+    let job = g.jobs.get(&record.job)?;
+    if job.pending.is_some() {
+        return None;
+    }
+    let last = job.last_answered.as_ref()?;
+    let since = |t: SystemTime| t.duration_since(newest).map_or(0, |d| d.as_millis());
+    if last.asked_at > newest {
+        return Some(format!(
+            "the job's last restart was asked {} ms after its newest evidence and every rank answered it",
+            since(last.asked_at)
+        ));
+    }
+    let all_after = !record.ranks.is_empty()
+        && record
+            .ranks
+            .iter()
+            .all(|r| last.ranks.get(r).is_some_and(|&at| at > newest));
+    all_after.then(|| {
+        format!(
+            "ranks {} answered the job's last restart (acknowledged, or handled by their launcher) \
+             after its newest evidence",
+            warden_core::signal::join_ranks(&record.ranks)
+        )
+    })
 }
 
 /// Asks every live local rank of `job` to restart in process; `incident`
@@ -129,6 +190,7 @@ pub fn request(
     entry.pending = Some(Pending {
         waiter: Waiter::new(req.clone(), &live, world_size, now(), timeout),
         wake: wake.clone(),
+        asked_at: SystemTime::now(),
     });
     for &(rank, generation, _) in &live {
         let key = RankKey {

@@ -402,3 +402,146 @@ async fn silence_is_waited_for_exactly_the_timeout() {
     let timeout = event(&state, "restart.in_process_timeout").await;
     assert_eq!(evidence(&timeout, "unacknowledged"), "0");
 }
+
+/// A record of `job` deciding `restart_in_process` about rank 1, its one
+/// piece of evidence seen at `at`.
+fn decided(job: &str, at: std::time::SystemTime) -> warden_core::attribute::IncidentRecord {
+    use warden_core::attribute::{Diagnosis, Evidence, FaultClass, IncidentKind, IncidentRecord};
+    IncidentRecord {
+        id: "inc-5".into(),
+        opened_at: at,
+        updated_at: at,
+        kind: IncidentKind::Crash,
+        host: "test".into(),
+        job: job.into(),
+        ranks: vec![1],
+        devices: Vec::new(),
+        diagnosis: Diagnosis {
+            class: FaultClass::TransientSoftware,
+            confidence: 0.6,
+            summary: "rank 1 left blocked in a collective".into(),
+            rule: "test".into(),
+            evidence: vec![Evidence {
+                at,
+                source: "rank".into(),
+                signal: "exit.code".into(),
+                subject: format!("job/{job}/rank/1"),
+                value: "75".into(),
+                points_to: None,
+                weight: 0.5,
+                note: String::new(),
+                event_id: 0,
+            }],
+        },
+        decision: None,
+        superseded: Vec::new(),
+        signature: String::new(),
+        step: None,
+        exit_code: Some(75),
+        waited_on: Vec::new(),
+    }
+}
+
+/// A launcher heals a rank's exit at once (RequestRestart, the rank
+/// started again) while the agent's diagnosis of the same exit settles.
+/// The diagnosis's `restart_in_process` comes after that restart was
+/// answered: asking again would restart the healed ranks into another
+/// attempt than the replacement's (the job hung, issue 31). It is said,
+/// not asked; a decision about newer evidence is asked as before.
+#[tokio::test]
+async fn a_decision_a_restart_asked_after_its_evidence_already_carried_out_is_not_asked_again() {
+    let (_dir, state) = agent(Duration::from_secs(30));
+    let r0 = register(&state, "j", 0);
+    let r1 = register(&state, "j", 1);
+    let exit_seen = std::time::SystemTime::now() - Duration::from_millis(50);
+    let healed = request(&state.in_process(), "j", "heal of rank 2", "").unwrap();
+    for (rank, r) in [(0, &r0), (1, &r1)] {
+        assert!(
+            ack(
+                &state.in_process(),
+                &key("j", rank),
+                r.generation,
+                healed.seq
+            )
+            .unwrap()
+        );
+    }
+    event(&state, "restart.acknowledged").await;
+
+    start(&state.in_process(), &decided("j", exit_seen));
+    let said = event(&state, "restart.already_done").await;
+    assert_eq!(evidence(&said, "incident"), "inc-5");
+    assert!(
+        said.message.contains("asked") && said.message.contains("every rank answered it"),
+        "{said:?}"
+    );
+    // Nothing was asked: the next request is the job's second.
+    let requested = state
+        .events
+        .list(0, 0)
+        .0
+        .iter()
+        .filter(|e| e.kind == "restart.requested")
+        .count();
+    assert_eq!(requested, 1);
+
+    // Evidence newer than the last restart: asked.
+    start(
+        &state.in_process(),
+        &decided("j", std::time::SystemTime::now() + Duration::from_millis(1)),
+    );
+    let requested = state
+        .events
+        .list(0, 0)
+        .0
+        .iter()
+        .filter(|e| e.kind == "restart.requested")
+        .count();
+    assert_eq!(requested, 2);
+    let next = request(&state.in_process(), "j", "", "").unwrap();
+    assert!(next.joined, "the decision's request is in flight");
+    assert_eq!(next.restart_count, 2);
+}
+
+/// The case of a frozen replacement during a heal (issue 31): the agent's
+/// restart is in flight when a survivor blocked in a collective leaves
+/// (exit 75); its launcher heals it within that restart (its request
+/// joins). The diagnosis of that exit, newer than the request, comes once
+/// every rank answered: the rank that left answered it after its exit, so
+/// it is not asked again. A rank that answered before the evidence is.
+#[tokio::test]
+async fn a_decision_about_a_rank_that_left_during_the_last_restart_is_not_asked_again() {
+    let (_dir, state) = agent(Duration::from_secs(30));
+    let r0 = register(&state, "j", 0);
+    let r1 = register(&state, "j", 1);
+    let asked = request(&state.in_process(), "j", "hang", "inc-4").unwrap();
+    assert!(ack(&state.in_process(), &key("j", 0), r0.generation, asked.seq).unwrap());
+    let before_exit = std::time::SystemTime::now();
+    let exit_seen = before_exit + Duration::from_millis(1);
+    while std::time::SystemTime::now() <= exit_seen {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    // Rank 1 leaves: handled by its launcher; the request is answered.
+    assert!(state.registry().deregister(&key("j", 1), r1.generation));
+    event(&state, "restart.acknowledged").await;
+
+    start(&state.in_process(), &decided("j", exit_seen));
+    let said = event(&state, "restart.already_done").await;
+    assert!(said.message.contains("ranks 1 answered"), "{said:?}");
+    let requested = |state: &AgentState| {
+        state
+            .events
+            .list(0, 0)
+            .0
+            .iter()
+            .filter(|e| e.kind == "restart.requested")
+            .count()
+    };
+    assert_eq!(requested(&state), 1);
+
+    // About rank 0, which acknowledged before that evidence: asked.
+    let mut about_0 = decided("j", exit_seen);
+    about_0.ranks = vec![0];
+    start(&state.in_process(), &about_0);
+    assert_eq!(requested(&state), 2);
+}
