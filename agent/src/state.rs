@@ -95,6 +95,9 @@ pub struct AgentState {
     /// The node's health gate: one run at a time, its result cached, calls
     /// per uid bounded (`act::gate`).
     pub gate: Arc<crate::act::gate::Gate>,
+    /// The gate's settings (`[dcgm]`), shared with each call's handles
+    /// rather than copied per call.
+    gate_dcgm: Arc<crate::sources::dcgm::config::DcgmConfig>,
     /// ReportJobStop calls per uid (`api.job_stops_per_minute`).
     pub job_stops: crate::api::stop_limiter::StopLimiter,
 }
@@ -172,6 +175,7 @@ impl AgentState {
             stranger_connections: std::sync::OnceLock::new(),
             peer_values: crate::ranks::peer_values::PeerValues::default(),
             gate: Arc::default(),
+            gate_dcgm: Arc::new(config.dcgm.clone()),
             job_stops: crate::api::stop_limiter::StopLimiter::new(config.api.job_stops_per_minute),
             aggregator: Mutex::new(warden_core::detect::straggler::aggregate::Aggregator::new(
                 config.straggler.summary_ttl,
@@ -211,7 +215,7 @@ impl AgentState {
     pub fn gate_handles(&self) -> crate::act::gate::Handles {
         crate::act::gate::Handles {
             gate: self.gate.clone(),
-            dcgm: Arc::new(self.config.dcgm.clone()),
+            dcgm: self.gate_dcgm.clone(),
             health: self.health.clone(),
             events: self.events.clone(),
         }

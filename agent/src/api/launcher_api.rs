@@ -117,7 +117,6 @@ pub async fn stop_ranks(
     state: &Arc<AgentState>,
     req: pb::StopRanksRequest,
 ) -> Result<pb::StopRanksResponse, Status> {
-    let reason = stopping::clip_reason(&req.reason);
     let done = stopping::stop(
         &state.ranks,
         &state.notices,
@@ -125,8 +124,10 @@ pub async fn stop_ranks(
         stopping::StopAsk {
             job: &req.job_id,
             ranks: &req.ranks,
-            kind: stop_kind(req.kind(), &reason),
-            reason: &reason,
+            // Clipped by the use case; an older launcher's kind is read
+            // from the words it gave.
+            kind: stop_kind(req.kind(), &req.reason),
+            reason: &req.reason,
             notice_deadline_unix_ms: req.notice_deadline_unix_ms,
             notice_save_at_step: req.notice_save_at_step,
             notice_lead: std::time::Duration::from_millis(u64::from(req.notice_lead_ms)),

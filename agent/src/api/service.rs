@@ -297,7 +297,7 @@ impl Agent for AgentService {
                     job: r.job_id,
                     rank: r.global_rank,
                 };
-                admit::deregister(&self.state.exit_handles(), key, r.generation)
+                admit::deregister(&self.state.ranks, &self.state.events, key, r.generation)
                     .map_err(admit_status)?;
                 Ok(Response::new(pb::DeregisterRankResponse {}))
             },

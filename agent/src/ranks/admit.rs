@@ -16,7 +16,7 @@ use warden_core::signal::{RankException, RankRegistered, Signal};
 
 use super::exit_watch;
 use super::process::RankProcess;
-use super::registry::{RankState, RegisterRequest};
+use super::registry::{RankState, RegisterRequest, SharedRegistry};
 use super::{RankKey, RegisterError};
 
 /// Longest exception message kept (its start).
@@ -227,14 +227,15 @@ pub fn register(
 /// publishes `rank.deregistered`; a rank not there under that generation
 /// (already left, or registered again since) is refused.
 pub fn deregister(
-    handles: &exit_watch::Handles,
+    registry: &SharedRegistry,
+    events: &EventBus,
     key: RankKey,
     generation: u64,
 ) -> Result<(), AdmitError> {
-    if !handles.registry.lock().deregister(&key, generation) {
+    if !registry.lock().deregister(&key, generation) {
         return Err(AdmitError::NotRegistered { key, generation });
     }
-    handles.events.publish(Signal::RankDeregistered { key });
+    events.publish(Signal::RankDeregistered { key });
     Ok(())
 }
 
