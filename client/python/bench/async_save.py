@@ -199,14 +199,15 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--sizes-mib", default="64,256,1024")
     ap.add_argument("--repeat", type=int, default=5)
-    ap.add_argument("--steps", type=int, default=100)
+    ap.add_argument("--steps", type=int, default=100, help="training steps of the step-time part (0: skip it)")
     ap.add_argument("--dcp", action="store_true", help="dcp.async_save instead (see above)")
     a = ap.parse_args()
     if a.dcp:
         bench_dcp([int(x) for x in a.sizes_mib.split(",")], a.repeat)
         return
     bench_sizes([int(x) for x in a.sizes_mib.split(",")], a.repeat)
-    bench_steps(a.steps)
+    if a.steps > 0:
+        bench_steps(a.steps)
 
 
 if __name__ == "__main__":
