@@ -1546,12 +1546,9 @@ impl<C: Coordinator> Sup<'_, C> {
         // heal's, and one that replaces a frozen rank the agent handed
         // over in the middle of a heal), so that a survivor leaving blocked
         // meanwhile is healed too, not restarted from the checkpoint.
-        let dir = self.job.log_root.join("heal");
         let declared: HashSet<u32> = workers
             .iter()
-            .filter(|&&(rank, pid)| {
-                self.healed_pids.contains(&pid) || heal_ready::declared(&dir, rank, pid)
-            })
+            .filter(|&&(rank, pid)| self.has_declared(rank, pid))
             .map(|w| w.0)
             .collect();
         self.stop_ranks_of(StopKind::Restart, reason, ranks).await;
@@ -1641,30 +1638,31 @@ impl<C: Coordinator> Sup<'_, C> {
     /// Whether rank `rank` (process `pid`, just gone) and every other live
     /// worker declared a healable state ([`heal_ready`]).
     fn healable(&self, rank: u32, pid: i32) -> bool {
-        let dir = self.job.log_root.join("heal");
-        // A heal's own replacement runs the script that declared; it may
-        // not have got that far yet when the next fault comes.
-        let declared = |rank: u32, pid: i32| {
-            self.healed_pids.contains(&pid) || heal_ready::declared(&dir, rank, pid)
-        };
-        declared(rank, pid)
+        self.has_declared(rank, pid)
             && self
                 .workers
                 .iter()
                 .filter(|w| w.pid != pid)
                 .filter(|w| procfs_state(w.pid).is_some_and(|s| s != 'Z' && s != 'X'))
-                .all(|w| declared(w.rank, w.pid))
+                .all(|w| self.has_declared(w.rank, w.pid))
+    }
+
+    /// Whether worker `pid` of `rank` declared a healable state
+    /// ([`heal_ready`]), or counts as declared: a replacement of one that
+    /// had runs the script that declared, and may not have got that far
+    /// yet when the next fault comes.
+    fn has_declared(&self, rank: u32, pid: i32) -> bool {
+        self.healed_pids.contains(&pid)
+            || heal_ready::declared(&self.job.log_root.join("heal"), rank, pid)
     }
 
     /// Whether every worker of the attempt declared a healable state
     /// ([`heal_ready`]) and runs.
     fn all_declared(&self) -> bool {
-        let dir = self.job.log_root.join("heal");
         !self.workers.is_empty()
             && self.workers.iter().all(|w| {
                 procfs_state(w.pid).is_some_and(|s| s != 'Z' && s != 'X')
-                    && (self.healed_pids.contains(&w.pid)
-                        || heal_ready::declared(&dir, w.rank, w.pid))
+                    && self.has_declared(w.rank, w.pid)
             })
     }
 

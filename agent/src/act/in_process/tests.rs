@@ -79,7 +79,18 @@ async fn event_about(
 
 /// No event of `kind` is in the agent's ring.
 fn never_published(state: &AgentState, kind: &str) -> bool {
-    state.events.list(0, 0).0.iter().all(|e| e.kind != kind)
+    published(state, kind) == 0
+}
+
+/// How many events of `kind` are in the agent's ring.
+fn published(state: &AgentState, kind: &str) -> usize {
+    state
+        .events
+        .list(0, 0)
+        .0
+        .iter()
+        .filter(|e| e.kind == kind)
+        .count()
 }
 
 fn evidence<'a>(e: &'a warden_core::events::Event, k: &str) -> &'a str {
@@ -476,28 +487,14 @@ async fn a_decision_a_restart_asked_after_its_evidence_already_carried_out_is_no
         "{said:?}"
     );
     // Nothing was asked: the next request is the job's second.
-    let requested = state
-        .events
-        .list(0, 0)
-        .0
-        .iter()
-        .filter(|e| e.kind == "restart.requested")
-        .count();
-    assert_eq!(requested, 1);
+    assert_eq!(published(&state, "restart.requested"), 1);
 
     // Evidence newer than the last restart: asked.
     start(
         &state.in_process(),
         &decided("j", std::time::SystemTime::now() + Duration::from_millis(1)),
     );
-    let requested = state
-        .events
-        .list(0, 0)
-        .0
-        .iter()
-        .filter(|e| e.kind == "restart.requested")
-        .count();
-    assert_eq!(requested, 2);
+    assert_eq!(published(&state, "restart.requested"), 2);
     let next = request(&state.in_process(), "j", "", "").unwrap();
     assert!(next.joined, "the decision's request is in flight");
     assert_eq!(next.restart_count, 2);
@@ -528,20 +525,11 @@ async fn a_decision_about_a_rank_that_left_during_the_last_restart_is_not_asked_
     start(&state.in_process(), &decided("j", exit_seen));
     let said = event(&state, "restart.already_done").await;
     assert!(said.message.contains("ranks 1 answered"), "{said:?}");
-    let requested = |state: &AgentState| {
-        state
-            .events
-            .list(0, 0)
-            .0
-            .iter()
-            .filter(|e| e.kind == "restart.requested")
-            .count()
-    };
-    assert_eq!(requested(&state), 1);
+    assert_eq!(published(&state, "restart.requested"), 1);
 
     // About rank 0, which acknowledged before that evidence: asked.
     let mut about_0 = decided("j", exit_seen);
     about_0.ranks = vec![0];
     start(&state.in_process(), &about_0);
-    assert_eq!(requested(&state), 2);
+    assert_eq!(published(&state, "restart.requested"), 2);
 }
