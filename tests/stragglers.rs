@@ -481,3 +481,114 @@ async fn the_aggregators_loss_hands_the_job_wide_statistics_to_the_next_host() {
     let s = compared(&c, 4).await;
     assert_eq!(s.host, "host-c", "{s:?}");
 }
+
+/// Issue 30: the job-wide exchange as a two-level tree. Four hosts in
+/// groups of two (`straggler.aggregator_fan_out = 2`): host-a and host-b
+/// (group 0) report to host-a, the aggregator; host-d reports to host-c,
+/// its group's leader, which relays to host-a. host-d's slow rank is
+/// judged against all eight ranks through the relay; when the leader goes
+/// host-d reports past it, and when the aggregator goes host-b takes over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_leader_relays_its_members_reports_and_their_loss_moves_the_route() {
+    let addrs: Vec<String> = ["127.0.0.2", "127.0.0.3", "127.0.0.4", "127.0.0.5"]
+        .iter()
+        .map(|ip| format!("{ip}:{}", free_port(ip)))
+        .collect();
+    // The order is the addresses sorted as strings: one port each, so the
+    // addresses sort as their IPs do.
+    let mut sorted = addrs.clone();
+    sorted.sort();
+    assert_eq!(sorted, addrs, "the hosts' order is their addresses' order");
+    let config = |host: &str, me: usize| {
+        let peers: Vec<String> = addrs
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| *i != me)
+            .map(|(_, a)| format!("\"{a}\""))
+            .collect();
+        format!(
+            "{}[api]\ntcp = \"{}\"\n{}{STRAGGLER_TOML}peers = [{}]\n\
+             exchange_interval = \"200ms\"\nsummary_ttl = \"3s\"\npeer_timeout = \"1s\"\n\
+             aggregator_fan_out = 2\n",
+            base(host),
+            addrs[me],
+            common::pki::api_keys(host),
+            peers.join(", ")
+        )
+    };
+    let a = TestAgent::start(&config("host-a", 0));
+    let b = TestAgent::start(&config("host-b", 1));
+    let c = TestAgent::start(&config("host-c", 2));
+    let d = TestAgent::start(&config("host-d", 3));
+    let ranks_a = [
+        ToyRank::spawn(a.socket(), "j4", 0, 0, 8, 1.0),
+        ToyRank::spawn(a.socket(), "j4", 1, 1, 8, 1.0),
+    ];
+    let ranks_c = [
+        ToyRank::spawn(c.socket(), "j4", 4, 0, 8, 1.0),
+        ToyRank::spawn(c.socket(), "j4", 5, 1, 8, 1.0),
+    ];
+    let _others = [
+        ToyRank::spawn(b.socket(), "j4", 2, 0, 8, 1.0),
+        ToyRank::spawn(b.socket(), "j4", 3, 1, 8, 1.0),
+        ToyRank::spawn(d.socket(), "j4", 6, 0, 8, 1.0),
+        ToyRank::spawn(d.socket(), "j4", 7, 1, 8, 1.3),
+    ];
+    let compared = async |agent: &TestAgent, want: u32| {
+        eventually(
+            DETECT,
+            &format!("rank 7 compared with {want} ranks"),
+            async || {
+                let r = agent
+                    .client()
+                    .await
+                    .get_stragglers(pb::GetStragglersRequest {
+                        job_id: "j4".into(),
+                        flagged_only: false,
+                    })
+                    .await
+                    .expect("GetStragglers")
+                    .into_inner();
+                r.ranks
+                    .iter()
+                    .find(|s| s.global_rank == 7 && s.flagged && s.ranks_compared == want)
+                    .cloned()
+            },
+        )
+        .await
+    };
+    let relays = async |agent: &TestAgent, result: &str| {
+        let (s, _) = scrape(agent).await;
+        s.samples
+            .iter()
+            .filter(|x| {
+                x.metric == "warden_straggler_relays_total"
+                    && x.labels.get("result") == Some(result)
+            })
+            .map(|x| common::number(&x.value))
+            .sum::<f64>()
+    };
+    // Through the relay: every host's sketch reached the aggregator.
+    let s = compared(&d, 8).await;
+    assert_eq!(s.host, "host-d", "{s:?}");
+    assert!(
+        relays(&c, "ok").await >= 1.0,
+        "host-c, group 1's leader, relayed host-d's reports to host-a"
+    );
+    for (name, agent) in [("host-a", &a), ("host-b", &b), ("host-d", &d)] {
+        assert_eq!(
+            relays(agent, "ok").await + relays(agent, "here").await,
+            0.0,
+            "{name} leads no group other than the aggregator's, so relays nothing"
+        );
+    }
+    // The leader goes, with its ranks: host-d reports past it, to host-a.
+    drop(ranks_c);
+    drop(c);
+    compared(&d, 6).await;
+    // The aggregator goes too: host-b, next in order, takes over.
+    drop(ranks_a);
+    drop(a);
+    let s = compared(&d, 4).await;
+    assert_eq!(s.host, "host-d", "{s:?}");
+}

@@ -92,6 +92,9 @@ pub struct AgentState {
     /// What this agent keeps as its jobs' aggregator of reported values:
     /// per-step aggregates of every host's ranks (`detect::sdc::aggregate`).
     pub sdc_aggregator: Mutex<warden_core::detect::sdc::aggregate::SdcAggregator>,
+    /// Whom this agent reports its jobs' part to and relays its group's
+    /// reports to, and what is known of each (`exchange::routes`).
+    pub exchange_routes: crate::exchange::routes::Routes,
     /// The node's health gate: one run at a time, its result cached, calls
     /// per uid bounded (`act::gate`).
     pub gate: Arc<crate::act::gate::Gate>,
@@ -184,6 +187,11 @@ impl AgentState {
                 config.straggler.summary_ttl,
                 config.sdc.judge_lag,
             )),
+            exchange_routes: crate::exchange::routes::Routes::new(
+                &config.api.tcp,
+                &config.straggler.peers,
+                config.straggler.aggregator_fan_out,
+            ),
             hang_board: Arc::new(crate::ranks::verdict::HangBoard::new(
                 host.clone(),
                 config.straggler.summary_ttl,

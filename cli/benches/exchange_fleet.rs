@@ -16,6 +16,14 @@
 //! under all-to-all (N-1 batches decoded and merged), both single-thread
 //! wall time on this machine.
 //!
+//! The two-level tree (`straggler.aggregator_fan_out`, by default the
+//! square root of N, at least 32) beside them: the connections the busiest
+//! host holds and the calls per interval, counted from the real routes
+//! (`warden_core::detect::straggler::tree`), and a group leader's share:
+//! its members' reports decoded and checked (what the edge does before it
+//! relays), marked relayed and encoded again, timed; the relay's network
+//! hop itself is not in it.
+//!
 //! Run: `cargo bench -p warden-cli --bench exchange_fleet` (release);
 //! `WARDEN_EXCHANGE_HOSTS=16,256,1024,2048,8192,16384`.
 
@@ -30,6 +38,7 @@ use warden_agent::exchange::wire::{answer_pb, report_from_pb, report_pb};
 use warden_core::detect::straggler::aggregate::{Aggregator, JobReport, Report};
 use warden_core::detect::straggler::score::SectionMedian;
 use warden_core::detect::straggler::sketch::Sketch;
+use warden_core::detect::straggler::tree;
 use warden_core::detect::straggler::{Batch, StragglerConfig, Stragglers, Summary};
 
 const RANKS_PER_HOST: u32 = 8;
@@ -106,6 +115,51 @@ struct Row {
     all_sent: usize,
     all_received: usize,
     all_cpu: Option<Duration>,
+    /// The tree's group size.
+    k: usize,
+    /// Connections from other hosts at the busiest host, with the tree.
+    tree_in: usize,
+    /// Calls per interval with the tree (a relayed report is two).
+    tree_calls: u64,
+    /// A leader's bytes per interval (its members' reports and answers,
+    /// in and out again).
+    leader_bytes: usize,
+    /// A leader's CPU per interval for its members' reports.
+    leader_cpu: Duration,
+}
+
+/// The tree's calls per interval with every host live: a host's first hop
+/// that relays makes two calls, any other one.
+fn tree_calls(n: usize, k: usize) -> u64 {
+    (0..n)
+        .map(|me| match tree::route(n, Some(me), k).next() {
+            Some(first) if first == me => 0,
+            Some(first) if tree::relays(first, k) => 2,
+            Some(_) => 1,
+            None => 0,
+        })
+        .sum()
+}
+
+/// A group leader's work per interval: each of its k-1 members' reports
+/// decoded and checked, marked relayed and encoded again (the least of 9
+/// runs: a run is well under a millisecond, so one is mostly noise).
+fn leader_cpu(wire: &[Vec<u8>], k: usize) -> Duration {
+    let members = &wire[..(k - 1).min(wire.len())];
+    (0..9)
+        .map(|_| {
+            let started = Instant::now();
+            for w in members {
+                let pbr = warden_proto::v1::AggregateReport::decode(w.as_slice()).unwrap();
+                let mut forward = pbr.clone();
+                std::hint::black_box(report_from_pb(pbr).unwrap());
+                forward.relayed = true;
+                std::hint::black_box(forward.encode_to_vec());
+            }
+            started.elapsed()
+        })
+        .min()
+        .unwrap_or_default()
 }
 
 fn measure(n: u32, all_to_all: bool) -> Row {
@@ -137,7 +191,17 @@ fn measure(n: u32, all_to_all: bool) -> Row {
         }
         let cpu = started.elapsed();
         if agg.hosts_of("llm") == n as usize {
-            return finish(n, all_to_all, report_bytes, answer_bytes, cpu);
+            let mut row = finish(n, all_to_all, report_bytes, answer_bytes, cpu);
+            let k = tree::fan_out(n as usize, 0);
+            row.k = k;
+            row.tree_in = tree::max_in_degree(n as usize, k);
+            row.tree_calls = tree_calls(n as usize, k);
+            // A job of one group has no leader but the aggregator.
+            if (n as usize) > k {
+                row.leader_bytes = (k - 1) * (report_bytes + answer_bytes) * 2;
+                row.leader_cpu = leader_cpu(&wire, k);
+            }
+            return row;
         }
     }
     unreachable!("the aggregator keeps every host")
@@ -177,6 +241,11 @@ fn finish(
         all_sent: peers * batch.len() * 2,
         all_received: peers * batch.len() * 2,
         all_cpu,
+        k: 0,
+        tree_in: 0,
+        tree_calls: 0,
+        leader_bytes: 0,
+        leader_cpu: Duration::ZERO,
     }
 }
 
@@ -198,6 +267,7 @@ fn main() {
         "| hosts | calls per interval, aggregator | all-to-all | bytes per host per interval, aggregator (sent + received) | all-to-all | aggregator CPU per interval (all N reports) | one host's CPU per interval, all-to-all (N-1 batches merged) |"
     );
     println!("|---|---|---|---|---|---|---|");
+    let mut tree_rows = Vec::new();
     for n in hosts {
         // The all-to-all's merge is measured up to 2,048 hosts; past it the
         // bytes and calls are exact, and its CPU grows as measured.
@@ -215,6 +285,31 @@ fn main() {
                 "{:.2} ms",
                 d.as_secs_f64() * 1e3
             )),
+        );
+        tree_rows.push(r);
+    }
+    println!();
+    println!(
+        "| hosts | connections at the busiest host, one aggregator | two-level tree (group size) | calls per interval, tree | a leader's bytes per interval (its members' reports and answers, in and out) | a leader's CPU per interval (its members' reports checked and passed on) |"
+    );
+    println!("|---|---|---|---|---|---|");
+    for r in tree_rows {
+        let leader = if r.leader_bytes == 0 {
+            "(one group: no leader) | -".to_owned()
+        } else {
+            format!(
+                "{} | {:.2} ms",
+                kb(r.leader_bytes),
+                r.leader_cpu.as_secs_f64() * 1e3
+            )
+        };
+        println!(
+            "| {} | {} | {} ({}) | {} | {leader} |",
+            r.hosts,
+            r.hosts.saturating_sub(1),
+            r.tree_in,
+            r.k,
+            r.tree_calls,
         );
     }
 }

@@ -2,10 +2,12 @@
 //! `warden.v1.Peer` call a host's report reaches its aggregator by. It
 //! decodes the report (bad input named, INVALID_ARGUMENT), authorizes the
 //! caller (it speaks only for its own host and for jobs it is a member
-//! of), hands the report to the aggregator's use case
-//! ([`crate::exchange::aggregate`]) and maps its answer; a report past a
-//! limit is RESOURCE_EXHAUSTED naming the limit. The reporting task is
-//! `exchange::report`.
+//! of; a group leader that relays speaks for a member of its group), and
+//! then either relays the report (this agent leads a group of the
+//! two-level tree, `exchange::routes`) or hands it to the aggregator's use
+//! case ([`crate::exchange::aggregate`]) and maps its answer; a report
+//! past a limit is RESOURCE_EXHAUSTED naming the limit. The reporting task
+//! is `exchange::report`.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -15,11 +17,12 @@ use warden_proto::v1 as pb;
 
 use super::peer_auth::Caller;
 use crate::exchange::aggregate::aggregate_here;
+use crate::exchange::routes::{Hop, RELAY_FAILED};
 use crate::exchange::wire::{answer_pb, report_from_pb};
 use crate::state::AgentState;
 
 /// Serves `ReportToAggregator` (the Peer service calls it).
-pub fn report_to_aggregator(
+pub async fn report_to_aggregator(
     state: &Arc<AgentState>,
     caller: &Caller,
     remote: Option<SocketAddr>,
@@ -31,6 +34,19 @@ pub fn report_to_aggregator(
             state.host
         )));
     }
+    let relayed = req.relayed;
+    // A report from a member of this agent's group goes on to the
+    // aggregator (a relayed one never again). Every job of one report has
+    // the same hosts to try at the sender, so its first job decides.
+    let relay_plan = if relayed {
+        None
+    } else {
+        first_job(&req).and_then(|job| {
+            let skip_for = state.config.straggler.exchange_interval * 3;
+            state.exchange_routes.relay_plan(state, job, skip_for)
+        })
+    };
+    let forward = relay_plan.as_ref().map(|_| req.clone());
     let (report, positions, values) = report_from_pb(req)
         .map_err(|e| Status::invalid_argument(format!("aggregate report: {e}")))?;
     if report.host == state.host {
@@ -43,7 +59,11 @@ pub fn report_to_aggregator(
     let known = super::stragglers::known_peer(state, caller)
         || (caller.identity().is_some()
             && from_configured_peer(&state.config.straggler.peers, remote));
-    super::peer_auth::straggler(caller, &report.host, known)?;
+    if relayed {
+        super::peer_auth::relay(caller, known)?;
+    } else {
+        super::peer_auth::straggler(caller, &report.host, known)?;
+    }
     // A peer speaks only for jobs it is a member of, where this agent
     // knows the job's members (handed over by its launchers); a static
     // fleet's jobs are known to nobody and any known peer may report.
@@ -55,14 +75,94 @@ pub fn report_to_aggregator(
             .chain(positions.iter().map(|p| &p.job))
             .chain(values.iter().map(|v| &v.job));
         for job in named {
-            if !ck.peers.order_of(job).is_empty() {
-                super::peer_auth::job_member(caller, job, &ck.peers.names_of_job(job))?;
+            if ck.peers.with_order(job, |o, _| o.is_empty()) {
+                continue;
+            }
+            let member = |n: &str| ck.peers.is_member_name(job, n);
+            super::peer_auth::job_member(caller, job, member)?;
+            if relayed {
+                super::peer_auth::relayed_for(caller, &report.host, job, member)?;
             }
         }
+    }
+    if let (Some(plan), Some(forward)) = (relay_plan, forward) {
+        return relay(state, plan, forward, (report, positions, values)).await;
     }
     let here = aggregate_here(state, report, positions, values)
         .map_err(|e| Status::resource_exhausted(format!("aggregate report: {e}")))?;
     Ok(answer_pb(&state.host, &here))
+}
+
+/// The job a report names first.
+fn first_job(req: &pb::AggregateReport) -> Option<&str> {
+    req.jobs
+        .first()
+        .map(|j| j.job_id.as_str())
+        .or_else(|| req.positions.first().map(|p| p.job_id.as_str()))
+        .or_else(|| req.values.first().map(|v| v.job_id.as_str()))
+}
+
+type Decoded = (
+    warden_core::detect::straggler::aggregate::Report,
+    Vec<warden_core::detect::positions::JobPositions>,
+    Vec<warden_core::detect::sdc::aggregate::JobValues>,
+);
+
+/// Passes a member's report on along `plan`, within one
+/// `straggler.peer_timeout` in all, and hands back the first answer; when
+/// the plan reaches this agent (every host before its group is down), the
+/// report is aggregated here. None answering: ABORTED, [`RELAY_FAILED`]
+/// (this agent is up: the member keeps it as its leader).
+async fn relay(
+    state: &Arc<AgentState>,
+    plan: Vec<Hop>,
+    mut req: pb::AggregateReport,
+    decoded: Decoded,
+) -> Result<pb::AggregateAnswer, Status> {
+    req.relayed = true;
+    let limit = state.config.straggler.peer_timeout;
+    let deadline = tokio::time::Instant::now() + limit;
+    let routes = &state.exchange_routes;
+    let mut errors = Vec::new();
+    for Hop { addr, client, .. } in plan {
+        let Some(mut client) = client else {
+            metrics::counter!("warden_straggler_relays_total", "result" => "here").increment(1);
+            let (report, positions, values) = decoded;
+            let here = aggregate_here(state, report, positions, values)
+                .map_err(|e| Status::resource_exhausted(format!("aggregate report: {e}")))?;
+            return Ok(answer_pb(&state.host, &here));
+        };
+        let err = match tokio::time::timeout_at(deadline, client.report_to_aggregator(req.clone()))
+            .await
+        {
+            Ok(Ok(answer)) => {
+                metrics::counter!("warden_straggler_relays_total", "result" => "ok").increment(1);
+                if routes.answered(&addr) {
+                    tracing::info!(aggregator = %addr, "straggler aggregator answers again");
+                }
+                return Ok(answer.into_inner());
+            }
+            Ok(Err(s)) => format!("{}: {}", s.code(), s.message()),
+            Err(_) => format!("no answer within {}", humantime::format_duration(limit)),
+        };
+        if routes.failed(&addr, err.clone()) {
+            tracing::warn!(
+                aggregator = %addr,
+                error = %err,
+                "straggler aggregator unreachable from this group leader; the next in order takes \
+                 over (logged once)"
+            );
+        }
+        errors.push(format!("{addr}: {err}"));
+        if tokio::time::Instant::now() >= deadline {
+            break;
+        }
+    }
+    metrics::counter!("warden_straggler_relays_total", "result" => "failed").increment(1);
+    Err(Status::aborted(format!(
+        "{RELAY_FAILED}: {}",
+        errors.join("; ")
+    )))
 }
 
 /// Whether a static fleet's aggregator takes this caller: with

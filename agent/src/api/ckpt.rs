@@ -283,12 +283,14 @@ pub async fn set_checkpoint_peers(
     })
 }
 
-/// Whether a job with `peers` other hosts has more than this agent takes
-/// connections over `api.tcp`: the job's straggler aggregator (the first
-/// live host in node-rank order) holds one from every other host, so past
-/// the cap the later hosts' reports are refused. Said at the round, when
-/// the job's size is first known here, not at the first refusal.
+/// Whether a job with `peers` other hosts needs more connections at its
+/// busiest host than this agent takes over `api.tcp`: the job's straggler
+/// aggregator holds one from each host of its own group and from every
+/// other group's leader (`warden_core::detect::straggler::tree`), so past
+/// the cap the later hosts' reports are refused there. Said at the round,
+/// when the job's size is first known here, not at the first refusal.
 fn connections_short(state: &AgentState, peers: usize) -> Option<String> {
+    use warden_core::detect::straggler::tree;
     let cfg = &state.config;
     if cfg.api.tcp.is_empty() {
         return None;
@@ -296,15 +298,20 @@ fn connections_short(state: &AgentState, peers: usize) -> Option<String> {
     // The cap the listeners enforce (the daemon's one budget), not one
     // computed again here.
     let cap = state.stranger_connections()?;
-    (peers > cap).then(|| {
+    let hosts = peers + 1;
+    let k = tree::fan_out(hosts, cfg.straggler.aggregator_fan_out);
+    let needed = tree::max_in_degree(hosts, k);
+    (needed > cap).then(|| {
         format!(
-            "this job has {} hosts but this agent takes at most {cap} connections from other hosts \
-             (api.max_connections {}, within its RLIMIT_NOFILE, less those kept for admins): were \
-             it the job's straggler aggregator, {} hosts could not report to it; raise \
-             api.max_connections and LimitNOFILE above the host count on every host",
-            peers + 1,
+            "this job has {hosts} hosts, so its straggler aggregator takes {needed} connections \
+             from other hosts (groups of {k}: straggler.aggregator_fan_out {}), but this agent \
+             takes at most {cap} (api.max_connections {}, within its RLIMIT_NOFILE, less those \
+             kept for admins): were it the job's aggregator, {} hosts could not report to it; set \
+             straggler.aggregator_fan_out to 0 (the square root of the hosts), or raise \
+             api.max_connections and LimitNOFILE on every host",
+            cfg.straggler.aggregator_fan_out,
             cfg.api.max_connections,
-            peers - cap,
+            needed - cap,
         )
     })
 }
@@ -326,7 +333,7 @@ pub async fn push_shard(
     let m = peers::manifest_of(&info).map_err(Status::invalid_argument)?;
     let k = m.key();
     // Checked on the first chunk, before anything touches the tier.
-    peer_auth::job_member(caller, &k.job_id, &ck.peers.names_of_job(&k.job_id))?;
+    peer_auth::job_member(caller, &k.job_id, |n| ck.peers.is_member_name(&k.job_id, n))?;
     peer_auth::push(
         caller,
         &peer_auth::PushFacts {
@@ -358,7 +365,7 @@ pub async fn fetch_shard(
 ) -> Result<tokio_stream::wrappers::ReceiverStream<Result<pb::ShardChunk, Status>>, Status> {
     let ck = tier(state)?;
     let k = key(&req.job_id, req.step, req.rank)?;
-    peer_auth::job_member(caller, &k.job_id, &ck.peers.names_of_job(&k.job_id))?;
+    peer_auth::job_member(caller, &k.job_id, |n| ck.peers.is_member_name(&k.job_id, n))?;
     let (ck2, k2) = (ck.clone(), k.clone());
     let host = state.host.clone();
     let (file, m) = blocking(move || ck2.tier.open_data(&k2))
@@ -382,7 +389,9 @@ pub async fn list_shards(
     let ck = tier(state)?;
     if !req.job_id.is_empty() {
         job(&req.job_id)?;
-        peer_auth::job_member(caller, &req.job_id, &ck.peers.names_of_job(&req.job_id))?;
+        peer_auth::job_member(caller, &req.job_id, |n| {
+            ck.peers.is_member_name(&req.job_id, n)
+        })?;
     }
     let ck2 = ck.clone();
     let job = req.job_id.clone();
@@ -395,7 +404,7 @@ pub async fn list_shards(
     // A listing of everything shows a peer only the jobs it is a member of.
     let shards = shards.iter().filter(|m| match caller.identity() {
         None => true,
-        Some(id) => ck.peers.names_of_job(&m.job_id).iter().any(|n| n == id),
+        Some(id) => ck.peers.is_member_name(&m.job_id, id),
     });
     Ok(pb::ListShardsResponse {
         host: state.host.clone(),

@@ -55,11 +55,15 @@ fn denied(rule: &str, why: String) -> Status {
 /// of `job` only when it is one of the job's peers on this host: handed
 /// over by the job's launcher (SetCheckpointPeers) or configured in
 /// `[[checkpoint.peers]]` with its `name`.
-pub fn job_member(caller: &Caller, job: &str, members: &[String]) -> Result<(), Status> {
+pub fn job_member(
+    caller: &Caller,
+    job: &str,
+    is_member: impl Fn(&str) -> bool,
+) -> Result<(), Status> {
     let Some(id) = caller.identity() else {
         return Ok(());
     };
-    if members.iter().any(|m| m == id) {
+    if is_member(id) {
         return Ok(());
     }
     Err(denied(
@@ -151,6 +155,47 @@ pub fn straggler(caller: &Caller, batch_host: &str, known: bool) -> Result<(), S
     Ok(())
 }
 
+/// Rule `relay-from-peer`: a report relayed by a group leader of the
+/// two-level exchange speaks for another host of the leader's group, so
+/// the leader itself must be a peer this agent takes reports from
+/// (`known`), and the report's host one of each job's peers
+/// ([`relayed_for`]).
+pub fn relay(caller: &Caller, known: bool) -> Result<(), Status> {
+    let Some(id) = caller.identity() else {
+        return Ok(());
+    };
+    if !known {
+        return Err(denied(
+            "relay-from-peer",
+            format!(
+                "peer {id:?} relayed a report but is neither a straggler peer this agent dialed \
+                 nor a checkpoint peer"
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Rule `relay-for-member`: a relayed report's host is one of `job`'s
+/// peers here (checked only where the caller has an identity, as every
+/// rule of this module).
+pub fn relayed_for(
+    caller: &Caller,
+    host: &str,
+    job: &str,
+    is_member: impl Fn(&str) -> bool,
+) -> Result<(), Status> {
+    if caller.identity().is_none() || is_member(host) {
+        return Ok(());
+    }
+    Err(denied(
+        "relay-for-member",
+        format!(
+            "a report relayed for host {host:?}, which is not a checkpoint peer of job {job:?} on this host"
+        ),
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -186,16 +231,41 @@ mod tests {
     fn each_rule_refuses_by_name_and_unknown_callers_keep_todays_behaviour() {
         let members = ["h1".to_owned(), "h2".to_owned()];
         let cases: Vec<(&str, Result<(), Status>, &str)> = vec![
-            ("member", job_member(&peer("h1"), "j", &members), "ok"),
+            (
+                "member",
+                job_member(&peer("h1"), "j", |n| members.iter().any(|m| m == n)),
+                "ok",
+            ),
             (
                 "not a member",
-                job_member(&peer("h9"), "j", &members),
+                job_member(&peer("h9"), "j", |n| members.iter().any(|m| m == n)),
                 "job-member",
             ),
-            ("local", job_member(&Caller::Local, "j", &[]), "ok"),
+            ("local", job_member(&Caller::Local, "j", |_| false), "ok"),
+            ("relay from a known peer", relay(&peer("h1"), true), "ok"),
+            (
+                "relay from an unknown peer",
+                relay(&peer("h9"), false),
+                "relay-from-peer",
+            ),
+            (
+                "relayed for a member",
+                relayed_for(&peer("h1"), "h2", "j", |n| members.iter().any(|m| m == n)),
+                "ok",
+            ),
+            (
+                "relayed for a stranger",
+                relayed_for(&peer("h1"), "h9", "j", |n| members.iter().any(|m| m == n)),
+                "relay-for-member",
+            ),
+            (
+                "relayed, insecure",
+                relayed_for(&Caller::Unauthenticated, "h9", "j", |_| false),
+                "ok",
+            ),
             (
                 "insecure",
-                job_member(&Caller::Unauthenticated, "j", &[]),
+                job_member(&Caller::Unauthenticated, "j", |_| false),
                 "ok",
             ),
             (

@@ -79,7 +79,7 @@ impl Peer for PeerService {
         req: Request<pb::AggregateReport>,
     ) -> Result<Response<pb::AggregateAnswer>, Status> {
         serve("ReportToAggregator", req, |caller, remote, r| async move {
-            super::aggregate::report_to_aggregator(&self.state, &caller, remote, r)
+            super::aggregate::report_to_aggregator(&self.state, &caller, remote, r).await
         })
         .await
     }

@@ -64,7 +64,19 @@ pub struct PeerSet {
     /// Each job's agents' addresses as the launchers' round lists them (node
     /// rank order, this agent included): the straggler exchange's order of
     /// aggregators.
-    orders: Mutex<BTreeMap<String, Vec<String>>>,
+    orders: Mutex<BTreeMap<String, JobOrder>>,
+}
+
+/// One job's hosts as last handed over, with what is looked up per report
+/// kept ready: this agent's place in the order, and the peers' names.
+#[derive(Debug, Default)]
+struct JobOrder {
+    /// Addresses in node-rank order, this agent's included.
+    addrs: Vec<String>,
+    /// This agent's index in `addrs`.
+    me: Option<usize>,
+    /// The identities of the job's handed-over peers.
+    names: std::collections::HashSet<String>,
 }
 
 impl PeerSet {
@@ -130,8 +142,35 @@ impl PeerSet {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .get(job)
-            .cloned()
+            .map(|o| o.addrs.clone())
             .unwrap_or_default()
+    }
+
+    /// `f` over `job`'s agents' addresses in node-rank order (empty: none
+    /// handed over) and this agent's index in it, without copying a list of
+    /// up to 16,384 hosts or searching it.
+    pub fn with_order<T>(&self, job: &str, f: impl FnOnce(&[String], Option<usize>) -> T) -> T {
+        let orders = self.orders.lock().unwrap_or_else(|p| p.into_inner());
+        match orders.get(job) {
+            Some(o) => f(&o.addrs, o.me),
+            None => f(&[], None),
+        }
+    }
+
+    /// Whether the peer named `name` is one of `job`'s peers here
+    /// (configured, or handed over for the job): [`PeerSet::names_of_job`]
+    /// without a copy, for checks made per call.
+    pub fn is_member_name(&self, job: &str, name: &str) -> bool {
+        if name.is_empty() {
+            return false;
+        }
+        self.configured.iter().any(|p| p.name == name)
+            || self
+                .orders
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .get(job)
+                .is_some_and(|o| o.names.contains(name))
     }
 
     /// The peers that hold this host's replicas of `job`'s shards: the ring
@@ -242,11 +281,27 @@ impl PeerSet {
                 .filter(|s| seen.insert(s.addr.as_str()))
                 .map(|s| s.addr.clone())
                 .collect();
+            let names = self
+                .jobs()
+                .get(job)
+                .into_iter()
+                .flatten()
+                .filter(|p| !p.name.is_empty())
+                .map(|p| p.name.clone())
+                .collect();
             let mut orders = self.orders.lock().unwrap_or_else(|p| p.into_inner());
             if order.is_empty() {
                 orders.remove(job);
             } else {
-                orders.insert(job.to_owned(), order);
+                let me = order.iter().position(|a| *a == self.me.addr);
+                orders.insert(
+                    job.to_owned(),
+                    JobOrder {
+                        addrs: order,
+                        me,
+                        names,
+                    },
+                );
             }
         }
         let targets: Vec<String> = self

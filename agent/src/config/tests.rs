@@ -72,6 +72,14 @@ fn out_of_range_values_are_refused_with_the_key() {
         ),
         ("[api]\nmax_connections = 0\n", "api.max_connections"),
         (
+            "[straggler]\naggregator_fan_out = 1\n",
+            "straggler.aggregator_fan_out",
+        ),
+        (
+            "[straggler]\naggregator_fan_out = 65537\n",
+            "straggler.aggregator_fan_out",
+        ),
+        (
             "[api]\nmax_requests_per_uid = 0\n",
             "api.max_requests_per_uid",
         ),

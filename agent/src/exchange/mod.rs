@@ -8,9 +8,12 @@
 //! - [`aggregate`]: the aggregator's use case (a report in, the job-wide
 //!   answer out), for a peer's report (through `api::aggregate`, which
 //!   decodes and authorizes) and for this host's own.
+//! - [`routes`]: whom a host reports to and where a group leader relays
+//!   (the two-level tree), and what is known of each host on the way.
 //! - [`wire`], [`positions`]: the messages on the wire, checked both ways.
 
 pub mod aggregate;
 pub mod positions;
 pub mod report;
+pub mod routes;
 pub mod wire;

@@ -11,12 +11,15 @@
 //! (`SetCheckpointPeers`), the first live agent of its peer list in node
 //! rank order; for the rest, the first live one of `straggler.peers` and
 //! this agent's `api.tcp` sorted as strings (every host of a static fleet
-//! lists the same set, so all agree). "Live": it answered; a candidate that
-//! failed is skipped for three intervals, and every host tries the
-//! candidates in the same order, so when the aggregator is lost the next
-//! takes over within one interval plus `straggler.peer_timeout`, and a
-//! returning one takes over again. When this agent is first it aggregates
-//! its own report in place.
+//! lists the same set, so all agree). A job of more hosts than one group
+//! (`straggler.aggregator_fan_out`, by default the square root of its
+//! hosts, at least 32) reports through its group's leader, which relays
+//! (`exchange::routes`, the tree in `warden_core::detect::straggler::tree`).
+//! "Live": it answered; a host that failed is skipped for three intervals,
+//! and every host tries in the same order, so when the aggregator or a
+//! leader is lost the next takes over within one interval plus
+//! `straggler.peer_timeout`, and a returning one takes over again. When
+//! this agent is reached it aggregates its own report in place.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -24,37 +27,16 @@ use std::time::{Duration, Instant};
 
 use tokio::task::JoinSet;
 use tokio::time::MissedTickBehavior;
-use tonic::transport::{Channel, Endpoint};
+use tonic::Code;
 use warden_core::detect::positions::JobPositions;
 use warden_core::detect::sdc::aggregate::JobValues;
 use warden_core::detect::straggler::Stragglers;
 use warden_core::detect::straggler::aggregate::Report;
-use warden_proto::v1::peer_client::PeerClient;
 
 use super::aggregate::{Here, aggregate_here};
+use super::routes::{Hop, RELAY_FAILED};
 use super::wire::{answer_from_pb, report_pb};
 use crate::state::AgentState;
-use crate::tls::connect::PeerConnector;
-
-/// The aggregator candidates of `job` in order (addresses; this agent's
-/// own is `me`).
-fn candidates(state: &AgentState, job: &str, statics: &[String]) -> Vec<String> {
-    if let Ok(ck) = &state.checkpoints {
-        let order = ck.peers.order_of(job);
-        if !order.is_empty() {
-            return order;
-        }
-    }
-    statics.to_vec()
-}
-
-/// One candidate and what is known of it.
-#[derive(Debug, Default)]
-struct Link {
-    client: Option<PeerClient<Channel>>,
-    /// When it last failed, and the failure logged.
-    down: Option<(Instant, String)>,
-}
 
 /// Starts the task that reports to the aggregators every
 /// `straggler.exchange_interval`, until the agent shuts down.
@@ -64,14 +46,6 @@ pub fn spawn_reports(state: Arc<AgentState>, det: Arc<Stragglers>) {
 
 async fn report_loop(state: Arc<AgentState>, det: Arc<Stragglers>) {
     let cfg = det.config().clone();
-    let me = state.config.api.tcp.clone();
-    let mut statics: Vec<String> = cfg.peers.clone();
-    if !me.is_empty() {
-        statics.push(me.clone());
-    }
-    statics.sort();
-    statics.dedup();
-    let mut links: HashMap<String, Link> = HashMap::new();
     let mut ticker = tokio::time::interval(cfg.exchange_interval);
     ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
     let skip_for = cfg.exchange_interval * 3;
@@ -88,8 +62,15 @@ async fn report_loop(state: Arc<AgentState>, det: Arc<Stragglers>) {
         } else {
             Vec::new()
         };
-        // Jobs by their candidate list: one call per aggregator.
-        let mut groups: BTreeMap<Vec<String>, Group> = BTreeMap::new();
+        // Jobs by the hosts to try: one call per aggregator or leader.
+        let mut groups: BTreeMap<Vec<String>, (Vec<Hop>, Group)> = BTreeMap::new();
+        let mut plans: HashMap<String, Vec<Hop>> = HashMap::new();
+        let mut plan_of = |job: &str| {
+            plans
+                .entry(job.to_owned())
+                .or_insert_with(|| state.exchange_routes.plan(&state, job, skip_for))
+                .clone()
+        };
         let empty = || Report {
             host: report.host.clone(),
             relative_threshold: report.relative_threshold,
@@ -97,36 +78,24 @@ async fn report_loop(state: Arc<AgentState>, det: Arc<Stragglers>) {
             jobs: Vec::new(),
         };
         for j in &report.jobs {
-            let c = candidates(&state, &j.job, &statics);
-            groups
-                .entry(c)
-                .or_insert_with(|| (empty(), Vec::new(), Vec::new()))
+            group_of(&mut groups, plan_of(&j.job), empty)
                 .0
                 .jobs
                 .push(j.clone());
         }
         for p in &positions {
-            let c = candidates(&state, &p.job, &statics);
-            groups
-                .entry(c)
-                .or_insert_with(|| (empty(), Vec::new(), Vec::new()))
+            group_of(&mut groups, plan_of(&p.job), empty)
                 .1
                 .push(p.clone());
         }
         let worlds = job_worlds(&state);
         for mut v in values {
-            let c = candidates(&state, &v.job, &statics);
             v.world = worlds.get(&v.job).copied().unwrap_or(0);
-            groups
-                .entry(c)
-                .or_insert_with(|| (empty(), Vec::new(), Vec::new()))
-                .2
-                .push(v);
+            group_of(&mut groups, plan_of(&v.job), empty).2.push(v);
         }
         let mut calls = JoinSet::new();
-        let now = Instant::now();
-        for (order, (mut rep, mut pos, vals)) in groups {
-            if order.is_empty() {
+        for (plan, (mut rep, mut pos, vals)) in groups.into_values() {
+            if plan.is_empty() {
                 // No candidate at all (no peers, no api.tcp, nothing handed
                 // over): the values are judged here, in place; the
                 // straggler part and positions have nobody to go to.
@@ -137,35 +106,15 @@ async fn report_loop(state: Arc<AgentState>, det: Arc<Stragglers>) {
                 pos.clear();
                 let state = state.clone();
                 let limit = cfg.peer_timeout;
-                let plan = vec![(String::new(), None)];
+                let plan = vec![Hop {
+                    addr: String::new(),
+                    client: None,
+                    relays: false,
+                }];
                 calls.spawn(async move { send(&state, plan, rep, pos, vals, limit).await });
                 continue;
             }
-            // The first candidate not known down (all down: try them all).
-            let up: Vec<String> = order
-                .iter()
-                .filter(|a| {
-                    links
-                        .get(*a)
-                        .and_then(|l| l.down.as_ref())
-                        .is_none_or(|(at, _)| now.saturating_duration_since(*at) >= skip_for)
-                })
-                .cloned()
-                .collect();
-            let tries = if up.is_empty() { order } else { up };
-            let mut plan = Vec::new();
-            for addr in tries {
-                if addr == me || addr.is_empty() {
-                    plan.push((addr, None));
-                    break;
-                }
-                let link = links.entry(addr.clone()).or_default();
-                if link.client.is_none() {
-                    link.client = client_for(&state, &addr, &cfg);
-                }
-                plan.push((addr, link.client.clone()));
-            }
-            if order_is_local_only(&plan)
+            if plan.iter().all(|h| h.client.is_none())
                 && rep.jobs.is_empty()
                 && pos.is_empty()
                 && vals.is_empty()
@@ -185,24 +134,27 @@ async fn report_loop(state: Arc<AgentState>, det: Arc<Stragglers>) {
             let Some(joined) = joined else { break };
             let Ok(outcome) = joined else { continue };
             for (addr, err) in outcome.failed {
-                let link = links.entry(addr.clone()).or_default();
                 metrics::counter!("warden_straggler_exchanges_total", "result" => "error")
                     .increment(1);
-                if link.down.is_none() {
+                if state.exchange_routes.failed(&addr, err.clone()) {
                     tracing::warn!(
                         aggregator = %addr,
                         error = %err,
                         "straggler aggregator unreachable; the next in order takes over (logged once)"
                     );
                 }
-                link.down = Some((Instant::now(), err));
+            }
+            if let Some((addr, err)) = outcome.relay_failed {
+                // The leader is up; the aggregator behind it was not
+                // reached. The leader skips it from now on.
+                metrics::counter!("warden_straggler_exchanges_total", "result" => "relay_failed")
+                    .increment(1);
+                tracing::debug!(leader = %addr, error = %err, "the group leader could not relay this report");
             }
             if let Some(addr) = outcome.answered {
                 metrics::counter!("warden_straggler_exchanges_total", "result" => "ok")
                     .increment(1);
-                if let Some(l) = links.get_mut(&addr)
-                    && l.down.take().is_some()
-                {
+                if state.exchange_routes.answered(&addr) {
                     tracing::info!(aggregator = %addr, "straggler aggregator answers again");
                 }
             }
@@ -225,36 +177,18 @@ async fn report_loop(state: Arc<AgentState>, det: Arc<Stragglers>) {
     }
 }
 
-fn order_is_local_only(plan: &[(String, Option<PeerClient<Channel>>)]) -> bool {
-    plan.iter().all(|(_, c)| c.is_none())
-}
-
-/// A client for an aggregator at `addr`: a job's peer's (handed over) or
-/// one dialed by address (its certificate's name is remembered, so that
-/// its own reports are taken).
-fn client_for(
-    state: &AgentState,
-    addr: &str,
-    cfg: &warden_core::detect::straggler::StragglerConfig,
-) -> Option<PeerClient<Channel>> {
-    if let Ok(ck) = &state.checkpoints
-        && let Some(p) = ck.peers.find(addr)
-    {
-        return Some(p.client);
-    }
-    Endpoint::from_shared(format!("http://{addr}"))
-        .map(|e| {
-            PeerClient::new(
-                e.connect_timeout(cfg.peer_timeout)
-                    .timeout(cfg.peer_timeout)
-                    .connect_with_connector_lazy(
-                        PeerConnector::new(state.peer_tls.clone(), "")
-                            .recording(state.straggler_peers_seen.clone()),
-                    ),
-            )
-        })
-        .map_err(|e| tracing::warn!(peer = %addr, error = %e, "unusable aggregator address"))
-        .ok()
+/// The share of the report that goes by `plan` (one call for every job
+/// whose hosts to try are the same).
+fn group_of(
+    groups: &mut BTreeMap<Vec<String>, (Vec<Hop>, Group)>,
+    plan: Vec<Hop>,
+    empty: impl FnOnce() -> Report,
+) -> &mut Group {
+    let key = plan.iter().map(|h| h.addr.clone()).collect();
+    &mut groups
+        .entry(key)
+        .or_insert_with(|| (plan, (empty(), Vec::new(), Vec::new())))
+        .1
 }
 
 /// One aggregator's share of a report: straggler part, positions, values.
@@ -274,16 +208,21 @@ fn job_worlds(state: &AgentState) -> HashMap<String, u32> {
 struct Outcome {
     answered: Option<String>,
     failed: Vec<(String, String)>,
+    /// A leader that is up but could not relay (it answered ABORTED,
+    /// [`RELAY_FAILED`]).
+    relay_failed: Option<(String, String)>,
     here: Option<Here>,
     /// The jobs whose values the report carried.
     value_jobs: Vec<String>,
 }
 
-/// Tries the candidates in `plan` in order until one answers (None: this
-/// agent, aggregating in place).
+/// Tries the hosts in `plan` in order until one answers (no client: this
+/// agent, aggregating in place). A leader's answer may take two calls, so
+/// it is given twice `limit`; a leader that answers that it could not relay
+/// ends the tries (it is up: the next interval it relays elsewhere).
 async fn send(
     state: &Arc<AgentState>,
-    plan: Vec<(String, Option<PeerClient<Channel>>)>,
+    plan: Vec<Hop>,
     report: Report,
     positions: Vec<JobPositions>,
     values: Vec<JobValues>,
@@ -294,7 +233,12 @@ async fn send(
         ..Outcome::default()
     };
     let wire = report_pb(&report, &positions, &values);
-    for (addr, client) in plan {
+    for Hop {
+        addr,
+        client,
+        relays,
+    } in plan
+    {
         let Some(mut client) = client else {
             match aggregate_here(state, report, positions, values) {
                 Ok(here) => out.here = Some(here),
@@ -302,12 +246,17 @@ async fn send(
             }
             return out;
         };
+        let limit = if relays { limit * 2 } else { limit };
         let r = tokio::time::timeout(limit, client.report_to_aggregator(wire.clone())).await;
         let r = match r {
             Err(_) => Err(format!(
                 "no answer within {}",
                 humantime::format_duration(limit)
             )),
+            Ok(Err(s)) if s.code() == Code::Aborted && s.message().starts_with(RELAY_FAILED) => {
+                out.relay_failed = Some((addr, s.message().to_owned()));
+                return out;
+            }
             Ok(Err(s)) => Err(format!("{}: {}", s.code(), s.message())),
             Ok(Ok(resp)) => {
                 answer_from_pb(resp.into_inner()).map_err(|e| format!("bad answer: {e}"))

@@ -114,6 +114,7 @@ pub fn report_pb(
             .collect(),
         positions: super::positions::to_pb(positions),
         values: super::positions::job_values_to_pb(values),
+        relayed: false,
     }
 }
 

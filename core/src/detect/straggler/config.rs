@@ -88,7 +88,21 @@ pub struct StragglerConfig {
     /// A peer's summaries are forgotten this long after they arrived.
     #[serde(with = "duration")]
     pub summary_ttl: Duration,
+    /// Hosts per group of the job-wide exchange's two-level tree: a host
+    /// reports to its group's first live host, which relays to the job's
+    /// aggregator, so no host holds a connection from every other one.
+    /// 0 (the default): the square root of the job's host count, at least
+    /// [`AUTO_MIN_FAN_OUT`] (a job of up to that many hosts has one group:
+    /// every host reports to the aggregator itself).
+    pub aggregator_fan_out: u32,
 }
+
+/// The least group size [`StragglerConfig::aggregator_fan_out`] = 0
+/// chooses: below it, a relay's extra hop buys nothing.
+pub const AUTO_MIN_FAN_OUT: usize = 32;
+
+/// The largest `straggler.aggregator_fan_out`.
+pub const MAX_FAN_OUT: u32 = 65_536;
 
 impl Default for StragglerConfig {
     fn default() -> Self {
@@ -133,6 +147,7 @@ impl Default for StragglerConfig {
             exchange_interval: Duration::from_secs(2),
             peer_timeout: Duration::from_secs(1),
             summary_ttl: Duration::from_secs(30),
+            aggregator_fan_out: 0,
         }
     }
 }
@@ -263,6 +278,15 @@ impl StragglerConfig {
                 "straggler.summary_ttl",
                 show(self.summary_ttl),
                 "must be at least straggler.exchange_interval",
+            );
+        }
+        if self.aggregator_fan_out == 1 || self.aggregator_fan_out > MAX_FAN_OUT {
+            return invalid(
+                "straggler.aggregator_fan_out",
+                self.aggregator_fan_out.to_string(),
+                &format!(
+                    "must be 0 (the square root of the job's hosts) or between 2 and {MAX_FAN_OUT}"
+                ),
             );
         }
         Ok(())

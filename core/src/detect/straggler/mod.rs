@@ -32,6 +32,7 @@ pub mod samples;
 pub mod score;
 pub mod sim;
 pub mod sketch;
+pub mod tree;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -1,0 +1,236 @@
+//! Whom this agent reports a job's part to, and where it relays a report
+//! it receives: the job's order (node rank order from the launchers'
+//! round, or the static fleet's sorted addresses) cut into the two-level
+//! tree of [`warden_core::detect::straggler::tree`], and what is known of
+//! each host on the way (its client, whether it failed lately).
+//!
+//! Shared by the reporting task (`exchange::report`) and the relay at the
+//! edge (`api::aggregate`), so that a leader which found the aggregator
+//! down skips it for its members' reports too.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use tonic::transport::{Channel, Endpoint};
+use warden_core::detect::straggler::tree;
+use warden_proto::v1::peer_client::PeerClient;
+
+use crate::state::AgentState;
+use crate::tls::connect::PeerConnector;
+
+/// At most this many hosts are tried for one report in one interval: the
+/// ones after are tried in the next intervals, once these are known down.
+pub const MAX_TRIES: usize = 8;
+
+/// The start of the message a leader answers when it could not relay a
+/// report (gRPC `ABORTED`): the leader itself is up, so the member does
+/// not skip it.
+pub const RELAY_FAILED: &str = "relay to the job's aggregator failed";
+
+/// One host to try, in order.
+#[derive(Debug, Clone)]
+pub struct Hop {
+    /// Its `api.tcp` address.
+    pub addr: String,
+    /// None: this agent (aggregate in place).
+    pub client: Option<PeerClient<Channel>>,
+    /// It relays what it receives (a group leader): its answer may take
+    /// two calls.
+    pub relays: bool,
+}
+
+/// One host and what is known of it.
+#[derive(Debug, Default)]
+struct Link {
+    client: Option<PeerClient<Channel>>,
+    /// When it last failed, and the failure logged.
+    down: Option<(Instant, String)>,
+}
+
+/// The routes of this agent's jobs and the links along them.
+#[derive(Debug)]
+pub struct Routes {
+    /// This agent's own address (`api.tcp`).
+    me: String,
+    /// `straggler.peers` and `me`, sorted: the order of a job that no
+    /// launcher handed over.
+    statics: Vec<String>,
+    /// `me`'s index in `statics`.
+    statics_me: Option<usize>,
+    fan_out: u32,
+    links: Mutex<HashMap<String, Link>>,
+}
+
+impl Routes {
+    /// The routes of an agent at `me` with `straggler.peers` = `peers`.
+    pub fn new(me: &str, peers: &[String], fan_out: u32) -> Self {
+        let mut statics = peers.to_vec();
+        if !me.is_empty() {
+            statics.push(me.to_owned());
+        }
+        statics.sort();
+        statics.dedup();
+        let statics_me = statics.iter().position(|a| a == me);
+        Self {
+            me: me.to_owned(),
+            statics,
+            statics_me,
+            fan_out,
+            links: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// `f` over `job`'s order and this agent's index in it: its hosts
+    /// handed over by its launchers, or the static fleet's.
+    fn with_order<T>(
+        &self,
+        state: &AgentState,
+        job: &str,
+        f: impl FnOnce(&[String], Option<usize>) -> T,
+    ) -> T {
+        match &state.checkpoints {
+            Ok(ck) => ck.peers.with_order(job, |o, me| {
+                if o.is_empty() {
+                    f(&self.statics, self.statics_me)
+                } else {
+                    f(o, me)
+                }
+            }),
+            Err(_) => f(&self.statics, self.statics_me),
+        }
+    }
+
+    /// The hosts to try for `job`'s report now, in order (at most
+    /// [`MAX_TRIES`], ending at this agent when it is reached): along the
+    /// tree's route, those not known down (a host that failed is skipped
+    /// for `skip_for`); when every one is down, the route as it is.
+    pub fn plan(&self, state: &AgentState, job: &str, skip_for: Duration) -> Vec<Hop> {
+        self.with_order(state, job, |order, me| {
+            let k = tree::fan_out(order.len(), self.fan_out);
+            let route = tree::route(order.len(), me, k);
+            self.hops(state, order, route, skip_for, |i| tree::relays(i, k))
+        })
+    }
+
+    /// Where a report received for `job` goes when this agent is a group
+    /// leader: the hosts before its group in order, then this agent
+    /// (aggregate in place). None: it aggregates (it is in group 0, or
+    /// not in the job's order).
+    pub fn relay_plan(
+        &self,
+        state: &AgentState,
+        job: &str,
+        skip_for: Duration,
+    ) -> Option<Vec<Hop>> {
+        self.with_order(state, job, |order, me| {
+            let k = tree::fan_out(order.len(), self.fan_out);
+            let route = tree::relay(order.len(), me, k)?;
+            let route: Vec<usize> = route.collect();
+            Some(self.hops(state, order, route.into_iter(), skip_for, |_| false))
+        })
+    }
+
+    /// The hosts of `route` (indices into `order`) to try now.
+    fn hops(
+        &self,
+        state: &AgentState,
+        order: &[String],
+        route: impl Iterator<Item = usize> + Clone,
+        skip_for: Duration,
+        relays: impl Fn(usize) -> bool,
+    ) -> Vec<Hop> {
+        let now = Instant::now();
+        let mut links = self.links.lock().unwrap_or_else(|p| p.into_inner());
+        let up = |a: &str| {
+            links
+                .get(a)
+                .and_then(|l| l.down.as_ref())
+                .is_none_or(|(at, _)| now.saturating_duration_since(*at) >= skip_for)
+        };
+        let mine = |a: &str| a == self.me || a.is_empty();
+        // The first hosts not known down, up to this agent; when all are
+        // down, the route as it is.
+        let mut picked: Vec<usize> = Vec::new();
+        for i in route.clone() {
+            let a = order[i].as_str();
+            if mine(a) || up(a) {
+                picked.push(i);
+                if mine(a) || picked.len() == MAX_TRIES {
+                    break;
+                }
+            }
+        }
+        if picked.is_empty() {
+            for i in route {
+                picked.push(i);
+                if mine(&order[i]) || picked.len() == MAX_TRIES {
+                    break;
+                }
+            }
+        }
+        picked
+            .into_iter()
+            .map(|i| {
+                let addr = &order[i];
+                if mine(addr) {
+                    return Hop {
+                        addr: addr.clone(),
+                        client: None,
+                        relays: false,
+                    };
+                }
+                let link = links.entry(addr.clone()).or_default();
+                if link.client.is_none() {
+                    link.client = client_for(state, addr);
+                }
+                Hop {
+                    addr: addr.clone(),
+                    client: link.client.clone(),
+                    relays: relays(i),
+                }
+            })
+            .collect()
+    }
+
+    /// Records that `addr` failed with `err`; true when it had not (log
+    /// once).
+    pub fn failed(&self, addr: &str, err: String) -> bool {
+        let mut links = self.links.lock().unwrap_or_else(|p| p.into_inner());
+        let link = links.entry(addr.to_owned()).or_default();
+        let first = link.down.is_none();
+        link.down = Some((Instant::now(), err));
+        first
+    }
+
+    /// Records that `addr` answered; true when it had been down.
+    pub fn answered(&self, addr: &str) -> bool {
+        let mut links = self.links.lock().unwrap_or_else(|p| p.into_inner());
+        links.get_mut(addr).is_some_and(|l| l.down.take().is_some())
+    }
+}
+
+/// A client for the host at `addr`: a job's peer's (handed over) or one
+/// dialed by address (its certificate's name is remembered, so that its
+/// own reports are taken).
+fn client_for(state: &AgentState, addr: &str) -> Option<PeerClient<Channel>> {
+    if let Ok(ck) = &state.checkpoints
+        && let Some(p) = ck.peers.find(addr)
+    {
+        return Some(p.client);
+    }
+    let limit = state.config.straggler.peer_timeout;
+    Endpoint::from_shared(format!("http://{addr}"))
+        .map(|e| {
+            PeerClient::new(
+                e.connect_timeout(limit)
+                    .timeout(limit * 2)
+                    .connect_with_connector_lazy(
+                        PeerConnector::new(state.peer_tls.clone(), "")
+                            .recording(state.straggler_peers_seen.clone()),
+                    ),
+            )
+        })
+        .map_err(|e| tracing::warn!(peer = %addr, error = %e, "unusable aggregator address"))
+        .ok()
+}
