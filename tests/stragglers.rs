@@ -408,32 +408,73 @@ async fn two_hosts_compare_their_ranks_job_wide() {
     );
 }
 
+/// A static fleet on `ips`, one free port each: the addresses, in the
+/// order the agents sort them into.
+fn static_fleet(ips: &[&str]) -> Vec<String> {
+    let addrs: Vec<String> = ips
+        .iter()
+        .map(|ip| format!("{ip}:{}", free_port(ip)))
+        .collect();
+    let mut sorted = addrs.clone();
+    sorted.sort();
+    assert_eq!(sorted, addrs, "the hosts' order is their addresses' order");
+    addrs
+}
+
+/// The config of host `host`, the `me`th of the static fleet `addrs`: the
+/// others as its straggler peers, a fast exchange, and `extra` keys of
+/// `[straggler]`.
+fn fleet_config(addrs: &[String], host: &str, me: usize, extra: &str) -> String {
+    let peers: Vec<String> = addrs
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| *i != me)
+        .map(|(_, a)| format!("\"{a}\""))
+        .collect();
+    format!(
+        "{}[api]\ntcp = \"{}\"\n{}{STRAGGLER_TOML}peers = [{}]\n\
+         exchange_interval = \"200ms\"\nsummary_ttl = \"3s\"\npeer_timeout = \"1s\"\n{extra}",
+        base(host),
+        addrs[me],
+        common::pki::api_keys(host),
+        peers.join(", ")
+    )
+}
+
+/// Waits until `agent` flags `job`'s rank `rank` compared with `want`
+/// ranks: the statistics it got from the job's aggregator cover them.
+async fn flagged_against(agent: &TestAgent, job: &str, rank: u32, want: u32) -> pb::StragglerScore {
+    eventually(
+        DETECT,
+        &format!("rank {rank} compared with {want} ranks"),
+        async || {
+            let r = agent
+                .client()
+                .await
+                .get_stragglers(pb::GetStragglersRequest {
+                    job_id: job.into(),
+                    flagged_only: false,
+                })
+                .await
+                .expect("GetStragglers")
+                .into_inner();
+            r.ranks
+                .iter()
+                .find(|s| s.global_rank == rank && s.flagged && s.ranks_compared == want)
+                .cloned()
+        },
+    )
+    .await
+}
+
 /// Issue 30: the job-wide exchange goes through one aggregator (the first
 /// live agent of the sorted static peers: host-a here), and its loss is
 /// handled like any lost host: the next in line (host-b) takes over, and
 /// host-c's slow rank is still judged against the job's other live ranks.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_aggregators_loss_hands_the_job_wide_statistics_to_the_next_host() {
-    let addrs: Vec<String> = ["127.0.0.2", "127.0.0.3", "127.0.0.4"]
-        .iter()
-        .map(|ip| format!("{ip}:{}", free_port(ip)))
-        .collect();
-    let config = |host: &str, me: usize| {
-        let peers: Vec<String> = addrs
-            .iter()
-            .enumerate()
-            .filter(|(i, _)| *i != me)
-            .map(|(_, a)| format!("\"{a}\""))
-            .collect();
-        format!(
-            "{}[api]\ntcp = \"{}\"\n{}{STRAGGLER_TOML}peers = [{}]\n\
-             exchange_interval = \"200ms\"\nsummary_ttl = \"3s\"\npeer_timeout = \"1s\"\n",
-            base(host),
-            addrs[me],
-            common::pki::api_keys(host),
-            peers.join(", ")
-        )
-    };
+    let addrs = static_fleet(&["127.0.0.2", "127.0.0.3", "127.0.0.4"]);
+    let config = |host: &str, me: usize| fleet_config(&addrs, host, me, "");
     let a = TestAgent::start(&config("host-a", 0));
     let b = TestAgent::start(&config("host-b", 1));
     let c = TestAgent::start(&config("host-c", 2));
@@ -449,36 +490,13 @@ async fn the_aggregators_loss_hands_the_job_wide_statistics_to_the_next_host() {
     ];
     // host-c's rank 5 is judged against all six ranks: the statistics
     // come from the aggregator, which has every host's sketch.
-    let compared = async |agent: &TestAgent, want: u32| {
-        eventually(
-            DETECT,
-            &format!("rank 5 compared with {want} ranks"),
-            async || {
-                let r = agent
-                    .client()
-                    .await
-                    .get_stragglers(pb::GetStragglersRequest {
-                        job_id: "j3".into(),
-                        flagged_only: false,
-                    })
-                    .await
-                    .expect("GetStragglers")
-                    .into_inner();
-                r.ranks
-                    .iter()
-                    .find(|s| s.global_rank == 5 && s.flagged && s.ranks_compared == want)
-                    .cloned()
-            },
-        )
-        .await
-    };
-    compared(&c, 6).await;
+    flagged_against(&c, "j3", 5, 6).await;
     // The aggregator goes, with its ranks.
     drop(ranks_a);
     drop(a);
     // host-b, next in line, aggregates host-b's and host-c's sketches: the
     // slow rank is still flagged, now against the four live ranks.
-    let s = compared(&c, 4).await;
+    let s = flagged_against(&c, "j3", 5, 4).await;
     assert_eq!(s.host, "host-c", "{s:?}");
 }
 
@@ -490,32 +508,8 @@ async fn the_aggregators_loss_hands_the_job_wide_statistics_to_the_next_host() {
 /// host-d reports past it, and when the aggregator goes host-b takes over.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_group_leader_relays_its_members_reports_and_their_loss_moves_the_route() {
-    let addrs: Vec<String> = ["127.0.0.2", "127.0.0.3", "127.0.0.4", "127.0.0.5"]
-        .iter()
-        .map(|ip| format!("{ip}:{}", free_port(ip)))
-        .collect();
-    // The order is the addresses sorted as strings: one port each, so the
-    // addresses sort as their IPs do.
-    let mut sorted = addrs.clone();
-    sorted.sort();
-    assert_eq!(sorted, addrs, "the hosts' order is their addresses' order");
-    let config = |host: &str, me: usize| {
-        let peers: Vec<String> = addrs
-            .iter()
-            .enumerate()
-            .filter(|(i, _)| *i != me)
-            .map(|(_, a)| format!("\"{a}\""))
-            .collect();
-        format!(
-            "{}[api]\ntcp = \"{}\"\n{}{STRAGGLER_TOML}peers = [{}]\n\
-             exchange_interval = \"200ms\"\nsummary_ttl = \"3s\"\npeer_timeout = \"1s\"\n\
-             aggregator_fan_out = 2\n",
-            base(host),
-            addrs[me],
-            common::pki::api_keys(host),
-            peers.join(", ")
-        )
-    };
+    let addrs = static_fleet(&["127.0.0.2", "127.0.0.3", "127.0.0.4", "127.0.0.5"]);
+    let config = |host: &str, me: usize| fleet_config(&addrs, host, me, "aggregator_fan_out = 2\n");
     let a = TestAgent::start(&config("host-a", 0));
     let b = TestAgent::start(&config("host-b", 1));
     let c = TestAgent::start(&config("host-c", 2));
@@ -534,29 +528,6 @@ async fn a_group_leader_relays_its_members_reports_and_their_loss_moves_the_rout
         ToyRank::spawn(d.socket(), "j4", 6, 0, 8, 1.0),
         ToyRank::spawn(d.socket(), "j4", 7, 1, 8, 1.3),
     ];
-    let compared = async |agent: &TestAgent, want: u32| {
-        eventually(
-            DETECT,
-            &format!("rank 7 compared with {want} ranks"),
-            async || {
-                let r = agent
-                    .client()
-                    .await
-                    .get_stragglers(pb::GetStragglersRequest {
-                        job_id: "j4".into(),
-                        flagged_only: false,
-                    })
-                    .await
-                    .expect("GetStragglers")
-                    .into_inner();
-                r.ranks
-                    .iter()
-                    .find(|s| s.global_rank == 7 && s.flagged && s.ranks_compared == want)
-                    .cloned()
-            },
-        )
-        .await
-    };
     let relays = async |agent: &TestAgent, result: &str| {
         let (s, _) = scrape(agent).await;
         s.samples
@@ -569,7 +540,7 @@ async fn a_group_leader_relays_its_members_reports_and_their_loss_moves_the_rout
             .sum::<f64>()
     };
     // Through the relay: every host's sketch reached the aggregator.
-    let s = compared(&d, 8).await;
+    let s = flagged_against(&d, "j4", 7, 8).await;
     assert_eq!(s.host, "host-d", "{s:?}");
     assert!(
         relays(&c, "ok").await >= 1.0,
@@ -585,10 +556,10 @@ async fn a_group_leader_relays_its_members_reports_and_their_loss_moves_the_rout
     // The leader goes, with its ranks: host-d reports past it, to host-a.
     drop(ranks_c);
     drop(c);
-    compared(&d, 6).await;
+    flagged_against(&d, "j4", 7, 6).await;
     // The aggregator goes too: host-b, next in order, takes over.
     drop(ranks_a);
     drop(a);
-    let s = compared(&d, 4).await;
+    let s = flagged_against(&d, "j4", 7, 4).await;
     assert_eq!(s.host, "host-d", "{s:?}");
 }
