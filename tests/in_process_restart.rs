@@ -398,6 +398,7 @@ async fn restarts_by_hand_and_the_control_api() {
             job_id: job.into(),
             reason: "drill".into(),
             incident_id: String::new(),
+            replacing: false,
         })
         .await
         .unwrap()
@@ -440,6 +441,7 @@ async fn restarts_by_hand_and_the_control_api() {
             job_id: job.into(),
             reason: "impatient".into(),
             incident_id: String::new(),
+            replacing: false,
         })
         .await
         .unwrap()
@@ -504,6 +506,7 @@ async fn restarts_by_hand_and_the_control_api() {
             job_id: job.into(),
             reason: "again".into(),
             incident_id: String::new(),
+            replacing: false,
         })
         .await
         .unwrap()

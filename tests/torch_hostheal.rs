@@ -57,6 +57,9 @@ const STEPS: u32 = 150;
 const CKPT_EVERY: u32 = 50;
 /// The step of rank 1 after which host-b is lost.
 const KILL_AT: u32 = 70;
+/// The step of host-a's rank after which it is SIGKILLed, in the test of
+/// two faults in a row (between the checkpoints at 100 and 150).
+const SECOND_AT: u32 = 115;
 const WORLD: u32 = 2;
 /// Every launcher's lease (as tests/multihost.rs: margin for a loaded
 /// machine's keep-alives).
@@ -159,6 +162,29 @@ fn lose_host_b(
     heal: bool,
     lost_rank: u32,
 ) -> (PathBuf, (f64, f64), i32, Streaming, Streaming) {
+    let (log, times, lost, a, s, _) = lose_host_b_then(etcd, scratch, job, heal, lost_rank, None);
+    (log, times, lost, a, s)
+}
+
+/// [`lose_host_b`], and then, with `second` = Some(step), host-a's worker
+/// SIGKILLed once it logged that step (a second fault, in the healed
+/// round); returns that kill's time and pid too.
+#[allow(clippy::type_complexity)]
+fn lose_host_b_then(
+    etcd: &EtcdServer,
+    scratch: &Path,
+    job: &str,
+    heal: bool,
+    lost_rank: u32,
+    second: Option<u32>,
+) -> (
+    PathBuf,
+    (f64, f64),
+    i32,
+    Streaming,
+    Streaming,
+    Option<(f64, i32)>,
+) {
     let h = hosts();
     let log = scratch.join(format!("{job}.log"));
     // Node ranks follow the join order: the first to join is node rank 0,
@@ -197,6 +223,13 @@ fn lose_host_b(
         l.contains("host-s: node rank")
     });
     let round_seen = unix_now();
+    let second = second.map(|step| {
+        let survivor = 1 - lost_rank;
+        let pid = wait_step(&log, survivor, step, &mut [&mut a, &mut s], RUN);
+        let t2 = unix_now();
+        kill(Pid::from_raw(pid), Signal::SIGKILL).expect("SIGKILL host-a's worker");
+        (t2, pid)
+    });
     for j in [&mut a, &mut s] {
         let status = j.wait_exit(RUN);
         let label = j.label.clone();
@@ -205,7 +238,7 @@ fn lose_host_b(
     // The hosts' scratch directories go with `h`; everything needed is read.
     a.drain(Duration::from_secs(5));
     s.drain(Duration::from_secs(5));
-    (log, (t, round_seen), lost, a, s)
+    (log, (t, round_seen), lost, a, s, second)
 }
 
 fn prepare() -> Option<(MutexGuard<'static, ()>, tempfile::TempDir, EtcdServer)> {
@@ -317,6 +350,83 @@ fn heal_case(job: &str, lost_rank: u32) {
         } else {
             "cold"
         }
+    );
+}
+
+/// Two faults in a row across hosts (issue 31): host-b lost and healed on
+/// the spare, then, in the healed round, host-a's worker SIGKILLed once it
+/// logged [`SECOND_AT`]. Its launcher heals it in the round from the
+/// spare's rank (a live replica on another host): the spare's rank keeps
+/// its process, host-a's rank is replaced once, every digest is the
+/// fault-free run's, no step is logged more than twice, and no host
+/// restarts in job or restores a checkpoint.
+#[test]
+fn a_second_fault_after_a_host_was_healed_on_the_spare_heals_too() {
+    let Some((_one, dir, etcd)) = prepare() else {
+        return;
+    };
+    let want = reference();
+    let (log, (t, _), lost, a, s, second) = lose_host_b_then(
+        &etcd,
+        dir.path(),
+        "hostheal-twice",
+        true,
+        1,
+        Some(SECOND_AT),
+    );
+    let (t2, second_pid) = second.expect("the second fault was made");
+    let all = format!(
+        "--- host-a ---\n{}\n--- host-s ---\n{}",
+        a.seen.join("\n"),
+        s.seen.join("\n")
+    );
+    let entries = read_log(&log);
+    assert_eq!(
+        &digests(&entries),
+        want,
+        "digests against the fault-free run\n{all}"
+    );
+    let (pids, times) = pids_and_counts(&entries);
+    assert!(
+        pids[&0].len() == 2 && pids[&0].contains(&second_pid),
+        "rank 0 (host-a): its first process, then its replacement: {pids:?}\n{all}"
+    );
+    assert!(
+        pids[&1].len() == 2 && pids[&1].contains(&lost),
+        "rank 1: host-b's process, then the spare's, which kept it through the second fault: \
+         {pids:?}\n{all}"
+    );
+    assert_no_step_logged_more_than_twice(&times, &all);
+    assert!(
+        a.seen.iter().any(|l| l.contains("healed into round")),
+        "host-a healed its worker into the spare's round\n{all}"
+    );
+    let heal =
+        format!("rank 0 (pid {second_pid}) signal 9 (SIGKILL): healing it from a live replica");
+    assert!(
+        a.seen.iter().any(|l| l.contains(&heal)),
+        "host-a's launcher healed its rank the second time\n{all}"
+    );
+    assert!(
+        a.seen
+            .iter()
+            .any(|l| l.contains("rank 0: healed from rank 1")),
+        "host-a's replacement took its state from the spare's rank\n{all}"
+    );
+    for never in [
+        "restarting the workers",
+        "restored from the checkpoint",
+        "leaving with exit 75",
+    ] {
+        assert!(!all.contains(never), "{never:?}\n{all}");
+    }
+    eprintln!(
+        "two faults in a row: host-b lost -> every rank stepping again: {:.3} s; then host-a's rank 0 \
+         SIGKILLed (pid {second_pid}) -> every rank stepping again: {:.3} s, {} step(s) redone (lease TTL \
+         {TTL}, 2 hosts + spare, gloo, examples/heal/ddp.py)",
+        back_after(&entries, t, WORLD, &all),
+        back_after(&entries, t2, WORLD, &all),
+        redone(&entries, t2, WORLD),
     );
 }
 

@@ -183,6 +183,7 @@ async fn restarts(
                 job_id: job.into(),
                 reason: "bench".into(),
                 incident_id: String::new(),
+                replacing: false,
             })
             .await
             .unwrap()

@@ -1799,6 +1799,7 @@ impl<C: Coordinator> Sup<'_, C> {
             job_id: self.job.id.clone(),
             reason: reason.to_owned(),
             incident_id: String::new(),
+            replacing: false,
         };
         match tokio::time::timeout(STOP_RANKS_TIMEOUT, self.client.request_restart(req)).await {
             Ok(Ok(_)) => None,
@@ -1813,12 +1814,15 @@ impl<C: Coordinator> Sup<'_, C> {
     /// Heals `rank` (its process `pid` gone): the agent asks the job's live
     /// ranks to restart in process (they keep their state), then the rank
     /// starts again at that request's count, warm from its standby when
-    /// there is one, and takes its state from a live replica.
+    /// there is one, and takes its state from a live replica. Where it was
+    /// this host's only rank (its replicas on other hosts) the agent has
+    /// no rank to ask and records the restart (`replacing`).
     async fn heal(&mut self, rank: u32, pid: i32, reason: &str) -> Input {
         let req = pb::RequestRestartRequest {
             job_id: self.job.id.clone(),
             reason: reason.to_owned(),
             incident_id: String::new(),
+            replacing: true,
         };
         let count = match tokio::time::timeout(STOP_RANKS_TIMEOUT, self.client.request_restart(req))
             .await

@@ -38,7 +38,8 @@ fn status_of_control(e: ControlError) -> Status {
 
 /// RequestRestart: asks every live local rank of the job to restart in
 /// process, as a `restart_in_process` decision does. `NOT_FOUND` when the
-/// job has no live rank here.
+/// job has no live rank here, unless the caller starts them again itself
+/// (`replacing`: the restart is then recorded with no rank asked).
 pub async fn request_restart(
     state: &Arc<AgentState>,
     req: pb::RequestRestartRequest,
@@ -48,7 +49,12 @@ pub async fn request_restart(
         reason = "asked through RequestRestart".to_owned();
     }
     let reason = clip(&reason, MAX_REASON);
-    let asked = in_process::request(&state.in_process(), &req.job_id, &reason, &req.incident_id)
+    let ask = if req.replacing {
+        in_process::request_replacing
+    } else {
+        in_process::request
+    };
+    let asked = ask(&state.in_process(), &req.job_id, &reason, &req.incident_id)
         .map_err(status_of_restart)?;
     Ok(pb::RequestRestartResponse {
         ranks: asked.ranks,

@@ -126,8 +126,7 @@ impl Routes {
         self.with_order(state, job, |order, me| {
             let k = tree::fan_out(order.len(), self.fan_out);
             let route = tree::relay(order.len(), me, k)?;
-            let route: Vec<usize> = route.collect();
-            Some(self.hops(state, order, route.into_iter(), skip_for, |_| false))
+            Some(self.hops(state, order, route, skip_for, |_| false))
         })
     }
 

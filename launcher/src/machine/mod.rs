@@ -1955,14 +1955,11 @@ impl JobState {
         {
             return false;
         }
-        if self
-            .attempt
-            .workers
-            .iter()
-            .filter(|w| w.exit.is_none())
-            .count()
-            == 0
-        {
+        // Someone must hold a live replica: another rank of this host, or,
+        // across hosts, the ranks of the round's other hosts (this host's
+        // only rank died; the replacement joins its peers' next attempt).
+        let live_here = self.attempt.workers.iter().any(|w| w.exit.is_none());
+        if !live_here && !(self.limits.across_hosts && self.attempt.record.nnodes > 1) {
             return false;
         }
         self.heals

@@ -364,6 +364,25 @@ fn round_plan(n: u32, epoch: u64) -> AttemptPlan {
     }
 }
 
+/// A round of two hosts with one rank each (this host's: rank 0).
+fn one_rank_a_host(n: u32, epoch: u64) -> AttemptPlan {
+    AttemptPlan {
+        world_size: 2,
+        ..round_plan(n, epoch)
+    }
+}
+
+/// An attempt started with one worker: rank 0 as `pid`.
+fn one_worker_started(p: AttemptPlan, pid: i32, t: u64) -> Input {
+    Input::Started(Box::new(Started {
+        plan: p,
+        workers: vec![(0, pid)],
+        at: at(t).at,
+        wall: at(t).wall,
+        error: None,
+    }))
+}
+
 /// The first attempt of round 1 across hosts: pids 100/101.
 fn first_attempt_in_round() -> Vec<(u64, Input, &'static [&'static str])> {
     vec![
@@ -1618,6 +1637,67 @@ fn scenarios() -> Vec<Scenario> {
                     "healed in 0.10s: rank 1 pid 300 started, its state from a live replica",
                     "inc-1: not acted on: the crash was healed and every worker runs",
                 ],
+                ..End::default()
+            },
+        },
+        Scenario {
+            name: "across hosts, a host's only rank killed is healed: its replicas are on the other hosts",
+            limits: across_hosts(),
+            steps: with(
+                vec![
+                    (0, Input::Begin, &["rendezvous 0"]),
+                    (1, Input::Agreed(one_rank_a_host(0, 1)), &["start 0"]),
+                    (2, one_worker_started(one_rank_a_host(0, 1), 100, 2), &[]),
+                ],
+                vec![
+                    (1000, killed_healable(1, 0, 100, 9), &["heal 0/100"]),
+                    (1100, replaced(&[(0, 300)], None), &[]),
+                    (
+                        1250,
+                        decision("inc-1", 0, 1000, Action::RestartInJob, 0),
+                        &[],
+                    ),
+                    (9000, exit(1, 0, 300, 0), &["finish 0"]),
+                ],
+            ),
+            expect: End {
+                code: Some(0),
+                outcome: "succeeded",
+                records: 1,
+                ended: "every worker exited 0",
+                says: &[
+                    "rank 0 (pid 100) signal 9 (SIGKILL): healing it from a live replica; the other ranks restart in process",
+                    "healed in 0.10s: rank 0 pid 300 started, its state from a live replica",
+                    "inc-1: not acted on: the crash was healed and every worker runs",
+                ],
+                ..End::default()
+            },
+        },
+        Scenario {
+            name: "on one host, its only rank killed is not healed: no replica lives anywhere",
+            limits: limits(),
+            steps: with(
+                with(
+                    vec![
+                        (0, Input::Begin, &["rendezvous 0"]),
+                        (1, Input::Agreed(plan(0)), &["start 0"]),
+                        (2, one_worker_started(plan(0), 100, 2), &[]),
+                    ],
+                    vec![
+                        (1000, killed_healable(1, 0, 100, 9), &[]),
+                        (
+                            1200,
+                            decision("inc-1", 0, 1000, Action::RestartInJob, 0),
+                            &["publish restart", "stop SIGTERM"],
+                        ),
+                    ],
+                ),
+                restart_path(1300, 1, 200),
+            ),
+            expect: End {
+                restarts: 1,
+                local_restarts: 1,
+                says: &["rank 0 (pid 100) failed: signal 9 (SIGKILL); waiting for the agent's diagnosis"],
                 ..End::default()
             },
         },

@@ -67,7 +67,9 @@ pub mod waiter;
 
 pub use control::{ControlError, RankRequest, ack, subscribe};
 pub use dump::{DumpRequest, ask_dump, end_dump, subscribe_dumps};
-pub use request::{Asked, RestartError, admit_exception_restart, request, start};
+pub use request::{
+    Asked, RestartError, admit_exception_restart, request, request_replacing, start,
+};
 use waiter::{Decision, Gone, Input, Via, Waiter, Waiting};
 pub use waiter::{RestartRequest, STOPPED_FOR};
 

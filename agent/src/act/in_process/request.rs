@@ -11,6 +11,7 @@
 //! Never: ask a rank that is not alive, or a slot another registration
 //! holds now; hold the registry's lock and the restarts' at once.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
@@ -23,7 +24,7 @@ use warden_slot::ControlWord;
 
 use super::control::RankRequest;
 use super::waiter::{Input, RestartRequest, Waiter};
-use super::{Handles, Pending, Restarts, now, step, wait};
+use super::{Answered, Handles, Pending, Restarts, now, step, wait};
 use crate::ranks::RankKey;
 use crate::ranks::registry::RankState;
 
@@ -135,6 +136,51 @@ fn already_done(state: &Handles, record: &IncidentRecord) -> Option<String> {
             warden_core::signal::join_ranks(&record.ranks)
         )
     })
+}
+
+/// As [`request`], for a caller that starts the job's ranks again itself
+/// (its launcher healing a rank, `RequestRestartRequest.replacing`): where
+/// no rank of the job lives here (a host whose only rank died, its peers
+/// on other hosts), the restart is recorded instead of refused. The count
+/// advances and the restart counts as answered at once, so the decision
+/// the agent makes about the same crash is not carried out again
+/// ([`start`], `restart.already_done`): it would find no rank to restart
+/// and escalate to a restart in job of a heal that is under way.
+pub fn request_replacing(
+    state: &Handles,
+    job: &str,
+    reason: &str,
+    incident: &str,
+) -> Result<Asked, RestartError> {
+    match request(state, job, reason, incident) {
+        Err(RestartError::NoLiveRanks { .. }) => {
+            let mut g = state.restarts.lock();
+            g.last_seq = match g.last_seq.wrapping_add(1) {
+                0 => 1,
+                s => s,
+            };
+            let seq = g.last_seq;
+            let entry = g.jobs.entry(job.to_owned()).or_default();
+            entry.restart_count = entry.restart_count.saturating_add(1);
+            entry.last_answered = Some(Answered {
+                asked_at: SystemTime::now(),
+                ranks: HashMap::new(),
+            });
+            tracing::info!(
+                job,
+                reason,
+                count = entry.restart_count,
+                "no rank of the job lives here: its launcher starts it again in this restart"
+            );
+            Ok(Asked {
+                ranks: Vec::new(),
+                seq: u64::from(seq),
+                restart_count: entry.restart_count,
+                joined: false,
+            })
+        }
+        other => other,
+    }
 }
 
 /// Asks every live local rank of `job` to restart in process; `incident`

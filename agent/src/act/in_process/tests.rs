@@ -500,6 +500,34 @@ async fn a_decision_a_restart_asked_after_its_evidence_already_carried_out_is_no
     assert_eq!(next.restart_count, 2);
 }
 
+/// A host whose only rank of a job died, its replicas on other hosts: its
+/// launcher heals it and asks with `replacing` (issue 31, two faults in a
+/// row across hosts). No rank lives here to ask: the restart is recorded
+/// (the count advances), not refused, and the agent's own decision about
+/// the crash, which would find no rank and escalate to a restart in job of
+/// a heal under way, is said to be done already. A request that is not
+/// `replacing` is still refused.
+#[tokio::test]
+async fn a_launcher_replacing_a_hosts_only_rank_records_the_restart_and_the_decision_is_done() {
+    let (_dir, state) = agent(Duration::from_secs(30));
+    let exit_seen = std::time::SystemTime::now() - Duration::from_millis(50);
+    assert!(matches!(
+        request(&state.in_process(), "j", "", ""),
+        Err(RestartError::NoLiveRanks { .. })
+    ));
+    let asked = request_replacing(&state.in_process(), "j", "heal of rank 0", "").unwrap();
+    assert_eq!(
+        (asked.ranks.clone(), asked.restart_count, asked.joined),
+        (Vec::new(), 1, false)
+    );
+    start(&state.in_process(), &decided("j", exit_seen));
+    let said = event(&state, "restart.already_done").await;
+    assert!(said.message.contains("asked"), "{said:?}");
+    assert_eq!(published(&state, "restart.requested"), 0);
+    let again = request_replacing(&state.in_process(), "j", "heal again", "").unwrap();
+    assert_eq!(again.restart_count, 2, "the count only grows");
+}
+
 /// The case of a frozen replacement during a heal (issue 31): the agent's
 /// restart is in flight when a survivor blocked in a collective leaves
 /// (exit 75); its launcher heals it within that restart (its request

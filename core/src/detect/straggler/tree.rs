@@ -63,7 +63,11 @@ pub fn route(len: usize, me: Option<usize>, k: usize) -> impl Iterator<Item = us
 /// group goes: `None` when `me` is in group 0 (it aggregates) or not in the
 /// order, else the hosts before its group in order, then `me` itself
 /// (aggregate in place when none answers).
-pub fn relay(len: usize, me: Option<usize>, k: usize) -> Option<impl Iterator<Item = usize>> {
+pub fn relay(
+    len: usize,
+    me: Option<usize>,
+    k: usize,
+) -> Option<impl Iterator<Item = usize> + Clone> {
     let pos = me.filter(|p| *p < len)?;
     let start = group_start(pos, k);
     (start > 0).then(|| (0..start).chain(std::iter::once(pos)))
