@@ -1959,7 +1959,8 @@ impl JobState {
         // across hosts, the ranks of the round's other hosts (this host's
         // only rank died; the replacement joins its peers' next attempt).
         let live_here = self.attempt.workers.iter().any(|w| w.exit.is_none());
-        if !live_here && !(self.limits.across_hosts && self.attempt.record.nnodes > 1) {
+        let other_hosts = self.limits.across_hosts && self.attempt.record.nnodes > 1;
+        if !(live_here || other_hosts) {
             return false;
         }
         self.heals
