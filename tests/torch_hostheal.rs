@@ -241,6 +241,28 @@ fn lose_host_b_then(
     (log, (t, round_seen), lost, a, s, second)
 }
 
+/// host-a's and the spare's console lines (for assertion messages) and
+/// the job's log, its digests checked against the fault-free run's.
+fn outcome(
+    a: &Streaming,
+    s: &Streaming,
+    log: &Path,
+    want: &BTreeMap<u32, String>,
+) -> (String, Vec<Entry>) {
+    let all = format!(
+        "--- host-a ---\n{}\n--- host-s ---\n{}",
+        a.seen.join("\n"),
+        s.seen.join("\n")
+    );
+    let entries = read_log(log);
+    assert_eq!(
+        &digests(&entries),
+        want,
+        "digests against the fault-free run\n{all}"
+    );
+    (all, entries)
+}
+
 fn prepare() -> Option<(MutexGuard<'static, ()>, tempfile::TempDir, EtcdServer)> {
     if !torch_available() {
         return None;
@@ -275,17 +297,7 @@ fn heal_case(job: &str, lost_rank: u32) {
     let survivor = 1 - lost_rank;
     let want = reference();
     let (log, (t, round_seen), lost, a, s) = lose_host_b(&etcd, dir.path(), job, true, lost_rank);
-    let all = format!(
-        "--- host-a ---\n{}\n--- host-s ---\n{}",
-        a.seen.join("\n"),
-        s.seen.join("\n")
-    );
-    let entries = read_log(&log);
-    assert_eq!(
-        &digests(&entries),
-        want,
-        "digests against the fault-free run\n{all}"
-    );
+    let (all, entries) = outcome(&a, &s, &log, want);
 
     let (pids, times) = pids_and_counts(&entries);
     assert_eq!(
@@ -375,17 +387,7 @@ fn a_second_fault_after_a_host_was_healed_on_the_spare_heals_too() {
         Some(SECOND_AT),
     );
     let (t2, second_pid) = second.expect("the second fault was made");
-    let all = format!(
-        "--- host-a ---\n{}\n--- host-s ---\n{}",
-        a.seen.join("\n"),
-        s.seen.join("\n")
-    );
-    let entries = read_log(&log);
-    assert_eq!(
-        &digests(&entries),
-        want,
-        "digests against the fault-free run\n{all}"
-    );
+    let (all, entries) = outcome(&a, &s, &log, want);
     let (pids, times) = pids_and_counts(&entries);
     assert!(
         pids[&0].len() == 2 && pids[&0].contains(&second_pid),
@@ -438,17 +440,7 @@ fn a_lost_host_without_a_declared_state_restarts_in_job_from_the_checkpoint() {
     let want = reference();
     let (log, (t, round_seen), _lost, a, s) =
         lose_host_b(&etcd, dir.path(), "hostheal-injob", false, 1);
-    let all = format!(
-        "--- host-a ---\n{}\n--- host-s ---\n{}",
-        a.seen.join("\n"),
-        s.seen.join("\n")
-    );
-    let entries = read_log(&log);
-    assert_eq!(
-        &digests(&entries),
-        want,
-        "digests against the fault-free run\n{all}"
-    );
+    let (all, entries) = outcome(&a, &s, &log, want);
     let pids: BTreeSet<i32> = entries
         .iter()
         .filter_map(|e| match e {

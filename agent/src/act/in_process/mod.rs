@@ -129,6 +129,19 @@ struct Inner {
 }
 
 impl Inner {
+    /// A new request of `job`: the next sequence number (never 0: the
+    /// slot's control word takes 0 for none) and the job's entry, its count
+    /// advanced.
+    fn next_request(&mut self, job: &str) -> (u32, &mut JobRestarts) {
+        self.last_seq = match self.last_seq.wrapping_add(1) {
+            0 => 1,
+            s => s,
+        };
+        let entry = self.jobs.entry(job.to_owned()).or_default();
+        entry.restart_count = entry.restart_count.saturating_add(1);
+        (self.last_seq, entry)
+    }
+
     /// The request `seq` of `job`, if it is still the one in flight.
     fn pending(&mut self, job: &str, seq: u64) -> Option<&mut Pending> {
         self.jobs

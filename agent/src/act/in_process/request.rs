@@ -155,13 +155,7 @@ pub fn request_replacing(
     match request(state, job, reason, incident) {
         Err(RestartError::NoLiveRanks { .. }) => {
             let mut g = state.restarts.lock();
-            g.last_seq = match g.last_seq.wrapping_add(1) {
-                0 => 1,
-                s => s,
-            };
-            let seq = g.last_seq;
-            let entry = g.jobs.entry(job.to_owned()).or_default();
-            entry.restart_count = entry.restart_count.saturating_add(1);
+            let (seq, entry) = g.next_request(job);
             entry.last_answered = Some(Answered {
                 asked_at: SystemTime::now(),
                 ranks: HashMap::new(),
@@ -217,13 +211,7 @@ pub fn request(
             joined: true,
         });
     }
-    g.last_seq = match g.last_seq.wrapping_add(1) {
-        0 => 1,
-        s => s,
-    };
-    let seq = g.last_seq;
-    let entry = g.jobs.entry(job.to_owned()).or_default();
-    entry.restart_count = entry.restart_count.saturating_add(1);
+    let (seq, entry) = g.next_request(job);
     let req = RestartRequest {
         job: job.to_owned(),
         seq: u64::from(seq),
