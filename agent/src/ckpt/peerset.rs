@@ -135,17 +135,6 @@ impl PeerSet {
         out
     }
 
-    /// `job`'s agents' addresses in node-rank order, this agent's included,
-    /// as last handed over (empty: none handed over).
-    pub fn order_of(&self, job: &str) -> Vec<String> {
-        self.orders
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(job)
-            .map(|o| o.addrs.clone())
-            .unwrap_or_default()
-    }
-
     /// `f` over `job`'s agents' addresses in node-rank order (empty: none
     /// handed over) and this agent's index in it, without copying a list of
     /// up to 16,384 hosts or searching it.
@@ -158,8 +147,9 @@ impl PeerSet {
     }
 
     /// Whether the peer named `name` is one of `job`'s peers here
-    /// (configured, or handed over for the job): [`PeerSet::names_of_job`]
-    /// without a copy, for checks made per call.
+    /// (configured, or handed over for the job): who may push, fetch and
+    /// list the job's shards, and report for it. Kept ready at
+    /// [`PeerSet::set_job`], since it is asked per call.
     pub fn is_member_name(&self, job: &str, name: &str) -> bool {
         if name.is_empty() {
             return false;
@@ -181,16 +171,6 @@ impl PeerSet {
         placement::targets(&self.me, &members, self.replicas)
             .into_iter()
             .filter_map(|i| all.get(i).cloned())
-            .collect()
-    }
-
-    /// The identities of `job`'s peers (configured or handed over) that
-    /// have one: who may push, fetch and list the job's shards here.
-    pub fn names_of_job(&self, job: &str) -> Vec<String> {
-        self.of_job(job)
-            .into_iter()
-            .map(|p| p.name)
-            .filter(|n| !n.is_empty())
             .collect()
     }
 
@@ -411,8 +391,9 @@ mod tests {
             ],
         )
         .unwrap();
-        assert_eq!(s.names_of_job("j"), vec!["h3", "h4"]);
-        assert!(s.names_of_job("other").is_empty());
+        assert!(s.is_member_name("j", "h3") && s.is_member_name("j", "h4"));
+        assert!(!s.is_member_name("j", "h9") && !s.is_member_name("j", ""));
+        assert!(!s.is_member_name("other", "h3"));
         // h3's ring (one replica): the next address after it is .4, so
         // its replicas go to h4, not here; h4's wrap around to .2 (here).
         assert_eq!(s.placed_here("j", "h3"), Some(false));
