@@ -17,9 +17,8 @@
 //! aggregates in place. A leader that receives a report relays it to the
 //! hosts before its group in order, and aggregates it in place when none
 //! answers. So the aggregator is always the first live host of the order,
-//! as with one group. A
-//! relayed report is never relayed again, so two hosts that disagree for an
-//! interval on who is live cannot loop a report.
+//! as with one group. A relayed report is never relayed again, so two hosts
+//! that disagree for an interval on who is live cannot loop a report.
 
 use super::config::AUTO_MIN_FAN_OUT;
 
@@ -33,14 +32,8 @@ pub fn fan_out(hosts: usize, configured: u32) -> usize {
 }
 
 fn ceil_sqrt(n: usize) -> usize {
-    let mut r = (n as f64).sqrt() as usize;
-    while r * r < n {
-        r += 1;
-    }
-    while r > 0 && (r - 1) * (r - 1) >= n {
-        r -= 1;
-    }
-    r
+    let r = n.isqrt();
+    if r * r < n { r + 1 } else { r }
 }
 
 /// Whom the host at index `me` of an order of `len` hosts reports to, as
