@@ -17,7 +17,7 @@ use warden_proto::v1 as pb;
 
 use super::peer_auth::Caller;
 use crate::exchange::aggregate::aggregate_here;
-use crate::exchange::routes::{Hop, RELAY_FAILED};
+use crate::exchange::routes::{Hop, RELAY_FAILED, call};
 use crate::exchange::wire::{answer_pb, report_from_pb};
 use crate::state::AgentState;
 
@@ -132,27 +132,16 @@ async fn relay(
                 .map_err(|e| Status::resource_exhausted(format!("aggregate report: {e}")))?;
             return Ok(answer_pb(&state.host, &here));
         };
-        let err = match tokio::time::timeout_at(deadline, client.report_to_aggregator(req.clone()))
-            .await
-        {
-            Ok(Ok(answer)) => {
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        let err = match call(&mut client, req.clone(), left).await {
+            Ok(answer) => {
                 metrics::counter!("warden_straggler_relays_total", "result" => "ok").increment(1);
-                if routes.answered(&addr) {
-                    tracing::info!(aggregator = %addr, "straggler aggregator answers again");
-                }
-                return Ok(answer.into_inner());
+                routes.note_answered(&addr);
+                return Ok(answer);
             }
-            Ok(Err(s)) => format!("{}: {}", s.code(), s.message()),
-            Err(_) => format!("no answer within {}", humantime::format_duration(limit)),
+            Err(e) => e.to_string(),
         };
-        if routes.failed(&addr, err.clone()) {
-            tracing::warn!(
-                aggregator = %addr,
-                error = %err,
-                "straggler aggregator unreachable from this group leader; the next in order takes \
-                 over (logged once)"
-            );
-        }
+        routes.note_failed(&addr, err.clone(), "this group leader");
         errors.push(format!("{addr}: {err}"));
         if tokio::time::Instant::now() >= deadline {
             break;

@@ -27,14 +27,13 @@ use std::time::{Duration, Instant};
 
 use tokio::task::JoinSet;
 use tokio::time::MissedTickBehavior;
-use tonic::Code;
 use warden_core::detect::positions::JobPositions;
 use warden_core::detect::sdc::aggregate::JobValues;
 use warden_core::detect::straggler::Stragglers;
 use warden_core::detect::straggler::aggregate::Report;
 
 use super::aggregate::{Here, aggregate_here};
-use super::routes::{Hop, RELAY_FAILED};
+use super::routes::{Hop, call};
 use super::wire::{answer_from_pb, report_pb};
 use crate::state::AgentState;
 
@@ -136,13 +135,7 @@ async fn report_loop(state: Arc<AgentState>, det: Arc<Stragglers>) {
             for (addr, err) in outcome.failed {
                 metrics::counter!("warden_straggler_exchanges_total", "result" => "error")
                     .increment(1);
-                if state.exchange_routes.failed(&addr, err.clone()) {
-                    tracing::warn!(
-                        aggregator = %addr,
-                        error = %err,
-                        "straggler aggregator unreachable; the next in order takes over (logged once)"
-                    );
-                }
+                state.exchange_routes.note_failed(&addr, err, "this host");
             }
             if let Some((addr, err)) = outcome.relay_failed {
                 // The leader is up; the aggregator behind it was not
@@ -154,9 +147,7 @@ async fn report_loop(state: Arc<AgentState>, det: Arc<Stragglers>) {
             if let Some(addr) = outcome.answered {
                 metrics::counter!("warden_straggler_exchanges_total", "result" => "ok")
                     .increment(1);
-                if state.exchange_routes.answered(&addr) {
-                    tracing::info!(aggregator = %addr, "straggler aggregator answers again");
-                }
+                state.exchange_routes.note_answered(&addr);
             }
             let now = Instant::now();
             let Some(here) = outcome.here else { continue };
@@ -209,7 +200,7 @@ struct Outcome {
     answered: Option<String>,
     failed: Vec<(String, String)>,
     /// A leader that is up but could not relay (it answered ABORTED,
-    /// [`RELAY_FAILED`]).
+    /// [`RELAY_FAILED`](super::routes::RELAY_FAILED)).
     relay_failed: Option<(String, String)>,
     here: Option<Here>,
     /// The jobs whose values the report carried.
@@ -247,20 +238,15 @@ async fn send(
             return out;
         };
         let limit = if relays { limit * 2 } else { limit };
-        let r = tokio::time::timeout(limit, client.report_to_aggregator(wire.clone())).await;
-        let r = match r {
-            Err(_) => Err(format!(
-                "no answer within {}",
-                humantime::format_duration(limit)
-            )),
-            Ok(Err(s)) if s.code() == Code::Aborted && s.message().starts_with(RELAY_FAILED) => {
-                out.relay_failed = Some((addr, s.message().to_owned()));
-                return out;
+        let r = match call(&mut client, wire.clone(), limit).await {
+            Err(e) => {
+                if let Some(why) = e.relay_failed() {
+                    out.relay_failed = Some((addr, why.to_owned()));
+                    return out;
+                }
+                Err(e.to_string())
             }
-            Ok(Err(s)) => Err(format!("{}: {}", s.code(), s.message())),
-            Ok(Ok(resp)) => {
-                answer_from_pb(resp.into_inner()).map_err(|e| format!("bad answer: {e}"))
-            }
+            Ok(answer) => answer_from_pb(answer).map_err(|e| format!("bad answer: {e}")),
         };
         match r {
             Ok(here) => {

@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 
 use tonic::transport::{Channel, Endpoint};
 use warden_core::detect::straggler::tree;
+use warden_proto::v1 as pb;
 use warden_proto::v1::peer_client::PeerClient;
 
 use crate::state::AgentState;
@@ -27,6 +28,52 @@ pub const MAX_TRIES: usize = 8;
 /// report (gRPC `ABORTED`): the leader itself is up, so the member does
 /// not skip it.
 pub const RELAY_FAILED: &str = "relay to the job's aggregator failed";
+
+/// Why a call to an aggregator (or a leader) brought no answer.
+#[derive(Debug)]
+pub enum CallFailed {
+    /// It answered with an error.
+    Refused(tonic::Status),
+    /// No answer within this long.
+    Silent(Duration),
+}
+
+impl CallFailed {
+    /// A leader's answer that it is up but could not relay ([`RELAY_FAILED`]).
+    pub fn relay_failed(&self) -> Option<&str> {
+        match self {
+            Self::Refused(s)
+                if s.code() == tonic::Code::Aborted && s.message().starts_with(RELAY_FAILED) =>
+            {
+                Some(s.message())
+            }
+            _ => None,
+        }
+    }
+}
+
+impl std::fmt::Display for CallFailed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Refused(s) => write!(f, "{}: {}", s.code(), s.message()),
+            Self::Silent(d) => write!(f, "no answer within {}", humantime::format_duration(*d)),
+        }
+    }
+}
+
+/// Sends `report` through `client`, waiting at most `limit`: the one call
+/// of the reporting task and of a leader's relay.
+pub async fn call(
+    client: &mut PeerClient<Channel>,
+    report: pb::AggregateReport,
+    limit: Duration,
+) -> Result<pb::AggregateAnswer, CallFailed> {
+    match tokio::time::timeout(limit, client.report_to_aggregator(report)).await {
+        Ok(Ok(answer)) => Ok(answer.into_inner()),
+        Ok(Err(s)) => Err(CallFailed::Refused(s)),
+        Err(_) => Err(CallFailed::Silent(limit)),
+    }
+}
 
 /// One host to try, in order.
 #[derive(Debug, Clone)]
@@ -206,6 +253,26 @@ impl Routes {
     pub fn answered(&self, addr: &str) -> bool {
         let mut links = self.links.lock().unwrap_or_else(|p| p.into_inner());
         links.get_mut(addr).is_some_and(|l| l.down.take().is_some())
+    }
+
+    /// [`Self::failed`], with the first failure of a run logged; `from`
+    /// says who called ("this host", "a group leader").
+    pub fn note_failed(&self, addr: &str, err: String, from: &str) {
+        if self.failed(addr, err.clone()) {
+            tracing::warn!(
+                aggregator = %addr,
+                error = %err,
+                from,
+                "straggler aggregator unreachable; the next in order takes over (logged once)"
+            );
+        }
+    }
+
+    /// [`Self::answered`], with the return of a host that was down logged.
+    pub fn note_answered(&self, addr: &str) {
+        if self.answered(addr) {
+            tracing::info!(aggregator = %addr, "straggler aggregator answers again");
+        }
     }
 }
 
