@@ -225,15 +225,14 @@ fn check_of(
     dead.extend(left_blocked(&all));
     let (pids, times) = pids_and_counts(&entries);
     for (rank, p) in &pids {
-        if p.is_disjoint(&dead) {
-            assert_eq!(p.len(), 1, "rank {rank} kept its process: {p:?}\n{all}");
-        } else {
-            assert_eq!(
-                p.len(),
-                1 + p.intersection(&dead).count(),
-                "rank {rank}: one new process per kill: {p:?}\n{all}"
-            );
-        }
+        let want = 1 + p.intersection(&dead).count();
+        assert!(
+            p.len() == want,
+            "rank {rank}: {} processes {p:?}, want {want} (its first, and one more per kill or exit 75 of \
+             {dead:?})\nwhat the launcher and warden.heal said:\n{}\n\neverything:\n{all}",
+            p.len(),
+            said_by_warden(&all)
+        );
     }
     assert_no_step_logged_more_than_twice(&times, &all);
     let healed = all.matches("healed from rank").count();
@@ -269,6 +268,8 @@ fn check_of(
         "lost progress booked: {lost:.3} accelerator-s ({:.1} steps of {step_s:.3} s over {WORLD} ranks, {faults} faults)",
         lost / step_s
     );
+    // The heals' story, for a run watched with --nocapture.
+    eprintln!("{}", said_by_warden(&all));
     for &(pid, t) in killed {
         let back = (0..WORLD)
             .map(|rank| {
@@ -302,6 +303,18 @@ fn goodput_of(scratch: &Path) -> serde_json::Value {
         .find(|p| p.exists())
         .unwrap_or_else(|| panic!("no goodput.json under {}", logs.display()));
     serde_json::from_str(&std::fs::read_to_string(&found).unwrap()).unwrap()
+}
+
+/// The launcher's lines and the workers' `warden.heal` ones: the story of
+/// the heals in a few dozen lines, put first in a failure's message (CI
+/// keeps only the head and the tail of a failed test's output).
+fn said_by_warden(all: &str) -> String {
+    all.lines()
+        .filter(|l| {
+            l.starts_with("[warden]") || l.contains("warden.heal:") || l.contains("warden:")
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 /// The pids of the ranks that left blocked in a collective, as they said.

@@ -115,10 +115,23 @@ pub fn wait_step(
     }
 }
 
-/// What a job printed, for a failure's message.
+/// A line every rank prints once per attempt, 600 characters long, that
+/// says nothing about a fault: DDP's note on `find_unused_parameters=True`
+/// (the examples set it on purpose, see examples/heal/ddp.py).
+const NOISE: &str = "find_unused_parameters=True was specified in DDP constructor";
+
+/// What a job printed, for a failure's message, less [`NOISE`]: CI keeps
+/// only the head and the tail of a failure's output, and with four of
+/// those lines an attempt, the launcher's lines in the middle of a run
+/// with several heals were cut.
 pub fn show(job: &mut Streaming) -> String {
     job.drain(Duration::from_secs(5));
-    job.seen.join("\n")
+    job.seen
+        .iter()
+        .filter(|l| !l.contains(NOISE))
+        .map(String::as_str)
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 /// The longest time from `t` to a rank's first step after it, over ranks
