@@ -84,10 +84,9 @@ pub struct HangConfig {
     /// Timeout of a "checkpoint" section until it is calibrated.
     #[serde(with = "duration")]
     pub checkpoint_timeout: Duration,
-    /// Timeout of a "heal" section: a restart attempt's regrouping and
-    /// heal from a live replica, where the survivors wait for their
-    /// replacement (`warden.heal`). Never calibrated: the wait is the
-    /// replacement's start (a warm standby or a cold one), not the job's.
+    /// Timeout of a "heal" section until it is calibrated: a restart
+    /// attempt's regrouping and heal from a live replica, where the
+    /// survivors wait for their replacement (`warden.heal`).
     #[serde(with = "duration")]
     pub heal_timeout: Duration,
     /// Timeout of any other section until it is calibrated.

@@ -401,7 +401,7 @@ def _recovering() -> Any:
     between-steps time, and the agent declared a hang on the survivors in
     the middle of a heal (3 of 4 ranks stalled at the same step), which
     asked for a second, needless in-process restart (CI, issue 31). A
-    ``heal`` section gets ``hang.heal_timeout`` (2 min, never calibrated), so
+    ``heal`` section gets ``hang.heal_timeout`` (2 min) until calibrated, so
     a replacement that froze is still found; ``timeout_s`` bounds it too.
     The old group's teardown stays outside (a gloo group's destructor that
     joins a worker thread still in a collective is a stall the agent's hang

@@ -4,9 +4,8 @@
 //! else, once the job has `hang.warmup_samples` durations of that section,
 //! `hang.multiplier` times their `hang.percentile`th percentile, never below
 //! `hang.floor`; else the section's default (init and checkpoint get longer
-//! ones). The `heal` section is never calibrated (see [`threshold`]). Every
-//! threshold carries a sentence saying how it was derived, for the event's
-//! evidence.
+//! ones). Every threshold carries a sentence saying how it was derived, for
+//! the event's evidence.
 
 use std::time::Duration;
 
@@ -34,28 +33,11 @@ pub fn current_section(innermost: Option<&str>, steps_started: bool) -> &str {
 }
 
 /// The timeout for `section` of a job with history `cal`.
-///
-/// A `heal` section is judged by `hang.heal_timeout` alone, however many
-/// heals the job had: the survivors wait there for their replacement, a
-/// warm standby in a fraction of a second, a cold start (the standby not
-/// ready yet, as after a heal that used it) in the time torch takes to
-/// import. Calibrated on the warm heals, the floor (3 s) took a cold one
-/// for a hang of every survivor, and each such verdict spent an in-process
-/// restart of the policy's budget on a heal under way: a job with a few
-/// heals an hour would be restarted in job for nothing.
 pub fn threshold(cfg: &HangConfig, section: &str, cal: &mut Calibration) -> Threshold {
     if let Some(t) = cfg.timeouts.get(section) {
         return Threshold {
             value: *t,
             source: format!("configured (hang.timeouts.{section})"),
-        };
-    }
-    if section == HEAL {
-        return Threshold {
-            value: cfg.heal_timeout,
-            source:
-                "hang.heal_timeout (a heal waits for its replacement's start: never calibrated)"
-                    .into(),
         };
     }
     let n = cal.count(section);
@@ -86,6 +68,7 @@ pub fn threshold(cfg: &HangConfig, section: &str, cal: &mut Calibration) -> Thre
     let value = match section {
         INIT => cfg.init_timeout,
         "checkpoint" => cfg.checkpoint_timeout,
+        HEAL => cfg.heal_timeout,
         _ => cfg.default_timeout,
     };
     Threshold {
@@ -213,26 +196,6 @@ mod tests {
             "{t:?}"
         );
         assert!(t.source.contains("p99"), "{}", t.source);
-    }
-
-    #[test]
-    fn a_heal_is_judged_by_its_own_timeout_however_many_heals_came_before() {
-        let mut cal = Calibration::default();
-        let c = cfg();
-        // Warm heals of 0.2 s: calibrated, a cold one of 10 s would be a
-        // hang at the 3 s floor.
-        for _ in 0..50 {
-            cal.add(HEAL, 200_000_000, 256);
-        }
-        let t = threshold(&c, HEAL, &mut cal);
-        assert_eq!(t.value, c.heal_timeout);
-        assert!(t.source.contains("never calibrated"), "{}", t.source);
-        let mut fixed = cfg();
-        fixed.timeouts.insert(HEAL.into(), Duration::from_secs(7));
-        assert_eq!(
-            threshold(&fixed, HEAL, &mut cal).value,
-            Duration::from_secs(7)
-        );
     }
 
     #[test]
