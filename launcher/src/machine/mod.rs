@@ -39,7 +39,8 @@
 //! replica) -> [`Input::Replaced`] -> running again. The crash's decision,
 //! when it comes, finds the job running and is not acted on unless it
 //! stops the job or the node. At most [`MAX_HEALS`] heals within
-//! [`HEAL_WINDOW`]; past that, and for exits by a code (an exception: the
+//! [`HEAL_WINDOW`] (a survivor that left blocked during a heal, exit 75,
+//! is part of the fault being healed and counts apart); past that, and for exits by a code (an exception: the
 //! same code would fail the same way), the decision is waited for as
 //! before. Across hosts the same heal holds in a round whose store node
 //! rank 0's launcher hosts ([`Limits::round_store_hosted`]): only this
@@ -78,6 +79,16 @@ pub const MAX_HEALS: usize = 3;
 
 /// The window of [`MAX_HEALS`].
 pub const HEAL_WINDOW: Duration = Duration::from_secs(60);
+
+/// Whether `exit` is a survivor's that left blocked in a collective during
+/// an in-process restart ([`exit::WORKER_LEFT_BLOCKED`], `warden.heal`):
+/// part of the fault being healed, not a fault of its own. Counted as one,
+/// the two survivors beside a killed rank in gloo's ring that left spent
+/// [`MAX_HEALS`] with the first fault, and a second fault a few seconds
+/// later restarted the whole job in job (a CI run of tests/torch_heal.rs).
+fn left_blocked(exit: Option<Exit>) -> bool {
+    matches!(exit, Some(Exit::Code(exit::WORKER_LEFT_BLOCKED)))
+}
 
 /// The time an input arrives: the monotonic clock for waits and spans, the
 /// wall clock for what is compared with the agent's timestamps and shown.
@@ -661,8 +672,12 @@ pub struct JobState {
     replaced_pids: HashSet<i32>,
     /// Workers replaced (any attempt).
     replacements: u32,
-    /// When each heal was decided (the last [`HEAL_WINDOW`]'s).
+    /// When each heal was decided (the last [`HEAL_WINDOW`]'s), but those
+    /// of survivors that left blocked ([`left_blocked`]).
     heals: Vec<Instant>,
+    /// When each heal of a survivor that left blocked was decided (the
+    /// last [`HEAL_WINDOW`]'s): at most one per worker of the attempt.
+    left_heals: Vec<Instant>,
     /// Heals done (any attempt).
     healed: u32,
 }
@@ -784,6 +799,7 @@ impl JobState {
             replaced_pids: HashSet::new(),
             replacements: 0,
             heals: Vec::new(),
+            left_heals: Vec::new(),
             healed: 0,
         }
     }
@@ -1928,7 +1944,9 @@ impl JobState {
             && self.pending.is_none()
             && self
                 .heals
-                .last()
+                .iter()
+                .chain(&self.left_heals)
+                .max()
                 .is_some_and(|t| now.at.saturating_duration_since(*t) < HEAL_WINDOW)
             && !self.attempt.workers.is_empty()
             && self.attempt.workers.iter().all(|w| w.exit.is_none())
@@ -1938,7 +1956,8 @@ impl JobState {
     /// a signal (from outside, or a crash in native code; an exit by a code
     /// is an exception's, which would come back), every other worker of the
     /// attempt is still running, and fewer than [`MAX_HEALS`] heals in the
-    /// last [`HEAL_WINDOW`]. Across hosts only in an attempt of a round
+    /// last [`HEAL_WINDOW`] (for a survivor that left blocked, fewer heals
+    /// of such survivors than the attempt has workers). Across hosts only in an attempt of a round
     /// whose store node rank 0's launcher hosts
     /// ([`Limits::round_store_hosted`]): the other hosts are not asked, their
     /// ranks see the replacement enter the survivors' next attempt on that
@@ -1963,8 +1982,12 @@ impl JobState {
         if !(live_here || other_hosts) {
             return false;
         }
-        self.heals
-            .retain(|t| now.at.saturating_duration_since(*t) < HEAL_WINDOW);
+        let recent = |t: &Instant| now.at.saturating_duration_since(*t) < HEAL_WINDOW;
+        self.heals.retain(recent);
+        self.left_heals.retain(recent);
+        if left_blocked(exit) {
+            return self.left_heals.len() < self.attempt.workers.len();
+        }
         self.heals.len() < MAX_HEALS
     }
 
@@ -1973,7 +1996,11 @@ impl JobState {
     /// count ([`Command::Heal`]).
     fn heal(&mut self, rank: u32, pid: i32, exit: Option<Exit>, now: Now, out: &mut Vec<Command>) {
         let status = exit.map_or("status unknown".to_owned(), |e| e.to_string());
-        self.heals.push(now.at);
+        if left_blocked(exit) {
+            self.left_heals.push(now.at);
+        } else {
+            self.heals.push(now.at);
+        }
         self.attempt.workers.retain(|w| w.pid != pid);
         let reason = format!(
             "rank {rank} (pid {pid}) {status}: healing it from a live replica; the other ranks restart in process"

@@ -1788,6 +1788,85 @@ fn scenarios() -> Vec<Scenario> {
             },
         },
         Scenario {
+            // Recorded: stop 43's CI run of tests/torch_heal.rs's two faults
+            // in a row, with four ranks: the first kill's two ring
+            // neighbours left blocked; the second kill came seconds later.
+            name: "survivors that left blocked during a heal spend no heal of the budget: a second fault within the window heals too",
+            limits: limits(),
+            steps: with(
+                first_attempt_of_four(),
+                vec![
+                    (1000, killed_healable(1, 1, 101, 9), &["heal 1/101"]),
+                    (1100, replaced(&[(1, 300)], None), &[]),
+                    (2000, healable(exit(1, 2, 102, 75)), &["heal 2/102"]),
+                    (2100, replaced(&[(2, 301)], None), &[]),
+                    (2200, healable(exit(1, 0, 100, 75)), &["heal 0/100"]),
+                    (2300, replaced(&[(0, 302)], None), &[]),
+                    (5000, killed_healable(1, 2, 301, 9), &["heal 2/301"]),
+                    (5100, replaced(&[(2, 303)], None), &[]),
+                    (9000, exit(1, 0, 302, 0), &[]),
+                    (9001, exit(1, 1, 300, 0), &[]),
+                    (9002, exit(1, 2, 303, 0), &[]),
+                    (9003, exit(1, 3, 103, 0), &["finish 0"]),
+                ],
+            ),
+            expect: End {
+                code: Some(0),
+                outcome: "succeeded",
+                records: 1,
+                ended: "every worker exited 0",
+                says: &[
+                    "rank 0 (pid 100) exit code 75: healing it from a live replica; the other ranks restart in process",
+                    "rank 2 (pid 301) signal 9 (SIGKILL): healing it from a live replica; the other ranks restart in process",
+                ],
+                ..End::default()
+            },
+        },
+        Scenario {
+            name: "survivors leaving blocked are healed at most once per worker within the heal window",
+            limits: limits(),
+            steps: with(
+                first_attempt_of_four(),
+                vec![
+                    (1000, killed_healable(1, 1, 101, 9), &["heal 1/101"]),
+                    (1100, replaced(&[(1, 300)], None), &[]),
+                    (1200, healable(exit(1, 0, 100, 75)), &["heal 0/100"]),
+                    (1300, replaced(&[(0, 301)], None), &[]),
+                    (1400, healable(exit(1, 2, 102, 75)), &["heal 2/102"]),
+                    (1500, replaced(&[(2, 302)], None), &[]),
+                    (1600, healable(exit(1, 3, 103, 75)), &["heal 3/103"]),
+                    (1700, replaced(&[(3, 303)], None), &[]),
+                    (1800, healable(exit(1, 1, 300, 75)), &["heal 1/300"]),
+                    (1900, replaced(&[(1, 304)], None), &[]),
+                    (2000, healable(exit(1, 0, 301, 75)), &[]),
+                ],
+            ),
+            expect: End {
+                records: 0,
+                ..End::default()
+            },
+        },
+        Scenario {
+            name: "a fourth crash by a signal within the heal window waits for the agent's decision",
+            limits: limits(),
+            steps: with(
+                first_attempt_of_four(),
+                vec![
+                    (1000, killed_healable(1, 1, 101, 9), &["heal 1/101"]),
+                    (1100, replaced(&[(1, 300)], None), &[]),
+                    (2000, killed_healable(1, 2, 102, 9), &["heal 2/102"]),
+                    (2100, replaced(&[(2, 301)], None), &[]),
+                    (3000, killed_healable(1, 1, 300, 9), &["heal 1/300"]),
+                    (3100, replaced(&[(1, 302)], None), &[]),
+                    (4000, killed_healable(1, 1, 302, 9), &[]),
+                ],
+            ),
+            expect: End {
+                records: 0,
+                ..End::default()
+            },
+        },
+        Scenario {
             name: "a healed crash whose decision is the spent budget's stop does not stop a job that heals",
             limits: limits(),
             steps: with(
