@@ -40,9 +40,9 @@
 //! when it comes, finds the job running and is not acted on unless it
 //! stops the job or the node. At most [`MAX_HEALS`] heals within
 //! [`HEAL_WINDOW`] (a survivor that left blocked during a heal, exit 75,
-//! is part of the fault being healed and counts apart); past that, and for exits by a code (an exception: the
-//! same code would fail the same way), the decision is waited for as
-//! before. Across hosts the same heal holds in a round whose store node
+//! is part of the fault being healed and counts apart); past that, and
+//! for exits by a code (an exception: the same code would fail the same
+//! way), the decision is waited for as before. Across hosts the same heal holds in a round whose store node
 //! rank 0's launcher hosts ([`Limits::round_store_hosted`]): only this
 //! host's launcher acts; the other hosts' ranks see the replacement enter
 //! the survivors' next attempt on the round's store and join it
