@@ -16,8 +16,13 @@ For each state size (tensors of 16 MiB each, float32), side by side in one run:
   - async, first: the first save (its buffer is allocated then);
   - sync: ``checkpoint.save_state_dict`` (torch.save into the tier).
 Then a CPU training loop (an MLP of about 64 MiB of parameters and Adam
-state) for 100 steps without saves and with an async save every 10 steps:
-the step time's mean and the difference.
+state), one model and one saver throughout, in ``--pairs`` pairs of
+segments of ``--steps`` steps: one segment without saves, one with an async
+save every 10 steps and the saver drained at its end (so every save's
+background work, the write, the hash and the commit, is inside the segment
+that made it), the pairs' order alternated (AB, BA, ...) so that drift on a
+shared machine falls on both sides. Printed: each side's median step time,
+the median and range of the per-pair ratios, and the stall per save.
 
 With ``--dcp``, the same sizes through ``torch.distributed.checkpoint``
 instead (one process), side by side in one run:
@@ -156,7 +161,24 @@ def bench_dcp(sizes_mib: list, repeat: int) -> None:
         del state, src, dst
 
 
-def train(steps: int, save_every: int, saver, step0: int) -> float:
+def segment(model, opt, x, steps: int, saver, step0: int) -> float:
+    """Seconds for ``steps`` training steps, with an async save every 10
+    when ``saver`` is given, and the saves in flight drained at the end."""
+    t0 = time.perf_counter()
+    for s in range(steps):
+        loss = model(x).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        if saver is not None and s % 10 == 9:
+            saver.save(step0 + s, {"model": model.state_dict(), "optim": opt.state_dict()})
+    if saver is not None:
+        saver.wait()
+    return time.perf_counter() - t0
+
+
+def bench_steps(steps: int, pairs: int) -> None:
+    torch.set_num_threads(1)
     torch.manual_seed(0)
     model = torch.nn.Sequential(
         torch.nn.Linear(1024, 2048), torch.nn.ReLU(), torch.nn.Linear(2048, 2048),
@@ -164,34 +186,34 @@ def train(steps: int, save_every: int, saver, step0: int) -> float:
     )
     opt = torch.optim.Adam(model.parameters(), lr=1e-4)
     x = torch.randn(64, 1024)
-    times = []
-    for s in range(steps):
-        t0 = time.perf_counter()
-        loss = model(x).pow(2).mean()
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        if saver is not None and s % save_every == save_every - 1:
-            saver.save(step0 + s, {"model": model.state_dict(), "optim": opt.state_dict()})
-        times.append(time.perf_counter() - t0)
-    return statistics.mean(times[5:])
-
-
-def bench_steps(steps: int) -> None:
-    torch.set_num_threads(1)
-    plain = train(steps, 10, None, 0)
+    plain: list = []
+    saving: list = []
     with AsyncCheckpointer(max_in_flight=1) as saver:
-        saving = train(steps, 10, saver, 10_000)
-        stall = saver.total_stall_s
-    plain2 = train(steps, 10, None, 0)
-    base = (plain + plain2) / 2
+        # Warm-up: Adam's state allocated, the saver's buffer allocated.
+        segment(model, opt, x, 10, saver, 0)
+        stall0, saves0 = saver.total_stall_s, saver.committed
+        step = 1000
+        for p in range(pairs):
+            for with_saves in ((False, True) if p % 2 == 0 else (True, False)):
+                t = segment(model, opt, x, steps, saver if with_saves else None, step)
+                step += steps
+                (saving if with_saves else plain).append(t / steps)
+        stall = saver.total_stall_s - stall0
+        saves = saver.committed - saves0
+    ratios = sorted(b / a for a, b in zip(plain, saving))
+    a, b = statistics.median(plain), statistics.median(saving)
     print()
-    print("| training step (CPU, 1 thread, ~52 MiB of parameters and Adam state x3) | mean step |")
-    print("|---|---|")
-    print(f"| no saves (mean of two runs: {plain * 1e3:.1f}, {plain2 * 1e3:.1f} ms) | {base * 1e3:.1f} ms |")
     print(
-        f"| an async save every 10 steps | {saving * 1e3:.1f} ms ({(saving / base - 1) * 100:+.1f}%; "
-        f"stall {stall * 1e3:.0f} ms over {steps // 10} saves) |"
+        f"| training step (CPU, 1 thread, ~52 MiB of parameters and Adam state x3; {pairs} pairs of "
+        f"{steps}-step segments, alternated) | median step | with saves / without, per pair |"
+    )
+    print("|---|---|---|")
+    print(f"| no saves | {a * 1e3:.1f} ms | |")
+    print(
+        f"| an async save every 10 steps, drained at the segment's end | {b * 1e3:.1f} ms | median "
+        f"{(statistics.median(ratios) - 1) * 100:+.1f}% (from {(ratios[0] - 1) * 100:+.1f}% to "
+        f"{(ratios[-1] - 1) * 100:+.1f}%); stall {stall / max(saves, 1) * 1e3:.1f} ms a save, "
+        f"{stall / (sum(saving) * steps) * 100:.1f}% of the saving segments' time |"
     )
 
 
@@ -199,7 +221,8 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--sizes-mib", default="64,256,1024")
     ap.add_argument("--repeat", type=int, default=5)
-    ap.add_argument("--steps", type=int, default=100, help="training steps of the step-time part (0: skip it)")
+    ap.add_argument("--steps", type=int, default=100, help="steps of each segment of the step-time part (0: skip it)")
+    ap.add_argument("--pairs", type=int, default=6, help="pairs of segments (with and without saves)")
     ap.add_argument("--dcp", action="store_true", help="dcp.async_save instead (see above)")
     a = ap.parse_args()
     if a.dcp:
@@ -207,7 +230,7 @@ def main() -> None:
         return
     bench_sizes([int(x) for x in a.sizes_mib.split(",")], a.repeat)
     if a.steps > 0:
-        bench_steps(a.steps)
+        bench_steps(a.steps, a.pairs)
 
 
 if __name__ == "__main__":
