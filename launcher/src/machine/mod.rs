@@ -42,11 +42,12 @@
 //! [`HEAL_WINDOW`] (a survivor that left blocked during a heal, exit 75,
 //! is part of the fault being healed and counts apart); past that, and
 //! for exits by a code (an exception: the same code would fail the same
-//! way), the decision is waited for as before. Across hosts the same heal holds in a round whose store node
-//! rank 0's launcher hosts ([`Limits::round_store_hosted`]): only this
-//! host's launcher acts; the other hosts' ranks see the replacement enter
-//! the survivors' next attempt on the round's store and join it
-//! (`warden.heal`), so no restart is published and no host stops.
+//! way), the decision is waited for as before. Across hosts the same heal
+//! holds in a round whose store node rank 0's launcher hosts
+//! ([`Limits::round_store_hosted`]): only this host's launcher acts; the
+//! other hosts' ranks see the replacement enter the survivors' next
+//! attempt on the round's store and join it (`warden.heal`), so no restart
+//! is published and no host stops.
 
 use std::collections::HashSet;
 use std::time::{Duration, Instant, SystemTime};
@@ -1957,17 +1958,14 @@ impl JobState {
     /// is an exception's, which would come back), every other worker of the
     /// attempt is still running, and fewer than [`MAX_HEALS`] heals in the
     /// last [`HEAL_WINDOW`] (for a survivor that left blocked, fewer heals
-    /// of such survivors than the attempt has workers). Across hosts only in an attempt of a round
-    /// whose store node rank 0's launcher hosts
+    /// of such survivors than the attempt has workers). Across hosts only
+    /// in an attempt of a round whose store node rank 0's launcher hosts
     /// ([`Limits::round_store_hosted`]): the other hosts are not asked, their
     /// ranks see the replacement enter the survivors' next attempt on that
     /// store and join it (`warden.heal`); a store hosted by a worker may be
     /// the lost rank's, and every rank's next attempt would wait for it.
     fn may_heal(&mut self, exit: Option<Exit>, now: Now) -> bool {
-        let healable_exit = matches!(
-            exit,
-            Some(Exit::Signal(_) | Exit::Code(exit::WORKER_LEFT_BLOCKED))
-        );
+        let healable_exit = matches!(exit, Some(Exit::Signal(_))) || left_blocked(exit);
         if !healable_exit
             || (self.limits.across_hosts
                 && (!self.limits.round_store_hosted || self.attempt.record.epoch.is_none()))
