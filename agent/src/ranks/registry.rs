@@ -175,6 +175,12 @@ pub struct RankEntry {
     pub last: Option<SlotSnapshot>,
     /// Start time of the newest step record fed to calibration.
     pub ingested_start_ns: u64,
+    /// When the agent last asked this rank to restart in process
+    /// (CLOCK_MONOTONIC ns; 0 for never). The gap between two step records
+    /// that spans it is the fault and the restart (a heal's is seconds),
+    /// not the loop's own time between steps: it is no `idle` sample, or
+    /// each restart would raise the job's between-steps hang threshold.
+    pub restarted_ns: u64,
     /// The section the rank is in, as of the last scan.
     pub section: String,
     /// The threshold in force at the last scan.
@@ -508,6 +514,7 @@ impl Registry {
                 cpu_mark: None,
                 last: None,
                 ingested_start_ns: 0,
+                restarted_ns: 0,
                 section: calibration::INIT.into(),
                 threshold: None,
                 exit: None,

@@ -252,6 +252,7 @@ pub fn scan(reg: &mut Registry, cfg: &HangConfig, now_ns: u64, prev_ns: u64) -> 
                     &mut entry.straggler,
                     &mut |s| out.goodput.push_step(&entry.key.job, entry.key.rank, s),
                     entry.pid,
+                    entry.restarted_ns,
                 );
             }
             if snap.writer_is_owner() {
@@ -454,7 +455,9 @@ fn stalled_past(progress_ns: u64, now_ns: u64, threshold: Option<&Threshold>) ->
 
 /// Feeds the completed steps newer than `after_start_ns` into calibration,
 /// the rank's step times and its per-section samples (the straggler
-/// detector's input); returns the newest start time fed.
+/// detector's input); returns the newest start time fed. The gap before a
+/// step is an `idle` sample unless it spans `restarted_ns`, the rank's last
+/// restart request (see [`RankEntry::restarted_ns`]).
 #[allow(clippy::too_many_arguments)]
 fn ingest(
     snap: &SlotSnapshot,
@@ -467,6 +470,7 @@ fn ingest(
     samples: &mut RankSamples,
     ledger: &mut dyn FnMut(warden_core::goodput::StepObs),
     pid: u32,
+    restarted_ns: u64,
 ) -> u64 {
     let mut newest = after_start_ns;
     let mut prev_end: Option<u64> = None;
@@ -505,6 +509,7 @@ fn ingest(
             });
             if let Some(pe) = prev_end
                 && st.start_ns > pe
+                && !(pe..st.start_ns).contains(&restarted_ns)
             {
                 cal.add(IDLE, st.start_ns - pe, cap);
             }
@@ -571,5 +576,74 @@ fn note_slot_error(entry: &mut RankEntry, msg: &str, out: &mut ScanResult) {
             .into(),
         );
         entry.slot_error = Some(msg.to_owned());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ranks::registry::RegisterRequest;
+
+    const MS: u64 = 1_000_000;
+
+    /// Writes step `step` into `slot` from `start` for `len` ns.
+    fn step(reg: &Registry, slot: u32, step: u64, start: u64, len: u64) {
+        let w = reg.slots().writer(slot).unwrap();
+        w.step_begin(step, start);
+        reg.slots()
+            .writer(slot)
+            .unwrap()
+            .step_end(step, start + len);
+    }
+
+    /// A survivor's gap across an in-process restart (or a heal) is the
+    /// fault's, not the loop's: it must not become an `idle` sample, which
+    /// would raise the job's between-steps hang threshold after each heal.
+    #[test]
+    fn a_gap_across_a_restart_request_is_no_idle_sample() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut reg = Registry::new(&dir.path().join("run"), &dir.path().join("state"), 4).unwrap();
+        let t0 = warden_slot::clock::syscall_now();
+        let me = std::process::id();
+        let a = reg
+            .register(&RegisterRequest::for_test("j", 0, 1), t0)
+            .unwrap();
+        let (slot, generation) = (a.slot_index, a.generation);
+        reg.slots()
+            .slot(slot)
+            .unwrap()
+            .attach_writer(generation, me);
+        let cfg = HangConfig::default();
+        let idle = |reg: &mut Registry| reg.jobs.get_mut("j").unwrap().calibration.count(IDLE);
+
+        // Two steps 1 ms apart: one idle sample.
+        step(&reg, slot, 1, t0 + MS, 10 * MS);
+        step(&reg, slot, 2, t0 + 12 * MS, 10 * MS);
+        scan(&mut reg, &cfg, t0 + 30 * MS, t0);
+        assert_eq!(idle(&mut reg), 1);
+
+        // The agent asks for a restart at 40 ms; the rank steps again 5 s on.
+        let key = RankKey {
+            job: "j".into(),
+            rank: 0,
+        };
+        reg.ranks.get_mut(&key).unwrap().restarted_ns = t0 + 40 * MS;
+        step(&reg, slot, 3, t0 + 5_000 * MS, 10 * MS);
+        scan(&mut reg, &cfg, t0 + 5_020 * MS, t0 + 30 * MS);
+        assert_eq!(idle(&mut reg), 1, "the restart's 5 s gap was taken as idle");
+
+        // The loop's own gaps after the restart count again.
+        step(&reg, slot, 4, t0 + 5_012 * MS, 10 * MS);
+        scan(&mut reg, &cfg, t0 + 5_040 * MS, t0 + 5_020 * MS);
+        assert_eq!(idle(&mut reg), 2);
+        assert!(
+            reg.jobs
+                .get_mut("j")
+                .unwrap()
+                .calibration
+                .percentile(IDLE, 1.0)
+                < Some(10 * MS),
+            "an idle sample spans the restart"
+        );
     }
 }

@@ -295,17 +295,22 @@ fn live_ranks(state: &Handles, job: &str) -> (Vec<(u32, u64, u32)>, u32) {
 /// re-registration the index may be another rank's.
 fn set_slots(state: &Handles, job: &str, live: &[(u32, u64, u32)], word: ControlWord) {
     let word = word.encode();
-    let reg = state.registry();
+    let now_ns = warden_slot::clock::syscall_now();
+    let mut reg = state.registry();
     for &(rank, generation, slot) in live {
         let key = RankKey {
             job: job.to_owned(),
             rank,
         };
-        let ours = reg
+        let Some(entry) = reg
             .ranks
-            .get(&key)
-            .is_some_and(|e| e.holds_slot && e.generation == generation && e.slot == slot);
-        if ours && let Err(e) = reg.slots().set_control(slot, word) {
+            .get_mut(&key)
+            .filter(|e| e.holds_slot && e.generation == generation && e.slot == slot)
+        else {
+            continue;
+        };
+        entry.restarted_ns = now_ns;
+        if let Err(e) = reg.slots().set_control(slot, word) {
             tracing::warn!(rank = %key, error = %e, "cannot set the restart request in the slot");
         }
     }
