@@ -32,6 +32,7 @@
 //! - [`config`]: the config vocabulary every stage's section uses.
 //! - [`fsafe`], [`named_file`]: the agent's own files, and files an
 //!   operator names.
+//! - [`text`]: names and lines from outside, checked or clipped.
 
 pub mod attribute;
 pub mod config;
@@ -46,4 +47,5 @@ pub mod policy;
 pub mod rank;
 pub mod signal;
 pub mod taxonomy;
+pub mod text;
 pub mod verdict;

@@ -642,7 +642,7 @@ pub fn valid_key_segment(h: &str) -> bool {
 
 /// Refuses a job id the agent's registry would refuse.
 pub fn valid_job_id(id: &str) -> Result<(), ArgsError> {
-    if id.is_empty() || id.len() > 128 || id.chars().any(char::is_control) {
+    if warden_core::text::unfit_name(id, 128) {
         return Err(ArgsError::JobId(id.to_owned()));
     }
     Ok(())

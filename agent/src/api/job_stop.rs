@@ -47,10 +47,7 @@ pub fn report_job_stop(
 /// The report as the stage takes it: refuses no job, a job id the agent
 /// takes nowhere, no reason.
 fn decode(req: &pb::ReportJobStopRequest) -> Result<StopReport, Status> {
-    if req.job_id.is_empty()
-        || req.job_id.len() > MAX_JOB_ID
-        || req.job_id.chars().any(char::is_control)
-    {
+    if warden_core::text::unfit_name(&req.job_id, MAX_JOB_ID) {
         return Err(Status::invalid_argument(format!(
             "job_id is required, at most {MAX_JOB_ID} bytes, without control characters"
         )));

@@ -22,6 +22,7 @@ use std::time::{Duration, SystemTime};
 use warden_core::attribute::{Diagnosis, Evidence, FaultClass, IncidentKind, IncidentRecord};
 use warden_core::events::{NewEvent, Severity};
 use warden_core::policy::{Action, Decision};
+use warden_core::text::clip_line;
 
 use super::task::Handles;
 
@@ -118,25 +119,25 @@ impl JobStop {
         if r.evidence.len() > MAX_EVIDENCE {
             return Err(JobStopError::Evidence(r.evidence.len()));
         }
-        let summary = clip(&r.summary, MAX_SUMMARY);
+        let summary = clip_line(&r.summary, MAX_SUMMARY);
         Ok(Self {
             summary: if summary.is_empty() {
                 format!("the launcher stopped the job ({})", r.kind.as_str())
             } else {
                 summary
             },
-            limit: clip(&r.limit, MAX_FIELD),
+            limit: clip_line(&r.limit, MAX_FIELD),
             evidence: r
                 .evidence
                 .iter()
                 .map(|e| StopEvidence {
-                    subject: clip(&e.subject, MAX_FIELD),
-                    signal: clip(&e.signal, MAX_FIELD),
-                    value: clip(&e.value, MAX_FIELD),
-                    note: clip(&e.note, MAX_FIELD),
+                    subject: clip_line(&e.subject, MAX_FIELD),
+                    signal: clip_line(&e.signal, MAX_FIELD),
+                    value: clip_line(&e.value, MAX_FIELD),
+                    note: clip_line(&e.note, MAX_FIELD),
                 })
                 .collect(),
-            incident: clip(&r.incident, MAX_FIELD),
+            incident: clip_line(&r.incident, MAX_FIELD),
             job: r.job,
             kind: r.kind,
             exit_code: r.exit_code,
@@ -269,19 +270,6 @@ pub fn record(h: &Handles, stop: &JobStop, caller_uid: u32) -> Result<String, Jo
     super::task::publish_decided(&h.events, &record);
     metrics::counter!("warden_job_stops_total", "reason" => stop.kind.as_str()).increment(1);
     Ok(record.id)
-}
-
-/// The first `max` bytes of `s`, at a character boundary, with control
-/// characters replaced.
-fn clip(s: &str, max: usize) -> String {
-    let mut out = String::new();
-    for c in s.chars() {
-        if out.len() + c.len_utf8() > max {
-            break;
-        }
-        out.push(if c.is_control() { ' ' } else { c });
-    }
-    out
 }
 
 #[cfg(test)]

@@ -7,6 +7,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use warden_core::detect::culprit::{GroupSeq, MAX_GROUPS, MAX_NAME, MAX_POSITIONS, Position};
 use warden_core::detect::positions::{JobPositions, MAX_JOBS};
+use warden_core::text::unfit_name;
 use warden_proto::v1 as pb;
 
 use crate::ranks::peer_values::{RankValues, StepValue};
@@ -73,10 +74,7 @@ pub fn job_values_from_pb(jobs: Vec<pb::JobValues>) -> Result<Vec<JobValues>, St
     let mut seen = std::collections::HashSet::new();
     let mut out = Vec::with_capacity(jobs.len());
     for (i, j) in jobs.into_iter().enumerate() {
-        if j.job_id.is_empty()
-            || j.job_id.len() > MAX_NAME
-            || j.job_id.chars().any(char::is_control)
-        {
+        if unfit_name(&j.job_id, MAX_NAME) {
             return Err(format!(
                 "values[{i}].job_id: empty, over {MAX_NAME} bytes or with control characters"
             ));

@@ -16,6 +16,7 @@ use warden_core::detect::straggler::exchange::{self, MAX_BATCH_RANKS};
 use warden_core::detect::straggler::score::MAX_SECTIONS;
 use warden_core::detect::straggler::sketch::Sketch;
 use warden_core::detect::straggler::{Batch, Score, Summary};
+use warden_core::text::unfit_name;
 use warden_proto::v1 as pb;
 
 use super::aggregate::Here;
@@ -118,16 +119,12 @@ pub fn report_pb(
     }
 }
 
-fn bad_text(s: &str, max: usize) -> bool {
-    s.is_empty() || s.len() > max || s.chars().any(char::is_control)
-}
-
 /// A report from a peer, checked; the error names the field.
 #[allow(clippy::type_complexity)]
 pub fn report_from_pb(
     p: pb::AggregateReport,
 ) -> Result<(Report, Vec<JobPositions>, Vec<JobValues>), String> {
-    if bad_text(&p.host, 255) {
+    if unfit_name(&p.host, 255) {
         return Err(format!(
             "host must be 1 to 255 characters without control characters (got {:?})",
             p.host
@@ -155,7 +152,7 @@ pub fn report_from_pb(
     let mut jobs = Vec::with_capacity(p.jobs.len());
     let mut seen = std::collections::HashSet::new();
     for (i, j) in p.jobs.into_iter().enumerate() {
-        if bad_text(&j.job_id, 128) {
+        if unfit_name(&j.job_id, 128) {
             return Err(format!(
                 "jobs[{i}].job_id must be 1 to 128 characters without control characters (got {:?})",
                 j.job_id
@@ -172,7 +169,7 @@ pub fn report_from_pb(
         }
         let mut sections = Vec::with_capacity(j.sections.len());
         for (k, s) in j.sections.into_iter().enumerate() {
-            if bad_text(&s.section, 64) {
+            if unfit_name(&s.section, 64) {
                 return Err(format!(
                     "jobs[{i}].sections[{k}].section must be 1 to 64 characters (got {:?})",
                     s.section
@@ -336,7 +333,7 @@ pub fn answer_from_pb(p: pb::AggregateAnswer) -> Result<Here, String> {
                 && s.median_ns > 0.0
                 && s.sigma_ns.is_finite()
                 && s.sigma_ns > 0.0;
-            if !ok || bad_text(&s.section, 64) {
+            if !ok || unfit_name(&s.section, 64) {
                 return Err(format!("jobs[{i}].sections: bad section {:?}", s.section));
             }
             sections.push(SectionStat {
@@ -353,7 +350,7 @@ pub fn answer_from_pb(p: pb::AggregateAnswer) -> Result<Here, String> {
             .top
             .iter()
             .map(score_from_pb)
-            .filter(|s| s.job == j.job_id && !bad_text(&s.host, 255))
+            .filter(|s| s.job == j.job_id && !unfit_name(&s.host, 255))
             .collect();
         wide.push(JobWide {
             job: j.job_id,

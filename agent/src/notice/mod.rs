@@ -128,14 +128,7 @@ pub struct Board {
 const MAX_WHAT: usize = 200;
 
 fn clip(s: &str) -> String {
-    let mut out = String::new();
-    for c in s.chars() {
-        if out.len() + c.len_utf8() > MAX_WHAT {
-            break;
-        }
-        out.push(if c.is_control() { ' ' } else { c });
-    }
-    out
+    warden_core::text::clip_line(s, MAX_WHAT)
 }
 
 impl Board {

@@ -739,7 +739,7 @@ fn validate(r: &RegisterRequest) -> Result<(), RegisterError> {
     if let Some(d) = r
         .devices
         .iter()
-        .find(|d| d.is_empty() || d.len() > 128 || d.chars().any(|c| c.is_control()))
+        .find(|d| warden_core::text::unfit_name(d, 128))
     {
         return bad(format!(
             "device name {d:?} is empty, longer than 128 bytes or holds control characters"

@@ -162,14 +162,7 @@ fn list(ranks: &[u32]) -> String {
 /// The first [`MAX_REASON`] bytes of `s`, at a character boundary, with
 /// control characters replaced.
 pub fn clip_reason(s: &str) -> String {
-    let mut out = String::new();
-    for c in s.chars() {
-        if out.len() + c.len_utf8() > MAX_REASON {
-            break;
-        }
-        out.push(if c.is_control() { ' ' } else { c });
-    }
-    out
+    warden_core::text::clip_line(s, MAX_REASON)
 }
 
 #[cfg(test)]

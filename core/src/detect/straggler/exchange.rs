@@ -15,6 +15,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant, SystemTime};
 
 use super::score::SectionMedian;
+use crate::text::unfit_name;
 
 /// Most ranks one batch may carry (a host with more is not a host).
 pub const MAX_BATCH_RANKS: usize = 65_536;
@@ -92,13 +93,9 @@ pub struct Batch {
     pub ranks: Vec<Summary>,
 }
 
-fn bad_text(s: &str, max: usize) -> bool {
-    s.is_empty() || s.len() > max || s.chars().any(char::is_control)
-}
-
 /// Checks a batch received from a peer; the error names the field.
 pub fn validate(b: &Batch) -> Result<(), String> {
-    if bad_text(&b.host, 255) {
+    if unfit_name(&b.host, 255) {
         return Err(format!(
             "host must be 1 to 255 characters without control characters (got {:?})",
             b.host
@@ -112,7 +109,7 @@ pub fn validate(b: &Batch) -> Result<(), String> {
     }
     let mut seen = std::collections::BTreeSet::new();
     for (i, r) in b.ranks.iter().enumerate() {
-        if bad_text(&r.job, 128) {
+        if unfit_name(&r.job, 128) {
             return Err(format!(
                 "ranks[{i}].job_id must be 1 to 128 characters without control characters (got {:?})",
                 r.job
@@ -131,7 +128,7 @@ pub fn validate(b: &Batch) -> Result<(), String> {
             ));
         }
         for (j, s) in r.sections.iter().enumerate() {
-            if bad_text(&s.section, 64) {
+            if unfit_name(&s.section, 64) {
                 return Err(format!(
                     "ranks[{i}].sections[{j}].section must be 1 to 64 characters (got {:?})",
                     s.section
@@ -162,7 +159,7 @@ pub fn validate(b: &Batch) -> Result<(), String> {
                     sc.explanation.len()
                 ));
             }
-            if sc.devices.len() > 16 || sc.devices.iter().any(|d| bad_text(d, 128)) {
+            if sc.devices.len() > 16 || sc.devices.iter().any(|d| unfit_name(d, 128)) {
                 return Err(format!(
                     "ranks[{i}].score.devices: at most 16 names of 1 to 128 characters"
                 ));
