@@ -302,7 +302,7 @@ pub async fn set_peers(
 pub async fn report_job_stop(
     client: &AgentClient<Channel>,
     job: &str,
-    stop: &crate::machine::JobStop,
+    stop: &crate::machine::RuleStop,
 ) -> Result<String, String> {
     use crate::machine::job_stop::StopRule;
     let req = pb::ReportJobStopRequest {

@@ -428,7 +428,7 @@ struct Sup<'a, C> {
     reapers: Vec<JoinHandle<()>>,
     /// The cordon share held this host's node fault: the stop to report
     /// to the agent at the job's end.
-    held_stop: Option<crate::machine::JobStop>,
+    held_stop: Option<crate::machine::RuleStop>,
     /// When the notice's stop comes (set by [`Command::Notice`]): the
     /// bound on waiting for the notice's checkpoint to be replicated.
     notice_deadline: Option<SystemTime>,

@@ -37,18 +37,9 @@ pub const MAX_FIELD: usize = 256;
 /// this.
 pub const MAX_STOPS_PER_JOB: usize = 16;
 
-/// One piece of the launcher's evidence, as it sent it.
-#[derive(Debug, Clone, PartialEq, Default)]
-pub struct StopEvidence {
-    /// What it is about (`attempt/3`, `host/b`).
-    pub subject: String,
-    /// What was seen.
-    pub signal: String,
-    /// Its value.
-    pub value: String,
-    /// A word on it.
-    pub note: String,
-}
+/// One piece of the launcher's evidence, as it sent it (core's type, the
+/// launcher's too).
+pub use warden_core::attribute::StopEvidence;
 
 /// A launcher's report of its job's stop, before it is bounded.
 #[derive(Debug, Clone, PartialEq)]

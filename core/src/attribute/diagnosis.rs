@@ -84,6 +84,22 @@ impl Diagnosis {
     }
 }
 
+/// One item of a launcher's evidence for a stop by its own rule
+/// ([`IncidentKind::NoProgress`], [`IncidentKind::CordonShare`]): what it is
+/// about, the signal, its value, and what the rule made of it. The launcher
+/// sends it; the agent bounds it and records it as the incident's evidence.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct StopEvidence {
+    /// "attempt/2", "host/node-b", "job".
+    pub subject: String,
+    /// "checkpoint.newest", "resumed_from", "host.cordoned", "job.hosts".
+    pub signal: String,
+    /// "30", "none".
+    pub value: String,
+    /// The rule's word on it.
+    pub note: String,
+}
+
 /// What kind of trigger opened an incident.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]

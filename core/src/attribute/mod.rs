@@ -11,7 +11,7 @@ pub mod rules;
 pub mod store;
 
 pub use config::AttributionConfig;
-pub use diagnosis::{Diagnosis, Evidence, IncidentKind, IncidentRecord};
+pub use diagnosis::{Diagnosis, Evidence, IncidentKind, IncidentRecord, StopEvidence};
 
 /// A later decision about an incident, taken outside the attribution task
 /// (an in-process restart nobody acknowledged in time, so the launcher must

@@ -12,7 +12,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use crate::machine::job_stop::{self, JobStop, StopEvidence, StopRule};
+use crate::machine::job_stop::{self, RuleStop, StopEvidence, StopRule};
 
 /// The prefix of a departure's reason for a cordon ([`super::Leave::Cordoned`]).
 pub const CORDONED: &str = "cordoned: ";
@@ -42,7 +42,7 @@ impl CordonShare {
 
     /// The stop for the agent (ReportJobStop): one evidence item per host
     /// cordoned in the window, then the job's host count.
-    pub fn report(&self, why: &str, max_share: f64, window: Duration, exit_code: i32) -> JobStop {
+    pub fn report(&self, why: &str, max_share: f64, window: Duration, exit_code: i32) -> RuleStop {
         let within = format!("within {}", humantime::format_duration(window));
         let mut evidence: Vec<StopEvidence> = self
             .cordoned
@@ -65,7 +65,7 @@ impl CordonShare {
                 self.hosts
             ),
         });
-        JobStop {
+        RuleStop {
             rule: StopRule::CordonShare,
             summary: why.to_owned(),
             limit: format!(

@@ -3,7 +3,7 @@
 //! 87), so the stop shows in `warden incidents`, events and metrics like
 //! the agent's own decisions (ReportJobStop).
 //!
-//! In: the rule's observations. Out: a [`JobStop`] the executor sends at
+//! In: the rule's observations. Out: a [`RuleStop`] the executor sends at
 //! the job's end. Never: I/O; an unbounded list (the machine keeps at most
 //! [`MAX_EVIDENCE`] items, the newest).
 
@@ -19,23 +19,12 @@ pub enum StopRule {
     CordonShare,
 }
 
-/// One item of evidence: what it is about, the signal, its value, and what
-/// the rule made of it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct StopEvidence {
-    /// "attempt/2", "host/node-b", "job".
-    pub subject: String,
-    /// "checkpoint.newest", "resumed_from", "host.cordoned", "job.hosts".
-    pub signal: String,
-    /// "30", "none".
-    pub value: String,
-    /// The rule's word on it.
-    pub note: String,
-}
+/// One item of evidence (core's type, which the agent records).
+pub use warden_core::attribute::StopEvidence;
 
 /// A stop by the launcher's own rule, for its agent.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct JobStop {
+pub struct RuleStop {
     /// The rule.
     pub rule: StopRule,
     /// The launcher's diagnosis, one line.

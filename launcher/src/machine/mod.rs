@@ -64,7 +64,7 @@ pub mod progress;
 #[cfg(test)]
 mod scenarios;
 
-pub use job_stop::JobStop;
+pub use job_stop::RuleStop;
 pub use progress::Progress;
 use progress::Verdict;
 use warden_core::signal::join_ranks as join;
@@ -160,6 +160,16 @@ pub const DEFAULT_NOTICE_WINDOW: Duration = Duration::from_secs(30);
 /// executor's decoding of the incident feed).
 pub use warden_core::policy::Action;
 
+/// Ranks the agent asks to be replaced in the middle of an in-process
+/// restart (their process is stopped: they can never acknowledge), and the
+/// restart count their new processes start with (0 is refused): core's
+/// type, which the agent's decision carries.
+pub use warden_core::verdict::Replacement;
+
+/// Why the launcher stops its ranks (StopRanks' typed `kind`): core's type,
+/// the one the agent's goodput ledger books the exits by.
+pub use warden_core::signal::StopKind;
+
 /// One decision of the incident feed (a revision of one incident).
 #[derive(Debug, Clone)]
 pub struct Decision {
@@ -180,18 +190,6 @@ pub struct Decision {
     /// With [`Action::RestartInProcess`]: ranks to replace at once while
     /// the others restart in process.
     pub replace: Option<Replacement>,
-}
-
-/// Ranks the agent asks to be replaced in the middle of an in-process
-/// restart (their process is stopped: they can never acknowledge), and the
-/// restart count their new processes start with.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Replacement {
-    /// Global ranks.
-    pub ranks: Vec<u32>,
-    /// The in-process restart count the others run their next attempt
-    /// with (WARDEN_RESTART_COUNT of the new processes); 0 is refused.
-    pub restart_count: u32,
 }
 
 /// The answer to [`Command::Replace`].
@@ -340,7 +338,7 @@ pub struct Finish {
     pub job_failed: bool,
     /// The job ends by the launcher's own rule (no progress): what the
     /// executor tells the agent (ReportJobStop).
-    pub report: Option<JobStop>,
+    pub report: Option<RuleStop>,
 }
 
 /// What the executor does, in order.
@@ -564,19 +562,6 @@ struct Restart {
     t_gate: Instant,
 }
 
-/// Why the launcher stops its ranks: StopRanks' typed `kind`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum StopKind {
-    /// For an in-job restart or a new round: the ranks come back.
-    Restart,
-    /// The job is ending (its result is known): they do not.
-    JobEnding,
-    /// The launcher was signalled (SIGINT/SIGTERM/SIGHUP).
-    LauncherSignalled,
-    /// A notice: the ranks saved and leave (a planned stop).
-    Preempted,
-}
-
 /// What a stop leads to.
 #[derive(Debug, Clone)]
 enum AfterStop {
@@ -668,7 +653,7 @@ pub struct JobState {
     /// the no-progress stop's evidence.
     progress_log: Vec<job_stop::StopEvidence>,
     /// The stop the launcher's own rule decided, for [`Finish::report`].
-    report: Option<JobStop>,
+    report: Option<RuleStop>,
     /// Workers killed for a replacement: their exits are no failures.
     replaced_pids: HashSet<i32>,
     /// Workers replaced (any attempt).
@@ -2454,7 +2439,7 @@ impl JobState {
         if let Some(id) = &cause.incident {
             self.acted_on.insert(id.clone());
         }
-        self.report = Some(JobStop {
+        self.report = Some(RuleStop {
             rule: job_stop::StopRule::NoProgress,
             summary: why.clone(),
             limit: format!("--max-no-progress-restarts {max}"),
