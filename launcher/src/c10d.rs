@@ -1,5 +1,5 @@
 //! The launcher's coordinator across hosts without etcd: torchrun's c10d
-//! rendezvous, run by torch itself ([`super::hosts::Coordinator`] on a
+//! rendezvous, run by torch itself ([`super::hosts::AcrossHosts`] on a
 //! Python helper).
 //!
 //! In: `--rdzv-backend c10d --rdzv-endpoint HOST:PORT --nnodes N|MIN:MAX`
@@ -65,7 +65,7 @@ use tokio::sync::mpsc;
 
 use super::args::{ArgsError, RunArgs};
 use super::exit::{EXIT_LAUNCHER_ERROR, EXIT_NODE_FAULT, EXIT_PREEMPTED};
-use super::hosts::{AttemptPlan, CoordError, Coordinator, Directive, NodeFault, Remote};
+use super::hosts::{AcrossHosts, AttemptPlan, CoordError, Directive, NodeFault, Remote};
 use super::output::Console;
 
 /// The helper's program, run with `python -c`.
@@ -484,7 +484,7 @@ pub struct C10dCoordinator {
     world: u32,
     /// The launcher's console: what the helper says while the job ends
     /// (the exit barrier's wait, a barrier given up), when the machine no
-    /// longer reads [`Coordinator::next_remote`].
+    /// longer reads [`AcrossHosts::next_remote`].
     console: Console,
 }
 
@@ -689,7 +689,7 @@ async fn read_lines(stdout: ChildStdout, tx: mpsc::Sender<Event>) {
     }
 }
 
-impl Coordinator for C10dCoordinator {
+impl AcrossHosts for C10dCoordinator {
     fn name(&self) -> &'static str {
         "c10d"
     }

@@ -1,4 +1,4 @@
-//! The launcher's coordinator across hosts: [`super::hosts::Coordinator`]
+//! The launcher's coordinator across hosts: [`super::hosts::AcrossHosts`]
 //! on the etcd library of `crate::coord`.
 //!
 //! In: `--rdzv-backend etcd` and its flags ([`config`]). Out: every attempt
@@ -31,7 +31,7 @@ use crate::coord as etcd;
 
 use super::args::RunArgs;
 use super::exit::{EXIT_BUDGET_SPENT, EXIT_LAUNCHER_ERROR, EXIT_NODE_FAULT, EXIT_PREEMPTED};
-use super::hosts::{AttemptPlan, CoordError, Coordinator, Directive, NodeFault, Remote};
+use super::hosts::{AcrossHosts, AttemptPlan, CoordError, Directive, NodeFault, Remote};
 
 pub use crate::args::DEFAULT_ETCD_PORT;
 
@@ -474,7 +474,7 @@ async fn fresh_notice(
     }
 }
 
-impl Coordinator for EtcdCoordinator {
+impl AcrossHosts for EtcdCoordinator {
     fn name(&self) -> &'static str {
         "etcd"
     }

@@ -143,7 +143,7 @@ impl CoordError {
 }
 
 /// How a launcher coordinates with the launchers of the job's other nodes.
-pub trait Coordinator: Send {
+pub trait AcrossHosts: Send {
     /// A short name for the launcher's messages.
     fn name(&self) -> &'static str;
 
@@ -188,7 +188,7 @@ pub fn unix_ms(t: std::time::SystemTime) -> u64 {
 #[derive(Debug, Default, Clone, Copy)]
 pub struct LocalOnly;
 
-impl Coordinator for LocalOnly {
+impl AcrossHosts for LocalOnly {
     fn name(&self) -> &'static str {
         "local"
     }

@@ -24,7 +24,7 @@
 //! The agent: the host's wardend when one answers (default socket or
 //! `$WARDEN_SOCKET`), else one embedded in this process on a private socket
 //! ([`agent`]): one host needs nothing else installed. Across hosts the
-//! [`hosts::Coordinator`] seam takes the job-wide part: with
+//! [`hosts::AcrossHosts`] seam takes the job-wide part: with
 //! `--rdzv-backend etcd` the launchers agree on every round through etcd
 //! ([`etcd`], on `crate::coord`); with `--rdzv-backend c10d` across nodes
 //! and no `--node-rank`, through torchrun's own rendezvous run by torch

@@ -69,7 +69,7 @@ use super::env::WorkerEnv;
 use super::exit::{IncidentBrief, Summary};
 use super::gate::{self, Gate, GpuRelease};
 use super::heal_ready;
-use super::hosts::{AttemptPlan, Coordinator, Directive, LocalOnly, NodeFault, Remote};
+use super::hosts::{AcrossHosts, AttemptPlan, Directive, LocalOnly, NodeFault, Remote};
 use super::machine::{
     Action, Command, Decision, Finish, GateVerdict, Input, JobState, Limits, Listen, Now, Progress,
     Replaced, Replacement, Started, StopKind, WorkerExit,
@@ -295,7 +295,7 @@ enum Done {
 
 /// Runs the job to its end; returns the summary (its `exit_code` is the
 /// launcher's exit status).
-pub async fn run<C: Coordinator>(
+pub async fn run<C: AcrossHosts>(
     job: Job,
     link: &AgentLink,
     coord: C,
@@ -474,7 +474,7 @@ struct Sup<'a, C> {
     jax_port: Option<(u16, u16)>,
 }
 
-impl<C: Coordinator> Sup<'_, C> {
+impl<C: AcrossHosts> Sup<'_, C> {
     async fn run(&mut self) -> Summary {
         let mut queue = VecDeque::from([Input::Begin]);
         loop {
