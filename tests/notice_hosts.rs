@@ -47,7 +47,7 @@ use nix::sys::signal::Signal;
 use warden_launcher::c10d::{C10dConfig, C10dCoordinator};
 use warden_launcher::coord::CoordConfig;
 use warden_launcher::etcd::{CordonCap, EtcdCoordinator};
-use warden_launcher::hosts::{AttemptPlan, Coordinator, Directive, Remote};
+use warden_launcher::hosts::{AcrossHosts, AttemptPlan, Directive, Remote};
 use warden_launcher::output::Console;
 
 /// Any one wait on a loaded 2-core machine (4 torch ranks, 2 agents, etcd).
