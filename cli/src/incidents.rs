@@ -41,15 +41,7 @@ pub fn fault_class_name(v: i32) -> &'static str {
 
 /// The snake_case name of an `Action` ("restart_in_job").
 pub fn action_name(v: i32) -> &'static str {
-    match pb::Action::try_from(v) {
-        Ok(pb::Action::Continue) => "continue",
-        Ok(pb::Action::Stop) => "stop",
-        Ok(pb::Action::RestartInProcess) => "restart_in_process",
-        Ok(pb::Action::RestartInJob) => "restart_in_job",
-        Ok(pb::Action::Cordon) => "cordon",
-        Ok(pb::Action::ScaleDown) => "scale_down",
-        Ok(pb::Action::Unspecified) | Err(_) => "unspecified",
-    }
+    warden_agent::api::convert::action_of(v).map_or("unspecified", |a| a.as_str())
 }
 
 /// A protobuf timestamp as RFC 3339 with milliseconds, or `null`.

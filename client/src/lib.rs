@@ -25,6 +25,10 @@
 //!   ([`RestartRequest`]), followed by [`Client::on_restart`] and
 //!   acknowledged with [`Client::ack_restart`].
 //! - [`clock`]: the `CLOCK_MONOTONIC` nanosecond timestamps the slot carries.
+//! - [`checkpoint`]: a rank's checkpoint shard saved into the local agent's
+//!   tier and restored from the nearest valid copy.
+//! - [`flight`]: the agent's flight-recorder dump requests, handed to the
+//!   callbacks the rank registered, on a thread of their own.
 //! - [`ffi`]: the C ABI declared in `include/warden.h`.
 //! - [`paths`]: where the agent's socket is.
 //! - `mapping` (private): the client's mapping of its received slot memory.

@@ -71,7 +71,7 @@ use super::gate::{self, Gate, GpuRelease};
 use super::heal_ready;
 use super::hosts::{AcrossHosts, AttemptPlan, Directive, LocalOnly, NodeFault, Remote};
 use super::machine::{
-    Action, Command, Decision, Finish, GateVerdict, Input, JobState, Limits, Listen, Now, Progress,
+    Command, Decision, Finish, GateVerdict, Input, JobState, Limits, Listen, Now, Progress,
     Replaced, Replacement, Started, StopKind, WorkerExit,
 };
 use super::output::{self, Console, Stream};
@@ -2193,15 +2193,7 @@ fn decision_of(inc: &pb::Incident) -> Option<Decision> {
         .as_ref()
         .and_then(|t| SystemTime::try_from(*t).ok())
         .unwrap_or(SystemTime::UNIX_EPOCH);
-    let action = match pb::Action::try_from(dec.action).unwrap_or(pb::Action::Unspecified) {
-        pb::Action::Unspecified => None,
-        pb::Action::Continue => Some(Action::Continue),
-        pb::Action::RestartInProcess => Some(Action::RestartInProcess),
-        pb::Action::RestartInJob => Some(Action::RestartInJob),
-        pb::Action::Stop => Some(Action::Stop),
-        pb::Action::Cordon => Some(Action::Cordon),
-        pb::Action::ScaleDown => Some(Action::ScaleDown),
-    };
+    let action = warden_agent::api::convert::action_of(dec.action);
     Some(Decision {
         id: inc.id.clone(),
         revision: inc.superseded.len(),

@@ -174,6 +174,22 @@ pub fn action(a: warden_core::policy::Action) -> pb::Action {
     }
 }
 
+/// A wire action back to core's (`None`: unspecified, or a value this
+/// build does not know). The launcher's incident feed and the CLI read
+/// decisions through it, so the wire enum is mapped in this file alone.
+pub fn action_of(v: i32) -> Option<warden_core::policy::Action> {
+    use warden_core::policy::Action as A;
+    match pb::Action::try_from(v).ok()? {
+        pb::Action::Unspecified => None,
+        pb::Action::Continue => Some(A::Continue),
+        pb::Action::Stop => Some(A::Stop),
+        pb::Action::RestartInProcess => Some(A::RestartInProcess),
+        pb::Action::RestartInJob => Some(A::RestartInJob),
+        pb::Action::Cordon => Some(A::Cordon),
+        pb::Action::ScaleDown => Some(A::ScaleDown),
+    }
+}
+
 /// A decision to its message.
 pub fn decision(d: &warden_core::policy::Decision) -> pb::Decision {
     pb::Decision {
