@@ -749,16 +749,10 @@ impl Config {
             ));
         }
         self.nvml.validate(origin)?;
-        for check in [
-            crate::sources::host_disk::validate(&self.host),
-            crate::sources::host_net::validate(&self.host),
-            self.tpu.validate(),
-            self.nvhcd.validate(),
-        ] {
-            if let Err((key, value, why)) = check {
-                return Err(invalid(key, value, &why));
-            }
-        }
+        crate::sources::host_disk::validate(&self.host, origin)?;
+        crate::sources::host_net::validate(&self.host, origin)?;
+        self.tpu.validate(origin)?;
+        self.nvhcd.validate(origin)?;
         self.kmsg.validate(origin)?;
         self.dcgm.validate(origin)?;
         self.straggler.validate(origin)?;

@@ -2,6 +2,7 @@
 //! (`api::nvhcd` serves it).
 
 use serde::{Deserialize, Serialize};
+use warden_core::config::ConfigError;
 
 /// `[nvhcd]`: NVIDIA's node health check protocol.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -15,13 +16,14 @@ pub struct NvhcdConfig {
 }
 
 impl NvhcdConfig {
-    /// Checks the `[nvhcd]` keys: `(key, value, why)`.
-    pub fn validate(&self) -> Result<(), (&'static str, String, String)> {
+    /// Checks the `[nvhcd]` keys (a bad one is [`ConfigError::Invalid`]).
+    pub fn validate(&self, origin: &str) -> Result<(), ConfigError> {
         if !self.socket.is_empty() && !std::path::Path::new(&self.socket).is_absolute() {
-            return Err((
+            return Err(ConfigError::invalid(
+                origin,
                 "nvhcd.socket",
                 format!("{:?}", self.socket),
-                "must be an absolute path, or empty for off".into(),
+                "must be an absolute path, or empty for off",
             ));
         }
         Ok(())

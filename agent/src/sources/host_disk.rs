@@ -16,6 +16,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
+use warden_core::config::ConfigError;
 
 use crate::sources::host_config::HostConfig;
 use warden_core::health::{ComponentReport, Reason, Status};
@@ -208,16 +209,17 @@ pub fn judge(
     report
 }
 
-/// Checks the `[host]` keys this source reads: `(key, value, why)`.
-pub fn validate(cfg: &HostConfig) -> Result<(), (&'static str, String, String)> {
+/// Checks the `[host]` keys this source reads (a bad one is [`ConfigError::Invalid`]).
+pub fn validate(cfg: &HostConfig, origin: &str) -> Result<(), ConfigError> {
     if let Some(d) = &cfg.checkpoint_dir
         && !d.is_empty()
         && !Path::new(d).is_absolute()
     {
-        return Err((
+        return Err(ConfigError::invalid(
+            origin,
             "host.checkpoint_dir",
             format!("{d:?}"),
-            "must be an absolute path, empty for off, or unset for checkpoint.dir".into(),
+            "must be an absolute path, empty for off, or unset for checkpoint.dir",
         ));
     }
     for (key, v) in [
@@ -231,14 +233,20 @@ pub fn validate(cfg: &HostConfig) -> Result<(), (&'static str, String, String)> 
         ),
     ] {
         if !(0.0..=100.0).contains(&v) {
-            return Err((key, v.to_string(), "must be a percentage, 0 to 100".into()));
+            return Err(ConfigError::invalid(
+                origin,
+                key,
+                v.to_string(),
+                "must be a percentage, 0 to 100",
+            ));
         }
     }
     if cfg.checkpoint_failed_below_percent > cfg.checkpoint_degraded_below_percent {
-        return Err((
+        return Err(ConfigError::invalid(
+            origin,
             "host.checkpoint_failed_below_percent",
             cfg.checkpoint_failed_below_percent.to_string(),
-            "must not exceed host.checkpoint_degraded_below_percent".into(),
+            "must not exceed host.checkpoint_degraded_below_percent",
         ));
     }
     Ok(())

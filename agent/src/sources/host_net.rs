@@ -21,6 +21,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime};
+use warden_core::config::ConfigError;
 
 use crate::sources::host_config::HostConfig;
 use warden_core::events::{NewEvent, Severity};
@@ -181,27 +182,30 @@ pub fn read_ib(root: &Path) -> Vec<LinkReading> {
     out
 }
 
-/// Checks the `[host]` keys this source reads: `(key, value, why)`.
-pub fn validate(cfg: &HostConfig) -> Result<(), (&'static str, String, String)> {
+/// Checks the `[host]` keys this source reads (a bad one is [`ConfigError::Invalid`]).
+pub fn validate(cfg: &HostConfig, origin: &str) -> Result<(), ConfigError> {
     if !Path::new(&cfg.sysfs_root).is_absolute() {
-        return Err((
+        return Err(ConfigError::invalid(
+            origin,
             "host.sysfs_root",
             format!("{:?}", cfg.sysfs_root),
-            "must be an absolute path".into(),
+            "must be an absolute path",
         ));
     }
     if cfg.link_flap_window < Duration::from_secs(1) {
-        return Err((
+        return Err(ConfigError::invalid(
+            origin,
             "host.link_flap_window",
             humantime::format_duration(cfg.link_flap_window).to_string(),
-            "must be at least 1s".into(),
+            "must be at least 1s",
         ));
     }
     if cfg.link_flaps_degraded == 0 {
-        return Err((
+        return Err(ConfigError::invalid(
+            origin,
             "host.link_flaps_degraded",
             "0".into(),
-            "must be at least 1".into(),
+            "must be at least 1",
         ));
     }
     Ok(())

@@ -28,6 +28,7 @@ pub mod runtime;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::time::{Duration, SystemTime};
+use warden_core::config::ConfigError;
 
 use serde::{Deserialize, Serialize};
 
@@ -66,29 +67,32 @@ impl Default for TpuConfig {
 }
 
 impl TpuConfig {
-    /// Checks the `[tpu]` keys: `(key, value, why)`.
-    pub fn validate(&self) -> Result<(), (&'static str, String, String)> {
+    /// Checks the `[tpu]` keys (a bad one is [`ConfigError::Invalid`]).
+    pub fn validate(&self, origin: &str) -> Result<(), ConfigError> {
         if self.poll_interval < Duration::from_millis(100) {
-            return Err((
+            return Err(ConfigError::invalid(
+                origin,
                 "tpu.poll_interval",
                 humantime::format_duration(self.poll_interval).to_string(),
-                "must be at least 100ms".into(),
+                "must be at least 100ms",
             ));
         }
         if self.rpc_timeout < Duration::from_millis(10)
             || self.rpc_timeout > Duration::from_secs(60)
         {
-            return Err((
+            return Err(ConfigError::invalid(
+                origin,
                 "tpu.rpc_timeout",
                 humantime::format_duration(self.rpc_timeout).to_string(),
-                "must be between 10ms and 60s".into(),
+                "must be between 10ms and 60s",
             ));
         }
         if self.ports.contains(&0) {
-            return Err((
+            return Err(ConfigError::invalid(
+                origin,
                 "tpu.ports",
                 format!("{:?}", self.ports),
-                "ports must be 1 to 65535".into(),
+                "ports must be 1 to 65535",
             ));
         }
         Ok(())
