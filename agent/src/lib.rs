@@ -30,7 +30,8 @@
 //! - [`tls`]: mutual TLS between agents: the cluster CA, reloads, the
 //!   `api.tcp` accept path and the one connector every peer dialer uses.
 //! - [`daemon`]: start-up, listeners, the work loop, systemd, shutdown.
-//! - [`telemetry`]: log set-up.
+//! - [`telemetry`]: log set-up, and the job-labelled metric series (kept
+//!   apart and capped; the goodput task removes an ended job's).
 //! - `fuzz` (tests only): proptest fuzz targets for every parser of outside
 //!   input.
 

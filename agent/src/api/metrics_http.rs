@@ -28,13 +28,13 @@ static HANDLE: OnceLock<Option<PrometheusHandle>> = OnceLock::new();
 
 /// Installs the global recorder once; None if another one was installed.
 /// Job-labelled series go to a set of their own holding at most
-/// `max_job_series` ([`super::job_series`]).
+/// `max_job_series` ([`crate::telemetry::job_series`]).
 pub fn install(max_job_series: usize) -> Option<PrometheusHandle> {
     HANDLE
         .get_or_init(|| {
             let prom = PrometheusBuilder::new().build_recorder();
             let handle = prom.handle();
-            let router = super::job_series::Router::new(prom, max_job_series);
+            let router = crate::telemetry::job_series::Router::new(prom, max_job_series);
             match metrics::set_global_recorder(router) {
                 Ok(()) => {
                     describe();
@@ -175,7 +175,7 @@ async fn render(State(s): State<Scrape>) -> String {
         metrics::gauge!("warden_component_status", "component" => c.id, "kind" => c.kind)
             .set(level);
     }
-    let (jobs, dropped) = super::job_series::render();
+    let (jobs, dropped) = crate::telemetry::job_series::render();
     metrics::counter!("warden_metrics_job_series_dropped_total").absolute(dropped);
     s.handle.run_upkeep();
     // The job series come after the others: no metric name has series in

@@ -15,7 +15,6 @@ pub mod control;
 pub mod convert;
 pub mod gate;
 pub mod goodput;
-pub mod job_series;
 pub mod job_stop;
 pub mod launcher_api;
 pub mod local_accept;

@@ -124,7 +124,7 @@ fn ms_to_ns(shown: &str) -> Option<i64> {
 
 /// Sets the gauges of the jobs still exported (running, or ended less than
 /// `series_after_end` ago), removes every other job's series
-/// ([`crate::api::job_series::retain`]), and counts new occurrences.
+/// ([`crate::telemetry::job_series::retain`]), and counts new occurrences.
 fn set_metrics(
     goodput: &Goodput,
     seen: &mut BTreeMap<String, Occurrences>,
@@ -143,7 +143,7 @@ fn set_metrics(
                 .is_none_or(|since| now.saturating_sub(*since) < window)
         })
         .collect();
-    crate::api::job_series::retain(|job| exported.contains(job));
+    crate::telemetry::job_series::retain(|job| exported.contains(job));
     // The ledger dropped these jobs: nothing more to count for them.
     let known: std::collections::BTreeSet<&str> = reports.iter().map(|r| r.job.as_str()).collect();
     seen.retain(|job, _| known.contains(job.as_str()));

@@ -2,7 +2,7 @@
 //! removed and capped.
 //!
 //! In: every metric the agent records, through the process-global recorder
-//! ([`Router`], installed by [`super::metrics_http::install`]). Gauges and
+//! ([`Router`], installed by [`crate::api::metrics_http::install`]). Gauges and
 //! counters with a `job` label (the goodput gauges, the straggler gauges)
 //! go to [`JobSeries`]; everything else to the Prometheus recorder. Out: the
 //! job series rendered at each scrape after the others ([`render`]). Never:

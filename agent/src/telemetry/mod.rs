@@ -1,4 +1,8 @@
-//! Log set-up: tracing to stderr as text or JSON (journald keeps stderr).
+//! Log set-up: tracing to stderr as text or JSON (journald keeps stderr);
+//! and [`job_series`], the recorder that keeps job-labelled metric series
+//! apart, capped, and removable once a job's ledger is gone.
+
+pub mod job_series;
 
 use std::io::IsTerminal;
 
