@@ -1,24 +1,5 @@
-//! The signal rules' shape: what a health signal says when a source reports
-//! it. Here, beside the attribution rules, so that the fault tables
-//! (`taxonomy`) and the attribution rules both name it without importing
-//! each other. The classes themselves are the shared vocabulary
-//! ([`crate::verdict::FaultClass`]).
+//! The classes and the signal rules' shape, as attribution names them:
+//! both live in the shared vocabulary ([`crate::verdict`]), which the fault
+//! tables (`taxonomy`) import too, so that neither imports attribution.
 
-pub use crate::verdict::FaultClass;
-
-/// What a health signal says when a source reports it (the source has
-/// already judged it against its thresholds and debounce).
-#[derive(Debug, Clone, Copy)]
-pub struct SignalRule {
-    /// The reason's signal name, as the sources spell it.
-    pub signal: &'static str,
-    /// Class when the source judged the component FAILED.
-    pub failed: FaultClass,
-    /// Class when DEGRADED; None where a degradation is a warning about
-    /// what may come, never the cause of a failure that has come.
-    pub degraded: Option<FaultClass>,
-    /// How strongly.
-    pub weight: f64,
-    /// Why.
-    pub note: &'static str,
-}
+pub use crate::verdict::{FaultClass, SignalRule};

@@ -4,10 +4,10 @@
 //! (isolate the GPU, reset it, monitor it, triage by hand); the class is
 //! warden's, and the policy maps the class to an action.
 
-use crate::attribute::class::FaultClass::{
+use crate::verdict::FaultClass::{
     self, CorrectableHardware, Infrastructure, UncorrectableHardware,
 };
-use crate::attribute::class::SignalRule;
+use crate::verdict::SignalRule;
 
 /// DCGM's advice for a failure reason.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
