@@ -13,7 +13,7 @@ pub mod rule;
 
 pub use action::Action;
 pub use class::FaultClass;
-pub use rule::SignalRule;
 pub use decision::{
     Decision, EXIT_BUDGET_SPENT, EXIT_NODE_FAULT, PastDecision, Replacement, exit_code_for,
 };
+pub use rule::SignalRule;
