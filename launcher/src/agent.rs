@@ -304,7 +304,7 @@ pub async fn report_job_stop(
     job: &str,
     stop: &crate::machine::RuleStop,
 ) -> Result<String, String> {
-    use crate::machine::job_stop::StopRule;
+    use crate::rule_stop::StopRule;
     let req = pb::ReportJobStopRequest {
         job_id: job.to_owned(),
         reason: match stop.rule {

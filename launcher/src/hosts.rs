@@ -118,7 +118,7 @@ pub enum NodeFault {
         why: String,
         /// The stop, for the agent (ReportJobStop): the hosts cordoned
         /// and the cap.
-        report: crate::machine::job_stop::RuleStop,
+        report: crate::rule_stop::RuleStop,
     },
 }
 

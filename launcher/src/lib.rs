@@ -45,6 +45,9 @@
 //!   one) and how it is reached.
 //! - [`gate`], [`heal_ready`], [`exit`]: before a respawn; which workers a
 //!   live replica can heal; the exit statuses.
+//! - [`rule_stop`]: a stop by one of the launcher's own rules (88, 87), as
+//!   its agent is told it; a leaf the machine, the hosts' seam and the
+//!   cordon-share rule share.
 //! - [`hosts`], [`etcd`], [`coord`], [`c10d`], [`round_store`], [`jax`]:
 //!   across hosts: the seam, the etcd coordinator on `coord`, torch's c10d
 //!   rendezvous, the round's store, JAX's variables.
@@ -82,6 +85,7 @@ pub mod nproc;
 pub mod output;
 pub mod reported_imports;
 pub mod round_store;
+pub mod rule_stop;
 pub mod spawn;
 pub mod standby;
 pub mod supervise;

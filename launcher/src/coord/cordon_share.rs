@@ -12,7 +12,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use crate::machine::job_stop::{self, RuleStop, StopEvidence, StopRule};
+use crate::rule_stop::{self, RuleStop, StopEvidence, StopRule};
 
 /// The prefix of a departure's reason for a cordon ([`super::Leave::Cordoned`]).
 pub const CORDONED: &str = "cordoned: ";
@@ -47,7 +47,7 @@ impl CordonShare {
         let mut evidence: Vec<StopEvidence> = self
             .cordoned
             .iter()
-            .take(job_stop::MAX_EVIDENCE - 1)
+            .take(rule_stop::MAX_EVIDENCE - 1)
             .map(|h| StopEvidence {
                 subject: format!("host/{h}"),
                 signal: "host.cordoned".into(),

@@ -5,39 +5,11 @@
 //!
 //! In: the rule's observations. Out: a [`RuleStop`] the executor sends at
 //! the job's end. Never: I/O; an unbounded list (the machine keeps at most
-//! [`MAX_EVIDENCE`] items, the newest).
+//! [`MAX_EVIDENCE`] items, the newest). The report's types are
+//! `crate::rule_stop`'s, a leaf that the hosts' seam and the cordon-share
+//! rule name too without importing the machine.
 
-/// Evidence items a report carries at most (the agent's own cap).
-pub const MAX_EVIDENCE: usize = 64;
-
-/// Which of the launcher's rules ended the job.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum StopRule {
-    /// `--max-no-progress-restarts`: exit 88.
-    NoProgress,
-    /// `--max-cordon-share`: exit 87 instead of 86.
-    CordonShare,
-}
-
-/// One item of evidence (core's type, which the agent records).
-pub use warden_core::attribute::StopEvidence;
-
-/// A stop by the launcher's own rule, for its agent.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RuleStop {
-    /// The rule.
-    pub rule: StopRule,
-    /// The launcher's diagnosis, one line.
-    pub summary: String,
-    /// The rule's limit as this launcher runs it ("--max-no-progress-restarts 3").
-    pub limit: String,
-    /// The launcher's exit status.
-    pub exit_code: i32,
-    /// Oldest first.
-    pub evidence: Vec<StopEvidence>,
-    /// The incident the launcher was acting on when it stopped.
-    pub incident: Option<String>,
-}
+pub use crate::rule_stop::{MAX_EVIDENCE, RuleStop, StopEvidence, StopRule, keep_newest};
 
 /// The evidence of one failed attempt's progress observation: the newest
 /// complete checkpoint (when the tier answered) and the step its ranks
@@ -73,14 +45,6 @@ pub fn attempt_evidence(
         },
     });
     checkpoint.into_iter().chain(resumed).chain(unobserved)
-}
-
-/// Appends `items`, keeping the newest [`MAX_EVIDENCE`].
-pub fn keep_newest(log: &mut Vec<StopEvidence>, items: impl IntoIterator<Item = StopEvidence>) {
-    log.extend(items);
-    if log.len() > MAX_EVIDENCE {
-        log.drain(..log.len() - MAX_EVIDENCE);
-    }
 }
 
 #[cfg(test)]
