@@ -83,18 +83,12 @@ pub struct AgentState {
     /// Where every rank of the jobs stands, this host's and the peers',
     /// for the job-wide hang verdict (`ranks::verdict`).
     pub hang_board: Arc<crate::ranks::verdict::HangBoard>,
-    /// What this agent keeps as its jobs' straggler aggregator: every
-    /// reporting host's sketches and scores (`exchange::aggregate`).
-    pub aggregator: Mutex<warden_core::detect::straggler::aggregate::Aggregator>,
     /// The SDC detector's link to its jobs' aggregator: this host's values
     /// out, the job-wide per-step statistics in (`ranks::peer_values`).
-    pub peer_values: crate::ranks::peer_values::PeerValues,
-    /// What this agent keeps as its jobs' aggregator of reported values:
-    /// per-step aggregates of every host's ranks (`detect::sdc::aggregate`).
-    pub sdc_aggregator: Mutex<warden_core::detect::sdc::aggregate::SdcAggregator>,
-    /// Whom this agent reports its jobs' part to and relays its group's
-    /// reports to, and what is known of each (`exchange::routes`).
-    pub exchange_routes: crate::exchange::routes::Routes,
+    pub peer_values: Arc<crate::ranks::peer_values::PeerValues>,
+    /// The job-wide exchange: this agent's aggregators, its routes, and the
+    /// handles it shares (`exchange::Exchange`).
+    pub exchange: Arc<crate::exchange::Exchange>,
     /// The node's health gate: one run at a time, its result cached, calls
     /// per uid bounded (`act::gate`).
     pub gate: Arc<crate::act::gate::Gate>,
@@ -150,6 +144,49 @@ impl AgentState {
         let mut ranks = ranks;
         ranks.max_per_process = config.ranks.max_per_process;
         ranks.max_per_uid = config.ranks.per_uid();
+        let checkpoints = if config.checkpoint.enabled {
+            crate::ckpt::Checkpoints::open(&config.checkpoint, &host, &config.api.tcp, &peer_tls)
+                .map(std::sync::Arc::new)
+                .inspect_err(|e| tracing::error!(error = %e, "checkpoint tier unavailable"))
+        } else {
+            Err("off (checkpoint.enabled = false)".to_owned())
+        };
+        let straggler_peers_seen = std::sync::Arc::<crate::tls::connect::SeenNames>::default();
+        let ranks = SharedRegistry::new(ranks);
+        let shutdown = CancellationToken::new();
+        let hang_board = Arc::new(crate::ranks::verdict::HangBoard::new(
+            host.clone(),
+            config.straggler.summary_ttl,
+            config.hang.verdict_wait * 2,
+        ));
+        let peer_values = Arc::new(crate::ranks::peer_values::PeerValues::default());
+        let exchange = Arc::new(crate::exchange::Exchange {
+            host: host.clone(),
+            sdc_enabled: config.sdc.enabled,
+            verdict_wait: config.hang.verdict_wait,
+            aggregator: Mutex::new(warden_core::detect::straggler::aggregate::Aggregator::new(
+                config.straggler.summary_ttl,
+            )),
+            sdc_aggregator: Mutex::new(warden_core::detect::sdc::aggregate::SdcAggregator::new(
+                config.straggler.summary_ttl,
+                config.sdc.judge_lag,
+            )),
+            routes: crate::exchange::routes::Routes::new(
+                &config.api.tcp,
+                &config.straggler.peers,
+                config.straggler.aggregator_fan_out,
+                crate::exchange::routes::Dial {
+                    checkpoints: checkpoints.as_ref().ok().cloned(),
+                    peer_tls: peer_tls.clone(),
+                    seen: straggler_peers_seen.clone(),
+                    peer_timeout: config.straggler.peer_timeout,
+                },
+            ),
+            hang_board: hang_board.clone(),
+            peer_values: peer_values.clone(),
+            registry: ranks.clone(),
+            shutdown: shutdown.clone(),
+        });
         let state = Self {
             goodput,
             authz,
@@ -160,43 +197,17 @@ impl AgentState {
             restarts: Arc::new(crate::act::in_process::Restarts::new()),
             slurm: Arc::new(crate::act::slurm::Slurm::new(&config.slurm)),
             notices: crate::notice::Board::default(),
-            checkpoints: if config.checkpoint.enabled {
-                crate::ckpt::Checkpoints::open(
-                    &config.checkpoint,
-                    &host,
-                    &config.api.tcp,
-                    &peer_tls,
-                )
-                .map(std::sync::Arc::new)
-                .inspect_err(|e| tracing::error!(error = %e, "checkpoint tier unavailable"))
-            } else {
-                Err("off (checkpoint.enabled = false)".to_owned())
-            },
+            checkpoints,
             peer_tls,
-            straggler_peers_seen: std::sync::Arc::default(),
+            straggler_peers_seen,
             stragglers: std::sync::OnceLock::new(),
             stranger_connections: std::sync::OnceLock::new(),
-            peer_values: crate::ranks::peer_values::PeerValues::default(),
+            peer_values,
+            exchange,
             gate: Arc::default(),
             gate_dcgm: Arc::new(config.dcgm.clone()),
             job_stops: crate::api::stop_limiter::StopLimiter::new(config.api.job_stops_per_minute),
-            aggregator: Mutex::new(warden_core::detect::straggler::aggregate::Aggregator::new(
-                config.straggler.summary_ttl,
-            )),
-            sdc_aggregator: Mutex::new(warden_core::detect::sdc::aggregate::SdcAggregator::new(
-                config.straggler.summary_ttl,
-                config.sdc.judge_lag,
-            )),
-            exchange_routes: crate::exchange::routes::Routes::new(
-                &config.api.tcp,
-                &config.straggler.peers,
-                config.straggler.aggregator_fan_out,
-            ),
-            hang_board: Arc::new(crate::ranks::verdict::HangBoard::new(
-                host.clone(),
-                config.straggler.summary_ttl,
-                config.hang.verdict_wait * 2,
-            )),
+            hang_board,
             config,
             config_source,
             host,
@@ -205,8 +216,8 @@ impl AgentState {
             health: Arc::new(HealthModel::new()),
             events: Arc::new(events),
             endpoints: Mutex::new(Vec::new()),
-            shutdown: CancellationToken::new(),
-            ranks: SharedRegistry::new(ranks),
+            shutdown,
+            ranks,
         };
         // Component state/job_owners: DEGRADED while claims are refused.
         state.authz.attach_health(state.health_reporter());

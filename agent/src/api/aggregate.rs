@@ -43,7 +43,7 @@ pub async fn report_to_aggregator(
     } else {
         first_job(&req).and_then(|job| {
             let skip_for = state.config.straggler.exchange_interval * 3;
-            state.exchange_routes.relay_plan(state, job, skip_for)
+            state.exchange.routes.relay_plan(job, skip_for)
         })
     };
     let forward = relay_plan.as_ref().map(|_| req.clone());
@@ -88,7 +88,7 @@ pub async fn report_to_aggregator(
     if let (Some(plan), Some(forward)) = (relay_plan, forward) {
         return relay(state, plan, forward, (report, positions, values)).await;
     }
-    let here = aggregate_here(state, report, positions, values)
+    let here = aggregate_here(&state.exchange, report, positions, values)
         .map_err(|e| Status::resource_exhausted(format!("aggregate report: {e}")))?;
     Ok(answer_pb(&state.host, &here))
 }
@@ -122,13 +122,13 @@ async fn relay(
     req.relayed = true;
     let limit = state.config.straggler.peer_timeout;
     let deadline = tokio::time::Instant::now() + limit;
-    let routes = &state.exchange_routes;
+    let routes = &state.exchange.routes;
     let mut errors = Vec::new();
     for Hop { addr, client, .. } in plan {
         let Some(mut client) = client else {
             metrics::counter!("warden_straggler_relays_total", "result" => "here").increment(1);
             let (report, positions, values) = decoded;
-            let here = aggregate_here(state, report, positions, values)
+            let here = aggregate_here(&state.exchange, report, positions, values)
                 .map_err(|e| Status::resource_exhausted(format!("aggregate report: {e}")))?;
             return Ok(answer_pb(&state.host, &here));
         };

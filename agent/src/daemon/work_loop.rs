@@ -227,7 +227,7 @@ pub(crate) fn run_stragglers(state: &Arc<AgentState>, now: Instant) {
     // peers (SetCheckpointPeers): the exchange carries a hang's positions
     // to them even without `straggler.peers`.
     if (!cfg.peers.is_empty() || state.checkpoints.is_ok()) && det.claim_exchange() {
-        crate::exchange::report::spawn_reports(state.clone(), det.clone());
+        crate::exchange::report::spawn_reports(state.exchange.clone(), det.clone());
     }
     let wall = std::time::SystemTime::now();
     for signal in crate::ranks::stragglers::tick(&det, &state.ranks, &state.health, now, wall) {

@@ -9,7 +9,6 @@
 //! `exchange::report`, convert), a limit passed (the error names it and
 //! nothing changes).
 
-use std::sync::Arc;
 use std::time::{Instant, SystemTime};
 
 use warden_core::detect::culprit;
@@ -17,7 +16,7 @@ use warden_core::detect::positions::JobPositions;
 use warden_core::detect::sdc::aggregate::{JobSteps, JobValues};
 use warden_core::detect::straggler::aggregate::{AggregateError, JobWide, Report};
 
-use crate::state::AgentState;
+use super::Exchange;
 
 /// What an aggregator answered (here or over the wire).
 #[derive(Debug, Default)]
@@ -38,16 +37,15 @@ pub struct Here {
 /// starts the collector's judgement. A report past a limit changes nothing
 /// (the error names the limit).
 pub fn aggregate_here(
-    state: &Arc<AgentState>,
+    ex: &Exchange,
     report: Report,
     positions: Vec<JobPositions>,
     values: Vec<JobValues>,
 ) -> Result<Here, String> {
     let host = report.host.clone();
-    let aggregated = state.config.sdc.enabled;
+    let aggregated = ex.sdc_enabled;
     let values = if aggregated && !values.is_empty() {
-        state
-            .sdc_aggregator
+        ex.sdc_aggregator
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .report(&host, values, Instant::now())
@@ -63,28 +61,26 @@ pub fn aggregate_here(
         .map(|p| p.job.clone())
         .collect();
     let wide = {
-        let mut agg = state
+        let mut agg = ex
             .aggregator
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         agg.report(report, Instant::now())
             .map_err(|e: AggregateError| e.to_string())?
     };
-    if host != state.host {
-        state.hang_board.merge_remote(&host, positions);
+    if host != ex.host {
+        ex.hang_board.merge_remote(&host, positions);
     }
     for job in hung {
         tokio::spawn(crate::ranks::verdict::collect(
-            state.hang_board.clone(),
+            ex.hang_board.clone(),
             job,
-            state.config.hang.verdict_wait,
+            ex.verdict_wait,
         ));
     }
     jobs.sort();
     jobs.dedup();
-    let verdicts = state
-        .hang_board
-        .announced_for(jobs.iter().map(String::as_str));
+    let verdicts = ex.hang_board.announced_for(jobs.iter().map(String::as_str));
     Ok(Here {
         wide,
         verdicts,

@@ -11,9 +11,53 @@
 //! - [`routes`]: whom a host reports to and where a group leader relays
 //!   (the two-level tree), and what is known of each host on the way.
 //! - [`wire`], [`positions`]: the messages on the wire, checked both ways.
+//!
+//! [`Exchange`] is the stage's state and handles, handed over whole.
 
 pub mod aggregate;
 pub mod positions;
 pub mod report;
 pub mod routes;
 pub mod wire;
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+use warden_core::detect::sdc::aggregate::SdcAggregator;
+use warden_core::detect::straggler::aggregate::Aggregator;
+
+use crate::ranks::peer_values::PeerValues;
+use crate::ranks::registry::SharedRegistry;
+use crate::ranks::verdict::HangBoard;
+
+/// What the exchange keeps and the handles it works with: its own
+/// aggregators and routes, and the hang board, the SDC values and the
+/// registry it shares with the work loop. The daemon and the edge hand it
+/// over whole; it never reads the agent's whole state.
+#[derive(Debug)]
+pub struct Exchange {
+    /// This agent's host name (a report under it is this agent's own).
+    pub host: String,
+    /// `sdc.enabled`: values are aggregated and sent.
+    pub sdc_enabled: bool,
+    /// `hang.verdict_wait`: how long the collector waits for positions.
+    pub verdict_wait: Duration,
+    /// What this agent keeps as its jobs' straggler aggregator: every
+    /// reporting host's sketches and scores.
+    pub aggregator: Mutex<Aggregator>,
+    /// What this agent keeps as its jobs' aggregator of reported values:
+    /// per-step aggregates of every host's ranks (`detect::sdc::aggregate`).
+    pub sdc_aggregator: Mutex<SdcAggregator>,
+    /// Whom this agent reports its jobs' part to and relays its group's
+    /// reports to, and what is known of each.
+    pub routes: routes::Routes,
+    /// Where every rank of the jobs stands (`ranks::verdict`).
+    pub hang_board: Arc<HangBoard>,
+    /// The SDC detector's link to its jobs' aggregator (`ranks::peer_values`).
+    pub peer_values: Arc<PeerValues>,
+    /// The ranks (their jobs' world sizes).
+    pub registry: SharedRegistry,
+    /// The agent's shutdown.
+    pub shutdown: CancellationToken,
+}

@@ -32,32 +32,32 @@ use warden_core::detect::sdc::aggregate::JobValues;
 use warden_core::detect::straggler::Stragglers;
 use warden_core::detect::straggler::aggregate::Report;
 
+use super::Exchange;
 use super::aggregate::{Here, aggregate_here};
 use super::routes::{Hop, call};
 use super::wire::{answer_from_pb, report_pb};
-use crate::state::AgentState;
 
 /// Starts the task that reports to the aggregators every
 /// `straggler.exchange_interval`, until the agent shuts down.
-pub fn spawn_reports(state: Arc<AgentState>, det: Arc<Stragglers>) {
-    tokio::spawn(report_loop(state, det));
+pub fn spawn_reports(ex: Arc<Exchange>, det: Arc<Stragglers>) {
+    tokio::spawn(report_loop(ex, det));
 }
 
-async fn report_loop(state: Arc<AgentState>, det: Arc<Stragglers>) {
+async fn report_loop(ex: Arc<Exchange>, det: Arc<Stragglers>) {
     let cfg = det.config().clone();
     let mut ticker = tokio::time::interval(cfg.exchange_interval);
     ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
     let skip_for = cfg.exchange_interval * 3;
     loop {
         tokio::select! {
-            () = state.shutdown.cancelled() => return,
+            () = ex.shutdown.cancelled() => return,
             _ = ticker.tick() => {}
-            () = state.hang_board.exchange_now.notified() => {}
+            () = ex.hang_board.exchange_now.notified() => {}
         }
         let report = det.report(Instant::now());
-        let positions = state.hang_board.outbox();
-        let values = if state.config.sdc.enabled {
-            state.peer_values.outbox()
+        let positions = ex.hang_board.outbox();
+        let values = if ex.sdc_enabled {
+            ex.peer_values.outbox()
         } else {
             Vec::new()
         };
@@ -67,7 +67,7 @@ async fn report_loop(state: Arc<AgentState>, det: Arc<Stragglers>) {
         let mut plan_of = |job: &str| {
             plans
                 .entry(job.to_owned())
-                .or_insert_with(|| state.exchange_routes.plan(&state, job, skip_for))
+                .or_insert_with(|| ex.routes.plan(job, skip_for))
                 .clone()
         };
         let empty = || Report {
@@ -87,7 +87,7 @@ async fn report_loop(state: Arc<AgentState>, det: Arc<Stragglers>) {
                 .1
                 .push(p.clone());
         }
-        let worlds = job_worlds(&state);
+        let worlds = job_worlds(&ex);
         for mut v in values {
             v.world = worlds.get(&v.job).copied().unwrap_or(0);
             group_of(&mut groups, plan_of(&v.job), empty).2.push(v);
@@ -103,14 +103,14 @@ async fn report_loop(state: Arc<AgentState>, det: Arc<Stragglers>) {
                 }
                 rep.jobs.clear();
                 pos.clear();
-                let state = state.clone();
+                let ex = ex.clone();
                 let limit = cfg.peer_timeout;
                 let plan = vec![Hop {
                     addr: String::new(),
                     client: None,
                     relays: false,
                 }];
-                calls.spawn(async move { send(&state, plan, rep, pos, vals, limit).await });
+                calls.spawn(async move { send(&ex, plan, rep, pos, vals, limit).await });
                 continue;
             }
             if plan.iter().all(|h| h.client.is_none())
@@ -120,11 +120,11 @@ async fn report_loop(state: Arc<AgentState>, det: Arc<Stragglers>) {
             {
                 continue;
             }
-            let state = state.clone();
+            let ex = ex.clone();
             let limit = cfg.peer_timeout;
-            calls.spawn(async move { send(&state, plan, rep, pos, vals, limit).await });
+            calls.spawn(async move { send(&ex, plan, rep, pos, vals, limit).await });
         }
-        let stop = state.shutdown.clone();
+        let stop = ex.shutdown.clone();
         loop {
             let joined = tokio::select! {
                 () = stop.cancelled() => return,
@@ -135,7 +135,7 @@ async fn report_loop(state: Arc<AgentState>, det: Arc<Stragglers>) {
             for (addr, err) in outcome.failed {
                 metrics::counter!("warden_straggler_exchanges_total", "result" => "error")
                     .increment(1);
-                state.exchange_routes.note_failed(&addr, err, "this host");
+                ex.routes.note_failed(&addr, err, "this host");
             }
             if let Some((addr, err)) = outcome.relay_failed {
                 // The leader is up; the aggregator behind it was not
@@ -147,7 +147,7 @@ async fn report_loop(state: Arc<AgentState>, det: Arc<Stragglers>) {
             if let Some(addr) = outcome.answered {
                 metrics::counter!("warden_straggler_exchanges_total", "result" => "ok")
                     .increment(1);
-                state.exchange_routes.note_answered(&addr);
+                ex.routes.note_answered(&addr);
             }
             let now = Instant::now();
             let Some(here) = outcome.here else { continue };
@@ -155,14 +155,14 @@ async fn report_loop(state: Arc<AgentState>, det: Arc<Stragglers>) {
                 det.take_job_wide(w, now);
             }
             for (job, at, v) in here.verdicts {
-                state.hang_board.announce(&job, at, v);
+                ex.hang_board.announce(&job, at, v);
             }
             if here.values_aggregated {
-                state.peer_values.receive(here.values);
+                ex.peer_values.receive(here.values);
             } else {
                 // An older aggregator (or one with sdc off): judged with
                 // this host's ranks alone.
-                state.peer_values.alone(outcome.value_jobs);
+                ex.peer_values.alone(outcome.value_jobs);
             }
         }
     }
@@ -186,8 +186,8 @@ fn group_of(
 type Group = (Report, Vec<JobPositions>, Vec<JobValues>);
 
 /// The world size of each of this host's jobs, as its ranks registered it.
-fn job_worlds(state: &AgentState) -> HashMap<String, u32> {
-    let reg = state.registry();
+fn job_worlds(ex: &Exchange) -> HashMap<String, u32> {
+    let reg = ex.registry.lock();
     reg.ranks
         .iter()
         .map(|(k, r)| (k.job.clone(), r.world_size))
@@ -212,7 +212,7 @@ struct Outcome {
 /// it is given twice `limit`; a leader that answers that it could not relay
 /// ends the tries (it is up: the next interval it relays elsewhere).
 async fn send(
-    state: &Arc<AgentState>,
+    ex: &Arc<Exchange>,
     plan: Vec<Hop>,
     report: Report,
     positions: Vec<JobPositions>,
@@ -231,7 +231,7 @@ async fn send(
     } in plan
     {
         let Some(mut client) = client else {
-            match aggregate_here(state, report, positions, values) {
+            match aggregate_here(ex, report, positions, values) {
                 Ok(here) => out.here = Some(here),
                 Err(e) => tracing::warn!(error = %e, "this agent's own report was refused"),
             }

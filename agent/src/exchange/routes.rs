@@ -9,7 +9,7 @@
 //! down skips it for its members' reports too.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tonic::transport::{Channel, Endpoint};
@@ -17,8 +17,9 @@ use warden_core::detect::straggler::tree;
 use warden_proto::v1 as pb;
 use warden_proto::v1::peer_client::PeerClient;
 
-use crate::state::AgentState;
-use crate::tls::connect::PeerConnector;
+use crate::ckpt::Checkpoints;
+use crate::tls::PeerTls;
+use crate::tls::connect::{PeerConnector, SeenNames};
 
 /// At most this many hosts are tried for one report in one interval: the
 /// ones after are tried in the next intervals, once these are known down.
@@ -107,11 +108,29 @@ pub struct Routes {
     statics_me: Option<usize>,
     fan_out: u32,
     links: Mutex<HashMap<String, Link>>,
+    /// How a host is dialed and who its jobs' hosts are.
+    dial: Dial,
+}
+
+/// What [`Routes`] needs to find a job's order and dial a host: the
+/// checkpoint tier's peer set (the jobs' hosts, handed over by their
+/// launchers, with their clients), and for a host dialed by address the
+/// peer TLS, the names seen on such links and the call limit.
+#[derive(Debug)]
+pub struct Dial {
+    /// The checkpoint tier, when it is on: its peer set.
+    pub checkpoints: Option<Arc<Checkpoints>>,
+    /// The agents' mutual TLS (or none).
+    pub peer_tls: PeerTls,
+    /// The certificate names of the hosts dialed by address.
+    pub seen: Arc<SeenNames>,
+    /// `straggler.peer_timeout`.
+    pub peer_timeout: Duration,
 }
 
 impl Routes {
     /// The routes of an agent at `me` with `straggler.peers` = `peers`.
-    pub fn new(me: &str, peers: &[String], fan_out: u32) -> Self {
+    pub fn new(me: &str, peers: &[String], fan_out: u32, dial: Dial) -> Self {
         let mut statics = peers.to_vec();
         if !me.is_empty() {
             statics.push(me.to_owned());
@@ -125,26 +144,22 @@ impl Routes {
             statics_me,
             fan_out,
             links: Mutex::new(HashMap::new()),
+            dial,
         }
     }
 
     /// `f` over `job`'s order and this agent's index in it: its hosts
     /// handed over by its launchers, or the static fleet's.
-    fn with_order<T>(
-        &self,
-        state: &AgentState,
-        job: &str,
-        f: impl FnOnce(&[String], Option<usize>) -> T,
-    ) -> T {
-        match &state.checkpoints {
-            Ok(ck) => ck.peers.with_order(job, |o, me| {
+    fn with_order<T>(&self, job: &str, f: impl FnOnce(&[String], Option<usize>) -> T) -> T {
+        match &self.dial.checkpoints {
+            Some(ck) => ck.peers.with_order(job, |o, me| {
                 if o.is_empty() {
                     f(&self.statics, self.statics_me)
                 } else {
                     f(o, me)
                 }
             }),
-            Err(_) => f(&self.statics, self.statics_me),
+            None => f(&self.statics, self.statics_me),
         }
     }
 
@@ -152,11 +167,11 @@ impl Routes {
     /// [`MAX_TRIES`], ending at this agent when it is reached): along the
     /// tree's route, those not known down (a host that failed is skipped
     /// for `skip_for`); when every one is down, the route as it is.
-    pub fn plan(&self, state: &AgentState, job: &str, skip_for: Duration) -> Vec<Hop> {
-        self.with_order(state, job, |order, me| {
+    pub fn plan(&self, job: &str, skip_for: Duration) -> Vec<Hop> {
+        self.with_order(job, |order, me| {
             let k = tree::fan_out(order.len(), self.fan_out);
             let route = tree::route(order.len(), me, k);
-            self.hops(state, order, route, skip_for, |i| tree::relays(i, k))
+            self.hops(order, route, skip_for, |i| tree::relays(i, k))
         })
     }
 
@@ -164,23 +179,17 @@ impl Routes {
     /// leader: the hosts before its group in order, then this agent
     /// (aggregate in place). None: it aggregates (it is in group 0, or
     /// not in the job's order).
-    pub fn relay_plan(
-        &self,
-        state: &AgentState,
-        job: &str,
-        skip_for: Duration,
-    ) -> Option<Vec<Hop>> {
-        self.with_order(state, job, |order, me| {
+    pub fn relay_plan(&self, job: &str, skip_for: Duration) -> Option<Vec<Hop>> {
+        self.with_order(job, |order, me| {
             let k = tree::fan_out(order.len(), self.fan_out);
             let route = tree::relay(order.len(), me, k)?;
-            Some(self.hops(state, order, route, skip_for, |_| false))
+            Some(self.hops(order, route, skip_for, |_| false))
         })
     }
 
     /// The hosts of `route` (indices into `order`) to try now.
     fn hops(
         &self,
-        state: &AgentState,
         order: &[String],
         route: impl Iterator<Item = usize> + Clone,
         skip_for: Duration,
@@ -228,7 +237,7 @@ impl Routes {
                 }
                 let link = links.entry(addr.clone()).or_default();
                 if link.client.is_none() {
-                    link.client = client_for(state, addr);
+                    link.client = self.dial.client_for(addr);
                 }
                 Hop {
                     addr: addr.clone(),
@@ -276,27 +285,29 @@ impl Routes {
     }
 }
 
-/// A client for the host at `addr`: a job's peer's (handed over) or one
-/// dialed by address (its certificate's name is remembered, so that its
-/// own reports are taken).
-fn client_for(state: &AgentState, addr: &str) -> Option<PeerClient<Channel>> {
-    if let Ok(ck) = &state.checkpoints
-        && let Some(p) = ck.peers.find(addr)
-    {
-        return Some(p.client);
+impl Dial {
+    /// A client for the host at `addr`: a job's peer's (handed over) or
+    /// one dialed by address (its certificate's name is remembered, so that
+    /// its own reports are taken).
+    fn client_for(&self, addr: &str) -> Option<PeerClient<Channel>> {
+        if let Some(ck) = &self.checkpoints
+            && let Some(p) = ck.peers.find(addr)
+        {
+            return Some(p.client);
+        }
+        let limit = self.peer_timeout;
+        Endpoint::from_shared(format!("http://{addr}"))
+            .map(|e| {
+                PeerClient::new(
+                    e.connect_timeout(limit)
+                        .timeout(limit * 2)
+                        .connect_with_connector_lazy(
+                            PeerConnector::new(self.peer_tls.clone(), "")
+                                .recording(self.seen.clone()),
+                        ),
+                )
+            })
+            .map_err(|e| tracing::warn!(peer = %addr, error = %e, "unusable aggregator address"))
+            .ok()
     }
-    let limit = state.config.straggler.peer_timeout;
-    Endpoint::from_shared(format!("http://{addr}"))
-        .map(|e| {
-            PeerClient::new(
-                e.connect_timeout(limit)
-                    .timeout(limit * 2)
-                    .connect_with_connector_lazy(
-                        PeerConnector::new(state.peer_tls.clone(), "")
-                            .recording(state.straggler_peers_seen.clone()),
-                    ),
-            )
-        })
-        .map_err(|e| tracing::warn!(peer = %addr, error = %e, "unusable aggregator address"))
-        .ok()
 }
