@@ -345,45 +345,28 @@ impl Agent for AgentService {
                 if r.exception_type.is_empty() {
                     return Err(Status::invalid_argument("exception_type must be set"));
                 }
-                let key = RankKey {
-                    job: r.job_id,
-                    rank: r.global_rank,
-                };
-                let launcher_only = self
-                    .state
-                    .registry()
-                    .ranks
-                    .get(&key)
-                    .is_some_and(|e| e.launcher_only());
-                let (exception_type, message) = (r.exception_type.clone(), r.message.clone());
-                let awaits_decision = admit::report_exception(
-                    &self.state.events,
-                    launcher_only,
-                    admit::Reported {
-                        key: key.clone(),
-                        exception_type: r.exception_type,
-                        message: r.message,
-                        traceback: r.traceback,
-                        step: r.step,
-                        pid: r.pid,
-                        generation: r.generation,
-                        uncaught: r.uncaught,
-                        awaits_decision: r.awaits_decision,
+                let reported = admit::Reported {
+                    key: RankKey {
+                        job: r.job_id,
+                        rank: r.global_rank,
                     },
-                );
-                // After the event: the decision's restart.requested follows it.
-                let answer = if awaits_decision {
-                    convert::exception_answer(in_process::exception::decide(
-                        &self.state.in_process(),
-                        &self.state.config.policy,
-                        &key,
-                        &exception_type,
-                        &message,
-                    ))
-                } else {
-                    pb::ReportExceptionResponse::default()
+                    exception_type: r.exception_type,
+                    message: r.message,
+                    traceback: r.traceback,
+                    step: r.step,
+                    pid: r.pid,
+                    generation: r.generation,
+                    uncaught: r.uncaught,
+                    awaits_decision: r.awaits_decision,
                 };
-                Ok(Response::new(answer))
+                let answer = in_process::exception::report(
+                    &self.state.in_process(),
+                    &self.state.config.policy,
+                    reported,
+                );
+                Ok(Response::new(
+                    answer.map_or_else(Default::default, convert::exception_answer),
+                ))
             },
         )
         .await

@@ -30,6 +30,7 @@ use warden_core::policy::PolicyConfig;
 
 use super::Handles;
 use crate::ranks::RankKey;
+use crate::ranks::admit::{Reported, report_exception};
 
 /// What a rank waiting on its exception does next.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -50,6 +51,23 @@ pub enum Answer {
         /// Why not a restart.
         reason: String,
     },
+}
+
+/// The use case of a reported exception: publishes `rank.exception`
+/// (`ranks::admit::report_exception`, bounded there) and, when the rank
+/// waits on it, decides what it does next ([`decide`], after the event, so
+/// the decision's `restart.requested` follows it). None: nobody waits (an
+/// uncaught exception, or a rank that did not ask).
+pub fn report(h: &Handles, policy: &PolicyConfig, reported: Reported) -> Option<Answer> {
+    let launcher_only = h
+        .registry()
+        .ranks
+        .get(&reported.key)
+        .is_some_and(|e| e.launcher_only());
+    let key = reported.key.clone();
+    let (exception_type, message) = (reported.exception_type.clone(), reported.message.clone());
+    report_exception(&h.events, launcher_only, reported)
+        .then(|| decide(h, policy, &key, &exception_type, &message))
 }
 
 /// Decides what a rank that waits on its exception does next (see the module).
