@@ -32,8 +32,8 @@
 use std::time::{Duration, Instant};
 
 use prost::Message;
-use warden_agent::api::stragglers::{batch_from_pb, batch_pb};
 use warden_agent::exchange::aggregate::Here;
+use warden_agent::exchange::legacy::{batch_from_pb, batch_pb};
 use warden_agent::exchange::wire::{answer_pb, report_from_pb, report_pb};
 use warden_core::detect::straggler::aggregate::{Aggregator, JobReport, Report};
 use warden_core::detect::straggler::score::SectionMedian;

@@ -11,10 +11,13 @@
 //! - [`routes`]: whom a host reports to and where a group leader relays
 //!   (the two-level tree), and what is known of each host on the way.
 //! - [`wire`], [`positions`]: the messages on the wire, checked both ways.
+//! - [`legacy`]: an older agent's ExchangeStragglerSummaries, taken and
+//!   answered.
 //!
 //! [`Exchange`] is the stage's state and handles, handed over whole.
 
 pub mod aggregate;
+pub mod legacy;
 pub mod positions;
 pub mod report;
 pub mod routes;
