@@ -4,8 +4,9 @@
 //! caller (it speaks only for its own host and for jobs it is a member
 //! of; a group leader that relays speaks for a member of its group), and
 //! then either relays the report (this agent leads a group of the
-//! two-level tree, `exchange::routes`) or hands it to the aggregator's use
-//! case ([`crate::exchange::aggregate`]) and maps its answer; a report
+//! two-level tree: [`crate::exchange::relay`]) or hands it to the
+//! aggregator's use case ([`crate::exchange::aggregate`]) and maps its
+//! answer; a report
 //! past a limit is RESOURCE_EXHAUSTED naming the limit. The reporting task
 //! is `exchange::report`.
 
@@ -17,7 +18,7 @@ use warden_proto::v1 as pb;
 
 use super::peer_auth::Caller;
 use crate::exchange::aggregate::aggregate_here;
-use crate::exchange::routes::{Hop, RELAY_FAILED, call};
+use crate::exchange::relay::{RelayError, relay};
 use crate::exchange::wire::{answer_pb, report_from_pb};
 use crate::state::AgentState;
 
@@ -86,7 +87,19 @@ pub async fn report_to_aggregator(
         }
     }
     if let (Some(plan), Some(forward)) = (relay_plan, forward) {
-        return relay(state, plan, forward, (report, positions, values)).await;
+        let limit = state.config.straggler.peer_timeout;
+        return relay(
+            &state.exchange,
+            plan,
+            forward,
+            (report, positions, values),
+            limit,
+        )
+        .await
+        .map_err(|e| match e {
+            RelayError::Refused(e) => Status::resource_exhausted(format!("aggregate report: {e}")),
+            RelayError::NoneAnswered(e) => Status::aborted(e),
+        });
     }
     let here = aggregate_here(&state.exchange, report, positions, values)
         .map_err(|e| Status::resource_exhausted(format!("aggregate report: {e}")))?;
@@ -100,58 +113,6 @@ fn first_job(req: &pb::AggregateReport) -> Option<&str> {
         .map(|j| j.job_id.as_str())
         .or_else(|| req.positions.first().map(|p| p.job_id.as_str()))
         .or_else(|| req.values.first().map(|v| v.job_id.as_str()))
-}
-
-type Decoded = (
-    warden_core::detect::straggler::aggregate::Report,
-    Vec<warden_core::detect::positions::JobPositions>,
-    Vec<warden_core::detect::sdc::aggregate::JobValues>,
-);
-
-/// Passes a member's report on along `plan`, within one
-/// `straggler.peer_timeout` in all, and hands back the first answer; when
-/// the plan reaches this agent (every host before its group is down), the
-/// report is aggregated here. None answering: ABORTED, [`RELAY_FAILED`]
-/// (this agent is up: the member keeps it as its leader).
-async fn relay(
-    state: &Arc<AgentState>,
-    plan: Vec<Hop>,
-    mut req: pb::AggregateReport,
-    decoded: Decoded,
-) -> Result<pb::AggregateAnswer, Status> {
-    req.relayed = true;
-    let limit = state.config.straggler.peer_timeout;
-    let deadline = tokio::time::Instant::now() + limit;
-    let routes = &state.exchange.routes;
-    let mut errors = Vec::new();
-    for Hop { addr, client, .. } in plan {
-        let Some(mut client) = client else {
-            metrics::counter!("warden_straggler_relays_total", "result" => "here").increment(1);
-            let (report, positions, values) = decoded;
-            let here = aggregate_here(&state.exchange, report, positions, values)
-                .map_err(|e| Status::resource_exhausted(format!("aggregate report: {e}")))?;
-            return Ok(answer_pb(&state.host, &here));
-        };
-        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-        let err = match call(&mut client, req.clone(), left).await {
-            Ok(answer) => {
-                metrics::counter!("warden_straggler_relays_total", "result" => "ok").increment(1);
-                routes.note_answered(&addr);
-                return Ok(answer);
-            }
-            Err(e) => e.to_string(),
-        };
-        routes.note_failed(&addr, err.clone(), "this group leader");
-        errors.push(format!("{addr}: {err}"));
-        if tokio::time::Instant::now() >= deadline {
-            break;
-        }
-    }
-    metrics::counter!("warden_straggler_relays_total", "result" => "failed").increment(1);
-    Err(Status::aborted(format!(
-        "{RELAY_FAILED}: {}",
-        errors.join("; ")
-    )))
 }
 
 /// Whether a static fleet's aggregator takes this caller: with

@@ -8,6 +8,7 @@
 //! - [`aggregate`]: the aggregator's use case (a report in, the job-wide
 //!   answer out), for a peer's report (through `api::aggregate`, which
 //!   decodes and authorizes) and for this host's own.
+//! - [`relay`]: a group leader passing a member's report on.
 //! - [`routes`]: whom a host reports to and where a group leader relays
 //!   (the two-level tree), and what is known of each host on the way.
 //! - [`wire`], [`positions`]: the messages on the wire, checked both ways.
@@ -19,6 +20,7 @@
 pub mod aggregate;
 pub mod legacy;
 pub mod positions;
+pub mod relay;
 pub mod report;
 pub mod routes;
 pub mod wire;
