@@ -29,8 +29,10 @@ holds the group (``warden.run`` clears the interrupted frames for that).
 
 from __future__ import annotations
 
+import atexit
 import sys
 import threading
+import time
 import traceback
 import weakref
 from typing import Any, List
@@ -109,19 +111,37 @@ def abort_process_groups(seq: int = 0) -> int:
     return done
 
 
+#: A group's destructor that takes this long is said on stderr.
+REAP_SAID_AFTER_S = 1.0
+
+
 def destroy_after_abort() -> None:
     """In the training thread, after a restart was caught: forgets the aborted groups.
 
     The default group (and with it every group torch.distributed made) is
     destroyed, so ``init_process_group`` can run again; a registered group
     is only dropped (its owner rebuilds it).
+
+    The groups' last references are dropped on a thread of their own
+    (:func:`_reap`), not here: a gloo group's C++ destructor joins its
+    worker threads, and one still in a collective on a peer that is alive
+    but has not yet shut its side holds the destructor, and so the training
+    thread, until that peer's sockets close (measured on torch 2.15: a
+    two-rank gloo group with an all-reduce the peer never joins,
+    ``destroy_process_group`` returned only when the peer exited, 10 s on;
+    with the references held and dropped on another thread it returned at
+    once, the other thread waiting alone, the GIL free). Such a stall,
+    between steps, is what the agent's hang detection took for a hang after
+    a heal, asking again until the rank left with exit 75.
     """
     with _lock:
-        aborted = list(_aborted)
+        held = list(_aborted)
         _aborted.clear()
     dist = _distributed()
     if dist is None:
+        _reap(held)
         return
+    held.extend(g for g in process_groups() if all(g is not h for h in held))
     try:
         if dist.is_initialized():
             try:
@@ -132,7 +152,54 @@ def destroy_after_abort() -> None:
                 dist.distributed_c10d._abort_process_group()
     except Exception as e:
         print(f"warden: destroying the aborted process groups failed: {e}", file=sys.stderr)
-    del aborted
+    _reap(held)
+
+
+def _reap(held: List[Any]) -> None:
+    """Drops ``held`` (the last references to the attempt's groups, as far as
+    warden knows) on a daemon thread, so their destructors run there.
+
+    A destructor that waits costs that thread only, and is said once it
+    took :data:`REAP_SAID_AFTER_S` or more. A group someone else still
+    holds lives on, as before.
+    """
+    if not held:
+        return
+
+    def drop() -> None:
+        start = time.monotonic()
+        held.clear()
+        took = time.monotonic() - start
+        if took >= REAP_SAID_AFTER_S:
+            print(
+                f"warden: the previous attempt's process group took {took:.1f} s to go "
+                "(a worker thread of its was still in a collective); training did not wait",
+                file=sys.stderr,
+                flush=True,
+            )
+
+    reaper = threading.Thread(target=drop, name="warden-group-reaper", daemon=True)
+    with _lock:
+        _reapers[:] = [r for r in _reapers if r.is_alive()]
+        _reapers.append(reaper)
+    reaper.start()
+
+
+#: Reapers started; the interpreter's exit waits for them, bounded.
+_reapers: List[threading.Thread] = []
+#: How long the interpreter's exit waits for reapers still at work.
+REAP_EXIT_WAIT_S = 10.0
+
+
+@atexit.register
+def _join_reapers() -> None:
+    """At exit, waits (bounded) for destructors still at work on a reaper:
+    one cut off by the interpreter's teardown could run into torch's own."""
+    deadline = time.monotonic() + REAP_EXIT_WAIT_S
+    with _lock:
+        reapers = list(_reapers)
+    for r in reapers:
+        r.join(max(0.0, deadline - time.monotonic()))
 
 
 def _fr_dump() -> tuple[bytes | None, str]:
