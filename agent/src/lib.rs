@@ -27,6 +27,8 @@
 //! - [`config`]: the TOML configuration, validated with errors naming the key.
 //! - [`state`]: what the running agent's parts share.
 //! - [`api`]: the gRPC services and the Prometheus endpoint.
+//! - [`listen`]: every listener's connection quotas and watch (the API's
+//!   sockets and the peers' TLS port alike).
 //! - [`tls`]: mutual TLS between agents: the cluster CA, reloads, the
 //!   `api.tcp` accept path and the one connector every peer dialer uses.
 //! - [`daemon`]: start-up, listeners, the work loop, systemd, shutdown.
@@ -89,6 +91,7 @@ pub mod exchange;
 #[cfg(test)]
 mod fuzz;
 pub mod goodput;
+pub mod listen;
 pub mod notice;
 pub mod policy;
 pub mod ranks;

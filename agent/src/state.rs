@@ -77,7 +77,7 @@ pub struct AgentState {
     stragglers: std::sync::OnceLock<Arc<warden_core::detect::straggler::Stragglers>>,
     /// How many connections a host that is not an admin may hold here, over
     /// every listener: set once by the daemon from the budget its listeners
-    /// share (`api::admission`), so what the agent says about its cap is
+    /// share (`listen::admission`), so what the agent says about its cap is
     /// the cap it enforces. Unset (an agent with no listeners): no cap said.
     stranger_connections: std::sync::OnceLock<usize>,
     /// Where every rank of the jobs stands, this host's and the peers',

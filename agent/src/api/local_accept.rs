@@ -4,16 +4,16 @@
 //! In: a bound Unix listener and the per-uid quota. Out: a stream of
 //! accepted connections for tonic, each with its peer (SO_PEERCRED), its
 //! place under the quotas and the preface and idle rules
-//! ([`super::conn_watch`]). Never: spin or log once per failed accept
+//! ([`crate::listen::conn_watch`]). Never: spin or log once per failed accept
 //! (issue 29), nor read more than a uid of a connection it refuses.
 
 use std::sync::Arc;
 
 use tokio::net::UnixListener;
 
-use super::admission::{Acceptor, ConnLimits, RateLimitedLog, Ticket};
 use super::caller::{LocalConn, LocalPeer};
-use super::conn_watch::{RequestLimiter, RequestQuota, Rules, Watched};
+use crate::listen::admission::{Acceptor, ConnLimits, RateLimitedLog, Ticket};
+use crate::listen::conn_watch::{RequestLimiter, RequestQuota, Rules, Watched};
 use crate::state::AgentState;
 
 /// The Unix socket's connections, each with the kernel's word on who is at

@@ -7,7 +7,7 @@
 //! Any local user reaches the port, so its connections are held to quotas
 //! ([`QuotaListener`]): `metrics.max_connections_per_source` per source
 //! address, the agent's shared connection budget in all, and the
-//! [`super::conn_watch::Rules::Http1`] timeouts (issue 29: 1,100 idle
+//! [`crate::listen::conn_watch::Rules::Http1`] timeouts (issue 29: 1,100 idle
 //! connections took every descriptor of the agent).
 
 use std::net::{IpAddr, SocketAddr};
@@ -19,8 +19,8 @@ use axum::routing::get;
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use tokio::net::{TcpListener, TcpStream};
 
-use super::admission::{Acceptor, ConnLimits, Ticket};
-use super::conn_watch::{Rules, Watched};
+use crate::listen::admission::{Acceptor, ConnLimits, Ticket};
+use crate::listen::conn_watch::{Rules, Watched};
 
 use crate::state::AgentState;
 

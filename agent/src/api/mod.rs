@@ -5,12 +5,10 @@
 //! types turned into protobuf messages, errors into gRPC statuses, all in
 //! this module. The core knows nothing of tonic or HTTP.
 
-pub mod admission;
 pub mod aggregate;
 pub mod authz;
 pub mod caller;
 pub mod ckpt;
-pub mod conn_watch;
 pub mod control;
 pub mod convert;
 pub mod gate;

@@ -126,7 +126,7 @@ pub async fn serve(
     listener: tokio::net::UnixListener,
     path: String,
     state: Arc<AgentState>,
-    quotas: crate::api::admission::Quotas,
+    quotas: crate::listen::admission::Quotas,
 ) {
     let stop = state.shutdown.clone();
     // NVRx's grpcio client names the socket path as `:authority`: the
@@ -142,7 +142,7 @@ pub async fn serve(
         NvhcdService::new(state),
     );
     let result = tonic::transport::Server::builder()
-        .layer(crate::api::conn_watch::TrackLayer::<
+        .layer(crate::listen::conn_watch::TrackLayer::<
             crate::api::caller::LocalPeer,
         >::new())
         .add_service(svc)

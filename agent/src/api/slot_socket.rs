@@ -57,7 +57,7 @@ pub async fn serve(listener: UnixListener, path: std::path::PathBuf, state: Arc<
     let permits = Arc::new(tokio::sync::Semaphore::new(MAX_IN_FLIGHT));
     // Out of descriptors: a growing pause and a warning every few seconds
     // naming the errno, not one per failed accept (issue 29).
-    let mut acceptor = crate::api::admission::Acceptor::new("slot socket");
+    let mut acceptor = crate::listen::admission::Acceptor::new("slot socket");
     loop {
         let accepted = tokio::select! {
             () = state.shutdown.cancelled() => break,

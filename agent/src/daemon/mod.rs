@@ -21,12 +21,12 @@ use tonic::transport::Server;
 use tonic_health::ServingStatus;
 use warden_proto::v1::agent_server::AgentServer;
 
-use crate::api::admission::Quotas;
 use crate::api::caller::LocalPeer;
-use crate::api::conn_watch::TrackLayer;
 use crate::api::local_accept::local_connections;
 use crate::api::{AgentService, metrics_http, nvhcd};
 use crate::config::Config;
+use crate::listen::admission::Quotas;
+use crate::listen::conn_watch::TrackLayer;
 use crate::sources::runner::Sources;
 use crate::state::AgentState;
 use warden_core::events::{NewEvent, Severity};
@@ -203,7 +203,7 @@ async fn serve(
     let metrics_handle = metrics_http::install(cfg.metrics.max_job_series);
     // One budget of connections over every listener, within the
     // descriptors the agent may open (issue 29).
-    let nofile = crate::api::admission::nofile_limit();
+    let nofile = crate::listen::admission::nofile_limit();
     let quotas = Quotas::new(cfg, nofile);
     state.set_stranger_connections(quotas.budget.stranger_cap());
     tracing::info!(

@@ -44,10 +44,10 @@ pub fn peer_tls(config: &Config) -> Result<PeerTls, TlsError> {
 pub async fn serve(
     state: Arc<AgentState>,
     listener: TcpListener,
-    quotas: crate::api::admission::Quotas,
+    quotas: crate::listen::admission::Quotas,
 ) {
     let stop = state.shutdown.clone();
-    let rules = crate::api::conn_watch::Rules::Grpc {
+    let rules = crate::listen::conn_watch::Rules::Grpc {
         preface: state.config.api.preface_timeout,
         idle: state.config.api.idle_timeout,
     };
@@ -64,7 +64,7 @@ pub async fn serve(
     let router = Server::builder()
         // Each request finds its connection's PeerInfo, and counts as open
         // for the idle rule.
-        .layer(crate::api::conn_watch::TrackLayer::<accept::PeerInfo>::new())
+        .layer(crate::listen::conn_watch::TrackLayer::<accept::PeerInfo>::new())
         // Checkpoint shards stream through here: windows that keep a fast
         // link busy (small defaults cap a stream well below link speed).
         .initial_stream_window_size(crate::ckpt::peers::STREAM_WINDOW)

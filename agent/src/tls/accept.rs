@@ -25,8 +25,8 @@ use tokio::sync::{Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
 
 use super::PeerTls;
-use crate::api::admission::{Acceptor, ConnLimits, Ticket};
-use crate::api::conn_watch::{Rules, Watched};
+use crate::listen::admission::{Acceptor, ConnLimits, Ticket};
+use crate::listen::conn_watch::{Rules, Watched};
 
 /// The quotas of the `api.tcp` accept path.
 #[derive(Debug, Clone)]
