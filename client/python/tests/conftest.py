@@ -54,6 +54,23 @@ def wardend(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Wardend]:
     agent.stop()
 
 
+def run_processes(commands: list[list[str]], envs: list[dict], logs: list[Path]) -> list[int]:
+    """Starts each command with its environment, its output to its log, and
+    waits for all, each bounded by :data:`RANK_TIMEOUT_S` (killed past it).
+    Returns their exit codes, in order."""
+    procs = []
+    for command, env, path in zip(commands, envs, logs):
+        with open(path, "wb") as log:
+            procs.append(subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT))
+    for p in procs:
+        try:
+            p.wait(RANK_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+    return [p.returncode for p in procs]
+
+
 def run_ranks(
     agent: Wardend, job: str, script: str, args: list[str], world: int = 1
 ) -> list[dict]:
@@ -61,31 +78,23 @@ def run_ranks(
     each writes its result as JSON to the path given last. Returns them by rank."""
     out_dir = agent.home / f"{job}-out"
     out_dir.mkdir(exist_ok=True)
-    procs = []
+    outs = [out_dir / f"rank{rank}.json" for rank in range(world)]
+    envs = []
     for rank in range(world):
-        out = out_dir / f"rank{rank}.json"
         env = agent.env(job, rank, world)
         env["PYTHONPATH"] = str(JOBS)
-        log = open(out_dir / f"rank{rank}.log", "wb")
-        p = subprocess.Popen(
-            [sys.executable, str(JOBS / script), *args, str(out)],
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-        procs.append((p, out, log))
+        envs.append(env)
+    codes = run_processes(
+        [[sys.executable, str(JOBS / script), *args, str(out)] for out in outs],
+        envs,
+        [out_dir / f"rank{rank}.log" for rank in range(world)],
+    )
     results = []
     failed = []
-    for rank, (p, out, log) in enumerate(procs):
-        try:
-            p.wait(RANK_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
-        log.close()
+    for rank, (code, out) in enumerate(zip(codes, outs)):
         text = (out_dir / f"rank{rank}.log").read_text(errors="replace")
-        if p.returncode != 0:
-            failed.append(f"rank {rank} exited {p.returncode}:\n{text[-6000:]}")
+        if code != 0:
+            failed.append(f"rank {rank} exited {code}:\n{text[-6000:]}")
             continue
         results.append(json.loads(out.read_text()))
     if failed:

@@ -9,11 +9,10 @@ from __future__ import annotations
 import json
 import os
 import socket
-import subprocess
 import sys
 
 import warden
-from conftest import JOBS, RANK_TIMEOUT_S, require_framework
+from conftest import JOBS, require_framework, run_processes
 
 #: How long rank 1 stays silent: the old code held rank 0 this long.
 SILENT_S = 8.0
@@ -36,21 +35,14 @@ def test_a_group_whose_collective_waits_on_a_silent_peer_is_torn_down_off_the_tr
             [os.path.dirname(os.path.dirname(warden.__file__)), os.environ.get("PYTHONPATH", "")]
         ),
     )
-    procs = []
-    for rank in range(2):
-        log = open(tmp_path / f"rank{rank}.log", "wb")
-        procs.append((subprocess.Popen(
-            [sys.executable, str(JOBS / "group_teardown_job.py"), str(rank), str(port), str(SILENT_S)],
-            env=env, stdout=log, stderr=subprocess.STDOUT), log))
-    for p, log in procs:
-        try:
-            p.wait(RANK_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
-        log.close()
+    codes = run_processes(
+        [[sys.executable, str(JOBS / "group_teardown_job.py"), str(rank), str(port), str(SILENT_S)]
+         for rank in range(2)],
+        [env, env],
+        [tmp_path / f"rank{rank}.log" for rank in range(2)],
+    )
     out = (tmp_path / "rank0.log").read_text(errors="replace")
-    assert all(p.returncode == 0 for p, _ in procs), out
+    assert codes == [0, 0], out
     line = next(l for l in out.splitlines() if l.startswith("{"))
     r = json.loads(line)
     # The old code returned only when rank 1 exited (SILENT_S on).

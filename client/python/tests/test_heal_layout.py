@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 
 import pytest
 
 import warden
-from conftest import JOBS, RANK_TIMEOUT_S, require_framework
+from conftest import JOBS, require_framework, run_processes
 from warden.heal_layout import Layout, plan
 
 #: 2 replica groups x 2 shards: rank r at (r // 2, r % 2).
@@ -63,25 +62,21 @@ def test_layout_keys_and_coordinates() -> None:
 
 def test_an_hsdp_rank_heals_from_its_shard_position_or_the_job_restores(tmp_path) -> None:
     require_framework("torch")
-    procs = []
+    envs = []
     for rank in range(4):
         # The warden this test imported (the wheel, or the sources ahead of it).
         env = dict(os.environ, RANK=str(rank), WORLD_SIZE="4", PYTHONPATH=os.pathsep.join(
             [os.path.dirname(os.path.dirname(warden.__file__)), os.environ.get("PYTHONPATH", "")]))
         env.pop("WARDEN_HEAL_FILE", None)
-        log = open(tmp_path / f"rank{rank}.log", "wb")
-        procs.append((subprocess.Popen(
-            [sys.executable, str(JOBS / "heal_hsdp_job.py"), str(tmp_path), str(tmp_path / f"rank{rank}.json")],
-            env=env, stdout=log, stderr=subprocess.STDOUT), log))
-    for p, log in procs:
-        try:
-            p.wait(RANK_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
-        log.close()
+        envs.append(env)
+    codes = run_processes(
+        [[sys.executable, str(JOBS / "heal_hsdp_job.py"), str(tmp_path), str(tmp_path / f"rank{rank}.json")]
+         for rank in range(4)],
+        envs,
+        [tmp_path / f"rank{rank}.log" for rank in range(4)],
+    )
     logs = "\n".join((tmp_path / f"rank{r}.log").read_text(errors="replace")[-3000:] for r in range(4))
-    assert all(p.returncode == 0 for p, _ in procs), logs
+    assert codes == [0] * 4, logs
     r = [json.loads((tmp_path / f"rank{i}.json").read_text()) for i in range(4)]
     reference = r[0]["none"]["digest"]
     for i in range(4):
