@@ -20,6 +20,13 @@
 //! In dry run (`[policy] dry_run`) the answer is always `Stop`, saying what
 //! would have been done.
 //!
+//! A rank that already took the job's request in flight (acknowledged it;
+//! the other ranks have not all) is answered `Stop`, not joined to it: the
+//! exception comes from its new attempt, and the request it would be
+//! answered with is one it took, so it would wait for it in vain (the
+//! client's 5 s) and leave anyway. It leaves at once; its exit is healed
+//! from a live replica or decided as a crash.
+//!
 //! Never: open an incident of its own (the restart is asked as by hand:
 //! no incident to escalate if the ranks do not acknowledge), or block (the
 //! request is armed and its waiter runs on a task of its own).
@@ -96,6 +103,17 @@ pub fn decide(
         return stop(format!(
             "dry run: would restart in process ({exception_type} is {}: {}); policy.dry_run",
             rule.class, rule.name
+        ));
+    }
+    if let Some(seq) = h.restarts.answered_in_flight(key) {
+        // Joining would answer with a request this rank has already taken:
+        // it would wait for it in vain (the client's 5 s), then leave. It
+        // leaves now; its exit is healed from a live replica or decided as
+        // a crash.
+        return stop(format!(
+            "{key} reported {exception_type} after it took in-process restart request {seq}, \
+             which the job's other ranks have not all taken yet: this rank leaves, and its \
+             exit is handled as a crash"
         ));
     }
     let budget = policy.for_class(FaultClass::TransientSoftware);

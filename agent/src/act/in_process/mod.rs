@@ -210,6 +210,17 @@ impl Restarts {
     fn lock(&self) -> MutexGuard<'_, Inner> {
         self.inner.lock().unwrap_or_else(PoisonError::into_inner)
     }
+
+    /// The seq of the request in flight for `key`'s job, when `key`'s rank
+    /// was asked and has answered it already (it took the restart; others
+    /// have not yet).
+    pub fn answered_in_flight(&self, key: &RankKey) -> Option<u64> {
+        let g = self.lock();
+        let w = &g.jobs.get(&key.job)?.pending.as_ref()?.waiter;
+        let asked = w.ranks().contains(&key.rank);
+        let waited = w.waiting().iter().any(|r| r.rank == key.rank);
+        (asked && !waited).then(|| w.request().seq)
+    }
 }
 
 /// What in-process restarts use of the agent, and nothing more: the rank

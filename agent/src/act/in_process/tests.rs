@@ -561,3 +561,62 @@ async fn a_decision_about_a_rank_that_left_during_the_last_restart_is_not_asked_
     start(&state.in_process(), &about_0);
     assert_eq!(published(&state, "restart.requested"), 2);
 }
+
+/// A rank that already took the request in flight and then reports a
+/// transient exception (its new attempt failed while the job's other ranks
+/// still tear down the old one) is told to leave at once: joining would
+/// answer with the request it took, and it would wait for it in vain.
+#[tokio::test]
+async fn an_exception_from_a_rank_that_took_the_request_in_flight_is_not_joined_to_it() {
+    let (_dir, state) = agent(Duration::from_secs(30));
+    let r0 = register(&state, "j", 0);
+    register(&state, "j", 1);
+    let asked = request(&state.in_process(), "j", "drill", "").unwrap();
+    let timeout = (
+        "RuntimeError",
+        "watchdog caught collective operation timeout",
+    );
+    // Before rank 0 took it: its exception joins the request in flight.
+    let joined = exception::decide(
+        &state.in_process(),
+        &state.config.policy,
+        &key("j", 0),
+        timeout.0,
+        timeout.1,
+    );
+    assert!(
+        matches!(joined, exception::Answer::Restart { seq, .. } if seq == asked.seq),
+        "{joined:?}"
+    );
+    // Rank 0 takes it; rank 1 has not yet.
+    assert!(ack(&state.in_process(), &key("j", 0), r0.generation, asked.seq).unwrap());
+    let after = exception::decide(
+        &state.in_process(),
+        &state.config.policy,
+        &key("j", 0),
+        timeout.0,
+        timeout.1,
+    );
+    match after {
+        exception::Answer::Stop { reason, .. } => assert!(
+            reason.contains(&format!(
+                "after it took in-process restart request {}",
+                asked.seq
+            )),
+            "{reason}"
+        ),
+        other => panic!("rank 0 was answered {other:?}"),
+    }
+    // Rank 1, still asked, joins as before.
+    let one = exception::decide(
+        &state.in_process(),
+        &state.config.policy,
+        &key("j", 1),
+        timeout.0,
+        timeout.1,
+    );
+    assert!(
+        matches!(one, exception::Answer::Restart { seq, .. } if seq == asked.seq),
+        "{one:?}"
+    );
+}
