@@ -22,7 +22,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use common::{TestAgent, WAIT, eventually};
+use common::{TestAgent, WAIT, eventually, sample, scrape};
 
 /// The read RPCs of warden.v1.Agent (tests/interop/stock_clients.py calls
 /// each; this list is the test's check that none is left out).
@@ -322,6 +322,14 @@ async fn nvrx_node_health_check_reads_a_healthy_node_as_healthy() {
     let (healthy, error) = nvrx_verdict(&socket);
     assert_eq!(error, None, "NVRx's call did not go through");
     assert!(healthy, "NVRx read a healthy node as unhealthy");
+    // Counted like the agent's own calls.
+    let (s, body) = scrape(&agent).await;
+    let calls = sample(
+        &s,
+        "warden_api_requests_total",
+        &[("method", "nvhcd.RunHealthCheck"), ("code", "OK")],
+    );
+    assert!(calls >= 1.0, "NVRx's call is not counted:\n{body}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -91,8 +91,12 @@ impl HealthCheckService for NvhcdService {
         &self,
         request: Request<HealthCheckRequest>,
     ) -> Result<Response<HealthCheckResponse>, GrpcStatus> {
-        let snapshot = self.state.health.snapshot();
-        Ok(Response::new(answer(&snapshot, &request.into_inner().args)))
+        // Counted and timed like every call of the agent's own service.
+        super::observe::observed("nvhcd.RunHealthCheck", async {
+            let snapshot = self.state.health.snapshot();
+            Ok(Response::new(answer(&snapshot, &request.into_inner().args)))
+        })
+        .await
     }
 }
 
