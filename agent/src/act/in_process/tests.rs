@@ -572,32 +572,23 @@ async fn an_exception_from_a_rank_that_took_the_request_in_flight_is_not_joined_
     let r0 = register(&state, "j", 0);
     register(&state, "j", 1);
     let asked = request(&state.in_process(), "j", "drill", "").unwrap();
-    let timeout = (
-        "RuntimeError",
-        "watchdog caught collective operation timeout",
-    );
+    // A collective time-out, a transient class, as rank `r` reports it.
+    let timed_out = |r: u32| {
+        exception::decide(
+            &state.in_process(),
+            &state.config.policy,
+            &key("j", r),
+            "RuntimeError",
+            "watchdog caught collective operation timeout",
+        )
+    };
+    let joins = |a: &exception::Answer| matches!(a, exception::Answer::Restart { seq, .. } if *seq == asked.seq);
     // Before rank 0 took it: its exception joins the request in flight.
-    let joined = exception::decide(
-        &state.in_process(),
-        &state.config.policy,
-        &key("j", 0),
-        timeout.0,
-        timeout.1,
-    );
-    assert!(
-        matches!(joined, exception::Answer::Restart { seq, .. } if seq == asked.seq),
-        "{joined:?}"
-    );
+    let joined = timed_out(0);
+    assert!(joins(&joined), "{joined:?}");
     // Rank 0 takes it; rank 1 has not yet.
     assert!(ack(&state.in_process(), &key("j", 0), r0.generation, asked.seq).unwrap());
-    let after = exception::decide(
-        &state.in_process(),
-        &state.config.policy,
-        &key("j", 0),
-        timeout.0,
-        timeout.1,
-    );
-    match after {
+    match timed_out(0) {
         exception::Answer::Stop { reason, .. } => assert!(
             reason.contains(&format!(
                 "after it took in-process restart request {}",
@@ -608,15 +599,6 @@ async fn an_exception_from_a_rank_that_took_the_request_in_flight_is_not_joined_
         other => panic!("rank 0 was answered {other:?}"),
     }
     // Rank 1, still asked, joins as before.
-    let one = exception::decide(
-        &state.in_process(),
-        &state.config.policy,
-        &key("j", 1),
-        timeout.0,
-        timeout.1,
-    );
-    assert!(
-        matches!(one, exception::Answer::Restart { seq, .. } if seq == asked.seq),
-        "{one:?}"
-    );
+    let one = timed_out(1);
+    assert!(joins(&one), "{one:?}");
 }
