@@ -59,6 +59,13 @@ impl ConfigError {
             why: why.to_owned(),
         }
     }
+
+    /// The refusals of one config's `validate`: [`ConfigError::invalid`]
+    /// with its `origin` given once, so a validator names only the key,
+    /// the value and why.
+    pub fn invalid_in(origin: &str) -> impl Fn(&'static str, String, &str) -> Self + '_ {
+        move |key, value, why| Self::invalid(origin, key, value, why)
+    }
 }
 
 /// `[hang]`: when a rank with no progress is declared hung.

@@ -86,7 +86,7 @@ impl Default for SlurmConfig {
 impl SlurmConfig {
     /// Checks the `[slurm]` keys; the error names the key and the value.
     pub fn validate(&self, origin: &str) -> Result<(), ConfigError> {
-        let invalid = |key, value, why: &str| ConfigError::invalid(origin, key, value, why);
+        let invalid = ConfigError::invalid_in(origin);
         if self.timeout < MIN_TIMEOUT || self.timeout > MAX_TIMEOUT {
             return Err(invalid(
                 "slurm.timeout",

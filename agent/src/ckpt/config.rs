@@ -145,24 +145,15 @@ impl Default for DurableConfig {
     }
 }
 
-fn invalid(origin: &str, key: &'static str, value: String, why: &str) -> ConfigError {
-    ConfigError::Invalid {
-        origin: origin.to_owned(),
-        key,
-        value,
-        why: why.to_owned(),
-    }
-}
-
 impl CheckpointConfig {
     /// Checks values that parse but make no sense; the error names the key.
     pub fn validate(&self, origin: &str) -> Result<(), ConfigError> {
+        let invalid = ConfigError::invalid_in(origin);
         if !self.enabled {
             return Ok(());
         }
         if self.dir.is_empty() || !std::path::Path::new(&self.dir).is_absolute() {
             return Err(invalid(
-                origin,
                 "checkpoint.dir",
                 format!("{:?}", self.dir),
                 "must be an absolute path",
@@ -170,7 +161,6 @@ impl CheckpointConfig {
         }
         if self.keep_steps == 0 || self.keep_steps > 1000 {
             return Err(invalid(
-                origin,
                 "checkpoint.keep_steps",
                 self.keep_steps.to_string(),
                 "must be between 1 and 1000",
@@ -178,7 +168,6 @@ impl CheckpointConfig {
         }
         if self.replicas > 16 {
             return Err(invalid(
-                origin,
                 "checkpoint.replicas",
                 self.replicas.to_string(),
                 "must be at most 16",
@@ -186,7 +175,6 @@ impl CheckpointConfig {
         }
         if !(4096..=(16 << 20)).contains(&self.chunk_bytes) {
             return Err(invalid(
-                origin,
                 "checkpoint.chunk_bytes",
                 self.chunk_bytes.to_string(),
                 "must be between 4096 and 16777216",
@@ -196,7 +184,6 @@ impl CheckpointConfig {
             || self.peer_timeout > Duration::from_secs(300)
         {
             return Err(invalid(
-                origin,
                 "checkpoint.peer_timeout",
                 humantime::format_duration(self.peer_timeout).to_string(),
                 "must be between 10ms and 5m",
@@ -204,7 +191,6 @@ impl CheckpointConfig {
         }
         if self.scrub_bytes_per_sec > 0 && self.scrub_bytes_per_sec < 4096 {
             return Err(invalid(
-                origin,
                 "checkpoint.scrub_bytes_per_sec",
                 self.scrub_bytes_per_sec.to_string(),
                 "must be 0 (off) or at least 4096",
@@ -212,7 +198,6 @@ impl CheckpointConfig {
         }
         if self.scrub_interval < Duration::from_millis(50) {
             return Err(invalid(
-                origin,
                 "checkpoint.scrub_interval",
                 humantime::format_duration(self.scrub_interval).to_string(),
                 "must be at least 50ms",
@@ -220,7 +205,6 @@ impl CheckpointConfig {
         }
         if self.retry_interval < Duration::from_millis(50) {
             return Err(invalid(
-                origin,
                 "checkpoint.retry_interval",
                 humantime::format_duration(self.retry_interval).to_string(),
                 "must be at least 50ms",
@@ -229,7 +213,6 @@ impl CheckpointConfig {
         for p in &self.peers {
             if !warden_core::config::valid_peer_addr(&p.addr) {
                 return Err(invalid(
-                    origin,
                     "checkpoint.peers.addr",
                     format!("{:?}", p.addr),
                     "must be host:port (the peer's api.tcp)",
@@ -240,7 +223,6 @@ impl CheckpointConfig {
             && let Err(e) = super::durable::parse(&self.durable.url)
         {
             return Err(invalid(
-                origin,
                 "checkpoint.durable.url",
                 format!("{:?}", self.durable.url),
                 &e,

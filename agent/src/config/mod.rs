@@ -450,7 +450,7 @@ impl Config {
 
     /// Checks values that parse but make no sense. Every error names its key.
     pub fn validate(&self, origin: &str) -> Result<(), ConfigError> {
-        let invalid = |key, value, why: &str| ConfigError::invalid(origin, key, value, why);
+        let invalid = ConfigError::invalid_in(origin);
         let tick = self.agent.tick;
         if tick < Duration::from_millis(10) || tick > Duration::from_secs(1) {
             return Err(invalid(

@@ -49,7 +49,7 @@ impl GoodputConfig {
 
     /// Refuses values that cannot work; errors name the key.
     pub fn validate(&self, origin: &str) -> Result<(), ConfigError> {
-        let invalid = |key, value, why: &str| ConfigError::invalid(origin, key, value, why);
+        let invalid = ConfigError::invalid_in(origin);
         let show = |d: Duration| humantime::format_duration(d).to_string();
         if self.retain_ended < Duration::from_secs(1) {
             return Err(invalid(

@@ -57,7 +57,7 @@ impl Default for AttributionConfig {
 impl AttributionConfig {
     /// Refuses values that would make attribution slow or blind.
     pub fn validate(&self, origin: &str) -> Result<(), ConfigError> {
-        let invalid = |key, value, why: &str| ConfigError::invalid(origin, key, value, why);
+        let invalid = ConfigError::invalid_in(origin);
         let show = |d: Duration| humantime::format_duration(d).to_string();
         if self.settle > Duration::from_secs(10) {
             return Err(invalid(

@@ -131,7 +131,7 @@ impl Default for BreakerConfig {
 impl LemonConfig {
     /// Refuses a rule that would cordon on every incident or never count.
     pub fn validate(&self, origin: &str) -> Result<(), ConfigError> {
-        let invalid = |key, value, why: &str| ConfigError::invalid(origin, key, value, why);
+        let invalid = ConfigError::invalid_in(origin);
         if self.incidents < 2 {
             return Err(invalid(
                 "policy.lemon.incidents",

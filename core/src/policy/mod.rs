@@ -163,7 +163,7 @@ impl PolicyConfig {
 
     /// Refuses a policy that cannot be followed.
     pub fn validate(&self, origin: &str) -> Result<(), ConfigError> {
-        let invalid = |key, value, why: &str| ConfigError::invalid(origin, key, value, why);
+        let invalid = ConfigError::invalid_in(origin);
         let show = |d: Duration| humantime::format_duration(d).to_string();
         if self.backoff_initial > self.backoff_max {
             return Err(invalid(

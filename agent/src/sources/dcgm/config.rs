@@ -104,7 +104,7 @@ impl DcgmConfig {
 
     /// Refuses values that cannot work; errors name the key.
     pub fn validate(&self, origin: &str) -> Result<(), ConfigError> {
-        let invalid = |key, value, why: &str| ConfigError::invalid(origin, key, value, why);
+        let invalid = ConfigError::invalid_in(origin);
         let show = |d: Duration| humantime::format_duration(d).to_string();
         if self.mode != "connect" && self.mode != "embedded" {
             return Err(invalid(

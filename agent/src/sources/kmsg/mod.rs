@@ -81,34 +81,30 @@ impl Default for KmsgConfig {
 impl KmsgConfig {
     /// Checks values that parse but make no sense; the error names the key.
     pub fn validate(&self, origin: &str) -> Result<(), warden_core::config::ConfigError> {
-        let invalid = |key, value, why: &str| {
-            Err(warden_core::config::ConfigError::invalid(
-                origin, key, value, why,
-            ))
-        };
+        let invalid = warden_core::config::ConfigError::invalid_in(origin);
         if self.enabled && self.path.is_empty() {
-            return invalid(
+            return Err(invalid(
                 "kmsg.path",
                 "\"\"".into(),
                 "must name /dev/kmsg or a file (or set kmsg.enabled = false)",
-            );
+            ));
         }
         if self.poll_interval < Duration::from_millis(10)
             || self.poll_interval > Duration::from_secs(60)
         {
-            return invalid(
+            return Err(invalid(
                 "kmsg.poll_interval",
                 humantime::format_duration(self.poll_interval).to_string(),
                 "must be between 10ms and 1m",
-            );
+            ));
         }
         for pci in &self.gpu_pci {
             if normalize_pci(pci).is_none() {
-                return invalid(
+                return Err(invalid(
                     "kmsg.gpu_pci",
                     format!("{pci:?}"),
                     "each entry must be a PCI address such as \"0000:3b:00\" or \"00000000:3B:00.0\"",
-                );
+                ));
             }
         }
         Ok(())

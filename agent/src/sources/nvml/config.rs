@@ -65,7 +65,7 @@ impl Default for NvmlConfig {
 impl NvmlConfig {
     /// Checks values that parse but make no sense; errors name the key.
     pub fn validate(&self, origin: &str) -> Result<(), ConfigError> {
-        let invalid = |key, value, why: &str| ConfigError::invalid(origin, key, value, why);
+        let invalid = ConfigError::invalid_in(origin);
         let show = |d: Duration| humantime::format_duration(d).to_string();
         if self.enabled && self.library.is_empty() {
             return Err(invalid(

@@ -95,7 +95,7 @@ impl Default for SdcConfig {
 impl SdcConfig {
     /// Refuses values the detector cannot use.
     pub fn validate(&self, origin: &str) -> Result<(), ConfigError> {
-        let invalid = |key, value, why: &str| ConfigError::invalid(origin, key, value, why);
+        let invalid = ConfigError::invalid_in(origin);
         if !(self.z_threshold.is_finite() && self.z_threshold > 0.0) {
             return Err(invalid(
                 "sdc.z_threshold",

@@ -155,70 +155,74 @@ impl Default for StragglerConfig {
 impl StragglerConfig {
     /// Checks values that parse but make no sense; the error names the key.
     pub fn validate(&self, origin: &str) -> Result<(), ConfigError> {
-        let invalid = |key, value, why: &str| Err(ConfigError::invalid(origin, key, value, why));
+        let invalid = ConfigError::invalid_in(origin);
         if !(2..=MAX_WINDOW).contains(&self.window_steps) {
-            return invalid(
+            return Err(invalid(
                 "straggler.window_steps",
                 self.window_steps.to_string(),
                 &format!("must be between 2 and {MAX_WINDOW}"),
-            );
+            ));
         }
         if !(1..=self.window_steps).contains(&self.stride_steps) {
-            return invalid(
+            return Err(invalid(
                 "straggler.stride_steps",
                 self.stride_steps.to_string(),
                 "must be between 1 and straggler.window_steps",
-            );
+            ));
         }
         if !(self.window_steps..=MAX_WINDOW).contains(&self.min_steps) {
-            return invalid(
+            return Err(invalid(
                 "straggler.min_steps",
                 self.min_steps.to_string(),
                 &format!("must be between straggler.window_steps and {MAX_WINDOW}"),
-            );
+            ));
         }
         for (key, v) in [
             ("straggler.relative_threshold", self.relative_threshold),
             ("straggler.individual_threshold", self.individual_threshold),
         ] {
             if !(v > 1.0 && v <= 10.0) {
-                return invalid(key, v.to_string(), "must be above 1 and at most 10");
+                return Err(invalid(
+                    key,
+                    v.to_string(),
+                    "must be above 1 and at most 10",
+                ));
             }
         }
         if !(self.z_threshold > 0.0 && self.z_threshold <= 100.0) {
-            return invalid(
+            return Err(invalid(
                 "straggler.z_threshold",
                 self.z_threshold.to_string(),
                 "must be above 0 and at most 100",
-            );
+            ));
         }
         if !(1..=1000).contains(&self.individual_windows) {
-            return invalid(
+            return Err(invalid(
                 "straggler.individual_windows",
                 self.individual_windows.to_string(),
                 "must be between 1 and 1000",
-            );
+            ));
         }
         if self.min_ranks < 3 {
-            return invalid(
+            return Err(invalid(
                 "straggler.min_ranks",
                 self.min_ranks.to_string(),
                 "must be at least 3 (a median absolute deviation of two values means nothing)",
-            );
+            ));
         }
         if !(self.max_share > 0.0 && self.max_share <= 0.5) {
-            return invalid(
+            return Err(invalid(
                 "straggler.max_share",
                 self.max_share.to_string(),
                 "must be above 0 and at most 0.5 (a straggler is a minority)",
-            );
+            ));
         }
         for (key, v) in [
             ("straggler.flag_after", self.flag_after),
             ("straggler.clear_after", self.clear_after),
         ] {
             if !(1..=1000).contains(&v) {
-                return invalid(key, v.to_string(), "must be between 1 and 1000");
+                return Err(invalid(key, v.to_string(), "must be between 1 and 1000"));
             }
         }
         for (key, list) in [
@@ -229,65 +233,65 @@ impl StragglerConfig {
                 .iter()
                 .find(|s| s.is_empty() || s.len() > 64 || s == &"*")
             {
-                return invalid(
+                return Err(invalid(
                     key,
                     format!("{bad:?}"),
                     "each entry must be a section name of 1 to 64 bytes (a trailing * matches a prefix)",
-                );
+                ));
             }
         }
         if !(self.cpu_wait_share > 0.0 && self.cpu_wait_share <= 1.0) {
-            return invalid(
+            return Err(invalid(
                 "straggler.cpu_wait_share",
                 self.cpu_wait_share.to_string(),
                 "must be above 0 and at most 1",
-            );
+            ));
         }
         if let Some(bad) = self
             .peers
             .iter()
             .find(|p| !crate::config::valid_peer_addr(p))
         {
-            return invalid(
+            return Err(invalid(
                 "straggler.peers",
                 format!("{bad:?}"),
                 "each peer must be host:port of a peer agent's api.tcp, such as \"10.0.0.7:7070\"",
-            );
+            ));
         }
         let show = |d: Duration| humantime::format_duration(d).to_string();
         if self.exchange_interval < Duration::from_millis(100)
             || self.exchange_interval > Duration::from_secs(600)
         {
-            return invalid(
+            return Err(invalid(
                 "straggler.exchange_interval",
                 show(self.exchange_interval),
                 "must be between 100ms and 10m",
-            );
+            ));
         }
         if self.peer_timeout < Duration::from_millis(10)
             || self.peer_timeout > Duration::from_secs(60)
         {
-            return invalid(
+            return Err(invalid(
                 "straggler.peer_timeout",
                 show(self.peer_timeout),
                 "must be between 10ms and 1m",
-            );
+            ));
         }
         if self.summary_ttl < self.exchange_interval {
-            return invalid(
+            return Err(invalid(
                 "straggler.summary_ttl",
                 show(self.summary_ttl),
                 "must be at least straggler.exchange_interval",
-            );
+            ));
         }
         if self.aggregator_fan_out == 1 || self.aggregator_fan_out > MAX_FAN_OUT {
-            return invalid(
+            return Err(invalid(
                 "straggler.aggregator_fan_out",
                 self.aggregator_fan_out.to_string(),
                 &format!(
                     "must be 0 (the square root of the job's hosts) or between 2 and {MAX_FAN_OUT}"
                 ),
-            );
+            ));
         }
         Ok(())
     }
