@@ -31,8 +31,8 @@ use common::etcd::{
 use common::within;
 use warden_launcher::coord::reports::Reports;
 use warden_launcher::coord::{
-    ClientIdentity, CoordConfig, CoordError, Coordinator, Credentials, EtcdAccess, Leave, Password,
-    TlsFiles,
+    ClientIdentity, CoordConfig, CoordError, Coordinator, Credentials, EtcdAccess, EtcdTlsFiles,
+    Leave, Password,
 };
 use warden_proto::v1 as pb;
 
@@ -44,7 +44,7 @@ const REQUEST: Duration = Duration::from_secs(10);
 /// TLS with the cluster CA and `cert`/`key`, logged in as `user`.
 fn access(ca: &Path, id: Option<(&Path, &Path)>, user: Option<(&str, &str)>) -> EtcdAccess {
     EtcdAccess {
-        tls: Some(TlsFiles {
+        tls: Some(EtcdTlsFiles {
             ca: ca.to_owned(),
             identity: id.map(|(cert, key)| ClientIdentity {
                 cert: cert.to_owned(),

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use tokio_util::sync::CancellationToken;
 use warden_agent::notice::config::{AwsConfig, GceConfig, KubernetesConfig, NoticeConfig, Switch};
-use warden_agent::notice::{Board, Notice, Source, aws, detect, gce, kubernetes};
+use warden_agent::notice::{Notice, NoticeBoard, NoticeSource, aws, detect, gce, kubernetes};
 use warden_core::events::EventBus;
 
 /// Generous: a loaded 2-core machine.
@@ -44,7 +44,7 @@ fn bus() -> Arc<EventBus> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gce_preemption_is_seen_through_the_long_poll_with_etag_and_header() {
     let server = metadata::Gce::start("127.0.0.2").await;
-    let board = Board::default();
+    let board = NoticeBoard::default();
     let stop = CancellationToken::new();
     let cfg = GceConfig {
         url: server.url(),
@@ -62,7 +62,7 @@ async fn gce_preemption_is_seen_through_the_long_poll_with_etag_and_header() {
     server.set("instance/preempted", Some("TRUE"));
     let n: Notice = until("the preemption notice", || board.host_notice()).await;
     let seen_after = set_at.elapsed();
-    assert_eq!(n.source, Source::Gce);
+    assert_eq!(n.source, NoticeSource::Gce);
     assert!(n.what.contains("instance/preempted = TRUE"), "{n:?}");
     let window = n
         .deadline
@@ -129,7 +129,7 @@ async fn gce_preemption_is_seen_through_the_long_poll_with_etag_and_header() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gce_maintenance_raises_and_clears_and_upcoming_maintenance_within_its_lead() {
     let server = metadata::Gce::start("127.0.0.3").await;
-    let board = Board::default();
+    let board = NoticeBoard::default();
     let stop = CancellationToken::new();
     let cfg = GceConfig {
         url: server.url(),
@@ -201,7 +201,7 @@ async fn gce_answer_without_the_flavor_header_is_not_believed() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn aws_spot_interruption_is_read_with_an_imdsv2_token_and_a_refused_token_renewed() {
     let server = metadata::Aws::start("127.0.0.5").await;
-    let board = Board::default();
+    let board = NoticeBoard::default();
     let stop = CancellationToken::new();
     let cfg = AwsConfig {
         url: server.url(),
@@ -233,7 +233,7 @@ async fn aws_spot_interruption_is_read_with_an_imdsv2_token_and_a_refused_token_
         r#"{{"action": "terminate", "time": "{when}"}}"#
     )));
     let n = until("the spot notice", || board.host_notice()).await;
-    assert_eq!(n.source, Source::Aws);
+    assert_eq!(n.source, NoticeSource::Aws);
     assert!(n.what.contains("terminate"), "{n:?}");
     let left = n
         .deadline
@@ -276,7 +276,7 @@ async fn kubernetes_taint_in_a_file_raises_a_notice_and_a_file_others_can_write_
     let file = dir.path().join("taints");
     std::fs::write(&file, r#"[{"key":"other","effect":"NoSchedule"}]"#).unwrap();
     std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644)).unwrap();
-    let board = Board::default();
+    let board = NoticeBoard::default();
     let stop = CancellationToken::new();
     let cfg = KubernetesConfig {
         taints_file: file.display().to_string(),
@@ -315,7 +315,7 @@ async fn kubernetes_taint_in_a_file_raises_a_notice_and_a_file_others_can_write_
     )
     .unwrap();
     let n = until("the taint notice", || board.host_notice()).await;
-    assert_eq!(n.source, Source::Kubernetes);
+    assert_eq!(n.source, NoticeSource::Kubernetes);
     assert!(
         n.what.contains("impending-node-termination=true:NoExecute"),
         "{n:?}"

@@ -55,7 +55,7 @@ pub struct AgentState {
     pub slurm: Arc<crate::act::slurm::Slurm>,
     /// Notices of a coming stop standing on this host or for a job
     /// (notice/): the work loop tells the ranks on each tick.
-    pub notices: crate::notice::Board,
+    pub notices: crate::notice::NoticeBoard,
     /// The checkpoint tiers, or why there are none (off, or the tier's
     /// directory could not be made): the checkpoint calls answer with it.
     pub checkpoints: Result<std::sync::Arc<crate::ckpt::Checkpoints>, String>,
@@ -196,7 +196,7 @@ impl AgentState {
             escalations_rx: Mutex::new(Some(escalations_rx)),
             restarts: Arc::new(crate::act::in_process::Restarts::new()),
             slurm: Arc::new(crate::act::slurm::Slurm::new(&config.slurm)),
-            notices: crate::notice::Board::default(),
+            notices: crate::notice::NoticeBoard::default(),
             checkpoints,
             peer_tls,
             straggler_peers_seen,

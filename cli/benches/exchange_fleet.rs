@@ -35,7 +35,7 @@ use prost::Message;
 use warden_agent::exchange::aggregate::Here;
 use warden_agent::exchange::legacy::{batch_from_pb, batch_pb};
 use warden_agent::exchange::wire::{answer_pb, report_from_pb, report_pb};
-use warden_core::detect::straggler::aggregate::{Aggregator, JobReport, Report};
+use warden_core::detect::straggler::aggregate::{Aggregator, HostReport, JobPart};
 use warden_core::detect::straggler::score::SectionMedian;
 use warden_core::detect::straggler::sketch::Sketch;
 use warden_core::detect::straggler::tree;
@@ -58,7 +58,7 @@ fn median_ns(host: u32, rank: u32, section: usize) -> f64 {
     base * jitter(u64::from(host) << 32 | u64::from(rank) << 8 | section as u64)
 }
 
-fn report_of(host: u32) -> Report {
+fn report_of(host: u32) -> HostReport {
     let sections = SECTIONS
         .iter()
         .enumerate()
@@ -70,11 +70,11 @@ fn report_of(host: u32) -> Report {
             ((*name).to_owned(), sk)
         })
         .collect();
-    Report {
+    HostReport {
         host: format!("host-{host:05}"),
         relative_threshold: 1.1,
         z_threshold: 3.0,
-        jobs: vec![JobReport {
+        jobs: vec![JobPart {
             job: "llm".into(),
             sections,
             scores: Vec::new(),

@@ -29,7 +29,7 @@ use warden_agent::sources::Source;
 use warden_agent::sources::dcgm::{DcgmConfig, DcgmSource};
 use warden_agent::sources::host_memory::HostMemory;
 use warden_agent::sources::nvml::{NvmlConfig, NvmlSource};
-use warden_agent::sources::simulated::{Scenario, Simulated};
+use warden_agent::sources::simulated::{SimScenario, Simulated};
 
 fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
@@ -176,7 +176,7 @@ fn main() {
         (library, med, p99, reports)
     });
     let scenario =
-        Scenario::from_file(&repo().join("examples/scenarios/healthy-8gpu.toml")).unwrap();
+        SimScenario::from_file(&repo().join("examples/scenarios/healthy-8gpu.toml")).unwrap();
     let mut sim = Simulated::new(scenario, None);
     let (sim_med, sim_p99, sim_reports) = measure(&mut sim, n);
     let mut host = HostMemory::new(HostConfig::default());

@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use warden_core::detect::straggler::StragglerConfig;
 use warden_core::detect::straggler::samples::RankSamples;
-use warden_core::detect::straggler::sim::{Jitter, Rng, SECTIONS, SimJob};
+use warden_core::detect::straggler::sim::{Jitter, SECTIONS, SimJob, SimRng};
 
 const RANKS: usize = 1024;
 const STEPS: u64 = 10_000;
@@ -171,7 +171,7 @@ fn detection(cfg: &StragglerConfig) {
     );
     println!("| onset | trials | steps to flag: min | median | max | missed (100 steps) |");
     println!("|---|---|---|---|---|---|");
-    let mut rng = Rng::new(7);
+    let mut rng = SimRng::new(7);
     for (label, model) in [
         ("mid-run, per-section jitter", Jitter::PerSection),
         ("mid-run, per-step jitter", Jitter::PerStep),

@@ -60,14 +60,14 @@ impl Verdict {
 
 /// What the plugin reports: a verdict and its one-line message.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Report {
+pub struct PluginReport {
     /// The exit status to return.
     pub verdict: Verdict,
     /// One line, at most [`MAX_MESSAGE`] bytes, no newline.
     pub message: String,
 }
 
-impl Report {
+impl PluginReport {
     fn new(verdict: Verdict, head: &str, body: &str, tail: &str) -> Self {
         Self {
             verdict,
@@ -127,7 +127,12 @@ fn reason_text(c: &pb::Component) -> String {
 
 /// "FAILED gpu3: reason (+2 more)" for the first component with `wanted`;
 /// `None` when none has it.
-fn worst(h: &pb::NodeHealth, wanted: pb::Status, name: &str, verdict: Verdict) -> Option<Report> {
+fn worst(
+    h: &pb::NodeHealth,
+    wanted: pb::Status,
+    name: &str,
+    verdict: Verdict,
+) -> Option<PluginReport> {
     let mut matching = h
         .components
         .iter()
@@ -145,11 +150,11 @@ fn worst(h: &pb::NodeHealth, wanted: pb::Status, name: &str, verdict: Verdict) -
     } else {
         format!("{name} {}: ", first.id)
     };
-    Some(Report::new(verdict, &head, &reason, &tail))
+    Some(PluginReport::new(verdict, &head, &reason, &tail))
 }
 
 /// The verdict on a NodeHealth (see the module's table).
-pub fn judge(h: &pb::NodeHealth) -> Report {
+pub fn judge(h: &pb::NodeHealth) -> PluginReport {
     let cordon = h
         .components
         .iter()
@@ -167,15 +172,15 @@ pub fn judge(h: &pb::NodeHealth) -> Report {
         } else {
             why
         };
-        return Report::new(Verdict::Problem, "CORDONED: ", &why, "");
+        return PluginReport::new(Verdict::Problem, "CORDONED: ", &why, "");
     }
     match status(h.status) {
         // A worst status no component has: the agent's own inconsistency,
         // reported as it stands.
         pb::Status::Failed => worst(h, pb::Status::Failed, "FAILED", Verdict::Problem)
-            .unwrap_or_else(|| Report::new(Verdict::Problem, "FAILED", "", "")),
+            .unwrap_or_else(|| PluginReport::new(Verdict::Problem, "FAILED", "", "")),
         pb::Status::Degraded => worst(h, pb::Status::Degraded, "DEGRADED", Verdict::Healthy)
-            .unwrap_or_else(|| Report::new(Verdict::Healthy, "DEGRADED", "", "")),
+            .unwrap_or_else(|| PluginReport::new(Verdict::Healthy, "DEGRADED", "", "")),
         pb::Status::Ok | pb::Status::Unknown | pb::Status::Absent => {
             let count = |s: pb::Status| {
                 h.components
@@ -190,14 +195,14 @@ pub fn judge(h: &pb::NodeHealth) -> Report {
             } else {
                 String::new()
             };
-            Report::new(
+            PluginReport::new(
                 Verdict::Healthy,
                 &format!("OK: {ok} {noun} healthy"),
                 "",
                 &tail,
             )
         }
-        pb::Status::Unspecified => Report::new(
+        pb::Status::Unspecified => PluginReport::new(
             Verdict::Unknown,
             "UNKNOWN: ",
             "wardend reported no node status",
@@ -216,7 +221,7 @@ fn place(target: &Target) -> String {
 
 /// Asks the agent for the node's health within [`DEADLINE`] and judges it;
 /// an agent that cannot be reached, errs or is too slow is [`Verdict::Unknown`].
-pub async fn check(target: &Target) -> Report {
+pub async fn check(target: &Target) -> PluginReport {
     let at = place(target);
     let ask = async {
         let mut client = target.connect().await.map_err(|_| None)?;
@@ -228,13 +233,13 @@ pub async fn check(target: &Target) -> Report {
     };
     match tokio::time::timeout(DEADLINE, ask).await {
         Ok(Ok(health)) => judge(&health),
-        Ok(Err(None)) => Report::new(
+        Ok(Err(None)) => PluginReport::new(
             Verdict::Unknown,
             "UNKNOWN: ",
             &format!("cannot reach wardend at {at}"),
             "",
         ),
-        Ok(Err(Some(status))) => Report::new(
+        Ok(Err(Some(status))) => PluginReport::new(
             Verdict::Unknown,
             "UNKNOWN: ",
             &format!(
@@ -244,7 +249,7 @@ pub async fn check(target: &Target) -> Report {
             ),
             "",
         ),
-        Err(_) => Report::new(
+        Err(_) => PluginReport::new(
             Verdict::Unknown,
             "UNKNOWN: ",
             &format!(

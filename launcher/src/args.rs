@@ -595,11 +595,11 @@ impl RunArgs {
 
     /// The standby interpreters to keep: with standbys on (the default)
     /// and a Python entrypoint, what they become and preload; else None.
-    pub fn standby_plan(&self) -> Option<crate::standby::Plan> {
+    pub fn standby_plan(&self) -> Option<crate::standby::StandbyPlan> {
         if self.no_standby {
             return None;
         }
-        Some(crate::standby::Plan {
+        Some(crate::standby::StandbyPlan {
             entry: crate::standby::Entry::of(&self.argv())?,
             preload: crate::standby::preload_spec(&self.preload),
         })

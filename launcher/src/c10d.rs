@@ -65,7 +65,7 @@ use tokio::sync::mpsc;
 
 use super::args::{ArgsError, RunArgs};
 use super::exit::{EXIT_LAUNCHER_ERROR, EXIT_NODE_FAULT, EXIT_PREEMPTED};
-use super::hosts::{AcrossHosts, AttemptPlan, CoordError, Directive, NodeFault, Remote};
+use super::hosts::{AcrossHosts, AcrossHostsError, AttemptPlan, Directive, NodeFault, Remote};
 use super::output::Console;
 
 /// The helper's program, run with `python -c`.
@@ -341,8 +341,8 @@ impl StoreNotice {
     /// notice's round, or waits for a later one nobody will make): its
     /// workers could not meet that round's, which save its step and
     /// leave, so none run here and the launcher exits 85 too.
-    fn between_rounds(&self) -> CoordError {
-        CoordError {
+    fn between_rounds(&self) -> AcrossHostsError {
+        AcrossHostsError {
             message: format!(
                 "host {} got a notice ({}) in round {} of torch's c10d rendezvous while this host was between rounds: every rank of that round saves at step {} and the job stops; this host's workers do not run again",
                 plain(&self.by),
@@ -496,9 +496,9 @@ impl C10dCoordinator {
         log: &Path,
         cwd: &Path,
         console: Console,
-    ) -> Result<Self, CoordError> {
+    ) -> Result<Self, AcrossHostsError> {
         let stderr = std::fs::File::create(log).map_err(|e| {
-            CoordError::new(format!(
+            AcrossHostsError::new(format!(
                 "cannot create the rendezvous helper's log {}: {e}",
                 log.display()
             ))
@@ -534,7 +534,7 @@ impl C10dCoordinator {
             });
         }
         let mut child = cmd.spawn().map_err(|e| {
-            CoordError::new(format!(
+            AcrossHostsError::new(format!(
                 "cannot start the c10d rendezvous helper with {}: {e}",
                 cfg.python
             ))
@@ -543,7 +543,7 @@ impl C10dCoordinator {
         let stdout = child
             .stdout
             .take()
-            .ok_or_else(|| CoordError::new("the rendezvous helper has no stdout"))?;
+            .ok_or_else(|| AcrossHostsError::new("the rendezvous helper has no stdout"))?;
         let (tx, events) = mpsc::channel(64);
         tokio::spawn(read_lines(stdout, tx));
         Ok(Self {
@@ -566,9 +566,9 @@ impl C10dCoordinator {
         self.child.id()
     }
 
-    async fn send(&mut self, line: &str) -> Result<(), CoordError> {
+    async fn send(&mut self, line: &str) -> Result<(), AcrossHostsError> {
         let Some(stdin) = self.stdin.as_mut() else {
-            return Err(CoordError::new("the rendezvous helper is gone"));
+            return Err(AcrossHostsError::new("the rendezvous helper is gone"));
         };
         let mut text = line.to_owned();
         text.push('\n');
@@ -578,11 +578,11 @@ impl C10dCoordinator {
             .and_then(|r| r);
         sent.map_err(|e| {
             self.stdin = None;
-            CoordError::new(format!("cannot reach the rendezvous helper: {e}"))
+            AcrossHostsError::new(format!("cannot reach the rendezvous helper: {e}"))
         })
     }
 
-    async fn join(&mut self) -> Result<(), CoordError> {
+    async fn join(&mut self) -> Result<(), AcrossHostsError> {
         if !self.joining {
             self.send("join").await?;
             self.joining = true;
@@ -590,21 +590,21 @@ impl C10dCoordinator {
         Ok(())
     }
 
-    fn ended_error(&self, end: Option<&End>, text: &str) -> CoordError {
+    fn ended_error(&self, end: Option<&End>, text: &str) -> AcrossHostsError {
         match end {
             Some(End {
                 outcome,
                 exit_code: Some(code),
                 by,
-            }) if outcome == "failed" => CoordError {
+            }) if outcome == "failed" => AcrossHostsError {
                 message: format!("the job failed on {by} (exit {code}): {}", plain(text)),
                 exit_code: *code,
             },
-            Some(e) => CoordError::new(format!(
+            Some(e) => AcrossHostsError::new(format!(
                 "the job ended on {} ({}): no more rounds",
                 e.by, e.outcome
             )),
-            None => CoordError::new(format!(
+            None => AcrossHostsError::new(format!(
                 "torch's rendezvous was closed by another host: {}",
                 plain(text)
             )),
@@ -694,7 +694,7 @@ impl AcrossHosts for C10dCoordinator {
         "c10d"
     }
 
-    async fn rendezvous(&mut self, proposed: AttemptPlan) -> Result<AttemptPlan, CoordError> {
+    async fn rendezvous(&mut self, proposed: AttemptPlan) -> Result<AttemptPlan, AcrossHostsError> {
         if let Some(end) = self.ended.clone() {
             return Err(self.ended_error(end.as_ref(), "the job ended elsewhere"));
         }
@@ -708,7 +708,7 @@ impl AcrossHosts for C10dCoordinator {
             let ev = tokio::time::timeout_at(deadline, self.events.recv()).await;
             let ev = match ev {
                 Err(_) => {
-                    return Err(CoordError::new(format!(
+                    return Err(AcrossHostsError::new(format!(
                         "no round from torch's c10d rendezvous at {} within {:?}",
                         self.cfg.endpoint,
                         self.cfg.join_timeout + Duration::from_secs(180)
@@ -716,7 +716,7 @@ impl AcrossHosts for C10dCoordinator {
                 }
                 Ok(None) => {
                     self.gone = true;
-                    return Err(CoordError::new(format!(
+                    return Err(AcrossHostsError::new(format!(
                         "the c10d rendezvous helper exited (its log: rendezvous.log in the job's log directory); store {}",
                         self.cfg.endpoint
                     )));
@@ -742,7 +742,7 @@ impl AcrossHosts for C10dCoordinator {
                         master_port,
                     )
                     .map_err(|why| {
-                        CoordError::new(format!("torch's rendezvous: {why}: refused"))
+                        AcrossHostsError::new(format!("torch's rendezvous: {why}: refused"))
                     })?;
                     self.round = Some(round);
                     self.world = world;
@@ -752,14 +752,14 @@ impl AcrossHosts for C10dCoordinator {
                     self.joining = false;
                     return Err(match kind.as_str() {
                         "closed" => self.ended_error(end.as_ref(), &text),
-                        "timeout" => CoordError::new(format!(
+                        "timeout" => AcrossHostsError::new(format!(
                             "no round of at least {} node(s) formed within join_timeout {:?} at {}: {}",
                             self.cfg.min_nodes,
                             self.cfg.join_timeout,
                             self.cfg.endpoint,
                             plain(&text)
                         )),
-                        _ => CoordError::new(format!(
+                        _ => AcrossHostsError::new(format!(
                             "torch's c10d rendezvous at {}: {}",
                             self.cfg.endpoint,
                             plain(&text)
@@ -786,7 +786,7 @@ impl AcrossHosts for C10dCoordinator {
         }
     }
 
-    async fn publish(&mut self, d: &Directive) -> Result<(), CoordError> {
+    async fn publish(&mut self, d: &Directive) -> Result<(), AcrossHostsError> {
         match d {
             Directive::RestartInJob { .. } => {
                 if let Some(end) = self.ended.clone() {
@@ -891,7 +891,7 @@ impl AcrossHosts for C10dCoordinator {
         step: u64,
         deadline: std::time::SystemTime,
         reason: &str,
-    ) -> Result<u64, CoordError> {
+    ) -> Result<u64, AcrossHostsError> {
         let ms = crate::hosts::unix_ms(deadline);
         let by = self.cfg.local_addr.clone().unwrap_or_default();
         let reason: String = reason.chars().take(300).collect();
@@ -928,18 +928,18 @@ impl AcrossHosts for C10dCoordinator {
         };
         match tokio::time::timeout(NOTICE_WAIT, wait).await {
             Ok(Some((Some(n), _))) => Ok(n.step),
-            Ok(Some((None, text))) => Err(CoordError::new(format!(
+            Ok(Some((None, text))) => Err(AcrossHostsError::new(format!(
                 "the notice could not be written into torch's store at {}: {}",
                 self.cfg.endpoint,
                 plain(&text)
             ))),
             Ok(None) => {
                 self.gone = true;
-                Err(CoordError::new(
+                Err(AcrossHostsError::new(
                     "the c10d rendezvous helper exited before it wrote the notice",
                 ))
             }
-            Err(_) => Err(CoordError::new(format!(
+            Err(_) => Err(AcrossHostsError::new(format!(
                 "the rendezvous helper did not write the notice within {NOTICE_WAIT:?}"
             ))),
         }

@@ -31,7 +31,7 @@ use crate::coord as etcd;
 
 use super::args::RunArgs;
 use super::exit::{EXIT_BUDGET_SPENT, EXIT_LAUNCHER_ERROR, EXIT_NODE_FAULT, EXIT_PREEMPTED};
-use super::hosts::{AcrossHosts, AttemptPlan, CoordError, Directive, NodeFault, Remote};
+use super::hosts::{AcrossHosts, AcrossHostsError, AttemptPlan, Directive, NodeFault, Remote};
 
 pub use crate::args::DEFAULT_ETCD_PORT;
 
@@ -273,7 +273,7 @@ impl EtcdCoordinator {
     }
 
     /// A library error as the launcher's: its exit status.
-    fn halt(&mut self, e: etcd::CoordError) -> CoordError {
+    fn halt(&mut self, e: etcd::CoordError) -> AcrossHostsError {
         let exit_code = match &e {
             // Out of the job: the membership was not regained in time, or
             // another launcher took this host id meanwhile.
@@ -303,14 +303,14 @@ impl EtcdCoordinator {
             }
             _ => EXIT_LAUNCHER_ERROR,
         };
-        CoordError {
+        AcrossHostsError {
             message: e.to_string(),
             exit_code,
         }
     }
 
     /// Leaves the job in etcd (once; nothing when the lease is lost).
-    async fn leave(&mut self, how: etcd::Leave) -> Result<(), CoordError> {
+    async fn leave(&mut self, how: etcd::Leave) -> Result<(), AcrossHostsError> {
         let Some(c) = self.coord.take() else {
             return Ok(());
         };
@@ -318,7 +318,7 @@ impl EtcdCoordinator {
             return Ok(());
         }
         c.leave(how).await.map_err(|e| {
-            CoordError::new(format!(
+            AcrossHostsError::new(format!(
                 "could not leave the job in etcd ({e}); the other hosts see this one go after its lease TTL"
             ))
         })
@@ -399,13 +399,13 @@ impl EtcdCoordinator {
     /// [`Self::stop_at_join`]), nor is one this host already acted on,
     /// nor one of the round it starts (its workers are told of that one
     /// once they run, as the other hosts' are).
-    fn standing_notice(&mut self, epoch: u64) -> Option<CoordError> {
+    fn standing_notice(&mut self, epoch: u64) -> Option<AcrossHostsError> {
         let (e, n) = self.coord.as_ref()?.state().notice?;
         if e >= epoch || Some(e) == self.notice_at_join || self.noticed.is_some_and(|s| s >= e) {
             return None;
         }
         self.noticed = Some(e);
-        Some(CoordError {
+        Some(AcrossHostsError {
             message: format!(
                 "host {} got a notice ({}) in round {e} while this host was between rounds: every rank of that round saves at step {} and the job stops; this host's workers do not run in round {epoch}",
                 n.by, n.reason, n.step
@@ -418,7 +418,7 @@ impl EtcdCoordinator {
     /// ([`etcd::notice::stop_underway`]), taken once: the first rendezvous
     /// ends with 85 rather than waiting for a round nobody will make (the
     /// job's hosts are saving and leaving) until its timeout.
-    fn stop_at_join(&mut self) -> Option<CoordError> {
+    fn stop_at_join(&mut self) -> Option<AcrossHostsError> {
         let n = self.stop_at_join.take()?;
         self.noticed = Some(n.epoch);
         let left = n
@@ -426,7 +426,7 @@ impl EtcdCoordinator {
             .deadline_ms
             .saturating_sub(crate::hosts::unix_ms(std::time::SystemTime::now()))
             .div_ceil(1000);
-        Some(CoordError {
+        Some(AcrossHostsError {
             message: format!(
                 "host {} got a notice ({}) in round {} and the job was stopping on it when this launcher joined (a launcher of that run is still in the job, the stop's deadline {left} s ahead): every rank of that round saves at step {} and the job stops; this host starts no workers",
                 n.record.by, n.record.reason, n.epoch, n.record.step
@@ -438,9 +438,13 @@ impl EtcdCoordinator {
     /// A notice written while this host waits for a round: as
     /// [`Self::standing_notice`], at once (the round it waits for may never
     /// come: the hosts that would make it are leaving).
-    fn notice_while_waiting(&mut self, e: u64, n: &etcd::records::NoticeRecord) -> CoordError {
+    fn notice_while_waiting(
+        &mut self,
+        e: u64,
+        n: &etcd::records::NoticeRecord,
+    ) -> AcrossHostsError {
         self.noticed = Some(e);
-        CoordError {
+        AcrossHostsError {
             message: format!(
                 "host {} got a notice ({}) in round {e} while this host was between rounds: every rank of that round saves at step {} and the job stops; this host's workers do not run again",
                 n.by, n.reason, n.step
@@ -479,14 +483,14 @@ impl AcrossHosts for EtcdCoordinator {
         "etcd"
     }
 
-    async fn rendezvous(&mut self, proposed: AttemptPlan) -> Result<AttemptPlan, CoordError> {
+    async fn rendezvous(&mut self, proposed: AttemptPlan) -> Result<AttemptPlan, AcrossHostsError> {
         if let Some(stop) = self.stop_at_join() {
             return Err(stop);
         }
         let deadline = Instant::now() + self.round_timeout;
         let round = loop {
             let Some(c) = &self.coord else {
-                return Err(CoordError::new("this host has left the job"));
+                return Err(AcrossHostsError::new("this host has left the job"));
             };
             if let Some(reason) = &self.unsent {
                 match c.request_restart(self.epoch, reason).await {
@@ -530,16 +534,16 @@ impl AcrossHosts for EtcdCoordinator {
         Ok(plan)
     }
 
-    async fn publish(&mut self, d: &Directive) -> Result<(), CoordError> {
+    async fn publish(&mut self, d: &Directive) -> Result<(), AcrossHostsError> {
         match d {
             Directive::RestartInJob { reason } => {
                 if self.ended_elsewhere {
-                    return Err(CoordError::new(
+                    return Err(AcrossHostsError::new(
                         "the job already ended on another host: no restart across hosts",
                     ));
                 }
                 let Some(c) = &self.coord else {
-                    return Err(CoordError::new("this host has left the job"));
+                    return Err(AcrossHostsError::new("this host has left the job"));
                 };
                 match c.request_restart(self.epoch, reason).await {
                     Ok(_) => Ok(()),
@@ -547,7 +551,7 @@ impl AcrossHosts for EtcdCoordinator {
                     Err(e) => {
                         // Asked again while the rendezvous waits.
                         self.unsent = Some(reason.clone());
-                        Err(CoordError::new(format!("{e}; asking again")))
+                        Err(AcrossHostsError::new(format!("{e}; asking again")))
                     }
                 }
             }
@@ -690,16 +694,16 @@ impl AcrossHosts for EtcdCoordinator {
         step: u64,
         deadline: std::time::SystemTime,
         reason: &str,
-    ) -> Result<u64, CoordError> {
+    ) -> Result<u64, AcrossHostsError> {
         let Some(c) = &self.coord else {
-            return Err(CoordError::new("this host has left the job"));
+            return Err(AcrossHostsError::new("this host has left the job"));
         };
         let ms = crate::hosts::unix_ms(deadline);
         self.noticed = Some(self.epoch);
         match c.publish_notice(self.epoch, step, ms, reason).await {
             Ok(n) => Ok(n.step),
             Err(e @ etcd::CoordError::LeaseLost { .. }) => Err(self.halt(e)),
-            Err(e) => Err(CoordError::new(e.to_string())),
+            Err(e) => Err(AcrossHostsError::new(e.to_string())),
         }
     }
 

@@ -56,7 +56,7 @@ pub fn signalled(sig: i32) -> i32 {
 
 /// The run, as the summary shows it.
 #[derive(Debug, Clone, Default, Serialize)]
-pub struct Summary {
+pub struct RunSummary {
     /// The job's id.
     pub job: String,
     /// Which agent served it.
@@ -172,7 +172,7 @@ pub struct RestartTiming {
     pub registered_ms: Option<f64>,
 }
 
-impl Summary {
+impl RunSummary {
     /// The one-screen text.
     pub fn render(&self) -> String {
         use std::fmt::Write;
@@ -284,7 +284,7 @@ mod tests {
 
     #[test]
     fn summary_names_attempts_diagnosis_and_timings() {
-        let s = Summary {
+        let s = RunSummary {
             job: "j".into(),
             agent: "embedded agent".into(),
             outcome: "succeeded after 1 restart".into(),

@@ -91,7 +91,7 @@ fn holders(nvml: &nvml_wrapper::Nvml, pids: &[u32]) -> Vec<u32> {
 
 /// What the health gate decided.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Gate {
+pub enum GateResult {
     /// Go on.
     Pass,
     /// Go on, but the agent could not be asked (why).
@@ -101,7 +101,7 @@ pub enum Gate {
 }
 
 /// Asks the agent whether the node may run the workers of `job` again.
-pub async fn health_gate(client: &mut AgentClient<Channel>, job: &str) -> Gate {
+pub async fn health_gate(client: &mut AgentClient<Channel>, job: &str) -> GateResult {
     let asked = tokio::time::timeout(
         HEALTH_TIMEOUT,
         client.get_node_health(pb::GetNodeHealthRequest {}),
@@ -109,11 +109,11 @@ pub async fn health_gate(client: &mut AgentClient<Channel>, job: &str) -> Gate {
     .await;
     match asked {
         Ok(Ok(h)) => match judge(&h.into_inner()) {
-            Gate::Pass => diagnose(client, job).await,
+            GateResult::Pass => diagnose(client, job).await,
             other => other,
         },
-        Ok(Err(e)) => Gate::Unchecked(format!("GetNodeHealth failed: {}", e.message())),
-        Err(_) => Gate::Unchecked(format!(
+        Ok(Err(e)) => GateResult::Unchecked(format!("GetNodeHealth failed: {}", e.message())),
+        Err(_) => GateResult::Unchecked(format!(
             "the agent did not answer GetNodeHealth within {}",
             humantime::format_duration(HEALTH_TIMEOUT)
         )),
@@ -121,7 +121,7 @@ pub async fn health_gate(client: &mut AgentClient<Channel>, job: &str) -> Gate {
 }
 
 /// The agent's diagnostic gate (RunHealthGate).
-async fn diagnose(client: &mut AgentClient<Channel>, job: &str) -> Gate {
+async fn diagnose(client: &mut AgentClient<Channel>, job: &str) -> GateResult {
     let asked = tokio::time::timeout(
         DIAG_TIMEOUT,
         client.run_health_gate(pb::RunHealthGateRequest {
@@ -132,8 +132,8 @@ async fn diagnose(client: &mut AgentClient<Channel>, job: &str) -> Gate {
     .await;
     match asked {
         Ok(Ok(r)) => judge_diag(&r.into_inner()),
-        Ok(Err(e)) => Gate::Unchecked(format!("RunHealthGate failed: {}", e.message())),
-        Err(_) => Gate::Unchecked(format!(
+        Ok(Err(e)) => GateResult::Unchecked(format!("RunHealthGate failed: {}", e.message())),
+        Err(_) => GateResult::Unchecked(format!(
             "the agent's diagnostic gate did not answer within {}",
             humantime::format_duration(DIAG_TIMEOUT)
         )),
@@ -141,16 +141,16 @@ async fn diagnose(client: &mut AgentClient<Channel>, job: &str) -> Gate {
 }
 
 /// The diagnostic gate's verdict as the launcher's.
-pub fn judge_diag(r: &pb::HealthGateResult) -> Gate {
+pub fn judge_diag(r: &pb::HealthGateResult) -> GateResult {
     if r.passed {
-        return Gate::Pass;
+        return GateResult::Pass;
     }
     let why: Vec<String> = r
         .failures
         .iter()
         .map(|f| format!("{} {} on {}: {}", r.ran, f.test, f.entity, f.message))
         .collect();
-    Gate::Refused(if why.is_empty() {
+    GateResult::Refused(if why.is_empty() {
         format!("{} failed", r.ran)
     } else {
         why.join("; ")
@@ -159,7 +159,7 @@ pub fn judge_diag(r: &pb::HealthGateResult) -> Gate {
 
 /// The gate as a pure function of the node's health: a cordon or a FAILED
 /// GPU refuses.
-pub fn judge(h: &pb::NodeHealth) -> Gate {
+pub fn judge(h: &pb::NodeHealth) -> GateResult {
     let failed = pb::Status::Failed as i32;
     let mut why = Vec::new();
     for c in &h.components {
@@ -178,9 +178,9 @@ pub fn judge(h: &pb::NodeHealth) -> Gate {
         }
     }
     if why.is_empty() {
-        Gate::Pass
+        GateResult::Pass
     } else {
-        Gate::Refused(why.join("; "))
+        GateResult::Refused(why.join("; "))
     }
 }
 
@@ -212,12 +212,12 @@ mod tests {
             ],
             ..Default::default()
         };
-        assert_eq!(judge(&h), Gate::Pass);
+        assert_eq!(judge(&h), GateResult::Pass);
         h.components.push(comp("gpu3", "gpu", pb::Status::Failed));
-        assert_eq!(judge(&h), Gate::Refused("gpu3 FAILED: why".into()));
+        assert_eq!(judge(&h), GateResult::Refused("gpu3 FAILED: why".into()));
         h.components
             .push(comp("node/cordon", "node", pb::Status::Failed));
-        assert!(matches!(judge(&h), Gate::Refused(w) if w.contains("node/cordon")));
+        assert!(matches!(judge(&h), GateResult::Refused(w) if w.contains("node/cordon")));
     }
 
     #[test]
@@ -236,14 +236,14 @@ mod tests {
         };
         assert_eq!(
             judge_diag(&r),
-            Gate::Refused("dcgmi diag -r 1 memory on gpu1: 3 uncorrectable errors".into())
+            GateResult::Refused("dcgmi diag -r 1 memory on gpu1: 3 uncorrectable errors".into())
         );
         assert_eq!(
             judge_diag(&pb::HealthGateResult {
                 passed: true,
                 ..Default::default()
             }),
-            Gate::Pass
+            GateResult::Pass
         );
     }
 

@@ -33,7 +33,7 @@ pub const PEER_WAIT_ENV: &str = "WARDEN_HEAL_PEER_WAIT_S";
 /// The round the workers heal into: where its store is (rank 0's address
 /// and the round's port) and its size, which the heal keeps.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct Round {
+pub struct HealRound {
     /// The round's epoch (`WARDEN_ROUND_EPOCH` of its fresh workers).
     pub epoch: u64,
     /// Node rank 0's address (`MASTER_ADDR`).
@@ -57,7 +57,7 @@ pub fn round_file(dir: &Path) -> PathBuf {
 }
 
 /// Writes `round` to `path` whole: a file beside it, then a rename.
-pub fn write_round(path: &Path, round: &Round) -> std::io::Result<()> {
+pub fn write_round(path: &Path, round: &HealRound) -> std::io::Result<()> {
     let text = serde_json::to_vec(round).map_err(std::io::Error::other)?;
     let tmp = path.with_extension(format!("json.{}.tmp", std::process::id()));
     std::fs::write(&tmp, text)?;
@@ -125,7 +125,7 @@ mod tests {
     fn a_round_file_is_replaced_whole_and_reads_back() {
         let dir = tempfile::tempdir().unwrap();
         let path = round_file(dir.path());
-        let mut r = Round {
+        let mut r = HealRound {
             epoch: 3,
             master_addr: "127.0.0.2".into(),
             master_port: 29503,
@@ -137,7 +137,7 @@ mod tests {
         r.epoch = 4;
         r.master_port = 29504;
         write_round(&path, &r).unwrap();
-        let back: Round = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+        let back: HealRound = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
         assert_eq!(back, r);
         // Nothing left beside it.
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);

@@ -125,14 +125,14 @@ pub enum NodeFault {
 /// Why the job's nodes could not agree, and the status to exit with.
 #[derive(Debug, Clone, thiserror::Error)]
 #[error("coordination: {message}")]
-pub struct CoordError {
+pub struct AcrossHostsError {
     /// What went wrong.
     pub message: String,
     /// The launcher's exit status (1 when nothing better applies).
     pub exit_code: i32,
 }
 
-impl CoordError {
+impl AcrossHostsError {
     /// An error with the launcher-error status (1).
     pub fn new(message: impl Into<String>) -> Self {
         Self {
@@ -153,10 +153,13 @@ pub trait AcrossHosts: Send {
     fn rendezvous(
         &mut self,
         proposed: AttemptPlan,
-    ) -> impl Future<Output = Result<AttemptPlan, CoordError>> + Send;
+    ) -> impl Future<Output = Result<AttemptPlan, AcrossHostsError>> + Send;
 
     /// Tells the other nodes what this node decided.
-    fn publish(&mut self, d: &Directive) -> impl Future<Output = Result<(), CoordError>> + Send;
+    fn publish(
+        &mut self,
+        d: &Directive,
+    ) -> impl Future<Output = Result<(), AcrossHostsError>> + Send;
 
     /// The next thing the other nodes bring; pending forever when there is
     /// none to come. Cancel-safe: the supervisor drops it for other events.
@@ -170,7 +173,7 @@ pub trait AcrossHosts: Send {
         step: u64,
         deadline: std::time::SystemTime,
         reason: &str,
-    ) -> impl Future<Output = Result<u64, CoordError>> + Send;
+    ) -> impl Future<Output = Result<u64, AcrossHostsError>> + Send;
 
     /// What a fault of this node means for its launcher.
     fn node_fault(&mut self, reason: &str) -> impl Future<Output = NodeFault> + Send;
@@ -193,11 +196,11 @@ impl AcrossHosts for LocalOnly {
         "local"
     }
 
-    async fn rendezvous(&mut self, proposed: AttemptPlan) -> Result<AttemptPlan, CoordError> {
+    async fn rendezvous(&mut self, proposed: AttemptPlan) -> Result<AttemptPlan, AcrossHostsError> {
         Ok(proposed)
     }
 
-    async fn publish(&mut self, _d: &Directive) -> Result<(), CoordError> {
+    async fn publish(&mut self, _d: &Directive) -> Result<(), AcrossHostsError> {
         Ok(())
     }
 
@@ -210,7 +213,7 @@ impl AcrossHosts for LocalOnly {
         step: u64,
         _deadline: std::time::SystemTime,
         _reason: &str,
-    ) -> Result<u64, CoordError> {
+    ) -> Result<u64, AcrossHostsError> {
         Ok(step)
     }
 

@@ -126,7 +126,7 @@ pub enum LauncherError {
     Join(crate::coord::CoordError),
     /// torch's c10d rendezvous could not be started.
     #[error("cannot start torch's c10d rendezvous: {0}")]
-    C10d(crate::hosts::CoordError),
+    C10d(crate::hosts::AcrossHostsError),
     /// The etcd TLS or authentication flags cannot be followed.
     #[error(transparent)]
     EtcdAccess(#[from] crate::coord::etcd_flags::EtcdFlagsError),
@@ -362,7 +362,7 @@ async fn run_job(
                 .say("--node-rank is ignored with --rdzv-backend etcd: the job's rounds assign it");
         }
         let mut cfg = etcd::config(&args, &job.id, etcd_access.clone());
-        job_wide = Some(job_goodput::JobWide {
+        job_wide = Some(job_goodput::GoodputHome {
             endpoints: cfg.endpoints.clone(),
             access: etcd_access,
             prefix: cfg.prefix.clone(),
@@ -493,7 +493,7 @@ pub const GOODPUT_FILE: &str = "goodput.json";
 /// cannot answer costs the job nothing: the launcher says so and goes on.
 async fn goodput(
     link: &agent::AgentLink,
-    summary: &exit::Summary,
+    summary: &exit::RunSummary,
     console: &output::Console,
 ) -> Option<warden_proto::v1::JobGoodput> {
     let mut client = link.client.clone();

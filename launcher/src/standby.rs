@@ -102,7 +102,7 @@ impl Entry {
 /// What the launcher's standbys are: the entrypoint they become and their
 /// preload list ([`preload_spec`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Plan {
+pub struct StandbyPlan {
     /// The workers' entrypoint.
     pub entry: Entry,
     /// The preload list.

@@ -66,13 +66,13 @@ use warden_proto::v1 as pb;
 
 use super::agent::{self, AgentLink, Seen};
 use super::env::WorkerEnv;
-use super::exit::{IncidentBrief, Summary};
-use super::gate::{self, Gate, GpuRelease};
+use super::exit::{IncidentBrief, RunSummary};
+use super::gate::{self, GateResult, GpuRelease};
 use super::heal_ready;
 use super::hosts::{AcrossHosts, AttemptPlan, Directive, LocalOnly, NodeFault, Remote};
 use super::machine::{
-    Command, Decision, Finish, GateVerdict, Input, JobState, Limits, Listen, Now, Progress,
-    Replaced, Replacement, Started, StopKind, WorkerExit,
+    Command, FeedDecision, Finish, GateVerdict, Input, JobState, Listen, Now, Progress, Replaced,
+    Replacement, RunLimits, Started, StopKind, WorkerExit,
 };
 use super::output::{self, Console, Stream};
 use super::reported_imports;
@@ -178,7 +178,7 @@ pub struct Job {
     pub gpu_release_timeout: Duration,
     /// Standby interpreters for warm in-job restarts (`--standby`); None:
     /// every attempt starts cold.
-    pub standby: Option<standby::Plan>,
+    pub standby: Option<standby::StandbyPlan>,
     /// A JAX job (`--jax`): each worker also gets what
     /// `jax.distributed.initialize()` reads ([`crate::jax`]).
     pub jax: bool,
@@ -269,7 +269,7 @@ struct ExitNote {
 
 enum Ev {
     Exit(ExitNote),
-    Decision(Box<pb::Incident>),
+    FeedDecision(Box<pb::Incident>),
     DecisionsClosed,
     Deadline,
     Seen,
@@ -290,7 +290,7 @@ enum Done {
     /// The command's answer, the machine's next input.
     Answer(Input),
     /// The job ended.
-    Finished(Summary),
+    Finished(RunSummary),
 }
 
 /// Runs the job to its end; returns the summary (its `exit_code` is the
@@ -301,7 +301,7 @@ pub async fn run<C: AcrossHosts>(
     coord: C,
     console: Console,
     signals: &mut Signals,
-) -> Summary {
+) -> RunSummary {
     let stop = CancellationToken::new();
     let seen = agent::watch_ranks(link.client.clone(), job.id.clone(), stop.clone()).await;
     let decisions = agent::watch_decisions(link.client.clone(), job.id.clone(), stop.clone());
@@ -316,7 +316,7 @@ pub async fn run<C: AcrossHosts>(
         stop.clone(),
     );
     let now = Now::read();
-    let limits = Limits {
+    let limits = RunLimits {
         max_restarts: job.max_restarts,
         fallback_budget: job.fallback_budget,
         decision_timeout: job.decision_timeout,
@@ -475,7 +475,7 @@ struct Sup<'a, C> {
 }
 
 impl<C: AcrossHosts> Sup<'_, C> {
-    async fn run(&mut self) -> Summary {
+    async fn run(&mut self) -> RunSummary {
         let mut queue = VecDeque::from([Input::Begin]);
         loop {
             let input = match queue.pop_front() {
@@ -538,7 +538,7 @@ impl<C: AcrossHosts> Sup<'_, C> {
             Some(n) = self.exits_rx.recv() => Ev::Exit(n),
             Some(why) = self.disowned_rx.recv() => Ev::Disowned(why),
             d = self.decisions.recv(), if self.decisions_open => match d {
-                Some(i) => Ev::Decision(Box::new(i)),
+                Some(i) => Ev::FeedDecision(Box::new(i)),
                 None => Ev::DecisionsClosed,
             },
             () = sleep_until(deadline) => Ev::Deadline,
@@ -576,7 +576,7 @@ impl<C: AcrossHosts> Sup<'_, C> {
                     healable,
                 }))
             }
-            Ev::Decision(inc) => decision_of(&inc).map(|d| Input::Decision(Box::new(d))),
+            Ev::FeedDecision(inc) => decision_of(&inc).map(|d| Input::FeedDecision(Box::new(d))),
             Ev::DecisionsClosed => {
                 self.decisions_open = false;
                 None
@@ -1330,9 +1330,9 @@ impl<C: AcrossHosts> Sup<'_, C> {
             )),
         }
         match gate::health_gate(&mut self.client, &self.job.id).await {
-            Gate::Pass => GateVerdict::Pass,
-            Gate::Unchecked(why) => GateVerdict::Unchecked(why),
-            Gate::Refused(why) => GateVerdict::Refused(why),
+            GateResult::Pass => GateVerdict::Pass,
+            GateResult::Unchecked(why) => GateVerdict::Unchecked(why),
+            GateResult::Refused(why) => GateVerdict::Refused(why),
         }
     }
 
@@ -1772,7 +1772,7 @@ impl<C: AcrossHosts> Sup<'_, C> {
         let Some(epoch) = plan.epoch else {
             return Some("the plan has no round".into());
         };
-        let round = heal_ready::Round {
+        let round = heal_ready::HealRound {
             epoch,
             master_addr: plan.master_addr.clone(),
             master_port: plan.master_port,
@@ -1994,7 +1994,7 @@ impl<C: AcrossHosts> Sup<'_, C> {
 
     /// The job's end: the other hosts first, then what is left of the
     /// workers, their zombies and output; the summary.
-    async fn finish(&mut self, f: Finish) -> Summary {
+    async fn finish(&mut self, f: Finish) -> RunSummary {
         // The other hosts first: they stop (a failed job) or go on without
         // this one while its workers stop.
         let stop = Directive::Stop {
@@ -2083,7 +2083,7 @@ impl<C: AcrossHosts> Sup<'_, C> {
                 self.console.dropped()
             ));
         }
-        Summary {
+        RunSummary {
             job: self.job.id.clone(),
             agent: self.agent_line.clone(),
             outcome: f.outcome,
@@ -2179,14 +2179,14 @@ fn enum_name(full: &str, prefix: &str) -> String {
 /// Why no attempt could be agreed.
 enum Halt {
     /// The coordinator gave up (its message and exit status).
-    Coord(super::hosts::CoordError),
+    Coord(super::hosts::AcrossHostsError),
     /// A signal came while waiting.
     Signal(i32),
 }
 
 /// The machine's view of one decision of the incident feed; None for an
 /// incident with no decision.
-fn decision_of(inc: &pb::Incident) -> Option<Decision> {
+fn decision_of(inc: &pb::Incident) -> Option<FeedDecision> {
     let dec = inc.decision.as_ref()?;
     let opened = inc
         .opened_at
@@ -2194,7 +2194,7 @@ fn decision_of(inc: &pb::Incident) -> Option<Decision> {
         .and_then(|t| SystemTime::try_from(*t).ok())
         .unwrap_or(SystemTime::UNIX_EPOCH);
     let action = warden_agent::api::convert::action_of(dec.action);
-    Some(Decision {
+    Some(FeedDecision {
         id: inc.id.clone(),
         revision: inc.superseded.len(),
         opened,

@@ -174,7 +174,7 @@ pub fn fit(points: &[(f64, f64)]) -> Option<Fit> {
 
 /// What a restart-round figure rests on.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub enum Basis {
+pub enum FigureBasis {
     /// The bench ran this host count: its median.
     Measured,
     /// Between two measured host counts: the fitted curve.
@@ -183,13 +183,13 @@ pub enum Basis {
     Extrapolated,
 }
 
-impl Basis {
+impl FigureBasis {
     /// The word for reports.
     pub fn word(self) -> &'static str {
         match self {
-            Basis::Measured => "measured",
-            Basis::Interpolated => "interpolated",
-            Basis::Extrapolated => "extrapolated",
+            FigureBasis::Measured => "measured",
+            FigureBasis::Interpolated => "interpolated",
+            FigureBasis::Extrapolated => "extrapolated",
         }
     }
 }
@@ -200,7 +200,7 @@ pub struct RoundEstimate {
     /// Seconds.
     pub seconds: f64,
     /// Measured, interpolated or extrapolated.
-    pub basis: Basis,
+    pub basis: FigureBasis,
     /// The host count asked for.
     pub hosts: u64,
     /// The measured range the curve was fitted over.
@@ -216,7 +216,7 @@ impl RoundEstimate {
     pub fn label(&self) -> String {
         let (lo, hi) = self.measured;
         match self.basis {
-            Basis::Measured => format!(
+            FigureBasis::Measured => format!(
                 "measured at {} hosts, fleet bench, {}-member etcd",
                 self.hosts, self.etcd_members
             ),
@@ -308,11 +308,11 @@ impl FleetResults {
         let lo = rows.first().map_or(0, |r| r.hosts);
         let hi = rows.last().map_or(0, |r| r.hosts);
         let (seconds, basis) = match rows.iter().find(|r| r.hosts == hosts) {
-            Some(r) => (r.round_median_s, Basis::Measured),
+            Some(r) => (r.round_median_s, FigureBasis::Measured),
             #[allow(clippy::cast_precision_loss)]
-            None if (lo..=hi).contains(&hosts) => (f.at(hosts as f64), Basis::Interpolated),
+            None if (lo..=hi).contains(&hosts) => (f.at(hosts as f64), FigureBasis::Interpolated),
             #[allow(clippy::cast_precision_loss)]
-            None => (f.at(hosts as f64), Basis::Extrapolated),
+            None => (f.at(hosts as f64), FigureBasis::Extrapolated),
         };
         Ok(RoundEstimate {
             seconds,
@@ -667,13 +667,13 @@ mod tests {
         let at = r.round_at(2048).unwrap();
         assert_eq!(
             (at.basis, at.etcd_members, at.seconds),
-            (Basis::Measured, 3, 0.5)
+            (FigureBasis::Measured, 3, 0.5)
         );
         let at = r.round_at(1000).unwrap();
-        assert_eq!(at.basis, Basis::Interpolated);
+        assert_eq!(at.basis, FigureBasis::Interpolated);
         assert!(at.seconds > 0.02 && at.seconds < 0.5, "{at:?}");
         let at = r.round_at(12_500).unwrap();
-        assert_eq!(at.basis, Basis::Extrapolated);
+        assert_eq!(at.basis, FigureBasis::Extrapolated);
         assert!(at.seconds > 0.5, "{at:?}");
         assert!(at.label().contains("extrapolated"), "{}", at.label());
         // A single member only: its rows.

@@ -56,9 +56,9 @@ fn same(a: f64, d: f64) -> bool {
 /// is only as good as its inputs, and the reader should know which to
 /// replace with their own.
 fn inputs_line(s: &crate::scenario::Scenario) -> String {
-    use crate::scenario::{Checkpoint, Job, WardenTimes};
+    use crate::scenario::{Checkpoint, JobTimes, WardenTimes};
     let (w, dw) = (&s.warden, WardenTimes::default());
-    let (j, dj) = (&s.job, Job::default());
+    let (j, dj) = (&s.job, JobTimes::default());
     let (c, dc) = (&s.checkpoint, Checkpoint::default());
     let item = |name: &str, v: f64, default: f64, by_default: &str| {
         let whose = if same(v, default) {

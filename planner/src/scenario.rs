@@ -36,7 +36,7 @@ pub enum ScenarioError {
 
 /// The restart round across hosts a plan uses, and where it came from.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Round {
+pub struct RoundFigure {
     /// Seconds on top of the local restart.
     pub seconds: f64,
     /// The fleet bench's figure it was read from; `None`: given.
@@ -77,7 +77,7 @@ pub enum Recovery {
 /// shows and is answered.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct FaultClass {
+pub struct InterruptionClass {
     /// A name for reports ("gpu", "network", ...).
     pub name: String,
     /// Relative weight among the classes (counts or fractions; normalised).
@@ -135,7 +135,7 @@ impl Default for Checkpoint {
 /// The job's own times, which both warden and the baseline pay.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
-pub struct Job {
+pub struct JobTimes {
     /// Seconds per training step (warden's hang threshold is calibrated from it).
     pub step_s: f64,
     /// Seconds from new worker processes to the first step, cold: imports,
@@ -147,7 +147,7 @@ pub struct Job {
     pub startup_s: f64,
 }
 
-impl Default for Job {
+impl Default for JobTimes {
     fn default() -> Self {
         Self {
             step_s: 5.0,
@@ -344,11 +344,11 @@ pub struct Scenario {
     /// Length of the simulated run, days.
     pub days: f64,
     /// The classes of interruption and their shares.
-    pub classes: Vec<FaultClass>,
+    pub classes: Vec<InterruptionClass>,
     /// Save stall, checkpoint size and tier throughputs.
     pub checkpoint: Checkpoint,
     /// Step time and start-up.
-    pub job: Job,
+    pub job: JobTimes,
     /// warden's recovery times.
     pub warden: WardenTimes,
     /// The scheduler-requeue baseline's times.
@@ -376,8 +376,8 @@ pub const LLAMA3_GPUS: u64 = 16_384;
 /// The Llama 3 interruptions grouped by how warden answers them (the counts
 /// are the paper's; which recovery and hang fraction each group gets is ours,
 /// documented in docs/goodput.md).
-pub fn llama3_classes() -> Vec<FaultClass> {
-    let class = |name: &str, share: f64, hang_fraction: f64, recovery| FaultClass {
+pub fn llama3_classes() -> Vec<InterruptionClass> {
+    let class = |name: &str, share: f64, hang_fraction: f64, recovery| InterruptionClass {
         name: name.to_owned(),
         share,
         hang_fraction,
@@ -414,7 +414,7 @@ impl Default for Scenario {
             days: 30.0,
             classes: llama3_classes(),
             checkpoint: Checkpoint::default(),
-            job: Job::default(),
+            job: JobTimes::default(),
             warden: WardenTimes::default(),
             baseline: Baseline::default(),
             spares: 0,
@@ -441,15 +441,15 @@ impl Scenario {
     /// the fleet bench's figure at this job's node count (a job of one
     /// node has no round). The error says the embedded results cannot be
     /// read (a build from a broken data file).
-    pub fn round(&self) -> Result<Round, ScenarioError> {
+    pub fn round(&self) -> Result<RoundFigure, ScenarioError> {
         if let Some(s) = self.warden.round_s {
-            return Ok(Round {
+            return Ok(RoundFigure {
                 seconds: s,
                 fleet: None,
             });
         }
         if self.nodes() <= 1 {
-            return Ok(Round {
+            return Ok(RoundFigure {
                 seconds: 0.0,
                 fleet: None,
             });
@@ -457,7 +457,7 @@ impl Scenario {
         let estimate = crate::fleet::embedded()
             .and_then(|r| r.round_at(self.nodes()))
             .map_err(|e| ScenarioError::Fleet(e.to_string()))?;
-        Ok(Round {
+        Ok(RoundFigure {
             seconds: estimate.seconds,
             fleet: Some(estimate),
         })
@@ -753,7 +753,7 @@ mod tests {
             .unwrap();
         assert_eq!(s.job.startup_s, 42.0);
         assert_eq!(s.warden.restore_s, Some(1.5));
-        assert_eq!(s.job.step_s, Job::default().step_s);
+        assert_eq!(s.job.step_s, JobTimes::default().step_s);
         assert_eq!(f.restarts, Some(3));
         assert_eq!(f.applied.len(), 2);
         let e = s

@@ -4,7 +4,7 @@
 
 #![allow(clippy::unwrap_used)]
 
-use warden_planner::scenario::{FaultClass, Recovery, Scenario, SweepConfig};
+use warden_planner::scenario::{InterruptionClass, Recovery, Scenario, SweepConfig};
 use warden_planner::young_daly;
 
 /// 1,000 nodes at a 1,000 h node MTBF: one interruption an hour; a 4 s save:
@@ -15,7 +15,7 @@ fn young_daly_scenario(seed: u64) -> Scenario {
         gpus_per_node: 8,
         node_mtbf_hours: 1_000.0,
         days: 30.0,
-        classes: vec![FaultClass {
+        classes: vec![InterruptionClass {
             name: "crash".into(),
             share: 1.0,
             hang_fraction: 0.0,

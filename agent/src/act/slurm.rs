@@ -130,7 +130,7 @@ impl SlurmConfig {
 
 /// A request to the Slurm task.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Request {
+pub enum SlurmRequest {
     /// Drain the node: a decision cordoned it.
     Drain {
         /// The incident whose decision cordoned the node.
@@ -153,9 +153,9 @@ pub struct Slurm {
     /// for a task that never runs.
     enabled: bool,
     /// Where requests go, in order.
-    tx: UnboundedSender<Request>,
+    tx: UnboundedSender<SlurmRequest>,
     /// The task's end, taken once by [`start`].
-    rx: Mutex<Option<UnboundedReceiver<Request>>>,
+    rx: Mutex<Option<UnboundedReceiver<SlurmRequest>>>,
 }
 
 impl Slurm {
@@ -171,7 +171,7 @@ impl Slurm {
 
     /// Asks for the node to be drained, naming the incident; returns at once.
     pub fn drain(&self, incident: &str, summary: &str) {
-        self.send(Request::Drain {
+        self.send(SlurmRequest::Drain {
             incident: incident.to_owned(),
             summary: summary.to_owned(),
         });
@@ -180,19 +180,19 @@ impl Slurm {
     /// Asks for the node to be resumed (if the agent drained it); returns at
     /// once.
     pub fn resume(&self, why: &str) {
-        self.send(Request::Resume {
+        self.send(SlurmRequest::Resume {
             why: why.to_owned(),
         });
     }
 
-    fn send(&self, r: Request) {
+    fn send(&self, r: SlurmRequest) {
         if self.enabled {
             // The receiver is gone only once the agent shuts down.
             let _ = self.tx.send(r);
         }
     }
 
-    fn take(&self) -> Option<UnboundedReceiver<Request>> {
+    fn take(&self) -> Option<UnboundedReceiver<SlurmRequest>> {
         self.rx
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -222,7 +222,7 @@ pub fn start(
 async fn run(
     cfg: SlurmConfig,
     node: String,
-    mut rx: UnboundedReceiver<Request>,
+    mut rx: UnboundedReceiver<SlurmRequest>,
     events: Arc<EventBus>,
     shutdown: CancellationToken,
 ) {
@@ -236,8 +236,10 @@ async fn run(
             },
         };
         let outcome = match &req {
-            Request::Drain { incident, summary } => drain(&cfg, &node, incident, summary).await,
-            Request::Resume { .. } => resume(&cfg, &node).await,
+            SlurmRequest::Drain { incident, summary } => {
+                drain(&cfg, &node, incident, summary).await
+            }
+            SlurmRequest::Resume { .. } => resume(&cfg, &node).await,
         };
         report(&events, &node, &req, outcome);
     }
@@ -245,7 +247,7 @@ async fn run(
 
 /// What became of one request.
 #[derive(Debug)]
-pub enum Outcome {
+pub enum SlurmOutcome {
     /// The node was drained with this reason.
     Drained(String),
     /// The node was resumed.
@@ -288,7 +290,7 @@ pub enum SlurmError {
     },
 }
 
-async fn drain(cfg: &SlurmConfig, node: &str, incident: &str, summary: &str) -> Outcome {
+async fn drain(cfg: &SlurmConfig, node: &str, incident: &str, summary: &str) -> SlurmOutcome {
     let reason = drain_reason(incident, summary);
     let args = [
         "update".to_owned(),
@@ -297,12 +299,12 @@ async fn drain(cfg: &SlurmConfig, node: &str, incident: &str, summary: &str) -> 
         format!("reason={reason}"),
     ];
     match scontrol(cfg, &args).await {
-        Ok(_) => Outcome::Drained(reason),
-        Err(e) => Outcome::Failed(e),
+        Ok(_) => SlurmOutcome::Drained(reason),
+        Err(e) => SlurmOutcome::Failed(e),
     }
 }
 
-async fn resume(cfg: &SlurmConfig, node: &str) -> Outcome {
+async fn resume(cfg: &SlurmConfig, node: &str) -> SlurmOutcome {
     let shown = match scontrol(
         cfg,
         &[
@@ -315,10 +317,10 @@ async fn resume(cfg: &SlurmConfig, node: &str) -> Outcome {
     .await
     {
         Ok(out) => out,
-        Err(e) => return Outcome::Failed(e),
+        Err(e) => return SlurmOutcome::Failed(e),
     };
     if let Some(why) = resume_refusal(&shown) {
-        return Outcome::Skipped(why);
+        return SlurmOutcome::Skipped(why);
     }
     let args = [
         "update".to_owned(),
@@ -326,8 +328,8 @@ async fn resume(cfg: &SlurmConfig, node: &str) -> Outcome {
         "state=resume".to_owned(),
     ];
     match scontrol(cfg, &args).await {
-        Ok(_) => Outcome::Resumed,
-        Err(e) => Outcome::Failed(e),
+        Ok(_) => SlurmOutcome::Resumed,
+        Err(e) => SlurmOutcome::Failed(e),
     }
 }
 
@@ -450,14 +452,14 @@ async fn scontrol(cfg: &SlurmConfig, args: &[String]) -> Result<String, SlurmErr
 }
 
 /// Logs, counts and publishes one outcome.
-fn report(events: &EventBus, node: &str, req: &Request, outcome: Outcome) {
+fn report(events: &EventBus, node: &str, req: &SlurmRequest, outcome: SlurmOutcome) {
     let (action, incident, why) = match req {
-        Request::Drain { incident, .. } => ("drain", incident.as_str(), ""),
-        Request::Resume { why } => ("resume", "", why.as_str()),
+        SlurmRequest::Drain { incident, .. } => ("drain", incident.as_str(), ""),
+        SlurmRequest::Resume { why } => ("resume", "", why.as_str()),
     };
     let subject = format!("slurm/{node}");
     let (result, ev) = match outcome {
-        Outcome::Drained(reason) => {
+        SlurmOutcome::Drained(reason) => {
             tracing::info!(node, incident, reason = %reason, "slurm: node drained");
             (
                 "ok",
@@ -472,7 +474,7 @@ fn report(events: &EventBus, node: &str, req: &Request, outcome: Outcome) {
                 .with("reason", reason),
             )
         }
-        Outcome::Resumed => {
+        SlurmOutcome::Resumed => {
             tracing::info!(node, why, "slurm: node resumed");
             (
                 "ok",
@@ -486,7 +488,7 @@ fn report(events: &EventBus, node: &str, req: &Request, outcome: Outcome) {
                 .with("why", why),
             )
         }
-        Outcome::Skipped(skip) => {
+        SlurmOutcome::Skipped(skip) => {
             tracing::warn!(node, reason = %skip, "slurm: resume skipped");
             (
                 "skipped",
@@ -499,7 +501,7 @@ fn report(events: &EventBus, node: &str, req: &Request, outcome: Outcome) {
                 .with("node", node),
             )
         }
-        Outcome::Failed(e) => {
+        SlurmOutcome::Failed(e) => {
             tracing::error!(node, action, error = %e, "slurm: scontrol failed");
             (
                 "failed",

@@ -9,7 +9,7 @@ use tonic::Status;
 use warden_proto::v1 as pb;
 
 use super::convert;
-use crate::act::gate::{self, Answer, GateError};
+use crate::act::gate::{self, GateAnswer, GateError};
 use crate::state::AgentState;
 
 /// Runs the gate for `uid` (already authorised by the rule table).
@@ -29,7 +29,7 @@ pub async fn run(
 }
 
 /// The answer on the wire; a cached one says so, with its age.
-fn result(a: &Answer, cache_for: Duration) -> pb::HealthGateResult {
+fn result(a: &GateAnswer, cache_for: Duration) -> pb::HealthGateResult {
     let o = &a.outcome;
     pb::HealthGateResult {
         passed: o.passed,
@@ -59,7 +59,7 @@ mod tests {
 
     #[test]
     fn a_cached_answer_carries_its_age_on_the_wire() {
-        let a = Answer {
+        let a = GateAnswer {
             outcome: GateOutcome {
                 passed: true,
                 ran: "dcgmi diag -r 2".into(),
@@ -73,7 +73,7 @@ mod tests {
         assert!(r.cached);
         assert_eq!(r.cached_age.unwrap().seconds, 12);
         assert!(r.note.starts_with("cached: the result of the level-2 gate"));
-        let fresh = result(&Answer { cached: None, ..a }, Duration::from_secs(60));
+        let fresh = result(&GateAnswer { cached: None, ..a }, Duration::from_secs(60));
         assert!(!fresh.cached && fresh.cached_age.is_none() && fresh.note.is_empty());
     }
 }

@@ -183,7 +183,7 @@ impl tower::Service<http::Request<tonic::body::Body>> for PeerRoutes {
                     super::ckpt::push_shard(&state, &caller, body),
                 )
                 .await
-                .and_then(|a| wire::Answer::ok(&a));
+                .and_then(|a| wire::WireAnswer::ok(&a));
                 Ok(match r {
                     Ok(a) => wire::response(tonic::body::Body::new(a)),
                     Err(s) => s.into_http(),

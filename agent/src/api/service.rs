@@ -260,7 +260,7 @@ impl Agent for AgentService {
                     stack_dump_signal: r.stack_dump_signal,
                     devices: r.devices,
                 };
-                let caller = admit::Caller {
+                let caller = admit::PeerCred {
                     pid: peer.pid,
                     owner: peer.owner(),
                     name: peer.to_string(),

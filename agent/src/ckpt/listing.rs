@@ -4,7 +4,7 @@
 //! edge turns it into the protocol's message), and so does the launcher's
 //! notice summary through that call.
 //!
-//! In: a [`View`] gathered by [`super::restore::gather`]. Out: a
+//! In: a [`CopiesView`] gathered by [`super::restore::gather`]. Out: a
 //! [`Listing`], newest step first within each job. Never: a corrupt copy
 //! counted toward a step's completeness (it is listed, with why, and only
 //! that).
@@ -12,7 +12,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::Checkpoints;
-use super::restore::{Copy, Holder, View};
+use super::restore::{CopiesView, Copy, Holder};
 
 /// Every step with a copy, and the holders that could not be asked.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -63,7 +63,7 @@ pub struct CopyListing {
 }
 
 /// The listing of `view` (see the module).
-pub fn listing(ck: &Checkpoints, view: &View) -> Listing {
+pub fn listing(ck: &Checkpoints, view: &CopiesView) -> Listing {
     let none = BTreeMap::new();
     let none_bad = BTreeMap::new();
     let keys: BTreeSet<&(String, u64)> = view.steps.keys().chain(view.corrupt.keys()).collect();
@@ -77,8 +77,8 @@ pub fn listing(ck: &Checkpoints, view: &View) -> Listing {
             StepListing {
                 job: job.clone(),
                 step: *step,
-                world_size: View::world_size(ranks),
-                complete: View::complete(ranks),
+                world_size: CopiesView::world_size(ranks),
+                complete: CopiesView::complete(ranks),
                 shards: all
                     .into_iter()
                     .map(|rank| {

@@ -44,7 +44,7 @@ use tier::LocalTier;
 #[derive(Debug, Clone)]
 pub struct Peer {
     /// Its address and failure domain.
-    pub member: placement::Member,
+    pub member: placement::RingMember,
     /// Its identity (the name its certificate carries, its
     /// `agent.host_name`); empty when unknown (`api.insecure`, an older
     /// launcher): such a peer is dialed but never authorized for a job.
@@ -78,7 +78,7 @@ impl Peer {
     /// The same over a channel already open to it.
     pub fn on(addr: &str, domain: &str, name: &str, channel: Channel) -> Self {
         Self {
-            member: placement::Member {
+            member: placement::RingMember {
                 addr: addr.to_owned(),
                 domain: if domain.is_empty() {
                     addr.to_owned()
@@ -142,7 +142,7 @@ impl Checkpoints {
             )?);
         }
         let addr = if my_addr.is_empty() { host } else { my_addr };
-        let me = placement::Member {
+        let me = placement::RingMember {
             addr: addr.to_owned(),
             domain: if cfg.domain.is_empty() {
                 addr.to_owned()

@@ -13,7 +13,7 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use super::Peer;
-use super::placement::{self, Member};
+use super::placement::{self, RingMember};
 
 /// A peer as a launcher describes it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -55,7 +55,7 @@ pub enum PeerSetError {
 /// Every peer this host knows, static and per job.
 #[derive(Debug)]
 pub struct PeerSet {
-    me: Member,
+    me: RingMember,
     replicas: usize,
     timeout: Duration,
     tls: crate::tls::PeerTls,
@@ -83,7 +83,7 @@ impl PeerSet {
     /// The set with only the configured peers; `me` is this agent on the
     /// ring (its address and domain).
     pub fn new(
-        me: Member,
+        me: RingMember,
         replicas: usize,
         timeout: Duration,
         tls: crate::tls::PeerTls,
@@ -101,7 +101,7 @@ impl PeerSet {
     }
 
     /// This agent on the ring.
-    pub fn me(&self) -> &Member {
+    pub fn me(&self) -> &RingMember {
         &self.me
     }
 
@@ -167,7 +167,7 @@ impl PeerSet {
     /// placement over [`PeerSet::of_job`].
     pub fn targets(&self, job: &str) -> Vec<Peer> {
         let all = self.of_job(job);
-        let members: Vec<Member> = all.iter().map(|p| p.member.clone()).collect();
+        let members: Vec<RingMember> = all.iter().map(|p| p.member.clone()).collect();
         placement::targets(&self.me, &members, self.replicas)
             .into_iter()
             .filter_map(|i| all.get(i).cloned())
@@ -191,7 +191,7 @@ impl PeerSet {
         let o = all
             .iter()
             .find(|p| !origin.is_empty() && p.name == origin)?;
-        let mut ring: Vec<Member> = all
+        let mut ring: Vec<RingMember> = all
             .iter()
             .filter(|p| p.member.addr != o.member.addr)
             .map(|p| p.member.clone())
@@ -329,7 +329,7 @@ mod tests {
             })
             .collect();
         PeerSet::new(
-            Member {
+            RingMember {
                 addr: "127.0.0.2:7000".into(),
                 domain: "rack2".into(),
             },

@@ -9,7 +9,7 @@
 
 /// One ring member: its address and failure domain.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Member {
+pub struct RingMember {
     /// `host:port`; sorts the ring.
     pub addr: String,
     /// Failure domain label.
@@ -19,7 +19,7 @@ pub struct Member {
 /// Indexes into `peers` of the `replicas` peers that hold `me`'s shards,
 /// nearest along the ring first. Fewer when too few peers are in other
 /// domains (never one in `me`'s own).
-pub fn targets(me: &Member, peers: &[Member], replicas: usize) -> Vec<usize> {
+pub fn targets(me: &RingMember, peers: &[RingMember], replicas: usize) -> Vec<usize> {
     let mut order: Vec<usize> = (0..peers.len()).collect();
     // Ring order starting after `me`: addresses greater than mine first,
     // then wrap around.
@@ -56,8 +56,8 @@ pub fn targets(me: &Member, peers: &[Member], replicas: usize) -> Vec<usize> {
 mod tests {
     use super::*;
 
-    fn m(addr: &str, domain: &str) -> Member {
-        Member {
+    fn m(addr: &str, domain: &str) -> RingMember {
+        RingMember {
             addr: addr.into(),
             domain: domain.into(),
         }
@@ -66,7 +66,7 @@ mod tests {
     #[test]
     fn the_ring_sends_to_the_next_host_and_wraps() {
         let all = [m("a:1", "a"), m("b:1", "b"), m("c:1", "c")];
-        let peers_of = |i: usize| -> Vec<Member> {
+        let peers_of = |i: usize| -> Vec<RingMember> {
             all.iter()
                 .enumerate()
                 .filter(|(j, _)| *j != i)

@@ -70,7 +70,7 @@ pub struct Copy {
 /// Every known copy of a job's shards: step -> rank -> copies, nearest
 /// first.
 #[derive(Debug, Default)]
-pub struct View {
+pub struct CopiesView {
     /// The copies.
     pub steps: BTreeMap<(String, u64), BTreeMap<u32, Vec<Copy>>>,
     /// Holders that could not be asked, with why.
@@ -80,7 +80,7 @@ pub struct View {
     pub corrupt: BTreeMap<(String, u64), BTreeMap<u32, String>>,
 }
 
-impl View {
+impl CopiesView {
     fn add(&mut self, holder: Holder, m: Manifest) {
         self.steps
             .entry((m.job_id.clone(), m.step))
@@ -124,13 +124,13 @@ impl View {
 /// Asks the local tier, every peer and the durable store about `job`
 /// (every job when empty; the durable store only for a named job), each
 /// peer within `checkpoint.peer_timeout`.
-pub async fn gather(ck: &Arc<Checkpoints>, job: &str) -> View {
+pub async fn gather(ck: &Arc<Checkpoints>, job: &str) -> CopiesView {
     gather_within(ck, job, ck.cfg.peer_timeout).await
 }
 
 /// [`gather`] with each peer given `limit` to answer.
-async fn gather_within(ck: &Arc<Checkpoints>, job: &str, limit: Duration) -> View {
-    let mut view = View::default();
+async fn gather_within(ck: &Arc<Checkpoints>, job: &str, limit: Duration) -> CopiesView {
+    let mut view = CopiesView::default();
     let ck2 = ck.clone();
     let j = job.to_owned();
     let local = tokio::task::spawn_blocking(move || {
@@ -222,7 +222,7 @@ where
 
 /// What a restore found.
 #[derive(Debug)]
-pub struct Restored {
+pub struct RestoreFound {
     /// The step.
     pub step: u64,
     /// The shard in the local tier.
@@ -294,16 +294,16 @@ pub async fn restore(
     job: &str,
     rank: u32,
     step: u64,
-) -> Result<Option<Restored>, RestoreError> {
+) -> Result<Option<RestoreFound>, RestoreError> {
     let started = Instant::now();
     let mut view = gather(ck, job).await;
-    let found = |v: &View| {
+    let found = |v: &CopiesView| {
         if step == 0 {
             v.newest_complete(job)
         } else {
             v.steps
                 .get(&(job.to_owned(), step))
-                .filter(|r| View::complete(r))
+                .filter(|r| CopiesView::complete(r))
                 .map(|_| step)
         }
     };
@@ -331,10 +331,10 @@ pub async fn restore(
     let Some(ranks) = view
         .steps
         .get(&(job.to_owned(), step))
-        .filter(|r| View::complete(r))
+        .filter(|r| CopiesView::complete(r))
     else {
         let ranks = view.steps.get(&(job.to_owned(), step));
-        let w = ranks.map(View::world_size).unwrap_or(0);
+        let w = ranks.map(CopiesView::world_size).unwrap_or(0);
         // Bounded whatever the world size says: the first ranks missing
         // are what a person reads.
         let missing = (0..w.max(rank.saturating_add(1)))
@@ -385,7 +385,7 @@ pub async fn restore(
                     source: source.clone(),
                     bytes: c.manifest.size_bytes,
                 }));
-                return Ok(Some(Restored {
+                return Ok(Some(RestoreFound {
                     step,
                     path,
                     manifest: c.manifest,

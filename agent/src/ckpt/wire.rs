@@ -519,12 +519,12 @@ impl Body for OneFrame {
 
 /// A body of one buffer, then trailers (a server's answer).
 #[derive(Debug)]
-pub struct Answer {
+pub struct WireAnswer {
     data: Option<Bytes>,
     trailers: Option<http::HeaderMap>,
 }
 
-impl Answer {
+impl WireAnswer {
     /// `m` answered with an OK status.
     pub fn ok(m: &impl Message) -> Result<Self, Status> {
         let mut trailers = http::HeaderMap::new();
@@ -536,7 +536,7 @@ impl Answer {
     }
 }
 
-impl Body for Answer {
+impl Body for WireAnswer {
     type Data = Bytes;
     type Error = Status;
 

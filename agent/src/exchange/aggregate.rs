@@ -3,7 +3,7 @@
 //! the hang collector's board and the SDC step aggregates, and what it
 //! answers.
 //!
-//! In: a [`Report`] with its positions and values. Out: [`Here`] (the
+//! In: a [`HostReport`] with its positions and values. Out: [`Here`] (the
 //! statistics of the report's jobs, fresh verdicts, settled steps). Never:
 //! a wire type (the edge, `api::aggregate`, and the reporting task,
 //! `exchange::report`, convert), a limit passed (the error names it and
@@ -14,7 +14,7 @@ use std::time::{Instant, SystemTime};
 use warden_core::detect::culprit;
 use warden_core::detect::positions::JobPositions;
 use warden_core::detect::sdc::aggregate::{JobSteps, JobValues};
-use warden_core::detect::straggler::aggregate::{AggregateError, JobWide, Report};
+use warden_core::detect::straggler::aggregate::{AggregateError, HostReport, JobWide};
 
 use super::Exchange;
 
@@ -24,7 +24,7 @@ pub struct Here {
     /// The straggler statistics of the report's jobs.
     pub wide: Vec<JobWide>,
     /// Fresh hang verdicts of its jobs.
-    pub verdicts: Vec<(String, SystemTime, culprit::Verdict)>,
+    pub verdicts: Vec<(String, SystemTime, culprit::HangJudgement)>,
     /// The settled steps of its values (SDC).
     pub values: Vec<JobSteps>,
     /// Whether the aggregator aggregates values (an older one does not).
@@ -38,7 +38,7 @@ pub struct Here {
 /// (the error names the limit).
 pub fn aggregate_here(
     ex: &Exchange,
-    report: Report,
+    report: HostReport,
     positions: Vec<JobPositions>,
     values: Vec<JobValues>,
 ) -> Result<Here, String> {

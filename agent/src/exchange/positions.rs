@@ -10,7 +10,7 @@ use warden_core::detect::positions::{JobPositions, MAX_JOBS};
 use warden_core::text::unfit_name;
 use warden_proto::v1 as pb;
 
-use crate::ranks::peer_values::{RankValues, StepValue};
+use crate::ranks::peer_values::{LegacyRankValues, LegacyStepValue};
 use warden_core::detect::sdc::aggregate::{
     self as sdc_agg, JobSteps, JobValues, MetricStat, StepStat, ValueAt,
 };
@@ -351,7 +351,7 @@ pub fn from_pb(host: &str, jobs: Vec<pb::JobPositions>) -> Result<Vec<JobPositio
 pub const MAX_STEPS_PER_RANK: usize = 64;
 
 /// This host's ranks' values as sent.
-pub fn values_to_pb(values: &[RankValues]) -> Vec<pb::RankValues> {
+pub fn values_to_pb(values: &[LegacyRankValues]) -> Vec<pb::RankValues> {
     values
         .iter()
         .map(|r| pb::RankValues {
@@ -374,7 +374,7 @@ pub fn values_to_pb(values: &[RankValues]) -> Vec<pb::RankValues> {
 }
 
 /// A peer's values, checked; the error names the field.
-pub fn values_from_pb(values: Vec<pb::RankValues>) -> Result<Vec<RankValues>, String> {
+pub fn values_from_pb(values: Vec<pb::RankValues>) -> Result<Vec<LegacyRankValues>, String> {
     if values.len() > MAX_POSITIONS {
         return Err(format!(
             "values: {} ranks in one batch; at most {MAX_POSITIONS}",
@@ -394,14 +394,14 @@ pub fn values_from_pb(values: Vec<pb::RankValues>) -> Result<Vec<RankValues>, St
                 r.steps.len()
             ));
         }
-        out.push(RankValues {
+        out.push(LegacyRankValues {
             job: r.job_id,
             rank: r.global_rank,
             generation: r.generation,
             steps: r
                 .steps
                 .into_iter()
-                .map(|s| StepValue {
+                .map(|s| LegacyStepValue {
                     step: s.step,
                     loss: s.loss,
                     grad_norm: s.grad_norm,
@@ -464,11 +464,11 @@ mod tests {
 
     #[test]
     fn values_survive_the_wire_and_bad_ones_are_named() {
-        let v = vec![RankValues {
+        let v = vec![LegacyRankValues {
             job: "j".into(),
             rank: 3,
             generation: 2,
-            steps: vec![StepValue {
+            steps: vec![LegacyStepValue {
                 step: 30,
                 loss: Some(f64::NAN),
                 grad_norm: None,

@@ -29,7 +29,7 @@ pub enum RelayError {
 
 /// A report as decoded: its straggler part, positions and values.
 pub type Decoded = (
-    warden_core::detect::straggler::aggregate::Report,
+    warden_core::detect::straggler::aggregate::HostReport,
     Vec<warden_core::detect::positions::JobPositions>,
     Vec<warden_core::detect::sdc::aggregate::JobValues>,
 );

@@ -30,7 +30,7 @@ use tokio::time::MissedTickBehavior;
 use warden_core::detect::positions::JobPositions;
 use warden_core::detect::sdc::aggregate::JobValues;
 use warden_core::detect::straggler::Stragglers;
-use warden_core::detect::straggler::aggregate::Report;
+use warden_core::detect::straggler::aggregate::HostReport;
 
 use super::Exchange;
 use super::aggregate::{Here, aggregate_here};
@@ -70,7 +70,7 @@ async fn report_loop(ex: Arc<Exchange>, det: Arc<Stragglers>) {
                 .or_insert_with(|| ex.routes.plan(job, skip_for))
                 .clone()
         };
-        let empty = || Report {
+        let empty = || HostReport {
             host: report.host.clone(),
             relative_threshold: report.relative_threshold,
             z_threshold: report.z_threshold,
@@ -173,7 +173,7 @@ async fn report_loop(ex: Arc<Exchange>, det: Arc<Stragglers>) {
 fn group_of(
     groups: &mut BTreeMap<Vec<String>, (Vec<Hop>, Group)>,
     plan: Vec<Hop>,
-    empty: impl FnOnce() -> Report,
+    empty: impl FnOnce() -> HostReport,
 ) -> &mut Group {
     let key = plan.iter().map(|h| h.addr.clone()).collect();
     &mut groups
@@ -183,7 +183,7 @@ fn group_of(
 }
 
 /// One aggregator's share of a report: straggler part, positions, values.
-type Group = (Report, Vec<JobPositions>, Vec<JobValues>);
+type Group = (HostReport, Vec<JobPositions>, Vec<JobValues>);
 
 /// The world size of each of this host's jobs, as its ranks registered it.
 fn job_worlds(ex: &Exchange) -> HashMap<String, u32> {
@@ -214,7 +214,7 @@ struct Outcome {
 async fn send(
     ex: &Arc<Exchange>,
     plan: Vec<Hop>,
-    report: Report,
+    report: HostReport,
     positions: Vec<JobPositions>,
     values: Vec<JobValues>,
     limit: Duration,

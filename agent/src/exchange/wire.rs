@@ -10,7 +10,7 @@ use warden_core::detect::culprit::{self, Blame};
 use warden_core::detect::positions::{JobPositions, MAX_JOBS};
 use warden_core::detect::sdc::aggregate::JobValues;
 use warden_core::detect::straggler::aggregate::{
-    JobReport, JobWide, Report, SectionStat, SectionStatValues,
+    HostReport, JobPart, JobWide, SectionStat, SectionStatValues,
 };
 use warden_core::detect::straggler::exchange::{self, MAX_BATCH_RANKS};
 use warden_core::detect::straggler::score::MAX_SECTIONS;
@@ -85,7 +85,7 @@ pub fn score_from_pb(p: &pb::StragglerScore) -> Score {
 
 /// A report on the wire.
 pub fn report_pb(
-    r: &Report,
+    r: &HostReport,
     positions: &[JobPositions],
     values: &[JobValues],
 ) -> pb::AggregateReport {
@@ -123,7 +123,7 @@ pub fn report_pb(
 #[allow(clippy::type_complexity)]
 pub fn report_from_pb(
     p: pb::AggregateReport,
-) -> Result<(Report, Vec<JobPositions>, Vec<JobValues>), String> {
+) -> Result<(HostReport, Vec<JobPositions>, Vec<JobValues>), String> {
     if unfit_name(&p.host, 255) {
         return Err(format!(
             "host must be 1 to 255 characters without control characters (got {:?})",
@@ -218,14 +218,14 @@ pub fn report_from_pb(
                 sc
             })
             .collect();
-        jobs.push(JobReport {
+        jobs.push(JobPart {
             job: j.job_id,
             sections,
             scores,
         });
     }
     Ok((
-        Report {
+        HostReport {
             host: p.host,
             relative_threshold: p.relative_threshold,
             z_threshold: p.z_threshold,
@@ -369,7 +369,7 @@ pub fn answer_from_pb(p: pb::AggregateAnswer) -> Result<Here, String> {
         verdicts.push((
             v.job_id,
             at,
-            culprit::Verdict {
+            culprit::HangJudgement {
                 culprits: v
                     .culprits
                     .into_iter()
@@ -405,11 +405,11 @@ mod tests {
         let mut sk = Sketch::default();
         sk.add(1e7);
         sk.add(1.3e7);
-        let r = Report {
+        let r = HostReport {
             host: "h".into(),
             relative_threshold: 1.1,
             z_threshold: 3.0,
-            jobs: vec![JobReport {
+            jobs: vec![JobPart {
                 job: "j".into(),
                 sections: vec![("forward".into(), sk)],
                 scores: vec![Score {

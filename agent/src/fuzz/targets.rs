@@ -16,10 +16,10 @@ use http_body::{Body, Frame};
 use prost::Message;
 
 /// A target: one input in, a panic when a property breaks.
-pub(crate) type Target = fn(&[u8]);
+pub(crate) type FuzzTarget = fn(&[u8]);
 
 /// Every target, by the name its corpus directory has.
-pub(crate) const TARGETS: &[(&str, Target)] = &[
+pub(crate) const TARGETS: &[(&str, FuzzTarget)] = &[
     ("config", config),
     ("slot_header", slot_header),
     ("slot_record", slot_record),

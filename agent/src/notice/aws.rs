@@ -6,7 +6,7 @@
 //! `X-aws-ec2-metadata-token`, every `poll_interval`: 404 while no
 //! interruption is planned, else `{"action": "terminate|stop|hibernate",
 //! "time": "<RFC 3339>"}` (two minutes ahead). A 401 means the token
-//! expired: a new one is asked for. Out: a host notice on the [`Board`],
+//! expired: a new one is asked for. Out: a host notice on the [`NoticeBoard`],
 //! its deadline the action's `time`. Never: trust the body (bounded,
 //! clipped; an unreadable time is no deadline, not an error).
 
@@ -18,7 +18,7 @@ use warden_core::events::EventBus;
 
 use super::config::AwsConfig;
 use super::gce::{MAX_BODY, bounded_body};
-use super::{Board, Notice, Source, say_trouble};
+use super::{Notice, NoticeBoard, NoticeSource, say_trouble};
 
 const ID: &str = "aws/spot/instance-action";
 
@@ -102,7 +102,12 @@ pub async fn read(
 }
 
 /// Polls until `shutdown`.
-pub async fn run(cfg: AwsConfig, board: Board, events: Arc<EventBus>, shutdown: CancellationToken) {
+pub async fn run(
+    cfg: AwsConfig,
+    board: NoticeBoard,
+    events: Arc<EventBus>,
+    shutdown: CancellationToken,
+) {
     let client = match reqwest::Client::builder()
         .no_proxy()
         .connect_timeout(Duration::from_secs(2))
@@ -146,14 +151,14 @@ pub async fn run(cfg: AwsConfig, board: Board, events: Arc<EventBus>, shutdown: 
         };
         match r {
             Ok(body) => {
-                say_trouble(&board, &events, Source::Aws, &mut trouble, None);
+                say_trouble(&board, &events, NoticeSource::Aws, &mut trouble, None);
                 match body.as_deref().and_then(judge) {
                     Some((what, deadline)) => {
                         raised = true;
                         board.raise_host(
                             ID,
                             Notice {
-                                source: Source::Aws,
+                                source: NoticeSource::Aws,
                                 what,
                                 deadline,
                                 raised: SystemTime::now(),
@@ -167,7 +172,7 @@ pub async fn run(cfg: AwsConfig, board: Board, events: Arc<EventBus>, shutdown: 
                     None => {}
                 }
             }
-            Err(e) => say_trouble(&board, &events, Source::Aws, &mut trouble, Some(e)),
+            Err(e) => say_trouble(&board, &events, NoticeSource::Aws, &mut trouble, Some(e)),
         }
         tokio::select! {
             _ = shutdown.cancelled() => return,

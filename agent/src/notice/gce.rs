@@ -6,7 +6,7 @@
 //! `windowStartTime`), each read with the header `Metadata-Flavor: Google`:
 //! once for its value and ETag, then long-polled with
 //! `wait_for_change=true&last_etag=<etag>&timeout_sec=<wait>` so the server
-//! answers as soon as it changes. Out: host notices on the [`Board`].
+//! answers as soon as it changes. Out: host notices on the [`NoticeBoard`].
 //! Never: trust a body (bounded to 64 KiB, clipped), or poll a key the
 //! server does not serve more than once a minute.
 
@@ -17,7 +17,7 @@ use tokio_util::sync::CancellationToken;
 use warden_core::events::EventBus;
 
 use super::config::GceConfig;
-use super::{Board, Notice, Source, say_trouble};
+use super::{Notice, NoticeBoard, NoticeSource, say_trouble};
 
 /// The most of a body read.
 pub const MAX_BODY: usize = 64 * 1024;
@@ -87,7 +87,12 @@ pub fn judge(
 }
 
 /// Reads the three keys until `shutdown`.
-pub async fn run(cfg: GceConfig, board: Board, events: Arc<EventBus>, shutdown: CancellationToken) {
+pub async fn run(
+    cfg: GceConfig,
+    board: NoticeBoard,
+    events: Arc<EventBus>,
+    shutdown: CancellationToken,
+) {
     let client = match reqwest::Client::builder()
         .no_proxy()
         .connect_timeout(Duration::from_secs(2))
@@ -198,7 +203,7 @@ async fn watch(
     key: Key,
     cfg: GceConfig,
     client: reqwest::Client,
-    board: Board,
+    board: NoticeBoard,
     events: Arc<EventBus>,
     shutdown: CancellationToken,
 ) {
@@ -213,7 +218,7 @@ async fn watch(
         };
         let pause = match r {
             Ok(Read::Value(value, tag)) => {
-                say_trouble(&board, &events, Source::Gce, &mut trouble, None);
+                say_trouble(&board, &events, NoticeSource::Gce, &mut trouble, None);
                 let now = SystemTime::now();
                 match judge(key, &value, &cfg, now) {
                     Some((what, deadline)) => {
@@ -221,7 +226,7 @@ async fn watch(
                         board.raise_host(
                             &id,
                             Notice {
-                                source: Source::Gce,
+                                source: NoticeSource::Gce,
                                 what,
                                 deadline: Some(deadline),
                                 raised: now,
@@ -248,7 +253,7 @@ async fn watch(
                 NOT_SERVED_RETRY
             }
             Err(e) => {
-                say_trouble(&board, &events, Source::Gce, &mut trouble, Some(e));
+                say_trouble(&board, &events, NoticeSource::Gce, &mut trouble, Some(e));
                 etag = None;
                 RETRY
             }

@@ -4,7 +4,7 @@
 //! (`[{"key": ..., "value": ..., "effect": "NoSchedule"}]`, what
 //! `kubectl get node -o jsonpath='{.spec.taints}'` prints) or one
 //! `key[=value]:Effect` per line, kept by a sidecar or a projected volume;
-//! read every `poll_interval`. Out: a host notice on the [`Board`] when a
+//! read every `poll_interval`. Out: a host notice on the [`NoticeBoard`] when a
 //! taint named in `taints` has effect NoSchedule or NoExecute, its deadline
 //! `window` after the agent first saw it. Never: read a file that a user
 //! other than root or the agent could have written (the file, after
@@ -21,7 +21,7 @@ use tokio_util::sync::CancellationToken;
 use warden_core::events::EventBus;
 
 use super::config::KubernetesConfig;
-use super::{Board, Notice, Source, say_trouble};
+use super::{Notice, NoticeBoard, NoticeSource, say_trouble};
 
 const ID: &str = "kubernetes/taint";
 /// The most of the file read.
@@ -146,7 +146,7 @@ pub fn read(path: &Path, me: u32) -> Result<String, String> {
 /// Reads the file every `poll_interval` until `shutdown`.
 pub async fn run(
     cfg: KubernetesConfig,
-    board: Board,
+    board: NoticeBoard,
     events: Arc<EventBus>,
     shutdown: CancellationToken,
 ) {
@@ -161,7 +161,13 @@ pub async fn run(
             .unwrap_or_else(|e| Err(format!("the read failed: {e}")));
         match r {
             Ok(text) => {
-                say_trouble(&board, &events, Source::Kubernetes, &mut trouble, None);
+                say_trouble(
+                    &board,
+                    &events,
+                    NoticeSource::Kubernetes,
+                    &mut trouble,
+                    None,
+                );
                 let taints = parse(&text);
                 match judge(&taints, &cfg.taints) {
                     Some(t) => {
@@ -183,7 +189,7 @@ pub async fn run(
                         board.raise_host(
                             ID,
                             Notice {
-                                source: Source::Kubernetes,
+                                source: NoticeSource::Kubernetes,
                                 what,
                                 deadline: Some(first + cfg.window),
                                 raised: first,
@@ -199,7 +205,13 @@ pub async fn run(
             }
             // A refused or unreadable file is trouble, shown; it neither
             // raises nor clears a notice.
-            Err(e) => say_trouble(&board, &events, Source::Kubernetes, &mut trouble, Some(e)),
+            Err(e) => say_trouble(
+                &board,
+                &events,
+                NoticeSource::Kubernetes,
+                &mut trouble,
+                Some(e),
+            ),
         }
         tokio::select! {
             _ = shutdown.cancelled() => return,

@@ -4,7 +4,7 @@
 //! In: the host's sources ([`gce`], [`aws`], [`kubernetes`], each an async
 //! task, off unless enabled or detected on its cloud: [`detect`]), and a
 //! launcher's StopRanks with kind PREEMPTED (its own SIGTERM: one job).
-//! Out: on every tick ([`Board::apply`]) the notice word in each affected
+//! Out: on every tick ([`NoticeBoard::apply`]) the notice word in each affected
 //! rank's slot (the client reads it at its step boundary, saves and leaves
 //! with status 85), the ranks marked as stopping on a notice (their exits
 //! are planned stops in the goodput ledger, never incidents), the
@@ -38,7 +38,7 @@ pub const COMPONENT: &str = "notice";
 
 /// Where a notice came from (its index is the slot word's `source`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub enum Source {
+pub enum NoticeSource {
     /// The launcher's SIGTERM (`--term-grace`), for its job alone.
     Launcher = 0,
     /// The GCE metadata server.
@@ -49,14 +49,14 @@ pub enum Source {
     Kubernetes = 3,
 }
 
-impl Source {
+impl NoticeSource {
     /// The name in events, metrics and the client (`warden.notice().source`).
     pub fn name(self) -> &'static str {
         match self {
-            Source::Launcher => "launcher",
-            Source::Gce => "gce",
-            Source::Aws => "aws",
-            Source::Kubernetes => "kubernetes",
+            NoticeSource::Launcher => "launcher",
+            NoticeSource::Gce => "gce",
+            NoticeSource::Aws => "aws",
+            NoticeSource::Kubernetes => "kubernetes",
         }
     }
 }
@@ -65,7 +65,7 @@ impl Source {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Notice {
     /// Who gave it.
-    pub source: Source,
+    pub source: NoticeSource,
     /// What it said, for people (`instance/preempted = TRUE`).
     pub what: String,
     /// When the stop comes, as far as the source says.
@@ -110,9 +110,9 @@ struct Inner {
     /// Jobs whose `notice.raised` was published (once each).
     announced: BTreeSet<String>,
     /// Per-source trouble (unreachable, refused file), for the health reason.
-    trouble: BTreeMap<Source, String>,
+    trouble: BTreeMap<NoticeSource, String>,
     /// The sources running, for the component's label.
-    running: BTreeSet<Source>,
+    running: BTreeSet<NoticeSource>,
     /// The health component needs a new report.
     dirty: bool,
 }
@@ -120,7 +120,7 @@ struct Inner {
 /// The notices standing on this host: written by the sources and StopRanks,
 /// read by the work loop's tick.
 #[derive(Debug, Clone, Default)]
-pub struct Board {
+pub struct NoticeBoard {
     inner: Arc<Mutex<Inner>>,
 }
 
@@ -131,13 +131,13 @@ fn clip(s: &str) -> String {
     warden_core::text::clip_line(s, MAX_WHAT)
 }
 
-impl Board {
+impl NoticeBoard {
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
         self.inner.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// A source started.
-    pub fn running(&self, source: Source) {
+    pub fn running(&self, source: NoticeSource) {
         let mut g = self.lock();
         g.running.insert(source);
         g.dirty = true;
@@ -172,7 +172,7 @@ impl Board {
     }
 
     /// A source cannot be read (`None`: it answers again).
-    pub fn trouble(&self, source: Source, why: Option<String>) {
+    pub fn trouble(&self, source: NoticeSource, why: Option<String>) {
         let mut g = self.lock();
         let changed = match why {
             Some(w) => g.trouble.insert(source, clip(&w)).as_deref() != Some(&clip(&w)),
@@ -470,11 +470,11 @@ impl Board {
             } else {
                 Status::Degraded
             };
-            let gauges: Vec<(Source, f64)> = [
-                Source::Launcher,
-                Source::Gce,
-                Source::Aws,
-                Source::Kubernetes,
+            let gauges: Vec<(NoticeSource, f64)> = [
+                NoticeSource::Launcher,
+                NoticeSource::Gce,
+                NoticeSource::Aws,
+                NoticeSource::Kubernetes,
             ]
             .into_iter()
             .map(|s| {
@@ -602,7 +602,7 @@ fn first<'a>(it: impl Iterator<Item = &'a Notice>) -> Option<Notice> {
 pub fn start(
     cfg: &config::NoticeConfig,
     sysfs_root: &str,
-    board: &Board,
+    board: &NoticeBoard,
     events: &Arc<warden_core::events::EventBus>,
     shutdown: &tokio_util::sync::CancellationToken,
     tasks: &mut tokio::task::JoinSet<()>,
@@ -614,7 +614,7 @@ pub fn start(
         config::Switch::Auto => cloud == Some(c),
     };
     if on(cfg.gce.enabled, detect::Cloud::Gce) {
-        board.running(Source::Gce);
+        board.running(NoticeSource::Gce);
         tasks.spawn(gce::run(
             cfg.gce.clone(),
             board.clone(),
@@ -623,7 +623,7 @@ pub fn start(
         ));
     }
     if on(cfg.aws.enabled, detect::Cloud::Aws) {
-        board.running(Source::Aws);
+        board.running(NoticeSource::Aws);
         tasks.spawn(aws::run(
             cfg.aws.clone(),
             board.clone(),
@@ -632,7 +632,7 @@ pub fn start(
         ));
     }
     if !cfg.kubernetes.taints_file.is_empty() {
-        board.running(Source::Kubernetes);
+        board.running(NoticeSource::Kubernetes);
         tasks.spawn(kubernetes::run(
             cfg.kubernetes.clone(),
             board.clone(),
@@ -645,9 +645,9 @@ pub fn start(
 /// A source's trouble, logged and told once per change (a metadata server
 /// that does not answer is logged at each change, not each retry).
 pub(crate) fn say_trouble(
-    board: &Board,
+    board: &NoticeBoard,
     events: &warden_core::events::EventBus,
-    source: Source,
+    source: NoticeSource,
     last: &mut Option<String>,
     now: Option<String>,
 ) {
@@ -714,7 +714,7 @@ mod tests {
     fn the_word_carries_source_and_deadline_and_the_earliest_notice_leads() {
         let at = UNIX_EPOCH + Duration::from_secs(1_900_000_000);
         let n = Notice {
-            source: Source::Gce,
+            source: NoticeSource::Gce,
             what: "instance/preempted = TRUE".into(),
             deadline: Some(at),
             raised: at,

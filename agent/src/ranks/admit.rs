@@ -49,7 +49,7 @@ pub struct Declared {
 
 /// Who is calling, on the kernel's word (SO_PEERCRED).
 #[derive(Debug, Clone)]
-pub struct Caller {
+pub struct PeerCred {
     /// Its pid in the agent's PID namespace; None when not visible.
     pub pid: Option<u32>,
     /// Its uid and gid.
@@ -130,7 +130,7 @@ pub fn register(
     handles: &exit_watch::Handles,
     max_world_size: u32,
     declared: Declared,
-    caller: &Caller,
+    caller: &PeerCred,
 ) -> Result<Admitted, AdmitError> {
     if declared.pid == 0 {
         return Err(AdmitError::Invalid(

@@ -25,7 +25,7 @@ pub const MAX_INBOX: usize = 262_144;
 /// One rank's values at one step, as an older agent's exchange carries
 /// them (`warden.v1.StepValue`).
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct StepValue {
+pub struct LegacyStepValue {
     /// The step.
     pub step: u64,
     /// Its loss, if reported.
@@ -36,7 +36,7 @@ pub struct StepValue {
 
 /// One rank's recent values, as an older agent's exchange carries them.
 #[derive(Debug, Clone, PartialEq)]
-pub struct RankValues {
+pub struct LegacyRankValues {
     /// The job.
     pub job: String,
     /// Global rank.
@@ -44,7 +44,7 @@ pub struct RankValues {
     /// Its registration on its own agent.
     pub generation: u64,
     /// Oldest first.
-    pub steps: Vec<StepValue>,
+    pub steps: Vec<LegacyStepValue>,
 }
 
 #[derive(Debug, Default)]
@@ -77,18 +77,18 @@ impl PeerValues {
     }
 
     /// This host's values as an older agent's exchange carries them.
-    pub fn legacy_outbox(&self) -> Vec<RankValues> {
+    pub fn legacy_outbox(&self) -> Vec<LegacyRankValues> {
         lock(&self.outbox)
             .iter()
             .flat_map(|j| {
-                j.ranks.iter().map(|r| RankValues {
+                j.ranks.iter().map(|r| LegacyRankValues {
                     job: j.job.clone(),
                     rank: r.rank,
                     generation: r.generation,
                     steps: r
                         .steps
                         .iter()
-                        .map(|s| StepValue {
+                        .map(|s| LegacyStepValue {
                             step: s.step,
                             loss: s.values[0],
                             grad_norm: s.values[1],

@@ -16,7 +16,7 @@ use warden_core::events::{EventBus, NewEvent, Severity};
 use warden_core::signal::{StopKind, StopReason};
 
 use super::registry::SharedRegistry;
-use crate::notice::{Board, Notice, Source};
+use crate::notice::{Notice, NoticeBoard, NoticeSource};
 
 /// Longest reason kept from a launcher.
 pub const MAX_REASON: usize = 256;
@@ -74,7 +74,7 @@ pub enum StopError {
 /// tell the job's other hosts.
 pub fn stop(
     registry: &SharedRegistry,
-    notices: &Board,
+    notices: &NoticeBoard,
     events: &EventBus,
     ask: StopAsk<'_>,
 ) -> Result<Stopping, StopError> {
@@ -144,7 +144,7 @@ fn launcher_notice(deadline_unix_ms: u64, reason: &str) -> Notice {
             .map_or(latest, |at| at.clamp(now, latest))
     });
     Notice {
-        source: Source::Launcher,
+        source: NoticeSource::Launcher,
         what: reason.to_owned(),
         deadline,
         raised: now,

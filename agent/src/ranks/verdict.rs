@@ -44,7 +44,7 @@ pub struct HangBoard {
     changed: Notify,
     /// Verdicts judged here or announced by the collector, by job, with
     /// when they were judged (wall clock: compared with other hosts').
-    announced: Mutex<std::collections::HashMap<String, (SystemTime, culprit::Verdict)>>,
+    announced: Mutex<std::collections::HashMap<String, (SystemTime, culprit::HangJudgement)>>,
     /// Jobs a collection runs for (one per job at a time).
     collecting: Mutex<std::collections::HashSet<String>>,
     /// How long a verdict is news.
@@ -96,7 +96,7 @@ impl HangBoard {
 
     /// Records a verdict on `job` judged at `at` (here or by the collector)
     /// and wakes the follow-ups waiting for one.
-    pub fn announce(&self, job: &str, at: SystemTime, v: culprit::Verdict) {
+    pub fn announce(&self, job: &str, at: SystemTime, v: culprit::HangJudgement) {
         let mut a = self
             .announced
             .lock()
@@ -115,7 +115,7 @@ impl HangBoard {
         &self,
         job: &str,
         after: SystemTime,
-    ) -> Option<(SystemTime, culprit::Verdict)> {
+    ) -> Option<(SystemTime, culprit::HangJudgement)> {
         self.announced
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -128,7 +128,7 @@ impl HangBoard {
     pub fn announced_for<'a>(
         &self,
         jobs: impl Iterator<Item = &'a str>,
-    ) -> Vec<(String, SystemTime, culprit::Verdict)> {
+    ) -> Vec<(String, SystemTime, culprit::HangJudgement)> {
         let a = self
             .announced
             .lock()

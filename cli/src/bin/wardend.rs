@@ -118,7 +118,7 @@ fn main() -> ExitCode {
     }
     let mut extra: Vec<Box<dyn warden_agent::sources::Source>> = Vec::new();
     if let Some(path) = &args.simulate {
-        match warden_agent::sources::simulated::Scenario::from_file(path) {
+        match warden_agent::sources::simulated::SimScenario::from_file(path) {
             Ok(scenario) => extra.push(Box::new(warden_agent::sources::simulated::Simulated::new(
                 scenario,
                 args.simulate_speed,

@@ -11,7 +11,7 @@
 //! waited on it.
 //!
 //! In: one [`Position`] per rank (any host), the job's world size.
-//! Out: a [`Verdict`] naming culprits with a sentence of evidence each,
+//! Out: a [`HangJudgement`] naming culprits with a sentence of evidence each,
 //! the ranks that waited, and the ranks nobody reported.
 //! Never: I/O; guess when the positions do not tell (ranks split evenly
 //! between two places name no culprit).
@@ -95,7 +95,7 @@ impl Blame {
 
 /// The job-wide verdict on a hang.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct Verdict {
+pub struct HangJudgement {
     /// The ranks that held the others up, most certain first.
     pub culprits: Vec<Blame>,
     /// The ranks that waited on them.
@@ -108,7 +108,7 @@ pub struct Verdict {
     pub summary: String,
 }
 
-impl Verdict {
+impl HangJudgement {
     /// The culprits on `host`.
     pub fn culprits_on<'a>(&'a self, host: &'a str) -> impl Iterator<Item = &'a Blame> + 'a {
         self.culprits.iter().filter(move |b| b.host == host)
@@ -152,7 +152,7 @@ pub fn ranks_list(ranks: &[u32]) -> String {
 /// module doc for the rules; their order is their strength: a frozen
 /// process, then the flight recorder's sequence numbers, then steps, then
 /// sections.
-pub fn judge(positions: &[Position], world_size: u32) -> Verdict {
+pub fn judge(positions: &[Position], world_size: u32) -> HangJudgement {
     let mut by_rank: BTreeMap<u32, &Position> = BTreeMap::new();
     for p in positions.iter().take(MAX_POSITIONS) {
         by_rank.entry(p.rank).or_insert(p);
@@ -268,7 +268,7 @@ pub fn judge(positions: &[Position], world_size: u32) -> Verdict {
         .filter(|r| !blamed(&culprits, *r))
         .collect();
     let summary = summarise(&culprits, &waiting, &missing, &places, top, split);
-    Verdict {
+    HangJudgement {
         culprits,
         waiting,
         missing,

@@ -26,7 +26,7 @@ use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct EtcdAccess {
     /// TLS to etcd's client port: the endpoints are `https://`.
-    pub tls: Option<TlsFiles>,
+    pub tls: Option<EtcdTlsFiles>,
     /// A user to authenticate as, for an etcd with `auth enable` on.
     pub auth: Option<Credentials>,
 }
@@ -34,7 +34,7 @@ pub struct EtcdAccess {
 /// The files of TLS to etcd, read at each connect (so a certificate
 /// renewed on disk is taken by the next connection).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TlsFiles {
+pub struct EtcdTlsFiles {
     /// The CA (PEM, one certificate or a bundle) that etcd's server
     /// certificate must chain to; the only one trusted.
     pub ca: PathBuf,
@@ -122,7 +122,7 @@ impl Password {
 /// Which file of [`EtcdAccess`] a problem is about.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FileRole {
-    /// [`TlsFiles::ca`].
+    /// [`EtcdTlsFiles::ca`].
     Ca,
     /// [`ClientIdentity::cert`].
     Cert,
@@ -179,7 +179,7 @@ impl AccessError {
     }
 }
 
-/// The PEM contents of [`TlsFiles`], checked.
+/// The PEM contents of [`EtcdTlsFiles`], checked.
 #[derive(Clone)]
 pub(crate) struct TlsMaterial {
     /// The CA certificate(s).
@@ -197,7 +197,7 @@ impl std::fmt::Debug for TlsMaterial {
     }
 }
 
-impl TlsFiles {
+impl EtcdTlsFiles {
     /// Reads the files and checks each is the PEM it should be.
     pub(crate) fn read(&self) -> Result<TlsMaterial, AccessError> {
         let ca = read_certs(FileRole::Ca, &self.ca)?;
@@ -355,7 +355,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
         let junk = dir.path().join("junk.pem");
         std::fs::write(&junk, "hello").unwrap_or_else(|e| panic!("{e}"));
-        let tls = TlsFiles {
+        let tls = EtcdTlsFiles {
             ca: junk.clone(),
             identity: None,
         };
@@ -364,7 +364,7 @@ mod tests {
             matches!(&e, Some((FileRole::Ca, m)) if m.contains("junk.pem") && m.contains("no PEM certificate")),
             "{e:?}"
         );
-        let tls = TlsFiles {
+        let tls = EtcdTlsFiles {
             ca: dir.path().join("missing.pem"),
             identity: None,
         };

@@ -259,7 +259,7 @@ mod tests {
     fn https_is_valid_with_a_ca() {
         let mut c = ok();
         c.endpoints = vec!["https://etcd:2379".into(), "etcd-2:2379".into()];
-        c.access.tls = Some(crate::coord::TlsFiles {
+        c.access.tls = Some(crate::coord::EtcdTlsFiles {
             ca: "/etc/etcd/ca.pem".into(),
             identity: None,
         });
@@ -280,7 +280,7 @@ mod tests {
                 "endpoints",
                 Box::new(|c| {
                     c.endpoints = vec!["http://etcd:2379".into()];
-                    c.access.tls = Some(crate::coord::TlsFiles {
+                    c.access.tls = Some(crate::coord::EtcdTlsFiles {
                         ca: "/etc/etcd/ca.pem".into(),
                         identity: None,
                     });

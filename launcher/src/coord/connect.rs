@@ -2,7 +2,7 @@
 //! keep-alive, TLS, user and password) are built here and nowhere else,
 //! and every new connection is proved by one read before it is handed out.
 //!
-//! In: a [`Dial`]: the endpoints, the [`EtcdAccess`] (TLS files, user),
+//! In: an [`EtcdDial`]: the endpoints, the [`EtcdAccess`] (TLS files, user),
 //! the request deadline, the HTTP/2 keep-alive, and the key prefix the
 //! caller is about to use.
 //! Out: a connected `etcd_client::Client` that has completed the TLS
@@ -24,7 +24,7 @@ use super::diagnose;
 
 /// What to connect to and how.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct Dial<'a> {
+pub(crate) struct EtcdDial<'a> {
     /// The etcd endpoints.
     pub endpoints: &'a [String],
     /// TLS and the user.
@@ -86,7 +86,7 @@ pub(crate) fn options(
 
 /// Connects and reads `dial.probe` (a count, no values), all within the
 /// deadline; see the module's contract.
-pub(crate) async fn connect(dial: Dial<'_>) -> Result<Client, CoordError> {
+pub(crate) async fn connect(dial: EtcdDial<'_>) -> Result<Client, CoordError> {
     check_endpoints(dial.endpoints, dial.access)?;
     let options = options(dial.access, dial.timeout, dial.keep_alive)?;
     let joined = dial.endpoints.join(",");

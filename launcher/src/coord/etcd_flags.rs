@@ -15,7 +15,7 @@
 use std::path::PathBuf;
 
 use crate::coord::access::{AccessError, FileRole};
-use crate::coord::{ClientIdentity, Credentials, EtcdAccess, Password, TlsFiles};
+use crate::coord::{ClientIdentity, Credentials, EtcdAccess, EtcdTlsFiles, Password};
 
 /// The environment variable that may hold the etcd password. The
 /// launcher removes it from its workers' environment.
@@ -115,7 +115,7 @@ impl EtcdFlags {
         &self,
         env_password: Option<String>,
     ) -> Result<EtcdAccess, EtcdFlagsError> {
-        let tls = self.etcd_cacert.as_ref().map(|ca| TlsFiles {
+        let tls = self.etcd_cacert.as_ref().map(|ca| EtcdTlsFiles {
             ca: ca.clone(),
             identity: match (&self.etcd_cert, &self.etcd_key) {
                 (Some(cert), Some(key)) => Some(ClientIdentity {

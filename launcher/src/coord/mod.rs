@@ -60,7 +60,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-pub use access::{ClientIdentity, Credentials, EtcdAccess, Password, TlsFiles};
+pub use access::{ClientIdentity, Credentials, EtcdAccess, EtcdTlsFiles, Password};
 pub use config::CoordConfig;
 pub use error::CoordError;
 pub use plan::{CkptPeer, Limits, RoundRecord};
@@ -183,7 +183,7 @@ impl Coordinator {
         cfg.validate()?;
         let endpoints = cfg.endpoints.join(",");
         let keys = Keys::new(&cfg.prefix, &cfg.job);
-        let client = connect::connect(connect::Dial {
+        let client = connect::connect(connect::EtcdDial {
             endpoints: &cfg.endpoints,
             access: &cfg.access,
             timeout: cfg.request_timeout,

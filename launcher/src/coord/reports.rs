@@ -79,7 +79,7 @@ impl Reports {
         timeout: Duration,
     ) -> Result<Self, CoordError> {
         let keys = Keys::new(prefix, job);
-        let client = super::connect::connect(super::connect::Dial {
+        let client = super::connect::connect(super::connect::EtcdDial {
             endpoints,
             access,
             timeout,

@@ -41,7 +41,7 @@ pub const JOB_GOODPUT_FILE: &str = "goodput-job.json";
 
 /// Where the job's reports live and who this host is.
 #[derive(Debug, Clone)]
-pub struct JobWide {
+pub struct GoodputHome {
     /// etcd endpoints.
     pub endpoints: Vec<String>,
     /// TLS and the user for etcd, as the coordinator's.
@@ -54,7 +54,7 @@ pub struct JobWide {
     pub host: String,
 }
 
-impl JobWide {
+impl GoodputHome {
     async fn reports(&self) -> Result<Reports, crate::coord::CoordError> {
         Reports::connect(
             &self.endpoints,
@@ -70,7 +70,7 @@ impl JobWide {
 /// Copies this host's breakdown of the job into etcd every [`EVERY`] until
 /// `stop`; failures are logged and tried again at the next turn.
 pub fn keep_published(
-    jw: JobWide,
+    jw: GoodputHome,
     client: AgentClient<Channel>,
     stop: CancellationToken,
 ) -> JoinHandle<()> {
@@ -127,7 +127,7 @@ pub fn keep_published(
 /// end within moments of each other, and the last launcher to end may read
 /// before a peer's final report is in.
 pub async fn finish(
-    jw: &JobWide,
+    jw: &GoodputHome,
     mine: Option<&pb::JobGoodput>,
     log_dir: &Path,
     console: &Console,

@@ -44,7 +44,7 @@
 //! for exits by a code (an exception: the same code would fail the same
 //! way), the decision is waited for as before. Across hosts the same heal
 //! holds in a round whose store node rank 0's launcher hosts
-//! ([`Limits::round_store_hosted`]): only this host's launcher acts; the
+//! ([`RunLimits::round_store_hosted`]): only this host's launcher acts; the
 //! other hosts' ranks see the replacement enter the survivors' next
 //! attempt on the round's store and join it (`warden.heal`), so no restart
 //! is published and no host stops.
@@ -65,8 +65,8 @@ pub mod progress;
 mod scenarios;
 
 pub use job_stop::RuleStop;
+use progress::AttemptVerdict;
 pub use progress::Progress;
-use progress::Verdict;
 use warden_core::signal::join_ranks as join;
 
 /// A failed worker the agent never registered: how long to wait for its
@@ -113,7 +113,7 @@ impl Now {
 
 /// What the command line and the job fix for the whole run.
 #[derive(Debug, Clone)]
-pub struct Limits {
+pub struct RunLimits {
     /// `--max-restarts`: restarts this launcher may decide.
     pub max_restarts: Option<u32>,
     /// Restarts the launcher may decide alone (no decision from the agent).
@@ -172,7 +172,7 @@ pub use warden_core::signal::StopKind;
 
 /// One decision of the incident feed (a revision of one incident).
 #[derive(Debug, Clone)]
-pub struct Decision {
+pub struct FeedDecision {
     /// The incident's id.
     pub id: String,
     /// How many decisions it superseded: (id, revision) is seen once.
@@ -264,7 +264,7 @@ pub enum Input {
     /// Every worker of the current attempt registered with the agent.
     AllRegistered,
     /// The agent decided about an incident of the job.
-    Decision(Box<Decision>),
+    FeedDecision(Box<FeedDecision>),
     /// [`JobState::deadline`] passed.
     Deadline,
     /// SIGINT, SIGTERM or SIGHUP reached the launcher.
@@ -613,7 +613,7 @@ enum Phase {
 /// Everything the launcher decided so far about one job.
 #[derive(Debug, Clone)]
 pub struct JobState {
-    limits: Limits,
+    limits: RunLimits,
     phase: Phase,
     /// When this launcher started (decisions of incidents opened before
     /// belong to an earlier run of the job).
@@ -687,7 +687,7 @@ struct Teardown {
     /// The first one's `--teardown-timeout`.
     deadline: Instant,
     /// The agent's decisions meanwhile, acted on only if it is no teardown.
-    deferred: Vec<Decision>,
+    deferred: Vec<FeedDecision>,
 }
 
 /// One worker of a [`Teardown`].
@@ -749,7 +749,7 @@ pub fn step(state: &mut JobState, input: Input, now: Now) -> Vec<Command> {
 
 impl JobState {
     /// A job about to begin ([`Input::Begin`]) at `now`.
-    pub fn new(limits: Limits, now: Now) -> Self {
+    pub fn new(limits: RunLimits, now: Now) -> Self {
         Self {
             limits,
             phase: Phase::Idle,
@@ -1032,7 +1032,7 @@ impl JobState {
         match input {
             Input::WorkerExit(e) => self.on_exit(e, now, out),
             Input::AllRegistered => self.on_registered(now, out),
-            Input::Decision(d) => self.on_decision(*d, now, out),
+            Input::FeedDecision(d) => self.on_decision(*d, now, out),
             Input::Deadline => self.on_no_decision(now, out),
             Input::Signal(sig) if sig == SIGTERM && !self.limits.term_grace.is_zero() => {
                 let window = self.limits.term_grace;
@@ -1589,7 +1589,7 @@ impl JobState {
         out.push(finish);
     }
 
-    fn on_decision(&mut self, d: Decision, now: Now, out: &mut Vec<Command>) {
+    fn on_decision(&mut self, d: FeedDecision, now: Now, out: &mut Vec<Command>) {
         if let Some(t) = self.teardown.as_mut() {
             if !t
                 .deferred
@@ -1945,7 +1945,7 @@ impl JobState {
     /// last [`HEAL_WINDOW`] (for a survivor that left blocked, fewer heals
     /// of such survivors than the attempt has workers). Across hosts only
     /// in an attempt of a round whose store node rank 0's launcher hosts
-    /// ([`Limits::round_store_hosted`]): the other hosts are not asked, their
+    /// ([`RunLimits::round_store_hosted`]): the other hosts are not asked, their
     /// ranks see the replacement enter the survivors' next attempt on that
     /// store and join it (`warden.heal`); a store hosted by a worker may be
     /// the lost rank's, and every rank's next attempt would wait for it.
@@ -2371,7 +2371,7 @@ impl JobState {
             return;
         };
         match progress::judge(&before, &seen) {
-            Verdict::Advanced(how) => {
+            AttemptVerdict::Advanced(how) => {
                 self.stalled = 0;
                 self.progress_log.clear();
                 job_stop::keep_newest(
@@ -2383,7 +2383,7 @@ impl JobState {
                 )));
                 self.progress = Some(seen);
             }
-            Verdict::Unjudged(why) => {
+            AttemptVerdict::Unjudged(why) => {
                 job_stop::keep_newest(
                     &mut self.progress_log,
                     job_stop::attempt_evidence(n, &seen, &format!("not judged: {why}")),
@@ -2395,7 +2395,7 @@ impl JobState {
                 )));
                 self.progress = Some(before);
             }
-            Verdict::Stalled(what) => {
+            AttemptVerdict::Stalled(what) => {
                 self.stalled += 1;
                 job_stop::keep_newest(
                     &mut self.progress_log,

@@ -2,7 +2,7 @@
 //! forward, judged from what the agent showed at the failure.
 //!
 //! In: two [`Progress`] observations, the one at the previous failure and
-//! the one now. Out: a [`Verdict`] with the words the console and the
+//! the one now. Out: an [`AttemptVerdict`] with the words the console and the
 //! summary show. Never: I/O or a clock (the executor observes, the machine
 //! counts the verdicts in a row against `--max-no-progress-restarts`).
 //!
@@ -45,7 +45,7 @@ pub struct Progress {
 
 /// The rule's judgment of one failed attempt.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Verdict {
+pub enum AttemptVerdict {
     /// The job moved forward (how).
     Advanced(String),
     /// It did not (what stayed where it was).
@@ -56,36 +56,36 @@ pub enum Verdict {
 
 /// Judges the attempt that failed now, from the observation at the
 /// previous failure (`before`) and the one now.
-pub fn judge(before: &Progress, now: &Progress) -> Verdict {
+pub fn judge(before: &Progress, now: &Progress) -> AttemptVerdict {
     if before.checkpoint.is_some() || now.checkpoint.is_some() {
         return match (before.checkpoint, now.checkpoint) {
-            (b, Some(n)) if b.is_none_or(|b| n > b) => Verdict::Advanced(format!(
+            (b, Some(n)) if b.is_none_or(|b| n > b) => AttemptVerdict::Advanced(format!(
                 "the newest complete checkpoint went from {} to step {n}",
                 b.map_or("none".to_owned(), |b| format!("step {b}"))
             )),
             (_, Some(n)) => {
-                Verdict::Stalled(format!("the newest complete checkpoint is still step {n}"))
+                AttemptVerdict::Stalled(format!("the newest complete checkpoint is still step {n}"))
             }
             (Some(_), None) if !now.listed => {
-                Verdict::Unjudged(format!("progress not observed: {}", now.note))
+                AttemptVerdict::Unjudged(format!("progress not observed: {}", now.note))
             }
             // The tier lost the job's checkpoints (retention, a scrub):
             // nothing newer, so no progress.
-            (Some(b), None) => Verdict::Stalled(format!(
+            (Some(b), None) => AttemptVerdict::Stalled(format!(
                 "the agent's tier no longer holds a complete checkpoint (it held step {b})"
             )),
-            (None, None) => Verdict::Unjudged("no checkpoint".into()),
+            (None, None) => AttemptVerdict::Unjudged("no checkpoint".into()),
         };
     }
     match (before.resumed_from, now.resumed_from) {
-        (Some(b), Some(n)) if n > b.saturating_add(1) => Verdict::Advanced(format!(
+        (Some(b), Some(n)) if n > b.saturating_add(1) => AttemptVerdict::Advanced(format!(
             "no checkpoint in the agent's tier; the attempts resumed from step {b}, then step {n}"
         )),
-        (Some(b), Some(n)) => Verdict::Stalled(format!(
+        (Some(b), Some(n)) => AttemptVerdict::Stalled(format!(
             "no checkpoint in the agent's tier, and the ranks' steps show no resume point later than step {}",
             b.max(n)
         )),
-        _ => Verdict::Unjudged(if now.note.is_empty() {
+        _ => AttemptVerdict::Unjudged(if now.note.is_empty() {
             "no checkpoint in the agent's tier and no steps reported by the ranks".into()
         } else {
             format!("progress not observed: {}", now.note)
@@ -110,22 +110,22 @@ mod tests {
     fn a_newer_complete_checkpoint_is_progress_and_the_same_one_is_not() {
         assert!(matches!(
             judge(&ckpt(None, Some(0)), &ckpt(Some(5), Some(0))),
-            Verdict::Advanced(_)
+            AttemptVerdict::Advanced(_)
         ));
         assert!(matches!(
             judge(&ckpt(Some(5), None), &ckpt(Some(10), None)),
-            Verdict::Advanced(_)
+            AttemptVerdict::Advanced(_)
         ));
         let v = judge(&ckpt(Some(10), Some(10)), &ckpt(Some(10), Some(30)));
         // Once the tier holds the job's checkpoints, the ranks' resume
         // points do not count.
         assert_eq!(
             v,
-            Verdict::Stalled("the newest complete checkpoint is still step 10".into())
+            AttemptVerdict::Stalled("the newest complete checkpoint is still step 10".into())
         );
         assert!(matches!(
             judge(&ckpt(Some(10), None), &ckpt(None, None)),
-            Verdict::Stalled(_)
+            AttemptVerdict::Stalled(_)
         ));
         // A tier that did not answer has not lost anything.
         let unanswered = Progress {
@@ -134,7 +134,7 @@ mod tests {
         };
         assert_eq!(
             judge(&ckpt(Some(10), None), &unanswered),
-            Verdict::Unjudged("progress not observed: ListCheckpoints timed out".into())
+            AttemptVerdict::Unjudged("progress not observed: ListCheckpoints timed out".into())
         );
     }
 
@@ -142,15 +142,15 @@ mod tests {
     fn without_the_tier_the_resume_point_must_move_by_more_than_one_step() {
         assert!(matches!(
             judge(&ckpt(None, Some(0)), &ckpt(None, Some(0))),
-            Verdict::Stalled(_)
+            AttemptVerdict::Stalled(_)
         ));
         assert!(matches!(
             judge(&ckpt(None, Some(4)), &ckpt(None, Some(5))),
-            Verdict::Stalled(_)
+            AttemptVerdict::Stalled(_)
         ));
         assert!(matches!(
             judge(&ckpt(None, Some(5)), &ckpt(None, Some(10))),
-            Verdict::Advanced(_)
+            AttemptVerdict::Advanced(_)
         ));
     }
 
@@ -162,11 +162,11 @@ mod tests {
         };
         assert_eq!(
             judge(&ckpt(None, Some(3)), &none),
-            Verdict::Unjudged("progress not observed: GetRanks: unavailable".into())
+            AttemptVerdict::Unjudged("progress not observed: GetRanks: unavailable".into())
         );
         assert!(matches!(
             judge(&Progress::default(), &Progress::default()),
-            Verdict::Unjudged(_)
+            AttemptVerdict::Unjudged(_)
         ));
     }
 }

@@ -7,8 +7,8 @@
 use std::time::{Duration, Instant, SystemTime};
 
 use super::{
-    Action, Command, Decision, GateVerdict, Input, JobState, Limits, Listen, Now, Progress,
-    Replaced, Replacement, SIGTERM, Started, WorkerExit,
+    Action, Command, FeedDecision, GateVerdict, Input, JobState, Listen, Now, Progress, Replaced,
+    Replacement, RunLimits, SIGTERM, Started, WorkerExit,
 };
 use crate::exit::IncidentBrief;
 use crate::hosts::{AttemptPlan, Directive, Remote};
@@ -19,7 +19,7 @@ const SIGINT: i32 = 2;
 /// One scenario: what came in, what the machine must do, how it ends.
 struct Scenario {
     name: &'static str,
-    limits: Limits,
+    limits: RunLimits,
     /// (ms after the start, input, the commands expected, by short name).
     steps: Vec<(u64, Input, &'static [&'static str])>,
     expect: End,
@@ -53,8 +53,8 @@ struct End {
     aborted: &'static [u32],
 }
 
-fn limits() -> Limits {
-    Limits {
+fn limits() -> RunLimits {
+    RunLimits {
         max_restarts: None,
         fallback_budget: 3,
         decision_timeout: Duration::from_secs(5),
@@ -69,8 +69,8 @@ fn limits() -> Limits {
     }
 }
 
-fn across_hosts() -> Limits {
-    Limits {
+fn across_hosts() -> RunLimits {
+    RunLimits {
         coordinator: "etcd".into(),
         across_hosts: true,
         round_store_hosted: true,
@@ -204,7 +204,7 @@ fn first_attempt_of_four() -> Vec<(u64, Input, &'static [&'static str])> {
 /// A decision about incident `id` opened at `opened` ms.
 fn decision(id: &str, revision: usize, opened: u64, action: Action, exit_code: i32) -> Input {
     let name = action.as_str();
-    Input::Decision(Box::new(Decision {
+    Input::FeedDecision(Box::new(FeedDecision {
         id: id.into(),
         revision,
         opened: at(opened).wall,
@@ -229,14 +229,14 @@ fn decision(id: &str, revision: usize, opened: u64, action: Action, exit_code: i
 /// `ranks` to be replaced with restart count `count`.
 fn replace(id: &str, revision: usize, opened: u64, ranks: &[u32], count: u32) -> Input {
     match decision(id, revision, opened, Action::RestartInProcess, 0) {
-        Input::Decision(mut d) => {
+        Input::FeedDecision(mut d) => {
             d.brief.kind = "hang".into();
             d.brief.reason = "rank 1 stopped (SIGSTOP or a tracer)".into();
             d.replace = Some(Replacement {
                 ranks: ranks.to_vec(),
                 restart_count: count,
             });
-            Input::Decision(d)
+            Input::FeedDecision(d)
         }
         other => other,
     }
@@ -285,9 +285,9 @@ fn healable(input: Input) -> Input {
 
 fn backoff(input: Input, by: Duration) -> Input {
     match input {
-        Input::Decision(mut d) => {
+        Input::FeedDecision(mut d) => {
             d.backoff = by;
-            Input::Decision(d)
+            Input::FeedDecision(d)
         }
         other => other,
     }
@@ -432,16 +432,16 @@ fn restart_path(t: u64, n: u32, base: i32) -> Vec<(u64, Input, &'static [&'stati
 
 /// The limits with `--teardown-timeout 5s`: the scenarios of a peer that
 /// outlives the teardown's wait.
-fn short_teardown() -> Limits {
-    Limits {
+fn short_teardown() -> RunLimits {
+    RunLimits {
         teardown_timeout: Duration::from_secs(5),
         ..limits()
     }
 }
 
 /// The limits with `--max-no-progress-restarts 3`.
-fn no_progress_limits() -> Limits {
-    Limits {
+fn no_progress_limits() -> RunLimits {
+    RunLimits {
         max_no_progress: Some(3),
         ..limits()
     }
@@ -786,7 +786,7 @@ fn scenarios() -> Vec<Scenario> {
         },
         Scenario {
             name: "teardown: half the ranks abort after a clean deregistration, the others exit 0: success",
-            limits: Limits {
+            limits: RunLimits {
                 nproc_per_node: 4,
                 ..limits()
             },
@@ -1168,7 +1168,7 @@ fn scenarios() -> Vec<Scenario> {
         },
         Scenario {
             name: "budget spent: --max-restarts 1 refuses the second restart",
-            limits: Limits {
+            limits: RunLimits {
                 max_restarts: Some(1),
                 ..limits()
             },
@@ -1213,7 +1213,7 @@ fn scenarios() -> Vec<Scenario> {
         },
         Scenario {
             name: "budget spent: no decision, the launcher's own restarts run out",
-            limits: Limits {
+            limits: RunLimits {
                 fallback_budget: 1,
                 ..limits()
             },
@@ -1424,7 +1424,7 @@ fn scenarios() -> Vec<Scenario> {
         },
         Scenario {
             name: "scale down and up: two rounds other hosts caused, not counted",
-            limits: Limits {
+            limits: RunLimits {
                 max_restarts: Some(0),
                 ..across_hosts()
             },
@@ -1703,7 +1703,7 @@ fn scenarios() -> Vec<Scenario> {
         },
         Scenario {
             name: "across hosts, a round whose store a worker hosts (not the launcher) restarts every host in job, as before",
-            limits: Limits {
+            limits: RunLimits {
                 round_store_hosted: false,
                 ..across_hosts()
             },
@@ -2109,7 +2109,7 @@ fn scenarios() -> Vec<Scenario> {
         },
         Scenario {
             name: "notice: SIGTERM with --term-grace tells the workers, who save and leave with 85; the job exits 85",
-            limits: Limits {
+            limits: RunLimits {
                 term_grace: Duration::from_secs(30),
                 ..limits()
             },
@@ -2269,7 +2269,7 @@ fn scenarios() -> Vec<Scenario> {
         },
         Scenario {
             name: "notice: a worker that crashes instead of saving is named; the job still exits 85 (requeue)",
-            limits: Limits {
+            limits: RunLimits {
                 term_grace: Duration::from_secs(30),
                 ..limits()
             },
@@ -2452,10 +2452,10 @@ fn scenarios() -> Vec<Scenario> {
                     // One from an earlier run of the job: not printed.
                     (
                         1600,
-                        Input::Decision(Box::new(Decision {
+                        Input::FeedDecision(Box::new(FeedDecision {
                             opened: SystemTime::UNIX_EPOCH,
                             ..match decision("old", 0, 0, Action::Stop, 1) {
-                                Input::Decision(d) => *d,
+                                Input::FeedDecision(d) => *d,
                                 _ => unreachable!(),
                             }
                         })),

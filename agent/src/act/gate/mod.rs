@@ -15,7 +15,7 @@
 //! run abandoned midway because its caller went away (it runs to its end,
 //! or `dcgm.gate_timeout`, and its result is cached for the callers queued
 //! behind it). The gRPC edge (`api::service`) decodes, calls [`run`] and
-//! maps [`GateError`] and [`Answer`].
+//! maps [`GateError`] and [`GateAnswer`].
 
 pub mod state;
 
@@ -76,14 +76,14 @@ pub enum GateError {
 
 /// A gate's verdict, fresh or from the cache.
 #[derive(Debug, Clone)]
-pub struct Answer {
+pub struct GateAnswer {
     /// The run's verdict.
     pub outcome: GateOutcome,
     /// For a cached answer: the level of the run it comes from, and its age.
     pub cached: Option<(u32, Duration)>,
 }
 
-impl Answer {
+impl GateAnswer {
     /// The note for the caller: a cached answer says so, with the age and
     /// level of its run, before the run's own note.
     pub fn note(&self, cache_for: Duration) -> String {
@@ -144,7 +144,7 @@ pub fn level_of(asked: u32, default: u32, max: u32) -> Result<u32, GateError> {
 /// (uncorrectable hardware: the node-level path). Only one run at a time;
 /// a run that ended within `dcgm.gate_cache_for` at this level or deeper
 /// answers instead.
-pub async fn run(h: &Handles, asked: u32, job: String, uid: u32) -> Result<Answer, GateError> {
+pub async fn run(h: &Handles, asked: u32, job: String, uid: u32) -> Result<GateAnswer, GateError> {
     let level = level_of(asked, h.dcgm.gate_level, h.dcgm.gate_max_level).inspect_err(|_| {
         metrics::counter!("warden_gate_answers_total", "answer" => "refused").increment(1);
     })?;
@@ -161,7 +161,7 @@ pub async fn run(h: &Handles, asked: u32, job: String, uid: u32) -> Result<Answe
             && l.ended.elapsed() < h.dcgm.gate_cache_for
         {
             metrics::counter!("warden_gate_answers_total", "answer" => "cached").increment(1);
-            return Answer {
+            return GateAnswer {
                 outcome: l.outcome.clone(),
                 cached: Some((l.level, l.ended.elapsed())),
             };
@@ -174,7 +174,7 @@ pub async fn run(h: &Handles, asked: u32, job: String, uid: u32) -> Result<Answe
             outcome: outcome.clone(),
             ended: Instant::now(),
         });
-        Answer {
+        GateAnswer {
             outcome,
             cached: None,
         }
@@ -293,12 +293,12 @@ mod tests {
             failures: Vec::new(),
             note: String::new(),
         };
-        let fresh = Answer {
+        let fresh = GateAnswer {
             outcome: o.clone(),
             cached: None,
         };
         assert!(fresh.note(Duration::from_secs(60)).is_empty());
-        let cached = Answer {
+        let cached = GateAnswer {
             outcome: o,
             cached: Some((2, Duration::from_millis(12_500))),
         };

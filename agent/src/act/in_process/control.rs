@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 use tokio::sync::watch;
 
-use super::waiter::{Decision, Input, RestartRequest, Via};
+use super::waiter::{JobRestart, Via, WaiterInput, WaiterStep};
 use super::{Handles, now};
 use crate::ranks::RankKey;
 use crate::ranks::registry::RankState;
@@ -28,7 +28,7 @@ pub struct RankRequest {
     /// The generation the rank held when asked.
     pub generation: u64,
     /// The request.
-    pub request: RestartRequest,
+    pub request: JobRestart,
 }
 
 /// Why a rank's `Control` stream or acknowledgement was refused.
@@ -153,13 +153,13 @@ pub fn ack(
     let Some(p) = g.jobs.get_mut(&key.job).and_then(|j| j.pending.as_mut()) else {
         return Ok(false);
     };
-    let input = Input::Acked {
+    let input = WaiterInput::Acked {
         rank: key.rank,
         generation,
         seq,
         via: Via::Rpc,
     };
-    if super::step(&mut p.waiter, input, now()) == Decision::Ignored {
+    if super::step(&mut p.waiter, input, now()) == WaiterStep::Ignored {
         return Ok(false);
     }
     p.wake.notify_one();

@@ -70,8 +70,8 @@ pub use dump::{DumpRequest, ask_dump, end_dump, subscribe_dumps};
 pub use request::{
     Asked, RestartError, admit_exception_restart, request, request_replacing, start,
 };
-use waiter::{Decision, Gone, Input, Via, Waiter, Waiting};
-pub use waiter::{RestartRequest, STOPPED_FOR};
+use waiter::{Gone, Via, Waiter, WaiterInput, WaiterStep, Waiting};
+pub use waiter::{JobRestart, STOPPED_FOR};
 
 /// How often the waiter reads the ranks' ack words from their slots (an
 /// `AckControl` call wakes it at once).
@@ -261,7 +261,7 @@ fn now() -> Instant {
 /// Waits for every rank's answer to `req`, then reports; at the deadline
 /// reports the silent ranks and escalates the incident. Ends when the
 /// request is over or another one took its place.
-async fn wait(state: Handles, req: RestartRequest, wake: Arc<Notify>) {
+async fn wait(state: Handles, req: JobRestart, wake: Arc<Notify>) {
     let Some(deadline) = state
         .restarts
         .lock()
@@ -290,7 +290,7 @@ async fn wait(state: Handles, req: RestartRequest, wake: Arc<Notify>) {
 /// ack words and (every `STATE_POLL`) the /proc states of those not
 /// answered, fed to the machine, then the clock; carries out what it
 /// decides. False once the request is over (or superseded).
-fn look(state: &Handles, req: &RestartRequest) -> bool {
+fn look(state: &Handles, req: &JobRestart) -> bool {
     let (job, seq) = (req.job.as_str(), req.seq);
     let (waiting, check_state) = {
         let mut g = state.restarts.lock();
@@ -311,16 +311,16 @@ fn look(state: &Handles, req: &RestartRequest) -> bool {
     let mut answered = Vec::new();
     for input in readings {
         let rank = match input {
-            Input::Acked { rank, .. } | Input::Gone { rank, .. } => Some(rank),
+            WaiterInput::Acked { rank, .. } | WaiterInput::Gone { rank, .. } => Some(rank),
             _ => None,
         };
-        if step(&mut p.waiter, input, now) == Decision::Wait
+        if step(&mut p.waiter, input, now) == WaiterStep::Wait
             && let Some(rank) = rank
         {
             answered.push(rank);
         }
     }
-    let decision = step(&mut p.waiter, Input::Tick, now);
+    let decision = step(&mut p.waiter, WaiterInput::Tick, now);
     let adopted = p.waiter.request().clone();
     for rank in answered {
         g.streams.clear(
@@ -332,16 +332,16 @@ fn look(state: &Handles, req: &RestartRequest) -> bool {
         );
     }
     match decision {
-        Decision::Wait | Decision::Ignored => true,
-        Decision::Done { outcomes } => {
+        WaiterStep::Wait | WaiterStep::Ignored => true,
+        WaiterStep::Done { outcomes } => {
             g.finish(job, seq);
             if let Some(j) = g.jobs.get_mut(job) {
                 let end = SystemTime::now();
                 let ranks = outcomes
                     .iter()
                     .map(|(&rank, o)| match *o {
-                        waiter::Outcome::Acked { after, .. } => (rank, asked_at + after),
-                        waiter::Outcome::Gone { .. } => (rank, end),
+                        waiter::RankOutcome::Acked { after, .. } => (rank, asked_at + after),
+                        waiter::RankOutcome::Gone { .. } => (rank, end),
                     })
                     .collect();
                 j.last_answered = Some(Answered { asked_at, ranks });
@@ -350,13 +350,13 @@ fn look(state: &Handles, req: &RestartRequest) -> bool {
             report::acknowledged(state, req, &outcomes);
             false
         }
-        Decision::Escalate { silent, acked, .. } => {
+        WaiterStep::Escalate { silent, acked, .. } => {
             g.finish(job, seq);
             drop(g);
             report::timed_out(state, &adopted, &silent, &acked, state.timeout);
             false
         }
-        Decision::Replace { ranks, .. } => {
+        WaiterStep::Replace { ranks, .. } => {
             drop(g);
             report::replace_ranks(state, &adopted, ranks);
             true
@@ -367,10 +367,10 @@ fn look(state: &Handles, req: &RestartRequest) -> bool {
 /// Feeds `input` to `waiter` at `now`; what it took and what it decided go
 /// to the trace (`RUST_LOG=warden_agent::act::in_process=trace`) with the
 /// time since the request, the form `scenarios.rs` records.
-fn step(waiter: &mut Waiter, input: Input, now: Instant) -> Decision {
-    let logged = (!matches!(input, Input::Tick)).then(|| format!("{input:?}"));
+fn step(waiter: &mut Waiter, input: WaiterInput, now: Instant) -> WaiterStep {
+    let logged = (!matches!(input, WaiterInput::Tick)).then(|| format!("{input:?}"));
     let decision = waiter.step(input, now);
-    if decision != Decision::Ignored && (logged.is_some() || decision != Decision::Wait) {
+    if decision != WaiterStep::Ignored && (logged.is_some() || decision != WaiterStep::Wait) {
         tracing::trace!(
             job = %waiter.request().job,
             seq = waiter.request().seq,
@@ -393,7 +393,7 @@ fn read(
     seq: u64,
     waiting: &[Waiting],
     check_state: bool,
-) -> Vec<Input> {
+) -> Vec<WaiterInput> {
     let mut out = Vec::new();
     if waiting.is_empty() {
         return out;
@@ -414,14 +414,14 @@ fn read(
             Some(_) => None,
         };
         if let Some(why) = gone {
-            out.push(Input::Gone { rank: w.rank, why });
+            out.push(WaiterInput::Gone { rank: w.rank, why });
             continue;
         }
         if check_state
             && !w.replaced
             && let Some(e) = entry
         {
-            out.push(Input::State {
+            out.push(WaiterInput::State {
                 rank: w.rank,
                 stopped: stopped(e.process.as_ref()),
             });
@@ -430,7 +430,7 @@ fn read(
             && acked == seq
         {
             // Dated when fed to the machine: at most ACK_POLL late.
-            out.push(Input::Acked {
+            out.push(WaiterInput::Acked {
                 rank: w.rank,
                 generation: writer,
                 seq: acked,

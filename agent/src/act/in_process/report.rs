@@ -17,28 +17,28 @@ use warden_core::policy::{Action, Replacement};
 use warden_core::signal::join_ranks as join;
 
 use super::Handles;
-use super::waiter::RestartRequest;
-use super::waiter::{Outcome, STOPPED_FOR};
+use super::waiter::JobRestart;
+use super::waiter::{RankOutcome, STOPPED_FOR};
 
 /// Every rank answered `req`: who acknowledged, how fast and by which
 /// path, and who was handled by its launcher instead.
 pub(super) fn acknowledged(
     state: &Handles,
-    req: &RestartRequest,
-    outcomes: &BTreeMap<u32, Outcome>,
+    req: &JobRestart,
+    outcomes: &BTreeMap<u32, RankOutcome>,
 ) {
     let acked: Vec<(u32, Duration, &str)> = outcomes
         .iter()
         .filter_map(|(&r, o)| match *o {
-            Outcome::Acked { after, via } => Some((r, after, via.as_str())),
-            Outcome::Gone { .. } => None,
+            RankOutcome::Acked { after, via } => Some((r, after, via.as_str())),
+            RankOutcome::Gone { .. } => None,
         })
         .collect();
     let gone: Vec<String> = outcomes
         .iter()
         .filter_map(|(&r, o)| match *o {
-            Outcome::Gone { why } => Some(format!("{r} ({why})")),
-            Outcome::Acked { .. } => None,
+            RankOutcome::Gone { why } => Some(format!("{r} ({why})")),
+            RankOutcome::Acked { .. } => None,
         })
         .collect();
     let slowest = acked.iter().map(|a| a.1).max().unwrap_or_default();
@@ -83,7 +83,7 @@ pub(super) fn acknowledged(
 /// incident its escalation to `restart_in_job`.
 pub(super) fn timed_out(
     state: &Handles,
-    req: &RestartRequest,
+    req: &JobRestart,
     silent: &[u32],
     acked: &[u32],
     timeout: Duration,
@@ -135,7 +135,7 @@ pub(super) fn timed_out(
 /// `restart.replace_ranks` and its count. With no incident (asked by hand)
 /// nothing carries it to a launcher: the event says so, and the timeout
 /// escalates nothing, as before.
-pub(super) fn replace_ranks(state: &Handles, req: &RestartRequest, ranks: Vec<u32>) {
+pub(super) fn replace_ranks(state: &Handles, req: &JobRestart, ranks: Vec<u32>) {
     let carried = !req.incident.is_empty();
     metrics::counter!("warden_in_process_replacements_total").increment(ranks.len() as u64);
     let reason = format!(

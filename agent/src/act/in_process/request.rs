@@ -23,7 +23,7 @@ use warden_core::signal::{RestartRequested, Signal};
 use warden_slot::ControlWord;
 
 use super::control::RankRequest;
-use super::waiter::{Input, RestartRequest, Waiter};
+use super::waiter::{JobRestart, Waiter, WaiterInput};
 use super::{Answered, Handles, Pending, Restarts, now, step, wait};
 use crate::ranks::RankKey;
 use crate::ranks::registry::RankState;
@@ -199,7 +199,7 @@ pub fn request(
     if let Some(p) = g.jobs.get_mut(job).and_then(|j| j.pending.as_mut()) {
         step(
             &mut p.waiter,
-            Input::Joined {
+            WaiterInput::Joined {
                 incident: incident.to_owned(),
             },
             now(),
@@ -212,7 +212,7 @@ pub fn request(
         });
     }
     let (seq, entry) = g.next_request(job);
-    let req = RestartRequest {
+    let req = JobRestart {
         job: job.to_owned(),
         seq: u64::from(seq),
         restart_count: entry.restart_count,

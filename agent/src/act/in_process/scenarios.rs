@@ -13,8 +13,8 @@
 
 use std::time::{Duration, Instant};
 
-use super::waiter::RestartRequest;
-use super::waiter::{Decision, Gone, Input, Outcome, Via, Waiter};
+use super::waiter::JobRestart;
+use super::waiter::{Gone, RankOutcome, Via, Waiter, WaiterInput, WaiterStep};
 
 /// The request's sequence number in every scenario.
 const SEQ: u64 = 7;
@@ -31,7 +31,7 @@ struct Scenario {
     /// `restart.in_process_timeout`, in ms.
     timeout_ms: u64,
     /// (ms after the request, input, the decision expected by short name).
-    steps: Vec<(u64, Input, &'static str)>,
+    steps: Vec<(u64, WaiterInput, &'static str)>,
     /// The ranks still waited for at the end, and whether each was handed
     /// to its launcher.
     waiting: &'static [(u32, bool)],
@@ -42,8 +42,8 @@ fn gen_of(rank: u32) -> u64 {
     100 + u64::from(rank)
 }
 
-fn rpc(rank: u32) -> Input {
-    Input::Acked {
+fn rpc(rank: u32) -> WaiterInput {
+    WaiterInput::Acked {
         rank,
         generation: gen_of(rank),
         seq: SEQ,
@@ -51,8 +51,8 @@ fn rpc(rank: u32) -> Input {
     }
 }
 
-fn slot(rank: u32) -> Input {
-    Input::Acked {
+fn slot(rank: u32) -> WaiterInput {
+    WaiterInput::Acked {
         rank,
         generation: gen_of(rank),
         seq: SEQ,
@@ -60,24 +60,24 @@ fn slot(rank: u32) -> Input {
     }
 }
 
-fn gone(rank: u32, why: Gone) -> Input {
-    Input::Gone { rank, why }
+fn gone(rank: u32, why: Gone) -> WaiterInput {
+    WaiterInput::Gone { rank, why }
 }
 
-fn state(rank: u32, stopped: bool) -> Input {
-    Input::State { rank, stopped }
+fn state(rank: u32, stopped: bool) -> WaiterInput {
+    WaiterInput::State { rank, stopped }
 }
 
-fn joined(incident: &str) -> Input {
-    Input::Joined {
+fn joined(incident: &str) -> WaiterInput {
+    WaiterInput::Joined {
         incident: incident.to_owned(),
     }
 }
 
-const TICK: Input = Input::Tick;
+const TICK: WaiterInput = WaiterInput::Tick;
 
 /// A decision by its short name.
-fn short(d: &Decision) -> String {
+fn short(d: &WaiterStep) -> String {
     let by = |i: &Option<String>| i.clone().unwrap_or_else(|| "-".into());
     let list = |r: &[u32]| {
         if r.is_empty() {
@@ -87,9 +87,9 @@ fn short(d: &Decision) -> String {
         }
     };
     match d {
-        Decision::Wait => "wait".into(),
-        Decision::Ignored => "ignored".into(),
-        Decision::Replace {
+        WaiterStep::Wait => "wait".into(),
+        WaiterStep::Ignored => "ignored".into(),
+        WaiterStep::Replace {
             ranks,
             restart_count,
             incident,
@@ -98,7 +98,7 @@ fn short(d: &Decision) -> String {
             list(ranks),
             by(incident)
         ),
-        Decision::Escalate {
+        WaiterStep::Escalate {
             silent,
             acked,
             incident,
@@ -108,15 +108,15 @@ fn short(d: &Decision) -> String {
             list(acked),
             by(incident)
         ),
-        Decision::Done { outcomes } => format!(
+        WaiterStep::Done { outcomes } => format!(
             "done {}",
             outcomes
                 .iter()
                 .map(|(r, o)| match o {
-                    Outcome::Acked { after, via } => {
+                    RankOutcome::Acked { after, via } => {
                         format!("{r} {} {}ms", via.as_str(), after.as_millis())
                     }
-                    Outcome::Gone { why } => format!("{r} {why}"),
+                    RankOutcome::Gone { why } => format!("{r} {why}"),
                 })
                 .collect::<Vec<_>>()
                 .join("; ")
@@ -126,7 +126,7 @@ fn short(d: &Decision) -> String {
 
 /// `rank` read every 50 ms (the glue's state poll) at `times`, stopped or
 /// not, each look ending with a tick that waits.
-fn reads(rank: u32, stopped: bool, times: &[u64]) -> Vec<(u64, Input, &'static str)> {
+fn reads(rank: u32, stopped: bool, times: &[u64]) -> Vec<(u64, WaiterInput, &'static str)> {
     times
         .iter()
         .flat_map(|&t| [(t, state(rank, stopped), "wait"), (t, TICK, "wait")])
@@ -181,7 +181,7 @@ fn scenarios() -> Vec<Scenario> {
             steps: vec![
                 (
                     2,
-                    Input::Acked {
+                    WaiterInput::Acked {
                         rank: 0,
                         generation: gen_of(0) + 1,
                         seq: SEQ,
@@ -191,7 +191,7 @@ fn scenarios() -> Vec<Scenario> {
                 ),
                 (
                     2,
-                    Input::Acked {
+                    WaiterInput::Acked {
                         rank: 0,
                         generation: gen_of(0),
                         seq: SEQ - 1,
@@ -499,7 +499,7 @@ fn recorded_scenarios_replay() {
     let base = Instant::now();
     let at = |ms: u64| base + Duration::from_millis(ms);
     for s in scenarios() {
-        let request = RestartRequest {
+        let request = JobRestart {
             job: "j".into(),
             seq: SEQ,
             restart_count: 1,
@@ -535,7 +535,7 @@ fn recorded_scenarios_replay() {
 fn process_states_are_read_every_state_poll() {
     let base = Instant::now();
     let at = |ms: u64| base + Duration::from_millis(ms);
-    let request = RestartRequest {
+    let request = JobRestart {
         job: "j".into(),
         seq: SEQ,
         restart_count: 1,

@@ -2,12 +2,12 @@
 //! to do about the ranks' answers, their exits, a rank seen stopped and the
 //! clock, given everything seen before.
 //!
-//! In: one [`Input`] at a time and the time it arrives, through
+//! In: one [`WaiterInput`] at a time and the time it arrives, through
 //! [`Waiter::step`]: an acknowledgement (by `AckControl` or the slot's ack
 //! word), a rank gone (the registry's entry says why), a rank's process
 //! state (read from /proc by the caller: [`Waiter::state_check_due`] says
-//! when), a second request that joins this one, and [`Input::Tick`], the
-//! clock read after each look. Out: a [`Decision`]: wait, replace the
+//! when), a second request that joins this one, and [`WaiterInput::Tick`], the
+//! clock read after each look. Out: a [`WaiterStep`]: wait, replace the
 //! ranks stopped for [`STOPPED_FOR`] with the request's restart count,
 //! escalate at the deadline, or done. A reading only records what it saw
 //! (`Wait`, or `Ignored` when it changes nothing); the time-bound
@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 
 /// A request to restart a job's ranks in process.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RestartRequest {
+pub struct JobRestart {
     /// The job.
     pub job: String,
     /// Its sequence number: what the ranks acknowledge.
@@ -86,7 +86,7 @@ pub enum Gone {
 
 /// How a rank's part of a request ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Outcome {
+pub enum RankOutcome {
     /// It acknowledged, this long after the request, by this path.
     Acked {
         /// Since the request.
@@ -103,7 +103,7 @@ pub enum Outcome {
 
 /// One event the machine takes.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Input {
+pub enum WaiterInput {
     /// `rank` (its registration `generation`) acknowledged request `seq`.
     Acked {
         /// The rank.
@@ -142,7 +142,7 @@ pub enum Input {
 
 /// What the machine says to do.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Decision {
+pub enum WaiterStep {
     /// Taken; keep waiting.
     Wait,
     /// Nothing changed: an answer already had, another registration's or
@@ -172,7 +172,7 @@ pub enum Decision {
     /// Every rank answered: the request ends.
     Done {
         /// Each rank's answer.
-        outcomes: BTreeMap<u32, Outcome>,
+        outcomes: BTreeMap<u32, RankOutcome>,
     },
 }
 
@@ -181,7 +181,7 @@ pub enum Decision {
 struct RankWait {
     generation: u64,
     slot: u32,
-    outcome: Option<Outcome>,
+    outcome: Option<RankOutcome>,
     /// Since when every read of its process state said stopped.
     stopped_since: Option<Instant>,
     /// Its launcher was asked to replace it.
@@ -206,7 +206,7 @@ pub struct Waiting {
 pub struct Waiter {
     /// The request; its incident is the first that joined one asked by
     /// hand.
-    request: RestartRequest,
+    request: JobRestart,
     asked_at: Instant,
     deadline: Instant,
     ranks: BTreeMap<u32, RankWait>,
@@ -223,7 +223,7 @@ impl Waiter {
     /// A wait for `request`, asked of `ranks` (rank, generation, slot) at
     /// `now`, until `now + timeout`.
     pub fn new(
-        request: RestartRequest,
+        request: JobRestart,
         ranks: &[(u32, u64, u32)],
         world_size: u32,
         now: Instant,
@@ -255,7 +255,7 @@ impl Waiter {
     }
 
     /// The request, with the incident that carries it now.
-    pub fn request(&self) -> &RestartRequest {
+    pub fn request(&self) -> &JobRestart {
         &self.request
     }
 
@@ -300,12 +300,12 @@ impl Waiter {
     }
 
     /// Takes one input at `now`.
-    pub fn step(&mut self, input: Input, now: Instant) -> Decision {
+    pub fn step(&mut self, input: WaiterInput, now: Instant) -> WaiterStep {
         if self.over {
-            return Decision::Ignored;
+            return WaiterStep::Ignored;
         }
         match input {
-            Input::Acked {
+            WaiterInput::Acked {
                 rank,
                 generation,
                 seq,
@@ -315,10 +315,10 @@ impl Waiter {
                 self.answer(
                     rank,
                     Some(generation).filter(|_| seq == self.request.seq),
-                    Outcome::Acked { after, via },
+                    RankOutcome::Acked { after, via },
                 )
             }
-            Input::Gone { rank, why } => {
+            WaiterInput::Gone { rank, why } => {
                 let replaced = self.ranks.get(&rank).is_some_and(|w| w.replaced);
                 // A rank handed to its launcher for replacement is gone
                 // by that replacement, whichever trace of it the next
@@ -333,9 +333,9 @@ impl Waiter {
                     Gone::StoppedByLauncher => "stopped by its launcher",
                     Gone::LostSlot => "lost its slot",
                 };
-                self.answer(rank, None, Outcome::Gone { why })
+                self.answer(rank, None, RankOutcome::Gone { why })
             }
-            Input::State { rank, stopped } => {
+            WaiterInput::State { rank, stopped } => {
                 match self
                     .ranks
                     .get_mut(&rank)
@@ -347,12 +347,12 @@ impl Waiter {
                         } else {
                             None
                         };
-                        Decision::Wait
+                        WaiterStep::Wait
                     }
-                    None => Decision::Ignored,
+                    None => WaiterStep::Ignored,
                 }
             }
-            Input::Joined { incident } => {
+            WaiterInput::Joined { incident } => {
                 // A request asked by hand (a launcher's heal) carries no
                 // incident, so its timeout would escalate nothing and a
                 // rank that can never answer (blocked in a collective no
@@ -362,34 +362,34 @@ impl Waiter {
                 if self.request.incident.is_empty() && !incident.is_empty() {
                     self.request.incident = incident;
                 }
-                Decision::Wait
+                WaiterStep::Wait
             }
-            Input::Tick => self.tick(now),
+            WaiterInput::Tick => self.tick(now),
         }
     }
 
     /// Records `rank`'s answer; `generation`, for an acknowledgement, must
     /// be the one asked (None with an acknowledgement: another request's).
-    fn answer(&mut self, rank: u32, generation: Option<u64>, outcome: Outcome) -> Decision {
-        let is_ack = matches!(outcome, Outcome::Acked { .. });
+    fn answer(&mut self, rank: u32, generation: Option<u64>, outcome: RankOutcome) -> WaiterStep {
+        let is_ack = matches!(outcome, RankOutcome::Acked { .. });
         match self.ranks.get_mut(&rank).filter(|w| {
             w.outcome.is_none() && (!is_ack || generation.is_some_and(|g| g == w.generation))
         }) {
             Some(w) => {
                 w.outcome = Some(outcome);
-                Decision::Wait
+                WaiterStep::Wait
             }
-            None => Decision::Ignored,
+            None => WaiterStep::Ignored,
         }
     }
 
     /// What is due at `now`: done once every rank answered, else the
     /// escalation at the deadline, else the replacement of ranks stopped
     /// long enough.
-    fn tick(&mut self, now: Instant) -> Decision {
+    fn tick(&mut self, now: Instant) -> WaiterStep {
         if self.ranks.values().all(|w| w.outcome.is_some()) {
             self.over = true;
-            return Decision::Done {
+            return WaiterStep::Done {
                 outcomes: self
                     .ranks
                     .iter()
@@ -399,7 +399,7 @@ impl Waiter {
         }
         if now >= self.deadline {
             self.over = true;
-            return Decision::Escalate {
+            return WaiterStep::Escalate {
                 silent: self
                     .ranks
                     .iter()
@@ -409,7 +409,7 @@ impl Waiter {
                 acked: self
                     .ranks
                     .iter()
-                    .filter(|(_, w)| matches!(w.outcome, Some(Outcome::Acked { .. })))
+                    .filter(|(_, w)| matches!(w.outcome, Some(RankOutcome::Acked { .. })))
                     .map(|(&r, _)| r)
                     .collect(),
                 incident: self.incident(),
@@ -417,9 +417,9 @@ impl Waiter {
         }
         let ranks = self.stopped_to_replace(now);
         if ranks.is_empty() {
-            return Decision::Wait;
+            return WaiterStep::Wait;
         }
-        Decision::Replace {
+        WaiterStep::Replace {
             ranks,
             restart_count: self.request.restart_count,
             incident: self.incident(),

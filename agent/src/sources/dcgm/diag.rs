@@ -16,7 +16,7 @@ use warden_core::health::{NodeSnapshot, Status};
 
 /// One failed test or check.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct GateFailure {
+pub struct DiagFailure {
     /// The diagnostic test ("memory", "pcie") or NVML signal.
     pub test: String,
     /// The entity: "gpu1", "node".
@@ -39,7 +39,7 @@ pub struct GateOutcome {
     /// How long it took (badput of its own kind in the goodput ledger).
     pub duration: Duration,
     /// What failed.
-    pub failures: Vec<GateFailure>,
+    pub failures: Vec<DiagFailure>,
     /// Why this check and not another (dcgmi absent, dcgmi gave no verdict).
     pub note: String,
 }
@@ -148,7 +148,7 @@ pub fn parse(stdout: &str, exit_code: Option<i32>) -> Result<GateOutcome, DiagEr
                     .next()
                     .unwrap_or("")
                     .to_owned();
-                failures.push(GateFailure {
+                failures.push(DiagFailure {
                     test: name.to_owned(),
                     entity,
                     status: status.to_owned(),
@@ -160,7 +160,7 @@ pub fn parse(stdout: &str, exit_code: Option<i32>) -> Result<GateOutcome, DiagEr
     }
     let failed_exit = matches!(exit_code, Some(205 | 226));
     if failed_exit && failures.is_empty() {
-        failures.push(GateFailure {
+        failures.push(DiagFailure {
             test: "dcgmi".into(),
             entity: "node".into(),
             status: "Fail".into(),
@@ -233,7 +233,7 @@ pub fn nvml_check(node: &NodeSnapshot) -> GateOutcome {
                 .iter()
                 .any(|s| r.signal == *s || (r.signal.starts_with(s) && *s == "nvlink.state"));
             if gate && r.status >= Status::Degraded {
-                failures.push(GateFailure {
+                failures.push(DiagFailure {
                     test: r.signal.clone(),
                     entity: c.id.split('/').next().unwrap_or(&c.id).to_owned(),
                     status: r.status.as_str().to_owned(),

@@ -57,7 +57,7 @@ type FnErrorString = unsafe extern "C" fn(c_int) -> *const c_char;
 
 /// One incident as DCGM reports it.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct Incident {
+pub struct DcgmIncident {
     /// The health system (bit), `u32::MAX` for ALL.
     pub system: u32,
     /// PASS 0, WARN 10, FAIL 20.
@@ -265,7 +265,7 @@ impl Dcgm {
     /// One `dcgmHealthCheck` of all GPUs: the overall result and the
     /// incidents. Falls back from the v5 response (DCGM 4) to v4 (DCGM 3)
     /// on a version mismatch; neither: an error naming both.
-    pub fn check(&mut self) -> Result<(u32, Vec<Incident>), String> {
+    pub fn check(&mut self) -> Result<(u32, Vec<DcgmIncident>), String> {
         let (mut overall, mut incidents) = self.check_group(GROUP_ALL_GPUS)?;
         if self.nvswitches {
             let (o, more) = self.check_group(GROUP_ALL_NVSWITCHES)?;
@@ -275,7 +275,7 @@ impl Dcgm {
         Ok((overall, incidents))
     }
 
-    fn check_group(&mut self, group: usize) -> Result<(u32, Vec<Incident>), String> {
+    fn check_group(&mut self, group: usize) -> Result<(u32, Vec<DcgmIncident>), String> {
         let f: FnHealthCheck = sym(&self.lib, b"dcgmHealthCheck\0")?;
         let mut tried = Vec::new();
         for v in [
@@ -309,7 +309,7 @@ impl Dcgm {
 }
 
 /// Reads a health response out of its words.
-fn parse_response(w: &[u32], capacity: usize) -> (u32, Vec<Incident>) {
+fn parse_response(w: &[u32], capacity: usize) -> (u32, Vec<DcgmIncident>) {
     let overall = w.get(1).copied().unwrap_or(0);
     let count = (w.get(2).copied().unwrap_or(0) as usize).min(capacity);
     let mut out = Vec::with_capacity(count);
@@ -326,7 +326,7 @@ fn parse_response(w: &[u32], capacity: usize) -> (u32, Vec<Incident>) {
             .iter()
             .position(|b| *b == 0)
             .unwrap_or(msg_bytes.len());
-        out.push(Incident {
+        out.push(DcgmIncident {
             system: words[0],
             health: words[1],
             code: words[258],
@@ -390,7 +390,7 @@ mod tests {
         assert_eq!(overall, 20);
         assert_eq!(
             inc,
-            vec![Incident {
+            vec![DcgmIncident {
                 system: 0x10,
                 health: 20,
                 code: 4,

@@ -9,12 +9,12 @@ use std::io::{BufRead, Write};
 
 use serde::{Deserialize, Serialize};
 
-use super::ffi::{Dcgm, Incident, NO_LIBRARY, OpenParams};
+use super::ffi::{Dcgm, DcgmIncident, NO_LIBRARY, OpenParams};
 
 /// What the agent asks.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "snake_case")]
-pub enum Request {
+pub enum HelperRequest {
     /// Load, initialise, connect (or start embedded), set the watches.
     Open(OpenParams),
     /// One `dcgmHealthCheck`.
@@ -39,7 +39,7 @@ pub enum Response {
         /// Overall result (PASS 0, WARN 10, FAIL 20).
         overall: u32,
         /// Its incidents.
-        incidents: Vec<Incident>,
+        incidents: Vec<DcgmIncident>,
         /// Health response version that worked.
         response_version: u32,
     },
@@ -65,11 +65,11 @@ pub fn main() -> i32 {
         let Ok(line) = line else {
             return 1;
         };
-        let answer = match serde_json::from_str::<Request>(&line) {
+        let answer = match serde_json::from_str::<HelperRequest>(&line) {
             Err(e) => Response::Error {
                 message: format!("bad request from the agent: {e}"),
             },
-            Ok(Request::Open(p)) => {
+            Ok(HelperRequest::Open(p)) => {
                 dcgm = None;
                 match Dcgm::load(&p).and_then(|(lib, name)| {
                     let d = Dcgm::open_loaded(lib, name, &p)?;
@@ -93,7 +93,7 @@ pub fn main() -> i32 {
                     Err(message) => Response::Error { message },
                 }
             }
-            Ok(Request::Check) => match dcgm.as_mut() {
+            Ok(HelperRequest::Check) => match dcgm.as_mut() {
                 None => Response::Error {
                     message: "DCGM is not open".into(),
                 },

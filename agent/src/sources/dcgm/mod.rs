@@ -30,8 +30,8 @@ use warden_core::device::DeviceId;
 
 pub use config::DcgmConfig;
 
-use self::ffi::{Incident, OpenParams};
-use self::helper::{Request, Response};
+use self::ffi::{DcgmIncident, OpenParams};
+use self::helper::{HelperRequest, Response};
 use super::{Poll, Source};
 use warden_core::events::{NewEvent, Severity};
 use warden_core::health::{ComponentReport, Reason, Status};
@@ -91,7 +91,7 @@ impl Helper {
     }
 
     /// One request, its answer within `deadline`.
-    fn call(&mut self, req: &Request, deadline: Duration) -> Result<Response, CallError> {
+    fn call(&mut self, req: &HelperRequest, deadline: Duration) -> Result<Response, CallError> {
         let text = serde_json::to_string(req).map_err(|e| CallError::Failed(e.to_string()))?;
         writeln!(self.stdin, "{text}")
             .and_then(|()| self.stdin.flush())
@@ -256,7 +256,7 @@ impl DcgmSource {
             systems: self.cfg.systems_mask().unwrap_or(u32::MAX),
             timeout_ms: u32::try_from(self.cfg.call_timeout.as_millis()).unwrap_or(u32::MAX),
         };
-        match helper.call(&Request::Open(params), self.cfg.call_timeout) {
+        match helper.call(&HelperRequest::Open(params), self.cfg.call_timeout) {
             Ok(Response::Opened {
                 library,
                 gpus,
@@ -310,7 +310,7 @@ impl DcgmSource {
     }
 
     /// Turns one check's incidents into component reports.
-    fn judge(&mut self, incidents: &[Incident], now: SystemTime, poll: &mut Poll) {
+    fn judge(&mut self, incidents: &[DcgmIncident], now: SystemTime, poll: &mut Poll) {
         let Some(opened) = &self.opened else {
             return;
         };
@@ -454,7 +454,7 @@ impl Source for DcgmSource {
         let Some(helper) = self.helper.as_mut() else {
             return poll;
         };
-        match helper.call(&Request::Check, self.cfg.call_timeout) {
+        match helper.call(&HelperRequest::Check, self.cfg.call_timeout) {
             Ok(Response::Checked {
                 incidents,
                 response_version,

@@ -29,7 +29,7 @@ pub struct RemappedRows {
 
 /// One NVLink's reading.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct LinkReading {
+pub struct NvLinkReading {
     /// Link number.
     pub link: u32,
     /// The link is up.
@@ -79,7 +79,7 @@ pub struct GpuReading {
     /// NVML_FI_DEV_GET_GPU_RECOVERY_ACTION (r570+).
     pub recovery_action: Option<u64>,
     /// NVLinks.
-    pub links: Vec<LinkReading>,
+    pub links: Vec<NvLinkReading>,
     /// NVML calls that answered NOT_SUPPORTED (or another error short of a
     /// lost GPU): what this GPU is judged without, shown as its `unread`
     /// label.
@@ -88,7 +88,7 @@ pub struct GpuReading {
 
 /// An XID delivered by the event thread.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Xid {
+pub struct XidEvent {
     /// GPU index.
     pub gpu: u32,
     /// XID code.
@@ -112,7 +112,7 @@ pub struct GpuState {
     pcie_replays: CounterWindow,
     links: BTreeMap<u32, [CounterWindow; 3]>,
     clock_events: Debounce,
-    xids: VecDeque<(Instant, SystemTime, Xid)>,
+    xids: VecDeque<(Instant, SystemTime, XidEvent)>,
 }
 
 impl GpuState {
@@ -129,7 +129,7 @@ impl GpuState {
     }
 
     /// Remembers an XID for `xid_window`.
-    pub fn note_xid(&mut self, mono: Instant, now: SystemTime, xid: Xid) {
+    pub fn note_xid(&mut self, mono: Instant, now: SystemTime, xid: XidEvent) {
         self.xids.push_back((mono, now, xid));
     }
 }
@@ -651,7 +651,7 @@ mod tests {
         let cfg = NvmlConfig::default();
         let mut st = GpuState::new(&cfg);
         let (t0, now) = (Instant::now(), SystemTime::now());
-        let x = |xid| Xid {
+        let x = |xid| XidEvent {
             gpu: 0,
             xid,
             pci: String::new(),
@@ -679,17 +679,17 @@ mod tests {
             r.pcie_gen = Some((4, 4));
             r.pcie_width = Some((8, 16));
             r.links = vec![
-                LinkReading {
+                NvLinkReading {
                     link: 0,
                     active: true,
                     replay: Some(5),
                     recovery: Some(0),
                     crc: Some(0),
                 },
-                LinkReading {
+                NvLinkReading {
                     link: 1,
                     active: false,
-                    ..LinkReading::default()
+                    ..NvLinkReading::default()
                 },
             ];
         });

@@ -31,7 +31,7 @@ use warden_core::device::DeviceId;
 
 pub use config::NvmlConfig;
 pub use judge::{
-    GpuReading, GpuState, LinkReading, RemappedRows, Xid, judge_count, judge_gpu, xid_status,
+    GpuReading, GpuState, NvLinkReading, RemappedRows, XidEvent, judge_count, judge_gpu, xid_status,
 };
 pub use prom::count_xid;
 
@@ -52,7 +52,7 @@ pub struct NvmlSource {
     /// Windows per GPU index, kept across polls.
     gpus: BTreeMap<u32, GpuState>,
     /// XIDs from the event thread.
-    xids: Option<Receiver<Xid>>,
+    xids: Option<Receiver<XidEvent>>,
     /// Tells the event thread to end when the source is dropped.
     stop: xid::Stop,
     /// Why XIDs are not watched, once (a label on `nvml`).

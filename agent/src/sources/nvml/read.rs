@@ -16,7 +16,7 @@ use nvml_wrapper::structs::device::FieldId;
 use nvml_wrapper::sys_exports::field_id::NVML_FI_DEV_GET_GPU_RECOVERY_ACTION;
 use nvml_wrapper::{Device, Nvml};
 
-use super::judge::{GpuReading, LinkReading, RemappedRows};
+use super::judge::{GpuReading, NvLinkReading, RemappedRows};
 
 /// Most NVLinks a GPU has (NVML_NVLINK_MAX_LINKS).
 const MAX_LINKS: u32 = 18;
@@ -171,7 +171,7 @@ pub fn gpu(nvml: &Nvml, index: u32) -> GpuReading {
         };
         let flit = counter(ErrorCounter::DlCrcFlit, calls);
         let data = counter(ErrorCounter::DlCrcData, calls);
-        r.links.push(LinkReading {
+        r.links.push(NvLinkReading {
             link,
             active,
             replay: counter(ErrorCounter::DlReplay, calls),

@@ -11,7 +11,7 @@ use nvml_wrapper::bitmasks::event::EventTypes;
 use nvml_wrapper::enums::event::XidError;
 use nvml_wrapper::error::{NvmlError, nvml_try};
 
-use super::judge::Xid;
+use super::judge::XidEvent;
 
 /// How long one wait blocks; bounds how late the thread notices `Stop`.
 const WAIT_MS: u32 = 500;
@@ -35,7 +35,7 @@ impl Stop {
 /// thread. Ok: the receiver and what it watches ("watched", or which GPUs
 /// refused). An error (no GPU accepts the events, no event set) says why
 /// XIDs are not watched; GPU health is still read.
-pub fn spawn(nvml: Arc<Nvml>, stop: Stop) -> Result<(Receiver<Xid>, String), String> {
+pub fn spawn(nvml: Arc<Nvml>, stop: Stop) -> Result<(Receiver<XidEvent>, String), String> {
     let (tx, rx) = channel();
     let (ready_tx, ready_rx) = channel();
     std::thread::Builder::new()
@@ -49,7 +49,7 @@ pub fn spawn(nvml: Arc<Nvml>, stop: Stop) -> Result<(Receiver<Xid>, String), Str
     }
 }
 
-fn run(nvml: &Nvml, stop: &Stop, tx: &Sender<Xid>, ready: &Sender<Result<String, String>>) {
+fn run(nvml: &Nvml, stop: &Stop, tx: &Sender<XidEvent>, ready: &Sender<Result<String, String>>) {
     let set = match register(nvml) {
         Ok((set, refused)) => {
             let watched = if refused.is_empty() {
@@ -75,7 +75,7 @@ fn run(nvml: &Nvml, stop: &Stop, tx: &Sender<Xid>, ready: &Sender<Result<String,
                 let gpu = ev.device.index().unwrap_or(u32::MAX);
                 let pci = ev.device.pci_info().map(|p| p.bus_id).unwrap_or_default();
                 if tx
-                    .send(Xid {
+                    .send(XidEvent {
                         gpu,
                         xid: match ev.event_data {
                             Some(XidError::Value(v)) => v,

@@ -9,7 +9,7 @@
 //!
 //! Scenario time is wall time since the first poll times `speed`, so a test
 //! plays a 30 s scenario in 3 s at speed 10. The state at a scenario time is
-//! a pure function of the script ([`Scenario::state_at`]).
+//! a pure function of the script ([`SimScenario::state_at`]).
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -25,7 +25,7 @@ use warden_core::signal::{Report, Signal, Xid, XidSource};
 
 /// Why a scenario could not be used; every variant names the key.
 #[derive(Debug, thiserror::Error)]
-pub enum ScenarioError {
+pub enum SimScenarioError {
     /// The file could not be read.
     #[error("cannot read scenario {path}: {source}")]
     Read {
@@ -59,7 +59,7 @@ pub enum ScenarioError {
 /// A scenario file.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct Scenario {
+pub struct SimScenario {
     /// A sentence saying what the scenario shows.
     #[serde(default)]
     pub description: String,
@@ -183,12 +183,12 @@ const CORRECTED_PER_MIN_DEGRADED: u64 = 10;
 /// The window ECC counts are judged over, as DCGM does.
 const ECC_WINDOW: Duration = Duration::from_secs(60);
 
-impl Scenario {
+impl SimScenario {
     /// Reads and checks a scenario file.
-    pub fn from_file(path: &Path) -> Result<Self, ScenarioError> {
+    pub fn from_file(path: &Path) -> Result<Self, SimScenarioError> {
         let text =
             warden_core::named_file::read_to_string(path, warden_core::named_file::CONFIG_CAP)
-                .map_err(|source| ScenarioError::Read {
+                .map_err(|source| SimScenarioError::Read {
                     path: path.display().to_string(),
                     source,
                 })?;
@@ -196,9 +196,9 @@ impl Scenario {
     }
 
     /// Parses and checks scenario text; `origin` names it in errors.
-    pub fn from_toml(text: &str, origin: &str) -> Result<Self, ScenarioError> {
-        let s: Scenario = warden_core::config::parse_toml(text).map_err(|(key, message)| {
-            ScenarioError::Parse {
+    pub fn from_toml(text: &str, origin: &str) -> Result<Self, SimScenarioError> {
+        let s: SimScenario = warden_core::config::parse_toml(text).map_err(|(key, message)| {
+            SimScenarioError::Parse {
                 origin: origin.to_owned(),
                 key,
                 message,
@@ -216,8 +216,8 @@ impl Scenario {
         self.tpu.iter().map(|g| g.count).sum()
     }
 
-    fn validate(&self, origin: &str) -> Result<(), ScenarioError> {
-        let invalid = |key: String, why: String| ScenarioError::Invalid {
+    fn validate(&self, origin: &str) -> Result<(), SimScenarioError> {
+        let invalid = |key: String, why: String| SimScenarioError::Invalid {
             origin: origin.to_owned(),
             key,
             why,
@@ -590,7 +590,7 @@ fn event_of(f: &Fault) -> Signal {
 /// The simulated source, run by [`super::runner`].
 #[derive(Debug)]
 pub struct Simulated {
-    scenario: Scenario,
+    scenario: SimScenario,
     speed: f64,
     started: Option<SystemTime>,
     last: Option<Duration>,
@@ -598,7 +598,7 @@ pub struct Simulated {
 
 impl Simulated {
     /// Plays `scenario` at `speed` (None: the scenario's own).
-    pub fn new(scenario: Scenario, speed: Option<f64>) -> Self {
+    pub fn new(scenario: SimScenario, speed: Option<f64>) -> Self {
         let speed = speed.unwrap_or(scenario.speed);
         Self {
             scenario,

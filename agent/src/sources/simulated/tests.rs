@@ -6,12 +6,12 @@ use crate::sources::Source;
 
 const EXAMPLES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/scenarios");
 
-fn example(name: &str) -> Scenario {
-    Scenario::from_file(Path::new(&format!("{EXAMPLES}/{name}.toml")))
+fn example(name: &str) -> SimScenario {
+    SimScenario::from_file(Path::new(&format!("{EXAMPLES}/{name}.toml")))
         .unwrap_or_else(|e| panic!("{name}: {e}"))
 }
 
-fn status_at(s: &Scenario, t: u64, id: &str) -> Status {
+fn status_at(s: &SimScenario, t: u64, id: &str) -> Status {
     let r = s
         .state_at(Duration::from_secs(t), SystemTime::now())
         .into_iter()
@@ -29,7 +29,7 @@ fn every_shipped_scenario_loads() {
     let mut n = 0;
     for entry in std::fs::read_dir(EXAMPLES).unwrap() {
         let path = entry.unwrap().path();
-        Scenario::from_file(&path).unwrap_or_else(|e| panic!("{e}"));
+        SimScenario::from_file(&path).unwrap_or_else(|e| panic!("{e}"));
         n += 1;
     }
     assert!(n >= 6, "{n} scenarios");
@@ -104,18 +104,18 @@ fn speed_scales_scenario_time() {
 
 #[test]
 fn unknown_and_invalid_keys_are_named() {
-    let e = Scenario::from_toml("[[gpu]]\ncount = 2\ncolour = \"red\"\n", "s.toml")
+    let e = SimScenario::from_toml("[[gpu]]\ncount = 2\ncolour = \"red\"\n", "s.toml")
         .unwrap_err()
         .to_string();
     assert!(e.contains("colour") && e.contains("gpu[0]"), "{e}");
-    let e = Scenario::from_toml(
+    let e = SimScenario::from_toml(
         "[[gpu]]\ncount = 2\n[[fault]]\nat = \"1s\"\nkind = \"xid\"\ngpu = 5\nxid = 79\n",
         "s.toml",
     )
     .unwrap_err()
     .to_string();
     assert!(e.contains("fault[0].gpu"), "{e}");
-    let e = Scenario::from_toml("[[fault]]\nat = \"1s\"\nkind = \"meteor\"\n", "s.toml")
+    let e = SimScenario::from_toml("[[fault]]\nat = \"1s\"\nkind = \"meteor\"\n", "s.toml")
         .unwrap_err()
         .to_string();
     assert!(e.contains("fault[0].kind") || e.contains("fault[0]"), "{e}");

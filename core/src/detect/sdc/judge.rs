@@ -11,12 +11,12 @@
 //! said and neither value becomes history.
 
 use super::aggregate::MetricStat;
-use super::score::{self, Departure, MAD_TO_SIGMA, MIN_SPREAD};
+use super::score::{self, MAD_TO_SIGMA, MIN_SPREAD, ValueDeparture};
 use super::{Basis, SdcConfig};
 
 /// What the step says of one rank's value.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub enum Verdict {
+pub enum ValueVerdict {
     /// A suspect: on what basis, its robust z and the own-history median
     /// when that was compared.
     Suspect {
@@ -36,14 +36,14 @@ pub enum Verdict {
 
 /// The departure of `x` from a set whose median and MAD are given, as
 /// `score::robust_departure` computes it from the set itself.
-pub fn departure(x: f64, median: f64, mad: f64, cfg: &SdcConfig) -> Departure {
+pub fn departure(x: f64, median: f64, mad: f64, cfg: &SdcConfig) -> ValueDeparture {
     let spread = (MAD_TO_SIGMA * mad)
         .max(MIN_SPREAD * median.abs())
         .max(f64::MIN_POSITIVE);
     let d = (x - median).abs();
     let z = d / spread;
     let relative = d / median.abs().max(f64::MIN_POSITIVE);
-    Departure {
+    ValueDeparture {
         median,
         z,
         relative,
@@ -61,9 +61,9 @@ pub fn judge(
     stat: &MetricStat,
     rank: u32,
     x: f64,
-    own: Option<Departure>,
+    own: Option<ValueDeparture>,
     local: &dyn Fn(u32, f64) -> Option<bool>,
-) -> Verdict {
+) -> ValueVerdict {
     let total = stat.count;
     let n = stat.finite();
     if !x.is_finite() {
@@ -73,49 +73,49 @@ pub fn judge(
             } else {
                 Basis::NonFinite
             };
-            return Verdict::Suspect {
+            return ValueVerdict::Suspect {
                 basis,
                 z: None,
                 own_median: None,
             };
         }
-        return Verdict::Neither;
+        return ValueVerdict::Neither;
     }
     if n >= 3 {
         let (Some(median), Some(mad)) = (stat.median, stat.mad) else {
-            return Verdict::Neither;
+            return ValueVerdict::Neither;
         };
         let d = departure(x, median, mad, cfg);
         return if d.departs {
-            Verdict::Suspect {
+            ValueVerdict::Suspect {
                 basis: Basis::Peers,
                 z: Some(d.z),
                 own_median: None,
             }
         } else {
-            Verdict::Clean
+            ValueVerdict::Clean
         };
     }
     if n < 2 {
-        return Verdict::Neither;
+        return ValueVerdict::Neither;
     }
     // Two finite values: both are among the lowest; the other is the one
     // that is not this rank (global ranks are unique in a job).
     let Some(other) = stat.lowest.iter().find(|v| v.rank != rank) else {
-        return Verdict::Neither;
+        return ValueVerdict::Neither;
     };
     if !score::disagree(x, other.value, cfg.min_relative) {
-        return Verdict::Clean;
+        return ValueVerdict::Clean;
     }
     let mine = own.is_some_and(|d| d.departs);
     let theirs = local(other.rank, other.value).unwrap_or(other.departs_own);
     match (mine, theirs) {
-        (true, false) => Verdict::Suspect {
+        (true, false) => ValueVerdict::Suspect {
             basis: Basis::OwnHistory,
             z: own.map(|d| d.z),
             own_median: own.map(|d| d.median),
         },
-        (false, true) => Verdict::Clean,
-        _ => Verdict::Neither,
+        (false, true) => ValueVerdict::Clean,
+        _ => ValueVerdict::Neither,
     }
 }

@@ -51,7 +51,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::config::ConfigError;
 
-pub use score::{Departure, MAD_TO_SIGMA, MIN_SPREAD, robust_departure};
+pub use score::{MAD_TO_SIGMA, MIN_SPREAD, ValueDeparture, robust_departure};
 
 /// Most steps kept waiting per job, whatever the ranks report: a rank that
 /// writes garbage step numbers cannot grow the agent's memory.
@@ -224,7 +224,7 @@ impl RankState {
     /// `metric` (None: too little history, or `x` not finite). Asked when
     /// a report is made and again when the step is judged, so it is
     /// against the history as of then.
-    fn own_departure(&self, cfg: &SdcConfig, metric: usize, x: f64) -> Option<Departure> {
+    fn own_departure(&self, cfg: &SdcConfig, metric: usize, x: f64) -> Option<ValueDeparture> {
         let h = &self.history[metric];
         if !x.is_finite() || h.len() < cfg.min_history {
             return None;
@@ -537,7 +537,7 @@ fn judge_step(
                 continue;
             };
             match verdict {
-                judge::Verdict::Suspect {
+                judge::ValueVerdict::Suspect {
                     basis,
                     z,
                     own_median,
@@ -558,7 +558,7 @@ fn judge_step(
                         });
                     }
                 }
-                judge::Verdict::Clean => {
+                judge::ValueVerdict::Clean => {
                     r.flagged[m] = false;
                     let h = &mut r.history[m];
                     if h.len() >= cfg.history {
@@ -566,7 +566,7 @@ fn judge_step(
                     }
                     h.push_back(x);
                 }
-                judge::Verdict::Neither => {}
+                judge::ValueVerdict::Neither => {}
             }
         }
     }

@@ -12,7 +12,7 @@ pub const MIN_SPREAD: f64 = 0.01;
 
 /// A value's departure from a set of values.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Departure {
+pub struct ValueDeparture {
     /// The set's median.
     pub median: f64,
     /// Robust standard deviations from it: |x - median| / (1.4826 x MAD),
@@ -46,7 +46,7 @@ pub fn robust_departure(
     set: &mut [f64],
     z_threshold: f64,
     min_relative: f64,
-) -> Option<Departure> {
+) -> Option<ValueDeparture> {
     let med = median(set)?;
     let mut dev: Vec<f64> = set.iter().map(|v| (v - med).abs()).collect();
     let mad = median(&mut dev)?;
@@ -56,7 +56,7 @@ pub fn robust_departure(
     let d = (x - med).abs();
     let z = d / spread;
     let relative = d / med.abs().max(f64::MIN_POSITIVE);
-    Some(Departure {
+    Some(ValueDeparture {
         median: med,
         z,
         relative,

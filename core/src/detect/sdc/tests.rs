@@ -1,5 +1,5 @@
 use super::*;
-use crate::detect::straggler::sim::Rng;
+use crate::detect::straggler::sim::SimRng;
 use std::time::Instant;
 
 /// A simulated data-parallel job: per step, a loss curve each rank sees
@@ -8,7 +8,7 @@ use std::time::Instant;
 /// all-reduce, up to rounding. Ranks report in a shuffled order, some a
 /// tick late, as the agent's scan would see them.
 struct Sim {
-    rng: Rng,
+    rng: SimRng,
     ranks: u32,
     det: SdcDetector,
     /// (rank, from step, factor on its gradient norm)
@@ -20,7 +20,7 @@ struct Sim {
 impl Sim {
     fn new(seed: u64, ranks: u32) -> Self {
         Self {
-            rng: Rng::new(seed),
+            rng: SimRng::new(seed),
             ranks,
             det: SdcDetector::new(SdcConfig::default()),
             corrupt: None,
@@ -247,7 +247,7 @@ impl Fleet {
 fn one_rank_departing_among_many_hosts_is_flagged_by_its_owner_only() {
     // 200 hosts x 8 ranks: past the exact range, so the sketch's median.
     let mut f = Fleet::new(200, 8);
-    let mut rng = Rng::new(3);
+    let mut rng = SimRng::new(3);
     let noise: Vec<f64> = (0..1600).map(|_| 0.05 * rng.normal()).collect();
     let clean = |s: u64| move |r: u32| (Some(2.0 * (1.0 + noise_at(r, s))), Some(3.0));
     fn noise_at(r: u32, s: u64) -> f64 {
@@ -297,7 +297,7 @@ fn a_non_finite_value_on_one_host_is_flagged_there_and_everywhere_is_not() {
 fn two_ranks_on_two_hosts_the_one_that_jumped_is_flagged_by_its_owner() {
     for bad in [0u32, 1] {
         let mut f = Fleet::new(2, 1);
-        let mut rng = Rng::new(11 + u64::from(bad));
+        let mut rng = SimRng::new(11 + u64::from(bad));
         for s in 0..60 {
             let g = (0.25 * rng.normal()).exp();
             let (found, _) = f.step(s, |_| (None, Some(g)));
@@ -393,7 +393,7 @@ fn two_ranks_judged_in_one_late_batch_still_flag_the_one_that_jumped() {
     // the first answer: the histories are built as the steps are judged,
     // in order, within the batch.
     let mut det = SdcDetector::new(SdcConfig::default());
-    let mut rng = Rng::new(5);
+    let mut rng = SimRng::new(5);
     for s in 0..60u64 {
         let g = (0.25 * rng.normal()).exp();
         det.observe("j", 0, 1, s, None, Some(g));

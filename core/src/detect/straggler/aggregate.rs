@@ -40,7 +40,7 @@ pub const TOP_SCORES: usize = 64;
 
 /// One host's part of one job, as reported.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct JobReport {
+pub struct JobPart {
     /// The job.
     pub job: String,
     /// A sketch of the host's ranks' window medians per compute section
@@ -52,7 +52,7 @@ pub struct JobReport {
 
 /// What a host sends its aggregator.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct Report {
+pub struct HostReport {
     /// The sender's host name.
     pub host: String,
     /// Its thresholds, for the over-threshold counts it is answered with.
@@ -60,7 +60,7 @@ pub struct Report {
     /// See `relative_threshold`.
     pub z_threshold: f64,
     /// Its jobs.
-    pub jobs: Vec<JobReport>,
+    pub jobs: Vec<JobPart>,
 }
 
 /// One section of one job, job-wide.
@@ -237,7 +237,7 @@ impl Aggregator {
 
     /// Takes a host's report (replacing what it said before of the jobs in
     /// it) and answers with the job-wide statistics of those jobs.
-    pub fn report(&mut self, r: Report, now: Instant) -> Result<Vec<JobWide>, AggregateError> {
+    pub fn report(&mut self, r: HostReport, now: Instant) -> Result<Vec<JobWide>, AggregateError> {
         self.sweep(now);
         // Check the limits first: a refused report changes nothing.
         let mut new_jobs = 0;
@@ -345,16 +345,16 @@ fn answer(job: &str, agg: &JobAgg, relative_threshold: f64, z_threshold: f64) ->
 mod tests {
     use super::*;
 
-    fn report(host: &str, ranks: &[(u32, f64, bool)]) -> Report {
+    fn report(host: &str, ranks: &[(u32, f64, bool)]) -> HostReport {
         let mut sk = Sketch::default();
         for (_, v, _) in ranks {
             sk.add(*v);
         }
-        Report {
+        HostReport {
             host: host.into(),
             relative_threshold: 1.1,
             z_threshold: 3.0,
-            jobs: vec![JobReport {
+            jobs: vec![JobPart {
                 job: "j".into(),
                 sections: vec![("forward".into(), sk)],
                 scores: ranks

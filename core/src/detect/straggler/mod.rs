@@ -634,18 +634,18 @@ impl Stragglers {
     /// a sketch per compute section over its ranks that have enough
     /// samples to be judged (a rank that stopped stepping is left out),
     /// and its ranks' scores.
-    pub fn report(&self, now: Instant) -> aggregate::Report {
+    pub fn report(&self, now: Instant) -> aggregate::HostReport {
         let inner = self.lock();
-        let mut jobs: BTreeMap<&str, aggregate::JobReport> = BTreeMap::new();
+        let mut jobs: BTreeMap<&str, aggregate::JobPart> = BTreeMap::new();
         for (k, l) in &inner.local {
             if l.medians.is_empty() || l.stale(now) {
                 continue;
             }
             let j = jobs
                 .entry(k.job.as_str())
-                .or_insert_with(|| aggregate::JobReport {
+                .or_insert_with(|| aggregate::JobPart {
                     job: k.job.clone(),
-                    ..aggregate::JobReport::default()
+                    ..aggregate::JobPart::default()
                 });
             for m in &l.medians {
                 if (m.samples as usize) < self.params.min_steps {
@@ -677,7 +677,7 @@ impl Stragglers {
                 }
             }));
         }
-        aggregate::Report {
+        aggregate::HostReport {
             host: self.host.clone(),
             relative_threshold: self.params.relative_threshold,
             z_threshold: self.params.z_threshold,

@@ -412,7 +412,7 @@ pub fn spread(values: &mut [f64]) -> Option<Spread> {
 
 /// A rank's scores in one section.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Verdict {
+pub struct RankScores {
     /// Rank median / job median.
     pub relative: f64,
     /// (rank median - job median) / spread.
@@ -425,7 +425,7 @@ pub struct Verdict {
 
 /// Scores `m` (a rank's window median) against the job's `spread` and the
 /// rank's own `best` recent window.
-pub fn judge(m: f64, best: f64, spread: &Spread, p: &Params) -> Verdict {
+pub fn judge(m: f64, best: f64, spread: &Spread, p: &Params) -> RankScores {
     let relative = if spread.median > 0.0 {
         m / spread.median
     } else {
@@ -446,7 +446,7 @@ pub fn judge(m: f64, best: f64, spread: &Spread, p: &Params) -> Verdict {
         // job cannot be told from a rank doing different work).
         spread.n >= 2 && slower && individual >= p.individual_threshold
     };
-    Verdict {
+    RankScores {
         relative,
         z,
         individual,
@@ -551,7 +551,7 @@ pub struct RankScore {
     /// Index of the headline section in the job's table (None: nothing judged).
     pub section: Option<usize>,
     /// Its verdict.
-    pub verdict: Verdict,
+    pub verdict: RankScores,
     /// The rank's median of it, ns.
     pub rank_median_ns: f64,
     /// The job's, ns.
@@ -631,7 +631,7 @@ impl Scorer {
     ) -> RankScore {
         let mut out = RankScore {
             section: None,
-            verdict: Verdict {
+            verdict: RankScores {
                 relative: 1.0,
                 z: 0.0,
                 individual: 1.0,

@@ -35,12 +35,12 @@ pub enum Jitter {
 /// A small, fast, seeded PRNG (xorshift64*), with normal draws
 /// (Box-Muller). Test and benchmark use only: no dependency for it.
 #[derive(Debug, Clone)]
-pub struct Rng {
+pub struct SimRng {
     state: u64,
     spare: Option<f64>,
 }
 
-impl Rng {
+impl SimRng {
     /// A generator from `seed` (0 is replaced: xorshift needs a set bit).
     pub fn new(seed: u64) -> Self {
         Self {
@@ -85,7 +85,7 @@ pub struct SimJob {
     stride: u64,
     jitter: f64,
     model: Jitter,
-    rng: Rng,
+    rng: SimRng,
     samples: Vec<RankSamples>,
     kinds: Vec<SectionKinds>,
     tracks: Vec<RankTrack>,
@@ -122,7 +122,7 @@ impl SimJob {
             stride: cfg.stride_steps as u64,
             jitter,
             model,
-            rng: Rng::new(seed),
+            rng: SimRng::new(seed),
             samples: vec![RankSamples::default(); ranks],
             kinds: vec![SectionKinds::default(); ranks],
             tracks: vec![RankTrack::default(); ranks],
