@@ -18,6 +18,8 @@
 //!   owner), run in its own process group with a timeout.
 //! - [`act`]: decisions carried out: in-process restarts, Slurm drains.
 //! - [`goodput`]: the goodput task (the bus folded into core's ledger).
+//! - [`hang`]: the job-wide hang verdict: the ranks' flight recorders
+//!   read, every host's positions judged once.
 //! - [`notice`]: notices of a coming stop (preemption, maintenance, a
 //!   taint, the launcher's SIGTERM) turned into a save-and-leave word in
 //!   the ranks' slots.
@@ -91,6 +93,7 @@ pub mod exchange;
 #[cfg(test)]
 mod fuzz;
 pub mod goodput;
+pub mod hang;
 pub mod listen;
 pub mod notice;
 pub mod policy;

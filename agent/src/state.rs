@@ -81,8 +81,8 @@ pub struct AgentState {
     /// the cap it enforces. Unset (an agent with no listeners): no cap said.
     stranger_connections: std::sync::OnceLock<usize>,
     /// Where every rank of the jobs stands, this host's and the peers',
-    /// for the job-wide hang verdict (`ranks::verdict`).
-    pub hang_board: Arc<crate::ranks::verdict::HangBoard>,
+    /// for the job-wide hang verdict (`hang::verdict`).
+    pub hang_board: Arc<crate::hang::verdict::HangBoard>,
     /// The SDC detector's link to its jobs' aggregator: this host's values
     /// out, the job-wide per-step statistics in (`ranks::peer_values`).
     pub peer_values: Arc<crate::ranks::peer_values::PeerValues>,
@@ -154,7 +154,7 @@ impl AgentState {
         let straggler_peers_seen = std::sync::Arc::<crate::tls::connect::SeenNames>::default();
         let ranks = SharedRegistry::new(ranks);
         let shutdown = CancellationToken::new();
-        let hang_board = Arc::new(crate::ranks::verdict::HangBoard::new(
+        let hang_board = Arc::new(crate::hang::verdict::HangBoard::new(
             host.clone(),
             config.straggler.summary_ttl,
             config.hang.verdict_wait * 2,

@@ -1,6 +1,6 @@
 //! The flight-recorder request end to end, with real torch: the agent's API
 //! served in process on a Unix socket (so the test can call
-//! `ranks::flight::request_dump`, which nothing outside the agent triggers
+//! `hang::flight::request_dump`, which nothing outside the agent triggers
 //! yet), two real gloo ranks (tests/fixtures/torch_flight_rank.py) with the
 //! real `warden` package and its native client. Rank 0 waits in an
 //! all_reduce rank 1 has not reached.
@@ -30,8 +30,8 @@ use tokio_stream::wrappers::UnixListenerStream;
 use warden_agent::api::AgentService;
 use warden_agent::api::caller::LocalConn;
 use warden_agent::config::Config;
+use warden_agent::hang::flight::request_dump;
 use warden_agent::ranks::RankKey;
-use warden_agent::ranks::flight::request_dump;
 use warden_agent::state::AgentState;
 use warden_core::detect::flight_recorder::compare;
 use warden_proto::v1::agent_server::AgentServer;

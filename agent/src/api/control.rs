@@ -131,7 +131,7 @@ impl ControlStreams {
 }
 
 /// Control: a rank's stream of restart requests, the pending one first,
-/// and of flight-recorder dump requests (`ranks::flight`).
+/// and of flight-recorder dump requests (`hang::flight`).
 /// Ends when the agent stops, the client leaves, or the rank registers
 /// again (a request for a newer generation). `FAILED_PRECONDITION` for a
 /// stale generation, `NOT_FOUND` for a rank that is not registered.

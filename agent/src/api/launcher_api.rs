@@ -6,7 +6,7 @@
 //! each on [`AgentState::incident_feed`]). StopRanks marks ranks as being
 //! stopped on purpose, so their exits are recorded (`rank.exited`, Info,
 //! `stopped_by`) instead of opening incidents: decoded here, carried out by
-//! `ranks::stopping`.
+//! `act::stopping`.
 
 use std::sync::Arc;
 
@@ -18,7 +18,7 @@ use warden_proto::v1 as pb;
 
 use super::convert;
 use super::streams::BoxStream;
-use crate::ranks::stopping;
+use crate::act::stopping;
 use crate::state::AgentState;
 use warden_core::attribute::IncidentRecord;
 
@@ -110,7 +110,7 @@ async fn send(tx: &mpsc::Sender<Result<pb::Incident, Status>>, r: &IncidentRecor
     tx.send(Ok(convert::incident(r))).await.is_ok()
 }
 
-/// StopRanks: decoded here, carried out by [`ranks::stopping::stop`] (the
+/// StopRanks: decoded here, carried out by [`act::stopping::stop`] (the
 /// job's live ranks, only `ranks` when given, marked as stopped by their
 /// launcher; a preemption's notice raised and its step named).
 pub async fn stop_ranks(

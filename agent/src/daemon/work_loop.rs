@@ -85,7 +85,7 @@ pub async fn run(state: Arc<AgentState>, mut watchdog: Watchdog, sources: Source
             });
             let id = state.events.publish(hang).id;
             if state.hang_board.on_hang(&finding.key.job) {
-                tokio::spawn(crate::ranks::verdict::follow_up(
+                tokio::spawn(crate::hang::verdict::follow_up(
                     state.hang_board.clone(),
                     state.events.clone(),
                     state.in_process(),

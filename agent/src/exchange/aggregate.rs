@@ -72,7 +72,7 @@ pub fn aggregate_here(
         ex.hang_board.merge_remote(&host, positions);
     }
     for job in hung {
-        tokio::spawn(crate::ranks::verdict::collect(
+        tokio::spawn(crate::hang::verdict::collect(
             ex.hang_board.clone(),
             job,
             ex.verdict_wait,

@@ -32,9 +32,9 @@ use tokio_util::sync::CancellationToken;
 use warden_core::detect::sdc::aggregate::SdcAggregator;
 use warden_core::detect::straggler::aggregate::Aggregator;
 
+use crate::hang::verdict::HangBoard;
 use crate::ranks::peer_values::PeerValues;
 use crate::ranks::registry::SharedRegistry;
-use crate::ranks::verdict::HangBoard;
 
 /// What the exchange keeps and the handles it works with: its own
 /// aggregators and routes, and the hang board, the SDC values and the
@@ -57,7 +57,7 @@ pub struct Exchange {
     /// Whom this agent reports its jobs' part to and relays its group's
     /// reports to, and what is known of each.
     pub routes: routes::Routes,
-    /// Where every rank of the jobs stands (`ranks::verdict`).
+    /// Where every rank of the jobs stands (`hang::verdict`).
     pub hang_board: Arc<HangBoard>,
     /// The SDC detector's link to its jobs' aggregator (`ranks::peer_values`).
     pub peer_values: Arc<PeerValues>,

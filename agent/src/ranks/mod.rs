@@ -11,14 +11,11 @@ pub mod admit;
 pub mod evidence;
 pub mod exit_watch;
 pub mod exited;
-pub mod flight;
 pub mod peer_values;
 pub mod process;
 pub mod procfs;
 pub mod registry;
 pub mod scan;
-pub mod stopping;
 pub mod stragglers;
-pub mod verdict;
 
 pub use registry::{RankKey, RegisterError, Registry};

@@ -542,7 +542,7 @@ impl Registry {
     }
 
     /// The stack-dump directory `<slot_dir>/stacks` (the agent's, 0711),
-    /// where `ranks::flight` makes each flight-recorder dump file.
+    /// where `hang::flight` makes each flight-recorder dump file.
     pub fn stacks(&self) -> &warden_core::fsafe::Dir {
         &self.stacks
     }

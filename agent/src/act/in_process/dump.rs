@@ -1,5 +1,5 @@
 //! Flight-recorder dump requests on the ranks' `Control` streams: that a
-//! rank write its torch flight recorder to a file (`ranks::flight` makes
+//! rank write its torch flight recorder to a file (`hang::flight` makes
 //! the request, awaits the file and reads it).
 //!
 //! In: a rank's subscription (its key and generation); a request (the
@@ -22,7 +22,7 @@ use super::{Handles, Restarts};
 use crate::ranks::RankKey;
 
 /// A request that a rank write its torch flight recorder to `path`
-/// (`ranks::flight` makes and reads it).
+/// (`hang::flight` makes and reads it).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DumpRequest {
     /// The generation the rank held when asked: a stream of another

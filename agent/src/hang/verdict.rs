@@ -4,7 +4,7 @@
 //! job's local ranks stood ([`HangBoard::on_hang`]), has the straggler
 //! exchange send the snapshot to the peer agents at once, and starts
 //! [`follow_up`]: it asks each of the job's local ranks for torch's flight
-//! recorder (`ranks::flight`, in parallel, at most `hang.stack_dump_wait`;
+//! recorder (`hang::flight`, in parallel, at most `hang.stack_dump_wait`;
 //! a rank that does not answer stays without one), puts each process
 //! group's sequence into the snapshot and sends it again, final; then it
 //! waits (at most `hang.verdict_wait`) until every rank of the job is

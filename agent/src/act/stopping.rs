@@ -15,8 +15,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use warden_core::events::{EventBus, NewEvent, Severity};
 use warden_core::signal::{StopKind, StopReason};
 
-use super::registry::SharedRegistry;
 use crate::notice::{Notice, NoticeBoard, NoticeSource};
+use crate::ranks::registry::SharedRegistry;
 
 /// Longest reason kept from a launcher.
 pub const MAX_REASON: usize = 256;

@@ -29,9 +29,9 @@ use std::time::{Duration, Instant};
 
 use warden_core::detect::flight_recorder::{self, MAX_DUMP_BYTES, PgPosition};
 
-use super::RankKey;
-use super::registry::RankState;
 use crate::act::in_process::{self, Handles};
+use crate::ranks::RankKey;
+use crate::ranks::registry::RankState;
 
 /// How often the file is looked at while waiting.
 const POLL: Duration = Duration::from_millis(20);
