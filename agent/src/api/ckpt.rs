@@ -10,7 +10,7 @@
 //! NOT_FOUND, a copy that fails its checksum DATA_LOSS.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use tonic::Status;
 use warden_proto::v1 as pb;
@@ -178,27 +178,19 @@ pub async fn restore(
         )));
     }
     let started = Instant::now();
-    // Saves that this agent is still sealing count: wait for them briefly.
-    ck.sealing.settled(Duration::from_secs(30)).await;
-    match restore::restore(&state.events, &ck, &req.job_id, req.rank, req.step).await {
+    match restore::for_rank(&state.events, &ck, &req.job_id, req.rank, req.step, owner).await {
         Ok(None) => Ok(pb::RestoreResponse::default()),
-        Ok(Some(r)) => {
-            if let Some(o) = owner {
-                let (ck2, k2) = (ck.clone(), r.manifest.key());
-                blocking(move || ck2.tier.hand_over(&k2, o)).await?;
-            }
-            Ok(pb::RestoreResponse {
-                found: true,
-                step: r.step,
-                path: r.path.display().to_string(),
-                size_bytes: r.manifest.size_bytes,
-                xxh3: r.manifest.hash().unwrap_or(0),
-                tier: r.holder.tier().to_owned(),
-                source: r.source,
-                skipped: r.skipped,
-                duration: prost_types::Duration::try_from(started.elapsed()).ok(),
-            })
-        }
+        Ok(Some(r)) => Ok(pb::RestoreResponse {
+            found: true,
+            step: r.step,
+            path: r.path.display().to_string(),
+            size_bytes: r.manifest.size_bytes,
+            xxh3: r.manifest.hash().unwrap_or(0),
+            tier: r.holder.tier().to_owned(),
+            source: r.source,
+            skipped: r.skipped,
+            duration: prost_types::Duration::try_from(started.elapsed()).ok(),
+        }),
         Err(e @ RestoreError::NoSuchStep { .. }) => Err(Status::not_found(e.to_string())),
         Err(e @ RestoreError::NoValidCopy { .. }) => Err(Status::data_loss(e.to_string())),
         // ABORTED, not UNAVAILABLE: the agent answered, after asking the
@@ -208,6 +200,8 @@ pub async fn restore(
         // gRPC's own guide: ABORTED is "retry at a higher level", here a
         // restart of the job (rule `exception.ckpt_holders_unreachable`).
         Err(e @ RestoreError::Unreachable { .. }) => Err(Status::aborted(e.to_string())),
+        Err(RestoreError::HandOver(e)) => Err(status(e)),
+        Err(e @ RestoreError::Task(_)) => Err(Status::internal(e.to_string())),
     }
 }
 
@@ -220,11 +214,9 @@ pub async fn list_checkpoints(
     if !req.job_id.is_empty() {
         job(&req.job_id)?;
     }
-    ck.sealing.settled(Duration::from_secs(5)).await;
-    let view = restore::gather(&ck, &req.job_id).await;
-    Ok(super::convert::checkpoints(crate::ckpt::listing::listing(
-        &ck, &view,
-    )))
+    Ok(super::convert::checkpoints(
+        crate::ckpt::listing::of_job(&ck, &req.job_id).await,
+    ))
 }
 
 /// SetCheckpointPeers: a launcher's view of the job's other agents.
@@ -267,7 +259,12 @@ pub async fn set_checkpoint_peers(
         .filter(|a| *a != ck.peers.my_addr())
         .collect::<std::collections::HashSet<_>>()
         .len();
-    let warning = connections_short(state, others);
+    let warning = crate::exchange::capacity::connections_short(
+        &state.config.api,
+        &state.config.straggler,
+        state.stranger_connections(),
+        others,
+    );
     if let Some(w) = &warning {
         tracing::warn!(job = %req.job_id, "{w}");
     }
@@ -280,39 +277,6 @@ pub async fn set_checkpoint_peers(
     Ok(pb::SetCheckpointPeersResponse {
         targets,
         warning: warning.unwrap_or_default(),
-    })
-}
-
-/// Whether a job with `peers` other hosts needs more connections at its
-/// busiest host than this agent takes over `api.tcp`: the job's straggler
-/// aggregator holds one from each host of its own group and from every
-/// other group's leader (`warden_core::detect::straggler::tree`), so past
-/// the cap the later hosts' reports are refused there. Said at the round,
-/// when the job's size is first known here, not at the first refusal.
-fn connections_short(state: &AgentState, peers: usize) -> Option<String> {
-    use warden_core::detect::straggler::tree;
-    let cfg = &state.config;
-    if cfg.api.tcp.is_empty() {
-        return None;
-    }
-    // The cap the listeners enforce (the daemon's one budget), not one
-    // computed again here.
-    let cap = state.stranger_connections()?;
-    let hosts = peers + 1;
-    let k = tree::fan_out(hosts, cfg.straggler.aggregator_fan_out);
-    let needed = tree::max_in_degree(hosts, k);
-    (needed > cap).then(|| {
-        format!(
-            "this job has {hosts} hosts, so its straggler aggregator takes {needed} connections \
-             from other hosts (groups of {k}: straggler.aggregator_fan_out {}), but this agent \
-             takes at most {cap} (api.max_connections {}, within its RLIMIT_NOFILE, less those \
-             kept for admins): were it the job's aggregator, {} hosts could not report to it; set \
-             straggler.aggregator_fan_out to 0 (the square root of the hosts), or raise \
-             api.max_connections and LimitNOFILE on every host",
-            cfg.straggler.aggregator_fan_out,
-            cfg.api.max_connections,
-            needed - cap,
-        )
     })
 }
 

@@ -62,6 +62,18 @@ pub struct CopyListing {
     pub corrupt: Option<String>,
 }
 
+/// How long a listing waits for saves this agent is still sealing.
+pub const SEALING_WAIT_LIST: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// ListCheckpoints as a use case: the saves still sealing here waited for
+/// (at most [`SEALING_WAIT_LIST`]), every holder of `job`'s shards asked
+/// (`""`: every job), and the steps listed.
+pub async fn of_job(ck: &std::sync::Arc<Checkpoints>, job: &str) -> Listing {
+    ck.sealing.settled(SEALING_WAIT_LIST).await;
+    let view = super::restore::gather(ck, job).await;
+    listing(ck, &view)
+}
+
 /// The listing of `view` (see the module).
 pub fn listing(ck: &Checkpoints, view: &CopiesView) -> Listing {
     let none = BTreeMap::new();

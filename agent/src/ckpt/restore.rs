@@ -281,6 +281,44 @@ pub enum RestoreError {
         /// What was tried.
         tried: Vec<String>,
     },
+    /// The copy was found and is in the local tier, but it could not be
+    /// handed to the calling rank's uid.
+    #[error("handing the restored shard to its rank: {0}")]
+    HandOver(#[source] super::tier::TierError),
+    /// The hand-over's blocking task failed.
+    #[error("checkpoint task: {0}")]
+    Task(String),
+}
+
+/// How long a restore waits for saves this agent is still sealing: they
+/// count, so a rank restoring right after a save finds it.
+pub const SEALING_WAIT_RESTORE: Duration = Duration::from_secs(30);
+
+/// A rank's Restore, as a use case: the saves still sealing here waited
+/// for (at most [`SEALING_WAIT_RESTORE`]), the shard found ([`restore`]),
+/// and, for a calling rank (`owner`), handed to its uid so that it can
+/// open the path. The edge decodes and checks the request and maps
+/// [`RestoreError`] to a status.
+pub async fn for_rank(
+    events: &EventBus,
+    ck: &Arc<Checkpoints>,
+    job: &str,
+    rank: u32,
+    step: u64,
+    owner: Option<super::tier::Owner>,
+) -> Result<Option<RestoreFound>, RestoreError> {
+    ck.sealing.settled(SEALING_WAIT_RESTORE).await;
+    let Some(found) = restore(events, ck, job, rank, step).await? else {
+        return Ok(None);
+    };
+    if let Some(o) = owner {
+        let (ck2, k2) = (ck.clone(), found.manifest.key());
+        tokio::task::spawn_blocking(move || ck2.tier.hand_over(&k2, o))
+            .await
+            .map_err(|e| RestoreError::Task(e.to_string()))?
+            .map_err(RestoreError::HandOver)?;
+    }
+    Ok(Some(found))
 }
 
 /// Restores `rank`'s shard of `step` (0: newest complete). `Ok(None)`: no

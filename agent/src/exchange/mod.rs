@@ -18,6 +18,7 @@
 //! [`Exchange`] is the stage's state and handles, handed over whole.
 
 pub mod aggregate;
+pub mod capacity;
 pub mod legacy;
 pub mod positions;
 pub mod relay;
