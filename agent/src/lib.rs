@@ -28,6 +28,8 @@
 //! - [`ckpt`]: checkpoint tiers: local, peer replicas, durable store, restore.
 //! - [`config`]: the TOML configuration, validated with errors naming the key.
 //! - [`state`]: what the running agent's parts share.
+//! - [`access`]: who may call what: the Unix socket's callers as the
+//!   kernel names them, the rules and the job owners, the job-stop quota.
 //! - [`api`]: the gRPC services and the Prometheus endpoint.
 //! - [`listen`]: every listener's connection quotas and watch (the API's
 //!   sockets and the peers' TLS port alike).
@@ -83,6 +85,7 @@ macro_rules! delegate_async_write {
     };
 }
 
+pub mod access;
 pub mod act;
 pub mod api;
 pub mod attribute;

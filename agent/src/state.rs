@@ -64,7 +64,7 @@ pub struct AgentState {
     pub goodput: Arc<warden_core::goodput::Goodput>,
     /// Who may call what on the Unix socket, and who owns each job
     /// (docs/security.md).
-    pub authz: crate::api::authz::Authz,
+    pub authz: crate::access::authz::Authz,
     /// How peer agents are served and dialed over TCP: mutual TLS with the
     /// cluster CA (the files watched for rotation), or `api.insecure`.
     pub peer_tls: crate::tls::PeerTls,
@@ -96,7 +96,7 @@ pub struct AgentState {
     /// rather than copied per call.
     gate_dcgm: Arc<crate::sources::dcgm::config::DcgmConfig>,
     /// ReportJobStop calls per uid (`api.job_stops_per_minute`).
-    pub job_stops: crate::api::stop_limiter::StopLimiter,
+    pub job_stops: crate::access::stop_limiter::StopLimiter,
 }
 
 impl AgentState {
@@ -136,7 +136,7 @@ impl AgentState {
             &config.state_dir(),
             config.goodput.retention(),
         ));
-        let authz = crate::api::authz::Authz::new(
+        let authz = crate::access::authz::Authz::new(
             nix::unistd::geteuid().as_raw(),
             config.admin_gid().ok().flatten(),
             config.state_dir().join("job-owners.json"),
@@ -206,7 +206,9 @@ impl AgentState {
             exchange,
             gate: Arc::default(),
             gate_dcgm: Arc::new(config.dcgm.clone()),
-            job_stops: crate::api::stop_limiter::StopLimiter::new(config.api.job_stops_per_minute),
+            job_stops: crate::access::stop_limiter::StopLimiter::new(
+                config.api.job_stops_per_minute,
+            ),
             hang_board,
             config,
             config_source,

@@ -15,11 +15,11 @@ use tonic::Status;
 use warden_core::attribute::IncidentKind;
 use warden_proto::v1 as pb;
 
-use super::authz::MAX_JOB_ID;
+use crate::access::authz::MAX_JOB_ID;
 use crate::attribute::job_stop::{self, JobStop, JobStopError, StopEvidence, StopReport};
 use crate::state::AgentState;
 
-pub use super::stop_limiter::StopLimiter;
+pub use crate::access::stop_limiter::StopLimiter;
 
 /// ReportJobStop: records the stop, publishes it, counts it.
 pub fn report_job_stop(

@@ -6,7 +6,6 @@
 //! this module. The core knows nothing of tonic or HTTP.
 
 pub mod aggregate;
-pub mod authz;
 pub mod caller;
 pub mod ckpt;
 pub mod control;
@@ -23,7 +22,6 @@ pub mod peer_auth;
 pub mod peer_service;
 pub mod service;
 pub mod slot_socket;
-pub mod stop_limiter;
 pub mod stragglers;
 pub mod streams;
 pub mod uds_authority;

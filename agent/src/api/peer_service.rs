@@ -170,7 +170,7 @@ impl tower::Service<http::Request<tonic::body::Body>> for PeerRoutes {
             let call = req.uri().path().rsplit('/').next().unwrap_or("").to_owned();
             let refusal = Status::permission_denied(format!(
                 "{call} refused for {peer}: the warden.v1.Peer service on the Unix socket is for admins only (rule: {})",
-                super::authz::Rule::Admin.describe()
+                crate::access::authz::Rule::Admin.describe()
             ));
             return Box::pin(async move { Ok(refusal.into_http()) });
         }

@@ -85,7 +85,7 @@ impl AgentService {
     }
 
     /// The Unix-socket caller of `req`, allowed to make `call` about `job`
-    /// (empty: no job) under [`super::authz`]'s rules; else
+    /// (empty: no job) under [`crate::access::authz`]'s rules; else
     /// PERMISSION_DENIED naming the rule.
     fn guard<T>(&self, req: &Request<T>, call: &str, job: &str) -> Result<LocalPeer, Status> {
         let peer = caller::local_peer(req.extensions(), call)?;

@@ -51,7 +51,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use serde::{Deserialize, Serialize};
 use tonic::Status;
 
-use super::caller::LocalPeer;
+use super::peer::LocalPeer;
 use warden_core::fsafe::{self, Dir, FsError};
 use warden_core::health::{ComponentReport, Reason, Status as Health, reporter::Reporter};
 
