@@ -38,11 +38,19 @@ import weakref
 from typing import Any, List
 
 _lock = threading.Lock()
+#: Signalled when an abort on the resender's thread ends (under ``_lock``).
+_abort_done = threading.Condition(_lock)
 #: Groups registered by hand (weakly: a group the program dropped is gone).
 _registered: "weakref.WeakSet[Any]" = weakref.WeakSet()
 #: Groups aborted since the last ``destroy_after_abort`` (strong refs: they
 #: must live until destroyed in the training thread).
 _aborted: List[Any] = []
+#: Aborts in progress on the resender's thread (under ``_lock``).
+_aborting = 0
+#: How long ``destroy_after_abort`` waits for an abort in progress on the
+#: resender's thread (an NCCL abort can itself hang: then the teardown goes
+#: on without it, and says so).
+ABORT_WAIT_S = 10.0
 
 
 def register_process_group(group: Any) -> None:
@@ -91,24 +99,56 @@ def process_groups() -> List[Any]:
     return found
 
 
+def _still_pending(seq: int) -> bool:
+    """Whether request ``seq`` is still the one waiting for the training
+    thread (not yet taken: acknowledged, or joined early by ``warden.heal``)."""
+    try:
+        from . import _native
+
+        p = _native._restart_pending()
+    except Exception:
+        return True  # cannot tell: abort, as before
+    return p is not None and int(p["seq"]) == seq
+
+
 def abort_process_groups(seq: int = 0) -> int:
     """Aborts every process group of the rank; returns how many were aborted.
 
     Safe from any thread: it only calls ``abort()`` on each group (no change
     to torch.distributed's bookkeeping, which belongs to the training thread).
+
+    Called by the resender for request ``seq`` (0: by the training thread
+    itself) before the request's first delivery, on the resender's thread,
+    so it can run beside the training thread's teardown of the same
+    attempt. Two orders are kept out: a request the training thread took
+    already (its attempt torn down, or, with ``warden.heal``, a new attempt
+    joined whose groups are not this request's to abort) aborts nothing;
+    and ``destroy_after_abort`` waits for an abort in progress, so no group
+    is added to ``_aborted`` after the teardown took the list (a group held
+    there stays alive, its sockets open, and a peer blocked on them waits).
     """
-    groups = process_groups()
-    done = 0
-    for pg in groups:
-        try:
-            pg.abort()
-            done += 1
-        except Exception as e:  # a backend without abort, one already gone
-            print(f"warden: aborting process group {pg!r} failed: {e}", file=sys.stderr)
+    global _aborting
+    with _lock:
+        _aborting += 1
+    try:
+        if seq and not _still_pending(seq):
+            return 0
+        groups = process_groups()
+        done = 0
+        for pg in groups:
+            try:
+                pg.abort()
+                done += 1
+            except Exception as e:  # a backend without abort, one already gone
+                print(f"warden: aborting process group {pg!r} failed: {e}", file=sys.stderr)
+            with _lock:
+                if all(pg is not a for a in _aborted):
+                    _aborted.append(pg)
+        return done
+    finally:
         with _lock:
-            if all(pg is not a for a in _aborted):
-                _aborted.append(pg)
-    return done
+            _aborting -= 1
+            _abort_done.notify_all()
 
 
 #: A group's destructor that takes this long is said on stderr.
@@ -133,8 +173,19 @@ def destroy_after_abort() -> None:
     once, the other thread waiting alone, the GIL free). Such a stall,
     between steps, is what the agent's hang detection took for a hang after
     a heal, asking again until the rank left with exit 75.
+
+    An abort still running on the resender's thread is waited for first
+    (at most :data:`ABORT_WAIT_S`), so the groups it aborts are among those
+    destroyed here and none is left held in ``_aborted``.
     """
     with _lock:
+        if not _abort_done.wait_for(lambda: _aborting == 0, timeout=ABORT_WAIT_S):
+            print(
+                f"warden: an abort of the process groups still runs after {ABORT_WAIT_S:.0f} s; "
+                "tearing the attempt down without waiting for it",
+                file=sys.stderr,
+                flush=True,
+            )
         held = list(_aborted)
         _aborted.clear()
     dist = _distributed()
