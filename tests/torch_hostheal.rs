@@ -3,8 +3,9 @@
 //! hosts (host-a 127.0.0.2, host-b 127.0.0.3, and the spare host-s
 //! 127.0.0.4 with `--spare`), each with its own embedded agent, one rank per
 //! host of examples/heal/ddp.py (plain DDP on gloo, Adam, dropout, data
-//! seeded by step and rank): the two ranks are data-parallel replicas on
-//! two hosts.
+//! seeded by step and rank), or of examples/heal/lightning_ddp.py (the same
+//! under PyTorch Lightning's DDP strategy): the two ranks are data-parallel
+//! replicas on two hosts.
 //!
 //! A fault-free run of host-a and host-b gives the reference digests. Then
 //! host-b is lost: its worker and its launcher SIGKILLed (a dead host) at a
@@ -72,12 +73,45 @@ fn serial() -> MutexGuard<'static, ()> {
         .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
-/// `warden run` of the example as host `h` (its lines and its workers' on
-/// one stream).
+/// Which job of examples/heal/ a test runs, and its pace.
+#[derive(Clone, Copy)]
+struct Example {
+    /// The file under examples/heal/.
+    file: &'static str,
+    /// What its standby imports ahead (`--preload`).
+    preload: Option<&'static str>,
+    steps: u32,
+    ckpt_every: u32,
+    /// The step of the lost host's rank after which it is lost.
+    kill_at: u32,
+}
+
+/// Plain DDP (examples/heal/ddp.py).
+const DDP: Example = Example {
+    file: "ddp.py",
+    preload: None,
+    steps: STEPS,
+    ckpt_every: CKPT_EVERY,
+    kill_at: KILL_AT,
+};
+
+/// PyTorch Lightning's DDP strategy (examples/heal/lightning_ddp.py), its
+/// standby with Lightning imported as `warden run --preload` would have
+/// it; fewer steps (Lightning's own work per step is the slow part here).
+const LIGHTNING: Example = Example {
+    file: "lightning_ddp.py",
+    preload: Some("pytorch_lightning"),
+    steps: 90,
+    ckpt_every: 30,
+    kill_at: 40,
+};
+
+/// `warden run` of `ex` as host `h` (its lines and its workers' on one
+/// stream).
 fn launch(
     h: &Host,
     etcd: &EtcdServer,
-    job: &str,
+    (job, ex): (&str, Example),
     log: &Path,
     spare: bool,
     heal: bool,
@@ -90,8 +124,10 @@ fn launch(
         spare,
         heal,
         ttl: TTL,
-        steps: STEPS,
-        ckpt_every: CKPT_EVERY,
+        steps: ex.steps,
+        ckpt_every: ex.ckpt_every,
+        example: ex.file,
+        preload: ex.preload,
     })
 }
 
@@ -109,28 +145,33 @@ fn hosts() -> Hosts {
     }
 }
 
-/// The fault-free run's digests (host-a and host-b, no spare), made once
-/// per test binary (on an etcd of its own).
-fn reference() -> &'static BTreeMap<u32, String> {
-    static REF: std::sync::OnceLock<BTreeMap<u32, String>> = std::sync::OnceLock::new();
-    REF.get_or_init(|| {
-        let etcd = EtcdServer::start();
-        let scratch = tempfile::Builder::new()
-            .prefix("warden-hostheal-")
-            .tempdir()
-            .unwrap();
-        fault_free(&etcd, scratch.path())
-    })
+/// The fault-free run's digests of `ex` (host-a and host-b, no spare),
+/// made once per test binary and example (on an etcd of its own).
+fn reference(ex: Example) -> BTreeMap<u32, String> {
+    static REF: Mutex<BTreeMap<&'static str, BTreeMap<u32, String>>> = Mutex::new(BTreeMap::new());
+    let mut refs = REF
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    refs.entry(ex.file)
+        .or_insert_with(|| {
+            let etcd = EtcdServer::start();
+            let scratch = tempfile::Builder::new()
+                .prefix("warden-hostheal-")
+                .tempdir()
+                .unwrap();
+            fault_free(&etcd, scratch.path(), ex)
+        })
+        .clone()
 }
 
-fn fault_free(etcd: &EtcdServer, scratch: &Path) -> BTreeMap<u32, String> {
+fn fault_free(etcd: &EtcdServer, scratch: &Path, ex: Example) -> BTreeMap<u32, String> {
     let h = hosts();
     let log = scratch.join("fault-free.log");
-    let mut a = launch(&h.a, etcd, "hostheal-ref", &log, false, true);
+    let mut a = launch(&h.a, etcd, ("hostheal-ref", ex), &log, false, true);
     a.wait_line(RUN, "host-a's join", |l| {
         l.contains("joined as host host-a")
     });
-    let mut b = launch(&h.b, etcd, "hostheal-ref", &log, false, true);
+    let mut b = launch(&h.b, etcd, ("hostheal-ref", ex), &log, false, true);
     for j in [&mut a, &mut b] {
         let status = j.wait_exit(RUN);
         assert!(status.success(), "fault-free run: {status}\n{}", show(j));
@@ -158,7 +199,7 @@ fn fault_free(etcd: &EtcdServer, scratch: &Path) -> BTreeMap<u32, String> {
 fn lose_host_b(
     etcd: &EtcdServer,
     scratch: &Path,
-    job: &str,
+    job: (&str, Example),
     heal: bool,
     lost_rank: u32,
 ) -> (PathBuf, (f64, f64), i32, Streaming, Streaming) {
@@ -173,7 +214,7 @@ fn lose_host_b(
 fn lose_host_b_then(
     etcd: &EtcdServer,
     scratch: &Path,
-    job: &str,
+    job: (&str, Example),
     heal: bool,
     lost_rank: u32,
     second: Option<u32>,
@@ -186,7 +227,7 @@ fn lose_host_b_then(
     Option<(f64, i32)>,
 ) {
     let h = hosts();
-    let log = scratch.join(format!("{job}.log"));
+    let log = scratch.join(format!("{}.log", job.0));
     // Node ranks follow the join order: the first to join is node rank 0,
     // whose launcher hosts the round's store.
     let (mut a, mut b) = if lost_rank == 1 {
@@ -210,7 +251,13 @@ fn lose_host_b_then(
     s.wait_line(RUN, "the spare's standby attempt", |l| {
         l.contains("no place in this round")
     });
-    let lost = wait_step(&log, lost_rank, KILL_AT, &mut [&mut a, &mut b, &mut s], RUN);
+    let lost = wait_step(
+        &log,
+        lost_rank,
+        job.1.kill_at,
+        &mut [&mut a, &mut b, &mut s],
+        RUN,
+    );
     let t = unix_now();
     kill(Pid::from_raw(lost), Signal::SIGKILL).expect("SIGKILL host-b's worker");
     b.signal(Signal::SIGKILL);
@@ -277,7 +324,21 @@ fn prepare() -> Option<(MutexGuard<'static, ()>, tempfile::TempDir, EtcdServer)>
 
 #[test]
 fn a_lost_host_is_healed_on_a_spare_while_the_survivor_keeps_its_process() {
-    heal_case("hostheal-one", 1);
+    heal_case(("hostheal-one", DDP), 1);
+}
+
+/// The same fault under PyTorch Lightning (issue 31: the integrations heal
+/// where their strategy allows, and a fault on a second host): a
+/// LightningModule with its DDP strategy and `WardenCallback`, one rank per
+/// host; the spare's rank takes its model, optimizer and the loops' state
+/// from the survivor over the new round, and every digest is Lightning's
+/// own fault-free run's.
+#[test]
+fn a_lost_host_under_lightning_is_healed_on_a_spare() {
+    if !common::python_has("pytorch_lightning") {
+        return;
+    }
+    heal_case(("hostheal-lightning", LIGHTNING), 1);
 }
 
 /// The lost host was node rank 0, whose launcher hosted the round's store:
@@ -286,18 +347,18 @@ fn a_lost_host_is_healed_on_a_spare_while_the_survivor_keeps_its_process() {
 /// state from rank 1 on host-a.
 #[test]
 fn a_lost_node_rank_0_moves_the_store_to_the_spare_and_heals() {
-    heal_case("hostheal-zero", 0);
+    heal_case(("hostheal-zero", DDP), 0);
 }
 
 /// host-b lost at rank `lost_rank`, healed on the spare; every check.
-fn heal_case(job: &str, lost_rank: u32) {
+fn heal_case(job: (&str, Example), lost_rank: u32) {
     let Some((_one, dir, etcd)) = prepare() else {
         return;
     };
     let survivor = 1 - lost_rank;
-    let want = reference();
+    let want = reference(job.1);
     let (log, (t, round_seen), lost, a, s) = lose_host_b(&etcd, dir.path(), job, true, lost_rank);
-    let (all, entries) = outcome(&a, &s, &log, want);
+    let (all, entries) = outcome(&a, &s, &log, &want);
 
     let (pids, times) = pids_and_counts(&entries);
     assert_eq!(
@@ -355,8 +416,9 @@ fn heal_case(job: &str, lost_rank: u32) {
     let part = back_after(&entries, round_seen, WORLD, &all);
     let warm = s.seen.iter().any(|l| l.contains("warm start from standby"));
     eprintln!(
-        "host-b (rank {lost_rank}) lost (SIGKILL of its worker {lost} and launcher) -> every rank stepping again: {back:.3} s, {} step(s) redone (heal across hosts; lease TTL {TTL}, 2 hosts + spare, gloo, examples/heal/ddp.py); part: the spare given its place -> every rank stepping: {part:.3} s; the spare's rank started {}",
+        "host-b (rank {lost_rank}) lost (SIGKILL of its worker {lost} and launcher) -> every rank stepping again: {back:.3} s, {} step(s) redone (heal across hosts; lease TTL {TTL}, 2 hosts + spare, gloo, examples/heal/{}); part: the spare given its place -> every rank stepping: {part:.3} s; the spare's rank started {}",
         redone(&entries, t, WORLD),
+        job.1.file,
         if warm {
             "warm from its standby"
         } else {
@@ -377,17 +439,17 @@ fn a_second_fault_after_a_host_was_healed_on_the_spare_heals_too() {
     let Some((_one, dir, etcd)) = prepare() else {
         return;
     };
-    let want = reference();
+    let want = reference(DDP);
     let (log, (t, _), lost, a, s, second) = lose_host_b_then(
         &etcd,
         dir.path(),
-        "hostheal-twice",
+        ("hostheal-twice", DDP),
         true,
         1,
         Some(SECOND_AT),
     );
     let (t2, second_pid) = second.expect("the second fault was made");
-    let (all, entries) = outcome(&a, &s, &log, want);
+    let (all, entries) = outcome(&a, &s, &log, &want);
     let (pids, times) = pids_and_counts(&entries);
     assert!(
         pids[&0].len() == 2 && pids[&0].contains(&second_pid),
@@ -437,10 +499,10 @@ fn a_lost_host_without_a_declared_state_restarts_in_job_from_the_checkpoint() {
     let Some((_one, dir, etcd)) = prepare() else {
         return;
     };
-    let want = reference();
+    let want = reference(DDP);
     let (log, (t, round_seen), _lost, a, s) =
-        lose_host_b(&etcd, dir.path(), "hostheal-injob", false, 1);
-    let (all, entries) = outcome(&a, &s, &log, want);
+        lose_host_b(&etcd, dir.path(), ("hostheal-injob", DDP), false, 1);
+    let (all, entries) = outcome(&a, &s, &log, &want);
     let pids: BTreeSet<i32> = entries
         .iter()
         .filter_map(|e| match e {

@@ -90,6 +90,8 @@ fn launch(h: &Host, etcd: &EtcdServer, job: &str, log: &Path, heal: bool) -> Str
         ttl: TTL,
         steps: STEPS,
         ckpt_every: CKPT_EVERY,
+        example: "ddp.py",
+        preload: None,
     })
 }
 

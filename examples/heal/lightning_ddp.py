@@ -43,7 +43,11 @@ import warden
 from warden.integrations.lightning import WardenCallback, WardenDDPStrategy
 
 RANK = int(os.environ["RANK"])
-LOCAL_WORLD = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ["WORLD_SIZE"]))
+WORLD = int(os.environ["WORLD_SIZE"])
+LOCAL_WORLD = int(os.environ.get("LOCAL_WORLD_SIZE", WORLD))
+# Hosts in the job (`warden run --nnodes`: one node rank per host of the
+# round); Lightning checks devices x num_nodes against WORLD_SIZE.
+NODES = max(1, WORLD // LOCAL_WORLD)
 STEPS = int(os.environ.get("EXAMPLE_STEPS", "200"))
 CKPT_EVERY = int(os.environ.get("EXAMPLE_CKPT_EVERY", "50"))
 STEP_S = float(os.environ.get("EXAMPLE_STEP_MS", "20")) / 1000.0
@@ -106,7 +110,7 @@ def digest(model: torch.nn.Module, opt: torch.optim.Optimizer) -> str:
 # The data: the same on every rank and in every run; Lightning gives each
 # rank its part through a DistributedSampler (shuffled, seeded per epoch).
 g = torch.Generator().manual_seed(3)
-X = torch.randn(16 * 24 * LOCAL_WORLD, 32, generator=g)
+X = torch.randn(16 * 24 * WORLD, 32, generator=g)
 DATA = torch.utils.data.TensorDataset(X, X.sum(dim=1, keepdim=True).sin())
 
 torch.manual_seed(0)
@@ -118,6 +122,7 @@ def train() -> str:
     trainer = pl.Trainer(
         accelerator="cpu",
         devices=LOCAL_WORLD,
+        num_nodes=NODES,
         strategy=WardenDDPStrategy(seed=7),
         max_steps=STEPS,
         callbacks=[LogSteps(), WardenCallback(every_n_steps=CKPT_EVERY)],

@@ -1,6 +1,7 @@
 //! One host of the heal-across-hosts tests (`torch_hostheal`, a lost host
 //! replaced by a spare; `torch_mhheal`, a rank's own fault inside a round):
-//! a real `warden run` of examples/heal/ddp.py on its own loopback address,
+//! a real `warden run` of a job of examples/heal/ (ddp.py, or
+//! lightning_ddp.py) on its own loopback address,
 //! with its embedded agent, over a real etcd.
 
 use std::path::Path;
@@ -36,6 +37,10 @@ pub struct Launch<'a> {
     pub ttl: &'a str,
     pub steps: u32,
     pub ckpt_every: u32,
+    /// The job under `examples/heal/` (`ddp.py`, `lightning_ddp.py`).
+    pub example: &'a str,
+    /// Modules the standby imports ahead (`--preload`), if any.
+    pub preload: Option<&'a str>,
 }
 
 impl Host {
@@ -76,9 +81,10 @@ impl Host {
             .arg("--agent-config")
             .arg(self.dir.path().join("agent.toml"))
             .args(if l.spare { &["--spare"][..] } else { &[][..] })
+            .args(l.preload.map(|p| ["--preload", p]).as_slice().concat())
             .arg("--")
             .arg(python())
-            .arg(repo_root().join("examples/heal/ddp.py"))
+            .arg(repo_root().join("examples/heal").join(l.example))
             .env("EXAMPLE_LOG", l.log)
             .env("EXAMPLE_STEPS", l.steps.to_string())
             .env("EXAMPLE_CKPT_EVERY", l.ckpt_every.to_string())

@@ -1115,6 +1115,29 @@ pub fn torch_available() -> bool {
     ok
 }
 
+/// Whether the test interpreter can import `module` (a training framework:
+/// `pytorch_lightning`...); panics when it cannot and
+/// `WARDEN_REQUIRE_FRAMEWORKS` is set (tests/run-all.sh installs them), as
+/// client/python/tests' `require_framework` does.
+pub fn python_has(module: &str) -> bool {
+    let ok = Command::new(python())
+        .args(["-c", &format!("import {module}")])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !ok {
+        assert!(
+            std::env::var_os("WARDEN_REQUIRE_FRAMEWORKS").is_none_or(|v| v != "1"),
+            "WARDEN_REQUIRE_FRAMEWORKS=1 but {} cannot import {module}: run `bash tests/frameworks-venv.sh`",
+            python().display()
+        );
+        eprintln!(
+            "SKIPPED: {} cannot import {module} (run `bash tests/frameworks-venv.sh`, or set WARDEN_REQUIRE_FRAMEWORKS=1 to fail instead)",
+            python().display()
+        );
+    }
+    ok
+}
+
 /// The real checkpoint client as rank `rank` of `world` in `job`, on the
 /// agent's socket at `socket`.
 pub fn checkpoint_rank(
