@@ -106,6 +106,17 @@ const LIGHTNING: Example = Example {
     kill_at: 40,
 };
 
+/// Hugging Face Transformers' Trainer with DDP
+/// (examples/heal/transformers_ddp.py), its standby with the Trainer
+/// imported; the same pace as Lightning's.
+const TRANSFORMERS: Example = Example {
+    file: "transformers_ddp.py",
+    preload: Some("transformers,transformers.trainer"),
+    steps: 90,
+    ckpt_every: 30,
+    kill_at: 40,
+};
+
 /// `warden run` of `ex` as host `h` (its lines and its workers' on one
 /// stream).
 fn launch(
@@ -339,6 +350,17 @@ fn a_lost_host_under_lightning_is_healed_on_a_spare() {
         return;
     }
     heal_case(("hostheal-lightning", LIGHTNING), 1);
+}
+
+/// The same fault under the Transformers Trainer (`WardenTrainer`, DDP):
+/// the spare's rank takes model, optimizer, scheduler and the Trainer's
+/// state from the survivor over the new round.
+#[test]
+fn a_lost_host_under_transformers_is_healed_on_a_spare() {
+    if !common::python_has("transformers") {
+        return;
+    }
+    heal_case(("hostheal-transformers", TRANSFORMERS), 1);
 }
 
 /// The lost host was node rank 0, whose launcher hosted the round's store:
