@@ -723,21 +723,10 @@ impl Agent for AgentService {
                 if job.is_empty() {
                     return Err(Status::invalid_argument("ReleaseJob: job_id is required"));
                 }
-                let had = self.state.authz.release(&job);
-                if let Some(owner) = had {
-                    tracing::warn!(job, owner, by = %peer, "job owner released by an admin");
-                    self.state.events.publish(
-                        warden_core::events::NewEvent::new(
-                            warden_core::events::Severity::Warning,
-                            "job.released",
-                            format!("job/{job}"),
-                            format!("the claim of uid {owner} on job {job} was released by {peer}"),
-                        )
-                        .with("job", &job)
-                        .with("owner", owner.to_string())
-                        .with("by", peer.to_string()),
-                    );
-                }
+                let had = self
+                    .state
+                    .authz
+                    .release_by_admin(&self.state.events, &job, &peer);
                 Ok(Response::new(pb::ReleaseJobResponse {
                     released: had.is_some(),
                     owner_uid: had.unwrap_or(0),
