@@ -7,6 +7,7 @@
 //! keeps that file and [`Config::default`] in agreement.
 
 pub use crate::sources::host_config::HostConfig;
+pub use crate::telemetry::{LogConfig, LogFormat};
 pub use warden_core::config::{ConfigError, HangConfig, duration, parse_toml, valid_peer_addr};
 pub use warden_core::rank::MAX_WORLD_SIZE;
 
@@ -262,36 +263,6 @@ impl Default for MetricsConfig {
     }
 }
 
-/// `[log]`: tracing output on stderr (the journal under systemd).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct LogConfig {
-    /// `text` for people, `json` for log pipelines.
-    pub format: LogFormat,
-    /// A tracing filter: `info`, `debug`, `warden_agent=debug,info`...
-    /// `RUST_LOG` in the environment overrides it.
-    pub level: String,
-}
-
-impl Default for LogConfig {
-    fn default() -> Self {
-        Self {
-            format: LogFormat::Text,
-            level: "info".into(),
-        }
-    }
-}
-
-/// Log line format.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum LogFormat {
-    /// Human-readable lines.
-    Text,
-    /// One JSON object per line.
-    Json,
-}
-
 /// `[events]`: the in-memory event ring.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -353,6 +324,34 @@ impl RanksConfig {
         match self.max_ranks_per_uid {
             0 => (self.max_ranks / 2).max(1),
             n => n,
+        }
+    }
+}
+
+impl Config {
+    /// The connection quotas' keys, for [`crate::listen::admission::Quotas::new`].
+    pub fn quotas(&self) -> crate::listen::admission::QuotaSettings {
+        crate::listen::admission::QuotaSettings {
+            max_ranks: self.ranks.max_ranks,
+            max_connections: self.api.max_connections,
+            max_connections_per_uid: self.api.max_connections_per_uid,
+            max_connections_per_source: self.metrics.max_connections_per_source,
+            max_handshakes_per_source: self.api.max_handshakes_per_source,
+            max_requests_per_uid: self.api.max_requests_per_uid,
+        }
+    }
+}
+
+impl Config {
+    /// The sections the sources read, for [`crate::sources::registry::configured`].
+    pub fn sources(&self) -> crate::sources::registry::Settings<'_> {
+        crate::sources::registry::Settings {
+            host: &self.host,
+            kmsg: &self.kmsg,
+            nvml: &self.nvml,
+            dcgm: &self.dcgm,
+            tpu: &self.tpu,
+            checkpoint: &self.checkpoint,
         }
     }
 }

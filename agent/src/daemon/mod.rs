@@ -204,7 +204,7 @@ async fn serve(
     // One budget of connections over every listener, within the
     // descriptors the agent may open (issue 29).
     let nofile = crate::listen::admission::nofile_limit();
-    let quotas = Quotas::new(cfg, nofile);
+    let quotas = Quotas::new(cfg.quotas(), nofile);
     state.set_stranger_connections(quotas.budget.stranger_cap());
     tracing::info!(
         nofile,
@@ -367,8 +367,8 @@ async fn serve(
         });
     }
     let sources = Sources::default();
-    for source in
-        crate::sources::registry::configured(&state.config, extra).map_err(DaemonError::Threads)?
+    for source in crate::sources::registry::configured(state.config.sources(), extra)
+        .map_err(DaemonError::Threads)?
     {
         sources
             .spawn(state.health_reporter(), state.shutdown.clone(), source)

@@ -297,32 +297,50 @@ pub struct Quotas {
     pub requests: Arc<super::conn_watch::RequestLimiter>,
 }
 
+/// The keys the quotas are made from (`config::Config::quotas` reads them
+/// from the agent's configuration).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QuotaSettings {
+    /// `ranks.max_ranks`: descriptors kept for the ranks' slots and pidfds.
+    pub max_ranks: u32,
+    /// `api.max_connections`.
+    pub max_connections: u32,
+    /// `api.max_connections_per_uid`.
+    pub max_connections_per_uid: u32,
+    /// `metrics.max_connections_per_source`.
+    pub max_connections_per_source: u32,
+    /// `api.max_handshakes_per_source`.
+    pub max_handshakes_per_source: u32,
+    /// `api.max_requests_per_uid`.
+    pub max_requests_per_uid: u32,
+}
+
 impl Quotas {
     /// The quotas `config` asks for within `nofile` descriptors.
-    pub fn new(config: &crate::config::Config, nofile: u64) -> Self {
-        let cap = connection_cap(nofile, config.ranks.max_ranks, config.api.max_connections);
+    pub fn new(config: QuotaSettings, nofile: u64) -> Self {
+        let cap = connection_cap(nofile, config.max_ranks, config.max_connections);
         let budget = FdBudget::new(cap);
         Self {
             unix: ConnLimits::new(
                 "api.socket",
                 "api.max_connections_per_uid",
-                config.api.max_connections_per_uid,
+                config.max_connections_per_uid,
                 budget.clone(),
             ),
             metrics: ConnLimits::new(
                 "metrics.listen",
                 "metrics.max_connections_per_source",
-                config.metrics.max_connections_per_source,
+                config.max_connections_per_source,
                 budget.clone(),
             ),
             tcp: ConnLimits::new("api.tcp", "api.max_connections", u32::MAX, budget.clone()),
             handshakes: ConnLimits::new(
                 "api.tcp handshakes",
                 "api.max_handshakes_per_source",
-                config.api.max_handshakes_per_source,
+                config.max_handshakes_per_source,
                 FdBudget::unbounded(),
             ),
-            requests: super::conn_watch::RequestLimiter::new(config.api.max_requests_per_uid),
+            requests: super::conn_watch::RequestLimiter::new(config.max_requests_per_uid),
             budget,
         }
     }
