@@ -346,8 +346,8 @@ impl AgentState {
 
     /// The health model and the bus as one handle, for a stage that
     /// reports health (the sources, the attribution task, the peer listener).
-    pub fn health_reporter(&self) -> warden_core::health::reporter::Reporter {
-        warden_core::health::reporter::Reporter {
+    pub fn health_reporter(&self) -> warden_core::events::health_reporter::Reporter {
+        warden_core::events::health_reporter::Reporter {
             model: self.health.clone(),
             events: self.events.clone(),
         }

@@ -52,8 +52,9 @@ use serde::{Deserialize, Serialize};
 use tonic::Status;
 
 use super::peer::LocalPeer;
+use warden_core::events::health_reporter::Reporter;
 use warden_core::fsafe::{self, Dir, FsError};
-use warden_core::health::{ComponentReport, Reason, Status as Health, reporter::Reporter};
+use warden_core::health::{ComponentReport, Reason, Status as Health};
 
 /// The component that says whether job claims are open.
 pub const COMPONENT: &str = "state/job_owners";

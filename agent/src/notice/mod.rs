@@ -24,8 +24,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use warden_core::events::health_reporter::Reporter;
 use warden_core::events::{NewEvent, Severity};
-use warden_core::health::reporter::Reporter;
 use warden_core::health::{ComponentReport, Reason, Status};
 use warden_core::rank::RankState;
 use warden_core::signal::{StopKind, StopReason};

@@ -56,7 +56,7 @@ mod tests {
     use crate::ranks::registry::{RegisterRequest, Registry};
     use warden_core::detect::straggler::{Batch, Summary, score};
     use warden_core::events::EventBus;
-    use warden_core::health::reporter::Reporter;
+    use warden_core::events::health_reporter::Reporter;
     use warden_core::health::{ComponentReport, HealthModel, Reason, Status};
     use warden_core::rank::RankKey;
 

@@ -13,8 +13,8 @@ use std::time::{Duration, Instant, SystemTime};
 
 use super::Source;
 use tokio_util::sync::CancellationToken;
+use warden_core::events::health_reporter::Reporter;
 use warden_core::events::{NewEvent, Severity};
-use warden_core::health::reporter::Reporter;
 use warden_core::health::{ComponentReport, Reason, Status};
 
 /// What the runner knows about one source.

@@ -5,7 +5,7 @@ pub mod class;
 
 pub use class::FaultClass;
 pub mod config;
-pub mod diagnosis;
+pub use crate::verdict::diagnosis;
 pub mod engine;
 pub mod rules;
 pub mod store;

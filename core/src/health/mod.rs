@@ -9,7 +9,6 @@
 //! component's reasons as a whole; the `since` of a reason that persists is
 //! kept, so "since when" survives repeated polls.
 
-pub mod reporter;
 pub mod window;
 
 use std::collections::BTreeMap;

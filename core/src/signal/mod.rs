@@ -17,6 +17,7 @@
 //! producer wrote it; a notice whose kind is one of the typed ones is a
 //! bug, caught by a debug assertion in `From<NewEvent>`.
 
+pub mod notice;
 mod render;
 /// Rank lists joined as events and logs show them ("0,1,2").
 pub use render::join as join_ranks;
@@ -28,10 +29,10 @@ mod tests;
 use crate::device::DeviceId;
 use std::sync::Arc;
 
-use crate::attribute::{FaultClass, IncidentRecord};
-use crate::events::{NewEvent, Severity};
 use crate::health::{Reason, Status};
 use crate::rank::{ExitInfo, RankKey, RankState};
+use crate::verdict::{FaultClass, IncidentRecord};
+pub use notice::{NewEvent, Severity};
 
 /// Why a launcher stopped a job's ranks (StopRanks' `kind`): what the
 /// goodput ledger books the stopped ranks' exits as.
@@ -334,7 +335,7 @@ pub struct HangVerdict {
     /// The host that judged (this agent's).
     pub host: String,
     /// The ranks that held the job up, with why.
-    pub culprits: Vec<crate::detect::culprit::Blame>,
+    pub culprits: Vec<crate::verdict::Blame>,
     /// The ranks that waited on them.
     pub waiting: Vec<u32>,
     /// Ranks no agent reported.
@@ -362,7 +363,7 @@ impl HangVerdict {
         }
         self.culprits
             .iter()
-            .map(crate::detect::culprit::Blame::name)
+            .map(crate::verdict::Blame::name)
             .collect()
     }
 }

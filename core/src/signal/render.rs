@@ -10,12 +10,12 @@ use super::{
     RankException, RankExited, RankHang, RankRegistered, Report, RestartRequested, SdcSuspect,
     Signal, Straggler, Xid, XidSource,
 };
-use crate::attribute::{FaultClass, IncidentRecord};
+use super::{NewEvent, Severity};
 use crate::device::DeviceId;
-use crate::events::{NewEvent, Severity};
 use crate::health::Status;
-use crate::policy::Action;
 use crate::rank::RankState;
+use crate::verdict::Action;
+use crate::verdict::{FaultClass, IncidentRecord};
 
 impl Signal {
     /// The dotted kind the signal renders as.

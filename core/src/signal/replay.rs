@@ -8,15 +8,15 @@
 
 use std::collections::BTreeMap;
 
+use super::Severity;
 use super::{
     GpuProcesses, HangFacts, HangVerdict, HealthChanged, OomKill, RankException, RankExited,
     RankHang, RankRegistered, Report, SdcSuspect, Signal, Straggler, Xid, XidSource,
 };
-use crate::attribute::FaultClass;
-use crate::detect::culprit::Blame;
-use crate::events::Severity;
 use crate::health::{Reason, Status};
 use crate::rank::{ExitInfo, RankKey, RankState};
+use crate::verdict::Blame;
+use crate::verdict::FaultClass;
 
 /// Parses the `job/J/rank/R` subject of a rank event.
 pub fn rank_subject(subject: &str) -> Option<RankKey> {

@@ -7,13 +7,17 @@
 //! (which reads diagnoses) each import it and never each other both ways.
 
 pub mod action;
+pub mod blame;
 pub mod class;
 pub mod decision;
+pub mod diagnosis;
 pub mod rule;
 
 pub use action::Action;
+pub use blame::Blame;
 pub use class::FaultClass;
 pub use decision::{
     Decision, EXIT_BUDGET_SPENT, EXIT_NODE_FAULT, PastDecision, Replacement, exit_code_for,
 };
+pub use diagnosis::{Diagnosis, Evidence, IncidentKind, IncidentRecord, StopEvidence};
 pub use rule::SignalRule;

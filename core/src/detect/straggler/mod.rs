@@ -47,10 +47,10 @@ use self::explain::CpuFacts;
 use self::score::{
     Classifier, JobRank, MAX_SECTIONS, Params, RankTrack, Scorer, SectionMedian, Transition,
 };
-use crate::attribute::FaultClass;
 use crate::health::HealthModel;
 use crate::rank::RankKey;
 use crate::signal::{Report, Signal, Straggler};
+use crate::verdict::FaultClass;
 
 /// The detector of one agent: its config, what it knows of its own ranks,
 /// and what peers said of theirs.

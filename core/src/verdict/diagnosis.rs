@@ -5,8 +5,8 @@ use std::time::SystemTime;
 
 use serde::{Deserialize, Serialize};
 
-use super::FaultClass;
-use crate::verdict::Decision;
+use super::class::FaultClass;
+use super::decision::Decision;
 
 /// One link in the chain of evidence.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

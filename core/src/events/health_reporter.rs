@@ -4,12 +4,16 @@
 //! Out: the model updated and, when a component's status moved, one
 //! `health.changed` signal on the bus. Never: I/O or blocking; it is the
 //! only handle a source needs to speak about the node's health.
+//!
+//! Here, with the bus, not in `health`: the health model is vocabulary the
+//! signals carry, and this handle speaks on the bus; in `health` the two
+//! folders imported each other.
 
 use std::sync::Arc;
 use std::time::SystemTime;
 
-use super::{ComponentReport, HealthModel, Status};
-use crate::events::EventBus;
+use super::EventBus;
+use crate::health::{ComponentReport, HealthModel, Status};
 use crate::signal::{HealthChanged, Signal};
 
 /// The health model and the bus, together: what a source is handed instead
