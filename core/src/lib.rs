@@ -15,16 +15,18 @@
 //! operator-named files through [`named_file`], both synchronous and bounded.
 //!
 //! # Layout
-//! - [`health`]: the health model: components, reasons, windows, reporter.
+//! - [`health`]: the health model: components, reasons, windows.
 //! - [`taxonomy`]: what the vendors' codes mean (the XID table, DCGM's
 //!   incident codes).
 //! - [`detect`]: the detectors: hangs, stragglers, SDC, culprits.
-//! - [`signal`], [`events`]: the typed signals the stages tell each other,
-//!   and the bus that carries and renders them.
+//! - [`signal`], [`events`]: the typed signals the stages tell each other
+//!   (and a producer's untyped notice), and the bus that carries and
+//!   renders them, with the health reporter that speaks on it.
 //! - [`attribute`]: the attribution engine, its evidence rules and combiner,
 //!   the incident store.
-//! - [`verdict`]: the vocabulary attribution and policy share (fault class,
-//!   action, decision, exit statuses).
+//! - [`verdict`]: the vocabulary attribution, policy and the signals share
+//!   (fault class, action, decision, exit statuses, the incident record and
+//!   its diagnosis, a hang verdict's blame).
 //! - [`policy`]: what to do about a diagnosis: budgets, guards, the hook's
 //!   contract.
 //! - [`goodput`]: the goodput ledger and its journal.
