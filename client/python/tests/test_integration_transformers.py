@@ -8,6 +8,8 @@ into the agent's tier, and an in-process restart resumes from the tier.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from conftest import require_framework, run_ranks
 from wardend import Wardend
@@ -41,3 +43,74 @@ def test_steps_sections_checkpoints_and_an_in_process_restart(wardend: Wardend, 
     assert r["recent_steps"][-1] == 11
     for names in r["recent_sections"][-4:]:
         assert names == ["backward", "forward", "optimizer"], r["recent_sections"]
+
+
+def _load_dir(path):
+    """Every tensor a Trainer checkpoint directory holds, by file and key."""
+    import torch
+    from safetensors.torch import load_file
+
+    out = {f"model/{k}": v for k, v in load_file(str(path / "model.safetensors")).items()}
+    for name in ("optimizer.pt", "scheduler.pt"):
+        state = torch.load(path / name, weights_only=True)
+        if name == "optimizer.pt":
+            for pid, s in state["state"].items():
+                for k, v in s.items():
+                    out[f"optim/{pid}/{k}"] = v
+        else:
+            out["sched"] = torch.tensor(state["last_epoch"])
+    return out
+
+
+def test_warden_trainer_writes_its_checkpoints_in_the_background_as_the_trainer_would(wardend: Wardend) -> None:
+    """Issue 32: WardenTrainer's async save holds the step for a copy, and
+    the background writes what the Trainer's own save writes: the same files,
+    the same tensors, the tied decoder kept tied, the old checkpoints
+    rotated, the newest one in the tier."""
+    require_framework("transformers")
+    require_framework("accelerate")
+    import json as _json
+
+    import torch
+
+    runs = {}
+    for mode in ("async", "sync"):
+        out_dir = wardend.home / f"hf-trainer-{mode}"
+        (r,) = run_ranks(wardend, f"trainer-{mode}", "transformers_async_job.py", [str(out_dir), mode])
+        assert r["error"] is None, r
+        assert r["tied"], "the model's decoder is no longer tied to its embeddings"
+        # save_total_limit=2: the newest two kept, rotated after each write.
+        assert r["dirs"] == ["checkpoint-12", "checkpoint-8"], r["dirs"]
+        assert r["tier"].endswith("warden-restore/rank-0/checkpoint-12"), r["tier"]
+        runs[mode] = (out_dir, r)
+    (a_dir, a), (s_dir, s) = runs["async"], runs["sync"]
+    assert a["live_weights"] == s["live_weights"]
+    assert all(x > 0 for x in a["stalls"]), a["stalls"]
+    for step in ("8", "12"):
+        a_ck, s_ck = a_dir / f"checkpoint-{step}", s_dir / f"checkpoint-{step}"
+        assert sorted(p.name for p in a_ck.iterdir()) == sorted(p.name for p in s_ck.iterdir())
+        a_t, s_t = _load_dir(a_ck), _load_dir(s_ck)
+        assert sorted(a_t) == sorted(s_t)
+        for k in a_t:
+            assert torch.equal(a_t[k], s_t[k]), k
+        a_state = _json.loads((a_ck / "trainer_state.json").read_text())
+        s_state = _json.loads((s_ck / "trainer_state.json").read_text())
+        assert a_state["global_step"] == s_state["global_step"] == int(step)
+    # The tier's copy is the same directory.
+    assert _load_dir(Path(a["tier"]))["model/bert.embeddings.word_embeddings.weight"].equal(
+        _load_dir(a_dir / "checkpoint-12")["model/bert.embeddings.word_embeddings.weight"]
+    )
+
+
+def test_a_background_write_that_fails_is_raised_and_never_committed(wardend: Wardend) -> None:
+    """Issue 32: the optimizer's file of step 4 fails to write in the
+    background: its checkpoint-4 is removed, nothing reaches the tier, and
+    the next save raises the failure, naming it."""
+    require_framework("transformers")
+    require_framework("accelerate")
+    out_dir = wardend.home / "hf-trainer-fail"
+    (r,) = run_ranks(wardend, "trainer-fail", "transformers_async_job.py", [str(out_dir), "fail"])
+    assert r["error"] is not None and "step 4" in r["error"] and "No space left" in r["error"], r
+    assert r["failed_at"] == 8, r
+    assert r["dirs"] == [], r["dirs"]
+    assert r["tier"] is None, r["tier"]

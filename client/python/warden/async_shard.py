@@ -34,19 +34,26 @@ def _torch():
     return torch
 
 
-def skeleton(obj: Any, tensors: list, torch) -> Any:
+def skeleton(obj: Any, tensors: list, torch, shared: Optional[dict] = None) -> Any:
     """``obj`` with each tensor replaced by its mark (the tensors appended to
     ``tensors``), containers copied, other leaves deep-copied: the training
-    loop may change them after ``save`` returns."""
+    loop may change them after ``save`` returns. ``shared``: when given (a
+    dict, empty at first), a tensor that views the same memory as one met
+    before (tied weights) gets that one's mark, not a copy of its own."""
     if isinstance(obj, torch.Tensor):
+        if shared is not None:
+            key = (obj.device, obj.data_ptr(), obj.dtype, tuple(obj.shape), tuple(obj.stride()))
+            if obj.numel() and key in shared:
+                return (MARK, shared[key])
+            shared[key] = len(tensors)
         tensors.append(obj)
         return (MARK, len(tensors) - 1)
     if isinstance(obj, dict):
-        return {k: skeleton(v, tensors, torch) for k, v in obj.items()}
+        return {k: skeleton(v, tensors, torch, shared) for k, v in obj.items()}
     if isinstance(obj, list):
-        return [skeleton(v, tensors, torch) for v in obj]
+        return [skeleton(v, tensors, torch, shared) for v in obj]
     if isinstance(obj, tuple):
-        return tuple(skeleton(v, tensors, torch) for v in obj)
+        return tuple(skeleton(v, tensors, torch, shared) for v in obj)
     if obj is None or isinstance(obj, (bool, int, float, str, bytes)):
         return obj
     import copy  # noqa: PLC0415

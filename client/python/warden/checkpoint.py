@@ -76,11 +76,13 @@ def identity() -> tuple:
     return _native._ckpt_identity()
 
 
-def save_file(step: int, write: Callable[[str], Any], size_hint: int = 0) -> str:
+def save_file(step: int, write: Callable[[str], Any], size_hint: int = 0, stall: Optional[float] = None) -> str:
     """Save a shard that ``write(path)`` writes at ``path`` (for writers that want
     a path, such as ``torch.save``). ``size_hint``: the most bytes it will write
     (required: the agent cuts a staging file written past its declared size and
-    refuses its commit). Returns the shard's path in the tier."""
+    refuses its commit). ``stall``: the seconds the training step was held for
+    it, when the write runs off the training thread (default: the write's own
+    time). Returns the shard's path in the tier."""
     _check_hint(size_hint)
     started = time.perf_counter()
     path, token = _native._ckpt_begin(int(step), int(size_hint))
@@ -95,7 +97,8 @@ def save_file(step: int, write: Callable[[str], Any], size_hint: int = 0) -> str
         if isinstance(e, OSError) and e.errno in (28, 122):  # ENOSPC, EDQUOT
             raise TierFullError(f"checkpoint tier full writing {path}: {e}") from e
         raise
-    return _native._ckpt_commit(int(step), path, token, size, time.perf_counter() - started)
+    held = time.perf_counter() - started if stall is None else float(stall)
+    return _native._ckpt_commit(int(step), path, token, size, held)
 
 
 def _check_hint(size_hint: int) -> None:

@@ -38,6 +38,12 @@ fails in the background is never committed; the next ``on_save`` (or the
 end of training) warns of it. ``restore_dir`` first waits for this
 process's copy in flight, so an in-process restart resumes from it.
 
+``WardenTrainer`` also writes the Trainer's own checkpoint in the background
+(``async_save=True``, the default; ``_transformers_save`` holds how): the step
+is held only while the tensors are copied into a reused buffer, and
+``checkpoint-N``, its copy into the tier and the rotation run on the same
+background thread as the copies above.
+
 ``WardenTrainingArguments`` and ``WardenTrainer`` heal a DDP job from a live
 replica instead (``warden.heal``; ``_transformers_heal`` holds how): each
 attempt's process group is warden's, and at every ``train`` the ranks behind
@@ -50,10 +56,11 @@ from __future__ import annotations
 import os
 import shutil
 import threading
+import time
 import warnings
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from . import require
 from ._steps import StepTracker
@@ -65,10 +72,12 @@ from .. import section as _section
 from ._transformers_heal import HEAL as _HEAL
 from ._transformers_heal import LIVE as _LIVE
 from ._transformers_heal import _debug
+from ._transformers_save import TrainerSaveError, TrainerSaver
+from ._transformers_save import supported as _async_supported
 
 _tf = require("transformers", "warden.integrations.transformers", "transformers accelerate")
 
-__all__ = ["WardenCallback", "WardenTrainer", "WardenTrainingArguments", "restore_dir"]
+__all__ = ["TrainerSaveError", "WardenCallback", "WardenTrainer", "WardenTrainingArguments", "restore_dir"]
 
 #: The Trainer's name for a checkpoint directory: checkpoint-<global step>.
 PREFIX = "checkpoint"
@@ -93,28 +102,40 @@ class _TierCopier:
             e, self._error = self._error, None
         return e
 
-    def start(self, step: int, snapshot: Optional[str], size_hint: int) -> None:
-        t = threading.Thread(
-            target=self._run, args=(step, snapshot, size_hint), name="warden-tier-copy", daemon=True
-        )
+    def start(self, step: int, snapshot: Optional[str], size_hint: int, stall: float) -> None:
+        """Copies ``snapshot`` (None: an empty shard) into the tier as step
+        ``step``, then removes it."""
+
+        def copy() -> None:
+            try:
+                _ckpt.save_file(step, lambda p: _pack(snapshot, p), size_hint=size_hint, stall=stall)
+            finally:
+                if snapshot is not None:
+                    shutil.rmtree(os.path.dirname(snapshot), ignore_errors=True)
+
+        self.submit(copy)
+
+    def submit(self, task: Callable[[], None]) -> None:
+        """Runs ``task`` on a thread of its own; call ``wait`` first."""
+        t = threading.Thread(target=self._run, args=(task,), name="warden-tier-copy", daemon=True)
         with self._lock:
             self._thread = t
         t.start()
 
-    def _run(self, step: int, snapshot: Optional[str], size_hint: int) -> None:
+    def _run(self, task: Callable[[], None]) -> None:
         try:
-            _ckpt.save_file(step, lambda p: _pack(snapshot, p), size_hint=size_hint)
+            task()
         except BaseException as e:  # noqa: BLE001 - said by the next caller
             with self._lock:
                 self._error = e
-        finally:
-            if snapshot is not None:
-                shutil.rmtree(os.path.dirname(snapshot), ignore_errors=True)
 
 
 #: The process's background copier (shared by the callbacks of successive
 #: in-process attempts).
 _copier = _TierCopier()
+#: ``WardenTrainer``'s async save of the Trainer's own checkpoint (its buffer
+#: kept across attempts).
+_saver = TrainerSaver()
 
 
 def _snapshot(src: str, output_dir: str, step: int) -> str:
@@ -147,6 +168,15 @@ def _snapshot(src: str, output_dir: str, step: int) -> str:
 def _say_failure(e: Optional[BaseException]) -> None:
     if e is not None:
         warnings.warn(f"warden: a checkpoint copy to the tier failed in the background: {e}", stacklevel=3)
+
+
+def _settle(e: Optional[BaseException]) -> None:
+    """A background failure said: the Trainer's own checkpoint not written
+    (``WardenTrainer``'s async save) is raised, as the Trainer's own save
+    would have raised it; a copy into the tier that failed is a warning."""
+    if isinstance(e, TrainerSaveError):
+        raise e
+    _say_failure(e)
 
 
 def restore_dir(output_dir: str, step: int = 0) -> Optional[str]:
@@ -255,19 +285,25 @@ class WardenCallback(_tf.TrainerCallback):
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         """The Trainer saved ``checkpoint-N``: a copy goes into the tier as step N."""
+        step = int(state.global_step)
+        if _saver.handed == step:
+            # WardenTrainer's async save writes the checkpoint and copies it.
+            _saver.handed = None
+            self.last_saved = step
+            return
         if not self.save_to_tier:
             return
-        step = int(state.global_step)
         if step < 1 or step == self.last_saved:
             return
         src = os.path.join(args.output_dir, f"{PREFIX}-{step}")
         if self.async_copy:
+            started = time.perf_counter()
             with _section("checkpoint"):
                 # Back pressure: the copy before this one, finished first.
                 _say_failure(_copier.wait())
                 try:
                     snap = _snapshot(src, args.output_dir, step) if args.should_save else None
-                    _copier.start(step, snap, tar_size(snap))
+                    _copier.start(step, snap, tar_size(snap), time.perf_counter() - started)
                 except (_ckpt.CheckpointError, OSError) as e:
                     warnings.warn(f"warden: checkpoint of step {step} not copied to the tier: {e}", stacklevel=2)
                     return
@@ -289,7 +325,7 @@ class WardenCallback(_tf.TrainerCallback):
         self._remove_hooks()
         # The last copy committed before training returns (and before
         # leaving on a notice: the step it saved must be in the tier).
-        _say_failure(_copier.wait())
+        _settle(_copier.wait())
         if self.preempted is not None:
             raise _Preempted(self.preempted)
 
@@ -370,9 +406,34 @@ class WardenTrainer(_tf.Trainer):
     ``train()`` without ``resume_from_checkpoint``. Each step's RNGs are
     seeded from (``args.seed``, rank, step) (``warden.heal.seed_step``), so a
     replacement draws what the lost rank would have. One process (no group):
-    no replica to heal from, ``train`` resumes from the tier. The other
+    no replica to heal from, ``train`` resumes from the tier.
+
+    ``async_save`` (default True; with ``WardenCallback(async_copy=True)``):
+    each checkpoint holds the step only while its tensors are copied into a
+    buffer, and ``checkpoint-N`` is written, copied into the tier and the old
+    ones rotated in the background (``_transformers_save``); a write that
+    failed is raised by the next save or at the end of training. The other
     arguments are ``Trainer``'s.
     """
+
+    def __init__(self, *args: Any, async_save: bool = True, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.warden_async_save = bool(async_save)
+
+    def _save_checkpoint(self, model: Any, trial: Any) -> None:
+        """The Trainer's checkpoint, written in the background where it can
+        be (see ``async_save``), else the Trainer's own save."""
+        cb = next((c for c in self.callback_handler.callbacks if isinstance(c, WardenCallback)), None)
+        if not self.warden_async_save or cb is None or not cb.async_copy or not _async_supported(self):
+            # The Trainer's own save: whatever is still being written first.
+            _settle(_copier.wait())
+            return super()._save_checkpoint(model, trial)
+        _saver.save(self, trial, _copier, cb.save_to_tier, _settle)
+
+    def _load_best_model(self) -> None:
+        """The best checkpoint, once its background write is done."""
+        _settle(_copier.wait())
+        return super()._load_best_model()
 
     def train(
         self,
