@@ -740,20 +740,9 @@ impl Config {
                 "must be more than 0s and at most 5m",
             ));
         }
-        if self.host.memory_failed_below_percent > self.host.memory_degraded_below_percent {
-            return Err(invalid(
-                "host.memory_failed_below_percent",
-                self.host.memory_failed_below_percent.to_string(),
-                "must not exceed host.memory_degraded_below_percent",
-            ));
-        }
-        self.nvml.validate(origin)?;
-        crate::sources::host_disk::validate(&self.host, origin)?;
-        crate::sources::host_net::validate(&self.host, origin)?;
-        self.tpu.validate(origin)?;
+        // Every source's section, by the sources' list.
+        crate::sources::registry::validate(self.sources(), origin)?;
         self.nvhcd.validate(origin)?;
-        self.kmsg.validate(origin)?;
-        self.dcgm.validate(origin)?;
         self.straggler.validate(origin)?;
         self.sdc.validate(origin)?;
         self.attribution.validate(origin)?;

@@ -280,9 +280,30 @@ impl HostDisk {
     }
 }
 
+impl crate::sources::SourceKind for HostDisk {
+    const NAME: &'static str = "host_disk";
+    type Config = HostConfig;
+
+    fn config<'a>(settings: &crate::sources::registry::Settings<'a>) -> &'a HostConfig {
+        settings.host
+    }
+
+    fn validate(cfg: &HostConfig, origin: &str) -> Result<(), warden_core::config::ConfigError> {
+        validate(cfg, origin)
+    }
+
+    fn build(
+        cfg: &HostConfig,
+        settings: &crate::sources::registry::Settings<'_>,
+    ) -> std::io::Result<Option<Box<dyn crate::sources::Source>>> {
+        Ok(Self::new(cfg.clone(), settings.checkpoint)
+            .map(|s| Box::new(s) as Box<dyn crate::sources::Source>))
+    }
+}
+
 impl super::Source for HostDisk {
     fn name(&self) -> &'static str {
-        "host_disk"
+        <Self as crate::sources::SourceKind>::NAME
     }
 
     fn interval(&self) -> Duration {

@@ -173,6 +173,20 @@ pub struct HostMemory {
     cfg: HostConfig,
 }
 
+/// Checks the `[host]` keys this source reads (a bad one is
+/// [`warden_core::config::ConfigError::Invalid`]).
+pub fn validate(cfg: &HostConfig, origin: &str) -> Result<(), warden_core::config::ConfigError> {
+    if cfg.memory_failed_below_percent > cfg.memory_degraded_below_percent {
+        return Err(warden_core::config::ConfigError::invalid(
+            origin,
+            "host.memory_failed_below_percent",
+            cfg.memory_failed_below_percent.to_string(),
+            "must not exceed host.memory_degraded_below_percent",
+        ));
+    }
+    Ok(())
+}
+
 impl HostMemory {
     /// Reads `/proc/meminfo` with the `[host]` thresholds.
     pub fn new(cfg: HostConfig) -> Self {
@@ -205,9 +219,30 @@ impl HostMemory {
     }
 }
 
+impl crate::sources::SourceKind for HostMemory {
+    const NAME: &'static str = "host";
+    type Config = HostConfig;
+
+    fn config<'a>(settings: &crate::sources::registry::Settings<'a>) -> &'a HostConfig {
+        settings.host
+    }
+
+    fn validate(cfg: &HostConfig, origin: &str) -> Result<(), warden_core::config::ConfigError> {
+        validate(cfg, origin)
+    }
+
+    fn build(
+        cfg: &HostConfig,
+        settings: &crate::sources::registry::Settings<'_>,
+    ) -> std::io::Result<Option<Box<dyn crate::sources::Source>>> {
+        let _ = settings;
+        Ok(Some(Box::new(Self::new(cfg.clone()))))
+    }
+}
+
 impl super::Source for HostMemory {
     fn name(&self) -> &'static str {
-        "host"
+        <Self as crate::sources::SourceKind>::NAME
     }
 
     fn interval(&self) -> Duration {

@@ -308,9 +308,30 @@ impl HostNet {
     }
 }
 
+impl crate::sources::SourceKind for HostNet {
+    const NAME: &'static str = "host_net";
+    type Config = HostConfig;
+
+    fn config<'a>(settings: &crate::sources::registry::Settings<'a>) -> &'a HostConfig {
+        settings.host
+    }
+
+    fn validate(cfg: &HostConfig, origin: &str) -> Result<(), warden_core::config::ConfigError> {
+        validate(cfg, origin)
+    }
+
+    fn build(
+        cfg: &HostConfig,
+        settings: &crate::sources::registry::Settings<'_>,
+    ) -> std::io::Result<Option<Box<dyn crate::sources::Source>>> {
+        let _ = settings;
+        Ok(Some(Box::new(Self::new(cfg.clone()))))
+    }
+}
+
 impl super::Source for HostNet {
     fn name(&self) -> &'static str {
-        "host_net"
+        <Self as crate::sources::SourceKind>::NAME
     }
 
     fn interval(&self) -> Duration {

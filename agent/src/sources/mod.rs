@@ -34,6 +34,32 @@ pub struct Poll {
     pub events: Vec<Signal>,
 }
 
+/// One kind of source, as the registry ([`registry`]) knows it: its name,
+/// the section of the configuration it reads, how that section is checked,
+/// and how the source is built from it.
+///
+/// Why a trait beside [`Source`]: the registry builds and validates every
+/// kind the same way from one list, so that adding a source is its folder,
+/// an `impl SourceKind`, and one line in that list; neither the daemon nor
+/// the configuration's checks name a source.
+pub trait SourceKind {
+    /// The source's name: what its [`Source::name`] returns.
+    const NAME: &'static str;
+    /// The section of the configuration it reads (`[kmsg]`, `[nvml]`...).
+    type Config: 'static;
+    /// Its section among the sections the sources read.
+    fn config<'a>(settings: &registry::Settings<'a>) -> &'a Self::Config;
+    /// Checks its section: a bad key is [`warden_core::config::ConfigError::Invalid`].
+    fn validate(cfg: &Self::Config, origin: &str) -> Result<(), warden_core::config::ConfigError>;
+    /// The source, built from its section (and the other sections it reads,
+    /// from `settings`), or None when the configuration turns it off. Fails
+    /// only when it cannot be set up (a thread, a runtime).
+    fn build(
+        cfg: &Self::Config,
+        settings: &registry::Settings<'_>,
+    ) -> std::io::Result<Option<Box<dyn Source>>>;
+}
+
 /// A source of health readings.
 ///
 /// Why a trait: the runner, stall detection and the health model are the

@@ -1,21 +1,28 @@
 //! The one list of the agent's sources: which run, from the configuration.
 //!
-//! In: the agent's [`Config`]. Out: every configured source, boxed, in the
-//! order the daemon starts them (the host's memory first, the GPU libraries
-//! last), each built by its own module's constructor. Never: starts
-//! anything (the daemon hands each to [`super::runner::Sources::spawn`]).
+//! In: the sections of the agent's configuration the sources read
+//! ([`Settings`]). Out: every configured source, boxed, in the order the
+//! daemon starts them (the host's memory first, the GPU libraries last),
+//! each built by its kind's [`SourceKind::build`]; and the check of every
+//! kind's section ([`validate`]). Never: starts anything (the daemon hands
+//! each to [`super::runner::Sources::spawn`]).
 //!
-//! Why a list here and not in the daemon: adding a source is one module
-//! and one line below (docs/architecture.md, "Adding a source"); the
-//! daemon neither names nor configures any.
+//! Why a list here and not in the daemon: adding a source is its module,
+//! its `impl SourceKind`, and one line in [`BEFORE_GIVEN`] or
+//! [`AFTER_GIVEN`] (docs/architecture.md, "Adding a source"); the daemon
+//! and the configuration's checks name none.
 
-use super::Source;
-use super::dcgm::DcgmConfig;
+use super::dcgm::{DcgmConfig, DcgmSource};
 use super::host_config::HostConfig;
-use super::kmsg::KmsgConfig;
-use super::nvml::NvmlConfig;
-use super::tpu::TpuConfig;
+use super::host_disk::HostDisk;
+use super::host_memory::HostMemory;
+use super::host_net::HostNet;
+use super::kmsg::{Kmsg, KmsgConfig};
+use super::nvml::{NvmlConfig, NvmlSource};
+use super::tpu::{Tpu, TpuConfig};
+use super::{Source, SourceKind};
 use crate::ckpt::config::CheckpointConfig;
+use warden_core::config::ConfigError;
 
 /// The sections of the agent's configuration the sources read
 /// (`config::Config::sources` hands them over). Why not the whole
@@ -37,6 +44,59 @@ pub struct Settings<'a> {
     pub checkpoint: &'a CheckpointConfig,
 }
 
+/// A kind of source as the list holds it: its name, its section's check
+/// and its build, from its [`SourceKind`] impl.
+struct Entry {
+    name: &'static str,
+    validate: fn(&Settings<'_>, &str) -> Result<(), ConfigError>,
+    build: Build,
+}
+
+type Build = fn(&Settings<'_>) -> std::io::Result<Option<Box<dyn Source>>>;
+
+const fn entry<K: SourceKind>() -> Entry {
+    Entry {
+        name: K::NAME,
+        validate: validate_kind::<K>,
+        build: build_kind::<K>,
+    }
+}
+
+fn validate_kind<K: SourceKind>(s: &Settings<'_>, origin: &str) -> Result<(), ConfigError> {
+    K::validate(K::config(s), origin)
+}
+
+fn build_kind<K: SourceKind>(s: &Settings<'_>) -> std::io::Result<Option<Box<dyn Source>>> {
+    K::build(K::config(s), s)
+}
+
+/// Started before the sources given from outside: the host's memory
+/// first, then the kernel log.
+const BEFORE_GIVEN: &[Entry] = &[entry::<HostMemory>(), entry::<Kmsg>()];
+
+/// Started after them: the host's network and disk, then the accelerators'
+/// libraries last (their first calls can take seconds).
+const AFTER_GIVEN: &[Entry] = &[
+    entry::<HostNet>(),
+    entry::<HostDisk>(),
+    entry::<Tpu>(),
+    entry::<NvmlSource>(),
+    entry::<DcgmSource>(),
+];
+
+/// Every kind's name, in the order they start.
+pub fn names() -> impl Iterator<Item = &'static str> {
+    BEFORE_GIVEN.iter().chain(AFTER_GIVEN).map(|e| e.name)
+}
+
+/// Checks every kind's section of `cfg`: the first bad key, named.
+pub fn validate(cfg: Settings<'_>, origin: &str) -> Result<(), ConfigError> {
+    BEFORE_GIVEN
+        .iter()
+        .chain(AFTER_GIVEN)
+        .try_for_each(|e| (e.validate)(&cfg, origin))
+}
+
 /// Every source `cfg` turns on, with the ones given from outside (tests,
 /// the simulated twin) after the kernel log, as before. Fails only when a
 /// source cannot be set up (the TPU runtime's threads).
@@ -44,28 +104,13 @@ pub fn configured(
     cfg: Settings<'_>,
     extra: Vec<Box<dyn Source>>,
 ) -> std::io::Result<Vec<Box<dyn Source>>> {
-    let mut out: Vec<Box<dyn Source>> = vec![Box::new(super::host_memory::HostMemory::new(
-        cfg.host.clone(),
-    ))];
-    if cfg.kmsg.enabled {
-        out.push(Box::new(super::kmsg::Kmsg::new(cfg.kmsg.clone())));
+    let mut out: Vec<Box<dyn Source>> = Vec::new();
+    for e in BEFORE_GIVEN {
+        out.extend((e.build)(&cfg)?);
     }
     out.extend(extra);
-    out.push(Box::new(super::host_net::HostNet::new(cfg.host.clone())));
-    if let Some(disk) = super::host_disk::HostDisk::new(cfg.host.clone(), cfg.checkpoint) {
-        out.push(Box::new(disk));
-    }
-    if let Some(tpu) = super::tpu::Tpu::new(cfg.tpu.clone(), cfg.host)? {
-        out.push(Box::new(tpu));
-    }
-    if cfg.nvml.enabled {
-        out.push(Box::new(super::nvml::NvmlSource::new(cfg.nvml.clone())));
-    }
-    if cfg.dcgm.enabled {
-        out.push(Box::new(super::dcgm::DcgmSource::new(
-            cfg.dcgm.clone(),
-            cfg.nvml.enabled,
-        )));
+    for e in AFTER_GIVEN {
+        out.extend((e.build)(&cfg)?);
     }
     Ok(out)
 }
@@ -99,5 +144,32 @@ mod tests {
             .map(|s| s.name())
             .collect();
         assert_eq!(names.last(), Some(&"nvml"), "{names:?}");
+        // Each built source answers to its kind's name, in the list's order.
+        let kinds: Vec<_> = super::names().collect();
+        let mut at = 0;
+        for n in &names {
+            let i = kinds[at..]
+                .iter()
+                .position(|k| k == n)
+                .unwrap_or_else(|| panic!("{n} is not a kind after {:?}", &kinds[..at]));
+            at += i + 1;
+        }
+    }
+
+    #[test]
+    fn every_kind_checks_its_own_section() {
+        let mut cfg = Config::default();
+        cfg.host.memory_failed_below_percent = 50.0;
+        cfg.host.memory_degraded_below_percent = 10.0;
+        let e = validate(cfg.sources(), "test.toml").expect_err("bad [host] memory thresholds");
+        assert!(
+            e.to_string().contains("host.memory_failed_below_percent"),
+            "{e}"
+        );
+        let mut cfg = Config::default();
+        cfg.host.sysfs_root = "relative".into();
+        let e = validate(cfg.sources(), "test.toml").expect_err("a relative sysfs_root");
+        assert!(e.to_string().contains("host.sysfs_root"), "{e}");
+        assert!(validate(Config::default().sources(), "test.toml").is_ok());
     }
 }

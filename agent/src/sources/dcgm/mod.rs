@@ -437,9 +437,33 @@ fn entity_component(group: u32, id: u32) -> (String, &'static str) {
     }
 }
 
+impl crate::sources::SourceKind for DcgmSource {
+    const NAME: &'static str = "dcgm";
+    type Config = DcgmConfig;
+
+    fn config<'a>(settings: &crate::sources::registry::Settings<'a>) -> &'a DcgmConfig {
+        settings.dcgm
+    }
+
+    fn validate(cfg: &DcgmConfig, origin: &str) -> Result<(), warden_core::config::ConfigError> {
+        cfg.validate(origin)
+    }
+
+    fn build(
+        cfg: &DcgmConfig,
+        settings: &crate::sources::registry::Settings<'_>,
+    ) -> std::io::Result<Option<Box<dyn crate::sources::Source>>> {
+        // Without NVML it reports the GPUs' health itself.
+        Ok(cfg.enabled.then(|| {
+            Box::new(Self::new(cfg.clone(), settings.nvml.enabled))
+                as Box<dyn crate::sources::Source>
+        }))
+    }
+}
+
 impl Source for DcgmSource {
     fn name(&self) -> &'static str {
-        "dcgm"
+        <Self as crate::sources::SourceKind>::NAME
     }
 
     fn interval(&self) -> Duration {

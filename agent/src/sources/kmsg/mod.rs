@@ -684,9 +684,32 @@ impl Kmsg {
     }
 }
 
+impl crate::sources::SourceKind for Kmsg {
+    const NAME: &'static str = "kmsg";
+    type Config = KmsgConfig;
+
+    fn config<'a>(settings: &crate::sources::registry::Settings<'a>) -> &'a KmsgConfig {
+        settings.kmsg
+    }
+
+    fn validate(cfg: &KmsgConfig, origin: &str) -> Result<(), warden_core::config::ConfigError> {
+        cfg.validate(origin)
+    }
+
+    fn build(
+        cfg: &KmsgConfig,
+        settings: &crate::sources::registry::Settings<'_>,
+    ) -> std::io::Result<Option<Box<dyn crate::sources::Source>>> {
+        let _ = settings;
+        Ok(cfg
+            .enabled
+            .then(|| Box::new(Self::new(cfg.clone())) as Box<dyn crate::sources::Source>))
+    }
+}
+
 impl super::Source for Kmsg {
     fn name(&self) -> &'static str {
-        "kmsg"
+        <Self as crate::sources::SourceKind>::NAME
     }
 
     fn interval(&self) -> Duration {

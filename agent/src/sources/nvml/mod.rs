@@ -134,9 +134,32 @@ impl Drop for NvmlSource {
     }
 }
 
+impl crate::sources::SourceKind for NvmlSource {
+    const NAME: &'static str = "nvml";
+    type Config = NvmlConfig;
+
+    fn config<'a>(settings: &crate::sources::registry::Settings<'a>) -> &'a NvmlConfig {
+        settings.nvml
+    }
+
+    fn validate(cfg: &NvmlConfig, origin: &str) -> Result<(), warden_core::config::ConfigError> {
+        cfg.validate(origin)
+    }
+
+    fn build(
+        cfg: &NvmlConfig,
+        settings: &crate::sources::registry::Settings<'_>,
+    ) -> std::io::Result<Option<Box<dyn crate::sources::Source>>> {
+        let _ = settings;
+        Ok(cfg
+            .enabled
+            .then(|| Box::new(Self::new(cfg.clone())) as Box<dyn crate::sources::Source>))
+    }
+}
+
 impl super::Source for NvmlSource {
     fn name(&self) -> &'static str {
-        "nvml"
+        <Self as crate::sources::SourceKind>::NAME
     }
 
     fn interval(&self) -> Duration {

@@ -265,9 +265,30 @@ impl Tpu {
     }
 }
 
+impl crate::sources::SourceKind for Tpu {
+    const NAME: &'static str = "tpu";
+    type Config = TpuConfig;
+
+    fn config<'a>(settings: &crate::sources::registry::Settings<'a>) -> &'a TpuConfig {
+        settings.tpu
+    }
+
+    fn validate(cfg: &TpuConfig, origin: &str) -> Result<(), warden_core::config::ConfigError> {
+        cfg.validate(origin)
+    }
+
+    fn build(
+        cfg: &TpuConfig,
+        settings: &crate::sources::registry::Settings<'_>,
+    ) -> std::io::Result<Option<Box<dyn crate::sources::Source>>> {
+        Ok(Self::new(cfg.clone(), settings.host)?
+            .map(|s| Box::new(s) as Box<dyn crate::sources::Source>))
+    }
+}
+
 impl super::Source for Tpu {
     fn name(&self) -> &'static str {
-        "tpu"
+        <Self as crate::sources::SourceKind>::NAME
     }
 
     fn interval(&self) -> Duration {
