@@ -26,7 +26,11 @@ Lines appended to $EXAMPLE_LOG:
   <unix time> step <N> rank <R> pid <P>          after each completed step
                                                  (N from 0: global_step - 1)
   <unix time> done rank <R> digest <sha256>      at the end: every parameter
-                                                 and optimizer tensor
+                                                 and optimizer tensor (or
+                                                 callback-state-lost:... when
+                                                 the steps the LogSteps
+                                                 callback counted are not the
+                                                 Trainer's)
 """
 
 from __future__ import annotations
@@ -83,10 +87,22 @@ class Model(pl.LightningModule):
 
 
 class LogSteps(pl.Callback):
-    """Logs each completed optimizer step (before WardenCallback commits it)."""
+    """Logs each completed optimizer step (before WardenCallback commits it)
+    and counts them: a callback with a state of its own, which a heal
+    carries to every rank's new callback with the rest of the state."""
+
+    def __init__(self) -> None:
+        self.completed = 0
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        self.completed += 1
         log(f"step {trainer.global_step - 1} rank {RANK} pid {PID}")
+
+    def state_dict(self) -> dict:
+        return {"completed": self.completed}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.completed = state["completed"]
 
 
 def digest(model: torch.nn.Module, opt: torch.optim.Optimizer) -> str:
@@ -119,13 +135,14 @@ MODEL = Model()  # once per process: a survivor keeps it across attempts
 
 def train() -> str:
     loader = torch.utils.data.DataLoader(DATA, batch_size=16, shuffle=True)
+    steps = LogSteps()
     trainer = pl.Trainer(
         accelerator="cpu",
         devices=LOCAL_WORLD,
         num_nodes=NODES,
         strategy=WardenDDPStrategy(seed=7),
         max_steps=STEPS,
-        callbacks=[LogSteps(), WardenCallback(every_n_steps=CKPT_EVERY)],
+        callbacks=[steps, WardenCallback(every_n_steps=CKPT_EVERY)],
         logger=False,
         enable_checkpointing=False,
         enable_progress_bar=False,
@@ -133,6 +150,10 @@ def train() -> str:
     )
     trainer.fit(MODEL, loader)
     torch.distributed.destroy_process_group()
+    if steps.completed != trainer.global_step:
+        # Not a digest: the callbacks' state was lost on the way, and the
+        # comparison with the fault-free run says so.
+        return f"callback-state-lost:{steps.completed}-of-{trainer.global_step}-steps"
     return digest(MODEL, trainer.optimizers[0])
 
 

@@ -8,12 +8,15 @@ function under ``warden.run``.
 Out: one ``warden.heal.State`` per process, declared at the first fit, whose
 model is the LightningModule, whose "optimizer" is every optimizer and LR
 scheduler of the attempt's fit (``_Optimizers``), and whose "data" is the
-fit loop's progress as of the last committed step (``_Loops``). At each
+fit loop's progress and the callbacks' state (``state_dict``, by
+``state_key``: a counter, EarlyStopping's patience, ModelCheckpoint's best)
+as of the last committed step (``_Loops``). At each
 attempt the survivors keep their module and their optimizers' state in
 memory, the ranks behind receive the newest committed state from a live
 peer over the attempt's new group (``State.resume``), and Lightning's own
 restore (``restore_training_state``) loads the loops, optimizers and
-schedulers into the new Trainer from that in-memory dictionary; the
+schedulers into the new Trainer from that in-memory dictionary, and the
+attempt's callbacks (new on every rank) load theirs; the
 batches the epoch already consumed are skipped by index, none loaded.
 Where no live rank holds the state, the tier's newest checkpoint is
 restored instead (``restore_path``). Never: reads a checkpoint while a live
@@ -122,10 +125,36 @@ class _Loops:
         prec = t.precision_plugin.state_dict()
         if prec:
             out[t.precision_plugin.__class__.__qualname__] = prec
+        callbacks = _callbacks_state(t)
+        if callbacks:
+            out["callbacks"] = callbacks
         return out
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         self.pending = state
+
+
+def _callbacks_state(trainer: Any) -> Dict[str, Any]:
+    """Every callback's ``state_dict``, by its ``state_key``: what Lightning's
+    checkpoint holds under "callbacks" (``_call_callbacks_state_dict``)."""
+    out: Dict[str, Any] = {}
+    for cb in trainer.callbacks:
+        state = cb.state_dict()
+        if state:
+            out[cb.state_key] = state
+    return out
+
+
+def _load_callbacks(trainer: Any, states: Dict[str, Any]) -> None:
+    """Each callback's state loaded, by its ``state_key``, as Lightning's
+    restore does (``_call_callbacks_load_state_dict``); a callback without a
+    state there keeps its own."""
+    import copy  # noqa: PLC0415
+
+    for cb in trainer.callbacks:
+        state = states.get(cb.state_key, states.get(getattr(cb, "_legacy_state_key", None)))
+        if state:
+            cb.load_state_dict(copy.deepcopy(state))
 
 
 class LightningHeal:
@@ -192,12 +221,18 @@ class LightningHeal:
             return  # a fresh start
         ckpt: Dict[str, Any] = dict(loops)
         ckpt.update(optim)
+        callbacks = ckpt.pop("callbacks", None)
         connector = trainer._checkpoint_connector
         connector._loaded_checkpoint = ckpt
         if self._from_tier is not None:
             connector._loaded_checkpoint = dict(self._from_tier, **ckpt)
             connector.restore_callbacks()
             self._from_tier = None
+        elif callbacks:
+            # The callbacks' state as of the committed step (a counter,
+            # EarlyStopping's patience, ModelCheckpoint's best): this
+            # attempt's callbacks are new on every rank.
+            _load_callbacks(trainer, callbacks)
 
     # -- WardenCallback -------------------------------------------------------
 
