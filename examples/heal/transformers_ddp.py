@@ -30,7 +30,11 @@ Lines appended to $EXAMPLE_LOG:
   <unix time> step <N> rank <R> pid <P>          after each completed step
                                                  (N from 0: global_step - 1)
   <unix time> done rank <R> digest <sha256>      at the end: every parameter
-                                                 and optimizer tensor
+                                                 and optimizer tensor (or
+                                                 callback-state-lost:... when
+                                                 the steps the LogSteps
+                                                 callback counted are not the
+                                                 Trainer's)
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ import time
 
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel, TrainerCallback
+from transformers.trainer_callback import ExportableState
 
 import warden
 from warden.integrations.transformers import WardenCallback, WardenTrainer, WardenTrainingArguments
@@ -85,14 +90,24 @@ class Tokens(torch.utils.data.Dataset):
         return {"input_ids": self.ids[i], "labels": self.ids[i]}
 
 
-class LogSteps(TrainerCallback):
-    """Paces each step and logs it when done (before WardenCallback commits it)."""
+class LogSteps(TrainerCallback, ExportableState):
+    """Paces each step and logs it when done (before WardenCallback commits
+    it), and counts them: a callback with a state of its own (exported, as
+    EarlyStoppingCallback's), which a heal carries to every rank's new
+    callback and a checkpoint restores."""
+
+    def __init__(self) -> None:
+        self.completed = 0
 
     def on_step_begin(self, args, state, control, **kwargs) -> None:
         time.sleep(STEP_S)
 
     def on_step_end(self, args, state, control, **kwargs) -> None:
+        self.completed += 1
         log(f"step {state.global_step - 1} rank {RANK} pid {PID}")
+
+    def state(self) -> dict:
+        return {"args": {}, "attributes": {"completed": self.completed}}
 
 
 def digest(model: torch.nn.Module, opt: torch.optim.Optimizer) -> str:
@@ -138,6 +153,8 @@ def train() -> str:
         seed=7,
         report_to=[],
         disable_tqdm=True,
+        # A fall-back to the tier restores LogSteps' count too.
+        restore_callback_states_from_checkpoint=True,
     )
     trainer = WardenTrainer(
         model=MODEL, args=args, train_dataset=DATA, callbacks=[LogSteps(), WardenCallback()]
@@ -145,6 +162,12 @@ def train() -> str:
     trainer.train()
     d = digest(MODEL, trainer.optimizer)
     torch.distributed.destroy_process_group()
+    # The Trainer's restore from a checkpoint replaces the callback: ask it.
+    steps = next(cb for cb in trainer.callback_handler.callbacks if isinstance(cb, LogSteps))
+    if steps.completed != trainer.state.global_step:
+        # Not a digest: the callbacks' state was lost on the way, and the
+        # comparison with the fault-free run says so.
+        return f"callback-state-lost:{steps.completed}-of-{trainer.state.global_step}-steps"
     return d
 
 

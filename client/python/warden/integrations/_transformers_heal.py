@@ -57,6 +57,7 @@ def _debug(rank: Any, what: str) -> None:
 #: The fields of ``TrainerState`` a heal carries: the progress, the same on
 #: every rank. Not the configuration (max_steps, save_steps: each attempt's
 #: arguments), not the rank's own flags, not the callbacks' states.
+#: Besides these, the state of the callbacks that export one (``_callbacks_state``).
 CARRIED = (
     "global_step",
     "epoch",
@@ -140,6 +141,34 @@ class _Optimizers:
             scheduler.load_state_dict(got["lr_scheduler"])
 
 
+def _callbacks_state(trainer: Any) -> Dict[str, List[Dict[str, Any]]]:
+    """The state of each callback that exports one (``ExportableState``:
+    EarlyStoppingCallback's patience counter, a user's own), by class name,
+    in the callbacks' order: what ``trainer_state.json`` holds under
+    ``stateful_callbacks`` (the Trainer's control excluded: its flags are of
+    the step, not of the run)."""
+    exportable = getattr(sys.modules.get("transformers.trainer_callback"), "ExportableState", None)
+    if exportable is None:
+        return {}
+    out: Dict[str, List[Dict[str, Any]]] = {}
+    for cb in trainer.callback_handler.callbacks:
+        if isinstance(cb, exportable):
+            out.setdefault(cb.__class__.__name__, []).append(cb.state())
+    return out
+
+
+def _load_callbacks(trainer: Any, states: Dict[str, List[Dict[str, Any]]]) -> None:
+    """Each exported state set on this attempt's callback of that class (in
+    order; the attributes only: the callback was made with its arguments)."""
+    import copy  # noqa: PLC0415
+
+    for name, kept in states.items():
+        same = [cb for cb in trainer.callback_handler.callbacks if cb.__class__.__name__ == name]
+        for cb, state in zip(same, kept):
+            for attr, value in (state.get("attributes") or {}).items():
+                setattr(cb, attr, copy.deepcopy(value))
+
+
 class _Progress:
     """The Trainer's progress (``CARRIED`` of its ``TrainerState``), as the
     ``data`` of ``warden.heal.State``: read at each commit from the running
@@ -156,7 +185,11 @@ class _Progress:
         if self.pending is not None or self.trainer is None:
             return self.pending or {}
         st = self.trainer.state
-        return {k: getattr(st, k) for k in CARRIED}
+        out = {k: getattr(st, k) for k in CARRIED}
+        callbacks = _callbacks_state(self.trainer)
+        if callbacks:
+            out["callbacks"] = callbacks
+        return out
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         self.pending = state
@@ -237,6 +270,9 @@ class TransformersHeal:
         for k in CARRIED:
             if k in got:
                 setattr(st, k, got[k])
+        # The callbacks are this attempt's, on every rank: their state as of
+        # the committed step.
+        _load_callbacks(trainer, got.get("callbacks") or {})
         if st.log_history is None:
             st.log_history = []
         epochs = int(st.global_step // num_update_steps_per_epoch)
