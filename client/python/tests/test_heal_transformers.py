@@ -22,6 +22,10 @@ run must:
 - heal (the replacement says it took its state from a live rank) and never
   restore a checkpoint or restart in job.
 
+The same checks hold for a fault during the heal (a survivor killed as the
+launcher heals the first rank) and for two faults in a row (a second rank
+killed once every rank stepped again after the first heal).
+
 And with no live replica (the whole job killed once the tier holds a
 checkpoint, then started again as the same job), every rank restores the
 tier's newest checkpoint and the job ends with the same digests.
@@ -76,6 +80,33 @@ def test_a_rank_killed_mid_epoch_heals_from_a_live_replica(
     # an epoch (12 optimizer steps of 2 micro-batches a rank: epoch 3, step 4).
     pid = JOB.wait_step(proc, out, log, 1, 40)
     JOB.check(proc, out, log, reference, [sigkill(pid)], 1)
+
+
+def test_a_fault_during_the_heal_heals_again(reference: Dict[int, str], tmp_path: Path) -> None:
+    """Rank 1 at step 40; the survivor rank 2 (its pid from the log) as soon
+    as the launcher says it heals rank 1: while the survivors abort and
+    rebuild their group, leave their Trainer's ``train`` and enter the next
+    one, and the replacement comes up from its standby."""
+    proc, log, out = JOB.launch(tmp_path, "during")
+    victim = JOB.wait_step(proc, out, log, 1, 40)
+    survivor = JOB.wait_step(proc, out, log, 2 if JOB.world > 2 else 0, 40)
+    first = sigkill(victim)
+    JOB.wait_said(proc, out, "healing it from a live replica")
+    second = sigkill(survivor)
+    # One heal at least: the launcher may heal both lost ranks in one attempt.
+    JOB.check(proc, out, log, reference, [first, second], 1)
+
+
+def test_two_faults_in_a_row_heal_twice(reference: Dict[int, str], tmp_path: Path) -> None:
+    """Rank 1 at step 35; then, once every rank stepped again after that
+    heal, another rank at step 50: both between the checkpoints at 30 and
+    60, so a checkpoint restart would redo steps the test counts."""
+    proc, log, out = JOB.launch(tmp_path, "twice")
+    first = sigkill(JOB.wait_step(proc, out, log, 1, 35))
+    for rank in range(JOB.world):
+        JOB.wait_step(proc, out, log, rank, 45)
+    second = sigkill(JOB.wait_step(proc, out, log, 2 if JOB.world > 2 else 0, 50))
+    JOB.check(proc, out, log, reference, [first, second], 2)
 
 
 def test_with_no_live_replica_the_job_resumes_from_the_tier(reference: Dict[int, str], tmp_path: Path) -> None:

@@ -452,15 +452,20 @@ def _init_process_group(backend: str, timeout_s: float) -> None:
         control, store = _stores(count, world, rank, timeout_s)
         base = _round_base.get(int(os.environ.get("WARDEN_ROUND_EPOCH") or -1), 0)
         control.set(f"entered-{count - base}", "1")
-        store.add("warden-heal-joined", 1)
-        later = False
-        while store.add("warden-heal-joined", 0) < world:
-            if control.check([f"entered-{count - base + 1}"]):
-                later = True
-                break
-            if time.monotonic() >= deadline:
-                raise RuntimeError(f"warden.heal: not every rank joined attempt {count} within {timeout_s} s")
-            time.sleep(0.002)
+        later = _meet(store, control, "warden-heal-joined", world, count - base + 1, deadline)
+        if not later:
+            # Everyone added itself, but a rank that died after adding (a
+            # second fault during the heal: the survivor killed while it
+            # waited here for a replacement) is counted too, and a rank
+            # that took the count for "all here" would enter torch's
+            # rendezvous for this attempt and wait there, in C++, while
+            # its peers moved on (seen under the Transformers Trainer).
+            # So each says once more that it is here, now that every rank
+            # is: the window for a death between the two is the poll's few
+            # milliseconds, not a replacement's start.
+            later = _meet(store, control, "warden-heal-ready", world, count - base + 1, deadline)
+        if later is None:
+            raise RuntimeError(f"warden.heal: not every rank joined attempt {count} within {timeout_s} s")
         if not later:
             break
         _say(f"rank {rank}: attempt {count + 1} began while this rank waited in attempt {count}: joining it")
@@ -481,6 +486,20 @@ def _init_process_group(backend: str, timeout_s: float) -> None:
         timeout=datetime.timedelta(seconds=timeout_s),
     )
     _set_attempt_sockets(before)
+
+
+def _meet(store: Any, control: Any, key: str, world: int, next_entered: int, deadline: float) -> Optional[bool]:
+    """Adds this rank to ``key`` and waits for ``world`` ranks there: False
+    once they are, True when attempt ``next_entered`` began meanwhile (this
+    rank joins it), None past ``deadline``."""
+    store.add(key, 1)
+    while store.add(key, 0) < world:
+        if control.check([f"entered-{next_entered}"]):
+            return True
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(0.002)
+    return False
 
 
 #: The TCP sockets (inodes) the current attempt's default group opened:
