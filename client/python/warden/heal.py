@@ -453,7 +453,7 @@ def _init_process_group(backend: str, timeout_s: float) -> None:
         base = _round_base.get(int(os.environ.get("WARDEN_ROUND_EPOCH") or -1), 0)
         control.set(f"entered-{count - base}", "1")
         later = _meet(store, control, "warden-heal-joined", world, count - base + 1, deadline)
-        if not later:
+        if later is False:
             # Everyone added itself, but a rank that died after adding (a
             # second fault during the heal: the survivor killed while it
             # waited here for a replacement) is counted too, and a rank
