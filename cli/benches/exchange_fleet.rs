@@ -5,8 +5,9 @@
 //! network (labelled so in docs/benchmarks.md): each of N hosts' reports is
 //! built from its 8 ranks' section medians (the sketches the agent
 //! sends), encoded as the wire message (`warden.v1.AggregateReport`), and
-//! decoded and merged by the real `Aggregator`, whose answer is encoded
-//! too; the all-to-all's batches (`warden.v1.StragglerSummaries`, 8 ranks
+//! decoded and merged by the real `Aggregator` (and the host's entry of
+//! the collector's hang board updated, as the agent does), whose answer is
+//! encoded too; the all-to-all's batches (`warden.v1.StragglerSummaries`, 8 ranks
 //! each) are encoded once and merged into one host's real `Stragglers`
 //! detector N-1 times (what every host did every interval).
 //!
@@ -35,6 +36,7 @@ use prost::Message;
 use warden_agent::exchange::aggregate::Here;
 use warden_agent::exchange::legacy::{batch_from_pb, batch_pb};
 use warden_agent::exchange::wire::{answer_pb, report_from_pb, report_pb};
+use warden_core::detect::positions::Board;
 use warden_core::detect::straggler::aggregate::{Aggregator, HostReport, JobPart};
 use warden_core::detect::straggler::score::SectionMedian;
 use warden_core::detect::straggler::sketch::Sketch;
@@ -170,6 +172,9 @@ fn measure(n: u32, all_to_all: bool) -> Row {
         .collect();
     let report_bytes = wire.iter().map(Vec::len).max().unwrap_or(0);
     let mut agg = Aggregator::new(Duration::from_secs(30));
+    // The collector's hang board: the agent merges every report's
+    // positions into it (`exchange::aggregate::aggregate_here`), none here.
+    let mut board = Board::new(Duration::from_secs(30), Duration::from_secs(30));
     let now = Instant::now();
     let mut answer_bytes = 0;
     // Two intervals: the first fills the aggregator, the second is the
@@ -181,6 +186,7 @@ fn measure(n: u32, all_to_all: bool) -> Row {
             let (report, _, _) = report_from_pb(pbr).unwrap();
             let host = report.host.clone();
             let wide = agg.report(report, now).unwrap();
+            board.merge_remote(&host, Vec::new(), now);
             let here = Here {
                 wide,
                 verdicts: Vec::new(),

@@ -174,9 +174,21 @@ impl PeerSet {
             .collect()
     }
 
-    /// Whether `name` is a peer of any job, or configured.
+    /// Whether `name` is a peer of any job, or configured. Asked on every
+    /// peer's call (each report to the aggregator), so it looks the name
+    /// up in each job's names kept ready at [`PeerSet::set_job`]: it once
+    /// copied every peer of every job per call, O(N) a report and O(N^2)
+    /// an interval at a job's aggregator (docs/benchmarks.md, "over the
+    /// network").
     pub fn knows(&self, name: &str) -> bool {
-        !name.is_empty() && self.of_job("").iter().any(|p| p.name == name)
+        !name.is_empty()
+            && (self.configured.iter().any(|p| p.name == name)
+                || self
+                    .orders
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .values()
+                    .any(|o| o.names.contains(name)))
     }
 
     /// Whether `job`'s placement sends the shards of the peer named
@@ -202,8 +214,19 @@ impl PeerSet {
     }
 
     /// The peer at `addr`, configured or handed over for any job.
+    ///
+    /// Asked per report by the exchange's routes (and per relayed report by
+    /// a group leader): only the peer found is copied, not every peer of
+    /// every job, as [`PeerSet::of_job`] would.
     pub fn find(&self, addr: &str) -> Option<Peer> {
-        self.of_job("").into_iter().find(|p| p.member.addr == addr)
+        if let Some(p) = self.configured.iter().find(|p| p.member.addr == addr) {
+            return Some(p.clone());
+        }
+        self.jobs()
+            .values()
+            .flatten()
+            .find(|p| p.member.addr == addr)
+            .cloned()
     }
 
     /// Replaces `job`'s handed-over peers with `specs` (this agent's own

@@ -87,15 +87,52 @@ async fn bind_optional(
     if addr.is_empty() {
         return Ok(None);
     }
-    let l = TcpListener::bind(addr)
-        .await
-        .map_err(|source| DaemonError::Bind {
-            what,
-            addr: addr.to_owned(),
-            source,
-        })?;
+    let l = listen(addr).await.map_err(|source| DaemonError::Bind {
+        what,
+        addr: addr.to_owned(),
+        source,
+    })?;
     let bound = l.local_addr().map_or(addr.to_owned(), |a| a.to_string());
     Ok(Some((l, bound)))
+}
+
+/// The listen backlog of the TCP listeners. tokio's `TcpListener::bind`
+/// asks for 1,024: a burst of more connections at once (every host of a
+/// one-group job calling its aggregator as the job starts) overflows it,
+/// and those past it wait for their SYN to be sent again, 1 s and then
+/// 2 s later (docs/benchmarks.md, "over the network": 1,023 hosts took
+/// 1.3 s to connect, 255 took 0.14 s). The kernel caps it at
+/// `net.core.somaxconn` (4,096 by default since Linux 5.4).
+const TCP_BACKLOG: u32 = 4096;
+
+/// Binds a TCP listener on `addr` (an address or `host:port`, each of its
+/// addresses tried in turn) with [`TCP_BACKLOG`].
+async fn listen(addr: &str) -> std::io::Result<TcpListener> {
+    let mut last = None;
+    for a in tokio::net::lookup_host(addr).await? {
+        let socket = if a.is_ipv4() {
+            tokio::net::TcpSocket::new_v4()
+        } else {
+            tokio::net::TcpSocket::new_v6()
+        };
+        let bound = socket.and_then(|s| {
+            // As `TcpListener::bind`: a restarted agent binds again at
+            // once, past connections of its last life in TIME_WAIT.
+            s.set_reuseaddr(true)?;
+            s.bind(a)?;
+            s.listen(TCP_BACKLOG)
+        });
+        match bound {
+            Ok(l) => return Ok(l),
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| {
+        std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!("{addr} resolves to no address"),
+        )
+    }))
 }
 
 /// Runs the agent until SIGTERM/SIGINT or until `state.shutdown` is cancelled.

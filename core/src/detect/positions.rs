@@ -57,6 +57,8 @@ pub struct Board {
     live: HashMap<String, JobPositions>,
     hangs: HashMap<String, (Instant, JobPositions)>,
     remote: HashMap<String, Heard>,
+    /// When stale peers were last forgotten ([`Board::forget_stale`]).
+    swept: Option<Instant>,
 }
 
 /// What [`Board::gather`] found for one job.
@@ -83,6 +85,7 @@ impl Board {
             live: HashMap::new(),
             hangs: HashMap::new(),
             remote: HashMap::new(),
+            swept: None,
         }
     }
 
@@ -155,7 +158,8 @@ impl Board {
 
     /// Takes a peer's batch: it replaces everything `host` said before.
     pub fn merge_remote(&mut self, host: &str, jobs: Vec<JobPositions>, now: Instant) {
-        self.forget_stale(now);
+        let full = !self.remote.contains_key(host) && self.remote.len() >= MAX_HOSTS;
+        self.forget_stale(now, full);
         if !self.remote.contains_key(host)
             && self.remote.len() >= MAX_HOSTS
             && let Some(oldest) = self
@@ -174,9 +178,25 @@ impl Board {
             .retain(|_, (at, _)| now.duration_since(*at) < life);
     }
 
-    fn forget_stale(&mut self, now: Instant) {
+    /// Forgets the peers not heard from for the ttl: at most every quarter
+    /// ttl, unless the board is `full`. A sweep is O(hosts) and this runs on
+    /// every peer's report, so sweeping each time made the collector's
+    /// interval O(N^2): at 1,024 hosts it was the largest single cost of
+    /// `ReportToAggregator` (docs/benchmarks.md, "over the network"). A
+    /// stale entry left until the next sweep is never read:
+    /// [`Board::gather`] checks each one's age itself.
+    fn forget_stale(&mut self, now: Instant, full: bool) {
+        if !full
+            && self
+                .swept
+                .is_some_and(|at| now.saturating_duration_since(at) < self.ttl / 4)
+        {
+            return;
+        }
+        self.swept = Some(now);
         let ttl = self.ttl;
-        self.remote.retain(|_, h| now.duration_since(h.at) < ttl);
+        self.remote
+            .retain(|_, h| now.saturating_duration_since(h.at) < ttl);
     }
 
     /// The positions of `job` for a verdict on a hang found at `since`:
@@ -374,6 +394,30 @@ mod tests {
             )
             .complete
         );
+    }
+
+    #[test]
+    fn a_peer_past_the_ttl_counts_for_nothing_before_the_sweep_forgets_it() {
+        let t0 = Instant::now();
+        let w0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000);
+        let mut b = Board::new(Duration::from_secs(1), Duration::from_secs(10));
+        b.set_live(vec![job("a", &[(0, 12, "x"), (1, 12, "x")], false, w0)]);
+        assert!(b.snapshot_hang("j", t0));
+        b.snapshot_done("j");
+        let snap = |host: &str| job(host, &[(2, 12, "x"), (3, 12, "x")], true, w0);
+        b.merge_remote("b", vec![snap("b")], t0);
+        let since = (t0, w0);
+        assert!(b.gather("j", since, Duration::from_secs(10), t0).complete);
+        // Another peer within a quarter ttl: no sweep; "b" stays kept...
+        b.merge_remote("c", Vec::new(), t0 + Duration::from_millis(100));
+        let later = t0 + Duration::from_millis(1_050);
+        assert!(b.remote.contains_key("b"));
+        // ...but past its ttl it no longer covers ranks 2 and 3.
+        let g = b.gather("j", since, Duration::from_secs(10), later);
+        assert!(!g.complete, "{g:?}");
+        // The next report past a quarter ttl sweeps it.
+        b.merge_remote("c", Vec::new(), later);
+        assert!(!b.remote.contains_key("b"));
     }
 
     #[test]

@@ -1,0 +1,460 @@
+//! Issue 30: the job-wide exchange over the network. The `exchange_fleet`
+//! bench runs the aggregator's code in one process without sockets; this
+//! one runs real `wardend`s and real connections.
+//!
+//! What runs, per N (hosts of one job):
+//! - a real `wardend` as the job's aggregator (index 0 of the order) on
+//!   127.0.0.2, mutual TLS on `api.tcp`, handed the job's N hosts in node
+//!   rank order with their names as a launcher hands them over from its
+//!   etcd round (`SetCheckpointPeers`): the order the exchange routes by,
+//!   and who may report for the job;
+//! - in the tree set-up, a second real `wardend` as the leader of group 1
+//!   (index k of the order, 127.0.0.4), which relays its members' reports
+//!   to the aggregator over its own connection, as in a job;
+//! - every other host simulated in this process: its own certificate (its
+//!   name its identity), its own source address (127.1.x.y), its own TCP
+//!   connection and TLS session, sending the real `ReportToAggregator`
+//!   call with its report (8 ranks' sketches of 4 sections) to the host
+//!   its route names (`warden_core::detect::straggler::tree::route`). A
+//!   simulated leader of the other groups sends its own report and its
+//!   members' (marked relayed) on its one connection, as a leader's relay
+//!   does; its own relay hop is the measured leader's.
+//!
+//! Every host reports at once (the burst a shared interval start would
+//! make; real hosts spread over the 2 s interval), 10 intervals back to
+//! back after one that opens the connections. Per N and set-up it
+//! prints: the first interval (connections and TLS handshakes), the
+//! median interval, each call's p50 and p99, the aggregator's and the
+//! leader's CPU per interval (the sum of their threads' on-CPU time,
+//! /proc/PID/task/*/schedstat), their resident memory once every
+//! connection is up against before, this process's CPU per interval (the
+//! simulated hosts' TLS and encoding: it shares the machine's cores with
+//! the agents), and the connections at the aggregator. Every answer of
+//! the last interval must count every reporting host (the job-wide
+//! statistics cover the job), or the bench fails.
+//!
+//! Run: `cargo bench -p warden-cli --bench exchange_net` (release);
+//! `WARDEN_EXCHANGE_NET_HOSTS=16,256,1024,2048`.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+
+mod common;
+#[allow(dead_code)]
+#[path = "../../tests/common/pki.rs"]
+mod pki;
+
+use std::net::{Ipv4Addr, SocketAddr};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpSocket;
+use tokio::task::JoinSet;
+use tokio_rustls::rustls;
+use tonic::transport::{Channel, Endpoint, Uri};
+use warden_agent::exchange::wire::report_pb;
+use warden_core::detect::straggler::aggregate::{HostReport, JobPart};
+use warden_core::detect::straggler::sketch::Sketch;
+use warden_core::detect::straggler::tree;
+use warden_proto::v1 as pb;
+use warden_proto::v1::peer_client::PeerClient;
+
+use common::Agent;
+
+const RANKS_PER_HOST: u32 = 8;
+const SECTIONS: [&str; 4] = ["forward", "backward", "optimizer", "data"];
+const INTERVALS: usize = 10;
+const JOB: &str = "llm";
+const AGGREGATOR: &str = "agg-000";
+const LEADER: &str = "leader-001";
+
+fn jitter(h: u64) -> f64 {
+    let x = h
+        .wrapping_mul(0x9E37_79B9_7F4A_7C15)
+        .rotate_left(17)
+        .wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    0.97 + (x >> 11) as f64 / (1u64 << 53) as f64 * 0.06
+}
+
+fn name(i: usize) -> String {
+    format!("host-{i:05}")
+}
+
+/// Host `i`'s report, as its agent encodes it.
+fn report(i: usize, relayed: bool) -> pb::AggregateReport {
+    let sections = SECTIONS
+        .iter()
+        .enumerate()
+        .map(|(s, section)| {
+            let mut sk = Sketch::default();
+            for r in 0..RANKS_PER_HOST {
+                let base = [40e6, 80e6, 10e6, 5e6][s];
+                sk.add(base * jitter((i as u64) << 32 | u64::from(r) << 8 | s as u64));
+            }
+            ((*section).to_owned(), sk)
+        })
+        .collect();
+    let r = HostReport {
+        host: name(i),
+        relative_threshold: 1.1,
+        z_threshold: 3.0,
+        jobs: vec![JobPart {
+            job: JOB.into(),
+            sections,
+            scores: Vec::new(),
+        }],
+    };
+    let mut pbr = report_pb(&r, &[], &[]);
+    pbr.relayed = relayed;
+    pbr
+}
+
+/// The address host `i` has in the job's order: the aggregator's and
+/// the leader's real ones, the simulated hosts' listed only (the
+/// aggregator and the leader never dial them; each simulated host calls
+/// from its own source address, [`source`]).
+fn listed(i: usize, k: usize, agg: &str, leader: Option<&str>) -> String {
+    match (i, leader) {
+        (0, _) => agg.to_owned(),
+        (i, Some(l)) if i == k => l.to_owned(),
+        (i, _) => format!("127.0.0.3:{}", 10_000 + i),
+    }
+}
+
+/// Host `i`'s own source address: 127.1.x.y.
+fn source(i: usize) -> Ipv4Addr {
+    Ipv4Addr::new(127, 1, (i / 250) as u8, (i % 250 + 1) as u8)
+}
+
+/// A channel from `src` to `dst` over TLS with `cfg`, expecting `server`.
+fn channel(
+    src: Ipv4Addr,
+    dst: SocketAddr,
+    server: &str,
+    cfg: Arc<rustls::ClientConfig>,
+) -> Channel {
+    let server = server.to_owned();
+    Endpoint::from_shared(format!("http://{dst}"))
+        .unwrap()
+        .timeout(Duration::from_secs(60))
+        .connect_with_connector_lazy(tower::service_fn(move |_: Uri| {
+            let (cfg, server) = (cfg.clone(), server.clone());
+            async move {
+                let sock = TcpSocket::new_v4()?;
+                sock.bind(SocketAddr::new(src.into(), 0))?;
+                let tcp = sock.connect(dst).await?;
+                // As the agent's own connector: no Nagle delay on a call.
+                tcp.set_nodelay(true)?;
+                let name = rustls::pki_types::ServerName::try_from(server)
+                    .map_err(|e| std::io::Error::other(e.to_string()))?;
+                let s = tokio_rustls::TlsConnector::from(cfg)
+                    .connect(name, tcp)
+                    .await?;
+                Ok::<_, std::io::Error>(TokioIo::new(s))
+            }
+        }))
+}
+
+/// One connection of a simulated host and the reports it sends on it
+/// each interval.
+struct Sender {
+    client: PeerClient<Channel>,
+    reports: Vec<pb::AggregateReport>,
+}
+
+/// The sum of `pid`'s threads' on-CPU time.
+fn cpu(pid: u32) -> Duration {
+    let mut ns = 0u64;
+    if let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/task")) {
+        for t in dir.flatten() {
+            if let Ok(s) = std::fs::read_to_string(t.path().join("schedstat")) {
+                ns += s
+                    .split_whitespace()
+                    .next()
+                    .and_then(|v| v.parse::<u64>().ok())
+                    .unwrap_or(0);
+            }
+        }
+    }
+    Duration::from_nanos(ns)
+}
+
+fn rss_kb(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+fn start_agent(host: &str, tcp: &str, k: usize) -> Agent {
+    let node = pki::cluster().node(host);
+    let dir = tempfile::Builder::new()
+        .prefix("warden-exnet-")
+        .tempdir()
+        .unwrap();
+    let ckpt = dir.path().join("ckpt");
+    Agent::start(dir, |socket, state| {
+        format!(
+            "[agent]\nhost_name = \"{host}\"\nstate_dir = \"{}\"\n\
+             [host]\nmemory_degraded_below_percent = 0.0\nmemory_failed_below_percent = 0.0\n\
+             [api]\nsocket = \"{}\"\ntcp = \"{tcp}\"\nmax_connections = 8192\n{}\
+             [metrics]\nlisten = \"\"\n[log]\nlevel = \"warn\"\n\
+             [nvml]\nenabled = false\n[kmsg]\nenabled = false\n[dcgm]\nenabled = false\n\
+             [checkpoint]\ndir = \"{}\"\n\
+             [straggler]\naggregator_fan_out = {k}\n",
+            state.display(),
+            socket.display(),
+            node.api_keys(),
+            ckpt.display(),
+        )
+    })
+}
+
+/// Hands `agent` the job's hosts in node-rank order, as each host's
+/// launcher does from its etcd round (`SetCheckpointPeers`): the order the
+/// exchange routes by, and the names that may report for the job.
+async fn hand_over(agent: &Agent, order: &[(String, String)]) {
+    let peers = order
+        .iter()
+        .map(|(addr, name)| pb::CheckpointPeer {
+            addr: addr.clone(),
+            domain: String::new(),
+            host: name.clone(),
+            identity: name.clone(),
+        })
+        .collect();
+    common::connect(&agent.socket())
+        .await
+        .set_checkpoint_peers(pb::SetCheckpointPeersRequest {
+            job_id: JOB.into(),
+            peers,
+            ..Default::default()
+        })
+        .await
+        .expect("SetCheckpointPeers");
+}
+
+fn free(ip: &str) -> u16 {
+    std::net::TcpListener::bind((ip, 0))
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+struct Row {
+    hosts: usize,
+    tree: bool,
+    k: usize,
+    connections: usize,
+    first: Duration,
+    interval: Duration,
+    p50: Duration,
+    p99: Duration,
+    agg_cpu: Duration,
+    leader_cpu: Option<Duration>,
+    agg_rss_kb: i64,
+    leader_rss_kb: Option<i64>,
+    bench_cpu: Duration,
+}
+
+/// Sends every sender's reports at once; each call's latency, and the
+/// hosts the job-wide statistics of each answer cover.
+async fn interval(senders: &[Sender]) -> (Duration, Vec<Duration>, Vec<u32>) {
+    let started = Instant::now();
+    let mut set = JoinSet::new();
+    for s in senders {
+        for r in &s.reports {
+            let (mut c, r) = (s.client.clone(), r.clone());
+            set.spawn(async move {
+                let t = Instant::now();
+                let a = c
+                    .report_to_aggregator(r)
+                    .await
+                    .unwrap_or_else(|e| panic!("ReportToAggregator: {e}"))
+                    .into_inner();
+                (t.elapsed(), a.jobs.first().map_or(0, |j| j.hosts))
+            });
+        }
+    }
+    let mut lat = Vec::new();
+    let mut hosts = Vec::new();
+    while let Some(r) = set.join_next().await {
+        let (l, h) = r.unwrap();
+        lat.push(l);
+        hosts.push(h);
+    }
+    (started.elapsed(), lat, hosts)
+}
+
+fn self_cpu() -> Duration {
+    cpu(std::process::id())
+}
+
+async fn measure(n: usize, use_tree: bool) -> Row {
+    let k = if use_tree { tree::fan_out(n, 0) } else { n };
+    // The leader exists where the tree has a group 1.
+    let with_leader = use_tree && n > k;
+    let agg_addr = format!("127.0.0.2:{}", free("127.0.0.2"));
+    let leader_addr = with_leader.then(|| format!("127.0.0.4:{}", free("127.0.0.4")));
+    let order: Vec<(String, String)> = (0..n)
+        .map(|i| {
+            let who = match i {
+                0 => AGGREGATOR.to_owned(),
+                i if with_leader && i == k => LEADER.to_owned(),
+                i => name(i),
+            };
+            (listed(i, k, &agg_addr, leader_addr.as_deref()), who)
+        })
+        .collect();
+    let agg = start_agent(AGGREGATOR, &agg_addr, k);
+    hand_over(&agg, &order).await;
+    let leader = leader_addr.as_ref().map(|a| start_agent(LEADER, a, k));
+    if let Some(l) = &leader {
+        hand_over(l, &order).await;
+    }
+
+    // Each simulated host's first hop, from the real routes.
+    let ca = pki::cluster();
+    let mut senders: Vec<Sender> = Vec::new();
+    let mut relayed_by: std::collections::HashMap<usize, Vec<usize>> = Default::default();
+    let mut reporting = 0u32;
+    for i in 1..n {
+        if with_leader && i == k {
+            continue; // the real leader: it has no ranks of its own
+        }
+        reporting += 1;
+        let first = tree::route(n, Some(i), k).next().unwrap();
+        if first != 0 && !(with_leader && first == k) {
+            // Through a simulated leader: on its connection.
+            relayed_by.entry(first).or_default().push(i);
+        }
+    }
+    for i in 1..n {
+        if with_leader && i == k {
+            continue;
+        }
+        let first = tree::route(n, Some(i), k).next().unwrap();
+        let (dst, server) = match first {
+            0 => (agg_addr.as_str(), AGGREGATOR),
+            f if with_leader && f == k => (leader_addr.as_deref().unwrap(), LEADER),
+            _ => continue, // a simulated leader's member: sent by its leader
+        };
+        let node = ca.node(&name(i));
+        let cfg = Arc::new(ca.client_config(Some(&node)));
+        let mut reports = vec![report(i, false)];
+        for m in relayed_by.get(&i).into_iter().flatten() {
+            reports.push(report(*m, true));
+        }
+        senders.push(Sender {
+            client: PeerClient::new(channel(source(i), dst.parse().unwrap(), server, cfg)),
+            reports,
+        });
+    }
+    let agg_conns = (1..n)
+        .filter(|i| !(with_leader && *i == k))
+        .filter(|i| tree::route(n, Some(*i), k).next() == Some(0))
+        .count()
+        + usize::from(with_leader);
+
+    let (agg_rss0, leader_rss0) = (
+        rss_kb(agg.pid()) as i64,
+        leader.as_ref().map(|l| rss_kb(l.pid()) as i64),
+    );
+    let (first, _, _) = interval(&senders).await;
+    let (agg_rss1, leader_rss1) = (
+        rss_kb(agg.pid()) as i64,
+        leader.as_ref().map(|l| rss_kb(l.pid()) as i64),
+    );
+    let (agg0, leader0, bench0) = (
+        cpu(agg.pid()),
+        leader.as_ref().map(|l| cpu(l.pid())),
+        self_cpu(),
+    );
+    let mut walls = Vec::new();
+    let mut lat = Vec::new();
+    let mut last = Vec::new();
+    for _ in 0..INTERVALS {
+        let (w, l, h) = interval(&senders).await;
+        walls.push(w);
+        lat.extend(l);
+        last = h;
+    }
+    let agg_cpu = (cpu(agg.pid()) - agg0) / INTERVALS as u32;
+    let leader_cpu = leader
+        .as_ref()
+        .zip(leader0)
+        .map(|(l, c0)| (cpu(l.pid()) - c0) / INTERVALS as u32);
+    let bench_cpu = (self_cpu() - bench0) / INTERVALS as u32;
+    assert!(
+        last.iter().all(|h| *h == reporting),
+        "every answer counts all {reporting} reporting hosts: {:?}",
+        last.iter()
+            .filter(|h| **h != reporting)
+            .take(5)
+            .collect::<Vec<_>>()
+    );
+    walls.sort();
+    lat.sort();
+    let pick = |q: f64| lat[((lat.len() - 1) as f64 * q).round() as usize];
+    drop(senders);
+    Row {
+        hosts: n,
+        tree: use_tree,
+        k,
+        connections: agg_conns,
+        first,
+        interval: walls[walls.len() / 2],
+        p50: pick(0.5),
+        p99: pick(0.99),
+        agg_cpu,
+        leader_cpu,
+        agg_rss_kb: agg_rss1 - agg_rss0,
+        leader_rss_kb: leader_rss1.zip(leader_rss0).map(|(a, b)| a - b),
+        bench_cpu,
+    }
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.1} ms", d.as_secs_f64() * 1e3)
+}
+
+fn main() {
+    let hosts: Vec<usize> = std::env::var("WARDEN_EXCHANGE_NET_HOSTS")
+        .unwrap_or_else(|_| "16,256,1024,2048".into())
+        .split(',')
+        .filter_map(|s| s.trim().parse().ok())
+        .collect();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    println!(
+        "| hosts | set-up (group size) | connections at the aggregator | first interval (connect + TLS) | interval, median | call p50 | call p99 | aggregator CPU per interval | leader CPU per interval | aggregator memory, connections up | leader memory | simulated hosts' CPU per interval (this process) |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
+    for n in hosts {
+        for use_tree in [false, true] {
+            let r = rt.block_on(measure(n, use_tree));
+            println!(
+                "| {} | {} ({}) | {} | {} | {} | {} | {} | {} | {} | {} KB | {} | {} |",
+                r.hosts,
+                if r.tree { "tree" } else { "one aggregator" },
+                r.k,
+                r.connections,
+                ms(r.first),
+                ms(r.interval),
+                ms(r.p50),
+                ms(r.p99),
+                ms(r.agg_cpu),
+                r.leader_cpu.map_or("-".into(), ms),
+                r.agg_rss_kb,
+                r.leader_rss_kb.map_or("-".into(), |kb| format!("{kb} KB")),
+                ms(r.bench_cpu),
+            );
+        }
+    }
+}
