@@ -463,3 +463,20 @@ async fn serve(
     tracing::info!("wardend stopped");
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_listener_takes_a_name_or_an_address_and_refuses_one_already_taken() {
+        let l = listen("127.0.0.1:0").await.expect("bind port 0");
+        let addr = l.local_addr().expect("bound").to_string();
+        // A second agent on the same address is refused, as before the
+        // backlog was set: SO_REUSEADDR does not share a listening port.
+        let e = listen(&addr).await.expect_err("the port is taken");
+        assert_eq!(e.kind(), std::io::ErrorKind::AddrInUse, "{e}");
+        let named = listen("localhost:0").await.expect("bind a name");
+        assert!(named.local_addr().expect("bound").ip().is_loopback());
+    }
+}
