@@ -30,8 +30,11 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
+mod common;
+
 use std::time::{Duration, Instant};
 
+use common::{SECTIONS, median_ns};
 use prost::Message;
 use warden_agent::exchange::aggregate::Here;
 use warden_agent::exchange::legacy::{batch_from_pb, batch_pb};
@@ -44,21 +47,6 @@ use warden_core::detect::straggler::tree;
 use warden_core::detect::straggler::{Batch, StragglerConfig, Stragglers, Summary};
 
 const RANKS_PER_HOST: u32 = 8;
-const SECTIONS: [&str; 4] = ["forward", "backward", "optimizer", "data"];
-
-/// A deterministic jitter in [0.97, 1.03).
-fn jitter(h: u64) -> f64 {
-    let x = h
-        .wrapping_mul(0x9E37_79B9_7F4A_7C15)
-        .rotate_left(17)
-        .wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    0.97 + (x >> 11) as f64 / (1u64 << 53) as f64 * 0.06
-}
-
-fn median_ns(host: u32, rank: u32, section: usize) -> f64 {
-    let base = [40e6, 80e6, 10e6, 5e6][section];
-    base * jitter(u64::from(host) << 32 | u64::from(rank) << 8 | section as u64)
-}
 
 fn report_of(host: u32) -> HostReport {
     let sections = SECTIONS

@@ -59,22 +59,13 @@ use warden_core::detect::straggler::tree;
 use warden_proto::v1 as pb;
 use warden_proto::v1::peer_client::PeerClient;
 
-use common::Agent;
+use common::{Agent, SECTIONS, median_ns};
 
 const RANKS_PER_HOST: u32 = 8;
-const SECTIONS: [&str; 4] = ["forward", "backward", "optimizer", "data"];
 const INTERVALS: usize = 10;
 const JOB: &str = "llm";
 const AGGREGATOR: &str = "agg-000";
 const LEADER: &str = "leader-001";
-
-fn jitter(h: u64) -> f64 {
-    let x = h
-        .wrapping_mul(0x9E37_79B9_7F4A_7C15)
-        .rotate_left(17)
-        .wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    0.97 + (x >> 11) as f64 / (1u64 << 53) as f64 * 0.06
-}
 
 fn name(i: usize) -> String {
     format!("host-{i:05}")
@@ -88,8 +79,7 @@ fn report(i: usize, relayed: bool) -> pb::AggregateReport {
         .map(|(s, section)| {
             let mut sk = Sketch::default();
             for r in 0..RANKS_PER_HOST {
-                let base = [40e6, 80e6, 10e6, 5e6][s];
-                sk.add(base * jitter((i as u64) << 32 | u64::from(r) << 8 | s as u64));
+                sk.add(median_ns(i as u32, r, s));
             }
             ((*section).to_owned(), sk)
         })

@@ -83,3 +83,23 @@ pub async fn connect(path: &Path) -> AgentClient<Channel> {
             .unwrap();
     AgentClient::new(ch)
 }
+
+/// The compute sections of the exchange benches' simulated ranks.
+pub const SECTIONS: [&str; 4] = ["forward", "backward", "optimizer", "data"];
+
+/// A deterministic jitter in [0.97, 1.03).
+pub fn jitter(h: u64) -> f64 {
+    let x = h
+        .wrapping_mul(0x9E37_79B9_7F4A_7C15)
+        .rotate_left(17)
+        .wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    0.97 + (x >> 11) as f64 / (1u64 << 53) as f64 * 0.06
+}
+
+/// The window median (ns) of `section` (an index of [`SECTIONS`]) of
+/// `host`'s rank `rank` in the exchange benches: each section's base
+/// time, jittered by 3%.
+pub fn median_ns(host: u32, rank: u32, section: usize) -> f64 {
+    let base = [40e6, 80e6, 10e6, 5e6][section];
+    base * jitter(u64::from(host) << 32 | u64::from(rank) << 8 | section as u64)
+}

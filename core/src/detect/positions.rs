@@ -181,9 +181,9 @@ impl Board {
     /// Forgets the peers not heard from for the ttl: at most every quarter
     /// ttl, unless the board is `full`. A sweep is O(hosts) and this runs on
     /// every peer's report, so sweeping each time made the collector's
-    /// interval O(N^2): at 1,024 hosts it was the largest single cost of
-    /// `ReportToAggregator` (docs/benchmarks.md, "over the network"). A
-    /// stale entry left until the next sweep is never read:
+    /// interval O(N^2): one of the two scans per report that made the
+    /// aggregator fall behind at 2,048 hosts (docs/benchmarks.md, "Over the
+    /// network"). A stale entry left until the next sweep is never read:
     /// [`Board::gather`] checks each one's age itself.
     fn forget_stale(&mut self, now: Instant, full: bool) {
         if !full
