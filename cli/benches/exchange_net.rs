@@ -14,8 +14,10 @@
 //! - every other host simulated in this process: its own certificate (its
 //!   name its identity), its own source address (127.1.x.y), its own TCP
 //!   connection and TLS session, sending the real `ReportToAggregator`
-//!   call with its report (8 ranks' sketches of 4 sections) to the host
-//!   its route names (`warden_core::detect::straggler::tree::route`). A
+//!   call with its report (8 ranks' sketches of 4 sections, their live
+//!   positions, and their loss and gradient norm at 2 new steps and the
+//!   last interval's 2) to the
+//!   host its route names (`warden_core::detect::straggler::tree::route`). A
 //!   simulated leader of the other groups sends its own report and its
 //!   members' (marked relayed) on its one connection, as a leader's relay
 //!   does; its own relay hop is the measured leader's.
@@ -31,7 +33,8 @@
 //! simulated hosts' TLS and encoding: it shares the machine's cores with
 //! the agents), and the connections at the aggregator. Every answer of
 //! the last interval must count every reporting host (the job-wide
-//! statistics cover the job), or the bench fails.
+//! statistics cover the job) and carry the job-wide SDC statistics of
+//! steps settled, or the bench fails.
 //!
 //! Run: `cargo bench -p warden-cli --bench exchange_net` (release);
 //! `WARDEN_EXCHANGE_NET_HOSTS=16,256,1024,2048`.
@@ -45,7 +48,7 @@ mod pki;
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpSocket;
@@ -53,6 +56,9 @@ use tokio::task::JoinSet;
 use tokio_rustls::rustls;
 use tonic::transport::{Channel, Endpoint, Uri};
 use warden_agent::exchange::wire::report_pb;
+use warden_core::detect::culprit::Position;
+use warden_core::detect::positions::JobPositions;
+use warden_core::detect::sdc::aggregate::{JobValues, RankValues, StepValue};
 use warden_core::detect::straggler::aggregate::{HostReport, JobPart};
 use warden_core::detect::straggler::sketch::Sketch;
 use warden_core::detect::straggler::tree;
@@ -71,8 +77,16 @@ fn name(i: usize) -> String {
     format!("host-{i:05}")
 }
 
-/// Host `i`'s report, as its agent encodes it.
-fn report(i: usize, relayed: bool) -> pb::AggregateReport {
+/// Steps each rank reports values for per interval.
+const STEPS_PER_INTERVAL: u64 = 2;
+
+/// Host `i`'s report in interval `at` of a job of `world` ranks (its
+/// ranks' global numbers from `ord`, its place among the hosts that
+/// report), as its
+/// agent encodes it: its ranks' sketches, where they stand (live
+/// positions, for the collector's hang verdict) and their loss and
+/// gradient norm at the steps not judged yet (SDC).
+fn report(i: usize, ord: u32, relayed: bool, at: u64, world: u32) -> pb::AggregateReport {
     let sections = SECTIONS
         .iter()
         .enumerate()
@@ -94,7 +108,55 @@ fn report(i: usize, relayed: bool) -> pb::AggregateReport {
             scores: Vec::new(),
         }],
     };
-    let mut pbr = report_pb(&r, &[], &[]);
+    // Global ranks by the host's place among those reporting.
+    let ranks = || (0..RANKS_PER_HOST).map(|r| ord * RANKS_PER_HOST + r);
+    // The steps of this interval, and those of the last one, which are not
+    // judged here yet: an agent sends a step's values until an answer
+    // brings the step's job-wide statistics, which is once every rank has
+    // given it, so after the last host's report of that interval.
+    let first = at.saturating_sub(1) * STEPS_PER_INTERVAL;
+    let end = (at + 1) * STEPS_PER_INTERVAL;
+    let positions = JobPositions {
+        job: JOB.into(),
+        world_size: world,
+        hang: false,
+        taken_at: SystemTime::now(),
+        pending: false,
+        ranks: ranks()
+            .map(|rank| Position {
+                host: name(i),
+                rank,
+                step: end,
+                section: "forward".into(),
+                stalled: false,
+                stalled_ms: 0,
+                process_state: String::new(),
+                groups: Vec::new(),
+            })
+            .collect(),
+    };
+    let values = JobValues {
+        job: JOB.into(),
+        active: RANKS_PER_HOST,
+        world,
+        ranks: ranks()
+            .map(|rank| RankValues {
+                rank,
+                generation: 1,
+                steps: (first..end)
+                    .map(|step| StepValue {
+                        step,
+                        values: [
+                            Some(2.5 * common::jitter(u64::from(rank) << 32 | step)),
+                            Some(1.0 * common::jitter(u64::from(rank) << 40 | step)),
+                        ],
+                        departs_own: [false, false],
+                    })
+                    .collect(),
+            })
+            .collect(),
+    };
+    let mut pbr = report_pb(&r, &[positions], &[values]);
     pbr.relayed = relayed;
     pbr
 }
@@ -145,11 +207,11 @@ fn channel(
         }))
 }
 
-/// One connection of a simulated host and the reports it sends on it
-/// each interval.
+/// One connection of a simulated host and whose reports it sends on it
+/// each interval: its own, and a simulated leader's members' (relayed).
 struct Sender {
     client: PeerClient<Channel>,
-    reports: Vec<pb::AggregateReport>,
+    hosts: Vec<(usize, u32, bool)>,
 }
 
 /// The sum of `pid`'s threads' on-CPU time.
@@ -251,14 +313,28 @@ struct Row {
     bench_cpu: Duration,
 }
 
-/// Sends every sender's reports at once; each call's latency, and the
-/// hosts the job-wide statistics of each answer cover.
-async fn interval(senders: &[Sender]) -> (Duration, Vec<Duration>, Vec<u32>) {
+/// Sends every sender's reports of interval `at` at once; each call's
+/// latency, and per answer the hosts its job-wide statistics cover and
+/// the settled SDC steps it carries.
+async fn interval(
+    senders: &[Sender],
+    at: u64,
+    world: u32,
+) -> (Duration, Vec<Duration>, Vec<(u32, usize)>) {
+    let reports: Vec<Vec<pb::AggregateReport>> = senders
+        .iter()
+        .map(|s| {
+            s.hosts
+                .iter()
+                .map(|&(i, ord, relayed)| report(i, ord, relayed, at, world))
+                .collect()
+        })
+        .collect();
     let started = Instant::now();
     let mut set = JoinSet::new();
-    for s in senders {
-        for r in &s.reports {
-            let (mut c, r) = (s.client.clone(), r.clone());
+    for (s, rs) in senders.iter().zip(reports) {
+        for r in rs {
+            let mut c = s.client.clone();
             set.spawn(async move {
                 let t = Instant::now();
                 let a = c
@@ -266,7 +342,13 @@ async fn interval(senders: &[Sender]) -> (Duration, Vec<Duration>, Vec<u32>) {
                     .await
                     .unwrap_or_else(|e| panic!("ReportToAggregator: {e}"))
                     .into_inner();
-                (t.elapsed(), a.jobs.first().map_or(0, |j| j.hosts))
+                // The job-wide statistics' host count, and the job-wide
+                // SDC statistics of steps settled (0: none came back).
+                let settled = a.values.first().map_or(0, |v| v.steps.len());
+                (
+                    t.elapsed(),
+                    (a.jobs.first().map_or(0, |j| j.hosts), settled),
+                )
             });
         }
     }
@@ -312,10 +394,12 @@ async fn measure(n: usize, use_tree: bool) -> Row {
     let mut senders: Vec<Sender> = Vec::new();
     let mut relayed_by: std::collections::HashMap<usize, Vec<usize>> = Default::default();
     let mut reporting = 0u32;
+    let mut ord: std::collections::HashMap<usize, u32> = Default::default();
     for i in 1..n {
         if with_leader && i == k {
             continue; // the real leader: it has no ranks of its own
         }
+        ord.insert(i, reporting);
         reporting += 1;
         let first = tree::route(n, Some(i), k).next().unwrap();
         if first != 0 && !(with_leader && first == k) {
@@ -335,13 +419,13 @@ async fn measure(n: usize, use_tree: bool) -> Row {
         };
         let node = ca.node(&name(i));
         let cfg = Arc::new(ca.client_config(Some(&node)));
-        let mut reports = vec![report(i, false)];
+        let mut hosts = vec![(i, ord[&i], false)];
         for m in relayed_by.get(&i).into_iter().flatten() {
-            reports.push(report(*m, true));
+            hosts.push((*m, ord[m], true));
         }
         senders.push(Sender {
             client: PeerClient::new(channel(source(i), dst.parse().unwrap(), server, cfg)),
-            reports,
+            hosts,
         });
     }
     let agg_conns = (1..n)
@@ -354,7 +438,8 @@ async fn measure(n: usize, use_tree: bool) -> Row {
         rss_kb(agg.pid()) as i64,
         leader.as_ref().map(|l| rss_kb(l.pid()) as i64),
     );
-    let (first, _, _) = interval(&senders).await;
+    let world = reporting * RANKS_PER_HOST;
+    let (first, _, _) = interval(&senders, 0, world).await;
     let (agg_rss1, leader_rss1) = (
         rss_kb(agg.pid()) as i64,
         leader.as_ref().map(|l| rss_kb(l.pid()) as i64),
@@ -367,8 +452,8 @@ async fn measure(n: usize, use_tree: bool) -> Row {
     let mut walls = Vec::new();
     let mut lat = Vec::new();
     let mut last = Vec::new();
-    for _ in 0..INTERVALS {
-        let (w, l, h) = interval(&senders).await;
+    for at in 1..=INTERVALS as u64 {
+        let (w, l, h) = interval(&senders, at, world).await;
         walls.push(w);
         lat.extend(l);
         last = h;
@@ -380,12 +465,16 @@ async fn measure(n: usize, use_tree: bool) -> Row {
         .map(|(l, c0)| (cpu(l.pid()) - c0) / INTERVALS as u32);
     let bench_cpu = (self_cpu() - bench0) / INTERVALS as u32;
     assert!(
-        last.iter().all(|h| *h == reporting),
+        last.iter().all(|(h, _)| *h == reporting),
         "every answer counts all {reporting} reporting hosts: {:?}",
         last.iter()
-            .filter(|h| **h != reporting)
+            .filter(|(h, _)| *h != reporting)
             .take(5)
             .collect::<Vec<_>>()
+    );
+    assert!(
+        last.iter().all(|(_, settled)| *settled > 0),
+        "every answer of the last interval carries job-wide SDC statistics of settled steps"
     );
     walls.sort();
     lat.sort();
