@@ -34,43 +34,16 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{SECTIONS, median_ns};
+use common::{RANKS_PER_HOST, SECTIONS, host_report, median_ns};
 use prost::Message;
 use warden_agent::exchange::aggregate::Here;
 use warden_agent::exchange::legacy::{batch_from_pb, batch_pb};
 use warden_agent::exchange::wire::{answer_pb, report_from_pb, report_pb};
 use warden_core::detect::positions::Board;
-use warden_core::detect::straggler::aggregate::{Aggregator, HostReport, JobPart};
+use warden_core::detect::straggler::aggregate::Aggregator;
 use warden_core::detect::straggler::score::SectionMedian;
-use warden_core::detect::straggler::sketch::Sketch;
 use warden_core::detect::straggler::tree;
 use warden_core::detect::straggler::{Batch, StragglerConfig, Stragglers, Summary};
-
-const RANKS_PER_HOST: u32 = 8;
-
-fn report_of(host: u32) -> HostReport {
-    let sections = SECTIONS
-        .iter()
-        .enumerate()
-        .map(|(i, name)| {
-            let mut sk = Sketch::default();
-            for r in 0..RANKS_PER_HOST {
-                sk.add(median_ns(host, r, i));
-            }
-            ((*name).to_owned(), sk)
-        })
-        .collect();
-    HostReport {
-        host: format!("host-{host:05}"),
-        relative_threshold: 1.1,
-        z_threshold: 3.0,
-        jobs: vec![JobPart {
-            job: "llm".into(),
-            sections,
-            scores: Vec::new(),
-        }],
-    }
-}
 
 fn batch_of(host: u32) -> Batch {
     Batch {
@@ -156,7 +129,7 @@ fn measure(n: u32, all_to_all: bool) -> Row {
     // The aggregator: every host's report on the wire, decoded, merged,
     // answered (the answer encoded: what goes back on the wire).
     let wire: Vec<Vec<u8>> = (0..n)
-        .map(|h| report_pb(&report_of(h), &[], &[]).encode_to_vec())
+        .map(|h| report_pb(&host_report(h), &[], &[]).encode_to_vec())
         .collect();
     let report_bytes = wire.iter().map(Vec::len).max().unwrap_or(0);
     let mut agg = Aggregator::new(Duration::from_secs(30));

@@ -59,15 +59,12 @@ use warden_agent::exchange::wire::report_pb;
 use warden_core::detect::culprit::Position;
 use warden_core::detect::positions::JobPositions;
 use warden_core::detect::sdc::aggregate::{JobValues, RankValues, StepValue};
-use warden_core::detect::straggler::aggregate::{HostReport, JobPart};
-use warden_core::detect::straggler::sketch::Sketch;
 use warden_core::detect::straggler::tree;
 use warden_proto::v1 as pb;
 use warden_proto::v1::peer_client::PeerClient;
 
-use common::{Agent, SECTIONS, median_ns};
+use common::{Agent, RANKS_PER_HOST};
 
-const RANKS_PER_HOST: u32 = 8;
 const INTERVALS: usize = 10;
 const JOB: &str = "llm";
 const AGGREGATOR: &str = "agg-000";
@@ -82,32 +79,11 @@ const STEPS_PER_INTERVAL: u64 = 2;
 
 /// Host `i`'s report in interval `at` of a job of `world` ranks (its
 /// ranks' global numbers from `ord`, its place among the hosts that
-/// report), as its
-/// agent encodes it: its ranks' sketches, where they stand (live
+/// report), as its agent encodes it: its ranks' sketches, where they stand (live
 /// positions, for the collector's hang verdict) and their loss and
 /// gradient norm at the steps not judged yet (SDC).
 fn report(i: usize, ord: u32, relayed: bool, at: u64, world: u32) -> pb::AggregateReport {
-    let sections = SECTIONS
-        .iter()
-        .enumerate()
-        .map(|(s, section)| {
-            let mut sk = Sketch::default();
-            for r in 0..RANKS_PER_HOST {
-                sk.add(median_ns(i as u32, r, s));
-            }
-            ((*section).to_owned(), sk)
-        })
-        .collect();
-    let r = HostReport {
-        host: name(i),
-        relative_threshold: 1.1,
-        z_threshold: 3.0,
-        jobs: vec![JobPart {
-            job: JOB.into(),
-            sections,
-            scores: Vec::new(),
-        }],
-    };
+    let r = common::host_report(i as u32);
     // Global ranks by the host's place among those reporting.
     let ranks = || (0..RANKS_PER_HOST).map(|r| ord * RANKS_PER_HOST + r);
     // The steps of this interval, and those of the last one, which are not

@@ -84,6 +84,9 @@ pub async fn connect(path: &Path) -> AgentClient<Channel> {
     AgentClient::new(ch)
 }
 
+/// Ranks per simulated host in the exchange benches.
+pub const RANKS_PER_HOST: u32 = 8;
+
 /// The compute sections of the exchange benches' simulated ranks.
 pub const SECTIONS: [&str; 4] = ["forward", "backward", "optimizer", "data"];
 
@@ -102,4 +105,31 @@ pub fn jitter(h: u64) -> f64 {
 pub fn median_ns(host: u32, rank: u32, section: usize) -> f64 {
     let base = [40e6, 80e6, 10e6, 5e6][section];
     base * jitter(u64::from(host) << 32 | u64::from(rank) << 8 | section as u64)
+}
+
+/// Simulated host `host`'s part of job `llm` as its agent reports it to
+/// the aggregator: a sketch per section of its ranks' window medians.
+pub fn host_report(host: u32) -> warden_core::detect::straggler::aggregate::HostReport {
+    use warden_core::detect::straggler::aggregate::{HostReport, JobPart};
+    let sections = SECTIONS
+        .iter()
+        .enumerate()
+        .map(|(i, name)| {
+            let mut sk = warden_core::detect::straggler::sketch::Sketch::default();
+            for r in 0..RANKS_PER_HOST {
+                sk.add(median_ns(host, r, i));
+            }
+            ((*name).to_owned(), sk)
+        })
+        .collect();
+    HostReport {
+        host: format!("host-{host:05}"),
+        relative_threshold: 1.1,
+        z_threshold: 3.0,
+        jobs: vec![JobPart {
+            job: "llm".into(),
+            sections,
+            scores: Vec::new(),
+        }],
+    }
 }
