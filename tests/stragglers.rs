@@ -546,6 +546,16 @@ async fn a_group_leader_relays_its_members_reports_and_their_loss_moves_the_rout
         relays(&c, "ok").await >= 1.0,
         "host-c, group 1's leader, relayed host-d's reports to host-a"
     );
+    // In batches (straggler.relay_batch_window, 100 ms by default): one
+    // ReportBatchToAggregator per window.
+    let (s, text) = scrape(&c).await;
+    let batches: f64 = s
+        .samples
+        .iter()
+        .filter(|x| x.metric == "warden_straggler_relay_batch_reports_count")
+        .map(|x| common::number(&x.value))
+        .sum();
+    assert!(batches >= 1.0, "host-c sent no batch: {text}");
     for (name, agent) in [("host-a", &a), ("host-b", &b), ("host-d", &d)] {
         assert_eq!(
             relays(agent, "ok").await + relays(agent, "here").await,
@@ -562,4 +572,144 @@ async fn a_group_leader_relays_its_members_reports_and_their_loss_moves_the_rout
     drop(a);
     let s = flagged_against(&d, "j4", 7, 4).await;
     assert_eq!(s.host, "host-d", "{s:?}");
+}
+
+/// A report as a member's agent sends it: one job's sketch of one section.
+fn member_report(host: &str, job: &str) -> pb::AggregateReport {
+    pb::AggregateReport {
+        host: host.into(),
+        relative_threshold: 1.06,
+        z_threshold: 4.0,
+        jobs: vec![pb::JobSketches {
+            job_id: job.into(),
+            sections: vec![pb::SectionSketch {
+                section: "forward".into(),
+                keys: vec![4000],
+                counts: vec![2],
+            }],
+            scores: Vec::new(),
+        }],
+        ..Default::default()
+    }
+}
+
+/// Issue 30: a group leader passes its members' reports on in one
+/// `ReportBatchToAggregator`. The aggregator takes each report as a
+/// relayed one and answers it in its own item: a report refused alone
+/// (malformed, the aggregator's own name, a host not of the job) gets its
+/// status and the others are taken all the same. A caller that is no peer
+/// of the job may not relay at all, and a batch past 4,096 reports is
+/// refused whole, naming the limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_of_relayed_reports_is_answered_report_by_report() {
+    let addr = format!("127.0.0.2:{}", free_port("127.0.0.2"));
+    let agg = TestAgent::start(&format!(
+        "{}[api]\ntcp = \"{addr}\"\n{}{STRAGGLER_TOML}",
+        base("host-a"),
+        common::pki::api_keys("host-a")
+    ));
+    // The job's hosts as its launchers hand them over: host-a the
+    // aggregator, host-b a group leader, host-c its member.
+    let peers = ["host-a", "host-b", "host-c"]
+        .iter()
+        .enumerate()
+        .map(|(i, h)| pb::CheckpointPeer {
+            addr: if i == 0 {
+                addr.clone()
+            } else {
+                format!("127.0.0.{}:7070", i + 2)
+            },
+            domain: String::new(),
+            host: (*h).into(),
+            identity: (*h).into(),
+        })
+        .collect();
+    agg.client()
+        .await
+        .set_checkpoint_peers(pb::SetCheckpointPeersRequest {
+            job_id: "jb".into(),
+            peers,
+            ..Default::default()
+        })
+        .await
+        .expect("SetCheckpointPeers");
+    let ca = common::pki::cluster();
+    let as_host = |name: &str| {
+        common::pki::peer_client(&addr, "host-a", ca.client_config(Some(&ca.node(name))))
+    };
+
+    let mut leader = as_host("host-b");
+    let mut empty = member_report("", "jb");
+    empty.jobs.clear();
+    let batch = vec![
+        member_report("host-c", "jb"),
+        member_report("host-z", "jb"),
+        empty,
+        member_report("host-a", "jb"),
+        member_report("host-b", "jb"),
+    ];
+    let items = leader
+        .report_batch_to_aggregator(pb::AggregateBatch { reports: batch })
+        .await
+        .expect("ReportBatchToAggregator")
+        .into_inner()
+        .items;
+    let outcome: Vec<Result<u32, (tonic::Code, String)>> = items
+        .into_iter()
+        .map(|i| match i.outcome.expect("an outcome per report") {
+            pb::aggregate_batch_item::Outcome::Answer(a) => Ok(a.jobs[0].hosts),
+            pb::aggregate_batch_item::Outcome::Error(e) => {
+                Err((tonic::Code::from_i32(e.code), e.message))
+            }
+        })
+        .collect();
+    assert_eq!(outcome.len(), 5, "{outcome:?}");
+    assert_eq!(outcome[0], Ok(1), "host-c's report taken: {outcome:?}");
+    let refused = |i: usize, code: tonic::Code, says: &str| {
+        let Err((c, m)) = &outcome[i] else {
+            panic!("report {i} was taken: {outcome:?}")
+        };
+        assert_eq!(*c, code, "report {i}: {m}");
+        assert!(m.contains(says), "report {i}: {m}");
+    };
+    refused(1, tonic::Code::PermissionDenied, "relay-for-member");
+    refused(2, tonic::Code::InvalidArgument, "host");
+    refused(3, tonic::Code::FailedPrecondition, "own name");
+    // Taken after the refusals: the job-wide statistics count both hosts.
+    assert_eq!(outcome[4], Ok(2), "host-b's report taken: {outcome:?}");
+
+    // A CA-signed agent that is no peer of the job may not relay.
+    let err = as_host("host-q")
+        .report_batch_to_aggregator(pb::AggregateBatch {
+            reports: vec![member_report("host-c", "jb")],
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::PermissionDenied, "{err:?}");
+    assert!(err.message().contains("relay-from-peer"), "{err:?}");
+    // Past the limit, refused whole and named.
+    let err = leader
+        .report_batch_to_aggregator(pb::AggregateBatch {
+            reports: vec![pb::AggregateReport::default(); 4097],
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::ResourceExhausted, "{err:?}");
+    assert!(err.message().contains("4096"), "{err:?}");
+    // The agent is up and still takes a report.
+    let items = leader
+        .report_batch_to_aggregator(pb::AggregateBatch {
+            reports: vec![member_report("host-c", "jb")],
+        })
+        .await
+        .expect("ReportBatchToAggregator after the refusals")
+        .into_inner()
+        .items;
+    assert!(
+        matches!(
+            items[0].outcome,
+            Some(pb::aggregate_batch_item::Outcome::Answer(_))
+        ),
+        "{items:?}"
+    );
 }

@@ -22,6 +22,12 @@
 //!   members' (marked relayed) on its one connection, as a leader's relay
 //!   does; its own relay hop is the measured leader's.
 //!
+//! Set-ups per N: one aggregator; the tree with each relayed report passed
+//! on alone (`straggler.relay_batch_window = 0`); and the tree with the
+//! leaders' batches (`ReportBatchToAggregator`): the real leader's window
+//! 100 ms, the simulated leaders' batches of each size in
+//! `WARDEN_EXCHANGE_NET_BATCH` (default `0,8`; 0: a whole group).
+//!
 //! Every host reports at once (the burst a shared interval start would
 //! make; real hosts spread over the 2 s interval), 10 intervals back to
 //! back after one that opens the connections. Per N and set-up it
@@ -37,7 +43,8 @@
 //! steps settled, or the bench fails.
 //!
 //! Run: `cargo bench -p warden-cli --bench exchange_net` (release);
-//! `WARDEN_EXCHANGE_NET_HOSTS=16,256,1024,2048`.
+//! `WARDEN_EXCHANGE_NET_HOSTS=16,256,1024,2048`,
+//! `WARDEN_EXCHANGE_NET_BATCH=0,8`.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
@@ -188,6 +195,8 @@ fn channel(
 struct Sender {
     client: PeerClient<Channel>,
     hosts: Vec<(usize, u32, bool)>,
+    /// Members' reports per `ReportBatchToAggregator` (0: each alone).
+    batch: usize,
 }
 
 /// The sum of `pid`'s threads' on-CPU time.
@@ -217,7 +226,7 @@ fn rss_kb(pid: u32) -> u64 {
         .unwrap_or(0)
 }
 
-fn start_agent(host: &str, tcp: &str, k: usize) -> Agent {
+fn start_agent(host: &str, tcp: &str, k: usize, window: &str) -> Agent {
     let node = pki::cluster().node(host);
     let dir = tempfile::Builder::new()
         .prefix("warden-exnet-")
@@ -232,7 +241,7 @@ fn start_agent(host: &str, tcp: &str, k: usize) -> Agent {
              [metrics]\nlisten = \"\"\n[log]\nlevel = \"warn\"\n\
              [nvml]\nenabled = false\n[kmsg]\nenabled = false\n[dcgm]\nenabled = false\n\
              [checkpoint]\ndir = \"{}\"\n\
-             [straggler]\naggregator_fan_out = {k}\n",
+             [straggler]\naggregator_fan_out = {k}\nrelay_batch_window = \"{window}\"\n",
             state.display(),
             socket.display(),
             node.api_keys(),
@@ -275,7 +284,7 @@ fn free(ip: &str) -> u16 {
 
 struct Row {
     hosts: usize,
-    tree: bool,
+    setup: Setup,
     k: usize,
     connections: usize,
     first: Duration,
@@ -308,8 +317,21 @@ async fn interval(
         .collect();
     let started = Instant::now();
     let mut set = JoinSet::new();
+    // Per answer: the job-wide statistics' host count, and the job-wide
+    // SDC statistics of steps settled (0: none came back).
+    let seen = |a: &pb::AggregateAnswer| {
+        (
+            a.jobs.first().map_or(0, |j| j.hosts),
+            a.values.first().map_or(0, |v| v.steps.len()),
+        )
+    };
     for (s, rs) in senders.iter().zip(reports) {
-        for r in rs {
+        let (alone, members): (Vec<_>, Vec<_>) = if s.batch == 0 {
+            (rs, Vec::new())
+        } else {
+            rs.into_iter().partition(|r| !r.relayed)
+        };
+        for r in alone {
             let mut c = s.client.clone();
             set.spawn(async move {
                 let t = Instant::now();
@@ -318,13 +340,28 @@ async fn interval(
                     .await
                     .unwrap_or_else(|e| panic!("ReportToAggregator: {e}"))
                     .into_inner();
-                // The job-wide statistics' host count, and the job-wide
-                // SDC statistics of steps settled (0: none came back).
-                let settled = a.values.first().map_or(0, |v| v.steps.len());
-                (
-                    t.elapsed(),
-                    (a.jobs.first().map_or(0, |j| j.hosts), settled),
-                )
+                (t.elapsed(), vec![seen(&a)])
+            });
+        }
+        for chunk in members.chunks(s.batch.max(1)) {
+            let mut c = s.client.clone();
+            let reports = chunk.to_vec();
+            set.spawn(async move {
+                let t = Instant::now();
+                let items = c
+                    .report_batch_to_aggregator(pb::AggregateBatch { reports })
+                    .await
+                    .unwrap_or_else(|e| panic!("ReportBatchToAggregator: {e}"))
+                    .into_inner()
+                    .items;
+                let answers = items
+                    .iter()
+                    .map(|i| match &i.outcome {
+                        Some(pb::aggregate_batch_item::Outcome::Answer(a)) => seen(a),
+                        other => panic!("a relayed report refused: {other:?}"),
+                    })
+                    .collect();
+                (t.elapsed(), answers)
             });
         }
     }
@@ -333,7 +370,7 @@ async fn interval(
     while let Some(r) = set.join_next().await {
         let (l, h) = r.unwrap();
         lat.push(l);
-        hosts.push(h);
+        hosts.extend(h);
     }
     (started.elapsed(), lat, hosts)
 }
@@ -342,7 +379,40 @@ fn self_cpu() -> Duration {
     cpu(std::process::id())
 }
 
-async fn measure(n: usize, use_tree: bool) -> Row {
+/// How the job's reports reach the aggregator.
+#[derive(Debug, Clone, Copy)]
+enum Setup {
+    /// Every host reports to the aggregator itself.
+    One,
+    /// The two-level tree, each relayed report passed on alone
+    /// (`straggler.relay_batch_window = 0`).
+    Tree,
+    /// The tree, a leader's members' reports passed on in batches
+    /// (`ReportBatchToAggregator`): the real leader's window 100 ms (its
+    /// members all report within it here), a simulated leader's batches of
+    /// this many (0: its whole group; fewer stand for members spread over
+    /// the interval, each window catching a few).
+    Batched(usize),
+}
+
+impl std::fmt::Display for Setup {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Setup::One => write!(f, "one aggregator"),
+            Setup::Tree => write!(f, "tree, each relayed alone"),
+            Setup::Batched(0) => write!(f, "tree, batches of a group"),
+            Setup::Batched(b) => write!(f, "tree, batches of {b}"),
+        }
+    }
+}
+
+async fn measure(n: usize, setup: Setup) -> Row {
+    let use_tree = !matches!(setup, Setup::One);
+    let (window, batch) = match setup {
+        Setup::Batched(0) => ("100ms", usize::MAX),
+        Setup::Batched(b) => ("100ms", b),
+        _ => ("0s", 0),
+    };
     let k = if use_tree { tree::fan_out(n, 0) } else { n };
     // The leader exists where the tree has a group 1.
     let with_leader = use_tree && n > k;
@@ -358,9 +428,11 @@ async fn measure(n: usize, use_tree: bool) -> Row {
             (listed(i, k, &agg_addr, leader_addr.as_deref()), who)
         })
         .collect();
-    let agg = start_agent(AGGREGATOR, &agg_addr, k);
+    let agg = start_agent(AGGREGATOR, &agg_addr, k, window);
     hand_over(&agg, &order).await;
-    let leader = leader_addr.as_ref().map(|a| start_agent(LEADER, a, k));
+    let leader = leader_addr
+        .as_ref()
+        .map(|a| start_agent(LEADER, a, k, window));
     if let Some(l) = &leader {
         hand_over(l, &order).await;
     }
@@ -402,6 +474,7 @@ async fn measure(n: usize, use_tree: bool) -> Row {
         senders.push(Sender {
             client: PeerClient::new(channel(source(i), dst.parse().unwrap(), server, cfg)),
             hosts,
+            batch,
         });
     }
     let agg_conns = (1..n)
@@ -458,7 +531,7 @@ async fn measure(n: usize, use_tree: bool) -> Row {
     drop(senders);
     Row {
         hosts: n,
-        tree: use_tree,
+        setup,
         k,
         connections: agg_conns,
         first,
@@ -483,6 +556,16 @@ fn main() {
         .split(',')
         .filter_map(|s| s.trim().parse().ok())
         .collect();
+    // WARDEN_EXCHANGE_NET_BATCH: the simulated leaders' batch sizes, each
+    // a set-up (0: a whole group); empty: no batched set-up.
+    let mut setups = vec![Setup::One, Setup::Tree];
+    setups.extend(
+        std::env::var("WARDEN_EXCHANGE_NET_BATCH")
+            .unwrap_or_else(|_| "0,8".into())
+            .split(',')
+            .filter_map(|s| s.trim().parse().ok())
+            .map(Setup::Batched),
+    );
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -492,12 +575,12 @@ fn main() {
     );
     println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
     for n in hosts {
-        for use_tree in [false, true] {
-            let r = rt.block_on(measure(n, use_tree));
+        for setup in setups.iter().copied() {
+            let r = rt.block_on(measure(n, setup));
             println!(
                 "| {} | {} ({}) | {} | {} | {} | {} | {} | {} | {} | {} KB | {} | {} |",
                 r.hosts,
-                if r.tree { "tree" } else { "one aggregator" },
+                r.setup,
                 r.k,
                 r.connections,
                 ms(r.first),

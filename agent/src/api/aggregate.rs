@@ -7,7 +7,11 @@
 //! two-level tree: [`crate::exchange::relay`]) or hands it to the
 //! aggregator's use case ([`crate::exchange::aggregate`]) and maps its
 //! answer; a report
-//! past a limit is RESOURCE_EXHAUSTED naming the limit. The reporting task
+//! past a limit is RESOURCE_EXHAUSTED naming the limit. A leader relays
+//! through its batches ([`crate::exchange::batch`]) unless
+//! `straggler.relay_batch_window` is 0. `ReportBatchToAggregator`, a
+//! leader's batch, is taken here report by report, each as a relayed
+//! `ReportToAggregator` and answered in its own item. The reporting task
 //! is `exchange::report`.
 
 use std::net::SocketAddr;
@@ -18,7 +22,8 @@ use warden_proto::v1 as pb;
 
 use super::peer_auth::Caller;
 use crate::exchange::aggregate::aggregate_here;
-use crate::exchange::relay::{RelayError, relay};
+use crate::exchange::batch::Batches;
+use crate::exchange::relay::{Decoded, RelayError, relay};
 use crate::exchange::wire::{answer_pb, report_from_pb};
 use crate::state::AgentState;
 
@@ -29,12 +34,7 @@ pub async fn report_to_aggregator(
     remote: Option<SocketAddr>,
     req: pb::AggregateReport,
 ) -> Result<pb::AggregateAnswer, Status> {
-    if !state.config.straggler.enabled {
-        return Err(Status::failed_precondition(format!(
-            "straggler detection is off on {} (straggler.enabled = false)",
-            state.host
-        )));
-    }
+    detector_on(state)?;
     let relayed = req.relayed;
     // A report from a member of this agent's group goes on to the
     // aggregator (a relayed one never again). Every job of one report has
@@ -44,10 +44,113 @@ pub async fn report_to_aggregator(
     } else {
         first_job(&req).and_then(|job| {
             let skip_for = state.config.straggler.exchange_interval * 3;
-            state.exchange.routes.relay_plan(job, skip_for)
+            state
+                .exchange
+                .routes
+                .relay_plan(job, skip_for)
+                .map(|plan| (job.to_owned(), plan))
         })
     };
     let forward = relay_plan.as_ref().map(|_| req.clone());
+    let known = known(state, caller, remote);
+    if relayed {
+        super::peer_auth::relay(caller, known)?;
+    }
+    let decoded = admit(state, caller, known, req)?;
+    if let (Some((job, plan)), Some(forward)) = (relay_plan, forward) {
+        let wait = state.config.straggler.relay_batch_wait();
+        let limit = state.config.straggler.peer_timeout;
+        let relayed = if wait.is_zero() {
+            relay(&state.exchange, plan, forward, decoded, limit).await
+        } else {
+            Batches::submit(&state.exchange, job, plan, forward, decoded).await
+        };
+        return relayed.map_err(|e| match e {
+            RelayError::Refused(e) => Status::resource_exhausted(format!("aggregate report: {e}")),
+            RelayError::NoneAnswered(e) => Status::aborted(e),
+            RelayError::Aggregator { code, message } => {
+                Status::new(tonic::Code::from_i32(code), message)
+            }
+        });
+    }
+    take(state, decoded)
+}
+
+/// Serves `ReportBatchToAggregator`: a group leader's members' reports in
+/// one call, each taken as a relayed `ReportToAggregator` and answered in
+/// its own item (a report refused alone does not refuse the others).
+pub async fn report_batch_to_aggregator(
+    state: &Arc<AgentState>,
+    caller: &Caller,
+    remote: Option<SocketAddr>,
+    req: pb::AggregateBatch,
+) -> Result<pb::AggregateBatchAnswer, Status> {
+    detector_on(state)?;
+    if req.reports.len() > MAX_BATCH {
+        return Err(Status::resource_exhausted(format!(
+            "aggregate batch: {} reports, more than the {MAX_BATCH} one call may carry",
+            req.reports.len()
+        )));
+    }
+    let known = known(state, caller, remote);
+    super::peer_auth::relay(caller, known)?;
+    let items = req
+        .reports
+        .into_iter()
+        .map(|mut report| {
+            report.relayed = true;
+            let outcome = admit(state, caller, known, report).and_then(|d| take(state, d));
+            pb::AggregateBatchItem {
+                outcome: Some(match outcome {
+                    Ok(answer) => pb::aggregate_batch_item::Outcome::Answer(answer),
+                    Err(s) => pb::aggregate_batch_item::Outcome::Error(pb::BatchItemError {
+                        code: s.code() as i32,
+                        message: s.message().to_owned(),
+                    }),
+                }),
+            }
+        })
+        .collect();
+    Ok(pb::AggregateBatchAnswer { items })
+}
+
+/// The most reports one `ReportBatchToAggregator` may carry (a leader's
+/// group is at most the square root of the job's hosts by default; a
+/// larger `straggler.aggregator_fan_out` is cut into several batches).
+pub const MAX_BATCH: usize = crate::exchange::batch::MAX_BATCH;
+
+/// FAILED_PRECONDITION where the detector is off.
+fn detector_on(state: &AgentState) -> Result<(), Status> {
+    if state.config.straggler.enabled {
+        return Ok(());
+    }
+    Err(Status::failed_precondition(format!(
+        "straggler detection is off on {} (straggler.enabled = false)",
+        state.host
+    )))
+}
+
+/// Whether the caller is a peer this agent takes reports from: one it
+/// dialed or a job's checkpoint peer, or with `straggler.peers` set any
+/// agent the cluster CA signed.
+fn known(state: &AgentState, caller: &Caller, remote: Option<SocketAddr>) -> bool {
+    super::stragglers::known_peer(state, caller)
+        || (caller.identity().is_some()
+            && from_configured_peer(&state.config.straggler.peers, remote))
+}
+
+/// Decodes `req` (INVALID_ARGUMENT naming the field) and authorizes it:
+/// not this agent's own name; its host the caller's own, or, relayed, a
+/// member of each job it names (the caller's relaying itself is checked
+/// once per call by [`super::peer_auth::relay`]); the caller a member of
+/// each job it names, where this agent was handed the job's members.
+fn admit(
+    state: &AgentState,
+    caller: &Caller,
+    known: bool,
+    req: pb::AggregateReport,
+) -> Result<Decoded, Status> {
+    let relayed = req.relayed;
     let (report, positions, values) = report_from_pb(req)
         .map_err(|e| Status::invalid_argument(format!("aggregate report: {e}")))?;
     if report.host == state.host {
@@ -57,12 +160,7 @@ pub async fn report_to_aggregator(
             report.host
         )));
     }
-    let known = super::stragglers::known_peer(state, caller)
-        || (caller.identity().is_some()
-            && from_configured_peer(&state.config.straggler.peers, remote));
-    if relayed {
-        super::peer_auth::relay(caller, known)?;
-    } else {
+    if !relayed {
         super::peer_auth::straggler(caller, &report.host, known)?;
     }
     // A peer speaks only for jobs it is a member of, where this agent
@@ -86,21 +184,15 @@ pub async fn report_to_aggregator(
             }
         }
     }
-    if let (Some(plan), Some(forward)) = (relay_plan, forward) {
-        let limit = state.config.straggler.peer_timeout;
-        return relay(
-            &state.exchange,
-            plan,
-            forward,
-            (report, positions, values),
-            limit,
-        )
-        .await
-        .map_err(|e| match e {
-            RelayError::Refused(e) => Status::resource_exhausted(format!("aggregate report: {e}")),
-            RelayError::NoneAnswered(e) => Status::aborted(e),
-        });
-    }
+    Ok((report, positions, values))
+}
+
+/// Aggregates an admitted report here and answers it (a limit passed:
+/// RESOURCE_EXHAUSTED naming it).
+fn take(
+    state: &AgentState,
+    (report, positions, values): Decoded,
+) -> Result<pb::AggregateAnswer, Status> {
     let here = aggregate_here(&state.exchange, report, positions, values)
         .map_err(|e| Status::resource_exhausted(format!("aggregate report: {e}")))?;
     Ok(answer_pb(&state.host, &here))

@@ -84,6 +84,20 @@ impl Peer for PeerService {
         .await
     }
 
+    async fn report_batch_to_aggregator(
+        &self,
+        req: Request<pb::AggregateBatch>,
+    ) -> Result<Response<pb::AggregateBatchAnswer>, Status> {
+        serve(
+            "ReportBatchToAggregator",
+            req,
+            |caller, remote, r| async move {
+                super::aggregate::report_batch_to_aggregator(&self.state, &caller, remote, r).await
+            },
+        )
+        .await
+    }
+
     async fn push_shard(
         &self,
         req: Request<tonic::Streaming<pb::ShardChunk>>,

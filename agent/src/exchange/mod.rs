@@ -9,6 +9,8 @@
 //!   answer out), for a peer's report (through `api::aggregate`, which
 //!   decodes and authorizes) and for this host's own.
 //! - [`relay`]: a group leader passing a member's report on.
+//! - [`batch`]: a group leader passing its members' reports on in one call
+//!   per `straggler.relay_batch_window`.
 //! - [`routes`]: whom a host reports to and where a group leader relays
 //!   (the two-level tree), and what is known of each host on the way.
 //! - [`wire`], [`positions`]: the messages on the wire, checked both ways.
@@ -18,6 +20,7 @@
 //! [`Exchange`] is the stage's state and handles, handed over whole.
 
 pub mod aggregate;
+pub mod batch;
 pub mod capacity;
 pub mod legacy;
 pub mod positions;
@@ -58,6 +61,12 @@ pub struct Exchange {
     /// Whom this agent reports its jobs' part to and relays its group's
     /// reports to, and what is known of each.
     pub routes: routes::Routes,
+    /// A group leader's open batches of its members' reports.
+    pub batches: batch::Batches,
+    /// `straggler.relay_batch_wait()`: how long a batch stays open.
+    pub relay_batch_wait: Duration,
+    /// `straggler.peer_timeout`: the bound on passing a batch on.
+    pub relay_limit: Duration,
     /// Where every rank of the jobs stands (`hang::verdict`).
     pub hang_board: Arc<HangBoard>,
     /// The SDC detector's link to its jobs' aggregator (`ranks::peer_values`).

@@ -3,6 +3,8 @@
 //! leader's group in order, within one `straggler.peer_timeout` in all; the
 //! first answer is handed back. When every host before the group is down,
 //! the report is aggregated here ([`super::aggregate::aggregate_here`]).
+//! Used where `straggler.relay_batch_window` is 0, and for each report of a
+//! batch an older aggregator would not take whole ([`super::batch`]).
 //!
 //! In: the member's report, on the wire (it is passed on as it came, marked
 //! `relayed`) and decoded. Out: the answer, or [`RelayError`]. The edge
@@ -25,6 +27,14 @@ pub enum RelayError {
     /// No host answered: [`RELAY_FAILED`], with each host's failure. This
     /// leader is up, so its member keeps it as leader.
     NoneAnswered(String),
+    /// The aggregator took the batch but refused this report alone: its
+    /// status (a gRPC code) and message, handed back to the member as is.
+    Aggregator {
+        /// The gRPC status code.
+        code: i32,
+        /// The aggregator's message.
+        message: String,
+    },
 }
 
 /// A report as decoded: its straggler part, positions and values.

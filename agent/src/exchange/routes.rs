@@ -76,6 +76,20 @@ pub async fn call(
     }
 }
 
+/// Sends a group leader's `batch` of its members' reports through
+/// `client`, waiting at most `limit`.
+pub async fn call_batch(
+    client: &mut PeerClient<Channel>,
+    batch: pb::AggregateBatch,
+    limit: Duration,
+) -> Result<pb::AggregateBatchAnswer, CallFailed> {
+    match tokio::time::timeout(limit, client.report_batch_to_aggregator(batch)).await {
+        Ok(Ok(answer)) => Ok(answer.into_inner()),
+        Ok(Err(s)) => Err(CallFailed::Refused(s)),
+        Err(_) => Err(CallFailed::Silent(limit)),
+    }
+}
+
 /// One host to try, in order.
 #[derive(Debug, Clone)]
 pub struct Hop {

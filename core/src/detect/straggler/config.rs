@@ -95,6 +95,15 @@ pub struct StragglerConfig {
     /// [`AUTO_MIN_FAN_OUT`] (a job of up to that many hosts has one group:
     /// every host reports to the aggregator itself).
     pub aggregator_fan_out: u32,
+    /// How long a group leader holds its members' reports before it passes
+    /// them on to the aggregator in one call (`ReportBatchToAggregator`):
+    /// the aggregator then answers one call per batch, not one per member.
+    /// The wait adds to each member's answer; 0 passes every report on
+    /// alone. At most 1 s; a leader waits at most half of `peer_timeout`
+    /// ([`Self::relay_batch_wait`]), so a member's call (twice
+    /// `peer_timeout` through a leader) holds the wait and the relay.
+    #[serde(with = "duration")]
+    pub relay_batch_window: Duration,
 }
 
 /// The least group size [`StragglerConfig::aggregator_fan_out`] = 0
@@ -148,11 +157,18 @@ impl Default for StragglerConfig {
             peer_timeout: Duration::from_secs(1),
             summary_ttl: Duration::from_secs(30),
             aggregator_fan_out: 0,
+            relay_batch_window: Duration::from_millis(100),
         }
     }
 }
 
 impl StragglerConfig {
+    /// How long a group leader holds its members' reports:
+    /// `relay_batch_window`, at most half of `peer_timeout`.
+    pub fn relay_batch_wait(&self) -> Duration {
+        self.relay_batch_window.min(self.peer_timeout / 2)
+    }
+
     /// Checks values that parse but make no sense; the error names the key.
     pub fn validate(&self, origin: &str) -> Result<(), ConfigError> {
         let invalid = ConfigError::invalid_in(origin);
@@ -293,6 +309,13 @@ impl StragglerConfig {
                 ),
             ));
         }
+        if self.relay_batch_window > Duration::from_secs(1) {
+            return Err(invalid(
+                "straggler.relay_batch_window",
+                show(self.relay_batch_window),
+                "must be at most 1s (0: a leader passes each report on alone)",
+            ));
+        }
         Ok(())
     }
 }
@@ -309,7 +332,7 @@ mod tests {
     #[test]
     fn bad_values_name_their_key() {
         type Case = (&'static str, fn(&mut StragglerConfig));
-        let cases: [Case; 8] = [
+        let cases: [Case; 9] = [
             ("straggler.window_steps", |c| c.window_steps = 1),
             ("straggler.stride_steps", |c| c.stride_steps = 11),
             ("straggler.min_steps", |c| c.min_steps = 5),
@@ -323,6 +346,9 @@ mod tests {
             }),
             ("straggler.wait_sections", |c| {
                 c.wait_sections = vec![String::new()]
+            }),
+            ("straggler.relay_batch_window", |c| {
+                c.relay_batch_window = Duration::from_millis(1001)
             }),
         ];
         for (key, set) in cases {
