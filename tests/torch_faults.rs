@@ -109,6 +109,11 @@ fn start_job(job: &str, world: u32, fault: &str) -> Job {
                 (rank, world),
                 &args,
             );
+            // A crash in the interpreter (one run in about a hundred, a
+            // rank whose ValueError ended it died of SIGSEGV in torch's
+            // teardown) names its Python frames in the stderr the
+            // assertions print.
+            cmd.env("PYTHONFAULTHANDLER", "1");
             spawn_python_rank(&agent, job, rank, &mut cmd)
         })
         .collect();
