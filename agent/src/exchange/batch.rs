@@ -374,6 +374,15 @@ mod tests {
         }
     }
 
+    /// An address nobody listens on: a port bound, then closed.
+    fn down() -> String {
+        std::net::TcpListener::bind("127.0.0.2:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .to_string()
+    }
+
     /// A leader's exchange: host `leader`, no peers of its own.
     fn exchange(dir: &std::path::Path) -> Arc<Exchange> {
         let registry =
@@ -485,14 +494,8 @@ mod tests {
     async fn with_the_aggregator_down_the_leader_aggregates_the_batch_itself() {
         let dir = tempfile::tempdir().unwrap();
         let ex = exchange(dir.path());
-        // A port nobody listens on: bound, then closed.
-        let down = std::net::TcpListener::bind("127.0.0.2:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .to_string();
         let plan = vec![
-            hop(&down),
+            hop(&down()),
             Hop {
                 addr: String::new(),
                 client: None,
@@ -516,11 +519,7 @@ mod tests {
     async fn with_no_host_answering_each_member_is_told_the_relay_failed() {
         let dir = tempfile::tempdir().unwrap();
         let ex = exchange(dir.path());
-        let down = std::net::TcpListener::bind("127.0.0.2:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .to_string();
+        let down = down();
         let (req, decoded) = member("m1");
         let err = Batches::submit(&ex, "j".into(), vec![hop(&down)], req, decoded)
             .await
