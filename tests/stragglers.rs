@@ -648,23 +648,30 @@ async fn a_batch_of_relayed_reports_is_answered_report_by_report() {
         member_report("host-a", "jb"),
         member_report("host-b", "jb"),
     ];
-    let items = leader
+    let answer = leader
         .report_batch_to_aggregator(pb::AggregateBatch { reports: batch })
         .await
         .expect("ReportBatchToAggregator")
-        .into_inner()
-        .items;
-    let outcome: Vec<Result<u32, (tonic::Code, String)>> = items
+        .into_inner();
+    // The job's statistics are carried once, after every report of the
+    // batch was taken: both taken reports point at the same, of both hosts.
+    assert_eq!(answer.jobs.len(), 1, "{answer:?}");
+    let outcome: Vec<Result<u32, (tonic::Code, String)>> = answer
+        .items
         .into_iter()
         .map(|i| match i.outcome.expect("an outcome per report") {
-            pb::aggregate_batch_item::Outcome::Answer(a) => Ok(a.jobs[0].hosts),
+            pb::aggregate_batch_item::Outcome::Answer(a) => {
+                assert!(a.jobs.is_empty(), "{a:?}");
+                assert_eq!(i.jobs, [0]);
+                Ok(answer.jobs[0].hosts)
+            }
             pb::aggregate_batch_item::Outcome::Error(e) => {
                 Err((tonic::Code::from_i32(e.code), e.message))
             }
         })
         .collect();
     assert_eq!(outcome.len(), 5, "{outcome:?}");
-    assert_eq!(outcome[0], Ok(1), "host-c's report taken: {outcome:?}");
+    assert_eq!(outcome[0], Ok(2), "host-c's report taken: {outcome:?}");
     let refused = |i: usize, code: tonic::Code, says: &str| {
         let Err((c, m)) = &outcome[i] else {
             panic!("report {i} was taken: {outcome:?}")
@@ -675,7 +682,6 @@ async fn a_batch_of_relayed_reports_is_answered_report_by_report() {
     refused(1, tonic::Code::PermissionDenied, "relay-for-member");
     refused(2, tonic::Code::InvalidArgument, "host");
     refused(3, tonic::Code::FailedPrecondition, "own name");
-    // Taken after the refusals: the job-wide statistics count both hosts.
     assert_eq!(outcome[4], Ok(2), "host-b's report taken: {outcome:?}");
 
     // A CA-signed agent that is no peer of the job may not relay.

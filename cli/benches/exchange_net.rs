@@ -348,16 +348,25 @@ async fn interval(
             let reports = chunk.to_vec();
             set.spawn(async move {
                 let t = Instant::now();
-                let items = c
+                let answer = c
                     .report_batch_to_aggregator(pb::AggregateBatch { reports })
                     .await
                     .unwrap_or_else(|e| panic!("ReportBatchToAggregator: {e}"))
-                    .into_inner()
-                    .items;
-                let answers = items
-                    .iter()
-                    .map(|i| match &i.outcome {
-                        Some(pb::aggregate_batch_item::Outcome::Answer(a)) => seen(a),
+                    .into_inner();
+                // Each item with its job's statistics put back from those
+                // the batch shares, as a leader hands it to its member.
+                let answers = answer
+                    .items
+                    .into_iter()
+                    .map(|i| match i.outcome {
+                        Some(pb::aggregate_batch_item::Outcome::Answer(mut a)) => {
+                            a.jobs = i
+                                .jobs
+                                .iter()
+                                .map(|&j| answer.jobs[j as usize].clone())
+                                .collect();
+                            seen(&a)
+                        }
                         other => panic!("a relayed report refused: {other:?}"),
                     })
                     .collect();

@@ -21,10 +21,10 @@ use tonic::Status;
 use warden_proto::v1 as pb;
 
 use super::peer_auth::Caller;
-use crate::exchange::aggregate::aggregate_here;
+use crate::exchange::aggregate::{aggregate_here, fold, shared_stats};
 use crate::exchange::batch::Batches;
 use crate::exchange::relay::{Decoded, RelayError, relay};
-use crate::exchange::wire::{answer_pb, report_from_pb};
+use crate::exchange::wire::{answer_pb, job_stats_pb, report_from_pb};
 use crate::state::AgentState;
 
 /// Serves `ReportToAggregator` (the Peer service calls it).
@@ -94,7 +94,9 @@ pub async fn report_batch_to_aggregator(
     }
     let known = known(state, caller, remote);
     super::peer_auth::relay(caller, known)?;
-    let mut items = Vec::with_capacity(req.reports.len());
+    // Every report first, then the answers: the members of one job get
+    // the same statistics, computed and sent once.
+    let mut folded = Vec::with_capacity(req.reports.len());
     for (i, mut report) in req.reports.into_iter().enumerate() {
         // A batch of thousands holds a worker for tens of ms: let the
         // agent's other tasks run between every 64 reports.
@@ -102,18 +104,38 @@ pub async fn report_batch_to_aggregator(
             tokio::task::yield_now().await;
         }
         report.relayed = true;
-        let outcome = admit(state, caller, known, report).and_then(|d| take(state, d));
-        items.push(pb::AggregateBatchItem {
-            outcome: Some(match outcome {
-                Ok(answer) => pb::aggregate_batch_item::Outcome::Answer(answer),
-                Err(s) => pb::aggregate_batch_item::Outcome::Error(pb::BatchItemError {
-                    code: s.code() as i32,
-                    message: s.message().to_owned(),
-                }),
-            }),
-        });
+        folded.push(admit(state, caller, known, report).and_then(|(r, p, v)| {
+            fold(&state.exchange, r, p, v)
+                .map_err(|e| Status::resource_exhausted(format!("aggregate report: {e}")))
+        }));
     }
-    Ok(pb::AggregateBatchAnswer { items })
+    let (shared, mut indices) = shared_stats(&state.exchange, folded.iter().flatten());
+    indices.reverse();
+    let items = folded
+        .into_iter()
+        .map(|f| match f {
+            Ok(f) => pb::AggregateBatchItem {
+                outcome: Some(pb::aggregate_batch_item::Outcome::Answer(answer_pb(
+                    &state.host,
+                    &f.answer(&state.exchange, Vec::new()),
+                ))),
+                jobs: indices.pop().unwrap_or_default(),
+            },
+            Err(s) => pb::AggregateBatchItem {
+                outcome: Some(pb::aggregate_batch_item::Outcome::Error(
+                    pb::BatchItemError {
+                        code: s.code() as i32,
+                        message: s.message().to_owned(),
+                    },
+                )),
+                jobs: Vec::new(),
+            },
+        })
+        .collect();
+    Ok(pb::AggregateBatchAnswer {
+        items,
+        jobs: shared.iter().map(job_stats_pb).collect(),
+    })
 }
 
 /// The most reports one `ReportBatchToAggregator` may carry (a leader's

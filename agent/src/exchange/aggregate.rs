@@ -9,6 +9,7 @@
 //! `exchange::report`, convert), a limit passed (the error names it and
 //! nothing changes).
 
+use std::collections::HashMap;
 use std::time::{Instant, SystemTime};
 
 use warden_core::detect::culprit;
@@ -42,9 +43,65 @@ pub fn aggregate_here(
     positions: Vec<JobPositions>,
     values: Vec<JobValues>,
 ) -> Result<Here, String> {
+    let folded = fold(ex, report, positions, values)?;
+    let wide = {
+        let agg = ex
+            .aggregator
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        folded
+            .asked
+            .iter()
+            .filter_map(|job| agg.stats(job, folded.thresholds.0, folded.thresholds.1))
+            .collect()
+    };
+    Ok(folded.answer(ex, wide))
+}
+
+/// A report folded into the aggregates, not answered yet: what its answer
+/// needs.
+#[derive(Debug)]
+pub struct Folded {
+    /// The jobs of its straggler part, in its order: one statistics each.
+    pub asked: Vec<String>,
+    /// Its relative and z thresholds.
+    pub thresholds: (f64, f64),
+    /// Every job it named (sorted, once each): their verdicts.
+    jobs: Vec<String>,
+    /// The settled steps of its values.
+    values: Vec<JobSteps>,
+}
+
+impl Folded {
+    /// The answer, with `wide` the statistics of [`Self::asked`].
+    pub fn answer(self, ex: &Exchange, wide: Vec<JobWide>) -> Here {
+        let verdicts = ex
+            .hang_board
+            .announced_for(self.jobs.iter().map(String::as_str));
+        Here {
+            wide,
+            verdicts,
+            values: self.values,
+            values_aggregated: ex.sdc_enabled,
+        }
+    }
+}
+
+/// Folds `report` into the aggregates here (the statistics, the SDC steps,
+/// the hang board; a hang snapshot starts the collector's judgement),
+/// without computing its jobs' statistics: a leader's batch is folded
+/// whole and then answered once per job ([`Aggregator::stats`]). A report
+/// past a limit changes nothing (the error names the limit).
+///
+/// [`Aggregator::stats`]: warden_core::detect::straggler::aggregate::Aggregator::stats
+pub fn fold(
+    ex: &Exchange,
+    report: HostReport,
+    positions: Vec<JobPositions>,
+    values: Vec<JobValues>,
+) -> Result<Folded, String> {
     let host = report.host.clone();
-    let aggregated = ex.sdc_enabled;
-    let values = if aggregated && !values.is_empty() {
+    let values = if ex.sdc_enabled && !values.is_empty() {
         ex.sdc_aggregator
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -53,21 +110,20 @@ pub fn aggregate_here(
     } else {
         Vec::new()
     };
-    let mut jobs: Vec<String> = report.jobs.iter().map(|j| j.job.clone()).collect();
+    let asked: Vec<String> = report.jobs.iter().map(|j| j.job.clone()).collect();
+    let mut jobs = asked.clone();
     jobs.extend(positions.iter().map(|p| p.job.clone()));
     let hung: Vec<String> = positions
         .iter()
         .filter(|p| p.hang)
         .map(|p| p.job.clone())
         .collect();
-    let wide = {
-        let mut agg = ex
-            .aggregator
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        agg.report(report, Instant::now())
-            .map_err(|e: AggregateError| e.to_string())?
-    };
+    let thresholds = (report.relative_threshold, report.z_threshold);
+    ex.aggregator
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .fold(report, Instant::now())
+        .map_err(|e: AggregateError| e.to_string())?;
     if host != ex.host {
         ex.hang_board.merge_remote(&host, positions);
     }
@@ -80,11 +136,45 @@ pub fn aggregate_here(
     }
     jobs.sort();
     jobs.dedup();
-    let verdicts = ex.hang_board.announced_for(jobs.iter().map(String::as_str));
-    Ok(Here {
-        wide,
-        verdicts,
+    Ok(Folded {
+        asked,
+        thresholds,
+        jobs,
         values,
-        values_aggregated: aggregated,
     })
+}
+
+/// The statistics a leader's batch shares, once per job and thresholds,
+/// computed after the whole batch is folded: the statistics, and per
+/// folded report the indices of its jobs' statistics among them (one per
+/// job of its straggler part, in order).
+pub fn shared_stats<'a>(
+    ex: &Exchange,
+    folded: impl Iterator<Item = &'a Folded>,
+) -> (Vec<JobWide>, Vec<Vec<u32>>) {
+    let agg = ex
+        .aggregator
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let mut shared: Vec<JobWide> = Vec::new();
+    let mut index: HashMap<(&str, u64, u64), u32> = HashMap::new();
+    let indices = folded
+        .map(|f| {
+            let (rel, z) = f.thresholds;
+            f.asked
+                .iter()
+                .filter_map(|job| {
+                    let key = (job.as_str(), rel.to_bits(), z.to_bits());
+                    if let Some(i) = index.get(&key) {
+                        return Some(*i);
+                    }
+                    let i = u32::try_from(shared.len()).ok()?;
+                    shared.push(agg.stats(job, rel, z)?);
+                    index.insert(key, i);
+                    Some(i)
+                })
+                .collect()
+        })
+        .collect();
+    (shared, indices)
 }

@@ -184,7 +184,7 @@ async fn send(ex: Arc<Exchange>, batch: Open) {
                     .increment(waiting.len() as u64);
                 routes.note_answered(&hop.addr);
                 for (w, item) in waiting.into_iter().zip(answer.items) {
-                    let _ = w.answer.send(item_outcome(item));
+                    let _ = w.answer.send(item_outcome(item, &answer.jobs));
                 }
                 return;
             }
@@ -223,10 +223,28 @@ async fn send(ex: Arc<Exchange>, batch: Open) {
     }
 }
 
-/// One report's item of the aggregator's answer.
-fn item_outcome(item: pb::AggregateBatchItem) -> Result<pb::AggregateAnswer, RelayError> {
+/// One report's item of the aggregator's answer, its jobs' statistics put
+/// back from those the batch shares (`shared`).
+fn item_outcome(
+    item: pb::AggregateBatchItem,
+    shared: &[pb::JobStats],
+) -> Result<pb::AggregateAnswer, RelayError> {
     match item.outcome {
-        Some(pb::aggregate_batch_item::Outcome::Answer(a)) => Ok(a),
+        Some(pb::aggregate_batch_item::Outcome::Answer(mut a)) => {
+            for &i in &item.jobs {
+                let Some(stats) = usize::try_from(i).ok().and_then(|i| shared.get(i)) else {
+                    return Err(RelayError::Aggregator {
+                        code: tonic::Code::Internal as i32,
+                        message: format!(
+                            "the aggregator's answer names job statistics {i} of {}",
+                            shared.len()
+                        ),
+                    });
+                };
+                a.jobs.push(stats.clone());
+            }
+            Ok(a)
+        }
         Some(pb::aggregate_batch_item::Outcome::Error(e)) => Err(RelayError::Aggregator {
             code: e.code,
             message: e.message,
@@ -310,20 +328,36 @@ mod tests {
             self.0
                 .batch_reports
                 .fetch_add(reports.len(), Ordering::SeqCst);
+            // The job's statistics once, each taken report pointing at them.
+            let jobs = vec![pb::JobStats {
+                job_id: "j".into(),
+                hosts: u32::try_from(reports.len()).unwrap(),
+                ..Default::default()
+            }];
             let items = reports
                 .into_iter()
-                .map(|r| pb::AggregateBatchItem {
-                    outcome: Some(if r.host == self.0.refuse {
-                        pb::aggregate_batch_item::Outcome::Error(pb::BatchItemError {
-                            code: tonic::Code::PermissionDenied as i32,
-                            message: format!("not {}'s to relay", r.host),
-                        })
+                .map(|r| {
+                    if r.host == self.0.refuse {
+                        pb::AggregateBatchItem {
+                            outcome: Some(pb::aggregate_batch_item::Outcome::Error(
+                                pb::BatchItemError {
+                                    code: tonic::Code::PermissionDenied as i32,
+                                    message: format!("not {}'s to relay", r.host),
+                                },
+                            )),
+                            jobs: Vec::new(),
+                        }
                     } else {
-                        pb::aggregate_batch_item::Outcome::Answer(answer(&r.host))
-                    }),
+                        pb::AggregateBatchItem {
+                            outcome: Some(pb::aggregate_batch_item::Outcome::Answer(answer(
+                                &r.host,
+                            ))),
+                            jobs: vec![0],
+                        }
+                    }
                 })
                 .collect();
-            Ok(Response::new(pb::AggregateBatchAnswer { items }))
+            Ok(Response::new(pb::AggregateBatchAnswer { items, jobs }))
         }
 
         async fn push_shard(
@@ -456,8 +490,18 @@ mod tests {
             Batches::submit(&ex, "j".into(), plan.clone(), req, decoded)
         };
         let (a, b, c) = tokio::join!(submit("m1"), submit("m2"), submit("m3"));
-        assert_eq!(a.unwrap().host, "agg, for m1");
-        assert_eq!(b.unwrap().host, "agg, for m2");
+        let (a, b) = (a.unwrap(), b.unwrap());
+        assert_eq!(a.host, "agg, for m1");
+        assert_eq!(b.host, "agg, for m2");
+        // The statistics the batch shares, put back into each answer.
+        for x in [&a, &b] {
+            assert_eq!(x.jobs.len(), 1, "{x:?}");
+            assert_eq!(
+                (x.jobs[0].job_id.as_str(), x.jobs[0].hosts),
+                ("j", 3),
+                "{x:?}"
+            );
+        }
         assert_eq!(
             c.unwrap_err(),
             RelayError::Aggregator {

@@ -241,6 +241,27 @@ fn unix_ms(t: SystemTime) -> u64 {
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
+/// A job's statistics on the wire.
+pub fn job_stats_pb(w: &JobWide) -> pb::JobStats {
+    pb::JobStats {
+        job_id: w.job.clone(),
+        sections: w
+            .sections
+            .iter()
+            .map(|s| pb::SectionStats {
+                section: s.section.clone(),
+                n: s.stat.n,
+                median_ns: s.stat.median_ns,
+                sigma_ns: s.stat.sigma_ns,
+                over: s.stat.over,
+            })
+            .collect(),
+        top: w.top.iter().map(score_pb).collect(),
+        hosts: w.hosts,
+        ranks: w.ranks,
+    }
+}
+
 /// An answer on the wire.
 pub fn answer_pb(host: &str, here: &Here) -> pb::AggregateAnswer {
     let (wide, verdicts) = (&here.wide, &here.verdicts);
@@ -248,26 +269,7 @@ pub fn answer_pb(host: &str, here: &Here) -> pb::AggregateAnswer {
         host: host.to_owned(),
         values: super::positions::step_stats_to_pb(&here.values),
         values_aggregated: here.values_aggregated,
-        jobs: wide
-            .iter()
-            .map(|w| pb::JobStats {
-                job_id: w.job.clone(),
-                sections: w
-                    .sections
-                    .iter()
-                    .map(|s| pb::SectionStats {
-                        section: s.section.clone(),
-                        n: s.stat.n,
-                        median_ns: s.stat.median_ns,
-                        sigma_ns: s.stat.sigma_ns,
-                        over: s.stat.over,
-                    })
-                    .collect(),
-                top: w.top.iter().map(score_pb).collect(),
-                hosts: w.hosts,
-                ranks: w.ranks,
-            })
-            .collect(),
+        jobs: wide.iter().map(job_stats_pb).collect(),
         verdicts: verdicts
             .iter()
             .map(|(job, at, v)| pb::HangVerdictNotice {

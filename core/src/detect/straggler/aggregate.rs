@@ -238,6 +238,29 @@ impl Aggregator {
     /// Takes a host's report (replacing what it said before of the jobs in
     /// it) and answers with the job-wide statistics of those jobs.
     pub fn report(&mut self, r: HostReport, now: Instant) -> Result<Vec<JobWide>, AggregateError> {
+        let asked: Vec<String> = r.jobs.iter().map(|j| j.job.clone()).collect();
+        let (relative, z) = (r.relative_threshold, r.z_threshold);
+        self.fold(r, now)?;
+        Ok(asked
+            .iter()
+            .filter_map(|job| self.stats(job, relative, z))
+            .collect())
+    }
+
+    /// The job-wide statistics of `job` for a caller with these thresholds
+    /// (None: no host reports it). A leader's batch is folded whole
+    /// ([`Self::fold`]) and then answered with these, once per job and
+    /// thresholds.
+    pub fn stats(&self, job: &str, relative_threshold: f64, z_threshold: f64) -> Option<JobWide> {
+        self.jobs
+            .get(job)
+            .map(|agg| answer(job, agg, relative_threshold, z_threshold))
+    }
+
+    /// Takes a host's report (replacing what it said before of the jobs in
+    /// it), without answering ([`Self::stats`] answers). A report past a
+    /// limit changes nothing.
+    pub fn fold(&mut self, r: HostReport, now: Instant) -> Result<(), AggregateError> {
         self.sweep(now);
         // Check the limits first: a refused report changes nothing.
         let mut new_jobs = 0;
@@ -265,7 +288,6 @@ impl Aggregator {
                 return Err(AggregateError::TooManyJobs(j.job.clone()));
             }
         }
-        let mut out = Vec::with_capacity(r.jobs.len());
         for j in r.jobs {
             let agg = self.jobs.entry(j.job.clone()).or_default();
             agg.remove_host(&r.host);
@@ -289,9 +311,8 @@ impl Aggregator {
                     ranks,
                 },
             );
-            out.push(answer(&j.job, agg, r.relative_threshold, r.z_threshold));
         }
-        Ok(out)
+        Ok(())
     }
 
     /// Forgets hosts not heard from for the ttl ([`host_ttl::sweep`]).
