@@ -58,12 +58,11 @@ pub async fn report_to_aggregator(
     }
     let decoded = admit(state, caller, known, req)?;
     if let (Some((job, plan)), Some(forward)) = (relay_plan, forward) {
-        let wait = state.config.straggler.relay_batch_wait();
-        let limit = state.config.straggler.peer_timeout;
-        let relayed = if wait.is_zero() {
-            relay(&state.exchange, plan, forward, decoded, limit).await
+        let ex = &state.exchange;
+        let relayed = if ex.relay_batch_wait.is_zero() {
+            relay(ex, plan, forward, decoded, ex.relay_limit).await
         } else {
-            Batches::submit(&state.exchange, job, plan, forward, decoded).await
+            Batches::submit(ex, job, plan, forward, decoded).await
         };
         return relayed.map_err(|e| match e {
             RelayError::Refused(e) => Status::resource_exhausted(format!("aggregate report: {e}")),

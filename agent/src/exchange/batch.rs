@@ -24,10 +24,8 @@ use tokio::sync::oneshot;
 use warden_proto::v1 as pb;
 
 use super::Exchange;
-use super::aggregate::aggregate_here;
-use super::relay::{Decoded, RelayError, relay};
+use super::relay::{Decoded, RelayError, here, relay};
 use super::routes::{CallFailed, Hop, RELAY_FAILED, call_batch};
-use super::wire::answer_pb;
 
 /// The most reports one batch carries (and the most an aggregator takes in
 /// one call).
@@ -157,28 +155,26 @@ async fn send(ex: Arc<Exchange>, batch: Open) {
     let mut errors = Vec::new();
     let Open { plan, waiting, .. } = batch;
     metrics::histogram!("warden_straggler_relay_batch_reports").record(waiting.len() as f64);
-    for (i, hop) in plan.iter().enumerate() {
-        let Some(mut client) = hop.client.clone() else {
-            metrics::counter!("warden_straggler_relays_total", "result" => "here")
-                .increment(waiting.len() as u64);
-            for w in waiting {
-                let (report, positions, values) = w.decoded;
-                let answer = aggregate_here(&ex, report, positions, values)
-                    .map(|here| answer_pb(&ex.host, &here))
-                    .map_err(RelayError::Refused);
-                let _ = w.answer.send(answer);
-            }
-            return;
-        };
-        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-        let reports = waiting
+    let batch = pb::AggregateBatch {
+        reports: waiting
             .iter()
             .map(|w| pb::AggregateReport {
                 relayed: true,
                 ..w.req.clone()
             })
-            .collect();
-        let err = match call_batch(&mut client, pb::AggregateBatch { reports }, left).await {
+            .collect(),
+    };
+    for (i, hop) in plan.iter().enumerate() {
+        let Some(mut client) = hop.client.clone() else {
+            metrics::counter!("warden_straggler_relays_total", "result" => "here")
+                .increment(waiting.len() as u64);
+            for w in waiting {
+                let _ = w.answer.send(here(&ex, w.decoded));
+            }
+            return;
+        };
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        let err = match call_batch(&mut client, batch.clone(), left).await {
             Ok(answer) if answer.items.len() == waiting.len() => {
                 metrics::counter!("warden_straggler_relays_total", "result" => "ok")
                     .increment(waiting.len() as u64);

@@ -65,7 +65,8 @@ pub struct Exchange {
     pub batches: batch::Batches,
     /// `straggler.relay_batch_wait()`: how long a batch stays open.
     pub relay_batch_wait: Duration,
-    /// `straggler.peer_timeout`: the bound on passing a batch on.
+    /// `straggler.peer_timeout`: the bound on passing a member's report, or
+    /// a batch of them, on.
     pub relay_limit: Duration,
     /// Where every rank of the jobs stands (`hang::verdict`).
     pub hang_board: Arc<HangBoard>,

@@ -63,10 +63,7 @@ pub async fn relay(
     for Hop { addr, client, .. } in plan {
         let Some(mut client) = client else {
             metrics::counter!("warden_straggler_relays_total", "result" => "here").increment(1);
-            let (report, positions, values) = decoded;
-            let here =
-                aggregate_here(ex, report, positions, values).map_err(RelayError::Refused)?;
-            return Ok(answer_pb(&ex.host, &here));
+            return here(ex, decoded);
         };
         let left = deadline.saturating_duration_since(tokio::time::Instant::now());
         let err = match call(&mut client, req.clone(), left).await {
@@ -88,4 +85,15 @@ pub async fn relay(
         "{RELAY_FAILED}: {}",
         errors.join("; ")
     )))
+}
+
+/// A relayed report aggregated at this leader itself (every host before
+/// its group is down), and its answer.
+pub fn here(
+    ex: &Exchange,
+    (report, positions, values): Decoded,
+) -> Result<pb::AggregateAnswer, RelayError> {
+    aggregate_here(ex, report, positions, values)
+        .map(|h| answer_pb(&ex.host, &h))
+        .map_err(RelayError::Refused)
 }
