@@ -649,7 +649,10 @@ async fn a_batch_of_relayed_reports_is_answered_report_by_report() {
         member_report("host-b", "jb"),
     ];
     let answer = leader
-        .report_batch_to_aggregator(pb::AggregateBatch { reports: batch })
+        .report_batch_to_aggregator(pb::AggregateBatch {
+            reports: batch,
+            shared_steps: true,
+        })
         .await
         .expect("ReportBatchToAggregator")
         .into_inner();
@@ -688,6 +691,7 @@ async fn a_batch_of_relayed_reports_is_answered_report_by_report() {
     let err = as_host("host-q")
         .report_batch_to_aggregator(pb::AggregateBatch {
             reports: vec![member_report("host-c", "jb")],
+            ..Default::default()
         })
         .await
         .unwrap_err();
@@ -697,6 +701,7 @@ async fn a_batch_of_relayed_reports_is_answered_report_by_report() {
     let err = leader
         .report_batch_to_aggregator(pb::AggregateBatch {
             reports: vec![pb::AggregateReport::default(); 4097],
+            ..Default::default()
         })
         .await
         .unwrap_err();
@@ -706,6 +711,7 @@ async fn a_batch_of_relayed_reports_is_answered_report_by_report() {
     let items = leader
         .report_batch_to_aggregator(pb::AggregateBatch {
             reports: vec![member_report("host-c", "jb")],
+            ..Default::default()
         })
         .await
         .expect("ReportBatchToAggregator after the refusals")
@@ -718,4 +724,81 @@ async fn a_batch_of_relayed_reports_is_answered_report_by_report() {
         ),
         "{items:?}"
     );
+
+    // SDC values: both hosts' one rank each at step 1 of a job of two
+    // ranks. The step settles once the batch is folded, so both members
+    // are answered with it, carried once and named by index.
+    let answer = leader
+        .report_batch_to_aggregator(pb::AggregateBatch {
+            reports: vec![
+                with_values(member_report("host-c", "jb"), 0, 1),
+                with_values(member_report("host-b", "jb"), 1, 1),
+            ],
+            shared_steps: true,
+        })
+        .await
+        .expect("ReportBatchToAggregator with values")
+        .into_inner();
+    let shared: Vec<(&str, u64)> = answer
+        .steps
+        .iter()
+        .map(|s| (s.job_id.as_str(), s.step.as_ref().map_or(0, |s| s.step)))
+        .collect();
+    assert_eq!(shared, [("jb", 1)], "{answer:?}");
+    let loss = answer.steps[0].step.as_ref().and_then(|s| s.loss.as_ref());
+    assert_eq!(loss.map(|l| l.count), Some(2), "{answer:?}");
+    for item in &answer.items {
+        let Some(pb::aggregate_batch_item::Outcome::Answer(a)) = &item.outcome else {
+            panic!("{item:?}")
+        };
+        assert_eq!(a.values.len(), 1, "{a:?}");
+        assert!(
+            a.values[0].steps.is_empty(),
+            "shared, not in the item: {a:?}"
+        );
+        let refs: Vec<&[u32]> = item.values.iter().map(|r| r.steps.as_slice()).collect();
+        assert_eq!(refs, [&[0u32][..]], "{item:?}");
+    }
+    // A leader older than shared steps gets each item's steps in full.
+    let answer = leader
+        .report_batch_to_aggregator(pb::AggregateBatch {
+            reports: vec![
+                with_values(member_report("host-c", "jb"), 0, 2),
+                with_values(member_report("host-b", "jb"), 1, 2),
+            ],
+            shared_steps: false,
+        })
+        .await
+        .expect("ReportBatchToAggregator with values, unshared")
+        .into_inner();
+    assert!(answer.steps.is_empty(), "{answer:?}");
+    for item in &answer.items {
+        let Some(pb::aggregate_batch_item::Outcome::Answer(a)) = &item.outcome else {
+            panic!("{item:?}")
+        };
+        assert!(item.values.is_empty(), "{item:?}");
+        let steps: Vec<u64> = a.values[0].steps.iter().map(|s| s.step).collect();
+        assert_eq!(steps, [2], "{a:?}");
+    }
+}
+
+/// `report` with one rank's loss at `step`, of a job of two ranks.
+fn with_values(mut report: pb::AggregateReport, rank: u32, step: u64) -> pb::AggregateReport {
+    let job = report.jobs[0].job_id.clone();
+    report.values = vec![pb::JobValues {
+        job_id: job.clone(),
+        active: 1,
+        world_size: 2,
+        ranks: vec![pb::RankValues {
+            job_id: job,
+            global_rank: rank,
+            generation: 1,
+            steps: vec![pb::StepValue {
+                step,
+                loss: Some(2.5),
+                ..Default::default()
+            }],
+        }],
+    }];
+    report
 }

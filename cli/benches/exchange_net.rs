@@ -349,12 +349,16 @@ async fn interval(
             set.spawn(async move {
                 let t = Instant::now();
                 let answer = c
-                    .report_batch_to_aggregator(pb::AggregateBatch { reports })
+                    .report_batch_to_aggregator(pb::AggregateBatch {
+                        reports,
+                        shared_steps: true,
+                    })
                     .await
                     .unwrap_or_else(|e| panic!("ReportBatchToAggregator: {e}"))
                     .into_inner();
-                // Each item with its job's statistics put back from those
-                // the batch shares, as a leader hands it to its member.
+                // Each item with its job's statistics and settled steps put
+                // back from those the batch shares, as a leader hands it to
+                // its member.
                 let answers = answer
                     .items
                     .into_iter()
@@ -365,6 +369,13 @@ async fn interval(
                                 .iter()
                                 .map(|&j| answer.jobs[j as usize].clone())
                                 .collect();
+                            for (job, refs) in a.values.iter_mut().zip(&i.values) {
+                                job.steps = refs
+                                    .steps
+                                    .iter()
+                                    .filter_map(|&k| answer.steps[k as usize].step.clone())
+                                    .collect();
+                            }
                             seen(&a)
                         }
                         other => panic!("a relayed report refused: {other:?}"),

@@ -21,11 +21,15 @@ use tonic::Status;
 use warden_proto::v1 as pb;
 
 use super::peer_auth::Caller;
-use crate::exchange::aggregate::{aggregate_here, fold, shared_stats};
+use crate::exchange::aggregate::{
+    SharedSteps, aggregate_here, fold, settled_steps, shared_stats, shared_steps,
+};
 use crate::exchange::batch::Batches;
+use crate::exchange::positions::step_stat_pb;
 use crate::exchange::relay::{Decoded, RelayError, relay};
 use crate::exchange::wire::{answer_pb, job_stats_pb, report_from_pb};
 use crate::state::AgentState;
+use warden_core::detect::sdc::aggregate::JobSteps;
 
 /// Serves `ReportToAggregator` (the Peer service calls it).
 pub async fn report_to_aggregator(
@@ -108,18 +112,47 @@ pub async fn report_batch_to_aggregator(
                 .map_err(|e| Status::resource_exhausted(format!("aggregate report: {e}")))
         }));
     }
-    let (shared, mut indices) = shared_stats(&state.exchange, folded.iter().flatten());
+    let ex = &state.exchange;
+    let (shared, mut indices) = shared_stats(ex, folded.iter().flatten());
     indices.reverse();
+    // A leader that takes the steps shared gets each (job, step) once;
+    // an older one each item's steps in full.
+    let mut steps = if req.shared_steps {
+        shared_steps(ex, folded.iter().flatten())
+    } else {
+        SharedSteps::default()
+    };
+    steps.refs.reverse();
     let items = folded
         .into_iter()
         .map(|f| match f {
-            Ok(f) => pb::AggregateBatchItem {
-                outcome: Some(pb::aggregate_batch_item::Outcome::Answer(answer_pb(
-                    &state.host,
-                    &f.answer(&state.exchange, Vec::new()),
-                ))),
-                jobs: indices.pop().unwrap_or_default(),
-            },
+            Ok(f) => {
+                let (values, refs) = if req.shared_steps {
+                    let bare = f
+                        .values
+                        .iter()
+                        .map(|a| JobSteps {
+                            job: a.job.clone(),
+                            steps: Vec::new(),
+                        })
+                        .collect();
+                    let refs = steps.refs.pop().unwrap_or_default();
+                    (bare, refs)
+                } else {
+                    (settled_steps(ex, &f), Vec::new())
+                };
+                pb::AggregateBatchItem {
+                    outcome: Some(pb::aggregate_batch_item::Outcome::Answer(answer_pb(
+                        &state.host,
+                        &f.answer(ex, Vec::new(), values),
+                    ))),
+                    jobs: indices.pop().unwrap_or_default(),
+                    values: refs
+                        .into_iter()
+                        .map(|steps| pb::StepRefs { steps })
+                        .collect(),
+                }
+            }
             Err(s) => pb::AggregateBatchItem {
                 outcome: Some(pb::aggregate_batch_item::Outcome::Error(
                     pb::BatchItemError {
@@ -128,12 +161,21 @@ pub async fn report_batch_to_aggregator(
                     },
                 )),
                 jobs: Vec::new(),
+                values: Vec::new(),
             },
         })
         .collect();
     Ok(pb::AggregateBatchAnswer {
         items,
         jobs: shared.iter().map(job_stats_pb).collect(),
+        steps: steps
+            .steps
+            .iter()
+            .map(|(job, s)| pb::SharedStep {
+                job_id: job.clone(),
+                step: Some(step_stat_pb(s)),
+            })
+            .collect(),
     })
 }
 

@@ -14,7 +14,7 @@ use std::time::{Instant, SystemTime};
 
 use warden_core::detect::culprit;
 use warden_core::detect::positions::JobPositions;
-use warden_core::detect::sdc::aggregate::{JobSteps, JobValues};
+use warden_core::detect::sdc::aggregate::{AskedSteps, JobSteps, JobValues, StepStat};
 use warden_core::detect::straggler::aggregate::{AggregateError, HostReport, JobWide};
 
 use super::Exchange;
@@ -44,6 +44,7 @@ pub fn aggregate_here(
     values: Vec<JobValues>,
 ) -> Result<Here, String> {
     let folded = fold(ex, report, positions, values)?;
+    let values = settled_steps(ex, &folded);
     let wide = {
         let agg = ex
             .aggregator
@@ -55,7 +56,7 @@ pub fn aggregate_here(
             .filter_map(|job| agg.stats(job, folded.thresholds.0, folded.thresholds.1))
             .collect()
     };
-    Ok(folded.answer(ex, wide))
+    Ok(folded.answer(ex, wide, values))
 }
 
 /// A report folded into the aggregates, not answered yet: what its answer
@@ -68,23 +69,41 @@ pub struct Folded {
     pub thresholds: (f64, f64),
     /// Every job it named (sorted, once each): their verdicts.
     jobs: Vec<String>,
-    /// The settled steps of its values.
-    values: Vec<JobSteps>,
+    /// The steps of its values, per job in its order: answered once they
+    /// settle.
+    pub values: Vec<AskedSteps>,
 }
 
 impl Folded {
-    /// The answer, with `wide` the statistics of [`Self::asked`].
-    pub fn answer(self, ex: &Exchange, wide: Vec<JobWide>) -> Here {
+    /// The answer, with `wide` the statistics of [`Self::asked`] and
+    /// `values` the settled steps of [`Self::values`].
+    pub fn answer(&self, ex: &Exchange, wide: Vec<JobWide>, values: Vec<JobSteps>) -> Here {
         let verdicts = ex
             .hang_board
             .announced_for(self.jobs.iter().map(String::as_str));
         Here {
             wide,
             verdicts,
-            values: self.values,
+            values,
             values_aggregated: ex.sdc_enabled,
         }
     }
+}
+
+/// The settled steps of `folded`'s values, as its own answer carries them.
+pub fn settled_steps(ex: &Exchange, folded: &Folded) -> Vec<JobSteps> {
+    if folded.values.is_empty() {
+        return Vec::new();
+    }
+    let sdc = ex
+        .sdc_aggregator
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    folded
+        .values
+        .iter()
+        .map(|a| sdc.steps(&a.job, &a.steps))
+        .collect()
 }
 
 /// Folds `report` into the aggregates here (the statistics, the SDC steps,
@@ -105,7 +124,7 @@ pub fn fold(
         ex.sdc_aggregator
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .report(&host, values, Instant::now())
+            .fold(&host, values, Instant::now())
             .map_err(|e| e.to_string())?
     } else {
         Vec::new()
@@ -177,4 +196,47 @@ pub fn shared_stats<'a>(
         })
         .collect();
     (shared, indices)
+}
+
+/// The settled SDC steps a leader's batch shares, each (job, step) once,
+/// taken after the whole batch is folded (the members of one job report
+/// the same steps): the steps, and per folded report, per job of its
+/// values in order, the indices of that job's settled steps among them.
+#[derive(Debug, Default)]
+pub struct SharedSteps {
+    /// (job, step), each once.
+    pub steps: Vec<(String, StepStat)>,
+    /// Per folded report, per job of its values: indices into `steps`.
+    pub refs: Vec<Vec<Vec<u32>>>,
+}
+
+/// The [`SharedSteps`] of a batch's folded reports.
+pub fn shared_steps<'a>(ex: &Exchange, folded: impl Iterator<Item = &'a Folded>) -> SharedSteps {
+    let sdc = ex
+        .sdc_aggregator
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let mut out = SharedSteps::default();
+    let mut index: HashMap<(&str, u64), u32> = HashMap::new();
+    for f in folded {
+        let refs = f
+            .values
+            .iter()
+            .map(|a| {
+                sdc.settled(&a.job, &a.steps)
+                    .filter_map(|s| {
+                        if let Some(i) = index.get(&(a.job.as_str(), s.step)) {
+                            return Some(*i);
+                        }
+                        let i = u32::try_from(out.steps.len()).ok()?;
+                        out.steps.push((a.job.clone(), s.clone()));
+                        index.insert((a.job.as_str(), s.step), i);
+                        Some(i)
+                    })
+                    .collect()
+            })
+            .collect();
+        out.refs.push(refs);
+    }
+    out
 }

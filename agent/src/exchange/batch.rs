@@ -26,6 +26,7 @@ use warden_proto::v1 as pb;
 use super::Exchange;
 use super::relay::{Decoded, RelayError, here, relay};
 use super::routes::{CallFailed, Hop, RELAY_FAILED, call_batch};
+use warden_core::detect::sdc::aggregate::MAX_SETTLED;
 
 /// The most reports one batch carries (and the most an aggregator takes in
 /// one call).
@@ -163,6 +164,7 @@ async fn send(ex: Arc<Exchange>, batch: Open) {
                 ..w.req.clone()
             })
             .collect(),
+        shared_steps: true,
     };
     for (i, hop) in plan.iter().enumerate() {
         let Some(mut client) = hop.client.clone() else {
@@ -175,12 +177,13 @@ async fn send(ex: Arc<Exchange>, batch: Open) {
         };
         let left = deadline.saturating_duration_since(tokio::time::Instant::now());
         let err = match call_batch(&mut client, batch.clone(), left).await {
-            Ok(answer) if answer.items.len() == waiting.len() => {
+            Ok(mut answer) if answer.items.len() == waiting.len() => {
                 metrics::counter!("warden_straggler_relays_total", "result" => "ok")
                     .increment(waiting.len() as u64);
                 routes.note_answered(&hop.addr);
-                for (w, item) in waiting.into_iter().zip(answer.items) {
-                    let _ = w.answer.send(item_outcome(item, &answer.jobs));
+                let items = std::mem::take(&mut answer.items);
+                for (w, item) in waiting.into_iter().zip(items) {
+                    let _ = w.answer.send(item_outcome(item, &w.req, &answer));
                 }
                 return;
             }
@@ -219,25 +222,69 @@ async fn send(ex: Arc<Exchange>, batch: Open) {
     }
 }
 
-/// One report's item of the aggregator's answer, its jobs' statistics put
-/// back from those the batch shares (`shared`).
+/// One report's item of the aggregator's answer, its jobs' statistics and
+/// its settled steps put back from the ones the batch shares. An item that
+/// names more than its report asked for, or a shared entry that is not
+/// there, is that member's INTERNAL (one index must not make the leader
+/// copy a shared entry without bound).
 fn item_outcome(
     item: pb::AggregateBatchItem,
-    shared: &[pb::JobStats],
+    req: &pb::AggregateReport,
+    answer: &pb::AggregateBatchAnswer,
 ) -> Result<pb::AggregateAnswer, RelayError> {
+    let bad = |message: String| RelayError::Aggregator {
+        code: tonic::Code::Internal as i32,
+        message,
+    };
     match item.outcome {
         Some(pb::aggregate_batch_item::Outcome::Answer(mut a)) => {
+            if item.jobs.len() > req.jobs.len() {
+                return Err(bad(format!(
+                    "the aggregator's answer names {} job statistics for a report of {} jobs",
+                    item.jobs.len(),
+                    req.jobs.len()
+                )));
+            }
             for &i in &item.jobs {
-                let Some(stats) = usize::try_from(i).ok().and_then(|i| shared.get(i)) else {
-                    return Err(RelayError::Aggregator {
-                        code: tonic::Code::Internal as i32,
-                        message: format!(
-                            "the aggregator's answer names job statistics {i} of {}",
-                            shared.len()
-                        ),
-                    });
+                let Some(stats) = usize::try_from(i).ok().and_then(|i| answer.jobs.get(i)) else {
+                    return Err(bad(format!(
+                        "the aggregator's answer names job statistics {i} of {}",
+                        answer.jobs.len()
+                    )));
                 };
                 a.jobs.push(stats.clone());
+            }
+            if item.values.len() > a.values.len() {
+                return Err(bad(format!(
+                    "the aggregator's answer names steps of {} jobs for {} jobs of values",
+                    item.values.len(),
+                    a.values.len()
+                )));
+            }
+            for (refs, job) in item.values.into_iter().zip(a.values.iter_mut()) {
+                if refs.steps.len() > MAX_SETTLED {
+                    return Err(bad(format!(
+                        "the aggregator's answer names {} settled steps of job {:?}; at most \
+                         {MAX_SETTLED}",
+                        refs.steps.len(),
+                        job.job_id
+                    )));
+                }
+                for i in refs.steps {
+                    let shared = usize::try_from(i)
+                        .ok()
+                        .and_then(|i| answer.steps.get(i))
+                        .filter(|s| s.job_id == job.job_id);
+                    let Some(step) = shared.and_then(|s| s.step.clone()) else {
+                        return Err(bad(format!(
+                            "the aggregator's answer names step {i} of {} for job {:?}, \
+                             which is not there",
+                            answer.steps.len(),
+                            job.job_id
+                        )));
+                    };
+                    job.steps.push(step);
+                }
             }
             Ok(a)
         }
@@ -245,10 +292,9 @@ fn item_outcome(
             code: e.code,
             message: e.message,
         }),
-        None => Err(RelayError::Aggregator {
-            code: tonic::Code::Internal as i32,
-            message: "the aggregator's answer for this report was empty".to_owned(),
-        }),
+        None => Err(bad(
+            "the aggregator's answer for this report was empty".to_owned()
+        )),
     }
 }
 
@@ -278,6 +324,8 @@ mod tests {
         batches: bool,
         /// Refuses reports of this host, alone.
         refuse: String,
+        /// Answers this host's report naming a shared step not there.
+        bad_step: String,
         singles: AtomicUsize,
         batch_calls: AtomicUsize,
         batch_reports: AtomicUsize,
@@ -286,6 +334,11 @@ mod tests {
     fn answer(host: &str) -> pb::AggregateAnswer {
         pb::AggregateAnswer {
             host: format!("agg, for {host}"),
+            // Its values' job; the steps are shared in a batch's answer.
+            values: vec![pb::JobStepStats {
+                job_id: "j".into(),
+                steps: Vec::new(),
+            }],
             ..Default::default()
         }
     }
@@ -319,7 +372,9 @@ mod tests {
             if !self.0.batches {
                 return Err(Status::unimplemented("an older agent"));
             }
-            let reports = req.into_inner().reports;
+            let req = req.into_inner();
+            assert!(req.shared_steps, "a leader takes the steps shared");
+            let reports = req.reports;
             self.0.batch_calls.fetch_add(1, Ordering::SeqCst);
             self.0
                 .batch_reports
@@ -342,18 +397,33 @@ mod tests {
                                 },
                             )),
                             jobs: Vec::new(),
+                            values: Vec::new(),
                         }
                     } else {
+                        let step = if r.host == self.0.bad_step { 1 } else { 0 };
                         pb::AggregateBatchItem {
                             outcome: Some(pb::aggregate_batch_item::Outcome::Answer(answer(
                                 &r.host,
                             ))),
                             jobs: vec![0],
+                            values: vec![pb::StepRefs { steps: vec![step] }],
                         }
                     }
                 })
                 .collect();
-            Ok(Response::new(pb::AggregateBatchAnswer { items, jobs }))
+            // One settled step, shared.
+            let steps = vec![pb::SharedStep {
+                job_id: "j".into(),
+                step: Some(pb::StepStats {
+                    step: 7,
+                    ..Default::default()
+                }),
+            }];
+            Ok(Response::new(pb::AggregateBatchAnswer {
+                items,
+                jobs,
+                steps,
+            }))
         }
 
         async fn push_shard(
@@ -470,7 +540,8 @@ mod tests {
     }
 
     /// Three members' reports, submitted together, go in one call; each
-    /// member gets its own item, and one refused alone gets its status.
+    /// member gets its own item, and one refused alone gets its status;
+    /// one whose item names a shared step that is not there is told so.
     #[tokio::test]
     async fn reports_of_one_window_go_in_one_call_and_each_gets_its_item() {
         let dir = tempfile::tempdir().unwrap();
@@ -478,6 +549,7 @@ mod tests {
         let agg = Arc::new(Aggregating {
             batches: true,
             refuse: "m3".into(),
+            bad_step: "m4".into(),
             ..Default::default()
         });
         let plan = vec![serve(agg.clone()).await];
@@ -485,7 +557,7 @@ mod tests {
             let (req, decoded) = member(h);
             Batches::submit(&ex, "j".into(), plan.clone(), req, decoded)
         };
-        let (a, b, c) = tokio::join!(submit("m1"), submit("m2"), submit("m3"));
+        let (a, b, c, d) = tokio::join!(submit("m1"), submit("m2"), submit("m3"), submit("m4"));
         let (a, b) = (a.unwrap(), b.unwrap());
         assert_eq!(a.host, "agg, for m1");
         assert_eq!(b.host, "agg, for m2");
@@ -494,10 +566,19 @@ mod tests {
             assert_eq!(x.jobs.len(), 1, "{x:?}");
             assert_eq!(
                 (x.jobs[0].job_id.as_str(), x.jobs[0].hosts),
-                ("j", 3),
+                ("j", 4),
                 "{x:?}"
             );
+            // The settled step the batch shares, put back as well.
+            assert_eq!(x.values.len(), 1, "{x:?}");
+            let steps: Vec<u64> = x.values[0].steps.iter().map(|s| s.step).collect();
+            assert_eq!(steps, [7], "{x:?}");
         }
+        let Err(RelayError::Aggregator { code, message }) = d else {
+            panic!("{d:?}")
+        };
+        assert_eq!(code, tonic::Code::Internal as i32);
+        assert!(message.contains("names step 1 of 1"), "{message}");
         assert_eq!(
             c.unwrap_err(),
             RelayError::Aggregator {
@@ -506,7 +587,7 @@ mod tests {
             }
         );
         assert_eq!(agg.batch_calls.load(Ordering::SeqCst), 1);
-        assert_eq!(agg.batch_reports.load(Ordering::SeqCst), 3);
+        assert_eq!(agg.batch_reports.load(Ordering::SeqCst), 4);
         assert_eq!(agg.singles.load(Ordering::SeqCst), 0);
     }
 

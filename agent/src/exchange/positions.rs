@@ -140,17 +140,18 @@ pub fn step_stats_to_pb(jobs: &[JobSteps]) -> Vec<pb::JobStepStats> {
     jobs.iter()
         .map(|j| pb::JobStepStats {
             job_id: j.job.clone(),
-            steps: j
-                .steps
-                .iter()
-                .map(|s| pb::StepStats {
-                    step: s.step,
-                    loss: s.metrics[0].as_ref().map(metric_pb),
-                    grad_norm: s.metrics[1].as_ref().map(metric_pb),
-                })
-                .collect(),
+            steps: j.steps.iter().map(step_stat_pb).collect(),
         })
         .collect()
+}
+
+/// One settled step on the wire.
+pub fn step_stat_pb(s: &StepStat) -> pb::StepStats {
+    pb::StepStats {
+        step: s.step,
+        loss: s.metrics[0].as_ref().map(metric_pb),
+        grad_norm: s.metrics[1].as_ref().map(metric_pb),
+    }
 }
 
 fn metric_from_pb(m: pb::MetricStats, field: &str) -> Result<MetricStat, String> {

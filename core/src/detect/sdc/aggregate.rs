@@ -153,6 +153,16 @@ pub struct JobSteps {
     pub steps: Vec<StepStat>,
 }
 
+/// The steps one job's values in a report carried (ascending, each once):
+/// what its answer names once they settle.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct AskedSteps {
+    /// The job.
+    pub job: String,
+    /// Ascending.
+    pub steps: Vec<u64>,
+}
+
 /// Why a report was refused (the aggregator keeps what it had).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SdcAggregateError {
@@ -371,13 +381,31 @@ impl SdcAggregator {
     }
 
     /// Takes `host`'s values of the jobs in `jobs` and answers, per job,
-    /// with the settled steps among those it reported.
+    /// with the settled steps among those it reported ([`Self::fold`] then
+    /// [`Self::steps`]).
     pub fn report(
         &mut self,
         host: &str,
         jobs: Vec<JobValues>,
         now: Instant,
     ) -> Result<Vec<JobSteps>, SdcAggregateError> {
+        let asked = self.fold(host, jobs, now)?;
+        Ok(asked
+            .into_iter()
+            .map(|a| self.steps(&a.job, &a.steps))
+            .collect())
+    }
+
+    /// Takes `host`'s values of the jobs in `jobs` without answering: per
+    /// job, in its order, the steps it reported ([`AskedSteps`]), to be
+    /// answered by [`Self::steps`] once a group leader's whole batch is in
+    /// (every member of a job asks about the same steps).
+    pub fn fold(
+        &mut self,
+        host: &str,
+        jobs: Vec<JobValues>,
+        now: Instant,
+    ) -> Result<Vec<AskedSteps>, SdcAggregateError> {
         self.sweep(now);
         // Limits first: a refused report changes nothing.
         let mut new_jobs = 0;
@@ -431,13 +459,33 @@ impl SdcAggregator {
                 take_rank(agg, host, r, &mut asked);
             }
             agg.settle(lag);
-            let steps = asked
-                .iter()
-                .filter_map(|s| agg.settled.get(s).cloned())
-                .collect();
-            out.push(JobSteps { job: j.job, steps });
+            out.push(AskedSteps {
+                job: j.job,
+                steps: asked.into_iter().collect(),
+            });
         }
         Ok(out)
+    }
+
+    /// The settled steps of `job` among `asked` (ascending).
+    pub fn steps(&self, job: &str, asked: &[u64]) -> JobSteps {
+        JobSteps {
+            job: job.to_owned(),
+            steps: self.settled(job, asked).cloned().collect(),
+        }
+    }
+
+    /// The settled steps of `job` among `asked`, by reference (a batch's
+    /// answer shares each once).
+    pub fn settled<'a>(
+        &'a self,
+        job: &str,
+        asked: &'a [u64],
+    ) -> impl Iterator<Item = &'a StepStat> + 'a {
+        let settled = self.jobs.get(job).map(|j| &j.settled);
+        asked
+            .iter()
+            .filter_map(move |s| settled.and_then(|m| m.get(s)))
     }
 
     /// Forgets hosts not heard from for the ttl ([`host_ttl::sweep`]).
