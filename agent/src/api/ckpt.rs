@@ -22,7 +22,7 @@ use crate::ckpt::peer_pages::{PageError, Paged};
 use crate::ckpt::peerset::PeerSpec;
 use crate::ckpt::restore::{self, RestoreError};
 use crate::ckpt::tier::{Owner, TierError};
-use crate::ckpt::wire::ChunkSource;
+use crate::ckpt::wire::{self, ChunkSource};
 use crate::ckpt::{Checkpoints, IncomingError, peers};
 use crate::state::AgentState;
 
@@ -294,7 +294,7 @@ pub async fn push_shard(
     let info = first
         .info
         .ok_or_else(|| Status::invalid_argument("PushShard: the first chunk has no info"))?;
-    let m = peers::manifest_of(&info).map_err(Status::invalid_argument)?;
+    let m = wire::manifest_of(&info).map_err(Status::invalid_argument)?;
     let k = m.key();
     // Checked on the first chunk, before anything touches the tier.
     peer_auth::job_member(caller, &k.job_id, |n| ck.peers.is_member_name(&k.job_id, n))?;
@@ -372,6 +372,6 @@ pub async fn list_shards(
     });
     Ok(pb::ListShardsResponse {
         host: state.host.clone(),
-        shards: shards.map(peers::info).collect(),
+        shards: shards.map(wire::info).collect(),
     })
 }

@@ -14,7 +14,6 @@ use warden_proto::v1 as pb;
 use warden_proto::v1::peer_client::PeerClient;
 use xxhash_rust::xxh3::Xxh3;
 
-use super::layout::ShardKey;
 use super::manifest::{self, Manifest};
 use super::wire::ChunkSource;
 
@@ -48,57 +47,6 @@ pub fn client(channel: Channel) -> PeerClient<Channel> {
     PeerClient::new(channel)
         .max_decoding_message_size(MAX_MESSAGE)
         .max_encoding_message_size(MAX_MESSAGE)
-}
-
-/// A shard as the wire describes it.
-pub fn info(m: &Manifest) -> pb::ShardInfo {
-    pb::ShardInfo {
-        job_id: m.job_id.clone(),
-        step: m.step,
-        rank: m.rank,
-        world_size: m.world_size,
-        size_bytes: m.size_bytes,
-        xxh3: m.hash().unwrap_or(0),
-        origin: m.origin.clone(),
-    }
-}
-
-/// A manifest from what a peer said; refused when it makes no sense.
-pub fn manifest_of(i: &pb::ShardInfo) -> Result<Manifest, String> {
-    super::layout::check_job_id(&i.job_id).map_err(|e| e.to_string())?;
-    if i.world_size == 0 || i.rank >= i.world_size {
-        return Err(format!(
-            "shard info: rank {} is not below world_size {}",
-            i.rank, i.world_size
-        ));
-    }
-    if i.world_size > warden_core::rank::MAX_WORLD_SIZE {
-        return Err(format!(
-            "shard info: world_size {} is above the most any agent takes ({})",
-            i.world_size,
-            warden_core::rank::MAX_WORLD_SIZE
-        ));
-    }
-    super::layout::check_step(i.step).map_err(|e| format!("shard info: {e}"))?;
-    if i.origin.len() > 255 || i.origin.chars().any(char::is_control) {
-        return Err(format!(
-            "shard info: origin {:?} is longer than 255 bytes or holds control characters",
-            warden_slot::truncate_utf8(&i.origin, 64)
-        ));
-    }
-    Ok(Manifest {
-        job_id: i.job_id.clone(),
-        step: i.step,
-        rank: i.rank,
-        world_size: i.world_size,
-        size_bytes: i.size_bytes,
-        xxh3: manifest::hex(i.xxh3),
-        origin: i.origin.clone(),
-        committed_unix: std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_secs())
-            .unwrap_or(0),
-    })
 }
 
 /// Paces a sender to a byte rate (0: unpaced).
@@ -155,7 +103,7 @@ pub fn chunk_stream(
         };
         let mut f = file;
         let mut pacer = Pacer::new(rate);
-        let mut first = Some(info(&m));
+        let mut first = Some(super::wire::info(&m));
         let mut left = m.size_bytes;
         let pool = std::sync::Arc::new(Pool::default());
         loop {
@@ -336,15 +284,6 @@ async fn receive_inner(
         ));
     }
     Ok(())
-}
-
-/// The key a fetch asks for.
-pub fn fetch_request(k: &ShardKey) -> pb::FetchShardRequest {
-    pb::FetchShardRequest {
-        job_id: k.job_id.clone(),
-        step: k.step,
-        rank: k.rank,
-    }
 }
 
 #[cfg(test)]

@@ -15,7 +15,6 @@ use std::time::{Duration, Instant};
 
 use tokio::time::MissedTickBehavior;
 use tokio_util::sync::CancellationToken;
-use warden_proto::v1 as pb;
 
 use super::layout::ShardKey;
 use super::manifest::Manifest;
@@ -152,27 +151,12 @@ async fn reconcile(
         return;
     }
     let mut c = peer.client.clone();
-    let req = pb::ListShardsRequest {
-        job_id: job.to_owned(),
-    };
+    let req = super::wire::list_request(job);
     let held = match tokio::time::timeout(ck.cfg.peer_timeout, c.list_shards(req)).await {
         Ok(Ok(r)) => r.into_inner(),
         _ => return,
     };
-    let held: HashSet<(ShardKey, u64)> = held
-        .shards
-        .iter()
-        .map(|i| {
-            (
-                ShardKey {
-                    job_id: i.job_id.clone(),
-                    step: i.step,
-                    rank: i.rank,
-                },
-                i.xxh3,
-            )
-        })
-        .collect();
+    let held = super::wire::held_shards(&held);
     let todo: Vec<Manifest> = own
         .into_iter()
         .filter(|m| {

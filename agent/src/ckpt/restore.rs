@@ -12,8 +12,6 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use warden_proto::v1 as pb;
-
 use super::layout::ShardKey;
 use super::manifest::{self, Manifest};
 use super::wire::ChunkSource;
@@ -157,9 +155,7 @@ async fn gather_within(ck: &Arc<Checkpoints>, job: &str, limit: Duration) -> Cop
     let asks = ck.peers.of_job(job).into_iter().map(|p| {
         let mut c = p.client.clone();
         let addr = p.member.addr.clone();
-        let req = pb::ListShardsRequest {
-            job_id: job.to_owned(),
-        };
+        let req = super::wire::list_request(job);
         async move {
             let r = tokio::time::timeout(limit, c.list_shards(req)).await;
             (addr, r)
@@ -170,7 +166,7 @@ async fn gather_within(ck: &Arc<Checkpoints>, job: &str, limit: Duration) -> Cop
             Ok(Ok(resp)) => {
                 let resp = resp.into_inner();
                 for i in &resp.shards {
-                    match super::peers::manifest_of(i) {
+                    match super::wire::manifest_of(i) {
                         Ok(m) => view.add(
                             Holder::Peer {
                                 addr: addr.clone(),
@@ -495,7 +491,7 @@ async fn fetch(ck: &Arc<Checkpoints>, key: &ShardKey, c: &Copy) -> Result<PathBu
                 .ok_or_else(|| format!("{addr} is no longer a peer of this agent"))?;
             let mut stream = super::wire::fetch(
                 peer.channel.clone(),
-                &super::peers::fetch_request(key),
+                &super::wire::fetch_request(key),
                 super::peers::MAX_MESSAGE,
             )
             .await
@@ -508,7 +504,7 @@ async fn fetch(ck: &Arc<Checkpoints>, key: &ShardKey, c: &Copy) -> Result<PathBu
             let info = first
                 .info
                 .ok_or("the peer's first chunk has no shard info")?;
-            let told = super::peers::manifest_of(&info)?;
+            let told = super::wire::manifest_of(&info)?;
             // What the peer sends must be what it listed.
             if told.xxh3 != c.manifest.xxh3 || told.size_bytes != c.manifest.size_bytes {
                 return Err(format!(

@@ -12,7 +12,10 @@
 //! framed by hand: a sender gives HTTP/2 a small head (the gRPC prefix, the
 //! `info` field, the `data` tag and length) and then the chunk's own buffer;
 //! a receiver keeps the buffers HTTP/2 received and hands them on as they
-//! are. The other calls of `warden.v1.Peer` stay with tonic's code.
+//! are. The other calls of `warden.v1.Peer` stay with tonic's code, and
+//! their checkpoint messages are built and read here too ([`info`],
+//! [`manifest_of`], [`list_request`], [`fetch_request`]): the transport's
+//! one place where a `pb` type meets a [`Manifest`] or a [`ShardKey`].
 
 use std::collections::VecDeque;
 use std::pin::Pin;
@@ -25,6 +28,9 @@ use tonic::Status;
 use tonic::transport::Channel;
 use tower::Service;
 use warden_proto::v1 as pb;
+
+use super::layout::ShardKey;
+use super::manifest::{self, Manifest};
 
 /// The PushShard method's path.
 pub const PUSH_PATH: &str = "/warden.v1.Peer/PushShard";
@@ -586,6 +592,94 @@ fn split_front(parts: &mut VecDeque<Bytes>, len: &mut usize, mut n: usize) -> Ve
         }
     }
     out
+}
+
+// The Peer service's checkpoint messages other than the chunks' bytes:
+// every `pb` type the checkpoint transport builds or reads is built or read
+// here.
+
+/// The shards a `ListShards` answer says the peer holds, with their hashes.
+pub fn held_shards(r: &pb::ListShardsResponse) -> std::collections::HashSet<(ShardKey, u64)> {
+    r.shards
+        .iter()
+        .map(|i| {
+            (
+                ShardKey {
+                    job_id: i.job_id.clone(),
+                    step: i.step,
+                    rank: i.rank,
+                },
+                i.xxh3,
+            )
+        })
+        .collect()
+}
+
+/// `ListShards`' request for `job`.
+pub fn list_request(job: &str) -> pb::ListShardsRequest {
+    pb::ListShardsRequest {
+        job_id: job.to_owned(),
+    }
+}
+
+/// A shard as the wire describes it.
+pub fn info(m: &Manifest) -> pb::ShardInfo {
+    pb::ShardInfo {
+        job_id: m.job_id.clone(),
+        step: m.step,
+        rank: m.rank,
+        world_size: m.world_size,
+        size_bytes: m.size_bytes,
+        xxh3: m.hash().unwrap_or(0),
+        origin: m.origin.clone(),
+    }
+}
+
+/// A manifest from what a peer said; refused when it makes no sense.
+pub fn manifest_of(i: &pb::ShardInfo) -> Result<Manifest, String> {
+    super::layout::check_job_id(&i.job_id).map_err(|e| e.to_string())?;
+    if i.world_size == 0 || i.rank >= i.world_size {
+        return Err(format!(
+            "shard info: rank {} is not below world_size {}",
+            i.rank, i.world_size
+        ));
+    }
+    if i.world_size > warden_core::rank::MAX_WORLD_SIZE {
+        return Err(format!(
+            "shard info: world_size {} is above the most any agent takes ({})",
+            i.world_size,
+            warden_core::rank::MAX_WORLD_SIZE
+        ));
+    }
+    super::layout::check_step(i.step).map_err(|e| format!("shard info: {e}"))?;
+    if i.origin.len() > 255 || i.origin.chars().any(char::is_control) {
+        return Err(format!(
+            "shard info: origin {:?} is longer than 255 bytes or holds control characters",
+            warden_slot::truncate_utf8(&i.origin, 64)
+        ));
+    }
+    Ok(Manifest {
+        job_id: i.job_id.clone(),
+        step: i.step,
+        rank: i.rank,
+        world_size: i.world_size,
+        size_bytes: i.size_bytes,
+        xxh3: manifest::hex(i.xxh3),
+        origin: i.origin.clone(),
+        committed_unix: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0),
+    })
+}
+
+/// The key a fetch asks for.
+pub fn fetch_request(k: &ShardKey) -> pb::FetchShardRequest {
+    pb::FetchShardRequest {
+        job_id: k.job_id.clone(),
+        step: k.step,
+        rank: k.rank,
+    }
 }
 
 #[cfg(test)]
