@@ -65,6 +65,22 @@ pub struct PeerSet {
     /// rank order, this agent included): the straggler exchange's order of
     /// aggregators.
     orders: Mutex<BTreeMap<String, JobOrder>>,
+    /// Each handed-over job's ring kept ready (see [`JobRing`]).
+    rings: Mutex<BTreeMap<String, JobRing>>,
+}
+
+/// One job's placement kept ready at [`PeerSet::set_job`]: per shard pushed
+/// here and per save, a walk of the ring, not a copy of every peer and a
+/// sort (issue 30: up to 16,384 of them).
+#[derive(Debug, Default)]
+struct JobRing {
+    /// [`PeerSet::of_job`]'s members, then this agent (its index is
+    /// `peers.len()`).
+    ring: placement::Ring,
+    /// Each named peer's index in the ring (the first of a name).
+    names: std::collections::HashMap<String, usize>,
+    /// This agent's own targets.
+    targets: Vec<Peer>,
 }
 
 /// One job's hosts as last handed over, with what is looked up per report
@@ -97,6 +113,7 @@ impl PeerSet {
             configured,
             jobs: Mutex::new(BTreeMap::new()),
             orders: Mutex::new(BTreeMap::new()),
+            rings: Mutex::new(BTreeMap::new()),
         }
     }
 
@@ -166,12 +183,19 @@ impl PeerSet {
     /// The peers that hold this host's replicas of `job`'s shards: the ring
     /// placement over [`PeerSet::of_job`].
     pub fn targets(&self, job: &str) -> Vec<Peer> {
+        if let Some(r) = self.rings().get(job) {
+            return r.targets.clone();
+        }
         let all = self.of_job(job);
         let members: Vec<RingMember> = all.iter().map(|p| p.member.clone()).collect();
         placement::targets(&self.me, &members, self.replicas)
             .into_iter()
             .filter_map(|i| all.get(i).cloned())
             .collect()
+    }
+
+    fn rings(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, JobRing>> {
+        self.rings.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Whether `name` is a peer of any job, or configured. Asked on every
@@ -199,10 +223,17 @@ impl PeerSet {
     /// launchers' round (and a static fleet configures each host's peers
     /// alike), so this is the origin's own choice of targets.
     pub fn placed_here(&self, job: &str, origin: &str) -> Option<bool> {
+        if origin.is_empty() {
+            return None;
+        }
+        if let Some(r) = self.rings().get(job) {
+            let o = *r.names.get(origin)?;
+            let from = &r.ring.members()[o];
+            let me = r.ring.members().len() - 1;
+            return Some(r.ring.targets_of(from, self.replicas).contains(&me));
+        }
         let all = self.of_job(job);
-        let o = all
-            .iter()
-            .find(|p| !origin.is_empty() && p.name == origin)?;
+        let o = all.iter().find(|p| p.name == origin)?;
         let mut ring: Vec<RingMember> = all
             .iter()
             .filter(|p| p.member.addr != o.member.addr)
@@ -307,6 +338,7 @@ impl PeerSet {
                 );
             }
         }
+        self.keep_ring(job);
         let targets: Vec<String> = self
             .targets(job)
             .into_iter()
@@ -321,6 +353,38 @@ impl PeerSet {
             );
         }
         Ok(targets)
+    }
+
+    /// Keeps `job`'s ring ready ([`JobRing`]), or forgets it when the job
+    /// has no peers of its own left.
+    fn keep_ring(&self, job: &str) {
+        if !self.jobs().contains_key(job) {
+            self.rings().remove(job);
+            return;
+        }
+        let all = self.of_job(job);
+        let mut names = std::collections::HashMap::with_capacity(all.len());
+        for (i, p) in all.iter().enumerate() {
+            if !p.name.is_empty() {
+                names.entry(p.name.clone()).or_insert(i);
+            }
+        }
+        let mut members: Vec<RingMember> = all.iter().map(|p| p.member.clone()).collect();
+        members.push(self.me.clone());
+        let ring = placement::Ring::new(members);
+        let targets = ring
+            .targets_of(&self.me, self.replicas)
+            .into_iter()
+            .filter_map(|i| all.get(i).cloned())
+            .collect();
+        self.rings().insert(
+            job.to_owned(),
+            JobRing {
+                ring,
+                names,
+                targets,
+            },
+        );
     }
 }
 
@@ -383,6 +447,7 @@ mod tests {
             )
             .unwrap();
         assert_eq!(t, vec!["127.0.0.3:7000"]);
+        assert!(s.rings().contains_key("j1"), "the job's ring is kept");
         assert_eq!(
             addrs(s.of_job("j1")),
             vec!["127.0.0.9:7000", "127.0.0.3:7000", "127.0.0.4:7000"]
@@ -395,6 +460,7 @@ mod tests {
         assert_eq!(addrs(s.targets("j1")), vec!["127.0.0.4:7000"]);
         s.set_job("j1", &[]).unwrap();
         assert!(s.targets("j1").is_empty());
+        assert!(!s.rings().contains_key("j1"), "and forgotten with it");
         assert!(s.find("127.0.0.4:7000").is_none());
     }
 
@@ -424,6 +490,56 @@ mod tests {
         assert_eq!(s.placed_here("j", "h9"), None);
         assert_eq!(s.placed_here("j", ""), None);
         assert!(s.knows("h3") && !s.knows("h9") && !s.knows(""));
+    }
+
+    /// A job of 16,384 hosts in 128 racks: the kept ring answers every
+    /// origin as the copy-and-sort did, and this host's targets too.
+    #[tokio::test]
+    async fn the_kept_ring_answers_as_the_sort_at_16384_hosts() {
+        let s = set(&[]);
+        let specs: Vec<PeerSpec> = (0..16_384u32)
+            .map(|i| PeerSpec {
+                identity: format!("h{i}"),
+                ..spec(
+                    &format!("10.{}.{}.{}:7070", i >> 16, (i >> 8) & 255, i & 255),
+                    &format!("rack{}", i / 128),
+                )
+            })
+            .collect();
+        s.set_job("j", &specs).unwrap();
+        let all = s.of_job("j");
+        let slow = |origin: &str| {
+            let o = all.iter().find(|p| p.name == origin).unwrap();
+            let mut ring: Vec<RingMember> = all
+                .iter()
+                .filter(|p| p.member.addr != o.member.addr)
+                .map(|p| p.member.clone())
+                .collect();
+            ring.push(s.me.clone());
+            let mine = ring.len() - 1;
+            placement::targets(&o.member, &ring, s.replicas).contains(&mine)
+        };
+        // The origin just before this host along the ring sends here.
+        let before = all
+            .iter()
+            .filter(|p| p.member.addr < s.me.addr)
+            .max_by(|a, b| a.member.addr.cmp(&b.member.addr))
+            .map(|p| p.name.clone())
+            .unwrap();
+        let mut here = 0;
+        let sample = (0..16_384).step_by(997).map(|i| format!("h{i}"));
+        for name in sample.chain([before]) {
+            let kept = s.placed_here("j", &name);
+            assert_eq!(kept, Some(slow(&name)), "{name}");
+            here += usize::from(kept == Some(true));
+        }
+        assert!(here > 0, "some origin places its replica here");
+        let members: Vec<RingMember> = all.iter().map(|p| p.member.clone()).collect();
+        let want: Vec<String> = placement::targets(&s.me, &members, 1)
+            .into_iter()
+            .map(|i| all[i].member.addr.clone())
+            .collect();
+        assert_eq!(addrs(s.targets("j")), want);
     }
 
     #[tokio::test]
