@@ -27,6 +27,7 @@ use crate::exchange::aggregate::{
 use crate::exchange::batch::Batches;
 use crate::exchange::positions::step_stat_pb;
 use crate::exchange::relay::{Decoded, RelayError, relay};
+use crate::exchange::routes::AGGREGATOR_REFUSED;
 use crate::exchange::wire::{answer_pb, job_stats_pb, report_from_pb};
 use crate::state::AgentState;
 use warden_core::detect::sdc::aggregate::JobSteps;
@@ -71,9 +72,10 @@ pub async fn report_to_aggregator(
         return relayed.map_err(|e| match e {
             RelayError::Refused(e) => Status::resource_exhausted(format!("aggregate report: {e}")),
             RelayError::NoneAnswered(e) => Status::aborted(e),
-            RelayError::Aggregator { code, message } => {
-                Status::new(tonic::Code::from_i32(code), message)
-            }
+            RelayError::Aggregator { code, message } => Status::new(
+                tonic::Code::from_i32(code),
+                format!("{AGGREGATOR_REFUSED}: {message}"),
+            ),
         });
     }
     take(state, decoded)

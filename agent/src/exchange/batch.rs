@@ -299,7 +299,7 @@ fn item_outcome(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::time::Duration;
@@ -319,16 +319,20 @@ mod tests {
     /// An aggregator on the wire, as an agent older than batches or a
     /// newer one answers: counts the calls of each kind and the reports.
     #[derive(Default)]
-    struct Aggregating {
+    pub(crate) struct Aggregating {
         /// Answers ReportBatchToAggregator (an agent that knows it).
-        batches: bool,
+        pub(crate) batches: bool,
         /// Refuses reports of this host, alone.
-        refuse: String,
+        pub(crate) refuse: String,
+        /// Plays a group leader: takes a member's own reports (not
+        /// relayed), and answers one it was told to refuse as a leader
+        /// whose aggregator refused it.
+        pub(crate) leader: bool,
         /// Answers this host's report naming a shared step not there.
-        bad_step: String,
-        singles: AtomicUsize,
-        batch_calls: AtomicUsize,
-        batch_reports: AtomicUsize,
+        pub(crate) bad_step: String,
+        pub(crate) singles: AtomicUsize,
+        pub(crate) batch_calls: AtomicUsize,
+        pub(crate) batch_reports: AtomicUsize,
     }
 
     fn answer(host: &str) -> pb::AggregateAnswer {
@@ -361,6 +365,16 @@ mod tests {
         ) -> Result<Response<pb::AggregateAnswer>, Status> {
             self.0.singles.fetch_add(1, Ordering::SeqCst);
             let r = req.into_inner();
+            if self.0.leader {
+                if r.host == self.0.refuse {
+                    return Err(Status::permission_denied(format!(
+                        "{}: not {}'s to relay",
+                        super::super::routes::AGGREGATOR_REFUSED,
+                        r.host
+                    )));
+                }
+                return Ok(Response::new(answer(&r.host)));
+            }
             assert!(r.relayed, "a relayed report is marked");
             Ok(Response::new(answer(&r.host)))
         }
@@ -452,7 +466,7 @@ mod tests {
     }
 
     /// Serves `agg` on 127.0.0.2 (plain TCP); a hop to it.
-    async fn serve(agg: Arc<Aggregating>) -> Hop {
+    pub(crate) async fn serve(agg: Arc<Aggregating>) -> Hop {
         let listener = tokio::net::TcpListener::bind("127.0.0.2:0").await.unwrap();
         let addr = listener.local_addr().unwrap().to_string();
         tokio::spawn(
@@ -484,7 +498,7 @@ mod tests {
     }
 
     /// A leader's exchange: host `leader`, no peers of its own.
-    fn exchange(dir: &std::path::Path) -> Arc<Exchange> {
+    pub(crate) fn exchange(dir: &std::path::Path) -> Arc<Exchange> {
         let registry =
             crate::ranks::registry::Registry::new(&dir.join("slots"), &dir.join("state"), 8)
                 .unwrap();

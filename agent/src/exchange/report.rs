@@ -144,6 +144,13 @@ async fn report_loop(ex: Arc<Exchange>, det: Arc<Stragglers>) {
                     .increment(1);
                 tracing::debug!(leader = %addr, error = %err, "the group leader could not relay this report");
             }
+            if let Some((addr, err)) = outcome.refused {
+                // A limit or a rule of the aggregator's, for this host's
+                // report: the operator's to see, not a host to skip.
+                metrics::counter!("warden_straggler_exchanges_total", "result" => "refused")
+                    .increment(1);
+                tracing::warn!(leader = %addr, error = %err, "the job's aggregator refused this host's report");
+            }
             if let Some(addr) = outcome.answered {
                 metrics::counter!("warden_straggler_exchanges_total", "result" => "ok")
                     .increment(1);
@@ -202,6 +209,10 @@ struct Outcome {
     /// A leader that is up but could not relay (it answered ABORTED,
     /// [`RELAY_FAILED`](super::routes::RELAY_FAILED)).
     relay_failed: Option<(String, String)>,
+    /// A leader whose aggregator refused this report alone (it answered
+    /// [`AGGREGATOR_REFUSED`](super::routes::AGGREGATOR_REFUSED)): both
+    /// are up, neither is skipped.
+    refused: Option<(String, String)>,
     here: Option<Here>,
     /// The jobs whose values the report carried.
     value_jobs: Vec<String>,
@@ -244,6 +255,10 @@ async fn send(
                     out.relay_failed = Some((addr, why.to_owned()));
                     return out;
                 }
+                if let Some(why) = e.aggregator_refused() {
+                    out.refused = Some((addr, why.to_owned()));
+                    return out;
+                }
                 Err(e.to_string())
             }
             Ok(answer) => answer_from_pb(answer).map_err(|e| format!("bad answer: {e}")),
@@ -258,4 +273,56 @@ async fn send(
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::Ordering;
+
+    use crate::exchange::batch::tests::{Aggregating, exchange, serve};
+
+    /// A leader whose aggregator refused this host's report alone: the
+    /// member skips neither (nothing is noted failed) and tries no other
+    /// host for the report, where the same rule would refuse it.
+    #[tokio::test]
+    async fn a_report_the_aggregator_refused_alone_skips_no_host() {
+        let dir = tempfile::tempdir().unwrap();
+        let ex = exchange(dir.path());
+        let leader = Arc::new(Aggregating {
+            leader: true,
+            refuse: "leader".into(),
+            ..Default::default()
+        });
+        let next = Arc::new(Aggregating {
+            leader: true,
+            ..Default::default()
+        });
+        let plan = vec![serve(leader.clone()).await, serve(next.clone()).await];
+        let report = HostReport {
+            host: "leader".into(),
+            relative_threshold: 1.06,
+            z_threshold: 4.0,
+            jobs: Vec::new(),
+        };
+        let out = send(
+            &ex,
+            plan,
+            report,
+            Vec::new(),
+            Vec::new(),
+            Duration::from_secs(5),
+        )
+        .await;
+        assert!(out.failed.is_empty(), "{:?}", out.failed);
+        let (_, why) = out.refused.expect("refused by the aggregator");
+        assert!(why.contains("not leader's to relay"), "{why}");
+        assert!(out.here.is_none() && out.answered.is_none());
+        assert_eq!(leader.singles.load(Ordering::SeqCst), 1);
+        assert_eq!(
+            next.singles.load(Ordering::SeqCst),
+            0,
+            "no other host tried"
+        );
+    }
 }

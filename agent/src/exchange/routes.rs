@@ -30,6 +30,13 @@ pub const MAX_TRIES: usize = 8;
 /// not skip it.
 pub const RELAY_FAILED: &str = "relay to the job's aggregator failed";
 
+/// The start of the message a leader answers with when the aggregator took
+/// its batch but refused the member's report alone (the aggregator's own
+/// code follows, and its message): the leader is up and the aggregator
+/// too, so the member skips neither, and tries no other host for it (the
+/// same report would be refused there).
+pub const AGGREGATOR_REFUSED: &str = "the job's aggregator refused this report";
+
 /// Why a call to an aggregator (or a leader) brought no answer.
 #[derive(Debug)]
 pub enum CallFailed {
@@ -48,6 +55,15 @@ impl CallFailed {
             {
                 Some(s.message())
             }
+            _ => None,
+        }
+    }
+
+    /// A leader's answer that the aggregator refused this report alone
+    /// ([`AGGREGATOR_REFUSED`]).
+    pub fn aggregator_refused(&self) -> Option<&str> {
+        match self {
+            Self::Refused(s) if s.message().starts_with(AGGREGATOR_REFUSED) => Some(s.message()),
             _ => None,
         }
     }
