@@ -74,8 +74,7 @@ pub struct PeerSet {
 /// sort (issue 30: up to 16,384 of them).
 #[derive(Debug, Default)]
 struct JobRing {
-    /// [`PeerSet::of_job`]'s members, then this agent (its index is
-    /// `peers.len()`).
+    /// [`PeerSet::of_job`]'s members, then this agent (the last).
     ring: placement::Ring,
     /// Each named peer's index in the ring (the first of a name).
     names: std::collections::HashMap<String, usize>,
@@ -186,12 +185,7 @@ impl PeerSet {
         if let Some(r) = self.rings().get(job) {
             return r.targets.clone();
         }
-        let all = self.of_job(job);
-        let members: Vec<RingMember> = all.iter().map(|p| p.member.clone()).collect();
-        placement::targets(&self.me, &members, self.replicas)
-            .into_iter()
-            .filter_map(|i| all.get(i).cloned())
-            .collect()
+        self.ring_of(job).targets
     }
 
     fn rings(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, JobRing>> {
@@ -226,22 +220,16 @@ impl PeerSet {
         if origin.is_empty() {
             return None;
         }
-        if let Some(r) = self.rings().get(job) {
+        let placed = |r: &JobRing| {
             let o = *r.names.get(origin)?;
             let from = &r.ring.members()[o];
             let me = r.ring.members().len() - 1;
-            return Some(r.ring.targets_of(from, self.replicas).contains(&me));
+            Some(r.ring.targets_of(from, self.replicas).contains(&me))
+        };
+        if let Some(r) = self.rings().get(job) {
+            return placed(r);
         }
-        let all = self.of_job(job);
-        let o = all.iter().find(|p| p.name == origin)?;
-        let mut ring: Vec<RingMember> = all
-            .iter()
-            .filter(|p| p.member.addr != o.member.addr)
-            .map(|p| p.member.clone())
-            .collect();
-        ring.push(self.me.clone());
-        let mine = ring.len() - 1;
-        Some(placement::targets(&o.member, &ring, self.replicas).contains(&mine))
+        placed(&self.ring_of(job))
     }
 
     /// The peer at `addr`, configured or handed over for any job.
@@ -362,6 +350,13 @@ impl PeerSet {
             self.rings().remove(job);
             return;
         }
+        let ring = self.ring_of(job);
+        self.rings().insert(job.to_owned(), ring);
+    }
+
+    /// `job`'s ring over [`PeerSet::of_job`] and this agent, built now (a
+    /// job not handed over, or `""`, has none kept).
+    fn ring_of(&self, job: &str) -> JobRing {
         let all = self.of_job(job);
         let mut names = std::collections::HashMap::with_capacity(all.len());
         for (i, p) in all.iter().enumerate() {
@@ -377,14 +372,11 @@ impl PeerSet {
             .into_iter()
             .filter_map(|i| all.get(i).cloned())
             .collect();
-        self.rings().insert(
-            job.to_owned(),
-            JobRing {
-                ring,
-                names,
-                targets,
-            },
-        );
+        JobRing {
+            ring,
+            names,
+            targets,
+        }
     }
 }
 
@@ -517,7 +509,7 @@ mod tests {
                 .collect();
             ring.push(s.me.clone());
             let mine = ring.len() - 1;
-            placement::targets(&o.member, &ring, s.replicas).contains(&mine)
+            placement::by_sort(&o.member, &ring, s.replicas).contains(&mine)
         };
         // The origin just before this host along the ring sends here.
         let before = all
@@ -535,7 +527,7 @@ mod tests {
         }
         assert!(here > 0, "some origin places its replica here");
         let members: Vec<RingMember> = all.iter().map(|p| p.member.clone()).collect();
-        let want: Vec<String> = placement::targets(&s.me, &members, 1)
+        let want: Vec<String> = placement::by_sort(&s.me, &members, 1)
             .into_iter()
             .map(|i| all[i].member.addr.clone())
             .collect();
