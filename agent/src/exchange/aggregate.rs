@@ -184,13 +184,7 @@ pub fn shared_stats<'a>(
                 .iter()
                 .filter_map(|job| {
                     let key = (job.as_str(), rel.to_bits(), z.to_bits());
-                    if let Some(i) = index.get(&key) {
-                        return Some(*i);
-                    }
-                    let i = u32::try_from(shared.len()).ok()?;
-                    shared.push(agg.stats(job, rel, z)?);
-                    index.insert(key, i);
-                    Some(i)
+                    shared_index(&mut index, &mut shared, key, || agg.stats(job, rel, z))
                 })
                 .collect()
         })
@@ -225,13 +219,9 @@ pub fn shared_steps<'a>(ex: &Exchange, folded: impl Iterator<Item = &'a Folded>)
             .map(|a| {
                 sdc.settled(&a.job, &a.steps)
                     .filter_map(|s| {
-                        if let Some(i) = index.get(&(a.job.as_str(), s.step)) {
-                            return Some(*i);
-                        }
-                        let i = u32::try_from(out.steps.len()).ok()?;
-                        out.steps.push((a.job.clone(), s.clone()));
-                        index.insert((a.job.as_str(), s.step), i);
-                        Some(i)
+                        shared_index(&mut index, &mut out.steps, (a.job.as_str(), s.step), || {
+                            Some((a.job.clone(), s.clone()))
+                        })
                     })
                     .collect()
             })
@@ -239,4 +229,22 @@ pub fn shared_steps<'a>(ex: &Exchange, folded: impl Iterator<Item = &'a Folded>)
         out.refs.push(refs);
     }
     out
+}
+
+/// The index of `key`'s entry among a batch's `shared` entries, the entry
+/// made by `make` the first time the key is seen (None: `make` has none,
+/// or past u32 entries).
+fn shared_index<K: Eq + std::hash::Hash, V>(
+    index: &mut HashMap<K, u32>,
+    shared: &mut Vec<V>,
+    key: K,
+    make: impl FnOnce() -> Option<V>,
+) -> Option<u32> {
+    if let Some(i) = index.get(&key) {
+        return Some(*i);
+    }
+    let i = u32::try_from(shared.len()).ok()?;
+    shared.push(make()?);
+    index.insert(key, i);
+    Some(i)
 }
