@@ -27,7 +27,7 @@ use crate::exchange::aggregate::{
 use crate::exchange::batch::Batches;
 use crate::exchange::positions::step_stat_pb;
 use crate::exchange::relay::{Decoded, RelayError, relay};
-use crate::exchange::routes::AGGREGATOR_REFUSED;
+use crate::exchange::routes::{AGGREGATOR_REFUSED, report_refused};
 use crate::exchange::wire::{answer_pb, job_stats_pb, report_from_pb};
 use crate::state::AgentState;
 use warden_core::detect::sdc::aggregate::JobSteps;
@@ -70,7 +70,7 @@ pub async fn report_to_aggregator(
             Batches::submit(ex, job, plan, forward, decoded).await
         };
         return relayed.map_err(|e| match e {
-            RelayError::Refused(e) => Status::resource_exhausted(format!("aggregate report: {e}")),
+            RelayError::Refused(e) => Status::resource_exhausted(report_refused(e)),
             RelayError::NoneAnswered(e) => Status::aborted(e),
             RelayError::Aggregator { code, message } => Status::new(
                 tonic::Code::from_i32(code),
@@ -111,7 +111,7 @@ pub async fn report_batch_to_aggregator(
         report.relayed = true;
         folded.push(admit(state, caller, known, report).and_then(|(r, p, v)| {
             fold(&state.exchange, r, p, v)
-                .map_err(|e| Status::resource_exhausted(format!("aggregate report: {e}")))
+                .map_err(|e| Status::resource_exhausted(report_refused(e)))
         }));
     }
     let ex = &state.exchange;
@@ -218,8 +218,8 @@ fn admit(
     req: pb::AggregateReport,
 ) -> Result<Decoded, Status> {
     let relayed = req.relayed;
-    let (report, positions, values) = report_from_pb(req)
-        .map_err(|e| Status::invalid_argument(format!("aggregate report: {e}")))?;
+    let (report, positions, values) =
+        report_from_pb(req).map_err(|e| Status::invalid_argument(report_refused(e)))?;
     if report.host == state.host {
         return Err(Status::failed_precondition(format!(
             "the report comes from host {:?}, this agent's own name: give each agent its own \
@@ -261,7 +261,7 @@ fn take(
     (report, positions, values): Decoded,
 ) -> Result<pb::AggregateAnswer, Status> {
     let here = aggregate_here(&state.exchange, report, positions, values)
-        .map_err(|e| Status::resource_exhausted(format!("aggregate report: {e}")))?;
+        .map_err(|e| Status::resource_exhausted(report_refused(e)))?;
     Ok(answer_pb(&state.host, &here))
 }
 

@@ -375,6 +375,12 @@ pub(crate) mod tests {
                 }
                 return Ok(Response::new(answer(&r.host)));
             }
+            if r.host == self.0.refuse {
+                // As an agent refuses a report for its own sake.
+                return Err(Status::resource_exhausted(
+                    super::super::routes::report_refused("this aggregator already keeps 1024 jobs"),
+                ));
+            }
             assert!(r.relayed, "a relayed report is marked");
             Ok(Response::new(answer(&r.host)))
         }
@@ -477,7 +483,7 @@ pub(crate) mod tests {
         hop(&addr)
     }
 
-    fn hop(addr: &str) -> Hop {
+    pub(crate) fn hop(addr: &str) -> Hop {
         let channel: Channel = Endpoint::from_shared(format!("http://{addr}"))
             .unwrap()
             .connect_lazy();
@@ -489,7 +495,7 @@ pub(crate) mod tests {
     }
 
     /// An address nobody listens on: a port bound, then closed.
-    fn down() -> String {
+    pub(crate) fn down() -> String {
         std::net::TcpListener::bind("127.0.0.2:0")
             .unwrap()
             .local_addr()

@@ -27,8 +27,10 @@ pub enum RelayError {
     /// No host answered: [`RELAY_FAILED`], with each host's failure. This
     /// leader is up, so its member keeps it as leader.
     NoneAnswered(String),
-    /// The aggregator took the batch but refused this report alone: its
-    /// status (a gRPC code) and message, handed back to the member as is.
+    /// The aggregator refused this report alone (an item of a batch it
+    /// took, or a relayed report it refused for the report's own sake,
+    /// [`REPORT_REFUSED`](super::routes::REPORT_REFUSED)): its status (a
+    /// gRPC code) and message, handed back to the member as is.
     Aggregator {
         /// The gRPC status code.
         code: i32,
@@ -72,7 +74,20 @@ pub async fn relay(
                 routes.note_answered(&addr);
                 return Ok(answer);
             }
-            Err(e) => e.to_string(),
+            Err(e) => {
+                // The aggregator refused this report for its own sake: it
+                // is up (nothing noted failed), and the next host would
+                // refuse the same report.
+                if let Some(s) = e.report_refused() {
+                    metrics::counter!("warden_straggler_relays_total", "result" => "refused")
+                        .increment(1);
+                    return Err(RelayError::Aggregator {
+                        code: s.code() as i32,
+                        message: s.message().to_owned(),
+                    });
+                }
+                e.to_string()
+            }
         };
         routes.note_failed(&addr, err.clone(), "this group leader");
         errors.push(format!("{addr}: {err}"));
@@ -96,4 +111,87 @@ pub fn here(
     aggregate_here(ex, report, positions, values)
         .map(|h| answer_pb(&ex.host, &h))
         .map_err(RelayError::Refused)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+    use std::sync::atomic::Ordering;
+
+    use crate::exchange::batch::tests::{Aggregating, down, exchange, hop, serve};
+    use crate::exchange::wire::report_from_pb;
+
+    /// A member's report, as a leader decodes it.
+    fn report(host: &str) -> (pb::AggregateReport, Decoded) {
+        let req = pb::AggregateReport {
+            host: host.into(),
+            relative_threshold: 1.06,
+            z_threshold: 4.0,
+            ..Default::default()
+        };
+        let decoded = report_from_pb(req.clone()).unwrap();
+        (req, decoded)
+    }
+
+    /// An aggregator that refuses a relayed report for the report's own
+    /// sake (a limit): the leader hands its status back, notes no host
+    /// failed, and tries no other host; another member's report is taken
+    /// by the same aggregator.
+    #[tokio::test]
+    async fn a_report_refused_for_its_own_sake_skips_no_host() {
+        let dir = tempfile::tempdir().unwrap();
+        let ex = exchange(dir.path());
+        let agg = Arc::new(Aggregating {
+            refuse: "m1".into(),
+            ..Default::default()
+        });
+        let next = Arc::new(Aggregating::default());
+        let (agg_hop, next_hop) = (serve(agg.clone()).await, serve(next.clone()).await);
+        let plan = vec![agg_hop.clone(), next_hop];
+        let (req, decoded) = report("m1");
+        let err = relay(&ex, plan.clone(), req, decoded, Duration::from_secs(5))
+            .await
+            .unwrap_err();
+        let RelayError::Aggregator { code, message } = err else {
+            panic!("{err:?}")
+        };
+        assert_eq!(code, tonic::Code::ResourceExhausted as i32);
+        assert!(message.contains("already keeps 1024 jobs"), "{message}");
+        assert_eq!(
+            next.singles.load(Ordering::SeqCst),
+            0,
+            "no other host tried"
+        );
+        // Not noted failed: the first failure noted now is the first.
+        assert!(ex.routes.failed(&agg_hop.addr, "probe".into()));
+        ex.routes.answered(&agg_hop.addr);
+
+        let (req, decoded) = report("m2");
+        let answer = relay(&ex, plan, req, decoded, Duration::from_secs(5))
+            .await
+            .unwrap();
+        assert_eq!(answer.host, "agg, for m2");
+        assert_eq!(agg.singles.load(Ordering::SeqCst), 2);
+    }
+
+    /// A host that does not answer is still noted failed, and the next
+    /// takes the report.
+    #[tokio::test]
+    async fn a_host_down_is_noted_failed_and_the_next_takes_the_report() {
+        let dir = tempfile::tempdir().unwrap();
+        let ex = exchange(dir.path());
+        let next = Arc::new(Aggregating::default());
+        let gone = down();
+        let plan = vec![hop(&gone), serve(next.clone()).await];
+        let (req, decoded) = report("m1");
+        let answer = relay(&ex, plan, req, decoded, Duration::from_secs(5))
+            .await
+            .unwrap();
+        assert_eq!(answer.host, "agg, for m1");
+        assert!(
+            !ex.routes.failed(&gone, "probe".into()),
+            "noted failed before"
+        );
+    }
 }

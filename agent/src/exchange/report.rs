@@ -149,7 +149,7 @@ async fn report_loop(ex: Arc<Exchange>, det: Arc<Stragglers>) {
                 // report: the operator's to see, not a host to skip.
                 metrics::counter!("warden_straggler_exchanges_total", "result" => "refused")
                     .increment(1);
-                tracing::warn!(leader = %addr, error = %err, "the job's aggregator refused this host's report");
+                tracing::warn!(host = %addr, error = %err, "the job's aggregator refused this host's report");
             }
             if let Some(addr) = outcome.answered {
                 metrics::counter!("warden_straggler_exchanges_total", "result" => "ok")
@@ -210,8 +210,10 @@ struct Outcome {
     /// [`RELAY_FAILED`](super::routes::RELAY_FAILED)).
     relay_failed: Option<(String, String)>,
     /// A leader whose aggregator refused this report alone (it answered
-    /// [`AGGREGATOR_REFUSED`](super::routes::AGGREGATOR_REFUSED)): both
-    /// are up, neither is skipped.
+    /// [`AGGREGATOR_REFUSED`](super::routes::AGGREGATOR_REFUSED)), or a
+    /// host that refused it for the report's own sake
+    /// ([`REPORT_REFUSED`](super::routes::REPORT_REFUSED)): all are up,
+    /// none is skipped.
     refused: Option<(String, String)>,
     here: Option<Here>,
     /// The jobs whose values the report carried.
@@ -257,6 +259,12 @@ async fn send(
                 }
                 if let Some(why) = e.aggregator_refused() {
                     out.refused = Some((addr, why.to_owned()));
+                    return out;
+                }
+                // The host itself refused the report for its own sake: it
+                // is up, and the next would refuse it too.
+                if let Some(s) = e.report_refused() {
+                    out.refused = Some((addr, s.message().to_owned()));
                     return out;
                 }
                 Err(e.to_string())
@@ -319,6 +327,46 @@ mod tests {
         assert!(why.contains("not leader's to relay"), "{why}");
         assert!(out.here.is_none() && out.answered.is_none());
         assert_eq!(leader.singles.load(Ordering::SeqCst), 1);
+        assert_eq!(
+            next.singles.load(Ordering::SeqCst),
+            0,
+            "no other host tried"
+        );
+    }
+
+    /// The aggregator itself refused this host's report for the report's
+    /// own sake (a limit): nothing is noted failed and no other host is
+    /// tried, as when a leader hands such a refusal back.
+    #[tokio::test]
+    async fn a_report_refused_for_its_own_sake_skips_no_host() {
+        let dir = tempfile::tempdir().unwrap();
+        let ex = exchange(dir.path());
+        let agg = Arc::new(Aggregating {
+            refuse: "leader".into(),
+            ..Default::default()
+        });
+        let next = Arc::new(Aggregating::default());
+        let plan = vec![serve(agg.clone()).await, serve(next.clone()).await];
+        let report = HostReport {
+            host: "leader".into(),
+            relative_threshold: 1.06,
+            z_threshold: 4.0,
+            jobs: Vec::new(),
+        };
+        let out = send(
+            &ex,
+            plan,
+            report,
+            Vec::new(),
+            Vec::new(),
+            Duration::from_secs(5),
+        )
+        .await;
+        assert!(out.failed.is_empty(), "{:?}", out.failed);
+        let (_, why) = out.refused.expect("refused by the aggregator");
+        assert!(why.contains("already keeps 1024 jobs"), "{why}");
+        assert!(out.here.is_none() && out.answered.is_none());
+        assert_eq!(agg.singles.load(Ordering::SeqCst), 1);
         assert_eq!(
             next.singles.load(Ordering::SeqCst),
             0,

@@ -37,6 +37,20 @@ pub const RELAY_FAILED: &str = "relay to the job's aggregator failed";
 /// same report would be refused there).
 pub const AGGREGATOR_REFUSED: &str = "the job's aggregator refused this report";
 
+/// The start of the message an agent refuses one report with for the
+/// report's own sake (gRPC INVALID_ARGUMENT: a field it got wrong;
+/// RESOURCE_EXHAUSTED: a limit it passed): the agent is up, and any other
+/// would refuse the same report, so the caller does not skip it and tries
+/// no other host for the report. Agents have answered so since before
+/// batches.
+pub const REPORT_REFUSED: &str = "aggregate report";
+
+/// The message a report refused for its own sake is answered with:
+/// [`REPORT_REFUSED`] and why.
+pub fn report_refused(why: impl std::fmt::Display) -> String {
+    format!("{REPORT_REFUSED}: {why}")
+}
+
 /// Why a call to an aggregator (or a leader) brought no answer.
 #[derive(Debug)]
 pub enum CallFailed {
@@ -64,6 +78,25 @@ impl CallFailed {
     pub fn aggregator_refused(&self) -> Option<&str> {
         match self {
             Self::Refused(s) if s.message().starts_with(AGGREGATOR_REFUSED) => Some(s.message()),
+            _ => None,
+        }
+    }
+
+    /// An agent's answer that it refused this report for the report's own
+    /// sake ([`REPORT_REFUSED`]): the status, as the agent answered it.
+    pub fn report_refused(&self) -> Option<&tonic::Status> {
+        match self {
+            Self::Refused(s)
+                if matches!(
+                    s.code(),
+                    tonic::Code::InvalidArgument | tonic::Code::ResourceExhausted
+                ) && s
+                    .message()
+                    .strip_prefix(REPORT_REFUSED)
+                    .is_some_and(|rest| rest.starts_with(':')) =>
+            {
+                Some(s)
+            }
             _ => None,
         }
     }
