@@ -21,10 +21,22 @@ Environment:
   EXAMPLE_STEPS        optimizer steps to run (200)
   EXAMPLE_CKPT_EVERY   checkpoint every this many steps (50)
   EXAMPLE_STEP_MS      extra time per step, milliseconds (20)
+  EXAMPLE_OPTIMIZATION automatic (the default: Lightning steps one Adam)
+                       or manual (``automatic_optimization = False``: the
+                       module steps two optimizers and their LR schedules
+                       itself, so each batch is two optimizer steps)
+  EXAMPLE_SYNC_AFTER_UPDATE  1: (manual) an all_reduce of the loss after the
+                       update, before the batch ends, as ``self.log(...,
+                       sync_dist=True)`` there does (it changes no parameter)
+  EXAMPLE_DIE_AT       (with the above) rank 1 SIGKILLs itself once, right
+                       after the update that reaches this global step,
+                       before the all_reduce: a fault no heal can take from
+                       a live replica (0: never)
 
 Lines appended to $EXAMPLE_LOG:
-  <unix time> step <N> rank <R> pid <P>          after each completed step
-                                                 (N from 0: global_step - 1)
+  <unix time> step <N> rank <R> pid <P>          after each completed batch
+                                                 (N: global_step - 1; odd
+                                                 steps only when manual)
   <unix time> done rank <R> digest <sha256>      at the end: every parameter
                                                  and optimizer tensor (or
                                                  callback-state-lost:... when
@@ -55,6 +67,13 @@ NODES = max(1, WORLD // LOCAL_WORLD)
 STEPS = int(os.environ.get("EXAMPLE_STEPS", "200"))
 CKPT_EVERY = int(os.environ.get("EXAMPLE_CKPT_EVERY", "50"))
 STEP_S = float(os.environ.get("EXAMPLE_STEP_MS", "20")) / 1000.0
+MANUAL = os.environ.get("EXAMPLE_OPTIMIZATION", "automatic") == "manual"
+SYNC_AFTER_UPDATE = os.environ.get("EXAMPLE_SYNC_AFTER_UPDATE") == "1"
+DIE_AT = int(os.environ.get("EXAMPLE_DIE_AT", "0"))
+if os.environ.get("EXAMPLE_OPTIMIZATION", "automatic") not in ("automatic", "manual"):
+    sys.exit(f"EXAMPLE_OPTIMIZATION: automatic or manual, not {os.environ['EXAMPLE_OPTIMIZATION']!r}")
+# Lightning's global_step counts optimizer steps: two a batch when manual.
+STEPS_PER_BATCH = 2 if MANUAL else 1
 LOG = os.environ["EXAMPLE_LOG"]
 PID = os.getpid()
 
@@ -71,6 +90,7 @@ def log(line: str) -> None:
 class Model(pl.LightningModule):
     def __init__(self) -> None:
         super().__init__()
+        self.automatic_optimization = not MANUAL
         self.net = torch.nn.Sequential(
             torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Dropout(0.1), torch.nn.Linear(64, 1)
         )
@@ -78,17 +98,44 @@ class Model(pl.LightningModule):
     def training_step(self, batch, batch_idx):
         time.sleep(STEP_S)
         x, y = batch
-        return torch.nn.functional.mse_loss(self.net(x), y)
+        loss = torch.nn.functional.mse_loss(self.net(x), y)
+        if not MANUAL:
+            return loss
+        # Manual optimization: one backward (DDP's all-reduce), then the
+        # two optimizers and their schedules, each stepped by the module.
+        opts, scheds = self.optimizers(), self.lr_schedulers()
+        for opt in opts:
+            opt.zero_grad()
+        self.manual_backward(loss)
+        for opt in opts:
+            opt.step()
+        for sched in scheds:
+            sched.step()
+        if SYNC_AFTER_UPDATE:
+            # A collective between the update and the batch's end (what
+            # `self.log(..., sync_dist=True)` does there).
+            if DIE_AT and RANK == 1 and self.trainer.global_step >= DIE_AT and not os.path.exists(LOG + ".died"):
+                open(LOG + ".died", "w").close()
+                os.kill(os.getpid(), 9)
+            torch.distributed.all_reduce(loss.detach().clone())
+        return loss
 
     def configure_optimizers(self):
+        if MANUAL:
+            first = torch.optim.Adam(self.net[0].parameters(), lr=1e-3)
+            last = torch.optim.SGD(self.net[3].parameters(), lr=1e-2, momentum=0.9)
+            return [first, last], [
+                torch.optim.lr_scheduler.StepLR(first, step_size=30, gamma=0.9),
+                torch.optim.lr_scheduler.StepLR(last, step_size=20, gamma=0.8),
+            ]
         opt = torch.optim.Adam(self.parameters(), lr=1e-3)
         sched = torch.optim.lr_scheduler.StepLR(opt, step_size=30, gamma=0.9)
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
 
 
 class LogSteps(pl.Callback):
-    """Logs each completed optimizer step (before WardenCallback commits it)
-    and counts them: a callback with a state of its own, which a heal
+    """Logs each completed batch's last optimizer step (before WardenCallback
+    commits it) and counts the batches: a callback with a state of its own, which a heal
     carries to every rank's new callback with the rest of the state."""
 
     def __init__(self) -> None:
@@ -105,7 +152,7 @@ class LogSteps(pl.Callback):
         self.completed = state["completed"]
 
 
-def digest(model: torch.nn.Module, opt: torch.optim.Optimizer) -> str:
+def digest(model: torch.nn.Module, opts: list) -> str:
     """sha256 of every parameter and optimizer tensor, in a fixed order."""
     h = hashlib.sha256()
 
@@ -115,11 +162,12 @@ def digest(model: torch.nn.Module, opt: torch.optim.Optimizer) -> str:
 
     for k, v in sorted(model.state_dict().items()):
         add(k, v)
-    sd = opt.state_dict()
-    for pid in sorted(sd["state"]):
-        for k, v in sorted(sd["state"][pid].items()):
-            if torch.is_tensor(v):
-                add(f"opt.{pid}.{k}", v)
+    for i, opt in enumerate(opts):
+        sd = opt.state_dict()
+        for pid in sorted(sd["state"]):
+            for k, v in sorted(sd["state"][pid].items()):
+                if torch.is_tensor(v):
+                    add(f"opt{i}.{pid}.{k}", v)
     return h.hexdigest()
 
 
@@ -150,11 +198,11 @@ def train() -> str:
     )
     trainer.fit(MODEL, loader)
     torch.distributed.destroy_process_group()
-    if steps.completed != trainer.global_step:
+    if steps.completed * STEPS_PER_BATCH != trainer.global_step:
         # Not a digest: the callbacks' state was lost on the way, and the
         # comparison with the fault-free run says so.
-        return f"callback-state-lost:{steps.completed}-of-{trainer.global_step}-steps"
-    return digest(MODEL, trainer.optimizers[0])
+        return f"callback-state-lost:{steps.completed}-batches-of-{trainer.global_step}-steps"
+    return digest(MODEL, trainer.optimizers)
 
 
 def main() -> int:

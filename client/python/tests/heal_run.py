@@ -50,6 +50,8 @@ class HealJob:
     #: Bound on one run: 2 x world interpreters importing torch and the
     #: framework on a loaded 2-core machine.
     run_s: float = 400.0
+    #: More of the example's environment (name, value).
+    env: Tuple[Tuple[str, str], ...] = ()
 
     def launch(self, tmp: Path, name: str, job: str = "") -> Tuple[subprocess.Popen, Path, Path]:
         """Starts the example under ``warden run`` (its own session, so a
@@ -70,6 +72,7 @@ class HealJob:
             WARDEN_HEAL_STORE_DIR=str(tmp / f"stores-{name}"),
             PYTHONDONTWRITEBYTECODE="1",
         )
+        env.update(self.env)
         # The ranks import the installed package (the wheel, with its
         # native module), as every other test here does: the source tree
         # has no built `_native`.

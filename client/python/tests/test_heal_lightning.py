@@ -12,7 +12,17 @@ mid-epoch, between two checkpoints (the faults of tests/torch_heal.rs):
 2. a fault during the heal: a survivor killed as soon as the launcher says
    it heals the first;
 3. two faults in a row: rank 1 at step 35, another rank at step 50 once
-   every rank stepped again.
+   every rank stepped again;
+4. one rank, under manual optimization (``automatic_optimization = False``:
+   the module steps two optimizers and their LR schedules itself, so
+   Lightning's global step moves by two a batch), against a fault-free run
+   of its own;
+5. under manual optimization, a rank lost between the update and the
+   batch's end while the others wait in a collective there (an all_reduce
+   of the loss, as ``self.log(..., sync_dist=True)`` after ``opt.step()``):
+   every survivor's update is begun and not committed, so no live rank
+   holds a committed step; the job falls back to the tier, says so, and
+   still ends with the fault-free digests.
 
 Each run must:
 
@@ -35,13 +45,14 @@ and the ``warden`` binary (the wheel's, or ``$WARDEN_TEST_WARDEN``).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 from typing import Dict
 
 import pytest
 from conftest import require_framework
-from heal_run import HealJob, sigkill
+from heal_run import HealJob, read, sigkill
 from wardend import ROOT
 
 JOB = HealJob(
@@ -56,6 +67,10 @@ JOB = HealJob(
     steps=90,
     ckpt_every=30,
 )
+
+
+#: The same job under manual optimization.
+MANUAL = dataclasses.replace(JOB, prefix="lightning-heal-manual", env=(("EXAMPLE_OPTIMIZATION", "manual"),))
 
 
 @pytest.fixture(scope="module")
@@ -98,3 +113,42 @@ def test_two_faults_in_a_row_heal_twice(reference: Dict[int, str], tmp_path: Pat
         JOB.wait_step(proc, out, log, rank, 45)
     second = sigkill(JOB.wait_step(proc, out, log, 2 if JOB.world > 2 else 0, 50))
     JOB.check(proc, out, log, reference, [first, second], 2)
+
+
+@pytest.fixture(scope="module")
+def manual_reference(tmp_path_factory: pytest.TempPathFactory) -> Dict[int, str]:
+    require_framework("pytorch_lightning")
+    return MANUAL.reference(tmp_path_factory.mktemp("lightning-heal-manual-ref"))
+
+
+def test_manual_optimization_heals_from_a_live_replica(manual_reference: Dict[int, str], tmp_path: Path) -> None:
+    reference = manual_reference
+    proc, log, out = MANUAL.launch(tmp_path, "manual")
+    # Step 41 (the 21st batch: two optimizer steps a batch): past the
+    # checkpoint at 30, before the one at 60, inside the first epoch.
+    pid = MANUAL.wait_step(proc, out, log, 1, 40)
+    MANUAL.check(proc, out, log, reference, [sigkill(pid)], 1)
+
+
+def test_a_fault_after_a_manual_update_falls_back_to_the_tier(manual_reference: Dict[int, str], tmp_path: Path) -> None:
+    # The same job with an all_reduce of the loss after each update (it
+    # changes no parameter: the fault-free digests are the manual job's),
+    # and rank 1 gone once right after the update that reaches step 40.
+    job = dataclasses.replace(
+        MANUAL, env=MANUAL.env + (("EXAMPLE_SYNC_AFTER_UPDATE", "1"), ("EXAMPLE_DIE_AT", "40"))
+    )
+    proc, log, out = job.launch(tmp_path, "torn")
+    said = job.finish(proc, out)
+    assert proc.returncode == 0, f"exit {proc.returncode}\n{said[-8000:]}"
+    steps, digests = read(log)
+    assert digests == manual_reference, f"digests against the fault-free run\n{said[-8000:]}"
+    # Said, not silent: the update was interrupted, and the state came
+    # from the checkpoint at 30 (the newest before the fault), not a peer.
+    assert "was interrupted: it receives the state" in said, said[-8000:]
+    assert "no live replica holds the state: restored from the checkpoint at step 30" in said, said[-8000:]
+    assert "healed from rank" not in said, said[-8000:]
+    assert "restarting in job" not in said, said[-8000:]
+    # The survivors kept their processes; rank 1 is one new process.
+    for rank in range(job.world):
+        pids = {p for _, _, r, p in steps if r == rank}
+        assert len(pids) == (2 if rank == 1 else 1), f"rank {rank}: {pids}\n{said[-8000:]}"
