@@ -16,6 +16,7 @@ pub mod commit;
 pub mod config;
 pub mod durable;
 pub mod layout;
+pub mod link;
 pub mod listing;
 pub mod manifest;
 pub mod peer_pages;
@@ -49,7 +50,8 @@ pub struct Peer {
     /// `agent.host_name`); empty when unknown (`api.insecure`, an older
     /// launcher): such a peer is dialed but never authorized for a job.
     pub name: String,
-    /// A lazily connected client (listings).
+    /// A lazily connected client: the straggler exchange calls through it
+    /// (`exchange::routes`), the checkpoint flow through [`link`].
     pub client: PeerClient<Channel>,
     /// Its channel, for shard transfers ([`wire`]).
     pub channel: Channel,

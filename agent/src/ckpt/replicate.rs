@@ -150,13 +150,9 @@ async fn reconcile(
     if own.is_empty() {
         return;
     }
-    let mut c = peer.client.clone();
-    let req = super::wire::list_request(job);
-    let held = match tokio::time::timeout(ck.cfg.peer_timeout, c.list_shards(req)).await {
-        Ok(Ok(r)) => r.into_inner(),
-        _ => return,
+    let Ok(held) = peer.held(job, ck.cfg.peer_timeout).await else {
+        return;
     };
-    let held = super::wire::held_shards(&held);
     let todo: Vec<Manifest> = own
         .into_iter()
         .filter(|m| {
@@ -199,16 +195,17 @@ async fn send(
             }
         };
         let started = Instant::now();
-        let stream = super::peers::chunk_stream(
-            m.clone(),
-            file,
-            path,
-            ck.cfg.chunk_bytes,
-            ck.cfg.replication_bytes_per_sec,
-        );
-        // A read error resets the stream: the receiver refuses the replica.
-        match super::wire::push(peer.channel.clone(), stream, super::peers::MAX_MESSAGE).await {
-            Ok(r) => {
+        let pushed = peer
+            .push(
+                m,
+                file,
+                path,
+                ck.cfg.chunk_bytes,
+                ck.cfg.replication_bytes_per_sec,
+            )
+            .await;
+        match pushed {
+            Ok(host) => {
                 let secs = started.elapsed().as_secs_f64();
                 sent.insert((addr.clone(), key.clone(), m.xxh3.clone()));
                 metrics::counter!("warden_ckpt_replicated_bytes_total").increment(m.size_bytes);
@@ -219,7 +216,7 @@ async fn send(
                         subject(&key),
                         format!(
                             "{key} copied to {} ({}) in {:.1} ms",
-                            r.host,
+                            host,
                             peer.member.addr,
                             secs * 1e3
                         ),
@@ -234,14 +231,14 @@ async fn send(
             }
             Err(s) => {
                 metrics::counter!("warden_ckpt_replication_failures_total").increment(1);
-                tracing::warn!(shard = %key, peer = %peer.member.addr, error = %s.message(),
+                tracing::warn!(shard = %key, peer = %peer.member.addr, error = %s,
                     "checkpoint replication failed; retried every checkpoint.retry_interval");
                 events.publish(
                     NewEvent::new(
                         Severity::Warning,
                         "ckpt.replication_failed",
                         subject(&key),
-                        format!("{key} not copied to {}: {}", peer.member.addr, s.message()),
+                        format!("{key} not copied to {}: {s}", peer.member.addr),
                     )
                     .with("job_id", &key.job_id)
                     .with("rank", key.rank)

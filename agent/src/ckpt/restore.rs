@@ -14,7 +14,6 @@ use std::time::{Duration, Instant};
 
 use super::layout::ShardKey;
 use super::manifest::{self, Manifest};
-use super::wire::ChunkSource;
 use super::{Checkpoints, subject};
 use warden_core::events::{NewEvent, Severity};
 use warden_core::signal::{CkptRestored, Signal};
@@ -153,24 +152,18 @@ async fn gather_within(ck: &Arc<Checkpoints>, job: &str, limit: Duration) -> Cop
             .insert(k.rank, why);
     }
     let asks = ck.peers.of_job(job).into_iter().map(|p| {
-        let mut c = p.client.clone();
-        let addr = p.member.addr.clone();
-        let req = super::wire::list_request(job);
-        async move {
-            let r = tokio::time::timeout(limit, c.list_shards(req)).await;
-            (addr, r)
-        }
+        let job = job.to_owned();
+        async move { (p.member.addr.clone(), p.list(&job, limit).await) }
     });
     for (addr, r) in futures_join(asks).await {
         match r {
-            Ok(Ok(resp)) => {
-                let resp = resp.into_inner();
-                for i in &resp.shards {
-                    match super::wire::manifest_of(i) {
+            Ok(listing) => {
+                for m in listing.shards {
+                    match m {
                         Ok(m) => view.add(
                             Holder::Peer {
                                 addr: addr.clone(),
-                                host: resp.host.clone(),
+                                host: listing.host.clone(),
                             },
                             m,
                         ),
@@ -178,13 +171,7 @@ async fn gather_within(ck: &Arc<Checkpoints>, job: &str, limit: Duration) -> Cop
                     }
                 }
             }
-            Ok(Err(s)) => view
-                .unreachable
-                .push(format!("peer {addr}: {}", s.message())),
-            Err(_) => view.unreachable.push(format!(
-                "peer {addr}: no answer within {}",
-                humantime::format_duration(limit)
-            )),
+            Err(e) => view.unreachable.push(format!("peer {addr}: {e}")),
         }
     }
     if let (Some(d), false) = (&ck.durable, job.is_empty()) {
@@ -489,32 +476,17 @@ async fn fetch(ck: &Arc<Checkpoints>, key: &ShardKey, c: &Copy) -> Result<PathBu
             let peer = ck
                 .peer(addr)
                 .ok_or_else(|| format!("{addr} is no longer a peer of this agent"))?;
-            let mut stream = super::wire::fetch(
-                peer.channel.clone(),
-                &super::wire::fetch_request(key),
-                super::peers::MAX_MESSAGE,
-            )
-            .await
-            .map_err(|s| s.message().to_owned())?;
-            let first = stream
-                .next_chunk()
-                .await
-                .map_err(|s| s.message().to_owned())?
-                .ok_or("the peer sent nothing")?;
-            let info = first
-                .info
-                .ok_or("the peer's first chunk has no shard info")?;
-            let told = super::wire::manifest_of(&info)?;
+            let incoming = peer.fetch(key).await?;
             // What the peer sends must be what it listed.
+            let told = &incoming.told;
             if told.xxh3 != c.manifest.xxh3 || told.size_bytes != c.manifest.size_bytes {
                 return Err(format!(
                     "the peer now describes it as {} bytes xxh3 {}, not as listed",
                     told.size_bytes, told.xxh3
                 ));
             }
-            let stream = &mut stream;
             ck.bring_in(&c.manifest, |staged, path| async move {
-                super::peers::receive(stream, first.data, &c.manifest, staged, path).await
+                incoming.receive(&c.manifest, staged, path).await
             })
             .await
             .map_err(|e| e.to_string())

@@ -1,0 +1,152 @@
+//! The checkpoint flow's calls to a peer agent, in the flow's own terms:
+//! what shards a peer holds, a replica pushed to it, a copy fetched from it.
+//!
+//! In: a [`Peer`], a job, a [`Manifest`] or a [`ShardKey`]. Out: manifests,
+//! the peer's host name, and errors worded for a person ([`LinkError`]).
+//! Replication (`replicate.rs`) and restores (`restore.rs`) call these and
+//! name no tonic or protobuf type: the transport (tonic's client for
+//! listings, the hand-framed chunks of [`super::wire`] for the shards'
+//! bytes) stays behind this module.
+
+use std::collections::HashSet;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use bytes::Bytes;
+
+use super::Peer;
+use super::layout::ShardKey;
+use super::manifest::Manifest;
+use super::peers::{self, MAX_MESSAGE};
+use super::wire::{self, ChunkSource, Reader};
+
+/// Why a call to a peer brought no answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LinkError {
+    /// It answered with an error: its message.
+    Refused(String),
+    /// No answer within this long.
+    Silent(Duration),
+}
+
+impl std::fmt::Display for LinkError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Refused(why) => f.write_str(why),
+            Self::Silent(d) => write!(f, "no answer within {}", humantime::format_duration(*d)),
+        }
+    }
+}
+
+/// What a peer said it holds of a job.
+#[derive(Debug)]
+pub struct Listing {
+    /// The peer's host name, as it gave it.
+    pub host: String,
+    /// Each shard it listed, or why its description makes no sense.
+    pub shards: Vec<Result<Manifest, String>>,
+}
+
+impl Peer {
+    /// The shards this peer holds of `job` (every job: `""`), within
+    /// `limit`.
+    pub async fn list(&self, job: &str, limit: Duration) -> Result<Listing, LinkError> {
+        let r = self.list_raw(job, limit).await?;
+        Ok(Listing {
+            shards: r.shards.iter().map(wire::manifest_of).collect(),
+            host: r.host,
+        })
+    }
+
+    /// The shards (key and xxh3) this peer holds of `job`, within `limit`,
+    /// as it listed them: what replication need not send again.
+    pub async fn held(
+        &self,
+        job: &str,
+        limit: Duration,
+    ) -> Result<HashSet<(ShardKey, u64)>, LinkError> {
+        Ok(wire::held_shards(&self.list_raw(job, limit).await?))
+    }
+
+    async fn list_raw(
+        &self,
+        job: &str,
+        limit: Duration,
+    ) -> Result<warden_proto::v1::ListShardsResponse, LinkError> {
+        let mut c = self.client.clone();
+        match tokio::time::timeout(limit, c.list_shards(wire::list_request(job))).await {
+            Ok(Ok(r)) => Ok(r.into_inner()),
+            Ok(Err(s)) => Err(LinkError::Refused(s.message().to_owned())),
+            Err(_) => Err(LinkError::Silent(limit)),
+        }
+    }
+
+    /// Pushes the shard `m` (read from `file`, at `path`) to this peer in
+    /// chunks of `chunk_bytes`, paced to `bytes_per_sec` (0: unpaced); the
+    /// host name it answered with. A read error resets the stream: the
+    /// receiver refuses the replica.
+    pub async fn push(
+        &self,
+        m: &Manifest,
+        file: std::fs::File,
+        path: PathBuf,
+        chunk_bytes: usize,
+        bytes_per_sec: u64,
+    ) -> Result<String, LinkError> {
+        let stream = peers::chunk_stream(m.clone(), file, path, chunk_bytes, bytes_per_sec);
+        wire::push(self.channel.clone(), stream, MAX_MESSAGE)
+            .await
+            .map(|r| r.host)
+            .map_err(|s| LinkError::Refused(s.message().to_owned()))
+    }
+
+    /// Asks this peer for the shard `key`: its first chunk read, and what
+    /// the peer says the shard is.
+    pub async fn fetch(&self, key: &ShardKey) -> Result<Incoming, String> {
+        let mut reader = wire::fetch(self.channel.clone(), &wire::fetch_request(key), MAX_MESSAGE)
+            .await
+            .map_err(|s| s.message().to_owned())?;
+        let first = reader
+            .next_chunk()
+            .await
+            .map_err(|s| s.message().to_owned())?
+            .ok_or("the peer sent nothing")?;
+        let info = first
+            .info
+            .ok_or("the peer's first chunk has no shard info")?;
+        Ok(Incoming {
+            told: wire::manifest_of(&info)?,
+            first: first.data,
+            reader,
+        })
+    }
+}
+
+/// A shard a peer began sending ([`Peer::fetch`]).
+pub struct Incoming {
+    /// What the peer says the shard is.
+    pub told: Manifest,
+    first: Vec<Bytes>,
+    reader: Reader<tonic::body::Body>,
+}
+
+impl std::fmt::Debug for Incoming {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Incoming")
+            .field("told", &self.told)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Incoming {
+    /// Receives the rest into `dest` (a staging file at `path`), checked
+    /// against `want` (size and xxh3): [`peers::receive`].
+    pub async fn receive(
+        mut self,
+        want: &Manifest,
+        dest: std::fs::File,
+        path: PathBuf,
+    ) -> Result<(), String> {
+        peers::receive(&mut self.reader, self.first, want, dest, path).await
+    }
+}
