@@ -290,23 +290,14 @@ mod tests {
 
     use crate::exchange::batch::tests::{Aggregating, exchange, serve};
 
-    /// A leader whose aggregator refused this host's report alone: the
-    /// member skips neither (nothing is noted failed) and tries no other
-    /// host for the report, where the same rule would refuse it.
-    #[tokio::test]
-    async fn a_report_the_aggregator_refused_alone_skips_no_host() {
+    /// This host's report sent to `first`, which refuses it saying `why`,
+    /// with `next` behind it: nothing is noted failed, the refusal is
+    /// kept, and `next` is not tried.
+    async fn refused_by_the_first(first: Aggregating, next: Aggregating, why: &str) {
         let dir = tempfile::tempdir().unwrap();
         let ex = exchange(dir.path());
-        let leader = Arc::new(Aggregating {
-            leader: true,
-            refuse: "leader".into(),
-            ..Default::default()
-        });
-        let next = Arc::new(Aggregating {
-            leader: true,
-            ..Default::default()
-        });
-        let plan = vec![serve(leader.clone()).await, serve(next.clone()).await];
+        let (first, next) = (Arc::new(first), Arc::new(next));
+        let plan = vec![serve(first.clone()).await, serve(next.clone()).await];
         let report = HostReport {
             host: "leader".into(),
             relative_threshold: 1.06,
@@ -323,10 +314,10 @@ mod tests {
         )
         .await;
         assert!(out.failed.is_empty(), "{:?}", out.failed);
-        let (_, why) = out.refused.expect("refused by the aggregator");
-        assert!(why.contains("not leader's to relay"), "{why}");
+        let (_, said) = out.refused.expect("refused");
+        assert!(said.contains(why), "{said}");
         assert!(out.here.is_none() && out.answered.is_none());
-        assert_eq!(leader.singles.load(Ordering::SeqCst), 1);
+        assert_eq!(first.singles.load(Ordering::SeqCst), 1);
         assert_eq!(
             next.singles.load(Ordering::SeqCst),
             0,
@@ -334,43 +325,32 @@ mod tests {
         );
     }
 
+    /// A leader whose aggregator refused this host's report alone: the
+    /// member skips neither (nothing is noted failed) and tries no other
+    /// host for the report, where the same rule would refuse it.
+    #[tokio::test]
+    async fn a_report_the_aggregator_refused_alone_skips_no_host() {
+        let leader = Aggregating {
+            leader: true,
+            refuse: "leader".into(),
+            ..Default::default()
+        };
+        let next = Aggregating {
+            leader: true,
+            ..Default::default()
+        };
+        refused_by_the_first(leader, next, "not leader's to relay").await;
+    }
+
     /// The aggregator itself refused this host's report for the report's
     /// own sake (a limit): nothing is noted failed and no other host is
     /// tried, as when a leader hands such a refusal back.
     #[tokio::test]
     async fn a_report_refused_for_its_own_sake_skips_no_host() {
-        let dir = tempfile::tempdir().unwrap();
-        let ex = exchange(dir.path());
-        let agg = Arc::new(Aggregating {
+        let agg = Aggregating {
             refuse: "leader".into(),
             ..Default::default()
-        });
-        let next = Arc::new(Aggregating::default());
-        let plan = vec![serve(agg.clone()).await, serve(next.clone()).await];
-        let report = HostReport {
-            host: "leader".into(),
-            relative_threshold: 1.06,
-            z_threshold: 4.0,
-            jobs: Vec::new(),
         };
-        let out = send(
-            &ex,
-            plan,
-            report,
-            Vec::new(),
-            Vec::new(),
-            Duration::from_secs(5),
-        )
-        .await;
-        assert!(out.failed.is_empty(), "{:?}", out.failed);
-        let (_, why) = out.refused.expect("refused by the aggregator");
-        assert!(why.contains("already keeps 1024 jobs"), "{why}");
-        assert!(out.here.is_none() && out.answered.is_none());
-        assert_eq!(agg.singles.load(Ordering::SeqCst), 1);
-        assert_eq!(
-            next.singles.load(Ordering::SeqCst),
-            0,
-            "no other host tried"
-        );
+        refused_by_the_first(agg, Aggregating::default(), "already keeps 1024 jobs").await;
     }
 }
