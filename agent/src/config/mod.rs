@@ -344,8 +344,8 @@ impl Config {
 
 impl Config {
     /// The sections the sources read, for [`crate::sources::registry::configured`].
-    pub fn sources(&self) -> crate::sources::registry::Settings<'_> {
-        crate::sources::registry::Settings {
+    pub fn sources(&self) -> crate::sources::settings::Settings<'_> {
+        crate::sources::settings::Settings {
             host: &self.host,
             kmsg: &self.kmsg,
             nvml: &self.nvml,

@@ -284,7 +284,7 @@ impl crate::sources::SourceKind for HostDisk {
     const NAME: &'static str = "host_disk";
     type Config = HostConfig;
 
-    fn config<'a>(settings: &crate::sources::registry::Settings<'a>) -> &'a HostConfig {
+    fn config<'a>(settings: &crate::sources::settings::Settings<'a>) -> &'a HostConfig {
         settings.host
     }
 
@@ -294,7 +294,7 @@ impl crate::sources::SourceKind for HostDisk {
 
     fn build(
         cfg: &HostConfig,
-        settings: &crate::sources::registry::Settings<'_>,
+        settings: &crate::sources::settings::Settings<'_>,
     ) -> std::io::Result<Option<Box<dyn crate::sources::Source>>> {
         Ok(Self::new(cfg.clone(), settings.checkpoint)
             .map(|s| Box::new(s) as Box<dyn crate::sources::Source>))

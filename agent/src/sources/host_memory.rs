@@ -223,7 +223,7 @@ impl crate::sources::SourceKind for HostMemory {
     const NAME: &'static str = "host";
     type Config = HostConfig;
 
-    fn config<'a>(settings: &crate::sources::registry::Settings<'a>) -> &'a HostConfig {
+    fn config<'a>(settings: &crate::sources::settings::Settings<'a>) -> &'a HostConfig {
         settings.host
     }
 
@@ -233,7 +233,7 @@ impl crate::sources::SourceKind for HostMemory {
 
     fn build(
         cfg: &HostConfig,
-        settings: &crate::sources::registry::Settings<'_>,
+        settings: &crate::sources::settings::Settings<'_>,
     ) -> std::io::Result<Option<Box<dyn crate::sources::Source>>> {
         let _ = settings;
         Ok(Some(Box::new(Self::new(cfg.clone()))))

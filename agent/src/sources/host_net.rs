@@ -312,7 +312,7 @@ impl crate::sources::SourceKind for HostNet {
     const NAME: &'static str = "host_net";
     type Config = HostConfig;
 
-    fn config<'a>(settings: &crate::sources::registry::Settings<'a>) -> &'a HostConfig {
+    fn config<'a>(settings: &crate::sources::settings::Settings<'a>) -> &'a HostConfig {
         settings.host
     }
 
@@ -322,7 +322,7 @@ impl crate::sources::SourceKind for HostNet {
 
     fn build(
         cfg: &HostConfig,
-        settings: &crate::sources::registry::Settings<'_>,
+        settings: &crate::sources::settings::Settings<'_>,
     ) -> std::io::Result<Option<Box<dyn crate::sources::Source>>> {
         let _ = settings;
         Ok(Some(Box::new(Self::new(cfg.clone()))))

@@ -17,6 +17,7 @@ pub mod kmsg;
 pub mod nvml;
 pub mod registry;
 pub mod runner;
+pub mod settings;
 pub mod simulated;
 pub mod tpu;
 
@@ -48,7 +49,7 @@ pub trait SourceKind {
     /// The section of the configuration it reads (`[kmsg]`, `[nvml]`...).
     type Config: 'static;
     /// Its section among the sections the sources read.
-    fn config<'a>(settings: &registry::Settings<'a>) -> &'a Self::Config;
+    fn config<'a>(settings: &settings::Settings<'a>) -> &'a Self::Config;
     /// Checks its section: a bad key is [`warden_core::config::ConfigError::Invalid`].
     fn validate(cfg: &Self::Config, origin: &str) -> Result<(), warden_core::config::ConfigError>;
     /// The source, built from its section (and the other sections it reads,
@@ -56,7 +57,7 @@ pub trait SourceKind {
     /// only when it cannot be set up (a thread, a runtime).
     fn build(
         cfg: &Self::Config,
-        settings: &registry::Settings<'_>,
+        settings: &settings::Settings<'_>,
     ) -> std::io::Result<Option<Box<dyn Source>>>;
 }
 

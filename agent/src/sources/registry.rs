@@ -1,7 +1,7 @@
 //! The one list of the agent's sources: which run, from the configuration.
 //!
 //! In: the sections of the agent's configuration the sources read
-//! ([`Settings`]). Out: every configured source, boxed, in the order the
+//! ([`Settings`], `super::settings`). Out: every configured source, boxed, in the order the
 //! daemon starts them (the host's memory first, the GPU libraries last),
 //! each built by its kind's [`SourceKind::build`]; and the check of every
 //! kind's section ([`validate`]). Never: starts anything (the daemon hands
@@ -12,37 +12,16 @@
 //! [`AFTER_GIVEN`] (docs/architecture.md, "Adding a source"); the daemon
 //! and the configuration's checks name none.
 
-use super::dcgm::{DcgmConfig, DcgmSource};
-use super::host_config::HostConfig;
+use super::dcgm::DcgmSource;
 use super::host_disk::HostDisk;
 use super::host_memory::HostMemory;
 use super::host_net::HostNet;
-use super::kmsg::{Kmsg, KmsgConfig};
-use super::nvml::{NvmlConfig, NvmlSource};
-use super::tpu::{Tpu, TpuConfig};
+use super::kmsg::Kmsg;
+use super::nvml::NvmlSource;
+use super::settings::Settings;
+use super::tpu::Tpu;
 use super::{Source, SourceKind};
-use crate::ckpt::config::CheckpointConfig;
 use warden_core::config::ConfigError;
-
-/// The sections of the agent's configuration the sources read
-/// (`config::Config::sources` hands them over). Why not the whole
-/// `Config`: the configuration names every source's section, so a list
-/// that read the whole of it made the two folders import each other.
-#[derive(Debug, Clone, Copy)]
-pub struct Settings<'a> {
-    /// `[host]`.
-    pub host: &'a HostConfig,
-    /// `[kmsg]`.
-    pub kmsg: &'a KmsgConfig,
-    /// `[nvml]`.
-    pub nvml: &'a NvmlConfig,
-    /// `[dcgm]`.
-    pub dcgm: &'a DcgmConfig,
-    /// `[tpu]`.
-    pub tpu: &'a TpuConfig,
-    /// `[checkpoint]`: the host's disk source watches the tier's filesystem.
-    pub checkpoint: &'a CheckpointConfig,
-}
 
 /// A kind of source as the list holds it: its name, its section's check
 /// and its build, from its [`SourceKind`] impl.

@@ -441,7 +441,7 @@ impl crate::sources::SourceKind for DcgmSource {
     const NAME: &'static str = "dcgm";
     type Config = DcgmConfig;
 
-    fn config<'a>(settings: &crate::sources::registry::Settings<'a>) -> &'a DcgmConfig {
+    fn config<'a>(settings: &crate::sources::settings::Settings<'a>) -> &'a DcgmConfig {
         settings.dcgm
     }
 
@@ -451,7 +451,7 @@ impl crate::sources::SourceKind for DcgmSource {
 
     fn build(
         cfg: &DcgmConfig,
-        settings: &crate::sources::registry::Settings<'_>,
+        settings: &crate::sources::settings::Settings<'_>,
     ) -> std::io::Result<Option<Box<dyn crate::sources::Source>>> {
         // Without NVML it reports the GPUs' health itself.
         Ok(cfg.enabled.then(|| {

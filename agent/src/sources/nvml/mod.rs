@@ -17,7 +17,7 @@
 //! No library, or a driver too old to have a call: the `nvml` component is
 //! UNKNOWN with the loader's words, or the signal is simply not read.
 
-mod config;
+pub mod config;
 mod judge;
 mod prom;
 mod read;
@@ -138,7 +138,7 @@ impl crate::sources::SourceKind for NvmlSource {
     const NAME: &'static str = "nvml";
     type Config = NvmlConfig;
 
-    fn config<'a>(settings: &crate::sources::registry::Settings<'a>) -> &'a NvmlConfig {
+    fn config<'a>(settings: &crate::sources::settings::Settings<'a>) -> &'a NvmlConfig {
         settings.nvml
     }
 
@@ -148,7 +148,7 @@ impl crate::sources::SourceKind for NvmlSource {
 
     fn build(
         cfg: &NvmlConfig,
-        settings: &crate::sources::registry::Settings<'_>,
+        settings: &crate::sources::settings::Settings<'_>,
     ) -> std::io::Result<Option<Box<dyn crate::sources::Source>>> {
         let _ = settings;
         Ok(cfg
