@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import signal
 import sys
 import time
 
@@ -67,11 +68,12 @@ NODES = max(1, WORLD // LOCAL_WORLD)
 STEPS = int(os.environ.get("EXAMPLE_STEPS", "200"))
 CKPT_EVERY = int(os.environ.get("EXAMPLE_CKPT_EVERY", "50"))
 STEP_S = float(os.environ.get("EXAMPLE_STEP_MS", "20")) / 1000.0
-MANUAL = os.environ.get("EXAMPLE_OPTIMIZATION", "automatic") == "manual"
+OPTIMIZATION = os.environ.get("EXAMPLE_OPTIMIZATION", "automatic")
+if OPTIMIZATION not in ("automatic", "manual"):
+    sys.exit(f"EXAMPLE_OPTIMIZATION: automatic or manual, not {OPTIMIZATION!r}")
+MANUAL = OPTIMIZATION == "manual"
 SYNC_AFTER_UPDATE = os.environ.get("EXAMPLE_SYNC_AFTER_UPDATE") == "1"
 DIE_AT = int(os.environ.get("EXAMPLE_DIE_AT", "0"))
-if os.environ.get("EXAMPLE_OPTIMIZATION", "automatic") not in ("automatic", "manual"):
-    sys.exit(f"EXAMPLE_OPTIMIZATION: automatic or manual, not {os.environ['EXAMPLE_OPTIMIZATION']!r}")
 # Lightning's global_step counts optimizer steps: two a batch when manual.
 STEPS_PER_BATCH = 2 if MANUAL else 1
 LOG = os.environ["EXAMPLE_LOG"]
@@ -116,7 +118,7 @@ class Model(pl.LightningModule):
             # `self.log(..., sync_dist=True)` does there).
             if DIE_AT and RANK == 1 and self.trainer.global_step >= DIE_AT and not os.path.exists(LOG + ".died"):
                 open(LOG + ".died", "w").close()
-                os.kill(os.getpid(), 9)
+                os.kill(os.getpid(), signal.SIGKILL)
             torch.distributed.all_reduce(loss.detach().clone())
         return loss
 
