@@ -97,7 +97,7 @@ def one(a, work: str, job: str, heal: bool, kill: bool) -> dict:
     redone = collections.Counter(r for (r, _), c in seen.items() if c > 1)
     errtext = open(os.path.join(work, f"{job}.err")).read()
     restarts = errtext.count("restarting in job")
-    heals = errtext.count("healed in ")
+    heals = errtext.count("heal started in ")
     first_try = rc == 0 and ((heal and heals == 1 and restarts == 0) or (not heal and restarts == 1)) if kill else rc == 0
     return {"job": job, "mode": "heal" if heal else "checkpoint", "rc": rc, "back_s": back,
             "redone": max(redone.values(), default=0), "digests": done, "first_try": first_try}

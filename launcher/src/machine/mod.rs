@@ -832,7 +832,10 @@ impl JobState {
         self.replacements
     }
 
-    /// Lost ranks healed from a live replica so far.
+    /// Lost ranks whose heal from a live replica was started so far. The
+    /// launcher does not learn the outcome: where no replica held a lost
+    /// rank's state, the ranks restore from the checkpoint and say so
+    /// themselves (`warden.heal`).
     pub fn healed(&self) -> u32 {
         self.healed
     }
@@ -1875,7 +1878,7 @@ impl JobState {
             h.reason
         ));
         out.push(Command::Say(format!(
-            "healed into round {epoch} in {took:.2}s: the workers keep their processes and restart in process (master port {}); the other hosts' new ranks take their state from a live replica",
+            "healed into round {epoch} in {took:.2}s: the workers keep their processes and restart in process (master port {}); the other hosts' new ranks take their state from a live replica where one holds it (the ranks say which)",
             plan.master_port
         )));
     }
@@ -2037,7 +2040,7 @@ impl JobState {
                     r.brief.reason
                 ));
                 out.push(Command::Say(format!(
-                    "healed in {took:.2}s: {} started, its state from a live replica",
+                    "heal started in {took:.2}s: {} started; it takes its state from a live replica where one holds it, else every rank restores from the checkpoint (the ranks say which)",
                     new.join(", ")
                 )));
             }

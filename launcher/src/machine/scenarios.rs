@@ -1602,7 +1602,7 @@ fn scenarios() -> Vec<Scenario> {
                 ended: "every worker exited 0",
                 says: &[
                     "rank 1 (pid 101) signal 9 (SIGKILL): healing it from a live replica; the other ranks restart in process",
-                    "healed in 0.10s: rank 1 pid 300 started, its state from a live replica",
+                    "heal started in 0.10s: rank 1 pid 300 started; it takes its state from a live replica where one holds it, else every rank restores from the checkpoint (the ranks say which)",
                     "inc-1: not acted on: the crash was healed and every worker runs",
                 ],
                 ..End::default()
@@ -1634,7 +1634,7 @@ fn scenarios() -> Vec<Scenario> {
                 ended: "every worker exited 0",
                 says: &[
                     "rank 1 (pid 101) signal 9 (SIGKILL): healing it from a live replica; the other ranks restart in process",
-                    "healed in 0.10s: rank 1 pid 300 started, its state from a live replica",
+                    "heal started in 0.10s: rank 1 pid 300 started; it takes its state from a live replica where one holds it, else every rank restores from the checkpoint (the ranks say which)",
                     "inc-1: not acted on: the crash was healed and every worker runs",
                 ],
                 ..End::default()
@@ -1667,7 +1667,7 @@ fn scenarios() -> Vec<Scenario> {
                 ended: "every worker exited 0",
                 says: &[
                     "rank 0 (pid 100) signal 9 (SIGKILL): healing it from a live replica; the other ranks restart in process",
-                    "healed in 0.10s: rank 0 pid 300 started, its state from a live replica",
+                    "heal started in 0.10s: rank 0 pid 300 started; it takes its state from a live replica where one holds it, else every rank restores from the checkpoint (the ranks say which)",
                     "inc-1: not acted on: the crash was healed and every worker runs",
                 ],
                 ..End::default()
@@ -1782,7 +1782,7 @@ fn scenarios() -> Vec<Scenario> {
                 says: &[
                     "rank 1 (pid 101) signal 9 (SIGKILL): healing it from a live replica; the other ranks restart in process",
                     "rank 0 (pid 100) exit code 75: healing it from a live replica; the other ranks restart in process",
-                    "healed in 0.10s: rank 0 pid 301 started, its state from a live replica",
+                    "heal started in 0.10s: rank 0 pid 301 started; it takes its state from a live replica where one holds it, else every rank restores from the checkpoint (the ranks say which)",
                 ],
                 ..End::default()
             },
@@ -1895,7 +1895,7 @@ fn scenarios() -> Vec<Scenario> {
                 records: 1,
                 ended: "every worker exited 0",
                 says: &[
-                    "healed in 0.10s: rank 1 pid 300 started, its state from a live replica",
+                    "heal started in 0.10s: rank 1 pid 300 started; it takes its state from a live replica where one holds it, else every rank restores from the checkpoint (the ranks say which)",
                     "inc-3: not acted on: the crash was healed and every worker runs (the budget its heals spent stops no job that heals)",
                 ],
                 ..End::default()
