@@ -16,10 +16,11 @@ for _var in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "WARDEN_JOB_ID", "TORCHELASTIC_
 
 import importlib.util  # noqa: E402
 import json  # noqa: E402
+import socket  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
-from typing import Iterator  # noqa: E402
+from typing import Iterator, Optional  # noqa: E402
 
 import pytest  # noqa: E402
 
@@ -54,6 +55,13 @@ def wardend(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Wardend]:
     agent.stop()
 
 
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 free now (for MASTER_PORT)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
 def run_processes(commands: list[list[str]], envs: list[dict], logs: list[Path]) -> list[int]:
     """Starts each command with its environment, its output to its log, and
     waits for all, each bounded by :data:`RANK_TIMEOUT_S` (killed past it).
@@ -72,18 +80,25 @@ def run_processes(commands: list[list[str]], envs: list[dict], logs: list[Path])
 
 
 def run_ranks(
-    agent: Wardend, job: str, script: str, args: list[str], world: int = 1
+    agent: Wardend,
+    job: str,
+    script: str,
+    args: list[str],
+    world: int = 1,
+    env: Optional[dict] = None,
 ) -> list[dict]:
-    """Runs ``jobs/<script>`` as ``world`` ranks of ``job`` against ``agent``;
-    each writes its result as JSON to the path given last. Returns them by rank."""
+    """Runs ``jobs/<script>`` as ``world`` ranks of ``job`` against ``agent``
+    (``env`` added to each one's environment); each writes its result as
+    JSON to the path given last. Returns them by rank."""
     out_dir = agent.home / f"{job}-out"
     out_dir.mkdir(exist_ok=True)
     outs = [out_dir / f"rank{rank}.json" for rank in range(world)]
     envs = []
     for rank in range(world):
-        env = agent.env(job, rank, world)
-        env["PYTHONPATH"] = str(JOBS)
-        envs.append(env)
+        rank_env = agent.env(job, rank, world)
+        rank_env["PYTHONPATH"] = str(JOBS)
+        rank_env.update(env or {})
+        envs.append(rank_env)
     codes = run_processes(
         [[sys.executable, str(JOBS / script), *args, str(out)] for out in outs],
         envs,

@@ -17,14 +17,13 @@ step.
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 import tarfile
 
 import pytest
 
-from conftest import RANK_TIMEOUT_S, require_framework
+from conftest import RANK_TIMEOUT_S, free_port, require_framework
 from wardend import ROOT, Wardend, find_binary
 
 EXAMPLES = ROOT / "examples" / "integrations"
@@ -63,12 +62,6 @@ def test_docs_show_the_example_file_verbatim(name: str) -> None:
     assert doc_example(SECTIONS[name]) == (EXAMPLES / name).read_text(), (
         f"docs/client.md {SECTIONS[name]!r} must show examples/integrations/{name} verbatim"
     )
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def run_example(agent: Wardend, job: str, name: str, steps: int) -> str:

@@ -8,27 +8,20 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import sys
 
 import warden
-from conftest import JOBS, require_framework, run_processes
+from conftest import JOBS, free_port, require_framework, run_processes
 
 #: How long rank 1 stays silent: the old code held rank 0 this long.
 SILENT_S = 8.0
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def test_a_group_whose_collective_waits_on_a_silent_peer_is_torn_down_off_the_training_thread(
     tmp_path,
 ) -> None:
     require_framework("torch")
-    port = _free_port()
+    port = free_port()
     env = dict(
         os.environ,
         PYTHONPATH=os.pathsep.join(

@@ -23,17 +23,21 @@ Lightning writes the checkpoint on global rank 0 only; the other ranks
 commit an empty shard so that the step is complete, and every rank
 restores rank 0's shard (``restore_path``).
 
-Saves are asynchronous where the strategy allows (one device, DDP: the
+Saves are asynchronous where the strategy allows (one device, DDP, and
+``ModelParallelStrategy`` with ``save_distributed_checkpoint=False``: the
 strategies whose checkpoint is the one dictionary global rank 0 writes):
 the step is held only while Lightning's checkpoint dictionary is built and
 its tensors copied into a buffer of the process's ``AsyncCheckpointer``
 (reused across saves and in-process restarts); the shard is written and
 committed in the background. ``restore_path`` first waits for this
 process's saves in flight, and turns an async shard back into a file
-``trainer.fit(ckpt_path=...)`` reads. Other strategies (FSDP, DeepSpeed:
-each rank writes its own files) save synchronously, as does
+``trainer.fit(ckpt_path=...)`` reads. ``FSDPStrategy`` with whole state
+dictionaries saves synchronously, as does
 ``async_save=False``. A save that fails in the background is never
-committed; the next save warns of it, as a synchronous failure does. Uses ``lightning.pytorch``
+committed; the next save warns of it, as a synchronous failure does.
+Strategies that write a folder of files (``ModelParallelStrategy``'s
+default, sharded FSDP, DeepSpeed) are refused: the tier takes one file a
+rank. Uses ``lightning.pytorch``
 when the ``lightning`` package is installed, else ``pytorch_lightning``.
 
 With ``strategy=WardenDDPStrategy()`` the fit heals from a live replica
@@ -145,8 +149,12 @@ def _lightning_safe_globals() -> list:
 
 def _async_allowed(trainer: Any) -> bool:
     """Whether the strategy's checkpoint is the one dictionary global rank 0
-    writes (one device, DDP), so that it can be snapshotted and written in
-    the background."""
+    writes, so that it can be snapshotted and written in the background:
+    one device, DDP, and ``ModelParallelStrategy`` (FSDP2) with
+    ``save_distributed_checkpoint=False`` (its state dictionaries gathered
+    whole to rank 0, as ``trainer.save_checkpoint`` gathers them). Its
+    default, a DCP folder of shards, and the other strategies save
+    synchronously."""
     strategy = getattr(trainer, "strategy", None)
     kinds = tuple(
         k
@@ -156,7 +164,44 @@ def _async_allowed(trainer: Any) -> bool:
         )
         if k is not None
     )
-    return bool(kinds) and isinstance(strategy, kinds)
+    if kinds and isinstance(strategy, kinds):
+        return True
+    model_parallel = getattr(_pl.strategies, "ModelParallelStrategy", None)
+    return (
+        model_parallel is not None
+        and isinstance(strategy, model_parallel)
+        and getattr(strategy, "_save_distributed_checkpoint", True) is False
+    )
+
+
+def _writes_a_folder(trainer: Any) -> Optional[str]:
+    """Why the strategy's checkpoint cannot go into the tier, or None: a
+    strategy that writes a folder of files (each rank its shards, rank 0
+    the metadata) where the tier takes one file a rank. Said with the
+    setting that makes it one file."""
+    strategy = getattr(trainer, "strategy", None)
+    name = type(strategy).__name__
+    model_parallel = getattr(_pl.strategies, "ModelParallelStrategy", None)
+    if model_parallel is not None and isinstance(strategy, model_parallel):
+        if getattr(strategy, "_save_distributed_checkpoint", False):
+            return (
+                f"{name}(save_distributed_checkpoint=True), the default, writes a folder of shards, "
+                "which warden's tier does not take: pass save_distributed_checkpoint=False "
+                "(whole state dictionaries on rank 0, saved in the background)"
+            )
+        return None
+    fsdp = getattr(_pl.strategies, "FSDPStrategy", None)
+    if fsdp is not None and isinstance(strategy, fsdp):
+        if getattr(strategy, "_state_dict_type", "full") == "sharded":
+            return (
+                f'{name}(state_dict_type="sharded") writes a folder of shards, which warden\'s tier '
+                'does not take: pass state_dict_type="full"'
+            )
+        return None
+    deepspeed = getattr(_pl.strategies, "DeepSpeedStrategy", None)
+    if deepspeed is not None and isinstance(strategy, deepspeed):
+        return f"{name} writes a folder of files a rank, which warden's tier does not take"
+    return None
 
 
 class WardenCallback(_pl.Callback):
@@ -245,7 +290,13 @@ class WardenCallback(_pl.Callback):
         (every rank must call it: ``trainer.save_checkpoint`` has a barrier).
         Returns the shard's path ("async" for a save whose snapshot is taken
         and whose commit follows in the background), or None when the save
-        failed (warned)."""
+        failed or cannot be made (warned: a strategy that writes a folder)."""
+        folder = _writes_a_folder(trainer)
+        if folder is not None:
+            # On every rank alike, so no rank waits in a collective for
+            # another's save.
+            warnings.warn(f"warden: checkpoint of step {step} not saved: {folder}", stacklevel=2)
+            return None
         if self.async_save and _async_allowed(trainer):
             return self._save_async(trainer, step)
         done: Optional[str] = None
@@ -283,6 +334,15 @@ class WardenCallback(_pl.Callback):
                         return None
         self.last_saved = step
         return "async"
+
+    def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
+        """Refuses, before the first step, periodic saves that the strategy
+        would write as a folder (each save would otherwise be warned and
+        skipped)."""
+        if self.every_n_steps:
+            folder = _writes_a_folder(trainer)
+            if folder is not None:
+                raise ValueError(f"warden: WardenCallback(every_n_steps={self.every_n_steps}): {folder}")
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         """Keeps warden's stack-dump signal out of Lightning's restore of
