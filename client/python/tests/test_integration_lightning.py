@@ -6,7 +6,9 @@ checkpoints go into the agent's tier, and an in-process restart resumes
 from the tier's newest step with the weights it saved. Two ranks
 (jobs/lightning_fsdp_job.py) fit an FSDP2 module under
 ``ModelParallelStrategy`` with whole state dictionaries: saved in the
-background, and a second fit resumes from them.
+background, and a second fit resumes from them; and under
+``WardenModelParallelStrategy`` with sharded saves through DCP, resumed
+exactly.
 """
 
 from __future__ import annotations
@@ -42,14 +44,19 @@ def test_steps_sections_checkpoints_and_an_in_process_restart(wardend: Wardend, 
         assert names == ["backward", "forward", "optimizer"], r["recent_sections"]
 
 
+def fsdp_fit(agent: Wardend, job: str, max_steps: int, every: int, *how: str) -> dict:
+    """One fit of jobs/lightning_fsdp_job.py as 2 ranks; rank 0's record."""
+    env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+    args = [str(max_steps), str(every), *how]
+    return run_ranks(agent, job, "lightning_fsdp_job.py", args, world=2, env=env)[0]
+
+
 def test_fsdp2_under_model_parallel_saves_in_the_background_and_resumes(wardend: Wardend) -> None:
     require_framework("pytorch_lightning")
     job = "lightning-fsdp2"
 
     def fit(max_steps: int, *how: str) -> dict:
-        env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
-        args = [str(max_steps), "5", *how]
-        return run_ranks(wardend, job, "lightning_fsdp_job.py", args, world=2, env=env)[0]
+        return fsdp_fit(wardend, job, max_steps, 5, *how)
 
     first = fit(12)
     assert first["ckpt_path"] is None and first["start_step"] == 0
@@ -71,3 +78,28 @@ def test_fsdp2_under_model_parallel_saves_in_the_background_and_resumes(wardend:
     assert third["end_step"] == 0 and not third["saved_weights"], third
     assert third["ckpt_path"] and "step-20" in third["ckpt_path"], third["ckpt_path"]
     assert "save_distributed_checkpoint=False" in third["refused"], third["refused"]
+
+
+@pytest.mark.parametrize("mode", ["async", "sync"])
+def test_fsdp2_sharded_checkpoints_go_into_the_tier_and_resume_exactly(wardend: Wardend, mode: str) -> None:
+    """WardenModelParallelStrategy: the default sharded save, each rank's
+    shards one shard of the tier's step through DCP; a second fit resumes
+    at the newest step and goes on as a fit that was never stopped."""
+    require_framework("pytorch_lightning")
+    job = f"lightning-fsdp2-sharded-{mode}"
+    how = ["warden-sharded"] + (["sync"] if mode == "sync" else [])
+    # 8 steps an epoch (64 samples, 2 ranks, batches of 4): each save ends one.
+    first = fsdp_fit(wardend, job, 12, 8, *how)
+    assert first["ckpt_path"] is None and first["end_step"] == 12
+    assert sorted(first["saved_weights"]) == ["8"]
+    second = fsdp_fit(wardend, job, 24, 8, *how)
+    assert second["ckpt_path"] == "warden:8", second["ckpt_path"]
+    assert second["start_step"] == 8
+    assert second["start_weights"] == first["saved_weights"]["8"]
+    assert second["end_step"] == 24
+    # Against a fit never stopped: the same weights at each later save, so
+    # the optimizers' state and the loops came back too.
+    whole = fsdp_fit(wardend, f"{job}-whole", 24, 8, *how)
+    assert sorted(whole["saved_weights"]) == ["16", "24", "8"]
+    assert second["saved_weights"]["16"] == whole["saved_weights"]["16"]
+    assert second["saved_weights"]["24"] == whole["saved_weights"]["24"]

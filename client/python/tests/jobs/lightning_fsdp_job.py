@@ -1,7 +1,7 @@
 """A Lightning fit of an FSDP2 module (``ModelParallelStrategy``, whole state
 dictionaries on rank 0) with WardenCallback, as one of WORLD_SIZE ranks.
 
-    python lightning_fsdp_job.py MAX_STEPS EVERY [sharded] OUT
+    python lightning_fsdp_job.py MAX_STEPS EVERY [sharded | warden-sharded [sync]] OUT
 
 Resumes from the tier's newest step (``restore_path``) when there is one.
 MASTER_ADDR and MASTER_PORT come from the environment (one port per run).
@@ -9,7 +9,9 @@ OUT (JSON) gets what the test checks, from global rank 0: the step the fit
 started at, the whole weights then and at each step saved, the checkpoint
 path it resumed from. ``sharded``: the strategy's default, a DCP folder of
 shards, which WardenCallback refuses before the first step (the refusal
-recorded as "refused").
+recorded as "refused"); ``warden-sharded``: the same default under
+``WardenModelParallelStrategy``, each rank's shards saved into the tier
+through DCP (``sync``: ``async_save=False``).
 """
 
 from __future__ import annotations
@@ -26,11 +28,13 @@ from torch.distributed.fsdp import fully_shard
 from torch.utils.data import DataLoader, TensorDataset
 
 import warden
-from warden.integrations.lightning import WardenCallback, restore_path
+from warden.integrations.lightning import WardenCallback, WardenModelParallelStrategy, restore_path
 
 MAX_STEPS, EVERY, OUT = int(sys.argv[1]), int(sys.argv[2]), sys.argv[-1]
 WORLD = int(os.environ["WORLD_SIZE"])
-SHARDED = "sharded" in sys.argv[3:-1]
+MODE = sys.argv[3:-1]
+SHARDED = "sharded" in MODE or "warden-sharded" in MODE
+WARDEN_SHARDED = "warden-sharded" in MODE
 events: dict = {"saved_weights": {}}
 
 
@@ -79,12 +83,13 @@ def train() -> None:
     g = torch.Generator().manual_seed(1)
     x = torch.randn(64, 8, generator=g)
     data = TensorDataset(x, x.sum(dim=1, keepdim=True))
-    cb = WardenCallback(every_n_steps=EVERY)
+    cb = WardenCallback(every_n_steps=EVERY, async_save="sync" not in MODE)
+    kind = WardenModelParallelStrategy if WARDEN_SHARDED else ModelParallelStrategy
     trainer = pl.Trainer(
         max_steps=MAX_STEPS,
         accelerator="cpu",
         devices=WORLD,
-        strategy=ModelParallelStrategy(
+        strategy=kind(
             data_parallel_size=WORLD, tensor_parallel_size=1, save_distributed_checkpoint=SHARDED
         ),
         callbacks=[cb, Probe(cb)],
@@ -98,7 +103,7 @@ def train() -> None:
     try:
         trainer.fit(Sharded(), DataLoader(data, batch_size=4), ckpt_path=path)
     except ValueError as e:
-        if not SHARDED:
+        if not SHARDED or WARDEN_SHARDED:
             raise
         events["refused"] = str(e)
     events["end_step"] = trainer.global_step

@@ -81,7 +81,7 @@ from torch.distributed.checkpoint.storage import (  # noqa: E402
 )
 from torch.futures import Future  # noqa: E402
 
-__all__ = ["StagingPool", "WardenStorageReader", "WardenStorageWriter", "checkpoint_id"]
+__all__ = ["StagingPool", "WardenStorageReader", "WardenStorageWriter", "checkpoint_id", "is_dcp_shard"]
 
 #: The last 8 bytes of every shard this module writes.
 MAGIC = b"WARDCP01"
@@ -96,6 +96,20 @@ def checkpoint_id(step: int) -> str:
     ``dcp.save(sd, checkpoint_id=checkpoint_id(N), storage_writer=WardenStorageWriter(N))``
     is the same as passing the writer alone."""
     return f"{_PREFIX}{int(step)}"
+
+
+def is_dcp_shard(path: str) -> bool:
+    """Whether the file at ``path`` ends as a shard this module writes
+    (its last 8 bytes the magic); reads only those."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            if f.tell() < _TRAILER.size:
+                return False
+            f.seek(-len(MAGIC), os.SEEK_END)
+            return f.read(len(MAGIC)) == MAGIC
+    except OSError:
+        return False
 
 
 def _step_of(cid: Union[str, "os.PathLike[str]"]) -> Optional[int]:

@@ -35,9 +35,12 @@ process's saves in flight, and turns an async shard back into a file
 dictionaries saves synchronously, as does
 ``async_save=False``. A save that fails in the background is never
 committed; the next save warns of it, as a synchronous failure does.
-Strategies that write a folder of files (``ModelParallelStrategy``'s
-default, sharded FSDP, DeepSpeed) are refused: the tier takes one file a
-rank. Uses ``lightning.pytorch``
+``WardenModelParallelStrategy`` (``ModelParallelStrategy``'s arguments)
+saves its sharded checkpoint, the default, as one DCP save into the tier
+(``_lightning_sharded``; each rank's shards, in the background by default),
+and ``fit(ckpt_path=restore_path())`` loads it back. Other strategies that
+write a folder of files (``ModelParallelStrategy``'s default, sharded FSDP,
+DeepSpeed) are refused: the tier takes one file a rank. Uses ``lightning.pytorch``
 when the ``lightning`` package is installed, else ``pytorch_lightning``.
 
 With ``strategy=WardenDDPStrategy()`` the fit heals from a live replica
@@ -55,6 +58,7 @@ import threading
 import warnings
 from typing import Any, Optional
 
+from . import _lightning_sharded as _sharded
 from . import require
 from ._lightning_heal import HEAL as _HEAL
 from ._steps import StepTracker
@@ -68,7 +72,7 @@ if importlib.util.find_spec("lightning") is not None:
 else:
     _pl = require("pytorch_lightning", "warden.integrations.lightning", "pytorch-lightning")
 
-__all__ = ["WardenCallback", "WardenDDPStrategy", "restore_path"]
+__all__ = ["WardenCallback", "WardenDDPStrategy", "WardenModelParallelStrategy", "restore_path"]
 
 
 #: The process's async saver: made on the first async save, reused by every
@@ -89,6 +93,7 @@ def _async_saver() -> Any:
 
 def _wait_for_saves() -> None:
     """This process's async saves in flight, committed (a failure warned)."""
+    _sharded.wait()
     saver = _saver
     if saver is None:
         return
@@ -111,6 +116,12 @@ def restore_path(step: int = 0) -> Optional[str]:
         return None
     from .. import async_checkpoint as _async  # noqa: PLC0415
 
+    from . import dcp as _dcp  # noqa: PLC0415
+
+    if _dcp.is_dcp_shard(r.path):
+        # A sharded save (WardenModelParallelStrategy): each rank reads its
+        # shards through the tier; Lightning gets the step's id.
+        return _dcp.checkpoint_id(r.step)
     if not _async.is_async_shard(r.path):
         return r.path
     return _as_lightning_file(r.path, r.step)
@@ -183,11 +194,14 @@ def _writes_a_folder(trainer: Any) -> Optional[str]:
     name = type(strategy).__name__
     model_parallel = getattr(_pl.strategies, "ModelParallelStrategy", None)
     if model_parallel is not None and isinstance(strategy, model_parallel):
-        if getattr(strategy, "_save_distributed_checkpoint", False):
+        if getattr(strategy, "_save_distributed_checkpoint", False) and not isinstance(
+            strategy, WardenModelParallelStrategy
+        ):
             return (
                 f"{name}(save_distributed_checkpoint=True), the default, writes a folder of shards, "
-                "which warden's tier does not take: pass save_distributed_checkpoint=False "
-                "(whole state dictionaries on rank 0, saved in the background)"
+                "which warden's tier does not take: use warden's WardenModelParallelStrategy (the "
+                "same arguments; each rank's shards saved into the tier), or pass "
+                "save_distributed_checkpoint=False (whole state dictionaries on rank 0)"
             )
         return None
     fsdp = getattr(_pl.strategies, "FSDPStrategy", None)
@@ -297,6 +311,12 @@ class WardenCallback(_pl.Callback):
             # another's save.
             warnings.warn(f"warden: checkpoint of step {step} not saved: {folder}", stacklevel=2)
             return None
+        if _sharded_save(trainer):
+            with _section("checkpoint"):
+                if not _sharded.save(trainer, step, self.async_save):
+                    return None
+            self.last_saved = step
+            return "async" if self.async_save else "sharded"
         if self.async_save and _async_allowed(trainer):
             return self._save_async(trainer, step)
         done: Optional[str] = None
@@ -446,6 +466,43 @@ class WardenDDPStrategy(_pl.strategies.DDPStrategy):
         super().setup(trainer)
         if fitting:
             _HEAL.after_setup(trainer)
+
+
+_ModelParallel = getattr(_pl.strategies, "ModelParallelStrategy", None)
+
+if _ModelParallel is not None:
+
+    class WardenModelParallelStrategy(_ModelParallel):  # type: ignore[misc,valid-type]
+        """Lightning's ``ModelParallelStrategy`` (its arguments) whose sharded
+        checkpoint, the default (``save_distributed_checkpoint=True``), goes
+        into warden's tier: with a ``WardenCallback``, each save is one DCP
+        save through ``WardenStorageWriter`` (in the background by default:
+        the step holds for the copy of each rank's shards), each rank's
+        shards one shard of the step; ``restore_path`` names the step
+        (``warden:N``) and ``fit(ckpt_path=...)`` loads each rank's shards
+        through ``WardenStorageReader``. Any other ``ckpt_path`` is
+        Lightning's own load."""
+
+        def load_checkpoint(self, checkpoint_path: Any, weights_only: Optional[bool] = None) -> dict:
+            from . import dcp as _dcp  # noqa: PLC0415
+
+            step = _dcp._step_of(str(checkpoint_path))
+            if step is None:
+                return super().load_checkpoint(checkpoint_path, weights_only=weights_only)
+            return _sharded.load(self, step, _lightning_safe_globals())
+
+else:  # pragma: no cover - a Lightning without ModelParallelStrategy
+    WardenModelParallelStrategy = None  # type: ignore[assignment,misc]
+
+
+def _sharded_save(trainer: Any) -> bool:
+    """Whether the Trainer's saves are sharded DCP saves into the tier."""
+    strategy = getattr(trainer, "strategy", None)
+    return (
+        WardenModelParallelStrategy is not None
+        and isinstance(strategy, WardenModelParallelStrategy)
+        and bool(getattr(strategy, "_save_distributed_checkpoint", False))
+    )
 
 
 def _keep_stack_dump_handler(trainer: Any) -> None:
