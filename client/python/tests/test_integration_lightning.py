@@ -103,3 +103,24 @@ def test_fsdp2_sharded_checkpoints_go_into_the_tier_and_resume_exactly(wardend: 
     assert sorted(whole["saved_weights"]) == ["16", "24", "8"]
     assert second["saved_weights"]["16"] == whole["saved_weights"]["16"]
     assert second["saved_weights"]["24"] == whole["saved_weights"]["24"]
+
+
+@pytest.mark.parametrize("mode", ["async", "sync"])
+def test_a_sharded_save_that_fails_is_warned_and_the_next_goes_through(wardend: Wardend, mode: str) -> None:
+    """Rank 1's shard of step 8 cannot be written (a full disk, injected):
+    the save is warned on every rank, never committed, and the fit goes on;
+    the save of step 12 is committed on every rank (the failure left in
+    rank 1's staging fails no later save of that rank alone), and the next
+    fit resumes from it."""
+    require_framework("pytorch_lightning")
+    job = f"lightning-fsdp2-fail-{mode}"
+    how = ["warden-sharded", "fail-8"] + (["sync"] if mode == "sync" else [])
+    first = fsdp_fit(wardend, job, 14, 4, *how)
+    assert first["end_step"] == 14
+    logs = [(wardend.home / f"{job}-out" / f"rank{r}.log").read_text(errors="replace") for r in (0, 1)]
+    for log in logs:
+        assert "checkpoint of step 8 not saved" in log, log[-3000:]
+        assert "checkpoint of step 12 not saved" not in log, log[-3000:]
+    second = fsdp_fit(wardend, job, 16, 4, "warden-sharded")
+    assert second["ckpt_path"] == "warden:12", second["ckpt_path"]
+    assert second["start_weights"] == first["saved_weights"]["12"]

@@ -1,7 +1,7 @@
 """A Lightning fit of an FSDP2 module (``ModelParallelStrategy``, whole state
 dictionaries on rank 0) with WardenCallback, as one of WORLD_SIZE ranks.
 
-    python lightning_fsdp_job.py MAX_STEPS EVERY [sharded | warden-sharded [sync]] OUT
+    python lightning_fsdp_job.py MAX_STEPS EVERY [sharded | warden-sharded [sync] [fail-8]] OUT
 
 Resumes from the tier's newest step (``restore_path``) when there is one.
 MASTER_ADDR and MASTER_PORT come from the environment (one port per run).
@@ -11,7 +11,8 @@ path it resumed from. ``sharded``: the strategy's default, a DCP folder of
 shards, which WardenCallback refuses before the first step (the refusal
 recorded as "refused"); ``warden-sharded``: the same default under
 ``WardenModelParallelStrategy``, each rank's shards saved into the tier
-through DCP (``sync``: ``async_save=False``).
+through DCP (``sync``: ``async_save=False``; ``fail-8``: rank 1's write
+of step 8's shard fails as a full disk would, an injected fault).
 """
 
 from __future__ import annotations
@@ -78,6 +79,25 @@ class Probe(pl.Callback):
             events["saved_weights"][str(trainer.global_step)] = whole(pl_module)
 
 
+
+def inject_a_full_disk_at_step_8() -> None:
+    """Rank 1's shard of step 8 fails to write (ENOSPC), as a full local
+    disk would: a fault on one rank, in DCP's writing (the background
+    thread under dcp.async_save)."""
+    import errno
+
+    from warden.integrations.dcp import WardenStorageWriter
+
+    write = WardenStorageWriter._write_shard
+
+    def failing(self, plan, planner):
+        if self.step == 8:
+            raise OSError(errno.ENOSPC, "No space left on device (injected by the test)")
+        return write(self, plan, planner)
+
+    WardenStorageWriter._write_shard = failing
+
+
 def train() -> None:
     torch.manual_seed(0)
     g = torch.Generator().manual_seed(1)
@@ -109,6 +129,8 @@ def train() -> None:
     events["end_step"] = trainer.global_step
 
 
+if "fail-8" in MODE and int(os.environ["RANK"]) == 1:
+    inject_a_full_disk_at_step_8()
 warden.run(train)
 with open(OUT, "w") as f:
     json.dump(events, f)

@@ -36,7 +36,20 @@ _pending: Optional[tuple] = None
 #: (the default group it was made under, the group DCP's background
 #: collectives use).
 _group: tuple = (None, None)
+#: The staging buffers of these saves (their own: a failure left in it is
+#: theirs to clear).
+_pool: Any = None
 _lock = threading.Lock()
+
+
+def _staging() -> Any:
+    global _pool
+    from .dcp import StagingPool  # noqa: PLC0415
+
+    with _lock:
+        if _pool is None:
+            _pool = StagingPool(max_in_flight=1)
+        return _pool
 
 
 def _checkpoint_group() -> Any:
@@ -61,9 +74,13 @@ def wait() -> None:
     if pending is None:
         return
     fut, step = pending
+    from torch.distributed.checkpoint.api import CheckpointException  # noqa: PLC0415
+
     try:
         fut.result()
-    except Exception as e:  # noqa: BLE001 - any failure of the background save is reported, not raised
+    except (Exception, CheckpointException) as e:  # noqa: BLE001 - reported, not raised
+        # (DCP's CheckpointException is a BaseException; a restart's is
+        # not caught here.)
         warnings.warn(f"warden: checkpoint of step {step} not saved: {e}", stacklevel=3)
 
 
@@ -74,10 +91,21 @@ def save(trainer: Any, step: int, async_save: bool) -> bool:
     import torch  # noqa: PLC0415
     import torch.distributed.checkpoint as dcp  # noqa: PLC0415
 
+    from torch.distributed.checkpoint.api import CheckpointException  # noqa: PLC0415
+
     from .. import checkpoint as _ckpt  # noqa: PLC0415
     from .dcp import WardenStorageWriter  # noqa: PLC0415
 
     wait()
+    # A failure of the save before is warned by ``wait`` on the rank it
+    # happened on; left in the staging pool, it would also fail this
+    # rank's next staging alone, and the other ranks' background saves
+    # would wait in their collectives for a rank that never came.
+    pool = _staging()
+    try:
+        pool._raise_failure()
+    except _ckpt.CheckpointError:
+        pass
     checkpoint = trainer._checkpoint_connector.dump_checkpoint(weights_only=False)
     state: dict = {"state_dict": checkpoint.pop("state_dict")}
     for i, optim_state in enumerate(checkpoint.pop("optimizer_states", [])):
@@ -86,7 +114,7 @@ def save(trainer: Any, step: int, async_save: bool) -> bool:
     torch.save(checkpoint, rest)
     rest.seek(0)
     state["lightning"] = rest
-    writer = WardenStorageWriter(step=step)
+    writer = WardenStorageWriter(step=step, staging=pool)
     try:
         if async_save:
             fut = dcp.async_save(state, storage_writer=writer, process_group=_checkpoint_group())
@@ -94,7 +122,7 @@ def save(trainer: Any, step: int, async_save: bool) -> bool:
                 _pending = (fut, step)
         else:
             dcp.save(state, storage_writer=writer)
-    except (_ckpt.CheckpointError, OSError, RuntimeError, ValueError) as e:
+    except (_ckpt.CheckpointError, CheckpointException, OSError, RuntimeError, ValueError) as e:
         warnings.warn(f"warden: checkpoint of step {step} not saved: {e}", stacklevel=3)
         return False
     return True
