@@ -13,6 +13,10 @@ exactly.
 
 from __future__ import annotations
 
+import threading
+import traceback
+from concurrent.futures import Future
+
 import pytest
 from conftest import free_port, require_framework, run_ranks
 from wardend import Wardend
@@ -124,3 +128,31 @@ def test_a_sharded_save_that_fails_is_warned_and_the_next_goes_through(wardend: 
     second = fsdp_fit(wardend, job, 16, 4, "warden-sharded")
     assert second["ckpt_path"] == "warden:12", second["ckpt_path"]
     assert second["start_weights"] == first["saved_weights"]["12"]
+
+
+def test_a_save_made_before_a_restart_is_waited_for_a_bounded_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A sharded save of an earlier attempt whose background collectives
+    never end (a gloo wait the restart's abort did not wake) holds the
+    resume at most STALE_WAIT_S, and says so; a failed save of this attempt
+    (DCP's CheckpointException, a BaseException) is warned, not raised."""
+    require_framework("torch")
+    import warden
+    from torch.distributed.checkpoint.api import CheckpointException
+    from warden.integrations import _lightning_sharded as sharded
+
+    monkeypatch.setattr(sharded, "STALE_WAIT_S", 0.5)
+    never: Future = Future()
+    monkeypatch.setattr(sharded, "_pending", (never, 8, warden.restart_count() - 1))
+    # On a thread of its own, so that a wait with no bound fails the test
+    # instead of hanging it.
+    waiter = threading.Thread(target=sharded.wait, daemon=True)
+    with pytest.warns(UserWarning, match="save of step 8, made before the restart, did not finish"):
+        waiter.start()
+        waiter.join(30)
+        assert not waiter.is_alive(), "the wait for an earlier attempt's save has no bound"
+    assert sharded._pending is None
+    failed: Future = Future()
+    failed.set_exception(CheckpointException("write failed", {1: (OSError("disk full"), traceback.StackSummary())}))
+    monkeypatch.setattr(sharded, "_pending", (failed, 9, warden.restart_count()))
+    with pytest.warns(UserWarning, match="checkpoint of step 9 not saved"):
+        sharded.wait()

@@ -17,7 +17,11 @@ the writer's reused buffer; DCP's background thread plans, writes and
 commits. Its collectives run on a gloo group of their own, made once per
 default group (an in-process restart makes a new one), so they never
 interleave with the training thread's collectives on the default group.
-A save waits for the one before it (at most one in flight).
+A save waits for the one before it (at most one in flight). A save made in
+an earlier attempt (before an in-process restart) is waited for at most
+``STALE_WAIT_S``: its collectives ran on a group the restart aborted, which
+may never wake a gloo wait; past that it is left (the resume then takes the
+step before it) and said.
 
 Never: commits a step without its metadata (the writer's rule), or leaves
 one rank's save started and another's not (every rank calls the same DCP
@@ -31,8 +35,10 @@ import threading
 import warnings
 from typing import Any, Optional
 
-#: This process's DCP save in flight (its future and step), if any.
+#: This process's DCP save in flight (its future, step and attempt), if any.
 _pending: Optional[tuple] = None
+#: The longest a save of an earlier attempt is waited for, seconds.
+STALE_WAIT_S = 30.0
 #: (the default group it was made under, the group DCP's background
 #: collectives use).
 _group: tuple = (None, None)
@@ -73,11 +79,23 @@ def wait() -> None:
         pending, _pending = _pending, None
     if pending is None:
         return
-    fut, step = pending
+    fut, step, attempt = pending
+    from concurrent.futures import TimeoutError as FutureTimeout  # noqa: PLC0415
+
     from torch.distributed.checkpoint.api import CheckpointException  # noqa: PLC0415
 
+    from .._restart import restart_count  # noqa: PLC0415
+
+    stale = attempt != restart_count()
     try:
-        fut.result()
+        fut.result(timeout=STALE_WAIT_S if stale else None)
+    except FutureTimeout:
+        warnings.warn(
+            f"warden: the save of step {step}, made before the restart, did not finish in "
+            f"{STALE_WAIT_S:.0f} s (its group was aborted): not waited for; it is committed "
+            "only if it finishes by itself",
+            stacklevel=3,
+        )
     except (Exception, CheckpointException) as e:  # noqa: BLE001 - reported, not raised
         # (DCP's CheckpointException is a BaseException; a restart's is
         # not caught here.)
@@ -118,8 +136,10 @@ def save(trainer: Any, step: int, async_save: bool) -> bool:
     try:
         if async_save:
             fut = dcp.async_save(state, storage_writer=writer, process_group=_checkpoint_group())
+            from .._restart import restart_count  # noqa: PLC0415
+
             with _lock:
-                _pending = (fut, step)
+                _pending = (fut, step, restart_count())
         else:
             dcp.save(state, storage_writer=writer)
     except (_ckpt.CheckpointError, CheckpointException, OSError, RuntimeError, ValueError) as e:
