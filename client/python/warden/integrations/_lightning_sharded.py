@@ -124,7 +124,14 @@ def save(trainer: Any, step: int, async_save: bool) -> bool:
         pool._raise_failure()
     except _ckpt.CheckpointError:
         pass
-    checkpoint = trainer._checkpoint_connector.dump_checkpoint(weights_only=False)
+    # The strategy's state dictionaries as references, copied once, by the
+    # staging (``WardenModelParallelStrategy.warden_references``).
+    strategy = trainer.strategy
+    strategy.warden_references = True
+    try:
+        checkpoint = trainer._checkpoint_connector.dump_checkpoint(weights_only=False)
+    finally:
+        strategy.warden_references = False
     state: dict = {"state_dict": checkpoint.pop("state_dict")}
     for i, optim_state in enumerate(checkpoint.pop("optimizer_states", [])):
         state[f"optimizer_{i}"] = optim_state

@@ -483,6 +483,34 @@ if _ModelParallel is not None:
         through ``WardenStorageReader``. Any other ``ckpt_path`` is
         Lightning's own load."""
 
+        #: Set by warden's own save while it builds the checkpoint: the
+        #: state dictionaries as references to the shards (no copy), where
+        #: Lightning's offload to the CPU copies each tensor once more
+        #: before warden's staging copies it again (or, on a GPU, copies it
+        #: into pageable memory, not the pinned staging buffer).
+        warden_references = False
+
+        def lightning_module_state_dict(self) -> dict:
+            if not self.warden_references:
+                return super().lightning_module_state_dict()
+            from torch.distributed.checkpoint.state_dict import (  # noqa: PLC0415
+                StateDictOptions,
+                get_model_state_dict,
+            )
+
+            return get_model_state_dict(self.model, options=StateDictOptions(cpu_offload=False))
+
+        def optimizer_state(self, optimizer: Any) -> dict:
+            if not self.warden_references:
+                return super().optimizer_state(optimizer)
+            from torch.distributed.checkpoint.state_dict import (  # noqa: PLC0415
+                StateDictOptions,
+                get_optimizer_state_dict,
+            )
+
+            optimizer = getattr(optimizer, "_optimizer", optimizer)  # a LightningOptimizer's own
+            return get_optimizer_state_dict(self.model, optimizer, options=StateDictOptions(cpu_offload=False))
+
         def load_checkpoint(self, checkpoint_path: Any, weights_only: Optional[bool] = None) -> dict:
             from . import dcp as _dcp  # noqa: PLC0415
 
