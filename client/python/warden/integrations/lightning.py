@@ -164,8 +164,9 @@ def _async_allowed(trainer: Any) -> bool:
     one device, DDP, and ``ModelParallelStrategy`` (FSDP2) with
     ``save_distributed_checkpoint=False`` (its state dictionaries gathered
     whole to rank 0, as ``trainer.save_checkpoint`` gathers them). Its
-    default, a DCP folder of shards, and the other strategies save
-    synchronously."""
+    default, a DCP folder of shards, is ``WardenModelParallelStrategy``'s
+    to save (``_sharded_save``) or refused (``_writes_a_folder``); the
+    other strategies save synchronously."""
     strategy = getattr(trainer, "strategy", None)
     kinds = tuple(
         k
@@ -303,8 +304,9 @@ class WardenCallback(_pl.Callback):
         """Saves the Trainer's full checkpoint as this rank's shard of ``step``
         (every rank must call it: ``trainer.save_checkpoint`` has a barrier).
         Returns the shard's path ("async" for a save whose snapshot is taken
-        and whose commit follows in the background), or None when the save
-        failed or cannot be made (warned: a strategy that writes a folder)."""
+        and whose commit follows in the background, "sharded" for a sharded
+        save committed through DCP), or None when the save failed or cannot
+        be made (warned: a strategy that writes a folder)."""
         folder = _writes_a_folder(trainer)
         if folder is not None:
             # On every rank alike, so no rank waits in a collective for
