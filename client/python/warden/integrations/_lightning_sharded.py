@@ -120,10 +120,7 @@ def save(trainer: Any, step: int, async_save: bool) -> bool:
     # rank's next staging alone, and the other ranks' background saves
     # would wait in their collectives for a rank that never came.
     pool = _staging()
-    try:
-        pool._raise_failure()
-    except _ckpt.CheckpointError:
-        pass
+    pool.take_failure()
     # The strategy's state dictionaries as references, copied once, by the
     # staging (``WardenModelParallelStrategy.warden_references``).
     strategy = trainer.strategy

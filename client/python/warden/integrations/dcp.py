@@ -215,9 +215,17 @@ class StagingPool:
             if self._error is None:
                 self._error = e
 
-    def _raise_failure(self) -> None:
+    def take_failure(self) -> Optional[BaseException]:
+        """The failure an earlier save left, taken: the next ``stage`` does
+        not raise it. For a caller that reported it already (its future's
+        own error), where raising it again on this rank alone would part
+        the ranks."""
         with self._lock:
             e, self._error = self._error, None
+        return e
+
+    def _raise_failure(self) -> None:
+        e = self.take_failure()
         if e is not None:
             raise _ckpt.CheckpointError(f"an earlier dcp.async_save failed: {e}") from e
 

@@ -56,7 +56,7 @@ import os
 import tempfile
 import threading
 import warnings
-from typing import Any, Optional
+from typing import Any, Optional, Tuple
 
 from . import _lightning_sharded as _sharded
 from . import require
@@ -158,17 +158,53 @@ def _lightning_safe_globals() -> list:
     return [AttributeDict]
 
 
-def _async_allowed(trainer: Any) -> bool:
-    """Whether the strategy's checkpoint is the one dictionary global rank 0
-    writes, so that it can be snapshotted and written in the background:
-    one device, DDP, and ``ModelParallelStrategy`` (FSDP2) with
-    ``save_distributed_checkpoint=False`` (its state dictionaries gathered
-    whole to rank 0, as ``trainer.save_checkpoint`` gathers them). Its
-    default, a DCP folder of shards, is ``WardenModelParallelStrategy``'s
-    to save (``_sharded_save``) or refused (``_writes_a_folder``); the
-    other strategies save synchronously."""
+#: How a strategy's checkpoint is saved (``_route``).
+_WHOLE = "whole"
+_SHARDED = "sharded"
+_FILES = "files"
+_REFUSED = "refused"
+
+
+def _route(trainer: Any) -> Tuple[str, Optional[str]]:
+    """How the strategy's checkpoint is saved, and for a refusal why:
+    - ``_WHOLE``: the one dictionary global rank 0 writes (one device, DDP,
+      and ``ModelParallelStrategy`` (FSDP2) with
+      ``save_distributed_checkpoint=False``, its state dictionaries gathered
+      whole to rank 0, as ``trainer.save_checkpoint`` gathers them), which
+      can be snapshotted and written in the background;
+    - ``_SHARDED``: ``WardenModelParallelStrategy``'s default, one DCP save
+      of each rank's shards (``_lightning_sharded``);
+    - ``_REFUSED``: a strategy that writes a folder of files (each rank its
+      shards, rank 0 the metadata) where the tier takes one file a rank,
+      said with the setting that makes it one file;
+    - ``_FILES``: any other, ``trainer.save_checkpoint`` into the tier's
+      staging file on the training thread."""
     strategy = getattr(trainer, "strategy", None)
-    kinds = tuple(
+    name = type(strategy).__name__
+    model_parallel = getattr(_pl.strategies, "ModelParallelStrategy", None)
+    if model_parallel is not None and isinstance(strategy, model_parallel):
+        if not getattr(strategy, "_save_distributed_checkpoint", True):
+            return _WHOLE, None
+        if isinstance(strategy, WardenModelParallelStrategy):
+            return _SHARDED, None
+        return _REFUSED, (
+            f"{name}(save_distributed_checkpoint=True), the default, writes a folder of shards, "
+            "which warden's tier does not take: use warden's WardenModelParallelStrategy (the "
+            "same arguments; each rank's shards saved into the tier), or pass "
+            "save_distributed_checkpoint=False (whole state dictionaries on rank 0)"
+        )
+    fsdp = getattr(_pl.strategies, "FSDPStrategy", None)
+    if fsdp is not None and isinstance(strategy, fsdp):
+        if getattr(strategy, "_state_dict_type", "full") == "sharded":
+            return _REFUSED, (
+                f'{name}(state_dict_type="sharded") writes a folder of shards, which warden\'s tier '
+                'does not take: pass state_dict_type="full"'
+            )
+        return _FILES, None
+    deepspeed = getattr(_pl.strategies, "DeepSpeedStrategy", None)
+    if deepspeed is not None and isinstance(strategy, deepspeed):
+        return _REFUSED, f"{name} writes a folder of files a rank, which warden's tier does not take"
+    whole = tuple(
         k
         for k in (
             getattr(_pl.strategies, "SingleDeviceStrategy", None),
@@ -176,47 +212,9 @@ def _async_allowed(trainer: Any) -> bool:
         )
         if k is not None
     )
-    if kinds and isinstance(strategy, kinds):
-        return True
-    model_parallel = getattr(_pl.strategies, "ModelParallelStrategy", None)
-    return (
-        model_parallel is not None
-        and isinstance(strategy, model_parallel)
-        and getattr(strategy, "_save_distributed_checkpoint", True) is False
-    )
-
-
-def _writes_a_folder(trainer: Any) -> Optional[str]:
-    """Why the strategy's checkpoint cannot go into the tier, or None: a
-    strategy that writes a folder of files (each rank its shards, rank 0
-    the metadata) where the tier takes one file a rank. Said with the
-    setting that makes it one file."""
-    strategy = getattr(trainer, "strategy", None)
-    name = type(strategy).__name__
-    model_parallel = getattr(_pl.strategies, "ModelParallelStrategy", None)
-    if model_parallel is not None and isinstance(strategy, model_parallel):
-        if getattr(strategy, "_save_distributed_checkpoint", False) and not isinstance(
-            strategy, WardenModelParallelStrategy
-        ):
-            return (
-                f"{name}(save_distributed_checkpoint=True), the default, writes a folder of shards, "
-                "which warden's tier does not take: use warden's WardenModelParallelStrategy (the "
-                "same arguments; each rank's shards saved into the tier), or pass "
-                "save_distributed_checkpoint=False (whole state dictionaries on rank 0)"
-            )
-        return None
-    fsdp = getattr(_pl.strategies, "FSDPStrategy", None)
-    if fsdp is not None and isinstance(strategy, fsdp):
-        if getattr(strategy, "_state_dict_type", "full") == "sharded":
-            return (
-                f'{name}(state_dict_type="sharded") writes a folder of shards, which warden\'s tier '
-                'does not take: pass state_dict_type="full"'
-            )
-        return None
-    deepspeed = getattr(_pl.strategies, "DeepSpeedStrategy", None)
-    if deepspeed is not None and isinstance(strategy, deepspeed):
-        return f"{name} writes a folder of files a rank, which warden's tier does not take"
-    return None
+    if whole and isinstance(strategy, whole):
+        return _WHOLE, None
+    return _FILES, None
 
 
 class WardenCallback(_pl.Callback):
@@ -307,19 +305,19 @@ class WardenCallback(_pl.Callback):
         and whose commit follows in the background, "sharded" for a sharded
         save committed through DCP), or None when the save failed or cannot
         be made (warned: a strategy that writes a folder)."""
-        folder = _writes_a_folder(trainer)
-        if folder is not None:
+        route, why = _route(trainer)
+        if route == _REFUSED:
             # On every rank alike, so no rank waits in a collective for
             # another's save.
-            warnings.warn(f"warden: checkpoint of step {step} not saved: {folder}", stacklevel=2)
+            warnings.warn(f"warden: checkpoint of step {step} not saved: {why}", stacklevel=2)
             return None
-        if _sharded_save(trainer):
+        if route == _SHARDED:
             with _section("checkpoint"):
                 if not _sharded.save(trainer, step, self.async_save):
                     return None
             self.last_saved = step
             return "async" if self.async_save else "sharded"
-        if self.async_save and _async_allowed(trainer):
+        if self.async_save and route == _WHOLE:
             return self._save_async(trainer, step)
         done: Optional[str] = None
         with _section("checkpoint"):
@@ -362,9 +360,9 @@ class WardenCallback(_pl.Callback):
         would write as a folder (each save would otherwise be warned and
         skipped)."""
         if self.every_n_steps:
-            folder = _writes_a_folder(trainer)
-            if folder is not None:
-                raise ValueError(f"warden: WardenCallback(every_n_steps={self.every_n_steps}): {folder}")
+            route, why = _route(trainer)
+            if route == _REFUSED:
+                raise ValueError(f"warden: WardenCallback(every_n_steps={self.every_n_steps}): {why}")
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         """Keeps warden's stack-dump signal out of Lightning's restore of
@@ -523,16 +521,6 @@ if _ModelParallel is not None:
 
 else:  # pragma: no cover - a Lightning without ModelParallelStrategy
     WardenModelParallelStrategy = None  # type: ignore[assignment,misc]
-
-
-def _sharded_save(trainer: Any) -> bool:
-    """Whether the Trainer's saves are sharded DCP saves into the tier."""
-    strategy = getattr(trainer, "strategy", None)
-    return (
-        WardenModelParallelStrategy is not None
-        and isinstance(strategy, WardenModelParallelStrategy)
-        and bool(getattr(strategy, "_save_distributed_checkpoint", False))
-    )
 
 
 def _keep_stack_dump_handler(trainer: Any) -> None:
