@@ -25,6 +25,10 @@ def test_a_snapshot_is_what_comes_back_though_training_went_on(wardend: Wardend)
     assert r["optim_keys"] == ["0", "1", "2", "3"]
     assert r["optim_step"] == 12.0
     assert len(r["stalls"]) == 3 and all(s > 0 for s in r["stalls"])
+    # The last save's background was timed; a GPU's copy only where the state is on one.
+    write_s, commit_s, device_s = r["background"]
+    assert write_s > 0 and commit_s > 0
+    assert (device_s > 0) == (r["device"] == "cuda")
 
 
 def test_a_failed_background_save_is_raised_by_the_next_call() -> None:

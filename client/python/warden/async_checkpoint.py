@@ -5,7 +5,11 @@ the device-to-host copy, pickling and the write into the tier. Here the step
 is held only while the state's tensors are copied into a buffer this saver
 owns (allocated once and reused, pinned when CUDA is there, so the copy from
 the GPU goes straight into it); writing the shard into the tier, the agent's
-commit (checksums, replication) all run on a background thread.
+commit (checksums, replication) all run on a background thread. A state on
+the GPU is copied on the training stream itself: ``save`` queues the copies
+and returns, the step's next kernels run after them, and the background
+thread waits for them before it reads the buffer, so the training thread
+never blocks on the GPU for a save.
 
     from warden.async_checkpoint import AsyncCheckpointer
 
@@ -73,16 +77,25 @@ class _Slot:
         self.metas: List[_Meta] = []
         self.used = 0
         self.snapshot_s = 0.0
+        self.wait_s = 0.0
+        #: (start, done) CUDA events of copies queued and not yet waited for.
+        self.ready: list = []
 
 
-def copy_into(slot: _Slot, tensors: list, pin: bool, torch) -> None:
+def copy_into(slot: _Slot, tensors: list, pin: bool, torch, wait: bool = True) -> None:
     """Copies ``tensors`` one after the other into ``slot``'s buffer (grown,
     never per save, when they no longer fit; pinned when ``pin``), each on a
     64-byte boundary, and notes where each went (``slot.metas``, ``slot.used``).
-    Returns once every byte is in the buffer: CPU tensors by libc's memcpy
-    with the GIL released (torch's ``copy_`` of many tensors of a few MiB
-    ran at a third of memcpy's speed here), CUDA tensors queued on the
-    current stream straight into the pinned buffer and waited for once."""
+    CPU tensors are copied by libc's memcpy with the GIL released (torch's
+    ``copy_`` of many tensors of a few MiB ran at a third of memcpy's speed
+    here) before it returns. CUDA tensors are queued on their device's
+    current stream straight into the (pinned) buffer. With ``wait`` it
+    returns once they are there too; without, it returns at once and
+    ``slot.ready`` holds a (start, done) event pair per device, which
+    whoever reads the buffer waits for (``wait_ready``): the copy is ordered
+    on the stream the training step runs on, so the step's next kernels,
+    the optimizer's in-place update among them, run after it, and the
+    training thread never waits on the GPU for a save."""
     metas: List[_Meta] = []
     offset = 0
     for t in tensors:
@@ -96,23 +109,53 @@ def copy_into(slot: _Slot, tensors: list, pin: bool, torch) -> None:
         slot.pinned = pin
     buf = slot.buffer
     base = buf.data_ptr()
-    cuda = False
+    # Per CUDA device: the event recorded on its current stream before the
+    # first copy from it (the copies' start, for their time on the GPU).
+    started: dict = {}
     for t, m in zip(tensors, metas):
         if m.nbytes == 0:
             continue
         src = t.detach()
+        if src.is_cuda and src.device not in started:
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record(torch.cuda.current_stream(src.device))
+            started[src.device] = ev
         if not src.is_contiguous():
             src = src.contiguous()
         if src.is_cuda:
-            cuda = True
             flat = src.reshape(-1).view(torch.uint8)
             buf[m.offset : m.offset + m.nbytes].copy_(flat, non_blocking=True)
         else:
             ctypes.memmove(base + m.offset, src.data_ptr(), m.nbytes)
-    if cuda:
-        torch.cuda.current_stream().synchronize()
+    ready = []
+    for device, start in started.items():
+        done = torch.cuda.Event(enable_timing=True)
+        done.record(torch.cuda.current_stream(device))
+        ready.append((start, done))
+    slot.ready = ready
+    if wait:
+        wait_ready(slot)
     slot.metas = metas
     slot.used = offset
+
+
+def held_s(total_s: float, copy_s: float, device_s: float) -> float:
+    """The step's hold by a save that spent ``total_s`` on the training
+    thread, ``copy_s`` of it queueing or making the copy, and whose copies
+    took ``device_s`` on a GPU (after the queueing returned): the GPU's
+    copy where it outlasted the queueing, which it overlaps."""
+    return total_s + max(0.0, device_s - copy_s)
+
+
+def wait_ready(slot: _Slot) -> float:
+    """Waits for ``slot``'s queued GPU copies (none: returns at once) and
+    returns the longest one's time on its GPU, in seconds (0 without)."""
+    ready, slot.ready = slot.ready, []
+    longest = 0.0
+    for start, done in ready:
+        done.synchronize()
+        longest = max(longest, start.elapsed_time(done) / 1e3)
+    return longest
 
 
 def view_of(slot: _Slot, meta: _Meta, torch) -> Any:
@@ -154,10 +197,20 @@ class AsyncCheckpointer:
         self._in_flight = 0
         self._idle = threading.Condition(self._lock)
         self._closed = False
-        #: The last save's stall, seconds: the wait for a buffer plus the copy.
+        #: The last save's time in ``save``, seconds: the wait for a buffer
+        #: plus the copy (for CUDA tensors, the copies' queueing: the GPU
+        #: copies them on the training stream, ``last_device_copy_s``).
         self.last_stall_s = 0.0
-        #: Every save's stall, added up.
+        #: Every save's time in ``save``, added up.
         self.total_stall_s = 0.0
+        #: The GPU's time copying the last committed save's CUDA tensors,
+        #: seconds (0 for a state on the CPU): the training stream's hold.
+        self.last_device_copy_s = 0.0
+        #: The last committed save's background: writing the shard into the
+        #: tier's staging file, and the agent's commit (its checksum and
+        #: placement), seconds.
+        self.last_write_s = 0.0
+        self.last_commit_s = 0.0
         #: Saves committed, and the last one's step and path.
         self.committed = 0
         self.last_committed: Optional[Tuple[int, str]] = None
@@ -176,13 +229,16 @@ class AsyncCheckpointer:
         torch = self._torch
         started = time.perf_counter()
         slot = self._free.get()  # back pressure: counted as stall
+        got = time.perf_counter()
         try:
             self._snapshot(slot, int(step), state, torch)
         except BaseException:
             self._free.put(slot)
             raise
-        stall = time.perf_counter() - started
-        slot.snapshot_s = stall
+        done = time.perf_counter()
+        stall = done - started
+        # The copy's share; the background adds the GPU's where it is longer.
+        slot.wait_s, slot.snapshot_s = got - started, done - got
         self.last_stall_s = stall
         self.total_stall_s += stall
         with self._lock:
@@ -192,7 +248,7 @@ class AsyncCheckpointer:
     def _snapshot(self, slot: _Slot, step: int, state: Any, torch) -> None:
         tensors: list = []
         structure = skeleton(state, tensors, torch)
-        copy_into(slot, tensors, self._pin, torch)
+        copy_into(slot, tensors, self._pin, torch, wait=False)
         slot.step = step
         slot.skeleton = structure
 
@@ -250,6 +306,11 @@ class AsyncCheckpointer:
                         pass
             finally:
                 slot.skeleton = None
+                if slot.ready:  # a write that failed before it waited
+                    try:
+                        wait_ready(slot)
+                    except BaseException:  # noqa: BLE001 - the failure is reported above
+                        slot.ready = []
                 self._free.put(slot)
                 with self._lock:
                     self._in_flight -= 1
@@ -257,6 +318,8 @@ class AsyncCheckpointer:
 
     def _write(self, slot: _Slot) -> str:
         torch = self._torch
+        device_s = wait_ready(slot)
+        self.last_device_copy_s = device_s
         header = io.BytesIO()
         torch.save(
             {
@@ -270,6 +333,7 @@ class AsyncCheckpointer:
         head = header.getvalue()
         body = body_offset(len(head))
         size = body + slot.used
+        started = time.perf_counter()
         with checkpoint.ShardFile(slot.step, size_hint=size) as f:
             f.file.write(MAGIC)
             f.file.write(struct.pack("<Q", len(head)))
@@ -277,9 +341,14 @@ class AsyncCheckpointer:
             f.file.write(b"\0" * (body - len(MAGIC) - 8 - len(head)))
             if slot.used:
                 f.file.write(memoryview(slot.buffer.numpy())[: slot.used])
+            f.file.flush()
+            written = time.perf_counter()
             # The stall the agent records for this shard is the training
-            # thread's, not the background write's.
-            return f.commit(stall=slot.snapshot_s)
+            # step's, not the background write's: the wait for a buffer and
+            # the copy, the GPU's where that took longer than the queueing.
+            path = f.commit(stall=held_s(slot.wait_s + slot.snapshot_s, slot.snapshot_s, device_s))
+            self.last_write_s, self.last_commit_s = written - started, time.perf_counter() - written
+            return path
 
 
 def load(step: int = 0, map_location: Any = "cpu") -> Optional[tuple]:

@@ -5,7 +5,9 @@ agent's tier while it keeps training, then loads the newest step back.
 
 Writes to OUT (JSON): the step restored, whether every tensor came back
 byte for byte as it was when ``save`` returned (the training thread changed
-them right after), the non-tensor state, and the stalls.
+them right after), the non-tensor state, and the stalls. On a machine with a
+GPU the model and tensors live on it (the copies queued on the training
+stream, waited for in the background): the same checks, on the CUDA path.
 """
 
 from __future__ import annotations
@@ -19,7 +21,11 @@ import warden.checkpoint as ckpt
 from warden.async_checkpoint import AsyncCheckpointer
 
 
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
 def same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
+    a, b = a.cpu(), b.cpu()
     if a.shape != b.shape or a.dtype != b.dtype:
         return False
     return bool(torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8)))
@@ -27,7 +33,7 @@ def same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 def main(out: str) -> None:
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8))
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8)).to(DEVICE)
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)
     extra = {
         "half": torch.randn(17).to(torch.bfloat16),
@@ -35,11 +41,12 @@ def main(out: str) -> None:
         "mask": torch.rand(5, 3) > 0.5,
         "empty": torch.empty(0, 4),
     }
+    extra = {k: v.to(DEVICE) for k, v in extra.items()}
     saved = {}
     stalls = []
     with AsyncCheckpointer(max_in_flight=1) as saver:
         for step in range(1, 13):
-            x = torch.randn(32, 64)
+            x = torch.randn(32, 64, device=DEVICE)
             loss = model(x).pow(2).mean()
             opt.zero_grad()
             loss.backward()
@@ -64,6 +71,7 @@ def main(out: str) -> None:
                         p.add_(1.0)
     # Closed: every save committed.
     committed = saver.committed
+    background = [saver.last_write_s, saver.last_commit_s, saver.last_device_copy_s]
     step, state = ckpt.load_state_dict()
     exact = {k: same_bytes(saved[k], state["model"][k]) for k in saved}
     exact.update({k: same_bytes(v, state["extra"][k]) for k, v in extra.items()})
@@ -76,6 +84,8 @@ def main(out: str) -> None:
         "optim_step": float(optim_state[0]["step"]),
         "stalls": stalls,
         "committed": committed,
+        "device": DEVICE,
+        "background": background,
     }
     with open(out, "w") as f:
         json.dump(result, f)

@@ -42,7 +42,7 @@ from typing import Any, Callable, Optional
 
 from .. import checkpoint as _ckpt
 from .. import section as _section
-from ..async_checkpoint import _Slot, copy_into, view_of
+from ..async_checkpoint import _Slot, copy_into, held_s, view_of, wait_ready
 from ..async_shard import fill, skeleton
 
 
@@ -110,6 +110,8 @@ class TrainerSaver:
         #: The last save's stall on the training thread, seconds (the wait
         #: for the save before it included).
         self.last_stall_s = 0.0
+        #: The last snapshot's copy (for CUDA tensors its queueing), seconds.
+        self.copy_s = 0.0
 
     def save(self, trainer: Any, trial: Any, copier: Any, save_to_tier: bool, settle: Callable) -> None:
         """The Trainer's ``_save_checkpoint``, its writes in the background.
@@ -147,7 +149,7 @@ class TrainerSaver:
                 writer = _Writer(trainer, self._slot, out, run_dir, trainer_state, t)
             stall = time.perf_counter() - started
             self.last_stall_s = stall
-            copier.submit(_Job(step, writer, save_to_tier, stall).run)
+            copier.submit(_Job(step, writer, save_to_tier, stall, self.copy_s if writer else 0.0).run)
             self.handed = step
 
     def _best_checkpoint(self, trainer: Any, run_dir: str, t: Any) -> None:
@@ -177,7 +179,11 @@ class TrainerSaver:
                 full["scaler"] = scaler.state_dict()
         tensors: list = []
         structure = skeleton(full, tensors, torch, shared={})
-        copy_into(self._slot, tensors, torch.cuda.is_available(), torch)
+        started = time.perf_counter()
+        # CUDA tensors: queued on the training stream, waited for by the
+        # writer on the copier's thread (``_Writer.run``), never here.
+        copy_into(self._slot, tensors, torch.cuda.is_available(), torch, wait=False)
+        self.copy_s = time.perf_counter() - started
         self._slot.skeleton = structure
 
 
@@ -238,11 +244,12 @@ class _Job:
     """One save on the copier's thread: the files (rank 0), the tier's shard,
     then the rotation."""
 
-    def __init__(self, step: int, writer: Optional[_Writer], tier: bool, stall: float) -> None:
+    def __init__(self, step: int, writer: Optional[_Writer], tier: bool, stall: float, copy_s: float) -> None:
         self.step = step
         self.writer = writer
         self.tier = tier
         self.stall = stall
+        self.copy_s = copy_s
 
     def run(self) -> None:
         from ._tar import pack, tar_size  # noqa: PLC0415
@@ -250,6 +257,8 @@ class _Job:
         src = self.writer.out if self.writer is not None else None
         if self.writer is not None:
             try:
+                # The GPU's copies first, so the stall booked holds them.
+                self.stall = held_s(self.stall, self.copy_s, wait_ready(self.writer.slot))
                 self.writer.run()
             except BaseException as e:
                 shutil.rmtree(self.writer.out, ignore_errors=True)

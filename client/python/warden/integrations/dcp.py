@@ -175,8 +175,12 @@ class StagingPool:
             self._free.put(_async._Slot())
         self._lock = threading.Lock()
         self._error: Optional[BaseException] = None
-        #: The last stage's stall (seconds: the wait for a buffer plus the copy).
+        #: The last stage's time on the training thread (seconds: the wait
+        #: for a buffer plus the copy, or, for CUDA tensors, its queueing).
         self.last_stall_s = 0.0
+        #: The GPU's time copying the last written save's CUDA tensors
+        #: (seconds; 0 for CPU tensors): the training stream's hold.
+        self.last_device_copy_s = 0.0
 
     @classmethod
     def default(cls) -> "StagingPool":
@@ -198,6 +202,11 @@ class StagingPool:
     def _release(self, slot: "_async._Slot") -> None:
         if getattr(slot, "held", False):
             slot.held = False
+            if slot.ready:  # a save that failed before it waited for the GPU's copies
+                try:
+                    _async.wait_ready(slot)
+                except BaseException:  # noqa: BLE001 - the save's failure is reported already
+                    slot.ready = []
             self._free.put(slot)
 
     def _dropped(self, slot: "_async._Slot", step: int) -> None:
@@ -307,6 +316,7 @@ class WardenStorageWriter(StorageWriter, AsyncStager):
         #: The buffer of the save being written (async), and the stall it cost.
         self._slot: Optional[_async._Slot] = None
         self._stall: Optional[float] = None
+        self._copy_s = 0.0
         self._commit_stall: Optional[float] = None
         self._pool: Optional[StagingPool] = None
 
@@ -330,7 +340,11 @@ class WardenStorageWriter(StorageWriter, AsyncStager):
             tensors: list = []
             rebuild: list = []
             skeleton = _stage_walk(state_dict, tensors, rebuild)
-            _async.copy_into(slot, tensors, pool.pin, _torch)
+            copy_started = time.perf_counter()
+            # CUDA tensors: queued on the training stream, waited for by
+            # ``write_data`` on DCP's background thread, never here.
+            _async.copy_into(slot, tensors, pool.pin, _torch, wait=False)
+            self._copy_s = time.perf_counter() - copy_started
             staged_tensors = []
             for meta, dt in zip(slot.metas, rebuild):
                 local = _async.view_of(slot, meta, _torch)
@@ -354,7 +368,9 @@ class WardenStorageWriter(StorageWriter, AsyncStager):
         return staged
 
     def synchronize_staging(self) -> None:
-        """Nothing to wait for: ``stage`` returns once every byte is copied."""
+        """Nothing to wait for here: CPU tensors are copied when ``stage``
+        returns, and the GPU's copies, queued on the training stream, are
+        waited for by ``write_data`` before it reads the buffer."""
 
     def close(self) -> None:
         """The pool outlives the writer: nothing to close."""
@@ -393,6 +409,11 @@ class WardenStorageWriter(StorageWriter, AsyncStager):
         self._commit_stall = self._stall if slot is not None else None
         self._stall = None
         try:
+            if slot is not None:
+                device_s = _async.wait_ready(slot)
+                if self._pool is not None:
+                    self._pool.last_device_copy_s = device_s
+                self._commit_stall = _async.held_s(self._commit_stall or 0.0, self._copy_s, device_s)
             results = self._write_shard(plan, planner)
         except BaseException as e:
             if slot is not None and self._pool is not None:
