@@ -23,6 +23,8 @@ Environment:
                        straggler the others wait for in their all-reduce
   EXAMPLE_SLOW_MS      that rank's extra time per step, milliseconds (0)
   EXAMPLE_HEAL         0: no heal, restore from the checkpoint after a fault (1)
+  EXAMPLE_DEVICE       cpu, or cuda: every rank on GPU LOCAL_RANK modulo the GPUs
+                       there are (ranks may share one), still over gloo (cpu)
 
 Lines appended to $EXAMPLE_LOG:
   <unix time> step <N> rank <R> pid <P>          after each completed step
@@ -53,6 +55,13 @@ STEP_S = float(os.environ.get("EXAMPLE_STEP_MS", "20")) / 1000.0
 SLOW_RANK = int(os.environ.get("EXAMPLE_SLOW_RANK", "-1"))
 SLOW_S = float(os.environ.get("EXAMPLE_SLOW_MS", "0")) / 1000.0
 HEAL = os.environ.get("EXAMPLE_HEAL", "1") != "0"
+DEVICE = os.environ.get("EXAMPLE_DEVICE", "cpu")
+if DEVICE not in ("cpu", "cuda"):
+    sys.exit(f"EXAMPLE_DEVICE={DEVICE!r}: expected cpu or cuda")
+if DEVICE == "cuda":
+    if not torch.cuda.is_available():
+        sys.exit("EXAMPLE_DEVICE=cuda: torch sees no GPU")
+    DEVICE = f"cuda:{int(os.environ.get('LOCAL_RANK', RANK)) % torch.cuda.device_count()}"
 LOG = os.environ["EXAMPLE_LOG"]
 PID = os.getpid()
 
@@ -70,7 +79,7 @@ def batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The data of (step, rank): the same in every run."""
     g = torch.Generator().manual_seed(1_000_003 * step + RANK)
     x = torch.randn(64, 32, generator=g)
-    return x, x.sum(dim=1, keepdim=True).sin()
+    return x.to(DEVICE), x.sum(dim=1, keepdim=True).sin().to(DEVICE)
 
 
 def digest(model: torch.nn.Module, opt: torch.optim.Optimizer) -> str:
@@ -94,7 +103,7 @@ def digest(model: torch.nn.Module, opt: torch.optim.Optimizer) -> str:
 torch.manual_seed(0)
 model = torch.nn.Sequential(
     torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Dropout(0.1), torch.nn.Linear(64, 1)
-)
+).to(DEVICE)
 opt = torch.optim.Adam(model.parameters(), lr=1e-3)
 # Declared once: what a heal sends (model, optimizer, step); the RNGs are
 # seeded per step and rank (warden.heal.seed_step), the same with or without it.
