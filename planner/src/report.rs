@@ -111,7 +111,7 @@ fn inputs_line(s: &crate::scenario::Scenario) -> String {
             bytes_gib(c.size_gib / gpus),
             c.stall_gibps,
             if same(c.stall_gibps, dc.stall_gibps) {
-                "measured: the async save's copy, on a CPU"
+                "measured: the async save's copy on an H100"
             } else {
                 "given"
             },

@@ -99,11 +99,11 @@ pub struct Checkpoint {
     /// ([`Scenario::save_stall_s`]).
     pub save_stall_s: Option<f64>,
     /// How fast an async save's stall copies a rank's state, GiB/s: the copy
-    /// into the saver's reused buffer, the rest behind it. Measured
-    /// (docs/benchmarks.md, "Async saves", 1 GiB: a 120.8 ms stall, 1.01x a
-    /// memcpy of the same bytes): 8.3 GiB/s, on the CPU, so bound by memcpy;
-    /// a GPU's device-to-host copy into pinned memory was not measured (no
-    /// GPU) and PCIe 5 is faster, so this over-states a GPU job's stall.
+    /// into the saver's reused pinned buffer on the training stream, the rest
+    /// behind it. Measured on an H100 (docs/benchmarks.md, "Async saves on an
+    /// H100", 1 GiB: the GPU held 19.7 ms, 1.01x a `cudaMemcpy` of the same
+    /// bytes into pinned memory over PCIe 5): 50.8 GiB/s. The CPU's figure,
+    /// memcpy-bound, was 8.3 GiB/s.
     pub stall_gibps: f64,
     /// The whole checkpoint (all ranks), GiB.
     pub size_gib: f64,
@@ -119,7 +119,7 @@ impl Default for Checkpoint {
     fn default() -> Self {
         Self {
             save_stall_s: None,
-            stall_gibps: 8.3,
+            stall_gibps: 50.8,
             size_gib: 1024.0,
             // Measured (docs/benchmarks.md, checkpoint tiers, 1 GiB shard):
             // a restore with the copy in the local tmpfs tier, 138 ms
