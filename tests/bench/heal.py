@@ -25,7 +25,9 @@ to every rank logging a step (the log's own time.time()), the steps redone
 (the most (rank, step) pairs any rank logged again), whether the digests equal
 the fault-free run's (each system's own fault-free run: torchft averages
 its gradients in another order than DDP), and whether it recovered at the first try (exit 0 with
-one heal, or one in-job restart). Prints one JSON line per run and a table.
+one heal, or one in-job restart), and for warden's rows whether every survivor logged its steps
+from one pid (it kept its process, and a GPU's CUDA context with it). Prints one JSON line per run
+and a table.
 
   python tests/bench/heal.py --runs 10 [--rows heal,checkpoint,torchft-defaults,torchft-tuned,torchrun]
       [--example ddp|hsdp] [--warden target/debug/warden] [--python .venv/bin/python] [--out results.jsonl]
@@ -93,6 +95,12 @@ def one(a, work: str, job: str, heal: bool, kill: bool) -> dict:
                 first.setdefault(int(f[4]), float(f[0]))
         if len(first) == 4:
             back = max(first.values()) - killed
+    # The survivors keep their processes (and with them a GPU's CUDA context):
+    # every rank but the victim logged its steps from one pid.
+    pids = collections.defaultdict(set)
+    for f in steps:
+        pids[int(f[4])].add(f[6])
+    kept = all(len(p) == 1 for r, p in pids.items() if r != VICTIM) if pids else False
     seen = collections.Counter((int(f[4]), int(f[2])) for f in steps)
     redone = collections.Counter(r for (r, _), c in seen.items() if c > 1)
     errtext = open(os.path.join(work, f"{job}.err")).read()
@@ -100,7 +108,8 @@ def one(a, work: str, job: str, heal: bool, kill: bool) -> dict:
     heals = errtext.count("heal started in ")
     first_try = rc == 0 and ((heal and heals == 1 and restarts == 0) or (not heal and restarts == 1)) if kill else rc == 0
     return {"job": job, "mode": "heal" if heal else "checkpoint", "rc": rc, "back_s": back,
-            "redone": max(redone.values(), default=0), "digests": done, "first_try": first_try}
+            "redone": max(redone.values(), default=0), "digests": done, "first_try": first_try,
+            "survivors_kept_pids": kept}
 
 
 def main() -> int:
