@@ -7,7 +7,11 @@
 #      (client/python/bench/async_save.py --device cuda);
 #   2. issue 32: dcp.async_save with WardenStorageWriter against torch's
 #      FileSystemWriter + DefaultStager (pinned, non-blocking) and cudaMemcpy;
-#   3. issue 31: a heal of CUDA tensors over gloo: examples/heal/ddp.py with
+#   3. issue 32: the async save tests on the GPU (PARTS=tests; not in the
+#      default set): test_async_checkpoint.py, whose job puts its model and
+#      tensors on the GPU where there is one and checks the shard byte for
+#      byte after training changed them, and the DCP integration's tests;
+#   4. issue 31: a heal of CUDA tensors over gloo: examples/heal/ddp.py with
 #      EXAMPLE_DEVICE=cuda, 4 ranks sharing the one GPU, rank 1 SIGKILLed at
 #      step 60 (tests/bench/heal.py): heal against checkpoint restart, and
 #      the final digests against the fault-free run's.
@@ -18,7 +22,7 @@
 #
 # Each part has a time limit (PART_S, default 150 s) so one that hangs
 # leaves the others their time; PARTS (default saves,steps,dcp,heal) picks
-# them. Output: $OUT/bench.log and $OUT/heal.log.
+# them. Output: $OUT/bench.log, $OUT/heal.log and $OUT/tests.log.
 set -u
 OUT=${OUT:-/tmp/warden-hw}
 BIN=$(cd "${BIN:-target/release}" && pwd)
@@ -64,6 +68,13 @@ has() { [[ ",$PARTS," == *",$1,"* ]]; }
         bench gpu-dcp --dcp --sizes-mib 64,256,1024 --repeat 4
     fi
 } 2>&1 | tee "$OUT/bench.log"
+
+if has tests; then
+    step "the async save tests on the GPU" | tee "$OUT/tests.log"
+    WARDEN_TEST_WARDEND="$BIN/wardend" PATH="$BIN:$PATH" timeout "$PART_S" "$PY" -m pytest -q -p no:cacheprovider \
+        client/python/tests/test_async_checkpoint.py client/python/tests/test_integration_dcp.py 2>&1 |
+        tee -a "$OUT/tests.log"
+fi
 
 if has heal; then
     step "heal of CUDA tensors over gloo (4 ranks on one GPU)" | tee "$OUT/heal.log"
