@@ -67,7 +67,7 @@ import time
 import torch
 
 import warden.checkpoint as ckpt
-from warden.async_checkpoint import AsyncCheckpointer
+from warden.async_checkpoint import AsyncCheckpointer, held_s
 
 MIB = 1 << 20
 
@@ -149,9 +149,9 @@ def bench_sizes(sizes_mib: list, repeat: int) -> None:
             saver.save(step, state)
             step += 1
             saver.wait()
-            # The step's hold: on a GPU the copy runs on the training stream
-            # after save() returns, and holds it for the GPU's copy time.
-            held = max(saver.last_stall_s, saver.last_device_copy_s)
+            # The step's hold, as booked: on a GPU the copy runs on the
+            # training stream after save() returns, for the GPU's copy time.
+            held = saver.last_held_s
             if i == 0:
                 first = held
             else:
@@ -211,7 +211,7 @@ def bench_dcp(sizes_mib: list, repeat: int) -> None:
                 # On a GPU the staging queues the copy on the training
                 # stream; the stream is held for the GPU's copy time where
                 # that outlasts the queueing.
-                mine += max(0.0, pool.last_device_copy_s - pool.last_stall_s)
+                mine = held_s(mine, pool.last_stall_s, pool.last_device_copy_s)
                 step += 1
                 t0 = time.perf_counter()
                 try:

@@ -158,6 +158,17 @@ def wait_ready(slot: _Slot) -> float:
     return longest
 
 
+def drain_ready(slot: _Slot) -> None:
+    """Waits for the GPU copies a failed save left queued into ``slot``, so
+    that the buffer is not written again under them; their own error is
+    dropped (the save's failure is reported already)."""
+    if slot.ready:
+        try:
+            wait_ready(slot)
+        except BaseException:  # noqa: BLE001 - see above; wait_ready cleared slot.ready
+            pass
+
+
 def view_of(slot: _Slot, meta: _Meta, torch) -> Any:
     """The tensor ``meta`` describes, as a view into ``slot``'s buffer (no copy)."""
     dt = getattr(torch, meta.dtype)
@@ -206,6 +217,9 @@ class AsyncCheckpointer:
         #: The GPU's time copying the last committed save's CUDA tensors,
         #: seconds (0 for a state on the CPU): the training stream's hold.
         self.last_device_copy_s = 0.0
+        #: The stall the agent booked for the last committed save (``held_s``:
+        #: the wait for a buffer and the copy, the GPU's where it was longer).
+        self.last_held_s = 0.0
         #: The last committed save's background: writing the shard into the
         #: tier's staging file, and the agent's commit (its checksum and
         #: placement), seconds.
@@ -306,11 +320,7 @@ class AsyncCheckpointer:
                         pass
             finally:
                 slot.skeleton = None
-                if slot.ready:  # a write that failed before it waited
-                    try:
-                        wait_ready(slot)
-                    except BaseException:  # noqa: BLE001 - the failure is reported above
-                        slot.ready = []
+                drain_ready(slot)  # a write that failed before it waited
                 self._free.put(slot)
                 with self._lock:
                     self._in_flight -= 1
@@ -346,8 +356,10 @@ class AsyncCheckpointer:
             # The stall the agent records for this shard is the training
             # step's, not the background write's: the wait for a buffer and
             # the copy, the GPU's where that took longer than the queueing.
-            path = f.commit(stall=held_s(slot.wait_s + slot.snapshot_s, slot.snapshot_s, device_s))
+            held = held_s(slot.wait_s + slot.snapshot_s, slot.snapshot_s, device_s)
+            path = f.commit(stall=held)
             self.last_write_s, self.last_commit_s = written - started, time.perf_counter() - written
+            self.last_held_s = held
             return path
 
 

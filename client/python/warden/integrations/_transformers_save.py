@@ -110,8 +110,6 @@ class TrainerSaver:
         #: The last save's stall on the training thread, seconds (the wait
         #: for the save before it included).
         self.last_stall_s = 0.0
-        #: The last snapshot's copy (for CUDA tensors its queueing), seconds.
-        self.copy_s = 0.0
 
     def save(self, trainer: Any, trial: Any, copier: Any, save_to_tier: bool, settle: Callable) -> None:
         """The Trainer's ``_save_checkpoint``, its writes in the background.
@@ -137,8 +135,9 @@ class TrainerSaver:
             if not args.save_only_model:
                 trainer._save_rng_state(out)
             writer: Optional[_Writer] = None
+            copy_s = 0.0
             if args.should_save:
-                self._snapshot(trainer, torch)
+                copy_s = self._snapshot(trainer, torch)
                 for cb in [c for c in trainer.callback_handler.callbacks + [trainer.control] if isinstance(c, t.ExportableState)]:
                     name = cb.__class__.__name__
                     if isinstance(state.stateful_callbacks.get(name), list):
@@ -149,7 +148,7 @@ class TrainerSaver:
                 writer = _Writer(trainer, self._slot, out, run_dir, trainer_state, t)
             stall = time.perf_counter() - started
             self.last_stall_s = stall
-            copier.submit(_Job(step, writer, save_to_tier, stall, self.copy_s if writer else 0.0).run)
+            copier.submit(_Job(step, writer, save_to_tier, stall, copy_s).run)
             self.handed = step
 
     def _best_checkpoint(self, trainer: Any, run_dir: str, t: Any) -> None:
@@ -167,9 +166,10 @@ class TrainerSaver:
         if os.path.exists(best):
             state.best_model_checkpoint = best
 
-    def _snapshot(self, trainer: Any, torch: Any) -> None:
+    def _snapshot(self, trainer: Any, torch: Any) -> float:
         """The model's, optimizer's, scheduler's and scaler's state copied into
-        the buffer; their structure kept beside it."""
+        the buffer; their structure kept beside it. Returns the copy's
+        seconds (for CUDA tensors, their queueing)."""
         full: dict = {"model": trainer.model.state_dict()}
         if not trainer.args.save_only_model:
             full["optimizer"] = trainer.optimizer.state_dict()
@@ -183,8 +183,8 @@ class TrainerSaver:
         # CUDA tensors: queued on the training stream, waited for by the
         # writer on the copier's thread (``_Writer.run``), never here.
         copy_into(self._slot, tensors, torch.cuda.is_available(), torch, wait=False)
-        self.copy_s = time.perf_counter() - started
         self._slot.skeleton = structure
+        return time.perf_counter() - started
 
 
 class _Writer:

@@ -202,11 +202,7 @@ class StagingPool:
     def _release(self, slot: "_async._Slot") -> None:
         if getattr(slot, "held", False):
             slot.held = False
-            if slot.ready:  # a save that failed before it waited for the GPU's copies
-                try:
-                    _async.wait_ready(slot)
-                except BaseException:  # noqa: BLE001 - the save's failure is reported already
-                    slot.ready = []
+            _async.drain_ready(slot)  # a save that failed before it waited for the GPU's copies
             self._free.put(slot)
 
     def _dropped(self, slot: "_async._Slot", step: int) -> None:
