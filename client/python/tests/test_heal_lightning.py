@@ -22,7 +22,14 @@ mid-epoch, between two checkpoints (the faults of tests/torch_heal.rs):
    of the loss, as ``self.log(..., sync_dist=True)`` after ``opt.step()``):
    every survivor's update is begun and not committed, so no live rank
    holds a committed step; the job falls back to the tier, says so, and
-   still ends with the fault-free digests.
+   still ends with the fault-free digests;
+6. FSDP2 in replica groups (HSDP, examples/heal/lightning_hsdp.py:
+   ``WardenModelParallelStrategy(heal=True)``, 2 replica groups of 2
+   shards), against a fault-free run of its own: one rank, healed from the
+   rank of its shard position in the other replica group;
+7. HSDP with both holders of one shard position killed at once: no live
+   rank holds those shards, so every rank restores the tier's sharded
+   checkpoint, says so, and still ends with the fault-free digests.
 
 Each run must:
 
@@ -152,3 +159,50 @@ def test_a_fault_after_a_manual_update_falls_back_to_the_tier(manual_reference: 
     for rank in range(job.world):
         pids = {p for _, _, r, p in steps if r == rank}
         assert len(pids) == (2 if rank == 1 else 1), f"rank {rank}: {pids}\n{said[-8000:]}"
+
+
+#: FSDP2 in replica groups: 2 groups of 2 shards, so 4 ranks whatever
+#: WARDEN_TEST_HEAL_WORLD says (with 2, no shard would have a replica).
+HSDP = dataclasses.replace(
+    JOB, example=ROOT / "examples" / "heal" / "lightning_hsdp.py", prefix="lightning-heal-hsdp", world=4
+)
+
+
+@pytest.fixture(scope="module")
+def hsdp_reference(tmp_path_factory: pytest.TempPathFactory) -> Dict[int, str]:
+    require_framework("pytorch_lightning")
+    return HSDP.reference(tmp_path_factory.mktemp("lightning-heal-hsdp-ref"))
+
+
+def test_hsdp_a_rank_killed_heals_from_its_shard_position(hsdp_reference: Dict[int, str], tmp_path: Path) -> None:
+    proc, log, out = HSDP.launch(tmp_path, "hsdp")
+    pid = HSDP.wait_step(proc, out, log, 1, 40)
+    HSDP.check(proc, out, log, hsdp_reference, [sigkill(pid)], 1)
+    said = out.read_text()
+    # Rank 1 holds shard 1 of replica group 0: only rank 3 (shard 1 of group
+    # 1) holds the same shards, so the plan has it send, and no one else.
+    assert "rank 1: healed from rank 3 at step" in said, said[-8000:]
+    assert "rank 3 sent step" in said, said[-8000:]
+
+
+def test_hsdp_a_shard_position_with_no_live_replica_falls_back_to_the_tier(
+    hsdp_reference: Dict[int, str], tmp_path: Path
+) -> None:
+    proc, log, out = HSDP.launch(tmp_path, "hsdp-lost")
+    # Both holders of shard 1 (rank 1 in group 0, rank 3 in group 1) at once,
+    # past the checkpoint at 30 and before the one at 60.
+    a = HSDP.wait_step(proc, out, log, 1, 40)
+    b = HSDP.wait_step(proc, out, log, 3, 40)
+    sigkill(a)
+    sigkill(b)
+    said = HSDP.finish(proc, out)
+    assert proc.returncode == 0, f"exit {proc.returncode}\n{said[-8000:]}"
+    steps, digests = read(log)
+    assert digests == hsdp_reference, f"digests against the fault-free run\n{said[-8000:]}"
+    for text in ("no live replica holds shard position (1,)", "restored from the checkpoint at step 30"):
+        assert text in said, f"{text!r}\n{said[-8000:]}"
+    assert "restarting in job" not in said, said[-8000:]
+    # The survivors (ranks 0 and 2) kept their processes.
+    for rank in (0, 2):
+        pids = {p for _, _, r, p in steps if r == rank}
+        assert len(pids) == 1, f"rank {rank}: {pids}\n{said[-8000:]}"

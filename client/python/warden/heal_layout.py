@@ -48,7 +48,9 @@ __all__ = [
     "Plan",
     "infer",
     "load_local_state_dict",
+    "load_optimizer_local_state",
     "local_state_dict",
+    "optimizer_local_state",
     "plan",
     "rebind",
     "release",
@@ -210,25 +212,39 @@ def local_state_dict(model: Any, optimizer: Any = None) -> Dict[str, Any]:
     where ``dtensor_state`` lists the optimizer entries (param index, key)
     that were DTensors, so the receiver can make them DTensors again on its
     own mesh. Safe to ``torch.save`` and to load with ``weights_only=True``.
+
+    ``optimizer``: a torch optimizer, or an object standing for several
+    (a Lightning fit's, ``warden.integrations._lightning_heal``) that has
+    ``local_state_dict()`` and ``load_local_state_dict(state, marks)`` of
+    its own, made with ``optimizer_local_state`` for each of its optimizers.
     """
     DTensor = _dtensor_type()
     with _torch().no_grad():
         msd = {k: _local(v, DTensor).detach() for k, v in model.state_dict().items()}
     out: Dict[str, Any] = {"model": msd, "optimizer": None, "dtensor_state": []}
     if optimizer is not None:
-        osd = optimizer.state_dict()
-        state: Dict[Any, Any] = {}
-        marked: List[List[Any]] = []
-        for pid, entries in osd["state"].items():
-            state[pid] = {}
-            for k, v in entries.items():
-                if DTensor is not None and isinstance(v, DTensor):
-                    marked.append([pid, k])
-                    v = v.to_local()
-                state[pid][k] = v
-        out["optimizer"] = {"state": state, "param_groups": osd["param_groups"]}
+        several = getattr(optimizer, "local_state_dict", None)
+        state, marked = several() if callable(several) else optimizer_local_state(optimizer)
+        out["optimizer"] = state
         out["dtensor_state"] = marked
     return out
+
+
+def optimizer_local_state(optimizer: Any) -> Tuple[Dict[str, Any], List[List[Any]]]:
+    """A torch optimizer's ``state_dict`` with every DTensor entry replaced by
+    its local shard, and those entries' (param index, key)."""
+    DTensor = _dtensor_type()
+    osd = optimizer.state_dict()
+    state: Dict[Any, Any] = {}
+    marked: List[List[Any]] = []
+    for pid, entries in osd["state"].items():
+        state[pid] = {}
+        for k, v in entries.items():
+            if DTensor is not None and isinstance(v, DTensor):
+                marked.append([pid, k])
+                v = v.to_local()
+            state[pid][k] = v
+    return {"state": state, "param_groups": osd["param_groups"]}, marked
 
 
 def _params_in_order(optimizer: Any) -> List[Any]:
@@ -265,8 +281,24 @@ def load_local_state_dict(model: Any, optimizer: Any, sd: Dict[str, Any]) -> Non
     osd = sd.get("optimizer")
     if optimizer is None or osd is None:
         return
+    marks = sd.get("dtensor_state", [])
+    several = getattr(optimizer, "load_local_state_dict", None)
+    if callable(several):
+        several(osd, marks)
+    else:
+        load_optimizer_local_state(optimizer, osd, marks)
+
+
+def load_optimizer_local_state(optimizer: Any, osd: Dict[str, Any], marks: Sequence[Sequence[Any]]) -> None:
+    """Loads what ``optimizer_local_state`` made into ``optimizer``: each
+    marked entry made a DTensor again on this rank's mesh with the
+    placements of its parameter (shapes checked)."""
+    DTensor = _dtensor_type()
     params = _params_in_order(optimizer)
-    for pid, k in sd.get("dtensor_state", []):
+    for mark in marks:
+        if not isinstance(mark, (list, tuple)) or len(mark) != 2:
+            raise LayoutError(f"optimizer state mark {mark!r}: not (param index, key)")
+        pid, k = mark
         if not isinstance(pid, int) or not 0 <= pid < len(params):
             raise LayoutError(f"optimizer state for parameter {pid!r}: this optimizer has {len(params)}")
         p = params[pid]

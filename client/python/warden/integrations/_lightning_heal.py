@@ -1,7 +1,11 @@
-"""A Lightning DDP fit healed from a live replica (``warden.heal`` under Lightning).
+"""A Lightning DDP or HSDP fit healed from a live replica (``warden.heal`` under Lightning).
 
 In: the hooks of ``WardenDDPStrategy`` (before DDP wraps the module, and
-once Lightning made the fit's optimizers) and of ``WardenCallback`` (a step
+once Lightning made the fit's optimizers), of
+``WardenModelParallelStrategy(heal=True)`` (once Lightning sharded the module
+and made the fit's optimizers: FSDP2 in replica groups, where each rank
+sends and receives only its own shards, ``after_sharded_setup``) and of
+``WardenCallback`` (a step
 begins, the optimizer is about to update, the step is done, the training
 starts, an exception ended the fit), in every attempt of the training
 function under ``warden.run``.
@@ -36,9 +40,10 @@ from __future__ import annotations
 import itertools
 import os
 import sys
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from .. import heal as _heal
+from .. import heal_layout as _heal_layout
 
 
 def _say(line: str) -> None:
@@ -90,6 +95,52 @@ class _Optimizers:
     def zero_grad(self, set_to_none: bool = True) -> None:
         for o in self.optimizers:
             o.zero_grad(set_to_none=set_to_none)
+
+    # -- FSDP2 (``WardenModelParallelStrategy``): each rank its own shards ----
+
+    def local_state_dict(self) -> Tuple[Dict[str, Any], List[List[Any]]]:
+        """What ``warden.heal_layout.local_state_dict`` sends of these
+        optimizers: each one's state with its DTensors as local shards, the
+        schedulers' states, and the DTensor entries as (optimizer, param
+        index, key)."""
+        states: List[Dict[str, Any]] = []
+        marks: List[List[Any]] = []
+        for i, o in enumerate(self.optimizers):
+            state, marked = _heal_layout.optimizer_local_state(o)
+            states.append(state)
+            marks.extend([i, *m] for m in marked)
+        return {"optimizer_states": states, "lr_schedulers": [s.state_dict() for s in self.schedulers]}, marks
+
+    def load_local_state_dict(self, state: Dict[str, Any], marks: List[List[Any]]) -> None:
+        """A peer's ``local_state_dict`` loaded into this fit's optimizers and
+        schedulers (they exist: a sharded fit heals after Lightning made
+        them), each optimizer's shards made DTensors on this rank's mesh."""
+        states = state.get("optimizer_states") if isinstance(state, dict) else None
+        if not isinstance(states, list) or len(states) != len(self.optimizers):
+            have = len(states) if isinstance(states, list) else "no"
+            raise _heal_layout.LayoutError(
+                f"the received state has {have} optimizer states, this fit has {len(self.optimizers)} optimizers"
+            )
+        for i, o in enumerate(self.optimizers):
+            mine = [m[1:] for m in marks if isinstance(m, (list, tuple)) and len(m) == 3 and m[0] == i]
+            _heal_layout.load_optimizer_local_state(o, states[i], mine)
+        for s, sd in zip(self.schedulers, state.get("lr_schedulers", [])):
+            s.load_state_dict(sd)
+
+    def bind(self, trainer: Any) -> None:
+        """This fit's optimizers and schedulers, now the ones kept, starting
+        from the state the last fit's left in memory (a survivor's; none on a
+        fresh start or in a replacement)."""
+        old = self.state_dict() if self.optimizers else None
+        self.pending = None
+        self.optimizers = list(trainer.optimizers)
+        self.schedulers = [c.scheduler for c in trainer.lr_scheduler_configs]
+        if old is None:
+            return
+        for o, sd in zip(self.optimizers, old["optimizer_states"]):
+            o.load_state_dict(sd)
+        for s, sd in zip(self.schedulers, old["lr_schedulers"]):
+            s.load_state_dict(sd)
 
     def take(self, trainer: Any) -> Optional[Dict[str, Any]]:
         """The state the new fit's optimizers start from (None: their own,
@@ -233,6 +284,72 @@ class LightningHeal:
             # EarlyStopping's patience, ModelCheckpoint's best): this
             # attempt's callbacks are new on every rank.
             _load_callbacks(trainer, callbacks)
+
+    # -- WardenModelParallelStrategy.setup (FSDP2 / HSDP) --------------------
+
+    def after_sharded_setup(
+        self, trainer: Any, module: Any, seed: int, restore_path: Callable[[], Optional[str]]
+    ) -> None:
+        """A sharded fit (FSDP2 over the strategy's device mesh): once
+        Lightning sharded the module (``configure_model``) and made the fit's
+        optimizers, every rank behind receives its own shards of module and
+        optimizers from a live rank of the same shard position, with the
+        schedulers and the fit loop's progress; the survivors carry theirs
+        into the fit's new optimizers. Lightning's restore after setup then
+        loads the loops, schedulers and callbacks from memory."""
+        if trainer.ckpt_path:
+            raise ValueError(
+                "warden: WardenModelParallelStrategy(heal=True) heals from a live replica and falls back to the "
+                f"tier by itself: call trainer.fit without ckpt_path (got {trainer.ckpt_path!r})"
+            )
+        self.optimizers.bind(trainer)
+        if self.state is None:
+            self.state = _heal.declare(module, self.optimizers, data=self.loops, rng="step", seed=seed)
+        elif self.state.model is not module:
+            raise ValueError(
+                "warden: WardenModelParallelStrategy(heal=True) heals the LightningModule its first fit sharded: "
+                "make the module once per process (a survivor keeps it across attempts) and make "
+                "configure_model do nothing when the module is sharded already"
+            )
+        self.loops.trainer = None
+        self._from_tier = None
+        self.state.resume(lambda: self._restore_sharded(trainer, restore_path))
+        loops, self.loops.pending = self.loops.pending, None
+        self.loops.trainer = trainer
+        if not loops:
+            return  # a fresh start
+        ckpt: Dict[str, Any] = dict(self._from_tier or {})
+        ckpt.update(loops)
+        ckpt["lr_schedulers"] = [s.state_dict() for s in self.optimizers.schedulers]
+        # What Lightning's restore of callbacks reads first (the checkpoint's
+        # version): the state is this Lightning's own.
+        package = sys.modules.get(type(trainer).__module__.split(".")[0])
+        ckpt.setdefault("pytorch-lightning_version", getattr(package, "__version__", "0"))
+        self._from_tier = None
+        # The strategy restores after setup (restore_checkpoint_after_setup):
+        # Lightning's restore loads the loops, the schedulers and the
+        # callbacks from this; the optimizers' state is loaded already
+        # (ModelParallelStrategy leaves them to its own load).
+        trainer._checkpoint_connector._loaded_checkpoint = ckpt
+
+    def _restore_sharded(self, trainer: Any, restore_path: Callable[[], Optional[str]]) -> Optional[int]:
+        """No live replica: the tier's newest sharded checkpoint, every
+        rank's shards of module and optimizers loaded in place (the
+        strategy's ``load_checkpoint``), the rest kept for Lightning's
+        restore after setup."""
+        path = restore_path()
+        if path is None:
+            return None
+        ckpt = trainer.strategy.load_checkpoint(path)
+        for s, sd in zip(self.optimizers.schedulers, ckpt.get("lr_schedulers", [])):
+            s.load_state_dict(sd)
+        self.loops.pending = {
+            k: v
+            for k, v in ckpt.items()
+            if k not in ("state_dict", "optimizer_states", "lr_schedulers", "callbacks")
+        }
+        self._from_tier = ckpt
+        return int(ckpt["global_step"])
 
     # -- WardenCallback -------------------------------------------------------
 

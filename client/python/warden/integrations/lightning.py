@@ -481,7 +481,51 @@ if _ModelParallel is not None:
         shards one shard of the step; ``restore_path`` names the step
         (``warden:N``) and ``fit(ckpt_path=...)`` loads each rank's shards
         through ``WardenStorageReader``. Any other ``ckpt_path`` is
-        Lightning's own load."""
+        Lightning's own load.
+
+        ``heal=True`` (with a ``WardenCallback``, under ``warden.run`` and
+        ``warden run``): FSDP2 with replica groups (HSDP: ``fully_shard``
+        over the whole 2-D mesh, replicas over "data_parallel", shards over
+        "tensor_parallel") heals from a live replica. Each attempt's group
+        is made by ``warden.heal.init_process_group``; once Lightning
+        sharded the module and made the fit's optimizers, a rank behind
+        receives its shards of module and optimizers, the schedulers and
+        the fit loop's progress from a live rank of the same shard position
+        (``warden.heal_layout``), and the survivors keep theirs; where no
+        live rank holds a shard position, every rank restores the tier's
+        newest sharded checkpoint. Make the module once per process and
+        ``configure_model`` do nothing once it is sharded; call
+        ``trainer.fit`` without ``ckpt_path``. ``seed``: as
+        ``WardenDDPStrategy``'s."""
+
+        def __init__(self, *args: Any, heal: bool = False, seed: int = 0, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self.warden_heal = bool(heal)
+            self.warden_seed = int(seed)
+
+        def _setup_distributed(self) -> None:
+            """With ``heal``: this attempt's group on a store of its own;
+            Lightning then finds it made and only sets its ranks."""
+            if self.warden_heal:
+                import warden.heal  # noqa: PLC0415
+
+                backend = self._process_group_backend or _default_backend(self.root_device)
+                timeout = self._timeout.total_seconds() if self._timeout is not None else 600.0
+                warden.heal.init_process_group(backend, timeout_s=timeout)
+            super()._setup_distributed()
+
+        def setup(self, trainer: Any) -> None:
+            """With ``heal``: the heal once the module is sharded and the
+            fit's optimizers exist."""
+            super().setup(trainer)
+            fitting = str(getattr(trainer.state.fn, "value", trainer.state.fn)) == "fit"
+            if self.warden_heal and fitting:
+                if not any(isinstance(c, WardenCallback) for c in trainer.callbacks):
+                    raise ValueError(
+                        "warden: WardenModelParallelStrategy(heal=True) heals only with a WardenCallback in the "
+                        "Trainer's callbacks"
+                    )
+                _HEAL.after_sharded_setup(trainer, self.lightning_module, self.warden_seed, restore_path)
 
         #: Set by warden's own save while it builds the checkpoint: the
         #: state dictionaries as references to the shards (no copy), where
@@ -545,4 +589,5 @@ def _default_backend(device: Any) -> str:
 
 
 def _healing(trainer: Any) -> bool:
-    return isinstance(getattr(trainer, "strategy", None), WardenDDPStrategy)
+    strategy = getattr(trainer, "strategy", None)
+    return isinstance(strategy, WardenDDPStrategy) or bool(getattr(strategy, "warden_heal", False))
