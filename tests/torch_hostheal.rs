@@ -5,7 +5,9 @@
 //! host of examples/heal/ddp.py (plain DDP on gloo, Adam, dropout, data
 //! seeded by step and rank), or of examples/heal/lightning_ddp.py (the same
 //! under PyTorch Lightning's DDP strategy): the two ranks are data-parallel
-//! replicas on two hosts.
+//! replicas on two hosts. Or two ranks a host of
+//! examples/heal/lightning_hsdp.py (Lightning's FSDP2 in replica groups):
+//! each host one replica group of two shards.
 //!
 //! A fault-free run of host-a and host-b gives the reference digests. Then
 //! host-b is lost: its worker and its launcher SIGKILLed (a dead host) at a
@@ -84,6 +86,10 @@ struct Example {
     ckpt_every: u32,
     /// The step of the lost host's rank after which it is lost.
     kill_at: u32,
+    /// Workers a host (`--nproc-per-node`): the job has twice as many ranks.
+    nproc: u32,
+    /// Every launcher's lease (`--rdzv-lease-ttl`).
+    ttl: &'static str,
 }
 
 /// Plain DDP (examples/heal/ddp.py).
@@ -93,6 +99,8 @@ const DDP: Example = Example {
     steps: STEPS,
     ckpt_every: CKPT_EVERY,
     kill_at: KILL_AT,
+    nproc: 1,
+    ttl: TTL,
 };
 
 /// PyTorch Lightning's DDP strategy (examples/heal/lightning_ddp.py), its
@@ -104,6 +112,8 @@ const LIGHTNING: Example = Example {
     steps: 90,
     ckpt_every: 30,
     kill_at: 40,
+    nproc: 1,
+    ttl: TTL,
 };
 
 /// Hugging Face Transformers' Trainer with DDP
@@ -115,6 +125,27 @@ const TRANSFORMERS: Example = Example {
     steps: 90,
     ckpt_every: 30,
     kill_at: 40,
+    nproc: 1,
+    ttl: TTL,
+};
+
+/// Lightning's FSDP2 in replica groups (examples/heal/lightning_hsdp.py,
+/// `WardenModelParallelStrategy(heal=True)`), two ranks a host: each host
+/// holds one replica group (host-a ranks 0 and 1, shards 0 and 1; host-b
+/// ranks 2 and 3), as HSDP is laid out (shards within a host, replicas
+/// across hosts); Lightning's pace.
+const LIGHTNING_HSDP: Example = Example {
+    file: "lightning_hsdp.py",
+    preload: Some("pytorch_lightning"),
+    steps: 90,
+    ckpt_every: 30,
+    kill_at: 40,
+    nproc: 2,
+    // Longer than the agent's hang floor (3 s) plus its poll: the
+    // survivors' agents judge the hang of their collectives before the
+    // lost host's lease runs out, as on a real host whose ranks block in a
+    // collective with the lost ones (the default lease is 5 s).
+    ttl: "8s",
 };
 
 /// `warden run` of `ex` as host `h` (its lines and its workers' on one
@@ -131,10 +162,10 @@ fn launch(
         etcd,
         job,
         log,
-        nproc: 1,
+        nproc: ex.nproc,
         spare,
         heal,
-        ttl: TTL,
+        ttl: ex.ttl,
         steps: ex.steps,
         ckpt_every: ex.ckpt_every,
         example: ex.file,
@@ -190,7 +221,7 @@ fn fault_free(etcd: &EtcdServer, scratch: &Path, ex: Example) -> BTreeMap<u32, S
     let d = digests(&read_log(&log));
     assert_eq!(
         d.len(),
-        WORLD as usize,
+        (WORLD * ex.nproc) as usize,
         "{}\n{}",
         show(&mut a),
         show(&mut b)
@@ -262,9 +293,11 @@ fn lose_host_b_then(
     s.wait_line(RUN, "the spare's standby attempt", |l| {
         l.contains("no place in this round")
     });
+    // host-b's first rank (node rank x workers a host); the launcher's
+    // SIGKILL takes its other workers (their parent-death signal).
     let lost = wait_step(
         &log,
-        lost_rank,
+        lost_rank * job.1.nproc,
         job.1.kill_at,
         &mut [&mut a, &mut b, &mut s],
         RUN,
@@ -361,6 +394,78 @@ fn a_lost_host_under_transformers_is_healed_on_a_spare() {
         return;
     }
     heal_case(("hostheal-transformers", TRANSFORMERS), 1);
+}
+
+/// Lightning's FSDP2 in replica groups across hosts (issue 31: HSDP, and a
+/// fault on a second host): two ranks a host, each host one replica group.
+/// host-b (ranks 2 and 3, shards 0 and 1 of replica group 1) lost; the
+/// spare takes node rank 1, and each of its ranks takes its own shards of
+/// module and optimizer, the schedule and the loops' state from the holder
+/// of the same shard position on host-a (rank 2 from rank 0, rank 3 from
+/// rank 1) over the new round; host-a's ranks keep their processes and
+/// shards; every digest (whole tensors, gathered over the shards) is the
+/// fault-free run's; nothing is read from a checkpoint.
+#[test]
+fn a_lost_host_under_lightning_hsdp_is_healed_on_a_spare_shard_by_shard() {
+    if !common::python_has("pytorch_lightning") {
+        return;
+    }
+    let Some((_one, dir, etcd)) = prepare() else {
+        return;
+    };
+    let ex = LIGHTNING_HSDP;
+    let world = WORLD * ex.nproc;
+    let want = reference(ex);
+    let (log, (t, round_seen), lost, a, s) =
+        lose_host_b(&etcd, dir.path(), ("hostheal-lightning-hsdp", ex), true, 1);
+    let (all, entries) = outcome(&a, &s, &log, &want);
+    if std::env::var_os("WARDEN_TEST_SHOW").is_some() {
+        eprintln!("{all}");
+    }
+    let (pids, times) = pids_and_counts(&entries);
+    for rank in [0, 1] {
+        assert_eq!(
+            pids[&rank].len(),
+            1,
+            "rank {rank} (host-a) kept its process: {pids:?}\n{all}"
+        );
+    }
+    for rank in [2, 3] {
+        assert_eq!(
+            pids[&rank].len(),
+            2,
+            "rank {rank}: host-b's process, then the spare's: {pids:?}\n{all}"
+        );
+    }
+    assert!(pids[&2].contains(&lost), "{pids:?}\n{all}");
+    assert_no_step_logged_more_than_twice(&times, &all);
+    assert!(
+        a.seen.iter().any(|l| l.contains("healed into round")),
+        "host-a healed its workers into the new round\n{all}"
+    );
+    for (rank, from) in [(2, 0), (3, 1)] {
+        let healed = format!("rank {rank}: healed from rank {from} at step");
+        assert!(
+            s.seen.iter().any(|l| l.contains(&healed)),
+            "the spare's rank {rank} took its shards from rank {from}, the same shard position\n{all}"
+        );
+    }
+    for never in [
+        "restarting the workers into it",
+        "restored from the checkpoint",
+        "no live replica holds",
+    ] {
+        assert!(!all.contains(never), "{never:?}\n{all}");
+    }
+    eprintln!(
+        "host-b (ranks 2 and 3, one replica group) lost -> every rank stepping again: {:.3} s, {} step(s) \
+         redone (heal across hosts; lease TTL {}, 2 hosts of 2 ranks + spare, gloo, \
+         examples/heal/lightning_hsdp.py); part: the spare given its place -> every rank stepping: {:.3} s",
+        back_after(&entries, t, world, &all),
+        redone(&entries, t, world),
+        ex.ttl,
+        back_after(&entries, round_seen, world, &all),
+    );
 }
 
 /// The lost host was node rank 0, whose launcher hosted the round's store:

@@ -576,7 +576,10 @@ impl<C: AcrossHosts> Sup<'_, C> {
                     healable,
                 }))
             }
-            Ev::FeedDecision(inc) => decision_of(&inc).map(|d| Input::FeedDecision(Box::new(d))),
+            Ev::FeedDecision(inc) => decision_of(&inc).map(|mut d| {
+                d.healable = self.all_declared();
+                Input::FeedDecision(Box::new(d))
+            }),
             Ev::DecisionsClosed => {
                 self.decisions_open = false;
                 None
@@ -2210,6 +2213,7 @@ fn decision_of(inc: &pb::Incident) -> Option<FeedDecision> {
             ranks: r.ranks.iter().copied().take(MAX_REPLACE).collect(),
             restart_count: r.restart_count,
         }),
+        healable: false,
     })
 }
 

@@ -27,7 +27,10 @@ mid-epoch, between two checkpoints (the faults of tests/torch_heal.rs):
    ``WardenModelParallelStrategy(heal=True)``, 2 replica groups of 2
    shards), against a fault-free run of its own: one rank, healed from the
    rank of its shard position in the other replica group;
-7. HSDP with both holders of one shard position killed at once: no live
+7. HSDP, a fault during the heal: rank 1, then the survivor rank 2 as soon
+   as the launcher says it heals rank 1 (each healed from the other replica
+   group's holder of its shard: ranks 3 and 0);
+8. HSDP with both holders of one shard position killed at once: no live
    rank holds those shards, so every rank restores the tier's sharded
    checkpoint, says so, and still ends with the fault-free digests.
 
@@ -183,6 +186,22 @@ def test_hsdp_a_rank_killed_heals_from_its_shard_position(hsdp_reference: Dict[i
     # 1) holds the same shards, so the plan has it send, and no one else.
     assert "rank 1: healed from rank 3 at step" in said, said[-8000:]
     assert "rank 3 sent step" in said, said[-8000:]
+
+
+def test_hsdp_a_fault_during_the_heal_heals_again(hsdp_reference: Dict[int, str], tmp_path: Path) -> None:
+    proc, log, out = HSDP.launch(tmp_path, "hsdp-during")
+    victim = HSDP.wait_step(proc, out, log, 1, 40)
+    survivor = HSDP.wait_step(proc, out, log, 2, 40)
+    first = sigkill(victim)
+    HSDP.wait_said(proc, out, "healing it from a live replica")
+    second = sigkill(survivor)
+    # One heal at least: the launcher may heal both lost ranks in one attempt.
+    HSDP.check(proc, out, log, hsdp_reference, [first, second], 1)
+    said = out.read_text()
+    # Whoever was behind took its shards from its own shard position only.
+    for wrong in ("rank 1: healed from rank 0", "rank 1: healed from rank 2", "rank 2: healed from rank 1",
+                  "rank 2: healed from rank 3"):
+        assert wrong not in said, f"{wrong!r}\n{said[-8000:]}"
 
 
 def test_hsdp_a_shard_position_with_no_live_replica_falls_back_to_the_tier(

@@ -48,6 +48,18 @@
 //! other hosts' ranks see the replacement enter the survivors' next
 //! attempt on the round's store and join it (`warden.heal`), so no restart
 //! is published and no host stops.
+//!
+//! A hang across hosts is healed too: the agent's `restart_in_job` for a
+//! hang while every worker lives and declared a healable state
+//! ([`FeedDecision::healable`]) publishes the restart (a new round for
+//! every host) and heals this host's workers into it in process
+//! ([`Phase::HealingRound`], as for a round another host asked), within the
+//! same [`MAX_HEALS`]. Why: the survivors of a lost host block in a
+//! collective with its ranks, and their agents judge the hang (a 3 s floor)
+//! before the lost host's lease runs out (5 s and the rejoin grace by
+//! default); restarting in job there killed every survivor and read the
+//! checkpoint, where the round the lease's end brings heals the lost
+//! host's ranks from live replicas.
 
 use std::collections::HashSet;
 use std::time::{Duration, Instant, SystemTime};
@@ -190,6 +202,10 @@ pub struct FeedDecision {
     /// With [`Action::RestartInProcess`]: ranks to replace at once while
     /// the others restart in process.
     pub replace: Option<Replacement>,
+    /// Every worker of the attempt declared a healable state when the
+    /// decision came (`warden.heal`): a hang across hosts is healed into
+    /// the job's next round instead of restarting in job.
+    pub healable: bool,
 }
 
 /// The answer to [`Command::Replace`].
@@ -666,6 +682,10 @@ pub struct JobState {
     left_heals: Vec<Instant>,
     /// Heals done (any attempt).
     healed: u32,
+    /// When the last heal of any kind was decided (wall clock, as the
+    /// agent's incidents are timed): a hang incident opened before it is
+    /// about ranks that restarted since ([`JobState::hang_healed_since`]).
+    last_heal_wall: Option<SystemTime>,
 }
 
 /// Workers that failed in their teardown: after their training ended, as
@@ -786,6 +806,7 @@ impl JobState {
             replacements: 0,
             heals: Vec::new(),
             left_heals: Vec::new(),
+            last_heal_wall: None,
             healed: 0,
         }
     }
@@ -1074,6 +1095,7 @@ impl JobState {
                     "new round across hosts: {reason}; this host keeps its place: healing its workers into the round in process"
                 )));
                 self.heals.push(now.at);
+                self.last_heal_wall = Some(now.wall);
                 out.push(Command::Rendezvous {
                     restart_count: self.attempt.n,
                 });
@@ -1614,6 +1636,7 @@ impl JobState {
         let brief = d.brief;
         let action = d.action;
         let replace = d.replace;
+        let healable = d.healable;
         // About an attempt already stopped (its incident opened before the
         // current attempt started): a restart it asks for has been done.
         let stale = d.opened + Duration::from_millis(50) < self.attempt.started_wall;
@@ -1634,11 +1657,30 @@ impl JobState {
         }
         match action {
             Some(Action::RestartInJob) if stale => {}
+            Some(Action::RestartInJob) if self.hang_healed_since(&brief, d.opened, now) => {
+                out.push(Command::Say(format!(
+                    "{}: not acted on: the hung ranks were healed since it opened and every worker runs",
+                    d.id
+                )));
+            }
             Some(Action::RestartInJob) if self.healed_already(&brief, now) => {
                 out.push(Command::Say(format!(
                     "{}: not acted on: the crash was healed and every worker runs",
                     d.id
                 )));
+            }
+            // A hang across hosts whose workers can all be healed: the
+            // likeliest cause is a host lost whose lease has not run out
+            // yet (its ranks' collectives wait for ever), judged here
+            // before the lease shows it. Restarting in job would kill
+            // this host's workers and read the checkpoint; healed into the
+            // job's next round they keep their state, and a lost host's
+            // ranks, replaced in the round its lease's end brings, take
+            // theirs from live replicas.
+            Some(Action::RestartInJob)
+                if healable && brief.kind == "hang" && self.may_heal_round(now) =>
+            {
+                self.heal_hang_into_round(brief, &d.id, now, out);
             }
             Some(Action::RestartInJob) => {
                 let (since, since_wall) = self
@@ -1839,6 +1881,37 @@ impl JobState {
         self.heals.len() < MAX_HEALS
     }
 
+    /// The agent's hang decision, healed into a new round: the job's hosts
+    /// are asked for one (as for any restart of this host's), and this
+    /// host's workers restart into it in process, as for a round another
+    /// host asked ([`Phase::HealingRound`]).
+    fn heal_hang_into_round(
+        &mut self,
+        brief: IncidentBrief,
+        id: &str,
+        now: Now,
+        out: &mut Vec<Command>,
+    ) {
+        let told = format!("{id} ({}): {}", brief.class, clip(&brief.summary, 160));
+        out.push(Command::Publish(Directive::RestartInJob {
+            reason: told.clone(),
+        }));
+        out.push(Command::Say(format!(
+            "{id}: a hang across hosts, and every worker here can be healed: a new round for the job's hosts, this host's workers healed into it in process (a host lost meanwhile is replaced once its lease runs out, its ranks healed from live replicas)"
+        )));
+        self.heals.push(now.at);
+        self.last_heal_wall = Some(now.wall);
+        out.push(Command::Rendezvous {
+            restart_count: self.attempt.n,
+        });
+        self.phase = Phase::HealingRound(Box::new(RoundHeal {
+            reason: format!("restart asked by this host: {told}"),
+            plan: None,
+            since: now.at,
+            since_wall: now.wall,
+        }));
+    }
+
     /// Whether `plan` keeps this host's workers where they are: the same
     /// node rank, rank offset, node count and world size as the attempt.
     fn keeps_place(&self, plan: &AttemptPlan) -> bool {
@@ -1928,6 +2001,29 @@ impl JobState {
 
     /// A crash's restart decision that a heal answered already: a heal in
     /// the last [`HEAL_WINDOW`], no failure waiting, every worker running.
+    /// Whether a hang's decision is about ranks healed since its incident
+    /// opened (at `opened`, the agent's wall clock): a heal of this host's
+    /// (into a round, or a rank's) restarted every rank in process after
+    /// it, within [`HEAL_WINDOW`], and every worker runs. Seen: the
+    /// survivors of a lost host hang, their agent first restarts them in
+    /// process, the lost host's round heals them, and then the incident's
+    /// revision (another class, `restart_in_job`) came, which would have
+    /// stopped the healed job. A hang that comes back after the heal is
+    /// a new judgement; past the window it is acted on.
+    fn hang_healed_since(&self, brief: &IncidentBrief, opened: SystemTime, now: Now) -> bool {
+        brief.kind == "hang"
+            && self.pending.is_none()
+            && self.last_heal_wall.is_some_and(|t| t > opened)
+            && self
+                .heals
+                .iter()
+                .chain(&self.left_heals)
+                .max()
+                .is_some_and(|t| now.at.saturating_duration_since(*t) < HEAL_WINDOW)
+            && !self.attempt.workers.is_empty()
+            && self.attempt.workers.iter().all(|w| w.exit.is_none())
+    }
+
     fn healed_already(&self, brief: &IncidentBrief, now: Now) -> bool {
         brief.kind == "crash"
             && self.pending.is_none()
@@ -1987,6 +2083,7 @@ impl JobState {
         } else {
             self.heals.push(now.at);
         }
+        self.last_heal_wall = Some(now.wall);
         self.attempt.workers.retain(|w| w.pid != pid);
         let reason = format!(
             "rank {rank} (pid {pid}) {status}: healing it from a live replica; the other ranks restart in process"

@@ -201,6 +201,20 @@ fn first_attempt_of_four() -> Vec<(u64, Input, &'static [&'static str])> {
     ]
 }
 
+/// The agent's `restart_in_job` for a hang (incident `id`, its
+/// `revision`, opened at `opened` ms), with every worker's state declared
+/// healable or not.
+fn hang_decision(id: &str, revision: usize, opened: u64, healable: bool) -> Input {
+    match decision(id, revision, opened, Action::RestartInJob, 0) {
+        Input::FeedDecision(mut d) => {
+            d.brief.kind = "hang".into();
+            d.healable = healable;
+            Input::FeedDecision(d)
+        }
+        _ => unreachable!(),
+    }
+}
+
 /// A decision about incident `id` opened at `opened` ms.
 fn decision(id: &str, revision: usize, opened: u64, action: Action, exit_code: i32) -> Input {
     let name = action.as_str();
@@ -222,6 +236,7 @@ fn decision(id: &str, revision: usize, opened: u64, action: Action, exit_code: i
             ..Default::default()
         },
         replace: None,
+        healable: false,
     }))
 }
 
@@ -1355,6 +1370,60 @@ fn scenarios() -> Vec<Scenario> {
                 says: &[
                     "this host keeps its place: healing its workers into the round in process",
                     "healed into round 2 in 0.02s",
+                ],
+                ..End::default()
+            },
+        },
+        Scenario {
+            name: "a hang across hosts with healable workers heals into a new round; not healable, or a crash's decision: restarted in job",
+            limits: across_hosts(),
+            steps: with(
+                with(
+                    first_attempt_in_round(),
+                    vec![
+                        // The survivors of a lost host hang in a collective:
+                        // the agent's decision comes before the lease's end.
+                        (
+                            3000,
+                            hang_decision("inc-h", 0, 2990, true),
+                            &["publish restart", "rendezvous 0"],
+                        ),
+                        (
+                            3010,
+                            Input::Agreed(round_plan(0, 2)),
+                            &["heal into round 2"],
+                        ),
+                        (3020, Input::RoundHealed(None), &[]),
+                        // The lost host's lease ran out: its place to the spare.
+                        (9000, swapped_round(), &["rendezvous 0"]),
+                        (
+                            9010,
+                            Input::Agreed(round_plan(0, 3)),
+                            &["heal into round 3"],
+                        ),
+                        (9020, Input::RoundHealed(None), &[]),
+                        // The first incident's revision, after the heals:
+                        // about ranks restarted since, not acted on.
+                        (9500, hang_decision("inc-h", 1, 2990, true), &[]),
+                        // A hang whose workers did not all declare: restarted in job.
+                        (
+                            12000,
+                            hang_decision("inc-n", 0, 11990, false),
+                            &["publish restart", "stop SIGTERM"],
+                        ),
+                    ],
+                ),
+                restart_path(12100, 1, 200),
+            ),
+            expect: End {
+                restarts: 1,
+                local_restarts: 1,
+                says: &[
+                    "inc-h: a hang across hosts, and every worker here can be healed: a new round for the job's hosts, this host's workers healed into it in process",
+                    "healed into round 2 in 0.02s",
+                    "healed into round 3 in 0.02s",
+                    "inc-h: not acted on: the hung ranks were healed since it opened",
+                    "restarting in job (restart 1)",
                 ],
                 ..End::default()
             },
