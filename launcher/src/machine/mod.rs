@@ -1094,17 +1094,7 @@ impl JobState {
                 out.push(Command::Say(format!(
                     "new round across hosts: {reason}; this host keeps its place: healing its workers into the round in process"
                 )));
-                self.heals.push(now.at);
-                self.last_heal_wall = Some(now.wall);
-                out.push(Command::Rendezvous {
-                    restart_count: self.attempt.n,
-                });
-                self.phase = Phase::HealingRound(Box::new(RoundHeal {
-                    reason,
-                    plan: None,
-                    since: now.at,
-                    since_wall: now.wall,
-                }));
+                self.heal_into_round(reason, now, out);
             }
             Input::Round(Remote::NewRound { reason, .. }) => {
                 out.push(Command::Say(format!("new round across hosts: {reason}")));
@@ -1899,13 +1889,19 @@ impl JobState {
         out.push(Command::Say(format!(
             "{id}: a hang across hosts, and every worker here can be healed: a new round for the job's hosts, this host's workers healed into it in process (a host lost meanwhile is replaced once its lease runs out, its ranks healed from live replicas)"
         )));
+        self.heal_into_round(format!("restart asked by this host: {told}"), now, out);
+    }
+
+    /// Agrees on the job's next round without stopping the workers, to heal
+    /// them into it ([`Phase::HealingRound`]); counted as a heal.
+    fn heal_into_round(&mut self, reason: String, now: Now, out: &mut Vec<Command>) {
         self.heals.push(now.at);
         self.last_heal_wall = Some(now.wall);
         out.push(Command::Rendezvous {
             restart_count: self.attempt.n,
         });
         self.phase = Phase::HealingRound(Box::new(RoundHeal {
-            reason: format!("restart asked by this host: {told}"),
+            reason,
             plan: None,
             since: now.at,
             since_wall: now.wall,

@@ -185,6 +185,15 @@ class _Loops:
         self.pending = state
 
 
+def _progress_of(ckpt: Dict[str, Any]) -> Dict[str, Any]:
+    """What a Lightning checkpoint holds besides module, optimizers,
+    schedulers and callbacks: the loops' progress and the rest Lightning's
+    restore reads."""
+    return {
+        k: v for k, v in ckpt.items() if k not in ("state_dict", "optimizer_states", "lr_schedulers", "callbacks")
+    }
+
+
 def _callbacks_state(trainer: Any) -> Dict[str, Any]:
     """Every callback's ``state_dict``, by its ``state_key``: what Lightning's
     checkpoint holds under "callbacks" (``_call_callbacks_state_dict``)."""
@@ -254,11 +263,7 @@ class LightningHeal:
             "optimizer_states": ckpt.get("optimizer_states", []),
             "lr_schedulers": ckpt.get("lr_schedulers", []),
         }
-        self.loops.pending = {
-            k: v
-            for k, v in ckpt.items()
-            if k not in ("state_dict", "optimizer_states", "lr_schedulers", "callbacks")
-        }
+        self.loops.pending = _progress_of(ckpt)
         self._from_tier = ckpt
         return int(ckpt["global_step"])
 
@@ -343,11 +348,7 @@ class LightningHeal:
         ckpt = trainer.strategy.load_checkpoint(path)
         for s, sd in zip(self.optimizers.schedulers, ckpt.get("lr_schedulers", [])):
             s.load_state_dict(sd)
-        self.loops.pending = {
-            k: v
-            for k, v in ckpt.items()
-            if k not in ("state_dict", "optimizer_states", "lr_schedulers", "callbacks")
-        }
+        self.loops.pending = _progress_of(ckpt)
         self._from_tier = ckpt
         return int(ckpt["global_step"])
 
