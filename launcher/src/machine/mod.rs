@@ -51,7 +51,9 @@
 //!
 //! A hang across hosts is healed too: the agent's `restart_in_job` for a
 //! hang while every worker lives and declared a healable state
-//! ([`FeedDecision::healable`]) publishes the restart (a new round for
+//! ([`FeedDecision::healable`]), in a round whose store a launcher hosts
+//! ([`RunLimits::round_store_hosted`]: etcd's rounds, not torch's c10d
+//! rendezvous), publishes the restart (a new round for
 //! every host) and heals this host's workers into it in process
 //! ([`Phase::HealingRound`], as for a round another host asked), within the
 //! same [`MAX_HEALS`]. Why: the survivors of a lost host block in a
@@ -1668,7 +1670,10 @@ impl JobState {
             // ranks, replaced in the round its lease's end brings, take
             // theirs from live replicas.
             Some(Action::RestartInJob)
-                if healable && brief.kind == "hang" && self.may_heal_round(now) =>
+                if healable
+                    && brief.kind == "hang"
+                    && self.limits.round_store_hosted
+                    && self.may_heal_round(now) =>
             {
                 self.heal_hang_into_round(brief, &d.id, now, out);
             }

@@ -1375,7 +1375,7 @@ fn scenarios() -> Vec<Scenario> {
             },
         },
         Scenario {
-            name: "a hang across hosts with healable workers heals into a new round; not healable, or a crash's decision: restarted in job",
+            name: "a hang across hosts with healable workers heals into a new round; not healable: restarted in job",
             limits: across_hosts(),
             steps: with(
                 with(
@@ -1425,6 +1425,30 @@ fn scenarios() -> Vec<Scenario> {
                     "inc-h: not acted on: the hung ranks were healed since it opened",
                     "restarting in job (restart 1)",
                 ],
+                ..End::default()
+            },
+        },
+        Scenario {
+            name: "a hang across hosts whose round store no launcher hosts (c10d): restarted in job, healable or not",
+            limits: RunLimits {
+                round_store_hosted: false,
+                ..across_hosts()
+            },
+            steps: with(
+                first_attempt_in_round(),
+                vec![(
+                    3000,
+                    hang_decision("inc-c", 0, 2990, true),
+                    &["publish restart", "stop SIGTERM"],
+                )],
+            )
+            .into_iter()
+            .chain(restart_path(3100, 1, 200))
+            .collect(),
+            expect: End {
+                restarts: 1,
+                local_restarts: 1,
+                says: &["restarting in job (restart 1)"],
                 ..End::default()
             },
         },
