@@ -2013,21 +2013,18 @@ impl JobState {
     /// a new judgement; past the window it is acted on.
     fn hang_healed_since(&self, brief: &IncidentBrief, opened: SystemTime, now: Now) -> bool {
         brief.kind == "hang"
-            && self.pending.is_none()
             && self.last_heal_wall.is_some_and(|t| t > opened)
-            && self
-                .heals
-                .iter()
-                .chain(&self.left_heals)
-                .max()
-                .is_some_and(|t| now.at.saturating_duration_since(*t) < HEAL_WINDOW)
-            && !self.attempt.workers.is_empty()
-            && self.attempt.workers.iter().all(|w| w.exit.is_none())
+            && self.healed_and_running(now)
     }
 
     fn healed_already(&self, brief: &IncidentBrief, now: Now) -> bool {
-        brief.kind == "crash"
-            && self.pending.is_none()
+        brief.kind == "crash" && self.healed_and_running(now)
+    }
+
+    /// A heal within [`HEAL_WINDOW`], no failure waiting, and every worker
+    /// of the attempt running.
+    fn healed_and_running(&self, now: Now) -> bool {
+        self.pending.is_none()
             && self
                 .heals
                 .iter()
