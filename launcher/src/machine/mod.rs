@@ -1887,7 +1887,7 @@ impl JobState {
         now: Now,
         out: &mut Vec<Command>,
     ) {
-        let told = format!("{id} ({}): {}", brief.class, clip(&brief.summary, 160));
+        let told = told_other_hosts(&brief);
         out.push(Command::Publish(Directive::RestartInJob {
             reason: told.clone(),
         }));
@@ -2560,11 +2560,7 @@ impl JobState {
         self.pending = None;
         let had_workers = !self.attempt.standby;
         let next = self.attempts_started;
-        let what = if cause.brief.summary.is_empty() {
-            &cause.brief.reason
-        } else {
-            &cause.brief.summary
-        };
+        let what = what_happened(&cause.brief);
         let reason = if cause.remote {
             format!("new round: {}", cause.brief.reason)
         } else {
@@ -2573,17 +2569,9 @@ impl JobState {
         if !cause.remote {
             self.local_restarts += 1;
             // First, so that the other hosts stop their workers meanwhile.
-            let told = format!(
-                "{}{}: {}",
-                cause.brief.id,
-                if cause.brief.id.is_empty() {
-                    cause.brief.class.clone()
-                } else {
-                    format!(" ({})", cause.brief.class)
-                },
-                clip(what, 160)
-            );
-            out.push(Command::Publish(Directive::RestartInJob { reason: told }));
+            out.push(Command::Publish(Directive::RestartInJob {
+                reason: told_other_hosts(&cause.brief),
+            }));
         }
         let r = Box::new(Restart {
             cause,
@@ -2751,6 +2739,30 @@ fn decision_text(b: &IncidentBrief, stale: bool) -> String {
 }
 
 /// `s` cut to at most `max` characters, marked when cut.
+/// What an incident says happened: its summary, else its reason.
+fn what_happened(brief: &IncidentBrief) -> &str {
+    if brief.summary.is_empty() {
+        &brief.reason
+    } else {
+        &brief.summary
+    }
+}
+
+/// What a restart this host asks tells the other hosts: the incident, its
+/// class and what happened, clipped.
+fn told_other_hosts(brief: &IncidentBrief) -> String {
+    format!(
+        "{}{}: {}",
+        brief.id,
+        if brief.id.is_empty() {
+            brief.class.clone()
+        } else {
+            format!(" ({})", brief.class)
+        },
+        clip(what_happened(brief), 160)
+    )
+}
+
 fn clip(s: &str, max: usize) -> String {
     match s.char_indices().nth(max) {
         Some((i, _)) => format!("{}...", &s[..i]),
