@@ -160,6 +160,55 @@ async fn concurrent_restart_requests_make_one_round() {
     }
 }
 
+/// A host that heals its workers into the round it asks for (a hang
+/// across hosts) says so in the round: every host reads `heal`, and the
+/// launchers that keep their place heal theirs too. A restart asked after
+/// it, or a late ask of the same failure, is no heal round.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_heal_round_says_so_to_every_host_and_a_restart_does_not() {
+    let etcd = EtcdServer::start();
+    let [a, b, c] = three(&etcd, "job-heal-round").await;
+    for h in [&a, &b, &c] {
+        assert_eq!(round(h, 0).await.epoch, 1);
+    }
+    let asked = within(WAIT, "a heal round", a.request_heal_round(1, "hang")).await;
+    assert_eq!(asked.expect("a's heal round"), 2);
+    // The same hang judged on host-c a moment later: the round stands.
+    assert_eq!(c.request_restart(1, "hang").await.expect("c's ask"), 2);
+    for h in [&a, &b, &c] {
+        let r = within(WAIT, "round 2", h.next_round(1))
+            .await
+            .expect("round 2");
+        assert_eq!((r.epoch, r.heal), (2, true), "{r:?}");
+        assert_eq!(*r.members, ["host-a", "host-b", "host-c"]);
+    }
+    let mut client = etcd_client(&etcd).await;
+    let key = |e: u64| format!("/warden/jobs/job-heal-round/rounds/{e:020}");
+    let stored = client.get(key(2), None).await.expect("read round 2");
+    let record: serde_json::Value =
+        serde_json::from_slice(stored.kvs()[0].value()).expect("a JSON round record");
+    assert_eq!(record["heal"], true, "{record}");
+    assert_eq!(
+        b.request_restart(2, "rank 3 exited 1")
+            .await
+            .expect("b's ask"),
+        3
+    );
+    for h in [&a, &b, &c] {
+        let r = within(WAIT, "round 3", h.next_round(2))
+            .await
+            .expect("round 3");
+        assert_eq!((r.epoch, r.heal), (3, false), "{r:?}");
+    }
+    let stored = client.get(key(3), None).await.expect("read round 3");
+    let record: serde_json::Value =
+        serde_json::from_slice(stored.kvs()[0].value()).expect("a JSON round record");
+    assert!(
+        record.get("heal").is_none(),
+        "not written when false: {record}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dead_host_scales_the_job_down_and_its_return_scales_it_up() {
     let etcd = EtcdServer::start();

@@ -463,6 +463,7 @@ async fn a_host_between_rounds_stops_on_the_notice_written_meanwhile() {
     let first = both_agree(&mut a, &mut b).await;
     let restart = Directive::RestartInJob {
         reason: "rank 1 failed".into(),
+        heal: false,
     };
     let deadline = std::time::SystemTime::now() + Duration::from_secs(40);
     let reason = "notice from gce: instance/preempted = TRUE";
@@ -744,6 +745,7 @@ async fn a_c10d_host_between_rounds_stops_on_the_notice_written_meanwhile() {
 
     a.publish(&Directive::RestartInJob {
         reason: "rank 1 failed".into(),
+        heal: false,
     })
     .await
     .expect("host-a joins the next round");

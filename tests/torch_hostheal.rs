@@ -163,6 +163,7 @@ fn launch(
         job,
         log,
         nproc: ex.nproc,
+        nnodes: WORLD,
         spare,
         heal,
         ttl: ex.ttl,
@@ -663,5 +664,178 @@ fn a_lost_host_without_a_declared_state_restarts_in_job_from_the_checkpoint() {
     eprintln!(
         "host-b (rank 1) lost (SIGKILL of its worker and launcher) -> every rank stepping again: {back:.3} s, {} step(s) redone (in-job restart of every host from the checkpoint; lease TTL {TTL}, 2 hosts + spare, gloo, examples/heal/ddp.py); part: the spare given its place -> every rank stepping: {part:.3} s",
         redone(&entries, t, WORLD)
+    );
+}
+
+/// Three hosts of examples/heal/hsdp.py (plain FSDP2 over a 3 x 2 mesh:
+/// each host one replica group of two shards), the spare waiting, and the
+/// same lost host-b (ranks 2 and 3). The survivors' ranks block in their
+/// collectives with the lost ones; host-a's agent judges the hang first
+/// (its 3 s floor, within the lease's 8 s) and decides a restart in job
+/// (its policy set so for every class), and host-a heals its workers
+/// into a new round of the same hosts, which says so (`heal` in etcd's
+/// round record). host-c, which has not judged it (its floor set past the
+/// run here, to order the race every run: on a real job either survivor
+/// may judge first), keeps its place in that round and heals its workers
+/// into it in process too, where before it restarted them in job from the
+/// checkpoint. The lost host's lease's end then brings the spare into
+/// node rank 1, whose ranks take their shards from the same shard
+/// positions on host-a or host-c. Every survivor keeps its process, every
+/// digest is the fault-free run's, nothing is read from a checkpoint.
+#[test]
+fn a_hang_heal_round_asked_by_one_host_keeps_the_third_hosts_workers() {
+    let Some((_one, dir, etcd)) = prepare() else {
+        return;
+    };
+    let ex = Example {
+        file: "hsdp.py",
+        preload: None,
+        steps: 90,
+        ckpt_every: 30,
+        kill_at: 40,
+        nproc: 2,
+        ttl: "8s",
+    };
+    let (nnodes, world) = (3, 6);
+    let h = hosts();
+    let c = Host::new("host-c", "127.0.0.5", "warden-hostheal-");
+    c.configure_agent("[hang]\nfloor = \"5m\"\n");
+    // host-a restarts in job for a hang of any class (infrastructure's
+    // default; transient software's first answer is an in-process restart,
+    // which the survivors' ranks take without a round): the decision this
+    // test is about, every run.
+    h.a.configure_agent(
+        "[policy.transient_software]\non_failure = [\"restart_in_job\"]\non_running = \"continue\"\nbudget = 3\nwindow = \"1h\"\nexhausted = \"cordon\"\n",
+    );
+    let run = |host: &Host, job: &str, log: &Path, spare: bool| {
+        host.launch(&Launch {
+            etcd: &etcd,
+            job,
+            log,
+            nproc: ex.nproc,
+            nnodes,
+            spare,
+            heal: true,
+            ttl: ex.ttl,
+            steps: ex.steps,
+            ckpt_every: ex.ckpt_every,
+            example: ex.file,
+            preload: None,
+        })
+    };
+    // Node ranks follow the join order: host-a 0, host-b 1, host-c 2.
+    let in_order = |job: &str, log: &Path| {
+        let mut a = run(&h.a, job, log, false);
+        a.wait_line(RUN, "host-a's join", |l| {
+            l.contains("joined as host host-a")
+        });
+        let mut b = run(&h.b, job, log, false);
+        b.wait_line(RUN, "host-b's join", |l| {
+            l.contains("joined as host host-b")
+        });
+        let c = run(&c, job, log, false);
+        (a, b, c)
+    };
+
+    let reference = dir.path().join("fault-free.log");
+    let (mut a, mut b, mut cc) = in_order("hostheal3-ref", &reference);
+    for j in [&mut a, &mut b, &mut cc] {
+        let status = j.wait_exit(RUN);
+        assert!(status.success(), "fault-free run: {status}\n{}", show(j));
+    }
+    let want = digests(&read_log(&reference));
+    assert_eq!(want.len(), world as usize, "{want:?}\n{}", show(&mut a));
+    assert!(
+        want.values().all(|x| x == &want[&0] && x.len() == 64),
+        "fault-free digests differ: {want:?}"
+    );
+
+    let log = dir.path().join("hostheal3.log");
+    let (mut a, mut b, mut cc) = in_order("hostheal3", &log);
+    b.wait_line(RUN, "host-b's place", |l| l.contains("host-b: node rank 1"));
+    let mut s = run(&h.s, "hostheal3", &log, true);
+    s.wait_line(RUN, "the spare's standby attempt", |l| {
+        l.contains("no place in this round")
+    });
+    let pids: Vec<i32> = [2, 3]
+        .into_iter()
+        .map(|rank| {
+            wait_step(
+                &log,
+                rank,
+                ex.kill_at,
+                &mut [&mut a, &mut b, &mut cc, &mut s],
+                RUN,
+            )
+        })
+        .collect();
+    let t = unix_now();
+    for pid in &pids {
+        kill(Pid::from_raw(*pid), Signal::SIGKILL).expect("SIGKILL host-b's worker");
+    }
+    b.signal(Signal::SIGKILL);
+    let _ = b.child.wait();
+    for j in [&mut a, &mut cc, &mut s] {
+        let status = j.wait_exit(RUN);
+        let label = j.label.clone();
+        assert!(status.success(), "{label}: {status}\n{}", show(j));
+    }
+    for j in [&mut a, &mut cc, &mut s] {
+        j.drain(Duration::from_secs(5));
+    }
+    let all = format!(
+        "--- host-a ---\n{}\n--- host-c ---\n{}\n--- host-s ---\n{}",
+        a.seen.join("\n"),
+        cc.seen.join("\n"),
+        s.seen.join("\n")
+    );
+    let entries = read_log(&log);
+    assert_eq!(
+        digests(&entries),
+        want,
+        "digests against the fault-free run\n{all}"
+    );
+    let (ranks, times) = pids_and_counts(&entries);
+    for rank in [0, 1, 4, 5] {
+        assert_eq!(
+            ranks[&rank].len(),
+            1,
+            "rank {rank} (host-a or host-c) kept its process: {ranks:?}\n{all}"
+        );
+    }
+    for rank in [2, 3] {
+        assert_eq!(
+            ranks[&rank].len(),
+            2,
+            "rank {rank}: host-b's process, then the spare's: {ranks:?}\n{all}"
+        );
+    }
+    assert_no_step_logged_more_than_twice(&times, &all);
+    assert!(
+        a.seen
+            .iter()
+            .any(|l| l.contains("a hang across hosts, and every worker here can be healed")),
+        "host-a judged the hang and healed into a new round\n{all}"
+    );
+    assert!(
+        cc.seen
+            .iter()
+            .any(|l| l.contains("restart requested by host-a")
+                && l.contains("this host keeps its place: healing its workers into the round")),
+        "host-c healed its workers into host-a's round\n{all}"
+    );
+    for never in [
+        "restarting the workers into it",
+        "restarting in job",
+        "restored from the checkpoint",
+        "no live replica holds",
+    ] {
+        assert!(!all.contains(never), "{never:?}\n{all}");
+    }
+    eprintln!(
+        "host-b (ranks 2 and 3) lost, 3 hosts of 2 ranks + spare, host-a judged the hang -> every rank stepping again: {:.3} s, {} step(s) redone (lease TTL {}, gloo, examples/heal/hsdp.py)",
+        back_after(&entries, t, world, &all),
+        redone(&entries, t, world),
+        ex.ttl,
     );
 }

@@ -85,6 +85,7 @@ fn launch(h: &Host, etcd: &EtcdServer, job: &str, log: &Path, heal: bool) -> Str
         job,
         log,
         nproc: NPROC,
+        nnodes: 2,
         spare: false,
         heal,
         ttl: TTL,

@@ -59,7 +59,9 @@ pub struct EtcdCoordinator {
     lost: bool,
     /// A restart this host asked for that etcd did not take yet: the
     /// rendezvous asks again (else nobody would make its round).
-    unsent: Option<String>,
+    /// The flag: a round this host heals its workers into
+    /// ([`Directive::RestartInJob`]'s `heal`).
+    unsent: Option<(String, bool)>,
     /// The membership's lease state last told on the console: lapsed or
     /// not, and the rejoins so far.
     told_lease: (bool, u32),
@@ -370,8 +372,18 @@ fn plan_of(round: &etcd::Round, restart_count: u32, host: &str, spare: bool) -> 
 /// replicas line up). A round of the same hosts is a restart one of them
 /// asked for (its workers failed), or a host's launcher restarted under
 /// the same host id: its workers are new, so are everyone's collectives'
-/// peers: no heal.
+/// peers: no heal; unless its asker heals its own workers into it
+/// ([`etcd::Round::heal`]: a hang across hosts, judged on that host before
+/// a lost host's lease ran out, the others about to judge it too), where
+/// every host that keeps its place heals.
 pub fn keeps_place(old: &etcd::Round, new: &etcd::Round) -> bool {
+    same_place(old, new) && (old.members != new.members || new.heal)
+}
+
+/// Whether `new` gives this host the place it had in `old`: workers in
+/// both at the same node rank and rank offset, the same node count, world
+/// size, worker count and number of hosts.
+fn same_place(old: &etcd::Round, new: &etcd::Round) -> bool {
     old.runs_workers()
         && new.runs_workers()
         && new.epoch > old.epoch
@@ -381,7 +393,21 @@ pub fn keeps_place(old: &etcd::Round, new: &etcd::Round) -> bool {
         && old.nnodes == new.nnodes
         && old.world_size == new.world_size
         && old.members.len() == new.members.len()
-        && old.members != new.members
+}
+
+/// Asks `c` for the round after `epoch`: a restart, or a round its asker
+/// heals its workers into ([`Directive::RestartInJob`]'s `heal`).
+async fn ask_round(
+    c: &etcd::Coordinator,
+    epoch: u64,
+    reason: &str,
+    heal: bool,
+) -> Result<u64, etcd::CoordError> {
+    if heal {
+        c.request_heal_round(epoch, reason).await
+    } else {
+        c.request_restart(epoch, reason).await
+    }
 }
 
 impl EtcdCoordinator {
@@ -492,8 +518,8 @@ impl AcrossHosts for EtcdCoordinator {
             let Some(c) = &self.coord else {
                 return Err(AcrossHostsError::new("this host has left the job"));
             };
-            if let Some(reason) = &self.unsent {
-                match c.request_restart(self.epoch, reason).await {
+            if let Some((reason, heal)) = &self.unsent {
+                match ask_round(c, self.epoch, reason, *heal).await {
                     Ok(_) => self.unsent = None,
                     Err(e @ etcd::CoordError::LeaseLost { .. }) => return Err(self.halt(e)),
                     Err(e) => {
@@ -536,7 +562,7 @@ impl AcrossHosts for EtcdCoordinator {
 
     async fn publish(&mut self, d: &Directive) -> Result<(), AcrossHostsError> {
         match d {
-            Directive::RestartInJob { reason } => {
+            Directive::RestartInJob { reason, heal } => {
                 if self.ended_elsewhere {
                     return Err(AcrossHostsError::new(
                         "the job already ended on another host: no restart across hosts",
@@ -545,12 +571,12 @@ impl AcrossHosts for EtcdCoordinator {
                 let Some(c) = &self.coord else {
                     return Err(AcrossHostsError::new("this host has left the job"));
                 };
-                match c.request_restart(self.epoch, reason).await {
+                match ask_round(c, self.epoch, reason, *heal).await {
                     Ok(_) => Ok(()),
                     Err(e @ etcd::CoordError::LeaseLost { .. }) => Err(self.halt(e)),
                     Err(e) => {
                         // Asked again while the rendezvous waits.
-                        self.unsent = Some(reason.clone());
+                        self.unsent = Some((reason.clone(), *heal));
                         Err(AcrossHostsError::new(format!("{e}; asking again")))
                     }
                 }
@@ -788,6 +814,7 @@ mod tests {
             waiting: false,
             reason: String::new(),
             decided_by: String::new(),
+            heal: false,
         }
     }
 
@@ -813,6 +840,24 @@ mod tests {
         assert!(!keeps_place(&old, &waiting));
         // Not a later round.
         assert!(!keeps_place(&old, &round(1, &["a", "s"], Some(0))));
+    }
+
+    #[test]
+    fn a_round_its_asker_heals_into_keeps_the_place_of_the_same_hosts() {
+        let old = round(1, &["a", "b", "c"], Some(2));
+        let mut heal = round(2, &["a", "b", "c"], Some(2));
+        heal.heal = true;
+        assert!(keeps_place(&old, &heal));
+        // Still only the same place: moved, or the job's size changed.
+        let mut moved = round(2, &["c", "a", "b"], Some(0));
+        moved.heal = true;
+        assert!(!keeps_place(&old, &moved));
+        let mut smaller = round(2, &["a", "c"], Some(1));
+        smaller.heal = true;
+        assert!(!keeps_place(&old, &smaller));
+        let mut earlier = round(1, &["a", "b", "c"], Some(2));
+        earlier.heal = true;
+        assert!(!keeps_place(&old, &earlier));
     }
 
     #[test]

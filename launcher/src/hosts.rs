@@ -48,6 +48,11 @@ pub enum Directive {
     RestartInJob {
         /// Why (the incident and its diagnosis).
         reason: String,
+        /// This node heals its workers into the new round in process
+        /// instead of stopping them: the round says so, and nodes that keep
+        /// their place heal theirs too (etcd's rounds; torch's c10d
+        /// rendezvous has no such round and restarts every node).
+        heal: bool,
     },
     /// This node's launcher ends with `exit_code` (0: the job's work here
     /// is done).

@@ -1,7 +1,7 @@
 //! One host of the heal-across-hosts tests (`torch_hostheal`, a lost host
 //! replaced by a spare; `torch_mhheal`, a rank's own fault inside a round):
-//! a real `warden run` of a job of examples/heal/ (ddp.py, or
-//! lightning_ddp.py) on its own loopback address,
+//! a real `warden run` of a job of examples/heal/ (ddp.py, hsdp.py or
+//! a framework's) on its own loopback address,
 //! with its embedded agent, over a real etcd.
 
 use std::path::Path;
@@ -28,6 +28,8 @@ pub struct Launch<'a> {
     pub log: &'a Path,
     /// Workers on this host.
     pub nproc: u32,
+    /// Hosts in the job (`--nnodes`), spares not counted.
+    pub nnodes: u32,
     /// Joins as a spare (`--spare`).
     pub spare: bool,
     /// The workers declare their state (`EXAMPLE_HEAL=1`); else they
@@ -60,6 +62,16 @@ impl Host {
         Self { dir, id, addr }
     }
 
+    /// Adds `toml` (whole tables) to this host's agent configuration.
+    pub fn configure_agent(&self, toml: &str) {
+        use std::io::Write;
+        let mut f = std::fs::OpenOptions::new()
+            .append(true)
+            .open(self.dir.path().join("agent.toml"))
+            .unwrap();
+        f.write_all(toml.as_bytes()).unwrap();
+    }
+
     /// `warden run` of the example as this host (its lines and its
     /// workers' on one stream).
     pub fn launch(&self, l: &Launch<'_>) -> Streaming {
@@ -68,7 +80,8 @@ impl Host {
             .arg("--socket")
             .arg(self.dir.path().join("no-agent-here.sock"))
             .arg("run")
-            .args(["--nproc-per-node", &l.nproc.to_string(), "--nnodes", "2"])
+            .args(["--nproc-per-node", &l.nproc.to_string()])
+            .args(["--nnodes", &l.nnodes.to_string()])
             .args(["--rdzv-backend", "etcd"])
             .args(["--rdzv-endpoint", &l.etcd.endpoint])
             .args(["--rdzv-id", l.job])

@@ -430,11 +430,34 @@ impl Coordinator {
     /// the failure first); either way returns the epoch now current, so
     /// one failure makes one round whoever reports it.
     pub async fn request_restart(&self, seen_epoch: u64, reason: &str) -> Result<u64, CoordError> {
+        self.ask_round(seen_epoch, reason, false).await
+    }
+
+    /// As [`Self::request_restart`], for a round this host heals its
+    /// workers into in process: the round says so
+    /// ([`RoundRecord::heal`]), and a host that keeps its place heals
+    /// its own workers too instead of restarting them from the checkpoint.
+    /// A round that moved on already (another host asked first) is kept as
+    /// it is.
+    pub async fn request_heal_round(
+        &self,
+        seen_epoch: u64,
+        reason: &str,
+    ) -> Result<u64, CoordError> {
+        self.ask_round(seen_epoch, reason, true).await
+    }
+
+    async fn ask_round(
+        &self,
+        seen_epoch: u64,
+        reason: &str,
+        heal: bool,
+    ) -> Result<u64, CoordError> {
         if let Some(e) = self.inner.state.borrow().failed.clone() {
             return Err(e);
         }
         let reason = format!("restart requested by {}: {reason}", self.inner.cfg.host);
-        match self.inner.advance(seen_epoch, reason).await? {
+        match self.inner.advance(seen_epoch, reason, heal).await? {
             Advance::Advanced(e) | Advance::Stale(e) => Ok(e),
             Advance::LostRace | Advance::Claimed => self.inner.read_epoch().await,
         }

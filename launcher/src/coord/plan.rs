@@ -64,6 +64,14 @@ pub struct RoundRecord {
     /// `members` are inline.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub layout: Option<super::layout::LayoutRef>,
+    /// The host that asked for this round heals its workers into it in
+    /// process (a hang across hosts, judged before a lost host's lease ran
+    /// out): a host that keeps its place heals its own too, where a
+    /// restart of the same hosts would have killed every worker and read
+    /// the checkpoint. Absent (false) in any other round and in records of
+    /// launchers before it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub heal: bool,
 }
 
 /// The job's size limits and port rule: the inputs of a round besides
@@ -474,6 +482,7 @@ pub fn record(
         decided_by,
         decided_at_ms,
         layout: None,
+        heal: false,
     }
 }
 

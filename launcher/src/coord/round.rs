@@ -44,6 +44,9 @@ pub struct Round {
     pub reason: String,
     /// Which host made it.
     pub decided_by: String,
+    /// The host that asked for it heals its workers into it in process
+    /// ([`super::plan::RoundRecord::heal`]).
+    pub heal: bool,
 }
 
 impl Round {
@@ -88,6 +91,7 @@ impl Round {
             waiting: record.waiting,
             reason: record.reason.clone(),
             decided_by: record.decided_by.clone(),
+            heal: record.heal,
         }
     }
 
@@ -173,6 +177,7 @@ mod tests {
             decided_by: "a".into(),
             decided_at_ms: 0,
             layout: None,
+            heal: false,
         }
     }
 

@@ -785,6 +785,7 @@ impl Inner {
         &self,
         expected: u64,
         reason: String,
+        heal: bool,
     ) -> Result<Advance, CoordError> {
         let next = expected + 1;
         let (mut record, new_base) = {
@@ -804,7 +805,7 @@ impl Inner {
                     .map(|r| r.standby.clone())
                     .unwrap_or_default();
             }
-            let record = plan::record(
+            let mut record = plan::record(
                 next,
                 assignment,
                 self.limits,
@@ -812,6 +813,7 @@ impl Inner {
                 self.cfg.host.clone(),
                 now_ms(),
             );
+            record.heal = heal;
             let delta = view
                 .current()
                 .and_then(|r| r.layout.as_ref())
@@ -847,7 +849,6 @@ impl Inner {
                     Some((base, chunks)),
                 )
             };
-            let mut record = record;
             record.layout = layout;
             (record, new_base)
         };
@@ -1991,7 +1992,7 @@ impl Driver {
             self.wake = Some(until);
             return;
         }
-        let backoff = match inner.advance(epoch, reason).await {
+        let backoff = match inner.advance(epoch, reason, false).await {
             Ok(_) => {
                 self.pending = None;
                 inner.cfg.request_timeout

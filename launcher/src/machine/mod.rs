@@ -1890,6 +1890,7 @@ impl JobState {
         let told = told_other_hosts(&brief);
         out.push(Command::Publish(Directive::RestartInJob {
             reason: told.clone(),
+            heal: true,
         }));
         out.push(Command::Say(format!(
             "{id}: a hang across hosts, and every worker here can be healed: a new round for the job's hosts, this host's workers healed into it in process (a host lost meanwhile is replaced once its lease runs out, its ranks healed from live replicas)"
@@ -2571,6 +2572,7 @@ impl JobState {
             // First, so that the other hosts stop their workers meanwhile.
             out.push(Command::Publish(Directive::RestartInJob {
                 reason: told_other_hosts(&cause.brief),
+                heal: false,
             }));
         }
         let r = Box::new(Restart {

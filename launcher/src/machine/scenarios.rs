@@ -338,7 +338,8 @@ fn base() -> (Instant, SystemTime) {
 fn short(c: &Command) -> Option<String> {
     Some(match c {
         Command::Say(_) => return None,
-        Command::Publish(Directive::RestartInJob { .. }) => "publish restart".into(),
+        Command::Publish(Directive::RestartInJob { heal: false, .. }) => "publish restart".into(),
+        Command::Publish(Directive::RestartInJob { heal: true, .. }) => "publish heal round".into(),
         Command::Publish(Directive::Stop { .. }) => "publish stop".into(),
         Command::Stop { signal, .. } => format!("stop {}", super::signal_name(*signal)),
         Command::Kill { .. } => "kill".into(),
@@ -1386,7 +1387,7 @@ fn scenarios() -> Vec<Scenario> {
                         (
                             3000,
                             hang_decision("inc-h", 0, 2990, true),
-                            &["publish restart", "rendezvous 0"],
+                            &["publish heal round", "rendezvous 0"],
                         ),
                         (
                             3010,
@@ -1424,6 +1425,43 @@ fn scenarios() -> Vec<Scenario> {
                     "healed into round 3 in 0.02s",
                     "inc-h: not acted on: the hung ranks were healed since it opened",
                     "restarting in job (restart 1)",
+                ],
+                ..End::default()
+            },
+        },
+        Scenario {
+            name: "another host's hang heal round keeps this host's place: healed into it, this host's own hang decision not acted on",
+            limits: across_hosts(),
+            steps: with(
+                first_attempt_in_round(),
+                vec![
+                    // host-a judged the hang first and heals into a round
+                    // of the same hosts: etcd's round says so, so this
+                    // host keeps its place (etcd.rs's keeps_place).
+                    (
+                        3000,
+                        Input::Round(Remote::NewRound {
+                            reason: "round 2: restart requested by host-a: hang (heals into it)"
+                                .into(),
+                            keeps_place: true,
+                        }),
+                        &["rendezvous 0"],
+                    ),
+                    (
+                        3010,
+                        Input::Agreed(round_plan(0, 2)),
+                        &["heal into round 2"],
+                    ),
+                    (3020, Input::RoundHealed(None), &[]),
+                    // This host's agent judged the same hang meanwhile.
+                    (3100, hang_decision("inc-c", 0, 2950, true), &[]),
+                ],
+            ),
+            expect: End {
+                says: &[
+                    "this host keeps its place: healing its workers into the round in process",
+                    "healed into round 2 in 0.02s",
+                    "inc-c: not acted on: the hung ranks were healed since it opened",
                 ],
                 ..End::default()
             },
