@@ -434,6 +434,7 @@ fn proposed() -> AttemptPlan {
         epoch: None,
         round: None,
         ckpt_peers: Vec::new(),
+        keeps_place: false,
     }
 }
 

@@ -455,6 +455,7 @@ fn plan_of(
             if world == 1 { "" } else { "s" },
         )),
         ckpt_peers: Vec::new(),
+        keeps_place: false,
     })
 }
 

@@ -9,8 +9,10 @@
 //! [`Remote::Stop`].
 //!
 //! Mapping: `rendezvous` is `wait_for_round` after the epoch of the current
-//! attempt; `publish(RestartInJob)` is `request_restart` of that epoch (one
-//! round however many hosts report the same failure); `publish(Stop)` is
+//! attempt, its plan's `keeps_place` judged against the attempt's round;
+//! `publish(RestartInJob)` is `request_restart` of that epoch (one round
+//! however many hosts report the same failure), or `request_heal_round`
+//! where this host heals its workers into it; `publish(Stop)` is
 //! `leave`: `Finished` for a job that succeeded here, `Failed` (the others
 //! stop with the same status) for a job that failed for good, `Cordoned`
 //! for 86, `Stopped` when this host goes alone (a signal, the others'
@@ -361,6 +363,8 @@ fn plan_of(round: &etcd::Round, restart_count: u32, host: &str, spare: bool) -> 
             .filter(|(h, _)| h != host)
             .cloned()
             .collect(),
+        // Set by the rendezvous, which knows the attempt's round.
+        keeps_place: false,
     }
 }
 
@@ -375,7 +379,10 @@ fn plan_of(round: &etcd::Round, restart_count: u32, host: &str, spare: bool) -> 
 /// peers: no heal; unless its asker heals its own workers into it
 /// ([`etcd::Round::heal`]: a hang across hosts, judged on that host before
 /// a lost host's lease ran out, the others about to judge it too), where
-/// every host that keeps its place heals.
+/// every host that keeps its place heals (a host relaunched under its id
+/// meanwhile has fresh ranks, which join the healed ones as a spare's
+/// would and take their state from live replicas). Launchers before the
+/// flag ignore it and restart in job into such a round, as before.
 pub fn keeps_place(old: &etcd::Round, new: &etcd::Round) -> bool {
     same_place(old, new) && (old.members != new.members || new.heal)
 }
@@ -555,7 +562,11 @@ impl AcrossHosts for EtcdCoordinator {
         }
         self.epoch = round.epoch;
         self.standby = !round.runs_workers();
-        let plan = plan_of(&round, proposed.restart_count, &self.host, self.spare);
+        let mut plan = plan_of(&round, proposed.restart_count, &self.host, self.spare);
+        plan.keeps_place = self
+            .current
+            .as_ref()
+            .is_some_and(|old| keeps_place(old, &round));
         self.current = Some(round);
         Ok(plan)
     }

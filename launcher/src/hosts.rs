@@ -39,6 +39,14 @@ pub struct AttemptPlan {
     /// id, agent): handed to this host's agent (`SetCheckpointPeers`).
     /// Empty on one host.
     pub ckpt_peers: Vec<(String, crate::coord::records::CkptPeer)>,
+    /// Across hosts, etcd's rounds: this round keeps this host's place
+    /// from the attempt's round (`etcd::keeps_place`: a spare in a lost
+    /// host's place, or a round its asker heals into), so its workers may
+    /// heal into it in process. Judged on the round agreed, which may be
+    /// later than the one a heal was started for (another host's restart
+    /// of the same hosts written meanwhile: that one restarts). False on
+    /// one host and under c10d.
+    pub keeps_place: bool,
 }
 
 /// What this node tells the whole job.

@@ -742,6 +742,7 @@ impl<C: AcrossHosts> Sup<'_, C> {
             epoch: None,
             round: None,
             ckpt_peers: Vec::new(),
+            keeps_place: false,
         }
     }
 

@@ -437,8 +437,10 @@ impl Coordinator {
     /// workers into in process: the round says so
     /// ([`RoundRecord::heal`]), and a host that keeps its place heals
     /// its own workers too instead of restarting them from the checkpoint.
-    /// A round that moved on already (another host asked first) is kept as
-    /// it is.
+    /// A round that moved on already (another host asked first), or one
+    /// another host is writing with a new layout base (its own, for its
+    /// own reason), is kept as it is: that round says what it is, and a
+    /// host whose heal meets it judges it on arrival (`keeps_place`).
     pub async fn request_heal_round(
         &self,
         seen_epoch: u64,

@@ -962,7 +962,7 @@ impl JobState {
                 self.replaced(*r, *done, now, &mut out);
             }
             (Phase::HealingRound(mut h), Input::Agreed(plan)) if h.plan.is_none() => {
-                if self.keeps_place(&plan) {
+                if plan.keeps_place && self.keeps_place(&plan) {
                     out.push(Command::HealRound {
                         plan: plan.clone(),
                         reason: format!("healing into a new round across hosts: {}", h.reason),

@@ -90,6 +90,9 @@ fn plan(n: u32) -> AttemptPlan {
         epoch: None,
         round: None,
         ckpt_peers: Vec::new(),
+        // What a heal into a round needs of the adapter; nothing else
+        // reads it.
+        keeps_place: true,
     }
 }
 
@@ -1437,7 +1440,9 @@ fn scenarios() -> Vec<Scenario> {
                 vec![
                     // host-a judged the hang first and heals into a round
                     // of the same hosts: etcd's round says so, so this
-                    // host keeps its place (etcd.rs's keeps_place).
+                    // host keeps its place (etcd.rs's keeps_place; the
+                    // flag itself is tested there and in tests/coord.rs,
+                    // the machine's side here).
                     (
                         3000,
                         Input::Round(Remote::NewRound {
@@ -1530,6 +1535,48 @@ fn scenarios() -> Vec<Scenario> {
                 says: &[
                     "the round agreed does not keep this host's place after all: restarting the workers into it",
                     "healing into it failed (the agent refused): restarting the workers into it",
+                ],
+                ..End::default()
+            },
+        },
+        Scenario {
+            name: "a heal into a round that finds a later restart of the same hosts agreed instead restarts into it",
+            limits: across_hosts(),
+            steps: with(
+                first_attempt_in_round(),
+                vec![
+                    // host-a's heal round, seen here as keeping the place.
+                    (
+                        3000,
+                        Input::Round(Remote::NewRound {
+                            reason: "round 2: restart requested by host-a: hang (heals into it)"
+                                .into(),
+                            keeps_place: true,
+                        }),
+                        &["rendezvous 0"],
+                    ),
+                    // Before this host's rendezvous read it, host-b's own
+                    // restart of the same hosts (no heal) made round 3,
+                    // and that is the round agreed: the adapter judges it
+                    // (the plan's keeps_place), so the workers restart
+                    // into it with the other hosts'.
+                    (
+                        3010,
+                        Input::Agreed(AttemptPlan {
+                            keeps_place: false,
+                            ..round_plan(0, 3)
+                        }),
+                        &["stop SIGTERM"],
+                    ),
+                ],
+            )
+            .into_iter()
+            .chain(restart_path(3100, 1, 200))
+            .collect(),
+            expect: End {
+                restarts: 1,
+                says: &[
+                    "the round agreed does not keep this host's place after all: restarting the workers into it",
                 ],
                 ..End::default()
             },
