@@ -92,7 +92,8 @@ fn launch_with(
     launch_full(dir, example, job, log, vars, None)
 }
 
-/// [`launch_with`], the embedded agent configured by `agent_config`.
+/// [`launch_with`], the embedded agent configured by `agent_config` (and
+/// its tier in `dir`).
 fn launch_full(
     dir: &Path,
     example: &str,
@@ -112,9 +113,19 @@ fn launch_full(
         .args(["--nproc-per-node", &WORLD.to_string(), "--rdzv-id", job])
         .arg("--log-dir")
         .arg(dir.join("logs"));
-    if let Some(c) = agent_config {
-        cmd.arg("--agent-config").arg(c);
-    }
+    // The embedded agent's tier under the test's scratch, which goes with
+    // it: the default (/dev/shm) outlives the test, and every run left its
+    // jobs' tiers there.
+    let config = dir.join(format!("{job}.agent.toml"));
+    let mut toml = agent_config
+        .map(|c| std::fs::read_to_string(c).unwrap())
+        .unwrap_or_default();
+    toml.push_str(&format!(
+        "[checkpoint]\ndir = {:?}\n",
+        dir.join("tier").display().to_string()
+    ));
+    std::fs::write(&config, toml).unwrap();
+    cmd.arg("--agent-config").arg(&config);
     cmd.arg("--")
         .arg(python())
         .arg(repo_root().join(example))

@@ -10,6 +10,7 @@ workers') goes to a file. Both are polled with a deadline, never slept on.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -73,6 +74,14 @@ class HealJob:
             PYTHONDONTWRITEBYTECODE="1",
         )
         env.update(self.env)
+        # The embedded agent's tier under the test's own directory, which
+        # pytest removes: its default, /dev/shm/warden-ckpt/<job>, outlives
+        # the test by design (a tier survives its job's processes), and
+        # every run of these tests left its jobs' tiers there (half a GB a
+        # day in RAM on a machine that runs the suite again and again).
+        agent_toml = tmp / "agent.toml"
+        if not agent_toml.exists():
+            agent_toml.write_text(f"[checkpoint]\ndir = {json.dumps(str(tmp / 'tier'))}\n")
         # The ranks import the installed package (the wheel, with its
         # native module), as every other test here does: the source tree
         # has no built `_native`.
@@ -81,6 +90,8 @@ class HealJob:
             "--socket",
             str(tmp / "no-agent-here.sock"),
             "run",
+            "--agent-config",
+            str(agent_toml),
             "--nproc-per-node",
             str(self.world),
             "--rdzv-id",
