@@ -419,6 +419,15 @@ fn swapped_round() -> Input {
     })
 }
 
+/// host-a's round for a hang it heals into: the same hosts, which keeps
+/// this host's place (etcd.rs's keeps_place, on the round's heal flag).
+fn hang_heal_round() -> Input {
+    Input::Round(Remote::NewRound {
+        reason: "round 2: restart requested by host-a: hang (heals into it)".into(),
+        keeps_place: true,
+    })
+}
+
 /// The first attempt's steps: begin, agree on attempt 0, start pids 100/101.
 fn first_attempt() -> Vec<(u64, Input, &'static [&'static str])> {
     vec![
@@ -1445,11 +1454,7 @@ fn scenarios() -> Vec<Scenario> {
                     // the machine's side here).
                     (
                         3000,
-                        Input::Round(Remote::NewRound {
-                            reason: "round 2: restart requested by host-a: hang (heals into it)"
-                                .into(),
-                            keeps_place: true,
-                        }),
+                        hang_heal_round(),
                         &["rendezvous 0"],
                     ),
                     (
@@ -1548,11 +1553,7 @@ fn scenarios() -> Vec<Scenario> {
                     // host-a's heal round, seen here as keeping the place.
                     (
                         3000,
-                        Input::Round(Remote::NewRound {
-                            reason: "round 2: restart requested by host-a: hang (heals into it)"
-                                .into(),
-                            keeps_place: true,
-                        }),
+                        hang_heal_round(),
                         &["rendezvous 0"],
                     ),
                     // Before this host's rendezvous read it, host-b's own
