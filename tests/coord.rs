@@ -171,7 +171,7 @@ async fn a_heal_round_says_so_to_every_host_and_a_restart_does_not() {
     for h in [&a, &b, &c] {
         assert_eq!(round(h, 0).await.epoch, 1);
     }
-    let asked = within(WAIT, "a heal round", a.request_heal_round(1, "hang")).await;
+    let asked = within(WAIT, "a heal round", a.request_round(1, "hang", true)).await;
     assert_eq!(asked.expect("a's heal round"), 2);
     // The same hang judged on host-c a moment later: the round stands.
     assert_eq!(c.request_restart(1, "hang").await.expect("c's ask"), 2);

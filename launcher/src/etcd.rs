@@ -10,10 +10,10 @@
 //!
 //! Mapping: `rendezvous` is `wait_for_round` after the epoch of the current
 //! attempt, its plan's `keeps_place` judged against the attempt's round;
-//! `publish(RestartInJob)` is `request_restart` of that epoch (one round
-//! however many hosts report the same failure), or `request_heal_round`
-//! where this host heals its workers into it; `publish(Stop)` is
-//! `leave`: `Finished` for a job that succeeded here, `Failed` (the others
+//! `publish(RestartInJob)` is `request_round` of that epoch with the
+//! directive's `heal` (one round however many hosts report the same
+//! failure; the flag set where this host heals its workers into it);
+//! `publish(Stop)` is `leave`: `Finished` for a job that succeeded here, `Failed` (the others
 //! stop with the same status) for a job that failed for good, `Cordoned`
 //! for 86, `Stopped` when this host goes alone (a signal, the others'
 //! stop); `next_remote` is `next_round`; `node_fault` is `leave(Cordoned)`
@@ -402,21 +402,6 @@ fn same_place(old: &etcd::Round, new: &etcd::Round) -> bool {
         && old.members.len() == new.members.len()
 }
 
-/// Asks `c` for the round after `epoch`: a restart, or a round its asker
-/// heals its workers into ([`Directive::RestartInJob`]'s `heal`).
-async fn ask_round(
-    c: &etcd::Coordinator,
-    epoch: u64,
-    reason: &str,
-    heal: bool,
-) -> Result<u64, etcd::CoordError> {
-    if heal {
-        c.request_heal_round(epoch, reason).await
-    } else {
-        c.request_restart(epoch, reason).await
-    }
-}
-
 impl EtcdCoordinator {
     /// A notice another host wrote in an earlier round than `epoch` (the
     /// round this host is about to start) while this host was in the job
@@ -526,7 +511,7 @@ impl AcrossHosts for EtcdCoordinator {
                 return Err(AcrossHostsError::new("this host has left the job"));
             };
             if let Some((reason, heal)) = &self.unsent {
-                match ask_round(c, self.epoch, reason, *heal).await {
+                match c.request_round(self.epoch, reason, *heal).await {
                     Ok(_) => self.unsent = None,
                     Err(e @ etcd::CoordError::LeaseLost { .. }) => return Err(self.halt(e)),
                     Err(e) => {
@@ -582,7 +567,7 @@ impl AcrossHosts for EtcdCoordinator {
                 let Some(c) = &self.coord else {
                     return Err(AcrossHostsError::new("this host has left the job"));
                 };
-                match ask_round(c, self.epoch, reason, *heal).await {
+                match c.request_round(self.epoch, reason, *heal).await {
                     Ok(_) => Ok(()),
                     Err(e @ etcd::CoordError::LeaseLost { .. }) => Err(self.halt(e)),
                     Err(e) => {

@@ -430,26 +430,18 @@ impl Coordinator {
     /// the failure first); either way returns the epoch now current, so
     /// one failure makes one round whoever reports it.
     pub async fn request_restart(&self, seen_epoch: u64, reason: &str) -> Result<u64, CoordError> {
-        self.ask_round(seen_epoch, reason, false).await
+        self.request_round(seen_epoch, reason, false).await
     }
 
-    /// As [`Self::request_restart`], for a round this host heals its
-    /// workers into in process: the round says so
+    /// [`Self::request_restart`], and with `heal` a round this host heals
+    /// its workers into in process: the round says so
     /// ([`RoundRecord::heal`]), and a host that keeps its place heals
     /// its own workers too instead of restarting them from the checkpoint.
     /// A round that moved on already (another host asked first), or one
     /// another host is writing with a new layout base (its own, for its
     /// own reason), is kept as it is: that round says what it is, and a
     /// host whose heal meets it judges it on arrival (`keeps_place`).
-    pub async fn request_heal_round(
-        &self,
-        seen_epoch: u64,
-        reason: &str,
-    ) -> Result<u64, CoordError> {
-        self.ask_round(seen_epoch, reason, true).await
-    }
-
-    async fn ask_round(
+    pub async fn request_round(
         &self,
         seen_epoch: u64,
         reason: &str,

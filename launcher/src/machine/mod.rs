@@ -2740,7 +2740,6 @@ fn decision_text(b: &IncidentBrief, stale: bool) -> String {
     text
 }
 
-/// `s` cut to at most `max` characters, marked when cut.
 /// What an incident says happened: its summary, else its reason.
 fn what_happened(brief: &IncidentBrief) -> &str {
     if brief.summary.is_empty() {
@@ -2765,6 +2764,7 @@ fn told_other_hosts(brief: &IncidentBrief) -> String {
     )
 }
 
+/// `s` cut to at most `max` characters, marked when cut.
 fn clip(s: &str, max: usize) -> String {
     match s.char_indices().nth(max) {
         Some((i, _)) => format!("{}...", &s[..i]),
