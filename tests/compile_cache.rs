@@ -45,12 +45,7 @@ fn a_restarted_worker_finds_its_compiled_graphs_in_the_tier() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    // The tier under the test's directory: its default (/dev/shm) outlives
-    // the test, and every run left its job's cache there.
-    let toml = format!(
-        "{AGENT_TOML}[checkpoint]\ndir = {:?}\n",
-        dir.path().join("tier").display().to_string()
-    );
+    let toml = format!("{AGENT_TOML}{}", common::tier_in(dir.path()));
     std::fs::write(dir.path().join("agent.toml"), toml).unwrap();
     // A job id of its own: a cache left by an earlier run of this test
     // would make the first attempt warm.

@@ -113,17 +113,11 @@ fn launch_full(
         .args(["--nproc-per-node", &WORLD.to_string(), "--rdzv-id", job])
         .arg("--log-dir")
         .arg(dir.join("logs"));
-    // The embedded agent's tier under the test's scratch, which goes with
-    // it: the default (/dev/shm) outlives the test, and every run left its
-    // jobs' tiers there.
     let config = dir.join(format!("{job}.agent.toml"));
     let mut toml = agent_config
         .map(|c| std::fs::read_to_string(c).unwrap())
         .unwrap_or_default();
-    toml.push_str(&format!(
-        "[checkpoint]\ndir = {:?}\n",
-        dir.join("tier").display().to_string()
-    ));
+    toml.push_str(&common::tier_in(dir));
     std::fs::write(&config, toml).unwrap();
     cmd.arg("--agent-config").arg(&config);
     cmd.arg("--")

@@ -86,8 +86,10 @@ struct Example {
     ckpt_every: u32,
     /// The step of the lost host's rank after which it is lost.
     kill_at: u32,
-    /// Workers a host (`--nproc-per-node`): the job has twice as many ranks.
+    /// Workers a host (`--nproc-per-node`).
     nproc: u32,
+    /// Hosts in the job (`--nnodes`), the spare not counted.
+    nnodes: u32,
     /// Every launcher's lease (`--rdzv-lease-ttl`).
     ttl: &'static str,
 }
@@ -100,6 +102,7 @@ const DDP: Example = Example {
     ckpt_every: CKPT_EVERY,
     kill_at: KILL_AT,
     nproc: 1,
+    nnodes: WORLD,
     ttl: TTL,
 };
 
@@ -113,6 +116,7 @@ const LIGHTNING: Example = Example {
     ckpt_every: 30,
     kill_at: 40,
     nproc: 1,
+    nnodes: WORLD,
     ttl: TTL,
 };
 
@@ -126,6 +130,7 @@ const TRANSFORMERS: Example = Example {
     ckpt_every: 30,
     kill_at: 40,
     nproc: 1,
+    nnodes: WORLD,
     ttl: TTL,
 };
 
@@ -141,6 +146,7 @@ const LIGHTNING_HSDP: Example = Example {
     ckpt_every: 30,
     kill_at: 40,
     nproc: 2,
+    nnodes: WORLD,
     // Longer than the agent's hang floor (3 s) plus its poll: the
     // survivors' agents judge the hang of their collectives before the
     // lost host's lease runs out, as on a real host whose ranks block in a
@@ -163,7 +169,7 @@ fn launch(
         job,
         log,
         nproc: ex.nproc,
-        nnodes: WORLD,
+        nnodes: ex.nnodes,
         spare,
         heal,
         ttl: ex.ttl,
@@ -694,9 +700,10 @@ fn a_hang_heal_round_asked_by_one_host_keeps_the_third_hosts_workers() {
         ckpt_every: 30,
         kill_at: 40,
         nproc: 2,
+        nnodes: 3,
         ttl: "8s",
     };
-    let (nnodes, world) = (3, 6);
+    let world = ex.nnodes * ex.nproc;
     let h = hosts();
     let c = Host::new("host-c", "127.0.0.5", "warden-hostheal-");
     c.configure_agent("[hang]\nfloor = \"5m\"\n");
@@ -708,20 +715,7 @@ fn a_hang_heal_round_asked_by_one_host_keeps_the_third_hosts_workers() {
         "[policy.transient_software]\non_failure = [\"restart_in_job\"]\non_running = \"continue\"\nbudget = 3\nwindow = \"1h\"\nexhausted = \"cordon\"\n",
     );
     let run = |host: &Host, job: &str, log: &Path, spare: bool| {
-        host.launch(&Launch {
-            etcd: &etcd,
-            job,
-            log,
-            nproc: ex.nproc,
-            nnodes,
-            spare,
-            heal: true,
-            ttl: ex.ttl,
-            steps: ex.steps,
-            ckpt_every: ex.ckpt_every,
-            example: ex.file,
-            preload: None,
-        })
+        launch(host, &etcd, (job, ex), log, spare, true)
     };
     // Node ranks follow the join order: host-a 0, host-b 1, host-c 2.
     let in_order = |job: &str, log: &Path| {

@@ -54,9 +54,9 @@ impl Host {
     pub fn new(id: &'static str, addr: &'static str, prefix: &str) -> Self {
         let dir = tempfile::Builder::new().prefix(prefix).tempdir().unwrap();
         let toml = format!(
-            "[agent]\nhost_name = \"{id}\"\n{AGENT_TOML}[api]\ntcp = \"{addr}:0\"\n{}[checkpoint]\ndir = {:?}\n",
+            "[agent]\nhost_name = \"{id}\"\n{AGENT_TOML}[api]\ntcp = \"{addr}:0\"\n{}{}",
             super::pki::api_keys(id),
-            dir.path().join("tier").display().to_string()
+            super::tier_in(dir.path())
         );
         std::fs::write(dir.path().join("agent.toml"), toml).unwrap();
         Self { dir, id, addr }

@@ -893,6 +893,18 @@ pub async fn scrape(agent: &TestAgent) -> (prometheus_parse::Scrape, String) {
     (parsed, body)
 }
 
+/// An embedded agent's `[checkpoint]` table with its tier in `dir/tier`:
+/// a test's launcher runs its agent with it so the tier goes with the
+/// test's scratch. The default, /dev/shm/warden-ckpt/<job>, outlives the
+/// job by design, and every run of a test with unique job ids left its
+/// tiers there.
+pub fn tier_in(dir: &Path) -> String {
+    format!(
+        "[checkpoint]\ndir = {:?}\n",
+        dir.join("tier").display().to_string()
+    )
+}
+
 /// The repository root (the agent crate sits in the workspace).
 pub fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
