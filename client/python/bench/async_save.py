@@ -16,6 +16,8 @@ For each state size (tensors of 16 MiB each, float32), side by side in one run:
     each save committed before the next (no back pressure), alternated with
     the memcpy so both run under the same conditions;
   - async, first: the first save (its buffer is allocated then);
+  - async, first, prepared: the first save of a new saver whose buffer
+    ``prepare`` made ahead (and the time that took, on its own thread);
   - sync: ``checkpoint.save_state_dict`` (torch.save into the tier).
 Then a CPU training loop (an MLP of about 64 MiB of parameters and Adam
 state), one model and one saver throughout, in ``--pairs`` pairs of
@@ -130,9 +132,10 @@ def bench_sizes(sizes_mib: list, repeat: int) -> None:
     c = copy_name()
     print(
         f"| state | {c} (same bytes) | async save stall, median | async / {c} | first async save "
-        "| sync save_state_dict | background: write, commit (median) |"
+        "| first async save, prepared (made ahead in) | sync save_state_dict "
+        "| background: write, commit (median) |"
     )
-    print("|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|")
     step = 1
     for mib in sizes_mib:
         state = state_of(mib * MIB)
@@ -159,7 +162,20 @@ def bench_sizes(sizes_mib: list, repeat: int) -> None:
                 queued.append(saver.last_stall_s)
                 background.append((saver.last_write_s, saver.last_commit_s))
         saver.close()
-        del base
+        del saver, base
+        # The first save of a saver whose buffer ``prepare`` made ahead (on
+        # its own thread, as a job would while its steps go on).
+        saver = AsyncCheckpointer(max_in_flight=1)
+        t0 = time.perf_counter()
+        saver.prepare(state)
+        saver.prepared()
+        ahead = time.perf_counter() - t0
+        saver.save(step, state)
+        step += 1
+        saver.wait()
+        first_prepared = saver.last_held_s
+        saver.close()
+        del saver
         t0 = time.perf_counter()
         ckpt.save_state_dict(step, state)
         sync = time.perf_counter() - t0
@@ -169,7 +185,7 @@ def bench_sizes(sizes_mib: list, repeat: int) -> None:
         print(
             f"| {nbytes / MIB:.0f} MiB | {copy * 1e3:.1f} ms ({nbytes / copy / 1e9:.1f} GB/s) "
             f"| {stall * 1e3:.1f} ms{held_note(statistics.median(queued))} | {stall / copy:.2f}x "
-            f"| {first * 1e3:.1f} ms | {sync * 1e3:.1f} ms "
+            f"| {first * 1e3:.1f} ms | {first_prepared * 1e3:.1f} ms ({ahead:.2f} s) | {sync * 1e3:.1f} ms "
             f"| {statistics.median(w for w, _ in background) * 1e3:.0f} ms, "
             f"{statistics.median(c for _, c in background) * 1e3:.0f} ms |",
             flush=True,

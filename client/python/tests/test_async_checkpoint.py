@@ -20,6 +20,8 @@ def test_a_snapshot_is_what_comes_back_though_training_went_on(wardend: Wardend)
     (r,) = run_ranks(wardend, "async-save", "async_save_job.py", [])
     assert r["restored_step"] == 12
     assert r["committed"] == 3
+    # Prepared after the first step: no save made its buffer on the training thread.
+    assert r["grown_in_save"] == 0
     assert all(r["exact"].values()), r["exact"]
     assert r["meta"] == {"step": 12, "note": "hello", "sizes": [1, 2, 3]}
     assert r["optim_keys"] == ["0", "1", "2", "3"]
@@ -59,3 +61,50 @@ def test_max_in_flight_must_be_positive() -> None:
 
     with pytest.raises(ValueError, match="max_in_flight"):
         AsyncCheckpointer(max_in_flight=0)
+
+
+def test_prepare_makes_the_buffer_ahead_and_never_replaces_one_in_use() -> None:
+    require_framework("torch")
+    import torch
+
+    import warden.checkpoint as ckpt
+    from warden.async_checkpoint import AsyncCheckpointer
+
+    small = {"w": torch.ones(1 << 18)}  # 1 MiB
+    large = {"w": torch.ones(1 << 18), "v": torch.ones(1 << 20)}  # 5 MiB
+
+    # Without prepare, the first save makes its buffer on the training thread.
+    with AsyncCheckpointer(on_error=lambda e: None) as plain:
+        plain.save(1, small)
+        assert plain.grown_in_save == 1
+        with pytest.raises(ckpt.CheckpointError):
+            plain.wait()  # no agent here: the write fails (the snapshot was taken)
+
+    saver = AsyncCheckpointer(on_error=lambda e: None)
+    saver.prepare(small)
+    assert saver.prepared(timeout=60)
+    saver.save(1, small)
+    assert saver.grown_in_save == 0
+    slot = saver._slots[0]
+    in_use = slot.buffer
+    # Asked for a larger state while a save may still read the buffer: the
+    # buffer in use stays; the larger one waits as the spare.
+    saver.prepare(large)
+    assert saver.prepared(timeout=60)
+    assert slot.buffer is in_use
+    assert slot.spare is not None and slot.spare[0].numel() >= 5 << 20
+    with pytest.raises(ckpt.CheckpointError):
+        saver.wait()
+    saver.save(2, large)
+    assert saver.grown_in_save == 0
+    assert slot.buffer is not in_use and slot.spare is None
+    with pytest.raises(ckpt.CheckpointError):
+        saver.wait()
+    # A state past what was prepared: its save makes its own buffer.
+    saver.save(3, {"w": torch.ones(4 << 20)})
+    assert saver.grown_in_save == 1
+    with pytest.raises(ckpt.CheckpointError):
+        saver.wait()
+    saver.close()
+    with pytest.raises(ckpt.CheckpointError, match="closed"):
+        saver.prepare(small)

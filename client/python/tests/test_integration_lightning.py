@@ -42,6 +42,9 @@ def test_steps_sections_checkpoints_and_an_in_process_restart(wardend: Wardend, 
     assert second["start_weights"] == r["saved_weights"]["10"]
     assert second["end_step"] == 20
     assert sorted(r["saved_weights"]) == ["10", "15", "20", "5"]
+    # Async: the saver's buffer was made ahead after the first step of each
+    # attempt, so no save allocated it on the training thread.
+    assert r["grown_in_save"] == (0 if mode == "async" else None)
     # One warden step per optimizer step, each with its three sections.
     assert r["recent_steps"][-1] == 19
     for names in r["recent_sections"][-5:]:
@@ -66,6 +69,9 @@ def test_fsdp2_under_model_parallel_saves_in_the_background_and_resumes(wardend:
     assert first["ckpt_path"] is None and first["start_step"] == 0
     assert first["end_step"] == 12
     assert sorted(first["saved_weights"]) == ["10", "5"]
+    # Rank 0's buffer, sized after the first step from its shards' global
+    # shapes, held the whole state gathered: no save made its own.
+    assert first["saver_grown"] == 0 and first["staging_grown"] is None
     # The second fit resumes from step 10, the newest saved, through an
     # async shard (turned back into the file Lightning reads), with the
     # whole weights the first gathered at that step.
@@ -96,6 +102,9 @@ def test_fsdp2_sharded_checkpoints_go_into_the_tier_and_resume_exactly(wardend: 
     first = fsdp_fit(wardend, job, 12, 8, *how)
     assert first["ckpt_path"] is None and first["end_step"] == 12
     assert sorted(first["saved_weights"]) == ["8"]
+    # Async: each rank's staging buffer made ahead after the first step.
+    if mode == "async":
+        assert first["staging_grown"] == 0
     second = fsdp_fit(wardend, job, 24, 8, *how)
     assert second["ckpt_path"] == "warden:8", second["ckpt_path"]
     assert second["start_step"] == 8

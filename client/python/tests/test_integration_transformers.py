@@ -86,6 +86,9 @@ def test_warden_trainer_writes_its_checkpoints_in_the_background_as_the_trainer_
     (a_dir, a), (s_dir, s) = runs["async"], runs["sync"]
     assert a["live_weights"] == s["live_weights"]
     assert all(x > 0 for x in a["stalls"]), a["stalls"]
+    # The buffer was made ahead after the first step: no save allocated it
+    # on the training thread (the sync run never made one).
+    assert a["grown_in_save"] == 0 and s["grown_in_save"] == 0
     for step in ("8", "12"):
         a_ck, s_ck = a_dir / f"checkpoint-{step}", s_dir / f"checkpoint-{step}"
         assert sorted(p.name for p in a_ck.iterdir()) == sorted(p.name for p in s_ck.iterdir())

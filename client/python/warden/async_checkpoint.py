@@ -16,6 +16,8 @@ never blocks on the GPU for a save.
     saver = AsyncCheckpointer()            # at most 1 save in flight
     for step in range(start, steps):
         ...
+        if step == start:                  # the state complete: its buffer made ahead
+            saver.prepare({"model": model.state_dict(), "optim": opt.state_dict()})
         if step % 100 == 0:
             saver.save(step, {"model": model.state_dict(), "optim": opt.state_dict()})
     saver.close()                          # waits for the last one
@@ -42,6 +44,7 @@ import queue
 import struct
 import threading
 import time
+import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, List, Optional, Tuple
 
@@ -80,6 +83,87 @@ class _Slot:
         self.wait_s = 0.0
         #: (start, done) CUDA events of copies queued and not yet waited for.
         self.ready: list = []
+        #: A buffer made ahead by ``prefault`` (set by its thread), taken by
+        #: the next copy that needs a larger buffer than ``buffer``.
+        self.spare = None
+        self.prefault: Optional[threading.Thread] = None
+        #: Buffers the copy had to allocate itself, on the training thread.
+        self.grown = 0
+
+
+def layout(tensors: list) -> Tuple[List[_Meta], int]:
+    """Where each of ``tensors`` goes in a buffer (one after the other, each
+    on a 64-byte boundary), and the bytes they take."""
+    metas: List[_Meta] = []
+    offset = 0
+    for t in tensors:
+        nbytes = t.numel() * t.element_size()
+        offset = (offset + 63) & ~63
+        metas.append(_Meta(str(t.dtype).removeprefix("torch."), tuple(t.shape), offset, nbytes))
+        offset += nbytes
+    return metas, offset
+
+
+def headroom(need: int) -> int:
+    """A buffer made ahead of a save of ``need`` bytes: 1/64 more, at least
+    1 MiB more, so that the small things a checkpoint gains after the
+    state it was sized from (a scheduler's counters, a callback's score)
+    do not make the first save allocate a buffer of its own after all."""
+    return need + max(need >> 6, 1 << 20)
+
+
+def prefault(slot: _Slot, need: int, pin: bool, torch) -> Optional[threading.Thread]:
+    """Starts making ``slot`` a buffer of ``headroom(need)`` bytes on a
+    thread of its own, every page of it touched (or, pinned, page-locked by
+    the allocation itself), and returns the thread; None where ``slot``'s
+    buffer holds ``need`` bytes already, or its spare is large enough or
+    still being made.
+
+    Why: a buffer's first touch is a page fault per 4 KiB page, and the
+    first save after every start paid them on the training thread (2.6 to
+    12 s for 4 GiB on the 2-core VM, docs/benchmarks.md), as does
+    ``cudaHostAlloc`` for a pinned one. Made ahead, the first save is a
+    copy like the others. The buffer in use is never replaced here (a
+    save in flight may be reading it): the copy that next needs a larger
+    one takes the spare (``take_spare``), on the thread that owns the slot.
+    A failure (no memory) leaves no spare; the copy then allocates its own,
+    as without this."""
+    need = max(int(need), 1)
+    want = headroom(need)
+    have = slot.buffer
+    spare = slot.spare
+    if slot.prefault is not None and slot.prefault.is_alive():
+        return None
+    if (have is not None and have.numel() >= need) or (spare is not None and spare[0].numel() >= want):
+        return None
+
+    def run() -> None:
+        try:
+            buf = torch.empty(want, dtype=torch.uint8, pin_memory=pin)
+            if not pin:
+                ctypes.memset(buf.data_ptr(), 0, want)  # the GIL released meanwhile
+            slot.spare = (buf, pin)
+        except Exception as e:  # noqa: BLE001 - the copy allocates its own
+            warnings.warn(f"warden: a save buffer of {want} bytes could not be made ahead: {e}", stacklevel=1)
+
+    t = threading.Thread(target=run, name="warden-save-prefault", daemon=True)
+    slot.prefault = t
+    t.start()
+    return t
+
+
+def take_spare(slot: _Slot, need: int, pin: bool) -> Any:
+    """The buffer ``prefault`` made for ``slot`` (waited for, if still being
+    made: the wait is the save's stall, as the faults would have been),
+    when it holds ``need`` bytes and is pinned as asked; else None."""
+    t, slot.prefault = slot.prefault, None
+    if t is not None:
+        t.join()
+    made, slot.spare = slot.spare, None
+    if made is None:
+        return None
+    buf, pinned = made
+    return buf if buf.numel() >= need and pinned == pin else None
 
 
 def copy_into(slot: _Slot, tensors: list, pin: bool, torch, wait: bool = True) -> None:
@@ -96,16 +180,14 @@ def copy_into(slot: _Slot, tensors: list, pin: bool, torch, wait: bool = True) -
     on the stream the training step runs on, so the step's next kernels,
     the optimizer's in-place update among them, run after it, and the
     training thread never waits on the GPU for a save."""
-    metas: List[_Meta] = []
-    offset = 0
-    for t in tensors:
-        nbytes = t.numel() * t.element_size()
-        offset = (offset + 63) & ~63
-        metas.append(_Meta(str(t.dtype).removeprefix("torch."), tuple(t.shape), offset, nbytes))
-        offset += nbytes
+    metas, offset = layout(tensors)
     need = max(offset, 1)
     if slot.buffer is None or slot.buffer.numel() < need:
-        slot.buffer = torch.empty(need, dtype=torch.uint8, pin_memory=pin)
+        buf = take_spare(slot, need, pin)
+        if buf is None:
+            buf = torch.empty(need, dtype=torch.uint8, pin_memory=pin)
+            slot.grown += 1
+        slot.buffer = buf
         slot.pinned = pin
     buf = slot.buffer
     base = buf.data_ptr()
@@ -199,8 +281,9 @@ class AsyncCheckpointer:
         self._torch = torch
         self._pin = torch.cuda.is_available() if pin is None else bool(pin)
         self._free: "queue.Queue[_Slot]" = queue.Queue()
-        for _ in range(max_in_flight):
-            self._free.put(_Slot())
+        self._slots = [_Slot() for _ in range(max_in_flight)]
+        for slot in self._slots:
+            self._free.put(slot)
         self._work: "queue.Queue[Optional[_Slot]]" = queue.Queue()
         self._error: Optional[BaseException] = None
         self._lock = threading.Lock()
@@ -258,6 +341,45 @@ class AsyncCheckpointer:
         with self._lock:
             self._in_flight += 1
         self._work.put(slot)
+
+    def prepare(self, state: Any) -> None:
+        """Makes the buffers a save of ``state`` needs ahead of it, on a
+        background thread, and returns at once: their memory allocated and
+        every page touched (pinned memory: page-locked), so that the first
+        save is a copy like the others instead of a page fault per 4 KiB of
+        state on the training thread (seconds for 4 GiB on a small VM, after
+        every restart). Call it once the state holds all its tensors:
+        after the first optimizer step, where Adam makes its moments. A
+        save that comes before the buffers are made waits for them (stall,
+        as the faults would have been); a state that grew past them is
+        given a buffer of its own by its save, as without ``prepare``."""
+        if self._closed:
+            raise checkpoint.CheckpointError("this AsyncCheckpointer is closed")
+        torch = self._torch
+        tensors: list = []
+        skeleton(state, tensors, torch)
+        _, need = layout(tensors)
+        for slot in self._slots:
+            prefault(slot, need, self._pin, torch)
+
+    def prepared(self, timeout: Optional[float] = None) -> bool:
+        """Waits up to ``timeout`` seconds (None: for as long as it takes)
+        for the buffers ``prepare`` is making; True once none is being made."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for slot in self._slots:
+            t = slot.prefault
+            if t is None:
+                continue
+            t.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+            if t.is_alive():
+                return False
+        return True
+
+    @property
+    def grown_in_save(self) -> int:
+        """Buffers that saves had to allocate on the training thread (the
+        first save of a state without ``prepare``, or a state that grew)."""
+        return sum(slot.grown for slot in self._slots)
 
     def _snapshot(self, slot: _Slot, step: int, state: Any, torch) -> None:
         tensors: list = []

@@ -51,6 +51,10 @@ def main(out: str) -> None:
             opt.zero_grad()
             loss.backward()
             opt.step()
+            if step == 1:
+                # Adam's moments exist now: the buffer is made ahead, so
+                # no save allocates one on this thread.
+                saver.prepare({"model": model.state_dict(), "optim": opt.state_dict(), "extra": extra})
             if step % 4 == 0:
                 state = {
                     "model": model.state_dict(),
@@ -71,6 +75,7 @@ def main(out: str) -> None:
                         p.add_(1.0)
     # Closed: every save committed.
     committed = saver.committed
+    grown = saver.grown_in_save
     background = [saver.last_write_s, saver.last_commit_s, saver.last_device_copy_s]
     step, state = ckpt.load_state_dict()
     exact = {k: same_bytes(saved[k], state["model"][k]) for k in saved}
@@ -84,6 +89,7 @@ def main(out: str) -> None:
         "optim_step": float(optim_state[0]["step"]),
         "stalls": stalls,
         "committed": committed,
+        "grown_in_save": grown,
         "device": DEVICE,
         "background": background,
     }

@@ -29,6 +29,8 @@ from torch.distributed.fsdp import fully_shard
 from torch.utils.data import DataLoader, TensorDataset
 
 import warden
+from warden.integrations import _lightning_sharded as warden_sharded
+from warden.integrations import lightning as warden_lightning
 from warden.integrations.lightning import WardenCallback, WardenModelParallelStrategy, restore_path
 
 MAX_STEPS, EVERY, OUT = int(sys.argv[1]), int(sys.argv[2]), sys.argv[-1]
@@ -132,5 +134,10 @@ def train() -> None:
 if "fail-8" in MODE and int(os.environ["RANK"]) == 1:
     inject_a_full_disk_at_step_8()
 warden.run(train)
+# The buffers saves had to make on the training thread (none: made ahead).
+pool = warden_sharded._pool
+events["staging_grown"] = None if pool is None else pool.grown_in_save
+saver = warden_lightning._saver
+events["saver_grown"] = None if saver is None else saver.grown_in_save
 with open(OUT, "w") as f:
     json.dump(events, f)

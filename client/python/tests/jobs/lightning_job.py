@@ -19,6 +19,7 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 import warden
+from warden.integrations import lightning as warden_lightning
 from warden.integrations.lightning import WardenCallback, restore_path
 
 MAX_STEPS, EVERY, RESTART_AT, OUT = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[-1]
@@ -91,5 +92,7 @@ warden.run(train)
 snap = warden.default_client().snapshot()
 events["recent_sections"] = [sorted(s["sections"]) for s in snap["recent_steps"]]
 events["recent_steps"] = [s["step"] for s in snap["recent_steps"]]
+saver = warden_lightning._saver
+events["grown_in_save"] = None if saver is None else saver.grown_in_save
 with open(OUT, "w") as f:
     json.dump(events, f)

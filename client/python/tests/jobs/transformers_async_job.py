@@ -106,5 +106,6 @@ except wt.TrainerSaveError as e:
 events["tied"] = trainer.model.cls.predictions.decoder.weight.data_ptr() == trainer.model.bert.embeddings.word_embeddings.weight.data_ptr()
 events["dirs"] = sorted(d for d in os.listdir(OUTPUT_DIR) if d.startswith("checkpoint-"))
 events["tier"] = wt.restore_dir(OUTPUT_DIR)
+events["grown_in_save"] = wt._saver.grown_in_save
 with open(OUT, "w") as f:
     json.dump(events, f)

@@ -102,6 +102,18 @@ def wait() -> None:
         warnings.warn(f"warden: checkpoint of step {step} not saved: {e}", stacklevel=3)
 
 
+def prepare(trainer: Any) -> None:
+    """This rank's staging buffer made ahead (``StagingPool.prepare``),
+    sized from the module's and the optimizers' state dictionaries (this
+    rank's shards of them), which are the save's tensors. No collective,
+    and none of the user's checkpoint hooks, runs for it."""
+    state = {
+        "state_dict": trainer.lightning_module.state_dict(),
+        "optimizers": [o.state_dict() for o in trainer.optimizers],
+    }
+    _staging().prepare(state)
+
+
 def save(trainer: Any, step: int, async_save: bool) -> bool:
     """Saves the Trainer's checkpoint as step ``step`` (every rank). Returns
     whether the save was made (async: staged; its commit follows)."""

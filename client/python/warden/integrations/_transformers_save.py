@@ -42,7 +42,7 @@ from typing import Any, Callable, Optional
 
 from .. import checkpoint as _ckpt
 from .. import section as _section
-from ..async_checkpoint import _Slot, copy_into, held_s, view_of, wait_ready
+from ..async_checkpoint import _Slot, copy_into, held_s, layout, prefault, view_of, wait_ready
 from ..async_shard import fill, skeleton
 
 
@@ -166,25 +166,48 @@ class TrainerSaver:
         if os.path.exists(best):
             state.best_model_checkpoint = best
 
+    def prepare(self, trainer: Any) -> None:
+        """The buffer made ahead, on a thread of its own, for a save of the
+        Trainer's state as it is now (``async_checkpoint.prepare``'s reasons:
+        the first save after every start otherwise touches its pages on the
+        training thread). Call it once the optimizer has its state."""
+        import torch  # noqa: PLC0415
+
+        tensors: list = []
+        skeleton(_state(trainer), tensors, torch, shared={})
+        _, need = layout(tensors)
+        prefault(self._slot, need, torch.cuda.is_available(), torch)
+
+    @property
+    def grown_in_save(self) -> int:
+        """Buffers a save had to allocate on the training thread."""
+        return self._slot.grown
+
     def _snapshot(self, trainer: Any, torch: Any) -> float:
         """The model's, optimizer's, scheduler's and scaler's state copied into
         the buffer; their structure kept beside it. Returns the copy's
         seconds (for CUDA tensors, their queueing)."""
-        full: dict = {"model": trainer.model.state_dict()}
-        if not trainer.args.save_only_model:
-            full["optimizer"] = trainer.optimizer.state_dict()
-            full["scheduler"] = trainer.lr_scheduler.state_dict()
-            scaler = getattr(getattr(trainer, "accelerator", None), "scaler", None)
-            if scaler is not None:
-                full["scaler"] = scaler.state_dict()
         tensors: list = []
-        structure = skeleton(full, tensors, torch, shared={})
+        structure = skeleton(_state(trainer), tensors, torch, shared={})
         started = time.perf_counter()
         # CUDA tensors: queued on the training stream, waited for by the
         # writer on the copier's thread (``_Writer.run``), never here.
         copy_into(self._slot, tensors, torch.cuda.is_available(), torch, wait=False)
         self._slot.skeleton = structure
         return time.perf_counter() - started
+
+
+def _state(trainer: Any) -> dict:
+    """What a save snapshots: the model's, optimizer's, scheduler's and
+    scaler's state dictionaries (the model's alone with ``save_only_model``)."""
+    full: dict = {"model": trainer.model.state_dict()}
+    if not trainer.args.save_only_model:
+        full["optimizer"] = trainer.optimizer.state_dict()
+        full["scheduler"] = trainer.lr_scheduler.state_dict()
+        scaler = getattr(getattr(trainer, "accelerator", None), "scaler", None)
+        if scaler is not None:
+            full["scaler"] = scaler.state_dict()
+    return full
 
 
 class _Writer:

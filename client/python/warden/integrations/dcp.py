@@ -171,8 +171,9 @@ class StagingPool:
         self.pin = _torch.cuda.is_available() if pin is None else bool(pin)
         self.wait_s = float(wait_s)
         self._free: "queue.Queue[_async._Slot]" = queue.Queue()
-        for _ in range(int(max_in_flight)):
-            self._free.put(_async._Slot())
+        self._slots = [_async._Slot() for _ in range(int(max_in_flight))]
+        for slot in self._slots:
+            self._free.put(slot)
         self._lock = threading.Lock()
         self._error: Optional[BaseException] = None
         #: The last stage's time on the training thread (seconds: the wait
@@ -189,6 +190,24 @@ class StagingPool:
             if cls._default is None:
                 cls._default = cls()
             return cls._default
+
+    def prepare(self, state_dict: Any) -> None:
+        """Makes the pool's buffers for a state dict like ``state_dict`` (a
+        DTensor counted by its local shard) ahead, on a thread of their own,
+        and returns at once, for ``AsyncCheckpointer.prepare``'s reasons: the
+        first ``stage`` after a start otherwise touches every page of its
+        buffer on the training thread. Call it once the optimizer has its
+        state. A buffer a save may still be reading is never replaced."""
+        tensors: list = []
+        _stage_walk(state_dict, tensors, [])
+        _, need = _async.layout(tensors)
+        for slot in self._slots:
+            _async.prefault(slot, need, self.pin, _torch)
+
+    @property
+    def grown_in_save(self) -> int:
+        """Buffers a ``stage`` had to allocate on the training thread."""
+        return sum(slot.grown for slot in self._slots)
 
     def _acquire(self) -> "_async._Slot":
         try:

@@ -241,6 +241,7 @@ class WardenCallback(_pl.Callback):
         self.last_saved: Optional[int] = None
         #: The step saved on a notice of a coming stop (None: no notice yet).
         self.preempted: Optional[int] = None
+        self._prepared = False
 
     @property
     def _steps(self) -> StepTracker:
@@ -286,6 +287,12 @@ class WardenCallback(_pl.Callback):
             # The state in memory is that of `step` steps (a restart that
             # arrived during the update is raised here, the step done).
             _HEAL.commit(trainer)
+        if not self._prepared:
+            self._prepared = True
+            try:
+                self._prepare_async(trainer)
+            except Exception as e:  # noqa: BLE001 - a head start, never the step's failure
+                warnings.warn(f"warden: the save buffer was not made ahead: {e}", stacklevel=2)
         # A notice of a coming stop: every rank saves the step the agent
         # named, then the fit stops and on_train_end leaves with 85.
         n = _notice()
@@ -330,6 +337,30 @@ class WardenCallback(_pl.Callback):
         if done is not None:
             self.last_saved = step
         return done
+
+    def _prepare_async(self, trainer: Any) -> None:
+        """After this process's first optimizer step (the optimizer's state
+        made), the async saver's buffer is made ahead on a thread of its
+        own (``AsyncCheckpointer.prepare``; a sharded save's staging buffer,
+        ``StagingPool.prepare``), sized from the module's and the
+        optimizers' state dictionaries, which are the checkpoint's tensors:
+        otherwise the first periodic save after every start touches the
+        buffer's pages on the training thread. Only where periodic async
+        saves are due, on the ranks that write them; a save that comes
+        first waits for the buffer (stall, as the faults would have been)."""
+        if not (self.every_n_steps and self.async_save):
+            return
+        route = _route(trainer)[0]
+        if route == _SHARDED:
+            _sharded.prepare(trainer)
+            return
+        if route != _WHOLE or not trainer.is_global_zero:
+            return
+        state = {
+            "state_dict": trainer.lightning_module.state_dict(),
+            "optimizer_states": [o.state_dict() for o in trainer.optimizers],
+        }
+        _async_saver().prepare(state)
 
     def _save_async(self, trainer: Any, step: int) -> Optional[str]:
         """Lightning's checkpoint dictionary (built on every rank, as

@@ -419,16 +419,43 @@ class WardenTrainer(_tf.Trainer):
     def __init__(self, *args: Any, async_save: bool = True, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.warden_async_save = bool(async_save)
+        self._warden_prepared = False
+
+    def _warden_async_callback(self) -> Optional["WardenCallback"]:
+        """The ``WardenCallback`` whose saves this Trainer writes in the
+        background, or None where its own save runs."""
+        cb = next((c for c in self.callback_handler.callbacks if isinstance(c, WardenCallback)), None)
+        if not self.warden_async_save or cb is None or not cb.async_copy or not _async_supported(self):
+            return None
+        return cb
 
     def _save_checkpoint(self, model: Any, trial: Any) -> None:
         """The Trainer's checkpoint, written in the background where it can
         be (see ``async_save``), else the Trainer's own save."""
-        cb = next((c for c in self.callback_handler.callbacks if isinstance(c, WardenCallback)), None)
-        if not self.warden_async_save or cb is None or not cb.async_copy or not _async_supported(self):
+        cb = self._warden_async_callback()
+        if cb is None:
             # The Trainer's own save: whatever is still being written first.
             _settle(_copier.wait())
             return super()._save_checkpoint(model, trial)
         _saver.save(self, trial, _copier, cb.save_to_tier, _settle)
+
+    def training_step(self, *args: Any, **kwargs: Any) -> Any:
+        """The Trainer's step; at the first one after an optimizer step in
+        this process (the optimizer's state made), the background save's
+        buffer is made ahead on a thread of its own (``TrainerSaver.prepare``),
+        where this Trainer saves in the background at all."""
+        if not self._warden_prepared and self.state.global_step > 0:
+            self._warden_prepared = True
+            if (
+                self.args.should_save
+                and self.args.save_strategy != "no"
+                and self._warden_async_callback() is not None
+            ):
+                try:
+                    _saver.prepare(self)
+                except Exception as e:  # noqa: BLE001 - a head start, never the step's failure
+                    warnings.warn(f"warden: the save buffer was not made ahead: {e}", stacklevel=2)
+        return super().training_step(*args, **kwargs)
 
     def _load_best_model(self) -> None:
         """The best checkpoint, once its background write is done."""
