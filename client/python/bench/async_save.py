@@ -32,6 +32,12 @@ issue 32's target (within 2% of no saves: met where the interval's top is
 under +2%, excluded where its bottom is over, else undecided), and the stall
 per save.
 
+With ``--writer-nice N``, the step-time part runs three arms instead of
+two, in ``--pairs`` triples, the order rotated: no saves; saves with the
+saver's background thread at the process's priority; saves with a second
+saver's thread at nice ``N`` (does a lower-priority writer give the training
+thread back what the background costs it?).
+
 With ``--dcp``, the same sizes through ``torch.distributed.checkpoint``
 instead (one process), side by side in one run:
   - memcpy, as above;
@@ -299,6 +305,47 @@ def target_verdict(lo: float, hi: float, target: float = 1.02) -> str:
     return "undecided"
 
 
+def bench_writer_nice(steps: int, triples: int, batch: int, nice: int) -> None:
+    """Three arms, the order rotated (ABC, BCA, CAB): no saves; a save every
+    10 steps with the saver's background thread at the process's priority;
+    the same with a second saver's thread at ``nice``. Prints each saving
+    arm against no saves, and the two against each other, pair by pair."""
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(1024, 2048), torch.nn.ReLU(), torch.nn.Linear(2048, 2048),
+        torch.nn.ReLU(), torch.nn.Linear(2048, 1024),
+    )
+    opt = torch.optim.Adam(model.parameters(), lr=1e-4)
+    x = torch.randn(batch, 1024)
+    with AsyncCheckpointer() as plain, AsyncCheckpointer() as lowered:
+        os.setpriority(os.PRIO_PROCESS, lowered._thread.native_id, nice)
+        segment(model, opt, x, 10, plain, 0)
+        segment(model, opt, x, 10, lowered, 10)
+        arms = {"no saves": None, "saves, writer at nice 0": plain, f"saves, writer at nice {nice}": lowered}
+        names = list(arms)
+        times: dict = {n: [] for n in names}
+        step = 1000
+        for t in range(triples):
+            for n in names[t % 3 :] + names[: t % 3]:
+                el, _ = segment(model, opt, x, steps, arms[n], step)
+                step += steps
+                times[n].append(el / steps)
+
+    def against(a: str, b: str) -> str:
+        r = sorted(y / x for x, y in zip(times[a], times[b]))
+        lo, hi = median_interval(r)
+        return f"{(statistics.median(r) - 1) * 100:+.1f}% ({(lo - 1) * 100:+.1f}% to {(hi - 1) * 100:+.1f}%)"
+
+    print()
+    print(f"| {triples} triples of {steps}-step segments | median step | against no saves, per triple: median (95% interval) |")
+    print("|---|---|---|")
+    for n in names:
+        vs = "" if arms[n] is None else against(names[0], n)
+        print(f"| {n} | {statistics.median(times[n]) * 1e3:.1f} ms | {vs} |")
+    print(f"| nice {nice} against nice 0, per triple | | {against(names[1], names[2])} |")
+
+
 def bench_steps(steps: int, pairs: int, batch: int, item: bool) -> None:
     if DEVICE == "cpu":
         torch.set_num_threads(1)
@@ -359,6 +406,10 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=64, help="rows of the step-time part's batch (its step's length)")
     ap.add_argument("--item", action="store_true", help="the step-time part reads loss.item() each step")
     ap.add_argument("--dcp", action="store_true", help="dcp.async_save instead (see above)")
+    ap.add_argument(
+        "--writer-nice", type=int, default=None,
+        help="the step-time part in three arms instead: no saves, the writer at nice 0, at this nice (--pairs triples)",
+    )
     ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where the state lives (see above)")
     a = ap.parse_args()
     global DEVICE
@@ -367,7 +418,9 @@ def main() -> None:
         bench_dcp([int(x) for x in a.sizes_mib.split(",")], a.repeat)
         return
     bench_sizes([int(x) for x in a.sizes_mib.split(",")], a.repeat)
-    if a.steps > 0:
+    if a.steps > 0 and a.writer_nice is not None:
+        bench_writer_nice(a.steps, a.pairs, a.batch, a.writer_nice)
+    elif a.steps > 0:
         bench_steps(a.steps, a.pairs, a.batch, a.item)
 
 
