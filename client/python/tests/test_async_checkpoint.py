@@ -108,3 +108,49 @@ def test_prepare_makes_the_buffer_ahead_and_never_replaces_one_in_use() -> None:
     saver.close()
     with pytest.raises(ckpt.CheckpointError, match="closed"):
         saver.prepare(small)
+
+
+def test_a_closed_saver_lets_go_of_a_buffer_made_for_a_save_that_never_came() -> None:
+    require_framework("torch")
+    import torch
+
+    from warden.async_checkpoint import AsyncCheckpointer
+
+    saver = AsyncCheckpointer(max_in_flight=2)
+    saver.prepare({"w": torch.ones(1 << 18)})
+    assert all(slot.spare is not None or slot.prefault is not None for slot in saver._slots)
+    # Asked again for the same state: nothing new is made.
+    made = [slot.prefault for slot in saver._slots]
+    saver.prepare({"w": torch.ones(1 << 18)})
+    assert [slot.prefault for slot in saver._slots] == made
+    saver.close()
+    assert all(slot.spare is None and slot.prefault is None for slot in saver._slots)
+
+
+def test_headroom_stays_within_the_pinned_allocators_power_of_two() -> None:
+    from warden.async_checkpoint import headroom
+
+    mib = 1 << 20
+    assert headroom(64 * mib) == 65 * mib  # 1/64 more
+    assert headroom(10) == 10 + mib  # at least 1 MiB more
+    # Pinned: torch rounds the block up to a power of two; the headroom
+    # stays under it rather than double the page-locked memory.
+    assert headroom(64 * mib, pin=True) == 64 * mib
+    assert headroom(63 * mib, pin=True) == 64 * mib
+    assert headroom(40 * mib, pin=True) == 41 * mib
+
+
+def test_optimizer_state_is_made_at_adams_first_step() -> None:
+    require_framework("torch")
+    import torch
+
+    from warden.async_checkpoint import optimizer_state_made
+
+    model = torch.nn.Linear(4, 2)
+    frozen = torch.nn.Linear(4, 2).requires_grad_(False)
+    opt = torch.optim.Adam(list(model.parameters()) + list(frozen.parameters()))
+    assert not optimizer_state_made([opt])
+    model(torch.ones(1, 4)).sum().backward()
+    opt.step()
+    # The frozen layer never gets state, and is not waited for.
+    assert optimizer_state_made([opt])

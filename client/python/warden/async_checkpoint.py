@@ -104,12 +104,18 @@ def layout(tensors: list) -> Tuple[List[_Meta], int]:
     return metas, offset
 
 
-def headroom(need: int) -> int:
+def headroom(need: int, pin: bool = False) -> int:
     """A buffer made ahead of a save of ``need`` bytes: 1/64 more, at least
     1 MiB more, so that the small things a checkpoint gains after the
     state it was sized from (a scheduler's counters, a callback's score)
-    do not make the first save allocate a buffer of its own after all."""
-    return need + max(need >> 6, 1 << 20)
+    do not make the first save allocate a buffer of its own after all.
+    Pinned, never past the power of two ``need`` fits in: torch's pinned
+    allocator rounds each block up to one, and headroom across it would
+    double the page-locked memory."""
+    want = need + max(need >> 6, 1 << 20)
+    if pin:
+        want = min(want, 1 << (need - 1).bit_length())
+    return want
 
 
 def prefault(slot: _Slot, need: int, pin: bool, torch) -> Optional[threading.Thread]:
@@ -127,14 +133,15 @@ def prefault(slot: _Slot, need: int, pin: bool, torch) -> Optional[threading.Thr
     save in flight may be reading it): the copy that next needs a larger
     one takes the spare (``take_spare``), on the thread that owns the slot.
     A failure (no memory) leaves no spare; the copy then allocates its own,
-    as without this."""
+    as without this. Call it from the thread that copies into ``slot``
+    (the hand-over of the spare takes no lock)."""
     need = max(int(need), 1)
-    want = headroom(need)
+    want = headroom(need, pin)
     have = slot.buffer
     spare = slot.spare
     if slot.prefault is not None and slot.prefault.is_alive():
         return None
-    if (have is not None and have.numel() >= need) or (spare is not None and spare[0].numel() >= want):
+    if (have is not None and have.numel() >= need) or (spare is not None and spare[0].numel() >= need):
         return None
 
     def run() -> None:
@@ -147,9 +154,19 @@ def prefault(slot: _Slot, need: int, pin: bool, torch) -> Optional[threading.Thr
             warnings.warn(f"warden: a save buffer of {want} bytes could not be made ahead: {e}", stacklevel=1)
 
     t = threading.Thread(target=run, name="warden-save-prefault", daemon=True)
-    slot.prefault = t
     t.start()
+    slot.prefault = t
     return t
+
+
+def drop_spare(slot: _Slot) -> None:
+    """The spare ``prefault`` made for ``slot`` let go (waited for, if still
+    being made): a saver that closes holds no buffer made for a save that
+    never came."""
+    t, slot.prefault = slot.prefault, None
+    if t is not None:
+        t.join()
+    slot.spare = None
 
 
 def take_spare(slot: _Slot, need: int, pin: bool) -> Any:
@@ -164,6 +181,25 @@ def take_spare(slot: _Slot, need: int, pin: bool) -> Any:
         return None
     buf, pinned = made
     return buf if buf.numel() >= need and pinned == pin else None
+
+
+#: The integrations make the save buffer ahead once the optimizers' state
+#: is made, and at this optimizer step at the latest.
+PREPARE_BY = 10
+
+
+def optimizer_state_made(optimizers: list) -> bool:
+    """Whether every parameter the ``optimizers`` train has its state (Adam's
+    moments, made at its first step with a gradient): before that, a state
+    dict is smaller than a save's will be, and a buffer made ahead from it
+    would be thrown away by the first save. A step skipped (a loss scaler's
+    overflow) or a parameter without a gradient yet leaves it False."""
+    for opt in optimizers:
+        for group in getattr(opt, "param_groups", []):
+            for p in group.get("params", []):
+                if getattr(p, "requires_grad", False) and not opt.state.get(p):
+                    return False
+    return True
 
 
 def copy_into(slot: _Slot, tensors: list, pin: bool, torch, wait: bool = True) -> None:
@@ -349,10 +385,12 @@ class AsyncCheckpointer:
         save is a copy like the others instead of a page fault per 4 KiB of
         state on the training thread (seconds for 4 GiB on a small VM, after
         every restart). Call it once the state holds all its tensors:
-        after the first optimizer step, where Adam makes its moments. A
-        save that comes before the buffers are made waits for them (stall,
-        as the faults would have been); a state that grew past them is
-        given a buffer of its own by its save, as without ``prepare``."""
+        after the first optimizer step, where Adam makes its moments
+        (``optimizer_state_made`` says when), and from the thread that
+        saves. A save that comes before the buffers are made waits for them
+        (stall, as the faults would have been); a state that grew past them
+        is given a buffer of its own by its save, as without ``prepare``;
+        ``close`` lets go of buffers made for saves that never came."""
         if self._closed:
             raise checkpoint.CheckpointError("this AsyncCheckpointer is closed")
         torch = self._torch
@@ -407,6 +445,8 @@ class AsyncCheckpointer:
             self._closed = True
             self._work.put(None)
             self._thread.join()
+            for slot in self._slots:
+                drop_spare(slot)
 
     def __enter__(self) -> "AsyncCheckpointer":
         return self

@@ -242,6 +242,7 @@ class WardenCallback(_pl.Callback):
         #: The step saved on a notice of a coming stop (None: no notice yet).
         self.preempted: Optional[int] = None
         self._prepared = False
+        self._steps_seen = 0
 
     @property
     def _steps(self) -> StepTracker:
@@ -288,11 +289,7 @@ class WardenCallback(_pl.Callback):
             # arrived during the update is raised here, the step done).
             _HEAL.commit(trainer)
         if not self._prepared:
-            self._prepared = True
-            try:
-                self._prepare_async(trainer)
-            except Exception as e:  # noqa: BLE001 - a head start, never the step's failure
-                warnings.warn(f"warden: the save buffer was not made ahead: {e}", stacklevel=2)
+            self._prepare_when_ready(trainer)
         # A notice of a coming stop: every rank saves the step the agent
         # named, then the fit stops and on_train_end leaves with 85.
         n = _notice()
@@ -338,10 +335,27 @@ class WardenCallback(_pl.Callback):
             self.last_saved = step
         return done
 
+    def _prepare_when_ready(self, trainer: Any) -> None:
+        """Once the optimizers' state is made (``optimizer_state_made``; by the
+        ``PREPARE_BY``-th step in any case: an optimizer without state, a
+        parameter that never gets a gradient), the save buffer made ahead."""
+        if not (self.every_n_steps and self.async_save):
+            self._prepared = True  # nothing to make ahead
+            return
+        from ..async_checkpoint import PREPARE_BY, optimizer_state_made  # noqa: PLC0415
+
+        self._steps_seen += 1
+        if self._steps_seen < PREPARE_BY and not optimizer_state_made(trainer.optimizers):
+            return
+        self._prepared = True
+        try:
+            self._prepare_async(trainer)
+        except Exception as e:  # noqa: BLE001 - a head start, never the step's failure
+            warnings.warn(f"warden: the save buffer was not made ahead: {e}", stacklevel=3)
+
     def _prepare_async(self, trainer: Any) -> None:
-        """After this process's first optimizer step (the optimizer's state
-        made), the async saver's buffer is made ahead on a thread of its
-        own (``AsyncCheckpointer.prepare``; a sharded save's staging buffer,
+        """The async saver's buffer made ahead on a thread of its own
+        (``AsyncCheckpointer.prepare``; a sharded save's staging buffer,
         ``StagingPool.prepare``), sized from the module's and the
         optimizers' state dictionaries, which are the checkpoint's tensors:
         otherwise the first periodic save after every start touches the
@@ -350,6 +364,8 @@ class WardenCallback(_pl.Callback):
         first waits for the buffer (stall, as the faults would have been)."""
         if not (self.every_n_steps and self.async_save):
             return
+        if 0 < trainer.max_steps < self.every_n_steps:
+            return  # no periodic save is due in this fit
         route = _route(trainer)[0]
         if route == _SHARDED:
             _sharded.prepare(trainer)

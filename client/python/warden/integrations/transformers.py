@@ -440,22 +440,35 @@ class WardenTrainer(_tf.Trainer):
         _saver.save(self, trial, _copier, cb.save_to_tier, _settle)
 
     def training_step(self, *args: Any, **kwargs: Any) -> Any:
-        """The Trainer's step; at the first one after an optimizer step in
-        this process (the optimizer's state made), the background save's
-        buffer is made ahead on a thread of its own (``TrainerSaver.prepare``),
-        where this Trainer saves in the background at all."""
+        """The Trainer's step; once the optimizer's state is made
+        (``optimizer_state_made``; by the ``PREPARE_BY``-th optimizer step in
+        any case), the background save's buffer is made ahead on a thread of
+        its own (``TrainerSaver.prepare``), where this Trainer saves in the
+        background at all and a save is due before ``max_steps``."""
         if not self._warden_prepared and self.state.global_step > 0:
-            self._warden_prepared = True
-            if (
-                self.args.should_save
-                and self.args.save_strategy != "no"
-                and self._warden_async_callback() is not None
-            ):
-                try:
-                    _saver.prepare(self)
-                except Exception as e:  # noqa: BLE001 - a head start, never the step's failure
-                    warnings.warn(f"warden: the save buffer was not made ahead: {e}", stacklevel=2)
+            self._warden_prepare_when_ready()
         return super().training_step(*args, **kwargs)
+
+    def _warden_prepare_when_ready(self) -> None:
+        from ..async_checkpoint import PREPARE_BY, optimizer_state_made  # noqa: PLC0415
+
+        args = self.args
+        steps_due = args.save_strategy == "steps" and args.save_steps >= 1
+        if (
+            not args.should_save
+            or args.save_strategy == "no"
+            or (steps_due and 0 < self.state.max_steps < args.save_steps)
+            or self._warden_async_callback() is None
+        ):
+            self._warden_prepared = True  # nothing to make ahead
+            return
+        if self.state.global_step < PREPARE_BY and not optimizer_state_made([self.optimizer]):
+            return
+        self._warden_prepared = True
+        try:
+            _saver.prepare(self)
+        except Exception as e:  # noqa: BLE001 - a head start, never the step's failure
+            warnings.warn(f"warden: the save buffer was not made ahead: {e}", stacklevel=3)
 
     def _load_best_model(self) -> None:
         """The best checkpoint, once its background write is done."""
