@@ -202,6 +202,21 @@ def optimizer_state_made(optimizers: list) -> bool:
     return True
 
 
+def prepare_once_ready(steps: int, optimizers: list, make: Callable[[], None]) -> bool:
+    """For the integrations, at the end of each optimizer step until it
+    returns True: ``make`` (a ``prepare``) called once the ``optimizers``'
+    state is made, or at the ``PREPARE_BY``-th step in any case. A failure
+    of ``make`` is warned, never raised: the buffer made ahead is a head
+    start, never the step's failure. True once done (made or warned)."""
+    if steps < PREPARE_BY and not optimizer_state_made(optimizers):
+        return False
+    try:
+        make()
+    except Exception as e:  # noqa: BLE001 - see above
+        warnings.warn(f"warden: the save buffer was not made ahead: {e}", stacklevel=3)
+    return True
+
+
 def copy_into(slot: _Slot, tensors: list, pin: bool, torch, wait: bool = True) -> None:
     """Copies ``tensors`` one after the other into ``slot``'s buffer (grown,
     never per save, when they no longer fit; pinned when ``pin``), each on a

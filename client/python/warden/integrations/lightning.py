@@ -342,16 +342,12 @@ class WardenCallback(_pl.Callback):
         if not (self.every_n_steps and self.async_save):
             self._prepared = True  # nothing to make ahead
             return
-        from ..async_checkpoint import PREPARE_BY, optimizer_state_made  # noqa: PLC0415
+        from ..async_checkpoint import prepare_once_ready  # noqa: PLC0415
 
         self._steps_seen += 1
-        if self._steps_seen < PREPARE_BY and not optimizer_state_made(trainer.optimizers):
-            return
-        self._prepared = True
-        try:
-            self._prepare_async(trainer)
-        except Exception as e:  # noqa: BLE001 - a head start, never the step's failure
-            warnings.warn(f"warden: the save buffer was not made ahead: {e}", stacklevel=3)
+        self._prepared = prepare_once_ready(
+            self._steps_seen, trainer.optimizers, lambda: self._prepare_async(trainer)
+        )
 
     def _prepare_async(self, trainer: Any) -> None:
         """The async saver's buffer made ahead on a thread of its own

@@ -450,7 +450,7 @@ class WardenTrainer(_tf.Trainer):
         return super().training_step(*args, **kwargs)
 
     def _warden_prepare_when_ready(self) -> None:
-        from ..async_checkpoint import PREPARE_BY, optimizer_state_made  # noqa: PLC0415
+        from ..async_checkpoint import prepare_once_ready  # noqa: PLC0415
 
         args = self.args
         steps_due = args.save_strategy == "steps" and args.save_steps >= 1
@@ -462,13 +462,9 @@ class WardenTrainer(_tf.Trainer):
         ):
             self._warden_prepared = True  # nothing to make ahead
             return
-        if self.state.global_step < PREPARE_BY and not optimizer_state_made([self.optimizer]):
-            return
-        self._warden_prepared = True
-        try:
-            _saver.prepare(self)
-        except Exception as e:  # noqa: BLE001 - a head start, never the step's failure
-            warnings.warn(f"warden: the save buffer was not made ahead: {e}", stacklevel=3)
+        self._warden_prepared = prepare_once_ready(
+            self.state.global_step, [self.optimizer], lambda: _saver.prepare(self)
+        )
 
     def _load_best_model(self) -> None:
         """The best checkpoint, once its background write is done."""
