@@ -159,24 +159,28 @@ def prefault(slot: _Slot, need: int, pin: bool, torch) -> Optional[threading.Thr
     return t
 
 
+def _pop_spare(slot: _Slot) -> Any:
+    """``slot``'s spare (buffer, pinned) taken from it, or None, once the
+    ``prefault`` thread making it is done."""
+    t, slot.prefault = slot.prefault, None
+    if t is not None:
+        t.join()
+    made, slot.spare = slot.spare, None
+    return made
+
+
 def drop_spare(slot: _Slot) -> None:
     """The spare ``prefault`` made for ``slot`` let go (waited for, if still
     being made): a saver that closes holds no buffer made for a save that
     never came."""
-    t, slot.prefault = slot.prefault, None
-    if t is not None:
-        t.join()
-    slot.spare = None
+    _pop_spare(slot)
 
 
 def take_spare(slot: _Slot, need: int, pin: bool) -> Any:
     """The buffer ``prefault`` made for ``slot`` (waited for, if still being
     made: the wait is the save's stall, as the faults would have been),
     when it holds ``need`` bytes and is pinned as asked; else None."""
-    t, slot.prefault = slot.prefault, None
-    if t is not None:
-        t.join()
-    made, slot.spare = slot.spare, None
+    made = _pop_spare(slot)
     if made is None:
         return None
     buf, pinned = made

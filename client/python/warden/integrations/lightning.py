@@ -356,10 +356,9 @@ class WardenCallback(_pl.Callback):
         optimizers' state dictionaries, which are the checkpoint's tensors:
         otherwise the first periodic save after every start touches the
         buffer's pages on the training thread. Only where periodic async
-        saves are due, on the ranks that write them; a save that comes
-        first waits for the buffer (stall, as the faults would have been)."""
-        if not (self.every_n_steps and self.async_save):
-            return
+        saves are due (``_prepare_when_ready`` asks only then), on the ranks
+        that write them; a save that comes first waits for the buffer
+        (stall, as the faults would have been)."""
         if 0 < trainer.max_steps < self.every_n_steps:
             return  # no periodic save is due in this fit
         route = _route(trainer)[0]
