@@ -8,7 +8,9 @@ Run under warden (the agent's tier takes the shards):
 
 For each state size (tensors of 16 MiB each, float32), side by side in one run:
   - memcpy: libc's ``memcpy`` (``ctypes.memmove``) of the same bytes, in one
-    piece, into a preallocated buffer;
+    piece, into a preallocated buffer; and the same bytes split over the
+    threads a save copies with (``copy_threads()``, in brackets) by the
+    save's own native copy;
   - async: ``AsyncCheckpointer.save`` (the step's stall: the copy into the
     saver's reused buffer; on a GPU the copy's time on the GPU, measured by
     CUDA events, as ``save`` only queues it on the training stream and
@@ -75,7 +77,8 @@ import time
 import torch
 
 import warden.checkpoint as ckpt
-from warden.async_checkpoint import AsyncCheckpointer, held_s
+from warden import _native
+from warden.async_checkpoint import AsyncCheckpointer, copy_threads, held_s
 
 MIB = 1 << 20
 
@@ -113,6 +116,23 @@ class Baseline:
             ctypes.memmove(self.dst.data_ptr(), self.src.data_ptr(), self.nbytes)
         return time.perf_counter() - t0
 
+    def split(self) -> float:
+        """On the CPU, the same bytes in one piece split over the threads a
+        save copies with (``copy_threads()``), by the save's own native copy:
+        the most a save's copy could do on these cores. NaN on a GPU."""
+        if self.cuda:
+            return float("nan")
+        t0 = time.perf_counter()
+        _native._copy_regions(self.dst.data_ptr(), self.nbytes, [(self.src.data_ptr(), 0, self.nbytes)], copy_threads())
+        return time.perf_counter() - t0
+
+
+def split_cell(split: list) -> str:
+    """The split memcpy's median and its thread count, or a dash on a GPU."""
+    if DEVICE != "cpu":
+        return "-"
+    return f"{statistics.median(split) * 1e3:.1f} ms ({copy_threads()})"
+
 
 def held_note(queued: float) -> str:
     """On a GPU, the training thread's own time in save() beside the hold."""
@@ -137,24 +157,26 @@ def cudart() -> ctypes.CDLL:
 def bench_sizes(sizes_mib: list, repeat: int) -> None:
     c = copy_name()
     print(
-        f"| state | {c} (same bytes) | async save stall, median | async / {c} | first async save "
+        f"| state | {c} (same bytes) | memcpy split over the save's threads | async save stall, median "
+        f"| async / {c} | first async save "
         "| first async save, prepared (made ahead in) | sync save_state_dict "
         "| background: write, commit (median) |"
     )
-    print("|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|")
     step = 1
     for mib in sizes_mib:
         state = state_of(mib * MIB)
         base = Baseline(state)
         nbytes = base.nbytes
         saver = AsyncCheckpointer(max_in_flight=1)
-        copies, stalls, queued, background = [], [], [], []
+        copies, splits, stalls, queued, background = [], [], [], [], []
         first = 0.0
         # Alternated, each pair under the same conditions (the agent hashes
         # and places each committed shard meanwhile, on the same cores).
         for i in range(repeat + 1):
             if i > 0:
                 copies.append(base.copy())
+                splits.append(base.split())
             saver.save(step, state)
             step += 1
             saver.wait()
@@ -189,7 +211,7 @@ def bench_sizes(sizes_mib: list, repeat: int) -> None:
         copy = statistics.median(copies)
         stall = statistics.median(stalls)
         print(
-            f"| {nbytes / MIB:.0f} MiB | {copy * 1e3:.1f} ms ({nbytes / copy / 1e9:.1f} GB/s) "
+            f"| {nbytes / MIB:.0f} MiB | {copy * 1e3:.1f} ms ({nbytes / copy / 1e9:.1f} GB/s) | {split_cell(splits)} "
             f"| {stall * 1e3:.1f} ms{held_note(statistics.median(queued))} | {stall / copy:.2f}x "
             f"| {first * 1e3:.1f} ms | {first_prepared * 1e3:.1f} ms ({ahead:.2f} s) | {sync * 1e3:.1f} ms "
             f"| {statistics.median(w for w, _ in background) * 1e3:.0f} ms, "
@@ -210,16 +232,16 @@ def bench_dcp(sizes_mib: list, repeat: int) -> None:
 
     c = copy_name()
     print(
-        f"| state | {c} (same bytes) | dcp.async_save, WardenStorageWriter | / {c} "
+        f"| state | {c} (same bytes) | memcpy split over the save's threads | dcp.async_save, WardenStorageWriter | / {c} "
         f"| dcp.async_save, FileSystemWriter + DefaultStager (torch) | / {c} |"
     )
-    print("|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|")
     step = 100_000
     for mib in sizes_mib:
         state = state_of(mib * MIB)
         base = Baseline(state)
         pool = StagingPool()
-        copies, ours, staging, theirs = [], [], [], []
+        copies, splits, ours, staging, theirs = [], [], [], [], []
         with tempfile.TemporaryDirectory(dir="/dev/shm") as d:
             fs = FileSystemWriter(d, overwrite=True)
             # (pinned, shared memory, async staging, non-blocking copies)
@@ -251,13 +273,14 @@ def bench_dcp(sizes_mib: list, repeat: int) -> None:
                 fut.result()
                 if i > 0:
                     copies.append(copy)
+                    splits.append(base.split())
                     ours.append(mine)
                     staging.append(pool.last_stall_s)
                     theirs.append(torch_s)
             stager.close()
         copy, mine, staged, torch_s = (statistics.median(x) for x in (copies, ours, staging, theirs))
         print(
-            f"| {base.nbytes / MIB:.0f} MiB | {copy * 1e3:.1f} ms | {mine * 1e3:.1f} ms (staging {staged * 1e3:.1f} ms) "
+            f"| {base.nbytes / MIB:.0f} MiB | {copy * 1e3:.1f} ms | {split_cell(splits)} | {mine * 1e3:.1f} ms (staging {staged * 1e3:.1f} ms) "
             f"| {mine / copy:.2f}x "
             f"| {torch_s * 1e3:.1f} ms | {torch_s / copy:.2f}x |",
             flush=True,

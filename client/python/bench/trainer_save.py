@@ -11,6 +11,8 @@ parameters and Adam's two moments come to about that many MiB), one process,
 side by side in one run:
   - memcpy: libc's ``memcpy`` (``ctypes.memmove``) of the same bytes (every
     parameter and optimizer tensor), in one piece, into a buffer touched before;
+    and the same bytes split over the threads the save copies with
+    (``copy_threads()``, in brackets), by the save's own native copy;
   - async: the step held by a save under ``WardenTrainer`` (the default,
     ``async_save=True``): the time ``_maybe_log_save_evaluate`` takes at a step
     that saves, with the wait for the save before it (none here: each save
@@ -41,6 +43,8 @@ import torch
 from transformers import BertConfig, BertForSequenceClassification
 
 from warden.integrations import transformers as wt
+from warden import _native
+from warden.async_checkpoint import copy_threads
 
 MIB = 1 << 20
 
@@ -85,12 +89,16 @@ def memcpy_ms(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> float
     dst = torch.empty(total, dtype=torch.uint8)
     src.fill_(1)
     dst.fill_(0)
-    times = []
+    threads = copy_threads()
+    one, split = [], []
     for _ in range(5):
         t0 = time.perf_counter()
         ctypes.memmove(dst.data_ptr(), src.data_ptr(), total)
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times) * 1e3, total
+        t1 = time.perf_counter()
+        _native._copy_regions(dst.data_ptr(), total, [(src.data_ptr(), 0, total)], threads)
+        one.append(t1 - t0)
+        split.append(time.perf_counter() - t1)
+    return statistics.median(one) * 1e3, statistics.median(split) * 1e3, threads, total
 
 
 def run(size_mib: int, async_save: bool, saves: int, gap: int) -> tuple:
@@ -137,8 +145,8 @@ def run(size_mib: int, async_save: bool, saves: int, gap: int) -> tuple:
 
     trainer._maybe_log_save_evaluate = timed
     trainer.train()
-    copy_ms, total = memcpy_ms(trainer.model, trainer.optimizer)
-    return statistics.median(held[1:]) * 1e3, held[0] * 1e3, copy_ms, total
+    copy_ms, split_ms, threads, total = memcpy_ms(trainer.model, trainer.optimizer)
+    return statistics.median(held[1:]) * 1e3, held[0] * 1e3, copy_ms, split_ms, threads, total
 
 
 def in_child(size: int, async_save: bool, a: argparse.Namespace) -> tuple:
@@ -162,14 +170,18 @@ def main() -> None:
         size, asy = (int(x) for x in a.one.split(","))
         print(json.dumps(run(size, bool(asy), a.saves, a.gap)), flush=True)
         return
-    print("| state (parameters + Adam) | memcpy (same bytes) | WardenTrainer async save, median | async / memcpy | first async save | Trainer's own save (async_save=False), median | own / async |")
-    print("|---|---|---|---|---|---|---|")
+    print(
+        "| state (parameters + Adam) | memcpy (same bytes) | memcpy split over the save's threads | "
+        "WardenTrainer async save, median | async / memcpy | async / split memcpy | first async save "
+        "| Trainer's own save (async_save=False), median | own / async |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|")
     for size in [int(s) for s in a.sizes_mib.split(",")]:
-        asy, first, copy_ms, total = in_child(size, True, a)
-        own, _, _, _ = in_child(size, False, a)
+        asy, first, copy_ms, split_ms, threads, total = in_child(size, True, a)
+        own = in_child(size, False, a)[0]
         print(
-            f"| {total / MIB:.0f} MiB | {copy_ms:.1f} ms | {asy:.1f} ms | {asy / copy_ms:.2f}x | {first:.1f} ms "
-            f"| {own:.1f} ms | {own / asy:.1f}x |",
+            f"| {total / MIB:.0f} MiB | {copy_ms:.1f} ms | {split_ms:.1f} ms ({threads}) | {asy:.1f} ms "
+            f"| {asy / copy_ms:.2f}x | {asy / split_ms:.2f}x | {first:.1f} ms | {own:.1f} ms | {own / asy:.1f}x |",
             flush=True,
         )
 

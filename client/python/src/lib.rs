@@ -16,8 +16,13 @@
 //! In-process restarts ([`restart`]): every client created here hands the
 //! agent's restart requests to the module-wide restart state, which raises
 //! `warden.RestartRequested` in the thread running `warden.run`.
+//!
+//! Modules: `checkpoint` (the agent calls around a shard's save and
+//! restore), `copy` (an async save's snapshot copy, split over threads),
+//! `flight` (the torch flight recorder's dump hook), `restart`.
 
 mod checkpoint;
+mod copy;
 mod flight;
 mod restart;
 
@@ -646,6 +651,7 @@ fn warden_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(restart::_restart_joined_early, m)?)?;
     m.add_function(wrap_pyfunction!(flight::_flight_recorder_set_hook, m)?)?;
     checkpoint::register(m)?;
+    m.add_function(wrap_pyfunction!(copy::_copy_regions, m)?)?;
     m.add("SLOT_LAYOUT_VERSION", warden_client::slot::LAYOUT_VERSION)?;
     Ok(())
 }

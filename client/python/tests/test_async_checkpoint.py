@@ -154,3 +154,59 @@ def test_optimizer_state_is_made_at_adams_first_step() -> None:
     opt.step()
     # The frozen layer never gets state, and is not waited for.
     assert optimizer_state_made([opt])
+
+
+def test_the_snapshot_copy_is_exact_whatever_the_threads(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The native copy splits the bytes evenly over its threads, cutting
+    tensors where a thread's share ends: odd sizes, a tensor larger than a
+    share, empty and non-contiguous ones all land where ``layout`` says."""
+    require_framework("torch")
+    import torch
+
+    from warden import async_checkpoint as ac
+
+    gen = torch.Generator().manual_seed(7)
+    tensors = [
+        torch.randint(0, 255, (n,), dtype=torch.uint8, generator=gen)
+        for n in (1, 3, 9 << 20, 0, 4097, (5 << 20) + 11, 63, 65)
+    ]
+    tensors.append(torch.randn(700, 900, generator=gen).t())  # not contiguous
+    tensors.append(torch.arange(1000, dtype=torch.float64))
+    for threads in ("1", "2", "3", "4", "16"):
+        monkeypatch.setenv(ac.COPY_THREADS_ENV, threads)
+        slot = ac._Slot()
+        ac.copy_into(slot, tensors, False, torch)
+        for t, m in zip(tensors, slot.metas):
+            assert torch.equal(ac.view_of(slot, m, torch), t), (threads, m)
+
+
+def test_a_copy_region_outside_the_buffer_is_refused() -> None:
+    require_framework("torch")
+    import torch
+
+    from warden import _native
+
+    src = torch.ones(16, dtype=torch.uint8)
+    dst = torch.zeros(16, dtype=torch.uint8)
+    with pytest.raises(ValueError, match="does not fit the 16-byte buffer"):
+        _native._copy_regions(dst.data_ptr(), 16, [(src.data_ptr(), 8, 9)], 2)
+    with pytest.raises(ValueError, match="does not fit"):
+        _native._copy_regions(dst.data_ptr(), 16, [(src.data_ptr(), 2**64 - 1, 2)], 1)
+    assert int(dst.sum()) == 0
+
+
+def test_copy_threads_come_from_the_environment_or_the_cores(monkeypatch: pytest.MonkeyPatch) -> None:
+    from warden import async_checkpoint as ac
+
+    monkeypatch.setenv(ac.COPY_THREADS_ENV, "3")
+    assert ac.copy_threads() == 3
+    monkeypatch.setenv(ac.COPY_THREADS_ENV, "zero")
+    with pytest.warns(UserWarning, match="WARDEN_SAVE_COPY_THREADS='zero'"):
+        n = ac.copy_threads()
+    assert 1 <= n <= 4
+    monkeypatch.delenv(ac.COPY_THREADS_ENV)
+    cores = len(__import__("os").sched_getaffinity(0))
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
+    assert ac.copy_threads() == max(1, min(4, cores))
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", str(cores * 2))
+    assert ac.copy_threads() == 1
