@@ -210,3 +210,20 @@ def test_copy_threads_come_from_the_environment_or_the_cores(monkeypatch: pytest
     assert ac.copy_threads() == max(1, min(4, cores))
     monkeypatch.setenv("LOCAL_WORLD_SIZE", str(cores * 2))
     assert ac.copy_threads() == 1
+
+
+def test_a_state_without_a_byte_to_copy_gets_no_buffer() -> None:
+    """A rank that saves an empty state (Lightning's whole route on ranks
+    other than 0) made a 1-byte buffer at its first save, and ``prepare``
+    a 1 MiB one: neither is needed."""
+    require_framework("torch")
+    import torch
+
+    from warden import async_checkpoint as ac
+
+    slot = ac._Slot()
+    assert ac.prefault(slot, 0, False, torch) is None
+    ac.copy_into(slot, [], False, torch)
+    ac.copy_into(slot, [torch.empty(0), torch.ones(0, 3)], False, torch)
+    assert slot.buffer is None and slot.grown == 0 and slot.used == 0
+    assert [tuple(ac.view_of(slot, m, torch).shape) for m in slot.metas] == [(0,), (0, 3)]

@@ -124,7 +124,8 @@ def prefault(slot: _Slot, need: int, pin: bool, torch) -> Optional[threading.Thr
     thread of its own, every page of it touched (or, pinned, page-locked by
     the allocation itself), and returns the thread; None where ``slot``'s
     buffer holds ``need`` bytes already, or its spare is large enough or
-    still being made.
+    still being made, or ``need`` is 0 (a state without a byte to copy
+    needs no buffer).
 
     Why: a buffer's first touch is a page fault per 4 KiB page, and the
     first save after every start paid them on the training thread (2.6 to
@@ -136,7 +137,9 @@ def prefault(slot: _Slot, need: int, pin: bool, torch) -> Optional[threading.Thr
     A failure (no memory) leaves no spare; the copy then allocates its own,
     as without this. Call it from the thread that copies into ``slot``
     (the hand-over of the spare takes no lock)."""
-    need = max(int(need), 1)
+    need = int(need)
+    if need <= 0:
+        return None
     want = headroom(need, pin)
     have = slot.buffer
     spare = slot.spare
@@ -273,16 +276,16 @@ def copy_into(slot: _Slot, tensors: list, pin: bool, torch, wait: bool = True) -
     the optimizer's in-place update among them, run after it, and the
     training thread never waits on the GPU for a save."""
     metas, offset = layout(tensors)
-    need = max(offset, 1)
-    if slot.buffer is None or slot.buffer.numel() < need:
-        buf = take_spare(slot, need, pin)
+    # A state without a byte to copy (a rank that saves an empty state)
+    # needs no buffer, and gets none.
+    if offset > 0 and (slot.buffer is None or slot.buffer.numel() < offset):
+        buf = take_spare(slot, offset, pin)
         if buf is None:
-            buf = torch.empty(need, dtype=torch.uint8, pin_memory=pin)
+            buf = torch.empty(offset, dtype=torch.uint8, pin_memory=pin)
             slot.grown += 1
         slot.buffer = buf
         slot.pinned = pin
     buf = slot.buffer
-    base = buf.data_ptr()
     # Per CUDA device: the event recorded on its current stream before the
     # first copy from it (the copies' start, for their time on the GPU).
     started: dict = {}
@@ -307,7 +310,7 @@ def copy_into(slot: _Slot, tensors: list, pin: bool, torch, wait: bool = True) -
             regions.append((src.data_ptr(), m.offset, m.nbytes))
             keep.append(src)
     if regions:
-        _native._copy_regions(base, buf.numel(), regions, copy_threads())
+        _native._copy_regions(buf.data_ptr(), buf.numel(), regions, copy_threads())
     del keep
     ready = []
     for device, start in started.items():
