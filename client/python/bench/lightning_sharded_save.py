@@ -13,7 +13,9 @@ about ``--size-mib`` over both ranks, sharded by FSDP2 under
 with gloo, one thread a rank. Once Adam's state exists (after step 2), at the
 same state, ``--saves`` times each, every rank alike:
   - memcpy: libc's ``memcpy`` of this rank's bytes (its shards of every
-    parameter and optimizer tensor) in one piece, into a buffer touched before;
+    parameter and optimizer tensor) in one piece, into a buffer touched before,
+    every rank at once (a barrier before each copy), as the ranks' saves copy:
+    they share the memory's bandwidth, as the saves do;
   - async: the step held by warden's sharded save with ``async_save=True``
     (what ``WardenCallback`` runs: Lightning's checkpoint dictionary built,
     its shards staged into the reused buffer, ``dcp.async_save`` started),
@@ -84,12 +86,16 @@ def local_bytes(trainer: pl.Trainer) -> int:
 
 
 def memcpy_ms(nbytes: int, repeat: int) -> float:
+    import torch.distributed as dist
+
     src = torch.empty(nbytes, dtype=torch.uint8)
     dst = torch.empty(nbytes, dtype=torch.uint8)
     src.fill_(1)
     dst.fill_(0)
     times = []
     for _ in range(repeat):
+        # Every rank copies at once, as every rank's save does.
+        dist.barrier()
         t0 = time.perf_counter()
         ctypes.memmove(dst.data_ptr(), src.data_ptr(), nbytes)
         times.append(time.perf_counter() - t0)

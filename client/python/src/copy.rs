@@ -72,8 +72,10 @@ fn copy_run(run: &[Piece]) {
         // SAFETY: the caller (warden's own snapshot code) passes the data
         // pointers of live, contiguous tensors it keeps alive for the
         // call, each readable for its `nbytes`, and every destination was
-        // checked to lie inside the buffer. `copy` is memmove: a state
-        // holding a view of the buffer itself is copied as memmove would.
+        // checked to lie inside the buffer. The sources are the state's
+        // tensors, never the saver's own buffer (it is not handed out to be
+        // saved), so no thread writes what another reads; `copy` (memmove)
+        // keeps even a piece that overlapped itself defined.
         unsafe { std::ptr::copy(p.src as *const u8, p.dst as *mut u8, p.len) };
     }
 }
@@ -95,8 +97,10 @@ pub fn _copy_regions(
 ) -> PyResult<()> {
     let mut total = 0usize;
     for (i, &(_, off, len)) in regions.iter().enumerate() {
-        match off.checked_add(len) {
-            Some(end) if end <= capacity => total += len,
+        // Every region inside the buffer, and their sum checked too: a
+        // caller's false sizes are refused, never a panic.
+        match (off.checked_add(len), total.checked_add(len)) {
+            (Some(end), Some(sum)) if end <= capacity => total = sum,
             _ => {
                 return Err(PyValueError::new_err(format!(
                     "copy region {i} ({len} bytes at offset {off}) does not fit the \

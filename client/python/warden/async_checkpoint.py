@@ -228,11 +228,17 @@ def prepare_once_ready(steps: int, optimizers: list, make: Callable[[], None]) -
 #: Environment: how many threads copy a save's CPU tensors into its buffer.
 COPY_THREADS_ENV = "WARDEN_SAVE_COPY_THREADS"
 
+#: Contiguous copies of non-contiguous CPU tensors held for one native copy
+#: call at most; past this they are copied and let go.
+_KEEP_BYTES = 64 << 20
+
 
 def copy_threads() -> int:
     """Threads for the snapshot's copy of CPU tensors: ``WARDEN_SAVE_COPY_THREADS``
-    when set, else this process's share of the cores it may run on (its
-    affinity divided among the node's ranks, ``LOCAL_WORLD_SIZE``), at most 4.
+    when set, else this process's share of the cores it may run on, at most
+    4: its affinity where that is a part of the machine's cores (a rank
+    bound to its own), else the machine's divided among the node's ranks
+    (``LOCAL_WORLD_SIZE``).
     The training thread is held for the copy, so the cores it would compute
     on are free to copy; ranks that copy at once on a node share them."""
     raw = os.environ.get(COPY_THREADS_ENV, "").strip()
@@ -252,6 +258,10 @@ def copy_threads() -> int:
         cores = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):  # pragma: no cover - not Linux
         cores = os.cpu_count() or 1
+    if cores < (os.cpu_count() or cores):
+        # Bound to cores of its own (Slurm's --cpu-bind, a NUMA binding):
+        # they are its share already.
+        return max(1, min(4, cores))
     try:
         ranks = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
     except ValueError:
@@ -290,9 +300,13 @@ def copy_into(slot: _Slot, tensors: list, pin: bool, torch, wait: bool = True) -
     # first copy from it (the copies' start, for their time on the GPU).
     started: dict = {}
     # CPU tensors' (address, offset, bytes), copied in one call below; the
-    # contiguous copies made for them are kept alive until then.
+    # contiguous copies made for them are kept alive until then (copied
+    # early once they hold _KEEP_BYTES, so that a state of many
+    # non-contiguous views never holds a second copy of itself).
     regions: list = []
     keep: list = []
+    kept = 0
+    threads = copy_threads()
     for t, m in zip(tensors, metas):
         if m.nbytes == 0:
             continue
@@ -301,7 +315,8 @@ def copy_into(slot: _Slot, tensors: list, pin: bool, torch, wait: bool = True) -
             ev = torch.cuda.Event(enable_timing=True)
             ev.record(torch.cuda.current_stream(src.device))
             started[src.device] = ev
-        if not src.is_contiguous():
+        made = not src.is_contiguous()
+        if made:
             src = src.contiguous()
         if src.is_cuda:
             flat = src.reshape(-1).view(torch.uint8)
@@ -309,15 +324,21 @@ def copy_into(slot: _Slot, tensors: list, pin: bool, torch, wait: bool = True) -
         else:
             regions.append((src.data_ptr(), m.offset, m.nbytes))
             keep.append(src)
-    if regions:
-        _native._copy_regions(buf.data_ptr(), buf.numel(), regions, copy_threads())
-    del keep
+            kept += m.nbytes if made else 0
+            if kept >= _KEEP_BYTES:
+                _native._copy_regions(buf.data_ptr(), buf.numel(), regions, threads)
+                regions, keep, kept = [], [], 0
+    # The GPU copies' end recorded first: whatever the CPU copy raises, the
+    # queued copies are known, and a failed save's drain_ready waits for them.
     ready = []
     for device, start in started.items():
         done = torch.cuda.Event(enable_timing=True)
         done.record(torch.cuda.current_stream(device))
         ready.append((start, done))
     slot.ready = ready
+    if regions:
+        _native._copy_regions(buf.data_ptr(), buf.numel(), regions, threads)
+    del keep
     if wait:
         wait_ready(slot)
     slot.metas = metas
@@ -433,6 +454,9 @@ class AsyncCheckpointer:
         try:
             self._snapshot(slot, int(step), state, torch)
         except BaseException:
+            # GPU copies queued before the failure finish before the buffer
+            # is written again.
+            drain_ready(slot)
             self._free.put(slot)
             raise
         done = time.perf_counter()

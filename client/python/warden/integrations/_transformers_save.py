@@ -42,7 +42,7 @@ from typing import Any, Callable, Optional
 
 from .. import checkpoint as _ckpt
 from .. import section as _section
-from ..async_checkpoint import _Slot, copy_into, held_s, layout, prefault, view_of, wait_ready
+from ..async_checkpoint import _Slot, copy_into, drain_ready, held_s, layout, prefault, view_of, wait_ready
 from ..async_shard import fill, skeleton
 
 
@@ -192,7 +192,13 @@ class TrainerSaver:
         started = time.perf_counter()
         # CUDA tensors: queued on the training stream, waited for by the
         # writer on the copier's thread (``_Writer.run``), never here.
-        copy_into(self._slot, tensors, torch.cuda.is_available(), torch, wait=False)
+        try:
+            copy_into(self._slot, tensors, torch.cuda.is_available(), torch, wait=False)
+        except BaseException:
+            # GPU copies queued before the failure finish before the buffer
+            # is written again.
+            drain_ready(self._slot)
+            raise
         self._slot.skeleton = structure
         return time.perf_counter() - started
 
