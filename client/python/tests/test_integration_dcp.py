@@ -56,8 +56,11 @@ def test_async_save_stages_into_a_reused_buffer_and_the_loop_goes_on_at_once(
         # called, not what the loop wrote into them right after.
         assert all(r["exact"].values()), (r["rank"], r["exact"])
         assert r["buffers_reused"], r
+        # The second save's staged tensors are the first's; the third's, on
+        # a mesh made again, its own.
+        assert r["staged_reused"] == [True, True], r
         assert all(s > 0 for s in r["stalls"]), r["stalls"]
-        assert r["newest"] == 21
+        assert r["newest"] == 22
 
 
 def test_an_async_save_that_fails_in_the_background_is_never_committed_and_is_raised_next(

@@ -90,6 +90,9 @@ class _Slot:
         self.prefault: Optional[threading.Thread] = None
         #: Buffers the copy had to allocate itself, on the training thread.
         self.grown = 0
+        #: DCP's staging: (key, tensors) of the last save's views into the
+        #: buffer, DTensors rewrapped, reused while the key holds.
+        self.staged: Any = None
 
 
 def layout(tensors: list) -> Tuple[List[_Meta], int]:
@@ -289,6 +292,8 @@ def copy_into(slot: _Slot, tensors: list, pin: bool, torch, wait: bool = True) -
     # A state without a byte to copy (a rank that saves an empty state)
     # needs no buffer, and gets none.
     if offset > 0 and (slot.buffer is None or slot.buffer.numel() < offset):
+        # Views of the old buffer (DCP's staged tensors) would keep it alive.
+        slot.staged = None
         buf = take_spare(slot, offset, pin)
         if buf is None:
             buf = torch.empty(offset, dtype=torch.uint8, pin_memory=pin)

@@ -117,9 +117,11 @@ def sharded(step: int, store: str, out: str) -> None:
 
 
 def async_sharded(step: int, store: str, out: str) -> None:
-    """Two saves through dcp.async_save sharing one staging buffer: the
+    """Three saves through dcp.async_save sharing one staging buffer: the
     training loop changes the tensors as soon as each returns, and what is
-    restored is what they held when it was called."""
+    restored is what they held when it was called. The second reuses the
+    first's staged tensors (the same layout and mesh); the third, on a mesh
+    made again (as after a heal), makes its own."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Shard, distribute_tensor
 
@@ -130,7 +132,10 @@ def async_sharded(step: int, store: str, out: str) -> None:
     exact = {}
     stalls = []
     buffers = set()
-    for i, s in enumerate((step, step + 1)):
+    staged = []
+    for i, s in enumerate((step, step + 1, step + 2)):
+        if i == 2:
+            mesh = init_device_mesh("cpu", (world,))
         full = tensors(11 + i)
         sd = {
             "w": distribute_tensor(full["w"].clone(), mesh, [Shard(0)]),
@@ -149,6 +154,7 @@ def async_sharded(step: int, store: str, out: str) -> None:
         slot = pool._free.queue[0] if pool._free.queue else None
         if slot is not None and slot.buffer is not None:
             buffers.add(slot.buffer.data_ptr())
+        staged.append(id(slot.staged[1]) if slot is not None and slot.staged is not None else None)
         back = {
             "w": distribute_tensor(torch.zeros_like(full["w"]), mesh, [Shard(0)]),
             "plain": torch.zeros_like(full["half"]),
@@ -170,6 +176,7 @@ def async_sharded(step: int, store: str, out: str) -> None:
                 "exact": exact,
                 "stalls": stalls,
                 "buffers_reused": len(buffers) == 1,
+                "staged_reused": [staged[1] is not None and staged[1] == staged[0], staged[2] != staged[1]],
                 "newest": ckpt.restore().step,
             },
             f,
