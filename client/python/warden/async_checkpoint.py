@@ -312,35 +312,38 @@ def copy_into(slot: _Slot, tensors: list, pin: bool, torch, wait: bool = True) -
     keep: list = []
     kept = 0
     threads = copy_threads()
-    for t, m in zip(tensors, metas):
-        if m.nbytes == 0:
-            continue
-        src = t.detach()
-        if src.is_cuda and src.device not in started:
-            ev = torch.cuda.Event(enable_timing=True)
-            ev.record(torch.cuda.current_stream(src.device))
-            started[src.device] = ev
-        made = not src.is_contiguous()
-        if made:
-            src = src.contiguous()
-        if src.is_cuda:
-            flat = src.reshape(-1).view(torch.uint8)
-            buf[m.offset : m.offset + m.nbytes].copy_(flat, non_blocking=True)
-        else:
-            regions.append((src.data_ptr(), m.offset, m.nbytes))
-            keep.append(src)
-            kept += m.nbytes if made else 0
-            if kept >= _KEEP_BYTES:
-                _native._copy_regions(buf.data_ptr(), buf.numel(), regions, threads)
-                regions, keep, kept = [], [], 0
-    # The GPU copies' end recorded first: whatever the CPU copy raises, the
-    # queued copies are known, and a failed save's drain_ready waits for them.
-    ready = []
-    for device, start in started.items():
-        done = torch.cuda.Event(enable_timing=True)
-        done.record(torch.cuda.current_stream(device))
-        ready.append((start, done))
-    slot.ready = ready
+    try:
+        for t, m in zip(tensors, metas):
+            if m.nbytes == 0:
+                continue
+            src = t.detach()
+            if src.is_cuda and src.device not in started:
+                ev = torch.cuda.Event(enable_timing=True)
+                ev.record(torch.cuda.current_stream(src.device))
+                started[src.device] = ev
+            made = not src.is_contiguous()
+            if made:
+                src = src.contiguous()
+            if src.is_cuda:
+                flat = src.reshape(-1).view(torch.uint8)
+                buf[m.offset : m.offset + m.nbytes].copy_(flat, non_blocking=True)
+            else:
+                regions.append((src.data_ptr(), m.offset, m.nbytes))
+                keep.append(src)
+                kept += m.nbytes if made else 0
+                if kept >= _KEEP_BYTES:
+                    _native._copy_regions(buf.data_ptr(), buf.numel(), regions, threads)
+                    regions, keep, kept = [], [], 0
+    finally:
+        # The GPU copies' end recorded whatever the loop or a copy raised:
+        # the queued copies are known, and a failed save's drain_ready
+        # waits for them before the buffer is written again.
+        ready = []
+        for device, start in started.items():
+            done = torch.cuda.Event(enable_timing=True)
+            done.record(torch.cuda.current_stream(device))
+            ready.append((start, done))
+        slot.ready = ready
     if regions:
         _native._copy_regions(buf.data_ptr(), buf.numel(), regions, threads)
     del keep
