@@ -333,14 +333,7 @@ def bench_writer_nice(steps: int, triples: int, batch: int, nice: int) -> None:
     10 steps with the saver's background thread at the process's priority;
     the same with a second saver's thread at ``nice``. Prints each saving
     arm against no saves, and the two against each other, pair by pair."""
-    torch.set_num_threads(1)
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(
-        torch.nn.Linear(1024, 2048), torch.nn.ReLU(), torch.nn.Linear(2048, 2048),
-        torch.nn.ReLU(), torch.nn.Linear(2048, 1024),
-    )
-    opt = torch.optim.Adam(model.parameters(), lr=1e-4)
-    x = torch.randn(batch, 1024)
+    model, opt, x = step_model(batch)
     with AsyncCheckpointer() as plain, AsyncCheckpointer() as lowered:
         os.setpriority(os.PRIO_PROCESS, lowered._thread.native_id, nice)
         segment(model, opt, x, 10, plain, 0)
@@ -369,16 +362,24 @@ def bench_writer_nice(steps: int, triples: int, batch: int, nice: int) -> None:
     print(f"| nice {nice} against nice 0, per triple | | {against(names[1], names[2])} |")
 
 
-def bench_steps(steps: int, pairs: int, batch: int, item: bool) -> None:
-    if DEVICE == "cpu":
+def step_model(batch: int, device: str = "cpu") -> tuple:
+    """The step-time parts' training loop (also ``save_contention.py``'s): an
+    MLP of about 32 MiB of parameters (96 MiB with Adam's state), seeded,
+    its optimizer and a batch of ``batch`` rows, on ``device``; on the CPU
+    torch runs one thread."""
+    if device == "cpu":
         torch.set_num_threads(1)
     torch.manual_seed(0)
     model = torch.nn.Sequential(
         torch.nn.Linear(1024, 2048), torch.nn.ReLU(), torch.nn.Linear(2048, 2048),
         torch.nn.ReLU(), torch.nn.Linear(2048, 1024),
-    ).to(DEVICE)
+    ).to(device)
     opt = torch.optim.Adam(model.parameters(), lr=1e-4)
-    x = torch.randn(batch, 1024, device=DEVICE)
+    return model, opt, torch.randn(batch, 1024, device=device)
+
+
+def bench_steps(steps: int, pairs: int, batch: int, item: bool) -> None:
+    model, opt, x = step_model(batch, DEVICE)
     plain: list = []
     saving: list = []
     drains: list = []

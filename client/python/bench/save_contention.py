@@ -45,14 +45,7 @@ def main() -> None:
     p.add_argument("--triples", type=int, default=9)
     p.add_argument("--mover", choices=("memmove", "file"), default="memmove")
     a = p.parse_args()
-    torch.set_num_threads(1)
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(
-        torch.nn.Linear(1024, 2048), torch.nn.ReLU(), torch.nn.Linear(2048, 2048),
-        torch.nn.ReLU(), torch.nn.Linear(2048, 1024),
-    )
-    opt = torch.optim.Adam(model.parameters(), lr=1e-4)
-    x = torch.randn(64, 1024)
+    model, opt, x = ab.step_model(64)
     work: queue.Queue = queue.Queue()
     made = [0]
 
