@@ -249,6 +249,48 @@ async fn a_dead_host_scales_the_job_down_and_its_return_scales_it_up() {
     );
 }
 
+/// A member whose key vanished with its lease is out after the rejoin
+/// grace counted from the lease's end: etcd deletes the key up to its 500 ms
+/// sweep late, so the others wait the grace less the sweep once they see it
+/// go (issue 30: a lost host within TTL + grace + the round). Here the lease
+/// is revoked, so the key goes at a known instant: the round comes no sooner
+/// than the grace less the sweep after it (the grace still holds), and
+/// within a loaded machine's margin of it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_vanished_hosts_grace_runs_from_its_leases_end() {
+    let etcd = EtcdServer::start();
+    let [a, b, c] = three(&etcd, "job-grace").await;
+    for h in [&a, &b, &c] {
+        assert_eq!(round(h, 0).await.nnodes, 3);
+    }
+    let lease = c.lease_id();
+    // host-c's launcher is gone without a word, and etcd ends its lease now.
+    drop(c);
+    let mut client = etcd_client(&etcd).await;
+    // Taken before the revoke: no host can see the key go before this.
+    let gone = Instant::now();
+    client
+        .lease_revoke(lease)
+        .await
+        .expect("revoke host-c's lease");
+    let (ra, rb) = (round(&a, 1).await, round(&b, 1).await);
+    let took = gone.elapsed();
+    for r in [&ra, &rb] {
+        assert_eq!(*r.members, ["host-a", "host-b"], "{r:?}");
+        assert_eq!(r.reason, "host-c lost");
+    }
+    let wait = TTL - warden_launcher::coord::config::ETCD_EXPIRY_SWEEP;
+    assert!(
+        took >= wait,
+        "host-c was replaced {took:?} after its key went: before the grace less the sweep ({wait:?})"
+    );
+    assert!(
+        took < wait + Duration::from_secs(3),
+        "host-c was replaced {took:?} after its key went (the grace less the sweep is {wait:?})"
+    );
+    println!("a vanished host out {took:?} after its key went (grace {TTL:?})");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_spare_takes_a_cordoned_hosts_rank() {
     let etcd = EtcdServer::start();

@@ -16,6 +16,16 @@ pub const DEFAULT_BASE_PORT: u16 = 29500;
 /// port_span`).
 pub const DEFAULT_PORT_SPAN: u16 = 1000;
 
+/// How late etcd may delete the keys of a lease that ran out: its lessor
+/// looks for expired leases every 500 ms (etcd 3.4 and 3.5,
+/// `lease/lessor.go`, `runLoop`). The rejoin grace is counted from the
+/// lease's end, so the other hosts start it this much before they see the
+/// key go: a lost host is then out within its TTL, the grace and the
+/// round's write, wherever the sweep fell (issue 30's bound), and a
+/// launcher that lapsed keeps between `rejoin_grace` less this and
+/// `rejoin_grace` to re-register.
+pub const ETCD_EXPIRY_SWEEP: Duration = Duration::from_millis(500);
+
 /// One launcher's view of the job it takes part in.
 ///
 /// Every host of a job must agree on `job`, `prefix`, `min_nodes`,
@@ -82,7 +92,9 @@ pub struct CoordConfig {
     /// without a word (etcd out, the host stalled) to re-register before
     /// they re-form the round without it. A member that left, or a new
     /// launcher on its host id, is replaced at once. The launcher uses its
-    /// lease TTL.
+    /// lease TTL. Counted from the lease's end, which etcd reports up to
+    /// [`ETCD_EXPIRY_SWEEP`] late: the others wait this less the sweep
+    /// (nothing below zero) once they see the key go.
     pub rejoin_grace: Duration,
     /// How long this launcher keeps trying to keep or regain its membership
     /// after its lease lapsed (no keep-alive answered for a TTL, or etcd

@@ -24,6 +24,7 @@ use tokio::sync::watch;
 use tokio::time::{Instant, sleep, sleep_until};
 use tokio_util::sync::CancellationToken;
 
+use super::config::ETCD_EXPIRY_SWEEP;
 use super::join_read::JoinRead;
 use super::keys::{KEEP_ROUNDS, KeyKind, Keys};
 use super::layout::{self, LayoutError, LayoutRef};
@@ -1903,6 +1904,13 @@ const WRITER_STEP: Duration = Duration::from_millis(500);
 /// last of them.
 const WRITER_LINE: usize = 8;
 
+/// How long a decider waits, from seeing a member's key vanish with its
+/// lease, for its launcher to re-register: the grace runs from the lease's
+/// end, which etcd's sweep reports up to [`ETCD_EXPIRY_SWEEP`] late.
+fn rejoin_wait(grace: Duration) -> Duration {
+    grace.saturating_sub(ETCD_EXPIRY_SWEEP)
+}
+
 impl Driver {
     /// Asks the plan whether a round is due and writes it if so.
     async fn evaluate(&mut self, inner: &Inner) {
@@ -1943,7 +1951,9 @@ impl Driver {
             }
             Trigger::Now(reason) => (reason, None),
             Trigger::AfterLastCall(reason) => (reason, Some(inner.cfg.last_call)),
-            Trigger::AfterRejoinGrace(reason) => (reason, Some(inner.cfg.rejoin_grace)),
+            Trigger::AfterRejoinGrace(reason) => {
+                (reason, Some(rejoin_wait(inner.cfg.rejoin_grace)))
+            }
         };
         if let Some(wait) = wait {
             let since = match self.pending {
@@ -2011,6 +2021,15 @@ impl Driver {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_rejoin_grace_runs_from_the_leases_end() {
+        assert_eq!(
+            rejoin_wait(Duration::from_secs(5)),
+            Duration::from_millis(4500)
+        );
+        assert_eq!(rejoin_wait(Duration::from_millis(300)), Duration::ZERO);
+    }
 
     #[test]
     fn a_base_for_the_next_round_by_another_host_is_a_writer_at_work() {
