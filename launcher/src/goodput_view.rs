@@ -102,7 +102,7 @@ pub fn render(j: &pb::JobGoodput) -> String {
     {
         let f = |v: Option<f64>| v.map_or("-".to_owned(), |s| format!("{s:.2} s"));
         out.push_str(&format!(
-            "recovery: {} restart{} (detection {}, downtime {}, restore {}), {} save{} (stall {})\n",
+            "recovery: {} restart{} (each: detection {}, downtime {}, restore {}), {} save{} (stall {} each)\n",
             r.restarts,
             if r.restarts == 1 { "" } else { "s" },
             f(r.detection_s),
@@ -114,4 +114,33 @@ pub fn render(j: &pb::JobGoodput) -> String {
         ));
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_recovery_line_says_its_figures_are_per_restart_and_per_save() {
+        let j = pb::JobGoodput {
+            recovery: Some(pb::GoodputRecovery {
+                detection_s: Some(0.15),
+                restart_downtime_s: Some(9.94),
+                restore_s: Some(0.05),
+                save_stall_s: Some(0.19),
+                restarts: 1,
+                saves: 4,
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let out = render(&j);
+        assert!(
+            out.contains(
+                "recovery: 1 restart (each: detection 0.15 s, downtime 9.94 s, restore 0.05 s), \
+                 4 saves (stall 0.19 s each)"
+            ),
+            "{out}"
+        );
+    }
 }
