@@ -38,7 +38,9 @@
 //! coord_fleet`. `WARDEN_FLEET_HOSTS=16,256,1024,2048` (the Ns),
 //! `WARDEN_FLEET_MEMBERS=1,3` (etcd set-ups), `WARDEN_FLEET_FULL=8` (full
 //! hosts per N), `WARDEN_FLEET_ROUNDS=10` (restart rounds per N),
-//! `WARDEN_FLEET_TTL_S=10`, `WARDEN_FLEET_REQUEST_TIMEOUT_S=5`.
+//! `WARDEN_FLEET_LOSSES=1` (light hosts lost one after another, each
+//! printed from its drop and from its lease's end; the row keeps the
+//! first), `WARDEN_FLEET_TTL_S=10`, `WARDEN_FLEET_REQUEST_TIMEOUT_S=5`.
 //! `WARDEN_FLEET_EVERY_HOST_DECIDES=1`: the baseline of the join (light
 //! hosts read and watch every member key, as every launcher did before
 //! only the first 8 by join decided rounds); write it to its own
@@ -89,6 +91,8 @@ fn env_one(name: &str, default: usize) -> usize {
 struct Settings {
     full: usize,
     rounds: usize,
+    /// Light hosts lost in a row (the row keeps the first).
+    losses: usize,
     ttl: Duration,
     request_timeout: Duration,
     commit: String,
@@ -171,8 +175,44 @@ async fn run(n: usize, members: usize, s: &Settings) -> FleetRow {
     let after = EtcdMetrics::read_all(&endpoints);
     let cpu1 = cpu_self();
     let record = fleet.round_bytes().await;
-    let (lost, replaced) = fleet.lose_one().await;
-    eprintln!("fleet: lost host out after {lost:?}, replaced in {replaced:?}");
+    // The first loss is the row's; more (`WARDEN_FLEET_LOSSES`) show the
+    // spread, which the keep-alive's phase and etcd's sweep make wide.
+    let mut losses = Vec::new();
+    for _ in 0..s.losses {
+        let loss = fleet.lose_one().await;
+        eprintln!(
+            "fleet: lost host out after {:?} ({:+.0} ms beyond the TTL, {:+.0} ms beyond its lease's end), replaced in {:?}",
+            loss.out,
+            (seconds(loss.out) - seconds(s.ttl)) * 1e3,
+            loss.beyond_lease_s * 1e3,
+            loss.replaced
+        );
+        losses.push(loss);
+    }
+    if losses.len() > 1 {
+        let beyond_ttl: Vec<f64> = losses
+            .iter()
+            .map(|l| (seconds(l.out) - seconds(s.ttl)) * 1e3)
+            .collect();
+        let beyond_lease: Vec<f64> = losses.iter().map(|l| l.beyond_lease_s * 1e3).collect();
+        let span = |v: &[f64]| {
+            let mut v = v.to_vec();
+            v.sort_by(f64::total_cmp);
+            format!(
+                "{:+.0} to {:+.0} ms, median {:+.0} ms",
+                v[0],
+                v[v.len() - 1],
+                v[(v.len() - 1) / 2]
+            )
+        };
+        eprintln!(
+            "fleet: {} lost hosts: beyond the TTL {}; beyond the lease's end {}",
+            losses.len(),
+            span(&beyond_ttl),
+            span(&beyond_lease)
+        );
+    }
+    let (lost, replaced) = (losses[0].out, losses[0].replaced);
     fleet.add_spare().await;
     let swap_lost = fleet.swap_lost().await;
     let swap_cordon = if fleet.hosts() > 2 && full >= 2 {
@@ -342,6 +382,7 @@ async fn main() {
     let settings = Settings {
         full: env_one("WARDEN_FLEET_FULL", 8),
         rounds: env_one("WARDEN_FLEET_ROUNDS", 10).max(1),
+        losses: env_one("WARDEN_FLEET_LOSSES", 1).max(1),
         ttl: Duration::from_secs(env_one("WARDEN_FLEET_TTL_S", 10) as u64),
         request_timeout: Duration::from_secs(env_one("WARDEN_FLEET_REQUEST_TIMEOUT_S", 5) as u64),
         commit: commit(),

@@ -161,7 +161,32 @@ struct Light {
     spare: bool,
     /// The epoch its watch saw last.
     epoch: Arc<AtomicU64>,
+    /// When etcd last renewed its lease: [`since_start`] at the grant's or
+    /// the last keep-alive's answer. Its lease ends a TTL after.
+    kept: Arc<AtomicU64>,
     tasks: Vec<JoinHandle<()>>,
+}
+
+/// Nanoseconds since the first call in this process: a clock the light
+/// hosts' keep-alives can stamp into an atomic.
+fn since_start() -> u64 {
+    static START: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    u64::try_from(START.get_or_init(Instant::now).elapsed().as_nanos()).unwrap_or(u64::MAX)
+}
+
+/// A light host lost without a word ([`Fleet::lose_one`]).
+#[derive(Debug, Clone, Copy)]
+pub struct Loss {
+    /// From the host's end (its keep-alives stopped) until every other
+    /// host holds the round without it.
+    pub out: Duration,
+    /// The same, counted from its lease's end (etcd's last renewal, as
+    /// its keep-alive's answer saw it, plus the TTL), in seconds: what is
+    /// left past the lease is etcd's expiry sweep, the rejoin grace and
+    /// the round.
+    pub beyond_lease_s: f64,
+    /// From then until a new host joined in its place is in a round.
+    pub replaced: Duration,
 }
 
 impl Drop for Light {
@@ -656,14 +681,19 @@ impl Fleet {
     /// A light host dies without a word (its keep-alives stop, its lease
     /// left to expire): until every other host holds the round without it.
     /// Then a new host joins in its place (until every host holds that
-    /// round too). Returns both times.
-    pub async fn lose_one(&mut self) -> (Duration, Duration) {
+    /// round too). Returns both times, the first also from its lease's end.
+    pub async fn lose_one(&mut self) -> Loss {
         let lost = self.light.pop().expect("a light host to lose");
-        let t0 = Instant::now();
         let seen = self.epoch;
+        let kept = Arc::clone(&lost.kept);
+        let t0 = Instant::now();
+        let at = since_start();
         drop(lost);
         let round = self.wait_round(seen).await;
         let lost_after = t0.elapsed();
+        // The lease's end from the drop: its last renewal a TTL on.
+        let renewed_ago = at.saturating_sub(kept.load(Ordering::Acquire)) as f64 / 1e9;
+        let lease_end = self.cfg.ttl.as_secs_f64() - renewed_ago;
         assert_eq!(
             round.nnodes as usize,
             self.hosts(),
@@ -678,7 +708,11 @@ impl Fleet {
         self.light.push(l);
         let round = self.wait_round(seen).await;
         assert_eq!(round.nnodes as usize, self.hosts(), "the new host is in");
-        (lost_after, t1.elapsed())
+        Loss {
+            out: lost_after,
+            beyond_lease_s: lost_after.as_secs_f64() - lease_end,
+            replaced: t1.elapsed(),
+        }
     }
 
     /// This process's memory ([`memory_now`]) per full host at the fleet's size:
@@ -781,6 +815,7 @@ async fn join_light(
         .await
         .expect("lease grant")
         .id();
+    let kept = Arc::new(AtomicU64::new(since_start()));
     let record = MemberRecord {
         host: host.clone(),
         addr: addr(i),
@@ -833,7 +868,10 @@ async fn join_light(
         client.clone(),
         cfg.endpoints.clone(),
         i,
-        lease,
+        Renewal {
+            lease,
+            kept: Arc::clone(&kept),
+        },
         cfg.ttl,
         cfg.request_timeout,
         leases_lost,
@@ -857,6 +895,7 @@ async fn join_light(
         host,
         spare,
         epoch,
+        kept,
         tasks: vec![keeper, watcher],
     }
 }
@@ -1109,11 +1148,12 @@ async fn keep_alive(
     shared: Client,
     endpoints: Vec<String>,
     i: usize,
-    lease: i64,
+    renewal: Renewal,
     ttl: Duration,
     request_timeout: Duration,
     leases_lost: Arc<AtomicU64>,
 ) {
+    let Renewal { lease, kept } = renewal;
     let deadline = (ttl / 6)
         .min(request_timeout)
         .max(Duration::from_millis(100));
@@ -1156,7 +1196,7 @@ async fn keep_alive(
             })
             .await;
             match answer {
-                Ok(Ok(Some(r))) if r.ttl() > 0 => {}
+                Ok(Ok(Some(r))) if r.ttl() > 0 => kept.store(since_start(), Ordering::Release),
                 // etcd says the lease is gone. A light host does not rejoin
                 // (a launcher would): its member key is gone, and the fleet
                 // has one host fewer. Counted, so a fleet that cannot form
@@ -1174,6 +1214,12 @@ async fn keep_alive(
             }
         }
     }
+}
+
+/// A light host's lease and where its keep-alive stamps each renewal.
+struct Renewal {
+    lease: i64,
+    kept: Arc<AtomicU64>,
 }
 
 /// Counts a light host's lease lost.
