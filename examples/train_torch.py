@@ -39,6 +39,7 @@ import time
 import torch
 
 import warden
+import warden.tensor_bytes  # a tensor's bytes for the digest, without numpy (torch does not install it)
 import warden.checkpoint as tier
 
 RANK = int(os.environ.get("RANK", "0"))
@@ -57,7 +58,7 @@ def digest(state: dict) -> str:
         value = state[key]
         h.update(key.encode())
         if torch.is_tensor(value):
-            h.update(value.detach().cpu().reshape(-1).contiguous().view(torch.uint8).numpy().tobytes())
+            h.update(warden.tensor_bytes.view(value.detach().cpu().reshape(-1).contiguous().view(torch.uint8)))
         else:
             h.update(repr(value).encode())
     return h.hexdigest()

@@ -44,6 +44,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import warden
+import warden.tensor_bytes  # a tensor's bytes for the digest, without numpy (torch does not install it)
 import warden.checkpoint as ckpt
 import warden.heal
 
@@ -88,7 +89,7 @@ def digest(model: torch.nn.Module, opt: torch.optim.Optimizer) -> str:
 
     def add(name: str, t: torch.Tensor) -> None:
         h.update(name.encode())
-        h.update(t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+        h.update(warden.tensor_bytes.view(t.detach().cpu().contiguous().reshape(-1).view(torch.uint8)))
 
     for k, v in sorted(model.state_dict().items()):
         add(k, v)

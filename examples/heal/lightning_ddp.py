@@ -57,6 +57,7 @@ import pytorch_lightning as pl
 import torch
 
 import warden
+import warden.tensor_bytes  # a tensor's bytes for the digest, without numpy (torch does not install it)
 from warden.integrations.lightning import WardenCallback, WardenDDPStrategy
 
 RANK = int(os.environ["RANK"])
@@ -160,7 +161,7 @@ def digest(model: torch.nn.Module, opts: list) -> str:
 
     def add(name: str, t: torch.Tensor) -> None:
         h.update(name.encode())
-        h.update(t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+        h.update(warden.tensor_bytes.view(t.detach().cpu().contiguous().reshape(-1).view(torch.uint8)))
 
     for k, v in sorted(model.state_dict().items()):
         add(k, v)

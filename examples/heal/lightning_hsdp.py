@@ -55,6 +55,7 @@ from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.distributed.tensor import DTensor
 
 import warden
+import warden.tensor_bytes  # a tensor's bytes for the digest, without numpy (torch does not install it)
 from warden.integrations.lightning import WardenCallback, WardenModelParallelStrategy
 
 RANK = int(os.environ["RANK"])
@@ -138,7 +139,7 @@ def digest(model: torch.nn.Module, opts: list) -> str:
 
     def add(name: str, t: torch.Tensor) -> None:
         h.update(name.encode())
-        h.update(whole(t).detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+        h.update(warden.tensor_bytes.view(whole(t).detach().cpu().contiguous().reshape(-1).view(torch.uint8)))
 
     for k, v in sorted(model.state_dict().items()):
         add(k, v)

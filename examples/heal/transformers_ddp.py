@@ -49,6 +49,7 @@ from transformers import GPT2Config, GPT2LMHeadModel, TrainerCallback
 from transformers.trainer_callback import ExportableState
 
 import warden
+import warden.tensor_bytes  # a tensor's bytes for the digest, without numpy (torch does not install it)
 from warden.integrations.transformers import WardenCallback, WardenTrainer, WardenTrainingArguments
 
 RANK = int(os.environ["RANK"])
@@ -116,7 +117,7 @@ def digest(model: torch.nn.Module, opt: torch.optim.Optimizer) -> str:
 
     def add(name: str, t: torch.Tensor) -> None:
         h.update(name.encode())
-        h.update(t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+        h.update(warden.tensor_bytes.view(t.detach().cpu().contiguous().reshape(-1).view(torch.uint8)))
 
     for k, v in sorted(model.state_dict().items()):
         add(k, v)

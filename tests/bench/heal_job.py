@@ -9,6 +9,7 @@ torchrun rows run without it.
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import os
 import random
@@ -55,7 +56,8 @@ def digest(model: torch.nn.Module, opt: torch.optim.Optimizer) -> str:
 
     def add(name: str, t: torch.Tensor) -> None:
         h.update(name.encode())
-        h.update(t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+        u = t.detach().cpu().contiguous().reshape(-1).view(torch.uint8)
+        h.update(ctypes.string_at(u.data_ptr(), u.numel()) if u.numel() else b"")  # no numpy needed
 
     for k, v in sorted(model.state_dict().items()):
         add(k, v)

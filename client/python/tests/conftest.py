@@ -30,6 +30,9 @@ from wardend import Wardend, find_wardend  # noqa: E402
 #: client's default connection and checkpointer are per process, and this
 #: one points at no agent).
 JOBS = Path(__file__).resolve().parent / "jobs"
+#: A folder whose sitecustomize makes numpy unimportable: on a job's
+#: PYTHONPATH, the job runs as on a machine with torch alone.
+NO_NUMPY = Path(__file__).resolve().parent / "no_numpy"
 #: Bound on one rank's run: real frameworks on a loaded 2-core machine.
 RANK_TIMEOUT_S = 300.0
 

@@ -9,15 +9,33 @@ the next call and nothing is committed.
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
-from conftest import require_framework, run_ranks
+from conftest import JOBS, NO_NUMPY, require_framework, run_ranks
 from wardend import Wardend
 
 
 def test_a_snapshot_is_what_comes_back_though_training_went_on(wardend: Wardend) -> None:
     require_framework("torch")
     (r,) = run_ranks(wardend, "async-save", "async_save_job.py", [])
+    check_saved(r)
+
+
+def test_an_async_save_needs_no_numpy(wardend: Wardend) -> None:
+    """torch does not install numpy; the background write took the buffer's
+    bytes through ``Tensor.numpy()`` and failed every save without it."""
+    require_framework("torch")
+    env = {"PYTHONPATH": os.pathsep.join([str(JOBS), str(NO_NUMPY)])}
+    (r,) = run_ranks(wardend, "async-save-no-numpy", "async_save_job.py", [], env=env)
+    assert r["numpy"] is False
+    check_saved(r)
+
+
+def check_saved(r: dict) -> None:
+    """What async_save_job.py must have seen: every save committed, the
+    newest one back byte for byte."""
     assert r["restored_step"] == 12
     assert r["committed"] == 3
     # Prepared after the first step: no save made its buffer on the training thread.

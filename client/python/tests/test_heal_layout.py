@@ -3,7 +3,8 @@
 The plan is a pure function (a table of cases). The heal runs four real
 gloo ranks (jobs/heal_hsdp_job.py) of FSDP2 over a 2 x 2 mesh ("replicate",
 "shard"), without a launcher: a lost rank is one that builds its state
-afresh, the restart a process group and mesh made again.
+afresh, the restart a process group and mesh made again. Its ranks cannot
+import numpy (tests/no_numpy), as with torch installed alone.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import sys
 import pytest
 
 import warden
-from conftest import JOBS, require_framework, run_processes
+from conftest import JOBS, NO_NUMPY, require_framework, run_processes
 from warden.heal_layout import Layout, plan
 
 #: 2 replica groups x 2 shards: rank r at (r // 2, r % 2).
@@ -64,9 +65,12 @@ def test_an_hsdp_rank_heals_from_its_shard_position_or_the_job_restores(tmp_path
     require_framework("torch")
     envs = []
     for rank in range(4):
-        # The warden this test imported (the wheel, or the sources ahead of it).
+        # The warden this test imported (the wheel, or the sources ahead of it),
+        # and no numpy: the heal's transfer takes bytes from tensors without it
+        # (torch does not install numpy).
         env = dict(os.environ, RANK=str(rank), WORLD_SIZE="4", PYTHONPATH=os.pathsep.join(
-            [os.path.dirname(os.path.dirname(warden.__file__)), os.environ.get("PYTHONPATH", "")]))
+            [os.path.dirname(os.path.dirname(warden.__file__)), str(NO_NUMPY),
+             os.environ.get("PYTHONPATH", "")]))
         env.pop("WARDEN_HEAL_FILE", None)
         envs.append(env)
     codes = run_processes(
@@ -79,6 +83,7 @@ def test_an_hsdp_rank_heals_from_its_shard_position_or_the_job_restores(tmp_path
     assert codes == [0] * 4, logs
     r = [json.loads((tmp_path / f"rank{i}.json").read_text()) for i in range(4)]
     reference = r[0]["none"]["digest"]
+    assert [x["numpy"] for x in r] == [False] * 4
     for i in range(4):
         # Every mode ends with the same weights on every rank.
         assert {r[i][m]["digest"] for m in ("none", "one", "lost")} == {reference}, (i, r[i], logs)

@@ -49,7 +49,7 @@ import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, List, Optional, Tuple
 
-from . import _native, checkpoint
+from . import _native, checkpoint, tensor_bytes
 from .async_shard import MAGIC, VERSION, body_offset, is_async_shard, read_shard, skeleton
 
 __all__ = ["AsyncCheckpointer", "MAGIC", "is_async_shard", "load", "read_shard"]
@@ -611,7 +611,7 @@ class AsyncCheckpointer:
             f.file.write(head)
             f.file.write(b"\0" * (body - len(MAGIC) - 8 - len(head)))
             if slot.used:
-                f.file.write(memoryview(slot.buffer.numpy())[: slot.used])
+                f.file.write(tensor_bytes.view(slot.buffer, slot.used))
             f.file.flush()
             written = time.perf_counter()
             # The stall the agent records for this shard is the training

@@ -76,7 +76,7 @@ import time
 import weakref
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
-from . import _native, _restart, heal_layout
+from . import _native, _restart, heal_layout, tensor_bytes
 
 __all__ = ["State", "declare", "init_process_group", "seed_step", "store_dir"]
 
@@ -1107,7 +1107,7 @@ def _receive(src: int, group: Any) -> Tuple[Dict[str, Any], int]:
         raise RuntimeError(f"warden.heal: rank {src} announced {n_skel} + {n_body} bytes: refused")
     skel = torch.empty(n_skel, dtype=torch.uint8)
     dist.recv(skel, src, group=group)
-    skeleton = torch.load(io.BytesIO(skel.numpy().tobytes()), weights_only=True)
+    skeleton = torch.load(io.BytesIO(bytes(tensor_bytes.view(skel))), weights_only=True)
     specs: List[Tuple[int, str, List[int]]] = []
     _tensor_specs(skeleton, specs)
     specs.sort()

@@ -12,6 +12,7 @@ stream, waited for in the background): the same checks, on the CUDA path.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import sys
 
@@ -92,6 +93,8 @@ def main(out: str) -> None:
         "grown_in_save": grown,
         "device": DEVICE,
         "background": background,
+        # Whether this interpreter could use numpy (tests/no_numpy blocks it).
+        "numpy": importlib.util.find_spec("numpy") is not None,
     }
     with open(out, "w") as f:
         json.dump(result, f)
