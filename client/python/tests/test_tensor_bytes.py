@@ -26,6 +26,24 @@ def test_the_view_is_the_tensors_bytes_in_place() -> None:
     assert bytes(v[:4]) == b"\0\0\0\0"
 
 
+def test_the_view_keeps_a_temporary_tensor_alive() -> None:
+    """A tensor made for the call alone (``view(t.clone())``) is held by its
+    view: its memory is neither freed nor reused while the view is read."""
+    require_framework("torch")
+    import gc
+
+    import torch
+
+    from warden import tensor_bytes
+
+    want = bytes(range(256)) * 4096  # 1 MiB: its own allocation, not a cached small block
+    v = tensor_bytes.view(torch.frombuffer(bytearray(want), dtype=torch.uint8).clone())
+    gc.collect()
+    junk = [torch.full((1 << 20,), 7, dtype=torch.uint8) for _ in range(8)]  # would reuse freed memory
+    assert bytes(v) == want
+    del junk
+
+
 def test_a_view_past_the_tensor_or_of_a_strided_one_is_refused() -> None:
     require_framework("torch")
     import torch

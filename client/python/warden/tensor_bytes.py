@@ -18,8 +18,8 @@ __all__ = ["view"]
 def view(t: Any, nbytes: Optional[int] = None) -> memoryview:
     """The first ``nbytes`` bytes (all of them by default) of ``t``, a
     contiguous tensor in host memory (pinned or not), read in place. The
-    view does not keep the tensor alive: the caller holds it while the view
-    is used."""
+    view keeps the tensor alive (a temporary, such as ``whole(t).cpu()``
+    passed straight in, would otherwise be freed under it)."""
     total = t.numel() * t.element_size()
     n = total if nbytes is None else int(nbytes)
     if t.device.type != "cpu" or not t.is_contiguous():
@@ -29,4 +29,6 @@ def view(t: Any, nbytes: Optional[int] = None) -> memoryview:
         raise ValueError(f"tensor_bytes.view: {n} bytes of a tensor of {total}")
     if n == 0:
         return memoryview(b"")
-    return memoryview((ctypes.c_ubyte * n).from_address(t.data_ptr())).cast("B")
+    array = (ctypes.c_ubyte * n).from_address(t.data_ptr())
+    array.owner = t  # the memoryview holds the array, the array the tensor
+    return memoryview(array).cast("B")
