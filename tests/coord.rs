@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 
 use common::etcd::{EtcdCluster, EtcdServer};
 use common::within;
+use warden_launcher::coord::config::ETCD_EXPIRY_SWEEP;
 use warden_launcher::coord::{CoordConfig, CoordError, Coordinator, Leave, Outcome, Round};
 
 /// Every wait in these tests; rounds come in milliseconds, lease expiry in
@@ -28,6 +29,11 @@ const WAIT: Duration = Duration::from_secs(30);
 /// The lease TTL: 2 s, so a keep-alive every 0.67 s has the margin of a
 /// loaded 2-core machine (a lapse is survived anyway, but costs a rejoin).
 const TTL: Duration = Duration::from_secs(2);
+/// The rejoin grace: the TTL, as `warden run` sets it, and etcd's expiry
+/// sweep, which the grace now holds (it counts from the lease's end): a
+/// lapsed host keeps a TTL to re-register after the others see its key go,
+/// the margin a loaded machine needs.
+const GRACE: Duration = TTL.saturating_add(ETCD_EXPIRY_SWEEP);
 
 fn cfg(etcd: &EtcdServer, job: &str, host: &str, addr: &str, min: u32, max: u32) -> CoordConfig {
     let mut c = CoordConfig::new(etcd.endpoints(), job, host, addr);
@@ -37,7 +43,7 @@ fn cfg(etcd: &EtcdServer, job: &str, host: &str, addr: &str, min: u32, max: u32)
     c.lease_ttl = TTL;
     c.last_call = Duration::from_millis(300);
     c.join_timeout = Duration::from_secs(1);
-    c.rejoin_grace = TTL;
+    c.rejoin_grace = GRACE;
     c.rejoin_timeout = Duration::from_secs(30);
     c
 }
@@ -229,8 +235,8 @@ async fn a_dead_host_scales_the_job_down_and_its_return_scales_it_up() {
     }
     assert_eq!(ranks(&[&ra, &rb]), [Some(0), Some(1)]);
     assert!(
-        took < TTL + TTL + Duration::from_secs(3),
-        "scale down took {took:?} (lease TTL and rejoin grace {TTL:?} each)"
+        took < TTL + GRACE + Duration::from_secs(3),
+        "scale down took {took:?} (lease TTL {TTL:?}, rejoin grace {GRACE:?})"
     );
     println!("scale down seen {took:?} after the launcher died (lease TTL {TTL:?})");
 
@@ -279,7 +285,7 @@ async fn a_vanished_hosts_grace_runs_from_its_leases_end() {
         assert_eq!(*r.members, ["host-a", "host-b"], "{r:?}");
         assert_eq!(r.reason, "host-c lost");
     }
-    let wait = TTL - warden_launcher::coord::config::ETCD_EXPIRY_SWEEP;
+    let wait = GRACE - ETCD_EXPIRY_SWEEP;
     assert!(
         took >= wait,
         "host-c was replaced {took:?} after its key went: before the grace less the sweep ({wait:?})"
@@ -288,7 +294,7 @@ async fn a_vanished_hosts_grace_runs_from_its_leases_end() {
         took < wait + Duration::from_secs(3),
         "host-c was replaced {took:?} after its key went (the grace less the sweep is {wait:?})"
     );
-    println!("a vanished host out {took:?} after its key went (grace {TTL:?})");
+    println!("a vanished host out {took:?} after its key went (grace {GRACE:?})");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

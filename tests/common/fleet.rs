@@ -161,8 +161,9 @@ struct Light {
     spare: bool,
     /// The epoch its watch saw last.
     epoch: Arc<AtomicU64>,
-    /// When etcd last renewed its lease: [`since_start`] at the grant's or
-    /// the last keep-alive's answer. Its lease ends a TTL after.
+    /// When etcd last renewed its lease, at the earliest: [`since_start`]
+    /// when the grant was asked for or the last answered keep-alive sent.
+    /// Its lease ends a TTL after, or later.
     kept: Arc<AtomicU64>,
     tasks: Vec<JoinHandle<()>>,
 }
@@ -180,10 +181,10 @@ pub struct Loss {
     /// From the host's end (its keep-alives stopped) until every other
     /// host holds the round without it.
     pub out: Duration,
-    /// The same, counted from its lease's end (etcd's last renewal, as
-    /// its keep-alive's answer saw it, plus the TTL), in seconds: what is
-    /// left past the lease is etcd's expiry sweep, the rejoin grace and
-    /// the round.
+    /// The same, counted from its lease's end (etcd's last renewal, taken
+    /// as when the keep-alive it answered was sent, plus the TTL), in
+    /// seconds: what is left past the lease is etcd's expiry sweep, the
+    /// rejoin grace and the round. Never less than the real figure.
     pub beyond_lease_s: f64,
     /// From then until a new host joined in its place is in a round.
     pub replaced: Duration,
@@ -810,12 +811,13 @@ async fn join_light(
     let mut client = Client::connect(cfg.endpoints.clone(), Some(options))
         .await
         .expect("a light host connects");
+    let asked = since_start();
     let lease = client
         .lease_grant(i64::try_from(cfg.ttl.as_secs().max(1)).unwrap(), None)
         .await
         .expect("lease grant")
         .id();
-    let kept = Arc::new(AtomicU64::new(since_start()));
+    let kept = Arc::new(AtomicU64::new(asked));
     let record = MemberRecord {
         host: host.clone(),
         addr: addr(i),
@@ -1190,13 +1192,16 @@ async fn keep_alive(
         };
         loop {
             tokio::time::sleep(ttl / 3).await;
+            // Stamped when sent: etcd renews the lease after this, so the
+            // lease's end taken from it is never later than the real one.
+            let sent = since_start();
             let answer = tokio::time::timeout(deadline, async {
                 keeper.keep_alive().await?;
                 stream.message().await
             })
             .await;
             match answer {
-                Ok(Ok(Some(r))) if r.ttl() > 0 => kept.store(since_start(), Ordering::Release),
+                Ok(Ok(Some(r))) if r.ttl() > 0 => kept.store(sent, Ordering::Release),
                 // etcd says the lease is gone. A light host does not rejoin
                 // (a launcher would): its member key is gone, and the fleet
                 // has one host fewer. Counted, so a fleet that cannot form

@@ -1881,8 +1881,12 @@ fn base_in_progress(
 /// The driver's timers.
 #[derive(Debug, Default)]
 struct Driver {
-    /// A round that may wait for the last call: since when, at which epoch.
-    pending: Option<(u64, Instant)>,
+    /// A round that waits, one timer per kind of wait (the last call, the
+    /// rejoin grace): at which epoch, since when. Apart, so that a member
+    /// that vanishes while a candidate's last call runs gets its whole
+    /// grace, not what is left of the last call, and the last call goes on
+    /// from where it was if the member comes back.
+    pending: [Option<(u64, Instant)>; 2],
     /// The last attempt to advance: from which epoch, and until when not to
     /// try again from it (the watch brings the result first).
     attempt: Option<(u64, Instant)>,
@@ -1904,6 +1908,16 @@ const WRITER_STEP: Duration = Duration::from_millis(500);
 /// last of them.
 const WRITER_LINE: usize = 8;
 
+/// What a due round waits for ([`Driver::pending`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Waiting {
+    /// More hosts to arrive ([`Trigger::AfterLastCall`]).
+    LastCall = 0,
+    /// A vanished member's launcher to re-register
+    /// ([`Trigger::AfterRejoinGrace`]).
+    RejoinGrace = 1,
+}
+
 /// How long a decider waits, from seeing a member's key vanish with its
 /// lease, for its launcher to re-register: the grace runs from the lease's
 /// end, which etcd's sweep reports up to [`ETCD_EXPIRY_SWEEP`] late.
@@ -1920,7 +1934,7 @@ impl Driver {
             let mut view = inner.lock_view();
             if !view.decider {
                 // Rounds are the deciders' (a restart request aside).
-                self.pending = None;
+                self.pending = [None, None];
                 self.standing_by = None;
                 return;
             }
@@ -1945,21 +1959,25 @@ impl Driver {
         };
         let (reason, wait) = match trigger {
             Trigger::None => {
-                self.pending = None;
+                self.pending = [None, None];
                 self.standing_by = None;
                 return;
             }
             Trigger::Now(reason) => (reason, None),
-            Trigger::AfterLastCall(reason) => (reason, Some(inner.cfg.last_call)),
-            Trigger::AfterRejoinGrace(reason) => {
-                (reason, Some(rejoin_wait(inner.cfg.rejoin_grace)))
+            Trigger::AfterLastCall(reason) => {
+                (reason, Some((Waiting::LastCall, inner.cfg.last_call)))
             }
+            Trigger::AfterRejoinGrace(reason) => (
+                reason,
+                Some((Waiting::RejoinGrace, rejoin_wait(inner.cfg.rejoin_grace))),
+            ),
         };
-        if let Some(wait) = wait {
-            let since = match self.pending {
+        if let Some((kind, wait)) = wait {
+            let timer = &mut self.pending[kind as usize];
+            let since = match *timer {
                 Some((e, t)) if e == epoch => t,
                 _ => {
-                    self.pending = Some((epoch, now));
+                    *timer = Some((epoch, now));
                     now
                 }
             };
@@ -2004,7 +2022,7 @@ impl Driver {
         }
         let backoff = match inner.advance(epoch, reason, false).await {
             Ok(_) => {
-                self.pending = None;
+                self.pending = [None, None];
                 inner.cfg.request_timeout
             }
             Err(e) => {
