@@ -57,3 +57,7 @@ def test_a_view_past_the_tensor_or_of_a_strided_one_is_refused() -> None:
         tensor_bytes.view(t, -1)
     with pytest.raises(ValueError, match="contiguous: False"):
         tensor_bytes.view(torch.zeros(4, 4).t())
+    with pytest.raises(ValueError, match="conjugate or negative bit"):
+        tensor_bytes.view(torch.zeros(2, dtype=torch.complex64).conj())
+    with pytest.raises(TypeError):
+        tensor_bytes.view(t)[0] = 1  # read-only

@@ -17,7 +17,8 @@ __all__ = ["view"]
 
 def view(t: Any, nbytes: Optional[int] = None) -> memoryview:
     """The first ``nbytes`` bytes (all of them by default) of ``t``, a
-    contiguous tensor in host memory (pinned or not), read in place. The
+    contiguous tensor in host memory (pinned or not), read in place and
+    read-only. The
     view keeps the tensor alive (a temporary, such as ``whole(t).cpu()``
     passed straight in, would otherwise be freed under it)."""
     total = t.numel() * t.element_size()
@@ -25,10 +26,13 @@ def view(t: Any, nbytes: Optional[int] = None) -> memoryview:
     if t.device.type != "cpu" or not t.is_contiguous():
         raise ValueError(f"tensor_bytes.view: a contiguous CPU tensor, not one on {t.device} "
                          f"(contiguous: {t.is_contiguous()})")
+    if t.is_conj() or t.is_neg():
+        raise ValueError("tensor_bytes.view: a tensor with its conjugate or negative bit set "
+                         "(resolve_conj() / resolve_neg() first): its bytes are not its values")
     if not 0 <= n <= total:
         raise ValueError(f"tensor_bytes.view: {n} bytes of a tensor of {total}")
     if n == 0:
         return memoryview(b"")
     array = (ctypes.c_ubyte * n).from_address(t.data_ptr())
     array.owner = t  # the memoryview holds the array, the array the tensor
-    return memoryview(array).cast("B")
+    return memoryview(array).cast("B").toreadonly()
