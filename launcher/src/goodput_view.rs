@@ -102,7 +102,7 @@ pub fn render(j: &pb::JobGoodput) -> String {
     {
         let f = |v: Option<f64>| v.map_or("-".to_owned(), |s| format!("{s:.2} s"));
         out.push_str(&format!(
-            "recovery: {} restart{} (each: detection {}, downtime {}, restore {}), {} save{} (stall {} each)\n",
+            "recovery: {} restart{} (mean detection {}, downtime {}, restore {}), {} save{} (mean stall {})\n",
             r.restarts,
             if r.restarts == 1 { "" } else { "s" },
             f(r.detection_s),
@@ -121,7 +121,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_recovery_line_says_its_figures_are_per_restart_and_per_save() {
+    fn the_recovery_line_says_its_figures_are_means() {
         let j = pb::JobGoodput {
             recovery: Some(pb::GoodputRecovery {
                 detection_s: Some(0.15),
@@ -137,8 +137,8 @@ mod tests {
         let out = render(&j);
         assert!(
             out.contains(
-                "recovery: 1 restart (each: detection 0.15 s, downtime 9.94 s, restore 0.05 s), \
-                 4 saves (stall 0.19 s each)"
+                "recovery: 1 restart (mean detection 0.15 s, downtime 9.94 s, restore 0.05 s), \
+                 4 saves (mean stall 0.19 s)"
             ),
             "{out}"
         );
