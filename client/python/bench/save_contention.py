@@ -106,6 +106,15 @@ def main() -> None:
 
     threading.Thread(target=mover, daemon=True).start()
 
+    def state() -> dict:
+        return {"model": model.state_dict(), "optim": opt.state_dict()}
+
+    def copy_own() -> None:
+        """What a save's snapshot does, into this process's own buffer."""
+        held: list = []
+        async_checkpoint.skeleton(state(), held, torch)
+        async_checkpoint.copy_into(own, held, False, torch)
+
     def segment(kind: str, saver: AsyncCheckpointer, step0: int, nbytes: int) -> tuple:
         cpu0 = (time.process_time(), cpu_s(os.getppid()))
         t0 = time.perf_counter()
@@ -116,15 +125,11 @@ def main() -> None:
             opt.step()
             if s % 10 == 9:
                 if kind == "save":
-                    saver.save(step0 + s, {"model": model.state_dict(), "optim": opt.state_dict()})
+                    saver.save(step0 + s, state())
                 elif kind == "dicts":
-                    model.state_dict(), opt.state_dict()
+                    state()
                 elif kind == "copy":
-                    tensors: list = []
-                    async_checkpoint.skeleton(
-                        {"model": model.state_dict(), "optim": opt.state_dict()}, tensors, torch
-                    )
-                    async_checkpoint.copy_into(own, tensors, False, torch)
+                    copy_own()
                 elif kind == "move":
                     work.join()
                     work.put(nbytes)
@@ -146,11 +151,7 @@ def main() -> None:
             tensors += [v for st in opt.state.values() for v in st.values() if torch.is_tensor(v)]
             nbytes = sum(t.numel() * t.element_size() for t in tensors)
             if "copy" in arms:  # the copy arm's buffer made before it is timed
-                held: list = []
-                async_checkpoint.skeleton(
-                    {"model": model.state_dict(), "optim": opt.state_dict()}, held, torch
-                )
-                async_checkpoint.copy_into(own, held, False, torch)
+                copy_own()
             step = 10_000
             for i in range(a.rounds):
                 r = i % len(arms)

@@ -18,9 +18,9 @@ __all__ = ["view"]
 def view(t: Any, nbytes: Optional[int] = None) -> memoryview:
     """The first ``nbytes`` bytes (all of them by default) of ``t``, a
     contiguous tensor in host memory (pinned or not), read in place and
-    read-only. The
-    view keeps the tensor alive (a temporary, such as ``whole(t).cpu()``
-    passed straight in, would otherwise be freed under it)."""
+    read-only. The view keeps the tensor alive (a temporary, such as
+    ``whole(t).cpu()`` passed straight in, would otherwise be freed under
+    it)."""
     total = t.numel() * t.element_size()
     n = total if nbytes is None else int(nbytes)
     if t.device.type != "cpu" or not t.is_contiguous():
