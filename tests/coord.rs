@@ -297,6 +297,59 @@ async fn a_vanished_hosts_grace_runs_from_its_leases_end() {
     println!("a vanished host out {took:?} after its key went (grace {GRACE:?})");
 }
 
+/// Two members vanish half a second apart: the second gets its whole
+/// grace (the round comes no sooner than the grace less the sweep after
+/// its key went), not what was left of the first's (issue 30).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_vanished_host_gets_its_whole_grace() {
+    let etcd = EtcdServer::start();
+    let job = "job-grace-two";
+    let mk = |host: &str, addr: &str| {
+        let mut c = cfg(&etcd, job, host, addr, 2, 4);
+        c.last_call = Duration::from_secs(3);
+        c
+    };
+    let a = join(mk("host-a", "127.0.0.2")).await;
+    let b = join(mk("host-b", "127.0.0.3")).await;
+    let c = join(mk("host-c", "127.0.0.4")).await;
+    let d = join(mk("host-d", "127.0.0.5")).await;
+    for h in [&a, &b, &c, &d] {
+        assert_eq!(round(h, 0).await.nnodes, 4);
+    }
+    let (lease_c, lease_d) = (c.lease_id(), d.lease_id());
+    drop(c);
+    drop(d);
+    let mut client = etcd_client(&etcd).await;
+    client
+        .lease_revoke(lease_c)
+        .await
+        .expect("revoke host-c's lease");
+    // The second loss, a quarter of the grace later (the scenario's
+    // spacing, not a wait for anything).
+    tokio::time::sleep(GRACE / 4).await;
+    let gone_d = Instant::now();
+    client
+        .lease_revoke(lease_d)
+        .await
+        .expect("revoke host-d's lease");
+    let (ra, rb) = (round(&a, 1).await, round(&b, 1).await);
+    let took = gone_d.elapsed();
+    for r in [&ra, &rb] {
+        assert_eq!(*r.members, ["host-a", "host-b"], "{r:?}");
+        assert_eq!(r.reason, "host-c lost, host-d lost");
+    }
+    let wait = GRACE - ETCD_EXPIRY_SWEEP;
+    assert!(
+        took >= wait,
+        "host-d was replaced {took:?} after its key went: before its own grace less the sweep ({wait:?})"
+    );
+    assert!(
+        took < wait + Duration::from_secs(3),
+        "host-d was replaced {took:?} after its key went (the grace less the sweep is {wait:?})"
+    );
+    println!("the second vanished host out {took:?} after its key went (grace {GRACE:?})");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_spare_takes_a_cordoned_hosts_rank() {
     let etcd = EtcdServer::start();

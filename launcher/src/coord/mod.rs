@@ -49,6 +49,7 @@ pub mod records;
 pub mod reports;
 pub mod round;
 mod session;
+mod waits;
 
 use std::hash::{BuildHasher, Hasher};
 use std::sync::atomic::AtomicI64;

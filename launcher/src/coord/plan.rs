@@ -184,6 +184,16 @@ impl Standing {
         s
     }
 
+    /// The host ids of `round`'s lost members (no live member is them):
+    /// O(lost).
+    pub fn lost_hosts(&self, round: &RoundRecord) -> Vec<String> {
+        self.lost
+            .iter()
+            .filter_map(|&i| round.members.get(i))
+            .map(|m| m.host.clone())
+            .collect()
+    }
+
     /// After `host`'s member key was written or deleted in `live`.
     pub fn member_changed(
         &mut self,

@@ -32,6 +32,7 @@ use super::lease_route::{LeaseRoute, answer_deadline};
 use super::plan::{
     self, Limits, Member, MemberRecord, RoundMember, RoundRecord, Standing, Trigger,
 };
+use super::waits::{Wait, Waits};
 use super::{CoordConfig, CoordError, CoordState, Round};
 
 /// How a job ended, as stored at `end`.
@@ -1881,12 +1882,9 @@ fn base_in_progress(
 /// The driver's timers.
 #[derive(Debug, Default)]
 struct Driver {
-    /// A round that waits, one timer per kind of wait (the last call, the
-    /// rejoin grace): at which epoch, since when. Apart, so that a member
-    /// that vanishes while a candidate's last call runs gets its whole
-    /// grace, not what is left of the last call, and the last call goes on
-    /// from where it was if the member comes back.
-    pending: [Option<(u64, Instant)>; 2],
+    /// A round that waits: the last call's timer and each vanished
+    /// member's ([`Waits`]).
+    waits: Waits,
     /// The last attempt to advance: from which epoch, and until when not to
     /// try again from it (the watch brings the result first).
     attempt: Option<(u64, Instant)>,
@@ -1908,16 +1906,6 @@ const WRITER_STEP: Duration = Duration::from_millis(500);
 /// last of them.
 const WRITER_LINE: usize = 8;
 
-/// What a due round waits for ([`Driver::pending`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Waiting {
-    /// More hosts to arrive ([`Trigger::AfterLastCall`]).
-    LastCall = 0,
-    /// A vanished member's launcher to re-register
-    /// ([`Trigger::AfterRejoinGrace`]).
-    RejoinGrace = 1,
-}
-
 /// How long a decider waits, from seeing a member's key vanish with its
 /// lease, for its launcher to re-register: the grace runs from the lease's
 /// end, which etcd's sweep reports up to [`ETCD_EXPIRY_SWEEP`] late.
@@ -1930,11 +1918,11 @@ impl Driver {
     async fn evaluate(&mut self, inner: &Inner) {
         let now = Instant::now();
         self.wake = None;
-        let (trigger, epoch, place, base_by_another) = {
+        let (trigger, epoch, place, base_by_another, lost) = {
             let mut view = inner.lock_view();
             if !view.decider {
                 // Rounds are the deciders' (a restart request aside).
-                self.pending = [None, None];
+                self.waits.clear();
                 self.standing_by = None;
                 return;
             }
@@ -1955,37 +1943,32 @@ impl Driver {
                     WRITER_LINE,
                 ),
                 base_in_progress(&view.layouts, view.epoch + 1, &inner.cfg.host),
+                view.current()
+                    .map(|r| view.standing.lost_hosts(r))
+                    .unwrap_or_default(),
             )
         };
         let (reason, wait) = match trigger {
             Trigger::None => {
-                self.pending = [None, None];
+                self.waits.clear();
                 self.standing_by = None;
                 return;
             }
             Trigger::Now(reason) => (reason, None),
-            Trigger::AfterLastCall(reason) => {
-                (reason, Some((Waiting::LastCall, inner.cfg.last_call)))
-            }
+            Trigger::AfterLastCall(reason) => (reason, Some(Wait::LastCall(inner.cfg.last_call))),
             Trigger::AfterRejoinGrace(reason) => (
                 reason,
-                Some((Waiting::RejoinGrace, rejoin_wait(inner.cfg.rejoin_grace))),
+                Some(Wait::RejoinGrace {
+                    grace: rejoin_wait(inner.cfg.rejoin_grace),
+                    lost: &lost,
+                }),
             ),
         };
-        if let Some((kind, wait)) = wait {
-            let timer = &mut self.pending[kind as usize];
-            let since = match *timer {
-                Some((e, t)) if e == epoch => t,
-                _ => {
-                    *timer = Some((epoch, now));
-                    now
-                }
-            };
-            let due = since + wait;
-            if now < due {
-                self.wake = Some(due);
-                return;
-            }
+        if let Some(wait) = wait
+            && let Some(due) = self.waits.until(epoch, wait, now)
+        {
+            self.wake = Some(due);
+            return;
         }
         if place > 0 {
             // Another host is first in line: it writes, and this one only
@@ -2022,7 +2005,7 @@ impl Driver {
         }
         let backoff = match inner.advance(epoch, reason, false).await {
             Ok(_) => {
-                self.pending = [None, None];
+                self.waits.clear();
                 inner.cfg.request_timeout
             }
             Err(e) => {
