@@ -68,6 +68,10 @@ impl Waits {
     pub(crate) fn until(&mut self, epoch: u64, wait: Wait<'_>, now: Instant) -> Option<Instant> {
         let due = match wait {
             Wait::LastCall(last_call) => {
+                // The plan asks for a last call only with no member lost:
+                // every vanished one came back, and one that goes again
+                // gets a whole grace.
+                self.vanished.clear();
                 let since = match self.last_call {
                     Some((e, t)) if e == epoch => t,
                     _ => {
@@ -188,6 +192,9 @@ mod tests {
         // It comes back: the last call goes on from where it was.
         assert_eq!(w.until(3, call, t1), Some(t0 + Duration::from_secs(3)));
         assert_eq!(w.until(3, call, t0 + Duration::from_secs(3)), None);
+        // It goes again: a whole grace from then, not from its first loss.
+        let t2 = t0 + Duration::from_millis(3500);
+        assert_eq!(w.until(3, grace(&a), t2), Some(t2 + GRACE));
         w.clear();
         assert_eq!(w.until(3, call, t1), Some(t1 + Duration::from_secs(3)));
     }
