@@ -184,14 +184,18 @@ impl Standing {
         s
     }
 
-    /// The host ids of `round`'s lost members (no live member is them):
-    /// O(lost).
+    /// `round`'s lost members (no live member is them), in node-rank
+    /// order: O(lost).
+    pub fn lost_members<'a>(
+        &'a self,
+        round: &'a RoundRecord,
+    ) -> impl Iterator<Item = &'a RoundMember> + 'a {
+        self.lost.iter().filter_map(|&i| round.members.get(i))
+    }
+
+    /// The host ids of [`Standing::lost_members`].
     pub fn lost_hosts(&self, round: &RoundRecord) -> Vec<String> {
-        self.lost
-            .iter()
-            .filter_map(|&i| round.members.get(i))
-            .map(|m| m.host.clone())
-            .collect()
+        self.lost_members(round).map(|m| m.host.clone()).collect()
     }
 
     /// After `host`'s member key was written or deleted in `live`.
@@ -404,11 +408,7 @@ pub fn decide(
             Trigger::None
         };
     };
-    let lost: Vec<&RoundMember> = standing
-        .lost
-        .iter()
-        .filter_map(|&i| round.members.get(i))
-        .collect();
+    let lost: Vec<&RoundMember> = standing.lost_members(round).collect();
     if !lost.is_empty() {
         if ended && lost.len() < round.members.len() {
             // The job is over; the others are finishing too.

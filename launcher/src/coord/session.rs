@@ -1927,15 +1927,21 @@ impl Driver {
                 return;
             }
             view.settle();
+            let trigger = plan::decide(
+                view.current(),
+                &view.standing,
+                &view.members,
+                &view.departures,
+                view.ended().is_some(),
+                inner.limits,
+            );
+            // Whom the rejoin grace waits for, read only when it does.
+            let lost = match (&trigger, view.current()) {
+                (Trigger::AfterRejoinGrace(_), Some(r)) => view.standing.lost_hosts(r),
+                _ => Vec::new(),
+            };
             (
-                plan::decide(
-                    view.current(),
-                    &view.standing,
-                    &view.members,
-                    &view.departures,
-                    view.ended().is_some(),
-                    inner.limits,
-                ),
+                trigger,
                 view.epoch,
                 view.standing.decider_place(
                     &inner.cfg.host,
@@ -1943,9 +1949,7 @@ impl Driver {
                     WRITER_LINE,
                 ),
                 base_in_progress(&view.layouts, view.epoch + 1, &inner.cfg.host),
-                view.current()
-                    .map(|r| view.standing.lost_hosts(r))
-                    .unwrap_or_default(),
+                lost,
             )
         };
         let (reason, wait) = match trigger {
