@@ -6,7 +6,7 @@
 //! the request deadline, the HTTP/2 keep-alive, and the key prefix the
 //! caller is about to use.
 //! Out: a connected `etcd_client::Client` that has completed the TLS
-//! handshake, logged in, and read the prefix; or a [`CoordError`] that says
+//! handshake, logged in, and read the prefix's own key; or a [`CoordError`] that says
 //! which of those failed in words an operator can act on
 //! ([`super::diagnose`]): the endpoint and the TLS problem, the user whose
 //! password etcd refused, the prefix a user may not read.
@@ -34,8 +34,12 @@ pub(crate) struct EtcdDial<'a> {
     /// HTTP/2 keep-alive interval (its timeout is `timeout`), for a client
     /// that must notice a dead connection before its lease runs out.
     pub keep_alive: Option<Duration>,
-    /// The key prefix the caller uses: the first read, which proves the
-    /// TLS handshake, the login and the user's permission at once.
+    /// The key prefix the caller uses. The first read is of the one key
+    /// named by the prefix itself: it proves the TLS handshake, the login
+    /// and the user's permission at once (a role granted the prefix, or
+    /// any prefix above it, covers that key), in O(1). A read of the whole
+    /// prefix proved the same, but etcd 3.4 walks its index over a range
+    /// even to count it: O(N) in a job's hosts, per host joining (issue 30).
     pub probe: &'a str,
 }
 
@@ -84,8 +88,8 @@ pub(crate) fn options(
     Ok(options)
 }
 
-/// Connects and reads `dial.probe` (a count, no values), all within the
-/// deadline; see the module's contract.
+/// Connects and reads the one key `dial.probe` (no range, no value sent
+/// back), all within the deadline; see the module's contract.
 pub(crate) async fn connect(dial: EtcdDial<'_>) -> Result<Client, CoordError> {
     check_endpoints(dial.endpoints, dial.access)?;
     let options = options(dial.access, dial.timeout, dial.keep_alive)?;
@@ -120,10 +124,7 @@ pub(crate) async fn connect(dial: EtcdDial<'_>) -> Result<Client, CoordError> {
             Ok(Err(e)) => return Err(failed(e)),
             Err(_) => return Err(timed_out("connect")),
         };
-    let probe = client.get(
-        dial.probe,
-        Some(GetOptions::new().with_prefix().with_count_only()),
-    );
+    let probe = client.get(dial.probe, Some(GetOptions::new().with_count_only()));
     match tokio::time::timeout(dial.timeout, probe).await {
         Ok(Ok(_)) => Ok(client),
         Ok(Err(e)) => Err(failed(e)),

@@ -20,8 +20,11 @@
 //! member record); read or sort every member key (issue 30: etcd 3.4
 //! answers a sorted range by reading every key's record from its backend,
 //! so a sorted read of the first hosts by join cost O(N) per join, O(N^2)
-//! for a job: the members are counted instead, from etcd's in-memory index,
-//! and the deciders come from their markers, [`super::deciders`]); sort
+//! for a job; and etcd 3.4 walks its index over a range to count it, so a
+//! count of the member keys is O(N) too: the markers read here settle
+//! whether a joining host decides, and only while fewer than
+//! [`super::deciders::DECIDERS`] stand is the count asked, in a request of
+//! its own, [`super::deciders`]); sort
 //! more than the round records and end markers (at most
 //! [`super::keys::KEEP_ROUNDS`] + 1 of each) and the one notice kept.
 
@@ -31,12 +34,11 @@ use super::keys::Keys;
 use super::paged::{PAGE_KEYS, prefix_end};
 
 /// How many range ops [`ops`] makes.
-pub const READS: usize = 8;
+pub const READS: usize = 7;
 
 /// The joining read's range ops, in the order [`JoinRead::parse`] reads
-/// their answers: the epoch key; the count of member keys (no key: etcd
-/// counts its in-memory index, reading no record); a page of the deciders'
-/// markers; a page of departures; the newest round record; the newest end
+/// their answers: the epoch key; a page of the deciders' markers (with
+/// their count: [`super::deciders::settled_by_markers`]); a page of departures; the newest round record; the newest end
 /// marker; a page of layout chunks; the newest notice.
 pub fn ops(keys: &Keys) -> Vec<TxnOp> {
     let newest = |prefix: String| {
@@ -58,17 +60,8 @@ pub fn ops(keys: &Keys) -> Vec<TxnOp> {
             Some(GetOptions::new().with_range(end).with_limit(PAGE_KEYS)),
         )
     };
-    let members = keys.members();
     vec![
         TxnOp::get(keys.epoch(), None),
-        TxnOp::get(
-            members.clone(),
-            Some(
-                GetOptions::new()
-                    .with_range(prefix_end(&members))
-                    .with_count_only(),
-            ),
-        ),
         page(keys.deciders()),
         page(keys.departures()),
         newest(keys.rounds()),
@@ -94,9 +87,6 @@ pub struct Page {
 pub struct JoinRead {
     /// The epoch key (empty when absent: epoch 0).
     pub epoch: Vec<KeyValue>,
-    /// How many member keys there are (this host's among them when the
-    /// read is its register txn's).
-    pub members: i64,
     /// The first page of the deciders' markers ([`super::deciders`]).
     pub deciders: Page,
     /// The first page of departures.
@@ -149,11 +139,9 @@ impl JoinRead {
         let round = pages.pop().unwrap_or_default().kvs;
         let departures = pages.pop().unwrap_or_default();
         let deciders = pages.pop().unwrap_or_default();
-        let members = pages.pop().unwrap_or_default().count;
         let epoch = pages.pop().unwrap_or_default().kvs;
         Ok(Self {
             epoch,
-            members,
             deciders,
             departures,
             round,

@@ -451,16 +451,29 @@ impl Inner {
         }
         // Whether this host decides rounds: then it reads every member;
         // else none (issue 30: a join read every member before it). Just
-        // registered (its key the newest by join), a count of the member
-        // keys says; reading the job again, the first hosts by join in a
-        // sorted read (etcd 3.4 reads every member record for it: O(N), so
-        // not per join). A host that does not decide watches for the
-        // deciders by their markers ([`super::deciders`]).
+        // registered (its key the newest by join), the deciders' markers
+        // say, or while fewer than a full set stand, a count of the member
+        // keys; reading the job again, the first hosts by join in a sorted
+        // read (etcd 3.4 reads every member record for it: O(N), so not
+        // per join). A host that does not decide watches for the deciders
+        // by their markers ([`super::deciders`]).
         view.joined_at = self.joined_at.load(Ordering::Acquire);
         view.decider = if self.decides.load(Ordering::Acquire) {
             true
         } else if registered {
-            super::deciders::newest_decides(read.members)
+            match super::deciders::settled_by_markers(read.deciders.count) {
+                Some(decides) => decides,
+                None => super::deciders::newest_decides(
+                    super::deciders::count_members(
+                        &self.endpoints,
+                        self.cfg.request_timeout,
+                        &self.client,
+                        &self.keys,
+                        revision,
+                    )
+                    .await?,
+                ),
+            }
         } else {
             let first = super::deciders::first_by_join(
                 &self.endpoints,
