@@ -38,6 +38,25 @@ impl DeviceId {
         format!("gpu{index}/nvlink{link}")
     }
 
+    /// The component id of TPU chip `index`: `tpu<N>`.
+    pub fn tpu(index: impl fmt::Display) -> String {
+        format!("tpu{index}")
+    }
+
+    /// The component id of TPU core `core` as the runtime numbers it, its
+    /// chip not known: `tpu-core/<N>` (a [`DeviceId::TpuPart`]).
+    pub fn tpu_core(core: impl fmt::Display) -> String {
+        format!("tpu-core/{core}")
+    }
+
+    /// The component id of a GPU the kernel log names by its PCI address
+    /// only, when no GPU of this host has that address: `gpu-<pci>`. Its
+    /// index unknown, it is no [`DeviceId::Gpu`] (attribution weighs no
+    /// device by a guess); kept as given.
+    pub fn gpu_at_unknown_pci(pci: &str) -> String {
+        format!("gpu-{pci}")
+    }
+
     /// What a component id is about. A GPU's link (`gpu3/nvlink2`) is about
     /// GPU 3; a name that only starts like one (`gpux`) is `Other`.
     pub fn of_component(id: &str) -> Self {
@@ -92,6 +111,15 @@ mod tests {
     #[test]
     fn ids_round_trip_and_parts_belong_to_their_device() {
         assert_eq!(DeviceId::gpu(3), "gpu3");
+        assert_eq!(DeviceId::of_component(&DeviceId::tpu(2)), DeviceId::Tpu(2));
+        assert_eq!(
+            DeviceId::of_component(&DeviceId::tpu_core(5)),
+            DeviceId::TpuPart("tpu-core/5".into())
+        );
+        // A GPU known only by its PCI address is no GPU index: kept as given.
+        let unmapped = DeviceId::gpu_at_unknown_pci("0000:3b:00.0");
+        assert_eq!(unmapped, "gpu-0000:3b:00.0");
+        assert!(!DeviceId::is_gpu(&unmapped));
         assert_eq!(DeviceId::gpu_link(3, 2), "gpu3/nvlink2");
         assert_eq!(DeviceId::of_component("gpu3"), DeviceId::Gpu(3));
         assert_eq!(DeviceId::of_component("gpu3/nvlink2"), DeviceId::Gpu(3));

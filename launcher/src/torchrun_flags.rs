@@ -17,14 +17,14 @@ use std::collections::BTreeSet;
 /// Which of a rank's standard streams an option names (torchrun's `Std`:
 /// 0 none, 1 stdout, 2 stderr, 3 both).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Streams {
+pub struct StdStreams {
     /// Standard output.
     pub stdout: bool,
     /// Standard error.
     pub stderr: bool,
 }
 
-impl Streams {
+impl StdStreams {
     fn of(n: u8) -> Option<Self> {
         (n <= 3).then_some(Self {
             stdout: n & 1 != 0,
@@ -46,14 +46,14 @@ impl Streams {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum StdSpec {
     /// The same for every local rank.
-    All(Streams),
+    All(StdStreams),
     /// Per local rank.
-    Ranks(Vec<(u32, Streams)>),
+    Ranks(Vec<(u32, StdStreams)>),
 }
 
 impl StdSpec {
     /// The streams named for local rank `local`.
-    pub fn of(&self, local: u32) -> Streams {
+    pub fn of(&self, local: u32) -> StdStreams {
         match self {
             Self::All(s) => *s,
             Self::Ranks(v) => v
@@ -72,7 +72,7 @@ fn parse_std(s: &str) -> Result<StdSpec, String> {
         v.trim()
             .parse::<u8>()
             .ok()
-            .and_then(Streams::of)
+            .and_then(StdStreams::of)
             .ok_or_else(bad)
     };
     if !s.contains(':') {

@@ -40,7 +40,7 @@ impl std::fmt::Display for LinkError {
 
 /// What a peer said it holds of a job.
 #[derive(Debug)]
-pub struct Listing {
+pub struct PeerHoldings {
     /// The peer's host name, as it gave it.
     pub host: String,
     /// Each shard it listed, or why its description makes no sense.
@@ -50,9 +50,9 @@ pub struct Listing {
 impl Peer {
     /// The shards this peer holds of `job` (every job: `""`), within
     /// `limit`.
-    pub async fn list(&self, job: &str, limit: Duration) -> Result<Listing, LinkError> {
+    pub async fn list(&self, job: &str, limit: Duration) -> Result<PeerHoldings, LinkError> {
         let r = self.list_raw(job, limit).await?;
-        Ok(Listing {
+        Ok(PeerHoldings {
             shards: r.shards.iter().map(wire::manifest_of).collect(),
             host: r.host,
         })

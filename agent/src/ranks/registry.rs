@@ -770,6 +770,19 @@ mod tests {
         Registry::new(&dir.join("run"), &dir.join("state"), 4).unwrap()
     }
 
+    /// The rank's client names its GPU without linking core (its crate
+    /// stays free of the agent's): the name it sends is core's spelling of
+    /// that GPU, which attribution matches with `DeviceId`.
+    #[test]
+    fn a_ranks_client_names_its_gpu_as_the_agent_does() {
+        use warden_core::device::DeviceId;
+        for (cuda, local, gpu) in [("3", 0, 3), ("0,1,2,3", 2, 2), ("07", 0, 7), ("0", 0, 0)] {
+            let named = warden_client::devices_from_env(None, Some(cuda), local);
+            assert_eq!(named, [DeviceId::gpu(gpu)], "CUDA_VISIBLE_DEVICES={cuda}");
+            assert_eq!(DeviceId::of_component(&named[0]), DeviceId::Gpu(gpu));
+        }
+    }
+
     #[test]
     fn registers_and_refuses_a_live_holder() {
         let dir = tempfile::tempdir().unwrap();

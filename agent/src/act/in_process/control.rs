@@ -65,9 +65,9 @@ pub enum ControlError {
 /// Per rank, the restart request its `Control` stream delivers (the
 /// latest; `None` once the rank acknowledged or the request ended).
 #[derive(Debug, Default)]
-pub(super) struct Streams(HashMap<RankKey, watch::Sender<Option<Arc<RankRequest>>>>);
+pub(super) struct RequestChannels(HashMap<RankKey, watch::Sender<Option<Arc<RankRequest>>>>);
 
-impl Streams {
+impl RequestChannels {
     /// Puts `msg` on `key`'s stream (made if the rank has none yet).
     pub(super) fn send(&mut self, key: RankKey, msg: RankRequest) {
         self.0
@@ -76,7 +76,7 @@ impl Streams {
             .send_replace(Some(Arc::new(msg)));
     }
 
-    /// A receiver of `key`'s stream. Streams of ranks that left, with
+    /// A receiver of `key`'s stream. Channels of ranks that left, with
     /// nobody listening and nothing pending, go.
     fn subscribe(&mut self, key: &RankKey) -> watch::Receiver<Option<Arc<RankRequest>>> {
         self.0

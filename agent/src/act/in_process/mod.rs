@@ -122,7 +122,7 @@ struct Inner {
     last_seq: u32,
     jobs: HashMap<String, JobRestarts>,
     /// The ranks' restart request streams.
-    streams: control::Streams,
+    streams: control::RequestChannels,
     /// The ranks' flight-recorder dump streams. Apart from `streams`: a
     /// dump must not replace a restart request not yet acknowledged.
     dumps: dump::Dumps,
@@ -201,7 +201,7 @@ impl Restarts {
             inner: Mutex::new(Inner {
                 last_seq: start,
                 jobs: HashMap::new(),
-                streams: control::Streams::default(),
+                streams: control::RequestChannels::default(),
                 dumps: dump::Dumps::default(),
             }),
         }

@@ -306,7 +306,7 @@ impl Kmsg {
     fn gpu_component(&self, pci: &str) -> String {
         match self.gpu_by_pci.get(pci) {
             Some(i) => DeviceId::gpu(i),
-            None => format!("gpu-{pci}"),
+            None => DeviceId::gpu_at_unknown_pci(pci),
         }
     }
 

@@ -372,7 +372,7 @@ impl SimScenario {
         for g in &self.tpu {
             for _ in 0..g.count {
                 chips.push(report(
-                    format!("tpu{idx}"),
+                    DeviceId::tpu(idx),
                     "tpu",
                     &[("name", g.name.clone()), ("simulated", "true".into())],
                 ));
@@ -563,7 +563,7 @@ fn event_of(f: &Fault) -> Signal {
             "clocks held down by thermal slowdown",
         ),
         FaultKind::TpuError => {
-            let subject = format!("tpu{}", f.chip.unwrap_or_default());
+            let subject = DeviceId::tpu(f.chip.unwrap_or_default());
             NewEvent::new(
                 Severity::Error,
                 "tpu.core_error",
@@ -574,7 +574,7 @@ fn event_of(f: &Fault) -> Signal {
         }
         FaultKind::Recover => {
             let subject = gpu
-                .or_else(|| f.chip.map(|c| format!("tpu{c}")))
+                .or_else(|| f.chip.map(DeviceId::tpu))
                 .unwrap_or_else(|| "node".into());
             NewEvent::new(
                 Severity::Info,

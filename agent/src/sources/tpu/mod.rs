@@ -35,6 +35,7 @@ use std::time::{Duration, SystemTime};
 use crate::sources::host_config::HostConfig;
 use chips::Chip;
 use runtime::RuntimeReading;
+use warden_core::device::DeviceId;
 use warden_core::events::{NewEvent, Severity};
 use warden_core::health::{ComponentReport, Reason, Status};
 
@@ -146,7 +147,7 @@ pub fn judge(
                 })
                 .collect();
             ComponentReport {
-                id: format!("tpu{i}"),
+                id: DeviceId::tpu(i),
                 kind: "tpu".into(),
                 labels,
                 status_override: None,
@@ -250,14 +251,11 @@ impl super::Source for Tpu {
                         NewEvent::new(
                             Severity::Error,
                             "tpu.core_error",
-                            format!("tpu-core/{}", e.core),
+                            DeviceId::tpu_core(e.core),
                             format!("TPU core {} reported an error: {}", e.core, e.message),
                         )
                         .with("core", e.core)
-                        .with(
-                            "chip",
-                            e.chip.map_or("unknown".to_owned(), |c| format!("tpu{c}")),
-                        )
+                        .with("chip", e.chip.map_or("unknown".to_owned(), DeviceId::tpu))
                         .with("port", r.port)
                         .with("error_message", &e.message)
                         .into(),
