@@ -341,14 +341,27 @@ impl Fleet {
             fleet.light.push(j.await.unwrap());
         }
         let m2 = Mark::now(&fleet.cfg.endpoints);
+        // Why no first round came, when none does: what the first full
+        // host sees, and the light hosts whose lease lapsed in the join (the
+        // round waits the full hosts' last call for them).
+        let no_first_round = |fleet: &Self| {
+            let s = fleet.full[0].state();
+            format!(
+                "no first round within {WAIT:?}: {} sees {} of {} hosts live, {} light host lease(s) lost",
+                fleet.full[0].host(),
+                s.live,
+                fleet.full.len() + fleet.light.len(),
+                fleet.leases_lost.load(Ordering::Relaxed),
+            )
+        };
         let mut first = tokio::time::timeout(WAIT, fleet.full[0].next_round(0))
             .await
-            .expect("a first round in time")
+            .unwrap_or_else(|_| panic!("{}", no_first_round(&fleet)))
             .expect("a first round");
         while first.waiting {
             first = tokio::time::timeout(WAIT, fleet.full[0].next_round(first.epoch))
                 .await
-                .expect("a first round in time")
+                .unwrap_or_else(|_| panic!("{}", no_first_round(&fleet)))
                 .expect("a first round");
         }
         let m3 = Mark::now(&fleet.cfg.endpoints);
@@ -811,6 +824,12 @@ async fn join_light(
     let mut client = Client::connect(cfg.endpoints.clone(), Some(options))
         .await
         .expect("a light host connects");
+    // The connection's first read, as the coordinator's (launcher/src/
+    // coord/connect.rs): the one key the job's prefix names.
+    client
+        .get(keys.base(), Some(GetOptions::new().with_count_only()))
+        .await
+        .expect("a light host's first read");
     let asked = since_start();
     let lease = client
         .lease_grant(i64::try_from(cfg.ttl.as_secs().max(1)).unwrap(), None)
