@@ -822,7 +822,9 @@ async fn markers_become(etcd: &EtcdServer, job: &str, want: &[&str]) {
 /// How many Range calls etcd has answered (its gRPC server's count, every
 /// status): the reads outside a txn.
 fn range_calls(etcd: &EtcdServer) -> u64 {
-    let page = etcd.metrics_page().expect("etcd's /metrics answers");
+    let page = etcd
+        .metrics_page()
+        .unwrap_or_else(|| panic!("etcd's /metrics did not answer"));
     page.lines()
         .filter(|l| {
             l.starts_with("grpc_server_handled_total{") && l.contains("grpc_method=\"Range\"")
