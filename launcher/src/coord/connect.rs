@@ -6,8 +6,9 @@
 //! the request deadline, the HTTP/2 keep-alive, and the key prefix the
 //! caller is about to use.
 //! Out: a connected `etcd_client::Client` that has completed the TLS
-//! handshake, logged in, and read the prefix's own key; or a [`CoordError`] that says
-//! which of those failed in words an operator can act on
+//! handshake, logged in, and read the prefix's own key; or a
+//! [`CoordError`] that says which of those failed in words an operator can
+//! act on
 //! ([`super::diagnose`]): the endpoint and the TLS problem, the user whose
 //! password etcd refused, the prefix a user may not read.
 //! Never: wait on etcd without a deadline; put the password in an error,

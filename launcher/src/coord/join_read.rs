@@ -38,8 +38,9 @@ pub const READS: usize = 7;
 
 /// The joining read's range ops, in the order [`JoinRead::parse`] reads
 /// their answers: the epoch key; a page of the deciders' markers (with
-/// their count: [`super::deciders::settled_by_markers`]); a page of departures; the newest round record; the newest end
-/// marker; a page of layout chunks; the newest notice.
+/// their count: [`super::deciders::settled_by_markers`]); a page of
+/// departures; the newest round record; the newest end marker; a page of
+/// layout chunks; the newest notice.
 pub fn ops(keys: &Keys) -> Vec<TxnOp> {
     let newest = |prefix: String| {
         let end = prefix_end(&prefix);
