@@ -8,9 +8,8 @@
 //! Out: a connected `etcd_client::Client` that has completed the TLS
 //! handshake, logged in, and read the prefix's own key; or a
 //! [`CoordError`] that says which of those failed in words an operator can
-//! act on
-//! ([`super::diagnose`]): the endpoint and the TLS problem, the user whose
-//! password etcd refused, the prefix a user may not read.
+//! act on ([`super::diagnose`]): the endpoint and the TLS problem, the user
+//! whose password etcd refused, the prefix a user may not read.
 //! Never: wait on etcd without a deadline; put the password in an error,
 //! a log line or a Debug string; fall back to plain HTTP when TLS fails.
 
