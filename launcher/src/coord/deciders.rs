@@ -81,7 +81,6 @@ pub(crate) async fn first_by_join(
     keys: &Keys,
     revision: i64,
 ) -> Result<BTreeMap<String, i64>, CoordError> {
-    let prefix = keys.members();
     let mut options = GetOptions::new()
         .with_prefix()
         .with_keys_only()
@@ -90,16 +89,42 @@ pub(crate) async fn first_by_join(
     if revision > 0 {
         options = options.with_revision(revision);
     }
-    let mut kv = client.kv_client();
-    let resp = super::bounded::call(
+    let read = MembersRead {
         endpoints,
         timeout,
-        "get (first hosts by join)",
-        &prefix,
-        kv.get(prefix.as_str(), Some(options)),
-    )
-    .await?;
+        client,
+        keys,
+    };
+    let resp = read.get("get (first hosts by join)", options).await?;
     Ok(from_keys(keys, resp.kvs()))
+}
+
+/// One read of the member keys' range, within the request deadline: what
+/// [`first_by_join`] and [`count_members`] ask etcd, each with its options.
+struct MembersRead<'a> {
+    endpoints: &'a str,
+    timeout: std::time::Duration,
+    client: &'a Client,
+    keys: &'a Keys,
+}
+
+impl MembersRead<'_> {
+    async fn get(
+        &self,
+        op: &'static str,
+        options: GetOptions,
+    ) -> Result<etcd_client::GetResponse, CoordError> {
+        let prefix = self.keys.members();
+        let mut kv = self.client.kv_client();
+        super::bounded::call(
+            self.endpoints,
+            self.timeout,
+            op,
+            &prefix,
+            kv.get(prefix.as_str(), Some(options)),
+        )
+        .await
+    }
 }
 
 /// The answer of a read of the first member keys by join: host id ->
@@ -125,20 +150,17 @@ pub(crate) async fn count_members(
     keys: &Keys,
     revision: i64,
 ) -> Result<i64, CoordError> {
-    let prefix = keys.members();
     let options = GetOptions::new()
         .with_prefix()
         .with_count_only()
         .with_revision(revision);
-    let mut kv = client.kv_client();
-    let resp = super::bounded::call(
+    let read = MembersRead {
         endpoints,
         timeout,
-        "get (count of members)",
-        &prefix,
-        kv.get(prefix.as_str(), Some(options)),
-    )
-    .await?;
+        client,
+        keys,
+    };
+    let resp = read.get("get (count of members)", options).await?;
     Ok(resp.count())
 }
 
