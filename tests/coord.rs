@@ -19,6 +19,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::etcd::{EtcdCluster, EtcdServer};
+use common::stall_proxy::StallProxy;
 use common::within;
 use warden_launcher::coord::config::ETCD_EXPIRY_SWEEP;
 use warden_launcher::coord::{CoordConfig, CoordError, Coordinator, Leave, Outcome, Round};
@@ -664,6 +665,97 @@ async fn an_unreachable_etcd_is_named_in_the_error() {
         started.elapsed()
     );
     println!("{text}");
+}
+
+/// How many calls of the gRPC method `method` etcd has answered (its
+/// server's `grpc_server_handled_total`, every status).
+fn handled(etcd: &EtcdServer, method: &str) -> u64 {
+    let page = etcd
+        .metrics_page()
+        .unwrap_or_else(|| panic!("etcd's /metrics did not answer"));
+    let label = format!("grpc_method=\"{method}\"");
+    page.lines()
+        .filter(|l| l.starts_with("grpc_server_handled_total{") && l.contains(&label))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum::<f64>() as u64
+}
+
+/// Joins one host through a proxy that holds etcd's answers from the
+/// `from_stream`th stream of the launcher's connection for 2.5 s, with a
+/// 1 s request deadline: the request is carried out, its answer is late.
+/// Returns etcd, the coordinator, the calls of `method` etcd answered
+/// during the join, and the member key's lease.
+async fn join_through_a_stall(
+    job: &str,
+    from_stream: u32,
+    method: &str,
+) -> (EtcdServer, Coordinator, u64, i64) {
+    let etcd = EtcdServer::start();
+    let upstream = etcd.endpoints()[0].trim_start_matches("http://").to_owned();
+    let proxy = StallProxy::start(
+        "127.0.0.2",
+        &upstream,
+        from_stream,
+        Duration::from_millis(2500),
+    )
+    .await;
+    let mut c = cfg(&etcd, job, "host-a", "127.0.0.2", 1, 1);
+    c.endpoints = vec![proxy.endpoint()];
+    c.request_timeout = Duration::from_secs(1);
+    let before = handled(&etcd, method);
+    let a = join(c).await;
+    let calls = handled(&etcd, method) - before;
+    assert!(
+        proxy.held(),
+        "the proxy never held an answer: nothing was tested"
+    );
+    let r = round(&a, 0).await;
+    assert_eq!(r.node_rank, Some(0));
+    let mut kv = etcd_client(&etcd).await;
+    let key = format!("/warden/jobs/{job}/members/host-a");
+    let got = within(WAIT, "read the member key", kv.get(key.as_str(), None))
+        .await
+        .unwrap_or_else(|e| panic!("read {key}: {e}"));
+    assert_eq!(got.kvs().len(), 1, "{key} is not there");
+    let lease = got.kvs()[0].lease();
+    (etcd, a, calls, lease)
+}
+
+/// Issue 30, a mass start against a saturated etcd: a register txn that
+/// etcd carried out but whose answer came after the request deadline is
+/// asked again, and the second attempt knows the key by its own lease
+/// (it used to fail the join on the timeout, and a plain retry would
+/// have waited for "another launcher" holding the host id until the join
+/// timeout).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_register_txn_whose_answer_is_late_is_asked_again_and_known_by_its_lease() {
+    // Streams 1 and 3: the connection's first read and the lease grant.
+    let (_etcd, a, txns, lease) = join_through_a_stall("job-late-txn", 5, "Txn").await;
+    assert!(
+        txns >= 2,
+        "the register txn was sent {txns} time(s): no retry"
+    );
+    assert_eq!(
+        lease,
+        a.lease_id(),
+        "the member key is not under the launcher's lease"
+    );
+}
+
+/// The same for the lease grant: the launcher asks for another lease and
+/// registers under it (the lost one, with no key, ends at its TTL).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_grant_whose_answer_is_late_is_asked_again() {
+    let (_etcd, a, grants, lease) = join_through_a_stall("job-late-grant", 3, "LeaseGrant").await;
+    assert!(
+        grants >= 2,
+        "the lease was asked for {grants} time(s): no retry"
+    );
+    assert_eq!(
+        lease,
+        a.lease_id(),
+        "the member key is not under the launcher's lease"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -22,6 +22,9 @@ pub mod heal_log;
 pub mod manifests;
 /// A cluster CA and node certificates made by the test (mutual TLS tests).
 pub mod pki;
+/// A TCP proxy in front of etcd that holds its answers on one request
+/// (a saturated etcd, for the join's retries).
+pub mod stall_proxy;
 /// Real unprivileged users, and attack code run as them (security tests).
 pub mod users;
 

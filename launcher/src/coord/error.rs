@@ -150,3 +150,87 @@ pub enum CoordError {
         host: String,
     },
 }
+
+impl CoordError {
+    /// etcd was reached but did not answer this request, or said it is too
+    /// busy to: worth asking again once the connection's first read
+    /// succeeded (a stalled or saturated etcd in a mass start, a leader
+    /// election). A refusal (permission, a bad request, a conflict) is not:
+    /// asking again would get the same answer.
+    pub fn etcd_busy(&self) -> bool {
+        match self {
+            Self::Timeout { .. } => true,
+            Self::Etcd { source, .. } => match source.as_ref() {
+                etcd_client::Error::GRpcStatus(s) => matches!(
+                    s.code(),
+                    tonic::Code::Unavailable
+                        | tonic::Code::DeadlineExceeded
+                        // The client channel's own deadline (the request
+                        // timeout) ends a call as cancelled.
+                        | tonic::Code::Cancelled
+                        | tonic::Code::ResourceExhausted
+                        | tonic::Code::Aborted
+                ),
+                etcd_client::Error::TransportError(_) | etcd_client::Error::IoError(_) => true,
+                _ => false,
+            },
+            _ => false,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn etcd(source: etcd_client::Error) -> CoordError {
+        CoordError::Etcd {
+            endpoints: "http://127.0.0.1:2379".into(),
+            op: "txn (register member)",
+            key: "/warden/jobs/j/members/h".into(),
+            source: Arc::new(source),
+        }
+    }
+
+    #[test]
+    fn a_stalled_or_busy_etcd_is_asked_again_and_a_refusal_is_not() {
+        let status = |code, msg: &str| {
+            etcd(etcd_client::Error::GRpcStatus(tonic::Status::new(
+                code, msg,
+            )))
+        };
+        assert!(status(tonic::Code::Unavailable, "etcdserver: request timed out").etcd_busy());
+        assert!(status(tonic::Code::Cancelled, "Timeout expired").etcd_busy());
+        assert!(
+            status(
+                tonic::Code::ResourceExhausted,
+                "etcdserver: too many requests"
+            )
+            .etcd_busy()
+        );
+        assert!(
+            CoordError::Timeout {
+                endpoints: "e".into(),
+                op: "lease grant",
+                key: "k".into(),
+                after: Duration::from_secs(5),
+            }
+            .etcd_busy()
+        );
+        assert!(
+            !status(
+                tonic::Code::PermissionDenied,
+                "etcdserver: permission denied"
+            )
+            .etcd_busy()
+        );
+        assert!(
+            !status(
+                tonic::Code::InvalidArgument,
+                "etcdserver: request is too large"
+            )
+            .etcd_busy()
+        );
+        assert!(!CoordError::Stopped { host: "h".into() }.etcd_busy());
+    }
+}

@@ -44,6 +44,7 @@ pub mod layout;
 mod lease_route;
 pub mod notice;
 mod paged;
+mod patience;
 pub mod plan;
 pub mod records;
 pub mod reports;
@@ -193,25 +194,30 @@ impl Coordinator {
         })
         .await?;
         let member_key = keys.member(&cfg.host);
-        let granted_at = Instant::now();
-        let lease = {
+        // From here on, an etcd that does not answer is asked again
+        // ([`patience`]). A grant whose answer was lost leaves a lease
+        // with no key under it, which etcd drops after the TTL.
+        let mut patience = patience::Patience::new(cfg.rejoin_timeout);
+        let (lease, granted_at) = loop {
+            let granted_at = Instant::now();
             let mut c = client.clone();
-            let resp =
-                tokio::time::timeout(cfg.request_timeout, c.lease_grant(cfg.ttl_secs(), None))
-                    .await
-                    .map_err(|_| CoordError::Timeout {
-                        endpoints: endpoints.clone(),
-                        op: "lease grant",
-                        key: member_key.clone(),
-                        after: cfg.request_timeout,
-                    })?
-                    .map_err(|e| CoordError::Etcd {
-                        endpoints: endpoints.clone(),
-                        op: "lease grant",
-                        key: member_key.clone(),
-                        source: Arc::new(e),
-                    })?;
-            resp.id()
+            let grant = c.lease_grant(cfg.ttl_secs(), None);
+            match bounded::call(
+                &endpoints,
+                cfg.request_timeout,
+                "lease grant",
+                &member_key,
+                grant,
+            )
+            .await
+            {
+                Ok(r) => break (r.id(), granted_at),
+                Err(e) => {
+                    let wait = patience.again(e.clone())?;
+                    tracing::warn!(job = %cfg.job, host = %cfg.host, error = %e, ?wait, "coord: etcd did not grant the membership lease; asking again");
+                    tokio::time::sleep(wait).await;
+                }
+            }
         };
         let limits = Limits {
             min_nodes: cfg.min_nodes,
@@ -240,21 +246,35 @@ impl Coordinator {
             at_join: None,
         };
         tokio::spawn(session::keep_lease(Arc::clone(&inner), granted_at));
-        let (read, at) = match inner.register().await {
+        let registered = match inner.register().await {
             Ok(r) => r,
             Err(e) => {
                 me.revoke().await;
                 return Err(e);
             }
         };
-        // The newest notice, whatever its round (the view keeps the
-        // current round's only): judged once the view says who is in.
-        let standing = read.notice.first().cloned();
         // The register txn read the job; a page beyond it that etcd's
-        // compaction overtook is read again whole, at the newest revision.
-        let view = match inner.view_from(read, at, true).await {
-            Err(e) if paged::compacted(&e) => inner.load().await,
-            r => r,
+        // compaction overtook is read again whole, at the newest revision,
+        // as is the job when the txn's answer was lost
+        // ([`session::Registered::Earlier`]) or a read after it got none.
+        let (view, standing) = match registered {
+            session::Registered::Now(read, at) => {
+                // The newest notice, whatever its round (the view keeps
+                // the current round's only): judged once the view says
+                // who is in.
+                let standing = read.notice.first().cloned();
+                let view = match inner.view_from(*read, at, true).await {
+                    Err(e) if paged::compacted(&e) || e.etcd_busy() => {
+                        inner.load_patiently().await.map(|(view, _)| view)
+                    }
+                    r => r,
+                };
+                (view, standing)
+            }
+            session::Registered::Earlier => match inner.load_patiently().await {
+                Ok((view, notice)) => (Ok(view), notice),
+                Err(e) => (Err(e), None),
+            },
         };
         let view = match view {
             Ok(v) => v,

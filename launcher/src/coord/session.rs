@@ -298,6 +298,16 @@ impl View {
 /// paged read is the only cause, so a second attempt almost always holds.
 const LOAD_ATTEMPTS: u32 = 3;
 
+/// How this launcher's member key came to be ([`Inner::register`]).
+#[derive(Debug)]
+pub(crate) enum Registered {
+    /// The register txn wrote it, and read the job at its revision.
+    Now(Box<JoinRead>, i64),
+    /// An earlier attempt whose answer was lost wrote it: the job must be
+    /// read again.
+    Earlier,
+}
+
 /// What came of an attempt to advance the epoch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Advance {
@@ -411,6 +421,13 @@ impl Inner {
     }
 
     async fn load_once(&self) -> Result<View, CoordError> {
+        let (read, revision) = self.read_job().await?;
+        self.view_from(read, revision, false).await
+    }
+
+    /// The joining read alone ([`super::join_read`]), in a txn of reads,
+    /// and its revision.
+    async fn read_job(&self) -> Result<(JoinRead, i64), CoordError> {
         let base = self.keys.base();
         let txn = Txn::new().and_then(super::join_read::ops(&self.keys));
         let mut kv = self
@@ -423,7 +440,40 @@ impl Inner {
             key: base.to_owned(),
             problem: e.to_string(),
         })?;
-        self.view_from(read, revision, false).await
+        Ok((read, revision))
+    }
+
+    /// The job read whole, at the newest revision, for a launcher that is
+    /// registered but has no view yet: asked again while etcd does not
+    /// answer ([`super::patience`], up to `rejoin_timeout`) or compacts
+    /// under the read. With the newest notice of a coming stop, whatever
+    /// its round, as the register txn reads it.
+    pub(crate) async fn load_patiently(&self) -> Result<(View, Option<KeyValue>), CoordError> {
+        let mut patience = super::patience::Patience::new(self.cfg.rejoin_timeout);
+        let mut compacted = 1;
+        loop {
+            let err = match self.read_job().await {
+                Ok((read, revision)) => {
+                    let notice = read.notice.first().cloned();
+                    match self.view_from(read, revision, false).await {
+                        Ok(view) => return Ok((view, notice)),
+                        Err(e) => e,
+                    }
+                }
+                Err(e) => e,
+            };
+            let wait = if super::paged::compacted(&err) && compacted < LOAD_ATTEMPTS {
+                compacted += 1;
+                Duration::ZERO
+            } else {
+                patience.again(err.clone())?
+            };
+            tracing::warn!(host = %self.cfg.host, error = %err, ?wait, "coord: could not read the job after registering; reading again");
+            tokio::select! {
+                () = self.stop.cancelled() => return Err(self.stopped_error()),
+                () = sleep(wait) => {}
+            }
+        }
     }
 
     /// A fresh view from the joining read's answer at `revision`
@@ -1111,13 +1161,17 @@ impl Inner {
     /// Registers this host under its lease, unless a live launcher holds
     /// the host id: then waits for its key to go, up to `join_timeout`.
     /// The same txn reads the job ([`super::join_read`]): what it returns,
-    /// at the revision of the registration.
-    pub(crate) async fn register(&self) -> Result<(JoinRead, i64), CoordError> {
+    /// at the revision of the registration. A txn etcd does not answer is
+    /// asked again ([`super::patience`]); one whose answer was lost but
+    /// which wrote the key is known by the key's lease, this launcher's
+    /// own ([`Registered::Earlier`]).
+    pub(crate) async fn register(&self) -> Result<Registered, CoordError> {
         let key = self.keys.member(&self.cfg.host);
         let json = self.member_json(&key)?;
         let lease = self.lease();
         let started = Instant::now();
         let mut told = false;
+        let mut patience = super::patience::Patience::new(self.cfg.rejoin_timeout);
         loop {
             let mut ops = vec![
                 TxnOp::put(
@@ -1139,9 +1193,18 @@ impl Inner {
                 .client
                 .kv_client()
                 .max_decoding_message_size(super::paged::RECEIVE_LIMIT);
-            let resp = self
-                .call("txn (register member)", &key, kv.txn(txn))
-                .await?;
+            let resp = match self.call("txn (register member)", &key, kv.txn(txn)).await {
+                Ok(resp) => resp,
+                Err(e) => {
+                    let wait = patience.again(e.clone())?;
+                    tracing::warn!(host = %self.cfg.host, %key, error = %e, ?wait, "coord: etcd did not answer the register txn; asking again");
+                    tokio::select! {
+                        () = self.stop.cancelled() => return Err(self.stopped_error()),
+                        () = sleep(wait) => {}
+                    }
+                    continue;
+                }
+            };
             if resp.succeeded() {
                 // The txn's revision is the member key's create revision.
                 let revision = resp.header().map_or(0, |h| h.revision());
@@ -1152,16 +1215,26 @@ impl Inner {
                         problem: e.to_string(),
                     }
                 })?;
-                return Ok((read, revision));
+                return Ok(Registered::Now(Box::new(read), revision));
             }
             let holder = resp.op_responses().into_iter().find_map(|r| match r {
                 TxnOpResponse::Get(g) => g.kvs().first().map(|kv| {
                     let addr = serde_json::from_slice::<MemberRecord>(kv.value())
                         .map_or_else(|_| "?".to_owned(), |m| m.addr);
-                    (addr, kv.lease())
+                    (addr, kv.lease(), kv.create_revision())
                 }),
                 _ => None,
             });
+            if let Some((_, holder_lease, created)) = &holder
+                && *holder_lease == lease
+            {
+                // An earlier attempt of this launcher's wrote it (the lease
+                // is this launcher's alone); its answer was lost.
+                tracing::info!(host = %self.cfg.host, %key, retried = patience.retried(), "coord: registered by an attempt whose answer was lost");
+                self.joined_at.store(*created, Ordering::Release);
+                return Ok(Registered::Earlier);
+            }
+            let holder = holder.map(|(addr, lease, _)| (addr, lease));
             let waited = started.elapsed();
             if let Some((holder_addr, holder_lease)) = holder
                 && waited >= self.cfg.join_timeout
