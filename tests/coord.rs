@@ -22,6 +22,7 @@ use common::etcd::{EtcdCluster, EtcdServer};
 use common::stall_proxy::StallProxy;
 use common::within;
 use warden_launcher::coord::config::ETCD_EXPIRY_SWEEP;
+use warden_launcher::coord::keys::KEEP_ROUNDS;
 use warden_launcher::coord::{CoordConfig, CoordError, Coordinator, Leave, Outcome, Round};
 
 /// Every wait in these tests; rounds come in milliseconds, lease expiry in
@@ -992,6 +993,24 @@ async fn the_hosts_past_the_first_eight_decide_once_the_first_are_gone() {
         assert_eq!(r.epoch, next, "{}: one round", h.host());
         assert_eq!(r.members, first.members, "{}: the same places", h.host());
         assert_eq!(r.decided_by, "host-9");
+    }
+    // Past the rounds etcd keeps (each round's txn deletes the one
+    // KEEP_ROUNDS before it): a host that does not decide is sent no such
+    // deletion (its watch of the rounds leaves them out) and forgets old
+    // rounds itself; it follows every round and asks for them as before.
+    let mut next = next;
+    for _ in 0..KEEP_ROUNDS + 4 {
+        let asked = hosts[9]
+            .request_restart(next, "a worker failed again")
+            .await
+            .expect("a restart asked for by host-9");
+        assert_eq!(asked, next + 1);
+        for h in &hosts {
+            let r = round(h, next).await;
+            assert_eq!(r.epoch, asked, "{}: one round", h.host());
+            assert_eq!(r.members, first.members, "{}: the same places", h.host());
+        }
+        next = asked;
     }
     // The eight deciders leave; host-8 and host-9 form the round of two.
     let rest = hosts.split_off(8);

@@ -176,12 +176,33 @@ async fn run(n: usize, members: usize, s: &Settings) -> FleetRow {
     }
     let before = EtcdMetrics::read_all(&endpoints);
     let cpu0 = cpu_self();
+    let rounds_began = std::time::Instant::now();
     let mut times = Vec::new();
     for _ in 0..s.rounds {
         times.push(fleet.restart().await);
     }
+    let rounds_wall = rounds_began.elapsed();
     let after = EtcdMetrics::read_all(&endpoints);
     let cpu1 = cpu_self();
+    // etcd's CPU with no round at all (over as long as the rounds took,
+    // 2 s at least: etcd's CPU clock ticks in 10 ms): the keep-alives of
+    // every host and etcd's own timers, which a round's CPU above
+    // includes for as long as the round lasts.
+    let idle_began = std::time::Instant::now();
+    tokio::time::sleep(rounds_wall.max(std::time::Duration::from_secs(2))).await;
+    let idle = EtcdMetrics::read_all(&endpoints);
+    let idle_cpu_rate = (idle.cpu - after.cpu) / idle_began.elapsed().as_secs_f64();
+    let idle_per_round = idle_cpu_rate * rounds_wall.as_secs_f64() / s.rounds as f64;
+    eprintln!(
+        "fleet: {} rounds to epoch {}, median {:.1} ms; etcd sent {:.2} MB and CPU {:.0} ms per round, of it {:.0} ms at the idle rate ({:.0} ms/s over {rounds_wall:?} without rounds)",
+        s.rounds,
+        fleet.epoch,
+        quantile(&times, 0.5) * 1e3,
+        (after.sent - before.sent) / s.rounds as f64 / 1e6,
+        (after.cpu - before.cpu) / s.rounds as f64 * 1e3,
+        idle_per_round * 1e3,
+        idle_cpu_rate * 1e3
+    );
     let record = fleet.round_bytes().await;
     // The first loss is the row's; more (`WARDEN_FLEET_LOSSES`) show the
     // spread, which the keep-alive's phase and etcd's sweep make wide.
@@ -288,6 +309,7 @@ async fn run(n: usize, members: usize, s: &Settings) -> FleetRow {
         etcd_sent_per_round: (after.sent - before.sent) / r,
         etcd_received_per_round: (after.received - before.received) / r,
         etcd_cpu_per_round_s: (after.cpu - before.cpu) / r,
+        etcd_idle_cpu_per_round_s: idle_per_round,
         fleet_cpu_per_round_s: (cpu1 - cpu0) / r,
         round_record_bytes: record as u64,
         rss_per_light: joined.rss_per_light,

@@ -79,6 +79,11 @@ pub struct FleetRow {
     pub etcd_received_per_round: f64,
     /// etcd's CPU per restart round, seconds (all members).
     pub etcd_cpu_per_round_s: f64,
+    /// Of it, what etcd spends with no round at all over as long as a
+    /// round lasts (every host's keep-alives, etcd's timers): measured
+    /// right after the rounds; 0 in rows measured before it was.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub etcd_idle_cpu_per_round_s: f64,
     /// The fleet process's CPU per restart round (full and light hosts).
     pub fleet_cpu_per_round_s: f64,
     /// What a host reads for a round: the round record.
@@ -101,6 +106,12 @@ pub struct FleetRow {
     /// Restart rounds while an etcd follower is SIGSTOPped past the lease
     /// TTL (a cluster only).
     pub member_pause: Option<FaultRounds>,
+}
+
+/// A figure not measured in an older row.
+#[allow(clippy::trivially_copy_pass_by_ref)] // serde's skip_serializing_if passes a reference
+fn is_zero(v: &f64) -> bool {
+    *v == 0.0
 }
 
 /// Restart rounds made while an etcd member fails.
@@ -389,13 +400,13 @@ pub fn markdown(results: &FleetResults) -> String {
         let rows = results.rows_of(members);
         let _ = writeln!(
             out,
-            "\n{}-member etcd:\n\n| hosts (full) | join, all hosts | restart round, median | p90 | lost host, beyond the TTL | a new host joins | spare swap, lost host, beyond the TTL | spare swap, cordon | etcd sent per round | etcd received per round | etcd CPU per round | fleet CPU per round | round record | memory per light host | memory per full host | etcd memory | load | commit |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+            "\n{}-member etcd:\n\n| hosts (full) | join, all hosts | restart round, median | p90 | lost host, beyond the TTL | a new host joins | spare swap, lost host, beyond the TTL | spare swap, cordon | etcd sent per round | etcd received per round | etcd CPU per round (of it, at the idle rate) | fleet CPU per round | round record | memory per light host | memory per full host | etcd memory | load | commit |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
             members
         );
         for r in &rows {
             let _ = writeln!(
                 out,
-                "| {} ({}) | {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.0} ms | {:.0} ms | {} | {} | {} | {} | {:.1} | {} |",
+                "| {} ({}) | {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.0} ms{} | {:.0} ms | {} | {} | {} | {} | {:.1} | {} |",
                 r.hosts,
                 r.full,
                 time(r.join_s),
@@ -408,6 +419,11 @@ pub fn markdown(results: &FleetResults) -> String {
                 bytes(r.etcd_sent_per_round),
                 bytes(r.etcd_received_per_round),
                 r.etcd_cpu_per_round_s * 1e3,
+                if r.etcd_idle_cpu_per_round_s > 0.0 {
+                    format!(" ({:.0} ms)", r.etcd_idle_cpu_per_round_s * 1e3)
+                } else {
+                    String::new()
+                },
                 r.fleet_cpu_per_round_s * 1e3,
                 bytes(r.round_record_bytes as f64),
                 memory(r.rss_per_light, &r.memory),

@@ -1081,6 +1081,10 @@ async fn follow(
                 if *prefix == keys.members() {
                     o = o.with_filters([WatchFilterType::NoPut]);
                 }
+                if *prefix == keys.rounds() {
+                    // As the coordinator: no deletion of an old round.
+                    o = o.with_filters([WatchFilterType::NoDelete]);
+                }
                 (prefix.clone(), o)
             };
             let opened = tokio::time::timeout(open_limit, async {

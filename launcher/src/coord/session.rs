@@ -17,7 +17,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use etcd_client::{
     Client, Compare, CompareOp, DeleteOptions, EventType, KeyValue, PutOptions, Txn, TxnOp,
-    TxnOpResponse, WatchOptions,
+    TxnOpResponse, WatchFilterType, WatchOptions,
 };
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
@@ -219,6 +219,13 @@ impl View {
             }
         }
         Ok(())
+    }
+
+    /// Drops the round records before `epoch` (etcd deletes each once
+    /// [`KEEP_ROUNDS`] newer ones stand), and any of them unresolved.
+    fn forget_rounds_before(&mut self, epoch: u64) {
+        self.rounds = self.rounds.split_off(&epoch);
+        self.unresolved = self.unresolved.split_off(&epoch);
     }
 
     /// A chunk of a layout base read from etcd: kept, and the records
@@ -654,6 +661,9 @@ impl Inner {
                     if !view.decider && epoch > view.epoch {
                         view.epoch = epoch;
                         view.stale = true;
+                        // Its watch leaves out deletions ([`open_watch`]):
+                        // the rounds etcd no longer keeps go here.
+                        view.forget_rounds_before(epoch.saturating_sub(KEEP_ROUNDS));
                     }
                     view.put_round(epoch, r).map_err(|e| e.to_string())
                 }),
@@ -1868,9 +1878,16 @@ async fn open_watch(
     }
     let mut stream: Option<etcd_client::WatchStream> = None;
     for (i, prefix) in watched(keys).iter().enumerate() {
-        let options = WatchOptions::new()
+        let mut options = WatchOptions::new()
             .with_prefix()
             .with_start_revision(seen[i] + 1);
+        if *prefix == keys.rounds() {
+            // A round's txn deletes the round [`KEEP_ROUNDS`] before it:
+            // sent to every such host, that delete doubled the events of
+            // each restart round once 16 were made (issue 30). The view
+            // forgets old rounds itself ([`View::forget_rounds_before`]).
+            options = options.with_filters([WatchFilterType::NoDelete]);
+        }
         match &mut stream {
             None => stream = Some(client.watch(prefix.as_str(), Some(options)).await?),
             Some(s) => s.watch(prefix.as_str(), Some(options)).await?,
@@ -2120,6 +2137,37 @@ mod tests {
             Duration::from_millis(4500)
         );
         assert_eq!(rejoin_wait(Duration::from_millis(300)), Duration::ZERO);
+    }
+
+    #[test]
+    fn a_host_that_does_not_decide_forgets_the_rounds_etcd_no_longer_keeps() {
+        let record = |epoch| RoundRecord {
+            epoch,
+            members: Vec::new(),
+            standby: Vec::new(),
+            waiting: true,
+            nnodes: 0,
+            world_size: 0,
+            master_addr: String::new(),
+            master_port: 0,
+            min_nodes: 1,
+            max_nodes: 1,
+            reason: String::new(),
+            decided_by: String::new(),
+            decided_at_ms: 0,
+            layout: None,
+            heal: false,
+        };
+        let mut view = View::default();
+        for e in 1..=40 {
+            view.rounds.insert(e, record(e));
+        }
+        view.unresolved.insert(3, record(3));
+        view.unresolved.insert(39, record(39));
+        view.forget_rounds_before(40 - KEEP_ROUNDS);
+        assert_eq!(view.rounds.keys().next(), Some(&24));
+        assert_eq!(view.rounds.len(), 17, "the current round and the 16 kept");
+        assert_eq!(view.unresolved.keys().collect::<Vec<_>>(), [&39]);
     }
 
     #[test]
