@@ -142,6 +142,7 @@ fn load() -> f64 {
 async fn run(n: usize, members: usize, s: &Settings) -> FleetRow {
     let mut etcd = Etcd::start(members);
     let endpoints = etcd.endpoints();
+    eprintln!("fleet: etcd at {}", endpoints.join(","));
     let full = s.full.min(n);
     let mut cfg = FleetConfig::new(endpoints.clone(), "fleet", n, full);
     cfg.ttl = s.ttl;

@@ -127,6 +127,11 @@ impl EtcdServer {
             "--logger=zap".to_owned(),
             "--log-level=warn".to_owned(),
         ];
+        // For a profile of etcd in a bench (`/debug/pprof/` on the client
+        // URL): docs/benchmarks.md says how it is read.
+        if std::env::var_os("WARDEN_ETCD_PPROF").is_some() {
+            args.push("--enable-pprof".to_owned());
+        }
         if let Some(pki) = tls {
             args.extend([
                 "--client-cert-auth".to_owned(),
