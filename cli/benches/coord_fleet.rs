@@ -151,8 +151,10 @@ async fn run(n: usize, members: usize, s: &Settings) -> FleetRow {
     cfg.sorted_join = s.sorted_join;
     let (mut fleet, joined) = Fleet::join(cfg).await;
     eprintln!(
-        "fleet: {n} hosts, {members}-member etcd: joined in {:?}: {}",
-        joined.all, joined.phases
+        "fleet: {n} hosts, {members}-member etcd: joined in {:?}: {}; light hosts' join requests asked again: {}",
+        joined.all,
+        joined.phases,
+        fleet::JOIN_RETRIES.swap(0, std::sync::atomic::Ordering::Relaxed)
     );
     let (bases, base_bytes) = {
         let mut c = etcd_client::Client::connect(endpoints.clone(), None)

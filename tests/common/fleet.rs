@@ -45,7 +45,7 @@ use std::time::{Duration, Instant};
 
 use etcd_client::{
     Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, PutOptions, SortOrder,
-    SortTarget, Txn, TxnOp, WatchFilterType, WatchOptions,
+    SortTarget, Txn, TxnOp, TxnOpResponse, WatchFilterType, WatchOptions,
 };
 use tokio::sync::{Semaphore, watch};
 use tokio::task::JoinHandle;
@@ -797,6 +797,39 @@ impl Fleet {
     }
 }
 
+/// A light host's waits between attempts of its join, as the
+/// coordinator's (250 ms doubling to 4 s); after 60 s of them the join
+/// fails loudly.
+struct Patience {
+    since: Instant,
+    next: Duration,
+}
+
+/// How many times light hosts asked again in their joins (all fleets of
+/// this process).
+pub static JOIN_RETRIES: AtomicU64 = AtomicU64::new(0);
+
+impl Patience {
+    fn new() -> Self {
+        Self {
+            since: Instant::now(),
+            next: Duration::from_millis(250),
+        }
+    }
+
+    async fn wait(&mut self, host: &str, what: &str, error: &str) {
+        assert!(
+            self.since.elapsed() < Duration::from_secs(60),
+            "{host}: {what} failed for 60 s: {error}"
+        );
+        if JOIN_RETRIES.fetch_add(1, Ordering::Relaxed) == 0 {
+            eprintln!("fleet: {host}: {what}: {error}; asking again (the first light host to)");
+        }
+        tokio::time::sleep(self.next).await;
+        self.next = (self.next * 2).min(Duration::from_secs(4));
+    }
+}
+
 /// The connection options of a light host (and of the fleet's own
 /// reads): the coordinator's (launcher/src/coord/connect.rs), with the
 /// fleet's generous deadlines.
@@ -831,11 +864,18 @@ async fn join_light(
         .await
         .expect("a light host's first read");
     let asked = since_start();
-    let lease = client
-        .lease_grant(i64::try_from(cfg.ttl.as_secs().max(1)).unwrap(), None)
-        .await
-        .expect("lease grant")
-        .id();
+    // Asked again while etcd does not answer or is too busy to, as the
+    // coordinator does (launcher/src/coord/patience.rs): a mass start of
+    // 16,384 hosts gets "request timed out" from etcd.
+    let mut patience = Patience::new();
+    let lease = loop {
+        let grant = client.lease_grant(i64::try_from(cfg.ttl.as_secs().max(1)).unwrap(), None);
+        match tokio::time::timeout(cfg.request_timeout, grant).await {
+            Ok(Ok(r)) => break r.id(),
+            Ok(Err(e)) => patience.wait(&host, "lease grant", &e.to_string()).await,
+            Err(_) => patience.wait(&host, "lease grant", "no answer").await,
+        }
+    };
     let kept = Arc::new(AtomicU64::new(asked));
     let record = MemberRecord {
         host: host.clone(),
@@ -877,11 +917,47 @@ async fn join_light(
     ops.extend(join_read::ops(&keys));
     let txn = Txn::new()
         .when([Compare::create_revision(key.as_str(), CompareOp::Equal, 0)])
-        .and_then(ops);
-    let resp = client.txn(txn).await.expect("register");
-    assert!(resp.succeeded(), "{host}: the host id is free");
-    let revision = resp.header().map_or(0, |h| h.revision());
-    let read = JoinRead::parse(resp.op_responses(), skip).expect("the joining read");
+        .and_then(ops)
+        .or_else([TxnOp::get(key.as_str(), None)]);
+    let (revision, read) = loop {
+        let resp = match tokio::time::timeout(cfg.request_timeout, client.txn(txn.clone())).await {
+            Ok(Ok(r)) => r,
+            Ok(Err(e)) => {
+                patience.wait(&host, "register", &e.to_string()).await;
+                continue;
+            }
+            Err(_) => {
+                patience.wait(&host, "register", "no answer").await;
+                continue;
+            }
+        };
+        if resp.succeeded() {
+            let revision = resp.header().map_or(0, |h| h.revision());
+            break (
+                revision,
+                JoinRead::parse(resp.op_responses(), skip).expect("the joining read"),
+            );
+        }
+        // An earlier attempt whose answer was lost wrote the key (under
+        // this lease, as the coordinator checks): read the job alone.
+        let mine = resp.op_responses().into_iter().any(|r| match r {
+            TxnOpResponse::Get(g) => g.kvs().first().is_some_and(|kv| kv.lease() == lease),
+            _ => false,
+        });
+        assert!(mine, "{host}: the host id is free");
+        let reads = Txn::new().and_then(join_read::ops(&keys));
+        match tokio::time::timeout(cfg.request_timeout, client.txn(reads)).await {
+            Ok(Ok(r)) => {
+                let revision = r.header().map_or(0, |h| h.revision());
+                break (
+                    revision,
+                    JoinRead::parse(r.op_responses(), 0).expect("the joining read"),
+                );
+            }
+            Ok(Err(e)) => patience.wait(&host, "read the job", &e.to_string()).await,
+            Err(_) => patience.wait(&host, "read the job", "no answer").await,
+        }
+    };
     let seen = joining_read(&mut client, &keys, decides, &read, revision).await;
     let epoch = Arc::new(AtomicU64::new(seen));
     moved.send_modify(|g| *g += 1);
