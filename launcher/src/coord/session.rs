@@ -415,6 +415,12 @@ impl Inner {
     /// overtook is made again at the newest revision, at most
     /// [`LOAD_ATTEMPTS`] times.
     pub(crate) async fn load(&self) -> Result<View, CoordError> {
+        self.load_noticed().await.map(|(view, _)| view)
+    }
+
+    /// [`Self::load`], with the newest notice of a coming stop, whatever
+    /// its round, as the register txn reads it.
+    async fn load_noticed(&self) -> Result<(View, Option<KeyValue>), CoordError> {
         let mut attempt = 1;
         loop {
             match self.load_once().await {
@@ -427,14 +433,7 @@ impl Inner {
         }
     }
 
-    async fn load_once(&self) -> Result<View, CoordError> {
-        let (read, revision) = self.read_job().await?;
-        self.view_from(read, revision, false).await
-    }
-
-    /// The joining read alone ([`super::join_read`]), in a txn of reads,
-    /// and its revision.
-    async fn read_job(&self) -> Result<(JoinRead, i64), CoordError> {
+    async fn load_once(&self) -> Result<(View, Option<KeyValue>), CoordError> {
         let base = self.keys.base();
         let txn = Txn::new().and_then(super::join_read::ops(&self.keys));
         let mut kv = self
@@ -447,34 +446,22 @@ impl Inner {
             key: base.to_owned(),
             problem: e.to_string(),
         })?;
-        Ok((read, revision))
+        let notice = read.notice.first().cloned();
+        let view = self.view_from(read, revision, false).await?;
+        Ok((view, notice))
     }
 
-    /// The job read whole, at the newest revision, for a launcher that is
-    /// registered but has no view yet: asked again while etcd does not
-    /// answer ([`super::patience`], up to `rejoin_timeout`) or compacts
-    /// under the read. With the newest notice of a coming stop, whatever
-    /// its round, as the register txn reads it.
+    /// [`Self::load_noticed`] for a launcher that is registered but has no
+    /// view yet: asked again while etcd does not answer
+    /// ([`super::patience`], up to `rejoin_timeout`).
     pub(crate) async fn load_patiently(&self) -> Result<(View, Option<KeyValue>), CoordError> {
         let mut patience = super::patience::Patience::new(self.cfg.rejoin_timeout);
-        let mut compacted = 1;
         loop {
-            let err = match self.read_job().await {
-                Ok((read, revision)) => {
-                    let notice = read.notice.first().cloned();
-                    match self.view_from(read, revision, false).await {
-                        Ok(view) => return Ok((view, notice)),
-                        Err(e) => e,
-                    }
-                }
+            let err = match self.load_noticed().await {
+                Ok(done) => return Ok(done),
                 Err(e) => e,
             };
-            let wait = if super::paged::compacted(&err) && compacted < LOAD_ATTEMPTS {
-                compacted += 1;
-                Duration::ZERO
-            } else {
-                patience.again(err.clone())?
-            };
+            let wait = patience.again(err.clone())?;
             tracing::warn!(host = %self.cfg.host, error = %err, ?wait, "coord: could not read the job after registering; reading again");
             tokio::select! {
                 () = self.stop.cancelled() => return Err(self.stopped_error()),
@@ -1883,9 +1870,9 @@ async fn open_watch(
             .with_start_revision(seen[i] + 1);
         if *prefix == keys.rounds() {
             // A round's txn deletes the round [`KEEP_ROUNDS`] before it:
-            // sent to every such host, that delete doubled the events of
-            // each restart round once 16 were made (issue 30). The view
-            // forgets old rounds itself ([`View::forget_rounds_before`]).
+            // that delete rode in every such host's message of each round
+            // once 16 were made, about 60 bytes a host (issue 30). The
+            // view forgets old rounds itself ([`View::forget_rounds_before`]).
             options = options.with_filters([WatchFilterType::NoDelete]);
         }
         match &mut stream {
