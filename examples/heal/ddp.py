@@ -63,6 +63,9 @@ if DEVICE == "cuda":
     if not torch.cuda.is_available():
         sys.exit("EXAMPLE_DEVICE=cuda: torch sees no GPU")
     DEVICE = f"cuda:{int(os.environ.get('LOCAL_RANK', RANK)) % torch.cuda.device_count()}"
+    _t = time.perf_counter()
+    torch.zeros(1, device=DEVICE)  # the CUDA context, timed apart (tests/bench/heal.py reads it)
+    print(f"example: rank {RANK}: CUDA ready on {DEVICE} in {time.perf_counter() - _t:.3f} s", file=sys.stderr, flush=True)
 LOG = os.environ["EXAMPLE_LOG"]
 PID = os.getpid()
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""FSDP2 with replica groups (HSDP) on CPU (gloo) that heals from a live replica.
+"""FSDP2 with replica groups (HSDP) over gloo (CPU, or CUDA tensors) that heals from a live replica.
 
     warden run --nproc-per-node 4 -- python examples/heal/hsdp.py
 
@@ -26,6 +26,9 @@ Environment:
   EXAMPLE_CKPT_EVERY   checkpoint every this many steps (50)
   EXAMPLE_STEP_MS      extra time per step, milliseconds (20)
   EXAMPLE_HEAL         0: no heal, restore from the checkpoint after a fault (1)
+  EXAMPLE_DEVICE       cpu, or cuda: every rank on GPU LOCAL_RANK modulo the GPUs,
+                       the mesh's collectives still over gloo (one GPU cannot
+                       hold several NCCL ranks)
 
 Lines appended to $EXAMPLE_LOG:
   <unix time> step <N> rank <R> pid <P>          after each completed step
@@ -62,6 +65,16 @@ STEP_S = float(os.environ.get("EXAMPLE_STEP_MS", "20")) / 1000.0
 HEAL = os.environ.get("EXAMPLE_HEAL", "1") != "0"
 LOG = os.environ["EXAMPLE_LOG"]
 PID = os.getpid()
+DEVICE = os.environ.get("EXAMPLE_DEVICE", "cpu")
+if DEVICE not in ("cpu", "cuda"):
+    sys.exit(f"EXAMPLE_DEVICE={DEVICE!r}: expected cpu or cuda")
+if DEVICE == "cuda":
+    if not torch.cuda.is_available():
+        sys.exit("EXAMPLE_DEVICE=cuda: torch sees no GPU")
+    torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", RANK)) % torch.cuda.device_count())
+    _t = time.perf_counter()
+    torch.zeros(1, device="cuda")  # the CUDA context, timed apart (tests/bench/heal.py reads it)
+    print(f"example: rank {RANK}: CUDA ready on cuda:{torch.cuda.current_device()} in {time.perf_counter() - _t:.3f} s", file=sys.stderr, flush=True)
 SHARDS = 2
 if WORLD % SHARDS:
     sys.exit(f"hsdp.py: WORLD_SIZE {WORLD} is not a multiple of {SHARDS} shards")
@@ -80,11 +93,25 @@ def batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The data of (step, rank): the same in every run."""
     g = torch.Generator().manual_seed(1_000_003 * step + RANK)
     x = torch.randn(64, 32, generator=g)
-    return x, x.sum(dim=1, keepdim=True).sin()
+    return x.to(DEVICE), x.sum(dim=1, keepdim=True).sin().to(DEVICE)
 
 
 def whole(t: torch.Tensor) -> torch.Tensor:
-    return t.full_tensor() if isinstance(t, DTensor) else t
+    """The whole tensor of a DTensor, on every rank. On CUDA its shards are
+    gathered as CPU tensors (gloo takes those everywhere; the example's
+    collectives over gloo on one GPU are a stand-in for NCCL)."""
+    if not isinstance(t, DTensor):
+        return t
+    if DEVICE == "cpu":
+        return t.full_tensor()
+    local = t.to_local().detach().cpu()
+    for dim, placement in enumerate(t.placements):
+        if placement.is_shard():
+            group = t.device_mesh.get_group(dim)
+            parts: list = [None] * dist.get_world_size(group)
+            dist.all_gather_object(parts, local, group=group)
+            local = torch.cat(parts, dim=placement.dim)
+    return local
 
 
 def digest(model: torch.nn.Module, opt: torch.optim.Optimizer) -> str:
@@ -110,7 +137,7 @@ def mesh() -> object:
     """This attempt's mesh: made the same way in every attempt, after the
     attempt's process group, so its groups get the names the first
     attempt's had (the model's DTensors find them by name)."""
-    return init_device_mesh("cpu", (WORLD // SHARDS, SHARDS), mesh_dim_names=("replicate", "shard"))
+    return init_device_mesh(DEVICE, (WORLD // SHARDS, SHARDS), mesh_dim_names=("replicate", "shard"))
 
 
 model: torch.nn.Module | None = None
@@ -125,7 +152,7 @@ def build() -> None:
     torch.manual_seed(0)
     m = torch.nn.Sequential(
         torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Dropout(0.1), torch.nn.Linear(64, 1)
-    )
+    ).to(DEVICE)
     dp = mesh()
     for layer in (m[0], m[3]):
         fully_shard(layer, mesh=dp)
@@ -191,6 +218,8 @@ def train() -> str:
             with warden.step(n):
                 one(n)
     d = digest(model, opt)
+    if DEVICE != "cpu":
+        print(f"example: rank {RANK}: digest {d[:12]}", file=sys.stderr, flush=True)
     dist.destroy_process_group()
     return d
 

@@ -37,8 +37,10 @@ from __future__ import annotations
 
 import argparse
 import collections
+import glob
 import json
 import os
+import re
 import signal
 import statistics
 import subprocess
@@ -87,7 +89,7 @@ def one(a, work: str, job: str, heal: bool, kill: bool) -> dict:
     lines = read(log)
     steps = [f for f in lines if len(f) == 7 and f[1] == "step"]
     done = {int(f[3]): f[5] for f in lines if len(f) == 6 and f[1] == "done"}
-    back = None
+    back = last_survivor = replacement = None
     if killed:
         first = {}
         for f in steps:
@@ -95,6 +97,9 @@ def one(a, work: str, job: str, heal: bool, kill: bool) -> dict:
                 first.setdefault(int(f[4]), float(f[0]))
         if len(first) == 4:
             back = max(first.values()) - killed
+            # Who came back last: the replacement, or a survivor.
+            last_survivor = max(t for r, t in first.items() if r != VICTIM) - killed
+            replacement = first[VICTIM] - killed
     # The survivors keep their processes (and with them a GPU's CUDA context):
     # every rank but the victim logged its steps from one pid.
     pids = collections.defaultdict(set)
@@ -109,7 +114,41 @@ def one(a, work: str, job: str, heal: bool, kill: bool) -> dict:
     first_try = rc == 0 and ((heal and heals == 1 and restarts == 0) or (not heal and restarts == 1)) if kill else rc == 0
     return {"job": job, "mode": "heal" if heal else "checkpoint", "rc": rc, "back_s": back,
             "redone": max(redone.values(), default=0), "digests": done, "first_try": first_try,
-            "survivors_kept_pids": kept}
+            "survivors_kept_pids": kept, "replacement_first_step_s": replacement,
+            "survivors_first_step_s": last_survivor, **(split(work, job, errtext) if heal and kill else {})}
+
+
+def show_logs(work: str, job: str) -> None:
+    """The end of a failed run's rank logs and the launcher's, on stderr:
+    where only this output comes back (a GPU machine's run)."""
+    for path in sorted(glob.glob(os.path.join(work, "logs", job, "**", "rank_*.stderr.log"), recursive=True))[:8]:
+        print(f"--- {path}:\n" + "".join(open(path, errors="replace").readlines()[-20:]), file=sys.stderr)
+    err = os.path.join(work, f"{job}.err")
+    if os.path.exists(err):
+        print("--- the launcher:\n" + "".join(open(err, errors="replace").readlines()[-25:]), file=sys.stderr)
+
+
+def split(work: str, job: str, launcher_err: str) -> dict:
+    """Where a heal's time went, from what the launcher and the replacement
+    say: the launcher's "heal started in X s" (from the failure seen to the
+    replacement's process started from a standby), the replacement's
+    "CUDA ready ... in X s" (the example's first CUDA call: the context; GPU
+    runs only) and its "healed from rank ... in X s" (warden.heal's resume:
+    the all_gather of steps, the state received and loaded). The rest of
+    the kill -> every rank stepping (detection, the process group's rebuild,
+    the first step) is what these do not cover."""
+    out = {}
+    m = re.search(r"heal started in ([0-9.]+)s", launcher_err)
+    if m:
+        out["heal_started_s"] = float(m.group(1))
+    for path in sorted(glob.glob(os.path.join(work, "logs", job, "**", f"rank_{VICTIM}.stderr.log"), recursive=True)):
+        text = open(path, errors="replace").read()
+        for key, pat in (("cuda_ready_s", r"CUDA ready on \S+ in ([0-9.]+) s"),
+                         ("resume_s", r"healed from rank \d+ at step \d+: \d+ bytes in ([0-9.]+) s")):
+            found = re.findall(pat, text)
+            if found:
+                out[key] = float(found[-1])
+    return out
 
 
 def main() -> int:
@@ -153,7 +192,10 @@ def main() -> int:
     for fam in dict.fromkeys(family[m] for m in modes):
         ref = run({"warden": "heal", "torchft": "torchft-defaults"}.get(fam, fam), f"ref-{fam}-{tag}", False)
         got = set(ref["digests"].values())
-        assert ref["rc"] == 0 and len(ref["digests"]) == 4 and len(got) == 1, ref
+        if not (ref["rc"] == 0 and len(ref["digests"]) == 4 and len(got) == 1):
+            # What went wrong, where only this output comes back (a GPU run).
+            show_logs(work, ref["job"])
+            raise SystemExit(f"the fault-free {fam} run failed: {ref}")
         want[fam] = got
         print(json.dumps({"reference": fam, **ref}), flush=True)
     out = open(a.out, "a") if a.out else None
@@ -163,6 +205,8 @@ def main() -> int:
             r = run(mode, f"{mode}-{i}-{tag}", True)
             r["identical"] = len(r["digests"]) == 4 and set(r["digests"].values()) == want[family[mode]]
             r["load"] = os.getloadavg()[0]
+            if r["rc"] != 0 and mode in ("heal", "checkpoint"):
+                show_logs(work, r["job"])
             print(json.dumps(r), flush=True)
             if out:
                 out.write(json.dumps(r) + "\n")
@@ -175,6 +219,17 @@ def main() -> int:
         red = sorted(r["redone"] for r in rs)
         print(f"{mode:<17} {span:<36} {red[0]}-{red[-1]:<11} {sum(r['identical'] for r in rs)}/{len(rs):<8} "
               f"{sum(r['first_try'] for r in rs)}/{len(rs)}")
+    heals = rows.get("heal", [])
+    parts = [k for k in ("survivors_first_step_s", "replacement_first_step_s", "heal_started_s", "cuda_ready_s",
+                         "resume_s") if any(r.get(k) is not None for r in heals)]
+    if parts:
+        print("\nheal, where the time went (median s: from the kill, every rank's and the survivors' and the "
+              "replacement's first step after it; the launcher's start of the replacement from the failure seen; "
+              "the replacement's CUDA context and its resume):")
+        for k in ["back_s", *parts]:
+            v = sorted(r[k] for r in heals if r.get(k) is not None)
+            if v:
+                print(f"  {k:<25} median {statistics.median(v):.3f} ({v[0]:.3f}-{v[-1]:.3f}), {len(v)} runs")
     return 0
 
 

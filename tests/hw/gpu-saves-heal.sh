@@ -14,7 +14,13 @@
 #   4. issue 31: a heal of CUDA tensors over gloo: examples/heal/ddp.py with
 #      EXAMPLE_DEVICE=cuda, 4 ranks sharing the one GPU, rank 1 SIGKILLed at
 #      step 60 (tests/bench/heal.py): heal against checkpoint restart, and
-#      the final digests against the fault-free run's.
+#      the final digests against the fault-free run's, and where the heal's
+#      time went (the launcher's start of the replacement, its CUDA context,
+#      its resume);
+#   5. issue 31: the same with examples/heal/hsdp.py (FSDP2 over a 2 x 2
+#      mesh, CUDA tensors, gloo) (PARTS=hsdp);
+#   6. issue 31: rng="shared" carries the CUDA generator (PARTS=rng,
+#      tests/hw/heal_cuda_rng.py).
 # One GPU cannot run a multi-rank NCCL job: the ranks share the GPU and talk
 # over gloo, which copies CUDA tensors through the host.
 #
@@ -57,11 +63,13 @@ has() { [[ ",$PARTS," == *",$1,"* ]]; }
         bench gpu-async --sizes-mib 64,256,1024,4096 --repeat 4 --steps 50 --pairs 6 --batch 16384
     fi
     if has steps; then
+        # Segments of 100 steps (10 saves): the drain at a segment's end,
+        # one save's background, weighs a third of what it did in 30.
         step "the step time with saves, a longer step (batch 65536)"
-        bench gpu-steps --sizes-mib 64 --repeat 2 --steps 30 --pairs 6 --batch 65536
+        bench gpu-steps --sizes-mib 64 --repeat 2 --steps 100 --pairs 4 --batch 65536
         step "the same, the loss read each step (loss.item(), as a loop that logs it)"
-        bench gpu-item --sizes-mib 64 --repeat 2 --steps 30 --pairs 6 --batch 65536 --item
-        bench gpu-item16 --sizes-mib 64 --repeat 2 --steps 50 --pairs 6 --batch 16384 --item
+        bench gpu-item --sizes-mib 64 --repeat 2 --steps 100 --pairs 4 --batch 65536 --item
+        bench gpu-item16 --sizes-mib 64 --repeat 2 --steps 100 --pairs 4 --batch 16384 --item
     fi
     if has dcp; then
         step "dcp.async_save on the GPU"
@@ -81,4 +89,17 @@ if has heal; then
     EXAMPLE_DEVICE=cuda PYTHONUNBUFFERED=1 timeout "$PART_S" "$PY" tests/bench/heal.py --runs 2 \
         --rows heal,checkpoint --warden "$BIN/warden" --python "$PY" 2>&1 | tee -a "$OUT/heal.log"
     echo "heal bench exit ${PIPESTATUS[0]}" | tee -a "$OUT/heal.log"
+fi
+
+if has hsdp; then
+    step "heal of CUDA tensors over gloo, FSDP2 over a 2 x 2 mesh (4 ranks on one GPU)" | tee -a "$OUT/heal.log"
+    EXAMPLE_DEVICE=cuda PYTHONUNBUFFERED=1 timeout "$PART_S" "$PY" tests/bench/heal.py --runs 1 --example hsdp \
+        --rows heal,checkpoint --warden "$BIN/warden" --python "$PY" 2>&1 | tee -a "$OUT/heal.log"
+    echo "hsdp heal bench exit ${PIPESTATUS[0]}" | tee -a "$OUT/heal.log"
+fi
+
+if has rng; then
+    step "rng=shared carries the CUDA generator" | tee -a "$OUT/heal.log"
+    timeout 60 "$PY" tests/hw/heal_cuda_rng.py 2>&1 | tee -a "$OUT/heal.log"
+    echo "rng check exit ${PIPESTATUS[0]}" | tee -a "$OUT/heal.log"
 fi

@@ -383,6 +383,7 @@ def bench_steps(steps: int, pairs: int, batch: int, item: bool) -> None:
     plain: list = []
     saving: list = []
     drains: list = []
+    steady: list = []
     with AsyncCheckpointer(max_in_flight=1) as saver:
         # Warm-up: Adam's state allocated, the saver's buffer allocated.
         segment(model, opt, x, 10, saver, 0, item)
@@ -395,6 +396,7 @@ def bench_steps(steps: int, pairs: int, batch: int, item: bool) -> None:
                 (saving if with_saves else plain).append(t / steps)
                 if with_saves:
                     drains.append(drain)
+                    steady.append((t - drain) / steps)
         stall = saver.total_stall_s - stall0
         saves = saver.committed - saves0
     ratios = sorted(b / a for a, b in zip(plain, saving))
@@ -418,6 +420,17 @@ def bench_steps(steps: int, pairs: int, batch: int, item: bool) -> None:
         f"{stall / (sum(saving) * steps) * 100:.1f}% of the saving segments' time; the drain at a segment's end "
         f"(its last save's background, on the clock by design) {statistics.median(drains) * 1e3:.1f} ms, "
         f"{statistics.median(drains) / (steps * b) * 100:.1f}% of a segment |"
+    )
+    # A job's steady state: saves every 10 steps without end, so no save's
+    # background is waited for; the segment's last save still runs beside
+    # its last steps, so at most its cost is left out.
+    held = sorted(c / a for a, c in zip(plain, steady))
+    lo2, hi2 = median_interval(held)
+    print(
+        f"| the same, the drain at the segment's end left out (a job that goes on saving) | "
+        f"{statistics.median(steady) * 1e3:.1f} ms | median {(statistics.median(held) - 1) * 100:+.1f}% (from "
+        f"{(held[0] - 1) * 100:+.1f}% to {(held[-1] - 1) * 100:+.1f}%), 95% interval of the median "
+        f"{(lo2 - 1) * 100:+.1f}% to {(hi2 - 1) * 100:+.1f}%: the 2% target {target_verdict(lo2, hi2)} |"
     )
 
 

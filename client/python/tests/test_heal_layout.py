@@ -50,6 +50,24 @@ def test_plan_refuses_a_count_mismatch() -> None:
         plan([1, 2, 3], [(), ()])
 
 
+def test_an_fsdp2_without_reset_iter_state_is_refused_at_declare() -> None:
+    # torch 2.11's FSDPModule (seen on a GPU machine): no reset_iter_state,
+    # so a heal could not clear the iteration a fault cut short.
+    from warden.heal_layout import LayoutError, require_iter_reset
+
+    class OldFSDPModule:
+        pass
+
+    class NewFSDPModule:
+        def reset_iter_state(self) -> None:
+            pass
+
+    with pytest.raises(LayoutError, match="needs torch 2.15 or newer"):
+        require_iter_reset(OldFSDPModule)
+    require_iter_reset(NewFSDPModule)
+    require_iter_reset(None)  # FSDP never imported: nothing to clear
+
+
 def test_layout_keys_and_coordinates() -> None:
     assert [HSDP.key(r) for r in range(4)] == [(0,), (1,), (0,), (1,)]
     assert HSDP.coords(3) == (1, 1)

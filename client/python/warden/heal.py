@@ -778,7 +778,8 @@ class State:
     at the start of every step from (``seed``, rank, step), so a rank's RNG
     never needs a peer (a replica holds the model, not another rank's RNG);
     ``"shared"`` carries the source's RNG states (ranks whose RNGs are
-    identical); None leaves them alone.
+    identical), the current CUDA device's too where CUDA is initialized;
+    None leaves them alone.
     """
 
     def __init__(
@@ -876,6 +877,10 @@ class State:
         if self.rng == "shared":
             torch = _torch()
             loop["torch"] = torch.get_rng_state()
+            if torch.cuda.is_initialized():
+                # Dropout on a GPU draws from the device's generator, not
+                # the CPU's: without it a healed rank's masks would differ.
+                loop["cuda"] = torch.cuda.get_rng_state()
             loop["python"] = random.getstate()
             np = sys.modules.get("numpy")
             if np is not None:
@@ -888,6 +893,8 @@ class State:
     def _apply_loop(self, loop: Dict[str, Any]) -> None:
         if "torch" in loop:
             _torch().set_rng_state(loop["torch"])
+        if "cuda" in loop and _torch().cuda.is_available():
+            _torch().cuda.set_rng_state(loop["cuda"])
         if "python" in loop:
             v, internal, gauss = loop["python"]
             random.setstate((v, tuple(internal), gauss))

@@ -144,6 +144,8 @@ def infer(model: Any) -> Optional[Layout]:
                 sharded_dims.add(d)
     if not meshes:
         return None
+    if _fsdp_modules(model):
+        require_iter_reset(getattr(sys.modules.get("torch.distributed.fsdp"), "FSDPModule", None))
     mesh = next(iter(meshes.values()))
     shape = tuple(int(s) for s in mesh.mesh.shape)
     names = tuple(mesh.mesh_dim_names) if mesh.mesh_dim_names else tuple(None for _ in shape)
@@ -317,6 +319,24 @@ def load_optimizer_local_state(optimizer: Any, osd: Dict[str, Any], marks: Seque
 
 
 # -- the attempt's process groups -------------------------------------------------
+
+
+def require_iter_reset(fsdp_module: Any) -> None:
+    """Raises LayoutError where FSDP2 has no ``reset_iter_state``.
+
+    Why: a heal restarts the survivors in process, cut in the middle of an
+    iteration, and FSDP2's iteration state must be cleared before the next
+    forward; torch 2.15 made that public (``FSDPModule.reset_iter_state``).
+    Seen on torch 2.11 (a GPU machine's, 2026-11-28): every survivor failed
+    in its heal with AttributeError. Said at ``declare``, before the job
+    runs, rather than at the first fault."""
+    if fsdp_module is not None and not hasattr(fsdp_module, "reset_iter_state"):
+        version = getattr(sys.modules.get("torch"), "__version__", "?")
+        raise LayoutError(
+            f"warden.heal: healing an FSDP2 model needs torch 2.15 or newer (FSDPModule.reset_iter_state, "
+            f"to clear the iteration a fault cut short); this is torch {version}. Upgrade torch, or declare "
+            "no state and restore from the checkpoint (warden.checkpoint) after a fault"
+        )
 
 
 def _fsdp_modules(model: Any) -> List[Any]:
