@@ -55,6 +55,13 @@ use warden_launcher::coord::plan::MemberRecord;
 use warden_launcher::coord::{CoordConfig, Coordinator, Round};
 use warden_planner::fleet::FaultRounds;
 
+/// Light hosts' keep-alive streams opened again on the next endpoint: one
+/// left unanswered for its deadline (late), or one that ended, failed or
+/// could not connect (broken). Printed per fault by `rounds_through`: how
+/// many hosts moved, and why, while a member was killed or paused.
+static KEEPALIVE_LATE: AtomicU64 = AtomicU64::new(0);
+static KEEPALIVE_BROKEN: AtomicU64 = AtomicU64::new(0);
+
 /// Every wait of the fleet: generous, a loaded 2-core machine with
 /// thousands of hosts on it.
 pub const WAIT: Duration = Duration::from_secs(300);
@@ -515,6 +522,10 @@ impl Fleet {
         F: std::future::Future<Output = (Instant, Duration)> + Send + 'static,
     {
         let before = self.leases().await;
+        let moves0 = (
+            KEEPALIVE_LATE.load(Ordering::Relaxed),
+            KEEPALIVE_BROKEN.load(Ordering::Relaxed),
+        );
         let mut fault = tokio::spawn(fault);
         let mut spans: Vec<(Instant, Duration)> = Vec::new();
         let mut refused = 0;
@@ -542,6 +553,11 @@ impl Fleet {
             .collect();
         let times: Vec<Duration> = during.iter().map(|s| s.1).collect();
         let after = self.leases().await;
+        eprintln!(
+            "fleet: light hosts' keep-alive streams moved to the next member from the round before the fault: {} left unanswered, {} broken or not connected",
+            KEEPALIVE_LATE.load(Ordering::Relaxed) - moves0.0,
+            KEEPALIVE_BROKEN.load(Ordering::Relaxed) - moves0.1,
+        );
         let lost = after.light_lost.saturating_sub(before.light_lost)
             + u64::try_from(after.full_lost.saturating_sub(before.full_lost)).unwrap();
         FaultRounds {
@@ -1279,6 +1295,7 @@ async fn keep_alive(
             match tokio::time::timeout(deadline, connect).await {
                 Ok(Ok(c)) => c,
                 Ok(Err(_)) | Err(_) => {
+                    KEEPALIVE_BROKEN.fetch_add(1, Ordering::Relaxed);
                     at = (at + 1) % endpoints.len();
                     tokio::time::sleep(Duration::from_millis(200)).await;
                     continue;
@@ -1293,6 +1310,7 @@ async fn keep_alive(
                 return;
             }
             Ok(Err(_)) | Err(_) => {
+                KEEPALIVE_BROKEN.fetch_add(1, Ordering::Relaxed);
                 at = (at + 1) % endpoints.len().max(1);
                 tokio::time::sleep(Duration::from_millis(200)).await;
                 continue;
@@ -1320,7 +1338,13 @@ async fn keep_alive(
                 }
                 // The stream broke or went unanswered: a new one, on the
                 // next endpoint.
-                Ok(Ok(None) | Err(_)) | Err(_) => {
+                Ok(Ok(None) | Err(_)) => {
+                    KEEPALIVE_BROKEN.fetch_add(1, Ordering::Relaxed);
+                    at = (at + 1) % endpoints.len().max(1);
+                    break;
+                }
+                Err(_) => {
+                    KEEPALIVE_LATE.fetch_add(1, Ordering::Relaxed);
                     at = (at + 1) % endpoints.len().max(1);
                     break;
                 }
