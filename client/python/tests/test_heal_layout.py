@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 
 import pytest
@@ -112,3 +113,26 @@ def test_an_hsdp_rank_heals_from_its_shard_position_or_the_job_restores(tmp_path
     assert r[1]["one"]["last"].startswith("healed from rank 3 at step 4"), r[1]
     assert r[3]["one"]["last"] == "rank 3 sent step 4 to rank 1", r[3]
     assert "no live replica holds shard position (1,)" in logs
+
+
+def test_shared_rng_state_is_carried_and_applied() -> None:
+    # rng="shared": the loop state a heal sends holds the source's torch and
+    # Python generators (and the CUDA device's where CUDA is initialized:
+    # tests/hw/heal_cuda_rng.py on a GPU); applied, the receiver draws what
+    # the source drew after taking it. In a process of its own: declare
+    # installs process-wide hooks.
+    code = """
+import random, sys, torch, warden.heal
+state = warden.heal.declare(torch.nn.Linear(2, 2), None, rng="shared")
+torch.manual_seed(3); random.seed(3)
+snap = state._snapshot_loop()
+assert "cuda" not in snap or torch.cuda.is_initialized(), sorted(snap)
+first = (torch.rand(4).tolist(), random.random())
+other = (torch.rand(4).tolist(), random.random())
+state._apply_loop(snap)
+again = (torch.rand(4).tolist(), random.random())
+assert again == first and other != first, (first, other, again)
+print("ok")
+"""
+    got = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert got.returncode == 0 and got.stdout.strip() == "ok", got.stderr[-3000:]
