@@ -1265,8 +1265,9 @@ async fn follow(
 
 /// A lease kept alive every third of the TTL, as the coordinator does
 /// (launcher/src/coord/lease_route.rs): a stream that breaks, or a
-/// keep-alive unanswered for a sixth of the TTL (at most
-/// `request_timeout`), is opened again on the next endpoint, each through a
+/// keep-alive unanswered until a third of the TTL is left on the lease (at
+/// least a sixth of the TTL, at most `request_timeout`), is opened again on
+/// the next endpoint, each through a
 /// client of its own to that endpoint, starting at endpoint `i` mod their
 /// number (one endpoint: the host's client, as the coordinator); only
 /// etcd saying the lease is gone ends it.
@@ -1283,6 +1284,26 @@ async fn keep_alive(
     let deadline = (ttl / 6)
         .min(request_timeout)
         .max(Duration::from_millis(100));
+    // `WARDEN_FLEET_KEEPALIVE_WAIT_S` (an experiment): a fixed wait for a
+    // keep-alive's answer before the host moves to the next member, in
+    // place of the coordinator's rule (`lease_route::keep_alive_wait`:
+    // until a third of the TTL is left on the lease, at least `deadline`,
+    // at most the request deadline), mirrored here.
+    let fixed = std::env::var("WARDEN_FLEET_KEEPALIVE_WAIT_S")
+        .ok()
+        .and_then(|v| v.parse::<f64>().ok())
+        .map(Duration::from_secs_f64);
+    let wait_for = |sent: u64| {
+        fixed.unwrap_or_else(|| {
+            let expires = kept
+                .load(Ordering::Acquire)
+                .saturating_add(u64::try_from(ttl.as_nanos()).unwrap_or(u64::MAX));
+            Duration::from_nanos(expires.saturating_sub(sent))
+                .saturating_sub(ttl / 3)
+                .min(request_timeout)
+                .max(deadline)
+        })
+    };
     let mut at = i % endpoints.len().max(1);
     loop {
         let mut client = if let Some(shared) = &shared {
@@ -1302,9 +1323,14 @@ async fn keep_alive(
                 }
             }
         };
-        let opened = tokio::time::timeout(deadline, client.lease_keep_alive(lease)).await;
+        let sent = since_start();
+        let opened = tokio::time::timeout(wait_for(sent), client.lease_keep_alive(lease)).await;
         let (mut keeper, mut stream) = match opened {
-            Ok(Ok(pair)) => pair,
+            // Opening sends one keep-alive and checks its answer.
+            Ok(Ok(pair)) => {
+                kept.store(sent, Ordering::Release);
+                pair
+            }
             Ok(Err(etcd_client::Error::LeaseKeepAliveError(msg))) if msg.contains("not found") => {
                 lost(&leases_lost);
                 return;
@@ -1321,7 +1347,7 @@ async fn keep_alive(
             // Stamped when sent: etcd renews the lease after this, so the
             // lease's end taken from it is never later than the real one.
             let sent = since_start();
-            let answer = tokio::time::timeout(deadline, async {
+            let answer = tokio::time::timeout(wait_for(sent), async {
                 keeper.keep_alive().await?;
                 stream.message().await
             })

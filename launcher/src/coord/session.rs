@@ -28,7 +28,7 @@ use super::config::ETCD_EXPIRY_SWEEP;
 use super::join_read::JoinRead;
 use super::keys::{KEEP_ROUNDS, KeyKind, Keys};
 use super::layout::{self, LayoutError, LayoutRef};
-use super::lease_route::{LeaseRoute, answer_deadline};
+use super::lease_route::{LeaseRoute, answer_deadline, keep_alive_wait};
 use super::plan::{
     self, Limits, Member, MemberRecord, RoundMember, RoundRecord, Standing, Trigger,
 };
@@ -1538,7 +1538,7 @@ pub(crate) async fn keep_lease(inner: Arc<Inner>, granted_at: Instant) {
 
 /// One keep-alive stream on the current lease, through the endpoint
 /// `route` is at, until it breaks or leaves a keep-alive unanswered for
-/// [`answer_deadline`] (then `route` moves to the next endpoint,
+/// [`keep_alive_wait`] (then `route` moves to the next endpoint,
 /// [`super::lease_route`]): each answered keep-alive moves `expires`, and
 /// the first one after a doubt clears it (logged).
 async fn keep_alive_stream(
@@ -1578,9 +1578,10 @@ async fn keep_alive_stream(
         }
     };
     let sent = Instant::now();
+    let wait = keep_alive_wait(sent, *expires, ttl, inner.cfg.request_timeout);
     let opened = tokio::select! {
         () = inner.stop.cancelled() => return Stream::Stopped,
-        r = tokio::time::timeout(deadline, client.lease_keep_alive(lease)) => r,
+        r = tokio::time::timeout(wait, client.lease_keep_alive(lease)) => r,
     };
     let (mut keeper, mut stream) = match opened {
         // Opening sends one keep-alive and checks its answer.
@@ -1608,12 +1609,14 @@ async fn keep_alive_stream(
             () = sleep(interval) => {}
         }
         let sent = Instant::now();
-        // A live member answers in milliseconds; one that does not within
-        // the deadline is paused or gone: the next stream goes elsewhere
-        // while the lease still runs (a doubt is decided by the caller).
+        // A live member answers in milliseconds, one under load in seconds;
+        // one that has not answered when a third of the TTL is left is
+        // paused or gone: the next stream goes elsewhere while the lease
+        // still runs (a doubt is decided by the caller).
+        let wait = keep_alive_wait(sent, *expires, ttl, inner.cfg.request_timeout);
         let answer = tokio::select! {
             () = inner.stop.cancelled() => return Stream::Stopped,
-            () = sleep_until(sent + deadline) => {
+            () = sleep_until(sent + wait) => {
                 return give_up(route, "a keep-alive went unanswered");
             }
             r = async {
