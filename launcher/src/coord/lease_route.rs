@@ -21,9 +21,9 @@
 //! member answered slowly for a while (a new leader, the whole fleet's
 //! keep-alives forwarded to it), each host left member after member, 7 new
 //! connections a host, never waiting for an answer past 1.67 s, and every
-//! lease was lost, in two runs of two. Waiting up to 5 s, none was lost and
-//! only the dead member's hosts moved. A member slow under load is not a
-//! member gone: the watch learned that first (`session::drive`).
+//! lease was lost, in both runs that got that far. Waiting 5 s or 3.33 s,
+//! none was lost and only the dead member's hosts moved. A member slow under
+//! load is not a member gone: the watch learned that first (`drive`).
 //!
 //! In: the endpoints, the host id (where the keeper starts: hosts spread
 //! over the members), what a stream to an endpoint came to. Out: the
