@@ -30,8 +30,8 @@
 //! endpoint to keep the lease through now, and a client to it.
 //! Never: stay on an endpoint after a keep-alive it left unanswered; wait
 //! on a connection without a deadline; change anything with a single
-//! endpoint but the deadline (there is nowhere to move: the shared client
-//! is used, as before).
+//! endpoint (there is nowhere to move: the shared client is used, and the
+//! wait is [`answer_deadline`], as before).
 
 use std::hash::{Hash, Hasher};
 use std::time::Duration;

@@ -1577,8 +1577,20 @@ async fn keep_alive_stream(
             inner.state.send_modify(|s| s.lease_lapsed = None);
         }
     };
+    // With one endpoint there is nowhere to move: a sixth of the TTL, as
+    // before the wait grew (a CI run of tests/notice_hosts.rs, 3 s TTL on a
+    // starved machine, saw leases lapse with the longer wait there, cause
+    // not established; the leader change it is for needs several members).
+    let can_move = route.can_move();
+    let wait_for = |sent: Instant, expires: Instant| {
+        if can_move {
+            keep_alive_wait(sent, expires, ttl, inner.cfg.request_timeout)
+        } else {
+            deadline
+        }
+    };
     let sent = Instant::now();
-    let wait = keep_alive_wait(sent, *expires, ttl, inner.cfg.request_timeout);
+    let wait = wait_for(sent, *expires);
     let opened = tokio::select! {
         () = inner.stop.cancelled() => return Stream::Stopped,
         r = tokio::time::timeout(wait, client.lease_keep_alive(lease)) => r,
@@ -1613,7 +1625,7 @@ async fn keep_alive_stream(
         // one that has not answered when a third of the TTL is left is
         // paused or gone: the next stream goes elsewhere while the lease
         // still runs (a doubt is decided by the caller).
-        let wait = keep_alive_wait(sent, *expires, ttl, inner.cfg.request_timeout);
+        let wait = wait_for(sent, *expires);
         let answer = tokio::select! {
             () = inner.stop.cancelled() => return Stream::Stopped,
             () = sleep_until(sent + wait) => {
