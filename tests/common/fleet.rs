@@ -1293,8 +1293,14 @@ async fn keep_alive(
         .ok()
         .and_then(|v| v.parse::<f64>().ok())
         .map(Duration::from_secs_f64);
+    // With one endpoint (the shared client) a sixth of the TTL, as the
+    // coordinator's route (`LeaseRoute::answer_wait`).
+    let single = shared.is_some();
     let wait_for = |sent: u64| {
         fixed.unwrap_or_else(|| {
+            if single {
+                return deadline;
+            }
             let expires = kept
                 .load(Ordering::Acquire)
                 .saturating_add(u64::try_from(ttl.as_nanos()).unwrap_or(u64::MAX));

@@ -28,7 +28,7 @@ use super::config::ETCD_EXPIRY_SWEEP;
 use super::join_read::JoinRead;
 use super::keys::{KEEP_ROUNDS, KeyKind, Keys};
 use super::layout::{self, LayoutError, LayoutRef};
-use super::lease_route::{LeaseRoute, answer_deadline, keep_alive_wait};
+use super::lease_route::{LeaseRoute, answer_deadline};
 use super::plan::{
     self, Limits, Member, MemberRecord, RoundMember, RoundRecord, Standing, Trigger,
 };
@@ -1538,7 +1538,7 @@ pub(crate) async fn keep_lease(inner: Arc<Inner>, granted_at: Instant) {
 
 /// One keep-alive stream on the current lease, through the endpoint
 /// `route` is at, until it breaks or leaves a keep-alive unanswered for
-/// [`keep_alive_wait`] (then `route` moves to the next endpoint,
+/// [`LeaseRoute::answer_wait`] (then `route` moves to the next endpoint,
 /// [`super::lease_route`]): each answered keep-alive moves `expires`, and
 /// the first one after a doubt clears it (logged).
 async fn keep_alive_stream(
@@ -1577,20 +1577,8 @@ async fn keep_alive_stream(
             inner.state.send_modify(|s| s.lease_lapsed = None);
         }
     };
-    // With one endpoint there is nowhere to move: a sixth of the TTL, as
-    // before the wait grew (a CI run of tests/notice_hosts.rs, 3 s TTL on a
-    // starved machine, saw leases lapse with the longer wait there, cause
-    // not established; the leader change it is for needs several members).
-    let can_move = route.can_move();
-    let wait_for = |sent: Instant, expires: Instant| {
-        if can_move {
-            keep_alive_wait(sent, expires, ttl, inner.cfg.request_timeout)
-        } else {
-            deadline
-        }
-    };
     let sent = Instant::now();
-    let wait = wait_for(sent, *expires);
+    let wait = route.answer_wait(sent, *expires, ttl, inner.cfg.request_timeout);
     let opened = tokio::select! {
         () = inner.stop.cancelled() => return Stream::Stopped,
         r = tokio::time::timeout(wait, client.lease_keep_alive(lease)) => r,
@@ -1625,7 +1613,7 @@ async fn keep_alive_stream(
         // one that has not answered when a third of the TTL is left is
         // paused or gone: the next stream goes elsewhere while the lease
         // still runs (a doubt is decided by the caller).
-        let wait = wait_for(sent, *expires);
+        let wait = route.answer_wait(sent, *expires, ttl, inner.cfg.request_timeout);
         let answer = tokio::select! {
             () = inner.stop.cancelled() => return Stream::Stopped,
             () = sleep_until(sent + wait) => {
