@@ -1360,6 +1360,66 @@ async fn one_host_writes_a_rounds_layout_base_and_a_dead_claim_holder_costs_only
     );
 }
 
+/// The calls of `method` that `member` answered `Unavailable` (etcd's own
+/// "request timed out", "leader changed", "no leader"), by its metrics.
+fn unavailable(member: &EtcdServer, method: &str) -> u64 {
+    let page = member.metrics_page().unwrap_or_default();
+    let label = format!("grpc_method=\"{method}\"");
+    page.lines()
+        .filter(|l| l.starts_with("grpc_server_handled_total{") && l.contains(&label))
+        .filter(|l| l.contains("grpc_code=\"Unavailable\""))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum::<f64>() as u64
+}
+
+/// Issue 30: a launcher whose connection's first read met an election
+/// ("etcdserver: leader changed", in a 4,096-host join on a 3-member
+/// cluster) failed its join and exited. etcd's own "cannot serve now" is
+/// asked again within the join's patience: here the one member left of
+/// three, without a quorum, answers the first read "request timed out"
+/// (after its own 7 s), and the join goes on once a second member is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_first_read_etcd_cannot_serve_yet_is_asked_again() {
+    let mut cluster = EtcdCluster::start(3);
+    let endpoint = cluster.endpoints()[0].clone();
+    cluster.members[1].kill();
+    cluster.members[2].kill();
+    let before = unavailable(&cluster.members[0], "Range");
+    let mut c = CoordConfig::new(vec![endpoint], "job-no-quorum", "host-a", "127.0.0.2");
+    (c.min_nodes, c.max_nodes) = (1, 1);
+    // The connection's HTTP/2 pings go every third of the TTL; etcd
+    // closes a connection pinged more often than every 5 s
+    // (`--grpc-keepalive-min-time`) while nothing else is sent on it, as
+    // here for the 7 s etcd keeps the read (before the join, no lease
+    // keeper's answers come). 15 s: pings 5 s apart.
+    c.lease_ttl = Duration::from_secs(15);
+    // Longer than etcd's own wait for a quorum (its request timeout, 5 s,
+    // and two election timeouts): etcd's answer comes before this one's.
+    c.request_timeout = Duration::from_secs(12);
+    c.rejoin_timeout = Duration::from_secs(90);
+    let joining = tokio::spawn(Coordinator::join(c));
+    common::eventually(
+        Duration::from_secs(40),
+        "etcd answers the first read that it cannot serve it",
+        async || (unavailable(&cluster.members[0], "Range") > before).then_some(()),
+    )
+    .await;
+    assert!(
+        !joining.is_finished(),
+        "the join ended on etcd's first 'cannot serve now'"
+    );
+    tokio::task::block_in_place(|| cluster.restart(1));
+    let a = within(
+        Duration::from_secs(60),
+        "the join after the quorum is back",
+        joining,
+    )
+    .await
+    .expect("the join task")
+    .unwrap_or_else(|e| panic!("host-a could not join: {e}"));
+    assert_eq!(round(&a, 0).await.node_rank, Some(0));
+}
+
 /// A member of a 3-member etcd cluster (127.0.0.2-4) paused (SIGSTOP) for
 /// longer than the lease TTL, while the host's keep-alives go through it,
 /// costs the host nothing: its keeper leaves the member after one

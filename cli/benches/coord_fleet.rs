@@ -272,11 +272,20 @@ async fn run(n: usize, members: usize, s: &Settings) -> FleetRow {
                 .rounds_through(kill_fault, 5, s.ttl + Duration::from_secs(2))
                 .await;
             eprintln!("fleet: leader {leader} killed: {killed:?}");
+            let killed_leader = leader;
             cluster.members[leader].kill();
             cluster.restart(leader);
             fleet.restart_through_faults().await;
             let leader = cluster.leader(Duration::from_secs(30));
-            let follower = (leader + 1) % cluster.members.len();
+            // A follower that was not the killed leader: hosts left that
+            // one for the others and none went back to it once it was
+            // restarted, so pausing it tested nothing (0 keep-alives moved
+            // in two runs).
+            let n = cluster.members.len();
+            let follower = (1..n)
+                .map(|k| (leader + k) % n)
+                .find(|&m| m != killed_leader)
+                .unwrap_or((leader + 1) % n);
             let pid = cluster.members[follower].pid();
             let pause = s.ttl + Duration::from_secs(2);
             let pause_fault = async move {

@@ -874,11 +874,22 @@ async fn join_light(
         .await
         .expect("a light host connects");
     // The connection's first read, as the coordinator's (launcher/src/
-    // coord/connect.rs): the one key the job's prefix names.
-    client
-        .get(keys.base(), Some(GetOptions::new().with_count_only()))
-        .await
-        .expect("a light host's first read");
+    // coord/connect.rs): the one key the job's prefix names, asked again
+    // while etcd's server itself says it cannot serve it now (a 4,096-host
+    // join on 3 members met "etcdserver: leader changed" here).
+    let mut patience = Patience::new();
+    loop {
+        match client
+            .get(keys.base(), Some(GetOptions::new().with_count_only()))
+            .await
+        {
+            Ok(_) => break,
+            Err(e) if warden_launcher::coord::etcd_cannot_serve_now(&e) => {
+                patience.wait(&host, "first read", &e.to_string()).await;
+            }
+            Err(e) => panic!("{host}: a light host's first read: {e}"),
+        }
+    }
     let asked = since_start();
     // Asked again while etcd does not answer or is too busy to, as the
     // coordinator does (launcher/src/coord/patience.rs): a mass start of

@@ -10,8 +10,16 @@
 //! [`CoordError`] that says which of those failed in words an operator can
 //! act on ([`super::diagnose`]): the endpoint and the TLS problem, the user
 //! whose password etcd refused, the prefix a user may not read.
+//! A first read that etcd's server itself answered with "cannot serve now"
+//! (an election: "leader changed", "no leader", "request timed out"; or
+//! "too many requests") is asked again within the dial's patience: the
+//! endpoint, TLS and login worked to get that answer, and a launcher of a
+//! mass start that met an election used to exit on it (issue 30: a
+//! 4,096-host join on a 3-member cluster).
 //! Never: wait on etcd without a deadline; put the password in an error,
-//! a log line or a Debug string; fall back to plain HTTP when TLS fails.
+//! a log line or a Debug string; fall back to plain HTTP when TLS fails;
+//! ask again after a refusal, a transport error or no answer at all (a
+//! wrong endpoint looks like those, and must fail at once).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -21,6 +29,7 @@ use etcd_client::{Certificate, Client, ConnectOptions, GetOptions, Identity, Tls
 use super::CoordError;
 use super::access::{EtcdAccess, endpoint_scheme_problem};
 use super::diagnose;
+use super::patience::Patience;
 
 /// What to connect to and how.
 #[derive(Debug, Clone, Copy)]
@@ -41,6 +50,9 @@ pub(crate) struct EtcdDial<'a> {
     /// prefix proved the same, but etcd 3.4 walks its index over a range
     /// even to count it: O(N) in a job's hosts, per host joining (issue 30).
     pub probe: &'a str,
+    /// How long a first read that etcd answered "cannot serve now" is
+    /// asked again (see the module's contract).
+    pub patience: Duration,
 }
 
 /// Checks each endpoint's scheme against the TLS setting; the error names
@@ -124,10 +136,80 @@ pub(crate) async fn connect(dial: EtcdDial<'_>) -> Result<Client, CoordError> {
             Ok(Err(e)) => return Err(failed(e)),
             Err(_) => return Err(timed_out("connect")),
         };
-    let probe = client.get(dial.probe, Some(GetOptions::new().with_count_only()));
-    match tokio::time::timeout(dial.timeout, probe).await {
-        Ok(Ok(_)) => Ok(client),
-        Ok(Err(e)) => Err(failed(e)),
-        Err(_) => Err(timed_out("get (first read)")),
+    let mut patience = Patience::new(dial.patience);
+    loop {
+        let probe = client.get(dial.probe, Some(GetOptions::new().with_count_only()));
+        match tokio::time::timeout(dial.timeout, probe).await {
+            Ok(Ok(_)) => return Ok(client),
+            Ok(Err(e)) if etcd_cannot_serve_now(&e) => {
+                let Some(wait) = patience.next_wait() else {
+                    return Err(failed(e));
+                };
+                tracing::warn!(endpoints = %joined, error = %e, ?wait, "etcd cannot serve the connection's first read now (an election, or too busy); asking again");
+                tokio::time::sleep(wait).await;
+            }
+            Ok(Err(e)) => return Err(failed(e)),
+            Err(_) => return Err(timed_out("get (first read)")),
+        }
+    }
+}
+
+/// Whether etcd's server answered that it cannot serve the request now,
+/// and may later: gRPC `Unavailable` or `ResourceExhausted` with a message
+/// of etcd's own ("etcdserver: leader changed", "etcdserver: no leader",
+/// "etcdserver: request timed out", "etcdserver: too many requests"). The
+/// transport's own `Unavailable` (nothing listening, a reset) carries no
+/// such message, and a refusal (a password, a permission) has another
+/// code.
+pub fn etcd_cannot_serve_now(e: &etcd_client::Error) -> bool {
+    match e {
+        etcd_client::Error::GRpcStatus(s) => {
+            matches!(
+                s.code(),
+                tonic::Code::Unavailable | tonic::Code::ResourceExhausted
+            ) && s.message().starts_with("etcdserver: ")
+        }
+        _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::etcd_cannot_serve_now;
+
+    fn status(s: tonic::Status) -> etcd_client::Error {
+        etcd_client::Error::GRpcStatus(s)
+    }
+
+    /// etcd 3.4's answers (`rpctypes`), and the transport's.
+    #[test]
+    fn only_etcds_own_cannot_serve_answers_are_asked_again() {
+        for msg in [
+            "etcdserver: leader changed",
+            "etcdserver: no leader",
+            "etcdserver: request timed out",
+            "etcdserver: request timed out, possibly due to previous leader failure",
+        ] {
+            assert!(
+                etcd_cannot_serve_now(&status(tonic::Status::unavailable(msg))),
+                "{msg}"
+            );
+        }
+        assert!(etcd_cannot_serve_now(&status(
+            tonic::Status::resource_exhausted("etcdserver: too many requests")
+        )));
+        for refused in [
+            tonic::Status::unavailable(
+                "error trying to connect: tcp connect error: Connection refused (os error 111)",
+            ),
+            tonic::Status::permission_denied("etcdserver: permission denied"),
+            tonic::Status::invalid_argument(
+                "etcdserver: authentication failed, invalid user ID or password",
+            ),
+            tonic::Status::failed_precondition("etcdserver: user name not found"),
+        ] {
+            let e = status(refused);
+            assert!(!etcd_cannot_serve_now(&e), "{e}");
+        }
     }
 }

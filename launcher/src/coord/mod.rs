@@ -64,6 +64,7 @@ use tokio_util::sync::CancellationToken;
 
 pub use access::{ClientIdentity, Credentials, EtcdAccess, EtcdTlsFiles, Password};
 pub use config::CoordConfig;
+pub use connect::etcd_cannot_serve_now;
 pub use error::CoordError;
 pub use plan::{CkptPeer, Limits, RoundRecord};
 pub use round::Round;
@@ -185,19 +186,23 @@ impl Coordinator {
         cfg.validate()?;
         let endpoints = cfg.endpoints.join(",");
         let keys = Keys::new(&cfg.prefix, &cfg.job);
+        let joining = Instant::now();
         let client = connect::connect(connect::EtcdDial {
             endpoints: &cfg.endpoints,
             access: &cfg.access,
             timeout: cfg.request_timeout,
             keep_alive: Some(cfg.lease_ttl / 3),
             probe: keys.base(),
+            patience: cfg.rejoin_timeout,
         })
         .await?;
         let member_key = keys.member(&cfg.host);
         // From here on, an etcd that does not answer is asked again
         // ([`patience`]). A grant whose answer was lost leaves a lease
         // with no key under it, which etcd drops after the TTL.
-        let mut patience = patience::Patience::new(cfg.rejoin_timeout);
+        // One budget for the join: what the first read spent is gone.
+        let mut patience =
+            patience::Patience::new(cfg.rejoin_timeout.saturating_sub(joining.elapsed()));
         let (lease, granted_at) = loop {
             let granted_at = Instant::now();
             let mut c = client.clone();

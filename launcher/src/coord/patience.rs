@@ -52,13 +52,19 @@ impl Patience {
         if !err.etcd_busy() {
             return Err(err);
         }
+        self.next_wait().ok_or(err)
+    }
+
+    /// After a failed attempt the caller judged worth another: how long to
+    /// wait before it, or `None` when the wait would spend the budget.
+    pub(crate) fn next_wait(&mut self) -> Option<Duration> {
         let wait = spread(self.next);
         if self.since.elapsed() + wait >= self.budget {
-            return Err(err);
+            return None;
         }
         self.attempts += 1;
         self.next = (self.next * 2).min(MOST);
-        Ok(wait)
+        Some(wait)
     }
 
     /// How many attempts were asked again so far.

@@ -85,6 +85,8 @@ impl Reports {
             timeout,
             keep_alive: None,
             probe: &keys.goodputs(),
+            // A CLI read or a launcher's report: one deadline's worth.
+            patience: timeout,
         })
         .await?;
         Ok(Self {
