@@ -562,7 +562,8 @@ print("ok", ckpt.identity())
 /// sets the whole list at the last page (its first and last entries both
 /// become replica targets). With the exchange's two-level tree the job's
 /// busiest host takes 254 connections from the others, within the default
-/// `api.max_connections`, so nothing is warned.
+/// `api.max_connections`, so that is not warned; a restore still asks
+/// every peer (16,383 connections here at a job-wide restore), and that is.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_16384_host_peer_list_with_long_names_is_taken_in_pages() {
     let ip = "127.0.0.2";
@@ -622,7 +623,19 @@ async fn a_16384_host_peer_list_with_long_names_is_taken_in_pages() {
     // Next in the ring as strings ("127.1.0.100:9" < "127.1.0.1:9"):
     // peer 100, on the first page.
     assert_eq!(taken.targets[1], "127.1.0.100:9", "and the first page's");
-    assert!(taken.warning.is_empty(), "{:?}", taken.warning);
+    assert!(
+        !taken.warning.contains("straggler aggregator"),
+        "{:?}",
+        taken.warning
+    );
+    assert!(
+        taken
+            .warning
+            .contains("this job has 16384 hosts, and a restore on each asks every other")
+            && taken.warning.contains("16383 agents connect here"),
+        "{:?}",
+        taken.warning
+    );
 }
 
 /// A job whose aggregator would take more connections than the agent
@@ -659,6 +672,9 @@ async fn a_job_past_the_connection_cap_is_warned_at_the_round() {
         "straggler.aggregator_fan_out 65536",
         "api.max_connections 64",
         "LimitNOFILE",
+        // The restore's fan-in too: every other host dials this one.
+        "99 agents connect here",
+        "api.idle_timeout",
     ] {
         assert!(
             taken.warning.contains(words),

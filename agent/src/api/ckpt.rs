@@ -259,15 +259,26 @@ pub async fn set_checkpoint_peers(
         .filter(|a| *a != ck.peers.my_addr())
         .collect::<std::collections::HashSet<_>>()
         .len();
-    let warning = crate::exchange::capacity::connections_short(
-        &state.config.api,
-        &state.config.straggler,
-        state.stranger_connections(),
-        others,
-    );
-    if let Some(w) = &warning {
+    let warnings: Vec<String> = [
+        crate::exchange::capacity::connections_short(
+            &state.config.api,
+            &state.config.straggler,
+            state.stranger_connections(),
+            others,
+        ),
+        crate::ckpt::fan_in::restore_connections_short(
+            &state.config.api,
+            state.stranger_connections(),
+            others,
+        ),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    for w in &warnings {
         tracing::warn!(job = %req.job_id, "{w}");
     }
+    let warning = (!warnings.is_empty()).then(|| warnings.join("; and "));
     let targets = ck
         .peers
         .set_job(&req.job_id, &specs)

@@ -15,6 +15,7 @@
 pub mod commit;
 pub mod config;
 pub mod durable;
+pub mod fan_in;
 pub mod layout;
 pub mod link;
 pub mod listing;
