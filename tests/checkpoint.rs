@@ -254,6 +254,79 @@ async fn a_restore_with_its_holders_silent_says_so_instead_of_starting_over() {
     assert_eq!(got.read().expect("read"), shard_bytes(10, 0, 1 << 16));
 }
 
+/// The ListShards calls `agent` answered, whatever their code.
+async fn list_shards_served(agent: &TestAgent) -> f64 {
+    let (scrape, _) = common::scrape(agent).await;
+    scrape
+        .samples
+        .iter()
+        .filter(|s| {
+            s.metric == "warden_api_requests_total" && s.labels.get("method") == Some("ListShards")
+        })
+        .map(|s| common::number(&s.value))
+        .sum()
+}
+
+/// Issue 30: a restore asks every peer what it holds, and at a restart
+/// every rank of a host restores: each rank used to ask every peer. The
+/// ranks of one host that restore at once now share one gather: six
+/// restores on one host while a peer is silent (paused, so the gather
+/// lasts until it answers) ask the answering peer far fewer than six
+/// times, and every one restores its shard.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_ranks_of_a_host_restoring_at_once_share_one_gather() {
+    let addrs: Vec<String> = IPS
+        .iter()
+        .map(|ip| format!("{ip}:{}", free_port(ip)))
+        .collect();
+    // Replication asks its targets what they hold every retry_interval:
+    // an hour here, so the peers' ListShards count only restores.
+    let hosts: Vec<TestAgent> = (0..3)
+        .map(|i| {
+            let toml = host_toml(i, &addrs, "peer_timeout = \"10s\"", "");
+            let slow = toml.replacen("retry_interval = \"200ms\"", "retry_interval = \"1h\"", 1);
+            assert_ne!(slow, toml, "the retry interval is in host_toml");
+            TestAgent::start(&slow)
+        })
+        .collect();
+    save_everywhere(&hosts, "job", &[10], 1 << 16);
+    until_copies(&hosts[0], "job", 10, 2).await;
+    wipe_job(&hosts[0], "job");
+    let before = list_shards_served(&hosts[1]).await;
+    hosts[2].signal(nix::sys::signal::Signal::SIGSTOP);
+    let socket = hosts[0].socket().to_owned();
+    let restores: Vec<_> = (0..6u32)
+        .map(|r| {
+            let socket = socket.clone();
+            std::thread::spawn(move || {
+                checkpoint_rank(&socket, "job", r, 6)
+                    .restore(0)
+                    .map(|got| got.map(|g| (g.step, g.read().expect("read"))))
+            })
+        })
+        .collect();
+    // The first gather has asked host 1; host 2 holds it until it wakes.
+    eventually(Duration::from_secs(30), "host 1 is asked", async || {
+        (list_shards_served(&hosts[1]).await > before).then_some(())
+    })
+    .await;
+    hosts[2].signal(nix::sys::signal::Signal::SIGCONT);
+    for (r, t) in restores.into_iter().enumerate() {
+        let got = t
+            .join()
+            .expect("the restore thread")
+            .unwrap_or_else(|e| panic!("rank {r}: {e}\n{}", hosts[0].stderr()))
+            .unwrap_or_else(|| panic!("rank {r}: no complete step"));
+        assert_eq!(got, (10, shard_bytes(10, r as u32, 1 << 16)), "rank {r}");
+    }
+    let asked = list_shards_served(&hosts[1]).await - before;
+    println!("six restores at once asked host 1 {asked} time(s)");
+    assert!(
+        (1.0..=3.0).contains(&asked),
+        "six restores at once asked host 1 {asked} times: not shared"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_corrupt_shard_is_detected_and_fetched_elsewhere() {
     let hosts = three_hosts("", "");

@@ -28,6 +28,7 @@ pub mod replicate;
 pub mod restore;
 pub mod retention;
 pub mod scrub;
+pub mod shared_gather;
 pub mod tier;
 pub mod wire;
 
@@ -115,6 +116,9 @@ pub struct Checkpoints {
     pub durable: Option<durable::Durable>,
     /// Commits being sealed.
     pub sealing: Sealing,
+    /// The gathers of a job's copies under way, shared by the ranks that
+    /// restore at once.
+    pub gathers: shared_gather::InFlight,
     work: mpsc::UnboundedSender<Manifest>,
     work_rx: Mutex<Option<mpsc::UnboundedReceiver<Manifest>>>,
 }
@@ -178,6 +182,7 @@ impl Checkpoints {
             peer_pages: peer_pages::PeerPages::default(),
             durable,
             sealing: Sealing::default(),
+            gathers: shared_gather::InFlight::default(),
             work,
             work_rx: Mutex::new(Some(work_rx)),
         })
@@ -370,6 +375,9 @@ pub fn subject(k: &ShardKey) -> String {
 #[derive(Debug, Default)]
 pub struct Sealing {
     n: std::sync::atomic::AtomicUsize,
+    /// Commits sealed so far: a gather that started at a count still
+    /// current has seen every one ([`shared_gather`]).
+    sealed: std::sync::atomic::AtomicU64,
     done: tokio::sync::Notify,
 }
 
@@ -381,6 +389,10 @@ impl Drop for SealGuard {
     fn drop(&mut self) {
         self.0
             .sealing
+            .sealed
+            .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        self.0
+            .sealing
             .n
             .fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
         self.0.sealing.done.notify_waiters();
@@ -388,6 +400,11 @@ impl Drop for SealGuard {
 }
 
 impl Sealing {
+    /// Commits sealed so far.
+    pub fn sealed(&self) -> u64 {
+        self.sealed.load(std::sync::atomic::Ordering::Acquire)
+    }
+
     /// Waits until no commit is being sealed, at most `limit`.
     pub async fn settled(&self, limit: std::time::Duration) {
         let deadline = tokio::time::Instant::now() + limit;

@@ -120,13 +120,23 @@ impl CopiesView {
 
 /// Asks the local tier, every peer and the durable store about `job`
 /// (every job when empty; the durable store only for a named job), each
-/// peer within `checkpoint.peer_timeout`.
-pub async fn gather(ck: &Arc<Checkpoints>, job: &str) -> CopiesView {
+/// peer within `checkpoint.peer_timeout`; a gather of the same job already
+/// under way here is shared ([`super::shared_gather`]).
+pub async fn gather(ck: &Arc<Checkpoints>, job: &str) -> Arc<CopiesView> {
     gather_within(ck, job, ck.cfg.peer_timeout).await
 }
 
 /// [`gather`] with each peer given `limit` to answer.
-async fn gather_within(ck: &Arc<Checkpoints>, job: &str, limit: Duration) -> CopiesView {
+async fn gather_within(ck: &Arc<Checkpoints>, job: &str, limit: Duration) -> Arc<CopiesView> {
+    ck.gathers
+        .view(job, limit, ck.sealing.sealed(), || {
+            gather_now(ck, job, limit)
+        })
+        .await
+}
+
+/// One gather, run now.
+async fn gather_now(ck: &Arc<Checkpoints>, job: &str, limit: Duration) -> CopiesView {
     let mut view = CopiesView::default();
     let ck2 = ck.clone();
     let j = job.to_owned();
@@ -337,7 +347,7 @@ pub async fn restore(
             return Err(RestoreError::Unreachable {
                 job: job.to_owned(),
                 step,
-                holders: view.unreachable,
+                holders: view.unreachable.clone(),
             });
         }
     }

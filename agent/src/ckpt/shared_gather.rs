@@ -1,0 +1,156 @@
+//! One gather of a job's copies for the ranks of this host that restore at
+//! once.
+//!
+//! A restore asks every peer of the job what it holds
+//! ([`super::restore::gather`]), and at a restart every rank of a host
+//! restores: with 8 ranks a host, 8 times every peer (issue 30: O(N) calls
+//! per rank, and every peer lists its tier for each). A rank that asks
+//! while a gather of the same job and time limit is under way here takes
+//! that gather's view instead of starting its own, unless a commit was
+//! sealed here since it started: a restore right after its own save must
+//! see that save ([`super::Sealing`] counts them).
+//!
+//! In: the job, the limit, this agent's count of sealed commits, and the
+//! gather to run. Out: the view, shared. Never: hands a caller a view
+//! gathered before a commit sealed here that the caller could have waited
+//! for; keeps a finished view for a later caller (the next restore asks
+//! again); holds more than one gather per job and limit.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::OnceCell;
+
+use super::restore::CopiesView;
+
+/// The gathers under way on this agent, per job and limit.
+#[derive(Debug, Default)]
+pub struct InFlight(Mutex<HashMap<(String, Duration), Flight>>);
+
+#[derive(Debug)]
+struct Flight {
+    /// Commits sealed here when it started.
+    sealed: u64,
+    view: Arc<OnceCell<Arc<CopiesView>>>,
+}
+
+impl InFlight {
+    /// The view of `job` within `limit`: the gather under way, when it
+    /// started with `sealed` commits sealed here as now, or else `gather`,
+    /// run here and shared with those that come while it runs.
+    pub async fn view<F>(
+        &self,
+        job: &str,
+        limit: Duration,
+        sealed: u64,
+        gather: impl FnOnce() -> F,
+    ) -> Arc<CopiesView>
+    where
+        F: std::future::Future<Output = CopiesView>,
+    {
+        let key = (job.to_owned(), limit);
+        let cell = {
+            let mut m = self.0.lock().unwrap_or_else(|p| p.into_inner());
+            match m.get(&key) {
+                Some(f) if f.sealed == sealed && !f.view.initialized() => f.view.clone(),
+                _ => {
+                    let cell = Arc::new(OnceCell::new());
+                    m.insert(
+                        key.clone(),
+                        Flight {
+                            sealed,
+                            view: cell.clone(),
+                        },
+                    );
+                    cell
+                }
+            }
+        };
+        // One caller runs its gather; the others wait for its view. Should
+        // that caller go away mid-way, the next waiter runs its own.
+        let view = cell
+            .get_or_init(|| async { Arc::new(gather().await) })
+            .await
+            .clone();
+        let mut m = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        if m.get(&key).is_some_and(|f| Arc::ptr_eq(&f.view, &cell)) {
+            m.remove(&key);
+        }
+        view
+    }
+
+    /// Gathers under way (for tests and the bound).
+    pub fn len(&self) -> usize {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).len()
+    }
+
+    /// No gather under way.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    /// A gather that counts itself and ends when `go` is notified.
+    async fn counted(n: &AtomicUsize, go: &tokio::sync::Notify) -> CopiesView {
+        n.fetch_add(1, Ordering::SeqCst);
+        go.notified().await;
+        CopiesView::default()
+    }
+
+    #[tokio::test]
+    async fn callers_while_a_gather_runs_share_it_and_the_next_asks_again() {
+        let flights = InFlight::default();
+        let (n, go) = (AtomicUsize::new(0), tokio::sync::Notify::new());
+        let limit = Duration::from_secs(1);
+        let first = flights.view("j", limit, 0, || counted(&n, &go));
+        let second = flights.view("j", limit, 0, || counted(&n, &go));
+        // Another job, and another limit (the restore's longer second ask),
+        // are gathers of their own.
+        let other_job = flights.view("k", limit, 0, || counted(&n, &go));
+        let other_limit = flights.view("j", limit * 3, 0, || counted(&n, &go));
+        let release = async {
+            // Each started gather waits on `go`; release them once all four
+            // callers are in (three gathers).
+            while n.load(Ordering::SeqCst) < 3 {
+                tokio::task::yield_now().await;
+            }
+            go.notify_waiters();
+        };
+        let (a, b, _, _, ()) = tokio::join!(first, second, other_job, other_limit, release);
+        assert!(
+            Arc::ptr_eq(&a, &b),
+            "the second caller took the first's view"
+        );
+        assert_eq!(n.load(Ordering::SeqCst), 3, "one gather per job and limit");
+        assert!(flights.is_empty(), "a finished gather is not kept");
+
+        // After it finished, a caller gathers again.
+        go.notify_one();
+        flights.view("j", limit, 0, || counted(&n, &go)).await;
+        assert_eq!(n.load(Ordering::SeqCst), 4);
+    }
+
+    #[tokio::test]
+    async fn a_commit_sealed_since_the_gather_started_gets_a_gather_of_its_own() {
+        let flights = InFlight::default();
+        let (n, go) = (AtomicUsize::new(0), tokio::sync::Notify::new());
+        let limit = Duration::from_secs(1);
+        let before = flights.view("j", limit, 0, || counted(&n, &go));
+        let after_a_commit = flights.view("j", limit, 1, || counted(&n, &go));
+        let release = async {
+            while n.load(Ordering::SeqCst) < 2 {
+                tokio::task::yield_now().await;
+            }
+            go.notify_waiters();
+        };
+        let (a, b, ()) = tokio::join!(before, after_a_commit, release);
+        assert!(!Arc::ptr_eq(&a, &b));
+        assert_eq!(n.load(Ordering::SeqCst), 2);
+    }
+}
