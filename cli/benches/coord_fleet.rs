@@ -41,9 +41,13 @@
 //! `WARDEN_FLEET_LOSSES=1` (light hosts lost one after another, each
 //! printed from its drop and from its lease's end; the row keeps the
 //! first), `WARDEN_FLEET_TTL_S=10`, `WARDEN_FLEET_REQUEST_TIMEOUT_S=5`.
-//! `WARDEN_FLEET_KEEPALIVE_WAIT_S` (unset: a sixth of the TTL, the
-//! coordinator's rule): how long a light host waits for a keep-alive's
-//! answer before it moves to the next member (an experiment).
+//! `WARDEN_FLEET_KEEPALIVE_WAIT_S` (unset: the coordinator's rule, until a
+//! third of the TTL is left): how long a light host waits for a
+//! keep-alive's answer before it moves to the next member (an
+//! experiment). `WARDEN_FLEET_KEEPALIVE_STAY=1` (an experiment): a member
+//! that refused the connection is skipped for a TTL, a new stream's first
+//! answer is waited for until a sixth of the TTL is left, and failed moves
+//! back off. Each fault prints why the light hosts' streams moved.
 //! `WARDEN_FLEET_EVERY_HOST_DECIDES=1`: the baseline of the join (light
 //! hosts read and watch every member key, as every launcher did before
 //! only the first 8 by join decided rounds); write it to its own

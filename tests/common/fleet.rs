@@ -61,6 +61,22 @@ use warden_planner::fleet::FaultRounds;
 /// many hosts moved, and why, while a member was killed or paused.
 static KEEPALIVE_LATE: AtomicU64 = AtomicU64::new(0);
 static KEEPALIVE_BROKEN: AtomicU64 = AtomicU64::new(0);
+/// Why streams broke, by the start of what etcd or the client said, and
+/// where (connecting, opening, a keep-alive): printed with the moves, so a
+/// fault's moves say whether the member went away or etcd refused.
+static BROKEN_WHY: std::sync::Mutex<std::collections::BTreeMap<String, u64>> =
+    std::sync::Mutex::new(std::collections::BTreeMap::new());
+
+/// Counts one broken stream, and why.
+fn broken(at: &str, why: &str) {
+    KEEPALIVE_BROKEN.fetch_add(1, Ordering::Relaxed);
+    let short: String = why.chars().take(90).collect();
+    *BROKEN_WHY
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .entry(format!("{at}: {short}"))
+        .or_default() += 1;
+}
 
 /// Every wait of the fleet: generous, a loaded 2-core machine with
 /// thousands of hosts on it.
@@ -558,6 +574,14 @@ impl Fleet {
             KEEPALIVE_LATE.load(Ordering::Relaxed) - moves0.0,
             KEEPALIVE_BROKEN.load(Ordering::Relaxed) - moves0.1,
         );
+        let why = std::mem::take(
+            &mut *BROKEN_WHY
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        );
+        for (what, n) in why {
+            eprintln!("fleet:   broken since the previous report: {n} x {what}");
+        }
         let lost = after.light_lost.saturating_sub(before.light_lost)
             + u64::try_from(after.full_lost.saturating_sub(before.full_lost)).unwrap();
         FaultRounds {
@@ -1321,8 +1345,48 @@ async fn keep_alive(
                 .max(deadline)
         })
     };
+    // `WARDEN_FLEET_KEEPALIVE_STAY=1` (an experiment, light hosts only;
+    // issue 30: a leader kill at 4,096 hosts on 3 members moved streams
+    // 29,797 times, 18,255 of them a new stream's first keep-alive left
+    // unanswered on a live member, 7,758 a connection refused by the dead
+    // one): a member that refused the connection is skipped for a TTL; a
+    // new stream's first keep-alive is waited for until a sixth of the TTL
+    // is left on the lease (the host commits to the member it moved to);
+    // and the pause after a failed move doubles from 200 ms to a sixth of
+    // the TTL, spread, until an answer comes.
+    let stay = std::env::var("WARDEN_FLEET_KEEPALIVE_STAY").is_ok_and(|v| v == "1");
+    let open_wait = |sent: u64| {
+        if !stay || single {
+            return wait_for(sent);
+        }
+        let expires = kept
+            .load(Ordering::Acquire)
+            .saturating_add(u64::try_from(ttl.as_nanos()).unwrap_or(u64::MAX));
+        Duration::from_nanos(expires.saturating_sub(sent))
+            .saturating_sub(ttl / 6)
+            .min(request_timeout)
+            .max(deadline)
+    };
+    let mut down_until = vec![0u64; endpoints.len().max(1)];
+    let mut pause = Duration::from_millis(200);
+    let after_failure = |pause: &mut Duration| {
+        let now = *pause;
+        if stay {
+            let spread = u64::try_from(i).unwrap_or(0).wrapping_mul(2_654_435_761) % 1000;
+            *pause = (*pause * 2).min(deadline);
+            return now - now.mul_f64(spread as f64 / 2000.0);
+        }
+        now
+    };
     let mut at = i % endpoints.len().max(1);
     loop {
+        if stay && down_until[at] > since_start() {
+            at = (at + 1) % endpoints.len().max(1);
+            if down_until.iter().all(|&d| d > since_start()) {
+                down_until.fill(0);
+            }
+            continue;
+        }
         let mut client = if let Some(shared) = &shared {
             shared.clone()
         } else {
@@ -1332,30 +1396,51 @@ async fn keep_alive(
             let connect = Client::connect([endpoints[at].as_str()], Some(options));
             match tokio::time::timeout(deadline, connect).await {
                 Ok(Ok(c)) => c,
-                Ok(Err(_)) | Err(_) => {
-                    KEEPALIVE_BROKEN.fetch_add(1, Ordering::Relaxed);
+                Ok(Err(e)) => {
+                    broken("connect", &e.to_string());
+                    down_until[at] = since_start()
+                        .saturating_add(u64::try_from(ttl.as_nanos()).unwrap_or(u64::MAX));
                     at = (at + 1) % endpoints.len();
-                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    tokio::time::sleep(after_failure(&mut pause)).await;
+                    continue;
+                }
+                Err(_) => {
+                    broken("connect", "no connection within the deadline");
+                    at = (at + 1) % endpoints.len();
+                    tokio::time::sleep(after_failure(&mut pause)).await;
                     continue;
                 }
             }
         };
         let sent = since_start();
-        let opened = tokio::time::timeout(wait_for(sent), client.lease_keep_alive(lease)).await;
+        let opened = tokio::time::timeout(open_wait(sent), client.lease_keep_alive(lease)).await;
         let (mut keeper, mut stream) = match opened {
             // Opening sends one keep-alive and checks its answer.
             Ok(Ok(pair)) => {
                 kept.store(sent, Ordering::Release);
+                pause = Duration::from_millis(200);
                 pair
             }
             Ok(Err(etcd_client::Error::LeaseKeepAliveError(msg))) if msg.contains("not found") => {
                 lost(&leases_lost);
                 return;
             }
-            Ok(Err(_)) | Err(_) => {
-                KEEPALIVE_BROKEN.fetch_add(1, Ordering::Relaxed);
+            Ok(Err(e)) => {
+                let why = e.to_string();
+                broken("open", &why);
+                // The lazy connection's refusal comes with the open.
+                if why.contains("tcp connect error") {
+                    down_until[at] = since_start()
+                        .saturating_add(u64::try_from(ttl.as_nanos()).unwrap_or(u64::MAX));
+                }
                 at = (at + 1) % endpoints.len().max(1);
-                tokio::time::sleep(Duration::from_millis(200)).await;
+                tokio::time::sleep(after_failure(&mut pause)).await;
+                continue;
+            }
+            Err(_) => {
+                broken("open", "the first keep-alive went unanswered");
+                at = (at + 1) % endpoints.len().max(1);
+                tokio::time::sleep(after_failure(&mut pause)).await;
                 continue;
             }
         };
@@ -1381,8 +1466,13 @@ async fn keep_alive(
                 }
                 // The stream broke or went unanswered: a new one, on the
                 // next endpoint.
-                Ok(Ok(None) | Err(_)) => {
-                    KEEPALIVE_BROKEN.fetch_add(1, Ordering::Relaxed);
+                Ok(Ok(None)) => {
+                    broken("keep-alive", "the stream ended");
+                    at = (at + 1) % endpoints.len().max(1);
+                    break;
+                }
+                Ok(Err(e)) => {
+                    broken("keep-alive", &e.to_string());
                     at = (at + 1) % endpoints.len().max(1);
                     break;
                 }
