@@ -1035,8 +1035,9 @@ async fn join_light(
     let watcher = tokio::spawn(follow(
         Route {
             shared,
+            order: warden_launcher::coord::member_order(&cfg.endpoints, &FleetConfig::host(i)),
             endpoints: cfg.endpoints.clone(),
-            at: i,
+            at: 0,
             ttl: cfg.ttl,
             request_timeout: cfg.request_timeout,
         },
@@ -1109,12 +1110,14 @@ async fn joining_read(
 
 /// Where a light host's watch goes: as the coordinator's
 /// (`session::drive`), with several endpoints one member at a time, each
-/// through a client of its own, starting at endpoint `at` mod their
-/// number; with one, the host's client.
+/// through a client of its own, in the host's order of them
+/// (`coord::member_order`), the `at`th of it (mod their number); with one,
+/// the host's client.
 struct Route {
     /// The host's client, with one endpoint (None with several).
     shared: Option<Client>,
     endpoints: Vec<String>,
+    order: Vec<usize>,
     at: usize,
     ttl: Duration,
     request_timeout: Duration,
@@ -1141,7 +1144,7 @@ impl Route {
         if let Some(shared) = &self.shared {
             return Some(shared.clone());
         }
-        let endpoint = &self.endpoints[self.at % self.endpoints.len()];
+        let endpoint = &self.endpoints[self.order[self.at % self.order.len()]];
         let options = connect_options()
             .with_connect_timeout(self.deadline())
             .with_keep_alive(self.ttl / 3, self.deadline());
@@ -1378,10 +1381,18 @@ async fn keep_alive(
         }
         now
     };
-    let mut at = i % endpoints.len().max(1);
+    // The coordinator's order of the members for this host
+    // (`coord::member_order`): spread at the start and on every move.
+    let order = warden_launcher::coord::member_order(&endpoints, &FleetConfig::host(i));
+    let mut pos = 0;
+    let mut at = order.first().copied().unwrap_or(0);
+    let mut next = || {
+        pos = (pos + 1) % order.len().max(1);
+        order.get(pos).copied().unwrap_or(0)
+    };
     loop {
         if stay && down_until[at] > since_start() {
-            at = (at + 1) % endpoints.len().max(1);
+            at = next();
             if down_until.iter().all(|&d| d > since_start()) {
                 down_until.fill(0);
             }
@@ -1400,13 +1411,13 @@ async fn keep_alive(
                     broken("connect", &e.to_string());
                     down_until[at] = since_start()
                         .saturating_add(u64::try_from(ttl.as_nanos()).unwrap_or(u64::MAX));
-                    at = (at + 1) % endpoints.len();
+                    at = next();
                     tokio::time::sleep(after_failure(&mut pause)).await;
                     continue;
                 }
                 Err(_) => {
                     broken("connect", "no connection within the deadline");
-                    at = (at + 1) % endpoints.len();
+                    at = next();
                     tokio::time::sleep(after_failure(&mut pause)).await;
                     continue;
                 }
@@ -1433,13 +1444,13 @@ async fn keep_alive(
                     down_until[at] = since_start()
                         .saturating_add(u64::try_from(ttl.as_nanos()).unwrap_or(u64::MAX));
                 }
-                at = (at + 1) % endpoints.len().max(1);
+                at = next();
                 tokio::time::sleep(after_failure(&mut pause)).await;
                 continue;
             }
             Err(_) => {
                 broken("open", "the first keep-alive went unanswered");
-                at = (at + 1) % endpoints.len().max(1);
+                at = next();
                 tokio::time::sleep(after_failure(&mut pause)).await;
                 continue;
             }
@@ -1468,17 +1479,17 @@ async fn keep_alive(
                 // next endpoint.
                 Ok(Ok(None)) => {
                     broken("keep-alive", "the stream ended");
-                    at = (at + 1) % endpoints.len().max(1);
+                    at = next();
                     break;
                 }
                 Ok(Err(e)) => {
                     broken("keep-alive", &e.to_string());
-                    at = (at + 1) % endpoints.len().max(1);
+                    at = next();
                     break;
                 }
                 Err(_) => {
                     KEEPALIVE_LATE.fetch_add(1, Ordering::Relaxed);
-                    at = (at + 1) % endpoints.len().max(1);
+                    at = next();
                     break;
                 }
             }

@@ -71,10 +71,33 @@ pub(crate) fn keep_alive_wait(
         .max(answer_deadline(ttl, request_timeout))
 }
 
+/// The order in which `host` goes through `endpoints` (indices into
+/// them): highest random weight first, a hash of the host id and the
+/// endpoint, so hosts start spread over the members and, when one member
+/// goes, its hosts move spread over the others. Moving every host to the
+/// *next* member in one shared order (as until 2026-11-28) put all of a
+/// killed leader's hosts on one member, two thirds of a 4,096-host fleet
+/// on a 3-member cluster; pausing that member then moved two thirds of
+/// the fleet at once, onto one member (docs/benchmarks.md, "A 3-member
+/// cluster at 4,096 hosts").
+pub fn member_order(endpoints: &[String], host: &str) -> Vec<usize> {
+    let weight = |e: &String| {
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        host.hash(&mut h);
+        e.hash(&mut h);
+        h.finish()
+    };
+    let mut order: Vec<usize> = (0..endpoints.len()).collect();
+    order.sort_by_key(|&i| std::cmp::Reverse(weight(&endpoints[i])));
+    order
+}
+
 /// The lease keeper's place among the endpoints.
 pub(crate) struct LeaseRoute {
     endpoints: Vec<String>,
-    /// The endpoint in use, an index into `endpoints`.
+    /// This host's order of the endpoints ([`member_order`]).
+    order: Vec<usize>,
+    /// The endpoint in use, a place in `order`.
     at: usize,
     /// A client to `endpoints[at]` alone, made when first needed.
     client: Option<Client>,
@@ -90,15 +113,14 @@ impl std::fmt::Debug for LeaseRoute {
 }
 
 impl LeaseRoute {
-    /// A route over `endpoints` starting at the one `host` hashes to, so a
-    /// job's keep-alives spread over the members.
+    /// A route over `endpoints` in `host`'s own order ([`member_order`]),
+    /// so a job's keep-alives spread over the members, and so do the moves
+    /// away from one.
     pub(crate) fn new(endpoints: &[String], host: &str) -> Self {
-        let mut h = std::collections::hash_map::DefaultHasher::new();
-        host.hash(&mut h);
-        let n = u64::try_from(endpoints.len().max(1)).unwrap_or(1);
         Self {
             endpoints: endpoints.to_vec(),
-            at: usize::try_from(h.finish() % n).unwrap_or(0),
+            order: member_order(endpoints, host),
+            at: 0,
             client: None,
         }
     }
@@ -131,14 +153,17 @@ impl LeaseRoute {
 
     /// The endpoint in use.
     pub(crate) fn endpoint(&self) -> &str {
-        self.endpoints.get(self.at).map_or("", String::as_str)
+        self.order
+            .get(self.at)
+            .and_then(|&i| self.endpoints.get(i))
+            .map_or("", String::as_str)
     }
 
-    /// Moves to the next endpoint (its client is made on the next
-    /// [`LeaseRoute::client`]).
+    /// Moves to the next endpoint in this host's order (its client is made
+    /// on the next [`LeaseRoute::client`]).
     pub(crate) fn move_on(&mut self) {
         if self.can_move() {
-            self.at = (self.at + 1) % self.endpoints.len();
+            self.at = (self.at + 1) % self.order.len();
             self.client = None;
         }
     }
@@ -240,5 +265,37 @@ mod tests {
         assert!(!one.can_move());
         one.move_on();
         assert_eq!(one.endpoint(), "a");
+    }
+
+    /// When a member goes, its hosts move spread over the others, not all
+    /// to one (issue 30: a killed leader's hosts all went to the next
+    /// member, which then held two thirds of a 4,096-host fleet).
+    #[test]
+    fn the_hosts_of_a_member_that_goes_spread_over_the_others() {
+        let three: Vec<String> = [
+            "http://127.0.0.2:2379",
+            "http://127.0.0.3:2379",
+            "http://127.0.0.4:2379",
+        ]
+        .map(String::from)
+        .to_vec();
+        let mut starts = std::collections::BTreeMap::<String, usize>::new();
+        let mut moved = std::collections::BTreeMap::<String, usize>::new();
+        for i in 0..3000 {
+            let mut r = LeaseRoute::new(&three, &format!("host-{i:05}"));
+            *starts.entry(r.endpoint().to_owned()).or_default() += 1;
+            if r.endpoint() == three[0] {
+                r.move_on();
+                *moved.entry(r.endpoint().to_owned()).or_default() += 1;
+            }
+        }
+        assert_eq!(starts.len(), 3, "{starts:?}");
+        assert!(starts.values().all(|&n| n > 800), "{starts:?}");
+        assert_eq!(moved.len(), 2, "{moved:?}");
+        let total: usize = moved.values().sum();
+        assert!(
+            moved.values().all(|&n| n * 10 > total * 4),
+            "the first member's hosts went mostly to one other: {moved:?}"
+        );
     }
 }

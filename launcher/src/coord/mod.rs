@@ -66,6 +66,7 @@ pub use access::{ClientIdentity, Credentials, EtcdAccess, EtcdTlsFiles, Password
 pub use config::CoordConfig;
 pub use connect::etcd_cannot_serve_now;
 pub use error::CoordError;
+pub use lease_route::member_order;
 pub use plan::{CkptPeer, Limits, RoundRecord};
 pub use round::Round;
 pub use session::{JobEnd, Outcome};
