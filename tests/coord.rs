@@ -674,9 +674,17 @@ fn handled(etcd: &EtcdServer, method: &str) -> u64 {
     let page = etcd
         .metrics_page()
         .unwrap_or_else(|| panic!("etcd's /metrics did not answer"));
+    handled_in(&page, method, None)
+}
+
+/// The calls of `method` a metrics `page` counts as handled, those
+/// answered `code` only when one is given.
+fn handled_in(page: &str, method: &str, code: Option<&str>) -> u64 {
     let label = format!("grpc_method=\"{method}\"");
+    let code = code.map(|c| format!("grpc_code=\"{c}\""));
     page.lines()
         .filter(|l| l.starts_with("grpc_server_handled_total{") && l.contains(&label))
+        .filter(|l| code.as_ref().is_none_or(|c| l.contains(c)))
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum::<f64>() as u64
 }
@@ -1364,12 +1372,7 @@ async fn one_host_writes_a_rounds_layout_base_and_a_dead_claim_holder_costs_only
 /// "request timed out", "leader changed", "no leader"), by its metrics.
 fn unavailable(member: &EtcdServer, method: &str) -> u64 {
     let page = member.metrics_page().unwrap_or_default();
-    let label = format!("grpc_method=\"{method}\"");
-    page.lines()
-        .filter(|l| l.starts_with("grpc_server_handled_total{") && l.contains(&label))
-        .filter(|l| l.contains("grpc_code=\"Unavailable\""))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum::<f64>() as u64
+    handled_in(&page, method, Some("Unavailable"))
 }
 
 /// Issue 30: a launcher whose connection's first read met an election

@@ -1334,15 +1334,15 @@ async fn keep_alive(
     // With one endpoint (the shared client) a sixth of the TTL, as the
     // coordinator's route (`LeaseRoute::answer_wait`).
     let single = shared.is_some();
+    let ttl_ns = u64::try_from(ttl.as_nanos()).unwrap_or(u64::MAX);
+    // The lease's end by the last renewal's stamp.
+    let lease_end = || kept.load(Ordering::Acquire).saturating_add(ttl_ns);
     let wait_for = |sent: u64| {
         fixed.unwrap_or_else(|| {
             if single {
                 return deadline;
             }
-            let expires = kept
-                .load(Ordering::Acquire)
-                .saturating_add(u64::try_from(ttl.as_nanos()).unwrap_or(u64::MAX));
-            Duration::from_nanos(expires.saturating_sub(sent))
+            Duration::from_nanos(lease_end().saturating_sub(sent))
                 .saturating_sub(ttl / 3)
                 .min(request_timeout)
                 .max(deadline)
@@ -1362,10 +1362,7 @@ async fn keep_alive(
         if !stay || single {
             return wait_for(sent);
         }
-        let expires = kept
-            .load(Ordering::Acquire)
-            .saturating_add(u64::try_from(ttl.as_nanos()).unwrap_or(u64::MAX));
-        Duration::from_nanos(expires.saturating_sub(sent))
+        Duration::from_nanos(lease_end().saturating_sub(sent))
             .saturating_sub(ttl / 6)
             .min(request_timeout)
             .max(deadline)
@@ -1409,8 +1406,7 @@ async fn keep_alive(
                 Ok(Ok(c)) => c,
                 Ok(Err(e)) => {
                     broken("connect", &e.to_string());
-                    down_until[at] = since_start()
-                        .saturating_add(u64::try_from(ttl.as_nanos()).unwrap_or(u64::MAX));
+                    down_until[at] = since_start().saturating_add(ttl_ns);
                     at = next();
                     tokio::time::sleep(after_failure(&mut pause)).await;
                     continue;
@@ -1441,8 +1437,7 @@ async fn keep_alive(
                 broken("open", &why);
                 // The lazy connection's refusal comes with the open.
                 if why.contains("tcp connect error") {
-                    down_until[at] = since_start()
-                        .saturating_add(u64::try_from(ttl.as_nanos()).unwrap_or(u64::MAX));
+                    down_until[at] = since_start().saturating_add(ttl_ns);
                 }
                 at = next();
                 tokio::time::sleep(after_failure(&mut pause)).await;

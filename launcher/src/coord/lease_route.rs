@@ -88,7 +88,7 @@ pub fn member_order(endpoints: &[String], host: &str) -> Vec<usize> {
         h.finish()
     };
     let mut order: Vec<usize> = (0..endpoints.len()).collect();
-    order.sort_by_key(|&i| std::cmp::Reverse(weight(&endpoints[i])));
+    order.sort_by_cached_key(|&i| std::cmp::Reverse(weight(&endpoints[i])));
     order
 }
 
