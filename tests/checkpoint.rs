@@ -115,7 +115,7 @@ fn save_everywhere(hosts: &[TestAgent], job: &str, steps: &[u64], len: usize) {
         for (h, agent) in hosts.iter().enumerate() {
             for r in [2 * h as u32, 2 * h as u32 + 1] {
                 s.spawn(move || {
-                    let ck = checkpoint_rank(agent.socket(), job, r, 6);
+                    let ck = checkpoint_rank(agent.socket(), job, r, 2 * hosts.len() as u32);
                     for &step in steps {
                         ck.save(step, &shard_bytes(step, r, len))
                             .unwrap_or_else(|e| panic!("rank {r} step {step}: {e}"));
@@ -256,15 +256,119 @@ async fn a_restore_with_its_holders_silent_says_so_instead_of_starting_over() {
 
 /// The ListShards calls `agent` answered, whatever their code.
 async fn list_shards_served(agent: &TestAgent) -> f64 {
+    served(agent, "ListShards").await
+}
+
+/// How many calls of `method` `agent` has answered.
+async fn served(agent: &TestAgent, method: &str) -> f64 {
     let (scrape, _) = common::scrape(agent).await;
     scrape
         .samples
         .iter()
         .filter(|s| {
-            s.metric == "warden_api_requests_total" && s.labels.get("method") == Some("ListShards")
+            s.metric == "warden_api_requests_total" && s.labels.get("method") == Some(method)
         })
         .map(|s| common::number(&s.value))
         .sum()
+}
+
+/// Issue 30: a restore of a job of more hosts than
+/// `checkpoint.collect_above` goes through the collector, along the
+/// exchange's two-level tree, not to every host. Five hosts in groups of
+/// two ({h0, h1}, {h2, h3}, {h4}): h4's restore goes to group 0's first
+/// host (h0), which asks each group's leader (h2, h4) what its group holds;
+/// h1 and h3 are asked nothing but their listing by their own group's
+/// first host. Then a leader (h2) paused: h3's restore, which asks h2 first,
+/// still finds a complete step (h2's group listed directly by the
+/// collector, h2's ranks counted from their replicas on h3).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restore_goes_through_the_collector_not_to_every_host() {
+    const FIVE: [&str; 5] = [
+        "127.0.0.2",
+        "127.0.0.3",
+        "127.0.0.4",
+        "127.0.0.5",
+        "127.0.0.6",
+    ];
+    let addrs: Vec<String> = FIVE
+        .iter()
+        .map(|ip| format!("{ip}:{}", free_port(ip)))
+        .collect();
+    // Replication's retries list the targets every retry_interval: an hour
+    // here, so the counts below are the restores'.
+    let hosts: Vec<TestAgent> = (0..5)
+        .map(|i| {
+            let extra = "peer_timeout = \"1s\"\ncollect_above = 0\ncollect_fan_out = 2";
+            let toml = host_toml(i, &addrs, extra, "");
+            let slow = toml.replacen("retry_interval = \"200ms\"", "retry_interval = \"1h\"", 1);
+            assert_ne!(slow, toml, "the retry interval is in host_toml");
+            TestAgent::start(&slow)
+        })
+        .collect();
+    save_everywhere(&hosts, "job", &[10], 1 << 16);
+    until_copies(&hosts[0], "job", 10, 2).await;
+
+    let restore_on = |h: usize, ranks: [u32; 2], tier: &'static str| {
+        let socket = hosts[h].socket().to_owned();
+        let stderr = hosts[h].stderr();
+        std::thread::spawn(move || {
+            for r in ranks {
+                let got = checkpoint_rank(&socket, "job", r, 10)
+                    .restore(0)
+                    .unwrap_or_else(|e| panic!("rank {r}: {e}\n{stderr}"))
+                    .unwrap_or_else(|| panic!("rank {r}: no complete step"));
+                assert_eq!(got.step, 10, "rank {r}");
+                assert_eq!(got.read().expect("read"), shard_bytes(10, r, 1 << 16), "rank {r}");
+                assert_eq!(got.tier, tier, "rank {r}: {got:?}");
+            }
+        })
+    };
+    let counts = async |method: &str| {
+        let mut v = Vec::new();
+        for h in &hosts {
+            v.push(served(h, method).await);
+        }
+        v
+    };
+
+    wipe_job(&hosts[4], "job");
+    let (asked0, listed0) = (counts("CollectHoldings").await, counts("ListShards").await);
+    restore_on(4, [8, 9], "peer").join().expect("h4's restores");
+    let asked: Vec<f64> = counts("CollectHoldings")
+        .await
+        .iter()
+        .zip(&asked0)
+        .map(|(a, b)| a - b)
+        .collect();
+    let listed: Vec<f64> = counts("ListShards")
+        .await
+        .iter()
+        .zip(&listed0)
+        .map(|(a, b)| a - b)
+        .collect();
+    println!("h4's two restores: CollectHoldings answered {asked:?}, ListShards {listed:?}");
+    // h4 is its group's first: it passes each ask on to h0, which collects
+    // (asking h2 and h4 for their groups).
+    assert!(asked[0] >= 1.0, "h0 collects: {asked:?}");
+    assert!(asked[2] >= 1.0 && asked[4] >= 1.0, "the leaders are asked: {asked:?}");
+    assert_eq!(
+        (asked[1], asked[3]),
+        (0.0, 0.0),
+        "h1 and h3 lead nothing and are asked nothing"
+    );
+    // h3 is listed by its leader, once per collection (at most one per
+    // rank restored), never by h4 or h0 directly.
+    assert!((1.0..=2.0).contains(&listed[3]), "h3 listed {listed:?}");
+
+    // A leader paused: h3 asks h2 first, then goes on; the collector lists
+    // h2's group directly, and h3's copy of h2's ranks counts them.
+    hosts[2].signal(nix::sys::signal::Signal::SIGSTOP);
+    let t = restore_on(3, [6, 7], "local");
+    let joined = tokio::task::spawn_blocking(move || t.join()).await;
+    hosts[2].signal(nix::sys::signal::Signal::SIGCONT);
+    joined
+        .expect("the join")
+        .unwrap_or_else(|_| panic!("h3's restores with h2 paused\n{}", hosts[0].stderr()));
 }
 
 /// Issue 30: a restore asks every peer what it holds, and at a restart
@@ -634,9 +738,10 @@ print("ok", ckpt.identity())
 /// hosts could not set its peers), taken in pages (issue 30). The agent
 /// sets the whole list at the last page (its first and last entries both
 /// become replica targets). With the exchange's two-level tree the job's
-/// busiest host takes 254 connections from the others, within the default
-/// `api.max_connections`, so that is not warned; a restore still asks
-/// every peer (16,383 connections here at a job-wide restore), and that is.
+/// busiest host takes 254 connections from the others, and through the
+/// restore's collector 256 (it once asked every peer: 16,383 connections
+/// here at a job-wide restore), within the default `api.max_connections`,
+/// so nothing is warned.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_16384_host_peer_list_with_long_names_is_taken_in_pages() {
     let ip = "127.0.0.2";
@@ -696,19 +801,9 @@ async fn a_16384_host_peer_list_with_long_names_is_taken_in_pages() {
     // Next in the ring as strings ("127.1.0.100:9" < "127.1.0.1:9"):
     // peer 100, on the first page.
     assert_eq!(taken.targets[1], "127.1.0.100:9", "and the first page's");
-    assert!(
-        !taken.warning.contains("straggler aggregator"),
-        "{:?}",
-        taken.warning
-    );
-    assert!(
-        taken
-            .warning
-            .contains("this job has 16384 hosts, and a restore on each asks every other")
-            && taken.warning.contains("16383 agents connect here"),
-        "{:?}",
-        taken.warning
-    );
+    // Neither the exchange's tree nor the restore's collector (groups of
+    // 128: the job's first host takes 256 at most) passes the cap.
+    assert_eq!(taken.warning, "", "nothing to warn");
 }
 
 /// A job whose aggregator would take more connections than the agent

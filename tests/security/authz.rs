@@ -249,6 +249,18 @@ pub fn attack_everything(args: &Value) -> Value {
                 |r| json!({"shards": r.into_inner().shards.len()}),
             ),
         );
+        put(
+            "collect_holdings",
+            call_result(
+                peer.collect_holdings(pb::HoldingsAsk {
+                    job_id: "victim".into(),
+                    limit_ms: 1000,
+                    ..Default::default()
+                })
+                .await,
+                |r| json!({"steps": r.into_inner().steps.len()}),
+            ),
+        );
         // Reads stay open to the socket group.
         put(
             "get_ranks",
@@ -442,7 +454,7 @@ async fn a_socket_group_member_cannot_reach_what_is_not_its_own() {
         "PermissionDenied",
         &["owns no job here", "rule: an admin, or the owner"],
     );
-    for call in ["fetch_shard", "push_shard", "list_shards"] {
+    for call in ["fetch_shard", "push_shard", "list_shards", "collect_holdings"] {
         refused(
             &out,
             call,

@@ -1,6 +1,6 @@
 //! The checkpoint calls at the edge: BeginShard, CommitShard, Restore and
-//! ListCheckpoints on warden.v1.Agent; PushShard, FetchShard and ListShards
-//! on warden.v1.Peer.
+//! ListCheckpoints on warden.v1.Agent; PushShard, FetchShard, ListShards
+//! and CollectHoldings on warden.v1.Peer.
 //!
 //! In: requests, checked and authorized here (the error names the field).
 //! Out: calls on [`crate::ckpt`] (the commits in [`crate::ckpt::commit`],
@@ -268,6 +268,7 @@ pub async fn set_checkpoint_peers(
         ),
         crate::ckpt::fan_in::restore_connections_short(
             &state.config.api,
+            &ck.cfg,
             state.stranger_connections(),
             others,
         ),
@@ -385,4 +386,31 @@ pub async fn list_shards(
         host: state.host.clone(),
         shards: shards.map(wire::info).collect(),
     })
+}
+
+/// CollectHoldings: a restore's view of a job through the collector
+/// ([`crate::ckpt::collect`]), asked by one of the job's peers.
+pub async fn collect_holdings(
+    state: &Arc<AgentState>,
+    caller: &Caller,
+    req: pb::HoldingsAsk,
+) -> Result<pb::Holdings, Status> {
+    use crate::ckpt::collect::{self, Answer, Scope};
+    use crate::ckpt::collect_wire;
+    let ck = tier(state)?;
+    job(&req.job_id)?;
+    peer_auth::job_member(caller, &req.job_id, |n| {
+        ck.peers.is_member_name(&req.job_id, n)
+    })?;
+    let ask = collect_wire::ask_from_pb(req)
+        .map_err(|e| Status::invalid_argument(format!("CollectHoldings: {e}")))?;
+    let rank = match ask.scope {
+        Scope::Job { rank } => Some(rank),
+        Scope::Group { .. } => None,
+    };
+    match collect::answer(&ck, ask).await {
+        Ok(Answer::Job(v)) => Ok(collect_wire::view_to_pb(&v, rank.unwrap_or_default())),
+        Ok(Answer::Group(h)) => Ok(collect_wire::holdings_to_pb(&h)),
+        Err(e) => Err(Status::invalid_argument(format!("CollectHoldings: {e}"))),
+    }
 }

@@ -129,6 +129,16 @@ impl Peer for PeerService {
         })
         .await
     }
+
+    async fn collect_holdings(
+        &self,
+        req: Request<pb::HoldingsAsk>,
+    ) -> Result<Response<pb::Holdings>, Status> {
+        serve("CollectHoldings", req, |caller, _, r| async move {
+            super::ckpt::collect_holdings(&self.state, &caller, r).await
+        })
+        .await
+    }
 }
 
 /// `warden.v1.Peer` as served: PushShard and FetchShard framed by

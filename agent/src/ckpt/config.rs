@@ -48,6 +48,15 @@ pub struct CheckpointConfig {
     /// Bound on connecting to a peer and on listing its shards.
     #[serde(with = "duration")]
     pub peer_timeout: Duration,
+    /// A job of more hosts than this restores through a collector along
+    /// the exchange's two-level tree (`ckpt::collect`): each host asks its
+    /// group leader, not every other host, which copies exist (issue 30:
+    /// asking every host is O(N) calls a host, and past an agent's
+    /// connection cap the later hosts are refused). 0: always.
+    pub collect_above: usize,
+    /// The collector's group size: 0 (the default) about the square root
+    /// of the job's hosts, at least 32; else this many hosts a group.
+    pub collect_fan_out: u32,
     /// How often shards not yet on their peers (a peer was down, the agent
     /// restarted mid-copy) are sent again.
     #[serde(with = "duration")]
@@ -113,6 +122,8 @@ impl Default for CheckpointConfig {
             chunk_bytes: 4 << 20,
             replication_bytes_per_sec: 0,
             peer_timeout: Duration::from_secs(2),
+            collect_above: 128,
+            collect_fan_out: 0,
             retry_interval: Duration::from_secs(2),
             scrub_bytes_per_sec: 64 << 20,
             scrub_interval: Duration::from_secs(600),
@@ -187,6 +198,13 @@ impl CheckpointConfig {
                 "checkpoint.peer_timeout",
                 humantime::format_duration(self.peer_timeout).to_string(),
                 "must be between 10ms and 5m",
+            ));
+        }
+        if self.collect_fan_out == 1 || self.collect_fan_out > 65_536 {
+            return Err(invalid(
+                "checkpoint.collect_fan_out",
+                self.collect_fan_out.to_string(),
+                "must be 0 (about the square root of the job's hosts) or between 2 and 65536",
             ));
         }
         if self.scrub_bytes_per_sec > 0 && self.scrub_bytes_per_sec < 4096 {

@@ -2,24 +2,27 @@
 //! when a launcher hands the job's peers over (SetCheckpointPeers), the
 //! first time the job's size is known here, not at a restore that fails.
 //!
-//! A restore asks every peer of the job what it holds
-//! ([`super::restore::gather`]): O(N) calls per host, and when the whole
-//! job restores at once (a restart after a fault), every agent is dialled
-//! by every other, which then keep the connection. Past this agent's
-//! connection cap the later ones are refused at accept; those hosts'
-//! restores find a holder unreachable, ask again, and answer ABORTED
+//! A job of up to `checkpoint.collect_above` hosts restores by asking every
+//! peer what it holds ([`super::restore`]): when the whole job restores at
+//! once (a restart after a fault), every agent is dialled by every other,
+//! which then keep the connection. Past this agent's connection cap the
+//! later ones are refused at accept; those hosts' restores find a holder
+//! unreachable, ask again, and answer ABORTED
 //! (`exception.ckpt_holders_unreachable`) until the kept connections go
-//! idle (`api.idle_timeout`). With the defaults (`api.max_connections`
-//! 4096, less 32 kept for admins) that is a job of more than 4,065 hosts:
-//! a limit below issue 30's 16,384, named here and in docs/operations.md
-//! until the restore's listing goes through a collector instead of every
-//! peer.
+//! idle (`api.idle_timeout`). A larger job restores through the collector
+//! ([`super::collect`]): the busiest host (the job's first) takes its
+//! group's asks and every other group's leader's, about 2√N, plus the
+//! restores of the ranks whose copies it holds; that is what is checked
+//! for it.
 //!
-//! In: the job's count of other hosts, this agent's `api` settings and the
-//! cap its listeners enforce. Out: nothing, or the warning the launcher
-//! prints. Never: refuses anything itself (the listener's quota does, at
-//! the connection).
+//! In: the job's count of other hosts, this agent's `api` and `checkpoint`
+//! settings and the cap its listeners enforce. Out: nothing, or the warning
+//! the launcher prints. Never: refuses anything itself (the listener's
+//! quota does, at the connection).
 
+use warden_core::detect::straggler::tree;
+
+use super::CheckpointConfig;
 use crate::config::ApiConfig;
 
 /// Whether a job with `peers` other hosts would dial this agent more
@@ -28,6 +31,7 @@ use crate::config::ApiConfig;
 /// listener counted yet).
 pub fn restore_connections_short(
     api: &ApiConfig,
+    ckpt: &CheckpointConfig,
     cap: Option<usize>,
     peers: usize,
 ) -> Option<String> {
@@ -35,16 +39,35 @@ pub fn restore_connections_short(
         return None;
     }
     let cap = cap?;
+    let hosts = peers + 1;
+    if hosts > 1 && hosts > ckpt.collect_above {
+        let k = tree::fan_out(hosts, ckpt.collect_fan_out);
+        let busiest = tree::max_in_degree(hosts, k) + ckpt.replicas + 1;
+        return (busiest > cap).then(|| {
+            format!(
+                "this job has {hosts} hosts, and its restores go through the checkpoint \
+                 collector in groups of {k} (checkpoint.collect_fan_out {}): when the job \
+                 restores at once, up to {busiest} agents connect to its first host (its \
+                 group's, the other groups' leaders' and the holders' restores), but this \
+                 agent takes at most {cap} (api.max_connections {}, within its RLIMIT_NOFILE, \
+                 less those kept for admins); raise api.max_connections and LimitNOFILE on \
+                 every host, or set checkpoint.collect_fan_out nearer the square root of the \
+                 hosts",
+                ckpt.collect_fan_out, api.max_connections,
+            )
+        });
+    }
     (peers > cap).then(|| {
         format!(
-            "this job has {} hosts, and a restore on each asks every other host's agent what it \
-             holds: when the job restores at once, {peers} agents connect here, but this agent \
-             takes at most {cap} (api.max_connections {}, within its RLIMIT_NOFILE, less those \
-             kept for admins): {} hosts' restores would find this one unreachable and fail \
-             (ABORTED) until the kept connections go idle (api.idle_timeout); raise \
-             api.max_connections and LimitNOFILE on every host (about 33 KB of memory a \
+            "this job has {hosts} hosts, and a restore on each asks every other host's agent \
+             what it holds (checkpoint.collect_above {}): when the job restores at once, \
+             {peers} agents connect here, but this agent takes at most {cap} \
+             (api.max_connections {}, within its RLIMIT_NOFILE, less those kept for admins): \
+             {} hosts' restores would find this one unreachable and fail (ABORTED) until the \
+             kept connections go idle (api.idle_timeout); lower checkpoint.collect_above, or \
+             raise api.max_connections and LimitNOFILE on every host (about 33 KB of memory a \
              connection)",
-            peers + 1,
+            ckpt.collect_above,
             api.max_connections,
             peers - cap,
         )
@@ -65,9 +88,14 @@ mod tests {
     #[test]
     fn a_job_whose_restore_passes_the_cap_is_said_with_the_shortfall() {
         let a = api("127.0.0.2:7000");
-        // 4,065 hosts: 4,064 others, the default cap less the admins'.
-        assert_eq!(restore_connections_short(&a, Some(4064), 4064), None);
-        let said = restore_connections_short(&a, Some(4064), 4095).expect("said");
+        // Every host asked directly (collect_above raised): 4,065 hosts,
+        // 4,064 others, the default cap less the admins'.
+        let direct = CheckpointConfig {
+            collect_above: 100_000,
+            ..CheckpointConfig::default()
+        };
+        assert_eq!(restore_connections_short(&a, &direct, Some(4064), 4064), None);
+        let said = restore_connections_short(&a, &direct, Some(4064), 4095).expect("said");
         assert!(said.contains("this job has 4096 hosts"), "{said}");
         assert!(said.contains("4095 agents connect here"), "{said}");
         assert!(said.contains("31 hosts' restores"), "{said}");
@@ -76,7 +104,25 @@ mod tests {
             "{said}"
         );
         // No TCP listener, or no cap counted yet: nothing to say.
-        assert_eq!(restore_connections_short(&api(""), Some(1), 10), None);
-        assert_eq!(restore_connections_short(&a, None, 10), None);
+        assert_eq!(restore_connections_short(&api(""), &direct, Some(1), 10), None);
+        assert_eq!(restore_connections_short(&a, &direct, None, 10), None);
+    }
+
+    #[test]
+    fn through_the_collector_the_busiest_host_takes_about_twice_the_root() {
+        let a = api("127.0.0.2:7000");
+        let ck = CheckpointConfig::default();
+        // 16,384 hosts in groups of 128: 127 + 127, and the holders' two.
+        assert_eq!(restore_connections_short(&a, &ck, Some(4064), 16_383), None);
+        let said = restore_connections_short(&a, &ck, Some(200), 16_383).expect("said");
+        assert!(said.contains("up to 256 agents connect"), "{said}");
+        assert!(said.contains("groups of 128"), "{said}");
+        // One group of 65,536: every host asks the first.
+        let one_group = CheckpointConfig {
+            collect_fan_out: 65_536,
+            ..CheckpointConfig::default()
+        };
+        let said = restore_connections_short(&a, &one_group, Some(4064), 16_383).expect("said");
+        assert!(said.contains("up to 16385 agents"), "{said}");
     }
 }

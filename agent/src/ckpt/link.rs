@@ -68,6 +68,29 @@ impl Peer {
         Ok(wire::held_shards(&self.list_raw(job, limit).await?))
     }
 
+    /// Asks this peer `ask` (CollectHoldings), within `limit`: its answer,
+    /// checked ([`super::collect_wire`]); one out of bounds is refused as
+    /// if the peer had refused the ask, naming what was wrong.
+    pub async fn collect(
+        &self,
+        ask: &super::collect::Ask,
+        limit: Duration,
+    ) -> Result<super::collect::Answer, LinkError> {
+        use super::collect::{Answer, Scope};
+        use super::collect_wire as w;
+        let mut c = self.client.clone();
+        let r = match tokio::time::timeout(limit, c.collect_holdings(w::ask_to_pb(ask))).await {
+            Ok(Ok(r)) => r.into_inner(),
+            Ok(Err(s)) => return Err(LinkError::Refused(s.message().to_owned())),
+            Err(_) => return Err(LinkError::Silent(limit)),
+        };
+        match ask.scope {
+            Scope::Job { rank } => w::view_from_pb(r, rank).map(Answer::Job),
+            Scope::Group { .. } => w::holdings_from_pb(r).map(Answer::Group),
+        }
+        .map_err(|e| LinkError::Refused(format!("its answer makes no sense: {e}")))
+    }
+
     async fn list_raw(
         &self,
         job: &str,

@@ -15,7 +15,10 @@
 pub mod commit;
 pub mod config;
 pub mod durable;
+pub mod collect;
+pub mod collect_wire;
 pub mod fan_in;
+pub mod holdings;
 pub mod layout;
 pub mod link;
 pub mod listing;
@@ -119,6 +122,9 @@ pub struct Checkpoints {
     /// The gathers of a job's copies under way, shared by the ranks that
     /// restore at once.
     pub gathers: shared_gather::InFlight,
+    /// The collections of a job's holdings under way on this agent as its
+    /// collector ([`collect`]), shared by the asks that come meanwhile.
+    pub collections: shared_gather::InFlight<holdings::Holdings>,
     work: mpsc::UnboundedSender<Manifest>,
     work_rx: Mutex<Option<mpsc::UnboundedReceiver<Manifest>>>,
 }
@@ -183,6 +189,7 @@ impl Checkpoints {
             durable,
             sealing: Sealing::default(),
             gathers: shared_gather::InFlight::default(),
+            collections: shared_gather::InFlight::default(),
             work,
             work_rx: Mutex::new(Some(work_rx)),
         })

@@ -60,6 +60,9 @@ pub struct PeerSet {
     timeout: Duration,
     tls: crate::tls::PeerTls,
     configured: Vec<Peer>,
+    /// The configured peers' addresses and this agent's, sorted: the order
+    /// of a job no launcher handed over (as the exchange's routes take it).
+    statics: JobOrder,
     jobs: Mutex<BTreeMap<String, Vec<Peer>>>,
     /// Each job's agents' addresses as the launchers' round lists them (node
     /// rank order, this agent included): the straggler exchange's order of
@@ -104,12 +107,22 @@ impl PeerSet {
         tls: crate::tls::PeerTls,
         configured: Vec<Peer>,
     ) -> Self {
+        let mut addrs: Vec<String> = configured.iter().map(|p| p.member.addr.clone()).collect();
+        addrs.push(me.addr.clone());
+        addrs.sort();
+        addrs.dedup();
+        let statics = JobOrder {
+            me: addrs.iter().position(|a| *a == me.addr),
+            addrs,
+            names: Default::default(),
+        };
         Self {
             me,
             replicas,
             timeout,
             tls,
             configured,
+            statics,
             jobs: Mutex::new(BTreeMap::new()),
             orders: Mutex::new(BTreeMap::new()),
             rings: Mutex::new(BTreeMap::new()),
@@ -159,6 +172,21 @@ impl PeerSet {
         match orders.get(job) {
             Some(o) => f(&o.addrs, o.me),
             None => f(&[], None),
+        }
+    }
+
+    /// [`PeerSet::with_order`], or for a job no launcher handed over, the
+    /// configured peers' and this agent's addresses, sorted (the static
+    /// fleet's order, as the exchange's routes take it).
+    pub fn with_order_or_static<T>(
+        &self,
+        job: &str,
+        f: impl FnOnce(&[String], Option<usize>) -> T,
+    ) -> T {
+        let orders = self.orders.lock().unwrap_or_else(|p| p.into_inner());
+        match orders.get(job) {
+            Some(o) if !o.addrs.is_empty() => f(&o.addrs, o.me),
+            _ => f(&self.statics.addrs, self.statics.me),
         }
     }
 

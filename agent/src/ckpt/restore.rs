@@ -14,7 +14,8 @@ use std::time::{Duration, Instant};
 
 use super::layout::ShardKey;
 use super::manifest::{self, Manifest};
-use super::{Checkpoints, subject};
+use super::holdings::JobStep;
+use super::{Checkpoints, collect, subject};
 use warden_core::events::{NewEvent, Severity};
 use warden_core::signal::{CkptRestored, Signal};
 
@@ -75,6 +76,12 @@ pub struct CopiesView {
     /// Local copies a scrub marked corrupt: (job, step) -> rank -> why.
     /// Shown by listings; never counted or restored.
     pub corrupt: BTreeMap<(String, u64), BTreeMap<u32, String>>,
+    /// The job-wide count of a view gathered through the collector
+    /// ([`super::collect`]): step -> its world size and the ranks with a
+    /// copy anywhere. `steps` then holds only the copies of the restoring
+    /// rank's holders, and completeness is read here. None: `steps` holds
+    /// every copy of the job.
+    pub counts: Option<BTreeMap<u64, JobStep>>,
 }
 
 impl CopiesView {
@@ -107,8 +114,22 @@ impl CopiesView {
         w > 0 && (0..w).all(|r| ranks.get(&r).is_some_and(|c| !c.is_empty()))
     }
 
+    /// Whether `step` of `job` has a copy of every rank.
+    pub fn step_complete(&self, job: &str, step: u64) -> bool {
+        match &self.counts {
+            Some(c) => c.get(&step).is_some_and(JobStep::complete),
+            None => self
+                .steps
+                .get(&(job.to_owned(), step))
+                .is_some_and(Self::complete),
+        }
+    }
+
     /// The newest complete step of `job`.
     pub fn newest_complete(&self, job: &str) -> Option<u64> {
+        if let Some(c) = &self.counts {
+            return c.iter().rev().find(|(_, s)| s.complete()).map(|(&s, _)| s);
+        }
         self.steps
             .iter()
             .rev()
@@ -129,15 +150,125 @@ pub async fn gather(ck: &Arc<Checkpoints>, job: &str) -> Arc<CopiesView> {
 /// [`gather`] with each peer given `limit` to answer.
 async fn gather_within(ck: &Arc<Checkpoints>, job: &str, limit: Duration) -> Arc<CopiesView> {
     ck.gathers
-        .view(job, limit, ck.sealing.sealed(), || {
+        .view(job, None, limit, ck.sealing.sealed(), || {
             gather_now(ck, job, limit)
         })
         .await
 }
 
-/// One gather, run now.
-async fn gather_now(ck: &Arc<Checkpoints>, job: &str, limit: Duration) -> CopiesView {
+/// The view a restore of `rank` works from, each holder given `limit`:
+/// for a job that restores through the collector ([`collect::collects`]),
+/// the job-wide count and the copies of the rank's own holders (shared by
+/// the restores of the same rank under way here); else [`gather_within`].
+async fn gather_for(
+    ck: &Arc<Checkpoints>,
+    job: &str,
+    rank: u32,
+    limit: Duration,
+) -> Arc<CopiesView> {
+    if !collect::collects(ck, job) {
+        return gather_within(ck, job, limit).await;
+    }
+    ck.gathers
+        .view(job, Some(rank), limit, ck.sealing.sealed(), || {
+            gather_collected(ck, job, rank, limit)
+        })
+        .await
+}
+
+/// One gather through the collector: the local tier, the job's view for
+/// `rank` (each host's listing within `limit`), the copies that view's
+/// holders of `rank` list (each within `limit`), and the durable store, whose
+/// steps count as complete where it holds every rank itself.
+async fn gather_collected(
+    ck: &Arc<Checkpoints>,
+    job: &str,
+    rank: u32,
+    limit: Duration,
+) -> CopiesView {
     let mut view = CopiesView::default();
+    add_local(ck, job, &mut view).await;
+    let jv = collect::job_view(ck, job, rank, limit).await;
+    view.unreachable.extend(jv.unreachable);
+    let me = ck.peers.my_addr();
+    let mut holders: Vec<String> = jv
+        .steps
+        .values()
+        .flat_map(|s| &s.holders)
+        .map(|h| h.addr.clone())
+        .filter(|a| a != me && !a.is_empty())
+        .collect();
+    holders.sort();
+    holders.dedup();
+    view.counts = Some(jv.steps);
+    let asks = holders.into_iter().map(|addr| {
+        let (ck, job) = (ck.clone(), job.to_owned());
+        async move {
+            let r = match ck.peer(&addr) {
+                Some(p) => p.list(&job, limit).await.map_err(|e| e.to_string()),
+                None => Err("not one of this agent's peers".to_owned()),
+            };
+            (addr, r)
+        }
+    });
+    for (addr, r) in futures_join(asks).await {
+        match r {
+            Ok(listing) => {
+                for m in listing.shards {
+                    match m {
+                        Ok(m) if m.rank == rank => view.add(
+                            Holder::Peer {
+                                addr: addr.clone(),
+                                host: listing.host.clone(),
+                            },
+                            m,
+                        ),
+                        Ok(_) => {}
+                        Err(e) => view.unreachable.push(format!("{addr}: {e}")),
+                    }
+                }
+            }
+            Err(e) => view.unreachable.push(format!("peer {addr}: {e}")),
+        }
+    }
+    add_durable(ck, job, &mut view).await;
+    // The hosts' count leaves out the durable store: a step it holds whole
+    // is complete (every tier wiped, the store's copy is the one left).
+    let whole_in_durable: Vec<(u64, u32)> = view
+        .steps
+        .iter()
+        .filter(|((j, _), _)| j == job)
+        .filter_map(|((_, step), ranks)| {
+            let durable: BTreeMap<u32, Vec<Copy>> = ranks
+                .iter()
+                .map(|(r, cs)| {
+                    let d = cs.iter().filter(|c| c.holder == Holder::Durable);
+                    (*r, d.cloned().collect::<Vec<_>>())
+                })
+                .filter(|(_, cs)| !cs.is_empty())
+                .collect();
+            CopiesView::complete(&durable).then(|| (*step, CopiesView::world_size(&durable)))
+        })
+        .collect();
+    if let Some(counts) = view.counts.as_mut() {
+        for (step, world) in whole_in_durable {
+            let s = counts.entry(step).or_insert_with(|| JobStep {
+                world,
+                present: 0,
+                missing: Vec::new(),
+                holders: Vec::new(),
+            });
+            s.world = s.world.max(world);
+            s.present = s.world;
+            s.missing.clear();
+        }
+    }
+    view
+}
+
+/// This agent's own copies of `job` (every job when empty), and those a
+/// scrub marked corrupt.
+async fn add_local(ck: &Arc<Checkpoints>, job: &str, view: &mut CopiesView) {
     let ck2 = ck.clone();
     let j = job.to_owned();
     let local = tokio::task::spawn_blocking(move || {
@@ -161,6 +292,26 @@ async fn gather_now(ck: &Arc<Checkpoints>, job: &str, limit: Duration) -> Copies
             .or_default()
             .insert(k.rank, why);
     }
+}
+
+/// What the durable store holds of `job` (a named job only).
+async fn add_durable(ck: &Arc<Checkpoints>, job: &str, view: &mut CopiesView) {
+    if let (Some(d), false) = (&ck.durable, job.is_empty()) {
+        match d.list(job).await {
+            Ok(ms) => {
+                for m in ms {
+                    view.add(Holder::Durable, m);
+                }
+            }
+            Err(e) => view.unreachable.push(format!("durable {}: {e}", d.url())),
+        }
+    }
+}
+
+/// One gather, run now.
+async fn gather_now(ck: &Arc<Checkpoints>, job: &str, limit: Duration) -> CopiesView {
+    let mut view = CopiesView::default();
+    add_local(ck, job, &mut view).await;
     let asks = ck.peers.of_job(job).into_iter().map(|p| {
         let job = job.to_owned();
         async move { (p.member.addr.clone(), p.list(&job, limit).await) }
@@ -184,16 +335,7 @@ async fn gather_now(ck: &Arc<Checkpoints>, job: &str, limit: Duration) -> Copies
             Err(e) => view.unreachable.push(format!("peer {addr}: {e}")),
         }
     }
-    if let (Some(d), false) = (&ck.durable, job.is_empty()) {
-        match d.list(job).await {
-            Ok(ms) => {
-                for m in ms {
-                    view.add(Holder::Durable, m);
-                }
-            }
-            Err(e) => view.unreachable.push(format!("durable {}: {e}", d.url())),
-        }
-    }
+    add_durable(ck, job, &mut view).await;
     view
 }
 
@@ -327,22 +469,19 @@ pub async fn restore(
     step: u64,
 ) -> Result<Option<RestoreFound>, RestoreError> {
     let started = Instant::now();
-    let mut view = gather(ck, job).await;
+    let mut view = gather_for(ck, job, rank, ck.cfg.peer_timeout).await;
     let found = |v: &CopiesView| {
         if step == 0 {
             v.newest_complete(job)
         } else {
-            v.steps
-                .get(&(job.to_owned(), step))
-                .filter(|r| CopiesView::complete(r))
-                .map(|_| step)
+            v.step_complete(job, step).then_some(step)
         }
     };
     if found(&view).is_none() && !view.unreachable.is_empty() {
         // A holder that did not answer may hold the step: ask again, longer,
         // rather than start the rank over (or call a step missing) on a
         // peer's slowness.
-        view = gather_within(ck, job, ck.cfg.peer_timeout * RETRY_TIMEOUT_FACTOR).await;
+        view = gather_for(ck, job, rank, ck.cfg.peer_timeout * RETRY_TIMEOUT_FACTOR).await;
         if found(&view).is_none() && !view.unreachable.is_empty() {
             return Err(RestoreError::Unreachable {
                 job: job.to_owned(),
@@ -359,11 +498,14 @@ pub async fn restore(
     } else {
         step
     };
-    let Some(ranks) = view
-        .steps
-        .get(&(job.to_owned(), step))
-        .filter(|r| CopiesView::complete(r))
-    else {
+    if !view.step_complete(job, step) {
+        if let Some(c) = view.counts.as_ref().and_then(|c| c.get(&step)) {
+            return Err(RestoreError::NoSuchStep {
+                job: job.to_owned(),
+                step,
+                missing: c.missing.clone(),
+            });
+        }
         let ranks = view.steps.get(&(job.to_owned(), step));
         let w = ranks.map(CopiesView::world_size).unwrap_or(0);
         // Bounded whatever the world size says: the first ranks missing
@@ -383,7 +525,21 @@ pub async fn restore(
         step,
         rank,
     };
-    let mut copies = ranks.get(&rank).cloned().unwrap_or_default();
+    let mut copies = view
+        .steps
+        .get(&(job.to_owned(), step))
+        .and_then(|r| r.get(&rank))
+        .cloned()
+        .unwrap_or_default();
+    if copies.is_empty() && !view.unreachable.is_empty() {
+        // Counted complete by the collector, but the rank's holders could
+        // not be listed: the restore can be tried again.
+        return Err(RestoreError::Unreachable {
+            job: job.to_owned(),
+            step,
+            holders: view.unreachable.clone(),
+        });
+    }
     copies.sort_by_key(|c| match c.holder {
         Holder::Local => 0,
         Holder::Peer { .. } => 1,

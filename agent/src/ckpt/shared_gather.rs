@@ -24,32 +24,45 @@ use tokio::sync::OnceCell;
 
 use super::restore::CopiesView;
 
-/// The gathers under way on this agent, per job and limit.
-#[derive(Debug, Default)]
-pub struct InFlight(Mutex<HashMap<(String, Duration), Flight>>);
-
+/// The gathers under way on this agent, per job, rank (None: every rank)
+/// and limit. Also shares the collector's collections of a job
+/// ([`super::collect`]), whose gather is a [`super::holdings::Holdings`].
 #[derive(Debug)]
-struct Flight {
-    /// Commits sealed here when it started.
-    sealed: u64,
-    view: Arc<OnceCell<Arc<CopiesView>>>,
+pub struct InFlight<T = CopiesView>(Mutex<HashMap<Key, Flight<T>>>);
+
+/// A gather's job, rank (None: every rank) and limit.
+type Key = (String, Option<u32>, Duration);
+
+impl<T> Default for InFlight<T> {
+    fn default() -> Self {
+        Self(Mutex::new(HashMap::new()))
+    }
 }
 
-impl InFlight {
-    /// The view of `job` within `limit`: the gather under way, when it
-    /// started with `sealed` commits sealed here as now, or else `gather`,
-    /// run here and shared with those that come while it runs.
+#[derive(Debug)]
+struct Flight<T> {
+    /// Commits sealed here when it started.
+    sealed: u64,
+    view: Arc<OnceCell<Arc<T>>>,
+}
+
+impl<T> InFlight<T> {
+    /// The view of `job` (for `rank`, or every rank) within `limit`: the
+    /// gather under way, when it started with `sealed` commits sealed here
+    /// as now, or else `gather`, run here and shared with those that come
+    /// while it runs.
     pub async fn view<F>(
         &self,
         job: &str,
+        rank: Option<u32>,
         limit: Duration,
         sealed: u64,
         gather: impl FnOnce() -> F,
-    ) -> Arc<CopiesView>
+    ) -> Arc<T>
     where
-        F: std::future::Future<Output = CopiesView>,
+        F: std::future::Future<Output = T>,
     {
-        let key = (job.to_owned(), limit);
+        let key = (job.to_owned(), rank, limit);
         let cell = {
             let mut m = self.0.lock().unwrap_or_else(|p| p.into_inner());
             match m.get(&key) {
@@ -101,44 +114,46 @@ mod tests {
 
     #[tokio::test]
     async fn callers_while_a_gather_runs_share_it_and_the_next_asks_again() {
-        let flights = InFlight::default();
+        let flights = InFlight::<CopiesView>::default();
         let (n, go) = (AtomicUsize::new(0), tokio::sync::Notify::new());
         let limit = Duration::from_secs(1);
-        let first = flights.view("j", limit, 0, || counted(&n, &go));
-        let second = flights.view("j", limit, 0, || counted(&n, &go));
+        let first = flights.view("j", None, limit, 0, || counted(&n, &go));
+        let second = flights.view("j", None, limit, 0, || counted(&n, &go));
         // Another job, and another limit (the restore's longer second ask),
-        // are gathers of their own.
-        let other_job = flights.view("k", limit, 0, || counted(&n, &go));
-        let other_limit = flights.view("j", limit * 3, 0, || counted(&n, &go));
+        // are gathers of their own; so is one rank's.
+        let other_job = flights.view("k", None, limit, 0, || counted(&n, &go));
+        let other_limit = flights.view("j", None, limit * 3, 0, || counted(&n, &go));
+        let one_rank = flights.view("j", Some(1), limit, 0, || counted(&n, &go));
         let release = async {
             // Each started gather waits on `go`; release them once all four
             // callers are in (three gathers).
-            while n.load(Ordering::SeqCst) < 3 {
+            while n.load(Ordering::SeqCst) < 4 {
                 tokio::task::yield_now().await;
             }
             go.notify_waiters();
         };
-        let (a, b, _, _, ()) = tokio::join!(first, second, other_job, other_limit, release);
+        let (a, b, _, _, _, ()) =
+            tokio::join!(first, second, other_job, other_limit, one_rank, release);
         assert!(
             Arc::ptr_eq(&a, &b),
             "the second caller took the first's view"
         );
-        assert_eq!(n.load(Ordering::SeqCst), 3, "one gather per job and limit");
+        assert_eq!(n.load(Ordering::SeqCst), 4, "one gather per job, rank and limit");
         assert!(flights.is_empty(), "a finished gather is not kept");
 
         // After it finished, a caller gathers again.
         go.notify_one();
-        flights.view("j", limit, 0, || counted(&n, &go)).await;
-        assert_eq!(n.load(Ordering::SeqCst), 4);
+        flights.view("j", None, limit, 0, || counted(&n, &go)).await;
+        assert_eq!(n.load(Ordering::SeqCst), 5);
     }
 
     #[tokio::test]
     async fn a_commit_sealed_since_the_gather_started_gets_a_gather_of_its_own() {
-        let flights = InFlight::default();
+        let flights = InFlight::<CopiesView>::default();
         let (n, go) = (AtomicUsize::new(0), tokio::sync::Notify::new());
         let limit = Duration::from_secs(1);
-        let before = flights.view("j", limit, 0, || counted(&n, &go));
-        let after_a_commit = flights.view("j", limit, 1, || counted(&n, &go));
+        let before = flights.view("j", None, limit, 0, || counted(&n, &go));
+        let after_a_commit = flights.view("j", None, limit, 1, || counted(&n, &go));
         let release = async {
             while n.load(Ordering::SeqCst) < 2 {
                 tokio::task::yield_now().await;

@@ -469,6 +469,13 @@ pub(crate) mod tests {
         ) -> Result<Response<pb::ListShardsResponse>, Status> {
             Err(Status::unimplemented("not here"))
         }
+
+        async fn collect_holdings(
+            &self,
+            _: Request<pb::HoldingsAsk>,
+        ) -> Result<Response<pb::Holdings>, Status> {
+            Err(Status::unimplemented("not here"))
+        }
     }
 
     /// Serves `agg` on 127.0.0.2 (plain TCP); a hop to it.

@@ -1,0 +1,269 @@
+//! CollectHoldings on the wire (`warden.v1.HoldingsAsk`, `Holdings`), both
+//! ways: the collector's questions and answers in [`super::collect`]'s
+//! terms, and a peer's checked and bounded before anything is kept, the
+//! error naming the field.
+
+use std::time::Duration;
+
+use warden_core::rank::MAX_WORLD_SIZE;
+use warden_proto::v1 as pb;
+
+use super::collect::{Ask, Scope};
+use super::holdings::{HolderRef, Holdings, JobStep, JobView, MAX_HOSTS, MAX_STEPS};
+
+/// The shortest and longest an ask may give its answer.
+pub const LIMIT_RANGE: (Duration, Duration) =
+    (Duration::from_millis(10), Duration::from_secs(300));
+
+/// An ask as sent.
+pub fn ask_to_pb(a: &Ask) -> pb::HoldingsAsk {
+    let (group, rank) = match a.scope {
+        Scope::Job { rank } => (0, rank),
+        Scope::Group { start } => (u32::try_from(start).unwrap_or(u32::MAX).saturating_add(1), 0),
+    };
+    pb::HoldingsAsk {
+        job_id: a.job.clone(),
+        group,
+        rank,
+        relayed: a.relayed,
+        limit_ms: u32::try_from(a.limit.as_millis()).unwrap_or(u32::MAX),
+    }
+}
+
+/// A peer's ask, checked (the job's name is checked by the edge); the
+/// error names the field.
+pub fn ask_from_pb(r: pb::HoldingsAsk) -> Result<Ask, String> {
+    let limit = Duration::from_millis(u64::from(r.limit_ms));
+    if !(LIMIT_RANGE.0..=LIMIT_RANGE.1).contains(&limit) {
+        return Err(format!(
+            "limit_ms: {}; must be between 10 and 300000",
+            r.limit_ms
+        ));
+    }
+    let scope = if r.group == 0 {
+        if r.rank >= MAX_WORLD_SIZE {
+            return Err(format!("rank: {}; must be below {MAX_WORLD_SIZE}", r.rank));
+        }
+        Scope::Job { rank: r.rank }
+    } else {
+        if r.rank != 0 || r.relayed {
+            return Err("rank, relayed: set on a group's ask (group > 0)".to_owned());
+        }
+        Scope::Group {
+            start: (r.group - 1) as usize,
+        }
+    };
+    Ok(Ask {
+        job: r.job_id,
+        scope,
+        relayed: r.relayed,
+        limit,
+    })
+}
+
+/// A group's holdings as sent.
+pub fn holdings_to_pb(h: &Holdings) -> pb::Holdings {
+    pb::Holdings {
+        hosts: h.hosts.iter().map(host_to_pb).collect(),
+        steps: h
+            .steps
+            .iter()
+            .map(|(&step, s)| pb::StepHoldings {
+                step,
+                world_size: s.world,
+                ranks: s
+                    .ranks
+                    .iter()
+                    .map(|(&rank, hs)| pb::RankHolders {
+                        rank,
+                        hosts: hs.clone(),
+                    })
+                    .collect(),
+                present: 0,
+                missing: Vec::new(),
+            })
+            .collect(),
+        unreachable: h.unreachable.clone(),
+    }
+}
+
+/// A peer's answer for a group, checked ([`Holdings::check`]).
+pub fn holdings_from_pb(r: pb::Holdings) -> Result<Holdings, String> {
+    bounded(&r)?;
+    let mut h = Holdings::default();
+    let index: Vec<u32> = r.hosts.iter().map(|x| h.host(&x.addr, &x.host)).collect();
+    for s in r.steps {
+        for rh in s.ranks {
+            for i in rh.hosts {
+                let Some(&mine) = index.get(i as usize) else {
+                    return Err(format!(
+                        "step {} rank {}: holder {i} of {} hosts",
+                        s.step,
+                        rh.rank,
+                        index.len()
+                    ));
+                };
+                h.add(mine, s.step, rh.rank, s.world_size);
+            }
+        }
+    }
+    h.unreachable = r.unreachable;
+    h.check()?;
+    Ok(h)
+}
+
+/// The job's view for `rank` as sent.
+pub fn view_to_pb(v: &JobView, rank: u32) -> pb::Holdings {
+    let mut hosts: Vec<HolderRef> = Vec::new();
+    let mut index = |h: &HolderRef| -> u32 {
+        match hosts.iter().position(|x| x == h) {
+            Some(i) => i as u32,
+            None => {
+                hosts.push(h.clone());
+                (hosts.len() - 1) as u32
+            }
+        }
+    };
+    let steps = v
+        .steps
+        .iter()
+        .map(|(&step, s)| pb::StepHoldings {
+            step,
+            world_size: s.world,
+            ranks: if s.holders.is_empty() {
+                Vec::new()
+            } else {
+                vec![pb::RankHolders {
+                    rank,
+                    hosts: s.holders.iter().map(&mut index).collect(),
+                }]
+            },
+            present: s.present,
+            missing: s.missing.clone(),
+        })
+        .collect();
+    pb::Holdings {
+        hosts: hosts.iter().map(host_to_pb).collect(),
+        steps,
+        unreachable: v.unreachable.clone(),
+    }
+}
+
+/// A peer's view of the job for `rank`, checked ([`JobView::check`]).
+pub fn view_from_pb(r: pb::Holdings, rank: u32) -> Result<JobView, String> {
+    bounded(&r)?;
+    let mut v = JobView {
+        unreachable: r.unreachable,
+        ..JobView::default()
+    };
+    for s in r.steps {
+        let mut holders = Vec::new();
+        for i in s.ranks.iter().filter(|x| x.rank == rank).flat_map(|x| &x.hosts) {
+            let h = r.hosts.get(*i as usize).ok_or_else(|| {
+                format!("step {}: holder {i} of {} hosts", s.step, r.hosts.len())
+            })?;
+            holders.push(HolderRef {
+                addr: h.addr.clone(),
+                host: h.host.clone(),
+            });
+        }
+        v.steps.insert(
+            s.step,
+            JobStep {
+                world: s.world_size,
+                present: s.present,
+                missing: s.missing,
+                holders,
+            },
+        );
+    }
+    v.check()?;
+    Ok(v)
+}
+
+fn host_to_pb(h: &HolderRef) -> pb::HoldingsHost {
+    pb::HoldingsHost {
+        addr: h.addr.clone(),
+        host: h.host.clone(),
+    }
+}
+
+/// The counts any answer must stay within, before it is read.
+fn bounded(r: &pb::Holdings) -> Result<(), String> {
+    if r.hosts.len() > MAX_HOSTS {
+        return Err(format!("hosts: {}; at most {MAX_HOSTS}", r.hosts.len()));
+    }
+    if r.steps.len() > MAX_STEPS {
+        return Err(format!("steps: {}; at most {MAX_STEPS}", r.steps.len()));
+    }
+    if r.unreachable.len() > MAX_HOSTS {
+        return Err(format!(
+            "unreachable: {}; at most {MAX_HOSTS}",
+            r.unreachable.len()
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn asks_and_answers_go_both_ways() {
+        let a = Ask {
+            job: "j".into(),
+            scope: Scope::Group { start: 64 },
+            relayed: false,
+            limit: Duration::from_secs(4),
+        };
+        let back = ask_from_pb(ask_to_pb(&a)).expect("ask");
+        assert_eq!(back.scope, Scope::Group { start: 64 });
+        assert_eq!(back.limit, a.limit);
+        let mut h = Holdings::default();
+        let x = h.host("a:1", "ha");
+        let y = h.host("b:1", "hb");
+        h.add(x, 5, 0, 2);
+        h.add(y, 5, 0, 2);
+        h.add(y, 5, 1, 2);
+        h.unreachable.push("c:1: silent".into());
+        let g = holdings_from_pb(holdings_to_pb(&h)).expect("group");
+        assert_eq!(g.steps, h.steps);
+        assert_eq!(g.hosts, h.hosts);
+        let v = h.for_rank(0);
+        assert_eq!(view_from_pb(view_to_pb(&v, 0), 0).expect("view"), v);
+    }
+
+    #[test]
+    fn a_peers_ask_or_answer_out_of_range_is_refused_naming_the_field() {
+        let mut a = ask_to_pb(&Ask {
+            job: "j".into(),
+            scope: Scope::Job { rank: 3 },
+            relayed: true,
+            limit: Duration::from_secs(1),
+        });
+        a.limit_ms = 0;
+        assert!(ask_from_pb(a.clone()).unwrap_err().starts_with("limit_ms"));
+        a.limit_ms = 1000;
+        a.rank = MAX_WORLD_SIZE;
+        assert!(ask_from_pb(a.clone()).unwrap_err().starts_with("rank"));
+        a.group = 2;
+        assert!(ask_from_pb(a).unwrap_err().contains("group > 0"));
+        let bad = pb::Holdings {
+            hosts: vec![],
+            steps: vec![pb::StepHoldings {
+                step: 1,
+                world_size: 1,
+                ranks: vec![pb::RankHolders {
+                    rank: 0,
+                    hosts: vec![3],
+                }],
+                present: 1,
+                missing: vec![],
+            }],
+            unreachable: vec![],
+        };
+        assert!(holdings_from_pb(bad.clone()).unwrap_err().contains("holder 3 of 0"));
+        assert!(view_from_pb(bad, 0).unwrap_err().contains("holder 3 of 0"));
+    }
+}

@@ -1,0 +1,323 @@
+//! What the hosts of a job hold, as the restore's collector counts it
+//! ([`super::collect`]): per step, which ranks have a copy and on which
+//! hosts, without the copies' descriptions (a host that restores lists the
+//! few holders of its own rank itself).
+//!
+//! In: listings of hosts' tiers, or other collections. Out: a group's
+//! holdings (every rank with a copy in the group), and the job's view for
+//! one rank: each step's world size, how many ranks have a copy anywhere,
+//! the first that have none, and where the rank's copies are. Never: trusts
+//! a peer's collection before [`Holdings::check`] has bounded it.
+
+use std::collections::{BTreeMap, HashMap};
+
+use super::manifest::Manifest;
+use warden_core::rank::MAX_WORLD_SIZE;
+
+/// The most ranks a step's view names as missing (the first ones).
+pub const MAX_MISSING: usize = 64;
+
+/// The most hosts a peer's collection may name: a group's hosts, at most
+/// `checkpoint.collect_fan_out`'s bound.
+pub const MAX_HOSTS: usize = 65_536;
+
+/// The most steps a peer's collection may carry.
+pub const MAX_STEPS: usize = 4_096;
+
+/// One host holding copies: its address and host name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HolderRef {
+    /// `host:port`.
+    pub addr: String,
+    /// Its `agent.host_name`.
+    pub host: String,
+}
+
+/// One step of a collection.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StepHoldings {
+    /// What its shards say (the largest, should they disagree).
+    pub world: u32,
+    /// Each rank with a copy, and its holders (indices into
+    /// [`Holdings::hosts`]).
+    pub ranks: BTreeMap<u32, Vec<u32>>,
+}
+
+/// A collection: what a set of hosts holds of one job.
+#[derive(Debug, Clone, Default)]
+pub struct Holdings {
+    /// The holders `steps` refers to.
+    pub hosts: Vec<HolderRef>,
+    by_addr: HashMap<String, u32>,
+    /// Step -> what is held of it.
+    pub steps: BTreeMap<u64, StepHoldings>,
+    /// Hosts that could not be asked, with why.
+    pub unreachable: Vec<String>,
+}
+
+impl Holdings {
+    /// The index of the holder at `addr` (added the first time).
+    pub fn host(&mut self, addr: &str, host: &str) -> u32 {
+        if let Some(&i) = self.by_addr.get(addr) {
+            return i;
+        }
+        let i = self.hosts.len() as u32;
+        self.hosts.push(HolderRef {
+            addr: addr.to_owned(),
+            host: host.to_owned(),
+        });
+        self.by_addr.insert(addr.to_owned(), i);
+        i
+    }
+
+    /// Records that holder `h` has a copy of `rank` at `step`.
+    pub fn add(&mut self, h: u32, step: u64, rank: u32, world: u32) {
+        let s = self.steps.entry(step).or_default();
+        s.world = s.world.max(world);
+        let hs = s.ranks.entry(rank).or_default();
+        if !hs.contains(&h) {
+            hs.push(h);
+        }
+    }
+
+    /// Adds what the host at `addr` (named `host`) listed of `job`.
+    pub fn add_listing<'a>(
+        &mut self,
+        addr: &str,
+        host: &str,
+        job: &str,
+        shards: impl IntoIterator<Item = &'a Manifest>,
+    ) {
+        let h = self.host(addr, host);
+        for m in shards.into_iter().filter(|m| m.job_id == job) {
+            self.add(h, m.step, m.rank, m.world_size);
+        }
+    }
+
+    /// Adds another collection (its holder indices renumbered).
+    pub fn merge(&mut self, other: Holdings) {
+        let map: Vec<u32> = other
+            .hosts
+            .iter()
+            .map(|r| self.host(&r.addr, &r.host))
+            .collect();
+        for (step, s) in other.steps {
+            for (rank, hs) in s.ranks {
+                for h in hs {
+                    if let Some(&mine) = map.get(h as usize) {
+                        self.add(mine, step, rank, s.world);
+                    }
+                }
+            }
+        }
+        self.unreachable.extend(other.unreachable);
+    }
+
+    /// Whether a peer's collection stays within bounds: the hosts, steps,
+    /// world sizes and ranks it names, and every holder index among its
+    /// hosts. The error names what was out of range.
+    pub fn check(&self) -> Result<(), String> {
+        if self.hosts.len() > MAX_HOSTS {
+            return Err(format!("{} hosts; at most {MAX_HOSTS}", self.hosts.len()));
+        }
+        if self.steps.len() > MAX_STEPS {
+            return Err(format!("{} steps; at most {MAX_STEPS}", self.steps.len()));
+        }
+        for (step, s) in &self.steps {
+            if s.world > MAX_WORLD_SIZE {
+                return Err(format!(
+                    "step {step}: world size {}; at most {MAX_WORLD_SIZE}",
+                    s.world
+                ));
+            }
+            for (rank, hs) in &s.ranks {
+                if *rank >= MAX_WORLD_SIZE {
+                    return Err(format!("step {step}: rank {rank}; below {MAX_WORLD_SIZE}"));
+                }
+                if let Some(h) = hs.iter().find(|&&h| h as usize >= self.hosts.len()) {
+                    return Err(format!(
+                        "step {step} rank {rank}: holder {h} of {} hosts",
+                        self.hosts.len()
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The job's view for `rank`: every step's count, and `rank`'s holders.
+    pub fn for_rank(&self, rank: u32) -> JobView {
+        let steps = self
+            .steps
+            .iter()
+            .map(|(&step, s)| {
+                let present = s.ranks.range(..s.world).count() as u32;
+                let missing = (0..s.world)
+                    .filter(|r| !s.ranks.contains_key(r))
+                    .take(MAX_MISSING)
+                    .collect();
+                let holders = s
+                    .ranks
+                    .get(&rank)
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|&h| self.hosts.get(h as usize).cloned())
+                    .collect();
+                (
+                    step,
+                    JobStep {
+                        world: s.world,
+                        present,
+                        missing,
+                        holders,
+                    },
+                )
+            })
+            .collect();
+        JobView {
+            steps,
+            unreachable: self.unreachable.clone(),
+        }
+    }
+}
+
+/// One step of the job as a restoring rank sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JobStep {
+    /// The step's world size.
+    pub world: u32,
+    /// Ranks below `world` with a copy somewhere.
+    pub present: u32,
+    /// The first ranks with none ([`MAX_MISSING`] at most).
+    pub missing: Vec<u32>,
+    /// The hosts holding the asked rank's copies.
+    pub holders: Vec<HolderRef>,
+}
+
+impl JobStep {
+    /// Every rank below the world size has a copy.
+    pub fn complete(&self) -> bool {
+        self.world > 0 && self.present >= self.world
+    }
+}
+
+/// The job's view for one rank ([`Holdings::for_rank`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct JobView {
+    /// Step -> its count and the rank's holders.
+    pub steps: BTreeMap<u64, JobStep>,
+    /// Hosts that could not be asked, with why.
+    pub unreachable: Vec<String>,
+}
+
+impl JobView {
+    /// Whether a peer's view stays within bounds (steps, world sizes, the
+    /// counts and the ranks named); the error names what was out of range.
+    pub fn check(&self) -> Result<(), String> {
+        if self.steps.len() > MAX_STEPS {
+            return Err(format!("{} steps; at most {MAX_STEPS}", self.steps.len()));
+        }
+        for (step, s) in &self.steps {
+            if s.world > MAX_WORLD_SIZE || s.present > s.world {
+                return Err(format!(
+                    "step {step}: {} of world size {} present; at most {MAX_WORLD_SIZE}",
+                    s.present, s.world
+                ));
+            }
+            if s.missing.len() > MAX_MISSING || s.holders.len() > MAX_HOSTS {
+                return Err(format!(
+                    "step {step}: {} missing and {} holders named",
+                    s.missing.len(),
+                    s.holders.len()
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn m(job: &str, step: u64, rank: u32, world: u32) -> Manifest {
+        Manifest {
+            job_id: job.to_owned(),
+            step,
+            rank,
+            world_size: world,
+            size_bytes: 1,
+            xxh3: "0".into(),
+            origin: "o".into(),
+            committed_unix: 0,
+        }
+    }
+
+    #[test]
+    fn groups_merge_into_the_jobs_view_of_one_rank() {
+        // Group A: a holds ranks 0, 1 of step 5 and 7; b holds 2 and a's
+        // replica of rank 0.
+        let mut a = Holdings::default();
+        a.add_listing("a:1", "ha", "j", &[m("j", 5, 0, 4), m("j", 5, 1, 4), m("j", 7, 0, 4)]);
+        a.add_listing("b:1", "hb", "j", &[m("j", 5, 2, 4), m("j", 5, 0, 4), m("x", 5, 3, 4)]);
+        // Group B: c holds rank 3 of step 5, and b (again) rank 2's replica.
+        let mut b = Holdings::default();
+        b.add_listing("c:1", "hc", "j", &[m("j", 5, 3, 4)]);
+        b.add_listing("b:1", "hb", "j", &[m("j", 5, 2, 4)]);
+        b.unreachable.push("d:1: no answer".into());
+        a.merge(b);
+        a.check().expect("in bounds");
+        let v = a.for_rank(0);
+        let s5 = &v.steps[&5];
+        assert!(s5.complete(), "{s5:?}");
+        assert_eq!(
+            s5.holders.iter().map(|h| h.addr.as_str()).collect::<Vec<_>>(),
+            ["a:1", "b:1"]
+        );
+        let s7 = &v.steps[&7];
+        assert!(!s7.complete());
+        assert_eq!((s7.present, s7.missing.clone()), (1, vec![1, 2, 3]));
+        assert_eq!(v.unreachable, ["d:1: no answer"]);
+        // Another job's shard (x) is not counted; b is one host, once.
+        assert_eq!(a.hosts.len(), 3);
+        assert_eq!(v.steps[&5].present, 4);
+        assert_eq!(a.steps[&5].ranks[&2], vec![1]);
+    }
+
+    #[test]
+    fn a_peers_collection_out_of_bounds_is_refused_naming_it() {
+        let mut h = Holdings::default();
+        let i = h.host("a:1", "ha");
+        h.add(i, 5, 0, 4);
+        h.steps.get_mut(&5).expect("step").ranks.insert(1, vec![9]);
+        assert!(h.check().expect_err("holder 9").contains("holder 9 of 1 hosts"));
+        let mut h = Holdings::default();
+        h.add(0, 5, MAX_WORLD_SIZE, 4);
+        h.host("a:1", "ha");
+        assert!(h.check().expect_err("rank").contains("rank 16777216"));
+        let mut v = JobView::default();
+        v.steps.insert(
+            1,
+            JobStep {
+                world: 2,
+                present: 3,
+                missing: vec![],
+                holders: vec![],
+            },
+        );
+        assert!(v.check().expect_err("present").contains("3 of world size 2"));
+    }
+
+    #[test]
+    fn missing_ranks_are_named_up_to_the_bound() {
+        let mut h = Holdings::default();
+        let i = h.host("a:1", "ha");
+        h.add(i, 1, 0, 1000);
+        let v = h.for_rank(5);
+        let s = &v.steps[&1];
+        assert_eq!(s.present, 1);
+        assert_eq!(s.missing.len(), MAX_MISSING);
+        assert_eq!(s.missing[0], 1);
+        assert!(s.holders.is_empty());
+    }
+}
