@@ -9,10 +9,14 @@
 //! groups of about the square root of its hosts
 //! ([`warden_core::detect::straggler::tree`], `checkpoint.collect_fan_out`):
 //!
-//! - a restoring host asks its group's first host (its leader; the next
-//!   when that one does not answer; itself when it is the first);
-//! - a leader outside group 0 passes the ask on to group 0's first hosts
-//!   (`relayed`), which answer it where it arrives;
+//! - a restoring host asks its group's first host (its leader), which
+//!   passes the ask on (`relayed`) to the job's first host; a host of group
+//!   0 asks that one directly; where the leader does not answer, the host
+//!   asks the job's first hosts itself;
+//! - only group 0's hosts collect (a relayed ask is answered where it
+//!   arrives); a host elsewhere whose collectors do not answer says so
+//!   (they are named unreachable: the restore asks again), rather than
+//!   collect itself, which under load made every host collect;
 //! - the host that answers a job's ask *collects*: it asks each group's
 //!   leader what its group holds (the leader lists its members' tiers; a
 //!   leader that does not answer has its members listed directly), and
@@ -25,14 +29,19 @@
 //! collectors' group asks) and makes O(1) calls a restore, plus O(√N) as a
 //! leader or collector. Failover comes from the order alone, as in the
 //! exchange: no election, and an ask relayed once is never relayed again.
+//! A finished collection serves the asks of the next `peer_timeout` too
+//! (a wave of restores asks over longer than one collection takes, and
+//! should see one view).
 //!
 //! Time: an ask carries the bound on one host's listing (`checkpoint.
 //! peer_timeout` as the restoring host has it, L). A leader's group answer
 //! takes about L at most (its listings run at once), and is waited for
 //! 1.5L; a collection 2.5L (a group's leader waited for, then its hosts
-//! listed directly), waited for 3L; a relayed ask 3L and then, unanswered,
-//! a collection here: 5.5L, waited for 6L. So a holder that is silent costs
-//! a restore L, as asking every host did, and a silent leader 2.5L.
+//! listed directly), waited for 3L as a relayed ask; a leader passing an
+//! ask on tries the job's first hosts within 5.5L and is waited for 6L. So
+//! a holder that is silent costs a restore L, as asking every host did, a
+//! silent group leader 2.5L, the asker's own silent leader 6L more (then
+//! the asker tries two of the job's first hosts itself, 3L each).
 //!
 //! In: a job, a rank, the listing bound; a peer's ask ([`answer`]). Out: the
 //! job's view for the rank ([`JobView`]), or a group's holdings. Never:
@@ -122,25 +131,76 @@ fn group_size(ck: &Checkpoints, len: usize) -> usize {
     tree::fan_out(len, ck.cfg.collect_fan_out).max(1)
 }
 
+/// How many of the job's first hosts an ask tries, one after another.
+const MAX_TRIES: usize = 2;
+
+/// Where a host stands in `job`'s order: the leader of its group when it is
+/// not that leader itself (None in group 0, whose hosts ask the collectors
+/// directly), the collectors it may ask (group 0's hosts, before itself when
+/// it is one of them), and whether it may collect itself (it is in group
+/// 0). A host not in the order asks group 0 and never collects.
+fn place(ck: &Checkpoints, job: &str) -> (Option<String>, Vec<String>, bool) {
+    ck.peers.with_order_or_static(job, |order, me| {
+        let k = group_size(ck, order.len());
+        let first = &order[..k.min(order.len())];
+        match me.filter(|&p| p < order.len()) {
+            Some(pos) if pos < k => (None, first[..pos].to_vec(), true),
+            Some(pos) => {
+                let start = pos / k * k;
+                let leader = (start < pos).then(|| order[start].clone());
+                (leader, first.to_vec(), false)
+            }
+            None => (None, first.to_vec(), false),
+        }
+    })
+}
+
 /// The job's view for `rank` as a restoring host gets it, each host's
-/// listing bounded by `limit`: asked of its group's leader, or answered
-/// here when it leads its group or its leader did not answer.
+/// listing bounded by `limit`: asked of its group's leader (which passes it
+/// on to a collector), else of the job's first hosts (group 0) itself,
+/// else, in group 0, collected here. A host outside group 0 never
+/// collects: were the collectors out of reach for one host, they would be
+/// for many, and every host collecting is every host asking every other
+/// (measured: at 512 hosts on one machine that took two minutes and every
+/// restore failed). It answers the collectors unreachable instead, and the
+/// restore asks again, then answers ABORTED.
 pub async fn job_view(ck: &Arc<Checkpoints>, job: &str, rank: u32, limit: Duration) -> JobView {
-    let leader = ck.peers.with_order_or_static(job, |order, me| {
-        let pos = me.filter(|&p| p < order.len())?;
-        let start = pos / group_size(ck, order.len()) * group_size(ck, order.len());
-        (start < pos).then(|| order[start].clone())
-    });
-    let ask = Ask {
+    let (leader, collectors, collects_here) = place(ck, job);
+    let ask = |relayed| Ask {
         job: job.to_owned(),
         scope: Scope::Job { rank },
-        relayed: false,
+        relayed,
         limit,
     };
-    if let Some(v) = view_from(ck, leader, &ask, limit.mul_f64(JOB_WAIT)).await {
+    if let Some(v) = view_from(ck, leader, &ask(false), limit.mul_f64(JOB_WAIT)).await {
         return v;
     }
-    answer_job(ck, job, rank, false, limit).await
+    let mut silent = Vec::new();
+    for c in collectors.iter().take(MAX_TRIES) {
+        match view_from(ck, Some(c.clone()), &ask(true), limit.mul_f64(RELAYED_WAIT)).await {
+            Some(v) => return v,
+            None => silent.push(c.clone()),
+        }
+    }
+    if collects_here {
+        return collected(ck, job, rank, limit).await;
+    }
+    collectors_silent(&silent)
+}
+
+/// A view that says only that the collectors did not answer.
+fn collectors_silent(tried: &[String]) -> JobView {
+    JobView {
+        steps: Default::default(),
+        unreachable: vec![format!(
+            "the job's checkpoint collectors (its first hosts) did not answer: {}",
+            if tried.is_empty() {
+                "none could be asked".to_owned()
+            } else {
+                tried.join(", ")
+            }
+        )],
+    }
 }
 
 /// Answers a peer's ask.
@@ -155,10 +215,11 @@ pub async fn answer(ck: &Arc<Checkpoints>, ask: Ask) -> Result<Answer, CollectEr
     }
 }
 
-/// The job's view for `rank`, each listing bounded by `limit`: passed on
-/// to the job's first host when this agent is in another group and the ask
-/// was not relayed yet, else (or when that host did not answer) collected
-/// here.
+/// The job's view for `rank`, each listing bounded by `limit`: collected
+/// here when the ask was relayed (its sender took this host for a
+/// collector) or this host is in group 0; else, as its group's leader,
+/// passed on to the job's first hosts while the asker's wait allows (a
+/// view naming them unreachable when none answered).
 async fn answer_job(
     ck: &Arc<Checkpoints>,
     job: &str,
@@ -166,21 +227,35 @@ async fn answer_job(
     relayed: bool,
     limit: Duration,
 ) -> JobView {
-    if !relayed {
-        let first = ck.peers.with_order_or_static(job, |order, me| {
-            let pos = me.filter(|&p| p < order.len())?;
-            (pos >= group_size(ck, order.len())).then(|| order[0].clone())
-        });
-        let ask = Ask {
-            job: job.to_owned(),
-            scope: Scope::Job { rank },
-            relayed: true,
-            limit,
-        };
-        if let Some(v) = view_from(ck, first, &ask, limit.mul_f64(RELAYED_WAIT)).await {
-            return v;
+    let (_, collectors, collects_here) = place(ck, job);
+    if relayed || collects_here {
+        return collected(ck, job, rank, limit).await;
+    }
+    let ask = Ask {
+        job: job.to_owned(),
+        scope: Scope::Job { rank },
+        relayed: true,
+        limit,
+    };
+    // The asker waits JOB_WAIT: one silent collector, or fast refusals.
+    let deadline = tokio::time::Instant::now() + limit.mul_f64(JOB_WAIT - 0.5);
+    let mut silent = Vec::new();
+    for c in collectors.iter().take(MAX_TRIES) {
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        if left < limit.mul_f64(RELAYED_WAIT) {
+            break;
+        }
+        match view_from(ck, Some(c.clone()), &ask, limit.mul_f64(RELAYED_WAIT)).await {
+            Some(v) => return v,
+            None => silent.push(c.clone()),
         }
     }
+    collectors_silent(&silent)
+}
+
+/// The job's view for `rank` from this agent's collection (one under way,
+/// or one finished within `limit`, is shared).
+async fn collected(ck: &Arc<Checkpoints>, job: &str, rank: u32, limit: Duration) -> JobView {
     let held = ck
         .collections
         .view(job, None, limit, ck.sealing.sealed(), || {
@@ -220,22 +295,21 @@ async fn view_from(
 /// `limit`: each group's leader asked for its group (waited for 1.5
 /// `limit`), and a group whose leader did not answer listed here directly.
 async fn collect_now(ck: &Arc<Checkpoints>, job: &str, limit: Duration) -> Holdings {
-    let (leaders, mine) = ck.peers.with_order_or_static(job, |order, me| {
+    let (groups, mine) = ck.peers.with_order_or_static(job, |order, me| {
         let k = group_size(ck, order.len());
-        let leaders: Vec<(usize, String)> = (0..order.len())
+        let groups: Vec<(usize, Vec<String>)> = (0..order.len())
             .step_by(k)
-            .map(|s| (s, order[s].clone()))
+            .map(|s| (s, order[s..(s + k).min(order.len())].to_vec()))
             .collect();
-        (leaders, me.map(|p| p / k * k))
+        (groups, me.map(|p| p / k * k))
     });
-    let groups = leaders.into_iter().map(|(start, leader)| {
+    let groups = groups.into_iter().map(|(start, members)| {
         let (ck, job) = (ck.clone(), job.to_owned());
         tokio::spawn(async move {
             if mine == Some(start) {
-                return group_here(&ck, &job, start, limit)
-                    .await
-                    .unwrap_or_default();
+                return list_hosts(&ck, &job, members, limit).await;
             }
+            let leader = members[0].clone();
             let ask = Ask {
                 job: job.clone(),
                 scope: Scope::Group { start },
@@ -244,7 +318,19 @@ async fn collect_now(ck: &Arc<Checkpoints>, job: &str, limit: Duration) -> Holdi
             };
             let why = match ck.peer(&leader) {
                 Some(p) => match p.collect(&ask, limit.mul_f64(GROUP_WAIT)).await {
-                    Ok(Answer::Group(h)) => return h,
+                    Ok(Answer::Group(mut h)) => {
+                        // The leader's order may differ from this one's (a
+                        // round changing): the members it did not account
+                        // for are listed here.
+                        let left: Vec<String> = members
+                            .into_iter()
+                            .filter(|a| !h.accounts_for(a))
+                            .collect();
+                        if !left.is_empty() {
+                            h.merge(list_hosts(&ck, &job, left, limit).await);
+                        }
+                        return h;
+                    }
                     Ok(Answer::Job(_)) => "answered another question".to_owned(),
                     Err(e) => e.to_string(),
                 },
@@ -256,9 +342,7 @@ async fn collect_now(ck: &Arc<Checkpoints>, job: &str, limit: Duration) -> Holdi
                 error = %why,
                 "a checkpoint group's leader did not answer; listing its hosts from here"
             );
-            group_here(&ck, &job, start, limit)
-                .await
-                .unwrap_or_default()
+            list_hosts(&ck, &job, members, limit).await
         })
     });
     let groups: Vec<_> = groups.collect();
@@ -290,6 +374,17 @@ async fn group_here(
         let end = (start + group_size(ck, order.len())).min(order.len());
         Ok(order[start..end].to_vec())
     })?;
+    Ok(list_hosts(ck, job, members, limit).await)
+}
+
+/// What `hosts` hold of `job`, each listed within `limit` (this agent's own
+/// tier read here); a host not listed is named unreachable, with why.
+async fn list_hosts(
+    ck: &Arc<Checkpoints>,
+    job: &str,
+    members: Vec<String>,
+    limit: Duration,
+) -> Holdings {
     let me = ck.peers.my_addr().to_owned();
     let lists = members.into_iter().map(|addr| {
         let (ck, job, me) = (ck.clone(), job.to_owned(), me.clone());
@@ -323,5 +418,5 @@ async fn group_here(
             Err(e) => h.unreachable.push(format!("a listing: {e}")),
         }
     }
-    Ok(h)
+    h
 }

@@ -94,6 +94,15 @@ impl Holdings {
         }
     }
 
+    /// Whether the host at `addr` was listed here, or named unreachable.
+    pub fn accounts_for(&self, addr: &str) -> bool {
+        self.by_addr.contains_key(addr)
+            || self
+                .unreachable
+                .iter()
+                .any(|u| u.strip_prefix("peer ").unwrap_or(u).starts_with(&format!("{addr}:")))
+    }
+
     /// Adds another collection (its holder indices renumbered).
     pub fn merge(&mut self, other: Holdings) {
         let map: Vec<u32> = other
@@ -306,6 +315,15 @@ mod tests {
             },
         );
         assert!(v.check().expect_err("present").contains("3 of world size 2"));
+    }
+
+    #[test]
+    fn a_collection_accounts_for_the_hosts_it_listed_or_could_not() {
+        let mut h = Holdings::default();
+        h.add_listing("a:1", "ha", "j", &[]);
+        h.unreachable.push("peer b:2: no answer within 1s".into());
+        assert!(h.accounts_for("a:1") && h.accounts_for("b:2"));
+        assert!(!h.accounts_for("b:20") && !h.accounts_for("c:1"));
     }
 
     #[test]

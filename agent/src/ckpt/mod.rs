@@ -123,7 +123,8 @@ pub struct Checkpoints {
     /// restore at once.
     pub gathers: shared_gather::InFlight,
     /// The collections of a job's holdings under way on this agent as its
-    /// collector ([`collect`]), shared by the asks that come meanwhile.
+    /// collector ([`collect`]), shared by the asks that come meanwhile and
+    /// within `peer_timeout` after.
     pub collections: shared_gather::InFlight<holdings::Holdings>,
     work: mpsc::UnboundedSender<Manifest>,
     work_rx: Mutex<Option<mpsc::UnboundedReceiver<Manifest>>>,
@@ -189,7 +190,7 @@ impl Checkpoints {
             durable,
             sealing: Sealing::default(),
             gathers: shared_gather::InFlight::default(),
-            collections: shared_gather::InFlight::default(),
+            collections: shared_gather::InFlight::keeping(cfg.peer_timeout),
             work,
             work_rx: Mutex::new(Some(work_rx)),
         })

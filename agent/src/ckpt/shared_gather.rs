@@ -28,14 +28,18 @@ use super::restore::CopiesView;
 /// and limit. Also shares the collector's collections of a job
 /// ([`super::collect`]), whose gather is a [`super::holdings::Holdings`].
 #[derive(Debug)]
-pub struct InFlight<T = CopiesView>(Mutex<HashMap<Key, Flight<T>>>);
+pub struct InFlight<T = CopiesView> {
+    flights: Mutex<HashMap<Key, Flight<T>>>,
+    /// How long a finished view still serves those that come (0: none).
+    keep: Duration,
+}
 
 /// A gather's job, rank (None: every rank) and limit.
 type Key = (String, Option<u32>, Duration);
 
 impl<T> Default for InFlight<T> {
     fn default() -> Self {
-        Self(Mutex::new(HashMap::new()))
+        Self::keeping(Duration::ZERO)
     }
 }
 
@@ -44,9 +48,22 @@ struct Flight<T> {
     /// Commits sealed here when it started.
     sealed: u64,
     view: Arc<OnceCell<Arc<T>>>,
+    /// When its gather finished (a view kept for [`InFlight::keep`]).
+    done: Option<tokio::time::Instant>,
 }
 
 impl<T> InFlight<T> {
+    /// Gathers shared while they run and, for `keep` after they finished,
+    /// by those that come then too (the collector's: a wave of restores
+    /// asks over longer than one collection takes, and every ask of the
+    /// wave should see the same view).
+    pub fn keeping(keep: Duration) -> Self {
+        Self {
+            flights: Mutex::new(HashMap::new()),
+            keep,
+        }
+    }
+
     /// The view of `job` (for `rank`, or every rank) within `limit`: the
     /// gather under way, when it started with `sealed` commits sealed here
     /// as now, or else `gather`, run here and shared with those that come
@@ -64,9 +81,14 @@ impl<T> InFlight<T> {
     {
         let key = (job.to_owned(), rank, limit);
         let cell = {
-            let mut m = self.0.lock().unwrap_or_else(|p| p.into_inner());
+            let mut m = self.flights.lock().unwrap_or_else(|p| p.into_inner());
+            let keep = self.keep;
+            // Views kept past their time go (a job that ended leaves none).
+            m.retain(|_, f| f.done.is_none_or(|t| t.elapsed() < keep));
             match m.get(&key) {
-                Some(f) if f.sealed == sealed && !f.view.initialized() => f.view.clone(),
+                Some(f) if f.sealed == sealed && (f.done.is_some() || !f.view.initialized()) => {
+                    f.view.clone()
+                }
                 _ => {
                     let cell = Arc::new(OnceCell::new());
                     m.insert(
@@ -74,6 +96,7 @@ impl<T> InFlight<T> {
                         Flight {
                             sealed,
                             view: cell.clone(),
+                            done: None,
                         },
                     );
                     cell
@@ -86,9 +109,13 @@ impl<T> InFlight<T> {
             .get_or_init(|| async { Arc::new(gather().await) })
             .await
             .clone();
-        let mut m = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        if m.get(&key).is_some_and(|f| Arc::ptr_eq(&f.view, &cell)) {
-            m.remove(&key);
+        let mut m = self.flights.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(f) = m.get_mut(&key).filter(|f| Arc::ptr_eq(&f.view, &cell)) {
+            if self.keep.is_zero() {
+                m.remove(&key);
+            } else if f.done.is_none() {
+                f.done = Some(tokio::time::Instant::now());
+            }
         }
         view
     }
@@ -96,7 +123,10 @@ impl<T> InFlight<T> {
     /// No gather under way (the tests' check that none is kept).
     #[cfg(test)]
     fn is_empty(&self) -> bool {
-        self.0.lock().unwrap_or_else(|p| p.into_inner()).is_empty()
+        self.flights
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_empty()
     }
 }
 
@@ -145,6 +175,26 @@ mod tests {
         go.notify_one();
         flights.view("j", None, limit, 0, || counted(&n, &go)).await;
         assert_eq!(n.load(Ordering::SeqCst), 5);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_kept_view_serves_those_that_come_after_until_its_time_is_out() {
+        let flights = InFlight::<CopiesView>::keeping(Duration::from_millis(200));
+        let (n, go) = (AtomicUsize::new(0), tokio::sync::Notify::new());
+        let limit = Duration::from_secs(1);
+        go.notify_one();
+        let a = flights.view("j", None, limit, 0, || counted(&n, &go)).await;
+        let b = flights.view("j", None, limit, 0, || counted(&n, &go)).await;
+        assert!(Arc::ptr_eq(&a, &b), "the finished view is kept");
+        assert_eq!(n.load(Ordering::SeqCst), 1);
+        // A commit sealed since: gathered again, even within the time.
+        go.notify_one();
+        flights.view("j", None, limit, 1, || counted(&n, &go)).await;
+        assert_eq!(n.load(Ordering::SeqCst), 2);
+        tokio::time::advance(Duration::from_millis(250)).await;
+        go.notify_one();
+        flights.view("j", None, limit, 1, || counted(&n, &go)).await;
+        assert_eq!(n.load(Ordering::SeqCst), 3, "past its time, gathered again");
     }
 
     #[tokio::test]
