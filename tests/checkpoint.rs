@@ -318,7 +318,11 @@ async fn a_restore_goes_through_the_collector_not_to_every_host() {
                     .unwrap_or_else(|e| panic!("rank {r}: {e}\n{stderr}"))
                     .unwrap_or_else(|| panic!("rank {r}: no complete step"));
                 assert_eq!(got.step, 10, "rank {r}");
-                assert_eq!(got.read().expect("read"), shard_bytes(10, r, 1 << 16), "rank {r}");
+                assert_eq!(
+                    got.read().expect("read"),
+                    shard_bytes(10, r, 1 << 16),
+                    "rank {r}"
+                );
                 assert_eq!(got.tier, tier, "rank {r}: {got:?}");
             }
         })
@@ -350,7 +354,10 @@ async fn a_restore_goes_through_the_collector_not_to_every_host() {
     // h4 is its group's first: it passes each ask on to h0, which collects
     // (asking h2 and h4 for their groups).
     assert!(asked[0] >= 1.0, "h0 collects: {asked:?}");
-    assert!(asked[2] >= 1.0 && asked[4] >= 1.0, "the leaders are asked: {asked:?}");
+    assert!(
+        asked[2] >= 1.0 && asked[4] >= 1.0,
+        "the leaders are asked: {asked:?}"
+    );
     assert_eq!(
         (asked[1], asked[3]),
         (0.0, 0.0),

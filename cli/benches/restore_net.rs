@@ -187,16 +187,28 @@ async fn run(n: usize, setup: Setup) -> Row {
         .collect();
     let names: Vec<String> = (0..n).map(|i| format!("h{i:05}")).collect();
     let started = Instant::now();
-    let agents: Vec<Agent> = std::thread::scope(|s| {
-        let hs: Vec<_> = (0..n)
-            .map(|i| {
-                let (name, addr) = (&names[i], &addrs[i]);
-                s.spawn(move || start_agent(name, addr, setup))
-            })
-            .collect();
-        hs.into_iter().map(|h| h.join().unwrap()).collect()
-    });
-    eprintln!("{n} agents ({}) up in {:?}", setup.name(), started.elapsed());
+    // Started 64 at a time: a thousand at once on two cores pass the
+    // 20 s an agent is given to get ready.
+    let mut agents: Vec<Agent> = Vec::with_capacity(n);
+    for chunk in (0..n).collect::<Vec<_>>().chunks(64) {
+        agents.extend(std::thread::scope(|s| {
+            let hs: Vec<_> = chunk
+                .iter()
+                .map(|&i| {
+                    let (name, addr) = (&names[i], &addrs[i]);
+                    s.spawn(move || start_agent(name, addr, setup))
+                })
+                .collect();
+            hs.into_iter()
+                .map(|h| h.join().unwrap())
+                .collect::<Vec<_>>()
+        }));
+    }
+    eprintln!(
+        "{n} agents ({}) up in {:?}",
+        setup.name(),
+        started.elapsed()
+    );
     let peers: Vec<pb::CheckpointPeer> = addrs
         .iter()
         .zip(&names)
@@ -222,7 +234,11 @@ async fn run(n: usize, setup: Setup) -> Row {
         for (h, a) in agents.iter().enumerate() {
             for r in 0..RANKS_PER_HOST {
                 let rank = h as u32 * RANKS_PER_HOST + r;
-                s.spawn(move || checkpointer(a, rank, world).save(STEP, &shard(rank)).unwrap());
+                s.spawn(move || {
+                    checkpointer(a, rank, world)
+                        .save(STEP, &shard(rank))
+                        .unwrap()
+                });
             }
         }
     });
@@ -231,9 +247,7 @@ async fn run(n: usize, setup: Setup) -> Row {
     loop {
         let l = common::connect(&agents[0].socket())
             .await
-            .list_checkpoints(pb::ListCheckpointsRequest {
-                job_id: JOB.into(),
-            })
+            .list_checkpoints(pb::ListCheckpointsRequest { job_id: JOB.into() })
             .await
             .unwrap()
             .into_inner();
@@ -243,7 +257,10 @@ async fn run(n: usize, setup: Setup) -> Row {
         if done {
             break;
         }
-        assert!(Instant::now() < deadline, "step {STEP} not replicated: {l:?}");
+        assert!(
+            Instant::now() < deadline,
+            "step {STEP} not replicated: {l:?}"
+        );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     let before: Vec<Duration> = agents.iter().map(|a| cpu(a.pid())).collect();
@@ -318,7 +335,11 @@ fn main() {
     let hosts: Vec<usize> = std::env::var("WARDEN_RESTORE_NET_HOSTS")
         .unwrap_or_else(|_| "32,64,128,256".into())
         .split(',')
-        .map(|s| s.trim().parse().expect("WARDEN_RESTORE_NET_HOSTS: a list of counts"))
+        .map(|s| {
+            s.trim()
+                .parse()
+                .expect("WARDEN_RESTORE_NET_HOSTS: a list of counts")
+        })
         .collect();
     let setups: Vec<Setup> = std::env::var("WARDEN_RESTORE_NET_SETUPS")
         .unwrap_or_else(|_| "direct,collector".into())
@@ -384,5 +405,8 @@ fn main() {
         .filter(|r| r.setup == Setup::Collector && r.failed > 0)
         .map(|r| format!("{} hosts: {} failed", r.hosts, r.failed))
         .collect();
-    assert!(short.is_empty(), "restores through the collector failed: {short:?}");
+    assert!(
+        short.is_empty(),
+        "restores through the collector failed: {short:?}"
+    );
 }

@@ -454,7 +454,12 @@ async fn a_socket_group_member_cannot_reach_what_is_not_its_own() {
         "PermissionDenied",
         &["owns no job here", "rule: an admin, or the owner"],
     );
-    for call in ["fetch_shard", "push_shard", "list_shards", "collect_holdings"] {
+    for call in [
+        "fetch_shard",
+        "push_shard",
+        "list_shards",
+        "collect_holdings",
+    ] {
         refused(
             &out,
             call,

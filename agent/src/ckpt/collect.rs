@@ -322,10 +322,8 @@ async fn collect_now(ck: &Arc<Checkpoints>, job: &str, limit: Duration) -> Holdi
                         // The leader's order may differ from this one's (a
                         // round changing): the members it did not account
                         // for are listed here.
-                        let left: Vec<String> = members
-                            .into_iter()
-                            .filter(|a| !h.accounts_for(a))
-                            .collect();
+                        let left: Vec<String> =
+                            members.into_iter().filter(|a| !h.accounts_for(a)).collect();
                         if !left.is_empty() {
                             h.merge(list_hosts(&ck, &job, left, limit).await);
                         }

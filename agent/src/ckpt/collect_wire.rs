@@ -12,14 +12,16 @@ use super::collect::{Ask, Scope};
 use super::holdings::{HolderRef, Holdings, JobStep, JobView, MAX_HOSTS, MAX_STEPS};
 
 /// The shortest and longest an ask may give its answer.
-pub const LIMIT_RANGE: (Duration, Duration) =
-    (Duration::from_millis(10), Duration::from_secs(300));
+pub const LIMIT_RANGE: (Duration, Duration) = (Duration::from_millis(10), Duration::from_secs(300));
 
 /// An ask as sent.
 pub fn ask_to_pb(a: &Ask) -> pb::HoldingsAsk {
     let (group, rank) = match a.scope {
         Scope::Job { rank } => (0, rank),
-        Scope::Group { start } => (u32::try_from(start).unwrap_or(u32::MAX).saturating_add(1), 0),
+        Scope::Group { start } => (
+            u32::try_from(start).unwrap_or(u32::MAX).saturating_add(1),
+            0,
+        ),
     };
     pb::HoldingsAsk {
         job_id: a.job.clone(),
@@ -158,10 +160,16 @@ pub fn view_from_pb(r: pb::Holdings, rank: u32) -> Result<JobView, String> {
     };
     for s in r.steps {
         let mut holders = Vec::new();
-        for i in s.ranks.iter().filter(|x| x.rank == rank).flat_map(|x| &x.hosts) {
-            let h = r.hosts.get(*i as usize).ok_or_else(|| {
-                format!("step {}: holder {i} of {} hosts", s.step, r.hosts.len())
-            })?;
+        for i in s
+            .ranks
+            .iter()
+            .filter(|x| x.rank == rank)
+            .flat_map(|x| &x.hosts)
+        {
+            let h = r
+                .hosts
+                .get(*i as usize)
+                .ok_or_else(|| format!("step {}: holder {i} of {} hosts", s.step, r.hosts.len()))?;
             holders.push(HolderRef {
                 addr: h.addr.clone(),
                 host: h.host.clone(),
@@ -263,7 +271,11 @@ mod tests {
             }],
             unreachable: vec![],
         };
-        assert!(holdings_from_pb(bad.clone()).unwrap_err().contains("holder 3 of 0"));
+        assert!(
+            holdings_from_pb(bad.clone())
+                .unwrap_err()
+                .contains("holder 3 of 0")
+        );
         assert!(view_from_pb(bad, 0).unwrap_err().contains("holder 3 of 0"));
     }
 }

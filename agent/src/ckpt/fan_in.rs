@@ -94,7 +94,10 @@ mod tests {
             collect_above: 100_000,
             ..CheckpointConfig::default()
         };
-        assert_eq!(restore_connections_short(&a, &direct, Some(4064), 4064), None);
+        assert_eq!(
+            restore_connections_short(&a, &direct, Some(4064), 4064),
+            None
+        );
         let said = restore_connections_short(&a, &direct, Some(4064), 4095).expect("said");
         assert!(said.contains("this job has 4096 hosts"), "{said}");
         assert!(said.contains("4095 agents connect here"), "{said}");
@@ -104,7 +107,10 @@ mod tests {
             "{said}"
         );
         // No TCP listener, or no cap counted yet: nothing to say.
-        assert_eq!(restore_connections_short(&api(""), &direct, Some(1), 10), None);
+        assert_eq!(
+            restore_connections_short(&api(""), &direct, Some(1), 10),
+            None
+        );
         assert_eq!(restore_connections_short(&a, &direct, None, 10), None);
     }
 

@@ -97,10 +97,11 @@ impl Holdings {
     /// Whether the host at `addr` was listed here, or named unreachable.
     pub fn accounts_for(&self, addr: &str) -> bool {
         self.by_addr.contains_key(addr)
-            || self
-                .unreachable
-                .iter()
-                .any(|u| u.strip_prefix("peer ").unwrap_or(u).starts_with(&format!("{addr}:")))
+            || self.unreachable.iter().any(|u| {
+                u.strip_prefix("peer ")
+                    .unwrap_or(u)
+                    .starts_with(&format!("{addr}:"))
+            })
     }
 
     /// Adds another collection (its holder indices renumbered).
@@ -267,8 +268,18 @@ mod tests {
         // Group A: a holds ranks 0, 1 of step 5 and 7; b holds 2 and a's
         // replica of rank 0.
         let mut a = Holdings::default();
-        a.add_listing("a:1", "ha", "j", &[m("j", 5, 0, 4), m("j", 5, 1, 4), m("j", 7, 0, 4)]);
-        a.add_listing("b:1", "hb", "j", &[m("j", 5, 2, 4), m("j", 5, 0, 4), m("x", 5, 3, 4)]);
+        a.add_listing(
+            "a:1",
+            "ha",
+            "j",
+            &[m("j", 5, 0, 4), m("j", 5, 1, 4), m("j", 7, 0, 4)],
+        );
+        a.add_listing(
+            "b:1",
+            "hb",
+            "j",
+            &[m("j", 5, 2, 4), m("j", 5, 0, 4), m("x", 5, 3, 4)],
+        );
         // Group B: c holds rank 3 of step 5, and b (again) rank 2's replica.
         let mut b = Holdings::default();
         b.add_listing("c:1", "hc", "j", &[m("j", 5, 3, 4)]);
@@ -280,7 +291,10 @@ mod tests {
         let s5 = &v.steps[&5];
         assert!(s5.complete(), "{s5:?}");
         assert_eq!(
-            s5.holders.iter().map(|h| h.addr.as_str()).collect::<Vec<_>>(),
+            s5.holders
+                .iter()
+                .map(|h| h.addr.as_str())
+                .collect::<Vec<_>>(),
             ["a:1", "b:1"]
         );
         let s7 = &v.steps[&7];
@@ -299,7 +313,11 @@ mod tests {
         let i = h.host("a:1", "ha");
         h.add(i, 5, 0, 4);
         h.steps.get_mut(&5).expect("step").ranks.insert(1, vec![9]);
-        assert!(h.check().expect_err("holder 9").contains("holder 9 of 1 hosts"));
+        assert!(
+            h.check()
+                .expect_err("holder 9")
+                .contains("holder 9 of 1 hosts")
+        );
         let mut h = Holdings::default();
         h.add(0, 5, MAX_WORLD_SIZE, 4);
         h.host("a:1", "ha");
@@ -314,7 +332,11 @@ mod tests {
                 holders: vec![],
             },
         );
-        assert!(v.check().expect_err("present").contains("3 of world size 2"));
+        assert!(
+            v.check()
+                .expect_err("present")
+                .contains("3 of world size 2")
+        );
     }
 
     #[test]

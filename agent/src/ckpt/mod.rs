@@ -12,11 +12,11 @@
 //! once its manifest says it is whole; every copy is checked against its
 //! checksum before use.
 
+pub mod collect;
+pub mod collect_wire;
 pub mod commit;
 pub mod config;
 pub mod durable;
-pub mod collect;
-pub mod collect_wire;
 pub mod fan_in;
 pub mod holdings;
 pub mod layout;

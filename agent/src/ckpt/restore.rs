@@ -12,9 +12,9 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use super::holdings::JobStep;
 use super::layout::ShardKey;
 use super::manifest::{self, Manifest};
-use super::holdings::JobStep;
 use super::{Checkpoints, collect, subject};
 use warden_core::events::{NewEvent, Severity};
 use warden_core::signal::{CkptRestored, Signal};

@@ -168,7 +168,11 @@ mod tests {
             Arc::ptr_eq(&a, &b),
             "the second caller took the first's view"
         );
-        assert_eq!(n.load(Ordering::SeqCst), 4, "one gather per job, rank and limit");
+        assert_eq!(
+            n.load(Ordering::SeqCst),
+            4,
+            "one gather per job, rank and limit"
+        );
         assert!(flights.is_empty(), "a finished gather is not kept");
 
         // After it finished, a caller gathers again.

@@ -152,13 +152,14 @@ fuzz! {
         mutate::bytes(seeds::flight_recorder()),
     ];
     peer_positions: mutate::bytes(seeds::peer_positions());
+    peer_holdings: mutate::bytes(seeds::peer_holdings());
 }
 
 /// The seeds themselves pass every target (a seed that fails is a bug in
 /// the seed or the parser, found before any mutation).
 #[test]
 fn seeds_pass() {
-    let all: [(&str, Vec<Vec<u8>>); 14] = [
+    let all: [(&str, Vec<Vec<u8>>); 15] = [
         ("config", seeds::config()),
         ("slot_header", seeds::slot_header()),
         ("slot_record", seeds::slot_record()),
@@ -173,6 +174,7 @@ fn seeds_pass() {
         ("tpu_runtime", seeds::tpu_runtime()),
         ("flight_recorder", seeds::flight_recorder()),
         ("peer_positions", seeds::peer_positions()),
+        ("peer_holdings", seeds::peer_holdings()),
     ];
     for (name, seeds) in all {
         assert!(!seeds.is_empty(), "{name} has no seeds");

@@ -345,3 +345,24 @@ pub(crate) fn json_lines(seeds: &[Vec<u8>]) -> Vec<Value> {
         })
         .collect()
 }
+
+/// A group's CollectHoldings answer (two hosts, two steps, one unreachable)
+/// and the job's view for one rank.
+pub(crate) fn peer_holdings() -> Vec<Vec<u8>> {
+    use crate::ckpt::collect_wire as w;
+    use crate::ckpt::holdings::Holdings;
+    use prost::Message;
+    let mut h = Holdings::default();
+    let a = h.host("10.0.0.1:7411", "node-1");
+    let b = h.host("10.0.0.2:7411", "node-2");
+    h.add(a, 100, 0, 4);
+    h.add(a, 100, 1, 4);
+    h.add(b, 100, 0, 4);
+    h.add(b, 200, 2, 4);
+    h.unreachable
+        .push("peer 10.0.0.3:7411: no answer within 2s".into());
+    vec![
+        w::holdings_to_pb(&h).encode_to_vec(),
+        w::view_to_pb(&h.for_rank(0), 0).encode_to_vec(),
+    ]
+}

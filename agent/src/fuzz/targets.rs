@@ -34,6 +34,7 @@ pub(crate) const TARGETS: &[(&str, FuzzTarget)] = &[
     ("tpu_runtime", tpu_runtime),
     ("flight_recorder", flight_recorder),
     ("peer_positions", peer_positions),
+    ("peer_holdings", peer_holdings),
 ];
 
 fn text(bytes: &[u8]) -> String {
@@ -275,6 +276,36 @@ pub(crate) fn peer_positions(bytes: &[u8]) {
             for j in jobs {
                 let _ = warden_core::detect::culprit::judge(&j.ranks, j.world_size);
             }
+        }
+    }
+}
+
+/// A peer's CollectHoldings answer decoded from any bytes, read both ways
+/// (a group's holdings, the job's view for a rank): taken or refused
+/// naming what was wrong; what is taken stays within bounds, merges, and
+/// goes back on the wire to the same.
+pub(crate) fn peer_holdings(bytes: &[u8]) {
+    use crate::ckpt::collect_wire as w;
+    let Ok(answer) = warden_proto::v1::Holdings::decode(bytes) else {
+        return;
+    };
+    match w::view_from_pb(answer.clone(), 0) {
+        Err(e) => assert_says_something("peer view", &e),
+        Ok(v) => {
+            let again = w::view_from_pb(w::view_to_pb(&v, 0), 0).expect("a view taken goes back");
+            assert_eq!(again, v, "a view round-trips");
+        }
+    }
+    match w::holdings_from_pb(answer) {
+        Err(e) => assert_says_something("peer holdings", &e),
+        Ok(h) => {
+            h.check().expect("holdings taken are within bounds");
+            let again = w::holdings_from_pb(w::holdings_to_pb(&h)).expect("holdings go back");
+            assert_eq!(again.steps, h.steps, "holdings round-trip");
+            let mut all = crate::ckpt::holdings::Holdings::default();
+            all.merge(h);
+            all.check().expect("merged holdings are within bounds");
+            let _ = all.for_rank(0);
         }
     }
 }
