@@ -255,6 +255,24 @@ async fn a_restore_with_its_holders_silent_says_so_instead_of_starting_over() {
 }
 
 /// The ListShards calls `agent` answered, whatever their code.
+/// Agents on `ips`, each the others' peer, with `extra` in `[checkpoint]`,
+/// whose replication retries list their targets only every hour: the peers'
+/// ListShards then count restores only.
+fn quiet_hosts(ips: &[&str], extra: &str) -> Vec<TestAgent> {
+    let addrs: Vec<String> = ips
+        .iter()
+        .map(|ip| format!("{ip}:{}", free_port(ip)))
+        .collect();
+    (0..ips.len())
+        .map(|i| {
+            let toml = host_toml(i, &addrs, extra, "");
+            let slow = toml.replacen("retry_interval = \"200ms\"", "retry_interval = \"1h\"", 1);
+            assert_ne!(slow, toml, "the retry interval is in host_toml");
+            TestAgent::start(&slow)
+        })
+        .collect()
+}
+
 async fn list_shards_served(agent: &TestAgent) -> f64 {
     served(agent, "ListShards").await
 }
@@ -283,28 +301,16 @@ async fn served(agent: &TestAgent, method: &str) -> f64 {
 /// collector, h2's ranks counted from their replicas on h3).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restore_goes_through_the_collector_not_to_every_host() {
-    const FIVE: [&str; 5] = [
-        "127.0.0.2",
-        "127.0.0.3",
-        "127.0.0.4",
-        "127.0.0.5",
-        "127.0.0.6",
-    ];
-    let addrs: Vec<String> = FIVE
-        .iter()
-        .map(|ip| format!("{ip}:{}", free_port(ip)))
-        .collect();
-    // Replication's retries list the targets every retry_interval: an hour
-    // here, so the counts below are the restores'.
-    let hosts: Vec<TestAgent> = (0..5)
-        .map(|i| {
-            let extra = "peer_timeout = \"1s\"\ncollect_above = 0\ncollect_fan_out = 2";
-            let toml = host_toml(i, &addrs, extra, "");
-            let slow = toml.replacen("retry_interval = \"200ms\"", "retry_interval = \"1h\"", 1);
-            assert_ne!(slow, toml, "the retry interval is in host_toml");
-            TestAgent::start(&slow)
-        })
-        .collect();
+    let hosts = quiet_hosts(
+        &[
+            "127.0.0.2",
+            "127.0.0.3",
+            "127.0.0.4",
+            "127.0.0.5",
+            "127.0.0.6",
+        ],
+        "peer_timeout = \"1s\"\ncollect_above = 0\ncollect_fan_out = 2",
+    );
     save_everywhere(&hosts, "job", &[10], 1 << 16);
     until_copies(&hosts[0], "job", 10, 2).await;
 
@@ -386,20 +392,7 @@ async fn a_restore_goes_through_the_collector_not_to_every_host() {
 /// times, and every one restores its shard.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_ranks_of_a_host_restoring_at_once_share_one_gather() {
-    let addrs: Vec<String> = IPS
-        .iter()
-        .map(|ip| format!("{ip}:{}", free_port(ip)))
-        .collect();
-    // Replication asks its targets what they hold every retry_interval:
-    // an hour here, so the peers' ListShards count only restores.
-    let hosts: Vec<TestAgent> = (0..3)
-        .map(|i| {
-            let toml = host_toml(i, &addrs, "peer_timeout = \"10s\"", "");
-            let slow = toml.replacen("retry_interval = \"200ms\"", "retry_interval = \"1h\"", 1);
-            assert_ne!(slow, toml, "the retry interval is in host_toml");
-            TestAgent::start(&slow)
-        })
-        .collect();
+    let hosts = quiet_hosts(&IPS, "peer_timeout = \"10s\"");
     save_everywhere(&hosts, "job", &[10], 1 << 16);
     until_copies(&hosts[0], "job", 10, 2).await;
     wipe_job(&hosts[0], "job");

@@ -70,7 +70,7 @@ use warden_core::detect::straggler::tree;
 use warden_proto::v1 as pb;
 use warden_proto::v1::peer_client::PeerClient;
 
-use common::{Agent, RANKS_PER_HOST};
+use common::{Agent, RANKS_PER_HOST, cpu};
 
 const INTERVALS: usize = 10;
 const JOB: &str = "llm";
@@ -200,22 +200,6 @@ struct Sender {
 }
 
 /// The sum of `pid`'s threads' on-CPU time.
-fn cpu(pid: u32) -> Duration {
-    let mut ns = 0u64;
-    if let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/task")) {
-        for t in dir.flatten() {
-            if let Ok(s) = std::fs::read_to_string(t.path().join("schedstat")) {
-                ns += s
-                    .split_whitespace()
-                    .next()
-                    .and_then(|v| v.parse::<u64>().ok())
-                    .unwrap_or(0);
-            }
-        }
-    }
-    Duration::from_nanos(ns)
-}
-
 fn rss_kb(pid: u32) -> u64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
         .unwrap()

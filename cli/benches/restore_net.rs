@@ -47,7 +47,7 @@ use std::time::{Duration, Instant};
 
 use warden_proto::v1 as pb;
 
-use common::Agent;
+use common::{Agent, cpu};
 
 const JOB: &str = "restore-net";
 const RANKS_PER_HOST: u32 = 2;
@@ -107,22 +107,6 @@ fn start_agent(host: &str, tcp: &str, setup: Setup) -> Agent {
             ckpt.display(),
         )
     })
-}
-
-fn cpu(pid: u32) -> Duration {
-    let mut ns = 0u64;
-    if let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/task")) {
-        for t in dir.flatten() {
-            if let Ok(s) = std::fs::read_to_string(t.path().join("schedstat")) {
-                ns += s
-                    .split_whitespace()
-                    .next()
-                    .and_then(|v| v.parse::<u64>().ok())
-                    .unwrap_or(0);
-            }
-        }
-    }
-    Duration::from_nanos(ns)
 }
 
 /// Established TCP connections to each local `ip:port` in /proc/net/tcp.

@@ -133,3 +133,21 @@ pub fn host_report(host: u32) -> warden_core::detect::straggler::aggregate::Host
         }],
     }
 }
+
+/// The on-CPU time of every thread of process `pid` so far
+/// (`/proc/PID/task/*/schedstat`).
+pub fn cpu(pid: u32) -> Duration {
+    let mut ns = 0u64;
+    if let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/task")) {
+        for t in dir.flatten() {
+            if let Ok(s) = std::fs::read_to_string(t.path().join("schedstat")) {
+                ns += s
+                    .split_whitespace()
+                    .next()
+                    .and_then(|v| v.parse::<u64>().ok())
+                    .unwrap_or(0);
+            }
+        }
+    }
+    Duration::from_nanos(ns)
+}
