@@ -1423,6 +1423,41 @@ async fn a_first_read_etcd_cannot_serve_yet_is_asked_again() {
     assert_eq!(round(&a, 0).await.node_rank, Some(0));
 }
 
+/// A first read that etcd, busy, does not answer within the request
+/// timeout while it takes connections (paused here: the kernel still
+/// accepts) is asked again within the join's patience: a spare's join
+/// failed on one 2 s read in a loaded CI run. The join goes on once etcd
+/// answers. (An endpoint that takes no connection still fails at once:
+/// the unit tests of `coord::connect`, and the wrong-endpoint tests here.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_first_read_etcd_is_slow_to_answer_is_asked_again() {
+    let mut etcd = EtcdServer::start();
+    let mut c = CoordConfig::new(etcd.endpoints(), "job-slow-etcd", "host-a", "127.0.0.2");
+    (c.min_nodes, c.max_nodes) = (1, 1);
+    c.request_timeout = Duration::from_secs(1);
+    c.rejoin_timeout = Duration::from_secs(60);
+    etcd.pause();
+    let joining = tokio::spawn(Coordinator::join(c));
+    // Three request timeouts unanswered: the join used to fail at the
+    // first.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(
+        !joining.is_finished(),
+        "the join ended on a first read etcd was slow to answer: {:?}",
+        joining.await
+    );
+    etcd.resume();
+    let a = within(
+        Duration::from_secs(60),
+        "the join once etcd answers",
+        joining,
+    )
+    .await
+    .expect("the join task")
+    .unwrap_or_else(|e| panic!("host-a could not join: {e}"));
+    assert_eq!(round(&a, 0).await.node_rank, Some(0));
+}
+
 /// A member of a 3-member etcd cluster (127.0.0.2-4) paused (SIGSTOP) for
 /// longer than the lease TTL, while the host's keep-alives go through it,
 /// costs the host nothing: its keeper leaves the member after one

@@ -16,10 +16,15 @@
 //! endpoint, TLS and login worked to get that answer, and a launcher of a
 //! mass start that met an election used to exit on it (issue 30: a
 //! 4,096-host join on a 3-member cluster).
+//! So is a first read that got no answer within the deadline while an
+//! endpoint takes TCP connections: etcd is there but slow (a mass start's
+//! load, a machine starved of CPU: a spare's join failed on one 2 s read
+//! in a loaded CI run).
 //! Never: wait on etcd without a deadline; put the password in an error,
 //! a log line or a Debug string; fall back to plain HTTP when TLS fails;
-//! ask again after a refusal, a transport error or no answer at all (a
-//! wrong endpoint looks like those, and must fail at once).
+//! ask again after a refusal, a transport error, or no answer from
+//! endpoints that take no connection (a wrong endpoint looks like those,
+//! and must fail at once).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -148,10 +153,71 @@ pub(crate) async fn connect(dial: EtcdDial<'_>) -> Result<Client, CoordError> {
                 tracing::warn!(endpoints = %joined, error = %e, ?wait, "etcd cannot serve the connection's first read now (an election, or too busy); asking again");
                 tokio::time::sleep(wait).await;
             }
-            Ok(Err(e)) => return Err(failed(e)),
-            Err(_) => return Err(timed_out("get (first read)")),
+            Ok(Err(e)) if !client_timed_out(&e) => return Err(failed(e)),
+            // No answer within the deadline: the client's own (a timed-out
+            // request) or this one's.
+            Ok(Err(_)) | Err(_) => {
+                if listening(dial.endpoints, dial.timeout).await
+                    && let Some(wait) = patience.next_wait()
+                {
+                    tracing::warn!(endpoints = %joined, after = ?dial.timeout, ?wait, "etcd takes connections but did not answer the connection's first read in time (busy); asking again");
+                    tokio::time::sleep(wait).await;
+                    continue;
+                }
+                return Err(timed_out("get (first read)"));
+            }
         }
     }
+}
+
+/// Whether the client gave up waiting for an answer: its request deadline
+/// (tonic's `Cancelled`, "Timeout expired"), or its HTTP/2 keep-alive
+/// pings unanswered (`Unavailable`, the transport's "keep-alive timed
+/// out"). A server that sends nothing looks like these; a refusal or a
+/// broken handshake does not.
+fn client_timed_out(e: &etcd_client::Error) -> bool {
+    let etcd_client::Error::GRpcStatus(s) = e else {
+        return false;
+    };
+    match s.code() {
+        tonic::Code::Cancelled => s.message().contains("Timeout expired"),
+        tonic::Code::Unavailable => {
+            let mut cause = std::error::Error::source(s);
+            while let Some(c) = cause {
+                if c.to_string().contains("keep-alive timed out") {
+                    return true;
+                }
+                cause = c.source();
+            }
+            false
+        }
+        _ => false,
+    }
+}
+
+/// Whether any of `endpoints` takes a TCP connection within `limit`: a
+/// server is there, slow or not.
+async fn listening(endpoints: &[String], limit: Duration) -> bool {
+    for e in endpoints {
+        let Some(authority) = authority(e) else {
+            continue;
+        };
+        if let Ok(Ok(_)) =
+            tokio::time::timeout(limit, tokio::net::TcpStream::connect(authority)).await
+        {
+            return true;
+        }
+    }
+    false
+}
+
+/// The `host:port` of an endpoint URL (`http://h:2379`, `https://h:2379/`).
+fn authority(endpoint: &str) -> Option<&str> {
+    let rest = endpoint
+        .strip_prefix("http://")
+        .or_else(|| endpoint.strip_prefix("https://"))?;
+    let a = rest.split('/').next()?;
+    (!a.is_empty()).then_some(a)
 }
 
 /// Whether etcd's server answered that it cannot serve the request now,
@@ -175,7 +241,7 @@ pub fn etcd_cannot_serve_now(e: &etcd_client::Error) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::etcd_cannot_serve_now;
+    use super::*;
 
     fn status(s: tonic::Status) -> etcd_client::Error {
         etcd_client::Error::GRpcStatus(s)
@@ -211,5 +277,39 @@ mod tests {
             let e = status(refused);
             assert!(!etcd_cannot_serve_now(&e), "{e}");
         }
+    }
+
+    #[test]
+    fn the_clients_own_deadline_is_no_answer_and_nothing_else_is() {
+        let timed_out = status(tonic::Status::cancelled("Timeout expired"));
+        assert!(client_timed_out(&timed_out));
+        assert!(!client_timed_out(&status(tonic::Status::cancelled(
+            "other"
+        ))));
+        assert!(!client_timed_out(&status(tonic::Status::unavailable(
+            "Timeout expired"
+        ))));
+    }
+
+    #[test]
+    fn an_endpoints_host_and_port_are_read_from_its_url() {
+        assert_eq!(authority("http://127.0.0.1:2379"), Some("127.0.0.1:2379"));
+        assert_eq!(authority("https://etcd-0:2379/"), Some("etcd-0:2379"));
+        assert_eq!(authority("etcd-0:2379"), None);
+        assert_eq!(authority("http://"), None);
+    }
+
+    #[tokio::test]
+    async fn an_endpoint_that_takes_no_connection_is_not_listening() {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let open = format!("http://{}", l.local_addr().expect("addr"));
+        let closed = {
+            let l2 = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+            format!("http://{}", l2.local_addr().expect("addr"))
+        };
+        let limit = Duration::from_secs(2);
+        assert!(listening(std::slice::from_ref(&open), limit).await);
+        assert!(!listening(std::slice::from_ref(&closed), limit).await);
+        assert!(listening(&[closed, open], limit).await);
     }
 }
