@@ -97,6 +97,35 @@ impl CopiesView {
             });
     }
 
+    /// What the peer at `addr` listed (the shards `keep` takes), or why it
+    /// could not be asked: a shard it described wrongly, or the peer, is
+    /// named unreachable.
+    fn add_peer(
+        &mut self,
+        addr: &str,
+        listed: Result<super::link::PeerHoldings, String>,
+        keep: impl Fn(&Manifest) -> bool,
+    ) {
+        match listed {
+            Ok(listing) => {
+                for m in listing.shards {
+                    match m {
+                        Ok(m) if keep(&m) => self.add(
+                            Holder::Peer {
+                                addr: addr.to_owned(),
+                                host: listing.host.clone(),
+                            },
+                            m,
+                        ),
+                        Ok(_) => {}
+                        Err(e) => self.unreachable.push(format!("{addr}: {e}")),
+                    }
+                }
+            }
+            Err(e) => self.unreachable.push(format!("peer {addr}: {e}")),
+        }
+    }
+
     /// The world size of a step: what its shards say (the largest, should
     /// they disagree).
     pub fn world_size(ranks: &BTreeMap<u32, Vec<Copy>>) -> u32 {
@@ -212,24 +241,7 @@ async fn gather_collected(
         }
     });
     for (addr, r) in futures_join(asks).await {
-        match r {
-            Ok(listing) => {
-                for m in listing.shards {
-                    match m {
-                        Ok(m) if m.rank == rank => view.add(
-                            Holder::Peer {
-                                addr: addr.clone(),
-                                host: listing.host.clone(),
-                            },
-                            m,
-                        ),
-                        Ok(_) => {}
-                        Err(e) => view.unreachable.push(format!("{addr}: {e}")),
-                    }
-                }
-            }
-            Err(e) => view.unreachable.push(format!("peer {addr}: {e}")),
-        }
+        view.add_peer(&addr, r, |m| m.rank == rank);
     }
     add_durable(ck, job, &mut view).await;
     // The hosts' count leaves out the durable store: a step it holds whole
@@ -314,26 +326,13 @@ async fn gather_now(ck: &Arc<Checkpoints>, job: &str, limit: Duration) -> Copies
     add_local(ck, job, &mut view).await;
     let asks = ck.peers.of_job(job).into_iter().map(|p| {
         let job = job.to_owned();
-        async move { (p.member.addr.clone(), p.list(&job, limit).await) }
+        async move {
+            let r = p.list(&job, limit).await.map_err(|e| e.to_string());
+            (p.member.addr.clone(), r)
+        }
     });
     for (addr, r) in futures_join(asks).await {
-        match r {
-            Ok(listing) => {
-                for m in listing.shards {
-                    match m {
-                        Ok(m) => view.add(
-                            Holder::Peer {
-                                addr: addr.clone(),
-                                host: listing.host.clone(),
-                            },
-                            m,
-                        ),
-                        Err(e) => view.unreachable.push(format!("{addr}: {e}")),
-                    }
-                }
-            }
-            Err(e) => view.unreachable.push(format!("peer {addr}: {e}")),
-        }
+        view.add_peer(&addr, r, |_| true);
     }
     add_durable(ck, job, &mut view).await;
     view
