@@ -234,30 +234,6 @@ fn start_agent(host: &str, tcp: &str, k: usize, window: &str) -> Agent {
     })
 }
 
-/// Hands `agent` the job's hosts in node-rank order, as each host's
-/// launcher does from its etcd round (`SetCheckpointPeers`): the order the
-/// exchange routes by, and the names that may report for the job.
-async fn hand_over(agent: &Agent, order: &[(String, String)]) {
-    let peers = order
-        .iter()
-        .map(|(addr, name)| pb::CheckpointPeer {
-            addr: addr.clone(),
-            domain: String::new(),
-            host: name.clone(),
-            identity: name.clone(),
-        })
-        .collect();
-    common::connect(&agent.socket())
-        .await
-        .set_checkpoint_peers(pb::SetCheckpointPeersRequest {
-            job_id: JOB.into(),
-            peers,
-            ..Default::default()
-        })
-        .await
-        .expect("SetCheckpointPeers");
-}
-
 fn free(ip: &str) -> u16 {
     std::net::TcpListener::bind((ip, 0))
         .unwrap()
@@ -433,12 +409,12 @@ async fn measure(n: usize, setup: Setup) -> Row {
         })
         .collect();
     let agg = start_agent(AGGREGATOR, &agg_addr, k, window);
-    hand_over(&agg, &order).await;
+    common::hand_over(&agg, JOB, &order).await;
     let leader = leader_addr
         .as_ref()
         .map(|a| start_agent(LEADER, a, k, window));
     if let Some(l) = &leader {
-        hand_over(l, &order).await;
+        common::hand_over(l, JOB, &order).await;
     }
 
     // Each simulated host's first hop, from the real routes.

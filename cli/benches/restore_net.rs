@@ -193,26 +193,9 @@ async fn run(n: usize, setup: Setup) -> Row {
         setup.name(),
         started.elapsed()
     );
-    let peers: Vec<pb::CheckpointPeer> = addrs
-        .iter()
-        .zip(&names)
-        .map(|(addr, name)| pb::CheckpointPeer {
-            addr: addr.clone(),
-            domain: String::new(),
-            host: name.clone(),
-            identity: name.clone(),
-        })
-        .collect();
+    let order: Vec<(String, String)> = addrs.iter().cloned().zip(names.iter().cloned()).collect();
     for a in &agents {
-        common::connect(&a.socket())
-            .await
-            .set_checkpoint_peers(pb::SetCheckpointPeersRequest {
-                job_id: JOB.into(),
-                peers: peers.clone(),
-                ..Default::default()
-            })
-            .await
-            .expect("SetCheckpointPeers");
+        common::hand_over(a, JOB, &order).await;
     }
     std::thread::scope(|s| {
         for (h, a) in agents.iter().enumerate() {

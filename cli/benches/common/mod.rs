@@ -151,3 +151,29 @@ pub fn cpu(pid: u32) -> Duration {
     }
     Duration::from_nanos(ns)
 }
+
+/// Hands `agent` the hosts of `job` in node-rank order (address, name), as
+/// each host's launcher does from its etcd round (`SetCheckpointPeers`):
+/// the order the exchange and the restore's collector route by, and the
+/// names that may call for the job.
+pub async fn hand_over(agent: &Agent, job: &str, order: &[(String, String)]) {
+    use warden_proto::v1 as pb;
+    let peers = order
+        .iter()
+        .map(|(addr, name)| pb::CheckpointPeer {
+            addr: addr.clone(),
+            domain: String::new(),
+            host: name.clone(),
+            identity: name.clone(),
+        })
+        .collect();
+    connect(&agent.socket())
+        .await
+        .set_checkpoint_peers(pb::SetCheckpointPeersRequest {
+            job_id: job.into(),
+            peers,
+            ..Default::default()
+        })
+        .await
+        .expect("SetCheckpointPeers");
+}
