@@ -259,18 +259,24 @@ async fn a_restore_with_its_holders_silent_says_so_instead_of_starting_over() {
 /// whose replication retries list their targets only every hour: the peers'
 /// ListShards then count restores only.
 fn quiet_hosts(ips: &[&str], extra: &str) -> Vec<TestAgent> {
+    quiet_hosts_at(ips, extra).0
+}
+
+/// [`quiet_hosts`], and their peer addresses.
+fn quiet_hosts_at(ips: &[&str], extra: &str) -> (Vec<TestAgent>, Vec<String>) {
     let addrs: Vec<String> = ips
         .iter()
         .map(|ip| format!("{ip}:{}", free_port(ip)))
         .collect();
-    (0..ips.len())
+    let agents = (0..ips.len())
         .map(|i| {
             let toml = host_toml(i, &addrs, extra, "");
             let slow = toml.replacen("retry_interval = \"200ms\"", "retry_interval = \"1h\"", 1);
             assert_ne!(slow, toml, "the retry interval is in host_toml");
             TestAgent::start(&slow)
         })
-        .collect()
+        .collect();
+    (agents, addrs)
 }
 
 async fn list_shards_served(agent: &TestAgent) -> f64 {
@@ -288,6 +294,182 @@ async fn served(agent: &TestAgent, method: &str) -> f64 {
         })
         .map(|s| common::number(&s.value))
         .sum()
+}
+
+/// Issue 30, mixed versions: the job's first two hosts (h0, h1) run an
+/// agent from before the collector (`common::old_peer`: a real agent
+/// behind a stand-in that answers CollectHoldings UNIMPLEMENTED, as such
+/// an agent does). Groups of two: {h0, h1}, {h2, h3}. h3's restore asks
+/// its leader h2, which passes the ask on to h0 and h1; both refuse, h2
+/// says so, h3 asks them itself, and then asks every host what it holds,
+/// as before the collector: its ranks come back from their replicas.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_the_first_hosts_on_an_old_agent_a_restore_asks_every_host() {
+    // h0 and h1 sit behind stand-ins on 127.0.0.2 and .3, which sort first
+    // in the static fleet's order h2 and h3 see.
+    let real: Vec<String> = ["127.0.0.6", "127.0.0.7", "127.0.0.4", "127.0.0.5"]
+        .iter()
+        .map(|ip| format!("{ip}:{}", free_port(ip)))
+        .collect();
+    let old = [
+        common::old_peer::OldPeer::start("127.0.0.2", &real[0]).await,
+        common::old_peer::OldPeer::start("127.0.0.3", &real[1]).await,
+    ];
+    let seen_as = |i: usize| match i {
+        0 | 1 => old[i].addr.clone(),
+        _ => real[i].clone(),
+    };
+    let hosts: Vec<TestAgent> = (0..4)
+        .map(|i| {
+            let mut t = format!(
+                "[agent]\nhost_name = \"h{i}\"\n[api]\ntcp = \"{}\"\ninsecure = true\n\
+                 [checkpoint]\ndomain = \"rack{i}\"\npeer_timeout = \"1s\"\n\
+                 collect_above = 0\ncollect_fan_out = 2\n",
+                real[i]
+            );
+            for j in (0..4).filter(|&j| j != i) {
+                // The old hosts know each other directly; h2 and h3 see them
+                // through their stand-ins.
+                let addr = if i < 2 { real[j].clone() } else { seen_as(j) };
+                t += &format!(
+                    "[[checkpoint.peers]]\naddr = \"{addr}\"\ndomain = \"rack{j}\"\nname = \"h{j}\"\n"
+                );
+            }
+            TestAgent::start(&t)
+        })
+        .collect();
+    save_everywhere(&hosts, "job", &[10], 1 << 14);
+    until_copies(&hosts[3], "job", 10, 2).await;
+
+    wipe_job(&hosts[3], "job");
+    let asked = served(&hosts[2], "CollectHoldings").await;
+    let socket = hosts[3].socket().to_owned();
+    let stderr = hosts[3].stderr();
+    let restored = tokio::task::spawn_blocking(move || {
+        for r in [6, 7] {
+            let got = checkpoint_rank(&socket, "job", r, 8)
+                .restore(0)
+                .unwrap_or_else(|e| panic!("rank {r}: {e}\n{stderr}"))
+                .unwrap_or_else(|| panic!("rank {r}: no complete step\n{stderr}"));
+            assert_eq!(got.step, 10, "rank {r}");
+            assert_eq!(got.tier, "peer", "rank {r}: {got:?}");
+            assert_eq!(
+                got.read().expect("read"),
+                shard_bytes(10, r, 1 << 14),
+                "rank {r}"
+            );
+        }
+    });
+    restored.await.expect("h3's restores");
+    assert!(
+        served(&hosts[2], "CollectHoldings").await > asked,
+        "h3 asked its leader first"
+    );
+    let log = hosts[3].stderr();
+    assert!(
+        log.contains("restoring without the collector") && log.contains("CollectHoldings"),
+        "h3 says why it asks every host:\n{log}"
+    );
+}
+
+/// Issue 30, the collector's surface attacked by one of the job's peers
+/// (h1's certificate), which may ask h0 for collections and h2 for its
+/// group's listing. Groups of two: {h0, h1}, {h2, h3}.
+/// - Relayed asks for the job in a loop, each with a listing bound of its
+///   own choosing: the bound only picks one of h0's two (its
+///   `peer_timeout`, or three times it), and each collection is shared, so
+///   h3 (listed by its leader h2 in each collection) is listed a few times,
+///   not once an ask.
+/// - Group asks to h2 in a loop: shared the same way.
+/// - Asks naming a new job each time (a configured peer may name any):
+///   past h1's quota of starts, refused as busy, naming the quota; another
+///   peer (h3) is still answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_asking_the_collector_in_a_loop_is_shared_then_refused_as_busy() {
+    let (hosts, addrs) = quiet_hosts_at(
+        &["127.0.0.2", "127.0.0.3", "127.0.0.4", "127.0.0.5"],
+        "peer_timeout = \"5s\"\ncollect_above = 0\ncollect_fan_out = 2",
+    );
+    save_everywhere(&hosts, "job", &[10], 1 << 12);
+    until_copies(&hosts[0], "job", 10, 2).await;
+    let ca = common::pki::cluster();
+    let as_peer = |to: usize, name: &str| {
+        common::pki::peer_client(
+            &addrs[to],
+            &format!("h{to}"),
+            ca.client_config(Some(&ca.node(name))),
+        )
+    };
+    let ask = |job: &str, start: u32, relayed: bool, limit_ms: u32| pb::HoldingsAsk {
+        job_id: job.to_owned(),
+        rank: 0,
+        group: start,
+        relayed,
+        limit_ms,
+    };
+
+    let h3_listed = list_shards_served(&hosts[3]).await;
+    let mut to_h0 = as_peer(0, "h1");
+    for i in 0..30u32 {
+        let got = to_h0
+            .collect_holdings(ask("job", 0, true, 10 + i * 997))
+            .await
+            .unwrap_or_else(|e| panic!("relayed ask {i}: {e}"))
+            .into_inner();
+        assert!(
+            got.steps.iter().any(|s| s.step == 10),
+            "ask {i}: step 10 is in the job's view: {got:?}"
+        );
+    }
+    let mut to_h2 = as_peer(2, "h1");
+    for i in 0..30u32 {
+        to_h2
+            .collect_holdings(ask("job", 3, false, 10 + i * 997))
+            .await
+            .unwrap_or_else(|e| panic!("group ask {i}: {e}"));
+    }
+    let listed = list_shards_served(&hosts[3]).await - h3_listed;
+    println!("60 asks with 30 bounds: h3 listed {listed} times");
+    // Two bounds, each shared while it runs and 5 s after; a slow machine
+    // may see a kept view expire once.
+    assert!(
+        (1.0..=6.0).contains(&listed),
+        "h3 listed {listed} times for 60 asks"
+    );
+
+    let started = std::time::Instant::now();
+    let mut refused = Vec::new();
+    let mut answered = 0u32;
+    for i in 0..40 {
+        match to_h0
+            .collect_holdings(ask(&format!("made-up-{i}"), 0, true, 5000))
+            .await
+        {
+            Ok(_) => answered += 1,
+            Err(s) => refused.push((s.code(), s.message().to_owned())),
+        }
+    }
+    let took = started.elapsed().as_secs_f64();
+    println!("40 made-up jobs in {took:.1} s: {answered} answered, refused {refused:?}");
+    // The quota is 16 a peer_timeout (5 s), refilled evenly.
+    let allowed = 16.0 + took * 16.0 / 5.0 + 1.0;
+    assert!(
+        f64::from(answered) <= allowed,
+        "{answered} collections started for h1 in {took:.1} s"
+    );
+    let (code, msg) = refused.first().expect("some asks are refused");
+    assert_eq!(*code, tonic::Code::ResourceExhausted, "{msg}");
+    assert!(
+        msg.contains("busy") && msg.contains("\"h1\"") && msg.contains("16"),
+        "the refusal names the peer and the quota: {msg}"
+    );
+    // Another peer's ask is still answered.
+    let got = as_peer(0, "h3")
+        .collect_holdings(ask("job", 0, true, 5000))
+        .await
+        .expect("h3's ask")
+        .into_inner();
+    assert!(got.steps.iter().any(|s| s.step == 10), "{got:?}");
 }
 
 /// Issue 30: a restore of a job of more hosts than

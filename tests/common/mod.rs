@@ -20,6 +20,8 @@ pub mod heal_host;
 pub mod heal_log;
 /// The deployment files (deploy/kubernetes) as data, for the packaging tests.
 pub mod manifests;
+/// A peer agent from before CollectHoldings (mixed-version tests).
+pub mod old_peer;
 /// A cluster CA and node certificates made by the test (mutual TLS tests).
 pub mod pki;
 /// A TCP proxy in front of etcd that holds its answers on one request

@@ -1,7 +1,8 @@
 //! Who may call what: the callers on the Unix socket as the kernel names
 //! them (`peer`), the rules of docs/security.md and who owns each job
 //! (`authz`, persisted in the state directory), and the quota on job stops
-//! a launcher reports (`stop_limiter`).
+//! a launcher reports (`stop_limiter`), on the buckets per caller of
+//! `quota`.
 //!
 //! Why a folder of its own, not part of `api`: what it holds lives as long
 //! as the agent (the job owners, the quota's windows), so the agent's
@@ -11,4 +12,5 @@
 
 pub mod authz;
 pub mod peer;
+pub mod quota;
 pub mod stop_limiter;

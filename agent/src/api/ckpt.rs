@@ -408,9 +408,17 @@ pub async fn collect_holdings(
         Scope::Job { rank } => Some(rank),
         Scope::Group { .. } => None,
     };
-    match collect::answer(&ck, ask).await {
+    let peer = caller.identity().unwrap_or_default();
+    match collect::answer(&ck, ask, peer).await {
         Ok(Answer::Job(v)) => Ok(collect_wire::view_to_pb(&v, rank.unwrap_or_default())),
         Ok(Answer::Group(h)) => Ok(collect_wire::holdings_to_pb(&h)),
+        Err(e @ collect::CollectError::Busy { .. }) => {
+            Err(Status::resource_exhausted(format!("CollectHoldings: {e}")))
+        }
+        // The asker falls back to asking every host, as for an old agent.
+        Err(e @ collect::CollectError::OldCollectors(_)) => {
+            Err(Status::unimplemented(format!("CollectHoldings: {e}")))
+        }
         Err(e) => Err(Status::invalid_argument(format!("CollectHoldings: {e}"))),
     }
 }

@@ -136,7 +136,7 @@ mod tests {
         // A refilled bucket is forgotten: the map does not keep every uid.
         let later = t0 + Duration::from_secs(120);
         l.take(1002, later).unwrap();
-        assert_eq!(l.buckets.lock().unwrap().len(), 1);
+        assert_eq!(l.quota.buckets.lock().unwrap().len(), 1);
     }
 
     #[test]

@@ -43,6 +43,22 @@
 //! silent group leader 2.5L, the asker's own silent leader 6L more (then
 //! the asker tries two of the job's first hosts itself, 3L each).
 //!
+//! What a peer may make this agent do: a collection or a group's listing
+//! is O(hosts) calls, so a peer that asks in a loop must not get one per
+//! ask. Both are shared (one under way, or one finished within
+//! `peer_timeout`, serves every ask for the same job), their listings are
+//! bounded by this agent's own `peer_timeout` (or three times it, a
+//! restore's second ask), never by the asker's word, so an ask's bound
+//! picks one of two shared results; and a peer may start at most
+//! [`STARTS_PER_PEER`] of them per `peer_timeout` (joining one is free).
+//! Past that its ask is refused as busy, naming the quota, and the asker
+//! goes on to the next collector.
+//!
+//! An agent from before the collector answers UNIMPLEMENTED: a restoring
+//! host whose leader and collectors all do is told so
+//! ([`ViewError::OldCollectors`]) and asks every host instead, as such an
+//! agent would (a rolling upgrade of a large job still restores).
+//!
 //! In: a job, a rank, the listing bound; a peer's ask ([`answer`]). Out: the
 //! job's view for the rank ([`JobView`]), or a group's holdings. Never:
 //! answers later than its bound says; counts a host that could not be asked
@@ -55,6 +71,7 @@ use warden_core::detect::straggler::tree;
 
 use super::Checkpoints;
 use super::holdings::{Holdings, JobView};
+use super::link::LinkError;
 
 /// How long a group's answer is waited for, in listing bounds.
 const GROUP_WAIT: f64 = 1.5;
@@ -65,6 +82,16 @@ const RELAYED_WAIT: f64 = 3.0;
 /// How long a restoring host waits for its leader's answer (a relayed ask,
 /// then a collection: 5.5).
 const JOB_WAIT: f64 = 6.0;
+
+/// How many collections or group listings one peer may start here per
+/// `peer_timeout` (joining one under way or kept is free). A collector's
+/// legitimate starts are a few per job and restore wave: one per listing
+/// bound, again after a commit sealed here.
+pub const STARTS_PER_PEER: u32 = 16;
+
+/// How many times `peer_timeout` a restore's second ask gives each listing
+/// (the collector's larger listing bound).
+const SECOND_ASK: u32 = 3;
 
 /// What is asked.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -107,6 +134,27 @@ pub enum Answer {
 /// Why an ask was refused.
 #[derive(Debug, thiserror::Error)]
 pub enum CollectError {
+    /// The asking peer started its quota of collections and listings here.
+    #[error(
+        "busy: peer {peer:?} started {tokens} collections or group listings here within {}; \
+         the next may start in {}",
+        humantime::format_duration(*period),
+        humantime::format_duration(*wait)
+    )]
+    Busy {
+        /// The asking peer's identity ("" without peer authentication).
+        peer: String,
+        /// The quota's tokens ([`STARTS_PER_PEER`]).
+        tokens: u32,
+        /// Over how long they refill (`peer_timeout`).
+        period: Duration,
+        /// Until the next token.
+        wait: Duration,
+    },
+    /// This host, a group leader, passed the ask on to the job's first
+    /// hosts, and each answered that it does not know the call.
+    #[error("{0}")]
+    OldCollectors(String),
     /// The group asked for starts past the job's order as known here.
     #[error("group: index {start}, but the job's order here has {len} hosts")]
     NoSuchGroup {
@@ -124,6 +172,51 @@ pub fn collects(ck: &Checkpoints, job: &str) -> bool {
         && ck
             .peers
             .with_order_or_static(job, |o, _| o.len() > 1 && o.len() > ck.cfg.collect_above)
+}
+
+/// Why a restoring host has no view from the collectors.
+#[derive(Debug, thiserror::Error)]
+pub enum ViewError {
+    /// Every host it asked (its leader, the job's first hosts) runs an
+    /// agent without CollectHoldings: the restore asks every host instead.
+    #[error(
+        "the job's checkpoint collectors run an agent without CollectHoldings ({0}); \
+         asking every host instead"
+    )]
+    OldCollectors(String),
+}
+
+/// The bound a collection's or group listing's each listing gets here, for
+/// an ask bounded by `asked`: this agent's `peer_timeout` (L), or `3L` for
+/// an ask of at least that (a restore's second ask). An asker's bound only
+/// picks one of the two (each collection is shared per bound), and cannot
+/// hold this agent's listings longer than its own config allows.
+pub fn listing_bound(ck: &Checkpoints, asked: Duration) -> Duration {
+    let own = ck.cfg.peer_timeout;
+    if asked >= own * SECOND_ASK {
+        own * SECOND_ASK
+    } else {
+        own
+    }
+}
+
+/// Lets `peer` start one more collection or group listing here, or says
+/// it is busy.
+fn admit(ck: &Checkpoints, peer: &str) -> Result<(), CollectError> {
+    ck.collect_quota
+        .take(&peer.to_owned(), std::time::Instant::now())
+        .map_err(|wait| {
+            let (tokens, period) = ck.collect_quota.size();
+            CollectError::Busy {
+                peer: peer.to_owned(),
+                tokens,
+                period,
+                // Whole milliseconds, rounded up: the message is read.
+                wait: Duration::from_millis(
+                    u64::try_from(wait.as_micros().div_ceil(1000)).unwrap_or(u64::MAX),
+                ),
+            }
+        })
 }
 
 /// The group size for a job of `len` hosts.
@@ -163,8 +256,14 @@ fn place(ck: &Checkpoints, job: &str) -> (Option<String>, Vec<String>, bool) {
 /// for many, and every host collecting is every host asking every other
 /// (measured: at 512 hosts on one machine that took two minutes and every
 /// restore failed). It answers the collectors unreachable instead, and the
-/// restore asks again, then answers ABORTED.
-pub async fn job_view(ck: &Arc<Checkpoints>, job: &str, rank: u32, limit: Duration) -> JobView {
+/// restore asks again, then answers ABORTED. Where every host asked runs an
+/// agent without the call, it says so ([`ViewError::OldCollectors`]).
+pub async fn job_view(
+    ck: &Arc<Checkpoints>,
+    job: &str,
+    rank: u32,
+    limit: Duration,
+) -> Result<JobView, ViewError> {
     let (leader, collectors, collects_here) = place(ck, job);
     let ask = |relayed| Ask {
         job: job.to_owned(),
@@ -172,20 +271,28 @@ pub async fn job_view(ck: &Arc<Checkpoints>, job: &str, rank: u32, limit: Durati
         relayed,
         limit,
     };
-    if let Some(v) = view_from(ck, leader, &ask(false), limit.mul_f64(JOB_WAIT)).await {
-        return v;
+    let (mut silent, mut old) = (Vec::new(), Vec::new());
+    if let Some(l) = leader {
+        match view_from(ck, &l, &ask(false), limit.mul_f64(JOB_WAIT)).await {
+            Reply::View(v) => return Ok(v),
+            Reply::Old(why) => old.push(why),
+            Reply::No => {}
+        }
     }
-    let mut silent = Vec::new();
     for c in collectors.iter().take(MAX_TRIES) {
-        match view_from(ck, Some(c.clone()), &ask(true), limit.mul_f64(RELAYED_WAIT)).await {
-            Some(v) => return v,
-            None => silent.push(c.clone()),
+        match view_from(ck, c, &ask(true), limit.mul_f64(RELAYED_WAIT)).await {
+            Reply::View(v) => return Ok(v),
+            Reply::Old(why) => old.push(why),
+            Reply::No => silent.push(c.clone()),
         }
     }
     if collects_here {
-        return collected(ck, job, rank, limit).await;
+        return Ok(collected(ck, job, rank, limit).await);
     }
-    collectors_silent(&silent)
+    if silent.is_empty() && !old.is_empty() {
+        return Err(ViewError::OldCollectors(old.join("; ")));
+    }
+    Ok(collectors_silent(&silent))
 }
 
 /// A view that says only that the collectors did not answer.
@@ -203,15 +310,16 @@ fn collectors_silent(tried: &[String]) -> JobView {
     }
 }
 
-/// Answers a peer's ask.
-pub async fn answer(ck: &Arc<Checkpoints>, ask: Ask) -> Result<Answer, CollectError> {
+/// Answers a peer's ask; `peer` is the asker's identity, whose quota a
+/// collection or group listing started for it takes from.
+pub async fn answer(ck: &Arc<Checkpoints>, ask: Ask, peer: &str) -> Result<Answer, CollectError> {
     match ask.scope {
-        Scope::Group { start } => group_here(ck, &ask.job, start, ask.limit)
+        Scope::Group { start } => group_here(ck, &ask.job, start, ask.limit, peer)
             .await
             .map(Answer::Group),
-        Scope::Job { rank } => Ok(Answer::Job(
-            answer_job(ck, &ask.job, rank, ask.relayed, ask.limit).await,
-        )),
+        Scope::Job { rank } => answer_job(ck, &ask.job, rank, ask.relayed, ask.limit, peer)
+            .await
+            .map(Answer::Job),
     }
 }
 
@@ -226,10 +334,23 @@ async fn answer_job(
     rank: u32,
     relayed: bool,
     limit: Duration,
-) -> JobView {
+    peer: &str,
+) -> Result<JobView, CollectError> {
     let (_, collectors, collects_here) = place(ck, job);
     if relayed || collects_here {
-        return collected(ck, job, rank, limit).await;
+        let bound = listing_bound(ck, limit);
+        let held = ck
+            .collections
+            .view_admitted(
+                job,
+                None,
+                bound,
+                ck.sealing.sealed(),
+                || admit(ck, peer),
+                || collect_now(ck, job, bound),
+            )
+            .await?;
+        return Ok(held.for_rank(rank));
     }
     let ask = Ask {
         job: job.to_owned(),
@@ -239,45 +360,58 @@ async fn answer_job(
     };
     // The asker waits JOB_WAIT: one silent collector, or fast refusals.
     let deadline = tokio::time::Instant::now() + limit.mul_f64(JOB_WAIT - 0.5);
-    let mut silent = Vec::new();
+    let (mut silent, mut old) = (Vec::new(), Vec::new());
     for c in collectors.iter().take(MAX_TRIES) {
         let left = deadline.saturating_duration_since(tokio::time::Instant::now());
         if left < limit.mul_f64(RELAYED_WAIT) {
             break;
         }
-        match view_from(ck, Some(c.clone()), &ask, limit.mul_f64(RELAYED_WAIT)).await {
-            Some(v) => return v,
-            None => silent.push(c.clone()),
+        match view_from(ck, c, &ask, limit.mul_f64(RELAYED_WAIT)).await {
+            Reply::View(v) => return Ok(v),
+            Reply::Old(why) => old.push(why),
+            Reply::No => silent.push(c.clone()),
         }
     }
-    collectors_silent(&silent)
+    if silent.is_empty() && !old.is_empty() {
+        return Err(CollectError::OldCollectors(old.join("; ")));
+    }
+    Ok(collectors_silent(&silent))
 }
 
-/// The job's view for `rank` from this agent's collection (one under way,
-/// or one finished within `limit`, is shared).
+/// The job's view for `rank` from this agent's collection for its own
+/// restores (one under way, or one finished within `peer_timeout`, is
+/// shared; no quota).
 async fn collected(ck: &Arc<Checkpoints>, job: &str, rank: u32, limit: Duration) -> JobView {
+    let bound = listing_bound(ck, limit);
     let held = ck
         .collections
-        .view(job, None, limit, ck.sealing.sealed(), || {
-            collect_now(ck, job, limit)
+        .view(job, None, bound, ck.sealing.sealed(), || {
+            collect_now(ck, job, bound)
         })
         .await;
     held.for_rank(rank)
 }
 
-/// The job's view `host` gives to `ask` within `wait`; None when there is
-/// no such host or it did not answer (logged).
-async fn view_from(
-    ck: &Arc<Checkpoints>,
-    host: Option<String>,
-    ask: &Ask,
-    wait: Duration,
-) -> Option<JobView> {
-    let addr = host?;
-    let why = match ck.peer(&addr) {
+/// How one host answered an ask for the job's view.
+enum Reply {
+    /// The view.
+    View(JobView),
+    /// It does not know the call (an agent from before the collector), or
+    /// it passed the ask on to such agents: why.
+    Old(String),
+    /// It did not answer, or refused (logged).
+    No,
+}
+
+/// The job's view `addr` gives to `ask` within `wait`.
+async fn view_from(ck: &Arc<Checkpoints>, addr: &str, ask: &Ask, wait: Duration) -> Reply {
+    let why = match ck.peer(addr) {
         Some(peer) => match peer.collect(ask, wait).await {
-            Ok(Answer::Job(v)) => return Some(v),
+            Ok(Answer::Job(v)) => return Reply::View(v),
             Ok(Answer::Group(_)) => "answered another question".to_owned(),
+            Err(LinkError::Unsupported(why)) => {
+                return Reply::Old(format!("peer {addr}: {why}"));
+            }
             Err(e) => e.to_string(),
         },
         None => "not one of this agent's peers".to_owned(),
@@ -288,7 +422,7 @@ async fn view_from(
         error = %why,
         "the checkpoint collector on the way did not answer; going on from here"
     );
-    None
+    Reply::No
 }
 
 /// One collection of what `job`'s hosts hold, each listing bounded by
@@ -355,12 +489,14 @@ async fn collect_now(ck: &Arc<Checkpoints>, job: &str, limit: Duration) -> Holdi
 }
 
 /// What the hosts of the group starting at `start` of `job`'s order hold:
-/// each listed within `limit` (this agent's own tier read here).
+/// each listed within this agent's bound for `limit` (its own tier read
+/// here), shared like a collection and started within `peer`'s quota.
 async fn group_here(
     ck: &Arc<Checkpoints>,
     job: &str,
     start: usize,
     limit: Duration,
+    peer: &str,
 ) -> Result<Holdings, CollectError> {
     let members = ck.peers.with_order_or_static(job, |order, _| {
         if start >= order.len() {
@@ -372,7 +508,21 @@ async fn group_here(
         let end = (start + group_size(ck, order.len())).min(order.len());
         Ok(order[start..end].to_vec())
     })?;
-    Ok(list_hosts(ck, job, members, limit).await)
+    let bound = listing_bound(ck, limit);
+    // An order's index fits a u32 (the order is bounded far below).
+    let part = u32::try_from(start).unwrap_or(u32::MAX);
+    let held = ck
+        .group_listings
+        .view_admitted(
+            job,
+            Some(part),
+            bound,
+            ck.sealing.sealed(),
+            || admit(ck, peer),
+            || list_hosts(ck, job, members, bound),
+        )
+        .await?;
+    Ok(Holdings::clone(&held))
 }
 
 /// What `hosts` hold of `job`, each listed within `limit` (this agent's own

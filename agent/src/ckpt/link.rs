@@ -25,6 +25,8 @@ use super::wire::{self, ChunkSource, Reader};
 pub enum LinkError {
     /// It answered with an error: its message.
     Refused(String),
+    /// It does not know the call (UNIMPLEMENTED: an agent from before it).
+    Unsupported(String),
     /// No answer within this long.
     Silent(Duration),
 }
@@ -33,6 +35,7 @@ impl std::fmt::Display for LinkError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Self::Refused(why) => f.write_str(why),
+            Self::Unsupported(why) => write!(f, "it does not know the call: {why}"),
             Self::Silent(d) => write!(f, "no answer within {}", humantime::format_duration(*d)),
         }
     }
@@ -81,6 +84,9 @@ impl Peer {
         let mut c = self.client.clone();
         let r = match tokio::time::timeout(limit, c.collect_holdings(w::ask_to_pb(ask))).await {
             Ok(Ok(r)) => r.into_inner(),
+            Ok(Err(s)) if s.code() == tonic::Code::Unimplemented => {
+                return Err(LinkError::Unsupported(s.message().to_owned()));
+            }
             Ok(Err(s)) => return Err(LinkError::Refused(s.message().to_owned())),
             Err(_) => return Err(LinkError::Silent(limit)),
         };

@@ -126,6 +126,12 @@ pub struct Checkpoints {
     /// collector ([`collect`]), shared by the asks that come meanwhile and
     /// within `peer_timeout` after.
     pub collections: shared_gather::InFlight<holdings::Holdings>,
+    /// The listings of a group this agent leads, asked by the job's
+    /// collectors, shared as the collections are.
+    pub group_listings: shared_gather::InFlight<holdings::Holdings>,
+    /// How many collections and group listings each peer may start here
+    /// per `peer_timeout` ([`collect::STARTS_PER_PEER`]).
+    pub collect_quota: crate::access::quota::Quota<String>,
     work: mpsc::UnboundedSender<Manifest>,
     work_rx: Mutex<Option<mpsc::UnboundedReceiver<Manifest>>>,
 }
@@ -191,6 +197,11 @@ impl Checkpoints {
             sealing: Sealing::default(),
             gathers: shared_gather::InFlight::default(),
             collections: shared_gather::InFlight::keeping(cfg.peer_timeout),
+            group_listings: shared_gather::InFlight::keeping(cfg.peer_timeout),
+            collect_quota: crate::access::quota::Quota::new(
+                collect::STARTS_PER_PEER,
+                cfg.peer_timeout,
+            ),
             work,
             work_rx: Mutex::new(Some(work_rx)),
         })

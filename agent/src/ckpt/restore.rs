@@ -217,7 +217,13 @@ async fn gather_collected(
 ) -> CopiesView {
     let mut view = CopiesView::default();
     add_local(ck, job, &mut view).await;
-    let jv = collect::job_view(ck, job, rank, limit).await;
+    let jv = match collect::job_view(ck, job, rank, limit).await {
+        Ok(v) => v,
+        Err(e) => {
+            tracing::warn!(job, rank, error = %e, "restoring without the collector");
+            return gather_now(ck, job, limit).await;
+        }
+    };
     view.unreachable.extend(jv.unreachable);
     let me = ck.peers.my_addr();
     let mut holders: Vec<String> = jv

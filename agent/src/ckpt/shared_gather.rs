@@ -34,7 +34,8 @@ pub struct InFlight<T = CopiesView> {
     keep: Duration,
 }
 
-/// A gather's job, rank (None: every rank) and limit.
+/// A gather's job, rank (None: every rank; for a group's listing, the
+/// group's start in the job's order) and limit.
 type Key = (String, Option<u32>, Duration);
 
 impl<T> Default for InFlight<T> {
@@ -79,6 +80,29 @@ impl<T> InFlight<T> {
     where
         F: std::future::Future<Output = T>,
     {
+        let ok = || Ok::<(), std::convert::Infallible>(());
+        let admitted = self.view_admitted(job, rank, limit, sealed, ok, gather);
+        let Ok(v) = admitted.await;
+        v
+    }
+
+    /// [`InFlight::view`], where starting a gather (not joining one under
+    /// way or kept) must first be let through by `admit`: the collector's
+    /// quota per asking peer ([`super::collect`]), so that a peer cannot
+    /// make this agent list a job's hosts in a loop. A refusal is `admit`'s
+    /// error.
+    pub async fn view_admitted<F, E>(
+        &self,
+        job: &str,
+        rank: Option<u32>,
+        limit: Duration,
+        sealed: u64,
+        admit: impl FnOnce() -> Result<(), E>,
+        gather: impl FnOnce() -> F,
+    ) -> Result<Arc<T>, E>
+    where
+        F: std::future::Future<Output = T>,
+    {
         let key = (job.to_owned(), rank, limit);
         let cell = {
             let mut m = self.flights.lock().unwrap_or_else(|p| p.into_inner());
@@ -90,6 +114,7 @@ impl<T> InFlight<T> {
                     f.view.clone()
                 }
                 _ => {
+                    admit()?;
                     let cell = Arc::new(OnceCell::new());
                     m.insert(
                         key.clone(),
@@ -117,7 +142,7 @@ impl<T> InFlight<T> {
                 f.done = Some(tokio::time::Instant::now());
             }
         }
-        view
+        Ok(view)
     }
 
     /// No gather under way (the tests' check that none is kept).
