@@ -650,12 +650,24 @@ async fn a_corrupt_shard_is_detected_and_fetched_elsewhere() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lost_local_and_peer_copies_come_back_from_durable_storage() {
+    every_tier_wiped_restores_from_durable_storage("").await;
+}
+
+/// Through the collector (issue 30), the durable store is counted once by
+/// the collector, and each restoring host reads only its own rank's
+/// manifests there: every tier wiped, the store's step is still complete.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn through_the_collector_a_step_only_the_durable_store_holds_is_complete() {
+    every_tier_wiped_restores_from_durable_storage("collect_above = 0\ncollect_fan_out = 2").await;
+}
+
+async fn every_tier_wiped_restores_from_durable_storage(extra: &str) {
     let store = tempfile::tempdir().expect("store dir");
     let durable = format!(
         "[checkpoint.durable]\nurl = \"file://{}\"\nevery_steps = 10\n",
         store.path().display()
     );
-    let hosts = three_hosts("", &durable);
+    let hosts = three_hosts(extra, &durable);
     let mut live: Vec<Events> = Vec::new();
     for h in &hosts {
         live.push(Events::live(h).await);

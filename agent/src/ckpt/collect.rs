@@ -70,7 +70,7 @@ use std::time::Duration;
 use warden_core::detect::straggler::tree;
 
 use super::Checkpoints;
-use super::holdings::{Holdings, JobView};
+use super::holdings::{Counted, Holdings, JobView};
 use super::link::LinkError;
 
 /// How long a group's answer is waited for, in listing bounds.
@@ -347,7 +347,7 @@ async fn answer_job(
                 bound,
                 ck.sealing.sealed(),
                 || admit(ck, peer),
-                || collect_now(ck, job, bound),
+                || async { Counted::new(collect_now(ck, job, bound).await) },
             )
             .await?;
         return Ok(held.for_rank(rank));
@@ -385,8 +385,8 @@ async fn collected(ck: &Arc<Checkpoints>, job: &str, rank: u32, limit: Duration)
     let bound = listing_bound(ck, limit);
     let held = ck
         .collections
-        .view(job, None, bound, ck.sealing.sealed(), || {
-            collect_now(ck, job, bound)
+        .view(job, None, bound, ck.sealing.sealed(), || async {
+            Counted::new(collect_now(ck, job, bound).await)
         })
         .await;
     held.for_rank(rank)
@@ -478,11 +478,36 @@ async fn collect_now(ck: &Arc<Checkpoints>, job: &str, limit: Duration) -> Holdi
         })
     });
     let groups: Vec<_> = groups.collect();
+    // The durable store, counted here once for every restoring host (each
+    // reads only its own rank's manifests there).
+    let durable = ck.durable.as_ref().map(|_| {
+        let ck = ck.clone();
+        let job = job.to_owned();
+        tokio::spawn(async move {
+            let d = ck.durable.as_ref()?;
+            let listed = tokio::time::timeout(limit, d.ranks(&job)).await;
+            Some((d.url().to_owned(), listed))
+        })
+    });
     let mut all = Holdings::default();
     for g in groups {
         match g.await {
             Ok(h) => all.merge(h),
             Err(e) => all.unreachable.push(format!("a group's collection: {e}")),
+        }
+    }
+    if let Some(d) = durable {
+        match d.await {
+            Ok(Some((url, Ok(Ok(steps))))) => all.add_durable(&url, steps),
+            Ok(Some((url, Ok(Err(e))))) => all.unreachable.push(format!("durable {url}: {e}")),
+            Ok(Some((url, Err(_)))) => all.unreachable.push(format!(
+                "durable {url}: not listed within {}",
+                humantime::format_duration(limit)
+            )),
+            Ok(None) => {}
+            Err(e) => all
+                .unreachable
+                .push(format!("the durable store's listing: {e}")),
         }
     }
     all

@@ -115,6 +115,95 @@ impl Durable {
         Ok(out)
     }
 
+    /// Which ranks of `job` the store holds, per step, from the objects'
+    /// names (a LIST, no manifest read: a shard's manifest is there exactly
+    /// when the shard is), and each step's world size from one manifest of
+    /// the step. The collector's share of a restore
+    /// ([`super::collect`]): once per collection, where every restoring
+    /// host reading every manifest was O(N) requests a host.
+    pub async fn ranks(&self, job: &str) -> Result<Vec<(u64, u32, Vec<u32>)>, String> {
+        use tokio_stream::StreamExt;
+        let prefix = self.path(job);
+        let mut listing = self.store.list(Some(&prefix));
+        let mut steps: std::collections::BTreeMap<u64, Vec<(u32, ObjPath)>> = Default::default();
+        while let Some(meta) = listing.next().await {
+            let meta = meta.map_err(|e| format!("listing {}: {e}", self.url))?;
+            let mut parts: Vec<_> = meta.location.parts().collect();
+            let (Some(file), Some(dir)) = (parts.pop(), parts.pop()) else {
+                continue;
+            };
+            let (Some(step), Some(rank)) = (
+                layout::parse_step(dir.as_ref()),
+                layout::parse_manifest_rank(file.as_ref()),
+            ) else {
+                continue;
+            };
+            steps.entry(step).or_default().push((rank, meta.location));
+        }
+        let mut out = Vec::with_capacity(steps.len());
+        for (step, mut ranks) in steps {
+            ranks.sort_by_key(|(r, _)| *r);
+            let Some((_, first)) = ranks.first() else {
+                continue;
+            };
+            // A step whose manifest cannot be read is left out (a step with
+            // no world size cannot count as complete), and said so.
+            let world = match self.read_manifest(first).await {
+                Ok(m) => m.world_size,
+                Err(e) => {
+                    tracing::warn!(job, step, error = %e, "durable step left out of the count");
+                    continue;
+                }
+            };
+            out.push((step, world, ranks.into_iter().map(|(r, _)| r).collect()));
+        }
+        Ok(out)
+    }
+
+    /// The manifest of one shard, when the store holds it (one read).
+    pub async fn manifest(&self, key: &ShardKey) -> Result<Option<Manifest>, String> {
+        let at = self.path(&layout::durable_key(key, true));
+        match self.store.get(&at).await {
+            Err(object_store::Error::NotFound { .. }) => Ok(None),
+            Err(e) => Err(format!("{key} from {}: {e}", self.url)),
+            Ok(g) => {
+                let b = g
+                    .bytes()
+                    .await
+                    .map_err(|e| format!("{key} from {}: {e}", self.url))?;
+                Manifest::parse(&b)
+                    .map(Some)
+                    .map_err(|e| format!("{key} from {}: {e}", self.url))
+            }
+        }
+    }
+
+    /// The steps of `job` the store has a directory for (one LIST with a
+    /// delimiter: a page of step names, not the shards).
+    pub async fn steps(&self, job: &str) -> Result<Vec<u64>, String> {
+        let listed = self
+            .store
+            .list_with_delimiter(Some(&self.path(job)))
+            .await
+            .map_err(|e| format!("listing {}: {e}", self.url))?;
+        let mut steps: Vec<u64> = listed
+            .common_prefixes
+            .iter()
+            .filter_map(|p| p.filename().and_then(layout::parse_step))
+            .collect();
+        steps.sort_unstable();
+        Ok(steps)
+    }
+
+    async fn read_manifest(&self, at: &ObjPath) -> Result<Manifest, String> {
+        let b = match self.store.get(at).await {
+            Ok(g) => g.bytes().await,
+            Err(e) => Err(e),
+        }
+        .map_err(|e| format!("{at} from {}: {e}", self.url))?;
+        Manifest::parse(&b).map_err(|e| format!("{at} from {}: {e}", self.url))
+    }
+
     /// Downloads a shard into `dest` (a staging file the tier created, at
     /// `path`), checked against `m`; on failure the caller removes it.
     pub async fn fetch(

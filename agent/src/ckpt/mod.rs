@@ -125,7 +125,7 @@ pub struct Checkpoints {
     /// The collections of a job's holdings under way on this agent as its
     /// collector ([`collect`]), shared by the asks that come meanwhile and
     /// within `peer_timeout` after.
-    pub collections: shared_gather::InFlight<holdings::Holdings>,
+    pub collections: shared_gather::InFlight<holdings::Counted>,
     /// The listings of a group this agent leads, asked by the job's
     /// collectors, shared as the collections are.
     pub group_listings: shared_gather::InFlight<holdings::Holdings>,

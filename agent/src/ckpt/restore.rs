@@ -12,7 +12,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::holdings::JobStep;
+use super::holdings::{self, JobStep};
 use super::layout::ShardKey;
 use super::manifest::{self, Manifest};
 use super::{Checkpoints, collect, subject};
@@ -231,7 +231,7 @@ async fn gather_collected(
         .values()
         .flat_map(|s| &s.holders)
         .map(|h| h.addr.clone())
-        .filter(|a| a != me && !a.is_empty())
+        .filter(|a| a != me && !a.is_empty() && a != holdings::DURABLE)
         .collect();
     holders.sort();
     holders.dedup();
@@ -249,39 +249,43 @@ async fn gather_collected(
     for (addr, r) in futures_join(asks).await {
         view.add_peer(&addr, r, |m| m.rank == rank);
     }
-    add_durable(ck, job, &mut view).await;
-    // The hosts' count leaves out the durable store: a step it holds whole
-    // is complete (every tier wiped, the store's copy is the one left).
-    let whole_in_durable: Vec<(u64, u32)> = view
-        .steps
-        .iter()
-        .filter(|((j, _), _)| j == job)
-        .filter_map(|((_, step), ranks)| {
-            let durable: BTreeMap<u32, Vec<Copy>> = ranks
-                .iter()
-                .map(|(r, cs)| {
-                    let d = cs.iter().filter(|c| c.holder == Holder::Durable);
-                    (*r, d.cloned().collect::<Vec<_>>())
-                })
-                .filter(|(_, cs)| !cs.is_empty())
-                .collect();
-            CopiesView::complete(&durable).then(|| (*step, CopiesView::world_size(&durable)))
-        })
-        .collect();
-    if let Some(counts) = view.counts.as_mut() {
-        for (step, world) in whole_in_durable {
-            let s = counts.entry(step).or_insert_with(|| JobStep {
-                world,
-                present: 0,
-                missing: Vec::new(),
-                holders: Vec::new(),
-            });
-            s.world = s.world.max(world);
-            s.present = s.world;
-            s.missing.clear();
+    add_durable_rank(ck, job, rank, &mut view).await;
+    view
+}
+
+/// `rank`'s copies of `job` in the durable store: the store's steps (one
+/// LIST of step names), then that rank's manifest in each (one read a
+/// step). The job's count of what the store holds comes from the collector,
+/// which lists the store once for every restoring host.
+async fn add_durable_rank(ck: &Arc<Checkpoints>, job: &str, rank: u32, view: &mut CopiesView) {
+    let Some(d) = &ck.durable else {
+        return;
+    };
+    let steps = match d.steps(job).await {
+        Ok(s) => s,
+        Err(e) => {
+            view.unreachable.push(format!("durable {}: {e}", d.url()));
+            return;
+        }
+    };
+    for step in steps {
+        let key = ShardKey {
+            job_id: job.to_owned(),
+            step,
+            rank,
+        };
+        match d.manifest(&key).await {
+            Ok(Some(m)) if m.job_id == job && m.step == step && m.rank == rank => {
+                view.add(Holder::Durable, m);
+            }
+            Ok(Some(m)) => tracing::warn!(
+                job, step, rank, names = %m.key(),
+                "a durable manifest names another shard than its place; left out"
+            ),
+            Ok(None) => {}
+            Err(e) => view.unreachable.push(format!("durable {}: {e}", d.url())),
         }
     }
-    view
 }
 
 /// This agent's own copies of `job` (every job when empty), and those a
