@@ -1534,6 +1534,80 @@ async fn a_paused_member_under_the_keep_alives_costs_no_lease() {
     assert!(left > 0, "the lease expired in etcd ({left})");
 }
 
+/// A member of a 3-member cluster killed while a host's keep-alives go
+/// through it (issue 30, the leader kill of the fleet bench, on a follower
+/// here so that the cluster needs no election on this loaded machine): the
+/// keeper's stream breaks, the member refuses the next connection, and the
+/// keeper goes on through the others (it skips the refusing member for a
+/// TTL, `lease_route`), so the host keeps its lease, never lapsed, never
+/// rejoined, and its keep-alives are on a live member at the end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_member_under_the_keep_alives_costs_no_lease() {
+    let ttl = Duration::from_secs(6);
+    let mut cluster = EtcdCluster::start(3);
+    let endpoints = cluster.endpoints();
+    let leader = cluster.leader(WAIT);
+    let mut hosts = Vec::new();
+    let (at, killed) = loop {
+        let i = hosts.len();
+        assert!(i < 12, "no host's keep-alives went through a follower");
+        let mut c = CoordConfig::new(
+            endpoints.clone(),
+            format!("job-kill-{i}"),
+            format!("host-{i}"),
+            "127.0.0.2",
+        );
+        (c.min_nodes, c.max_nodes) = (1, 1);
+        c.lease_ttl = ttl;
+        c.rejoin_timeout = WAIT;
+        let c = join(c).await;
+        let endpoint = common::eventually(WAIT, "the keeper's endpoint", async || {
+            c.state().lease_endpoint
+        })
+        .await;
+        let member = endpoints
+            .iter()
+            .position(|e| *e == endpoint)
+            .expect("the keeper's endpoint is one of the cluster's");
+        hosts.push(c);
+        if member != leader {
+            break (hosts.len() - 1, member);
+        }
+    };
+    let host = &hosts[at];
+    let lease = host.lease_id();
+    cluster.members[killed].kill();
+    let t0 = Instant::now();
+    let moved = common::eventually(WAIT, "the keeper leaves the killed member", async || {
+        host.state()
+            .lease_endpoint
+            .filter(|e| *e != endpoints[killed])
+    })
+    .await;
+    // Two TTLs on: a lease nobody renewed would have expired twice over.
+    // (The fault's length, not a wait for an event.)
+    tokio::time::sleep((ttl * 2).saturating_sub(t0.elapsed())).await;
+    let s = host.state();
+    assert!(s.failed.is_none(), "{:?}", s.failed);
+    assert_eq!(s.rejoins, 0, "the lease was lost and regained");
+    assert!(s.lease_lapsed.is_none(), "{:?}", s.lease_lapsed);
+    assert_eq!(host.lease_id(), lease, "the same lease");
+    assert_ne!(
+        s.lease_endpoint.as_deref(),
+        Some(endpoints[killed].as_str()),
+        "the keeper is back on the killed member"
+    );
+    let mut client = etcd_client::Client::connect([moved.as_str()], None)
+        .await
+        .expect("connect");
+    let left = client
+        .lease_time_to_live(lease, None)
+        .await
+        .expect("the lease's time to live")
+        .ttl();
+    assert!(left > 0, "the lease expired in etcd ({left})");
+}
+
 /// Issue 30: a round took 12 s in the fleet bench for a host whose watch
 /// went through a paused member. The watch now leaves a member that
 /// answers neither an event nor a progress request for a sixth of the
