@@ -1537,10 +1537,9 @@ async fn a_paused_member_under_the_keep_alives_costs_no_lease() {
 /// A member of a 3-member cluster killed while a host's keep-alives go
 /// through it (issue 30, the leader kill of the fleet bench, on a follower
 /// here so that the cluster needs no election on this loaded machine): the
-/// keeper's stream breaks, the member refuses the next connection, and the
-/// keeper goes on through the others (it skips the refusing member for a
-/// TTL, `lease_route`), so the host keeps its lease, never lapsed, never
-/// rejoined, and its keep-alives are on a live member at the end.
+/// keeper's stream breaks, and the keeper goes on through the next member
+/// in its order (`lease_route`), so the host keeps its lease, never lapsed,
+/// never rejoined, and its keep-alives are on a live member at the end.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_member_under_the_keep_alives_costs_no_lease() {
     let ttl = Duration::from_secs(6);

@@ -44,12 +44,10 @@
 //! `WARDEN_FLEET_KEEPALIVE_WAIT_S` (unset: the coordinator's rule, until a
 //! third of the TTL is left): how long a light host waits for a
 //! keep-alive's answer before it moves to the next member (an
-//! experiment). The light hosts keep the coordinator's rules against a
-//! storm of moves (`coord::lease_route`): a member that refused the
-//! connection is skipped for a TTL, a new stream's first answer is waited
-//! for until a sixth of the TTL is left, and failed moves back off;
-//! `WARDEN_FLEET_KEEPALIVE_STAY=0` runs them without (the keeper before).
-//! Each fault prints why the light hosts' streams moved.
+//! experiment). `WARDEN_FLEET_KEEPALIVE_STAY=1` (an experiment): a member
+//! that refused the connection is skipped for a TTL, a new stream's first
+//! answer is waited for until a sixth of the TTL is left, and failed moves
+//! back off. Each fault prints why the light hosts' streams moved.
 //! `WARDEN_FLEET_EVERY_HOST_DECIDES=1`: the baseline of the join (light
 //! hosts read and watch every member key, as every launcher did before
 //! only the first 8 by join decided rounds); write it to its own

@@ -1348,18 +1348,16 @@ async fn keep_alive(
                 .max(deadline)
         })
     };
-    // The coordinator's rules against a storm of moves
-    // (`coord::lease_route`; issue 30: a leader kill at 4,096 hosts on 3
-    // members moved streams 29,797 times, 18,255 of them a new stream's
-    // first keep-alive left unanswered on a live member, 7,758 a
-    // connection refused by the dead one): a member that refused the
-    // connection is skipped for a TTL; a new stream's first keep-alive is
-    // waited for until a sixth of the TTL is left on the lease (the host
-    // commits to the member it moved to); and the pause after a failed
-    // move doubles from 200 ms to a sixth of the TTL, spread, until an
-    // answer comes. `WARDEN_FLEET_KEEPALIVE_STAY=0`: without them, the
-    // keeper before them (the light hosts only).
-    let stay = std::env::var("WARDEN_FLEET_KEEPALIVE_STAY").as_deref() != Ok("0");
+    // `WARDEN_FLEET_KEEPALIVE_STAY=1` (an experiment, light hosts only;
+    // issue 30: a leader kill at 4,096 hosts on 3 members moved streams
+    // 29,797 times, 18,255 of them a new stream's first keep-alive left
+    // unanswered on a live member, 7,758 a connection refused by the dead
+    // one): a member that refused the connection is skipped for a TTL; a
+    // new stream's first keep-alive is waited for until a sixth of the TTL
+    // is left on the lease (the host commits to the member it moved to);
+    // and the pause after a failed move doubles from 200 ms to a sixth of
+    // the TTL, spread, until an answer comes.
+    let stay = std::env::var("WARDEN_FLEET_KEEPALIVE_STAY").is_ok_and(|v| v == "1");
     let open_wait = |sent: u64| {
         if !stay || single {
             return wait_for(sent);

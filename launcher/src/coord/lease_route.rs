@@ -28,28 +28,6 @@
 //! every one, in a storm of new streams whose first keep-alive went
 //! unanswered (docs/benchmarks.md, "A 3-member cluster at 4,096 hosts").
 //!
-//! What keeps a slow cluster from a storm of moves (issue 30, the fleet
-//! bench's experiment on its simulated hosts, ported here): once enough
-//! keep-alives go unanswered, each host's move is a new connection and a
-//! new stream, and those slow the members further, so more go unanswered.
-//! At a leader kill at 4,096 hosts on 3 members and a 10 s TTL, runs with
-//! the rules above went one of two ways: no lease lost, or every lease
-//! lost in some 30,000 moves, most of them a new stream's first keep-alive
-//! left unanswered on a live member, a third a connection the dead member
-//! refused. Three rules stop the feeding, and held the leader kill in the
-//! experiment's run:
-//! - a member that refused the connection is skipped for a TTL (a host
-//!   going round three members came back to the dead one every third move);
-//! - a new stream's first keep-alive is waited for until a sixth of the TTL
-//!   is left on the lease, not a third ([`open_wait`]): the host has just
-//!   moved, and moving again at once only adds a connection;
-//! - after a stream fails, the pause before the next doubles, from 200 ms
-//!   to a sixth of the TTL, spread by host ([`LeaseRoute::failed`]), and
-//!   is back to 200 ms once a stream opens.
-//!
-//! A member that stops answering a kept stream is still left with a third
-//! of the TTL to go, as above.
-//!
 //! In: the endpoints, the host id (where the keeper starts: hosts spread
 //! over the members), what a stream to an endpoint came to. Out: the
 //! endpoint to keep the lease through now, and a client to it.
@@ -93,37 +71,6 @@ pub(crate) fn keep_alive_wait(
         .max(answer_deadline(ttl, request_timeout))
 }
 
-/// How long the keeper waits for a new stream's first answer, sent at
-/// `sent`, the lease running to `expires`: until a sixth of the TTL is
-/// left (a host that has just moved commits to the member it moved to),
-/// at least [`answer_deadline`], at most the request deadline.
-pub(crate) fn open_wait(
-    sent: tokio::time::Instant,
-    expires: tokio::time::Instant,
-    ttl: Duration,
-    request_timeout: Duration,
-) -> Duration {
-    expires
-        .saturating_duration_since(sent)
-        .saturating_sub(ttl / 6)
-        .min(request_timeout)
-        .max(answer_deadline(ttl, request_timeout))
-}
-
-/// Whether a stream's failure, its error with every source below it
-/// ([`super::diagnose::chain`]), says the member refused the connection
-/// (no etcd listening there: a killed member).
-pub(crate) fn refused_connection(why: &str) -> bool {
-    let why = why.to_ascii_lowercase();
-    ["connection refused", "tcp connect error", "nothing listens"]
-        .iter()
-        .any(|w| why.contains(w))
-}
-
-/// The first pause after a failed stream; it doubles on each failure in a
-/// row, to [`answer_deadline`].
-const FIRST_PAUSE: Duration = Duration::from_millis(200);
-
 /// The order in which `host` goes through `endpoints` (indices into
 /// them): highest random weight first, a hash of the host id and the
 /// endpoint, so hosts start spread over the members and, when one member
@@ -154,14 +101,6 @@ pub(crate) struct LeaseRoute {
     at: usize,
     /// A client to `endpoints[at]` alone, made when first needed.
     client: Option<Client>,
-    /// Per endpoint (an index into `endpoints`): skipped until then, since
-    /// it refused a connection.
-    down_until: Vec<Option<tokio::time::Instant>>,
-    /// The pause before the next stream, after failed ones in a row.
-    pause: Duration,
-    /// This host's share (0 to 1/2) taken off each pause, so hosts that
-    /// failed together do not open their next streams together.
-    spread: f64,
 }
 
 impl std::fmt::Debug for LeaseRoute {
@@ -178,66 +117,12 @@ impl LeaseRoute {
     /// so a job's keep-alives spread over the members, and so do the moves
     /// away from one.
     pub(crate) fn new(endpoints: &[String], host: &str) -> Self {
-        let mut h = std::collections::hash_map::DefaultHasher::new();
-        host.hash(&mut h);
         Self {
             endpoints: endpoints.to_vec(),
             order: member_order(endpoints, host),
             at: 0,
             client: None,
-            down_until: vec![None; endpoints.len()],
-            pause: FIRST_PAUSE,
-            spread: (h.finish() % 1000) as f64 / 2000.0,
         }
-    }
-
-    /// How long to wait for a new stream's first answer, sent at `sent`:
-    /// [`open_wait`] with several endpoints, [`answer_deadline`] with one.
-    pub(crate) fn open_wait(
-        &self,
-        sent: tokio::time::Instant,
-        expires: tokio::time::Instant,
-        ttl: Duration,
-        request_timeout: Duration,
-    ) -> Duration {
-        if self.can_move() {
-            open_wait(sent, expires, ttl, request_timeout)
-        } else {
-            answer_deadline(ttl, request_timeout)
-        }
-    }
-
-    /// The endpoint in use refused the connection: it is skipped for `ttl`
-    /// (with several endpoints).
-    pub(crate) fn refused(&mut self, ttl: Duration) {
-        if let (true, Some(&i)) = (self.can_move(), self.order.get(self.at))
-            && let Some(d) = self.down_until.get_mut(i)
-        {
-            *d = Some(tokio::time::Instant::now() + ttl);
-        }
-    }
-
-    /// A stream failed: how long to pause before the next, `ttl` and the
-    /// request deadline giving the longest pause. With several endpoints it
-    /// doubles on each failure in a row, from 200 ms to [`answer_deadline`],
-    /// less this host's spread; with one, `single` every time (as before).
-    pub(crate) fn failed(
-        &mut self,
-        ttl: Duration,
-        request_timeout: Duration,
-        single: Duration,
-    ) -> Duration {
-        if !self.can_move() {
-            return single;
-        }
-        let now = self.pause;
-        self.pause = (self.pause * 2).min(answer_deadline(ttl, request_timeout));
-        now.mul_f64(1.0 - self.spread)
-    }
-
-    /// A stream opened: the next failure's pause starts over.
-    pub(crate) fn opened(&mut self) {
-        self.pause = FIRST_PAUSE;
     }
 
     /// How long to wait for the answer to a keep-alive sent at `sent`, the
@@ -274,26 +159,12 @@ impl LeaseRoute {
             .map_or("", String::as_str)
     }
 
-    /// Moves to the next endpoint in this host's order that is not skipped
-    /// (its client is made on the next [`LeaseRoute::client`]); when every
-    /// endpoint is skipped, none is any more, and the next in order is
-    /// taken.
+    /// Moves to the next endpoint in this host's order (its client is made
+    /// on the next [`LeaseRoute::client`]).
     pub(crate) fn move_on(&mut self) {
-        if !self.can_move() {
-            return;
-        }
-        self.client = None;
-        let now = tokio::time::Instant::now();
-        let down = |d: &Option<tokio::time::Instant>| d.is_some_and(|t| t > now);
-        if self.down_until.iter().all(down) {
-            self.down_until.fill(None);
-        }
-        for _ in 0..self.order.len() {
+        if self.can_move() {
             self.at = (self.at + 1) % self.order.len();
-            let i = self.order[self.at];
-            if !self.down_until.get(i).is_some_and(down) {
-                return;
-            }
+            self.client = None;
         }
     }
 
@@ -394,107 +265,6 @@ mod tests {
         assert!(!one.can_move());
         one.move_on();
         assert_eq!(one.endpoint(), "a");
-    }
-
-    #[test]
-    fn a_new_streams_first_answer_is_waited_for_until_a_sixth_of_the_ttl_is_left() {
-        let s = Duration::from_secs;
-        let t0 = tokio::time::Instant::now();
-        let ttl = s(12);
-        // Moved with 8 s left: waited for until 2 s are left (a kept
-        // stream's keep-alive would be left with 4 s to go).
-        assert_eq!(open_wait(t0 + s(4), t0 + ttl, ttl, s(10)), s(6));
-        assert_eq!(keep_alive_wait(t0 + s(4), t0 + ttl, ttl, s(10)), s(4));
-        // Never past the request deadline, never under a sixth of the TTL.
-        assert_eq!(open_wait(t0 + s(4), t0 + ttl, ttl, s(5)), s(5));
-        assert_eq!(open_wait(t0 + s(11), t0 + ttl, ttl, s(5)), s(2));
-        // With one endpoint there is nowhere else: a sixth, as before.
-        let one = LeaseRoute::new(&["a".to_owned()], "h");
-        assert_eq!(one.open_wait(t0 + s(4), t0 + ttl, ttl, s(10)), s(2));
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_member_that_refused_is_skipped_for_a_ttl_then_tried_again() {
-        let s = Duration::from_secs;
-        let three: Vec<String> = ["a", "b", "c"].map(String::from).to_vec();
-        let mut r = LeaseRoute::new(&three, "host-1");
-        let first = r.endpoint().to_owned();
-        r.refused(s(10));
-        r.move_on();
-        let second = r.endpoint().to_owned();
-        r.move_on();
-        let third = r.endpoint().to_owned();
-        // Round the others, not back to the one that refused.
-        r.move_on();
-        assert_eq!(r.endpoint(), second, "{first} is skipped");
-        r.move_on();
-        assert_eq!(r.endpoint(), third);
-        // A TTL on, it is tried again in its turn.
-        tokio::time::advance(s(11)).await;
-        r.move_on();
-        assert_eq!(r.endpoint(), first);
-        // Every endpoint refusing: none is skipped any more.
-        for _ in 0..3 {
-            r.refused(s(10));
-            r.move_on();
-        }
-        let mut seen = std::collections::BTreeSet::new();
-        for _ in 0..3 {
-            r.move_on();
-            seen.insert(r.endpoint().to_owned());
-        }
-        assert_eq!(seen.len(), 3, "{seen:?}");
-    }
-
-    #[test]
-    fn failed_streams_pause_longer_each_time_spread_by_host_and_start_over() {
-        let s = Duration::from_secs;
-        let ms = Duration::from_millis;
-        let three: Vec<String> = ["a", "b", "c"].map(String::from).to_vec();
-        let mut r = LeaseRoute::new(&three, "host-1");
-        let pauses: Vec<Duration> = (0..6).map(|_| r.failed(s(12), s(5), ms(200))).collect();
-        for w in pauses.windows(2) {
-            assert!(w[1] >= w[0], "{pauses:?}");
-        }
-        // From 200 ms, less at most half, to a sixth of the TTL (2 s).
-        assert!(pauses[0] <= ms(200) && pauses[0] >= ms(100), "{pauses:?}");
-        assert!(pauses[5] <= s(2) && pauses[5] >= s(1), "{pauses:?}");
-        r.opened();
-        assert_eq!(r.failed(s(12), s(5), ms(200)), pauses[0]);
-        // Hosts pause differently.
-        let firsts: std::collections::BTreeSet<Duration> = (0..20)
-            .map(|i| LeaseRoute::new(&three, &format!("host-{i}")).failed(s(12), s(5), ms(200)))
-            .collect();
-        assert!(firsts.len() > 10, "{firsts:?}");
-        // With one endpoint, the caller's pause every time.
-        let mut one = LeaseRoute::new(&three[..1], "host-1");
-        for _ in 0..4 {
-            assert_eq!(one.failed(s(12), s(5), ms(200)), ms(200));
-        }
-    }
-
-    /// The words [`refused_connection`] looks for are the ones etcd's
-    /// client gives, with its sources, for a port nobody listens on (a
-    /// killed member), on both ways a stream starts: the connection, then
-    /// the stream's first keep-alive.
-    #[tokio::test]
-    async fn a_member_nobody_listens_for_is_known_as_refused() {
-        let addr = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .expect("a free port");
-        let options = etcd_client::ConnectOptions::new()
-            .with_connect_timeout(Duration::from_secs(2))
-            .with_timeout(Duration::from_secs(2));
-        let why = match Client::connect([addr.to_string()], Some(options)).await {
-            Err(e) => super::super::diagnose::chain(&e),
-            Ok(mut c) => match c.lease_keep_alive(1).await {
-                Err(e) => super::super::diagnose::chain(&e),
-                Ok(_) => panic!("a keep-alive stream to {addr}, where nothing listens"),
-            },
-        };
-        assert!(refused_connection(&why), "{why}");
-        assert!(!refused_connection("the stream ended"));
-        assert!(!refused_connection("a keep-alive went unanswered"));
     }
 
     /// When a member goes, its hosts move spread over the others, not all

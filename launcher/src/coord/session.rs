@@ -28,7 +28,7 @@ use super::config::ETCD_EXPIRY_SWEEP;
 use super::join_read::JoinRead;
 use super::keys::{KEEP_ROUNDS, KeyKind, Keys};
 use super::layout::{self, LayoutError, LayoutRef};
-use super::lease_route::{LeaseRoute, answer_deadline, refused_connection};
+use super::lease_route::{LeaseRoute, answer_deadline};
 use super::plan::{
     self, Limits, Member, MemberRecord, RoundMember, RoundRecord, Standing, Trigger,
 };
@@ -1527,13 +1527,9 @@ pub(crate) async fn keep_lease(inner: Arc<Inner>, granted_at: Instant) {
                 expired_in_etcd = true;
             }
             Stream::Broken => {
-                // Longer after each failure in a row, spread by host, with
-                // several endpoints (`lease_route`: moves must not feed a
-                // storm of moves); `retry` with one.
-                let pause = route.failed(ttl, inner.cfg.request_timeout, retry);
                 tokio::select! {
                     () = inner.stop.cancelled() => return,
-                    () = sleep(pause) => {}
+                    () = sleep(retry) => {}
                 }
             }
         }
@@ -1557,10 +1553,6 @@ async fn keep_alive_stream(
     let lease = inner.lease();
     let give_up = |route: &mut LeaseRoute, why: &str| {
         tracing::debug!(host = %inner.cfg.host, endpoint = %route.endpoint(), %why, "coord: lease keep-alive stream given up; the next one goes to the next endpoint");
-        // A member that refused the connection is skipped for a TTL.
-        if refused_connection(why) {
-            route.refused(ttl);
-        }
         route.move_on();
         Stream::Broken
     };
@@ -1570,9 +1562,6 @@ async fn keep_alive_stream(
     };
     let mut client = match client {
         Ok(c) => c,
-        Err(CoordError::Etcd { source, .. }) => {
-            return give_up(route, &super::diagnose::chain(&source));
-        }
         Err(e) => return give_up(route, &e.to_string()),
     };
     let mut renewed = |expires: &mut Instant, sent: Instant, granted: Duration| {
@@ -1589,7 +1578,7 @@ async fn keep_alive_stream(
         }
     };
     let sent = Instant::now();
-    let wait = route.open_wait(sent, *expires, ttl, inner.cfg.request_timeout);
+    let wait = route.answer_wait(sent, *expires, ttl, inner.cfg.request_timeout);
     let opened = tokio::select! {
         () = inner.stop.cancelled() => return Stream::Stopped,
         r = tokio::time::timeout(wait, client.lease_keep_alive(lease)) => r,
@@ -1598,7 +1587,6 @@ async fn keep_alive_stream(
         // Opening sends one keep-alive and checks its answer.
         Ok(Ok(pair)) => {
             renewed(expires, sent, ttl);
-            route.opened();
             if route.can_move() {
                 let endpoint = route.endpoint().to_owned();
                 inner.state.send_if_modified(|s| {
@@ -1612,8 +1600,7 @@ async fn keep_alive_stream(
         Ok(Err(etcd_client::Error::LeaseKeepAliveError(msg))) if msg.contains("not found") => {
             return Stream::Expired("lease not found");
         }
-        // The error with its sources: a refusal is said only below it.
-        Ok(Err(e)) => return give_up(route, &super::diagnose::chain(&e)),
+        Ok(Err(e)) => return give_up(route, &e.to_string()),
         Err(_) => return give_up(route, "the stream's first keep-alive went unanswered"),
     };
     loop {
