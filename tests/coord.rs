@@ -1458,30 +1458,23 @@ async fn a_first_read_etcd_is_slow_to_answer_is_asked_again() {
     assert_eq!(round(&a, 0).await.node_rank, Some(0));
 }
 
-/// A member of a 3-member etcd cluster (127.0.0.2-4) paused (SIGSTOP) for
-/// longer than the lease TTL, while the host's keep-alives go through it,
-/// costs the host nothing: its keeper leaves the member after one
-/// unanswered keep-alive (a sixth of the TTL) for the next endpoint, and
-/// the lease is kept, never lapsed, never rejoined (issue 30: a paused
-/// follower cost hosts their lease). The paused member is a follower, so
-/// the cluster itself goes on with no election.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_paused_member_under_the_keep_alives_costs_no_lease() {
-    // 6 s: a keep-alive every 2 s, each given 1 s to be answered; a loaded
-    // machine's slow answer only moves the keeper, it does not lapse.
-    let ttl = Duration::from_secs(6);
-    let mut cluster = EtcdCluster::start(3);
+/// Hosts of jobs `job-<name>-<i>` (one host each, lease `ttl`) joined
+/// until one's keep-alives go through a follower: hosts start on the
+/// endpoint their id hashes to. The hosts (that one last) and its member.
+async fn host_on_a_follower(
+    cluster: &EtcdCluster,
+    name: &str,
+    ttl: Duration,
+) -> (Vec<Coordinator>, usize) {
     let endpoints = cluster.endpoints();
     let leader = cluster.leader(WAIT);
-    // Hosts start their keep-alives on the endpoint their id hashes to:
-    // the first whose keep-alives go through a follower is the one.
     let mut hosts = Vec::new();
-    let (at, paused) = loop {
+    loop {
         let i = hosts.len();
         assert!(i < 12, "no host's keep-alives went through a follower");
         let mut c = CoordConfig::new(
             endpoints.clone(),
-            format!("job-pause-{i}"),
+            format!("job-{name}-{i}"),
             format!("host-{i}"),
             "127.0.0.2",
         );
@@ -1496,13 +1489,30 @@ async fn a_paused_member_under_the_keep_alives_costs_no_lease() {
         let member = endpoints
             .iter()
             .position(|e| *e == endpoint)
-            .expect("the keeper's endpoint is one of the cluster's");
+            .unwrap_or_else(|| panic!("the keeper's endpoint {endpoint} is not the cluster's"));
         hosts.push(c);
         if member != leader {
-            break (hosts.len() - 1, member);
+            return (hosts, member);
         }
-    };
-    let host = &hosts[at];
+    }
+}
+
+/// A member of a 3-member etcd cluster (127.0.0.2-4) paused (SIGSTOP) for
+/// longer than the lease TTL, while the host's keep-alives go through it,
+/// costs the host nothing: its keeper leaves the member after one
+/// unanswered keep-alive (a sixth of the TTL) for the next endpoint, and
+/// the lease is kept, never lapsed, never rejoined (issue 30: a paused
+/// follower cost hosts their lease). The paused member is a follower, so
+/// the cluster itself goes on with no election.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_member_under_the_keep_alives_costs_no_lease() {
+    // 6 s: a keep-alive every 2 s, each given 1 s to be answered; a loaded
+    // machine's slow answer only moves the keeper, it does not lapse.
+    let ttl = Duration::from_secs(6);
+    let mut cluster = EtcdCluster::start(3);
+    let endpoints = cluster.endpoints();
+    let (hosts, paused) = host_on_a_follower(&cluster, "pause", ttl).await;
+    let host = hosts.last().expect("a host");
     let lease = host.lease_id();
     cluster.members[paused].pause();
     let t0 = Instant::now();
@@ -1545,35 +1555,8 @@ async fn a_killed_member_under_the_keep_alives_costs_no_lease() {
     let ttl = Duration::from_secs(6);
     let mut cluster = EtcdCluster::start(3);
     let endpoints = cluster.endpoints();
-    let leader = cluster.leader(WAIT);
-    let mut hosts = Vec::new();
-    let (at, killed) = loop {
-        let i = hosts.len();
-        assert!(i < 12, "no host's keep-alives went through a follower");
-        let mut c = CoordConfig::new(
-            endpoints.clone(),
-            format!("job-kill-{i}"),
-            format!("host-{i}"),
-            "127.0.0.2",
-        );
-        (c.min_nodes, c.max_nodes) = (1, 1);
-        c.lease_ttl = ttl;
-        c.rejoin_timeout = WAIT;
-        let c = join(c).await;
-        let endpoint = common::eventually(WAIT, "the keeper's endpoint", async || {
-            c.state().lease_endpoint
-        })
-        .await;
-        let member = endpoints
-            .iter()
-            .position(|e| *e == endpoint)
-            .expect("the keeper's endpoint is one of the cluster's");
-        hosts.push(c);
-        if member != leader {
-            break (hosts.len() - 1, member);
-        }
-    };
-    let host = &hosts[at];
+    let (hosts, killed) = host_on_a_follower(&cluster, "kill", ttl).await;
+    let host = hosts.last().expect("a host");
     let lease = host.lease_id();
     cluster.members[killed].kill();
     let t0 = Instant::now();
