@@ -947,7 +947,7 @@ async fn a_16384_host_peer_list_with_long_names_is_taken_in_pages() {
     // Loopback addresses nobody listens on; the last one sorts right after
     // this agent's own, so it is the ring's first target.
     let name = |i: usize| format!("{i:0>128}");
-    let mut peers: warden_launcher::agent::CkptPeers = (1..16_383)
+    let mut peers: Vec<(String, warden_launcher::coord::CkptPeer)> = (1..16_383)
         .map(|i| {
             let peer = warden_launcher::coord::CkptPeer {
                 addr: format!("127.1.{}.{}:9", i >> 8, i & 255),
@@ -966,6 +966,10 @@ async fn a_16384_host_peer_list_with_long_names_is_taken_in_pages() {
             identity: name(16_383),
         },
     ));
+    let peers = warden_launcher::agent::CkptPeers {
+        others: peers,
+        place: None,
+    };
     let client = agent.client().await;
 
     // In one request: refused by the agent's request limit.
@@ -1013,7 +1017,7 @@ async fn a_job_past_the_connection_cap_is_warned_at_the_round() {
          [straggler]\naggregator_fan_out = 65536\n",
         common::pki::api_keys("h0")
     ));
-    let peers: warden_launcher::agent::CkptPeers = (1..100)
+    let others = (1..100)
         .map(|i: usize| {
             let name = format!("h{i}");
             let peer = warden_launcher::coord::CkptPeer {
@@ -1024,6 +1028,11 @@ async fn a_job_past_the_connection_cap_is_warned_at_the_round() {
             (name, peer)
         })
         .collect();
+    // h0 first in the job's order, as its launcher says.
+    let peers = warden_launcher::agent::CkptPeers {
+        others,
+        place: Some(0),
+    };
     let client = agent.client().await;
     let taken = warden_launcher::agent::set_peers(&client, "j", &peers)
         .await

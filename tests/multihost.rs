@@ -1077,6 +1077,96 @@ fn a_user_error_on_one_host_stops_every_host_with_its_exit_code() {
     }
 }
 
+/// Issue 30: each launcher hands its agent the round's other hosts and
+/// where its own host stands among them, and the agents' job-wide
+/// exchange is cut from that order: node rank 0's agent aggregates, and
+/// every rank of the job is judged against all of the job's ranks. Before,
+/// the launcher left its own host out and said nothing of its place, so
+/// every agent stood outside the job's order: node rank 0 reported to node
+/// rank 1 and the others to node rank 0, two aggregators each with part of
+/// the job (seen here: ranks compared with 2 of the 4), and no group
+/// leader ever relayed (the tree was never used in a launcher's job).
+#[test]
+fn each_hosts_agent_stands_at_its_node_rank_and_judges_against_the_whole_job() {
+    let _one = serial();
+    let etcd = EtcdServer::start();
+    let ckpt = shared_ckpt();
+    let spec = Spec {
+        job: "mh-order",
+        nproc: 2,
+        nnodes: "2",
+        ckpt: ckpt.path(),
+        // Long enough for any wait below; the launchers are killed once
+        // the exchange is seen.
+        steps: 4_000,
+        step_ms: 50,
+        extra: &[],
+        env: &[],
+        train: &[],
+    };
+    // The exchange every 200 ms; no hang is judged (a starved machine's
+    // pauses are no part of this test).
+    let toml = format!(
+        "{}[straggler]\nexchange_interval = \"200ms\"\nsummary_ttl = \"3s\"\npeer_timeout = \"1s\"\n",
+        AGENT_TOML.replacen("floor = \"1s\"", "floor = \"60s\"", 1)
+    );
+    let sa = Scratch::new("host-a", "127.0.0.2", &toml);
+    let sb = Scratch::new("host-b", "127.0.0.3", &toml);
+    let mut a = sa.launch(&etcd, &spec);
+    let a_socket = agent_socket(&mut a);
+    let mut b = sb.launch(&etcd, &spec);
+    let b_socket = agent_socket(&mut b);
+    for h in [&mut a, &mut b] {
+        h.wait_line("the first attempt's workers registered", |l| {
+            l.contains("attempt 0: all 2 workers registered")
+        });
+    }
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        for (host, socket) in [("host-a", &a_socket), ("host-b", &b_socket)] {
+            let mut client = within(
+                Duration::from_secs(10),
+                "a connection to the embedded agent",
+                Target::Unix(socket.clone()).connect(),
+            )
+            .await
+            .expect("connect to an embedded agent");
+            // (global rank, ranks compared) of this host's ranks, polled
+            // until both are judged against the whole job.
+            let deadline = Instant::now() + WAIT;
+            loop {
+                let mine: Vec<(u32, u32)> = client
+                    .get_stragglers(pb::GetStragglersRequest {
+                        job_id: "mh-order".into(),
+                        flagged_only: false,
+                    })
+                    .await
+                    .map(|r| {
+                        r.into_inner()
+                            .ranks
+                            .iter()
+                            .filter(|s| s.host == host)
+                            .map(|s| (s.global_rank, s.ranks_compared))
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                if mine.len() == 2 && mine.iter().all(|(_, n)| *n == 4) {
+                    break;
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "{host}'s ranks not judged against all 4 of the job's within {WAIT:?}: \
+                     (rank, ranks compared) {mine:?}"
+                );
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    });
+}
+
 /// `(rank, step)` of a worker's `[rank R] step N loss L` line.
 fn step_line(line: &str) -> Option<(u32, u64)> {
     let rest = line.strip_prefix("[rank ")?;

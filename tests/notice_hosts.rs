@@ -433,7 +433,7 @@ fn proposed() -> AttemptPlan {
         rank_offset: 0,
         epoch: None,
         round: None,
-        ckpt_peers: Vec::new(),
+        ckpt_peers: Default::default(),
         keeps_place: false,
     }
 }

@@ -198,8 +198,7 @@ const CLAIM_AGAIN: Duration = Duration::from_secs(3600);
 /// How long ClaimJob may take.
 const CLAIM_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// A round's checkpoint peers: host id and agent.
-pub type CkptPeers = Vec<(String, crate::coord::CkptPeer)>;
+pub use crate::hosts::CkptPeers;
 
 /// The most bytes of peers one `SetCheckpointPeers` request carries: half
 /// the agent's 4 MiB request limit (about 25,000 peers of ordinary names;
@@ -217,7 +216,9 @@ pub struct PeersTaken {
 
 /// The job's checkpoint peers as requests of at most [`PEERS_PAGE_BYTES`]
 /// of peers each: one request (no paging fields) when the list fits, as
-/// an older agent expects; else pages 0 .. n-1 of one list.
+/// an older agent expects; else pages 0 .. n-1 of one list. Each says this
+/// host's place in the job's order (`self_place`), which an older agent
+/// ignores.
 pub fn peer_pages(
     job: &str,
     peers: &CkptPeers,
@@ -226,7 +227,7 @@ pub fn peer_pages(
     use prost::Message as _;
     let mut pages: Vec<Vec<pb::CheckpointPeer>> = vec![Vec::new()];
     let mut bytes = 0;
-    for (host, p) in peers {
+    for (host, p) in &peers.others {
         let peer = pb::CheckpointPeer {
             addr: p.addr.clone(),
             domain: p.domain.clone(),
@@ -244,6 +245,7 @@ pub fn peer_pages(
         }
     }
     let n = u32::try_from(pages.len()).unwrap_or(u32::MAX);
+    let self_place = peers.place.map_or(0, |p| p.saturating_add(1));
     pages
         .into_iter()
         .enumerate()
@@ -257,6 +259,7 @@ pub fn peer_pages(
             },
             pages: if n > 1 { n } else { 0 },
             list_id: if n > 1 { list_id } else { 0 },
+            self_place,
         })
         .collect()
 }
@@ -809,7 +812,7 @@ mod tests {
     use prost::Message as _;
 
     fn peers(n: usize, name_len: usize) -> CkptPeers {
-        (0..n)
+        let others = (0..n)
             .map(|i| {
                 let name = format!("{i:0>name_len$}");
                 (
@@ -821,7 +824,11 @@ mod tests {
                     },
                 )
             })
-            .collect()
+            .collect();
+        CkptPeers {
+            others,
+            place: Some(1),
+        }
     }
 
     #[test]
@@ -830,6 +837,7 @@ mod tests {
         assert_eq!(r.len(), 1);
         assert_eq!((r[0].page, r[0].pages, r[0].list_id), (0, 0, 0));
         assert_eq!(r[0].peers.len(), 2_048);
+        assert_eq!(r[0].self_place, 2, "this host's place, plus one");
     }
 
     #[test]
@@ -840,8 +848,8 @@ mod tests {
         assert!(r.len() >= 3, "{} pages", r.len());
         for (i, req) in r.iter().enumerate() {
             assert_eq!(
-                (req.page, req.pages, req.list_id),
-                (i as u32, r.len() as u32, 9)
+                (req.page, req.pages, req.list_id, req.self_place),
+                (i as u32, r.len() as u32, 9, 2)
             );
             assert!(
                 req.encoded_len() < 4 << 20,
@@ -853,7 +861,7 @@ mod tests {
             .iter()
             .flat_map(|q| q.peers.iter().map(|p| p.host.as_str()))
             .collect();
-        let want: Vec<&str> = all.iter().map(|(h, _)| h.as_str()).collect();
+        let want: Vec<&str> = all.others.iter().map(|(h, _)| h.as_str()).collect();
         assert_eq!(hosts, want);
     }
 }

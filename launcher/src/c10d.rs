@@ -454,7 +454,7 @@ fn plan_of(
             cfg.endpoint,
             if world == 1 { "" } else { "s" },
         )),
-        ckpt_peers: Vec::new(),
+        ckpt_peers: Default::default(),
         keeps_place: false,
     })
 }

@@ -357,12 +357,7 @@ fn plan_of(round: &etcd::Round, restart_count: u32, host: &str, spare: bool) -> 
             round.master_addr,
             round.master_port,
         )),
-        ckpt_peers: round
-            .ckpt_peers
-            .iter()
-            .filter(|(h, _)| h != host)
-            .cloned()
-            .collect(),
+        ckpt_peers: crate::hosts::CkptPeers::of_round(&round.ckpt_peers, host),
         // Set by the rendezvous, which knows the attempt's round.
         keeps_place: false,
     }

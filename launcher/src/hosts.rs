@@ -35,10 +35,10 @@ pub struct AttemptPlan {
     pub epoch: Option<u64>,
     /// The round in words (why it was made, its hosts), for the console.
     pub round: Option<String>,
-    /// The round's other hosts whose agents take checkpoint replicas (host
-    /// id, agent): handed to this host's agent (`SetCheckpointPeers`).
-    /// Empty on one host.
-    pub ckpt_peers: Vec<(String, crate::coord::records::CkptPeer)>,
+    /// The round's other hosts whose agents take checkpoint replicas, and
+    /// this host's place among them: handed to this host's agent
+    /// (`SetCheckpointPeers`). Empty on one host.
+    pub ckpt_peers: CkptPeers,
     /// Across hosts, etcd's rounds: this round keeps this host's place
     /// from the attempt's round (`etcd::keeps_place`: a spare in a lost
     /// host's place, or a round its asker heals into), so its workers may
@@ -47,6 +47,40 @@ pub struct AttemptPlan {
     /// of the same hosts written meanwhile: that one restarts). False on
     /// one host and under c10d.
     pub keeps_place: bool,
+}
+
+/// A round's checkpoint peers as this host hands them to its agent.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct CkptPeers {
+    /// The other hosts whose agents take replicas (host id, agent), in
+    /// node-rank order.
+    pub others: Vec<(String, crate::coord::records::CkptPeer)>,
+    /// How many of `others` come before this host in that order; `None`
+    /// when this host's own agent is not among the round's checkpoint
+    /// peers (its tier is off). The agent cuts the job-wide exchange's
+    /// tree and the restore's collectors from its place in the order, so
+    /// a list without it put every agent outside the order (issue 30).
+    pub place: Option<u32>,
+}
+
+impl CkptPeers {
+    /// This host's view of a round's checkpoint peers (`all`, in node-rank
+    /// order, this host among them when its agent takes replicas).
+    pub fn of_round(all: &[(String, crate::coord::records::CkptPeer)], host: &str) -> Self {
+        let place = all
+            .iter()
+            .position(|(h, _)| h == host)
+            .and_then(|p| u32::try_from(p).ok());
+        Self {
+            others: all.iter().filter(|(h, _)| h != host).cloned().collect(),
+            place,
+        }
+    }
+
+    /// Whether no other host takes replicas.
+    pub fn is_empty(&self) -> bool {
+        self.others.is_empty()
+    }
 }
 
 /// What this node tells the whole job.

@@ -306,7 +306,7 @@ pub async fn run<C: AcrossHosts>(
     let seen = agent::watch_ranks(link.client.clone(), job.id.clone(), stop.clone()).await;
     let decisions = agent::watch_decisions(link.client.clone(), job.id.clone(), stop.clone());
     let (exits_tx, exits_rx) = mpsc::unbounded_channel();
-    let (peers_tx, peers_rx) = watch::channel(Vec::new());
+    let (peers_tx, peers_rx) = watch::channel(agent::CkptPeers::default());
     agent::keep_peers(link.client.clone(), job.id.clone(), peers_rx, stop.clone());
     let (disowned_tx, disowned_rx) = mpsc::unbounded_channel();
     agent::keep_claim(
@@ -741,7 +741,7 @@ impl<C: AcrossHosts> Sup<'_, C> {
             rank_offset: self.job.node_rank.saturating_mul(self.job.nproc_per_node),
             epoch: None,
             round: None,
-            ckpt_peers: Vec::new(),
+            ckpt_peers: Default::default(),
             keeps_place: false,
         }
     }
@@ -759,6 +759,7 @@ impl<C: AcrossHosts> Sup<'_, C> {
             // the round's other agents.
             let names: Vec<String> = plan
                 .ckpt_peers
+                .others
                 .iter()
                 .map(|(h, p)| format!("{h} ({})", p.addr))
                 .collect();

@@ -226,6 +226,7 @@ pub async fn set_checkpoint_peers(
 ) -> Result<pb::SetCheckpointPeersResponse, Status> {
     let ck = tier(state)?;
     job(&req.job_id)?;
+    let self_place = req.self_place;
     let page: Vec<PeerSpec> = req
         .peers
         .into_iter()
@@ -251,6 +252,21 @@ pub async fn set_checkpoint_peers(
                     Status::invalid_argument(message)
                 }
             });
+        }
+    };
+    // Where the launcher's host stands among the job's hosts (plus one; 0:
+    // not said). Past the list is a launcher's bug, refused by name rather
+    // than taken as the end of the order.
+    let place = match usize::try_from(self_place).unwrap_or(usize::MAX) {
+        0 => None,
+        p if p - 1 <= specs.len() => Some(p - 1),
+        _ => {
+            return Err(Status::invalid_argument(format!(
+                "SetCheckpointPeers: self_place {self_place} is past the {} peers of job {:?} (at most {}: this host's place plus one)",
+                specs.len(),
+                req.job_id,
+                specs.len() + 1
+            )));
         }
     };
     let others = specs
@@ -282,7 +298,7 @@ pub async fn set_checkpoint_peers(
     let warning = (!warnings.is_empty()).then(|| warnings.join("; and "));
     let targets = ck
         .peers
-        .set_job(&req.job_id, &specs)
+        .set_job(&req.job_id, &specs, place)
         .map_err(|e| Status::invalid_argument(format!("SetCheckpointPeers: {e}")))?;
     tracing::info!(job = %req.job_id, peers = specs.len(), targets = ?targets,
         "checkpoint peers of the job set by its launcher");

@@ -277,10 +277,19 @@ impl PeerSet {
     }
 
     /// Replaces `job`'s handed-over peers with `specs` (this agent's own
-    /// address left out); an empty list forgets the job. Returns the
-    /// addresses that will now hold this host's replicas of the job.
-    /// Nothing changes when one entry is bad.
-    pub fn set_job(&self, job: &str, specs: &[PeerSpec]) -> Result<Vec<String>, PeerSetError> {
+    /// address left out); an empty list forgets the job. `place` is where
+    /// this agent stands in the job's order, as its launcher says (how many
+    /// of `specs` come before it): the order is `specs` with this agent put
+    /// there. Without it (an older launcher) this agent is in the order
+    /// only where `specs` name its own address. Returns the addresses that
+    /// will now hold this host's replicas of the job. Nothing changes when
+    /// one entry is bad.
+    pub fn set_job(
+        &self,
+        job: &str,
+        specs: &[PeerSpec],
+        place: Option<usize>,
+    ) -> Result<Vec<String>, PeerSetError> {
         let mut fresh: Vec<Peer> = Vec::new();
         {
             let jobs = self.jobs();
@@ -325,12 +334,22 @@ impl PeerSet {
             }
         }
         {
-            let mut seen = std::collections::HashSet::with_capacity(specs.len());
-            let order: Vec<String> = specs
-                .iter()
-                .filter(|s| seen.insert(s.addr.as_str()))
-                .map(|s| s.addr.clone())
-                .collect();
+            let mut seen = std::collections::HashSet::with_capacity(specs.len() + 1);
+            let mut order: Vec<String> = Vec::with_capacity(specs.len() + 1);
+            for (i, s) in specs.iter().enumerate() {
+                if place == Some(i) && seen.insert(self.me.addr.as_str()) {
+                    order.push(self.me.addr.clone());
+                }
+                if seen.insert(s.addr.as_str()) {
+                    order.push(s.addr.clone());
+                }
+            }
+            if place.is_some_and(|p| p >= specs.len())
+                && !order.is_empty()
+                && seen.insert(self.me.addr.as_str())
+            {
+                order.push(self.me.addr.clone());
+            }
             let names = self
                 .jobs()
                 .get(job)
@@ -464,6 +483,7 @@ mod tests {
                     spec("127.0.0.3:7000", "rack3"),
                     spec("127.0.0.4:7000", "rack4"),
                 ],
+                None,
             )
             .unwrap();
         assert_eq!(t, vec!["127.0.0.3:7000"]);
@@ -476,12 +496,66 @@ mod tests {
         assert_eq!(addrs(s.of_job("j2")), vec!["127.0.0.9:7000"]);
         assert!(s.find("127.0.0.4:7000").is_some());
         // A new round replaces the list; an empty one forgets the job.
-        s.set_job("j1", &[spec("127.0.0.4:7000", "rack4")]).unwrap();
+        s.set_job("j1", &[spec("127.0.0.4:7000", "rack4")], None)
+            .unwrap();
         assert_eq!(addrs(s.targets("j1")), vec!["127.0.0.4:7000"]);
-        s.set_job("j1", &[]).unwrap();
+        s.set_job("j1", &[], None).unwrap();
         assert!(s.targets("j1").is_empty());
         assert!(!s.rings().contains_key("j1"), "and forgotten with it");
         assert!(s.find("127.0.0.4:7000").is_none());
+    }
+
+    /// Issue 30: a launcher hands over the other hosts and says where its
+    /// own stands. The agent is at that place in the job's order, which
+    /// the exchange's tree and the restore's collectors are cut from, even
+    /// where the list could not name it (the launcher publishes the
+    /// advertised address, the agent knows itself by `api.tcp`). Without
+    /// the place (before, every launcher-driven job) it stood nowhere.
+    #[tokio::test]
+    async fn the_launchers_place_puts_this_agent_in_the_jobs_order() {
+        let s = set(&[]);
+        let others = [
+            spec("127.0.0.3:7000", "rack3"),
+            spec("127.0.0.4:7000", "rack4"),
+            spec("127.0.0.5:7000", "rack5"),
+        ];
+        let order = |s: &PeerSet| s.with_order("j", |o, me| (o.to_vec(), me));
+        s.set_job("j", &others, None).unwrap();
+        assert_eq!(order(&s).1, None, "a list without this agent: nowhere");
+        for place in 0..=3 {
+            s.set_job("j", &others, Some(place)).unwrap();
+            let (o, me) = order(&s);
+            assert_eq!(me, Some(place), "{o:?}");
+            assert_eq!(o.len(), 4, "{o:?}");
+            assert_eq!(o[place], "127.0.0.2:7000");
+            let rest: Vec<&String> = o.iter().filter(|a| *a != "127.0.0.2:7000").collect();
+            assert_eq!(rest, ["127.0.0.3:7000", "127.0.0.4:7000", "127.0.0.5:7000"]);
+        }
+        // Its own address among the others (a launcher of before, which
+        // sent the whole list): found there, once, place or not.
+        let with_me = [
+            others[0].clone(),
+            spec("127.0.0.2:7000", "rack2"),
+            others[1].clone(),
+        ];
+        s.set_job("j", &with_me, Some(0)).unwrap();
+        assert_eq!(order(&s).1, Some(0));
+        assert_eq!(order(&s).0.len(), 3);
+        s.set_job("j", &with_me, None).unwrap();
+        assert_eq!(
+            order(&s),
+            (
+                vec![
+                    "127.0.0.3:7000".to_owned(),
+                    "127.0.0.2:7000".to_owned(),
+                    "127.0.0.4:7000".to_owned()
+                ],
+                Some(1)
+            )
+        );
+        // No other host: the job is forgotten, as before.
+        s.set_job("j", &[], Some(0)).unwrap();
+        assert_eq!(order(&s), (Vec::new(), None));
     }
 
     #[tokio::test]
@@ -498,6 +572,7 @@ mod tests {
                 named("127.0.0.3:7000", "rack3", "h3"),
                 named("127.0.0.4:7000", "rack4", "h4"),
             ],
+            None,
         )
         .unwrap();
         assert!(s.is_member_name("j", "h3") && s.is_member_name("j", "h4"));
@@ -526,7 +601,7 @@ mod tests {
                 )
             })
             .collect();
-        s.set_job("j", &specs).unwrap();
+        s.set_job("j", &specs, None).unwrap();
         let all = s.of_job("j");
         let slow = |origin: &str| {
             let o = all.iter().find(|p| p.name == origin).unwrap();
@@ -565,9 +640,14 @@ mod tests {
     #[tokio::test]
     async fn a_bad_address_is_named_and_changes_nothing() {
         let s = set(&[]);
-        s.set_job("j1", &[spec("127.0.0.3:7000", "r3")]).unwrap();
+        s.set_job("j1", &[spec("127.0.0.3:7000", "r3")], None)
+            .unwrap();
         let e = s
-            .set_job("j1", &[spec("127.0.0.4:7000", "r4"), spec("nope", "r5")])
+            .set_job(
+                "j1",
+                &[spec("127.0.0.4:7000", "r4"), spec("nope", "r5")],
+                None,
+            )
             .unwrap_err();
         assert!(e.to_string().contains("peer 1"), "{e}");
         assert!(e.to_string().contains("\"nope\""), "{e}");

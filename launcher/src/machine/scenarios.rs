@@ -89,7 +89,7 @@ fn plan(n: u32) -> AttemptPlan {
         rank_offset: 0,
         epoch: None,
         round: None,
-        ckpt_peers: Vec::new(),
+        ckpt_peers: Default::default(),
         // What a heal into a round needs of the adapter; nothing else
         // reads it.
         keeps_place: true,
