@@ -1121,50 +1121,109 @@ fn each_hosts_agent_stands_at_its_node_rank_and_judges_against_the_whole_job() {
             l.contains("attempt 0: all 2 workers registered")
         });
     }
-    let rt = tokio::runtime::Builder::new_current_thread()
+    let rt = runtime();
+    for (host, socket) in [("host-a", &a_socket), ("host-b", &b_socket)] {
+        rt.block_on(judged_against(socket, host, "mh-order", 2, 4));
+    }
+}
+
+/// The same across the exchange's two-level tree: four hosts of one rank
+/// in groups of two (`straggler.aggregator_fan_out = 2`): node rank 3
+/// reports to node rank 2, its group's leader, which relays to node rank
+/// 0, and every rank is judged against all four.
+#[test]
+fn four_hosts_in_groups_of_two_judge_every_rank_against_the_whole_job() {
+    let _one = serial();
+    let etcd = EtcdServer::start();
+    let ckpt = shared_ckpt();
+    let spec = Spec {
+        job: "mh-tree",
+        nproc: 1,
+        nnodes: "4",
+        ckpt: ckpt.path(),
+        steps: 4_000,
+        step_ms: 50,
+        extra: &[],
+        env: &[],
+        train: &[],
+    };
+    let toml = format!(
+        "{}[straggler]\nexchange_interval = \"200ms\"\nsummary_ttl = \"3s\"\npeer_timeout = \"1s\"\n\
+         aggregator_fan_out = 2\n",
+        AGENT_TOML.replacen("floor = \"1s\"", "floor = \"60s\"", 1)
+    );
+    let hosts = [
+        Scratch::new("host-a", "127.0.0.2", &toml),
+        Scratch::new("host-b", "127.0.0.3", &toml),
+        Scratch::new("host-c", "127.0.0.4", &toml),
+        Scratch::new("host-d", "127.0.0.5", &toml),
+    ];
+    let mut launched: Vec<(Launched, PathBuf)> = hosts
+        .iter()
+        .map(|h| {
+            let mut l = h.launch(&etcd, &spec);
+            let socket = agent_socket(&mut l);
+            (l, socket)
+        })
+        .collect();
+    for (l, _) in &mut launched {
+        l.wait_line("the first attempt's workers registered", |l| {
+            l.contains("attempt 0: all 1 workers registered")
+        });
+    }
+    let rt = runtime();
+    for (l, socket) in &launched {
+        rt.block_on(judged_against(socket, l.host, "mh-tree", 1, 4));
+    }
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
-        .unwrap();
-    rt.block_on(async {
-        for (host, socket) in [("host-a", &a_socket), ("host-b", &b_socket)] {
-            let mut client = within(
-                Duration::from_secs(10),
-                "a connection to the embedded agent",
-                Target::Unix(socket.clone()).connect(),
-            )
+        .unwrap()
+}
+
+/// Waits until the `local` ranks of `host` (its embedded agent at
+/// `socket`) are judged against `want` ranks of `job`: the job-wide
+/// statistics its agent got cover the whole job. Fails naming what each
+/// rank was compared with.
+async fn judged_against(socket: &Path, host: &str, job: &str, local: usize, want: u32) {
+    let mut client = within(
+        Duration::from_secs(10),
+        "a connection to the embedded agent",
+        Target::Unix(socket.to_owned()).connect(),
+    )
+    .await
+    .expect("connect to an embedded agent");
+    let deadline = Instant::now() + WAIT;
+    loop {
+        // (global rank, ranks compared) of this host's ranks.
+        let mine: Vec<(u32, u32)> = client
+            .get_stragglers(pb::GetStragglersRequest {
+                job_id: job.into(),
+                flagged_only: false,
+            })
             .await
-            .expect("connect to an embedded agent");
-            // (global rank, ranks compared) of this host's ranks, polled
-            // until both are judged against the whole job.
-            let deadline = Instant::now() + WAIT;
-            loop {
-                let mine: Vec<(u32, u32)> = client
-                    .get_stragglers(pb::GetStragglersRequest {
-                        job_id: "mh-order".into(),
-                        flagged_only: false,
-                    })
-                    .await
-                    .map(|r| {
-                        r.into_inner()
-                            .ranks
-                            .iter()
-                            .filter(|s| s.host == host)
-                            .map(|s| (s.global_rank, s.ranks_compared))
-                            .collect()
-                    })
-                    .unwrap_or_default();
-                if mine.len() == 2 && mine.iter().all(|(_, n)| *n == 4) {
-                    break;
-                }
-                assert!(
-                    Instant::now() < deadline,
-                    "{host}'s ranks not judged against all 4 of the job's within {WAIT:?}: \
-                     (rank, ranks compared) {mine:?}"
-                );
-                tokio::time::sleep(Duration::from_millis(200)).await;
-            }
+            .map(|r| {
+                r.into_inner()
+                    .ranks
+                    .iter()
+                    .filter(|s| s.host == host)
+                    .map(|s| (s.global_rank, s.ranks_compared))
+                    .collect()
+            })
+            .unwrap_or_default();
+        if mine.len() == local && mine.iter().all(|(_, n)| *n == want) {
+            return;
         }
-    });
+        assert!(
+            Instant::now() < deadline,
+            "{host}'s ranks not judged against all {want} of the job's within {WAIT:?}: \
+             (rank, ranks compared) {mine:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }
 
 /// `(rank, step)` of a worker's `[rank R] step N loss L` line.
