@@ -969,6 +969,7 @@ async fn a_16384_host_peer_list_with_long_names_is_taken_in_pages() {
     let peers = warden_launcher::agent::CkptPeers {
         others: peers,
         place: None,
+        addr: String::new(),
     };
     let client = agent.client().await;
 
@@ -1032,6 +1033,7 @@ async fn a_job_past_the_connection_cap_is_warned_at_the_round() {
     let peers = warden_launcher::agent::CkptPeers {
         others,
         place: Some(0),
+        addr: addr.clone(),
     };
     let client = agent.client().await;
     let taken = warden_launcher::agent::set_peers(&client, "j", &peers)

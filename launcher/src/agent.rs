@@ -246,6 +246,11 @@ pub fn peer_pages(
     }
     let n = u32::try_from(pages.len()).unwrap_or(u32::MAX);
     let self_place = peers.place.map_or(0, |p| p.saturating_add(1));
+    let self_addr = if peers.place.is_some() {
+        peers.addr.clone()
+    } else {
+        String::new()
+    };
     pages
         .into_iter()
         .enumerate()
@@ -260,6 +265,7 @@ pub fn peer_pages(
             pages: if n > 1 { n } else { 0 },
             list_id: if n > 1 { list_id } else { 0 },
             self_place,
+            self_addr: self_addr.clone(),
         })
         .collect()
 }
@@ -828,6 +834,7 @@ mod tests {
         CkptPeers {
             others,
             place: Some(1),
+            addr: "10.9.9.9:7411".into(),
         }
     }
 
@@ -838,6 +845,7 @@ mod tests {
         assert_eq!((r[0].page, r[0].pages, r[0].list_id), (0, 0, 0));
         assert_eq!(r[0].peers.len(), 2_048);
         assert_eq!(r[0].self_place, 2, "this host's place, plus one");
+        assert_eq!(r[0].self_addr, "10.9.9.9:7411");
     }
 
     #[test]

@@ -61,19 +61,20 @@ pub struct CkptPeers {
     /// tree and the restore's collectors from its place in the order, so
     /// a list without it put every agent outside the order (issue 30).
     pub place: Option<u32>,
+    /// This host's agent as the round publishes it (the address the other
+    /// hosts reach), with `place`: its place on the job's replica ring.
+    pub addr: String,
 }
 
 impl CkptPeers {
     /// This host's view of a round's checkpoint peers (`all`, in node-rank
     /// order, this host among them when its agent takes replicas).
     pub fn of_round(all: &[(String, crate::coord::records::CkptPeer)], host: &str) -> Self {
-        let place = all
-            .iter()
-            .position(|(h, _)| h == host)
-            .and_then(|p| u32::try_from(p).ok());
+        let mine = all.iter().position(|(h, _)| h == host);
         Self {
             others: all.iter().filter(|(h, _)| h != host).cloned().collect(),
-            place,
+            place: mine.and_then(|p| u32::try_from(p).ok()),
+            addr: mine.map(|p| all[p].1.addr.clone()).unwrap_or_default(),
         }
     }
 

@@ -222,11 +222,11 @@ pub async fn list_checkpoints(
 /// SetCheckpointPeers: a launcher's view of the job's other agents.
 pub async fn set_checkpoint_peers(
     state: &Arc<AgentState>,
-    req: pb::SetCheckpointPeersRequest,
+    mut req: pb::SetCheckpointPeersRequest,
 ) -> Result<pb::SetCheckpointPeersResponse, Status> {
     let ck = tier(state)?;
     job(&req.job_id)?;
-    let self_place = req.self_place;
+    let (self_place, self_addr) = (req.self_place, std::mem::take(&mut req.self_addr));
     let page: Vec<PeerSpec> = req
         .peers
         .into_iter()
@@ -257,9 +257,12 @@ pub async fn set_checkpoint_peers(
     // Where the launcher's host stands among the job's hosts (plus one; 0:
     // not said). Past the list is a launcher's bug, refused by name rather
     // than taken as the end of the order.
-    let place = match usize::try_from(self_place).unwrap_or(usize::MAX) {
+    let own = match usize::try_from(self_place).unwrap_or(usize::MAX) {
         0 => None,
-        p if p - 1 <= specs.len() => Some(p - 1),
+        p if p - 1 <= specs.len() => Some(crate::ckpt::peerset::OwnPlace {
+            index: p - 1,
+            addr: self_addr,
+        }),
         _ => {
             return Err(Status::invalid_argument(format!(
                 "SetCheckpointPeers: self_place {self_place} is past the {} peers of job {:?} (at most {}: this host's place plus one)",
@@ -298,7 +301,7 @@ pub async fn set_checkpoint_peers(
     let warning = (!warnings.is_empty()).then(|| warnings.join("; and "));
     let targets = ck
         .peers
-        .set_job(&req.job_id, &specs, place)
+        .set_job(&req.job_id, &specs, own.as_ref())
         .map_err(|e| Status::invalid_argument(format!("SetCheckpointPeers: {e}")))?;
     tracing::info!(job = %req.job_id, peers = specs.len(), targets = ?targets,
         "checkpoint peers of the job set by its launcher");

@@ -42,6 +42,10 @@ pub enum PeerSetError {
         /// The address given.
         addr: String,
     },
+    /// This host's own address, as its launcher published it, is not
+    /// `host:port`.
+    #[error("self_addr {0:?} (this host as the job's other hosts reach it) is not host:port")]
+    BadSelfAddr(String),
     /// A client could not be built for it.
     #[error("peer {addr}: {message}")]
     Client {
@@ -50,6 +54,18 @@ pub enum PeerSetError {
         /// Why.
         message: String,
     },
+}
+
+/// Where this agent stands in a job, as its launcher says
+/// (`SetCheckpointPeers`: `self_place`, `self_addr`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct OwnPlace {
+    /// How many of the job's other hosts come before this one.
+    pub index: usize,
+    /// This agent's address as the job's other hosts know it (the one its
+    /// launcher published: an unspecified `api.tcp` IP replaced by the
+    /// host's advertised address); empty: `api.tcp` (an older launcher).
+    pub addr: String,
 }
 
 /// Every peer this host knows, static and per job.
@@ -70,6 +86,13 @@ pub struct PeerSet {
     orders: Mutex<BTreeMap<String, JobOrder>>,
     /// Each handed-over job's ring kept ready (see [`JobRing`]).
     rings: Mutex<BTreeMap<String, JobRing>>,
+    /// This agent on a job's ring where its launcher published another
+    /// address for it than `api.tcp` ([`OwnPlace::addr`]). Every host of
+    /// the job computes each origin's targets on its own, so all must see
+    /// this agent at the same place: with `api.tcp = "0.0.0.0:P"` its own
+    /// view put it first on the ring and the others' after the published
+    /// address, and the placement rule refused its neighbours' replicas.
+    ring_me: Mutex<BTreeMap<String, RingMember>>,
 }
 
 /// One job's placement kept ready at [`PeerSet::set_job`]: per shard pushed
@@ -126,6 +149,7 @@ impl PeerSet {
             jobs: Mutex::new(BTreeMap::new()),
             orders: Mutex::new(BTreeMap::new()),
             rings: Mutex::new(BTreeMap::new()),
+            ring_me: Mutex::new(BTreeMap::new()),
         }
     }
 
@@ -220,6 +244,17 @@ impl PeerSet {
         self.rings.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// This agent on `job`'s ring: as its launcher published it, else
+    /// `api.tcp`.
+    fn me_in(&self, job: &str) -> RingMember {
+        self.ring_me
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(job)
+            .cloned()
+            .unwrap_or_else(|| self.me.clone())
+    }
+
     /// Whether `name` is a peer of any job, or configured. Asked on every
     /// peer's call (each report to the aggregator), so it looks the name
     /// up in each job's names kept ready at [`PeerSet::set_job`]: it once
@@ -277,19 +312,26 @@ impl PeerSet {
     }
 
     /// Replaces `job`'s handed-over peers with `specs` (this agent's own
-    /// address left out); an empty list forgets the job. `place` is where
-    /// this agent stands in the job's order, as its launcher says (how many
-    /// of `specs` come before it): the order is `specs` with this agent put
-    /// there. Without it (an older launcher) this agent is in the order
-    /// only where `specs` name its own address. Returns the addresses that
-    /// will now hold this host's replicas of the job. Nothing changes when
-    /// one entry is bad.
+    /// address left out); an empty list forgets the job. `own` is where
+    /// this agent stands in the job, as its launcher says: the job's order
+    /// is `specs` with this agent put at `own.index`, and on the job's ring
+    /// it is at `own.addr`. Without it (an older launcher) this agent is in
+    /// the order only where `specs` name its own address, and on the ring
+    /// at `api.tcp`. Returns the addresses that will now hold this host's
+    /// replicas of the job. Nothing changes when one entry is bad.
     pub fn set_job(
         &self,
         job: &str,
         specs: &[PeerSpec],
-        place: Option<usize>,
+        own: Option<&OwnPlace>,
     ) -> Result<Vec<String>, PeerSetError> {
+        let place = own.map(|o| o.index);
+        let published = own.map(|o| o.addr.as_str()).filter(|a| !a.is_empty());
+        if let Some(addr) = published
+            && !warden_core::config::valid_peer_addr(addr)
+        {
+            return Err(PeerSetError::BadSelfAddr(addr.to_owned()));
+        }
         let mut fresh: Vec<Peer> = Vec::new();
         {
             let jobs = self.jobs();
@@ -309,7 +351,10 @@ impl PeerSet {
                         addr: s.addr.clone(),
                     });
                 }
-                if s.addr == self.me.addr || !taken.insert(s.addr.as_str()) {
+                if s.addr == self.me.addr
+                    || published == Some(s.addr.as_str())
+                    || !taken.insert(s.addr.as_str())
+                {
                     continue;
                 }
                 // Keep the connection of a peer already known under the
@@ -373,6 +418,30 @@ impl PeerSet {
                 );
             }
         }
+        {
+            let mut ring_me = self.ring_me.lock().unwrap_or_else(|p| p.into_inner());
+            match published {
+                Some(addr) if !specs.is_empty() => {
+                    // The domain as the others derive it: the configured
+                    // one, else the address they know this agent by.
+                    let domain = if self.me.domain == self.me.addr {
+                        addr.to_owned()
+                    } else {
+                        self.me.domain.clone()
+                    };
+                    ring_me.insert(
+                        job.to_owned(),
+                        RingMember {
+                            addr: addr.to_owned(),
+                            domain,
+                        },
+                    );
+                }
+                _ => {
+                    ring_me.remove(job);
+                }
+            }
+        }
         self.keep_ring(job);
         let targets: Vec<String> = self
             .targets(job)
@@ -411,11 +480,12 @@ impl PeerSet {
                 names.entry(p.name.clone()).or_insert(i);
             }
         }
+        let me = self.me_in(job);
         let mut members: Vec<RingMember> = all.iter().map(|p| p.member.clone()).collect();
-        members.push(self.me.clone());
+        members.push(me.clone());
         let ring = placement::Ring::new(members);
         let targets = ring
-            .targets_of(&self.me, self.replicas)
+            .targets_of(&me, self.replicas)
             .into_iter()
             .filter_map(|i| all.get(i).cloned())
             .collect();
@@ -523,7 +593,11 @@ mod tests {
         s.set_job("j", &others, None).unwrap();
         assert_eq!(order(&s).1, None, "a list without this agent: nowhere");
         for place in 0..=3 {
-            s.set_job("j", &others, Some(place)).unwrap();
+            let own = OwnPlace {
+                index: place,
+                addr: String::new(),
+            };
+            s.set_job("j", &others, Some(&own)).unwrap();
             let (o, me) = order(&s);
             assert_eq!(me, Some(place), "{o:?}");
             assert_eq!(o.len(), 4, "{o:?}");
@@ -538,7 +612,8 @@ mod tests {
             spec("127.0.0.2:7000", "rack2"),
             others[1].clone(),
         ];
-        s.set_job("j", &with_me, Some(0)).unwrap();
+        s.set_job("j", &with_me, Some(&OwnPlace::default()))
+            .unwrap();
         assert_eq!(order(&s).1, Some(0));
         assert_eq!(order(&s).0.len(), 3);
         s.set_job("j", &with_me, None).unwrap();
@@ -554,8 +629,75 @@ mod tests {
             )
         );
         // No other host: the job is forgotten, as before.
-        s.set_job("j", &[], Some(0)).unwrap();
+        s.set_job("j", &[], Some(&OwnPlace::default())).unwrap();
         assert_eq!(order(&s), (Vec::new(), None));
+    }
+
+    /// Issue 30: agents listening on an unspecified address (`api.tcp =
+    /// "0.0.0.0:P"`, as deploy/kubernetes suggests), each published by its
+    /// launcher at the host's advertised address. Each host computes every
+    /// origin's targets on its own (the origin to push, a target to accept
+    /// under the placement rule), so all must agree: the hosts that take an
+    /// origin's replicas are exactly its targets. Before, each agent put
+    /// itself on its own ring at 0.0.0.0 (first, sorted) and the others put
+    /// it at its published address: in this job of 6, origins' pushes were
+    /// refused where they went.
+    #[tokio::test]
+    async fn hosts_on_unspecified_listeners_agree_on_every_origins_targets() {
+        let n = 6;
+        let published = |i: usize| format!("10.0.0.{}:{}", 20 - i, 7000 + i);
+        let sets: Vec<PeerSet> = (0..n)
+            .map(|i| {
+                let addr = format!("0.0.0.0:{}", 7000 + i);
+                PeerSet::new(
+                    RingMember {
+                        domain: addr.clone(),
+                        addr,
+                    },
+                    2,
+                    Duration::from_secs(1),
+                    crate::tls::PeerTls::Insecure,
+                    Vec::new(),
+                )
+            })
+            .collect();
+        for (i, s) in sets.iter().enumerate() {
+            let others: Vec<PeerSpec> = (0..n)
+                .filter(|&j| j != i)
+                .map(|j| PeerSpec {
+                    addr: published(j),
+                    domain: String::new(),
+                    host: format!("h{j}"),
+                    identity: format!("h{j}"),
+                })
+                .collect();
+            let own = OwnPlace {
+                index: i,
+                addr: published(i),
+            };
+            s.set_job("j", &others, Some(&own)).unwrap();
+        }
+        for o in 0..n {
+            let mut targets = addrs(sets[o].targets("j"));
+            targets.sort();
+            let mut placed: Vec<String> = (0..n)
+                .filter(|&r| r != o && sets[r].placed_here("j", &format!("h{o}")) == Some(true))
+                .map(published)
+                .collect();
+            placed.sort();
+            assert_eq!(targets.len(), 2, "origin h{o}: {targets:?}");
+            assert_eq!(
+                targets, placed,
+                "origin h{o}'s targets and the hosts that accept it"
+            );
+        }
+        // A published address that is not host:port is refused by name.
+        let bad = OwnPlace {
+            index: 0,
+            addr: "nope".into(),
+        };
+        let e = sets[0].set_job("j", &[], Some(&bad)).unwrap_err();
+        assert!(e.to_string().contains("self_addr \"nope\""), "{e}");
     }
 
     #[tokio::test]
