@@ -136,6 +136,13 @@ pub struct Checkpoints {
     work_rx: Mutex<Option<mpsc::UnboundedReceiver<Manifest>>>,
 }
 
+/// Whether `addr` is an IP socket address on the unspecified IP
+/// (`0.0.0.0:P`, `[::]:P`): a listener, not an address a peer can name.
+pub fn unspecified(addr: &str) -> bool {
+    addr.parse::<std::net::SocketAddr>()
+        .is_ok_and(|a| a.ip().is_unspecified())
+}
+
 impl Checkpoints {
     /// Opens the tier and the store; the error says which and why.
     pub fn open(
@@ -170,6 +177,20 @@ impl Checkpoints {
                 cfg.domain.clone()
             },
         };
+        if cfg.replicas > 0 && !cfg.peers.is_empty() && unspecified(addr) {
+            // A configured fleet's ring is computed on every host from its
+            // list: this agent at 0.0.0.0 here, at its real address on the
+            // others, so they disagree on whose replicas go where and the
+            // placement rule refuses them. A launcher's job is told the
+            // published address instead (SetCheckpointPeers.self_addr).
+            tracing::warn!(
+                api_tcp = addr,
+                "api.tcp is on an unspecified address while [[checkpoint.peers]] are configured: \
+                 the peers place this agent's replicas by the address they list for it, this \
+                 agent by {addr}, so the placement rule refuses replicas meant for it; set \
+                 api.tcp to the address the peers list"
+            );
+        }
         let peers = peerset::PeerSet::new(me, cfg.replicas, cfg.peer_timeout, tls.clone(), peers);
         if cfg.replicas > 0 && !cfg.peers.is_empty() && peers.targets("").len() < cfg.replicas {
             tracing::warn!(

@@ -700,6 +700,24 @@ mod tests {
         assert!(e.to_string().contains("self_addr \"nope\""), "{e}");
     }
 
+    /// What the start-up warning of a static fleet on an unspecified
+    /// listener looks for.
+    #[test]
+    fn an_unspecified_listener_is_told_from_a_named_address() {
+        for a in ["0.0.0.0:7070", "[::]:7070"] {
+            assert!(crate::ckpt::unspecified(a), "{a}");
+        }
+        for a in [
+            "10.0.0.7:7070",
+            "127.0.0.2:0",
+            "[fd00::5]:7070",
+            "node7.example:7070",
+            "",
+        ] {
+            assert!(!crate::ckpt::unspecified(a), "{a}");
+        }
+    }
+
     #[tokio::test]
     async fn a_push_is_placed_here_only_when_the_origins_ring_says_so() {
         // This host is 127.0.0.2 (rack2); the job's peers: h3 and h4.

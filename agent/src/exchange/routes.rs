@@ -194,6 +194,18 @@ pub struct Dial {
 impl Routes {
     /// The routes of an agent at `me` with `straggler.peers` = `peers`.
     pub fn new(me: &str, peers: &[String], fan_out: u32, dial: Dial) -> Self {
+        if !peers.is_empty() && crate::ckpt::unspecified(me) {
+            // The static order is every host's list sorted: this agent at
+            // 0.0.0.0 sorts first here and elsewhere where its real address
+            // does, so hosts disagree on the aggregator.
+            tracing::warn!(
+                api_tcp = me,
+                "api.tcp is on an unspecified address while straggler.peers are configured: \
+                 this agent takes itself for the first of the static fleet, the peers do not, \
+                 so the fleet's hosts disagree on the job-wide aggregator; set api.tcp to the \
+                 address the peers list"
+            );
+        }
         let mut statics = peers.to_vec();
         if !me.is_empty() {
             statics.push(me.to_owned());
