@@ -559,15 +559,19 @@ async fn list_hosts(
     limit: Duration,
 ) -> Holdings {
     let me = ck.peers.my_addr().to_owned();
+    let known_as = ck.peers.known_as(job);
     let lists = members.into_iter().map(|addr| {
-        let (ck, job, me) = (ck.clone(), job.to_owned(), me.clone());
+        let (ck, job, me, known_as) = (ck.clone(), job.to_owned(), me.clone(), known_as.clone());
         tokio::spawn(async move {
-            if addr == me {
+            if addr == me || addr == known_as {
                 let (ck2, j) = (ck.clone(), job.clone());
                 let local = tokio::task::spawn_blocking(move || ck2.tier.list(Some(&j)))
                     .await
                     .unwrap_or_default();
-                return (addr, Ok((ck.host.clone(), local)));
+                // Under the address the job's other hosts know this agent
+                // by (its order names it by api.tcp, which may be 0.0.0.0
+                // or port 0): they ask it for its copies there.
+                return (known_as, Ok((ck.host.clone(), local)));
             }
             let Some(peer) = ck.peer(&addr) else {
                 return (addr, Err("not one of this agent's peers".to_owned()));

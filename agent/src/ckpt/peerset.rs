@@ -244,6 +244,15 @@ impl PeerSet {
         self.rings.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// This agent's address as `job`'s other hosts know it: as its
+    /// launcher published it, else `api.tcp`. A listing of this agent's
+    /// own tier in a collection is labelled with it, so the collector
+    /// (which checks a leader's listing accounts for each member) and a
+    /// restoring host (which asks each holder for its copies) find it.
+    pub fn known_as(&self, job: &str) -> String {
+        self.me_in(job).addr
+    }
+
     /// This agent on `job`'s ring: as its launcher published it, else
     /// `api.tcp`.
     fn me_in(&self, job: &str) -> RingMember {

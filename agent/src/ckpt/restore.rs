@@ -226,12 +226,15 @@ async fn gather_collected(
     };
     view.unreachable.extend(jv.unreachable);
     let me = ck.peers.my_addr();
+    // This agent's copies are read above; the collector names them under
+    // the address the job knows it by.
+    let known_as = ck.peers.known_as(job);
     let mut holders: Vec<String> = jv
         .steps
         .values()
         .flat_map(|s| &s.holders)
         .map(|h| h.addr.clone())
-        .filter(|a| a != me && !a.is_empty() && a != holdings::DURABLE)
+        .filter(|a| a != me && *a != known_as && !a.is_empty() && a != holdings::DURABLE)
         .collect();
     holders.sort();
     holders.dedup();
