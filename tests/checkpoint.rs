@@ -566,6 +566,116 @@ async fn a_restore_goes_through_the_collector_not_to_every_host() {
         .unwrap_or_else(|_| panic!("h3's restores with h2 paused\n{}", hosts[0].stderr()));
 }
 
+/// Issue 30: peers handed over as launchers hand them (`SetCheckpointPeers`
+/// with the others, this host's place and its published address), to
+/// agents whose `api.tcp` is not that address (port 0 here, as the
+/// multi-host tests; `0.0.0.0:P` in a cluster). Four hosts in groups of
+/// two, every restore through the collector (h0). h3's replicas go to h0
+/// (the ring wraps); h3 wiped, its ranks come back from h0's copies, which
+/// h0's collection names under the address h3 knows h0 by. Labelled with
+/// h0's `api.tcp` (before), h3 found no peer there: the restore failed as
+/// unreachable.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_collectors_own_copies_are_named_where_the_job_reaches_it() {
+    let ips = ["127.0.0.2", "127.0.0.3", "127.0.0.4", "127.0.0.5"];
+    let hosts: Vec<TestAgent> = ips
+        .iter()
+        .enumerate()
+        .map(|(i, ip)| {
+            TestAgent::start(&format!(
+                "[agent]\nhost_name = \"h{i}\"\n[api]\ntcp = \"{ip}:0\"\n{}\
+                 [checkpoint]\ndomain = \"rack{i}\"\nretry_interval = \"200ms\"\n\
+                 peer_timeout = \"1s\"\ncollect_above = 0\ncollect_fan_out = 2\n",
+                common::pki::api_keys(&format!("h{i}"))
+            ))
+        })
+        .collect();
+    // Each agent's TCP address as it reports it (the port resolved), as a
+    // launcher publishes it.
+    let mut published = Vec::new();
+    for h in &hosts {
+        let info = h
+            .client()
+            .await
+            .get_agent_info(pb::GetAgentInfoRequest {})
+            .await
+            .expect("GetAgentInfo")
+            .into_inner();
+        let tcp = info
+            .endpoints
+            .iter()
+            .find(|e| e.kind == "tcp")
+            .map(|e| e.address.clone())
+            .expect("a tcp endpoint");
+        assert!(!tcp.ends_with(":0"), "{tcp}");
+        published.push(tcp);
+    }
+    for (i, h) in hosts.iter().enumerate() {
+        let others = (0..hosts.len())
+            .filter(|&j| j != i)
+            .map(|j| {
+                (
+                    format!("h{j}"),
+                    warden_launcher::coord::CkptPeer {
+                        addr: published[j].clone(),
+                        domain: format!("rack{j}"),
+                        identity: format!("h{j}"),
+                    },
+                )
+            })
+            .collect();
+        let peers = warden_launcher::agent::CkptPeers {
+            others,
+            place: Some(i as u32),
+            addr: published[i].clone(),
+        };
+        warden_launcher::agent::set_peers(&h.client().await, "job", &peers)
+            .await
+            .expect("the peers are taken");
+    }
+    save_everywhere(&hosts, "job", &[10], 1 << 16);
+    until_copies(&hosts[0], "job", 10, 2).await;
+    let held = list(&hosts[0], "job").await;
+    let on_h0: Vec<u32> = held
+        .steps
+        .iter()
+        .filter(|s| s.step == 10)
+        .flat_map(|s| &s.shards)
+        .filter(|sh| sh.rank >= 6 && sh.copies.iter().any(|c| c.holder == "h0"))
+        .map(|sh| sh.rank)
+        .collect();
+    assert_eq!(on_h0, [6, 7], "h3's replicas are on h0: {held:#?}");
+
+    wipe_job(&hosts[3], "job");
+    let socket = hosts[3].socket().to_owned();
+    let stderr = (hosts[0].stderr(), hosts[3].stderr());
+    tokio::task::spawn_blocking(move || {
+        for r in [6, 7] {
+            let got = checkpoint_rank(&socket, "job", r, 8)
+                .restore(0)
+                .unwrap_or_else(|e| {
+                    panic!(
+                        "rank {r}: {e}\n--- h0 ---\n{}\n--- h3 ---\n{}",
+                        stderr.0, stderr.1
+                    )
+                })
+                .unwrap_or_else(|| panic!("rank {r}: no complete step"));
+            assert_eq!(
+                (got.step, got.tier.as_str()),
+                (10, "peer"),
+                "rank {r}: {got:?}"
+            );
+            assert_eq!(
+                got.read().expect("read"),
+                shard_bytes(10, r, 1 << 16),
+                "rank {r}"
+            );
+        }
+    })
+    .await
+    .expect("h3's restores");
+}
+
 /// Issue 30: a restore asks every peer what it holds, and at a restart
 /// every rank of a host restores: each rank used to ask every peer. The
 /// ranks of one host that restore at once now share one gather: six
