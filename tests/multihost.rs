@@ -1104,12 +1104,7 @@ fn each_hosts_agent_stands_at_its_node_rank_and_judges_against_the_whole_job() {
         env: &[],
         train: &[],
     };
-    // The exchange every 200 ms; no hang is judged (a starved machine's
-    // pauses are no part of this test).
-    let toml = format!(
-        "{}[straggler]\nexchange_interval = \"200ms\"\nsummary_ttl = \"3s\"\npeer_timeout = \"1s\"\n",
-        AGENT_TOML.replacen("floor = \"1s\"", "floor = \"60s\"", 1)
-    );
+    let toml = exchange_toml("");
     let sa = Scratch::new("host-a", "127.0.0.2", &toml);
     let sb = Scratch::new("host-b", "127.0.0.3", &toml);
     let mut a = sa.launch(&etcd, &spec);
@@ -1147,11 +1142,7 @@ fn four_hosts_in_groups_of_two_judge_every_rank_against_the_whole_job() {
         env: &[],
         train: &[],
     };
-    let toml = format!(
-        "{}[straggler]\nexchange_interval = \"200ms\"\nsummary_ttl = \"3s\"\npeer_timeout = \"1s\"\n\
-         aggregator_fan_out = 2\n",
-        AGENT_TOML.replacen("floor = \"1s\"", "floor = \"60s\"", 1)
-    );
+    let toml = exchange_toml("aggregator_fan_out = 2\n");
     let hosts = [
         Scratch::new("host-a", "127.0.0.2", &toml),
         Scratch::new("host-b", "127.0.0.3", &toml),
@@ -1175,6 +1166,16 @@ fn four_hosts_in_groups_of_two_judge_every_rank_against_the_whole_job() {
     for (l, socket) in &launched {
         rt.block_on(judged_against(socket, l.host, "mh-tree", 1, 4));
     }
+}
+
+/// The agents of the exchange tests: the exchange every 200 ms, `extra`
+/// more of `[straggler]`, and no hang judged (a starved machine's pauses
+/// are no part of them).
+fn exchange_toml(extra: &str) -> String {
+    format!(
+        "{}[straggler]\nexchange_interval = \"200ms\"\nsummary_ttl = \"3s\"\npeer_timeout = \"1s\"\n{extra}",
+        AGENT_TOML.replacen("floor = \"1s\"", "floor = \"60s\"", 1)
+    )
 }
 
 fn runtime() -> tokio::runtime::Runtime {
