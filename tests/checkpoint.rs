@@ -601,12 +601,7 @@ async fn a_collectors_own_copies_are_named_where_the_job_reaches_it() {
             .await
             .expect("GetAgentInfo")
             .into_inner();
-        let tcp = info
-            .endpoints
-            .iter()
-            .find(|e| e.kind == "tcp")
-            .map(|e| e.address.clone())
-            .expect("a tcp endpoint");
+        let tcp = common::endpoint(&info, "tcp");
         assert!(!tcp.ends_with(":0"), "{tcp}");
         published.push(tcp);
     }
