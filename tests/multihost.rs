@@ -1088,38 +1088,12 @@ fn a_user_error_on_one_host_stops_every_host_with_its_exit_code() {
 /// leader ever relayed (the tree was never used in a launcher's job).
 #[test]
 fn each_hosts_agent_stands_at_its_node_rank_and_judges_against_the_whole_job() {
-    let _one = serial();
-    let etcd = EtcdServer::start();
-    let ckpt = shared_ckpt();
-    let spec = Spec {
-        job: "mh-order",
-        nproc: 2,
-        nnodes: "2",
-        ckpt: ckpt.path(),
-        // Long enough for any wait below; the launchers are killed once
-        // the exchange is seen.
-        steps: 4_000,
-        step_ms: 50,
-        extra: &[],
-        env: &[],
-        train: &[],
-    };
-    let toml = exchange_toml("");
-    let sa = Scratch::new("host-a", "127.0.0.2", &toml);
-    let sb = Scratch::new("host-b", "127.0.0.3", &toml);
-    let mut a = sa.launch(&etcd, &spec);
-    let a_socket = agent_socket(&mut a);
-    let mut b = sb.launch(&etcd, &spec);
-    let b_socket = agent_socket(&mut b);
-    for h in [&mut a, &mut b] {
-        h.wait_line("the first attempt's workers registered", |l| {
-            l.contains("attempt 0: all 2 workers registered")
-        });
-    }
-    let rt = runtime();
-    for (host, socket) in [("host-a", &a_socket), ("host-b", &b_socket)] {
-        rt.block_on(judged_against(socket, host, "mh-order", 2, 4));
-    }
+    exchange_job(
+        "mh-order",
+        &[("host-a", "127.0.0.2"), ("host-b", "127.0.0.3")],
+        2,
+        "",
+    );
 }
 
 /// The same across the exchange's two-level tree: four hosts of one rank
@@ -1128,28 +1102,50 @@ fn each_hosts_agent_stands_at_its_node_rank_and_judges_against_the_whole_job() {
 /// 0, and every rank is judged against all four.
 #[test]
 fn four_hosts_in_groups_of_two_judge_every_rank_against_the_whole_job() {
+    exchange_job(
+        "mh-tree",
+        &[
+            ("host-a", "127.0.0.2"),
+            ("host-b", "127.0.0.3"),
+            ("host-c", "127.0.0.4"),
+            ("host-d", "127.0.0.5"),
+        ],
+        1,
+        "aggregator_fan_out = 2\n",
+    );
+}
+
+/// `job` on `hosts` (host id, address) of `nproc` ranks each, under real
+/// launchers over etcd, their agents exchanging every 200 ms (`extra`
+/// more of `[straggler]`; no hang judged: a starved machine's pauses are
+/// no part of it): waits until every host's ranks are judged against all
+/// of the job's. The launchers are killed when it returns.
+fn exchange_job(job: &str, hosts: &[(&'static str, &'static str)], nproc: u32, extra: &str) {
     let _one = serial();
     let etcd = EtcdServer::start();
     let ckpt = shared_ckpt();
+    let nnodes = hosts.len().to_string();
     let spec = Spec {
-        job: "mh-tree",
-        nproc: 1,
-        nnodes: "4",
+        job,
+        nproc,
+        nnodes: &nnodes,
         ckpt: ckpt.path(),
+        // Long enough for any wait below.
         steps: 4_000,
         step_ms: 50,
         extra: &[],
         env: &[],
         train: &[],
     };
-    let toml = exchange_toml("aggregator_fan_out = 2\n");
-    let hosts = [
-        Scratch::new("host-a", "127.0.0.2", &toml),
-        Scratch::new("host-b", "127.0.0.3", &toml),
-        Scratch::new("host-c", "127.0.0.4", &toml),
-        Scratch::new("host-d", "127.0.0.5", &toml),
-    ];
-    let mut launched: Vec<(Launched, PathBuf)> = hosts
+    let toml = format!(
+        "{}[straggler]\nexchange_interval = \"200ms\"\nsummary_ttl = \"3s\"\npeer_timeout = \"1s\"\n{extra}",
+        AGENT_TOML.replacen("floor = \"1s\"", "floor = \"60s\"", 1)
+    );
+    let scratch: Vec<Scratch> = hosts
+        .iter()
+        .map(|(host, addr)| Scratch::new(host, addr, &toml))
+        .collect();
+    let mut launched: Vec<(Launched, PathBuf)> = scratch
         .iter()
         .map(|h| {
             let mut l = h.launch(&etcd, &spec);
@@ -1157,25 +1153,17 @@ fn four_hosts_in_groups_of_two_judge_every_rank_against_the_whole_job() {
             (l, socket)
         })
         .collect();
+    let registered = format!("attempt 0: all {nproc} workers registered");
     for (l, _) in &mut launched {
         l.wait_line("the first attempt's workers registered", |l| {
-            l.contains("attempt 0: all 1 workers registered")
+            l.contains(&registered)
         });
     }
     let rt = runtime();
+    let ranks = u32::try_from(hosts.len()).unwrap() * nproc;
     for (l, socket) in &launched {
-        rt.block_on(judged_against(socket, l.host, "mh-tree", 1, 4));
+        rt.block_on(judged_against(socket, l.host, job, nproc as usize, ranks));
     }
-}
-
-/// The agents of the exchange tests: the exchange every 200 ms, `extra`
-/// more of `[straggler]`, and no hang judged (a starved machine's pauses
-/// are no part of them).
-fn exchange_toml(extra: &str) -> String {
-    format!(
-        "{}[straggler]\nexchange_interval = \"200ms\"\nsummary_ttl = \"3s\"\npeer_timeout = \"1s\"\n{extra}",
-        AGENT_TOML.replacen("floor = \"1s\"", "floor = \"60s\"", 1)
-    )
 }
 
 fn runtime() -> tokio::runtime::Runtime {
