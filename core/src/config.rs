@@ -151,6 +151,13 @@ pub fn parse_toml<T: serde::de::DeserializeOwned>(text: &str) -> Result<T, (Stri
     })
 }
 
+/// Whether `addr` is an IP socket address on the unspecified IP
+/// (`0.0.0.0:P`, `[::]:P`): a listener's, not one a peer can name.
+pub fn unspecified_addr(addr: &str) -> bool {
+    addr.parse::<std::net::SocketAddr>()
+        .is_ok_and(|a| a.ip().is_unspecified())
+}
+
 /// A peer agent's address as `[straggler] peers` and `[[checkpoint.peers]]`
 /// take it: `host:port` with a port, an IP address or a name resolved at
 /// connect (no scheme: the agents speak plain gRPC to each other).

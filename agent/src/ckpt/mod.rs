@@ -136,13 +136,6 @@ pub struct Checkpoints {
     work_rx: Mutex<Option<mpsc::UnboundedReceiver<Manifest>>>,
 }
 
-/// Whether `addr` is an IP socket address on the unspecified IP
-/// (`0.0.0.0:P`, `[::]:P`): a listener, not an address a peer can name.
-pub fn unspecified(addr: &str) -> bool {
-    addr.parse::<std::net::SocketAddr>()
-        .is_ok_and(|a| a.ip().is_unspecified())
-}
-
 impl Checkpoints {
     /// Opens the tier and the store; the error says which and why.
     pub fn open(
@@ -177,7 +170,8 @@ impl Checkpoints {
                 cfg.domain.clone()
             },
         };
-        if cfg.replicas > 0 && !cfg.peers.is_empty() && unspecified(addr) {
+        if cfg.replicas > 0 && !cfg.peers.is_empty() && warden_core::config::unspecified_addr(addr)
+        {
             // A configured fleet's ring is computed on every host from its
             // list: this agent at 0.0.0.0 here, at its real address on the
             // others, so they disagree on whose replicas go where and the

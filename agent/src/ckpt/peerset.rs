@@ -714,7 +714,7 @@ mod tests {
     #[test]
     fn an_unspecified_listener_is_told_from_a_named_address() {
         for a in ["0.0.0.0:7070", "[::]:7070"] {
-            assert!(crate::ckpt::unspecified(a), "{a}");
+            assert!(warden_core::config::unspecified_addr(a), "{a}");
         }
         for a in [
             "10.0.0.7:7070",
@@ -723,7 +723,7 @@ mod tests {
             "node7.example:7070",
             "",
         ] {
-            assert!(!crate::ckpt::unspecified(a), "{a}");
+            assert!(!warden_core::config::unspecified_addr(a), "{a}");
         }
     }
 

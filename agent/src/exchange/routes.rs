@@ -194,7 +194,7 @@ pub struct Dial {
 impl Routes {
     /// The routes of an agent at `me` with `straggler.peers` = `peers`.
     pub fn new(me: &str, peers: &[String], fan_out: u32, dial: Dial) -> Self {
-        if !peers.is_empty() && crate::ckpt::unspecified(me) {
+        if !peers.is_empty() && warden_core::config::unspecified_addr(me) {
             // The static order is every host's list sorted: this agent at
             // 0.0.0.0 sorts first here and elsewhere where its real address
             // does, so hosts disagree on the aggregator.
