@@ -628,6 +628,35 @@ async fn a_collectors_own_copies_are_named_where_the_job_reaches_it() {
             .await
             .expect("the peers are taken");
     }
+    // A place past the list, or a published address that is not
+    // host:port, is refused by name and changes nothing.
+    for (place, addr, words) in [
+        (5, published[0].clone(), "self_place 5 is past the 3 peers"),
+        (1, "nope".to_owned(), "self_addr \"nope\""),
+    ] {
+        let e = hosts[0]
+            .client()
+            .await
+            .set_checkpoint_peers(pb::SetCheckpointPeersRequest {
+                job_id: "job".into(),
+                peers: vec![
+                    pb::CheckpointPeer {
+                        addr: published[1].clone(),
+                        host: "h1".into(),
+                        identity: "h1".into(),
+                        ..Default::default()
+                    };
+                    3
+                ],
+                self_place: place,
+                self_addr: addr,
+                ..Default::default()
+            })
+            .await
+            .expect_err("refused");
+        assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e:?}");
+        assert!(e.message().contains(words), "{words:?} in {e:?}");
+    }
     save_everywhere(&hosts, "job", &[10], 1 << 16);
     until_copies(&hosts[0], "job", 10, 2).await;
     let held = list(&hosts[0], "job").await;
