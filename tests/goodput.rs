@@ -131,21 +131,33 @@ async fn the_ledger_adds_up_counts_redone_steps_and_survives_a_kill_9_of_the_age
         ]);
     let mut launcher = Streaming::spawn(&mut cmd, scratch.path().join("launcher.stderr"));
     launcher.wait_line(RUN, "rank 1's crash", |l| l.contains("] crash: os._exit"));
-    for _ in 0..2 {
-        launcher.wait_line(RUN, "a worker of attempt 1", |l| {
-            l.contains("] ready pid=") && l.contains("restart=1")
-        });
-    }
     // Past the steps redone after the crash (rank 1 restored step 10 and
     // had done 18; rank 0, stopped a few steps later, restored step 20): a step
     // made while the agent is down is unobserved (idle in the ledger), and
-    // these must not be.
-    let mut past = [false, false];
+    // these must not be. One pass over the lines for both ranks: each rank's
+    // standby is ready when its import ends, and on a loaded machine rank 0
+    // was ten steps on (past its step 26) before rank 1 was ready, so a wait
+    // for both ready lines first read rank 0's step line away. A step line
+    // counts only after that rank's ready line of attempt 1, since rank 0,
+    // stopped late, could pass step 26 in attempt 0.
+    let deadline = std::time::Instant::now() + RUN;
+    let (mut ready, mut past) = ([false, false], [false, false]);
     while !past.iter().all(|p| *p) {
-        let line = launcher.wait_line(RUN, "both ranks past their redone steps", |l| {
-            l.starts_with("[rank 0] step 26 ") || l.starts_with("[rank 1] step 22 ")
-        });
-        past[usize::from(line.starts_with("[rank 1]"))] = true;
+        let line = launcher.wait_line(
+            deadline.saturating_duration_since(std::time::Instant::now()),
+            "both ranks ready in attempt 1 and past their redone steps",
+            |l| {
+                (l.contains("] ready pid=") && l.contains("restart=1"))
+                    || l.starts_with("[rank 0] step 26 ")
+                    || l.starts_with("[rank 1] step 22 ")
+            },
+        );
+        let rank = usize::from(line.starts_with("[rank 1]"));
+        if line.contains("] ready pid=") {
+            ready[rank] = true;
+        } else if ready[rank] {
+            past[rank] = true;
+        }
     }
 
     // The restart is accounted (a step after it seen) before the kill.
