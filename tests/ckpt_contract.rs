@@ -47,6 +47,7 @@ async fn list(agent: &TestAgent, job: &str) -> pb::ListCheckpointsResponse {
         .await
         .list_checkpoints(pb::ListCheckpointsRequest {
             job_id: job.to_owned(),
+            ..Default::default()
         })
         .await
         .expect("ListCheckpoints")
@@ -366,6 +367,13 @@ async fn the_scrub_marks_flipped_bytes_and_a_restore_takes_the_peers_copy() {
             .any(|c| c.tier == "peer" && c.corrupt.is_empty()),
         "{copies:?}"
     );
+    // The step's counts: the peer's copy good, h0's own corrupt.
+    assert_eq!(
+        (s.ranks_with_copy, s.good_copies, s.corrupt_copies),
+        (1, 1, 1),
+        "{s:?}"
+    );
+    assert!(s.missing_ranks.is_empty(), "{s:?}");
     let out = common::run(
         std::process::Command::new(common::WARDEN)
             .arg("--socket")
@@ -492,6 +500,7 @@ async fn hostile_sizes_are_refused_and_the_agent_stays_up() {
             .await
             .list_checkpoints(pb::ListCheckpointsRequest {
                 job_id: long.clone(),
+                ..Default::default()
             })
             .await,
     );

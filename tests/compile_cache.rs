@@ -208,6 +208,7 @@ fn a_replacement_host_finds_the_cache_its_peer_compiled() {
                 .await
                 .list_checkpoints(pb::ListCheckpointsRequest {
                     job_id: blob_job.clone(),
+                    ..Default::default()
                 })
                 .await
                 .ok()?

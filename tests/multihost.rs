@@ -849,6 +849,7 @@ fn a_spare_takes_the_place_of_a_host_whose_gpu_fails() {
             let l = client_a
                 .list_checkpoints(pb::ListCheckpointsRequest {
                     job_id: "mh-spare".into(),
+                    ..Default::default()
                 })
                 .await
                 .ok()?

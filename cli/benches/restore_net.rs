@@ -214,7 +214,10 @@ async fn run(n: usize, setup: Setup) -> Row {
     loop {
         let l = common::connect(&agents[0].socket())
             .await
-            .list_checkpoints(pb::ListCheckpointsRequest { job_id: JOB.into() })
+            .list_checkpoints(pb::ListCheckpointsRequest {
+                job_id: JOB.into(),
+                ..Default::default()
+            })
             .await
             .unwrap()
             .into_inner();

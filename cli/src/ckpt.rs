@@ -1,7 +1,28 @@
-//! `warden ckpt ls`: checkpoint steps and where every shard's copies live.
+//! `warden ckpt ls`: checkpoint steps and where every shard's copies live;
+//! for a large job, each step's counts (the agent leaves the shards out past
+//! 1,024 unless every one is asked for).
 
 use serde_json::{Value, json};
 use warden_proto::v1 as pb;
+
+/// The largest listing the CLI takes: every shard of a job of 100,000
+/// ranks with three copies each is about 10 MB a step, past tonic's 4 MiB
+/// default; a few steps of it fit.
+pub const MAX_LISTING_BYTES: usize = 256 << 20;
+
+/// `r` with only `ranks`' shards, when any were named: an older agent
+/// ignores the request's ranks and lists every shard.
+pub fn only_ranks(
+    mut r: pb::ListCheckpointsResponse,
+    ranks: &[u32],
+) -> pb::ListCheckpointsResponse {
+    if !ranks.is_empty() {
+        for s in &mut r.steps {
+            s.shards.retain(|sh| ranks.contains(&sh.rank));
+        }
+    }
+    r
+}
 
 /// JSON form of ListCheckpointsResponse.
 pub fn list_json(r: &pb::ListCheckpointsResponse) -> Value {
@@ -11,6 +32,11 @@ pub fn list_json(r: &pb::ListCheckpointsResponse) -> Value {
             "step": s.step,
             "world_size": s.world_size,
             "complete": s.complete,
+            "ranks_with_copy": s.ranks_with_copy,
+            "size_bytes": s.size_bytes,
+            "good_copies": s.good_copies,
+            "corrupt_copies": s.corrupt_copies,
+            "missing_ranks": s.missing_ranks,
             "shards": s.shards.iter().map(|sh| json!({
                 "rank": sh.rank,
                 "size_bytes": sh.size_bytes,
@@ -21,6 +47,7 @@ pub fn list_json(r: &pb::ListCheckpointsResponse) -> Value {
             })).collect::<Vec<_>>(),
         })).collect::<Vec<_>>(),
         "unreachable": r.unreachable,
+        "summarized": r.summarized,
     })
 }
 
@@ -39,6 +66,39 @@ fn bytes(n: u64) -> String {
     }
 }
 
+/// Prints a summarized listing: one row per step, its counts.
+fn print_counts(r: &pb::ListCheckpointsResponse) -> std::io::Result<()> {
+    let mut t = comfy_table::Table::new();
+    t.load_preset(comfy_table::presets::NOTHING);
+    t.set_header(vec![
+        "JOB", "STEP", "RANKS", "COMPLETE", "SIZE", "COPIES", "MISSING",
+    ]);
+    for s in &r.steps {
+        let missing = s.world_size.saturating_sub(s.ranks_with_copy);
+        let mut named: Vec<String> = s.missing_ranks.iter().map(u32::to_string).collect();
+        if missing as usize > named.len() {
+            named.push(format!("... ({missing} in all)"));
+        }
+        t.add_row(vec![
+            s.job_id.clone(),
+            s.step.to_string(),
+            format!("{}/{}", s.ranks_with_copy, s.world_size),
+            if s.complete { "yes" } else { "no" }.to_owned(),
+            bytes(s.size_bytes),
+            if s.corrupt_copies == 0 {
+                s.good_copies.to_string()
+            } else {
+                format!("{} ({} CORRUPT)", s.good_copies, s.corrupt_copies)
+            },
+            named.join(","),
+        ]);
+    }
+    outln!("{t}")?;
+    outln!(
+        "shards left out (more than 1,024, or --summary): --rank R for a rank's copies, --shards for every one"
+    )
+}
+
 /// Prints ListCheckpointsResponse: one row per step, then per shard.
 pub fn print_list(r: &pb::ListCheckpointsResponse, as_json: bool) -> std::io::Result<()> {
     if as_json {
@@ -47,6 +107,8 @@ pub fn print_list(r: &pb::ListCheckpointsResponse, as_json: bool) -> std::io::Re
     }
     if r.steps.is_empty() {
         outln!("no checkpoints")?;
+    } else if r.summarized {
+        print_counts(r)?;
     } else {
         let mut t = comfy_table::Table::new();
         t.load_preset(comfy_table::presets::NOTHING);

@@ -409,17 +409,37 @@ async fn run(cli: Cli) -> Result<()> {
             stragglers::print_stragglers(&r, cli.json)?;
         }
         Command::Ckpt {
-            cmd: CkptCommand::Ls { job },
+            cmd:
+                CkptCommand::Ls {
+                    job,
+                    shards,
+                    summary,
+                    rank,
+                },
         } => {
-            let mut c = target.connect().await?;
+            // Every shard of a large job is megabytes (about 100 bytes a
+            // shard): taken whole when asked for by name.
+            let mut c = target
+                .connect()
+                .await?
+                .max_decoding_message_size(ckpt::MAX_LISTING_BYTES);
+            let detail = if summary {
+                pb::ListDetail::Summary
+            } else if shards {
+                pb::ListDetail::All
+            } else {
+                pb::ListDetail::Unspecified
+            };
             let r = c
                 .list_checkpoints(pb::ListCheckpointsRequest {
                     job_id: job.unwrap_or_default(),
+                    detail: detail.into(),
+                    ranks: rank.clone(),
                 })
                 .await
                 .with_context(|| format!("ListCheckpoints from {target}"))?
                 .into_inner();
-            ckpt::print_list(&r, cli.json)?;
+            ckpt::print_list(&ckpt::only_ranks(r, &rank), cli.json)?;
         }
         Command::Goodput(args) => match &args.cmd {
             None => goodput::run(&target, &args, cli.json).await?,
@@ -436,11 +456,23 @@ async fn run(cli: Cli) -> Result<()> {
 #[derive(Debug, clap::Subcommand)]
 pub enum CkptCommand {
     /// Steps, whether each is complete for every rank, and where each
-    /// shard's copies live (local tier, peers, durable store).
+    /// shard's copies live (local tier, peers, durable store). Past 1,024
+    /// shards in all, each step's counts alone, unless --shards or --rank.
     Ls {
         /// Only this job.
         #[arg(long)]
         job: Option<String>,
+        /// Every shard, however many (a large job's listing is megabytes).
+        #[arg(long, conflicts_with = "summary")]
+        shards: bool,
+        /// Each step's counts alone: ranks with a copy, bytes, copies, the
+        /// ranks missing.
+        #[arg(long)]
+        summary: bool,
+        /// Only this rank's shards (repeatable); the counts still cover
+        /// every rank.
+        #[arg(long, value_name = "R")]
+        rank: Vec<u32>,
     },
 }
 

@@ -1,7 +1,9 @@
 //! Where the checkpoint saved on a notice went, for the console and the
 //! summary: the job's newest step complete for every rank, and its copies.
 //!
-//! In: the agent's ListCheckpoints answer for the job. Out: a [`Whereabouts`]
+//! In: the agent's ListCheckpoints answer for the job, with the shards of
+//! this host's ranks (every rank's from an older agent, which ignores the
+//! request's ranks). Out: a [`Whereabouts`]
 //! (pure), and whether the launcher should wait a little more for the
 //! agent's replication ([`Whereabouts::wait_for_copies`]). Never: call the
 //! agent (the executor does, bounded by the notice's window).
@@ -16,8 +18,8 @@ pub struct Whereabouts {
     pub step: Option<u64>,
     /// Each rank's copies: `rank 0: local (h1), peer (h2)`.
     pub copies: Vec<String>,
-    /// Every shard of the step has a copy off this host (a peer, the
-    /// durable store): it survives the host.
+    /// Every listed shard of the step (this host's ranks') has a copy off
+    /// this host (a peer, the durable store): it survives the host.
     pub off_host: bool,
     /// An older step of the job has every shard off this host: replication
     /// is configured and working, so a missing copy of the notice's step is
@@ -114,6 +116,7 @@ mod tests {
                     ..Default::default()
                 })
                 .collect(),
+            ..Default::default()
         }
     }
 

@@ -1349,8 +1349,12 @@ impl<C: AcrossHosts> Sup<'_, C> {
     async fn observe(&mut self) -> Progress {
         let mut p = Progress::default();
         let mut notes = Vec::new();
+        // The steps' counts alone: every shard of a large job is megabytes,
+        // past the client's receive limit (an older agent lists them all).
         let list = pb::ListCheckpointsRequest {
             job_id: self.job.id.clone(),
+            detail: pb::ListDetail::Summary.into(),
+            ranks: Vec::new(),
         };
         match tokio::time::timeout(OBSERVE_TIMEOUT, self.client.list_checkpoints(list)).await {
             Ok(Ok(r)) => {
@@ -2117,8 +2121,12 @@ impl<C: AcrossHosts> Sup<'_, C> {
                 })
                 .min(MAX_WAIT);
         loop {
+            // This host's ranks: the notice is about their shards, and the
+            // copies of every rank of a large job are megabytes.
             let req = pb::ListCheckpointsRequest {
                 job_id: self.job.id.clone(),
+                detail: pb::ListDetail::All.into(),
+                ranks: self.workers.iter().map(|w| w.rank).collect(),
             };
             let w = match tokio::time::timeout(OBSERVE_TIMEOUT, self.client.list_checkpoints(req))
                 .await

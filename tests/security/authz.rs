@@ -382,6 +382,7 @@ async fn a_socket_group_member_cannot_reach_what_is_not_its_own() {
             let l = c
                 .list_checkpoints(pb::ListCheckpointsRequest {
                     job_id: "victim".into(),
+                    ..Default::default()
                 })
                 .await
                 .ok()?
@@ -525,6 +526,7 @@ async fn a_socket_group_member_cannot_reach_what_is_not_its_own() {
     let listed_after = c
         .list_checkpoints(pb::ListCheckpointsRequest {
             job_id: "victim".into(),
+            ..Default::default()
         })
         .await
         .expect("ListCheckpoints")

@@ -389,6 +389,7 @@ async fn symlinks_where_the_agent_reads_are_refused() {
     let list = c
         .list_checkpoints(pb::ListCheckpointsRequest {
             job_id: "linked".into(),
+            ..Default::default()
         })
         .await
         .expect("ListCheckpoints")

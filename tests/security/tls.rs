@@ -100,7 +100,10 @@ async fn wait_step(agent: &TestAgent, step: u64, copies: usize) {
         let l = agent
             .client()
             .await
-            .list_checkpoints(pb::ListCheckpointsRequest { job_id: JOB.into() })
+            .list_checkpoints(pb::ListCheckpointsRequest {
+                job_id: JOB.into(),
+                ..Default::default()
+            })
             .await
             .expect("ListCheckpoints")
             .into_inner();

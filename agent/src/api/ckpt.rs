@@ -210,12 +210,30 @@ pub async fn list_checkpoints(
     state: &Arc<AgentState>,
     req: pb::ListCheckpointsRequest,
 ) -> Result<pb::ListCheckpointsResponse, Status> {
+    use crate::ckpt::listing::{Detail, MAX_SCOPE_RANKS, Scope};
     let ck = tier(state)?;
     if !req.job_id.is_empty() {
         job(&req.job_id)?;
     }
+    if req.ranks.len() > MAX_SCOPE_RANKS {
+        return Err(Status::invalid_argument(format!(
+            "ListCheckpoints: {} ranks asked for, at most {MAX_SCOPE_RANKS}",
+            req.ranks.len()
+        )));
+    }
+    // An unknown detail (a newer client's) is taken as the default, which
+    // is bounded; never as every shard.
+    let detail = match pb::ListDetail::try_from(req.detail) {
+        Ok(pb::ListDetail::Summary) => Detail::Summary,
+        Ok(pb::ListDetail::All) => Detail::All,
+        Ok(pb::ListDetail::Unspecified) | Err(_) => Detail::Default,
+    };
+    let scope = Scope {
+        detail,
+        ranks: (!req.ranks.is_empty()).then(|| req.ranks.into_iter().collect()),
+    };
     Ok(super::convert::checkpoints(
-        crate::ckpt::listing::of_job(&ck, &req.job_id).await,
+        crate::ckpt::listing::of_job(&ck, &req.job_id, &scope).await,
     ))
 }
 

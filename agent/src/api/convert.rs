@@ -277,9 +277,15 @@ pub fn checkpoints(l: crate::ckpt::listing::Listing) -> pb::ListCheckpointsRespo
                             .collect(),
                     })
                     .collect(),
+                ranks_with_copy: s.counts.ranks_with_copy,
+                size_bytes: s.counts.size_bytes,
+                good_copies: s.counts.good_copies,
+                corrupt_copies: s.counts.corrupt_copies,
+                missing_ranks: s.counts.missing,
             })
             .collect(),
         unreachable: l.unreachable,
+        summarized: l.summarized,
     }
 }
 

@@ -4,10 +4,15 @@
 //! edge turns it into the protocol's message), and so does the launcher's
 //! notice summary through that call.
 //!
-//! In: a [`CopiesView`] gathered by [`super::restore::gather`]. Out: a
-//! [`Listing`], newest step first within each job. Never: a corrupt copy
-//! counted toward a step's completeness (it is listed, with why, and only
-//! that).
+//! In: a [`CopiesView`] gathered by [`super::restore::gather`], and a
+//! [`Scope`] (how much of each step, which ranks). Out: a [`Listing`],
+//! newest step first within each job, each step with its counts whatever
+//! the scope. Never: a corrupt copy counted toward a step's completeness
+//! (it is listed, with why, and only that); a listing of every shard of a
+//! large job unless asked for by name: 12,500 hosts of 8 ranks are 100,000
+//! shards a step, about 10 MB, past a client's default 4 MiB receive limit
+//! (the launcher's progress check and `warden ckpt ls` would fail where
+//! they matter most).
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -21,7 +26,42 @@ pub struct Listing {
     pub steps: Vec<StepListing>,
     /// Holders that could not be asked, with why.
     pub unreachable: Vec<String>,
+    /// Every step's shards were left out (see [`Detail`]).
+    pub summarized: bool,
 }
+
+/// How much of each step's shards a listing carries.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Detail {
+    /// Every shard asked for, unless more than [`MAX_DEFAULT_SHARDS`]: then
+    /// none.
+    #[default]
+    Default,
+    /// None: the counts alone.
+    Summary,
+    /// Every shard asked for, however many.
+    All,
+}
+
+/// The most shards a listing carries unless every one is asked for: a
+/// table a person can read, and about 100 KB on the wire.
+pub const MAX_DEFAULT_SHARDS: usize = 1024;
+
+/// The most ranks one listing may name: a job's world is bounded well
+/// below this (`MAX_WORLD_SIZE`); a longer list is a caller's mistake.
+pub const MAX_SCOPE_RANKS: usize = 65_536;
+
+/// What a listing carries of each step.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Scope {
+    /// How much.
+    pub detail: Detail,
+    /// Only these ranks' shards; `None`: every rank's.
+    pub ranks: Option<BTreeSet<u32>>,
+}
+
+/// How many ranks a step's `missing` names at most.
+pub const MAX_MISSING_NAMED: usize = 64;
 
 /// One step of one job.
 #[derive(Debug, Clone, PartialEq)]
@@ -34,8 +74,27 @@ pub struct StepListing {
     pub world_size: u32,
     /// Whether a good copy of every rank's shard is known.
     pub complete: bool,
-    /// Each rank with a copy, ascending.
+    /// Each rank with a copy (of those in scope), ascending; empty when
+    /// the listing is summarized.
     pub shards: Vec<ShardListing>,
+    /// The step's counts over every rank, whatever the scope.
+    pub counts: StepCounts,
+}
+
+/// A step's counts over every rank.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StepCounts {
+    /// Ranks with a good copy.
+    pub ranks_with_copy: u32,
+    /// The sum of those ranks' shard sizes.
+    pub size_bytes: u64,
+    /// Good copies over every tier.
+    pub good_copies: u32,
+    /// Copies a scrub marked corrupt.
+    pub corrupt_copies: u32,
+    /// The first [`MAX_MISSING_NAMED`] ranks below the world size with no
+    /// good copy, ascending.
+    pub missing: Vec<u32>,
 }
 
 /// One rank's shard of a step.
@@ -67,15 +126,15 @@ pub const SEALING_WAIT_LIST: std::time::Duration = std::time::Duration::from_sec
 
 /// ListCheckpoints as a use case: the saves still sealing here waited for
 /// (at most [`SEALING_WAIT_LIST`]), every holder of `job`'s shards asked
-/// (`""`: every job), and the steps listed.
-pub async fn of_job(ck: &std::sync::Arc<Checkpoints>, job: &str) -> Listing {
+/// (`""`: every job), and the steps listed within `scope`.
+pub async fn of_job(ck: &std::sync::Arc<Checkpoints>, job: &str, scope: &Scope) -> Listing {
     ck.sealing.settled(SEALING_WAIT_LIST).await;
     let view = super::restore::gather(ck, job).await;
-    listing(ck, &view)
+    listing(ck, &view, scope)
 }
 
-/// The listing of `view` (see the module).
-pub fn listing(ck: &Checkpoints, view: &CopiesView) -> Listing {
+/// The listing of `view` within `scope` (see the module).
+pub fn listing(ck: &Checkpoints, view: &CopiesView, scope: &Scope) -> Listing {
     let none = BTreeMap::new();
     let none_bad = BTreeMap::new();
     let keys: BTreeSet<&(String, u64)> = view.steps.keys().chain(view.corrupt.keys()).collect();
@@ -86,25 +145,59 @@ pub fn listing(ck: &Checkpoints, view: &CopiesView) -> Listing {
             let ranks = view.steps.get(key).unwrap_or(&none);
             let bad = view.corrupt.get(key).unwrap_or(&none_bad);
             let all: BTreeSet<u32> = ranks.keys().chain(bad.keys()).copied().collect();
+            let world_size = CopiesView::world_size(ranks);
             StepListing {
                 job: job.clone(),
                 step: *step,
-                world_size: CopiesView::world_size(ranks),
+                world_size,
                 complete: CopiesView::complete(ranks),
                 shards: all
                     .into_iter()
+                    .filter(|r| scope.ranks.as_ref().is_none_or(|want| want.contains(r)))
                     .map(|rank| {
                         let copies = ranks.get(&rank).map(Vec::as_slice).unwrap_or_default();
                         shard(ck, rank, copies, bad.get(&rank))
                     })
                     .collect(),
+                counts: counts(ranks, bad.len(), world_size),
             }
         })
         .collect();
     steps.sort_by(|a, b| a.job.cmp(&b.job).then(b.step.cmp(&a.step)));
+    let listed: usize = steps.iter().map(|s| s.shards.len()).sum();
+    let summarized = match scope.detail {
+        Detail::Summary => true,
+        Detail::Default => listed > MAX_DEFAULT_SHARDS,
+        Detail::All => false,
+    };
+    if summarized {
+        for s in &mut steps {
+            s.shards = Vec::new();
+        }
+    }
     Listing {
         steps,
         unreachable: view.unreachable.clone(),
+        summarized,
+    }
+}
+
+/// A step's counts, from its good copies by rank (`ranks`), how many of its
+/// ranks' local copies are marked corrupt, and its world size.
+fn counts(ranks: &BTreeMap<u32, Vec<Copy>>, corrupt: usize, world_size: u32) -> StepCounts {
+    let with_copy = || ranks.iter().filter(|(_, c)| !c.is_empty());
+    StepCounts {
+        ranks_with_copy: u32::try_from(with_copy().count()).unwrap_or(u32::MAX),
+        size_bytes: with_copy()
+            .filter_map(|(_, c)| c.first())
+            .map(|c| c.manifest.size_bytes)
+            .fold(0u64, u64::saturating_add),
+        good_copies: u32::try_from(ranks.values().map(Vec::len).sum::<usize>()).unwrap_or(u32::MAX),
+        corrupt_copies: u32::try_from(corrupt).unwrap_or(u32::MAX),
+        missing: (0..world_size)
+            .filter(|r| ranks.get(r).is_none_or(Vec::is_empty))
+            .take(MAX_MISSING_NAMED)
+            .collect(),
     }
 }
 
