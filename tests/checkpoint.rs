@@ -890,6 +890,7 @@ async fn a_large_jobs_listing_is_its_counts_unless_shards_are_asked_for() {
     assert_eq!(l.steps.len(), 1);
     assert!(l.steps[0].shards.is_empty());
     counts(&l.steps[0]);
+    let summary_bytes = prost::Message::encoded_len(&l);
 
     let l = ask(pb::ListDetail::Unspecified, vec![3, SAVED + 1])
         .await
@@ -918,6 +919,12 @@ async fn a_large_jobs_listing_is_its_counts_unless_shards_are_asked_for() {
         (0..SAVED).collect::<Vec<_>>()
     );
     counts(&l.steps[0]);
+    // The counts do not grow with the job (157 bytes here); every shard
+    // does (31,740 bytes here: 30 a shard with one local copy, and each
+    // peer's copy adds its tier and host name).
+    let all_bytes = prost::Message::encoded_len(&l);
+    assert!(summary_bytes < 1024, "{summary_bytes} bytes");
+    assert!(all_bytes > 20 * SAVED as usize, "{all_bytes} bytes");
 
     let err = ask(pb::ListDetail::Unspecified, (0..65_537).collect())
         .await
