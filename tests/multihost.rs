@@ -109,12 +109,26 @@ impl Scratch {
     /// host's address (port chosen by the kernel), where the job's other
     /// agents reach its tier.
     fn new(host: &'static str, addr: &'static str, agent_toml: &str) -> Self {
+        Self::listening(host, addr, addr, agent_toml, "")
+    }
+
+    /// [`Scratch::new`] with the agent's TCP listener on `listen` (an
+    /// unspecified address, `0.0.0.0`, as the DaemonSet suggests), the
+    /// host still advertising `addr` in the job; `ckpt_extra` goes into
+    /// `[checkpoint]`.
+    fn listening(
+        host: &'static str,
+        addr: &'static str,
+        listen: &str,
+        agent_toml: &str,
+        ckpt_extra: &str,
+    ) -> Self {
         let dir = tempfile::Builder::new()
             .prefix("warden-mh-")
             .tempdir()
             .expect("create a scratch directory");
         let toml = format!(
-            "{}[api]\ntcp = \"{addr}:0\"\n{}[checkpoint]\ndir = {:?}\n",
+            "{}[api]\ntcp = \"{listen}:0\"\n{}[checkpoint]\ndir = {:?}\n{ckpt_extra}",
             agent_toml.replacen(
                 "[agent]\n",
                 &format!("[agent]\nhost_name = \"{host}\"\n"),
@@ -1097,6 +1111,29 @@ fn each_hosts_agent_stands_at_its_node_rank_and_judges_against_the_whole_job() {
     );
 }
 
+/// Issue 30: agents listening on an unspecified address (`api.tcp =
+/// "0.0.0.0:P"`, as deploy/kubernetes/daemonset.yaml suggests), each host
+/// advertising its own. Each agent must stand on its job's replica ring at
+/// the address the others know it by: before, it stood at `0.0.0.0:P` on
+/// its own ring, sorted itself first, and sent its replicas to a host
+/// whose own reckoning named another target, which refused them. Here
+/// every step's shards reach a second host, and the exchange judges every
+/// rank against the whole job.
+#[test]
+fn agents_on_an_unspecified_listener_replicate_and_judge_the_whole_job() {
+    exchange_job_on(
+        "mh-any",
+        &[
+            ("host-a", "127.0.0.2"),
+            ("host-b", "127.0.0.3"),
+            ("host-c", "127.0.0.4"),
+        ],
+        1,
+        "",
+        Some("0.0.0.0"),
+    );
+}
+
 /// The same across the exchange's two-level tree: four hosts of one rank
 /// in groups of two (`straggler.aggregator_fan_out = 2`): node rank 3
 /// reports to node rank 2, its group's leader, which relays to node rank
@@ -1122,6 +1159,19 @@ fn four_hosts_in_groups_of_two_judge_every_rank_against_the_whole_job() {
 /// no part of it): waits until every host's ranks are judged against all
 /// of the job's. The launchers are killed when it returns.
 fn exchange_job(job: &str, hosts: &[(&'static str, &'static str)], nproc: u32, extra: &str) {
+    exchange_job_on(job, hosts, nproc, extra, None);
+}
+
+/// [`exchange_job`] with every agent's TCP listener on `listen` when
+/// given (an unspecified address): each rank then also saves into its
+/// agent's tier, and every step's shards must reach a second host.
+fn exchange_job_on(
+    job: &str,
+    hosts: &[(&'static str, &'static str)],
+    nproc: u32,
+    extra: &str,
+    listen: Option<&str>,
+) {
     let _one = serial();
     let etcd = EtcdServer::start();
     let ckpt = shared_ckpt();
@@ -1136,7 +1186,11 @@ fn exchange_job(job: &str, hosts: &[(&'static str, &'static str)], nproc: u32, e
         step_ms: 50,
         extra: &[],
         env: &[],
-        train: &[],
+        train: if listen.is_some() {
+            &["--ckpt", "warden"]
+        } else {
+            &[]
+        },
     };
     let toml = format!(
         "{}[straggler]\nexchange_interval = \"200ms\"\nsummary_ttl = \"3s\"\npeer_timeout = \"1s\"\n{extra}",
@@ -1144,7 +1198,19 @@ fn exchange_job(job: &str, hosts: &[(&'static str, &'static str)], nproc: u32, e
     );
     let scratch: Vec<Scratch> = hosts
         .iter()
-        .map(|(host, addr)| Scratch::new(host, addr, &toml))
+        // Every step kept: the ranks of train.py do not step together, and
+        // under load they drift apart by more than the default two steps
+        // kept, so no step would stay whole on every host (seen: ranks 0, 1
+        // and 2 at steps 1630, 1645 and 1650).
+        .map(|(host, addr)| {
+            Scratch::listening(
+                host,
+                addr,
+                listen.unwrap_or(addr),
+                &toml,
+                "keep_steps = 1000\n",
+            )
+        })
         .collect();
     let mut launched: Vec<(Launched, PathBuf)> = scratch
         .iter()
@@ -1165,6 +1231,63 @@ fn exchange_job(job: &str, hosts: &[(&'static str, &'static str)], nproc: u32, e
     for (l, socket) in &launched {
         rt.block_on(judged_against(socket, l.host, job, nproc as usize, ranks));
     }
+    if listen.is_some() {
+        rt.block_on(replicated(&launched[0].1, job, ranks));
+    }
+}
+
+/// Waits until the agent at `socket` lists a step of `job` complete for
+/// its `ranks`, each shard with good copies on two hosts: every origin's
+/// replica was taken by the host it was sent to.
+async fn replicated(socket: &Path, job: &str, ranks: u32) {
+    let mut client = within(
+        Duration::from_secs(10),
+        "a connection to the embedded agent",
+        Target::Unix(socket.to_owned()).connect(),
+    )
+    .await
+    .expect("connect to the embedded agent");
+    let mut last = None;
+    let found = tokio::time::timeout(WAIT, async {
+        loop {
+            if let Ok(l) = client
+                .list_checkpoints(pb::ListCheckpointsRequest {
+                    job_id: job.into(),
+                    // Every step is kept here: past 1,024 shards the
+                    // default listing would leave them out.
+                    detail: pb::ListDetail::All.into(),
+                    ranks: Vec::new(),
+                })
+                .await
+            {
+                let l = l.into_inner();
+                let whole = l.steps.iter().find(|s| {
+                    s.complete
+                        && s.world_size == ranks
+                        && s.shards.len() == ranks as usize
+                        && s.shards.iter().all(|sh| {
+                            sh.copies
+                                .iter()
+                                .filter(|c| c.corrupt.is_empty())
+                                .map(|c| &c.holder)
+                                .collect::<std::collections::HashSet<_>>()
+                                .len()
+                                >= 2
+                        })
+                });
+                if let Some(s) = whole {
+                    return s.step;
+                }
+                last = Some(l.steps.into_iter().take(3).collect::<Vec<_>>());
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    })
+    .await;
+    assert!(
+        found.is_ok(),
+        "no step of {job} with every shard on two hosts within {WAIT:?}; the newest steps last listed: {last:#?}"
+    );
 }
 
 fn runtime() -> tokio::runtime::Runtime {
