@@ -129,28 +129,37 @@ async fn a_restarted_agent_removes_half_written_steps_and_says_so() {
         .iter()
         .map(|p| p.display().to_string())
         .collect();
+    // The tier walks its step directories in the directory's own order
+    // (not sorted), each step's quarantine published beside its removals,
+    // so step 2's ckpt.quarantined may come before any ckpt.recovered: both
+    // kinds are read in one pass.
     let mut events = Events::all(&agent).await;
-    while !want.is_empty() {
+    let mut quarantined = None;
+    while !want.is_empty() || quarantined.is_none() {
         let e = events
             .expect(
                 &agent,
                 Duration::from_secs(10),
-                &format!("ckpt.recovered for {want:?}"),
-                |e| e.kind == "ckpt.recovered",
+                &format!(
+                    "ckpt.recovered for {want:?}{}",
+                    if quarantined.is_none() {
+                        " and ckpt.quarantined for step 2"
+                    } else {
+                        ""
+                    }
+                ),
+                |e| e.kind == "ckpt.recovered" || e.kind == "ckpt.quarantined",
             )
             .await;
+        if e.kind == "ckpt.quarantined" {
+            quarantined = Some(e);
+            continue;
+        }
         let path = evidence(&e, "path").unwrap_or_default().to_owned();
         want.retain(|p| *p != path);
     }
     // Step 2 went whole to the quarantine, its bytes kept as they were.
-    let q = events
-        .expect(
-            &agent,
-            Duration::from_secs(10),
-            "ckpt.quarantined for step 2",
-            |e| e.kind == "ckpt.quarantined",
-        )
-        .await;
+    let q = quarantined.expect("the loop ends with the quarantine seen");
     assert_eq!(
         evidence(&q, "path"),
         Some(s2.display().to_string().as_str())

@@ -639,6 +639,13 @@ fn a_sidecar_sees_the_trainers_heartbeats_and_recovers_a_hang() {
     t.wait_line(JOB, "rank 0 at step 10", |l| {
         step_of(l, 0).is_some_and(|s| s >= 10)
     });
+    // Rank 1's ready line may still be unread: its process starts apart
+    // from rank 0's, which can be ten steps on by then.
+    while t.seen.iter().filter(|l| l.contains("] ready pid=")).count() < 2 {
+        t.wait_line(JOB, "both ranks' ready lines", |l| {
+            l.contains("] ready pid=")
+        });
+    }
     let seen = eventually("both ranks stepping in the sidecar's view", |last| {
         let r = ranks(&agent, "j-hang");
         *last = format!("{r:?}");
