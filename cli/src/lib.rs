@@ -423,9 +423,10 @@ async fn run(cli: Cli) -> Result<()> {
                 .connect()
                 .await?
                 .max_decoding_message_size(ckpt::MAX_LISTING_BYTES);
+            // Ranks named are listed whatever their number of steps.
             let detail = if summary {
                 pb::ListDetail::Summary
-            } else if shards {
+            } else if shards || !rank.is_empty() {
                 pb::ListDetail::All
             } else {
                 pb::ListDetail::Unspecified
