@@ -686,13 +686,16 @@ fn a_dead_launcher_scales_the_job_down_and_its_return_scales_it_up() {
     for h in [&mut a, &mut b, &mut c] {
         e_full = e_full.max(epoch_of(&h.wait_line("a worker in a round of 3", full)));
     }
-    let c_worker = c
-        .seen
-        .iter()
-        .rev()
-        .find(|l| l.contains(": started 1 worker (pids "))
-        .and_then(|l| pids_of(l).first().copied())
+    // The worker of that round says its pid after its world line (the
+    // same process, in order). The launcher's "started" line comes on its
+    // stderr, read by another thread, so the newest one read may still be
+    // an earlier attempt's, whose worker is gone already.
+    let c_worker: i32 = c
+        .wait_line("host-c's worker ready", |l| l.contains("] ready pid="))
+        .split_once("] ready pid=")
+        .and_then(|(_, rest)| rest.split_whitespace().next()?.parse().ok())
         .expect("host-c's worker pid");
+    assert!(alive(c_worker), "host-c's worker {c_worker} runs");
 
     // host-c's launcher dies; its worker goes with it.
     let killed = Instant::now();
