@@ -17,6 +17,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::Checkpoints;
+use super::holdings::MAX_MISSING;
 use super::restore::{CopiesView, Copy, Holder};
 
 /// Every step with a copy, and the holders that could not be asked.
@@ -60,9 +61,6 @@ pub struct Scope {
     pub ranks: Option<BTreeSet<u32>>,
 }
 
-/// How many ranks a step's `missing` names at most.
-pub const MAX_MISSING_NAMED: usize = 64;
-
 /// One step of one job.
 #[derive(Debug, Clone, PartialEq)]
 pub struct StepListing {
@@ -92,8 +90,8 @@ pub struct StepCounts {
     pub good_copies: u32,
     /// Copies a scrub marked corrupt.
     pub corrupt_copies: u32,
-    /// The first [`MAX_MISSING_NAMED`] ranks below the world size with no
-    /// good copy, ascending.
+    /// The first ranks below the world size with no good copy, ascending
+    /// ([`MAX_MISSING`] at most, the bound of the collector's job view).
     pub missing: Vec<u32>,
 }
 
@@ -196,7 +194,7 @@ fn counts(ranks: &BTreeMap<u32, Vec<Copy>>, corrupt: usize, world_size: u32) -> 
         corrupt_copies: u32::try_from(corrupt).unwrap_or(u32::MAX),
         missing: (0..world_size)
             .filter(|r| ranks.get(r).is_none_or(Vec::is_empty))
-            .take(MAX_MISSING_NAMED)
+            .take(MAX_MISSING)
             .collect(),
     }
 }
