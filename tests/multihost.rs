@@ -422,6 +422,20 @@ fn shared_ckpt() -> tempfile::TempDir {
         .expect("create the shared checkpoint directory")
 }
 
+/// A client of `host`'s embedded agent at `socket` (10 s to connect).
+async fn embedded_agent(
+    socket: &Path,
+    host: &str,
+) -> warden_proto::v1::agent_client::AgentClient<tonic::transport::Channel> {
+    within(
+        Duration::from_secs(10),
+        &format!("a connection to {host}'s agent"),
+        Target::Unix(socket.to_owned()).connect(),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("connect to {host}'s embedded agent: {e:#}"))
+}
+
 /// Waits until host-b's embedded agent (at `socket`) sees gpu0 and gpu1
 /// OK (its XID event set is registered).
 async fn host_b_with_both_gpus(socket: &Path, state: &Path, rank1: i32) {
@@ -429,13 +443,7 @@ async fn host_b_with_both_gpus(socket: &Path, state: &Path, rank1: i32) {
     // pids to GPUs, which is what ties a GPU's fault to the job (the devices
     // a rank declares are its word only: docs/security.md).
     write_stub_state(state, &format!("count=2\ngpu1.pids={rank1}\n"));
-    let mut client = within(
-        Duration::from_secs(10),
-        "a connection to host-b's agent",
-        Target::Unix(socket.to_owned()).connect(),
-    )
-    .await
-    .expect("connect to host-b's embedded agent");
+    let mut client = embedded_agent(socket, "host-b").await;
     eventually(WAIT, "gpu0 and gpu1 OK on host-b", async || {
         let h = client
             .get_node_health(pb::GetNodeHealthRequest {})
@@ -855,13 +863,7 @@ fn a_spare_takes_the_place_of_a_host_whose_gpu_fails() {
         // host-b's shards reach host-a's tier (the agents learnt each
         // other from the round): a step complete with a copy of every
         // rank on host-a.
-        let mut client_a = within(
-            Duration::from_secs(10),
-            "a connection to host-a's agent",
-            Target::Unix(a_socket.clone()).connect(),
-        )
-        .await
-        .expect("connect to host-a's embedded agent");
+        let mut client_a = embedded_agent(&a_socket, "host-a").await;
         eventually(WAIT, "a step with all 4 shards on host-a", async || {
             let l = client_a
                 .list_checkpoints(pb::ListCheckpointsRequest {
@@ -1243,54 +1245,45 @@ fn exchange_job_on(
 /// its `ranks`, each shard with good copies on two hosts: every origin's
 /// replica was taken by the host it was sent to.
 async fn replicated(socket: &Path, job: &str, ranks: u32) {
-    let mut client = within(
-        Duration::from_secs(10),
-        "a connection to the embedded agent",
-        Target::Unix(socket.to_owned()).connect(),
-    )
-    .await
-    .expect("connect to the embedded agent");
-    let mut last = None;
-    let found = tokio::time::timeout(WAIT, async {
-        loop {
-            if let Ok(l) = client
-                .list_checkpoints(pb::ListCheckpointsRequest {
-                    job_id: job.into(),
-                    // Every step is kept here: past 1,024 shards the
-                    // default listing would leave them out.
-                    detail: pb::ListDetail::All.into(),
-                    ranks: Vec::new(),
-                })
-                .await
-            {
-                let l = l.into_inner();
-                let whole = l.steps.iter().find(|s| {
-                    s.complete
-                        && s.world_size == ranks
-                        && s.shards.len() == ranks as usize
-                        && s.shards.iter().all(|sh| {
-                            sh.copies
-                                .iter()
-                                .filter(|c| c.corrupt.is_empty())
-                                .map(|c| &c.holder)
-                                .collect::<std::collections::HashSet<_>>()
-                                .len()
-                                >= 2
-                        })
-                });
-                if let Some(s) = whole {
-                    return s.step;
-                }
-                last = Some(l.steps.into_iter().take(3).collect::<Vec<_>>());
-            }
-            tokio::time::sleep(Duration::from_millis(200)).await;
+    let mut client = embedded_agent(socket, "the first host").await;
+    let on_two_hosts = |sh: &pb::ShardLocations| {
+        sh.copies
+            .iter()
+            .filter(|c| c.corrupt.is_empty())
+            .map(|c| &c.holder)
+            .collect::<std::collections::HashSet<_>>()
+            .len()
+            >= 2
+    };
+    let deadline = Instant::now() + WAIT;
+    loop {
+        // Every step is kept here: past 1,024 shards the default listing
+        // would leave them out.
+        let steps = client
+            .list_checkpoints(pb::ListCheckpointsRequest {
+                job_id: job.into(),
+                detail: pb::ListDetail::All.into(),
+                ranks: Vec::new(),
+            })
+            .await
+            .map(|l| l.into_inner().steps)
+            .unwrap_or_default();
+        if steps.iter().any(|s| {
+            s.complete
+                && s.world_size == ranks
+                && s.shards.len() == ranks as usize
+                && s.shards.iter().all(on_two_hosts)
+        }) {
+            return;
         }
-    })
-    .await;
-    assert!(
-        found.is_ok(),
-        "no step of {job} with every shard on two hosts within {WAIT:?}; the newest steps last listed: {last:#?}"
-    );
+        assert!(
+            Instant::now() < deadline,
+            "no step of {job} with every shard on two hosts within {WAIT:?}; the newest steps \
+             listed: {:#?}",
+            &steps[..steps.len().min(3)]
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }
 
 fn runtime() -> tokio::runtime::Runtime {
@@ -1305,13 +1298,7 @@ fn runtime() -> tokio::runtime::Runtime {
 /// statistics its agent got cover the whole job. Fails naming what each
 /// rank was compared with.
 async fn judged_against(socket: &Path, host: &str, job: &str, local: usize, want: u32) {
-    let mut client = within(
-        Duration::from_secs(10),
-        "a connection to the embedded agent",
-        Target::Unix(socket.to_owned()).connect(),
-    )
-    .await
-    .expect("connect to an embedded agent");
+    let mut client = embedded_agent(socket, host).await;
     let deadline = Instant::now() + WAIT;
     loop {
         // (global rank, ranks compared) of this host's ranks.
