@@ -931,6 +931,20 @@ async fn a_large_jobs_listing_is_its_counts_unless_shards_are_asked_for() {
         .expect_err("a rank list past the bound");
     assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err:?}");
     assert!(err.message().contains("65537 ranks"), "{}", err.message());
+    // A detail this agent does not know (a newer client's) is the bounded
+    // default, never every shard.
+    let l = agent
+        .client()
+        .await
+        .list_checkpoints(pb::ListCheckpointsRequest {
+            job_id: "wide".into(),
+            detail: 7,
+            ranks: Vec::new(),
+        })
+        .await
+        .expect("ListCheckpoints with an unknown detail")
+        .into_inner();
+    assert!(l.summarized && l.steps[0].shards.is_empty(), "{l:?}");
 
     let cli = |args: &[&str]| {
         let out = common::run(
