@@ -18,6 +18,7 @@
 //! 9. The holders of a wiped host's shards paused: the restore names them
 //!    (ABORTED, within the agent's bound: asked once) instead of answering
 //!    "nothing saved".
+//! 10. Six ranks of a wiped host restoring one shard at once: fetched once.
 
 #![allow(clippy::expect_used, clippy::unwrap_used)]
 
@@ -746,6 +747,67 @@ async fn the_ranks_of_a_host_restoring_at_once_share_one_gather() {
     assert!(
         (1.0..=3.0).contains(&asked),
         "six restores at once asked host 1 {asked} times: not shared"
+    );
+}
+
+/// Issue 30: a sharded checkpoint's reader has every rank restore the
+/// coordinator's shard (its metadata), so at a restart the ranks of a
+/// host restore one shard at once, and each fetched it from a peer. Six
+/// restores of rank 0's shard on a wiped host, let go at once (the gather
+/// they share held up by a paused peer), now fetch it once: one comes from
+/// the peer, the other five read that copy in the local tier, and the
+/// holders serve one FetchShard between them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_ranks_of_a_host_restoring_one_shard_at_once_fetch_it_once() {
+    let hosts = quiet_hosts(&IPS, "peer_timeout = \"10s\"");
+    save_everywhere(&hosts, "job", &[10], 1 << 20);
+    until_copies(&hosts[0], "job", 10, 2).await;
+    wipe_job(&hosts[0], "job");
+    let fetches =
+        async || served(&hosts[1], "FetchShard").await + served(&hosts[2], "FetchShard").await;
+    let before = fetches().await;
+    let asked = list_shards_served(&hosts[1]).await;
+    hosts[2].signal(nix::sys::signal::Signal::SIGSTOP);
+    let socket = hosts[0].socket().to_owned();
+    let restores: Vec<_> = (0..6u32)
+        .map(|r| {
+            let socket = socket.clone();
+            std::thread::spawn(move || {
+                checkpoint_rank(&socket, "job", r, 6)
+                    .restore_rank(0, 10)
+                    .map(|got| got.map(|g| (g.tier.clone(), g.read().expect("read"))))
+            })
+        })
+        .collect();
+    eventually(Duration::from_secs(30), "host 1 is asked", async || {
+        (list_shards_served(&hosts[1]).await > asked).then_some(())
+    })
+    .await;
+    hosts[2].signal(nix::sys::signal::Signal::SIGCONT);
+    let mut tiers = Vec::new();
+    for (r, t) in restores.into_iter().enumerate() {
+        let (tier, bytes) = t
+            .join()
+            .expect("the restore thread")
+            .unwrap_or_else(|e| panic!("rank {r}: {e}\n{}", hosts[0].stderr()))
+            .unwrap_or_else(|| panic!("rank {r}: no step 10"));
+        assert!(
+            bytes == shard_bytes(10, 0, 1 << 20),
+            "rank {r}: not rank 0's bytes"
+        );
+        tiers.push(tier);
+    }
+    tiers.sort();
+    let fetched = fetches().await - before;
+    println!("six restores of one shard at once: tiers {tiers:?}, {fetched} FetchShard served");
+    assert_eq!(
+        tiers,
+        ["local", "local", "local", "local", "local", "peer"],
+        "{tiers:?}"
+    );
+    assert_eq!(
+        fetched, 1.0,
+        "the holders served {fetched} fetches of the one shard"
     );
 }
 

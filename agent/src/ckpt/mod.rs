@@ -18,6 +18,7 @@ pub mod commit;
 pub mod config;
 pub mod durable;
 pub mod fan_in;
+pub mod fetch_turns;
 pub mod holdings;
 pub mod layout;
 pub mod link;
@@ -122,6 +123,9 @@ pub struct Checkpoints {
     /// The gathers of a job's copies under way, shared by the ranks that
     /// restore at once.
     pub gathers: shared_gather::InFlight,
+    /// Whose turn it is to fetch each shard being restored here: the ranks
+    /// that restore one shard at once fetch it once ([`fetch_turns`]).
+    pub fetch_turns: fetch_turns::FetchTurns,
     /// The collections of a job's holdings under way on this agent as its
     /// collector ([`collect`]), shared by the asks that come meanwhile and
     /// within `peer_timeout` after.
@@ -211,6 +215,7 @@ impl Checkpoints {
             durable,
             sealing: Sealing::default(),
             gathers: shared_gather::InFlight::default(),
+            fetch_turns: fetch_turns::FetchTurns::default(),
             collections: shared_gather::InFlight::keeping(cfg.peer_timeout),
             group_listings: shared_gather::InFlight::keeping(cfg.peer_timeout),
             collect_quota: crate::access::quota::Quota::new(

@@ -552,11 +552,18 @@ pub async fn restore(
             holders: view.unreachable.clone(),
         });
     }
-    copies.sort_by_key(|c| match c.holder {
-        Holder::Local => 0,
-        Holder::Peer { .. } => 1,
-        Holder::Durable => 2,
-    });
+    // The ranks here that restore this shard at once fetch it once: the
+    // ones that waited read the copy the first brought in, and check it
+    // side by side, the turn let go (a local copy needs none).
+    let mut turn = None;
+    if !copies.iter().any(|c| c.holder == Holder::Local) {
+        turn = Some(ck.fetch_turns.take(&key).await);
+        if let Some(here) = brought_in(ck, &key, &copies).await {
+            copies.push(here);
+            turn = None;
+        }
+    }
+    nearest_first(&mut copies, &ck.host, &key);
     let mut skipped = Vec::new();
     for c in copies {
         let source = match &c.holder {
@@ -616,12 +623,55 @@ pub async fn restore(
             }
         }
     }
+    drop(turn);
     Err(RestoreError::NoValidCopy {
         job: job.to_owned(),
         step,
         rank,
         tried: skipped,
     })
+}
+
+/// The copy of `key` in the local tier that is one of `copies` (the same
+/// bytes), when a restore that held the shard's turn before this one
+/// brought it in after this restore's view was gathered.
+async fn brought_in(ck: &Arc<Checkpoints>, key: &ShardKey, copies: &[Copy]) -> Option<Copy> {
+    let (ck2, k) = (ck.clone(), key.clone());
+    let m = tokio::task::spawn_blocking(move || ck2.tier.get(&k))
+        .await
+        .ok()??;
+    copies
+        .iter()
+        .any(|c| c.manifest.xxh3 == m.xxh3 && c.manifest.size_bytes == m.size_bytes)
+        .then_some(Copy {
+            holder: Holder::Local,
+            manifest: m,
+        })
+}
+
+/// Nearest first: the local tier, the peers, the durable store. The peers
+/// in an order of this host's own for this shard (rendezvous hashing of
+/// this host, the shard and the holder's address): every host once took
+/// the holder first by address, so a shard that every host restores (the
+/// coordinator's, for a sharded checkpoint's metadata) was fetched from
+/// one of its holders only. Now each holder serves its share, and a host's
+/// next choice, should its first fail, is as spread.
+fn nearest_first(copies: &mut [Copy], host: &str, key: &ShardKey) {
+    copies.sort_by_cached_key(|c| match &c.holder {
+        Holder::Local => (0, 0),
+        Holder::Peer { addr, .. } => (1, spread(host, key, addr)),
+        Holder::Durable => (2, 0),
+    });
+}
+
+/// Where the holder at `addr` falls in `host`'s order for `key`.
+fn spread(host: &str, key: &ShardKey, addr: &str) -> u64 {
+    let mut h = xxhash_rust::xxh3::Xxh3::new();
+    for part in [host, &key.to_string(), addr] {
+        h.update(part.as_bytes());
+        h.update(&[0]);
+    }
+    h.digest()
 }
 
 /// Brings one copy into the local tier, checked; the error says why not.
@@ -677,5 +727,80 @@ async fn fetch(ck: &Arc<Checkpoints>, key: &ShardKey, c: &Copy) -> Result<PathBu
             .await
             .map_err(|e| e.to_string())
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn copy(holder: Holder) -> Copy {
+        Copy {
+            holder,
+            manifest: Manifest {
+                job_id: "job".into(),
+                step: 10,
+                rank: 0,
+                world_size: 8,
+                size_bytes: 1,
+                xxh3: "0000000000000001".into(),
+                origin: "h0".into(),
+                committed_unix: 0,
+            },
+        }
+    }
+
+    fn peer(i: usize) -> Holder {
+        Holder::Peer {
+            addr: format!("10.0.0.{i}:7070"),
+            host: format!("h{i}"),
+        }
+    }
+
+    /// Issue 30: every host restores the coordinator's shard, which has
+    /// three holders. Each holder is the first choice of about a third of
+    /// 3,000 hosts (once all 3,000 took the same one), a host's order is
+    /// the same each time, and local stays first and durable last.
+    #[test]
+    fn each_holder_of_a_shard_every_host_restores_serves_its_share() {
+        let key = ShardKey {
+            job_id: "job".into(),
+            step: 10,
+            rank: 0,
+        };
+        let mut first = [0usize; 3];
+        for h in 0..3000 {
+            let host = format!("host-{h:05}");
+            let mut copies = vec![
+                copy(Holder::Durable),
+                copy(peer(2)),
+                copy(peer(0)),
+                copy(peer(1)),
+            ];
+            nearest_first(&mut copies, &host, &key);
+            assert_eq!(copies[3].holder, Holder::Durable);
+            let Holder::Peer { host: got, .. } = &copies[0].holder else {
+                panic!("{host}: a peer is not first: {:?}", copies[0].holder);
+            };
+            first[got[1..].parse::<usize>().expect("h<i>")] += 1;
+            let mut again = vec![
+                copy(peer(1)),
+                copy(peer(0)),
+                copy(peer(2)),
+                copy(Holder::Durable),
+            ];
+            nearest_first(&mut again, &host, &key);
+            assert_eq!(
+                again[0].holder, copies[0].holder,
+                "{host}: its order changed"
+            );
+        }
+        assert!(
+            first.iter().all(|n| (850..=1150).contains(n)),
+            "first choices: {first:?}"
+        );
+        let mut copies = vec![copy(peer(0)), copy(Holder::Durable), copy(Holder::Local)];
+        nearest_first(&mut copies, "host-00000", &key);
+        assert_eq!(copies[0].holder, Holder::Local);
     }
 }
