@@ -19,6 +19,7 @@
 //!    (ABORTED, within the agent's bound: asked once) instead of answering
 //!    "nothing saved".
 //! 10. Six ranks of a wiped host restoring one shard at once: fetched once.
+//! 11. A summary of a job past `collect_above`: counted by its collector.
 
 #![allow(clippy::expect_used, clippy::unwrap_used)]
 
@@ -567,6 +568,117 @@ async fn a_restore_goes_through_the_collector_not_to_every_host() {
     joined
         .expect("the join")
         .unwrap_or_else(|_| panic!("h3's restores with h2 paused\n{}", hosts[0].stderr()));
+}
+
+/// Issue 30: a summary listing of a large job (the launcher's progress
+/// check at a failure, `warden ckpt ls --summary`) asked every host of the
+/// job, and a failure seen on every host at once has every host asking:
+/// N^2 listings. Through the collector it is one ask of the host's leader,
+/// shared. Five hosts (every job collects: `collect_above = 0`), each
+/// asking for the summary at once: the counts are the ones the full
+/// listing gives (ranks, bytes, copies, missing, complete), marked
+/// collected, and the hosts list their tiers far fewer times than the 20
+/// a gather on each host took.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_large_jobs_summary_is_counted_by_its_collector_not_asked_of_every_host() {
+    let hosts = quiet_hosts(
+        &[
+            "127.0.0.2",
+            "127.0.0.3",
+            "127.0.0.4",
+            "127.0.0.5",
+            "127.0.0.6",
+        ],
+        "peer_timeout = \"5s\"\ncollect_above = 0\ncollect_fan_out = 2",
+    );
+    save_everywhere(&hosts, "job", &[10, 20], 1 << 16);
+    until_copies(&hosts[0], "job", 20, 2).await;
+    // Step 30 of rank 3 alone: an incomplete step, named missing ranks.
+    checkpoint_rank(hosts[1].socket(), "job", 3, 10)
+        .save(30, &shard_bytes(30, 3, 1 << 10))
+        .expect("rank 3 step 30");
+    let ask = async |h: &TestAgent, detail: pb::ListDetail| {
+        h.client()
+            .await
+            .list_checkpoints(pb::ListCheckpointsRequest {
+                job_id: "job".into(),
+                detail: detail.into(),
+                ranks: Vec::new(),
+            })
+            .await
+            .expect("ListCheckpoints")
+            .into_inner()
+    };
+    let counts = |l: &pb::ListCheckpointsResponse| -> Vec<_> {
+        l.steps
+            .iter()
+            .map(|s| {
+                let c = (
+                    s.ranks_with_copy,
+                    s.size_bytes,
+                    s.good_copies,
+                    s.corrupt_copies,
+                );
+                (s.step, s.world_size, s.complete, c, s.missing_ranks.clone())
+            })
+            .collect()
+    };
+    // Every shard's copies, gathered from every host: what to match. Asked
+    // until step 30's copy has its replica, so the counts stand still.
+    let full = eventually(Duration::from_secs(30), "step 30 replicated", async || {
+        let l = ask(&hosts[0], pb::ListDetail::All).await;
+        let s30 = l.steps.iter().find(|s| s.step == 30)?;
+        (s30.good_copies == 2).then_some(l)
+    })
+    .await;
+    assert!(!full.collected && !full.summarized);
+    let listed = async || {
+        let mut n = 0.0;
+        for h in &hosts {
+            n += list_shards_served(h).await;
+        }
+        n
+    };
+    let before = listed().await;
+    let mut asks = Vec::new();
+    for h in &hosts {
+        let mut client = h.client().await;
+        asks.push(tokio::spawn(async move {
+            client
+                .list_checkpoints(pb::ListCheckpointsRequest {
+                    job_id: "job".into(),
+                    detail: pb::ListDetail::Summary.into(),
+                    ranks: Vec::new(),
+                })
+                .await
+                .expect("ListCheckpoints")
+                .into_inner()
+        }));
+    }
+    let mut summaries = Vec::new();
+    for a in asks {
+        summaries.push(a.await.expect("the summary's task"));
+    }
+    let listings = listed().await - before;
+    println!(
+        "five summaries through the collector: {listings} ListShards; {:?}",
+        counts(&full)
+    );
+    for (h, l) in summaries.iter().enumerate() {
+        assert!(l.collected && l.summarized, "h{h}: {l:?}");
+        assert!(l.steps.iter().all(|s| s.shards.is_empty()), "h{h}");
+        assert_eq!(counts(l), counts(&full), "h{h}: the collector's counts");
+        assert!(l.unreachable.is_empty(), "h{h}: {:?}", l.unreachable);
+    }
+    assert_eq!(
+        counts(&full)[0].4,
+        [0, 1, 2, 4, 5, 6, 7, 8, 9],
+        "step 30's missing ranks"
+    );
+    assert!(
+        listings <= 10.0,
+        "five summaries listed tiers {listings} times: asked of every host"
+    );
 }
 
 /// Issue 30: peers handed over as launchers hand them (`SetCheckpointPeers`

@@ -48,6 +48,7 @@ pub fn list_json(r: &pb::ListCheckpointsResponse) -> Value {
         })).collect::<Vec<_>>(),
         "unreachable": r.unreachable,
         "summarized": r.summarized,
+        "collected": r.collected,
     })
 }
 
@@ -94,6 +95,11 @@ fn print_counts(r: &pb::ListCheckpointsResponse) -> std::io::Result<()> {
         ]);
     }
     outln!("{t}")?;
+    if r.collected {
+        outln!(
+            "counted by the job's checkpoint collector: CORRUPT copies are this host's own; SIZE and COPIES are 0 where the collectors run an older agent"
+        )?;
+    }
     outln!(
         "shards left out (more than 1,024, or --summary): --rank R for a rank's copies, --shards for every one"
     )

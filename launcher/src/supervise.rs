@@ -1358,14 +1358,9 @@ impl<C: AcrossHosts> Sup<'_, C> {
         };
         match tokio::time::timeout(OBSERVE_TIMEOUT, self.client.list_checkpoints(list)).await {
             Ok(Ok(r)) => {
-                p.listed = true;
-                p.checkpoint = r
-                    .into_inner()
-                    .steps
-                    .iter()
-                    .filter(|s| s.job_id == self.job.id && s.complete)
-                    .map(|s| s.step)
-                    .max();
+                let (checkpoint, unknown) = newest_complete(&self.job.id, &r.into_inner());
+                (p.checkpoint, p.listed) = (checkpoint, unknown.is_none());
+                notes.extend(unknown);
             }
             Ok(Err(e)) => notes.push(format!("ListCheckpoints: {}", e.message())),
             Err(_) => notes.push("ListCheckpoints timed out".to_owned()),
@@ -2153,6 +2148,33 @@ impl<C: AcrossHosts> Sup<'_, C> {
     }
 }
 
+/// The job's newest complete step in a listing, or, where it has none and
+/// holders (or the job's collectors) could not be asked, why that "none"
+/// is not known: the checkpoint may be on them, and a "none" would judge
+/// the attempt stalled.
+fn newest_complete(job: &str, r: &pb::ListCheckpointsResponse) -> (Option<u64>, Option<String>) {
+    let newest = r
+        .steps
+        .iter()
+        .filter(|s| s.job_id == job && s.complete)
+        .map(|s| s.step)
+        .max();
+    if newest.is_some() || r.unreachable.is_empty() {
+        return (newest, None);
+    }
+    let more = r.unreachable.len().saturating_sub(3);
+    let why = format!(
+        "ListCheckpoints: no complete step among the holders that answered; not asked: {}{}",
+        r.unreachable[..r.unreachable.len().min(3)].join("; "),
+        if more > 0 {
+            format!(" and {more} more")
+        } else {
+            String::new()
+        }
+    );
+    (None, Some(why))
+}
+
 /// The answer to a replacement.
 fn replaced(workers: Vec<(u32, i32)>, error: Option<String>) -> Input {
     Input::Replaced(Box::new(Replaced { workers, error }))
@@ -2318,6 +2340,32 @@ mod tests {
             b.evidence[0].contains("exception=ValueError -> user_error"),
             "{:?}",
             b.evidence
+        );
+    }
+
+    #[test]
+    fn no_step_with_holders_unreachable_is_not_known_rather_than_none() {
+        let step = |step, complete| pb::CheckpointStep {
+            job_id: "j".into(),
+            step,
+            complete,
+            ..Default::default()
+        };
+        let mut r = pb::ListCheckpointsResponse {
+            steps: vec![step(20, false), step(10, true)],
+            ..Default::default()
+        };
+        assert_eq!(newest_complete("j", &r), (Some(10), None));
+        assert_eq!(newest_complete("other", &r), (None, None));
+        r.unreachable = (0..5).map(|i| format!("peer h{i}: silent")).collect();
+        assert_eq!(newest_complete("j", &r), (Some(10), None));
+        r.steps.pop();
+        let (none, why) = newest_complete("j", &r);
+        let why = why.expect("not known");
+        assert_eq!(none, None);
+        assert!(
+            why.contains("peer h0: silent; peer h1") && why.ends_with("and 2 more"),
+            "{why}"
         );
     }
 

@@ -286,6 +286,7 @@ pub fn checkpoints(l: crate::ckpt::listing::Listing) -> pb::ListCheckpointsRespo
             .collect(),
         unreachable: l.unreachable,
         summarized: l.summarized,
+        collected: l.collected,
     }
 }
 

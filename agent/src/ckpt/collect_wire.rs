@@ -9,7 +9,7 @@ use warden_core::rank::MAX_WORLD_SIZE;
 use warden_proto::v1 as pb;
 
 use super::collect::{Ask, Scope};
-use super::holdings::{HolderRef, Holdings, JobStep, JobView, MAX_HOSTS, MAX_STEPS};
+use super::holdings::{HolderRef, Holdings, JobStep, JobView, MAX_HOSTS, MAX_STEPS, Tally};
 
 /// The shortest and longest an ask may give its answer.
 pub const LIMIT_RANGE: (Duration, Duration) = (Duration::from_millis(10), Duration::from_secs(300));
@@ -79,10 +79,12 @@ pub fn holdings_to_pb(h: &Holdings) -> pb::Holdings {
                     .map(|(&rank, hs)| pb::RankHolders {
                         rank,
                         hosts: hs.clone(),
+                        size_bytes: s.sizes.get(&rank).copied().unwrap_or(0),
                     })
                     .collect(),
                 present: 0,
                 missing: Vec::new(),
+                tally: None,
             })
             .collect(),
         unreachable: h.unreachable.clone(),
@@ -105,7 +107,7 @@ pub fn holdings_from_pb(r: pb::Holdings) -> Result<Holdings, String> {
                         index.len()
                     ));
                 };
-                h.add(mine, s.step, rh.rank, s.world_size);
+                h.add_sized(mine, s.step, rh.rank, s.world_size, rh.size_bytes);
             }
         }
     }
@@ -138,10 +140,16 @@ pub fn view_to_pb(v: &JobView, rank: u32) -> pb::Holdings {
                 vec![pb::RankHolders {
                     rank,
                     hosts: s.holders.iter().map(&mut index).collect(),
+                    size_bytes: 0,
                 }]
             },
             present: s.present,
             missing: s.missing.clone(),
+            tally: s.tally.map(|t| pb::StepTally {
+                copies: t.copies,
+                size_bytes: t.size_bytes,
+                sized_ranks: t.sized_ranks,
+            }),
         })
         .collect();
     pb::Holdings {
@@ -182,6 +190,11 @@ pub fn view_from_pb(r: pb::Holdings, rank: u32) -> Result<JobView, String> {
                 present: s.present,
                 missing: s.missing,
                 holders,
+                tally: s.tally.map(|t| Tally {
+                    copies: t.copies,
+                    size_bytes: t.size_bytes,
+                    sized_ranks: t.sized_ranks,
+                }),
             },
         );
     }
@@ -231,15 +244,24 @@ mod tests {
         let mut h = Holdings::default();
         let x = h.host("a:1", "ha");
         let y = h.host("b:1", "hb");
-        h.add(x, 5, 0, 2);
+        h.add_sized(x, 5, 0, 2, 64);
         h.add(y, 5, 0, 2);
-        h.add(y, 5, 1, 2);
+        h.add_sized(y, 5, 1, 2, 32);
         h.unreachable.push("c:1: silent".into());
         let g = holdings_from_pb(holdings_to_pb(&h)).expect("group");
         assert_eq!(g.steps, h.steps);
         assert_eq!(g.hosts, h.hosts);
+        assert_eq!(g.steps[&5].sizes, [(0, 64), (1, 32)].into());
         let v = h.for_rank(0);
+        assert_eq!(
+            v.steps[&5].tally.map(|t| (t.copies, t.size_bytes)),
+            Some((3, 96))
+        );
         assert_eq!(view_from_pb(view_to_pb(&v, 0), 0).expect("view"), v);
+        // An older agent's view has no tally: none is made up.
+        let mut old = view_to_pb(&v, 0);
+        old.steps[0].tally = None;
+        assert_eq!(view_from_pb(old, 0).expect("view").steps[&5].tally, None);
     }
 
     #[test]
@@ -265,9 +287,11 @@ mod tests {
                 ranks: vec![pb::RankHolders {
                     rank: 0,
                     hosts: vec![3],
+                    size_bytes: 0,
                 }],
                 present: 1,
                 missing: vec![],
+                tally: None,
             }],
             unreachable: vec![],
         };

@@ -1,12 +1,14 @@
 //! What the hosts of a job hold, as the restore's collector counts it
-//! ([`super::collect`]): per step, which ranks have a copy and on which
-//! hosts, without the copies' descriptions (a host that restores lists the
-//! few holders of its own rank itself).
+//! ([`super::collect`]): per step, which ranks have a copy, on which hosts,
+//! and each shard's size, without the copies' other descriptions (a host
+//! that restores lists the few holders of its own rank itself).
 //!
 //! In: listings of hosts' tiers, or other collections. Out: a group's
 //! holdings (every rank with a copy in the group), and the job's view for
 //! one rank: each step's world size, how many ranks have a copy anywhere,
-//! the first that have none, and where the rank's copies are. Never: trusts
+//! the first that have none, its copies and bytes ([`Tally`], what a
+//! summary listing of a large job shows: `super::listing`), and where the
+//! rank's copies are. Never: trusts
 //! a peer's collection before [`Holdings::check`] has bounded it.
 
 use std::collections::{BTreeMap, HashMap};
@@ -47,6 +49,9 @@ pub struct StepHoldings {
     /// Each rank with a copy, and its holders (indices into
     /// [`Holdings::hosts`]).
     pub ranks: BTreeMap<u32, Vec<u32>>,
+    /// Each rank's shard size, where a holder listed it (an older agent's
+    /// group answer and the durable store's names do not).
+    pub sizes: BTreeMap<u32, u64>,
 }
 
 /// A collection: what a set of hosts holds of one job.
@@ -78,11 +83,19 @@ impl Holdings {
 
     /// Records that holder `h` has a copy of `rank` at `step`.
     pub fn add(&mut self, h: u32, step: u64, rank: u32, world: u32) {
+        self.add_sized(h, step, rank, world, 0);
+    }
+
+    /// [`Holdings::add`], of `size` bytes (0: not said).
+    pub fn add_sized(&mut self, h: u32, step: u64, rank: u32, world: u32, size: u64) {
         let s = self.steps.entry(step).or_default();
         s.world = s.world.max(world);
         let hs = s.ranks.entry(rank).or_default();
         if !hs.contains(&h) {
             hs.push(h);
+        }
+        if size > 0 {
+            s.sizes.entry(rank).or_insert(size);
         }
     }
 
@@ -96,7 +109,7 @@ impl Holdings {
     ) {
         let h = self.host(addr, host);
         for m in shards.into_iter().filter(|m| m.job_id == job) {
-            self.add(h, m.step, m.rank, m.world_size);
+            self.add_sized(h, m.step, m.rank, m.world_size, m.size_bytes);
         }
     }
 
@@ -130,9 +143,10 @@ impl Holdings {
             .collect();
         for (step, s) in other.steps {
             for (rank, hs) in s.ranks {
+                let size = s.sizes.get(&rank).copied().unwrap_or(0);
                 for h in hs {
                     if let Some(&mine) = map.get(h as usize) {
-                        self.add(mine, step, rank, s.world);
+                        self.add_sized(mine, step, rank, s.world, size);
                     }
                 }
             }
@@ -186,6 +200,19 @@ struct StepCount {
     world: u32,
     present: u32,
     missing: Vec<u32>,
+    tally: Tally,
+}
+
+/// A step's copies and bytes over the job (its ranks below the world
+/// size), as a summary listing shows them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Tally {
+    /// Copies over every holder, the durable store included.
+    pub copies: u64,
+    /// The sum of the shard sizes that a holder listed.
+    pub size_bytes: u64,
+    /// How many ranks `size_bytes` adds up.
+    pub sized_ranks: u32,
 }
 
 /// A finished collection with each step's count taken once. A collector
@@ -218,6 +245,14 @@ fn counts(h: &Holdings) -> BTreeMap<u64, StepCount> {
         .iter()
         .map(|(&step, s)| {
             let present = s.ranks.range(..s.world).count() as u32;
+            let mut tally = Tally::default();
+            for (r, hs) in s.ranks.range(..s.world) {
+                tally.copies += hs.len() as u64;
+                if let Some(&size) = s.sizes.get(r) {
+                    tally.size_bytes = tally.size_bytes.saturating_add(size);
+                    tally.sized_ranks += 1;
+                }
+            }
             // The first ranks without a copy: walked only as far as the
             // gaps go (through every rank only when the step is whole).
             let mut missing = Vec::new();
@@ -240,6 +275,7 @@ fn counts(h: &Holdings) -> BTreeMap<u64, StepCount> {
                 world: s.world,
                 present,
                 missing,
+                tally,
             };
             (step, count)
         })
@@ -267,6 +303,7 @@ fn view(h: &Holdings, counts: &BTreeMap<u64, StepCount>, rank: u32) -> JobView {
                     present: c.present,
                     missing: c.missing.clone(),
                     holders,
+                    tally: Some(c.tally),
                 },
             )
         })
@@ -288,6 +325,9 @@ pub struct JobStep {
     pub missing: Vec<u32>,
     /// The hosts holding the asked rank's copies.
     pub holders: Vec<HolderRef>,
+    /// Its copies and bytes; `None` from an older agent, which does not
+    /// count them.
+    pub tally: Option<Tally>,
 }
 
 impl JobStep {
@@ -320,6 +360,12 @@ impl JobView {
                     s.present, s.world
                 ));
             }
+            if let Some(t) = s.tally.filter(|t| t.sized_ranks > s.present) {
+                return Err(format!(
+                    "step {step}: {} ranks sized of {} present",
+                    t.sized_ranks, s.present
+                ));
+            }
             if s.missing.len() > MAX_MISSING || s.holders.len() > MAX_HOSTS {
                 return Err(format!(
                     "step {step}: {} missing and {} holders named",
@@ -342,7 +388,7 @@ mod tests {
             step,
             rank,
             world_size: world,
-            size_bytes: 1,
+            size_bytes: 100 + u64::from(rank),
             xxh3: "0".into(),
             origin: "o".into(),
             committed_unix: 0,
@@ -387,6 +433,17 @@ mod tests {
         assert!(!s7.complete());
         assert_eq!((s7.present, s7.missing.clone()), (1, vec![1, 2, 3]));
         assert_eq!(v.unreachable, ["d:1: no answer"]);
+        // Copies and bytes: ranks 0 (on a and b), 1, 2 (b, in both groups:
+        // one copy) and 3; at step 7 rank 0 alone.
+        let tally = |copies, size_bytes, sized_ranks| {
+            Some(Tally {
+                copies,
+                size_bytes,
+                sized_ranks,
+            })
+        };
+        assert_eq!(s5.tally, tally(5, 100 + 101 + 102 + 103, 4));
+        assert_eq!(s7.tally, tally(1, 100, 1));
         // Another job's shard (x) is not counted; b is one host, once.
         assert_eq!(a.hosts.len(), 3);
         assert_eq!(v.steps[&5].present, 4);
@@ -416,6 +473,7 @@ mod tests {
                 present: 3,
                 missing: vec![],
                 holders: vec![],
+                tally: None,
             },
         );
         assert!(

@@ -29,6 +29,8 @@ pub struct Listing {
     pub unreachable: Vec<String>,
     /// Every step's shards were left out (see [`Detail`]).
     pub summarized: bool,
+    /// The counts came from the job's collector ([`collected`]).
+    pub collected: bool,
 }
 
 /// How much of each step's shards a listing carries.
@@ -124,11 +126,69 @@ pub const SEALING_WAIT_LIST: std::time::Duration = std::time::Duration::from_sec
 
 /// ListCheckpoints as a use case: the saves still sealing here waited for
 /// (at most [`SEALING_WAIT_LIST`]), every holder of `job`'s shards asked
-/// (`""`: every job), and the steps listed within `scope`.
+/// (`""`: every job), and the steps listed within `scope`. A summary of a
+/// job that restores through the collector ([`super::collect::collects`])
+/// asks the collector instead ([`collected`]).
 pub async fn of_job(ck: &std::sync::Arc<Checkpoints>, job: &str, scope: &Scope) -> Listing {
     ck.sealing.settled(SEALING_WAIT_LIST).await;
+    if scope.detail == Detail::Summary && super::collect::collects(ck, job) {
+        match super::collect::job_view(ck, job, 0, ck.cfg.peer_timeout).await {
+            Ok(v) => return collected(ck, job, &v).await,
+            Err(e) => {
+                tracing::warn!(job, error = %e, "listing the job's counts without the collector")
+            }
+        }
+    }
     let view = super::restore::gather(ck, job).await;
     listing(ck, &view, scope)
+}
+
+/// A summary of a large job from its collector's view: one ask of this
+/// host's group leader, shared there with every other host's ask, where a
+/// gather asks every host of the job. A launcher's progress check at a
+/// failure seen on every host at once (a collective's timeout) was every
+/// host asking every other: 156 million listings at 12,500 hosts (issue
+/// 30). The collector counts ranks, copies and bytes; the copies a scrub
+/// marked corrupt are each host's own, so those counted here are this
+/// agent's. Steps newest first.
+async fn collected(
+    ck: &std::sync::Arc<Checkpoints>,
+    job: &str,
+    v: &super::holdings::JobView,
+) -> Listing {
+    let (ck2, j) = (ck.clone(), job.to_owned());
+    let bad = tokio::task::spawn_blocking(move || ck2.tier.list_bad(Some(&j)))
+        .await
+        .unwrap_or_default();
+    let steps = v
+        .steps
+        .iter()
+        .rev()
+        .map(|(&step, s)| {
+            let tally = s.tally.unwrap_or_default();
+            let corrupt = bad.iter().filter(|(k, _)| k.step == step).count();
+            StepListing {
+                job: job.to_owned(),
+                step,
+                world_size: s.world,
+                complete: s.complete(),
+                shards: Vec::new(),
+                counts: StepCounts {
+                    ranks_with_copy: s.present,
+                    size_bytes: tally.size_bytes,
+                    good_copies: u32::try_from(tally.copies).unwrap_or(u32::MAX),
+                    corrupt_copies: u32::try_from(corrupt).unwrap_or(u32::MAX),
+                    missing: s.missing.clone(),
+                },
+            }
+        })
+        .collect();
+    Listing {
+        steps,
+        unreachable: v.unreachable.clone(),
+        summarized: true,
+        collected: true,
+    }
 }
 
 /// The listing of `view` within `scope` (see the module).
@@ -177,6 +237,7 @@ pub fn listing(ck: &Checkpoints, view: &CopiesView, scope: &Scope) -> Listing {
         steps,
         unreachable: view.unreachable.clone(),
         summarized,
+        collected: false,
     }
 }
 
