@@ -20,6 +20,7 @@
 //!    "nothing saved".
 //! 10. Six ranks of a wiped host restoring one shard at once: fetched once.
 //! 11. A summary of a job past `collect_above`: counted by its collector.
+//! 12. A listing of a host's own ranks of such a job: their holders asked.
 
 #![allow(clippy::expect_used, clippy::unwrap_used)]
 
@@ -679,6 +680,112 @@ async fn a_large_jobs_summary_is_counted_by_its_collector_not_asked_of_every_hos
         listings <= 10.0,
         "five summaries listed tiers {listings} times: asked of every host"
     );
+}
+
+/// Issue 30: a listing of a host's own ranks (the launcher's notice check,
+/// every 200 ms of a notice's window; `warden ckpt ls --rank R`) asked
+/// every host of the job. For a job past `collect_above` it asks the
+/// collector and the ranks' holders: with the job's collection standing
+/// (a summary asked just before; kept for `peer_timeout`), a listing of
+/// h1's ranks 2 and 3 lists no tier but those holding their copies, and
+/// says what the full listing says of them: their copies, and the step's
+/// counts over every rank.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_listing_of_a_hosts_own_ranks_asks_their_holders_not_every_host() {
+    let hosts = quiet_hosts(
+        &[
+            "127.0.0.2",
+            "127.0.0.3",
+            "127.0.0.4",
+            "127.0.0.5",
+            "127.0.0.6",
+        ],
+        "peer_timeout = \"10s\"\ncollect_above = 0\ncollect_fan_out = 2",
+    );
+    save_everywhere(&hosts, "job", &[10, 20], 1 << 16);
+    until_copies(&hosts[0], "job", 20, 2).await;
+    let ask = async |detail: pb::ListDetail, ranks: Vec<u32>| {
+        hosts[1]
+            .client()
+            .await
+            .list_checkpoints(pb::ListCheckpointsRequest {
+                job_id: "job".into(),
+                detail: detail.into(),
+                ranks,
+            })
+            .await
+            .expect("ListCheckpoints")
+            .into_inner()
+    };
+    // What a step says of ranks 2 and 3: its counts and their copies.
+    let of_2_and_3 = |l: &pb::ListCheckpointsResponse| -> Vec<_> {
+        l.steps
+            .iter()
+            .map(|s| {
+                let c = (
+                    s.ranks_with_copy,
+                    s.size_bytes,
+                    s.good_copies,
+                    s.missing_ranks.clone(),
+                );
+                let shards: Vec<(u32, u64, Vec<String>)> = s
+                    .shards
+                    .iter()
+                    .filter(|sh| sh.rank == 2 || sh.rank == 3)
+                    .map(|sh| {
+                        let mut at: Vec<String> = sh
+                            .copies
+                            .iter()
+                            .map(|c| format!("{}:{}", c.tier, c.holder))
+                            .collect();
+                        at.sort();
+                        (sh.rank, sh.size_bytes, at)
+                    })
+                    .collect();
+                (s.step, s.world_size, s.complete, c, shards)
+            })
+            .collect()
+    };
+    let full = ask(pb::ListDetail::All, Vec::new()).await;
+    assert!(!full.collected);
+    let holders: std::collections::BTreeSet<String> = full
+        .steps
+        .iter()
+        .flat_map(|s| &s.shards)
+        .filter(|sh| sh.rank == 2 || sh.rank == 3)
+        .flat_map(|sh| sh.copies.iter().map(|c| c.holder.clone()))
+        .collect();
+    assert!(summary_collected(
+        &ask(pb::ListDetail::Summary, Vec::new()).await
+    ));
+    let listed = async || {
+        let mut v = Vec::new();
+        for h in &hosts {
+            v.push(list_shards_served(h).await);
+        }
+        v
+    };
+    let before = listed().await;
+    let mine = ask(pb::ListDetail::All, vec![2, 3]).await;
+    let after = listed().await;
+    let asked: Vec<f64> = after.iter().zip(&before).map(|(a, b)| a - b).collect();
+    println!("h1's ranks 2 and 3 (copies on {holders:?}): ListShards {asked:?}");
+    assert!(mine.collected && !mine.summarized, "{mine:?}");
+    assert!(mine.unreachable.is_empty(), "{:?}", mine.unreachable);
+    assert_eq!(of_2_and_3(&mine), of_2_and_3(&full));
+    for (h, n) in asked.iter().enumerate() {
+        let name = format!("h{h}");
+        if h != 1 && !holders.contains(&name) {
+            assert_eq!(
+                *n, 0.0,
+                "{name} holds none of ranks 2 and 3 and was listed: {asked:?}"
+            );
+        }
+    }
+}
+
+fn summary_collected(l: &pb::ListCheckpointsResponse) -> bool {
+    l.collected && l.summarized
 }
 
 /// Issue 30: peers handed over as launchers hand them (`SetCheckpointPeers`

@@ -128,7 +128,9 @@ pub const SEALING_WAIT_LIST: std::time::Duration = std::time::Duration::from_sec
 /// (at most [`SEALING_WAIT_LIST`]), every holder of `job`'s shards asked
 /// (`""`: every job), and the steps listed within `scope`. A summary of a
 /// job that restores through the collector ([`super::collect::collects`])
-/// asks the collector instead ([`collected`]).
+/// asks the collector instead ([`collected`]); a listing of at most
+/// [`MAX_COLLECTED_RANKS`] named ranks of such a job asks it and the
+/// ranks' holders ([`super::restore::gather_ranks`]).
 pub async fn of_job(ck: &std::sync::Arc<Checkpoints>, job: &str, scope: &Scope) -> Listing {
     ck.sealing.settled(SEALING_WAIT_LIST).await;
     if scope.detail == Detail::Summary && super::collect::collects(ck, job) {
@@ -139,9 +141,19 @@ pub async fn of_job(ck: &std::sync::Arc<Checkpoints>, job: &str, scope: &Scope) 
             }
         }
     }
-    let view = super::restore::gather(ck, job).await;
-    listing(ck, &view, scope)
+    let view = match &scope.ranks {
+        Some(ranks) if ranks.len() <= MAX_COLLECTED_RANKS => {
+            super::restore::gather_ranks(ck, job, ranks).await
+        }
+        _ => super::restore::gather(ck, job).await,
+    };
+    listing(ck, job, &view, scope)
 }
+
+/// The most named ranks whose listing asks the collector and their holders
+/// rather than every host: a host's ranks (the launcher's notice check),
+/// or a few a person names.
+pub const MAX_COLLECTED_RANKS: usize = 64;
 
 /// A summary of a large job from its collector's view: one ask of this
 /// host's group leader, shared there with every other host's ask, where a
@@ -165,7 +177,6 @@ async fn collected(
         .iter()
         .rev()
         .map(|(&step, s)| {
-            let tally = s.tally.unwrap_or_default();
             let corrupt = bad.iter().filter(|(k, _)| k.step == step).count();
             StepListing {
                 job: job.to_owned(),
@@ -173,13 +184,7 @@ async fn collected(
                 world_size: s.world,
                 complete: s.complete(),
                 shards: Vec::new(),
-                counts: StepCounts {
-                    ranks_with_copy: s.present,
-                    size_bytes: tally.size_bytes,
-                    good_copies: u32::try_from(tally.copies).unwrap_or(u32::MAX),
-                    corrupt_copies: u32::try_from(corrupt).unwrap_or(u32::MAX),
-                    missing: s.missing.clone(),
-                },
+                counts: counted_step(s, corrupt),
             }
         })
         .collect();
@@ -191,11 +196,25 @@ async fn collected(
     }
 }
 
-/// The listing of `view` within `scope` (see the module).
-pub fn listing(ck: &Checkpoints, view: &CopiesView, scope: &Scope) -> Listing {
+/// The listing of `view` (of `job`; `""`: every job) within `scope` (see
+/// the module). A view with the collector's counts (`CopiesView::counts`,
+/// the copies of some ranks only) takes each step's completeness and counts
+/// from them; a step the collection did not count (saved since) is judged
+/// from the copies in view, as every view is.
+pub fn listing(ck: &Checkpoints, job: &str, view: &CopiesView, scope: &Scope) -> Listing {
     let none = BTreeMap::new();
     let none_bad = BTreeMap::new();
-    let keys: BTreeSet<&(String, u64)> = view.steps.keys().chain(view.corrupt.keys()).collect();
+    let counted = view.counts.as_ref().filter(|_| !job.is_empty());
+    let counted_keys: Vec<(String, u64)> = counted
+        .into_iter()
+        .flat_map(|c| c.keys().map(|&step| (job.to_owned(), step)))
+        .collect();
+    let keys: BTreeSet<&(String, u64)> = view
+        .steps
+        .keys()
+        .chain(view.corrupt.keys())
+        .chain(&counted_keys)
+        .collect();
     let mut steps: Vec<StepListing> = keys
         .into_iter()
         .map(|key| {
@@ -203,12 +222,13 @@ pub fn listing(ck: &Checkpoints, view: &CopiesView, scope: &Scope) -> Listing {
             let ranks = view.steps.get(key).unwrap_or(&none);
             let bad = view.corrupt.get(key).unwrap_or(&none_bad);
             let all: BTreeSet<u32> = ranks.keys().chain(bad.keys()).copied().collect();
-            let world_size = CopiesView::world_size(ranks);
+            let count = counted.and_then(|c| c.get(step));
+            let world_size = count.map_or_else(|| CopiesView::world_size(ranks), |c| c.world);
             StepListing {
                 job: job.clone(),
                 step: *step,
                 world_size,
-                complete: CopiesView::complete(ranks),
+                complete: count.map_or_else(|| CopiesView::complete(ranks), |c| c.complete()),
                 shards: all
                     .into_iter()
                     .filter(|r| scope.ranks.as_ref().is_none_or(|want| want.contains(r)))
@@ -217,7 +237,10 @@ pub fn listing(ck: &Checkpoints, view: &CopiesView, scope: &Scope) -> Listing {
                         shard(ck, rank, copies, bad.get(&rank))
                     })
                     .collect(),
-                counts: counts(ranks, bad.len(), world_size),
+                counts: match count {
+                    Some(c) => counted_step(c, bad.len()),
+                    None => counts(ranks, bad.len(), world_size),
+                },
             }
         })
         .collect();
@@ -237,7 +260,20 @@ pub fn listing(ck: &Checkpoints, view: &CopiesView, scope: &Scope) -> Listing {
         steps,
         unreachable: view.unreachable.clone(),
         summarized,
-        collected: false,
+        collected: counted.is_some(),
+    }
+}
+
+/// A step's counts as the collector took them, with the copies of it here
+/// a scrub marked corrupt (each host marks its own).
+fn counted_step(s: &super::holdings::JobStep, corrupt: usize) -> StepCounts {
+    let tally = s.tally.unwrap_or_default();
+    StepCounts {
+        ranks_with_copy: s.present,
+        size_bytes: tally.size_bytes,
+        good_copies: u32::try_from(tally.copies).unwrap_or(u32::MAX),
+        corrupt_copies: u32::try_from(corrupt).unwrap_or(u32::MAX),
+        missing: s.missing.clone(),
     }
 }
 

@@ -67,7 +67,7 @@ pub struct Copy {
 
 /// Every known copy of a job's shards: step -> rank -> copies, nearest
 /// first.
-#[derive(Debug, Default)]
+#[derive(Debug, Clone, Default)]
 pub struct CopiesView {
     /// The copies.
     pub steps: BTreeMap<(String, u64), BTreeMap<u32, Vec<Copy>>>,
@@ -203,6 +203,59 @@ async fn gather_for(
             gather_collected(ck, job, rank, limit)
         })
         .await
+}
+
+/// The copies of `ranks` of `job` and the job's counts: for a job that
+/// restores through the collector, each rank's view as a restore of it
+/// gathers it ([`gather_for`], shared with the restores of the rank under
+/// way), the ranks' copies taken from each; else, or where one of those
+/// views is the whole job's (the collectors run an older agent), the whole
+/// job's ([`gather`]). A listing of a host's own ranks (the launcher's
+/// notice check, every 200 ms of a notice's window) asked every host of the
+/// job; this asks the collector and the ranks' holders.
+pub async fn gather_ranks(
+    ck: &Arc<Checkpoints>,
+    job: &str,
+    ranks: &std::collections::BTreeSet<u32>,
+) -> Arc<CopiesView> {
+    if !collect::collects(ck, job) {
+        return gather(ck, job).await;
+    }
+    let views = futures_join(ranks.iter().map(|&r| {
+        let (ck, job) = (ck.clone(), job.to_owned());
+        async move { (r, gather_for(&ck, &job, r, ck.cfg.peer_timeout).await) }
+    }))
+    .await;
+    if views.len() < ranks.len() {
+        return gather(ck, job).await;
+    }
+    let mut out = CopiesView::default();
+    for (r, v) in views {
+        if v.counts.is_none() {
+            return v;
+        }
+        for (key, by_rank) in &v.steps {
+            if let Some(c) = by_rank.get(&r) {
+                out.steps
+                    .entry(key.clone())
+                    .or_default()
+                    .insert(r, c.clone());
+            }
+        }
+        for (key, bad) in &v.corrupt {
+            out.corrupt
+                .entry(key.clone())
+                .or_default()
+                .extend(bad.clone());
+        }
+        out.unreachable.extend(v.unreachable.iter().cloned());
+        if out.counts.is_none() {
+            out.counts = v.counts.clone();
+        }
+    }
+    out.unreachable.sort();
+    out.unreachable.dedup();
+    Arc::new(out)
 }
 
 /// One gather through the collector: the local tier, the job's view for
