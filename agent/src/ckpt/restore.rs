@@ -200,98 +200,81 @@ async fn gather_for(
     }
     ck.gathers
         .view(job, Some(rank), limit, ck.sealing.sealed(), || {
-            gather_collected(ck, job, rank, limit)
+            gather_collected(ck, job, std::slice::from_ref(&rank), limit)
         })
         .await
 }
 
 /// The copies of `ranks` of `job` and the job's counts: for a job that
-/// restores through the collector, each rank's view as a restore of it
-/// gathers it ([`gather_for`], shared with the restores of the rank under
-/// way), the ranks' copies taken from each; else, or where one of those
-/// views is the whole job's (the collectors run an older agent), the whole
-/// job's ([`gather`]). A listing of a host's own ranks (the launcher's
-/// notice check, every 200 ms of a notice's window) asked every host of the
-/// job; this asks the collector and the ranks' holders.
+/// restores through the collector, its view for those ranks
+/// ([`gather_collected`]); else the whole job's ([`gather`]). A listing of
+/// a host's own ranks (the launcher's notice check, every 200 ms of a
+/// notice's window) asked every host of the job; this asks the collector
+/// and the ranks' holders, each holder once.
 pub async fn gather_ranks(
     ck: &Arc<Checkpoints>,
     job: &str,
     ranks: &std::collections::BTreeSet<u32>,
 ) -> Arc<CopiesView> {
-    if !collect::collects(ck, job) {
+    if !collect::collects(ck, job) || ranks.is_empty() {
         return gather(ck, job).await;
     }
-    let views = futures_join(ranks.iter().map(|&r| {
-        let (ck, job) = (ck.clone(), job.to_owned());
-        async move { (r, gather_for(&ck, &job, r, ck.cfg.peer_timeout).await) }
-    }))
-    .await;
-    if views.len() < ranks.len() {
-        return gather(ck, job).await;
-    }
-    let mut out = CopiesView::default();
-    for (r, v) in views {
-        if v.counts.is_none() {
-            return v;
-        }
-        for (key, by_rank) in &v.steps {
-            if let Some(c) = by_rank.get(&r) {
-                out.steps
-                    .entry(key.clone())
-                    .or_default()
-                    .insert(r, c.clone());
-            }
-        }
-        for (key, bad) in &v.corrupt {
-            out.corrupt
-                .entry(key.clone())
-                .or_default()
-                .extend(bad.clone());
-        }
-        out.unreachable.extend(v.unreachable.iter().cloned());
-        if out.counts.is_none() {
-            out.counts = v.counts.clone();
-        }
-    }
-    out.unreachable.sort();
-    out.unreachable.dedup();
-    Arc::new(out)
+    let ranks: Vec<u32> = ranks.iter().copied().collect();
+    Arc::new(gather_collected(ck, job, &ranks, ck.cfg.peer_timeout).await)
 }
 
 /// One gather through the collector: the local tier, the job's view for
-/// `rank` (each host's listing within `limit`), the copies that view's
-/// holders of `rank` list (each within `limit`), and the durable store, whose
-/// steps count as complete where it holds every rank itself.
+/// each of `ranks` (each host's listing within `limit`; the job's counts
+/// from the first), the copies those views' holders list of `ranks` (each
+/// holder once, within `limit`), and the durable store, whose steps count
+/// as complete where it holds every rank itself.
 async fn gather_collected(
     ck: &Arc<Checkpoints>,
     job: &str,
-    rank: u32,
+    ranks: &[u32],
     limit: Duration,
 ) -> CopiesView {
     let mut view = CopiesView::default();
     add_local(ck, job, &mut view).await;
-    let jv = match collect::job_view(ck, job, rank, limit).await {
-        Ok(v) => v,
-        Err(e) => {
-            tracing::warn!(job, rank, error = %e, "restoring without the collector");
-            return gather_now(ck, job, limit).await;
+    let views = futures_join(ranks.iter().map(|&rank| {
+        let (ck, job) = (ck.clone(), job.to_owned());
+        async move { collect::job_view(&ck, &job, rank, limit).await }
+    }))
+    .await;
+    let mut jvs = Vec::with_capacity(views.len());
+    for v in views {
+        match v {
+            Ok(v) => jvs.push(v),
+            Err(e) => {
+                tracing::warn!(job, ?ranks, error = %e, "restoring without the collector");
+                return gather_now(ck, job, limit).await;
+            }
         }
-    };
-    view.unreachable.extend(jv.unreachable);
+    }
+    if jvs.len() < ranks.len() {
+        // A task of the asks died: the whole job, rather than a view that
+        // misses a rank's holders.
+        return gather_now(ck, job, limit).await;
+    }
+    for jv in &jvs {
+        view.unreachable.extend(jv.unreachable.iter().cloned());
+    }
+    view.unreachable.sort();
+    view.unreachable.dedup();
     let me = ck.peers.my_addr();
     // This agent's copies are read above; the collector names them under
     // the address the job knows it by.
     let known_as = ck.peers.known_as(job);
-    let mut holders: Vec<String> = jv
-        .steps
-        .values()
+    let mut holders: Vec<String> = jvs
+        .iter()
+        .flat_map(|jv| jv.steps.values())
         .flat_map(|s| &s.holders)
         .map(|h| h.addr.clone())
         .filter(|a| a != me && *a != known_as && !a.is_empty() && a != holdings::DURABLE)
         .collect();
     holders.sort();
     holders.dedup();
-    view.counts = Some(jv.steps);
+    view.counts = jvs.into_iter().next().map(|jv| jv.steps);
     let asks = holders.into_iter().map(|addr| {
         let (ck, job) = (ck.clone(), job.to_owned());
         async move {
@@ -303,9 +286,11 @@ async fn gather_collected(
         }
     });
     for (addr, r) in futures_join(asks).await {
-        view.add_peer(&addr, r, |m| m.rank == rank);
+        view.add_peer(&addr, r, |m| ranks.contains(&m.rank));
     }
-    add_durable_rank(ck, job, rank, &mut view).await;
+    for &rank in ranks {
+        add_durable_rank(ck, job, rank, &mut view).await;
+    }
     view
 }
 
