@@ -33,6 +33,14 @@ use common::{Events, TestAgent, checkpoint_rank, eventually, evidence, free_port
 use warden_proto::v1 as pb;
 
 const IPS: [&str; 3] = ["127.0.0.2", "127.0.0.3", "127.0.0.4"];
+/// Five hosts: the collector's tests (groups of two).
+const FIVE_IPS: [&str; 5] = [
+    "127.0.0.2",
+    "127.0.0.3",
+    "127.0.0.4",
+    "127.0.0.5",
+    "127.0.0.6",
+];
 
 /// Three agents, h0..h2, in racks rack0..rack2, each the others' peer.
 /// `extra` goes into `[checkpoint]`; `tail` after the peer tables.
@@ -489,13 +497,7 @@ async fn a_peer_asking_the_collector_in_a_loop_is_shared_then_refused_as_busy() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restore_goes_through_the_collector_not_to_every_host() {
     let hosts = quiet_hosts(
-        &[
-            "127.0.0.2",
-            "127.0.0.3",
-            "127.0.0.4",
-            "127.0.0.5",
-            "127.0.0.6",
-        ],
+        &FIVE_IPS,
         "peer_timeout = \"1s\"\ncollect_above = 0\ncollect_fan_out = 2",
     );
     save_everywhere(&hosts, "job", &[10], 1 << 16);
@@ -582,52 +584,17 @@ async fn a_restore_goes_through_the_collector_not_to_every_host() {
 /// a gather on each host took.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_large_jobs_summary_is_counted_by_its_collector_not_asked_of_every_host() {
-    let hosts = quiet_hosts(
-        &[
-            "127.0.0.2",
-            "127.0.0.3",
-            "127.0.0.4",
-            "127.0.0.5",
-            "127.0.0.6",
-        ],
-        "peer_timeout = \"5s\"\ncollect_above = 0\ncollect_fan_out = 2",
-    );
-    save_everywhere(&hosts, "job", &[10, 20], 1 << 16);
-    until_copies(&hosts[0], "job", 20, 2).await;
+    let hosts = five_collecting("5s").await;
     // Step 30 of rank 3 alone: an incomplete step, named missing ranks.
     checkpoint_rank(hosts[1].socket(), "job", 3, 10)
         .save(30, &shard_bytes(30, 3, 1 << 10))
         .expect("rank 3 step 30");
-    let ask = async |h: &TestAgent, detail: pb::ListDetail| {
-        h.client()
-            .await
-            .list_checkpoints(pb::ListCheckpointsRequest {
-                job_id: "job".into(),
-                detail: detail.into(),
-                ranks: Vec::new(),
-            })
-            .await
-            .expect("ListCheckpoints")
-            .into_inner()
-    };
-    let counts = |l: &pb::ListCheckpointsResponse| -> Vec<_> {
-        l.steps
-            .iter()
-            .map(|s| {
-                let c = (
-                    s.ranks_with_copy,
-                    s.size_bytes,
-                    s.good_copies,
-                    s.corrupt_copies,
-                );
-                (s.step, s.world_size, s.complete, c, s.missing_ranks.clone())
-            })
-            .collect()
-    };
+    let counts =
+        |l: &pb::ListCheckpointsResponse| -> Vec<_> { l.steps.iter().map(step_counts).collect() };
     // Every shard's copies, gathered from every host: what to match. Asked
     // until step 30's copy has its replica, so the counts stand still.
     let full = eventually(Duration::from_secs(30), "step 30 replicated", async || {
-        let l = ask(&hosts[0], pb::ListDetail::All).await;
+        let l = list_at(&hosts[0], pb::ListDetail::All, Vec::new()).await;
         let s30 = l.steps.iter().find(|s| s.step == 30)?;
         (s30.good_copies == 2).then_some(l)
     })
@@ -643,18 +610,12 @@ async fn a_large_jobs_summary_is_counted_by_its_collector_not_asked_of_every_hos
     let before = listed().await;
     let mut asks = Vec::new();
     for h in &hosts {
-        let mut client = h.client().await;
-        asks.push(tokio::spawn(async move {
-            client
-                .list_checkpoints(pb::ListCheckpointsRequest {
-                    job_id: "job".into(),
-                    detail: pb::ListDetail::Summary.into(),
-                    ranks: Vec::new(),
-                })
-                .await
-                .expect("ListCheckpoints")
-                .into_inner()
-        }));
+        let client = h.client().await;
+        asks.push(tokio::spawn(list_with(
+            client,
+            pb::ListDetail::Summary,
+            Vec::new(),
+        )));
     }
     let mut summaries = Vec::new();
     for a in asks {
@@ -693,42 +654,12 @@ async fn a_large_jobs_summary_is_counted_by_its_collector_not_asked_of_every_hos
 /// counts over every rank.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_listing_of_a_hosts_own_ranks_asks_their_holders_not_every_host() {
-    let hosts = quiet_hosts(
-        &[
-            "127.0.0.2",
-            "127.0.0.3",
-            "127.0.0.4",
-            "127.0.0.5",
-            "127.0.0.6",
-        ],
-        "peer_timeout = \"10s\"\ncollect_above = 0\ncollect_fan_out = 2",
-    );
-    save_everywhere(&hosts, "job", &[10, 20], 1 << 16);
-    until_copies(&hosts[0], "job", 20, 2).await;
-    let ask = async |detail: pb::ListDetail, ranks: Vec<u32>| {
-        hosts[1]
-            .client()
-            .await
-            .list_checkpoints(pb::ListCheckpointsRequest {
-                job_id: "job".into(),
-                detail: detail.into(),
-                ranks,
-            })
-            .await
-            .expect("ListCheckpoints")
-            .into_inner()
-    };
+    let hosts = five_collecting("10s").await;
     // What a step says of ranks 2 and 3: its counts and their copies.
     let of_2_and_3 = |l: &pb::ListCheckpointsResponse| -> Vec<_> {
         l.steps
             .iter()
             .map(|s| {
-                let c = (
-                    s.ranks_with_copy,
-                    s.size_bytes,
-                    s.good_copies,
-                    s.missing_ranks.clone(),
-                );
                 let shards: Vec<(u32, u64, Vec<String>)> = s
                     .shards
                     .iter()
@@ -743,11 +674,11 @@ async fn a_listing_of_a_hosts_own_ranks_asks_their_holders_not_every_host() {
                         (sh.rank, sh.size_bytes, at)
                     })
                     .collect();
-                (s.step, s.world_size, s.complete, c, shards)
+                (step_counts(s), shards)
             })
             .collect()
     };
-    let full = ask(pb::ListDetail::All, Vec::new()).await;
+    let full = list_at(&hosts[1], pb::ListDetail::All, Vec::new()).await;
     assert!(!full.collected);
     let holders: std::collections::BTreeSet<String> = full
         .steps
@@ -756,9 +687,8 @@ async fn a_listing_of_a_hosts_own_ranks_asks_their_holders_not_every_host() {
         .filter(|sh| sh.rank == 2 || sh.rank == 3)
         .flat_map(|sh| sh.copies.iter().map(|c| c.holder.clone()))
         .collect();
-    assert!(summary_collected(
-        &ask(pb::ListDetail::Summary, Vec::new()).await
-    ));
+    let summary = list_at(&hosts[1], pb::ListDetail::Summary, Vec::new()).await;
+    assert!(summary.collected && summary.summarized);
     let listed = async || {
         let mut v = Vec::new();
         for h in &hosts {
@@ -767,7 +697,7 @@ async fn a_listing_of_a_hosts_own_ranks_asks_their_holders_not_every_host() {
         v
     };
     let before = listed().await;
-    let mine = ask(pb::ListDetail::All, vec![2, 3]).await;
+    let mine = list_at(&hosts[1], pb::ListDetail::All, vec![2, 3]).await;
     let after = listed().await;
     let asked: Vec<f64> = after.iter().zip(&before).map(|(a, b)| a - b).collect();
     println!("h1's ranks 2 and 3 (copies on {holders:?}): ListShards {asked:?}");
@@ -787,8 +717,59 @@ async fn a_listing_of_a_hosts_own_ranks_asks_their_holders_not_every_host() {
     }
 }
 
-fn summary_collected(l: &pb::ListCheckpointsResponse) -> bool {
-    l.collected && l.summarized
+/// What a listed step says of itself: step, world size, complete, (ranks
+/// with a copy, bytes, good copies, corrupt copies), the missing ranks.
+type StepCounts = (u64, u32, bool, (u32, u64, u32, u32), Vec<u32>);
+
+fn step_counts(s: &pb::CheckpointStep) -> StepCounts {
+    let c = (
+        s.ranks_with_copy,
+        s.size_bytes,
+        s.good_copies,
+        s.corrupt_copies,
+    );
+    (s.step, s.world_size, s.complete, c, s.missing_ranks.clone())
+}
+
+/// ListCheckpoints of "job" on `agent` at `detail`, of `ranks` (empty:
+/// every rank's shards).
+async fn list_at(
+    agent: &TestAgent,
+    detail: pb::ListDetail,
+    ranks: Vec<u32>,
+) -> pb::ListCheckpointsResponse {
+    list_with(agent.client().await, detail, ranks).await
+}
+
+/// [`list_at`] through a client of the caller's (one a task can own).
+async fn list_with(
+    mut client: pb::agent_client::AgentClient<tonic::transport::Channel>,
+    detail: pb::ListDetail,
+    ranks: Vec<u32>,
+) -> pb::ListCheckpointsResponse {
+    client
+        .list_checkpoints(pb::ListCheckpointsRequest {
+            job_id: "job".into(),
+            detail: detail.into(),
+            ranks,
+        })
+        .await
+        .expect("ListCheckpoints")
+        .into_inner()
+}
+
+/// Five hosts on 127.0.0.2-6 whose every job restores and is summarized
+/// through the collector (groups of two), each peer given `peer_timeout`
+/// (also how long a collection is kept), with steps 10 and 20 of "job"
+/// saved everywhere and replicated.
+async fn five_collecting(peer_timeout: &str) -> Vec<TestAgent> {
+    let hosts = quiet_hosts(
+        &FIVE_IPS,
+        &format!("peer_timeout = \"{peer_timeout}\"\ncollect_above = 0\ncollect_fan_out = 2"),
+    );
+    save_everywhere(&hosts, "job", &[10, 20], 1 << 16);
+    until_copies(&hosts[0], "job", 20, 2).await;
+    hosts
 }
 
 /// Issue 30: peers handed over as launchers hand them (`SetCheckpointPeers`
@@ -938,30 +919,9 @@ async fn the_ranks_of_a_host_restoring_at_once_share_one_gather() {
     until_copies(&hosts[0], "job", 10, 2).await;
     wipe_job(&hosts[0], "job");
     let before = list_shards_served(&hosts[1]).await;
-    hosts[2].signal(nix::sys::signal::Signal::SIGSTOP);
-    let socket = hosts[0].socket().to_owned();
-    let restores: Vec<_> = (0..6u32)
-        .map(|r| {
-            let socket = socket.clone();
-            std::thread::spawn(move || {
-                checkpoint_rank(&socket, "job", r, 6)
-                    .restore(0)
-                    .map(|got| got.map(|g| (g.step, g.read().expect("read"))))
-            })
-        })
-        .collect();
-    // The first gather has asked host 1; host 2 holds it until it wakes.
-    eventually(Duration::from_secs(30), "host 1 is asked", async || {
-        (list_shards_served(&hosts[1]).await > before).then_some(())
-    })
-    .await;
-    hosts[2].signal(nix::sys::signal::Signal::SIGCONT);
-    for (r, t) in restores.into_iter().enumerate() {
-        let got = t
-            .join()
-            .expect("the restore thread")
-            .unwrap_or_else(|e| panic!("rank {r}: {e}\n{}", hosts[0].stderr()))
-            .unwrap_or_else(|| panic!("rank {r}: no complete step"));
+    let got = six_restores_at_once(&hosts, |ck| ck.restore(0)).await;
+    for (r, g) in got.into_iter().enumerate() {
+        let got = (g.step, g.read().expect("read"));
         assert_eq!(got, (10, shard_bytes(10, r as u32, 1 << 16)), "rank {r}");
     }
     let asked = list_shards_served(&hosts[1]).await - before;
@@ -970,6 +930,42 @@ async fn the_ranks_of_a_host_restoring_at_once_share_one_gather() {
         (1.0..=3.0).contains(&asked),
         "six restores at once asked host 1 {asked} times: not shared"
     );
+}
+
+/// Six restores on h0 (its tier wiped), rank r's through rank r's client,
+/// let go at once: started while h2 is paused, so that the gather they
+/// share waits until h1 has been asked and h2 is let go. Each must find
+/// its step; the stderr of h0 says why where one fails.
+async fn six_restores_at_once(
+    hosts: &[TestAgent],
+    restore: fn(
+        &warden_client::Checkpointer,
+    ) -> Result<Option<warden_client::Restored>, warden_client::CheckpointError>,
+) -> Vec<warden_client::Restored> {
+    let asked = list_shards_served(&hosts[1]).await;
+    hosts[2].signal(nix::sys::signal::Signal::SIGSTOP);
+    let socket = hosts[0].socket().to_owned();
+    let restores: Vec<_> = (0..6u32)
+        .map(|r| {
+            let socket = socket.clone();
+            std::thread::spawn(move || restore(&checkpoint_rank(&socket, "job", r, 6)))
+        })
+        .collect();
+    eventually(Duration::from_secs(30), "host 1 is asked", async || {
+        (list_shards_served(&hosts[1]).await > asked).then_some(())
+    })
+    .await;
+    hosts[2].signal(nix::sys::signal::Signal::SIGCONT);
+    let mut got = Vec::new();
+    for (r, t) in restores.into_iter().enumerate() {
+        got.push(
+            t.join()
+                .expect("the restore thread")
+                .unwrap_or_else(|e| panic!("rank {r}: {e}\n{}", hosts[0].stderr()))
+                .unwrap_or_else(|| panic!("rank {r}: no complete step")),
+        );
+    }
+    got
 }
 
 /// Issue 30: a sharded checkpoint's reader has every rank restore the
@@ -988,36 +984,15 @@ async fn the_ranks_of_a_host_restoring_one_shard_at_once_fetch_it_once() {
     let fetches =
         async || served(&hosts[1], "FetchShard").await + served(&hosts[2], "FetchShard").await;
     let before = fetches().await;
-    let asked = list_shards_served(&hosts[1]).await;
-    hosts[2].signal(nix::sys::signal::Signal::SIGSTOP);
-    let socket = hosts[0].socket().to_owned();
-    let restores: Vec<_> = (0..6u32)
-        .map(|r| {
-            let socket = socket.clone();
-            std::thread::spawn(move || {
-                checkpoint_rank(&socket, "job", r, 6)
-                    .restore_rank(0, 10)
-                    .map(|got| got.map(|g| (g.tier.clone(), g.read().expect("read"))))
-            })
-        })
-        .collect();
-    eventually(Duration::from_secs(30), "host 1 is asked", async || {
-        (list_shards_served(&hosts[1]).await > asked).then_some(())
-    })
-    .await;
-    hosts[2].signal(nix::sys::signal::Signal::SIGCONT);
+    let got = six_restores_at_once(&hosts, |ck| ck.restore_rank(0, 10)).await;
     let mut tiers = Vec::new();
-    for (r, t) in restores.into_iter().enumerate() {
-        let (tier, bytes) = t
-            .join()
-            .expect("the restore thread")
-            .unwrap_or_else(|e| panic!("rank {r}: {e}\n{}", hosts[0].stderr()))
-            .unwrap_or_else(|| panic!("rank {r}: no step 10"));
+    for (r, g) in got.into_iter().enumerate() {
+        let bytes = g.read().expect("read");
         assert!(
             bytes == shard_bytes(10, 0, 1 << 20),
             "rank {r}: not rank 0's bytes"
         );
-        tiers.push(tier);
+        tiers.push(g.tier);
     }
     tiers.sort();
     let fetched = fetches().await - before;
