@@ -218,14 +218,14 @@ pub fn listing(ck: &Checkpoints, job: &str, view: &CopiesView, scope: &Scope) ->
     let mut steps: Vec<StepListing> = keys
         .into_iter()
         .map(|key| {
-            let (job, step) = key;
+            let (j, step) = key;
             let ranks = view.steps.get(key).unwrap_or(&none);
             let bad = view.corrupt.get(key).unwrap_or(&none_bad);
             let all: BTreeSet<u32> = ranks.keys().chain(bad.keys()).copied().collect();
-            let count = counted.and_then(|c| c.get(step));
+            let count = counted.filter(|_| j == job).and_then(|c| c.get(step));
             let world_size = count.map_or_else(|| CopiesView::world_size(ranks), |c| c.world);
             StepListing {
-                job: job.clone(),
+                job: j.clone(),
                 step: *step,
                 world_size,
                 complete: count.map_or_else(|| CopiesView::complete(ranks), |c| c.complete()),
