@@ -12,6 +12,11 @@
 //! first one brought into the local tier, and read it there
 //! ([`super::restore`]).
 //!
+//! A turn whose holder found no valid copy says so ([`Turn::failed`]): the
+//! restores waiting behind it then try side by side, as before, rather
+//! than one after another through the same failing holders (8 ranks would
+//! wait 8 times as long for the same answer).
+//!
 //! In: a shard's key. Out: the key's turn, held until dropped.
 //! Never: makes a restore of one shard wait for another's; keeps a key's
 //! entry once nobody holds or awaits its turn, past the next turn taken
@@ -27,7 +32,17 @@ use super::layout::ShardKey;
 /// The turns of the shards being fetched here.
 #[derive(Debug, Default)]
 pub struct FetchTurns {
-    turns: Mutex<HashMap<ShardKey, Arc<tokio::sync::Mutex<()>>>>,
+    turns: Mutex<HashMap<ShardKey, Arc<tokio::sync::Mutex<Fetched>>>>,
+}
+
+/// What the last holder of a key's turn got.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub enum Fetched {
+    /// Nothing yet, or the copy.
+    #[default]
+    NotFailed,
+    /// Every copy it tried failed.
+    Failed,
 }
 
 /// A shard's turn: no other restore here fetches it while this is held.
@@ -35,7 +50,7 @@ pub struct FetchTurns {
 pub struct Turn<'a> {
     turns: &'a FetchTurns,
     key: ShardKey,
-    guard: Option<OwnedMutexGuard<()>>,
+    guard: Option<OwnedMutexGuard<Fetched>>,
 }
 
 impl FetchTurns {
@@ -62,6 +77,20 @@ impl FetchTurns {
     /// Whether no key has one.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+}
+
+impl Turn<'_> {
+    /// Whether the turn's holder before this one found no valid copy.
+    pub fn after_a_failure(&self) -> bool {
+        self.guard.as_deref() == Some(&Fetched::Failed)
+    }
+
+    /// Says what this holder got, for those waiting.
+    pub fn record(&mut self, got: Fetched) {
+        if let Some(g) = self.guard.as_mut() {
+            **g = got;
+        }
     }
 }
 
@@ -120,6 +149,24 @@ mod tests {
     /// The current-thread runtime runs the waiter only where this test
     /// yields: it awaits the turn, the holder lets go, and it is aborted
     /// before it runs again.
+    #[tokio::test]
+    async fn a_waiter_hears_that_the_turn_before_failed() {
+        let turns = FetchTurns::default();
+        let mut first = turns.take(&key(0)).await;
+        assert!(!first.after_a_failure());
+        first.record(Fetched::Failed);
+        // The entry kept alive by a clone of its lock, as a waiter keeps it.
+        let lock = turns.turns.lock().expect("map")[&key(0)].clone();
+        drop(first);
+        let second = turns.take(&key(0)).await;
+        assert!(second.after_a_failure());
+        drop(second);
+        drop(lock);
+        // Nobody waits: the entry goes, and the next holder starts afresh.
+        drop(turns.take(&key(1)).await);
+        assert!(!turns.take(&key(0)).await.after_a_failure());
+    }
+
     #[tokio::test]
     async fn a_waiter_that_goes_away_leaves_no_entry_past_the_next_turn() {
         let turns = Arc::new(FetchTurns::default());

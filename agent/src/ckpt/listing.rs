@@ -135,7 +135,12 @@ pub async fn of_job(ck: &std::sync::Arc<Checkpoints>, job: &str, scope: &Scope) 
     ck.sealing.settled(SEALING_WAIT_LIST).await;
     if scope.detail == Detail::Summary && super::collect::collects(ck, job) {
         match super::collect::job_view(ck, job, 0, ck.cfg.peer_timeout).await {
-            Ok(v) => return collected(ck, job, &v).await,
+            // Only while the counts cover this host's newest step (see
+            // `restore::gather_ranks`): else the whole job, as before.
+            Ok(v) if covers_newest_here(ck, job, &v).await => {
+                return collected(ck, job, &v).await;
+            }
+            Ok(_) => {}
             Err(e) => {
                 tracing::warn!(job, error = %e, "listing the job's counts without the collector")
             }
@@ -148,6 +153,21 @@ pub async fn of_job(ck: &std::sync::Arc<Checkpoints>, job: &str, scope: &Scope) 
         _ => super::restore::gather(ck, job).await,
     };
     listing(ck, job, &view, scope)
+}
+
+/// Whether the collector's view `v` counts complete the newest step of
+/// `job` in this agent's tier (or the tier holds none of it).
+async fn covers_newest_here(
+    ck: &std::sync::Arc<Checkpoints>,
+    job: &str,
+    v: &super::holdings::JobView,
+) -> bool {
+    let (ck2, j) = (ck.clone(), job.to_owned());
+    let newest =
+        tokio::task::spawn_blocking(move || ck2.tier.list(Some(&j)).iter().map(|m| m.step).max())
+            .await
+            .unwrap_or(None);
+    newest.is_none_or(|n| v.steps.get(&n).is_some_and(|s| s.complete()))
 }
 
 /// The most named ranks whose listing asks the collector and their holders

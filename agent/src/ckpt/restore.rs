@@ -211,6 +211,13 @@ async fn gather_for(
 /// a host's own ranks (the launcher's notice check, every 200 ms of a
 /// notice's window) asked every host of the job; this asks the collector
 /// and the ranks' holders, each holder once.
+///
+/// Only while the counts cover what this host sees: a collection is kept
+/// for `peer_timeout`, so one taken while the job was saving a step (every
+/// rank saves at a notice) counts it incomplete, or not at all, for that
+/// long, and the notice check would name the step before and stop waiting
+/// for the new one's replica. Where the newest step in view is not counted
+/// complete, the whole job is gathered, as before.
 pub async fn gather_ranks(
     ck: &Arc<Checkpoints>,
     job: &str,
@@ -220,7 +227,28 @@ pub async fn gather_ranks(
         return gather(ck, job).await;
     }
     let ranks: Vec<u32> = ranks.iter().copied().collect();
-    Arc::new(gather_collected(ck, job, &ranks, ck.cfg.peer_timeout).await)
+    let view = gather_collected(ck, job, &ranks, ck.cfg.peer_timeout).await;
+    let newest = view
+        .steps
+        .keys()
+        .filter(|(j, _)| j == job)
+        .map(|(_, s)| *s)
+        .max();
+    if counted_complete(&view, newest) {
+        Arc::new(view)
+    } else {
+        gather(ck, job).await
+    }
+}
+
+/// Whether `view`'s collector counts `step` (None: no step seen, so
+/// nothing to miss) complete.
+fn counted_complete(view: &CopiesView, step: Option<u64>) -> bool {
+    match (step, &view.counts) {
+        (None, _) => true,
+        (Some(s), Some(c)) => c.get(&s).is_some_and(JobStep::complete),
+        (Some(_), None) => true,
+    }
 }
 
 /// One gather through the collector: the local tier, the job's view for
@@ -274,7 +302,10 @@ async fn gather_collected(
         .collect();
     holders.sort();
     holders.dedup();
-    view.counts = jvs.into_iter().next().map(|jv| jv.steps);
+    // The counts are the job's, the same in every view; a view whose ask
+    // went unanswered has none (the collectors silent for it).
+    let counted = jvs.iter().position(|jv| !jv.steps.is_empty()).unwrap_or(0);
+    view.counts = jvs.into_iter().nth(counted).map(|jv| jv.steps);
     let asks = holders.into_iter().map(|addr| {
         let (ck, job) = (ck.clone(), job.to_owned());
         async move {
@@ -592,16 +623,21 @@ pub async fn restore(
     }
     // The ranks here that restore this shard at once fetch it once: the
     // ones that waited read the copy the first brought in, and check it
-    // side by side, the turn let go (a local copy needs none).
+    // side by side, the turn let go (a local copy needs none). Behind a
+    // turn that found no valid copy, they try side by side too.
     let mut turn = None;
     if !copies.iter().any(|c| c.holder == Holder::Local) {
-        turn = Some(ck.fetch_turns.take(&key).await);
+        let t = ck.fetch_turns.take(&key).await;
         if let Some(here) = brought_in(ck, &key, &copies).await {
             copies.push(here);
-            turn = None;
+        } else if !t.after_a_failure() {
+            turn = Some(t);
         }
     }
-    nearest_first(&mut copies, &ck.host, &key);
+    // This host by its name and its address: hosts misconfigured with one
+    // name still spread.
+    let me = format!("{} {}", ck.host, ck.peers.my_addr());
+    nearest_first(&mut copies, &me, &key);
     let mut skipped = Vec::new();
     for c in copies {
         let source = match &c.holder {
@@ -660,6 +696,9 @@ pub async fn restore(
                 skipped.push(why);
             }
         }
+    }
+    if let Some(t) = turn.as_mut() {
+        t.record(super::fetch_turns::Fetched::Failed);
     }
     drop(turn);
     Err(RestoreError::NoValidCopy {
