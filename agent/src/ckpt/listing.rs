@@ -29,7 +29,7 @@ pub struct Listing {
     pub unreachable: Vec<String>,
     /// Every step's shards were left out (see [`Detail`]).
     pub summarized: bool,
-    /// The counts came from the job's collector ([`collected`]).
+    /// The counts came from the job's collector (`CopiesView::counts`).
     pub collected: bool,
 }
 
@@ -128,7 +128,11 @@ pub const SEALING_WAIT_LIST: std::time::Duration = std::time::Duration::from_sec
 /// (at most [`SEALING_WAIT_LIST`]), every holder of `job`'s shards asked
 /// (`""`: every job), and the steps listed within `scope`. A summary of a
 /// job that restores through the collector ([`super::collect::collects`])
-/// asks the collector instead ([`collected`]); a listing of at most
+/// asks the collector instead, one ask of this host's group leader shared
+/// there with every other host's (a launcher's progress check at a failure
+/// every host sees at once was every host asking every other: 156 million
+/// listings at 12,500 hosts, issue 30); the copies a scrub marked corrupt
+/// are then this agent's alone (each host marks its own). A listing of at most
 /// [`MAX_COLLECTED_RANKS`] named ranks of such a job asks it and the
 /// ranks' holders ([`super::restore::gather_ranks`]).
 pub async fn of_job(ck: &std::sync::Arc<Checkpoints>, job: &str, scope: &Scope) -> Listing {
@@ -137,10 +141,12 @@ pub async fn of_job(ck: &std::sync::Arc<Checkpoints>, job: &str, scope: &Scope) 
         match super::collect::job_view(ck, job, 0, ck.cfg.peer_timeout).await {
             // Only while the counts cover this host's newest step (see
             // `restore::gather_ranks`): else the whole job, as before.
-            Ok(v) if covers_newest_here(ck, job, &v).await => {
-                return collected(ck, job, &v).await;
+            Ok(v) => {
+                let view = super::restore::counted_by(ck, job, v).await;
+                if super::restore::counts_the_newest(&view, job) {
+                    return listing(ck, job, &view, scope);
+                }
             }
-            Ok(_) => {}
             Err(e) => {
                 tracing::warn!(job, error = %e, "listing the job's counts without the collector")
             }
@@ -155,66 +161,10 @@ pub async fn of_job(ck: &std::sync::Arc<Checkpoints>, job: &str, scope: &Scope) 
     listing(ck, job, &view, scope)
 }
 
-/// Whether the collector's view `v` counts complete the newest step of
-/// `job` in this agent's tier (or the tier holds none of it).
-async fn covers_newest_here(
-    ck: &std::sync::Arc<Checkpoints>,
-    job: &str,
-    v: &super::holdings::JobView,
-) -> bool {
-    let (ck2, j) = (ck.clone(), job.to_owned());
-    let newest =
-        tokio::task::spawn_blocking(move || ck2.tier.list(Some(&j)).iter().map(|m| m.step).max())
-            .await
-            .unwrap_or(None);
-    newest.is_none_or(|n| v.steps.get(&n).is_some_and(|s| s.complete()))
-}
-
 /// The most named ranks whose listing asks the collector and their holders
 /// rather than every host: a host's ranks (the launcher's notice check),
 /// or a few a person names.
 pub const MAX_COLLECTED_RANKS: usize = 64;
-
-/// A summary of a large job from its collector's view: one ask of this
-/// host's group leader, shared there with every other host's ask, where a
-/// gather asks every host of the job. A launcher's progress check at a
-/// failure seen on every host at once (a collective's timeout) was every
-/// host asking every other: 156 million listings at 12,500 hosts (issue
-/// 30). The collector counts ranks, copies and bytes; the copies a scrub
-/// marked corrupt are each host's own, so those counted here are this
-/// agent's. Steps newest first.
-async fn collected(
-    ck: &std::sync::Arc<Checkpoints>,
-    job: &str,
-    v: &super::holdings::JobView,
-) -> Listing {
-    let (ck2, j) = (ck.clone(), job.to_owned());
-    let bad = tokio::task::spawn_blocking(move || ck2.tier.list_bad(Some(&j)))
-        .await
-        .unwrap_or_default();
-    let steps = v
-        .steps
-        .iter()
-        .rev()
-        .map(|(&step, s)| {
-            let corrupt = bad.iter().filter(|(k, _)| k.step == step).count();
-            StepListing {
-                job: job.to_owned(),
-                step,
-                world_size: s.world,
-                complete: s.complete(),
-                shards: Vec::new(),
-                counts: counted_step(s, corrupt),
-            }
-        })
-        .collect();
-    Listing {
-        steps,
-        unreachable: v.unreachable.clone(),
-        summarized: true,
-        collected: true,
-    }
-}
 
 /// The listing of `view` (of `job`; `""`: every job) within `scope` (see
 /// the module). A view with the collector's counts (`CopiesView::counts`,

@@ -12,7 +12,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::holdings::{self, JobStep};
+use super::holdings::{self, JobStep, JobView};
 use super::layout::ShardKey;
 use super::manifest::{self, Manifest};
 use super::{Checkpoints, collect, subject};
@@ -228,26 +228,36 @@ pub async fn gather_ranks(
     }
     let ranks: Vec<u32> = ranks.iter().copied().collect();
     let view = gather_collected(ck, job, &ranks, ck.cfg.peer_timeout).await;
-    let newest = view
-        .steps
-        .keys()
-        .filter(|(j, _)| j == job)
-        .map(|(_, s)| *s)
-        .max();
-    if counted_complete(&view, newest) {
+    if counts_the_newest(&view, job) {
         Arc::new(view)
     } else {
         gather(ck, job).await
     }
 }
 
-/// Whether `view`'s collector counts `step` (None: no step seen, so
-/// nothing to miss) complete.
-fn counted_complete(view: &CopiesView, step: Option<u64>) -> bool {
-    match (step, &view.counts) {
-        (None, _) => true,
+/// This agent's copies of `job`, with the collector's view `jv` as the
+/// job's counts: a summary's view, one ask where a gather asks every host.
+pub async fn counted_by(ck: &Arc<Checkpoints>, job: &str, jv: JobView) -> CopiesView {
+    let mut view = CopiesView::default();
+    add_local(ck, job, &mut view).await;
+    view.unreachable = jv.unreachable;
+    view.counts = Some(jv.steps);
+    view
+}
+
+/// Whether `view`'s collector counts complete the newest step of `job`
+/// that the view holds a copy of (true where it holds none, or has no
+/// counts: the whole job's view). See [`gather_ranks`] for why.
+pub fn counts_the_newest(view: &CopiesView, job: &str) -> bool {
+    let newest = view
+        .steps
+        .keys()
+        .filter(|(j, _)| j == job)
+        .map(|(_, s)| *s)
+        .max();
+    match (newest, &view.counts) {
         (Some(s), Some(c)) => c.get(&s).is_some_and(JobStep::complete),
-        (Some(_), None) => true,
+        _ => true,
     }
 }
 
