@@ -21,6 +21,8 @@
 //! 10. Six ranks of a wiped host restoring one shard at once: fetched once.
 //! 11. A summary of a job past `collect_above`: counted by its collector.
 //! 12. A listing of a host's own ranks of such a job: their holders asked.
+//! 13. Eight ranks of a host of such a job restoring at once: one ask of
+//!     the collector.
 
 #![allow(clippy::expect_used, clippy::unwrap_used)]
 
@@ -318,43 +320,7 @@ async fn served(agent: &TestAgent, method: &str) -> f64 {
 /// as before the collector: its ranks come back from their replicas.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_the_first_hosts_on_an_old_agent_a_restore_asks_every_host() {
-    // h0 and h1 sit behind stand-ins on 127.0.0.2 and .3, which sort first
-    // in the static fleet's order h2 and h3 see.
-    let real: Vec<String> = ["127.0.0.6", "127.0.0.7", "127.0.0.4", "127.0.0.5"]
-        .iter()
-        .map(|ip| format!("{ip}:{}", free_port(ip)))
-        .collect();
-    let old = [
-        common::old_peer::OldPeer::start("127.0.0.2", &real[0]).await,
-        common::old_peer::OldPeer::start("127.0.0.3", &real[1]).await,
-    ];
-    let seen_as = |i: usize| match i {
-        0 | 1 => old[i].addr.clone(),
-        _ => real[i].clone(),
-    };
-    let hosts: Vec<TestAgent> = (0..4)
-        .map(|i| {
-            let mut t = format!(
-                "[agent]\nhost_name = \"h{i}\"\n[api]\ntcp = \"{}\"\ninsecure = true\n\
-                 [checkpoint]\ndomain = \"rack{i}\"\npeer_timeout = \"1s\"\n\
-                 collect_above = 0\ncollect_fan_out = 2\n",
-                real[i]
-            );
-            for j in (0..4).filter(|&j| j != i) {
-                // The old hosts know each other directly; h2 and h3 see them
-                // through their stand-ins.
-                let addr = if i < 2 { real[j].clone() } else { seen_as(j) };
-                t += &format!(
-                    "[[checkpoint.peers]]\naddr = \"{addr}\"\ndomain = \"rack{j}\"\nname = \"h{j}\"\n"
-                );
-            }
-            TestAgent::start(&t)
-        })
-        .collect();
-    save_everywhere(&hosts, "job", &[10], 1 << 14);
-    until_copies(&hosts[3], "job", 10, 2).await;
-
-    wipe_job(&hosts[3], "job");
+    let (hosts, _old) = first_two_behind(common::old_peer::Before::Collector).await;
     let asked = served(&hosts[2], "CollectHoldings").await;
     let socket = hosts[3].socket().to_owned();
     let stderr = hosts[3].stderr();
@@ -383,6 +349,101 @@ async fn with_the_first_hosts_on_an_old_agent_a_restore_asks_every_host() {
         log.contains("restoring without the collector") && log.contains("CollectHoldings"),
         "h3 says why it asks every host:\n{log}"
     );
+}
+
+/// Issue 30, mixed versions: the job's first two hosts (its collectors)
+/// run an agent from before an ask could name several ranks, which
+/// answers the first rank alone. h3 holds four registered ranks (4 to 7),
+/// so its restore of rank 6 asks for all four at once; the collector
+/// answers rank 4's holders alone and says nothing of the others, and h3
+/// asks for ranks 5, 6 and 7 one by one, as before: rank 6 comes back from
+/// its replica, and h3's leader relays four asks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_collectors_from_before_rank_spans_a_hosts_ranks_are_asked_apart() {
+    let (hosts, _old) = first_two_behind(common::old_peer::Before::RankSpans).await;
+    let socket = hosts[3].socket().to_owned();
+    let registered: Vec<warden_client::Client> =
+        (4..8).map(|r| register(&socket, "job", r, 8)).collect();
+    let asked = served(&hosts[2], "CollectHoldings").await;
+    let stderr = hosts[3].stderr();
+    let got = tokio::task::spawn_blocking(move || {
+        checkpoint_rank(&socket, "job", 6, 8)
+            .restore(0)
+            .unwrap_or_else(|e| panic!("rank 6: {e}\n{stderr}"))
+            .unwrap_or_else(|| panic!("rank 6: no complete step\n{stderr}"))
+    })
+    .await
+    .expect("h3's restore");
+    assert_eq!((got.step, got.tier.as_str()), (10, "peer"), "{got:?}");
+    assert_eq!(got.read().expect("read"), shard_bytes(10, 6, 1 << 14));
+    let relayed = served(&hosts[2], "CollectHoldings").await - asked;
+    // Four asks of h3's, and at most the collector's ask for h2's group.
+    assert!(
+        (4.0..=5.0).contains(&relayed),
+        "h3's leader answered {relayed} asks"
+    );
+    drop(registered);
+}
+
+/// Rank `rank` of `job` (of `world`) registered with the agent at `socket`
+/// through the real client, from this process; dropped, it goes.
+fn register(socket: &std::path::Path, job: &str, rank: u32, world: u32) -> warden_client::Client {
+    let mut o = warden_client::ConnectOptions::from_env_lossy();
+    o.socket_path = socket.to_owned();
+    o.job_id = job.into();
+    o.global_rank = rank;
+    o.local_rank = rank % 8;
+    o.world_size = world;
+    o.connect_timeout = Duration::from_secs(30);
+    let c = warden_client::Client::connect_with(o).expect("client");
+    assert!(c.is_connected(), "rank {rank}: {:?}", c.status());
+    c
+}
+
+/// Four hosts whose first two (h0, h1: the collectors, groups of two) sit
+/// behind stand-ins of agents from before `before` (`common::old_peer`),
+/// with step 10 of "job" saved everywhere and replicated, and h3's tier
+/// wiped. The stand-ins serve while they are kept.
+async fn first_two_behind(
+    before: common::old_peer::Before,
+) -> (Vec<TestAgent>, [common::old_peer::OldPeer; 2]) {
+    // h0 and h1 sit behind stand-ins on 127.0.0.2 and .3, which sort first
+    // in the static fleet's order h2 and h3 see.
+    let real: Vec<String> = ["127.0.0.6", "127.0.0.7", "127.0.0.4", "127.0.0.5"]
+        .iter()
+        .map(|ip| format!("{ip}:{}", free_port(ip)))
+        .collect();
+    let old = [
+        common::old_peer::OldPeer::from_before(before, "127.0.0.2", &real[0]).await,
+        common::old_peer::OldPeer::from_before(before, "127.0.0.3", &real[1]).await,
+    ];
+    let seen_as = |i: usize| match i {
+        0 | 1 => old[i].addr.clone(),
+        _ => real[i].clone(),
+    };
+    let hosts: Vec<TestAgent> = (0..4)
+        .map(|i| {
+            let mut t = format!(
+                "[agent]\nhost_name = \"h{i}\"\n[api]\ntcp = \"{}\"\ninsecure = true\n\
+                 [checkpoint]\ndomain = \"rack{i}\"\npeer_timeout = \"1s\"\n\
+                 collect_above = 0\ncollect_fan_out = 2\n",
+                real[i]
+            );
+            for j in (0..4).filter(|&j| j != i) {
+                // The old hosts know each other directly; h2 and h3 see them
+                // through their stand-ins.
+                let addr = if i < 2 { real[j].clone() } else { seen_as(j) };
+                t += &format!(
+                    "[[checkpoint.peers]]\naddr = \"{addr}\"\ndomain = \"rack{j}\"\nname = \"h{j}\"\n"
+                );
+            }
+            TestAgent::start(&t)
+        })
+        .collect();
+    save_everywhere(&hosts, "job", &[10], 1 << 14);
+    until_copies(&hosts[3], "job", 10, 2).await;
+    wipe_job(&hosts[3], "job");
+    (hosts, old)
 }
 
 /// Issue 30, the collector's surface attacked by one of the job's peers
@@ -419,7 +480,37 @@ async fn a_peer_asking_the_collector_in_a_loop_is_shared_then_refused_as_busy() 
         group: start,
         relayed,
         limit_ms,
+        ranks: Vec::new(),
     };
+
+    // An ask naming more ranks than one ask may, or ranks on a group's
+    // ask: refused, naming the field, before anything is listed.
+    let mut too_many = ask("job", 0, true, 1000);
+    too_many.ranks = (1..=64).collect();
+    let mut on_a_group = ask("job", 3, false, 1000);
+    on_a_group.ranks = vec![1];
+    for (bad, field) in [(too_many, "ranks: 64"), (on_a_group, "ranks, relayed")] {
+        let s = as_peer(0, "h1")
+            .collect_holdings(bad)
+            .await
+            .expect_err("refused");
+        assert_eq!(s.code(), tonic::Code::InvalidArgument, "{s:?}");
+        assert!(s.message().contains(field), "{s:?}");
+    }
+    // The ranks named are answered, each once, with the counts of one.
+    let mut three = ask("job", 0, true, 1000);
+    (three.rank, three.ranks) = (6, vec![0, 6, 7]);
+    let got = as_peer(0, "h1")
+        .collect_holdings(three)
+        .await
+        .expect("three ranks")
+        .into_inner();
+    assert_eq!(got.answered, [0, 6, 7], "{got:?}");
+    let s10 = got.steps.iter().find(|s| s.step == 10).expect("step 10");
+    let mut named: Vec<u32> = s10.ranks.iter().map(|r| r.rank).collect();
+    named.sort();
+    assert_eq!(named, [0, 6, 7], "{s10:?}");
+    assert_eq!((s10.present, s10.world_size), (8, 8), "{s10:?}");
 
     let h3_listed = list_shards_served(&hosts[3]).await;
     let mut to_h0 = as_peer(0, "h1");
@@ -726,6 +817,88 @@ async fn a_listing_of_a_hosts_own_ranks_asks_their_holders_not_every_host() {
     assert!(!mine.collected, "{mine:?}");
     let s30 = mine.steps.iter().find(|s| s.step == 30).expect("step 30");
     assert!(!s30.complete && s30.shards.len() == 1, "{s30:?}");
+}
+
+/// Issue 30: at a restart every rank of a host restores, and each asked
+/// the collector for the job's view of its own rank (through its group's
+/// leader) and listed its own holders: 100,000 asks at the collector in a
+/// wave at 12,500 hosts of 8. The ranks of a job registered on a host now
+/// share one gather: one ask names them all, each holder is listed once.
+/// Eight ranks registered on h3 (its tier wiped) restore at once while
+/// h3's leader, h2, is paused, so that every restore is under way before
+/// the first ask is answered. The collector, h0, answers one ask (eight
+/// before) and every rank restores its own shard of the newest step.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_ranks_of_a_host_restoring_at_once_ask_the_collector_once() {
+    let hosts = five_collecting("10s").await;
+    wipe_job(&hosts[3], "job");
+    let ranks: Vec<u32> = (0..8).collect();
+    let socket = hosts[3].socket().to_owned();
+    let registered: Vec<warden_client::Client> = ranks
+        .iter()
+        .map(|&r| register(&socket, "job", r, 10))
+        .collect();
+    let calls = async |method: &str| {
+        let mut v = Vec::new();
+        for h in &hosts {
+            v.push(served(h, method).await);
+        }
+        v
+    };
+    let (asks, lists) = (calls("CollectHoldings").await, calls("ListShards").await);
+    hosts[2].signal(nix::sys::signal::Signal::SIGSTOP);
+    let restores: Vec<_> = ranks
+        .iter()
+        .map(|&r| {
+            let socket = socket.clone();
+            std::thread::spawn(move || checkpoint_rank(&socket, "job", r, 10).restore(0))
+        })
+        .collect();
+    eventually(
+        Duration::from_secs(30),
+        "eight restores under way on h3",
+        async || (in_flight(&hosts[3], "Restore").await >= 8.0).then_some(()),
+    )
+    .await;
+    hosts[2].signal(nix::sys::signal::Signal::SIGCONT);
+    for (r, t) in ranks.iter().zip(restores) {
+        let got = t
+            .join()
+            .expect("the restore thread")
+            .unwrap_or_else(|e| panic!("rank {r}: {e}\n{}", hosts[3].stderr()))
+            .unwrap_or_else(|| panic!("rank {r}: no complete step"));
+        assert_eq!(got.step, 20, "rank {r}");
+        assert_eq!(
+            got.read().expect("read"),
+            shard_bytes(20, *r, 1 << 16),
+            "rank {r}"
+        );
+    }
+    let since = |now: Vec<f64>, then: &[f64]| -> Vec<f64> {
+        now.iter().zip(then).map(|(a, b)| a - b).collect()
+    };
+    let asks = since(calls("CollectHoldings").await, &asks);
+    let lists = since(calls("ListShards").await, &lists);
+    println!("eight restores at once on h3: CollectHoldings {asks:?}, ListShards {lists:?}");
+    assert_eq!(asks[0], 1.0, "the collector's asks: {asks:?}");
+    // h2: h3's ask, and at most the collector's ask for h2's group.
+    assert!(asks[2] <= 2.0, "h3's leader's asks: {asks:?}");
+    // Each holder once for h3, and at most once more for a collection.
+    assert!(lists.iter().all(|&n| n <= 2.0), "ListShards: {lists:?}");
+    drop(registered);
+}
+
+/// How many calls of `method` `agent` is answering now.
+async fn in_flight(agent: &TestAgent, method: &str) -> f64 {
+    let (scrape, _) = common::scrape(agent).await;
+    scrape
+        .samples
+        .iter()
+        .filter(|s| {
+            s.metric == "warden_api_requests_in_flight" && s.labels.get("method") == Some(method)
+        })
+        .map(|s| common::number(&s.value))
+        .sum()
 }
 
 /// What a listed step says of itself: step, world size, complete, (ranks

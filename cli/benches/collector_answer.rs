@@ -1,16 +1,22 @@
 //! Issue 30: the collector's CPU for one restore wave. A job-wide restore
-//! asks the collector once per restoring rank (N hosts * 8 ranks), and
-//! each ask is answered from one shared collection (`ckpt::holdings`):
-//! per step, the job's count (world size, ranks with a copy, the first
-//! missing) and the asking rank's holders.
+//! asked the collector once per restoring rank (N hosts * 8 ranks); the
+//! ranks of a host now ask once (N asks). Each ask is answered from one
+//! shared collection (`ckpt::holdings`): per step, the job's count (world
+//! size, ranks with a copy, the first missing) and the asking ranks'
+//! holders.
 //!
-//! Two ways to answer, side by side on the same collection:
-//! - `count per ask` (`Holdings::for_rank`): the count taken again for each
-//!   ask, as the collector did before `Counted` (O(steps * world) an ask;
-//!   today's count function, which walks the ranks present where the one
-//!   before looked each rank up: if anything, faster than it was);
-//! - `counted once` (`Counted::new`, then `Counted::for_rank` per ask): the
-//!   count taken once per collection (O(steps * holders) an ask).
+//! Ways to answer, side by side on the same collection:
+//! - `count per ask` (`Holdings::for_ranks` of one rank): the count taken
+//!   again for each ask, as the collector did before `Counted`
+//!   (O(steps * world) an ask; today's count function, which walks the
+//!   ranks present where the one before looked each rank up: if anything,
+//!   faster than it was);
+//! - `counted once` (`Counted::new`, then `Counted::for_ranks` of one rank
+//!   per ask): the count taken once per collection (O(steps * holders) an
+//!   ask);
+//! - `encoded, an ask a rank` and `an ask a host`: counted once, and the
+//!   answer encoded as sent (`collect_wire::view_to_pb`), for one rank
+//!   (8N asks a wave) and for a host's 8 ranks (N asks).
 //!
 //! The collection: N hosts of 8 ranks, each rank's shard on its own host
 //! and on the next host (one replica), five steps kept, one rank missing
@@ -26,6 +32,8 @@
 
 use std::time::{Duration, Instant};
 
+use prost::Message;
+use warden_agent::ckpt::collect_wire::view_to_pb;
 use warden_agent::ckpt::holdings::{Counted, Holdings};
 
 const RANKS_PER_HOST: u32 = 8;
@@ -80,29 +88,44 @@ fn main() {
         })
         .collect();
     println!(
-        "| hosts | ranks | count per ask: per ask | per wave | counted once: count | per ask | per wave |"
+        "| hosts | ranks | count per ask: per ask | per wave | counted once: count | per ask | per wave \
+         | encoded, an ask a rank: per ask | per wave | an ask a host: per ask | per wave |"
     );
-    println!("|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|");
     for n in hosts {
         let h = collection(n);
         let world = n * RANKS_PER_HOST;
         let wave = f64::from(world);
-        let slow = per_ask(world, 21, |r| h.for_rank(r).steps.len());
+        let slow = per_ask(world, 21, |r| h.for_ranks(&[r]).steps.len());
         let copy = h.clone();
         let t = Instant::now();
         let counted = Counted::new(copy);
         let count = t.elapsed();
-        let fast = per_ask(world, 2001, |r| counted.for_rank(r).steps.len());
-        let check = counted.for_rank(world / 2);
-        assert_eq!(check, h.for_rank(world / 2), "both ways give one view");
+        let fast = per_ask(world, 2001, |r| counted.for_ranks(&[r]).steps.len());
+        let check = counted.for_ranks(&[world / 2]);
+        assert_eq!(check, h.for_ranks(&[world / 2]), "both ways give one view");
         assert!(!check.steps[&(STEPS * 100)].complete());
+        let rank_sent = per_ask(world, 2001, |r| {
+            view_to_pb(&counted.for_ranks(&[r])).encode_to_vec().len()
+        });
+        // A host's ranks: the 8 of the host the sampled rank is on.
+        let host_sent = per_ask(world, 2001, |r| {
+            let first = r / RANKS_PER_HOST * RANKS_PER_HOST;
+            let ranks: Vec<u32> = (first..first + RANKS_PER_HOST).collect();
+            view_to_pb(&counted.for_ranks(&ranks)).encode_to_vec().len()
+        });
         println!(
-            "| {n} | {world} | {:.2} ms | {:.1} s | {:.1} ms | {:.2} us | {:.3} s |",
+            "| {n} | {world} | {:.2} ms | {:.1} s | {:.1} ms | {:.2} us | {:.3} s \
+             | {:.2} us | {:.3} s | {:.2} us | {:.3} s |",
             slow.as_secs_f64() * 1e3,
             slow.as_secs_f64() * wave,
             count.as_secs_f64() * 1e3,
             fast.as_secs_f64() * 1e6,
             fast.as_secs_f64() * wave + count.as_secs_f64(),
+            rank_sent.as_secs_f64() * 1e6,
+            rank_sent.as_secs_f64() * wave + count.as_secs_f64(),
+            host_sent.as_secs_f64() * 1e6,
+            host_sent.as_secs_f64() * f64::from(n) + count.as_secs_f64(),
         );
     }
 }

@@ -3,7 +3,10 @@
 //! forwards every call an older agent answers (shards pushed, fetched and
 //! listed; straggler exchange and aggregator reports) to a real agent, and
 //! answers CollectHoldings UNIMPLEMENTED, as a tonic server without the
-//! method does. Plain TCP: the peers it stands between run with
+//! method does. Or one from after CollectHoldings but before an ask could
+//! name several ranks ([`Before::RankSpans`]): it forwards the ask without
+//! them and answers for its first rank alone, saying nothing of the others,
+//! as such an agent does. Plain TCP: the peers it stands between run with
 //! `api.insecure = true` (it cannot present their certificates).
 
 use tokio::net::TcpListener;
@@ -14,6 +17,15 @@ use tonic::{Request, Response, Status, Streaming};
 use warden_proto::v1 as pb;
 use warden_proto::v1::peer_client::PeerClient;
 use warden_proto::v1::peer_server::{Peer, PeerServer};
+
+/// Which agent the stand-in is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Before {
+    /// Before CollectHoldings.
+    Collector,
+    /// Before an ask named several ranks (`HoldingsAsk.ranks`).
+    RankSpans,
+}
 
 /// The stand-in; dropped, it stops serving.
 pub struct OldPeer {
@@ -32,6 +44,11 @@ impl OldPeer {
     /// Serves on `ip` (a loopback address of its own, a free port),
     /// forwarding to the agent at `backend` (`ip:port`).
     pub async fn start(ip: &str, backend: &str) -> Self {
+        Self::from_before(Before::Collector, ip, backend).await
+    }
+
+    /// [`OldPeer::start`], as the agent from before `before`.
+    pub async fn from_before(before: Before, ip: &str, backend: &str) -> Self {
         let listener = TcpListener::bind(format!("{ip}:0"))
             .await
             .expect("the old peer's listener");
@@ -39,7 +56,7 @@ impl OldPeer {
         let channel = Channel::from_shared(format!("http://{backend}"))
             .expect("the backend's endpoint")
             .connect_lazy();
-        let forward = Forward(PeerClient::new(channel));
+        let forward = Forward(PeerClient::new(channel), before);
         let task = tokio::spawn(async move {
             let _ = Server::builder()
                 .add_service(PeerServer::new(forward))
@@ -50,7 +67,7 @@ impl OldPeer {
     }
 }
 
-struct Forward(PeerClient<Channel>);
+struct Forward(PeerClient<Channel>, Before);
 
 impl Forward {
     fn client(&self) -> PeerClient<Channel> {
@@ -113,10 +130,25 @@ impl Peer for Forward {
 
     async fn collect_holdings(
         &self,
-        _: Request<pb::HoldingsAsk>,
+        r: Request<pb::HoldingsAsk>,
     ) -> Result<Response<pb::Holdings>, Status> {
-        Err(Status::unimplemented(
-            "Method not found: warden.v1.Peer/CollectHoldings",
-        ))
+        if self.1 == Before::Collector {
+            return Err(Status::unimplemented(
+                "Method not found: warden.v1.Peer/CollectHoldings",
+            ));
+        }
+        // It reads `rank` alone (field 6 unknown to it), and answers that
+        // rank's holders, with no `answered` (field 4).
+        let mut ask = r.into_inner();
+        ask.ranks.clear();
+        let (job, rank) = (ask.group == 0, ask.rank);
+        let mut h = self.client().collect_holdings(ask).await?.into_inner();
+        h.answered.clear();
+        if job {
+            for s in &mut h.steps {
+                s.ranks.retain(|x| x.rank == rank);
+            }
+        }
+        Ok(Response::new(h))
     }
 }

@@ -160,6 +160,22 @@ pub async fn commit_shard(
     })
 }
 
+/// The ranks of `job` registered on this host (at most one past what one
+/// collector ask names: more, and each restore asks for its own rank).
+/// They restore at once at a restart, and share one gather.
+fn registered_ranks(state: &AgentState, job: &str) -> Vec<u32> {
+    let key = |rank| warden_core::rank::RankKey {
+        job: job.to_owned(),
+        rank,
+    };
+    let reg = state.ranks.lock();
+    reg.ranks
+        .range(key(0)..=key(u32::MAX))
+        .map(|(k, _)| k.rank)
+        .take(crate::ckpt::holdings::MAX_VIEW_RANKS + 1)
+        .collect()
+}
+
 /// Restore: the nearest valid copy of the rank's shard, in the local tier,
 /// handed to `owner` (the calling rank) so that it can open the path.
 pub async fn restore(
@@ -178,7 +194,9 @@ pub async fn restore(
         )));
     }
     let started = Instant::now();
-    match restore::for_rank(&state.events, &ck, &req.job_id, req.rank, req.step, owner).await {
+    let beside = registered_ranks(state, &req.job_id);
+    let rank = (req.rank, beside.as_slice());
+    match restore::for_rank(&state.events, &ck, &req.job_id, rank, req.step, owner).await {
         Ok(None) => Ok(pb::RestoreResponse::default()),
         Ok(Some(r)) => Ok(pb::RestoreResponse {
             found: true,
@@ -432,7 +450,7 @@ pub async fn collect_holdings(
     caller: &Caller,
     req: pb::HoldingsAsk,
 ) -> Result<pb::Holdings, Status> {
-    use crate::ckpt::collect::{self, Answer, Scope};
+    use crate::ckpt::collect::{self, Answer};
     use crate::ckpt::collect_wire;
     let ck = tier(state)?;
     job(&req.job_id)?;
@@ -441,13 +459,9 @@ pub async fn collect_holdings(
     })?;
     let ask = collect_wire::ask_from_pb(req)
         .map_err(|e| Status::invalid_argument(format!("CollectHoldings: {e}")))?;
-    let rank = match ask.scope {
-        Scope::Job { rank } => Some(rank),
-        Scope::Group { .. } => None,
-    };
     let peer = caller.identity().unwrap_or_default();
     match collect::answer(&ck, ask, peer).await {
-        Ok(Answer::Job(v)) => Ok(collect_wire::view_to_pb(&v, rank.unwrap_or_default())),
+        Ok(Answer::Job(v)) => Ok(collect_wire::view_to_pb(&v)),
         Ok(Answer::Group(h)) => Ok(collect_wire::holdings_to_pb(&h)),
         Err(e @ collect::CollectError::Busy { .. }) => {
             Err(Status::resource_exhausted(format!("CollectHoldings: {e}")))

@@ -21,9 +21,13 @@
 //!   leader what its group holds (the leader lists its members' tiers; a
 //!   leader that does not answer has its members listed directly), and
 //!   shares one collection among the asks that come while it runs;
-//! - the answer is the job's view for the asker's rank: per step, the
-//!   world size, how many ranks have a copy, the first missing, and that
-//!   rank's holders, whom the asker then lists itself (a few hosts).
+//! - the answer is the job's view for the asker's ranks: per step, the
+//!   world size, how many ranks have a copy, the first missing, and those
+//!   ranks' holders, whom the asker then lists itself (a few hosts). The
+//!   ranks of one host that restore at once ask once (`super::restore`):
+//!   at 8 ranks a host, a wave's asks at the collector are one a host, not
+//!   one a rank. An older agent on the way answers the first rank alone;
+//!   the asker asks for the others one by one, as it did before.
 //!
 //! So a host takes about 2√N connections (its group's asks and the other
 //! collectors' group asks) and makes O(1) calls a restore, plus O(√N) as a
@@ -59,8 +63,8 @@
 //! ([`ViewError::OldCollectors`]) and asks every host instead, as such an
 //! agent would (a rolling upgrade of a large job still restores).
 //!
-//! In: a job, a rank, the listing bound; a peer's ask ([`answer`]). Out: the
-//! job's view for the rank ([`JobView`]), or a group's holdings. Never:
+//! In: a job, some ranks, the listing bound; a peer's ask ([`answer`]).
+//! Out: the job's view for the ranks ([`JobView`]), or a group's holdings. Never:
 //! answers later than its bound says; counts a host that could not be asked
 //! as holding nothing (it is named unreachable).
 
@@ -94,12 +98,14 @@ pub const STARTS_PER_PEER: u32 = 16;
 const SECOND_ASK: u32 = 3;
 
 /// What is asked.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Scope {
-    /// The job's view, for this rank.
+    /// The job's view, for these ranks.
     Job {
-        /// The rank whose copies the asker wants located.
-        rank: u32,
+        /// The ranks whose copies the asker wants located (one at least,
+        /// [`super::holdings::MAX_VIEW_RANKS`] at most, each once; an older
+        /// agent reads the first alone).
+        ranks: Vec<u32>,
     },
     /// What the group starting at this index of the job's order holds.
     Group {
@@ -125,7 +131,7 @@ pub struct Ask {
 /// An answer.
 #[derive(Debug)]
 pub enum Answer {
-    /// The job's view for the asked rank.
+    /// The job's view for the asked ranks.
     Job(JobView),
     /// A group's holdings.
     Group(Holdings),
@@ -248,8 +254,9 @@ fn place(ck: &Checkpoints, job: &str) -> (Option<String>, Vec<String>, bool) {
     })
 }
 
-/// The job's view for `rank` as a restoring host gets it, each host's
-/// listing bounded by `limit`: asked of its group's leader (which passes it
+/// The job's view for `ranks` (one at least; an older agent on the way
+/// answers the first alone: [`JobView::ranks`] says which were answered)
+/// as a restoring host gets it, each host's listing bounded by `limit`: asked of its group's leader (which passes it
 /// on to a collector), else of the job's first hosts (group 0) itself,
 /// else, in group 0, collected here. A host outside group 0 never
 /// collects: were the collectors out of reach for one host, they would be
@@ -261,13 +268,15 @@ fn place(ck: &Checkpoints, job: &str) -> (Option<String>, Vec<String>, bool) {
 pub async fn job_view(
     ck: &Arc<Checkpoints>,
     job: &str,
-    rank: u32,
+    ranks: &[u32],
     limit: Duration,
 ) -> Result<JobView, ViewError> {
     let (leader, collectors, collects_here) = place(ck, job);
     let ask = |relayed| Ask {
         job: job.to_owned(),
-        scope: Scope::Job { rank },
+        scope: Scope::Job {
+            ranks: ranks.to_vec(),
+        },
         relayed,
         limit,
     };
@@ -287,18 +296,21 @@ pub async fn job_view(
         }
     }
     if collects_here {
-        return Ok(collected(ck, job, rank, limit).await);
+        return Ok(collected(ck, job, ranks, limit).await);
     }
     if silent.is_empty() && !old.is_empty() {
         return Err(ViewError::OldCollectors(old.join("; ")));
     }
-    Ok(collectors_silent(&silent))
+    Ok(collectors_silent(&silent, ranks))
 }
 
-/// A view that says only that the collectors did not answer.
-fn collectors_silent(tried: &[String]) -> JobView {
+/// A view of `ranks` that says only that the collectors did not answer
+/// (it answers every rank: none is asked again apart, to the same
+/// silence).
+fn collectors_silent(tried: &[String], ranks: &[u32]) -> JobView {
     JobView {
         steps: Default::default(),
+        ranks: ranks.iter().copied().collect(),
         unreachable: vec![format!(
             "the job's checkpoint collectors (its first hosts) did not answer: {}",
             if tried.is_empty() {
@@ -317,13 +329,13 @@ pub async fn answer(ck: &Arc<Checkpoints>, ask: Ask, peer: &str) -> Result<Answe
         Scope::Group { start } => group_here(ck, &ask.job, start, ask.limit, peer)
             .await
             .map(Answer::Group),
-        Scope::Job { rank } => answer_job(ck, &ask.job, rank, ask.relayed, ask.limit, peer)
+        Scope::Job { ranks } => answer_job(ck, &ask.job, &ranks, ask.relayed, ask.limit, peer)
             .await
             .map(Answer::Job),
     }
 }
 
-/// The job's view for `rank`, each listing bounded by `limit`: collected
+/// The job's view for `ranks`, each listing bounded by `limit`: collected
 /// here when the ask was relayed (its sender took this host for a
 /// collector) or this host is in group 0; else, as its group's leader,
 /// passed on to the job's first hosts while the asker's wait allows (a
@@ -331,7 +343,7 @@ pub async fn answer(ck: &Arc<Checkpoints>, ask: Ask, peer: &str) -> Result<Answe
 async fn answer_job(
     ck: &Arc<Checkpoints>,
     job: &str,
-    rank: u32,
+    ranks: &[u32],
     relayed: bool,
     limit: Duration,
     peer: &str,
@@ -343,18 +355,20 @@ async fn answer_job(
             .collections
             .view_admitted(
                 job,
-                None,
+                &[],
                 bound,
                 ck.sealing.sealed(),
                 || admit(ck, peer),
                 || async { Counted::new(collect_now(ck, job, bound).await) },
             )
             .await?;
-        return Ok(held.for_rank(rank));
+        return Ok(held.for_ranks(ranks));
     }
     let ask = Ask {
         job: job.to_owned(),
-        scope: Scope::Job { rank },
+        scope: Scope::Job {
+            ranks: ranks.to_vec(),
+        },
         relayed: true,
         limit,
     };
@@ -375,21 +389,21 @@ async fn answer_job(
     if silent.is_empty() && !old.is_empty() {
         return Err(CollectError::OldCollectors(old.join("; ")));
     }
-    Ok(collectors_silent(&silent))
+    Ok(collectors_silent(&silent, ranks))
 }
 
-/// The job's view for `rank` from this agent's collection for its own
+/// The job's view for `ranks` from this agent's collection for its own
 /// restores (one under way, or one finished within `peer_timeout`, is
 /// shared; no quota).
-async fn collected(ck: &Arc<Checkpoints>, job: &str, rank: u32, limit: Duration) -> JobView {
+async fn collected(ck: &Arc<Checkpoints>, job: &str, ranks: &[u32], limit: Duration) -> JobView {
     let bound = listing_bound(ck, limit);
     let held = ck
         .collections
-        .view(job, None, bound, ck.sealing.sealed(), || async {
+        .view(job, &[], bound, ck.sealing.sealed(), || async {
             Counted::new(collect_now(ck, job, bound).await)
         })
         .await;
-    held.for_rank(rank)
+    held.for_ranks(ranks)
 }
 
 /// How one host answered an ask for the job's view.
@@ -540,7 +554,7 @@ async fn group_here(
         .group_listings
         .view_admitted(
             job,
-            Some(part),
+            &[part],
             bound,
             ck.sealing.sealed(),
             || admit(ck, peer),

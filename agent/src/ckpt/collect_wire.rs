@@ -9,18 +9,25 @@ use warden_core::rank::MAX_WORLD_SIZE;
 use warden_proto::v1 as pb;
 
 use super::collect::{Ask, Scope};
-use super::holdings::{HolderRef, Holdings, JobStep, JobView, MAX_HOSTS, MAX_STEPS, Tally};
+use super::holdings::{
+    HolderRef, Holdings, JobStep, JobView, MAX_HOSTS, MAX_STEPS, MAX_VIEW_RANKS, Tally,
+};
 
 /// The shortest and longest an ask may give its answer.
 pub const LIMIT_RANGE: (Duration, Duration) = (Duration::from_millis(10), Duration::from_secs(300));
 
 /// An ask as sent.
 pub fn ask_to_pb(a: &Ask) -> pb::HoldingsAsk {
-    let (group, rank) = match a.scope {
-        Scope::Job { rank } => (0, rank),
-        Scope::Group { start } => (
-            u32::try_from(start).unwrap_or(u32::MAX).saturating_add(1),
+    let (group, rank, ranks) = match &a.scope {
+        Scope::Job { ranks } => (
             0,
+            ranks.first().copied().unwrap_or(0),
+            ranks.iter().skip(1).copied().collect(),
+        ),
+        Scope::Group { start } => (
+            u32::try_from(*start).unwrap_or(u32::MAX).saturating_add(1),
+            0,
+            Vec::new(),
         ),
     };
     pb::HoldingsAsk {
@@ -29,6 +36,7 @@ pub fn ask_to_pb(a: &Ask) -> pb::HoldingsAsk {
         rank,
         relayed: a.relayed,
         limit_ms: u32::try_from(a.limit.as_millis()).unwrap_or(u32::MAX),
+        ranks,
     }
 }
 
@@ -46,10 +54,28 @@ pub fn ask_from_pb(r: pb::HoldingsAsk) -> Result<Ask, String> {
         if r.rank >= MAX_WORLD_SIZE {
             return Err(format!("rank: {}; must be below {MAX_WORLD_SIZE}", r.rank));
         }
-        Scope::Job { rank: r.rank }
+        if r.ranks.len() >= MAX_VIEW_RANKS {
+            return Err(format!(
+                "ranks: {}; at most {} beside rank",
+                r.ranks.len(),
+                MAX_VIEW_RANKS - 1
+            ));
+        }
+        if let Some(x) = r.ranks.iter().find(|&&x| x >= MAX_WORLD_SIZE) {
+            return Err(format!("ranks: {x}; must be below {MAX_WORLD_SIZE}"));
+        }
+        // The first stays first (an older agent on the way answers it
+        // alone); the rest once each.
+        let mut ranks = vec![r.rank];
+        for x in r.ranks {
+            if !ranks.contains(&x) {
+                ranks.push(x);
+            }
+        }
+        Scope::Job { ranks }
     } else {
-        if r.rank != 0 || r.relayed {
-            return Err("rank, relayed: set on a group's ask (group > 0)".to_owned());
+        if r.rank != 0 || r.relayed || !r.ranks.is_empty() {
+            return Err("rank, ranks, relayed: set on a group's ask (group > 0)".to_owned());
         }
         Scope::Group {
             start: (r.group - 1) as usize,
@@ -88,6 +114,7 @@ pub fn holdings_to_pb(h: &Holdings) -> pb::Holdings {
             })
             .collect(),
         unreachable: h.unreachable.clone(),
+        answered: Vec::new(),
     }
 }
 
@@ -116,8 +143,8 @@ pub fn holdings_from_pb(r: pb::Holdings) -> Result<Holdings, String> {
     Ok(h)
 }
 
-/// The job's view for `rank` as sent.
-pub fn view_to_pb(v: &JobView, rank: u32) -> pb::Holdings {
+/// The job's view for its ranks as sent.
+pub fn view_to_pb(v: &JobView) -> pb::Holdings {
     let mut hosts: Vec<HolderRef> = Vec::new();
     let mut index = |h: &HolderRef| -> u32 {
         match hosts.iter().position(|x| x == h) {
@@ -134,15 +161,15 @@ pub fn view_to_pb(v: &JobView, rank: u32) -> pb::Holdings {
         .map(|(&step, s)| pb::StepHoldings {
             step,
             world_size: s.world,
-            ranks: if s.holders.is_empty() {
-                Vec::new()
-            } else {
-                vec![pb::RankHolders {
+            ranks: s
+                .holders
+                .iter()
+                .map(|(&rank, hs)| pb::RankHolders {
                     rank,
-                    hosts: s.holders.iter().map(&mut index).collect(),
+                    hosts: hs.iter().map(&mut index).collect(),
                     size_bytes: 0,
-                }]
-            },
+                })
+                .collect(),
             present: s.present,
             missing: s.missing.clone(),
             tally: s.tally.map(|t| pb::StepTally {
@@ -156,32 +183,48 @@ pub fn view_to_pb(v: &JobView, rank: u32) -> pb::Holdings {
         hosts: hosts.iter().map(host_to_pb).collect(),
         steps,
         unreachable: v.unreachable.clone(),
+        answered: v.ranks.iter().copied().collect(),
     }
 }
 
-/// A peer's view of the job for `rank`, checked ([`JobView::check`]).
-pub fn view_from_pb(r: pb::Holdings, rank: u32) -> Result<JobView, String> {
+/// A peer's view of the job for the `asked` ranks (the first first, as the
+/// ask sent them), checked ([`JobView::check`]). The ranks it answers are
+/// those it names that were asked; naming none, it answers the first alone
+/// (an older agent, which reads only the ask's `rank`).
+pub fn view_from_pb(r: pb::Holdings, asked: &[u32]) -> Result<JobView, String> {
     bounded(&r)?;
+    if r.answered.len() > MAX_VIEW_RANKS {
+        return Err(format!(
+            "answered: {}; at most {MAX_VIEW_RANKS}",
+            r.answered.len()
+        ));
+    }
+    let ranks = if r.answered.is_empty() {
+        asked.iter().take(1).copied().collect()
+    } else {
+        r.answered
+            .iter()
+            .copied()
+            .filter(|x| asked.contains(x))
+            .collect()
+    };
     let mut v = JobView {
         unreachable: r.unreachable,
+        ranks,
         ..JobView::default()
     };
     for s in r.steps {
-        let mut holders = Vec::new();
-        for i in s
-            .ranks
-            .iter()
-            .filter(|x| x.rank == rank)
-            .flat_map(|x| &x.hosts)
-        {
-            let h = r
-                .hosts
-                .get(*i as usize)
-                .ok_or_else(|| format!("step {}: holder {i} of {} hosts", s.step, r.hosts.len()))?;
-            holders.push(HolderRef {
-                addr: h.addr.clone(),
-                host: h.host.clone(),
-            });
+        let mut holders: std::collections::BTreeMap<u32, Vec<HolderRef>> = Default::default();
+        for x in s.ranks.iter().filter(|x| v.ranks.contains(&x.rank)) {
+            for i in &x.hosts {
+                let h = r.hosts.get(*i as usize).ok_or_else(|| {
+                    format!("step {}: holder {i} of {} hosts", s.step, r.hosts.len())
+                })?;
+                holders.entry(x.rank).or_default().push(HolderRef {
+                    addr: h.addr.clone(),
+                    host: h.host.clone(),
+                });
+            }
         }
         v.steps.insert(
             s.step,
@@ -252,29 +295,68 @@ mod tests {
         assert_eq!(g.steps, h.steps);
         assert_eq!(g.hosts, h.hosts);
         assert_eq!(g.steps[&5].sizes, [(0, 64), (1, 32)].into());
-        let v = h.for_rank(0);
+        let v = h.for_ranks(&[0]);
         assert_eq!(
             v.steps[&5].tally.map(|t| (t.copies, t.size_bytes)),
             Some((3, 96))
         );
-        assert_eq!(view_from_pb(view_to_pb(&v, 0), 0).expect("view"), v);
+        assert_eq!(view_from_pb(view_to_pb(&v), &[0]).expect("view"), v);
         // An older agent's view has no tally: none is made up.
-        let mut old = view_to_pb(&v, 0);
+        let mut old = view_to_pb(&v);
         old.steps[0].tally = None;
-        assert_eq!(view_from_pb(old, 0).expect("view").steps[&5].tally, None);
+        assert_eq!(view_from_pb(old, &[0]).expect("view").steps[&5].tally, None);
+
+        // A host's ranks in one ask: the first stays first, each once.
+        let a = Ask {
+            job: "j".into(),
+            scope: Scope::Job {
+                ranks: vec![1, 0, 7],
+            },
+            relayed: true,
+            limit: Duration::from_secs(1),
+        };
+        let mut sent = ask_to_pb(&a);
+        assert_eq!((sent.rank, sent.ranks.clone()), (1, vec![0, 7]));
+        sent.ranks.push(0);
+        assert_eq!(ask_from_pb(sent).expect("ask").scope, a.scope);
+        let both = h.for_ranks(&[1, 0, 7]);
+        assert_eq!(
+            view_from_pb(view_to_pb(&both), &[1, 0, 7]).expect("view"),
+            both
+        );
+        // An older agent answers the first rank alone, and says none: the
+        // others are not taken for ranks without copies.
+        let mut old = view_to_pb(&both);
+        old.answered.clear();
+        let got = view_from_pb(old, &[1, 0, 7]).expect("view");
+        assert_eq!(got.ranks, [1].into());
+        assert_eq!(got.steps[&5].holders.keys().collect::<Vec<_>>(), [&1]);
+        // Ranks named that were not asked are not taken.
+        let got = view_from_pb(view_to_pb(&both), &[0]).expect("view");
+        assert_eq!(got.ranks, [0].into());
+        assert_eq!(got.steps[&5].holders.keys().collect::<Vec<_>>(), [&0]);
     }
 
     #[test]
     fn a_peers_ask_or_answer_out_of_range_is_refused_naming_the_field() {
         let mut a = ask_to_pb(&Ask {
             job: "j".into(),
-            scope: Scope::Job { rank: 3 },
+            scope: Scope::Job { ranks: vec![3] },
             relayed: true,
             limit: Duration::from_secs(1),
         });
         a.limit_ms = 0;
         assert!(ask_from_pb(a.clone()).unwrap_err().starts_with("limit_ms"));
         a.limit_ms = 1000;
+        a.ranks = vec![MAX_WORLD_SIZE];
+        assert!(
+            ask_from_pb(a.clone())
+                .unwrap_err()
+                .starts_with("ranks: 16777216")
+        );
+        a.ranks = (0..MAX_VIEW_RANKS as u32).collect();
+        assert!(ask_from_pb(a.clone()).unwrap_err().starts_with("ranks: 64"));
+        a.ranks.clear();
         a.rank = MAX_WORLD_SIZE;
         assert!(ask_from_pb(a.clone()).unwrap_err().starts_with("rank"));
         a.group = 2;
@@ -294,12 +376,25 @@ mod tests {
                 tally: None,
             }],
             unreachable: vec![],
+            answered: vec![],
         };
         assert!(
             holdings_from_pb(bad.clone())
                 .unwrap_err()
                 .contains("holder 3 of 0")
         );
-        assert!(view_from_pb(bad, 0).unwrap_err().contains("holder 3 of 0"));
+        assert!(
+            view_from_pb(bad.clone(), &[0])
+                .unwrap_err()
+                .contains("holder 3 of 0")
+        );
+        let mut many = bad;
+        many.steps.clear();
+        many.answered = (0..=MAX_VIEW_RANKS as u32).collect();
+        assert!(
+            view_from_pb(many, &[0])
+                .unwrap_err()
+                .starts_with("answered")
+        );
     }
 }

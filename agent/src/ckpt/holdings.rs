@@ -5,13 +5,13 @@
 //!
 //! In: listings of hosts' tiers, or other collections. Out: a group's
 //! holdings (every rank with a copy in the group), and the job's view for
-//! one rank: each step's world size, how many ranks have a copy anywhere,
+//! some ranks (one host's, restoring at once): each step's world size, how many ranks have a copy anywhere,
 //! the first that have none, its copies and bytes ([`Tally`], what a
 //! summary listing of a large job shows: `super::listing`), and where the
-//! rank's copies are. Never: trusts
+//! ranks' copies are. Never: trusts
 //! a peer's collection before [`Holdings::check`] has bounded it.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use super::manifest::Manifest;
 use warden_core::rank::MAX_WORLD_SIZE;
@@ -25,6 +25,11 @@ pub const MAX_HOSTS: usize = 65_536;
 
 /// The most steps a peer's collection may carry.
 pub const MAX_STEPS: usize = 4_096;
+
+/// The most ranks one ask for the job's view may name: a host's ranks
+/// restoring at once (8 a host, 16 at most on today's nodes), or a listing
+/// of a host's own ranks (`super::listing`). Past it, each rank asks alone.
+pub const MAX_VIEW_RANKS: usize = 64;
 
 /// The holder address under which a collection counts the durable store's
 /// copies (not `host:port`, so never a peer's): a step every rank of which
@@ -186,10 +191,11 @@ impl Holdings {
         Ok(())
     }
 
-    /// The job's view for `rank`: every step's count, and `rank`'s holders
-    /// (one ask; a collector answering many counts once: [`Counted`]).
-    pub fn for_rank(&self, rank: u32) -> JobView {
-        view(self, &counts(self), rank)
+    /// The job's view for `ranks`: every step's count, and the ranks'
+    /// holders (one ask; a collector answering many counts once:
+    /// [`Counted`]).
+    pub fn for_ranks(&self, ranks: &[u32]) -> JobView {
+        view(self, &counts(self), ranks)
     }
 }
 
@@ -234,8 +240,8 @@ impl Counted {
     }
 
     /// The job's view for `rank`: every step's count, and `rank`'s holders.
-    pub fn for_rank(&self, rank: u32) -> JobView {
-        view(&self.holdings, &self.counts, rank)
+    pub fn for_ranks(&self, ranks: &[u32]) -> JobView {
+        view(&self.holdings, &self.counts, ranks)
     }
 }
 
@@ -282,19 +288,20 @@ fn counts(h: &Holdings) -> BTreeMap<u64, StepCount> {
         .collect()
 }
 
-/// The job's view for `rank` from `h` and its steps' `counts`.
-fn view(h: &Holdings, counts: &BTreeMap<u64, StepCount>, rank: u32) -> JobView {
+/// The job's view for `ranks` from `h` and its steps' `counts`.
+fn view(h: &Holdings, counts: &BTreeMap<u64, StepCount>, ranks: &[u32]) -> JobView {
     let steps = h
         .steps
         .iter()
         .filter_map(|(step, s)| Some((step, s, counts.get(step)?)))
         .map(|(&step, s, c)| {
-            let holders = s
-                .ranks
-                .get(&rank)
-                .into_iter()
-                .flatten()
-                .filter_map(|&i| h.hosts.get(i as usize).cloned())
+            let holders = ranks
+                .iter()
+                .filter_map(|r| Some((*r, s.ranks.get(r)?)))
+                .map(|(r, hs)| {
+                    let refs = hs.iter().filter_map(|&i| h.hosts.get(i as usize).cloned());
+                    (r, refs.collect())
+                })
                 .collect();
             (
                 step,
@@ -311,6 +318,7 @@ fn view(h: &Holdings, counts: &BTreeMap<u64, StepCount>, rank: u32) -> JobView {
     JobView {
         steps,
         unreachable: h.unreachable.clone(),
+        ranks: ranks.iter().copied().collect(),
     }
 }
 
@@ -323,8 +331,9 @@ pub struct JobStep {
     pub present: u32,
     /// The first ranks with none ([`MAX_MISSING`] at most).
     pub missing: Vec<u32>,
-    /// The hosts holding the asked rank's copies.
-    pub holders: Vec<HolderRef>,
+    /// The hosts holding each asked rank's copies (a rank without any is
+    /// not in it).
+    pub holders: BTreeMap<u32, Vec<HolderRef>>,
     /// Its copies and bytes; `None` from an older agent, which does not
     /// count them.
     pub tally: Option<Tally>,
@@ -337,13 +346,16 @@ impl JobStep {
     }
 }
 
-/// The job's view for one rank ([`Holdings::for_rank`]).
+/// The job's view for some ranks ([`Holdings::for_ranks`]).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct JobView {
     /// Step -> its count and the rank's holders.
     pub steps: BTreeMap<u64, JobStep>,
     /// Hosts that could not be asked, with why.
     pub unreachable: Vec<String>,
+    /// The ranks whose holders `steps` name: those asked, or fewer where
+    /// an older agent answered (it answers for the first alone).
+    pub ranks: BTreeSet<u32>,
 }
 
 impl JobView {
@@ -366,13 +378,22 @@ impl JobView {
                     t.sized_ranks, s.present
                 ));
             }
-            if s.missing.len() > MAX_MISSING || s.holders.len() > MAX_HOSTS {
+            let named: usize = s.holders.values().map(Vec::len).sum();
+            if s.missing.len() > MAX_MISSING || named > MAX_HOSTS {
                 return Err(format!(
-                    "step {step}: {} missing and {} holders named",
+                    "step {step}: {} missing and {named} holders named",
                     s.missing.len(),
-                    s.holders.len()
                 ));
             }
+            if let Some(r) = s.holders.keys().find(|r| !self.ranks.contains(r)) {
+                return Err(format!("step {step}: holders of rank {r}, not answered"));
+            }
+        }
+        if self.ranks.len() > MAX_VIEW_RANKS {
+            return Err(format!(
+                "{} ranks answered; at most {MAX_VIEW_RANKS}",
+                self.ranks.len()
+            ));
         }
         Ok(())
     }
@@ -419,16 +440,29 @@ mod tests {
         b.unreachable.push("d:1: no answer".into());
         a.merge(b);
         a.check().expect("in bounds");
-        let v = a.for_rank(0);
+        let v = a.for_ranks(&[0]);
         let s5 = &v.steps[&5];
         assert!(s5.complete(), "{s5:?}");
-        assert_eq!(
-            s5.holders
-                .iter()
-                .map(|h| h.addr.as_str())
-                .collect::<Vec<_>>(),
-            ["a:1", "b:1"]
-        );
+        let addrs = |s: &JobStep, r| {
+            s.holders
+                .get(&r)
+                .into_iter()
+                .flatten()
+                .map(|h| h.addr.clone())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(addrs(s5, 0), ["a:1", "b:1"]);
+        assert_eq!(s5.holders.len(), 1, "rank 0's holders alone");
+        // Several ranks in one ask: each one's holders, the same counts;
+        // a rank without a copy at a step is answered, with none.
+        let w = a.for_ranks(&[0, 2, 3]);
+        assert_eq!(w.ranks, [0, 2, 3].into());
+        assert_eq!(addrs(&w.steps[&5], 2), ["b:1"]);
+        assert_eq!(addrs(&w.steps[&5], 3), ["c:1"]);
+        assert_eq!(addrs(&w.steps[&7], 0), ["a:1"]);
+        assert!(addrs(&w.steps[&7], 2).is_empty());
+        assert_eq!(w.steps[&5].present, s5.present);
+        w.check().expect("in bounds");
         let s7 = &v.steps[&7];
         assert!(!s7.complete());
         assert_eq!((s7.present, s7.missing.clone()), (1, vec![1, 2, 3]));
@@ -472,7 +506,7 @@ mod tests {
                 world: 2,
                 present: 3,
                 missing: vec![],
-                holders: vec![],
+                holders: BTreeMap::new(),
                 tally: None,
             },
         );
@@ -481,6 +515,18 @@ mod tests {
                 .expect_err("present")
                 .contains("3 of world size 2")
         );
+        // Holders of a rank the view does not say it answered, and more
+        // ranks answered than an ask may name.
+        let s = v.steps.get_mut(&1).expect("step");
+        s.present = 2;
+        s.holders.insert(7, vec![]);
+        assert!(
+            v.check()
+                .expect_err("not answered")
+                .contains("rank 7, not answered")
+        );
+        v.ranks = (0..=MAX_VIEW_RANKS as u32).collect();
+        assert!(v.check().expect_err("ranks").contains("ranks answered"));
     }
 
     #[test]
@@ -515,7 +561,7 @@ mod tests {
             if h.steps.is_empty() {
                 continue;
             }
-            let v = Counted::new(h.clone()).for_rank(4);
+            let v = Counted::new(h.clone()).for_ranks(&[4]);
             let s = &v.steps[&1];
             let naive_missing: Vec<u32> = (0..world)
                 .filter(|r| !h.steps[&1].ranks.contains_key(r))
@@ -525,6 +571,7 @@ mod tests {
             assert_eq!(s.missing, naive_missing, "pattern {n}");
             assert_eq!(s.present, naive_present, "pattern {n}");
             assert_eq!(s.holders.len(), usize::from(held(4)), "pattern {n}");
+            assert_eq!(v.ranks, [4].into());
         }
     }
 
@@ -533,7 +580,7 @@ mod tests {
         let mut h = Holdings::default();
         let i = h.host("a:1", "ha");
         h.add(i, 1, 0, 1000);
-        let v = h.for_rank(5);
+        let v = h.for_ranks(&[5]);
         let s = &v.steps[&1];
         assert_eq!(s.present, 1);
         assert_eq!(s.missing.len(), MAX_MISSING);

@@ -90,8 +90,8 @@ impl Peer {
             Ok(Err(s)) => return Err(LinkError::Refused(s.message().to_owned())),
             Err(_) => return Err(LinkError::Silent(limit)),
         };
-        match ask.scope {
-            Scope::Job { rank } => w::view_from_pb(r, rank).map(Answer::Job),
+        match &ask.scope {
+            Scope::Job { ranks } => w::view_from_pb(r, ranks).map(Answer::Job),
             Scope::Group { .. } => w::holdings_from_pb(r).map(Answer::Group),
         }
         .map_err(|e| LinkError::Refused(format!("its answer makes no sense: {e}")))

@@ -138,7 +138,7 @@ pub const SEALING_WAIT_LIST: std::time::Duration = std::time::Duration::from_sec
 pub async fn of_job(ck: &std::sync::Arc<Checkpoints>, job: &str, scope: &Scope) -> Listing {
     ck.sealing.settled(SEALING_WAIT_LIST).await;
     if scope.detail == Detail::Summary && super::collect::collects(ck, job) {
-        match super::collect::job_view(ck, job, 0, ck.cfg.peer_timeout).await {
+        match super::collect::job_view(ck, job, &[0], ck.cfg.peer_timeout).await {
             // Only while the counts cover this host's newest step (see
             // `restore::gather_ranks`): else the whole job, as before.
             Ok(v) => {
@@ -163,8 +163,8 @@ pub async fn of_job(ck: &std::sync::Arc<Checkpoints>, job: &str, scope: &Scope) 
 
 /// The most named ranks whose listing asks the collector and their holders
 /// rather than every host: a host's ranks (the launcher's notice check),
-/// or a few a person names.
-pub const MAX_COLLECTED_RANKS: usize = 64;
+/// or a few a person names. One ask of the collector names them all.
+pub const MAX_COLLECTED_RANKS: usize = super::holdings::MAX_VIEW_RANKS;
 
 /// The listing of `view` (of `job`; `""`: every job) within `scope` (see
 /// the module). A view with the collector's counts (`CopiesView::counts`,

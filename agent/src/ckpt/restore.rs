@@ -179,7 +179,7 @@ pub async fn gather(ck: &Arc<Checkpoints>, job: &str) -> Arc<CopiesView> {
 /// [`gather`] with each peer given `limit` to answer.
 async fn gather_within(ck: &Arc<Checkpoints>, job: &str, limit: Duration) -> Arc<CopiesView> {
     ck.gathers
-        .view(job, None, limit, ck.sealing.sealed(), || {
+        .view(job, &[], limit, ck.sealing.sealed(), || {
             gather_now(ck, job, limit)
         })
         .await
@@ -187,22 +187,40 @@ async fn gather_within(ck: &Arc<Checkpoints>, job: &str, limit: Duration) -> Arc
 
 /// The view a restore of `rank` works from, each holder given `limit`:
 /// for a job that restores through the collector ([`collect::collects`]),
-/// the job-wide count and the copies of the rank's own holders (shared by
-/// the restores of the same rank under way here); else [`gather_within`].
+/// the job-wide count and the copies of the rank's holders and those of
+/// `beside` (the job's other ranks registered here: at a restart they
+/// restore at once), shared by the restores of the same ranks under way
+/// here, so that a host's 8 ranks make one ask of the collector and list
+/// each holder once; else [`gather_within`]. A rank that registered since
+/// a gather started computes another set, and gathers on its own.
 async fn gather_for(
     ck: &Arc<Checkpoints>,
     job: &str,
     rank: u32,
+    beside: &[u32],
     limit: Duration,
 ) -> Arc<CopiesView> {
     if !collect::collects(ck, job) {
         return gather_within(ck, job, limit).await;
     }
+    let part = host_part(rank, beside);
     ck.gathers
-        .view(job, Some(rank), limit, ck.sealing.sealed(), || {
-            gather_collected(ck, job, std::slice::from_ref(&rank), limit)
+        .view(job, &part, limit, ck.sealing.sealed(), || {
+            gather_collected(ck, job, &part, limit)
         })
         .await
+}
+
+/// The ranks a restore of `rank` gathers for: with `beside`, sorted, each
+/// once; `rank` alone where they are more than one ask may name.
+fn host_part(rank: u32, beside: &[u32]) -> Vec<u32> {
+    let mut part: Vec<u32> = beside.iter().copied().chain([rank]).collect();
+    part.sort_unstable();
+    part.dedup();
+    if part.len() > holdings::MAX_VIEW_RANKS {
+        return vec![rank];
+    }
+    part
 }
 
 /// The copies of `ranks` of `job` and the job's counts: for a job that
@@ -262,10 +280,11 @@ pub fn counts_the_newest(view: &CopiesView, job: &str) -> bool {
 }
 
 /// One gather through the collector: the local tier, the job's view for
-/// each of `ranks` (each host's listing within `limit`; the job's counts
-/// from the first), the copies those views' holders list of `ranks` (each
-/// holder once, within `limit`), and the durable store, whose steps count
-/// as complete where it holds every rank itself.
+/// `ranks` (one ask; each host's listing within `limit`), the copies its
+/// holders list of `ranks` (each holder once, within `limit`), and the
+/// durable store, whose steps count as complete where it holds every rank
+/// itself. The ranks an older agent on the way left unanswered are asked
+/// one by one, as before.
 async fn gather_collected(
     ck: &Arc<Checkpoints>,
     job: &str,
@@ -274,13 +293,30 @@ async fn gather_collected(
 ) -> CopiesView {
     let mut view = CopiesView::default();
     add_local(ck, job, &mut view).await;
-    let views = futures_join(ranks.iter().map(|&rank| {
+    let first = match ranks.len() {
+        0 => None,
+        _ => Some(collect::job_view(ck, job, ranks, limit).await),
+    };
+    let left: Vec<u32> = match &first {
+        Some(Ok(v)) => ranks
+            .iter()
+            .copied()
+            .filter(|r| !v.ranks.contains(r))
+            .collect(),
+        _ => Vec::new(),
+    };
+    let apart = futures_join(left.iter().map(|&rank| {
         let (ck, job) = (ck.clone(), job.to_owned());
-        async move { collect::job_view(&ck, &job, rank, limit).await }
+        async move { collect::job_view(&ck, &job, &[rank], limit).await }
     }))
     .await;
-    let mut jvs = Vec::with_capacity(views.len());
-    for v in views {
+    if apart.len() < left.len() {
+        // A task of the asks died: the whole job, rather than a view that
+        // misses a rank's holders.
+        return gather_now(ck, job, limit).await;
+    }
+    let mut jvs = Vec::with_capacity(1 + apart.len());
+    for v in first.into_iter().chain(apart) {
         match v {
             Ok(v) => jvs.push(v),
             Err(e) => {
@@ -288,11 +324,6 @@ async fn gather_collected(
                 return gather_now(ck, job, limit).await;
             }
         }
-    }
-    if jvs.len() < ranks.len() {
-        // A task of the asks died: the whole job, rather than a view that
-        // misses a rank's holders.
-        return gather_now(ck, job, limit).await;
     }
     for jv in &jvs {
         view.unreachable.extend(jv.unreachable.iter().cloned());
@@ -306,7 +337,7 @@ async fn gather_collected(
     let mut holders: Vec<String> = jvs
         .iter()
         .flat_map(|jv| jv.steps.values())
-        .flat_map(|s| &s.holders)
+        .flat_map(|s| s.holders.values().flatten())
         .map(|h| h.addr.clone())
         .filter(|a| a != me && *a != known_as && !a.is_empty() && a != holdings::DURABLE)
         .collect();
@@ -523,18 +554,19 @@ pub const SEALING_WAIT_RESTORE: Duration = Duration::from_secs(30);
 /// A rank's Restore, as a use case: the saves still sealing here waited
 /// for (at most [`SEALING_WAIT_RESTORE`]), the shard found ([`restore`]),
 /// and, for a calling rank (`owner`), handed to its uid so that it can
-/// open the path. The edge decodes and checks the request and maps
-/// [`RestoreError`] to a status.
+/// open the path. `beside`: the job's other ranks registered here, whose
+/// restores at a restart share this one's gather. The edge decodes and
+/// checks the request and maps [`RestoreError`] to a status.
 pub async fn for_rank(
     events: &EventBus,
     ck: &Arc<Checkpoints>,
     job: &str,
-    rank: u32,
+    (rank, beside): (u32, &[u32]),
     step: u64,
     owner: Option<super::tier::Owner>,
 ) -> Result<Option<RestoreFound>, RestoreError> {
     ck.sealing.settled(SEALING_WAIT_RESTORE).await;
-    let Some(found) = restore(events, ck, job, rank, step).await? else {
+    let Some(found) = restore(events, ck, job, (rank, beside), step).await? else {
         return Ok(None);
     };
     if let Some(o) = owner {
@@ -556,11 +588,11 @@ pub async fn restore(
     events: &EventBus,
     ck: &Arc<Checkpoints>,
     job: &str,
-    rank: u32,
+    (rank, beside): (u32, &[u32]),
     step: u64,
 ) -> Result<Option<RestoreFound>, RestoreError> {
     let started = Instant::now();
-    let mut view = gather_for(ck, job, rank, ck.cfg.peer_timeout).await;
+    let mut view = gather_for(ck, job, rank, beside, ck.cfg.peer_timeout).await;
     let found = |v: &CopiesView| {
         if step == 0 {
             v.newest_complete(job)
@@ -572,7 +604,8 @@ pub async fn restore(
         // A holder that did not answer may hold the step: ask again, longer,
         // rather than start the rank over (or call a step missing) on a
         // peer's slowness.
-        view = gather_for(ck, job, rank, ck.cfg.peer_timeout * RETRY_TIMEOUT_FACTOR).await;
+        let longer = ck.cfg.peer_timeout * RETRY_TIMEOUT_FACTOR;
+        view = gather_for(ck, job, rank, beside, longer).await;
         if found(&view).is_none() && !view.unreachable.is_empty() {
             return Err(RestoreError::Unreachable {
                 job: job.to_owned(),

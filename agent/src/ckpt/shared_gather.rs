@@ -24,7 +24,7 @@ use tokio::sync::OnceCell;
 
 use super::restore::CopiesView;
 
-/// The gathers under way on this agent, per job, rank (None: every rank)
+/// The gathers under way on this agent, per job, ranks (none: every rank)
 /// and limit. Also shares the collector's collections of a job
 /// ([`super::collect`]), whose gather is a [`super::holdings::Holdings`].
 #[derive(Debug)]
@@ -34,9 +34,10 @@ pub struct InFlight<T = CopiesView> {
     keep: Duration,
 }
 
-/// A gather's job, rank (None: every rank; for a group's listing, the
-/// group's start in the job's order) and limit.
-type Key = (String, Option<u32>, Duration);
+/// A gather's job, ranks (none: every rank; the ranks of this host that
+/// restore at once; for a group's listing, the group's start in the job's
+/// order) and limit.
+type Key = (String, Vec<u32>, Duration);
 
 impl<T> Default for InFlight<T> {
     fn default() -> Self {
@@ -65,14 +66,14 @@ impl<T> InFlight<T> {
         }
     }
 
-    /// The view of `job` (for `rank`, or every rank) within `limit`: the
+    /// The view of `job` (for `part`'s ranks, or every rank) within `limit`: the
     /// gather under way, when it started with `sealed` commits sealed here
     /// as now, or else `gather`, run here and shared with those that come
     /// while it runs.
     pub async fn view<F>(
         &self,
         job: &str,
-        rank: Option<u32>,
+        part: &[u32],
         limit: Duration,
         sealed: u64,
         gather: impl FnOnce() -> F,
@@ -81,7 +82,7 @@ impl<T> InFlight<T> {
         F: std::future::Future<Output = T>,
     {
         let ok = || Ok::<(), std::convert::Infallible>(());
-        let admitted = self.view_admitted(job, rank, limit, sealed, ok, gather);
+        let admitted = self.view_admitted(job, part, limit, sealed, ok, gather);
         let Ok(v) = admitted.await;
         v
     }
@@ -94,7 +95,7 @@ impl<T> InFlight<T> {
     pub async fn view_admitted<F, E>(
         &self,
         job: &str,
-        rank: Option<u32>,
+        part: &[u32],
         limit: Duration,
         sealed: u64,
         admit: impl FnOnce() -> Result<(), E>,
@@ -103,7 +104,7 @@ impl<T> InFlight<T> {
     where
         F: std::future::Future<Output = T>,
     {
-        let key = (job.to_owned(), rank, limit);
+        let key = (job.to_owned(), part.to_vec(), limit);
         let cell = {
             let mut m = self.flights.lock().unwrap_or_else(|p| p.into_inner());
             let keep = self.keep;
@@ -172,13 +173,13 @@ mod tests {
         let flights = InFlight::<CopiesView>::default();
         let (n, go) = (AtomicUsize::new(0), tokio::sync::Notify::new());
         let limit = Duration::from_secs(1);
-        let first = flights.view("j", None, limit, 0, || counted(&n, &go));
-        let second = flights.view("j", None, limit, 0, || counted(&n, &go));
+        let first = flights.view("j", &[], limit, 0, || counted(&n, &go));
+        let second = flights.view("j", &[], limit, 0, || counted(&n, &go));
         // Another job, and another limit (the restore's longer second ask),
         // are gathers of their own; so is one rank's.
-        let other_job = flights.view("k", None, limit, 0, || counted(&n, &go));
-        let other_limit = flights.view("j", None, limit * 3, 0, || counted(&n, &go));
-        let one_rank = flights.view("j", Some(1), limit, 0, || counted(&n, &go));
+        let other_job = flights.view("k", &[], limit, 0, || counted(&n, &go));
+        let other_limit = flights.view("j", &[], limit * 3, 0, || counted(&n, &go));
+        let one_rank = flights.view("j", &[1], limit, 0, || counted(&n, &go));
         let release = async {
             // Each started gather waits on `go`; release them once all four
             // callers are in (three gathers).
@@ -202,7 +203,7 @@ mod tests {
 
         // After it finished, a caller gathers again.
         go.notify_one();
-        flights.view("j", None, limit, 0, || counted(&n, &go)).await;
+        flights.view("j", &[], limit, 0, || counted(&n, &go)).await;
         assert_eq!(n.load(Ordering::SeqCst), 5);
     }
 
@@ -212,17 +213,17 @@ mod tests {
         let (n, go) = (AtomicUsize::new(0), tokio::sync::Notify::new());
         let limit = Duration::from_secs(1);
         go.notify_one();
-        let a = flights.view("j", None, limit, 0, || counted(&n, &go)).await;
-        let b = flights.view("j", None, limit, 0, || counted(&n, &go)).await;
+        let a = flights.view("j", &[], limit, 0, || counted(&n, &go)).await;
+        let b = flights.view("j", &[], limit, 0, || counted(&n, &go)).await;
         assert!(Arc::ptr_eq(&a, &b), "the finished view is kept");
         assert_eq!(n.load(Ordering::SeqCst), 1);
         // A commit sealed since: gathered again, even within the time.
         go.notify_one();
-        flights.view("j", None, limit, 1, || counted(&n, &go)).await;
+        flights.view("j", &[], limit, 1, || counted(&n, &go)).await;
         assert_eq!(n.load(Ordering::SeqCst), 2);
         tokio::time::advance(Duration::from_millis(250)).await;
         go.notify_one();
-        flights.view("j", None, limit, 1, || counted(&n, &go)).await;
+        flights.view("j", &[], limit, 1, || counted(&n, &go)).await;
         assert_eq!(n.load(Ordering::SeqCst), 3, "past its time, gathered again");
     }
 
@@ -231,8 +232,8 @@ mod tests {
         let flights = InFlight::<CopiesView>::default();
         let (n, go) = (AtomicUsize::new(0), tokio::sync::Notify::new());
         let limit = Duration::from_secs(1);
-        let before = flights.view("j", None, limit, 0, || counted(&n, &go));
-        let after_a_commit = flights.view("j", None, limit, 1, || counted(&n, &go));
+        let before = flights.view("j", &[], limit, 0, || counted(&n, &go));
+        let after_a_commit = flights.view("j", &[], limit, 1, || counted(&n, &go));
         let release = async {
             while n.load(Ordering::SeqCst) < 2 {
                 tokio::task::yield_now().await;

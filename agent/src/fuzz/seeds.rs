@@ -363,6 +363,6 @@ pub(crate) fn peer_holdings() -> Vec<Vec<u8>> {
         .push("peer 10.0.0.3:7411: no answer within 2s".into());
     vec![
         w::holdings_to_pb(&h).encode_to_vec(),
-        w::view_to_pb(&h.for_rank(0), 0).encode_to_vec(),
+        w::view_to_pb(&h.for_ranks(&[0, 2])).encode_to_vec(),
     ]
 }
