@@ -357,48 +357,75 @@ async fn gather_collected(
             (addr, r)
         }
     });
-    for (addr, r) in futures_join(asks).await {
+    // The holders and the durable store, at once.
+    let (listed, durable) = tokio::join!(futures_join(asks), durable_ranks(ck, job, ranks));
+    for (addr, r) in listed {
         view.add_peer(&addr, r, |m| ranks.contains(&m.rank));
     }
-    for &rank in ranks {
-        add_durable_rank(ck, job, rank, &mut view).await;
+    let (found, failed) = durable;
+    for m in found {
+        view.add(Holder::Durable, m);
     }
+    view.unreachable.extend(failed);
+    view.unreachable.sort();
+    view.unreachable.dedup();
     view
 }
 
-/// `rank`'s copies of `job` in the durable store: the store's steps (one
-/// LIST of step names), then that rank's manifest in each (one read a
-/// step). The job's count of what the store holds comes from the collector,
-/// which lists the store once for every restoring host.
-async fn add_durable_rank(ck: &Arc<Checkpoints>, job: &str, rank: u32, view: &mut CopiesView) {
+/// How many manifests a gather reads from the durable store at once.
+const DURABLE_READS: usize = 16;
+
+/// `ranks`' copies of `job` in the durable store, and what could not be
+/// read: the store's steps (one LIST of step names), then each rank's
+/// manifest in each step, [`DURABLE_READS`] at once (a host's ranks share
+/// one gather: read in turn, that was 8 times one rank's wait). The job's
+/// count of what the store holds comes from the collector, which lists the
+/// store once for every restoring host.
+async fn durable_ranks(
+    ck: &Arc<Checkpoints>,
+    job: &str,
+    ranks: &[u32],
+) -> (Vec<super::manifest::Manifest>, Vec<String>) {
     let Some(d) = &ck.durable else {
-        return;
+        return Default::default();
     };
     let steps = match d.steps(job).await {
         Ok(s) => s,
-        Err(e) => {
-            view.unreachable.push(format!("durable {}: {e}", d.url()));
-            return;
-        }
+        Err(e) => return (Vec::new(), vec![format!("durable {}: {e}", d.url())]),
     };
-    for step in steps {
-        let key = ShardKey {
-            job_id: job.to_owned(),
-            step,
-            rank,
-        };
-        match d.manifest(&key).await {
-            Ok(Some(m)) if m.job_id == job && m.step == step && m.rank == rank => {
-                view.add(Holder::Durable, m);
-            }
+    let gate = Arc::new(tokio::sync::Semaphore::new(DURABLE_READS));
+    let mut reads = Vec::with_capacity(steps.len() * ranks.len());
+    for &step in &steps {
+        for &rank in ranks {
+            let key = ShardKey {
+                job_id: job.to_owned(),
+                step,
+                rank,
+            };
+            let (ck, gate) = (ck.clone(), gate.clone());
+            reads.push(async move {
+                let _turn = gate.acquire_owned().await;
+                let got = match &ck.durable {
+                    Some(d) => d.manifest(&key).await,
+                    None => Ok(None),
+                };
+                (key, got)
+            });
+        }
+    }
+    let (mut found, mut failed) = (Vec::new(), Vec::new());
+    for (key, got) in futures_join(reads.into_iter()).await {
+        match got {
+            Ok(Some(m)) if m.key() == key => found.push(m),
             Ok(Some(m)) => tracing::warn!(
-                job, step, rank, names = %m.key(),
+                job, step = key.step, rank = key.rank, names = %m.key(),
                 "a durable manifest names another shard than its place; left out"
             ),
             Ok(None) => {}
-            Err(e) => view.unreachable.push(format!("durable {}: {e}", d.url())),
+            Err(e) => failed.push(format!("durable {}: {e}", d.url())),
         }
     }
+    (found, failed)
 }
 
 /// This agent's own copies of `job` (every job when empty), and those a
