@@ -377,9 +377,11 @@ async fn with_collectors_from_before_rank_spans_a_hosts_ranks_are_asked_apart() 
     assert_eq!((got.step, got.tier.as_str()), (10, "peer"), "{got:?}");
     assert_eq!(got.read().expect("read"), shard_bytes(10, 6, 1 << 14));
     let relayed = served(&hosts[2], "CollectHoldings").await - asked;
-    // Four asks of h3's, and at most the collector's ask for h2's group.
+    // Four asks of h3's (one before the span), and the collector's asks for
+    // h2's group: one a collection, which h0 keeps for its peer_timeout (1 s
+    // here), so a loaded machine may see the three asks apart collect again.
     assert!(
-        (4.0..=5.0).contains(&relayed),
+        (4.0..=6.0).contains(&relayed),
         "h3's leader answered {relayed} asks"
     );
     drop(registered);
@@ -484,7 +486,7 @@ async fn a_peer_asking_the_collector_in_a_loop_is_shared_then_refused_as_busy() 
     };
 
     // An ask naming more ranks than one ask may, or ranks on a group's
-    // ask: refused, naming the field, before anything is listed.
+    // ask: refused, naming the field.
     let mut too_many = ask("job", 0, true, 1000);
     too_many.ranks = (1..=64).collect();
     let mut on_a_group = ask("job", 3, false, 1000);
@@ -781,6 +783,13 @@ async fn a_listing_of_a_hosts_own_ranks_asks_their_holders_not_every_host() {
         .collect();
     let summary = list_at(&hosts[1], pb::ListDetail::Summary, Vec::new()).await;
     assert!(summary.collected && summary.summarized);
+    assert!(
+        summary
+            .steps
+            .iter()
+            .all(|s| s.sized_ranks == s.ranks_with_copy),
+        "every rank's size is known: {summary:?}"
+    );
     let listed = async || {
         let mut v = Vec::new();
         for h in &hosts {
@@ -1264,6 +1273,24 @@ async fn every_tier_wiped_restores_from_durable_storage(extra: &str) {
     until_copies(&hosts[0], "dj", 10, 3).await;
     for h in &hosts {
         wipe_job(h, "dj");
+    }
+    if extra.contains("collect_above") {
+        // A summary counted by the collector: the store's shards have no
+        // size there (it lists their names), and the listing says so.
+        let mut c = hosts[1].client().await;
+        let l = c
+            .list_checkpoints(pb::ListCheckpointsRequest {
+                job_id: "dj".into(),
+                detail: pb::ListDetail::Summary.into(),
+                ranks: Vec::new(),
+            })
+            .await
+            .expect("ListCheckpoints")
+            .into_inner();
+        assert!(l.collected, "{l:?}");
+        let s = l.steps.iter().find(|s| s.step == 10).expect("step 10");
+        assert!(s.complete, "{s:?}");
+        assert_eq!((s.ranks_with_copy, s.sized_ranks), (6, 0), "{s:?}");
     }
     for r in 0..6 {
         let h = &hosts[r as usize / 2];

@@ -34,6 +34,7 @@ pub fn list_json(r: &pb::ListCheckpointsResponse) -> Value {
             "complete": s.complete,
             "ranks_with_copy": s.ranks_with_copy,
             "size_bytes": s.size_bytes,
+            "sized_ranks": s.sized_ranks,
             "good_copies": s.good_copies,
             "corrupt_copies": s.corrupt_copies,
             "missing_ranks": s.missing_ranks,
@@ -67,6 +68,24 @@ fn bytes(n: u64) -> String {
     }
 }
 
+/// A step's SIZE: its bytes; in a collected listing where the collector
+/// knew no size for some ranks, a lower bound (`>=`, with how many ranks
+/// it adds up), or `unknown` where it knew none.
+fn step_size(s: &pb::CheckpointStep, collected: bool) -> String {
+    if !collected || s.sized_ranks >= s.ranks_with_copy {
+        return bytes(s.size_bytes);
+    }
+    if s.sized_ranks == 0 {
+        return "unknown".to_owned();
+    }
+    format!(
+        ">= {} ({}/{} ranks sized)",
+        bytes(s.size_bytes),
+        s.sized_ranks,
+        s.ranks_with_copy
+    )
+}
+
 /// Prints a summarized listing: one row per step, its counts.
 fn print_counts(r: &pb::ListCheckpointsResponse) -> std::io::Result<()> {
     let mut t = comfy_table::Table::new();
@@ -85,7 +104,7 @@ fn print_counts(r: &pb::ListCheckpointsResponse) -> std::io::Result<()> {
             s.step.to_string(),
             format!("{}/{}", s.ranks_with_copy, s.world_size),
             if s.complete { "yes" } else { "no" }.to_owned(),
-            bytes(s.size_bytes),
+            step_size(s, r.collected),
             if s.corrupt_copies == 0 {
                 s.good_copies.to_string()
             } else {
@@ -97,7 +116,7 @@ fn print_counts(r: &pb::ListCheckpointsResponse) -> std::io::Result<()> {
     outln!("{t}")?;
     if r.collected {
         outln!(
-            "counted by the job's checkpoint collector: CORRUPT copies are this host's own; SIZE and COPIES are 0 where the collectors run an older agent"
+            "counted by the job's checkpoint collector: CORRUPT copies are this host's own; SIZE is a lower bound or unknown where the collector knows no size for some ranks (held in the durable store alone, or answered by an older agent, whose COPIES are 0)"
         )?;
     }
     outln!(
@@ -169,4 +188,27 @@ pub fn print_list(r: &pb::ListCheckpointsResponse, as_json: bool) -> std::io::Re
         outln!("not asked: {u}")?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_collected_steps_size_says_where_it_is_a_lower_bound_or_unknown() {
+        let step = |size_bytes, sized_ranks| pb::CheckpointStep {
+            ranks_with_copy: 8,
+            size_bytes,
+            sized_ranks,
+            ..Default::default()
+        };
+        assert_eq!(step_size(&step(2048, 8), true), "2.0 KiB");
+        assert_eq!(
+            step_size(&step(1536, 6), true),
+            ">= 1.5 KiB (6/8 ranks sized)"
+        );
+        assert_eq!(step_size(&step(0, 0), true), "unknown");
+        // A listing not collected counts every copy it lists.
+        assert_eq!(step_size(&step(1536, 0), false), "1.5 KiB");
+    }
 }

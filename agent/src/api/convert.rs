@@ -279,6 +279,7 @@ pub fn checkpoints(l: crate::ckpt::listing::Listing) -> pb::ListCheckpointsRespo
                     .collect(),
                 ranks_with_copy: s.counts.ranks_with_copy,
                 size_bytes: s.counts.size_bytes,
+                sized_ranks: s.counts.sized_ranks,
                 good_copies: s.counts.good_copies,
                 corrupt_copies: s.counts.corrupt_copies,
                 missing_ranks: s.counts.missing,

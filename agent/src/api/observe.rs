@@ -7,10 +7,12 @@ use std::time::Instant;
 use tonic::Status;
 
 /// Runs a handler and records `warden_api_requests_total{method,code}`,
-/// `warden_api_request_duration_seconds{method}` and, while it runs,
-/// `warden_api_requests_in_flight{method}`: a call that hangs shows there
-/// before it ends (a restore wave waiting on a silent peer, a listing
-/// blocked on a tier), where the total counts it only once it is done.
+/// `warden_api_request_duration_seconds{method}` and, until its answer
+/// starts, `warden_api_requests_in_flight{method}`: a call that hangs shows
+/// there before it ends (a restore wave waiting on a silent peer, a listing
+/// blocked on a tier), where the total counts it only once it is done. A
+/// streamed answer's transfer (FetchShard's chunks, a Watch stream) is not
+/// counted: the handler has returned by then.
 pub async fn observed<T>(
     method: &'static str,
     handler: impl Future<Output = Result<T, Status>>,

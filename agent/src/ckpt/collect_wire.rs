@@ -190,7 +190,9 @@ pub fn view_to_pb(v: &JobView) -> pb::Holdings {
 /// A peer's view of the job for the `asked` ranks (the first first, as the
 /// ask sent them), checked ([`JobView::check`]). The ranks it answers are
 /// those it names that were asked; naming none, it answers the first alone
-/// (an older agent, which reads only the ask's `rank`).
+/// (an older agent, which reads only the ask's `rank`). Every agent answers
+/// the first: an answer naming ranks but not that one makes no sense (kept,
+/// its empty set would read as an older agent's one hop on).
 pub fn view_from_pb(r: pb::Holdings, asked: &[u32]) -> Result<JobView, String> {
     bounded(&r)?;
     if r.answered.len() > MAX_VIEW_RANKS {
@@ -201,6 +203,12 @@ pub fn view_from_pb(r: pb::Holdings, asked: &[u32]) -> Result<JobView, String> {
     }
     let ranks = if r.answered.is_empty() {
         asked.iter().take(1).copied().collect()
+    } else if asked.first().is_some_and(|f| !r.answered.contains(f)) {
+        return Err(format!(
+            "answered: {:?}, without the first rank asked ({:?})",
+            r.answered.iter().take(8).collect::<Vec<_>>(),
+            asked.first()
+        ));
     } else {
         r.answered
             .iter()
@@ -335,6 +343,9 @@ mod tests {
         let got = view_from_pb(view_to_pb(&both), &[0]).expect("view");
         assert_eq!(got.ranks, [0].into());
         assert_eq!(got.steps[&5].holders.keys().collect::<Vec<_>>(), [&0]);
+        // An answer that names ranks, but not the first asked, is refused.
+        let err = view_from_pb(view_to_pb(&both), &[3, 0]).expect_err("not the first");
+        assert!(err.starts_with("answered"), "{err}");
     }
 
     #[test]

@@ -239,7 +239,7 @@ impl Counted {
         Self { holdings, counts }
     }
 
-    /// The job's view for `rank`: every step's count, and `rank`'s holders.
+    /// The job's view for `ranks`: every step's count, and their holders.
     pub fn for_ranks(&self, ranks: &[u32]) -> JobView {
         view(&self.holdings, &self.counts, ranks)
     }

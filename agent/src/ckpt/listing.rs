@@ -86,8 +86,11 @@ pub struct StepListing {
 pub struct StepCounts {
     /// Ranks with a good copy.
     pub ranks_with_copy: u32,
-    /// The sum of those ranks' shard sizes.
+    /// The sum of those ranks' shard sizes, where known.
     pub size_bytes: u64,
+    /// How many ranks `size_bytes` adds up: all with a copy, or fewer where
+    /// the collector knows no size for some (`holdings::Tally`).
+    pub sized_ranks: u32,
     /// Good copies over every tier.
     pub good_copies: u32,
     /// Copies a scrub marked corrupt.
@@ -241,6 +244,7 @@ fn counted_step(s: &super::holdings::JobStep, corrupt: usize) -> StepCounts {
     StepCounts {
         ranks_with_copy: s.present,
         size_bytes: tally.size_bytes,
+        sized_ranks: tally.sized_ranks,
         good_copies: u32::try_from(tally.copies).unwrap_or(u32::MAX),
         corrupt_copies: u32::try_from(corrupt).unwrap_or(u32::MAX),
         missing: s.missing.clone(),
@@ -251,8 +255,11 @@ fn counted_step(s: &super::holdings::JobStep, corrupt: usize) -> StepCounts {
 /// ranks' local copies are marked corrupt, and its world size.
 fn counts(ranks: &BTreeMap<u32, Vec<Copy>>, corrupt: usize, world_size: u32) -> StepCounts {
     let with_copy = || ranks.iter().filter(|(_, c)| !c.is_empty());
+    let ranks_with_copy = u32::try_from(with_copy().count()).unwrap_or(u32::MAX);
     StepCounts {
-        ranks_with_copy: u32::try_from(with_copy().count()).unwrap_or(u32::MAX),
+        ranks_with_copy,
+        // Every copy here has its manifest, and its size.
+        sized_ranks: ranks_with_copy,
         size_bytes: with_copy()
             .filter_map(|(_, c)| c.first())
             .map(|c| c.manifest.size_bytes)

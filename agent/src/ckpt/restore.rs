@@ -191,8 +191,9 @@ async fn gather_within(ck: &Arc<Checkpoints>, job: &str, limit: Duration) -> Arc
 /// `beside` (the job's other ranks registered here: at a restart they
 /// restore at once), shared by the restores of the same ranks under way
 /// here, so that a host's 8 ranks make one ask of the collector and list
-/// each holder once; else [`gather_within`]. A rank that registered since
-/// a gather started computes another set, and gathers on its own.
+/// each holder once; else [`gather_within`]. A gather under way whose
+/// ranks include this one is joined, though the sets differ (a rank that
+/// registered since it started computes a larger one).
 async fn gather_for(
     ck: &Arc<Checkpoints>,
     job: &str,
@@ -205,9 +206,13 @@ async fn gather_for(
     }
     let part = host_part(rank, beside);
     ck.gathers
-        .view(job, &part, limit, ck.sealing.sealed(), || {
-            gather_collected(ck, job, &part, limit)
-        })
+        .view_covering(
+            job,
+            (rank, &part),
+            limit,
+            ck.sealing.sealed(),
+            |ranks| async move { gather_collected(ck, job, &ranks, limit).await },
+        )
         .await
 }
 
@@ -244,7 +249,16 @@ pub async fn gather_ranks(
     if !collect::collects(ck, job) || ranks.is_empty() {
         return gather(ck, job).await;
     }
-    let ranks: Vec<u32> = ranks.iter().copied().collect();
+    // A rank past any world size holds nothing, and would have every
+    // collector refuse the one ask that names it (the others with it).
+    let ranks: Vec<u32> = ranks
+        .iter()
+        .copied()
+        .filter(|&r| r < warden_core::rank::MAX_WORLD_SIZE)
+        .collect();
+    if ranks.is_empty() {
+        return gather(ck, job).await;
+    }
     let view = gather_collected(ck, job, &ranks, ck.cfg.peer_timeout).await;
     if counts_the_newest(&view, job) {
         Arc::new(view)
@@ -297,8 +311,10 @@ async fn gather_collected(
         0 => None,
         _ => Some(collect::job_view(ck, job, ranks, limit).await),
     };
+    // A view with no step (the collectors silent, or nothing saved) holds
+    // no rank's copies: the others are not asked apart, to the same answer.
     let left: Vec<u32> = match &first {
-        Some(Ok(v)) => ranks
+        Some(Ok(v)) if !v.steps.is_empty() => ranks
             .iter()
             .copied()
             .filter(|r| !v.ranks.contains(r))
@@ -372,13 +388,16 @@ async fn gather_collected(
     view
 }
 
-/// How many manifests a gather reads from the durable store at once.
-const DURABLE_READS: usize = 16;
+/// How many manifests a gather reads from the durable store at once (a
+/// host's 64 ranks and five steps: five round trips).
+const DURABLE_READS: usize = 64;
 
 /// `ranks`' copies of `job` in the durable store, and what could not be
 /// read: the store's steps (one LIST of step names), then each rank's
 /// manifest in each step, [`DURABLE_READS`] at once (a host's ranks share
-/// one gather: read in turn, that was 8 times one rank's wait). The job's
+/// one gather: read in turn, that was 8 times one rank's wait). Failed
+/// reads are one line, with how many (a failing store would otherwise name
+/// every shard, into a restore's error message). The job's
 /// count of what the store holds comes from the collector, which lists the
 /// store once for every restoring host.
 async fn durable_ranks(
@@ -413,8 +432,11 @@ async fn durable_ranks(
             });
         }
     }
+    let asked = reads.len();
     let (mut found, mut failed) = (Vec::new(), Vec::new());
-    for (key, got) in futures_join(reads.into_iter()).await {
+    let done = futures_join(reads.into_iter()).await;
+    let lost = asked - done.len();
+    for (key, got) in done {
         match got {
             Ok(Some(m)) if m.key() == key => found.push(m),
             Ok(Some(m)) => tracing::warn!(
@@ -422,10 +444,21 @@ async fn durable_ranks(
                 "a durable manifest names another shard than its place; left out"
             ),
             Ok(None) => {}
-            Err(e) => failed.push(format!("durable {}: {e}", d.url())),
+            Err(e) => failed.push(e),
         }
     }
-    (found, failed)
+    let gone = failed.len() + lost;
+    let why = match failed.first() {
+        Some(e) => format!("first: {e}"),
+        None => "a read's task ended".to_owned(),
+    };
+    let failed = (gone > 0).then(|| {
+        format!(
+            "durable {}: {gone} of {asked} manifest reads failed ({why})",
+            d.url()
+        )
+    });
+    (found, failed.into_iter().collect())
 }
 
 /// This agent's own copies of `job` (every job when empty), and those a

@@ -14,7 +14,7 @@
 //! gather to run. Out: the view, shared. Never: hands a caller a view
 //! gathered before a commit sealed here that the caller could have waited
 //! for; keeps a finished view for a later caller (the next restore asks
-//! again); holds more than one gather per job and limit.
+//! again); holds more than one gather per job, set of ranks and limit.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -85,6 +85,42 @@ impl<T> InFlight<T> {
         let admitted = self.view_admitted(job, part, limit, sealed, ok, gather);
         let Ok(v) = admitted.await;
         v
+    }
+
+    /// [`InFlight::view`] for a restore of `rank`, whose own set of ranks is
+    /// `part` (sorted): a gather under way for the same job and limit whose
+    /// ranks include `rank` is joined, else `gather` runs for `part`. The
+    /// ranks of a host that registered between their restores compute
+    /// different sets, and should still share one gather (each set its own
+    /// was up to 8 gathers again). `gather` is given the ranks to gather
+    /// for: a waiter whose runner went away runs the joined set's gather.
+    pub async fn view_covering<F>(
+        &self,
+        job: &str,
+        (rank, part): (u32, &[u32]),
+        limit: Duration,
+        sealed: u64,
+        gather: impl FnOnce(Vec<u32>) -> F,
+    ) -> Arc<T>
+    where
+        F: std::future::Future<Output = T>,
+    {
+        let joined = {
+            let m = self.flights.lock().unwrap_or_else(|p| p.into_inner());
+            m.iter()
+                .find(|((j, p, l), f)| {
+                    j == job
+                        && *l == limit
+                        && f.sealed == sealed
+                        && !f.view.initialized()
+                        && p.binary_search(&rank).is_ok()
+                })
+                .map(|((_, p, _), _)| p.clone())
+        };
+        let part = joined.unwrap_or_else(|| part.to_vec());
+        let ranks = part.clone();
+        self.view(job, &part, limit, sealed, move || gather(ranks))
+            .await
     }
 
     /// [`InFlight::view`], where starting a gather (not joining one under
@@ -205,6 +241,37 @@ mod tests {
         go.notify_one();
         flights.view("j", &[], limit, 0, || counted(&n, &go)).await;
         assert_eq!(n.load(Ordering::SeqCst), 5);
+    }
+
+    #[tokio::test]
+    async fn a_restore_joins_a_gather_under_way_whose_ranks_include_its_own() {
+        let flights = InFlight::<CopiesView>::default();
+        let (n, go) = (AtomicUsize::new(0), tokio::sync::Notify::new());
+        let limit = Duration::from_secs(1);
+        let asked = std::sync::Mutex::new(Vec::new());
+        let run = |part: Vec<u32>| {
+            asked.lock().unwrap().push(part);
+            counted(&n, &go)
+        };
+        // Ranks 0-2 registered when rank 0 restored; 3 since.
+        let first = flights.view_covering("j", (0, &[0, 1, 2]), limit, 0, run);
+        let joins = flights.view_covering("j", (2, &[0, 1, 2, 3]), limit, 0, run);
+        let own = flights.view_covering("j", (3, &[0, 1, 2, 3]), limit, 0, run);
+        let release = async {
+            while n.load(Ordering::SeqCst) < 2 {
+                tokio::task::yield_now().await;
+            }
+            go.notify_waiters();
+        };
+        let (a, b, c, ()) = tokio::join!(first, joins, own, release);
+        assert!(Arc::ptr_eq(&a, &b), "rank 2 joined the gather of 0-2");
+        assert!(
+            !Arc::ptr_eq(&a, &c),
+            "rank 3 is not in it: a gather of its own"
+        );
+        let mut asked = asked.into_inner().unwrap();
+        asked.sort();
+        assert_eq!(asked, [vec![0, 1, 2], vec![0, 1, 2, 3]]);
     }
 
     #[tokio::test(start_paused = true)]
