@@ -300,13 +300,16 @@ async fn list_shards_served(agent: &TestAgent) -> f64 {
 
 /// How many calls of `method` `agent` has answered.
 async fn served(agent: &TestAgent, method: &str) -> f64 {
+    per_method(agent, "warden_api_requests_total", method).await
+}
+
+/// `agent`'s `metric` for `method`, summed over its other labels.
+async fn per_method(agent: &TestAgent, metric: &str, method: &str) -> f64 {
     let (scrape, _) = common::scrape(agent).await;
     scrape
         .samples
         .iter()
-        .filter(|s| {
-            s.metric == "warden_api_requests_total" && s.labels.get("method") == Some(method)
-        })
+        .filter(|s| s.metric == metric && s.labels.get("method") == Some(method))
         .map(|s| common::number(&s.value))
         .sum()
 }
@@ -899,15 +902,7 @@ async fn the_ranks_of_a_host_restoring_at_once_ask_the_collector_once() {
 
 /// How many calls of `method` `agent` is answering now.
 async fn in_flight(agent: &TestAgent, method: &str) -> f64 {
-    let (scrape, _) = common::scrape(agent).await;
-    scrape
-        .samples
-        .iter()
-        .filter(|s| {
-            s.metric == "warden_api_requests_in_flight" && s.labels.get("method") == Some(method)
-        })
-        .map(|s| common::number(&s.value))
-        .sum()
+    per_method(agent, "warden_api_requests_in_flight", method).await
 }
 
 /// What a listed step says of itself: step, world size, complete, (ranks
