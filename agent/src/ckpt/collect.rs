@@ -256,8 +256,8 @@ fn place(ck: &Checkpoints, job: &str) -> (Option<String>, Vec<String>, bool) {
 
 /// The job's view for `ranks` (one at least; an older agent on the way
 /// answers the first alone: [`JobView::ranks`] says which were answered)
-/// as a restoring host gets it, each host's listing bounded by `limit`: asked of its group's leader (which passes it
-/// on to a collector), else of the job's first hosts (group 0) itself,
+/// as a restoring host gets it, each host's listing bounded by `limit`:
+/// asked of its group's leader (which passes it on to a collector), else of the job's first hosts (group 0) itself,
 /// else, in group 0, collected here. A host outside group 0 never
 /// collects: were the collectors out of reach for one host, they would be
 /// for many, and every host collecting is every host asking every other

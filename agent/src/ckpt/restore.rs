@@ -298,7 +298,7 @@ pub fn counts_the_newest(view: &CopiesView, job: &str) -> bool {
 /// holders list of `ranks` (each holder once, within `limit`), and the
 /// durable store, whose steps count as complete where it holds every rank
 /// itself. The ranks an older agent on the way left unanswered are asked
-/// one by one, as before.
+/// one by one, as before. `ranks` is never empty (both callers see to it).
 async fn gather_collected(
     ck: &Arc<Checkpoints>,
     job: &str,
@@ -307,14 +307,11 @@ async fn gather_collected(
 ) -> CopiesView {
     let mut view = CopiesView::default();
     add_local(ck, job, &mut view).await;
-    let first = match ranks.len() {
-        0 => None,
-        _ => Some(collect::job_view(ck, job, ranks, limit).await),
-    };
+    let first = collect::job_view(ck, job, ranks, limit).await;
     // A view with no step (the collectors silent, or nothing saved) holds
     // no rank's copies: the others are not asked apart, to the same answer.
     let left: Vec<u32> = match &first {
-        Some(Ok(v)) if !v.steps.is_empty() => ranks
+        Ok(v) if !v.steps.is_empty() => ranks
             .iter()
             .copied()
             .filter(|r| !v.ranks.contains(r))
@@ -332,7 +329,7 @@ async fn gather_collected(
         return gather_now(ck, job, limit).await;
     }
     let mut jvs = Vec::with_capacity(1 + apart.len());
-    for v in first.into_iter().chain(apart) {
+    for v in std::iter::once(first).chain(apart) {
         match v {
             Ok(v) => jvs.push(v),
             Err(e) => {
@@ -393,7 +390,7 @@ async fn gather_collected(
 const DURABLE_READS: usize = 64;
 
 /// `ranks`' copies of `job` in the durable store, and what could not be
-/// read: the store's steps (one LIST of step names), then each rank's
+/// read, if anything: the store's steps (one LIST of step names), then each rank's
 /// manifest in each step, [`DURABLE_READS`] at once (a host's ranks share
 /// one gather: read in turn, that was 8 times one rank's wait). Failed
 /// reads are one line, with how many (a failing store would otherwise name
@@ -404,13 +401,13 @@ async fn durable_ranks(
     ck: &Arc<Checkpoints>,
     job: &str,
     ranks: &[u32],
-) -> (Vec<super::manifest::Manifest>, Vec<String>) {
+) -> (Vec<super::manifest::Manifest>, Option<String>) {
     let Some(d) = &ck.durable else {
-        return Default::default();
+        return (Vec::new(), None);
     };
     let steps = match d.steps(job).await {
         Ok(s) => s,
-        Err(e) => return (Vec::new(), vec![format!("durable {}: {e}", d.url())]),
+        Err(e) => return (Vec::new(), Some(format!("durable {}: {e}", d.url()))),
     };
     let gate = Arc::new(tokio::sync::Semaphore::new(DURABLE_READS));
     let mut reads = Vec::with_capacity(steps.len() * ranks.len());
@@ -458,7 +455,7 @@ async fn durable_ranks(
             d.url()
         )
     });
-    (found, failed.into_iter().collect())
+    (found, failed)
 }
 
 /// This agent's own copies of `job` (every job when empty), and those a
