@@ -34,6 +34,12 @@ use crate::coord::reports::{Found, Reports};
 
 /// How often the host's live breakdown is copied into etcd.
 pub const EVERY: Duration = Duration::from_secs(10);
+/// How often it is tried until the first copy lands. A host with no copy
+/// in etcd is not known to be running: a launcher whose job ends first
+/// would not wait for its final report, and a job shorter than [`EVERY`]
+/// got a job-wide sum of one host (tests/multihost.rs, on an idle machine,
+/// where its 9 s job ended before the first copy).
+pub const FIRST_EVERY: Duration = Duration::from_secs(1);
 /// Bound on each etcd or agent request made for goodput.
 pub const TIMEOUT: Duration = Duration::from_secs(3);
 /// The file, next to the per-rank logs, with the job-wide breakdown.
@@ -68,7 +74,8 @@ impl GoodputHome {
 }
 
 /// Copies this host's breakdown of the job into etcd every [`EVERY`] until
-/// `stop`; failures are logged and tried again at the next turn.
+/// `stop` (every [`FIRST_EVERY`] until the first copy lands); failures are
+/// logged and tried again at the next turn.
 pub fn keep_published(
     jw: GoodputHome,
     client: AgentClient<Channel>,
@@ -78,10 +85,14 @@ pub fn keep_published(
         let mut reports: Option<Reports> = None;
         // The key's mod revision after this task's last copy.
         let mut after: Option<i64> = None;
+        // A copy landed once: failures after it wait EVERY (not a retry a
+        // second from every host while etcd is in trouble).
+        let mut landed = false;
         loop {
+            let every = if landed { EVERY } else { FIRST_EVERY };
             tokio::select! {
                 () = stop.cancelled() => return,
-                () = tokio::time::sleep(EVERY) => {}
+                () = tokio::time::sleep(every) => {}
             }
             let mut c = client.clone();
             let req = pb::GetGoodputRequest {
@@ -103,7 +114,10 @@ pub fn keep_published(
             }
             let Some(r) = &reports else { continue };
             match r.publish_live(&jw.host, &mine, after).await {
-                Ok(Some(revision)) => after = Some(revision),
+                Ok(Some(revision)) => {
+                    after = Some(revision);
+                    landed = true;
+                }
                 // The final report is in (the job ended here): never
                 // replace it with a live copy.
                 Ok(None) => return,
