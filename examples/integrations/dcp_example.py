@@ -20,9 +20,10 @@ fully_shard(model)  # each rank keeps its shard of every parameter (DTensors)
 optim = torch.optim.AdamW(model.parameters(), lr=1e-3)
 
 start = 0
-if warden.checkpoint.restore() is not None:  # a complete step in the tier
+resume = warden.checkpoint.agreed_step()  # the same on every rank; None on a fresh start
+if resume is not None:
     msd, osd = get_state_dict(model, optim)
-    reader = WardenStorageReader()  # step 0: the newest complete
+    reader = WardenStorageReader(step=resume)
     dcp.load({"model": msd, "optim": osd}, storage_reader=reader)
     set_state_dict(model, optim, model_state_dict=msd, optim_state_dict=osd)
     start = reader.restored_step

@@ -21,6 +21,10 @@ With PyTorch (imported only when these are called):
     ckpt.save_state_dict(step, model.state_dict())
     r = ckpt.load_state_dict()          # (step, state_dict) or None
 
+Once ``torch.distributed`` is initialized, ``load_state_dict()`` agrees on
+the step over the process group first (``agreed_step``), so every rank
+resumes from the same step: call it on every rank, as ``dcp.load``.
+
 The job, rank and world size come from the environment (WARDEN_JOB_ID or
 TORCHELASTIC_RUN_ID, RANK, WORLD_SIZE), the agent's socket from WARDEN_SOCKET.
 Failures raise ``CheckpointError`` (``TierFullError`` when the tier has no room
@@ -34,7 +38,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
-from . import _native
+from . import _agree, _native
 
 CheckpointError = _native.CheckpointError
 TierFullError = _native.TierFullError
@@ -44,6 +48,7 @@ __all__ = [
     "Restored",
     "ShardFile",
     "TierFullError",
+    "agreed_step",
     "identity",
     "load_state_dict",
     "restore",
@@ -208,6 +213,26 @@ def restore(step: int = 0, rank: Optional[int] = None) -> Optional[Restored]:
     return Restored(**r)
 
 
+def agreed_step(group: Any = None) -> Optional[int]:
+    """The step every rank of ``group`` (the default process group when
+    None) resumes from, the same on every rank; None on every rank on a
+    fresh start. A collective: every rank of the group calls it. Without an
+    initialized ``torch.distributed`` (or with one rank) it is this rank's
+    ``restore().step``.
+
+    Each rank's agent names the newest step complete for every rank as it
+    sees the job, and two agents can see it differently during a restart
+    (a save committing as the ranks restore). The ranks take the newest of
+    those where every rank can restore it (a rank that had not seen it
+    asks for it by name), else the oldest of them; this rank's shard of it
+    is fetched into the tier. Pass the step to ``restore``,
+    ``WardenStorageReader`` or an integration's ``restore_*``. Raises
+    ``CheckpointError`` on every rank when any rank cannot read its tier or
+    restore either: better no rank resumes than one from another step."""
+    r = _agree.agree(restore, CheckpointError, group)
+    return None if r is None else r.step
+
+
 def _torch():
     try:
         import torch  # noqa: PLC0415
@@ -243,11 +268,22 @@ def save_state_dict(step: int, state_dict: Any, size_hint: int = 0) -> str:
     return save_file(step, lambda p: torch.save(state_dict, p), size_hint=size_hint)
 
 
-def load_state_dict(step: int = 0, map_location: Any = "cpu") -> Optional[tuple]:
+def load_state_dict(
+    step: int = 0, map_location: Any = "cpu", agree: Optional[bool] = None, group: Any = None
+) -> Optional[tuple]:
     """(step, state_dict) restored with ``torch.load`` (or, for a shard an
-    ``AsyncCheckpointer`` saved, its own reader), or None on a fresh start."""
+    ``AsyncCheckpointer`` saved, its own reader), or None on a fresh start.
+
+    ``step`` 0 (the newest) with ``torch.distributed`` initialized agrees on
+    the step over ``group`` first (``agreed_step``), so every rank of it
+    must call this; ``agree=False`` loads this rank's newest alone (a load on
+    some ranks only). ``agree=True`` without a process group is the same as
+    no agreement."""
     torch = _torch()
-    r = restore(step)
+    if step == 0 and agree is not False:
+        r = _agree.agree(restore, CheckpointError, group)
+    else:
+        r = restore(step)
     if r is None:
         return None
     from . import async_shard  # noqa: PLC0415

@@ -55,6 +55,7 @@ import weakref
 from typing import Any, Optional, Union
 
 from . import require
+from .. import _agree
 from .. import async_checkpoint as _async
 from .. import checkpoint as _ckpt
 
@@ -590,14 +591,26 @@ class WardenStorageReader(StorageReader):
     ``dcp.save`` was given another ``coordinator_rank``). Shards of other
     ranks are fetched as needed (the agent restores them from this host, a
     peer or the durable store). Raises ``warden.checkpoint.CheckpointError``
-    when the tier has no complete step (check ``warden.checkpoint.restore()``
-    first to tell a fresh start) or the agent cannot be reached.
+    when the tier has no complete step (``warden.checkpoint.agreed_step()``
+    first tells a fresh start, the same on every rank) or the agent cannot
+    be reached.
+
+    With ``step`` 0 and ``torch.distributed`` initialized, the ranks agree on
+    the step over ``group`` (the default process group when None) as they
+    read the metadata (``warden.checkpoint.agreed_step``), so every rank of
+    it must load, as ``dcp.load`` has them. Pass the ``process_group`` given
+    to ``dcp.load`` as ``group``; ``agree=False`` for a load on some ranks
+    only (``no_dist=True``).
     """
 
-    def __init__(self, step: int = 0, coordinator_rank: int = 0) -> None:
+    def __init__(
+        self, step: int = 0, coordinator_rank: int = 0, agree: Optional[bool] = None, group: Any = None
+    ) -> None:
         super().__init__()
         self.step = int(step)
         self.coordinator_rank = int(coordinator_rank)
+        self.agree = agree
+        self.group = group
         self._paths: dict[int, str] = {}
         self._resolved: Optional[int] = None
         self.storage_data: dict[Any, Any] = {}
@@ -641,8 +654,22 @@ class WardenStorageReader(StorageReader):
         self._paths[rank] = r.path
         return r.path
 
+    def _agree(self) -> None:
+        """Fixes the step with every rank of the group, once (see the class)."""
+        if self._resolved is not None or self.step != 0 or self.agree is False:
+            return
+        own = _ckpt.identity()[1]
+        r = _agree.agree(lambda step: _ckpt.restore(step, rank=own), _ckpt.CheckpointError, self.group)
+        if r is None:
+            raise _ckpt.CheckpointError(
+                "WardenStorageReader: no complete checkpoint step in the tier (a fresh start?)"
+            )
+        self._resolved = r.step
+        self._paths[own] = r.path
+
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
         """The checkpoint's metadata, from this rank's shard or the coordinator's."""
+        self._agree()
         own = _read_footer(self._shard(_ckpt.identity()[1]))
         metadata = own.get("metadata")
         if metadata is None:
