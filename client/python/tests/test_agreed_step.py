@@ -18,7 +18,7 @@ def test_ranks_that_see_different_newest_steps_resume_from_the_same_one(wardend:
     store = wardend.home / "agree.store"
     r0, r1 = run_ranks(wardend, "agree", "agree_job.py", ["race", str(store)], world=2)
     for r in (r0, r1):
-        assert r["fresh"], r
+        assert r["fresh"] and r["zero"], r
         # Each rank loaded its own state of the step it names.
         assert r["apart"]["exact"] and r["agreed"]["exact"], r
     # Without agreeing, the race is real: rank 0's agent answered before

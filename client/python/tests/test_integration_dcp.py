@@ -45,6 +45,21 @@ def test_two_ranks_save_a_sharded_state_dict_and_restore_it_resharded(
 
 
 
+def test_with_fsdp2_and_adamw_each_rank_reads_its_own_shard_alone(wardend: Wardend) -> None:
+    """DCP saves each replicated item once, spread over the ranks (here the
+    optimizer's ``step`` of every parameter); before each rank kept its own
+    copies, every rank read all 4 shards, 4x its own bytes, and at N ranks
+    up to N whole shards a rank. The metadata comes by broadcast, not in
+    the coordinator's whole shard."""
+    require_framework("torch")
+    store = wardend.home / "dcp-fsdp.store"
+    results = run_ranks(wardend, "dcp-fsdp", "dcp_job.py", ["fsdp", "7", str(store)], world=4)
+    for r in results:
+        assert r["restored_step"] == 7, r
+        assert r["shards_read"] == [r["rank"]], r
+        assert r["exact"] and r["optim_steps"], r
+
+
 def test_async_save_stages_into_a_reused_buffer_and_the_loop_goes_on_at_once(
     wardend: Wardend,
 ) -> None:

@@ -624,7 +624,11 @@ class AsyncCheckpointer:
             return path
 
 
-def load(step: int = 0, map_location: Any = "cpu") -> Optional[tuple]:
+def load(
+    step: int = 0, map_location: Any = "cpu", agree: Optional[bool] = None, group: Any = None
+) -> Optional[tuple]:
     """(step, state) of the newest complete step (or ``step``), whichever way
-    it was saved, or None on a fresh start."""
-    return checkpoint.load_state_dict(step, map_location=map_location)
+    it was saved, or None on a fresh start: ``checkpoint.load_state_dict``,
+    which agrees on the step over ``group`` when ``torch.distributed`` is
+    up (every rank of it calls this then; ``agree=False`` for one rank)."""
+    return checkpoint.load_state_dict(step, map_location=map_location, agree=agree, group=group)

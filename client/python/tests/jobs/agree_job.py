@@ -90,6 +90,11 @@ def race(store_path: str, out: str) -> None:
     ckpt.restore = restore
 
     results = {"fresh": fresh is None}
+    # A step 0 saved is a step: both ranks see it, and resume from it.
+    ckpt.save_state_dict(0, state(rank, 0))
+    dist.barrier()
+    zero = ckpt.load_state_dict()
+    results["zero"] = zero is not None and zero[0] == 0 and is_state(zero[1], rank, 0)
     for name, step, agree in (("apart", 10, False), ("agreed", 20, None), ("damaged", 30, None)):
         base = step - 5
         ckpt.save_state_dict(base, state(rank, base))

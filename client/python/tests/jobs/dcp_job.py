@@ -5,6 +5,7 @@ agent's tier (WardenStorageWriter) and loads it back (WardenStorageReader).
     python dcp_job.py sharded STEP STORE OUT   # a rank of 2 (gloo), DTensors
     python dcp_job.py async STEP STORE OUT     # the same through dcp.async_save
     python dcp_job.py async-fail STEP OUT      # one process: a background failure
+    python dcp_job.py fsdp STEP STORE OUT      # a rank of 4 (gloo): FSDP2 and AdamW
 
 Writes to OUT (JSON) what the test checks: the step restored and whether
 every tensor came back byte for byte.
@@ -220,6 +221,47 @@ def async_fail(step: int, out: str) -> None:
         json.dump({"future_error": future_error, "next_error": next_error, "steps": steps}, f)
 
 
+def fsdp(step: int, store: str, out: str) -> None:
+    """FSDP2 with AdamW: the optimizer's ``step`` of every parameter is
+    replicated, and DCP saves each once, spread over the ranks. Loading,
+    each rank must read its own shard alone (its copies of those), and get
+    back exactly what it saved."""
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+    from torch.distributed.fsdp import fully_shard
+
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[torch.nn.Linear(64, 64) for _ in range(6)])
+    fully_shard(model)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model(torch.randn(4, 64)).sum().backward()
+    opt.step()
+    msd, osd = get_state_dict(model, opt)
+    dcp.save({"model": msd, "optim": osd}, storage_writer=WardenStorageWriter(step=step))
+    saved = {k: v.full_tensor().clone() for k, v in msd.items()}
+    saved_steps = [float(s["step"]) for s in osd["state"].values()]
+    # Change the weights and the optimizer's state: the load must bring them back.
+    model(torch.randn(4, 64)).sum().backward()
+    opt.step()
+    msd, osd = get_state_dict(model, opt)
+    reader = WardenStorageReader()
+    dcp.load({"model": msd, "optim": osd}, storage_reader=reader)
+    set_state_dict(model, opt, model_state_dict=msd, optim_state_dict=osd)
+    msd, osd = get_state_dict(model, opt)
+    result = {
+        "rank": rank,
+        "restored_step": reader.restored_step,
+        "shards_read": sorted(reader._paths),
+        "exact": all(same_bytes(saved[k], v.full_tensor()) for k, v in msd.items()),
+        "optim_steps": [float(s["step"]) for s in osd["state"].values()] == saved_steps,
+    }
+    dist.barrier()
+    dist.destroy_process_group()
+    with open(out, "w") as f:
+        json.dump(result, f)
+
+
 if __name__ == "__main__":
     mode = sys.argv[1]
     if mode == "single":
@@ -230,5 +272,7 @@ if __name__ == "__main__":
         async_sharded(int(sys.argv[2]), sys.argv[3], sys.argv[4])
     elif mode == "async-fail":
         async_fail(int(sys.argv[2]), sys.argv[3])
+    elif mode == "fsdp":
+        fsdp(int(sys.argv[2]), sys.argv[3], sys.argv[4])
     else:
         raise SystemExit(f"unknown mode {mode}")

@@ -42,6 +42,7 @@ import os
 import sys
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
+from .. import checkpoint as _ckpt
 from .. import heal as _heal
 from .. import heal_layout as _heal_layout
 
@@ -230,7 +231,7 @@ class LightningHeal:
 
     # -- WardenDDPStrategy.setup --------------------------------------------
 
-    def before_ddp(self, trainer: Any, module: Any, seed: int, restore_path: Callable[[], Optional[str]]) -> None:
+    def before_ddp(self, trainer: Any, module: Any, seed: int, restore_path: Callable[..., Optional[str]]) -> None:
         """Declares the state at the first fit; in every fit, brings this
         rank to the newest committed step a live replica holds (or the
         tier's), before DDP wraps the module."""
@@ -250,10 +251,13 @@ class LightningHeal:
         self._from_tier = None
         self.state.resume(lambda: self._restore(trainer, module, restore_path))
 
-    def _restore(self, trainer: Any, module: Any, restore_path: Callable[[], Optional[str]]) -> Optional[int]:
+    def _restore(self, trainer: Any, module: Any, restore_path: Callable[..., Optional[str]]) -> Optional[int]:
         """No live replica: the tier's newest checkpoint, loaded as
-        ``fit(ckpt_path=...)`` would (module now, the rest at ``after_setup``)."""
-        path = restore_path()
+        ``fit(ckpt_path=...)`` would (module now, the rest at ``after_setup``);
+        its step agreed by every rank first (every rank is here: the heal's
+        plan is the same on each)."""
+        step = _ckpt.agreed_step()
+        path = None if step is None else restore_path(step=step)
         if path is None:
             return None
         ckpt = trainer.strategy.load_checkpoint(path)
@@ -293,7 +297,7 @@ class LightningHeal:
     # -- WardenModelParallelStrategy.setup (FSDP2 / HSDP) --------------------
 
     def after_sharded_setup(
-        self, trainer: Any, module: Any, seed: int, restore_path: Callable[[], Optional[str]]
+        self, trainer: Any, module: Any, seed: int, restore_path: Callable[..., Optional[str]]
     ) -> None:
         """A sharded fit (FSDP2 over the strategy's device mesh): once
         Lightning sharded the module (``configure_model``) and made the fit's
@@ -337,12 +341,13 @@ class LightningHeal:
         # (ModelParallelStrategy leaves them to its own load).
         trainer._checkpoint_connector._loaded_checkpoint = ckpt
 
-    def _restore_sharded(self, trainer: Any, restore_path: Callable[[], Optional[str]]) -> Optional[int]:
-        """No live replica: the tier's newest sharded checkpoint, every
-        rank's shards of module and optimizers loaded in place (the
-        strategy's ``load_checkpoint``), the rest kept for Lightning's
-        restore after setup."""
-        path = restore_path()
+    def _restore_sharded(self, trainer: Any, restore_path: Callable[..., Optional[str]]) -> Optional[int]:
+        """No live replica: the tier's newest sharded checkpoint (its step
+        agreed by every rank first), every rank's shards of module and
+        optimizers loaded in place (the strategy's ``load_checkpoint``),
+        the rest kept for Lightning's restore after setup."""
+        step = _ckpt.agreed_step()
+        path = None if step is None else restore_path(step=step)
         if path is None:
             return None
         ckpt = trainer.strategy.load_checkpoint(path)

@@ -41,6 +41,7 @@ import sys
 import time
 from typing import Any, Callable, Dict, List, Optional
 
+from .. import checkpoint as _ckpt
 from .. import heal as _heal
 
 
@@ -213,7 +214,7 @@ class TransformersHeal:
 
     # -- WardenTrainer.train, before the Trainer's own -------------------------
 
-    def before_train(self, trainer: Any, restore_dir: Callable[[str], Optional[str]]) -> Optional[str]:
+    def before_train(self, trainer: Any, restore_dir: Callable[..., Optional[str]]) -> Optional[str]:
         """Declares the state at the first ``train``; in every ``train``,
         brings this rank to the newest committed step a live replica holds
         (or the tier's). Returns the checkpoint directory the Trainer must
@@ -240,12 +241,15 @@ class TransformersHeal:
             self.state._consistent = False
         return self.tier_dir
 
-    def _restore(self, trainer: Any, restore_dir: Callable[[str], Optional[str]]) -> Optional[int]:
-        """No live replica: the tier's newest checkpoint, which the Trainer
-        loads itself (``resume_from_checkpoint``); None on a fresh start."""
+    def _restore(self, trainer: Any, restore_dir: Callable[..., Optional[str]]) -> Optional[int]:
+        """No live replica: the tier's newest checkpoint (its step agreed by
+        every rank first: the heal's plan is the same on each), which the
+        Trainer loads itself (``resume_from_checkpoint``); None on a fresh
+        start."""
         self.optimizers.pending = None
         self.progress.pending = None
-        path = restore_dir(trainer.args.output_dir)
+        step = _ckpt.agreed_step()
+        path = None if step is None else restore_dir(trainer.args.output_dir, step=step)
         if path is None:
             self.mode = "fresh"
             return None

@@ -39,6 +39,20 @@ None}``, then its length (8 bytes, little endian) and the magic
 ``WARDCP01``. ``Metadata.storage_data`` maps each item to ``(rank, offset,
 length)``. The coordinator's footer holds the metadata; so does every
 rank's when saved without collectives (``no_dist``, one process).
+
+Replicated items: DCP saves an item several ranks hold (an FSDP2
+optimizer's ``step`` of every parameter, a buffer, a replicated tensor)
+once, on one rank, spreading them over the ranks, so at load every rank
+needs items from other ranks' shards, and the tier fetches whole shards:
+with FSDP2 and AdamW on 4 ranks, every rank read all 4 shards, 4x its own
+bytes, and at N ranks it is up to N shards a rank. So each rank also keeps
+its own copy of the small ones (up to 1 MiB each, ``local_copies`` bytes in
+all, 64 MiB by default) after its items, listed in its footer as
+``"local": {MetadataIndex: (rank, offset, length)}`` (not in the metadata),
+and the reader takes an item from its own shard when the footer lists it.
+With collectives the metadata is broadcast from the coordinator, so no
+rank fetches the coordinator's whole shard for it. Older readers ignore the
+footer's extra key; this reader reads older shards as before.
 """
 
 from __future__ import annotations
@@ -130,6 +144,9 @@ _SHARD_MARGIN = 1 << 20
 _ITEM_MARGIN = 4096
 #: ...and, on the coordinator, for the job's metadata (every rank's items).
 _METADATA_MARGIN = 64 << 20
+#: Largest replicated item a rank keeps a copy of in its own shard when DCP
+#: saves it on another rank (``WardenStorageWriter``'s ``local_copies``).
+_LOCAL_ITEM_MAX = 1 << 20
 
 
 def _item_bytes(item: Any, data: Any) -> int:
@@ -358,11 +375,20 @@ class WardenStorageWriter(StorageWriter, AsyncStager):
     process's shared ``StagingPool``); ``dcp.save`` uses none.
     """
 
-    def __init__(self, step: int, staging: Optional[StagingPool] = None) -> None:
+    def __init__(
+        self, step: int, staging: Optional[StagingPool] = None, local_copies: int = 64 << 20
+    ) -> None:
         super().__init__()
         if int(step) < 1:
             raise ValueError(f"WardenStorageWriter: step must be at least 1, not {step}")
+        if int(local_copies) < 0:
+            raise ValueError(f"WardenStorageWriter: local_copies must be >= 0, not {local_copies}")
         self.step = int(step)
+        #: Most bytes of replicated items DCP saves on another rank that this
+        #: rank keeps a copy of in its own shard (each up to 1 MiB).
+        self.local_copies = int(local_copies)
+        #: This rank's items before DCP took the duplicates out.
+        self._local_items: list = []
         self._coordinator = False
         self._pending: Optional[_ckpt.ShardFile] = None
         self._save_id = uuid.uuid4().hex
@@ -373,6 +399,8 @@ class WardenStorageWriter(StorageWriter, AsyncStager):
         self._copy_s = 0.0
         self._commit_stall: Optional[float] = None
         self._pool: Optional[StagingPool] = None
+        #: The copies written into the pending shard (its footer's "local").
+        self._local: dict = {}
 
     # -- dcp.async_save's staging, on the training thread -------------------
 
@@ -436,7 +464,9 @@ class WardenStorageWriter(StorageWriter, AsyncStager):
         self._coordinator = bool(is_coordinator)
 
     def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
-        """Unchanged: where an item goes is decided when it is written."""
+        """Unchanged; its items kept, before DCP takes the duplicates out
+        (the copies ``write_data`` keeps)."""
+        self._local_items = list(plan.items)
         return plan
 
     def prepare_global_plan(self, plans: list[SavePlan]) -> list[SavePlan]:
@@ -479,14 +509,16 @@ class WardenStorageWriter(StorageWriter, AsyncStager):
         # items resolved first, so their bytes are known; the coordinator's
         # metadata, appended in ``finish``, gets a margin of its own.
         resolved = [(item, planner.resolve_data(item)) for item in plan.items]
-        size_hint = sum(_item_bytes(item, data) for item, data in resolved)
-        size_hint += _SHARD_MARGIN + _ITEM_MARGIN * len(resolved)
+        copies = self._copies(plan, planner)
+        size_hint = sum(_item_bytes(item, data) for item, data in resolved + copies)
+        size_hint += _SHARD_MARGIN + _ITEM_MARGIN * (len(resolved) + len(copies))
         if self._coordinator:
             size_hint += _METADATA_MARGIN
         shard = _ckpt.ShardFile(self.step, size_hint=size_hint)
         results: list[WriteResult] = []
+        local: dict = {}
         try:
-            for item, data in resolved:
+            for n, (item, data) in enumerate(resolved + copies):
                 if item.type == WriteItemType.BYTE_IO:
                     raw: Any = data.getbuffer()
                 else:
@@ -494,6 +526,9 @@ class WardenStorageWriter(StorageWriter, AsyncStager):
                 offset = shard.file.tell()
                 shard.file.write(raw)
                 length = shard.file.tell() - offset
+                if n >= len(resolved):
+                    local[item.index] = (rank, offset, length)
+                    continue
                 results.append(
                     WriteResult(
                         index=item.index,
@@ -501,15 +536,41 @@ class WardenStorageWriter(StorageWriter, AsyncStager):
                         storage_data=(rank, offset, length),
                     )
                 )
+            self._local = local
             if self._coordinator:
                 self._pending = shard
             else:
-                _write_footer(shard.file, rank, None)
+                _write_footer(shard.file, rank, None, local)
                 shard.commit(stall=self._commit_stall)
         except BaseException:
             shard.abort()
             raise
         return results
+
+    def _copies(self, plan: SavePlan, planner: SavePlanner) -> list:
+        """The items DCP took out of this rank's plan as saved elsewhere,
+        each up to 1 MiB, up to ``local_copies`` bytes in all, resolved:
+        the copies this rank keeps (see the module)."""
+        written = {item.index for item in plan.items}
+        copies: list = []
+        room = self.local_copies
+        for item in self._local_items:
+            if room <= 0:
+                break
+            if item.index in written:
+                continue
+            if item.type != WriteItemType.BYTE_IO and item.tensor_data is not None:
+                # Known before resolving: skip a large tensor without a copy.
+                size = item.tensor_data.size.numel() * item.tensor_data.properties.dtype.itemsize
+                if size > min(_LOCAL_ITEM_MAX, room):
+                    continue
+            data = planner.resolve_data(item)
+            size = _item_bytes(item, data)
+            if size > min(_LOCAL_ITEM_MAX, room):
+                continue
+            copies.append((item, data))
+            room -= size
+        return copies
 
     def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
         """On the coordinator: the metadata (where every rank put every item)
@@ -523,7 +584,7 @@ class WardenStorageWriter(StorageWriter, AsyncStager):
             metadata.version = _DCP_VERSION
             metadata.storage_data = {wr.index: wr.storage_data for wrs in results for wr in wrs}
             metadata.storage_meta = self.storage_meta()
-            _write_footer(shard.file, _ckpt.identity()[1], metadata)
+            _write_footer(shard.file, _ckpt.identity()[1], metadata, self._local)
             shard.commit(stall=self._commit_stall)
         except BaseException as e:
             shard.abort()
@@ -559,8 +620,8 @@ class WardenStorageWriter(StorageWriter, AsyncStager):
             pass
 
 
-def _write_footer(f: Any, rank: int, metadata: Optional[Metadata]) -> None:
-    footer = pickle.dumps({"format": 1, "rank": rank, "metadata": metadata})
+def _write_footer(f: Any, rank: int, metadata: Optional[Metadata], local: Optional[dict] = None) -> None:
+    footer = pickle.dumps({"format": 1, "rank": rank, "metadata": metadata, "local": local or {}})
     f.write(footer)
     f.write(_TRAILER.pack(len(footer), MAGIC))
 
@@ -614,6 +675,12 @@ class WardenStorageReader(StorageReader):
         self._paths: dict[int, str] = {}
         self._resolved: Optional[int] = None
         self.storage_data: dict[Any, Any] = {}
+        #: This rank's own copies of items saved on other ranks (its footer's
+        #: "local"): MetadataIndex -> (rank, offset, length).
+        self._local: dict[Any, Any] = {}
+        #: Why the collective read of the metadata failed: what DCP's
+        #: rank-local retry (``read_metadata(rank=...)``) raises again.
+        self._failure: Optional[BaseException] = None
         self._load_id = uuid.uuid4().hex
 
     @property
@@ -626,6 +693,8 @@ class WardenStorageReader(StorageReader):
         self._paths = {}
         self._resolved = None
         self.storage_data = {}
+        self._local = {}
+        self._failure = None
         if checkpoint_id:
             step = _step_of(checkpoint_id)
             if step is None:
@@ -667,13 +736,69 @@ class WardenStorageReader(StorageReader):
         self._resolved = r.step
         self._paths[own] = r.path
 
+    def _dist(self) -> Optional[Any]:
+        """``torch.distributed`` when this load is a collective of the group
+        (see the class), else None."""
+        if self.agree is False:
+            return None
+        return _agree.distributed(self.group)
+
+    def _broadcast_metadata(self, dist: Any) -> Optional[Metadata]:
+        """The coordinator's metadata, read from its own shard and broadcast
+        to the group: no rank fetches the coordinator's whole shard for it.
+        Every rank reaches the broadcast, whatever its own read did; a rank
+        at another step than the coordinator's raises."""
+        mine: Any = None
+        failure: Optional[BaseException] = None
+        try:
+            own = _read_footer(self._shard(_ckpt.identity()[1]))
+            self._local = dict(own.get("local") or {})
+            if dist.get_rank() == self.coordinator_rank:
+                mine = (self._resolved, own.get("metadata"))
+        except Exception as e:  # noqa: BLE001 - raised after the broadcast
+            failure = e
+            if dist.get_rank() == self.coordinator_rank:
+                mine = (None, f"{type(e).__name__}: {e}")
+        holder = [mine]
+        dist.broadcast_object_list(holder, src=self.coordinator_rank, group=self.group)
+        if failure is not None:
+            raise failure
+        sent = holder[0]
+        if not isinstance(sent, tuple) or len(sent) != 2 or sent[0] is None:
+            raise _ckpt.CheckpointError(
+                f"WardenStorageReader: rank {self.coordinator_rank} could not read its shard's"
+                f" metadata: {sent[1] if isinstance(sent, tuple) and len(sent) == 2 else sent!r}"
+            )
+        step, metadata = sent
+        if step != self._resolved:
+            raise _ckpt.CheckpointError(
+                f"WardenStorageReader: this rank reads step {self._resolved}, rank"
+                f" {self.coordinator_rank} step {step} (agree on the step: agreed_step)"
+            )
+        return metadata
+
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
-        """The checkpoint's metadata, from this rank's shard or the coordinator's."""
-        self._agree()
-        own = _read_footer(self._shard(_ckpt.identity()[1]))
-        metadata = own.get("metadata")
-        if metadata is None:
-            metadata = _read_footer(self._shard(self.coordinator_rank)).get("metadata")
+        """The checkpoint's metadata, from this rank's shard or the coordinator's
+        (broadcast by it, when the load is a collective)."""
+        if kwargs.get("rank") is not None and self._failure is not None:
+            # DCP's rank-local retry after the collective read failed: every
+            # rank failed it alike, and a retry alone could resume this rank
+            # at its own step.
+            raise self._failure
+        dist = self._dist() if kwargs.get("rank") is None else None
+        if dist is not None:
+            try:
+                self._agree()
+                metadata = self._broadcast_metadata(dist)
+            except BaseException as e:
+                self._failure = e
+                raise
+        else:
+            own = _read_footer(self._shard(_ckpt.identity()[1]))
+            self._local = dict(own.get("local") or {})
+            metadata = own.get("metadata")
+            if metadata is None:
+                metadata = _read_footer(self._shard(self.coordinator_rank)).get("metadata")
         if metadata is None:
             raise _ckpt.CheckpointError(
                 f"WardenStorageReader: step {self._resolved}: rank {self.coordinator_rank}'s shard"
@@ -703,14 +828,17 @@ class WardenStorageReader(StorageReader):
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future:
         """Reads each item of the plan from the shard that holds it."""
         by_rank: dict[int, list[Any]] = {}
+        where: dict[Any, Any] = {}
         for req in plan.items:
-            rank, _offset, _length = self.storage_data[req.storage_index]
-            by_rank.setdefault(int(rank), []).append(req)
+            # This rank's own copy first: no other rank's shard fetched for it.
+            at = self._local.get(req.storage_index) or self.storage_data[req.storage_index]
+            where[req.storage_index] = at
+            by_rank.setdefault(int(at[0]), []).append(req)
         for rank, reqs in sorted(by_rank.items()):
-            reqs.sort(key=lambda r: self.storage_data[r.storage_index][1])
+            reqs.sort(key=lambda r: where[r.storage_index][1])
             with open(self._shard(rank), "rb") as f:
                 for req in reqs:
-                    _rank, offset, length = self.storage_data[req.storage_index]
+                    _rank, offset, length = where[req.storage_index]
                     f.seek(offset)
                     raw = f.read(length)
                     if len(raw) != length:

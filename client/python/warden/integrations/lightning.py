@@ -58,6 +58,7 @@ import threading
 import warnings
 from typing import Any, Optional, Tuple
 
+from .. import _agree
 from . import _lightning_sharded as _sharded
 from . import require
 from ._lightning_heal import HEAL as _HEAL
@@ -603,6 +604,11 @@ if _ModelParallel is not None:
             step = _dcp._step_of(str(checkpoint_path))
             if step is None:
                 return super().load_checkpoint(checkpoint_path, weights_only=weights_only)
+            # Each rank named its step before the process group existed
+            # (``restore_path`` before ``fit``): the ranks agree on one now.
+            agreed = _agree.agree(_ckpt.restore, _ckpt.CheckpointError, None, first=step)
+            if agreed is not None:
+                step = agreed.step
             return _sharded.load(self, step, _lightning_safe_globals())
 
 else:  # pragma: no cover - a Lightning without ModelParallelStrategy
