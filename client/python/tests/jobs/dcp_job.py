@@ -227,33 +227,40 @@ def fsdp(step: int, store: str, out: str) -> None:
     each rank must read its own shard alone (its copies of those), and get
     back exactly what it saved."""
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
     torch.manual_seed(0)
     model = torch.nn.Sequential(*[torch.nn.Linear(64, 64) for _ in range(6)])
-    fully_shard(model)
+    # The CPU mesh named: FSDP2's default follows the build's accelerator.
+    fully_shard(model, mesh=init_device_mesh("cpu", (world,)))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     model(torch.randn(4, 64)).sum().backward()
     opt.step()
     msd, osd = get_state_dict(model, opt)
-    dcp.save({"model": msd, "optim": osd}, storage_writer=WardenStorageWriter(step=step))
+    # Replicated plain tensors, each its own values (the same on every
+    # rank): a copy read under another item's index would not match.
+    extra = {f"t{i}": torch.arange(i + 3, dtype=torch.float32) * (i + 1) for i in range(8)}
+    dcp.save({"model": msd, "optim": osd, "extra": extra}, storage_writer=WardenStorageWriter(step=step))
     saved = {k: v.full_tensor().clone() for k, v in msd.items()}
     saved_steps = [float(s["step"]) for s in osd["state"].values()]
     # Change the weights and the optimizer's state: the load must bring them back.
     model(torch.randn(4, 64)).sum().backward()
     opt.step()
     msd, osd = get_state_dict(model, opt)
+    loaded_extra = {k: torch.zeros_like(v) for k, v in extra.items()}
     reader = WardenStorageReader()
-    dcp.load({"model": msd, "optim": osd}, storage_reader=reader)
+    dcp.load({"model": msd, "optim": osd, "extra": loaded_extra}, storage_reader=reader)
     set_state_dict(model, opt, model_state_dict=msd, optim_state_dict=osd)
     msd, osd = get_state_dict(model, opt)
     result = {
         "rank": rank,
         "restored_step": reader.restored_step,
         "shards_read": sorted(reader._paths),
-        "exact": all(same_bytes(saved[k], v.full_tensor()) for k, v in msd.items()),
+        "exact": all(same_bytes(saved[k], v.full_tensor()) for k, v in msd.items())
+        and all(same_bytes(extra[k], loaded_extra[k]) for k in extra),
         "optim_steps": [float(s["step"]) for s in osd["state"].values()] == saved_steps,
     }
     dist.barrier()

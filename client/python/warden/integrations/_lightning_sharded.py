@@ -184,16 +184,18 @@ def load(strategy: Any, step: int, safe_globals: list) -> dict:
     module = strategy.model
     strict = getattr(strategy.lightning_module, "strict_loading", True)
     module_state = {"state_dict": get_model_state_dict(module)}
-    dcp.load(module_state, storage_reader=WardenStorageReader(step=step))
+    # Every rank loads (the strategy's load_checkpoint, after the ranks
+    # agreed on the step): collectives, the metadata broadcast.
+    dcp.load(module_state, storage_reader=WardenStorageReader(step=step, agree=True))
     module.load_state_dict(module_state["state_dict"], strict=strict)
     options = StateDictOptions(cpu_offload=True)
     for i, optimizer in enumerate(strategy.optimizers):
         key = f"optimizer_{i}"
         optim_state = {key: get_optimizer_state_dict(module, optimizer)}
-        dcp.load(optim_state, storage_reader=WardenStorageReader(step=step))
+        dcp.load(optim_state, storage_reader=WardenStorageReader(step=step, agree=True))
         set_optimizer_state_dict(module, optimizer, optim_state_dict=optim_state[key], options=options)
     rest: dict = {"lightning": io.BytesIO()}
-    dcp.load(rest, storage_reader=WardenStorageReader(step=step))
+    dcp.load(rest, storage_reader=WardenStorageReader(step=step, agree=True))
     blob = rest["lightning"]
     blob.seek(0)
     with torch.serialization.safe_globals(safe_globals):

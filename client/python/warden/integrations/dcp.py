@@ -552,19 +552,32 @@ class WardenStorageWriter(StorageWriter, AsyncStager):
         each up to 1 MiB, up to ``local_copies`` bytes in all, resolved:
         the copies this rank keeps (see the module)."""
         written = {item.index for item in plan.items}
+        local = self._local_items
+        if not local:
+            # A planner that caches plans sent an empty one: this rank's
+            # plan is the one it cached (the same as last time).
+            cached = getattr(SavePlanner, "_cached_save_plan", None)
+            key = getattr(planner, "_cached_plans_key", None)
+            if isinstance(cached, dict) and key in cached:
+                local = list(cached[key].items)
         copies: list = []
         room = self.local_copies
-        for item in self._local_items:
+        for item in local:
             if room <= 0:
                 break
             if item.index in written:
                 continue
             if item.type != WriteItemType.BYTE_IO and item.tensor_data is not None:
-                # Known before resolving: skip a large tensor without a copy.
-                size = item.tensor_data.size.numel() * item.tensor_data.properties.dtype.itemsize
-                if size > min(_LOCAL_ITEM_MAX, room):
+                # Known before resolving: skip a large chunk without a copy.
+                numel = 1
+                for n in item.tensor_data.chunk.sizes:
+                    numel *= int(n)
+                if numel * item.tensor_data.properties.dtype.itemsize > min(_LOCAL_ITEM_MAX, room):
                     continue
-            data = planner.resolve_data(item)
+            try:
+                data = planner.resolve_data(item)
+            except Exception:  # noqa: BLE001 - a copy is an optimisation: the save goes on
+                continue
             size = _item_bytes(item, data)
             if size > min(_LOCAL_ITEM_MAX, room):
                 continue
@@ -656,12 +669,16 @@ class WardenStorageReader(StorageReader):
     first tells a fresh start, the same on every rank) or the agent cannot
     be reached.
 
-    With ``step`` 0 and ``torch.distributed`` initialized, the ranks agree on
-    the step over ``group`` (the default process group when None) as they
-    read the metadata (``warden.checkpoint.agreed_step``), so every rank of
-    it must load, as ``dcp.load`` has them. Pass the ``process_group`` given
-    to ``dcp.load`` as ``group``; ``agree=False`` for a load on some ranks
-    only (``no_dist=True``).
+    With ``step`` 0 (or ``agree=True``) and ``torch.distributed``
+    initialized, the load is a collective of ``group`` (the default process
+    group when None): the ranks agree on the step as they read the metadata
+    (``warden.checkpoint.agreed_step``; an explicit step is taken as
+    agreed), and the coordinator broadcasts the metadata from its own
+    shard, so no rank fetches the coordinator's whole shard for it. Every
+    rank of the group must load then, as ``dcp.load`` has them. Pass the
+    ``process_group`` given to ``dcp.load`` as ``group``; ``agree=False``
+    for a load on some ranks only (``no_dist=True``). ``coordinator_rank``
+    is a global rank, and warden's rank (``RANK``) must be torch's.
     """
 
     def __init__(
@@ -738,8 +755,8 @@ class WardenStorageReader(StorageReader):
 
     def _dist(self) -> Optional[Any]:
         """``torch.distributed`` when this load is a collective of the group
-        (see the class), else None."""
-        if self.agree is False:
+        (see the class: step 0 by default, or ``agree=True``), else None."""
+        if not (self.agree is True or (self.agree is None and self.step == 0)):
             return None
         return _agree.distributed(self.group)
 
@@ -790,6 +807,11 @@ class WardenStorageReader(StorageReader):
             try:
                 self._agree()
                 metadata = self._broadcast_metadata(dist)
+                if metadata is None:
+                    raise _ckpt.CheckpointError(
+                        f"WardenStorageReader: step {self._resolved}: rank {self.coordinator_rank}'s"
+                        " shard holds no DCP metadata (saved with another coordinator_rank?)"
+                    )
             except BaseException as e:
                 self._failure = e
                 raise
