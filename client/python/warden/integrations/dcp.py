@@ -803,29 +803,25 @@ class WardenStorageReader(StorageReader):
             # at its own step.
             raise self._failure
         dist = self._dist() if kwargs.get("rank") is None else None
-        if dist is not None:
-            try:
+        try:
+            if dist is not None:
                 self._agree()
                 metadata = self._broadcast_metadata(dist)
+            else:
+                own = _read_footer(self._shard(_ckpt.identity()[1]))
+                self._local = dict(own.get("local") or {})
+                metadata = own.get("metadata")
                 if metadata is None:
-                    raise _ckpt.CheckpointError(
-                        f"WardenStorageReader: step {self._resolved}: rank {self.coordinator_rank}'s"
-                        " shard holds no DCP metadata (saved with another coordinator_rank?)"
-                    )
-            except BaseException as e:
-                self._failure = e
-                raise
-        else:
-            own = _read_footer(self._shard(_ckpt.identity()[1]))
-            self._local = dict(own.get("local") or {})
-            metadata = own.get("metadata")
+                    metadata = _read_footer(self._shard(self.coordinator_rank)).get("metadata")
             if metadata is None:
-                metadata = _read_footer(self._shard(self.coordinator_rank)).get("metadata")
-        if metadata is None:
-            raise _ckpt.CheckpointError(
-                f"WardenStorageReader: step {self._resolved}: rank {self.coordinator_rank}'s shard"
-                " holds no DCP metadata (saved with another coordinator_rank?)"
-            )
+                raise _ckpt.CheckpointError(
+                    f"WardenStorageReader: step {self._resolved}: rank {self.coordinator_rank}'s shard"
+                    " holds no DCP metadata (saved with another coordinator_rank?)"
+                )
+        except BaseException as e:
+            if dist is not None:
+                self._failure = e
+            raise
         if getattr(metadata, "storage_meta", None) is None:
             metadata.storage_meta = StorageMeta()
         metadata.storage_meta.load_id = self._load_id
