@@ -8,6 +8,11 @@ cd "$(dirname "$0")/.."
 started=$SECONDS
 step() { printf '\n==> %s (%ss)\n' "$*" "$((SECONDS - started))"; }
 
+# A fresh clone builds everything once: incremental compilation's caches
+# (its dependency graph, 256 codegen units a crate) only slow that build
+# and fill the disk. Local builds keep cargo's default.
+export CARGO_INCREMENTAL=0
+
 step "toolchain"
 cargo --version
 rustup component list --installed 2>/dev/null | grep -qE '^(rustfmt|clippy)' || rustup component add rustfmt clippy
