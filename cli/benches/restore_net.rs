@@ -31,9 +31,35 @@
 //! here: at its default (8) the agents refuse each other's handshakes past
 //! eight at once, in both set-ups.
 //!
+//! A third set-up, `calls`, times what `collector_answer` leaves out: the
+//! gRPC call itself (HTTP/2, TLS, tonic's task, the authorization) at the
+//! agents that answer a wave's asks. It is `collector` with groups of 8
+//! (`collect_fan_out`, so that 32 hosts make four groups) and a
+//! `peer_timeout` of 30 s (the wave's collection, finished, serves every
+//! ask that follows, as it serves a wave's: no ask starts a collection of
+//! its own). After the wave, from this process with the hosts' own
+//! certificates, `WARDEN_RESTORE_NET_CALLS` asks (default 2000) for a
+//! host's ranks, each checked, 64 at once:
+//! - **baseline**: as many `grpc.health.v1.Health/Check` calls to the
+//!   collector over one held connection, which the TCP listener answers
+//!   UNIMPLEMENTED: the transport's cost per call (TLS records, HTTP/2,
+//!   tonic's routing), nothing of CollectHoldings;
+//! - **held**: relayed asks to the collector (the job's first host) over one
+//!   connection, as the group leaders relay a wave's asks over the
+//!   connections they hold;
+//! - **fresh**: a quarter as many, each over a connection of its own (a
+//!   TCP connect and a TLS handshake with a client certificate, then the
+//!   ask), 16 at once: a host that holds no connection to its leader;
+//! - **leader**: asks to group 1's leader, which passes each on to the
+//!   collector over the connection it holds.
+//!
+//! Per ask it prints the agents' CPU (the collector's, and the leader's
+//! for the last), less what each spent idle over as long before the phase.
+//!
 //! Run: `cargo bench -p warden-cli --bench restore_net` (release);
 //! `WARDEN_RESTORE_NET_HOSTS=32,64,128,256`, `WARDEN_RESTORE_NET_OUT=x.json`,
-//! `WARDEN_RESTORE_NET_SETUPS=direct,collector`.
+//! `WARDEN_RESTORE_NET_SETUPS=direct,collector` (or `calls`),
+//! `WARDEN_RESTORE_NET_CALLS=2000`.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
@@ -58,6 +84,7 @@ const SHARD: usize = 64 << 10;
 enum Setup {
     Direct,
     Collector,
+    Calls,
 }
 
 impl Setup {
@@ -65,6 +92,7 @@ impl Setup {
         match self {
             Setup::Direct => "direct",
             Setup::Collector => "collector",
+            Setup::Calls => "calls",
         }
     }
 }
@@ -91,6 +119,7 @@ fn start_agent(host: &str, tcp: &str, setup: Setup) -> Agent {
     let collect = match setup {
         Setup::Direct => "collect_above = 1000000\n",
         Setup::Collector => "collect_above = 0\n",
+        Setup::Calls => "collect_above = 0\ncollect_fan_out = 8\npeer_timeout = \"30s\"\n",
     };
     Agent::start(dir, |socket, state| {
         format!(
@@ -159,6 +188,204 @@ struct Row {
     conn_sum: usize,
     cpu_sum: Duration,
     cpu_max: Duration,
+    calls: Option<Calls>,
+}
+
+/// What the `calls` set-up measured: agents' CPU per ask, idle removed.
+struct Calls {
+    asks: usize,
+    base_cpu: Duration,
+    held_cpu: Duration,
+    held_wall: Duration,
+    fresh: usize,
+    fresh_cpu: Duration,
+    fresh_wall: Duration,
+    leader_cpu: Duration,
+    leader_collector_cpu: Duration,
+    leader_wall: Duration,
+}
+
+/// An ask for host `h`'s ranks, as its restore sends it.
+fn ask(h: usize, relayed: bool) -> pb::HoldingsAsk {
+    let r = h as u32 * RANKS_PER_HOST;
+    pb::HoldingsAsk {
+        job_id: JOB.into(),
+        group: 0,
+        rank: r,
+        relayed,
+        limit_ms: 30_000,
+        ranks: (r + 1..r + RANKS_PER_HOST).collect(),
+    }
+}
+
+/// The answer to [`ask`] of host `h`: every rank answered, step 10 in it.
+fn check(h: usize, got: &pb::Holdings) {
+    let r = h as u32 * RANKS_PER_HOST;
+    let mut answered = got.answered.clone();
+    answered.sort_unstable();
+    assert_eq!(
+        answered,
+        (r..r + RANKS_PER_HOST).collect::<Vec<_>>(),
+        "host {h}: {got:?}"
+    );
+    assert!(
+        got.steps.iter().any(|s| s.step == STEP),
+        "host {h}: no step {STEP} in {got:?}"
+    );
+    assert!(got.unreachable.is_empty(), "host {h}: {got:?}");
+}
+
+/// `count` asks through `client` (clones share its connection), `at_once`
+/// at a time, asked for hosts 1.. in turn; every answer checked.
+async fn asks(
+    client: &warden_proto::v1::peer_client::PeerClient<tonic::transport::Channel>,
+    hosts: usize,
+    count: usize,
+    relayed: bool,
+    at_once: usize,
+) {
+    let mut next = 0usize;
+    let mut set = tokio::task::JoinSet::new();
+    while next < count || !set.is_empty() {
+        while next < count && set.len() < at_once {
+            let h = 1 + next % (hosts - 1);
+            let mut c = client.clone();
+            set.spawn(async move {
+                let got = c.collect_holdings(ask(h, relayed)).await;
+                (h, got)
+            });
+            next += 1;
+        }
+        if let Some(done) = set.join_next().await {
+            let (h, got) = done.unwrap();
+            check(
+                h,
+                &got.unwrap_or_else(|e| panic!("host {h}: {e}")).into_inner(),
+            );
+        }
+    }
+}
+
+/// CPU `pids` spent over `wall` beyond their idle rate (`idle` per second).
+fn beyond_idle(before: &[Duration], pids: &[u32], idle: &[f64], wall: Duration) -> Vec<Duration> {
+    pids.iter()
+        .zip(before)
+        .zip(idle)
+        .map(|((&p, &b), &i)| {
+            cpu(p)
+                .saturating_sub(b)
+                .saturating_sub(Duration::from_secs_f64(i * wall.as_secs_f64()))
+        })
+        .collect()
+}
+
+/// The `calls` set-up's phase, after its wave (see the module's notes).
+async fn calls(agents: &[Agent], addrs: &[String], names: &[String], count: usize) -> Calls {
+    assert!(
+        agents.len() > 9,
+        "the calls set-up needs two groups of 8: 10 hosts at least"
+    );
+    let ca = pki::cluster();
+    let member = |i: usize| ca.client_config(Some(&ca.node(&names[i])));
+    let (collector, leader) = (agents[0].pid(), agents[8].pid());
+    // The agents' idle rate, over a second.
+    let (c0, l0) = (cpu(collector), cpu(leader));
+    let t = Instant::now();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let secs = t.elapsed().as_secs_f64();
+    let idle = [
+        cpu(collector).saturating_sub(c0).as_secs_f64() / secs,
+        cpu(leader).saturating_sub(l0).as_secs_f64() / secs,
+    ];
+
+    // Baseline: calls the TCP listener refuses, over one connection.
+    let channel = pki::tls_channel(&addrs[0], &names[0], member(1));
+    let health = tonic_health::pb::health_client::HealthClient::new(channel);
+    let health_calls = |count: usize| {
+        let health = health.clone();
+        async move {
+            let mut set = tokio::task::JoinSet::new();
+            for i in 0..count {
+                if set.len() >= 64 {
+                    set.join_next().await.unwrap().unwrap();
+                }
+                let mut h = health.clone();
+                set.spawn(async move {
+                    let e = h
+                        .check(tonic_health::pb::HealthCheckRequest::default())
+                        .await
+                        .expect_err("grpc.health on api.tcp");
+                    assert_eq!(e.code(), tonic::Code::Unimplemented, "call {i}: {e}");
+                });
+            }
+            while let Some(done) = set.join_next().await {
+                done.unwrap();
+            }
+        }
+    };
+    health_calls(16).await;
+    let before = [cpu(collector)];
+    let t = Instant::now();
+    health_calls(count).await;
+    let base_cpu = beyond_idle(&before, &[collector], &idle[..1], t.elapsed())[0];
+
+    // Held: one connection to the collector, relayed asks.
+    let held = pki::peer_client(&addrs[0], &names[0], member(1));
+    asks(&held, agents.len(), 16, true, 16).await;
+    let before = [cpu(collector)];
+    let t = Instant::now();
+    asks(&held, agents.len(), count, true, 64).await;
+    let held_wall = t.elapsed();
+    let held_cpu = beyond_idle(&before, &[collector], &idle[..1], held_wall)[0];
+
+    // Fresh: a connection and a TLS handshake an ask.
+    let fresh = (count / 4).max(1);
+    let configs: Vec<_> = (1..agents.len()).map(member).collect();
+    let before = [cpu(collector)];
+    let t = Instant::now();
+    let mut set = tokio::task::JoinSet::new();
+    let mut next = 0usize;
+    while next < fresh || !set.is_empty() {
+        while next < fresh && set.len() < 16 {
+            let h = 1 + next % (agents.len() - 1);
+            let client = pki::peer_client(&addrs[0], &names[0], configs[h - 1].clone());
+            set.spawn(async move {
+                let mut c = client;
+                (h, c.collect_holdings(ask(h, true)).await)
+            });
+            next += 1;
+        }
+        if let Some(done) = set.join_next().await {
+            let (h, got) = done.unwrap();
+            check(
+                h,
+                &got.unwrap_or_else(|e| panic!("host {h}: {e}")).into_inner(),
+            );
+        }
+    }
+    let fresh_wall = t.elapsed();
+    let fresh_cpu = beyond_idle(&before, &[collector], &idle[..1], fresh_wall)[0];
+
+    // Leader: asks to group 1's leader (hosts 8..16), passed on.
+    let to_leader = pki::peer_client(&addrs[8], &names[8], member(9));
+    asks(&to_leader, agents.len(), 16, false, 16).await;
+    let before = [cpu(collector), cpu(leader)];
+    let t = Instant::now();
+    asks(&to_leader, agents.len(), count, false, 64).await;
+    let leader_wall = t.elapsed();
+    let spent = beyond_idle(&before, &[collector, leader], &idle, leader_wall);
+    Calls {
+        asks: count,
+        base_cpu,
+        held_cpu,
+        held_wall,
+        fresh,
+        fresh_cpu,
+        fresh_wall,
+        leader_cpu: spent[1],
+        leader_collector_cpu: spent[0],
+        leader_wall,
+    }
 }
 
 async fn run(n: usize, setup: Setup) -> Row {
@@ -287,6 +514,10 @@ async fn run(n: usize, setup: Setup) -> Row {
         .zip(&before)
         .map(|(a, b)| cpu(a.pid()).saturating_sub(*b))
         .collect();
+    let calls = match setup {
+        Setup::Calls => Some(calls(&agents, &addrs, &names, calls_count()).await),
+        _ => None,
+    };
     drop(agents);
     Row {
         hosts: n,
@@ -298,7 +529,18 @@ async fn run(n: usize, setup: Setup) -> Row {
         conn_sum: held.iter().sum(),
         cpu_sum: spent.iter().sum(),
         cpu_max: spent.iter().copied().max().unwrap_or_default(),
+        calls,
     }
+}
+
+fn calls_count() -> usize {
+    std::env::var("WARDEN_RESTORE_NET_CALLS")
+        .map(|s| s.trim().parse().expect("WARDEN_RESTORE_NET_CALLS: a count"))
+        .unwrap_or(2000)
+}
+
+fn per_ask(d: Duration, n: usize) -> f64 {
+    d.as_secs_f64() * 1e6 / n.max(1) as f64
 }
 
 fn main() {
@@ -317,7 +559,10 @@ fn main() {
         .map(|s| match s.trim() {
             "direct" => Setup::Direct,
             "collector" => Setup::Collector,
-            other => panic!("WARDEN_RESTORE_NET_SETUPS: {other:?} is not direct or collector"),
+            "calls" => Setup::Calls,
+            other => {
+                panic!("WARDEN_RESTORE_NET_SETUPS: {other:?} is not direct, collector or calls")
+            }
         })
         .collect();
     let rt = tokio::runtime::Runtime::new().unwrap();
@@ -347,6 +592,33 @@ fn main() {
             rows.push(r);
         }
     }
+    let measured: Vec<(usize, &Calls)> = rows
+        .iter()
+        .filter_map(|r| r.calls.as_ref().map(|c| (r.hosts, c)))
+        .collect();
+    if !measured.is_empty() {
+        println!(
+            "\n| hosts | asks | baseline (Health/Check, UNIMPLEMENTED on TCP): collector's CPU a call | held connection: collector's CPU an ask | wall an ask (64 at once) | \
+             asks | fresh connection (TLS handshake): collector's CPU an ask | wall an ask (16 at once) | \
+             through group 1's leader: leader's CPU an ask | collector's CPU an ask | wall an ask |"
+        );
+        println!("|---|---|---|---|---|---|---|---|---|---|---|");
+        for (hosts, c) in &measured {
+            println!(
+                "| {hosts} | {} | {:.1} us | {:.1} us | {:.1} us | {} | {:.1} us | {:.1} us | {:.1} us | {:.1} us | {:.1} us |",
+                c.asks,
+                per_ask(c.base_cpu, c.asks),
+                per_ask(c.held_cpu, c.asks),
+                per_ask(c.held_wall, c.asks),
+                c.fresh,
+                per_ask(c.fresh_cpu, c.fresh),
+                per_ask(c.fresh_wall, c.fresh),
+                per_ask(c.leader_cpu, c.asks),
+                per_ask(c.leader_collector_cpu, c.asks),
+                per_ask(c.leader_wall, c.asks),
+            );
+        }
+    }
     if let Ok(out) = std::env::var("WARDEN_RESTORE_NET_OUT") {
         let json: Vec<String> = rows
             .iter()
@@ -354,7 +626,7 @@ fn main() {
                 format!(
                     "{{\"hosts\":{},\"setup\":\"{}\",\"failed\":{},\"wave_ms\":{:.3},\
                      \"conn_max\":{},\"conn_first\":{},\"conn_sum\":{},\"cpu_sum_ms\":{:.1},\
-                     \"cpu_max_ms\":{:.1}}}",
+                     \"cpu_max_ms\":{:.1}{}}}",
                     r.hosts,
                     r.setup.name(),
                     r.failed,
@@ -364,6 +636,22 @@ fn main() {
                     r.conn_sum,
                     r.cpu_sum.as_secs_f64() * 1e3,
                     r.cpu_max.as_secs_f64() * 1e3,
+                    r.calls.as_ref().map_or(String::new(), |c| format!(
+                        ",\"calls\":{{\"asks\":{},\"base_cpu_us\":{:.2},\"held_cpu_us\":{:.2},\"held_wall_us\":{:.2},\
+                         \"fresh\":{},\"fresh_cpu_us\":{:.2},\"fresh_wall_us\":{:.2},\
+                         \"leader_cpu_us\":{:.2},\"leader_collector_cpu_us\":{:.2},\
+                         \"leader_wall_us\":{:.2}}}",
+                        c.asks,
+                        per_ask(c.base_cpu, c.asks),
+                        per_ask(c.held_cpu, c.asks),
+                        per_ask(c.held_wall, c.asks),
+                        c.fresh,
+                        per_ask(c.fresh_cpu, c.fresh),
+                        per_ask(c.fresh_wall, c.fresh),
+                        per_ask(c.leader_cpu, c.asks),
+                        per_ask(c.leader_collector_cpu, c.asks),
+                        per_ask(c.leader_wall, c.asks),
+                    )),
                 )
             })
             .collect();
@@ -372,7 +660,7 @@ fn main() {
     // The claim: through the collector every restore answers.
     let short: Vec<String> = rows
         .iter()
-        .filter(|r| r.setup == Setup::Collector && r.failed > 0)
+        .filter(|r| r.setup != Setup::Direct && r.failed > 0)
         .map(|r| format!("{} hosts: {} failed", r.hosts, r.failed))
         .collect();
     assert!(
