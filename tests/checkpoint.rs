@@ -390,6 +390,141 @@ async fn with_collectors_from_before_rank_spans_a_hosts_ranks_are_asked_apart() 
     drop(registered);
 }
 
+/// Issue 30, mixed versions: h3's group leader (h2) runs an agent from
+/// before the collector (a real agent behind a stand-in on h2's address
+/// that answers CollectHoldings UNIMPLEMENTED), the job's first hosts a
+/// current one. Groups of two: {h0, h1}, {h2, h3}. h3's restore asks h2,
+/// is refused, and asks the job's first hosts itself: h0 collects (its
+/// group ask to h2 refused too, it lists h2 and h3 directly) and answers.
+/// One old leader does not send its group back to asking every host.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_an_old_agent_leading_its_group_a_restore_asks_the_collector_itself() {
+    let (hosts, _old) = leader_behind(common::old_peer::Before::Collector).await;
+    let (h0_before, h2_before) = (
+        served(&hosts[0], "CollectHoldings").await,
+        served(&hosts[2], "CollectHoldings").await,
+    );
+    let socket = hosts[3].socket().to_owned();
+    let stderr = hosts[3].stderr();
+    tokio::task::spawn_blocking(move || {
+        for r in [6, 7] {
+            let got = checkpoint_rank(&socket, "job", r, 8)
+                .restore(0)
+                .unwrap_or_else(|e| panic!("rank {r}: {e}\n{stderr}"))
+                .unwrap_or_else(|| panic!("rank {r}: no complete step\n{stderr}"));
+            assert_eq!(
+                (got.step, got.tier.as_str()),
+                (10, "peer"),
+                "rank {r}: {got:?}"
+            );
+            assert_eq!(
+                got.read().expect("read"),
+                shard_bytes(10, r, 1 << 14),
+                "rank {r}"
+            );
+        }
+    })
+    .await
+    .expect("h3's restores");
+    assert!(
+        served(&hosts[0], "CollectHoldings").await > h0_before,
+        "h3 asked the collector h0 itself"
+    );
+    assert_eq!(
+        served(&hosts[2], "CollectHoldings").await,
+        h2_before,
+        "the old leader's agent was never asked past its stand-in"
+    );
+    let log = hosts[3].stderr();
+    assert!(
+        !log.contains("restoring without the collector"),
+        "h3 did not fall back to asking every host:\n{log}"
+    );
+}
+
+/// Issue 30, mixed versions: h3's group leader (h2) runs an agent from
+/// before an ask could name several ranks, which passes an ask on with its
+/// first rank alone and answers for that rank. h3 holds four registered
+/// ranks (4 to 7), so its restore of rank 6 asks for the four at once; the
+/// answer names rank 4's holders alone and says nothing of the others, and
+/// h3 asks for ranks 5, 6 and 7 one by one through the same leader, which
+/// passes each on to the collector: rank 6 comes back from its replica.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_an_old_leader_from_before_rank_spans_a_hosts_ranks_are_asked_apart() {
+    let (hosts, _old) = leader_behind(common::old_peer::Before::RankSpans).await;
+    let socket = hosts[3].socket().to_owned();
+    let registered: Vec<warden_client::Client> =
+        (4..8).map(|r| register(&socket, "job", r, 8)).collect();
+    let (h0_before, h2_before) = (
+        served(&hosts[0], "CollectHoldings").await,
+        served(&hosts[2], "CollectHoldings").await,
+    );
+    let stderr = hosts[3].stderr();
+    let got = tokio::task::spawn_blocking(move || {
+        checkpoint_rank(&socket, "job", 6, 8)
+            .restore(0)
+            .unwrap_or_else(|e| panic!("rank 6: {e}\n{stderr}"))
+            .unwrap_or_else(|| panic!("rank 6: no complete step\n{stderr}"))
+    })
+    .await
+    .expect("h3's restore");
+    assert_eq!((got.step, got.tier.as_str()), (10, "peer"), "{got:?}");
+    assert_eq!(got.read().expect("read"), shard_bytes(10, 6, 1 << 14));
+    // h2's agent got h3's four asks through its stand-in (one before the
+    // span, then ranks 5, 6 and 7 apart), and the collector's group asks:
+    // one a collection, which h0 keeps for its peer_timeout (1 s here), so
+    // a loaded machine may see the asks apart collect again.
+    let at_leader = served(&hosts[2], "CollectHoldings").await - h2_before;
+    assert!(
+        (4.0..=6.0).contains(&at_leader),
+        "h2's agent answered {at_leader} asks"
+    );
+    // Each passed on to the collector, relayed.
+    let at_collector = served(&hosts[0], "CollectHoldings").await - h0_before;
+    assert!(
+        at_collector >= 4.0,
+        "the collector answered {at_collector} asks, not h3's four"
+    );
+    drop(registered);
+}
+
+/// Four hosts, groups of two ({h0, h1}, {h2, h3}), whose h2 sits behind a
+/// stand-in of an agent from before `before` (`common::old_peer`) on h2's
+/// own address: h0, h1 and h3 know h2 by the stand-in's port. The job's
+/// order is the sorted addresses, and both of h2's sort third, so every
+/// host sees the same groups. Step 10 of "job" saved everywhere and
+/// replicated, and h3's tier wiped. The stand-in serves while it is kept.
+async fn leader_behind(
+    before: common::old_peer::Before,
+) -> (Vec<TestAgent>, common::old_peer::OldPeer) {
+    let real: Vec<String> = ["127.0.0.2", "127.0.0.3", "127.0.0.4", "127.0.0.5"]
+        .iter()
+        .map(|ip| format!("{ip}:{}", free_port(ip)))
+        .collect();
+    let old = common::old_peer::OldPeer::from_before(before, "127.0.0.4", &real[2]).await;
+    let hosts: Vec<TestAgent> = (0..4)
+        .map(|i| {
+            let mut t = format!(
+                "[agent]\nhost_name = \"h{i}\"\n[api]\ntcp = \"{}\"\ninsecure = true\n\
+                 [checkpoint]\ndomain = \"rack{i}\"\npeer_timeout = \"1s\"\n\
+                 collect_above = 0\ncollect_fan_out = 2\n",
+                real[i]
+            );
+            for j in (0..4).filter(|&j| j != i) {
+                let addr = if j == 2 { old.addr.clone() } else { real[j].clone() };
+                t += &format!(
+                    "[[checkpoint.peers]]\naddr = \"{addr}\"\ndomain = \"rack{j}\"\nname = \"h{j}\"\n"
+                );
+            }
+            TestAgent::start(&t)
+        })
+        .collect();
+    save_everywhere(&hosts, "job", &[10], 1 << 14);
+    until_copies(&hosts[3], "job", 10, 2).await;
+    wipe_job(&hosts[3], "job");
+    (hosts, old)
+}
+
 /// Rank `rank` of `job` (of `world`) registered with the agent at `socket`
 /// through the real client, from this process; dropped, it goes.
 fn register(socket: &std::path::Path, job: &str, rank: u32, world: u32) -> warden_client::Client {
