@@ -35,10 +35,7 @@ pub fn restore_connections_short(
     cap: Option<usize>,
     peers: usize,
 ) -> Option<String> {
-    if api.tcp.is_empty() {
-        return None;
-    }
-    let cap = cap?;
+    let cap = api.peer_cap(cap)?;
     let hosts = peers + 1;
     if hosts > 1 && hosts > ckpt.collect_above {
         let k = tree::fan_out(hosts, ckpt.collect_fan_out);

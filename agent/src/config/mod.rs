@@ -208,6 +208,14 @@ impl ApiConfig {
             key: PathBuf::from(&self.tls_key),
         })
     }
+
+    /// The connection cap a job's fan-in is checked against when its peers
+    /// are handed over (`ckpt::fan_in`, `exchange::capacity`): `listened`,
+    /// the one the listeners enforce (None: none counted yet), and None
+    /// where this agent serves no TCP, which no peer can dial.
+    pub fn peer_cap(&self, listened: Option<usize>) -> Option<usize> {
+        if self.tcp.is_empty() { None } else { listened }
+    }
 }
 
 impl Default for ApiConfig {

@@ -26,10 +26,7 @@ pub fn connections_short(
     cap: Option<usize>,
     peers: usize,
 ) -> Option<String> {
-    if api.tcp.is_empty() {
-        return None;
-    }
-    let cap = cap?;
+    let cap = api.peer_cap(cap)?;
     let hosts = peers + 1;
     let k = tree::fan_out(hosts, straggler.aggregator_fan_out);
     let needed = tree::max_in_degree(hosts, k);
