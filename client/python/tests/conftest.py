@@ -20,7 +20,7 @@ import socket  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
-from typing import Iterator, Optional  # noqa: E402
+from typing import Iterator, Optional, Union  # noqa: E402
 
 import pytest  # noqa: E402
 
@@ -83,7 +83,7 @@ def run_processes(commands: list[list[str]], envs: list[dict], logs: list[Path])
 
 
 def run_ranks(
-    agent: Wardend,
+    agent: Union[Wardend, list],
     job: str,
     script: str,
     args: list[str],
@@ -91,14 +91,16 @@ def run_ranks(
     env: Optional[dict] = None,
 ) -> list[dict]:
     """Runs ``jobs/<script>`` as ``world`` ranks of ``job`` against ``agent``
-    (``env`` added to each one's environment); each writes its result as
-    JSON to the path given last. Returns them by rank."""
-    out_dir = agent.home / f"{job}-out"
+    (a list: rank r against the agent r modulo its length, one agent a
+    host) (``env`` added to each one's environment); each writes its result
+    as JSON to the path given last. Returns them by rank."""
+    agents = agent if isinstance(agent, list) else [agent]
+    out_dir = agents[0].home / f"{job}-out"
     out_dir.mkdir(exist_ok=True)
     outs = [out_dir / f"rank{rank}.json" for rank in range(world)]
     envs = []
     for rank in range(world):
-        rank_env = agent.env(job, rank, world)
+        rank_env = agents[rank % len(agents)].env(job, rank, world)
         rank_env["PYTHONPATH"] = str(JOBS)
         rank_env.update(env or {})
         envs.append(rank_env)
@@ -116,5 +118,6 @@ def run_ranks(
             continue
         results.append(json.loads(out.read_text()))
     if failed:
-        pytest.fail("\n".join(failed) + "\n--- wardend ---\n" + agent.stderr()[-3000:])
+        logs = "".join(f"\n--- wardend {i} ---\n" + a.stderr()[-3000:] for i, a in enumerate(agents))
+        pytest.fail("\n".join(failed) + logs)
     return results

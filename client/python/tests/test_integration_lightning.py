@@ -13,13 +13,15 @@ exactly.
 
 from __future__ import annotations
 
+import socket
 import threading
 import traceback
 from concurrent.futures import Future
+from typing import Union
 
 import pytest
 from conftest import free_port, require_framework, run_ranks
-from wardend import Wardend
+from wardend import Wardend, find_wardend
 
 
 @pytest.mark.parametrize("mode", ["async", "sync"])
@@ -51,8 +53,9 @@ def test_steps_sections_checkpoints_and_an_in_process_restart(wardend: Wardend, 
         assert names == ["backward", "forward", "optimizer"], r["recent_sections"]
 
 
-def fsdp_fit(agent: Wardend, job: str, max_steps: int, every: int, *how: str) -> dict:
-    """One fit of jobs/lightning_fsdp_job.py as 2 ranks; rank 0's record."""
+def fsdp_fit(agent: Union[Wardend, list], job: str, max_steps: int, every: int, *how: str) -> dict:
+    """One fit of jobs/lightning_fsdp_job.py as 2 ranks (against one agent,
+    or a list of one a host); rank 0's record."""
     env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
     args = [str(max_steps), str(every), *how]
     return run_ranks(agent, job, "lightning_fsdp_job.py", args, world=2, env=env)[0]
@@ -116,6 +119,56 @@ def test_fsdp2_sharded_checkpoints_go_into_the_tier_and_resume_exactly(wardend: 
     assert sorted(whole["saved_weights"]) == ["16", "24", "8"]
     assert second["saved_weights"]["16"] == whole["saved_weights"]["16"]
     assert second["saved_weights"]["24"] == whole["saved_weights"]["24"]
+
+
+def _port_on(ip: str) -> int:
+    with socket.socket() as s:
+        s.bind((ip, 0))
+        return int(s.getsockname()[1])
+
+
+def test_a_sharded_restore_across_hosts_reads_no_other_ranks_shard(tmp_path) -> None:
+    """Two hosts, each rank on its own agent (127.0.0.2 and 127.0.0.3, no
+    replicas): the second fit's ``restore_path`` tells the step is sharded
+    from each rank's own shard, and rank 1's host fetches nothing from rank
+    0's (its FetchShard count stays). Before, every rank fetched rank 0's
+    whole shard to tell the format: at N hosts, N copies of it out of the
+    hosts that hold it."""
+    require_framework("pytorch_lightning")
+    binary = find_wardend()
+    assert binary is not None, "no wardend binary"
+    ips = ("127.0.0.2", "127.0.0.3")
+    addrs = [f"{ip}:{_port_on(ip)}" for ip in ips]
+    agents: list = []
+    try:
+        for i, ip in enumerate(ips):
+            j = 1 - i
+            (tmp_path / f"h{i}").mkdir()
+            agents.append(
+                Wardend(
+                    tmp_path / f"h{i}",
+                    binary,
+                    extra_toml=f'[[checkpoint.peers]]\naddr = "{addrs[j]}"\nname = "h{j}"\ndomain = "rack{j}"\n',
+                    tables={
+                        "api": f'tcp = "{addrs[i]}"\ninsecure = true',
+                        "agent": f'host_name = "h{i}"',
+                        "checkpoint": f'replicas = 0\ndomain = "rack{i}"',
+                    },
+                    metrics=f"{ip}:{_port_on(ip)}",
+                )
+            )
+        job = "lightning-sharded-two-hosts"
+        first = fsdp_fit(agents, job, 12, 8, "warden-sharded")
+        assert first["ckpt_path"] is None and sorted(first["saved_weights"]) == ["8"], first
+        fetched = agents[0].served("FetchShard")
+        second = fsdp_fit(agents, job, 16, 8, "warden-sharded")
+        assert second["ckpt_path"] == "warden:8", second["ckpt_path"]
+        assert second["start_weights"] == first["saved_weights"]["8"]
+        assert second["end_step"] == 16
+        assert agents[0].served("FetchShard") == fetched, "rank 1's host fetched from rank 0's"
+    finally:
+        for a in agents:
+            a.stop()
 
 
 @pytest.mark.parametrize("mode", ["async", "sync"])

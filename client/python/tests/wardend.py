@@ -60,23 +60,39 @@ def find_wardend() -> Optional[str]:
 class Wardend:
     """A running agent; ``socket`` is what ranks put in ``WARDEN_SOCKET``."""
 
-    def __init__(self, home: Path, binary: str, extra_toml: str = "") -> None:
+    def __init__(
+        self,
+        home: Path,
+        binary: str,
+        extra_toml: str = "",
+        tables: Optional[dict] = None,
+        metrics: str = "127.0.0.1:0",
+    ) -> None:
+        """``extra_toml``: tables of its own, after the others; ``tables``:
+        more lines inside [api], [agent] and [checkpoint] (by name), which
+        TOML does not let a later table open again; ``metrics``: the
+        address the metrics endpoint listens on (read by :meth:`served`)."""
         self.home = home
         self.socket = str(home / "wardend.sock")
         self.config = home / "wardend.toml"
         self.stderr_path = home / "wardend.stderr"
+        self.metrics = metrics
+        more = tables or {}
         self.config.write_text(
             "\n".join(
                 [
                     "[api]",
                     f'socket = "{self.socket}"',
+                    more.get("api", ""),
                     "[agent]",
                     f'state_dir = "{home / "state"}"',
+                    more.get("agent", ""),
                     "[checkpoint]",
                     f'dir = "{home / "ckpt"}"',
                     "keep_steps = 4",
+                    more.get("checkpoint", ""),
                     "[metrics]",
-                    'listen = "127.0.0.1:0"',
+                    f'listen = "{metrics}"',
                     # No GPU, no readable kernel log, no DCGM here.
                     "[nvml]",
                     "enabled = false",
@@ -130,6 +146,21 @@ class Wardend:
             return self.stderr_path.read_text(errors="replace")
         except OSError:
             return ""
+
+    def served(self, method: str) -> float:
+        """How many calls of the gRPC ``method`` the agent has answered, from
+        its metrics (``warden_api_requests_total``, every status); needs a
+        ``metrics`` address with its port."""
+        import re  # noqa: PLC0415
+        import urllib.request  # noqa: PLC0415
+
+        with urllib.request.urlopen(f"http://{self.metrics}/metrics", timeout=10) as r:
+            text = r.read().decode()
+        total = 0.0
+        for line in text.splitlines():
+            if line.startswith("warden_api_requests_total{") and re.search(rf'method="{method}"', line):
+                total += float(line.rsplit(" ", 1)[1])
+        return total
 
     def env(self, job: str, rank: int = 0, world: int = 1) -> dict[str, str]:
         """The environment a rank of ``job`` runs with against this agent."""

@@ -110,19 +110,29 @@ def restore_path(step: int = 0) -> Optional[str]:
     a fresh start. Raises ``warden.checkpoint.CheckpointError`` when the
     agent cannot be reached (a resume that silently started over would
     be worse). This process's async saves in flight are committed first,
-    so an in-process restart resumes from the newest one."""
+    so an in-process restart resumes from the newest one.
+
+    Every rank saves a shard of each step (an empty one beside rank 0's
+    whole checkpoint), so the format is read from this rank's own: a
+    sharded step (``WardenModelParallelStrategy``) is then never fetched
+    whole from rank 0, which on a job of N hosts would be N copies of rank
+    0's shard out of the hosts that hold it."""
     _wait_for_saves()
-    r = _ckpt.restore(step, rank=0)
-    if r is None:
+    own = _ckpt.restore(step)
+    if own is None:
         return None
     from .. import async_checkpoint as _async  # noqa: PLC0415
 
     from . import dcp as _dcp  # noqa: PLC0415
 
-    if _dcp.is_dcp_shard(r.path):
+    if _dcp.is_dcp_shard(own.path):
         # A sharded save (WardenModelParallelStrategy): each rank reads its
         # shards through the tier; Lightning gets the step's id.
-        return _dcp.checkpoint_id(r.step)
+        return _dcp.checkpoint_id(own.step)
+    # A whole checkpoint is rank 0's, of the step just found.
+    r = own if _ckpt.identity()[1] == 0 else _ckpt.restore(own.step, rank=0)
+    if r is None:
+        return None
     if not _async.is_async_shard(r.path):
         return r.path
     return _as_lightning_file(r.path, r.step)
