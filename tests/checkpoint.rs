@@ -364,10 +364,28 @@ async fn with_the_first_hosts_on_an_old_agent_a_restore_asks_every_host() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_collectors_from_before_rank_spans_a_hosts_ranks_are_asked_apart() {
     let (hosts, _old) = first_two_behind(common::old_peer::Before::RankSpans).await;
+    let relayed = restore_rank_6_of_four(&hosts).await[2];
+    // Four asks of h3's (one before the span), and the collector's asks for
+    // h2's group: one a collection, which h0 keeps for its peer_timeout (1 s
+    // here), so a loaded machine may see the three asks apart collect again.
+    assert!(
+        (4.0..=6.0).contains(&relayed),
+        "h3's leader answered {relayed} asks"
+    );
+}
+
+/// Rank 6's restore on h3, with h3's four ranks (4 to 7) registered so
+/// that it asks for the four at once, checked to give step 10's bytes from
+/// a replica. Returns how many CollectHoldings asks each host's agent
+/// answered meanwhile.
+async fn restore_rank_6_of_four(hosts: &[TestAgent]) -> Vec<f64> {
     let socket = hosts[3].socket().to_owned();
     let registered: Vec<warden_client::Client> =
         (4..8).map(|r| register(&socket, "job", r, 8)).collect();
-    let asked = served(&hosts[2], "CollectHoldings").await;
+    let mut before = Vec::with_capacity(hosts.len());
+    for h in hosts {
+        before.push(served(h, "CollectHoldings").await);
+    }
     let stderr = hosts[3].stderr();
     let got = tokio::task::spawn_blocking(move || {
         checkpoint_rank(&socket, "job", 6, 8)
@@ -379,15 +397,12 @@ async fn with_collectors_from_before_rank_spans_a_hosts_ranks_are_asked_apart() 
     .expect("h3's restore");
     assert_eq!((got.step, got.tier.as_str()), (10, "peer"), "{got:?}");
     assert_eq!(got.read().expect("read"), shard_bytes(10, 6, 1 << 14));
-    let relayed = served(&hosts[2], "CollectHoldings").await - asked;
-    // Four asks of h3's (one before the span), and the collector's asks for
-    // h2's group: one a collection, which h0 keeps for its peer_timeout (1 s
-    // here), so a loaded machine may see the three asks apart collect again.
-    assert!(
-        (4.0..=6.0).contains(&relayed),
-        "h3's leader answered {relayed} asks"
-    );
+    let mut answered = Vec::with_capacity(hosts.len());
+    for (h, b) in hosts.iter().zip(before) {
+        answered.push(served(h, "CollectHoldings").await - b);
+    }
     drop(registered);
+    answered
 }
 
 /// Issue 30, mixed versions: h3's group leader (h2) runs an agent from
@@ -399,7 +414,8 @@ async fn with_collectors_from_before_rank_spans_a_hosts_ranks_are_asked_apart() 
 /// One old leader does not send its group back to asking every host.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_an_old_agent_leading_its_group_a_restore_asks_the_collector_itself() {
-    let (hosts, _old) = leader_behind(common::old_peer::Before::Collector).await;
+    let (hosts, old) = leader_behind(common::old_peer::Before::Collector).await;
+    let refused = old.job_asks();
     let (h0_before, h2_before) = (
         served(&hosts[0], "CollectHoldings").await,
         served(&hosts[2], "CollectHoldings").await,
@@ -426,6 +442,12 @@ async fn with_an_old_agent_leading_its_group_a_restore_asks_the_collector_itself
     })
     .await
     .expect("h3's restores");
+    // Each restore asked its leader first, and was refused there.
+    assert!(
+        old.job_asks() >= refused + 2,
+        "h3's restores asked the old leader {} times",
+        old.job_asks() - refused
+    );
     assert!(
         served(&hosts[0], "CollectHoldings").await > h0_before,
         "h3 asked the collector h0 itself"
@@ -452,40 +474,22 @@ async fn with_an_old_agent_leading_its_group_a_restore_asks_the_collector_itself
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_an_old_leader_from_before_rank_spans_a_hosts_ranks_are_asked_apart() {
     let (hosts, _old) = leader_behind(common::old_peer::Before::RankSpans).await;
-    let socket = hosts[3].socket().to_owned();
-    let registered: Vec<warden_client::Client> =
-        (4..8).map(|r| register(&socket, "job", r, 8)).collect();
-    let (h0_before, h2_before) = (
-        served(&hosts[0], "CollectHoldings").await,
-        served(&hosts[2], "CollectHoldings").await,
-    );
-    let stderr = hosts[3].stderr();
-    let got = tokio::task::spawn_blocking(move || {
-        checkpoint_rank(&socket, "job", 6, 8)
-            .restore(0)
-            .unwrap_or_else(|e| panic!("rank 6: {e}\n{stderr}"))
-            .unwrap_or_else(|| panic!("rank 6: no complete step\n{stderr}"))
-    })
-    .await
-    .expect("h3's restore");
-    assert_eq!((got.step, got.tier.as_str()), (10, "peer"), "{got:?}");
-    assert_eq!(got.read().expect("read"), shard_bytes(10, 6, 1 << 14));
+    let answered = restore_rank_6_of_four(&hosts).await;
     // h2's agent got h3's four asks through its stand-in (one before the
     // span, then ranks 5, 6 and 7 apart), and the collector's group asks:
     // one a collection, which h0 keeps for its peer_timeout (1 s here), so
     // a loaded machine may see the asks apart collect again.
-    let at_leader = served(&hosts[2], "CollectHoldings").await - h2_before;
+    let at_leader = answered[2];
     assert!(
         (4.0..=6.0).contains(&at_leader),
         "h2's agent answered {at_leader} asks"
     );
     // Each passed on to the collector, relayed.
-    let at_collector = served(&hosts[0], "CollectHoldings").await - h0_before;
+    let at_collector = answered[0];
     assert!(
         at_collector >= 4.0,
         "the collector answered {at_collector} asks, not h3's four"
     );
-    drop(registered);
 }
 
 /// Four hosts, groups of two ({h0, h1}, {h2, h3}), whose h2 sits behind a
@@ -497,11 +501,19 @@ async fn with_an_old_leader_from_before_rank_spans_a_hosts_ranks_are_asked_apart
 async fn leader_behind(
     before: common::old_peer::Before,
 ) -> (Vec<TestAgent>, common::old_peer::OldPeer) {
-    let real: Vec<String> = ["127.0.0.2", "127.0.0.3", "127.0.0.4", "127.0.0.5"]
+    let mut real: Vec<String> = ["127.0.0.2", "127.0.0.3", "127.0.0.4", "127.0.0.5"]
         .iter()
         .map(|ip| format!("{ip}:{}", free_port(ip)))
         .collect();
-    let old = common::old_peer::OldPeer::from_before(before, "127.0.0.4", &real[2]).await;
+    // The stand-in binds a port of its own, which may be the one picked for
+    // h2 (free when picked): then both are picked again.
+    let old = loop {
+        let old = common::old_peer::OldPeer::from_before(before, "127.0.0.4", &real[2]).await;
+        if old.addr != real[2] {
+            break old;
+        }
+        real[2] = format!("127.0.0.4:{}", free_port("127.0.0.4"));
+    };
     let hosts: Vec<TestAgent> = (0..4)
         .map(|i| {
             let mut t = format!(

@@ -48,13 +48,20 @@
 //!   connection, as the group leaders relay a wave's asks over the
 //!   connections they hold;
 //! - **fresh**: a quarter as many, each over a connection of its own (a
-//!   TCP connect and a TLS handshake with a client certificate, then the
-//!   ask), 16 at once: a host that holds no connection to its leader;
+//!   TCP connect and a full TLS handshake with a client certificate,
+//!   session resumption off, then the ask), 16 at once: a host's first
+//!   contact with its leader;
+//! - **resumed**: as many again with rustls' default client, which resumes
+//!   a session each host's earlier connection left (a PSK handshake: no
+//!   certificate signed or checked): a host that connects again;
 //! - **leader**: asks to group 1's leader, which passes each on to the
 //!   collector over the connection it holds.
 //!
 //! Per ask it prints the agents' CPU (the collector's, and the leader's
-//! for the last), less what each spent idle over as long before the phase.
+//! for the last): each thread's time in the phase, less the agent's idle
+//! rate (measured over a second before the phases) over its length. The
+//! phases must end within 15 s of the wave (half the collection's
+//! keeping), or the bench fails.
 //!
 //! Run: `cargo bench -p warden-cli --bench restore_net` (release);
 //! `WARDEN_RESTORE_NET_HOSTS=32,64,128,256`, `WARDEN_RESTORE_NET_OUT=x.json`,
@@ -200,9 +207,32 @@ struct Calls {
     fresh: usize,
     fresh_cpu: Duration,
     fresh_wall: Duration,
+    resumed_cpu: Duration,
+    resumed_wall: Duration,
     leader_cpu: Duration,
     leader_collector_cpu: Duration,
     leader_wall: Duration,
+}
+
+impl Calls {
+    /// Per ask (per call for the baseline), in microseconds: baseline,
+    /// held, held wall, fresh, fresh wall, resumed, resumed wall, leader,
+    /// collector through the leader, wall through the leader.
+    fn per_ask(&self) -> [f64; 10] {
+        let (n, f) = (self.asks, self.fresh);
+        [
+            per_ask(self.base_cpu, n),
+            per_ask(self.held_cpu, n),
+            per_ask(self.held_wall, n),
+            per_ask(self.fresh_cpu, f),
+            per_ask(self.fresh_wall, f),
+            per_ask(self.resumed_cpu, f),
+            per_ask(self.resumed_wall, f),
+            per_ask(self.leader_cpu, n),
+            per_ask(self.leader_collector_cpu, n),
+            per_ask(self.leader_wall, n),
+        ]
+    }
 }
 
 /// An ask for host `h`'s ranks, as its restore sends it.
@@ -266,21 +296,85 @@ async fn asks(
     }
 }
 
-/// CPU `pids` spent over `wall` beyond their idle rate (`idle` per second).
-fn beyond_idle(before: &[Duration], pids: &[u32], idle: &[f64], wall: Duration) -> Vec<Duration> {
+/// Each live thread's on-CPU time of process `pid` so far, in ns, by
+/// thread id (`/proc/PID/task/*/schedstat`).
+fn threads(pid: u32) -> HashMap<String, u64> {
+    let mut out = HashMap::new();
+    if let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/task")) {
+        for t in dir.flatten() {
+            let ns = std::fs::read_to_string(t.path().join("schedstat"))
+                .ok()
+                .and_then(|s| s.split_whitespace().next()?.parse::<u64>().ok());
+            if let Some(ns) = ns {
+                out.insert(t.file_name().to_string_lossy().into_owned(), ns);
+            }
+        }
+    }
+    out
+}
+
+/// What `pid`'s threads spent since `before` ([`threads`]): each live
+/// thread's time less its own then. A thread that exited meanwhile (a
+/// blocking thread idle for 10 s) leaves with what it spent in the phase,
+/// not with everything it spent before it, as a sum over the process's
+/// live threads would.
+fn spent_since(pid: u32, before: &HashMap<String, u64>) -> Duration {
+    let ns: u64 = threads(pid)
+        .iter()
+        .map(|(t, &now)| now.saturating_sub(before.get(t).copied().unwrap_or(0)))
+        .sum();
+    Duration::from_nanos(ns)
+}
+
+/// CPU `pids` spent since `before` beyond their idle rate (`idle` per
+/// second) over `wall`.
+fn beyond_idle(
+    before: &[HashMap<String, u64>],
+    pids: &[u32],
+    idle: &[f64],
+    wall: Duration,
+) -> Vec<Duration> {
     pids.iter()
         .zip(before)
         .zip(idle)
-        .map(|((&p, &b), &i)| {
-            cpu(p)
-                .saturating_sub(b)
-                .saturating_sub(Duration::from_secs_f64(i * wall.as_secs_f64()))
+        .map(|((&p, b), &i)| {
+            spent_since(p, b).saturating_sub(Duration::from_secs_f64(i * wall.as_secs_f64()))
         })
         .collect()
 }
 
+/// `count` asks to `addr` (the agent `name`), each on a connection of its
+/// own, 16 at once, for hosts 1.. in turn with host h's client config
+/// (`configs[h - 1]`); every answer checked.
+async fn fresh_asks(addr: &str, name: &str, configs: &[rustls::ClientConfig], count: usize) {
+    let hosts = configs.len() + 1;
+    let mut set = tokio::task::JoinSet::new();
+    let mut next = 0usize;
+    while next < count || !set.is_empty() {
+        while next < count && set.len() < 16 {
+            let h = 1 + next % (hosts - 1);
+            let mut c = pki::peer_client(addr, name, configs[h - 1].clone());
+            set.spawn(async move { (h, c.collect_holdings(ask(h, true)).await) });
+            next += 1;
+        }
+        if let Some(done) = set.join_next().await {
+            let (h, got) = done.unwrap();
+            check(
+                h,
+                &got.unwrap_or_else(|e| panic!("host {h}: {e}")).into_inner(),
+            );
+        }
+    }
+}
+
 /// The `calls` set-up's phase, after its wave (see the module's notes).
-async fn calls(agents: &[Agent], addrs: &[String], names: &[String], count: usize) -> Calls {
+async fn calls(
+    agents: &[Agent],
+    addrs: &[String],
+    names: &[String],
+    count: usize,
+    wave_done: Instant,
+) -> Calls {
     assert!(
         agents.len() > 9,
         "the calls set-up needs two groups of 8: 10 hosts at least"
@@ -288,14 +382,14 @@ async fn calls(agents: &[Agent], addrs: &[String], names: &[String], count: usiz
     let ca = pki::cluster();
     let member = |i: usize| ca.client_config(Some(&ca.node(&names[i])));
     let (collector, leader) = (agents[0].pid(), agents[8].pid());
-    // The agents' idle rate, over a second.
-    let (c0, l0) = (cpu(collector), cpu(leader));
+    // The agents' idle rate, over a second before the phases.
+    let (c0, l0) = (threads(collector), threads(leader));
     let t = Instant::now();
     tokio::time::sleep(Duration::from_secs(1)).await;
     let secs = t.elapsed().as_secs_f64();
     let idle = [
-        cpu(collector).saturating_sub(c0).as_secs_f64() / secs,
-        cpu(leader).saturating_sub(l0).as_secs_f64() / secs,
+        spent_since(collector, &c0).as_secs_f64() / secs,
+        spent_since(leader, &l0).as_secs_f64() / secs,
     ];
 
     // Baseline: calls the TCP listener refuses, over one connection.
@@ -324,7 +418,7 @@ async fn calls(agents: &[Agent], addrs: &[String], names: &[String], count: usiz
         }
     };
     health_calls(16).await;
-    let before = [cpu(collector)];
+    let before = [threads(collector)];
     let t = Instant::now();
     health_calls(count).await;
     let base_cpu = beyond_idle(&before, &[collector], &idle[..1], t.elapsed())[0];
@@ -332,48 +426,55 @@ async fn calls(agents: &[Agent], addrs: &[String], names: &[String], count: usiz
     // Held: one connection to the collector, relayed asks.
     let held = pki::peer_client(&addrs[0], &names[0], member(1));
     asks(&held, agents.len(), 16, true, 16).await;
-    let before = [cpu(collector)];
+    let before = [threads(collector)];
     let t = Instant::now();
     asks(&held, agents.len(), count, true, 64).await;
     let held_wall = t.elapsed();
     let held_cpu = beyond_idle(&before, &[collector], &idle[..1], held_wall)[0];
 
-    // Fresh: a connection and a TLS handshake an ask.
+    // Fresh: a connection and a full TLS handshake an ask (no session
+    // resumed: a host's first contact).
     let fresh = (count / 4).max(1);
-    let configs: Vec<_> = (1..agents.len()).map(member).collect();
-    let before = [cpu(collector)];
+    let full: Vec<_> = (1..agents.len())
+        .map(|i| {
+            let mut c = member(i);
+            c.resumption = rustls::client::Resumption::disabled();
+            c
+        })
+        .collect();
+    let before = [threads(collector)];
     let t = Instant::now();
-    let mut set = tokio::task::JoinSet::new();
-    let mut next = 0usize;
-    while next < fresh || !set.is_empty() {
-        while next < fresh && set.len() < 16 {
-            let h = 1 + next % (agents.len() - 1);
-            let client = pki::peer_client(&addrs[0], &names[0], configs[h - 1].clone());
-            set.spawn(async move {
-                let mut c = client;
-                (h, c.collect_holdings(ask(h, true)).await)
-            });
-            next += 1;
-        }
-        if let Some(done) = set.join_next().await {
-            let (h, got) = done.unwrap();
-            check(
-                h,
-                &got.unwrap_or_else(|e| panic!("host {h}: {e}")).into_inner(),
-            );
-        }
-    }
+    fresh_asks(&addrs[0], &names[0], &full, fresh).await;
     let fresh_wall = t.elapsed();
     let fresh_cpu = beyond_idle(&before, &[collector], &idle[..1], fresh_wall)[0];
+
+    // Resumed: the same, each host's client keeping rustls' default
+    // session store (every host connected once before): a host that
+    // connects again.
+    let resuming: Vec<_> = (1..agents.len()).map(member).collect();
+    fresh_asks(&addrs[0], &names[0], &resuming, agents.len() - 1).await;
+    let before = [threads(collector)];
+    let t = Instant::now();
+    fresh_asks(&addrs[0], &names[0], &resuming, fresh).await;
+    let resumed_wall = t.elapsed();
+    let resumed_cpu = beyond_idle(&before, &[collector], &idle[..1], resumed_wall)[0];
 
     // Leader: asks to group 1's leader (hosts 8..16), passed on.
     let to_leader = pki::peer_client(&addrs[8], &names[8], member(9));
     asks(&to_leader, agents.len(), 16, false, 16).await;
-    let before = [cpu(collector), cpu(leader)];
+    let before = [threads(collector), threads(leader)];
     let t = Instant::now();
     asks(&to_leader, agents.len(), count, false, 64).await;
     let leader_wall = t.elapsed();
     let spent = beyond_idle(&before, &[collector, leader], &idle, leader_wall);
+    // Within half the collection's keeping (peer_timeout 30 s): no ask
+    // above started a collection of its own.
+    assert!(
+        wave_done.elapsed() < Duration::from_secs(15),
+        "the phases took {:?} after the wave: past half of peer_timeout an ask may start a \
+         collection of its own; lower WARDEN_RESTORE_NET_CALLS",
+        wave_done.elapsed()
+    );
     Calls {
         asks: count,
         base_cpu,
@@ -382,6 +483,8 @@ async fn calls(agents: &[Agent], addrs: &[String], names: &[String], count: usiz
         fresh,
         fresh_cpu,
         fresh_wall,
+        resumed_cpu,
+        resumed_wall,
         leader_cpu: spent[1],
         leader_collector_cpu: spent[0],
         leader_wall,
@@ -489,7 +592,8 @@ async fn run(n: usize, setup: Setup) -> Row {
             .filter_map(|t| t.join().unwrap())
             .collect()
     });
-    let wave = wave.elapsed();
+    let wave_done = Instant::now();
+    let wave = wave_done - wave;
     if let Some(first) = failed.first() {
         eprintln!(
             "{n} hosts, {}: {} restores failed; the first: {}",
@@ -515,7 +619,7 @@ async fn run(n: usize, setup: Setup) -> Row {
         .map(|(a, b)| cpu(a.pid()).saturating_sub(*b))
         .collect();
     let calls = match setup {
-        Setup::Calls => Some(calls(&agents, &addrs, &names, calls_count()).await),
+        Setup::Calls => Some(calls(&agents, &addrs, &names, calls_count(), wave_done).await),
         _ => None,
     };
     drop(agents);
@@ -598,24 +702,19 @@ fn main() {
         .collect();
     if !measured.is_empty() {
         println!(
-            "\n| hosts | asks | baseline (Health/Check, UNIMPLEMENTED on TCP): collector's CPU a call | held connection: collector's CPU an ask | wall an ask (64 at once) | \
-             asks | fresh connection (TLS handshake): collector's CPU an ask | wall an ask (16 at once) | \
+            "\n| hosts | asks | baseline (Health/Check, UNIMPLEMENTED on TCP): collector's CPU a \
+             call | held connection: collector's CPU an ask | wall an ask (64 at once) | asks | \
+             fresh connection, full TLS handshake: collector's CPU an ask | wall an ask (16 at \
+             once) | fresh connection, session resumed: collector's CPU an ask | wall an ask | \
              through group 1's leader: leader's CPU an ask | collector's CPU an ask | wall an ask |"
         );
-        println!("|---|---|---|---|---|---|---|---|---|---|---|");
+        println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|");
         for (hosts, c) in &measured {
+            let [b, h, hw, f, fw, r, rw, l, v, vw] = c.per_ask();
             println!(
-                "| {hosts} | {} | {:.1} us | {:.1} us | {:.1} us | {} | {:.1} us | {:.1} us | {:.1} us | {:.1} us | {:.1} us |",
-                c.asks,
-                per_ask(c.base_cpu, c.asks),
-                per_ask(c.held_cpu, c.asks),
-                per_ask(c.held_wall, c.asks),
-                c.fresh,
-                per_ask(c.fresh_cpu, c.fresh),
-                per_ask(c.fresh_wall, c.fresh),
-                per_ask(c.leader_cpu, c.asks),
-                per_ask(c.leader_collector_cpu, c.asks),
-                per_ask(c.leader_wall, c.asks),
+                "| {hosts} | {} | {b:.1} us | {h:.1} us | {hw:.1} us | {} | {f:.1} us | {fw:.1} us | \
+                 {r:.1} us | {rw:.1} us | {l:.1} us | {v:.1} us | {vw:.1} us |",
+                c.asks, c.fresh,
             );
         }
     }
@@ -636,22 +735,18 @@ fn main() {
                     r.conn_sum,
                     r.cpu_sum.as_secs_f64() * 1e3,
                     r.cpu_max.as_secs_f64() * 1e3,
-                    r.calls.as_ref().map_or(String::new(), |c| format!(
-                        ",\"calls\":{{\"asks\":{},\"base_cpu_us\":{:.2},\"held_cpu_us\":{:.2},\"held_wall_us\":{:.2},\
-                         \"fresh\":{},\"fresh_cpu_us\":{:.2},\"fresh_wall_us\":{:.2},\
-                         \"leader_cpu_us\":{:.2},\"leader_collector_cpu_us\":{:.2},\
-                         \"leader_wall_us\":{:.2}}}",
-                        c.asks,
-                        per_ask(c.base_cpu, c.asks),
-                        per_ask(c.held_cpu, c.asks),
-                        per_ask(c.held_wall, c.asks),
-                        c.fresh,
-                        per_ask(c.fresh_cpu, c.fresh),
-                        per_ask(c.fresh_wall, c.fresh),
-                        per_ask(c.leader_cpu, c.asks),
-                        per_ask(c.leader_collector_cpu, c.asks),
-                        per_ask(c.leader_wall, c.asks),
-                    )),
+                    r.calls.as_ref().map_or(String::new(), |c| {
+                        let [b, h, hw, f, fw, r, rw, l, v, vw] = c.per_ask();
+                        format!(
+                            ",\"calls\":{{\"asks\":{},\"base_cpu_us\":{b:.2},\
+                             \"held_cpu_us\":{h:.2},\"held_wall_us\":{hw:.2},\"fresh\":{},\
+                             \"fresh_full_cpu_us\":{f:.2},\"fresh_full_wall_us\":{fw:.2},\
+                             \"fresh_resumed_cpu_us\":{r:.2},\"fresh_resumed_wall_us\":{rw:.2},\
+                             \"leader_cpu_us\":{l:.2},\"leader_collector_cpu_us\":{v:.2},\
+                             \"leader_wall_us\":{vw:.2}}}",
+                            c.asks, c.fresh,
+                        )
+                    }),
                 )
             })
             .collect();

@@ -31,6 +31,9 @@ pub enum Before {
 pub struct OldPeer {
     /// `ip:port` it serves on.
     pub addr: String,
+    /// The CollectHoldings asks for the job's view (group 0) it took,
+    /// refused or passed on; a collector's asks for its group not counted.
+    job_asks: std::sync::Arc<std::sync::atomic::AtomicUsize>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -56,18 +59,33 @@ impl OldPeer {
         let channel = Channel::from_shared(format!("http://{backend}"))
             .expect("the backend's endpoint")
             .connect_lazy();
-        let forward = Forward(PeerClient::new(channel), before);
+        let job_asks = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let forward = Forward(PeerClient::new(channel), before, job_asks.clone());
         let task = tokio::spawn(async move {
             let _ = Server::builder()
                 .add_service(PeerServer::new(forward))
                 .serve_with_incoming(TcpListenerStream::new(listener))
                 .await;
         });
-        Self { addr, task }
+        Self {
+            addr,
+            job_asks,
+            task,
+        }
+    }
+
+    /// How many asks for the job's view (CollectHoldings, group 0) it took
+    /// so far.
+    pub fn job_asks(&self) -> usize {
+        self.job_asks.load(std::sync::atomic::Ordering::SeqCst)
     }
 }
 
-struct Forward(PeerClient<Channel>, Before);
+struct Forward(
+    PeerClient<Channel>,
+    Before,
+    std::sync::Arc<std::sync::atomic::AtomicUsize>,
+);
 
 impl Forward {
     fn client(&self) -> PeerClient<Channel> {
@@ -132,6 +150,9 @@ impl Peer for Forward {
         &self,
         r: Request<pb::HoldingsAsk>,
     ) -> Result<Response<pb::Holdings>, Status> {
+        if r.get_ref().group == 0 {
+            self.2.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
         if self.1 == Before::Collector {
             return Err(Status::unimplemented(
                 "Method not found: warden.v1.Peer/CollectHoldings",

@@ -166,6 +166,8 @@ def test_a_sharded_restore_across_hosts_reads_no_other_ranks_shard(tmp_path) -> 
         assert second["start_weights"] == first["saved_weights"]["8"]
         assert second["end_step"] == 16
         assert agents[0].served("FetchShard") == fetched, "rank 1's host fetched from rank 0's"
+        # The count is read right: each agent served its rank's restores.
+        assert agents[0].served("Restore") > 0 and agents[1].served("Restore") > 0
     finally:
         for a in agents:
             a.stop()

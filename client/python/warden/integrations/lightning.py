@@ -21,7 +21,8 @@ never raise), or leaves a section open after an exception.
 
 Lightning writes the checkpoint on global rank 0 only; the other ranks
 commit an empty shard so that the step is complete, and every rank
-restores rank 0's shard (``restore_path``).
+restores rank 0's shard (``restore_path``), told whole from sharded by its
+own shard.
 
 Saves are asynchronous where the strategy allows (one device, DDP, and
 ``ModelParallelStrategy`` with ``save_distributed_checkpoint=False``: the
@@ -118,21 +119,30 @@ def restore_path(step: int = 0) -> Optional[str]:
     whole from rank 0, which on a job of N hosts would be N copies of rank
     0's shard out of the hosts that hold it."""
     _wait_for_saves()
-    own = _ckpt.restore(step)
-    if own is None:
-        return None
     from .. import async_checkpoint as _async  # noqa: PLC0415
 
     from . import dcp as _dcp  # noqa: PLC0415
 
-    if _dcp.is_dcp_shard(own.path):
+    try:
+        own = _ckpt.restore(step)
+    except _ckpt.CheckpointError:
+        # No shard of this rank in the step (the job grew since: a rank
+        # past the world size saved): rank 0's alone tells. Where the agent
+        # cannot be reached, that restore raises too.
+        own = None
+    if own is not None and _dcp.is_dcp_shard(own.path):
         # A sharded save (WardenModelParallelStrategy): each rank reads its
         # shards through the tier; Lightning gets the step's id.
         return _dcp.checkpoint_id(own.step)
-    # A whole checkpoint is rank 0's, of the step just found.
-    r = own if _ckpt.identity()[1] == 0 else _ckpt.restore(own.step, rank=0)
+    if own is None:
+        r = _ckpt.restore(step, rank=0)
+    else:
+        # A whole checkpoint is rank 0's, of the step just found.
+        r = own if _ckpt.identity()[1] == 0 else _ckpt.restore(own.step, rank=0)
     if r is None:
         return None
+    if _dcp.is_dcp_shard(r.path):
+        return _dcp.checkpoint_id(r.step)
     if not _async.is_async_shard(r.path):
         return r.path
     return _as_lightning_file(r.path, r.step)
