@@ -173,6 +173,18 @@ def test_a_sharded_restore_across_hosts_reads_no_other_ranks_shard(tmp_path) -> 
             a.stop()
 
 
+def test_a_rank_the_saved_step_did_not_have_restores_rank_0s_whole_checkpoint(wardend: Wardend) -> None:
+    """A job that grew since its save (one rank saved step 5; two restore):
+    rank 1 has no shard of the step, and its ``restore_path`` reads rank
+    0's, as every rank did before it first read its own (a review found it
+    raised there)."""
+    require_framework("pytorch_lightning")
+    job = "lightning-grown"
+    run_ranks(wardend, job, "restore_path_job.py", ["save"])
+    got = run_ranks(wardend, job, "restore_path_job.py", ["restore"], world=2)
+    assert [g["bytes"] for g in got] == ["rank 0's whole checkpoint"] * 2, got
+
+
 @pytest.mark.parametrize("mode", ["async", "sync"])
 def test_a_sharded_save_that_fails_is_warned_and_the_next_goes_through(wardend: Wardend, mode: str) -> None:
     """Rank 1's shard of step 8 cannot be written (a full disk, injected):
