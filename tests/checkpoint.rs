@@ -325,24 +325,7 @@ async fn per_method(agent: &TestAgent, metric: &str, method: &str) -> f64 {
 async fn with_the_first_hosts_on_an_old_agent_a_restore_asks_every_host() {
     let (hosts, _old) = first_two_behind(common::old_peer::Before::Collector).await;
     let asked = served(&hosts[2], "CollectHoldings").await;
-    let socket = hosts[3].socket().to_owned();
-    let stderr = hosts[3].stderr();
-    let restored = tokio::task::spawn_blocking(move || {
-        for r in [6, 7] {
-            let got = checkpoint_rank(&socket, "job", r, 8)
-                .restore(0)
-                .unwrap_or_else(|e| panic!("rank {r}: {e}\n{stderr}"))
-                .unwrap_or_else(|| panic!("rank {r}: no complete step\n{stderr}"));
-            assert_eq!(got.step, 10, "rank {r}");
-            assert_eq!(got.tier, "peer", "rank {r}: {got:?}");
-            assert_eq!(
-                got.read().expect("read"),
-                shard_bytes(10, r, 1 << 14),
-                "rank {r}"
-            );
-        }
-    });
-    restored.await.expect("h3's restores");
+    h3_restores_from_peers(&hosts[3], &[6, 7], 1 << 14, hosts[3].stderr()).await;
     assert!(
         served(&hosts[2], "CollectHoldings").await > asked,
         "h3 asked its leader first"
@@ -386,17 +369,7 @@ async fn restore_rank_6_of_four(hosts: &[TestAgent]) -> Vec<f64> {
     for h in hosts {
         before.push(served(h, "CollectHoldings").await);
     }
-    let stderr = hosts[3].stderr();
-    let got = tokio::task::spawn_blocking(move || {
-        checkpoint_rank(&socket, "job", 6, 8)
-            .restore(0)
-            .unwrap_or_else(|e| panic!("rank 6: {e}\n{stderr}"))
-            .unwrap_or_else(|| panic!("rank 6: no complete step\n{stderr}"))
-    })
-    .await
-    .expect("h3's restore");
-    assert_eq!((got.step, got.tier.as_str()), (10, "peer"), "{got:?}");
-    assert_eq!(got.read().expect("read"), shard_bytes(10, 6, 1 << 14));
+    h3_restores_from_peers(&hosts[3], &[6], 1 << 14, hosts[3].stderr()).await;
     let mut answered = Vec::with_capacity(hosts.len());
     for (h, b) in hosts.iter().zip(before) {
         answered.push(served(h, "CollectHoldings").await - b);
@@ -420,28 +393,7 @@ async fn with_an_old_agent_leading_its_group_a_restore_asks_the_collector_itself
         served(&hosts[0], "CollectHoldings").await,
         served(&hosts[2], "CollectHoldings").await,
     );
-    let socket = hosts[3].socket().to_owned();
-    let stderr = hosts[3].stderr();
-    tokio::task::spawn_blocking(move || {
-        for r in [6, 7] {
-            let got = checkpoint_rank(&socket, "job", r, 8)
-                .restore(0)
-                .unwrap_or_else(|e| panic!("rank {r}: {e}\n{stderr}"))
-                .unwrap_or_else(|| panic!("rank {r}: no complete step\n{stderr}"));
-            assert_eq!(
-                (got.step, got.tier.as_str()),
-                (10, "peer"),
-                "rank {r}: {got:?}"
-            );
-            assert_eq!(
-                got.read().expect("read"),
-                shard_bytes(10, r, 1 << 14),
-                "rank {r}"
-            );
-        }
-    })
-    .await
-    .expect("h3's restores");
+    h3_restores_from_peers(&hosts[3], &[6, 7], 1 << 14, hosts[3].stderr()).await;
     // Each restore asked its leader first, and was refused there.
     assert!(
         old.job_asks() >= refused + 2,
@@ -535,6 +487,34 @@ async fn leader_behind(
     until_copies(&hosts[3], "job", 10, 2).await;
     wipe_job(&hosts[3], "job");
     (hosts, old)
+}
+
+/// Restores `ranks` of "job" (of 8) through `h3`, one after another, each
+/// checked to give step 10 from a peer with the bytes its rank saved
+/// (shards of `len`); `logs` goes with a failure.
+async fn h3_restores_from_peers(h3: &TestAgent, ranks: &[u32], len: usize, logs: String) {
+    let socket = h3.socket().to_owned();
+    let ranks = ranks.to_vec();
+    tokio::task::spawn_blocking(move || {
+        for r in ranks {
+            let got = checkpoint_rank(&socket, "job", r, 8)
+                .restore(0)
+                .unwrap_or_else(|e| panic!("rank {r}: {e}\n{logs}"))
+                .unwrap_or_else(|| panic!("rank {r}: no complete step\n{logs}"));
+            assert_eq!(
+                (got.step, got.tier.as_str()),
+                (10, "peer"),
+                "rank {r}: {got:?}"
+            );
+            assert_eq!(
+                got.read().expect("read"),
+                shard_bytes(10, r, len),
+                "rank {r}"
+            );
+        }
+    })
+    .await
+    .expect("h3's restores");
 }
 
 /// Rank `rank` of `job` (of `world`) registered with the agent at `socket`
@@ -1212,33 +1192,12 @@ async fn a_collectors_own_copies_are_named_where_the_job_reaches_it() {
     assert_eq!(on_h0, [6, 7], "h3's replicas are on h0: {held:#?}");
 
     wipe_job(&hosts[3], "job");
-    let socket = hosts[3].socket().to_owned();
-    let stderr = (hosts[0].stderr(), hosts[3].stderr());
-    tokio::task::spawn_blocking(move || {
-        for r in [6, 7] {
-            let got = checkpoint_rank(&socket, "job", r, 8)
-                .restore(0)
-                .unwrap_or_else(|e| {
-                    panic!(
-                        "rank {r}: {e}\n--- h0 ---\n{}\n--- h3 ---\n{}",
-                        stderr.0, stderr.1
-                    )
-                })
-                .unwrap_or_else(|| panic!("rank {r}: no complete step"));
-            assert_eq!(
-                (got.step, got.tier.as_str()),
-                (10, "peer"),
-                "rank {r}: {got:?}"
-            );
-            assert_eq!(
-                got.read().expect("read"),
-                shard_bytes(10, r, 1 << 16),
-                "rank {r}"
-            );
-        }
-    })
-    .await
-    .expect("h3's restores");
+    let logs = format!(
+        "--- h0 ---\n{}\n--- h3 ---\n{}",
+        hosts[0].stderr(),
+        hosts[3].stderr()
+    );
+    h3_restores_from_peers(&hosts[3], &[6, 7], 1 << 16, logs).await;
 }
 
 /// Issue 30: a restore asks every peer what it holds, and at a restart
