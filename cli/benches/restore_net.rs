@@ -80,7 +80,7 @@ use std::time::{Duration, Instant};
 
 use warden_proto::v1 as pb;
 
-use common::{Agent, cpu};
+use common::{Agent, cpu, threads};
 
 const JOB: &str = "restore-net";
 const RANKS_PER_HOST: u32 = 2;
@@ -294,23 +294,6 @@ async fn asks(
             );
         }
     }
-}
-
-/// Each live thread's on-CPU time of process `pid` so far, in ns, by
-/// thread id (`/proc/PID/task/*/schedstat`).
-fn threads(pid: u32) -> HashMap<String, u64> {
-    let mut out = HashMap::new();
-    if let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/task")) {
-        for t in dir.flatten() {
-            let ns = std::fs::read_to_string(t.path().join("schedstat"))
-                .ok()
-                .and_then(|s| s.split_whitespace().next()?.parse::<u64>().ok());
-            if let Some(ns) = ns {
-                out.insert(t.file_name().to_string_lossy().into_owned(), ns);
-            }
-        }
-    }
-    out
 }
 
 /// What `pid`'s threads spent since `before` ([`threads`]): each live

@@ -137,19 +137,24 @@ pub fn host_report(host: u32) -> warden_core::detect::straggler::aggregate::Host
 /// The on-CPU time of every thread of process `pid` so far
 /// (`/proc/PID/task/*/schedstat`).
 pub fn cpu(pid: u32) -> Duration {
-    let mut ns = 0u64;
+    Duration::from_nanos(threads(pid).values().sum())
+}
+
+/// Each live thread's on-CPU time of process `pid` so far, in ns, by
+/// thread id (`/proc/PID/task/*/schedstat`).
+pub fn threads(pid: u32) -> std::collections::HashMap<String, u64> {
+    let mut out = std::collections::HashMap::new();
     if let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/task")) {
         for t in dir.flatten() {
-            if let Ok(s) = std::fs::read_to_string(t.path().join("schedstat")) {
-                ns += s
-                    .split_whitespace()
-                    .next()
-                    .and_then(|v| v.parse::<u64>().ok())
-                    .unwrap_or(0);
+            let ns = std::fs::read_to_string(t.path().join("schedstat"))
+                .ok()
+                .and_then(|s| s.split_whitespace().next()?.parse::<u64>().ok());
+            if let Some(ns) = ns {
+                out.insert(t.file_name().to_string_lossy().into_owned(), ns);
             }
         }
     }
-    Duration::from_nanos(ns)
+    out
 }
 
 /// Hands `agent` the hosts of `job` in node-rank order (address, name), as
