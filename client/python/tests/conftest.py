@@ -58,10 +58,10 @@ def wardend(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Wardend]:
     agent.stop()
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 free now (for MASTER_PORT)."""
+def free_port(ip: str = "127.0.0.1") -> int:
+    """A TCP port on ``ip`` free now (for MASTER_PORT, an agent's address)."""
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((ip, 0))
         return int(s.getsockname()[1])
 
 

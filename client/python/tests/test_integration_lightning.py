@@ -13,7 +13,6 @@ exactly.
 
 from __future__ import annotations
 
-import socket
 import threading
 import traceback
 from concurrent.futures import Future
@@ -121,12 +120,6 @@ def test_fsdp2_sharded_checkpoints_go_into_the_tier_and_resume_exactly(wardend: 
     assert second["saved_weights"]["24"] == whole["saved_weights"]["24"]
 
 
-def _port_on(ip: str) -> int:
-    with socket.socket() as s:
-        s.bind((ip, 0))
-        return int(s.getsockname()[1])
-
-
 def test_a_sharded_restore_across_hosts_reads_no_other_ranks_shard(tmp_path) -> None:
     """Two hosts, each rank on its own agent (127.0.0.2 and 127.0.0.3, no
     replicas): the second fit's ``restore_path`` tells the step is sharded
@@ -138,7 +131,7 @@ def test_a_sharded_restore_across_hosts_reads_no_other_ranks_shard(tmp_path) -> 
     binary = find_wardend()
     assert binary is not None, "no wardend binary"
     ips = ("127.0.0.2", "127.0.0.3")
-    addrs = [f"{ip}:{_port_on(ip)}" for ip in ips]
+    addrs = [f"{ip}:{free_port(ip)}" for ip in ips]
     agents: list = []
     try:
         for i, ip in enumerate(ips):
@@ -154,7 +147,7 @@ def test_a_sharded_restore_across_hosts_reads_no_other_ranks_shard(tmp_path) -> 
                         "agent": f'host_name = "h{i}"',
                         "checkpoint": f'replicas = 0\ndomain = "rack{i}"',
                     },
-                    metrics=f"{ip}:{_port_on(ip)}",
+                    metrics=f"{ip}:{free_port(ip)}",
                 )
             )
         job = "lightning-sharded-two-hosts"

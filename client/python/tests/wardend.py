@@ -78,6 +78,8 @@ class Wardend:
         self.stderr_path = home / "wardend.stderr"
         self.metrics = metrics
         more = tables or {}
+        unknown = set(more) - {"api", "agent", "checkpoint"}
+        assert not unknown, f"Wardend(tables=...): no table {sorted(unknown)} to add to"
         self.config.write_text(
             "\n".join(
                 [
