@@ -466,26 +466,15 @@ async fn leader_behind(
         }
         real[2] = format!("127.0.0.4:{}", free_port("127.0.0.4"));
     };
-    let hosts: Vec<TestAgent> = (0..4)
-        .map(|i| {
-            let mut t = format!(
-                "[agent]\nhost_name = \"h{i}\"\n[api]\ntcp = \"{}\"\ninsecure = true\n\
-                 [checkpoint]\ndomain = \"rack{i}\"\npeer_timeout = \"1s\"\n\
-                 collect_above = 0\ncollect_fan_out = 2\n",
-                real[i]
-            );
-            for j in (0..4).filter(|&j| j != i) {
-                let addr = if j == 2 { old.addr.clone() } else { real[j].clone() };
-                t += &format!(
-                    "[[checkpoint.peers]]\naddr = \"{addr}\"\ndomain = \"rack{j}\"\nname = \"h{j}\"\n"
-                );
-            }
-            TestAgent::start(&t)
-        })
-        .collect();
-    save_everywhere(&hosts, "job", &[10], 1 << 14);
-    until_copies(&hosts[3], "job", 10, 2).await;
-    wipe_job(&hosts[3], "job");
+    // h0, h1 and h3 know h2 by its stand-in.
+    let hosts = four_saved_and_h3_wiped(&real, |_, j| {
+        if j == 2 {
+            old.addr.clone()
+        } else {
+            real[j].clone()
+        }
+    })
+    .await;
     (hosts, old)
 }
 
@@ -553,6 +542,26 @@ async fn first_two_behind(
         0 | 1 => old[i].addr.clone(),
         _ => real[i].clone(),
     };
+    // The old hosts know each other directly; h2 and h3 see them through
+    // their stand-ins.
+    let hosts = four_saved_and_h3_wiped(
+        &real,
+        |i, j| {
+            if i < 2 { real[j].clone() } else { seen_as(j) }
+        },
+    )
+    .await;
+    (hosts, old)
+}
+
+/// Four agents h0..h3 on `real`, in groups of two (`collect_fan_out` 2,
+/// `peer_timeout` 1 s), each in a rack of its own, host i knowing host j
+/// at `addr(i, j)`; step 10 of "job" saved everywhere (2 ranks a host,
+/// shards of 16 KiB) and on h3's replica, then h3's tier wiped.
+async fn four_saved_and_h3_wiped(
+    real: &[String],
+    addr: impl Fn(usize, usize) -> String,
+) -> Vec<TestAgent> {
     let hosts: Vec<TestAgent> = (0..4)
         .map(|i| {
             let mut t = format!(
@@ -562,11 +571,9 @@ async fn first_two_behind(
                 real[i]
             );
             for j in (0..4).filter(|&j| j != i) {
-                // The old hosts know each other directly; h2 and h3 see them
-                // through their stand-ins.
-                let addr = if i < 2 { real[j].clone() } else { seen_as(j) };
                 t += &format!(
-                    "[[checkpoint.peers]]\naddr = \"{addr}\"\ndomain = \"rack{j}\"\nname = \"h{j}\"\n"
+                    "[[checkpoint.peers]]\naddr = \"{}\"\ndomain = \"rack{j}\"\nname = \"h{j}\"\n",
+                    addr(i, j)
                 );
             }
             TestAgent::start(&t)
@@ -575,7 +582,7 @@ async fn first_two_behind(
     save_everywhere(&hosts, "job", &[10], 1 << 14);
     until_copies(&hosts[3], "job", 10, 2).await;
     wipe_job(&hosts[3], "job");
-    (hosts, old)
+    hosts
 }
 
 /// Issue 30, the collector's surface attacked by one of the job's peers
