@@ -376,6 +376,38 @@ fn outcome(
     (all, entries)
 }
 
+/// A survivor whose job ended while the lost host-b's goodput report was
+/// still its live copy (a lost host stores no final one) does not wait
+/// for it, and says so; no launcher gives up waiting for a host that is
+/// still in the job (host-a or the spare).
+fn assert_lost_host_not_awaited(a: &Streaming, s: &Streaming, all: &str) {
+    for j in [a, s] {
+        let running = j.seen.iter().find_map(|l| {
+            l.contains("job-wide goodput, ")
+                .then(|| l.split_once("still running, as last reported: "))
+                .flatten()
+                .map(|(_, hosts)| hosts)
+        });
+        if running.is_some_and(|hosts| hosts.contains("host-b")) {
+            assert!(
+                j.seen
+                    .iter()
+                    .any(|l| l.contains("not waiting for the final report of host-b: lost")),
+                "{}: waited for the lost host's final report\n{all}",
+                j.label
+            );
+        }
+        assert!(
+            !j.seen
+                .iter()
+                .any(|l| l.contains("not waiting for the final report of")
+                    && (l.contains("host-a") || l.contains("host-s"))),
+            "{}: gave up on a host still in the job\n{all}",
+            j.label
+        );
+    }
+}
+
 fn prepare() -> Option<(MutexGuard<'static, ()>, tempfile::TempDir, EtcdServer)> {
     if !torch_available() {
         return None;
@@ -558,6 +590,7 @@ fn heal_case(job: (&str, Example), lost_rank: u32) {
     ] {
         assert!(!all.contains(never), "{never:?}\n{all}");
     }
+    assert_lost_host_not_awaited(&a, &s, &all);
     let back = back_after(&entries, t, WORLD, &all);
     let part = back_after(&entries, round_seen, WORLD, &all);
     let warm = s.seen.iter().any(|l| l.contains("warm start from standby"));

@@ -87,6 +87,31 @@ pub struct EtcdCoordinator {
     /// would otherwise be handed it again at once, for ever, starving the
     /// tasks that reap its workers.
     brought: u64,
+    /// The hosts of the current attempt's round, its spares included:
+    /// read at the job's end, after the coordinator is gone, to tell a host
+    /// lost from the job from one still in it ([`EtcdCoordinator::round_hosts`]).
+    round_hosts: tokio::sync::watch::Sender<RoundHosts>,
+}
+
+/// A round's hosts (node ranks in order) and its standby spares; empty
+/// before the first round.
+#[derive(Debug, Clone, Default)]
+pub struct RoundHosts {
+    /// The hosts with a node rank.
+    pub members: std::sync::Arc<[String]>,
+    /// The spares waiting in it.
+    pub spares: Vec<String>,
+}
+
+impl RoundHosts {
+    /// Every host in the round, with a node rank or as a spare.
+    pub fn all(&self) -> std::collections::HashSet<&str> {
+        self.members
+            .iter()
+            .chain(&self.spares)
+            .map(String::as_str)
+            .collect()
+    }
 }
 
 /// The cap on the share of a job's hosts cordoned within a window
@@ -265,7 +290,14 @@ impl EtcdCoordinator {
             current: None,
             noticed: None,
             brought: 0,
+            round_hosts: tokio::sync::watch::Sender::new(RoundHosts::default()),
         })
+    }
+
+    /// The hosts of the current attempt's round, as it changes; the
+    /// receiver outlives the coordinator.
+    pub fn round_hosts(&self) -> tokio::sync::watch::Receiver<RoundHosts> {
+        self.round_hosts.subscribe()
     }
 
     /// One line for the console: who this host is in the job.
@@ -547,6 +579,10 @@ impl AcrossHosts for EtcdCoordinator {
             .current
             .as_ref()
             .is_some_and(|old| keeps_place(old, &round));
+        self.round_hosts.send_replace(RoundHosts {
+            members: round.members.clone(),
+            spares: round.standby.clone(),
+        });
         self.current = Some(round);
         Ok(plan)
     }

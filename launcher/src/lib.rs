@@ -350,6 +350,9 @@ async fn run_job(
     let mut job_wide = None;
     let publishing = tokio_util::sync::CancellationToken::new();
     let mut publisher = None;
+    // The hosts of this host's last round across hosts (etcd), read at the
+    // end by the job-wide goodput.
+    let mut last_round = None;
     let summary = if etcd {
         if !args.rdzv_conf.ignored.is_empty() {
             console.say(format!(
@@ -417,6 +420,7 @@ async fn run_job(
             }
         };
         console.say(coordinator.describe());
+        last_round = Some(coordinator.round_hosts());
         if let Some(jw) = &job_wide {
             publisher = Some(job_goodput::keep_published(
                 jw.clone(),
@@ -469,6 +473,7 @@ async fn run_job(
             std::path::Path::new(&summary.log_dir),
             console,
             wait,
+            &last_round.map(|r| r.borrow().clone()).unwrap_or_default(),
         )
         .await;
     }

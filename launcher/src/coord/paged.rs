@@ -61,6 +61,19 @@ pub(crate) async fn read_prefix(
     read_prefix_from(endpoints, timeout, client, prefix, from, revision, each).await
 }
 
+/// [`read_prefix`] of the keys alone (their values left in etcd: a
+/// question of who is there, not what they say), at the newest revision.
+pub(crate) async fn read_keys(
+    endpoints: &str,
+    timeout: Duration,
+    client: &Client,
+    prefix: &str,
+    each: impl FnMut(&KeyValue),
+) -> Result<i64, CoordError> {
+    let from = prefix.as_bytes().to_vec();
+    read_pages(endpoints, timeout, client, prefix, from, 0, true, each).await
+}
+
 /// [`read_prefix`] from key `from` on (a page read elsewhere, such as in
 /// the joining txn, ended right before it).
 pub(crate) async fn read_prefix_from(
@@ -70,6 +83,23 @@ pub(crate) async fn read_prefix_from(
     prefix: &str,
     from: Vec<u8>,
     revision: i64,
+    each: impl FnMut(&KeyValue),
+) -> Result<i64, CoordError> {
+    read_pages(
+        endpoints, timeout, client, prefix, from, revision, false, each,
+    )
+    .await
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn read_pages(
+    endpoints: &str,
+    timeout: Duration,
+    client: &Client,
+    prefix: &str,
+    from: Vec<u8>,
+    revision: i64,
+    keys_only: bool,
     mut each: impl FnMut(&KeyValue),
 ) -> Result<i64, CoordError> {
     let mut kv = client.kv_client().max_decoding_message_size(RECEIVE_LIMIT);
@@ -80,6 +110,9 @@ pub(crate) async fn read_prefix_from(
         let mut options = GetOptions::new()
             .with_range(end.clone())
             .with_limit(PAGE_KEYS);
+        if keys_only {
+            options = options.with_keys_only();
+        }
         if revision > 0 {
             options = options.with_revision(revision);
         }

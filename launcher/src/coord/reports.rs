@@ -12,6 +12,7 @@
 //! Never: block a launcher on etcd past `timeout`, or take a report that
 //! does not decode for a host's numbers (it is named and skipped).
 
+use std::collections::BTreeSet;
 use std::time::Duration;
 
 use etcd_client::{Client, Compare, CompareOp, Txn, TxnOp, WatchOptions};
@@ -64,6 +65,14 @@ impl Found {
             .filter(|(_, r)| r.open)
             .map(|(h, _)| h.as_str())
             .collect()
+    }
+
+    /// [`Found::running`] less the hosts in `gone`.
+    fn awaited(&self, gone: &BTreeSet<String>) -> usize {
+        self.running()
+            .into_iter()
+            .filter(|h| !gone.contains(*h))
+            .count()
     }
 }
 
@@ -150,12 +159,41 @@ impl Reports {
             .then(|| r.header().map_or(after, |h| h.revision())))
     }
 
+    /// Of `hosts`, those neither a member of the job (a member key, under
+    /// its launcher's lease) nor gone by a leave of their own (a departure
+    /// record, written in the leave's txn, before that launcher stores its
+    /// final report): their leases ran out with no leave. The caller asks
+    /// only of hosts its last round no longer holds, so a host rejoining
+    /// within the coordinators' grace is never among them; one cut off
+    /// from etcd for longer may still store a final report later, which
+    /// `warden goodput --etcd` then shows. The keys alone, in
+    /// pages: about 60 bytes a host, so any number of hosts fits (the
+    /// reports' own read at the end is O(N) a host already).
+    pub async fn lost_among(&self, hosts: &[&str]) -> Result<BTreeSet<String>, CoordError> {
+        let mut lost: BTreeSet<String> = hosts.iter().map(|h| (*h).to_owned()).collect();
+        for prefix in [self.keys.members(), self.keys.departures()] {
+            super::paged::read_keys(&self.endpoints, self.timeout, &self.client, &prefix, |kv| {
+                if let Some(host) = kv.key().strip_prefix(prefix.as_bytes()) {
+                    lost.remove(String::from_utf8_lossy(host).as_ref());
+                }
+            })
+            .await?;
+        }
+        Ok(lost)
+    }
+
     /// Waits until no report in `found` is a live copy any more (every
-    /// host stored its final one), or until `until`; each change under the
+    /// host stored its final one), the hosts in `gone` aside (lost:
+    /// [`Reports::lost_among`]), or until `until`; each change under the
     /// job's reports is read again. Returns the newest read (`found` if
     /// nothing changed or etcd failed: the caller keeps what it has).
-    pub async fn await_final(&self, mut found: Found, until: Instant) -> Found {
-        if found.running().is_empty() {
+    pub async fn await_final(
+        &self,
+        mut found: Found,
+        gone: &BTreeSet<String>,
+        until: Instant,
+    ) -> Found {
+        if found.awaited(gone) == 0 {
             return found;
         }
         let prefix = self.keys.goodputs();
@@ -183,7 +221,7 @@ impl Reports {
             if let Ok(newer) = self.read().await {
                 found = newer;
             }
-            if found.running().is_empty() {
+            if found.awaited(gone) == 0 {
                 return found;
             }
         }

@@ -18,6 +18,7 @@
 
 pub mod merge;
 
+use std::collections::BTreeSet;
 use std::path::Path;
 use std::time::Duration;
 
@@ -139,13 +140,16 @@ pub fn keep_published(
 /// on this one alone), waits up to [`LATE_REPORTS`] for their final
 /// reports and writes the file again as they arrive: the hosts of a job
 /// end within moments of each other, and the last launcher to end may read
-/// before a peer's final report is in.
+/// before a peer's final report is in. Not for a host lost from the job:
+/// out of `last_round` (this host's last round's hosts and spares) and
+/// neither a member nor gone by a leave ([`Reports::lost_among`]).
 pub async fn finish(
     jw: &GoodputHome,
     mine: Option<&pb::JobGoodput>,
     log_dir: &Path,
     console: &Console,
     wait: bool,
+    last_round: &crate::etcd::RoundHosts,
 ) {
     let reports = match jw.reports().await {
         Ok(r) => r,
@@ -172,8 +176,33 @@ pub async fn finish(
         return;
     }
     let before = found.running().len();
+    // A host lost meanwhile stores no final report: waiting LATE_REPORTS
+    // for it only held every survivor's exit (10 s after each heal across
+    // hosts). Lost: out of this host's last round (the coordinators
+    // dropped it after its lease and their grace ran out; one rejoining
+    // within the grace is still in it) and neither a member nor gone by a
+    // leave of its own.
+    let in_round = last_round.all();
+    let outside: Vec<&str> = found
+        .running()
+        .into_iter()
+        .filter(|h| !in_round.contains(h))
+        .collect();
+    let gone = match reports.lost_among(&outside).await {
+        Ok(gone) => gone,
+        Err(e) => {
+            tracing::debug!(error = %e, "launcher: the job's members not read; waiting for every host's final goodput");
+            BTreeSet::new()
+        }
+    };
+    if !gone.is_empty() {
+        console.say(format!(
+            "job-wide goodput: not waiting for the final report of {}: lost (out of this host's last round, neither a member of the job nor gone by a leave of its own); its last live copy counts",
+            gone.iter().map(String::as_str).collect::<Vec<_>>().join(", ")
+        ));
+    }
     let late = reports
-        .await_final(found, Instant::now() + LATE_REPORTS)
+        .await_final(found, &gone, Instant::now() + LATE_REPORTS)
         .await;
     if late.running().len() < before {
         show_job(&late, log_dir, console, true);
