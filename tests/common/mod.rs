@@ -698,8 +698,19 @@ impl Streaming {
         let stdout = child.stdout.take().expect("piped stdout");
         let (tx, lines) = mpsc::channel();
         std::thread::spawn(move || {
+            // WARDEN_TEST_ECHO=1: each line also on the test's stderr as it
+            // arrives, stamped (Unix seconds modulo 1000), to see where a
+            // slow test's time goes (docs/testing.md).
+            let echo = std::env::var_os("WARDEN_TEST_ECHO").is_some();
             for line in BufReader::new(stdout).lines() {
                 let Ok(line) = line else { return };
+                if echo {
+                    let t = std::time::SystemTime::now()
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .unwrap_or_default()
+                        .as_secs_f64();
+                    eprintln!("[{:8.3}] {line}", t % 1000.0);
+                }
                 if tx.send(line).is_err() {
                     return;
                 }
