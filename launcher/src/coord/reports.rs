@@ -171,6 +171,9 @@ impl Reports {
     /// reports' own read at the end is O(N) a host already).
     pub async fn lost_among(&self, hosts: &[&str]) -> Result<BTreeSet<String>, CoordError> {
         let mut lost: BTreeSet<String> = hosts.iter().map(|h| (*h).to_owned()).collect();
+        if lost.is_empty() {
+            return Ok(lost);
+        }
         for prefix in [self.keys.members(), self.keys.departures()] {
             super::paged::read_keys(&self.endpoints, self.timeout, &self.client, &prefix, |kv| {
                 if let Some(host) = kv.key().strip_prefix(prefix.as_bytes()) {
@@ -184,7 +187,7 @@ impl Reports {
 
     /// Waits until no report in `found` is a live copy any more (every
     /// host stored its final one), the hosts in `gone` aside (lost:
-    /// [`Reports::lost_among`]), or until `until`; each change under the
+    /// [`Reports::lost_among`], or the caller itself), or until `until`; each change under the
     /// job's reports is read again. Returns the newest read (`found` if
     /// nothing changed or etcd failed: the caller keeps what it has).
     pub async fn await_final(

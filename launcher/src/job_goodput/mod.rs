@@ -201,8 +201,13 @@ pub async fn finish(
             gone.iter().map(String::as_str).collect::<Vec<_>>().join(", ")
         ));
     }
+    // Nor for this host: its own report is still the live copy only when
+    // its agent could not close the ledger (`mine` is None), and nothing
+    // more of its will come.
+    let mut skip = gone;
+    skip.insert(jw.host.clone());
     let late = reports
-        .await_final(found, &gone, Instant::now() + LATE_REPORTS)
+        .await_final(found, &skip, Instant::now() + LATE_REPORTS)
         .await;
     if late.running().len() < before {
         show_job(&late, log_dir, console, true);
