@@ -701,7 +701,7 @@ impl Streaming {
             // WARDEN_TEST_ECHO=1: each line also on the test's stderr as it
             // arrives, stamped (Unix seconds modulo 1000), to see where a
             // slow test's time goes (docs/testing.md).
-            let echo = std::env::var_os("WARDEN_TEST_ECHO").is_some();
+            let echo = std::env::var_os("WARDEN_TEST_ECHO").is_some_and(|v| v == "1");
             for line in BufReader::new(stdout).lines() {
                 let Ok(line) = line else { return };
                 if echo {
