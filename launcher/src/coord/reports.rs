@@ -15,7 +15,7 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use etcd_client::{Client, Compare, CompareOp, Txn, TxnOp, WatchOptions};
+use etcd_client::{Client, Compare, CompareOp, EventType, KeyValue, Txn, TxnOp, WatchOptions};
 use prost::Message;
 use tokio::time::{Instant, sleep_until};
 use warden_proto::v1 as pb;
@@ -65,6 +65,23 @@ impl Found {
             .filter(|(_, r)| r.open)
             .map(|(h, _)| h.as_str())
             .collect()
+    }
+
+    /// Takes in `kv`, a report under `prefix`: the host's report replaced,
+    /// or added in host order (etcd hands keys in that order, so a paged
+    /// read appends); a value that does not decode is named in `bad`.
+    fn take(&mut self, prefix: &str, kv: &KeyValue) {
+        let key = String::from_utf8_lossy(kv.key());
+        let Some(host) = key.strip_prefix(prefix) else {
+            return;
+        };
+        match pb::JobGoodput::decode(kv.value()) {
+            Ok(r) => match self.reports.binary_search_by(|(h, _)| h.as_str().cmp(host)) {
+                Ok(i) => self.reports[i].1 = r,
+                Err(i) => self.reports.insert(i, (host.to_owned(), r)),
+            },
+            Err(e) => self.bad.push(format!("{key}: not a JobGoodput: {e}")),
+        }
     }
 
     /// [`Found::running`] less the hosts in `gone`.
@@ -187,9 +204,12 @@ impl Reports {
 
     /// Waits until no report in `found` is a live copy any more (every
     /// host stored its final one), the hosts in `gone` aside (lost:
-    /// [`Reports::lost_among`], or the caller itself), or until `until`; each change under the
-    /// job's reports is read again. Returns the newest read (`found` if
-    /// nothing changed or etcd failed: the caller keeps what it has).
+    /// [`Reports::lost_among`], or the caller itself), or until `until`;
+    /// each change under the job's reports is applied as the watch brings
+    /// it (O(1) a change: reading every host's report again on each, as
+    /// before, made a job's end O(N) a change at every waiting host).
+    /// Returns `found` with the changes (as it was if etcd failed: the
+    /// caller keeps what it has).
     pub async fn await_final(
         &self,
         mut found: Found,
@@ -216,13 +236,15 @@ impl Reports {
                 () = sleep_until(until) => return found,
                 m = stream.message() => m,
             };
-            match message {
-                Ok(Some(resp)) if !resp.canceled() && resp.events().is_empty() => continue,
-                Ok(Some(resp)) if !resp.canceled() => {}
+            let resp = match message {
+                Ok(Some(resp)) if !resp.canceled() => resp,
                 _ => return found,
-            }
-            if let Ok(newer) = self.read().await {
-                found = newer;
+            };
+            for event in resp.events() {
+                if let (EventType::Put, Some(kv)) = (event.event_type(), event.kv()) {
+                    found.take(&prefix, kv);
+                    found.revision = found.revision.max(kv.mod_revision());
+                }
             }
             if found.awaited(gone) == 0 {
                 return found;
@@ -235,25 +257,16 @@ impl Reports {
     pub async fn read(&self) -> Result<Found, CoordError> {
         let prefix = self.keys.goodputs();
         let mut found = Found::default();
-        found.revision = super::paged::read_prefix(
+        let revision = super::paged::read_prefix(
             &self.endpoints,
             self.timeout,
             &self.client,
             &prefix,
             0,
-            |kv| {
-                let key = String::from_utf8_lossy(kv.key()).into_owned();
-                let Some(host) = key.strip_prefix(prefix.as_str()).map(str::to_owned) else {
-                    return;
-                };
-                match pb::JobGoodput::decode(kv.value()) {
-                    Ok(r) => found.reports.push((host, r)),
-                    Err(e) => found.bad.push(format!("{key}: not a JobGoodput: {e}")),
-                }
-            },
+            |kv| found.take(&prefix, kv),
         )
         .await?;
-        found.reports.sort_by(|a, b| a.0.cmp(&b.0));
+        found.revision = revision;
         Ok(found)
     }
 }
