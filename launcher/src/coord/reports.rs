@@ -15,7 +15,7 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use etcd_client::{Client, Compare, CompareOp, EventType, KeyValue, Txn, TxnOp, WatchOptions};
+use etcd_client::{Client, Compare, CompareOp, EventType, Txn, TxnOp, WatchOptions};
 use prost::Message;
 use tokio::time::{Instant, sleep_until};
 use warden_proto::v1 as pb;
@@ -67,20 +67,32 @@ impl Found {
             .collect()
     }
 
-    /// Takes in `kv`, a report under `prefix`: the host's report replaced,
-    /// or added in host order (etcd hands keys in that order, so a paged
-    /// read appends); a value that does not decode is named in `bad`.
-    fn take(&mut self, prefix: &str, kv: &KeyValue) {
-        let key = String::from_utf8_lossy(kv.key());
+    /// Takes in `kv`, a report under `prefix` (None: the key was deleted):
+    /// the host's report replaced, added in host order (host ids are ASCII,
+    /// and etcd hands keys in byte order, so a paged read appends), or
+    /// dropped; a value that does not decode drops the host's report and
+    /// is named in `bad`, as a read would have it.
+    fn take(&mut self, prefix: &str, key: &[u8], value: Option<&[u8]>) {
+        let key = String::from_utf8_lossy(key);
         let Some(host) = key.strip_prefix(prefix) else {
             return;
         };
-        match pb::JobGoodput::decode(kv.value()) {
-            Ok(r) => match self.reports.binary_search_by(|(h, _)| h.as_str().cmp(host)) {
-                Ok(i) => self.reports[i].1 = r,
-                Err(i) => self.reports.insert(i, (host.to_owned(), r)),
-            },
-            Err(e) => self.bad.push(format!("{key}: not a JobGoodput: {e}")),
+        let at = self.reports.binary_search_by(|(h, _)| h.as_str().cmp(host));
+        let named = format!("{key}: ");
+        self.bad.retain(|b| !b.starts_with(&named));
+        match (value.map(pb::JobGoodput::decode), at) {
+            (Some(Ok(r)), Ok(i)) => self.reports[i].1 = r,
+            (Some(Ok(r)), Err(i)) => self.reports.insert(i, (host.to_owned(), r)),
+            (Some(Err(e)), at) => {
+                if let Ok(i) = at {
+                    self.reports.remove(i);
+                }
+                self.bad.push(format!("{named}not a JobGoodput: {e}"));
+            }
+            (None, Ok(i)) => {
+                self.reports.remove(i);
+            }
+            (None, Err(_)) => {}
         }
     }
 
@@ -206,8 +218,9 @@ impl Reports {
     /// host stored its final one), the hosts in `gone` aside (lost:
     /// [`Reports::lost_among`], or the caller itself), or until `until`;
     /// each change under the job's reports is applied as the watch brings
-    /// it (O(1) a change: reading every host's report again on each, as
-    /// before, made a job's end O(N) a change at every waiting host).
+    /// it (no etcd read a change: reading every host's report again on
+    /// each, as before, made a job's end O(N) reads a change at every
+    /// waiting host; counting who is still awaited stays O(N) in memory).
     /// Returns `found` with the changes (as it was if etcd failed: the
     /// caller keeps what it has).
     pub async fn await_final(
@@ -241,10 +254,9 @@ impl Reports {
                 _ => return found,
             };
             for event in resp.events() {
-                if let (EventType::Put, Some(kv)) = (event.event_type(), event.kv()) {
-                    found.take(&prefix, kv);
-                    found.revision = found.revision.max(kv.mod_revision());
-                }
+                let Some(kv) = event.kv() else { continue };
+                let value = (event.event_type() == EventType::Put).then(|| kv.value());
+                found.take(&prefix, kv.key(), value);
             }
             if found.awaited(gone) == 0 {
                 return found;
@@ -263,10 +275,68 @@ impl Reports {
             &self.client,
             &prefix,
             0,
-            |kv| found.take(&prefix, kv),
+            |kv| found.take(&prefix, kv.key(), Some(kv.value())),
         )
         .await?;
         found.revision = revision;
         Ok(found)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const PREFIX: &str = "/w/~goodput/j/";
+
+    fn report(open: bool, ranks: u32) -> Vec<u8> {
+        pb::JobGoodput {
+            open,
+            ranks,
+            ..Default::default()
+        }
+        .encode_to_vec()
+    }
+
+    fn take(found: &mut Found, host: &str, value: Option<&[u8]>) {
+        found.take(PREFIX, format!("{PREFIX}{host}").as_bytes(), value);
+    }
+
+    fn hosts(found: &Found) -> Vec<(&str, bool, u32)> {
+        found
+            .reports
+            .iter()
+            .map(|(h, r)| (h.as_str(), r.open, r.ranks))
+            .collect()
+    }
+
+    #[test]
+    fn a_change_replaces_inserts_in_order_or_drops_the_hosts_report() {
+        let mut found = Found::default();
+        take(&mut found, "h-b", Some(&report(true, 2)));
+        take(&mut found, "h-a", Some(&report(true, 2)));
+        take(&mut found, "h-c", Some(&report(true, 2)));
+        assert_eq!(
+            hosts(&found),
+            [("h-a", true, 2), ("h-b", true, 2), ("h-c", true, 2)]
+        );
+        // The final report replaces the live copy.
+        take(&mut found, "h-b", Some(&report(false, 4)));
+        assert_eq!(found.running(), ["h-a", "h-c"]);
+        assert_eq!(hosts(&found)[1], ("h-b", false, 4));
+        // A value that does not decode drops the host's report and is named.
+        take(&mut found, "h-c", Some(b"\xff\xff\xff"));
+        assert_eq!(found.running(), ["h-a"]);
+        assert_eq!(found.bad.len(), 1, "{:?}", found.bad);
+        assert!(found.bad[0].starts_with("/w/~goodput/j/h-c: "));
+        // A good one after it: counted again, no longer named as bad.
+        take(&mut found, "h-c", Some(&report(false, 2)));
+        assert!(found.bad.is_empty(), "{:?}", found.bad);
+        assert_eq!(hosts(&found)[2], ("h-c", false, 2));
+        // A deleted key drops the host; a key outside the prefix is not a report.
+        take(&mut found, "h-a", None);
+        found.take(PREFIX, b"/w/~goodput/other/h-z", Some(&report(true, 2)));
+        assert_eq!(hosts(&found), [("h-b", false, 4), ("h-c", false, 2)]);
+        assert!(found.running().is_empty());
     }
 }
