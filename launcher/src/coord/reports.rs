@@ -78,8 +78,11 @@ impl Found {
             return;
         };
         let at = self.reports.binary_search_by(|(h, _)| h.as_str().cmp(host));
-        let named = format!("{key}: ");
-        self.bad.retain(|b| !b.starts_with(&named));
+        let named = || format!("{key}: ");
+        if !self.bad.is_empty() {
+            let named = named();
+            self.bad.retain(|b| !b.starts_with(&named));
+        }
         match (value.map(pb::JobGoodput::decode), at) {
             (Some(Ok(r)), Ok(i)) => self.reports[i].1 = r,
             (Some(Ok(r)), Err(i)) => self.reports.insert(i, (host.to_owned(), r)),
@@ -87,7 +90,7 @@ impl Found {
                 if let Ok(i) = at {
                     self.reports.remove(i);
                 }
-                self.bad.push(format!("{named}not a JobGoodput: {e}"));
+                self.bad.push(format!("{}not a JobGoodput: {e}", named()));
             }
             (None, Ok(i)) => {
                 self.reports.remove(i);
@@ -98,9 +101,9 @@ impl Found {
 
     /// [`Found::running`] less the hosts in `gone`.
     fn awaited(&self, gone: &BTreeSet<String>) -> usize {
-        self.running()
-            .into_iter()
-            .filter(|h| !gone.contains(*h))
+        self.reports
+            .iter()
+            .filter(|(h, r)| r.open && !gone.contains(h))
             .count()
     }
 }
@@ -196,7 +199,7 @@ impl Reports {
     /// within the coordinators' grace is never among them; one cut off
     /// from etcd for longer may still store a final report later, which
     /// `warden goodput --etcd` then shows. The keys alone, in
-    /// pages: about 60 bytes a host, so any number of hosts fits (the
+    /// pages: tens of bytes a host, so any number of hosts fits (the
     /// reports' own read at the end is O(N) a host already).
     pub async fn lost_among(&self, hosts: &[&str]) -> Result<BTreeSet<String>, CoordError> {
         let mut lost: BTreeSet<String> = hosts.iter().map(|h| (*h).to_owned()).collect();
