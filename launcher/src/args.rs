@@ -211,6 +211,13 @@ pub struct RunArgs {
     /// No standby interpreters: every restart starts its workers cold.
     #[arg(long = "no-standby", overrides_with = "standby")]
     pub no_standby: bool,
+    /// How many standby interpreters to keep (default: one per local
+    /// worker). Each holds an interpreter with torch imported (hundreds of
+    /// MB, seconds of CPU at its start): fewer save both, and a restart
+    /// that replaces more workers than there are standbys starts the rest
+    /// cold. 0 is --no-standby.
+    #[arg(long, value_name = "N")]
+    pub standbys: Option<u32>,
     /// Modules the standby interpreters import besides torch,
     /// torch.distributed, torch.nn.parallel and torch._dynamo,
     /// comma-separated (`--preload numpy,mypkg.model`).
@@ -596,12 +603,13 @@ impl RunArgs {
     /// The standby interpreters to keep: with standbys on (the default)
     /// and a Python entrypoint, what they become and preload; else None.
     pub fn standby_plan(&self) -> Option<crate::standby::StandbyPlan> {
-        if self.no_standby {
+        if self.no_standby || self.standbys == Some(0) {
             return None;
         }
         Some(crate::standby::StandbyPlan {
             entry: crate::standby::Entry::of(&self.argv())?,
             preload: crate::standby::preload_spec(&self.preload),
+            count: self.standbys,
         })
     }
 
@@ -914,6 +922,16 @@ mod tests {
         );
         assert!(parse(&["bash", "job.sh"]).standby_plan().is_none());
         assert!(parse(&["--no-python", "t.py"]).standby_plan().is_none());
+        assert_eq!(parse(&["t.py"]).standby_plan().unwrap().count, None);
+        assert_eq!(
+            parse(&["--standbys", "2", "t.py"])
+                .standby_plan()
+                .unwrap()
+                .count,
+            Some(2)
+        );
+        assert!(parse(&["--standbys", "0", "t.py"]).standby_plan().is_none());
+        assert!(Wrap::try_parse_from(["run", "--standbys", "-1", "t.py"]).is_err());
     }
 
     #[test]

@@ -99,14 +99,25 @@ impl Entry {
     }
 }
 
-/// What the launcher's standbys are: the entrypoint they become and their
-/// preload list ([`preload_spec`]).
+/// What the launcher's standbys are: the entrypoint they become, their
+/// preload list ([`preload_spec`]) and how many are kept.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StandbyPlan {
     /// The workers' entrypoint.
     pub entry: Entry,
     /// The preload list.
     pub preload: String,
+    /// How many to keep (`--standbys`); None: one per local worker.
+    pub count: Option<u32>,
+}
+
+impl StandbyPlan {
+    /// How many standbys a host of `nproc` local workers keeps: `count`,
+    /// never more than one per worker (a restart replaces at most every
+    /// local worker at once).
+    pub fn pool_size(&self, nproc: u32) -> usize {
+        self.count.map_or(nproc, |c| c.min(nproc)) as usize
+    }
 }
 
 /// The preload list handed to the standby: the defaults (each when

@@ -435,8 +435,9 @@ struct Sup<'a, C> {
     /// The agent's host notice ([`agent::Seen::host_notice`]) was handed
     /// to the machine (once).
     host_notice_brought: bool,
-    /// One standby interpreter per local worker slot, when kept
-    /// ([`Job::standby`]).
+    /// The standby interpreters, when kept ([`Job::standby`]): one slot per
+    /// local worker, or fewer (`--standbys`). A restarted worker takes its
+    /// own slot's, else any other.
     standbys: Vec<Option<Standby>>,
     /// Workers started in place of one that had declared its state (a
     /// heal's replacement, or one replacing a frozen rank): they run the
@@ -1097,8 +1098,10 @@ impl<C: AcrossHosts> Sup<'_, C> {
     }
 
     /// Local worker `local` (global rank `rank`, environment `env`) made
-    /// out of its slot's standby interpreter; None (said on the console
-    /// when there was a standby) to start it cold.
+    /// out of a standby interpreter: its own slot's, else any other's (a
+    /// pool smaller than the workers, `--standbys`; standbys differ in
+    /// nothing but their age); None (said on the console when there was a
+    /// standby) to start it cold.
     async fn warm_worker(
         &mut self,
         local: u32,
@@ -1106,7 +1109,11 @@ impl<C: AcrossHosts> Sup<'_, C> {
         env: &[(String, String)],
     ) -> Option<spawn::Spawned> {
         let plan = self.job.standby.clone()?;
-        let mut sb = self.standbys.get_mut(local as usize)?.take()?;
+        let slot = match self.standbys.get(local as usize) {
+            Some(Some(_)) => local as usize,
+            _ => self.standbys.iter().position(Option::is_some)?,
+        };
+        let mut sb = self.standbys.get_mut(slot)?.take()?;
         let (pid, age) = (sb.pid(), sb.age());
         // A signal during the wait is the machine's, once the attempt
         // started (it then stops it); the rest of the slots wait no more.
@@ -1276,12 +1283,13 @@ impl<C: AcrossHosts> Sup<'_, C> {
         self.start_standbys();
     }
 
-    /// Starts a standby interpreter for every local slot without one.
+    /// Starts a standby interpreter for every slot of the pool without one
+    /// ([`StandbyPlan::pool_size`](standby::StandbyPlan::pool_size)).
     fn start_standbys(&mut self) {
         let Some(plan) = self.job.standby.clone() else {
             return;
         };
-        let n = self.job.nproc_per_node as usize;
+        let n = plan.pool_size(self.job.nproc_per_node);
         self.standbys.resize_with(n, || None);
         let mut pids = Vec::new();
         for slot in &mut self.standbys {
