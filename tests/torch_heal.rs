@@ -65,6 +65,10 @@ const RUN: Duration = Duration::from_secs(400);
 const STEPS: u32 = 120;
 const CKPT_EVERY: u32 = 40;
 const WORLD: u32 = 4;
+/// The standby interpreters a faulted run keeps (`--standbys`): two, for
+/// the tests that lose two ranks at once; a standby for each of the four
+/// would cost two more torch imports a run, on two cores, for nothing.
+const STANDBYS: u32 = 2;
 
 /// One run at a time: each is eight interpreters on two cores.
 static SERIAL: Mutex<()> = Mutex::new(());
@@ -89,11 +93,11 @@ fn launch_with(
     log: &Path,
     vars: &[(&str, &str)],
 ) -> Streaming {
-    launch_full(dir, example, job, log, vars, None)
+    launch_full(dir, example, job, log, vars, None, STANDBYS)
 }
 
 /// [`launch_with`], the embedded agent configured by `agent_config` (and
-/// its tier in `dir`).
+/// its tier in `dir`), keeping `standbys` standby interpreters (0: none).
 fn launch_full(
     dir: &Path,
     example: &str,
@@ -101,6 +105,7 @@ fn launch_full(
     log: &Path,
     vars: &[(&str, &str)],
     agent_config: Option<&Path>,
+    standbys: u32,
 ) -> Streaming {
     let tag = dir.file_name().unwrap().to_string_lossy().replace('.', "-");
     let job = format!("{job}-{tag}");
@@ -111,6 +116,7 @@ fn launch_full(
         .arg(dir.join("no-agent-here.sock"))
         .arg("run")
         .args(["--nproc-per-node", &WORLD.to_string(), "--rdzv-id", job])
+        .args(["--standbys", &standbys.to_string()])
         .arg("--log-dir")
         .arg(dir.join("logs"));
     let config = dir.join(format!("{job}.agent.toml"));
@@ -181,7 +187,9 @@ fn reference(scratch: &Path, example: &'static str) -> &'static BTreeMap<u32, St
     let cell = if example == HSDP { &HSDP_REF } else { &DDP_REF };
     cell.get_or_init(|| {
         let log = scratch.join("fault-free.log");
-        let mut job = launch_with(scratch, example, "heal-ref", &log, &[]);
+        // No standbys: nothing fails in this run, so they would only
+        // import torch beside its workers.
+        let mut job = launch_full(scratch, example, "heal-ref", &log, &[], None, 0);
         let status = job.wait_exit(RUN);
         assert!(
             status.success(),
@@ -414,6 +422,19 @@ fn a_fault_during_the_heal_heals_again() {
     });
     let t2 = sigkill(survivor);
     check(&mut job, &log, &[(first, t1), (survivor, t2)], 1);
+    // Both replacements came warm out of the pool of two standbys: rank
+    // 1's from its own slot, rank 2's (no slot of its own in a pool of two)
+    // from slot 0's.
+    job.drain(Duration::from_secs(5));
+    for rank in [1, 2] {
+        assert!(
+            job.seen
+                .iter()
+                .any(|l| l.contains(&format!("rank {rank}: warm start from standby"))),
+            "rank {rank} was not started from a standby\n{}",
+            show(&mut job)
+        );
+    }
 }
 
 #[test]
@@ -457,7 +478,15 @@ fn a_replacement_frozen_during_the_heal_is_replaced_and_the_job_heals() {
     };
     let config = dir.path().join("agent.toml");
     std::fs::write(&config, "[hang]\nheal_timeout = \"8s\"\n").unwrap();
-    let mut job = launch_full(dir.path(), DDP, "heal-frozen", &log, &[], Some(&config));
+    let mut job = launch_full(
+        dir.path(),
+        DDP,
+        "heal-frozen",
+        &log,
+        &[],
+        Some(&config),
+        STANDBYS,
+    );
     let first = wait_step(&log, 1, 55, &mut job);
     let t = sigkill(first);
     let line = job.wait_line(RUN, "the replacement started", |l| {

@@ -78,8 +78,16 @@ fn serial() -> MutexGuard<'static, ()> {
 }
 
 /// `warden run` of the example as host `h` (its lines and its workers' on
-/// one stream).
-fn launch(h: &Host, etcd: &EtcdServer, job: &str, log: &Path, heal: bool) -> Streaming {
+/// one stream), keeping `standbys` standby interpreters (`--standbys`;
+/// None: the default, one per local worker).
+fn launch(
+    h: &Host,
+    etcd: &EtcdServer,
+    job: &str,
+    log: &Path,
+    heal: bool,
+    standbys: Option<u32>,
+) -> Streaming {
     h.launch(&Launch {
         etcd,
         job,
@@ -93,6 +101,7 @@ fn launch(h: &Host, etcd: &EtcdServer, job: &str, log: &Path, heal: bool) -> Str
         ckpt_every: CKPT_EVERY,
         example: "ddp.py",
         preload: None,
+        standbys,
     })
 }
 
@@ -118,11 +127,23 @@ fn start_both(
     log: &Path,
     heal: bool,
 ) -> (Streaming, Streaming) {
-    let mut a = launch(&h.a, etcd, job, log, heal);
+    start_both_keeping(h, etcd, job, log, heal, None)
+}
+
+/// [`start_both`] keeping `standbys` standby interpreters a host.
+fn start_both_keeping(
+    h: &Hosts,
+    etcd: &EtcdServer,
+    job: &str,
+    log: &Path,
+    heal: bool,
+    standbys: Option<u32>,
+) -> (Streaming, Streaming) {
+    let mut a = launch(&h.a, etcd, job, log, heal, standbys);
     a.wait_line(RUN, "host-a's join", |l| {
         l.contains("joined as host host-a")
     });
-    let b = launch(&h.b, etcd, job, log, heal);
+    let b = launch(&h.b, etcd, job, log, heal, standbys);
     (a, b)
 }
 
@@ -138,7 +159,8 @@ fn reference() -> &'static BTreeMap<u32, String> {
             .unwrap();
         let h = hosts();
         let log = scratch.path().join("fault-free.log");
-        let (mut a, mut b) = start_both(&h, &etcd, "mhheal-ref", &log, true);
+        // No standbys: nothing fails in this run.
+        let (mut a, mut b) = start_both_keeping(&h, &etcd, "mhheal-ref", &log, true, Some(0));
         for j in [&mut a, &mut b] {
             let status = j.wait_exit(RUN);
             assert!(status.success(), "fault-free run: {status}\n{}", show(j));

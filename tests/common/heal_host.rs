@@ -43,6 +43,9 @@ pub struct Launch<'a> {
     pub example: &'a str,
     /// Modules the standby imports ahead (`--preload`), if any.
     pub preload: Option<&'a str>,
+    /// Standby interpreters to keep (`--standbys`; 0: none); None: the
+    /// default, one per local worker.
+    pub standbys: Option<u32>,
 }
 
 impl Host {
@@ -95,6 +98,12 @@ impl Host {
             .arg(self.dir.path().join("agent.toml"))
             .args(if l.spare { &["--spare"][..] } else { &[][..] })
             .args(l.preload.map(|p| ["--preload", p]).as_slice().concat())
+            .args(
+                l.standbys
+                    .map(|n| ["--standbys".to_owned(), n.to_string()])
+                    .as_slice()
+                    .concat(),
+            )
             .arg("--")
             .arg(python())
             .arg(repo_root().join("examples/heal").join(l.example))

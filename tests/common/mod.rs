@@ -30,15 +30,16 @@ pub mod stall_proxy;
 /// Real unprivileged users, and attack code run as them (security tests).
 pub mod users;
 
+use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::os::unix::net::UnixDatagram;
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::mpsc;
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::{Signal, kill};
@@ -1119,15 +1120,19 @@ pub fn spawn_python_rank(agent: &TestAgent, job: &str, rank: u32, cmd: &mut Comm
 
 /// Whether the test interpreter can import torch (with gloo), for the
 /// real-torch tests; panics when it cannot and
-/// `WARDEN_REQUIRE_TORCH` is set.
+/// `WARDEN_REQUIRE_TORCH` is set. Asked of the interpreter once per test
+/// binary: the import costs about 4 s of CPU, and every torch test asks.
 pub fn torch_available() -> bool {
-    let ok = Command::new(python())
-        .args([
-            "-c",
-            "import torch.distributed as d; assert d.is_gloo_available()",
-        ])
-        .output()
-        .is_ok_and(|o| o.status.success());
+    static OK: OnceLock<bool> = OnceLock::new();
+    let ok = *OK.get_or_init(|| {
+        Command::new(python())
+            .args([
+                "-c",
+                "import torch.distributed as d; assert d.is_gloo_available()",
+            ])
+            .output()
+            .is_ok_and(|o| o.status.success())
+    });
     if !ok {
         let required = std::env::var_os("WARDEN_REQUIRE_TORCH").is_some_and(|v| !v.is_empty());
         assert!(
@@ -1148,10 +1153,19 @@ pub fn torch_available() -> bool {
 /// `WARDEN_REQUIRE_FRAMEWORKS` is set (tests/run-all.sh installs them), as
 /// client/python/tests' `require_framework` does.
 pub fn python_has(module: &str) -> bool {
-    let ok = Command::new(python())
-        .args(["-c", &format!("import {module}")])
-        .output()
-        .is_ok_and(|o| o.status.success());
+    // Once per module and test binary: a framework's import costs seconds
+    // of CPU (Lightning's about 9 s).
+    static KNOWN: Mutex<BTreeMap<String, bool>> = Mutex::new(BTreeMap::new());
+    let mut known = KNOWN
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let ok = *known.entry(module.to_owned()).or_insert_with(|| {
+        Command::new(python())
+            .args(["-c", &format!("import {module}")])
+            .output()
+            .is_ok_and(|o| o.status.success())
+    });
+    drop(known);
     if !ok {
         assert!(
             std::env::var_os("WARDEN_REQUIRE_FRAMEWORKS").is_none_or(|v| v != "1"),

@@ -54,9 +54,15 @@ class HealJob:
     #: More of the example's environment (name, value).
     env: Tuple[Tuple[str, str], ...] = ()
 
-    def launch(self, tmp: Path, name: str, job: str = "") -> Tuple[subprocess.Popen, Path, Path]:
+    def launch(
+        self, tmp: Path, name: str, job: str = "", standbys: int = 2
+    ) -> Tuple[subprocess.Popen, Path, Path]:
         """Starts the example under ``warden run`` (its own session, so a
-        test can kill the whole job); returns it, its log and its output."""
+        test can kill the whole job) with ``standbys`` standby interpreters
+        (``--standbys``: two, for the tests that lose two ranks at once; a
+        standby for every rank would import torch and the framework twice
+        more a run, on two cores, for nothing; 0: none); returns it, its log
+        and its output."""
         warden = find_binary("warden")
         if warden is None:
             pytest.fail("no warden binary: cargo build -p warden-cli, or set WARDEN_TEST_WARDEN")
@@ -100,6 +106,8 @@ class HealJob:
             str(tmp / "logs"),
             "--preload",
             self.preload,
+            "--standbys",
+            str(standbys),
             "--",
             sys.executable,
             str(self.example),
@@ -147,7 +155,8 @@ class HealJob:
 
     def reference(self, tmp: Path) -> Dict[int, str]:
         """The fault-free run's digests, one per rank and all equal."""
-        proc, log, out = self.launch(tmp, "ref")
+        # No standbys: nothing fails in this run.
+        proc, log, out = self.launch(tmp, "ref", standbys=0)
         said = self.finish(proc, out)
         assert proc.returncode == 0, f"fault-free run: exit {proc.returncode}\n{said[-6000:]}"
         _, digests = read(log)

@@ -116,7 +116,7 @@ def test_with_no_live_replica_the_job_resumes_from_the_tier(reference: Dict[int,
     (the Trainer's own directory, copied there by WardenCallback) and the
     job ends with the fault-free digests."""
     job = f"transformers-heal-tier-{os.getpid()}-{time.monotonic_ns()}"
-    proc, log, out = JOB.launch(tmp_path, "first", job)
+    proc, log, out = JOB.launch(tmp_path, "first", job, standbys=0)
     warden = find_binary("warden")
     socket_of = re.compile(r"running the agent embedded in this launcher \(socket ([^,]+),")
 
@@ -143,7 +143,7 @@ def test_with_no_live_replica_the_job_resumes_from_the_tier(reference: Dict[int,
     proc.wait()
     before, _ = read(log)
     assert max(s for _, s, _, _ in before) < JOB.steps - 1, "the first run ended before it was killed"
-    proc, log, out = JOB.launch(tmp_path, "again", job)
+    proc, log, out = JOB.launch(tmp_path, "again", job, standbys=0)
     said = JOB.finish(proc, out)
     assert proc.returncode == 0, f"exit {proc.returncode}\n{said[-8000:]}"
     steps, digests = read(log)
