@@ -216,7 +216,7 @@ pub struct RunArgs {
     /// MB, seconds of CPU at its start): fewer save both, and a restart
     /// that replaces more workers than there are standbys starts the rest
     /// cold. 0 is --no-standby.
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", conflicts_with = "no_standby")]
     pub standbys: Option<u32>,
     /// Modules the standby interpreters import besides torch,
     /// torch.distributed, torch.nn.parallel and torch._dynamo,
@@ -932,6 +932,7 @@ mod tests {
         );
         assert!(parse(&["--standbys", "0", "t.py"]).standby_plan().is_none());
         assert!(Wrap::try_parse_from(["run", "--standbys", "-1", "t.py"]).is_err());
+        assert!(Wrap::try_parse_from(["run", "--no-standby", "--standbys", "2", "t.py"]).is_err());
     }
 
     #[test]

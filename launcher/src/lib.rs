@@ -341,9 +341,12 @@ async fn run_job(
             None
         },
     };
-    if args.standby && job.standby.is_none() {
+    // Asked for (`--standby`, or `--standbys` above 0) but none kept: the
+    // command is the cause (`--standbys 0` asks for none).
+    let asked = (args.standby || args.standbys.is_some()) && args.standbys != Some(0);
+    if asked && job.standby.is_none() {
         console.say(
-            "--standby: no standby interpreters: the command is not a Python entrypoint \
+            "--standby/--standbys: no standby interpreters: the command is not a Python entrypoint \
              (script.py, -m MODULE, PYTHON script.py)",
         );
     }

@@ -111,6 +111,23 @@ pub struct StandbyPlan {
     pub count: Option<u32>,
 }
 
+/// Which slot of the pool a restarted worker whose own slot is `own`
+/// takes, given each slot's standby (None: empty; Some(ready)): its own
+/// when ready, else any ready one (standbys differ in nothing but their
+/// age), else its own still importing, else any still importing (a
+/// promotion waits for its imports, which have a head start over a cold
+/// start's); None when the pool is empty.
+pub fn pick_slot(slots: &[Option<bool>], own: usize) -> Option<usize> {
+    if slots.get(own) == Some(&Some(true)) {
+        return Some(own);
+    }
+    slots
+        .iter()
+        .position(|s| *s == Some(true))
+        .or_else(|| slots.get(own).copied().flatten().map(|_| own))
+        .or_else(|| slots.iter().position(Option::is_some))
+}
+
 impl StandbyPlan {
     /// How many standbys a host of `nproc` local workers keeps: `count`,
     /// never more than one per worker (a restart replaces at most every
@@ -236,6 +253,19 @@ impl Standby {
         }
     }
 
+    /// Whether it said it is ready, without waiting: reads its ready byte
+    /// if it is there. False while it imports, and for one that died (its
+    /// promotion then fails and the rank starts cold).
+    pub fn is_ready(&mut self) -> bool {
+        if !self.ready {
+            let mut byte = [0u8; 1];
+            if let Ok(1) = self.orders.try_read(&mut byte) {
+                self.ready = byte[0] == b'R';
+            }
+        }
+        self.ready
+    }
+
     /// Makes it the worker `entry` with the rank's `env` (added to the
     /// launcher's environment, as a cold spawn's) in `cwd`, once ready
     /// ([`Self::wait_ready`] with `wait`). On failure it is discarded.
@@ -326,6 +356,39 @@ mod tests {
 
     fn v(s: &[&str]) -> Vec<String> {
         s.iter().map(|s| (*s).to_owned()).collect()
+    }
+
+    #[test]
+    fn a_worker_takes_its_own_ready_standby_else_another_ready_one() {
+        let (ready, importing) = (Some(true), Some(false));
+        // Its own, when ready.
+        assert_eq!(pick_slot(&[ready, ready], 1), Some(1));
+        // A pool smaller than the workers: another ready one.
+        assert_eq!(pick_slot(&[ready, ready], 3), Some(0));
+        assert_eq!(pick_slot(&[None, ready], 3), Some(1));
+        // Its own still importing, another ready: the ready one.
+        assert_eq!(pick_slot(&[ready, importing], 1), Some(0));
+        // Its own empty (not refilled yet), another ready.
+        assert_eq!(pick_slot(&[None, ready, None, None], 2), Some(1));
+        // None ready: its own importing, else any importing.
+        assert_eq!(pick_slot(&[importing, importing], 1), Some(1));
+        assert_eq!(pick_slot(&[None, importing], 0), Some(1));
+        assert_eq!(pick_slot(&[importing], 5), Some(0));
+        // An empty pool, or none at all.
+        assert_eq!(pick_slot(&[None, None], 0), None);
+        assert_eq!(pick_slot(&[], 0), None);
+    }
+
+    #[test]
+    fn the_pool_is_never_larger_than_the_workers() {
+        let plan = |count| StandbyPlan {
+            entry: Entry::of(&v(&["python3", "t.py"])).unwrap(),
+            preload: String::new(),
+            count,
+        };
+        assert_eq!(plan(None).pool_size(4), 4);
+        assert_eq!(plan(Some(2)).pool_size(4), 2);
+        assert_eq!(plan(Some(9)).pool_size(4), 4);
     }
 
     #[test]

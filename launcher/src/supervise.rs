@@ -1098,10 +1098,11 @@ impl<C: AcrossHosts> Sup<'_, C> {
     }
 
     /// Local worker `local` (global rank `rank`, environment `env`) made
-    /// out of a standby interpreter: its own slot's, else any other's (a
-    /// pool smaller than the workers, `--standbys`; standbys differ in
-    /// nothing but their age); None (said on the console when there was a
-    /// standby) to start it cold.
+    /// out of a standby interpreter of the pool ([`standby::pick_slot`]:
+    /// its own slot's when ready, else another ready one, so that a pool
+    /// smaller than the workers (`--standbys`), or a slot not refilled yet,
+    /// still gives a warm start); None (said on the console when standbys
+    /// are kept) to start it cold.
     async fn warm_worker(
         &mut self,
         local: u32,
@@ -1109,9 +1110,17 @@ impl<C: AcrossHosts> Sup<'_, C> {
         env: &[(String, String)],
     ) -> Option<spawn::Spawned> {
         let plan = self.job.standby.clone()?;
-        let slot = match self.standbys.get(local as usize) {
-            Some(Some(_)) => local as usize,
-            _ => self.standbys.iter().position(Option::is_some)?,
+        let slots: Vec<Option<bool>> = self
+            .standbys
+            .iter_mut()
+            .map(|s| s.as_mut().map(Standby::is_ready))
+            .collect();
+        let Some(slot) = standby::pick_slot(&slots, local as usize) else {
+            self.say(format!(
+                "rank {rank}: no standby left in the pool of {}; starting it cold",
+                slots.len()
+            ));
+            return None;
         };
         let mut sb = self.standbys.get_mut(slot)?.take()?;
         let (pid, age) = (sb.pid(), sb.age());
@@ -1540,8 +1549,8 @@ impl<C: AcrossHosts> Sup<'_, C> {
     /// process group (a stopped process takes it; its closed sockets wake
     /// peers blocked in a collective with it), a wait for each to exit, a
     /// background reap once the agent reported it, then each rank started
-    /// again in the same attempt, warm from its slot's standby when there
-    /// is one, with `WARDEN_IN_PROCESS_RESTART_COUNT` so that it joins the
+    /// again in the same attempt, warm from a standby of the pool when
+    /// there is one, with `WARDEN_IN_PROCESS_RESTART_COUNT` so that it joins the
     /// attempt its peers make. The other workers are not touched.
     async fn replace_workers(
         &mut self,
