@@ -145,7 +145,21 @@ impl ClusterCa {
 /// The test binary's cluster CA, made once.
 pub fn cluster() -> &'static ClusterCa {
     static CA: std::sync::OnceLock<ClusterCa> = std::sync::OnceLock::new();
-    CA.get_or_init(|| ClusterCa::new("cluster"))
+    CA.get_or_init(|| {
+        // A static is never dropped, so its TempDir would stay in /tmp
+        // after every test binary that used it: remove it at exit (as
+        // users.rs does for the attacker's copy).
+        extern "C" fn remove_dir() {
+            if let Some(ca) = CA.get() {
+                let _ = std::fs::remove_dir_all(ca.dir.path());
+            }
+        }
+        let ca = ClusterCa::new("cluster");
+        // SAFETY: registers a plain `extern "C" fn()` with the C library; it
+        // runs once at exit and touches only the filesystem.
+        unsafe { libc::atexit(remove_dir) };
+        ca
+    })
 }
 
 /// The `[api]` keys of a node of [`cluster`] named `name`.
