@@ -436,8 +436,8 @@ struct Sup<'a, C> {
     /// to the machine (once).
     host_notice_brought: bool,
     /// The standby interpreters, when kept ([`Job::standby`]): one slot per
-    /// local worker, or fewer (`--standbys`). A restarted worker takes its
-    /// own slot's, else any other.
+    /// local worker, or fewer (`--standbys`). A restarted worker takes one
+    /// as [`standby::pick_slot`] says.
     standbys: Vec<Option<Standby>>,
     /// Workers started in place of one that had declared its state (a
     /// heal's replacement, or one replacing a frozen rank): they run the
