@@ -270,11 +270,28 @@ pub fn peer_pages(
         .collect()
 }
 
+/// How long one `SetCheckpointPeers` request may take: two seconds, plus
+/// one for every [`PEERS_A_SECOND`] peers the agent handles in it: the
+/// page's own, and at the last page the whole list, which the agent then
+/// sets (a client per peer, the ring, the exchange's and the restore's
+/// fan-in). A fixed two seconds was short for a 16,384-host list on a
+/// loaded machine; a hung agent still costs a round at most this long, and
+/// the peers go again every 10 s ([`keep_peers`]).
+pub fn page_deadline(page_peers: usize, list_peers: Option<usize>) -> Duration {
+    let peers = page_peers.saturating_add(list_peers.unwrap_or(0));
+    let extra = u32::try_from(peers / PEERS_A_SECOND).unwrap_or(u32::MAX);
+    (PROBE * 2).saturating_add(Duration::from_secs(1).saturating_mul(extra))
+}
+
+/// Peers an agent is given a second for in [`page_deadline`]: about ten
+/// times what a debug agent handles a second on an idle core.
+const PEERS_A_SECOND: usize = 2_048;
+
 /// Hands the job's checkpoint peers to the agent (`SetCheckpointPeers`,
 /// in pages when the list is longer than one request may be), waiting at
-/// most two seconds a request. Called before a round's workers start, so
-/// their first restore already asks the round's other agents; an agent
-/// that does not take them is logged and costs the job nothing.
+/// most [`page_deadline`] a request. Called before a round's workers
+/// start, so their first restore already asks the round's other agents;
+/// an agent that does not take them is logged and costs the job nothing.
 pub async fn set_peers(
     client: &AgentClient<Channel>,
     job: &str,
@@ -289,12 +306,17 @@ pub async fn set_peers(
     let n = requests.len();
     let mut c = client.clone();
     let mut taken = PeersTaken::default();
+    let total = peers.others.len();
     for (i, req) in requests.into_iter().enumerate() {
-        let r = match tokio::time::timeout(PROBE * 2, c.set_checkpoint_peers(req)).await {
+        let wait = page_deadline(req.peers.len(), (i + 1 == n).then_some(total));
+        let r = match tokio::time::timeout(wait, c.set_checkpoint_peers(req)).await {
             Ok(Ok(r)) => r.into_inner(),
             Ok(Err(e)) if n > 1 => return Err(format!("page {} of {n}: {}", i + 1, e.message())),
             Ok(Err(e)) => return Err(e.message().to_owned()),
-            Err(_) => return Err(format!("no answer within {:?}", PROBE * 2)),
+            Err(_) if n > 1 => {
+                return Err(format!("page {} of {n}: no answer within {wait:?}", i + 1));
+            }
+            Err(_) => return Err(format!("no answer within {wait:?}")),
         };
         taken = PeersTaken {
             targets: r.targets,
@@ -836,6 +858,20 @@ mod tests {
             place: Some(1),
             addr: "10.9.9.9:7411".into(),
         }
+    }
+
+    #[test]
+    fn a_page_waits_longer_for_more_peers_and_the_last_for_the_whole_list() {
+        // A small job keeps the old two seconds.
+        assert_eq!(page_deadline(8, Some(8)), Duration::from_secs(2));
+        // A page of 4,096 peers: two more.
+        assert_eq!(page_deadline(4_096, None), Duration::from_secs(4));
+        // The last page of a 16,384-host list: the agent sets them all.
+        assert_eq!(page_deadline(1_000, Some(16_384)), Duration::from_secs(10));
+        // A caller's absurd count saturates rather than wrapping.
+        assert!(
+            page_deadline(usize::MAX, Some(usize::MAX)) >= Duration::from_secs(u64::from(u32::MAX))
+        );
     }
 
     #[test]
