@@ -526,6 +526,19 @@ impl Drop for TestAgent {
             let _ = self.child.kill();
             let _ = self.child.wait();
         }
+        // A test failing on what the agent decided (a second restart, a
+        // verdict it should not have reached) shows why: the last lines
+        // the agent logged, before its home goes.
+        if std::thread::panicking() {
+            let log = self.stderr();
+            let lines: Vec<&str> = log.lines().collect();
+            let tail = lines[lines.len().saturating_sub(120)..].join("\n");
+            eprintln!(
+                "--- wardend stderr (last {} of {} lines) ---\n{tail}",
+                lines.len().min(120),
+                lines.len()
+            );
+        }
     }
 }
 
