@@ -181,6 +181,15 @@ pub struct RankEntry {
     /// not the loop's own time between steps: it is no `idle` sample, or
     /// each restart would raise the job's between-steps hang threshold.
     pub restarted_ns: u64,
+    /// Asked to restart in process at `restarted_ns` and not stepping
+    /// since. Between the ask and the first step of its next attempt the
+    /// rank re-initialises (its process group, its restore): as long as a
+    /// job's first start, and far longer than the gap between two steps
+    /// its `idle` threshold was calibrated on. It is judged meanwhile as in
+    /// `init` (or in a section it opened since the ask), its stall counted
+    /// from the ask; judged as `idle`, a restart slower than that threshold
+    /// was called a hang and restarted the job a second time.
+    pub restarting: bool,
     /// The section the rank is in, as of the last scan.
     pub section: String,
     /// The threshold in force at the last scan.
@@ -223,6 +232,16 @@ pub struct RankEntry {
 impl RankEntry {
     /// Completed steps kept for percentiles.
     pub const STEP_TIMES: usize = 64;
+
+    /// The agent asked this rank to restart in process at `now_ns`: its
+    /// stall is counted from the ask, and it is judged as in `init` until
+    /// it steps again ([`RankEntry::restarting`]).
+    pub fn restart_asked(&mut self, now_ns: u64) {
+        self.restarted_ns = now_ns;
+        self.restarting = true;
+        self.progress_ns = self.progress_ns.max(now_ns);
+        self.cpu_mark = None;
+    }
 
     /// A worker its launcher registered whose script never attached a
     /// client (zero-code mode; a client's own registration replaces the
@@ -515,6 +534,7 @@ impl Registry {
                 last: None,
                 ingested_start_ns: 0,
                 restarted_ns: 0,
+                restarting: false,
                 section: calibration::INIT.into(),
                 threshold: None,
                 exit: None,

@@ -277,10 +277,23 @@ pub fn scan(reg: &mut Registry, cfg: &HangConfig, now_ns: u64, prev_ns: u64) -> 
         let Some(snap) = entry.last.as_ref() else {
             continue;
         };
+        if entry.restarting && stepped_since(snap, entry.restarted_ns) {
+            entry.restarting = false;
+        }
         let started = snap.steps_completed > 0 || snap.step_open;
-        let innermost = snap.innermost().map(|o| o.id);
+        // A rank restarting in process is in `init` but for a section it
+        // opened since the ask: one left open from before is stale.
+        let restarted = entry.restarting.then_some(entry.restarted_ns);
+        let innermost = snap
+            .innermost()
+            .filter(|o| restarted.is_none_or(|t| o.entered_ns > t))
+            .map(|o| o.id);
         let name = innermost.map(|id| entry_name(&mut entry.names, slots, entry.slot, id));
-        let section = hang::current_section(name.as_deref(), started).to_owned();
+        let section = if restarted.is_some() && innermost.is_none() {
+            calibration::INIT.to_owned()
+        } else {
+            hang::current_section(name.as_deref(), started).to_owned()
+        };
         entry.threshold = Some(hang::threshold(cfg, &section, &mut job.calibration));
         entry.section = section;
         if entry.cpu_mark.is_none()
@@ -447,6 +460,13 @@ pub fn scan(reg: &mut Registry, cfg: &HangConfig, now_ns: u64, prev_ns: u64) -> 
         });
     }
     out
+}
+
+/// Whether `snap` shows a step begun after `t` (CLOCK_MONOTONIC ns, as
+/// the client writes its steps): the rank is stepping again.
+fn stepped_since(snap: &SlotSnapshot, t: u64) -> bool {
+    snap.current_step.as_ref().is_some_and(|s| s.start_ns > t)
+        || snap.recent_steps.iter().any(|s| s.start_ns > t)
 }
 
 fn stalled_past(progress_ns: u64, now_ns: u64, threshold: Option<&Threshold>) -> bool {
@@ -627,7 +647,7 @@ mod tests {
             job: "j".into(),
             rank: 0,
         };
-        reg.ranks.get_mut(&key).unwrap().restarted_ns = t0 + 40 * MS;
+        reg.ranks.get_mut(&key).unwrap().restart_asked(t0 + 40 * MS);
         step(&reg, slot, 3, t0 + 5_000 * MS, 10 * MS);
         scan(&mut reg, &cfg, t0 + 5_020 * MS, t0 + 30 * MS);
         assert_eq!(idle(&mut reg), 1, "the restart's 5 s gap was taken as idle");
@@ -645,5 +665,67 @@ mod tests {
                 < Some(10 * MS),
             "an idle sample spans the restart"
         );
+    }
+
+    /// A rank asked to restart in process re-initialises before it steps
+    /// again (its process group, its restore), for longer than its
+    /// between-steps threshold: that is no hang (it restarted the job a
+    /// second time). It is judged as in `init` from the ask until its next
+    /// step, and a restart that never steps is still a hang, at `init`'s.
+    #[test]
+    fn a_rank_reinitialising_after_a_restart_request_is_judged_as_in_init() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut reg = Registry::new(&dir.path().join("run"), &dir.path().join("state"), 4).unwrap();
+        let t0 = warden_slot::clock::syscall_now();
+        let a = reg
+            .register(&RegisterRequest::for_test("j", 0, 1), t0)
+            .unwrap();
+        let slot = a.slot_index;
+        reg.slots()
+            .slot(slot)
+            .unwrap()
+            .attach_writer(a.generation, std::process::id());
+        let mut cfg = HangConfig::default();
+        cfg.timeouts.insert(IDLE.into(), Duration::from_secs(1));
+        let key = RankKey {
+            job: "j".into(),
+            rank: 0,
+        };
+        let s = 1_000 * MS;
+
+        step(&reg, slot, 1, t0 + MS, 10 * MS);
+        step(&reg, slot, 2, t0 + 12 * MS, 10 * MS);
+        scan(&mut reg, &cfg, t0 + 30 * MS, t0);
+        assert_eq!(reg.ranks[&key].section, IDLE);
+
+        // Asked at 1 s; 3 s later it has not stepped (idle's 1 s passed).
+        reg.ranks.get_mut(&key).unwrap().restart_asked(t0 + s);
+        scan(&mut reg, &cfg, t0 + 4 * s, t0 + 30 * MS);
+        let e = &reg.ranks[&key];
+        assert_eq!(e.state, RankState::Running, "a re-init called a hang");
+        assert_eq!(e.section, calibration::INIT);
+
+        // It steps again: judged on its steps and gaps as before.
+        step(&reg, slot, 2, t0 + 5 * s, 10 * MS);
+        scan(&mut reg, &cfg, t0 + 5 * s + 20 * MS, t0 + 4 * s);
+        let e = &reg.ranks[&key];
+        assert!(!e.restarting);
+        assert_eq!(e.section, IDLE);
+        scan(&mut reg, &cfg, t0 + 7 * s, t0 + 5 * s + 20 * MS);
+        assert_eq!(reg.ranks[&key].state, RankState::Hung, "idle's 1 s again");
+
+        // It steps (recovered), is asked again and never steps: a hang at
+        // init's timeout from the ask.
+        step(&reg, slot, 3, t0 + 7 * s + 500 * MS, 10 * MS);
+        scan(&mut reg, &cfg, t0 + 7 * s + 520 * MS, t0 + 7 * s);
+        assert_eq!(reg.ranks[&key].state, RankState::Running);
+        let ask = t0 + 30 * s;
+        reg.ranks.get_mut(&key).unwrap().restart_asked(ask);
+        let init = u64::try_from(cfg.init_timeout.as_nanos()).unwrap();
+        scan(&mut reg, &cfg, ask + init - s, t0 + 7 * s + 520 * MS);
+        assert_eq!(reg.ranks[&key].state, RankState::Running);
+        scan(&mut reg, &cfg, ask + init + s, ask + init - s);
+        assert_eq!(reg.ranks[&key].state, RankState::Hung);
+        assert_eq!(reg.ranks[&key].section, calibration::INIT);
     }
 }

@@ -309,7 +309,7 @@ fn set_slots(state: &Handles, job: &str, live: &[(u32, u64, u32)], word: Control
         else {
             continue;
         };
-        entry.restarted_ns = now_ns;
+        entry.restart_asked(now_ns);
         if let Err(e) = reg.slots().set_control(slot, word) {
             tracing::warn!(rank = %key, error = %e, "cannot set the restart request in the slot");
         }
