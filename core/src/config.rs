@@ -93,7 +93,9 @@ pub struct HangConfig {
     pub checkpoint_timeout: Duration,
     /// Timeout of a "heal" section until it is calibrated: a restart
     /// attempt's regrouping and heal from a live replica, where the
-    /// survivors wait for their replacement (`warden.heal`).
+    /// survivors wait for their replacement (`warden.heal`); and of
+    /// "restart", where the agent puts a rank it asked to restart in
+    /// process until it steps again (its teardown and re-initialisation).
     #[serde(with = "duration")]
     pub heal_timeout: Duration,
     /// Timeout of any other section until it is calibrated.

@@ -53,6 +53,7 @@ pub fn record(
     let declared_pid = entry.declared_pid;
     let slot_index = entry.slot;
     let no_client = entry.launcher_only();
+    let restarting_since = entry.restarting_since();
     let (mut step, mut section) = (
         entry.last.as_ref().map_or(0, |s| s.step),
         entry.section.clone(),
@@ -84,13 +85,14 @@ pub fn record(
                 .collect();
         }
         step = snap.step;
-        let started = snap.steps_completed > 0 || snap.step_open;
-        let name = snap.innermost().map(|o| {
-            reg.slots()
-                .section_name(slot_index, o.id)
-                .unwrap_or_default()
-        });
-        section = warden_core::detect::hang::current_section(name.as_deref(), started).to_owned();
+        let name = super::registry::live_sections(&snap, restarting_since)
+            .last()
+            .map(|o| {
+                reg.slots()
+                    .section_name(slot_index, o.id)
+                    .unwrap_or_default()
+            });
+        section = super::registry::section_of(&snap, restarting_since, name.as_deref());
     }
     reg.free_slot_of(key);
     Some(Exited {

@@ -181,14 +181,18 @@ pub struct RankEntry {
     /// not the loop's own time between steps: it is no `idle` sample, or
     /// each restart would raise the job's between-steps hang threshold.
     pub restarted_ns: u64,
-    /// Asked to restart in process at `restarted_ns` and not stepping
-    /// since. Between the ask and the first step of its next attempt the
-    /// rank re-initialises (its process group, its restore): as long as a
-    /// job's first start, and far longer than the gap between two steps
-    /// its `idle` threshold was calibrated on. It is judged meanwhile as in
-    /// `init` (or in a section it opened since the ask), its stall counted
-    /// from the ask; judged as `idle`, a restart slower than that threshold
-    /// was called a hang and restarted the job a second time.
+    /// Asked to restart in process at `restarted_ns` and no step begun
+    /// since (the step the ask interrupted ends, as a completed one, in
+    /// the teardown: it is no sign of a new attempt). Between the ask and
+    /// the first step of its next attempt the rank tears down and
+    /// re-initialises (its process group, its restore), far longer than
+    /// the gap between two steps its `idle` threshold was calibrated on:
+    /// judged as `idle`, a restart slower than that (1 s in a test on a
+    /// loaded machine; 3 s x the p99 gap by default) was called a hang and
+    /// the job restarted a second time. It is judged meanwhile in
+    /// `restart` (`hang.heal_timeout`, bounded: a teardown stuck for good
+    /// is still a hang), or in a section it opened since the ask, its
+    /// stall counted from the ask.
     pub restarting: bool,
     /// The section the rank is in, as of the last scan.
     pub section: String,
@@ -233,8 +237,14 @@ impl RankEntry {
     /// Completed steps kept for percentiles.
     pub const STEP_TIMES: usize = 64;
 
+    /// When the agent asked this rank to restart in process, while it has
+    /// not stepped since ([`RankEntry::restarting`]); None otherwise.
+    pub fn restarting_since(&self) -> Option<u64> {
+        self.restarting.then_some(self.restarted_ns)
+    }
+
     /// The agent asked this rank to restart in process at `now_ns`: its
-    /// stall is counted from the ask, and it is judged as in `init` until
+    /// stall is counted from the ask, and it is judged in `restart` until
     /// it steps again ([`RankEntry::restarting`]).
     pub fn restart_asked(&mut self, now_ns: u64) {
         self.restarted_ns = now_ns;
@@ -1049,4 +1059,32 @@ mod per_uid {
         });
         r.register(&q(2, me), 0).unwrap();
     }
+}
+
+/// The open sections of `snap` that count for its rank, outermost first:
+/// all of them, or, while it restarts in process since `restarting_since`
+/// ([`RankEntry::restarting_since`]), those entered after the ask (one left
+/// open from before it is stale).
+pub fn live_sections(
+    snap: &warden_slot::SlotSnapshot,
+    restarting_since: Option<u64>,
+) -> impl Iterator<Item = &warden_slot::OpenSection> {
+    snap.open_sections
+        .iter()
+        .filter(move |o| restarting_since.is_none_or(|t| o.entered_ns > t))
+}
+
+/// The section a rank is judged in: `innermost`, the name of its innermost
+/// [`live_sections`] entry; else `restart` while it restarts in process,
+/// `init` before its first step, `idle` between steps.
+pub fn section_of(
+    snap: &warden_slot::SlotSnapshot,
+    restarting_since: Option<u64>,
+    innermost: Option<&str>,
+) -> String {
+    let started = snap.steps_completed > 0 || snap.step_open;
+    if innermost.is_none() && restarting_since.is_some() {
+        return warden_core::detect::calibration::RESTART.into();
+    }
+    warden_core::detect::hang::current_section(innermost, started).to_owned()
 }

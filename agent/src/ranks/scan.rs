@@ -15,7 +15,7 @@ use warden_slot::{RING_LEN, SlotSnapshot, SlotTable};
 const RING_STEPS: usize = RING_LEN - 1;
 
 use super::procfs;
-use super::registry::{Marker, RankEntry, RankKey, RankState, Registry};
+use super::registry::{Marker, RankEntry, RankKey, RankState, Registry, live_sections, section_of};
 use warden_core::config::HangConfig;
 use warden_core::detect::calibration::{self, IDLE};
 use warden_core::detect::culprit::Position;
@@ -280,20 +280,10 @@ pub fn scan(reg: &mut Registry, cfg: &HangConfig, now_ns: u64, prev_ns: u64) -> 
         if entry.restarting && stepped_since(snap, entry.restarted_ns) {
             entry.restarting = false;
         }
-        let started = snap.steps_completed > 0 || snap.step_open;
-        // A rank restarting in process is in `init` but for a section it
-        // opened since the ask: one left open from before is stale.
-        let restarted = entry.restarting.then_some(entry.restarted_ns);
-        let innermost = snap
-            .innermost()
-            .filter(|o| restarted.is_none_or(|t| o.entered_ns > t))
-            .map(|o| o.id);
+        let since = entry.restarting_since();
+        let innermost = live_sections(snap, since).last().map(|o| o.id);
         let name = innermost.map(|id| entry_name(&mut entry.names, slots, entry.slot, id));
-        let section = if restarted.is_some() && innermost.is_none() {
-            calibration::INIT.to_owned()
-        } else {
-            hang::current_section(name.as_deref(), started).to_owned()
-        };
+        let section = section_of(snap, since, name.as_deref());
         entry.threshold = Some(hang::threshold(cfg, &section, &mut job.calibration));
         entry.section = section;
         if entry.cpu_mark.is_none()
@@ -351,8 +341,9 @@ pub fn scan(reg: &mut Registry, cfg: &HangConfig, now_ns: u64, prev_ns: u64) -> 
         });
         let stalled_for = Duration::from_nanos(now_ns.saturating_sub(entry.progress_ns));
         let snap = entry.last.as_ref();
+        let since = entry.restarting_since();
         let in_section = snap
-            .and_then(|s| s.innermost())
+            .and_then(|s| live_sections(s, since).last())
             .map(|o| Duration::from_nanos(now_ns.saturating_sub(o.entered_ns)));
         let step = snap.map_or(0, |s| s.step);
         let mut evidence = vec![
@@ -373,9 +364,7 @@ pub fn scan(reg: &mut Registry, cfg: &HangConfig, now_ns: u64, prev_ns: u64) -> 
         }
         if let Some(s) = snap {
             let slot_index = entry.slot;
-            let stack: Vec<String> = s
-                .open_sections
-                .iter()
+            let stack: Vec<String> = live_sections(s, since)
                 .map(|o| entry_name(&mut entry.names, slots, slot_index, o.id))
                 .collect();
             evidence.push(("open_sections".to_owned(), stack.join(" > ")));
@@ -667,13 +656,16 @@ mod tests {
         );
     }
 
-    /// A rank asked to restart in process re-initialises before it steps
-    /// again (its process group, its restore), for longer than its
-    /// between-steps threshold: that is no hang (it restarted the job a
-    /// second time). It is judged as in `init` from the ask until its next
-    /// step, and a restart that never steps is still a hang, at `init`'s.
+    /// A rank asked to restart in process tears down and re-initialises
+    /// before it steps again (its process group, its restore), for longer
+    /// than its between-steps threshold: that is no hang (it restarted the
+    /// job a second time). It is judged in `restart` from the ask until its
+    /// next step, but for a section it opened since (one left open from
+    /// before the ask is stale), and a restart that never steps is still a
+    /// hang, at `restart`'s bounded threshold.
     #[test]
-    fn a_rank_reinitialising_after_a_restart_request_is_judged_as_in_init() {
+    fn a_rank_reinitialising_after_a_restart_request_is_judged_in_restart() {
+        use warden_slot::{SECTION_CHECKPOINT, SECTION_FORWARD};
         let dir = tempfile::tempdir().unwrap();
         let mut reg = Registry::new(&dir.path().join("run"), &dir.path().join("state"), 4).unwrap();
         let t0 = warden_slot::clock::syscall_now();
@@ -687,6 +679,8 @@ mod tests {
             .attach_writer(a.generation, std::process::id());
         let mut cfg = HangConfig::default();
         cfg.timeouts.insert(IDLE.into(), Duration::from_secs(1));
+        cfg.timeouts
+            .insert("forward".into(), Duration::from_secs(1));
         let key = RankKey {
             job: "j".into(),
             rank: 0,
@@ -695,37 +689,68 @@ mod tests {
 
         step(&reg, slot, 1, t0 + MS, 10 * MS);
         step(&reg, slot, 2, t0 + 12 * MS, 10 * MS);
-        scan(&mut reg, &cfg, t0 + 30 * MS, t0);
-        assert_eq!(reg.ranks[&key].section, IDLE);
+        // Step 3 stops in its forward pass (a peer's fault).
+        reg.slots()
+            .writer(slot)
+            .unwrap()
+            .step_begin(3, t0 + 30 * MS);
+        reg.slots()
+            .writer(slot)
+            .unwrap()
+            .section_open(SECTION_FORWARD, t0 + 31 * MS);
+        scan(&mut reg, &cfg, t0 + 40 * MS, t0);
+        assert_eq!(reg.ranks[&key].section, "forward");
 
-        // Asked at 1 s; 3 s later it has not stepped (idle's 1 s passed).
+        // Asked at 1 s; 3 s later it has not stepped (forward's and idle's
+        // 1 s passed), its forward section still open from before.
         reg.ranks.get_mut(&key).unwrap().restart_asked(t0 + s);
-        scan(&mut reg, &cfg, t0 + 4 * s, t0 + 30 * MS);
+        scan(&mut reg, &cfg, t0 + 4 * s, t0 + 40 * MS);
         let e = &reg.ranks[&key];
         assert_eq!(e.state, RankState::Running, "a re-init called a hang");
-        assert_eq!(e.section, calibration::INIT);
+        assert_eq!(e.section, calibration::RESTART, "the stale forward counts");
+        // A section it opens after the ask is its own.
+        reg.slots()
+            .writer(slot)
+            .unwrap()
+            .section_close(SECTION_FORWARD, t0 + 4 * s + 10 * MS);
+        reg.slots()
+            .writer(slot)
+            .unwrap()
+            .step_end(3, t0 + 4 * s + 11 * MS);
+        reg.slots()
+            .writer(slot)
+            .unwrap()
+            .section_open(SECTION_CHECKPOINT, t0 + 4 * s + 20 * MS);
+        scan(&mut reg, &cfg, t0 + 4 * s + 30 * MS, t0 + 4 * s);
+        let e = &reg.ranks[&key];
+        assert!(e.restarting, "the interrupted step's end is no new step");
+        assert_eq!(e.section, "checkpoint");
+        reg.slots()
+            .writer(slot)
+            .unwrap()
+            .section_close(SECTION_CHECKPOINT, t0 + 4 * s + 40 * MS);
 
         // It steps again: judged on its steps and gaps as before.
-        step(&reg, slot, 2, t0 + 5 * s, 10 * MS);
-        scan(&mut reg, &cfg, t0 + 5 * s + 20 * MS, t0 + 4 * s);
+        step(&reg, slot, 3, t0 + 5 * s, 10 * MS);
+        scan(&mut reg, &cfg, t0 + 5 * s + 20 * MS, t0 + 4 * s + 30 * MS);
         let e = &reg.ranks[&key];
         assert!(!e.restarting);
         assert_eq!(e.section, IDLE);
         scan(&mut reg, &cfg, t0 + 7 * s, t0 + 5 * s + 20 * MS);
         assert_eq!(reg.ranks[&key].state, RankState::Hung, "idle's 1 s again");
 
-        // It steps (recovered), is asked again and never steps: a hang at
-        // init's timeout from the ask.
-        step(&reg, slot, 3, t0 + 7 * s + 500 * MS, 10 * MS);
+        // It steps (recovered), is asked again long after and never steps:
+        // a hang at restart's threshold (hang.heal_timeout) from the ask.
+        step(&reg, slot, 4, t0 + 7 * s + 500 * MS, 10 * MS);
         scan(&mut reg, &cfg, t0 + 7 * s + 520 * MS, t0 + 7 * s);
         assert_eq!(reg.ranks[&key].state, RankState::Running);
         let ask = t0 + 30 * s;
         reg.ranks.get_mut(&key).unwrap().restart_asked(ask);
-        let init = u64::try_from(cfg.init_timeout.as_nanos()).unwrap();
-        scan(&mut reg, &cfg, ask + init - s, t0 + 7 * s + 520 * MS);
+        let bound = u64::try_from(cfg.heal_timeout.as_nanos()).unwrap();
+        scan(&mut reg, &cfg, ask + bound - s, t0 + 7 * s + 520 * MS);
         assert_eq!(reg.ranks[&key].state, RankState::Running);
-        scan(&mut reg, &cfg, ask + init + s, ask + init - s);
+        scan(&mut reg, &cfg, ask + bound + s, ask + bound - s);
         assert_eq!(reg.ranks[&key].state, RankState::Hung);
-        assert_eq!(reg.ranks[&key].section, calibration::INIT);
+        assert_eq!(reg.ranks[&key].section, calibration::RESTART);
     }
 }

@@ -403,9 +403,11 @@ def _recovering() -> Any:
     asked for a second, needless in-process restart (CI, issue 31). A
     ``heal`` section gets ``hang.heal_timeout`` (2 min) until calibrated, so
     a replacement that froze is still found; ``timeout_s`` bounds it too.
-    The old group's teardown stays outside (a gloo group's destructor that
-    joins a worker thread still in a collective is a stall the agent's hang
-    detection must see at the between-steps threshold).
+    The old group's teardown stays outside: after an in-process restart the
+    agent asked for, the agent judges it in ``restart`` (``hang.heal_timeout``
+    as well, from the ask), where a gloo group's destructor that joins a
+    worker thread still in a collective is a stall it still finds; after a
+    restart this rank began itself, at the between-steps threshold.
     """
     if _restart.restart_count() > 0:
         return _native.section("heal")

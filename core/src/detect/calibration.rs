@@ -30,6 +30,12 @@ pub const IDLE: &str = "idle";
 /// The section `warden.heal` opens around a restart attempt's regrouping
 /// and heal from a live replica.
 pub const HEAL: &str = "heal";
+/// Where the agent puts a rank it asked to restart in process, from the
+/// ask until the rank steps again (its teardown, process group and
+/// restore), unless it opened a section since: the client marks no
+/// section there, and the gap between steps its `idle` was calibrated on
+/// is far shorter than a restart.
+pub const RESTART: &str = "restart";
 
 /// Why calibration could not be loaded or saved.
 #[derive(Debug, thiserror::Error)]

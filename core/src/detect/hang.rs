@@ -9,7 +9,7 @@
 
 use std::time::Duration;
 
-use super::calibration::{Calibration, HEAL, IDLE, INIT};
+use super::calibration::{Calibration, HEAL, IDLE, INIT, RESTART};
 use crate::config::HangConfig;
 
 /// A hang threshold and where it came from.
@@ -68,7 +68,7 @@ pub fn threshold(cfg: &HangConfig, section: &str, cal: &mut Calibration) -> Thre
     let value = match section {
         INIT => cfg.init_timeout,
         "checkpoint" => cfg.checkpoint_timeout,
-        HEAL => cfg.heal_timeout,
+        HEAL | RESTART => cfg.heal_timeout,
         _ => cfg.default_timeout,
     };
     Threshold {
