@@ -271,21 +271,29 @@ pub fn peer_pages(
 }
 
 /// How long one `SetCheckpointPeers` request may take: two seconds, plus
-/// one for every [`PEERS_A_SECOND`] peers the agent handles in it: the
-/// page's own, and at the last page the whole list, which the agent then
-/// sets (a client per peer, the ring, the exchange's and the restore's
-/// fan-in). A fixed two seconds was short for a 16,384-host list on a
-/// loaded machine; a hung agent still costs a round at most this long, and
-/// the peers go again every 10 s ([`keep_peers`]).
+/// one for every [`PEERS_A_SECOND`] peers the agent handles in it (the
+/// page's; at the last page the whole list's, which the agent then sets:
+/// a client per peer, the ring, the exchange's and the restore's fan-in),
+/// at most [`PAGE_DEADLINE_MAX`]. A fixed two seconds was short for a
+/// 16,384-host list on a loaded machine. The peers go again every 10 s
+/// ([`keep_peers`]) when a hand-over fails.
 pub fn page_deadline(page_peers: usize, list_peers: Option<usize>) -> Duration {
-    let peers = page_peers.saturating_add(list_peers.unwrap_or(0));
+    let peers = page_peers.max(list_peers.unwrap_or(0));
     let extra = u32::try_from(peers / PEERS_A_SECOND).unwrap_or(u32::MAX);
-    (PROBE * 2).saturating_add(Duration::from_secs(1).saturating_mul(extra))
+    (PROBE * 2)
+        .saturating_add(Duration::from_secs(1).saturating_mul(extra))
+        .min(PAGE_DEADLINE_MAX)
 }
 
-/// Peers an agent is given a second for in [`page_deadline`]: about ten
-/// times what a debug agent handles a second on an idle core.
+/// Peers an agent is given a second for in [`page_deadline`]: about a
+/// tenth of what a debug agent handles a second on an idle core (16,384
+/// long-named peers in under a second), a tenfold margin.
 const PEERS_A_SECOND: usize = 2_048;
+
+/// The most one `SetCheckpointPeers` request waits ([`page_deadline`]):
+/// what a hung agent costs a round's start, per page (a signal ends the
+/// wait at once).
+const PAGE_DEADLINE_MAX: Duration = Duration::from_secs(30);
 
 /// Hands the job's checkpoint peers to the agent (`SetCheckpointPeers`,
 /// in pages when the list is longer than one request may be), waiting at
@@ -461,7 +469,7 @@ pub fn keep_claim(
 }
 
 /// Hands the current round's checkpoint peers to the agent again every
-/// [`PEERS_AGAIN`] (and at once when a hand-over failed): an agent
+/// [`PEERS_AGAIN`], whether the last hand-over failed or not: an agent
 /// restarted mid-job forgets them. The launcher's rendezvous hands each new
 /// round's over itself ([`set_peers`]) and updates `peers`.
 pub fn keep_peers(
@@ -868,9 +876,12 @@ mod tests {
         assert_eq!(page_deadline(4_096, None), Duration::from_secs(4));
         // The last page of a 16,384-host list: the agent sets them all.
         assert_eq!(page_deadline(1_000, Some(16_384)), Duration::from_secs(10));
-        // A caller's absurd count saturates rather than wrapping.
-        assert!(
-            page_deadline(usize::MAX, Some(usize::MAX)) >= Duration::from_secs(u64::from(u32::MAX))
+        // A one-page list is not counted twice.
+        assert_eq!(page_deadline(16_384, Some(16_384)), Duration::from_secs(10));
+        // A caller's absurd count saturates, and a wait is bounded.
+        assert_eq!(
+            page_deadline(usize::MAX, Some(usize::MAX)),
+            PAGE_DEADLINE_MAX
         );
     }
 

@@ -764,7 +764,13 @@ impl<C: AcrossHosts> Sup<'_, C> {
                 .iter()
                 .map(|(h, p)| format!("{h} ({})", p.addr))
                 .collect();
-            match agent::set_peers(&self.client, &self.job.id, &plan.ckpt_peers).await {
+            // Bounded per page (agent::page_deadline); a signal meanwhile
+            // halts the round as one during the rendezvous would.
+            let taken = tokio::select! {
+                t = agent::set_peers(&self.client, &self.job.id, &plan.ckpt_peers) => t,
+                sig = self.signals.recv() => return Err(Halt::Signal(sig)),
+            };
+            match taken {
                 Ok(taken) => {
                     if !names.is_empty() {
                         self.say(format!(
@@ -789,8 +795,11 @@ impl<C: AcrossHosts> Sup<'_, C> {
             if let Some(share) = self.job.compile_share.clone()
                 && !plan.ckpt_peers.is_empty()
             {
-                if let Err(e) = agent::set_peers(&self.client, share.job(), &plan.ckpt_peers).await
-                {
+                let taken = tokio::select! {
+                    t = agent::set_peers(&self.client, share.job(), &plan.ckpt_peers) => t,
+                    sig = self.signals.recv() => return Err(Halt::Signal(sig)),
+                };
+                if let Err(e) = taken {
                     tracing::debug!(job = share.job(), error = %e, "launcher: the agent did not take the cache's checkpoint peers");
                 }
                 if share.first_round_restore() {

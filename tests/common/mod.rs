@@ -312,7 +312,9 @@ impl TestAgent {
 
     /// What the agent wrote on stderr so far.
     pub fn stderr(&self) -> String {
-        std::fs::read_to_string(&self.stderr).unwrap_or_default()
+        std::fs::read(&self.stderr)
+            .map(|b| String::from_utf8_lossy(&b).into_owned())
+            .unwrap_or_default()
     }
 
     /// Waits for a notify message with a line for which `pred` holds;
@@ -534,7 +536,8 @@ impl Drop for TestAgent {
             let lines: Vec<&str> = log.lines().collect();
             let tail = lines[lines.len().saturating_sub(120)..].join("\n");
             eprintln!(
-                "--- wardend stderr (last {} of {} lines) ---\n{tail}",
+                "--- {} (last {} of {} lines) ---\n{tail}",
+                self.stderr.display(),
                 lines.len().min(120),
                 lines.len()
             );
@@ -815,7 +818,9 @@ impl Streaming {
 
     /// What the command wrote on stderr so far.
     pub fn stderr(&self) -> String {
-        std::fs::read_to_string(&self.stderr).unwrap_or_default()
+        std::fs::read(&self.stderr)
+            .map(|b| String::from_utf8_lossy(&b).into_owned())
+            .unwrap_or_default()
     }
 }
 
