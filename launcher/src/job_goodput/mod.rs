@@ -143,6 +143,10 @@ pub fn keep_published(
 /// before a peer's final report is in. Not for a host lost from the job:
 /// out of `last_round` (this host's last round's hosts and spares) and
 /// neither a member nor gone by a leave ([`Reports::lost_among`]).
+///
+/// In a job of more than [`EVERY_HOST_SUMS_UP_TO`] hosts only node rank 0
+/// of this host's last round sums ([`summed_at`]); every other host stores
+/// its final report and says where the sum is.
 pub async fn finish(
     jw: &GoodputHome,
     mine: Option<&pb::JobGoodput>,
@@ -158,6 +162,20 @@ pub async fn finish(
             return;
         }
     };
+    if let Some(at) = summed_at(&jw.host, last_round) {
+        if let Some(m) = mine
+            && let Err(e) = reports.publish(&jw.host, m).await
+        {
+            console.say(format!("this host's final goodput is not in etcd: {e}"));
+        }
+        console.say(format!(
+            "job-wide goodput: summed at {at} (node rank 0 of this host's last round, into its {JOB_GOODPUT_FILE}), \
+             not at each of the job's {} hosts; `warden goodput --etcd ENDPOINTS --job {}` sums it from anywhere",
+            last_round.members.len(),
+            jw.job
+        ));
+        return;
+    }
     let summed = async {
         if let Some(m) = mine {
             reports.publish(&jw.host, m).await?;
@@ -214,6 +232,23 @@ pub async fn finish(
     }
 }
 
+/// Up to this many hosts in its last round, every host's launcher sums
+/// the job at its end: each reads every host's report and watches every
+/// final one come in, O(N) a host and O(N²) a job (here 4,096 reports).
+/// At 16,384 hosts that was 268 million reports read through etcd at one
+/// job end; past this, only node rank 0 sums ([`summed_at`]).
+pub const EVERY_HOST_SUMS_UP_TO: usize = 64;
+
+/// Where the job-wide sum is made when not here: node rank 0 of this
+/// host's last round, for a job of more than [`EVERY_HOST_SUMS_UP_TO`]
+/// hosts. None: this host sums (a small job, node rank 0 itself, or a host
+/// that saw no round). A node rank 0 lost after that round leaves the job
+/// with no sum at its end; `warden goodput --etcd` makes it.
+pub fn summed_at<'a>(host: &str, last_round: &'a crate::etcd::RoundHosts) -> Option<&'a str> {
+    let first = last_round.members.first()?;
+    (last_round.members.len() > EVERY_HOST_SUMS_UP_TO && first != host).then_some(first.as_str())
+}
+
 /// How long a launcher whose job ended waits for the other hosts' final
 /// goodput reports ([`finish`]).
 pub const LATE_REPORTS: Duration = Duration::from_secs(10);
@@ -250,4 +285,32 @@ fn show_job(found: &Found, log_dir: &Path, console: &Console, again: bool) {
         "job-wide goodput",
         console,
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::etcd::RoundHosts;
+
+    fn round(n: usize) -> RoundHosts {
+        RoundHosts {
+            members: (0..n).map(|i| format!("h{i}")).collect(),
+            spares: vec!["spare".into()],
+        }
+    }
+
+    #[test]
+    fn past_64_hosts_only_node_rank_0_sums_the_job() {
+        // Small: every host sums.
+        let small = round(EVERY_HOST_SUMS_UP_TO);
+        assert_eq!(summed_at("h5", &small), None);
+        assert_eq!(summed_at("spare", &small), None);
+        // Large: node rank 0 sums; the others, spares included, point at it.
+        let large = round(EVERY_HOST_SUMS_UP_TO + 1);
+        assert_eq!(summed_at("h0", &large), None);
+        assert_eq!(summed_at("h5", &large), Some("h0"));
+        assert_eq!(summed_at("spare", &large), Some("h0"));
+        // No round seen: this host sums, as before.
+        assert_eq!(summed_at("h5", &RoundHosts::default()), None);
+    }
 }
