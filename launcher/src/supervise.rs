@@ -747,6 +747,20 @@ impl<C: AcrossHosts> Sup<'_, C> {
         }
     }
 
+    /// Hands `job`'s checkpoint peers to the agent ([`agent::set_peers`],
+    /// bounded per page by `agent::page_deadline`); a signal meanwhile
+    /// halts the round as one during the rendezvous would.
+    async fn hand_peers(
+        &mut self,
+        job: &str,
+        peers: &crate::hosts::CkptPeers,
+    ) -> Result<Result<agent::PeersTaken, String>, Halt> {
+        tokio::select! {
+            t = agent::set_peers(&self.client, job, peers) => Ok(t),
+            sig = self.signals.recv() => Err(Halt::Signal(sig)),
+        }
+    }
+
     /// The coordinator's rendezvous, given up on a signal.
     async fn agree(&mut self, proposed: AttemptPlan) -> Result<AttemptPlan, Halt> {
         let agreed = tokio::select! {
@@ -764,13 +778,7 @@ impl<C: AcrossHosts> Sup<'_, C> {
                 .iter()
                 .map(|(h, p)| format!("{h} ({})", p.addr))
                 .collect();
-            // Bounded per page (agent::page_deadline); a signal meanwhile
-            // halts the round as one during the rendezvous would.
-            let taken = tokio::select! {
-                t = agent::set_peers(&self.client, &self.job.id, &plan.ckpt_peers) => t,
-                sig = self.signals.recv() => return Err(Halt::Signal(sig)),
-            };
-            match taken {
+            match self.hand_peers(&self.job.id.clone(), &plan.ckpt_peers).await? {
                 Ok(taken) => {
                     if !names.is_empty() {
                         self.say(format!(
@@ -795,11 +803,7 @@ impl<C: AcrossHosts> Sup<'_, C> {
             if let Some(share) = self.job.compile_share.clone()
                 && !plan.ckpt_peers.is_empty()
             {
-                let taken = tokio::select! {
-                    t = agent::set_peers(&self.client, share.job(), &plan.ckpt_peers) => t,
-                    sig = self.signals.recv() => return Err(Halt::Signal(sig)),
-                };
-                if let Err(e) = taken {
+                if let Err(e) = self.hand_peers(share.job(), &plan.ckpt_peers).await? {
                     tracing::debug!(job = share.job(), error = %e, "launcher: the agent did not take the cache's checkpoint peers");
                 }
                 if share.first_round_restore() {

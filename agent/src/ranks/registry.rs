@@ -1082,9 +1082,9 @@ pub fn section_of(
     restarting_since: Option<u64>,
     innermost: Option<&str>,
 ) -> String {
-    let started = snap.steps_completed > 0 || snap.step_open;
     if innermost.is_none() && restarting_since.is_some() {
         return warden_core::detect::calibration::RESTART.into();
     }
+    let started = snap.steps_completed > 0 || snap.step_open;
     warden_core::detect::hang::current_section(innermost, started).to_owned()
 }
