@@ -747,10 +747,15 @@ fn a_lost_host_without_a_declared_state_restarts_in_job_from_the_checkpoint() {
 
 /// Three hosts of examples/heal/hsdp.py (plain FSDP2 over a 3 x 2 mesh:
 /// each host one replica group of two shards), the spare waiting, and the
-/// same lost host-b (ranks 2 and 3). The survivors' ranks block in their
-/// collectives with the lost ones; host-a's agent judges the hang first
-/// (its 3 s floor, within the lease's 8 s) and decides a restart in job
-/// (its policy set so for every class), and host-a heals its workers
+/// same lost host-b (ranks 2 and 3). The survivors' ranks, told by gloo
+/// that their peers' connections closed, wait for the lost peers' heal in
+/// the client's `restart` section (judged by `hang.heal_timeout`, 2 min,
+/// so by default nothing calls them hung and host-b's lease's end heals
+/// them); host-a's agent, its `restart` timeout set to 3 s here (as a
+/// survivor blocked in an NCCL collective with no error would be judged
+/// at its section's floor), judges the hang first, within the lease's
+/// 8 s, and decides a restart in job (its policy set so for every class),
+/// and host-a heals its workers
 /// into a new round of the same hosts, which says so (`heal` in etcd's
 /// round record). host-c, which has not judged it (its floor set past the
 /// run here, to order the race every run: on a real job either survivor
@@ -784,7 +789,8 @@ fn a_hang_heal_round_asked_by_one_host_keeps_the_third_hosts_workers() {
     // which the survivors' ranks take without a round): the decision this
     // test is about, every run.
     h.a.configure_agent(
-        "[policy.transient_software]\non_failure = [\"restart_in_job\"]\non_running = \"continue\"\nbudget = 3\nwindow = \"1h\"\nexhausted = \"cordon\"\n",
+        "[policy.transient_software]\non_failure = [\"restart_in_job\"]\non_running = \"continue\"\nbudget = 3\nwindow = \"1h\"\nexhausted = \"cordon\"\n\
+         [hang.timeouts]\nrestart = \"3s\"\n",
     );
     let run = |host: &Host, job: &str, log: &Path, spare: bool| {
         launch(host, &etcd, (job, ex), log, spare, true)

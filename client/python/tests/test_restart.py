@@ -178,6 +178,69 @@ def test_max_restarts_lets_the_exception_out() -> None:
     assert _native._restart_ack() is not None
 
 
+def open_sections() -> list[str]:
+    return [name for name, _ in warden.default_client().snapshot()["open_sections"]]
+
+
+def test_a_lost_peers_heal_is_awaited_in_the_restart_section_until_the_next_attempt(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With ``warden.heal`` declared, a lost peer's error waits for its heal
+    in ``restart``, not between steps (``idle``, where the agent called the
+    waiting survivor hung: issue 31), through the peers' next attempt joined
+    without a request (``_JOINED``), and no longer once it runs."""
+    seen_waiting: list[list[str]] = []
+
+    def begun() -> bool:
+        seen_waiting.append(open_sections())
+        return len(seen_waiting) >= 3
+
+    monkeypatch.setattr(_restart, "_heal_declared", True)
+    monkeypatch.setattr(_restart, "_next_attempt_begun", begun)
+    attempts: list[list[str]] = []
+
+    def train() -> int:
+        attempts.append(open_sections())
+        if len(attempts) == 1:
+            with warden.step(1):
+                with warden.section("forward"):
+                    raise RuntimeError("[gloo] Connection closed by peer [127.0.0.3]:1234")
+        return warden.restart_count()
+
+    before = warden.restart_count()
+    assert warden.run(train) == before + 1
+    assert attempts == [[], []], "the next attempt starts with no section open"
+    # The first call is the check that the store can be asked at all.
+    assert seen_waiting[1:] and all(s == ["restart"] for s in seen_waiting[1:]), seen_waiting
+    snap = warden.default_client().snapshot()
+    assert (snap["depth"], snap["misuse"]) == (0, 0)
+
+
+def test_a_lost_peers_error_no_heal_answers_leaves_the_restart_section(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No request and no next attempt within the wait: the error stands,
+    and the ``restart`` section is closed behind it."""
+    monkeypatch.setattr(_restart, "_heal_declared", True)
+    monkeypatch.setattr(_restart, "_next_attempt_begun", lambda: False)
+    monkeypatch.setattr(_restart, "_PEER_GRACE_S", 0.05)
+    monkeypatch.setenv(_restart._HEAL_WAIT_ENV, "0.2")
+    seen: list[list[str]] = []
+
+    def train() -> None:
+        raise RuntimeError("Connection reset by peer")
+
+    real_wait = _restart._wait_request_or
+
+    def waiting(timeout: float, begun: Callable[[], Any]) -> str:
+        seen.append(open_sections())
+        return real_wait(timeout, begun)
+
+    monkeypatch.setattr(_restart, "_wait_request_or", waiting)
+    with pytest.raises(RuntimeError, match="Connection reset by peer"):
+        warden.run(train)
+    assert seen == [["restart"]]
+    assert open_sections() == []
+
+
 def test_other_exceptions_and_results_pass_through() -> None:
     def boom() -> None:
         raise KeyError("x")

@@ -290,6 +290,7 @@ def run(
         if failure is not None:
             how = _restarts_for(failure)
             if how == _NO:
+                _restart_section.leave()
                 raise failure
             if how == _JOINED:
                 # No request: the peers' next attempt began (a heal on
@@ -308,6 +309,7 @@ def run(
                 # context.
                 took, value = _native._restart_call(_nothing, (), None)
                 if took:
+                    _restart_section.leave()
                     raise failure
             _release_frames(failure)
             failure = None
@@ -335,6 +337,7 @@ def run(
         gc.collect()
         while True:
             if max_restarts is not None and done_restarts >= max_restarts:
+                _restart_section.leave()
                 raise exc
             info = _native._restart_ack()
             done_restarts += 1
@@ -354,6 +357,9 @@ def run(
             if done:
                 break
             exc = value
+        # The next attempt's own sections (``warden.heal``'s ``heal``
+        # around its regrouping) take over from here.
+        _restart_section.leave()
 
 
 #: How long an exception waits for a restart request that may be on its
@@ -395,6 +401,9 @@ def _restarts_for(exc: Exception) -> str:
     if _native._restart_pending() is not None:
         return _REQUESTED
     if _heal_declared and _lost_peer(exc):
+        # The wait for the lost peer's heal, and then this restart's
+        # teardown, in ``restart`` (see ``_RestartSection``).
+        _restart_section.enter()
         begun = _next_attempt_begun
         if begun is not None and begun() is not None:
             _close_groups(exc)
@@ -423,6 +432,50 @@ def _restarts_for(exc: Exception) -> str:
         return _NO
     return _REQUESTED if _wait_pending(_PEER_GRACE_S) else _NO
 
+
+class _RestartSection:
+    """The ``restart`` section (the agent's name for a rank restarting in
+    process, judged by ``hang.heal_timeout``, 2 min until calibrated) from
+    a lost peer's error until the next attempt begins: the wait for that
+    peer's heal, then the old attempt's teardown.
+
+    The agent puts a rank in ``restart`` itself from a restart it asked,
+    but not while the rank waits for one, nor after a restart the rank
+    began itself (``_JOINED``). Across hosts that wait lasts the lost
+    host's lease TTL and the others' rejoin grace (``WARDEN_HEAL_PEER_WAIT_S``),
+    seconds; out of any section it was judged against the job's ``idle``
+    threshold (the calibrated gap between steps, 3 s at least), and the
+    survivor was called hung while it waited as designed: a false hang
+    incident on a healthy host (suspected infrastructure) and a needless
+    round of the same hosts before the lost host's (seen in CI, issue 31).
+    Bounded still: the wait ends by itself, and a teardown stuck past
+    ``hang.heal_timeout`` is found."""
+
+    def __init__(self) -> None:
+        self._open: Any = None
+
+    def enter(self) -> None:
+        if self._open is not None:
+            return
+        try:
+            s = _native.section(_RESTART_SECTION)
+            s.__enter__()
+        except Exception as e:  # no client: nothing judges this rank
+            print(f"warden: no '{_RESTART_SECTION}' section: {e}", file=sys.stderr)
+            return
+        self._open = s
+
+    def leave(self) -> None:
+        s, self._open = self._open, None
+        if s is not None:
+            s.__exit__(None, None, None)
+
+
+#: The agent's section for a rank restarting in process
+#: (``warden_core::detect::calibration::RESTART``).
+_RESTART_SECTION = "restart"
+
+_restart_section = _RestartSection()
 
 #: Set by ``warden.heal.declare``: a peer's loss is healed, so an error
 #: that says a peer's connection ended waits for the restart first.

@@ -407,7 +407,9 @@ def _recovering() -> Any:
     agent asked for, the agent judges it in ``restart`` (``hang.heal_timeout``
     as well, from the ask), where a gloo group's destructor that joins a
     worker thread still in a collective is a stall it still finds; after a
-    restart this rank began itself, at the between-steps threshold.
+    lost peer's error (the wait for its heal, then the teardown, whether
+    the agent asks or this rank joins the peers' next attempt itself) the
+    client marks ``restart`` itself (``_restart._RestartSection``).
     """
     if _restart.restart_count() > 0:
         return _native.section("heal")

@@ -33,8 +33,11 @@ pub const HEAL: &str = "heal";
 /// Where the agent puts a rank it asked to restart in process, from the
 /// ask until the rank steps again (its teardown, process group and
 /// restore), unless it opened a section since: the client marks no
-/// section there, and the gap between steps its `idle` was calibrated on
-/// is far shorter than a restart.
+/// section of its own there, and the gap between steps its `idle` was
+/// calibrated on is far shorter than a restart. The Python client opens a
+/// section of this name from a lost peer's error until its next attempt
+/// (the wait for the peer's heal and the teardown, which no ask of the
+/// agent's covers).
 pub const RESTART: &str = "restart";
 
 /// Why calibration could not be loaded or saved.
