@@ -25,41 +25,54 @@ protoc --version 2>/dev/null || true
 slurmctld -V 2>/dev/null || true
 promtool --version 2>/dev/null | head -1 || true
 
-step "the wheel (deploy/build-wheel.sh: release build of the binaries and the extension, manylinux_2_28)"
-bash deploy/build-wheel.sh
-
-step "python venv (.venv, inside the clone) with the warden wheel, pytest, kubernetes-validate, stock gRPC clients"
+step "python venv (.venv, inside the clone): pytest, kubernetes-validate, stock gRPC clients, real torch and the training frameworks, downloaded in the background while the wheel builds"
 # The system tests drive real Python ranks through this interpreter
 # (WARDEN_TEST_PYTHON), so they and the Python tests run against the
 # installed wheel, as users get it (its warden and wardend land in
 # .venv/bin; the Rust tests still run their own debug builds).
 # kubernetes-validate checks deploy/kubernetes against the Kubernetes
 # schemas (tests/deploy.rs); tests/container.rs builds the trainer image
-# from this interpreter and its warden package.
-python3 -m venv .venv
-.venv/bin/pip install --quiet --upgrade pip
-.venv/bin/pip install --quiet pytest kubernetes-validate
+# from this interpreter and its warden package. The stock gRPC clients
+# tests/interop.rs drives over the Unix sockets (grpcio, grpclib, grpcurl)
+# are pinned.
+#
+# Real torch (CPU use, gloo) for the system tests: PyPI's torch with only
+# the CUDA libraries it loads at import (no triton),
+# tests/torch/requirements.txt, docs/dependencies.md; about 100 s and
+# 4.3 GB on a fresh machine, nothing when already there. The training
+# frameworks (PyTorch Lightning, Transformers, JAX and Orbax) for the
+# integrations' tests, pinned, --no-deps, on top of that torch
+# (tests/frameworks/requirements.txt, tests/jax/requirements.txt): about
+# 700 MB and 40 s. Mostly downloads: they run beside the wheel's release
+# build, which has the cores (docs/testing.md, "Where CI's time goes").
+venv_log=$(mktemp)
+(
+  set -euo pipefail
+  python3 -m venv .venv
+  .venv/bin/pip install --quiet --upgrade pip
+  .venv/bin/pip install --quiet pytest kubernetes-validate
+  .venv/bin/pip install --quiet -r tests/interop/requirements.txt
+  bash tests/torch-venv.sh .venv/bin/python
+  bash tests/frameworks-venv.sh .venv/bin/python
+) >"$venv_log" 2>&1 &
+venv_pid=$!
+
+step "the wheel (deploy/build-wheel.sh: release build of the binaries and the extension, manylinux_2_28)"
+bash deploy/build-wheel.sh
+
+step "the venv's set-up, awaited, and the wheel installed in it"
+if ! wait "$venv_pid"; then
+  cat "$venv_log"
+  echo "run-all.sh: setting up .venv failed (its log above)" >&2
+  exit 1
+fi
+cat "$venv_log"
+rm -f "$venv_log"
 .venv/bin/pip install --quiet --force-reinstall --no-deps dist/warden-*.whl
-# The stock gRPC clients tests/interop.rs drives over the Unix sockets
-# (grpcio, grpclib, grpcurl), pinned.
-.venv/bin/pip install --quiet -r tests/interop/requirements.txt
 export WARDEN_TEST_PYTHON="$PWD/.venv/bin/python"
-
-step "real torch (CPU use, gloo) in .venv for tests/torch_faults.rs, when it is missing"
-# PyPI's torch with only the CUDA libraries it loads at import (no triton):
-# tests/torch/requirements.txt, docs/dependencies.md. About 100 s and 4.3 GB
-# on a fresh machine; nothing when already there.
-bash tests/torch-venv.sh .venv/bin/python
-# The torch tests fail instead of skipping when torch is missing.
+# The torch tests fail instead of skipping when torch is missing, and
+# client/python/tests when a framework is.
 export WARDEN_REQUIRE_TORCH=1
-
-step "training frameworks (PyTorch Lightning, Transformers, JAX and Orbax) in .venv for the integrations' tests, when missing"
-# Pinned, --no-deps, on top of the torch above (tests/frameworks/requirements.txt,
-# tests/jax/requirements.txt, docs/dependencies.md): about 250 MB and 30 s,
-# and JAX and Orbax about 460 MB (jaxlib 350 MB) and 10 s more; nothing
-# when already there.
-bash tests/frameworks-venv.sh .venv/bin/python
-# client/python/tests fail instead of skipping when a framework is missing.
 export WARDEN_REQUIRE_FRAMEWORKS=1
 
 step "cargo fmt --check"
