@@ -281,9 +281,19 @@ pub fn scan(reg: &mut Registry, cfg: &HangConfig, now_ns: u64, prev_ns: u64) -> 
             entry.restarting = false;
         }
         let since = entry.restarting_since();
-        let innermost = live_sections(snap, since).last().map(|o| o.id);
-        let name = innermost.map(|id| entry_name(&mut entry.names, slots, entry.slot, id));
+        let innermost = live_sections(snap, since)
+            .last()
+            .map(|o| (o.id, o.entered_ns));
+        let name = innermost.map(|(id, _)| entry_name(&mut entry.names, slots, entry.slot, id));
         let section = section_of(snap, since, name.as_deref());
+        if section == calibration::HEAL_WAIT
+            && let Some((_, entered)) = innermost
+        {
+            // The rank restarts by itself (the client's wait for a lost
+            // peer's heal): the gap it leaves between two steps is no
+            // `idle` sample, as after an ask of the agent's.
+            entry.restarted_ns = entry.restarted_ns.max(entered);
+        }
         entry.threshold = Some(hang::threshold(cfg, &section, &mut job.calibration));
         entry.section = section;
         if entry.cpu_mark.is_none()
@@ -495,7 +505,9 @@ fn ingest(
             sections.clear();
             for sec in &st.sections {
                 let name = name_of(sec.id);
-                if !name.is_empty() && name != "step" {
+                // A lost peer's heal awaited inside a step still open is
+                // the launcher's wait, not the job's section.
+                if !name.is_empty() && name != "step" && name != calibration::HEAL_WAIT {
                     cal.add(&name, sec.total_ns, cap);
                     sections.push((name, sec.total_ns));
                 }
@@ -654,6 +666,89 @@ mod tests {
                 < Some(10 * MS),
             "an idle sample spans the restart"
         );
+    }
+
+    /// A rank that lost a peer waits for the peer's heal in the client's
+    /// `heal_wait` section, then restarts by itself (no ask of the agent's):
+    /// that wait is judged by `hang.heal_timeout`, not the `idle` threshold
+    /// (a survivor waiting as designed was called hung), and the gap it
+    /// leaves between two steps is no `idle` sample; a wait past the
+    /// bound is still a hang.
+    #[test]
+    fn a_lost_peers_heal_awaited_by_the_client_is_judged_by_the_heal_timeout() {
+        use warden_slot::FIRST_USER_SECTION;
+        let dir = tempfile::tempdir().unwrap();
+        let mut reg = Registry::new(&dir.path().join("run"), &dir.path().join("state"), 4).unwrap();
+        let t0 = warden_slot::clock::syscall_now();
+        let a = reg
+            .register(&RegisterRequest::for_test("j", 0, 1), t0)
+            .unwrap();
+        let slot = a.slot_index;
+        let s = reg.slots().slot(slot).unwrap();
+        s.attach_writer(a.generation, std::process::id());
+        s.write_name(FIRST_USER_SECTION, calibration::HEAL_WAIT);
+        let mut cfg = HangConfig::default();
+        cfg.timeouts.insert(IDLE.into(), Duration::from_secs(1));
+        let key = RankKey {
+            job: "j".into(),
+            rank: 0,
+        };
+        let idle = |reg: &mut Registry| reg.jobs.get_mut("j").unwrap().calibration.count(IDLE);
+        let sec = 1_000 * MS;
+
+        step(&reg, slot, 1, t0 + MS, 10 * MS);
+        step(&reg, slot, 2, t0 + 12 * MS, 10 * MS);
+        scan(&mut reg, &cfg, t0 + 30 * MS, t0);
+        assert_eq!(idle(&mut reg), 1);
+
+        // Step 3 fails on the lost peer; the client waits 4 s (idle's 1 s
+        // four times over) for the heal.
+        step(&reg, slot, 3, t0 + 24 * MS, 10 * MS);
+        reg.slots()
+            .writer(slot)
+            .unwrap()
+            .section_open(FIRST_USER_SECTION, t0 + 40 * MS);
+        scan(&mut reg, &cfg, t0 + 4 * sec, t0 + 30 * MS);
+        let e = &reg.ranks[&key];
+        assert_eq!(e.state, RankState::Running, "a heal awaited called a hang");
+        assert_eq!(e.section, calibration::HEAL_WAIT);
+        assert!(!e.restarting, "no ask of the agent's");
+
+        // Its next attempt steps: the 5 s gap is no idle sample.
+        reg.slots()
+            .writer(slot)
+            .unwrap()
+            .section_close(FIRST_USER_SECTION, t0 + 5 * sec);
+        step(&reg, slot, 4, t0 + 5 * sec + 10 * MS, 10 * MS);
+        scan(&mut reg, &cfg, t0 + 5 * sec + 30 * MS, t0 + 4 * sec);
+        assert_eq!(reg.ranks[&key].section, IDLE);
+        assert_eq!(
+            idle(&mut reg),
+            2,
+            "step 2 to 3 counts, 3 to 4 (the wait) does not"
+        );
+        assert!(
+            reg.jobs
+                .get_mut("j")
+                .unwrap()
+                .calibration
+                .percentile(IDLE, 1.0)
+                < Some(10 * MS),
+            "an idle sample spans the wait"
+        );
+
+        // A wait that never ends is a hang, at the heal timeout.
+        let from = t0 + 6 * sec;
+        reg.slots()
+            .writer(slot)
+            .unwrap()
+            .section_open(FIRST_USER_SECTION, from);
+        let bound = u64::try_from(cfg.heal_timeout.as_nanos()).unwrap();
+        scan(&mut reg, &cfg, from + bound - sec, t0 + 5 * sec + 30 * MS);
+        assert_eq!(reg.ranks[&key].state, RankState::Running);
+        scan(&mut reg, &cfg, from + bound + sec, from + bound - sec);
+        assert_eq!(reg.ranks[&key].state, RankState::Hung);
+        assert_eq!(reg.ranks[&key].section, calibration::HEAL_WAIT);
     }
 
     /// A rank asked to restart in process tears down and re-initialises

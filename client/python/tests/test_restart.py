@@ -182,11 +182,11 @@ def open_sections() -> list[str]:
     return [name for name, _ in warden.default_client().snapshot()["open_sections"]]
 
 
-def test_a_lost_peers_heal_is_awaited_in_the_restart_section_until_the_next_attempt(
+def test_a_lost_peers_heal_is_awaited_in_the_heal_wait_section_until_the_next_attempt(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """With ``warden.heal`` declared, a lost peer's error waits for its heal
-    in ``restart``, not between steps (``idle``, where the agent called the
+    in ``heal_wait``, not between steps (``idle``, where the agent called the
     waiting survivor hung: issue 31), through the peers' next attempt joined
     without a request (``_JOINED``), and no longer once it runs."""
     seen_waiting: list[list[str]] = []
@@ -211,14 +211,14 @@ def test_a_lost_peers_heal_is_awaited_in_the_restart_section_until_the_next_atte
     assert warden.run(train) == before + 1
     assert attempts == [[], []], "the next attempt starts with no section open"
     # The first call is the check that the store can be asked at all.
-    assert seen_waiting[1:] and all(s == ["restart"] for s in seen_waiting[1:]), seen_waiting
+    assert seen_waiting[1:] and all(s == ["heal_wait"] for s in seen_waiting[1:]), seen_waiting
     snap = warden.default_client().snapshot()
     assert (snap["depth"], snap["misuse"]) == (0, 0)
 
 
-def test_a_lost_peers_error_no_heal_answers_leaves_the_restart_section(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_lost_peers_error_no_heal_answers_leaves_the_heal_wait_section(monkeypatch: pytest.MonkeyPatch) -> None:
     """No request and no next attempt within the wait: the error stands,
-    and the ``restart`` section is closed behind it."""
+    and the ``heal_wait`` section is closed behind it."""
     monkeypatch.setattr(_restart, "_heal_declared", True)
     monkeypatch.setattr(_restart, "_next_attempt_begun", lambda: False)
     monkeypatch.setattr(_restart, "_PEER_GRACE_S", 0.05)
@@ -237,7 +237,28 @@ def test_a_lost_peers_error_no_heal_answers_leaves_the_restart_section(monkeypat
     monkeypatch.setattr(_restart, "_wait_request_or", waiting)
     with pytest.raises(RuntimeError, match="Connection reset by peer"):
         warden.run(train)
-    assert seen == [["restart"]]
+    assert seen == [["heal_wait"]]
+    assert open_sections() == []
+
+
+def test_a_failing_restart_hook_after_a_lost_peer_leaves_no_section_open(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``on_restart`` raising after a lost peer's heal was joined: its error
+    is the program's, and ``heal_wait`` does not outlive it (every later gap
+    between steps would be judged as a heal awaited)."""
+    monkeypatch.setattr(_restart, "_heal_declared", True)
+    monkeypatch.setattr(_restart, "_next_attempt_begun", lambda: True)
+    hooked: list[list[str]] = []
+
+    def hook(e: warden.RestartRequested) -> None:
+        hooked.append(open_sections())
+        raise ValueError("teardown failed")
+
+    def train() -> None:
+        raise RuntimeError("Connection closed by peer")
+
+    with pytest.raises(ValueError, match="teardown failed"):
+        warden.run(train, on_restart=hook)
+    assert hooked == [["heal_wait"]]
     assert open_sections() == []
 
 

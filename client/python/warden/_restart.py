@@ -287,79 +287,79 @@ def run(
             done, value = _native._restart_call(train_fn, call_args, call_kwargs)
         except Exception as e:
             failure = e
-        if failure is not None:
-            how = _restarts_for(failure)
-            if how == _NO:
-                _restart_section.leave()
-                raise failure
-            if how == _JOINED:
-                # No request: the peers' next attempt began (a heal on
-                # another host); this rank restarts to join it.
-                n = _current_count() + 1
-                value = RestartRequested(
-                    f"a lost peer is healed by its own host's launcher: joining the peers' next attempt (restart {n})",
-                    seq=0,
-                    restart_count=n,
-                    reason="a lost peer is healed by its own host's launcher",
-                )
-                print(f"warden: {value}", file=sys.stderr, flush=True)
-            else:
-                # Taken outside the handler, so the restart does not chain
-                # the error (whose frames hold the old process group) as
-                # context.
-                took, value = _native._restart_call(_nothing, (), None)
-                if took:
-                    _restart_section.leave()
+        try:
+            if failure is not None:
+                how = _restarts_for(failure)
+                if how == _NO:
                     raise failure
-            _release_frames(failure)
-            failure = None
-            done = False
-        if done:
-            return value  # type: ignore[no-any-return]
-        exc: RestartRequested = value
-        # The attempt's group is of no further use: its connections are
-        # shut down first (a group warden.heal made records them), so that
-        # a worker thread of its still blocked in a collective returns and
-        # the group's destructor (below) does not wait on it (measured: 3 to
-        # 8 s in about 1 heal of 6, until the agent's hang detection asked
-        # again and the rank left with exit 75), and a peer blocked on
-        # this rank's sockets fails at once instead of waiting for its own
-        # watchdog.
-        _shut_heal_sockets()
-        # The frames the restart interrupted hold the attempt's objects (its
-        # process group among them): a gloo group lives, its sockets open and
-        # its peers waiting on them, until the last reference goes.
-        _release_frames(exc)
-        # A DDP wrapper of the attempt holds the group too, and sits in
-        # reference cycles (module hooks): only the cycle collector frees
-        # it, and a peer blocked on this rank's sockets waits until it does
-        # (measured: gloo's whole 600 s timeout).
-        gc.collect()
-        while True:
-            if max_restarts is not None and done_restarts >= max_restarts:
-                _restart_section.leave()
-                raise exc
-            info = _native._restart_ack()
-            done_restarts += 1
-            if info and info["seq"] == exc.seq:
-                # What the stream said since the raise (the slot is terse).
-                exc.reason = exc.reason or info["reason"]
-                exc.incident_id = exc.incident_id or info["incident_id"]
-            agent_count = int(info["restart_count"]) if info else 0
-            _count = max(agent_count, _current_count() + 1)
-            # The groups the request aborted: gone, so the next attempt
-            # makes new ones (init_process_group on a new store).
-            _torch.destroy_after_abort()
-            if on_restart is None:
-                break
-            # A newer request during the hook restarts again, acknowledged.
-            done, value = _native._restart_call(on_restart, (exc,), None)
+                if how == _JOINED:
+                    # No request: the peers' next attempt began (a heal on
+                    # another host); this rank restarts to join it.
+                    n = _current_count() + 1
+                    value = RestartRequested(
+                        f"a lost peer is healed by its own host's launcher: joining the peers' next attempt (restart {n})",
+                        seq=0,
+                        restart_count=n,
+                        reason="a lost peer is healed by its own host's launcher",
+                    )
+                    print(f"warden: {value}", file=sys.stderr, flush=True)
+                else:
+                    # Taken outside the handler, so the restart does not chain
+                    # the error (whose frames hold the old process group) as
+                    # context.
+                    took, value = _native._restart_call(_nothing, (), None)
+                    if took:
+                        raise failure
+                _release_frames(failure)
+                failure = None
+                done = False
             if done:
-                break
-            exc = value
-        # The next attempt's own sections (``warden.heal``'s ``heal``
-        # around its regrouping) take over from here.
-        _restart_section.leave()
+                return value  # type: ignore[no-any-return]
+            exc: RestartRequested = value
+            # The attempt's group is of no further use: its connections are
+            # shut down first (a group warden.heal made records them), so that
+            # a worker thread of its still blocked in a collective returns and
+            # the group's destructor (below) does not wait on it (measured: 3 to
+            # 8 s in about 1 heal of 6, until the agent's hang detection asked
+            # again and the rank left with exit 75), and a peer blocked on
+            # this rank's sockets fails at once instead of waiting for its own
+            # watchdog.
+            _shut_heal_sockets()
+            # The frames the restart interrupted hold the attempt's objects (its
+            # process group among them): a gloo group lives, its sockets open and
+            # its peers waiting on them, until the last reference goes.
+            _release_frames(exc)
+            # A DDP wrapper of the attempt holds the group too, and sits in
+            # reference cycles (module hooks): only the cycle collector frees
+            # it, and a peer blocked on this rank's sockets waits until it does
+            # (measured: gloo's whole 600 s timeout).
+            gc.collect()
+            while True:
+                if max_restarts is not None and done_restarts >= max_restarts:
+                    raise exc
+                info = _native._restart_ack()
+                done_restarts += 1
+                if info and info["seq"] == exc.seq:
+                    # What the stream said since the raise (the slot is terse).
+                    exc.reason = exc.reason or info["reason"]
+                    exc.incident_id = exc.incident_id or info["incident_id"]
+                agent_count = int(info["restart_count"]) if info else 0
+                _count = max(agent_count, _current_count() + 1)
+                # The groups the request aborted: gone, so the next attempt
+                # makes new ones (init_process_group on a new store).
+                _torch.destroy_after_abort()
+                if on_restart is None:
+                    break
+                # A newer request during the hook restarts again, acknowledged.
+                done, value = _native._restart_call(on_restart, (exc,), None)
+                if done:
+                    break
+                exc = value
+        finally:
+            # A lost peer's heal awaited (``_restarts_for``) ends here, on
+            # every way out: the next attempt's own sections
+            # (``warden.heal``'s ``heal`` around its regrouping) take over.
+            _restart_section.leave()
 
 
 #: How long an exception waits for a restart request that may be on its
@@ -402,7 +402,7 @@ def _restarts_for(exc: Exception) -> str:
         return _REQUESTED
     if _heal_declared and _lost_peer(exc):
         # The wait for the lost peer's heal, and then this restart's
-        # teardown, in ``restart`` (see ``_RestartSection``).
+        # teardown, in ``heal_wait`` (see ``_RestartSection``).
         _restart_section.enter()
         begun = _next_attempt_begun
         if begun is not None and begun() is not None:
@@ -434,22 +434,24 @@ def _restarts_for(exc: Exception) -> str:
 
 
 class _RestartSection:
-    """The ``restart`` section (the agent's name for a rank restarting in
-    process, judged by ``hang.heal_timeout``, 2 min until calibrated) from
-    a lost peer's error until the next attempt begins: the wait for that
-    peer's heal, then the old attempt's teardown.
+    """The ``heal_wait`` section from a lost peer's error until the next
+    attempt begins: the wait for that peer's heal, then the old attempt's
+    teardown. The agent judges it by ``hang.heal_timeout`` (2 min; set
+    apart as ``hang.timeouts.heal_wait``), never calibrates it, and takes
+    the gap it leaves between two steps for no ``idle`` sample.
 
-    The agent puts a rank in ``restart`` itself from a restart it asked,
-    but not while the rank waits for one, nor after a restart the rank
-    began itself (``_JOINED``). Across hosts that wait lasts the lost
-    host's lease TTL and the others' rejoin grace (``WARDEN_HEAL_PEER_WAIT_S``),
-    seconds; out of any section it was judged against the job's ``idle``
-    threshold (the calibrated gap between steps, 3 s at least), and the
-    survivor was called hung while it waited as designed: a false hang
-    incident on a healthy host (suspected infrastructure) and a needless
-    round of the same hosts before the lost host's (seen in CI, issue 31).
-    Bounded still: the wait ends by itself, and a teardown stuck past
-    ``hang.heal_timeout`` is found."""
+    The agent puts a rank in ``restart`` itself from a restart it asks, but
+    not while the rank waits for one, nor after a restart the rank began
+    itself (``_JOINED``). Across hosts that wait lasts the lost host's lease
+    TTL and the others' rejoin grace (``WARDEN_HEAL_PEER_WAIT_S``), seconds;
+    out of any section it was judged against the job's ``idle`` threshold
+    (the calibrated gap between steps, 3 s at least), and the survivor was
+    called hung while it waited as designed: a false hang incident on a
+    healthy host (suspected infrastructure) and a needless round of the
+    same hosts before the lost host's (seen in CI, issue 31). Bounded
+    still: the wait ends by itself, and a teardown stuck past the timeout
+    is found. ``run`` leaves it on every way out of the restart's handling
+    (a ``finally``)."""
 
     def __init__(self) -> None:
         self._open: Any = None
@@ -458,10 +460,10 @@ class _RestartSection:
         if self._open is not None:
             return
         try:
-            s = _native.section(_RESTART_SECTION)
+            s = _native.section(_HEAL_WAIT_SECTION)
             s.__enter__()
         except Exception as e:  # no client: nothing judges this rank
-            print(f"warden: no '{_RESTART_SECTION}' section: {e}", file=sys.stderr)
+            print(f"warden: no '{_HEAL_WAIT_SECTION}' section: {e}", file=sys.stderr)
             return
         self._open = s
 
@@ -471,9 +473,9 @@ class _RestartSection:
             s.__exit__(None, None, None)
 
 
-#: The agent's section for a rank restarting in process
-#: (``warden_core::detect::calibration::RESTART``).
-_RESTART_SECTION = "restart"
+#: The client's section for a lost peer's heal awaited
+#: (``warden_core::detect::calibration::HEAL_WAIT``).
+_HEAL_WAIT_SECTION = "heal_wait"
 
 _restart_section = _RestartSection()
 

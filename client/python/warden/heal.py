@@ -409,7 +409,7 @@ def _recovering() -> Any:
     worker thread still in a collective is a stall it still finds; after a
     lost peer's error (the wait for its heal, then the teardown, whether
     the agent asks or this rank joins the peers' next attempt itself) the
-    client marks ``restart`` itself (``_restart._RestartSection``).
+    client marks ``heal_wait`` itself (``_restart._RestartSection``).
     """
     if _restart.restart_count() > 0:
         return _native.section("heal")

@@ -33,12 +33,18 @@ pub const HEAL: &str = "heal";
 /// Where the agent puts a rank it asked to restart in process, from the
 /// ask until the rank steps again (its teardown, process group and
 /// restore), unless it opened a section since: the client marks no
-/// section of its own there, and the gap between steps its `idle` was
-/// calibrated on is far shorter than a restart. The Python client opens a
-/// section of this name from a lost peer's error until its next attempt
-/// (the wait for the peer's heal and the teardown, which no ask of the
-/// agent's covers).
+/// section there, and the gap between steps its `idle` was calibrated on
+/// is far shorter than a restart.
 pub const RESTART: &str = "restart";
+/// The section the Python client opens from a lost peer's error (with
+/// `warden.heal` declared) until its next attempt begins: the wait for
+/// that peer's heal (across hosts, the lost host's lease TTL and the
+/// rejoin grace) and the teardown after it, which no ask of the agent's
+/// covers. Judged by `hang.heal_timeout` until set apart
+/// (`hang.timeouts.heal_wait`), and never calibrated: its length is the
+/// launcher's wait, not the job's. Out of any section it was `idle`, and
+/// a survivor waiting as designed was called hung.
+pub const HEAL_WAIT: &str = "heal_wait";
 
 /// Why calibration could not be loaded or saved.
 #[derive(Debug, thiserror::Error)]

@@ -9,7 +9,7 @@
 
 use std::time::Duration;
 
-use super::calibration::{Calibration, HEAL, IDLE, INIT, RESTART};
+use super::calibration::{Calibration, HEAL, HEAL_WAIT, IDLE, INIT, RESTART};
 use crate::config::HangConfig;
 
 /// A hang threshold and where it came from.
@@ -68,7 +68,7 @@ pub fn threshold(cfg: &HangConfig, section: &str, cal: &mut Calibration) -> Thre
     let value = match section {
         INIT => cfg.init_timeout,
         "checkpoint" => cfg.checkpoint_timeout,
-        HEAL | RESTART => cfg.heal_timeout,
+        HEAL | RESTART | HEAL_WAIT => cfg.heal_timeout,
         _ => cfg.default_timeout,
     };
     Threshold {
@@ -177,6 +177,7 @@ mod tests {
             c.checkpoint_timeout
         );
         assert_eq!(threshold(&c, HEAL, &mut cal).value, c.heal_timeout);
+        assert_eq!(threshold(&c, HEAL_WAIT, &mut cal).value, c.heal_timeout);
         let t = threshold(&c, "forward", &mut cal);
         assert_eq!(t.value, c.default_timeout);
         assert!(t.source.contains("not calibrated"), "{}", t.source);
