@@ -43,8 +43,9 @@ step "python venv (.venv, inside the clone): pytest, kubernetes-validate, stock 
 # frameworks (PyTorch Lightning, Transformers, JAX and Orbax) for the
 # integrations' tests, pinned, --no-deps, on top of that torch
 # (tests/frameworks/requirements.txt, tests/jax/requirements.txt): about
-# 700 MB and 40 s. Mostly downloads: they run beside the wheel's release
-# build, which has the cores (docs/testing.md, "Where CI's time goes").
+# 700 MB and 40 s. Downloads, unpacking and bytecode compilation: they run
+# beside the wheel's release build, which has the cores most of the time
+# (docs/testing.md, "Where CI's time goes").
 venv_log=$(mktemp)
 (
   set -euo pipefail
@@ -56,11 +57,15 @@ venv_log=$(mktemp)
   bash tests/frameworks-venv.sh .venv/bin/python
 ) >"$venv_log" 2>&1 &
 venv_pid=$!
+# Should the wheel's build fail, the venv's job goes with the run, and
+# what it had done is shown.
+trap 'kill "$venv_pid" 2>/dev/null || true; cat "$venv_log" 2>/dev/null || true' EXIT
 
 step "the wheel (deploy/build-wheel.sh: release build of the binaries and the extension, manylinux_2_28)"
 bash deploy/build-wheel.sh
 
 step "the venv's set-up, awaited, and the wheel installed in it"
+trap - EXIT
 if ! wait "$venv_pid"; then
   cat "$venv_log"
   echo "run-all.sh: setting up .venv failed (its log above)" >&2
