@@ -95,7 +95,9 @@ pub struct HangConfig {
     /// attempt's regrouping and heal from a live replica, where the
     /// survivors wait for their replacement (`warden.heal`); and of
     /// "restart", where the agent puts a rank it asked to restart in
-    /// process until it steps again (its teardown and re-initialisation).
+    /// process until it steps again (its teardown and re-initialisation);
+    /// and of "heal_wait" always (never calibrated), where the Python
+    /// client awaits a lost peer's heal.
     #[serde(with = "duration")]
     pub heal_timeout: Duration,
     /// Timeout of any other section until it is calibrated.

@@ -181,6 +181,12 @@ pub struct RankEntry {
     /// not the loop's own time between steps: it is no `idle` sample, or
     /// each restart would raise the job's between-steps hang threshold.
     pub restarted_ns: u64,
+    /// When the rank last began to await a lost peer's heal by itself (the
+    /// client's `heal_wait` section, seen live by a scan; 0 for never):
+    /// like an ask, the gap between two steps that spans it is no `idle`
+    /// sample. Kept apart from `restarted_ns`, which is the agent's ask
+    /// and tells which of the rank's open sections are stale.
+    pub heal_wait_ns: u64,
     /// Asked to restart in process at `restarted_ns` and no step begun
     /// since (the step the ask interrupted ends, as a completed one, in
     /// the teardown: it is no sign of a new attempt). Between the ask and
@@ -544,6 +550,7 @@ impl Registry {
                 last: None,
                 ingested_start_ns: 0,
                 restarted_ns: 0,
+                heal_wait_ns: 0,
                 restarting: false,
                 section: calibration::INIT.into(),
                 threshold: None,

@@ -252,7 +252,7 @@ pub fn scan(reg: &mut Registry, cfg: &HangConfig, now_ns: u64, prev_ns: u64) -> 
                     &mut entry.straggler,
                     &mut |s| out.goodput.push_step(&entry.key.job, entry.key.rank, s),
                     entry.pid,
-                    entry.restarted_ns,
+                    [entry.restarted_ns, entry.heal_wait_ns],
                 );
             }
             if snap.writer_is_owner() {
@@ -281,18 +281,19 @@ pub fn scan(reg: &mut Registry, cfg: &HangConfig, now_ns: u64, prev_ns: u64) -> 
             entry.restarting = false;
         }
         let since = entry.restarting_since();
-        let innermost = live_sections(snap, since)
-            .last()
-            .map(|o| (o.id, o.entered_ns));
-        let name = innermost.map(|(id, _)| entry_name(&mut entry.names, slots, entry.slot, id));
+        let innermost = live_sections(snap, since).last().map(|o| o.id);
+        let name = innermost.map(|id| entry_name(&mut entry.names, slots, entry.slot, id));
         let section = section_of(snap, since, name.as_deref());
-        if section == calibration::HEAL_WAIT
-            && let Some((_, entered)) = innermost
-        {
-            // The rank restarts by itself (the client's wait for a lost
-            // peer's heal): the gap it leaves between two steps is no
-            // `idle` sample, as after an ask of the agent's.
-            entry.restarted_ns = entry.restarted_ns.max(entered);
+        // The rank awaits a lost peer's heal by itself (the client's
+        // `heal_wait`, innermost or not: a hook may open its own inside):
+        // the gap it leaves between two steps is no `idle` sample, as
+        // after an ask of the agent's.
+        for o in &snap.open_sections {
+            if o.entered_ns > entry.heal_wait_ns
+                && entry_name(&mut entry.names, slots, entry.slot, o.id) == calibration::HEAL_WAIT
+            {
+                entry.heal_wait_ns = o.entered_ns;
+            }
         }
         entry.threshold = Some(hang::threshold(cfg, &section, &mut job.calibration));
         entry.section = section;
@@ -475,8 +476,12 @@ fn stalled_past(progress_ns: u64, now_ns: u64, threshold: Option<&Threshold>) ->
 /// Feeds the completed steps newer than `after_start_ns` into calibration,
 /// the rank's step times and its per-section samples (the straggler
 /// detector's input); returns the newest start time fed. The gap before a
-/// step is an `idle` sample unless it spans `restarted_ns`, the rank's last
-/// restart request (see [`RankEntry::restarted_ns`]).
+/// step is an `idle` sample unless it spans one of `restarts`: the rank's
+/// last restart request ([`RankEntry::restarted_ns`]) and the last time it
+/// began to await a lost peer's heal ([`RankEntry::heal_wait_ns`]). A step
+/// in which it awaited one (its step left open through the wait) is no
+/// sample of `step`, of its sections, or of the rank's step times: its
+/// length is the launcher's wait.
 #[allow(clippy::too_many_arguments)]
 fn ingest(
     snap: &SlotSnapshot,
@@ -489,7 +494,7 @@ fn ingest(
     samples: &mut RankSamples,
     ledger: &mut dyn FnMut(warden_core::goodput::StepObs),
     pid: u32,
-    restarted_ns: u64,
+    restarts: [u64; 2],
 ) -> u64 {
     let mut newest = after_start_ns;
     let mut prev_end: Option<u64> = None;
@@ -497,25 +502,29 @@ fn ingest(
     for st in &snap.recent_steps {
         let end = st.start_ns.saturating_add(st.duration_ns);
         if st.start_ns > after_start_ns && st.duration_ns > 0 && end <= now_ns {
-            cal.add("step", st.duration_ns, cap);
-            if step_times.len() >= RankEntry::STEP_TIMES {
-                step_times.pop_front();
-            }
-            step_times.push_back(st.duration_ns);
             sections.clear();
+            let mut awaited_heal = false;
             for sec in &st.sections {
                 let name = name_of(sec.id);
-                // A lost peer's heal awaited inside a step still open is
-                // the launcher's wait, not the job's section.
-                if !name.is_empty() && name != "step" && name != calibration::HEAL_WAIT {
-                    cal.add(&name, sec.total_ns, cap);
+                awaited_heal |= name == calibration::HEAL_WAIT;
+                if !name.is_empty() && name != "step" {
                     sections.push((name, sec.total_ns));
                 }
             }
-            samples.push_step(
-                st.duration_ns,
-                sections.iter().map(|(n, ns)| (n.as_str(), *ns)),
-            );
+            if !awaited_heal {
+                cal.add("step", st.duration_ns, cap);
+                if step_times.len() >= RankEntry::STEP_TIMES {
+                    step_times.pop_front();
+                }
+                step_times.push_back(st.duration_ns);
+                for (name, ns) in &sections {
+                    cal.add(name, *ns, cap);
+                }
+                samples.push_step(
+                    st.duration_ns,
+                    sections.iter().map(|(n, ns)| (n.as_str(), *ns)),
+                );
+            }
             ledger(warden_core::goodput::StepObs {
                 pid,
                 step: st.step,
@@ -530,7 +539,7 @@ fn ingest(
             });
             if let Some(pe) = prev_end
                 && st.start_ns > pe
-                && !(pe..st.start_ns).contains(&restarted_ns)
+                && !restarts.iter().any(|t| (pe..st.start_ns).contains(t))
             {
                 cal.add(IDLE, st.start_ns - pe, cap);
             }
@@ -749,6 +758,66 @@ mod tests {
         scan(&mut reg, &cfg, from + bound + sec, from + bound - sec);
         assert_eq!(reg.ranks[&key].state, RankState::Hung);
         assert_eq!(reg.ranks[&key].section, calibration::HEAL_WAIT);
+    }
+
+    /// A `heal_wait` begun after an ask of the agent's (the next attempt
+    /// lost a peer before its first step) stays the rank's live section
+    /// scan after scan (it is no stale section of before the ask), and a
+    /// step the client left open through the wait is no sample of `step`
+    /// or of the rank's step times.
+    #[test]
+    fn a_heal_awaited_after_an_ask_stays_its_section_and_its_step_is_no_sample() {
+        use warden_slot::FIRST_USER_SECTION;
+        let dir = tempfile::tempdir().unwrap();
+        let mut reg = Registry::new(&dir.path().join("run"), &dir.path().join("state"), 4).unwrap();
+        let t0 = warden_slot::clock::syscall_now();
+        let a = reg
+            .register(&RegisterRequest::for_test("j", 0, 1), t0)
+            .unwrap();
+        let slot = a.slot_index;
+        let s = reg.slots().slot(slot).unwrap();
+        s.attach_writer(a.generation, std::process::id());
+        s.write_name(FIRST_USER_SECTION, calibration::HEAL_WAIT);
+        let cfg = HangConfig::default();
+        let key = RankKey {
+            job: "j".into(),
+            rank: 0,
+        };
+        let steps = |reg: &mut Registry| reg.jobs.get_mut("j").unwrap().calibration.count("step");
+        let sec = 1_000 * MS;
+
+        step(&reg, slot, 1, t0 + MS, 10 * MS);
+        scan(&mut reg, &cfg, t0 + 20 * MS, t0);
+        assert_eq!(steps(&mut reg), 1);
+
+        // Asked at 30 ms; the next attempt's step 2 loses a peer and waits
+        // in heal_wait from 100 ms, its step left open.
+        reg.ranks.get_mut(&key).unwrap().restart_asked(t0 + 30 * MS);
+        let w = || reg.slots().writer(slot).unwrap();
+        w().step_begin(2, t0 + 90 * MS);
+        w().section_open(FIRST_USER_SECTION, t0 + 100 * MS);
+        for at in [sec, 2 * sec, 3 * sec] {
+            scan(&mut reg, &cfg, t0 + at, t0 + at - sec);
+            let e = &reg.ranks[&key];
+            assert_eq!(e.section, calibration::HEAL_WAIT, "at {at} ns");
+            assert_eq!(e.restarted_ns, t0 + 30 * MS, "the ask is the agent's own");
+        }
+        // The wait ends, the open step with it; step 3 is the next attempt's.
+        let w = || reg.slots().writer(slot).unwrap();
+        w().section_close(FIRST_USER_SECTION, t0 + 4 * sec);
+        w().step_end(2, t0 + 4 * sec + MS);
+        step(&reg, slot, 3, t0 + 4 * sec + 10 * MS, 10 * MS);
+        scan(&mut reg, &cfg, t0 + 4 * sec + 30 * MS, t0 + 3 * sec);
+        assert_eq!(
+            steps(&mut reg),
+            2,
+            "steps 1 and 3; step 2 held the 4 s wait"
+        );
+        assert!(
+            reg.ranks[&key].step_times.iter().all(|&d| d < 100 * MS),
+            "{:?}",
+            reg.ranks[&key].step_times
+        );
     }
 
     /// A rank asked to restart in process tears down and re-initialises
