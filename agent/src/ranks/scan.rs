@@ -235,6 +235,24 @@ pub fn scan(reg: &mut Registry, cfg: &HangConfig, now_ns: u64, prev_ns: u64) -> 
             // still owns (its echoed generation intact), and only records
             // that fit between its registration and now: garbage written
             // over a slot must not teach the agent absurd thresholds.
+            // The rank awaits a lost peer's heal by itself (the client's
+            // `heal_wait`, innermost or not: a hook may open its own
+            // inside): the gap it leaves between two steps is no `idle`
+            // sample, as after an ask of the agent's. Noted before the
+            // step records are read, and only from a slot the client owns,
+            // at a time not past now (garbage would stick: only a later
+            // time replaces it).
+            if snap.writer_is_owner() {
+                for o in &snap.open_sections {
+                    if o.entered_ns > entry.heal_wait_ns
+                        && o.entered_ns <= now_ns
+                        && entry_name(&mut entry.names, slots, entry.slot, o.id)
+                            == calibration::HEAL_WAIT
+                    {
+                        entry.heal_wait_ns = o.entered_ns;
+                    }
+                }
+            }
             let since = entry
                 .ingested_start_ns
                 .max(entry.registered_ns.saturating_sub(1));
@@ -284,17 +302,6 @@ pub fn scan(reg: &mut Registry, cfg: &HangConfig, now_ns: u64, prev_ns: u64) -> 
         let innermost = live_sections(snap, since).last().map(|o| o.id);
         let name = innermost.map(|id| entry_name(&mut entry.names, slots, entry.slot, id));
         let section = section_of(snap, since, name.as_deref());
-        // The rank awaits a lost peer's heal by itself (the client's
-        // `heal_wait`, innermost or not: a hook may open its own inside):
-        // the gap it leaves between two steps is no `idle` sample, as
-        // after an ask of the agent's.
-        for o in &snap.open_sections {
-            if o.entered_ns > entry.heal_wait_ns
-                && entry_name(&mut entry.names, slots, entry.slot, o.id) == calibration::HEAL_WAIT
-            {
-                entry.heal_wait_ns = o.entered_ns;
-            }
-        }
         entry.threshold = Some(hang::threshold(cfg, &section, &mut job.calibration));
         entry.section = section;
         if entry.cpu_mark.is_none()
@@ -760,13 +767,52 @@ mod tests {
         assert_eq!(reg.ranks[&key].section, calibration::HEAL_WAIT);
     }
 
-    /// A `heal_wait` begun after an ask of the agent's (the next attempt
-    /// lost a peer before its first step) stays the rank's live section
-    /// scan after scan (it is no stale section of before the ask), and a
-    /// step the client left open through the wait is no sample of `step`
-    /// or of the rank's step times.
+    /// A `heal_wait` begun after an ask of the agent's, before the next
+    /// attempt's first step (it lost a peer in its regrouping), stays the
+    /// rank's live section scan after scan: it is no stale section of
+    /// before the ask, and the rank is not judged in `restart` meanwhile.
     #[test]
-    fn a_heal_awaited_after_an_ask_stays_its_section_and_its_step_is_no_sample() {
+    fn a_heal_awaited_after_an_ask_stays_its_section() {
+        use warden_slot::FIRST_USER_SECTION;
+        let dir = tempfile::tempdir().unwrap();
+        let mut reg = Registry::new(&dir.path().join("run"), &dir.path().join("state"), 4).unwrap();
+        let t0 = warden_slot::clock::syscall_now();
+        let a = reg
+            .register(&RegisterRequest::for_test("j", 0, 1), t0)
+            .unwrap();
+        let slot = a.slot_index;
+        let s = reg.slots().slot(slot).unwrap();
+        s.attach_writer(a.generation, std::process::id());
+        s.write_name(FIRST_USER_SECTION, calibration::HEAL_WAIT);
+        let cfg = HangConfig::default();
+        let key = RankKey {
+            job: "j".into(),
+            rank: 0,
+        };
+        let sec = 1_000 * MS;
+
+        step(&reg, slot, 1, t0 + MS, 10 * MS);
+        scan(&mut reg, &cfg, t0 + 20 * MS, t0);
+        reg.ranks.get_mut(&key).unwrap().restart_asked(t0 + 30 * MS);
+        reg.slots()
+            .writer(slot)
+            .unwrap()
+            .section_open(FIRST_USER_SECTION, t0 + 100 * MS);
+        for at in [sec, 2 * sec, 3 * sec] {
+            scan(&mut reg, &cfg, t0 + at, t0 + at - sec);
+            let e = &reg.ranks[&key];
+            assert!(e.restarting, "no step since the ask");
+            assert_eq!(e.section, calibration::HEAL_WAIT, "at {at} ns");
+            assert_eq!(e.restarted_ns, t0 + 30 * MS, "the ask is the agent's own");
+            assert_eq!(e.heal_wait_ns, t0 + 100 * MS);
+        }
+    }
+
+    /// A step the client left open through a lost peer's heal awaited is
+    /// no sample of `step`, of its sections, of the rank's step times or
+    /// of its straggler samples: its length is the launcher's wait.
+    #[test]
+    fn a_step_left_open_through_a_heal_awaited_is_no_sample() {
         use warden_slot::FIRST_USER_SECTION;
         let dir = tempfile::tempdir().unwrap();
         let mut reg = Registry::new(&dir.path().join("run"), &dir.path().join("state"), 4).unwrap();
@@ -789,35 +835,28 @@ mod tests {
         step(&reg, slot, 1, t0 + MS, 10 * MS);
         scan(&mut reg, &cfg, t0 + 20 * MS, t0);
         assert_eq!(steps(&mut reg), 1);
-
-        // Asked at 30 ms; the next attempt's step 2 loses a peer and waits
-        // in heal_wait from 100 ms, its step left open.
-        reg.ranks.get_mut(&key).unwrap().restart_asked(t0 + 30 * MS);
+        let pushed = reg.ranks[&key].straggler.pushed();
         let w = || reg.slots().writer(slot).unwrap();
         w().step_begin(2, t0 + 90 * MS);
         w().section_open(FIRST_USER_SECTION, t0 + 100 * MS);
-        for at in [sec, 2 * sec, 3 * sec] {
-            scan(&mut reg, &cfg, t0 + at, t0 + at - sec);
-            let e = &reg.ranks[&key];
-            assert_eq!(e.section, calibration::HEAL_WAIT, "at {at} ns");
-            assert_eq!(e.restarted_ns, t0 + 30 * MS, "the ask is the agent's own");
-        }
-        // The wait ends, the open step with it; step 3 is the next attempt's.
+        scan(&mut reg, &cfg, t0 + sec, t0 + 20 * MS);
         let w = || reg.slots().writer(slot).unwrap();
         w().section_close(FIRST_USER_SECTION, t0 + 4 * sec);
         w().step_end(2, t0 + 4 * sec + MS);
         step(&reg, slot, 3, t0 + 4 * sec + 10 * MS, 10 * MS);
-        scan(&mut reg, &cfg, t0 + 4 * sec + 30 * MS, t0 + 3 * sec);
+        scan(&mut reg, &cfg, t0 + 4 * sec + 30 * MS, t0 + sec);
         assert_eq!(
             steps(&mut reg),
             2,
             "steps 1 and 3; step 2 held the 4 s wait"
         );
+        let e = &reg.ranks[&key];
         assert!(
-            reg.ranks[&key].step_times.iter().all(|&d| d < 100 * MS),
+            e.step_times.iter().all(|&d| d < 100 * MS),
             "{:?}",
-            reg.ranks[&key].step_times
+            e.step_times
         );
+        assert_eq!(e.straggler.pushed(), pushed + 1, "step 3 only");
     }
 
     /// A rank asked to restart in process tears down and re-initialises
