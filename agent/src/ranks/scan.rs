@@ -620,6 +620,7 @@ fn note_slot_error(entry: &mut RankEntry, msg: &str, out: &mut ScanResult) {
 mod tests {
     use super::*;
     use crate::ranks::registry::RegisterRequest;
+    use warden_slot::FIRST_USER_SECTION;
 
     const MS: u64 = 1_000_000;
 
@@ -631,6 +632,15 @@ mod tests {
             .writer(slot)
             .unwrap()
             .step_end(step, start + len);
+    }
+
+    /// The longest `idle` sample of job "j".
+    fn longest_idle(reg: &mut Registry) -> Option<u64> {
+        reg.jobs
+            .get_mut("j")
+            .unwrap()
+            .calibration
+            .percentile(IDLE, 1.0)
     }
 
     /// A survivor's gap across an in-process restart (or a heal) is the
@@ -674,14 +684,26 @@ mod tests {
         scan(&mut reg, &cfg, t0 + 5_040 * MS, t0 + 5_020 * MS);
         assert_eq!(idle(&mut reg), 2);
         assert!(
-            reg.jobs
-                .get_mut("j")
-                .unwrap()
-                .calibration
-                .percentile(IDLE, 1.0)
-                < Some(10 * MS),
+            longest_idle(&mut reg) < Some(10 * MS),
             "an idle sample spans the restart"
         );
+    }
+
+    /// A registry with rank 0 of job "j" registered now (the returned
+    /// time), its slot attached by this process and its first user
+    /// section named `heal_wait`, as the Python client names it; the
+    /// directory holds the registry's files.
+    fn heal_wait_rank() -> (tempfile::TempDir, Registry, u64, u32) {
+        let dir = tempfile::tempdir().unwrap();
+        let mut reg = Registry::new(&dir.path().join("run"), &dir.path().join("state"), 4).unwrap();
+        let t0 = warden_slot::clock::syscall_now();
+        let a = reg
+            .register(&RegisterRequest::for_test("j", 0, 1), t0)
+            .unwrap();
+        let s = reg.slots().slot(a.slot_index).unwrap();
+        s.attach_writer(a.generation, std::process::id());
+        s.write_name(FIRST_USER_SECTION, calibration::HEAL_WAIT);
+        (dir, reg, t0, a.slot_index)
     }
 
     /// A rank that lost a peer waits for the peer's heal in the client's
@@ -692,17 +714,7 @@ mod tests {
     /// bound is still a hang.
     #[test]
     fn a_lost_peers_heal_awaited_by_the_client_is_judged_by_the_heal_timeout() {
-        use warden_slot::FIRST_USER_SECTION;
-        let dir = tempfile::tempdir().unwrap();
-        let mut reg = Registry::new(&dir.path().join("run"), &dir.path().join("state"), 4).unwrap();
-        let t0 = warden_slot::clock::syscall_now();
-        let a = reg
-            .register(&RegisterRequest::for_test("j", 0, 1), t0)
-            .unwrap();
-        let slot = a.slot_index;
-        let s = reg.slots().slot(slot).unwrap();
-        s.attach_writer(a.generation, std::process::id());
-        s.write_name(FIRST_USER_SECTION, calibration::HEAL_WAIT);
+        let (_dir, mut reg, t0, slot) = heal_wait_rank();
         let mut cfg = HangConfig::default();
         cfg.timeouts.insert(IDLE.into(), Duration::from_secs(1));
         let key = RankKey {
@@ -744,12 +756,7 @@ mod tests {
             "step 2 to 3 counts, 3 to 4 (the wait) does not"
         );
         assert!(
-            reg.jobs
-                .get_mut("j")
-                .unwrap()
-                .calibration
-                .percentile(IDLE, 1.0)
-                < Some(10 * MS),
+            longest_idle(&mut reg) < Some(10 * MS),
             "an idle sample spans the wait"
         );
 
@@ -773,17 +780,7 @@ mod tests {
     /// before the ask, and the rank is not judged in `restart` meanwhile.
     #[test]
     fn a_heal_awaited_after_an_ask_stays_its_section() {
-        use warden_slot::FIRST_USER_SECTION;
-        let dir = tempfile::tempdir().unwrap();
-        let mut reg = Registry::new(&dir.path().join("run"), &dir.path().join("state"), 4).unwrap();
-        let t0 = warden_slot::clock::syscall_now();
-        let a = reg
-            .register(&RegisterRequest::for_test("j", 0, 1), t0)
-            .unwrap();
-        let slot = a.slot_index;
-        let s = reg.slots().slot(slot).unwrap();
-        s.attach_writer(a.generation, std::process::id());
-        s.write_name(FIRST_USER_SECTION, calibration::HEAL_WAIT);
+        let (_dir, mut reg, t0, slot) = heal_wait_rank();
         let cfg = HangConfig::default();
         let key = RankKey {
             job: "j".into(),
@@ -813,17 +810,7 @@ mod tests {
     /// of its straggler samples: its length is the launcher's wait.
     #[test]
     fn a_step_left_open_through_a_heal_awaited_is_no_sample() {
-        use warden_slot::FIRST_USER_SECTION;
-        let dir = tempfile::tempdir().unwrap();
-        let mut reg = Registry::new(&dir.path().join("run"), &dir.path().join("state"), 4).unwrap();
-        let t0 = warden_slot::clock::syscall_now();
-        let a = reg
-            .register(&RegisterRequest::for_test("j", 0, 1), t0)
-            .unwrap();
-        let slot = a.slot_index;
-        let s = reg.slots().slot(slot).unwrap();
-        s.attach_writer(a.generation, std::process::id());
-        s.write_name(FIRST_USER_SECTION, calibration::HEAL_WAIT);
+        let (_dir, mut reg, t0, slot) = heal_wait_rank();
         let cfg = HangConfig::default();
         let key = RankKey {
             job: "j".into(),
