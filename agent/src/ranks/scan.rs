@@ -231,10 +231,6 @@ pub fn scan(reg: &mut Registry, cfg: &HangConfig, now_ns: u64, prev_ns: u64) -> 
                     });
                 }
             }
-            // Step records feed calibration only from a slot the client
-            // still owns (its echoed generation intact), and only records
-            // that fit between its registration and now: garbage written
-            // over a slot must not teach the agent absurd thresholds.
             // The rank awaits a lost peer's heal by itself (the client's
             // `heal_wait`, innermost or not: a hook may open its own
             // inside): the gap it leaves between two steps is no `idle`
@@ -253,6 +249,10 @@ pub fn scan(reg: &mut Registry, cfg: &HangConfig, now_ns: u64, prev_ns: u64) -> 
                     }
                 }
             }
+            // Step records feed calibration only from a slot the client
+            // still owns (its echoed generation intact), and only records
+            // that fit between its registration and now: garbage written
+            // over a slot must not teach the agent absurd thresholds.
             let since = entry
                 .ingested_start_ns
                 .max(entry.registered_ns.saturating_sub(1));
@@ -690,20 +690,35 @@ mod tests {
     }
 
     /// A registry with rank 0 of job "j" registered now (the returned
-    /// time), its slot attached by this process and its first user
-    /// section named `heal_wait`, as the Python client names it; the
+    /// time), its slot attached by this process, and its key; the
     /// directory holds the registry's files.
-    fn heal_wait_rank() -> (tempfile::TempDir, Registry, u64, u32) {
+    fn one_rank() -> (tempfile::TempDir, Registry, u64, u32, RankKey) {
         let dir = tempfile::tempdir().unwrap();
         let mut reg = Registry::new(&dir.path().join("run"), &dir.path().join("state"), 4).unwrap();
         let t0 = warden_slot::clock::syscall_now();
         let a = reg
             .register(&RegisterRequest::for_test("j", 0, 1), t0)
             .unwrap();
-        let s = reg.slots().slot(a.slot_index).unwrap();
-        s.attach_writer(a.generation, std::process::id());
-        s.write_name(FIRST_USER_SECTION, calibration::HEAL_WAIT);
-        (dir, reg, t0, a.slot_index)
+        reg.slots()
+            .slot(a.slot_index)
+            .unwrap()
+            .attach_writer(a.generation, std::process::id());
+        let key = RankKey {
+            job: "j".into(),
+            rank: 0,
+        };
+        (dir, reg, t0, a.slot_index, key)
+    }
+
+    /// [`one_rank`], its first user section named `heal_wait`, as the
+    /// Python client names it.
+    fn heal_wait_rank() -> (tempfile::TempDir, Registry, u64, u32, RankKey) {
+        let (dir, reg, t0, slot, key) = one_rank();
+        reg.slots()
+            .slot(slot)
+            .unwrap()
+            .write_name(FIRST_USER_SECTION, calibration::HEAL_WAIT);
+        (dir, reg, t0, slot, key)
     }
 
     /// A rank that lost a peer waits for the peer's heal in the client's
@@ -714,13 +729,9 @@ mod tests {
     /// bound is still a hang.
     #[test]
     fn a_lost_peers_heal_awaited_by_the_client_is_judged_by_the_heal_timeout() {
-        let (_dir, mut reg, t0, slot) = heal_wait_rank();
+        let (_dir, mut reg, t0, slot, key) = heal_wait_rank();
         let mut cfg = HangConfig::default();
         cfg.timeouts.insert(IDLE.into(), Duration::from_secs(1));
-        let key = RankKey {
-            job: "j".into(),
-            rank: 0,
-        };
         let idle = |reg: &mut Registry| reg.jobs.get_mut("j").unwrap().calibration.count(IDLE);
         let sec = 1_000 * MS;
 
@@ -780,12 +791,8 @@ mod tests {
     /// before the ask, and the rank is not judged in `restart` meanwhile.
     #[test]
     fn a_heal_awaited_after_an_ask_stays_its_section() {
-        let (_dir, mut reg, t0, slot) = heal_wait_rank();
+        let (_dir, mut reg, t0, slot, key) = heal_wait_rank();
         let cfg = HangConfig::default();
-        let key = RankKey {
-            job: "j".into(),
-            rank: 0,
-        };
         let sec = 1_000 * MS;
 
         step(&reg, slot, 1, t0 + MS, 10 * MS);
@@ -810,12 +817,8 @@ mod tests {
     /// of its straggler samples: its length is the launcher's wait.
     #[test]
     fn a_step_left_open_through_a_heal_awaited_is_no_sample() {
-        let (_dir, mut reg, t0, slot) = heal_wait_rank();
+        let (_dir, mut reg, t0, slot, key) = heal_wait_rank();
         let cfg = HangConfig::default();
-        let key = RankKey {
-            job: "j".into(),
-            rank: 0,
-        };
         let steps = |reg: &mut Registry| reg.jobs.get_mut("j").unwrap().calibration.count("step");
         let sec = 1_000 * MS;
 
@@ -856,25 +859,11 @@ mod tests {
     #[test]
     fn a_rank_reinitialising_after_a_restart_request_is_judged_in_restart() {
         use warden_slot::{SECTION_CHECKPOINT, SECTION_FORWARD};
-        let dir = tempfile::tempdir().unwrap();
-        let mut reg = Registry::new(&dir.path().join("run"), &dir.path().join("state"), 4).unwrap();
-        let t0 = warden_slot::clock::syscall_now();
-        let a = reg
-            .register(&RegisterRequest::for_test("j", 0, 1), t0)
-            .unwrap();
-        let slot = a.slot_index;
-        reg.slots()
-            .slot(slot)
-            .unwrap()
-            .attach_writer(a.generation, std::process::id());
+        let (_dir, mut reg, t0, slot, key) = one_rank();
         let mut cfg = HangConfig::default();
         cfg.timeouts.insert(IDLE.into(), Duration::from_secs(1));
         cfg.timeouts
             .insert("forward".into(), Duration::from_secs(1));
-        let key = RankKey {
-            job: "j".into(),
-            rank: 0,
-        };
         let s = 1_000 * MS;
 
         step(&reg, slot, 1, t0 + MS, 10 * MS);
