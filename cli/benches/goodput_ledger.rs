@@ -23,10 +23,10 @@ use std::cell::Cell;
 use std::hint::black_box;
 
 use criterion::{BatchSize, BenchmarkId, Criterion, criterion_group, criterion_main};
-use warden_agent::config::HangConfig;
 use warden_agent::ranks::registry::{RegisterRequest, Registry};
 use warden_agent::ranks::scan;
 use warden_client::slot::{self, SlotMemory};
+use warden_core::config::HangConfig;
 use warden_core::goodput::{Goodput, ScanFeed};
 
 struct Setup {

@@ -48,7 +48,7 @@ pub enum AgentError {
     Tcp(String),
     /// The embedded agent's config is invalid.
     #[error("--agent-config: {0}")]
-    Config(#[from] warden_agent::config::ConfigError),
+    Config(#[from] warden_core::config::ConfigError),
     /// The embedded agent could not be set up.
     #[error("cannot set up the embedded agent in {dir}: {source}")]
     Dir {

@@ -2287,9 +2287,10 @@ fn brief_of(inc: &pb::Incident) -> IncidentBrief {
     let class = pb::FaultClass::try_from(diag.fault_class).map_or("unknown".into(), |c| {
         enum_name(c.as_str_name(), "FAULT_CLASS_")
     });
-    let action = pb::Action::try_from(dec.action).map_or("unspecified".into(), |a| {
-        enum_name(a.as_str_name(), "ACTION_")
-    });
+    // One reading of the proto's action, the decisions' own.
+    let action = warden_agent::api::convert::action_of(dec.action)
+        .map_or("unspecified", |a| a.as_str())
+        .to_owned();
     let mut ev: Vec<&pb::Evidence> = diag.evidence.iter().collect();
     ev.sort_by_key(|e| e.points_to == pb::FaultClass::Unspecified as i32);
     let evidence = ev

@@ -38,12 +38,12 @@ impl RestartConfig {
         if !(Duration::from_millis(100)..=Duration::from_secs(3600))
             .contains(&self.in_process_timeout)
         {
-            return Err(ConfigError::Invalid {
-                origin: origin.to_owned(),
-                key: "restart.in_process_timeout",
-                value: humantime::format_duration(self.in_process_timeout).to_string(),
-                why: "must be between 100ms and 1h".to_owned(),
-            });
+            return Err(ConfigError::invalid(
+                origin,
+                "restart.in_process_timeout",
+                humantime::format_duration(self.in_process_timeout).to_string(),
+                "must be between 100ms and 1h",
+            ));
         }
         Ok(())
     }

@@ -18,7 +18,7 @@ use warden_proto::v1 as pb;
 use super::peer_auth::{self, Caller};
 use crate::ckpt::commit::{self, CommitError};
 use crate::ckpt::layout::{ShardKey, check_job_id, check_step};
-use crate::ckpt::peer_pages::{PageError, Paged};
+use crate::ckpt::peer_pages::PageError;
 use crate::ckpt::peerset::PeerSpec;
 use crate::ckpt::restore::{self, RestoreError};
 use crate::ckpt::tier::{Owner, TierError};
@@ -74,23 +74,20 @@ async fn blocking<T: Send + 'static>(
 }
 
 /// The caller's compilation cache folder in the tier (ClaimJob), or why
-/// there is none.
+/// there is none ([`crate::ckpt::user_cache`]).
 pub async fn user_cache(
     state: &Arc<AgentState>,
     peer: &super::caller::LocalPeer,
 ) -> Result<String, String> {
-    if !state.config.checkpoint.compile_cache {
-        return Err("checkpoint.compile_cache is off".to_owned());
-    }
     let ck = tier(state).map_err(|s| s.message().to_owned())?;
-    let owner = Some(Owner {
+    let owner = Owner {
         uid: peer.uid,
         gid: peer.gid,
-    });
-    blocking(move || ck.tier.user_cache(owner))
+    };
+    crate::ckpt::user_cache::dir(&ck, owner)
         .await
         .map(|p| p.display().to_string())
-        .map_err(|s| s.message().to_owned())
+        .map_err(|e| e.to_string())
 }
 
 /// BeginShard: room made, staging file created by the agent and handed to
@@ -255,96 +252,57 @@ pub async fn list_checkpoints(
     ))
 }
 
-/// SetCheckpointPeers: a launcher's view of the job's other agents.
+/// SetCheckpointPeers: a launcher's view of the job's other agents, one
+/// page at a time ([`crate::ckpt::job_peers`]).
 pub async fn set_checkpoint_peers(
     state: &Arc<AgentState>,
-    mut req: pb::SetCheckpointPeersRequest,
+    req: pb::SetCheckpointPeersRequest,
 ) -> Result<pb::SetCheckpointPeersResponse, Status> {
+    use crate::ckpt::job_peers::{self, Budgets, PeersPage, SetPeers, SetPeersError};
     let ck = tier(state)?;
     job(&req.job_id)?;
-    let (self_place, self_addr) = (req.self_place, std::mem::take(&mut req.self_addr));
-    let page: Vec<PeerSpec> = req
-        .peers
-        .into_iter()
-        .map(|p| PeerSpec {
-            addr: p.addr,
-            domain: p.domain,
-            host: p.host,
-            identity: p.identity,
-        })
-        .collect();
-    let specs = match ck
-        .peer_pages
-        .take(&req.job_id, req.list_id, req.page, req.pages, page)
-    {
-        Ok(Paged::Done(specs)) => specs,
-        Ok(Paged::More) => return Ok(pb::SetCheckpointPeersResponse::default()),
+    let page = PeersPage {
+        job: req.job_id,
+        list_id: req.list_id,
+        page: req.page,
+        pages: req.pages,
+        peers: req
+            .peers
+            .into_iter()
+            .map(|p| PeerSpec {
+                addr: p.addr,
+                domain: p.domain,
+                host: p.host,
+                identity: p.identity,
+            })
+            .collect(),
+        self_place: req.self_place,
+        self_addr: req.self_addr,
+    };
+    let budgets = Budgets {
+        api: &state.config.api,
+        straggler: &state.config.straggler,
+        strangers: state.stranger_connections(),
+    };
+    match job_peers::set(&ck, budgets, page) {
+        Ok(SetPeers::More) => Ok(pb::SetCheckpointPeersResponse::default()),
+        Ok(SetPeers::Set { targets, warning }) => Ok(pb::SetCheckpointPeersResponse {
+            targets,
+            warning: warning.unwrap_or_default(),
+        }),
         Err(e) => {
             let message = format!("SetCheckpointPeers: {e}");
-            return Err(match e {
-                PageError::Full { .. } => Status::resource_exhausted(message),
-                PageError::OutOfOrder { .. } => Status::failed_precondition(message),
-                PageError::TooManyPages(_) | PageError::Beyond { .. } => {
-                    Status::invalid_argument(message)
+            Err(match e {
+                SetPeersError::Page(PageError::Full { .. }) => Status::resource_exhausted(message),
+                SetPeersError::Page(PageError::OutOfOrder { .. }) => {
+                    Status::failed_precondition(message)
                 }
-            });
+                SetPeersError::Page(PageError::TooManyPages(_) | PageError::Beyond { .. })
+                | SetPeersError::PlacePastList { .. }
+                | SetPeersError::PeerSet(_) => Status::invalid_argument(message),
+            })
         }
-    };
-    // Where the launcher's host stands among the job's hosts (plus one; 0:
-    // not said). Past the list is a launcher's bug, refused by name rather
-    // than taken as the end of the order.
-    let own = match usize::try_from(self_place).unwrap_or(usize::MAX) {
-        0 => None,
-        p if p - 1 <= specs.len() => Some(crate::ckpt::peerset::OwnPlace {
-            index: p - 1,
-            addr: self_addr,
-        }),
-        _ => {
-            return Err(Status::invalid_argument(format!(
-                "SetCheckpointPeers: self_place {self_place} is past the {} peers of job {:?} (at most {}: this host's place plus one)",
-                specs.len(),
-                req.job_id,
-                specs.len() + 1
-            )));
-        }
-    };
-    let others = specs
-        .iter()
-        .map(|s| s.addr.as_str())
-        .filter(|a| *a != ck.peers.my_addr())
-        .collect::<std::collections::HashSet<_>>()
-        .len();
-    let warnings: Vec<String> = [
-        crate::exchange::capacity::connections_short(
-            &state.config.api,
-            &state.config.straggler,
-            state.stranger_connections(),
-            others,
-        ),
-        crate::ckpt::fan_in::restore_connections_short(
-            &state.config.api,
-            &ck.cfg,
-            state.stranger_connections(),
-            others,
-        ),
-    ]
-    .into_iter()
-    .flatten()
-    .collect();
-    for w in &warnings {
-        tracing::warn!(job = %req.job_id, "{w}");
     }
-    let warning = (!warnings.is_empty()).then(|| warnings.join("; and "));
-    let targets = ck
-        .peers
-        .set_job(&req.job_id, &specs, own.as_ref())
-        .map_err(|e| Status::invalid_argument(format!("SetCheckpointPeers: {e}")))?;
-    tracing::info!(job = %req.job_id, peers = specs.len(), targets = ?targets,
-        "checkpoint peers of the job set by its launcher");
-    Ok(pb::SetCheckpointPeersResponse {
-        targets,
-        warning: warning.unwrap_or_default(),
-    })
 }
 
 /// PushShard: a peer's replica, checked before it is committed.
@@ -365,15 +323,8 @@ pub async fn push_shard(
     let k = m.key();
     // Checked on the first chunk, before anything touches the tier.
     peer_auth::job_member(caller, &k.job_id, |n| ck.peers.is_member_name(&k.job_id, n))?;
-    peer_auth::push(
-        caller,
-        &peer_auth::PushFacts {
-            job: &k.job_id,
-            origin: &m.origin,
-            this_host: &ck.host,
-            placed_here: ck.peers.placed_here(&k.job_id, &m.origin),
-        },
-    )?;
+    crate::ckpt::accept::replica(&ck, caller.identity(), &k.job_id, &m.origin)
+        .map_err(|r| Status::permission_denied(r.to_string()))?;
     commit::replica(ck, state.events.clone(), m, first.data, stream)
         .await
         .map_err(|e| match e {
@@ -391,12 +342,10 @@ pub async fn push_shard(
 /// FetchShard: a committed shard streamed back.
 pub async fn fetch_shard(
     state: &Arc<AgentState>,
-    caller: &Caller,
     req: pb::FetchShardRequest,
 ) -> Result<tokio_stream::wrappers::ReceiverStream<Result<pb::ShardChunk, Status>>, Status> {
     let ck = tier(state)?;
     let k = key(&req.job_id, req.step, req.rank)?;
-    peer_auth::job_member(caller, &k.job_id, |n| ck.peers.is_member_name(&k.job_id, n))?;
     let (ck2, k2) = (ck.clone(), k.clone());
     let host = state.host.clone();
     let (file, m) = blocking(move || ck2.tier.open_data(&k2))
@@ -420,9 +369,6 @@ pub async fn list_shards(
     let ck = tier(state)?;
     if !req.job_id.is_empty() {
         job(&req.job_id)?;
-        peer_auth::job_member(caller, &req.job_id, |n| {
-            ck.peers.is_member_name(&req.job_id, n)
-        })?;
     }
     let ck2 = ck.clone();
     let job = req.job_id.clone();
@@ -450,19 +396,16 @@ pub async fn collect_holdings(
     caller: &Caller,
     req: pb::HoldingsAsk,
 ) -> Result<pb::Holdings, Status> {
-    use crate::ckpt::collect::{self, Answer};
+    use crate::ckpt::collect::{self, Collected};
     use crate::ckpt::collect_wire;
     let ck = tier(state)?;
     job(&req.job_id)?;
-    peer_auth::job_member(caller, &req.job_id, |n| {
-        ck.peers.is_member_name(&req.job_id, n)
-    })?;
     let ask = collect_wire::ask_from_pb(req)
         .map_err(|e| Status::invalid_argument(format!("CollectHoldings: {e}")))?;
     let peer = caller.identity().unwrap_or_default();
     match collect::answer(&ck, ask, peer).await {
-        Ok(Answer::Job(v)) => Ok(collect_wire::view_to_pb(&v)),
-        Ok(Answer::Group(h)) => Ok(collect_wire::holdings_to_pb(&h)),
+        Ok(Collected::Job(v)) => Ok(collect_wire::view_to_pb(&v)),
+        Ok(Collected::Group(h)) => Ok(collect_wire::holdings_to_pb(&h)),
         Err(e @ collect::CollectError::Busy { .. }) => {
             Err(Status::resource_exhausted(format!("CollectHoldings: {e}")))
         }

@@ -293,17 +293,17 @@ pub fn checkpoints(l: crate::ckpt::listing::Listing) -> pb::ListCheckpointsRespo
 
 /// ReportException's answer from the in-process stage's.
 pub fn exception_answer(
-    a: crate::act::in_process::exception::Answer,
+    a: crate::act::in_process::exception::ExceptionAnswer,
 ) -> pb::ReportExceptionResponse {
-    use crate::act::in_process::exception::Answer;
+    use crate::act::in_process::exception::ExceptionAnswer;
     match a {
-        Answer::Restart { seq, rule, reason } => pb::ReportExceptionResponse {
+        ExceptionAnswer::Restart { seq, rule, reason } => pb::ReportExceptionResponse {
             action: pb::Action::RestartInProcess as i32,
             seq,
             rule: rule.to_owned(),
             reason,
         },
-        Answer::Stop { rule, reason } => pb::ReportExceptionResponse {
+        ExceptionAnswer::Stop { rule, reason } => pb::ReportExceptionResponse {
             action: pb::Action::Stop as i32,
             seq: 0,
             rule: rule.to_owned(),

@@ -2,8 +2,10 @@
 //! authenticated by its certificate on `api.tcp`.
 //!
 //! In: the caller as the accept path recorded it ([`PeerInfo`] in the
-//! request's extensions) and what the request names (a job, a shard's
-//! origin, a summary's host), with this host's view of each job's peers.
+//! request's extensions) and what the request names (a job, a summary's
+//! or a relayed report's host), with this host's view of each job's peers.
+//! Whether a pushed replica is taken (its origin, the job's placement) is
+//! the checkpoint tier's own decision, [`crate::ckpt::accept`].
 //! Out: nothing, or PERMISSION_DENIED whose message names the rule. The
 //! rules are pure functions of that data, tested by the table below.
 //! Never: authorize an identity it cannot name. With `api.insecure` the
@@ -70,64 +72,6 @@ pub fn job_member(
         "job-member",
         format!("peer {id:?} is not a checkpoint peer of job {job:?} on this host"),
     ))
-}
-
-/// What a push is checked against, besides job membership.
-#[derive(Debug)]
-pub struct PushFacts<'a> {
-    /// The job of the shard.
-    pub job: &'a str,
-    /// The origin its manifest names.
-    pub origin: &'a str,
-    /// This host's name.
-    pub this_host: &'a str,
-    /// Whether the job's placement, computed from the origin's place on
-    /// the ring, names this host as a target of the origin's shards
-    /// (None: the origin is not on the job's ring at all).
-    pub placed_here: Option<bool>,
-}
-
-/// Rules for PushShard: `origin-is-pusher` (a peer pushes only its own
-/// shards, so nobody forges another host's steps), `origin-not-this-host`
-/// (a replica naming this host as origin would let retention delete this
-/// host's own steps), and `placement` (this host is where the job's ring
-/// sends that origin's replicas).
-pub fn push(caller: &Caller, f: &PushFacts<'_>) -> Result<(), Status> {
-    let Some(id) = caller.identity() else {
-        return Ok(());
-    };
-    if f.origin == f.this_host {
-        return Err(denied(
-            "origin-not-this-host",
-            format!(
-                "the shard names this host ({:?}) as its origin; a replica comes from another host",
-                f.this_host
-            ),
-        ));
-    }
-    if f.origin != id {
-        return Err(denied(
-            "origin-is-pusher",
-            format!(
-                "peer {id:?} pushed a shard whose origin is {:?}; a peer pushes only its own shards",
-                f.origin
-            ),
-        ));
-    }
-    match f.placed_here {
-        Some(true) => Ok(()),
-        Some(false) => Err(denied(
-            "placement",
-            format!(
-                "job {:?}'s placement does not send {id:?}'s replicas to this host",
-                f.job
-            ),
-        )),
-        None => Err(denied(
-            "placement",
-            format!("{id:?} is not on job {:?}'s ring on this host", f.job),
-        )),
-    }
 }
 
 /// Rules for ExchangeStragglerSummaries: `summaries-from-caller` (a peer
@@ -204,15 +148,6 @@ mod tests {
         Caller::Peer(id.into())
     }
 
-    fn facts<'a>(origin: &'a str, placed: Option<bool>) -> PushFacts<'a> {
-        PushFacts {
-            job: "j",
-            origin,
-            this_host: "h0",
-            placed_here: placed,
-        }
-    }
-
     fn rule(r: Result<(), Status>) -> String {
         match r {
             Ok(()) => "ok".into(),
@@ -266,36 +201,6 @@ mod tests {
             (
                 "insecure",
                 job_member(&Caller::Unauthenticated, "j", |_| false),
-                "ok",
-            ),
-            (
-                "own shard",
-                push(&peer("h1"), &facts("h1", Some(true))),
-                "ok",
-            ),
-            (
-                "another's shard",
-                push(&peer("h1"), &facts("h2", Some(true))),
-                "origin-is-pusher",
-            ),
-            (
-                "this host as origin",
-                push(&peer("h1"), &facts("h0", Some(true))),
-                "origin-not-this-host",
-            ),
-            (
-                "not placed here",
-                push(&peer("h1"), &facts("h1", Some(false))),
-                "placement",
-            ),
-            (
-                "off the ring",
-                push(&peer("h1"), &facts("h1", None)),
-                "placement",
-            ),
-            (
-                "insecure push",
-                push(&Caller::Unauthenticated, &facts("h0", None)),
                 "ok",
             ),
             ("own summaries", straggler(&peer("h1"), "h1", true), "ok"),

@@ -38,13 +38,16 @@ impl PeerService {
 /// Every Peer call's frame, written once: records it ([`observed`]: its
 /// count by status and its duration, under `call`), names its caller from
 /// the connection ([`Caller::of`]: a proved peer, an unauthenticated one,
-/// or the local socket) and its remote address, then runs `body` with them
-/// and the request. Each stage's module authorizes the caller against what
-/// the request asks (a host speaks only for itself, a job's member only
-/// for its job); a handler only names the stage.
+/// or the local socket) and its remote address, authorizes the caller for
+/// the job `job` names in the request (empty: none; rule `job-member`,
+/// [`member`]), then runs `body` with them and the request. What a call
+/// asks beyond its job (a summary's or a relayed report's host, a
+/// replica's origin) its stage checks; a handler only names the stage.
 async fn serve<T, R, Fut>(
+    state: &AgentState,
     call: &'static str,
     req: Request<T>,
+    job: fn(&T) -> &str,
     body: impl FnOnce(Caller, Option<std::net::SocketAddr>, T) -> Fut,
 ) -> Result<Response<R>, Status>
 where
@@ -53,12 +56,75 @@ where
     observed(call, async move {
         let info = req.extensions().get::<PeerInfo>();
         let (caller, remote) = (Caller::of(info), info.and_then(|i| i.remote));
-        body(caller, remote, req.into_inner())
-            .await
-            .map(Response::new)
+        let req = req.into_inner();
+        member(state, &caller, call, job(&req))?;
+        body(caller, remote, req).await.map(Response::new)
     })
     .await
 }
+
+/// Rule `job-member` for a call about `job` (empty: none): a proved peer
+/// reads or writes a job's shards only as one of the job's peers here.
+/// With no tier there is no job to be a member of: the stage answers
+/// UNAVAILABLE saying why.
+fn member(state: &AgentState, caller: &Caller, call: &str, job: &str) -> Result<(), Status> {
+    let Ok(ck) = state.checkpoints.as_ref() else {
+        return Ok(());
+    };
+    if job.is_empty() {
+        return Ok(());
+    }
+    super::peer_auth::job_member(caller, job, |n| ck.peers.is_member_name(job, n)).inspect_err(
+        |e| {
+            metrics::counter!("warden_api_refused_total", "call" => call.to_owned()).increment(1);
+            tracing::warn!(
+                call,
+                ?caller,
+                job,
+                reason = e.message(),
+                "peer call refused"
+            );
+        },
+    )
+}
+
+/// No job named by the request itself.
+fn no_job<T>(_: &T) -> &str {
+    ""
+}
+
+impl PeerService {
+    /// PushShard, whichever framing carried it (tonic's stream or
+    /// [`wire`]'s): its job is in its first chunk, so the stage checks
+    /// the caller's membership there.
+    async fn push(
+        &self,
+        req: Request<impl wire::ChunkSource + Send>,
+    ) -> Result<Response<pb::PushShardResponse>, Status> {
+        serve(&self.state, "PushShard", req, no_job, |caller, _, body| async move {
+            super::ckpt::push_shard(&self.state, &caller, body).await
+        })
+        .await
+    }
+
+    /// FetchShard, whichever framing carried it.
+    async fn fetch(
+        &self,
+        req: Request<pb::FetchShardRequest>,
+    ) -> Result<Response<ChunkStream>, Status> {
+        serve(
+            &self.state,
+            "FetchShard",
+            req,
+            |r| &r.job_id,
+            |_, _, r| async move { super::ckpt::fetch_shard(&self.state, r).await },
+        )
+        .await
+    }
+}
+
+/// A shard's chunks as FetchShard streams them.
+type ChunkStream = tokio_stream::wrappers::ReceiverStream<Result<pb::ShardChunk, Status>>;
 
 #[tonic::async_trait]
 impl Peer for PeerService {
@@ -66,11 +132,13 @@ impl Peer for PeerService {
         &self,
         req: Request<pb::StragglerSummaries>,
     ) -> Result<Response<pb::StragglerSummaries>, Status> {
-        // The legacy exchange reads the whole request (its peer's
-        // certificate and address) itself.
-        observed("ExchangeStragglerSummaries", async {
-            super::stragglers::exchange(&self.state, req)
-        })
+        serve(
+            &self.state,
+            "ExchangeStragglerSummaries",
+            req,
+            no_job,
+            |caller, _, r| async move { super::stragglers::exchange(&self.state, &caller, r) },
+        )
         .await
     }
 
@@ -78,9 +146,15 @@ impl Peer for PeerService {
         &self,
         req: Request<pb::AggregateReport>,
     ) -> Result<Response<pb::AggregateAnswer>, Status> {
-        serve("ReportToAggregator", req, |caller, remote, r| async move {
-            super::aggregate::report_to_aggregator(&self.state, &caller, remote, r).await
-        })
+        serve(
+            &self.state,
+            "ReportToAggregator",
+            req,
+            no_job,
+            |caller, remote, r| async move {
+                super::aggregate::report_to_aggregator(&self.state, &caller, remote, r).await
+            },
+        )
         .await
     }
 
@@ -89,8 +163,10 @@ impl Peer for PeerService {
         req: Request<pb::AggregateBatch>,
     ) -> Result<Response<pb::AggregateBatchAnswer>, Status> {
         serve(
+            &self.state,
             "ReportBatchToAggregator",
             req,
+            no_job,
             |caller, remote, r| async move {
                 super::aggregate::report_batch_to_aggregator(&self.state, &caller, remote, r).await
             },
@@ -102,31 +178,29 @@ impl Peer for PeerService {
         &self,
         req: Request<tonic::Streaming<pb::ShardChunk>>,
     ) -> Result<Response<pb::PushShardResponse>, Status> {
-        serve("PushShard", req, |caller, _, body| async move {
-            super::ckpt::push_shard(&self.state, &caller, body).await
-        })
-        .await
+        self.push(req).await
     }
 
-    type FetchShardStream = tokio_stream::wrappers::ReceiverStream<Result<pb::ShardChunk, Status>>;
+    type FetchShardStream = ChunkStream;
 
     async fn fetch_shard(
         &self,
         req: Request<pb::FetchShardRequest>,
     ) -> Result<Response<Self::FetchShardStream>, Status> {
-        serve("FetchShard", req, |caller, _, r| async move {
-            super::ckpt::fetch_shard(&self.state, &caller, r).await
-        })
-        .await
+        self.fetch(req).await
     }
 
     async fn list_shards(
         &self,
         req: Request<pb::ListShardsRequest>,
     ) -> Result<Response<pb::ListShardsResponse>, Status> {
-        serve("ListShards", req, |caller, _, r| async move {
-            super::ckpt::list_shards(&self.state, &caller, r).await
-        })
+        serve(
+            &self.state,
+            "ListShards",
+            req,
+            |r| &r.job_id,
+            |caller, _, r| async move { super::ckpt::list_shards(&self.state, &caller, r).await },
+        )
         .await
     }
 
@@ -134,7 +208,7 @@ impl Peer for PeerService {
         &self,
         req: Request<pb::HoldingsAsk>,
     ) -> Result<Response<pb::Holdings>, Status> {
-        serve("CollectHoldings", req, |caller, _, r| async move {
+        serve(&self.state, "CollectHoldings", req, |r| &r.job_id, |caller, _, r| async move {
             super::ckpt::collect_holdings(&self.state, &caller, r).await
         })
         .await
@@ -148,7 +222,7 @@ impl Peer for PeerService {
 #[derive(Debug, Clone)]
 pub struct PeerRoutes {
     grpc: pb::peer_server::PeerServer<PeerService>,
-    state: Arc<AgentState>,
+    service: PeerService,
 }
 
 impl PeerRoutes {
@@ -158,7 +232,7 @@ impl PeerRoutes {
             grpc: pb::peer_server::PeerServer::new(PeerService::new(state.clone()))
                 .max_decoding_message_size(peers::MAX_MESSAGE)
                 .max_encoding_message_size(peers::MAX_MESSAGE),
-            state,
+            service: PeerService::new(state),
         }
     }
 }
@@ -184,12 +258,12 @@ impl tower::Service<http::Request<tonic::body::Body>> for PeerRoutes {
     }
 
     fn call(&mut self, req: http::Request<tonic::body::Body>) -> Self::Future {
-        let state = self.state.clone();
+        let service = self.service.clone();
         // On the Unix socket the Peer service is for admins only: it moves
         // any job's shards, and a local rank saves and restores its own
         // through the Agent calls.
         if let Some(peer) = req.extensions().get::<super::caller::LocalPeer>()
-            && !state.authz.is_admin(peer)
+            && !service.state.authz.is_admin(peer)
         {
             let call = req.uri().path().rsplit('/').next().unwrap_or("").to_owned();
             let refusal = Status::permission_denied(format!(
@@ -198,34 +272,42 @@ impl tower::Service<http::Request<tonic::body::Body>> for PeerRoutes {
             ));
             return Box::pin(async move { Ok(refusal.into_http()) });
         }
-        let caller = Caller::of(req.extensions().get::<crate::tls::accept::PeerInfo>());
+        // PushShard and FetchShard framed by [`wire`], then served by the
+        // same methods (and frame) as tonic's.
         match req.uri().path() {
             wire::PUSH_PATH => Box::pin(async move {
-                let body = wire::Reader::new(req.into_body(), peers::MAX_MESSAGE);
-                let r = super::observe::observed(
-                    "PushShard",
-                    super::ckpt::push_shard(&state, &caller, body),
-                )
-                .await
-                .and_then(|a| wire::WireAnswer::ok(&a));
+                let req = req.map(|body| wire::Reader::new(body, peers::MAX_MESSAGE));
+                let r = service
+                    .push(Request::from_http(req))
+                    .await
+                    .and_then(|a| wire::WireAnswer::ok(a.get_ref()));
                 Ok(match r {
                     Ok(a) => wire::response(tonic::body::Body::new(a)),
                     Err(s) => s.into_http(),
                 })
             }),
             wire::FETCH_PATH => Box::pin(async move {
-                let r = super::observe::observed("FetchShard", async {
-                    let mut body = wire::Reader::new(req.into_body(), peers::MAX_MESSAGE);
-                    let ask = body
-                        .decode::<pb::FetchShardRequest>()
-                        .await?
-                        .ok_or_else(|| Status::invalid_argument("FetchShard: no request"))?;
-                    super::ckpt::fetch_shard(&state, &caller, ask).await
-                })
-                .await;
+                let (parts, body) = req.into_parts();
+                let mut body = wire::Reader::new(body, peers::MAX_MESSAGE);
+                let r = match body.decode::<pb::FetchShardRequest>().await {
+                    Ok(Some(ask)) => {
+                        service
+                            .fetch(Request::from_http(http::Request::from_parts(parts, ask)))
+                            .await
+                    }
+                    // Counted as the call it was meant to be.
+                    Ok(None) => {
+                        undecoded(
+                            "FetchShard",
+                            Status::invalid_argument("FetchShard: no request"),
+                        )
+                        .await
+                    }
+                    Err(s) => undecoded("FetchShard", s).await,
+                };
                 Ok(match r {
                     Ok(chunks) => wire::response(tonic::body::Body::new(wire::ChunkBody::new(
-                        chunks,
+                        chunks.into_inner(),
                         wire::Ending::Trailers,
                     ))),
                     Err(s) => s.into_http(),
@@ -237,4 +319,9 @@ impl tower::Service<http::Request<tonic::body::Body>> for PeerRoutes {
             }
         }
     }
+}
+
+/// A framed request that could not be decoded, recorded under `call`.
+async fn undecoded<R>(call: &'static str, why: Status) -> Result<R, Status> {
+    observed(call, async move { Err(why) }).await
 }

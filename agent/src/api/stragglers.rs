@@ -10,14 +10,13 @@
 
 use std::time::Instant;
 
-use tonic::{Request, Response, Status};
+use tonic::Status;
 use warden_proto::v1 as pb;
 
 use super::peer_auth::Caller;
 use crate::exchange::legacy;
 use crate::exchange::wire::score_pb;
 use crate::state::AgentState;
-use crate::tls::accept::PeerInfo;
 
 /// Answers GetStragglers from the agent's straggler scores: its own ranks'
 /// and its peers', job-wide.
@@ -55,16 +54,16 @@ pub(super) fn known_peer(state: &AgentState, caller: &Caller) -> bool {
 /// (all of them to an older agent, its values alone to a newer one).
 pub fn exchange(
     state: &AgentState,
-    req: Request<pb::StragglerSummaries>,
-) -> Result<Response<pb::StragglerSummaries>, Status> {
+    caller: &Caller,
+    req: pb::StragglerSummaries,
+) -> Result<pb::StragglerSummaries, Status> {
     if !state.config.straggler.enabled {
         return Err(Status::failed_precondition(format!(
             "straggler detection is off on {} (straggler.enabled = false)",
             state.host
         )));
     }
-    let caller = Caller::of(req.extensions().get::<PeerInfo>());
-    let taken = legacy::decode(req.into_inner())
+    let taken = legacy::decode(req)
         .map_err(|e| Status::invalid_argument(format!("straggler summaries: {e}")))?;
     if taken.host() == state.host {
         return Err(Status::failed_precondition(format!(
@@ -73,10 +72,6 @@ pub fn exchange(
             taken.host()
         )));
     }
-    super::peer_auth::straggler(&caller, taken.host(), known_peer(state, &caller))?;
-    Ok(Response::new(legacy::take(
-        &state.exchange,
-        &state.stragglers(),
-        taken,
-    )))
+    super::peer_auth::straggler(caller, taken.host(), known_peer(state, caller))?;
+    Ok(legacy::take(&state.exchange, &state.stragglers(), taken))
 }

@@ -99,7 +99,7 @@ const SECOND_ASK: u32 = 3;
 
 /// What is asked.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Scope {
+pub enum AskScope {
     /// The job's view, for these ranks.
     Job {
         /// The ranks whose copies the asker wants located (one at least,
@@ -120,7 +120,7 @@ pub struct Ask {
     /// The job.
     pub job: String,
     /// What is asked.
-    pub scope: Scope,
+    pub scope: AskScope,
     /// Passed on by a group leader: answered where it arrives.
     pub relayed: bool,
     /// The bound on one host's listing (L); the answer's own bound follows
@@ -130,7 +130,7 @@ pub struct Ask {
 
 /// An answer.
 #[derive(Debug)]
-pub enum Answer {
+pub enum Collected {
     /// The job's view for the asked ranks.
     Job(JobView),
     /// A group's holdings.
@@ -274,7 +274,7 @@ pub async fn job_view(
     let (leader, collectors, collects_here) = place(ck, job);
     let ask = |relayed| Ask {
         job: job.to_owned(),
-        scope: Scope::Job {
+        scope: AskScope::Job {
             ranks: ranks.to_vec(),
         },
         relayed,
@@ -324,14 +324,18 @@ fn collectors_silent(tried: &[String], ranks: &[u32]) -> JobView {
 
 /// Answers a peer's ask; `peer` is the asker's identity, whose quota a
 /// collection or group listing started for it takes from.
-pub async fn answer(ck: &Arc<Checkpoints>, ask: Ask, peer: &str) -> Result<Answer, CollectError> {
+pub async fn answer(
+    ck: &Arc<Checkpoints>,
+    ask: Ask,
+    peer: &str,
+) -> Result<Collected, CollectError> {
     match ask.scope {
-        Scope::Group { start } => group_here(ck, &ask.job, start, ask.limit, peer)
+        AskScope::Group { start } => group_here(ck, &ask.job, start, ask.limit, peer)
             .await
-            .map(Answer::Group),
-        Scope::Job { ranks } => answer_job(ck, &ask.job, &ranks, ask.relayed, ask.limit, peer)
+            .map(Collected::Group),
+        AskScope::Job { ranks } => answer_job(ck, &ask.job, &ranks, ask.relayed, ask.limit, peer)
             .await
-            .map(Answer::Job),
+            .map(Collected::Job),
     }
 }
 
@@ -366,7 +370,7 @@ async fn answer_job(
     }
     let ask = Ask {
         job: job.to_owned(),
-        scope: Scope::Job {
+        scope: AskScope::Job {
             ranks: ranks.to_vec(),
         },
         relayed: true,
@@ -421,8 +425,8 @@ enum Reply {
 async fn view_from(ck: &Arc<Checkpoints>, addr: &str, ask: &Ask, wait: Duration) -> Reply {
     let why = match ck.peer(addr) {
         Some(peer) => match peer.collect(ask, wait).await {
-            Ok(Answer::Job(v)) => return Reply::View(v),
-            Ok(Answer::Group(_)) => "answered another question".to_owned(),
+            Ok(Collected::Job(v)) => return Reply::View(v),
+            Ok(Collected::Group(_)) => "answered another question".to_owned(),
             Err(LinkError::Unsupported(why)) => {
                 return Reply::Old(format!("peer {addr}: {why}"));
             }
@@ -460,13 +464,13 @@ async fn collect_now(ck: &Arc<Checkpoints>, job: &str, limit: Duration) -> Holdi
             let leader = members[0].clone();
             let ask = Ask {
                 job: job.clone(),
-                scope: Scope::Group { start },
+                scope: AskScope::Group { start },
                 relayed: false,
                 limit,
             };
             let why = match ck.peer(&leader) {
                 Some(p) => match p.collect(&ask, limit.mul_f64(GROUP_WAIT)).await {
-                    Ok(Answer::Group(mut h)) => {
+                    Ok(Collected::Group(mut h)) => {
                         // The leader's order may differ from this one's (a
                         // round changing): the members it did not account
                         // for are listed here.
@@ -477,7 +481,7 @@ async fn collect_now(ck: &Arc<Checkpoints>, job: &str, limit: Duration) -> Holdi
                         }
                         return h;
                     }
-                    Ok(Answer::Job(_)) => "answered another question".to_owned(),
+                    Ok(Collected::Job(_)) => "answered another question".to_owned(),
                     Err(e) => e.to_string(),
                 },
                 None => "not one of this agent's peers".to_owned(),

@@ -8,7 +8,7 @@ use std::time::Duration;
 use warden_core::rank::MAX_WORLD_SIZE;
 use warden_proto::v1 as pb;
 
-use super::collect::{Ask, Scope};
+use super::collect::{Ask, AskScope};
 use super::holdings::{
     HolderRef, Holdings, JobStep, JobView, MAX_HOSTS, MAX_STEPS, MAX_VIEW_RANKS, Tally,
 };
@@ -19,12 +19,12 @@ pub const LIMIT_RANGE: (Duration, Duration) = (Duration::from_millis(10), Durati
 /// An ask as sent.
 pub fn ask_to_pb(a: &Ask) -> pb::HoldingsAsk {
     let (group, rank, ranks) = match &a.scope {
-        Scope::Job { ranks } => (
+        AskScope::Job { ranks } => (
             0,
             ranks.first().copied().unwrap_or(0),
             ranks.iter().skip(1).copied().collect(),
         ),
-        Scope::Group { start } => (
+        AskScope::Group { start } => (
             u32::try_from(*start).unwrap_or(u32::MAX).saturating_add(1),
             0,
             Vec::new(),
@@ -72,12 +72,12 @@ pub fn ask_from_pb(r: pb::HoldingsAsk) -> Result<Ask, String> {
                 ranks.push(x);
             }
         }
-        Scope::Job { ranks }
+        AskScope::Job { ranks }
     } else {
         if r.rank != 0 || r.relayed || !r.ranks.is_empty() {
             return Err("rank, ranks, relayed: set on a group's ask (group > 0)".to_owned());
         }
-        Scope::Group {
+        AskScope::Group {
             start: (r.group - 1) as usize,
         }
     };
@@ -285,12 +285,12 @@ mod tests {
     fn asks_and_answers_go_both_ways() {
         let a = Ask {
             job: "j".into(),
-            scope: Scope::Group { start: 64 },
+            scope: AskScope::Group { start: 64 },
             relayed: false,
             limit: Duration::from_secs(4),
         };
         let back = ask_from_pb(ask_to_pb(&a)).expect("ask");
-        assert_eq!(back.scope, Scope::Group { start: 64 });
+        assert_eq!(back.scope, AskScope::Group { start: 64 });
         assert_eq!(back.limit, a.limit);
         let mut h = Holdings::default();
         let x = h.host("a:1", "ha");
@@ -317,7 +317,7 @@ mod tests {
         // A host's ranks in one ask: the first stays first, each once.
         let a = Ask {
             job: "j".into(),
-            scope: Scope::Job {
+            scope: AskScope::Job {
                 ranks: vec![1, 0, 7],
             },
             relayed: true,
@@ -352,7 +352,7 @@ mod tests {
     fn a_peers_ask_or_answer_out_of_range_is_refused_naming_the_field() {
         let mut a = ask_to_pb(&Ask {
             job: "j".into(),
-            scope: Scope::Job { ranks: vec![3] },
+            scope: AskScope::Job { ranks: vec![3] },
             relayed: true,
             limit: Duration::from_secs(1),
         });

@@ -32,12 +32,12 @@ use super::layout::ShardKey;
 /// The turns of the shards being fetched here.
 #[derive(Debug, Default)]
 pub struct FetchTurns {
-    turns: Mutex<HashMap<ShardKey, Arc<tokio::sync::Mutex<Fetched>>>>,
+    turns: Mutex<HashMap<ShardKey, Arc<tokio::sync::Mutex<LastFetch>>>>,
 }
 
 /// What the last holder of a key's turn got.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub enum Fetched {
+pub enum LastFetch {
     /// Nothing yet, or the copy.
     #[default]
     NotFailed,
@@ -50,7 +50,7 @@ pub enum Fetched {
 pub struct Turn<'a> {
     turns: &'a FetchTurns,
     key: ShardKey,
-    guard: Option<OwnedMutexGuard<Fetched>>,
+    guard: Option<OwnedMutexGuard<LastFetch>>,
 }
 
 impl FetchTurns {
@@ -83,11 +83,11 @@ impl FetchTurns {
 impl Turn<'_> {
     /// Whether the turn's holder before this one found no valid copy.
     pub fn after_a_failure(&self) -> bool {
-        self.guard.as_deref() == Some(&Fetched::Failed)
+        self.guard.as_deref() == Some(&LastFetch::Failed)
     }
 
     /// Says what this holder got, for those waiting.
-    pub fn record(&mut self, got: Fetched) {
+    pub fn record(&mut self, got: LastFetch) {
         if let Some(g) = self.guard.as_mut() {
             **g = got;
         }
@@ -154,7 +154,7 @@ mod tests {
         let turns = FetchTurns::default();
         let mut first = turns.take(&key(0)).await;
         assert!(!first.after_a_failure());
-        first.record(Fetched::Failed);
+        first.record(LastFetch::Failed);
         // The entry kept alive by a clone of its lock, as a waiter keeps it.
         let lock = turns.turns.lock().expect("map")[&key(0)].clone();
         drop(first);

@@ -78,8 +78,8 @@ impl Peer {
         &self,
         ask: &super::collect::Ask,
         limit: Duration,
-    ) -> Result<super::collect::Answer, LinkError> {
-        use super::collect::{Answer, Scope};
+    ) -> Result<super::collect::Collected, LinkError> {
+        use super::collect::{AskScope, Collected};
         use super::collect_wire as w;
         let mut c = self.client.clone();
         let r = match tokio::time::timeout(limit, c.collect_holdings(w::ask_to_pb(ask))).await {
@@ -91,8 +91,8 @@ impl Peer {
             Err(_) => return Err(LinkError::Silent(limit)),
         };
         match &ask.scope {
-            Scope::Job { ranks } => w::view_from_pb(r, ranks).map(Answer::Job),
-            Scope::Group { .. } => w::holdings_from_pb(r).map(Answer::Group),
+            AskScope::Job { ranks } => w::view_from_pb(r, ranks).map(Collected::Job),
+            AskScope::Group { .. } => w::holdings_from_pb(r).map(Collected::Group),
         }
         .map_err(|e| LinkError::Refused(format!("its answer makes no sense: {e}")))
     }

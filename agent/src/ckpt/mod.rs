@@ -12,6 +12,7 @@
 //! once its manifest says it is whole; every copy is checked against its
 //! checksum before use.
 
+pub mod accept;
 pub mod collect;
 pub mod collect_wire;
 pub mod commit;
@@ -20,6 +21,7 @@ pub mod durable;
 pub mod fan_in;
 pub mod fetch_turns;
 pub mod holdings;
+pub mod job_peers;
 pub mod layout;
 pub mod link;
 pub mod listing;
@@ -34,6 +36,7 @@ pub mod retention;
 pub mod scrub;
 pub mod shared_gather;
 pub mod tier;
+pub mod user_cache;
 pub mod wire;
 
 use std::sync::{Arc, Mutex};

@@ -798,7 +798,7 @@ pub async fn restore(
         }
     }
     if let Some(t) = turn.as_mut() {
-        t.record(super::fetch_turns::Fetched::Failed);
+        t.record(super::fetch_turns::LastFetch::Failed);
     }
     drop(turn);
     Err(RestoreError::NoValidCopy {

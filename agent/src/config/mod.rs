@@ -8,8 +8,8 @@
 
 pub use crate::sources::host_config::HostConfig;
 pub use crate::telemetry::{LogConfig, LogFormat};
-pub use warden_core::config::{ConfigError, HangConfig, duration, parse_toml, valid_peer_addr};
-pub use warden_core::rank::MAX_WORLD_SIZE;
+use warden_core::config::{ConfigError, HangConfig, duration, parse_toml};
+use warden_core::rank::MAX_WORLD_SIZE;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -726,12 +726,11 @@ impl Config {
         }
         for (name, d) in &h.timeouts {
             if *d < self.agent.tick {
-                return Err(ConfigError::Invalid {
-                    origin: origin.to_owned(),
-                    key: "hang.timeouts",
-                    value: format!("{name} = {}", humantime::format_duration(*d)),
-                    why: "each timeout must be at least agent.tick".into(),
-                });
+                return Err(invalid(
+                    "hang.timeouts",
+                    format!("{name} = {}", humantime::format_duration(*d)),
+                    "each timeout must be at least agent.tick",
+                ));
             }
         }
         if h.stack_dump_wait > Duration::from_secs(60) {

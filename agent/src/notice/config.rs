@@ -145,20 +145,6 @@ impl Default for KubernetesConfig {
     }
 }
 
-fn bad(
-    origin: &str,
-    key: &'static str,
-    value: impl Into<String>,
-    why: impl Into<String>,
-) -> ConfigError {
-    ConfigError::Invalid {
-        origin: origin.to_owned(),
-        key,
-        value: value.into(),
-        why: why.into(),
-    }
-}
-
 impl NoticeConfig {
     /// Checks every `[notice]` key.
     pub fn validate(&self, origin: &str) -> Result<(), ConfigError> {
@@ -166,11 +152,11 @@ impl NoticeConfig {
         self.check_url(origin, "notice.aws.url", &self.aws.url)?;
         let between = |key: &'static str, d: Duration, lo: Duration, hi: Duration| {
             if d < lo || d > hi {
-                return Err(bad(
+                return Err(ConfigError::invalid(
                     origin,
                     key,
                     humantime::format_duration(d).to_string(),
-                    format!(
+                    &format!(
                         "must be between {} and {}",
                         humantime::format_duration(lo),
                         humantime::format_duration(hi)
@@ -220,28 +206,28 @@ impl NoticeConfig {
         )?;
         if !self.kubernetes.taints_file.is_empty() {
             if !self.kubernetes.taints_file.starts_with('/') {
-                return Err(bad(
+                return Err(ConfigError::invalid(
                     origin,
                     "notice.kubernetes.taints_file",
-                    &self.kubernetes.taints_file,
+                    self.kubernetes.taints_file.clone(),
                     "must be an absolute path",
                 ));
             }
             if self.kubernetes.taints.is_empty() {
-                return Err(bad(
+                return Err(ConfigError::invalid(
                     origin,
                     "notice.kubernetes.taints",
-                    "[]",
+                    "[]".to_owned(),
                     "names no taint: with a taints_file, name the taint keys that mean a stop",
                 ));
             }
         }
         for t in &self.kubernetes.taints {
             if t.is_empty() || t.len() > 316 || t.chars().any(|c| c.is_whitespace() || c == ':') {
-                return Err(bad(
+                return Err(ConfigError::invalid(
                     origin,
                     "notice.kubernetes.taints",
-                    t,
+                    t.clone(),
                     "a taint key is 1-316 characters, no spaces or ':'",
                 ));
             }
@@ -252,13 +238,14 @@ impl NoticeConfig {
     /// An `http://` URL; a loopback one on an unprivileged port only with
     /// `allow_user_endpoints` (any local user could listen there).
     fn check_url(&self, origin: &str, key: &'static str, raw: &str) -> Result<(), ConfigError> {
-        let u =
-            url::Url::parse(raw).map_err(|e| bad(origin, key, raw, format!("not a URL: {e}")))?;
+        let u = url::Url::parse(raw).map_err(|e| {
+            ConfigError::invalid(origin, key, raw.to_owned(), &format!("not a URL: {e}"))
+        })?;
         if u.scheme() != "http" {
-            return Err(bad(
+            return Err(ConfigError::invalid(
                 origin,
                 key,
-                raw,
+                raw.to_owned(),
                 "must be http:// (metadata servers speak plain HTTP on a link-local address)",
             ));
         }
@@ -267,13 +254,20 @@ impl NoticeConfig {
             Some(url::Host::Ipv4(a)) => IpAddr::V4(a).is_loopback(),
             Some(url::Host::Ipv6(a)) => IpAddr::V6(a).is_loopback(),
             Some(url::Host::Domain(d)) => d == "localhost",
-            None => return Err(bad(origin, key, raw, "has no host")),
+            None => {
+                return Err(ConfigError::invalid(
+                    origin,
+                    key,
+                    raw.to_owned(),
+                    "has no host",
+                ));
+            }
         };
         if loopback && port >= 1024 && !self.allow_user_endpoints {
-            return Err(bad(
+            return Err(ConfigError::invalid(
                 origin,
                 key,
-                raw,
+                raw.to_owned(),
                 "a loopback address on an unprivileged port: any local user could answer there and stop every job on the host; set notice.allow_user_endpoints = true if the operator runs that server",
             ));
         }

@@ -161,12 +161,12 @@ impl BreakerConfig {
     /// Refuses a window the cap cannot count in.
     pub fn validate(&self, origin: &str) -> Result<(), ConfigError> {
         if self.max_cordons > 0 && self.window.is_zero() {
-            return Err(ConfigError::Invalid {
-                origin: origin.to_owned(),
-                key: "policy.circuit_breaker.window",
-                value: humantime::format_duration(self.window).to_string(),
-                why: "must be longer than 0s".to_owned(),
-            });
+            return Err(ConfigError::invalid(
+                origin,
+                "policy.circuit_breaker.window",
+                humantime::format_duration(self.window).to_string(),
+                "must be longer than 0s",
+            ));
         }
         Ok(())
     }

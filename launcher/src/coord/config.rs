@@ -186,7 +186,7 @@ impl CoordConfig {
             return bad("addr", self.addr.clone(), "must not be empty");
         }
         if let Some(p) = &self.ckpt_peer
-            && !warden_agent::config::valid_peer_addr(&p.addr)
+            && !warden_core::config::valid_peer_addr(&p.addr)
         {
             return bad("ckpt_peer.addr", p.addr.clone(), "must be host:port");
         }

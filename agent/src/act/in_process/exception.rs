@@ -6,8 +6,8 @@
 //! transient class (attribution's exception rules, [`rules::exception_rule`])
 //! asks every live local rank of the job to restart in process
 //! ([`super::request`], the reporting rank included) and answers
-//! [`Answer::Restart`] with the request's seq; anything else answers
-//! [`Answer::Stop`]: the rank re-raises and exits, and attribution
+//! [`ExceptionAnswer::Restart`] with the request's seq; anything else answers
+//! [`ExceptionAnswer::Stop`]: the rank re-raises and exits, and attribution
 //! diagnoses that exit as a crash with this exception, as for any uncaught
 //! one. So one exception leads to one decision: a restart in process (the
 //! `restart.requested` event, naming the rule) or the crash's incident.
@@ -41,7 +41,7 @@ use crate::ranks::admit::{Reported, report_exception};
 
 /// What a rank waiting on its exception does next.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Answer {
+pub enum ExceptionAnswer {
     /// Restart in process: the request `seq` is in every live rank's slot.
     Restart {
         /// The request's sequence number.
@@ -65,7 +65,7 @@ pub enum Answer {
 /// waits on it, decides what it does next ([`decide`], after the event, so
 /// the decision's `restart.requested` follows it). None: nobody waits (an
 /// uncaught exception, or a rank that did not ask).
-pub fn report(h: &Handles, policy: &PolicyConfig, reported: Reported) -> Option<Answer> {
+pub fn report(h: &Handles, policy: &PolicyConfig, reported: Reported) -> Option<ExceptionAnswer> {
     let launcher_only = h
         .registry()
         .ranks
@@ -84,10 +84,10 @@ pub fn decide(
     key: &RankKey,
     exception_type: &str,
     message: &str,
-) -> Answer {
+) -> ExceptionAnswer {
     let rule = rules::exception_rule(exception_type, message);
     let name = rule.map_or("", |r| r.name);
-    let stop = |reason: String| Answer::Stop { rule: name, reason };
+    let stop = |reason: String| ExceptionAnswer::Stop { rule: name, reason };
     let Some(rule) = rule.filter(|r| r.class == FaultClass::TransientSoftware) else {
         return stop(match rule {
             Some(r) => format!(
@@ -143,7 +143,7 @@ pub fn decide(
         humantime::format_duration(budget.window)
     );
     match super::request(h, &key.job, &reason, "") {
-        Ok(asked) => Answer::Restart {
+        Ok(asked) => ExceptionAnswer::Restart {
             seq: asked.seq,
             rule: rule.name,
             reason,

@@ -582,14 +582,14 @@ async fn an_exception_from_a_rank_that_took_the_request_in_flight_is_not_joined_
             "watchdog caught collective operation timeout",
         )
     };
-    let joins = |a: &exception::Answer| matches!(a, exception::Answer::Restart { seq, .. } if *seq == asked.seq);
+    let joins = |a: &exception::ExceptionAnswer| matches!(a, exception::ExceptionAnswer::Restart { seq, .. } if *seq == asked.seq);
     // Before rank 0 took it: its exception joins the request in flight.
     let joined = timed_out(0);
     assert!(joins(&joined), "{joined:?}");
     // Rank 0 takes it; rank 1 has not yet.
     assert!(ack(&state.in_process(), &key("j", 0), r0.generation, asked.seq).unwrap());
     match timed_out(0) {
-        exception::Answer::Stop { reason, .. } => assert!(
+        exception::ExceptionAnswer::Stop { reason, .. } => assert!(
             reason.contains(&format!(
                 "after it took in-process restart request {}",
                 asked.seq

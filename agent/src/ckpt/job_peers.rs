@@ -1,0 +1,151 @@
+//! A job's checkpoint peers set by its launcher (`SetCheckpointPeers`):
+//! one page taken ([`super::peer_pages`]), and on the last one the job's
+//! place for this host checked, the connection budgets weighed and the
+//! job's peer set replaced at once ([`super::peerset`]).
+//!
+//! Why here and not at the edge: which peers a host replicates to and
+//! restores from is the checkpoint tier's decision; the gRPC handler only
+//! decodes the request and maps [`SetPeersError`] to a status.
+
+use std::collections::HashSet;
+
+use warden_core::detect::straggler::StragglerConfig;
+
+use super::Checkpoints;
+use super::peer_pages::{PageError, Paged};
+use super::peerset::{OwnPlace, PeerSetError, PeerSpec};
+use crate::config::ApiConfig;
+
+/// One page of a job's peers, as its launcher sent it.
+#[derive(Debug, Clone)]
+pub struct PeersPage {
+    /// The job.
+    pub job: String,
+    /// The list the page belongs to (a new list replaces a waiting one).
+    pub list_id: u64,
+    /// This page's index.
+    pub page: u32,
+    /// How many pages the list has (0 or 1: the whole list at once).
+    pub pages: u32,
+    /// The page's peers.
+    pub peers: Vec<PeerSpec>,
+    /// This host's place among the job's hosts, plus one (0: not said).
+    pub self_place: u32,
+    /// This host's address as the job's other hosts reach it (empty: not
+    /// said).
+    pub self_addr: String,
+}
+
+/// What the connection budgets are weighed against.
+#[derive(Debug, Clone, Copy)]
+pub struct Budgets<'a> {
+    /// `[api]`: the peer connections this agent accepts.
+    pub api: &'a ApiConfig,
+    /// `[straggler]`: the exchange's fan-out.
+    pub straggler: &'a StragglerConfig,
+    /// The strangers' connection cap the listener was built with.
+    pub strangers: Option<usize>,
+}
+
+/// What a page made of the job's peers.
+#[derive(Debug, PartialEq, Eq)]
+pub enum SetPeers {
+    /// More pages are to come; nothing changed yet.
+    More,
+    /// The job's peers are set.
+    Set {
+        /// The peers this host replicates its shards to.
+        targets: Vec<String>,
+        /// Connection budgets the job would pass, in words (each also
+        /// logged); None: within them.
+        warning: Option<String>,
+    },
+}
+
+/// Why a page or a list was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum SetPeersError {
+    /// The page itself (its count, order, or the bytes waiting).
+    #[error(transparent)]
+    Page(#[from] PageError),
+    /// `self_place` past the list: a launcher's bug, refused by name rather
+    /// than taken as the end of the order.
+    #[error(
+        "self_place {self_place} is past the {peers} peers of job {job:?} (at most {}: this host's place plus one)",
+        peers + 1
+    )]
+    PlacePastList {
+        /// The place given.
+        self_place: u32,
+        /// The peers listed.
+        peers: usize,
+        /// The job.
+        job: String,
+    },
+    /// A peer or this host's address that cannot be used.
+    #[error(transparent)]
+    PeerSet(#[from] PeerSetError),
+}
+
+/// Takes `page`; on the list's last page sets the job's peers.
+pub fn set(
+    ck: &Checkpoints,
+    budgets: Budgets<'_>,
+    page: PeersPage,
+) -> Result<SetPeers, SetPeersError> {
+    let PeersPage {
+        job,
+        list_id,
+        page,
+        pages,
+        peers,
+        self_place,
+        self_addr,
+    } = page;
+    let specs = match ck.peer_pages.take(&job, list_id, page, pages, peers)? {
+        Paged::Done(specs) => specs,
+        Paged::More => return Ok(SetPeers::More),
+    };
+    let own = match usize::try_from(self_place).unwrap_or(usize::MAX) {
+        0 => None,
+        p if p - 1 <= specs.len() => Some(OwnPlace {
+            index: p - 1,
+            addr: self_addr,
+        }),
+        _ => {
+            return Err(SetPeersError::PlacePastList {
+                self_place,
+                peers: specs.len(),
+                job,
+            });
+        }
+    };
+    let others = specs
+        .iter()
+        .map(|s| s.addr.as_str())
+        .filter(|a| *a != ck.peers.my_addr())
+        .collect::<HashSet<_>>()
+        .len();
+    let warnings: Vec<String> = [
+        crate::exchange::capacity::connections_short(
+            budgets.api,
+            budgets.straggler,
+            budgets.strangers,
+            others,
+        ),
+        super::fan_in::restore_connections_short(budgets.api, &ck.cfg, budgets.strangers, others),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    for w in &warnings {
+        tracing::warn!(job = %job, "{w}");
+    }
+    let targets = ck.peers.set_job(&job, &specs, own.as_ref())?;
+    tracing::info!(job = %job, peers = specs.len(), targets = ?targets,
+        "checkpoint peers of the job set by its launcher");
+    Ok(SetPeers::Set {
+        targets,
+        warning: (!warnings.is_empty()).then(|| warnings.join("; and ")),
+    })
+}
