@@ -339,6 +339,29 @@ pub async fn push_shard(
     })
 }
 
+/// The job a FetchShard names, its key checked as [`fetch_shard`] checks
+/// it (the Peer frame authorizes the caller for it).
+pub fn fetch_job(req: &pb::FetchShardRequest) -> Result<&str, Status> {
+    key(&req.job_id, req.step, req.rank)?;
+    Ok(&req.job_id)
+}
+
+/// The job a ListShards names ("": every job, each shard then shown only
+/// to a member of its job), checked as [`list_shards`] checks it.
+pub fn list_job(req: &pb::ListShardsRequest) -> Result<&str, Status> {
+    if !req.job_id.is_empty() {
+        job(&req.job_id)?;
+    }
+    Ok(&req.job_id)
+}
+
+/// The job a CollectHoldings names, checked as [`collect_holdings`]
+/// checks it.
+pub fn collect_job(req: &pb::HoldingsAsk) -> Result<&str, Status> {
+    job(&req.job_id)?;
+    Ok(&req.job_id)
+}
+
 /// FetchShard: a committed shard streamed back.
 pub async fn fetch_shard(
     state: &Arc<AgentState>,

@@ -36,61 +36,67 @@ impl PeerService {
 }
 
 /// Every Peer call's frame, written once: records it ([`observed`]: its
-/// count by status and its duration, under `call`), names its caller from
-/// the connection ([`Caller::of`]: a proved peer, an unauthenticated one,
-/// or the local socket) and its remote address, authorizes the caller for
-/// the job `job` names in the request (empty: none; rule `job-member`,
-/// [`member`]), then runs `body` with them and the request. What a call
-/// asks beyond its job (a summary's or a relayed report's host, a
-/// replica's origin) its stage checks; a handler only names the stage.
+/// count by status and its duration, under `call`), then [`frame`]s it.
 async fn serve<T, R, Fut>(
     state: &AgentState,
     call: &'static str,
     req: Request<T>,
-    job: fn(&T) -> &str,
+    job: JobOf<T>,
     body: impl FnOnce(Caller, Option<std::net::SocketAddr>, T) -> Fut,
 ) -> Result<Response<R>, Status>
 where
     Fut: std::future::Future<Output = Result<R, Status>>,
 {
-    observed(call, async move {
-        let info = req.extensions().get::<PeerInfo>();
-        let (caller, remote) = (Caller::of(info), info.and_then(|i| i.remote));
-        let req = req.into_inner();
-        member(state, &caller, call, job(&req))?;
-        body(caller, remote, req).await.map(Response::new)
-    })
-    .await
+    observed(call, frame(state, req, job, body)).await
 }
 
-/// Rule `job-member` for a call about `job` (empty: none): a proved peer
-/// reads or writes a job's shards only as one of the job's peers here.
-/// With no tier there is no job to be a member of: the stage answers
-/// UNAVAILABLE saying why.
-fn member(state: &AgentState, caller: &Caller, call: &str, job: &str) -> Result<(), Status> {
+/// What a request names as its job, checked as its stage checks it
+/// (INVALID_ARGUMENT naming the field, before any rule, as the stage would
+/// answer); `Ok("")`: no job to authorize for.
+type JobOf<T> = fn(&T) -> Result<&str, Status>;
+
+/// A call's frame, unrecorded: names its caller from the connection
+/// ([`Caller::of`]: a proved peer, an unauthenticated one, or the local
+/// socket) and its remote address, authorizes the caller for the job the
+/// request names ([`member`]), then runs `body` with them and the request.
+/// What a call asks beyond one job (a pushed replica's job and origin, in
+/// its first chunk; a summary's or a relayed report's hosts and jobs) its
+/// stage checks; a handler only names the stage.
+async fn frame<T, R, Fut>(
+    state: &AgentState,
+    req: Request<T>,
+    job: JobOf<T>,
+    body: impl FnOnce(Caller, Option<std::net::SocketAddr>, T) -> Fut,
+) -> Result<Response<R>, Status>
+where
+    Fut: std::future::Future<Output = Result<R, Status>>,
+{
+    let info = req.extensions().get::<PeerInfo>();
+    let (caller, remote) = (Caller::of(info), info.and_then(|i| i.remote));
+    let req = req.into_inner();
+    member(state, &caller, &req, job)?;
+    body(caller, remote, req).await.map(Response::new)
+}
+
+/// Rule `job-member` for the job `req` names: a proved peer reads a job's
+/// shards only as one of the job's peers here. In the order the stages
+/// answered in before the frame held the rule: with no tier, the stage's
+/// UNAVAILABLE; a job or step that cannot be, INVALID_ARGUMENT; then the
+/// rule.
+fn member<T>(state: &AgentState, caller: &Caller, req: &T, job: JobOf<T>) -> Result<(), Status> {
     let Ok(ck) = state.checkpoints.as_ref() else {
         return Ok(());
     };
+    let job = job(req)?;
     if job.is_empty() {
         return Ok(());
     }
-    super::peer_auth::job_member(caller, job, |n| ck.peers.is_member_name(job, n)).inspect_err(
-        |e| {
-            metrics::counter!("warden_api_refused_total", "call" => call.to_owned()).increment(1);
-            tracing::warn!(
-                call,
-                ?caller,
-                job,
-                reason = e.message(),
-                "peer call refused"
-            );
-        },
-    )
+    super::peer_auth::job_member(caller, job, |n| ck.peers.is_member_name(job, n))
 }
 
 /// No job named by the request itself.
-fn no_job<T>(_: &T) -> &str {
-    ""
+fn no_job<T>(_: &T) -> Result<&str, Status> {
+    Ok("")
 }
 
 impl PeerService {
@@ -107,16 +113,17 @@ impl PeerService {
         .await
     }
 
-    /// FetchShard, whichever framing carried it.
+    /// FetchShard, whichever framing carried it, unrecorded (each entry
+    /// records it under "FetchShard", the hand-framed one with its
+    /// request's decoding).
     async fn fetch(
         &self,
         req: Request<pb::FetchShardRequest>,
     ) -> Result<Response<ChunkStream>, Status> {
-        serve(
+        frame(
             &self.state,
-            "FetchShard",
             req,
-            |r| &r.job_id,
+            super::ckpt::fetch_job,
             |_, _, r| async move { super::ckpt::fetch_shard(&self.state, r).await },
         )
         .await
@@ -187,7 +194,7 @@ impl Peer for PeerService {
         &self,
         req: Request<pb::FetchShardRequest>,
     ) -> Result<Response<Self::FetchShardStream>, Status> {
-        self.fetch(req).await
+        observed("FetchShard", self.fetch(req)).await
     }
 
     async fn list_shards(
@@ -198,7 +205,7 @@ impl Peer for PeerService {
             &self.state,
             "ListShards",
             req,
-            |r| &r.job_id,
+            super::ckpt::list_job,
             |caller, _, r| async move { super::ckpt::list_shards(&self.state, &caller, r).await },
         )
         .await
@@ -208,7 +215,7 @@ impl Peer for PeerService {
         &self,
         req: Request<pb::HoldingsAsk>,
     ) -> Result<Response<pb::Holdings>, Status> {
-        serve(&self.state, "CollectHoldings", req, |r| &r.job_id, |caller, _, r| async move {
+        serve(&self.state, "CollectHoldings", req, super::ckpt::collect_job, |caller, _, r| async move {
             super::ckpt::collect_holdings(&self.state, &caller, r).await
         })
         .await
@@ -287,24 +294,18 @@ impl tower::Service<http::Request<tonic::body::Body>> for PeerRoutes {
                 })
             }),
             wire::FETCH_PATH => Box::pin(async move {
-                let (parts, body) = req.into_parts();
-                let mut body = wire::Reader::new(body, peers::MAX_MESSAGE);
-                let r = match body.decode::<pb::FetchShardRequest>().await {
-                    Ok(Some(ask)) => {
-                        service
-                            .fetch(Request::from_http(http::Request::from_parts(parts, ask)))
-                            .await
-                    }
-                    // Counted as the call it was meant to be.
-                    Ok(None) => {
-                        undecoded(
-                            "FetchShard",
-                            Status::invalid_argument("FetchShard: no request"),
-                        )
+                let r = observed("FetchShard", async {
+                    let (parts, body) = req.into_parts();
+                    let mut body = wire::Reader::new(body, peers::MAX_MESSAGE);
+                    let ask = body
+                        .decode::<pb::FetchShardRequest>()
+                        .await?
+                        .ok_or_else(|| Status::invalid_argument("FetchShard: no request"))?;
+                    service
+                        .fetch(Request::from_http(http::Request::from_parts(parts, ask)))
                         .await
-                    }
-                    Err(s) => undecoded("FetchShard", s).await,
-                };
+                })
+                .await;
                 Ok(match r {
                     Ok(chunks) => wire::response(tonic::body::Body::new(wire::ChunkBody::new(
                         chunks.into_inner(),
@@ -319,9 +320,4 @@ impl tower::Service<http::Request<tonic::body::Body>> for PeerRoutes {
             }
         }
     }
-}
-
-/// A framed request that could not be decoded, recorded under `call`.
-async fn undecoded<R>(call: &'static str, why: Status) -> Result<R, Status> {
-    observed(call, async move { Err(why) }).await
 }
