@@ -488,7 +488,7 @@ fn stalled_past(progress_ns: u64, now_ns: u64, threshold: Option<&Threshold>) ->
 /// began to await a lost peer's heal ([`RankEntry::heal_wait_ns`]). A step
 /// in which it awaited one (its step left open through the wait) is no
 /// sample of `step`, of its sections, or of the rank's step times: its
-/// length is the launcher's wait.
+/// length is the launcher's wait; the ledger gets it without the wait.
 #[allow(clippy::too_many_arguments)]
 fn ingest(
     snap: &SlotSnapshot,
@@ -511,9 +511,13 @@ fn ingest(
         if st.start_ns > after_start_ns && st.duration_ns > 0 && end <= now_ns {
             sections.clear();
             let mut awaited_heal = false;
+            let mut waited_ns = 0u64;
             for sec in &st.sections {
                 let name = name_of(sec.id);
-                awaited_heal |= name == calibration::HEAL_WAIT;
+                if name == calibration::HEAL_WAIT {
+                    awaited_heal = true;
+                    waited_ns = waited_ns.saturating_add(sec.total_ns);
+                }
                 if !name.is_empty() && name != "step" {
                     sections.push((name, sec.total_ns));
                 }
@@ -532,11 +536,16 @@ fn ingest(
                     sections.iter().map(|(n, ns)| (n.as_str(), *ns)),
                 );
             }
+            // The ledger takes the step's work before the wait (its end
+            // is where the wait began): the wait itself falls between
+            // steps, not into one (booked as the job's time down, not as
+            // useful work), and the step, redone after the heal, is lost
+            // progress of one step at most.
             ledger(warden_core::goodput::StepObs {
                 pid,
                 step: st.step,
                 start_ns: st.start_ns,
-                duration_ns: st.duration_ns,
+                duration_ns: st.duration_ns.saturating_sub(waited_ns).max(1),
                 data_ns: st
                     .sections
                     .iter()
@@ -814,7 +823,9 @@ mod tests {
 
     /// A step the client left open through a lost peer's heal awaited is
     /// no sample of `step`, of its sections, of the rank's step times or
-    /// of its straggler samples: its length is the launcher's wait.
+    /// of its straggler samples: its length is the launcher's wait. The
+    /// goodput ledger gets the step's work before the wait, not the wait
+    /// (which would be booked as useful work).
     #[test]
     fn a_step_left_open_through_a_heal_awaited_is_no_sample() {
         let (_dir, mut reg, t0, slot, key) = heal_wait_rank();
@@ -834,11 +845,24 @@ mod tests {
         w().section_close(FIRST_USER_SECTION, t0 + 4 * sec);
         w().step_end(2, t0 + 4 * sec + MS);
         step(&reg, slot, 3, t0 + 4 * sec + 10 * MS, 10 * MS);
-        scan(&mut reg, &cfg, t0 + 4 * sec + 30 * MS, t0 + sec);
+        let out = scan(&mut reg, &cfg, t0 + 4 * sec + 30 * MS, t0 + sec);
         assert_eq!(
             steps(&mut reg),
             2,
             "steps 1 and 3; step 2 held the 4 s wait"
+        );
+        let booked: Vec<(u64, u64, u64)> = out
+            .goodput
+            .steps()
+            .map(|(_, _, s)| (s.step, s.start_ns, s.duration_ns))
+            .collect();
+        assert_eq!(
+            booked,
+            vec![
+                (2, t0 + 90 * MS, 10 * MS + MS),
+                (3, t0 + 4 * sec + 10 * MS, 10 * MS)
+            ],
+            "step 2's work before the wait (opened 10 ms in, 1 ms after it closed), not the wait"
         );
         let e = &reg.ranks[&key];
         assert!(
