@@ -201,6 +201,50 @@ async fn only_members_of_the_job_reach_its_shards_and_nobody_forges_them() {
         .expect("a listing of everything")
         .into_inner();
     assert!(all.shards.is_empty(), "{all:?}");
+    // A job id that cannot be is named as such, and clipped, before any
+    // rule: a stranger's 1 MB id never comes back whole in a refusal.
+    let huge = "x".repeat(1 << 20);
+    for (what, r) in [
+        (
+            "fetch",
+            c.fetch_shard(pb::FetchShardRequest {
+                job_id: huge.clone(),
+                ..fetch.clone()
+            })
+            .await
+            .map(|_| ()),
+        ),
+        (
+            "list",
+            c.list_shards(pb::ListShardsRequest {
+                job_id: huge.clone(),
+            })
+            .await
+            .map(|_| ()),
+        ),
+        (
+            "collect",
+            c.collect_holdings(pb::HoldingsAsk {
+                job_id: huge.clone(),
+                ..Default::default()
+            })
+            .await
+            .map(|_| ()),
+        ),
+    ] {
+        let s = r.expect_err(what);
+        assert_eq!(
+            s.code(),
+            tonic::Code::InvalidArgument,
+            "{what}: {:?}",
+            s.code()
+        );
+        assert!(
+            s.message().len() < 1024,
+            "{what}: {} bytes",
+            s.message().len()
+        );
+    }
 
     // A member (h1's own certificate) may fetch, but may push only its
     // own shards, never one naming h0 or a third host as origin.
