@@ -73,6 +73,59 @@ def test_a_failed_background_save_is_raised_by_the_next_call() -> None:
         saver.save(2, {"w": torch.ones(4)})
 
 
+def test_a_save_waits_for_a_free_buffer_and_the_wait_is_its_stall() -> None:
+    """Back pressure (issue 32): with ``max_in_flight`` buffers all in
+    flight, the next ``save`` waits on the training thread until the
+    background lets one go, and that wait is counted in its stall."""
+    require_framework("torch")
+    import queue
+    import threading
+    import time
+
+    import torch
+
+    from warden.async_checkpoint import AsyncCheckpointer
+
+    saver = AsyncCheckpointer(max_in_flight=1)
+    writing, release = threading.Event(), threading.Event()
+
+    def held_write(slot) -> str:  # the background's write, held until released
+        writing.set()
+        assert release.wait(60), "never released"
+        return f"step-{slot.step}"
+
+    saver._write = held_write  # type: ignore[method-assign]
+    state = {"w": torch.ones(1024)}
+    saver.save(1, state)
+    assert writing.wait(60), "the first save never reached its write"
+
+    # The one buffer is in flight: mark when the next save starts waiting.
+    entered: list[float] = []
+
+    class Marked(queue.Queue):
+        def get(self, *args, **kwargs):
+            entered.append(time.perf_counter())
+            return super().get(*args, **kwargs)
+
+    saver._free = Marked()
+    returned: list[float] = []
+    second = threading.Thread(target=lambda: (saver.save(2, state), returned.append(time.perf_counter())))
+    second.start()
+    deadline = time.monotonic() + 60
+    while not entered and time.monotonic() < deadline:
+        second.join(0.01)
+    assert entered, "the second save never asked for a buffer"
+    assert not returned, "the second save returned with no buffer free"
+    released_at = time.perf_counter()
+    release.set()
+    second.join(60)
+    assert returned and returned[0] >= released_at, "the second save returned before a buffer was free"
+    assert saver.last_stall_s >= released_at - entered[0], (saver.last_stall_s, released_at - entered[0])
+    saver.wait()
+    assert saver.committed == 2
+    saver.close()
+
+
 def test_max_in_flight_must_be_positive() -> None:
     require_framework("torch")
     from warden.async_checkpoint import AsyncCheckpointer
