@@ -488,7 +488,8 @@ fn stalled_past(progress_ns: u64, now_ns: u64, threshold: Option<&Threshold>) ->
 /// began to await a lost peer's heal ([`RankEntry::heal_wait_ns`]). A step
 /// in which it awaited one (its step left open through the wait) is no
 /// sample of `step`, of its sections, or of the rank's step times: its
-/// length is the launcher's wait; the ledger gets it without the wait.
+/// length is the launcher's wait; the ledger gets its work before the
+/// wait (`restarts[1]`, where the wait began, when it falls inside it).
 #[allow(clippy::too_many_arguments)]
 fn ingest(
     snap: &SlotSnapshot,
@@ -511,12 +512,17 @@ fn ingest(
         if st.start_ns > after_start_ns && st.duration_ns > 0 && end <= now_ns {
             sections.clear();
             let mut awaited_heal = false;
-            let mut waited_ns = 0u64;
+            // The recovery the step held: the wait, then the regroup the
+            // next attempt does before it begins a step of its own.
+            let mut recovery_ns = 0u64;
             for sec in &st.sections {
                 let name = name_of(sec.id);
-                if name == calibration::HEAL_WAIT {
-                    awaited_heal = true;
-                    waited_ns = waited_ns.saturating_add(sec.total_ns);
+                awaited_heal |= name == calibration::HEAL_WAIT;
+                if matches!(
+                    name.as_str(),
+                    calibration::HEAL_WAIT | calibration::HEAL | calibration::RESTART
+                ) {
+                    recovery_ns = recovery_ns.saturating_add(sec.total_ns);
                 }
                 if !name.is_empty() && name != "step" {
                     sections.push((name, sec.total_ns));
@@ -536,16 +542,24 @@ fn ingest(
                     sections.iter().map(|(n, ns)| (n.as_str(), *ns)),
                 );
             }
-            // The ledger takes the step's work before the wait (its end
-            // is where the wait began): the wait itself falls between
-            // steps, not into one (booked as the job's time down, not as
-            // useful work), and the step, redone after the heal, is lost
-            // progress of one step at most.
+            // The ledger takes the step's work before the wait: it ends
+            // where the wait began (as a scan saw it open; else the step
+            // less its recovery sections), so the wait and the regroup
+            // after it fall between steps (time between steps, not useful
+            // work), and the step, redone after the heal, is one step of
+            // lost progress at most.
+            let booked_ns = if !awaited_heal {
+                st.duration_ns
+            } else if (st.start_ns..end).contains(&restarts[1]) {
+                restarts[1] - st.start_ns
+            } else {
+                st.duration_ns.saturating_sub(recovery_ns)
+            };
             ledger(warden_core::goodput::StepObs {
                 pid,
                 step: st.step,
                 start_ns: st.start_ns,
-                duration_ns: st.duration_ns.saturating_sub(waited_ns).max(1),
+                duration_ns: booked_ns.max(1),
                 data_ns: st
                     .sections
                     .iter()
@@ -859,10 +873,37 @@ mod tests {
         assert_eq!(
             booked,
             vec![
-                (2, t0 + 90 * MS, 10 * MS + MS),
+                (2, t0 + 90 * MS, 10 * MS),
                 (3, t0 + 4 * sec + 10 * MS, 10 * MS)
             ],
-            "step 2's work before the wait (opened 10 ms in, 1 ms after it closed), not the wait"
+            "step 2's work before the wait (opened 10 ms in, as the scan saw it), not the wait \
+             nor the 1 ms after it"
+        );
+
+        // A wait no scan saw open (it began and ended between two), then
+        // the next attempt's regroup in `heal`: the step less both.
+        reg.slots()
+            .slot(slot)
+            .unwrap()
+            .write_name(FIRST_USER_SECTION + 1, calibration::HEAL);
+        let w = || reg.slots().writer(slot).unwrap();
+        let b = t0 + 5 * sec;
+        w().step_begin(4, b);
+        w().section_open(FIRST_USER_SECTION, b + 20 * MS);
+        w().section_close(FIRST_USER_SECTION, b + 520 * MS);
+        w().section_open(FIRST_USER_SECTION + 1, b + 530 * MS);
+        w().section_close(FIRST_USER_SECTION + 1, b + 730 * MS);
+        w().step_end(4, b + 735 * MS);
+        let out = scan(&mut reg, &cfg, b + 800 * MS, t0 + 4 * sec + 30 * MS);
+        let booked: Vec<(u64, u64)> = out
+            .goodput
+            .steps()
+            .map(|(_, _, s)| (s.step, s.duration_ns))
+            .collect();
+        assert_eq!(
+            booked,
+            vec![(4, 35 * MS)],
+            "735 ms less the 500 ms wait and the 200 ms regroup"
         );
         let e = &reg.ranks[&key];
         assert!(
