@@ -2,7 +2,10 @@
 //! ListCheckpoints on warden.v1.Agent; PushShard, FetchShard, ListShards
 //! and CollectHoldings on warden.v1.Peer.
 //!
-//! In: requests, checked and authorized here (the error names the field).
+//! In: requests, checked here (the error names the field); a Peer call's
+//! caller is authorized for the job it names by the Peer service's frame
+//! ([`super::peer_service`], which only these handlers' callers are), a
+//! push's for the job and origin in its first chunk here.
 //! Out: calls on [`crate::ckpt`] (the commits in [`crate::ckpt::commit`],
 //! the restore in [`crate::ckpt::restore`]), its errors turned into gRPC
 //! statuses: a bad name is

@@ -215,9 +215,15 @@ impl Peer for PeerService {
         &self,
         req: Request<pb::HoldingsAsk>,
     ) -> Result<Response<pb::Holdings>, Status> {
-        serve(&self.state, "CollectHoldings", req, super::ckpt::collect_job, |caller, _, r| async move {
-            super::ckpt::collect_holdings(&self.state, &caller, r).await
-        })
+        serve(
+            &self.state,
+            "CollectHoldings",
+            req,
+            super::ckpt::collect_job,
+            |caller, _, r| async move {
+                super::ckpt::collect_holdings(&self.state, &caller, r).await
+            },
+        )
         .await
     }
 }

@@ -109,15 +109,19 @@ def test_a_save_waits_for_a_free_buffer_and_the_wait_is_its_stall() -> None:
 
     saver._free = Marked()
     returned: list[float] = []
-    second = threading.Thread(target=lambda: (saver.save(2, state), returned.append(time.perf_counter())))
+    second = threading.Thread(
+        target=lambda: (saver.save(2, state), returned.append(time.perf_counter())), daemon=True
+    )
     second.start()
-    deadline = time.monotonic() + 60
-    while not entered and time.monotonic() < deadline:
-        second.join(0.01)
-    assert entered, "the second save never asked for a buffer"
-    assert not returned, "the second save returned with no buffer free"
-    released_at = time.perf_counter()
-    release.set()
+    try:
+        deadline = time.monotonic() + 60
+        while not entered and time.monotonic() < deadline:
+            second.join(0.01)
+        assert entered, "the second save never asked for a buffer"
+        assert not returned, "the second save returned with no buffer free"
+        released_at = time.perf_counter()
+    finally:
+        release.set()  # a failed check leaves no thread blocked behind it
     second.join(60)
     assert returned and returned[0] >= released_at, "the second save returned before a buffer was free"
     assert saver.last_stall_s >= released_at - entered[0], (saver.last_stall_s, released_at - entered[0])
