@@ -54,7 +54,7 @@ use tonic::Status;
 use super::peer::LocalPeer;
 use warden_core::events::health_reporter::Reporter;
 use warden_core::fsafe::{self, Dir, FsError};
-use warden_core::health::{ComponentReport, Reason, Status as Health};
+use warden_core::health::{ComponentReport, Reason, ReasonKind, Status as Health};
 
 /// The component that says whether job claims are open.
 pub const COMPONENT: &str = "state/job_owners";
@@ -240,6 +240,7 @@ impl Authz {
         if let Some(why) = why {
             c.reasons.push(Reason {
                 status: Health::Degraded,
+                kind: ReasonKind::Judged,
                 signal: "state.damaged".into(),
                 value: String::new(),
                 threshold: String::new(),

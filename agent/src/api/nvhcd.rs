@@ -164,7 +164,7 @@ mod tests {
     use std::time::SystemTime;
 
     use super::*;
-    use warden_core::health::{ComponentReport, HealthModel, Reason};
+    use warden_core::health::{ComponentReport, HealthModel, Reason, ReasonKind};
 
     fn report(id: &str, status: Status) -> ComponentReport {
         ComponentReport {
@@ -174,6 +174,7 @@ mod tests {
             status_override: None,
             reasons: vec![Reason {
                 status,
+                kind: ReasonKind::Judged,
                 signal: "s".into(),
                 value: "v".into(),
                 threshold: String::new(),

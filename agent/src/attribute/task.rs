@@ -32,7 +32,7 @@ use warden_core::attribute::{Escalation, IncidentRecord};
 use warden_core::events::EventBus;
 use warden_core::events::health_reporter::Reporter;
 use warden_core::events::{Event, NewEvent, Severity, Subscription};
-use warden_core::health::{ComponentReport, Reason, Status};
+use warden_core::health::{ComponentReport, Reason, ReasonKind, Status};
 use warden_core::policy::PolicyConfig;
 use warden_core::policy::guard;
 use warden_core::policy::{self, Action, Context, Decision};
@@ -207,7 +207,8 @@ fn device_map(state: &Handles) -> DeviceMap {
                     &c.id,
                     CurrentReason {
                         signal: r.signal.clone(),
-                        status: r.status.as_str().to_owned(),
+                        kind: r.kind,
+                        status: r.status,
                         value: r.value.clone(),
                         since: r.since,
                     },
@@ -485,6 +486,7 @@ fn report_cordon(state: &Handles, c: Option<&Cordon>) {
     let reasons = c
         .map(|c| Reason {
             status: Status::Failed,
+            kind: ReasonKind::Judged,
             signal: "policy.cordon".into(),
             value: c.class.clone(),
             threshold: String::new(),

@@ -22,7 +22,7 @@ use crate::state::AgentState;
 use crate::tls::reload::{self, Reload, Reloader};
 use crate::tls::{PeerTls, TlsError, accept};
 use warden_core::events::{NewEvent, Severity};
-use warden_core::health::{ComponentReport, Reason, Status};
+use warden_core::health::{ComponentReport, Reason, ReasonKind, Status};
 
 /// The component that shows how the TCP port is protected.
 pub const COMPONENT: &str = "agent/api.tcp";
@@ -152,6 +152,7 @@ fn warn_insecure(state: &AgentState) {
             status_override: None,
             reasons: vec![Reason {
                 status: Status::Degraded,
+                kind: ReasonKind::Judged,
                 signal: "api.tcp.authentication".into(),
                 value: "none".into(),
                 threshold: "mutual TLS (api.tls_ca, api.tls_cert, api.tls_key)".into(),

@@ -15,7 +15,7 @@ use super::notify::{self, Watchdog};
 use crate::ranks::{evidence, scan};
 use crate::sources::runner::Sources;
 use warden_core::detect::sdc::{Basis, SdcDetector, SdcFinding};
-use warden_core::health::{ComponentReport, Status};
+use warden_core::health::{ComponentReport, ReasonKind, Status};
 use warden_core::rank::RankKey;
 use warden_core::signal::{RankHang, Report, SdcSuspect, Signal};
 
@@ -252,6 +252,7 @@ fn report_pid_visibility(state: &AgentState, shown: &mut usize) {
     } else {
         vec![warden_core::health::Reason {
             status: Status::Unknown,
+            kind: ReasonKind::Judged,
             signal: "ranks.pid_visible".into(),
             value: format!("{hidden} of {live} ranks"),
             threshold: "all ranks".into(),

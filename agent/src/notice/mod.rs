@@ -26,7 +26,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use warden_core::events::health_reporter::Reporter;
 use warden_core::events::{NewEvent, Severity};
-use warden_core::health::{ComponentReport, Reason, Status};
+use warden_core::health::{ComponentReport, Reason, ReasonKind, Status};
 use warden_core::rank::RankState;
 use warden_core::signal::{StopKind, StopReason};
 use warden_slot::NoticeWord;
@@ -411,6 +411,7 @@ impl NoticeBoard {
             for n in g.host.values() {
                 reasons.push(Reason {
                     status: Status::Degraded,
+                    kind: ReasonKind::Judged,
                     signal: format!("notice.{}", n.source.name()),
                     value: n.what.clone(),
                     threshold: String::new(),
@@ -427,6 +428,7 @@ impl NoticeBoard {
             for (job, n) in &g.jobs {
                 reasons.push(Reason {
                     status: Status::Ok,
+                    kind: ReasonKind::Judged,
                     signal: format!("notice.{}", n.source.name()),
                     value: job.clone(),
                     threshold: String::new(),
@@ -443,6 +445,7 @@ impl NoticeBoard {
             for (s, why) in &g.trouble {
                 reasons.push(Reason {
                     status: Status::Ok,
+                    kind: ReasonKind::Judged,
                     signal: format!("notice.{}.unreadable", s.name()),
                     value: why.clone(),
                     threshold: String::new(),

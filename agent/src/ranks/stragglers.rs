@@ -160,6 +160,7 @@ mod tests {
             status_override: None,
             reasons: vec![Reason {
                 status: Status::Degraded,
+                kind: warden_core::health::ReasonKind::Judged,
                 signal: "clocks.event_reasons".into(),
                 value: "0x40".into(),
                 threshold: String::new(),

@@ -19,7 +19,7 @@ use std::time::{Duration, SystemTime};
 use warden_core::config::ConfigError;
 
 use crate::sources::host_config::HostConfig;
-use warden_core::health::{ComponentReport, Reason, Status};
+use warden_core::health::{ComponentReport, Reason, ReasonKind, Status};
 
 /// The component id this source reports on.
 pub const COMPONENT: &str = "disk/checkpoint";
@@ -158,6 +158,7 @@ pub fn judge(
             report.status_override = Some(Status::Unknown);
             report.reasons.push(Reason {
                 status: Status::Unknown,
+                kind: ReasonKind::Judged,
                 signal: "disk.statvfs".into(),
                 value: String::new(),
                 threshold: String::new(),
@@ -187,6 +188,7 @@ pub fn judge(
     };
     report.reasons.push(Reason {
         status,
+        kind: ReasonKind::Judged,
         signal: "disk.available_percent".into(),
         value: format!("{pct:.1}%"),
         threshold: format!("< {threshold}%"),

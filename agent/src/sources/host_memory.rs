@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
 use crate::sources::host_config::HostConfig;
-use warden_core::health::{ComponentReport, Reason, Status};
+use warden_core::health::{ComponentReport, Reason, ReasonKind, Status};
 
 /// The component id this source reports on.
 pub const COMPONENT: &str = "host/memory";
@@ -99,6 +99,7 @@ pub fn judge(
             report.status_override = Some(Status::Unknown);
             report.reasons.push(Reason {
                 status: Status::Unknown,
+                kind: ReasonKind::Judged,
                 signal: "memory.meminfo".into(),
                 value: String::new(),
                 threshold: String::new(),
@@ -121,6 +122,7 @@ pub fn judge(
             };
             report.reasons.push(Reason {
                 status,
+                kind: ReasonKind::Judged,
                 signal: "memory.available_percent".into(),
                 value: format!("{pct:.1}%"),
                 threshold: format!("< {threshold}%"),

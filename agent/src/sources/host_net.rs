@@ -26,7 +26,7 @@ use warden_core::config::ConfigError;
 use crate::sources::host_config::HostConfig;
 use warden_core::events::{NewEvent, Severity};
 use warden_core::health::window::CounterWindow;
-use warden_core::health::{ComponentReport, Reason, Status};
+use warden_core::health::{ComponentReport, Reason, ReasonKind, Status};
 
 pub use super::host_config::DEFAULT_IGNORE;
 
@@ -252,6 +252,7 @@ impl HostNet {
             if let Some((status, message)) = link.down {
                 report.reasons.push(Reason {
                     status,
+                    kind: ReasonKind::Judged,
                     signal: format!("{}.link_state", link.kind),
                     value: report
                         .labels
@@ -293,6 +294,7 @@ impl HostNet {
                     }
                     report.reasons.push(Reason {
                         status: Status::Degraded,
+                        kind: ReasonKind::Judged,
                         signal: format!("{}.link_downs", link.kind),
                         value: delta.to_string(),
                         threshold: format!(">= {}", self.cfg.link_flaps_degraded),

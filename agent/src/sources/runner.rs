@@ -15,7 +15,7 @@ use super::Source;
 use tokio_util::sync::CancellationToken;
 use warden_core::events::health_reporter::Reporter;
 use warden_core::events::{NewEvent, Severity};
-use warden_core::health::{ComponentReport, Reason, Status};
+use warden_core::health::{ComponentReport, Reason, ReasonKind, Status};
 
 /// What the runner knows about one source.
 #[derive(Debug)]
@@ -138,6 +138,7 @@ impl Sources {
                         status_override: Some(Status::Unknown),
                         reasons: vec![Reason {
                             status: Status::Unknown,
+                            kind: ReasonKind::Judged,
                             signal: format!("source.{name}.stalled"),
                             value: format!("{}s", for_.as_secs()),
                             threshold: format!("{}s", limit.as_secs()),

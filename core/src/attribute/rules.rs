@@ -427,45 +427,6 @@ pub const SIGNALS: &[SignalRule] = &[
     ),
 ];
 
-/// What a health reason's signal is to attribution. The sources name
-/// their reasons (`gpu.xid`, `kmsg.xid.79`, `dcgm.gpu_recovery_reset`); the
-/// name is read here, once, where a reason enters attribution, and the
-/// engine's rules match on the kind, never on the name (which stays for the
-/// evidence a person reads).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ReasonKind {
-    /// An XID itself (NVML's or the kernel log's): its own `Xid` signal,
-    /// with its pid and sources, is the evidence; the health change only
-    /// opens the incident.
-    Xid,
-    /// Another report about XIDs (DCGM's XID and SXID errors, the repeat
-    /// rule): what the health model holds of it is left to the XID's own
-    /// evidence.
-    AboutXids,
-    /// The driver's own recovery verdict (NVML's recovery action, DCGM's
-    /// `gpu_recovery_*`): it overrides every per-XID guess.
-    DriverVerdict,
-    /// Any other reason a source judged: weighed by its [`SignalRule`].
-    Judged,
-}
-
-/// The kind of the health reason named `signal` (see [`ReasonKind`]).
-pub fn reason_kind(signal: &str) -> ReasonKind {
-    let xid = matches!(signal, "gpu.xid" | "kmsg.xid" | "xid")
-        || signal
-            .strip_prefix("kmsg.xid.")
-            .is_some_and(|code| code.parse::<u32>().is_ok());
-    if xid {
-        ReasonKind::Xid
-    } else if signal.contains("xid") {
-        ReasonKind::AboutXids
-    } else if signal == "gpu.recovery_action" || crate::taxonomy::dcgm::is_recovery_action(signal) {
-        ReasonKind::DriverVerdict
-    } else {
-        ReasonKind::Judged
-    }
-}
-
 /// The rule for a health signal; signals not listed say little.
 pub fn signal_rule(signal: &str) -> Option<&'static SignalRule> {
     // DCGM's failure reasons are their own table, next to the source.
@@ -557,41 +518,5 @@ pub fn sdc_rule(basis: &str) -> SdcRule {
         "non_finite" => SDC_NON_FINITE,
         "non_finite_alone" => SDC_ALONE,
         _ => SDC_PEERS,
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::{ReasonKind, reason_kind};
-
-    #[test]
-    fn a_reason_is_read_once_into_its_kind() {
-        for s in ["gpu.xid", "kmsg.xid", "xid", "kmsg.xid.79"] {
-            assert_eq!(reason_kind(s), ReasonKind::Xid, "{s}");
-        }
-        // Not a code after the prefix: a report about XIDs, not one.
-        for s in [
-            "kmsg.xid.x",
-            "dcgm.xid_error",
-            "dcgm.sxid_error",
-            "xid.repeat",
-        ] {
-            assert_eq!(reason_kind(s), ReasonKind::AboutXids, "{s}");
-        }
-        for s in [
-            "gpu.recovery_action",
-            "dcgm.gpu_recovery_reset",
-            "dcgm.gpu_recovery_reboot",
-        ] {
-            assert_eq!(reason_kind(s), ReasonKind::DriverVerdict, "{s}");
-        }
-        for s in [
-            "gpu.ecc.dbe_volatile",
-            "pcie.link_gen",
-            "",
-            "tpu.core_error",
-        ] {
-            assert_eq!(reason_kind(s), ReasonKind::Judged, "{s}");
-        }
     }
 }

@@ -11,6 +11,7 @@ use serde::Deserialize;
 use super::engine::{CurrentReason, DeviceMap, Engine};
 use super::{AttributionConfig, Diagnosis, FaultClass, IncidentKind, IncidentRecord};
 use crate::events::{Event, Severity};
+use crate::health::{ReasonKind, Status};
 use crate::policy::{self, Action, Context, Decision, PolicyConfig};
 
 #[derive(Debug, Deserialize)]
@@ -146,6 +147,10 @@ struct Recorded {
 struct HealthNow {
     component: String,
     signal: String,
+    /// The reason's kind as its source sets it (`ReasonKind::as_str`);
+    /// none: a judged finding.
+    #[serde(default)]
+    kind: Option<String>,
     status: String,
     value: String,
 }
@@ -249,7 +254,15 @@ fn replay(s: &Scenario) -> Vec<IncidentRecord> {
             &h.component,
             CurrentReason {
                 signal: h.signal.clone(),
-                status: h.status.clone(),
+                kind: h.kind.as_deref().map_or(ReasonKind::Judged, |k| {
+                    ReasonKind::parse(k).unwrap_or_else(|| panic!("unknown reason kind {k:?}"))
+                }),
+                status: match h.status.as_str() {
+                    "FAILED" => Status::Failed,
+                    "DEGRADED" => Status::Degraded,
+                    "OK" => Status::Ok,
+                    other => panic!("health status {other:?}: FAILED, DEGRADED or OK"),
+                },
                 value: h.value.clone(),
                 since: t0,
             },

@@ -57,11 +57,59 @@ impl std::fmt::Display for Status {
     }
 }
 
+/// What a finding is to attribution, set by the source that makes it: so
+/// that attribution weighs a reason by its kind, never by sorting its
+/// signal's name (which stays for the evidence a person reads).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ReasonKind {
+    /// Any other finding a source judged: weighed by its signal's rule
+    /// (`attribute::rules::signal_rule`).
+    #[default]
+    Judged,
+    /// An XID itself (NVML's or the kernel log's): its own `Xid` signal,
+    /// with its pid and sources, is the evidence; the health change only
+    /// opens the incident.
+    Xid,
+    /// Another report about XIDs (DCGM's XID and SXID errors, the kernel
+    /// log's repeat rule): what the health model holds of it is left to the
+    /// XID's own evidence.
+    AboutXids,
+    /// The driver's own recovery verdict (NVML's recovery action, DCGM's
+    /// `gpu_recovery_*`): it overrides every per-XID guess.
+    DriverVerdict,
+}
+
+impl ReasonKind {
+    /// Its name in a `health.changed` event's `reason_kind` field.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ReasonKind::Judged => "judged",
+            ReasonKind::Xid => "xid",
+            ReasonKind::AboutXids => "about_xids",
+            ReasonKind::DriverVerdict => "driver_verdict",
+        }
+    }
+
+    /// The kind named `name` ([`ReasonKind::as_str`]).
+    pub fn parse(name: &str) -> Option<Self> {
+        [
+            ReasonKind::Judged,
+            ReasonKind::Xid,
+            ReasonKind::AboutXids,
+            ReasonKind::DriverVerdict,
+        ]
+        .into_iter()
+        .find(|k| k.as_str() == name)
+    }
+}
+
 /// One finding with its evidence.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Reason {
     /// The status this finding alone implies.
     pub status: Status,
+    /// What it is to attribution, as its source knows it.
+    pub kind: ReasonKind,
     /// Stable signal name, e.g. `memory.available_percent`.
     pub signal: String,
     /// The observed value, formatted with its unit.
@@ -74,6 +122,16 @@ pub struct Reason {
     pub since: SystemTime,
     /// A sentence for a person.
     pub message: String,
+}
+
+impl Reason {
+    /// This finding as one of `kind` (a source that reports an XID or a
+    /// driver's verdict says so here; every other finding is judged).
+    #[must_use]
+    pub fn of_kind(mut self, kind: ReasonKind) -> Self {
+        self.kind = kind;
+        self
+    }
 }
 
 /// What a source says about one component at one moment.
@@ -318,6 +376,7 @@ mod tests {
     fn reason(status: Status, signal: &str, at: SystemTime) -> Reason {
         Reason {
             status,
+            kind: ReasonKind::Judged,
             signal: signal.into(),
             value: "1".into(),
             threshold: "0".into(),

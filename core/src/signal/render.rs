@@ -12,7 +12,7 @@ use super::{
 };
 use super::{NewEvent, Severity};
 use crate::device::DeviceId;
-use crate::health::Status;
+use crate::health::{ReasonKind, Status};
 use crate::rank::RankState;
 use crate::verdict::Action;
 use crate::verdict::{FaultClass, IncidentRecord};
@@ -440,6 +440,11 @@ fn health_changed(h: &HealthChanged) -> NewEvent {
             .with("signal", &r.signal)
             .with("value", &r.value)
             .with("threshold", &r.threshold);
+        // What the finding is to attribution, as its source set it (a
+        // judged one says nothing: the field's absence).
+        if r.kind != ReasonKind::Judged {
+            event = event.with("reason_kind", r.kind.as_str());
+        }
         if !r.window.is_empty() {
             event = event.with("window", &r.window);
         }

@@ -13,7 +13,7 @@ use super::{
     GpuProcesses, HangFacts, HangVerdict, HealthChanged, OomKill, RankException, RankExited,
     RankHang, RankRegistered, Report, SdcSuspect, Signal, Straggler, Xid, XidSource,
 };
-use crate::health::{Reason, Status};
+use crate::health::{Reason, ReasonKind, Status};
 use crate::rank::{ExitInfo, RankKey, RankState};
 use crate::verdict::Blame;
 use crate::verdict::FaultClass;
@@ -54,6 +54,10 @@ pub fn signal_of(
     let report = || Report {
         message: String::new(),
         evidence: ev.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
+    };
+    let reason_kind = match ev.get("reason_kind") {
+        Some(k) => ReasonKind::parse(k)?,
+        None => ReasonKind::Judged,
     };
     Some(match kind {
         "rank.registered" => Signal::RankRegistered(RankRegistered {
@@ -188,12 +192,15 @@ pub fn signal_of(
             process: get("process"),
             line: get("line"),
         }),
+        // The reason's kind as its source set it (a recording without one:
+        // a judged finding; one this code does not know: no signal).
         "health.changed" => Signal::HealthChanged(HealthChanged {
             component: subject.to_owned(),
             from: ev.get("from").filter(|f| *f != "NEW").map(|f| status(f)),
             to: status(&get("to")),
             reason: ev.get("signal").map(|signal| Reason {
                 status: status(&get("to")),
+                kind: reason_kind,
                 signal: signal.clone(),
                 value: get("value"),
                 threshold: ev.get("threshold").cloned().unwrap_or_else(|| "-".into()),

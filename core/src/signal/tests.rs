@@ -524,6 +524,7 @@ fn cases() -> Vec<Case> {
                 to: Status::Degraded,
                 reason: Some(Reason {
                     status: Status::Degraded,
+                    kind: crate::health::ReasonKind::Judged,
                     signal: "gpu.temp".into(),
                     value: "90C".into(),
                     threshold: "85C".into(),
@@ -543,6 +544,35 @@ fn cases() -> Vec<Case> {
                 ("value", "90C"),
                 ("threshold", "85C"),
                 ("window", "1m"),
+            ]),
+        },
+        Case {
+            signal: Signal::HealthChanged(HealthChanged {
+                component: "gpu1".into(),
+                from: Some(Status::Ok),
+                to: Status::Failed,
+                reason: Some(Reason {
+                    status: Status::Failed,
+                    kind: crate::health::ReasonKind::Xid,
+                    signal: "gpu.xid".into(),
+                    value: "79".into(),
+                    threshold: String::new(),
+                    window: String::new(),
+                    since: std::time::SystemTime::UNIX_EPOCH,
+                    message: "XID 79 on this GPU".into(),
+                }),
+            }),
+            severity: Severity::Error,
+            kind: "health.changed",
+            subject: "gpu1",
+            message: "gpu1 OK -> FAILED: XID 79 on this GPU",
+            evidence: kv(&[
+                ("from", "OK"),
+                ("to", "FAILED"),
+                ("signal", "gpu.xid"),
+                ("value", "79"),
+                ("threshold", ""),
+                ("reason_kind", "xid"),
             ]),
         },
         Case {
@@ -660,6 +690,43 @@ fn every_signal_renders_as_before() {
     for k in TYPED_KINDS {
         assert!(kinds_seen.contains(k), "no rendering case for {k}");
     }
+}
+
+#[test]
+fn a_reasons_kind_is_recorded_and_replayed() {
+    use crate::health::ReasonKind;
+    let ev = |kind: Option<&str>| {
+        let mut e: std::collections::BTreeMap<String, String> = [
+            ("from", "OK"),
+            ("to", "FAILED"),
+            ("signal", "dcgm.gpu_recovery_reset"),
+        ]
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect();
+        if let Some(k) = kind {
+            e.insert("reason_kind".into(), k.into());
+        }
+        super::replay::signal_of("health.changed", "gpu0", Severity::Error, &e)
+    };
+    let kind_of = |s: Option<Signal>| match s {
+        Some(Signal::HealthChanged(h)) => h.reason.map(|r| r.kind),
+        _ => None,
+    };
+    for k in [
+        ReasonKind::Judged,
+        ReasonKind::Xid,
+        ReasonKind::AboutXids,
+        ReasonKind::DriverVerdict,
+    ] {
+        assert_eq!(kind_of(ev(Some(k.as_str()))), Some(k), "{k:?}");
+    }
+    // No kind recorded: a judged finding, whatever its name says.
+    assert_eq!(kind_of(ev(None)), Some(ReasonKind::Judged));
+    assert!(
+        ev(Some("guessed")).is_none(),
+        "an unknown kind is no signal"
+    );
 }
 
 #[test]

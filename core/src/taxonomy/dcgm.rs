@@ -4,6 +4,7 @@
 //! (isolate the GPU, reset it, monitor it, triage by hand); the class is
 //! warden's, and the policy maps the class to an action.
 
+use crate::health::ReasonKind;
 use crate::verdict::FaultClass::{
     self, CorrectableHardware, Infrastructure, UncorrectableHardware,
 };
@@ -44,6 +45,18 @@ pub struct DcgmReason {
     /// The attribution rule (signal `dcgm.<name>`, class when FAILED / when
     /// DEGRADED, weight).
     pub rule: SignalRule,
+    /// What the source's reason is to attribution: a report about XIDs
+    /// (left to the XID's own evidence), the driver's recovery verdict, or
+    /// a judged finding weighed by `rule`.
+    pub kind: ReasonKind,
+}
+
+impl DcgmReason {
+    /// This reason as one of `kind`.
+    const fn of_kind(mut self, kind: ReasonKind) -> Self {
+        self.kind = kind;
+        self
+    }
 }
 
 const fn r(
@@ -65,6 +78,7 @@ const fn r(
             weight,
             note,
         },
+        kind: ReasonKind::Judged,
     }
 }
 
@@ -278,7 +292,8 @@ pub const REASONS: &[DcgmReason] = &[
         CorrectableHardware,
         0.8,
         "DCGM: an XID error",
-    ),
+    )
+    .of_kind(ReasonKind::AboutXids),
     r(
         109,
         "dcgm.sxid_error",
@@ -287,7 +302,8 @@ pub const REASONS: &[DcgmReason] = &[
         Infrastructure,
         0.8,
         "DCGM: an NVSwitch SXID",
-    ),
+    )
+    .of_kind(ReasonKind::AboutXids),
     r(
         118,
         "dcgm.sram_threshold",
@@ -341,7 +357,8 @@ pub const REASONS: &[DcgmReason] = &[
         UncorrectableHardware,
         0.97,
         "DCGM: the driver asks for a GPU reset",
-    ),
+    )
+    .of_kind(ReasonKind::DriverVerdict),
     r(
         126,
         "dcgm.gpu_recovery_reboot",
@@ -350,7 +367,8 @@ pub const REASONS: &[DcgmReason] = &[
         UncorrectableHardware,
         0.97,
         "DCGM: the driver asks for a node reboot",
-    ),
+    )
+    .of_kind(ReasonKind::DriverVerdict),
     r(
         127,
         "dcgm.gpu_recovery_drain_p2p",
@@ -359,7 +377,8 @@ pub const REASONS: &[DcgmReason] = &[
         CorrectableHardware,
         0.9,
         "DCGM: the driver asks to drain P2P traffic",
-    ),
+    )
+    .of_kind(ReasonKind::DriverVerdict),
     r(
         128,
         "dcgm.gpu_recovery_drain_reset",
@@ -368,7 +387,8 @@ pub const REASONS: &[DcgmReason] = &[
         UncorrectableHardware,
         0.97,
         "DCGM: the driver asks to drain and reset",
-    ),
+    )
+    .of_kind(ReasonKind::DriverVerdict),
     r(
         131,
         "dcgm.contained_error",
@@ -397,12 +417,6 @@ pub fn reason(code: u32) -> Option<&'static DcgmReason> {
 /// The attribution rule for a `dcgm.*` signal.
 pub fn rule_for_signal(signal: &str) -> Option<&'static SignalRule> {
     REASONS.iter().map(|r| &r.rule).find(|r| r.signal == signal)
-}
-
-/// True for the reasons that carry the driver's own recovery verdict, which
-/// override per-XID guesses like NVML's recovery action does.
-pub fn is_recovery_action(signal: &str) -> bool {
-    signal.starts_with("dcgm.gpu_recovery_")
 }
 
 /// DCGM's health systems, by bit, for names in config and evidence.
@@ -437,6 +451,26 @@ pub fn system_name(system: u32) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_table_says_which_reasons_are_about_xids_or_the_drivers_verdict() {
+        let kind = |code| reason(code).map(|r| r.kind);
+        // DCGM_FR_XID_ERROR, DCGM_FR_SXID_ERROR: reports about XIDs.
+        assert_eq!(kind(101), Some(ReasonKind::AboutXids));
+        assert_eq!(kind(109), Some(ReasonKind::AboutXids));
+        // DCGM_FR_GPU_RECOVERY_*: the driver's own verdict.
+        for code in 125..=128 {
+            assert_eq!(kind(code), Some(ReasonKind::DriverVerdict), "{code}");
+        }
+        // Every other reason is judged by its rule.
+        let others = REASONS
+            .iter()
+            .filter(|r| !matches!(r.code, 101 | 109 | 125..=128))
+            .filter(|r| r.kind != ReasonKind::Judged)
+            .map(|r| r.rule.signal)
+            .collect::<Vec<_>>();
+        assert!(others.is_empty(), "{others:?}");
+    }
 
     #[test]
     fn table_is_sorted_unique_and_named_dcgm() {

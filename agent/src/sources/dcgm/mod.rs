@@ -34,7 +34,7 @@ use self::ffi::{DcgmIncident, OpenParams};
 use self::helper::{HelperRequest, Response};
 use super::{Poll, Source};
 use warden_core::events::{NewEvent, Severity};
-use warden_core::health::{ComponentReport, Reason, Status};
+use warden_core::health::{ComponentReport, Reason, ReasonKind, Status};
 use warden_core::taxonomy::dcgm as reasons;
 
 /// The node-level component of this source.
@@ -190,6 +190,7 @@ impl DcgmSource {
             status_override: Some(Status::Unknown),
             reasons: vec![Reason {
                 status: Status::Unknown,
+                kind: ReasonKind::Judged,
                 signal: "dcgm.available".into(),
                 value: "no".into(),
                 threshold: String::new(),
@@ -338,6 +339,7 @@ impl DcgmSource {
             let advice = rule.map_or("unknown", |r| r.advice.as_str());
             let reason = Reason {
                 status,
+                kind: rule.map_or(ReasonKind::Judged, |r| r.kind),
                 signal,
                 value: inc.code.to_string(),
                 threshold: format!("system {system}"),

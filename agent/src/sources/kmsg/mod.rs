@@ -25,7 +25,7 @@ use std::time::{Duration, SystemTime};
 use warden_core::device::DeviceId;
 
 use warden_core::events::{NewEvent, Severity};
-use warden_core::health::{ComponentReport, Reason, Status};
+use warden_core::health::{ComponentReport, Reason, ReasonKind, Status};
 use warden_core::signal::{OomKill, Report, Signal, Xid, XidSource};
 
 pub mod config;
@@ -516,6 +516,7 @@ impl Kmsg {
             me.status_override = Some(Status::Unknown);
             me.reasons.push(Reason {
                 status: Status::Unknown,
+                kind: ReasonKind::Judged,
                 signal: "kmsg.readable".into(),
                 value: String::new(),
                 threshold: String::new(),
@@ -534,6 +535,7 @@ impl Kmsg {
                 r.labels.insert("pci".into(), h.pci.clone());
                 r.reasons.push(Reason {
                     status,
+                    kind: ReasonKind::Xid,
                     signal: format!("kmsg.xid.{xid}"),
                     value: format!("{} in the log", h.count),
                     threshold: "any".into(),
@@ -551,6 +553,7 @@ impl Kmsg {
             let mut r = report(format!("nic/{nic}"), "nic");
             r.reasons.push(Reason {
                 status: Status::Failed,
+                kind: ReasonKind::Judged,
                 signal: "kmsg.link".into(),
                 value: "down".into(),
                 threshold: "up".into(),
@@ -568,6 +571,7 @@ impl Kmsg {
             if now.duration_since(*t).unwrap_or_default() < self.cfg.oom_hold {
                 r.reasons.push(Reason {
                     status: Status::Degraded,
+                    kind: ReasonKind::Judged,
                     signal: "kmsg.oom_kill".into(),
                     value: format!("{count} kills"),
                     threshold: "any".into(),

@@ -204,6 +204,16 @@ fn follows_a_file_from_its_end_and_holds_an_xid_for_the_window() {
     let e = &p.events[0];
     let e = &e.render();
     assert_eq!((e.kind, e.subject.as_str()), ("kmsg.xid", "gpu1"));
+    // Its health reason is an XID to attribution, as the source says.
+    let gpu1 = p
+        .reports
+        .iter()
+        .find(|r| r.id == "gpu1")
+        .expect("gpu1's report");
+    assert_eq!(
+        gpu1.reasons.iter().map(|r| r.kind).collect::<Vec<_>>(),
+        [warden_core::health::ReasonKind::Xid]
+    );
     let ev = |k: &str| {
         e.evidence
             .iter()

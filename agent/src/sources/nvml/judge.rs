@@ -8,7 +8,7 @@ use warden_core::device::DeviceId;
 
 use super::NvmlConfig;
 use warden_core::health::window::{CounterWindow, Debounce};
-use warden_core::health::{ComponentReport, Reason, Status};
+use warden_core::health::{ComponentReport, Reason, ReasonKind, Status};
 
 /// Clock event (throttle) reasons that mean the hardware is protecting
 /// itself: HW slowdown 0x8, SW thermal 0x20, HW thermal 0x40, power brake 0x80.
@@ -149,6 +149,7 @@ fn reason(
 ) -> Reason {
     Reason {
         status,
+        kind: ReasonKind::Judged,
         signal: signal.into(),
         value: value.to_string(),
         threshold: threshold.to_string(),
@@ -339,15 +340,18 @@ pub fn judge_gpu(
             _ => (Status::Degraded, "unknown action"),
         };
         if status != Status::Ok {
-            gpu.reasons.push(reason(
-                status,
-                "gpu.recovery_action",
-                format!("{a} ({what})"),
-                "0 (none)",
-                "",
-                now,
-                format!("the driver asks for recovery: {what}"),
-            ));
+            gpu.reasons.push(
+                reason(
+                    status,
+                    "gpu.recovery_action",
+                    format!("{a} ({what})"),
+                    "0 (none)",
+                    "",
+                    now,
+                    format!("the driver asks for recovery: {what}"),
+                )
+                .of_kind(ReasonKind::DriverVerdict),
+            );
         }
     }
     // XIDs keep their reason for xid_window after they arrived.
@@ -367,7 +371,8 @@ pub fn judge_gpu(
             &show(cfg.xid_window),
             now,
             format!("XID {} on this GPU", x.xid),
-        );
+        )
+        .of_kind(ReasonKind::Xid);
         rs.since = *at;
         gpu.reasons.push(rs);
     }
@@ -664,6 +669,28 @@ mod tests {
         st.note_xid(t0, now, x(79));
         let c = &judge_gpu(&gpu(|_| {}), &mut st, &cfg, t0, now)[0];
         assert_eq!(status(c), Status::Failed);
+        // The source says what its reasons are to attribution: an XID,
+        // and (below) the driver's verdict; attribution never reads names.
+        assert!(
+            c.reasons.iter().all(|r| r.kind == ReasonKind::Xid),
+            "{:?}",
+            c.reasons
+        );
+        let c = &judge_gpu(
+            &gpu(|r| r.recovery_action = Some(2)),
+            &mut st,
+            &cfg,
+            t0,
+            now,
+        )[0];
+        let kind = |signal: &str| {
+            c.reasons
+                .iter()
+                .find(|r| r.signal == signal)
+                .map(|r| r.kind)
+        };
+        assert_eq!(kind("gpu.recovery_action"), Some(ReasonKind::DriverVerdict));
+        assert_eq!(kind("gpu.xid"), Some(ReasonKind::Xid));
         let later = t0 + cfg.xid_window;
         let c = &judge_gpu(&gpu(|_| {}), &mut st, &cfg, later, now)[0];
         assert!(c.reasons.is_empty());

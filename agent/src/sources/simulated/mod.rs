@@ -20,7 +20,7 @@ use serde::Deserialize;
 
 use crate::sources::kmsg::xid_verdict;
 use warden_core::events::{NewEvent, Severity};
-use warden_core::health::{ComponentReport, Reason, Status};
+use warden_core::health::{ComponentReport, Reason, ReasonKind, Status};
 use warden_core::signal::{Report, Signal, Xid, XidSource};
 
 /// Why a scenario could not be used; every variant names the key.
@@ -387,6 +387,7 @@ impl SimScenario {
                       since: Duration,
                       message: String| Reason {
             status,
+            kind: ReasonKind::Judged,
             signal,
             value,
             threshold: threshold.into(),
@@ -400,15 +401,18 @@ impl SimScenario {
                 (FaultKind::Xid, Some(r)) => {
                     let xid = f.xid.unwrap_or_default();
                     let (status, class) = xid_verdict(xid);
-                    r.reasons.push(reason(
-                        status,
-                        "gpu.xid".into(),
-                        xid.to_string(),
-                        "any",
-                        "",
-                        f.at,
-                        format!("XID {xid} ({class}): {}", xid_text(f)),
-                    ));
+                    r.reasons.push(
+                        reason(
+                            status,
+                            "gpu.xid".into(),
+                            xid.to_string(),
+                            "any",
+                            "",
+                            f.at,
+                            format!("XID {xid} ({class}): {}", xid_text(f)),
+                        )
+                        .of_kind(ReasonKind::Xid),
+                    );
                 }
                 (FaultKind::Ecc, Some(r)) => {
                     // Counts over the last window, from the scripted rates.

@@ -53,6 +53,13 @@ fn xid79_fails_gpu1_at_30s() {
     assert_eq!(status_at(&s, 29, "gpu1"), Status::Ok);
     assert_eq!(status_at(&s, 30, "gpu1"), Status::Failed);
     assert_eq!(status_at(&s, 30, "gpu0"), Status::Ok);
+    // The simulated GPU says its reason is an XID, as NVML's source does.
+    let reports = s.state_at(Duration::from_secs(30), SystemTime::now());
+    let gpu1 = reports.iter().find(|r| r.id == "gpu1").expect("gpu1");
+    assert_eq!(
+        gpu1.reasons.iter().map(|r| r.kind).collect::<Vec<_>>(),
+        [warden_core::health::ReasonKind::Xid]
+    );
     let evs = s.events_between(Some(Duration::from_secs(29)), Duration::from_secs(31));
     assert_eq!(evs.len(), 1);
     let evs: Vec<_> = evs

@@ -37,7 +37,7 @@ use chips::Chip;
 use runtime::RuntimeReading;
 use warden_core::device::DeviceId;
 use warden_core::events::{NewEvent, Severity};
-use warden_core::health::{ComponentReport, Reason, Status};
+use warden_core::health::{ComponentReport, Reason, ReasonKind, Status};
 
 fn gib(bytes: f64) -> String {
     format!("{:.1} GiB", bytes / (1u64 << 30) as f64)
@@ -138,6 +138,7 @@ pub fn judge(
                 .flatten()
                 .map(|e| Reason {
                     status: Status::Failed,
+                    kind: ReasonKind::Judged,
                     signal: format!("tpu.core_error.{}", e.core),
                     value: e.message.clone(),
                     threshold: String::new(),

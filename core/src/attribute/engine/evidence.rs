@@ -15,6 +15,7 @@ use crate::attribute::FaultClass;
 use crate::attribute::diagnosis::{Diagnosis, Evidence, IncidentRecord};
 use crate::attribute::rules;
 use crate::device::DeviceId;
+use crate::health::{ReasonKind, Status};
 use crate::rank::RankKey;
 
 /// What the rules gather for one incident, for the combiner.
@@ -41,8 +42,8 @@ struct Gathered {
 impl Gathered {
     /// Adds a health reason's evidence, of kind `kind`, keeping the
     /// driver's verdict aside for the combiner.
-    fn push_reason(&mut self, e: Evidence, kind: rules::ReasonKind) {
-        if kind == rules::ReasonKind::DriverVerdict
+    fn push_reason(&mut self, e: Evidence, kind: ReasonKind) {
+        if kind == ReasonKind::DriverVerdict
             && e.points_to.is_some()
             && self.verdict.as_ref().is_none_or(|v| e.weight >= v.weight)
         {
@@ -166,8 +167,8 @@ impl Engine {
                 *signature = format!("oom_kill:{}", o.value);
                 ev.push(Evidence {
                                 at: o.at,
-                                source: "kmsg".into(),
-                                signal: "kmsg.oom_kill".into(),
+                                source: o.source.clone(),
+                                signal: o.signal.clone(),
                                 subject: key.to_string(),
                                 value: format!("pid {p}", p = o.pid.unwrap_or(0)),
                                 points_to: Some(FaultClass::UserError),
@@ -376,7 +377,7 @@ impl Engine {
             }
             let kind = match o.kind {
                 Observed::Health(kind) => kind,
-                Observed::OomKill | Observed::Xid(_) | Observed::Gate => rules::ReasonKind::Judged,
+                Observed::OomKill | Observed::Xid(_) | Observed::Gate => ReasonKind::Judged,
             };
             g.push_reason(
                 Evidence {
@@ -629,8 +630,7 @@ fn health_held(g: &mut Gathered, devices: &DeviceMap, devs: &BTreeSet<String>) {
     // changes no status and publishes nothing).
     for d in devs {
         for r in devices.reasons.get(d).into_iter().flatten() {
-            let kind = rules::reason_kind(&r.signal);
-            if matches!(kind, rules::ReasonKind::Xid | rules::ReasonKind::AboutXids)
+            if matches!(r.kind, ReasonKind::Xid | ReasonKind::AboutXids)
                 || g.ev.iter().any(|e| e.subject == *d && e.signal == r.signal)
             {
                 continue;
@@ -638,18 +638,18 @@ fn health_held(g: &mut Gathered, devices: &DeviceMap, devs: &BTreeSet<String>) {
             let Some(rule) = rules::signal_rule(&r.signal) else {
                 continue;
             };
-            let (class, weight, note) = match r.status.as_str() {
-                "FAILED" => (
+            let (class, weight, note) = match r.status {
+                Status::Failed => (
                     Some(rule.failed),
                     rule.weight,
                     format!("{} (FAILED, held now)", rule.note),
                 ),
-                "DEGRADED" if rule.degraded.is_some() => (
+                Status::Degraded if rule.degraded.is_some() => (
                     rule.degraded,
                     rule.weight,
                     format!("{} (DEGRADED, held now)", rule.note),
                 ),
-                "DEGRADED" => (
+                Status::Degraded => (
                     None,
                     0.0,
                     format!(
@@ -677,7 +677,7 @@ fn health_held(g: &mut Gathered, devices: &DeviceMap, devs: &BTreeSet<String>) {
                     note,
                     event_id: 0,
                 },
-                kind,
+                r.kind,
             );
         }
     }

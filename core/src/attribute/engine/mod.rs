@@ -20,7 +20,7 @@ use super::config::AttributionConfig;
 use super::diagnosis::{Diagnosis, Evidence, IncidentKind, IncidentRecord};
 use super::rules;
 use crate::events::{Event, Severity};
-use crate::health::Status;
+use crate::health::{ReasonKind, Status};
 use crate::rank::RankKey;
 use crate::signal::{GateFailed, HealthChanged, Signal, Xid, XidSource};
 use crate::verdict::PastDecision;
@@ -49,8 +49,10 @@ pub struct DeviceMap {
 pub struct CurrentReason {
     /// The signal.
     pub signal: String,
-    /// "FAILED", "DEGRADED" or "OK" (a finding under its threshold).
-    pub status: String,
+    /// What it is to attribution, as its source set it.
+    pub kind: ReasonKind,
+    /// FAILED, DEGRADED, or OK (a finding under its threshold).
+    pub status: Status,
     /// Its value.
     pub value: String,
     /// Since when.
@@ -119,7 +121,7 @@ enum Observed {
     Xid(u32),
     /// A health signal a source judged (`Signal::HealthChanged`), with
     /// what its reason is to the rules.
-    Health(rules::ReasonKind),
+    Health(ReasonKind),
     /// A failed pre-restart health gate (`Signal::GateFailed`).
     Gate,
 }
@@ -423,7 +425,7 @@ impl Engine {
                     kind: Observed::OomKill,
                     source: "kmsg".into(),
                     component: o.component.clone(),
-                    signal: "kmsg.oom_kill".into(),
+                    signal: ev.signal.kind().into(),
                     value: o.process.clone(),
                     pid: Some(o.pid),
                     class: None,
@@ -492,8 +494,8 @@ impl Engine {
         };
         // An XID's own event (with its pid and sources) is the evidence;
         // the health change it caused only opens the incident.
-        let kind = rules::reason_kind(signal);
-        if kind == rules::ReasonKind::Xid {
+        let kind = h.reason.as_ref().map_or(ReasonKind::Judged, |r| r.kind);
+        if kind == ReasonKind::Xid {
             if device {
                 let t = Trigger::Hardware {
                     component: component.clone(),

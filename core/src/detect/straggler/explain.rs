@@ -269,6 +269,7 @@ mod tests {
                 .iter()
                 .map(|(signal, value, message)| Reason {
                     status: Status::Degraded,
+                    kind: crate::health::ReasonKind::Judged,
                     signal: (*signal).into(),
                     value: (*value).into(),
                     threshold: String::new(),
