@@ -111,3 +111,72 @@ fn a_bad_scenario_exits_78_naming_the_key() {
         out.stderr
     );
 }
+
+/// Issue 34: the simulated node is a source kind like the others, its
+/// `[simulated]` section in the config file (the flags only fill it in).
+/// Played from the config alone; its GPU's health reason says it is an
+/// XID (`reason_kind`), as NVML's does; a bad scenario named in a config
+/// is refused by `--check-config`, naming the key and the scenario's own.
+#[tokio::test]
+async fn a_scenario_named_in_the_config_is_played_and_checked() {
+    let dir = tempfile::tempdir().unwrap();
+    let scenario = dir.path().join("xid.toml");
+    std::fs::write(&scenario, SCENARIO).unwrap();
+    let agent = TestAgent::start(&format!(
+        "[kmsg]\nenabled = false\n[simulated]\nscenario = {:?}\nspeed = 10.0\n",
+        scenario.display().to_string()
+    ));
+    let changed = eventually(WAIT, "gpu1's health.changed to FAILED", async || {
+        agent
+            .events()
+            .await
+            .into_iter()
+            .find(|e| e.kind == "health.changed" && e.subject == "gpu1")
+    })
+    .await;
+    assert_eq!(evidence(&changed, "to"), Some("FAILED"), "{changed:?}");
+    assert_eq!(evidence(&changed, "signal"), Some("gpu.xid"), "{changed:?}");
+    assert_eq!(
+        evidence(&changed, "reason_kind"),
+        Some("xid"),
+        "{changed:?}"
+    );
+
+    let bad = dir.path().join("bad.toml");
+    std::fs::write(
+        &bad,
+        "[[gpu]]\ncount = 1\n[[fault]]\nat = \"1s\"\nkind = \"xid\"\ngpu = 3\nxid = 79\n",
+    )
+    .unwrap();
+    let config = dir.path().join("wardend.toml");
+    std::fs::write(
+        &config,
+        config_toml(
+            &dir.path().join("w.sock"),
+            &format!("[simulated]\nscenario = {:?}\n", bad.display().to_string()),
+        ),
+    )
+    .unwrap();
+    let out = run(
+        Command::new(WARDEND).arg("--check-config").arg(&config),
+        WAIT,
+    );
+    assert_eq!(out.status.code(), Some(78), "{out:?}");
+    assert!(
+        out.stderr.contains("simulated.scenario") && out.stderr.contains("fault[0].gpu"),
+        "{}",
+        out.stderr
+    );
+    // A speed without a scenario plays nothing: refused, naming the key.
+    std::fs::write(
+        &config,
+        config_toml(&dir.path().join("w.sock"), "[simulated]\nspeed = 5.0\n"),
+    )
+    .unwrap();
+    let out = run(
+        Command::new(WARDEND).arg("--check-config").arg(&config),
+        WAIT,
+    );
+    assert_eq!(out.status.code(), Some(78), "{out:?}");
+    assert!(out.stderr.contains("simulated.speed"), "{}", out.stderr);
+}

@@ -47,6 +47,8 @@ pub struct Config {
     pub kmsg: crate::sources::kmsg::KmsgConfig,
     /// DCGM's health watches, and its diagnostics as the pre-restart gate.
     pub dcgm: crate::sources::dcgm::DcgmConfig,
+    /// A scripted node played next to the real sources (`--simulate`).
+    pub simulated: crate::sources::simulated::SimulatedConfig,
     /// Straggler detection: slow ranks found from their compute sections,
     /// compared job-wide with peer agents, and explained.
     pub straggler: warden_core::detect::straggler::StragglerConfig,
@@ -359,6 +361,7 @@ impl Config {
             nvml: &self.nvml,
             dcgm: &self.dcgm,
             tpu: &self.tpu,
+            simulated: &self.simulated,
             checkpoint: &self.checkpoint,
         }
     }

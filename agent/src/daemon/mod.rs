@@ -50,6 +50,10 @@ pub enum DaemonError {
     /// A source's thread could not be started.
     #[error("cannot start a source thread: {0}")]
     Threads(std::io::Error),
+    /// A source could not be set up from its section (the TPU runtime's
+    /// threads, a scenario file gone bad since it was checked).
+    #[error("cannot set up the sources: {0}")]
+    Sources(std::io::Error),
     /// Signal handlers could not be installed.
     #[error("cannot install signal handlers: {0}")]
     Signals(std::io::Error),
@@ -137,21 +141,11 @@ async fn listen(addr: &str) -> std::io::Result<TcpListener> {
 
 /// Runs the agent until SIGTERM/SIGINT or until `state.shutdown` is cancelled.
 pub async fn run(config: Config, config_source: String) -> Result<(), DaemonError> {
-    run_with(config, config_source, Vec::new()).await
-}
-
-/// As [`run`], with `extra` sources started next to the configured ones
-/// (the simulated node of `wardend --simulate`).
-pub async fn run_with(
-    config: Config,
-    config_source: String,
-    extra: Vec<Box<dyn crate::sources::Source>>,
-) -> Result<(), DaemonError> {
-    serve(config, config_source, extra, None).await
+    serve(config, config_source, None).await
 }
 
 /// Runs the agent inside another program until `shutdown` is cancelled:
-/// `warden run` on a host where no wardend serves. Apart from [`run_with`]
+/// `warden run` on a host where no wardend serves. Apart from [`run`]
 /// because the host program owns the process's signals: the launcher
 /// forwards SIGINT/SIGTERM to its workers, stops them, and only then stops
 /// the agent, which must still be serving (StopRanks) meanwhile; so no
@@ -161,13 +155,12 @@ pub async fn run_embedded(
     config_source: String,
     shutdown: tokio_util::sync::CancellationToken,
 ) -> Result<(), DaemonError> {
-    serve(config, config_source, Vec::new(), Some(shutdown)).await
+    serve(config, config_source, Some(shutdown)).await
 }
 
 async fn serve(
     config: Config,
     config_source: String,
-    extra: Vec<Box<dyn crate::sources::Source>>,
     embedded: Option<tokio_util::sync::CancellationToken>,
 ) -> Result<(), DaemonError> {
     let socket: PathBuf = config.socket_path();
@@ -404,8 +397,8 @@ async fn serve(
         });
     }
     let sources = Sources::default();
-    for source in crate::sources::registry::configured(state.config.sources(), extra)
-        .map_err(DaemonError::Threads)?
+    for source in crate::sources::registry::configured(state.config.sources())
+        .map_err(DaemonError::Sources)?
     {
         sources
             .spawn(state.health_reporter(), state.shutdown.clone(), source)

@@ -8,8 +8,8 @@
 //! each to [`super::runner::Sources::spawn`]).
 //!
 //! Why a list here and not in the daemon: adding a source is its module,
-//! its `impl SourceKind`, and one line in [`BEFORE_GIVEN`] or
-//! [`AFTER_GIVEN`] (docs/architecture.md, "Adding a source"); the daemon
+//! its `impl SourceKind`, and one line in [`KINDS`]
+//! (docs/architecture.md, "Adding a source"); the daemon
 //! and the configuration's checks name none.
 
 use super::dcgm::DcgmSource;
@@ -19,6 +19,7 @@ use super::host_net::HostNet;
 use super::kmsg::Kmsg;
 use super::nvml::NvmlSource;
 use super::settings::Settings;
+use super::simulated::Simulated;
 use super::tpu::Tpu;
 use super::{Source, SourceKind};
 use warden_core::config::ConfigError;
@@ -49,13 +50,13 @@ fn build_kind<K: SourceKind>(s: &Settings<'_>) -> std::io::Result<Option<Box<dyn
     K::build(K::config(s), s)
 }
 
-/// Started before the sources given from outside: the host's memory
-/// first, then the kernel log.
-const BEFORE_GIVEN: &[Entry] = &[entry::<HostMemory>(), entry::<Kmsg>()];
-
-/// Started after them: the host's network and disk, then the accelerators'
-/// libraries last (their first calls can take seconds).
-const AFTER_GIVEN: &[Entry] = &[
+/// Every kind, in the order they start: the host's memory first, then the
+/// kernel log and a simulated node, then the host's network and disk, and
+/// the accelerators' libraries last (their first calls can take seconds).
+const KINDS: &[Entry] = &[
+    entry::<HostMemory>(),
+    entry::<Kmsg>(),
+    entry::<Simulated>(),
     entry::<HostNet>(),
     entry::<HostDisk>(),
     entry::<Tpu>(),
@@ -65,30 +66,20 @@ const AFTER_GIVEN: &[Entry] = &[
 
 /// Every kind's name, in the order they start.
 pub fn names() -> impl Iterator<Item = &'static str> {
-    BEFORE_GIVEN.iter().chain(AFTER_GIVEN).map(|e| e.name)
+    KINDS.iter().map(|e| e.name)
 }
 
 /// Checks every kind's section of `cfg`: the first bad key, named.
 pub fn validate(cfg: Settings<'_>, origin: &str) -> Result<(), ConfigError> {
-    BEFORE_GIVEN
-        .iter()
-        .chain(AFTER_GIVEN)
-        .try_for_each(|e| (e.validate)(&cfg, origin))
+    KINDS.iter().try_for_each(|e| (e.validate)(&cfg, origin))
 }
 
-/// Every source `cfg` turns on, with the ones given from outside (tests,
-/// the simulated twin) after the kernel log, as before. Fails only when a
-/// source cannot be set up (the TPU runtime's threads).
-pub fn configured(
-    cfg: Settings<'_>,
-    extra: Vec<Box<dyn Source>>,
-) -> std::io::Result<Vec<Box<dyn Source>>> {
+/// Every source `cfg` turns on. Fails only when a source cannot be set up
+/// (the TPU runtime's threads, a scenario file gone bad since it was
+/// checked).
+pub fn configured(cfg: Settings<'_>) -> std::io::Result<Vec<Box<dyn Source>>> {
     let mut out: Vec<Box<dyn Source>> = Vec::new();
-    for e in BEFORE_GIVEN {
-        out.extend((e.build)(&cfg)?);
-    }
-    out.extend(extra);
-    for e in AFTER_GIVEN {
+    for e in KINDS {
         out.extend((e.build)(&cfg)?);
     }
     Ok(out)
@@ -106,7 +97,7 @@ mod tests {
         cfg.nvml.enabled = false;
         cfg.dcgm.enabled = false;
         cfg.tpu.enabled = false;
-        let names: Vec<_> = configured(cfg.sources(), Vec::new())
+        let names: Vec<_> = configured(cfg.sources())
             .expect("sources")
             .iter()
             .map(|s| s.name())
@@ -117,7 +108,7 @@ mod tests {
             "{names:?}"
         );
         cfg.nvml.enabled = true;
-        let names: Vec<_> = configured(cfg.sources(), Vec::new())
+        let names: Vec<_> = configured(cfg.sources())
             .expect("sources")
             .iter()
             .map(|s| s.name())

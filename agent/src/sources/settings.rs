@@ -10,6 +10,7 @@ use super::dcgm::config::DcgmConfig;
 use super::host_config::HostConfig;
 use super::kmsg::config::KmsgConfig;
 use super::nvml::config::NvmlConfig;
+use super::simulated::config::SimulatedConfig;
 use super::tpu::config::TpuConfig;
 use crate::ckpt::config::CheckpointConfig;
 
@@ -29,6 +30,8 @@ pub struct Settings<'a> {
     pub dcgm: &'a DcgmConfig,
     /// `[tpu]`.
     pub tpu: &'a TpuConfig,
+    /// `[simulated]`.
+    pub simulated: &'a SimulatedConfig,
     /// `[checkpoint]`: the host's disk source watches the tier's filesystem.
     pub checkpoint: &'a CheckpointConfig,
 }

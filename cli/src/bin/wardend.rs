@@ -31,10 +31,12 @@ struct Args {
     #[arg(long)]
     print_config: bool,
     /// Play a scenario of simulated GPUs, NVLinks and TPU chips and their
-    /// faults (see examples/scenarios/); a bad scenario exits 78.
+    /// faults (see examples/scenarios/): sets `simulated.scenario`; a bad
+    /// scenario exits 78.
     #[arg(long, value_name = "FILE", env = "WARDEN_SIMULATE")]
     simulate: Option<PathBuf>,
-    /// Scenario seconds per wall second (overrides the scenario's `speed`).
+    /// Scenario seconds per wall second (sets `simulated.speed`, over the
+    /// scenario's own `speed`).
     #[arg(long, value_name = "X", env = "WARDEN_SIMULATE_SPEED", requires = "simulate", value_parser = parse_speed)]
     simulate_speed: Option<f64>,
 }
@@ -93,7 +95,7 @@ fn main() -> ExitCode {
             }
         };
     }
-    let (config, source) = match &args.config {
+    let (mut config, source) = match &args.config {
         Some(path) => match Config::from_file(path) {
             Ok(c) => (c, path.display().to_string()),
             Err(e) => {
@@ -103,6 +105,16 @@ fn main() -> ExitCode {
         },
         None => (Config::default(), "embedded defaults".to_owned()),
     };
+    // `--simulate` and `--simulate-speed` fill in `[simulated]`; a bad
+    // scenario stops the start naming it, as a bad config does.
+    if let Some(path) = &args.simulate {
+        config.simulated.scenario = path.display().to_string();
+        config.simulated.speed = args.simulate_speed.or(config.simulated.speed);
+        if let Err(e) = config.simulated.load() {
+            eprintln!("wardend: invalid scenario: {e}");
+            return ExitCode::from(EXIT_CONFIG);
+        }
+    }
     if args.print_config {
         return match std::io::stdout()
             .lock()
@@ -115,19 +127,6 @@ fn main() -> ExitCode {
             }
             _ => ExitCode::SUCCESS,
         };
-    }
-    let mut extra: Vec<Box<dyn warden_agent::sources::Source>> = Vec::new();
-    if let Some(path) = &args.simulate {
-        match warden_agent::sources::simulated::SimScenario::from_file(path) {
-            Ok(scenario) => extra.push(Box::new(warden_agent::sources::simulated::Simulated::new(
-                scenario,
-                args.simulate_speed,
-            ))),
-            Err(e) => {
-                eprintln!("wardend: invalid scenario: {e}");
-                return ExitCode::from(EXIT_CONFIG);
-            }
-        }
     }
     warden_agent::telemetry::init(&config.log);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
@@ -142,7 +141,7 @@ fn main() -> ExitCode {
             return ExitCode::from(EXIT_FAILURE);
         }
     };
-    match runtime.block_on(warden_agent::daemon::run_with(config, source, extra)) {
+    match runtime.block_on(warden_agent::daemon::run(config, source)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             // One plain line on stderr: journald keeps it, and it reads the

@@ -11,6 +11,8 @@
 //! plays a 30 s scenario in 3 s at speed 10. The state at a scenario time is
 //! a pure function of the script ([`SimScenario::state_at`]).
 
+pub mod config;
+
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::{Duration, SystemTime};
@@ -19,9 +21,12 @@ use warden_core::device::DeviceId;
 use serde::Deserialize;
 
 use crate::sources::kmsg::xid_verdict;
+use warden_core::config::ConfigError;
 use warden_core::events::{NewEvent, Severity};
 use warden_core::health::{ComponentReport, Reason, ReasonKind, Status};
 use warden_core::signal::{Report, Signal, Xid, XidSource};
+
+pub use config::SimulatedConfig;
 
 /// Why a scenario could not be used; every variant names the key.
 #[derive(Debug, thiserror::Error)]
@@ -613,9 +618,38 @@ impl Simulated {
     }
 }
 
+impl crate::sources::SourceKind for Simulated {
+    const NAME: &'static str = "simulated";
+    type Config = SimulatedConfig;
+
+    fn config<'a>(settings: &crate::sources::settings::Settings<'a>) -> &'a SimulatedConfig {
+        settings.simulated
+    }
+
+    fn validate(cfg: &SimulatedConfig, origin: &str) -> Result<(), ConfigError> {
+        cfg.validate(origin)
+    }
+
+    /// The scenario is read again here: the file checked at validation may
+    /// have changed since; a bad one stops the start, naming it.
+    fn build(
+        cfg: &SimulatedConfig,
+        settings: &crate::sources::settings::Settings<'_>,
+    ) -> std::io::Result<Option<Box<dyn crate::sources::Source>>> {
+        let _ = settings;
+        let scenario = cfg.load().map_err(|e| {
+            std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!("simulated.scenario: {e}"),
+            )
+        })?;
+        Ok(scenario.map(|s| Box::new(Self::new(s, cfg.speed)) as Box<dyn crate::sources::Source>))
+    }
+}
+
 impl super::Source for Simulated {
     fn name(&self) -> &'static str {
-        "simulated"
+        <Self as crate::sources::SourceKind>::NAME
     }
 
     fn interval(&self) -> Duration {
