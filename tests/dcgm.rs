@@ -227,6 +227,41 @@ async fn an_all_system_xid_79_fails_the_gpu() {
     );
 }
 
+/// Issue 34: the source says what its reasons are to attribution, from
+/// DCGM's table: an XID error (101) is a report about XIDs, a recovery
+/// reboot (126) the driver's own verdict; each recorded on its GPU's
+/// `health.changed` as `reason_kind`, where attribution reads it.
+#[tokio::test]
+async fn dcgm_reasons_carry_their_kind_from_the_table() {
+    let stub = Stub::new(&format!(
+        "{HEALTHY}incident 1 0 0x1 20 101 XID error on GPU 0\nincident 1 1 0x1 20 126 GPU 1 needs a node reboot\n"
+    ));
+    let agent = stub.start("");
+    for (gpu, signal, kind) in [
+        ("gpu0", "dcgm.xid_error", "about_xids"),
+        ("gpu1", "dcgm.gpu_recovery_reboot", "driver_verdict"),
+    ] {
+        let changed = eventually(WAIT, "the GPU's health.changed", async || {
+            agent
+                .events()
+                .await
+                .into_iter()
+                .find(|e| e.kind == "health.changed" && e.subject == gpu)
+        })
+        .await;
+        assert_eq!(
+            common::evidence(&changed, "signal"),
+            Some(signal),
+            "{changed:?}"
+        );
+        assert_eq!(
+            common::evidence(&changed, "reason_kind"),
+            Some(kind),
+            "{changed:?}"
+        );
+    }
+}
+
 #[tokio::test]
 async fn unsupported_version_and_absent_host_engine_leave_dcgm_unknown() {
     let stub = Stub::new("gpus 0\nconnect ok\nversion none\ncheck ok\n");

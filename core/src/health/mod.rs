@@ -70,9 +70,8 @@ pub enum ReasonKind {
     /// with its pid and sources, is the evidence; the health change only
     /// opens the incident.
     Xid,
-    /// Another report about XIDs (DCGM's XID and SXID errors, the kernel
-    /// log's repeat rule): what the health model holds of it is left to the
-    /// XID's own evidence.
+    /// Another report about XIDs (DCGM's XID and SXID errors): what the
+    /// health model holds of it is left to the XID's own evidence.
     AboutXids,
     /// The driver's own recovery verdict (NVML's recovery action, DCGM's
     /// `gpu_recovery_*`): it overrides every per-XID guess.

@@ -55,10 +55,6 @@ pub fn signal_of(
         message: String::new(),
         evidence: ev.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
     };
-    let reason_kind = match ev.get("reason_kind") {
-        Some(k) => ReasonKind::parse(k)?,
-        None => ReasonKind::Judged,
-    };
     Some(match kind {
         "rank.registered" => Signal::RankRegistered(RankRegistered {
             key: rank_subject(subject)?,
@@ -198,16 +194,22 @@ pub fn signal_of(
             component: subject.to_owned(),
             from: ev.get("from").filter(|f| *f != "NEW").map(|f| status(f)),
             to: status(&get("to")),
-            reason: ev.get("signal").map(|signal| Reason {
-                status: status(&get("to")),
-                kind: reason_kind,
-                signal: signal.clone(),
-                value: get("value"),
-                threshold: ev.get("threshold").cloned().unwrap_or_else(|| "-".into()),
-                window: get("window"),
-                since: std::time::SystemTime::UNIX_EPOCH,
-                message: String::new(),
-            }),
+            reason: match ev.get("signal") {
+                None => None,
+                Some(signal) => Some(Reason {
+                    status: status(&get("to")),
+                    kind: match ev.get("reason_kind") {
+                        Some(k) => ReasonKind::parse(k)?,
+                        None => ReasonKind::Judged,
+                    },
+                    signal: signal.clone(),
+                    value: get("value"),
+                    threshold: ev.get("threshold").cloned().unwrap_or_else(|| "-".into()),
+                    window: get("window"),
+                    since: std::time::SystemTime::UNIX_EPOCH,
+                    message: String::new(),
+                }),
+            },
         }),
         _ => return None,
     })
