@@ -4,7 +4,8 @@
 //!
 //! In: requests, checked here (the error names the field); a Peer call's
 //! caller is authorized for the job it names by the Peer service's frame
-//! ([`super::peer_service`], which only these handlers' callers are), a
+//! ([`super::peer_service`]: FetchShard, ListShards and CollectHoldings
+//! take its [`Authorized`] request, which nothing else can make), a
 //! push's for the job and origin in its first chunk here.
 //! Out: calls on [`crate::ckpt`] (the commits in [`crate::ckpt::commit`],
 //! the restore in [`crate::ckpt::restore`]), its errors turned into gRPC
@@ -19,6 +20,7 @@ use tonic::Status;
 use warden_proto::v1 as pb;
 
 use super::peer_auth::{self, Caller};
+use super::peer_service::Authorized;
 use crate::ckpt::commit::{self, CommitError};
 use crate::ckpt::layout::{ShardKey, check_job_id, check_step};
 use crate::ckpt::peer_pages::PageError;
@@ -365,11 +367,13 @@ pub fn collect_job(req: &pb::HoldingsAsk) -> Result<&str, Status> {
     Ok(&req.job_id)
 }
 
-/// FetchShard: a committed shard streamed back.
+/// FetchShard: a committed shard streamed back, to a caller the Peer
+/// frame authorized for its job.
 pub async fn fetch_shard(
     state: &Arc<AgentState>,
-    req: pb::FetchShardRequest,
+    req: Authorized<pb::FetchShardRequest>,
 ) -> Result<tokio_stream::wrappers::ReceiverStream<Result<pb::ShardChunk, Status>>, Status> {
+    let req = req.into_inner();
     let ck = tier(state)?;
     let k = key(&req.job_id, req.step, req.rank)?;
     let (ck2, k2) = (ck.clone(), k.clone());
@@ -386,12 +390,14 @@ pub async fn fetch_shard(
     Ok(peers::chunk_stream(m, file, path, ck.cfg.chunk_bytes, 0))
 }
 
-/// ListShards: what this agent holds.
+/// ListShards: what this agent holds, to a caller the Peer frame
+/// authorized for the job it names (if any).
 pub async fn list_shards(
     state: &Arc<AgentState>,
     caller: &Caller,
-    req: pb::ListShardsRequest,
+    req: Authorized<pb::ListShardsRequest>,
 ) -> Result<pb::ListShardsResponse, Status> {
+    let req = req.into_inner();
     let ck = tier(state)?;
     if !req.job_id.is_empty() {
         job(&req.job_id)?;
@@ -420,8 +426,9 @@ pub async fn list_shards(
 pub async fn collect_holdings(
     state: &Arc<AgentState>,
     caller: &Caller,
-    req: pb::HoldingsAsk,
+    req: Authorized<pb::HoldingsAsk>,
 ) -> Result<pb::Holdings, Status> {
+    let req = req.into_inner();
     use crate::ckpt::collect::{self, Collected};
     use crate::ckpt::collect_wire;
     let ck = tier(state)?;

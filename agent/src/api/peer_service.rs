@@ -42,12 +42,26 @@ async fn serve<T, R, Fut>(
     call: &'static str,
     req: Request<T>,
     job: JobOf<T>,
-    body: impl FnOnce(Caller, Option<std::net::SocketAddr>, T) -> Fut,
+    body: impl FnOnce(Caller, Option<std::net::SocketAddr>, Authorized<T>) -> Fut,
 ) -> Result<Response<R>, Status>
 where
     Fut: std::future::Future<Output = Result<R, Status>>,
 {
     observed(call, frame(state, req, job, body)).await
+}
+
+/// A request whose caller the Peer frame authorized for the job it names
+/// (rule `job-member`, [`member`]; a request that names no job is one
+/// too). Only [`frame`] makes one (the field is private to this module),
+/// so a handler that takes one cannot be reached around the rule.
+#[derive(Debug)]
+pub struct Authorized<T>(T);
+
+impl<T> Authorized<T> {
+    /// The request.
+    pub fn into_inner(self) -> T {
+        self.0
+    }
 }
 
 /// What a request names as its job, checked as its stage checks it
@@ -66,7 +80,7 @@ async fn frame<T, R, Fut>(
     state: &AgentState,
     req: Request<T>,
     job: JobOf<T>,
-    body: impl FnOnce(Caller, Option<std::net::SocketAddr>, T) -> Fut,
+    body: impl FnOnce(Caller, Option<std::net::SocketAddr>, Authorized<T>) -> Fut,
 ) -> Result<Response<R>, Status>
 where
     Fut: std::future::Future<Output = Result<R, Status>>,
@@ -75,7 +89,9 @@ where
     let (caller, remote) = (Caller::of(info), info.and_then(|i| i.remote));
     let req = req.into_inner();
     member(state, &caller, &req, job)?;
-    body(caller, remote, req).await.map(Response::new)
+    body(caller, remote, Authorized(req))
+        .await
+        .map(Response::new)
 }
 
 /// Rule `job-member` for the job `req` names: a proved peer reads a job's
@@ -107,9 +123,15 @@ impl PeerService {
         &self,
         req: Request<impl wire::ChunkSource + Send>,
     ) -> Result<Response<pb::PushShardResponse>, Status> {
-        serve(&self.state, "PushShard", req, no_job, |caller, _, body| async move {
-            super::ckpt::push_shard(&self.state, &caller, body).await
-        })
+        serve(
+            &self.state,
+            "PushShard",
+            req,
+            no_job,
+            |caller, _, body| async move {
+                super::ckpt::push_shard(&self.state, &caller, body.into_inner()).await
+            },
+        )
         .await
     }
 
@@ -144,7 +166,9 @@ impl Peer for PeerService {
             "ExchangeStragglerSummaries",
             req,
             no_job,
-            |caller, _, r| async move { super::stragglers::exchange(&self.state, &caller, r) },
+            |caller, _, r| async move {
+                super::stragglers::exchange(&self.state, &caller, r.into_inner())
+            },
         )
         .await
     }
@@ -159,7 +183,8 @@ impl Peer for PeerService {
             req,
             no_job,
             |caller, remote, r| async move {
-                super::aggregate::report_to_aggregator(&self.state, &caller, remote, r).await
+                super::aggregate::report_to_aggregator(&self.state, &caller, remote, r.into_inner())
+                    .await
             },
         )
         .await
@@ -175,7 +200,13 @@ impl Peer for PeerService {
             req,
             no_job,
             |caller, remote, r| async move {
-                super::aggregate::report_batch_to_aggregator(&self.state, &caller, remote, r).await
+                super::aggregate::report_batch_to_aggregator(
+                    &self.state,
+                    &caller,
+                    remote,
+                    r.into_inner(),
+                )
+                .await
             },
         )
         .await
