@@ -167,6 +167,39 @@ async fn a_scenario_named_in_the_config_is_played_and_checked() {
         "{}",
         out.stderr
     );
+    // The flags are checked with the file: a bad scenario given by flag
+    // fails the check as it would fail the start.
+    std::fs::write(&config, config_toml(&dir.path().join("w.sock"), "")).unwrap();
+    let out = run(
+        Command::new(WARDEND)
+            .arg("--check-config")
+            .arg(&config)
+            .arg("--simulate")
+            .arg(&bad),
+        WAIT,
+    );
+    assert_eq!(out.status.code(), Some(78), "{out:?}");
+    assert!(out.stderr.contains("fault[0].gpu"), "{}", out.stderr);
+    // A relative path would be read from wherever the config is read:
+    // refused, naming the key.
+    std::fs::write(
+        &config,
+        config_toml(
+            &dir.path().join("w.sock"),
+            "[simulated]\nscenario = \"xid.toml\"\n",
+        ),
+    )
+    .unwrap();
+    let out = run(
+        Command::new(WARDEND).arg("--check-config").arg(&config),
+        WAIT,
+    );
+    assert_eq!(out.status.code(), Some(78), "{out:?}");
+    assert!(
+        out.stderr.contains("simulated.scenario") && out.stderr.contains("absolute"),
+        "{}",
+        out.stderr
+    );
     // A speed without a scenario plays nothing: refused, naming the key.
     std::fs::write(
         &config,

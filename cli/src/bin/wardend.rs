@@ -49,6 +49,25 @@ fn parse_speed(s: &str) -> Result<f64, String> {
     }
 }
 
+/// `config` with `--simulate` and `--simulate-speed` filled into its
+/// `[simulated]` section (the path made absolute: the agent's printed
+/// config is read elsewhere), and the scenario it names, from the flags or
+/// the file, read and checked: a bad one stops the start (exit 78) as a
+/// bad config does, naming the file or the scenario's key.
+fn simulated(mut config: Config, args: &Args) -> Result<Config, String> {
+    if let Some(path) = &args.simulate {
+        let path = std::path::absolute(path)
+            .map_err(|e| format!("cannot resolve {}: {e}", path.display()))?;
+        config.simulated.scenario = path.display().to_string();
+        config.simulated.speed = args.simulate_speed;
+    }
+    config
+        .simulated
+        .load()
+        .map_err(|e| format!("simulated.scenario = {:?}: {e}", config.simulated.scenario))?;
+    Ok(config)
+}
+
 /// Lets glibc's malloc keep multi-megabyte buffers for reuse: checkpoint
 /// transfers allocate and free a few MiB per chunk (HTTP/2 receive buffers,
 /// read buffers), and by default glibc maps each one afresh or hands freed
@@ -82,7 +101,12 @@ fn main() -> ExitCode {
     keep_large_buffers();
     let args = Args::parse();
     if let Some(path) = &args.check_config {
-        return match Config::from_file(path) {
+        // The scenario too, from the file or the flags (a unit's
+        // `ExecStartPre` check sees what its `ExecStart` will play).
+        let checked = Config::from_file(path)
+            .map_err(|e| format!("invalid config: {e}"))
+            .and_then(|c| simulated(c, &args).map_err(|e| format!("invalid scenario: {e}")));
+        return match checked {
             Ok(_) => {
                 // Written, not println!: `wardend --check-config f | head -0`
                 // must not panic on the closed pipe; the verdict is the status.
@@ -90,12 +114,12 @@ fn main() -> ExitCode {
                 ExitCode::SUCCESS
             }
             Err(e) => {
-                eprintln!("wardend: invalid config: {e}");
+                eprintln!("wardend: {e}");
                 ExitCode::from(EXIT_CONFIG)
             }
         };
     }
-    let (mut config, source) = match &args.config {
+    let (config, source) = match &args.config {
         Some(path) => match Config::from_file(path) {
             Ok(c) => (c, path.display().to_string()),
             Err(e) => {
@@ -105,16 +129,13 @@ fn main() -> ExitCode {
         },
         None => (Config::default(), "embedded defaults".to_owned()),
     };
-    // `--simulate` and `--simulate-speed` fill in `[simulated]`; a bad
-    // scenario stops the start naming it, as a bad config does.
-    if let Some(path) = &args.simulate {
-        config.simulated.scenario = path.display().to_string();
-        config.simulated.speed = args.simulate_speed.or(config.simulated.speed);
-        if let Err(e) = config.simulated.load() {
+    let config = match simulated(config, &args) {
+        Ok(c) => c,
+        Err(e) => {
             eprintln!("wardend: invalid scenario: {e}");
             return ExitCode::from(EXIT_CONFIG);
         }
-    }
+    };
     if args.print_config {
         return match std::io::stdout()
             .lock()

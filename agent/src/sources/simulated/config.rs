@@ -23,9 +23,12 @@ pub struct SimulatedConfig {
 }
 
 impl SimulatedConfig {
-    /// Checks the section: a speed in (0, 10000], only with a scenario; the
-    /// scenario file read and checked, its error (the file, or the key of
-    /// the scenario that is wrong) named.
+    /// Checks the section's values, without reading anything: a speed in
+    /// (0, 10000], only with a scenario; the scenario an absolute path.
+    /// Why no read here: a launcher parses the agent's printed config as
+    /// the job's user, elsewhere; `wardend` reads and checks the scenario
+    /// itself before it starts ([`SimulatedConfig::load`]), and the source
+    /// again when it is built.
     pub fn validate(&self, origin: &str) -> Result<(), ConfigError> {
         let invalid = ConfigError::invalid_in(origin);
         if let Some(speed) = self.speed {
@@ -44,19 +47,18 @@ impl SimulatedConfig {
                 ));
             }
         }
-        if !self.scenario.is_empty() {
-            self.load().map_err(|e| {
-                invalid(
-                    "simulated.scenario",
-                    format!("{:?}", self.scenario),
-                    &e.to_string(),
-                )
-            })?;
+        if !self.scenario.is_empty() && !std::path::Path::new(&self.scenario).is_absolute() {
+            return Err(invalid(
+                "simulated.scenario",
+                format!("{:?}", self.scenario),
+                "must be an absolute path",
+            ));
         }
         Ok(())
     }
 
-    /// The scenario, read and checked; None when none is set.
+    /// The scenario, read and checked (a regular file of at most 1 MiB,
+    /// every key known); None when none is set.
     pub fn load(&self) -> Result<Option<SimScenario>, super::SimScenarioError> {
         if self.scenario.is_empty() {
             return Ok(None);
