@@ -21,16 +21,13 @@ use tonic::Status;
 use warden_proto::v1 as pb;
 
 use super::peer_auth::Caller;
-use crate::exchange::aggregate::{
-    SharedSteps, aggregate_here, fold, settled_steps, shared_stats, shared_steps,
-};
+use crate::exchange::aggregate::{aggregate_here, answer_batch, fold};
 use crate::exchange::batch::Batches;
 use crate::exchange::positions::step_stat_pb;
 use crate::exchange::relay::{Decoded, RelayError, relay};
 use crate::exchange::routes::{AGGREGATOR_REFUSED, report_refused};
 use crate::exchange::wire::{answer_pb, job_stats_pb, report_from_pb};
 use crate::state::AgentState;
-use warden_core::detect::sdc::aggregate::JobSteps;
 
 /// Serves `ReportToAggregator` (the Peer service calls it).
 pub async fn report_to_aggregator(
@@ -99,8 +96,7 @@ pub async fn report_batch_to_aggregator(
     }
     let known = known(state, caller, remote);
     super::peer_auth::relay(caller, known)?;
-    // Every report first, then the answers: the members of one job get
-    // the same statistics, computed and sent once.
+    // Every report first, then the answers ([`answer_batch`]).
     let mut folded = Vec::with_capacity(req.reports.len());
     for (i, mut report) in req.reports.into_iter().enumerate() {
         // A batch of thousands holds a worker for tens of ms: let the
@@ -114,47 +110,23 @@ pub async fn report_batch_to_aggregator(
                 .map_err(|e| Status::resource_exhausted(report_refused(e)))
         }));
     }
-    let ex = &state.exchange;
-    let (shared, mut indices) = shared_stats(ex, folded.iter().flatten());
-    indices.reverse();
-    // A leader that takes the steps shared gets each (job, step) once;
-    // an older one each item's steps in full.
-    let mut steps = if req.shared_steps {
-        shared_steps(ex, folded.iter().flatten())
-    } else {
-        SharedSteps::default()
-    };
-    steps.refs.reverse();
-    let items = folded
+    let batch = answer_batch(&state.exchange, folded, req.shared_steps);
+    let items = batch
+        .items
         .into_iter()
-        .map(|f| match f {
-            Ok(f) => {
-                let (values, refs) = if req.shared_steps {
-                    let bare = f
-                        .values
-                        .iter()
-                        .map(|a| JobSteps {
-                            job: a.job.clone(),
-                            steps: Vec::new(),
-                        })
-                        .collect();
-                    let refs = steps.refs.pop().unwrap_or_default();
-                    (bare, refs)
-                } else {
-                    (settled_steps(ex, &f), Vec::new())
-                };
-                pb::AggregateBatchItem {
-                    outcome: Some(pb::aggregate_batch_item::Outcome::Answer(answer_pb(
-                        &state.host,
-                        &f.answer(ex, Vec::new(), values),
-                    ))),
-                    jobs: indices.pop().unwrap_or_default(),
-                    values: refs
-                        .into_iter()
-                        .map(|steps| pb::StepRefs { steps })
-                        .collect(),
-                }
-            }
+        .map(|item| match item {
+            Ok(item) => pb::AggregateBatchItem {
+                outcome: Some(pb::aggregate_batch_item::Outcome::Answer(answer_pb(
+                    &state.host,
+                    &item.answer,
+                ))),
+                jobs: item.jobs,
+                values: item
+                    .steps
+                    .into_iter()
+                    .map(|steps| pb::StepRefs { steps })
+                    .collect(),
+            },
             Err(s) => pb::AggregateBatchItem {
                 outcome: Some(pb::aggregate_batch_item::Outcome::Error(
                     pb::BatchItemError {
@@ -169,8 +141,8 @@ pub async fn report_batch_to_aggregator(
         .collect();
     Ok(pb::AggregateBatchAnswer {
         items,
-        jobs: shared.iter().map(job_stats_pb).collect(),
-        steps: steps
+        jobs: batch.jobs.iter().map(job_stats_pb).collect(),
+        steps: batch
             .steps
             .iter()
             .map(|(job, s)| pb::SharedStep {

@@ -91,7 +91,7 @@ impl Folded {
 }
 
 /// The settled steps of `folded`'s values, as its own answer carries them.
-pub fn settled_steps(ex: &Exchange, folded: &Folded) -> Vec<JobSteps> {
+fn settled_steps(ex: &Exchange, folded: &Folded) -> Vec<JobSteps> {
     if folded.values.is_empty() {
         return Vec::new();
     }
@@ -167,7 +167,7 @@ pub fn fold(
 /// computed after the whole batch is folded: the statistics, and per
 /// folded report the indices of its jobs' statistics among them (one per
 /// job of its straggler part, in order).
-pub fn shared_stats<'a>(
+fn shared_stats<'a>(
     ex: &Exchange,
     folded: impl Iterator<Item = &'a Folded>,
 ) -> (Vec<JobWide>, Vec<Vec<u32>>) {
@@ -197,15 +197,15 @@ pub fn shared_stats<'a>(
 /// the same steps): the steps, and per folded report, per job of its
 /// values in order, the indices of that job's settled steps among them.
 #[derive(Debug, Default)]
-pub struct SharedSteps {
+struct SharedSteps {
     /// (job, step), each once.
-    pub steps: Vec<(String, StepStat)>,
+    steps: Vec<(String, StepStat)>,
     /// Per folded report, per job of its values: indices into `steps`.
-    pub refs: Vec<Vec<Vec<u32>>>,
+    refs: Vec<Vec<Vec<u32>>>,
 }
 
 /// The [`SharedSteps`] of a batch's folded reports.
-pub fn shared_steps<'a>(ex: &Exchange, folded: impl Iterator<Item = &'a Folded>) -> SharedSteps {
+fn shared_steps<'a>(ex: &Exchange, folded: impl Iterator<Item = &'a Folded>) -> SharedSteps {
     let sdc = ex
         .sdc_aggregator
         .lock()
@@ -229,6 +229,84 @@ pub fn shared_steps<'a>(ex: &Exchange, folded: impl Iterator<Item = &'a Folded>)
         out.refs.push(refs);
     }
     out
+}
+
+/// One report of a leader's batch, answered: its own answer (its jobs'
+/// statistics left to the batch's shared ones), the indices of those
+/// statistics among the batch's, and, where the batch shares its SDC
+/// steps, per job of its values the indices of its settled steps among the
+/// batch's.
+#[derive(Debug)]
+pub struct BatchItem {
+    /// Its answer: verdicts, and its settled steps unless shared.
+    pub answer: Here,
+    /// Indices into [`BatchAnswer::jobs`], one per job of its straggler part.
+    pub jobs: Vec<u32>,
+    /// Per job of its values: indices into [`BatchAnswer::steps`] (empty
+    /// unless the steps are shared).
+    pub steps: Vec<Vec<u32>>,
+}
+
+/// A leader's batch answered: each report's item, or why it was refused,
+/// in the batch's order, and what the items share.
+#[derive(Debug)]
+pub struct BatchAnswer<E> {
+    /// Per report, in order.
+    pub items: Vec<Result<BatchItem, E>>,
+    /// The statistics of each (job, thresholds) of the batch, once.
+    pub jobs: Vec<JobWide>,
+    /// The settled (job, step)s of the batch, once each, where shared.
+    pub steps: Vec<(String, StepStat)>,
+}
+
+/// Answers a leader's batch whose reports were all folded first
+/// ([`fold`]; a refused one stays refused): the members of one job get the
+/// same statistics, computed and sent once; with `share_steps` each
+/// settled (job, step) too (an older leader takes each item's steps in
+/// full instead).
+pub fn answer_batch<E>(
+    ex: &Exchange,
+    folded: Vec<Result<Folded, E>>,
+    share_steps: bool,
+) -> BatchAnswer<E> {
+    let (jobs, indices) = shared_stats(ex, folded.iter().flatten());
+    let mut steps = if share_steps {
+        shared_steps(ex, folded.iter().flatten())
+    } else {
+        SharedSteps::default()
+    };
+    let mut indices = indices.into_iter();
+    let mut refs = std::mem::take(&mut steps.refs).into_iter();
+    let items = folded
+        .into_iter()
+        .map(|f| {
+            f.map(|f| {
+                let (values, steps) = if share_steps {
+                    let bare = f
+                        .values
+                        .iter()
+                        .map(|a| JobSteps {
+                            job: a.job.clone(),
+                            steps: Vec::new(),
+                        })
+                        .collect();
+                    (bare, refs.next().unwrap_or_default())
+                } else {
+                    (settled_steps(ex, &f), Vec::new())
+                };
+                BatchItem {
+                    answer: f.answer(ex, Vec::new(), values),
+                    jobs: indices.next().unwrap_or_default(),
+                    steps,
+                }
+            })
+        })
+        .collect();
+    BatchAnswer {
+        items,
+        jobs,
+        steps: steps.steps,
+    }
 }
 
 /// The index of `key`'s entry among a batch's `shared` entries, the entry
