@@ -148,68 +148,38 @@ async fn a_scenario_named_in_the_config_is_played_and_checked() {
         "[[gpu]]\ncount = 1\n[[fault]]\nat = \"1s\"\nkind = \"xid\"\ngpu = 3\nxid = 79\n",
     )
     .unwrap();
+    // `wardend --check-config` of a config with `section` (and `flags`):
+    // refused (78), its message naming each of `named`.
     let config = dir.path().join("wardend.toml");
-    std::fs::write(
-        &config,
-        config_toml(
-            &dir.path().join("w.sock"),
-            &format!("[simulated]\nscenario = {:?}\n", bad.display().to_string()),
-        ),
-    )
-    .unwrap();
-    let out = run(
-        Command::new(WARDEND).arg("--check-config").arg(&config),
-        WAIT,
-    );
-    assert_eq!(out.status.code(), Some(78), "{out:?}");
-    assert!(
-        out.stderr.contains("simulated.scenario") && out.stderr.contains("fault[0].gpu"),
-        "{}",
-        out.stderr
-    );
+    let refused = |section: &str, flags: &[&std::ffi::OsStr], named: &[&str]| {
+        std::fs::write(&config, config_toml(&dir.path().join("w.sock"), section)).unwrap();
+        let out = run(
+            Command::new(WARDEND)
+                .arg("--check-config")
+                .arg(&config)
+                .args(flags),
+            WAIT,
+        );
+        assert_eq!(out.status.code(), Some(78), "{section}: {out:?}");
+        for n in named {
+            assert!(out.stderr.contains(n), "{section}: {n} in {}", out.stderr);
+        }
+    };
+    let bad_scenario = format!("[simulated]\nscenario = {:?}\n", bad.display().to_string());
+    refused(&bad_scenario, &[], &["simulated.scenario", "fault[0].gpu"]);
     // The flags are checked with the file: a bad scenario given by flag
     // fails the check as it would fail the start.
-    std::fs::write(&config, config_toml(&dir.path().join("w.sock"), "")).unwrap();
-    let out = run(
-        Command::new(WARDEND)
-            .arg("--check-config")
-            .arg(&config)
-            .arg("--simulate")
-            .arg(&bad),
-        WAIT,
+    refused(
+        "",
+        &["--simulate".as_ref(), bad.as_os_str()],
+        &["fault[0].gpu"],
     );
-    assert_eq!(out.status.code(), Some(78), "{out:?}");
-    assert!(out.stderr.contains("fault[0].gpu"), "{}", out.stderr);
-    // A relative path would be read from wherever the config is read:
-    // refused, naming the key.
-    std::fs::write(
-        &config,
-        config_toml(
-            &dir.path().join("w.sock"),
-            "[simulated]\nscenario = \"xid.toml\"\n",
-        ),
-    )
-    .unwrap();
-    let out = run(
-        Command::new(WARDEND).arg("--check-config").arg(&config),
-        WAIT,
+    // A relative path would be read from wherever the config is read.
+    refused(
+        "[simulated]\nscenario = \"xid.toml\"\n",
+        &[],
+        &["simulated.scenario", "absolute"],
     );
-    assert_eq!(out.status.code(), Some(78), "{out:?}");
-    assert!(
-        out.stderr.contains("simulated.scenario") && out.stderr.contains("absolute"),
-        "{}",
-        out.stderr
-    );
-    // A speed without a scenario plays nothing: refused, naming the key.
-    std::fs::write(
-        &config,
-        config_toml(&dir.path().join("w.sock"), "[simulated]\nspeed = 5.0\n"),
-    )
-    .unwrap();
-    let out = run(
-        Command::new(WARDEND).arg("--check-config").arg(&config),
-        WAIT,
-    );
-    assert_eq!(out.status.code(), Some(78), "{out:?}");
-    assert!(out.stderr.contains("simulated.speed"), "{}", out.stderr);
+    // A speed without a scenario plays nothing.
+    refused("[simulated]\nspeed = 5.0\n", &[], &["simulated.speed"]);
 }
