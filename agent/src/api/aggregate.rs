@@ -110,23 +110,25 @@ pub async fn report_batch_to_aggregator(
                 .map_err(|e| Status::resource_exhausted(report_refused(e)))
         }));
     }
-    let batch = answer_batch(&state.exchange, folded, req.shared_steps);
+    let batch = answer_batch(&state.exchange, folded, req.shared_steps, |item| {
+        pb::AggregateBatchItem {
+            outcome: Some(pb::aggregate_batch_item::Outcome::Answer(answer_pb(
+                &state.host,
+                &item.answer,
+            ))),
+            jobs: item.jobs,
+            values: item
+                .steps
+                .into_iter()
+                .map(|steps| pb::StepRefs { steps })
+                .collect(),
+        }
+    });
     let items = batch
         .items
         .into_iter()
         .map(|item| match item {
-            Ok(item) => pb::AggregateBatchItem {
-                outcome: Some(pb::aggregate_batch_item::Outcome::Answer(answer_pb(
-                    &state.host,
-                    &item.answer,
-                ))),
-                jobs: item.jobs,
-                values: item
-                    .steps
-                    .into_iter()
-                    .map(|steps| pb::StepRefs { steps })
-                    .collect(),
-            },
+            Ok(item) => item,
             Err(s) => pb::AggregateBatchItem {
                 outcome: Some(pb::aggregate_batch_item::Outcome::Error(
                     pb::BatchItemError {

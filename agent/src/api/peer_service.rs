@@ -37,17 +37,16 @@ impl PeerService {
 
 /// Every Peer call's frame, written once: records it ([`observed`]: its
 /// count by status and its duration, under `call`), then [`frame`]s it.
-async fn serve<T, R, Fut>(
+async fn serve<T: NamesJob, R, Fut>(
     state: &AgentState,
     call: &'static str,
     req: Request<T>,
-    job: JobOf<T>,
     body: impl FnOnce(Caller, Option<std::net::SocketAddr>, Authorized<T>) -> Fut,
 ) -> Result<Response<R>, Status>
 where
     Fut: std::future::Future<Output = Result<R, Status>>,
 {
-    observed(call, frame(state, req, job, body)).await
+    observed(call, frame(state, req, body)).await
 }
 
 /// A request whose caller the Peer frame authorized for the job it names
@@ -64,10 +63,59 @@ impl<T> Authorized<T> {
     }
 }
 
-/// What a request names as its job, checked as its stage checks it
+/// What a Peer request names as its job, checked as its stage checks it
 /// (INVALID_ARGUMENT naming the field, before any rule, as the stage would
-/// answer); `Ok("")`: no job to authorize for.
-type JobOf<T> = fn(&T) -> Result<&str, Status>;
+/// answer); `Ok("")`: none to authorize for (its stage checks what it
+/// names). A trait of the message's type, so that the frame authorizes
+/// each call for the job its own message names, and an [`Authorized`]
+/// request is one whose own job was checked.
+trait NamesJob {
+    fn job(&self) -> Result<&str, Status>;
+}
+
+impl NamesJob for pb::FetchShardRequest {
+    fn job(&self) -> Result<&str, Status> {
+        super::ckpt::fetch_job(self)
+    }
+}
+
+impl NamesJob for pb::ListShardsRequest {
+    fn job(&self) -> Result<&str, Status> {
+        super::ckpt::list_job(self)
+    }
+}
+
+impl NamesJob for pb::HoldingsAsk {
+    fn job(&self) -> Result<&str, Status> {
+        super::ckpt::collect_job(self)
+    }
+}
+
+/// Messages that name no one job in themselves: a summary's or a report's
+/// hosts and jobs, and a pushed replica's (in its first chunk), are checked
+/// by their stages.
+macro_rules! names_no_job {
+    ($($t:ty),* $(,)?) => {
+        $(impl NamesJob for $t {
+            fn job(&self) -> Result<&str, Status> {
+                Ok("")
+            }
+        })*
+    };
+}
+
+names_no_job!(
+    pb::StragglerSummaries,
+    pb::AggregateReport,
+    pb::AggregateBatch,
+    tonic::Streaming<pb::ShardChunk>,
+);
+
+impl<B> NamesJob for wire::Reader<B> {
+    fn job(&self) -> Result<&str, Status> {
+        Ok("")
+    }
+}
 
 /// A call's frame, unrecorded: names its caller from the connection
 /// ([`Caller::of`]: a proved peer, an unauthenticated one, or the local
@@ -76,10 +124,9 @@ type JobOf<T> = fn(&T) -> Result<&str, Status>;
 /// What a call asks beyond one job (a pushed replica's job and origin, in
 /// its first chunk; a summary's or a relayed report's hosts and jobs) its
 /// stage checks; a handler only names the stage.
-async fn frame<T, R, Fut>(
+async fn frame<T: NamesJob, R, Fut>(
     state: &AgentState,
     req: Request<T>,
-    job: JobOf<T>,
     body: impl FnOnce(Caller, Option<std::net::SocketAddr>, Authorized<T>) -> Fut,
 ) -> Result<Response<R>, Status>
 where
@@ -88,7 +135,7 @@ where
     let info = req.extensions().get::<PeerInfo>();
     let (caller, remote) = (Caller::of(info), info.and_then(|i| i.remote));
     let req = req.into_inner();
-    member(state, &caller, &req, job)?;
+    member(state, &caller, &req)?;
     body(caller, remote, Authorized(req))
         .await
         .map(Response::new)
@@ -99,20 +146,15 @@ where
 /// answered in before the frame held the rule: with no tier, the stage's
 /// UNAVAILABLE; a job or step that cannot be, INVALID_ARGUMENT; then the
 /// rule.
-fn member<T>(state: &AgentState, caller: &Caller, req: &T, job: JobOf<T>) -> Result<(), Status> {
+fn member<T: NamesJob>(state: &AgentState, caller: &Caller, req: &T) -> Result<(), Status> {
     let Ok(ck) = state.checkpoints.as_ref() else {
         return Ok(());
     };
-    let job = job(req)?;
+    let job = req.job()?;
     if job.is_empty() {
         return Ok(());
     }
     super::peer_auth::job_member(caller, job, |n| ck.peers.is_member_name(job, n))
-}
-
-/// No job named by the request itself.
-fn no_job<T>(_: &T) -> Result<&str, Status> {
-    Ok("")
 }
 
 impl PeerService {
@@ -121,13 +163,12 @@ impl PeerService {
     /// the caller's membership there.
     async fn push(
         &self,
-        req: Request<impl wire::ChunkSource + Send>,
+        req: Request<impl wire::ChunkSource + NamesJob + Send>,
     ) -> Result<Response<pb::PushShardResponse>, Status> {
         serve(
             &self.state,
             "PushShard",
             req,
-            no_job,
             |caller, _, body| async move {
                 super::ckpt::push_shard(&self.state, &caller, body.into_inner()).await
             },
@@ -142,12 +183,9 @@ impl PeerService {
         &self,
         req: Request<pb::FetchShardRequest>,
     ) -> Result<Response<ChunkStream>, Status> {
-        frame(
-            &self.state,
-            req,
-            super::ckpt::fetch_job,
-            |_, _, r| async move { super::ckpt::fetch_shard(&self.state, r).await },
-        )
+        frame(&self.state, req, |_, _, r| async move {
+            super::ckpt::fetch_shard(&self.state, r).await
+        })
         .await
     }
 }
@@ -165,7 +203,6 @@ impl Peer for PeerService {
             &self.state,
             "ExchangeStragglerSummaries",
             req,
-            no_job,
             |caller, _, r| async move {
                 super::stragglers::exchange(&self.state, &caller, r.into_inner())
             },
@@ -181,7 +218,6 @@ impl Peer for PeerService {
             &self.state,
             "ReportToAggregator",
             req,
-            no_job,
             |caller, remote, r| async move {
                 super::aggregate::report_to_aggregator(&self.state, &caller, remote, r.into_inner())
                     .await
@@ -198,7 +234,6 @@ impl Peer for PeerService {
             &self.state,
             "ReportBatchToAggregator",
             req,
-            no_job,
             |caller, remote, r| async move {
                 super::aggregate::report_batch_to_aggregator(
                     &self.state,
@@ -232,13 +267,9 @@ impl Peer for PeerService {
         &self,
         req: Request<pb::ListShardsRequest>,
     ) -> Result<Response<pb::ListShardsResponse>, Status> {
-        serve(
-            &self.state,
-            "ListShards",
-            req,
-            super::ckpt::list_job,
-            |caller, _, r| async move { super::ckpt::list_shards(&self.state, &caller, r).await },
-        )
+        serve(&self.state, "ListShards", req, |caller, _, r| async move {
+            super::ckpt::list_shards(&self.state, &caller, r).await
+        })
         .await
     }
 
@@ -250,7 +281,6 @@ impl Peer for PeerService {
             &self.state,
             "CollectHoldings",
             req,
-            super::ckpt::collect_job,
             |caller, _, r| async move {
                 super::ckpt::collect_holdings(&self.state, &caller, r).await
             },

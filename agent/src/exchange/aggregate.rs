@@ -247,12 +247,13 @@ pub struct BatchItem {
     pub steps: Vec<Vec<u32>>,
 }
 
-/// A leader's batch answered: each report's item, or why it was refused,
-/// in the batch's order, and what the items share.
+/// A leader's batch answered: each report's item as the caller made it
+/// from its [`BatchItem`], or why it was refused, in the batch's order,
+/// and what the items share.
 #[derive(Debug)]
-pub struct BatchAnswer<E> {
+pub struct BatchAnswer<O, E> {
     /// Per report, in order.
-    pub items: Vec<Result<BatchItem, E>>,
+    pub items: Vec<Result<O, E>>,
     /// The statistics of each (job, thresholds) of the batch, once.
     pub jobs: Vec<JobWide>,
     /// The settled (job, step)s of the batch, once each, where shared.
@@ -263,12 +264,15 @@ pub struct BatchAnswer<E> {
 /// ([`fold`]; a refused one stays refused): the members of one job get the
 /// same statistics, computed and sent once; with `share_steps` each
 /// settled (job, step) too (an older leader takes each item's steps in
-/// full instead).
-pub fn answer_batch<E>(
+/// full instead). Each item is handed to `item` as it is made (the edge
+/// turns it into its message at once, bounding what an answer holds: a
+/// verdict's hosts, in full in each [`Here`], are cut there).
+pub fn answer_batch<O, E>(
     ex: &Exchange,
     folded: Vec<Result<Folded, E>>,
     share_steps: bool,
-) -> BatchAnswer<E> {
+    mut item: impl FnMut(BatchItem) -> O,
+) -> BatchAnswer<O, E> {
     let (jobs, indices) = shared_stats(ex, folded.iter().flatten());
     let mut steps = if share_steps {
         shared_steps(ex, folded.iter().flatten())
@@ -294,11 +298,11 @@ pub fn answer_batch<E>(
                 } else {
                     (settled_steps(ex, &f), Vec::new())
                 };
-                BatchItem {
+                item(BatchItem {
                     answer: f.answer(ex, Vec::new(), values),
                     jobs: indices.next().unwrap_or_default(),
                     steps,
-                }
+                })
             })
         })
         .collect();
