@@ -120,8 +120,19 @@ impl AgentLink {
         };
         if mode != AgentMode::Embedded {
             if let Some((client, info)) = probe(&socket).await {
-                let config =
-                    Config::from_toml(&info.config_toml, "the local wardend").unwrap_or_default();
+                // A config this launcher cannot read (an agent of another
+                // release, a key it does not know) is said, not silently
+                // replaced: the defaults then stand for what is read from
+                // it (the policy's budgets, the checkpoint and TLS setup).
+                let config = Config::from_toml(&info.config_toml, "the local wardend")
+                    .unwrap_or_else(|e| {
+                        tracing::warn!(
+                            error = %e,
+                            version = %info.version,
+                            "cannot read the local wardend's config: its defaults stand in for it"
+                        );
+                        Config::default()
+                    });
                 let tcp = tcp_endpoint(&info, &config);
                 return Ok(Self {
                     socket,
