@@ -131,6 +131,36 @@ impl Host {
         self.dir.path()
     }
 
+    /// Waits until this host's tier holds a committed shard of every rank
+    /// below `world` of `step` of `job` (its manifest, written last, by
+    /// rename: the shard is whole), its own ranks' and its peer's replicas.
+    fn wait_for_step(&self, job: &str, step: u64, world: u32) {
+        let dir = self
+            .path()
+            .join("tier")
+            .join(job)
+            .join(format!("step-{step:020}"));
+        let until = Instant::now() + WAIT;
+        let missing = || {
+            (0..world)
+                .filter(|r| !dir.join(format!("rank-{r:06}.json")).exists())
+                .collect::<Vec<_>>()
+        };
+        loop {
+            let m = missing();
+            if m.is_empty() {
+                return;
+            }
+            assert!(
+                Instant::now() < until,
+                "{}: ranks {m:?} of step {step} never reached {}",
+                self.id,
+                dir.display()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
     /// `warden run` of 2 lockstep ranks on this host, in the background.
     fn launch(&self, rdzv: Rdzv<'_>, job: &str, run: u32, train: &[&str]) -> Streaming {
         let grace = format!("{}s", TERM_GRACE.as_secs());
@@ -301,6 +331,12 @@ fn notice_on_host_a(
         }
     }
     both(&mut la, "saved step=100 ");
+    // Step 100 has a copy of every rank on both hosts (each host's agent
+    // replicated its ranks' shards to the other's): replication is at
+    // work, so the notice's save must leave the host too before the exit.
+    for h in [a, b] {
+        h.wait_for_step(job, 100, 4);
+    }
     la.wait_line(WAIT, "step 110", |x| x.contains("] step 110"));
 
     // The notice reaches host-a alone.
@@ -360,6 +396,18 @@ fn notice_on_host_a(
                 .as_str()
                 .unwrap()
                 .starts_with("preempted: every worker saved"),
+            "{}: {summary:#}",
+            h.id
+        );
+        // The notice's save left the host before the launcher exited: a
+        // copy of each of its ranks' shards is on the other host.
+        assert_eq!(
+            summary["notice_checkpoint"]["step"], step,
+            "{}: {summary:#}",
+            h.id
+        );
+        assert_eq!(
+            summary["notice_checkpoint"]["off_host"], true,
             "{}: {summary:#}",
             h.id
         );

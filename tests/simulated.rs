@@ -8,7 +8,7 @@ mod common;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{TestAgent, WAIT, WARDEND, config_toml, eventually, evidence, run};
+use common::{TestAgent, WAIT, WARDEN, WARDEND, config_toml, eventually, evidence, run};
 use warden_proto::v1 as pb;
 
 const SCENARIO: &str = r#"
@@ -182,4 +182,25 @@ async fn a_scenario_named_in_the_config_is_played_and_checked() {
     );
     // A speed without a scenario plays nothing.
     refused("[simulated]\nspeed = 5.0\n", &[], &["simulated.speed"]);
+
+    // `warden run` embedding an agent of that config refuses to start the
+    // job: the worker never runs on an agent whose sources would fail.
+    std::fs::write(&config, format!("[kmsg]\nenabled = false\n{bad_scenario}")).unwrap();
+    let ran = dir.path().join("worker-ran");
+    let out = run(
+        Command::new(WARDEN)
+            .arg("--socket")
+            .arg(dir.path().join("no-agent-here.sock"))
+            .args(["run", "--nproc-per-node", "1", "--agent-config"])
+            .arg(&config)
+            .args(["--", "touch"])
+            .arg(&ran)
+            .env_remove("WARDEN_SOCKET"),
+        WAIT,
+    );
+    assert!(!out.status.success(), "{out:?}");
+    for n in ["invalid scenario", "fault[0].gpu"] {
+        assert!(out.stderr.contains(n), "{n} in {}", out.stderr);
+    }
+    assert!(!ran.exists(), "the worker ran: {}", out.stderr);
 }

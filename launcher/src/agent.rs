@@ -568,18 +568,25 @@ async fn embed(agent_config: Option<&Path>, state_dir: &Path) -> Result<AgentLin
         dir: runtime_dir.display().to_string(),
         source,
     };
-    std::fs::create_dir_all(&runtime_dir).map_err(dir_err)?;
-    {
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(&runtime_dir, std::fs::Permissions::from_mode(0o700))
-            .map_err(dir_err)?;
-    }
     let socket = runtime_dir.join(warden_client::paths::SOCKET_NAME);
     config.api.socket = socket.display().to_string();
     if config.agent.state_dir.is_empty() {
         config.agent.state_dir = state_dir.display().to_string();
     }
     config.validate(&source)?;
+    // A `[simulated]` scenario is read now, as wardend reads it before it
+    // serves: the agent reads it again only once its socket answers, and
+    // a job must not start on an agent whose sources then failed.
+    config
+        .simulated
+        .load()
+        .map_err(|e| AgentError::Embedded(format!("invalid scenario: {e}")))?;
+    std::fs::create_dir_all(&runtime_dir).map_err(dir_err)?;
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&runtime_dir, std::fs::Permissions::from_mode(0o700))
+            .map_err(dir_err)?;
+    }
     let token = CancellationToken::new();
     let mut task = tokio::spawn(warden_agent::daemon::run_embedded(
         config.clone(),

@@ -207,7 +207,9 @@ pub fn listing(ck: &Checkpoints, job: &str, view: &CopiesView, scope: &Scope) ->
                     .filter(|r| scope.ranks.as_ref().is_none_or(|want| want.contains(r)))
                     .map(|rank| {
                         let copies = ranks.get(&rank).map(Vec::as_slice).unwrap_or_default();
-                        shard(ck, rank, copies, bad.get(&rank))
+                        let mut s = shard(ck, rank, copies, bad.get(&rank));
+                        s.copies.extend(sent_unheard(ck, &view.answered, copies));
+                        s
                     })
                     .collect(),
                 counts: match count {
@@ -304,6 +306,40 @@ fn shard(ck: &Checkpoints, rank: u32, copies: &[Copy], corrupt: Option<&String>)
             .unwrap_or(0),
         copies: out,
     }
+}
+
+/// The copies of an own shard (its local copy among `copies`) that this
+/// agent sent to peers which did not answer for their copies in this
+/// listing's gather (an agent stopped with its job's launcher, a host that
+/// went with the same notice), as the holders confirmed them when sent;
+/// listed only, never counted toward a step's completeness (a restore
+/// fetches only from a holder that answers).
+fn sent_unheard(
+    ck: &Checkpoints,
+    answered: &BTreeSet<String>,
+    copies: &[Copy],
+) -> Vec<CopyListing> {
+    let Some(own) = copies
+        .iter()
+        .find(|c| c.holder == Holder::Local && c.manifest.origin == ck.host)
+    else {
+        return Vec::new();
+    };
+    ck.sent
+        .holders(&own.manifest.key(), &own.manifest.xxh3)
+        .into_iter()
+        .filter(|c| !answered.contains(&c.addr))
+        .filter(|c| {
+            !copies
+                .iter()
+                .any(|h| matches!(&h.holder, Holder::Peer { addr, .. } if *addr == c.addr))
+        })
+        .map(|c| CopyListing {
+            tier: "peer",
+            holder: format!("{} (sent; not answering now)", c.host),
+            corrupt: None,
+        })
+        .collect()
 }
 
 /// The name a person reads for a holder.

@@ -34,6 +34,7 @@ pub mod replicate;
 pub mod restore;
 pub mod retention;
 pub mod scrub;
+pub mod sent;
 pub mod shared_gather;
 pub mod tier;
 pub mod user_cache;
@@ -139,6 +140,10 @@ pub struct Checkpoints {
     /// How many collections and group listings each peer may start here
     /// per `peer_timeout` ([`collect::STARTS_PER_PEER`]).
     pub collect_quota: crate::access::quota::Quota<String>,
+    /// The copies of this agent's shards its peers confirmed ([`sent`]):
+    /// what replication skips, and what a listing shows for a holder that
+    /// cannot answer now.
+    pub sent: sent::Sent,
     work: mpsc::UnboundedSender<Manifest>,
     work_rx: Mutex<Option<mpsc::UnboundedReceiver<Manifest>>>,
 }
@@ -225,6 +230,7 @@ impl Checkpoints {
                 collect::STARTS_PER_PEER,
                 cfg.peer_timeout,
             ),
+            sent: sent::Sent::default(),
             work,
             work_rx: Mutex::new(Some(work_rx)),
         })

@@ -27,8 +27,6 @@ pub async fn run(events: Arc<EventBus>, shutdown: CancellationToken, ck: Arc<Che
     let Some(mut work) = ck.take_work() else {
         return;
     };
-    // (peer address, shard, checksum) known to be on that peer.
-    let mut sent: HashSet<(String, ShardKey, String)> = HashSet::new();
     let mut uploads = Uploads::default();
     let mut tick = tokio::time::interval(ck.cfg.retry_interval);
     tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
@@ -52,26 +50,26 @@ pub async fn run(events: Arc<EventBus>, shutdown: CancellationToken, ck: Arc<Che
         // old are not pushed, and their room (a GiB of tmpfs per shard) is
         // given back before the new shards are sent rather than after.
         if ck.durable.is_none() {
-            prune(&events, &ck, &jobs, &mut sent, &mut fresh).await;
+            prune(&events, &ck, &jobs, &mut fresh).await;
         }
         if !pushed {
             // Reconcile: every own shard, job by job, against what each of
             // the job's targets says it holds.
             for (job, own) in by_job(own_shards(&ck).await) {
                 for peer in ck.peers.targets(&job) {
-                    reconcile(&events, &ck, &peer, &job, own.clone(), &mut sent).await;
+                    reconcile(&events, &ck, &peer, &job, own.clone()).await;
                 }
             }
         } else {
             for (job, ms) in by_job(std::mem::take(&mut fresh)) {
                 for peer in ck.peers.targets(&job) {
-                    send(&events, &ck, &peer, &ms, &mut sent).await;
+                    send(&events, &ck, &peer, &ms).await;
                 }
             }
         }
         if ck.durable.is_some() {
             upload_due(&events, &ck, &mut uploads).await;
-            prune(&events, &ck, &jobs, &mut sent, &mut fresh).await;
+            prune(&events, &ck, &jobs, &mut fresh).await;
         }
     }
 }
@@ -82,7 +80,6 @@ async fn prune(
     events: &EventBus,
     ck: &Arc<Checkpoints>,
     jobs: &BTreeSet<String>,
-    sent: &mut HashSet<(String, ShardKey, String)>,
     fresh: &mut Vec<Manifest>,
 ) {
     for job in jobs {
@@ -91,7 +88,7 @@ async fn prune(
             .await
             .unwrap_or_default();
         for k in gone {
-            sent.retain(|(_, s, _)| *s != k);
+            ck.sent.forget(&k);
             fresh.retain(|m| m.key() != k);
             events.publish(
                 NewEvent::new(
@@ -140,12 +137,11 @@ async fn reconcile(
     peer: &Peer,
     job: &str,
     own: Vec<Manifest>,
-    sent: &mut HashSet<(String, ShardKey, String)>,
 ) {
     let addr = &peer.member.addr;
     let own: Vec<Manifest> = own
         .into_iter()
-        .filter(|m| !sent.contains(&(addr.clone(), m.key(), m.xxh3.clone())))
+        .filter(|m| !ck.sent.contains(addr, &m.key(), &m.xxh3))
         .collect();
     if own.is_empty() {
         return;
@@ -158,27 +154,21 @@ async fn reconcile(
         .filter(|m| {
             let there = held.contains(&(m.key(), m.hash().unwrap_or(0)));
             if there {
-                sent.insert((addr.clone(), m.key(), m.xxh3.clone()));
+                ck.sent.record(addr, &peer.name, &m.key(), &m.xxh3);
             }
             !there
         })
         .collect();
-    send(events, ck, peer, &todo, sent).await;
+    send(events, ck, peer, &todo).await;
 }
 
 /// Pushes `todo` to `peer` one shard at a time; stops at the first failure
 /// (the peer is likely down: the next reconcile tries again).
-async fn send(
-    events: &EventBus,
-    ck: &Arc<Checkpoints>,
-    peer: &Peer,
-    todo: &[Manifest],
-    sent: &mut HashSet<(String, ShardKey, String)>,
-) {
+async fn send(events: &EventBus, ck: &Arc<Checkpoints>, peer: &Peer, todo: &[Manifest]) {
     let addr = &peer.member.addr;
     for m in todo {
         let key = m.key();
-        if sent.contains(&(addr.clone(), key.clone(), m.xxh3.clone())) {
+        if ck.sent.contains(addr, &key, &m.xxh3) {
             continue;
         }
         let path = ck.tier.layout().data(&key);
@@ -207,7 +197,7 @@ async fn send(
         match pushed {
             Ok(host) => {
                 let secs = started.elapsed().as_secs_f64();
-                sent.insert((addr.clone(), key.clone(), m.xxh3.clone()));
+                ck.sent.record(addr, &host, &key, &m.xxh3);
                 metrics::counter!("warden_ckpt_replicated_bytes_total").increment(m.size_bytes);
                 events.publish(
                     NewEvent::new(

@@ -82,6 +82,10 @@ pub struct CopiesView {
     /// rank's holders, and completeness is read here. None: `steps` holds
     /// every copy of the job.
     pub counts: Option<BTreeMap<u64, JobStep>>,
+    /// The peers (`host:port`) that answered for their copies in this
+    /// gather: a listing shows the copies this agent sent to any other
+    /// ([`super::sent`]), as their holders confirmed them.
+    pub answered: std::collections::BTreeSet<String>,
 }
 
 impl CopiesView {
@@ -108,6 +112,7 @@ impl CopiesView {
     ) {
         match listed {
             Ok(listing) => {
+                self.answered.insert(addr.to_owned());
                 for m in listing.shards {
                     match m {
                         Ok(m) if keep(&m) => self.add(

@@ -17,6 +17,20 @@ fn defaults_round_trip_through_toml() {
     assert_eq!(Config::from_toml(&text, "t").unwrap(), Config::default());
 }
 
+/// A section off by default is left out of the printed config (a launcher
+/// of the release before it refuses unknown sections), and printed, and
+/// read back, when set.
+#[test]
+fn the_simulated_section_is_printed_only_when_set() {
+    let text = Config::default().to_toml();
+    assert!(!text.contains("simulated"), "{text}");
+    let mut c = Config::default();
+    c.simulated.scenario = "/etc/warden/node.toml".into();
+    let text = c.to_toml();
+    assert!(text.contains("[simulated]"), "{text}");
+    assert_eq!(Config::from_toml(&text, "t").unwrap(), c);
+}
+
 #[test]
 fn unknown_key_is_named() {
     let e = err("[api]\nsockt = \"/x\"\n");

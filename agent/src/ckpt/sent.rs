@@ -1,0 +1,120 @@
+//! The copies this agent's replication made on its peers, as their holders
+//! confirmed them.
+//!
+//! Why kept where listings see them: a listing asks each holder what it
+//! holds, and a holder that cannot answer now (its agent stopped with its
+//! job's launcher, its host preempted by the same notice) used to leave the
+//! shard listed on this host alone, though the holder had committed the
+//! copy and said so. The notice's summary then said "on this host only"
+//! for a save that had left it. Replication also skips a shard once sent,
+//! and this is the record it skips by.
+//!
+//! In: a push the peer acknowledged (its `PushShardResponse`, after its
+//! commit), a reconcile that found the shard on the peer, a shard the tier
+//! pruned. Out: whether a shard with a checksum was sent to an address,
+//! and the holders a shard was sent to. Never: counted toward a step's
+//! completeness or used for a restore (a copy is fetched only from a holder
+//! that answers for it); remembered past the shard's own retention here.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use super::layout::ShardKey;
+
+/// One copy a peer confirmed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SentCopy {
+    /// The peer's `host:port`.
+    pub addr: String,
+    /// Its name (its agent's host name; its address when unknown).
+    pub host: String,
+    /// The checksum of what was sent (xxh3-64, 16 hex digits).
+    pub xxh3: String,
+}
+
+/// Every confirmed copy of this agent's own shards, by shard.
+#[derive(Debug, Default)]
+pub struct Sent {
+    copies: Mutex<HashMap<ShardKey, Vec<SentCopy>>>,
+}
+
+impl Sent {
+    /// Whether `key` with checksum `xxh3` is on the peer at `addr`.
+    pub fn contains(&self, addr: &str, key: &ShardKey, xxh3: &str) -> bool {
+        self.lock()
+            .get(key)
+            .is_some_and(|v| v.iter().any(|c| c.addr == addr && c.xxh3 == xxh3))
+    }
+
+    /// Records that the peer at `addr` (named `host`) holds `key` with
+    /// checksum `xxh3`; a copy of other bytes it held before is replaced.
+    pub fn record(&self, addr: &str, host: &str, key: &ShardKey, xxh3: &str) {
+        let mut all = self.lock();
+        let v = all.entry(key.clone()).or_default();
+        v.retain(|c| c.addr != addr);
+        v.push(SentCopy {
+            addr: addr.to_owned(),
+            host: if host.is_empty() { addr } else { host }.to_owned(),
+            xxh3: xxh3.to_owned(),
+        });
+    }
+
+    /// Forgets `key` (the tier pruned it: its peers prune their copies by
+    /// the same retention).
+    pub fn forget(&self, key: &ShardKey) {
+        self.lock().remove(key);
+    }
+
+    /// The peers `key` with checksum `xxh3` was sent to.
+    pub fn holders(&self, key: &ShardKey, xxh3: &str) -> Vec<SentCopy> {
+        self.lock()
+            .get(key)
+            .map(|v| v.iter().filter(|c| c.xxh3 == xxh3).cloned().collect())
+            .unwrap_or_default()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<ShardKey, Vec<SentCopy>>> {
+        // A panic elsewhere while holding it leaves a map that is still
+        // whole (every change above is one call on it).
+        self.copies
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(step: u64) -> ShardKey {
+        ShardKey {
+            job_id: "j".into(),
+            step,
+            rank: 0,
+        }
+    }
+
+    #[test]
+    fn a_copy_is_known_by_address_and_checksum_until_pruned() {
+        let s = Sent::default();
+        s.record("10.0.0.2:7070", "h2", &key(1), "aa");
+        s.record("10.0.0.3:7070", "", &key(1), "aa");
+        assert!(s.contains("10.0.0.2:7070", &key(1), "aa"));
+        assert!(!s.contains("10.0.0.2:7070", &key(1), "bb"));
+        assert!(!s.contains("10.0.0.2:7070", &key(2), "aa"));
+        let hosts: Vec<String> = s
+            .holders(&key(1), "aa")
+            .into_iter()
+            .map(|c| c.host)
+            .collect();
+        assert_eq!(hosts, ["h2", "10.0.0.3:7070"]);
+        // New bytes under the same key (a rank saved the step again) replace
+        // the old on that peer; the other still holds the old.
+        s.record("10.0.0.2:7070", "h2", &key(1), "bb");
+        assert_eq!(s.holders(&key(1), "aa").len(), 1);
+        assert_eq!(s.holders(&key(1), "bb").len(), 1);
+        s.forget(&key(1));
+        assert!(s.holders(&key(1), "bb").is_empty());
+        assert!(!s.contains("10.0.0.3:7070", &key(1), "aa"));
+    }
+}
