@@ -1,0 +1,156 @@
+#!/usr/bin/env bash
+# The baseline's crash to teardown (the planner's `baseline.crash_detection_s`,
+# issue 32 point 4): how long a job launched the usual way, without warden,
+# takes from one worker's crash to the whole job gone, so that the scheduler
+# can requeue it.
+#
+#   bash tests/bench/baseline_teardown.sh [RUNS] [PYTHON]      (as root)
+#
+# The job: `srun --nodes 1 --ntasks 2 --kill-on-bad-exit=1`, each task one
+# node of `torchrun --nnodes 2 --nproc-per-node 2 --max-restarts 0` (static
+# rendezvous at 127.0.0.2), on a one-node Slurm cluster this script starts in
+# a scratch directory (Debian's munged, slurmctld, slurmd: bash
+# tests/system-deps.sh slurm), the machine its one node. The workers step
+# every 50 ms without a collective, as ranks blocked in NCCL's collectives
+# do when a peer dies: nothing but torchrun and Slurm ends them. At step 40,
+# node 1's local rank 1 writes its time.time() and kills itself (SIGKILL,
+# as a segfault or the OOM killer would). Timed, by the wall clock: that
+# crash to `srun` returning (every task gone; Slurm's step over), and, on
+# the way, to the crashed node's torchrun exit (its monitor saw the dead
+# worker and stopped the others) from its own log. Beside it, in the same
+# run: `torchrun --standalone --nproc-per-node 2 --max-restarts 0`, one
+# node, crash to torchrun's exit.
+#
+# What it is not: a job of many nodes (slurmctld's kill fans out over a
+# tree; nodes' stepds act at once), or a busy controller. Prints a markdown
+# table for docs/benchmarks.md.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+RUNS=${1:-5}
+PY=${2:-.venv/bin/python}
+TORCHRUN=$(dirname "$PY")/torchrun
+[[ $(id -u) -eq 0 ]] || { echo "baseline_teardown.sh: slurmd runs as root here; run as root" >&2; exit 2; }
+for bin in munged slurmctld slurmd srun scontrol sinfo; do
+  command -v "$bin" >/dev/null || [[ -x /usr/sbin/$bin ]] || {
+    echo "baseline_teardown.sh: no $bin (bash tests/system-deps.sh slurm)" >&2; exit 2; }
+done
+[[ -x $TORCHRUN ]] || { echo "baseline_teardown.sh: no torchrun beside $PY" >&2; exit 2; }
+export PATH=$PATH:/usr/sbin
+work=$(mktemp -d /tmp/warden-teardown-XXXXXX)
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill -- "-$p" 2>/dev/null || kill "$p" 2>/dev/null || true; done
+  rm -rf "$work"
+}
+trap cleanup EXIT
+free_port() { "$PY" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+
+# The worker: steps of 50 ms, no collective; the crash where told.
+cat >"$work/worker.py" <<'EOF'
+import os, signal, sys, time
+node, local = int(os.environ["GROUP_RANK"]), int(os.environ["LOCAL_RANK"])
+crash_node, crash_at, mark = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+print(f"started node {node} local {local}", flush=True)
+for step in range(1, 100000):
+    time.sleep(0.05)
+    if node == crash_node and local == 1 and step == crash_at:
+        with open(mark, "w") as f:
+            f.write(repr(time.time()))
+        os.kill(os.getpid(), signal.SIGKILL)
+EOF
+
+# The one-node cluster.
+mkdir -p "$work"/{munge,state,spool,log}
+chmod 700 "$work/munge"
+head -c 1024 /dev/urandom >"$work/munge/key"
+chmod 600 "$work/munge/key"
+node=$(hostname -s)
+cpus=$(nproc)
+cat >"$work/slurm.conf" <<EOF
+ClusterName=wardenbench
+SlurmctldHost=$node(127.0.0.1)
+SlurmctldPort=$(free_port)
+SlurmdPort=$(free_port)
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+AuthInfo=socket=$work/munge/sock
+CredType=cred/munge
+StateSaveLocation=$work/state
+SlurmdSpoolDir=$work/spool
+SlurmctldPidFile=$work/slurmctld.pid
+SlurmdPidFile=$work/slurmd.pid
+SlurmctldLogFile=$work/log/slurmctld.log
+SlurmdLogFile=$work/log/slurmd.log
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+SchedulerType=sched/builtin
+SelectType=select/cons_tres
+MpiDefault=none
+ReturnToService=2
+NodeName=$node NodeAddr=127.0.0.1 CPUs=$cpus State=UNKNOWN
+PartitionName=bench Nodes=$node Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE:4
+EOF
+export SLURM_CONF=$work/slurm.conf
+setsid munged --foreground --force --socket="$work/munge/sock" --key-file="$work/munge/key" \
+  --log-file="$work/log/munged.log" --pid-file="$work/munge/pid" --seed-file="$work/munge/seed" \
+  >"$work/log/munged.out" 2>&1 &
+pids+=($!)
+for _ in $(seq 100); do [[ -S $work/munge/sock ]] && break; sleep 0.1; done
+setsid slurmctld -D -i -f "$SLURM_CONF" >"$work/log/slurmctld.out" 2>&1 &
+pids+=($!)
+setsid slurmd -D -f "$SLURM_CONF" >"$work/log/slurmd.out" 2>&1 &
+pids+=($!)
+for _ in $(seq 600); do
+  [[ $(sinfo -h -N -o %t 2>/dev/null) == idle ]] && break
+  sleep 0.1
+done
+[[ $(sinfo -h -N -o %t 2>/dev/null) == idle ]] || {
+  echo "baseline_teardown.sh: the node never came up idle:" >&2
+  tail -n 20 "$work/log/slurmctld.log" "$work/log/slurmd.log" >&2; exit 1; }
+
+now() { echo "$EPOCHREALTIME"; }
+slurm_rows=() alone_rows=() node_rows=()
+for run in $(seq "$RUNS"); do
+  # Two nodes under srun.
+  port=$(free_port)
+  mark=$work/crash-$run
+  cat >"$work/task.sh" <<EOF
+#!/usr/bin/env bash
+"$TORCHRUN" --nnodes 2 --node-rank "\$SLURM_PROCID" --nproc-per-node 2 --max-restarts 0 \
+  --master-addr 127.0.0.2 --master-port $port --local-addr 127.0.0.\$((2 + SLURM_PROCID)) \
+  "$work/worker.py" 1 40 "$mark" >"$work/torchrun-$run-\$SLURM_PROCID.log" 2>&1
+rc=\$?
+echo "\$EPOCHREALTIME" >"$work/exit-$run-\$SLURM_PROCID"
+exit \$rc
+EOF
+  chmod +x "$work/task.sh"
+  srun --nodes 1 --ntasks 2 --oversubscribe --kill-on-bad-exit=1 --job-name teardown \
+    "$work/task.sh" >"$work/srun-$run.log" 2>&1 || true
+  ended=$(now)
+  [[ -s $mark ]] || { echo "run $run: no crash:" >&2; cat "$work/srun-$run.log" "$work"/torchrun-"$run"-*.log >&2; exit 1; }
+  crash=$(cat "$mark")
+  slurm_rows+=("$("$PY" -c "print(f'{$ended - $crash:.3f}')")")
+  # The crashed node's torchrun, as its task saw it exit.
+  node_end=$(cat "$work/exit-$run-1")
+  node_rows+=("$("$PY" -c "print(f'{$node_end - $crash:.3f}')")")
+  # One node, torchrun alone.
+  mark1=$work/crash1-$run
+  GROUP_RANK=0 "$TORCHRUN" --standalone --nproc-per-node 2 --max-restarts 0 \
+    "$work/worker.py" 0 40 "$mark1" >"$work/alone-$run.log" 2>&1 || true
+  ended=$(now)
+  [[ -s $mark1 ]] || { echo "run $run (alone): no crash:" >&2; cat "$work/alone-$run.log" >&2; exit 1; }
+  alone_rows+=("$("$PY" -c "print(f'{$ended - $(cat "$mark1"):.3f}')")")
+  echo "run $run: srun ${slurm_rows[-1]} s (the crashed node's torchrun ${node_rows[-1]} s), torchrun alone ${alone_rows[-1]} s" >&2
+done
+median() { printf '%s\n' "$@" | sort -g | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}'; }
+range() { printf '%s\n' "$@" | sort -g | awk 'NR==1{lo=$1} {hi=$1} END {print lo "-" hi}'; }
+echo "| launch | crash to | runs | median | range |"
+echo "|---|---|---|---|---|"
+echo "| srun --kill-on-bad-exit=1, 2 tasks of torchrun --nnodes 2 --max-restarts 0 | srun returned (job step over) | $RUNS | $(median "${slurm_rows[@]}") s | $(range "${slurm_rows[@]}") s |"
+echo "| the same | the crashed node's torchrun exited | $RUNS | $(median "${node_rows[@]}") s | $(range "${node_rows[@]}") s |"
+echo "| torchrun --standalone --nproc-per-node 2 --max-restarts 0 | torchrun exited | $RUNS | $(median "${alone_rows[@]}") s | $(range "${alone_rows[@]}") s |"
+echo "srun's last lines (run $RUNS):" >&2
+tail -n 5 "$work/srun-$RUNS.log" >&2 || true
