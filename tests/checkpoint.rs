@@ -101,7 +101,11 @@ async fn until_copies(
             .steps
             .iter()
             .find(|s| s.step == step && s.complete)
-            .filter(|s| s.shards.iter().all(|sh| sh.copies.len() >= copies))
+            .filter(|s| {
+                s.shards
+                    .iter()
+                    .all(|sh| sh.copies.iter().filter(|c| !c.unconfirmed).count() >= copies)
+            })
         {
             return s.clone();
         }

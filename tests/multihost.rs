@@ -1249,7 +1249,7 @@ async fn replicated(socket: &Path, job: &str, ranks: u32) {
     let on_two_hosts = |sh: &pb::ShardLocations| {
         sh.copies
             .iter()
-            .filter(|c| c.corrupt.is_empty())
+            .filter(|c| c.corrupt.is_empty() && !c.unconfirmed)
             .map(|c| &c.holder)
             .collect::<std::collections::HashSet<_>>()
             .len()

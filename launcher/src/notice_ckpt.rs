@@ -21,23 +21,28 @@ pub struct Whereabouts {
     /// Every listed shard of the step (this host's ranks') has a copy off
     /// this host (a peer, the durable store): it survives the host.
     pub off_host: bool,
-    /// An older step of the job has every shard off this host: replication
-    /// is configured and working, so a missing copy of the notice's step is
-    /// still on its way.
+    /// An older step of the job has every shard off this host, on holders
+    /// that answered for it now: replication is configured and working, so
+    /// a missing copy of the notice's step is still on its way. (Copies
+    /// listed from the agent's record of its pushes, whose holder did not
+    /// answer, count for `off_host` but not here: a peer gone cannot take
+    /// the notice's step.)
     pub replicating: bool,
 }
 
 impl Whereabouts {
     /// Judges the listing of `job`.
     pub fn of(job: &str, steps: &[pb::CheckpointStep]) -> Self {
-        let off = |s: &pb::CheckpointStep| {
+        let off_by = |s: &pb::CheckpointStep, counts: &dyn Fn(&pb::ShardCopy) -> bool| {
             !s.shards.is_empty()
                 && s.shards.iter().all(|sh| {
                     sh.copies
                         .iter()
-                        .any(|c| c.tier != "local" && c.corrupt.is_empty())
+                        .any(|c| c.tier != "local" && c.corrupt.is_empty() && counts(c))
                 })
         };
+        let off = |s: &pb::CheckpointStep| off_by(s, &|_| true);
+        let off_now = |s: &pb::CheckpointStep| off_by(s, &|c| !c.unconfirmed);
         let mut complete: Vec<&pb::CheckpointStep> = steps
             .iter()
             .filter(|s| s.job_id == job && s.complete)
@@ -63,14 +68,18 @@ impl Whereabouts {
             step: Some(newest.step),
             copies,
             off_host: off(newest),
-            replicating: complete.iter().skip(1).any(|s| off(s)),
+            replicating: complete.iter().skip(1).any(|s| off_now(s)),
         }
     }
 
-    /// Whether the launcher should ask again before it exits: the step is
-    /// on this host alone while replication is evidently at work.
-    pub fn wait_for_copies(&self) -> bool {
-        self.step.is_some() && !self.off_host && self.replicating
+    /// Whether the launcher should ask again before it exits: the step its
+    /// ranks saved on the notice (`notice_step`, where the agent named one)
+    /// is not yet the newest complete (another host's ranks still saving,
+    /// their shards on the way), or the step is on this host alone while
+    /// replication is evidently at work.
+    pub fn wait_for_copies(&self, notice_step: Option<u64>) -> bool {
+        let behind = notice_step.is_some_and(|n| self.step.is_none_or(|s| s < n));
+        behind || (self.step.is_some() && !self.off_host && self.replicating)
     }
 
     /// One line for the console.
@@ -108,9 +117,10 @@ mod tests {
                     copies: tiers
                         .iter()
                         .map(|t| pb::ShardCopy {
-                            tier: (*t).into(),
+                            tier: t.trim_end_matches('?').into(),
                             holder: "h".into(),
                             corrupt: String::new(),
+                            unconfirmed: t.ends_with('?'),
                         })
                         .collect(),
                     ..Default::default()
@@ -125,25 +135,60 @@ mod tests {
         let alone = [step(150, &[&["local"], &["local"]])];
         let w = Whereabouts::of("j", &alone);
         assert_eq!(w.step, Some(150));
-        assert!(!w.off_host && !w.wait_for_copies(), "{w:?}");
+        assert!(!w.off_host && !w.wait_for_copies(None), "{w:?}");
         assert!(w.line().contains("on this host only"), "{}", w.line());
         let replicating = [
             step(150, &[&["local", "peer"], &["local"]]),
             step(100, &[&["local", "peer"], &["local", "durable"]]),
         ];
         let w = Whereabouts::of("j", &replicating);
-        assert!(w.wait_for_copies(), "{w:?}");
+        assert!(w.wait_for_copies(None), "{w:?}");
         let done = [
             step(150, &[&["local", "peer"], &["local", "peer"]]),
             step(100, &[&["local", "peer"], &["local", "peer"]]),
         ];
         let w = Whereabouts::of("j", &done);
-        assert!(w.off_host && !w.wait_for_copies(), "{w:?}");
+        assert!(w.off_host && !w.wait_for_copies(None), "{w:?}");
         assert!(
             w.line().contains("rank 1: local (h), peer (h)"),
             "{}",
             w.line()
         );
         assert_eq!(Whereabouts::of("other", &done).step, None);
+    }
+
+    /// A copy the agent lists from its record of the push (`peer?`: its
+    /// holder did not answer) leaves the host, but says nothing of a peer
+    /// that could still take the notice's step.
+    #[test]
+    fn a_copy_sent_to_a_peer_not_answering_is_off_host_but_not_replication_at_work() {
+        let gone = [
+            step(150, &[&["local", "peer?"], &["local", "peer?"]]),
+            step(100, &[&["local", "peer?"], &["local", "peer?"]]),
+        ];
+        let w = Whereabouts::of("j", &gone);
+        assert!(w.off_host && !w.replicating, "{w:?}");
+        let half = [
+            step(150, &[&["local", "peer?"], &["local"]]),
+            step(100, &[&["local", "peer?"], &["local", "peer?"]]),
+        ];
+        let w = Whereabouts::of("j", &half);
+        assert!(!w.off_host && !w.wait_for_copies(None), "{w:?}");
+    }
+
+    /// The step the ranks saved on the notice is waited for until it is
+    /// the newest complete: another host's ranks may still be saving it.
+    #[test]
+    fn the_notices_step_is_waited_for_until_it_is_complete() {
+        let older = [step(100, &[&["local", "peer"], &["local", "peer"]])];
+        let w = Whereabouts::of("j", &older);
+        assert!(w.off_host && !w.wait_for_copies(None), "{w:?}");
+        assert!(w.wait_for_copies(Some(150)), "{w:?}");
+        assert!(Whereabouts::of("j", &[]).wait_for_copies(Some(150)));
+        let saved = [
+            step(150, &[&["local", "peer"], &["local", "peer"]]),
+            step(100, &[&["local", "peer"], &["local", "peer"]]),
+        ];
+        assert!(!Whereabouts::of("j", &saved).wait_for_copies(Some(150)));
     }
 }

@@ -355,6 +355,7 @@ pub async fn run<C: AcrossHosts>(
         reapers: Vec::new(),
         held_stop: None,
         notice_deadline: None,
+        notice_step: None,
         host_notice_brought: false,
         standbys: Vec::new(),
         healed_pids: HashSet::new(),
@@ -432,6 +433,9 @@ struct Sup<'a, C> {
     /// When the notice's stop comes (set by [`Command::Notice`]): the
     /// bound on waiting for the notice's checkpoint to be replicated.
     notice_deadline: Option<SystemTime>,
+    /// The step this host's ranks save on the notice, as the agent named
+    /// it: the step the notice's checkpoint check waits to see complete.
+    notice_step: Option<u64>,
     /// The agent's host notice ([`agent::Seen::host_notice`]) was handed
     /// to the machine (once).
     host_notice_brought: bool,
@@ -1499,6 +1503,9 @@ impl<C: AcrossHosts> Sup<'_, C> {
         match tokio::time::timeout(STOP_RANKS_TIMEOUT, self.client.stop_ranks(req)).await {
             Ok(Ok(r)) => {
                 let r = r.into_inner();
+                if r.notice_save_at_step.is_some() {
+                    self.notice_step = r.notice_save_at_step;
+                }
                 self.say(format!(
                     "the agent told rank{} {} of the notice{}",
                     if r.ranks.len() == 1 { "" } else { "s" },
@@ -2130,10 +2137,12 @@ impl<C: AcrossHosts> Sup<'_, C> {
     }
 
     /// Where the checkpoint saved on the notice went (the agent's view of
-    /// the job's newest complete step), said on the console. While it is on
-    /// this host alone and the agent evidently replicates the job's steps,
-    /// asks again every 200 ms until a copy is off the host, the notice's
-    /// deadline less the stop grace, or 10 s.
+    /// the job's newest complete step), said on the console. While the
+    /// step the ranks saved on the notice is not the newest complete yet
+    /// (another host's ranks still saving), or it is on this host alone and
+    /// the agent evidently replicates the job's steps, asks again every
+    /// 200 ms until neither holds, the notice's deadline less the stop
+    /// grace, or 10 s.
     async fn notice_checkpoint(&mut self) -> crate::notice_ckpt::Whereabouts {
         use crate::notice_ckpt::Whereabouts;
         const MAX_WAIT: Duration = Duration::from_secs(10);
@@ -2169,7 +2178,7 @@ impl<C: AcrossHosts> Sup<'_, C> {
                     return Whereabouts::default();
                 }
             };
-            if !w.wait_for_copies() || Instant::now() >= until {
+            if !w.wait_for_copies(self.notice_step) || Instant::now() >= until {
                 self.say(w.line());
                 return w;
             }

@@ -22,9 +22,13 @@
 # node, crash to torchrun's exit.
 #
 # What it is not: a job of many nodes (slurmctld's kill fans out over a
-# tree; nodes' stepds act at once), or a busy controller. Prints a markdown
-# table for docs/benchmarks.md.
+# tree; nodes' stepds act at once), a busy controller, or a host lost
+# outright (no torchrun is left to exit: Slurm notices after its
+# SlurmdTimeout, minutes by default). Prints a markdown table for
+# docs/benchmarks.md.
 set -euo pipefail
+# $EPOCHREALTIME's decimal point is the locale's: Python reads a dot.
+export LC_ALL=C
 cd "$(dirname "$0")/../.."
 RUNS=${1:-5}
 PY=${2:-.venv/bin/python}
@@ -39,7 +43,15 @@ export PATH=$PATH:/usr/sbin
 work=$(mktemp -d /tmp/warden-teardown-XXXXXX)
 pids=()
 cleanup() {
+  # A run stopped half way (an error under set -e) may leave a step's
+  # torchrun and workers: cancelled while the controller answers, then
+  # anything still running from the scratch directory killed.
+  scancel --quiet --name teardown 2>/dev/null || true
+  pkill -KILL -f "$work/" 2>/dev/null || true
   for p in "${pids[@]}"; do kill -- "-$p" 2>/dev/null || kill "$p" 2>/dev/null || true; done
+  for p in "${pids[@]}"; do
+    for _ in $(seq 50); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
+  done
   rm -rf "$work"
 }
 trap cleanup EXIT

@@ -273,6 +273,7 @@ pub fn checkpoints(l: crate::ckpt::listing::Listing) -> pb::ListCheckpointsRespo
                                 tier: c.tier.to_owned(),
                                 holder: c.holder,
                                 corrupt: c.corrupt.unwrap_or_default(),
+                                unconfirmed: c.unconfirmed,
                             })
                             .collect(),
                     })

@@ -122,6 +122,9 @@ pub struct CopyListing {
     pub holder: String,
     /// Why a scrub marked it corrupt; `None` for a good copy.
     pub corrupt: Option<String>,
+    /// Listed from this agent's record of the push ([`super::sent`]): its
+    /// holder could not be asked now.
+    pub unconfirmed: bool,
 }
 
 /// How long a listing waits for saves this agent is still sealing.
@@ -208,7 +211,7 @@ pub fn listing(ck: &Checkpoints, job: &str, view: &CopiesView, scope: &Scope) ->
                     .map(|rank| {
                         let copies = ranks.get(&rank).map(Vec::as_slice).unwrap_or_default();
                         let mut s = shard(ck, rank, copies, bad.get(&rank));
-                        s.copies.extend(sent_unheard(ck, &view.answered, copies));
+                        s.copies.extend(sent_unheard(ck, &view.unanswered, copies));
                         s
                     })
                     .collect(),
@@ -284,6 +287,7 @@ fn shard(ck: &Checkpoints, rank: u32, copies: &[Copy], corrupt: Option<&String>)
             tier: c.holder.tier(),
             holder: holder_name(ck, &c.holder),
             corrupt: None,
+            unconfirmed: false,
         })
         .collect();
     if let Some(why) = corrupt {
@@ -295,6 +299,7 @@ fn shard(ck: &Checkpoints, rank: u32, copies: &[Copy], corrupt: Option<&String>)
             } else {
                 why.clone()
             }),
+            unconfirmed: false,
         });
     }
     ShardListing {
@@ -309,14 +314,15 @@ fn shard(ck: &Checkpoints, rank: u32, copies: &[Copy], corrupt: Option<&String>)
 }
 
 /// The copies of an own shard (its local copy among `copies`) that this
-/// agent sent to peers which did not answer for their copies in this
-/// listing's gather (an agent stopped with its job's launcher, a host that
-/// went with the same notice), as the holders confirmed them when sent;
-/// listed only, never counted toward a step's completeness (a restore
+/// agent sent to peers which this listing's gather asked and which could
+/// not answer (an agent stopped with its job's launcher, a host that went
+/// with the same notice), as the holders confirmed them when sent: a peer
+/// that answered, or was not asked, is not spoken for. Listed only, marked
+/// `unconfirmed`, never counted toward a step's completeness (a restore
 /// fetches only from a holder that answers).
 fn sent_unheard(
     ck: &Checkpoints,
-    answered: &BTreeSet<String>,
+    unanswered: &BTreeSet<String>,
     copies: &[Copy],
 ) -> Vec<CopyListing> {
     let Some(own) = copies
@@ -328,7 +334,7 @@ fn sent_unheard(
     ck.sent
         .holders(&own.manifest.key(), &own.manifest.xxh3)
         .into_iter()
-        .filter(|c| !answered.contains(&c.addr))
+        .filter(|c| unanswered.contains(&c.addr))
         .filter(|c| {
             !copies
                 .iter()
@@ -338,6 +344,7 @@ fn sent_unheard(
             tier: "peer",
             holder: format!("{} (sent; not answering now)", c.host),
             corrupt: None,
+            unconfirmed: true,
         })
         .collect()
 }

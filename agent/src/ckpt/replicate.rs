@@ -54,8 +54,13 @@ pub async fn run(events: Arc<EventBus>, shutdown: CancellationToken, ck: Arc<Che
         }
         if !pushed {
             // Reconcile: every own shard, job by job, against what each of
-            // the job's targets says it holds.
-            for (job, own) in by_job(own_shards(&ck).await) {
+            // the job's targets says it holds. The record of what was sent
+            // keeps only shards still here (retention, room made, a bad
+            // copy removed: every way a shard leaves the tier).
+            let own = own_shards(&ck).await;
+            ck.sent
+                .keep_only(&own.iter().map(Manifest::key).collect::<HashSet<_>>());
+            for (job, own) in by_job(own) {
                 for peer in ck.peers.targets(&job) {
                     reconcile(&events, &ck, &peer, &job, own.clone()).await;
                 }

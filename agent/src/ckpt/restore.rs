@@ -82,10 +82,11 @@ pub struct CopiesView {
     /// rank's holders, and completeness is read here. None: `steps` holds
     /// every copy of the job.
     pub counts: Option<BTreeMap<u64, JobStep>>,
-    /// The peers (`host:port`) that answered for their copies in this
-    /// gather: a listing shows the copies this agent sent to any other
-    /// ([`super::sent`]), as their holders confirmed them.
-    pub answered: std::collections::BTreeSet<String>,
+    /// The peers (`host:port`) this gather asked that could not answer (a
+    /// peer the gather did not ask is not here): a listing shows the
+    /// copies this agent sent to these ([`super::sent`]), as their holders
+    /// confirmed them when sent.
+    pub unanswered: std::collections::BTreeSet<String>,
 }
 
 impl CopiesView {
@@ -112,7 +113,6 @@ impl CopiesView {
     ) {
         match listed {
             Ok(listing) => {
-                self.answered.insert(addr.to_owned());
                 for m in listing.shards {
                     match m {
                         Ok(m) if keep(&m) => self.add(
@@ -127,7 +127,10 @@ impl CopiesView {
                     }
                 }
             }
-            Err(e) => self.unreachable.push(format!("peer {addr}: {e}")),
+            Err(e) => {
+                self.unanswered.insert(addr.to_owned());
+                self.unreachable.push(format!("peer {addr}: {e}"));
+            }
         }
     }
 

@@ -11,10 +11,13 @@
 //!
 //! In: a push the peer acknowledged (its `PushShardResponse`, after its
 //! commit), a reconcile that found the shard on the peer, a shard the tier
-//! pruned. Out: whether a shard with a checksum was sent to an address,
-//! and the holders a shard was sent to. Never: counted toward a step's
-//! completeness or used for a restore (a copy is fetched only from a holder
-//! that answers for it); remembered past the shard's own retention here.
+//! pruned, the own shards the tier still holds. Out: whether a shard with a
+//! checksum was sent to an address, and the holders a shard was sent to.
+//! Never: counted toward a step's completeness or used for a restore (a
+//! copy is fetched only from a holder that answers for it); remembered past
+//! the shard's stay in the tier (retention forgets a pruned shard at once;
+//! each reconcile keeps only the own shards the tier still holds, whatever
+//! removed the others).
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -63,6 +66,13 @@ impl Sent {
     /// the same retention).
     pub fn forget(&self, key: &ShardKey) {
         self.lock().remove(key);
+    }
+
+    /// Forgets every shard but `present` (the own shards the tier holds):
+    /// what left the tier by any path is not remembered past the next
+    /// reconcile.
+    pub fn keep_only(&self, present: &std::collections::HashSet<ShardKey>) {
+        self.lock().retain(|k, _| present.contains(k));
     }
 
     /// The peers `key` with checksum `xxh3` was sent to.
@@ -116,5 +126,11 @@ mod tests {
         s.forget(&key(1));
         assert!(s.holders(&key(1), "bb").is_empty());
         assert!(!s.contains("10.0.0.3:7070", &key(1), "aa"));
+        // Only the shards still in the tier are kept.
+        s.record("10.0.0.2:7070", "h2", &key(2), "aa");
+        s.record("10.0.0.2:7070", "h2", &key(3), "aa");
+        s.keep_only(&[key(3)].into_iter().collect());
+        assert!(!s.contains("10.0.0.2:7070", &key(2), "aa"));
+        assert!(s.contains("10.0.0.2:7070", &key(3), "aa"));
     }
 }
