@@ -323,13 +323,14 @@ fn a_four_rank_job_steps_and_saves_through_repeated_agent_kills() {
     assert_eq!(ls.code(), 0, "warden ckpt ls: {}", ls.stderr);
     let listed: serde_json::Value = serde_json::from_str(&ls.stdout).expect("ckpt ls --json");
     // No copy of a complete step is marked corrupt (the background scrub
-    // marks a bad copy with `"corrupt": true` where the agent has one).
+    // marks a bad copy with its reason in `"corrupt"`, empty for a good
+    // one).
     for step in listed["steps"].as_array().expect("steps") {
         for shard in step["shards"].as_array().expect("shards") {
             for copy in shard["copies"].as_array().expect("copies") {
-                assert_ne!(
-                    copy["corrupt"].as_bool(),
-                    Some(true),
+                assert_eq!(
+                    copy["corrupt"].as_str(),
+                    Some(""),
                     "step {} rank {}: a copy listed corrupt: {copy}",
                     step["step"],
                     shard["rank"]

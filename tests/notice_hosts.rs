@@ -112,14 +112,20 @@ impl Host {
         Self { dir, id, addr }
     }
 
-    /// Two hosts whose agents are each other's checkpoint peers by config.
+    /// Two hosts whose agents are each other's checkpoint peers by config,
+    /// their job's listings through its checkpoint collector
+    /// (`collect_above = 0`, as a job past 128 hosts): the notice check
+    /// must find the peer this host replicated to though the collector,
+    /// which lists a stopped agent as unreachable, names no copy on it.
     fn peered() -> (Self, Self) {
         let apis = [
             format!("127.0.0.2:{}", common::free_port("127.0.0.2")),
             format!("127.0.0.3:{}", common::free_port("127.0.0.3")),
         ];
         let peer = |id: &str, api: &str| {
-            format!("[[checkpoint.peers]]\naddr = \"{api}\"\ndomain = \"{id}\"\nname = \"{id}\"\n")
+            format!(
+                "collect_above = 0\n[[checkpoint.peers]]\naddr = \"{api}\"\ndomain = \"{id}\"\nname = \"{id}\"\n"
+            )
         };
         (
             Self::with_api("host-a", "127.0.0.2", &apis[0], &peer("host-b", &apis[1])),

@@ -44,6 +44,7 @@ pub fn list_json(r: &pb::ListCheckpointsResponse) -> Value {
                 "xxh3": format!("{:016x}", sh.xxh3),
                 "copies": sh.copies.iter().map(|c| json!({
                     "tier": c.tier, "holder": c.holder, "corrupt": c.corrupt,
+                    "unconfirmed": c.unconfirmed,
                 })).collect::<Vec<_>>(),
             })).collect::<Vec<_>>(),
         })).collect::<Vec<_>>(),

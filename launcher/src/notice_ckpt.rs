@@ -19,7 +19,9 @@ pub struct Whereabouts {
     /// Each rank's copies: `rank 0: local (h1), peer (h2)`.
     pub copies: Vec<String>,
     /// Every listed shard of the step (this host's ranks') has a copy off
-    /// this host (a peer, the durable store): it survives the host.
+    /// this host (a peer, the durable store), by its holder's answer now
+    /// or, `unconfirmed`, by the holder's answer to the push (a peer that
+    /// went with the same notice may not keep it): it survives this host.
     pub off_host: bool,
     /// An older step of the job has every shard off this host, on holders
     /// that answered for it now: replication is configured and working, so

@@ -2154,6 +2154,9 @@ impl<C: AcrossHosts> Sup<'_, C> {
                     left.saturating_sub(self.job.stop_grace)
                 })
                 .min(MAX_WAIT);
+        // What the last answer said: an ask again that fails or runs past
+        // `until` leaves it standing.
+        let mut last: Option<Whereabouts> = None;
         loop {
             // This host's ranks: the notice is about their shards, and the
             // copies of every rank of a large job are megabytes.
@@ -2162,9 +2165,18 @@ impl<C: AcrossHosts> Sup<'_, C> {
                 detail: pb::ListDetail::All.into(),
                 ranks: self.workers.iter().map(|w| w.rank).collect(),
             };
-            let w = match tokio::time::timeout(OBSERVE_TIMEOUT, self.client.list_checkpoints(req))
-                .await
-            {
+            // The first ask has its full time; one again, at most what is
+            // left before `until`.
+            let limit = match last {
+                None => OBSERVE_TIMEOUT,
+                Some(_) => OBSERVE_TIMEOUT.min(until.saturating_duration_since(Instant::now())),
+            };
+            let answer = tokio::time::timeout(limit, self.client.list_checkpoints(req)).await;
+            if let (Some(w), false) = (&last, matches!(answer, Ok(Ok(_)))) {
+                self.say(w.line());
+                return w.clone();
+            }
+            let w = match answer {
                 Ok(Ok(r)) => Whereabouts::of(&self.job.id, &r.into_inner().steps),
                 Ok(Err(e)) => {
                     self.say(format!(
@@ -2182,7 +2194,11 @@ impl<C: AcrossHosts> Sup<'_, C> {
                 self.say(w.line());
                 return w;
             }
-            tokio::time::sleep(Duration::from_millis(200)).await;
+            last = Some(w);
+            tokio::time::sleep(
+                Duration::from_millis(200).min(until.saturating_duration_since(Instant::now())),
+            )
+            .await;
         }
     }
 }

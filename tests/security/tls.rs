@@ -108,7 +108,11 @@ async fn wait_step(agent: &TestAgent, step: u64, copies: usize) {
             .expect("ListCheckpoints")
             .into_inner();
         if l.steps.iter().any(|s| {
-            s.step == step && s.complete && s.shards.iter().all(|sh| sh.copies.len() >= copies)
+            s.step == step
+                && s.complete
+                && s.shards
+                    .iter()
+                    .all(|sh| sh.copies.iter().filter(|c| !c.unconfirmed).count() >= copies)
         }) {
             return;
         }

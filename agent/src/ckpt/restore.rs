@@ -360,6 +360,11 @@ async fn gather_collected(
         .flat_map(|jv| jv.steps.values())
         .flat_map(|s| s.holders.values().flatten())
         .map(|h| h.addr.clone())
+        // And the peers this agent sent these ranks' shards to: one that
+        // stopped lists nothing to the collector, so only an ask of its own
+        // says it could not answer (a listing then shows the copy it
+        // confirmed when sent, `sent_unheard`).
+        .chain(ck.sent.addrs_of(job, ranks))
         .filter(|a| a != me && *a != known_as && !a.is_empty() && a != holdings::DURABLE)
         .collect();
     holders.sort();

@@ -75,6 +75,19 @@ impl Sent {
         self.lock().retain(|k, _| present.contains(k));
     }
 
+    /// The peers (`host:port`) any shard of `ranks` of `job` was sent to.
+    pub fn addrs_of(&self, job: &str, ranks: &[u32]) -> Vec<String> {
+        let mut out: Vec<String> = self
+            .lock()
+            .iter()
+            .filter(|(k, _)| k.job_id == job && ranks.contains(&k.rank))
+            .flat_map(|(_, v)| v.iter().map(|c| c.addr.clone()))
+            .collect();
+        out.sort();
+        out.dedup();
+        out
+    }
+
     /// The peers `key` with checksum `xxh3` was sent to.
     pub fn holders(&self, key: &ShardKey, xxh3: &str) -> Vec<SentCopy> {
         self.lock()
@@ -132,5 +145,8 @@ mod tests {
         s.keep_only(&[key(3)].into_iter().collect());
         assert!(!s.contains("10.0.0.2:7070", &key(2), "aa"));
         assert!(s.contains("10.0.0.2:7070", &key(3), "aa"));
+        // Where a rank's shards went, for a listing to ask.
+        assert_eq!(s.addrs_of("j", &[0]), ["10.0.0.2:7070"]);
+        assert!(s.addrs_of("j", &[1]).is_empty() && s.addrs_of("k", &[0]).is_empty());
     }
 }
