@@ -48,10 +48,6 @@ pub struct Config {
     /// DCGM's health watches, and its diagnostics as the pre-restart gate.
     pub dcgm: crate::sources::dcgm::DcgmConfig,
     /// A scripted node played next to the real sources (`--simulate`).
-    /// Left out of the printed config when off: a launcher of the release
-    /// before this section reads an agent's printed config with unknown
-    /// sections refused, and a simulated node is a test's, not a fleet's.
-    #[serde(skip_serializing_if = "crate::sources::simulated::SimulatedConfig::is_off")]
     pub simulated: crate::sources::simulated::SimulatedConfig,
     /// Straggler detection: slow ranks found from their compute sections,
     /// compared job-wide with peer agents, and explained.

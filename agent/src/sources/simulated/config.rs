@@ -23,11 +23,6 @@ pub struct SimulatedConfig {
 }
 
 impl SimulatedConfig {
-    /// Whether the section plays nothing and says nothing (the default).
-    pub fn is_off(&self) -> bool {
-        self.scenario.is_empty() && self.speed.is_none()
-    }
-
     /// Checks the section's values, without reading anything: a speed in
     /// (0, 10000], only with a scenario; the scenario an absolute path.
     /// Why no read here: a launcher parses the agent's printed config as
