@@ -2172,20 +2172,20 @@ impl<C: AcrossHosts> Sup<'_, C> {
                 Some(_) => OBSERVE_TIMEOUT.min(until.saturating_duration_since(Instant::now())),
             };
             let answer = tokio::time::timeout(limit, self.client.list_checkpoints(req)).await;
-            if let (Some(w), false) = (&last, matches!(answer, Ok(Ok(_)))) {
-                self.say(w.line());
-                return w.clone();
-            }
-            let w = match answer {
-                Ok(Ok(r)) => Whereabouts::of(&self.job.id, &r.into_inner().steps),
-                Ok(Err(e)) => {
+            let w = match (answer, last.take()) {
+                (Ok(Ok(r)), _) => Whereabouts::of(&self.job.id, &r.into_inner().steps),
+                (_, Some(w)) => {
+                    self.say(w.line());
+                    return w;
+                }
+                (Ok(Err(e)), None) => {
                     self.say(format!(
                         "the agent could not say where the notice's checkpoint is (ListCheckpoints: {})",
                         e.message()
                     ));
                     return Whereabouts::default();
                 }
-                Err(_) => {
+                (Err(_), None) => {
                     self.say("the agent did not say in time where the notice's checkpoint is");
                     return Whereabouts::default();
                 }
