@@ -28,19 +28,19 @@ pub enum DeviceId {
 }
 
 impl DeviceId {
-    /// The component id `gpu<index>`.
-    pub fn gpu(index: impl fmt::Display) -> String {
-        format!("gpu{index}")
+    /// The GPU index a device name gives as a bare number (`3`, `03`, what
+    /// follows `cuda:`); None for anything else, a number past `u32` too,
+    /// so that `03` and `3` name the same component (`gpu3`).
+    pub fn gpu_index(name: &str) -> Option<u32> {
+        if name.is_empty() || !name.bytes().all(|b| b.is_ascii_digit()) {
+            return None;
+        }
+        name.parse().ok()
     }
 
     /// The component id of link `link` of GPU `index`: `gpu<N>/nvlink<L>`.
     pub fn gpu_link(index: impl fmt::Display, link: impl fmt::Display) -> String {
         format!("gpu{index}/nvlink{link}")
-    }
-
-    /// The component id of TPU chip `index`: `tpu<N>`.
-    pub fn tpu(index: impl fmt::Display) -> String {
-        format!("tpu{index}")
     }
 
     /// The component id of TPU core `core` as the runtime numbers it, its
@@ -110,8 +110,15 @@ mod tests {
 
     #[test]
     fn ids_round_trip_and_parts_belong_to_their_device() {
-        assert_eq!(DeviceId::gpu(3), "gpu3");
-        assert_eq!(DeviceId::of_component(&DeviceId::tpu(2)), DeviceId::Tpu(2));
+        assert_eq!(DeviceId::Gpu(3).to_string(), "gpu3");
+        assert_eq!(DeviceId::gpu_index("03"), Some(3));
+        assert_eq!(DeviceId::gpu_index("99999999999"), None);
+        assert_eq!(DeviceId::gpu_index("3a"), None);
+        assert_eq!(DeviceId::gpu_index(""), None);
+        assert_eq!(
+            DeviceId::of_component(&DeviceId::Tpu(2).to_string()),
+            DeviceId::Tpu(2)
+        );
         assert_eq!(
             DeviceId::of_component(&DeviceId::tpu_core(5)),
             DeviceId::TpuPart("tpu-core/5".into())

@@ -815,7 +815,11 @@ mod tests {
         use warden_core::device::DeviceId;
         for (cuda, local, gpu) in [("3", 0, 3), ("0,1,2,3", 2, 2), ("07", 0, 7), ("0", 0, 0)] {
             let named = warden_client::devices_from_env(None, Some(cuda), local);
-            assert_eq!(named, [DeviceId::gpu(gpu)], "CUDA_VISIBLE_DEVICES={cuda}");
+            assert_eq!(
+                named,
+                [DeviceId::Gpu(gpu).to_string()],
+                "CUDA_VISIBLE_DEVICES={cuda}"
+            );
             assert_eq!(DeviceId::of_component(&named[0]), DeviceId::Gpu(gpu));
         }
     }

@@ -17,6 +17,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 use warden_core::config::ConfigError;
+use warden_core::taxonomy::signals::HealthSignal;
 
 use crate::sources::host_config::HostConfig;
 use warden_core::health::{ComponentReport, Reason, ReasonKind, Status};
@@ -189,7 +190,7 @@ pub fn judge(
     report.reasons.push(Reason {
         status,
         kind: ReasonKind::Judged,
-        signal: "disk.available_percent".into(),
+        signal: HealthSignal::TierDisk.name().into(),
         value: format!("{pct:.1}%"),
         threshold: format!("< {threshold}%"),
         window: String::new(),

@@ -10,6 +10,7 @@ use std::time::{Duration, SystemTime};
 
 use crate::sources::host_config::HostConfig;
 use warden_core::health::{ComponentReport, Reason, ReasonKind, Status};
+use warden_core::taxonomy::signals::HealthSignal;
 
 /// The component id this source reports on.
 pub const COMPONENT: &str = "host/memory";
@@ -123,7 +124,7 @@ pub fn judge(
             report.reasons.push(Reason {
                 status,
                 kind: ReasonKind::Judged,
-                signal: "memory.available_percent".into(),
+                signal: HealthSignal::HostMemory.name().into(),
                 value: format!("{pct:.1}%"),
                 threshold: format!("< {threshold}%"),
                 window: String::new(),

@@ -12,6 +12,12 @@ use super::FaultClass::{
     self, CorrectableHardware, Infrastructure, TransientSoftware, UncorrectableHardware, Unknown,
     UserError,
 };
+use crate::taxonomy::signals::HealthSignal::{
+    self, ClockEventReasons, EccCorrected, EccUncorrected, GpuCount, GpuLost, GpuRecoveryAction,
+    HostMemory, KmsgLink, NicLinkDowns, NicLinkState, NvlinkCrc, NvlinkRecovery, NvlinkReplay,
+    NvlinkState, OomKill, PagesRetired, PagesRetirementPending, PcieLink, PcieReplays,
+    RowsRemapFailure, RowsRemapPending, TierDisk, TpuCoreError,
+};
 use crate::taxonomy::xid::{self, XidClass};
 
 /// What a Python exception says, matched on "type: message".
@@ -242,14 +248,14 @@ pub fn exit_rule(
 pub use super::class::SignalRule;
 
 const fn sig(
-    signal: &'static str,
+    signal: HealthSignal,
     failed: FaultClass,
     degraded: FaultClass,
     weight: f64,
     note: &'static str,
 ) -> SignalRule {
     SignalRule {
-        signal,
+        signal: signal.name(),
         failed,
         degraded: Some(degraded),
         weight,
@@ -260,147 +266,147 @@ const fn sig(
 /// Health signals (the `signal` of a reason; docs/fault-taxonomy.md).
 pub const SIGNALS: &[SignalRule] = &[
     sig(
-        "gpu.lost",
+        GpuLost,
         UncorrectableHardware,
         UncorrectableHardware,
         0.95,
         "the GPU is lost or needs a reset",
     ),
     sig(
-        "gpu.count",
+        GpuCount,
         UncorrectableHardware,
         UncorrectableHardware,
         0.9,
         "fewer GPUs than expected",
     ),
     sig(
-        "gpu.recovery_action",
+        GpuRecoveryAction,
         UncorrectableHardware,
         CorrectableHardware,
         0.97,
         "the driver's own verdict on the GPU; it overrides per-XID guesses",
     ),
     sig(
-        "ecc.uncorrected_volatile",
+        EccUncorrected,
         UncorrectableHardware,
         UncorrectableHardware,
         0.9,
         "uncorrectable (double-bit) ECC errors",
     ),
     sig(
-        "ecc.corrected_volatile",
+        EccCorrected,
         CorrectableHardware,
         CorrectableHardware,
         0.7,
         "corrected ECC errors over their threshold",
     ),
     sig(
-        "pages.retired",
+        PagesRetired,
         UncorrectableHardware,
         CorrectableHardware,
         0.85,
         "retired pages at the limit",
     ),
     sig(
-        "pages.retirement_pending",
+        PagesRetirementPending,
         CorrectableHardware,
         CorrectableHardware,
         0.7,
         "a page retirement waits for a reset",
     ),
     sig(
-        "rows.remap_failure",
+        RowsRemapFailure,
         UncorrectableHardware,
         UncorrectableHardware,
         0.9,
         "row remapping failed",
     ),
     sig(
-        "rows.remap_pending",
+        RowsRemapPending,
         CorrectableHardware,
         CorrectableHardware,
         0.7,
         "a row remap waits for a reset",
     ),
     sig(
-        "clocks.event_reasons",
+        ClockEventReasons,
         CorrectableHardware,
         CorrectableHardware,
         0.5,
         "thermal or power slowdown",
     ),
     sig(
-        "pcie.replays",
+        PcieReplays,
         CorrectableHardware,
         CorrectableHardware,
         0.55,
         "PCIe replays over their limit",
     ),
     sig(
-        "pcie.link",
+        PcieLink,
         CorrectableHardware,
         CorrectableHardware,
         0.55,
         "PCIe link below its maximum",
     ),
     sig(
-        "nvlink.state",
+        NvlinkState,
         UncorrectableHardware,
         CorrectableHardware,
         0.85,
         "an NVLink is down",
     ),
     sig(
-        "nvlink.replay",
+        NvlinkReplay,
         UncorrectableHardware,
         CorrectableHardware,
         0.8,
         "NVLink replay errors",
     ),
     sig(
-        "nvlink.recovery",
+        NvlinkRecovery,
         UncorrectableHardware,
         CorrectableHardware,
         0.8,
         "NVLink recovery errors",
     ),
     sig(
-        "nvlink.crc",
+        NvlinkCrc,
         CorrectableHardware,
         CorrectableHardware,
         0.55,
         "NVLink CRC errors over their threshold",
     ),
     sig(
-        "kmsg.link",
+        KmsgLink,
         Infrastructure,
         Infrastructure,
         0.75,
         "a NIC link is down",
     ),
     sig(
-        ".link_state",
+        NicLinkState,
         Infrastructure,
         Infrastructure,
         0.75,
         "a NIC or InfiniBand link is down",
     ),
     sig(
-        ".link_downs",
+        NicLinkDowns,
         Infrastructure,
         Infrastructure,
         0.7,
         "a NIC or InfiniBand link flaps",
     ),
     sig(
-        "kmsg.oom_kill",
+        OomKill,
         Infrastructure,
         Infrastructure,
         0.5,
         "the kernel's OOM killer ran on this host",
     ),
     sig(
-        "memory.available_percent",
+        HostMemory,
         Infrastructure,
         Infrastructure,
         0.45,
@@ -412,14 +418,14 @@ pub const SIGNALS: &[SignalRule] = &[
     // could fill it to turn every failure of another's job into the node's.
     // FAILED (the agent's own filesystem, nearly out) can fail a write.
     SignalRule {
-        signal: "disk.available_percent",
+        signal: TierDisk.name(),
         failed: Infrastructure,
         degraded: None,
         weight: 0.6,
         note: "the checkpoint tier is nearly full",
     },
     sig(
-        "tpu.core_error",
+        TpuCoreError,
         TransientSoftware,
         TransientSoftware,
         0.6,
@@ -427,19 +433,17 @@ pub const SIGNALS: &[SignalRule] = &[
     ),
 ];
 
-/// The rule for a health signal; signals not listed say little.
+/// The rule for a health signal; signals not listed say little. What the
+/// signal is comes from the one table of names
+/// ([`crate::taxonomy::signals`]): `pcie.link_gen` is read under
+/// `pcie.link`, `ib.link_state` under `.link_state`.
 pub fn signal_rule(signal: &str) -> Option<&'static SignalRule> {
-    // DCGM's failure reasons are their own table, next to the source.
-    if signal.starts_with("dcgm.") {
-        return crate::taxonomy::dcgm::rule_for_signal(signal);
+    match HealthSignal::of(signal) {
+        // DCGM's failure reasons are their own table, next to the source.
+        HealthSignal::Dcgm => crate::taxonomy::dcgm::rule_for_signal(signal),
+        HealthSignal::Unknown => None,
+        kind => SIGNALS.iter().find(|r| r.signal == kind.name()),
     }
-    SIGNALS.iter().find(|r| r.signal == signal).or_else(|| {
-        SIGNALS.iter().find(|r| {
-            // "pcie.link_gen" under "pcie.link"; "ib.link_state" under ".link_state".
-            (!r.signal.starts_with('.') && signal.starts_with(r.signal))
-                || (r.signal.starts_with('.') && signal.ends_with(r.signal))
-        })
-    })
 }
 
 /// An XID's class and weight (None for a follow-up XID, judged by the one

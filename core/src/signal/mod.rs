@@ -190,7 +190,7 @@ impl RankRegistered {
     /// The devices the rank drives: the declared ones, else `gpu<local_rank>`.
     pub fn devices(&self) -> Vec<String> {
         if self.declared_devices.is_empty() {
-            vec![DeviceId::gpu(self.local_rank)]
+            vec![DeviceId::Gpu(self.local_rank).to_string()]
         } else {
             self.declared_devices.clone()
         }

@@ -122,7 +122,7 @@ fn registered(r: &RankRegistered) -> NewEvent {
     .with("registered_by", if r.by_self { "self" } else { "launcher" });
     if r.declared_devices.is_empty() {
         ev = ev
-            .with("devices", DeviceId::gpu(r.local_rank))
+            .with("devices", DeviceId::Gpu(r.local_rank).to_string())
             .with("devices_from", "local_rank (the client named none)");
     } else {
         ev = ev

@@ -1,7 +1,9 @@
 //! What warden knows about faults, in one place: the XID table (NVIDIA's
-//! Xid catalog: class, health and advice per code) and DCGM's health-watch
-//! incident codes. Sources read it to judge a device, attribution to
-//! classify an incident; neither owns it, so neither imports the other.
+//! Xid catalog: class, health and advice per code), DCGM's health-watch
+//! incident codes, and the health signals' names ([`signals`]). Sources read
+//! it to judge a device and to name what they saw, attribution to classify
+//! an incident; neither owns it, so neither imports the other.
 
 pub mod dcgm;
+pub mod signals;
 pub mod xid;

@@ -13,6 +13,7 @@ use serde_json::Value;
 
 use super::DcgmConfig;
 use warden_core::health::{NodeSnapshot, Status};
+use warden_core::taxonomy::signals::HealthSignal;
 
 /// One failed test or check.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -205,19 +206,6 @@ fn entity_name(res: &Value) -> String {
     }
 }
 
-/// Signals that fail the fast NVML gate, whatever their status.
-const NVML_GATE_SIGNALS: &[&str] = &[
-    "gpu.lost",
-    "gpu.count",
-    "gpu.recovery_action",
-    "rows.remap_pending",
-    "rows.remap_failure",
-    "pages.retirement_pending",
-    "pages.retired",
-    "nvlink.state",
-    "ecc.uncorrected_volatile",
-];
-
 /// The fast NVML check, from what the NVML source last judged.
 pub fn nvml_check(node: &NodeSnapshot) -> GateOutcome {
     let started = Instant::now();
@@ -229,10 +217,8 @@ pub fn nvml_check(node: &NodeSnapshot) -> GateOutcome {
     let mut failures = Vec::new();
     for c in &node.components {
         for r in &c.reasons {
-            let gate = NVML_GATE_SIGNALS
-                .iter()
-                .any(|s| r.signal == *s || (r.signal.starts_with(s) && *s == "nvlink.state"));
-            if gate && r.status >= Status::Degraded {
+            // Which signals fail it is the taxonomy's to say.
+            if HealthSignal::of(&r.signal).fails_gpu_gate() && r.status >= Status::Degraded {
                 failures.push(DiagFailure {
                     test: r.signal.clone(),
                     entity: c.id.split('/').next().unwrap_or(&c.id).to_owned(),

@@ -225,7 +225,7 @@ impl DcgmSource {
         if let Some(o) = self.opened.take() {
             for g in o.gpus {
                 poll.reports.push(ComponentReport {
-                    id: DeviceId::gpu(g),
+                    id: DeviceId::Gpu(g).to_string(),
                     kind: "gpu".into(),
                     labels: BTreeMap::new(),
                     status_override: Some(Status::Unknown),
@@ -319,7 +319,7 @@ impl DcgmSource {
         let mut kinds: BTreeMap<String, &'static str> = opened
             .gpus
             .iter()
-            .map(|g| (DeviceId::gpu(g), "gpu"))
+            .map(|g| (DeviceId::Gpu(*g).to_string(), "gpu"))
             .collect();
         let mut now_seen = BTreeSet::new();
         for inc in incidents {
@@ -430,7 +430,7 @@ impl DcgmSource {
 /// The health model's component for a DCGM entity.
 fn entity_component(group: u32, id: u32) -> (String, &'static str) {
     match group {
-        1 => (DeviceId::gpu(id), "gpu"),
+        1 => (DeviceId::Gpu(id).to_string(), "gpu"),
         3 => (format!("nvswitch{id}"), "nvswitch"),
         6 => (format!("nvlink{id}"), "nvlink"),
         7 => (format!("cpu{id}"), "cpu"),

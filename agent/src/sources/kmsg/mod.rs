@@ -23,6 +23,7 @@ use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
 use std::path::Path;
 use std::time::{Duration, SystemTime};
 use warden_core::device::DeviceId;
+use warden_core::taxonomy::signals::HealthSignal;
 
 use warden_core::events::{NewEvent, Severity};
 use warden_core::health::{ComponentReport, Reason, ReasonKind, Status};
@@ -304,9 +305,9 @@ impl Kmsg {
 
     /// The component of the GPU at `pci`.
     fn gpu_component(&self, pci: &str) -> String {
-        match self.gpu_by_pci.get(pci) {
-            Some(i) => DeviceId::gpu(i),
-            None => DeviceId::gpu_at_unknown_pci(pci),
+        match self.gpu_by_pci.get(pci).map(|i| u32::try_from(*i)) {
+            Some(Ok(i)) => DeviceId::Gpu(i).to_string(),
+            _ => DeviceId::gpu_at_unknown_pci(pci),
         }
     }
 
@@ -554,7 +555,7 @@ impl Kmsg {
             r.reasons.push(Reason {
                 status: Status::Failed,
                 kind: ReasonKind::Judged,
-                signal: "kmsg.link".into(),
+                signal: HealthSignal::KmsgLink.name().into(),
                 value: "down".into(),
                 threshold: "up".into(),
                 window: String::new(),
@@ -572,7 +573,7 @@ impl Kmsg {
                 r.reasons.push(Reason {
                     status: Status::Degraded,
                     kind: ReasonKind::Judged,
-                    signal: "kmsg.oom_kill".into(),
+                    signal: HealthSignal::OomKill.name().into(),
                     value: format!("{count} kills"),
                     threshold: "any".into(),
                     window: humantime::format_duration(self.cfg.oom_hold).to_string(),

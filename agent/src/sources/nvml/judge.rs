@@ -5,6 +5,7 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::time::{Duration, Instant, SystemTime};
 use warden_core::device::DeviceId;
+use warden_core::taxonomy::signals::HealthSignal;
 
 use super::NvmlConfig;
 use warden_core::health::window::{CounterWindow, Debounce};
@@ -178,7 +179,7 @@ pub fn judge_gpu(
     mono: Instant,
     now: SystemTime,
 ) -> Vec<ComponentReport> {
-    let id = DeviceId::gpu(r.index);
+    let id = DeviceId::Gpu(r.index).to_string();
     let win = show(cfg.window);
     let mut labels = r.labels.clone();
     let mut gpu = report(id.clone(), BTreeMap::new());
@@ -187,7 +188,7 @@ pub fn judge_gpu(
     if let Some(why) = &r.lost {
         gpu.reasons.push(reason(
             Status::Failed,
-            "gpu.lost",
+            HealthSignal::GpuLost.name(),
             why,
             "",
             "",
@@ -200,7 +201,7 @@ pub fn judge_gpu(
         if d > 0 {
             gpu.reasons.push(reason(
                 Status::Failed,
-                "ecc.uncorrected_volatile",
+                HealthSignal::EccUncorrected.name(),
                 d,
                 ">= 1",
                 &win,
@@ -214,7 +215,7 @@ pub fn judge_gpu(
         if d >= cfg.corrected_ecc_per_window {
             gpu.reasons.push(reason(
                 Status::Degraded,
-                "ecc.corrected_volatile",
+                HealthSignal::EccCorrected.name(),
                 d,
                 format!(">= {}", cfg.corrected_ecc_per_window),
                 &win,
@@ -226,7 +227,7 @@ pub fn judge_gpu(
             // can show it was weighed and found too small to matter.
             gpu.reasons.push(reason(
                 Status::Ok,
-                "ecc.corrected_volatile",
+                HealthSignal::EccCorrected.name(),
                 d,
                 format!(">= {}", cfg.corrected_ecc_per_window),
                 &win,
@@ -246,7 +247,7 @@ pub fn judge_gpu(
         if n >= cfg.retired_pages_failed_at {
             gpu.reasons.push(reason(
                 Status::Failed,
-                "pages.retired",
+                HealthSignal::PagesRetired.name(),
                 n,
                 format!(">= {}", cfg.retired_pages_failed_at),
                 "",
@@ -258,7 +259,7 @@ pub fn judge_gpu(
     if r.retired_pending == Some(true) {
         gpu.reasons.push(reason(
             Status::Degraded,
-            "pages.retirement_pending",
+            HealthSignal::PagesRetirementPending.name(),
             "yes",
             "",
             "",
@@ -274,7 +275,7 @@ pub fn judge_gpu(
         if m.failure {
             gpu.reasons.push(reason(
                 Status::Failed,
-                "rows.remap_failure",
+                HealthSignal::RowsRemapFailure.name(),
                 "yes",
                 "",
                 "",
@@ -285,7 +286,7 @@ pub fn judge_gpu(
         if m.pending {
             gpu.reasons.push(reason(
                 Status::Degraded,
-                "rows.remap_pending",
+                HealthSignal::RowsRemapPending.name(),
                 "yes",
                 "",
                 "",
@@ -304,7 +305,7 @@ pub fn judge_gpu(
         if st.clock_events.observe(seen) == Status::Degraded && bad != 0 {
             gpu.reasons.push(reason(
                 Status::Degraded,
-                "clocks.event_reasons",
+                HealthSignal::ClockEventReasons.name(),
                 format!("{bad:#x}"),
                 format!("any of {BAD_CLOCK_EVENTS:#x}"),
                 "",
@@ -343,7 +344,7 @@ pub fn judge_gpu(
             gpu.reasons.push(
                 reason(
                     status,
-                    "gpu.recovery_action",
+                    HealthSignal::GpuRecoveryAction.name(),
                     format!("{a} ({what})"),
                     "0 (none)",
                     "",
@@ -386,7 +387,7 @@ pub fn judge_gpu(
         if cfg.pcie_replays_per_window > 0 && d >= cfg.pcie_replays_per_window {
             pcie.reasons.push(reason(
                 Status::Degraded,
-                "pcie.replays",
+                HealthSignal::PcieReplays.name(),
                 d,
                 format!(">= {}", cfg.pcie_replays_per_window),
                 &win,
@@ -402,7 +403,7 @@ pub fn judge_gpu(
             if cur < max {
                 pcie.reasons.push(reason(
                     Status::Degraded,
-                    &format!("pcie.link_{name}"),
+                    &format!("{}_{name}", HealthSignal::PcieLink.name()),
                     cur,
                     format!("= {max} (max)"),
                     "",
@@ -426,7 +427,7 @@ pub fn judge_gpu(
         if !l.active {
             c.reasons.push(reason(
                 Status::Failed,
-                "nvlink.state",
+                HealthSignal::NvlinkState.name(),
                 "down",
                 "up",
                 "",
@@ -435,10 +436,20 @@ pub fn judge_gpu(
             ));
         }
         for (i, (signal, val, limit, status)) in [
-            ("nvlink.replay", l.replay, 1, Status::Failed),
-            ("nvlink.recovery", l.recovery, 1, Status::Failed),
             (
-                "nvlink.crc",
+                HealthSignal::NvlinkReplay.name(),
+                l.replay,
+                1,
+                Status::Failed,
+            ),
+            (
+                HealthSignal::NvlinkRecovery.name(),
+                l.recovery,
+                1,
+                Status::Failed,
+            ),
+            (
+                HealthSignal::NvlinkCrc.name(),
                 l.crc,
                 cfg.nvlink_crc_per_window,
                 Status::Degraded,
@@ -501,7 +512,7 @@ pub fn judge_count(
     if cfg.expected_gpus > 0 && count < cfg.expected_gpus {
         c.reasons.push(reason(
             Status::Failed,
-            "gpu.count",
+            HealthSignal::GpuCount.name(),
             count,
             format!(">= {}", cfg.expected_gpus),
             "",

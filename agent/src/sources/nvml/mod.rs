@@ -180,7 +180,7 @@ impl super::Source for NvmlSource {
         if let Some(rx) = &self.xids {
             for x in rx.try_iter() {
                 let status = xid_status(x.xid);
-                count_xid(&DeviceId::gpu(x.gpu), x.xid, "nvml");
+                count_xid(&DeviceId::Gpu(x.gpu).to_string(), x.xid, "nvml");
                 let severity = match status {
                     Status::Failed => Severity::Error,
                     Status::Degraded => Severity::Warning,
@@ -189,7 +189,7 @@ impl super::Source for NvmlSource {
                 poll.events.push(Signal::Xid(signal::Xid {
                     source: XidSource::Nvml,
                     severity,
-                    component: DeviceId::gpu(x.gpu),
+                    component: DeviceId::Gpu(x.gpu).to_string(),
                     xid: x.xid,
                     pid: None,
                     report: Report::new(format!("XID {} on gpu{} ({})", x.xid, x.gpu, x.pci))
@@ -233,7 +233,7 @@ impl super::Source for NvmlSource {
                 && self.procs.get(&index) != Some(&pids)
             {
                 poll.events.push(Signal::GpuProcesses(signal::GpuProcesses {
-                    component: DeviceId::gpu(index),
+                    component: DeviceId::Gpu(index).to_string(),
                     pids: pids.clone(),
                 }));
                 self.procs.insert(index, pids);

@@ -24,7 +24,7 @@ pub fn count_xid(gpu: &str, xid: u64, source: &'static str) {
 /// Records one GPU's reading; signals not read are left as they were.
 #[allow(clippy::cast_precision_loss)] // counters far below 2^53
 pub fn record(r: &GpuReading) {
-    let gpu = DeviceId::gpu(r.index);
+    let gpu = DeviceId::Gpu(r.index).to_string();
     let uuid = r.labels.get("uuid").cloned().unwrap_or_default();
     for (kind, v) in [
         ("corrected", r.ecc_corrected_volatile),

@@ -120,7 +120,7 @@ fn register(nvml: &Nvml) -> Result<(nvml_wrapper::EventSet<'_>, Vec<String>), St
             Err(e) => {
                 refused.push(format!(
                     "{} (nvmlDeviceGetHandleByIndex: {e})",
-                    DeviceId::gpu(i)
+                    DeviceId::Gpu(i)
                 ));
                 continue;
             }
@@ -139,7 +139,7 @@ fn register(nvml: &Nvml) -> Result<(nvml_wrapper::EventSet<'_>, Vec<String>), St
         if let Err(e) = nvml_try(ret) {
             refused.push(format!(
                 "{} (nvmlDeviceRegisterEvents: {e})",
-                DeviceId::gpu(i)
+                DeviceId::Gpu(i)
             ));
         }
     }

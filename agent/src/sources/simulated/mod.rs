@@ -17,6 +17,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::{Duration, SystemTime};
 use warden_core::device::DeviceId;
+use warden_core::taxonomy::signals::HealthSignal;
 
 use serde::Deserialize;
 
@@ -363,7 +364,7 @@ impl SimScenario {
             gpus.insert(
                 i,
                 report(
-                    DeviceId::gpu(i),
+                    DeviceId::Gpu(i).to_string(),
                     "gpu",
                     &[("name", name), ("simulated", "true".into())],
                 ),
@@ -377,7 +378,7 @@ impl SimScenario {
         for g in &self.tpu {
             for _ in 0..g.count {
                 chips.push(report(
-                    DeviceId::tpu(idx),
+                    DeviceId::Tpu(idx).to_string(),
                     "tpu",
                     &[("name", g.name.clone()), ("simulated", "true".into())],
                 ));
@@ -427,7 +428,7 @@ impl SimScenario {
                     if unc > 0 {
                         r.reasons.push(reason(
                             Status::Failed,
-                            "ecc.uncorrected".into(),
+                            HealthSignal::EccUncorrected.name().into(),
                             unc.to_string(),
                             "> 0",
                             "1m",
@@ -438,7 +439,7 @@ impl SimScenario {
                     if corr > CORRECTED_PER_MIN_DEGRADED {
                         r.reasons.push(reason(
                             Status::Degraded,
-                            "ecc.corrected".into(),
+                            HealthSignal::EccCorrected.name().into(),
                             corr.to_string(),
                             &format!("> {CORRECTED_PER_MIN_DEGRADED}"),
                             "1m",
@@ -451,8 +452,10 @@ impl SimScenario {
                 }
                 (FaultKind::Thermal, Some(r)) => r.reasons.push(reason(
                     Status::Degraded,
-                    "clocks.thermal".into(),
-                    "HW thermal slowdown (0x40)".into(),
+                    // As NVML's source says it: the clock event reason
+                    // bits, 0x40 being HW thermal slowdown.
+                    HealthSignal::ClockEventReasons.name().into(),
+                    "0x40".into(),
                     "none",
                     "",
                     f.at,
@@ -463,7 +466,7 @@ impl SimScenario {
                     if let Some(r) = links.get_mut(&(g, l)) {
                         r.reasons.push(reason(
                             Status::Failed,
-                            "nvlink.state".into(),
+                            HealthSignal::NvlinkState.name().into(),
                             "down".into(),
                             "up",
                             "",
@@ -476,7 +479,7 @@ impl SimScenario {
                     if let Some(r) = f.chip.and_then(|c| chips.get_mut(c as usize)) {
                         r.reasons.push(reason(
                             Status::Degraded,
-                            "tpu.core_error".into(),
+                            HealthSignal::TpuCoreError.name().into(),
                             f.message.clone(),
                             "none",
                             "",
@@ -518,7 +521,7 @@ fn xid_text(f: &Fault) -> String {
 }
 
 fn event_of(f: &Fault) -> Signal {
-    let gpu = f.gpu.map(DeviceId::gpu);
+    let gpu = f.gpu.map(|g| DeviceId::Gpu(g).to_string());
     let at = humantime::format_duration(f.at).to_string();
     let e = match f.kind {
         FaultKind::Xid => {
@@ -572,10 +575,10 @@ fn event_of(f: &Fault) -> Signal {
             "clocks held down by thermal slowdown",
         ),
         FaultKind::TpuError => {
-            let subject = DeviceId::tpu(f.chip.unwrap_or_default());
+            let subject = DeviceId::Tpu(f.chip.unwrap_or_default()).to_string();
             NewEvent::new(
                 Severity::Error,
-                "tpu.core_error",
+                HealthSignal::TpuCoreError.name(),
                 subject.clone(),
                 format!("{subject}: TPU runtime core error: {}", f.message),
             )
@@ -583,7 +586,7 @@ fn event_of(f: &Fault) -> Signal {
         }
         FaultKind::Recover => {
             let subject = gpu
-                .or_else(|| f.chip.map(DeviceId::tpu))
+                .or_else(|| f.chip.map(|c| DeviceId::Tpu(c).to_string()))
                 .unwrap_or_else(|| "node".into());
             NewEvent::new(
                 Severity::Info,

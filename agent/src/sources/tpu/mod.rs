@@ -38,6 +38,7 @@ use runtime::RuntimeReading;
 use warden_core::device::DeviceId;
 use warden_core::events::{NewEvent, Severity};
 use warden_core::health::{ComponentReport, Reason, ReasonKind, Status};
+use warden_core::taxonomy::signals::HealthSignal;
 
 fn gib(bytes: f64) -> String {
     format!("{:.1} GiB", bytes / (1u64 << 30) as f64)
@@ -139,7 +140,7 @@ pub fn judge(
                 .map(|e| Reason {
                     status: Status::Failed,
                     kind: ReasonKind::Judged,
-                    signal: format!("tpu.core_error.{}", e.core),
+                    signal: format!("{}.{}", HealthSignal::TpuCoreError.name(), e.core),
                     value: e.message.clone(),
                     threshold: String::new(),
                     window: String::new(),
@@ -148,7 +149,8 @@ pub fn judge(
                 })
                 .collect();
             ComponentReport {
-                id: DeviceId::tpu(i),
+                // `i` is below a chip id the runtime gave as an i32, plus one.
+                id: DeviceId::Tpu(u32::try_from(i).unwrap_or(u32::MAX)).to_string(),
                 kind: "tpu".into(),
                 labels,
                 status_override: None,
@@ -251,12 +253,18 @@ impl super::Source for Tpu {
                     poll.events.push(
                         NewEvent::new(
                             Severity::Error,
-                            "tpu.core_error",
+                            HealthSignal::TpuCoreError.name(),
                             DeviceId::tpu_core(e.core),
                             format!("TPU core {} reported an error: {}", e.core, e.message),
                         )
                         .with("core", e.core)
-                        .with("chip", e.chip.map_or("unknown".to_owned(), DeviceId::tpu))
+                        .with(
+                            "chip",
+                            // A negative id names no chip.
+                            e.chip
+                                .and_then(|c| u32::try_from(c).ok())
+                                .map_or("unknown".to_owned(), |c| DeviceId::Tpu(c).to_string()),
+                        )
                         .with("port", r.port)
                         .with("error_message", &e.message)
                         .into(),

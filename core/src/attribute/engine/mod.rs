@@ -76,15 +76,15 @@ impl DeviceMap {
     }
 
     /// The component id for a device name; unknown names are kept as
-    /// given, and a bare index "3" becomes "gpu3".
+    /// given, and a bare index "3" (or "03") becomes "gpu3".
     pub fn resolve(&self, name: &str) -> String {
         if let Some(c) = self.aliases.get(&name.to_lowercase()) {
             return c.clone();
         }
-        if !name.is_empty() && name.bytes().all(|b| b.is_ascii_digit()) {
-            return DeviceId::gpu(name);
+        match DeviceId::gpu_index(name) {
+            Some(i) => DeviceId::Gpu(i).to_string(),
+            None => name.to_owned(),
         }
-        name.to_owned()
     }
 }
 

@@ -12,6 +12,7 @@
 
 use crate::device::DeviceId;
 use crate::health::{Component, Status};
+use crate::taxonomy::signals::HealthSignal;
 
 /// What explains a flagged rank, from the most specific evidence found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -59,16 +60,6 @@ pub struct Explanation {
     pub facts: Vec<(String, String)>,
 }
 
-/// Signals that slow a GPU down, by prefix.
-const SLOWING_SIGNALS: [&str; 6] = [
-    "clocks.",
-    "temperature",
-    "power",
-    "pcie.link_",
-    "pcie.replays",
-    "nvlink.",
-];
-
 /// Maps the devices a rank declared to health component ids (`gpuN`): a
 /// component id as is, `cuda:N` or a bare index as `gpuN`, a UUID or PCI
 /// bus id through the GPU components' `uuid` / `pci` labels. Nothing
@@ -80,7 +71,7 @@ pub fn resolve_devices(
     components: &[Component],
 ) -> Vec<String> {
     if declared.is_empty() {
-        return vec![DeviceId::gpu(local_rank)];
+        return vec![DeviceId::Gpu(local_rank).to_string()];
     }
     declared
         .iter()
@@ -89,9 +80,8 @@ pub fn resolve_devices(
             if components.iter().any(|c| c.id == d) {
                 return d.to_owned();
             }
-            let index = d.strip_prefix("cuda:").unwrap_or(d);
-            if !index.is_empty() && index.bytes().all(|b| b.is_ascii_digit()) {
-                return DeviceId::gpu(index);
+            if let Some(i) = DeviceId::gpu_index(d.strip_prefix("cuda:").unwrap_or(d)) {
+                return DeviceId::Gpu(i).to_string();
             }
             let pci = normalize_pci(d);
             components
@@ -144,7 +134,10 @@ fn clock_event_names(bits: u64) -> String {
 
 /// What one reason says, as a phrase.
 fn phrase(gpu: &str, signal: &str, value: &str, message: &str) -> String {
-    if signal.starts_with("clocks.") {
+    if matches!(
+        HealthSignal::of(signal),
+        HealthSignal::ClockEventReasons | HealthSignal::ClockOther
+    ) {
         let decoded = value
             .strip_prefix("0x")
             .and_then(|h| u64::from_str_radix(h, 16).ok())
@@ -187,9 +180,7 @@ pub fn explain(
                 }
             }
             for r in &c.reasons {
-                if r.status == Status::Ok
-                    || !SLOWING_SIGNALS.iter().any(|s| r.signal.starts_with(s))
-                {
+                if r.status == Status::Ok || !HealthSignal::of(&r.signal).slows_gpu() {
                     continue;
                 }
                 gpu_findings.push(phrase(&c.id, &r.signal, &r.value, &r.message));
