@@ -95,6 +95,37 @@ fn nvlink_thermal_and_tpu_come_and_go() {
     assert_eq!(status_at(&s, 61, "tpu2"), Status::Ok);
 }
 
+/// A scenario stands for the real sources: every judged reason it writes
+/// is spelled as NVML's, DCGM's or the TPU source's, so attribution finds
+/// the same rule for it (it wrote `ecc.uncorrected` and `clocks.thermal`,
+/// names no rule knew, until the names were one table).
+#[test]
+fn every_judged_reason_a_scenario_writes_has_the_real_sources_rule() {
+    let mut judged = 0;
+    for name in [
+        "ecc-climbing",
+        "nvlink-down",
+        "thermal-throttle",
+        "tpu-core-error",
+    ] {
+        let s = example(name);
+        for t in (0..200).step_by(5) {
+            for r in s.state_at(Duration::from_secs(t), SystemTime::now()) {
+                for reason in r.reasons.iter().filter(|x| x.kind == ReasonKind::Judged) {
+                    judged += 1;
+                    assert!(
+                        warden_core::attribute::rules::signal_rule(&reason.signal).is_some(),
+                        "{name} at {t}s: {} on {} has no rule",
+                        reason.signal,
+                        r.id
+                    );
+                }
+            }
+        }
+    }
+    assert!(judged > 10, "{judged} judged reasons");
+}
+
 #[test]
 fn speed_scales_scenario_time() {
     let mut src = Simulated::new(example("xid79-at-30s"), Some(10.0));
