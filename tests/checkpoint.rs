@@ -205,6 +205,58 @@ async fn a_wiped_host_restores_from_a_peer() {
     );
 }
 
+/// A peer that comes back with an empty tier (its agent restarted on a new
+/// tmpfs) gets its replicas again: the owner's record says they were sent,
+/// and every `RECHECK_TICKS` ticks it asks the peer instead of trusting the
+/// record. Before, such a peer never got them again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_back_with_an_empty_tier_gets_its_replicas_again() {
+    let mut hosts = three_hosts("", "");
+    save_everywhere(&hosts, "job", &[10], 64 << 10);
+    let step = until_copies(&hosts[0], "job", 10, 2).await;
+    let rank0 = step.shards.iter().find(|s| s.rank == 0).expect("rank 0");
+    let peer: usize = rank0
+        .copies
+        .iter()
+        .find_map(|c| c.holder.strip_prefix('h').filter(|h| *h != "0"))
+        .and_then(|h| h.parse().ok())
+        .unwrap_or_else(|| panic!("rank 0's copies: {:?}", rank0.copies));
+    // The peer's agent gone and its tier with it (a new tmpfs), then back.
+    let gone = hosts.remove(peer);
+    let home = gone.home.clone();
+    drop(gone);
+    let dir = home.path().join("ckpt").join("job");
+    std::fs::remove_dir_all(&dir).unwrap_or_else(|e| panic!("wipe {}: {e}", dir.display()));
+    let back = TestAgent::start_in(home);
+    let name = format!("h{peer}");
+    // h0's ranks are on the peer again, as the peer itself lists them.
+    let deadline = std::time::Instant::now() + Duration::from_secs(40);
+    loop {
+        let l = list(&back, "job").await;
+        let on_peer = |rank: u32| {
+            l.steps.iter().filter(|s| s.step == 10).any(|s| {
+                s.shards.iter().any(|sh| {
+                    sh.rank == rank && sh.copies.iter().any(|c| c.holder == name && !c.unconfirmed)
+                })
+            })
+        };
+        if on_peer(0) && on_peer(1) {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "h0's shards never came back to {name}: {l:#?}\n--- h0 ---\n{}",
+            hosts[0].stderr()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        hosts[0].stderr().contains("sending it again"),
+        "{}",
+        hosts[0].stderr()
+    );
+}
+
 /// The spare-host case under load: this host holds nothing of the job and
 /// the peers that hold it do not answer (paused). A restore must not say
 /// "nothing saved", which starts the rank over at step 0: it says which

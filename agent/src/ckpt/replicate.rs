@@ -22,6 +22,14 @@ use super::{Checkpoints, Peer, subject};
 use warden_core::events::EventBus;
 use warden_core::events::{NewEvent, Severity};
 
+/// How many reconcile ticks (`checkpoint.retry_interval` each, 2 s by
+/// default) pass between asks of a peer that, by this agent's record,
+/// already holds every own shard of a job: a peer restarted on an empty
+/// tier (tmpfs lost) would otherwise never get them again. Every 15th
+/// (30 s by default), so a settled job costs each peer one listing a half
+/// minute, not one a tick.
+pub const RECHECK_TICKS: u32 = 15;
+
 /// Runs until shutdown.
 pub async fn run(events: Arc<EventBus>, shutdown: CancellationToken, ck: Arc<Checkpoints>) {
     let Some(mut work) = ck.take_work() else {
@@ -30,6 +38,7 @@ pub async fn run(events: Arc<EventBus>, shutdown: CancellationToken, ck: Arc<Che
     let mut uploads = Uploads::default();
     let mut tick = tokio::time::interval(ck.cfg.retry_interval);
     tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    let mut ticks: u32 = 0;
     loop {
         let mut fresh: Vec<Manifest> = tokio::select! {
             () = shutdown.cancelled() => return,
@@ -60,9 +69,11 @@ pub async fn run(events: Arc<EventBus>, shutdown: CancellationToken, ck: Arc<Che
             let own = own_shards(&ck).await;
             ck.sent
                 .keep_only(&own.iter().map(Manifest::key).collect::<HashSet<_>>());
+            ticks = ticks.wrapping_add(1);
+            let recheck = ticks % RECHECK_TICKS == 0;
             for (job, own) in by_job(own) {
                 for peer in ck.peers.targets(&job) {
-                    reconcile(&events, &ck, &peer, &job, own.clone()).await;
+                    reconcile(&events, &ck, &peer, &job, own.clone(), recheck).await;
                 }
             }
         } else {
@@ -135,25 +146,35 @@ fn by_job(ms: Vec<Manifest>) -> BTreeMap<String, Vec<Manifest>> {
 }
 
 /// Sends `peer` the own shards of `job` it lacks, after asking what it
-/// holds (those it already has are remembered as sent).
+/// holds (those it already has are remembered as sent). A shard recorded as
+/// sent is left out of the ask, unless `recheck`: then the peer is asked
+/// even when nothing is due, and a copy it no longer holds is sent again
+/// ([`lost_copies`]).
 async fn reconcile(
     events: &EventBus,
     ck: &Arc<Checkpoints>,
     peer: &Peer,
     job: &str,
     own: Vec<Manifest>,
+    recheck: bool,
 ) {
     let addr = &peer.member.addr;
-    let own: Vec<Manifest> = own
+    let (sent, own): (Vec<Manifest>, Vec<Manifest>) = own
         .into_iter()
-        .filter(|m| !ck.sent.contains(addr, &m.key(), &m.xxh3))
-        .collect();
-    if own.is_empty() {
+        .partition(|m| ck.sent.contains(addr, &m.key(), &m.xxh3));
+    if own.is_empty() && !recheck {
         return;
     }
     let Ok(held) = peer.held(job, ck.cfg.peer_timeout).await else {
         return;
     };
+    let mut own = own;
+    for m in lost_copies(sent, &held) {
+        tracing::warn!(shard = %m.key(), peer = %addr,
+            "checkpoint replica gone from its peer (its tier lost?); sending it again");
+        ck.sent.forget_at(addr, &m.key());
+        own.push(m);
+    }
     let todo: Vec<Manifest> = own
         .into_iter()
         .filter(|m| {
@@ -165,6 +186,20 @@ async fn reconcile(
         })
         .collect();
     send(events, ck, peer, &todo).await;
+}
+
+/// Of the shards recorded as sent to a peer, those it no longer holds and
+/// did not prune: it holds no shard of the job at a later step. A peer
+/// prunes a replica by the job's retention, which keeps the newest steps,
+/// so a shard missing beside a later step may be pruned and is not pushed
+/// back (that would fight its retention); one missing with nothing later
+/// was lost (a peer restarted on an empty tmpfs).
+fn lost_copies(sent: Vec<Manifest>, held: &HashSet<(ShardKey, u64)>) -> Vec<Manifest> {
+    let newest = held.iter().map(|(k, _)| k.step).max();
+    sent.into_iter()
+        .filter(|m| !held.contains(&(m.key(), m.hash().unwrap_or(0))))
+        .filter(|m| newest.is_none_or(|n| n <= m.step))
+        .collect()
 }
 
 /// Pushes `todo` to `peer` one shard at a time; stops at the first failure
@@ -359,5 +394,58 @@ async fn upload_due(events: &EventBus, ck: &Arc<Checkpoints>, up: &mut Uploads) 
                 );
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shard(step: u64, rank: u32) -> Manifest {
+        Manifest {
+            job_id: "job".into(),
+            step,
+            rank,
+            world_size: 4,
+            size_bytes: 1,
+            xxh3: format!("{:016x}", u64::from(rank) + step),
+            origin: "h0".into(),
+            committed_unix: 0,
+        }
+    }
+
+    fn held(ms: &[Manifest]) -> HashSet<(ShardKey, u64)> {
+        ms.iter().map(|m| (m.key(), m.hash().unwrap())).collect()
+    }
+
+    fn keys(ms: &[Manifest]) -> Vec<(u64, u32)> {
+        ms.iter().map(|m| (m.step, m.rank)).collect()
+    }
+
+    #[test]
+    fn a_sent_copy_is_sent_again_only_when_the_peer_lost_it_not_when_it_pruned_it() {
+        let sent = vec![shard(10, 0), shard(20, 0), shard(20, 1)];
+        // Still there: nothing to send.
+        assert!(lost_copies(sent.clone(), &held(&sent)).is_empty());
+        // The peer's tier is empty (it came back on a new tmpfs): all of them.
+        assert_eq!(
+            keys(&lost_copies(sent.clone(), &HashSet::new())),
+            [(10, 0), (20, 0), (20, 1)]
+        );
+        // Step 10 gone beside step 20: its retention pruned it; rank 1 of
+        // step 20 gone with step 20 there: lost.
+        assert_eq!(
+            keys(&lost_copies(sent.clone(), &held(&[shard(20, 0)]))),
+            [(20, 1)]
+        );
+        // Another checksum there is not this copy.
+        let mut other = shard(20, 0);
+        other.xxh3 = "00000000000000ff".into();
+        assert_eq!(
+            keys(&lost_copies(vec![shard(20, 0)], &held(&[other]))),
+            [(20, 0)]
+        );
+        // A later step of the job there (another host's): nothing older is pushed back.
+        assert!(lost_copies(sent, &held(&[shard(30, 3)])).is_empty());
     }
 }

@@ -7,7 +7,9 @@
 //! shard listed on this host alone, though the holder had committed the
 //! copy and said so. The notice's summary then said "on this host only"
 //! for a save that had left it. Replication also skips a shard once sent,
-//! and this is the record it skips by.
+//! and this is the record it skips by; it checks the record against each
+//! peer's own word every [`super::replicate::RECHECK_TICKS`] ticks, so a
+//! peer that came back with an empty tier gets its copies again.
 //!
 //! In: a push the peer acknowledged (its `PushShardResponse`, after its
 //! commit), a reconcile that found the shard on the peer, a shard the tier
@@ -66,6 +68,18 @@ impl Sent {
     /// the same retention).
     pub fn forget(&self, key: &ShardKey) {
         self.lock().remove(key);
+    }
+
+    /// Forgets the copy of `key` on the peer at `addr` (the peer no longer
+    /// holds it: its tier was lost with a restart), keeping the others.
+    pub fn forget_at(&self, addr: &str, key: &ShardKey) {
+        let mut all = self.lock();
+        if let Some(v) = all.get_mut(key) {
+            v.retain(|c| c.addr != addr);
+            if v.is_empty() {
+                all.remove(key);
+            }
+        }
     }
 
     /// Forgets every shard but `present` (the own shards the tier holds):
