@@ -70,7 +70,7 @@ pub async fn run(events: Arc<EventBus>, shutdown: CancellationToken, ck: Arc<Che
             ck.sent
                 .keep_only(&own.iter().map(Manifest::key).collect::<HashSet<_>>());
             ticks = ticks.wrapping_add(1);
-            let recheck = ticks % RECHECK_TICKS == 0;
+            let recheck = ticks.is_multiple_of(RECHECK_TICKS);
             for (job, own) in by_job(own) {
                 for peer in ck.peers.targets(&job) {
                     reconcile(&events, &ck, &peer, &job, own.clone(), recheck).await;
