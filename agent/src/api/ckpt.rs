@@ -20,7 +20,7 @@ use tonic::Status;
 use warden_proto::v1 as pb;
 
 use super::peer_auth::{self, Caller};
-use super::peer_service::Authorized;
+use super::peer_service::authorized::Authorized;
 use crate::ckpt::commit::{self, CommitError};
 use crate::ckpt::layout::{ShardKey, check_job_id, check_step};
 use crate::ckpt::peer_pages::PageError;

@@ -16,6 +16,10 @@ use tonic::{Request, Response, Status};
 use warden_proto::v1 as pb;
 use warden_proto::v1::peer_server::Peer;
 
+pub(super) mod authorized;
+
+use authorized::Authorized;
+
 use super::observe::observed;
 use super::peer_auth::Caller;
 use crate::ckpt::{peers, wire};
@@ -47,20 +51,6 @@ where
     Fut: std::future::Future<Output = Result<R, Status>>,
 {
     observed(call, frame(state, req, body)).await
-}
-
-/// A request whose caller the Peer frame authorized for the job it names
-/// (rule `job-member`, [`member`]; a request that names no job is one
-/// too). Only [`frame`] makes one (the field is private to this module),
-/// so a handler that takes one cannot be reached around the rule.
-#[derive(Debug)]
-pub struct Authorized<T>(T);
-
-impl<T> Authorized<T> {
-    /// The request.
-    pub fn into_inner(self) -> T {
-        self.0
-    }
 }
 
 /// What a Peer request names as its job, checked as its stage checks it
@@ -136,7 +126,7 @@ where
     let (caller, remote) = (Caller::of(info), info.and_then(|i| i.remote));
     let req = req.into_inner();
     member(state, &caller, &req)?;
-    body(caller, remote, Authorized(req))
+    body(caller, remote, Authorized::new(req))
         .await
         .map(Response::new)
 }

@@ -75,7 +75,7 @@ use warden_core::detect::straggler::tree;
 
 use super::Checkpoints;
 use super::holdings::{Counted, Holdings, JobView};
-use super::link::LinkError;
+use super::link_error::LinkError;
 
 /// How long a group's answer is waited for, in listing bounds.
 const GROUP_WAIT: f64 = 1.5;

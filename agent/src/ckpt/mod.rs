@@ -24,6 +24,7 @@ pub mod holdings;
 pub mod job_peers;
 pub mod layout;
 pub mod link;
+pub mod link_error;
 pub mod listing;
 pub mod manifest;
 pub mod peer_pages;
