@@ -125,6 +125,16 @@ fn inputs_line(s: &crate::scenario::Scenario) -> String {
     )
 }
 
+/// A throughput as the plan prints it: whole GiB/s from 100 up (the
+/// default store's 2 TB/s is 1862.6...), as given below that (0.4 stays 0.4).
+fn gibps(v: f64) -> String {
+    if v >= 100.0 {
+        format!("{v:.0}")
+    } else {
+        format!("{v}")
+    }
+}
+
 /// The model's other inputs, each with what it rests on: the paper's counts,
 /// a measurement here, a configuration default, or an assumption no bench
 /// has measured. Why: a plan that labels its recovery times but not the
@@ -177,7 +187,7 @@ fn other_inputs_line(s: &crate::scenario::Scenario) -> String {
             label(s.repair_hours, ds.repair_hours, "assumed")
         ),
         format!(
-            "restore read local {} GiB/s and peer {} GiB/s ({}), durable {:.0} GiB/s for the job ({})",
+            "restore read local {} GiB/s and peer {} GiB/s ({}), durable {} GiB/s for the job ({})",
             c.local_gibps,
             c.peer_gibps,
             if same(c.local_gibps, dc.local_gibps) && same(c.peer_gibps, dc.peer_gibps) {
@@ -185,7 +195,7 @@ fn other_inputs_line(s: &crate::scenario::Scenario) -> String {
             } else {
                 "given"
             },
-            c.durable_gibps,
+            gibps(c.durable_gibps),
             label(
                 c.durable_gibps,
                 dc.durable_gibps,
@@ -415,6 +425,12 @@ mod tests {
         ] {
             assert!(line.contains(words), "{words:?} in {line}");
         }
+        s.checkpoint.durable_gibps = 0.4;
+        assert!(
+            other_inputs_line(&s).contains("durable 0.4 GiB/s for the job (given)"),
+            "{}",
+            other_inputs_line(&s)
+        );
         s.checkpoint.durable_gibps = 50.0;
         s.repair_hours = 4.0;
         let line = other_inputs_line(&s);

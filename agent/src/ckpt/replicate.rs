@@ -146,9 +146,9 @@ fn by_job(ms: Vec<Manifest>) -> BTreeMap<String, Vec<Manifest>> {
 }
 
 /// Sends `peer` the own shards of `job` it lacks, after asking what it
-/// holds (those it already has are remembered as sent). A shard recorded as
-/// sent is left out of the ask, unless `recheck`: then the peer is asked
-/// even when nothing is due, and a copy it no longer holds is sent again
+/// holds (those it already has are remembered as sent). When every shard
+/// is recorded as sent the peer is not asked, unless `recheck`; whenever
+/// it is asked, a recorded copy it no longer holds is sent again
 /// ([`lost_copies`]).
 async fn reconcile(
     events: &EventBus,
@@ -193,7 +193,12 @@ async fn reconcile(
 /// prunes a replica by the job's retention, which keeps the newest steps,
 /// so a shard missing beside a later step may be pruned and is not pushed
 /// back (that would fight its retention); one missing with nothing later
-/// was lost (a peer restarted on an empty tmpfs).
+/// was lost (a peer restarted on an empty tmpfs). The later step may be
+/// anyone's: a peer back on an empty tier whose own ranks (or another
+/// host's) commit a later step before this host's recheck goes without
+/// this host's older copies until this host saves again. A replica the peer's
+/// scrub found corrupt is not listed, so it is sent again here, replacing
+/// the bad copy.
 fn lost_copies(sent: Vec<Manifest>, held: &HashSet<(ShardKey, u64)>) -> Vec<Manifest> {
     let newest = held.iter().map(|(k, _)| k.step).max();
     sent.into_iter()

@@ -143,7 +143,7 @@ pub fn devices_from_env(
         match mine {
             Some(e) if !e.is_empty() && e.bytes().all(|b| b.is_ascii_digit()) => {
                 // Leading zeros ("01") name the same GPU as "1". The
-                // agent's spelling (core's `DeviceId::gpu`, which this
+                // agent's spelling (core's `DeviceId::Gpu`, which this
                 // crate does not link; a test of the agent's holds the two
                 // together).
                 let n = e.trim_start_matches('0');

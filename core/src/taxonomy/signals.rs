@@ -33,7 +33,7 @@ pub enum HealthSignal {
     RowsRemapPending,
     /// `clocks.event_reasons`: NVML's clock event (throttle) reasons.
     ClockEventReasons,
-    /// Another `clocks.*` signal (a scenario's `clocks.thermal`).
+    /// Another `clocks.*` signal (none of warden's sources writes one).
     ClockOther,
     /// `temperature*`.
     Temperature,
