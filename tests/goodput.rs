@@ -315,3 +315,88 @@ async fn the_ledger_adds_up_counts_redone_steps_and_survives_a_kill_9_of_the_age
     );
     assert!(productive > 0.0, "{text}");
 }
+
+/// A survivor of a lost host waits for that host's heal in its client's
+/// `heal_wait` section, in the same process, with no incident on its own
+/// host. The real client against a real agent: the ledger books the wait as
+/// the fault's (detection wait, then restart downtime, one restart), not
+/// as idle time, which it was.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_survivors_wait_for_a_lost_peers_heal_is_a_restart_in_the_ledger() {
+    const HEAL_JOB: &str = "t-heal-wait";
+    let agent = TestAgent::start(AGENT_TOML);
+    let mut o = warden_client::ConnectOptions::from_env_lossy();
+    o.socket_path = agent.socket().to_owned();
+    o.job_id = HEAL_JOB.into();
+    o.world_size = 1;
+    o.connect_timeout = Duration::from_secs(30);
+    let c = warden_client::Client::connect_with(o).expect("client");
+    assert!(c.is_connected(), "{:?}", c.status());
+    let step = |n: u64| {
+        c.step_begin(n);
+        std::thread::sleep(Duration::from_millis(20));
+        c.step_end(n);
+    };
+    for n in 0..10 {
+        step(n);
+    }
+    // Step 10 fails on the lost peer: its step ends with the error (as
+    // Python's step context ends it), the client waits for the heal in
+    // `heal_wait` (the wait is the workload here, 1.5 s), then does step 10
+    // again.
+    c.step_begin(10);
+    c.step_end(10);
+    {
+        let _wait = c.section("heal_wait");
+        std::thread::sleep(Duration::from_millis(1500));
+    }
+    for n in 10..20 {
+        step(n);
+    }
+    // Again, from a client that marks only each step's start: step 20's
+    // record stays open through the wait.
+    c.step_begin(20);
+    {
+        let _wait = c.section("heal_wait");
+        std::thread::sleep(Duration::from_millis(1500));
+    }
+    // Steps go on while the ledger is asked (an idle rank would be judged
+    // hung): each step, then the question.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let mut n = 20;
+    let j = loop {
+        step(n);
+        n += 1;
+        let j = agent
+            .client()
+            .await
+            .get_goodput(pb::GetGoodputRequest {
+                job_id: HEAL_JOB.into(),
+            })
+            .await
+            .ok()
+            .and_then(|r| r.into_inner().jobs.into_iter().next());
+        if let Some(j) = j.filter(|j| j.recovery.as_ref().is_some_and(|r| r.restarts >= 2)) {
+            break j;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the ledger never counted both heals as restarts: {:?}\n{}",
+            agent
+                .client()
+                .await
+                .get_goodput(pb::GetGoodputRequest {
+                    job_id: HEAL_JOB.into(),
+                })
+                .await
+                .map(|r| r.into_inner()),
+            agent.stderr()
+        );
+    };
+    let (down, idle) = (part(&j, "restart_downtime"), part(&j, "idle"));
+    // Two waits of 1.5 s: restart downtime, not idle (the gaps between
+    // steps while the test asks the ledger are idle, well under a wait).
+    assert!(down >= 2.4, "restart downtime {down} s: {j:?}");
+    assert!(idle < 1.5, "idle {idle} s: {j:?}");
+    drop(c);
+}

@@ -246,6 +246,8 @@ pub fn scan(reg: &mut Registry, cfg: &HangConfig, now_ns: u64, prev_ns: u64) -> 
                             == calibration::HEAL_WAIT
                     {
                         entry.heal_wait_ns = o.entered_ns;
+                        out.goodput
+                            .push_heal_wait(&entry.key.job, entry.key.rank, o.entered_ns);
                     }
                 }
             }

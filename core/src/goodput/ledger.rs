@@ -211,6 +211,11 @@ pub struct RankLedger {
     /// start-up.
     #[serde(default)]
     pub init_ns: i64,
+    /// When the rank last entered its client's `heal_wait` section (a lost
+    /// peer's error: it waits for that peer's heal, then goes on in the
+    /// same process), until its next step takes it ([`JobLedger::step`]).
+    #[serde(default)]
+    pub heal_wait_ns: Option<u64>,
     /// Recent step durations (baseline for straggler drag); not journaled.
     #[serde(skip)]
     step_base: Baseline,
@@ -272,9 +277,31 @@ impl RankLedger {
             restore_debt_ns: 0,
             init_open_ns: None,
             init_ns: 0,
+            heal_wait_ns: None,
             step_base: Baseline::default(),
             data_base: Baseline::default(),
         }
+    }
+
+    /// A lost peer's heal awaited in the same process, the failure seen at
+    /// `failed_ns` and the rank back at `back_ns`: from the cursor, the
+    /// step in flight (up to one step of its baseline) is lost progress,
+    /// the rest to the failure detection wait, then restart downtime (the
+    /// heal and the round), as an incident's ([`Ledger::incident`]); one
+    /// detection and one restart counted.
+    fn healed(&mut self, failed_ns: u64, back_ns: u64) {
+        let since = ns_between(self.cursor_ns, failed_ns);
+        let in_flight = self.step_base.median().map_or(0, |b| b.clamp(0, since));
+        let cut = self
+            .cursor_ns
+            .saturating_add(u64::try_from(in_flight).unwrap_or(0));
+        self.advance(cut, Cause::LostProgress);
+        let ns = self.advance(failed_ns, Cause::DetectionWait);
+        self.occ.detections.0 += 1;
+        self.occ.detections.1 += ns;
+        let ns = self.advance(back_ns, Cause::RestartDowntime);
+        self.occ.restarts.0 += 1;
+        self.occ.restarts.1 += ns;
     }
 
     /// The rank runs in a new process `pid`, launched at `launch_ns`
@@ -282,6 +309,8 @@ impl RankLedger {
     fn new_process(&mut self, pid: u32, launch_ns: u64) {
         let old = self.pid;
         self.pid = pid;
+        // A heal the old process awaited is not the new one's.
+        self.heal_wait_ns = None;
         match self.phase {
             Phase::Disrupted { .. } => {}
             Phase::Starting | Phase::Running => {
@@ -431,6 +460,7 @@ impl JobLedger {
         let start = s.start_ns.max(r.cursor_ns);
         let dur = ns_between(start, end);
         let redone = r.high_water.is_some_and(|hw| s.step <= hw);
+        let high_water_before = r.high_water;
         r.high_water = Some(r.high_water.map_or(s.step, |hw| hw.max(s.step)));
         match r.phase {
             Phase::Starting => {
@@ -460,9 +490,41 @@ impl JobLedger {
                 r.occ.restarts.1 += (ns_between(at_ns, start) - carved).max(0);
                 r.phase = Phase::Running;
             }
-            Phase::Running => {
-                r.advance(start, Cause::Idle);
-            }
+            // A wait for a lost peer's heal (its client's `heal_wait`):
+            // no incident is booked on a survivor's host, the fault being
+            // the other host's, so without this the wait was idle time (or
+            // a productive step's, below). Booked as an incident's
+            // ([`RankLedger::healed`]), once.
+            Phase::Running => match r.heal_wait_ns {
+                // In the gap before this step: the interrupted step's
+                // record ended at the failure (as a step context ends it),
+                // or where the wait began (the scan cuts a record that
+                // held the wait there, so the wait starts at the cursor).
+                Some(t) if t >= r.cursor_ns && t < start => {
+                    r.heal_wait_ns = None;
+                    r.healed(t, start);
+                }
+                // Inside this step's record: the step was interrupted and
+                // its record ran on until the next step began (a client
+                // that only marks each step's start). It is the attempt
+                // the heal redoes: no work of it is kept, its number not
+                // completed.
+                Some(t) if t >= r.cursor_ns && t < end => {
+                    r.heal_wait_ns = None;
+                    r.high_water = high_water_before;
+                    r.advance(start, Cause::Idle);
+                    r.healed(t, end);
+                    return;
+                }
+                wait => {
+                    // One past this step waits for the next; one already
+                    // behind the cursor is stale.
+                    if wait.is_some_and(|t| t < r.cursor_ns) {
+                        r.heal_wait_ns = None;
+                    }
+                    r.advance(start, Cause::Idle);
+                }
+            },
             Phase::Ended => return,
         }
         // The step itself.
@@ -562,6 +624,18 @@ impl Ledger {
                 r.init_open_ns = None;
             }
             _ => {}
+        }
+    }
+
+    /// The scan saw `job`'s `rank` enter its client's `heal_wait` section
+    /// at `entered_ns`: the gap before its next step is the heal's
+    /// ([`JobLedger::step`]), not idle time.
+    pub fn heal_wait(&mut self, job: &str, rank: u32, entered_ns: u64) {
+        let Some(r) = self.jobs.get_mut(job).and_then(|j| j.ranks.get_mut(&rank)) else {
+            return;
+        };
+        if r.phase == Phase::Running && entered_ns >= r.cursor_ns {
+            r.heal_wait_ns = Some(entered_ns);
         }
     }
 

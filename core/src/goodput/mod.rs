@@ -42,12 +42,15 @@ pub struct ScanFeed {
     /// Ranks with no step yet whose innermost section changed: (job index,
     /// rank, the time they entered "init", None: not in it).
     init: Vec<(usize, u32, Option<u64>)>,
+    /// Ranks seen entering their client's `heal_wait` section: (job index,
+    /// rank, when).
+    heal_waits: Vec<(usize, u32, u64)>,
 }
 
 impl ScanFeed {
     /// True when the scan saw nothing for the ledger.
     pub fn is_empty(&self) -> bool {
-        self.steps.is_empty() && self.init.is_empty()
+        self.steps.is_empty() && self.init.is_empty() && self.heal_waits.is_empty()
     }
 
     /// A completed step of `job`'s `rank`, newly read from its slot.
@@ -61,6 +64,13 @@ impl ScanFeed {
     pub fn push_init(&mut self, job: &str, rank: u32, entered: Option<u64>) {
         let j = self.job_index(job);
         self.init.push((j, rank, entered));
+    }
+
+    /// `job`'s `rank` entered its client's `heal_wait` section at
+    /// `entered` (a lost peer's heal awaited).
+    pub fn push_heal_wait(&mut self, job: &str, rank: u32, entered: u64) {
+        let j = self.job_index(job);
+        self.heal_waits.push((j, rank, entered));
     }
 
     /// The completed steps, in the order the scan read them.
@@ -86,10 +96,15 @@ impl ScanFeed {
     }
 
     /// Folds the feed into the ledger, as the scan at `now_ns` saw it: its
-    /// steps in scan order, then its init sections (the order the ledger
-    /// took them in when the tick applied them itself). Each run of one
-    /// job's records looks the job up once.
+    /// heal waits (noted before its steps, as the scan noted them: a wait
+    /// and the step after the heal can come in one scan), its steps in
+    /// scan order, then its init sections (the order the ledger took them
+    /// in when the tick applied them itself). Each run of one job's records
+    /// looks the job up once.
     fn fold_into(&self, l: &mut Ledger, now_ns: u64) {
+        for (j, rank, entered) in &self.heal_waits {
+            l.heal_wait(self.job_name(*j), *rank, *entered);
+        }
         for run in self.steps.chunk_by(|a, b| a.0 == b.0) {
             let Some(job) = run
                 .first()

@@ -447,3 +447,108 @@ fn a_heals_redone_work_is_the_step_in_flight_at_most_one_step() {
     assert_eq!(ms(&h, "j", Cause::LostProgress), 2 * 100);
     assert_eq!(ms(&h, "j", Cause::DetectionWait), 2 * 1400);
 }
+
+/// A survivor of a lost host waits for that host's heal in its client's
+/// `heal_wait` section, in the same process, with no incident on its own
+/// host: the gap is the fault's, not idle.
+#[test]
+fn a_survivors_wait_for_a_lost_peers_heal_is_booked_as_a_restart_not_idle() {
+    let mut l = Ledger::default();
+    l.registered("j", 0, 10, 0, 0);
+    // Steps 0..9 of 100 ms every 110 ms: the last ends at 1000 + 990 + 100.
+    for n in 0..10 {
+        l.step("j", 0, step(10, n, 1000 + n * 110, 100));
+    }
+    let idle_before = ms(&l, "j", Cause::Idle);
+    // Step 10 began at 2100 and failed on the lost peer: heal_wait at 2400.
+    l.heal_wait("j", 0, 2400 * MS);
+    // The heal and the new round: step 10 again from 4400.
+    l.step("j", 0, step(10, 10, 4400, 100));
+    assert_sums(&l, "j");
+    assert_eq!(
+        ms(&l, "j", Cause::Idle),
+        idle_before,
+        "the wait was booked idle"
+    );
+    // The step in flight (up to one baseline step; it never completed, so
+    // its run after the heal is no redone number), then the wait to the
+    // failure, then the heal.
+    assert_eq!(ms(&l, "j", Cause::LostProgress), 100);
+    assert_eq!(ms(&l, "j", Cause::DetectionWait), 2400 - 2090 - 100);
+    assert_eq!(ms(&l, "j", Cause::RestartDowntime), 4400 - 2400);
+    let rep = l.report("j", 0).unwrap();
+    assert_eq!(rep.occ.restarts, (1, 2000 * MS as i64));
+    assert_eq!(rep.occ.detections.0, 1);
+    // The next gap is idle again: the wait is taken once.
+    let idle = ms(&l, "j", Cause::Idle);
+    l.step("j", 0, step(10, 11, 4600, 100));
+    assert_eq!(ms(&l, "j", Cause::Idle), idle + 100);
+}
+
+/// A wait seen before the scan's older step (the one it interrupted came
+/// in the same scan after it) waits for the step after it; one behind the
+/// cursor is dropped.
+#[test]
+fn a_heal_wait_applies_to_the_first_step_after_it() {
+    let mut l = Ledger::default();
+    l.registered("j", 0, 10, 0, 0);
+    for n in 0..5 {
+        l.step("j", 0, step(10, n, 1000 + n * 110, 100));
+    }
+    // The wait at 1700, then a step that began at 1550 (before it).
+    l.heal_wait("j", 0, 1700 * MS);
+    l.step("j", 0, step(10, 5, 1550, 100));
+    assert_eq!(ms(&l, "j", Cause::RestartDowntime), 0);
+    l.step("j", 0, step(10, 6, 3000, 100));
+    assert_eq!(ms(&l, "j", Cause::RestartDowntime), 3000 - 1700);
+    assert_sums(&l, "j");
+    // A wait behind the cursor is no wait.
+    l.heal_wait("j", 0, 3050 * MS);
+    let idle = ms(&l, "j", Cause::Idle);
+    l.step("j", 0, step(10, 7, 3200, 100));
+    assert_eq!(ms(&l, "j", Cause::Idle), idle + 100);
+    assert_eq!(ms(&l, "j", Cause::RestartDowntime), 1300);
+}
+
+/// A client that marks only each step's start: the interrupted step's
+/// record runs on through the wait until the next step begins. That
+/// record is the attempt the heal redoes: nothing of it is productive, and
+/// the step after it is not counted as redone.
+#[test]
+fn a_heal_wait_inside_a_steps_record_books_that_record_as_the_fault() {
+    let mut l = Ledger::default();
+    l.registered("j", 0, 10, 0, 0);
+    for n in 0..10 {
+        l.step("j", 0, step(10, n, 1000 + n * 110, 100));
+    }
+    let productive = ms(&l, "j", Cause::Productive);
+    l.heal_wait("j", 0, 2400 * MS);
+    // Step 10's record: from 2100 to 4400, ended by the next begin.
+    l.step("j", 0, step(10, 10, 2100, 2300));
+    l.step("j", 0, step(10, 10, 4400, 100));
+    assert_sums(&l, "j");
+    assert_eq!(ms(&l, "j", Cause::Productive), productive + 100);
+    assert_eq!(ms(&l, "j", Cause::LostProgress), 100);
+    assert_eq!(ms(&l, "j", Cause::DetectionWait), 2400 - 2100 - 100);
+    assert_eq!(ms(&l, "j", Cause::RestartDowntime), 4400 - 2400);
+    let rep = l.report("j", 0).unwrap();
+    assert_eq!(rep.occ.restarts, (1, 2000 * MS as i64));
+}
+
+/// The scan cuts a step record that held the wait where the wait began, so
+/// the wait starts exactly at the cursor: still the heal's, not stale.
+#[test]
+fn a_heal_wait_at_the_cursor_is_the_heals() {
+    let mut l = Ledger::default();
+    l.registered("j", 0, 10, 0, 0);
+    for n in 0..10 {
+        l.step("j", 0, step(10, n, 1000 + n * 110, 100));
+    }
+    // Step 10 from 2100, cut at 2150 where the wait began (a later scan
+    // reports the wait).
+    l.step("j", 0, step(10, 10, 2100, 50));
+    l.heal_wait("j", 0, 2150 * MS);
+    l.step("j", 0, step(10, 10, 4000, 100));
+    assert_sums(&l, "j");
+    assert_eq!(ms(&l, "j", Cause::RestartDowntime), 4000 - 2150);
+}
