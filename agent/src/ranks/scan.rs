@@ -484,7 +484,9 @@ fn stalled_past(progress_ns: u64, now_ns: u64, threshold: Option<&Threshold>) ->
 
 /// Feeds the completed steps newer than `after_start_ns` into calibration,
 /// the rank's step times and its per-section samples (the straggler
-/// detector's input); returns the newest start time fed. The gap before a
+/// detector's input); returns the newest start time fed. A step whose
+/// record holds the agent's last restart ask (`restarts[0]`) is no sample
+/// (the ledger's accounting of it is the incident's, unchanged). The gap before a
 /// step is an `idle` sample unless it spans one of `restarts`: the rank's
 /// last restart request ([`RankEntry::restarted_ns`]) and the last time it
 /// began to await a lost peer's heal ([`RankEntry::heal_wait_ns`]). A step
@@ -530,7 +532,12 @@ fn ingest(
                     sections.push((name, sec.total_ns));
                 }
             }
-            if !awaited_heal {
+            // A step the agent's own restart ask interrupted (the ask
+            // inside its record: the record ran on into the restart) is no
+            // sample either: its length is the restart's, and each such
+            // sample raised the rank's thresholds.
+            let asked_inside = restarts[0] != 0 && (st.start_ns..end).contains(&restarts[0]);
+            if !awaited_heal && !asked_inside {
                 cal.add("step", st.duration_ns, cap);
                 if step_times.len() >= RankEntry::STEP_TIMES {
                     step_times.pop_front();
@@ -835,6 +842,34 @@ mod tests {
             assert_eq!(e.restarted_ns, t0 + 30 * MS, "the ask is the agent's own");
             assert_eq!(e.heal_wait_ns, t0 + 100 * MS);
         }
+    }
+
+    /// A step the agent's restart ask interrupted, its record running on
+    /// into the restart (the ask inside it), is no sample of `step` or of
+    /// the rank's step times: each such sample raised the thresholds.
+    #[test]
+    fn a_step_an_ask_interrupted_is_no_sample() {
+        let (_dir, mut reg, t0, slot, key) = one_rank();
+        let cfg = HangConfig::default();
+        let steps = |reg: &mut Registry| reg.jobs.get_mut("j").unwrap().calibration.count("step");
+
+        step(&reg, slot, 1, t0 + MS, 10 * MS);
+        scan(&mut reg, &cfg, t0 + 20 * MS, t0);
+        assert_eq!(steps(&mut reg), 1);
+        let times = reg.ranks[&key].step_times.len();
+        // Step 2 begins, the agent asks a restart at 40 ms, and the record
+        // ends only when the next attempt begins its step, 2 s later.
+        reg.ranks.get_mut(&key).unwrap().restart_asked(t0 + 40 * MS);
+        step(&reg, slot, 2, t0 + 30 * MS, 2_000 * MS);
+        step(&reg, slot, 2, t0 + 2_040 * MS, 10 * MS);
+        scan(&mut reg, &cfg, t0 + 2_100 * MS, t0 + 20 * MS);
+        assert_eq!(steps(&mut reg), 2, "only the redone step 2 is a sample");
+        assert_eq!(reg.ranks[&key].step_times.len(), times + 1);
+        assert!(
+            reg.ranks[&key].step_times.iter().all(|d| *d < 100 * MS),
+            "{:?}",
+            reg.ranks[&key].step_times
+        );
     }
 
     /// A step the client left open through a lost peer's heal awaited is
