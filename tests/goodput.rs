@@ -324,7 +324,10 @@ async fn the_ledger_adds_up_counts_redone_steps_and_survives_a_kill_9_of_the_age
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_survivors_wait_for_a_lost_peers_heal_is_a_restart_in_the_ledger() {
     const HEAL_JOB: &str = "t-heal-wait";
-    let agent = TestAgent::start(AGENT_TOML);
+    // The rank idles between steps while the test asks the agent: no hang
+    // for a slow answer on a loaded machine (an incident would add a
+    // restart of its own).
+    let agent = TestAgent::start(&format!("{AGENT_TOML}idle = \"30s\"\n"));
     let mut o = warden_client::ConnectOptions::from_env_lossy();
     o.socket_path = agent.socket().to_owned();
     o.job_id = HEAL_JOB.into();

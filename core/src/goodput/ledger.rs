@@ -288,10 +288,16 @@ impl RankLedger {
     /// step in flight (up to one step of its baseline) is lost progress,
     /// the rest to the failure detection wait, then restart downtime (the
     /// heal and the round), as an incident's ([`Ledger::incident`]); one
-    /// detection and one restart counted.
-    fn healed(&mut self, failed_ns: u64, back_ns: u64) {
+    /// detection and one restart counted. `in_flight_booked`: the step in
+    /// flight already has a record (ended at the failure, its number to be
+    /// redone and booked lost then), so none of the gap is carved for it.
+    fn healed(&mut self, failed_ns: u64, back_ns: u64, in_flight_booked: bool) {
         let since = ns_between(self.cursor_ns, failed_ns);
-        let in_flight = self.step_base.median().map_or(0, |b| b.clamp(0, since));
+        let in_flight = if in_flight_booked {
+            0
+        } else {
+            self.step_base.median().map_or(0, |b| b.clamp(0, since))
+        };
         let cut = self
             .cursor_ns
             .saturating_add(u64::try_from(in_flight).unwrap_or(0));
@@ -502,7 +508,11 @@ impl JobLedger {
                 // held the wait there, so the wait starts at the cursor).
                 Some(t) if t >= r.cursor_ns && t < start => {
                     r.heal_wait_ns = None;
-                    r.healed(t, start);
+                    // This step redoing a number already completed: the
+                    // interrupted record was the step in flight (its time,
+                    // the collective's wait for the fault included, stays
+                    // in it; this step is booked lost below).
+                    r.healed(t, start, redone);
                 }
                 // Inside this step's record: the step was interrupted and
                 // its record ran on until the next step began (a client
@@ -513,7 +523,7 @@ impl JobLedger {
                     r.heal_wait_ns = None;
                     r.high_water = high_water_before;
                     r.advance(start, Cause::Idle);
-                    r.healed(t, end);
+                    r.healed(t, end, false);
                     return;
                 }
                 wait => {
@@ -631,11 +641,18 @@ impl Ledger {
     /// at `entered_ns`: the gap before its next step is the heal's
     /// ([`JobLedger::step`]), not idle time.
     pub fn heal_wait(&mut self, job: &str, rank: u32, entered_ns: u64) {
-        let Some(r) = self.jobs.get_mut(job).and_then(|j| j.ranks.get_mut(&rank)) else {
+        let Some(j) = self.jobs.get_mut(job) else {
             return;
         };
-        if r.phase == Phase::Running && entered_ns >= r.cursor_ns {
+        let Some(r) = j.ranks.get_mut(&rank) else {
+            return;
+        };
+        // Kept in any phase but the end (a first step or a restart's may be
+        // folded after it in the same scan); only a running rank's next
+        // step takes it.
+        if r.phase != Phase::Ended && entered_ns >= r.cursor_ns {
             r.heal_wait_ns = Some(entered_ns);
+            j.dirty.insert(rank);
         }
     }
 

@@ -552,3 +552,23 @@ fn a_heal_wait_at_the_cursor_is_the_heals() {
     assert_sums(&l, "j");
     assert_eq!(ms(&l, "j", Cause::RestartDowntime), 4000 - 2150);
 }
+
+/// The step in flight has its own record, ended at the failure (Python's
+/// step context): its redo after the heal is the lost step, and the gap
+/// between the record and the wait (the error's handling) is detection,
+/// not a second step lost.
+#[test]
+fn a_heal_after_a_recorded_failure_loses_one_step_not_two() {
+    let mut l = Ledger::default();
+    l.registered("j", 0, 10, 0, 0);
+    for n in 0..10 {
+        l.step("j", 0, step(10, n, 1000 + n * 110, 100));
+    }
+    l.step("j", 0, step(10, 10, 2100, 50));
+    l.heal_wait("j", 0, 2200 * MS);
+    l.step("j", 0, step(10, 10, 4000, 100));
+    assert_sums(&l, "j");
+    assert_eq!(ms(&l, "j", Cause::LostProgress), 100, "the redo only");
+    assert_eq!(ms(&l, "j", Cause::DetectionWait), 50);
+    assert_eq!(ms(&l, "j", Cause::RestartDowntime), 4000 - 2200);
+}
