@@ -292,22 +292,29 @@ impl RankLedger {
     /// flight already has a record (ended at the failure, its number to be
     /// redone and booked lost then), so none of the gap is carved for it.
     fn healed(&mut self, failed_ns: u64, back_ns: u64, in_flight_booked: bool) {
-        let since = ns_between(self.cursor_ns, failed_ns);
-        let in_flight = if in_flight_booked {
-            0
-        } else {
+        self.detected(failed_ns, !in_flight_booked);
+        let ns = self.advance(back_ns, Cause::RestartDowntime);
+        self.occ.restarts.0 += 1;
+        self.occ.restarts.1 += ns;
+    }
+
+    /// A fault seen at `at_ns`: from the cursor, the step in flight (up to
+    /// one step of the rank's baseline, when `carve_in_flight`) is lost
+    /// progress, the rest detection wait; one detection counted.
+    fn detected(&mut self, at_ns: u64, carve_in_flight: bool) {
+        let since = ns_between(self.cursor_ns, at_ns);
+        let in_flight = if carve_in_flight {
             self.step_base.median().map_or(0, |b| b.clamp(0, since))
+        } else {
+            0
         };
         let cut = self
             .cursor_ns
             .saturating_add(u64::try_from(in_flight).unwrap_or(0));
         self.advance(cut, Cause::LostProgress);
-        let ns = self.advance(failed_ns, Cause::DetectionWait);
+        let ns = self.advance(at_ns, Cause::DetectionWait);
         self.occ.detections.0 += 1;
         self.occ.detections.1 += ns;
-        let ns = self.advance(back_ns, Cause::RestartDowntime);
-        self.occ.restarts.0 += 1;
-        self.occ.restarts.1 += ns;
     }
 
     /// The rank runs in a new process `pid`, launched at `launch_ns`
@@ -679,17 +686,7 @@ impl Ledger {
         };
         for (rank, r) in &mut j.ranks {
             match r.phase {
-                Phase::Running => {
-                    let since = ns_between(r.cursor_ns, at_ns);
-                    let in_flight = r.step_base.median().map_or(0, |b| b.clamp(0, since));
-                    let cut = r
-                        .cursor_ns
-                        .saturating_add(u64::try_from(in_flight).unwrap_or(0));
-                    r.advance(cut, Cause::LostProgress);
-                    let ns = r.advance(at_ns, Cause::DetectionWait);
-                    r.occ.detections.0 += 1;
-                    r.occ.detections.1 += ns;
-                }
+                Phase::Running => r.detected(at_ns, true),
                 Phase::Starting => {
                     r.advance(at_ns, Cause::Startup);
                     r.settle_startup_carves();
