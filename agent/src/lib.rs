@@ -25,7 +25,10 @@
 //!   the ranks' slots.
 //! - [`exchange`]: the job-wide exchange across hosts: each host's report
 //!   to its job's aggregator, the aggregator's use case, the wire format.
-//! - [`ckpt`]: checkpoint tiers: local, peer replicas, durable store, restore.
+//! - [`ckpt`]: checkpoint tiers: local, peer replicas, durable store, restore;
+//!   its calls to peers are a port ([`ckpt::link`]), free of protobuf.
+//! - [`peer_link`]: that port over tonic: the checkpoint flow's calls to
+//!   peer agents, the shards' hand-framed chunks, the collector's wire.
 //! - [`config`]: the TOML configuration, validated with errors naming the key.
 //! - [`state`]: what the running agent's parts share.
 //! - [`access`]: who may call what: the Unix socket's callers as the
@@ -99,6 +102,7 @@ pub mod goodput;
 pub mod hang;
 pub mod listen;
 pub mod notice;
+pub mod peer_link;
 pub mod policy;
 pub mod ranks;
 pub mod sources;

@@ -145,9 +145,14 @@ impl AgentState {
         ranks.max_per_process = config.ranks.max_per_process;
         ranks.max_per_uid = config.ranks.per_uid();
         let checkpoints = if config.checkpoint.enabled {
-            crate::ckpt::Checkpoints::open(&config.checkpoint, &host, &config.api.tcp, &peer_tls)
-                .map(std::sync::Arc::new)
-                .inspect_err(|e| tracing::error!(error = %e, "checkpoint tier unavailable"))
+            crate::ckpt::Checkpoints::open(
+                &config.checkpoint,
+                &host,
+                &config.api.tcp,
+                crate::peer_link::tonic_peer::TonicDial::shared(peer_tls.clone()),
+            )
+            .map(std::sync::Arc::new)
+            .inspect_err(|e| tracing::error!(error = %e, "checkpoint tier unavailable"))
         } else {
             Err("off (checkpoint.enabled = false)".to_owned())
         };

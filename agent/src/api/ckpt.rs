@@ -27,8 +27,9 @@ use crate::ckpt::peer_pages::PageError;
 use crate::ckpt::peerset::PeerSpec;
 use crate::ckpt::restore::{self, RestoreError};
 use crate::ckpt::tier::{Owner, TierError};
-use crate::ckpt::wire::{self, ChunkSource};
-use crate::ckpt::{Checkpoints, IncomingError, peers};
+use crate::ckpt::{Checkpoints, IncomingError};
+use crate::peer_link::channel;
+use crate::peer_link::wire::{self, ChunkSource};
 use crate::state::AgentState;
 
 /// The checkpoint tier, or UNAVAILABLE saying why there is none.
@@ -387,7 +388,7 @@ pub async fn fetch_shard(
             _ => s,
         })?;
     let path = ck.tier.layout().data(&k);
-    Ok(peers::chunk_stream(m, file, path, ck.cfg.chunk_bytes, 0))
+    Ok(channel::chunk_stream(m, file, path, ck.cfg.chunk_bytes, 0))
 }
 
 /// ListShards: what this agent holds, to a caller the Peer frame
@@ -428,7 +429,7 @@ pub async fn collect_holdings(
 ) -> Result<pb::Holdings, Status> {
     let req = req.into_inner();
     use crate::ckpt::collect::{self, Collected};
-    use crate::ckpt::collect_wire;
+    use crate::peer_link::collect_wire;
     // Its job checked by the frame ([`collect_job`]).
     let ck = tier(state)?;
     let ask = collect_wire::ask_from_pb(req)

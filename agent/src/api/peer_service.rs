@@ -2,7 +2,7 @@
 //! (`api::stragglers`), the aggregator's report (`api::aggregate`) and the
 //! shards' moves between agents (`api::ckpt`), each call handed to the
 //! module of its stage. PushShard and FetchShard go through
-//! [`crate::ckpt::wire`]'s framing (the shard's bytes never copied between
+//! [`crate::peer_link::wire`]'s framing (the shard's bytes never copied between
 //! the socket's buffers and the file); every other call through tonic's
 //! generated server.
 //!
@@ -22,7 +22,7 @@ use authorized::Authorized;
 
 use super::observe::observed;
 use super::peer_auth::Caller;
-use crate::ckpt::{peers, wire};
+use crate::peer_link::{channel, wire};
 use crate::state::AgentState;
 use crate::tls::accept::PeerInfo;
 
@@ -286,7 +286,7 @@ impl Peer for PeerService {
 }
 
 /// `warden.v1.Peer` as served: PushShard and FetchShard framed by
-/// [`crate::ckpt::wire`] (the shard's bytes never copied between the
+/// [`crate::peer_link::wire`] (the shard's bytes never copied between the
 /// socket's buffers and the file), every other call by tonic's generated
 /// server. Same methods, same messages on the wire.
 #[derive(Debug, Clone)]
@@ -300,8 +300,8 @@ impl PeerRoutes {
     pub fn new(state: Arc<AgentState>) -> Self {
         Self {
             grpc: pb::peer_server::PeerServer::new(PeerService::new(state.clone()))
-                .max_decoding_message_size(peers::MAX_MESSAGE)
-                .max_encoding_message_size(peers::MAX_MESSAGE),
+                .max_decoding_message_size(channel::MAX_MESSAGE)
+                .max_encoding_message_size(channel::MAX_MESSAGE),
             service: PeerService::new(state),
         }
     }
@@ -346,7 +346,7 @@ impl tower::Service<http::Request<tonic::body::Body>> for PeerRoutes {
         // same methods (and frame) as tonic's.
         match req.uri().path() {
             wire::PUSH_PATH => Box::pin(async move {
-                let req = req.map(|body| wire::Reader::new(body, peers::MAX_MESSAGE));
+                let req = req.map(|body| wire::Reader::new(body, channel::MAX_MESSAGE));
                 let r = service
                     .push(Request::from_http(req))
                     .await
@@ -359,7 +359,7 @@ impl tower::Service<http::Request<tonic::body::Body>> for PeerRoutes {
             wire::FETCH_PATH => Box::pin(async move {
                 let r = observed("FetchShard", async {
                     let (parts, body) = req.into_parts();
-                    let mut body = wire::Reader::new(body, peers::MAX_MESSAGE);
+                    let mut body = wire::Reader::new(body, channel::MAX_MESSAGE);
                     let ask = body
                         .decode::<pb::FetchShardRequest>()
                         .await?

@@ -18,9 +18,9 @@ use warden_core::signal::{CkptSaved, Signal};
 
 use super::layout::ShardKey;
 use super::manifest::Manifest;
+use super::receive::{self, ShardStream};
 use super::tier::TierError;
-use super::wire::ChunkSource;
-use super::{Checkpoints, IncomingError, peers, subject};
+use super::{Checkpoints, IncomingError, subject};
 
 /// Why a rank's own shard was not committed.
 #[derive(Debug, thiserror::Error)]
@@ -112,12 +112,12 @@ pub async fn replica(
     events: Arc<EventBus>,
     m: Manifest,
     first: Vec<bytes::Bytes>,
-    mut stream: impl ChunkSource + Send,
+    mut stream: impl ShardStream,
 ) -> Result<(), IncomingError> {
     let k = m.key();
     let (stream, want) = (&mut stream, &m);
     ck.bring_in(&m, |staged, path| async move {
-        peers::receive(stream, first, want, staged, path).await
+        receive::receive(stream, first, want, staged, path).await
     })
     .await?;
     // Retention after the answer: the pusher's time ends with the commit,

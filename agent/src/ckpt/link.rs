@@ -4,21 +4,24 @@
 //! In: a [`Peer`], a job, a [`Manifest`] or a [`ShardKey`]. Out: manifests,
 //! the peer's host name, and errors worded for a person ([`LinkError`]).
 //! Replication (`replicate.rs`) and restores (`restore.rs`) call these and
-//! name no tonic or protobuf type: the transport (tonic's client for
-//! listings, the hand-framed chunks of [`super::wire`] for the shards'
-//! bytes) stays behind this module.
+//! name no tonic or protobuf type. The calls are a port: [`PeerLink`] and
+//! [`PeerDial`] are implemented by the transport (`crate::peer_link`, tonic
+//! and the hand-framed chunks), which imports this stage and never the
+//! other way round.
 
+use std::any::Any;
 use std::collections::HashSet;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
 
 use super::Peer;
+use super::collect::{Ask, Collected};
 use super::layout::ShardKey;
 use super::manifest::Manifest;
-use super::peers::{self, MAX_MESSAGE};
-use super::wire::{self, ChunkSource, Reader};
+use super::receive::ShardStream;
 
 pub use super::link_error::LinkError;
 
@@ -31,70 +34,75 @@ pub struct PeerHoldings {
     pub shards: Vec<Result<Manifest, String>>,
 }
 
-impl Peer {
-    /// The shards this peer holds of `job` (every job: `""`), within
+/// One peer agent's calls, as the transport carries them.
+#[async_trait::async_trait]
+pub trait PeerLink: Send + Sync + std::fmt::Debug {
+    /// The shards the peer holds of `job` (every job: `""`), within
     /// `limit`.
+    async fn list(&self, job: &str, limit: Duration) -> Result<PeerHoldings, LinkError>;
+
+    /// The shards (key and xxh3) the peer holds of `job`, within `limit`,
+    /// as it listed them: what replication need not send again.
+    async fn held(&self, job: &str, limit: Duration)
+    -> Result<HashSet<(ShardKey, u64)>, LinkError>;
+
+    /// Asks the peer `ask` (CollectHoldings), within `limit`: its answer,
+    /// checked; one out of bounds is refused as if the peer had refused
+    /// the ask, naming what was wrong.
+    async fn collect(&self, ask: &Ask, limit: Duration) -> Result<Collected, LinkError>;
+
+    /// Pushes the shard `m` (read from `file`, at `path`) to the peer in
+    /// chunks of `chunk_bytes`, paced to `bytes_per_sec` (0: unpaced); the
+    /// host name it answered with. A read error resets the stream: the
+    /// receiver refuses the replica.
+    async fn push(
+        &self,
+        m: &Manifest,
+        file: std::fs::File,
+        path: PathBuf,
+        chunk_bytes: usize,
+        bytes_per_sec: u64,
+    ) -> Result<String, LinkError>;
+
+    /// Asks the peer for the shard `key`: its first chunk read, and what
+    /// the peer says the shard is.
+    async fn fetch(&self, key: &ShardKey) -> Result<Incoming, String>;
+
+    /// The transport's own handle, for a transport's other calls to share
+    /// the connection (the straggler exchange dials a job's peer through
+    /// it).
+    fn as_any(&self) -> &dyn Any;
+}
+
+/// Makes the link to a peer agent: its address, the name its certificate
+/// must carry (empty: unknown, dialed but never authorized for a job), and
+/// how long a connection may take. Connections are made lazily.
+pub trait PeerDial: Send + Sync + std::fmt::Debug {
+    /// The link to the peer at `addr`, or why its address is unusable.
+    fn dial(&self, addr: &str, name: &str, timeout: Duration) -> Result<Arc<dyn PeerLink>, String>;
+}
+
+impl Peer {
+    /// [`PeerLink::list`].
     pub async fn list(&self, job: &str, limit: Duration) -> Result<PeerHoldings, LinkError> {
-        let r = self.list_raw(job, limit).await?;
-        Ok(PeerHoldings {
-            shards: r.shards.iter().map(wire::manifest_of).collect(),
-            host: r.host,
-        })
+        self.link.list(job, limit).await
     }
 
-    /// The shards (key and xxh3) this peer holds of `job`, within `limit`,
-    /// as it listed them: what replication need not send again.
+    /// [`PeerLink::held`].
     pub async fn held(
         &self,
         job: &str,
         limit: Duration,
     ) -> Result<HashSet<(ShardKey, u64)>, LinkError> {
-        Ok(wire::held_shards(&self.list_raw(job, limit).await?))
+        self.link.held(job, limit).await
     }
 
-    /// Asks this peer `ask` (CollectHoldings), within `limit`: its answer,
-    /// checked ([`super::collect_wire`]); one out of bounds is refused as
-    /// if the peer had refused the ask, naming what was wrong.
-    pub async fn collect(
-        &self,
-        ask: &super::collect::Ask,
-        limit: Duration,
-    ) -> Result<super::collect::Collected, LinkError> {
-        use super::collect::{AskScope, Collected};
-        use super::collect_wire as w;
-        let mut c = self.client.clone();
-        let r = match tokio::time::timeout(limit, c.collect_holdings(w::ask_to_pb(ask))).await {
-            Ok(Ok(r)) => r.into_inner(),
-            Ok(Err(s)) if s.code() == tonic::Code::Unimplemented => {
-                return Err(LinkError::Unsupported(s.message().to_owned()));
-            }
-            Ok(Err(s)) => return Err(LinkError::Refused(s.message().to_owned())),
-            Err(_) => return Err(LinkError::Silent(limit)),
-        };
-        match &ask.scope {
-            AskScope::Job { ranks } => w::view_from_pb(r, ranks).map(Collected::Job),
-            AskScope::Group { .. } => w::holdings_from_pb(r).map(Collected::Group),
-        }
-        .map_err(|e| LinkError::Refused(format!("its answer makes no sense: {e}")))
+    /// [`PeerLink::collect`].
+    pub async fn collect(&self, ask: &Ask, limit: Duration) -> Result<Collected, LinkError> {
+        self.link.collect(ask, limit).await
     }
 
-    async fn list_raw(
-        &self,
-        job: &str,
-        limit: Duration,
-    ) -> Result<warden_proto::v1::ListShardsResponse, LinkError> {
-        let mut c = self.client.clone();
-        match tokio::time::timeout(limit, c.list_shards(wire::list_request(job))).await {
-            Ok(Ok(r)) => Ok(r.into_inner()),
-            Ok(Err(s)) => Err(LinkError::Refused(s.message().to_owned())),
-            Err(_) => Err(LinkError::Silent(limit)),
-        }
-    }
-
-    /// Pushes the shard `m` (read from `file`, at `path`) to this peer in
-    /// chunks of `chunk_bytes`, paced to `bytes_per_sec` (0: unpaced); the
-    /// host name it answered with. A read error resets the stream: the
-    /// receiver refuses the replica.
+    /// [`PeerLink::push`].
     pub async fn push(
         &self,
         m: &Manifest,
@@ -103,41 +111,23 @@ impl Peer {
         chunk_bytes: usize,
         bytes_per_sec: u64,
     ) -> Result<String, LinkError> {
-        let stream = peers::chunk_stream(m.clone(), file, path, chunk_bytes, bytes_per_sec);
-        wire::push(self.channel.clone(), stream, MAX_MESSAGE)
+        self.link
+            .push(m, file, path, chunk_bytes, bytes_per_sec)
             .await
-            .map(|r| r.host)
-            .map_err(|s| LinkError::Refused(s.message().to_owned()))
     }
 
-    /// Asks this peer for the shard `key`: its first chunk read, and what
-    /// the peer says the shard is.
+    /// [`PeerLink::fetch`].
     pub async fn fetch(&self, key: &ShardKey) -> Result<Incoming, String> {
-        let mut reader = wire::fetch(self.channel.clone(), &wire::fetch_request(key), MAX_MESSAGE)
-            .await
-            .map_err(|s| s.message().to_owned())?;
-        let first = reader
-            .next_chunk()
-            .await
-            .map_err(|s| s.message().to_owned())?
-            .ok_or("the peer sent nothing")?;
-        let info = first
-            .info
-            .ok_or("the peer's first chunk has no shard info")?;
-        Ok(Incoming {
-            told: wire::manifest_of(&info)?,
-            first: first.data,
-            reader,
-        })
+        self.link.fetch(key).await
     }
 }
 
-/// A shard a peer began sending ([`Peer::fetch`]).
+/// A shard a peer began sending ([`PeerLink::fetch`]).
 pub struct Incoming {
     /// What the peer says the shard is.
     pub told: Manifest,
     first: Vec<Bytes>,
-    reader: Reader<tonic::body::Body>,
+    rest: Box<dyn ShardStream>,
 }
 
 impl std::fmt::Debug for Incoming {
@@ -149,14 +139,20 @@ impl std::fmt::Debug for Incoming {
 }
 
 impl Incoming {
+    /// A shard the peer says is `told`, whose first chunk carried `first`
+    /// and whose other chunks come from `rest`.
+    pub fn new(told: Manifest, first: Vec<Bytes>, rest: Box<dyn ShardStream>) -> Self {
+        Self { told, first, rest }
+    }
+
     /// Receives the rest into `dest` (a staging file at `path`), checked
-    /// against `want` (size and xxh3): [`peers::receive`].
+    /// against `want` (size and xxh3): [`super::receive::receive`].
     pub async fn receive(
         mut self,
         want: &Manifest,
         dest: std::fs::File,
         path: PathBuf,
     ) -> Result<(), String> {
-        peers::receive(&mut self.reader, self.first, want, dest, path).await
+        super::receive::receive(&mut *self.rest, self.first, want, dest, path).await
     }
 }

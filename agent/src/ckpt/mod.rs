@@ -14,7 +14,6 @@
 
 pub mod accept;
 pub mod collect;
-pub mod collect_wire;
 pub mod commit;
 pub mod config;
 pub mod durable;
@@ -28,9 +27,9 @@ pub mod link_error;
 pub mod listing;
 pub mod manifest;
 pub mod peer_pages;
-pub mod peers;
 pub mod peerset;
 pub mod placement;
+pub mod receive;
 pub mod replicate;
 pub mod restore;
 pub mod retention;
@@ -39,13 +38,10 @@ pub mod sent;
 pub mod shared_gather;
 pub mod tier;
 pub mod user_cache;
-pub mod wire;
 
 use std::sync::{Arc, Mutex};
 
 use tokio::sync::mpsc;
-use tonic::transport::Channel;
-use warden_proto::v1::peer_client::PeerClient;
 
 pub use config::CheckpointConfig;
 use layout::ShardKey;
@@ -61,35 +57,32 @@ pub struct Peer {
     /// `agent.host_name`); empty when unknown (`api.insecure`, an older
     /// launcher): such a peer is dialed but never authorized for a job.
     pub name: String,
-    /// A lazily connected client: the straggler exchange calls through it
-    /// (`exchange::routes`), the checkpoint flow through [`link`].
-    pub client: PeerClient<Channel>,
-    /// Its channel, for shard transfers ([`wire`]).
-    pub channel: Channel,
+    /// The calls to it ([`link`]), connected lazily; shared by the copies
+    /// of a peer known under the same identity.
+    pub link: Arc<dyn link::PeerLink>,
 }
 
 impl Peer {
     /// The peer agent at `addr` in failure domain `domain` (empty: a domain
-    /// of its own) whose certificate carries `name`, connected lazily with
-    /// `timeout` to connect, through `tls`.
+    /// of its own) whose certificate carries `name`, dialed through `dial`
+    /// with `timeout` to connect.
     pub fn new(
         addr: &str,
         domain: &str,
         name: &str,
         timeout: std::time::Duration,
-        tls: &crate::tls::PeerTls,
+        dial: &dyn link::PeerDial,
     ) -> Result<Self, String> {
-        let connector = crate::tls::connect::PeerConnector::new(tls.clone(), name);
         Ok(Self::on(
             addr,
             domain,
             name,
-            peers::channel(addr, timeout, connector)?,
+            dial.dial(addr, name, timeout)?,
         ))
     }
 
-    /// The same over a channel already open to it.
-    pub fn on(addr: &str, domain: &str, name: &str, channel: Channel) -> Self {
+    /// The same over a link already made to it.
+    pub fn on(addr: &str, domain: &str, name: &str, link: Arc<dyn link::PeerLink>) -> Self {
         Self {
             member: placement::RingMember {
                 addr: addr.to_owned(),
@@ -100,8 +93,7 @@ impl Peer {
                 },
             },
             name: name.to_owned(),
-            client: peers::client(channel.clone()),
-            channel,
+            link,
         }
     }
 }
@@ -155,7 +147,7 @@ impl Checkpoints {
         cfg: &CheckpointConfig,
         host: &str,
         my_addr: &str,
-        tls: &crate::tls::PeerTls,
+        dial: Arc<dyn link::PeerDial>,
     ) -> Result<Self, String> {
         let tier = LocalTier::open(
             std::path::Path::new(&cfg.dir),
@@ -171,7 +163,7 @@ impl Checkpoints {
                 &p.domain,
                 &p.name,
                 cfg.peer_timeout,
-                tls,
+                &*dial,
             )?);
         }
         let addr = if my_addr.is_empty() { host } else { my_addr };
@@ -198,7 +190,7 @@ impl Checkpoints {
                  api.tcp to the address the peers list"
             );
         }
-        let peers = peerset::PeerSet::new(me, cfg.replicas, cfg.peer_timeout, tls.clone(), peers);
+        let peers = peerset::PeerSet::new(me, cfg.replicas, cfg.peer_timeout, dial, peers);
         if cfg.replicas > 0 && !cfg.peers.is_empty() && peers.targets("").len() < cfg.replicas {
             tracing::warn!(
                 wanted = cfg.replicas,

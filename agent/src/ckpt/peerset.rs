@@ -74,7 +74,7 @@ pub struct PeerSet {
     me: RingMember,
     replicas: usize,
     timeout: Duration,
-    tls: crate::tls::PeerTls,
+    dial: std::sync::Arc<dyn super::link::PeerDial>,
     configured: Vec<Peer>,
     /// The configured peers' addresses and this agent's, sorted: the order
     /// of a job no launcher handed over (as the exchange's routes take it).
@@ -127,7 +127,7 @@ impl PeerSet {
         me: RingMember,
         replicas: usize,
         timeout: Duration,
-        tls: crate::tls::PeerTls,
+        dial: std::sync::Arc<dyn super::link::PeerDial>,
         configured: Vec<Peer>,
     ) -> Self {
         let mut addrs: Vec<String> = configured.iter().map(|p| p.member.addr.clone()).collect();
@@ -143,7 +143,7 @@ impl PeerSet {
             me,
             replicas,
             timeout,
-            tls,
+            dial,
             configured,
             statics,
             jobs: Mutex::new(BTreeMap::new()),
@@ -369,12 +369,12 @@ impl PeerSet {
                 // Keep the connection of a peer already known under the
                 // same identity (a new name needs a dial that checks it).
                 let peer = match known.get(&(s.addr.as_str(), s.identity.as_str())) {
-                    Some(p) => Peer::on(&s.addr, &s.domain, &s.identity, p.channel.clone()),
-                    None => Peer::new(&s.addr, &s.domain, &s.identity, self.timeout, &self.tls)
+                    Some(p) => Peer::on(&s.addr, &s.domain, &s.identity, p.link.clone()),
+                    None => Peer::new(&s.addr, &s.domain, &s.identity, self.timeout, &*self.dial)
                         .map_err(|message| PeerSetError::Client {
-                            addr: s.addr.clone(),
-                            message,
-                        })?,
+                        addr: s.addr.clone(),
+                        message,
+                    })?,
                 };
                 fresh.push(peer);
             }
@@ -510,6 +510,11 @@ impl PeerSet {
 mod tests {
     use super::*;
 
+    /// The real dialer, without TLS: these peers are never called.
+    fn insecure() -> std::sync::Arc<dyn crate::ckpt::link::PeerDial> {
+        crate::peer_link::tonic_peer::TonicDial::shared(crate::tls::PeerTls::Insecure)
+    }
+
     fn spec(addr: &str, domain: &str) -> PeerSpec {
         PeerSpec {
             addr: addr.into(),
@@ -522,16 +527,7 @@ mod tests {
     fn set(configured: &[(&str, &str)]) -> PeerSet {
         let configured = configured
             .iter()
-            .map(|(a, d)| {
-                Peer::new(
-                    a,
-                    d,
-                    "",
-                    Duration::from_secs(1),
-                    &crate::tls::PeerTls::Insecure,
-                )
-                .unwrap()
-            })
+            .map(|(a, d)| Peer::new(a, d, "", Duration::from_secs(1), &*insecure()).unwrap())
             .collect();
         PeerSet::new(
             RingMember {
@@ -540,7 +536,7 @@ mod tests {
             },
             1,
             Duration::from_secs(1),
-            crate::tls::PeerTls::Insecure,
+            insecure(),
             configured,
         )
     }
@@ -665,7 +661,7 @@ mod tests {
                     },
                     2,
                     Duration::from_secs(1),
-                    crate::tls::PeerTls::Insecure,
+                    insecure(),
                     Vec::new(),
                 )
             })

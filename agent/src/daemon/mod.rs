@@ -273,9 +273,9 @@ async fn serve(
         .layer(TrackLayer::<LocalPeer>::new())
         // Checkpoint shards stream through here: windows that keep a fast
         // link busy (small defaults cap a stream well below loopback speed).
-        .initial_stream_window_size(crate::ckpt::peers::STREAM_WINDOW)
-        .initial_connection_window_size(crate::ckpt::peers::CONN_WINDOW)
-        .max_frame_size(crate::ckpt::peers::FRAME)
+        .initial_stream_window_size(crate::peer_link::channel::STREAM_WINDOW)
+        .initial_connection_window_size(crate::peer_link::channel::CONN_WINDOW)
+        .max_frame_size(crate::peer_link::channel::FRAME)
         .add_service(health_service)
         .add_service(reflection)
         .add_service(reflection_alpha)

@@ -67,9 +67,9 @@ pub async fn serve(
         .layer(crate::listen::conn_watch::TrackLayer::<accept::PeerInfo>::new())
         // Checkpoint shards stream through here: windows that keep a fast
         // link busy (small defaults cap a stream well below link speed).
-        .initial_stream_window_size(crate::ckpt::peers::STREAM_WINDOW)
-        .initial_connection_window_size(crate::ckpt::peers::CONN_WINDOW)
-        .max_frame_size(crate::ckpt::peers::FRAME)
+        .initial_stream_window_size(crate::peer_link::channel::STREAM_WINDOW)
+        .initial_connection_window_size(crate::peer_link::channel::CONN_WINDOW)
+        .max_frame_size(crate::peer_link::channel::FRAME)
         .add_service(crate::api::peer_service::PeerRoutes::new(state.clone()));
     if let Err(e) = router
         .serve_with_incoming_shutdown(incoming, stop.cancelled())

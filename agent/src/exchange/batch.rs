@@ -33,7 +33,7 @@ use warden_core::detect::sdc::aggregate::MAX_SETTLED;
 pub const MAX_BATCH: usize = 4096;
 
 /// A batch goes once its reports' encoded size passes this, well within the
-/// Peer service's message limit (`ckpt::peers::MAX_MESSAGE`, 32 MiB).
+/// Peer service's message limit (`peer_link::channel::MAX_MESSAGE`, 32 MiB).
 pub const MAX_BATCH_BYTES: usize = 8 << 20;
 
 /// One member's report waiting in a batch, and where its answer goes.

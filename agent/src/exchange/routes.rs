@@ -367,8 +367,9 @@ impl Dial {
     fn client_for(&self, addr: &str) -> Option<PeerClient<Channel>> {
         if let Some(ck) = &self.checkpoints
             && let Some(p) = ck.peers.find(addr)
+            && let Some(client) = crate::peer_link::tonic_peer::client_of(&*p.link)
         {
-            return Some(p.client);
+            return Some(client);
         }
         let limit = self.peer_timeout;
         Endpoint::from_shared(format!("http://{addr}"))

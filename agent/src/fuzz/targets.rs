@@ -212,7 +212,7 @@ impl Body for Pieces {
 /// parsed as ShardChunks until the end or an error with a message; a
 /// length over the cap is refused before anything is buffered.
 pub(crate) fn shard_framing(bytes: &[u8]) {
-    use crate::ckpt::wire::{Reader, parse_chunk};
+    use crate::peer_link::wire::{Reader, parse_chunk};
     let step = usize::from(bytes.first().copied().unwrap_or(1)).max(1);
     let body = Pieces(bytes.chunks(step).map(Bytes::copy_from_slice).collect());
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -285,7 +285,7 @@ pub(crate) fn peer_positions(bytes: &[u8]) {
 /// naming what was wrong; what is taken stays within bounds, merges, and
 /// goes back on the wire to the same.
 pub(crate) fn peer_holdings(bytes: &[u8]) {
-    use crate::ckpt::collect_wire as w;
+    use crate::peer_link::collect_wire as w;
     let Ok(answer) = warden_proto::v1::Holdings::decode(bytes) else {
         return;
     };

@@ -1,5 +1,5 @@
 //! CollectHoldings on the wire (`warden.v1.HoldingsAsk`, `Holdings`), both
-//! ways: the collector's questions and answers in [`super::collect`]'s
+//! ways: the collector's questions and answers in [`crate::ckpt::collect`]'s
 //! terms, and a peer's checked and bounded before anything is kept, the
 //! error naming the field.
 
@@ -8,8 +8,8 @@ use std::time::Duration;
 use warden_core::rank::MAX_WORLD_SIZE;
 use warden_proto::v1 as pb;
 
-use super::collect::{Ask, AskScope};
-use super::holdings::{
+use crate::ckpt::collect::{Ask, AskScope};
+use crate::ckpt::holdings::{
     HolderRef, Holdings, JobStep, JobView, MAX_HOSTS, MAX_STEPS, MAX_VIEW_RANKS, Tally,
 };
 

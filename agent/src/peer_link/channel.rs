@@ -1,9 +1,10 @@
-//! Calls to peer agents: list their shards, push a replica, fetch a copy.
+//! The connection to a peer agent, and a local shard read out to it.
 //!
 //! Shards travel as a gRPC stream of chunks over `warden.v1.Peer`, with
 //! HTTP/2 windows large enough to keep a loopback or datacentre link busy
 //! and a token bucket when `checkpoint.replication_bytes_per_sec` caps it.
-//! The receiving side checks size and xxh3 before anything is committed.
+//! The receiving side checks size and xxh3 before anything is committed
+//! (`ckpt::receive`).
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -12,10 +13,8 @@ use std::io::Read;
 use tonic::transport::{Channel, Endpoint};
 use warden_proto::v1 as pb;
 use warden_proto::v1::peer_client::PeerClient;
-use xxhash_rust::xxh3::Xxh3;
 
-use super::manifest::{self, Manifest};
-use super::wire::ChunkSource;
+use crate::ckpt::manifest::Manifest;
 
 /// gRPC message ceiling for shard chunks (chunk_bytes is at most 16 MiB).
 pub const MAX_MESSAGE: usize = 32 << 20;
@@ -186,104 +185,6 @@ impl Drop for Pooled {
             idle.push(std::mem::take(&mut self.buf));
         }
     }
-}
-
-/// Receives a shard's chunks into `dest` (a staging file the tier created,
-/// at `path`), checking them against `want` (size and xxh3). On any
-/// mismatch the error names what differed (the caller removes the file). Writing and hashing run on two blocking threads
-/// fed the same buffers (reference-counted, not copied), overlapped with
-/// receiving: on a host with cores to spare the checksum costs no time on
-/// the transfer's path, where one thread doing both made it the slowest
-/// stage of the pipeline.
-pub async fn receive(
-    stream: &mut impl ChunkSource,
-    first_data: Vec<bytes::Bytes>,
-    want: &Manifest,
-    dest: std::fs::File,
-    path: PathBuf,
-) -> Result<(), String> {
-    // On failure the caller's guard removes the staging file.
-    receive_inner(stream, first_data, want, dest, path).await
-}
-
-async fn receive_inner(
-    stream: &mut impl ChunkSource,
-    first_data: Vec<bytes::Bytes>,
-    want: &Manifest,
-    dest: std::fs::File,
-    path: PathBuf,
-) -> Result<(), String> {
-    let (tx, mut rx) = tokio::sync::mpsc::channel::<Vec<bytes::Bytes>>(8);
-    let (hash_tx, mut hash_rx) = tokio::sync::mpsc::channel::<Vec<bytes::Bytes>>(8);
-    let writer = tokio::task::spawn_blocking(move || -> Result<u64, String> {
-        let mut f = dest;
-        let mut size = 0u64;
-        while let Some(parts) = rx.blocking_recv() {
-            for data in parts {
-                size += data.len() as u64;
-                std::io::Write::write_all(&mut f, &data)
-                    .map_err(|e| format!("{}: {e}", path.display()))?;
-            }
-        }
-        Ok(size)
-    });
-    let hasher = tokio::task::spawn_blocking(move || {
-        let mut h = Xxh3::new();
-        while let Some(parts) = hash_rx.blocking_recv() {
-            for data in parts {
-                h.update(&data);
-            }
-        }
-        h.digest()
-    });
-    let mut received = 0u64;
-    let mut data = first_data;
-    let mut broke = None;
-    loop {
-        received += data.iter().map(|b| b.len() as u64).sum::<u64>();
-        if received > want.size_bytes {
-            broke = Some(format!(
-                "corrupt: {}: more than the {} bytes announced",
-                want.key(),
-                want.size_bytes
-            ));
-            break;
-        }
-        if hash_tx.send(data.clone()).await.is_err() || tx.send(data).await.is_err() {
-            break; // the writer failed: its error is below
-        }
-        match stream.next_chunk().await {
-            Ok(Some(c)) => data = c.data,
-            Ok(None) => break,
-            Err(s) => {
-                broke = Some(format!("{}: stream broke: {}", want.key(), s.message()));
-                break;
-            }
-        }
-    }
-    drop(tx);
-    drop(hash_tx);
-    let size = writer.await.map_err(|e| e.to_string())??;
-    let got = hasher.await.map_err(|e| e.to_string())?;
-    if let Some(why) = broke {
-        return Err(why);
-    }
-    if size != want.size_bytes {
-        return Err(format!(
-            "corrupt: {}: {size} bytes arrived, {} were announced",
-            want.key(),
-            want.size_bytes
-        ));
-    }
-    if manifest::hex(got) != want.xxh3 {
-        return Err(format!(
-            "corrupt: {}: arrived with xxh3 {}, expected {}",
-            want.key(),
-            manifest::hex(got),
-            want.xxh3
-        ));
-    }
-    Ok(())
 }
 
 #[cfg(test)]

@@ -29,8 +29,8 @@ use tonic::transport::Channel;
 use tower::Service;
 use warden_proto::v1 as pb;
 
-use super::layout::ShardKey;
-use super::manifest::{self, Manifest};
+use crate::ckpt::layout::ShardKey;
+use crate::ckpt::manifest::{self, Manifest};
 
 /// The PushShard method's path.
 pub const PUSH_PATH: &str = "/warden.v1.Peer/PushShard";
@@ -100,7 +100,7 @@ pub enum Ending {
 type Chunks = tokio_stream::wrappers::ReceiverStream<Result<pb::ShardChunk, Status>>;
 
 /// An HTTP body of framed chunks, from a stream such as
-/// [`super::peers::chunk_stream`].
+/// [`super::channel::chunk_stream`].
 #[derive(Debug)]
 pub struct ChunkBody {
     chunks: Option<Chunks>,
@@ -637,7 +637,7 @@ pub fn info(m: &Manifest) -> pb::ShardInfo {
 
 /// A manifest from what a peer said; refused when it makes no sense.
 pub fn manifest_of(i: &pb::ShardInfo) -> Result<Manifest, String> {
-    super::layout::check_job_id(&i.job_id).map_err(|e| e.to_string())?;
+    crate::ckpt::layout::check_job_id(&i.job_id).map_err(|e| e.to_string())?;
     if i.world_size == 0 || i.rank >= i.world_size {
         return Err(format!(
             "shard info: rank {} is not below world_size {}",
@@ -651,7 +651,7 @@ pub fn manifest_of(i: &pb::ShardInfo) -> Result<Manifest, String> {
             warden_core::rank::MAX_WORLD_SIZE
         ));
     }
-    super::layout::check_step(i.step).map_err(|e| format!("shard info: {e}"))?;
+    crate::ckpt::layout::check_step(i.step).map_err(|e| format!("shard info: {e}"))?;
     if i.origin.len() > 255 || i.origin.chars().any(char::is_control) {
         return Err(format!(
             "shard info: origin {:?} is longer than 255 bytes or holds control characters",
