@@ -24,11 +24,13 @@
 //!   taint, the launcher's SIGTERM) turned into a save-and-leave word in
 //!   the ranks' slots.
 //! - [`exchange`]: the job-wide exchange across hosts: each host's report
-//!   to its job's aggregator, the aggregator's use case, the wire format.
+//!   to its job's aggregator, the aggregator's use case, the routes; its
+//!   calls to other hosts are a port ([`exchange::link`]), free of protobuf.
 //! - [`ckpt`]: checkpoint tiers: local, peer replicas, durable store, restore;
 //!   its calls to peers are a port ([`ckpt::link`]), free of protobuf.
-//! - [`peer_link`]: that port over tonic: the checkpoint flow's calls to
-//!   peer agents, the shards' hand-framed chunks, the collector's wire.
+//! - [`peer_link`]: those ports over tonic: the checkpoint flow's calls to
+//!   peer agents, the shards' hand-framed chunks, the collector's wire; the
+//!   exchange's reports, a group leader's relays and batches, the messages.
 //! - [`config`]: the TOML configuration, validated with errors naming the key.
 //! - [`state`]: what the running agent's parts share.
 //! - [`access`]: who may call what: the Unix socket's callers as the

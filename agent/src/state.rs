@@ -89,6 +89,10 @@ pub struct AgentState {
     /// The job-wide exchange: this agent's aggregators, its routes, and the
     /// handles it shares (`exchange::Exchange`).
     pub exchange: Arc<crate::exchange::Exchange>,
+    /// Relayed reports waiting to go on to their aggregator in one batched
+    /// call (`straggler.relay_batch_wait`). Transport state, so it lives
+    /// beside the exchange rather than in it (`peer_link::exchange::batch`).
+    pub relay_batches: Arc<crate::peer_link::exchange::batch::Batches>,
     /// The node's health gate: one run at a time, its result cached, calls
     /// per uid bounded (`act::gate`).
     pub gate: Arc<crate::act::gate::Gate>,
@@ -149,7 +153,7 @@ impl AgentState {
                 &config.checkpoint,
                 &host,
                 &config.api.tcp,
-                crate::peer_link::tonic_peer::TonicDial::shared(peer_tls.clone()),
+                crate::peer_link::ckpt::tonic_peer::TonicDial::shared(peer_tls.clone()),
             )
             .map(std::sync::Arc::new)
             .inspect_err(|e| tracing::error!(error = %e, "checkpoint tier unavailable"))
@@ -182,12 +186,15 @@ impl AgentState {
                 config.straggler.aggregator_fan_out,
                 crate::exchange::routes::Dial {
                     checkpoints: checkpoints.as_ref().ok().cloned(),
-                    peer_tls: peer_tls.clone(),
-                    seen: straggler_peers_seen.clone(),
-                    peer_timeout: config.straggler.peer_timeout,
+                    dial: Arc::new(
+                        crate::peer_link::exchange::tonic_aggregator::TonicAggregatorDial {
+                            peer_tls: peer_tls.clone(),
+                            seen: straggler_peers_seen.clone(),
+                            peer_timeout: config.straggler.peer_timeout,
+                        },
+                    ),
                 },
             ),
-            batches: crate::exchange::batch::Batches::default(),
             relay_batch_wait: config.straggler.relay_batch_wait(),
             relay_limit: config.straggler.peer_timeout,
             hang_board: hang_board.clone(),
@@ -212,6 +219,7 @@ impl AgentState {
             stranger_connections: std::sync::OnceLock::new(),
             peer_values,
             exchange,
+            relay_batches: Arc::default(),
             gate: Arc::default(),
             gate_dcgm: Arc::new(config.dcgm.clone()),
             job_stops: crate::access::stop_limiter::StopLimiter::new(

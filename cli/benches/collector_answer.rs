@@ -34,7 +34,7 @@ use std::time::{Duration, Instant};
 
 use prost::Message;
 use warden_agent::ckpt::holdings::{Counted, Holdings};
-use warden_agent::peer_link::collect_wire::view_to_pb;
+use warden_agent::peer_link::ckpt::collect_wire::view_to_pb;
 
 const RANKS_PER_HOST: u32 = 8;
 const STEPS: u64 = 5;

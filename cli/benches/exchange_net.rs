@@ -62,7 +62,7 @@ use tokio::net::TcpSocket;
 use tokio::task::JoinSet;
 use tokio_rustls::rustls;
 use tonic::transport::{Channel, Endpoint, Uri};
-use warden_agent::exchange::wire::report_pb;
+use warden_agent::peer_link::exchange::wire::report_pb;
 use warden_core::detect::culprit::Position;
 use warden_core::detect::positions::JobPositions;
 use warden_core::detect::sdc::aggregate::{JobValues, RankValues, StepValue};

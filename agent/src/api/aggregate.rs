@@ -4,11 +4,11 @@
 //! caller (it speaks only for its own host and for jobs it is a member
 //! of; a group leader that relays speaks for a member of its group), and
 //! then either relays the report (this agent leads a group of the
-//! two-level tree: [`crate::exchange::relay`]) or hands it to the
+//! two-level tree: [`crate::peer_link::exchange::relay`]) or hands it to the
 //! aggregator's use case ([`crate::exchange::aggregate`]) and maps its
 //! answer; a report
 //! past a limit is RESOURCE_EXHAUSTED naming the limit. A leader relays
-//! through its batches ([`crate::exchange::batch`]) unless
+//! through its batches ([`crate::peer_link::exchange::batch`]) unless
 //! `straggler.relay_batch_window` is 0. `ReportBatchToAggregator`, a
 //! leader's batch, is taken here report by report, each as a relayed
 //! `ReportToAggregator` and answered in its own item. The reporting task
@@ -22,11 +22,11 @@ use warden_proto::v1 as pb;
 
 use super::peer_auth::Caller;
 use crate::exchange::aggregate::{aggregate_here, answer_batch, fold};
-use crate::exchange::batch::Batches;
-use crate::exchange::positions::step_stat_pb;
-use crate::exchange::relay::{Decoded, RelayError, relay};
-use crate::exchange::routes::{AGGREGATOR_REFUSED, report_refused};
-use crate::exchange::wire::{answer_pb, job_stats_pb, report_from_pb};
+use crate::peer_link::exchange::batch::Batches;
+use crate::peer_link::exchange::call::{AGGREGATOR_REFUSED, report_refused};
+use crate::peer_link::exchange::positions::step_stat_pb;
+use crate::peer_link::exchange::relay::{Decoded, RelayError, relay};
+use crate::peer_link::exchange::wire::{answer_pb, job_stats_pb, report_from_pb};
 use crate::state::AgentState;
 
 /// Serves `ReportToAggregator` (the Peer service calls it).
@@ -64,7 +64,7 @@ pub async fn report_to_aggregator(
         let relayed = if ex.relay_batch_wait.is_zero() {
             relay(ex, plan, forward, decoded, ex.relay_limit).await
         } else {
-            Batches::submit(ex, job, plan, forward, decoded).await
+            Batches::submit(ex, &state.relay_batches, job, plan, forward, decoded).await
         };
         return relayed.map_err(|e| match e {
             RelayError::Refused(e) => Status::resource_exhausted(report_refused(e)),
@@ -158,7 +158,7 @@ pub async fn report_batch_to_aggregator(
 /// The most reports one `ReportBatchToAggregator` may carry (a leader's
 /// group is at most the square root of the job's hosts by default; a
 /// larger `straggler.aggregator_fan_out` is cut into several batches).
-pub const MAX_BATCH: usize = crate::exchange::batch::MAX_BATCH;
+pub const MAX_BATCH: usize = crate::peer_link::exchange::batch::MAX_BATCH;
 
 /// FAILED_PRECONDITION where the detector is off.
 fn detector_on(state: &AgentState) -> Result<(), Status> {

@@ -29,7 +29,7 @@ use crate::ckpt::restore::{self, RestoreError};
 use crate::ckpt::tier::{Owner, TierError};
 use crate::ckpt::{Checkpoints, IncomingError};
 use crate::peer_link::channel;
-use crate::peer_link::wire::{self, ChunkSource};
+use crate::peer_link::ckpt::wire::{self, ChunkSource};
 use crate::state::AgentState;
 
 /// The checkpoint tier, or UNAVAILABLE saying why there is none.
@@ -429,7 +429,7 @@ pub async fn collect_holdings(
 ) -> Result<pb::Holdings, Status> {
     let req = req.into_inner();
     use crate::ckpt::collect::{self, Collected};
-    use crate::peer_link::collect_wire;
+    use crate::peer_link::ckpt::collect_wire;
     // Its job checked by the frame ([`collect_job`]).
     let ck = tier(state)?;
     let ask = collect_wire::ask_from_pb(req)

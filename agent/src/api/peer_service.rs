@@ -2,7 +2,7 @@
 //! (`api::stragglers`), the aggregator's report (`api::aggregate`) and the
 //! shards' moves between agents (`api::ckpt`), each call handed to the
 //! module of its stage. PushShard and FetchShard go through
-//! [`crate::peer_link::wire`]'s framing (the shard's bytes never copied between
+//! [`crate::peer_link::ckpt::wire`]'s framing (the shard's bytes never copied between
 //! the socket's buffers and the file); every other call through tonic's
 //! generated server.
 //!
@@ -22,7 +22,7 @@ use authorized::Authorized;
 
 use super::observe::observed;
 use super::peer_auth::Caller;
-use crate::peer_link::{channel, wire};
+use crate::peer_link::{channel, ckpt::wire};
 use crate::state::AgentState;
 use crate::tls::accept::PeerInfo;
 
@@ -286,7 +286,7 @@ impl Peer for PeerService {
 }
 
 /// `warden.v1.Peer` as served: PushShard and FetchShard framed by
-/// [`crate::peer_link::wire`] (the shard's bytes never copied between the
+/// [`crate::peer_link::ckpt::wire`] (the shard's bytes never copied between the
 /// socket's buffers and the file), every other call by tonic's generated
 /// server. Same methods, same messages on the wire.
 #[derive(Debug, Clone)]

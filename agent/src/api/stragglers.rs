@@ -5,7 +5,7 @@
 //! all-to-all (SDC values) went to the aggregator with issue 30.
 //!
 //! ExchangeStragglerSummaries is decoded and taken by the exchange
-//! (`exchange::legacy`); here its caller is authorized (a host speaks only
+//! (`peer_link::exchange::legacy`); here its caller is authorized (a host speaks only
 //! for itself) and bad input becomes a gRPC status.
 
 use std::time::Instant;
@@ -14,8 +14,8 @@ use tonic::Status;
 use warden_proto::v1 as pb;
 
 use super::peer_auth::Caller;
-use crate::exchange::legacy;
-use crate::exchange::wire::score_pb;
+use crate::peer_link::exchange::legacy;
+use crate::peer_link::exchange::wire::score_pb;
 use crate::state::AgentState;
 
 /// Answers GetStragglers from the agent's straggler scores: its own ranks'

@@ -512,7 +512,7 @@ mod tests {
 
     /// The real dialer, without TLS: these peers are never called.
     fn insecure() -> std::sync::Arc<dyn crate::ckpt::link::PeerDial> {
-        crate::peer_link::tonic_peer::TonicDial::shared(crate::tls::PeerTls::Insecure)
+        crate::peer_link::ckpt::tonic_peer::TonicDial::shared(crate::tls::PeerTls::Insecure)
     }
 
     fn spec(addr: &str, domain: &str) -> PeerSpec {

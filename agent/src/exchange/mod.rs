@@ -8,26 +8,23 @@
 //! - [`aggregate`]: the aggregator's use case (a report in, the job-wide
 //!   answer out), for a peer's report (through `api::aggregate`, which
 //!   decodes and authorizes) and for this host's own.
-//! - [`relay`]: a group leader passing a member's report on.
-//! - [`batch`]: a group leader passing its members' reports on in one call
-//!   per `straggler.relay_batch_window`.
 //! - [`routes`]: whom a host reports to and where a group leader relays
 //!   (the two-level tree), and what is known of each host on the way.
-//! - [`wire`], [`positions`]: the messages on the wire, checked both ways.
-//! - [`legacy`]: an older agent's ExchangeStragglerSummaries, taken and
-//!   answered.
+//! - [`link`]: the one call to another host, as a port ([`link::AggregatorLink`]).
+//! - [`capacity`]: how many hosts and jobs one aggregator keeps.
+//!
+//! The wire is elsewhere (`crate::peer_link::exchange`): the messages both
+//! ways, the port over tonic, a group leader's relays and batches (which
+//! pass a member's report on as it came), and an older agent's
+//! ExchangeStragglerSummaries. This stage names no protobuf or tonic type.
 //!
 //! [`Exchange`] is the stage's state and handles, handed over whole.
 
 pub mod aggregate;
-pub mod batch;
 pub mod capacity;
-pub mod legacy;
-pub mod positions;
-pub mod relay;
+pub mod link;
 pub mod report;
 pub mod routes;
-pub mod wire;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -61,8 +58,6 @@ pub struct Exchange {
     /// Whom this agent reports its jobs' part to and relays its group's
     /// reports to, and what is known of each.
     pub routes: routes::Routes,
-    /// A group leader's open batches of its members' reports.
-    pub batches: batch::Batches,
     /// `straggler.relay_batch_wait()`: how long a batch stays open.
     pub relay_batch_wait: Duration,
     /// `straggler.peer_timeout`: the bound on passing a member's report, or

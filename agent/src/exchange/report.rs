@@ -34,8 +34,8 @@ use warden_core::detect::straggler::aggregate::HostReport;
 
 use super::Exchange;
 use super::aggregate::{Here, aggregate_here};
-use super::routes::{Hop, call};
-use super::wire::{answer_from_pb, report_pb};
+use super::link::CallFailed;
+use super::routes::Hop;
 
 /// Starts the task that reports to the aggregators every
 /// `straggler.exchange_interval`, until the agent shuts down.
@@ -107,13 +107,13 @@ async fn report_loop(ex: Arc<Exchange>, det: Arc<Stragglers>) {
                 let limit = cfg.peer_timeout;
                 let plan = vec![Hop {
                     addr: String::new(),
-                    client: None,
+                    link: None,
                     relays: false,
                 }];
                 calls.spawn(async move { send(&ex, plan, rep, pos, vals, limit).await });
                 continue;
             }
-            if plan.iter().all(|h| h.client.is_none())
+            if plan.iter().all(|h| h.link.is_none())
                 && rep.jobs.is_empty()
                 && pos.is_empty()
                 && vals.is_empty()
@@ -236,14 +236,8 @@ async fn send(
         value_jobs: values.iter().map(|v| v.job.clone()).collect(),
         ..Outcome::default()
     };
-    let wire = report_pb(&report, &positions, &values);
-    for Hop {
-        addr,
-        client,
-        relays,
-    } in plan
-    {
-        let Some(mut client) = client else {
+    for Hop { addr, link, relays } in plan {
+        let Some(link) = link else {
             match aggregate_here(ex, report, positions, values) {
                 Ok(here) => out.here = Some(here),
                 Err(e) => tracing::warn!(error = %e, "this agent's own report was refused"),
@@ -251,33 +245,24 @@ async fn send(
             return out;
         };
         let limit = if relays { limit * 2 } else { limit };
-        let r = match call(&mut client, wire.clone(), limit).await {
-            Err(e) => {
-                if let Some(why) = e.relay_failed() {
-                    out.relay_failed = Some((addr, why.to_owned()));
-                    return out;
-                }
-                if let Some(why) = e.aggregator_refused() {
-                    out.refused = Some((addr, why.to_owned()));
-                    return out;
-                }
-                // The host itself refused the report for its own sake: it
-                // is up, and the next would refuse it too.
-                if let Some(s) = e.report_refused() {
-                    out.refused = Some((addr, s.message().to_owned()));
-                    return out;
-                }
-                Err(e.to_string())
-            }
-            Ok(answer) => answer_from_pb(answer).map_err(|e| format!("bad answer: {e}")),
-        };
-        match r {
+        match link.report(&report, &positions, &values, limit).await {
             Ok(here) => {
                 out.answered = Some(addr);
                 out.here = Some(here);
                 return out;
             }
-            Err(e) => out.failed.push((addr, e)),
+            Err(CallFailed::RelayFailed(why)) => {
+                out.relay_failed = Some((addr, why));
+                return out;
+            }
+            // The aggregator (behind a leader) or the host itself refused
+            // the report for its own sake: it is up, and the next would
+            // refuse it too.
+            Err(CallFailed::AggregatorRefused(why) | CallFailed::ReportRefused(why)) => {
+                out.refused = Some((addr, why));
+                return out;
+            }
+            Err(e) => out.failed.push((addr, e.to_string())),
         }
     }
     out
@@ -288,7 +273,7 @@ mod tests {
     use super::*;
     use std::sync::atomic::Ordering;
 
-    use crate::exchange::batch::tests::{Aggregating, exchange, serve};
+    use crate::peer_link::exchange::batch::tests::{Aggregating, exchange, serve};
 
     /// This host's report sent to `first`, which refuses it saying `why`,
     /// with `next` behind it: nothing is noted failed, the refusal is

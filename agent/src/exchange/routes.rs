@@ -12,132 +12,14 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use tonic::transport::{Channel, Endpoint};
 use warden_core::detect::straggler::tree;
-use warden_proto::v1 as pb;
-use warden_proto::v1::peer_client::PeerClient;
 
+use super::link::{AggregatorDial, AggregatorLink};
 use crate::ckpt::Checkpoints;
-use crate::tls::PeerTls;
-use crate::tls::connect::{PeerConnector, SeenNames};
 
 /// At most this many hosts are tried for one report in one interval: the
 /// ones after are tried in the next intervals, once these are known down.
 pub const MAX_TRIES: usize = 8;
-
-/// The start of the message a leader answers when it could not relay a
-/// report (gRPC `ABORTED`): the leader itself is up, so the member does
-/// not skip it.
-pub const RELAY_FAILED: &str = "relay to the job's aggregator failed";
-
-/// The start of the message a leader answers with when the aggregator took
-/// its batch but refused the member's report alone (the aggregator's own
-/// code follows, and its message): the leader is up and the aggregator
-/// too, so the member skips neither, and tries no other host for it (the
-/// same report would be refused there).
-pub const AGGREGATOR_REFUSED: &str = "the job's aggregator refused this report";
-
-/// The start of the message an agent refuses one report with for the
-/// report's own sake (gRPC INVALID_ARGUMENT: a field it got wrong;
-/// RESOURCE_EXHAUSTED: a limit it passed): the agent is up, and any other
-/// would refuse the same report, so the caller does not skip it and tries
-/// no other host for the report. Agents have answered so since before
-/// batches.
-pub const REPORT_REFUSED: &str = "aggregate report";
-
-/// The message a report refused for its own sake is answered with:
-/// [`REPORT_REFUSED`] and why.
-pub fn report_refused(why: impl std::fmt::Display) -> String {
-    format!("{REPORT_REFUSED}: {why}")
-}
-
-/// Why a call to an aggregator (or a leader) brought no answer.
-#[derive(Debug)]
-pub enum CallFailed {
-    /// It answered with an error.
-    Refused(tonic::Status),
-    /// No answer within this long.
-    Silent(Duration),
-}
-
-impl CallFailed {
-    /// A leader's answer that it is up but could not relay ([`RELAY_FAILED`]).
-    pub fn relay_failed(&self) -> Option<&str> {
-        match self {
-            Self::Refused(s)
-                if s.code() == tonic::Code::Aborted && s.message().starts_with(RELAY_FAILED) =>
-            {
-                Some(s.message())
-            }
-            _ => None,
-        }
-    }
-
-    /// A leader's answer that the aggregator refused this report alone
-    /// ([`AGGREGATOR_REFUSED`]).
-    pub fn aggregator_refused(&self) -> Option<&str> {
-        match self {
-            Self::Refused(s) if s.message().starts_with(AGGREGATOR_REFUSED) => Some(s.message()),
-            _ => None,
-        }
-    }
-
-    /// An agent's answer that it refused this report for the report's own
-    /// sake ([`REPORT_REFUSED`]): the status, as the agent answered it.
-    pub fn report_refused(&self) -> Option<&tonic::Status> {
-        match self {
-            Self::Refused(s)
-                if matches!(
-                    s.code(),
-                    tonic::Code::InvalidArgument | tonic::Code::ResourceExhausted
-                ) && s
-                    .message()
-                    .strip_prefix(REPORT_REFUSED)
-                    .is_some_and(|rest| rest.starts_with(':')) =>
-            {
-                Some(s)
-            }
-            _ => None,
-        }
-    }
-}
-
-impl std::fmt::Display for CallFailed {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Self::Refused(s) => write!(f, "{}: {}", s.code(), s.message()),
-            Self::Silent(d) => write!(f, "no answer within {}", humantime::format_duration(*d)),
-        }
-    }
-}
-
-/// Sends `report` through `client`, waiting at most `limit`: the one call
-/// of the reporting task and of a leader's relay.
-pub async fn call(
-    client: &mut PeerClient<Channel>,
-    report: pb::AggregateReport,
-    limit: Duration,
-) -> Result<pb::AggregateAnswer, CallFailed> {
-    match tokio::time::timeout(limit, client.report_to_aggregator(report)).await {
-        Ok(Ok(answer)) => Ok(answer.into_inner()),
-        Ok(Err(s)) => Err(CallFailed::Refused(s)),
-        Err(_) => Err(CallFailed::Silent(limit)),
-    }
-}
-
-/// Sends a group leader's `batch` of its members' reports through
-/// `client`, waiting at most `limit`.
-pub async fn call_batch(
-    client: &mut PeerClient<Channel>,
-    batch: pb::AggregateBatch,
-    limit: Duration,
-) -> Result<pb::AggregateBatchAnswer, CallFailed> {
-    match tokio::time::timeout(limit, client.report_batch_to_aggregator(batch)).await {
-        Ok(Ok(answer)) => Ok(answer.into_inner()),
-        Ok(Err(s)) => Err(CallFailed::Refused(s)),
-        Err(_) => Err(CallFailed::Silent(limit)),
-    }
-}
 
 /// One host to try, in order.
 #[derive(Debug, Clone)]
@@ -145,7 +27,7 @@ pub struct Hop {
     /// Its `api.tcp` address.
     pub addr: String,
     /// None: this agent (aggregate in place).
-    pub client: Option<PeerClient<Channel>>,
+    pub link: Option<Arc<dyn AggregatorLink>>,
     /// It relays what it receives (a group leader): its answer may take
     /// two calls.
     pub relays: bool,
@@ -154,7 +36,7 @@ pub struct Hop {
 /// One host and what is known of it.
 #[derive(Debug, Default)]
 struct Link {
-    client: Option<PeerClient<Channel>>,
+    link: Option<Arc<dyn AggregatorLink>>,
     /// When it last failed, and the failure logged.
     down: Option<(Instant, String)>,
 }
@@ -175,20 +57,16 @@ pub struct Routes {
     dial: Dial,
 }
 
-/// What [`Routes`] needs to find a job's order and dial a host: the
+/// What [`Routes`] needs to find a job's order and reach a host: the
 /// checkpoint tier's peer set (the jobs' hosts, handed over by their
-/// launchers, with their clients), and for a host dialed by address the
-/// peer TLS, the names seen on such links and the call limit.
+/// launchers, with their connections), and the transport's dialer for a
+/// host reached through such a peer or by address.
 #[derive(Debug)]
 pub struct Dial {
     /// The checkpoint tier, when it is on: its peer set.
     pub checkpoints: Option<Arc<Checkpoints>>,
-    /// The agents' mutual TLS (or none).
-    pub peer_tls: PeerTls,
-    /// The certificate names of the hosts dialed by address.
-    pub seen: Arc<SeenNames>,
-    /// `straggler.peer_timeout`.
-    pub peer_timeout: Duration,
+    /// The transport's dialer (`peer_link::exchange`).
+    pub dial: Arc<dyn AggregatorDial>,
 }
 
 impl Routes {
@@ -306,17 +184,17 @@ impl Routes {
                 if mine(addr) {
                     return Hop {
                         addr: addr.clone(),
-                        client: None,
+                        link: None,
                         relays: false,
                     };
                 }
-                let link = links.entry(addr.clone()).or_default();
-                if link.client.is_none() {
-                    link.client = self.dial.client_for(addr);
+                let known = links.entry(addr.clone()).or_default();
+                if known.link.is_none() {
+                    known.link = self.dial.link_for(addr);
                 }
                 Hop {
                     addr: addr.clone(),
-                    client: link.client.clone(),
+                    link: known.link.clone(),
                     relays: relays(i),
                 }
             })
@@ -361,29 +239,16 @@ impl Routes {
 }
 
 impl Dial {
-    /// A client for the host at `addr`: a job's peer's (handed over) or
-    /// one dialed by address (its certificate's name is remembered, so that
+    /// The link to the host at `addr`: through a job's peer (handed over),
+    /// or dialed by address (its certificate's name is remembered, so that
     /// its own reports are taken).
-    fn client_for(&self, addr: &str) -> Option<PeerClient<Channel>> {
+    fn link_for(&self, addr: &str) -> Option<Arc<dyn AggregatorLink>> {
         if let Some(ck) = &self.checkpoints
             && let Some(p) = ck.peers.find(addr)
-            && let Some(client) = crate::peer_link::tonic_peer::client_of(&*p.link)
+            && let Some(link) = self.dial.through(&p)
         {
-            return Some(client);
+            return Some(link);
         }
-        let limit = self.peer_timeout;
-        Endpoint::from_shared(format!("http://{addr}"))
-            .map(|e| {
-                PeerClient::new(
-                    e.connect_timeout(limit)
-                        .timeout(limit * 2)
-                        .connect_with_connector_lazy(
-                            PeerConnector::new(self.peer_tls.clone(), "")
-                                .recording(self.seen.clone()),
-                        ),
-                )
-            })
-            .map_err(|e| tracing::warn!(peer = %addr, error = %e, "unusable aggregator address"))
-            .ok()
+        self.dial.by_addr(addr)
     }
 }

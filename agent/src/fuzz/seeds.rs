@@ -162,7 +162,7 @@ pub(crate) fn shard_framing() -> Vec<Vec<u8>> {
     };
     let mut seed = Vec::new();
     for (info, data) in [(Some(info), vec![1u8; 100]), (None, vec![2u8; 200])] {
-        let (head, data) = crate::peer_link::wire::chunk_frames(pb::ShardChunk {
+        let (head, data) = crate::peer_link::ckpt::wire::chunk_frames(pb::ShardChunk {
             info,
             data: data.into(),
         })
@@ -350,7 +350,7 @@ pub(crate) fn json_lines(seeds: &[Vec<u8>]) -> Vec<Value> {
 /// and the job's view for one rank.
 pub(crate) fn peer_holdings() -> Vec<Vec<u8>> {
     use crate::ckpt::holdings::Holdings;
-    use crate::peer_link::collect_wire as w;
+    use crate::peer_link::ckpt::collect_wire as w;
     use prost::Message;
     let mut h = Holdings::default();
     let a = h.host("10.0.0.1:7411", "node-1");

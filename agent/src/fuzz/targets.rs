@@ -212,7 +212,7 @@ impl Body for Pieces {
 /// parsed as ShardChunks until the end or an error with a message; a
 /// length over the cap is refused before anything is buffered.
 pub(crate) fn shard_framing(bytes: &[u8]) {
-    use crate::peer_link::wire::{Reader, parse_chunk};
+    use crate::peer_link::ckpt::wire::{Reader, parse_chunk};
     let step = usize::from(bytes.first().copied().unwrap_or(1)).max(1);
     let body = Pieces(bytes.chunks(step).map(Bytes::copy_from_slice).collect());
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -267,10 +267,10 @@ pub(crate) fn peer_positions(bytes: &[u8]) {
     let Ok(batch) = warden_proto::v1::StragglerSummaries::decode(bytes) else {
         return;
     };
-    if let Err(e) = crate::exchange::positions::values_from_pb(batch.values) {
+    if let Err(e) = crate::peer_link::exchange::positions::values_from_pb(batch.values) {
         assert_says_something("peer values", &e);
     }
-    match crate::exchange::positions::from_pb(&batch.host, batch.positions) {
+    match crate::peer_link::exchange::positions::from_pb(&batch.host, batch.positions) {
         Err(e) => assert_says_something("peer positions", &e),
         Ok(jobs) => {
             for j in jobs {
@@ -285,7 +285,7 @@ pub(crate) fn peer_positions(bytes: &[u8]) {
 /// naming what was wrong; what is taken stays within bounds, merges, and
 /// goes back on the wire to the same.
 pub(crate) fn peer_holdings(bytes: &[u8]) {
-    use crate::peer_link::collect_wire as w;
+    use crate::peer_link::ckpt::collect_wire as w;
     let Ok(answer) = warden_proto::v1::Holdings::decode(bytes) else {
         return;
     };

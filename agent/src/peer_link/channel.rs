@@ -41,7 +41,7 @@ pub fn channel(
 }
 
 /// A client for the peer behind `channel` (the calls other than the
-/// shard transfers, which go through [`super::wire`]).
+/// shard transfers, which go through [`super::ckpt::wire`]).
 pub fn client(channel: Channel) -> PeerClient<Channel> {
     PeerClient::new(channel)
         .max_decoding_message_size(MAX_MESSAGE)
@@ -102,7 +102,7 @@ pub fn chunk_stream(
         };
         let mut f = file;
         let mut pacer = Pacer::new(rate);
-        let mut first = Some(super::wire::info(&m));
+        let mut first = Some(super::ckpt::wire::info(&m));
         let mut left = m.size_bytes;
         let pool = std::sync::Arc::new(Pool::default());
         loop {

@@ -100,7 +100,7 @@ pub enum Ending {
 type Chunks = tokio_stream::wrappers::ReceiverStream<Result<pb::ShardChunk, Status>>;
 
 /// An HTTP body of framed chunks, from a stream such as
-/// [`super::channel::chunk_stream`].
+/// [`crate::peer_link::channel::chunk_stream`].
 #[derive(Debug)]
 pub struct ChunkBody {
     chunks: Option<Chunks>,

@@ -19,7 +19,7 @@ use warden_core::detect::straggler::{Batch, Score, Summary};
 use warden_core::text::unfit_name;
 use warden_proto::v1 as pb;
 
-use super::aggregate::Here;
+use crate::exchange::aggregate::Here;
 
 /// Hosts a verdict notice names (the count says how many were read).
 const MAX_NOTICE_HOSTS: usize = 64;

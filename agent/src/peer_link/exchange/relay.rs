@@ -2,7 +2,7 @@
 //! tree (`warden_core::detect::straggler::tree`), to the hosts before the
 //! leader's group in order, within one `straggler.peer_timeout` in all; the
 //! first answer is handed back. When every host before the group is down,
-//! the report is aggregated here ([`super::aggregate::aggregate_here`]).
+//! the report is aggregated here ([`crate::exchange::aggregate::aggregate_here`]).
 //! Used where `straggler.relay_batch_window` is 0, and for each report of a
 //! batch an older aggregator would not take whole ([`super::batch`]).
 //!
@@ -14,10 +14,12 @@ use std::time::Duration;
 
 use warden_proto::v1 as pb;
 
-use super::Exchange;
-use super::aggregate::aggregate_here;
-use super::routes::{Hop, RELAY_FAILED, call};
+use super::call::{RELAY_FAILED, call};
+use super::tonic_aggregator::client_of;
 use super::wire::answer_pb;
+use crate::exchange::Exchange;
+use crate::exchange::aggregate::aggregate_here;
+use crate::exchange::routes::Hop;
 
 /// Why a relay brought no answer.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -29,7 +31,7 @@ pub enum RelayError {
     NoneAnswered(String),
     /// The aggregator refused this report alone (an item of a batch it
     /// took, or a relayed report it refused for the report's own sake,
-    /// [`REPORT_REFUSED`](super::routes::REPORT_REFUSED)): its status (a
+    /// [`REPORT_REFUSED`](super::call::REPORT_REFUSED)): its status (a
     /// gRPC code) and message, handed back to the member as is.
     Aggregator {
         /// The gRPC status code.
@@ -62,8 +64,8 @@ pub async fn relay(
     let deadline = tokio::time::Instant::now() + limit;
     let routes = &ex.routes;
     let mut errors = Vec::new();
-    for Hop { addr, client, .. } in plan {
-        let Some(mut client) = client else {
+    for Hop { addr, link, .. } in plan {
+        let Some(mut client) = link.as_deref().and_then(client_of) else {
             metrics::counter!("warden_straggler_relays_total", "result" => "here").increment(1);
             return here(ex, decoded);
         };
@@ -119,8 +121,8 @@ mod tests {
     use std::sync::Arc;
     use std::sync::atomic::Ordering;
 
-    use crate::exchange::batch::tests::{Aggregating, down, exchange, hop, serve};
-    use crate::exchange::wire::report_from_pb;
+    use super::super::batch::tests::{Aggregating, down, exchange, hop, serve};
+    use super::super::wire::report_from_pb;
 
     /// A member's report, as a leader decodes it.
     fn report(host: &str) -> (pb::AggregateReport, Decoded) {

@@ -13,7 +13,6 @@ use tonic::transport::Channel;
 use warden_proto::v1 as pb;
 use warden_proto::v1::peer_client::PeerClient;
 
-use super::channel::{self, MAX_MESSAGE};
 use super::collect_wire as w;
 use super::wire::{self, ChunkSource};
 use crate::ckpt::collect::{Ask, AskScope, Collected};
@@ -21,6 +20,7 @@ use crate::ckpt::layout::ShardKey;
 use crate::ckpt::link::{Incoming, LinkError, PeerDial, PeerHoldings, PeerLink};
 use crate::ckpt::manifest::Manifest;
 use crate::ckpt::receive::ShardStream;
+use crate::peer_link::channel::{self, MAX_MESSAGE};
 use crate::tls::PeerTls;
 
 /// One peer agent over tonic: a lazily connected channel, and the client

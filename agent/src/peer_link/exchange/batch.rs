@@ -23,9 +23,11 @@ use prost::Message;
 use tokio::sync::oneshot;
 use warden_proto::v1 as pb;
 
-use super::Exchange;
+use super::call::{RELAY_FAILED, RpcFailed, call_batch};
 use super::relay::{Decoded, RelayError, here, relay};
-use super::routes::{CallFailed, Hop, RELAY_FAILED, call_batch};
+use super::tonic_aggregator::client_of;
+use crate::exchange::Exchange;
+use crate::exchange::routes::Hop;
 use warden_core::detect::sdc::aggregate::MAX_SETTLED;
 
 /// The most reports one batch carries (and the most an aggregator takes in
@@ -80,6 +82,7 @@ impl Batches {
     /// `straggler.peer_timeout` along the plan.
     pub async fn submit(
         ex: &Arc<Exchange>,
+        batches: &Arc<Batches>,
         job: String,
         plan: Vec<Hop>,
         req: pb::AggregateReport,
@@ -93,8 +96,7 @@ impl Batches {
             answer: tx,
         };
         let (opened, full) = {
-            let mut open = ex
-                .batches
+            let mut open = batches
                 .open
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
@@ -121,12 +123,11 @@ impl Batches {
         if let Some(batch) = full {
             tokio::spawn(send(ex.clone(), batch));
         } else if let Some(number) = opened {
-            let ex = ex.clone();
+            let (ex, batches) = (ex.clone(), batches.clone());
             tokio::spawn(async move {
                 tokio::time::sleep(ex.relay_batch_wait).await;
                 let batch = {
-                    let mut open = ex
-                        .batches
+                    let mut open = batches
                         .open
                         .lock()
                         .unwrap_or_else(std::sync::PoisonError::into_inner);
@@ -167,7 +168,7 @@ async fn send(ex: Arc<Exchange>, batch: Open) {
         shared_steps: true,
     };
     for (i, hop) in plan.iter().enumerate() {
-        let Some(mut client) = hop.client.clone() else {
+        let Some(mut client) = hop.link.as_deref().and_then(client_of) else {
             metrics::counter!("warden_straggler_relays_total", "result" => "here")
                 .increment(waiting.len() as u64);
             for w in waiting {
@@ -192,7 +193,7 @@ async fn send(ex: Arc<Exchange>, batch: Open) {
                 answer.items.len(),
                 waiting.len()
             ),
-            Err(CallFailed::Refused(s)) if s.code() == tonic::Code::Unimplemented => {
+            Err(RpcFailed::Refused(s)) if s.code() == tonic::Code::Unimplemented => {
                 // An agent older than batches: each report alone, from
                 // this host on, in what is left of the limit.
                 let rest: Vec<Hop> = plan[i..].to_vec();
@@ -312,8 +313,9 @@ pub(crate) mod tests {
     use warden_proto::v1::peer_client::PeerClient;
     use warden_proto::v1::peer_server::{Peer, PeerServer};
 
+    use super::super::tonic_aggregator::{TonicAggregator, TonicAggregatorDial};
+    use super::super::wire::report_from_pb;
     use crate::exchange::routes::{Dial, Routes};
-    use crate::exchange::wire::report_from_pb;
     use crate::tls::PeerTls;
 
     /// An aggregator on the wire, as an agent older than batches or a
@@ -369,7 +371,7 @@ pub(crate) mod tests {
                 if r.host == self.0.refuse {
                     return Err(Status::permission_denied(format!(
                         "{}: not {}'s to relay",
-                        super::super::routes::AGGREGATOR_REFUSED,
+                        super::super::call::AGGREGATOR_REFUSED,
                         r.host
                     )));
                 }
@@ -378,7 +380,7 @@ pub(crate) mod tests {
             if r.host == self.0.refuse {
                 // As an agent refuses a report for its own sake.
                 return Err(Status::resource_exhausted(
-                    super::super::routes::report_refused("this aggregator already keeps 1024 jobs"),
+                    super::super::call::report_refused("this aggregator already keeps 1024 jobs"),
                 ));
             }
             assert!(r.relayed, "a relayed report is marked");
@@ -496,7 +498,9 @@ pub(crate) mod tests {
             .connect_lazy();
         Hop {
             addr: addr.to_owned(),
-            client: Some(PeerClient::new(channel)),
+            link: Some(Arc::new(TonicAggregator {
+                client: PeerClient::new(channel),
+            })),
             relays: false,
         }
     }
@@ -527,12 +531,13 @@ pub(crate) mod tests {
                 0,
                 Dial {
                     checkpoints: None,
-                    peer_tls: PeerTls::Insecure,
-                    seen: Arc::default(),
-                    peer_timeout: Duration::from_secs(5),
+                    dial: Arc::new(TonicAggregatorDial {
+                        peer_tls: PeerTls::Insecure,
+                        seen: Arc::default(),
+                        peer_timeout: Duration::from_secs(5),
+                    }),
                 },
             ),
-            batches: Batches::default(),
             relay_batch_wait: Duration::from_millis(50),
             relay_limit: Duration::from_secs(5),
             hang_board: Arc::new(crate::hang::verdict::HangBoard::new(
@@ -573,6 +578,7 @@ pub(crate) mod tests {
     async fn reports_of_one_window_go_in_one_call_and_each_gets_its_item() {
         let dir = tempfile::tempdir().unwrap();
         let ex = exchange(dir.path());
+        let batches = Arc::new(Batches::default());
         let agg = Arc::new(Aggregating {
             batches: true,
             refuse: "m3".into(),
@@ -582,7 +588,7 @@ pub(crate) mod tests {
         let plan = vec![serve(agg.clone()).await];
         let submit = |h: &str| {
             let (req, decoded) = member(h);
-            Batches::submit(&ex, "j".into(), plan.clone(), req, decoded)
+            Batches::submit(&ex, &batches, "j".into(), plan.clone(), req, decoded)
         };
         let (a, b, c, d) = tokio::join!(submit("m1"), submit("m2"), submit("m3"), submit("m4"));
         let (a, b) = (a.unwrap(), b.unwrap());
@@ -624,11 +630,12 @@ pub(crate) mod tests {
     async fn an_older_aggregator_gets_each_report_alone() {
         let dir = tempfile::tempdir().unwrap();
         let ex = exchange(dir.path());
+        let batches = Arc::new(Batches::default());
         let agg = Arc::new(Aggregating::default());
         let plan = vec![serve(agg.clone()).await];
         let submit = |h: &str| {
             let (req, decoded) = member(h);
-            Batches::submit(&ex, "j".into(), plan.clone(), req, decoded)
+            Batches::submit(&ex, &batches, "j".into(), plan.clone(), req, decoded)
         };
         let (a, b) = tokio::join!(submit("m1"), submit("m2"));
         assert_eq!(a.unwrap().host, "agg, for m1");
@@ -642,17 +649,18 @@ pub(crate) mod tests {
     async fn with_the_aggregator_down_the_leader_aggregates_the_batch_itself() {
         let dir = tempfile::tempdir().unwrap();
         let ex = exchange(dir.path());
+        let batches = Arc::new(Batches::default());
         let plan = vec![
             hop(&down()),
             Hop {
                 addr: String::new(),
-                client: None,
+                link: None,
                 relays: false,
             },
         ];
         let submit = |h: &str| {
             let (req, decoded) = member(h);
-            Batches::submit(&ex, "j".into(), plan.clone(), req, decoded)
+            Batches::submit(&ex, &batches, "j".into(), plan.clone(), req, decoded)
         };
         let (a, b) = tokio::join!(submit("m1"), submit("m2"));
         let (a, b) = (a.unwrap(), b.unwrap());
@@ -667,9 +675,10 @@ pub(crate) mod tests {
     async fn with_no_host_answering_each_member_is_told_the_relay_failed() {
         let dir = tempfile::tempdir().unwrap();
         let ex = exchange(dir.path());
+        let batches = Arc::new(Batches::default());
         let down = down();
         let (req, decoded) = member("m1");
-        let err = Batches::submit(&ex, "j".into(), vec![hop(&down)], req, decoded)
+        let err = Batches::submit(&ex, &batches, "j".into(), vec![hop(&down)], req, decoded)
             .await
             .unwrap_err();
         let RelayError::NoneAnswered(said) = err else {

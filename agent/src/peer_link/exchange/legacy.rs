@@ -15,9 +15,9 @@ use warden_core::detect::straggler::score::SectionMedian;
 use warden_core::detect::straggler::{Batch, Stragglers, Summary, exchange};
 use warden_proto::v1 as pb;
 
-use super::Exchange;
 use super::positions;
 use super::wire::{score_from_pb, score_pb};
+use crate::exchange::Exchange;
 
 /// An older agent's message, checked.
 #[derive(Debug)]
