@@ -35,16 +35,6 @@ pub async fn receive(
     path: PathBuf,
 ) -> Result<(), String> {
     // On failure the caller's guard removes the staging file.
-    receive_inner(stream, first_data, want, dest, path).await
-}
-
-async fn receive_inner(
-    stream: &mut (impl ShardStream + ?Sized),
-    first_data: Vec<Bytes>,
-    want: &Manifest,
-    dest: std::fs::File,
-    path: PathBuf,
-) -> Result<(), String> {
     let (tx, mut rx) = tokio::sync::mpsc::channel::<Vec<Bytes>>(8);
     let (hash_tx, mut hash_rx) = tokio::sync::mpsc::channel::<Vec<Bytes>>(8);
     let writer = tokio::task::spawn_blocking(move || -> Result<u64, String> {

@@ -105,11 +105,7 @@ pub async fn call(
     report: pb::AggregateReport,
     limit: Duration,
 ) -> Result<pb::AggregateAnswer, RpcFailed> {
-    match tokio::time::timeout(limit, client.report_to_aggregator(report)).await {
-        Ok(Ok(answer)) => Ok(answer.into_inner()),
-        Ok(Err(s)) => Err(RpcFailed::Refused(s)),
-        Err(_) => Err(RpcFailed::Silent(limit)),
-    }
+    timed(limit, client.report_to_aggregator(report)).await
 }
 
 /// Sends a group leader's `batch` of its members' reports through
@@ -119,7 +115,15 @@ pub async fn call_batch(
     batch: pb::AggregateBatch,
     limit: Duration,
 ) -> Result<pb::AggregateBatchAnswer, RpcFailed> {
-    match tokio::time::timeout(limit, client.report_batch_to_aggregator(batch)).await {
+    timed(limit, client.report_batch_to_aggregator(batch)).await
+}
+
+/// A call's answer within `limit`, or why there was none.
+async fn timed<T>(
+    limit: Duration,
+    call: impl Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+) -> Result<T, RpcFailed> {
+    match tokio::time::timeout(limit, call).await {
         Ok(Ok(answer)) => Ok(answer.into_inner()),
         Ok(Err(s)) => Err(RpcFailed::Refused(s)),
         Err(_) => Err(RpcFailed::Silent(limit)),
