@@ -49,7 +49,7 @@ pub enum RpcFailed {
 
 impl RpcFailed {
     /// A leader's answer that it is up but could not relay ([`RELAY_FAILED`]).
-    pub fn relay_failed(&self) -> Option<&str> {
+    fn relay_failed(&self) -> Option<&str> {
         match self {
             Self::Refused(s)
                 if s.code() == tonic::Code::Aborted && s.message().starts_with(RELAY_FAILED) =>
@@ -62,7 +62,7 @@ impl RpcFailed {
 
     /// A leader's answer that the aggregator refused this report alone
     /// ([`AGGREGATOR_REFUSED`]).
-    pub fn aggregator_refused(&self) -> Option<&str> {
+    fn aggregator_refused(&self) -> Option<&str> {
         match self {
             Self::Refused(s) if s.message().starts_with(AGGREGATOR_REFUSED) => Some(s.message()),
             _ => None,
