@@ -56,6 +56,19 @@ fn plan_json_has_both_series_and_writes_the_svg() {
     let plot = std::fs::read_to_string(&svg).unwrap();
     assert!(plot.starts_with("<svg ") && plot.trim_end().ends_with("</svg>"));
     assert_eq!(plot.matches("<polyline").count(), 2);
+    // Without a free spare a node of the cluster's pool joins, unless the
+    // job is elastic (`--scale-down`): then it runs short until repair.
+    assert_eq!(doc["scenario"]["without_spare"], "pool");
+    assert_eq!(doc["warden"]["optimum"]["breakdown"]["scaled_down"], 0.0);
+    let elastic = plan_json(&["--seed", "5", "--scale-down"]);
+    assert_eq!(elastic["scenario"]["without_spare"], "scale_down");
+    assert!(
+        elastic["warden"]["optimum"]["breakdown"]["scaled_down"]
+            .as_f64()
+            .is_some_and(|x| x > 0.0),
+        "{}",
+        elastic["warden"]["optimum"]["breakdown"]
+    );
     // Same seed, same plan, from a second process.
     let again = plan_json(&["--seed", "5"]);
     assert_eq!(again["warden"], doc["warden"]);

@@ -73,6 +73,12 @@ pub struct PlanArgs {
     /// Hot spare nodes beside the job.
     #[arg(long)]
     pub spares: Option<u32>,
+    /// Without a free spare, a node fault scales the job down until the
+    /// node is repaired (an elastic job, `--nnodes MIN:N`). Default: the
+    /// job waits for a node of the cluster's pool, which joins at the
+    /// baseline's requeue and a cold start-up (a fixed-size job).
+    #[arg(long)]
+    pub scale_down: bool,
     /// Hours before a node taken out comes back.
     #[arg(long)]
     pub repair_hours: Option<f64>,
@@ -162,6 +168,9 @@ pub fn scenario(
     }
     if let Some(v) = args.spares {
         s.spares = v;
+    }
+    if args.scale_down {
+        s.without_spare = warden_planner::scenario::WithoutSpare::ScaleDown;
     }
     if let Some(v) = args.replica_nodes {
         s.replica_nodes = v;

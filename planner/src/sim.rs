@@ -26,7 +26,7 @@ use std::collections::VecDeque;
 use serde::Serialize;
 
 use crate::rng::Rng;
-use crate::scenario::{Recovery, Scenario};
+use crate::scenario::{Recovery, Scenario, WithoutSpare};
 
 /// Which recovery machinery the simulated job has.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -108,6 +108,8 @@ pub struct Model {
     nodes: u64,
     replica_nodes: u64,
     repair_s: f64,
+    /// What a node fault without a free spare does.
+    without_spare: WithoutSpare,
     /// Cumulative class shares, normalised, for drawing a class.
     cumulative: Vec<f64>,
     classes: Vec<ClassModel>,
@@ -134,6 +136,11 @@ struct ClassModel {
     /// warden, the job scaled down (no spare free): a round of another
     /// world size, which every host restarts in job (no heal).
     warden_scaled: [[f64; 3]; 2],
+    /// warden, no spare free, a node from the cluster's pool joining the
+    /// waiting round (no heal): the scheduler's part as the baseline's
+    /// requeue, the new host's cold start-up, the round, its shard from a
+    /// peer. The survivors' warm restart runs meanwhile.
+    warden_pool: [[f64; 3]; 2],
     /// warden heals [crash, hang] from a live replica (no rollback).
     heals: [bool; 2],
     /// The baseline: [crash, hang] x parts.
@@ -247,6 +254,7 @@ impl Model {
                     }),
                     warden_node: per(&node),
                     warden_scaled: per(&|hang| [detect(hang), in_job + round_s, peer]),
+                    warden_pool: per(&|hang| [detect(hang), requeue.max(in_job) + round_s, peer]),
                     heals,
                     baseline: per(&|hang| {
                         let d = match (planned, hang) {
@@ -265,6 +273,7 @@ impl Model {
             nodes: s.nodes(),
             replica_nodes: s.replica_nodes,
             repair_s: s.repair_hours * 3600.0,
+            without_spare: s.without_spare,
             cumulative,
             classes,
             scale_up: [0.0, in_job + round_s, peer],
@@ -298,7 +307,16 @@ impl Model {
         for (c, &cum) in self.classes.iter().zip(&self.cumulative) {
             let share = cum - prev;
             prev = cum;
+            // With no spare held, every node fault of the pool's kind
+            // waits for a node of the cluster's pool; with spares, the
+            // closed form takes the spare as free.
             let parts = match strategy {
+                Strategy::Warden { spares: 0 }
+                    if c.recovery == Recovery::ReplaceNode
+                        && self.without_spare == WithoutSpare::Pool =>
+                {
+                    &c.warden_pool
+                }
                 Strategy::Warden { .. } => &c.warden,
                 Strategy::Baseline => &c.baseline,
             };
@@ -391,6 +409,13 @@ pub fn timeline(model: &Model, strategy: Strategy, rng: &mut Rng, out: &mut Vec<
                 if spares_free > 0 {
                     spares_free -= 1;
                     class.warden_node[hang]
+                } else if model.without_spare == WithoutSpare::Pool {
+                    // A node of the cluster's pool takes its place; the
+                    // failed one is repaired outside the job and does not
+                    // come back to it.
+                    repairs.pop_back();
+                    healed = false;
+                    class.warden_pool[hang]
                 } else if active > model.replica_nodes {
                     // The survivors heal into a round of the same world
                     // size only: scaled down, every host restarts in job.
@@ -605,6 +630,7 @@ mod tests {
             node_mtbf_hours: 100.0,
             days: 10.0,
             repair_hours: 48.0,
+            without_spare: WithoutSpare::ScaleDown,
             ..Scenario::default()
         };
         s.classes.retain(|c| c.recovery == Recovery::ReplaceNode);
@@ -627,5 +653,42 @@ mod tests {
             out.iter().all(|i| i.capacity_after == 1.0),
             "spares ran out"
         );
+    }
+
+    /// Without a free spare, the default takes a node from the cluster's
+    /// pool, as the baseline's requeue does: the job never runs short, and
+    /// each such fault pays the scheduler's requeue and a cold start-up on
+    /// top of the round; a spare, when free, is faster.
+    #[test]
+    fn without_a_spare_a_pool_node_joins_at_the_requeues_cost() {
+        let mut s = Scenario {
+            gpus: 64,
+            gpus_per_node: 8,
+            node_mtbf_hours: 100.0,
+            days: 10.0,
+            repair_hours: 48.0,
+            ..Scenario::default()
+        };
+        s.classes.retain(|c| c.recovery == Recovery::ReplaceNode);
+        s.baseline.requeue_s = 40.0;
+        s.job.startup_s = 20.0;
+        let m = Model::new(&s);
+        let mut out = Vec::new();
+        timeline(
+            &m,
+            Strategy::Warden { spares: 0 },
+            &mut Rng::for_rep(3, 0),
+            &mut out,
+        );
+        assert!(out.len() > 3, "{out:?}");
+        assert!(out.iter().all(|i| i.capacity_after == 1.0), "{out:?}");
+        assert!(out.iter().all(|i| i.parts[1] >= 60.0), "{out:?}");
+        timeline(
+            &m,
+            Strategy::Warden { spares: 64 },
+            &mut Rng::for_rep(3, 0),
+            &mut out,
+        );
+        assert!(out.iter().all(|i| i.parts[1] < 60.0), "{out:?}");
     }
 }

@@ -33,29 +33,9 @@ cd "$(dirname "$0")/../.."
 RUNS=${1:-5}
 PY=${2:-.venv/bin/python}
 TORCHRUN=$(dirname "$PY")/torchrun
-[[ $(id -u) -eq 0 ]] || { echo "baseline_teardown.sh: slurmd runs as root here; run as root" >&2; exit 2; }
-for bin in munged slurmctld slurmd srun scontrol sinfo; do
-  command -v "$bin" >/dev/null || [[ -x /usr/sbin/$bin ]] || {
-    echo "baseline_teardown.sh: no $bin (bash tests/system-deps.sh slurm)" >&2; exit 2; }
-done
 [[ -x $TORCHRUN ]] || { echo "baseline_teardown.sh: no torchrun beside $PY" >&2; exit 2; }
-export PATH=$PATH:/usr/sbin
 work=$(mktemp -d /tmp/warden-teardown-XXXXXX)
-pids=()
-cleanup() {
-  # A run stopped half way (an error under set -e) may leave a step's
-  # torchrun and workers: cancelled while the controller answers, then
-  # anything still running from the scratch directory killed.
-  scancel --quiet --name teardown 2>/dev/null || true
-  pkill -KILL -f "$work/" 2>/dev/null || true
-  for p in "${pids[@]}"; do kill -- "-$p" 2>/dev/null || kill "$p" 2>/dev/null || true; done
-  for p in "${pids[@]}"; do
-    for _ in $(seq 50); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
-  done
-  rm -rf "$work"
-}
-trap cleanup EXIT
-free_port() { "$PY" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+source tests/bench/lib/slurm_cluster.sh
 
 # The worker: steps of 50 ms, no collective; the crash where told.
 cat >"$work/worker.py" <<'EOF'
@@ -71,57 +51,7 @@ for step in range(1, 100000):
         os.kill(os.getpid(), signal.SIGKILL)
 EOF
 
-# The one-node cluster.
-mkdir -p "$work"/{munge,state,spool,log}
-chmod 700 "$work/munge"
-head -c 1024 /dev/urandom >"$work/munge/key"
-chmod 600 "$work/munge/key"
-node=$(hostname -s)
-cpus=$(nproc)
-cat >"$work/slurm.conf" <<EOF
-ClusterName=wardenbench
-SlurmctldHost=$node(127.0.0.1)
-SlurmctldPort=$(free_port)
-SlurmdPort=$(free_port)
-SlurmUser=root
-SlurmdUser=root
-AuthType=auth/munge
-AuthInfo=socket=$work/munge/sock
-CredType=cred/munge
-StateSaveLocation=$work/state
-SlurmdSpoolDir=$work/spool
-SlurmctldPidFile=$work/slurmctld.pid
-SlurmdPidFile=$work/slurmd.pid
-SlurmctldLogFile=$work/log/slurmctld.log
-SlurmdLogFile=$work/log/slurmd.log
-ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
-JobAcctGatherType=jobacct_gather/none
-AccountingStorageType=accounting_storage/none
-SchedulerType=sched/builtin
-SelectType=select/cons_tres
-MpiDefault=none
-ReturnToService=2
-NodeName=$node NodeAddr=127.0.0.1 CPUs=$cpus State=UNKNOWN
-PartitionName=bench Nodes=$node Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE:4
-EOF
-export SLURM_CONF=$work/slurm.conf
-setsid munged --foreground --force --socket="$work/munge/sock" --key-file="$work/munge/key" \
-  --log-file="$work/log/munged.log" --pid-file="$work/munge/pid" --seed-file="$work/munge/seed" \
-  >"$work/log/munged.out" 2>&1 &
-pids+=($!)
-for _ in $(seq 100); do [[ -S $work/munge/sock ]] && break; sleep 0.1; done
-setsid slurmctld -D -i -f "$SLURM_CONF" >"$work/log/slurmctld.out" 2>&1 &
-pids+=($!)
-setsid slurmd -D -f "$SLURM_CONF" >"$work/log/slurmd.out" 2>&1 &
-pids+=($!)
-for _ in $(seq 600); do
-  [[ $(sinfo -h -N -o %t 2>/dev/null) == idle ]] && break
-  sleep 0.1
-done
-[[ $(sinfo -h -N -o %t 2>/dev/null) == idle ]] || {
-  echo "baseline_teardown.sh: the node never came up idle:" >&2
-  tail -n 20 "$work/log/slurmctld.log" "$work/log/slurmd.log" >&2; exit 1; }
+slurm_cluster_start "$work" "$PY" teardown
 
 now() { echo "$EPOCHREALTIME"; }
 slurm_rows=() alone_rows=() node_rows=()
