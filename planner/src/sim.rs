@@ -622,33 +622,40 @@ mod tests {
         assert!((b.total() - 1.0).abs() < 1e-12, "{b:?}");
     }
 
-    #[test]
-    fn spares_turn_scale_down_into_hot_swap() {
+    /// 8 nodes failing every 100 node-hours for 10 days, repaired in two,
+    /// node faults only.
+    fn node_faults(without_spare: WithoutSpare) -> Scenario {
         let mut s = Scenario {
             gpus: 64,
             gpus_per_node: 8,
             node_mtbf_hours: 100.0,
             days: 10.0,
             repair_hours: 48.0,
-            without_spare: WithoutSpare::ScaleDown,
+            without_spare,
             ..Scenario::default()
         };
         s.classes.retain(|c| c.recovery == Recovery::ReplaceNode);
-        let m = Model::new(&s);
+        s
+    }
+
+    /// warden's history of one repetition (the same seed each time).
+    fn history(m: &Model, spares: u32) -> Vec<Incident> {
         let mut out = Vec::new();
         timeline(
-            &m,
-            Strategy::Warden { spares: 0 },
+            m,
+            Strategy::Warden { spares },
             &mut Rng::for_rep(3, 0),
             &mut out,
         );
+        out
+    }
+
+    #[test]
+    fn spares_turn_scale_down_into_hot_swap() {
+        let m = Model::new(&node_faults(WithoutSpare::ScaleDown));
+        let out = history(&m, 0);
         assert!(out.iter().any(|i| i.capacity_after < 1.0), "no scale-down");
-        timeline(
-            &m,
-            Strategy::Warden { spares: 64 },
-            &mut Rng::for_rep(3, 0),
-            &mut out,
-        );
+        let out = history(&m, 64);
         assert!(
             out.iter().all(|i| i.capacity_after == 1.0),
             "spares ran out"
@@ -661,34 +668,15 @@ mod tests {
     /// top of the round; a spare, when free, is faster.
     #[test]
     fn without_a_spare_a_pool_node_joins_at_the_requeues_cost() {
-        let mut s = Scenario {
-            gpus: 64,
-            gpus_per_node: 8,
-            node_mtbf_hours: 100.0,
-            days: 10.0,
-            repair_hours: 48.0,
-            ..Scenario::default()
-        };
-        s.classes.retain(|c| c.recovery == Recovery::ReplaceNode);
+        let mut s = node_faults(WithoutSpare::Pool);
         s.baseline.requeue_s = 40.0;
         s.job.startup_s = 20.0;
         let m = Model::new(&s);
-        let mut out = Vec::new();
-        timeline(
-            &m,
-            Strategy::Warden { spares: 0 },
-            &mut Rng::for_rep(3, 0),
-            &mut out,
-        );
+        let out = history(&m, 0);
         assert!(out.len() > 3, "{out:?}");
         assert!(out.iter().all(|i| i.capacity_after == 1.0), "{out:?}");
         assert!(out.iter().all(|i| i.parts[1] >= 60.0), "{out:?}");
-        timeline(
-            &m,
-            Strategy::Warden { spares: 64 },
-            &mut Rng::for_rep(3, 0),
-            &mut out,
-        );
+        let out = history(&m, 64);
         assert!(out.iter().all(|i| i.parts[1] < 60.0), "{out:?}");
     }
 }

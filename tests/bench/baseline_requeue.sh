@@ -110,8 +110,7 @@ for run in $(seq "$RUNS"); do
   for _ in $(seq 600); do [[ -z $(squeue -h --name requeue) ]] && break; sleep 0.1; done
   echo "run $run: requeue ${requeue_rows[-1]} s, exit 85 ${exit_rows[-1]} s, dependency ${dep_rows[-1]} s" >&2
 done
-median() { printf '%s\n' "$@" | sort -g | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}'; }
-range() { printf '%s\n' "$@" | sort -g | awk 'NR==1{lo=$1} {hi=$1} END {print lo "-" hi}'; }
+source tests/bench/lib/stats.sh
 echo "| way back | failed step's srun returned to the batch script running again | runs | median | range |"
 echo "|---|---|---|---|---|"
 echo "| sbatch --requeue, the script's own scontrol requeue | requeued job (SLURM_RESTART_COUNT 1) | $RUNS | $(median "${requeue_rows[@]}") s | $(range "${requeue_rows[@]}") s |"

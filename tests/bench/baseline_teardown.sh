@@ -87,8 +87,7 @@ EOF
   alone_rows+=("$("$PY" -c "print(f'{$ended - $(cat "$mark1"):.3f}')")")
   echo "run $run: srun ${slurm_rows[-1]} s (the crashed node's torchrun ${node_rows[-1]} s), torchrun alone ${alone_rows[-1]} s" >&2
 done
-median() { printf '%s\n' "$@" | sort -g | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}'; }
-range() { printf '%s\n' "$@" | sort -g | awk 'NR==1{lo=$1} {hi=$1} END {print lo "-" hi}'; }
+source tests/bench/lib/stats.sh
 echo "| launch | crash to | runs | median | range |"
 echo "|---|---|---|---|---|"
 echo "| srun --kill-on-bad-exit=1, 2 tasks of torchrun --nnodes 2 --max-restarts 0 | srun returned (job step over) | $RUNS | $(median "${slurm_rows[@]}") s | $(range "${slurm_rows[@]}") s |"
