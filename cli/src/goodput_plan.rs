@@ -52,7 +52,8 @@ pub struct PlanArgs {
     /// Seconds from new workers to the first step (imports, process groups).
     #[arg(long)]
     pub startup: Option<f64>,
-    /// Minutes the baseline's scheduler takes to requeue the job.
+    /// Minutes the baseline's scheduler takes to requeue the job; also what
+    /// a node of the cluster's pool costs warden when no spare is free.
     #[arg(long)]
     pub requeue_min: Option<f64>,
     /// Shortest checkpoint interval tried, minutes of training.

@@ -309,6 +309,8 @@ pub struct Baseline {
     /// and then the scheduler's next pass: 171 s there, 177 s after an exit
     /// `RequeueExit` names. A floor: no queue, no allocation of thousands
     /// of nodes, so the baseline is not made to look worse than it is.
+    /// Warden pays it too for a node of the cluster's pool when no spare
+    /// is free ([`WithoutSpare::Pool`]).
     pub requeue_s: f64,
     /// The baseline's save stall when it differs from warden's (a
     /// synchronous save to durable storage); unset: the same.

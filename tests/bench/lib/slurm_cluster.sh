@@ -36,6 +36,8 @@ slurm_cluster_cleanup() {
 slurm_cluster_start() {
   local work=$1 py=$2 node cpus
   slurm_cluster_work=$work slurm_cluster_py=$py slurm_cluster_job=$3
+  # First, so that a refusal below still removes the scratch directory.
+  trap slurm_cluster_cleanup EXIT
   [[ $(id -u) -eq 0 ]] || { echo "slurm_cluster.sh: slurmd runs as root here; run as root" >&2; return 2; }
   export PATH=$PATH:/usr/sbin
   local bin
@@ -43,7 +45,6 @@ slurm_cluster_start() {
     command -v "$bin" >/dev/null || {
       echo "slurm_cluster.sh: no $bin (bash tests/system-deps.sh slurm)" >&2; return 2; }
   done
-  trap slurm_cluster_cleanup EXIT
   mkdir -p "$work"/{munge,state,spool,log}
   chmod 700 "$work/munge"
   head -c 1024 /dev/urandom >"$work/munge/key"
