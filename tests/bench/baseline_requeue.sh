@@ -79,18 +79,22 @@ wait_for() {
   tail -n 20 "$work/log/slurmctld.log" >&2
   return 1
 }
-delta() { "$PY" -c "print(f'{$2 - $1:.3f}')"; }
+# The seconds from the failed step (MARKS.failed) to the script running
+# again (MARKS.started), once both are written.
+since_failure() {
+  local failed started
+  failed=$(wait_for "$1.failed")
+  started=$(wait_for "$1.started")
+  "$PY" -c "print(f'{$started - $failed:.3f}')"
+}
 
-# One requeued job: MODE as the way back; the seconds from its failed step
-# to its script running again.
+# One requeued job: MODE as the way back; since_failure of its marks.
 requeued() {
-  local mode=$1 marks=$work/$1-$2 id failed started
+  local mode=$1 marks=$work/$1-$2 id
   id=$(sbatch --parsable --requeue --job-name requeue --output "$marks.out" \
     "$work/job.sh" "$mode" "$marks")
-  failed=$(wait_for "$marks.failed")
-  started=$(wait_for "$marks.started")
+  since_failure "$marks"
   scancel --quiet "$id" 2>/dev/null || true
-  delta "$failed" "$started"
 }
 
 requeue_rows=() exit_rows=() dep_rows=()
@@ -103,9 +107,7 @@ for run in $(seq "$RUNS"); do
     "$work/job.sh" first "$marks")
   sbatch --parsable --job-name requeue --dependency=afternotok:"$first" \
     --output "$work/dep2-$run.out" "$work/job.sh" second "$marks" >/dev/null
-  failed=$(wait_for "$marks.failed")
-  started=$(wait_for "$marks.started")
-  dep_rows+=("$(delta "$failed" "$started")")
+  dep_rows+=("$(since_failure "$marks")")
   # Both jobs gone before the next run, so that each starts on an idle node.
   for _ in $(seq 600); do [[ -z $(squeue -h --name requeue) ]] && break; sleep 0.1; done
   echo "run $run: requeue ${requeue_rows[-1]} s, exit 85 ${exit_rows[-1]} s, dependency ${dep_rows[-1]} s" >&2
