@@ -101,6 +101,16 @@ fn plan_table_reads_and_the_ledger_replaces_defaults() {
             out.stdout
         );
     }
+    // Issue 32 point 4: the Llama 3 plan assumes nothing but the job's own
+    // step time (the checkpoint's size is the job's too, and unlabelled).
+    let llama3 = warden(&["goodput", "plan", "--preset", "llama3", "--reps", "20"]);
+    assert_eq!(llama3.code(), 0, "{llama3:?}");
+    let assumed: Vec<&str> = llama3
+        .stdout
+        .match_indices("(assumed)")
+        .map(|(at, _)| llama3.stdout[..at].rsplit([';', ':']).next().unwrap_or(""))
+        .collect();
+    assert_eq!(assumed, [" step 5.0 s "], "{}", llama3.stdout);
     let mut json_args = vec!["--json"];
     json_args.extend_from_slice(&args);
     let doc: Value = serde_json::from_str(&warden(&json_args).stdout).unwrap();

@@ -80,7 +80,10 @@ pub struct PlanArgs {
     /// baseline's requeue and a cold start-up (a fixed-size job).
     #[arg(long)]
     pub scale_down: bool,
-    /// Hours before a node taken out comes back.
+    /// With `--scale-down`: hours before a failed node comes back, to end
+    /// the scale-down or refill a spare. With the pool (the default) a
+    /// spare is refilled at the requeue and a cold start-up, and this is
+    /// not used.
     #[arg(long)]
     pub repair_hours: Option<f64>,
     /// Nodes per data-parallel replica (scale-down removes a whole one).

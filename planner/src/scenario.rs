@@ -367,8 +367,11 @@ pub enum WithoutSpare {
     /// its shard from a peer. The node comes from the pool the baseline's
     /// requeue takes its replacement from, at the same cost
     /// (`baseline.requeue_s`), plus that host's cold start-up (`job.startup_s`);
-    /// the failed node is repaired outside the job. The default, because
-    /// it assumes what the baseline assumes: a free node in the cluster.
+    /// the failed node is repaired outside the job. A spare taken is
+    /// refilled the same way, at the same cost: the failed host's launcher,
+    /// requeued on a free node (exit 86: requeue elsewhere), joins the full
+    /// round as a standby. The default, because it assumes what the
+    /// baseline assumes: a free node in the cluster.
     #[default]
     Pool,
     /// An elastic job (`--nnodes MIN:N`): the survivors close ranks and the
@@ -404,8 +407,9 @@ pub struct Scenario {
     pub spares: u32,
     /// What warden does about a node fault when no hot spare is free.
     pub without_spare: WithoutSpare,
-    /// Hours before a node taken out comes back (to the spare pool, or to
-    /// the scaled-down job).
+    /// With `scale_down` only: hours before a failed node comes back, to
+    /// the spare pool or to the scaled-down job. With `pool` the repair
+    /// happens outside the job and moves nothing in the plan.
     pub repair_hours: f64,
     /// Nodes of one data-parallel replica: scaling down removes a whole one.
     pub replica_nodes: u64,

@@ -10,10 +10,12 @@
 //!    count changes); each gets a class, crash or hang, and the recovery the
 //!    strategy takes (in-process, in-job, hot-swap to a spare, with no spare
 //!    free a node of the cluster's pool or a scale-down, or the scheduler's
-//!    requeue), with its detection, restart and restore times. Nodes taken
-//!    out come back after the repair time, to the spare pool or to the
-//!    scaled-down job (a planned restart); one replaced from the cluster's
-//!    pool is repaired outside the job.
+//!    requeue), with its detection, restart and restore times. A spare
+//!    taken is replaced: from the cluster's pool (the default) after the
+//!    baseline's requeue and a cold start-up, the failed node being repaired
+//!    outside the job; for an elastic job without a pool, by the failed node
+//!    itself after the repair time, which also ends a scale-down (a planned
+//!    restart).
 //! 2. [`evaluate`] walks that history for one checkpoint interval, jumping
 //!    from incident to incident: the time between two is split arithmetically
 //!    into training and save stalls; a failure loses the training since the
@@ -111,6 +113,9 @@ pub struct Model {
     nodes: u64,
     replica_nodes: u64,
     repair_s: f64,
+    /// From a spare taken to a new one standing by: the pool's requeue and
+    /// a cold start-up, or the repair (`scale_down`).
+    refill_s: f64,
     /// What a node fault without a free spare does.
     without_spare: WithoutSpare,
     /// Cumulative class shares, normalised, for drawing a class.
@@ -276,6 +281,13 @@ impl Model {
             nodes: s.nodes(),
             replica_nodes: s.replica_nodes,
             repair_s: s.repair_hours * 3600.0,
+            // The failed host's launcher, requeued on a free node (exit 86:
+            // requeue elsewhere), joins the full round as a standby: the
+            // same scheduler's part and cold start-up as a pool node's.
+            refill_s: match s.without_spare {
+                WithoutSpare::Pool => requeue,
+                WithoutSpare::ScaleDown => s.repair_hours * 3600.0,
+            },
             without_spare: s.without_spare,
             cumulative,
             classes,
@@ -358,19 +370,21 @@ pub fn timeline(model: &Model, strategy: Strategy, rng: &mut Rng, out: &mut Vec<
     let mut t = 0.0;
     let mut active = nodes;
     let mut spares_free = spares_held;
-    // Nodes out for repair, by return time (a fixed repair time keeps it FIFO).
-    let mut repairs: VecDeque<f64> = VecDeque::new();
+    // Nodes coming back (a spare refilled, a node repaired), by return time:
+    // one fixed delay per model (`refill_s` is `repair_s` where nodes are
+    // repaired into the job) keeps it FIFO.
+    let mut returns: VecDeque<f64> = VecDeque::new();
     loop {
         #[allow(clippy::cast_precision_loss)]
         let next_fail = t + rng.exponential(model.node_mtbf_s / active as f64);
-        if let Some(&back) = repairs.front()
+        if let Some(&back) = returns.front()
             && back <= next_fail
         {
             if back >= model.horizon {
                 break;
             }
             t = back;
-            repairs.pop_front();
+            returns.pop_front();
             if active < nodes {
                 active += model.replica_nodes;
                 out.push(Incident {
@@ -404,20 +418,21 @@ pub fn timeline(model: &Model, strategy: Strategy, rng: &mut Rng, out: &mut Vec<
         let parts = match strategy {
             Strategy::Baseline => class.baseline[hang],
             Strategy::Warden { .. } if class.recovery == Recovery::ReplaceNode => {
-                repairs.push_back(t + model.repair_s);
                 if spares_free > 0 {
                     spares_free -= 1;
+                    returns.push_back(t + model.refill_s);
                     class.warden_node[hang]
                 } else if model.without_spare == WithoutSpare::Pool {
                     // A node of the cluster's pool takes its place; the
                     // failed one is repaired outside the job and does not
                     // come back to it.
-                    repairs.pop_back();
                     healed = false;
                     class.warden_pool[hang]
                 } else if active > model.replica_nodes {
                     // The survivors heal into a round of the same world
-                    // size only: scaled down, every host restarts in job.
+                    // size only: scaled down, every host restarts in job
+                    // until the node is back.
+                    returns.push_back(t + model.repair_s);
                     active -= model.replica_nodes;
                     healed = false;
                     class.warden_scaled[hang]
@@ -431,7 +446,6 @@ pub fn timeline(model: &Model, strategy: Strategy, rng: &mut Rng, out: &mut Vec<
                         healed = false;
                         p[2] = model.node_restore_s;
                     }
-                    repairs.pop_back();
                     p
                 }
             }
@@ -685,5 +699,44 @@ mod tests {
         assert!(out.iter().all(|i| i.parts[1] >= 60.0), "{out:?}");
         let out = history(&m, 64);
         assert!(out.iter().all(|i| i.parts[1] < 60.0), "{out:?}");
+    }
+
+    /// With the pool, a spare taken is refilled at the pool's cost (the
+    /// failed host's launcher requeued on a free node), so one spare covers
+    /// faults a repair time apart, and the repair time moves nothing; for
+    /// an elastic job without a pool it still sets when a spare is back.
+    #[test]
+    fn with_the_pool_a_spare_is_refilled_at_the_requeues_cost_not_the_repair() {
+        let mut s = node_faults(WithoutSpare::Pool);
+        s.baseline.requeue_s = 40.0;
+        s.job.startup_s = 20.0;
+        let swaps = |out: &[Incident]| out.iter().filter(|i| i.parts[1] < 60.0).count();
+        let one_spare = history(&Model::new(&s), 1);
+        // About 19 faults in 10 days, 12.5 h apart on average: a refill in
+        // 60 s leaves the spare free for every one but a near coincidence.
+        assert!(one_spare.len() > 3, "{one_spare:?}");
+        assert!(swaps(&one_spare) + 1 >= one_spare.len(), "{one_spare:?}");
+        for hours in [1.0, 1000.0] {
+            s.repair_hours = hours;
+            let again = history(&Model::new(&s), 1);
+            assert_eq!(again.len(), one_spare.len(), "repair {hours} h");
+            assert!(
+                again
+                    .iter()
+                    .zip(&one_spare)
+                    .all(|(a, b)| a.t == b.t && a.parts == b.parts),
+                "repair {hours} h moved the pool's history"
+            );
+        }
+        // Without the pool, the one spare is back only after the 48 h
+        // repair: most faults find none and scale the job down.
+        let mut e = node_faults(WithoutSpare::ScaleDown);
+        e.baseline.requeue_s = 40.0;
+        e.job.startup_s = 20.0;
+        let elastic = history(&Model::new(&e), 1);
+        assert!(
+            elastic.iter().filter(|i| i.capacity_after < 1.0).count() * 2 > swaps(&elastic),
+            "{elastic:?}"
+        );
     }
 }
