@@ -69,6 +69,17 @@ fn plan_json_has_both_series_and_writes_the_svg() {
         "{}",
         elastic["warden"]["optimum"]["breakdown"]
     );
+    // A scenario file's scale-down, switched back to the pool by flag.
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("elastic.json");
+    std::fs::write(&file, r#"{"without_spare": "scale_down"}"#).unwrap();
+    let file = file.to_str().unwrap();
+    let from_file = plan_json(&["--seed", "5", "--scenario", file]);
+    assert_eq!(from_file["scenario"]["without_spare"], "scale_down");
+    let back = plan_json(&["--seed", "5", "--scenario", file, "--pool"]);
+    assert_eq!(back["scenario"]["without_spare"], "pool");
+    let both = warden(&["goodput", "plan", "--scale-down", "--pool"]);
+    assert_ne!(both.code(), 0, "{both:?}");
     // Same seed, same plan, from a second process.
     let again = plan_json(&["--seed", "5"]);
     assert_eq!(again["warden"], doc["warden"]);

@@ -80,6 +80,10 @@ pub struct PlanArgs {
     /// baseline's requeue and a cold start-up (a fixed-size job).
     #[arg(long)]
     pub scale_down: bool,
+    /// Without a free spare, a node of the cluster's pool joins (the
+    /// default): overrides a scenario file's `"without_spare": "scale_down"`.
+    #[arg(long, conflicts_with = "scale_down")]
+    pub pool: bool,
     /// With `--scale-down`: hours before a failed node comes back, to end
     /// the scale-down or refill a spare. With the pool (the default) a
     /// spare is refilled at the requeue and a cold start-up, and this is
@@ -175,6 +179,9 @@ pub fn scenario(
     }
     if args.scale_down {
         s.without_spare = warden_planner::scenario::WithoutSpare::ScaleDown;
+    }
+    if args.pool {
+        s.without_spare = warden_planner::scenario::WithoutSpare::Pool;
     }
     if let Some(v) = args.replica_nodes {
         s.replica_nodes = v;
