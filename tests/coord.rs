@@ -387,6 +387,56 @@ async fn a_spare_takes_a_cordoned_hosts_rank() {
     assert_eq!(ranks(&[&ra, &rs]), [Some(0), Some(1)]);
 }
 
+/// The refill the goodput planner counts on (docs/goodput.md, "Model": a
+/// spare taken is back after the requeue and a cold start-up): the lost
+/// host's launcher, requeued on a free node under a new host id and
+/// without `--spare`, joins the full round as a standby (no new round for
+/// it), and takes the next lost host's place at the same world size.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_spare_taken_is_refilled_by_the_lost_hosts_requeued_launcher() {
+    let etcd = EtcdServer::start();
+    let job = "job-refill";
+    let a = join(cfg(&etcd, job, "host-a", "127.0.0.2", 2, 2)).await;
+    let b = join(cfg(&etcd, job, "host-b", "127.0.0.3", 2, 2)).await;
+    let mut spare = cfg(&etcd, job, "host-s", "127.0.0.4", 2, 2);
+    spare.spare = true;
+    let s = join(spare).await;
+    let first = round(&a, 0).await;
+    assert_eq!(*first.members, ["host-a", "host-b"]);
+    within(WAIT, "leave", b.leave(Leave::Cordoned("xid 79".into())))
+        .await
+        .expect("host-b leaves");
+    let swapped = round(&a, first.epoch).await;
+    assert_eq!(*swapped.members, ["host-a", "host-s"], "{swapped:?}");
+
+    // host-b's launcher, requeued on a free node: a regular host beyond the
+    // round's 2, so it stands by.
+    let b2 = join(cfg(&etcd, job, "host-b2", "127.0.0.5", 2, 2)).await;
+    let rb2 = round(&b2, swapped.epoch - 1).await;
+    assert_eq!(
+        rb2.epoch, swapped.epoch,
+        "no round for a host beyond the max"
+    );
+    assert_eq!(rb2.node_rank, None);
+    assert!(!rb2.runs_workers());
+    assert!(rb2.standby.iter().any(|h| h == "host-b2"), "{rb2:?}");
+
+    // The next lost host's place is host-b2's, in the very next round.
+    within(WAIT, "leave", s.leave(Leave::Cordoned("xid 48".into())))
+        .await
+        .expect("host-s leaves");
+    let (ra, rb2) = (
+        round(&a, swapped.epoch).await,
+        round(&b2, swapped.epoch).await,
+    );
+    for r in [&ra, &rb2] {
+        assert_eq!(r.epoch, swapped.epoch + 1, "{r:?}");
+        assert_eq!(*r.members, ["host-a", "host-b2"], "{r:?}");
+        assert_eq!(r.world_size, 4, "the refilled standby keeps the world size");
+    }
+    assert_eq!(ranks(&[&ra, &rb2]), [Some(0), Some(1)]);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn too_few_hosts_wait_with_a_clear_error() {
     let etcd = EtcdServer::start();
