@@ -80,6 +80,18 @@ fn plan_json_has_both_series_and_writes_the_svg() {
     assert_eq!(back["scenario"]["without_spare"], "pool");
     let both = warden(&["goodput", "plan", "--scale-down", "--pool"]);
     assert_ne!(both.code(), 0, "{both:?}");
+    // Spares back from repair (one multi-node allocation): the repair
+    // counts, and more spares than one are worth something.
+    let repaired = plan_json(&[
+        "--seed",
+        "5",
+        "--spare-refill",
+        "repair",
+        "--repair-hours",
+        "48",
+    ]);
+    assert_eq!(repaired["scenario"]["spare_refill"], "repair");
+    assert_eq!(repaired["scenario"]["repair_hours"], 48.0);
     // Same seed, same plan, from a second process.
     let again = plan_json(&["--seed", "5"]);
     assert_eq!(again["warden"], doc["warden"]);
@@ -147,6 +159,10 @@ fn bad_input_is_refused_with_its_name() {
             "sweep.interval_max_s = 300",
         ),
         (vec!["--preset", "gpt5"], "unknown preset \"gpt5\""),
+        (
+            vec!["--repair-hours", "4"],
+            "--repair-hours sets nothing here",
+        ),
     ] {
         // SMALL without its --gpus, which some cases set.
         let mut all = vec![

@@ -14,6 +14,15 @@ use clap::Args;
 use warden_planner::Scenario;
 use warden_planner::scenario::Recovery;
 
+/// `--spare-refill`'s values (`warden_planner::scenario::SpareRefill`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum SpareRefillArg {
+    /// The failed host's launcher requeued on a free node.
+    Requeue,
+    /// The failed node back from repair.
+    Repair,
+}
+
 /// `warden goodput plan`'s flags; unset ones keep the scenario's value.
 #[derive(Debug, Args)]
 pub struct PlanArgs {
@@ -84,10 +93,15 @@ pub struct PlanArgs {
     /// default): overrides a scenario file's `"without_spare": "scale_down"`.
     #[arg(long, conflicts_with = "scale_down")]
     pub pool: bool,
-    /// With `--scale-down`: hours before a failed node comes back, to end
-    /// the scale-down or refill a spare. With the pool (the default) a
-    /// spare is refilled at the requeue and a cold start-up, and this is
-    /// not used.
+    /// How a spare taken comes back with the pool: `requeue` (the default:
+    /// the failed host's launcher requeued on a free node, which needs one
+    /// scheduler job per host with the job's `--rdzv-id`) or `repair` (the
+    /// failed node back from repair: one multi-node allocation).
+    #[arg(long, value_enum)]
+    pub spare_refill: Option<SpareRefillArg>,
+    /// Hours before a failed node comes back, to end a scale-down or
+    /// refill a spare: used with `--scale-down` or `--spare-refill repair`
+    /// only (refused otherwise, as it would set nothing).
     #[arg(long)]
     pub repair_hours: Option<f64>,
     /// Nodes per data-parallel replica (scale-down removes a whole one).
@@ -182,6 +196,17 @@ pub fn scenario(
     }
     if args.pool {
         s.without_spare = warden_planner::scenario::WithoutSpare::Pool;
+    }
+    if let Some(r) = args.spare_refill {
+        s.spare_refill = match r {
+            SpareRefillArg::Requeue => warden_planner::scenario::SpareRefill::Requeue,
+            SpareRefillArg::Repair => warden_planner::scenario::SpareRefill::Repair,
+        };
+    }
+    if args.repair_hours.is_some() && !s.uses_repair() {
+        anyhow::bail!(
+            "--repair-hours sets nothing here: a spare taken is refilled from the cluster's pool (the failed host's launcher requeued), and the job does not scale down; add --spare-refill repair (one multi-node allocation) or --scale-down (an elastic job)"
+        );
     }
     if let Some(v) = args.replica_nodes {
         s.replica_nodes = v;

@@ -190,18 +190,24 @@ fn other_inputs_line(s: &crate::scenario::Scenario) -> String {
                 "given: an elastic job"
             }
         ),
-        match s.without_spare {
+        if s.uses_repair() {
+            format!(
+                "repair {} ({}: {})",
+                duration(s.repair_hours * 3600.0),
+                label(s.repair_hours, ds.repair_hours, "assumed"),
+                if s.without_spare == crate::scenario::WithoutSpare::ScaleDown {
+                    "it ends a scale-down and refills a spare"
+                } else {
+                    "it refills a spare, --spare-refill repair"
+                }
+            )
+        } else {
             // The repair never reaches the job: the failed host's launcher
             // is requeued on a free node (exit 86) and stands by.
-            crate::scenario::WithoutSpare::Pool => format!(
-                "a spare taken is refilled in {} (the failed host's launcher requeued on a node of the pool: the requeue and a cold start-up, as a pool node; the repair is outside the job)",
+            format!(
+                "a spare taken is refilled {} after the fault's detection (the failed host's launcher requeued on a node of the pool: the requeue and a cold start-up, as a pool node; needs one scheduler job per host with the job's --rdzv-id, else --spare-refill repair; the repair is outside the job)",
                 duration(s.baseline.requeue_s + s.job.startup_s),
-            ),
-            crate::scenario::WithoutSpare::ScaleDown => format!(
-                "repair {} ({}: it ends a scale-down and refills a spare)",
-                duration(s.repair_hours * 3600.0),
-                label(s.repair_hours, ds.repair_hours, "assumed")
-            ),
+            )
         },
         format!(
             "restore read local {} GiB/s and peer {} GiB/s ({}), durable {} GiB/s for the job ({})",
@@ -449,7 +455,7 @@ mod tests {
         for words in [
             "Llama 3's 466 interruptions",
             "gpu 12.0%, host 12.0%, network 12.0%, software 12.0%, planned 0.0% (published: ByteRobust's 5,506 hangs",
-            "a spare taken is refilled in 16.9 s (the failed host's launcher requeued",
+            "a spare taken is refilled 16.9 s after the fault's detection (the failed host's launcher requeued",
             "durable 1863 GiB/s for the job (published: Llama 3's store",
             "requeue 3.0 s (measured: a failed job's afternotok successor",
             "NCCL's default timeout",
@@ -476,6 +482,13 @@ mod tests {
         s.repair_hours = 4.0;
         let line = other_inputs_line(&s);
         assert!(line.contains("repair 4.00 h (given: it ends"), "{line}");
+        s.without_spare = crate::scenario::WithoutSpare::Pool;
+        s.spare_refill = crate::scenario::SpareRefill::Repair;
+        let line = other_inputs_line(&s);
+        assert!(
+            line.contains("repair 4.00 h (given: it refills a spare, --spare-refill repair)"),
+            "{line}"
+        );
         s.classes[0].hang_fraction = 0.5;
         let line = other_inputs_line(&s);
         assert!(

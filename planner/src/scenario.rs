@@ -380,6 +380,25 @@ pub enum WithoutSpare {
     ScaleDown,
 }
 
+/// How a spare taken into a failed node's place comes back (with the
+/// cluster's pool, [`WithoutSpare::Pool`]; an elastic job's spares come
+/// back from repair).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SpareRefill {
+    /// The failed host's launcher, requeued on a free node of the pool
+    /// (exit 86: requeue elsewhere), joins the full round as a standby:
+    /// after the fault's detection, the baseline's requeue and a cold
+    /// start-up, with no round. Needs one scheduler job per host, each
+    /// with the job's `--rdzv-id` (docs/operations.md, "Keeping the
+    /// spares"). The default, as the pool is.
+    #[default]
+    Requeue,
+    /// The failed node itself, back from repair (`repair_hours`): one
+    /// multi-node allocation, where no single host is requeued.
+    Repair,
+}
+
 /// Everything the planner simulates.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -407,9 +426,13 @@ pub struct Scenario {
     pub spares: u32,
     /// What warden does about a node fault when no hot spare is free.
     pub without_spare: WithoutSpare,
-    /// With `scale_down` only: hours before a failed node comes back, to
-    /// the spare pool or to the scaled-down job. With `pool` the repair
-    /// happens outside the job and moves nothing in the plan.
+    /// How a spare taken comes back with the pool (`scale_down`: always
+    /// from repair).
+    pub spare_refill: SpareRefill,
+    /// Hours before a failed node comes back, to the spare pool or to the
+    /// scaled-down job: with `scale_down`, or `spare_refill: repair`.
+    /// Otherwise the repair happens outside the job and moves nothing in
+    /// the plan ([`Scenario::uses_repair`]).
     pub repair_hours: f64,
     /// Nodes of one data-parallel replica: scaling down removes a whole one.
     pub replica_nodes: u64,
@@ -484,6 +507,7 @@ impl Default for Scenario {
             baseline: Baseline::default(),
             spares: 0,
             without_spare: WithoutSpare::default(),
+            spare_refill: SpareRefill::default(),
             repair_hours: 24.0,
             replica_nodes: 1,
             sweep: SweepConfig::default(),
@@ -539,6 +563,12 @@ impl Scenario {
             }),
             other => Err(ScenarioError::UnknownPreset(other.to_owned())),
         }
+    }
+
+    /// Whether `repair_hours` moves the plan: the job scales down until a
+    /// node is back, or its spares come back from repair.
+    pub fn uses_repair(&self) -> bool {
+        self.without_spare == WithoutSpare::ScaleDown || self.spare_refill == SpareRefill::Repair
     }
 
     /// Nodes in the job.

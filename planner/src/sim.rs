@@ -113,8 +113,8 @@ pub struct Model {
     nodes: u64,
     replica_nodes: u64,
     repair_s: f64,
-    /// From a spare taken to a new one standing by: the pool's requeue and
-    /// a cold start-up, or the repair (`scale_down`).
+    /// From a spare taken (after the fault's detection) to a new one
+    /// standing by: the pool's requeue and a cold start-up, or the repair.
     refill_s: f64,
     /// What a node fault without a free spare does.
     without_spare: WithoutSpare,
@@ -284,9 +284,10 @@ impl Model {
             // The failed host's launcher, requeued on a free node (exit 86:
             // requeue elsewhere), joins the full round as a standby: the
             // same scheduler's part and cold start-up as a pool node's.
-            refill_s: match s.without_spare {
-                WithoutSpare::Pool => requeue,
-                WithoutSpare::ScaleDown => s.repair_hours * 3600.0,
+            refill_s: if s.uses_repair() {
+                s.repair_hours * 3600.0
+            } else {
+                requeue
             },
             without_spare: s.without_spare,
             cumulative,
@@ -370,10 +371,13 @@ pub fn timeline(model: &Model, strategy: Strategy, rng: &mut Rng, out: &mut Vec<
     let mut t = 0.0;
     let mut active = nodes;
     let mut spares_free = spares_held;
-    // Nodes coming back (a spare refilled, a node repaired), by return time:
-    // one fixed delay per model (`refill_s` is `repair_s` where nodes are
-    // repaired into the job) keeps it FIFO.
+    // Nodes coming back (a spare refilled, a node repaired), by return time
+    // (a refill counts from the fault's detection, which differs by class).
     let mut returns: VecDeque<f64> = VecDeque::new();
+    let back_at = |returns: &mut VecDeque<f64>, at: f64| {
+        let i = returns.partition_point(|&r| r <= at);
+        returns.insert(i, at);
+    };
     loop {
         #[allow(clippy::cast_precision_loss)]
         let next_fail = t + rng.exponential(model.node_mtbf_s / active as f64);
@@ -420,8 +424,9 @@ pub fn timeline(model: &Model, strategy: Strategy, rng: &mut Rng, out: &mut Vec<
             Strategy::Warden { .. } if class.recovery == Recovery::ReplaceNode => {
                 if spares_free > 0 {
                     spares_free -= 1;
-                    returns.push_back(t + model.refill_s);
-                    class.warden_node[hang]
+                    let p = class.warden_node[hang];
+                    back_at(&mut returns, t + p[0] + model.refill_s);
+                    p
                 } else if model.without_spare == WithoutSpare::Pool {
                     // A node of the cluster's pool takes its place; the
                     // failed one is repaired outside the job and does not
@@ -432,7 +437,7 @@ pub fn timeline(model: &Model, strategy: Strategy, rng: &mut Rng, out: &mut Vec<
                     // The survivors heal into a round of the same world
                     // size only: scaled down, every host restarts in job
                     // until the node is back.
-                    returns.push_back(t + model.repair_s);
+                    back_at(&mut returns, t + model.repair_s);
                     active -= model.replica_nodes;
                     healed = false;
                     class.warden_scaled[hang]
@@ -540,6 +545,7 @@ pub fn evaluate(incidents: &[Incident], horizon: f64, interval: f64, save: f64) 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::scenario::SpareRefill;
 
     fn incident(t: f64, parts: [f64; 3], planned: bool) -> Incident {
         Incident {
@@ -711,6 +717,12 @@ mod tests {
         s.baseline.requeue_s = 40.0;
         s.job.startup_s = 20.0;
         let swaps = |out: &[Incident]| out.iter().filter(|i| i.parts[1] < 60.0).count();
+        // Spare swaps alone: at full size after it, and no scale-up.
+        let swapped = |out: &[Incident]| {
+            out.iter()
+                .filter(|i| !i.planned && i.capacity_after == 1.0)
+                .count()
+        };
         let one_spare = history(&Model::new(&s), 1);
         // About 19 faults in 10 days, 12.5 h apart on average: a refill in
         // 60 s leaves the spare free for every one but a near coincidence.
@@ -728,15 +740,27 @@ mod tests {
                 "repair {hours} h moved the pool's history"
             );
         }
-        // Without the pool, the one spare is back only after the 48 h
-        // repair: most faults find none and scale the job down.
+        // Without the pool, or with the pool but spares back from repair
+        // (one multi-node allocation), the one spare is back only after the
+        // 48 h repair: most faults find none.
         let mut e = node_faults(WithoutSpare::ScaleDown);
         e.baseline.requeue_s = 40.0;
         e.job.startup_s = 20.0;
         let elastic = history(&Model::new(&e), 1);
         assert!(
-            elastic.iter().filter(|i| i.capacity_after < 1.0).count() * 2 > swaps(&elastic),
-            "{elastic:?}"
+            swapped(&elastic) * 2 < swapped(&one_spare),
+            "{} swaps against {}: {elastic:?}",
+            swapped(&elastic),
+            swapped(&one_spare)
+        );
+        s.spare_refill = SpareRefill::Repair;
+        s.repair_hours = 48.0;
+        let repaired = history(&Model::new(&s), 1);
+        assert!(
+            swaps(&repaired) * 2 < swaps(&one_spare),
+            "{} swaps against {}: {repaired:?}",
+            swaps(&repaired),
+            swaps(&one_spare)
         );
     }
 }
