@@ -51,7 +51,11 @@
 //! `WARDEN_FLEET_EVERY_HOST_DECIDES=1`: the baseline of the join (light
 //! hosts read and watch every member key, as every launcher did before
 //! only the first 8 by join decided rounds); write it to its own
-//! `WARDEN_FLEET_OUT`. `WARDEN_FLEET_SORTED_JOIN=1`: the baseline of the
+//! `WARDEN_FLEET_OUT`. `WARDEN_FLEET_PROXIES=P` (default 0): P etcd gRPC
+//! proxies (`etcd grpc-proxy start`, 127.0.0.20 up) between the hosts and
+//! the members, host i through proxy i mod P; the row records the proxies'
+//! CPU and memory beside etcd's and is a set-up of its own (the fits, the
+//! plot and the planner leave it out). `WARDEN_FLEET_SORTED_JOIN=1`: the baseline of the
 //! deciders' markers (light hosts read the first 8 by join in a sorted
 //! range and watch the member keys' deletions, as before); its own
 //! `WARDEN_FLEET_OUT` too.
@@ -71,7 +75,7 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use etcd::{EtcdCluster, EtcdServer};
+use etcd::{EtcdCluster, EtcdProxy, EtcdServer};
 use fleet::{EtcdMetrics, Fleet, FleetConfig, cpu_self};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
@@ -106,6 +110,8 @@ struct Settings {
     /// The baseline: light hosts read and watch every member key.
     every_host_decides: bool,
     sorted_join: bool,
+    /// etcd gRPC proxies between the hosts and the members.
+    proxies: usize,
 }
 
 /// Either etcd set-up.
@@ -151,7 +157,27 @@ async fn run(n: usize, members: usize, s: &Settings) -> FleetRow {
     let endpoints = etcd.endpoints();
     eprintln!("fleet: etcd at {}", endpoints.join(","));
     let full = s.full.min(n);
+    let proxies: Vec<EtcdProxy> = (0..s.proxies)
+        .map(|k| {
+            let ip =
+                std::net::Ipv4Addr::new(127, 0, 0, 20 + u8::try_from(k).expect("a few proxies"));
+            EtcdProxy::start(&endpoints, ip)
+        })
+        .collect();
+    let proxy_usage = || {
+        proxies
+            .iter()
+            .map(EtcdProxy::cpu_and_rss)
+            .fold((0.0, 0.0), |a, b| (a.0 + b.0, a.1 + b.1))
+    };
     let mut cfg = FleetConfig::new(endpoints.clone(), "fleet", n, full);
+    cfg.proxies = proxies.iter().map(|p| p.endpoint.clone()).collect();
+    if !proxies.is_empty() {
+        eprintln!(
+            "fleet: through etcd gRPC proxies at {}",
+            cfg.proxies.join(",")
+        );
+    }
     cfg.ttl = s.ttl;
     cfg.request_timeout = s.request_timeout;
     cfg.every_host_decides = s.every_host_decides;
@@ -185,6 +211,7 @@ async fn run(n: usize, members: usize, s: &Settings) -> FleetRow {
         );
     }
     let before = EtcdMetrics::read_all(&endpoints);
+    let proxy0 = proxy_usage();
     let cpu0 = cpu_self();
     let rounds_began = std::time::Instant::now();
     let mut times = Vec::new();
@@ -193,6 +220,7 @@ async fn run(n: usize, members: usize, s: &Settings) -> FleetRow {
     }
     let rounds_wall = rounds_began.elapsed();
     let after = EtcdMetrics::read_all(&endpoints);
+    let proxy1 = proxy_usage();
     let cpu1 = cpu_self();
     // etcd's CPU with no round at all (over as long as the rounds took,
     // 2 s at least: etcd's CPU clock ticks in 10 ms): the keep-alives of
@@ -337,6 +365,9 @@ async fn run(n: usize, members: usize, s: &Settings) -> FleetRow {
         etcd_rss: after.rss as u64,
         leader_kill,
         member_pause,
+        proxies: u32::try_from(proxies.len()).unwrap(),
+        proxy_cpu_per_round_s: (proxy1.0 - proxy0.0) / r,
+        proxy_rss: proxy1.1 as u64,
     }
 }
 
@@ -437,6 +468,7 @@ async fn main() {
         commit: commit(),
         every_host_decides: std::env::var_os("WARDEN_FLEET_EVERY_HOST_DECIDES").is_some(),
         sorted_join: std::env::var_os("WARDEN_FLEET_SORTED_JOIN").is_some(),
+        proxies: env_one("WARDEN_FLEET_PROXIES", 0),
     };
     let out = std::env::var_os("WARDEN_FLEET_OUT").map_or_else(
         || std::env::temp_dir().join("warden-coord-fleet.json"),
@@ -449,9 +481,11 @@ async fn main() {
     for members in setups {
         for &n in &ns {
             let row = run(n, members, &settings).await;
-            results
-                .rows
-                .retain(|r| !(r.hosts == row.hosts && r.etcd_members == row.etcd_members));
+            results.rows.retain(|r| {
+                !(r.hosts == row.hosts
+                    && r.etcd_members == row.etcd_members
+                    && r.proxies == row.proxies)
+            });
             results.rows.push(row);
             let json = serde_json::to_string_pretty(&results).unwrap();
             std::fs::write(&out, json + "\n").expect("write the results");

@@ -106,6 +106,29 @@ pub struct FleetRow {
     /// Restart rounds while an etcd follower is SIGSTOPped past the lease
     /// TTL (a cluster only).
     pub member_pause: Option<FaultRounds>,
+    /// etcd gRPC proxies between the hosts and the members (0: the hosts
+    /// reach the members). A row with proxies is a set-up of its own: the
+    /// fits, the plot and the planner leave it out.
+    #[serde(default, skip_serializing_if = "is_zero_u32")]
+    pub proxies: u32,
+    /// The proxies' CPU per restart round, seconds (all of them).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub proxy_cpu_per_round_s: f64,
+    /// The proxies' resident memory after the rounds, bytes (all of them).
+    #[serde(default, skip_serializing_if = "is_zero_u64")]
+    pub proxy_rss: u64,
+}
+
+/// No proxies (rows before them).
+#[allow(clippy::trivially_copy_pass_by_ref)] // serde's skip_serializing_if passes a reference
+fn is_zero_u32(v: &u32) -> bool {
+    *v == 0
+}
+
+/// Not measured.
+#[allow(clippy::trivially_copy_pass_by_ref)] // serde's skip_serializing_if passes a reference
+fn is_zero_u64(v: &u64) -> bool {
+    *v == 0
 }
 
 /// A figure not measured in an older row.
@@ -261,9 +284,14 @@ impl FleetResults {
         serde_json::from_str(text).map_err(|e| FleetError::Parse(e.to_string()))
     }
 
-    /// The etcd set-ups present, in order (1 before 3).
+    /// The etcd set-ups present without proxies, in order (1 before 3).
     pub fn setups(&self) -> Vec<u32> {
-        let mut m: Vec<u32> = self.rows.iter().map(|r| r.etcd_members).collect();
+        let mut m: Vec<u32> = self
+            .rows
+            .iter()
+            .filter(|r| r.proxies == 0)
+            .map(|r| r.etcd_members)
+            .collect();
         m.sort_unstable();
         m.dedup();
         m
@@ -274,9 +302,17 @@ impl FleetResults {
         let mut rows: Vec<&FleetRow> = self
             .rows
             .iter()
-            .filter(|r| r.etcd_members == members)
+            .filter(|r| r.etcd_members == members && r.proxies == 0)
             .collect();
         rows.sort_by_key(|r| r.hosts);
+        rows
+    }
+
+    /// The rows measured through etcd gRPC proxies, by members, proxies
+    /// and host count.
+    pub fn proxied(&self) -> Vec<&FleetRow> {
+        let mut rows: Vec<&FleetRow> = self.rows.iter().filter(|r| r.proxies > 0).collect();
+        rows.sort_by_key(|r| (r.etcd_members, r.proxies, r.hosts));
         rows
     }
 
@@ -480,6 +516,43 @@ pub fn markdown(results: &FleetResults) -> String {
                 f.exponent,
                 f.points,
                 value(f.at(12_500.0), unit)
+            );
+        }
+    }
+    let proxied = results.proxied();
+    if !proxied.is_empty() {
+        let _ = writeln!(
+            out,
+            "\nThrough etcd gRPC proxies (host i through proxy i mod P):\n\n| etcd members | proxies | hosts (full) | join, all hosts | restart round, median | p90 | lost host, beyond the TTL | etcd sent per round | etcd CPU per round (of it, at the idle rate) | proxies' CPU per round | etcd memory | proxies' memory | leader SIGKILLed: longest round, leases lost | follower SIGSTOPped: longest round, leases lost | load | commit |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+        );
+        let fault = |f: &Option<FaultRounds>| {
+            f.as_ref().map_or_else(
+                || "-".to_owned(),
+                |f| format!("{}, {}", time(f.max_s), f.leases_lost),
+            )
+        };
+        for r in proxied {
+            let _ = writeln!(
+                out,
+                "| {} | {} | {} ({}) | {} | {} | {} | {} | {} | {:.0} ms ({:.0} ms) | {:.0} ms | {} | {} | {} | {} | {:.1} | {} |",
+                r.etcd_members,
+                r.proxies,
+                r.hosts,
+                r.full,
+                time(r.join_s),
+                time(r.round_median_s),
+                time(r.round_p90_s),
+                time(r.lost_s - r.ttl_s),
+                bytes(r.etcd_sent_per_round),
+                r.etcd_cpu_per_round_s * 1e3,
+                r.etcd_idle_cpu_per_round_s * 1e3,
+                r.proxy_cpu_per_round_s * 1e3,
+                bytes(r.etcd_rss as f64),
+                bytes(r.proxy_rss as f64),
+                fault(&r.leader_kill),
+                fault(&r.member_pause),
+                r.load,
+                r.commit,
             );
         }
     }
@@ -689,6 +762,34 @@ mod tests {
         assert_eq!(fit(&[(16.0, 1.0)]), None);
         assert_eq!(fit(&[(16.0, 1.0), (16.0, 2.0)]), None);
         assert_eq!(fit(&[(16.0, 0.0), (256.0, 0.0)]), None);
+    }
+
+    /// A row measured through etcd gRPC proxies is a set-up of its own:
+    /// the planner's round, the fits and the plot never take it for the
+    /// members' own (it is listed apart, in the markdown too).
+    #[test]
+    fn rows_through_proxies_are_kept_apart() {
+        let mut proxied = row(3, 2048, 0.1);
+        proxied.proxies = 4;
+        proxied.proxy_cpu_per_round_s = 0.089;
+        let r = FleetResults {
+            rows: vec![row(3, 16, 0.002), row(3, 2048, 0.5), proxied],
+        };
+        assert_eq!(r.setups(), [3]);
+        assert_eq!(r.rows_of(3).len(), 2);
+        assert_eq!(r.proxied().len(), 1);
+        let at = r.round_at(2048).unwrap();
+        assert_eq!((at.basis, at.seconds), (FigureBasis::Measured, 0.5));
+        let text = markdown(&r);
+        assert!(text.contains("Through etcd gRPC proxies"), "{text}");
+        assert!(text.contains("| 3 | 4 | 2048 (0) |"), "{text}");
+        assert!(text.contains("| 89 ms |"), "{text}");
+        // Only proxied rows: no set-up, no curve.
+        let only = FleetResults {
+            rows: vec![r.rows[2].clone()],
+        };
+        assert!(only.setups().is_empty());
+        assert!(only.round_at(2048).is_err());
     }
 
     #[test]

@@ -219,20 +219,7 @@ impl EtcdServer {
 
     /// Whether `GET /health` answers `"health":"true"`.
     fn healthy(&self, port: u16) -> bool {
-        let Ok(mut s) =
-            TcpStream::connect_timeout(&(self.ip, port).into(), Duration::from_millis(200))
-        else {
-            return false;
-        };
-        let _ = s.set_read_timeout(Some(Duration::from_secs(1)));
-        let _ = s.set_write_timeout(Some(Duration::from_secs(1)));
-        let request = format!("GET /health HTTP/1.0\r\nHost: {}\r\n\r\n", self.ip);
-        if s.write_all(request.as_bytes()).is_err() {
-            return false;
-        }
-        let mut body = String::new();
-        let _ = s.read_to_string(&mut body);
-        body.contains("\"health\":\"true\"")
+        healthy_at(self.ip, port)
     }
 
     /// The client endpoint, as the coordinator's config wants it.
@@ -438,9 +425,142 @@ impl EtcdCluster {
     }
 }
 
+/// Whether `GET /health` on `ip:port` answers `"health":"true"`.
+fn healthy_at(ip: Ipv4Addr, port: u16) -> bool {
+    let Ok(mut s) = TcpStream::connect_timeout(&(ip, port).into(), Duration::from_millis(200))
+    else {
+        return false;
+    };
+    let _ = s.set_read_timeout(Some(Duration::from_secs(1)));
+    let _ = s.set_write_timeout(Some(Duration::from_secs(1)));
+    let request = format!("GET /health HTTP/1.0\r\nHost: {ip}\r\n\r\n");
+    if s.write_all(request.as_bytes()).is_err() {
+        return false;
+    }
+    let mut body = String::new();
+    let _ = s.read_to_string(&mut body);
+    body.contains("\"health\":\"true\"")
+}
+
 impl Drop for EtcdServer {
     fn drop(&mut self) {
         self.kill();
+    }
+}
+
+/// An etcd gRPC proxy (`etcd grpc-proxy start`) in front of a cluster, on
+/// its own loopback address; SIGKILLed on drop. What it is for: it
+/// coalesces the watches of its clients on one range into one watch on the
+/// cluster, and their lease keep-alives, so the members serve the proxies
+/// and not every host (etcd's docs, "gRPC proxy").
+#[derive(Debug)]
+pub struct EtcdProxy {
+    child: Option<Child>,
+    _dir: tempfile::TempDir,
+    log: PathBuf,
+    /// Its client endpoint, `http://IP:PORT`.
+    pub endpoint: String,
+}
+
+impl EtcdProxy {
+    /// Starts a proxy on `ip` for the cluster at `members` and waits until
+    /// its `/health` answers (which asks the cluster through it).
+    pub fn start(members: &[String], ip: Ipv4Addr) -> Self {
+        let dir = tempfile::Builder::new()
+            .prefix("warden-etcd-proxy-")
+            .tempdir()
+            .expect("create a scratch directory for the proxy");
+        let port = free_port_on(ip);
+        let log = dir.path().join("proxy.log");
+        let file = std::fs::File::create(&log).expect("create the proxy's log");
+        let upstream: Vec<&str> = members
+            .iter()
+            .map(|m| m.trim_start_matches("http://"))
+            .collect();
+        let mut cmd = Command::new(etcd_binary());
+        for (name, _) in std::env::vars_os() {
+            if name.to_string_lossy().starts_with("ETCD_") {
+                cmd.env_remove(name);
+            }
+        }
+        cmd.args([
+            "grpc-proxy".to_owned(),
+            "start".to_owned(),
+            format!("--endpoints={}", upstream.join(",")),
+            format!("--listen-addr={ip}:{port}"),
+            format!("--data-dir={}", dir.path().join("data").display()),
+            // A joining launcher's paged read takes up to 64 MiB (the
+            // coordinator's receive limit); the proxy's default send limit
+            // is etcd's 1.5 MiB request limit.
+            format!("--max-send-bytes={}", 64 << 20),
+        ])
+        .stdin(Stdio::null())
+        .stdout(file.try_clone().expect("clone the proxy's log"))
+        .stderr(file);
+        let child = cmd
+            .spawn()
+            .unwrap_or_else(|e| panic!("spawn etcd grpc-proxy: {e}"));
+        let proxy = Self {
+            child: Some(child),
+            _dir: dir,
+            log,
+            endpoint: format!("http://{ip}:{port}"),
+        };
+        let deadline = Instant::now() + ETCD_STARTUP;
+        loop {
+            if healthy_at(ip, port) {
+                return proxy;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the etcd gRPC proxy on {ip}:{port} is not healthy after {ETCD_STARTUP:?}:\n{}",
+                std::fs::read_to_string(&proxy.log).unwrap_or_default()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Its CPU seconds (user and system) and resident bytes, from
+    /// `/proc` (its `/metrics` page is the cluster's, not its own).
+    pub fn cpu_and_rss(&self) -> (f64, f64) {
+        let Some(child) = self.child.as_ref() else {
+            return (0.0, 0.0);
+        };
+        let pid = child.id();
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        // Fields after the command's closing parenthesis: utime is the
+        // 12th, stime the 13th (proc(5)'s 14 and 15).
+        let after = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
+        let fields: Vec<&str> = after.split_whitespace().collect();
+        let tick = |i: usize| {
+            fields
+                .get(i)
+                .and_then(|v| v.parse::<f64>().ok())
+                .unwrap_or(0.0)
+        };
+        let hz = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
+            .ok()
+            .flatten()
+            .map_or(100.0, |v| v as f64);
+        let cpu = (tick(11) + tick(12)) / hz;
+        let rss = std::fs::read_to_string(format!("/proc/{pid}/status"))
+            .unwrap_or_default()
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+            .map_or(0.0, |kb| kb * 1024.0);
+        (cpu, rss)
+    }
+}
+
+impl Drop for EtcdProxy {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            if let Ok(pid) = i32::try_from(child.id()) {
+                let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+            }
+            let _ = child.wait();
+        }
     }
 }
 

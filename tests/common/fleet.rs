@@ -120,6 +120,11 @@ pub struct FleetConfig {
     /// `request_timeout`; a light host's keep-alive unanswered this long
     /// opens a new stream).
     pub request_timeout: Duration,
+    /// etcd gRPC proxies' endpoints (`EtcdProxy`): when any, host `i`
+    /// reaches etcd through proxy `i % len` alone, as a host would through
+    /// its rack's proxy; `endpoints` are then the members', for their
+    /// metrics.
+    pub proxies: Vec<String>,
 }
 
 impl FleetConfig {
@@ -136,6 +141,16 @@ impl FleetConfig {
             every_host_decides: false,
             sorted_join: false,
             request_timeout: Duration::from_secs(30),
+            proxies: Vec::new(),
+        }
+    }
+
+    /// What host `i` connects to: its proxy, else every member.
+    pub fn endpoints_of(&self, i: usize) -> Vec<String> {
+        if self.proxies.is_empty() {
+            self.endpoints.clone()
+        } else {
+            vec![self.proxies[i % self.proxies.len()].clone()]
         }
     }
 
@@ -149,7 +164,7 @@ impl FleetConfig {
     /// last call long enough that the first round forms only with every
     /// host in (at max, at once).
     fn coord(&self, host: &str, i: usize) -> CoordConfig {
-        let mut c = CoordConfig::new(self.endpoints.clone(), &self.job, host, addr(i));
+        let mut c = CoordConfig::new(self.endpoints_of(i), &self.job, host, addr(i));
         c.nproc_per_node = 8;
         c.min_nodes = u32::try_from(self.hosts.saturating_sub(1).max(1)).unwrap();
         c.max_nodes = u32::try_from(self.hosts).unwrap();
@@ -890,11 +905,12 @@ async fn join_light(
     leases_lost: Arc<AtomicU64>,
 ) -> Light {
     let host = FleetConfig::host(i);
+    let endpoints = cfg.endpoints_of(i);
     // HTTP/2 pings every third of the TTL, as the coordinator's client:
     // a connection to a member that stopped answering is dropped before
     // the lease runs out.
     let options = connect_options().with_keep_alive(cfg.ttl / 3, cfg.request_timeout);
-    let mut client = Client::connect(cfg.endpoints.clone(), Some(options))
+    let mut client = Client::connect(endpoints.clone(), Some(options))
         .await
         .expect("a light host connects");
     // The connection's first read, as the coordinator's (launcher/src/
@@ -1019,10 +1035,10 @@ async fn join_light(
     // process's 20,000 descriptors, which the sandbox will not raise). A
     // launcher keeps it for its decisions; what that leaves out of etcd's
     // load is 3 idle connections' HTTP/2 pings a host.
-    let shared = (cfg.endpoints.len() == 1).then_some(client);
+    let shared = (endpoints.len() == 1).then_some(client);
     let keeper = tokio::spawn(keep_alive(
         shared.clone(),
-        cfg.endpoints.clone(),
+        endpoints.clone(),
         i,
         Renewal {
             lease,
@@ -1035,8 +1051,8 @@ async fn join_light(
     let watcher = tokio::spawn(follow(
         Route {
             shared,
-            order: warden_launcher::coord::member_order(&cfg.endpoints, &FleetConfig::host(i)),
-            endpoints: cfg.endpoints.clone(),
+            order: warden_launcher::coord::member_order(&endpoints, &FleetConfig::host(i)),
+            endpoints: endpoints.clone(),
             at: 0,
             ttl: cfg.ttl,
             request_timeout: cfg.request_timeout,
