@@ -13,9 +13,10 @@
 //!    requeue), with its detection, restart and restore times. A spare
 //!    taken is replaced: from the cluster's pool (the default) after the
 //!    baseline's requeue and a cold start-up, the failed node being repaired
-//!    outside the job; for an elastic job without a pool, by the failed node
-//!    itself after the repair time, which also ends a scale-down (a planned
-//!    restart).
+//!    outside the job; for an elastic job without a pool, or one
+//!    allocation that cannot requeue a host (`spare_refill: repair`), by the
+//!    failed node itself after the repair time, which also ends a
+//!    scale-down (a planned restart).
 //! 2. [`evaluate`] walks that history for one checkpoint interval, jumping
 //!    from incident to incident: the time between two is split arithmetically
 //!    into training and save stalls; a failure loses the training since the
