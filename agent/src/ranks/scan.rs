@@ -231,26 +231,8 @@ pub fn scan(reg: &mut Registry, cfg: &HangConfig, now_ns: u64, prev_ns: u64) -> 
                     });
                 }
             }
-            // The rank awaits a lost peer's heal by itself (the client's
-            // `heal_wait`, innermost or not: a hook may open its own
-            // inside): the gap it leaves between two steps is no `idle`
-            // sample, as after an ask of the agent's. Noted before the
-            // step records are read, and only from a slot the client owns,
-            // at a time not past now (garbage would stick: only a later
-            // time replaces it).
-            if snap.writer_is_owner() {
-                for o in &snap.open_sections {
-                    if o.entered_ns > entry.heal_wait_ns
-                        && o.entered_ns <= now_ns
-                        && entry_name(&mut entry.names, slots, entry.slot, o.id)
-                            == calibration::HEAL_WAIT
-                    {
-                        entry.heal_wait_ns = o.entered_ns;
-                        out.goodput
-                            .push_heal_wait(&entry.key.job, entry.key.rank, o.entered_ns);
-                    }
-                }
-            }
+            // Noted before the step records are read.
+            note_heal_wait(entry, &snap, slots, now_ns, &mut out);
             // Step records feed calibration only from a slot the client
             // still owns (its echoed generation intact), and only records
             // that fit between its registration and now: garbage written
@@ -289,6 +271,15 @@ pub fn scan(reg: &mut Registry, cfg: &HangConfig, now_ns: u64, prev_ns: u64) -> 
                         }),
                 );
             }
+            entry.last = Some(snap);
+        } else if let Some(snap) = entry.last.take() {
+            // Nothing written since the last read: a wait that read holds
+            // but could not take yet (it began after that scan's clock
+            // reading, before its read of the slot) is taken now. Else a
+            // client asleep in its `heal_wait` writes nothing more, and the
+            // wait was never noted (tests/goodput.rs failed on it under
+            // load: the gap booked idle, no restart).
+            note_heal_wait(entry, &snap, slots, now_ns, &mut out);
             entry.last = Some(snap);
         }
         let Some(job) = jobs.get_mut(&entry.key.job) else {
@@ -615,6 +606,34 @@ fn cpu_verdict(delta_ticks: u64, span: Duration) -> String {
 }
 
 /// A section name through the rank's cache (names are write-once per id).
+/// The rank awaits a lost peer's heal by itself (the client's `heal_wait`
+/// in `snap`, innermost or not: a hook may open its own inside): the gap it
+/// leaves between two steps is no `idle` sample, as after an ask of the
+/// agent's, and the ledger books it as the heal's. Only from a slot the
+/// client owns, at a time not past `now_ns` (garbage would stick: only a
+/// later time replaces it), each wait once.
+fn note_heal_wait(
+    entry: &mut RankEntry,
+    snap: &SlotSnapshot,
+    slots: &SlotTable,
+    now_ns: u64,
+    out: &mut ScanResult,
+) {
+    if !snap.writer_is_owner() {
+        return;
+    }
+    for o in &snap.open_sections {
+        if o.entered_ns > entry.heal_wait_ns
+            && o.entered_ns <= now_ns
+            && entry_name(&mut entry.names, slots, entry.slot, o.id) == calibration::HEAL_WAIT
+        {
+            entry.heal_wait_ns = o.entered_ns;
+            out.goodput
+                .push_heal_wait(&entry.key.job, entry.key.rank, o.entered_ns);
+        }
+    }
+}
+
 fn entry_name(cache: &mut Vec<String>, slots: &SlotTable, slot: u32, id: u32) -> String {
     let i = id as usize;
     if let Some(n) = cache.get(i).filter(|n| !n.is_empty()) {
@@ -815,6 +834,32 @@ mod tests {
         scan(&mut reg, &cfg, from + bound + sec, from + bound - sec);
         assert_eq!(reg.ranks[&key].state, RankState::Hung);
         assert_eq!(reg.ranks[&key].section, calibration::HEAL_WAIT);
+    }
+
+    /// A `heal_wait` that began after a scan's clock reading but before
+    /// its read of the slot is taken by a later scan, though the client,
+    /// asleep in it, writes nothing more (tests/goodput.rs's heal, under
+    /// load, was booked idle: the only scan that read the slot could not
+    /// take the wait yet, and the next ones skipped the unchanged slot).
+    #[test]
+    fn a_heal_wait_entered_after_the_scans_clock_is_taken_by_the_next_scan() {
+        let (_dir, mut reg, t0, slot, key) = heal_wait_rank();
+        let cfg = HangConfig::default();
+        step(&reg, slot, 1, t0 + MS, 10 * MS);
+        scan(&mut reg, &cfg, t0 + 20 * MS, t0);
+        reg.slots()
+            .writer(slot)
+            .unwrap()
+            .section_open(FIRST_USER_SECTION, t0 + 40 * MS);
+        // This scan's clock read 30 ms: the wait entered at 40 is not yet.
+        scan(&mut reg, &cfg, t0 + 30 * MS, t0 + 20 * MS);
+        assert_eq!(reg.ranks[&key].heal_wait_ns, 0);
+        // Nothing written since; the next scan takes it, once.
+        let r = scan(&mut reg, &cfg, t0 + 80 * MS, t0 + 30 * MS);
+        assert_eq!(reg.ranks[&key].heal_wait_ns, t0 + 40 * MS);
+        let r2 = scan(&mut reg, &cfg, t0 + 130 * MS, t0 + 80 * MS);
+        assert!(!r.goodput.is_empty(), "the wait went to the ledger");
+        assert!(r2.goodput.is_empty(), "and once: {:?}", r2.goodput);
     }
 
     /// A `heal_wait` begun after an ask of the agent's, before the next
