@@ -13,6 +13,7 @@
 //! Never: present a figure past the measured range as measured (the basis
 //! says which), or accept a results file that is not the bench's shape.
 
+use std::collections::BTreeMap;
 use std::fmt::Write;
 
 use serde::{Deserialize, Serialize};
@@ -117,6 +118,42 @@ pub struct FleetRow {
     /// The proxies' resident memory after the rounds, bytes (all of them).
     #[serde(default, skip_serializing_if = "is_zero_u64")]
     pub proxy_rss: u64,
+    /// The etcd server's version (`etcd --version`); empty in rows measured
+    /// before it was recorded, all on Debian's etcd 3.4 (the tests' etcd).
+    /// A row on another version is a set-up of its own, as a row through
+    /// proxies: the fits, the plot and the planner leave it out.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub etcd_version: String,
+}
+
+/// The etcd release line the tests run on, and every row before the
+/// version was recorded: Debian's etcd-server 3.4.
+pub const DEFAULT_ETCD: &str = "3.4";
+
+impl FleetRow {
+    /// Whether the row was measured on the tests' etcd line
+    /// ([`DEFAULT_ETCD`]) with the hosts straight on the members: the rows
+    /// the fits, the plot and the planner take.
+    pub fn is_default_setup(&self) -> bool {
+        self.proxies == 0 && self.on_default_etcd()
+    }
+
+    /// The etcd version as a table shows it (rows from before it was
+    /// recorded: the [`DEFAULT_ETCD`] line).
+    pub fn version(&self) -> &str {
+        if self.etcd_version.is_empty() {
+            DEFAULT_ETCD
+        } else {
+            &self.etcd_version
+        }
+    }
+
+    /// Whether the row's etcd is of the [`DEFAULT_ETCD`] line.
+    pub fn on_default_etcd(&self) -> bool {
+        self.etcd_version.is_empty()
+            || self.etcd_version == DEFAULT_ETCD
+            || self.etcd_version.starts_with(&format!("{DEFAULT_ETCD}."))
+    }
 }
 
 /// No proxies (rows before them).
@@ -289,7 +326,7 @@ impl FleetResults {
         let mut m: Vec<u32> = self
             .rows
             .iter()
-            .filter(|r| r.proxies == 0)
+            .filter(|r| r.is_default_setup())
             .map(|r| r.etcd_members)
             .collect();
         m.sort_unstable();
@@ -302,36 +339,54 @@ impl FleetResults {
         let mut rows: Vec<&FleetRow> = self
             .rows
             .iter()
-            .filter(|r| r.etcd_members == members && r.proxies == 0)
+            .filter(|r| r.etcd_members == members && r.is_default_setup())
             .collect();
         rows.sort_by_key(|r| r.hosts);
         rows
     }
 
-    /// The rows measured through etcd gRPC proxies, by members, proxies
-    /// and host count.
+    /// The rows measured through etcd gRPC proxies, by etcd version,
+    /// members, proxies and host count.
     pub fn proxied(&self) -> Vec<&FleetRow> {
         let mut rows: Vec<&FleetRow> = self.rows.iter().filter(|r| r.proxies > 0).collect();
-        rows.sort_by_key(|r| (r.etcd_members, r.proxies, r.hosts));
+        rows.sort_by(|a, b| {
+            (&a.etcd_version, a.etcd_members, a.proxies, a.hosts).cmp(&(
+                &b.etcd_version,
+                b.etcd_members,
+                b.proxies,
+                b.hosts,
+            ))
+        });
         rows
+    }
+
+    /// The rows on an etcd of another line than [`DEFAULT_ETCD`], hosts
+    /// straight on the members, grouped by (version, members), each group
+    /// by host count.
+    pub fn other_etcd(&self) -> Vec<((String, u32), Vec<&FleetRow>)> {
+        let mut groups: BTreeMap<(String, u32), Vec<&FleetRow>> = BTreeMap::new();
+        for r in self
+            .rows
+            .iter()
+            .filter(|r| r.proxies == 0 && !r.on_default_etcd())
+        {
+            groups
+                .entry((r.etcd_version.clone(), r.etcd_members))
+                .or_default()
+                .push(r);
+        }
+        groups
+            .into_iter()
+            .map(|(k, mut rows)| {
+                rows.sort_by_key(|r| r.hosts);
+                (k, rows)
+            })
+            .collect()
     }
 
     /// Series `i` of [`SERIES`] for one set-up, as (N, value) points.
     pub fn series(&self, members: u32, i: usize) -> Vec<(f64, f64)> {
-        self.rows_of(members)
-            .iter()
-            .map(|r| {
-                #[allow(clippy::cast_precision_loss)]
-                let n = r.hosts as f64;
-                let v = match i {
-                    0 => r.round_median_s,
-                    1 => r.join_s,
-                    2 => r.etcd_sent_per_round,
-                    _ => r.etcd_cpu_per_round_s,
-                };
-                (n, v)
-            })
-            .collect()
+        series_of(&self.rows_of(members), i)
     }
 
     /// Each series' fit for one set-up.
@@ -394,6 +449,23 @@ impl FleetResults {
     }
 }
 
+/// Series `i` of [`SERIES`] over `rows`, as (N, value) points.
+fn series_of(rows: &[&FleetRow], i: usize) -> Vec<(f64, f64)> {
+    rows.iter()
+        .map(|r| {
+            #[allow(clippy::cast_precision_loss)]
+            let n = r.hosts as f64;
+            let v = match i {
+                0 => r.round_median_s,
+                1 => r.join_s,
+                2 => r.etcd_sent_per_round,
+                _ => r.etcd_cpu_per_round_s,
+            };
+            (n, v)
+        })
+        .collect()
+}
+
 /// Seconds in the unit that reads best.
 fn time(s: f64) -> String {
     if s >= 10.0 {
@@ -421,109 +493,128 @@ fn value(v: f64, unit: &str) -> String {
     if unit == "B" { bytes(v) } else { time(v) }
 }
 
-/// The results as markdown: per etcd set-up, the table, the faults table
-/// (a cluster) and the fitted exponents with the 12,500-host
-/// extrapolation.
+/// One set-up's section of [`markdown`]: its table, its faults table (a
+/// cluster) and its fitted exponents with the 12,500-host extrapolation.
 #[allow(clippy::cast_precision_loss)]
-pub fn markdown(results: &FleetResults) -> String {
+fn setup_section(out: &mut String, title: &str, rows: &[&FleetRow]) {
     // A host's memory, saying what was counted.
     let memory = |b: u64, what: &str| {
         let what = if what.is_empty() { "rss" } else { what };
         format!("{} {what}", bytes(b as f64))
     };
-    let mut out = String::new();
-    for members in results.setups() {
-        let rows = results.rows_of(members);
+    let _ = writeln!(
+        out,
+        "\n{title}:\n\n| hosts (full) | join, all hosts | restart round, median | p90 | lost host, beyond the TTL | a new host joins | spare swap, lost host, beyond the TTL | spare swap, cordon | etcd sent per round | etcd received per round | etcd CPU per round (of it, at the idle rate) | fleet CPU per round | round record | memory per light host | memory per full host | etcd memory | load | commit |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+    );
+    for r in rows {
         let _ = writeln!(
             out,
-            "\n{}-member etcd:\n\n| hosts (full) | join, all hosts | restart round, median | p90 | lost host, beyond the TTL | a new host joins | spare swap, lost host, beyond the TTL | spare swap, cordon | etcd sent per round | etcd received per round | etcd CPU per round (of it, at the idle rate) | fleet CPU per round | round record | memory per light host | memory per full host | etcd memory | load | commit |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
-            members
+            "| {} ({}) | {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.0} ms{} | {:.0} ms | {} | {} | {} | {} | {:.1} | {} |",
+            r.hosts,
+            r.full,
+            time(r.join_s),
+            time(r.round_median_s),
+            time(r.round_p90_s),
+            time(r.lost_s - r.ttl_s),
+            time(r.replaced_s),
+            time(r.swap_lost_s - r.ttl_s),
+            time(r.swap_cordon_s),
+            bytes(r.etcd_sent_per_round),
+            bytes(r.etcd_received_per_round),
+            r.etcd_cpu_per_round_s * 1e3,
+            if r.etcd_idle_cpu_per_round_s > 0.0 {
+                format!(" ({:.0} ms)", r.etcd_idle_cpu_per_round_s * 1e3)
+            } else {
+                String::new()
+            },
+            r.fleet_cpu_per_round_s * 1e3,
+            bytes(r.round_record_bytes as f64),
+            memory(r.rss_per_light, &r.memory),
+            memory(r.rss_per_full, &r.memory),
+            bytes(r.etcd_rss as f64),
+            r.load,
+            r.commit,
         );
-        for r in &rows {
-            let _ = writeln!(
-                out,
-                "| {} ({}) | {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.0} ms{} | {:.0} ms | {} | {} | {} | {} | {:.1} | {} |",
-                r.hosts,
-                r.full,
-                time(r.join_s),
-                time(r.round_median_s),
-                time(r.round_p90_s),
-                time(r.lost_s - r.ttl_s),
-                time(r.replaced_s),
-                time(r.swap_lost_s - r.ttl_s),
-                time(r.swap_cordon_s),
-                bytes(r.etcd_sent_per_round),
-                bytes(r.etcd_received_per_round),
-                r.etcd_cpu_per_round_s * 1e3,
-                if r.etcd_idle_cpu_per_round_s > 0.0 {
-                    format!(" ({:.0} ms)", r.etcd_idle_cpu_per_round_s * 1e3)
+    }
+    if rows
+        .iter()
+        .any(|r| r.leader_kill.is_some() || r.member_pause.is_some())
+    {
+        let _ = writeln!(
+            out,
+            "\n| hosts | fault | rounds during it | the round it hit | longest | median | requests asked again | leases kept |\n|---|---|---|---|---|---|---|---|"
+        );
+        for r in rows {
+            for (name, f) in [
+                ("leader SIGKILLed".to_owned(), &r.leader_kill),
+                (
+                    r.member_pause.as_ref().map_or(String::new(), |p| {
+                        format!("follower SIGSTOPped {:.0} s", p.fault_s)
+                    }),
+                    &r.member_pause,
+                ),
+            ] {
+                let Some(f) = f else { continue };
+                let kept = if f.leases_kept {
+                    "all".to_owned()
                 } else {
-                    String::new()
-                },
-                r.fleet_cpu_per_round_s * 1e3,
-                bytes(r.round_record_bytes as f64),
-                memory(r.rss_per_light, &r.memory),
-                memory(r.rss_per_full, &r.memory),
-                bytes(r.etcd_rss as f64),
-                r.load,
-                r.commit,
-            );
-        }
-        if rows
-            .iter()
-            .any(|r| r.leader_kill.is_some() || r.member_pause.is_some())
-        {
-            let _ = writeln!(
-                out,
-                "\n| hosts | fault | rounds during it | the round it hit | longest | median | requests asked again | leases kept |\n|---|---|---|---|---|---|---|---|"
-            );
-            for r in &rows {
-                for (name, f) in [
-                    ("leader SIGKILLed".to_owned(), &r.leader_kill),
-                    (
-                        r.member_pause.as_ref().map_or(String::new(), |p| {
-                            format!("follower SIGSTOPped {:.0} s", p.fault_s)
-                        }),
-                        &r.member_pause,
-                    ),
-                ] {
-                    let Some(f) = f else { continue };
-                    let kept = if f.leases_kept {
-                        "all".to_owned()
-                    } else {
-                        format!("**no**: {} lost", f.leases_lost)
-                    };
-                    let _ = writeln!(
-                        out,
-                        "| {} | {name} | {} | {} | {} | {} | {} | {kept} |",
-                        r.hosts,
-                        f.rounds,
-                        time(f.hit_s),
-                        time(f.max_s),
-                        time(f.median_s),
-                        f.refused
-                    );
-                }
+                    format!("**no**: {} lost", f.leases_lost)
+                };
+                let _ = writeln!(
+                    out,
+                    "| {} | {name} | {} | {} | {} | {} | {} | {kept} |",
+                    r.hosts,
+                    f.rounds,
+                    time(f.hit_s),
+                    time(f.max_s),
+                    time(f.median_s),
+                    f.refused
+                );
             }
         }
-        let fits = results.fits(members);
-        let _ = writeln!(out);
-        for ((name, unit), f) in SERIES.iter().zip(fits) {
-            let Some(f) = f else { continue };
-            let _ = writeln!(
-                out,
-                "- {name}: N^{:.2} (least squares on log-log over {} host counts); at 12,500 hosts, extrapolated: {}",
-                f.exponent,
-                f.points,
-                value(f.at(12_500.0), unit)
-            );
-        }
+    }
+    let fits = [0, 1, 2, 3].map(|i| fit(&series_of(rows, i)));
+    let _ = writeln!(out);
+    for ((name, unit), f) in SERIES.iter().zip(fits) {
+        let Some(f) = f else { continue };
+        let _ = writeln!(
+            out,
+            "- {name}: N^{:.2} (least squares on log-log over {} host counts); at 12,500 hosts, extrapolated: {}",
+            f.exponent,
+            f.points,
+            value(f.at(12_500.0), unit)
+        );
+    }
+}
+
+/// The results as markdown: per etcd set-up, the table, the faults table
+/// (a cluster) and the fitted exponents with the 12,500-host
+/// extrapolation.
+#[allow(clippy::cast_precision_loss)]
+pub fn markdown(results: &FleetResults) -> String {
+    let mut out = String::new();
+    for members in results.setups() {
+        setup_section(
+            &mut out,
+            &format!("{members}-member etcd"),
+            &results.rows_of(members),
+        );
+    }
+    for ((version, members), rows) in results.other_etcd() {
+        setup_section(
+            &mut out,
+            &format!(
+                "etcd {version}, {members} member{} (a set-up of its own: not in the fits above, the plot or the planner)",
+                if members == 1 { "" } else { "s" }
+            ),
+            &rows,
+        );
     }
     let proxied = results.proxied();
     if !proxied.is_empty() {
         let _ = writeln!(
             out,
-            "\nThrough etcd gRPC proxies (host i through proxy i mod P):\n\n| etcd members | proxies | hosts (full) | join, all hosts | restart round, median | p90 | lost host, beyond the TTL | etcd sent per round | etcd CPU per round (of it, at the idle rate) | proxies' CPU per round | etcd memory | proxies' memory | leader SIGKILLed: longest round, leases lost | follower SIGSTOPped: longest round, leases lost | load | commit |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+            "\nThrough etcd gRPC proxies (host i through proxy i mod P):\n\n| etcd | members | proxies | hosts (full) | join, all hosts | restart round, median | p90 | lost host, beyond the TTL | etcd sent per round | etcd CPU per round (of it, at the idle rate) | proxies' CPU per round | etcd memory | proxies' memory | leader SIGKILLed: longest round, leases lost | follower SIGSTOPped: longest round, leases lost | load | commit |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
         );
         let fault = |f: &Option<FaultRounds>| {
             f.as_ref().map_or_else(
@@ -534,7 +625,8 @@ pub fn markdown(results: &FleetResults) -> String {
         for r in proxied {
             let _ = writeln!(
                 out,
-                "| {} | {} | {} ({}) | {} | {} | {} | {} | {} | {:.0} ms ({:.0} ms) | {:.0} ms | {} | {} | {} | {} | {:.1} | {} |",
+                "| {} | {} | {} | {} ({}) | {} | {} | {} | {} | {} | {:.0} ms ({:.0} ms) | {:.0} ms | {} | {} | {} | {} | {:.1} | {} |",
+                r.version(),
                 r.etcd_members,
                 r.proxies,
                 r.hosts,
@@ -782,7 +874,7 @@ mod tests {
         assert_eq!((at.basis, at.seconds), (FigureBasis::Measured, 0.5));
         let text = markdown(&r);
         assert!(text.contains("Through etcd gRPC proxies"), "{text}");
-        assert!(text.contains("| 3 | 4 | 2048 (0) |"), "{text}");
+        assert!(text.contains("| 3.4 | 3 | 4 | 2048 (0) |"), "{text}");
         assert!(text.contains("| 89 ms |"), "{text}");
         // Only proxied rows: no set-up, no curve.
         let only = FleetResults {
@@ -790,6 +882,51 @@ mod tests {
         };
         assert!(only.setups().is_empty());
         assert!(only.round_at(2048).is_err());
+    }
+
+    /// A row on another etcd line than the tests' 3.4 is a set-up of its
+    /// own: its own table and fits, never mixed into the 3.4 curve the
+    /// planner reads.
+    #[test]
+    fn rows_on_another_etcd_are_kept_apart() {
+        let on = |version: &str, hosts, s| {
+            let mut r = row(1, hosts, s);
+            r.etcd_version = version.to_owned();
+            r
+        };
+        let r = FleetResults {
+            rows: vec![
+                row(1, 16, 0.002),
+                on("3.4.23", 2048, 0.07),
+                on("3.5.1", 16, 0.001),
+                on("3.5.1", 2048, 0.03),
+            ],
+        };
+        assert_eq!(r.setups(), [1]);
+        assert_eq!(r.rows_of(1).len(), 2, "3.4.23 is the default line");
+        let at = r.round_at(2048).unwrap();
+        assert_eq!((at.basis, at.seconds), (FigureBasis::Measured, 0.07));
+        let other = r.other_etcd();
+        assert_eq!(other.len(), 1);
+        assert_eq!(other[0].0, ("3.5.1".to_owned(), 1));
+        assert_eq!(other[0].1.len(), 2);
+        let text = markdown(&r);
+        assert!(
+            text.contains("etcd 3.5.1, 1 member (a set-up of its own"),
+            "{text}"
+        );
+        // Its own fit: 0.001 s to 0.03 s over 16 to 2,048 hosts.
+        let fits: Vec<&str> = text
+            .lines()
+            .filter(|l| l.starts_with("- restart round"))
+            .collect();
+        assert_eq!(fits.len(), 2, "{text}");
+        assert_ne!(fits[0], fits[1], "{text}");
+        // The field round-trips, and rows without it read as 3.4.
+        let json = serde_json::to_string(&r).unwrap();
+        let back = FleetResults::parse(&json).unwrap();
+        assert_eq!(back.rows[3].etcd_version, "3.5.1");
+        assert!(back.rows[0].on_default_etcd() && back.rows[0].version() == "3.4");
     }
 
     #[test]
