@@ -41,6 +41,10 @@
 //! `WARDEN_FLEET_LOSSES=1` (light hosts lost one after another, each
 //! printed from its drop and from its lease's end; the row keeps the
 //! first), `WARDEN_FLEET_TTL_S=10`, `WARDEN_FLEET_REQUEST_TIMEOUT_S=5`.
+//! The etcd binary is `$WARDEN_TEST_ETCD` (else `etcd` on PATH: Debian's
+//! 3.4); each row records its version, and a row on another line than 3.4
+//! is a set-up of its own (its own table and fits; not in the plot or the
+//! planner).
 //! `WARDEN_FLEET_KEEPALIVE_WAIT_S` (unset: the coordinator's rule, until a
 //! third of the TTL is left): how long a light host waits for a
 //! keep-alive's answer before it moves to the next member (an
@@ -368,6 +372,7 @@ async fn run(n: usize, members: usize, s: &Settings) -> FleetRow {
         proxies: u32::try_from(proxies.len()).unwrap(),
         proxy_cpu_per_round_s: (proxy1.0 - proxy0.0) / r,
         proxy_rss: proxy1.1 as u64,
+        etcd_version: etcd::etcd_version(),
     }
 }
 
@@ -484,7 +489,8 @@ async fn main() {
             results.rows.retain(|r| {
                 !(r.hosts == row.hosts
                     && r.etcd_members == row.etcd_members
-                    && r.proxies == row.proxies)
+                    && r.proxies == row.proxies
+                    && r.version() == row.version())
             });
             results.rows.push(row);
             let json = serde_json::to_string_pretty(&results).unwrap();

@@ -53,6 +53,34 @@ pub struct EtcdServer {
     paused: bool,
 }
 
+/// The version of the etcd binary the tests run (`etcd --version`'s
+/// "etcd Version: X.Y.Z"), asked once: the fleet bench records it in its
+/// rows, and a 3.5 proxy takes flags a 3.4 one refuses.
+pub fn etcd_version() -> String {
+    static VERSION: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    VERSION
+        .get_or_init(|| {
+            let out = Command::new(etcd_binary())
+                .arg("--version")
+                .output()
+                .unwrap_or_else(|e| panic!("run {} --version: {e}", etcd_binary()));
+            let text = String::from_utf8_lossy(&out.stdout);
+            text.lines()
+                .find_map(|l| l.strip_prefix("etcd Version:"))
+                .map(|v| v.trim().to_owned())
+                .unwrap_or_else(|| panic!("no \"etcd Version:\" in `etcd --version`:\n{text}"))
+        })
+        .clone()
+}
+
+/// Whether the tests' etcd is 3.5 or later (its `major.minor`).
+pub fn etcd_at_least_3_5() -> bool {
+    let version = etcd_version();
+    let mut parts = version.split('.').map(|p| p.parse::<u32>().unwrap_or(0));
+    let (major, minor) = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
+    (major, minor) >= (3, 5)
+}
+
 /// The etcd binary: `$WARDEN_TEST_ETCD`, else `etcd` on PATH.
 fn etcd_binary() -> String {
     if let Ok(path) = std::env::var("WARDEN_TEST_ETCD") {
@@ -493,10 +521,18 @@ impl EtcdProxy {
             // coordinator's receive limit); the proxy's default send limit
             // is etcd's 1.5 MiB request limit.
             format!("--max-send-bytes={}", 64 << 20),
-        ])
-        .stdin(Stdio::null())
-        .stdout(file.try_clone().expect("clone the proxy's log"))
-        .stderr(file);
+        ]);
+        if etcd_at_least_3_5() {
+            // A launcher pings its connection every third of the lease TTL
+            // (3.3 s at 10 s); a 3.4 proxy keeps grpc-go's 5-minute minimum
+            // and closes such clients for "too many pings", and a 3.5 one
+            // defaults to 5 s. 3.5 takes the minimum as a flag
+            // (etcd-io/etcd#11711): 1 s, under any TTL the tests use.
+            cmd.arg("--grpc-keepalive-min-time=1s");
+        }
+        cmd.stdin(Stdio::null())
+            .stdout(file.try_clone().expect("clone the proxy's log"))
+            .stderr(file);
         let child = cmd
             .spawn()
             .unwrap_or_else(|e| panic!("spawn etcd grpc-proxy: {e}"));
