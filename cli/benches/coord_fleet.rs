@@ -479,19 +479,22 @@ async fn main() {
         || std::env::temp_dir().join("warden-coord-fleet.json"),
         PathBuf::from,
     );
-    let mut results = std::fs::read_to_string(&out)
-        .ok()
-        .and_then(|t| FleetResults::parse(&t).ok())
-        .unwrap_or_default();
+    // A file this binary cannot read (another version's fields) is never
+    // overwritten with the new rows alone.
+    let mut results = match std::fs::read_to_string(&out) {
+        Ok(text) => FleetResults::parse(&text).unwrap_or_else(|e| {
+            panic!(
+                "{} does not read as fleet results ({e}): name another WARDEN_FLEET_OUT",
+                out.display()
+            )
+        }),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => FleetResults::default(),
+        Err(e) => panic!("read {}: {e}", out.display()),
+    };
     for members in setups {
         for &n in &ns {
             let row = run(n, members, &settings).await;
-            results.rows.retain(|r| {
-                !(r.hosts == row.hosts
-                    && r.etcd_members == row.etcd_members
-                    && r.proxies == row.proxies
-                    && r.version() == row.version())
-            });
+            results.rows.retain(|r| !r.same_setup(&row));
             results.rows.push(row);
             let json = serde_json::to_string_pretty(&results).unwrap();
             std::fs::write(&out, json + "\n").expect("write the results");

@@ -154,6 +154,18 @@ impl FleetRow {
             || self.etcd_version == DEFAULT_ETCD
             || self.etcd_version.starts_with(&format!("{DEFAULT_ETCD}."))
     }
+
+    /// Whether `other` measured the same set-up at the same size: a new
+    /// run replaces it in a results file. The etcd line counts, not the
+    /// patch release: a row from before the version was recorded and a
+    /// 3.4.23 row are the same set-up.
+    pub fn same_setup(&self, other: &Self) -> bool {
+        self.hosts == other.hosts
+            && self.etcd_members == other.etcd_members
+            && self.proxies == other.proxies
+            && (self.on_default_etcd() && other.on_default_etcd()
+                || self.etcd_version == other.etcd_version)
+    }
 }
 
 /// No proxies (rows before them).
@@ -927,6 +939,12 @@ mod tests {
         let back = FleetResults::parse(&json).unwrap();
         assert_eq!(back.rows[3].etcd_version, "3.5.1");
         assert!(back.rows[0].on_default_etcd() && back.rows[0].version() == "3.4");
+        // A re-run replaces the row of its set-up: a row from before the
+        // version was recorded is the same 3.4 set-up as a 3.4.23 one.
+        assert!(on("3.4.23", 16, 0.002).same_setup(&row(1, 16, 0.001)));
+        assert!(!on("3.5.1", 16, 0.002).same_setup(&row(1, 16, 0.001)));
+        assert!(on("3.5.1", 16, 0.002).same_setup(&on("3.5.1", 16, 0.1)));
+        assert!(!on("3.5.1", 2048, 0.002).same_setup(&on("3.5.1", 16, 0.1)));
     }
 
     #[test]
