@@ -817,15 +817,20 @@ async fn enable_auth(
 /// events in revision order, so once the marker's put arrives every base
 /// before it has. Not a progress notify: etcd answered a requested one at
 /// once with its current revision, whether the watch had caught up or not,
-/// until etcd-io/etcd#15220 was fixed (#15237, 2023); 3.5.1 predates the
-/// fix, and the fleet bench at 12,500 hosts on it
-/// read 0 bases that way where one had gone to every host. Bases a writer
+/// until etcd-io/etcd#15220 was fixed (#15237, 2023). Debian's 3.4.23 and
+/// 3.5.1 both predate the fix, so the notify worked on 3.4 by timing only;
+/// the fleet bench at 12,500 hosts on 3.5.1 read 0 bases that way where
+/// one had gone to every host. Bases a writer
 /// deleted after losing its race count too: each was sent to every host
 /// watching (issue 30, one writer per base).
 pub async fn bases_in_history(
     client: &mut etcd_client::Client,
     layouts: &str,
 ) -> (std::collections::BTreeSet<String>, usize) {
+    assert!(
+        layouts.ends_with('/'),
+        "{layouts:?} is not a prefix ending in /"
+    );
     let marker = format!("{}0", layouts.trim_end_matches('/'));
     let at = client
         .put(marker.as_str(), "", None)
@@ -853,6 +858,12 @@ pub async fn bases_in_history(
             })
             .expect("the history's watch")
             .expect("the watch open");
+        assert!(
+            !resp.canceled(),
+            "the history's watch was cancelled (compacted at {}): {}",
+            resp.compact_revision(),
+            resp.cancel_reason()
+        );
         for e in resp.events() {
             let Some(kv) = e.kv() else { continue };
             if kv.key() == marker.as_bytes() {
