@@ -403,7 +403,7 @@ impl FleetResults {
 
     /// Each series' fit for one set-up.
     pub fn fits(&self, members: u32) -> [Option<Fit>; 4] {
-        [0, 1, 2, 3].map(|i| fit(&self.series(members, i)))
+        fits_of(&self.rows_of(members))
     }
 
     /// The restart round at `hosts` hosts: on the rows of the largest etcd
@@ -476,6 +476,11 @@ fn series_of(rows: &[&FleetRow], i: usize) -> Vec<(f64, f64)> {
             (n, v)
         })
         .collect()
+}
+
+/// Each series' fit over `rows`.
+fn fits_of(rows: &[&FleetRow]) -> [Option<Fit>; 4] {
+    [0, 1, 2, 3].map(|i| fit(&series_of(rows, i)))
 }
 
 /// Seconds in the unit that reads best.
@@ -585,9 +590,8 @@ fn setup_section(out: &mut String, title: &str, rows: &[&FleetRow]) {
             }
         }
     }
-    let fits = [0, 1, 2, 3].map(|i| fit(&series_of(rows, i)));
     let _ = writeln!(out);
-    for ((name, unit), f) in SERIES.iter().zip(fits) {
+    for ((name, unit), f) in SERIES.iter().zip(fits_of(rows)) {
         let Some(f) = f else { continue };
         let _ = writeln!(
             out,
@@ -602,7 +606,6 @@ fn setup_section(out: &mut String, title: &str, rows: &[&FleetRow]) {
 /// The results as markdown: per etcd set-up, the table, the faults table
 /// (a cluster) and the fitted exponents with the 12,500-host
 /// extrapolation.
-#[allow(clippy::cast_precision_loss)]
 pub fn markdown(results: &FleetResults) -> String {
     let mut out = String::new();
     for members in results.setups() {

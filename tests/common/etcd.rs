@@ -820,9 +820,9 @@ async fn enable_auth(
 /// until etcd-io/etcd#15220 was fixed (#15237, 2023). Debian's 3.4.23 and
 /// 3.5.1 both predate the fix, so the notify worked on 3.4 by timing only;
 /// the fleet bench at 12,500 hosts on 3.5.1 read 0 bases that way where
-/// one had gone to every host. Bases a writer
-/// deleted after losing its race count too: each was sent to every host
-/// watching (issue 30, one writer per base).
+/// one had gone to every host. Bases a writer deleted after losing its
+/// race count too: each was sent to every host watching (issue 30, one
+/// writer per base).
 pub async fn bases_in_history(
     client: &mut etcd_client::Client,
     layouts: &str,
