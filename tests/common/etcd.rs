@@ -192,7 +192,18 @@ impl EtcdServer {
             .append(true)
             .open(&self.log)
             .expect("open etcd's log file");
-        let mut cmd = Command::new(etcd_binary());
+        // `WARDEN_ETCD_CPUS` (a `taskset` list, "0") pins etcd to those
+        // CPUs: the fleet bench then measures etcd's CPU per round without
+        // the simulated hosts on the same cores (run the bench itself under
+        // `taskset -c` on the others).
+        let mut cmd = match std::env::var("WARDEN_ETCD_CPUS") {
+            Ok(cpus) if !cpus.is_empty() => {
+                let mut c = Command::new("taskset");
+                c.arg("-c").arg(cpus).arg(etcd_binary());
+                c
+            }
+            _ => Command::new(etcd_binary()),
+        };
         // An ETCD_* variable in the runner's environment would override a flag.
         for (name, _) in std::env::vars_os() {
             if name.to_string_lossy().starts_with("ETCD_") {
