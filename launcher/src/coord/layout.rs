@@ -109,6 +109,79 @@ pub enum LayoutError {
     /// More chunks than any base has.
     #[error("{0} chunks; at most {MAX_CHUNKS}")]
     TooManyChunks(u32),
+    /// The members made are not those the writer digested: a base or a
+    /// delta that is not the one the record was written against.
+    #[error("the members made digest to {got}, the round record says {want}")]
+    Digest {
+        /// The digest of the members made.
+        got: String,
+        /// The record's `members_digest`.
+        want: String,
+    },
+    /// The record says every member runs `want` workers, and one does not
+    /// (or the world size is not their sum).
+    #[error(
+        "member {index} ({host}) runs {got} workers, the round record says every member runs {want}"
+    )]
+    Nproc {
+        /// The member's node rank (`nnodes` for the world size).
+        index: usize,
+        /// Its host id.
+        host: String,
+        /// Its workers.
+        got: u32,
+        /// The record's `nproc`.
+        want: u32,
+    },
+}
+
+/// The scheme [`digest`] writes: its name leads the digest, so a reader
+/// that does not know a later scheme leaves it unchecked rather than
+/// refusing every round a newer launcher writes.
+const DIGEST_SCHEME: &str = "xxh3-128:";
+
+/// A digest of `members` in node-rank order, of what makes each one's place
+/// and environment: host id, address, workers, lease and incarnation (not
+/// the checkpoint peer, which does not move a rank). Fields are separated
+/// by NUL and members ended by a newline, neither of which a host id or an
+/// address holds. A round record carries it so that a host can tell the
+/// members it made from a base and a delta are the writer's, and, once
+/// hosts stop reading whole bases (issue 30's partial views), that two
+/// rounds hold the same members without either list.
+///
+/// Not a defence against a writer of the job's keys (it could write the
+/// digest too): against a base or delta that is not the one the record was
+/// written against, which would give hosts ranks that disagree.
+pub fn digest(members: &[RoundMember]) -> String {
+    let mut h = xxhash_rust::xxh3::Xxh3Default::new();
+    for m in members {
+        h.update(m.host.as_bytes());
+        h.update(b"\0");
+        h.update(m.addr.as_bytes());
+        h.update(b"\0");
+        h.update(&m.nproc_per_node.to_le_bytes());
+        h.update(&m.lease.to_le_bytes());
+        h.update(&m.incarnation.to_le_bytes());
+        h.update(b"\n");
+    }
+    format!("{DIGEST_SCHEME}{:032x}", h.digest128())
+}
+
+/// Checks `members` against a record's `members_digest`: empty (a launcher
+/// before it) or of a scheme this one does not know passes.
+pub fn check_digest(members: &[RoundMember], want: &str) -> Result<(), LayoutError> {
+    if !want.starts_with(DIGEST_SCHEME) {
+        return Ok(());
+    }
+    let got = digest(members);
+    if got == want {
+        Ok(())
+    } else {
+        Err(LayoutError::Digest {
+            got,
+            want: want.to_owned(),
+        })
+    }
 }
 
 /// The delta that makes `members` from `base`: runs of base members kept in
@@ -373,6 +446,59 @@ mod tests {
         assert!(e.to_string().contains("nnodes 9"), "{e}");
         let e = apply(&base[..9], &l, 10).unwrap_err();
         assert!(e.to_string().contains("the base holds 9"), "{e}");
+    }
+
+    #[test]
+    fn the_digest_names_the_members_and_their_order_and_a_base_of_others_is_refused() {
+        let base: Vec<_> = (0..100).map(|i| m(&format!("h{i}"), i)).collect();
+        let want = digest(&base);
+        assert!(want.starts_with(DIGEST_SCHEME), "{want}");
+        assert_eq!(check_digest(&base, &want), Ok(()));
+        // Anything that moves a rank or an environment changes it.
+        let mut swapped = base.clone();
+        swapped.swap(3, 4);
+        let mut relet = base.clone();
+        relet[50].lease = 999;
+        let mut moved = base.clone();
+        moved[99].addr = "127.0.0.99".into();
+        let mut wider = base.clone();
+        wider[0].nproc_per_node = 4;
+        let mut reborn = base.clone();
+        reborn[7].incarnation = 8;
+        for other in [
+            &swapped,
+            &relet,
+            &moved,
+            &wider,
+            &reborn,
+            &base[..99].to_vec(),
+        ] {
+            let e = check_digest(other, &want).unwrap_err();
+            assert!(e.to_string().contains(&want), "{e}");
+        }
+        // Field bounds are kept: "h1" + "0..." is not "h10" + "...".
+        let a = RoundMember {
+            host: "h1".into(),
+            addr: "0x".into(),
+            ..m("x", 1)
+        };
+        let b = RoundMember {
+            host: "h10".into(),
+            addr: "x".into(),
+            ..m("x", 1)
+        };
+        assert_ne!(digest(&[a]), digest(&[b]));
+        // The checkpoint peer moves no rank: not in it.
+        let mut peered = base.clone();
+        peered[0].ckpt_peer = Some(super::super::records::CkptPeer {
+            addr: "127.0.0.2:7000".into(),
+            domain: String::new(),
+            identity: String::new(),
+        });
+        assert_eq!(check_digest(&peered, &want), Ok(()));
+        // A launcher before it wrote none; a later scheme is not checked here.
+        assert_eq!(check_digest(&swapped, ""), Ok(()));
+        assert_eq!(check_digest(&swapped, "sha3-256:00"), Ok(()));
     }
 
     #[test]

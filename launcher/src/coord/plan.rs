@@ -72,6 +72,55 @@ pub struct RoundRecord {
     /// launchers before it.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub heal: bool,
+    /// The workers every member runs, when they all run the same number:
+    /// node rank `r`'s first global rank is then `r * nproc`, known from
+    /// the header alone. 0 when they differ, in a waiting round, and in
+    /// records of launchers before it.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub nproc: u32,
+    /// [`super::layout::digest`] of the members in node-rank order: a host
+    /// checks the members it made from a base and a delta against it.
+    /// Empty in records of launchers before it.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub members_digest: String,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
+}
+
+impl RoundRecord {
+    /// Checks the members (inline, or made from the layout) against the
+    /// header: the digest, and with `nproc` set every member's workers and
+    /// the world size. Each check passes when its field is absent (a
+    /// launcher before it).
+    pub fn check_members(&self) -> Result<(), super::layout::LayoutError> {
+        use super::layout::LayoutError;
+        if self.nproc != 0 {
+            if let Some((index, m)) = self
+                .members
+                .iter()
+                .enumerate()
+                .find(|(_, m)| m.nproc_per_node != self.nproc)
+            {
+                return Err(LayoutError::Nproc {
+                    index,
+                    host: m.host.clone(),
+                    got: m.nproc_per_node,
+                    want: self.nproc,
+                });
+            }
+            if u64::from(self.nnodes) * u64::from(self.nproc) != u64::from(self.world_size) {
+                return Err(LayoutError::Nproc {
+                    index: self.nnodes as usize,
+                    host: "the world size".to_owned(),
+                    got: self.world_size,
+                    want: self.nproc,
+                });
+            }
+        }
+        super::layout::check_digest(&self.members, &self.members_digest)
+    }
 }
 
 /// The job's size limits and port rule: the inputs of a round besides
@@ -477,6 +526,16 @@ pub fn record(
         .collect();
     let span = u64::from(limits.port_span.max(1));
     let offset = u16::try_from(epoch % span).unwrap_or(0);
+    let nproc = match members.split_first() {
+        Some((first, rest))
+            if rest
+                .iter()
+                .all(|m| m.nproc_per_node == first.nproc_per_node) =>
+        {
+            first.nproc_per_node
+        }
+        _ => 0,
+    };
     RoundRecord {
         epoch,
         waiting: members.is_empty(),
@@ -484,6 +543,12 @@ pub fn record(
         world_size: members.iter().map(|m| m.nproc_per_node).sum(),
         master_addr: members.first().map(|m| m.addr.clone()).unwrap_or_default(),
         master_port: limits.base_port.saturating_add(offset),
+        nproc,
+        members_digest: if members.is_empty() {
+            String::new()
+        } else {
+            super::layout::digest(&members)
+        },
         members,
         standby: assignment.standby,
         min_nodes: limits.min_nodes,
@@ -642,6 +707,50 @@ mod tests {
             trigger(Some(&r3), &live, &none(), false, LIMITS),
             Trigger::None
         );
+    }
+
+    #[test]
+    fn the_header_carries_a_uniform_nproc_and_the_members_digest_and_checks_them() {
+        let (a, b, c) = (
+            m("a", 1, 10, false),
+            m("b", 2, 11, false),
+            m("c", 3, 12, false),
+        );
+        let r = round_of(1, &[a.clone(), b.clone(), c.clone()], LIMITS);
+        assert_eq!(r.nproc, 2);
+        assert_eq!(r.members_digest, super::super::layout::digest(&r.members));
+        assert_eq!(r.check_members(), Ok(()));
+        // Read back as stored, and from a launcher before these fields.
+        let back: RoundRecord = serde_json::from_str(&serde_json::to_string(&r).unwrap()).unwrap();
+        assert_eq!(back, r);
+        let mut old = serde_json::to_value(&r).unwrap();
+        old.as_object_mut().unwrap().remove("nproc");
+        old.as_object_mut().unwrap().remove("members_digest");
+        let old: RoundRecord = serde_json::from_value(old).unwrap();
+        assert_eq!((old.nproc, old.members_digest.as_str()), (0, ""));
+        assert_eq!(old.check_members(), Ok(()));
+        // Members that do not match their header are refused by name.
+        let mut other = r.clone();
+        other.members.swap(0, 1);
+        let e = other.check_members().unwrap_err();
+        assert!(e.to_string().contains("digest"), "{e}");
+        let mut wider = r.clone();
+        wider.members[2].nproc_per_node = 4;
+        let e = wider.check_members().unwrap_err();
+        assert!(e.to_string().contains("member 2 (c) runs 4 workers"), "{e}");
+        let mut world = r.clone();
+        world.world_size = 7;
+        assert!(world.check_members().is_err());
+        // Hosts of different widths: no uniform nproc, the digest still.
+        let mut wide = c;
+        wide.record.nproc_per_node = 8;
+        let r = round_of(2, &[a, b, wide], LIMITS);
+        assert_eq!((r.nproc, r.world_size), (0, 12));
+        assert_eq!(r.check_members(), Ok(()));
+        // A waiting round has neither.
+        let w = round_of(3, &[], LIMITS);
+        assert!(w.waiting);
+        assert_eq!((w.nproc, w.members_digest.as_str()), (0, ""));
     }
 
     #[test]

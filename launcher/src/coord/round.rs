@@ -62,14 +62,29 @@ impl Round {
         let mut node_rank = None;
         let mut rank_offset = 0u32;
         let mut local_world_size = 0u32;
-        let mut before = 0u32;
-        for (i, m) in record.members.iter().enumerate() {
-            if m.is(host, lease, incarnation) {
+        if record.nproc != 0 {
+            // Every member runs the same workers (checked against the
+            // members when the record was read): the place alone gives the
+            // offset, with no sum over the hosts before it.
+            if let Some(i) = record
+                .members
+                .iter()
+                .position(|m| m.is(host, lease, incarnation))
+            {
                 node_rank = u32::try_from(i).ok();
-                rank_offset = before;
-                local_world_size = m.nproc_per_node;
+                rank_offset = node_rank.map_or(0, |r| r.saturating_mul(record.nproc));
+                local_world_size = record.nproc;
             }
-            before = before.saturating_add(m.nproc_per_node);
+        } else {
+            let mut before = 0u32;
+            for (i, m) in record.members.iter().enumerate() {
+                if m.is(host, lease, incarnation) {
+                    node_rank = u32::try_from(i).ok();
+                    rank_offset = before;
+                    local_world_size = m.nproc_per_node;
+                }
+                before = before.saturating_add(m.nproc_per_node);
+            }
         }
         Self {
             job: job.to_owned(),
@@ -178,6 +193,8 @@ mod tests {
             decided_at_ms: 0,
             layout: None,
             heal: false,
+            nproc: 0,
+            members_digest: String::new(),
         }
     }
 
@@ -195,6 +212,26 @@ mod tests {
         assert_eq!(get("WORLD_SIZE"), Some("10"));
         assert_eq!(get("MASTER_PORT"), Some("29503"));
         assert!(r.worker_env(4).is_none());
+    }
+
+    #[test]
+    fn a_uniform_nproc_gives_the_same_places_as_the_sum() {
+        let mut r = rec();
+        for m in &mut r.members {
+            m.nproc_per_node = 4;
+        }
+        r.world_size = 12;
+        let hosts = [("a", 1), ("b", 2), ("c", 3), ("s", 9)];
+        let place = |r: &RoundRecord, (h, l): (&str, i64)| {
+            let x = Round::from_record("j", r, h, l, 0);
+            (x.node_rank, x.rank_offset, x.local_world_size)
+        };
+        let summed: Vec<_> = hosts.iter().map(|&h| place(&r, h)).collect();
+        r.nproc = 4;
+        let by_nproc: Vec<_> = hosts.iter().map(|&h| place(&r, h)).collect();
+        assert_eq!(by_nproc, summed);
+        assert_eq!(by_nproc[2], (Some(2), 8, 4));
+        assert_eq!(by_nproc[3], (None, 0, 0));
     }
 
     #[test]

@@ -264,11 +264,13 @@ impl View {
         mut record: RoundRecord,
     ) -> Result<Result<RoundRecord, RoundRecord>, LayoutError> {
         let Some(l) = &record.layout else {
+            record.check_members()?;
             return Ok(Ok(record));
         };
         match self.base_members(l)? {
             Some(base) => {
                 record.members = layout::apply(&base, l, record.nnodes)?;
+                record.check_members()?;
                 Ok(Ok(record))
             }
             None => Ok(Err(record)),
@@ -2147,6 +2149,8 @@ mod tests {
             decided_at_ms: 0,
             layout: None,
             heal: false,
+            nproc: 0,
+            members_digest: String::new(),
         };
         let mut view = View::default();
         for e in 1..=40 {
@@ -2158,6 +2162,70 @@ mod tests {
         assert_eq!(view.rounds.keys().next(), Some(&24));
         assert_eq!(view.rounds.len(), 17, "the current round and the 16 kept");
         assert_eq!(view.unresolved.keys().collect::<Vec<_>>(), [&39]);
+    }
+
+    #[test]
+    fn a_round_made_from_a_base_of_other_members_is_refused_by_its_digest() {
+        let member = |i: u32| RoundMember {
+            host: format!("h{i}"),
+            addr: format!("127.0.0.{}", i + 2),
+            nproc_per_node: 8,
+            lease: i64::from(i) + 1,
+            ckpt_peer: None,
+            incarnation: u64::from(i) + 100,
+        };
+        let members: Vec<_> = (0..6).map(member).collect();
+        let stored = |members: &[RoundMember]| {
+            let mut r = plan::record(
+                2,
+                plan::Assignment {
+                    members: Vec::new(),
+                    standby: Vec::new(),
+                },
+                Limits {
+                    min_nodes: 1,
+                    max_nodes: 8,
+                    base_port: 29500,
+                    port_span: 100,
+                },
+                "t".into(),
+                "h0".into(),
+                0,
+            );
+            r.nnodes = 6;
+            r.world_size = 48;
+            r.waiting = false;
+            r.nproc = 8;
+            r.members_digest = layout::digest(members);
+            r.layout = Some(LayoutRef {
+                base: Keys::layout_base(2, "h0"),
+                chunks: 1,
+                len: 6,
+                segments: vec![layout::Segment::Base { from: 0, len: 6 }],
+            });
+            r
+        };
+        // The base the record was written against: the round resolves.
+        let mut view = View::default();
+        view.put_chunk(&Keys::layout_base(2, "h0"), 0, members.clone())
+            .unwrap();
+        view.put_round(2, stored(&members)).unwrap();
+        assert_eq!(
+            view.rounds.get(&2).map(|r| r.members.clone()),
+            Some(members.clone())
+        );
+        // A base of the same length with two hosts in each other's places
+        // (a base not the one the record was written against): refused
+        // by name, with no round made of it.
+        let mut crossed = members.clone();
+        crossed.swap(1, 2);
+        let mut view = View::default();
+        view.put_round(2, stored(&members)).unwrap();
+        let e = view
+            .put_chunk(&Keys::layout_base(2, "h0"), 0, crossed)
+            .unwrap_err();
+        assert!(e.to_string().contains("digest"), "{e}");
+        assert!(!view.rounds.contains_key(&2));
     }
 
     #[test]
