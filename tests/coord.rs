@@ -626,6 +626,38 @@ async fn a_host_id_taken_while_the_lease_was_gone_ends_the_membership() {
     assert!(a.next_round(r.epoch).await.is_err());
 }
 
+/// A member key that any writer of the job's prefix can put names its
+/// own worker count: one of none or of `u32::MAX` must not be summed into
+/// a world size (a wrapped sum, or a panic in a debug build) nor given a
+/// place; the hosts whose records hold form the round without it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_record_with_an_impossible_worker_count_gets_no_place() {
+    let etcd = EtcdServer::start();
+    let job = "job-nproc";
+    let mut client = etcd_client(&etcd).await;
+    let lease = client.lease_grant(60, None).await.expect("grant").id();
+    for (host, nproc) in [("host-0", 0u64), ("host-1", u64::from(u32::MAX))] {
+        let record = serde_json::json!({
+            "host": host, "addr": "127.0.0.9", "nproc_per_node": nproc, "spare": false,
+            "min_nodes": 2, "max_nodes": 3, "pid": 1, "joined_at_ms": 0, "incarnation": 7,
+        });
+        client
+            .put(
+                format!("/warden/jobs/{job}/members/{host}"),
+                record.to_string(),
+                Some(etcd_client::PutOptions::new().with_lease(lease)),
+            )
+            .await
+            .expect("a hand-written member key");
+    }
+    let a = join(cfg(&etcd, job, "host-a", "127.0.0.2", 2, 3)).await;
+    let b = join(cfg(&etcd, job, "host-b", "127.0.0.3", 2, 3)).await;
+    for r in [round(&a, 0).await, round(&b, 0).await] {
+        assert_eq!(*r.members, ["host-a", "host-b"], "{r:?}");
+        assert_eq!((r.nnodes, r.world_size), (2, 4), "{r:?}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_host_id_held_by_a_live_launcher_is_refused() {
     let etcd = EtcdServer::start();

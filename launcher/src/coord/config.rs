@@ -193,6 +193,13 @@ impl CoordConfig {
         if self.nproc_per_node == 0 {
             return bad("nproc_per_node", "0".into(), "must be at least 1");
         }
+        if self.nproc_per_node > super::records::MAX_NPROC_PER_NODE {
+            return bad(
+                "nproc_per_node",
+                self.nproc_per_node.to_string(),
+                &format!("must be at most {}", super::records::MAX_NPROC_PER_NODE),
+            );
+        }
         if self.min_nodes == 0 {
             return bad("min_nodes", "0".into(), "must be at least 1");
         }
@@ -313,6 +320,7 @@ mod tests {
             ("host", Box::new(|c| c.host = String::new())),
             ("addr", Box::new(|c| c.addr = " ".into())),
             ("nproc_per_node", Box::new(|c| c.nproc_per_node = 0)),
+            ("nproc_per_node", Box::new(|c| c.nproc_per_node = 4097)),
             ("min_nodes", Box::new(|c| c.min_nodes = 0)),
             ("max_nodes", Box::new(|c| c.max_nodes = 1)),
             (

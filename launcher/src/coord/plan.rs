@@ -540,7 +540,13 @@ pub fn record(
         epoch,
         waiting: members.is_empty(),
         nnodes: u32::try_from(members.len()).unwrap_or(u32::MAX),
-        world_size: members.iter().map(|m| m.nproc_per_node).sum(),
+        // Members are read with at most `MAX_NPROC_PER_NODE` workers each
+        // (`MemberRecord::problem`), so this cannot reach `u32::MAX` below
+        // 2^20 hosts; saturating rather than a sum that would wrap (or,
+        // in a debug build, panic) past that.
+        world_size: members
+            .iter()
+            .fold(0u32, |n, m| n.saturating_add(m.nproc_per_node)),
         master_addr: members.first().map(|m| m.addr.clone()).unwrap_or_default(),
         master_port: limits.base_port.saturating_add(offset),
         nproc,

@@ -620,6 +620,9 @@ impl Inner {
                     if record.host != host {
                         return Err(format!("the record names host {:?}", record.host));
                     }
+                    if let Some(problem) = record.problem() {
+                        return Err(problem);
+                    }
                     view.members.insert(
                         host.to_owned(),
                         Member {
