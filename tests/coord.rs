@@ -652,10 +652,35 @@ async fn a_member_record_with_an_impossible_worker_count_gets_no_place() {
     }
     let a = join(cfg(&etcd, job, "host-a", "127.0.0.2", 2, 3)).await;
     let b = join(cfg(&etcd, job, "host-b", "127.0.0.3", 2, 3)).await;
+    let mut first = 0;
     for r in [round(&a, 0).await, round(&b, 0).await] {
         assert_eq!(*r.members, ["host-a", "host-b"], "{r:?}");
         assert_eq!((r.nnodes, r.world_size), (2, 4), "{r:?}");
+        first = r.epoch;
     }
+    // A third host joins; then its key is written over with no workers
+    // under its own lease: it leaves the members, as a host that left.
+    let c = join(cfg(&etcd, job, "host-c", "127.0.0.4", 2, 3)).await;
+    let three = common::eventually(WAIT, "a round of three", async || {
+        let r = a.state().round?;
+        (r.epoch > first && r.members.len() == 3).then_some(r.epoch)
+    })
+    .await;
+    let record = serde_json::json!({
+        "host": "host-c", "addr": "127.0.0.4", "nproc_per_node": 0, "spare": false,
+        "min_nodes": 2, "max_nodes": 3, "pid": 1, "joined_at_ms": 0, "incarnation": 7,
+    });
+    client
+        .put(
+            format!("/warden/jobs/{job}/members/host-c"),
+            record.to_string(),
+            Some(etcd_client::PutOptions::new().with_lease(c.lease_id())),
+        )
+        .await
+        .expect("host-c's key written over");
+    let after = round(&a, three).await;
+    assert_eq!(*after.members, ["host-a", "host-b"], "{after:?}");
+    assert_eq!(after.world_size, 4, "{after:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

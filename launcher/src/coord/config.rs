@@ -193,11 +193,12 @@ impl CoordConfig {
         if self.nproc_per_node == 0 {
             return bad("nproc_per_node", "0".into(), "must be at least 1");
         }
-        if self.nproc_per_node > super::records::MAX_NPROC_PER_NODE {
+        // `--nproc-per-node` holds the CLI to this; the library's callers too.
+        if self.nproc_per_node > crate::nproc::MAX {
             return bad(
                 "nproc_per_node",
                 self.nproc_per_node.to_string(),
-                &format!("must be at most {}", super::records::MAX_NPROC_PER_NODE),
+                &format!("must be at most {}", crate::nproc::MAX),
             );
         }
         if self.min_nodes == 0 {
@@ -320,7 +321,10 @@ mod tests {
             ("host", Box::new(|c| c.host = String::new())),
             ("addr", Box::new(|c| c.addr = " ".into())),
             ("nproc_per_node", Box::new(|c| c.nproc_per_node = 0)),
-            ("nproc_per_node", Box::new(|c| c.nproc_per_node = 4097)),
+            (
+                "nproc_per_node",
+                Box::new(|c| c.nproc_per_node = crate::nproc::MAX + 1),
+            ),
             ("min_nodes", Box::new(|c| c.min_nodes = 0)),
             ("max_nodes", Box::new(|c| c.max_nodes = 1)),
             (

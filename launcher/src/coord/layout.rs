@@ -124,7 +124,7 @@ pub enum LayoutError {
         "member {index} ({host}) runs {got} workers, the round record says every member runs {want}"
     )]
     Nproc {
-        /// The member's node rank (`nnodes` for the world size).
+        /// The member's node rank.
         index: usize,
         /// Its host id.
         host: String,
@@ -133,11 +133,26 @@ pub enum LayoutError {
         /// The record's `nproc`.
         want: u32,
     },
+    /// A round record whose world size is not its hosts times the
+    /// workers it says each runs.
+    #[error(
+        "the round record's world size is {world_size}, not its {nnodes} hosts x {nproc} workers"
+    )]
+    WorldSize {
+        /// The record's `world_size`.
+        world_size: u32,
+        /// Its `nnodes`.
+        nnodes: u32,
+        /// Its `nproc`.
+        nproc: u32,
+    },
 }
 
 /// The scheme [`digest`] writes: its name leads the digest, so a reader
 /// that does not know a later scheme leaves it unchecked rather than
-/// refusing every round a newer launcher writes.
+/// refusing every round a newer launcher writes. A change of the hash or
+/// of the fields hashed is a new scheme name: readers of this version
+/// would otherwise refuse every round it writes.
 const DIGEST_SCHEME: &str = "xxh3-128:";
 
 /// A digest of `members` in node-rank order, of what makes each one's place
@@ -177,9 +192,10 @@ pub fn check_digest(members: &[RoundMember], want: &str) -> Result<(), LayoutErr
     if got == want {
         Ok(())
     } else {
+        // A stored value of any length; the error quotes its start.
         Err(LayoutError::Digest {
             got,
-            want: want.to_owned(),
+            want: want.chars().take(64).collect(),
         })
     }
 }

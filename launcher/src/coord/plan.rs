@@ -111,11 +111,10 @@ impl RoundRecord {
                 });
             }
             if u64::from(self.nnodes) * u64::from(self.nproc) != u64::from(self.world_size) {
-                return Err(LayoutError::Nproc {
-                    index: self.nnodes as usize,
-                    host: "the world size".to_owned(),
-                    got: self.world_size,
-                    want: self.nproc,
+                return Err(LayoutError::WorldSize {
+                    world_size: self.world_size,
+                    nnodes: self.nnodes,
+                    nproc: self.nproc,
                 });
             }
         }
@@ -540,9 +539,9 @@ pub fn record(
         epoch,
         waiting: members.is_empty(),
         nnodes: u32::try_from(members.len()).unwrap_or(u32::MAX),
-        // Members are read with at most `MAX_NPROC_PER_NODE` workers each
+        // Members are read with at most `nproc::MAX` workers each
         // (`MemberRecord::problem`), so this cannot reach `u32::MAX` below
-        // 2^20 hosts; saturating rather than a sum that would wrap (or,
+        // 2^22 hosts; saturating rather than a sum that would wrap (or,
         // in a debug build, panic) past that.
         world_size: members
             .iter()
@@ -746,7 +745,12 @@ mod tests {
         assert!(e.to_string().contains("member 2 (c) runs 4 workers"), "{e}");
         let mut world = r.clone();
         world.world_size = 7;
-        assert!(world.check_members().is_err());
+        let e = world.check_members().unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("world size is 7, not its 3 hosts x 2"),
+            "{e}"
+        );
         // Hosts of different widths: no uniform nproc, the digest still.
         let mut wide = c;
         wide.record.nproc_per_node = 8;

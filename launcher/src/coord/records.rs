@@ -38,21 +38,18 @@ pub struct MemberRecord {
     pub incarnation: u64,
 }
 
-/// The most workers one member may run. Far above any host's accelerators
-/// or cores, and low enough that 16,384 hosts of it still fit a round's
-/// `world_size` (a `u32`) with room to spare: a record past it is refused
-/// at the launcher's start (`CoordConfig::validate`) and skipped when read
-/// from etcd, never summed into a world size that wraps.
-pub const MAX_NPROC_PER_NODE: u32 = 4096;
-
 impl MemberRecord {
     /// What makes a member record read from etcd unusable in a round,
     /// named; `None` when it is usable. Another version's or a hand-written
-    /// record may carry anything.
+    /// record may carry anything: a worker count is held to what
+    /// `--nproc-per-node` takes (1 to [`crate::nproc::MAX`]), so that no
+    /// job below 2^22 hosts sums its workers past a round's `world_size`
+    /// (a `u32`).
     pub fn problem(&self) -> Option<String> {
-        if !(1..=MAX_NPROC_PER_NODE).contains(&self.nproc_per_node) {
+        let max = crate::nproc::MAX;
+        if !(1..=max).contains(&self.nproc_per_node) {
             return Some(format!(
-                "nproc_per_node {} is not between 1 and {MAX_NPROC_PER_NODE}",
+                "nproc_per_node {} is not between 1 and {max}",
                 self.nproc_per_node
             ));
         }

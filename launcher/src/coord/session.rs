@@ -621,6 +621,11 @@ impl Inner {
                         return Err(format!("the record names host {:?}", record.host));
                     }
                     if let Some(problem) = record.problem() {
+                        // The key holds no usable member now: one it held
+                        // before is gone with it.
+                        if view.members.remove(host).is_some() {
+                            view.member_changed(host);
+                        }
                         return Err(problem);
                     }
                     view.members.insert(
