@@ -599,18 +599,7 @@ async fn a_host_id_taken_while_the_lease_was_gone_ends_the_membership() {
         .lease_revoke(a.lease_id())
         .await
         .expect("revoke host-a's lease");
-    let record = serde_json::json!({
-        "host": "host-a", "addr": "127.0.0.9", "nproc_per_node": 2, "spare": false,
-        "min_nodes": 2, "max_nodes": 2, "pid": 1, "joined_at_ms": 0, "incarnation": 7,
-    });
-    client
-        .put(
-            format!("/warden/jobs/{job}/members/host-a"),
-            record.to_string(),
-            Some(etcd_client::PutOptions::new().with_lease(theirs)),
-        )
-        .await
-        .expect("the other launcher's member key");
+    put_member(&mut client, job, "host-a", "127.0.0.9", 2, 2, theirs).await;
     // The others may first make a round of the newcomer; either way this
     // launcher is out, naming who holds its id, and gets no place.
     let failed = common::eventually(WAIT, "host-a out of the job", async || a.state().failed).await;
@@ -626,6 +615,32 @@ async fn a_host_id_taken_while_the_lease_was_gone_ends_the_membership() {
     assert!(a.next_round(r.epoch).await.is_err());
 }
 
+/// Puts a member key by hand, as another launcher (incarnation 7) or any
+/// writer of the job's prefix would: `host` at `addr` with `nproc` workers,
+/// min 2 hosts and `max`, under `lease`.
+async fn put_member(
+    client: &mut etcd_client::Client,
+    job: &str,
+    host: &str,
+    addr: &str,
+    nproc: u32,
+    max: u32,
+    lease: i64,
+) {
+    let record = serde_json::json!({
+        "host": host, "addr": addr, "nproc_per_node": nproc, "spare": false,
+        "min_nodes": 2, "max_nodes": max, "pid": 1, "joined_at_ms": 0, "incarnation": 7,
+    });
+    client
+        .put(
+            format!("/warden/jobs/{job}/members/{host}"),
+            record.to_string(),
+            Some(etcd_client::PutOptions::new().with_lease(lease)),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("put {host}'s member key: {e}"));
+}
+
 /// A member key that any writer of the job's prefix can put names its
 /// own worker count: one of none or of `u32::MAX` must not be summed into
 /// a world size (a wrapped sum, or a panic in a debug build) nor given a
@@ -636,19 +651,8 @@ async fn a_member_record_with_an_impossible_worker_count_gets_no_place() {
     let job = "job-nproc";
     let mut client = etcd_client(&etcd).await;
     let lease = client.lease_grant(60, None).await.expect("grant").id();
-    for (host, nproc) in [("host-0", 0u64), ("host-1", u64::from(u32::MAX))] {
-        let record = serde_json::json!({
-            "host": host, "addr": "127.0.0.9", "nproc_per_node": nproc, "spare": false,
-            "min_nodes": 2, "max_nodes": 3, "pid": 1, "joined_at_ms": 0, "incarnation": 7,
-        });
-        client
-            .put(
-                format!("/warden/jobs/{job}/members/{host}"),
-                record.to_string(),
-                Some(etcd_client::PutOptions::new().with_lease(lease)),
-            )
-            .await
-            .expect("a hand-written member key");
+    for (host, nproc) in [("host-0", 0), ("host-1", u32::MAX)] {
+        put_member(&mut client, job, host, "127.0.0.9", nproc, 3, lease).await;
     }
     let a = join(cfg(&etcd, job, "host-a", "127.0.0.2", 2, 3)).await;
     let b = join(cfg(&etcd, job, "host-b", "127.0.0.3", 2, 3)).await;
@@ -666,18 +670,7 @@ async fn a_member_record_with_an_impossible_worker_count_gets_no_place() {
         (r.epoch > first && r.members.len() == 3).then_some(r.epoch)
     })
     .await;
-    let record = serde_json::json!({
-        "host": "host-c", "addr": "127.0.0.4", "nproc_per_node": 0, "spare": false,
-        "min_nodes": 2, "max_nodes": 3, "pid": 1, "joined_at_ms": 0, "incarnation": 7,
-    });
-    client
-        .put(
-            format!("/warden/jobs/{job}/members/host-c"),
-            record.to_string(),
-            Some(etcd_client::PutOptions::new().with_lease(c.lease_id())),
-        )
-        .await
-        .expect("host-c's key written over");
+    put_member(&mut client, job, "host-c", "127.0.0.4", 0, 3, c.lease_id()).await;
     let after = round(&a, three).await;
     assert_eq!(*after.members, ["host-a", "host-b"], "{after:?}");
     assert_eq!(after.world_size, 4, "{after:?}");
