@@ -118,8 +118,7 @@ pub enum LayoutError {
         /// The record's `members_digest`.
         want: String,
     },
-    /// The record says every member runs `want` workers, and one does not
-    /// (or the world size is not their sum).
+    /// The record says every member runs `want` workers, and one does not.
     #[error(
         "member {index} ({host}) runs {got} workers, the round record says every member runs {want}"
     )]
