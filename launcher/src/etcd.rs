@@ -411,7 +411,19 @@ fn plan_of(round: &etcd::Round, restart_count: u32, host: &str, spare: bool) -> 
 /// would and take their state from live replicas). Launchers before the
 /// flag ignore it and restart in job into such a round, as before.
 pub fn keeps_place(old: &etcd::Round, new: &etcd::Round) -> bool {
-    same_place(old, new) && (old.members != new.members || new.heal)
+    same_place(old, new) && (other_hosts(old, new) || new.heal)
+}
+
+/// Whether another host holds a place in `new` than in `old`: by the
+/// records' hosts digests where both carry one (what a host that does not
+/// hold the member lists can compare), by the lists otherwise. A host
+/// relaunched under its id is the same host in both.
+fn other_hosts(old: &etcd::Round, new: &etcd::Round) -> bool {
+    if old.hosts_digest.is_empty() || new.hosts_digest.is_empty() {
+        old.members != new.members
+    } else {
+        old.hosts_digest != new.hosts_digest
+    }
 }
 
 /// Whether `new` gives this host the place it had in `old`: workers in
@@ -837,6 +849,7 @@ mod tests {
             master_port: 29500 + u16::try_from(epoch).unwrap(),
             members: members.iter().map(|m| (*m).to_owned()).collect(),
             ckpt_peers: Default::default(),
+            hosts_digest: String::new(),
             standby: Vec::new(),
             waiting: false,
             reason: String::new(),
@@ -867,6 +880,39 @@ mod tests {
         assert!(!keeps_place(&old, &waiting));
         // Not a later round.
         assert!(!keeps_place(&old, &round(1, &["a", "s"], Some(0))));
+    }
+
+    #[test]
+    fn the_hosts_digests_decide_a_swap_where_both_rounds_carry_one() {
+        use crate::coord::layout::hosts_digest;
+        let member = |h: &str| crate::coord::records::RoundMember {
+            host: h.into(),
+            addr: "127.0.0.2".into(),
+            nproc_per_node: 1,
+            lease: 1,
+            ckpt_peer: None,
+            incarnation: 1,
+        };
+        let with = |epoch, hosts: &[&str], lists: bool| {
+            let mut r = round(epoch, hosts, Some(0));
+            r.hosts_digest = hosts_digest(&hosts.iter().map(|h| member(h)).collect::<Vec<_>>());
+            if !lists {
+                // What a host that read only its own place will hold.
+                r.members = std::sync::Arc::from(Vec::new());
+            }
+            r
+        };
+        let old = with(1, &["a", "b"], false);
+        assert!(keeps_place(&old, &with(2, &["a", "s"], false)));
+        assert!(!keeps_place(&old, &with(2, &["a", "b"], false)));
+        // The digests, not the lists, where both have one.
+        let mut liar = with(2, &["a", "s"], true);
+        liar.hosts_digest = old.hosts_digest.clone();
+        assert!(!keeps_place(&with(1, &["a", "b"], true), &liar));
+        // A record of a launcher before the digest: the lists decide.
+        let mut older = round(2, &["a", "s"], Some(0));
+        older.hosts_digest = String::new();
+        assert!(keeps_place(&with(1, &["a", "b"], true), &older));
     }
 
     #[test]

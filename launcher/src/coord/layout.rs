@@ -110,7 +110,8 @@ pub enum LayoutError {
     #[error("{0} chunks; at most {MAX_CHUNKS}")]
     TooManyChunks(u32),
     /// The members made are not those the writer digested: a base or a
-    /// delta that is not the one the record was written against.
+    /// delta that is not the one the record was written against (or, for
+    /// the hosts' digest, a record whose two digests disagree).
     #[error("the members made digest to {got}, the round record says {want}")]
     Digest {
         /// The digest of the members made.
@@ -181,22 +182,56 @@ pub fn digest(members: &[RoundMember]) -> String {
     format!("{DIGEST_SCHEME}{:032x}", h.digest128())
 }
 
-/// Checks `members` against a record's `members_digest`: empty (a launcher
-/// before it) or of a scheme this one does not know passes.
-pub fn check_digest(members: &[RoundMember], want: &str) -> Result<(), LayoutError> {
-    if !want.starts_with(DIGEST_SCHEME) {
-        return Ok(());
+/// The scheme [`hosts_digest`] writes; see [`DIGEST_SCHEME`]. 64 bits: it
+/// tells two rounds' hosts apart, where a collision would only make a
+/// changed set of hosts restart where it could have healed (1 in 2^64 for
+/// two different lists), and it is in every record every host reads.
+const HOSTS_DIGEST_SCHEME: &str = "xxh3-64:";
+
+/// A digest of the members' host ids alone, in node-rank order: two rounds
+/// with the same hosts in the same places have the same one, whatever their
+/// leases, incarnations or addresses. It is what a host compares to know
+/// whether another host took a place (`keeps_place` in the launcher's etcd
+/// flow) without either round's member list, which a host will not hold
+/// once it reads only its part of a base (issue 30's partial views).
+/// [`digest`] cannot serve: a launcher relaunched under the same host id
+/// has a new lease, and is a restart of the same hosts, not a swap.
+pub fn hosts_digest(members: &[RoundMember]) -> String {
+    let mut h = xxhash_rust::xxh3::Xxh3Default::new();
+    for m in members {
+        h.update(m.host.as_bytes());
+        h.update(b"\n");
     }
-    let got = digest(members);
-    if got == want {
-        Ok(())
-    } else {
-        // A stored value of any length; the error quotes its start.
-        Err(LayoutError::Digest {
-            got,
-            want: want.chars().take(64).collect(),
-        })
+    format!("{HOSTS_DIGEST_SCHEME}{:016x}", h.digest())
+}
+
+/// Checks `members` against a record's `members_digest` and
+/// `hosts_digest`: each passes when empty (a launcher before it) or of a
+/// scheme this one does not know.
+pub fn check_digest(
+    members: &[RoundMember],
+    want: &str,
+    want_hosts: &str,
+) -> Result<(), LayoutError> {
+    type Make = fn(&[RoundMember]) -> String;
+    let checks: [(&'static str, &str, Make); 2] = [
+        (DIGEST_SCHEME, want, digest),
+        (HOSTS_DIGEST_SCHEME, want_hosts, hosts_digest),
+    ];
+    for (scheme, want, make) in checks {
+        if !want.starts_with(scheme) {
+            continue;
+        }
+        let got = make(members);
+        if got != want {
+            // A stored value of any length; the error quotes its start.
+            return Err(LayoutError::Digest {
+                got,
+                want: want.chars().take(64).collect(),
+            });
+        }
     }
+    Ok(())
 }
 
 /// The delta that makes `members` from `base`: runs of base members kept in
@@ -468,7 +503,7 @@ mod tests {
         let base: Vec<_> = (0..100).map(|i| m(&format!("h{i}"), i)).collect();
         let want = digest(&base);
         assert!(want.starts_with(DIGEST_SCHEME), "{want}");
-        assert_eq!(check_digest(&base, &want), Ok(()));
+        assert_eq!(check_digest(&base, &want, ""), Ok(()));
         // Anything that moves a rank or an environment changes it.
         let mut swapped = base.clone();
         swapped.swap(3, 4);
@@ -488,7 +523,7 @@ mod tests {
             &reborn,
             &base[..99].to_vec(),
         ] {
-            let e = check_digest(other, &want).unwrap_err();
+            let e = check_digest(other, &want, "").unwrap_err();
             assert!(e.to_string().contains(&want), "{e}");
         }
         // Field bounds are kept: "h1" + "0..." is not "h10" + "...".
@@ -510,10 +545,43 @@ mod tests {
             domain: String::new(),
             identity: String::new(),
         });
-        assert_eq!(check_digest(&peered, &want), Ok(()));
+        assert_eq!(check_digest(&peered, &want, ""), Ok(()));
         // A launcher before it wrote none; a later scheme is not checked here.
-        assert_eq!(check_digest(&swapped, ""), Ok(()));
-        assert_eq!(check_digest(&swapped, "sha3-256:00"), Ok(()));
+        assert_eq!(check_digest(&swapped, "", ""), Ok(()));
+        assert_eq!(check_digest(&swapped, "sha3-256:00", "sha3-256:00"), Ok(()));
+    }
+
+    #[test]
+    fn the_hosts_digest_names_only_the_hosts_and_their_places() {
+        let base: Vec<_> = (0..100).map(|i| m(&format!("h{i}"), i)).collect();
+        let want = hosts_digest(&base);
+        assert!(want.starts_with(HOSTS_DIGEST_SCHEME), "{want}");
+        assert_eq!(want.len(), HOSTS_DIGEST_SCHEME.len() + 16, "{want}");
+        assert_eq!(check_digest(&base, "", &want), Ok(()));
+        // A launcher relaunched under its host id (new lease, incarnation,
+        // even address) holds the same place: the same hosts digest, where
+        // the members digest changes.
+        let mut relaunched = base.clone();
+        relaunched[50].lease = 999;
+        relaunched[50].incarnation = 7;
+        relaunched[50].addr = "127.0.0.99".into();
+        assert_eq!(hosts_digest(&relaunched), want);
+        assert_ne!(digest(&relaunched), digest(&base));
+        // Another host in a place, two places swapped, one fewer: changed.
+        let mut swapped_in = base.clone();
+        swapped_in[3].host = "spare".into();
+        let mut swapped = base.clone();
+        swapped.swap(3, 4);
+        for other in [&swapped_in, &swapped, &base[..99].to_vec()] {
+            assert_ne!(hosts_digest(other), want);
+            let e = check_digest(other, "", &want).unwrap_err();
+            assert!(e.to_string().contains(&want), "{e}");
+        }
+        // Host bounds are kept: ["h1", "0"] is not ["h10"].
+        assert_ne!(
+            hosts_digest(&[m("h1", 1), m("0", 2)]),
+            hosts_digest(&[m("h10", 1)])
+        );
     }
 
     #[test]

@@ -83,6 +83,11 @@ pub struct RoundRecord {
     /// Empty in records of launchers before it.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub members_digest: String,
+    /// [`super::layout::hosts_digest`] of the members: the host ids alone,
+    /// so that a host can tell whether another host took a place without
+    /// the member lists. Empty in records of launchers before it.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub hosts_digest: String,
 }
 
 fn is_zero(n: &u32) -> bool {
@@ -118,7 +123,7 @@ impl RoundRecord {
                 });
             }
         }
-        super::layout::check_digest(&self.members, &self.members_digest)
+        super::layout::check_digest(&self.members, &self.members_digest, &self.hosts_digest)
     }
 }
 
@@ -554,6 +559,11 @@ pub fn record(
         } else {
             super::layout::digest(&members)
         },
+        hosts_digest: if members.is_empty() {
+            String::new()
+        } else {
+            super::layout::hosts_digest(&members)
+        },
         members,
         standby: assignment.standby,
         min_nodes: limits.min_nodes,
@@ -724,6 +734,10 @@ mod tests {
         let r = round_of(1, &[a.clone(), b.clone(), c.clone()], LIMITS);
         assert_eq!(r.nproc, 2);
         assert_eq!(r.members_digest, super::super::layout::digest(&r.members));
+        assert_eq!(
+            r.hosts_digest,
+            super::super::layout::hosts_digest(&r.members)
+        );
         assert_eq!(r.check_members(), Ok(()));
         // Read back as stored, and from a launcher before these fields.
         let back: RoundRecord = serde_json::from_str(&serde_json::to_string(&r).unwrap()).unwrap();
@@ -731,8 +745,10 @@ mod tests {
         let mut old = serde_json::to_value(&r).unwrap();
         old.as_object_mut().unwrap().remove("nproc");
         old.as_object_mut().unwrap().remove("members_digest");
+        old.as_object_mut().unwrap().remove("hosts_digest");
         let old: RoundRecord = serde_json::from_value(old).unwrap();
         assert_eq!((old.nproc, old.members_digest.as_str()), (0, ""));
+        assert_eq!(old.hosts_digest, "");
         assert_eq!(old.check_members(), Ok(()));
         // Members that do not match their header are refused by name.
         let mut other = r.clone();
@@ -761,6 +777,14 @@ mod tests {
         let w = round_of(3, &[], LIMITS);
         assert!(w.waiting);
         assert_eq!((w.nproc, w.members_digest.as_str()), (0, ""));
+        assert_eq!(w.hosts_digest, "");
+        // A record whose two digests disagree (its hosts digest another
+        // list's) is refused: a host would otherwise heal or restart on it
+        // against what its members say.
+        let mut mixed = round_of(4, &[m("a", 1, 10, false), m("b", 2, 11, false)], LIMITS);
+        mixed.hosts_digest = super::super::layout::hosts_digest(&mixed.members[..1]);
+        let e = mixed.check_members().unwrap_err();
+        assert!(e.to_string().contains(&mixed.hosts_digest), "{e}");
     }
 
     #[test]

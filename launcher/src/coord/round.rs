@@ -35,6 +35,10 @@ pub struct Round {
     /// ids, in node-rank order (this host's own included).
     /// Shared, as `members`.
     pub ckpt_peers: std::sync::Arc<[(String, CkptPeer)]>,
+    /// The record's [`RoundRecord::hosts_digest`]: the same in two rounds
+    /// exactly when they hold the same hosts in the same places. Empty
+    /// when the record's launcher wrote none.
+    pub hosts_digest: String,
     /// Live hosts not in the round (spares, hosts beyond `max_nodes`), as
     /// this host sees them now.
     pub standby: Vec<String>,
@@ -102,6 +106,7 @@ impl Round {
                 .iter()
                 .filter_map(|m| Some((m.host.clone(), m.ckpt_peer.clone()?)))
                 .collect(),
+            hosts_digest: record.hosts_digest.clone(),
             standby: record.standby.clone(),
             waiting: record.waiting,
             reason: record.reason.clone(),
@@ -195,6 +200,7 @@ mod tests {
             heal: false,
             nproc: 0,
             members_digest: String::new(),
+            hosts_digest: String::new(),
         }
     }
 

@@ -2159,6 +2159,7 @@ mod tests {
             heal: false,
             nproc: 0,
             members_digest: String::new(),
+            hosts_digest: String::new(),
         };
         let mut view = View::default();
         for e in 1..=40 {
