@@ -415,14 +415,16 @@ pub fn keeps_place(old: &etcd::Round, new: &etcd::Round) -> bool {
 }
 
 /// Whether another host holds a place in `new` than in `old`: by the
-/// records' hosts digests where both carry one (what a host that does not
-/// hold the member lists can compare), by the lists otherwise. A host
-/// relaunched under its id is the same host in both.
+/// records' hosts digests where both carry one of the same scheme (what a
+/// host that does not hold the member lists can compare), by the lists
+/// otherwise (a launcher before the digest, or one of a later scheme: two
+/// schemes' digests differ for the same hosts). A host relaunched under its
+/// id is the same host in both.
 fn other_hosts(old: &etcd::Round, new: &etcd::Round) -> bool {
-    if old.hosts_digest.is_empty() || new.hosts_digest.is_empty() {
-        old.members != new.members
-    } else {
-        old.hosts_digest != new.hosts_digest
+    let scheme = |d: &str| d.split_once(':').map(|(s, _)| s.to_owned());
+    match (scheme(&old.hosts_digest), scheme(&new.hosts_digest)) {
+        (Some(a), Some(b)) if a == b => old.hosts_digest != new.hosts_digest,
+        _ => old.members != new.members,
     }
 }
 
@@ -913,6 +915,11 @@ mod tests {
         let mut older = round(2, &["a", "s"], Some(0));
         older.hosts_digest = String::new();
         assert!(keeps_place(&with(1, &["a", "b"], true), &older));
+        // One of a later scheme: the lists decide too (the same hosts are
+        // a restart, not a swap, whatever the two digests say).
+        let mut later = with(2, &["a", "b"], true);
+        later.hosts_digest = "sha3-256:00".into();
+        assert!(!keeps_place(&with(1, &["a", "b"], true), &later));
     }
 
     #[test]
