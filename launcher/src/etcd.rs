@@ -415,16 +415,18 @@ pub fn keeps_place(old: &etcd::Round, new: &etcd::Round) -> bool {
 }
 
 /// Whether another host holds a place in `new` than in `old`: by the
-/// records' hosts digests where both carry one of the same scheme (what a
-/// host that does not hold the member lists can compare), by the lists
-/// otherwise (a launcher before the digest, or one of a later scheme: two
-/// schemes' digests differ for the same hosts). A host relaunched under its
-/// id is the same host in both.
+/// records' hosts digests where both carry one of the scheme this launcher
+/// writes and checks (what a host that does not hold the member lists can
+/// compare), by the lists otherwise (a launcher before the digest, or one
+/// of a later scheme, which this one neither checked against the members
+/// nor knows to be of host ids alone). A host relaunched under its id is
+/// the same host in both.
 fn other_hosts(old: &etcd::Round, new: &etcd::Round) -> bool {
-    let scheme = |d: &str| d.split_once(':').map(|(s, _)| s.to_owned());
-    match (scheme(&old.hosts_digest), scheme(&new.hosts_digest)) {
-        (Some(a), Some(b)) if a == b => old.hosts_digest != new.hosts_digest,
-        _ => old.members != new.members,
+    use crate::coord::layout::is_hosts_digest;
+    if is_hosts_digest(&old.hosts_digest) && is_hosts_digest(&new.hosts_digest) {
+        old.hosts_digest != new.hosts_digest
+    } else {
+        old.members != new.members
     }
 }
 
@@ -915,11 +917,81 @@ mod tests {
         let mut older = round(2, &["a", "s"], Some(0));
         older.hosts_digest = String::new();
         assert!(keeps_place(&with(1, &["a", "b"], true), &older));
-        // One of a later scheme: the lists decide too (the same hosts are
-        // a restart, not a swap, whatever the two digests say).
+        // An older round without one, the new round with one: the lists.
+        let mut before = with(1, &["a", "b"], true);
+        before.hosts_digest = String::new();
+        assert!(keeps_place(&before, &with(2, &["a", "s"], true)));
+        assert!(!keeps_place(&before, &with(2, &["a", "b"], true)));
+        // One of a later scheme, on one round or both: the lists decide
+        // too (the same hosts are a restart, not a swap, whatever the two
+        // digests say).
         let mut later = with(2, &["a", "b"], true);
         later.hosts_digest = "sha3-256:00".into();
         assert!(!keeps_place(&with(1, &["a", "b"], true), &later));
+        let mut later_too = with(1, &["a", "b"], true);
+        later_too.hosts_digest = "sha3-256:01".into();
+        assert!(!keeps_place(&later_too, &later));
+    }
+
+    #[test]
+    fn a_launcher_relaunched_under_its_host_id_restarts_and_a_swap_heals() {
+        use crate::coord::{Limits, plan, records::RoundMember};
+        let member = |h: &str, lease: i64, incarnation: u64| RoundMember {
+            host: h.into(),
+            addr: "127.0.0.2".into(),
+            nproc_per_node: 2,
+            lease,
+            ckpt_peer: None,
+            incarnation,
+        };
+        let record = |epoch, members: Vec<RoundMember>| {
+            let mut r = plan::record(
+                epoch,
+                plan::Assignment {
+                    members: Vec::new(),
+                    standby: Vec::new(),
+                },
+                Limits {
+                    min_nodes: 1,
+                    max_nodes: 4,
+                    base_port: 29500,
+                    port_span: 100,
+                },
+                "t".into(),
+                "a".into(),
+                0,
+            );
+            // The header `plan::record` writes for these members.
+            r.waiting = false;
+            r.nnodes = 2;
+            r.nproc = 2;
+            r.world_size = 4;
+            r.members_digest = crate::coord::layout::digest(&members);
+            r.hosts_digest = crate::coord::layout::hosts_digest(&members);
+            r.members = members;
+            assert_eq!(r.check_members(), Ok(()));
+            r
+        };
+        let r1 = record(1, vec![member("a", 1, 1), member("b", 2, 1)]);
+        // b's launcher relaunched: the same id, a new lease and incarnation.
+        let r2 = record(2, vec![member("a", 1, 1), member("b", 3, 2)]);
+        // A spare s took b's place.
+        let r3 = record(2, vec![member("a", 1, 1), member("s", 4, 1)]);
+        assert_ne!(r1.members_digest, r2.members_digest);
+        assert_eq!(r1.hosts_digest, r2.hosts_digest);
+        let seen = |r| {
+            let mut round = etcd::Round::from_record("j", r, "a", 1, 1);
+            // What a host that read only its own place will hold.
+            round.members = std::sync::Arc::from(Vec::new());
+            round
+        };
+        let old = seen(&r1);
+        assert!(!keeps_place(&old, &seen(&r2)));
+        assert!(keeps_place(&old, &seen(&r3)));
+        // And with the lists, as every host reads today.
+        let full = |r| etcd::Round::from_record("j", r, "a", 1, 1);
+        assert!(!keeps_place(&full(&r1), &full(&r2)));
+        assert!(keeps_place(&full(&r1), &full(&r3)));
     }
 
     #[test]

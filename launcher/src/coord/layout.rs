@@ -188,6 +188,12 @@ pub fn digest(members: &[RoundMember]) -> String {
 /// two different lists), and it is in every record every host reads.
 const HOSTS_DIGEST_SCHEME: &str = "xxh3-64:";
 
+/// Whether `d` is a [`hosts_digest`] of the scheme this launcher writes
+/// (and checks against the members it makes).
+pub fn is_hosts_digest(d: &str) -> bool {
+    d.starts_with(HOSTS_DIGEST_SCHEME)
+}
+
 /// A digest of the members' host ids alone, in node-rank order: two rounds
 /// with the same hosts in the same places have the same one, whatever their
 /// leases, incarnations or addresses. It is what a host compares to know

@@ -35,9 +35,9 @@ pub struct Round {
     /// ids, in node-rank order (this host's own included).
     /// Shared, as `members`.
     pub ckpt_peers: std::sync::Arc<[(String, CkptPeer)]>,
-    /// The record's [`RoundRecord::hosts_digest`]: the same in two rounds
-    /// exactly when they hold the same hosts in the same places. Empty
-    /// when the record's launcher wrote none.
+    /// The record's [`RoundRecord::hosts_digest`]: of one scheme, the same
+    /// in two rounds exactly when they hold the same hosts in the same
+    /// places. Empty when the record's launcher wrote none.
     pub hosts_digest: String,
     /// Live hosts not in the round (spares, hosts beyond `max_nodes`), as
     /// this host sees them now.
