@@ -886,20 +886,30 @@ mod tests {
         assert!(!keeps_place(&old, &round(1, &["a", "s"], Some(0))));
     }
 
+    /// A round member on 127.0.0.2 with `nproc` workers.
+    fn member(
+        h: &str,
+        nproc: u32,
+        lease: i64,
+        incarnation: u64,
+    ) -> crate::coord::records::RoundMember {
+        crate::coord::records::RoundMember {
+            host: h.into(),
+            addr: "127.0.0.2".into(),
+            nproc_per_node: nproc,
+            lease,
+            ckpt_peer: None,
+            incarnation,
+        }
+    }
+
     #[test]
     fn the_hosts_digests_decide_a_swap_where_both_rounds_carry_one() {
         use crate::coord::layout::hosts_digest;
-        let member = |h: &str| crate::coord::records::RoundMember {
-            host: h.into(),
-            addr: "127.0.0.2".into(),
-            nproc_per_node: 1,
-            lease: 1,
-            ckpt_peer: None,
-            incarnation: 1,
-        };
         let with = |epoch, hosts: &[&str], lists: bool| {
             let mut r = round(epoch, hosts, Some(0));
-            r.hosts_digest = hosts_digest(&hosts.iter().map(|h| member(h)).collect::<Vec<_>>());
+            r.hosts_digest =
+                hosts_digest(&hosts.iter().map(|h| member(h, 1, 1, 1)).collect::<Vec<_>>());
             if !lists {
                 // What a host that read only its own place will hold.
                 r.members = std::sync::Arc::from(Vec::new());
@@ -936,14 +946,7 @@ mod tests {
     #[test]
     fn a_launcher_relaunched_under_its_host_id_restarts_and_a_swap_heals() {
         use crate::coord::{Limits, plan, records::RoundMember};
-        let member = |h: &str, lease: i64, incarnation: u64| RoundMember {
-            host: h.into(),
-            addr: "127.0.0.2".into(),
-            nproc_per_node: 2,
-            lease,
-            ckpt_peer: None,
-            incarnation,
-        };
+        let member = |h: &str, lease: i64, incarnation: u64| member(h, 2, lease, incarnation);
         let record = |epoch, members: Vec<RoundMember>| {
             let mut r = plan::record(
                 epoch,

@@ -540,6 +540,15 @@ pub fn record(
         }
         _ => 0,
     };
+    // A waiting round has neither digest.
+    let (members_digest, hosts_digest) = if members.is_empty() {
+        Default::default()
+    } else {
+        (
+            super::layout::digest(&members),
+            super::layout::hosts_digest(&members),
+        )
+    };
     RoundRecord {
         epoch,
         waiting: members.is_empty(),
@@ -554,16 +563,8 @@ pub fn record(
         master_addr: members.first().map(|m| m.addr.clone()).unwrap_or_default(),
         master_port: limits.base_port.saturating_add(offset),
         nproc,
-        members_digest: if members.is_empty() {
-            String::new()
-        } else {
-            super::layout::digest(&members)
-        },
-        hosts_digest: if members.is_empty() {
-            String::new()
-        } else {
-            super::layout::hosts_digest(&members)
-        },
+        members_digest,
+        hosts_digest,
         members,
         standby: assignment.standby,
         min_nodes: limits.min_nodes,
