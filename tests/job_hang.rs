@@ -111,6 +111,7 @@ async fn hand_over_peers(h: &Hosts, job: &str) {
                     domain: String::new(),
                     host: host.to_owned(),
                     identity: host.to_owned(),
+                    ..Default::default()
                 }],
                 ..Default::default()
             })

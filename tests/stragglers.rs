@@ -574,6 +574,152 @@ async fn a_group_leader_relays_its_members_reports_and_their_loss_moves_the_rout
     assert_eq!(s.host, "host-d", "{s:?}");
 }
 
+/// Issue 30, partial views: a host need know only its own group and
+/// group 0 of the job's order. Six hosts in groups of two, handed over by
+/// place (`job_hosts`, each peer's `place`; the restore's collectors in
+/// groups of two as well): host-0 and host-1 (group 0)
+/// the whole order, the others only their group and group 0. host-5's
+/// slow rank is judged against all six through its leader host-4, which
+/// relays to host-0; when host-4 goes, host-5 reports straight to group 0,
+/// past hosts it was never told of. A list without a place the host needs
+/// is taken with a warning naming it; places past the order are refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_handed_only_its_group_and_group_zero_is_judged_job_wide() {
+    let ips = [
+        "127.0.0.2",
+        "127.0.0.3",
+        "127.0.0.4",
+        "127.0.0.5",
+        "127.0.0.6",
+        "127.0.0.7",
+    ];
+    let addrs: Vec<String> = ips
+        .iter()
+        .map(|ip| format!("{ip}:{}", free_port(ip)))
+        .collect();
+    let config = |i: usize| {
+        let host = format!("host-{i}");
+        format!(
+            "{}[api]\ntcp = \"{}\"\n{}{STRAGGLER_TOML}aggregator_fan_out = 2\n\
+             exchange_interval = \"200ms\"\nsummary_ttl = \"3s\"\npeer_timeout = \"1s\"\n\
+             [checkpoint]\ncollect_fan_out = 2\n",
+            base(&host),
+            addrs[i],
+            common::pki::api_keys(&host)
+        )
+    };
+    let mut agents: Vec<Option<TestAgent>> =
+        (0..6).map(|i| Some(TestAgent::start(&config(i)))).collect();
+    let agent =
+        |agents: &[Option<TestAgent>], i: usize| agents[i].as_ref().map(|a| a.socket().to_owned());
+    // Host i handed the places `places` of the order of six.
+    let hand = |i: usize, places: &[usize]| pb::SetCheckpointPeersRequest {
+        job_id: "j6".into(),
+        peers: places
+            .iter()
+            .filter(|&&p| p != i)
+            .map(|&p| pb::CheckpointPeer {
+                addr: addrs[p].clone(),
+                host: format!("host-{p}"),
+                identity: format!("host-{p}"),
+                place: p as u32,
+                ..Default::default()
+            })
+            .collect(),
+        self_place: i as u32 + 1,
+        self_addr: addrs[i].clone(),
+        job_hosts: 6,
+        ..Default::default()
+    };
+    let needs = |i: usize| -> Vec<usize> {
+        match i {
+            0 | 1 => (0..6).collect(),
+            _ => vec![0, 1, i / 2 * 2, i / 2 * 2 + 1],
+        }
+    };
+    // Refused by name, nothing changed: a peer past the order, this host
+    // past it, an order past the limit.
+    let five = agents[5].as_ref().expect("host-5");
+    let mut past = hand(5, &needs(5));
+    past.peers[0].place = 6;
+    let mut self_past = hand(5, &needs(5));
+    self_past.self_place = 7;
+    let mut huge = hand(5, &needs(5));
+    huge.job_hosts = 70_000;
+    for (req, words) in [
+        (past, "place 6"),
+        (
+            self_past,
+            "self_place 7 is past job \"j6\"'s order of 6 hosts",
+        ),
+        (huge, "job_hosts 70000"),
+    ] {
+        let e = five
+            .client()
+            .await
+            .set_checkpoint_peers(req)
+            .await
+            .expect_err("refused");
+        assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e:?}");
+        assert!(e.message().contains(words), "{words:?} in {e:?}");
+    }
+    // Without its leader's place: taken, and said.
+    let short = five
+        .client()
+        .await
+        .set_checkpoint_peers(hand(5, &[0, 1]))
+        .await
+        .expect("a short list is taken")
+        .into_inner();
+    assert!(
+        short.warning.contains("without 1 of those this host needs")
+            && short.warning.contains("the first at place 4"),
+        "{short:?}"
+    );
+    for (i, a) in agents.iter().enumerate() {
+        let a = a.as_ref().expect("up");
+        let taken = a
+            .client()
+            .await
+            .set_checkpoint_peers(hand(i, &needs(i)))
+            .await
+            .expect("SetCheckpointPeers")
+            .into_inner();
+        assert_eq!(taken.warning, "", "host-{i}: {taken:?}");
+    }
+    let ranks: Vec<Option<ToyRank>> = (0..6u32)
+        .map(|r| {
+            let socket = agent(&agents, r as usize).expect("up");
+            let slow = if r == 5 { 1.3 } else { 1.0 };
+            Some(ToyRank::spawn(&socket, "j6", r, 0, 6, slow))
+        })
+        .collect();
+    let relays = async |agent: &TestAgent| {
+        let (s, _) = scrape(agent).await;
+        s.samples
+            .iter()
+            .filter(|x| {
+                x.metric == "warden_straggler_relays_total" && x.labels.get("result") == Some("ok")
+            })
+            .map(|x| common::number(&x.value))
+            .sum::<f64>()
+    };
+    let five = agents[5].as_ref().expect("host-5");
+    let s = flagged_against(five, "j6", 5, 6).await;
+    assert_eq!(s.host, "host-5", "{s:?}");
+    assert!(
+        relays(agents[4].as_ref().expect("host-4")).await >= 1.0,
+        "host-4, group 2's leader, relayed host-5's reports to group 0"
+    );
+    // The leader goes, with its rank: host-5 reports to group 0 itself.
+    let mut ranks = ranks;
+    ranks[4].take();
+    agents[4].take();
+    let five = agents[5].as_ref().expect("host-5");
+    let s = flagged_against(five, "j6", 5, 5).await;
+    assert_eq!(s.host, "host-5", "{s:?}");
+}
+
 /// A report as a member's agent sends it: one job's sketch of one section.
 fn member_report(host: &str, job: &str) -> pb::AggregateReport {
     pb::AggregateReport {
@@ -622,6 +768,7 @@ async fn a_batch_of_relayed_reports_is_answered_report_by_report() {
             domain: String::new(),
             host: (*h).into(),
             identity: (*h).into(),
+            ..Default::default()
         })
         .collect();
     agg.client()

@@ -228,8 +228,10 @@ pub struct PeersTaken {
 /// The job's checkpoint peers as requests of at most [`PEERS_PAGE_BYTES`]
 /// of peers each: one request (no paging fields) when the list fits, as
 /// an older agent expects; else pages 0 .. n-1 of one list. Each says this
-/// host's place in the job's order (`self_place`), which an older agent
-/// ignores.
+/// host's place in the job's order (`self_place`), the order's length
+/// (`job_hosts`) and each peer's place in it, which an older agent
+/// ignores: `others` is the whole order less this host, so the peer at
+/// index i stands at i before this host's place and at i + 1 after it.
 pub fn peer_pages(
     job: &str,
     peers: &CkptPeers,
@@ -238,12 +240,18 @@ pub fn peer_pages(
     use prost::Message as _;
     let mut pages: Vec<Vec<pb::CheckpointPeer>> = vec![Vec::new()];
     let mut bytes = 0;
-    for (host, p) in &peers.others {
+    for (i, (host, p)) in peers.others.iter().enumerate() {
+        let i = u32::try_from(i).unwrap_or(u32::MAX);
+        let place = match peers.place {
+            Some(mine) if i >= mine => i.saturating_add(1),
+            _ => i,
+        };
         let peer = pb::CheckpointPeer {
             addr: p.addr.clone(),
             domain: p.domain.clone(),
             host: host.clone(),
             identity: p.identity.clone(),
+            place,
         };
         let len = peer.encoded_len() + 4;
         if bytes + len > PEERS_PAGE_BYTES && bytes > 0 {
@@ -257,6 +265,9 @@ pub fn peer_pages(
     }
     let n = u32::try_from(pages.len()).unwrap_or(u32::MAX);
     let self_place = peers.place.map_or(0, |p| p.saturating_add(1));
+    let job_hosts = u32::try_from(peers.others.len())
+        .unwrap_or(u32::MAX)
+        .saturating_add(u32::from(peers.place.is_some()));
     let self_addr = if peers.place.is_some() {
         peers.addr.clone()
     } else {
@@ -277,6 +288,7 @@ pub fn peer_pages(
             list_id: if n > 1 { list_id } else { 0 },
             self_place,
             self_addr: self_addr.clone(),
+            job_hosts,
         })
         .collect()
 }
@@ -911,6 +923,23 @@ mod tests {
         assert_eq!(r[0].peers.len(), 2_048);
         assert_eq!(r[0].self_place, 2, "this host's place, plus one");
         assert_eq!(r[0].self_addr, "10.9.9.9:7411");
+        // The order's length and each peer's place in it: this host at 1,
+        // so the peers stand at 0, then 2 on.
+        assert_eq!(r[0].job_hosts, 2_049);
+        let places: Vec<u32> = r[0].peers.iter().map(|p| p.place).collect();
+        let want: Vec<u32> = [0].into_iter().chain(2..2_049).collect();
+        assert_eq!(places, want);
+        // A host whose agent takes no replicas is not in the order.
+        let outside = CkptPeers {
+            place: None,
+            ..peers(3, 4)
+        };
+        let r = peer_pages("j", &outside, 9);
+        assert_eq!((r[0].self_place, r[0].job_hosts), (0, 3));
+        assert_eq!(
+            r[0].peers.iter().map(|p| p.place).collect::<Vec<_>>(),
+            [0, 1, 2]
+        );
     }
 
     #[test]

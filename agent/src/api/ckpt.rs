@@ -280,10 +280,12 @@ pub async fn set_checkpoint_peers(
                 domain: p.domain,
                 host: p.host,
                 identity: p.identity,
+                place: usize::try_from(p.place).unwrap_or(usize::MAX),
             })
             .collect(),
         self_place: req.self_place,
         self_addr: req.self_addr,
+        job_hosts: req.job_hosts,
     };
     let budgets = Budgets {
         api: &state.config.api,
@@ -305,6 +307,8 @@ pub async fn set_checkpoint_peers(
                 }
                 SetPeersError::Page(PageError::TooManyPages(_) | PageError::Beyond { .. })
                 | SetPeersError::PlacePastList { .. }
+                | SetPeersError::TooManyHosts { .. }
+                | SetPeersError::PlacePastOrder { .. }
                 | SetPeersError::PeerSet(_) => Status::invalid_argument(message),
             })
         }

@@ -241,15 +241,16 @@ const MAX_TRIES: usize = 2;
 fn place(ck: &Checkpoints, job: &str) -> (Option<String>, Vec<String>, bool) {
     ck.peers.with_order_or_static(job, |order, me| {
         let k = group_size(ck, order.len());
-        let first = &order[..k.min(order.len())];
         match me.filter(|&p| p < order.len()) {
-            Some(pos) if pos < k => (None, first[..pos].to_vec(), true),
+            Some(pos) if pos < k => (None, order.addrs_in(0..pos), true),
             Some(pos) => {
+                // Its group's first host known here: the leader in a
+                // whole order.
                 let start = pos / k * k;
-                let leader = (start < pos).then(|| order[start].clone());
-                (leader, first.to_vec(), false)
+                let leader = order.range(start..pos).next().map(|(_, a)| a.to_owned());
+                (leader, order.addrs_in(0..k), false)
             }
-            None => (None, first.to_vec(), false),
+            None => (None, order.addrs_in(0..k), false),
         }
     })
 }
@@ -449,9 +450,12 @@ async fn view_from(ck: &Arc<Checkpoints>, addr: &str, ask: &Ask, wait: Duration)
 async fn collect_now(ck: &Arc<Checkpoints>, job: &str, limit: Duration) -> Holdings {
     let (groups, mine) = ck.peers.with_order_or_static(job, |order, me| {
         let k = group_size(ck, order.len());
+        // A group none of whose hosts is known here (a partial view; group
+        // 0's hosts are handed the whole order) is not asked.
         let groups: Vec<(usize, Vec<String>)> = (0..order.len())
             .step_by(k)
-            .map(|s| (s, order[s..(s + k).min(order.len())].to_vec()))
+            .map(|s| (s, order.addrs_in(s..s + k)))
+            .filter(|(_, members)| !members.is_empty())
             .collect();
         (groups, me.map(|p| p / k * k))
     });
@@ -548,8 +552,7 @@ async fn group_here(
                 len: order.len(),
             });
         }
-        let end = (start + group_size(ck, order.len())).min(order.len());
-        Ok(order[start..end].to_vec())
+        Ok(order.addrs_in(start..start + group_size(ck, order.len())))
     })?;
     let bound = listing_bound(ck, limit);
     // An order's index fits a u32 (the order is bounded far below).

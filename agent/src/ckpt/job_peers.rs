@@ -34,7 +34,14 @@ pub struct PeersPage {
     /// This host's address as the job's other hosts reach it (empty: not
     /// said).
     pub self_addr: String,
+    /// How many hosts the job's order has, each peer then at its own
+    /// place (0: not said, the list is the order).
+    pub job_hosts: u32,
 }
+
+/// The most hosts a launcher may say a job's order has: what a restore's
+/// collection holds ([`super::holdings::MAX_HOSTS`]).
+pub const MAX_JOB_HOSTS: u32 = 65_536;
 
 /// What the connection budgets are weighed against.
 #[derive(Debug, Clone, Copy)]
@@ -82,6 +89,28 @@ pub enum SetPeersError {
         /// The job.
         job: String,
     },
+    /// `job_hosts` past [`MAX_JOB_HOSTS`].
+    #[error(
+        "job_hosts {job_hosts} of job {job:?} is past the {MAX_JOB_HOSTS} hosts an order may have"
+    )]
+    TooManyHosts {
+        /// The count given.
+        job_hosts: u32,
+        /// The job.
+        job: String,
+    },
+    /// `self_place` past the order the launcher said the job has.
+    #[error(
+        "self_place {self_place} is past job {job:?}'s order of {job_hosts} hosts (at most {job_hosts}: this host's place plus one)"
+    )]
+    PlacePastOrder {
+        /// The place given.
+        self_place: u32,
+        /// The order's length given.
+        job_hosts: u32,
+        /// The job.
+        job: String,
+    },
     /// A peer or this host's address that cannot be used.
     #[error(transparent)]
     PeerSet(#[from] PeerSetError),
@@ -101,14 +130,27 @@ pub fn set(
         peers,
         self_place,
         self_addr,
+        job_hosts,
     } = page;
     let specs = match ck.peer_pages.take(&job, list_id, page, pages, peers)? {
         Paged::Done(specs) => specs,
         Paged::More => return Ok(SetPeers::More),
     };
+    if job_hosts > MAX_JOB_HOSTS {
+        return Err(SetPeersError::TooManyHosts { job_hosts, job });
+    }
+    if job_hosts > 0 && self_place > job_hosts {
+        return Err(SetPeersError::PlacePastOrder {
+            self_place,
+            job_hosts,
+            job,
+        });
+    }
+    // Within u32, and job_hosts within MAX_JOB_HOSTS: no overflow below.
+    let hosts = job_hosts as usize;
     let own = match usize::try_from(self_place).unwrap_or(usize::MAX) {
         0 => None,
-        p if p - 1 <= specs.len() => Some(OwnPlace {
+        p if hosts > 0 || p - 1 <= specs.len() => Some(OwnPlace {
             index: p - 1,
             addr: self_addr,
         }),
@@ -120,12 +162,18 @@ pub fn set(
             });
         }
     };
-    let others = specs
-        .iter()
-        .map(|s| s.addr.as_str())
-        .filter(|a| *a != ck.peers.my_addr())
-        .collect::<HashSet<_>>()
-        .len();
+    // The job's other hosts: where the order's length is said, all of
+    // them, listed here or not (a partial list is not the job's size).
+    let others = if hosts > 0 {
+        hosts - usize::from(own.is_some())
+    } else {
+        specs
+            .iter()
+            .map(|s| s.addr.as_str())
+            .filter(|a| *a != ck.peers.my_addr())
+            .collect::<HashSet<_>>()
+            .len()
+    };
     let warnings: Vec<String> = [
         crate::exchange::capacity::connections_short(
             budgets.api,
@@ -141,11 +189,55 @@ pub fn set(
     for w in &warnings {
         tracing::warn!(job = %job, "{w}");
     }
-    let targets = ck.peers.set_job(&job, &specs, own.as_ref())?;
+    let targets = ck
+        .peers
+        .set_job_partial(&job, &specs, own.as_ref(), hosts)?;
+    let warnings = match gaps(ck, budgets.straggler, &job) {
+        Some(w) => {
+            tracing::warn!(job = %job, "{w}");
+            warnings.into_iter().chain([w]).collect()
+        }
+        None => warnings,
+    };
     tracing::info!(job = %job, peers = specs.len(), targets = ?targets,
         "checkpoint peers of the job set by its launcher");
     Ok(SetPeers::Set {
         targets,
         warning: (!warnings.is_empty()).then(|| warnings.join("; and ")),
+    })
+}
+
+/// What a partial order lacks of the places this agent needs, in words:
+/// its own group and group 0, cut with the exchange's group size and with
+/// the restore's collectors' (`warden_core::detect::straggler::tree::needed`).
+/// A place not known is passed over (the report goes on to the next host,
+/// the collection skips it), so a launcher's short list weakens the
+/// exchange and the restore without failing them: said, not refused.
+fn gaps(ck: &Checkpoints, straggler: &StragglerConfig, job: &str) -> Option<String> {
+    use warden_core::detect::straggler::tree;
+    ck.peers.with_order(job, |order, me| {
+        if order.is_whole() {
+            return None;
+        }
+        let n = order.len();
+        let cuts = [
+            tree::fan_out(n, straggler.aggregator_fan_out),
+            tree::fan_out(n, ck.cfg.collect_fan_out).max(1),
+        ];
+        let mut missing: Vec<usize> = cuts
+            .into_iter()
+            .flat_map(|k| tree::needed(n, me, k))
+            .filter(|p| order.get(*p).is_none())
+            .collect();
+        missing.sort_unstable();
+        missing.dedup();
+        let first = *missing.first()?;
+        Some(format!(
+            "the launcher handed over {} of job {job:?}'s {n} places, without {} of those this host \
+             needs (its group and group 0 of the straggler exchange and the restore's collectors), \
+             the first at place {first}: reports and restores pass over them",
+            order.known(),
+            missing.len(),
+        ))
     })
 }

@@ -26,6 +26,7 @@ pub mod link;
 pub mod link_error;
 pub mod listing;
 pub mod manifest;
+pub mod order;
 pub mod peer_pages;
 pub mod peerset;
 pub mod placement;

@@ -206,6 +206,7 @@ mod tests {
                 domain: String::new(),
                 host: format!("h{i}"),
                 identity: format!("h{i}"),
+                ..Default::default()
             })
             .collect()
     }
@@ -301,6 +302,7 @@ mod tests {
                 domain: String::new(),
                 host: "h".repeat(1 << 20),
                 identity: format!("x{i}"),
+                ..Default::default()
             }]
         };
         let mut refused = None;

@@ -13,10 +13,11 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use super::Peer;
+use super::order::{Order, OrderError};
 use super::placement::{self, RingMember};
 
 /// A peer as a launcher describes it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct PeerSpec {
     /// `host:port` of its agent's `api.tcp` listener.
     pub addr: String,
@@ -27,6 +28,10 @@ pub struct PeerSpec {
     /// Its agent's identity (the name its certificate carries); empty
     /// when the launcher did not say (an older one, `api.insecure`).
     pub identity: String,
+    /// Its place in the job's order, where the launcher says how many
+    /// hosts the order has ([`PeerSet::set_job_partial`]); else unread
+    /// (the list's own order is the job's).
+    pub place: usize,
 }
 
 /// Why a launcher's peer list was refused.
@@ -46,6 +51,14 @@ pub enum PeerSetError {
     /// `host:port`.
     #[error("self_addr {0:?} (this host as the job's other hosts reach it) is not host:port")]
     BadSelfAddr(String),
+    /// The places of a partial list that cannot make an order.
+    #[error("the job's order of {hosts} hosts: {source}")]
+    Order {
+        /// How many hosts the launcher said the order has.
+        hosts: usize,
+        /// What was wrong.
+        source: OrderError,
+    },
     /// A client could not be built for it.
     #[error("peer {addr}: {message}")]
     Client {
@@ -81,8 +94,9 @@ pub struct PeerSet {
     statics: JobOrder,
     jobs: Mutex<BTreeMap<String, Vec<Peer>>>,
     /// Each job's agents' addresses as the launchers' round lists them (node
-    /// rank order, this agent included): the straggler exchange's order of
-    /// aggregators.
+    /// rank order, this agent included), whole or the places handed over:
+    /// the straggler exchange's order of aggregators and the restore's of
+    /// collectors.
     orders: Mutex<BTreeMap<String, JobOrder>>,
     /// Each handed-over job's ring kept ready (see [`JobRing`]).
     rings: Mutex<BTreeMap<String, JobRing>>,
@@ -113,8 +127,8 @@ struct JobRing {
 #[derive(Debug, Default)]
 struct JobOrder {
     /// Addresses in node-rank order, this agent's included.
-    addrs: Vec<String>,
-    /// This agent's index in `addrs`.
+    addrs: Order,
+    /// This agent's place in `addrs`.
     me: Option<usize>,
     /// The identities of the job's handed-over peers.
     names: std::collections::HashSet<String>,
@@ -136,7 +150,7 @@ impl PeerSet {
         addrs.dedup();
         let statics = JobOrder {
             me: addrs.iter().position(|a| *a == me.addr),
-            addrs,
+            addrs: Order::whole(addrs),
             names: Default::default(),
         };
         Self {
@@ -189,13 +203,14 @@ impl PeerSet {
     }
 
     /// `f` over `job`'s agents' addresses in node-rank order (empty: none
-    /// handed over) and this agent's index in it, without copying a list of
-    /// up to 16,384 hosts or searching it.
-    pub fn with_order<T>(&self, job: &str, f: impl FnOnce(&[String], Option<usize>) -> T) -> T {
+    /// handed over; partial: the places handed over) and this agent's
+    /// place in it, without copying a list of up to 16,384 hosts or
+    /// searching it.
+    pub fn with_order<T>(&self, job: &str, f: impl FnOnce(&Order, Option<usize>) -> T) -> T {
         let orders = self.orders.lock().unwrap_or_else(|p| p.into_inner());
         match orders.get(job) {
             Some(o) => f(&o.addrs, o.me),
-            None => f(&[], None),
+            None => f(&Order::default(), None),
         }
     }
 
@@ -205,7 +220,7 @@ impl PeerSet {
     pub fn with_order_or_static<T>(
         &self,
         job: &str,
-        f: impl FnOnce(&[String], Option<usize>) -> T,
+        f: impl FnOnce(&Order, Option<usize>) -> T,
     ) -> T {
         let orders = self.orders.lock().unwrap_or_else(|p| p.into_inner());
         match orders.get(job) {
@@ -334,6 +349,22 @@ impl PeerSet {
         specs: &[PeerSpec],
         own: Option<&OwnPlace>,
     ) -> Result<Vec<String>, PeerSetError> {
+        self.set_job_partial(job, specs, own, 0)
+    }
+
+    /// [`PeerSet::set_job`] where the launcher says the job's order has
+    /// `hosts` hosts (0: not said, the list is the order): each spec then
+    /// stands at its own [`PeerSpec::place`] and this agent at
+    /// `own.index`, and the places not handed over stay unknown here (a
+    /// partial view: [`Order`]). The ring is still over the peers handed
+    /// over.
+    pub fn set_job_partial(
+        &self,
+        job: &str,
+        specs: &[PeerSpec],
+        own: Option<&OwnPlace>,
+        hosts: usize,
+    ) -> Result<Vec<String>, PeerSetError> {
         let place = own.map(|o| o.index);
         let published = own.map(|o| o.addr.as_str()).filter(|a| !a.is_empty());
         if let Some(addr) = published
@@ -341,6 +372,12 @@ impl PeerSet {
         {
             return Err(PeerSetError::BadSelfAddr(addr.to_owned()));
         }
+        // Checked before anything changes.
+        let partial = if hosts > 0 {
+            Some(self.partial_order(specs, place, published, hosts)?)
+        } else {
+            None
+        };
         let mut fresh: Vec<Peer> = Vec::new();
         {
             let jobs = self.jobs();
@@ -388,22 +425,14 @@ impl PeerSet {
             }
         }
         {
-            let mut seen = std::collections::HashSet::with_capacity(specs.len() + 1);
-            let mut order: Vec<String> = Vec::with_capacity(specs.len() + 1);
-            for (i, s) in specs.iter().enumerate() {
-                if place == Some(i) && seen.insert(self.me.addr.as_str()) {
-                    order.push(self.me.addr.clone());
+            let (order, me) = match partial {
+                Some(o) => (o, place),
+                None => {
+                    let o = self.whole_order(specs, place);
+                    let me = o.position(&self.me.addr);
+                    (o, me)
                 }
-                if seen.insert(s.addr.as_str()) {
-                    order.push(s.addr.clone());
-                }
-            }
-            if place.is_some_and(|p| p >= specs.len())
-                && !order.is_empty()
-                && seen.insert(self.me.addr.as_str())
-            {
-                order.push(self.me.addr.clone());
-            }
+            };
             let names = self
                 .jobs()
                 .get(job)
@@ -416,7 +445,6 @@ impl PeerSet {
             if order.is_empty() {
                 orders.remove(job);
             } else {
-                let me = order.iter().position(|a| *a == self.me.addr);
                 orders.insert(
                     job.to_owned(),
                     JobOrder {
@@ -466,6 +494,63 @@ impl PeerSet {
             );
         }
         Ok(targets)
+    }
+
+    /// The job's order as the list gives it (an older launcher's, or one
+    /// that does not say the order's length): the specs in their order,
+    /// each address once, with this agent put at `place`. Without a place
+    /// this agent is in it only where a spec names its own address. No
+    /// peer: no order.
+    fn whole_order(&self, specs: &[PeerSpec], place: Option<usize>) -> Order {
+        let mut seen = std::collections::HashSet::with_capacity(specs.len() + 1);
+        let mut order: Vec<String> = Vec::with_capacity(specs.len() + 1);
+        for (i, s) in specs.iter().enumerate() {
+            if place == Some(i) && seen.insert(self.me.addr.as_str()) {
+                order.push(self.me.addr.clone());
+            }
+            if seen.insert(s.addr.as_str()) {
+                order.push(s.addr.clone());
+            }
+        }
+        if place.is_some_and(|p| p >= specs.len())
+            && !order.is_empty()
+            && seen.insert(self.me.addr.as_str())
+        {
+            order.push(self.me.addr.clone());
+        }
+        Order::whole(order)
+    }
+
+    /// The job's order of `hosts` places from the specs' own places, this
+    /// agent at `place` (known by `api.tcp`, as in a whole order; a spec
+    /// naming this agent, by either address, is then left out). A spec
+    /// whose address came earlier is left out, as in a whole order. No
+    /// peer: no order.
+    fn partial_order(
+        &self,
+        specs: &[PeerSpec],
+        place: Option<usize>,
+        published: Option<&str>,
+        hosts: usize,
+    ) -> Result<Order, PeerSetError> {
+        if specs.is_empty() {
+            return Ok(Order::default());
+        }
+        let mut seen = std::collections::HashSet::with_capacity(specs.len() + 1);
+        let mut known: Vec<(usize, String)> = Vec::with_capacity(specs.len() + 1);
+        if let Some(p) = place {
+            seen.insert(self.me.addr.as_str());
+            if let Some(addr) = published {
+                seen.insert(addr);
+            }
+            known.push((p, self.me.addr.clone()));
+        }
+        for s in specs {
+            if seen.insert(s.addr.as_str()) {
+                known.push((s.place, s.addr.clone()));
+            }
+        }
+        Order::partial(hosts, known).map_err(|source| PeerSetError::Order { hosts, source })
     }
 
     /// Keeps `job`'s ring ready ([`JobRing`]), or forgets it when the job
@@ -521,6 +606,7 @@ mod tests {
             domain: domain.into(),
             host: addr.into(),
             identity: String::new(),
+            ..Default::default()
         }
     }
 
@@ -594,7 +680,7 @@ mod tests {
             spec("127.0.0.4:7000", "rack4"),
             spec("127.0.0.5:7000", "rack5"),
         ];
-        let order = |s: &PeerSet| s.with_order("j", |o, me| (o.to_vec(), me));
+        let order = |s: &PeerSet| s.with_order("j", |o, me| (o.addrs_in(0..o.len()), me));
         s.set_job("j", &others, None).unwrap();
         assert_eq!(order(&s).1, None, "a list without this agent: nowhere");
         for place in 0..=3 {
@@ -638,6 +724,79 @@ mod tests {
         assert_eq!(order(&s), (Vec::new(), None));
     }
 
+    /// Issue 30, partial views: a launcher that says the order's length
+    /// hands over only some places, each peer at its own; this agent
+    /// stands at its place (by `api.tcp`, its published address left out),
+    /// the places not handed over stay unknown, and every index keeps its
+    /// meaning. A place given twice or past the order is refused and
+    /// changes nothing.
+    #[tokio::test]
+    async fn a_partial_list_puts_each_peer_at_its_own_place() {
+        let s = set(&[]);
+        let at = |addr: &str, place: usize| PeerSpec {
+            place,
+            ..spec(addr, "")
+        };
+        // This agent at 7 of 12, groups of 3: group 0 and its own group,
+        // its published address among them.
+        let specs = [
+            at("127.0.0.10:7000", 0),
+            at("127.0.0.11:7000", 1),
+            at("127.0.0.12:7000", 2),
+            at("127.0.0.16:7000", 6),
+            at("10.1.1.7:7000", 7),
+            at("127.0.0.18:7000", 8),
+        ];
+        let own = OwnPlace {
+            index: 7,
+            addr: "10.1.1.7:7000".into(),
+        };
+        s.set_job_partial("j", &specs, Some(&own), 12).unwrap();
+        let seen = |s: &PeerSet| {
+            s.with_order("j", |o, me| {
+                (
+                    o.len(),
+                    o.known(),
+                    me,
+                    o.get(7).map(str::to_owned),
+                    o.get(4).map(str::to_owned),
+                    o.addrs_in(6..9),
+                )
+            })
+        };
+        let want = (
+            12,
+            6,
+            Some(7),
+            Some("127.0.0.2:7000".to_owned()),
+            None,
+            vec![
+                "127.0.0.16:7000".to_owned(),
+                "127.0.0.2:7000".to_owned(),
+                "127.0.0.18:7000".to_owned(),
+            ],
+        );
+        assert_eq!(seen(&s), want);
+        // Refused, nothing changed: a peer at this agent's place, one past
+        // the order.
+        let twice = [at("127.0.0.10:7000", 0), at("127.0.0.19:7000", 7)];
+        let e = s.set_job_partial("j", &twice, Some(&own), 12).unwrap_err();
+        assert!(e.to_string().contains("place 7 is given twice"), "{e}");
+        let past = [at("127.0.0.10:7000", 12)];
+        let e = s.set_job_partial("j", &past, Some(&own), 12).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("the job's order of 12 hosts: place 12 (\"127.0.0.10:7000\") is past"),
+            "{e}"
+        );
+        assert_eq!(seen(&s), want);
+        assert!(
+            s.of_job("j")
+                .iter()
+                .all(|p| p.member.addr != "127.0.0.19:7000")
+        );
+    }
+
     /// Issue 30: agents listening on an unspecified address (`api.tcp =
     /// "0.0.0.0:P"`, as deploy/kubernetes suggests), each published by its
     /// launcher at the host's advertised address. Each host computes every
@@ -674,6 +833,7 @@ mod tests {
                     domain: String::new(),
                     host: format!("h{j}"),
                     identity: format!("h{j}"),
+                    ..Default::default()
                 })
                 .collect();
             let own = OwnPlace {

@@ -16,6 +16,7 @@ use warden_core::detect::straggler::tree;
 
 use super::link::{AggregatorDial, AggregatorLink};
 use crate::ckpt::Checkpoints;
+use crate::ckpt::order::Order;
 
 /// At most this many hosts are tried for one report in one interval: the
 /// ones after are tried in the next intervals, once these are known down.
@@ -48,7 +49,7 @@ pub struct Routes {
     me: String,
     /// `straggler.peers` and `me`, sorted: the order of a job that no
     /// launcher handed over.
-    statics: Vec<String>,
+    statics: Order,
     /// `me`'s index in `statics`.
     statics_me: Option<usize>,
     fan_out: u32,
@@ -93,7 +94,7 @@ impl Routes {
         let statics_me = statics.iter().position(|a| a == me);
         Self {
             me: me.to_owned(),
-            statics,
+            statics: Order::whole(statics),
             statics_me,
             fan_out,
             links: Mutex::new(HashMap::new()),
@@ -103,7 +104,7 @@ impl Routes {
 
     /// `f` over `job`'s order and this agent's index in it: its hosts
     /// handed over by its launchers, or the static fleet's.
-    fn with_order<T>(&self, job: &str, f: impl FnOnce(&[String], Option<usize>) -> T) -> T {
+    fn with_order<T>(&self, job: &str, f: impl FnOnce(&Order, Option<usize>) -> T) -> T {
         match &self.dial.checkpoints {
             Some(ck) => ck.peers.with_order(job, |o, me| {
                 if o.is_empty() {
@@ -129,7 +130,7 @@ impl Routes {
     }
 
     /// Where a report received for `job` goes when this agent is a group
-    /// leader: the hosts before its group in order, then this agent
+    /// leader: group 0's hosts in order, then this agent
     /// (aggregate in place). None: it aggregates (it is in group 0, or
     /// not in the job's order).
     pub fn relay_plan(&self, job: &str, skip_for: Duration) -> Option<Vec<Hop>> {
@@ -140,10 +141,11 @@ impl Routes {
         })
     }
 
-    /// The hosts of `route` (indices into `order`) to try now.
+    /// The hosts of `route` (places in `order`) to try now; a place not
+    /// known here (a partial view) is passed over.
     fn hops(
         &self,
-        order: &[String],
+        order: &Order,
         route: impl Iterator<Item = usize> + Clone,
         skip_for: Duration,
         relays: impl Fn(usize) -> bool,
@@ -159,41 +161,40 @@ impl Routes {
         let mine = |a: &str| a == self.me || a.is_empty();
         // The first hosts not known down, up to this agent; when all are
         // down, the route as it is.
-        let mut picked: Vec<usize> = Vec::new();
-        for i in route.clone() {
-            let a = order[i].as_str();
+        let route = route.filter_map(|i| order.get(i).map(|a| (i, a)));
+        let mut picked: Vec<(usize, &str)> = Vec::new();
+        for (i, a) in route.clone() {
             if mine(a) || up(a) {
-                picked.push(i);
+                picked.push((i, a));
                 if mine(a) || picked.len() == MAX_TRIES {
                     break;
                 }
             }
         }
         if picked.is_empty() {
-            for i in route {
-                picked.push(i);
-                if mine(&order[i]) || picked.len() == MAX_TRIES {
+            for (i, a) in route {
+                picked.push((i, a));
+                if mine(a) || picked.len() == MAX_TRIES {
                     break;
                 }
             }
         }
         picked
             .into_iter()
-            .map(|i| {
-                let addr = &order[i];
+            .map(|(i, addr)| {
                 if mine(addr) {
                     return Hop {
-                        addr: addr.clone(),
+                        addr: addr.to_owned(),
                         link: None,
                         relays: false,
                     };
                 }
-                let known = links.entry(addr.clone()).or_default();
+                let known = links.entry(addr.to_owned()).or_default();
                 if known.link.is_none() {
                     known.link = self.dial.link_for(addr);
                 }
                 Hop {
-                    addr: addr.clone(),
+                    addr: addr.to_owned(),
                     link: known.link.clone(),
                     relays: relays(i),
                 }

@@ -170,6 +170,7 @@ pub async fn hand_over(agent: &Agent, job: &str, order: &[(String, String)]) {
             domain: String::new(),
             host: name.clone(),
             identity: name.clone(),
+            ..Default::default()
         })
         .collect();
     connect(&agent.socket())

@@ -13,8 +13,8 @@
 //! [`MAX_BATCH_BYTES`]. Along the plan, within one `straggler.peer_timeout`:
 //! a host that answers hands each report its item; one that fails is
 //! skipped for the next; an older one (UNIMPLEMENTED) gets each report
-//! alone ([`relay`]); this agent itself, when every host before its group
-//! is down, aggregates them in place.
+//! alone ([`relay`]); this agent itself, when every host of group 0 is
+//! down, aggregates them in place.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};

@@ -1,7 +1,7 @@
 //! A group leader's relay: a member's report passed on along the two-level
-//! tree (`warden_core::detect::straggler::tree`), to the hosts before the
-//! leader's group in order, within one `straggler.peer_timeout` in all; the
-//! first answer is handed back. When every host before the group is down,
+//! tree (`warden_core::detect::straggler::tree`), to group 0's hosts in
+//! order, within one `straggler.peer_timeout` in all; the
+//! first answer is handed back. When every host of group 0 is down,
 //! the report is aggregated here ([`crate::exchange::aggregate::aggregate_here`]).
 //! Used where `straggler.relay_batch_window` is 0, and for each report of a
 //! batch an older aggregator would not take whole ([`super::batch`]).
@@ -50,7 +50,7 @@ pub type Decoded = (
 
 /// Passes a member's report on along `plan`, within one
 /// `straggler.peer_timeout` in all, and hands back the first answer; when
-/// the plan reaches this agent (every host before its group is down), the
+/// the plan reaches this agent (every host of group 0 is down), the
 /// report is aggregated here. None answering: ABORTED, [`RELAY_FAILED`]
 /// (this agent is up: the member keeps it as its leader).
 pub async fn relay(
