@@ -1223,10 +1223,13 @@ async fn a_collectors_own_copies_are_named_where_the_job_reaches_it() {
                 )
             })
             .collect();
+        // The ring by node-rank order, as launchers whose agents all take
+        // it say: h3's replicas wrap to h0 as by address.
         let peers = warden_launcher::agent::CkptPeers {
             others,
             place: Some(i as u32),
             addr: published[i].clone(),
+            ring_by_place: true,
         };
         warden_launcher::agent::set_peers(&h.client().await, "job", &peers)
             .await
@@ -1898,6 +1901,7 @@ async fn a_16384_host_peer_list_with_long_names_is_taken_in_pages() {
         others: peers,
         place: None,
         addr: String::new(),
+        ring_by_place: false,
     };
     let client = agent.client().await;
 
@@ -1962,6 +1966,7 @@ async fn a_job_past_the_connection_cap_is_warned_at_the_round() {
         others,
         place: Some(0),
         addr: addr.clone(),
+        ring_by_place: false,
     };
     let client = agent.client().await;
     let taken = warden_launcher::agent::set_peers(&client, "j", &peers)

@@ -915,6 +915,7 @@ async fn put_large_members(etcd: &EtcdServer, job: &str, count: u32, nodes: u32,
             joined_at_ms: 0,
             ckpt_peer: None,
             incarnation: 1 + u64::from(i),
+            ckpt_ring_by_place: false,
         };
         client
             .put(

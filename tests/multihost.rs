@@ -918,8 +918,12 @@ fn a_spare_takes_the_place_of_a_host_whose_gpu_fails() {
         "{resumed}\n{}",
         s.context()
     );
+    // On the ring by node-rank order (every agent here takes it): the
+    // spare in host-b's place has host-b's neighbour, which holds its
+    // replicas.
     assert!(
-        s.seen_line(|l| l.contains("checkpoint peers of this round: host-a"))
+        s.seen_line(|l| l.contains("checkpoint peers of this round: host-a")
+            && l.contains("(ring by node-rank order)"))
             .is_some(),
         "{}",
         s.context()

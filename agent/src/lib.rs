@@ -114,3 +114,13 @@ pub mod tls;
 
 /// The agent's version, as reported by GetAgentInfo and `--version`.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// What this agent takes that an older one does not, as GetAgentInfo says
+/// it: a launcher publishes it for the job's other hosts, and a job-wide
+/// behaviour that every agent must compute alike is turned on only where
+/// every agent of the round says it.
+pub const CAPABILITIES: &[&str] = &[RING_BY_PLACE];
+
+/// The capability of a replica ring by node-rank order
+/// (`SetCheckpointPeersRequest.ring_by_place`).
+pub const RING_BY_PLACE: &str = "ckpt-ring-by-place";

@@ -78,6 +78,10 @@ pub struct AgentLink {
     /// resolved); empty when it has none. The job's other hosts reach its
     /// checkpoint tier there.
     pub tcp: String,
+    /// What it says it takes (GetAgentInfo's `capabilities`; none from an
+    /// older agent): published for the job's other hosts where a job-wide
+    /// behaviour needs every agent to take it.
+    pub capabilities: Vec<String>,
 }
 
 /// Which agent it is.
@@ -139,6 +143,7 @@ impl AgentLink {
                     client,
                     config,
                     tcp,
+                    capabilities: info.capabilities.clone(),
                     kind: Kind::Local {
                         pid: info.pid,
                         version: info.version,
@@ -150,6 +155,12 @@ impl AgentLink {
             }
         }
         embed(agent_config, state_dir).await
+    }
+
+    /// Whether the agent says it takes `capability` (e.g.
+    /// [`warden_agent::RING_BY_PLACE`]).
+    pub fn takes(&self, capability: &str) -> bool {
+        self.capabilities.iter().any(|c| c == capability)
     }
 
     /// One line saying which agent is used.
@@ -268,6 +279,7 @@ pub fn peer_pages(
     let job_hosts = u32::try_from(peers.others.len())
         .unwrap_or(u32::MAX)
         .saturating_add(u32::from(peers.place.is_some()));
+    let ring_by_place = peers.ring_by_place;
     let self_addr = if peers.place.is_some() {
         peers.addr.clone()
     } else {
@@ -289,6 +301,7 @@ pub fn peer_pages(
             self_place,
             self_addr: self_addr.clone(),
             job_hosts,
+            ring_by_place,
         })
         .collect()
 }
@@ -613,6 +626,7 @@ async fn embed(agent_config: Option<&Path>, state_dir: &Path) -> Result<AgentLin
                 socket,
                 client,
                 tcp,
+                capabilities: info.capabilities,
                 kind: Kind::Embedded(Embedded {
                     token,
                     task,
@@ -895,6 +909,7 @@ mod tests {
             others,
             place: Some(1),
             addr: "10.9.9.9:7411".into(),
+            ring_by_place: false,
         }
     }
 
@@ -936,6 +951,12 @@ mod tests {
         };
         let r = peer_pages("j", &outside, 9);
         assert_eq!((r[0].self_place, r[0].job_hosts), (0, 3));
+        assert!(!r[0].ring_by_place);
+        let by_place = CkptPeers {
+            ring_by_place: true,
+            ..peers(3, 4)
+        };
+        assert!(peer_pages("j", &by_place, 9)[0].ring_by_place);
         assert_eq!(
             r[0].peers.iter().map(|p| p.place).collect::<Vec<_>>(),
             [0, 1, 2]

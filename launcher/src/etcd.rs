@@ -389,7 +389,10 @@ fn plan_of(round: &etcd::Round, restart_count: u32, host: &str, spare: bool) -> 
             round.master_addr,
             round.master_port,
         )),
-        ckpt_peers: crate::hosts::CkptPeers::of_round(&round.ckpt_peers, host),
+        ckpt_peers: crate::hosts::CkptPeers {
+            ring_by_place: round.ckpt_ring_by_place,
+            ..crate::hosts::CkptPeers::of_round(&round.ckpt_peers, host)
+        },
         // Set by the rendezvous, which knows the attempt's round.
         keeps_place: false,
     }
@@ -854,6 +857,7 @@ mod tests {
             members: members.iter().map(|m| (*m).to_owned()).collect(),
             ckpt_peers: Default::default(),
             hosts_digest: String::new(),
+            ckpt_ring_by_place: false,
             standby: Vec::new(),
             waiting: false,
             reason: String::new(),

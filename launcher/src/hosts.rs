@@ -64,6 +64,9 @@ pub struct CkptPeers {
     /// This host's agent as the round publishes it (the address the other
     /// hosts reach), with `place`: its place on the job's replica ring.
     pub addr: String,
+    /// The job's replica ring is its node-rank order (the round says every
+    /// agent takes it).
+    pub ring_by_place: bool,
 }
 
 impl CkptPeers {
@@ -75,6 +78,7 @@ impl CkptPeers {
             others: all.iter().filter(|(h, _)| h != host).cloned().collect(),
             place: mine.and_then(|p| u32::try_from(p).ok()),
             addr: mine.map(|p| all[p].1.addr.clone()).unwrap_or_default(),
+            ring_by_place: false,
         }
     }
 

@@ -389,6 +389,7 @@ async fn run_job(
                     if p.domain.is_empty() { String::new() } else { format!(" (domain {})", p.domain) }
                 ));
                 cfg.ckpt_peer = Some(p);
+                cfg.ckpt_ring_by_place = link.takes(warden_agent::RING_BY_PLACE);
             }
             Err(why) => console.say(format!(
                 "checkpoint replicas: this host's agent takes none from the job's other hosts: {why}"

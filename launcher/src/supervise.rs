@@ -786,9 +786,14 @@ impl<C: AcrossHosts> Sup<'_, C> {
                 Ok(taken) => {
                     if !names.is_empty() {
                         self.say(format!(
-                            "checkpoint peers of this round: {}; this host's replicas go to {}",
+                            "checkpoint peers of this round: {}; this host's replicas go to {} ({})",
                             crate::coord::round::named_briefly(&names),
-                            if taken.targets.is_empty() { "none (no peer outside this host's failure domain)".to_owned() } else { taken.targets.join(", ") }
+                            if taken.targets.is_empty() { "none (no peer outside this host's failure domain)".to_owned() } else { taken.targets.join(", ") },
+                            if plan.ckpt_peers.ring_by_place {
+                                "ring by node-rank order"
+                            } else {
+                                "ring by address: not every agent of the round takes the ring by node-rank order"
+                            }
                         ));
                     }
                     if !taken.warning.is_empty() {

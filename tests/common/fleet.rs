@@ -955,6 +955,7 @@ async fn join_light(
         joined_at_ms: 0,
         ckpt_peer: None,
         incarnation: 1_000_000 + u64::try_from(i).unwrap(),
+        ckpt_ring_by_place: false,
     };
     let key = keys.member(&host);
     let decides = cfg.every_host_decides;

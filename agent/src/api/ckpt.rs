@@ -286,6 +286,7 @@ pub async fn set_checkpoint_peers(
         self_place: req.self_place,
         self_addr: req.self_addr,
         job_hosts: req.job_hosts,
+        ring_by_place: req.ring_by_place,
     };
     let budgets = Budgets {
         api: &state.config.api,

@@ -233,6 +233,10 @@ impl Agent for AgentService {
                         .collect(),
                     config_toml: s.config.to_toml(),
                     config_source: s.config_source.clone(),
+                    capabilities: crate::CAPABILITIES
+                        .iter()
+                        .map(|c| (*c).to_owned())
+                        .collect(),
                 }))
             },
         )

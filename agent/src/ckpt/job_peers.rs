@@ -13,7 +13,7 @@ use warden_core::detect::straggler::StragglerConfig;
 
 use super::Checkpoints;
 use super::peer_pages::{PageError, Paged};
-use super::peerset::{OwnPlace, PeerSetError, PeerSpec};
+use super::peerset::{JobShape, OwnPlace, PeerSetError, PeerSpec};
 use crate::config::ApiConfig;
 
 /// One page of a job's peers, as its launcher sent it.
@@ -37,6 +37,8 @@ pub struct PeersPage {
     /// How many hosts the job's order has, each peer then at its own
     /// place (0: not said, the list is the order).
     pub job_hosts: u32,
+    /// The job's replica ring is its node-rank order.
+    pub ring_by_place: bool,
 }
 
 /// The most hosts a launcher may say a job's order has: what a restore's
@@ -131,6 +133,7 @@ pub fn set(
         self_place,
         self_addr,
         job_hosts,
+        ring_by_place,
     } = page;
     let specs = match ck.peer_pages.take(&job, list_id, page, pages, peers)? {
         Paged::Done(specs) => specs,
@@ -189,9 +192,15 @@ pub fn set(
     for w in &warnings {
         tracing::warn!(job = %job, "{w}");
     }
-    let targets = ck
-        .peers
-        .set_job_partial(&job, &specs, own.as_ref(), hosts)?;
+    let targets = ck.peers.set_job_partial(
+        &job,
+        &specs,
+        own.as_ref(),
+        JobShape {
+            hosts,
+            ring_by_place,
+        },
+    )?;
     let warnings = match gaps(ck, budgets.straggler, &job) {
         Some(w) => {
             tracing::warn!(job = %job, "{w}");

@@ -81,6 +81,19 @@ pub struct OwnPlace {
     pub addr: String,
 }
 
+/// What a launcher says of a job's order besides its peers
+/// (`SetCheckpointPeers`: `job_hosts`, `ring_by_place`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct JobShape {
+    /// How many hosts the order has (0: not said, the list is the order).
+    pub hosts: usize,
+    /// The job's replica ring is its node-rank order
+    /// ([`placement::Ring::by_place`]), not its agents' addresses: said by
+    /// the launcher where every agent of the job's round takes it, since
+    /// all must compute the same ring.
+    pub ring_by_place: bool,
+}
+
 /// Every peer this host knows, static and per job.
 #[derive(Debug)]
 pub struct PeerSet {
@@ -114,8 +127,12 @@ pub struct PeerSet {
 /// sort (issue 30: up to 16,384 of them).
 #[derive(Debug, Default)]
 struct JobRing {
-    /// [`PeerSet::of_job`]'s members, then this agent (the last).
+    /// By address: [`PeerSet::of_job`]'s members, then this agent (the
+    /// last). By place: the job's known places in order, this agent at its
+    /// own.
     ring: placement::Ring,
+    /// This agent's index in `ring` (None: not on it).
+    me: Option<usize>,
     /// Each named peer's index in the ring (the first of a name).
     names: std::collections::HashMap<String, usize>,
     /// This agent's own targets.
@@ -132,6 +149,8 @@ struct JobOrder {
     me: Option<usize>,
     /// The identities of the job's handed-over peers.
     names: std::collections::HashSet<String>,
+    /// The job's ring is by place ([`JobShape::ring_by_place`]).
+    ring_by_place: bool,
 }
 
 impl PeerSet {
@@ -152,6 +171,7 @@ impl PeerSet {
             me: addrs.iter().position(|a| *a == me.addr),
             addrs: Order::whole(addrs),
             names: Default::default(),
+            ring_by_place: false,
         };
         Self {
             me,
@@ -309,9 +329,8 @@ impl PeerSet {
         }
         let placed = |r: &JobRing| {
             let o = *r.names.get(origin)?;
-            let from = &r.ring.members()[o];
-            let me = r.ring.members().len() - 1;
-            Some(r.ring.targets_of(from, self.replicas).contains(&me))
+            let targets = r.ring.targets_at(o, self.replicas)?;
+            Some(r.me.is_some_and(|me| targets.contains(&me)))
         };
         if let Some(r) = self.rings().get(job) {
             return placed(r);
@@ -349,22 +368,23 @@ impl PeerSet {
         specs: &[PeerSpec],
         own: Option<&OwnPlace>,
     ) -> Result<Vec<String>, PeerSetError> {
-        self.set_job_partial(job, specs, own, 0)
+        self.set_job_partial(job, specs, own, JobShape::default())
     }
 
-    /// [`PeerSet::set_job`] where the launcher says the job's order has
-    /// `hosts` hosts (0: not said, the list is the order): each spec then
-    /// stands at its own [`PeerSpec::place`] and this agent at
-    /// `own.index`, and the places not handed over stay unknown here (a
-    /// partial view: [`Order`]). The ring is still over the peers handed
-    /// over.
+    /// [`PeerSet::set_job`] as the launcher shapes the job: where it says
+    /// the order has `shape.hosts` hosts (0: not said, the list is the
+    /// order), each spec stands at its own [`PeerSpec::place`] and this
+    /// agent at `own.index`, and the places not handed over stay unknown
+    /// here (a partial view: [`Order`]); with `shape.ring_by_place` the
+    /// job's replica ring is that order, else its peers' addresses.
     pub fn set_job_partial(
         &self,
         job: &str,
         specs: &[PeerSpec],
         own: Option<&OwnPlace>,
-        hosts: usize,
+        shape: JobShape,
     ) -> Result<Vec<String>, PeerSetError> {
+        let hosts = shape.hosts;
         let place = own.map(|o| o.index);
         let published = own.map(|o| o.addr.as_str()).filter(|a| !a.is_empty());
         if let Some(addr) = published
@@ -451,6 +471,7 @@ impl PeerSet {
                         addrs: order,
                         me,
                         names,
+                        ring_by_place: shape.ring_by_place,
                     },
                 );
             }
@@ -564,9 +585,13 @@ impl PeerSet {
         self.rings().insert(job.to_owned(), ring);
     }
 
-    /// `job`'s ring over [`PeerSet::of_job`] and this agent, built now (a
-    /// job not handed over, or `""`, has none kept).
+    /// `job`'s ring, built now (a job not handed over, or `""`, has none
+    /// kept): by place where its launcher said so, else over
+    /// [`PeerSet::of_job`] and this agent by address.
     fn ring_of(&self, job: &str) -> JobRing {
+        if let Some(r) = self.ring_by_place(job) {
+            return r;
+        }
         let all = self.of_job(job);
         let mut names = std::collections::HashMap::with_capacity(all.len());
         for (i, p) in all.iter().enumerate() {
@@ -584,10 +609,70 @@ impl PeerSet {
             .filter_map(|i| all.get(i).cloned())
             .collect();
         JobRing {
+            me: Some(ring.members().len() - 1),
             ring,
             names,
             targets,
         }
+    }
+
+    /// `job`'s ring by place: its known places in node-rank order, each
+    /// the peer handed over at that address, this agent at its own place
+    /// (at its published address, as the others see it). The configured
+    /// peers have no place in the job and are not on it. None: the job's
+    /// ring is by address (or it has no order).
+    fn ring_by_place(&self, job: &str) -> Option<JobRing> {
+        let (places, me) = {
+            let orders = self.orders.lock().unwrap_or_else(|p| p.into_inner());
+            let o = orders.get(job).filter(|o| o.ring_by_place)?;
+            let places: Vec<(usize, String)> = o
+                .addrs
+                .range(0..o.addrs.len())
+                .map(|(p, a)| (p, a.to_owned()))
+                .collect();
+            (places, o.me)
+        };
+        let peers: std::collections::HashMap<String, Peer> = self
+            .jobs()
+            .get(job)
+            .into_iter()
+            .flatten()
+            .map(|p| (p.member.addr.clone(), p.clone()))
+            .collect();
+        let mut members: Vec<RingMember> = Vec::with_capacity(places.len());
+        let mut at: Vec<Option<Peer>> = Vec::with_capacity(places.len());
+        let mut mine = None;
+        for (place, addr) in places {
+            if Some(place) == me {
+                mine = Some(members.len());
+                members.push(self.me_in(job));
+                at.push(None);
+            } else if let Some(p) = peers.get(&addr) {
+                members.push(p.member.clone());
+                at.push(Some(p.clone()));
+            }
+        }
+        let mut names = std::collections::HashMap::with_capacity(at.len());
+        for (i, p) in at.iter().enumerate() {
+            if let Some(p) = p
+                && !p.name.is_empty()
+            {
+                names.entry(p.name.clone()).or_insert(i);
+            }
+        }
+        let ring = placement::Ring::by_place(members);
+        let targets = mine
+            .and_then(|i| ring.targets_at(i, self.replicas))
+            .unwrap_or_default()
+            .into_iter()
+            .filter_map(|i| at.get(i).cloned().flatten())
+            .collect();
+        Some(JobRing {
+            ring,
+            me: mine,
+            names,
+            targets,
+        })
     }
 }
 
@@ -751,7 +836,8 @@ mod tests {
             index: 7,
             addr: "10.1.1.7:7000".into(),
         };
-        s.set_job_partial("j", &specs, Some(&own), 12).unwrap();
+        s.set_job_partial("j", &specs, Some(&own), shape(12))
+            .unwrap();
         let seen = |s: &PeerSet| {
             s.with_order("j", |o, me| {
                 (
@@ -780,10 +866,14 @@ mod tests {
         // Refused, nothing changed: a peer at this agent's place, one past
         // the order.
         let twice = [at("127.0.0.10:7000", 0), at("127.0.0.19:7000", 7)];
-        let e = s.set_job_partial("j", &twice, Some(&own), 12).unwrap_err();
+        let e = s
+            .set_job_partial("j", &twice, Some(&own), shape(12))
+            .unwrap_err();
         assert!(e.to_string().contains("place 7 is given twice"), "{e}");
         let past = [at("127.0.0.10:7000", 12)];
-        let e = s.set_job_partial("j", &past, Some(&own), 12).unwrap_err();
+        let e = s
+            .set_job_partial("j", &past, Some(&own), shape(12))
+            .unwrap_err();
         assert!(
             e.to_string()
                 .contains("the job's order of 12 hosts: place 12 (\"127.0.0.10:7000\") is past"),
@@ -863,6 +953,122 @@ mod tests {
         };
         let e = sets[0].set_job("j", &[], Some(&bad)).unwrap_err();
         assert!(e.to_string().contains("self_addr \"nope\""), "{e}");
+    }
+
+    fn shape(hosts: usize) -> JobShape {
+        JobShape {
+            hosts,
+            ring_by_place: false,
+        }
+    }
+
+    /// Issue 30, the ring by place: 16 hosts, two to a rack, published at
+    /// addresses that sort against node-rank order. Each origin's replicas
+    /// go to the next places in other racks, not the next addresses; every
+    /// host agrees on every origin's targets both when handed the whole
+    /// order and when handed only a window of five places each side (what
+    /// a partial view holds); and a spare in a lost host's place, at a new
+    /// address, has the lost host's targets.
+    #[tokio::test]
+    async fn a_ring_by_place_agrees_on_every_origin_whole_or_windowed() {
+        let n = 16;
+        let published = |i: usize, era: usize| format!("10.0.{era}.{}:7000", 200 - i);
+        let spec_of = |j: usize, era: usize| PeerSpec {
+            addr: published(j, era),
+            domain: format!("rack{}", j / 2),
+            host: format!("h{j}"),
+            identity: format!("h{j}"),
+            place: j,
+        };
+        // Host i's view: the places within `w` of it (all for w >= n).
+        let view = |i: usize, w: usize, gen5: usize| -> PeerSet {
+            let me = RingMember {
+                addr: published(i, if i == 5 { gen5 } else { 0 }),
+                domain: format!("rack{}", i / 2),
+            };
+            let s = PeerSet::new(me, 2, Duration::from_secs(1), insecure(), Vec::new());
+            let specs: Vec<PeerSpec> = (0..n)
+                .filter(|&j| j != i)
+                .filter(|&j| {
+                    let d = (j + n - i) % n;
+                    w >= n || d <= w || n - d <= w
+                })
+                .map(|j| spec_of(j, if j == 5 { gen5 } else { 0 }))
+                .collect();
+            let own = OwnPlace {
+                index: i,
+                addr: String::new(),
+            };
+            let shape = JobShape {
+                hosts: n,
+                ring_by_place: true,
+            };
+            s.set_job_partial("j", &specs, Some(&own), shape).unwrap();
+            s
+        };
+        let host = |a: &str| -> usize {
+            let last: usize = a.split(['.', ':']).nth(3).unwrap().parse().unwrap();
+            200 - last
+        };
+        let targets_of = |sets: &[PeerSet], o: usize| -> Vec<usize> {
+            sets[o]
+                .targets("j")
+                .iter()
+                .map(|p| host(&p.member.addr))
+                .collect()
+        };
+        for w in [n, 5] {
+            let sets: Vec<PeerSet> = (0..n).map(|i| view(i, w, 0)).collect();
+            for o in 0..n {
+                let targets = targets_of(&sets, o);
+                // The next places in racks not its own, one per rack.
+                let rack = o / 2;
+                let want: Vec<usize> = (1..n)
+                    .map(|d| (o + d) % n)
+                    .filter(|&j| j / 2 != rack)
+                    .step_by(2)
+                    .take(2)
+                    .collect();
+                assert_eq!(targets, want, "window {w}: origin h{o}");
+                let mut placed: Vec<usize> = (0..n)
+                    .filter(|&r| r != o && sets[r].placed_here("j", &format!("h{o}")) == Some(true))
+                    .collect();
+                placed.sort();
+                let mut sorted = targets.clone();
+                sorted.sort();
+                assert_eq!(
+                    sorted, placed,
+                    "window {w}: h{o}'s targets and who accepts it"
+                );
+            }
+            assert_eq!(targets_of(&sets, 5), [6, 8]);
+            assert_eq!(targets_of(&sets, 15), [0, 2], "wraps");
+        }
+        // A spare takes place 5 at a new address: the same targets, and the
+        // hosts that held the lost host's replicas accept its own.
+        let sets: Vec<PeerSet> = (0..n).map(|i| view(i, 5, 1)).collect();
+        assert_eq!(targets_of(&sets, 5), [6, 8]);
+        assert_eq!(sets[6].placed_here("j", "h5"), Some(true));
+        assert_eq!(sets[7].placed_here("j", "h5"), Some(false));
+        // By address, the same hosts send elsewhere.
+        let by_addr = PeerSet::new(
+            RingMember {
+                addr: published(5, 0),
+                domain: "rack2".into(),
+            },
+            2,
+            Duration::from_secs(1),
+            insecure(),
+            Vec::new(),
+        );
+        let all: Vec<PeerSpec> = (0..n).filter(|&j| j != 5).map(|j| spec_of(j, 0)).collect();
+        by_addr.set_job("j", &all, None).unwrap();
+        let t: Vec<usize> = by_addr
+            .targets("j")
+            .iter()
+            .map(|p| host(&p.member.addr))
+            .collect();
+        assert_ne!(t, [6, 8], "by address: {t:?}");
     }
 
     /// What the start-up warning of a static fleet on an unspecified

@@ -6,6 +6,17 @@
 //! in the host's own failure domain are skipped (a rack that loses power
 //! loses both copies otherwise), and domains not used yet are preferred, so
 //! R replicas land in R other domains whenever there are that many.
+//!
+//! Two orders of the ring ([`Ring::new`], [`Ring::by_place`]). By address,
+//! a host's neighbours may stand anywhere in the job's order, so every host
+//! must know every address to agree on any origin's targets. By place (a
+//! job's node-rank order, issue 30), a host's replicas go to the hosts
+//! after it in that order, and whether an origin's shards belong here is a
+//! walk over the places between it and this host: a host that knows only
+//! a window of the order around itself agrees with every other host, as
+//! long as the window holds the walk (R other domains). And a spare that
+//! takes a lost host's place has the lost host's neighbours, who hold its
+//! replicas.
 
 /// One ring member: its address and failure domain.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -23,9 +34,12 @@ pub struct RingMember {
 #[derive(Debug, Clone, Default)]
 pub struct Ring {
     members: Vec<RingMember>,
-    /// Indices into `members`, by address.
+    /// Indices into `members`, in ring order (by address, or the caller's
+    /// order for a ring by place).
     sorted: Vec<usize>,
     domains: std::collections::HashSet<String>,
+    /// The ring is in the caller's order ([`Ring::by_place`]).
+    by_place: bool,
 }
 
 impl Ring {
@@ -39,6 +53,19 @@ impl Ring {
             members,
             sorted,
             domains,
+            by_place: false,
+        }
+    }
+
+    /// The ring of `members` in the order given (a job's node-rank order:
+    /// each member's replicas go to the ones after it, wrapping).
+    pub fn by_place(members: Vec<RingMember>) -> Self {
+        let domains = members.iter().map(|m| m.domain.clone()).collect();
+        Self {
+            sorted: (0..members.len()).collect(),
+            members,
+            domains,
+            by_place: true,
         }
     }
 
@@ -54,10 +81,29 @@ impl Ring {
     /// stops once it has as many domains as there are to find; the
     /// second pass, for more replicas than domains, stops at `replicas`.
     pub fn targets_of(&self, from: &RingMember, replicas: usize) -> Vec<usize> {
-        let n = self.sorted.len();
         let start = self
             .sorted
             .partition_point(|&i| self.members[i].addr <= from.addr);
+        self.walk_from(start, from, replicas)
+    }
+
+    /// [`Ring::targets_of`] the member at index `at`: on a ring by place,
+    /// the walk starts after its place (on one by address, after its
+    /// address). None past the members.
+    pub fn targets_at(&self, at: usize, replicas: usize) -> Option<Vec<usize>> {
+        let from = self.members.get(at)?;
+        if !self.by_place {
+            return Some(self.targets_of(from, replicas));
+        }
+        Some(self.walk_from(at + 1, from, replicas))
+    }
+
+    /// The targets of `from` along the ring from its position `start`.
+    fn walk_from(&self, start: usize, from: &RingMember, replicas: usize) -> Vec<usize> {
+        let n = self.sorted.len();
+        if n == 0 {
+            return Vec::new();
+        }
         let walk = (0..n).map(|k| self.sorted[(start + k) % n]);
         let eligible = |i: &usize| {
             let m = &self.members[*i];
@@ -183,6 +229,30 @@ mod tests {
         assert!(targets(&me, &peers[..1], 1).is_empty());
         // More replicas than domains: the rest from domains already used.
         assert_eq!(targets(&me, &peers, 3).len(), 3);
+    }
+
+    /// By place, a host sends to the ones after it in the order given, not
+    /// by address; a member's targets are those of its index, wrapping, in
+    /// other domains first.
+    #[test]
+    fn a_ring_by_place_sends_to_the_next_places() {
+        // Node-rank order, not address order.
+        let order = [
+            m("z:1", "r0"),
+            m("a:1", "r1"),
+            m("m:1", "r1"),
+            m("b:1", "r2"),
+        ];
+        let r = Ring::by_place(order.to_vec());
+        assert_eq!(r.targets_at(0, 1), Some(vec![1]));
+        assert_eq!(r.targets_at(1, 2), Some(vec![3, 0]), "m:1 shares r1");
+        assert_eq!(r.targets_at(3, 2), Some(vec![0, 1]), "wraps");
+        assert_eq!(r.targets_at(4, 1), None);
+        // The same members by address: z:1 sends to a:1's successor.
+        let a = Ring::new(order.to_vec());
+        assert_eq!(a.targets_at(0, 1), Some(vec![1]), "wraps to a:1");
+        assert_eq!(a.targets_at(1, 1), Some(vec![3]), "a:1 to b:1");
+        assert!(Ring::by_place(Vec::new()).targets_at(0, 1).is_none());
     }
 
     /// The kept ring's walk gives what the sort gives, from every member's

@@ -88,6 +88,10 @@ pub struct CoordConfig {
     /// record so the job's other agents replicate to it; `None`: it takes
     /// no replicas.
     pub ckpt_peer: Option<super::records::CkptPeer>,
+    /// This host's agent takes a replica ring by node-rank order
+    /// (`warden_agent::RING_BY_PLACE` in its GetAgentInfo), published in the
+    /// member record.
+    pub ckpt_ring_by_place: bool,
     /// How long the other hosts wait for a member whose lease expired
     /// without a word (etcd out, the host stalled) to re-register before
     /// they re-form the round without it. A member that left, or a new
@@ -130,6 +134,7 @@ impl CoordConfig {
             request_timeout: Duration::from_secs(2),
             join_timeout: Duration::from_secs(15),
             ckpt_peer: None,
+            ckpt_ring_by_place: false,
             rejoin_grace: Duration::from_secs(5),
             rejoin_timeout: Duration::from_secs(60),
         }

@@ -88,6 +88,13 @@ pub struct RoundRecord {
     /// the member lists. Empty in records of launchers before it.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub hosts_digest: String,
+    /// The job's replica ring is its node-rank order: every member whose
+    /// agent takes replicas said its agent takes that ring
+    /// ([`super::records::MemberRecord::ckpt_ring_by_place`]), and at least
+    /// one does. Absent: by address (an older launcher's round, or an
+    /// older agent anywhere), as every agent then computes it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub ckpt_ring_by_place: bool,
 }
 
 fn is_zero(n: &u32) -> bool {
@@ -516,6 +523,14 @@ pub fn record(
     decided_by: String,
     decided_at_ms: u64,
 ) -> RoundRecord {
+    let peers = || {
+        assignment
+            .members
+            .iter()
+            .filter(|m| m.record.ckpt_peer.is_some())
+    };
+    let ckpt_ring_by_place =
+        peers().next().is_some() && peers().all(|m| m.record.ckpt_ring_by_place);
     let members: Vec<RoundMember> = assignment
         .members
         .into_iter()
@@ -565,6 +580,7 @@ pub fn record(
         nproc,
         members_digest,
         hosts_digest,
+        ckpt_ring_by_place,
         members,
         standby: assignment.standby,
         min_nodes: limits.min_nodes,
@@ -621,6 +637,7 @@ mod tests {
                 joined_at_ms: 0,
                 ckpt_peer: None,
                 incarnation: 100 + u64::try_from(rev).unwrap(),
+                ckpt_ring_by_place: false,
             },
             lease,
             join_revision: rev,
@@ -786,6 +803,54 @@ mod tests {
         mixed.hosts_digest = super::super::layout::hosts_digest(&mixed.members[..1]);
         let e = mixed.check_members().unwrap_err();
         assert!(e.to_string().contains(&mixed.hosts_digest), "{e}");
+    }
+
+    /// The ring by node-rank order is the job's only where every member
+    /// whose agent takes replicas says its agent takes it: one older agent
+    /// keeps every host on the ring by address, which it computes too. A
+    /// member without a checkpoint peer is on no ring and decides nothing;
+    /// a round from a launcher before the field reads as by address.
+    #[test]
+    fn the_ring_by_place_needs_every_checkpoint_peers_agent() {
+        let peer = |mut x: Member, by_place: bool| {
+            x.record.ckpt_peer = Some(CkptPeer {
+                addr: format!("{}:7000", x.record.addr),
+                domain: String::new(),
+                identity: String::new(),
+            });
+            x.record.ckpt_ring_by_place = by_place;
+            x
+        };
+        let (a, b, c) = (
+            m("a", 1, 10, false),
+            m("b", 2, 11, false),
+            m("c", 3, 12, false),
+        );
+        let all = [
+            peer(a.clone(), true),
+            peer(b.clone(), true),
+            peer(c.clone(), true),
+        ];
+        let r = round_of(1, &all, LIMITS);
+        assert!(r.ckpt_ring_by_place);
+        let one_old = [
+            peer(a.clone(), true),
+            peer(b.clone(), false),
+            peer(c.clone(), true),
+        ];
+        assert!(!round_of(2, &one_old, LIMITS).ckpt_ring_by_place);
+        // c takes no replicas (its tier is off): a and b decide.
+        let no_tier = [peer(a.clone(), true), peer(b.clone(), true), c.clone()];
+        assert!(round_of(3, &no_tier, LIMITS).ckpt_ring_by_place);
+        assert!(
+            !round_of(4, &[a, b, c], LIMITS).ckpt_ring_by_place,
+            "no ring at all"
+        );
+        let mut old = serde_json::to_value(&r).unwrap();
+        assert_eq!(old["ckpt_ring_by_place"], true);
+        old.as_object_mut().unwrap().remove("ckpt_ring_by_place");
+        let old: RoundRecord = serde_json::from_value(old).unwrap();
+        assert!(!old.ckpt_ring_by_place);
     }
 
     #[test]

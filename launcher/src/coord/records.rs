@@ -36,6 +36,13 @@ pub struct MemberRecord {
     /// older version, known by its lease alone.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub incarnation: u64,
+    /// Its agent takes a replica ring by node-rank order
+    /// (`warden_agent::RING_BY_PLACE`): a round whose every checkpoint peer
+    /// says so puts the job on it ([`super::plan::RoundRecord::ckpt_ring_by_place`]).
+    /// Here, not in [`CkptPeer`], so that a round's member list (the
+    /// layout base every host reads) does not carry it per member.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub ckpt_ring_by_place: bool,
 }
 
 impl MemberRecord {

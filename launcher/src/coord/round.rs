@@ -39,6 +39,9 @@ pub struct Round {
     /// in two rounds exactly when they hold the same hosts in the same
     /// places. Empty when the record's launcher wrote none.
     pub hosts_digest: String,
+    /// The record's [`RoundRecord::ckpt_ring_by_place`]: the job's replica
+    /// ring is its node-rank order.
+    pub ckpt_ring_by_place: bool,
     /// Live hosts not in the round (spares, hosts beyond `max_nodes`), as
     /// this host sees them now.
     pub standby: Vec<String>,
@@ -107,6 +110,7 @@ impl Round {
                 .filter_map(|m| Some((m.host.clone(), m.ckpt_peer.clone()?)))
                 .collect(),
             hosts_digest: record.hosts_digest.clone(),
+            ckpt_ring_by_place: record.ckpt_ring_by_place,
             standby: record.standby.clone(),
             waiting: record.waiting,
             reason: record.reason.clone(),
@@ -201,6 +205,7 @@ mod tests {
             nproc: 0,
             members_digest: String::new(),
             hosts_digest: String::new(),
+            ckpt_ring_by_place: false,
         }
     }
 

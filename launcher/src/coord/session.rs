@@ -149,6 +149,9 @@ impl View {
                             joined_at_ms: 0,
                             ckpt_peer: rm.ckpt_peer.clone(),
                             incarnation: rm.incarnation,
+                            // Its agent took the ring by place where the
+                            // round says every agent did.
+                            ckpt_ring_by_place: r.ckpt_ring_by_place,
                         },
                         lease: rm.lease,
                         join_revision: 0,
@@ -1278,6 +1281,7 @@ impl Inner {
             joined_at_ms: now_ms(),
             ckpt_peer: self.cfg.ckpt_peer.clone(),
             incarnation: self.incarnation,
+            ckpt_ring_by_place: self.cfg.ckpt_ring_by_place,
         };
         serde_json::to_string(&record).map_err(|e| CoordError::Corrupt {
             key: key.to_owned(),
@@ -2160,6 +2164,7 @@ mod tests {
             nproc: 0,
             members_digest: String::new(),
             hosts_digest: String::new(),
+            ckpt_ring_by_place: false,
         };
         let mut view = View::default();
         for e in 1..=40 {
