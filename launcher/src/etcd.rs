@@ -434,8 +434,10 @@ fn other_hosts(old: &etcd::Round, new: &etcd::Round) -> bool {
 }
 
 /// Whether `new` gives this host the place it had in `old`: workers in
-/// both at the same node rank and rank offset, the same node count, world
-/// size, worker count and number of hosts.
+/// both at the same node rank and rank offset, the same node count (the
+/// number of hosts: a round's member list is checked against it when
+/// read, so the lists' lengths are not compared, and a host that holds
+/// only its part of a round has none), world size and worker count.
 fn same_place(old: &etcd::Round, new: &etcd::Round) -> bool {
     old.runs_workers()
         && new.runs_workers()
@@ -445,7 +447,6 @@ fn same_place(old: &etcd::Round, new: &etcd::Round) -> bool {
         && old.local_world_size == new.local_world_size
         && old.nnodes == new.nnodes
         && old.world_size == new.world_size
-        && old.members.len() == new.members.len()
 }
 
 impl EtcdCoordinator {
