@@ -276,9 +276,16 @@ pub fn peer_pages(
     }
     let n = u32::try_from(pages.len()).unwrap_or(u32::MAX);
     let self_place = peers.place.map_or(0, |p| p.saturating_add(1));
+    // Past what an agent takes as an order's length, not said: the agent
+    // then takes the list as the order, as from a launcher before it.
     let job_hosts = u32::try_from(peers.others.len())
         .unwrap_or(u32::MAX)
         .saturating_add(u32::from(peers.place.is_some()));
+    let job_hosts = if job_hosts > warden_agent::ckpt::job_peers::MAX_JOB_HOSTS {
+        0
+    } else {
+        job_hosts
+    };
     let ring_by_place = peers.ring_by_place;
     let self_addr = if peers.place.is_some() {
         peers.addr.clone()

@@ -792,7 +792,7 @@ impl<C: AcrossHosts> Sup<'_, C> {
                             if plan.ckpt_peers.ring_by_place {
                                 "ring by node-rank order"
                             } else {
-                                "ring by address: not every agent of the round takes the ring by node-rank order"
+                                "ring by address: the round does not say every agent takes the ring by node-rank order (an older agent, or a round an older launcher wrote)"
                             }
                         ));
                     }

@@ -448,16 +448,21 @@ async fn view_from(ck: &Arc<Checkpoints>, addr: &str, ask: &Ask, wait: Duration)
 /// `limit`: each group's leader asked for its group (waited for 1.5
 /// `limit`), and a group whose leader did not answer listed here directly.
 async fn collect_now(ck: &Arc<Checkpoints>, job: &str, limit: Duration) -> Holdings {
-    let (groups, mine) = ck.peers.with_order_or_static(job, |order, me| {
+    let (groups, mine, unknown) = ck.peers.with_order_or_static(job, |order, me| {
         let k = group_size(ck, order.len());
-        // A group none of whose hosts is known here (a partial view; group
-        // 0's hosts are handed the whole order) is not asked.
+        // A group none of whose hosts is known here (a partial view: a
+        // collector is to be handed the whole order, and is warned when it
+        // is not) is not asked; its places are named unreachable below.
         let groups: Vec<(usize, Vec<String>)> = (0..order.len())
             .step_by(k)
             .map(|s| (s, order.addrs_in(s..s + k)))
             .filter(|(_, members)| !members.is_empty())
             .collect();
-        (groups, me.map(|p| p / k * k))
+        (
+            groups,
+            me.map(|p| p / k * k),
+            unknown_places(order, 0..order.len()),
+        )
     });
     let groups = groups.into_iter().map(|(start, members)| {
         let (ck, job) = (ck.clone(), job.to_owned());
@@ -512,6 +517,7 @@ async fn collect_now(ck: &Arc<Checkpoints>, job: &str, limit: Duration) -> Holdi
         })
     });
     let mut all = Holdings::default();
+    all.unreachable.extend(unknown);
     for g in groups {
         match g.await {
             Ok(h) => all.merge(h),
@@ -545,14 +551,15 @@ async fn group_here(
     limit: Duration,
     peer: &str,
 ) -> Result<Holdings, CollectError> {
-    let members = ck.peers.with_order_or_static(job, |order, _| {
+    let (members, unknown) = ck.peers.with_order_or_static(job, |order, _| {
         if start >= order.len() {
             return Err(CollectError::NoSuchGroup {
                 start,
                 len: order.len(),
             });
         }
-        Ok(order.addrs_in(start..start + group_size(ck, order.len())))
+        let group = start..start + group_size(ck, order.len());
+        Ok((order.addrs_in(group.clone()), unknown_places(order, group)))
     })?;
     let bound = listing_bound(ck, limit);
     // An order's index fits a u32 (the order is bounded far below).
@@ -565,10 +572,31 @@ async fn group_here(
             bound,
             ck.sealing.sealed(),
             || admit(ck, peer),
-            || list_hosts(ck, job, members, bound),
+            || async move {
+                let mut h = list_hosts(ck, job, members, bound).await;
+                h.unreachable.extend(unknown);
+                h
+            },
         )
         .await?;
     Ok(Holdings::clone(&held))
+}
+
+/// The places of `r` in `order` not known here (a partial view), as one
+/// unreachable entry: their holdings are not known, so a restore does not
+/// take what the others hold for the whole job's (it asks again, then
+/// answers ABORTED, as for a host that did not answer).
+fn unknown_places(order: &super::order::Order, r: std::ops::Range<usize>) -> Option<String> {
+    let end = r.end.min(order.len());
+    let start = r.start.min(end);
+    let missing = (end - start) - order.range(start..end).count();
+    (missing > 0).then(|| {
+        let first = (start..end).find(|p| order.get(*p).is_none()).unwrap_or(start);
+        format!(
+            "{missing} of the job's places {start}..{end} were not handed over to this host (the first: \
+             place {first}): what they hold is not known here"
+        )
+    })
 }
 
 /// What `hosts` hold of `job`, each listed within `limit` (this agent's own
@@ -617,4 +645,29 @@ async fn list_hosts(
         }
     }
     h
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::order::Order;
+    use super::*;
+
+    /// A collection over a partial order names the places it lacks, so a
+    /// restore does not take what the others hold for the job's.
+    #[test]
+    fn the_places_not_handed_over_are_named_unreachable() {
+        let a = |p: usize| (p, format!("127.0.0.{}:7000", p + 2));
+        let part = Order::partial(8, [0, 1, 2, 5, 6].map(a).to_vec()).expect("valid");
+        let all = unknown_places(&part, 0..8).expect("three missing");
+        assert!(
+            all.starts_with("3 of the job's places 0..8 were not handed over")
+                && all.contains("the first: place 3"),
+            "{all}"
+        );
+        assert_eq!(unknown_places(&part, 0..3), None);
+        let group = unknown_places(&part, 6..9).expect("place 7");
+        assert!(group.starts_with("1 of the job's places 6..8"), "{group}");
+        let whole = Order::whole((0..4).map(|p| a(p).1).collect());
+        assert_eq!(unknown_places(&whole, 0..4), None);
+    }
 }

@@ -217,11 +217,13 @@ pub fn set(
 }
 
 /// What a partial order lacks of the places this agent needs, in words:
-/// its own group and group 0, cut with the exchange's group size and with
-/// the restore's collectors' (`warden_core::detect::straggler::tree::needed`).
-/// A place not known is passed over (the report goes on to the next host,
-/// the collection skips it), so a launcher's short list weakens the
-/// exchange and the restore without failing them: said, not refused.
+/// outside group 0 its own group and group 0, in group 0 every place, cut
+/// with the exchange's group size and with the restore's collectors'
+/// (`warden_core::detect::straggler::tree::needed`). A place not known is
+/// passed over by a report, and named unreachable by a collection (so a
+/// restore asks again, then aborts, rather than take what the others
+/// hold for the job's): a launcher's short list weakens the exchange and
+/// the restore without failing them, said, not refused.
 fn gaps(ck: &Checkpoints, straggler: &StragglerConfig, job: &str) -> Option<String> {
     use warden_core::detect::straggler::tree;
     ck.peers.with_order(job, |order, me| {
@@ -243,8 +245,9 @@ fn gaps(ck: &Checkpoints, straggler: &StragglerConfig, job: &str) -> Option<Stri
         let first = *missing.first()?;
         Some(format!(
             "the launcher handed over {} of job {job:?}'s {n} places, without {} of those this host \
-             needs (its group and group 0 of the straggler exchange and the restore's collectors), \
-             the first at place {first}: reports and restores pass over them",
+             needs (outside group 0, its group and group 0 of the straggler exchange and the \
+             restore's collectors; in group 0, every place), the first at place {first}: reports \
+             pass over them, and a collection names them unreachable",
             order.known(),
             missing.len(),
         ))

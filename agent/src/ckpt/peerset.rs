@@ -59,6 +59,19 @@ pub enum PeerSetError {
         /// What was wrong.
         source: OrderError,
     },
+    /// In a list by place, one address at two places, or this agent's own
+    /// at a place not its own: hosts handed the list in another order
+    /// would put it at different places.
+    #[error("address {addr:?} is at place {place} and at place {other} of the job's order")]
+    TwoPlaces {
+        /// The address.
+        addr: String,
+        /// The place it was first given (this agent's own, for its own
+        /// address).
+        place: usize,
+        /// The other place.
+        other: usize,
+    },
     /// A client could not be built for it.
     #[error("peer {addr}: {message}")]
     Client {
@@ -327,10 +340,13 @@ impl PeerSet {
         if origin.is_empty() {
             return None;
         }
+        // On a ring by place that lacks some places, the origin's targets
+        // found before a place not known here: this host is one of them,
+        // or, as far as this host can tell, not.
         let placed = |r: &JobRing| {
             let o = *r.names.get(origin)?;
-            let targets = r.ring.targets_at(o, self.replicas)?;
-            Some(r.me.is_some_and(|me| targets.contains(&me)))
+            let walk = r.ring.walk_at(o, self.replicas)?;
+            Some(r.me.is_some_and(|me| walk.targets.contains(&me)))
         };
         if let Some(r) = self.rings().get(job) {
             return placed(r);
@@ -446,7 +462,12 @@ impl PeerSet {
         }
         {
             let (order, me) = match partial {
-                Some(o) => (o, place),
+                Some(o) => {
+                    // Without its place said, this agent stands where a
+                    // spec names its own address, as in a whole list.
+                    let me = place.or_else(|| o.position(&self.me.addr));
+                    (o, me)
+                }
                 None => {
                     let o = self.whole_order(specs, place);
                     let me = o.position(&self.me.addr);
@@ -544,8 +565,10 @@ impl PeerSet {
 
     /// The job's order of `hosts` places from the specs' own places, this
     /// agent at `place` (known by `api.tcp`, as in a whole order; a spec
-    /// naming this agent, by either address, is then left out). A spec
-    /// whose address came earlier is left out, as in a whole order. No
+    /// naming this agent at that place, by either address, is then left
+    /// out). One address at two places, or this agent's at a place not
+    /// its own, is refused: unlike a whole list, whose order is the
+    /// order, which one to keep would depend on the list's order. No
     /// peer: no order.
     fn partial_order(
         &self,
@@ -557,18 +580,30 @@ impl PeerSet {
         if specs.is_empty() {
             return Ok(Order::default());
         }
-        let mut seen = std::collections::HashSet::with_capacity(specs.len() + 1);
+        let mut seen: std::collections::HashMap<&str, usize> =
+            std::collections::HashMap::with_capacity(specs.len() + 1);
         let mut known: Vec<(usize, String)> = Vec::with_capacity(specs.len() + 1);
         if let Some(p) = place {
-            seen.insert(self.me.addr.as_str());
+            seen.insert(self.me.addr.as_str(), p);
             if let Some(addr) = published {
-                seen.insert(addr);
+                seen.insert(addr, p);
             }
             known.push((p, self.me.addr.clone()));
         }
         for s in specs {
-            if seen.insert(s.addr.as_str()) {
-                known.push((s.place, s.addr.clone()));
+            match seen.get(s.addr.as_str()) {
+                Some(&p) if p == s.place => {}
+                Some(&p) => {
+                    return Err(PeerSetError::TwoPlaces {
+                        addr: s.addr.clone(),
+                        place: p,
+                        other: s.place,
+                    });
+                }
+                None => {
+                    seen.insert(s.addr.as_str(), s.place);
+                    known.push((s.place, s.addr.clone()));
+                }
             }
         }
         Order::partial(hosts, known).map_err(|source| PeerSetError::Order { hosts, source })
@@ -622,7 +657,7 @@ impl PeerSet {
     /// peers have no place in the job and are not on it. None: the job's
     /// ring is by address (or it has no order).
     fn ring_by_place(&self, job: &str) -> Option<JobRing> {
-        let (places, me) = {
+        let (places, me, len) = {
             let orders = self.orders.lock().unwrap_or_else(|p| p.into_inner());
             let o = orders.get(job).filter(|o| o.ring_by_place)?;
             let places: Vec<(usize, String)> = o
@@ -630,7 +665,7 @@ impl PeerSet {
                 .range(0..o.addrs.len())
                 .map(|(p, a)| (p, a.to_owned()))
                 .collect();
-            (places, o.me)
+            (places, o.me, o.addrs.len())
         };
         let peers: std::collections::HashMap<String, Peer> = self
             .jobs()
@@ -641,6 +676,7 @@ impl PeerSet {
             .collect();
         let mut members: Vec<RingMember> = Vec::with_capacity(places.len());
         let mut at: Vec<Option<Peer>> = Vec::with_capacity(places.len());
+        let mut on_ring: Vec<usize> = Vec::with_capacity(places.len());
         let mut mine = None;
         for (place, addr) in places {
             if Some(place) == me {
@@ -650,7 +686,12 @@ impl PeerSet {
             } else if let Some(p) = peers.get(&addr) {
                 members.push(p.member.clone());
                 at.push(Some(p.clone()));
+            } else {
+                // A place with no peer here (not one of the job's peers)
+                // is a place this ring does not know.
+                continue;
             }
+            on_ring.push(place);
         }
         let mut names = std::collections::HashMap::with_capacity(at.len());
         for (i, p) in at.iter().enumerate() {
@@ -660,9 +701,19 @@ impl PeerSet {
                 names.entry(p.name.clone()).or_insert(i);
             }
         }
-        let ring = placement::Ring::by_place(members);
-        let targets = mine
-            .and_then(|i| ring.targets_at(i, self.replicas))
+        let ring = placement::Ring::by_known_places(members, on_ring, len);
+        let walk = mine.and_then(|i| ring.walk_at(i, self.replicas));
+        if let Some(w) = walk.as_ref().filter(|w| !w.decided) {
+            tracing::warn!(
+                job,
+                found = w.targets.len(),
+                wanted = self.replicas,
+                "this host's checkpoint replicas reach a place of the job's ring by node-rank order \
+                 that its launcher did not hand over: only those found before it take them"
+            );
+        }
+        let targets = walk
+            .map(|w| w.targets)
             .unwrap_or_default()
             .into_iter()
             .filter_map(|i| at.get(i).cloned().flatten())
@@ -879,12 +930,35 @@ mod tests {
                 .contains("the job's order of 12 hosts: place 12 (\"127.0.0.10:7000\") is past"),
             "{e}"
         );
+        // One address at two places, or this agent's own elsewhere.
+        let two = [at("127.0.0.10:7000", 0), at("127.0.0.10:7000", 3)];
+        let e = s
+            .set_job_partial("j", &two, Some(&own), shape(12))
+            .unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("\"127.0.0.10:7000\" is at place 0 and at place 3"),
+            "{e}"
+        );
+        let mine_elsewhere = [at("10.1.1.7:7000", 2)];
+        let e = s
+            .set_job_partial("j", &mine_elsewhere, Some(&own), shape(12))
+            .unwrap_err();
+        assert!(
+            e.to_string().contains("is at place 7 and at place 2"),
+            "{e}"
+        );
         assert_eq!(seen(&s), want);
         assert!(
             s.of_job("j")
                 .iter()
                 .all(|p| p.member.addr != "127.0.0.19:7000")
         );
+        // Without its place said, this agent stands where a spec names its
+        // api.tcp, as in a whole list.
+        let named = [at("127.0.0.10:7000", 0), at("127.0.0.2:7000", 4)];
+        s.set_job_partial("j", &named, None, shape(12)).unwrap();
+        assert_eq!(s.with_order("j", |o, me| (o.len(), me)), (12, Some(4)));
     }
 
     /// Issue 30: agents listening on an unspecified address (`api.tcp =
@@ -980,43 +1054,13 @@ mod tests {
             identity: format!("h{j}"),
             place: j,
         };
-        // Host i's view: the places within `w` of it (all for w >= n).
+        // Place 5 at address era `gen5`, the others at era 0.
         let view = |i: usize, w: usize, gen5: usize| -> PeerSet {
-            let me = RingMember {
-                addr: published(i, if i == 5 { gen5 } else { 0 }),
-                domain: format!("rack{}", i / 2),
-            };
-            let s = PeerSet::new(me, 2, Duration::from_secs(1), insecure(), Vec::new());
-            let specs: Vec<PeerSpec> = (0..n)
-                .filter(|&j| j != i)
-                .filter(|&j| {
-                    let d = (j + n - i) % n;
-                    w >= n || d <= w || n - d <= w
-                })
-                .map(|j| spec_of(j, if j == 5 { gen5 } else { 0 }))
-                .collect();
-            let own = OwnPlace {
-                index: i,
-                addr: String::new(),
-            };
-            let shape = JobShape {
-                hosts: n,
-                ring_by_place: true,
-            };
-            s.set_job_partial("j", &specs, Some(&own), shape).unwrap();
-            s
+            let era = |j: usize| if j == 5 { gen5 } else { 0 };
+            windowed(n, i, w, 2, &|j| published(j, era(j)))
         };
-        let host = |a: &str| -> usize {
-            let last: usize = a.split(['.', ':']).nth(3).unwrap().parse().unwrap();
-            200 - last
-        };
-        let targets_of = |sets: &[PeerSet], o: usize| -> Vec<usize> {
-            sets[o]
-                .targets("j")
-                .iter()
-                .map(|p| host(&p.member.addr))
-                .collect()
-        };
+        let host = placed_host;
+        let targets_of = targets_by_place;
         for w in [n, 5] {
             let sets: Vec<PeerSet> = (0..n).map(|i| view(i, w, 0)).collect();
             for o in 0..n {
@@ -1069,6 +1113,94 @@ mod tests {
             .map(|p| host(&p.member.addr))
             .collect();
         assert_ne!(t, [6, 8], "by address: {t:?}");
+    }
+
+    /// Host `i` of a job of `n` on the ring by place, handed the places
+    /// within `w` of it (all for `w >= n`), `rack` to a rack, place `j` at
+    /// `addr(j)` (as [`placed_host`] reads back), replicas 2.
+    fn windowed(
+        n: usize,
+        i: usize,
+        w: usize,
+        rack: usize,
+        addr: &dyn Fn(usize) -> String,
+    ) -> PeerSet {
+        let me = RingMember {
+            addr: addr(i),
+            domain: format!("rack{}", i / rack),
+        };
+        let s = PeerSet::new(me, 2, Duration::from_secs(1), insecure(), Vec::new());
+        let specs: Vec<PeerSpec> = (0..n)
+            .filter(|&j| j != i)
+            .filter(|&j| {
+                let d = (j + n - i) % n;
+                w >= n || d <= w || n - d <= w
+            })
+            .map(|j| PeerSpec {
+                addr: addr(j),
+                domain: format!("rack{}", j / rack),
+                host: format!("h{j}"),
+                identity: format!("h{j}"),
+                place: j,
+            })
+            .collect();
+        let own = OwnPlace {
+            index: i,
+            addr: String::new(),
+        };
+        let shape = JobShape {
+            hosts: n,
+            ring_by_place: true,
+        };
+        s.set_job_partial("j", &specs, Some(&own), shape).unwrap();
+        s
+    }
+
+    /// The place of an address made as `10.0.<era>.<200 - place>:7000`.
+    fn placed_host(a: &str) -> usize {
+        let last: usize = a.split(['.', ':']).nth(3).unwrap().parse().unwrap();
+        200 - last
+    }
+
+    /// Host `o`'s own targets among `sets`, as places.
+    fn targets_by_place(sets: &[PeerSet], o: usize) -> Vec<usize> {
+        sets[o]
+            .targets("j")
+            .iter()
+            .map(|p| placed_host(&p.member.addr))
+            .collect()
+    }
+
+    /// Issue 30: a window too narrow for the walk (racks of four, three
+    /// places each side, two replicas: an origin's second target may be
+    /// five places on) takes fewer replicas, never misplaced ones: each
+    /// origin's targets are a prefix of what the whole order gives, and
+    /// no host accepts an origin the whole order does not send to it.
+    /// Before, the walk stepped over the missing places and hosts
+    /// disagreed: pushes went where they were refused.
+    #[tokio::test]
+    async fn a_window_too_narrow_for_the_walk_takes_fewer_replicas_never_misplaced_ones() {
+        let n = 16;
+        let addr = |j: usize| format!("10.0.0.{}:7000", 200 - j);
+        let whole: Vec<PeerSet> = (0..n).map(|i| windowed(n, i, n, 4, &addr)).collect();
+        let narrow: Vec<PeerSet> = (0..n).map(|i| windowed(n, i, 3, 4, &addr)).collect();
+        let mut short = 0;
+        for o in 0..n {
+            let want = targets_by_place(&whole, o);
+            assert_eq!(want.len(), 2, "origin h{o}");
+            let got = targets_by_place(&narrow, o);
+            assert_eq!(got, want[..got.len()], "origin h{o}: a prefix");
+            short += usize::from(got.len() < want.len());
+            for r in (0..n).filter(|&r| r != o) {
+                if narrow[r].placed_here("j", &format!("h{o}")) == Some(true) {
+                    assert!(
+                        want.contains(&r),
+                        "h{r} accepts h{o}, whose targets are {want:?}"
+                    );
+                }
+            }
+        }
+        assert!(short > 0, "the narrow window left some origin short");
     }
 
     /// What the start-up warning of a static fleet on an unspecified

@@ -40,6 +40,24 @@ pub struct Ring {
     domains: std::collections::HashSet<String>,
     /// The ring is in the caller's order ([`Ring::by_place`]).
     by_place: bool,
+    /// For a ring by place that holds only some places of the order
+    /// ([`Ring::by_known_places`]): each member's place, and the order's
+    /// length. Empty: every place is a member.
+    places: Vec<usize>,
+    len: usize,
+}
+
+/// One member's targets as a ring knows them ([`Ring::walk_at`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Walk {
+    /// Indices of its targets found, nearest first.
+    pub targets: Vec<usize>,
+    /// Whether they are all of them. False only on a ring by place that
+    /// lacks some places: the walk reached a place not known here before
+    /// it found `replicas` targets in other domains, so `targets` is a
+    /// prefix of the member's true targets, and the rest are not known
+    /// here.
+    pub decided: bool,
 }
 
 impl Ring {
@@ -54,6 +72,8 @@ impl Ring {
             sorted,
             domains,
             by_place: false,
+            places: Vec::new(),
+            len: 0,
         }
     }
 
@@ -63,9 +83,28 @@ impl Ring {
         let domains = members.iter().map(|m| m.domain.clone()).collect();
         Self {
             sorted: (0..members.len()).collect(),
+            len: members.len(),
             members,
             domains,
             by_place: true,
+            places: Vec::new(),
+        }
+    }
+
+    /// The ring by place of an order of `len` places of which only
+    /// `members` are known, at `places` (ascending, one each). A walk that
+    /// reaches a place not known here stops there undecided
+    /// ([`Walk::decided`]): walking on past it would take the next known
+    /// place for the one missing, and hosts with different views would
+    /// disagree. With every place known, [`Ring::by_place`].
+    pub fn by_known_places(members: Vec<RingMember>, places: Vec<usize>, len: usize) -> Self {
+        if places.len() == len || places.len() != members.len() {
+            return Self::by_place(members);
+        }
+        Self {
+            places,
+            len,
+            ..Self::by_place(members)
         }
     }
 
@@ -91,11 +130,53 @@ impl Ring {
     /// the walk starts after its place (on one by address, after its
     /// address). None past the members.
     pub fn targets_at(&self, at: usize, replicas: usize) -> Option<Vec<usize>> {
+        self.walk_at(at, replicas).map(|w| w.targets)
+    }
+
+    /// [`Ring::targets_at`], saying whether they are all of them: on a
+    /// ring by place that lacks some places, the walk stops undecided at
+    /// the first place not known here. Undecided too where it went all
+    /// around the known places without `replicas` other domains: the
+    /// places not known here may hold them.
+    pub fn walk_at(&self, at: usize, replicas: usize) -> Option<Walk> {
         let from = self.members.get(at)?;
         if !self.by_place {
-            return Some(self.targets_of(from, replicas));
+            return Some(Walk {
+                targets: self.targets_of(from, replicas),
+                decided: true,
+            });
         }
-        Some(self.walk_from(at + 1, from, replicas))
+        if self.places.is_empty() {
+            return Some(Walk {
+                targets: self.walk_from(at + 1, from, replicas),
+                decided: true,
+            });
+        }
+        let n = self.members.len();
+        let mut targets: Vec<usize> = Vec::new();
+        let mut prev = at;
+        for k in 1..n {
+            if targets.len() == replicas {
+                break;
+            }
+            let i = (at + k) % n;
+            if self.places[i] != (self.places[prev] + 1) % self.len.max(1) {
+                return Some(Walk {
+                    targets,
+                    decided: false,
+                });
+            }
+            let m = &self.members[i];
+            if m.domain != from.domain
+                && m.addr != from.addr
+                && !targets.iter().any(|&t| self.members[t].domain == m.domain)
+            {
+                targets.push(i);
+            }
+            prev = i;
+        }
+        let decided = targets.len() == replicas;
+        Some(Walk { targets, decided })
     }
 
     /// The targets of `from` along the ring from its position `start`.
@@ -253,6 +334,52 @@ mod tests {
         assert_eq!(a.targets_at(0, 1), Some(vec![1]), "wraps to a:1");
         assert_eq!(a.targets_at(1, 1), Some(vec![3]), "a:1 to b:1");
         assert!(Ring::by_place(Vec::new()).targets_at(0, 1).is_none());
+    }
+
+    /// A ring by place that lacks some places walks only over the places
+    /// it knows in a row: it finds what the whole ring finds up to the
+    /// first place not known here, and says it stopped there.
+    #[test]
+    fn a_partial_ring_by_place_stops_undecided_at_a_missing_place() {
+        // Places 0..8, racks of two; known: 0..4 and 6, 7 (5 missing).
+        let all: Vec<RingMember> = (0..8)
+            .map(|p| m(&format!("h{p}:1"), &format!("r{}", p / 2)))
+            .collect();
+        let places = vec![0usize, 1, 2, 3, 4, 6, 7];
+        let known: Vec<RingMember> = places.iter().map(|&p| all[p].clone()).collect();
+        let part = Ring::by_known_places(known, places.clone(), 8);
+        let whole = Ring::by_place(all);
+        let decided = |t: Vec<usize>| Walk {
+            targets: t,
+            decided: true,
+        };
+        // Place 0 (r0): 2 and 4 in a row, as the whole ring.
+        assert_eq!(part.walk_at(0, 2), Some(decided(vec![2, 4])));
+        assert_eq!(whole.walk_at(0, 2), Some(decided(vec![2, 4])));
+        // Place 3 (r1): 4, then place 5 is not known: undecided, the
+        // prefix found. The whole ring says 4 then 6.
+        assert_eq!(
+            part.walk_at(3, 2),
+            Some(Walk {
+                targets: vec![4],
+                decided: false
+            })
+        );
+        assert_eq!(whole.walk_at(3, 2), Some(decided(vec![4, 6])));
+        // Place 6 (index 5, r3): wraps over 7 to 0 and 1... 0 is r0: 0,
+        // then 2 (index 2).
+        assert_eq!(part.walk_at(5, 2), Some(decided(vec![0, 2])));
+        // No replicas: decided at once.
+        assert_eq!(part.walk_at(3, 0), Some(decided(vec![])));
+        // Every place known: the whole ring.
+        let again = Ring::by_known_places(
+            (0..3)
+                .map(|p| m(&format!("h{p}:1"), &format!("r{p}")))
+                .collect(),
+            vec![0, 1, 2],
+            3,
+        );
+        assert_eq!(again.walk_at(0, 1), Some(decided(vec![1])));
     }
 
     /// The kept ring's walk gives what the sort gives, from every member's

@@ -77,18 +77,24 @@ pub fn relay(
     (start > 0).then(|| (0..start.min(k.max(1))).chain(std::iter::once(pos)))
 }
 
-/// The indices a host at `me` of an order of `len` hosts needs to know for
-/// the exchange: its own group and group 0 (the route's and the relay's
-/// every host). What a partial view of the job must hold.
+/// The indices a host at `me` of an order of `len` hosts needs to know:
+/// outside group 0, its own group and group 0 (the route's and the
+/// relay's every host); in group 0, every host, since it may aggregate or
+/// collect for the whole job and authorizes each reporter by name. A host
+/// not in the order, group 0. What a partial view of the job must hold.
 pub fn needed(len: usize, me: Option<usize>, k: usize) -> impl Iterator<Item = usize> {
     let k = k.max(1);
+    let pos = me.filter(|p| *p < len);
+    if pos.is_some_and(|p| group_start(p, k) == 0) {
+        return (0..len).chain(0..0);
+    }
     let first = 0..k.min(len);
-    let own = match me.filter(|p| *p < len) {
-        Some(pos) if group_start(pos, k) > 0 => {
-            let start = group_start(pos, k);
+    let own = match pos {
+        Some(p) => {
+            let start = group_start(p, k);
             start..(start + k).min(len)
         }
-        _ => 0..0,
+        None => 0..0,
     };
     first.chain(own)
 }
@@ -161,11 +167,12 @@ mod tests {
     }
 
     #[test]
-    fn a_host_needs_only_its_group_and_group_zero() {
+    fn a_host_outside_group_zero_needs_only_its_group_and_group_zero() {
         let n = |me| needed(8, me, 3).collect::<Vec<_>>();
         assert_eq!(n(Some(7)), [0, 1, 2, 6, 7]);
         assert_eq!(n(Some(4)), [0, 1, 2, 3, 4, 5]);
-        assert_eq!(n(Some(1)), [0, 1, 2]);
+        // Group 0 aggregates and collects for the whole job.
+        assert_eq!(n(Some(1)), [0, 1, 2, 3, 4, 5, 6, 7]);
         assert_eq!(n(None), [0, 1, 2]);
         // Everything the route and the relay name is in it, at every size.
         for len in [1usize, 7, 8, 100, 2_048] {
