@@ -914,40 +914,33 @@ mod tests {
             ],
         );
         assert_eq!(seen(&s), want);
-        // Refused, nothing changed: a peer at this agent's place, one past
-        // the order.
-        let twice = [at("127.0.0.10:7000", 0), at("127.0.0.19:7000", 7)];
-        let e = s
-            .set_job_partial("j", &twice, Some(&own), shape(12))
-            .unwrap_err();
-        assert!(e.to_string().contains("place 7 is given twice"), "{e}");
-        let past = [at("127.0.0.10:7000", 12)];
-        let e = s
-            .set_job_partial("j", &past, Some(&own), shape(12))
-            .unwrap_err();
-        assert!(
-            e.to_string()
-                .contains("the job's order of 12 hosts: place 12 (\"127.0.0.10:7000\") is past"),
-            "{e}"
-        );
-        // One address at two places, or this agent's own elsewhere.
-        let two = [at("127.0.0.10:7000", 0), at("127.0.0.10:7000", 3)];
-        let e = s
-            .set_job_partial("j", &two, Some(&own), shape(12))
-            .unwrap_err();
-        assert!(
-            e.to_string()
-                .contains("\"127.0.0.10:7000\" is at place 0 and at place 3"),
-            "{e}"
-        );
-        let mine_elsewhere = [at("10.1.1.7:7000", 2)];
-        let e = s
-            .set_job_partial("j", &mine_elsewhere, Some(&own), shape(12))
-            .unwrap_err();
-        assert!(
-            e.to_string().contains("is at place 7 and at place 2"),
-            "{e}"
-        );
+        // Refused by name, nothing changed: a peer at this agent's place,
+        // one past the order, one address at two places, this agent's own
+        // address at a place not its own.
+        let refused = [
+            (
+                vec![at("127.0.0.10:7000", 0), at("127.0.0.19:7000", 7)],
+                "place 7 is given twice".to_owned(),
+            ),
+            (
+                vec![at("127.0.0.10:7000", 12)],
+                "the job's order of 12 hosts: place 12 (\"127.0.0.10:7000\") is past".to_owned(),
+            ),
+            (
+                vec![at("127.0.0.10:7000", 0), at("127.0.0.10:7000", 3)],
+                "\"127.0.0.10:7000\" is at place 0 and at place 3".to_owned(),
+            ),
+            (
+                vec![at("10.1.1.7:7000", 2)],
+                "is at place 7 and at place 2".to_owned(),
+            ),
+        ];
+        for (specs, words) in refused {
+            let e = s
+                .set_job_partial("j", &specs, Some(&own), shape(12))
+                .unwrap_err();
+            assert!(e.to_string().contains(&words), "{words:?} in {e}");
+        }
         assert_eq!(seen(&s), want);
         assert!(
             s.of_job("j")
