@@ -16,6 +16,7 @@ for _var in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "WARDEN_JOB_ID", "TORCHELASTIC_
 
 import importlib.util  # noqa: E402
 import json  # noqa: E402
+import signal  # noqa: E402
 import socket  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
@@ -82,6 +83,19 @@ def run_processes(commands: list[list[str]], envs: list[dict], logs: list[Path])
     return [p.returncode for p in procs]
 
 
+def aborted_at_exit(code: int, out: Path, log: str) -> bool:
+    """Whether a rank that exited ``code`` with output ``log`` ended its
+    work and then aborted in teardown: killed by SIGABRT, its result file
+    written and whole, and no Python traceback in its output."""
+    if code != -signal.SIGABRT or "Traceback (most recent call last)" in log:
+        return False
+    try:
+        json.loads(out.read_text())
+    except (OSError, ValueError):
+        return False
+    return True
+
+
 def run_ranks(
     agent: Union[Wardend, list],
     job: str,
@@ -93,7 +107,14 @@ def run_ranks(
     """Runs ``jobs/<script>`` as ``world`` ranks of ``job`` against ``agent``
     (a list: rank r against the agent r modulo its length, one agent a
     host) (``env`` added to each one's environment); each writes its result
-    as JSON to the path given last. Returns them by rank."""
+    as JSON to the path given last. Returns them by rank.
+
+    A rank that wrote its result and then died by SIGABRT at exit with no
+    Python traceback (torch 2.15's gloo teardown now and then: "terminate
+    called without an active exception", after ``destroy_process_group``)
+    ended its work: its result is taken, as ``warden run``'s teardown rule
+    takes such a worker's (docs/client.md, "A crash in teardown"). Seen in
+    a fresh-clone rehearsal, with every rank's result written."""
     agents = agent if isinstance(agent, list) else [agent]
     out_dir = agents[0].home / f"{job}-out"
     out_dir.mkdir(exist_ok=True)
@@ -113,7 +134,7 @@ def run_ranks(
     failed = []
     for rank, (code, out) in enumerate(zip(codes, outs)):
         text = (out_dir / f"rank{rank}.log").read_text(errors="replace")
-        if code != 0:
+        if code != 0 and not aborted_at_exit(code, out, text):
             failed.append(f"rank {rank} exited {code}:\n{text[-6000:]}")
             continue
         results.append(json.loads(out.read_text()))
