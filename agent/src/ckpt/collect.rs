@@ -226,7 +226,7 @@ fn admit(ck: &Checkpoints, peer: &str) -> Result<(), CollectError> {
 }
 
 /// The group size for a job of `len` hosts.
-fn group_size(ck: &Checkpoints, len: usize) -> usize {
+pub(crate) fn group_size(ck: &Checkpoints, len: usize) -> usize {
     tree::fan_out(len, ck.cfg.collect_fan_out).max(1)
 }
 

@@ -233,7 +233,7 @@ fn gaps(ck: &Checkpoints, straggler: &StragglerConfig, job: &str) -> Option<Stri
         let n = order.len();
         let cuts = [
             tree::fan_out(n, straggler.aggregator_fan_out),
-            tree::fan_out(n, ck.cfg.collect_fan_out).max(1),
+            super::collect::group_size(ck, n),
         ];
         let mut missing: Vec<usize> = cuts
             .into_iter()
