@@ -1530,6 +1530,10 @@ async fn a_first_read_etcd_cannot_serve_yet_is_asked_again() {
 /// failed on one 2 s read in a loaded CI run. The join goes on once etcd
 /// answers. (An endpoint that takes no connection still fails at once:
 /// the unit tests of `coord::connect`, and the wrong-endpoint tests here.)
+/// etcd stays paused past two of the connection's keep-alive windows (a
+/// ping every third of the lease TTL, given up after the request
+/// timeout): the client then closes the connection under a read in
+/// flight, which ended the join in a loaded CI run.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_first_read_etcd_is_slow_to_answer_is_asked_again() {
     let mut etcd = EtcdServer::start();
@@ -1537,11 +1541,12 @@ async fn a_first_read_etcd_is_slow_to_answer_is_asked_again() {
     (c.min_nodes, c.max_nodes) = (1, 1);
     c.request_timeout = Duration::from_secs(1);
     c.rejoin_timeout = Duration::from_secs(60);
+    let keep_alive_window = c.lease_ttl / 3 + c.request_timeout;
     etcd.pause();
     let joining = tokio::spawn(Coordinator::join(c));
-    // Three request timeouts unanswered: the join used to fail at the
-    // first.
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // Request timeouts unanswered (the join used to fail at the first),
+    // and the keep-alive's close under a read (it failed there after).
+    tokio::time::sleep(2 * keep_alive_window + Duration::from_secs(1)).await;
     assert!(
         !joining.is_finished(),
         "the join ended on a first read etcd was slow to answer: {:?}",

@@ -20,6 +20,8 @@
 //! endpoint takes TCP connections: etcd is there but slow (a mass start's
 //! load, a machine starved of CPU: a spare's join failed on one 2 s read
 //! in a loaded CI run).
+//! After a first read with no answer, a read whose connection the
+//! client's own keep-alive closed on the silent server is one more.
 //! Never: wait on etcd without a deadline; put the password in an error,
 //! a log line or a Debug string; fall back to plain HTTP when TLS fails;
 //! ask again after a refusal, a transport error, or no answer from
@@ -142,7 +144,12 @@ pub(crate) async fn connect(dial: EtcdDial<'_>) -> Result<Client, CoordError> {
             Err(_) => return Err(timed_out("connect")),
         };
     let mut patience = Patience::new(dial.patience);
+    // A read of this dial got no answer: the server is there but silent,
+    // and the client's own keep-alive may close the connection under a
+    // later read ([`closed_under_a_read`]).
+    let mut unanswered = false;
     loop {
+        let asked = std::time::Instant::now();
         let probe = client.get(dial.probe, Some(GetOptions::new().with_count_only()));
         match tokio::time::timeout(dial.timeout, probe).await {
             Ok(Ok(_)) => return Ok(client),
@@ -153,10 +160,27 @@ pub(crate) async fn connect(dial: EtcdDial<'_>) -> Result<Client, CoordError> {
                 tracing::warn!(endpoints = %joined, error = %e, ?wait, "etcd cannot serve the connection's first read now (an election, or too busy); asking again");
                 tokio::time::sleep(wait).await;
             }
+            // The connection closed under the read, after a read with no
+            // answer or after this one's deadline: the keep-alive gave up
+            // on a silent server. (A server that closes plain connections
+            // does so at once, and leaves no read unanswered.)
+            Ok(Err(e))
+                if closed_under_a_read(&e) && (unanswered || asked.elapsed() >= dial.timeout) =>
+            {
+                if listening(dial.endpoints, dial.timeout).await
+                    && let Some(wait) = patience.next_wait()
+                {
+                    tracing::warn!(endpoints = %joined, error = %e, ?wait, "the connection to etcd closed under its first read after etcd left a read unanswered (the keep-alive gave up); asking again");
+                    tokio::time::sleep(wait).await;
+                    continue;
+                }
+                return Err(failed(e));
+            }
             Ok(Err(e)) if !client_timed_out(&e) => return Err(failed(e)),
             // No answer within the deadline: the client's own (a timed-out
             // request) or this one's.
             Ok(Err(_)) | Err(_) => {
+                unanswered = true;
                 if listening(dial.endpoints, dial.timeout).await
                     && let Some(wait) = patience.next_wait()
                 {
@@ -193,6 +217,34 @@ fn client_timed_out(e: &etcd_client::Error) -> bool {
         }
         _ => false,
     }
+}
+
+/// Whether a read ended because its connection closed under it (tonic's
+/// `Cancelled` over hyper's "connection closed"). The client's HTTP/2
+/// keep-alive closes a connection whose pings a silent server does not
+/// answer, and the read in flight ends so; but a server that closes every
+/// plain connection (it wants TLS) ends a read the same way, at once.
+/// [`connect`] takes it as silence only after a read of the same dial got
+/// no answer at all, which a server that closes connections never leaves,
+/// or once the read itself waited its whole deadline (a runtime starved
+/// for longer than the keep-alive's interval and timeout sees the close
+/// before its deadline). A loaded CI run's join failed on it while etcd
+/// was paused.
+fn closed_under_a_read(e: &etcd_client::Error) -> bool {
+    let etcd_client::Error::GRpcStatus(s) = e else {
+        return false;
+    };
+    if s.code() != tonic::Code::Cancelled {
+        return false;
+    }
+    let mut cause = std::error::Error::source(s);
+    while let Some(c) = cause {
+        if c.to_string().contains("connection closed") {
+            return true;
+        }
+        cause = c.source();
+    }
+    false
 }
 
 /// Whether any of `endpoints` takes a TCP connection within `limit`: a
@@ -289,6 +341,31 @@ mod tests {
         assert!(!client_timed_out(&status(tonic::Status::unavailable(
             "Timeout expired"
         ))));
+    }
+
+    /// hyper's error for a read whose connection closed, as tonic wraps it.
+    #[derive(Debug)]
+    struct Closed;
+    impl std::fmt::Display for Closed {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("connection closed")
+        }
+    }
+    impl std::error::Error for Closed {}
+
+    #[test]
+    fn only_a_cancelled_read_over_a_closed_connection_is_closed_under_it() {
+        let mut closed = tonic::Status::cancelled("operation was canceled");
+        closed.set_source(Arc::new(Closed));
+        assert!(closed_under_a_read(&status(closed)));
+        // The words alone in the message, or the cause under another code,
+        // are not it.
+        assert!(!closed_under_a_read(&status(tonic::Status::cancelled(
+            "connection closed"
+        ))));
+        let mut refused = tonic::Status::unavailable("tcp connect error");
+        refused.set_source(Arc::new(Closed));
+        assert!(!closed_under_a_read(&status(refused)));
     }
 
     #[test]
