@@ -1230,6 +1230,7 @@ async fn a_collectors_own_copies_are_named_where_the_job_reaches_it() {
             place: Some(i as u32),
             addr: published[i].clone(),
             ring_by_place: true,
+            replicas: 0,
         };
         warden_launcher::agent::set_peers(&h.client().await, "job", &peers)
             .await
@@ -1284,6 +1285,104 @@ async fn a_collectors_own_copies_are_named_where_the_job_reaches_it() {
         hosts[3].stderr()
     );
     h3_restores_from_peers(&hosts[3], &[6, 7], 1 << 16, logs).await;
+}
+
+/// Issue 30: `checkpoint.replicas` is each agent's own, and every host
+/// judges each origin's targets itself. h0 (replicas 2) sends its shards
+/// to h1 and h2, whose agents keep the default 1: h2, judging h0's walk
+/// with its own count, refused the second copy. Handed the job's most
+/// (`SetCheckpointPeers.replicas`, as launchers hand the round's), every
+/// copy h0 sends is taken; a count past what an agent takes is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_origin_with_more_replicas_than_its_peers_places_every_copy() {
+    let ips = ["127.0.0.2", "127.0.0.3", "127.0.0.4"];
+    let hosts: Vec<TestAgent> = ips
+        .iter()
+        .enumerate()
+        .map(|(i, ip)| {
+            TestAgent::start(&format!(
+                "[agent]\nhost_name = \"h{i}\"\n[api]\ntcp = \"{ip}:0\"\n{}\
+                 [checkpoint]\ndomain = \"rack{i}\"\nretry_interval = \"200ms\"\n\
+                 peer_timeout = \"1s\"\nreplicas = {}\n",
+                common::pki::api_keys(&format!("h{i}")),
+                if i == 0 { 2 } else { 1 }
+            ))
+        })
+        .collect();
+    let mut published = Vec::new();
+    for h in &hosts {
+        let info = h
+            .client()
+            .await
+            .get_agent_info(pb::GetAgentInfoRequest {})
+            .await
+            .expect("GetAgentInfo")
+            .into_inner();
+        published.push(common::endpoint(&info, "tcp"));
+    }
+    let handed = |i: usize, replicas: u32| warden_launcher::agent::CkptPeers {
+        others: (0..hosts.len())
+            .filter(|&j| j != i)
+            .map(|j| {
+                (
+                    format!("h{j}"),
+                    warden_launcher::coord::CkptPeer {
+                        addr: published[j].clone(),
+                        domain: format!("rack{j}"),
+                        identity: format!("h{j}"),
+                    },
+                )
+            })
+            .collect(),
+        place: Some(i as u32),
+        addr: published[i].clone(),
+        ring_by_place: true,
+        replicas,
+    };
+    let e = warden_launcher::agent::set_peers(&hosts[2].client().await, "job", &handed(2, 17))
+        .await
+        .expect_err("17 replicas refused");
+    assert!(e.to_string().contains("replicas 17"), "{e}");
+    for (i, h) in hosts.iter().enumerate() {
+        let taken = warden_launcher::agent::set_peers(&h.client().await, "job", &handed(i, 2))
+            .await
+            .expect("the peers are taken");
+        assert_eq!(
+            taken.targets.len(),
+            if i == 0 { 2 } else { 1 },
+            "h{i}: {taken:?}"
+        );
+    }
+    save_everywhere(&hosts, "job", &[10], 1 << 16);
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let l = list(&hosts[0], "job").await;
+        let holders = |rank: u32| -> Vec<String> {
+            let mut h: Vec<String> = l
+                .steps
+                .iter()
+                .filter(|s| s.step == 10)
+                .flat_map(|s| &s.shards)
+                .filter(|sh| sh.rank == rank)
+                .flat_map(|sh| &sh.copies)
+                .filter(|c| !c.unconfirmed)
+                .map(|c| c.holder.clone())
+                .collect();
+            h.sort();
+            h
+        };
+        if [0, 1].iter().all(|&r| holders(r) == ["h0", "h1", "h2"]) {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "h0's shards on every host: {:?} {:?}\n--- h2 ---\n{}",
+            holders(0),
+            holders(1),
+            hosts[2].stderr()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 /// Issue 30: a restore asks every peer what it holds, and at a restart
@@ -1902,6 +2001,7 @@ async fn a_16384_host_peer_list_with_long_names_is_taken_in_pages() {
         place: None,
         addr: String::new(),
         ring_by_place: false,
+        replicas: 0,
     };
     let client = agent.client().await;
 
@@ -1967,6 +2067,7 @@ async fn a_job_past_the_connection_cap_is_warned_at_the_round() {
         place: Some(0),
         addr: addr.clone(),
         ring_by_place: false,
+        replicas: 0,
     };
     let client = agent.client().await;
     let taken = warden_launcher::agent::set_peers(&client, "j", &peers)

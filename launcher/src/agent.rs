@@ -287,6 +287,7 @@ pub fn peer_pages(
         job_hosts
     };
     let ring_by_place = peers.ring_by_place;
+    let replicas = peers.replicas;
     let self_addr = if peers.place.is_some() {
         peers.addr.clone()
     } else {
@@ -309,6 +310,7 @@ pub fn peer_pages(
             self_addr: self_addr.clone(),
             job_hosts,
             ring_by_place,
+            replicas,
         })
         .collect()
 }
@@ -917,6 +919,7 @@ mod tests {
             place: Some(1),
             addr: "10.9.9.9:7411".into(),
             ring_by_place: false,
+            replicas: 0,
         }
     }
 
@@ -964,6 +967,12 @@ mod tests {
             ..peers(3, 4)
         };
         assert!(peer_pages("j", &by_place, 9)[0].ring_by_place);
+        assert_eq!(r[0].replicas, 0, "not said");
+        let most = CkptPeers {
+            replicas: 3,
+            ..peers(3, 4)
+        };
+        assert!(peer_pages("j", &most, 2).iter().all(|p| p.replicas == 3));
         assert_eq!(
             r[0].peers.iter().map(|p| p.place).collect::<Vec<_>>(),
             [0, 1, 2]

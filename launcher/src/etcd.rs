@@ -391,6 +391,7 @@ fn plan_of(round: &etcd::Round, restart_count: u32, host: &str, spare: bool) -> 
         )),
         ckpt_peers: crate::hosts::CkptPeers {
             ring_by_place: round.ckpt_ring_by_place,
+            replicas: round.ckpt_replicas,
             ..crate::hosts::CkptPeers::of_round(&round.ckpt_peers, host)
         },
         // Set by the rendezvous, which knows the attempt's round.
@@ -859,6 +860,7 @@ mod tests {
             ckpt_peers: Default::default(),
             hosts_digest: String::new(),
             ckpt_ring_by_place: false,
+            ckpt_replicas: 0,
             standby: Vec::new(),
             waiting: false,
             reason: String::new(),

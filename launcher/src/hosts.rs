@@ -67,6 +67,9 @@ pub struct CkptPeers {
     /// The job's replica ring is its node-rank order (the round says every
     /// agent takes it).
     pub ring_by_place: bool,
+    /// The most `checkpoint.replicas` among the job's agents (the round's;
+    /// 0: not said).
+    pub replicas: u32,
 }
 
 impl CkptPeers {
@@ -79,6 +82,7 @@ impl CkptPeers {
             place: mine.and_then(|p| u32::try_from(p).ok()),
             addr: mine.map(|p| all[p].1.addr.clone()).unwrap_or_default(),
             ring_by_place: false,
+            replicas: 0,
         }
     }
 

@@ -786,13 +786,17 @@ impl<C: AcrossHosts> Sup<'_, C> {
                 Ok(taken) => {
                     if !names.is_empty() {
                         self.say(format!(
-                            "checkpoint peers of this round: {}; this host's replicas go to {} ({})",
+                            "checkpoint peers of this round: {}; this host's replicas go to {} ({}{})",
                             crate::coord::round::named_briefly(&names),
                             if taken.targets.is_empty() { "none (no peer outside this host's failure domain)".to_owned() } else { taken.targets.join(", ") },
                             if plan.ckpt_peers.ring_by_place {
                                 "ring by node-rank order"
                             } else {
                                 "ring by address: the round does not say every agent takes the ring by node-rank order (an older agent, or a round an older launcher wrote)"
+                            },
+                            match plan.ckpt_peers.replicas {
+                                0 => String::new(),
+                                n => format!("; each agent takes the first {n} of an origin's targets, the most checkpoint.replicas of the round's agents"),
                             }
                         ));
                     }

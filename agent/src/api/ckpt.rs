@@ -287,6 +287,7 @@ pub async fn set_checkpoint_peers(
         self_addr: req.self_addr,
         job_hosts: req.job_hosts,
         ring_by_place: req.ring_by_place,
+        replicas: req.replicas,
     };
     let budgets = Budgets {
         api: &state.config.api,

@@ -10,6 +10,10 @@ use serde::{Deserialize, Serialize};
 
 use warden_core::config::{ConfigError, duration};
 
+/// The most `checkpoint.replicas` an agent takes, and the most a launcher
+/// may say a job's agents judge placement by (`SetCheckpointPeers.replicas`).
+pub const MAX_REPLICAS: usize = 16;
+
 /// `[checkpoint]`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -177,7 +181,7 @@ impl CheckpointConfig {
                 "must be between 1 and 1000",
             ));
         }
-        if self.replicas > 16 {
+        if self.replicas > MAX_REPLICAS {
             return Err(invalid(
                 "checkpoint.replicas",
                 self.replicas.to_string(),

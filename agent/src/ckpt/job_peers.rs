@@ -39,6 +39,8 @@ pub struct PeersPage {
     pub job_hosts: u32,
     /// The job's replica ring is its node-rank order.
     pub ring_by_place: bool,
+    /// The most `checkpoint.replicas` among the job's agents (0: not said).
+    pub replicas: u32,
 }
 
 /// The most hosts a launcher may say a job's order has: what a restore's
@@ -134,6 +136,7 @@ pub fn set(
         self_addr,
         job_hosts,
         ring_by_place,
+        replicas,
     } = page;
     let specs = match ck.peer_pages.take(&job, list_id, page, pages, peers)? {
         Paged::Done(specs) => specs,
@@ -199,6 +202,7 @@ pub fn set(
         JobShape {
             hosts,
             ring_by_place,
+            replicas: usize::try_from(replicas).unwrap_or(usize::MAX),
         },
     )?;
     let warnings = match gaps(ck, budgets.straggler, &job) {

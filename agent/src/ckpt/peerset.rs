@@ -72,6 +72,16 @@ pub enum PeerSetError {
         /// The other place.
         other: usize,
     },
+    /// `replicas` past what an agent takes.
+    #[error(
+        "replicas {replicas} (the most checkpoint.replicas among the job's agents) is past {most}"
+    )]
+    TooManyReplicas {
+        /// The count given.
+        replicas: usize,
+        /// [`super::config::MAX_REPLICAS`].
+        most: usize,
+    },
     /// A client could not be built for it.
     #[error("peer {addr}: {message}")]
     Client {
@@ -95,7 +105,7 @@ pub struct OwnPlace {
 }
 
 /// What a launcher says of a job's order besides its peers
-/// (`SetCheckpointPeers`: `job_hosts`, `ring_by_place`).
+/// (`SetCheckpointPeers`: `job_hosts`, `ring_by_place`, `replicas`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct JobShape {
     /// How many hosts the order has (0: not said, the list is the order).
@@ -105,6 +115,13 @@ pub struct JobShape {
     /// the launcher where every agent of the job's round takes it, since
     /// all must compute the same ring.
     pub ring_by_place: bool,
+    /// The most `checkpoint.replicas` among the job's agents, as the
+    /// launchers' round says (0: not said). This agent takes an origin's
+    /// shards when it is among the first that many of the origin's
+    /// targets (never fewer than its own `checkpoint.replicas`): an
+    /// origin sends its own count, the first of the same walk, so a host
+    /// configured with fewer no longer refuses the copies past its count.
+    pub replicas: usize,
 }
 
 /// Every peer this host knows, static and per job.
@@ -150,6 +167,9 @@ struct JobRing {
     names: std::collections::HashMap<String, usize>,
     /// This agent's own targets.
     targets: Vec<Peer>,
+    /// How many of an origin's targets this agent takes the shards of
+    /// ([`JobShape::replicas`], at least this agent's own count).
+    accepts: usize,
 }
 
 /// One job's hosts as last handed over, with what is looked up per report
@@ -164,6 +184,8 @@ struct JobOrder {
     names: std::collections::HashSet<String>,
     /// The job's ring is by place ([`JobShape::ring_by_place`]).
     ring_by_place: bool,
+    /// [`JobShape::replicas`].
+    replicas: usize,
 }
 
 impl PeerSet {
@@ -185,6 +207,7 @@ impl PeerSet {
             addrs: Order::whole(addrs),
             names: Default::default(),
             ring_by_place: false,
+            replicas: 0,
         };
         Self {
             me,
@@ -331,8 +354,9 @@ impl PeerSet {
 
     /// Whether `job`'s placement sends the shards of the peer named
     /// `origin` to this host: the ring seen from the origin (the job's
-    /// peers here, less the origin, plus this host) with this host's
-    /// `checkpoint.replicas`. None when the origin is not one of the job's
+    /// peers here, less the origin, plus this host) with the job's
+    /// `checkpoint.replicas` ([`JobShape::replicas`], else this host's
+    /// own). None when the origin is not one of the job's
     /// peers. Every host of a job is handed the same peer list by the
     /// launchers' round (and a static fleet configures each host's peers
     /// alike), so this is the origin's own choice of targets.
@@ -345,7 +369,7 @@ impl PeerSet {
         // or, as far as this host can tell, not.
         let placed = |r: &JobRing| {
             let o = *r.names.get(origin)?;
-            let walk = r.ring.walk_at(o, self.replicas)?;
+            let walk = r.ring.walk_at(o, r.accepts)?;
             Some(r.me.is_some_and(|me| walk.targets.contains(&me)))
         };
         if let Some(r) = self.rings().get(job) {
@@ -392,7 +416,9 @@ impl PeerSet {
     /// order), each spec stands at its own [`PeerSpec::place`] and this
     /// agent at `own.index`, and the places not handed over stay unknown
     /// here (a partial view: [`Order`]); with `shape.ring_by_place` the
-    /// job's replica ring is that order, else its peers' addresses.
+    /// job's replica ring is that order, else its peers' addresses; with
+    /// `shape.replicas` this agent takes the shards of origins whose first
+    /// that many targets it is among.
     pub fn set_job_partial(
         &self,
         job: &str,
@@ -401,6 +427,12 @@ impl PeerSet {
         shape: JobShape,
     ) -> Result<Vec<String>, PeerSetError> {
         let hosts = shape.hosts;
+        if shape.replicas > super::config::MAX_REPLICAS {
+            return Err(PeerSetError::TooManyReplicas {
+                replicas: shape.replicas,
+                most: super::config::MAX_REPLICAS,
+            });
+        }
         let place = own.map(|o| o.index);
         let published = own.map(|o| o.addr.as_str()).filter(|a| !a.is_empty());
         if let Some(addr) = published
@@ -493,6 +525,7 @@ impl PeerSet {
                         me,
                         names,
                         ring_by_place: shape.ring_by_place,
+                        replicas: shape.replicas,
                     },
                 );
             }
@@ -620,6 +653,19 @@ impl PeerSet {
         self.rings().insert(job.to_owned(), ring);
     }
 
+    /// How many of an origin's targets this agent takes `job`'s shards
+    /// for: the job's most `checkpoint.replicas` as its launcher said it,
+    /// never fewer than this agent's own.
+    fn accepts(&self, job: &str) -> usize {
+        let said = self
+            .orders
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(job)
+            .map_or(0, |o| o.replicas);
+        said.max(self.replicas)
+    }
+
     /// `job`'s ring, built now (a job not handed over, or `""`, has none
     /// kept): by place where its launcher said so, else over
     /// [`PeerSet::of_job`] and this agent by address.
@@ -648,6 +694,7 @@ impl PeerSet {
             ring,
             names,
             targets,
+            accepts: self.accepts(job),
         }
     }
 
@@ -723,6 +770,7 @@ impl PeerSet {
             me: mine,
             names,
             targets,
+            accepts: self.accepts(job),
         })
     }
 }
@@ -1026,6 +1074,7 @@ mod tests {
         JobShape {
             hosts,
             ring_by_place: false,
+            replicas: 0,
         }
     }
 
@@ -1144,9 +1193,87 @@ mod tests {
         let shape = JobShape {
             hosts: n,
             ring_by_place: true,
+            replicas: 0,
         };
         s.set_job_partial("j", &specs, Some(&own), shape).unwrap();
         s
+    }
+
+    /// A job whose agents are configured with different
+    /// `checkpoint.replicas` (1, 2 and 3 in turn; 12 hosts, two to a
+    /// rack, by place and by address): every origin's targets accept its
+    /// shards once the launcher says the job's most (3). Not said, each
+    /// host judged with its own count and refused the copies an origin
+    /// sent past it. More than an agent takes is refused by name.
+    #[tokio::test]
+    async fn hosts_with_fewer_replicas_than_an_origin_take_what_it_sends_them() {
+        let n = 12;
+        let own = |i: usize| 1 + i % 3;
+        let addr = |j: usize| format!("10.0.0.{}:7000", 200 - j);
+        let host = |i: usize, by_place: bool, said: usize| -> PeerSet {
+            let me = RingMember {
+                addr: addr(i),
+                domain: format!("rack{}", i / 2),
+            };
+            let s = PeerSet::new(me, own(i), Duration::from_secs(1), insecure(), Vec::new());
+            let specs: Vec<PeerSpec> = (0..n)
+                .filter(|&j| j != i)
+                .map(|j| PeerSpec {
+                    addr: addr(j),
+                    domain: format!("rack{}", j / 2),
+                    host: format!("h{j}"),
+                    identity: format!("h{j}"),
+                    place: j,
+                })
+                .collect();
+            let place = OwnPlace {
+                index: i,
+                addr: String::new(),
+            };
+            let shape = JobShape {
+                hosts: n,
+                ring_by_place: by_place,
+                replicas: said,
+            };
+            s.set_job_partial("j", &specs, Some(&place), shape).unwrap();
+            s
+        };
+        // Each origin's refused targets, summed over the job.
+        let refused = |sets: &[PeerSet]| -> usize {
+            (0..n)
+                .map(|o| {
+                    let targets = targets_by_place(sets, o);
+                    assert_eq!(targets.len(), own(o), "origin h{o} sends its own count");
+                    targets
+                        .iter()
+                        .filter(|&&t| sets[t].placed_here("j", &format!("h{o}")) != Some(true))
+                        .count()
+                })
+                .sum()
+        };
+        for by_place in [true, false] {
+            let said: Vec<PeerSet> = (0..n).map(|i| host(i, by_place, 3)).collect();
+            assert_eq!(refused(&said), 0, "by place {by_place}, the job's 3 said");
+            let unsaid: Vec<PeerSet> = (0..n).map(|i| host(i, by_place, 0)).collect();
+            assert!(refused(&unsaid) > 0, "by place {by_place}, not said");
+        }
+        let s = host(0, true, 0);
+        let e = s
+            .set_job_partial(
+                "j",
+                &[],
+                None,
+                JobShape {
+                    replicas: 17,
+                    ..JobShape::default()
+                },
+            )
+            .unwrap_err();
+        assert!(e.to_string().contains("replicas 17"), "{e}");
+        assert!(
+            !s.targets("j").is_empty(),
+            "the refused list changed nothing"
+        );
     }
 
     /// The place of an address made as `10.0.<era>.<200 - place>:7000`.

@@ -92,6 +92,9 @@ pub struct CoordConfig {
     /// (`warden_agent::RING_BY_PLACE` in its GetAgentInfo), published in the
     /// member record.
     pub ckpt_ring_by_place: bool,
+    /// This host's agent's `checkpoint.replicas`, published in the member
+    /// record where it takes replicas (0: not said).
+    pub ckpt_replicas: u32,
     /// How long the other hosts wait for a member whose lease expired
     /// without a word (etcd out, the host stalled) to re-register before
     /// they re-form the round without it. A member that left, or a new
@@ -135,6 +138,7 @@ impl CoordConfig {
             join_timeout: Duration::from_secs(15),
             ckpt_peer: None,
             ckpt_ring_by_place: false,
+            ckpt_replicas: 0,
             rejoin_grace: Duration::from_secs(5),
             rejoin_timeout: Duration::from_secs(60),
         }

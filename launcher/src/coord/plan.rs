@@ -11,6 +11,8 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use serde::{Deserialize, Serialize};
 
+use super::records::is_zero;
+
 pub use super::records::{CkptPeer, MemberRecord, RoundMember};
 
 /// A live member: its record and what etcd says about its key.
@@ -95,10 +97,14 @@ pub struct RoundRecord {
     /// older agent anywhere), as every agent then computes it.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub ckpt_ring_by_place: bool,
-}
-
-fn is_zero(n: &u32) -> bool {
-    *n == 0
+    /// The most `checkpoint.replicas` among the agents of the members
+    /// that take replicas ([`super::records::MemberRecord::ckpt_replicas`]):
+    /// each agent takes an origin's shards when it is among the first that
+    /// many of the origin's targets, so a host configured with fewer does
+    /// not refuse what an origin with more sends it. 0: not said (an older
+    /// launcher's round, or no member says it): each agent its own.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub ckpt_replicas: u32,
 }
 
 impl RoundRecord {
@@ -531,6 +537,7 @@ pub fn record(
     };
     let ckpt_ring_by_place =
         peers().next().is_some() && peers().all(|m| m.record.ckpt_ring_by_place);
+    let ckpt_replicas = peers().map(|m| m.record.ckpt_replicas).max().unwrap_or(0);
     let members: Vec<RoundMember> = assignment
         .members
         .into_iter()
@@ -581,6 +588,7 @@ pub fn record(
         members_digest,
         hosts_digest,
         ckpt_ring_by_place,
+        ckpt_replicas,
         members,
         standby: assignment.standby,
         min_nodes: limits.min_nodes,
@@ -638,6 +646,7 @@ mod tests {
                 ckpt_peer: None,
                 incarnation: 100 + u64::try_from(rev).unwrap(),
                 ckpt_ring_by_place: false,
+                ckpt_replicas: 0,
             },
             lease,
             join_revision: rev,
@@ -851,6 +860,47 @@ mod tests {
         old.as_object_mut().unwrap().remove("ckpt_ring_by_place");
         let old: RoundRecord = serde_json::from_value(old).unwrap();
         assert!(!old.ckpt_ring_by_place);
+    }
+
+    /// The round says the most `checkpoint.replicas` among the members
+    /// whose agents take replicas (a member without a tier says nothing),
+    /// and leaves it out where none says it, as a launcher before it did.
+    #[test]
+    fn the_round_says_the_most_replicas_of_its_checkpoint_peers() {
+        let with = |mut x: Member, peer: bool, replicas: u32| {
+            x.record.ckpt_peer = peer.then(|| CkptPeer {
+                addr: format!("{}:7000", x.record.addr),
+                domain: String::new(),
+                identity: String::new(),
+            });
+            x.record.ckpt_replicas = replicas;
+            x
+        };
+        let (a, b, c) = (
+            m("a", 1, 10, false),
+            m("b", 2, 11, false),
+            m("c", 3, 12, false),
+        );
+        let mixed = [
+            with(a.clone(), true, 1),
+            with(b.clone(), true, 3),
+            with(c.clone(), true, 0),
+        ];
+        assert_eq!(round_of(1, &mixed, LIMITS).ckpt_replicas, 3);
+        let off = [
+            with(a.clone(), true, 1),
+            with(b.clone(), true, 2),
+            with(c.clone(), false, 5),
+        ];
+        assert_eq!(
+            round_of(2, &off, LIMITS).ckpt_replicas,
+            2,
+            "c's tier is off"
+        );
+        let r = round_of(3, &[a, b, c], LIMITS);
+        assert_eq!(r.ckpt_replicas, 0);
+        let json = serde_json::to_value(&r).unwrap();
+        assert!(json.get("ckpt_replicas").is_none(), "{json}");
     }
 
     #[test]

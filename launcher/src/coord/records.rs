@@ -43,6 +43,13 @@ pub struct MemberRecord {
     /// layout base every host reads) does not carry it per member.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub ckpt_ring_by_place: bool,
+    /// Its agent's `checkpoint.replicas`, where its agent takes replicas:
+    /// the round says the most of them
+    /// ([`super::plan::RoundRecord::ckpt_replicas`]). Here, not in
+    /// [`CkptPeer`], for the reason above. 0: not said (a launcher before
+    /// it, or an agent that sends none).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub ckpt_replicas: u32,
 }
 
 impl MemberRecord {
@@ -64,8 +71,10 @@ impl MemberRecord {
     }
 }
 
-fn is_zero(n: &u64) -> bool {
-    *n == 0
+/// A count left out of a record where it is 0 (what a launcher before it
+/// wrote): records of every size and version read alike.
+pub(crate) fn is_zero<T: Default + PartialEq>(n: &T) -> bool {
+    *n == T::default()
 }
 
 /// A host's agent as a checkpoint peer: the job's other hosts replicate to

@@ -42,6 +42,9 @@ pub struct Round {
     /// The record's [`RoundRecord::ckpt_ring_by_place`]: the job's replica
     /// ring is its node-rank order.
     pub ckpt_ring_by_place: bool,
+    /// The record's [`RoundRecord::ckpt_replicas`]: the most
+    /// `checkpoint.replicas` among the job's agents (0: not said).
+    pub ckpt_replicas: u32,
     /// Live hosts not in the round (spares, hosts beyond `max_nodes`), as
     /// this host sees them now.
     pub standby: Vec<String>,
@@ -111,6 +114,7 @@ impl Round {
                 .collect(),
             hosts_digest: record.hosts_digest.clone(),
             ckpt_ring_by_place: record.ckpt_ring_by_place,
+            ckpt_replicas: record.ckpt_replicas,
             standby: record.standby.clone(),
             waiting: record.waiting,
             reason: record.reason.clone(),
@@ -206,6 +210,7 @@ mod tests {
             members_digest: String::new(),
             hosts_digest: String::new(),
             ckpt_ring_by_place: false,
+            ckpt_replicas: 0,
         }
     }
 

@@ -152,6 +152,9 @@ impl View {
                             // Its agent took the ring by place where the
                             // round says every agent did.
                             ckpt_ring_by_place: r.ckpt_ring_by_place,
+                            // The most the round says: a decider after it
+                            // takes the same most.
+                            ckpt_replicas: r.ckpt_replicas,
                         },
                         lease: rm.lease,
                         join_revision: 0,
@@ -1282,6 +1285,7 @@ impl Inner {
             ckpt_peer: self.cfg.ckpt_peer.clone(),
             incarnation: self.incarnation,
             ckpt_ring_by_place: self.cfg.ckpt_ring_by_place,
+            ckpt_replicas: self.cfg.ckpt_replicas,
         };
         serde_json::to_string(&record).map_err(|e| CoordError::Corrupt {
             key: key.to_owned(),
@@ -2165,6 +2169,7 @@ mod tests {
             members_digest: String::new(),
             hosts_digest: String::new(),
             ckpt_ring_by_place: false,
+            ckpt_replicas: 0,
         };
         let mut view = View::default();
         for e in 1..=40 {
