@@ -1231,6 +1231,7 @@ async fn a_collectors_own_copies_are_named_where_the_job_reaches_it() {
             addr: published[i].clone(),
             ring_by_place: true,
             replicas: 0,
+            window: 0,
         };
         warden_launcher::agent::set_peers(&h.client().await, "job", &peers)
             .await
@@ -1338,6 +1339,7 @@ async fn an_origin_with_more_replicas_than_its_peers_places_every_copy() {
         addr: published[i].clone(),
         ring_by_place: true,
         replicas,
+        window: 0,
     };
     let e = warden_launcher::agent::set_peers(&hosts[2].client().await, "job", &handed(2, 17))
         .await
@@ -2002,6 +2004,7 @@ async fn a_16384_host_peer_list_with_long_names_is_taken_in_pages() {
         addr: String::new(),
         ring_by_place: false,
         replicas: 0,
+        window: 0,
     };
     let client = agent.client().await;
 
@@ -2068,6 +2071,7 @@ async fn a_job_past_the_connection_cap_is_warned_at_the_round() {
         addr: addr.clone(),
         ring_by_place: false,
         replicas: 0,
+        window: 0,
     };
     let client = agent.client().await;
     let taken = warden_launcher::agent::set_peers(&client, "j", &peers)

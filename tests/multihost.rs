@@ -921,10 +921,13 @@ fn a_spare_takes_the_place_of_a_host_whose_gpu_fails() {
     // On the ring by node-rank order (every agent here takes it): the
     // spare in host-b's place has host-b's neighbour, which holds its
     // replicas. The round says the most checkpoint.replicas of its agents
-    // (each has the default, 1), from the launchers' member records.
+    // (each has the default, 1), from the launchers' member records, and
+    // how far along the order a host's targets lie (each agent its own
+    // domain: the next place).
     assert!(
         s.seen_line(|l| l.contains("checkpoint peers of this round: host-a")
-            && l.contains("(ring by node-rank order; each agent takes the first 1 of"))
+            && l.contains("(ring by node-rank order; each agent takes the first 1 of")
+            && l.contains("all within 1 place of it)"))
             .is_some(),
         "{}",
         s.context()

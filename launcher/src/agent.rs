@@ -920,6 +920,7 @@ mod tests {
             addr: "10.9.9.9:7411".into(),
             ring_by_place: false,
             replicas: 0,
+            window: 0,
         }
     }
 

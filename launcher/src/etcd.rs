@@ -392,6 +392,7 @@ fn plan_of(round: &etcd::Round, restart_count: u32, host: &str, spare: bool) -> 
         ckpt_peers: crate::hosts::CkptPeers {
             ring_by_place: round.ckpt_ring_by_place,
             replicas: round.ckpt_replicas,
+            window: round.ckpt_window,
             ..crate::hosts::CkptPeers::of_round(&round.ckpt_peers, host)
         },
         // Set by the rendezvous, which knows the attempt's round.
@@ -861,6 +862,7 @@ mod tests {
             hosts_digest: String::new(),
             ckpt_ring_by_place: false,
             ckpt_replicas: 0,
+            ckpt_window: 0,
             standby: Vec::new(),
             waiting: false,
             reason: String::new(),

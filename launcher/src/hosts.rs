@@ -70,6 +70,10 @@ pub struct CkptPeers {
     /// The most `checkpoint.replicas` among the job's agents (the round's;
     /// 0: not said).
     pub replicas: u32,
+    /// How many places after an origin its replica targets may lie on the
+    /// ring by node-rank order (the round's; 0: none said). Said on the
+    /// console; not handed to the agent.
+    pub window: u32,
 }
 
 impl CkptPeers {
@@ -83,6 +87,7 @@ impl CkptPeers {
             addr: mine.map(|p| all[p].1.addr.clone()).unwrap_or_default(),
             ring_by_place: false,
             replicas: 0,
+            window: 0,
         }
     }
 

@@ -786,7 +786,7 @@ impl<C: AcrossHosts> Sup<'_, C> {
                 Ok(taken) => {
                     if !names.is_empty() {
                         self.say(format!(
-                            "checkpoint peers of this round: {}; this host's replicas go to {} ({}{})",
+                            "checkpoint peers of this round: {}; this host's replicas go to {} ({}{}{})",
                             crate::coord::round::named_briefly(&names),
                             if taken.targets.is_empty() { "none (no peer outside this host's failure domain)".to_owned() } else { taken.targets.join(", ") },
                             if plan.ckpt_peers.ring_by_place {
@@ -797,6 +797,10 @@ impl<C: AcrossHosts> Sup<'_, C> {
                             match plan.ckpt_peers.replicas {
                                 0 => String::new(),
                                 n => format!("; each agent takes the first {n} of an origin's targets, the most checkpoint.replicas of the round's agents"),
+                            },
+                            match plan.ckpt_peers.window {
+                                0 => String::new(),
+                                w => format!(", all within {w} place{} of it", if w == 1 { "" } else { "s" }),
                             }
                         ));
                     }

@@ -85,14 +85,7 @@ impl Peer {
     /// The same over a link already made to it.
     pub fn on(addr: &str, domain: &str, name: &str, link: Arc<dyn link::PeerLink>) -> Self {
         Self {
-            member: placement::RingMember {
-                addr: addr.to_owned(),
-                domain: if domain.is_empty() {
-                    addr.to_owned()
-                } else {
-                    domain.to_owned()
-                },
-            },
+            member: placement::RingMember::at(addr, domain),
             name: name.to_owned(),
             link,
         }

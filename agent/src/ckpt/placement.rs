@@ -27,6 +27,62 @@ pub struct RingMember {
     pub domain: String,
 }
 
+impl RingMember {
+    /// The member at `addr` in `domain`, or in a domain of its own (its
+    /// address) where none is given: a host whose operator set no
+    /// `checkpoint.domain` is its own failure domain.
+    pub fn at(addr: &str, domain: &str) -> Self {
+        Self {
+            addr: addr.to_owned(),
+            domain: if domain.is_empty() { addr } else { domain }.to_owned(),
+        }
+    }
+}
+
+/// The most places [`window`] looks along a job's order from one origin.
+pub const MAX_WINDOW: usize = 1024;
+
+/// How far along a job's node-rank order every member's replica targets
+/// lie on the ring by place (issue 30): over every origin, the most places
+/// after it that its walk takes to find `replicas` targets in other
+/// domains. A host that knows the places within that many of it on each
+/// side knows every origin whose targets may include it and every place
+/// its own walk reaches, so it agrees with every other host
+/// ([`Ring::by_known_places`] decides each such walk). `Some(0)` for no
+/// replicas. None when some origin's walk needs more than `most` places,
+/// or when the order has fewer than `replicas` domains besides an
+/// origin's: the walk then fills from domains already used, which needs
+/// every place. O(places times the window), at most `most` steps an origin.
+pub fn window(members: &[RingMember], replicas: usize, most: usize) -> Option<usize> {
+    if replicas == 0 {
+        return Some(0);
+    }
+    let n = members.len();
+    let mut ids: std::collections::HashMap<&str, usize> = std::collections::HashMap::new();
+    let domain: Vec<usize> = members
+        .iter()
+        .map(|m| {
+            let next = ids.len();
+            *ids.entry(m.domain.as_str()).or_insert(next)
+        })
+        .collect();
+    let mut widest = 0;
+    let mut chosen: Vec<usize> = Vec::with_capacity(replicas);
+    for o in 0..n {
+        chosen.clear();
+        let reach = (1..n.min(most.saturating_add(1))).find(|&k| {
+            let i = (o + k) % n;
+            let d = domain[i];
+            if d != domain[o] && members[i].addr != members[o].addr && !chosen.contains(&d) {
+                chosen.push(d);
+            }
+            chosen.len() == replicas
+        })?;
+        widest = widest.max(reach);
+    }
+    Some(widest)
+}
+
 /// A job's ring kept ready (issue 30): its members sorted by address once,
 /// when the job's peers are handed over, so that the targets of any member
 /// are a walk from its place rather than a copy and a sort of up to 16,384
@@ -268,6 +324,96 @@ mod tests {
             addr: addr.into(),
             domain: domain.into(),
         }
+    }
+
+    /// Issue 30, the window a partial view needs: over layouts of racks of
+    /// random sizes (contiguous in node-rank order, as schedulers place
+    /// them) and of random domains per host, every origin's targets lie
+    /// within [`window`] places after it, one origin's last target at
+    /// exactly that distance; and a host handed only the places within the
+    /// window on each side decides the walk of every origin within the
+    /// window before it as the whole order does, and its own.
+    #[test]
+    fn every_walk_lies_within_the_window_and_a_window_of_it_decides_them() {
+        let mut seed: u64 = 0x9e37_79b9_7f4a_7c15;
+        let mut next = |bound: usize| {
+            seed = seed
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1_442_695_040_888_963_407);
+            usize::try_from(seed >> 33).unwrap() % bound
+        };
+        let mut windowed = 0;
+        for case in 0..60 {
+            let n = 8 + next(56);
+            let contiguous = case % 2 == 0;
+            let mut rack = 0;
+            let members: Vec<RingMember> = (0..n)
+                .map(|i| {
+                    if contiguous && next(4) == 0 {
+                        rack += 1;
+                    }
+                    let d = if contiguous { rack } else { next(5) };
+                    m(&format!("10.0.0.{i}:7000"), &format!("rack{d}"))
+                })
+                .collect();
+            let ring = Ring::by_place(members.clone());
+            for replicas in 1..=3 {
+                let Some(w) = window(&members, replicas, MAX_WINDOW) else {
+                    let domains: std::collections::HashSet<&str> =
+                        members.iter().map(|m| m.domain.as_str()).collect();
+                    assert!(
+                        domains.len() <= replicas,
+                        "case {case}: no window with {} domains for {replicas}",
+                        domains.len()
+                    );
+                    continue;
+                };
+                let dist = |o: usize, t: usize| (t + n - o) % n;
+                let reach: Vec<usize> = (0..n)
+                    .map(|o| {
+                        let t = ring.targets_at(o, replicas).unwrap();
+                        assert_eq!(t.len(), replicas, "case {case}: origin {o}");
+                        t.iter().map(|&t| dist(o, t)).max().unwrap()
+                    })
+                    .collect();
+                assert_eq!(reach.iter().max(), Some(&w), "case {case}, {replicas}");
+                if 2 * w + 1 >= n {
+                    continue;
+                }
+                windowed += 1;
+                for h in 0..n {
+                    let places: Vec<usize> = {
+                        let mut p: Vec<usize> = (0..=2 * w).map(|k| (h + n - w + k) % n).collect();
+                        p.sort_unstable();
+                        p
+                    };
+                    let known: Vec<RingMember> =
+                        places.iter().map(|&p| members[p].clone()).collect();
+                    let partial = Ring::by_known_places(known, places.clone(), n);
+                    let index = |p: usize| places.binary_search(&p).unwrap();
+                    for d in 0..=w {
+                        let o = (h + n - d) % n;
+                        let walk = partial.walk_at(index(o), replicas).unwrap();
+                        assert!(walk.decided, "case {case}: host {h}, origin {o}");
+                        let mut got: Vec<usize> = walk.targets.iter().map(|&i| places[i]).collect();
+                        let mut want = ring.targets_at(o, replicas).unwrap();
+                        got.sort_unstable();
+                        want.sort_unstable();
+                        assert_eq!(got, want, "case {case}: host {h}, origin {o}");
+                    }
+                }
+            }
+        }
+        assert!(windowed > 20, "layouts checked windowed: {windowed}");
+        // A cap below the widest walk, or too few domains: no window.
+        let two_racks: Vec<RingMember> = (0..8)
+            .map(|i| m(&format!("10.0.0.{i}:7000"), &format!("rack{}", i / 4)))
+            .collect();
+        assert_eq!(window(&two_racks, 1, MAX_WINDOW), Some(4));
+        assert_eq!(window(&two_racks, 1, 3), None);
+        assert_eq!(window(&two_racks, 2, MAX_WINDOW), None);
+        assert_eq!(window(&two_racks, 0, 3), Some(0));
+        assert_eq!(RingMember::at("10.0.0.1:7000", "").domain, "10.0.0.1:7000");
     }
 
     #[test]

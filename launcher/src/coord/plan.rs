@@ -105,6 +105,29 @@ pub struct RoundRecord {
     /// launcher's round, or no member says it): each agent its own.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub ckpt_replicas: u32,
+    /// On the ring by node-rank order, how many places after an origin
+    /// its replica targets may lie (`warden_agent::ckpt::placement::window`
+    /// at [`RoundRecord::ckpt_replicas`]): a host that knows the places
+    /// within this many of it on each side agrees with every other host on
+    /// every origin it holds or sends to, the part of the order a partial
+    /// view must hold for the replicas. 0: none said (the ring by address,
+    /// no replicas said, a walk past
+    /// [`warden_agent::ckpt::placement::MAX_WINDOW`] places, or too few
+    /// domains): a host needs every place.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub ckpt_window: u32,
+}
+
+/// [`RoundRecord::ckpt_window`] over the checkpoint peers' ring by place.
+fn ckpt_window(ring: &[warden_agent::ckpt::placement::RingMember], replicas: u32) -> u32 {
+    use warden_agent::ckpt::placement::{MAX_WINDOW, window};
+    let replicas = usize::try_from(replicas).unwrap_or(usize::MAX);
+    if replicas == 0 {
+        return 0;
+    }
+    window(ring, replicas, MAX_WINDOW)
+        .and_then(|w| u32::try_from(w).ok())
+        .unwrap_or(0)
 }
 
 impl RoundRecord {
@@ -538,6 +561,15 @@ pub fn record(
     let ckpt_ring_by_place =
         peers().next().is_some() && peers().all(|m| m.record.ckpt_ring_by_place);
     let ckpt_replicas = peers().map(|m| m.record.ckpt_replicas).max().unwrap_or(0);
+    let ckpt_window = if ckpt_ring_by_place {
+        let ring: Vec<warden_agent::ckpt::placement::RingMember> = peers()
+            .filter_map(|m| m.record.ckpt_peer.as_ref())
+            .map(|p| warden_agent::ckpt::placement::RingMember::at(&p.addr, &p.domain))
+            .collect();
+        ckpt_window(&ring, ckpt_replicas)
+    } else {
+        0
+    };
     let members: Vec<RoundMember> = assignment
         .members
         .into_iter()
@@ -589,6 +621,7 @@ pub fn record(
         hosts_digest,
         ckpt_ring_by_place,
         ckpt_replicas,
+        ckpt_window,
         members,
         standby: assignment.standby,
         min_nodes: limits.min_nodes,
@@ -899,8 +932,51 @@ mod tests {
         );
         let r = round_of(3, &[a, b, c], LIMITS);
         assert_eq!(r.ckpt_replicas, 0);
+        assert_eq!(r.ckpt_window, 0, "no ring by place, no window");
         let json = serde_json::to_value(&r).unwrap();
         assert!(json.get("ckpt_replicas").is_none(), "{json}");
+        assert!(json.get("ckpt_window").is_none(), "{json}");
+    }
+
+    /// On the ring by place the round says how far along the order an
+    /// origin's targets lie, at the round's most replicas: a, b in one
+    /// rack and c in another, one replica: a's target is c, two places on.
+    /// Two replicas with two racks: the walk needs every place, no window.
+    #[test]
+    fn the_round_says_the_window_of_its_ring_by_place() {
+        let peer = |mut x: Member, domain: &str, replicas: u32| {
+            x.record.ckpt_peer = Some(CkptPeer {
+                addr: format!("{}:7000", x.record.addr),
+                domain: domain.into(),
+                identity: String::new(),
+            });
+            x.record.ckpt_ring_by_place = true;
+            x.record.ckpt_replicas = replicas;
+            x
+        };
+        let (a, b, c) = (
+            m("a", 1, 10, false),
+            m("b", 2, 11, false),
+            m("c", 3, 12, false),
+        );
+        let racks = |replicas| {
+            [
+                peer(a.clone(), "r0", replicas),
+                peer(b.clone(), "r0", replicas),
+                peer(c.clone(), "r1", replicas),
+            ]
+        };
+        let r = round_of(1, &racks(1), LIMITS);
+        assert_eq!(r.members[0].host, "a");
+        assert_eq!((r.ckpt_replicas, r.ckpt_window), (1, 2));
+        assert_eq!(round_of(2, &racks(2), LIMITS).ckpt_window, 0);
+        // No domain set: each host its own, the next place.
+        let own = [
+            peer(a.clone(), "", 1),
+            peer(b.clone(), "", 1),
+            peer(c.clone(), "", 1),
+        ];
+        assert_eq!(round_of(3, &own, LIMITS).ckpt_window, 1);
     }
 
     #[test]

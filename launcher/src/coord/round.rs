@@ -45,6 +45,9 @@ pub struct Round {
     /// The record's [`RoundRecord::ckpt_replicas`]: the most
     /// `checkpoint.replicas` among the job's agents (0: not said).
     pub ckpt_replicas: u32,
+    /// The record's [`RoundRecord::ckpt_window`]: how many places after
+    /// an origin its replica targets may lie (0: none said).
+    pub ckpt_window: u32,
     /// Live hosts not in the round (spares, hosts beyond `max_nodes`), as
     /// this host sees them now.
     pub standby: Vec<String>,
@@ -115,6 +118,7 @@ impl Round {
             hosts_digest: record.hosts_digest.clone(),
             ckpt_ring_by_place: record.ckpt_ring_by_place,
             ckpt_replicas: record.ckpt_replicas,
+            ckpt_window: record.ckpt_window,
             standby: record.standby.clone(),
             waiting: record.waiting,
             reason: record.reason.clone(),
@@ -211,6 +215,7 @@ mod tests {
             hosts_digest: String::new(),
             ckpt_ring_by_place: false,
             ckpt_replicas: 0,
+            ckpt_window: 0,
         }
     }
 

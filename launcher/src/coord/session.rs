@@ -2170,6 +2170,7 @@ mod tests {
             hosts_digest: String::new(),
             ckpt_ring_by_place: false,
             ckpt_replicas: 0,
+            ckpt_window: 0,
         };
         let mut view = View::default();
         for e in 1..=40 {
