@@ -1170,18 +1170,13 @@ async fn five_collecting(peer_timeout: &str) -> Vec<TestAgent> {
     hosts
 }
 
-/// Issue 30: peers handed over as launchers hand them (`SetCheckpointPeers`
-/// with the others, this host's place and its published address), to
-/// agents whose `api.tcp` is not that address (port 0 here, as the
-/// multi-host tests; `0.0.0.0:P` in a cluster). Four hosts in groups of
-/// two, every restore through the collector (h0). h3's replicas go to h0
-/// (the ring wraps); h3 wiped, its ranks come back from h0's copies, which
-/// h0's collection names under the address h3 knows h0 by. Labelled with
-/// h0's `api.tcp` (before), h3 found no peer there: the restore failed as
-/// unreachable.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_collectors_own_copies_are_named_where_the_job_reaches_it() {
-    let ips = ["127.0.0.2", "127.0.0.3", "127.0.0.4", "127.0.0.5"];
+/// Agents `h<i>` on `ips` (`api.tcp` at port 0, each its own rack, with
+/// `checkpoint` settings `extra(i)` besides), and each one's TCP address as
+/// it reports it (the port resolved), as a launcher publishes it.
+async fn published_agents(
+    ips: &[&str],
+    extra: impl Fn(usize) -> String,
+) -> (Vec<TestAgent>, Vec<String>) {
     let hosts: Vec<TestAgent> = ips
         .iter()
         .enumerate()
@@ -1189,13 +1184,12 @@ async fn a_collectors_own_copies_are_named_where_the_job_reaches_it() {
             TestAgent::start(&format!(
                 "[agent]\nhost_name = \"h{i}\"\n[api]\ntcp = \"{ip}:0\"\n{}\
                  [checkpoint]\ndomain = \"rack{i}\"\nretry_interval = \"200ms\"\n\
-                 peer_timeout = \"1s\"\ncollect_above = 0\ncollect_fan_out = 2\n",
-                common::pki::api_keys(&format!("h{i}"))
+                 peer_timeout = \"1s\"\n{}\n",
+                common::pki::api_keys(&format!("h{i}")),
+                extra(i)
             ))
         })
         .collect();
-    // Each agent's TCP address as it reports it (the port resolved), as a
-    // launcher publishes it.
     let mut published = Vec::new();
     for h in &hosts {
         let info = h
@@ -1209,6 +1203,23 @@ async fn a_collectors_own_copies_are_named_where_the_job_reaches_it() {
         assert!(!tcp.ends_with(":0"), "{tcp}");
         published.push(tcp);
     }
+    (hosts, published)
+}
+
+/// Issue 30: peers handed over as launchers hand them (`SetCheckpointPeers`
+/// with the others, this host's place and its published address), to
+/// agents whose `api.tcp` is not that address (port 0 here, as the
+/// multi-host tests; `0.0.0.0:P` in a cluster). Four hosts in groups of
+/// two, every restore through the collector (h0). h3's replicas go to h0
+/// (the ring wraps); h3 wiped, its ranks come back from h0's copies, which
+/// h0's collection names under the address h3 knows h0 by. Labelled with
+/// h0's `api.tcp` (before), h3 found no peer there: the restore failed as
+/// unreachable.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_collectors_own_copies_are_named_where_the_job_reaches_it() {
+    let ips = ["127.0.0.2", "127.0.0.3", "127.0.0.4", "127.0.0.5"];
+    let (hosts, published) =
+        published_agents(&ips, |_| "collect_above = 0\ncollect_fan_out = 2".into()).await;
     for (i, h) in hosts.iter().enumerate() {
         let others = (0..hosts.len())
             .filter(|&j| j != i)
@@ -1297,30 +1308,10 @@ async fn a_collectors_own_copies_are_named_where_the_job_reaches_it() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_origin_with_more_replicas_than_its_peers_places_every_copy() {
     let ips = ["127.0.0.2", "127.0.0.3", "127.0.0.4"];
-    let hosts: Vec<TestAgent> = ips
-        .iter()
-        .enumerate()
-        .map(|(i, ip)| {
-            TestAgent::start(&format!(
-                "[agent]\nhost_name = \"h{i}\"\n[api]\ntcp = \"{ip}:0\"\n{}\
-                 [checkpoint]\ndomain = \"rack{i}\"\nretry_interval = \"200ms\"\n\
-                 peer_timeout = \"1s\"\nreplicas = {}\n",
-                common::pki::api_keys(&format!("h{i}")),
-                if i == 0 { 2 } else { 1 }
-            ))
-        })
-        .collect();
-    let mut published = Vec::new();
-    for h in &hosts {
-        let info = h
-            .client()
-            .await
-            .get_agent_info(pb::GetAgentInfoRequest {})
-            .await
-            .expect("GetAgentInfo")
-            .into_inner();
-        published.push(common::endpoint(&info, "tcp"));
-    }
+    let (hosts, published) = published_agents(&ips, |i| {
+        format!("replicas = {}", if i == 0 { 2 } else { 1 })
+    })
+    .await;
     let handed = |i: usize, replicas: u32| warden_launcher::agent::CkptPeers {
         others: (0..hosts.len())
             .filter(|&j| j != i)

@@ -1167,11 +1167,27 @@ mod tests {
         rack: usize,
         addr: &dyn Fn(usize) -> String,
     ) -> PeerSet {
+        let shape = JobShape {
+            hosts: n,
+            ring_by_place: true,
+            replicas: 0,
+        };
+        handed((n, i, w, rack), addr, 2, shape)
+    }
+
+    /// [`windowed`], `(n, i, w, rack)`, with this agent's own `replicas`
+    /// and the launcher's `shape`.
+    fn handed(
+        (n, i, w, rack): (usize, usize, usize, usize),
+        addr: &dyn Fn(usize) -> String,
+        replicas: usize,
+        shape: JobShape,
+    ) -> PeerSet {
         let me = RingMember {
             addr: addr(i),
             domain: format!("rack{}", i / rack),
         };
-        let s = PeerSet::new(me, 2, Duration::from_secs(1), insecure(), Vec::new());
+        let s = PeerSet::new(me, replicas, Duration::from_secs(1), insecure(), Vec::new());
         let specs: Vec<PeerSpec> = (0..n)
             .filter(|&j| j != i)
             .filter(|&j| {
@@ -1190,11 +1206,6 @@ mod tests {
             index: i,
             addr: String::new(),
         };
-        let shape = JobShape {
-            hosts: n,
-            ring_by_place: true,
-            replicas: 0,
-        };
         s.set_job_partial("j", &specs, Some(&own), shape).unwrap();
         s
     }
@@ -1211,32 +1222,12 @@ mod tests {
         let own = |i: usize| 1 + i % 3;
         let addr = |j: usize| format!("10.0.0.{}:7000", 200 - j);
         let host = |i: usize, by_place: bool, said: usize| -> PeerSet {
-            let me = RingMember {
-                addr: addr(i),
-                domain: format!("rack{}", i / 2),
-            };
-            let s = PeerSet::new(me, own(i), Duration::from_secs(1), insecure(), Vec::new());
-            let specs: Vec<PeerSpec> = (0..n)
-                .filter(|&j| j != i)
-                .map(|j| PeerSpec {
-                    addr: addr(j),
-                    domain: format!("rack{}", j / 2),
-                    host: format!("h{j}"),
-                    identity: format!("h{j}"),
-                    place: j,
-                })
-                .collect();
-            let place = OwnPlace {
-                index: i,
-                addr: String::new(),
-            };
             let shape = JobShape {
                 hosts: n,
                 ring_by_place: by_place,
                 replicas: said,
             };
-            s.set_job_partial("j", &specs, Some(&place), shape).unwrap();
-            s
+            handed((n, i, n, 2), &addr, own(i), shape)
         };
         // Each origin's refused targets, summed over the job.
         let refused = |sets: &[PeerSet]| -> usize {

@@ -205,18 +205,21 @@ fn client_timed_out(e: &etcd_client::Error) -> bool {
     };
     match s.code() {
         tonic::Code::Cancelled => s.message().contains("Timeout expired"),
-        tonic::Code::Unavailable => {
-            let mut cause = std::error::Error::source(s);
-            while let Some(c) = cause {
-                if c.to_string().contains("keep-alive timed out") {
-                    return true;
-                }
-                cause = c.source();
-            }
-            false
-        }
+        tonic::Code::Unavailable => caused_by(s, "keep-alive timed out"),
         _ => false,
     }
+}
+
+/// Whether an error below `s` (not its own message) says `words`.
+fn caused_by(s: &tonic::Status, words: &str) -> bool {
+    let mut cause = std::error::Error::source(s);
+    while let Some(c) = cause {
+        if c.to_string().contains(words) {
+            return true;
+        }
+        cause = c.source();
+    }
+    false
 }
 
 /// Whether a read ended because its connection closed under it (tonic's
@@ -234,17 +237,7 @@ fn closed_under_a_read(e: &etcd_client::Error) -> bool {
     let etcd_client::Error::GRpcStatus(s) = e else {
         return false;
     };
-    if s.code() != tonic::Code::Cancelled {
-        return false;
-    }
-    let mut cause = std::error::Error::source(s);
-    while let Some(c) = cause {
-        if c.to_string().contains("connection closed") {
-            return true;
-        }
-        cause = c.source();
-    }
-    false
+    s.code() == tonic::Code::Cancelled && caused_by(s, "connection closed")
 }
 
 /// Whether any of `endpoints` takes a TCP connection within `limit`: a
