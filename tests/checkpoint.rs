@@ -1206,6 +1206,32 @@ async fn published_agents(
     (hosts, published)
 }
 
+/// What the launcher of host `i` hands its agent on the ring by node-rank
+/// order: the others of `published` (each `h<j>` in rack `j`), its place
+/// and address, and the job's most `replicas` (0: not said).
+fn by_place(published: &[String], i: usize, replicas: u32) -> warden_launcher::agent::CkptPeers {
+    warden_launcher::agent::CkptPeers {
+        others: (0..published.len())
+            .filter(|&j| j != i)
+            .map(|j| {
+                (
+                    format!("h{j}"),
+                    warden_launcher::coord::CkptPeer {
+                        addr: published[j].clone(),
+                        domain: format!("rack{j}"),
+                        identity: format!("h{j}"),
+                    },
+                )
+            })
+            .collect(),
+        place: Some(u32::try_from(i).unwrap()),
+        addr: published[i].clone(),
+        ring_by_place: true,
+        replicas,
+        window: 0,
+    }
+}
+
 /// Issue 30: peers handed over as launchers hand them (`SetCheckpointPeers`
 /// with the others, this host's place and its published address), to
 /// agents whose `api.tcp` is not that address (port 0 here, as the
@@ -1220,31 +1246,10 @@ async fn a_collectors_own_copies_are_named_where_the_job_reaches_it() {
     let ips = ["127.0.0.2", "127.0.0.3", "127.0.0.4", "127.0.0.5"];
     let (hosts, published) =
         published_agents(&ips, |_| "collect_above = 0\ncollect_fan_out = 2".into()).await;
+    // The ring by node-rank order, as launchers whose agents all take it
+    // say: h3's replicas wrap to h0 as by address.
     for (i, h) in hosts.iter().enumerate() {
-        let others = (0..hosts.len())
-            .filter(|&j| j != i)
-            .map(|j| {
-                (
-                    format!("h{j}"),
-                    warden_launcher::coord::CkptPeer {
-                        addr: published[j].clone(),
-                        domain: format!("rack{j}"),
-                        identity: format!("h{j}"),
-                    },
-                )
-            })
-            .collect();
-        // The ring by node-rank order, as launchers whose agents all take
-        // it say: h3's replicas wrap to h0 as by address.
-        let peers = warden_launcher::agent::CkptPeers {
-            others,
-            place: Some(i as u32),
-            addr: published[i].clone(),
-            ring_by_place: true,
-            replicas: 0,
-            window: 0,
-        };
-        warden_launcher::agent::set_peers(&h.client().await, "job", &peers)
+        warden_launcher::agent::set_peers(&h.client().await, "job", &by_place(&published, i, 0))
             .await
             .expect("the peers are taken");
     }
@@ -1312,26 +1317,7 @@ async fn an_origin_with_more_replicas_than_its_peers_places_every_copy() {
         format!("replicas = {}", if i == 0 { 2 } else { 1 })
     })
     .await;
-    let handed = |i: usize, replicas: u32| warden_launcher::agent::CkptPeers {
-        others: (0..hosts.len())
-            .filter(|&j| j != i)
-            .map(|j| {
-                (
-                    format!("h{j}"),
-                    warden_launcher::coord::CkptPeer {
-                        addr: published[j].clone(),
-                        domain: format!("rack{j}"),
-                        identity: format!("h{j}"),
-                    },
-                )
-            })
-            .collect(),
-        place: Some(i as u32),
-        addr: published[i].clone(),
-        ring_by_place: true,
-        replicas,
-        window: 0,
-    };
+    let handed = |i: usize, replicas: u32| by_place(&published, i, replicas);
     let e = warden_launcher::agent::set_peers(&hosts[2].client().await, "job", &handed(2, 17))
         .await
         .expect_err("17 replicas refused");
