@@ -198,7 +198,10 @@ async fn agent_info_reports_identity_endpoints_and_config() {
     );
     assert_eq!(info.config_source, agent.home.config.display().to_string());
     // What it takes that an older agent does not, for launchers to publish.
-    assert_eq!(info.capabilities, ["ckpt-ring-by-place"]);
+    assert_eq!(
+        info.capabilities,
+        ["ckpt-ring-by-place", "ckpt-job-replicas"]
+    );
 }
 
 #[tokio::test]

@@ -1318,10 +1318,19 @@ async fn an_origin_with_more_replicas_than_its_peers_places_every_copy() {
     })
     .await;
     let handed = |i: usize, replicas: u32| by_place(&published, i, replicas);
-    let e = warden_launcher::agent::set_peers(&hosts[2].client().await, "job", &handed(2, 17))
+    // Past what an agent takes (a launcher clamps the round's to it).
+    let e = hosts[2]
+        .client()
+        .await
+        .set_checkpoint_peers(pb::SetCheckpointPeersRequest {
+            job_id: "job".into(),
+            replicas: 17,
+            ..Default::default()
+        })
         .await
         .expect_err("17 replicas refused");
-    assert!(e.to_string().contains("replicas 17"), "{e}");
+    assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e:?}");
+    assert!(e.message().contains("replicas 17"), "{e:?}");
     for (i, h) in hosts.iter().enumerate() {
         let taken = warden_launcher::agent::set_peers(&h.client().await, "job", &handed(i, 2))
             .await

@@ -916,7 +916,7 @@ async fn put_large_members(etcd: &EtcdServer, job: &str, count: u32, nodes: u32,
             ckpt_peer: None,
             incarnation: 1 + u64::from(i),
             ckpt_ring_by_place: false,
-            ckpt_replicas: 0,
+            ckpt_replicas: None,
         };
         client
             .put(

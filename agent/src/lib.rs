@@ -119,7 +119,11 @@ pub const VERSION: &str = env!("CARGO_PKG_VERSION");
 /// it: a launcher publishes it for the job's other hosts, and a job-wide
 /// behaviour that every agent must compute alike is turned on only where
 /// every agent of the round says it.
-pub const CAPABILITIES: &[&str] = &[RING_BY_PLACE];
+pub const CAPABILITIES: &[&str] = &[RING_BY_PLACE, JOB_REPLICAS];
+
+/// The capability of judging a job's replica placement by the job's most
+/// `checkpoint.replicas` (`SetCheckpointPeersRequest.replicas`).
+pub const JOB_REPLICAS: &str = "ckpt-job-replicas";
 
 /// The capability of a replica ring by node-rank order
 /// (`SetCheckpointPeersRequest.ring_by_place`).

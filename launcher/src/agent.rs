@@ -128,22 +128,34 @@ impl AgentLink {
                 // release, a key it does not know) is said, not silently
                 // replaced: the defaults then stand for what is read from
                 // it (the policy's budgets, the checkpoint and TLS setup).
-                let config = Config::from_toml(&info.config_toml, "the local wardend")
-                    .unwrap_or_else(|e| {
+                let (config, read) = match Config::from_toml(&info.config_toml, "the local wardend")
+                {
+                    Ok(c) => (c, true),
+                    Err(e) => {
                         tracing::warn!(
                             error = %e,
                             version = %info.version,
                             "cannot read the local wardend's config: its defaults stand in for it"
                         );
-                        Config::default()
-                    });
+                        (Config::default(), false)
+                    }
+                };
                 let tcp = tcp_endpoint(&info, &config);
+                // A replica count this launcher could not read is not
+                // published as the defaults' (the job's most would be
+                // understated): the agent is taken as not judging by it.
+                let capabilities = info
+                    .capabilities
+                    .iter()
+                    .filter(|c| read || *c != warden_agent::JOB_REPLICAS)
+                    .cloned()
+                    .collect();
                 return Ok(Self {
                     socket,
                     client,
                     config,
                     tcp,
-                    capabilities: info.capabilities.clone(),
+                    capabilities,
                     kind: Kind::Local {
                         pid: info.pid,
                         version: info.version,
@@ -287,7 +299,11 @@ pub fn peer_pages(
         job_hosts
     };
     let ring_by_place = peers.ring_by_place;
-    let replicas = peers.replicas;
+    // A round's count past what an agent takes (a hand-written record, a
+    // later release's) would have the whole list refused.
+    let replicas = peers
+        .replicas
+        .min(u32::try_from(warden_agent::ckpt::config::MAX_REPLICAS).unwrap_or(u32::MAX));
     let self_addr = if peers.place.is_some() {
         peers.addr.clone()
     } else {
@@ -974,6 +990,15 @@ mod tests {
             ..peers(3, 4)
         };
         assert!(peer_pages("j", &most, 2).iter().all(|p| p.replicas == 3));
+        let past = CkptPeers {
+            replicas: 40,
+            ..peers(3, 4)
+        };
+        assert_eq!(
+            peer_pages("j", &past, 2)[0].replicas,
+            16,
+            "what an agent takes"
+        );
         assert_eq!(
             r[0].peers.iter().map(|p| p.place).collect::<Vec<_>>(),
             [0, 1, 2]

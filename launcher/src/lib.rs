@@ -390,8 +390,9 @@ async fn run_job(
                 ));
                 cfg.ckpt_peer = Some(p);
                 cfg.ckpt_ring_by_place = link.takes(warden_agent::RING_BY_PLACE);
-                cfg.ckpt_replicas =
-                    u32::try_from(link.config.checkpoint.replicas).unwrap_or(u32::MAX);
+                cfg.ckpt_replicas = link
+                    .takes(warden_agent::JOB_REPLICAS)
+                    .then(|| u32::try_from(link.config.checkpoint.replicas).unwrap_or(u32::MAX));
             }
             Err(why) => console.say(format!(
                 "checkpoint replicas: this host's agent takes none from the job's other hosts: {why}"

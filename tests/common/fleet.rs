@@ -956,7 +956,7 @@ async fn join_light(
         ckpt_peer: None,
         incarnation: 1_000_000 + u64::try_from(i).unwrap(),
         ckpt_ring_by_place: false,
-        ckpt_replicas: 0,
+        ckpt_replicas: None,
     };
     let key = keys.member(&host);
     let decides = cfg.every_host_decides;

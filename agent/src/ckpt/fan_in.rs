@@ -28,18 +28,21 @@ use crate::config::ApiConfig;
 /// Whether a job with `peers` other hosts would dial this agent more
 /// times at a job-wide restore than it takes over `api.tcp`. `cap` is the
 /// one the listeners enforce (the daemon's one budget; None: no TCP
-/// listener counted yet).
+/// listener counted yet). `holders`: how many of an origin's targets this
+/// host takes copies for (the job's most `checkpoint.replicas`, at least
+/// its own), each origin's restore asking it.
 pub fn restore_connections_short(
     api: &ApiConfig,
     ckpt: &CheckpointConfig,
     cap: Option<usize>,
     peers: usize,
+    holders: usize,
 ) -> Option<String> {
     let cap = api.peer_cap(cap)?;
     let hosts = peers + 1;
     if hosts > 1 && hosts > ckpt.collect_above {
         let k = tree::fan_out(hosts, ckpt.collect_fan_out);
-        let busiest = tree::max_in_degree(hosts, k) + ckpt.replicas + 1;
+        let busiest = tree::max_in_degree(hosts, k) + holders + 1;
         return (busiest > cap).then(|| {
             format!(
                 "this job has {hosts} hosts, and its restores go through the checkpoint \
@@ -92,10 +95,11 @@ mod tests {
             ..CheckpointConfig::default()
         };
         assert_eq!(
-            restore_connections_short(&a, &direct, Some(4064), 4064),
+            restore_connections_short(&a, &direct, Some(4064), 4064, direct.replicas),
             None
         );
-        let said = restore_connections_short(&a, &direct, Some(4064), 4095).expect("said");
+        let said = restore_connections_short(&a, &direct, Some(4064), 4095, direct.replicas)
+            .expect("said");
         assert!(said.contains("this job has 4096 hosts"), "{said}");
         assert!(said.contains("4095 agents connect here"), "{said}");
         assert!(said.contains("31 hosts' restores"), "{said}");
@@ -105,10 +109,13 @@ mod tests {
         );
         // No TCP listener, or no cap counted yet: nothing to say.
         assert_eq!(
-            restore_connections_short(&api(""), &direct, Some(1), 10),
+            restore_connections_short(&api(""), &direct, Some(1), 10, direct.replicas),
             None
         );
-        assert_eq!(restore_connections_short(&a, &direct, None, 10), None);
+        assert_eq!(
+            restore_connections_short(&a, &direct, None, 10, direct.replicas),
+            None
+        );
     }
 
     #[test]
@@ -116,16 +123,30 @@ mod tests {
         let a = api("127.0.0.2:7000");
         let ck = CheckpointConfig::default();
         // 16,384 hosts in groups of 128: 127 + 127, and the holders' two.
-        assert_eq!(restore_connections_short(&a, &ck, Some(4064), 16_383), None);
-        let said = restore_connections_short(&a, &ck, Some(200), 16_383).expect("said");
+        assert_eq!(
+            restore_connections_short(&a, &ck, Some(4064), 16_383, ck.replicas),
+            None
+        );
+        let said =
+            restore_connections_short(&a, &ck, Some(200), 16_383, ck.replicas).expect("said");
         assert!(said.contains("up to 256 agents connect"), "{said}");
         assert!(said.contains("groups of 128"), "{said}");
+        // Holding the copies of 16 origins (the job's most replicas): 16
+        // more restores ask it.
+        assert_eq!(
+            restore_connections_short(&a, &ck, Some(260), 16_383, ck.replicas),
+            None
+        );
+        let said = restore_connections_short(&a, &ck, Some(260), 16_383, 16).expect("said");
+        assert!(said.contains("up to 271 agents connect"), "{said}");
         // One group of 65,536: every host asks the first.
         let one_group = CheckpointConfig {
             collect_fan_out: 65_536,
             ..CheckpointConfig::default()
         };
-        let said = restore_connections_short(&a, &one_group, Some(4064), 16_383).expect("said");
+        let said =
+            restore_connections_short(&a, &one_group, Some(4064), 16_383, one_group.replicas)
+                .expect("said");
         assert!(said.contains("up to 16385 agents"), "{said}");
     }
 }

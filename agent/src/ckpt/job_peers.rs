@@ -187,7 +187,15 @@ pub fn set(
             budgets.strangers,
             others,
         ),
-        super::fan_in::restore_connections_short(budgets.api, &ck.cfg, budgets.strangers, others),
+        super::fan_in::restore_connections_short(
+            budgets.api,
+            &ck.cfg,
+            budgets.strangers,
+            others,
+            ck.cfg
+                .replicas
+                .max(usize::try_from(replicas).unwrap_or(usize::MAX)),
+        ),
     ]
     .into_iter()
     .flatten()

@@ -52,7 +52,10 @@ pub const MAX_WINDOW: usize = 1024;
 /// replicas. None when some origin's walk needs more than `most` places,
 /// or when the order has fewer than `replicas` domains besides an
 /// origin's: the walk then fills from domains already used, which needs
-/// every place. O(places times the window), at most `most` steps an origin.
+/// every place. A walk steps over a run of places in one domain at once,
+/// so where racks are contiguous in the order it costs about `replicas`
+/// steps an origin, not a rack's size (the round's writer computes it
+/// every round, over up to 16,384 places); at most `most` steps an origin.
 pub fn window(members: &[RingMember], replicas: usize, most: usize) -> Option<usize> {
     if replicas == 0 {
         return Some(0);
@@ -66,19 +69,43 @@ pub fn window(members: &[RingMember], replicas: usize, most: usize) -> Option<us
             *ids.entry(m.domain.as_str()).or_insert(next)
         })
         .collect();
+    // Over the order twice (a walk wraps): each place's next place in
+    // another domain, or the end.
+    let mut next_other = vec![2 * n; 2 * n];
+    for p in (0..(2 * n).saturating_sub(1)).rev() {
+        next_other[p] = if domain[(p + 1) % n] != domain[p % n] {
+            p + 1
+        } else {
+            next_other[p + 1]
+        };
+    }
+    let last = n.min(most.saturating_add(1));
     let mut widest = 0;
     let mut chosen: Vec<usize> = Vec::with_capacity(replicas);
     for o in 0..n {
         chosen.clear();
-        let reach = (1..n.min(most.saturating_add(1))).find(|&k| {
-            let i = (o + k) % n;
-            let d = domain[i];
-            if d != domain[o] && members[i].addr != members[o].addr && !chosen.contains(&d) {
-                chosen.push(d);
+        let mut p = o + 1;
+        loop {
+            if p - o >= last {
+                return None;
             }
-            chosen.len() == replicas
-        })?;
-        widest = widest.max(reach);
+            let d = domain[p % n];
+            if d == domain[o] || chosen.contains(&d) {
+                p = next_other[p];
+                continue;
+            }
+            if members[p % n].addr == members[o].addr {
+                // Not a target, though its domain is: the next place may be.
+                p += 1;
+                continue;
+            }
+            chosen.push(d);
+            if chosen.len() == replicas {
+                widest = widest.max(p - o);
+                break;
+            }
+            p = next_other[p];
+        }
     }
     Some(widest)
 }
@@ -357,6 +384,26 @@ mod tests {
                 })
                 .collect();
             let ring = Ring::by_place(members.clone());
+            // The walk for fewer replicas is the start of the walk for
+            // more, on both rings, past the domains there are too: a host
+            // judging with the job's most accepts every copy an origin
+            // with fewer sends (`PeerSet::placed_here`).
+            let by_addr = Ring::new(members.clone());
+            for o in 0..n {
+                for r in 0..6 {
+                    for (name, walk) in [("place", &ring), ("address", &by_addr)] {
+                        let (fewer, more) = (
+                            walk.targets_at(o, r).unwrap(),
+                            walk.targets_at(o, r + 1).unwrap(),
+                        );
+                        assert_eq!(
+                            fewer,
+                            more[..fewer.len()],
+                            "case {case}, by {name}: {o} {r}"
+                        );
+                    }
+                }
+            }
             for replicas in 1..=3 {
                 let Some(w) = window(&members, replicas, MAX_WINDOW) else {
                     let domains: std::collections::HashSet<&str> =
@@ -414,6 +461,22 @@ mod tests {
         assert_eq!(window(&two_racks, 2, MAX_WINDOW), None);
         assert_eq!(window(&two_racks, 0, 3), Some(0));
         assert_eq!(RingMember::at("10.0.0.1:7000", "").domain, "10.0.0.1:7000");
+        // 16,384 places in racks of 32 in order, 16 replicas: a rack's
+        // first place reaches the 16th rack after its own, 512 on; 64 to a
+        // rack, 1,024 on, the cap; 65 passes it.
+        let racks = |size: usize| -> Vec<RingMember> {
+            (0..16_384)
+                .map(|i| {
+                    m(
+                        &format!("10.{}.{}.1:7000", i / 256, i % 256),
+                        &format!("r{}", i / size),
+                    )
+                })
+                .collect()
+        };
+        assert_eq!(window(&racks(32), 16, MAX_WINDOW), Some(512));
+        assert_eq!(window(&racks(64), 16, MAX_WINDOW), Some(1024));
+        assert_eq!(window(&racks(65), 16, MAX_WINDOW), None);
     }
 
     #[test]

@@ -93,8 +93,9 @@ pub struct CoordConfig {
     /// member record.
     pub ckpt_ring_by_place: bool,
     /// This host's agent's `checkpoint.replicas`, published in the member
-    /// record where it takes replicas (0: not said).
-    pub ckpt_replicas: u32,
+    /// record where it takes replicas and judges placement by the job's
+    /// most (None: not said).
+    pub ckpt_replicas: Option<u32>,
     /// How long the other hosts wait for a member whose lease expired
     /// without a word (etcd out, the host stalled) to re-register before
     /// they re-form the round without it. A member that left, or a new
@@ -138,7 +139,7 @@ impl CoordConfig {
             join_timeout: Duration::from_secs(15),
             ckpt_peer: None,
             ckpt_ring_by_place: false,
-            ckpt_replicas: 0,
+            ckpt_replicas: None,
             rejoin_grace: Duration::from_secs(5),
             rejoin_timeout: Duration::from_secs(60),
         }

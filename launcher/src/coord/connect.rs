@@ -20,8 +20,9 @@
 //! endpoint takes TCP connections: etcd is there but slow (a mass start's
 //! load, a machine starved of CPU: a spare's join failed on one 2 s read
 //! in a loaded CI run).
-//! After a first read with no answer, a read whose connection the
-//! client's own keep-alive closed on the silent server is one more.
+//! Once etcd was there (a read with no answer, or "cannot serve now"), a
+//! read whose connection the client's own keep-alive closed on the silent
+//! server is one more.
 //! Never: wait on etcd without a deadline; put the password in an error,
 //! a log line or a Debug string; fall back to plain HTTP when TLS fails;
 //! ask again after a refusal, a transport error, or no answer from
@@ -144,43 +145,48 @@ pub(crate) async fn connect(dial: EtcdDial<'_>) -> Result<Client, CoordError> {
             Err(_) => return Err(timed_out("connect")),
         };
     let mut patience = Patience::new(dial.patience);
-    // A read of this dial got no answer: the server is there but silent,
-    // and the client's own keep-alive may close the connection under a
-    // later read ([`closed_under_a_read`]).
-    let mut unanswered = false;
+    // The server is etcd's, not one that closes plain connections at once
+    // (which neither answers a read nor leaves one unanswered): a read of
+    // this dial went unanswered, or etcd answered "cannot serve now". The
+    // client's own keep-alive may then close the connection under a later
+    // read ([`closed_under_a_read`]).
+    let mut etcd_there = false;
     loop {
         let asked = std::time::Instant::now();
         let probe = client.get(dial.probe, Some(GetOptions::new().with_count_only()));
         match tokio::time::timeout(dial.timeout, probe).await {
             Ok(Ok(_)) => return Ok(client),
             Ok(Err(e)) if etcd_cannot_serve_now(&e) => {
+                etcd_there = true;
                 let Some(wait) = patience.next_wait() else {
                     return Err(failed(e));
                 };
                 tracing::warn!(endpoints = %joined, error = %e, ?wait, "etcd cannot serve the connection's first read now (an election, or too busy); asking again");
                 tokio::time::sleep(wait).await;
             }
-            // The connection closed under the read, after a read with no
-            // answer or after this one's deadline: the keep-alive gave up
-            // on a silent server. (A server that closes plain connections
-            // does so at once, and leaves no read unanswered.)
+            // The connection closed under the read once etcd was known to
+            // be there, or after this read's own deadline: the keep-alive
+            // gave up on a silent server. (A server that closes plain
+            // connections does so at once, and never answers.)
             Ok(Err(e))
-                if closed_under_a_read(&e) && (unanswered || asked.elapsed() >= dial.timeout) =>
+                if closed_under_a_read(&e) && (etcd_there || asked.elapsed() >= dial.timeout) =>
             {
                 if listening(dial.endpoints, dial.timeout).await
                     && let Some(wait) = patience.next_wait()
                 {
-                    tracing::warn!(endpoints = %joined, error = %e, ?wait, "the connection to etcd closed under its first read after etcd left a read unanswered (the keep-alive gave up); asking again");
+                    tracing::warn!(endpoints = %joined, error = %e, ?wait, "the connection to etcd closed under its first read while etcd was slow to answer (the keep-alive gave up); asking again");
                     tokio::time::sleep(wait).await;
                     continue;
                 }
-                return Err(failed(e));
+                // Silence to the end: the deadline's error, not the
+                // close's (whose words are about TLS).
+                return Err(timed_out("get (first read)"));
             }
             Ok(Err(e)) if !client_timed_out(&e) => return Err(failed(e)),
             // No answer within the deadline: the client's own (a timed-out
             // request) or this one's.
             Ok(Err(_)) | Err(_) => {
-                unanswered = true;
+                etcd_there = true;
                 if listening(dial.endpoints, dial.timeout).await
                     && let Some(wait) = patience.next_wait()
                 {
@@ -227,12 +233,12 @@ fn caused_by(s: &tonic::Status, words: &str) -> bool {
 /// keep-alive closes a connection whose pings a silent server does not
 /// answer, and the read in flight ends so; but a server that closes every
 /// plain connection (it wants TLS) ends a read the same way, at once.
-/// [`connect`] takes it as silence only after a read of the same dial got
-/// no answer at all, which a server that closes connections never leaves,
-/// or once the read itself waited its whole deadline (a runtime starved
-/// for longer than the keep-alive's interval and timeout sees the close
-/// before its deadline). A loaded CI run's join failed on it while etcd
-/// was paused.
+/// [`connect`] takes it as silence only once etcd was known to be there
+/// (a read of the same dial got no answer, or etcd's own "cannot serve
+/// now": a server that closes connections does neither), or once the read
+/// itself waited its whole deadline (a runtime starved for longer than the
+/// keep-alive's interval and timeout sees the close before its deadline).
+/// A loaded CI run's join failed on it while etcd was paused.
 fn closed_under_a_read(e: &etcd_client::Error) -> bool {
     let etcd_client::Error::GRpcStatus(s) = e else {
         return false;
@@ -367,6 +373,43 @@ mod tests {
         assert_eq!(authority("https://etcd-0:2379/"), Some("etcd-0:2379"));
         assert_eq!(authority("etcd-0:2379"), None);
         assert_eq!(authority("http://"), None);
+    }
+
+    /// A server that takes each connection and closes it at once (as one
+    /// that wants TLS closes a plain one) fails the dial at once with the
+    /// close's words, with a patience of a minute: the keep-alive's close
+    /// is taken as silence only once etcd was known to be there.
+    #[tokio::test]
+    async fn a_server_that_closes_every_connection_fails_the_dial_at_once() {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let endpoint = format!("http://{}", l.local_addr().expect("addr"));
+        let closer = tokio::spawn(async move {
+            while let Ok((s, _)) = l.accept().await {
+                drop(s);
+            }
+        });
+        let endpoints = [endpoint];
+        let access = EtcdAccess::default();
+        let started = std::time::Instant::now();
+        let got = connect(EtcdDial {
+            endpoints: &endpoints,
+            access: &access,
+            timeout: Duration::from_secs(2),
+            keep_alive: Some(Duration::from_secs(1)),
+            probe: "/warden/jobs/j",
+            patience: Duration::from_secs(60),
+        })
+        .await;
+        closer.abort();
+        let e = got.err().expect("the dial fails");
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "failed after {:?}: {e}",
+            started.elapsed()
+        );
+        assert!(matches!(e, CoordError::Connect { .. }), "{e:?}");
     }
 
     #[tokio::test]

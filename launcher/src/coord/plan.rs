@@ -98,11 +98,13 @@ pub struct RoundRecord {
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub ckpt_ring_by_place: bool,
     /// The most `checkpoint.replicas` among the agents of the members
-    /// that take replicas ([`super::records::MemberRecord::ckpt_replicas`]):
-    /// each agent takes an origin's shards when it is among the first that
-    /// many of the origin's targets, so a host configured with fewer does
-    /// not refuse what an origin with more sends it. 0: not said (an older
-    /// launcher's round, or no member says it): each agent its own.
+    /// that take replicas ([`super::records::MemberRecord::ckpt_replicas`]),
+    /// where every one of them said its own (so judges by the job's), at
+    /// most 16: each agent takes an origin's shards when it is among the
+    /// first that many of the origin's targets, so a host configured with
+    /// fewer does not refuse what an origin with more sends it. 0: not
+    /// said (an older launcher's round, or a member that does not say
+    /// it): each agent its own.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub ckpt_replicas: u32,
     /// On the ring by node-rank order, how many places after an origin
@@ -560,7 +562,17 @@ pub fn record(
     };
     let ckpt_ring_by_place =
         peers().next().is_some() && peers().all(|m| m.record.ckpt_ring_by_place);
-    let ckpt_replicas = peers().map(|m| m.record.ckpt_replicas).max().unwrap_or(0);
+    // Only where every agent judges by it: an older one would still refuse
+    // the copies past its own count. At most what an agent takes.
+    let ckpt_replicas = if peers().all(|m| m.record.ckpt_replicas.is_some()) {
+        peers()
+            .filter_map(|m| m.record.ckpt_replicas)
+            .max()
+            .unwrap_or(0)
+            .min(u32::try_from(warden_agent::ckpt::config::MAX_REPLICAS).unwrap_or(u32::MAX))
+    } else {
+        0
+    };
     let ckpt_window = if ckpt_ring_by_place {
         let ring: Vec<warden_agent::ckpt::placement::RingMember> = peers()
             .filter_map(|m| m.record.ckpt_peer.as_ref())
@@ -679,7 +691,7 @@ mod tests {
                 ckpt_peer: None,
                 incarnation: 100 + u64::try_from(rev).unwrap(),
                 ckpt_ring_by_place: false,
-                ckpt_replicas: 0,
+                ckpt_replicas: None,
             },
             lease,
             join_revision: rev,
@@ -897,10 +909,12 @@ mod tests {
 
     /// The round says the most `checkpoint.replicas` among the members
     /// whose agents take replicas (a member without a tier says nothing),
-    /// and leaves it out where none says it, as a launcher before it did.
+    /// at most 16, where every one of them says its own; it leaves it out
+    /// where one does not (an older agent, which would still refuse the
+    /// copies past its own count), as a launcher before it did.
     #[test]
     fn the_round_says_the_most_replicas_of_its_checkpoint_peers() {
-        let with = |mut x: Member, peer: bool, replicas: u32| {
+        let with = |mut x: Member, peer: bool, replicas: Option<u32>| {
             x.record.ckpt_peer = peer.then(|| CkptPeer {
                 addr: format!("{}:7000", x.record.addr),
                 domain: String::new(),
@@ -915,21 +929,37 @@ mod tests {
             m("c", 3, 12, false),
         );
         let mixed = [
-            with(a.clone(), true, 1),
-            with(b.clone(), true, 3),
-            with(c.clone(), true, 0),
+            with(a.clone(), true, Some(1)),
+            with(b.clone(), true, Some(3)),
+            with(c.clone(), true, Some(0)),
         ];
         assert_eq!(round_of(1, &mixed, LIMITS).ckpt_replicas, 3);
         let off = [
-            with(a.clone(), true, 1),
-            with(b.clone(), true, 2),
-            with(c.clone(), false, 5),
+            with(a.clone(), true, Some(1)),
+            with(b.clone(), true, Some(2)),
+            with(c.clone(), false, Some(5)),
         ];
         assert_eq!(
             round_of(2, &off, LIMITS).ckpt_replicas,
             2,
             "c's tier is off"
         );
+        let one_old = [
+            with(a.clone(), true, Some(1)),
+            with(b.clone(), true, None),
+            with(c.clone(), true, Some(3)),
+        ];
+        assert_eq!(
+            round_of(4, &one_old, LIMITS).ckpt_replicas,
+            0,
+            "b's agent is older"
+        );
+        let past = [
+            with(a.clone(), true, Some(40)),
+            with(b.clone(), true, Some(1)),
+            with(c.clone(), true, Some(1)),
+        ];
+        assert_eq!(round_of(5, &past, LIMITS).ckpt_replicas, 16, "at most 16");
         let r = round_of(3, &[a, b, c], LIMITS);
         assert_eq!(r.ckpt_replicas, 0);
         assert_eq!(r.ckpt_window, 0, "no ring by place, no window");
@@ -951,7 +981,7 @@ mod tests {
                 identity: String::new(),
             });
             x.record.ckpt_ring_by_place = true;
-            x.record.ckpt_replicas = replicas;
+            x.record.ckpt_replicas = Some(replicas);
             x
         };
         let (a, b, c) = (

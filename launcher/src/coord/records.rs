@@ -43,13 +43,14 @@ pub struct MemberRecord {
     /// layout base every host reads) does not carry it per member.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub ckpt_ring_by_place: bool,
-    /// Its agent's `checkpoint.replicas`, where its agent takes replicas:
-    /// the round says the most of them
-    /// ([`super::plan::RoundRecord::ckpt_replicas`]). Here, not in
-    /// [`CkptPeer`], for the reason above. 0: not said (a launcher before
-    /// it, or an agent that sends none).
-    #[serde(default, skip_serializing_if = "is_zero")]
-    pub ckpt_replicas: u32,
+    /// Its agent's `checkpoint.replicas`, where its agent takes replicas
+    /// and judges placement by the job's most (`warden_agent::JOB_REPLICAS`):
+    /// the round says the most of them where every checkpoint peer says
+    /// its own ([`super::plan::RoundRecord::ckpt_replicas`]). Here, not in
+    /// [`CkptPeer`], for the reason above. Absent: not said (a launcher
+    /// before it, an older agent, or a config the launcher could not read).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ckpt_replicas: Option<u32>,
 }
 
 impl MemberRecord {

@@ -154,7 +154,7 @@ impl View {
                             ckpt_ring_by_place: r.ckpt_ring_by_place,
                             // The most the round says: a decider after it
                             // takes the same most.
-                            ckpt_replicas: r.ckpt_replicas,
+                            ckpt_replicas: (r.ckpt_replicas > 0).then_some(r.ckpt_replicas),
                         },
                         lease: rm.lease,
                         join_revision: 0,
