@@ -859,6 +859,17 @@ mod tests {
         assert!(e.to_string().contains(&mixed.hosts_digest), "{e}");
     }
 
+    /// `x` with its agent taking replicas at port 7000 of its address, in
+    /// `domain`.
+    fn with_ckpt_peer(mut x: Member, domain: &str) -> Member {
+        x.record.ckpt_peer = Some(CkptPeer {
+            addr: format!("{}:7000", x.record.addr),
+            domain: domain.into(),
+            identity: String::new(),
+        });
+        x
+    }
+
     /// The ring by node-rank order is the job's only where every member
     /// whose agent takes replicas says its agent takes it: one older agent
     /// keeps every host on the ring by address, which it computes too. A
@@ -866,12 +877,8 @@ mod tests {
     /// a round from a launcher before the field reads as by address.
     #[test]
     fn the_ring_by_place_needs_every_checkpoint_peers_agent() {
-        let peer = |mut x: Member, by_place: bool| {
-            x.record.ckpt_peer = Some(CkptPeer {
-                addr: format!("{}:7000", x.record.addr),
-                domain: String::new(),
-                identity: String::new(),
-            });
+        let peer = |x: Member, by_place: bool| {
+            let mut x = with_ckpt_peer(x, "");
             x.record.ckpt_ring_by_place = by_place;
             x
         };
@@ -914,12 +921,8 @@ mod tests {
     /// copies past its own count), as a launcher before it did.
     #[test]
     fn the_round_says_the_most_replicas_of_its_checkpoint_peers() {
-        let with = |mut x: Member, peer: bool, replicas: Option<u32>| {
-            x.record.ckpt_peer = peer.then(|| CkptPeer {
-                addr: format!("{}:7000", x.record.addr),
-                domain: String::new(),
-                identity: String::new(),
-            });
+        let with = |x: Member, peer: bool, replicas: Option<u32>| {
+            let mut x = if peer { with_ckpt_peer(x, "") } else { x };
             x.record.ckpt_replicas = replicas;
             x
         };
@@ -974,12 +977,8 @@ mod tests {
     /// Two replicas with two racks: the walk needs every place, no window.
     #[test]
     fn the_round_says_the_window_of_its_ring_by_place() {
-        let peer = |mut x: Member, domain: &str, replicas: u32| {
-            x.record.ckpt_peer = Some(CkptPeer {
-                addr: format!("{}:7000", x.record.addr),
-                domain: domain.into(),
-                identity: String::new(),
-            });
+        let peer = |x: Member, domain: &str, replicas: u32| {
+            let mut x = with_ckpt_peer(x, domain);
             x.record.ckpt_ring_by_place = true;
             x.record.ckpt_replicas = Some(replicas);
             x
