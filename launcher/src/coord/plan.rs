@@ -124,9 +124,7 @@ pub struct RoundRecord {
 fn ckpt_window(ring: &[warden_agent::ckpt::placement::RingMember], replicas: u32) -> u32 {
     use warden_agent::ckpt::placement::{MAX_WINDOW, window};
     let replicas = usize::try_from(replicas).unwrap_or(usize::MAX);
-    if replicas == 0 {
-        return 0;
-    }
+    // No replicas: a window of 0, as "none said".
     window(ring, replicas, MAX_WINDOW)
         .and_then(|w| u32::try_from(w).ok())
         .unwrap_or(0)
