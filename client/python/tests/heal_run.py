@@ -123,10 +123,10 @@ class HealJob:
         deadline = time.monotonic() + self.run_s
         while not cond():
             if proc.poll() is not None:
-                pytest.fail(f"the job ended ({proc.returncode}) before {what}\n{out.read_text()[-6000:]}")
+                pytest.fail(f"the job ended ({proc.returncode}) before {what}\n{story(out.read_text(errors='replace'))}")
             if time.monotonic() > deadline:
                 proc.kill()
-                pytest.fail(f"not {what} within {self.run_s} s\n{out.read_text()[-6000:]}")
+                pytest.fail(f"not {what} within {self.run_s} s\n{story(out.read_text(errors='replace'))}")
             time.sleep(0.01)
 
     def wait_step(self, proc: subprocess.Popen, out: Path, log: Path, rank: int, step: int) -> int:
@@ -158,9 +158,9 @@ class HealJob:
         # No standbys: nothing fails in this run.
         proc, log, out = self.launch(tmp, "ref", standbys=0)
         said = self.finish(proc, out)
-        assert proc.returncode == 0, f"fault-free run: exit {proc.returncode}\n{said[-6000:]}"
+        assert proc.returncode == 0, f"fault-free run: exit {proc.returncode}\n{story(said)}"
         _, digests = read(log)
-        assert sorted(digests) == list(range(self.world)), said[-6000:]
+        assert sorted(digests) == list(range(self.world)), story(said)
         assert len(set(digests.values())) == 1, f"fault-free digests differ: {digests}"
         return digests
 
@@ -179,9 +179,9 @@ class HealJob:
         Prints, per kill, the time from it to every rank logging a new
         step (not asserted: tests do not assert speed)."""
         said = self.finish(proc, out)
-        assert proc.returncode == 0, f"exit {proc.returncode}\n{said[-8000:]}"
+        assert proc.returncode == 0, f"exit {proc.returncode}\n{story(said)}"
         steps, digests = read(log)
-        assert digests == reference, f"digests against the fault-free run\n{said[-8000:]}"
+        assert digests == reference, f"digests against the fault-free run\n{story(said)}"
 
         pids: Dict[int, set] = defaultdict(set)
         for _, _, rank, p in steps:
@@ -197,14 +197,14 @@ class HealJob:
             gone = pids[rank] & dead
             assert len(pids[rank]) == 1 + len(gone), (
                 f"rank {rank}: the survivors keep their processes, one new process per kill or exit 75: "
-                f"{pids[rank]} (left or killed: {sorted(dead)})\n{said[-8000:]}"
+                f"{pids[rank]} (left or killed: {sorted(dead)})\n{story(said)}"
             )
         ((worst, times),) = Counter((r, s) for _, s, r, _ in steps).most_common(1)
-        assert times <= 2, f"rank {worst[0]} logged step {worst[1]} {times} times\n{said[-8000:]}"
+        assert times <= 2, f"rank {worst[0]} logged step {worst[1]} {times} times\n{story(said)}"
         healed = said.count("healed from rank")
-        assert healed >= heals, f"{healed} replacements healed from a live rank, want {heals}\n{said[-8000:]}"
+        assert healed >= heals, f"{healed} replacements healed from a live rank, want {heals}\n{story(said)}"
         for never in ("restarting in job", "restored from the checkpoint"):
-            assert never not in said, f"{never!r}\n{said[-8000:]}"
+            assert never not in said, f"{never!r}\n{story(said)}"
         for pid, at in killed:
             rank = next(r for r, p in pids.items() if pid in p)
             back = max(min(t for t, _, r, _ in steps if r == each and t > at) for each in range(self.world))
@@ -212,6 +212,44 @@ class HealJob:
                 f"SIGKILL of rank {rank} (pid {pid}) -> every rank stepping again: {back - at:.3f} s "
                 f"({self.world} ranks, gloo, {self.framework} {version(self.module)})"
             )
+
+
+def story(said: str, limit: int = 16000) -> str:
+    """What a failed run's output says about its recovery, for an assertion's
+    message: the launcher's lines, warden's own (``warden:``, ``warden.heal:``),
+    every traceback whole and every line naming an error; the frameworks'
+    warnings left out. A raw tail of the output is mostly warnings, and the
+    line that said why a rank failed (seen in CI: a survivor's exit 1 that
+    made the job restart in job) fell outside it. Past ``limit`` characters,
+    the first quarter and the rest's end."""
+    kept: List[str] = []
+    in_trace: Dict[str, bool] = {}
+    for line in said.splitlines():
+        m = re.match(r"(\[rank \d+\] )?(.*)", line)
+        prefix, body = (m.group(1) or ""), m.group(2) if m else line
+        if "Traceback (most recent call last)" in body:
+            in_trace[prefix] = True
+            kept.append(line)
+            continue
+        if in_trace.get(prefix):
+            kept.append(line)
+            # A traceback ends at its exception's line, the first not indented.
+            if body and not body[0].isspace():
+                in_trace[prefix] = False
+            continue
+        if (
+            line.startswith("[warden]")
+            or "warden:" in body
+            or "warden.heal:" in body
+            or re.search(r"\b\w*(Error|Exception)\b", body)
+            and "Warning" not in body
+        ):
+            kept.append(line)
+    text = "\n".join(kept)
+    if len(text) > limit:
+        head = limit // 4
+        text = text[:head] + "\n[...]\n" + text[-(limit - head):]
+    return text
 
 
 def read(log: Path) -> Tuple[Steps, Dict[int, str]]:

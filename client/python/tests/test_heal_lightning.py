@@ -62,7 +62,7 @@ from typing import Dict
 
 import pytest
 from conftest import require_framework
-from heal_run import HealJob, read, sigkill
+from heal_run import HealJob, read, sigkill, story
 from wardend import ROOT
 
 JOB = HealJob(
@@ -149,19 +149,19 @@ def test_a_fault_after_a_manual_update_falls_back_to_the_tier(manual_reference: 
     )
     proc, log, out = job.launch(tmp_path, "torn")
     said = job.finish(proc, out)
-    assert proc.returncode == 0, f"exit {proc.returncode}\n{said[-8000:]}"
+    assert proc.returncode == 0, f"exit {proc.returncode}\n{story(said)}"
     steps, digests = read(log)
-    assert digests == manual_reference, f"digests against the fault-free run\n{said[-8000:]}"
+    assert digests == manual_reference, f"digests against the fault-free run\n{story(said)}"
     # Said, not silent: the update was interrupted, and the state came
     # from the checkpoint at 30 (the newest before the fault), not a peer.
-    assert "was interrupted: it receives the state" in said, said[-8000:]
-    assert "no live replica holds the state: restored from the checkpoint at step 30" in said, said[-8000:]
-    assert "healed from rank" not in said, said[-8000:]
-    assert "restarting in job" not in said, said[-8000:]
+    assert "was interrupted: it receives the state" in said, story(said)
+    assert "no live replica holds the state: restored from the checkpoint at step 30" in said, story(said)
+    assert "healed from rank" not in said, story(said)
+    assert "restarting in job" not in said, story(said)
     # The survivors kept their processes; rank 1 is one new process.
     for rank in range(job.world):
         pids = {p for _, _, r, p in steps if r == rank}
-        assert len(pids) == (2 if rank == 1 else 1), f"rank {rank}: {pids}\n{said[-8000:]}"
+        assert len(pids) == (2 if rank == 1 else 1), f"rank {rank}: {pids}\n{story(said)}"
 
 
 #: FSDP2 in replica groups: 2 groups of 2 shards, so 4 ranks whatever
@@ -184,8 +184,8 @@ def test_hsdp_a_rank_killed_heals_from_its_shard_position(hsdp_reference: Dict[i
     said = out.read_text()
     # Rank 1 holds shard 1 of replica group 0: only rank 3 (shard 1 of group
     # 1) holds the same shards, so the plan has it send, and no one else.
-    assert "rank 1: healed from rank 3 at step" in said, said[-8000:]
-    assert "rank 3 sent step" in said, said[-8000:]
+    assert "rank 1: healed from rank 3 at step" in said, story(said)
+    assert "rank 3 sent step" in said, story(said)
 
 
 def test_hsdp_a_fault_during_the_heal_heals_again(hsdp_reference: Dict[int, str], tmp_path: Path) -> None:
@@ -201,7 +201,7 @@ def test_hsdp_a_fault_during_the_heal_heals_again(hsdp_reference: Dict[int, str]
     # Whoever was behind took its shards from its own shard position only.
     for wrong in ("rank 1: healed from rank 0", "rank 1: healed from rank 2", "rank 2: healed from rank 1",
                   "rank 2: healed from rank 3"):
-        assert wrong not in said, f"{wrong!r}\n{said[-8000:]}"
+        assert wrong not in said, f"{wrong!r}\n{story(said)}"
 
 
 def test_hsdp_a_shard_position_with_no_live_replica_falls_back_to_the_tier(
@@ -215,13 +215,13 @@ def test_hsdp_a_shard_position_with_no_live_replica_falls_back_to_the_tier(
     sigkill(a)
     sigkill(b)
     said = HSDP.finish(proc, out)
-    assert proc.returncode == 0, f"exit {proc.returncode}\n{said[-8000:]}"
+    assert proc.returncode == 0, f"exit {proc.returncode}\n{story(said)}"
     steps, digests = read(log)
-    assert digests == hsdp_reference, f"digests against the fault-free run\n{said[-8000:]}"
+    assert digests == hsdp_reference, f"digests against the fault-free run\n{story(said)}"
     for text in ("no live replica holds shard position (1,)", "restored from the checkpoint at step 30"):
-        assert text in said, f"{text!r}\n{said[-8000:]}"
-    assert "restarting in job" not in said, said[-8000:]
+        assert text in said, f"{text!r}\n{story(said)}"
+    assert "restarting in job" not in said, story(said)
     # The survivors (ranks 0 and 2) kept their processes.
     for rank in (0, 2):
         pids = {p for _, _, r, p in steps if r == rank}
-        assert len(pids) == 1, f"rank {rank}: {pids}\n{said[-8000:]}"
+        assert len(pids) == 1, f"rank {rank}: {pids}\n{story(said)}"

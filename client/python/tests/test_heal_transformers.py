@@ -48,7 +48,7 @@ from typing import Dict
 
 import pytest
 from conftest import require_framework
-from heal_run import HealJob, read, sigkill
+from heal_run import HealJob, read, sigkill, story
 from wardend import ROOT, find_binary
 
 JOB = HealJob(
@@ -145,13 +145,13 @@ def test_with_no_live_replica_the_job_resumes_from_the_tier(reference: Dict[int,
     assert max(s for _, s, _, _ in before) < JOB.steps - 1, "the first run ended before it was killed"
     proc, log, out = JOB.launch(tmp_path, "again", job, standbys=0)
     said = JOB.finish(proc, out)
-    assert proc.returncode == 0, f"exit {proc.returncode}\n{said[-8000:]}"
+    assert proc.returncode == 0, f"exit {proc.returncode}\n{story(said)}"
     steps, digests = read(log)
-    assert digests == reference, f"digests against the fault-free run\n{said[-8000:]}"
+    assert digests == reference, f"digests against the fault-free run\n{story(said)}"
     # The first step each rank ran again: the one after the tier's newest
     # checkpoint (30, or 60 when that one completed before the kill).
     first = {rank: min(s for _, s, r, _ in steps if r == rank) for rank in range(JOB.world)}
-    assert len(set(first.values())) == 1, f"first steps differ: {first}\n{said[-8000:]}"
+    assert len(set(first.values())) == 1, f"first steps differ: {first}\n{story(said)}"
     (resumed,) = set(first.values())
-    assert resumed > 0 and resumed % JOB.ckpt_every == 0, f"first step {resumed}: not from the tier\n{said[-8000:]}"
-    assert "healed from rank" not in said, said[-8000:]
+    assert resumed > 0 and resumed % JOB.ckpt_every == 0, f"first step {resumed}: not from the tier\n{story(said)}"
+    assert "healed from rank" not in said, story(said)
