@@ -250,6 +250,10 @@ fn clean_run_sets_the_torch_environment_and_keeps_per_rank_logs() {
         assert_eq!(e["TORCHELASTIC_USE_AGENT_STORE"], "False");
         assert_eq!(e["OMP_NUM_THREADS"], "1");
         assert_eq!(e["PYTHONUNBUFFERED"], "1");
+        // On one host a lost peer's heal may wait behind another heal and
+        // its standby (`supervise::LOCAL_HEAL_PEER_WAIT`), not the client's
+        // own 2 s.
+        assert_eq!(e["WARDEN_HEAL_PEER_WAIT_S"], "40.0");
         assert!(
             e["WARDEN_SOCKET"]
                 .as_str()

@@ -332,7 +332,13 @@ async fn run_job(
         // A lost host is seen after its lease TTL and the others' rejoin
         // grace (the TTL again, `etcd::config`), its round written within
         // a few writer places (0.5 s each): four TTLs and 10 s of margin.
-        heal_peer_wait: etcd.then(|| args.rdzv_lease_ttl * 4 + std::time::Duration::from_secs(10)),
+        // On one host, a second death's heal waits for the first's
+        // (`supervise::LOCAL_HEAL_PEER_WAIT`).
+        heal_peer_wait: Some(if etcd {
+            args.rdzv_lease_ttl * 4 + std::time::Duration::from_secs(10)
+        } else {
+            supervise::LOCAL_HEAL_PEER_WAIT
+        }),
         // Across hosts, node rank 0's launcher hosts each round's store
         // (`round_store`), with the job's own interpreter (torch's server).
         round_store_python: if etcd {

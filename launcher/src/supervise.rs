@@ -113,6 +113,16 @@ const MAX_REPLACE: usize = 4096;
 /// How long a restart waits for a standby still importing (it has a head
 /// start over a cold worker) before starting the rank cold.
 const STANDBY_READY_WAIT: Duration = Duration::from_secs(30);
+/// On one host: how long a worker whose collective lost a local peer waits
+/// for the heal's restart request before it reports the error
+/// (`WARDEN_HEAL_PEER_WAIT_S`). The launcher sees the death at once but
+/// acts on it only once the command before it is done (one at a time): a
+/// second death during a heal waits for that heal, which may wait for a
+/// standby still importing ([`STANDBY_READY_WAIT`]). The client's own 2 s
+/// (enough for a first death) could run out there, and the survivor's
+/// error would end it and restart the job in job. The wait ends at the
+/// request, or at the launcher's stop of a job it does not heal.
+pub const LOCAL_HEAL_PEER_WAIT: Duration = Duration::from_secs(STANDBY_READY_WAIT.as_secs() + 10);
 /// How long after a warm restart the used standbys are replaced: their
 /// imports would compete for the CPU with the restarted ranks' start.
 const STANDBY_REPLENISH_AFTER: Duration = Duration::from_secs(5);
@@ -189,12 +199,12 @@ pub struct Job {
     /// attempt ([`crate::cache_share::PACK_AFTER`] into it), off the
     /// workers' path. None: not shared.
     pub compile_share: Option<std::sync::Arc<crate::cache_share::CacheShare>>,
-    /// Across hosts: how long a worker that lost a peer on another host
-    /// waits for its launcher's heal into the next round before it reports
-    /// the error (`WARDEN_HEAL_PEER_WAIT_S`): the lost host's lease TTL,
-    /// the others' rejoin grace and the round's writing, with margin. None
-    /// on one host (the client's own short wait: the launcher sees a local
-    /// rank's death at once).
+    /// How long a worker that lost a peer waits for its launcher's heal
+    /// before it reports the error (`WARDEN_HEAL_PEER_WAIT_S`). Across
+    /// hosts, for the heal into the next round: the lost host's lease TTL,
+    /// the others' rejoin grace and the round's writing, with margin; on
+    /// one host [`LOCAL_HEAL_PEER_WAIT`]. None: not set (the client's own
+    /// 2 s).
     pub heal_peer_wait: Option<Duration>,
     /// Across hosts: the Python interpreter that hosts the round's store
     /// when this host is node rank 0 ([`crate::round_store`]), so that the

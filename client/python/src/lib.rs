@@ -643,6 +643,7 @@ fn warden_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(restart::_restart_set_abort, m)?)?;
     m.add_function(wrap_pyfunction!(restart::_restart_set_signal, m)?)?;
     m.add_function(wrap_pyfunction!(restart::_restart_pending, m)?)?;
+    m.add_function(wrap_pyfunction!(restart::_restart_pending_caught, m)?)?;
     m.add_function(wrap_pyfunction!(restart::_restart_raised, m)?)?;
     m.add_function(wrap_pyfunction!(restart::_restart_should_raise, m)?)?;
     m.add_function(wrap_pyfunction!(restart::_restart_ack, m)?)?;

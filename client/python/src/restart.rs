@@ -299,6 +299,21 @@ pub fn _restart_pending(py: Python<'_>) -> PyResult<Option<Bound<'_, PyDict>>> {
     req.map(|r| request_dict(py, &r)).transpose()
 }
 
+/// Whether the pending request is the one `warden.run` caught: the
+/// training thread has it and is tearing its attempt down before the
+/// acknowledgement. `warden.heal`'s `_Stuck` takes such a request as
+/// taken: a thread that holds it is in `warden.run`'s own teardown, not
+/// blocked in a collective, and leaving with exit 75 there (a teardown off
+/// the CPU for a second on a loaded host) turned a survivor into a second
+/// heal in the middle of the first (CI, issue 31). False with none pending.
+#[pyfunction]
+pub fn _restart_pending_caught() -> bool {
+    let g = state();
+    g.pending
+        .as_ref()
+        .is_some_and(|p| p.request.seq == g.caught_seq)
+}
+
 /// The pending request with what its client learnt since (a request first
 /// seen in the slot gets its reason and incident from the stream's copy).
 fn freshest(p: &Pending) -> RestartRequest {

@@ -80,3 +80,32 @@ def test_a_request_already_taken_aborts_nothing() -> None:
     assert group.aborts == 1
     _torch.destroy_after_abort()
     del group
+
+
+def test_a_new_attempts_group_waits_for_an_abort_in_progress() -> None:
+    """``wait_for_aborts``, which ``warden.heal`` calls before it makes an
+    attempt's group: an abort that passed its request's check (a request
+    then acknowledged without a raise, the attempt joined early) would take
+    a group made meanwhile among those it aborts. It is waited for, within
+    the timeout, and said when it outlives it."""
+    _clean()
+    group = SlowAbortGroup()
+    _torch.register_process_group(group)
+    assert _torch.wait_for_aborts(0.1), "no abort runs: nothing to wait for"
+    resender = threading.Thread(target=_torch.abort_process_groups, args=(0,), daemon=True)
+    resender.start()
+    assert group.entered.wait(5), "the abort never reached the group"
+    assert not _torch.wait_for_aborts(0.2), "an abort still runs: the wait must not end before it"
+    waiter_done = threading.Event()
+
+    def waiter() -> None:
+        if _torch.wait_for_aborts(10):
+            waiter_done.set()
+
+    threading.Thread(target=waiter, daemon=True).start()
+    assert not waiter_done.wait(0.3), "the wait ended while the abort still ran"
+    group.release.set()
+    resender.join(5)
+    assert waiter_done.wait(5), "the wait did not end with the abort"
+    _torch.destroy_after_abort()
+    del group

@@ -151,6 +151,20 @@ def abort_process_groups(seq: int = 0) -> int:
             _abort_done.notify_all()
 
 
+def wait_for_aborts(timeout: float = ABORT_WAIT_S) -> bool:
+    """Waits until no abort runs on the resender's thread, at most
+    ``timeout`` seconds; whether none runs.
+
+    For a new attempt's group (``warden.heal``'s ``init_process_group``):
+    an abort that passed its request's check before the training thread
+    acknowledged that request without a raise (an attempt joined early)
+    takes the groups it finds when it gets to them, and one that got there
+    after the new group was made would abort it, and the peers would see
+    its connections close with no request to restart."""
+    with _lock:
+        return _abort_done.wait_for(lambda: _aborting == 0, timeout=timeout)
+
+
 #: A group's destructor that takes this long is said on stderr.
 REAP_SAID_AFTER_S = 1.0
 

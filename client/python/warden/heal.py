@@ -77,6 +77,7 @@ import weakref
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 from . import _native, _restart, heal_layout, tensor_bytes
+from . import _torch as _groups
 
 __all__ = ["State", "declare", "init_process_group", "seed_step", "store_dir"]
 
@@ -481,6 +482,11 @@ def _init_process_group(backend: str, timeout_s: float) -> None:
         _native._restart_joined_early(count + 1)
     if os.environ.get("WARDEN_ROUND_EPOCH"):
         _joined = (int(os.environ["WARDEN_ROUND_EPOCH"]), count - base)
+    if not _groups.wait_for_aborts():
+        _say(
+            f"rank {rank}: an abort of the process groups still runs after {_groups.ABORT_WAIT_S:.0f} s; "
+            f"making attempt {count}'s group without waiting for it"
+        )
     before = set(_socket_fds())
     dist.init_process_group(
         backend,
@@ -659,7 +665,11 @@ class _Stuck(threading.Thread):
     never while an optimizer update defers the restart to its commit, and
     not while the training thread spends CPU: on a loaded host a slow
     thread takes the request late, and leaving would turn a survivor into a
-    replacement for nothing.
+    replacement for nothing. Nor once ``warden.run`` caught the request:
+    its thread is in the attempt's teardown then, having shut the group's
+    connections itself, and a teardown off the CPU for a second (a loaded
+    host) is no collective; leaving there began a second heal in the
+    middle of the first, and a survivor of it failed (CI, issue 31).
     """
 
     _started = False
@@ -697,8 +707,10 @@ class _Stuck(threading.Thread):
                 return
             pending = _native._restart_pending()
             now = time.monotonic()
-            if pending is None or state._updating:
-                # Taken (or none), or deferred to the update's commit.
+            if pending is None or state._updating or _native._restart_pending_caught():
+                # None, deferred to the update's commit, or taken: caught by
+                # ``warden.run``, whose teardown runs before it acknowledges
+                # (the agent judges a stall there in ``restart``).
                 seen = None
                 if pending is None:
                     self._watch_round(state, now)
